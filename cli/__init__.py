@@ -1,0 +1,1 @@
+"""petal's command line (click). Heavy imports happen inside commands, so ``petal --help`` is instant."""

@@ -1,0 +1,50 @@
+"""``petal info INDEX``: what an index holds and how it was made."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from cli.common import user_errors
+
+
+@click.command()
+@click.argument("index_path", metavar="INDEX", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="The manifest as one JSON object on stdout.")
+@user_errors
+def info(index_path: Path, as_json: bool) -> None:
+    """Show INDEX's model, dim, metric, index type, counts, shards and version."""
+    from pipeline.layout import resolve_index_dir
+
+    version_dir, manifest = resolve_index_dir(index_path)
+    if as_json:
+        click.echo(json.dumps({"path": str(version_dir), **manifest}, ensure_ascii=False))
+        return
+    model, index, counts = manifest["model"], manifest["index"], manifest["counts"]
+    skipped = ", ".join(f"{k} {v}" for k, v in sorted(counts["skipped"].items())) or "none"
+    lines = [
+        f"version      {manifest['version']}  ({version_dir})",
+        f"created      {manifest['created_at']}  petal {manifest['petal_version']}",
+        f"model        {model['path']}",
+        f"             {model['architecture']}, {model['pooling']} pooling, "
+        f"{'normalized' if model['normalize'] else 'not normalized'}, max {model['max_length']} tokens, "
+        f"weights sha256 {model['weights_sha256'][:12]}",
+        f"vectors      {index['num_vectors']} x {manifest['dim']} ({manifest['embedding']['dtype']} model), "
+        f"metric {manifest['metric']}",
+        f"index        {index['factory']} (asked: {index['requested_factory']})"
+        + (f", search {index['search_params']}" if index["search_params"] else ""),
+    ]
+    if index.get("tuning"):
+        t = index["tuning"]
+        lines.append(f"tuning       recall@10 {t['recall_at_10']:.3f} (target {t['target_recall_at_10']}), "
+                     f"{t['ms_per_query']:.3f} ms/query")
+    lines += [
+        f"rows         {counts['rows']} read, {counts['embedded']} embedded, {counts['truncated']} truncated, "
+        f"skipped: {skipped}",
+        f"shards       {len(manifest['shards'])}",
+    ]
+    lines += [f"  {s['path']}  {s['rows']} rows, {s['embedded']} embedded, sha256 {s['sha256'][:12]}"
+              for s in manifest["shards"]]
+    click.echo("\n".join(lines))

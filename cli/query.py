@@ -1,0 +1,67 @@
+"""``petal query INDEX [TEXT...]``: embed queries with the index's model and search."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import click
+
+from cli.common import device_options, user_errors
+
+
+@click.command()
+@click.argument("index_path", metavar="INDEX", type=click.Path(path_type=Path))
+@click.argument("texts", nargs=-1)
+@click.option("-k", "k", type=click.IntRange(min=1), default=10, show_default=True, help="Hits per query.")
+@click.option("--stdin", "from_stdin", is_flag=True, help="One query per input line, model kept warm.")
+@click.option("--json", "as_json", is_flag=True, help="JSON lines on stdout (one per query).")
+@click.option("--show-text", is_flag=True, help="Read each hit's text back from its shard.")
+@click.option("--model", default=None, help="Model directory, if it moved since indexing (weights must match).")
+@click.option("--nprobe", type=click.IntRange(min=1), default=None, help="Override the tuned IVF nprobe.")
+@device_options
+@user_errors
+def query(index_path: Path, texts: tuple[str, ...], k: int, from_stdin: bool, as_json: bool, show_text: bool,
+          model: str | None, nprobe: int | None, device: str, dtype: str, attention: str) -> None:
+    """Search INDEX (an output directory or a version directory) for TEXT."""
+    if not texts and not from_stdin:
+        raise click.UsageError("give query TEXT or --stdin")
+    from pipeline.query import QueryService
+
+    service = QueryService(index_path, model=model, device=device, dtype=dtype, attention=attention, nprobe=nprobe)
+    if texts:
+        _answer(service, list(texts), k, as_json, show_text)
+    if from_stdin:
+        for line in sys.stdin:  # one query at a time: answers stream as lines arrive
+            line = line.rstrip("\n")
+            if line.strip():
+                _answer(service, [line], k, as_json, show_text)
+
+
+def _answer(service: object, queries: list[str], k: int, as_json: bool, show_text: bool) -> None:
+    results = service.search(queries, k)  # type: ignore[attr-defined]
+    width = shutil.get_terminal_size((100, 20)).columns
+    for text, hits in zip(queries, results):
+        texts = service.reader.texts(hits, service.text_column) if show_text else [None] * len(hits)  # type: ignore[attr-defined]
+        if as_json:
+            rows = []
+            for hit, hit_text in zip(hits, texts):
+                row = {"rank": hit.rank, "score": round(hit.score, 6), "id": hit.id, "shard": hit.shard, "row": hit.row}
+                if show_text:
+                    row["text"] = hit_text
+                rows.append(row)
+            click.echo(json.dumps({"query": text, "hits": rows}, ensure_ascii=False))
+            continue
+        click.echo(f"query: {text}")
+        click.echo(f"{'rank':>4}  {'score':>8}  id")
+        for hit, hit_text in zip(hits, texts):
+            line = f"{hit.rank:>4}  {hit.score:>8.4f}  {hit.id}"
+            if show_text and hit_text is not None:
+                snippet = " ".join(hit_text.split())
+                room = max(20, width - len(line) - 4)
+                line += "  " + (snippet[: room - 1] + "…" if len(snippet) > room else snippet)
+            click.echo(line)
+        if not hits:
+            click.echo("   (no hits: the index is empty)")

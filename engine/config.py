@@ -1,0 +1,90 @@
+"""Typed, frozen configuration of the engine: the model's shape, how it pools, how it runs.
+
+The Hugging Face ``config.json`` and the sentence-transformers files are folded into these once
+(``engine/loader.py``); nothing downstream reads a raw config dict.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+PoolingMode = Literal["mean", "cls", "last"]
+DeviceName = Literal["cpu", "cuda"]
+DTypeName = Literal["float32", "bfloat16", "float16"]
+AttentionBackendName = Literal["auto", "flashinfer", "torch", "sdpa"]
+
+POOLING_MODES: tuple[str, ...] = ("mean", "cls", "last")
+DTYPE_NAMES: tuple[str, ...] = ("float32", "bfloat16", "float16")
+ATTENTION_BACKENDS: tuple[str, ...] = ("auto", "flashinfer", "torch", "sdpa")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The shape of an encoder, normalised from a Hugging Face ``config.json``."""
+
+    architecture: str  # registry name, e.g. "bert", "qwen3"
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    max_position_embeddings: int
+    norm_eps: float
+    hidden_act: str
+    causal: bool = False
+    type_vocab_size: int = 0
+    # NOTE: absolute position ids start here (0 for BERT, padding_idx + 1 for XLM-RoBERTa).
+    position_offset: int = 0
+    rope_theta: float = 10000.0
+    extra: tuple[tuple[str, object], ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if self.hidden_size <= 0 or self.num_layers <= 0 or self.num_heads <= 0:
+            raise ValueError(f"model config has non-positive sizes: {self}")
+        if self.num_heads % self.num_kv_heads != 0:
+            raise ValueError(
+                f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}"
+            )
+
+
+@dataclass(frozen=True)
+class PoolingConfig:
+    """How token states become one vector per sequence (sentence-transformers semantics)."""
+
+    mode: PoolingMode
+    normalize: bool
+    max_length: int  # tokens per sequence, special tokens included
+
+    def __post_init__(self) -> None:
+        if self.mode not in POOLING_MODES:
+            raise ValueError(f"pooling mode {self.mode!r} is not one of {', '.join(POOLING_MODES)}")
+        if self.max_length < 2:
+            raise ValueError(f"max_length {self.max_length} < 2")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How the engine runs a model: where, in what precision, with which kernels."""
+
+    device: DeviceName = "cpu"
+    dtype: DTypeName = "float32"
+    attention: AttentionBackendName = "auto"
+    cuda_graphs: bool = True
+    token_budget: int = 8192  # max tokens per step (the largest bucket)
+    max_seqs: int = 256  # max sequences per step (the graphs' sequence capacity)
+    steps_in_flight: int = 2
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPE_NAMES:
+            raise ValueError(f"dtype {self.dtype!r} is not one of {', '.join(DTYPE_NAMES)}")
+        if self.attention not in ATTENTION_BACKENDS:
+            raise ValueError(
+                f"attention backend {self.attention!r} is not one of {', '.join(ATTENTION_BACKENDS)}"
+            )
+        if self.token_budget < 1 or self.max_seqs < 1:
+            raise ValueError(f"token_budget {self.token_budget} and max_seqs {self.max_seqs} must be >= 1")
+        if self.steps_in_flight < 1:
+            raise ValueError(f"steps_in_flight {self.steps_in_flight} < 1")

@@ -1,0 +1,172 @@
+"""The engine: ``step(PackedBatch) -> LazyTensor`` of pooled embeddings, on the CPU or CUDA.
+
+On CUDA with graphs enabled, every step goes through ``engine/graphs.py`` (lazy capture per
+token bucket); otherwise the model runs eagerly on the exact packed shapes.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from engine.batch import PackedBatch
+from engine.config import EngineConfig, PoolingConfig
+from engine.context import ForwardContext, host_metadata
+from engine.layers.attention import AttentionBackend, make_attention_backend
+from engine.layers.linear import narrow_linear_weights
+from engine.layers.pooling import l2_normalize, pool
+from engine.lazy_tensor import HostRing, LazyTensor
+from engine.loader import ModelSpec, load_model
+
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class EngineStats:
+    steps: int = 0
+    sequences: int = 0
+    tokens: int = 0
+    padded_tokens: int = 0  # tokens added to reach a graph bucket
+    eager_steps: int = 0
+    graph_captures: int = 0
+    graph_replays: int = 0
+    model_load_s: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def resolve_device(device: str) -> str:
+    """``auto`` -> ``cuda`` when available, else ``cpu``; ``cuda`` without CUDA is an error."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda was asked for, but torch sees no CUDA device")
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device {device!r} is not one of auto, cpu, cuda")
+    return device
+
+
+def resolve_dtype(dtype: str, device: str) -> str:
+    """``auto`` -> bfloat16 on CUDA, float32 on the CPU."""
+    if dtype == "auto":
+        return "bfloat16" if device == "cuda" else "float32"
+    return dtype
+
+
+def forward_pooled(
+    model: nn.Module, pooling: PoolingConfig, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext
+) -> torch.Tensor:
+    """Model, pooling and normalisation: ``[num_tokens]`` ids -> ``[ctx.num_seqs, dim]`` float32."""
+    hidden = model(input_ids, positions, ctx)
+    pooled = pool(hidden, ctx, pooling.mode)
+    return l2_normalize(pooled) if pooling.normalize else pooled
+
+
+class Engine:
+    """Runs one model over packed batches. Not thread-safe: one caller thread drives ``step``."""
+
+    def __init__(self, spec: ModelSpec, config: EngineConfig, model: nn.Module | None = None) -> None:
+        if config.token_budget < spec.pooling.max_length:
+            raise ValueError(
+                f"token budget {config.token_budget} < max length {spec.pooling.max_length}: "
+                "raise --token-budget or lower --max-length"
+            )
+        self.spec = spec
+        self.config = config
+        self.pooling = spec.pooling
+        self.device = torch.device(config.device)
+        self.dtype = TORCH_DTYPES[config.dtype]  # the GEMMs' dtype
+        # NOTE: on the CPU activations stay fp32 and only Linear weights narrow (bf16 GEMMs on AMX,
+        # fp32 norms/softmax/residuals); on CUDA the whole model runs in ``dtype``.
+        self.activation_dtype = self.dtype if self.device.type == "cuda" else torch.float32
+        if self.device.type == "cpu" and self.dtype == torch.float16:
+            raise ValueError("--dtype float16 is not supported on the CPU; use bfloat16 or float32")
+        self.stats = EngineStats()
+        started = time.perf_counter()
+        if model is None:
+            model = load_model(spec, self.device, self.activation_dtype)
+            if self.dtype != self.activation_dtype:
+                narrow_linear_weights(model, self.dtype)
+        self.model = model
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.stats.model_load_s = time.perf_counter() - started
+        cfg = spec.config
+        self.attention: AttentionBackend = make_attention_backend(
+            config.attention, device=self.device, dtype=self.activation_dtype, num_heads=cfg.num_heads,
+            num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, causal=cfg.causal,
+            max_tokens=config.token_budget, max_seqs=config.max_seqs, cuda_graphs=config.cuda_graphs,
+        )
+        self.ring = HostRing(config.steps_in_flight + 1, config.max_seqs, spec.dim, self.device)
+        self.graphs = None
+        if self.device.type == "cuda" and config.cuda_graphs and self.attention.capturable:
+            from engine.graphs import CudaGraphRunner
+
+            self.graphs = CudaGraphRunner(self)
+
+    @property
+    def dim(self) -> int:
+        return self.spec.dim
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "device": str(self.device),
+            "dtype": self.config.dtype,
+            "attention": self.attention.name,
+            "cuda_graphs": self.graphs is not None,
+            "token_budget": self.config.token_budget,
+            "max_seqs": self.config.max_seqs,
+        }
+
+    def step(self, batch: PackedBatch) -> LazyTensor:
+        """Embed every sequence of ``batch``; returns at once (``result()`` -> ``[num_seqs, dim]``)."""
+        if batch.num_seqs > self.config.max_seqs:
+            raise ValueError(f"batch has {batch.num_seqs} sequences, the engine takes at most {self.config.max_seqs}")
+        if batch.num_tokens > self.config.token_budget:
+            raise ValueError(f"batch has {batch.num_tokens} tokens, over the token budget {self.config.token_budget}")
+        if batch.max_seqlen > self.pooling.max_length:
+            raise ValueError(f"a sequence of {batch.max_seqlen} tokens exceeds max length {self.pooling.max_length}")
+        self.stats.steps += 1
+        self.stats.sequences += batch.num_seqs
+        self.stats.tokens += batch.num_tokens
+        with torch.inference_mode():
+            if self.graphs is not None:
+                out = self.graphs.run(batch)
+            else:
+                self.stats.eager_steps += 1
+                out = self.run_eager(batch)
+            return self.ring.submit(out)
+
+    def embed(self, batch: PackedBatch) -> np.ndarray:
+        """``step(batch).result()``: ``[num_seqs, dim]`` float32 on the host."""
+        return self.step(batch).result()
+
+    def run_eager(self, batch: PackedBatch) -> torch.Tensor:
+        """The model on the exact packed shapes: ``[num_seqs, dim]`` float32 on the device."""
+        meta = host_metadata(batch.cu_seqlens, batch.num_tokens, batch.num_seqs)
+        dev = self.device
+
+        def to_dev(a: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(a).to(dev, non_blocking=True)
+
+        ctx = ForwardContext(
+            cu_seqlens=to_dev(meta.cu_seqlens),
+            cu_seqlens_cpu=meta.cu_seqlens,
+            max_seqlen=batch.max_seqlen,
+            num_seqs=batch.num_seqs,
+            token_seq_ids=to_dev(meta.token_seq_ids),
+            inv_seqlens=to_dev(meta.inv_seqlens),
+            first_token_idx=to_dev(meta.first_token_idx),
+            last_token_idx=to_dev(meta.last_token_idx),
+            attention=self.attention,
+        )
+        self.attention.plan(ctx)
+        ids = to_dev(batch.input_ids.astype(np.int64, copy=False))
+        pos = to_dev(batch.positions.astype(np.int64, copy=False))
+        return forward_pooled(self.model, self.pooling, ids, pos, ctx)

@@ -1,0 +1,1 @@
+"""Layers shared by every model architecture: attention, norms, activations, rotary, pooling."""

@@ -1,0 +1,31 @@
+"""Model registry: Hugging Face ``architectures`` / ``model_type`` names -> native packed models."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from engine.models.bert import BertModel
+
+# Hugging Face architecture or model_type -> model class. Add one line per architecture file.
+MODEL_REGISTRY: dict[str, type[nn.Module]] = {
+    "BertModel": BertModel,
+    "bert": BertModel,
+}
+
+
+def supported_architectures() -> list[str]:
+    return sorted(MODEL_REGISTRY)
+
+
+def model_class_for(hf_config: dict[str, Any]) -> type[nn.Module]:
+    """The model class for a Hugging Face config, by ``architectures`` first, then ``model_type``."""
+    names = [*(hf_config.get("architectures") or []), hf_config.get("model_type", "")]
+    for name in names:
+        if name in MODEL_REGISTRY:
+            return MODEL_REGISTRY[name]
+    found = ", ".join(repr(n) for n in names if n) or "nothing"
+    raise ValueError(
+        f"unsupported model architecture ({found} in config.json); supported: {', '.join(supported_architectures())}"
+    )

@@ -1,0 +1,160 @@
+"""BERT-family encoders (BertModel: MiniLM, BGE, E5, GTE, ...) over packed tokens.
+
+Module names follow Hugging Face's ``BertModel`` so checkpoints load by name; the one change is
+the fused ``attention.self.qkv`` projection (``query``/``key``/``value`` concatenated at load).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from engine.config import ModelConfig
+from engine.context import ForwardContext
+from engine.layers.activation import get_activation
+from engine.layers.attention import attention
+from engine.layers.linear import Linear
+from engine.layers.norm import LayerNorm
+from engine.models.weights import WeightSource
+
+
+def bert_config(hf: dict[str, Any], architecture: str = "bert") -> ModelConfig:
+    """Fold a Hugging Face BERT-style ``config.json`` into a ``ModelConfig``."""
+    if hf.get("position_embedding_type", "absolute") != "absolute":
+        raise ValueError(
+            f"position_embedding_type {hf['position_embedding_type']!r} is not supported (only 'absolute')"
+        )
+    num_heads = int(hf["num_attention_heads"])
+    hidden = int(hf["hidden_size"])
+    return ModelConfig(
+        architecture=architecture,
+        vocab_size=int(hf["vocab_size"]),
+        hidden_size=hidden,
+        num_layers=int(hf["num_hidden_layers"]),
+        num_heads=num_heads,
+        num_kv_heads=num_heads,
+        head_dim=hidden // num_heads,
+        intermediate_size=int(hf["intermediate_size"]),
+        max_position_embeddings=int(hf["max_position_embeddings"]),
+        norm_eps=float(hf.get("layer_norm_eps", 1e-12)),
+        hidden_act=str(hf.get("hidden_act", "gelu")),
+        causal=False,
+        type_vocab_size=int(hf.get("type_vocab_size", 2)),
+        position_offset=0,
+    )
+
+
+class BertEmbeddings(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.word_embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.position_embeddings = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
+        self.token_type_embeddings = nn.Embedding(max(cfg.type_vocab_size, 1), cfg.hidden_size)
+        self.LayerNorm = LayerNorm(cfg.hidden_size, cfg.norm_eps)
+        self.position_offset = cfg.position_offset
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        # every token is segment 0 (single-text inputs): add token type row 0 as a bias
+        h = self.word_embeddings(input_ids) + self.token_type_embeddings.weight[0]
+        pos = positions if self.position_offset == 0 else positions + self.position_offset
+        h = h + self.position_embeddings(pos)
+        return self.LayerNorm(h)  # [num_tokens, hidden]
+
+
+class BertSelfAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.num_heads = cfg.num_heads
+        self.head_dim = cfg.head_dim
+        self.qkv = Linear(cfg.hidden_size, 3 * cfg.num_heads * cfg.head_dim)
+
+    def forward(self, h: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        num_tokens = h.shape[0]
+        q, k, v = self.qkv(h).view(num_tokens, 3, self.num_heads, self.head_dim).unbind(1)
+        out = attention(q, k, v, ctx)  # [num_tokens, heads, head_dim]
+        return out.reshape(num_tokens, self.num_heads * self.head_dim)
+
+
+class BertSelfOutput(nn.Module):
+    def __init__(self, cfg: ModelConfig, in_features: int) -> None:
+        super().__init__()
+        self.dense = Linear(in_features, cfg.hidden_size)
+        self.LayerNorm = LayerNorm(cfg.hidden_size, cfg.norm_eps)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.dense(x) + residual)
+
+
+class BertAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.self = BertSelfAttention(cfg)
+        self.output = BertSelfOutput(cfg, cfg.num_heads * cfg.head_dim)
+
+    def forward(self, h: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        return self.output(self.self(h, ctx), h)
+
+
+class BertIntermediate(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.dense = Linear(cfg.hidden_size, cfg.intermediate_size)
+        self.act = get_activation(cfg.hidden_act)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.act(self.dense(h))
+
+
+class BertLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.attention = BertAttention(cfg)
+        self.intermediate = BertIntermediate(cfg)
+        self.output = BertSelfOutput(cfg, cfg.intermediate_size)
+
+    def forward(self, h: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        h = self.attention(h, ctx)
+        return self.output(self.intermediate(h), h)
+
+
+class BertEncoder(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.layer = nn.ModuleList(BertLayer(cfg) for _ in range(cfg.num_layers))
+
+
+class BertModel(nn.Module):
+    """Packed BERT encoder: ``forward(input_ids [T], positions [T], ctx) -> [T, hidden]``."""
+
+    # Checkpoints saved from task heads prefix the trunk with one of these.
+    weight_prefixes: tuple[str, ...] = ("", "bert.", "model.")
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.embeddings = BertEmbeddings(cfg)
+        self.encoder = BertEncoder(cfg)
+
+    @staticmethod
+    def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
+        return bert_config(hf)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        h = self.embeddings(input_ids, positions)
+        for layer in self.encoder.layer:
+            h = layer(h, ctx)
+        return h
+
+    def hf_state_dict(self, weights: WeightSource) -> dict[str, torch.Tensor]:
+        """Our parameter names -> tensors read from a Hugging Face checkpoint."""
+        out: dict[str, torch.Tensor] = {}
+        for name in self.state_dict():
+            if ".qkv." in name:
+                parts = [weights.get(name.replace(".qkv.", f".{p}."), self.weight_prefixes)
+                         for p in ("query", "key", "value")]
+                out[name] = torch.cat(parts, dim=0)
+            else:
+                out[name] = weights.get(name, self.weight_prefixes)
+        return out

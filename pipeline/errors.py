@@ -1,0 +1,73 @@
+"""Errors a user can act on, each with the process exit code it maps to (the cron/Airflow contract).
+
+| code | meaning |
+|---|---|
+| 0 | success (also: nothing to do) |
+| 1 | internal error (a bug: traceback is printed) |
+| 2 | usage error (bad flags) |
+| 65 | bad input data (corrupt shard, wrong column type, too many bad rows) |
+| 66 | no input (no shards, no rows) |
+| 73 | cannot create output |
+| 74 | I/O error (disk full, read error after retries) |
+| 75 | temporary failure, safe to retry (output locked, CUDA error that needs a new process) |
+| 78 | configuration error (model missing or unsafe, settings differ from the index being resumed) |
+| 130 / 143 | interrupted by SIGINT / SIGTERM (finished work kept, resumable) |
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_INTERNAL = 1
+EXIT_USAGE = 2
+EXIT_DATAERR = 65
+EXIT_NOINPUT = 66
+EXIT_CANTCREAT = 73
+EXIT_IOERR = 74
+EXIT_TEMPFAIL = 75
+EXIT_CONFIG = 78
+EXIT_SIGINT = 130
+EXIT_SIGTERM = 143
+
+
+class PetalError(Exception):
+    """A failure explained to the user (no traceback), ending the process with ``exit_code``."""
+
+    exit_code = EXIT_INTERNAL
+    status = "failed"
+
+
+class BadInputError(PetalError):
+    exit_code = EXIT_DATAERR
+
+
+class NoInputError(PetalError):
+    exit_code = EXIT_NOINPUT
+
+
+class OutputError(PetalError):
+    exit_code = EXIT_CANTCREAT
+
+
+class PetalIOError(PetalError):
+    exit_code = EXIT_IOERR
+
+
+class TemporaryFailure(PetalError):
+    exit_code = EXIT_TEMPFAIL
+
+
+class ConfigError(PetalError):
+    exit_code = EXIT_CONFIG
+
+
+class Interrupted(PetalError):
+    """A clean stop at a batch boundary after SIGINT/SIGTERM (finished shards are committed)."""
+
+    status = "interrupted"
+
+    def __init__(self, signum: int) -> None:
+        import signal
+
+        name = signal.Signals(signum).name
+        super().__init__(f"interrupted by {name}; finished shards are committed, rerun to resume")
+        self.exit_code = EXIT_SIGINT if signum == signal.SIGINT else EXIT_SIGTERM

@@ -1,0 +1,114 @@
+"""Opening a published index for search: checksums first, then FAISS, then id mapping."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline.errors import BadInputError, ConfigError
+from pipeline.layout import resolve_index_dir
+from pipeline.store import sha256_file
+
+
+@dataclass(frozen=True)
+class Hit:
+    rank: int
+    score: float
+    faiss_id: int
+    id: Any
+    shard: str
+    row: int
+
+
+class IndexReader:
+    """A published version: manifest, FAISS index (checked against the manifest's sha256), id map."""
+
+    def __init__(self, path: Path, nprobe: int | None = None) -> None:
+        import faiss
+
+        self.dir, self.manifest = resolve_index_dir(path)
+        files = self.manifest.get("index", {}).get("files", {})
+        for name in ("index.faiss", "ids.parquet"):
+            expected = files.get(name)
+            actual_path = self.dir / name
+            if expected is None or not actual_path.is_file():
+                raise ConfigError(f"{self.dir}: {name} is missing or not listed in the manifest")
+            actual = sha256_file(actual_path)
+            if actual != expected:
+                raise BadInputError(f"{actual_path}: sha256 {actual[:16]}... does not match the manifest "
+                                    f"({expected[:16]}...); the index is corrupt, rebuild it")
+        self.index = faiss.read_index(str(self.dir / "index.faiss"))
+        self.ids = pq.read_table(self.dir / "ids.parquet")
+        if self.ids.num_rows != self.index.ntotal:
+            raise BadInputError(f"{self.dir}: {self.ids.num_rows} ids for {self.index.ntotal} vectors")
+        params = dict(self.manifest.get("index", {}).get("search_params", {}))
+        if nprobe is not None:
+            params["nprobe"] = nprobe
+        ivf = faiss.try_extract_index_ivf(self.index)
+        if ivf is not None and "nprobe" in params:
+            ivf.nprobe = int(params["nprobe"])
+        self.search_params = params
+
+    @property
+    def dim(self) -> int:
+        return int(self.index.d)
+
+    @property
+    def ntotal(self) -> int:
+        return int(self.index.ntotal)
+
+    def search(self, vectors: np.ndarray, k: int) -> list[list[Hit]]:
+        """Top ``k`` hits per query row of ``vectors [num_queries, dim]`` (fewer if the index is smaller)."""
+        if vectors.ndim != 2 or vectors.shape[1] != self.dim:
+            raise ConfigError(f"query vectors have shape {vectors.shape}, the index holds dim {self.dim}")
+        k_eff = max(1, min(k, self.ntotal))
+        if self.ntotal == 0:
+            return [[] for _ in range(len(vectors))]
+        scores, ids = self.index.search(np.ascontiguousarray(vectors, dtype=np.float32), k_eff)
+        valid = ids >= 0  # NOTE: FAISS pads with -1 when fewer than k results exist
+        flat = ids[valid]
+        rows = self.ids.take(pa.array(flat)) if len(flat) else self.ids.schema.empty_table()
+        doc_ids = rows.column("id").to_pylist()
+        shards = rows.column("shard").to_pylist()
+        shard_rows = rows.column("row").to_pylist()
+        out: list[list[Hit]] = []
+        cursor = 0
+        for q in range(len(vectors)):
+            hits = []
+            for rank, (score, fid) in enumerate(zip(scores[q], ids[q])):
+                if fid < 0:
+                    continue
+                hits.append(Hit(rank + 1, float(score), int(fid), doc_ids[cursor], shards[cursor], shard_rows[cursor]))
+                cursor += 1
+            out.append(hits)
+        return out
+
+    def texts(self, hits: list[Hit], text_column: str) -> list[str | None]:
+        """The source text of each hit, read back from its shard (``None`` if it is gone)."""
+        by_shard: dict[str, list[int]] = {}
+        for hit in hits:
+            by_shard.setdefault(hit.shard, []).append(hit.row)
+        found: dict[tuple[str, int], str | None] = {}
+        for shard, rows in by_shard.items():
+            try:
+                pf = pq.ParquetFile(shard)
+                starts = np.cumsum([0] + [pf.metadata.row_group(g).num_rows for g in range(pf.num_row_groups)])
+                groups: dict[int, pa.ChunkedArray] = {}
+                for row in rows:
+                    group = int(np.searchsorted(starts, row, side="right")) - 1
+                    if not 0 <= group < pf.num_row_groups:
+                        found[(shard, row)] = None
+                        continue
+                    if group not in groups:  # read only the row groups holding hits
+                        groups[group] = pf.read_row_group(group, columns=[text_column]).column(0)
+                    value = groups[group][row - int(starts[group])].as_py()
+                    found[(shard, row)] = value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+            except (OSError, pa.ArrowException, KeyError):
+                for row in rows:
+                    found[(shard, row)] = None
+        return [found.get((h.shard, h.row)) for h in hits]

@@ -1,0 +1,86 @@
+"""Tokenization with the model's fast tokenizer (``tokenizer.json`` through ``tokenizers``).
+
+``encode_batch_fast`` runs on all cores (Rust threads, GIL released); the pipeline runs this stage
+in a background thread so the device never waits on it. Truncation at the model's max length is
+exact and counted per row; a character pre-cap keeps a multi-megabyte row from stalling it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.documents import Documents
+
+
+@dataclass(frozen=True)
+class Encoded:
+    token_ids: list[np.ndarray]  # one int32 array per text
+    truncated: np.ndarray  # [num_texts] bool
+
+
+class TextTokenizer:
+    """A model's tokenizer, truncating at ``max_length`` tokens (special tokens included)."""
+
+    def __init__(self, tokenizer_file: Path, max_length: int, max_chars: int | None = None) -> None:
+        from tokenizers import Tokenizer
+
+        self.max_length = max_length
+        # NOTE: the cap is generous (64 characters a token); a capped text is counted as truncated.
+        self.max_chars = max_chars if max_chars is not None else max(max_length * 64, 4096)
+        self._tokenizer = Tokenizer.from_file(str(tokenizer_file))
+        self._tokenizer.no_padding()
+        self._tokenizer.enable_truncation(max_length)
+        self._encode = getattr(self._tokenizer, "encode_batch_fast", self._tokenizer.encode_batch)
+
+    def encode(self, texts: list[str]) -> Encoded:
+        capped = np.fromiter((len(t) > self.max_chars for t in texts), dtype=bool, count=len(texts))
+        if capped.any():
+            texts = [t[: self.max_chars] if c else t for t, c in zip(texts, capped)]
+        encodings = self._encode(texts)
+        token_ids = [np.array(e.ids, dtype=np.int32) for e in encodings]
+        overflowed = np.fromiter((bool(e.overflowing) for e in encodings), dtype=bool, count=len(encodings))
+        return Encoded(token_ids, overflowed | capped)
+
+
+@dataclass
+class TokenizedDocs:
+    """Documents of one shard, tokenized: ``token_ids[i]`` belongs to ``rows[i]`` / ``ids[i]``."""
+
+    shard_index: int
+    rows: list[int]
+    ids: list
+    token_ids: list[np.ndarray]
+    truncated_rows: list[int]
+    rejects: list[tuple[int, str]] = field(default_factory=list)
+    final: bool = False
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(t) for t in self.token_ids)
+
+
+def tokenize_documents(docs: Iterable[Documents], tokenizer: TextTokenizer) -> Iterator[TokenizedDocs]:
+    """Tokenize each ``Documents`` batch; a text that yields no tokens becomes an ``empty_text`` reject."""
+    for batch in docs:
+        encoded = encode_or_empty(tokenizer, batch.texts)
+        out = TokenizedDocs(batch.shard_index, [], [], [], [], list(batch.rejects), batch.final)
+        for row, doc_id, ids, truncated in zip(batch.rows, batch.ids, encoded.token_ids, encoded.truncated):
+            if len(ids) == 0:
+                out.rejects.append((row, "empty_text"))
+                continue
+            out.rows.append(row)
+            out.ids.append(doc_id)
+            out.token_ids.append(ids)
+            if truncated:
+                out.truncated_rows.append(row)
+        yield out
+
+
+def encode_or_empty(tokenizer: TextTokenizer, texts: list[str]) -> Encoded:
+    if not texts:
+        return Encoded([], np.zeros(0, dtype=bool))
+    return tokenizer.encode(texts)
