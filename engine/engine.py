@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -16,12 +16,16 @@ from torch import nn
 
 from engine.batch import PackedBatch
 from engine.config import EngineConfig, PoolingConfig
-from engine.context import ForwardContext, host_metadata
+from engine.context import ForwardContext
+from engine.inputs import InputLayout, StagingRing, fill_inputs, make_context
 from engine.layers.attention import AttentionBackend, make_attention_backend
 from engine.layers.linear import narrow_linear_weights
 from engine.layers.pooling import l2_normalize, pool
 from engine.lazy_tensor import HostRing, LazyTensor
 from engine.loader import ModelSpec, load_model
+
+if TYPE_CHECKING:
+    from engine.graphs import LazyGraphRunner
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -104,11 +108,14 @@ class Engine:
             max_tokens=config.token_budget, max_seqs=config.max_seqs, cuda_graphs=config.cuda_graphs,
         )
         self.ring = HostRing(config.steps_in_flight + 1, config.max_seqs, spec.dim, self.device)
-        self.graphs = None
+        # NOTE: the CPU reuses one slot (the step runs synchronously); CUDA keeps slots per step in flight.
+        depth = config.steps_in_flight + 2 if self.device.type == "cuda" else 1
+        self.staging = StagingRing(depth, InputLayout(config.token_budget, config.max_seqs).size, self.device)
+        self.graphs: LazyGraphRunner | None = None
         if self.device.type == "cuda" and config.cuda_graphs and self.attention.capturable:
-            from engine.graphs import CudaGraphRunner
+            from engine.graphs import cuda_graph_runner
 
-            self.graphs = CudaGraphRunner(self)
+            self.graphs = cuda_graph_runner(self)
 
     @property
     def dim(self) -> int:
@@ -138,6 +145,10 @@ class Engine:
         with torch.inference_mode():
             if self.graphs is not None:
                 out = self.graphs.run(batch)
+                self.stats.graph_captures = self.graphs.captures
+                self.stats.graph_replays = self.graphs.replays
+                self.stats.eager_steps = self.graphs.eager_runs
+                self.stats.padded_tokens = self.graphs.padded_tokens
             else:
                 self.stats.eager_steps += 1
                 out = self.run_eager(batch)
@@ -148,25 +159,16 @@ class Engine:
         return self.step(batch).result()
 
     def run_eager(self, batch: PackedBatch) -> torch.Tensor:
-        """The model on the exact packed shapes: ``[num_seqs, dim]`` float32 on the device."""
-        meta = host_metadata(batch.cu_seqlens, batch.num_tokens, batch.num_seqs)
-        dev = self.device
-
-        def to_dev(a: np.ndarray) -> torch.Tensor:
-            return torch.from_numpy(a).to(dev, non_blocking=True)
-
-        ctx = ForwardContext(
-            cu_seqlens=to_dev(meta.cu_seqlens),
-            cu_seqlens_cpu=meta.cu_seqlens,
-            max_seqlen=batch.max_seqlen,
-            num_seqs=batch.num_seqs,
-            token_seq_ids=to_dev(meta.token_seq_ids),
-            inv_seqlens=to_dev(meta.inv_seqlens),
-            first_token_idx=to_dev(meta.first_token_idx),
-            last_token_idx=to_dev(meta.last_token_idx),
-            attention=self.attention,
-        )
+        """The model on the batch's exact shapes: ``[num_seqs, dim]`` float32 on the device."""
+        layout = InputLayout(batch.num_tokens, batch.num_seqs)
+        slot, host = self.staging.acquire()
+        fill_inputs(host.numpy(), layout, batch)
+        buffer = host[: layout.size]
+        if self.device.type == "cuda":
+            buffer = buffer.to(self.device, non_blocking=True)
+        ctx = make_context(buffer, host[layout.slices()["cu_seqlens"]], layout, batch.max_seqlen, self.attention,
+                           padded=False)
         self.attention.plan(ctx)
-        ids = to_dev(batch.input_ids.astype(np.int64, copy=False))
-        pos = to_dev(batch.positions.astype(np.int64, copy=False))
-        return forward_pooled(self.model, self.pooling, ids, pos, ctx)
+        self.staging.release(slot)
+        assert ctx.input_ids is not None and ctx.positions is not None
+        return forward_pooled(self.model, self.pooling, ctx.input_ids, ctx.positions, ctx)

@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.layers.kernels import fused
+
 
 class LayerNorm(nn.Module):
     """LayerNorm over the last dim; weight/bias keep Hugging Face names (``weight``, ``bias``)."""
@@ -21,14 +23,31 @@ class LayerNorm(nn.Module):
 
 
 class RMSNorm(nn.Module):
-    """RMSNorm over the last dim, computed in fp32 and cast back (as Hugging Face Qwen3 does)."""
+    """RMSNorm over the last dim, in fp32, cast back (as Hugging Face Qwen3 does).
+
+    ``forward(x, residual)`` fuses the residual add: returns ``(norm(x + residual), x + residual)``
+    (FlashInfer's ``fused_add_rmsnorm`` in place on CUDA).
+    """
 
     def __init__(self, hidden_size: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., hidden]
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(x.dtype)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):  # type: ignore[override]
+        fi = fused(x)
+        if residual is None:
+            if fi is not None and x.is_contiguous():
+                return fi.rmsnorm(x, self.weight, self.eps)
+            return self._norm(x)
+        if fi is not None:
+            # NOTE: in place: residual <- x + residual, x <- rmsnorm(residual)
+            fi.fused_add_rmsnorm(x, residual, self.weight, self.eps)
+            return x, residual
+        residual = x + residual
+        return self._norm(residual), residual

@@ -7,11 +7,18 @@ from typing import Any
 from torch import nn
 
 from engine.models.bert import BertModel
+from engine.models.qwen3 import Qwen3Model
+from engine.models.xlm_roberta import XLMRobertaModel
 
 # Hugging Face architecture or model_type -> model class. Add one line per architecture file.
 MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "BertModel": BertModel,
     "bert": BertModel,
+    "Qwen3Model": Qwen3Model,
+    "Qwen3ForCausalLM": Qwen3Model,
+    "qwen3": Qwen3Model,
+    "XLMRobertaModel": XLMRobertaModel,
+    "xlm-roberta": XLMRobertaModel,
 }
 
 

@@ -50,3 +50,22 @@ def safetensors_files(model_dir: Path) -> list[Path]:
     if single.is_file():
         return [single]
     return sorted(model_dir.glob("*.safetensors"))
+
+
+class TensorWeights(WeightSource):
+    """A checkpoint already in memory (a Hugging Face model's ``state_dict()``): tests and benchmarks."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype) -> None:
+        self.device = device
+        self.dtype = dtype
+        self._tensors = tensors
+        self._where = dict.fromkeys(tensors, 0)
+        self.files = [Path("<memory>")]
+
+    def get(self, name: str, prefixes: tuple[str, ...] = ("",)) -> torch.Tensor:
+        for prefix in prefixes:
+            tensor = self._tensors.get(prefix + name)
+            if tensor is not None:
+                tensor = tensor.to(self.device)
+                return tensor.to(self.dtype) if tensor.is_floating_point() else tensor
+        raise KeyError(f"weight {name!r} not found (tried {', '.join(repr(p + name) for p in prefixes)})")

@@ -1,0 +1,165 @@
+"""Whole-model CUDA graphs, one per token bucket, captured lazily.
+
+One class owns them: the buckets, each bucket's static input buffer, one shared memory pool, the
+shared output buffer and the counters. A bucket's first batch runs eagerly (on the bucket's padded
+shapes, so it also warms kernels and JIT caches); its second batch captures the graph; later batches
+replay it. Attention planning (``plan()``) happens on the host before every run, outside the graph.
+Embedding lookup, every layer, pooling and normalisation are inside the graph.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+
+from engine.batch import PackedBatch, token_bucket, token_buckets
+from engine.context import ForwardContext
+from engine.inputs import InputLayout, StagingRing, fill_inputs, make_context
+
+if TYPE_CHECKING:
+    from engine.engine import Engine
+
+
+class Graph(Protocol):
+    """The part of ``torch.cuda.CUDAGraph`` the runner uses (a stand-in replaces it in CPU tests)."""
+
+    def replay(self) -> None: ...
+
+
+GraphCapture = Callable[[Callable[[], None]], Graph]
+
+
+def seq_capacity(bucket: int, max_seqs: int) -> int:
+    """Sequence slots of a bucket: a batch of ``bucket`` tokens has at most ``bucket`` sequences."""
+    return min(max_seqs, bucket)
+
+
+@dataclass
+class BucketState:
+    layout: InputLayout
+    buffer: torch.Tensor  # [layout.size] int32 on the device: the graph's static inputs
+    ctx: ForwardContext
+    hits: int = 0
+    graph: Graph | None = None
+
+
+class LazyGraphRunner:
+    """Bucketed, lazily captured execution of ``forward(ctx) -> [num_seqs, dim]``.
+
+    ``capture(fn)`` records ``fn`` into a graph and returns it (``torch.cuda.CUDAGraph`` on CUDA);
+    ``run`` implements the state machine eager -> capture -> replay per bucket.
+    """
+
+    def __init__(self, *, token_budget: int, max_seqs: int, max_length: int, dim: int, device: torch.device,
+                 attention: object, forward: Callable[[ForwardContext], torch.Tensor], capture: GraphCapture,
+                 staging_depth: int) -> None:
+        self.buckets = token_buckets(token_budget)
+        self.max_seqs = max_seqs
+        self.max_length = max_length
+        self.device = device
+        self.attention = attention
+        self.forward = forward
+        self.capture = capture
+        self.states: dict[int, BucketState] = {}
+        largest = InputLayout(self.buckets[-1], seq_capacity(self.buckets[-1], max_seqs))
+        self.staging = StagingRing(staging_depth, largest.size, device)
+        # NOTE: every graph writes its pooled rows here; the result is copied out (engine/lazy_tensor.py)
+        # before the next replay can overwrite it (same stream).
+        self.output = torch.zeros(largest.num_seqs, dim, dtype=torch.float32, device=device)
+        self.captures = 0
+        self.replays = 0
+        self.eager_runs = 0
+        self.padded_tokens = 0
+        register = getattr(attention, "register_capacity", None)
+        if register is not None:
+            for bucket in self.buckets:
+                register(seq_capacity(bucket, max_seqs), bucket)
+
+    def counters(self) -> dict[str, int]:
+        return {"graph_captures": self.captures, "graph_replays": self.replays, "eager_steps": self.eager_runs,
+                "padded_tokens": self.padded_tokens, "buckets_used": len(self.states)}
+
+    def _state(self, bucket: int) -> BucketState:
+        state = self.states.get(bucket)
+        if state is None:
+            layout = InputLayout(bucket, seq_capacity(bucket, self.max_seqs))
+            buffer = torch.zeros(layout.size, dtype=torch.int32, device=self.device)
+            # NOTE: max_seqlen is an upper bound baked into the graph (varlen kernels read real offsets).
+            ctx = make_context(buffer, torch.zeros(0, dtype=torch.int32), layout, min(bucket, self.max_length),
+                               self.attention, padded=True)
+            state = BucketState(layout, buffer, ctx)
+            self.states[bucket] = state
+        return state
+
+    def run(self, batch: PackedBatch) -> torch.Tensor:
+        """Embed ``batch``; returns a view ``[batch.num_seqs, dim]`` of the shared output buffer."""
+        bucket = token_bucket(batch.num_tokens)
+        if bucket > self.buckets[-1]:
+            raise ValueError(f"batch of {batch.num_tokens} tokens is over the largest bucket {self.buckets[-1]}")
+        state = self._state(bucket)
+        self.padded_tokens += bucket - batch.num_tokens
+        slot, host = self.staging.acquire()
+        size = state.layout.size
+        fill_inputs(host.numpy(), state.layout, batch)
+        state.buffer.copy_(host[:size], non_blocking=True)
+        state.ctx.cu_seqlens_cpu = host[state.layout.slices()["cu_seqlens"]]
+        plan = getattr(self.attention, "plan", None)
+        if plan is not None:
+            plan(state.ctx)
+        self.staging.release(slot)
+        rows = state.layout.num_seqs
+
+        def step() -> None:
+            self.output[:rows].copy_(self.forward(state.ctx))
+
+        if state.graph is not None:
+            state.graph.replay()
+            self.replays += 1
+        elif state.hits == 0:
+            step()
+            self.eager_runs += 1
+        else:
+            state.graph = self.capture(step)
+            self.captures += 1
+            state.graph.replay()
+            self.replays += 1
+        state.hits += 1
+        return self.output[: batch.num_seqs]
+
+
+class CudaGraphCapture:
+    """Captures into one shared memory pool on a dedicated stream, after a warm-up run there."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.pool = torch.cuda.graph_pool_handle()
+        self.stream = torch.cuda.Stream(device=device)
+
+    def __call__(self, fn: Callable[[], None]) -> torch.cuda.CUDAGraph:
+        current = torch.cuda.current_stream()
+        self.stream.wait_stream(current)
+        with torch.cuda.stream(self.stream):
+            fn()  # warm-up on the capture stream (cuBLAS workspaces, lazy module loads)
+        current.wait_stream(self.stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool, stream=self.stream):
+            fn()
+        return graph
+
+
+def cuda_graph_runner(engine: Engine) -> LazyGraphRunner:
+    from engine.engine import forward_pooled
+
+    cfg = engine.config
+
+    def forward(ctx: ForwardContext) -> torch.Tensor:
+        assert ctx.input_ids is not None and ctx.positions is not None
+        return forward_pooled(engine.model, engine.pooling, ctx.input_ids, ctx.positions, ctx)
+
+    return LazyGraphRunner(
+        token_budget=cfg.token_budget, max_seqs=cfg.max_seqs, max_length=engine.pooling.max_length, dim=engine.dim,
+        device=engine.device, attention=engine.attention, forward=forward, capture=CudaGraphCapture(engine.device),
+        staging_depth=cfg.steps_in_flight + 2,
+    )

@@ -1,0 +1,114 @@
+"""One step's inputs in a single int32 buffer, filled on the host and moved with one copy.
+
+Layout for ``num_seqs`` sequence slots and ``num_tokens`` token slots (all int32, the float
+``inv_seqlens`` stored as raw bits)::
+
+    cu_seqlens [S+1] | first_token_idx [S] | last_token_idx [S] | inv_seqlens [S] (float32 bits)
+    | input_ids [T] | positions [T] | token_seq_ids [T]
+
+On CUDA the host side lives in a ring of pinned slots; a slot is refilled only after the copy
+that read it has executed (an event per slot), so the host can run ahead of the device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from engine.batch import PackedBatch
+from engine.context import ForwardContext
+
+
+@dataclass(frozen=True)
+class InputLayout:
+    num_tokens: int  # token slots T (>= the batch's tokens; padding belongs to the dummy sequence)
+    num_seqs: int  # sequence slots S (>= the batch's sequences; extra slots are zero-length)
+
+    @property
+    def size(self) -> int:
+        return 4 * self.num_seqs + 1 + 3 * self.num_tokens
+
+    def slices(self) -> dict[str, slice]:
+        s, t = self.num_seqs, self.num_tokens
+        bounds = {"cu_seqlens": s + 1, "first_token_idx": s, "last_token_idx": s, "inv_seqlens": s,
+                  "input_ids": t, "positions": t, "token_seq_ids": t}
+        out, start = {}, 0
+        for name, length in bounds.items():
+            out[name] = slice(start, start + length)
+            start += length
+        return out
+
+
+def fill_inputs(host: np.ndarray, layout: InputLayout, batch: PackedBatch) -> None:
+    """Write ``batch`` padded to ``layout`` into ``host`` (int32, at least ``layout.size`` long)."""
+    seqs, tokens = batch.num_seqs, batch.num_tokens
+    assert seqs <= layout.num_seqs and tokens <= layout.num_tokens, (seqs, layout.num_seqs, tokens, layout.num_tokens)
+    sl = layout.slices()
+    cu = host[sl["cu_seqlens"]]
+    cu[: seqs + 1] = batch.cu_seqlens
+    cu[seqs + 1 :] = tokens  # unused slots: zero-length sequences at the end of the real tokens
+    lengths = np.diff(batch.cu_seqlens)
+    first, last = host[sl["first_token_idx"]], host[sl["last_token_idx"]]
+    first[:seqs] = batch.cu_seqlens[:-1]
+    last[:seqs] = batch.cu_seqlens[1:] - 1
+    first[seqs:] = 0
+    last[seqs:] = 0
+    inv = host[sl["inv_seqlens"]].view(np.float32)
+    inv[:seqs] = 1.0 / lengths
+    inv[seqs:] = 0.0
+    ids, pos, seq_ids = host[sl["input_ids"]], host[sl["positions"]], host[sl["token_seq_ids"]]
+    ids[:tokens] = batch.input_ids
+    pos[:tokens] = batch.positions
+    seq_ids[:tokens] = np.repeat(np.arange(seqs, dtype=np.int32), lengths)
+    ids[tokens:] = 0
+    pos[tokens:] = 0
+    seq_ids[tokens:] = layout.num_seqs  # padding tokens pool into the dummy row, never a real one
+
+
+def make_context(buffer: torch.Tensor, host_cu: torch.Tensor, layout: InputLayout, max_seqlen: int,
+                 attention: object, padded: bool) -> ForwardContext:
+    """A ``ForwardContext`` of views into ``buffer`` (int32, on the model's device)."""
+    sl = layout.slices()
+    return ForwardContext(
+        cu_seqlens=buffer[sl["cu_seqlens"]],
+        cu_seqlens_cpu=host_cu,
+        max_seqlen=max_seqlen,
+        num_seqs=layout.num_seqs,
+        token_seq_ids=buffer[sl["token_seq_ids"]],
+        inv_seqlens=buffer[sl["inv_seqlens"]].view(torch.float32),
+        first_token_idx=buffer[sl["first_token_idx"]],
+        last_token_idx=buffer[sl["last_token_idx"]],
+        attention=attention,  # type: ignore[arg-type]
+        padded=padded,
+        input_ids=buffer[sl["input_ids"]],
+        positions=buffer[sl["positions"]],
+    )
+
+
+class StagingRing:
+    """Host buffers for step inputs: pinned on CUDA, reused round-robin behind per-slot events."""
+
+    def __init__(self, depth: int, capacity: int, device: torch.device) -> None:
+        pin = device.type == "cuda"
+        self._slots = [torch.zeros(capacity, dtype=torch.int32, pin_memory=pin) for _ in range(depth)]
+        self._events: list[torch.cuda.Event | None] = [None] * depth
+        self._next = 0
+
+    def acquire(self) -> tuple[int, torch.Tensor]:
+        """A free slot: waits only if the copy that last read it has not executed yet."""
+        slot = self._next
+        self._next = (slot + 1) % len(self._slots)
+        event = self._events[slot]
+        if event is not None:
+            event.synchronize()  # NOTE: the slot's previous H2D copy (and plan) must have read it
+            self._events[slot] = None
+        return slot, self._slots[slot]
+
+    def release(self, slot: int) -> None:
+        """Mark the slot as read by everything enqueued so far on the current stream."""
+        if self._slots[slot].is_pinned():
+            event = torch.cuda.Event()
+            event.record()
+            self._events[slot] = event

@@ -1,0 +1,40 @@
+"""Rotary position embeddings (NeoX / "rotate half" layout, as Qwen3), positions per token."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class RotaryEmbedding(nn.Module):
+    """Applies RoPE to ``q [T, Hq, D]`` and ``k [T, Hk, D]`` at ``positions [T]`` (restarting per sequence)."""
+
+    def __init__(self, head_dim: int, max_positions: int, theta: float) -> None:
+        super().__init__()
+        self.head_dim = head_dim
+        self.max_positions = max_positions
+        self.theta = theta
+        # NOTE: not a buffer: models are built on the meta device and only checkpoint tensors are loaded.
+        self._cache: torch.Tensor | None = None
+
+    def cos_sin(self, device: torch.device) -> torch.Tensor:
+        """``[max_positions, D]`` float32: cos of each frequency in the first half, sin in the second."""
+        if self._cache is None or self._cache.device != device:
+            exponents = torch.arange(0, self.head_dim, 2, dtype=torch.float32, device=device) / self.head_dim
+            inv_freq = 1.0 / (self.theta**exponents)
+            pos = torch.arange(self.max_positions, dtype=torch.float32, device=device)
+            freqs = torch.outer(pos, inv_freq)  # [P, D/2]
+            self._cache = torch.cat([freqs.cos(), freqs.sin()], dim=-1)
+        return self._cache
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        cos_sin = self.cos_sin(q.device).index_select(0, positions)  # [T, D]
+        half = self.head_dim // 2
+        cos = cos_sin[:, :half].to(q.dtype)[:, None, :]  # [T, 1, D/2]
+        sin = cos_sin[:, half:].to(q.dtype)[:, None, :]
+        return _rotate(q, cos, sin, half), _rotate(k, cos, sin, half)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, half: int) -> torch.Tensor:
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)

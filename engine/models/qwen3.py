@@ -1,0 +1,143 @@
+"""Qwen3 encoders (pplx-embed-v1: bidirectional + mean; Qwen3-Embedding: causal + last token).
+
+Module names follow Hugging Face's ``Qwen3Model``; the changes are fused projections
+(``self_attn.qkv_proj`` = q|k|v, ``mlp.gate_up_proj`` = gate|up), concatenated at load.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from engine.config import ModelConfig
+from engine.context import ForwardContext
+from engine.layers.activation import silu_and_mul
+from engine.layers.attention import attention
+from engine.layers.linear import Linear
+from engine.layers.norm import RMSNorm
+from engine.layers.rotary import RotaryEmbedding
+from engine.models.weights import WeightSource
+
+
+def qwen3_causal(hf: dict[str, Any]) -> bool:
+    """Causal unless the checkpoint says bidirectional (``use_bidirectional_attention`` / ``is_causal``)."""
+    return not (hf.get("use_bidirectional_attention") is True or hf.get("is_causal") is False)
+
+
+def qwen3_config(hf: dict[str, Any]) -> ModelConfig:
+    num_heads = int(hf["num_attention_heads"])
+    hidden = int(hf["hidden_size"])
+    if hf.get("rope_scaling"):
+        raise ValueError(f"rope_scaling {hf['rope_scaling']!r} is not supported")
+    return ModelConfig(
+        architecture="qwen3",
+        vocab_size=int(hf["vocab_size"]),
+        hidden_size=hidden,
+        num_layers=int(hf["num_hidden_layers"]),
+        num_heads=num_heads,
+        num_kv_heads=int(hf.get("num_key_value_heads") or num_heads),
+        head_dim=int(hf.get("head_dim") or hidden // num_heads),
+        intermediate_size=int(hf["intermediate_size"]),
+        max_position_embeddings=int(hf["max_position_embeddings"]),
+        norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+        hidden_act=str(hf.get("hidden_act", "silu")),
+        causal=qwen3_causal(hf),
+        rope_theta=float(hf.get("rope_theta", 1_000_000.0)),
+        extra=(("attention_bias", bool(hf.get("attention_bias", False))),),
+    )
+
+
+class Qwen3Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding) -> None:
+        super().__init__()
+        bias = dict(cfg.extra).get("attention_bias", False)
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_size, self.kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        self.qkv_proj = Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=bool(bias))
+        self.o_proj = Linear(self.q_size, cfg.hidden_size, bias=bool(bias))
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)
+        self.rotary = rotary
+
+    def forward(self, h: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        num_tokens = h.shape[0]
+        q, k, v = self.qkv_proj(h).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = self.q_norm(q.reshape(num_tokens, self.num_heads, self.head_dim))  # [T, Hq, D]
+        k = self.k_norm(k.reshape(num_tokens, self.num_kv_heads, self.head_dim))  # [T, Hk, D]
+        q, k = self.rotary(positions, q, k)
+        v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)
+        out = attention(q, k, v, ctx)  # [T, Hq, D]
+        return self.o_proj(out.reshape(num_tokens, self.q_size))
+
+
+class Qwen3MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        if cfg.hidden_act != "silu":
+            raise ValueError(f"Qwen3 hidden_act {cfg.hidden_act!r} is not supported (only silu)")
+        self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(silu_and_mul(self.gate_up_proj(h)))
+
+
+class Qwen3DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding) -> None:
+        super().__init__()
+        self.self_attn = Qwen3Attention(cfg, rotary)
+        self.mlp = Qwen3MLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
+
+    def forward(self, h: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor,
+                ctx: ForwardContext) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual = h
+            h = self.input_layernorm(h)
+        else:
+            h, residual = self.input_layernorm(h, residual)
+        h = self.self_attn(h, positions, ctx)
+        h, residual = self.post_attention_layernorm(h, residual)
+        return self.mlp(h), residual
+
+
+class Qwen3Model(nn.Module):
+    """Packed Qwen3 trunk: ``forward(input_ids [T], positions [T], ctx) -> [T, hidden]`` (final norm applied)."""
+
+    weight_prefixes: tuple[str, ...] = ("", "model.")
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta)
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(Qwen3DecoderLayer(cfg, rotary) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
+
+    @staticmethod
+    def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
+        return qwen3_config(hf)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        h = self.embed_tokens(input_ids)
+        residual: torch.Tensor | None = None
+        for layer in self.layers:
+            h, residual = layer(h, residual, positions, ctx)
+        h, _ = self.norm(h, residual)
+        return h
+
+    def hf_state_dict(self, weights: WeightSource) -> dict[str, torch.Tensor]:
+        fused = {".qkv_proj.": ("q_proj", "k_proj", "v_proj"), ".gate_up_proj.": ("gate_proj", "up_proj")}
+        out: dict[str, torch.Tensor] = {}
+        for name in self.state_dict():
+            for marker, parts in fused.items():
+                if marker in name:
+                    out[name] = torch.cat([weights.get(name.replace(marker, f".{p}."), self.weight_prefixes)
+                                           for p in parts], dim=0)
+                    break
+            else:
+                out[name] = weights.get(name, self.weight_prefixes)
+        return out

@@ -1,0 +1,26 @@
+"""XLM-RoBERTa encoders (BGE-M3 dense, multilingual-e5): BERT layers, RoBERTa position ids.
+
+Hugging Face numbers positions from ``padding_idx + 1`` (``create_position_ids_from_input_ids``);
+packed sequences have no padding, so position ``i`` of a sequence is ``padding_idx + 1 + i``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from engine.config import ModelConfig
+from engine.models.bert import BertModel, bert_config
+
+
+def xlm_roberta_config(hf: dict[str, Any]) -> ModelConfig:
+    cfg = bert_config(hf, architecture="xlm-roberta")
+    return replace(cfg, position_offset=int(hf.get("pad_token_id", 1)) + 1)
+
+
+class XLMRobertaModel(BertModel):
+    weight_prefixes: tuple[str, ...] = ("", "roberta.", "model.")
+
+    @staticmethod
+    def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
+        return xlm_roberta_config(hf)

@@ -1,0 +1,81 @@
+"""Shared fixtures: the packaged MiniLM, tiny random checkpoints in Hugging Face format, Parquet."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
+
+REPO = Path(__file__).resolve().parent.parent
+SAMPLE_DATA = REPO / "sample_data"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def minilm_dir() -> Path:
+    from engine.loader import default_model_dir
+
+    return default_model_dir()
+
+
+@pytest.fixture(scope="session")
+def minilm_spec(minilm_dir: Path):
+    from engine.loader import inspect_model
+
+    return inspect_model(minilm_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_bert_dir(tmp_path_factory: pytest.TempPathFactory, minilm_dir: Path) -> Path:
+    """A random 2-layer BERT with MiniLM's tokenizer, saved as Hugging Face safetensors."""
+    import torch
+    from transformers import BertConfig, BertModel
+
+    path = tmp_path_factory.mktemp("tiny-bert")
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=30522, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=128, max_position_embeddings=160, layer_norm_eps=1e-12)
+    model = BertModel(config, add_pooling_layer=False).eval()
+    with torch.no_grad():  # non-trivial norms and biases, so a wrong mapping shows
+        for name, param in model.named_parameters():
+            if "LayerNorm" in name or name.endswith("bias"):
+                param.add_(torch.randn_like(param) * 0.1)
+    model.save_pretrained(path, safe_serialization=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        shutil.copy(minilm_dir / name, path / name)
+    from pipeline.benchmarks.shapes import write_st_files
+
+    write_st_files(path, "mean", True, 128)
+    return path
+
+
+def write_shard(path: Path, rows: dict[str, list], row_group_size: int | None = None,
+                schema: pa.Schema | None = None) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table(rows, schema=schema), path, row_group_size=row_group_size)
+    return path
+
+
+@pytest.fixture
+def shard_writer(tmp_path: Path):
+    def make(name: str, rows: dict[str, list], **kwargs) -> Path:
+        return write_shard(tmp_path / "data" / name, rows, **kwargs)
+
+    return make

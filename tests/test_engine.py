@@ -1,0 +1,162 @@
+"""[4]-[5] The engine on the CPU: parity with Hugging Face and sentence-transformers, packing
+invariance, pooling modes, precision modes, the LazyTensor ring."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from engine.batch import PackedBatch
+from engine.config import EngineConfig
+from engine.engine import Engine
+from engine.lazy_tensor import HostRing
+from engine.loader import inspect_model
+from pipeline.encode import encode_texts
+from pipeline.tokens import TextTokenizer
+
+TEXTS = [
+    "How do glaciers move?",
+    "Glaciers flow by internal deformation of the ice and by sliding over a film of meltwater at their base.",
+    "Bread dough rises because yeast ferments sugars and releases carbon dioxide.",
+    "A",
+    "Vector search finds the nearest neighbours of a query embedding among millions of documents. " * 12,
+    "Le glacier avance lentement vers la vallée.",
+    "GPUs saturate on tokens, not sequences.",
+]
+
+
+def rows_cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+
+
+def hf_reference(model_dir, texts, max_length, pooling):
+    """Hugging Face BertModel with padding + attention mask, pooled like sentence-transformers."""
+    from transformers import AutoModel
+
+    tok = TextTokenizer(model_dir / "tokenizer.json", max_length)
+    ids = tok.encode(texts).token_ids
+    model = AutoModel.from_pretrained(model_dir, attn_implementation="sdpa").eval()
+    width = max(len(x) for x in ids)
+    input_ids = torch.zeros(len(ids), width, dtype=torch.long)
+    mask = torch.zeros(len(ids), width, dtype=torch.long)
+    for i, x in enumerate(ids):
+        input_ids[i, : len(x)] = torch.from_numpy(x.astype(np.int64))
+        mask[i, : len(x)] = 1
+    with torch.no_grad():
+        hidden = model(input_ids=input_ids, attention_mask=mask).last_hidden_state
+    if pooling == "cls":
+        pooled = hidden[:, 0]
+    elif pooling == "last":
+        pooled = hidden[torch.arange(len(ids)), mask.sum(1) - 1]
+    else:
+        pooled = (hidden * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)
+    return pooled.numpy(), ids
+
+
+@pytest.mark.parametrize("pooling", ["mean", "cls", "last"])
+def test_tiny_bert_matches_transformers(tiny_bert_dir, pooling):
+    spec = inspect_model(tiny_bert_dir, pooling=pooling, normalize=False)
+    engine = Engine(spec, EngineConfig(token_budget=1024))
+    ref, ids = hf_reference(tiny_bert_dir, TEXTS, spec.pooling.max_length, pooling)
+    ours = engine.embed(PackedBatch.from_sequences(ids))
+    np.testing.assert_allclose(ours, ref, rtol=1e-4, atol=1e-5)
+
+
+def test_tiny_bert_hidden_states_match_transformers(tiny_bert_dir):
+    from transformers import AutoModel
+
+    spec = inspect_model(tiny_bert_dir)
+    engine = Engine(spec, EngineConfig(token_budget=1024))
+    ids = TextTokenizer(spec.tokenizer_file, 128).encode(TEXTS[:3]).token_ids
+    batch = PackedBatch.from_sequences(ids)
+    captured = {}
+    engine.model.register_forward_hook(lambda m, a, out: captured.setdefault("h", out))
+    engine.embed(batch)
+    hf = AutoModel.from_pretrained(tiny_bert_dir).eval()
+    for i, x in enumerate(ids):
+        with torch.no_grad():
+            ref = hf(input_ids=torch.from_numpy(x.astype(np.int64))[None]).last_hidden_state[0]
+        ours = captured["h"][batch.cu_seqlens[i] : batch.cu_seqlens[i + 1]]
+        torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def minilm_engine(minilm_spec):
+    return Engine(minilm_spec, EngineConfig(token_budget=2048))
+
+
+@pytest.fixture(scope="module")
+def st_model(minilm_dir):
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(str(minilm_dir), device="cpu")
+
+
+def long_and_mixed_texts() -> dict[str, list[str]]:
+    rng = np.random.default_rng(0)
+    words = ("ice sheet glacier moraine crevasse meltwater basal sliding flow valley fjord climate snow "
+             "pressure plastic deformation surge calving iceberg bedrock").split()
+    long = [" ".join(rng.choice(words, 600)) for _ in range(4)]  # > 256 tokens: truncated
+    mixed = [" ".join(rng.choice(words, int(n))) for n in rng.integers(1, 300, 40)]
+    return {"short": TEXTS, "long": long, "mixed": mixed + TEXTS}
+
+
+@pytest.mark.parametrize("kind", ["short", "long", "mixed"])
+def test_minilm_matches_sentence_transformers(minilm_engine, minilm_spec, st_model, kind):
+    texts = long_and_mixed_texts()[kind]
+    tokenizer = TextTokenizer(minilm_spec.tokenizer_file, minilm_spec.pooling.max_length)
+    ours, truncated = encode_texts(minilm_engine, tokenizer, texts)
+    ref = st_model.encode(texts, batch_size=16, convert_to_numpy=True)
+    assert rows_cosine(ours, ref).min() >= 0.9999
+    np.testing.assert_allclose(np.linalg.norm(ours, axis=1), 1.0, atol=1e-5)  # the model's Normalize module
+    if kind == "long":
+        assert truncated == len(texts)
+
+
+def test_minilm_bf16_gemms_stay_close(minilm_spec, minilm_engine):
+    texts = long_and_mixed_texts()["mixed"]
+    tokenizer = TextTokenizer(minilm_spec.tokenizer_file, minilm_spec.pooling.max_length)
+    fp32, _ = encode_texts(minilm_engine, tokenizer, texts)
+    bf16, _ = encode_texts(Engine(minilm_spec, EngineConfig(dtype="bfloat16", token_budget=2048)), tokenizer, texts)
+    cos = rows_cosine(fp32, bf16)
+    assert cos.min() >= 0.9999
+    assert not np.array_equal(fp32, bf16)  # the bf16 path really ran
+
+
+def test_packed_equals_one_at_a_time(minilm_engine, minilm_spec):
+    texts = long_and_mixed_texts()["mixed"]
+    ids = TextTokenizer(minilm_spec.tokenizer_file, minilm_spec.pooling.max_length).encode(texts).token_ids
+    ids = [x for x in ids if len(x) < 120][:12]  # fits one 2048-token step
+    packed = minilm_engine.embed(PackedBatch.from_sequences(ids))
+    alone = np.concatenate([minilm_engine.embed(PackedBatch.from_sequences([x])) for x in ids])
+    np.testing.assert_allclose(packed, alone, atol=2e-6)
+    reordered = minilm_engine.embed(PackedBatch.from_sequences(ids[::-1]))[::-1]
+    np.testing.assert_allclose(reordered, alone, atol=2e-6)
+
+
+def test_engine_refuses_oversized_batches(minilm_spec):
+    engine = Engine(minilm_spec, EngineConfig(token_budget=512, max_seqs=2))
+    with pytest.raises(ValueError, match="at most 2"):
+        engine.step(PackedBatch.from_sequences([np.ones(3, np.int32)] * 3))
+    with pytest.raises(ValueError, match="token budget 512"):
+        engine.step(PackedBatch.from_sequences([np.ones(256, np.int32), np.ones(257, np.int32)]))
+    with pytest.raises(ValueError, match="max length"):
+        engine.step(PackedBatch.from_sequences([np.ones(300, np.int32)]))
+    with pytest.raises(ValueError, match="raise --token-budget"):
+        Engine(minilm_spec, EngineConfig(token_budget=128))
+
+
+def test_host_ring_never_clobbers_an_unread_result():
+    ring = HostRing(depth=2, max_rows=4, dim=3, device=torch.device("cpu"))
+    results = [ring.submit(torch.full((2, 3), float(i))) for i in range(5)]  # wraps the ring twice
+    for i, lazy in enumerate(results):
+        assert lazy.done()
+        np.testing.assert_array_equal(lazy.result(), np.full((2, 3), float(i), dtype=np.float32))
+    first = ring.submit(torch.ones(1, 3))
+    value = first.result()
+    ring.submit(torch.zeros(1, 3))
+    ring.submit(torch.zeros(1, 3))  # reuses first's slot
+    np.testing.assert_array_equal(first.result(), value)  # a read result is a copy, unaffected
+    with pytest.raises(ValueError, match="hold 4"):
+        ring.submit(torch.zeros(5, 3))

@@ -1,0 +1,116 @@
+"""[1]-[2] Reading shards, checking them up front, bad rows, tokenization and truncation counts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from pipeline.config import ReadConfig
+from pipeline.documents import read_documents
+from pipeline.errors import BadInputError, NoInputError
+from pipeline.parquet import preflight, read_rows, resolve_sources
+from pipeline.tokens import TextTokenizer, tokenize_documents
+
+
+def test_resolve_sources_files_dirs_globs(shard_writer, tmp_path):
+    a = shard_writer("b/a.parquet", {"id": [1], "text": ["x"]})
+    b = shard_writer("a/z.parquet", {"id": [2], "text": ["y"]})
+    c = shard_writer("a/deep/c.parquet", {"id": [3], "text": ["z"]})
+    (tmp_path / "data" / "a" / "notes.txt").write_text("not parquet")
+    found = resolve_sources([str(tmp_path / "data")])
+    assert found == sorted([a, b, c], key=lambda p: str(p.resolve()))
+    assert resolve_sources([str(tmp_path / "data" / "a" / "*.parquet")]) == [b]
+    assert resolve_sources([str(a), str(a), str(tmp_path / "data" / "b")]) == [a]  # de-duplicated
+    with pytest.raises(NoInputError, match="does not exist"):
+        resolve_sources([str(tmp_path / "missing.parquet")])
+    with pytest.raises(NoInputError, match="matches no files"):
+        resolve_sources([str(tmp_path / "*.nothing")])
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(NoInputError, match=r"no \*\.parquet"):
+        resolve_sources([str(tmp_path / "empty")])
+
+
+def test_preflight_names_file_column_and_type(shard_writer, tmp_path):
+    read = ReadConfig()
+    good = shard_writer("good.parquet", {"id": [1], "text": ["x"]})
+    no_text = shard_writer("notext.parquet", {"id": [1], "body": ["x"]})
+    int_text = shard_writer("inttext.parquet", {"id": [1], "text": [5]})
+    float_id = shard_writer("floatid.parquet", {"id": [1.5], "text": ["x"]})
+    corrupt = tmp_path / "data" / "corrupt.parquet"
+    corrupt.write_bytes(good.read_bytes()[:-20])  # truncated footer
+    empty = tmp_path / "data" / "zero.parquet"
+    empty.write_bytes(b"")
+    text_file = tmp_path / "data" / "text.parquet"
+    text_file.write_text("id,text\n1,hello\n")
+    assert preflight([good], read)[0].num_rows == 1
+    cases = [(no_text, "text column 'text' is missing \\(columns: id, body\\)"),
+             (int_text, "text column 'text' has type int64"),
+             (float_id, "id column 'id' has type double"),
+             (corrupt, "not a readable Parquet file"), (empty, "not a readable Parquet file"),
+             (text_file, "not a readable Parquet file")]
+    for path, message in cases:
+        with pytest.raises(BadInputError, match=message) as info:
+            preflight([good, path], read)
+        assert str(path) in str(info.value)
+    with pytest.raises(BadInputError) as info:  # all problems in one message
+        preflight([no_text, int_text], read)
+    assert "notext.parquet" in str(info.value) and "inttext.parquet" in str(info.value)
+
+
+def test_missing_id_column_synthesizes_ids_unless_required(shard_writer):
+    path = shard_writer("noid.parquet", {"text": ["a", "b", "c"]})
+    info = preflight([path], ReadConfig())[0]
+    assert not info.has_id_column
+    batch = next(read_rows(0, info, ReadConfig()))
+    assert batch.ids == [f"{path}:0", f"{path}:1", f"{path}:2"]
+    with pytest.raises(BadInputError, match="id column 'doc' is missing"):
+        preflight([path], ReadConfig(id_column="doc", id_column_required=True))
+
+
+def test_mixed_id_types_across_shards_are_refused(shard_writer):
+    a = shard_writer("a.parquet", {"id": [1], "text": ["x"]})
+    b = shard_writer("b.parquet", {"id": ["1"], "text": ["y"]})
+    with pytest.raises(BadInputError, match="integer in some shards and a string in others"):
+        preflight([a, b], ReadConfig())
+
+
+def test_streaming_reads_in_batches_and_bad_rows_are_counted(shard_writer):
+    texts = ["ok one", None, "", "  \n\t ", "ok two", "dup", b"\xff\xfe not utf8", "ok three"]
+    ids = ["a", "b", "c", "d", "e", "a", "g", None]
+    path = shard_writer("bad.parquet", {"id": ids, "text": [t.decode("latin1") if isinstance(t, bytes) else t
+                                                             for t in texts]}, row_group_size=3)
+    binary = shard_writer("bin.parquet", {"id": ["x", "y"], "text": pa.array([b"fine", b"\xff\xfe"], pa.binary())})
+    read = ReadConfig(batch_rows=3)
+    infos = preflight([path, binary], read)
+    batches = list(read_rows(0, infos[0], read))
+    assert [b.row_start for b in batches] == [0, 3, 6] and sum(len(b.texts) for b in batches) == 8
+    docs = list(read_documents(infos, read))
+    assert [d.final for d in docs].count(True) == 2
+    kept = [(d.shard_index, row) for d in docs for row in d.rows]
+    rejects = sorted((d.shard_index, row, why) for d in docs for row, why in d.rejects)
+    assert kept == [(0, 0), (0, 4), (0, 6), (1, 0)]
+    assert rejects == [(0, 1, "null_text"), (0, 2, "empty_text"), (0, 3, "empty_text"), (0, 5, "duplicate_id"),
+                       (0, 7, "null_id"), (1, 1, "invalid_utf8")]
+
+
+def test_tokenization_truncates_and_counts(minilm_spec):
+    tokenizer = TextTokenizer(minilm_spec.tokenizer_file, 16)
+    out = tokenizer.encode(["short text", "word " * 40, "x" * 100_000])
+    assert [len(x) for x in out.token_ids][:2] == [4, 16]
+    assert out.truncated.tolist() == [False, True, True]
+    assert all(x.dtype == np.int32 and x[0] == 101 and x[-1] == 102 for x in out.token_ids)  # [CLS] ... [SEP]
+    capped = TextTokenizer(minilm_spec.tokenizer_file, 256, max_chars=50)
+    assert capped.encode(["a " * 100]).truncated.tolist() == [True]
+
+
+def test_tokenize_documents_keeps_rows_aligned(shard_writer, minilm_spec):
+    path = shard_writer("t.parquet", {"id": [10, 11, 12], "text": ["alpha", None, "beta gamma " * 50]})
+    read = ReadConfig()
+    chunks = list(tokenize_documents(read_documents(preflight([path], read), read),
+                                     TextTokenizer(minilm_spec.tokenizer_file, 32)))
+    rows = [(r, i, len(t)) for c in chunks for r, i, t in zip(c.rows, c.ids, c.token_ids)]
+    assert rows == [(0, 10, 3), (2, 12, 32)]
+    assert [r for c in chunks for r in c.truncated_rows] == [2]
+    assert [x for c in chunks for x in c.rejects] == [(1, "null_text")]
+    assert chunks[-1].final
