@@ -30,3 +30,76 @@ def bench_cpu(corpus: Path, num_texts: int, rounds: int, token_budget: int, mode
 
     result = run_cpu_bench(corpus, num_texts=num_texts, rounds=rounds, token_budget=token_budget, model=model)
     click.echo(json.dumps(result) if as_json else format_cpu_table(result))
+
+
+@bench.command("gpu")
+@click.option("--shape", "shapes", multiple=True, default=["pplx-embed-0.6b"], show_default=True,
+              help="Model shape (random weights): pplx-embed-0.6b, qwen3-embedding-0.6b, bge-m3, minilm.")
+@click.option("--scenario", "scenarios", default="t1,t2,l1,ceiling", show_default=True,
+              help="Comma-separated: t1, t2, l1, ceiling.")
+@click.option("--token-budget", type=click.IntRange(min=512), default=16384, show_default=True)
+@click.option("--max-seqs", type=click.IntRange(min=1), default=256, show_default=True)
+@click.option("--attention", type=click.Choice(["auto", "flashinfer", "torch", "sdpa"]), default="auto",
+              show_default=True)
+@click.option("--no-cuda-graphs", is_flag=True)
+@click.option("--no-baseline", is_flag=True, help="Skip Hugging Face transformers.")
+@click.option("--t1-docs", type=click.IntRange(min=64), default=2048, show_default=True)
+@click.option("--t2-docs", type=click.IntRange(min=64), default=8192, show_default=True)
+@click.option("--latency-calls", type=click.IntRange(min=10), default=1000, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON lines.")
+@user_errors
+def bench_gpu(shapes: tuple[str, ...], scenarios: str, token_budget: int, max_seqs: int, attention: str,
+              no_cuda_graphs: bool, no_baseline: bool, t1_docs: int, t2_docs: int, latency_calls: int,
+              as_json: bool) -> None:
+    """T1 / T2 / L1 / ceiling on CUDA for model shapes with random weights, vs HF transformers."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise click.UsageError("petal bench gpu needs a CUDA device")
+    from pipeline.benchmarks.gpu import format_gpu_table, run_gpu_bench
+    from pipeline.benchmarks.shapes import shape
+
+    chosen = tuple(s.strip().lower() for s in scenarios.split(",") if s.strip())
+    for name in shapes:
+        result = run_gpu_bench(shape(name), chosen, token_budget=token_budget, max_seqs=max_seqs, attention=attention,
+                               cuda_graphs=not no_cuda_graphs, hf_baseline=not no_baseline, t1_docs=t1_docs,
+                               t2_docs=t2_docs, latency_calls=latency_calls)
+        click.echo(json.dumps(result) if as_json else format_gpu_table(result))
+        torch.cuda.empty_cache()
+
+
+@bench.command("e2e")
+@click.option("--model", default=None, help="Model directory (default: the packaged all-MiniLM-L6-v2).")
+@click.option("--shape", default=None, help="Instead of --model: random weights in this shape, saved to a temp dir.")
+@click.option("--tokenizer-dir", type=click.Path(path_type=Path), default=None,
+              help="With --shape: where tokenizer.json (and vocab) come from (default: the packaged MiniLM's).")
+@click.option("--corpus", type=click.Path(path_type=Path), default=Path("sample_data"), show_default=True)
+@click.option("--docs", "num_docs", type=click.IntRange(min=100), default=50_000, show_default=True)
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+@click.option("--no-baseline", is_flag=True, help="Skip sentence-transformers.")
+@click.option("--json", "as_json", is_flag=True)
+@user_errors
+def bench_e2e(model: str | None, shape: str | None, tokenizer_dir: Path | None, corpus: Path, num_docs: int,
+              device: str, no_baseline: bool, as_json: bool) -> None:
+    """Parquet -> FAISS end to end: petal vs sentence-transformers vs tokenizer-only, same data."""
+    import tempfile
+
+    from engine.engine import resolve_device
+    from engine.loader import default_model_dir
+    from pipeline.benchmarks.e2e import format_e2e_table, run_e2e_bench
+
+    dev = resolve_device(device)
+    model_dir = Path(model) if model else default_model_dir()
+    if shape is not None:
+        import torch
+
+        from pipeline.benchmarks.shapes import hf_model, save_model_dir
+        from pipeline.benchmarks.shapes import shape as get_shape
+
+        s = get_shape(shape)
+        hf = hf_model(s, torch.device("cpu"), torch.float32)
+        model_dir = save_model_dir(s, hf, tokenizer_dir or default_model_dir(),
+                                   Path(tempfile.mkdtemp(prefix=f"petal-{shape}-")))
+        del hf
+    result = run_e2e_bench(model_dir, corpus, num_docs, dev, baseline=not no_baseline)
+    click.echo(json.dumps(result) if as_json else format_e2e_table(result))

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from engine.batch import PackedBatch, token_bucket, token_buckets
+from engine.batch import LARGE_BUCKET_STEP, PackedBatch, token_bucket, token_buckets
 from engine.context import ForwardContext
 from engine.inputs import InputLayout, StagingRing, fill_inputs, make_context
 
@@ -33,8 +33,8 @@ GraphCapture = Callable[[Callable[[], None]], Graph]
 
 
 def seq_capacity(bucket: int, max_seqs: int) -> int:
-    """Sequence slots of a bucket: a batch of ``bucket`` tokens has at most ``bucket`` sequences."""
-    return min(max_seqs, bucket)
+    """Sequence slots of a bucket: its batches' sequences (at most ``bucket``) plus the padding sequence."""
+    return min(max_seqs, bucket) + 1
 
 
 @dataclass
@@ -87,9 +87,11 @@ class LazyGraphRunner:
         if state is None:
             layout = InputLayout(bucket, seq_capacity(bucket, self.max_seqs))
             buffer = torch.zeros(layout.size, dtype=torch.int32, device=self.device)
-            # NOTE: max_seqlen is an upper bound baked into the graph (varlen kernels read real offsets).
-            ctx = make_context(buffer, torch.zeros(0, dtype=torch.int32), layout, min(bucket, self.max_length),
-                               self.attention, padded=True)
+            # NOTE: max_seqlen is an upper bound baked into the graph (varlen kernels read real offsets);
+            # the padding sequence is shorter than the bucket step (256), whatever the max length.
+            max_seqlen = min(bucket, max(self.max_length, LARGE_BUCKET_STEP))
+            ctx = make_context(buffer, torch.zeros(0, dtype=torch.int32), layout, max_seqlen, self.attention,
+                               padded=True)
             state = BucketState(layout, buffer, ctx)
             self.states[bucket] = state
         return state

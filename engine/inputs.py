@@ -1,7 +1,8 @@
 """One step's inputs in a single int32 buffer, filled on the host and moved with one copy.
 
 Layout for ``num_seqs`` sequence slots and ``num_tokens`` token slots (all int32, the float
-``inv_seqlens`` stored as raw bits)::
+``inv_seqlens`` stored as raw bits); a padded layout has one slot more than the batches it takes,
+for the sequence that holds the padding tokens::
 
     cu_seqlens [S+1] | first_token_idx [S] | last_token_idx [S] | inv_seqlens [S] (float32 bits)
     | input_ids [T] | positions [T] | token_seq_ids [T]
@@ -23,8 +24,8 @@ from engine.context import ForwardContext
 
 @dataclass(frozen=True)
 class InputLayout:
-    num_tokens: int  # token slots T (>= the batch's tokens; padding belongs to the dummy sequence)
-    num_seqs: int  # sequence slots S (>= the batch's sequences; extra slots are zero-length)
+    num_tokens: int  # token slots T (>= the batch's tokens; padding tokens form one extra sequence)
+    num_seqs: int  # sequence slots S (> the batch's sequences when padded; extra slots are zero-length)
 
     @property
     def size(self) -> int:
@@ -44,11 +45,15 @@ class InputLayout:
 def fill_inputs(host: np.ndarray, layout: InputLayout, batch: PackedBatch) -> None:
     """Write ``batch`` padded to ``layout`` into ``host`` (int32, at least ``layout.size`` long)."""
     seqs, tokens = batch.num_seqs, batch.num_tokens
-    assert seqs <= layout.num_seqs and tokens <= layout.num_tokens, (seqs, layout.num_seqs, tokens, layout.num_tokens)
+    assert tokens <= layout.num_tokens, (tokens, layout.num_tokens)
+    # a padded layout keeps a spare slot for the padding sequence
+    assert seqs < layout.num_seqs or (seqs == layout.num_seqs and tokens == layout.num_tokens), (seqs, layout)
     sl = layout.slices()
     cu = host[sl["cu_seqlens"]]
     cu[: seqs + 1] = batch.cu_seqlens
-    cu[seqs + 1 :] = tokens  # unused slots: zero-length sequences at the end of the real tokens
+    # NOTE: padding tokens form one extra sequence (slot ``seqs``), so the offsets always cover every
+    # token row (kernels write every output row); later slots are zero-length sequences.
+    cu[seqs + 1 :] = layout.num_tokens
     lengths = np.diff(batch.cu_seqlens)
     first, last = host[sl["first_token_idx"]], host[sl["last_token_idx"]]
     first[:seqs] = batch.cu_seqlens[:-1]
@@ -63,8 +68,8 @@ def fill_inputs(host: np.ndarray, layout: InputLayout, batch: PackedBatch) -> No
     pos[:tokens] = batch.positions
     seq_ids[:tokens] = np.repeat(np.arange(seqs, dtype=np.int32), lengths)
     ids[tokens:] = 0
-    pos[tokens:] = 0
-    seq_ids[tokens:] = layout.num_seqs  # padding tokens pool into the dummy row, never a real one
+    pos[tokens:] = np.arange(layout.num_tokens - tokens, dtype=np.int32)  # the padding sequence's own positions
+    seq_ids[tokens:] = seqs  # padding pools into its own slot, which is never returned
 
 
 def make_context(buffer: torch.Tensor, host_cu: torch.Tensor, layout: InputLayout, max_seqlen: int,

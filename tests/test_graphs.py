@@ -94,18 +94,22 @@ def test_fill_inputs_pads_with_empty_slots_and_dummy_row():
     host = np.full(layout.size, -7, dtype=np.int32)
     fill_inputs(host, layout, batch)
     sl = layout.slices()
-    assert host[sl["cu_seqlens"]].tolist() == [0, 3, 4, 4, 4]
+    assert host[sl["cu_seqlens"]].tolist() == [0, 3, 4, 8, 8]  # padding is sequence 2, slot 3 is empty
     assert host[sl["input_ids"]].tolist() == [5, 6, 7, 8, 0, 0, 0, 0]
-    assert host[sl["positions"]].tolist() == [0, 1, 2, 0, 0, 0, 0, 0]
-    assert host[sl["token_seq_ids"]].tolist() == [0, 0, 0, 1, 4, 4, 4, 4]  # padding -> dummy row 4
+    assert host[sl["positions"]].tolist() == [0, 1, 2, 0, 0, 1, 2, 3]
+    assert host[sl["token_seq_ids"]].tolist() == [0, 0, 0, 1, 2, 2, 2, 2]
     assert host[sl["first_token_idx"]].tolist() == [0, 3, 0, 0]
     assert host[sl["last_token_idx"]].tolist() == [2, 3, 0, 0]
     np.testing.assert_allclose(host[sl["inv_seqlens"]].view(np.float32), [1 / 3, 1.0, 0, 0])
+    full = InputLayout(num_tokens=4, num_seqs=2)  # an exact layout: no padding, no spare slot
+    host = np.zeros(full.size, dtype=np.int32)
+    fill_inputs(host, full, batch)
+    assert host[full.slices()["cu_seqlens"]].tolist() == [0, 3, 4]
 
 
 def test_seq_capacity():
-    assert [seq_capacity(b, 256) for b in (64, 128, 192, 256, 1024, 16384)] == [64, 128, 192, 256, 256, 256]
-    assert seq_capacity(64, 16) == 16
+    assert [seq_capacity(b, 256) for b in (64, 128, 192, 256, 1024, 16384)] == [65, 129, 193, 257, 257, 257]
+    assert seq_capacity(64, 16) == 17
 
 
 def test_over_budget_batch_is_refused(tiny_engine):

@@ -83,11 +83,19 @@ class TorchVarlenAttention:
     capturable = True
 
     def __init__(self, causal: bool, scale: float) -> None:
+        import inspect
+
         from torch.nn.attention.varlen import varlen_attn
 
         self._varlen_attn = varlen_attn
         self.causal = causal
         self.scale = scale
+        # NOTE: torch 2.9 took is_causal=; 2.10+ take window_size=(-1, 0) for causal.
+        params = inspect.signature(varlen_attn).parameters
+        if "window_size" in params:
+            self._mask_kwargs = {"window_size": (-1, 0) if causal else (-1, -1)}
+        else:
+            self._mask_kwargs = {"is_causal": causal}
 
     def plan(self, ctx: ForwardContext) -> None:
         return None
@@ -98,10 +106,9 @@ class TorchVarlenAttention:
             group = q.shape[1] // k.shape[1]
             k = k.repeat_interleave(group, dim=1)
             v = v.repeat_interleave(group, dim=1)
-        window = (-1, 0) if self.causal else (-1, -1)
         return self._varlen_attn(
             q, k, v, ctx.cu_seqlens, ctx.cu_seqlens, ctx.max_seqlen, ctx.max_seqlen,
-            scale=self.scale, window_size=window,
+            scale=self.scale, **self._mask_kwargs,
         )
 
 

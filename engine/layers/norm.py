@@ -42,8 +42,8 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):  # type: ignore[override]
         fi = fused(x)
         if residual is None:
-            if fi is not None and x.is_contiguous():
-                return fi.rmsnorm(x, self.weight, self.eps)
+            if fi is not None:
+                return fi.rmsnorm(x.contiguous(), self.weight, self.eps)
             return self._norm(x)
         if fi is not None:
             # NOTE: in place: residual <- x + residual, x <- rmsnorm(residual)

@@ -7,7 +7,7 @@ from torch import nn
 
 
 class RotaryEmbedding(nn.Module):
-    """Applies RoPE to ``q [T, Hq, D]`` and ``k [T, Hk, D]`` at ``positions [T]`` (restarting per sequence)."""
+    """RoPE tables for ``positions [T]`` (restarting per sequence); ``apply_rotary`` rotates q and k."""
 
     def __init__(self, head_dim: int, max_positions: int, theta: float) -> None:
         super().__init__()
@@ -27,14 +27,20 @@ class RotaryEmbedding(nn.Module):
             self._cache = torch.cat([freqs.cos(), freqs.sin()], dim=-1)
         return self._cache
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        cos_sin = self.cos_sin(q.device).index_select(0, positions)  # [T, D]
+    def cos_sin_at(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(cos, sin)``, each ``[T, 1, D/2]`` in ``dtype``: computed once per step, shared by every layer."""
+        cos_sin = self.cos_sin(positions.device).index_select(0, positions)  # [T, D]
         half = self.head_dim // 2
-        cos = cos_sin[:, :half].to(q.dtype)[:, None, :]  # [T, 1, D/2]
-        sin = cos_sin[:, half:].to(q.dtype)[:, None, :]
-        return _rotate(q, cos, sin, half), _rotate(k, cos, sin, half)
+        return cos_sin[:, :half].to(dtype)[:, None, :], cos_sin[:, half:].to(dtype)[:, None, :]
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, half: int) -> torch.Tensor:
+def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """NeoX rotation of ``q [T, Hq, D]`` and ``k [T, Hk, D]`` with ``cos``/``sin`` ``[T, 1, D/2]``."""
+    return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)

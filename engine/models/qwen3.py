@@ -17,7 +17,7 @@ from engine.layers.activation import silu_and_mul
 from engine.layers.attention import attention
 from engine.layers.linear import Linear
 from engine.layers.norm import RMSNorm
-from engine.layers.rotary import RotaryEmbedding
+from engine.layers.rotary import RotaryEmbedding, apply_rotary
 from engine.models.weights import WeightSource
 
 
@@ -50,7 +50,7 @@ def qwen3_config(hf: dict[str, Any]) -> ModelConfig:
 
 
 class Qwen3Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding) -> None:
+    def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         bias = dict(cfg.extra).get("attention_bias", False)
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -59,14 +59,13 @@ class Qwen3Attention(nn.Module):
         self.o_proj = Linear(self.q_size, cfg.hidden_size, bias=bool(bias))
         self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)
         self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)
-        self.rotary = rotary
 
-    def forward(self, h: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], ctx: ForwardContext) -> torch.Tensor:
         num_tokens = h.shape[0]
         q, k, v = self.qkv_proj(h).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = self.q_norm(q.reshape(num_tokens, self.num_heads, self.head_dim))  # [T, Hq, D]
         k = self.k_norm(k.reshape(num_tokens, self.num_kv_heads, self.head_dim))  # [T, Hk, D]
-        q, k = self.rotary(positions, q, k)
+        q, k = apply_rotary(q, k, *rope)
         v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)
         out = attention(q, k, v, ctx)  # [T, Hq, D]
         return self.o_proj(out.reshape(num_tokens, self.q_size))
@@ -85,21 +84,21 @@ class Qwen3MLP(nn.Module):
 
 
 class Qwen3DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding) -> None:
+    def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.self_attn = Qwen3Attention(cfg, rotary)
+        self.self_attn = Qwen3Attention(cfg)
         self.mlp = Qwen3MLP(cfg)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
 
-    def forward(self, h: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor,
+    def forward(self, h: torch.Tensor, residual: torch.Tensor | None, rope: tuple[torch.Tensor, torch.Tensor],
                 ctx: ForwardContext) -> tuple[torch.Tensor, torch.Tensor]:
         if residual is None:
             residual = h
             h = self.input_layernorm(h)
         else:
             h, residual = self.input_layernorm(h, residual)
-        h = self.self_attn(h, positions, ctx)
+        h = self.self_attn(h, rope, ctx)
         h, residual = self.post_attention_layernorm(h, residual)
         return self.mlp(h), residual
 
@@ -112,9 +111,9 @@ class Qwen3Model(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.config = cfg
-        rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta)
+        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta)
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(Qwen3DecoderLayer(cfg, rotary) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(Qwen3DecoderLayer(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
 
     @staticmethod
@@ -123,9 +122,10 @@ class Qwen3Model(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         h = self.embed_tokens(input_ids)
+        rope = self.rotary.cos_sin_at(positions, h.dtype)
         residual: torch.Tensor | None = None
         for layer in self.layers:
-            h, residual = layer(h, residual, positions, ctx)
+            h, residual = layer(h, residual, rope, ctx)
         h, _ = self.norm(h, residual)
         return h
 
