@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# GPU-host runs (see README "Benchmarks"). From the project root on the GPU host:
+#   source .gpu/activate.sh && bash bench/gpu.sh STEP...
+# Steps: tests | quick | full | e2e | variants. Logs and JSON go to $OUT (or ./bench-out).
+set -uo pipefail
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=true
+out=${OUT:-bench-out}
+mkdir -p "$out"
+petal() { python3 -m cli.main "$@"; }
+for step in "$@"; do
+  echo "=== $step $(date -u +%H:%M:%S)"
+  case $step in
+    info)
+      nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv
+      python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
+      ;;
+    tests)
+      python3 -m pytest -q -rs tests/test_gpu.py 2>&1 | tee "$out/gpu-tests.log" | tail -40
+      ;;
+    quick)
+      petal bench gpu --shape pplx-embed-0.6b --scenario t1,t2,l1,ceiling --t1-docs 1024 --t2-docs 4096 \
+        --latency-calls 300 --json > "$out/quick.jsonl" 2> "$out/quick.err"
+      python3 -c "import json,sys; from pipeline.benchmarks.gpu import format_gpu_table as f; [print(f(json.loads(l))) for l in open(sys.argv[1])]" "$out/quick.jsonl"
+      tail -5 "$out/quick.err"
+      ;;
+    full)
+      petal bench gpu --shape pplx-embed-0.6b --shape qwen3-embedding-0.6b --shape bge-m3 --shape minilm \
+        --json > "$out/full.jsonl" 2> "$out/full.err"
+      python3 -c "import json,sys; from pipeline.benchmarks.gpu import format_gpu_table as f; [print(f(json.loads(l))) for l in open(sys.argv[1])]" "$out/full.jsonl"
+      tail -5 "$out/full.err"
+      ;;
+    e2e)
+      petal bench e2e --shape minilm --tokenizer-dir .gpu/minilm-tokenizer --docs 50000 --device cuda \
+        --json > "$out/e2e.json" 2> "$out/e2e.err"
+      python3 -c "import json,sys; from pipeline.benchmarks.e2e import format_e2e_table as f; print(f(json.load(open(sys.argv[1]))))" "$out/e2e.json"
+      tail -5 "$out/e2e.err"
+      ;;
+    *) echo "unknown step $step" ;;
+  esac
+done
