@@ -35,6 +35,21 @@ for step in "$@"; do
       python3 -c "import json,sys; from pipeline.benchmarks.e2e import format_e2e_table as f; print(f(json.load(open(sys.argv[1]))))" "$out/e2e.json"
       tail -5 "$out/e2e.err"
       ;;
+    profile)
+      for spec in "pplx-embed-0.6b 64 16" "pplx-embed-0.6b 128 128" "pplx-embed-0.6b 16384 512" "bge-m3 128 128" \
+                  "bge-m3 16384 512"; do
+        python3 bench/profile_step.py $spec 2>&1 | grep -v Warning
+      done | tee "$out/profile.log"
+      ;;
+    variants)
+      for v in "PETAL_FLASHINFER_BACKEND=fa2" "PETAL_FUSED_KERNELS=0" "PETAL_NOTHING=1"; do
+        for budget in 16384 32768; do
+          echo "--- $v budget $budget"
+          env $v python3 -m cli.main bench gpu --shape pplx-embed-0.6b --scenario t1,l1 --no-baseline \
+            --t1-docs 1024 --latency-calls 200 --token-budget $budget 2>/dev/null | grep -E "T1|L1"
+        done
+      done | tee "$out/variants.log"
+      ;;
     *) echo "unknown step $step" ;;
   esac
 done

@@ -120,7 +120,7 @@ def test_long_mixed_run_matches_eager():
     _, a = petal_throughput(graphs, docs)
     _, b = petal_throughput(eager, docs)
     assert cosine_rows(a, b).min() > 0.999
-    assert graphs.stats.graph_replays > graphs.stats.graph_captures > 5
+    assert graphs.stats.graph_replays > 10 * graphs.stats.graph_captures > 0
 
 
 def test_first_embedding_is_fast_and_lazy():
@@ -134,3 +134,31 @@ def test_first_embedding_is_fast_and_lazy():
     engine.step(PackedBatch.from_sequences(mixed_docs(4, seed=9))).result()
     assert time.perf_counter() - started < 2.0
     assert engine.stats.graph_captures == 0 and engine.stats.eager_steps == 1  # nothing captured up front
+
+
+def test_fused_qk_norm_rope_matches_torch():
+    from engine.layers.norm import RMSNorm
+    from engine.layers.rotary import RotaryEmbedding, apply_rotary
+    from engine.layers.triton_kernels import qk_norm_rope_
+
+    torch.manual_seed(0)
+    num_tokens, hq, hk, d = 300, 16, 8, 128
+    qkv = torch.randn(num_tokens, (hq + 2 * hk) * d, device=CUDA, dtype=torch.bfloat16) * 3
+    positions = torch.randint(0, 512, (num_tokens,), device=CUDA, dtype=torch.int32)
+    q_norm, k_norm = RMSNorm(d, 1e-6).to(CUDA), RMSNorm(d, 1e-6).to(CUDA)
+    with torch.no_grad():
+        q_norm.weight.uniform_(0.5, 1.5)
+        k_norm.weight.uniform_(0.5, 1.5)
+    rope = RotaryEmbedding(d, 1024, 1e6).tables(positions)
+    q, k, v = qkv.split([hq * d, hk * d, hk * d], dim=-1)
+    q_ref = q_norm._norm(q.reshape(num_tokens, hq, d))
+    k_ref = k_norm._norm(k.reshape(num_tokens, hk, d))
+    q_ref, k_ref = apply_rotary(q_ref, k_ref, *rope.cos_sin(torch.bfloat16))
+    v_before = v.clone()
+    fused = qkv.clone()
+    weights = torch.stack([q_norm.weight, k_norm.weight]).to(torch.bfloat16).contiguous()
+    qk_norm_rope_(fused, positions, rope.table, weights, 1e-6, hq, hk, d)
+    fq, fk, fv = fused.split([hq * d, hk * d, hk * d], dim=-1)
+    torch.testing.assert_close(fq.view(num_tokens, hq, d).float(), q_ref.float(), rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(fk.view(num_tokens, hk, d).float(), k_ref.float(), rtol=2e-2, atol=2e-2)
+    assert torch.equal(fv, v_before)  # v untouched

@@ -27,11 +27,29 @@ class RotaryEmbedding(nn.Module):
             self._cache = torch.cat([freqs.cos(), freqs.sin()], dim=-1)
         return self._cache
 
-    def cos_sin_at(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(cos, sin)``, each ``[T, 1, D/2]`` in ``dtype``: computed once per step, shared by every layer."""
-        cos_sin = self.cos_sin(positions.device).index_select(0, positions)  # [T, D]
-        half = self.head_dim // 2
-        return cos_sin[:, :half].to(dtype)[:, None, :], cos_sin[:, half:].to(dtype)[:, None, :]
+    def tables(self, positions: torch.Tensor) -> RopeTables:
+        return RopeTables(positions, self.cos_sin(positions.device))
+
+
+class RopeTables:
+    """One step's rotary inputs, shared by every layer: positions and the cos|sin table.
+
+    ``cos_sin(dtype)`` gathers per-token ``(cos, sin)`` once, for the torch path; fused kernels
+    read ``positions`` and ``table`` directly.
+    """
+
+    def __init__(self, positions: torch.Tensor, table: torch.Tensor) -> None:
+        self.positions = positions  # [T] int32
+        self.table = table  # [max_positions, D] float32
+        self._gathered: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def cos_sin(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(cos, sin)``, each ``[T, 1, D/2]`` in ``dtype``."""
+        if self._gathered is None:
+            gathered = self.table.index_select(0, self.positions)  # [T, D]
+            half = gathered.shape[1] // 2
+            self._gathered = (gathered[:, :half].to(dtype)[:, None, :], gathered[:, half:].to(dtype)[:, None, :])
+        return self._gathered
 
 
 def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor

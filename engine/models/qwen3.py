@@ -17,7 +17,8 @@ from engine.layers.activation import silu_and_mul
 from engine.layers.attention import attention
 from engine.layers.linear import Linear
 from engine.layers.norm import RMSNorm
-from engine.layers.rotary import RotaryEmbedding, apply_rotary
+from engine.layers.rotary import RopeTables, RotaryEmbedding, apply_rotary
+from engine.layers.triton_kernels import qk_norm_rope_, triton_available
 from engine.models.weights import WeightSource
 
 
@@ -59,14 +60,29 @@ class Qwen3Attention(nn.Module):
         self.o_proj = Linear(self.q_size, cfg.hidden_size, bias=bool(bias))
         self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)
         self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)
+        self._qk_weights: torch.Tensor | None = None
 
-    def forward(self, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], ctx: ForwardContext) -> torch.Tensor:
+    def qk_weights(self) -> torch.Tensor:
+        """``[2, D]``: q_norm and k_norm weights stacked for the fused kernel (built on first use)."""
+        if self._qk_weights is None:
+            self._qk_weights = torch.stack([self.q_norm.weight, self.k_norm.weight]).contiguous()
+        return self._qk_weights
+
+    def forward(self, h: torch.Tensor, rope: RopeTables, ctx: ForwardContext) -> torch.Tensor:
         num_tokens = h.shape[0]
-        q, k, v = self.qkv_proj(h).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = self.q_norm(q.reshape(num_tokens, self.num_heads, self.head_dim))  # [T, Hq, D]
-        k = self.k_norm(k.reshape(num_tokens, self.num_kv_heads, self.head_dim))  # [T, Hk, D]
-        q, k = apply_rotary(q, k, *rope)
-        v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)
+        qkv = self.qkv_proj(h)  # [T, (Hq + 2 Hk) * D]
+        if qkv.is_cuda and triton_available():
+            qk_norm_rope_(qkv, rope.positions, rope.table, self.qk_weights(), self.q_norm.eps, self.num_heads,
+                          self.num_kv_heads, self.head_dim)
+            q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+            q = q.view(num_tokens, self.num_heads, self.head_dim)  # strided views, no copies
+            k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
+        else:
+            q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+            q = self.q_norm(q.reshape(num_tokens, self.num_heads, self.head_dim))  # [T, Hq, D]
+            k = self.k_norm(k.reshape(num_tokens, self.num_kv_heads, self.head_dim))  # [T, Hk, D]
+            q, k = apply_rotary(q, k, *rope.cos_sin(q.dtype))
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         out = attention(q, k, v, ctx)  # [T, Hq, D]
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
@@ -91,7 +107,7 @@ class Qwen3DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
 
-    def forward(self, h: torch.Tensor, residual: torch.Tensor | None, rope: tuple[torch.Tensor, torch.Tensor],
+    def forward(self, h: torch.Tensor, residual: torch.Tensor | None, rope: RopeTables,
                 ctx: ForwardContext) -> tuple[torch.Tensor, torch.Tensor]:
         if residual is None:
             residual = h
@@ -122,7 +138,7 @@ class Qwen3Model(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         h = self.embed_tokens(input_ids)
-        rope = self.rotary.cos_sin_at(positions, h.dtype)
+        rope = self.rotary.tables(positions)
         residual: torch.Tensor | None = None
         for layer in self.layers:
             h, residual = layer(h, residual, rope, ctx)

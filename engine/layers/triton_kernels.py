@@ -1,0 +1,76 @@
+"""Triton kernels for what FlashInfer's prebuilt modules do not fuse.
+
+``qk_norm_rope_``: Qwen3's per-head RMSNorm of q and k followed by NeoX RoPE, in place on the
+fused QKV projection output: one read and one write of q and k instead of ~20 elementwise kernels
+(contiguous copies, two norms, slices, products, concatenations). Math in fp32, one rounding.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+
+@functools.cache
+def triton_available() -> bool:
+    if os.environ.get("PETAL_FUSED_KERNELS", "1") == "0" or not torch.cuda.is_available():
+        return False
+    try:
+        import triton
+        import triton.language  # noqa: F401
+    except Exception:  # not installed (CPU machines): torch ops serve
+        return False
+    return True
+
+
+@functools.cache
+def _kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def qk_norm_rope_kernel(qkv_ptr, stride_t, pos_ptr, table_ptr, w_ptr, eps,
+                            Q_HEADS: tl.constexpr, K_HEADS: tl.constexpr, HALF: tl.constexpr,
+                            BLOCK_H: tl.constexpr):
+        token = tl.program_id(0)
+        is_k = tl.program_id(1)
+        heads = tl.where(is_k == 1, K_HEADS, Q_HEADS)
+        col0 = is_k * (Q_HEADS * 2 * HALF)
+        h = tl.arange(0, BLOCK_H)[:, None]
+        d = tl.arange(0, HALF)[None, :]
+        mask = h < heads
+        base = qkv_ptr + token.to(tl.int64) * stride_t + col0 + h * (2 * HALF)
+        x1 = tl.load(base + d, mask=mask, other=0.0).to(tl.float32)
+        x2 = tl.load(base + HALF + d, mask=mask, other=0.0).to(tl.float32)
+        inv_rms = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / (2 * HALF) + eps)
+        w_row = w_ptr + is_k * (2 * HALF)  # weights stacked [2, D]: q_norm, k_norm
+        w1 = tl.load(w_row + d).to(tl.float32)
+        w2 = tl.load(w_row + HALF + d).to(tl.float32)
+        x1 = x1 * inv_rms[:, None] * w1
+        x2 = x2 * inv_rms[:, None] * w2
+        pos = tl.load(pos_ptr + token).to(tl.int64)
+        cos = tl.load(table_ptr + pos * (2 * HALF) + d)
+        sin = tl.load(table_ptr + pos * (2 * HALF) + HALF + d)
+        out_ty = qkv_ptr.dtype.element_ty
+        tl.store(base + d, (x1 * cos - x2 * sin).to(out_ty), mask=mask)
+        tl.store(base + HALF + d, (x2 * cos + x1 * sin).to(out_ty), mask=mask)
+
+    return qk_norm_rope_kernel
+
+
+def qk_norm_rope_(qkv: torch.Tensor, positions: torch.Tensor, table: torch.Tensor, weights: torch.Tensor,
+                  eps: float, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
+    """In place on ``qkv [T, (Hq + 2 Hk) * D]``: RMSNorm then RoPE of the q and k heads.
+
+    ``positions [T]`` int32, ``table [max_pos, D]`` float32 (cos | sin halves), ``weights [2, D]``
+    (q_norm, k_norm), contiguous.
+    """
+    assert qkv.stride(-1) == 1 and head_dim % 2 == 0 and (head_dim // 2) & (head_dim // 2 - 1) == 0
+    num_tokens = qkv.shape[0]
+    if num_tokens == 0:
+        return
+    block_h = 1 << (max(num_heads, num_kv_heads) - 1).bit_length()
+    _kernel()[(num_tokens, 2)](qkv, qkv.stride(0), positions, table, weights, eps,
+                               Q_HEADS=num_heads, K_HEADS=num_kv_heads, HALF=head_dim // 2, BLOCK_H=block_h)
