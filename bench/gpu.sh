@@ -42,12 +42,12 @@ for step in "$@"; do
       done | tee "$out/profile.log"
       ;;
     variants)
-      for v in "PETAL_FLASHINFER_BACKEND=fa2" "PETAL_FUSED_KERNELS=0" "PETAL_NOTHING=1"; do
-        for budget in 16384 32768; do
-          echo "--- $v budget $budget"
-          env $v python3 -m cli.main bench gpu --shape pplx-embed-0.6b --scenario t1,l1 --no-baseline \
-            --t1-docs 1024 --latency-calls 200 --token-budget $budget 2>/dev/null | grep -E "T1|L1"
-        done
+      for v in "PETAL_NOTHING=1 16384" "PETAL_NOTHING=1 32768" "PETAL_FLASHINFER_BACKEND=fa2 16384" \
+               "PETAL_FUSED_KERNELS=0 16384"; do
+        set -- $v
+        echo "--- $1 budget $2"
+        env "$1" python3 -m cli.main bench gpu --shape pplx-embed-0.6b --scenario t1,l1 --no-baseline \
+          --t1-docs 1024 --latency-calls 200 --token-budget "$2" 2>/dev/null | grep -E "T1|L1"
       done | tee "$out/variants.log"
       ;;
     *) echo "unknown step $step" ;;
