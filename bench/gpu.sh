@@ -41,6 +41,15 @@ for step in "$@"; do
         python3 bench/profile_step.py $spec 2>&1 | grep -v Warning
       done | tee "$out/profile.log"
       ;;
+    l1host)
+      for spec in "pplx-embed-0.6b 16" "pplx-embed-0.6b 128" "bge-m3 128"; do
+        python3 bench/l1_host.py $spec 2>&1 | grep -v -i warn
+      done | tee "$out/l1host.log"
+      ;;
+    fa2probe)
+      PETAL_FLASHINFER_BACKEND=fa2 python3 -m cli.main bench gpu --shape pplx-embed-0.6b --scenario t1,l1 \
+        --no-baseline --t1-docs 512 --latency-calls 200 2>&1 | tail -12
+      ;;
     variants)
       for v in "PETAL_NOTHING=1 16384" "PETAL_NOTHING=1 32768" "PETAL_FLASHINFER_BACKEND=fa2 16384" \
                "PETAL_FUSED_KERNELS=0 16384"; do

@@ -162,3 +162,16 @@ def test_fused_qk_norm_rope_matches_torch():
     torch.testing.assert_close(fq.view(num_tokens, hq, d).float(), q_ref.float(), rtol=2e-2, atol=2e-2)
     torch.testing.assert_close(fk.view(num_tokens, hk, d).float(), k_ref.float(), rtol=2e-2, atol=2e-2)
     assert torch.equal(fv, v_before)  # v untouched
+
+
+def test_fused_add_layer_norm_matches_torch():
+    from engine.layers.triton_kernels import add_layer_norm
+
+    torch.manual_seed(1)
+    for hidden in (384, 1024):
+        x = torch.randn(257, hidden, device=CUDA, dtype=torch.bfloat16)
+        r = torch.randn(257, hidden, device=CUDA, dtype=torch.bfloat16)
+        w = torch.rand(hidden, device=CUDA, dtype=torch.bfloat16) + 0.5
+        b = torch.randn(hidden, device=CUDA, dtype=torch.bfloat16)
+        ref = torch.nn.functional.layer_norm(x + r, (hidden,), w, b, 1e-12)
+        torch.testing.assert_close(add_layer_norm(x, r, w, b, 1e-12), ref, rtol=2e-2, atol=2e-2)

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.layers.kernels import fused
+from engine.layers.triton_kernels import add_layer_norm, triton_available
 
 
 class LayerNorm(nn.Module):
@@ -18,7 +19,13 @@ class LayerNorm(nn.Module):
         self.bias = nn.Parameter(torch.zeros(hidden_size))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [num_tokens, hidden]
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """``LayerNorm(x)``, or ``LayerNorm(x + residual)`` (one fused kernel on CUDA). ``[T, hidden]``."""
+        if residual is not None:
+            if x.is_cuda and x.dtype != torch.float32 and triton_available() and x.is_contiguous() \
+                    and residual.is_contiguous():
+                return add_layer_norm(x, residual, self.weight, self.bias, self.eps)
+            x = x + residual
         return F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)
 
 

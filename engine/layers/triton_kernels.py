@@ -3,6 +3,9 @@
 ``qk_norm_rope_``: Qwen3's per-head RMSNorm of q and k followed by NeoX RoPE, in place on the
 fused QKV projection output: one read and one write of q and k instead of ~20 elementwise kernels
 (contiguous copies, two norms, slices, products, concatenations). Math in fp32, one rounding.
+
+``add_layer_norm``: BERT's post-norm ``LayerNorm(x + residual)`` in one pass (three instead of five
+trips through memory).
 """
 
 from __future__ import annotations
@@ -74,3 +77,39 @@ def qk_norm_rope_(qkv: torch.Tensor, positions: torch.Tensor, table: torch.Tenso
     block_h = 1 << (max(num_heads, num_kv_heads) - 1).bit_length()
     _kernel()[(num_tokens, 2)](qkv, qkv.stride(0), positions, table, weights, eps,
                                Q_HEADS=num_heads, K_HEADS=num_kv_heads, HALF=head_dim // 2, BLOCK_H=block_h)
+
+
+@functools.cache
+def _add_ln_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def add_layer_norm_kernel(x_ptr, r_ptr, w_ptr, b_ptr, out_ptr, n_cols, eps, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        cols = tl.arange(0, BLOCK)
+        mask = cols < n_cols
+        x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
+        x += tl.load(r_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
+        x = tl.where(mask, x, 0.0)  # NOTE: rounds x + residual to the activation dtype first, as torch does
+        x = x.to(out_ptr.dtype.element_ty).to(tl.float32)
+        mean = tl.sum(x, axis=0) / n_cols
+        centered = tl.where(mask, x - mean, 0.0)
+        inv_std = 1.0 / tl.sqrt(tl.sum(centered * centered, axis=0) / n_cols + eps)
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        b = tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(out_ptr + row * n_cols + cols, (centered * inv_std * w + b).to(out_ptr.dtype.element_ty), mask=mask)
+
+    return add_layer_norm_kernel
+
+
+def add_layer_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                   eps: float) -> torch.Tensor:
+    """``LayerNorm(x + residual)`` over the last dim of ``[T, hidden]`` contiguous tensors."""
+    assert x.is_contiguous() and residual.is_contiguous() and x.shape == residual.shape
+    out = torch.empty_like(x)
+    num_rows, n_cols = x.shape
+    if num_rows:
+        _add_ln_kernel()[(num_rows,)](x, residual, weight, bias, out, n_cols, eps,
+                                      BLOCK=1 << (n_cols - 1).bit_length())
+    return out

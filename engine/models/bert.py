@@ -84,7 +84,7 @@ class BertSelfOutput(nn.Module):
         self.LayerNorm = LayerNorm(cfg.hidden_size, cfg.norm_eps)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        return self.LayerNorm(self.dense(x) + residual)
+        return self.LayerNorm(self.dense(x), residual)
 
 
 class BertAttention(nn.Module):
