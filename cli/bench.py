@@ -89,8 +89,9 @@ def bench_e2e(model: str | None, shape: str | None, tokenizer_dir: Path | None, 
     from pipeline.benchmarks.e2e import format_e2e_table, run_e2e_bench
 
     dev = resolve_device(device)
-    model_dir = Path(model) if model else default_model_dir()
-    if shape is not None:
+    if shape is None:
+        model_dir = Path(model) if model else default_model_dir()
+    else:
         import torch
 
         from pipeline.benchmarks.shapes import hf_model, save_model_dir
