@@ -34,7 +34,7 @@ from pipeline.prefetch import Prefetcher
 from pipeline.report import RunReport
 from pipeline.signals import StopSignals
 from pipeline.store import EmbeddingStore, StoreEntry, StoreSink, settings_fingerprint
-from pipeline.tokens import TextTokenizer, tokenize_documents
+from pipeline.tokens import TextTokenizer, TokenizedDocs, tokenize_documents
 
 EngineFactory = Callable[[ModelSpec, EngineConfig], Engine]
 KEEP_VERSIONS = 2  # the live version and the one before it (rollback)
@@ -105,14 +105,21 @@ def run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory = 
         report.shards["reused"] = len(shards) - len(todo)
 
         if todo:
-            engine = engine_factory(spec, config)
-            report.engine = engine.describe()
-            report.timings_s["model_load"] = round(engine.stats.model_load_s, 3)
-            tokenizer = TextTokenizer(spec.tokenizer_file, spec.pooling.max_length)
             embed_started = time.perf_counter()
             todo_shards = [shards[i] for i in todo]
-            for position, entry in embed_shards(todo_shards, [fingerprints[i] for i in todo], store, settings,
-                                                engine, tokenizer, job, report, stop):
+            tokenizer = TextTokenizer(spec.tokenizer_file, spec.pooling.max_length)
+            documents = read_documents(todo_shards, job.read)  # [1] read (streamed)
+            # [2] tokenize in the background; it starts now, so it overlaps the model load and CUDA init
+            chunks = Prefetcher(tokenize_documents(documents, tokenizer), depth=16)
+            try:
+                engine = engine_factory(spec, config)
+            except BaseException:
+                chunks.close()
+                raise
+            report.engine = engine.describe()
+            report.timings_s["model_load"] = round(engine.stats.model_load_s, 3)
+            for position, entry in embed_shards(chunks, todo_shards, [fingerprints[i] for i in todo], store,
+                                                settings, engine, job, report, stop):
                 entries[todo[position]] = entry
                 report.shards["embedded"] += 1
             report.timings_s["embed"] = round(time.perf_counter() - embed_started, 3)
@@ -152,15 +159,13 @@ def run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory = 
     return report
 
 
-def embed_shards(shards: list[ShardInfo], fingerprints: list[str], store: EmbeddingStore,
-                 settings: dict[str, Any], engine: Engine, tokenizer: TextTokenizer, job: IndexJob,
-                 report: RunReport, stop: StopSignals) -> Iterator[tuple[int, StoreEntry]]:
-    """Embed ``shards`` into the store; yields ``(position in shards, entry)`` as each commits."""
+def embed_shards(chunks: Prefetcher[TokenizedDocs], shards: list[ShardInfo], fingerprints: list[str],
+                 store: EmbeddingStore, settings: dict[str, Any], engine: Engine, job: IndexJob, report: RunReport,
+                 stop: StopSignals) -> Iterator[tuple[int, StoreEntry]]:
+    """Embed the tokenized ``chunks`` of ``shards`` into the store; yields ``(position, entry)`` as each commits."""
     sink = StoreSink(store, shards, fingerprints, settings, engine.dim)
     packer = Packer(PackConfig(engine.config.token_budget, engine.config.max_seqs))
     flight = InFlight(engine.config.steps_in_flight)
-    documents = read_documents(shards, job.read)  # [1] read (streamed)
-    chunks = Prefetcher(tokenize_documents(documents, tokenizer), depth=8)  # [2] tokenize, in the background
     progress = tqdm(total=sum(s.num_rows for s in shards), unit="doc", file=sys.stderr, disable=job.quiet,
                     desc="embedding", dynamic_ncols=True, mininterval=0.5)
     tokens = 0

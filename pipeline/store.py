@@ -174,13 +174,15 @@ class ShardWriter:
     def add(self, rows: list[int], ids: list, vectors: np.ndarray) -> None:
         """Vectors ``[len(rows), dim]`` for ``rows``; non-finite ones become rejects."""
         finite = np.isfinite(vectors).all(axis=1)
-        for i, (row, doc_id) in enumerate(zip(rows, ids)):
-            if finite[i]:
-                self._vectors[row] = vectors[i]  # type: ignore[index]
-                self._rows.append(row)
-                self._ids.append(doc_id)
-            else:
-                self._rejects.append((row, "non_finite_embedding"))
+        if not finite.all():
+            self._rejects.extend((row, "non_finite_embedding") for row, ok in zip(rows, finite) if not ok)
+            rows = [row for row, ok in zip(rows, finite) if ok]
+            ids = [doc_id for doc_id, ok in zip(ids, finite) if ok]
+            vectors = vectors[finite]
+        if rows:
+            self._vectors[np.asarray(rows, dtype=np.int64)] = vectors  # type: ignore[index]
+            self._rows.extend(rows)
+            self._ids.extend(ids)
 
     def reject(self, rejects: list[tuple[int, str]]) -> None:
         self._rejects.extend(rejects)
@@ -272,12 +274,17 @@ class StoreSink:
 
     def add(self, keys: list[tuple[int, int, Any]], vectors: np.ndarray) -> list[tuple[int, StoreEntry]]:
         """Vectors of one step; ``keys[i] = (shard_index, row, doc_id)`` of ``vectors[i]``."""
-        groups: dict[int, list[int]] = {}
-        for i, key in enumerate(keys):
-            groups.setdefault(key[0], []).append(i)
+        shards = [key[0] for key in keys]
+        if shards[0] == shards[-1] and len(set(shards)) == 1:  # the common case: one shard per step
+            groups = {shards[0]: list(range(len(keys)))}
+        else:
+            groups = {}
+            for i, shard_index in enumerate(shards):
+                groups.setdefault(shard_index, []).append(i)
         for shard_index, positions in groups.items():
             writer = self._writers[shard_index]
-            writer.add([keys[i][1] for i in positions], [keys[i][2] for i in positions], vectors[positions])
+            writer.add([keys[i][1] for i in positions], [keys[i][2] for i in positions],
+                       vectors if len(positions) == len(keys) else vectors[positions])
             writer.pending -= len(positions)
         return self._commit_ready()
 
