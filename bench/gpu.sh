@@ -33,7 +33,18 @@ for step in "$@"; do
       petal bench e2e --shape minilm --tokenizer-dir .gpu/minilm-tokenizer --docs 50000 --device cuda \
         --json > "$out/e2e.json" 2> "$out/e2e.err"
       python3 -c "import json,sys; from pipeline.benchmarks.e2e import format_e2e_table as f; print(f(json.load(open(sys.argv[1]))))" "$out/e2e.json"
-      tail -5 "$out/e2e.err"
+      tail -3 "$out/e2e.err"
+      ;;
+    e2e-large)
+      petal bench e2e --shape minilm --tokenizer-dir .gpu/minilm-tokenizer --docs 200000 --device cuda \
+        --no-baseline --json > "$out/e2e-large.json" 2> "$out/e2e-large.err"
+      python3 -c "import json,sys; from pipeline.benchmarks.e2e import format_e2e_table as f; r=json.load(open(sys.argv[1])); print(f(r)); print(r['petal_report']['timings_s'])" "$out/e2e-large.json"
+      tail -3 "$out/e2e-large.err"
+      ;;
+    minilm)
+      petal bench gpu --shape minilm --json > "$out/minilm.jsonl" 2> "$out/minilm.err"
+      python3 -c "import json,sys; from pipeline.benchmarks.gpu import format_gpu_table as f; [print(f(json.loads(l))) for l in open(sys.argv[1])]" "$out/minilm.jsonl"
+      tail -3 "$out/minilm.err"
       ;;
     profile)
       for spec in "pplx-embed-0.6b 64 16" "pplx-embed-0.6b 128 128" "pplx-embed-0.6b 16384 512" "bge-m3 128 128" \
