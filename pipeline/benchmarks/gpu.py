@@ -189,8 +189,10 @@ def run_gpu_bench(shape: Shape, scenarios: tuple[str, ...], *, token_budget: int
                                "petal_seqs_per_s": len(docs) / seconds}
         if hf is not None:
             for label, sort in hf_runs.items():
-                hf_throughput(hf, shape, docs[:128], sort=sort, bidirectional=bidirectional)  # warm
-                hf_s, hf_vectors = hf_throughput(hf, shape, docs, sort=sort, bidirectional=bidirectional)
+                # NOTE: best of two full passes, like petal's: the first pass pays one-time costs for every
+                # padded width it meets (kernel selection, allocator growth), which is not HF's steady state.
+                runs = [hf_throughput(hf, shape, docs, sort=sort, bidirectional=bidirectional) for _ in range(2)]
+                hf_s, hf_vectors = min(runs, key=lambda run: run[0])
                 row[f"hf_{label}_tokens_per_s"] = tokens / hf_s
                 row[f"ratio_vs_hf_{label}"] = hf_s / seconds
                 cos = cosine_rows(vectors, hf_vectors)
