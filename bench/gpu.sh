@@ -57,21 +57,10 @@ for step in "$@"; do
         python3 bench/l1_host.py $spec 2>&1 | grep -v -i warn
       done | tee "$out/l1host.log"
       ;;
-    l1variants)
-      for v in "PETAL_NOTHING=1" "PETAL_SMALL_BUCKET_TORCH=256" "PETAL_TUNABLEOP=1"; do
-        echo "--- $v"
-        env "$v" python3 -m cli.main bench gpu --shape pplx-embed-0.6b --scenario t1,l1 --no-baseline \
-          --t1-docs 512 --latency-calls 300 2>&1 | grep -E "T1|L1|Error"
-      done | tee "$out/l1variants.log"
-      ;;
     t2fair)
       petal bench gpu --shape pplx-embed-0.6b --scenario t2 --json > "$out/t2fair.jsonl" 2> "$out/t2fair.err"
       python3 -c "import json,sys; from pipeline.benchmarks.gpu import format_gpu_table as f; [print(f(json.loads(l))) for l in open(sys.argv[1])]" "$out/t2fair.jsonl"
       tail -3 "$out/t2fair.err"
-      ;;
-    fa2probe)
-      PETAL_FLASHINFER_BACKEND=fa2 python3 -m cli.main bench gpu --shape pplx-embed-0.6b --scenario t1,l1 \
-        --no-baseline --t1-docs 512 --latency-calls 200 2>&1 | tail -12
       ;;
     variants)
       for v in "PETAL_NOTHING=1 16384" "PETAL_NOTHING=1 32768" "PETAL_FLASHINFER_BACKEND=fa2 16384" \

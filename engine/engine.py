@@ -6,7 +6,6 @@ token bucket); otherwise the model runs eagerly on the exact packed shapes.
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
@@ -93,11 +92,6 @@ class Engine:
         if self.device.type == "cpu" and self.dtype == torch.float16:
             raise ValueError("--dtype float16 is not supported on the CPU; use bfloat16 or float32")
         self.stats = EngineStats()
-        if self.device.type == "cuda" and os.environ.get("PETAL_TUNABLEOP") == "1":
-            # NOTE: experiment switch: PyTorch TunableOp times cuBLAS/cuBLASLt algorithms per GEMM shape on
-            # first use (the eager run of each bucket, never inside a capture).
-            torch.cuda.tunable.enable(True)
-            torch.cuda.tunable.set_max_tuning_duration(30)
         started = time.perf_counter()
         if model is None:
             model = load_model(spec, self.device, self.activation_dtype)

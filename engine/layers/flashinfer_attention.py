@@ -17,9 +17,6 @@ if TYPE_CHECKING:
     from engine.context import ForwardContext
 
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
-# NOTE: experiment switch (bench/gpu.sh l1variants): buckets up to this many tokens use torch's varlen
-# FlashAttention-2 instead (no host plan()); 0 keeps FlashInfer everywhere.
-SMALL_BUCKET_TOKENS = int(os.environ.get("PETAL_SMALL_BUCKET_TORCH", "0"))
 WORKSPACE_BYTES_PER_TOKEN = 32 * 1024  # split-KV scratch grows with the largest bucket (see ENGINE_NOTES 1.2)
 
 
@@ -72,11 +69,6 @@ class FlashInferAttention:
         self._graph_max_tokens: dict[int, int] = {}
         self._active: dict[int, _Planned] = {}
         self.cuda_graphs = cuda_graphs
-        self._small = None
-        if SMALL_BUCKET_TOKENS:
-            from engine.layers.attention import TorchVarlenAttention
-
-            self._small = TorchVarlenAttention(causal, scale)
 
     def register_capacity(self, num_seqs: int, max_tokens: int) -> None:
         """Declare a graph sequence capacity and the most tokens its buckets hold (before first use)."""
@@ -112,19 +104,11 @@ class FlashInferAttention:
         planned.event = torch.cuda.Event()
         planned.event.record()
 
-    def _is_small(self, ctx: ForwardContext) -> bool:
-        return self._small is not None and ctx.padded and ctx.token_seq_ids.shape[0] <= SMALL_BUCKET_TOKENS
-
     def plan(self, ctx: ForwardContext) -> None:
-        if self._is_small(ctx):
-            return
         planned = self._graph_wrapper(ctx.num_seqs) if ctx.padded else self._eager
         self._plan(planned, ctx.cu_seqlens_cpu)
         self._active[ctx.num_seqs if ctx.padded else -1] = planned
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        if self._is_small(ctx):
-            assert self._small is not None
-            return self._small.forward(q, k, v, ctx)
         planned = self._active[ctx.num_seqs if ctx.padded else -1]
         return planned.wrapper.run(q, k, v)
