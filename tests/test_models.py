@@ -133,7 +133,7 @@ def test_dense_layers_match_sentence_transformers(tmp_path):
     state = {k: v.clone() for k, v in dense.state_dict().items()}
     (path / "2_Dense" / "model.safetensors").unlink()
     torch.save(state, path / "2_Dense" / "pytorch_model.bin")
-    with pytest.raises(ModelError, match="pickle.*--allow-pickle-weights"):
+    with pytest.raises(ModelError, match=r"pickle.*--allow-pickle-weights"):
         inspect_model(path)
     pickled = inspect_model(path, ModelOptions(allow_pickle_weights=True))
     again, _ = encode_texts(Engine(pickled, EngineConfig(token_budget=1024)), tokenizer_for(pickled), TEXTS)
