@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from click.testing import CliRunner
+from click.testing import CliRunner, Result
 
 from cli.main import cli
 from engine.config import EngineConfig
@@ -167,7 +167,7 @@ def first_doc() -> tuple[str, str]:
     return table.column("id")[0].as_py(), table.column("text")[0].as_py()
 
 
-def run(*args: str) -> object:
+def run(*args: object) -> Result:
     return CliRunner().invoke(cli, [str(a) for a in args])
 
 
@@ -179,7 +179,7 @@ def tiny_indexes(tmp_path_factory, tiny_bert_dir):
     for name, flags in (("int8", ["--quantize", "int8", "--dim", "32"]), ("binary", ["--quantize", "binary",
                                                                                     "--dim", "64"])):
         result = run("index", SAMPLE_DATA, "--out", root / name, "--model", tiny_bert_dir, "-q", *flags)
-        assert result.exit_code == 0, result.output  # type: ignore[attr-defined]
+        assert result.exit_code == 0, result.output
         out[name] = root / name
     return out
 
@@ -191,7 +191,7 @@ def test_query_applies_the_index_time_transform(tiny_indexes, tiny_bert_dir, nam
     from pipeline.query import QueryService
 
     out = tiny_indexes[name]
-    manifest = json.loads(run("info", out, "--json").stdout)  # type: ignore[attr-defined]
+    manifest = json.loads(run("info", out, "--json").stdout)
     output = manifest["output"]
     assert manifest["dim"] == output["dim"] == (32 if name == "int8" else 64) and output["quantize"] == name
     assert manifest["index"]["factory"] == ("SQ8" if name == "int8" else "BFlat")
@@ -203,7 +203,7 @@ def test_query_applies_the_index_time_transform(tiny_indexes, tiny_bert_dir, nam
     entry = next(StoreEntry(d, m) for d, m in metas if m["source"]["path"].endswith("shard-000.parquet"))
     # the query is embedded exactly as the document was stored and indexed
     np.testing.assert_allclose(query[0], entry.embeddings()[0], atol=1e-6)
-    hits = json.loads(run("query", out, text, "-k", "3", "--json").stdout)["hits"]  # type: ignore[attr-defined]
+    hits = json.loads(run("query", out, text, "-k", "3", "--json").stdout)["hits"]
     assert hits[0]["id"] == doc_id
     if name == "int8":
         index = faiss.read_index(str(next((out / "versions").glob("v*")) / "index.faiss"))
@@ -211,14 +211,14 @@ def test_query_applies_the_index_time_transform(tiny_indexes, tiny_bert_dir, nam
         np.testing.assert_array_equal(service.transform.codes(vectors).astype(np.int16)[0] + 128, codes[0])
         embedded = run("embed", text, "--model", tiny_bert_dir, "--quantize", "int8", "--dim", "32",
                        "--calibration", out)
-        assert embedded.exit_code == 0, embedded.output  # type: ignore[attr-defined]
-        row = json.loads(embedded.stdout.splitlines()[0])["embedding"]  # type: ignore[attr-defined]
+        assert embedded.exit_code == 0, embedded.output
+        row = json.loads(embedded.stdout.splitlines()[0])["embedding"]
         np.testing.assert_array_equal(np.array(row) + 128, codes[0])
     else:
-        hamming_only = json.loads(run("query", out, text, "-k", "3", "--json", "--rescore", "0").stdout)["hits"]  # type: ignore[attr-defined]
+        hamming_only = json.loads(run("query", out, text, "-k", "3", "--json", "--rescore", "0").stdout)["hits"]
         assert hamming_only[0]["id"] == doc_id and hamming_only[0]["score"] == 1.0
         bits = run("embed", text, "--model", tiny_bert_dir, "--quantize", "binary", "--dim", "64")
-        row = json.loads(bits.stdout.splitlines()[0])["embedding"]  # type: ignore[attr-defined]
+        row = json.loads(bits.stdout.splitlines()[0])["embedding"]
         np.testing.assert_array_equal(row, np.packbits(query[0] >= 0))
 
 
@@ -226,15 +226,15 @@ def test_pplx_embed_int8_is_its_own_scheme(tmp_path):
     path = tmp_path / "pplx"
     make_model("pplx-embed", path)
     floats, codes = tmp_path / "f.npy", tmp_path / "c.npy"
-    assert run("embed", *TEXTS, "--model", path, "--output", floats).exit_code == 0  # type: ignore[attr-defined]
+    assert run("embed", *TEXTS, "--model", path, "--output", floats).exit_code == 0
     assert run("embed", *TEXTS, "--model", path, "--quantize", "int8", "--dim", "32",
-               "--output", codes).exit_code == 0  # type: ignore[attr-defined]
+               "--output", codes).exit_code == 0
     raw, int8 = np.load(floats), np.load(codes)
     assert raw.dtype == np.float32 and int8.dtype == np.int8 and int8.shape == (len(TEXTS), 32)
     np.testing.assert_array_equal(int8, tanh_int8(raw[:, :32]))
     result = run("index", SAMPLE_DATA, "--out", tmp_path / "idx", "--model", path, "--quantize", "int8", "-q")
-    assert result.exit_code == 0, result.output  # type: ignore[attr-defined]
-    output = json.loads(run("info", tmp_path / "idx", "--json").stdout)["output"]  # type: ignore[attr-defined]
+    assert result.exit_code == 0, result.output
+    output = json.loads(run("info", tmp_path / "idx", "--json").stdout)["output"]
     assert (output["int8_scheme"], output["renormalize"], output["cosine"]) == ("tanh", False, True)
 
 
@@ -249,14 +249,14 @@ def test_query_prompts_follow_the_model_and_the_flag(tmp_path):
     import pyarrow.parquet as pq
 
     pq.write_table(pa.table({"id": [1, 2, 3], "text": TEXTS[:3]}), good)
-    assert run("index", good, "--out", tmp_path / "a", "--model", path, "-q").exit_code == 0  # type: ignore[attr-defined]
+    assert run("index", good, "--out", tmp_path / "a", "--model", path, "-q").exit_code == 0
     assert QueryService(tmp_path / "a").tokenizer.prompt == QUERY_PROMPT
     assert QueryService(tmp_path / "a", query_prompt="Q: ").tokenizer.prompt == "Q: "
     assert run("index", good, "--out", tmp_path / "b", "--model", path, "--query-prompt", "Find: ",
-               "-q").exit_code == 0  # type: ignore[attr-defined]
+               "-q").exit_code == 0
     service = QueryService(tmp_path / "b")
     assert service.tokenizer.prompt == "Find: " and service.tokenizer.appends_eos is False  # the tokenizer adds EOS
-    hits = json.loads(run("query", tmp_path / "b", TEXTS[1], "--json", "-k", "1").stdout)["hits"]  # type: ignore[attr-defined]
+    hits = json.loads(run("query", tmp_path / "b", TEXTS[1], "--json", "-k", "1").stdout)["hits"]
     assert len(hits) == 1
 
 
@@ -268,15 +268,15 @@ def test_conflicting_flags_and_refusals_at_the_cli(tmp_path, shard_writer, tiny_
                         (["--dim", "65"], "--dim 65"),
                         (["--quantize", "binary", "--dim", "12"], "multiple of 8")):
         result = run(*base, *flags)
-        assert result.exit_code == 2 and says in result.output, (flags, result.output)  # type: ignore[attr-defined]
+        assert result.exit_code == 2 and says in result.output, (flags, result.output)
     result = run("embed", "x", "--model", tiny_bert_dir, "--calibration", tmp_path)
-    assert result.exit_code == 2 and "--quantize int8" in result.output  # type: ignore[attr-defined]
+    assert result.exit_code == 2 and "--quantize int8" in result.output
     bare = tmp_path / "qwen3-bare"
     make_model("qwen3-bare", bare)
     result = run("embed", "x", "--model", bare)
-    assert result.exit_code == 78 and "will not guess" in result.stderr  # type: ignore[attr-defined]
+    assert result.exit_code == 78 and "will not guess" in result.stderr
     result = run("embed", "x", "--model", bare, "--pooling", "mean", "--attention-mask", "bidirectional")
-    assert result.exit_code == 0, result.output  # type: ignore[attr-defined]
-    assert run(*base).exit_code == 0  # type: ignore[attr-defined]
+    assert result.exit_code == 0, result.output
+    assert run(*base).exit_code == 0
     drift = run(*base, "--dim", "32")
-    assert drift.exit_code == 78 and "output" in drift.stderr and "--full" in drift.stderr  # type: ignore[attr-defined]
+    assert drift.exit_code == 78 and "output" in drift.stderr and "--full" in drift.stderr
