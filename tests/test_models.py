@@ -213,3 +213,18 @@ def test_model_id_resolves_from_the_local_hf_cache(tmp_path, monkeypatch, checkp
     with pytest.raises(ModelError) as info:
         inspect_model("acme/not-there")
     assert str(cache / "models--acme--not-there") in str(info.value) and "never downloads" in str(info.value)
+
+
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_benchmark_shape_directories_state_their_attention(tmp_path, minilm_dir, bidirectional):
+    """``petal bench e2e --shape qwen3-embedding-0.6b|pplx-embed-0.6b`` saves directories petal accepts."""
+    from pipeline.benchmarks.shapes import Shape, hf_model, save_model_dir
+
+    config = {"architectures": ["Qwen3Model"], "model_type": "qwen3", "vocab_size": 30522, "hidden_size": 32,
+              "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16,
+              "intermediate_size": 64, "max_position_embeddings": 256, "rope_theta": 1_000_000.0,
+              **({"use_bidirectional_attention": True} if bidirectional else {})}
+    shape = Shape("tiny", config, "mean" if bidirectional else "last", not bidirectional, 128)
+    path = save_model_dir(shape, hf_model(shape, torch.device("cpu"), torch.float32), minilm_dir, tmp_path / "m")
+    spec = inspect_model(path)
+    assert spec.config.causal is not bidirectional and spec.pooling.mode == shape.pooling
