@@ -105,6 +105,12 @@ class OutputTransform:
                    output_dtype=config.output_dtype)
 
     @property
+    def is_identity(self) -> bool:
+        """Stored vectors are the engine's vectors unchanged."""
+        return (self.dim == self.model_dim and self.quantize == "none" and self.output_dtype == "float32"
+                and (self.renormalize or not self.cosine))
+
+    @property
     def normalized(self) -> bool:
         """Stored vectors have unit L2 norm."""
         return self.renormalize or self.cosine
@@ -252,11 +258,26 @@ def with_outputs(engine: Engine, transform: OutputTransform) -> Engine:
 
 
 def output_settings(spec: ModelSpec, transform: OutputTransform) -> dict[str, Any]:
-    """The model and output settings that shape stored vectors, beyond the spine's (store fingerprint)."""
-    described = spec.describe()
-    return {"attention": spec.attention, "dense": described["dense"], "similarity": spec.similarity,
-            "document_prompt": spec.prompts.document, "eos_token_id": spec.eos_token_id,
-            "weights_format": spec.weights_format, "output": transform.fingerprint()}
+    """The model and output settings that shape stored vectors, beyond the spine's (store fingerprint).
+
+    A setting appears only when it moves vectors away from what the spine produced (a plain
+    BERT-family run has none), so stores and indexes built before output formats keep their
+    fingerprints; two runs whose vectors differ always differ here.
+    """
+    out: dict[str, Any] = {}
+    if spec.config.architecture == "qwen3" or spec.config.causal:
+        out["attention"] = spec.attention
+    if spec.dense:
+        out["dense"] = spec.describe()["dense"]
+    if spec.prompts.document:
+        out["document_prompt"] = spec.prompts.document
+    if spec.eos_token_id is not None:
+        out["eos_token_id"] = spec.eos_token_id
+    if spec.weights_format != "safetensors":
+        out["weights_format"] = spec.weights_format
+    if not transform.is_identity:
+        out["output"] = transform.fingerprint()
+    return out
 
 
 def add_output_manifest(manifest: dict[str, Any], transform: OutputTransform) -> None:
