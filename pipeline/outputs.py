@@ -18,6 +18,7 @@ sees exactly the index-time transform.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, cast
 
@@ -25,6 +26,7 @@ import numpy as np
 
 if TYPE_CHECKING:
     from engine.batch import PackedBatch
+    from engine.config import EngineConfig
     from engine.engine import Engine
     from engine.loader import ModelSpec
 
@@ -255,6 +257,12 @@ class OutputEngine:
 def with_outputs(engine: Engine, transform: OutputTransform) -> Engine:
     """``engine`` whose step results are stored vectors (same interface, for the pipeline's stages)."""
     return cast("Engine", OutputEngine(engine, transform))
+
+
+def outputs_factory(factory: Callable[[ModelSpec, EngineConfig], Engine],
+                    transform: OutputTransform) -> Callable[[ModelSpec, EngineConfig], Engine]:
+    """``factory`` whose engines return ``transform``'s stored vectors."""
+    return lambda spec, config: with_outputs(factory(spec, config), transform)
 
 
 def output_settings(spec: ModelSpec, transform: OutputTransform) -> dict[str, Any]:

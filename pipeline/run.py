@@ -28,7 +28,7 @@ from pipeline.fsutil import write_json_atomic
 from pipeline.inflight import InFlight
 from pipeline.layout import OutputDir
 from pipeline.output_index import build_output_index
-from pipeline.outputs import OutputTransform, add_output_manifest, output_settings, with_outputs
+from pipeline.outputs import OutputTransform, add_output_manifest, output_settings, outputs_factory
 from pipeline.pack import PackConfig, Packer
 from pipeline.parquet import ShardInfo, preflight, resolve_sources
 from pipeline.prefetch import Prefetcher
@@ -85,6 +85,7 @@ def run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory = 
     report.rows["total"] = sum(s.num_rows for s in shards)
     spec = model_spec(job.model, job.max_length, job.model_options)
     transform = OutputTransform.for_model(spec, job.output)  # issue 4: --dim, --quantize, --output-dtype
+    engine_factory = outputs_factory(engine_factory, transform)  # issue 4: engine results are stored vectors
     config = engine_config(job, spec)
     settings = embedding_settings(spec, config, job)
     report.model = spec.describe()
@@ -108,7 +109,7 @@ def run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory = 
         report.shards["reused"] = len(shards) - len(todo)
 
         if todo:
-            engine = with_outputs(engine_factory(spec, config), transform)  # issue 4: results are stored vectors
+            engine = engine_factory(spec, config)
             report.engine = engine.describe()
             report.timings_s["model_load"] = round(engine.stats.model_load_s, 3)
             tokenizer = tokenizer_for(spec)  # issue 4: document prompt, EOS for last-token pooling
