@@ -123,6 +123,9 @@ FORMATS = {
     "int8-tanh": ({"quantize": "int8", "scheme": "tanh", "normalizes": False}, 0.85),
     "binary": ({"quantize": "binary"}, 0.4),
     "binary+rescore": ({"quantize": "binary"}, 0.93),
+    # above flat_max_vectors: IVF lists, nprobe tuned to 0.95 of an all-lists search
+    "int8-ivf": ({"quantize": "int8", "scheme": "calibrated"}, 0.9),
+    "binary-ivf+rescore": ({"quantize": "binary"}, 0.85),
 }
 
 
@@ -138,8 +141,10 @@ def test_quantized_index_recall_against_exact_float(tmp_path, shard_writer, name
     _, truth = faiss.knn(unit(queries), unit(docs), 10, metric=faiss.METRIC_INNER_PRODUCT)  # exact float cosine
     staging = tmp_path / "staging"
     staging.mkdir()
+    settings = IndexSettings(flat_max_vectors=1000 if "ivf" in name else 50_000)
     result, transform = build_output_index(store_entries(tmp_path, shard_writer, transform.stored(docs)), transform,
-                                           IndexSettings(), staging)
+                                           settings, staging)
+    assert result.factory.startswith(("IVF", "BIVF") if "ivf" in name else ("SQ", "BFlat")), result.factory
     if transform.quantize == "binary":
         manifest = {"index": {"files": result.files, "search_params": result.search_params}, "metric": "ip"}
         index = open_binary_index(staging, manifest, rescore=0 if name == "binary" else None)
