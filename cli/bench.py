@@ -104,3 +104,24 @@ def bench_e2e(model: str | None, shape: str | None, tokenizer_dir: Path | None, 
         del hf
     result = run_e2e_bench(model_dir, corpus, num_docs, dev, baseline=not no_baseline)
     click.echo(json.dumps(result) if as_json else format_e2e_table(result))
+
+
+@bench.command("outputs")
+@click.option("--corpus", type=click.Path(path_type=Path), default=Path("sample_data"), show_default=True,
+              help="Parquet files whose sentences build the documents and queries.")
+@click.option("--docs", "num_docs", type=click.IntRange(min=100), default=3000, show_default=True)
+@click.option("--queries", "num_queries", type=click.IntRange(min=10), default=200, show_default=True)
+@click.option("--dims", default="384,128", show_default=True, help="Comma-separated --dim values to measure.")
+@click.option("--model", default=None, help="Model directory (default: the packaged all-MiniLM-L6-v2).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@user_errors
+def bench_outputs(corpus: Path, num_docs: int, num_queries: int, dims: str, model: str | None, as_json: bool) -> None:
+    """Recall@10 vs index bytes per vector for float32, float16, int8 and binary (+ rescoring)."""
+    from pipeline.benchmarks.outputs import format_outputs_table, run_outputs_bench
+
+    try:
+        chosen = tuple(int(d) for d in dims.split(",") if d.strip())
+    except ValueError as exc:
+        raise click.UsageError(f"--dims {dims!r}: expected comma-separated integers") from exc
+    result = run_outputs_bench(corpus, num_docs=num_docs, num_queries=num_queries, dims=chosen, model=model)
+    click.echo(json.dumps(result) if as_json else format_outputs_table(result))

@@ -5,10 +5,17 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
-from cli.common import PetalClickError, device_options, user_errors
+from cli.common import PetalClickError, device_options, usage, user_errors
+from cli.options import model_options, output_options
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from pipeline.outputs import OutputTransform
 
 
 def read_inputs(path: Path, text_column: str) -> list[str]:
@@ -61,11 +68,24 @@ def read_inputs(path: Path, text_column: str) -> list[str]:
 @click.option("--output", "output", type=click.Path(path_type=Path), default=None,
               help="Write FILE.npy (float32 rows) or FILE.jsonl instead of JSON lines on stdout.")
 @click.option("--max-length", type=int, default=None, help="Truncate texts to N tokens (default: the model's).")
+@click.option("--query", "as_query", is_flag=True, help="Embed the texts as queries (with the query prompt).")
+@click.option("--calibration", "calibration_index", type=click.Path(path_type=Path), default=None,
+              help="--quantize int8 without a model scheme: use the per-dimension ranges of this index "
+                   "(default: learn them from the texts being embedded).")
 @device_options
+@model_options
+@output_options
 @user_errors
 def embed(texts: tuple[str, ...], model: str | None, from_stdin: bool, input_path: Path | None, text_column: str,
-          output: Path | None, max_length: int | None, device: str, dtype: str, attention: str) -> None:
-    """Embed TEXT arguments, --stdin lines or an --input file; rows keep the input order."""
+          output: Path | None, max_length: int | None, as_query: bool, calibration_index: Path | None,
+          device: str, dtype: str, attention: str, pooling: str | None, attention_mask: str | None,
+          query_prompt: str | None, allow_pickle_weights: bool, dim: int | None, quantize: str,
+          output_dtype: str) -> None:
+    """Embed TEXT arguments, --stdin lines or an --input file; rows keep the input order.
+
+    Rows are float vectors (--output-dtype), int8 codes (--quantize int8) or packed sign bits
+    (--quantize binary: dim / 8 bytes, first dimension in the high bit).
+    """
     items = list(texts)
     if input_path is not None:
         items += read_inputs(input_path, text_column)
@@ -78,28 +98,58 @@ def embed(texts: tuple[str, ...], model: str | None, from_stdin: bool, input_pat
 
     import numpy as np
 
-    from engine.config import EngineConfig
+    from engine.config import EngineConfig, ModelOptions
     from engine.engine import Engine, resolve_device, resolve_dtype
     from pipeline.encode import encode_texts
+    from pipeline.outputs import OutputConfig, OutputTransform
     from pipeline.run import model_spec
-    from pipeline.tokens import TextTokenizer
+    from pipeline.tokens import tokenizer_for
 
-    spec = model_spec(model, max_length)
+    options = usage(lambda: ModelOptions(pooling=pooling, attention_mask=attention_mask,  # type: ignore[arg-type]
+                                         query_prompt=query_prompt, allow_pickle_weights=allow_pickle_weights))
+    output_config = usage(lambda: OutputConfig(dim=dim, quantize=quantize, output_dtype=output_dtype))
+    if calibration_index is not None and quantize != "int8":
+        raise click.UsageError("--calibration goes with --quantize int8")
+    spec = model_spec(model, max_length, options)
+    transform = usage(lambda: OutputTransform.for_model(spec, output_config))
     dev = resolve_device(device)
     budget = max(4096 if dev == "cpu" else 16384, spec.pooling.max_length)
     engine = Engine(spec, EngineConfig(device=dev, dtype=resolve_dtype(dtype, dev), attention=attention,  # type: ignore[arg-type]
                                        token_budget=budget))
-    tokenizer = TextTokenizer(spec.tokenizer_file, spec.pooling.max_length)
+    tokenizer = tokenizer_for(spec, "query" if as_query or query_prompt is not None else "document")
     vectors, truncated = encode_texts(engine, tokenizer, items)
+    if transform.int8_scheme == "calibrated":
+        transform = _calibrated(transform, calibration_index, vectors)
+    rows = transform.output(vectors)
     if output is not None and output.suffix.lower() == ".npy":
-        np.save(output, vectors.astype(np.float32), allow_pickle=False)
+        np.save(output, rows, allow_pickle=False)
     else:
-        lines = (json.dumps({"index": i, "embedding": [round(float(x), 7) for x in row]}) for i, row in
-                 enumerate(vectors))
+        as_number = int if rows.dtype.kind in "iu" else (lambda x: round(float(x), 7))
+        lines = (json.dumps({"index": i, "embedding": [as_number(x) for x in row]}) for i, row in enumerate(rows))
         if output is not None:
             output.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
         else:
             for line in lines:
                 click.echo(line)
     note = f", {truncated} truncated at {spec.pooling.max_length} tokens" if truncated else ""
-    click.echo(f"petal embed: {len(items)} texts -> {vectors.shape[1]}-dim vectors{note}", err=True)
+    kind = {"none": f"{transform.output_dtype} vectors", "int8": f"int8 codes ({transform.int8_scheme})",
+            "binary": "sign bits"}[transform.quantize]
+    click.echo(f"petal embed: {len(items)} texts -> {transform.dim}-dim {kind}{note}", err=True)
+
+
+def _calibrated(transform: OutputTransform, index_path: Path | None, vectors: np.ndarray) -> OutputTransform:
+    """Calibrated int8: the ranges of an index built the same way, or ranges learned from ``vectors``."""
+    from pipeline.layout import resolve_index_dir
+    from pipeline.outputs import OutputTransform
+
+    if index_path is None:
+        click.echo(f"petal embed: int8 ranges learned from these {len(vectors)} texts (pass --calibration INDEX "
+                   "to use an index's)", err=True)
+        return usage(lambda: transform.calibrate(transform.stored(vectors)))
+    _, manifest = resolve_index_dir(index_path)
+    recorded = OutputTransform.from_record(manifest["output"]) if "output" in manifest else None
+    if recorded is None or recorded.calibration is None or recorded.fingerprint() != transform.fingerprint() \
+            or recorded.model_dim != transform.model_dim:
+        raise click.UsageError(f"--calibration {index_path}: that index holds no int8 ranges for this model and "
+                               f"--dim (it has {manifest.get('output', 'plain float vectors')})")
+    return recorded

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from cli.common import PetalClickError, device_options, eprint, usage
+from cli.options import model_options, output_options
 
 
 @click.command()
@@ -29,17 +30,24 @@ from cli.common import PetalClickError, device_options, eprint, usage
 @click.option("--strict", is_flag=True, help="Any bad row fails the run (exit 65) instead of being skipped.")
 @click.option("--json-report", type=click.Path(path_type=Path), default=None, help="Write the run report here.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
+@model_options
+@output_options
 def index(sources: tuple[str, ...], out: Path, model: str | None, id_column: str | None, text_column: str,
           device: str, dtype: str, attention: str, max_length: int | None, token_budget: int | None, max_seqs: int,
           no_cuda_graphs: bool, index_factory: str, metric: str, full: bool, strict: bool,
-          json_report: Path | None, quiet: bool) -> None:
+          json_report: Path | None, quiet: bool, pooling: str | None, attention_mask: str | None,
+          query_prompt: str | None, allow_pickle_weights: bool, dim: int | None, quantize: str,
+          output_dtype: str) -> None:
     """Embed SOURCE Parquet files, directories or globs and publish a FAISS index in --out.
 
     Shards already embedded with the same content and settings are reused; a run with nothing
     changed publishes nothing new. The last line on stderr says what happened.
     """
+    from engine.config import ModelOptions
     from pipeline.config import IndexJob, IndexSettings, ReadConfig
     from pipeline.errors import PetalError
+    from pipeline.output_index import check_index_factory
+    from pipeline.outputs import OutputConfig
     from pipeline.report import RunReport
 
     job = usage(lambda: IndexJob(
@@ -48,7 +56,11 @@ def index(sources: tuple[str, ...], out: Path, model: str | None, id_column: str
         index=IndexSettings(factory=index_factory, metric=metric),
         device=device, dtype=dtype, attention=attention, cuda_graphs=not no_cuda_graphs, max_length=max_length,
         token_budget=token_budget, max_seqs=max_seqs, full=full, strict=strict, quiet=quiet, json_report=json_report,
+        model_options=ModelOptions(pooling=pooling, attention_mask=attention_mask, query_prompt=query_prompt,  # type: ignore[arg-type]
+                                   allow_pickle_weights=allow_pickle_weights),
+        output=OutputConfig(dim=dim, quantize=quantize, output_dtype=output_dtype),
     ))
+    usage(lambda: check_index_factory(job.output, job.index.factory))
     report = RunReport(command="index")
     try:
         from pipeline.run import run_index

@@ -36,6 +36,11 @@ def info(index_path: Path, as_json: bool) -> None:
         f"index        {index['factory']} (asked: {index['requested_factory']})"
         + (f", search {index['search_params']}" if index["search_params"] else ""),
     ]
+    output = manifest.get("output")  # issue 4: output format
+    if output:
+        kind = {"none": output["output_dtype"], "int8": f"int8 ({output['int8_scheme']})", "binary": "binary (Hamming)"}
+        lines.append(f"output       {kind[output['quantize']]}, dim {output['dim']} of {output['model_dim']}"
+                     f"{', L2-normalised' if output['renormalize'] or output['cosine'] else ''}")
     if index.get("tuning"):
         t = index["tuning"]
         lines.append(f"tuning       recall@10 {t['recall_at_10']:.3f} (target {t['target_recall_at_10']}), "

@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from cli.common import device_options, user_errors
+from cli.options import loading_options
 
 
 @click.command()
@@ -21,16 +22,25 @@ from cli.common import device_options, user_errors
 @click.option("--show-text", is_flag=True, help="Read each hit's text back from its shard.")
 @click.option("--model", default=None, help="Model directory, if it moved since indexing (weights must match).")
 @click.option("--nprobe", type=click.IntRange(min=1), default=None, help="Override the tuned IVF nprobe.")
+@click.option("--rescore", type=click.IntRange(min=0), default=None,
+              help="Binary indexes: re-rank N x k Hamming candidates with float vectors (default 10; 0: Hamming only).")
 @device_options
+@loading_options
 @user_errors
 def query(index_path: Path, texts: tuple[str, ...], k: int, from_stdin: bool, as_json: bool, show_text: bool,
-          model: str | None, nprobe: int | None, device: str, dtype: str, attention: str) -> None:
-    """Search INDEX (an output directory or a version directory) for TEXT."""
+          model: str | None, nprobe: int | None, rescore: int | None, device: str, dtype: str, attention: str,
+          query_prompt: str | None, allow_pickle_weights: bool) -> None:
+    """Search INDEX (an output directory or a version directory) for TEXT.
+
+    Queries get the index's model, pooling, attention, output transform (--dim, --quantize) and query
+    prompt, as recorded in its manifest.
+    """
     if not texts and not from_stdin:
         raise click.UsageError("give query TEXT or --stdin")
     from pipeline.query import QueryService
 
-    service = QueryService(index_path, model=model, device=device, dtype=dtype, attention=attention, nprobe=nprobe)
+    service = QueryService(index_path, model=model, device=device, dtype=dtype, attention=attention, nprobe=nprobe,
+                           rescore=rescore, query_prompt=query_prompt, allow_pickle_weights=allow_pickle_weights)
     if texts:
         _answer(service, list(texts), k, as_json, show_text)
     if from_stdin:

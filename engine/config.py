@@ -7,14 +7,27 @@ The Hugging Face ``config.json`` and the sentence-transformers files are folded 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 PoolingMode = Literal["mean", "cls", "last"]
+AttentionMaskName = Literal["causal", "bidirectional"]
 DeviceName = Literal["cpu", "cuda"]
 DTypeName = Literal["float32", "bfloat16", "float16"]
 AttentionBackendName = Literal["auto", "flashinfer", "torch", "sdpa"]
 
 POOLING_MODES: tuple[str, ...] = ("mean", "cls", "last")
+ATTENTION_MASKS: tuple[str, ...] = ("causal", "bidirectional")
+# sentence-transformers ``Dense`` activations (``activation_function`` in ``N_Dense/config.json``) -> ours
+DENSE_ACTIVATIONS: dict[str, str] = {
+    "torch.nn.modules.linear.Identity": "identity",
+    "torch.nn.modules.activation.Tanh": "tanh",
+    "torch.nn.modules.activation.ReLU": "relu",
+    "torch.nn.modules.activation.GELU": "gelu",
+    "torch.nn.modules.activation.Sigmoid": "sigmoid",
+    "torch.nn.modules.activation.SiLU": "silu",
+}
+SIMILARITIES: tuple[str, ...] = ("cosine", "dot", "euclidean")
 DTYPE_NAMES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 ATTENTION_BACKENDS: tuple[str, ...] = ("auto", "flashinfer", "torch", "sdpa")
 
@@ -63,6 +76,48 @@ class PoolingConfig:
             raise ValueError(f"pooling mode {self.mode!r} is not one of {', '.join(POOLING_MODES)}")
         if self.max_length < 2:
             raise ValueError(f"max_length {self.max_length} < 2")
+
+
+@dataclass(frozen=True)
+class DenseConfig:
+    """A sentence-transformers ``Dense`` module after pooling: ``activation(x @ weight.T + bias)``."""
+
+    in_features: int
+    out_features: int
+    bias: bool
+    activation: str  # one of DENSE_ACTIVATIONS' values
+    weight_file: Path  # its model.safetensors (or pickle weights, when allowed)
+
+    def __post_init__(self) -> None:
+        if self.in_features <= 0 or self.out_features <= 0:
+            raise ValueError(f"Dense {self.in_features} -> {self.out_features} has a non-positive size")
+        if self.activation not in DENSE_ACTIVATIONS.values():
+            raise ValueError(f"Dense activation {self.activation!r} is not one of "
+                             f"{', '.join(sorted(set(DENSE_ACTIVATIONS.values())))}")
+
+
+@dataclass(frozen=True)
+class PromptConfig:
+    """Text put in front of every input before tokenization (sentence-transformers ``prompts``)."""
+
+    query: str = ""
+    document: str = ""
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    """What a user may say about a model that its directory does not (or says otherwise)."""
+
+    pooling: PoolingMode | None = None  # overrides modules.json / the family default
+    attention_mask: AttentionMaskName | None = None  # overrides config.json (Qwen3 family only)
+    query_prompt: str | None = None  # overrides config_sentence_transformers.json's query prompt
+    allow_pickle_weights: bool = False  # load pytorch_model.bin (torch.load, weights_only=True)
+
+    def __post_init__(self) -> None:
+        if self.pooling is not None and self.pooling not in POOLING_MODES:
+            raise ValueError(f"--pooling {self.pooling!r} is not one of {', '.join(POOLING_MODES)}")
+        if self.attention_mask is not None and self.attention_mask not in ATTENTION_MASKS:
+            raise ValueError(f"--attention-mask {self.attention_mask!r} is not one of {', '.join(ATTENTION_MASKS)}")
 
 
 @dataclass(frozen=True)

@@ -66,9 +66,13 @@ def resolve_dtype(dtype: str, device: str) -> str:
 def forward_pooled(
     model: nn.Module, pooling: PoolingConfig, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext
 ) -> torch.Tensor:
-    """Model, pooling and normalisation: ``[num_tokens]`` ids -> ``[ctx.num_seqs, dim]`` float32."""
+    """Model, pooling, Dense layers and normalisation: ``[num_tokens]`` ids -> ``[ctx.num_seqs, dim]`` float32."""
     hidden = model(input_ids, positions, ctx)
     pooled = pool(hidden, ctx, pooling.mode)
+    # NOTE: nn.Module attribute lookup: ``dense_head`` exists only when load_model found Dense layers.
+    dense_head = getattr(model, "dense_head", None)
+    if dense_head is not None:
+        pooled = dense_head(pooled)
     return l2_normalize(pooled) if pooling.normalize else pooled
 
 

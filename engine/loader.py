@@ -1,4 +1,4 @@
-"""Finding, inspecting and loading a model directory (safetensors only, no remote code).
+"""Finding, inspecting and loading a model directory (safetensors by default, never remote code).
 
 ``inspect_model`` reads only small JSON files and returns a ``ModelSpec`` (fast: the CLI's
 preflight uses it before any weights load); ``load_model`` builds the native model and loads its
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -17,11 +17,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from engine.config import ModelConfig, PoolingConfig
+from engine.config import DenseConfig, ModelConfig, ModelOptions, PoolingConfig, PromptConfig
+from engine.layers.dense import Dense
 from engine.models import model_class_for
-from engine.models.weights import WeightSource, safetensors_files
-
-PICKLE_WEIGHT_NAMES = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.pt", "model.pth")
+from engine.models.weights import open_weights, pickle_files, safetensors_files
+from engine.resolve import HF_ID, cached_snapshot, hf_cache_dirs
+from engine.st_files import StFiles, StFilesError, read_st_files
 
 
 class ModelError(ValueError):
@@ -40,18 +41,28 @@ def default_model_dir() -> Path:
 
 
 def resolve_model_dir(model: str | Path | None) -> Path:
-    """A model directory from a path (or the packaged default when ``None``)."""
+    """A model directory from a path, a Hugging Face id in the local cache, or the packaged default."""
     if model is None or str(model) == "":
         return default_model_dir()
     path = Path(model).expanduser()
     if path.is_dir():
         return path.resolve()
-    raise ModelError(f"model directory {str(model)!r} not found (looked at {path.resolve()})")
+    looked = [str(path.resolve())]
+    if HF_ID.match(str(model)):
+        try:
+            snapshot, cache_paths = cached_snapshot(str(model), hf_cache_dirs())
+        except LookupError as exc:
+            raise ModelError(str(exc)) from exc
+        if snapshot is not None:
+            return snapshot
+        looked += cache_paths
+    raise ModelError(f"model {str(model)!r} not found: looked at {', '.join(looked)}. petal never downloads; "
+                     "pass a local model directory, or fetch the model into the Hugging Face cache first")
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """What a model directory says about itself, before any weights load."""
+    """What a model directory says about itself (and what the user added), before any weights load."""
 
     path: Path
     config: ModelConfig
@@ -59,14 +70,25 @@ class ModelSpec:
     weight_files: tuple[Path, ...]
     tokenizer_file: Path
     model_max_length: int  # the longest input the model accepts (tokens)
+    dense: tuple[DenseConfig, ...] = ()  # sentence-transformers Dense layers after pooling
+    prompts: PromptConfig = field(default_factory=PromptConfig)
+    similarity: str = "cosine"  # how the model's vectors are compared (config_sentence_transformers.json)
+    int8_scheme: str | None = None  # the model's own int8 output ("tanh": pplx-embed), if it defines one
+    eos_token_id: int | None = None  # appended to every input when the tokenizer does not (last-token pooling)
+    weights_format: str = "safetensors"  # or "pickle" (only with --allow-pickle-weights)
 
     @property
     def dim(self) -> int:
-        return self.config.hidden_size
+        """Width of the engine's output vectors (after any Dense layers)."""
+        return self.dense[-1].out_features if self.dense else self.config.hidden_size
+
+    @property
+    def attention(self) -> str:
+        return "causal" if self.config.causal else "bidirectional"
 
     @cached_property
     def weights_sha256(self) -> str:
-        return _sha256_files(self.weight_files)
+        return _sha256_files(self.weight_files + tuple(d.weight_file for d in self.dense))
 
     @cached_property
     def tokenizer_sha256(self) -> str:
@@ -79,8 +101,16 @@ class ModelSpec:
             "architecture": self.config.architecture,
             "weights_sha256": self.weights_sha256,
             "tokenizer_sha256": self.tokenizer_sha256,
+            "weights_format": self.weights_format,
+            "attention": self.attention,
             "pooling": self.pooling.mode,
             "normalize": self.pooling.normalize,
+            "dense": [{"in": d.in_features, "out": d.out_features, "bias": d.bias, "activation": d.activation}
+                      for d in self.dense],
+            "similarity": self.similarity,
+            "int8_scheme": self.int8_scheme,
+            "prompts": {"query": self.prompts.query, "document": self.prompts.document},
+            "eos_token_id": self.eos_token_id,
             "max_length": self.pooling.max_length,
             "dim": self.dim,
         }
@@ -102,42 +132,22 @@ def _read_json(path: Path) -> Any:
         raise ModelError(f"cannot read {path}: {exc}") from exc
 
 
-def _st_pooling(model_dir: Path) -> tuple[str | None, bool | None]:
-    """(pooling mode, normalize) from sentence-transformers' modules.json, or (None, None)."""
-    modules_file = model_dir / "modules.json"
-    if not modules_file.is_file():
-        return None, None
-    mode: str | None = None
-    normalize = False
-    for module in _read_json(modules_file):
-        kind = str(module.get("type", "")).rsplit(".", 1)[-1]
-        if kind == "Pooling":
-            pcfg = _read_json(model_dir / module.get("path", "") / "config.json")
-            modes = [m for m, key in (("cls", "pooling_mode_cls_token"), ("mean", "pooling_mode_mean_tokens"),
-                                      ("last", "pooling_mode_lasttoken")) if pcfg.get(key)]
-            others = [k for k in ("pooling_mode_max_tokens", "pooling_mode_mean_sqrt_len_tokens",
-                                  "pooling_mode_weightedmean_tokens") if pcfg.get(k)]
-            if others or len(modes) != 1:
-                raise ModelError(
-                    f"{model_dir / module.get('path', '')}/config.json asks for pooling "
-                    f"{modes + others}; petal supports exactly one of cls, mean, lasttoken"
-                )
-            mode = modes[0]
-        elif kind == "Normalize":
-            normalize = True
-        elif kind not in ("Transformer",):
-            raise ModelError(f"{modules_file} uses module {module.get('type')!r}, which petal does not support")
-    return mode, normalize
-
-
 def inspect_model(
     model: str | Path | None,
+    options: ModelOptions | None = None,
     *,
     max_length: int | None = None,
     pooling: str | None = None,
     normalize: bool | None = None,
 ) -> ModelSpec:
-    """Read a model directory's configuration (no weights). Raises ``ModelError`` with the fix."""
+    """Read a model directory's configuration (no weights). Raises ``ModelError`` with the fix.
+
+    ``options`` carries the user's flags (pooling, attention mask, query prompt, pickle opt-in);
+    ``pooling`` and ``normalize`` override them and the directory (tests, benchmarks).
+    """
+    options = options or ModelOptions()
+    if pooling is not None:
+        options = replace(options, pooling=pooling)  # type: ignore[arg-type]
     model_dir = resolve_model_dir(model)
     config_file = model_dir / "config.json"
     if not config_file.is_file():
@@ -146,52 +156,144 @@ def inspect_model(
     try:
         model_cls = model_class_for(hf)
         config: ModelConfig = model_cls.config_from_hf(hf)  # type: ignore[attr-defined]
-    except (KeyError, ValueError) as exc:
-        raise ModelError(f"{config_file}: {exc}") from exc
+        st = read_st_files(model_dir)
+    except (KeyError, ValueError) as exc:  # StFilesError is a ValueError
+        where = "" if isinstance(exc, StFilesError) else f"{config_file}: "
+        raise ModelError(f"{where}{exc}") from exc
 
-    files = safetensors_files(model_dir)
-    if not files:
-        pickles = [n for n in PICKLE_WEIGHT_NAMES if (model_dir / n).exists()]
-        if pickles:
-            raise ModelError(
-                f"{model_dir} has only pickle weights ({', '.join(pickles)}); petal loads safetensors only, "
-                "since loading pickle can run arbitrary code. Convert them to model.safetensors."
-            )
-        raise ModelError(f"{model_dir} has no model.safetensors")
+    weight_files, weights_format = _weight_files(model_dir, st, options)
     tokenizer_file = model_dir / "tokenizer.json"
     if not tokenizer_file.is_file():
         raise ModelError(f"{model_dir} has no tokenizer.json (a fast tokenizer file is required)")
 
-    st_mode, st_normalize = _st_pooling(model_dir)
-    mode = pooling or st_mode or "mean"
-    do_normalize = normalize if normalize is not None else (st_normalize if st_normalize is not None else True)
+    config = replace(config, causal=_causal(model_cls, hf, st, options, config_file))
+    mode = options.pooling or st.pooling or model_cls.default_pooling  # type: ignore[attr-defined]
+    assert mode is not None  # _causal refused a Qwen3 directory without pooling
+    do_normalize = normalize if normalize is not None else (st.normalize if st.normalize is not None else True)
+    prompts = st.prompts if options.query_prompt is None else replace(st.prompts, query=options.query_prompt)
+    if not st.include_prompt and (prompts.query or prompts.document):
+        raise ModelError(f"{model_dir}/1_Pooling/config.json has include_prompt false; petal pools over prompt "
+                         "tokens too, so it cannot reproduce this model with prompts")
+    _check_dense(st.dense, config.hidden_size, model_dir)
 
     limit = config.max_position_embeddings - config.position_offset
-    st_cfg = model_dir / "sentence_bert_config.json"
-    default_length = limit
-    if st_cfg.is_file():
-        default_length = int(_read_json(st_cfg).get("max_seq_length") or limit)
     if max_length is not None and max_length > limit:
         raise ModelError(f"--max-length {max_length} exceeds the model's limit of {limit} tokens")
-    length = min(max_length or default_length, limit)
+    length = min(max_length or st.max_seq_length or limit, limit)
     return ModelSpec(
         path=model_dir,
         config=config,
         pooling=PoolingConfig(mode=mode, normalize=do_normalize, max_length=length),  # type: ignore[arg-type]
-        weight_files=tuple(files),
+        weight_files=tuple(weight_files),
         tokenizer_file=tokenizer_file,
         model_max_length=limit,
+        dense=st.dense,
+        prompts=prompts,
+        similarity=st.similarity or "cosine",
+        int8_scheme=st.int8_scheme,
+        eos_token_id=_eos_token_id(hf, model_dir) if mode == "last" else None,
+        weights_format=weights_format,
     )
 
 
+def _weight_files(model_dir: Path, st: StFiles, options: ModelOptions) -> tuple[list[Path], str]:
+    """Safetensors files; pickle files only when the user allowed them (else a refusal naming them)."""
+    try:
+        files = safetensors_files(model_dir)
+        pickles = [] if files else pickle_files(model_dir)
+    except FileNotFoundError as exc:
+        raise ModelError(str(exc)) from exc
+    if not files and not pickles:
+        raise ModelError(f"{model_dir} has no model.safetensors (and no other weights)")
+    unsafe = pickles + list(st.pickle_dense)
+    if unsafe and not options.allow_pickle_weights:
+        raise ModelError(
+            f"{model_dir} has only pickle weights for {', '.join(str(p) for p in unsafe)}; petal loads safetensors "
+            "only by default, since unpickling can run code. Convert them to model.safetensors, or pass "
+            "--allow-pickle-weights to load them with torch.load(weights_only=True)."
+        )
+    return (files or pickles), ("safetensors" if files and not st.pickle_dense else "pickle")
+
+
+def _causal(model_cls: type[nn.Module], hf: dict[str, Any], st: StFiles, options: ModelOptions,
+            config_file: Path) -> bool:
+    """The attention mask: the user's flag, else what the checkpoint says; a family that uses both
+    (Qwen3) without a statement, or without a pooling mode, is refused with what was found."""
+    allowed: tuple[str, ...] = model_cls.attention_masks  # type: ignore[attr-defined]
+    if options.attention_mask is not None and options.attention_mask not in allowed:
+        raise ModelError(f"--attention-mask {options.attention_mask}: {hf.get('model_type')} models are "
+                         f"{' or '.join(allowed)} only")
+    said = model_cls.causal_from_hf(hf)  # type: ignore[attr-defined]
+    missing = []
+    if options.attention_mask is None and said is None:
+        missing.append("--attention-mask causal|bidirectional")
+    if options.pooling is None and st.pooling is None and model_cls.default_pooling is None:  # type: ignore[attr-defined]
+        missing.append("--pooling mean|last|cls")
+    if missing:
+        flags = ", ".join(f"{k}={hf[k]!r}" for k in ("use_bidirectional_attention", "is_causal") if k in hf)
+        found = (f"{config_file} has architectures {hf.get('architectures')}, model_type {hf.get('model_type')!r}"
+                 f"{', ' + flags if flags else ', no use_bidirectional_attention or is_causal'}; "
+                 + ("modules.json has no Pooling module" if st.has_modules else "there is no modules.json"))
+        raise ModelError(f"petal will not guess how this {hf.get('model_type')} checkpoint embeds: {found}. "
+                         f"Pass {' and '.join(missing)} (Qwen3-Embedding: causal + last; pplx-embed: "
+                         "bidirectional + mean)")
+    if options.attention_mask is not None:
+        return options.attention_mask == "causal"
+    return bool(said)
+
+
+def _check_dense(dense: tuple[DenseConfig, ...], hidden_size: int, model_dir: Path) -> None:
+    width = hidden_size
+    for layer in dense:
+        if layer.in_features != width:
+            raise ModelError(f"{layer.weight_file.parent}: Dense takes {layer.in_features} features, the model "
+                             f"gives {width} ({model_dir})")
+        width = layer.out_features
+
+
+def _eos_token_id(hf: dict[str, Any], model_dir: Path) -> int | None:
+    """The model's end-of-sequence token: config.json's ``eos_token_id``, else tokenizer_config.json's."""
+    eos = hf.get("eos_token_id")
+    if isinstance(eos, list):
+        eos = eos[0] if eos else None
+    if isinstance(eos, int):
+        return eos
+    tok_config = model_dir / "tokenizer_config.json"
+    if not tok_config.is_file():
+        return None
+    name = _read_json(tok_config).get("eos_token")
+    if isinstance(name, dict):
+        name = name.get("content")
+    if not isinstance(name, str):
+        return None
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(model_dir / "tokenizer.json")).token_to_id(name)
+
+
 def load_model(spec: ModelSpec, device: torch.device, dtype: torch.dtype) -> nn.Module:
-    """Build the native model and load its weights straight to ``device`` in ``dtype``."""
+    """Build the native model and load its weights straight to ``device`` in ``dtype``.
+
+    sentence-transformers Dense layers become ``model.dense_head`` (fp32; applied after pooling).
+    """
     with torch.device("meta"):
         model = model_class_for({"architectures": [], "model_type": spec.config.architecture})(spec.config)
-    weights = WeightSource(list(spec.weight_files), device, dtype)
     try:
-        state = model.hf_state_dict(weights)  # type: ignore[operator]
+        state = model.hf_state_dict(open_weights(list(spec.weight_files), device, dtype))  # type: ignore[operator]
     except KeyError as exc:
         raise ModelError(f"{spec.path}: {exc.args[0]}") from exc
     model.load_state_dict(state, strict=True, assign=True)
+    if spec.dense:
+        head = nn.Sequential()
+        for cfg in spec.dense:
+            with torch.device("meta"):
+                layer = Dense(cfg)
+            weights = open_weights([cfg.weight_file], device, torch.float32)
+            try:
+                layer.load_state_dict({name: weights.get(name) for name in layer.state_dict()}, strict=True,
+                                      assign=True)
+            except KeyError as exc:
+                raise ModelError(f"{cfg.weight_file}: {exc.args[0]}") from exc
+            head.append(layer)
+        model.dense_head = head
     return model.eval().requires_grad_(False)

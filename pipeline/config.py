@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from engine.config import ModelOptions
+from pipeline.outputs import OutputConfig
 
 METRICS = ("ip", "l2")
 DEFAULT_ID_COLUMN = "id"
@@ -64,6 +67,8 @@ class IndexJob:
     strict: bool = False
     quiet: bool = False
     json_report: Path | None = None
+    model_options: ModelOptions = field(default_factory=ModelOptions)  # issue 4: --pooling, --attention-mask, ...
+    output: OutputConfig = field(default_factory=OutputConfig)  # issue 4: --dim, --quantize, --output-dtype
 
     def __post_init__(self) -> None:
         if not self.sources:

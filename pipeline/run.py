@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from engine.config import EngineConfig
+from engine.config import EngineConfig, ModelOptions
 from engine.engine import Engine, resolve_device, resolve_dtype
 from engine.loader import ModelError, ModelSpec, inspect_model
 from pipeline import __version__
@@ -25,25 +25,26 @@ from pipeline.config import IndexJob, default_token_budget
 from pipeline.documents import read_documents
 from pipeline.errors import BadInputError, ConfigError, Interrupted, NoInputError
 from pipeline.fsutil import write_json_atomic
-from pipeline.index_writer import build_index
 from pipeline.inflight import InFlight
 from pipeline.layout import OutputDir
+from pipeline.output_index import build_output_index
+from pipeline.outputs import OutputTransform, add_output_manifest, output_settings, outputs_factory
 from pipeline.pack import PackConfig, Packer
 from pipeline.parquet import ShardInfo, preflight, resolve_sources
 from pipeline.prefetch import Prefetcher
 from pipeline.report import RunReport
 from pipeline.signals import StopSignals
 from pipeline.store import EmbeddingStore, StoreEntry, StoreSink, settings_fingerprint
-from pipeline.tokens import TextTokenizer, TokenizedDocs, tokenize_documents
+from pipeline.tokens import TokenizedDocs, tokenize_documents, tokenizer_for
 
 EngineFactory = Callable[[ModelSpec, EngineConfig], Engine]
 KEEP_VERSIONS = 2  # the live version and the one before it (rollback)
 
 
-def model_spec(model: str | None, max_length: int | None) -> ModelSpec:
+def model_spec(model: str | None, max_length: int | None, options: ModelOptions | None = None) -> ModelSpec:
     """The model's configuration (no weights); a missing or unsafe model is a ``ConfigError`` (78)."""
     try:
-        return inspect_model(model, max_length=max_length)
+        return inspect_model(model, options, max_length=max_length)
     except ModelError as exc:
         raise ConfigError(str(exc)) from exc
 
@@ -71,6 +72,7 @@ def embedding_settings(spec: ModelSpec, config: EngineConfig, job: IndexJob) -> 
         "dtype": config.dtype,
         "text_column": job.read.text_column,
         "id_column": job.read.id_column,
+        **output_settings(spec, OutputTransform.for_model(spec, job.output)),  # issue 4: output formats
     }
 
 
@@ -81,7 +83,9 @@ def run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory = 
     shards = preflight(resolve_sources(job.sources), job.read)
     report.shards["total"] = len(shards)
     report.rows["total"] = sum(s.num_rows for s in shards)
-    spec = model_spec(job.model, job.max_length)
+    spec = model_spec(job.model, job.max_length, job.model_options)
+    transform = OutputTransform.for_model(spec, job.output)  # issue 4: --dim, --quantize, --output-dtype
+    engine_factory = outputs_factory(engine_factory, transform)  # issue 4: engine results are stored vectors
     config = engine_config(job, spec)
     settings = embedding_settings(spec, config, job)
     report.model = spec.describe()
@@ -107,7 +111,7 @@ def run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory = 
         if todo:
             embed_started = time.perf_counter()
             todo_shards = [shards[i] for i in todo]
-            tokenizer = TextTokenizer(spec.tokenizer_file, spec.pooling.max_length)
+            tokenizer = tokenizer_for(spec)  # issue 4: document prompt, EOS for last-token pooling
             documents = read_documents(todo_shards, job.read)  # [1] read (streamed)
             # [2] tokenize in the background; it starts now, so it overlaps the model load and CUDA init
             chunks = Prefetcher(tokenize_documents(documents, tokenizer), depth=16)
@@ -141,10 +145,11 @@ def run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory = 
         # [7] index: built from the store, written beside the live version, published atomically
         index_started = time.perf_counter()
         staging = out.staging_dir()
-        result = build_index(committed, spec.dim, job.index, staging)
+        result, transform = build_output_index(committed, transform, job.index, staging)  # issue 4: index type follows
         write_rejects(committed, staging / "rejects.parquet")
         version = out.new_version_id()
         manifest = make_manifest(version, spec, settings, job, shards, committed, result, report)
+        add_output_manifest(manifest, transform)  # issue 4: the transform queries apply, int8 calibration
         write_json_atomic(staging / "manifest.json", manifest)
         out.publish(staging, version)
         report.timings_s["index"] = round(time.perf_counter() - index_started, 3)

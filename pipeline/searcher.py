@@ -28,7 +28,7 @@ class Hit:
 class IndexReader:
     """A published version: manifest, FAISS index (checked against the manifest's sha256), id map."""
 
-    def __init__(self, path: Path, nprobe: int | None = None) -> None:
+    def __init__(self, path: Path, nprobe: int | None = None, rescore: int | None = None) -> None:
         import faiss
 
         self.dir, self.manifest = resolve_index_dir(path)
@@ -42,14 +42,21 @@ class IndexReader:
             if actual != expected:
                 raise BadInputError(f"{actual_path}: sha256 {actual[:16]}... does not match the manifest "
                                     f"({expected[:16]}...); the index is corrupt, rebuild it")
-        self.index = faiss.read_index(str(self.dir / "index.faiss"))
+        # issue 4 hook: binary indexes (Hamming + float rescoring) open through pipeline/output_index.py
+        binary = self.manifest.get("output", {}).get("quantize") == "binary"
+        if binary:
+            from pipeline.output_index import open_binary_index
+
+            self.index = open_binary_index(self.dir, self.manifest, nprobe=nprobe, rescore=rescore)
+        else:
+            self.index = faiss.read_index(str(self.dir / "index.faiss"))
         self.ids = pq.read_table(self.dir / "ids.parquet")
         if self.ids.num_rows != self.index.ntotal:
             raise BadInputError(f"{self.dir}: {self.ids.num_rows} ids for {self.index.ntotal} vectors")
         params = dict(self.manifest.get("index", {}).get("search_params", {}))
         if nprobe is not None:
             params["nprobe"] = nprobe
-        ivf = faiss.try_extract_index_ivf(self.index)
+        ivf = None if binary else faiss.try_extract_index_ivf(self.index)  # issue 4: binary sets its own nprobe
         if ivf is not None and "nprobe" in params:
             ivf.nprobe = int(params["nprobe"])
         self.search_params = params

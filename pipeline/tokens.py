@@ -3,6 +3,10 @@
 ``encode_batch_fast`` runs on all cores (Rust threads, GIL released); the pipeline runs this stage
 in a background thread so the device never waits on it. Truncation at the model's max length is
 exact and counted per row; a character pre-cap keeps a multi-megabyte row from stalling it.
+
+sentence-transformers conventions: a prompt (``Instruct: ...\nQuery:`` for Qwen3-Embedding
+queries) is put in front of each text and truncated with it; last-token pooling needs the EOS
+token at the end, appended here when the tokenizer's post-processor does not add it.
 """
 
 from __future__ import annotations
@@ -10,10 +14,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
 from pipeline.documents import Documents
+
+if TYPE_CHECKING:
+    from engine.loader import ModelSpec
 
 
 @dataclass(frozen=True)
@@ -23,27 +31,50 @@ class Encoded:
 
 
 class TextTokenizer:
-    """A model's tokenizer, truncating at ``max_length`` tokens (special tokens included)."""
+    """A model's tokenizer, truncating at ``max_length`` tokens (special tokens included).
 
-    def __init__(self, tokenizer_file: Path, max_length: int, max_chars: int | None = None) -> None:
+    ``prompt`` is prepended to every text; ``eos_token_id`` is appended to every non-empty
+    encoding unless the tokenizer already ends its encodings with it (one slot is kept for it).
+    """
+
+    def __init__(self, tokenizer_file: Path, max_length: int, max_chars: int | None = None, *, prompt: str = "",
+                 eos_token_id: int | None = None) -> None:
         from tokenizers import Tokenizer
 
         self.max_length = max_length
+        self.prompt = prompt
         # NOTE: the cap is generous (64 characters a token); a capped text is counted as truncated.
         self.max_chars = max_chars if max_chars is not None else max(max_length * 64, 4096)
         self._tokenizer = Tokenizer.from_file(str(tokenizer_file))
         self._tokenizer.no_padding()
-        self._tokenizer.enable_truncation(max_length)
+        self._tokenizer.no_truncation()
+        self.eos_token_id = eos_token_id
+        self.appends_eos = eos_token_id is not None and self._tokenizer.encode("a").ids[-1:] != [eos_token_id]
+        self._tokenizer.enable_truncation(max_length - 1 if self.appends_eos else max_length)
         self._encode = getattr(self._tokenizer, "encode_batch_fast", self._tokenizer.encode_batch)
 
     def encode(self, texts: list[str]) -> Encoded:
         capped = np.fromiter((len(t) > self.max_chars for t in texts), dtype=bool, count=len(texts))
         if capped.any():
             texts = [t[: self.max_chars] if c else t for t, c in zip(texts, capped)]
+        if self.prompt:
+            texts = [self.prompt + t for t in texts]
         encodings = self._encode(texts)
         token_ids = [np.array(e.ids, dtype=np.int32) for e in encodings]
+        if self.appends_eos:
+            eos = np.array([self.eos_token_id], dtype=np.int32)
+            token_ids = [np.concatenate([ids, eos]) if len(ids) else ids for ids in token_ids]
         overflowed = np.fromiter((bool(e.overflowing) for e in encodings), dtype=bool, count=len(encodings))
         return Encoded(token_ids, overflowed | capped)
+
+
+def tokenizer_for(spec: ModelSpec, side: Literal["query", "document"] = "document",
+                  prompt: str | None = None) -> TextTokenizer:
+    """The tokenizer that feeds ``spec``'s model: its max length, EOS rule and ``side``'s prompt
+    (``prompt`` overrides the model's)."""
+    chosen = prompt if prompt is not None else (spec.prompts.query if side == "query" else spec.prompts.document)
+    return TextTokenizer(spec.tokenizer_file, spec.pooling.max_length, prompt=chosen,
+                         eos_token_id=spec.eos_token_id)
 
 
 @dataclass

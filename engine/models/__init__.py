@@ -17,6 +17,8 @@ MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "Qwen3Model": Qwen3Model,
     "Qwen3ForCausalLM": Qwen3Model,
     "qwen3": Qwen3Model,
+    "PPLXQwen3Model": Qwen3Model,  # pplx-embed-v1: Qwen3 weights, bidirectional attention
+    "bidirectional_pplx_qwen3": Qwen3Model,
     "XLMRobertaModel": XLMRobertaModel,
     "xlm-roberta": XLMRobertaModel,
 }

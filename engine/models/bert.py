@@ -130,6 +130,8 @@ class BertModel(nn.Module):
 
     # Checkpoints saved from task heads prefix the trunk with one of these.
     weight_prefixes: tuple[str, ...] = ("", "bert.", "model.")
+    attention_masks: tuple[str, ...] = ("bidirectional",)
+    default_pooling: str | None = "mean"  # a bare directory without sentence-transformers files
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -140,6 +142,10 @@ class BertModel(nn.Module):
     @staticmethod
     def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
         return bert_config(hf)
+
+    @staticmethod
+    def causal_from_hf(hf: dict[str, Any]) -> bool | None:
+        return False  # an encoder: every token sees every other token of its sequence
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         h = self.embeddings(input_ids, positions)

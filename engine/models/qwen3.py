@@ -21,17 +21,44 @@ from engine.layers.rotary import RopeTables, RotaryEmbedding, apply_rotary
 from engine.layers.triton_kernels import qk_norm_rope_, triton_available
 from engine.models.weights import WeightSource
 
+PPLX_MODEL_TYPE = "bidirectional_pplx_qwen3"  # pplx-embed-v1's config.json (remote code, Qwen3 weights)
 
-def qwen3_causal(hf: dict[str, Any]) -> bool:
-    """Causal unless the checkpoint says bidirectional (``use_bidirectional_attention`` / ``is_causal``)."""
-    return not (hf.get("use_bidirectional_attention") is True or hf.get("is_causal") is False)
+
+def qwen3_causal(hf: dict[str, Any]) -> bool | None:
+    """What the checkpoint says about its attention: ``True`` causal, ``False`` bidirectional, ``None`` nothing.
+
+    Evidence, in order: ``use_bidirectional_attention`` / ``is_causal`` in config.json (pplx-embed,
+    TEI's flag); ``model_type`` ``bidirectional_pplx_qwen3``; ``architectures`` naming a causal LM
+    (``Qwen3ForCausalLM``: Qwen3-Embedding is saved that way and Hugging Face runs it causal).
+    """
+    if isinstance(hf.get("use_bidirectional_attention"), bool):
+        return not hf["use_bidirectional_attention"]
+    if isinstance(hf.get("is_causal"), bool):
+        return bool(hf["is_causal"])
+    if hf.get("model_type") == PPLX_MODEL_TYPE:
+        return False
+    if any(str(name).endswith("ForCausalLM") for name in hf.get("architectures") or []):
+        return True
+    return None
+
+
+def qwen3_rope_theta(hf: dict[str, Any]) -> float:
+    """RoPE base from ``rope_theta`` (transformers 4) or ``rope_parameters`` (transformers 5); plain RoPE only."""
+    params = hf.get("rope_parameters") or {}
+    scaling = hf.get("rope_scaling") or {}
+    for extra in (params, scaling):
+        kind = extra.get("rope_type", extra.get("type", "default"))
+        if kind != "default":
+            raise ValueError(f"RoPE type {kind!r} ({extra}) is not supported (only default RoPE)")
+    return float(params.get("rope_theta", hf.get("rope_theta", 1_000_000.0)))
 
 
 def qwen3_config(hf: dict[str, Any]) -> ModelConfig:
     num_heads = int(hf["num_attention_heads"])
     hidden = int(hf["hidden_size"])
-    if hf.get("rope_scaling"):
-        raise ValueError(f"rope_scaling {hf['rope_scaling']!r} is not supported")
+    if hf.get("use_sliding_window"):
+        raise ValueError("use_sliding_window is true; sliding-window attention is not supported")
+    causal = qwen3_causal(hf)
     return ModelConfig(
         architecture="qwen3",
         vocab_size=int(hf["vocab_size"]),
@@ -44,8 +71,10 @@ def qwen3_config(hf: dict[str, Any]) -> ModelConfig:
         max_position_embeddings=int(hf["max_position_embeddings"]),
         norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
         hidden_act=str(hf.get("hidden_act", "silu")),
-        causal=qwen3_causal(hf),
-        rope_theta=float(hf.get("rope_theta", 1_000_000.0)),
+        # NOTE: unknown attention defaults to causal here (Hugging Face's behaviour); engine/loader.py refuses
+        # to run a Qwen3 checkpoint whose attention nobody stated (see ``causal_from_hf``).
+        causal=True if causal is None else causal,
+        rope_theta=qwen3_rope_theta(hf),
         extra=(("attention_bias", bool(hf.get("attention_bias", False))),),
     )
 
@@ -123,6 +152,8 @@ class Qwen3Model(nn.Module):
     """Packed Qwen3 trunk: ``forward(input_ids [T], positions [T], ctx) -> [T, hidden]`` (final norm applied)."""
 
     weight_prefixes: tuple[str, ...] = ("", "model.")
+    attention_masks: tuple[str, ...] = ("causal", "bidirectional")  # checkpoints of this family use both
+    default_pooling: str | None = None  # mean (pplx-embed) or last (Qwen3-Embedding): never assumed
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -135,6 +166,10 @@ class Qwen3Model(nn.Module):
     @staticmethod
     def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
         return qwen3_config(hf)
+
+    @staticmethod
+    def causal_from_hf(hf: dict[str, Any]) -> bool | None:
+        return qwen3_causal(hf)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         h = self.embed_tokens(input_ids)

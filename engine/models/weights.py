@@ -36,6 +36,9 @@ class WeightSource:
         raise KeyError(f"weight {name!r} not found in {', '.join(str(f) for f in self.files)} (tried {tried})")
 
 
+PICKLE_WEIGHT_NAMES = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.pt", "model.pth")
+
+
 def safetensors_files(model_dir: Path) -> list[Path]:
     """The checkpoint's safetensors files: a single file or the shards an index names."""
     index = model_dir / "model.safetensors.index.json"
@@ -69,3 +72,36 @@ class TensorWeights(WeightSource):
                 tensor = tensor.to(self.device)
                 return tensor.to(self.dtype) if tensor.is_floating_point() else tensor
         raise KeyError(f"weight {name!r} not found (tried {', '.join(repr(p + name) for p in prefixes)})")
+
+
+def pickle_files(model_dir: Path) -> list[Path]:
+    """The checkpoint's pickle files (``pytorch_model.bin``, or the shards its index names)."""
+    index = model_dir / "pytorch_model.bin.index.json"
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        files = [model_dir / s for s in shards]
+        missing = [str(f) for f in files if not f.is_file()]
+        if missing:
+            raise FileNotFoundError(f"{index} names shards that are missing: {', '.join(missing)}")
+        return files
+    for name in ("pytorch_model.bin", "model.pt", "model.pth"):
+        if (model_dir / name).is_file():
+            return [model_dir / name]
+    return []
+
+
+def open_weights(files: list[Path], device: torch.device, dtype: torch.dtype) -> WeightSource:
+    """A ``WeightSource`` over safetensors files, or over pickle files (only when the caller allowed them)."""
+    if all(f.suffix == ".safetensors" for f in files):
+        return WeightSource(files, device, dtype)
+    tensors: dict[str, torch.Tensor] = {}
+    for f in files:
+        # NOTE: weights_only=True: torch's restricted unpickler (tensors and plain containers only), so
+        # a pickle cannot run code; mmap avoids reading a multi-GB checkpoint into memory twice.
+        state = torch.load(f, map_location="cpu", weights_only=True, mmap=True)
+        if not isinstance(state, dict):
+            raise KeyError(f"{f} does not hold a state dict (found {type(state).__name__})")
+        tensors.update(state)
+    weights = TensorWeights(tensors, device, dtype)
+    weights.files = files
+    return weights

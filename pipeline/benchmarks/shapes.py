@@ -122,10 +122,16 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "spec
 
 def save_model_dir(s: Shape, hf: torch.nn.Module, tokenizer_dir: Path, out_dir: Path) -> Path:
     """A loadable model directory (safetensors, tokenizer, sentence-transformers files) of ``hf``."""
+    import json
     import shutil
 
     out_dir.mkdir(parents=True, exist_ok=True)
     hf.save_pretrained(out_dir, safe_serialization=True)
+    if s.hf_config.get("model_type") == "qwen3":
+        # NOTE: state the attention in config.json, as the real checkpoints do: petal refuses to guess it for Qwen3.
+        config = json.loads((out_dir / "config.json").read_text())
+        config["use_bidirectional_attention"] = bool(s.hf_config.get("use_bidirectional_attention", False))
+        (out_dir / "config.json").write_text(json.dumps(config, indent=2))
     for name in TOKENIZER_FILES:
         if (tokenizer_dir / name).is_file():
             shutil.copy(tokenizer_dir / name, out_dir / name)

@@ -1,0 +1,55 @@
+"""Where a model lives: a local directory, or a Hugging Face model id already in the local cache.
+
+petal never downloads. An id (``org/name``) resolves to the snapshot the cache's ``refs/main``
+names in the first cache directory that has it: ``$HF_HUB_CACHE``, ``$HF_HOME/hub``,
+``~/.cache/huggingface/hub`` (the layout ``huggingface_hub`` writes).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+HF_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?$")
+
+
+def hf_cache_dirs() -> list[Path]:
+    """The Hugging Face hub cache directories to look in, in order, without duplicates."""
+    candidates = []
+    if os.environ.get("HF_HUB_CACHE"):
+        candidates.append(Path(os.environ["HF_HUB_CACHE"]))
+    if os.environ.get("HF_HOME"):
+        candidates.append(Path(os.environ["HF_HOME"]) / "hub")
+    candidates.append(Path.home() / ".cache" / "huggingface" / "hub")
+    out: list[Path] = []
+    for path in candidates:
+        path = path.expanduser()
+        if path not in out:
+            out.append(path)
+    return out
+
+
+def cached_snapshot(model_id: str, cache_dirs: list[Path]) -> tuple[Path | None, list[str]]:
+    """The cached snapshot of ``model_id`` (``None`` if absent) and what was looked at (for the error)."""
+    looked: list[str] = []
+    folder = "models--" + model_id.replace("/", "--")
+    for cache in cache_dirs:
+        repo = cache / folder
+        looked.append(str(repo))
+        snapshots = repo / "snapshots"
+        if not snapshots.is_dir():
+            continue
+        ref = repo / "refs" / "main"
+        if ref.is_file():
+            snapshot = snapshots / ref.read_text(encoding="utf-8").strip()
+            if snapshot.is_dir():
+                return snapshot, looked
+        found = sorted(p for p in snapshots.iterdir() if p.is_dir())
+        if len(found) == 1:
+            return found[0], looked
+        if found:  # several revisions and no refs/main: refuse to pick one
+            names = ", ".join(p.name[:12] for p in found)
+            raise LookupError(f"{repo} holds several snapshots ({names}) and no refs/main; pass the snapshot "
+                              "directory you want as --model")
+    return None, looked
