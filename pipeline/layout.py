@@ -149,7 +149,7 @@ class OutputDir:
         if self.versions_dir.is_dir():
             live = self.current_version()
             for path in self.versions_dir.iterdir():
-                never_live = VERSION_RE.match(path.name) and (live is None or path.name > live)
+                never_live = live is not None and VERSION_RE.match(path.name) and path.name > live
                 if path.name.startswith((".staging-", ".deleting-")) or never_live:
                     shutil.rmtree(path, ignore_errors=True)
                     removed.append(path)
