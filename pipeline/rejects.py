@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.errors import BadInputError, writing
+from pipeline.report import RunReport
 from pipeline.store import StoreEntry
 
 REJECTS_SCHEMA = pa.schema([("shard", pa.string()), ("row", pa.int64()), ("reason", pa.string())])
@@ -54,10 +55,11 @@ class BadRowGate:
     commits, its store entry holds them, non-finite embeddings included.
     """
 
-    def __init__(self, limit: int, flag: str, num_rows: int, out_file: Path) -> None:
+    def __init__(self, limit: int, flag: str, report: RunReport, out_file: Path) -> None:
         self.limit = limit
         self.flag = flag  # "--strict" or "--max-bad-rows 0.01"
-        self.num_rows = num_rows
+        self.report = report
+        self.num_rows = int(report.rows["total"])
         self.out_file = out_file
         self.committed: list[StoreEntry] = []
         self.num_committed = 0  # bad rows in ``committed``
@@ -91,6 +93,7 @@ class BadRowGate:
             return
         table = rejects_table(self.committed, [r for rows in self.pending.values() for r in rows])
         write_rejects(table, self.out_file)
+        self.report.rejects_file = str(self.out_file)
         counts = Counter(table.column("reason").to_pylist())
         reasons = ", ".join(f"{why} {n}" for why, n in sorted(counts.items()))
         first = table.slice(0, 1).to_pylist()[0]

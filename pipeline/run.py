@@ -241,10 +241,10 @@ def content_fingerprint(store: EmbeddingStore, info: ShardInfo, settings_fp: str
 def bad_row_gate(job: IndexJob, report: RunReport, out: OutputDir) -> BadRowGate | None:
     """The limit on skipped rows: 0 with ``--strict``, the ``--max-bad-rows`` budget, or none."""
     if job.strict:
-        return BadRowGate(0, "--strict", report.rows["total"], out.rejects_file)
+        return BadRowGate(0, "--strict", report, out.rejects_file)
     if job.max_bad_rows is not None:
         return BadRowGate(job.max_bad_rows.allowed(report.rows["total"]), f"--max-bad-rows {job.max_bad_rows}",
-                          report.rows["total"], out.rejects_file)
+                          report, out.rejects_file)
     return None
 
 
