@@ -22,10 +22,11 @@ class ReportingCommand(click.Command):
     """A command whose flag-parsing errors still write the ``--json-report`` (status failed, exit 2)."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        given = list(args)  # NOTE: click's parser consumes ``args`` in place
         try:
             return super().parse_args(ctx, args)
         except click.UsageError as exc:
-            path = _flag_value(args, "--json-report")
+            path = _flag_value(given, "--json-report")
             if path is not None:
                 from pipeline.report import RunReport
 

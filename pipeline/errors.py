@@ -92,7 +92,8 @@ def writing(path: Path | str) -> Iterator[None]:
     except OSError as exc:
         raise PetalIOError(f"cannot write {exc.filename or path}: {exc.strerror or exc}") from exc
     except RuntimeError as exc:
-        if not any(marker in str(exc) for marker in FAISS_WRITE_ERRORS):
+        message = str(exc)
+        marker = next((m for m in FAISS_WRITE_ERRORS if m in message), None)
+        if marker is None:
             raise
-        detail = str(exc).strip().splitlines()[-1]
-        raise PetalIOError(f"cannot write {path}: {detail}") from exc
+        raise PetalIOError(f"cannot write {path}: {message[message.index(marker):].strip()}") from exc

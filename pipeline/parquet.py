@@ -3,6 +3,8 @@
 Rows are read with ``ParquetFile.iter_batches`` (never a whole shard), only the id and text
 columns, pages streamed through a small buffer (never a whole row group) and record batches sized
 from the footer's byte counts, so host memory grows neither with shard size nor row-group size.
+NOTE: it does grow with the largest data page: Parquet cannot read less than a page, and a writer
+may put many large values in one page.
 
 An OS read error (it carries an ``errno``: EIO, ESTALE, ...) is retried a bounded number of times,
 resuming at the row it failed on, and counted; one that outlives its retries is an I/O error (74).
