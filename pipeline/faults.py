@@ -49,6 +49,11 @@ FAULT_POINTS: dict[str, str] = {
     "store_prune": "deleting a store entry no version uses",
     "version_prune": "deleting a superseded version",
 }
+# Reached by readers (``petal query``/``info``), not by ``petal index``: a sleep here widens the window in
+# which a writer can publish and prune the version a reader has just resolved.
+QUERY_FAULT_POINTS: dict[str, str] = {
+    "query_open": "CURRENT resolved to a version; its files not yet opened",
+}
 ACTIONS = ("kill", "term", "int", "raise", "sleep", "enospc", "eio", "oom", "cuda")
 
 
@@ -78,8 +83,9 @@ def parse(spec: str) -> list[Arm]:
         except ValueError as exc:
             raise ValueError(f"{FAULT_ENV} item {item!r} is not point:N[+]:action") from exc
         name, _, arg = action.partition("=")
-        if point not in FAULT_POINTS:
-            raise ValueError(f"{FAULT_ENV}: unknown fault point {point!r} (known: {', '.join(FAULT_POINTS)})")
+        if point not in FAULT_POINTS and point not in QUERY_FAULT_POINTS:
+            raise ValueError(f"{FAULT_ENV}: unknown fault point {point!r} "
+                             f"(known: {', '.join([*FAULT_POINTS, *QUERY_FAULT_POINTS])})")
         if name not in ACTIONS or (name == "sleep") != bool(arg) or first < 1:
             raise ValueError(f"{FAULT_ENV}: bad action or hit in {item!r} (actions: {', '.join(ACTIONS)}; sleep=S)")
         arms.append(Arm(point, first, when.endswith("+"), name, float(arg or 0)))
@@ -105,7 +111,7 @@ _ARMED = _Armed()
 
 def fault(point: str, path: Path | str | None = None) -> None:
     """Reach fault point ``point`` (about to touch ``path``, if any); fires when the environment arms it."""
-    assert point in FAULT_POINTS, point
+    assert point in FAULT_POINTS or point in QUERY_FAULT_POINTS, point
     trace = os.environ.get(TRACE_ENV)
     if trace:
         fd = os.open(trace, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)

@@ -169,19 +169,23 @@ def test_sigterm_while_waiting_for_the_lock(job):
 
 # --- publish: readers always see a complete version ---------------------------------------------------------
 
-def test_queries_during_publishes_always_see_a_complete_version(job):
+def test_queries_during_publishes_always_see_a_complete_version(job, monkeypatch):
     assert job.run().rc == 0
-    stop, seen, failures, queries = threading.Event(), set(), [], [0]
+    # readers pause between resolving CURRENT and opening its files, so publishes and prunes land there
+    monkeypatch.setenv("PETAL_FAULT", "query_open:1+:sleep=0.03")
+    stop, seen, failures, queries, retried = threading.Event(), set(), [], [0], [0]
 
     def reader() -> None:
         rng = np.random.default_rng(threading.get_ident() % 1000)
         while not stop.is_set():
             try:
+                pointer = (job.out / "CURRENT").read_text().strip()
                 reader = IndexReader(job.out)
                 hits = reader.search(rng.standard_normal((2, reader.dim)).astype(np.float32), k=5)
                 assert reader.ntotal == reader.ids.num_rows == 3 * ROWS and all(len(h) == 5 for h in hits)
                 seen.add(reader.manifest["version"])
                 queries[0] += 1
+                retried[0] += reader.manifest["version"] != pointer  # it moved on to a newer version
             except Exception as exc:  # every failure is the finding
                 failures.append(repr(exc))
 
@@ -198,6 +202,7 @@ def test_queries_during_publishes_always_see_a_complete_version(job):
         for t in threads:
             t.join()
     assert failures == [] and queries[0] > 20 and len(seen) >= 3, (failures[:3], queries, seen)
+    assert retried[0] > 0  # the race happened, and the readers went on to the new version
     assert_clean(job.out, keep_versions=1)
 
 
