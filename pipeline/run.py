@@ -43,7 +43,7 @@ from pipeline.report import RunReport
 from pipeline.signals import StopSignals
 from pipeline.step_guard import StepGuard, device_failure
 from pipeline.store import EmbeddingStore, StoreEntry, StoreSink, settings_fingerprint
-from pipeline.tokens import TextTokenizer, tokenize_documents
+from pipeline.tokens import TextTokenizer, TokenizedDocs, tokenize_documents
 
 EngineFactory = Callable[[ModelSpec, EngineConfig], Engine]
 
@@ -152,19 +152,23 @@ def _run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory, 
         stop.check()
 
         if todo:
+            embed_started = time.perf_counter()
+            todo_shards = [shards[i] for i in todo]
+            tokenizer = TextTokenizer(spec.tokenizer_file, spec.pooling.max_length)
+            documents = read_documents(todo_shards, job.read, reads)  # [1] read (streamed)
+            # [2] tokenize in the background; it starts now, so it overlaps the model load and CUDA init
+            chunks = Prefetcher(tokenize_documents(documents, tokenizer), depth=16)
             try:
                 engine = engine_factory(spec, config)
-            except Exception as exc:
+                fault("after_model_load")
+            except BaseException as exc:
+                chunks.close()
                 _reraise(exc)
             report.engine = engine.describe()
             report.timings_s["model_load"] = round(engine.stats.model_load_s, 3)
-            fault("after_model_load")
-            tokenizer = TextTokenizer(spec.tokenizer_file, spec.pooling.max_length)
-            embed_started = time.perf_counter()
-            todo_shards = [shards[i] for i in todo]
             # NOTE: closed inside the lock, so uncommitted shards are dropped before another writer can start.
-            with contextlib.closing(embed_shards(todo_shards, [fingerprints[i] for i in todo], store, settings,
-                                                 engine, tokenizer, job, report, stop, gate, reads)) as commits:
+            with contextlib.closing(embed_shards(chunks, todo_shards, [fingerprints[i] for i in todo], store,
+                                                 settings, engine, job, report, stop, gate)) as commits:
                 for position, entry in commits:
                     entries[todo[position]] = entry
                     report.shards["embedded"] += 1
@@ -219,7 +223,7 @@ def _run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory, 
     return report
 
 
-def _reraise(exc: Exception) -> NoReturn:
+def _reraise(exc: BaseException) -> NoReturn:
     """Re-raise ``exc`` (inside its ``except``), as exit 75 when the device cannot go on."""
     failure = device_failure(exc)
     if failure is None:
@@ -259,17 +263,14 @@ def clean_up(out: OutputDir, store: EmbeddingStore, committed: list[StoreEntry],
         _say(f"warning: cleaning up {out.root} failed ({exc}); the next run retries")
 
 
-def embed_shards(shards: list[ShardInfo], fingerprints: list[str], store: EmbeddingStore,
-                 settings: dict[str, Any], engine: Engine, tokenizer: TextTokenizer, job: IndexJob,
-                 report: RunReport, stop: StopSignals, gate: BadRowGate | None,
-                 reads: ReadStats) -> Iterator[tuple[int, StoreEntry]]:
-    """Embed ``shards`` into the store; yields ``(position in shards, entry)`` as each commits."""
+def embed_shards(chunks: Prefetcher[TokenizedDocs], shards: list[ShardInfo], fingerprints: list[str],
+                 store: EmbeddingStore, settings: dict[str, Any], engine: Engine, job: IndexJob, report: RunReport,
+                 stop: StopSignals, gate: BadRowGate | None) -> Iterator[tuple[int, StoreEntry]]:
+    """Embed the tokenized ``chunks`` of ``shards`` into the store; yields ``(position, entry)`` as each commits."""
     sink = StoreSink(store, shards, fingerprints, settings, engine.dim)
     packer = Packer(PackConfig(engine.config.token_budget, engine.config.max_seqs))
     flight = InFlight(engine.config.steps_in_flight)
     guard = StepGuard(engine)  # splits a batch the device has no memory for
-    documents = read_documents(shards, job.read, reads)  # [1] read (streamed)
-    chunks = Prefetcher(tokenize_documents(documents, tokenizer), depth=8)  # [2] tokenize, in the background
     progress = tqdm(total=sum(s.num_rows for s in shards), unit="doc", file=sys.stderr, disable=job.quiet,
                     desc="embedding", dynamic_ncols=True, mininterval=0.5)
     tokens = 0
