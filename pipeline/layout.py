@@ -55,7 +55,7 @@ class OutputDir:
             self.store_dir.mkdir(parents=True, exist_ok=True)
             probe = self.root / f".write-probe-{os.getpid()}"
             probe.write_bytes(b"")
-            probe.unlink()
+            probe.unlink(missing_ok=True)  # NOTE: a writer's clean_orphans may have removed it already
         except OSError as exc:
             raise OutputError(f"cannot create output directory {self.root}: {exc.strerror or exc}") from exc
 
@@ -159,8 +159,6 @@ class OutputDir:
             removed.append(tmp)
         return removed
 
-    clean_staging = clean_orphans
-
     def publish(self, staging: Path, version: str) -> Path:
         """Make a fully written staging directory the live version (atomic for readers).
 
@@ -177,9 +175,14 @@ class OutputDir:
             fault("before_version_rename", final)
             os.replace(staging, final)
             fsync_dir(self.versions_dir)
-        with writing(self.current_file):
-            fault("before_current_swap", self.current_file)
-            write_bytes_atomic(self.current_file, f"{version}\n".encode())
+        try:
+            with writing(self.current_file):
+                fault("before_current_swap", self.current_file)
+                write_bytes_atomic(self.current_file, f"{version}\n".encode())
+        except BaseException:
+            if self.current_version() != version:  # never live: free its space now (a full disk)
+                shutil.rmtree(final, ignore_errors=True)
+            raise
         return final
 
     def prune_versions(self, keep: int) -> list[str]:

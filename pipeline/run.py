@@ -132,8 +132,8 @@ def _run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory, 
     with out.lock(wait=job.wait, on_wait=_say, check=stop.check):
         fault("after_lock")
         out.clean_orphans()
-        previous = out.current_manifest()
-        if previous is not None and not job.full:
+        previous = None if job.full else out.current_manifest()  # --full: even an unreadable live version
+        if previous is not None:
             check_drift(previous, settings, out.root)
         store = EmbeddingStore(out.store_dir)
         with writing(out.store_dir):
@@ -184,7 +184,7 @@ def _run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory, 
         if report.rows["embedded"] == 0:
             raise NoInputError(f"no rows to index: {report.rows['total']} rows read, all skipped "
                                f"({report.rows['skipped'] or 'no rows'})")
-        if previous is not None and not job.full and unchanged(previous, shards, committed, job):
+        if previous is not None and unchanged(previous, shards, committed, job):
             report.version = out.current_version()
             assert report.version is not None
             report.rejects_file = str(out.version_dir(report.version) / "rejects.parquet")

@@ -172,15 +172,19 @@ class ShardWriter:
         self.tmp = store.tmp_dir / f"{shard_key(info)}-{uuid.uuid4().hex[:8]}"
         embeddings = self.tmp / "embeddings.npy"
         shape = (info.num_rows, dim)
-        with writing(embeddings):
-            fault("store_entry_open", embeddings)
-            self.tmp.mkdir(parents=True)
-            if info.num_rows > 0:
-                self._vectors = np.lib.format.open_memmap(embeddings, mode="w+", dtype=np.float32, shape=shape)
-                _allocate(embeddings)
-            else:
-                np.save(embeddings, np.zeros(shape, dtype=np.float32), allow_pickle=False)
-                self._vectors = None
+        try:
+            with writing(embeddings):
+                fault("store_entry_open", embeddings)
+                self.tmp.mkdir(parents=True)
+                if info.num_rows > 0:
+                    self._vectors = np.lib.format.open_memmap(embeddings, mode="w+", dtype=np.float32, shape=shape)
+                    _allocate(embeddings)
+                else:
+                    np.save(embeddings, np.zeros(shape, dtype=np.float32), allow_pickle=False)
+                    self._vectors = None
+        except BaseException:
+            shutil.rmtree(self.tmp, ignore_errors=True)  # a full disk gets its space back at once
+            raise
         self._rows: list[int] = []
         self._ids: list = []
         self._rejects: list[tuple[int, str]] = []
@@ -322,8 +326,15 @@ class StoreSink:
         return self._commit_ready()
 
     def _commit_ready(self) -> list[tuple[int, StoreEntry]]:
-        done = [i for i, w in self._writers.items() if w.ready]
-        return [(i, self._writers.pop(i).commit()) for i in done]
+        committed = []
+        for i in [i for i, w in self._writers.items() if w.ready]:
+            writer = self._writers.pop(i)
+            try:
+                committed.append((i, writer.commit()))
+            except BaseException:
+                writer.abort()  # a failed commit (disk full) frees its space at once
+                raise
+        return committed
 
     def abort(self) -> None:
         """Drop every uncommitted shard (their rows will be embedded again by the next run)."""

@@ -241,6 +241,9 @@ def test_disk_full_exits_74_naming_the_path_and_keeps_the_live_version(job, poin
     assert OutputDir(job.out).current_version() == live_version
     assert tree_digest(job.out / "versions" / live_version) == before
     live(job.out)
+    # what the failed run wrote is gone already (space freed on a full disk), committed shards stay
+    assert [p.name for p in (job.out / "versions").iterdir()] == [live_version]
+    assert not any((job.out / "store" / "tmp").iterdir())
     rerun = job.run()
     assert rerun.rc == 0 and rerun.report["status"] == "success"
     assert_clean(job.out)
@@ -275,7 +278,7 @@ def test_real_full_disk_on_a_small_tmpfs(tmp_path, fake_model):
     assert [s["rc"] for s in steps] == [0, 74, 74, 0], steps
     for step in steps[1:3]:
         assert "No space left on device" in step["last_line"] and str(mount) in step["last_line"], step
-        assert step["live_intact"] and step["status"] == "failed"
+        assert step["live_intact"] and step["status"] == "failed" and step["leftovers"] == [], step
     assert steps[1]["failed_in"] == "store" and steps[2]["failed_in"] == "index"
     assert steps[3]["clean"]
 

@@ -46,7 +46,10 @@ def main(data: Path, out: Path, model: Path, result_path: Path) -> None:
                 assert_clean(out)
             except AssertionError:
                 clean = False
-        steps.append({"rc": result.rc, "status": (result.report or {}).get("status"), "last_line": result.last_line,
+        leftovers = [p.name for p in (out / "store" / "tmp").iterdir()] + \
+            [p.name for p in layout.versions_dir.iterdir() if p.name != layout.current_version()]
+        steps.append({"rc": result.rc, "leftovers": leftovers, "status": (result.report or {}).get("status"),
+                      "last_line": result.last_line,
                       "live_intact": intact, "clean": clean,
                       "failed_in": "store" if "/store/" in message else "index" if "/versions/" in message else ""})
 
