@@ -76,6 +76,9 @@ class Child:
     def send(self, sig: signal.Signals) -> None:
         os.kill(self.pid, sig)
 
+    def stderr_so_far(self) -> str:
+        return Path(self._err).read_text()
+
     def alive(self) -> bool:
         return self.process.is_alive()
 

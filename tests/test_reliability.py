@@ -74,6 +74,18 @@ def job(tmp_path, fake_model) -> Job:
     return Job(tmp_path, fake_model)
 
 
+def wait_for(condition, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def holds_lock(out: Path, child: forkrun.Child) -> bool:
+    lock = out / ".lock"
+    return lock.exists() and str(child.pid) in lock.read_text()
+
+
 def committed_shards(out: Path) -> int:
     return len(list((out / "store" / "shards").glob("*/*/entry.json")))
 
@@ -93,9 +105,7 @@ def lock_is_free(out: Path) -> bool:
 
 def test_sigterm_mid_run_stops_cleanly_then_resumes(job):
     child = job.start(fault="after_batch:1+:sleep=0.15")  # a slow run with real batch boundaries
-    deadline = time.monotonic() + 60
-    while committed_shards(job.out) < 1 and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_for(lambda: committed_shards(job.out) >= 1)
     sent = time.monotonic()
     child.send(signal.SIGTERM)
     result = child.wait()
@@ -133,10 +143,7 @@ def test_sigint_is_130_and_signals_at_any_phase_write_a_report(job):
 
 def test_second_writer_exits_75_at_once_naming_the_holder_or_waits(job):
     holder = job.start(fault="after_lock:1:sleep=4")
-    deadline = time.monotonic() + 30
-    while not (job.out / ".lock").exists() or str(holder.pid) not in (job.out / ".lock").read_text():
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    wait_for(lambda: holds_lock(job.out, holder))
     started = time.monotonic()
     second = job.run()
     assert second.rc == 75 and time.monotonic() - started < 3, second.stderr
@@ -155,11 +162,9 @@ def test_second_writer_exits_75_at_once_naming_the_holder_or_waits(job):
 
 def test_sigterm_while_waiting_for_the_lock(job):
     holder = job.start(fault="after_lock:1:sleep=5")
-    while not (job.out / ".lock").exists() or str(holder.pid) not in (job.out / ".lock").read_text():
-        time.sleep(0.02)
+    wait_for(lambda: holds_lock(job.out, holder))
     waiter = job.start("--wait")
-    while "waiting" not in Path(waiter._err).read_text():
-        time.sleep(0.02)
+    wait_for(lambda: "waiting" in waiter.stderr_so_far())
     waiter.send(signal.SIGTERM)
     result = waiter.wait(10)
     assert result.rc == 143 and result.report["status"] == "interrupted"
@@ -372,7 +377,7 @@ def test_huge_row_groups_are_read_in_bounded_memory(tmp_path):
                                capture_output=True, text=True, cwd=REPO, check=True)
         result = json.loads(probe.stdout)
         assert result["rows"] == pq.read_metadata(path).num_rows
-        assert result["growth_mb"] < 100, (path.name, result)  # generous; unbounded reads take 200+ MB
+        assert result["growth_mb"] < 120, (path.name, result)  # generous; unbounded reads take 230+ MB
 
 
 # --- preflight order, and the report of every run -------------------------------------------------------
@@ -389,8 +394,7 @@ def test_every_check_runs_before_the_model_loads(job, tmp_path):
         assert result.rc == code and message in result.stderr, (extra, result.stderr)
         assert result.report["exit_code"] == code and read_log(job.log) == []  # no engine was created
     holder = job.start(fault="after_lock:1:sleep=3")
-    while str(holder.pid) not in (job.out / ".lock").read_text():
-        time.sleep(0.02)
+    wait_for(lambda: holds_lock(job.out, holder))
     locked = job.run()
     assert locked.rc == 75 and read_log(job.log) == []
     assert holder.wait().rc == 0
