@@ -2,16 +2,66 @@
 
 from __future__ import annotations
 
+import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 
 from cli.common import PetalClickError, device_options, eprint, usage
 from cli.options import model_options, output_options
 
+# NOTE: test-only seam. Set to a log file, it swaps the model for tests/fake_engine.py (a deterministic
+# hash -> vector embedder that logs every row it embeds), so crash and signal tests run in subprocesses
+# without loading weights. Tests are not shipped: in an installed petal it fails with exit 78.
+FAKE_ENGINE_ENV = "PETAL_TEST_FAKE_ENGINE"
 
-@click.command()
+
+class ReportingCommand(click.Command):
+    """A command whose flag-parsing errors still write the ``--json-report`` (status failed, exit 2)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        given = list(args)  # NOTE: click's parser consumes ``args`` in place
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as exc:
+            path = _flag_value(given, "--json-report")
+            if path is not None:
+                from pipeline.report import RunReport
+
+                report = RunReport(command="index")
+                report.finish("failed", 2, f"usage error: {exc.format_message()}")
+                _finish(report, Path(path), quiet=True)
+            raise
+
+
+def _flag_value(args: list[str], flag: str) -> str | None:
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def engine_factory() -> Callable[..., Any] | None:
+    """The engine factory to use: ``None`` (the real engine) unless the test-only seam is set."""
+    log = os.environ.get(FAKE_ENGINE_ENV)
+    if not log:
+        return None
+    from pipeline.errors import EXIT_CONFIG
+
+    try:
+        from tests.fake_engine import fake_engine_factory
+    except ImportError as exc:
+        raise PetalClickError(f"{FAKE_ENGINE_ENV} is set, but petal's test helpers are not importable; it is "
+                              "for petal's own tests only: unset it", EXIT_CONFIG) from exc
+    return fake_engine_factory(Path(log))
+
+
+@click.command(cls=ReportingCommand)
 @click.argument("sources", nargs=-1, required=True)
 @click.option("--out", "out", required=True, type=click.Path(path_type=Path), help="Output directory (index + store).")
 @click.option("--model", default=None, help="Local model directory (default: the packaged all-MiniLM-L6-v2).")
@@ -28,69 +78,99 @@ from cli.options import model_options, output_options
 @click.option("--metric", type=click.Choice(["ip", "l2"]), default="ip", show_default=True)
 @click.option("--full", is_flag=True, help="Rebuild from scratch: re-embed every shard, accept changed settings.")
 @click.option("--strict", is_flag=True, help="Any bad row fails the run (exit 65) instead of being skipped.")
-@click.option("--json-report", type=click.Path(path_type=Path), default=None, help="Write the run report here.")
+@click.option("--max-bad-rows", default=None, metavar="N|F",
+              help="Fail (exit 65) when more rows than this are skipped: a count (100) or a fraction (0.01, 1%).")
+@click.option("--keep-versions", type=int, default=2, show_default=True,
+              help="Versions kept after a publish: the live one and N-1 before it (rollback).")
+@click.option("--wait", is_flag=True, help="If another petal writes to --out, wait for it instead of exiting 75.")
+@click.option("--json-report", type=click.Path(path_type=Path), default=None,
+              help="Write the run report here (every run not killed by SIGKILL writes one).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
 @model_options
 @output_options
 def index(sources: tuple[str, ...], out: Path, model: str | None, id_column: str | None, text_column: str,
           device: str, dtype: str, attention: str, max_length: int | None, token_budget: int | None, max_seqs: int,
-          no_cuda_graphs: bool, index_factory: str, metric: str, full: bool, strict: bool,
-          json_report: Path | None, quiet: bool, pooling: str | None, attention_mask: str | None,
-          query_prompt: str | None, allow_pickle_weights: bool, dim: int | None, quantize: str,
-          output_dtype: str) -> None:
+          no_cuda_graphs: bool, index_factory: str, metric: str, full: bool, strict: bool, max_bad_rows: str | None,
+          keep_versions: int, wait: bool, json_report: Path | None, quiet: bool, pooling: str | None,
+          attention_mask: str | None, query_prompt: str | None, allow_pickle_weights: bool, dim: int | None,
+          quantize: str, output_dtype: str) -> None:
     """Embed SOURCE Parquet files, directories or globs and publish a FAISS index in --out.
 
     Shards already embedded with the same content and settings are reused; a run with nothing
-    changed publishes nothing new. The last line on stderr says what happened.
+    changed publishes nothing new. The last line on stderr says what happened; the exit code is
+    the contract of the README (0 ok, 65 bad input, 66 no input, 73/74 output, 75 retry,
+    78 configuration, 130/143 interrupted).
     """
     from engine.config import ModelOptions
-    from pipeline.config import IndexJob, IndexSettings, ReadConfig
+    from pipeline.config import BadRowBudget, IndexJob, IndexSettings, ReadConfig
     from pipeline.errors import PetalError
     from pipeline.output_index import check_index_factory
     from pipeline.outputs import OutputConfig
     from pipeline.report import RunReport
 
-    job = usage(lambda: IndexJob(
-        sources=sources, out=out, model=model,
-        read=ReadConfig(text_column=text_column, id_column=id_column or "id", id_column_required=id_column is not None),
-        index=IndexSettings(factory=index_factory, metric=metric),
-        device=device, dtype=dtype, attention=attention, cuda_graphs=not no_cuda_graphs, max_length=max_length,
-        token_budget=token_budget, max_seqs=max_seqs, full=full, strict=strict, quiet=quiet, json_report=json_report,
-        model_options=ModelOptions(pooling=pooling, attention_mask=attention_mask, query_prompt=query_prompt,  # type: ignore[arg-type]
-                                   allow_pickle_weights=allow_pickle_weights),
-        output=OutputConfig(dim=dim, quantize=quantize, output_dtype=output_dtype),
-    ))
-    usage(lambda: check_index_factory(job.output, job.index.factory))
     report = RunReport(command="index")
     try:
-        from pipeline.run import run_index
-
-        try:
-            run_index(job, report)
-        except ValueError as exc:  # a setting the engine or index cannot take
-            if isinstance(exc, PetalError):
-                raise
-            raise click.UsageError(str(exc)) from exc
-    except PetalError as exc:
-        report.finish(exc.status, exc.exit_code, str(exc))
-        _finish(report, job.json_report)
-        raise PetalClickError(str(exc), exc.exit_code) from exc
+        job = usage(lambda: IndexJob(
+            sources=sources, out=out, model=model,
+            read=ReadConfig(text_column=text_column, id_column=id_column or "id",
+                            id_column_required=id_column is not None),
+            index=IndexSettings(factory=index_factory, metric=metric),
+            device=device, dtype=dtype, attention=attention, cuda_graphs=not no_cuda_graphs, max_length=max_length,
+            token_budget=token_budget, max_seqs=max_seqs, full=full, strict=strict, quiet=quiet,
+            json_report=json_report, keep_versions=keep_versions, wait=wait,
+            max_bad_rows=BadRowBudget.parse(max_bad_rows) if max_bad_rows is not None else None,
+            model_options=ModelOptions(pooling=pooling, attention_mask=attention_mask,  # type: ignore[arg-type]
+                                       query_prompt=query_prompt, allow_pickle_weights=allow_pickle_weights),
+            output=OutputConfig(dim=dim, quantize=quantize, output_dtype=output_dtype),
+        ))
+        usage(lambda: check_index_factory(job.output, job.index.factory))
     except click.UsageError as exc:
         report.finish("failed", 2, str(exc))
-        _finish(report, job.json_report)
+        _finish(report, json_report)
         raise
-    except BaseException as exc:
-        report.finish("failed", 1, f"internal error: {exc!r}")
+    from pipeline.signals import StopSignals
+
+    # NOTE: signals are caught from here on (before the heavy imports), so a SIGTERM at any moment
+    # ends in a clean stop with a report; the run checks the flag at every batch boundary.
+    with StopSignals() as stop:
+        try:
+            from pipeline.run import run_index
+
+            factory = engine_factory()
+            try:
+                if factory is None:
+                    run_index(job, report, stop=stop)
+                else:
+                    run_index(job, report, factory, stop=stop)
+            except ValueError as exc:  # a setting the engine or index cannot take
+                if isinstance(exc, PetalError):
+                    raise
+                raise click.UsageError(str(exc)) from exc
+        except PetalError as exc:
+            report.finish(exc.status, exc.exit_code, str(exc))
+            _finish(report, job.json_report)
+            raise PetalClickError(str(exc), exc.exit_code) from exc
+        except PetalClickError as exc:
+            report.finish("failed", exc.exit_code, exc.format_message())
+            _finish(report, job.json_report)
+            raise
+        except click.UsageError as exc:
+            report.finish("failed", 2, str(exc))
+            _finish(report, job.json_report)
+            raise
+        except BaseException as exc:
+            report.finish("failed", 1, f"internal error: {exc!r}")
+            _finish(report, job.json_report)
+            raise
         _finish(report, job.json_report)
-        raise
-    _finish(report, job.json_report)
 
 
-def _finish(report: object, json_report: Path | None) -> None:
+def _finish(report: Any, json_report: Path | None, quiet: bool = False) -> None:
     if json_report is not None:
         try:
-            report.write(json_report)  # type: ignore[attr-defined]
+            report.write(json_report)
         except OSError as exc:
             eprint(f"petal: warning: cannot write the report to {json_report}: {exc}")
-    eprint(report.summary())  # type: ignore[attr-defined]
+    if not quiet:
+        eprint(report.summary())
     sys.stderr.flush()

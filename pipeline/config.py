@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,7 +22,11 @@ class ReadConfig:
     text_column: str = DEFAULT_TEXT_COLUMN
     id_column: str = DEFAULT_ID_COLUMN
     id_column_required: bool = False  # True when the user named it: absent is then an error
-    batch_rows: int = 4096  # rows per Arrow record batch read
+    batch_rows: int = 4096  # rows per Arrow record batch read (fewer when rows are large)
+    max_batch_bytes: int = 64 << 20  # bound on the text bytes of one record batch (host memory)
+    read_buffer_bytes: int = 1 << 20  # pages are streamed through a buffer this big, never a whole row group
+    read_retries: int = 3  # an OS read error is retried this many times (backoff from retry_delay_s)
+    retry_delay_s: float = 0.1
 
     def __post_init__(self) -> None:
         if not self.text_column or not self.id_column:
@@ -29,6 +35,8 @@ class ReadConfig:
             raise ValueError(f"--text-column and --id-column are both {self.text_column!r}")
         if self.batch_rows < 1:
             raise ValueError(f"batch_rows {self.batch_rows} < 1")
+        if self.max_batch_bytes < 1 or self.read_buffer_bytes < 1 or self.read_retries < 0:
+            raise ValueError(f"bad read limits: {self}")
 
 
 @dataclass(frozen=True)
@@ -45,6 +53,43 @@ class IndexSettings:
             raise ValueError(f"--metric {self.metric!r} is not one of {', '.join(METRICS)}")
         if not self.factory:
             raise ValueError("--index-factory must not be empty")
+
+
+@dataclass(frozen=True)
+class BadRowBudget:
+    """``--max-bad-rows``: how many skipped rows a run accepts, a count (``100``) or a fraction of
+    the rows read (``0.01`` or ``1%``). Over it, the run fails with exit 65."""
+
+    count: int | None = None
+    fraction: float | None = None
+
+    def __post_init__(self) -> None:
+        if (self.count is None) == (self.fraction is None):
+            raise ValueError("a bad-row budget is a count or a fraction, not both")
+        if self.count is not None and self.count < 0:
+            raise ValueError(f"--max-bad-rows {self.count} < 0")
+        if self.fraction is not None and not 0.0 <= self.fraction <= 1.0:
+            raise ValueError(f"--max-bad-rows fraction {self.fraction} is not between 0 and 1")
+
+    @classmethod
+    def parse(cls, text: str) -> BadRowBudget:
+        value = text.strip()
+        try:
+            if value.endswith("%"):
+                return cls(fraction=float(value[:-1]) / 100)
+            if re.fullmatch(r"\d+", value):
+                return cls(count=int(value))
+            return cls(fraction=float(value))
+        except ValueError as exc:
+            raise ValueError(f"--max-bad-rows {text!r}: expected a count (100) or a fraction of the rows "
+                             f"(0.01 or 1%): {exc}") from exc
+
+    def allowed(self, num_rows: int) -> int:
+        """Bad rows accepted out of ``num_rows``."""
+        return self.count if self.count is not None else math.floor((self.fraction or 0.0) * num_rows)
+
+    def __str__(self) -> str:
+        return str(self.count) if self.count is not None else f"{self.fraction:g}"
 
 
 @dataclass(frozen=True)
@@ -67,6 +112,9 @@ class IndexJob:
     strict: bool = False
     quiet: bool = False
     json_report: Path | None = None
+    max_bad_rows: BadRowBudget | None = None  # None: any number of bad rows is skipped and reported
+    keep_versions: int = 2  # the live version and the one before it (rollback)
+    wait: bool = False  # queue for the writer lock instead of exiting 75
     model_options: ModelOptions = field(default_factory=ModelOptions)  # issue 4: --pooling, --attention-mask, ...
     output: OutputConfig = field(default_factory=OutputConfig)  # issue 4: --dim, --quantize, --output-dtype
 
@@ -79,6 +127,8 @@ class IndexJob:
             raise ValueError(f"--token-budget {self.token_budget} < 2")
         if self.max_seqs < 1:
             raise ValueError(f"--max-seqs {self.max_seqs} < 1")
+        if self.keep_versions < 1:
+            raise ValueError(f"--keep-versions {self.keep_versions} < 1: the live version is always kept")
 
 
 def default_token_budget(device: str, max_length: int) -> int:

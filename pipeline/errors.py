@@ -16,6 +16,10 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
 EXIT_OK = 0
 EXIT_INTERNAL = 1
 EXIT_USAGE = 2
@@ -49,6 +53,8 @@ class OutputError(PetalError):
 
 
 class PetalIOError(PetalError):
+    """Disk full, a read-only or failing disk, a read error that outlived its retries (exit 74)."""
+
     exit_code = EXIT_IOERR
 
 
@@ -71,3 +77,23 @@ class Interrupted(PetalError):
         name = signal.Signals(signum).name
         super().__init__(f"interrupted by {name}; finished shards are committed, rerun to resume")
         self.exit_code = EXIT_SIGINT if signum == signal.SIGINT else EXIT_SIGTERM
+
+
+# NOTE: faiss reports a failed write as a RuntimeError ("write error in PATH: ... (No space left on
+# device)", "could not open PATH for writing: ..."), not as an OSError.
+FAISS_WRITE_ERRORS = ("write error in", "could not open")
+
+
+@contextlib.contextmanager
+def writing(path: Path | str) -> Iterator[None]:
+    """An I/O error while writing ``path`` (disk full, read-only, failing disk) becomes exit 74 naming it."""
+    try:
+        yield
+    except OSError as exc:
+        raise PetalIOError(f"cannot write {exc.filename or path}: {exc.strerror or exc}") from exc
+    except RuntimeError as exc:
+        message = str(exc)
+        marker = next((m for m in FAISS_WRITE_ERRORS if m in message), None)
+        if marker is None:
+            raise
+        raise PetalIOError(f"cannot write {path}: {message[message.index(marker):].strip()}") from exc

@@ -4,9 +4,15 @@
 OUT/CURRENT              names the live version (replaced with os.replace: readers never see a mix)
 OUT/versions/<id>/       manifest.json, index.faiss, ids.parquet
 OUT/versions/.staging-*  a version being built (never read; removed by the next run)
+OUT/versions/.deleting-* a superseded version on its way out (removed by the next run)
 OUT/store/               committed per-shard embeddings (pipeline/store.py)
+OUT/rejects.parquet      the bad rows of the last run refused for them (--strict, --max-bad-rows)
 OUT/.lock                flock: one writer at a time (released by the kernel, even after kill -9)
 ```
+
+Versions are numbered in publish order and a run makes its version live before it ends, so a
+version newer than the live one is the leftover of a run that died between the rename and the
+pointer swap: it was never live, and the next writer removes it.
 """
 
 from __future__ import annotations
@@ -19,15 +25,18 @@ import os
 import re
 import shutil
 import socket
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import ConfigError, OutputError, TemporaryFailure
+from pipeline.errors import ConfigError, OutputError, TemporaryFailure, writing
+from pipeline.faults import fault
 from pipeline.fsutil import fsync_dir, write_bytes_atomic
 
 VERSION_RE = re.compile(r"^v\d{6}-\d{8}T\d{6}Z$")
+LOCK_POLL_S = 0.2
 
 
 class OutputDir:
@@ -37,6 +46,7 @@ class OutputDir:
         self.store_dir = self.root / "store"
         self.current_file = self.root / "CURRENT"
         self.lock_file = self.root / ".lock"
+        self.rejects_file = self.root / "rejects.parquet"
 
     def prepare(self) -> None:
         """Create the directory tree; ``OutputError`` (exit 73) when that is impossible."""
@@ -45,21 +55,38 @@ class OutputDir:
             self.store_dir.mkdir(parents=True, exist_ok=True)
             probe = self.root / f".write-probe-{os.getpid()}"
             probe.write_bytes(b"")
-            probe.unlink()
+            probe.unlink(missing_ok=True)  # NOTE: a writer's clean_orphans may have removed it already
         except OSError as exc:
             raise OutputError(f"cannot create output directory {self.root}: {exc.strerror or exc}") from exc
 
     @contextlib.contextmanager
-    def lock(self) -> Iterator[None]:
-        """Hold the writer lock; a second writer fails at once (exit 75) naming the holder."""
-        fd = os.open(self.lock_file, os.O_RDWR | os.O_CREAT, 0o644)
+    def lock(self, wait: bool = False, on_wait: Callable[[str], None] | None = None,
+             check: Callable[[], None] | None = None) -> Iterator[None]:
+        """Hold the writer lock. Taken: exit 75 at once naming the holder, or with ``wait`` queue for it.
+
+        ``check`` runs between polls while waiting (it raises to give up, e.g. on SIGTERM).
+        """
         try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError as exc:
-                holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "unknown holder"
-                raise TemporaryFailure(
-                    f"{self.root} is being written by another petal ({holder}); retry later") from exc
+            # NOTE: O_NOFOLLOW: a planted symlink must not make petal create or truncate a file elsewhere.
+            fd = os.open(self.lock_file, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        except OSError as exc:
+            raise OutputError(f"cannot open the lock file {self.lock_file}: {exc.strerror or exc}") from exc
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError as exc:
+                    holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "unknown holder"
+                    if not wait:
+                        raise TemporaryFailure(f"{self.root} is being written by another petal ({holder}); "
+                                               "retry later, or pass --wait to queue") from exc
+                    if on_wait is not None:
+                        on_wait(f"waiting for the writer lock of {self.root}, held by {holder}")
+                        on_wait = None
+                    if check is not None:
+                        check()
+                    time.sleep(LOCK_POLL_S)
             info = json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
                                "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")})
             os.ftruncate(fd, 0)
@@ -80,15 +107,24 @@ class OutputDir:
         return name
 
     def version_dir(self, version: str) -> Path:
+        """``versions/<version>``; refused (78) unless ``version`` is a version id and the directory
+        stays inside ``versions/`` (no symlink out of the output directory)."""
         if not VERSION_RE.match(version):
             raise ConfigError(f"{version!r} is not a petal version id")
-        return self.versions_dir / version
+        path = self.versions_dir / version
+        if path.is_symlink() or (path.exists() and path.resolve().parent != self.versions_dir.resolve()):
+            raise ConfigError(f"{path} leads out of {self.versions_dir}; refusing to follow it")
+        return path
 
     def current_manifest(self) -> dict[str, Any] | None:
         version = self.current_version()
         if version is None:
             return None
-        return json.loads((self.version_dir(version) / "manifest.json").read_text())
+        manifest_file = self.version_dir(version) / "manifest.json"
+        try:
+            return json.loads(manifest_file.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ConfigError(f"cannot read the live version's manifest {manifest_file}: {exc}") from exc
 
     def versions(self) -> list[str]:
         if not self.versions_dir.is_dir():
@@ -106,32 +142,63 @@ class OutputDir:
         path.mkdir(parents=True)
         return path
 
-    def clean_staging(self) -> None:
-        """Remove versions a crashed run left half-built (never live: CURRENT only names finished ones)."""
+    def clean_orphans(self) -> list[Path]:
+        """Remove what crashed runs left: staging and half-deleted versions, versions never made
+        live, temp files of the pointer. Call with the lock held. Returns what was removed."""
+        removed: list[Path] = []
         if self.versions_dir.is_dir():
-            for path in self.versions_dir.glob(".staging-*"):
-                shutil.rmtree(path, ignore_errors=True)
-        for tmp in self.root.glob(".CURRENT.tmp-*"):
+            live = self.current_version()
+            for path in self.versions_dir.iterdir():
+                never_live = live is not None and VERSION_RE.match(path.name) and path.name > live
+                if path.name.startswith((".staging-", ".deleting-")) or never_live:
+                    shutil.rmtree(path, ignore_errors=True)
+                    removed.append(path)
+        for tmp in [*self.root.glob(".CURRENT.tmp-*"), *self.root.glob(".write-probe-*"),
+                    *self.root.glob(".rejects.parquet.tmp-*")]:
             tmp.unlink(missing_ok=True)
+            removed.append(tmp)
+        return removed
 
     def publish(self, staging: Path, version: str) -> Path:
-        """Make a fully written staging directory the live version (atomic for readers)."""
-        for f in staging.iterdir():
-            with open(f, "rb") as fh:
-                os.fsync(fh.fileno())
-        fsync_dir(staging)
+        """Make a fully written staging directory the live version (atomic for readers).
+
+        Every file and the directory are fsynced, the directory renamed to ``versions/<version>``,
+        then ``CURRENT`` replaced in one ``os.replace``; an I/O error on the way exits 74 with the
+        live version untouched.
+        """
         final = self.version_dir(version)
-        os.replace(staging, final)
-        fsync_dir(self.versions_dir)
-        write_bytes_atomic(self.current_file, f"{version}\n".encode())
+        with writing(staging):
+            for f in staging.iterdir():
+                with open(f, "rb") as fh:
+                    os.fsync(fh.fileno())
+            fsync_dir(staging)
+            fault("before_version_rename", final)
+            os.replace(staging, final)
+            fsync_dir(self.versions_dir)
+        try:
+            with writing(self.current_file):
+                fault("before_current_swap", self.current_file)
+                write_bytes_atomic(self.current_file, f"{version}\n".encode())
+        except BaseException:
+            if self.current_version() != version:  # never live: free its space now (a full disk)
+                shutil.rmtree(final, ignore_errors=True)
+            raise
         return final
 
     def prune_versions(self, keep: int) -> list[str]:
-        """Delete all but the newest ``keep`` versions (never the live one)."""
+        """Delete all but the live version and the ``keep - 1`` versions before it (rollback targets).
+
+        A version is renamed to ``.deleting-*`` before it is deleted, so a crash midway never leaves
+        a half-deleted directory under a version name.
+        """
         live = self.current_version()
-        doomed = [v for v in self.versions()[:-keep] if v != live] if keep > 0 else []
+        older = [v for v in self.versions() if live is not None and v < live]
+        doomed = older[: max(0, len(older) - (keep - 1))] if keep >= 1 else []
         for version in doomed:
-            shutil.rmtree(self.versions_dir / version, ignore_errors=True)
+            fault("version_prune", self.versions_dir / version)
+            trash = self.versions_dir / f".deleting-{version}"
+            os.replace(self.versions_dir / version, trash)
+            shutil.rmtree(trash, ignore_errors=True)
         return doomed
 
 

@@ -33,7 +33,10 @@ class RunReport:
     engine: dict[str, Any] = field(default_factory=dict)
     index: dict[str, Any] = field(default_factory=dict)
     timings_s: dict[str, float] = field(default_factory=dict)
-    rejects_file: str | None = None
+    rejects_file: str | None = None  # every skipped row: shard, row, reason
+    # recovered from without failing: OS read errors retried, device-OOM batches split in two
+    retries: dict[str, int] = field(default_factory=lambda: {"read": 0, "oom_splits": 0})
+    pruned: dict[str, Any] = field(default_factory=lambda: {"versions": [], "store_entries": 0})
     _t0: float = field(default_factory=time.perf_counter, repr=False)
 
     def skip(self, reason: str, count: int = 1) -> None:
@@ -70,6 +73,9 @@ class RunReport:
                 parts.append(f"{self.index['num_vectors']} vectors in {self.index.get('factory')}")
             if self.version:
                 parts.append(f"version {self.version}")
+            recovered = ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in self.retries.items() if n)
+            if recovered:
+                parts.append(f"recovered: {recovered}")
         parts.append(f"{self.seconds:.1f}s")
         if self.message:
             parts.append(self.message)

@@ -10,9 +10,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.errors import BadInputError, ConfigError
+from pipeline.errors import BadInputError, ConfigError, PetalError
+from pipeline.faults import fault
 from pipeline.layout import resolve_index_dir
 from pipeline.store import sha256_file
+
+OPEN_ATTEMPTS = 3
 
 
 @dataclass(frozen=True)
@@ -25,13 +28,34 @@ class Hit:
     row: int
 
 
+def _pointer(path: Path) -> str | None:
+    """What ``path/CURRENT`` says now (``None`` for a version directory or no pointer)."""
+    try:
+        return (Path(path) / "CURRENT").read_text()
+    except OSError:
+        return None
+
+
 class IndexReader:
     """A published version: manifest, FAISS index (checked against the manifest's sha256), id map."""
 
     def __init__(self, path: Path, nprobe: int | None = None, rescore: int | None = None) -> None:
+        for attempt in range(1, OPEN_ATTEMPTS + 1):
+            pointer = _pointer(path)
+            try:
+                self.dir, self.manifest = resolve_index_dir(path)
+                self._open(nprobe, rescore)
+                return
+            except (OSError, RuntimeError, PetalError):
+                # NOTE: a writer can publish a new version and prune this one between our reading CURRENT
+                # and opening its files; CURRENT then names another, complete version: open that one.
+                if attempt == OPEN_ATTEMPTS or _pointer(path) == pointer:
+                    raise
+
+    def _open(self, nprobe: int | None, rescore: int | None) -> None:
         import faiss
 
-        self.dir, self.manifest = resolve_index_dir(path)
+        fault("query_open", self.dir)
         files = self.manifest.get("index", {}).get("files", {})
         for name in ("index.faiss", "ids.parquet"):
             expected = files.get(name)

@@ -17,6 +17,7 @@ entry: a rerun re-embeds exactly the shards without a committed entry.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -30,6 +31,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline.errors import writing
+from pipeline.faults import fault
 from pipeline.fsutil import fsync_dir, write_json_atomic
 from pipeline.parquet import ShardInfo
 
@@ -130,6 +133,16 @@ class EmbeddingStore:
     def writer(self, info: ShardInfo, fingerprint: str, settings: dict[str, Any], dim: int) -> ShardWriter:
         return ShardWriter(self, info, fingerprint, settings, dim)
 
+    def discard(self, entry_dir: Path) -> None:
+        """Remove a committed entry: first out of sight (one rename into ``tmp/``), then from disk.
+
+        NOTE: never ``rmtree`` an entry in place: a crash midway would leave an ``entry.json``
+        beside missing files, which ``lookup`` would take for a committed entry.
+        """
+        trash = self.tmp_dir / f"discard-{uuid.uuid4().hex[:12]}"
+        os.replace(entry_dir, trash)
+        shutil.rmtree(trash, ignore_errors=True)
+
     def prune(self, keep: set[Path]) -> int:
         """Delete committed entries not in ``keep`` (after a successful publish). Returns how many."""
         removed = 0
@@ -138,7 +151,8 @@ class EmbeddingStore:
         for key_dir in self.shards_dir.iterdir():
             for entry_dir in list(key_dir.iterdir()):
                 if entry_dir not in keep:
-                    shutil.rmtree(entry_dir, ignore_errors=True)
+                    fault("store_prune", entry_dir)
+                    self.discard(entry_dir)
                     removed += 1
             if not any(key_dir.iterdir()):
                 key_dir.rmdir()
@@ -156,14 +170,21 @@ class ShardWriter:
         self.settings = settings
         self.dim = dim
         self.tmp = store.tmp_dir / f"{shard_key(info)}-{uuid.uuid4().hex[:8]}"
-        self.tmp.mkdir(parents=True)
+        embeddings = self.tmp / "embeddings.npy"
         shape = (info.num_rows, dim)
-        if info.num_rows > 0:
-            self._vectors = np.lib.format.open_memmap(self.tmp / "embeddings.npy", mode="w+", dtype=np.float32,
-                                                      shape=shape)
-        else:
-            np.save(self.tmp / "embeddings.npy", np.zeros(shape, dtype=np.float32), allow_pickle=False)
-            self._vectors = None
+        try:
+            with writing(embeddings):
+                fault("store_entry_open", embeddings)
+                self.tmp.mkdir(parents=True)
+                if info.num_rows > 0:
+                    self._vectors = np.lib.format.open_memmap(embeddings, mode="w+", dtype=np.float32, shape=shape)
+                    _allocate(embeddings)
+                else:
+                    np.save(embeddings, np.zeros(shape, dtype=np.float32), allow_pickle=False)
+                    self._vectors = None
+        except BaseException:
+            shutil.rmtree(self.tmp, ignore_errors=True)  # a full disk gets its space back at once
+            raise
         self._rows: list[int] = []
         self._ids: list = []
         self._rejects: list[tuple[int, str]] = []
@@ -192,7 +213,12 @@ class ShardWriter:
         return self.input_done and self.pending == 0
 
     def commit(self) -> StoreEntry:
-        """Flush, fsync and make the entry visible with one rename."""
+        """Flush, fsync and make the entry visible with one rename (exit 74 naming the path on an I/O error)."""
+        with writing(self.tmp):
+            return self._commit()
+
+    def _commit(self) -> StoreEntry:
+        fault("store_commit_begin", self.tmp / "embeddings.npy")
         if self._vectors is not None:
             self._vectors.flush()
             del self._vectors
@@ -203,6 +229,7 @@ class ShardWriter:
         id_type = pa.int64() if "int" in self.info.id_type else pa.string()
         pq.write_table(pa.table({"row": pa.array(rows, pa.int64()), "id": pa.array(ids, id_type)}),
                        self.tmp / "rows.parquet")
+        fault("store_commit_mid", self.tmp / "rejects.parquet")
         rejects = sorted(self._rejects)
         pq.write_table(pa.table({"row": pa.array([r for r, _ in rejects], pa.int64()),
                                  "reason": pa.array([why for _, why in rejects], pa.string())}),
@@ -228,9 +255,10 @@ class ShardWriter:
                 os.fsync(fh.fileno())
         fsync_dir(self.tmp)
         final = self.store.shards_dir / shard_key(self.info) / self.fingerprint
+        fault("store_commit_rename", final)
         final.parent.mkdir(parents=True, exist_ok=True)
-        if final.exists():  # same content and settings committed before (never partial): replace it
-            shutil.rmtree(final)
+        if final.exists():  # same content and settings committed before (--full): replace it
+            self.store.discard(final)
         os.replace(self.tmp, final)
         fsync_dir(final.parent)
         return StoreEntry(final, meta)
@@ -238,6 +266,22 @@ class ShardWriter:
     def abort(self) -> None:
         self._vectors = None
         shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def _allocate(path: Path) -> None:
+    """Reserve the disk blocks of a memory-mapped file now.
+
+    NOTE: the memmap is a sparse file; a page stored into it on a full disk kills the process with
+    SIGBUS instead of raising. Allocating up front turns a full disk into ENOSPC here (exit 74).
+    """
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.posix_fallocate(fd, 0, os.fstat(fd).st_size)
+    except OSError as exc:
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):  # no fallocate here: sparse it is
+            raise
+    finally:
+        os.close(fd)
 
 
 class StoreSink:
@@ -289,8 +333,15 @@ class StoreSink:
         return self._commit_ready()
 
     def _commit_ready(self) -> list[tuple[int, StoreEntry]]:
-        done = [i for i, w in self._writers.items() if w.ready]
-        return [(i, self._writers.pop(i).commit()) for i in done]
+        committed = []
+        for i in [i for i, w in self._writers.items() if w.ready]:
+            writer = self._writers.pop(i)
+            try:
+                committed.append((i, writer.commit()))
+            except BaseException:
+                writer.abort()  # a failed commit (disk full) frees its space at once
+                raise
+        return committed
 
     def abort(self) -> None:
         """Drop every uncommitted shard (their rows will be embedded again by the next run)."""

@@ -1,0 +1,111 @@
+"""Run the petal CLI in real child processes, forked from one preloaded interpreter.
+
+A fresh ``python -m cli.main`` spends seconds importing torch, faiss and pyarrow, and the crash-point
+sweep runs about a hundred CLI processes. Here each run forks from a ``multiprocessing`` forkserver
+that imported all of that once: a real process (its own pid, real SIGKILL and SIGTERM, its own exit
+status, its flock released by the kernel when it dies) that starts in milliseconds.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import signal
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+PRELOAD = ["cli.main", "cli.index", "pipeline.run", "pipeline.searcher", "tests.fake_engine", "faiss", "tokenizers"]
+_CONTEXT: Any = None
+
+
+def _context() -> Any:
+    global _CONTEXT
+    if _CONTEXT is None:
+        _CONTEXT = mp.get_context("forkserver")
+        _CONTEXT.set_forkserver_preload(PRELOAD)
+    return _CONTEXT
+
+
+def _child(argv: list[str], env: dict[str, str | None], out: str, err: str) -> None:
+    for key, value in env.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    for fd, path in ((1, out), (2, err)):
+        target = os.open(path, os.O_WRONLY | os.O_TRUNC)
+        os.dup2(target, fd)
+        os.close(target)
+    from cli.main import cli
+
+    cli.main(args=argv, prog_name="petal")  # standalone: ends with sys.exit(exit code)
+
+
+@dataclass
+class Result:
+    rc: int  # the exit status; -N when killed by signal N
+    stdout: str
+    stderr: str
+    report: dict[str, Any] | None  # the --json-report, when one was asked for and written
+
+    @property
+    def last_line(self) -> str:
+        lines = self.stderr.strip().splitlines()
+        return lines[-1] if lines else ""
+
+
+class Child:
+    """A running ``petal`` process."""
+
+    def __init__(self, argv: list[str], env: dict[str, str | None]) -> None:
+        self._out = tempfile.mkstemp(prefix="petal-out-")[1]
+        self._err = tempfile.mkstemp(prefix="petal-err-")[1]
+        self.report_path = _report_path(argv)
+        if self.report_path is not None:
+            self.report_path.unlink(missing_ok=True)
+        self.process = _context().Process(target=_child, args=(argv, env, self._out, self._err), daemon=True)
+        self.process.start()
+
+    @property
+    def pid(self) -> int:
+        return int(self.process.pid)
+
+    def send(self, sig: signal.Signals) -> None:
+        os.kill(self.pid, sig)
+
+    def stderr_so_far(self) -> str:
+        return Path(self._err).read_text()
+
+    def alive(self) -> bool:
+        return self.process.is_alive()
+
+    def wait(self, timeout: float = 120) -> Result:
+        self.process.join(timeout)
+        if self.process.exitcode is None:
+            self.process.kill()
+            self.process.join()
+            raise TimeoutError(f"petal did not finish in {timeout} s: {Path(self._err).read_text()[-2000:]}")
+        stdout, stderr = Path(self._out).read_text(), Path(self._err).read_text()
+        os.unlink(self._out)
+        os.unlink(self._err)
+        report = None
+        if self.report_path is not None and self.report_path.exists():
+            report = json.loads(self.report_path.read_text())
+        return Result(int(self.process.exitcode), stdout, stderr, report)
+
+
+def _report_path(argv: list[str]) -> Path | None:
+    return Path(argv[argv.index("--json-report") + 1]) if "--json-report" in argv else None
+
+
+def start(argv: list[str], env: dict[str, str | None] | None = None) -> Child:
+    """Start ``petal ARGV`` with ``env`` changes (``None`` unsets a variable)."""
+    return Child([str(a) for a in argv], dict(env or {}))
+
+
+def petal(argv: list[str], env: dict[str, str | None] | None = None, timeout: float = 120) -> Result:
+    """Run ``petal ARGV`` to its end."""
+    return start(argv, env).wait(timeout)
