@@ -33,6 +33,14 @@ class AttentionBackend(Protocol):
         ...
 
 
+def repeat_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """k and v with their heads repeated to q's head count (grouped-query attention), else unchanged."""
+    if k.shape[1] == q.shape[1]:
+        return k, v
+    group = q.shape[1] // k.shape[1]
+    return k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
     """Self-attention of every packed sequence with itself: ``[num_tokens, heads, head_dim]``."""
     return ctx.attention.forward(q, k, v, ctx)
@@ -52,10 +60,7 @@ class SdpaAttention:
         return None
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        if k.shape[1] != q.shape[1]:
-            group = q.shape[1] // k.shape[1]
-            k = k.repeat_interleave(group, dim=1)
-            v = v.repeat_interleave(group, dim=1)
+        k, v = repeat_kv(q, k, v)
         # [num_tokens, heads, dim] -> [1, heads, num_tokens, dim]: per-sequence slices are then 4-D
         # views, which the CPU's fused SDPA kernel takes (3-D inputs fall back to the slow math path).
         q4, k4, v4 = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
@@ -101,11 +106,7 @@ class TorchVarlenAttention:
         return None
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        if k.shape[1] != q.shape[1]:
-            # NOTE: torch 2.11's varlen_attn has no enable_gqa; repeat k/v heads explicitly.
-            group = q.shape[1] // k.shape[1]
-            k = k.repeat_interleave(group, dim=1)
-            v = v.repeat_interleave(group, dim=1)
+        k, v = repeat_kv(q, k, v)  # NOTE: torch 2.11's varlen_attn has no enable_gqa
         return self._varlen_attn(
             q, k, v, ctx.cu_seqlens, ctx.cu_seqlens, ctx.max_seqlen, ctx.max_seqlen,
             scale=self.scale, **self._mask_kwargs,

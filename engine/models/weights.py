@@ -39,16 +39,21 @@ class WeightSource:
 PICKLE_WEIGHT_NAMES = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.pt", "model.pth")
 
 
+def _indexed_shards(index: Path) -> list[Path]:
+    """The shard files a ``*.index.json`` names (its ``weight_map`` values), all of which must exist."""
+    shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    files = [index.parent / s for s in shards]
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing:
+        raise FileNotFoundError(f"{index} names shards that are missing: {', '.join(missing)}")
+    return files
+
+
 def safetensors_files(model_dir: Path) -> list[Path]:
     """The checkpoint's safetensors files: a single file or the shards an index names."""
     index = model_dir / "model.safetensors.index.json"
     if index.is_file():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        files = [model_dir / s for s in shards]
-        missing = [str(f) for f in files if not f.is_file()]
-        if missing:
-            raise FileNotFoundError(f"{index} names shards that are missing: {', '.join(missing)}")
-        return files
+        return _indexed_shards(index)
     single = model_dir / "model.safetensors"
     if single.is_file():
         return [single]
@@ -78,12 +83,7 @@ def pickle_files(model_dir: Path) -> list[Path]:
     """The checkpoint's pickle files (``pytorch_model.bin``, or the shards its index names)."""
     index = model_dir / "pytorch_model.bin.index.json"
     if index.is_file():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        files = [model_dir / s for s in shards]
-        missing = [str(f) for f in files if not f.is_file()]
-        if missing:
-            raise FileNotFoundError(f"{index} names shards that are missing: {', '.join(missing)}")
-        return files
+        return _indexed_shards(index)
     for name in ("pytorch_model.bin", "model.pt", "model.pth"):
         if (model_dir / name).is_file():
             return [model_dir / name]
