@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from cli.common import PetalClickError, device_options, eprint, usage
+from cli.index_options import index_options
 
 
 @click.command()
@@ -24,28 +25,29 @@ from cli.common import PetalClickError, device_options, eprint, usage
 @click.option("--no-cuda-graphs", is_flag=True, help="Run the model eagerly on CUDA.")
 @click.option("--index-factory", default="auto", show_default=True,
               help="FAISS index factory string, or auto (Flat when small, IVF above).")
-@click.option("--metric", type=click.Choice(["ip", "l2"]), default="ip", show_default=True)
+@index_options
 @click.option("--full", is_flag=True, help="Rebuild from scratch: re-embed every shard, accept changed settings.")
 @click.option("--strict", is_flag=True, help="Any bad row fails the run (exit 65) instead of being skipped.")
 @click.option("--json-report", type=click.Path(path_type=Path), default=None, help="Write the run report here.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
 def index(sources: tuple[str, ...], out: Path, model: str | None, id_column: str | None, text_column: str,
           device: str, dtype: str, attention: str, max_length: int | None, token_budget: int | None, max_seqs: int,
-          no_cuda_graphs: bool, index_factory: str, metric: str, full: bool, strict: bool,
-          json_report: Path | None, quiet: bool) -> None:
+          no_cuda_graphs: bool, index_factory: str, metric: str, index_memory: str, target_recall: float,
+          full: bool, strict: bool, json_report: Path | None, quiet: bool) -> None:
     """Embed SOURCE Parquet files, directories or globs and publish a FAISS index in --out.
 
     Shards already embedded with the same content and settings are reused; a run with nothing
     changed publishes nothing new. The last line on stderr says what happened.
     """
-    from pipeline.config import IndexJob, IndexSettings, ReadConfig
+    from pipeline.config import IndexJob, IndexSettings, ReadConfig, parse_size
     from pipeline.errors import PetalError
     from pipeline.report import RunReport
 
     job = usage(lambda: IndexJob(
         sources=sources, out=out, model=model,
         read=ReadConfig(text_column=text_column, id_column=id_column or "id", id_column_required=id_column is not None),
-        index=IndexSettings(factory=index_factory, metric=metric),
+        index=IndexSettings(factory=index_factory, metric=metric, memory_bytes=parse_size(index_memory),
+                            target_recall=target_recall),
         device=device, dtype=dtype, attention=attention, cuda_graphs=not no_cuda_graphs, max_length=max_length,
         token_budget=token_budget, max_seqs=max_seqs, full=full, strict=strict, quiet=quiet, json_report=json_report,
     ))

@@ -32,6 +32,7 @@ from pipeline.pack import PackConfig, Packer
 from pipeline.parquet import ShardInfo, preflight, resolve_sources
 from pipeline.prefetch import Prefetcher
 from pipeline.report import RunReport
+from pipeline.shard_changes import shard_changes
 from pipeline.signals import StopSignals
 from pipeline.store import EmbeddingStore, StoreEntry, StoreSink, settings_fingerprint
 from pipeline.tokens import TextTokenizer, tokenize_documents
@@ -99,6 +100,7 @@ def run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory = 
         store.open()
         settings_fp = settings_fingerprint(settings)
         fingerprints = [store.fingerprint(info, settings_fp) for info in shards]
+        report.shard_changes = shard_changes(previous, shards, [store.content_sha256(info) for info in shards])
         entries: list[StoreEntry | None] = [None if job.full else store.lookup(info, fp)
                                             for info, fp in zip(shards, fingerprints)]
         todo = [i for i, entry in enumerate(entries) if entry is None]
@@ -144,7 +146,7 @@ def run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory = 
         report.version = version
         report.index = {"factory": result.factory, "metric": result.metric, "num_vectors": result.num_vectors,
                         "superseded": result.superseded, "search_params": result.search_params,
-                        "tuning": result.tuning}
+                        "tuning": result.tuning, "storage": result.plan["storage"], "device": result.device}
         report.rejects_file = str(out.version_dir(version) / "rejects.parquet")
         store.prune({e.path for e in committed})
         out.prune_versions(KEEP_VERSIONS)
@@ -224,9 +226,7 @@ def unchanged(previous: dict[str, Any], shards: list[ShardInfo], entries: list[S
     """True when the live version was built from exactly these store entries and index settings."""
     before = [(s["abs_path"], s["entry"]) for s in previous.get("shards", [])]
     now = [(s.abs_path, e.fingerprint) for s, e in zip(shards, entries)]
-    index = previous.get("index", {})
-    return before == now and index.get("requested_factory") == job.index.factory \
-        and index.get("metric") == job.index.metric
+    return before == now and previous.get("index", {}).get("settings") == job.index.as_dict()
 
 
 def write_rejects(entries: list[StoreEntry], path: Path) -> None:
@@ -255,17 +255,7 @@ def make_manifest(version: str, spec: ModelSpec, settings: dict[str, Any], job: 
         "normalize": spec.pooling.normalize,
         "metric": job.index.metric,
         "max_length": spec.pooling.max_length,
-        "index": {
-            "requested_factory": job.index.factory,
-            "factory": result.factory,
-            "metric": result.metric,
-            "num_vectors": result.num_vectors,
-            "superseded": result.superseded,
-            "search_params": result.search_params,
-            "tuning": result.tuning,
-            "files": result.files,
-            "build_seconds": round(result.seconds, 3),
-        },
+        "index": result.manifest(job.index),
         "shards": [
             {"path": str(s.path), "abs_path": s.abs_path, "size": s.size, "mtime_ns": s.mtime_ns,
              "sha256": e.meta["source"]["sha256"], "rows": s.num_rows, "entry": e.fingerprint, **e.meta["counts"]}

@@ -1,0 +1,111 @@
+"""The vectors an index is built from: the committed store entries of the current shards.
+
+A document id seen in several shards keeps the vector of the last shard in sorted order (one
+Arrow ``group_by``). FAISS ids are ``0..total-1`` in entry order, then row order; ``ids.parquet``
+maps them back to documents. Vectors are read from the entries' memory-mapped ``.npy`` files one
+bounded chunk at a time, never all at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline.store import StoreEntry
+
+
+class StoreVectors:
+    """The de-duplicated vectors of ``entries`` (in shard order), addressed by FAISS id."""
+
+    def __init__(self, entries: list[StoreEntry], dim: int) -> None:
+        self.entries = entries
+        self.dim = dim
+        tables = [entry.rows() for entry in entries]
+        self.id_type = pa.string() if any(t.schema.field("id").type == pa.string() for t in tables) else pa.int64()
+        # NOTE: de-duplication needs every id at once: memory O(num documents) for ids (never vectors).
+        ids = pa.concat_arrays([t.column("id").combine_chunks().cast(self.id_type) for t in tables]) if tables \
+            else pa.array([], self.id_type)
+        seq = pa.array(np.arange(len(ids), dtype=np.int64))
+        last = pa.table({"id": ids, "seq": seq}).group_by("id").aggregate([("seq", "max")])
+        kept = np.zeros(len(ids), dtype=bool)
+        kept[last.column("seq_max").to_numpy()] = True
+        self._keep: list[np.ndarray] = []  # per entry: positions into entry.rows() that are indexed
+        self._rows: list[np.ndarray] = []  # per entry: the store rows of those positions (ascending)
+        offset = 0
+        for table in tables:
+            keep = np.flatnonzero(kept[offset : offset + table.num_rows])
+            self._keep.append(keep)
+            self._rows.append(table.column("row").to_numpy()[keep])
+            offset += table.num_rows
+        self._tables = tables
+        self.starts = np.cumsum([0] + [len(k) for k in self._keep])  # [num_entries + 1] first FAISS id per entry
+        self.total = int(self.starts[-1])
+        self.superseded = len(ids) - self.total  # vectors dropped because a later shard has the same id
+
+    @property
+    def nbytes(self) -> int:
+        """float32 bytes of every indexed vector."""
+        return self.total * self.dim * 4
+
+    def chunks(self, max_rows: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """``(faiss_ids [n] int64, vectors [n, dim] float32)``, n <= ``max_rows``, in FAISS id order."""
+        for entry, rows, start in zip(self.entries, self._rows, self.starts):
+            if len(rows) == 0:
+                continue
+            vectors = entry.embeddings()
+            for lo in range(0, len(rows), max_rows):
+                hi = min(lo + max_rows, len(rows))
+                ids = np.arange(start + lo, start + hi, dtype=np.int64)
+                yield ids, np.ascontiguousarray(vectors[rows[lo:hi]], dtype=np.float32)
+            # NOTE: dropping the memmap unmaps the entry, so its pages leave this process's RSS.
+            del vectors
+
+    def take(self, faiss_ids: np.ndarray) -> np.ndarray:
+        """``[len(faiss_ids), dim]`` float32 for sorted, unique ``faiss_ids``."""
+        assert np.all(np.diff(faiss_ids) > 0), "faiss_ids must be sorted and unique"
+        out = np.empty((len(faiss_ids), self.dim), dtype=np.float32)
+        bounds = np.searchsorted(faiss_ids, self.starts)
+        for i, (entry, rows) in enumerate(zip(self.entries, self._rows)):
+            lo, hi = int(bounds[i]), int(bounds[i + 1])
+            if hi > lo:
+                out[lo:hi] = entry.embeddings()[rows[faiss_ids[lo:hi] - self.starts[i]]]
+        return out
+
+    def write_ids(self, path: Path) -> None:
+        """``ids.parquet``: faiss_id int64, id, shard (as given), row int64, in FAISS id order."""
+        schema = pa.schema([("faiss_id", pa.int64()), ("id", self.id_type), ("shard", pa.string()),
+                            ("row", pa.int64())])
+        with pq.ParquetWriter(path, schema) as writer:
+            for entry, table, keep, start in zip(self.entries, self._tables, self._keep, self.starts):
+                if len(keep) == 0:
+                    continue
+                part = table.take(pa.array(keep))
+                n = part.num_rows
+                writer.write_table(pa.table({
+                    "faiss_id": pa.array(np.arange(start, start + n, dtype=np.int64)),
+                    "id": part.column("id").cast(self.id_type),
+                    "shard": pa.array([entry.meta["source"]["path"]] * n, pa.string()),
+                    "row": part.column("row"),
+                }, schema=schema))
+            if self.total == 0:
+                writer.write_table(schema.empty_table())
+
+
+def split_sample(total: int, num_queries: int, num_train: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Seeded, disjoint FAISS-id samples: ``(queries, training)``, each sorted.
+
+    Queries are drawn first; training takes up to ``num_train`` of the rest, so tuning runs on
+    vectors the quantizer never saw (when there are enough vectors).
+    """
+    rng = np.random.default_rng(seed)
+    num_queries = min(num_queries, total)
+    num_train = min(num_train, total - num_queries) if total > num_queries else min(num_train, total)
+    if total > num_queries:
+        picks = rng.choice(total, size=num_queries + num_train, replace=False)
+        return np.sort(picks[:num_queries]), np.sort(picks[num_queries:])
+    everything = np.arange(total, dtype=np.int64)
+    return everything, np.sort(rng.choice(total, size=num_train, replace=False))

@@ -1,0 +1,69 @@
+"""Test data for index tests: seeded vectors, and committing them to a real embedding store."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline.config import ReadConfig
+from pipeline.parquet import preflight
+from pipeline.store import EmbeddingStore, StoreEntry, StoreSink, settings_fingerprint
+
+STORE_SETTINGS = {"model": "synthetic", "normalize": True}
+
+
+def unit(x: np.ndarray) -> np.ndarray:
+    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+
+def random_vectors(n: int, dim: int, seed: int) -> np.ndarray:
+    """Uniform on the unit sphere: no structure, the hardest case for IVF."""
+    return unit(np.random.default_rng(seed).standard_normal((n, dim)))
+
+
+def clustered_vectors(n: int, dim: int, seed: int, num_clusters: int = 256, spread: float = 0.6) -> np.ndarray:
+    """Gaussian blobs around random unit centers (cluster sizes vary), normalized."""
+    rng = np.random.default_rng(seed)
+    centers = unit(rng.standard_normal((num_clusters, dim)))
+    weights = rng.dirichlet(np.full(num_clusters, 2.0))
+    labels = rng.choice(num_clusters, size=n, p=weights)
+    return unit(centers[labels] + spread / np.sqrt(dim) * rng.standard_normal((n, dim)))
+
+
+def exact_top_k(queries: np.ndarray, base: np.ndarray, k: int) -> np.ndarray:
+    """``[q, k]`` row numbers of the largest inner products, by numpy (independent of FAISS)."""
+    out = np.empty((len(queries), k), dtype=np.int64)
+    for lo in range(0, len(queries), 256):
+        scores = queries[lo : lo + 256] @ base.T
+        top = np.argpartition(-scores, k, axis=1)[:, :k]
+        order = np.argsort(-np.take_along_axis(scores, top, axis=1), axis=1)
+        out[lo : lo + 256] = np.take_along_axis(top, order, axis=1)
+    return out
+
+
+def commit(store: EmbeddingStore, data_dir: Path, name: str, ids: list, vectors: np.ndarray) -> StoreEntry:
+    """Write a Parquet shard (id, text) and commit ``vectors [len(ids), dim]`` as its store entry."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    path = data_dir / name
+    pq.write_table(pa.table({"id": ids, "text": [f"text {i}" for i in ids]}), path)
+    info = preflight([path], ReadConfig())[0]
+    fp = store.fingerprint(info, settings_fingerprint(STORE_SETTINGS))
+    sink = StoreSink(store, [info], [fp], STORE_SETTINGS, vectors.shape[1])
+    assert sink.expect(0, len(ids), [], 0, final=True) == []
+    committed = []
+    for lo in range(0, len(ids), 8192):
+        keys = [(0, r, ids[r]) for r in range(lo, min(lo + 8192, len(ids)))]
+        committed += sink.add(keys, vectors[lo : lo + 8192])
+    assert len(committed) == 1
+    return committed[0][1]
+
+
+def commit_split(store: EmbeddingStore, data_dir: Path, vectors: np.ndarray, num_shards: int) -> list[StoreEntry]:
+    """``vectors`` as ``num_shards`` shards with int ids 0..n-1 in order."""
+    bounds = np.linspace(0, len(vectors), num_shards + 1).astype(int)
+    return [commit(store, data_dir, f"part-{i:03d}.parquet", list(range(lo, hi)), vectors[lo:hi])
+            for i, (lo, hi) in enumerate(itertools.pairwise(bounds))]
