@@ -24,27 +24,32 @@ class StoreVectors:
     def __init__(self, entries: list[StoreEntry], dim: int) -> None:
         self.entries = entries
         self.dim = dim
-        tables = [entry.rows() for entry in entries]
-        self.id_type = pa.string() if any(t.schema.field("id").type == pa.string() for t in tables) else pa.int64()
-        # NOTE: de-duplication needs every id at once: memory O(num documents) for ids (never vectors).
-        ids = pa.concat_arrays([t.column("id").combine_chunks().cast(self.id_type) for t in tables]) if tables \
-            else pa.array([], self.id_type)
-        seq = pa.array(np.arange(len(ids), dtype=np.int64))
-        last = pa.table({"id": ids, "seq": seq}).group_by("id").aggregate([("seq", "max")])
-        kept = np.zeros(len(ids), dtype=bool)
+        self.id_type = pa.string() if any(e.meta.get("id_type") == "string" for e in entries) else pa.int64()
+        # NOTE: de-duplication needs every id at once (transient, O(num documents)); what stays is
+        # one int32 position per indexed vector. Arrow's allocator keeps freed pages until released.
+        ids = [pq.read_table(e.path / "rows.parquet", columns=["id"]).column("id").cast(self.id_type)
+               for e in entries]
+        sizes = [len(column) for column in ids]
+        all_ids = pa.chunked_array([c for column in ids for c in column.chunks], self.id_type)
+        seq = pa.array(np.arange(len(all_ids), dtype=np.int64))
+        last = pa.table({"id": all_ids, "seq": seq}).group_by("id").aggregate([("seq", "max")])
+        kept = np.zeros(len(all_ids), dtype=bool)
         kept[last.column("seq_max").to_numpy()] = True
+        del ids, all_ids, seq, last
+        pa.default_memory_pool().release_unused()
         self._keep: list[np.ndarray] = []  # per entry: positions into entry.rows() that are indexed
-        self._rows: list[np.ndarray] = []  # per entry: the store rows of those positions (ascending)
         offset = 0
-        for table in tables:
-            keep = np.flatnonzero(kept[offset : offset + table.num_rows])
-            self._keep.append(keep)
-            self._rows.append(table.column("row").to_numpy()[keep])
-            offset += table.num_rows
-        self._tables = tables
+        for size in sizes:
+            self._keep.append(np.flatnonzero(kept[offset : offset + size]).astype(np.int32))
+            offset += size
         self.starts = np.cumsum([0] + [len(k) for k in self._keep])  # [num_entries + 1] first FAISS id per entry
         self.total = int(self.starts[-1])
-        self.superseded = len(ids) - self.total  # vectors dropped because a later shard has the same id
+        self.superseded = len(kept) - self.total  # vectors dropped because a later shard has the same id
+
+    def _rows(self, i: int) -> np.ndarray:
+        """Store rows (ascending) of entry ``i``'s indexed vectors."""
+        rows = pq.read_table(self.entries[i].path / "rows.parquet", columns=["row"]).column("row")
+        return rows.to_numpy()[self._keep[i]]
 
     @property
     def nbytes(self) -> int:
@@ -53,9 +58,10 @@ class StoreVectors:
 
     def chunks(self, max_rows: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """``(faiss_ids [n] int64, vectors [n, dim] float32)``, n <= ``max_rows``, in FAISS id order."""
-        for entry, rows, start in zip(self.entries, self._rows, self.starts):
-            if len(rows) == 0:
+        for i, (entry, start) in enumerate(zip(self.entries, self.starts)):
+            if len(self._keep[i]) == 0:
                 continue
+            rows = self._rows(i)
             vectors = entry.embeddings()
             for lo in range(0, len(rows), max_rows):
                 hi = min(lo + max_rows, len(rows))
@@ -69,10 +75,10 @@ class StoreVectors:
         assert np.all(np.diff(faiss_ids) > 0), "faiss_ids must be sorted and unique"
         out = np.empty((len(faiss_ids), self.dim), dtype=np.float32)
         bounds = np.searchsorted(faiss_ids, self.starts)
-        for i, (entry, rows) in enumerate(zip(self.entries, self._rows)):
+        for i, entry in enumerate(self.entries):
             lo, hi = int(bounds[i]), int(bounds[i + 1])
             if hi > lo:
-                out[lo:hi] = entry.embeddings()[rows[faiss_ids[lo:hi] - self.starts[i]]]
+                out[lo:hi] = entry.embeddings()[self._rows(i)[faiss_ids[lo:hi] - self.starts[i]]]
         return out
 
     def write_ids(self, path: Path) -> None:
@@ -80,10 +86,10 @@ class StoreVectors:
         schema = pa.schema([("faiss_id", pa.int64()), ("id", self.id_type), ("shard", pa.string()),
                             ("row", pa.int64())])
         with pq.ParquetWriter(path, schema) as writer:
-            for entry, table, keep, start in zip(self.entries, self._tables, self._keep, self.starts):
+            for entry, keep, start in zip(self.entries, self._keep, self.starts):
                 if len(keep) == 0:
                     continue
-                part = table.take(pa.array(keep))
+                part = entry.rows().take(pa.array(keep))
                 n = part.num_rows
                 writer.write_table(pa.table({
                     "faiss_id": pa.array(np.arange(start, start + n, dtype=np.int64)),
