@@ -1,4 +1,4 @@
-"""Test data for index tests: seeded vectors, and committing them to a real embedding store."""
+"""Test data for index tests: seeded vectors, exact search in numpy, a real embedding store."""
 
 from __future__ import annotations
 
@@ -6,32 +6,11 @@ import itertools
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 
-from pipeline.config import ReadConfig
-from pipeline.parquet import preflight
-from pipeline.store import EmbeddingStore, StoreEntry, StoreSink, settings_fingerprint
+from pipeline.benchmarks.vectors import clustered_vectors, commit_shard, random_vectors, unit
+from pipeline.store import EmbeddingStore, StoreEntry
 
-STORE_SETTINGS = {"model": "synthetic", "normalize": True}
-
-
-def unit(x: np.ndarray) -> np.ndarray:
-    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
-
-
-def random_vectors(n: int, dim: int, seed: int) -> np.ndarray:
-    """Uniform on the unit sphere: no structure, the hardest case for IVF."""
-    return unit(np.random.default_rng(seed).standard_normal((n, dim)))
-
-
-def clustered_vectors(n: int, dim: int, seed: int, num_clusters: int = 256, spread: float = 0.6) -> np.ndarray:
-    """Gaussian blobs around random unit centers (cluster sizes vary), normalized."""
-    rng = np.random.default_rng(seed)
-    centers = unit(rng.standard_normal((num_clusters, dim)))
-    weights = rng.dirichlet(np.full(num_clusters, 2.0))
-    labels = rng.choice(num_clusters, size=n, p=weights)
-    return unit(centers[labels] + spread / np.sqrt(dim) * rng.standard_normal((n, dim)))
+__all__ = ["clustered_vectors", "commit", "commit_split", "exact_top_k", "random_vectors", "unit"]
 
 
 def exact_top_k(queries: np.ndarray, base: np.ndarray, k: int) -> np.ndarray:
@@ -46,20 +25,8 @@ def exact_top_k(queries: np.ndarray, base: np.ndarray, k: int) -> np.ndarray:
 
 
 def commit(store: EmbeddingStore, data_dir: Path, name: str, ids: list, vectors: np.ndarray) -> StoreEntry:
-    """Write a Parquet shard (id, text) and commit ``vectors [len(ids), dim]`` as its store entry."""
-    data_dir.mkdir(parents=True, exist_ok=True)
-    path = data_dir / name
-    pq.write_table(pa.table({"id": ids, "text": [f"text {i}" for i in ids]}), path)
-    info = preflight([path], ReadConfig())[0]
-    fp = store.fingerprint(info, settings_fingerprint(STORE_SETTINGS))
-    sink = StoreSink(store, [info], [fp], STORE_SETTINGS, vectors.shape[1])
-    assert sink.expect(0, len(ids), [], 0, final=True) == []
-    committed = []
-    for lo in range(0, len(ids), 8192):
-        keys = [(0, r, ids[r]) for r in range(lo, min(lo + 8192, len(ids)))]
-        committed += sink.add(keys, vectors[lo : lo + 8192])
-    assert len(committed) == 1
-    return committed[0][1]
+    """Commit ``vectors [len(ids), dim]`` as the store entry of a new Parquet shard ``name``."""
+    return commit_shard(store, data_dir, name, ids, (vectors[lo : lo + 8192] for lo in range(0, len(ids), 8192)))
 
 
 def commit_split(store: EmbeddingStore, data_dir: Path, vectors: np.ndarray, num_shards: int) -> list[StoreEntry]:

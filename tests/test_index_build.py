@@ -59,7 +59,8 @@ def test_plan_follows_size_and_memory_budget():
         nlist = ivf_lists(n)
         assert 4 * math.sqrt(n) <= nlist <= 16 * math.sqrt(n)  # FAISS's recommended range
     assert plan_index(60_000, 384, IndexSettings()).factory == "IVF1024,Flat"
-    assert plan_index(2_000_000, 384, IndexSettings()).factory == "IVF8192_HNSW32,Flat"
+    assert plan_index(2_000_000, 384, IndexSettings()).factory == "IVF8192,Flat"
+    assert plan_index(5_000_000, 384, IndexSettings()).factory == "IVF16384_HNSW32,Flat"  # large N
     gib = 1 << 30
     # 1M x 1024 floats = 4 GiB: the budget walks down the code ladder, then to disk
     ladder = [(8 * gib, ",Flat"), (3 * gib, ",SQfp16"), (int(1.5 * gib), ",SQ8"), (600 << 20, "PQ256"),
@@ -68,7 +69,7 @@ def test_plan_follows_size_and_memory_budget():
         plan = plan_index(1_000_000, 1024, IndexSettings(memory_bytes=budget))
         assert plan.factory.endswith(codes) and plan.storage == "memory", (budget, plan)
         assert plan.estimated_bytes <= budget
-    tiny = plan_index(1_000_000, 1024, IndexSettings(memory_bytes=32 << 20))
+    tiny = plan_index(1_000_000, 1024, IndexSettings(memory_bytes=16 << 20))
     assert tiny.storage == "ondisk" and tiny.factory.endswith(",SQ8") and "on disk" in tiny.reason
     asked = plan_index(200_000, 64, IndexSettings(factory="IVF256,Flat", memory_bytes=8 << 20))
     assert asked.factory == "IVF256,Flat" and asked.storage == "ondisk"
