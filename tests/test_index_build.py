@@ -120,6 +120,15 @@ def test_explicit_factories_are_tuned_and_applied(factory, knob, store, tmp_path
     assert recall_at_10(reader, queries, base) >= 0.9
 
 
+def test_unreachable_target_is_reported(store, tmp_path):
+    entries = commit_split(store, tmp_path / "data", clustered_vectors(20_000, 32, seed=16), num_shards=1)
+    result, reader = publish(entries, 32, IndexSettings(factory="IVF256,PQ4"), tmp_path / "out")
+    tuning = reader.manifest["index"]["tuning"]
+    assert not tuning["reached"] and tuning["recall_at_10"] < 0.95  # 4-byte codes cap recall
+    tried = [step["params"]["nprobe"] for step in tuning["curve"]]
+    assert tried[-1] < 256 and result.search_params["nprobe"] in tried  # stopped on the plateau
+
+
 def test_ondisk_merge_equals_in_memory_build(store, tmp_path):
     vectors = clustered_vectors(40_200, 32, seed=13)
     base, queries = vectors[:40_000], vectors[40_000:]
