@@ -51,11 +51,6 @@ class StoreVectors:
         rows = pq.read_table(self.entries[i].path / "rows.parquet", columns=["row"]).column("row")
         return rows.to_numpy()[self._keep[i]]
 
-    @property
-    def nbytes(self) -> int:
-        """float32 bytes of every indexed vector."""
-        return self.total * self.dim * 4
-
     def chunks(self, max_rows: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """``(faiss_ids [n] int64, vectors [n, dim] float32)``, n <= ``max_rows``, in FAISS id order."""
         for i, (entry, start) in enumerate(zip(self.entries, self.starts)):

@@ -159,6 +159,7 @@ def test_rebuild_needs_no_model(model_dir, tmp_path):
     bad = runner.invoke(cli, ["rebuild", str(out), "--index-factory", "IVF8,Nope"])
     assert bad.exit_code == 2 and "not a valid FAISS factory" in bad.output
     assert runner.invoke(cli, ["rebuild", str(tmp_path / "nothing")]).exit_code == 78
+    assert runner.invoke(cli, ["rebuild", str(out), "--index-memory", "lots"]).exit_code == 2
     shutil.rmtree(out / "store")
     gone = runner.invoke(cli, ["rebuild", str(out)])
     assert gone.exit_code == 78 and "no committed embeddings" in gone.output

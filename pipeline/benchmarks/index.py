@@ -102,12 +102,12 @@ def measure_search(index: Any, queries: np.ndarray, k: int = 10) -> tuple[np.nda
     return ids, qps, float(np.median(single))
 
 
-def run_petal(entries: list[StoreEntry], dim: int, settings: IndexSettings, work: Path, label: str,
+def run_petal(entries: list[StoreEntry], dim: int, settings: IndexSettings, staging: Path, label: str,
               queries: np.ndarray) -> tuple[dict[str, Any], np.ndarray]:
+    """Build from the store into ``staging`` (a new directory), open it as ``petal query`` does, search."""
     from pipeline.index_writer import build_index
     from pipeline.searcher import IndexReader
 
-    staging = work / f"petal-{label}"
     staging.mkdir()
     started = time.perf_counter()
     with PeakMemory() as memory:
@@ -163,7 +163,7 @@ def run_index_bench(num_vectors: int, dim: int, num_queries: int = 1000, memorie
     found: list[np.ndarray] = []
     for memory in memories:
         settings = IndexSettings(memory_bytes=parse_size(memory), target_recall=target_recall)
-        row, ids = run_petal(entries, dim, settings, work, f"--index-memory {memory}", xq)
+        row, ids = run_petal(entries, dim, settings, work / f"petal-{memory}", f"--index-memory {memory}", xq)
         rows.append(row)
         found.append(ids)
     vectors = np.concatenate([np.asarray(e.embeddings()) for e in entries])  # what a user would hold
