@@ -113,6 +113,11 @@ def build_index(entries: list[StoreEntry], dim: int, settings: IndexSettings, st
         t0 = time.perf_counter()
         if ivf is not None:
             ivf.cp.seed = settings.seed  # NOTE: seeded k-means on a seeded sample: same input, same index
+            ivf = faiss.downcast_index(ivf)
+            if getattr(ivf, "do_polysemous_training", False):
+                # NOTE: on by default for IVF-PQ, minutes of annealing per sub-quantizer, and only
+                # polysemous search (the ``ht`` parameter, never set here) uses it.
+                ivf.do_polysemous_training = False
         sample = source.take(train_ids)
         if len(sample) < max(plan.nlist, 1):
             raise ValueError(f"index {plan.factory!r} needs at least {plan.nlist} vectors to train, "
