@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from pipeline.config import IndexSettings
 from pipeline.faiss_loader import load_faiss
 from pipeline.index_build import add_in_memory, build_on_disk
@@ -88,14 +90,29 @@ def training_size(plan: IndexPlan, dim: int, settings: IndexSettings) -> int:
     return size
 
 
+def _train(index: Any, sample: np.ndarray, plan: IndexPlan, seed: int, ngpu: int) -> dict[str, Any]:
+    """Train ``index`` on ``sample [n, dim]`` (seeded); returns where it ran and on how many points."""
+    faiss = load_faiss()
+    if len(sample) < max(plan.nlist, 1):
+        raise ValueError(f"index {plan.factory!r} needs at least {plan.nlist} vectors to train, "
+                         f"the store has {len(sample)}")
+    ivf = faiss.try_extract_index_ivf(index)
+    if ivf is not None:
+        ivf.cp.seed = seed  # NOTE: seeded k-means on a seeded sample: same input, same index
+        ivf = faiss.downcast_index(ivf)
+        if getattr(ivf, "do_polysemous_training", False):
+            # NOTE: on by default for IVF-PQ, minutes of annealing per sub-quantizer, and only
+            # polysemous search (the ``ht`` parameter, never set here) uses it.
+            ivf.do_polysemous_training = False
+    return {"train": train(index, sample, ngpu), "train_points": len(sample)}
+
+
 def build_index(entries: list[StoreEntry], dim: int, settings: IndexSettings, staging: Path) -> BuildResult:
     """Write the index of ``entries`` (store entries in shard order; vectors ``[rows, dim]``) into
     ``staging``: ``index.faiss`` (+ ``index.ivfdata`` on disk) and ``ids.parquet``.
 
     Raises ``ValueError`` for a factory string FAISS rejects or too few vectors to train it.
     """
-    faiss = load_faiss()
-
     started = time.perf_counter()
     timings: dict[str, float] = {}
     source = StoreVectors(entries, dim)
@@ -103,7 +120,6 @@ def build_index(entries: list[StoreEntry], dim: int, settings: IndexSettings, st
     index = make_index(plan.factory, dim, settings.metric)
     ngpu = num_gpus()
     rows = chunk_rows(dim, settings)
-    ivf = faiss.try_extract_index_ivf(index)
     num_train = 0 if index.is_trained else training_size(plan, dim, settings)
     num_queries = settings.tune_queries if source.total > 1 else 0
     query_ids, train_ids = split_sample(source.total, num_queries, num_train, settings.seed)
@@ -111,20 +127,7 @@ def build_index(entries: list[StoreEntry], dim: int, settings: IndexSettings, st
 
     if not index.is_trained:
         t0 = time.perf_counter()
-        if ivf is not None:
-            ivf.cp.seed = settings.seed  # NOTE: seeded k-means on a seeded sample: same input, same index
-            ivf = faiss.downcast_index(ivf)
-            if getattr(ivf, "do_polysemous_training", False):
-                # NOTE: on by default for IVF-PQ, minutes of annealing per sub-quantizer, and only
-                # polysemous search (the ``ht`` parameter, never set here) uses it.
-                ivf.do_polysemous_training = False
-        sample = source.take(train_ids)
-        if len(sample) < max(plan.nlist, 1):
-            raise ValueError(f"index {plan.factory!r} needs at least {plan.nlist} vectors to train, "
-                             f"the store has {len(sample)}")
-        device["train"] = train(index, sample, ngpu)
-        device["train_points"] = len(sample)
-        del sample
+        device.update(_train(index, source.take(train_ids), plan, settings.seed, ngpu))
         timings["train"] = round(time.perf_counter() - t0, 3)
 
     t0 = time.perf_counter()
