@@ -113,18 +113,21 @@ def bench_e2e(model: str | None, shape: str | None, tokenizer_dir: Path | None, 
               help="petal's memory budget; repeat for one petal row per budget.")
 @click.option("--target-recall", type=click.FloatRange(0.0, 1.0, min_open=True), default=0.95, show_default=True)
 @click.option("--shards", "num_shards", type=click.IntRange(min=1), default=10, show_default=True)
+@click.option("--factory", default="auto", show_default=True, help="petal's --index-factory.")
 @click.option("--no-baseline", is_flag=True, help="Skip the IVF4096,Flat baseline (IndexFlatIP always runs: "
               "it is the ground truth).")
 @click.option("--workdir", type=click.Path(path_type=Path), default=None, help="Where the store is written.")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON lines.")
 @user_errors
 def bench_index(num_vectors: int, dims: tuple[int, ...], num_queries: int, memories: tuple[str, ...],
-                target_recall: float, num_shards: int, no_baseline: bool, workdir: Path | None, as_json: bool) -> None:
+                target_recall: float, num_shards: int, factory: str, no_baseline: bool, workdir: Path | None,
+                as_json: bool) -> None:
     """Index build and search: petal auto vs IndexFlatIP and IVF4096,Flat (nprobe 1), same data."""
     from pipeline.benchmarks.index import format_index_table, run_index_bench
 
     for dim in dims:
         result = run_index_bench(num_vectors, dim, num_queries=num_queries, memories=memories,
                                  target_recall=target_recall, num_shards=num_shards, baselines=not no_baseline,
+                                 factory=factory,
                                  workdir=workdir / f"d{dim}" if workdir else None)
         click.echo(json.dumps(result) if as_json else format_index_table(result))

@@ -134,7 +134,7 @@ def run_petal(entries: list[StoreEntry], dim: int, settings: IndexSettings, stag
     (staging / "manifest.json").write_text(json.dumps({"index": index}))
     reader = IndexReader(staging)
     ids, qps, p50 = measure_search(reader.index, queries)
-    row = {"system": f"petal auto ({label})", "factory": index["factory"], "storage": index["storage"],
+    row = {"system": f"petal ({label})", "factory": index["factory"], "storage": index["storage"],
            "search": index["search_params"], "build_s": round(built["seconds"], 1), "timings_s": index["timings_s"],
            "queries_per_s": round(qps, 1), "single_query_ms_p50": round(p50, 3),
            "index_mib": round(sum(p.stat().st_size for p in staging.iterdir()) / (1 << 20), 1),
@@ -166,8 +166,8 @@ def run_baseline(name: str, factory: str, vectors: np.ndarray, queries: np.ndarr
 
 def run_index_bench(num_vectors: int, dim: int, num_queries: int = 1000, memories: tuple[str, ...] = ("8G",),
                     target_recall: float = 0.95, num_shards: int = 10, seed: int = 0, baselines: bool = True,
-                    workdir: Path | None = None) -> dict[str, Any]:
-    """One scenario: ``num_vectors`` x ``dim``; petal once per ``--index-memory`` in ``memories``."""
+                    factory: str = "auto", workdir: Path | None = None) -> dict[str, Any]:
+    """One scenario: ``num_vectors`` x ``dim``; petal (``factory``) once per ``--index-memory`` in ``memories``."""
     from pipeline.config import parse_size
 
     faiss = load_faiss()
@@ -180,8 +180,9 @@ def run_index_bench(num_vectors: int, dim: int, num_queries: int = 1000, memorie
     rows: list[dict[str, Any]] = []
     found: list[np.ndarray] = []
     for memory in memories:
-        settings = IndexSettings(memory_bytes=parse_size(memory), target_recall=target_recall)
-        row, ids = run_petal(entries, dim, settings, work / f"petal-{memory}", f"--index-memory {memory}", xq)
+        settings = IndexSettings(factory=factory, memory_bytes=parse_size(memory), target_recall=target_recall)
+        row, ids = run_petal(entries, dim, settings, work / f"petal-{memory}", f"{factory}, --index-memory {memory}",
+                             xq)
         rows.append(row)
         found.append(ids)
     vectors = np.concatenate([np.asarray(e.embeddings()) for e in entries])  # what a user would hold
@@ -206,12 +207,12 @@ def run_index_bench(num_vectors: int, dim: int, num_queries: int = 1000, memorie
 def format_index_table(result: dict[str, Any]) -> str:
     lines = [f"index: {result['vectors']:,} x {result['dim']} {result['data']}; {result['queries']} fresh queries, "
              f"{result['threads']} threads, {result['date']}",
-             f"{'system':<34}{'index':<22}{'search':<14}{'build s':>9}{'recall@10':>10}{'q/s':>10}"
+             f"{'system':<40}{'index':<22}{'search':<14}{'build s':>9}{'recall@10':>10}{'q/s':>10}"
              f"{'p50 ms':>8}{'MiB':>8}{'peak MiB':>9}"]
     for r in result["results"]:
         search = ",".join(f"{k}={v}" for k, v in r["search"].items()) or "-"
         peak = f"{r['build_peak_anon_mib']:>9.0f}" if "build_peak_anon_mib" in r else f"{'':>9}"
         factory = r["factory"] + (" disk" if r["storage"] == "ondisk" else "")
-        lines.append(f"{r['system']:<34}{factory:<22}{search:<14}{r['build_s']:>9.1f}{r['recall_at_10']:>10.4f}"
+        lines.append(f"{r['system']:<40}{factory:<22}{search:<14}{r['build_s']:>9.1f}{r['recall_at_10']:>10.4f}"
                      f"{r['queries_per_s']:>10,.0f}{r['single_query_ms_p50']:>8.2f}{r['index_mib']:>8.0f}{peak}")
     return "\n".join(lines)
