@@ -76,6 +76,11 @@ class StoreVectors:
                 out[lo:hi] = entry.embeddings()[self._rows(i)[faiss_ids[lo:hi] - self.starts[i]]]
         return out
 
+    def sample(self, size: int, seed: int) -> np.ndarray:
+        """``[min(size, total), dim]``: a seeded sample of the vectors (training, calibration)."""
+        picks = np.random.default_rng(seed).choice(self.total, size=min(size, self.total), replace=False)
+        return self.take(np.sort(picks))
+
     def write_ids(self, path: Path) -> None:
         """``ids.parquet``: faiss_id int64, id, shard (as given), row int64, in FAISS id order."""
         schema = pa.schema([("faiss_id", pa.int64()), ("id", self.id_type), ("shard", pa.string()),

@@ -146,7 +146,8 @@ def run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory = 
         report.version = version
         report.index = {"factory": result.factory, "metric": result.metric, "num_vectors": result.num_vectors,
                         "superseded": result.superseded, "search_params": result.search_params,
-                        "tuning": result.tuning, "storage": result.plan["storage"], "device": result.device}
+                        "tuning": result.tuning, "storage": result.plan.get("storage", "memory"),
+                        "device": result.device}
         report.rejects_file = str(out.version_dir(version) / "rejects.parquet")
         store.prune({e.path for e in committed})
         out.prune_versions(KEEP_VERSIONS)
