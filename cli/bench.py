@@ -106,6 +106,34 @@ def bench_e2e(model: str | None, shape: str | None, tokenizer_dir: Path | None, 
     click.echo(json.dumps(result) if as_json else format_e2e_table(result))
 
 
+@bench.command("index")
+@click.option("--vectors", "num_vectors", type=click.IntRange(min=1000), default=1_000_000, show_default=True)
+@click.option("--dim", "dims", type=click.IntRange(min=8), multiple=True, default=[384, 1024], show_default=True)
+@click.option("--queries", "num_queries", type=click.IntRange(min=10), default=1000, show_default=True)
+@click.option("--index-memory", "memories", multiple=True, default=["8G"], show_default=True,
+              help="petal's memory budget; repeat for one petal row per budget.")
+@click.option("--target-recall", type=click.FloatRange(0.0, 1.0, min_open=True), default=0.95, show_default=True)
+@click.option("--shards", "num_shards", type=click.IntRange(min=1), default=10, show_default=True)
+@click.option("--factory", default="auto", show_default=True, help="petal's --index-factory.")
+@click.option("--no-baseline", is_flag=True, help="Skip the IVF4096,Flat baseline (IndexFlatIP always runs: "
+              "it is the ground truth).")
+@click.option("--workdir", type=click.Path(path_type=Path), default=None, help="Where the store is written.")
+@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON lines.")
+@user_errors
+def bench_index(num_vectors: int, dims: tuple[int, ...], num_queries: int, memories: tuple[str, ...],
+                target_recall: float, num_shards: int, factory: str, no_baseline: bool, workdir: Path | None,
+                as_json: bool) -> None:
+    """Index build and search: petal auto vs IndexFlatIP and IVF4096,Flat (nprobe 1), same data."""
+    from pipeline.benchmarks.index import format_index_table, run_index_bench
+
+    for dim in dims:
+        result = run_index_bench(num_vectors, dim, num_queries=num_queries, memories=memories,
+                                 target_recall=target_recall, num_shards=num_shards, baselines=not no_baseline,
+                                 factory=factory,
+                                 workdir=workdir / f"d{dim}" if workdir else None)
+        click.echo(json.dumps(result) if as_json else format_index_table(result))
+
+
 @bench.command("outputs")
 @click.option("--corpus", type=click.Path(path_type=Path), default=Path("sample_data"), show_default=True,
               help="Parquet files whose sentences build the documents and queries.")

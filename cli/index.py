@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from cli.common import PetalClickError, device_options, eprint, usage
+from cli.index_options import index_options
 from cli.options import model_options, output_options
 
 # NOTE: test-only seam. Set to a log file, it swaps the model for tests/fake_engine.py (a deterministic
@@ -75,7 +76,7 @@ def engine_factory() -> Callable[..., Any] | None:
 @click.option("--no-cuda-graphs", is_flag=True, help="Run the model eagerly on CUDA.")
 @click.option("--index-factory", default="auto", show_default=True,
               help="FAISS index factory string, or auto (Flat when small, IVF above).")
-@click.option("--metric", type=click.Choice(["ip", "l2"]), default="ip", show_default=True)
+@index_options
 @click.option("--full", is_flag=True, help="Rebuild from scratch: re-embed every shard, accept changed settings.")
 @click.option("--strict", is_flag=True, help="Any bad row fails the run (exit 65) instead of being skipped.")
 @click.option("--max-bad-rows", default=None, metavar="N|F",
@@ -90,10 +91,11 @@ def engine_factory() -> Callable[..., Any] | None:
 @output_options
 def index(sources: tuple[str, ...], out: Path, model: str | None, id_column: str | None, text_column: str,
           device: str, dtype: str, attention: str, max_length: int | None, token_budget: int | None, max_seqs: int,
-          no_cuda_graphs: bool, index_factory: str, metric: str, full: bool, strict: bool, max_bad_rows: str | None,
-          keep_versions: int, wait: bool, json_report: Path | None, quiet: bool, pooling: str | None,
-          attention_mask: str | None, query_prompt: str | None, allow_pickle_weights: bool, dim: int | None,
-          quantize: str, output_dtype: str) -> None:
+          no_cuda_graphs: bool, index_factory: str, metric: str, index_memory: str, target_recall: float,
+          full: bool, strict: bool, max_bad_rows: str | None, keep_versions: int, wait: bool,
+          json_report: Path | None, quiet: bool, pooling: str | None, attention_mask: str | None,
+          query_prompt: str | None, allow_pickle_weights: bool, dim: int | None, quantize: str,
+          output_dtype: str) -> None:
     """Embed SOURCE Parquet files, directories or globs and publish a FAISS index in --out.
 
     Shards already embedded with the same content and settings are reused; a run with nothing
@@ -102,7 +104,7 @@ def index(sources: tuple[str, ...], out: Path, model: str | None, id_column: str
     78 configuration, 130/143 interrupted).
     """
     from engine.config import ModelOptions
-    from pipeline.config import BadRowBudget, IndexJob, IndexSettings, ReadConfig
+    from pipeline.config import BadRowBudget, IndexJob, IndexSettings, ReadConfig, parse_size
     from pipeline.errors import PetalError
     from pipeline.output_index import check_index_factory
     from pipeline.outputs import OutputConfig
@@ -114,7 +116,8 @@ def index(sources: tuple[str, ...], out: Path, model: str | None, id_column: str
             sources=sources, out=out, model=model,
             read=ReadConfig(text_column=text_column, id_column=id_column or "id",
                             id_column_required=id_column is not None),
-            index=IndexSettings(factory=index_factory, metric=metric),
+            index=IndexSettings(factory=index_factory, metric=metric, memory_bytes=parse_size(index_memory),
+                                target_recall=target_recall),
             device=device, dtype=dtype, attention=attention, cuda_graphs=not no_cuda_graphs, max_length=max_length,
             token_budget=token_budget, max_seqs=max_seqs, full=full, strict=strict, quiet=quiet,
             json_report=json_report, keep_versions=keep_versions, wait=wait,

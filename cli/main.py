@@ -10,6 +10,7 @@ from cli.embed import embed
 from cli.index import index
 from cli.info import info
 from cli.query import query
+from cli.rebuild import rebuild
 from pipeline import __version__
 
 
@@ -33,6 +34,7 @@ cli.add_command(index)
 cli.add_command(query)
 cli.add_command(embed)
 cli.add_command(info)
+cli.add_command(rebuild)
 cli.add_command(bench)
 
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from engine.config import ModelOptions
 from pipeline.outputs import OutputConfig
@@ -39,20 +40,46 @@ class ReadConfig:
             raise ValueError(f"bad read limits: {self}")
 
 
+SIZE_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """``"4G"`` -> 4 * 2**30 bytes (units B, K, M, G, T; binary; an optional trailing ``iB``/``B``)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*", text.upper())
+    if match is None:
+        raise ValueError(f"size {text!r} is not a number with an optional unit (K, M, G, T), e.g. 4G or 512M")
+    return int(float(match.group(1)) * SIZE_UNITS[match.group(2)])
+
+
 @dataclass(frozen=True)
 class IndexSettings:
-    """How vectors become a FAISS index."""
+    """How vectors become a FAISS index (``pipeline/index_factory.py`` reads these)."""
 
     factory: str = "auto"  # "auto" or a FAISS index factory string
     metric: str = "ip"
     seed: int = 1234
-    flat_max_vectors: int = 50_000  # "auto": exact search up to this many vectors, IVF above
+    flat_max_vectors: int = 50_000  # "auto": exact search up to this many vectors (when it fits the budget)
+    memory_bytes: int = 8 << 30  # --index-memory: what the index may hold in RAM; IVF above it goes on disk
+    target_recall: float = 0.95  # --target-recall: recall@10 against exact search, reached by tuning
+    train_points_per_centroid: int = 64  # k-means sample size per IVF list (FAISS: 30..256)
+    tune_queries: int = 1000  # held-out vectors the search parameters are tuned on
 
     def __post_init__(self) -> None:
         if self.metric not in METRICS:
             raise ValueError(f"--metric {self.metric!r} is not one of {', '.join(METRICS)}")
         if not self.factory:
             raise ValueError("--index-factory must not be empty")
+        if self.memory_bytes < 1 << 20:
+            raise ValueError(f"--index-memory {self.memory_bytes} bytes < 1M: give at least 1M")
+        if not 0.0 < self.target_recall <= 1.0:
+            raise ValueError(f"--target-recall {self.target_recall} is not in (0, 1]")
+        if not 30 <= self.train_points_per_centroid <= 256:
+            raise ValueError(f"train_points_per_centroid {self.train_points_per_centroid} is not in 30..256")
+        if self.tune_queries < 10:
+            raise ValueError(f"tune_queries {self.tune_queries} < 10")
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 @dataclass(frozen=True)

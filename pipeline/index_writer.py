@@ -1,44 +1,38 @@
-"""Building a FAISS index from the embedding store, into a staging directory.
+"""Building the FAISS index of a version from the embedding store, into a staging directory.
 
-Vectors are added shard by shard from the store's memory-mapped entries (never all in RAM at
-once). A document id seen in several shards keeps the vector of the last shard in sorted order.
-FAISS ids are 0..N-1 in insertion order; ``ids.parquet`` maps them back to documents.
+plan (``index_factory``) -> train on a seeded sample -> add shard by shard (``index_build``: in
+memory, or parts merged on disk) -> tune search parameters on held-out vectors (``index_tuning``)
+-> write ``index.faiss`` (+ ``index.ivfdata``) and ``ids.parquet`` -> sha256 of every file.
 """
 
 from __future__ import annotations
 
-import math
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from pipeline.config import IndexSettings
+from pipeline.faiss_loader import load_faiss
+from pipeline.index_build import add_in_memory, build_on_disk
+from pipeline.index_factory import IndexPlan, make_index, plan_index
+from pipeline.index_gpu import num_gpus, train
+from pipeline.index_io import IDS_FILE, INDEX_FILE, write_index
+from pipeline.index_source import StoreVectors, split_sample
+from pipeline.index_tuning import TUNE_K, exact_neighbours, tune
 from pipeline.store import StoreEntry, sha256_file
 
-ADD_CHUNK_ROWS = 65536
-TUNE_QUERIES = 500
-TUNE_K = 10
-TARGET_RECALL = 0.95
+MAX_CHUNK_ROWS = 65536
+MIN_CHUNK_ROWS = 1024
+MIN_TRAIN_POINTS_PER_CENTROID = 30  # FAISS warns below 39; the wiki's floor is 30
+PQ_TRAIN_POINTS = 65536  # 256 centroids per sub-quantizer x 256 points (FAISS's own cap)
 
 
-def _faiss():  # heavy import, kept out of module import time
-    import faiss
-
-    return faiss
-
-
-def auto_factory(num_vectors: int, settings: IndexSettings) -> str:
-    """Exact search for small corpora; IVF with ~4*sqrt(N) lists (a power of two) above."""
-    if num_vectors <= settings.flat_max_vectors:
-        return "Flat"
-    nlist = 2 ** round(math.log2(4 * math.sqrt(num_vectors)))
-    return f"IVF{nlist},Flat"
+def auto_factory(num_vectors: int, dim: int, settings: IndexSettings) -> str:
+    """The factory string ``--index-factory auto`` picks (see ``pipeline/index_factory.py``)."""
+    return plan_index(num_vectors, dim, settings).factory
 
 
 @dataclass
@@ -47,143 +41,119 @@ class BuildResult:
     metric: str
     num_vectors: int
     superseded: int  # vectors dropped because a later shard has the same document id
+    plan: dict[str, Any] = field(default_factory=dict)
     search_params: dict[str, Any] = field(default_factory=dict)
     tuning: dict[str, Any] = field(default_factory=dict)
+    device: dict[str, Any] = field(default_factory=dict)  # where training and adding ran
     files: dict[str, str] = field(default_factory=dict)  # file name -> sha256
+    timings_s: dict[str, float] = field(default_factory=dict)
     seconds: float = 0.0
 
-
-@dataclass(frozen=True)
-class _Selected:
-    """Which rows of each entry go into the index (after cross-shard de-duplication)."""
-
-    keep: list[np.ndarray]  # per entry: positions into entry.rows() that are indexed
-    total: int
-    superseded: int
-
-
-def _select(entries: list[StoreEntry], row_tables: list[pa.Table]) -> _Selected:
-    id_type = pa.string() if any(t.schema.field("id").type == pa.string() for t in row_tables) else pa.int64()
-    ids = pa.concat_arrays([t.column("id").combine_chunks().cast(id_type) for t in row_tables]) if row_tables \
-        else pa.array([], id_type)
-    seq = pa.array(np.arange(len(ids), dtype=np.int64))
-    last = pa.table({"id": ids, "seq": seq}).group_by("id").aggregate([("seq", "max")])
-    kept = np.zeros(len(ids), dtype=bool)
-    kept[last.column("seq_max").to_numpy()] = True
-    keep, offset = [], 0
-    for table in row_tables:
-        keep.append(np.flatnonzero(kept[offset : offset + table.num_rows]))
-        offset += table.num_rows
-    total = int(kept.sum())
-    return _Selected(keep, total, len(ids) - total)
+    def manifest(self, settings: IndexSettings) -> dict[str, Any]:
+        """The manifest's ``index`` section."""
+        return {
+            "requested_factory": settings.factory,
+            "settings": settings.as_dict(),
+            "factory": self.factory,
+            "metric": self.metric,
+            "storage": self.plan.get("storage", "memory"),
+            "num_vectors": self.num_vectors,
+            "superseded": self.superseded,
+            "plan": self.plan,
+            "search_params": self.search_params,
+            "tuning": self.tuning,
+            "device": self.device,
+            "files": self.files,
+            "timings_s": self.timings_s,
+            "build_seconds": round(self.seconds, 3),
+        }
 
 
-def _vector_chunks(entries: list[StoreEntry], row_tables: list[pa.Table], selected: _Selected) -> Iterator[np.ndarray]:
-    for entry, table, keep in zip(entries, row_tables, selected.keep):
-        if len(keep) == 0:
-            continue
-        vectors = entry.embeddings()
-        rows = table.column("row").to_numpy()[keep]
-        for start in range(0, len(rows), ADD_CHUNK_ROWS):
-            yield np.ascontiguousarray(vectors[rows[start : start + ADD_CHUNK_ROWS]], dtype=np.float32)
+def chunk_rows(dim: int, settings: IndexSettings) -> int:
+    """Vectors read from the store per add call: 1/16 of the memory budget, 1024..65536 rows."""
+    return max(MIN_CHUNK_ROWS, min(MAX_CHUNK_ROWS, settings.memory_bytes // 16 // (4 * dim)))
 
 
-def _training_sample(entries: list[StoreEntry], row_tables: list[pa.Table], selected: _Selected, size: int,
-                     seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    picks = np.sort(rng.choice(selected.total, size=min(size, selected.total), replace=False))
-    out, offset = [], 0
-    for entry, table, keep in zip(entries, row_tables, selected.keep):
-        lo, hi = np.searchsorted(picks, [offset, offset + len(keep)])
-        if hi > lo:
-            rows = table.column("row").to_numpy()[keep[picks[lo:hi] - offset]]
-            out.append(np.asarray(entry.embeddings()[rows], dtype=np.float32))
-        offset += len(keep)
-    return np.concatenate(out)
+def part_rows(plan: IndexPlan, settings: IndexSettings) -> int:
+    """Vectors per part (on disk, or on the GPU): a quarter of the memory budget of codes."""
+    return max(MIN_CHUNK_ROWS, settings.memory_bytes // 4 // max(1, plan.bytes_per_vector))
 
 
-def _tune_nprobe(index: Any, sample: np.ndarray, k: int = TUNE_K,
-                 target: float = TARGET_RECALL) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Smallest power-of-two nprobe reaching ``target`` recall@k against exact search on ``sample``."""
-    faiss = _faiss()
-    ivf = faiss.extract_index_ivf(index)
-    queries = sample[: min(TUNE_QUERIES, len(sample))]
-    # NOTE: ground truth is the same index searched over every list (exact for IVF-Flat), so it
-    # covers all indexed vectors, not just the sample.
-    ivf.nprobe = ivf.nlist
-    _, truth = index.search(queries, k)
-    nprobe, recall = 1, 0.0
-    while True:
-        ivf.nprobe = nprobe
-        started = time.perf_counter()
-        _, found = index.search(queries, k)
-        seconds = time.perf_counter() - started
-        recall = float(np.mean([len(set(a) & set(b)) / k for a, b in zip(found, truth)]))
-        if recall >= target or nprobe >= ivf.nlist:
-            break
-        nprobe = min(nprobe * 2, ivf.nlist)
-    return {"nprobe": nprobe}, {"target_recall_at_10": target, "recall_at_10": recall,
-                                "ms_per_query": 1000 * seconds / len(queries), "queries": len(queries)}
+def training_size(plan: IndexPlan, dim: int, settings: IndexSettings) -> int:
+    """Points to train on: ``train_points_per_centroid`` per IVF list, capped at half the memory
+    budget but never under 30 per list; PQ codes want at least 64k."""
+    wanted = settings.train_points_per_centroid * max(plan.nlist, 1)
+    affordable = settings.memory_bytes // 2 // (4 * dim)
+    size = max(min(wanted, affordable), MIN_TRAIN_POINTS_PER_CENTROID * plan.nlist)
+    if "PQ" in plan.factory or plan.nlist == 0:
+        size = max(size, PQ_TRAIN_POINTS)
+    return size
+
+
+def _train(index: Any, sample: np.ndarray, plan: IndexPlan, seed: int, ngpu: int) -> dict[str, Any]:
+    """Train ``index`` on ``sample [n, dim]`` (seeded); returns where it ran and on how many points."""
+    faiss = load_faiss()
+    if len(sample) < max(plan.nlist, 1):
+        raise ValueError(f"index {plan.factory!r} needs at least {plan.nlist} vectors to train, "
+                         f"the store has {len(sample)}")
+    ivf = faiss.try_extract_index_ivf(index)
+    if ivf is not None:
+        ivf.cp.seed = seed  # NOTE: seeded k-means on a seeded sample: same input, same index
+        ivf = faiss.downcast_index(ivf)
+        if getattr(ivf, "do_polysemous_training", False):
+            # NOTE: on by default for IVF-PQ, minutes of annealing per sub-quantizer, and only
+            # polysemous search (the ``ht`` parameter, never set here) uses it.
+            ivf.do_polysemous_training = False
+    return {"train": train(index, sample, ngpu), "train_points": len(sample)}
 
 
 def build_index(entries: list[StoreEntry], dim: int, settings: IndexSettings, staging: Path) -> BuildResult:
-    """Write ``index.faiss`` and ``ids.parquet`` for the store entries (in shard order) into ``staging``."""
-    faiss = _faiss()
+    """Write the index of ``entries`` (store entries in shard order; vectors ``[rows, dim]``) into
+    ``staging``: ``index.faiss`` (+ ``index.ivfdata`` on disk) and ``ids.parquet``.
+
+    Raises ``ValueError`` for a factory string FAISS rejects or too few vectors to train it.
+    """
     started = time.perf_counter()
-    row_tables = [entry.rows() for entry in entries]
-    selected = _select(entries, row_tables)
-    factory = auto_factory(selected.total, settings) if settings.factory == "auto" else settings.factory
-    metric_type = faiss.METRIC_INNER_PRODUCT if settings.metric == "ip" else faiss.METRIC_L2
-    try:
-        index = faiss.index_factory(dim, factory, metric_type)
-    except RuntimeError as exc:
-        raise ValueError(f"--index-factory {factory!r} is not a valid FAISS factory string: {exc}") from exc
+    timings: dict[str, float] = {}
+    source = StoreVectors(entries, dim)
+    plan = plan_index(source.total, dim, settings)
+    index = make_index(plan.factory, dim, settings.metric)
+    ngpu = num_gpus()
+    rows = chunk_rows(dim, settings)
+    num_train = 0 if index.is_trained else training_size(plan, dim, settings)
+    num_queries = settings.tune_queries if source.total > 1 else 0
+    query_ids, train_ids = split_sample(source.total, num_queries, num_train, settings.seed)
+    device: dict[str, Any] = {"gpus": ngpu, "train": None, "add": "cpu"}
 
-    sample = None
-    ivf = faiss.try_extract_index_ivf(index)
     if not index.is_trained:
-        nlist = ivf.nlist if ivf is not None else 1
-        if ivf is not None:
-            ivf.cp.seed = settings.seed  # NOTE: seeded k-means: same input, same index
-        sample = _training_sample(entries, row_tables, selected, max(256 * nlist, 10_000), settings.seed)
-        if len(sample) < nlist:
-            raise ValueError(f"index {factory!r} needs at least {nlist} vectors to train, the store has {len(sample)}")
-        index.train(sample)
-    for chunk in _vector_chunks(entries, row_tables, selected):
-        index.add(chunk)
+        t0 = time.perf_counter()
+        device.update(_train(index, source.take(train_ids), plan, settings.seed, ngpu))
+        timings["train"] = round(time.perf_counter() - t0, 3)
 
-    search_params: dict[str, Any] = {}
+    t0 = time.perf_counter()
+    if plan.storage == "ondisk":
+        index, device["add"] = build_on_disk(index, source, staging, part_rows(plan, settings), rows, ngpu > 0)
+    else:
+        device["add"] = add_in_memory(index, source, part_rows(plan, settings), rows, ngpu > 0)
+    timings["add"] = round(time.perf_counter() - t0, 3)
+
     tuning: dict[str, Any] = {}
-    if ivf is not None and selected.total > 0:
-        if sample is None:
-            sample = _training_sample(entries, row_tables, selected, TUNE_QUERIES, settings.seed)
-        search_params, tuning = _tune_nprobe(index, sample)
+    if len(query_ids):
+        t0 = time.perf_counter()
+        queries = source.take(query_ids)
+        truth = exact_neighbours(queries, source, TUNE_K + 1, settings.metric, rows)
+        tuning = tune(index, queries, query_ids, truth, settings.target_recall).as_dict()
+        timings["tune"] = round(time.perf_counter() - t0, 3)
 
-    faiss.write_index(index, str(staging / "index.faiss"))
-    _write_ids(entries, row_tables, selected, staging / "ids.parquet")
-    result = BuildResult(factory=factory, metric=settings.metric, num_vectors=int(index.ntotal),
-                         superseded=selected.superseded, search_params=search_params, tuning=tuning)
-    result.files = {name: sha256_file(staging / name) for name in ("index.faiss", "ids.parquet")}
+    if plan.storage == "memory":
+        write_index(index, staging / INDEX_FILE)
+    num_vectors = int(index.ntotal)
+    del index  # NOTE: an on-disk index maps index.ivfdata read-write until released
+    source.write_ids(staging / IDS_FILE)
+    assert num_vectors == source.total, f"index holds {num_vectors} vectors, the store selection {source.total}"
+    result = BuildResult(factory=plan.factory, metric=settings.metric, num_vectors=num_vectors,
+                         superseded=source.superseded, plan=plan.as_dict(), search_params=tuning.get("params", {}),
+                         tuning=tuning, device=device, timings_s=timings)
+    result.files = {p.name: sha256_file(p) for p in sorted(staging.iterdir()) if p.is_file()}
     result.seconds = time.perf_counter() - started
     return result
-
-
-def _write_ids(entries: list[StoreEntry], row_tables: list[pa.Table], selected: _Selected, path: Path) -> None:
-    id_type = pa.string() if any(t.schema.field("id").type == pa.string() for t in row_tables) else pa.int64()
-    schema = pa.schema([("faiss_id", pa.int64()), ("id", id_type), ("shard", pa.string()), ("row", pa.int64())])
-    with pq.ParquetWriter(path, schema) as writer:
-        next_id = 0
-        for entry, table, keep in zip(entries, row_tables, selected.keep):
-            if len(keep) == 0:
-                continue
-            part = table.take(pa.array(keep))
-            n = part.num_rows
-            writer.write_table(pa.table({
-                "faiss_id": pa.array(np.arange(next_id, next_id + n, dtype=np.int64)),
-                "id": part.column("id").cast(id_type),
-                "shard": pa.array([entry.meta["source"]["path"]] * n, pa.string()),
-                "row": part.column("row"),
-            }, schema=schema))
-            next_id += n
-        if next_id == 0:
-            writer.write_table(schema.empty_table())

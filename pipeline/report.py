@@ -27,6 +27,7 @@ class RunReport:
     out: str = ""
     version: str | None = None
     shards: dict[str, int] = field(default_factory=lambda: {"total": 0, "embedded": 0, "reused": 0})
+    shard_changes: dict[str, list[str]] = field(default_factory=dict)  # added/changed/removed/unchanged paths
     rows: dict[str, Any] = field(default_factory=lambda: {"total": 0, "embedded": 0, "skipped": {}, "truncated": 0})
     tokens: int = 0
     model: dict[str, Any] = field(default_factory=dict)
@@ -69,6 +70,8 @@ class RunReport:
                 f"{self.shards['total']} shards ({self.shards['embedded']} embedded, {self.shards['reused']} reused), "
                 f"{self.rows['embedded']} rows embedded, {skipped} skipped, {self.rows['truncated']} truncated"
             )
+            if self.shard_changes:
+                parts.append(", ".join(f"{len(v)} {k}" for k, v in self.shard_changes.items()))
             if self.index.get("num_vectors") is not None:
                 parts.append(f"{self.index['num_vectors']} vectors in {self.index.get('factory')}")
             if self.version:

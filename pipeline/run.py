@@ -41,6 +41,7 @@ from pipeline.parquet import ReadStats, ShardInfo, preflight, resolve_sources
 from pipeline.prefetch import Prefetcher
 from pipeline.rejects import BadRowGate, rejects_table
 from pipeline.report import RunReport
+from pipeline.shard_changes import live_manifest, shard_changes
 from pipeline.signals import StopSignals
 from pipeline.step_guard import StepGuard, device_failure
 from pipeline.store import EmbeddingStore, StoreEntry, StoreSink, settings_fingerprint
@@ -144,6 +145,8 @@ def _run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory, 
             store.open()
         settings_fp = settings_fingerprint(settings)
         fingerprints = [content_fingerprint(store, info, settings_fp) for info in shards]
+        report.shard_changes = shard_changes(previous if not job.full else live_manifest(out), shards,
+                                             [store.content_sha256(info) for info in shards])  # cached above
         entries: list[StoreEntry | None] = [None if job.full else store.lookup(info, fp)
                                             for info, fp in zip(shards, fingerprints)]
         todo = [i for i, entry in enumerate(entries) if entry is None]
@@ -222,7 +225,8 @@ def _run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory, 
         report.version = version
         report.index = {"factory": result.factory, "metric": result.metric, "num_vectors": result.num_vectors,
                         "superseded": result.superseded, "search_params": result.search_params,
-                        "tuning": result.tuning}
+                        "tuning": result.tuning, "storage": result.plan.get("storage", "memory"),
+                        "device": result.device}
         report.rejects_file = str(out.version_dir(version) / "rejects.parquet")
         clean_up(out, store, committed, job, report)
     report.finish("success", 0)
@@ -341,9 +345,7 @@ def unchanged(previous: dict[str, Any], shards: list[ShardInfo], entries: list[S
     """True when the live version was built from exactly these store entries and index settings."""
     before = [(s["abs_path"], s["entry"]) for s in previous.get("shards", [])]
     now = [(s.abs_path, e.fingerprint) for s, e in zip(shards, entries)]
-    index = previous.get("index", {})
-    return before == now and index.get("requested_factory") == job.index.factory \
-        and index.get("metric") == job.index.metric
+    return before == now and previous.get("index", {}).get("settings") == job.index.as_dict()
 
 
 def make_manifest(version: str, spec: ModelSpec, settings: dict[str, Any], job: IndexJob, shards: list[ShardInfo],
@@ -360,17 +362,7 @@ def make_manifest(version: str, spec: ModelSpec, settings: dict[str, Any], job: 
         "normalize": spec.pooling.normalize,
         "metric": job.index.metric,
         "max_length": spec.pooling.max_length,
-        "index": {
-            "requested_factory": job.index.factory,
-            "factory": result.factory,
-            "metric": result.metric,
-            "num_vectors": result.num_vectors,
-            "superseded": result.superseded,
-            "search_params": result.search_params,
-            "tuning": result.tuning,
-            "files": result.files,
-            "build_seconds": round(result.seconds, 3),
-        },
+        "index": result.manifest(job.index),
         "shards": [
             {"path": str(s.path), "abs_path": s.abs_path, "size": s.size, "mtime_ns": s.mtime_ns,
              "sha256": e.meta["source"]["sha256"], "rows": s.num_rows, "entry": e.fingerprint, **e.meta["counts"]}

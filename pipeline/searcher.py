@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.errors import BadInputError, ConfigError, PetalError
+from pipeline.faiss_loader import load_faiss
 from pipeline.faults import fault
+from pipeline.index_io import IDS_FILE, INDEX_FILE, read_index
+from pipeline.index_tuning import apply_params
 from pipeline.layout import resolve_index_dir
 from pipeline.store import sha256_file
 
@@ -28,6 +32,26 @@ class Hit:
     row: int
 
 
+SAFE_FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def verify_files(version_dir: Path, files: dict[str, str]) -> None:
+    """Every file the manifest lists exists beside it and matches its sha256 (before FAISS reads any)."""
+    for name in (INDEX_FILE, IDS_FILE):
+        if name not in files:
+            raise ConfigError(f"{version_dir}: {name} is not listed in the manifest")
+    for name, expected in sorted(files.items()):
+        if not SAFE_FILE_NAME.match(name):  # NOTE: a manifest must not point outside its directory
+            raise BadInputError(f"{version_dir}: the manifest lists {name!r}, which is not a plain file name")
+        actual_path = version_dir / name
+        if not actual_path.is_file():
+            raise ConfigError(f"{version_dir}: {name} is listed in the manifest but missing")
+        actual = sha256_file(actual_path)
+        if actual != expected:
+            raise BadInputError(f"{actual_path}: sha256 {actual[:16]}... does not match the manifest "
+                                f"({expected[:16]}...); the index is corrupt, rebuild it")
+
+
 def _pointer(path: Path) -> str | None:
     """What ``path/CURRENT`` says now (``None`` for a version directory or no pointer)."""
     try:
@@ -37,7 +61,11 @@ def _pointer(path: Path) -> str | None:
 
 
 class IndexReader:
-    """A published version: manifest, FAISS index (checked against the manifest's sha256), id map."""
+    """A published version: manifest, FAISS index (checked against the manifest's sha256), id map.
+
+    Search parameters come from the manifest (tuned at build time); ``nprobe`` overrides.
+    On-disk indexes are memory-mapped read-only.
+    """
 
     def __init__(self, path: Path, nprobe: int | None = None, rescore: int | None = None) -> None:
         for attempt in range(1, OPEN_ATTEMPTS + 1):
@@ -53,19 +81,12 @@ class IndexReader:
                     raise
 
     def _open(self, nprobe: int | None, rescore: int | None) -> None:
-        import faiss
+        faiss = load_faiss()
 
         fault("query_open", self.dir)
-        files = self.manifest.get("index", {}).get("files", {})
-        for name in ("index.faiss", "ids.parquet"):
-            expected = files.get(name)
-            actual_path = self.dir / name
-            if expected is None or not actual_path.is_file():
-                raise ConfigError(f"{self.dir}: {name} is missing or not listed in the manifest")
-            actual = sha256_file(actual_path)
-            if actual != expected:
-                raise BadInputError(f"{actual_path}: sha256 {actual[:16]}... does not match the manifest "
-                                    f"({expected[:16]}...); the index is corrupt, rebuild it")
+        index_section = self.manifest.get("index", {})
+        verify_files(self.dir, index_section.get("files", {}))
+        self.storage = str(index_section.get("storage", "memory"))
         # issue 4 hook: binary indexes (Hamming + float rescoring) open through pipeline/output_index.py
         binary = self.manifest.get("output", {}).get("quantize") == "binary"
         if binary:
@@ -73,16 +94,19 @@ class IndexReader:
 
             self.index = open_binary_index(self.dir, self.manifest, nprobe=nprobe, rescore=rescore)
         else:
-            self.index = faiss.read_index(str(self.dir / "index.faiss"))
-        self.ids = pq.read_table(self.dir / "ids.parquet")
+            self.index = read_index(self.dir / INDEX_FILE, self.storage)
+        self.ids = pq.read_table(self.dir / IDS_FILE)
         if self.ids.num_rows != self.index.ntotal:
             raise BadInputError(f"{self.dir}: {self.ids.num_rows} ids for {self.index.ntotal} vectors")
-        params = dict(self.manifest.get("index", {}).get("search_params", {}))
-        if nprobe is not None:
+        params = {k: int(v) for k, v in index_section.get("search_params", {}).items()}
+        if binary:  # issue 4: the binary index set its own nprobe
+            self.search_params = params if nprobe is None else {**params, "nprobe": nprobe}
+            return
+        if nprobe is not None and faiss.try_extract_index_ivf(self.index) is not None:
             params["nprobe"] = nprobe
-        ivf = None if binary else faiss.try_extract_index_ivf(self.index)  # issue 4: binary sets its own nprobe
-        if ivf is not None and "nprobe" in params:
-            ivf.nprobe = int(params["nprobe"])
+            if "quantizer_efSearch" in params:
+                params["quantizer_efSearch"] = max(params["quantizer_efSearch"], 2 * nprobe)
+        apply_params(self.index, params)
         self.search_params = params
 
     @property

@@ -47,9 +47,10 @@ def sha256_file(path: Path | str) -> str:
     return digest.hexdigest()
 
 
-def shard_key(info: ShardInfo) -> str:
-    """Stable key of an input shard: its absolute path."""
-    return hashlib.sha256(info.abs_path.encode()).hexdigest()[:20]
+def shard_key(info: ShardInfo | str) -> str:
+    """Stable key of an input shard: its absolute path (given, or the shard's)."""
+    abs_path = info if isinstance(info, str) else info.abs_path
+    return hashlib.sha256(abs_path.encode()).hexdigest()[:20]
 
 
 def settings_fingerprint(settings: dict[str, Any]) -> str:
@@ -123,7 +124,7 @@ class EmbeddingStore:
         blob = f"{settings_fp}:{self.content_sha256(info)}".encode()
         return hashlib.sha256(blob).hexdigest()[:24]
 
-    def lookup(self, info: ShardInfo, fingerprint: str) -> StoreEntry | None:
+    def lookup(self, info: ShardInfo | str, fingerprint: str) -> StoreEntry | None:
         path = self.shards_dir / shard_key(info) / fingerprint
         meta_file = path / "entry.json"
         if meta_file.is_file():

@@ -121,9 +121,9 @@ def test_ivf_path_tunes_nprobe_for_recall(store, shard_writer, tmp_path):
     x = centers[rng.integers(0, 40, 6000)] + 0.3 * rng.standard_normal((6000, 32)).astype(np.float32)
     x /= np.linalg.norm(x, axis=1, keepdims=True)
     settings = IndexSettings(flat_max_vectors=1000)
-    assert auto_factory(6000, settings).startswith("IVF")
+    assert auto_factory(6000, 32, settings).startswith("IVF")
     result, reader = build(store, shard_writer, tmp_path, [("c.parquet", list(range(6000)), x)], settings)
-    assert result.factory == "IVF256,Flat"
+    assert result.factory == "IVF128,Flat"
     assert result.tuning["recall_at_10"] >= 0.95 and reader.search_params["nprobe"] >= 1
     queries = x[rng.choice(6000, 200, replace=False)]
     exact = queries @ x.T
