@@ -94,6 +94,31 @@ def search_grid(index: Any) -> list[dict[str, int]]:
     return [{}]
 
 
+def is_exact(index: Any) -> bool:
+    """True for uncompressed flat indexes: their search is exhaustive, recall@k is 1 by definition."""
+    faiss = load_faiss()
+    return isinstance(faiss.downcast_index(index), faiss.IndexFlat)
+
+
+EXACT_LATENCY_SAMPLES = 5  # NOTE: a one-query exhaustive scan of a large index takes tens of ms
+
+
+def exact_tuning(index: Any, queries: np.ndarray, target: float, k: int = TUNE_K) -> Tuning:
+    """What ``tune`` records for an exact index, without a ground truth to measure against: no
+    parameters, recall 1, and the search latency (``queries`` batched, then a few one by one)."""
+    started = time.perf_counter()
+    index.search(queries, k)
+    ms_per_query = 1000 * (time.perf_counter() - started) / max(len(queries), 1)
+    single = []
+    for i in range(min(EXACT_LATENCY_SAMPLES, len(queries))):
+        started = time.perf_counter()
+        index.search(queries[i : i + 1], k)
+        single.append(1000 * (time.perf_counter() - started))
+    return Tuning(params={}, target_recall_at_10=target, recall_at_10=1.0, recall_at_10_low=1.0, reached=True,
+                  ms_per_query=round(ms_per_query, 4), single_query_ms_p50=round(float(np.median(single)), 4),
+                  queries=len(queries), curve=[])
+
+
 def _plateau(curve: list[dict[str, Any]], steps: int = 4, gain: float = 0.002) -> bool:
     """True when the last ``steps`` settings raised recall by less than ``gain`` in all: the codes,
     not the search breadth, limit recall (PQ), and wider searches only cost time."""

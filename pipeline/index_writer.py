@@ -21,7 +21,7 @@ from pipeline.index_factory import IndexPlan, make_index, plan_index
 from pipeline.index_gpu import num_gpus, train
 from pipeline.index_io import IDS_FILE, INDEX_FILE, write_index
 from pipeline.index_source import StoreVectors, split_sample
-from pipeline.index_tuning import TUNE_K, exact_neighbours, tune
+from pipeline.index_tuning import SINGLE_QUERY_SAMPLES, TUNE_K, exact_neighbours, exact_tuning, is_exact, tune
 from pipeline.store import StoreEntry, sha256_file
 
 MAX_CHUNK_ROWS = 65536
@@ -141,8 +141,11 @@ def build_index(entries: list[StoreEntry], dim: int, settings: IndexSettings, st
     if len(query_ids):
         t0 = time.perf_counter()
         queries = source.take(query_ids)
-        truth = exact_neighbours(queries, source, TUNE_K + 1, settings.metric, rows)
-        tuning = tune(index, queries, query_ids, truth, settings.target_recall).as_dict()
+        if is_exact(index):  # NOTE: exhaustive search: no ground truth to compute, nothing to tune
+            tuning = exact_tuning(index, queries[:SINGLE_QUERY_SAMPLES], settings.target_recall).as_dict()
+        else:
+            truth = exact_neighbours(queries, source, TUNE_K + 1, settings.metric, rows)
+            tuning = tune(index, queries, query_ids, truth, settings.target_recall).as_dict()
         timings["tune"] = round(time.perf_counter() - t0, 3)
 
     if plan.storage == "memory":
