@@ -40,7 +40,7 @@ def info(index_path: Path, as_json: bool) -> None:
     ]
     if index.get("plan", {}).get("reason"):
         lines.append(f"             why: {index['plan']['reason']}")
-    output = manifest.get("output")  # issue 4: output format
+    output = manifest.get("output")  # output format
     if output:
         kind = {"none": output["output_dtype"], "int8": f"int8 ({output['int8_scheme']})", "binary": "binary (Hamming)"}
         lines.append(f"output       {kind[output['quantize']]}, dim {output['dim']} of {output['model_dim']}"

@@ -142,8 +142,8 @@ class IndexJob:
     max_bad_rows: BadRowBudget | None = None  # None: any number of bad rows is skipped and reported
     keep_versions: int = 2  # the live version and the one before it (rollback)
     wait: bool = False  # queue for the writer lock instead of exiting 75
-    model_options: ModelOptions = field(default_factory=ModelOptions)  # issue 4: --pooling, --attention-mask, ...
-    output: OutputConfig = field(default_factory=OutputConfig)  # issue 4: --dim, --quantize, --output-dtype
+    model_options: ModelOptions = field(default_factory=ModelOptions)  # --pooling, --attention-mask, ...
+    output: OutputConfig = field(default_factory=OutputConfig)  # --dim, --quantize, --output-dtype
 
     def __post_init__(self) -> None:
         if not self.sources:

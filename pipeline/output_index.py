@@ -15,16 +15,15 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from pipeline.config import IndexSettings
 from pipeline.errors import BadInputError, ConfigError
+from pipeline.index_source import StoreVectors
 from pipeline.index_writer import BuildResult, build_index
 from pipeline.outputs import OutputConfig, OutputTransform
 from pipeline.store import StoreEntry, sha256_file
@@ -35,82 +34,6 @@ ADD_CHUNK_ROWS = 65536
 TUNE_QUERIES = 500
 TUNE_K = 10
 TARGET_RECALL = 0.95
-
-
-class StoreVectors:
-    """The de-duplicated vectors of ``entries`` (a document id in several shards keeps the last
-    shard's vector), addressed by FAISS id: ``0..total-1`` in entry order, then row order.
-
-    NOTE: the interface of issue 5's ``pipeline/index_source.StoreVectors`` (chunks, take, write_ids):
-    once both are merged, this class can give way to that one.
-    """
-
-    def __init__(self, entries: list[StoreEntry], dim: int) -> None:
-        self.entries = entries
-        self.dim = dim
-        tables = [entry.rows() for entry in entries]
-        self.id_type = pa.string() if any(t.schema.field("id").type == pa.string() for t in tables) else pa.int64()
-        ids = pa.concat_arrays([t.column("id").combine_chunks().cast(self.id_type) for t in tables]) if tables \
-            else pa.array([], self.id_type)
-        last = pa.table({"id": ids, "seq": pa.array(np.arange(len(ids), dtype=np.int64))}).group_by("id") \
-            .aggregate([("seq", "max")])
-        kept = np.zeros(len(ids), dtype=bool)
-        kept[last.column("seq_max").to_numpy()] = True
-        self._rows: list[np.ndarray] = []  # per entry: store rows of its indexed vectors, ascending
-        self._keep: list[np.ndarray] = []  # per entry: positions into entry.rows() that are indexed
-        offset = 0
-        for table in tables:
-            keep = np.flatnonzero(kept[offset : offset + table.num_rows])
-            self._keep.append(keep)
-            self._rows.append(table.column("row").to_numpy()[keep])
-            offset += table.num_rows
-        self.starts = np.cumsum([0] + [len(k) for k in self._keep])  # [num_entries + 1] first FAISS id per entry
-        self.total = int(self.starts[-1])
-        self.superseded = len(ids) - self.total
-
-    def chunks(self, max_rows: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """``(faiss_ids [n] int64, vectors [n, dim] float32)``, n <= ``max_rows``, in FAISS id order."""
-        for entry, rows, start in zip(self.entries, self._rows, self.starts):
-            if len(rows) == 0:
-                continue
-            vectors = entry.embeddings()
-            for lo in range(0, len(rows), max_rows):
-                hi = min(lo + max_rows, len(rows))
-                yield (np.arange(start + lo, start + hi, dtype=np.int64),
-                       np.ascontiguousarray(vectors[rows[lo:hi]], dtype=np.float32))
-
-    def take(self, faiss_ids: np.ndarray) -> np.ndarray:
-        """``[len(faiss_ids), dim]`` float32 for sorted, unique ``faiss_ids``."""
-        out = np.empty((len(faiss_ids), self.dim), dtype=np.float32)
-        bounds = np.searchsorted(faiss_ids, self.starts)
-        for i, entry in enumerate(self.entries):
-            lo, hi = int(bounds[i]), int(bounds[i + 1])
-            if hi > lo:
-                out[lo:hi] = entry.embeddings()[self._rows[i][faiss_ids[lo:hi] - self.starts[i]]]
-        return out
-
-    def sample(self, size: int, seed: int) -> np.ndarray:
-        """A seeded sample of up to ``size`` vectors (training, calibration, tuning)."""
-        picks = np.random.default_rng(seed).choice(self.total, size=min(size, self.total), replace=False)
-        return self.take(np.sort(picks))
-
-    def write_ids(self, path: Path) -> None:
-        """``ids.parquet``: faiss_id int64, id, shard, row int64, in FAISS id order."""
-        schema = pa.schema([("faiss_id", pa.int64()), ("id", self.id_type), ("shard", pa.string()),
-                            ("row", pa.int64())])
-        with pq.ParquetWriter(path, schema) as writer:
-            for entry, keep, start in zip(self.entries, self._keep, self.starts):
-                if len(keep) == 0:
-                    continue
-                part = entry.rows().take(pa.array(keep))
-                writer.write_table(pa.table({
-                    "faiss_id": pa.array(np.arange(start, start + part.num_rows, dtype=np.int64)),
-                    "id": part.column("id").cast(self.id_type),
-                    "shard": pa.array([entry.meta["source"]["path"]] * part.num_rows, pa.string()),
-                    "row": part.column("row"),
-                }, schema=schema))
-            if self.total == 0:
-                writer.write_table(schema.empty_table())
 
 
 def check_index_factory(output: OutputConfig, factory: str) -> None:

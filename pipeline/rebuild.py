@@ -58,7 +58,7 @@ def run_rebuild(out_path: Path, settings: IndexSettings, report: RunReport) -> R
         report.rows["embedded"] = sum(e.num_embedded for e in entries)
         staging = out.staging_dir()
         transform = OutputTransform.from_record(previous["output"]) if "output" in previous else None
-        if transform is not None:  # issue 4: the index type follows the output format
+        if transform is not None:  # the index type follows the output format
             result, transform = build_output_index(entries, transform, settings, staging)
         else:
             result = build_index(entries, int(previous["dim"]), settings, staging)

@@ -81,7 +81,7 @@ def embedding_settings(spec: ModelSpec, config: EngineConfig, job: IndexJob) -> 
         "dtype": config.dtype,
         "text_column": job.read.text_column,
         "id_column": job.read.id_column,
-        **output_settings(spec, OutputTransform.for_model(spec, job.output)),  # issue 4: output formats
+        **output_settings(spec, OutputTransform.for_model(spec, job.output)),  # output formats
     }
 
 
@@ -121,8 +121,8 @@ def _run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory, 
     report.shards["total"] = len(shards)
     report.rows["total"] = sum(s.num_rows for s in shards)
     spec = model_spec(job.model, job.max_length, job.model_options)
-    transform = OutputTransform.for_model(spec, job.output)  # issue 4: --dim, --quantize, --output-dtype
-    engine_factory = outputs_factory(engine_factory, transform)  # issue 4: engine results are stored vectors
+    transform = OutputTransform.for_model(spec, job.output)  # --dim, --quantize, --output-dtype
+    engine_factory = outputs_factory(engine_factory, transform)  # engine results are stored vectors
     config = engine_config(job, spec)
     check_index_factory(transform.dim, job.index)
     settings = embedding_settings(spec, config, job)
@@ -161,7 +161,7 @@ def _run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory, 
         if todo:
             embed_started = time.perf_counter()
             todo_shards = [shards[i] for i in todo]
-            tokenizer = tokenizer_for(spec)  # issue 4: document prompt, EOS for last-token pooling
+            tokenizer = tokenizer_for(spec)  # document prompt, EOS for last-token pooling
             documents = read_documents(todo_shards, job.read, reads)  # [1] read (streamed)
             # [2] tokenize in the background; it starts now, so it overlaps the model load and CUDA init
             chunks = Prefetcher(tokenize_documents(documents, tokenizer), depth=16)
@@ -207,13 +207,13 @@ def _run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory, 
         try:
             with writing(staging):
                 fault("before_index_build", staging / "index.faiss")
-                # issue 4: the index type follows the output format
+                # the index type follows the output format
                 result, transform = build_output_index(committed, transform, job.index, staging)
                 fault("after_index_build", staging / "manifest.json")
                 pq.write_table(rejects_table(committed), staging / "rejects.parquet")
                 version = out.new_version_id()
                 manifest = make_manifest(version, spec, settings, job, shards, committed, result, report)
-                add_output_manifest(manifest, transform)  # issue 4: the transform queries apply, int8 calibration
+                add_output_manifest(manifest, transform)  # the transform queries apply, int8 calibration
                 write_json_atomic(staging / "manifest.json", manifest)
             stop.check()  # NOTE: the last stop: once the pointer swaps, the run is done and ends as a success
             out.publish(staging, version)

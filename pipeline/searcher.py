@@ -87,7 +87,7 @@ class IndexReader:
         index_section = self.manifest.get("index", {})
         verify_files(self.dir, index_section.get("files", {}))
         self.storage = str(index_section.get("storage", "memory"))
-        # issue 4 hook: binary indexes (Hamming + float rescoring) open through pipeline/output_index.py
+        # binary indexes (Hamming + float rescoring) open through pipeline/output_index.py
         binary = self.manifest.get("output", {}).get("quantize") == "binary"
         if binary:
             from pipeline.output_index import open_binary_index
@@ -99,7 +99,7 @@ class IndexReader:
         if self.ids.num_rows != self.index.ntotal:
             raise BadInputError(f"{self.dir}: {self.ids.num_rows} ids for {self.index.ntotal} vectors")
         params = {k: int(v) for k, v in index_section.get("search_params", {}).items()}
-        if binary:  # issue 4: the binary index set its own nprobe
+        if binary:  # the binary index set its own nprobe
             self.search_params = params if nprobe is None else {**params, "nprobe": nprobe}
             return
         if nprobe is not None and faiss.try_extract_index_ivf(self.index) is not None:
