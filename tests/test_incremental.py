@@ -1,15 +1,15 @@
 """Re-indexing: only new and changed shards are embedded, the result equals a full rebuild,
 index-only changes never re-embed, and ``petal rebuild`` needs no model.
 
-The engine is a fake that embeds deterministically (a hash of each sequence's token ids) and logs
-every document it is handed; everything else (Parquet, tokenizer, packer, store, FAISS) is real.
+The engine is the tests' fake (tests/fake_engine.py: a hash of each sequence's token ids), which
+logs every document it is handed; everything else (Parquet, tokenizer, packer, store, FAISS) is real.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -19,38 +19,12 @@ import pytest
 from click.testing import CliRunner
 
 from cli.main import cli
-from engine.engine import EngineStats
-from engine.lazy_tensor import LazyTensor
 from pipeline.config import IndexJob, IndexSettings, ReadConfig
 from pipeline.faiss_loader import load_faiss
 from pipeline.report import RunReport
 from pipeline.run import run_index
 from pipeline.searcher import IndexReader
-
-
-class CountingEngine:
-    """Engine-compatible: ``step`` returns unit vectors seeded by each sequence's token ids."""
-
-    def __init__(self, spec, config, log: list) -> None:
-        self.spec, self.config, self.log = spec, config, log
-        self.stats = EngineStats()
-
-    @property
-    def dim(self) -> int:
-        return self.spec.dim
-
-    def describe(self) -> dict:
-        return {"device": "cpu", "engine": "counting fake"}
-
-    def step(self, batch) -> LazyTensor:
-        vectors = np.empty((batch.num_seqs, self.dim), dtype=np.float32)
-        for i in range(batch.num_seqs):
-            tokens = batch.input_ids[batch.cu_seqlens[i] : batch.cu_seqlens[i + 1]]
-            seed = int.from_bytes(hashlib.sha256(tokens.tobytes()).digest()[:8], "little")
-            v = np.random.default_rng(seed).standard_normal(self.dim)
-            vectors[i] = v / np.linalg.norm(v)
-        self.log.extend(key[2] for key in batch.keys)  # keys: (shard index, row, doc id)
-        return LazyTensor.ready(vectors)
+from tests.fake_engine import embedded_ids, fake_engine_factory
 
 
 def write(data: Path, name: str, docs: dict[str, str]) -> None:
@@ -68,9 +42,13 @@ def model_dir(tiny_bert_dir, tmp_path) -> Path:
 
 
 def index(data: Path, out: Path, model_dir: Path, log: list, full: bool = False, **settings) -> RunReport:
+    """One run with the fake engine; ``log`` gains the ids of every document it embedded."""
     job = IndexJob(sources=(str(data),), out=out, model=str(model_dir), read=ReadConfig(),
                    index=IndexSettings(**settings), quiet=True, full=full)
-    return run_index(job, RunReport(), engine_factory=lambda spec, config: CountingEngine(spec, config, log))
+    engine_log = out.parent / f"{out.name}-engine-{uuid.uuid4().hex[:8]}.jsonl"
+    report = run_index(job, RunReport(), engine_factory=fake_engine_factory(engine_log))
+    log.extend(embedded_ids(engine_log))
+    return report
 
 
 def contents(out: Path) -> tuple[list[dict], np.ndarray]:
