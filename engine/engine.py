@@ -7,14 +7,14 @@ token bucket); otherwise the model runs eagerly on the exact packed shapes.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch import nn
 
-from engine.batch import PackedBatch
+from engine.batch import PackedBatch, token_bucket
 from engine.config import EngineConfig, PoolingConfig
 from engine.context import ForwardContext
 from engine.inputs import InputLayout, StagingRing, fill_inputs, make_context
@@ -40,6 +40,7 @@ class EngineStats:
     graph_captures: int = 0
     graph_replays: int = 0
     model_load_s: float = 0.0
+    buckets: dict[int, int] = field(default_factory=dict)  # graph bucket (tokens) -> steps run in it
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -153,6 +154,8 @@ class Engine:
                 self.stats.graph_replays = self.graphs.replays
                 self.stats.eager_steps = self.graphs.eager_runs
                 self.stats.padded_tokens = self.graphs.padded_tokens
+                bucket = token_bucket(batch.num_tokens)
+                self.stats.buckets[bucket] = self.stats.buckets.get(bucket, 0) + 1
             else:
                 self.stats.eager_steps += 1
                 out = self.run_eager(batch)

@@ -160,3 +160,34 @@ def test_host_ring_never_clobbers_an_unread_result():
     np.testing.assert_array_equal(first.result(), value)  # a read result is a copy, unaffected
     with pytest.raises(ValueError, match="hold 4"):
         ring.submit(torch.zeros(5, 3))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_sdpa_attention_matches_dense_masked_reference(causal, kv_heads):
+    """The CPU backend == one dense attention over the packed tokens with a block-diagonal mask."""
+    from engine.inputs import InputLayout, fill_inputs, make_context
+    from engine.layers.attention import SdpaAttention, attention
+
+    torch.manual_seed(0)
+    lengths = [5, 1, 12, 7]
+    batch = PackedBatch.from_sequences([np.ones(n, np.int32) for n in lengths])
+    layout = InputLayout(batch.num_tokens + 6, batch.num_seqs + 2)  # padded, as a graph bucket would be
+    host = np.zeros(layout.size, np.int32)
+    fill_inputs(host, layout, batch)
+    buffer = torch.from_numpy(host)
+    ctx = make_context(buffer, buffer[layout.slices()["cu_seqlens"]], layout, 12, SdpaAttention(causal, 8**-0.5),
+                       padded=True)
+    q = torch.randn(layout.num_tokens, 4, 8)
+    k = torch.randn(layout.num_tokens, kv_heads, 8)
+    v = torch.randn(layout.num_tokens, kv_heads, 8)
+    out = attention(q, k, v, ctx)
+    seq = torch.from_numpy(host[layout.slices()["token_seq_ids"]]).long()
+    allowed = seq[:, None] == seq[None, :]
+    if causal:
+        allowed &= torch.ones_like(allowed).tril()
+    kr, vr = k.repeat_interleave(4 // kv_heads, 1), v.repeat_interleave(4 // kv_heads, 1)
+    scores = torch.einsum("qhd,khd->hqk", q, kr) * 8**-0.5
+    ref = torch.einsum("hqk,khd->qhd", scores.masked_fill(~allowed, float("-inf")).softmax(-1), vr)
+    real = batch.num_tokens
+    torch.testing.assert_close(out[:real], ref[:real], rtol=1e-5, atol=1e-5)
