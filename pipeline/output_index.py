@@ -23,7 +23,8 @@ import numpy as np
 
 from pipeline.config import IndexSettings
 from pipeline.errors import BadInputError, ConfigError
-from pipeline.index_source import StoreVectors
+from pipeline.index_source import StoreVectors, split_sample
+from pipeline.index_tuning import exact_neighbours, tune
 from pipeline.index_writer import BuildResult, build_index
 from pipeline.outputs import OutputConfig, OutputTransform
 from pipeline.store import StoreEntry, sha256_file
@@ -101,8 +102,13 @@ def _build_scalar(vectors: StoreVectors, transform: OutputTransform, factory: st
         index.add(chunk)
     search_params: dict[str, Any] = {}
     tuning: dict[str, Any] = {}
-    if ivf is not None and vectors.total:
-        search_params, tuning = _tune_nprobe(index, ivf, sample[:TUNE_QUERIES])
+    if ivf is not None and vectors.total > 1:
+        # the same tuner as float indexes: nprobe against exact float search over the stored vectors
+        query_ids, _ = split_sample(vectors.total, settings.tune_queries, 0, settings.seed)
+        queries = vectors.take(query_ids)
+        truth = exact_neighbours(queries, vectors, TUNE_K + 1, settings.metric, ADD_CHUNK_ROWS)
+        tuning = tune(index, queries, query_ids, truth, settings.target_recall).as_dict()
+        search_params = tuning["params"]
     if transform.quantize == "int8":
         trained = faiss.vector_to_array(index.sq.trained)  # IndexScalarQuantizer or IndexIVFScalarQuantizer
         transform = transform.with_calibration(trained[: transform.dim], trained[transform.dim :])
@@ -134,14 +140,18 @@ def _build_binary(vectors: StoreVectors, transform: OutputTransform, factory: st
     search_params: dict[str, Any] = {}
     tuning: dict[str, Any] = {}
     if sample is not None and vectors.total:
-        search_params, tuning = _tune_nprobe(index, index, sample[:TUNE_QUERIES])
+        search_params, tuning = _tune_binary_nprobe(index, sample[:TUNE_QUERIES])
     faiss.write_index_binary(index, str(staging / "index.faiss"))
     return search_params, tuning
 
 
-def _tune_nprobe(index: Any, ivf: Any, queries: np.ndarray) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Smallest power-of-two nprobe whose top-10 overlaps the all-lists search's by ``TARGET_RECALL``."""
+def _tune_binary_nprobe(index: Any, queries: np.ndarray) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Smallest power-of-two nprobe whose top-10 overlaps the all-lists Hamming search's by ``TARGET_RECALL``.
+
+    NOTE: binary indexes are outside FAISS's ParameterSpace, which the float tuner (index_tuning) drives.
+    """
     search: Callable[[], np.ndarray] = lambda: index.search(queries, TUNE_K)[1]
+    ivf = index
     ivf.nprobe = ivf.nlist
     truth = search()
     nprobe = 1

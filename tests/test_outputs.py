@@ -123,7 +123,7 @@ FORMATS = {
     "int8-tanh": ({"quantize": "int8", "scheme": "tanh", "normalizes": False}, 0.85),
     "binary": ({"quantize": "binary"}, 0.4),
     "binary+rescore": ({"quantize": "binary"}, 0.93),
-    # above flat_max_vectors: IVF lists, nprobe tuned to 0.95 of an all-lists search
+    # above flat_max_vectors: IVF lists; nprobe tuned to 0.95 (int8: vs exact float search; binary: vs all lists)
     "int8-ivf": ({"quantize": "int8", "scheme": "calibrated"}, 0.9),
     "binary-ivf+rescore": ({"quantize": "binary"}, 0.85),
 }
