@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU-host runs (see README "Benchmarks"). From the project root on the GPU host:
 #   source .gpu/activate.sh && bash bench/gpu.sh STEP...
-# Steps: tests | quick | full | e2e | variants. Logs and JSON go to $OUT (or ./bench-out).
+# Steps: tests | quick | full | e2e | e2e-large | e2e-workers | e2e-warm | variants | profile | l1host | t2fair. Logs and JSON go to $OUT (or ./bench-out).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=true
 out=${OUT:-bench-out}
@@ -40,6 +40,18 @@ for step in "$@"; do
         --no-baseline --json > "$out/e2e-large.json" 2> "$out/e2e-large.err"
       python3 -c "import json,sys; from pipeline.benchmarks.e2e import format_e2e_table as f; r=json.load(open(sys.argv[1])); print(f(r)); print(r['petal_report']['timings_s'])" "$out/e2e-large.json"
       tail -3 "$out/e2e-large.err"
+      ;;
+    e2e-warm)
+      petal bench e2e --shape minilm --tokenizer-dir .gpu/minilm-tokenizer --docs 50000 --device cuda \
+        --no-baseline --tokenize-workers 2,2,1 --json > "$out/e2e-warm.json" 2> "$out/e2e-warm.err"
+      python3 -c "import json,sys; from pipeline.benchmarks.e2e import format_e2e_table as f; r=json.load(open(sys.argv[1])); print(f(r)); [print(x['tokenize_workers'], x['petal_report']['timings_s'], {k: round(v, 3) for k, v in x['petal_report']['engine']['stats'].items() if k.endswith('_s')}) for x in r['runs']]" "$out/e2e-warm.json"
+      tail -3 "$out/e2e-warm.err"
+      ;;
+    e2e-workers)
+      petal bench e2e --shape minilm --tokenizer-dir .gpu/minilm-tokenizer --docs 200000 --device cuda \
+        --no-baseline --tokenize-workers 2,2,1,2,1 --json > "$out/e2e-workers.json" 2> "$out/e2e-workers.err"
+      python3 -c "import json,sys; from pipeline.benchmarks.e2e import format_e2e_table as f; r=json.load(open(sys.argv[1])); print(f(r)); [print(x['tokenize_workers'], x['petal_report']['timings_s'], {k: round(v, 3) for k, v in x['petal_report']['engine']['stats'].items() if k.endswith('_s')}) for x in r['runs']]" "$out/e2e-workers.json"
+      tail -3 "$out/e2e-workers.err"
       ;;
     minilm)
       petal bench gpu --shape minilm --json > "$out/minilm.jsonl" 2> "$out/minilm.err"

@@ -77,10 +77,12 @@ def bench_gpu(shapes: tuple[str, ...], scenarios: str, token_budget: int, max_se
 @click.option("--docs", "num_docs", type=click.IntRange(min=100), default=50_000, show_default=True)
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
 @click.option("--no-baseline", is_flag=True, help="Skip sentence-transformers.")
+@click.option("--tokenize-workers", default="2", show_default=True,
+              help="Comma-separated: one petal run (after its own tokenizer-only run) per value.")
 @click.option("--json", "as_json", is_flag=True)
 @user_errors
 def bench_e2e(model: str | None, shape: str | None, tokenizer_dir: Path | None, corpus: Path, num_docs: int,
-              device: str, no_baseline: bool, as_json: bool) -> None:
+              device: str, no_baseline: bool, tokenize_workers: str, as_json: bool) -> None:
     """Parquet -> FAISS end to end: petal vs sentence-transformers vs tokenizer-only, same data."""
     import tempfile
 
@@ -102,7 +104,13 @@ def bench_e2e(model: str | None, shape: str | None, tokenizer_dir: Path | None, 
         model_dir = save_model_dir(s, hf, tokenizer_dir or default_model_dir(),
                                    Path(tempfile.mkdtemp(prefix=f"petal-{shape}-")))
         del hf
-    result = run_e2e_bench(model_dir, corpus, num_docs, dev, baseline=not no_baseline)
+    try:
+        workers = [int(w) for w in tokenize_workers.split(",") if w.strip()]
+    except ValueError:
+        raise click.BadParameter(f"{tokenize_workers!r} is not a comma-separated list of whole numbers",
+                                 param_hint="--tokenize-workers") from None
+    result = run_e2e_bench(model_dir, corpus, num_docs, dev, baseline=not no_baseline,
+                           tokenize_workers=workers or [2])
     click.echo(json.dumps(result) if as_json else format_e2e_table(result))
 
 

@@ -40,6 +40,8 @@ class EngineStats:
     graph_captures: int = 0
     graph_replays: int = 0
     model_load_s: float = 0.0
+    host_step_s: float = 0.0  # wall time inside step() (host preparation and launches; captures included)
+    first_step_s: float = 0.0  # the first step's share of it (kernel compilation, first CUDA calls)
     buckets: dict[int, int] = field(default_factory=dict)  # graph bucket (tokens) -> steps run in it
 
     def as_dict(self) -> dict[str, Any]:
@@ -144,6 +146,16 @@ class Engine:
             raise ValueError(f"batch has {batch.num_tokens} tokens, over the token budget {self.config.token_budget}")
         if batch.max_seqlen > self.pooling.max_length:
             raise ValueError(f"a sequence of {batch.max_seqlen} tokens exceeds max length {self.pooling.max_length}")
+        started = time.perf_counter()
+        try:
+            return self._step(batch)
+        finally:
+            elapsed = time.perf_counter() - started
+            self.stats.host_step_s += elapsed
+            if self.stats.steps == 1:
+                self.stats.first_step_s = elapsed
+
+    def _step(self, batch: PackedBatch) -> LazyTensor:
         self.stats.steps += 1
         self.stats.sequences += batch.num_seqs
         self.stats.tokens += batch.num_tokens

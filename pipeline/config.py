@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -162,3 +163,14 @@ def default_token_budget(device: str, max_length: int) -> int:
     """Tokens per step: enough to saturate the device, never below one full-length sequence."""
     budget = 16384 if device == "cuda" else 4096
     return max(budget, max_length)
+
+
+def tokenize_workers() -> int:
+    """Batches tokenized at once (see ``pipeline.tokens.tokenize_documents``): 2, so one batch's Python
+    side overlaps another's Rust encoding; ``PETAL_TOKENIZE_WORKERS`` overrides (benchmarks compare)."""
+    value = os.environ.get("PETAL_TOKENIZE_WORKERS", "2")
+    try:
+        return max(1, int(value))
+    except ValueError:
+        raise ValueError(f"PETAL_TOKENIZE_WORKERS={value!r} is not a whole number") from None
+

@@ -1,14 +1,55 @@
-"""Run an iterator in a background thread, a bounded number of items ahead of its consumer."""
+"""Run an iterator in a background thread, a bounded number of items ahead of its consumer;
+map a function over an iterator on a few threads, results in input order."""
 
 from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Iterable, Iterator
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
 
 T = TypeVar("T")
+R = TypeVar("R")
 _DONE = object()
+
+
+def ordered_map(fn: Callable[[T], R], items: Iterable[T], workers: int, window: int | None = None) -> Iterator[R]:
+    """``map(fn, items)`` with up to ``workers`` calls running at once, results in input order.
+
+    Pays when ``fn`` releases the GIL (Rust tokenizers): while one call converts its output in
+    Python, another runs native code, and ``items`` (read and checked in the calling thread) are
+    produced alongside. At most ``window`` (default ``2 * workers``) items are in flight.
+
+    An exception raised by ``items`` is re-raised only after the results of every item before it
+    were yielded, as a serial ``map`` would; one raised by ``fn`` is re-raised in its place.
+    """
+    if workers <= 1:
+        yield from map(fn, items)
+        return
+    window = window or 2 * workers
+    pending: deque[Future[R]] = deque()
+    source = iter(items)
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="petal-map") as pool:
+        try:
+            while True:
+                while len(pending) < window:
+                    try:
+                        item = next(source)
+                    except StopIteration:
+                        break
+                    except BaseException:
+                        while pending:  # NOTE: what was read before the failure is delivered first
+                            yield pending.popleft().result()
+                        raise
+                    pending.append(pool.submit(fn, item))
+                if not pending:
+                    return
+                yield pending.popleft().result()
+        finally:
+            for future in pending:
+                future.cancel()
 
 
 class Prefetcher(Iterator[T]):

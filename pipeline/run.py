@@ -27,7 +27,7 @@ from engine.config import EngineConfig, ModelOptions
 from engine.engine import Engine, resolve_device, resolve_dtype
 from engine.loader import ModelError, ModelSpec, inspect_model
 from pipeline import __version__
-from pipeline.config import IndexJob, IndexSettings, default_token_budget
+from pipeline.config import IndexJob, IndexSettings, default_token_budget, tokenize_workers
 from pipeline.documents import read_documents
 from pipeline.errors import ConfigError, NoInputError, PetalIOError, writing
 from pipeline.faults import fault
@@ -164,7 +164,7 @@ def _run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory, 
             tokenizer = tokenizer_for(spec)  # document prompt, EOS for last-token pooling
             documents = read_documents(todo_shards, job.read, reads)  # [1] read (streamed)
             # [2] tokenize in the background; it starts now, so it overlaps the model load and CUDA init
-            chunks = Prefetcher(tokenize_documents(documents, tokenizer), depth=16)
+            chunks = Prefetcher(tokenize_documents(documents, tokenizer, tokenize_workers()), depth=16)
             try:
                 engine = engine_factory(spec, config)
                 fault("after_model_load")
@@ -292,8 +292,9 @@ def embed_shards(chunks: Prefetcher[TokenizedDocs], shards: list[ShardInfo], fin
         fault("after_batch")
         stop.check()  # a batch boundary
 
+    waited = WaitClock()
     try:
-        for chunk in chunks:
+        for chunk in waited.iterate(chunks):
             stop.check()
             if gate is not None:
                 gate.add(chunk.shard_index, str(shards[chunk.shard_index].path), chunk.rejects)
@@ -321,6 +322,27 @@ def embed_shards(chunks: Prefetcher[TokenizedDocs], shards: list[ShardInfo], fin
         progress.close()
         report.tokens += tokens
         report.retries["oom_splits"] += guard.splits
+        # where the embed loop blocked: on tokenization (the CPU was behind) or on results (the device was)
+        report.timings_s["embed_wait_tokens"] = round(waited.seconds, 3)
+        report.timings_s["embed_wait_device"] = round(flight.wait_s, 3)
+
+
+class WaitClock:
+    """Time spent blocked in ``next()`` of an iterator."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def iterate(self, items: Iterator[Any]) -> Iterator[Any]:
+        while True:
+            started = time.perf_counter()
+            try:
+                item = next(items)
+            except StopIteration:
+                return
+            finally:
+                self.seconds += time.perf_counter() - started
+            yield item
 
 
 def tally_rows(entries: list[StoreEntry], report: RunReport) -> None:

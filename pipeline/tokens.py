@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 
 from pipeline.documents import Documents
+from pipeline.prefetch import ordered_map
 
 if TYPE_CHECKING:
     from engine.loader import ModelSpec
@@ -94,21 +95,29 @@ class TokenizedDocs:
         return sum(len(t) for t in self.token_ids)
 
 
-def tokenize_documents(docs: Iterable[Documents], tokenizer: TextTokenizer) -> Iterator[TokenizedDocs]:
-    """Tokenize each ``Documents`` batch; a text that yields no tokens becomes an ``empty_text`` reject."""
-    for batch in docs:
-        encoded = encode_or_empty(tokenizer, batch.texts)
-        out = TokenizedDocs(batch.shard_index, [], [], [], [], list(batch.rejects), batch.final)
-        for row, doc_id, ids, truncated in zip(batch.rows, batch.ids, encoded.token_ids, encoded.truncated):
-            if len(ids) == 0:
-                out.rejects.append((row, "empty_text"))
-                continue
-            out.rows.append(row)
-            out.ids.append(doc_id)
-            out.token_ids.append(ids)
-            if truncated:
-                out.truncated_rows.append(row)
-        yield out
+def tokenize_documents(docs: Iterable[Documents], tokenizer: TextTokenizer,
+                       workers: int = 1) -> Iterator[TokenizedDocs]:
+    """Tokenize each ``Documents`` batch, in order; a text that yields no tokens becomes an ``empty_text`` reject.
+
+    ``workers`` > 1 tokenizes that many batches at once (the Rust encoder releases the GIL), so the
+    reading and checking of the next batches and the Python side of each batch overlap the encoding.
+    """
+    return ordered_map(lambda batch: tokenize_batch(batch, tokenizer), docs, workers)
+
+
+def tokenize_batch(batch: Documents, tokenizer: TextTokenizer) -> TokenizedDocs:
+    encoded = encode_or_empty(tokenizer, batch.texts)
+    out = TokenizedDocs(batch.shard_index, [], [], [], [], list(batch.rejects), batch.final)
+    for row, doc_id, ids, truncated in zip(batch.rows, batch.ids, encoded.token_ids, encoded.truncated):
+        if len(ids) == 0:
+            out.rejects.append((row, "empty_text"))
+            continue
+        out.rows.append(row)
+        out.ids.append(doc_id)
+        out.token_ids.append(ids)
+        if truncated:
+            out.truncated_rows.append(row)
+    return out
 
 
 def encode_or_empty(tokenizer: TextTokenizer, texts: list[str]) -> Encoded:

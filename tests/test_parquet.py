@@ -114,3 +114,22 @@ def test_tokenize_documents_keeps_rows_aligned(shard_writer, minilm_spec):
     assert [r for c in chunks for r in c.truncated_rows] == [2]
     assert [x for c in chunks for x in c.rejects] == [(1, "null_text")]
     assert chunks[-1].final
+
+
+def test_tokenize_documents_in_parallel_matches_serial(shard_writer, minilm_spec):
+    """Two workers tokenizing batches at once give the serial result, batch for batch, in order."""
+    texts = [None if i % 97 == 0 else " ".join(["word"] * (1 + i % 40)) + f" {i}" for i in range(3000)]
+    paths = [shard_writer(f"p{s}.parquet", {"id": list(range(s * 3000, (s + 1) * 3000)), "text": texts})
+             for s in range(2)]
+    read = ReadConfig(batch_rows=128)  # many small batches: dozens in flight at once
+    tokenizer = TextTokenizer(minilm_spec.tokenizer_file, 16)
+
+    def flat(workers: int) -> list:
+        chunks = tokenize_documents(read_documents(preflight(paths, read), read), tokenizer, workers)
+        return [(c.shard_index, c.final, c.rows, c.ids, [t.tolist() for t in c.token_ids], c.truncated_rows,
+                 c.rejects) for c in chunks]
+
+    serial = flat(1)
+    assert len(serial) > 40 and sum(len(c[2]) for c in serial) == 2 * (3000 - 31)
+    assert flat(2) == serial
+    assert flat(4) == serial
