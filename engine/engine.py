@@ -21,6 +21,7 @@ from engine.inputs import InputLayout, StagingRing, fill_inputs, make_context
 from engine.layers.attention import AttentionBackend, make_attention_backend
 from engine.layers.linear import narrow_linear_weights
 from engine.layers.pooling import l2_normalize, pool
+from engine.layers.triton_kernels import start_warmup
 from engine.lazy_tensor import HostRing, LazyTensor
 from engine.loader import ModelSpec, load_model
 
@@ -40,6 +41,7 @@ class EngineStats:
     graph_captures: int = 0
     graph_replays: int = 0
     model_load_s: float = 0.0
+    kernel_warmup_wait_s: float = 0.0  # after the load, waiting for Triton kernels to compile (see start_warmup)
     host_step_s: float = 0.0  # wall time inside step() (host preparation and launches; captures included)
     first_step_s: float = 0.0  # the first step's share of it (kernel compilation, first CUDA calls)
     buckets: dict[int, int] = field(default_factory=dict)  # graph bucket (tokens) -> steps run in it
@@ -100,6 +102,7 @@ class Engine:
             raise ValueError("--dtype float16 is not supported on the CPU; use bfloat16 or float32")
         self.stats = EngineStats()
         started = time.perf_counter()
+        warmup = start_warmup(spec.config, self.activation_dtype, self.device)  # compiles while weights load
         if model is None:
             model = load_model(spec, self.device, self.activation_dtype)
             if self.dtype != self.activation_dtype:
@@ -108,6 +111,11 @@ class Engine:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.stats.model_load_s = time.perf_counter() - started
+        if warmup is not None:
+            # NOTE: joined here, so no other thread launches CUDA work while a graph is being captured.
+            waited = time.perf_counter()
+            warmup.join()
+            self.stats.kernel_warmup_wait_s = time.perf_counter() - waited
         cfg = spec.config
         self.attention: AttentionBackend = make_attention_backend(
             config.attention, device=self.device, dtype=self.activation_dtype, num_heads=cfg.num_heads,

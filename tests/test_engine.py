@@ -191,3 +191,10 @@ def test_sdpa_attention_matches_dense_masked_reference(causal, kv_heads):
     ref = torch.einsum("hqk,khd->qhd", scores.masked_fill(~allowed, float("-inf")).softmax(-1), vr)
     real = batch.num_tokens
     torch.testing.assert_close(out[:real], ref[:real], rtol=1e-5, atol=1e-5)
+
+
+def test_kernel_warmup_is_nothing_on_the_cpu(minilm_spec):
+    from engine.layers.triton_kernels import start_warmup
+
+    assert start_warmup(minilm_spec.config, torch.float32, torch.device("cpu")) is None
+    assert start_warmup(minilm_spec.config, torch.bfloat16, torch.device("cpu")) is None

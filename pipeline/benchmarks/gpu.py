@@ -14,6 +14,8 @@ import torch
 from engine.batch import PackedBatch
 from engine.config import EngineConfig
 from engine.engine import Engine
+from engine.layers.triton_kernels import start_warmup
+from engine.models import model_class_for
 from pipeline.benchmarks.corpus import lognormal_lengths
 from pipeline.benchmarks.shapes import Shape, hf_model, native_from_hf
 from pipeline.inflight import InFlight
@@ -158,6 +160,8 @@ def run_gpu_bench(shape: Shape, scenarios: tuple[str, ...], *, token_budget: int
                   t1_docs: int = 2048, t2_docs: int = 8192, latency_calls: int = 1000) -> dict[str, Any]:
     """Run the chosen scenarios for one shape; every ratio is measured in this one process."""
     device, dtype = torch.device("cuda"), torch.bfloat16
+    # as in `petal index`, Triton kernels compile while the weights are made (engine/layers/triton_kernels.py)
+    start_warmup(model_class_for(shape.hf_config).config_from_hf(shape.hf_config), dtype, device)  # type: ignore[attr-defined]
     hf = hf_model(shape, device, dtype)
     spec, model = native_from_hf(shape, hf, device, dtype)
     if not hf_baseline:
