@@ -106,8 +106,10 @@ def bench_e2e(model: str | None, shape: str | None, tokenizer_dir: Path | None, 
         del hf
     try:
         workers = [int(w) for w in tokenize_workers.split(",") if w.strip()]
+        if any(w < 1 for w in workers):
+            raise ValueError
     except ValueError:
-        raise click.BadParameter(f"{tokenize_workers!r} is not a comma-separated list of whole numbers",
+        raise click.BadParameter(f"{tokenize_workers!r} is not a comma-separated list of whole numbers >= 1",
                                  param_hint="--tokenize-workers") from None
     result = run_e2e_bench(model_dir, corpus, num_docs, dev, baseline=not no_baseline,
                            tokenize_workers=workers or [2])

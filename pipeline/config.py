@@ -145,10 +145,15 @@ class IndexJob:
     wait: bool = False  # queue for the writer lock instead of exiting 75
     model_options: ModelOptions = field(default_factory=ModelOptions)  # --pooling, --attention-mask, ...
     output: OutputConfig = field(default_factory=OutputConfig)  # --dim, --quantize, --output-dtype
+    tokenize_workers: int | None = None  # batches tokenized at once; None: PETAL_TOKENIZE_WORKERS, else 2
 
     def __post_init__(self) -> None:
         if not self.sources:
             raise ValueError("no SOURCE given")
+        if self.tokenize_workers is None:  # NOTE: resolved here, so a bad environment value fails before any work
+            object.__setattr__(self, "tokenize_workers", tokenize_workers())
+        if self.tokenize_workers < 1:  # type: ignore[operator]
+            raise ValueError(f"tokenize workers {self.tokenize_workers} < 1")
         if self.max_length is not None and self.max_length < 2:
             raise ValueError(f"--max-length {self.max_length} < 2")
         if self.token_budget is not None and self.token_budget < 2:
@@ -170,7 +175,9 @@ def tokenize_workers() -> int:
     side overlaps another's Rust encoding; ``PETAL_TOKENIZE_WORKERS`` overrides (benchmarks compare)."""
     value = os.environ.get("PETAL_TOKENIZE_WORKERS", "2")
     try:
-        return max(1, int(value))
+        workers = int(value)
     except ValueError:
-        raise ValueError(f"PETAL_TOKENIZE_WORKERS={value!r} is not a whole number") from None
-
+        workers = 0
+    if workers < 1:
+        raise ValueError(f"PETAL_TOKENIZE_WORKERS={value!r} is not a whole number >= 1")
+    return workers

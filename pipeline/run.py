@@ -27,7 +27,7 @@ from engine.config import EngineConfig, ModelOptions
 from engine.engine import Engine, resolve_device, resolve_dtype
 from engine.loader import ModelError, ModelSpec, inspect_model
 from pipeline import __version__
-from pipeline.config import IndexJob, IndexSettings, default_token_budget, tokenize_workers
+from pipeline.config import IndexJob, IndexSettings, default_token_budget
 from pipeline.documents import read_documents
 from pipeline.errors import ConfigError, NoInputError, PetalIOError, writing
 from pipeline.faults import fault
@@ -164,7 +164,7 @@ def _run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory, 
             tokenizer = tokenizer_for(spec)  # document prompt, EOS for last-token pooling
             documents = read_documents(todo_shards, job.read, reads)  # [1] read (streamed)
             # [2] tokenize in the background; it starts now, so it overlaps the model load and CUDA init
-            chunks = Prefetcher(tokenize_documents(documents, tokenizer, tokenize_workers()), depth=16)
+            chunks = Prefetcher(tokenize_documents(documents, tokenizer, job.tokenize_workers or 1), depth=16)
             try:
                 engine = engine_factory(spec, config)
                 fault("after_model_load")

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import itertools
 import json
 import os
 import shutil
@@ -203,11 +202,11 @@ class ShardWriter:
             ids = [doc_id for doc_id, ok in zip(ids, finite) if ok]
             vectors = vectors[finite]
         if rows:
-            first, last = rows[0], rows[-1]
-            if last - first == len(rows) - 1 and all(a < b for a, b in itertools.pairwise(rows)):
-                self._vectors[first : last + 1] = vectors  # type: ignore[index]  # NOTE: ~6x faster than by index
-            else:  # rows with gaps (skips, a split batch): by index
-                self._vectors[np.asarray(rows, dtype=np.int64)] = vectors  # type: ignore[index]
+            index = np.asarray(rows, dtype=np.int64)
+            if (np.diff(index) == 1).all():  # consecutive rows, the common case: a slice beats fancy indexing
+                self._vectors[index[0] : index[-1] + 1] = vectors  # type: ignore[index]
+            else:  # rows with gaps (skips, a split batch)
+                self._vectors[index] = vectors  # type: ignore[index]
             self._rows.extend(rows)
             self._ids.extend(ids)
 

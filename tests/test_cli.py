@@ -201,3 +201,13 @@ def test_help_lists_commands_without_heavy_imports():
     probe = "import sys, cli.main; print(sorted(m for m in ('torch', 'faiss', 'transformers') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"  # petal --help stays instant
+
+
+@pytest.mark.parametrize("value", ["abc", "0"])
+def test_bad_tokenize_workers_setting_fails_before_any_work(tmp_path, value):
+    out = tmp_path / "idx"
+    result = CliRunner().invoke(cli, ["index", str(SAMPLE_DATA), "--out", str(out), "-q"],
+                                env={"PETAL_TOKENIZE_WORKERS": value})
+    assert result.exit_code == 2
+    assert f"PETAL_TOKENIZE_WORKERS={value!r}" in result.output
+    assert not out.exists()  # refused before the output directory was touched

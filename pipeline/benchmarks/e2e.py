@@ -8,11 +8,9 @@ text the way the pipeline does, nothing else): the pipeline is doing well when i
 
 from __future__ import annotations
 
-import contextlib
 import os
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -91,11 +89,10 @@ def run_e2e_bench(model_dir: Path, corpus: Path, num_docs: int, device: str, tok
         tokenize_s = tokenizer_only(paths, tokenizer)
         job = IndexJob(sources=(str(work / "corpus"),), out=work / f"petal-out-{number}", model=str(model_dir),
                        read=ReadConfig(), index=IndexSettings(factory="Flat"), device=device,
-                       token_budget=token_budget, quiet=True)
-        with _env({"PETAL_TOKENIZE_WORKERS": str(workers)}):
-            started = time.perf_counter()
-            report = run_index(job, RunReport())
-            petal_s = time.perf_counter() - started
+                       token_budget=token_budget, quiet=True, tokenize_workers=workers)
+        started = time.perf_counter()
+        report = run_index(job, RunReport())
+        petal_s = time.perf_counter() - started
         runs.append({"tokenize_workers": workers, "tokenizer_only_tokens_per_s": tokens / tokenize_s,
                      "petal_tokens_per_s": tokens / petal_s, "petal_seconds": petal_s,
                      "fraction_of_tokenizer_only": tokenize_s / petal_s, "petal_report": report.as_dict()})
@@ -108,20 +105,6 @@ def run_e2e_bench(model_dir: Path, corpus: Path, num_docs: int, device: str, tok
         result["sentence_transformers_tokens_per_s"] = tokens / st_s
         result["ratio_vs_sentence_transformers"] = st_s / result["petal_seconds"]
     return result
-
-
-@contextlib.contextmanager
-def _env(values: dict[str, str]) -> Iterator[None]:
-    saved = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def format_e2e_table(r: dict[str, Any]) -> str:
