@@ -11,12 +11,12 @@ import time
 import numpy as np
 import torch
 
-from engine.batch import PackedBatch, token_bucket
-from engine.config import EngineConfig
-from engine.engine import Engine
-from engine.inputs import fill_inputs
-from pipeline.benchmarks.gpu import random_docs
-from pipeline.benchmarks.shapes import hf_model, native_from_hf, shape
+from petal.bench.gpu import random_docs
+from petal.bench.shapes import hf_model, native_from_hf, shape
+from petal.engine.batch import PackedBatch, token_bucket
+from petal.engine.config import EngineConfig
+from petal.engine.engine import Engine
+from petal.engine.inputs import fill_inputs
 
 
 def per_call_us(fn, reps: int = 300) -> float:

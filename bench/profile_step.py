@@ -11,11 +11,11 @@ import time
 import numpy as np
 import torch
 
-from engine.batch import PackedBatch
-from engine.config import EngineConfig
-from engine.engine import Engine
-from pipeline.benchmarks.gpu import random_docs
-from pipeline.benchmarks.shapes import hf_model, native_from_hf, shape
+from petal.bench.gpu import random_docs
+from petal.bench.shapes import hf_model, native_from_hf, shape
+from petal.engine.batch import PackedBatch
+from petal.engine.config import EngineConfig
+from petal.engine.engine import Engine
 
 
 def main() -> None:

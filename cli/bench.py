@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from cli.common import user_errors
+from petal.cli.common import user_errors
 
 
 @click.group()
@@ -26,7 +26,7 @@ def bench() -> None:
 @user_errors
 def bench_cpu(corpus: Path, num_texts: int, rounds: int, token_budget: int, model: str | None, as_json: bool) -> None:
     """MiniLM on the CPU: petal (fp32, and bf16 GEMMs) vs sentence-transformers encode()."""
-    from pipeline.benchmarks.cpu import format_cpu_table, run_cpu_bench
+    from petal.bench.cpu import format_cpu_table, run_cpu_bench
 
     result = run_cpu_bench(corpus, num_texts=num_texts, rounds=rounds, token_budget=token_budget, model=model)
     click.echo(json.dumps(result) if as_json else format_cpu_table(result))
@@ -56,8 +56,8 @@ def bench_gpu(shapes: tuple[str, ...], scenarios: str, token_budget: int, max_se
 
     if not torch.cuda.is_available():
         raise click.UsageError("petal bench gpu needs a CUDA device")
-    from pipeline.benchmarks.gpu import format_gpu_table, run_gpu_bench
-    from pipeline.benchmarks.shapes import shape
+    from petal.bench.gpu import format_gpu_table, run_gpu_bench
+    from petal.bench.shapes import shape
 
     chosen = tuple(s.strip().lower() for s in scenarios.split(",") if s.strip())
     for name in shapes:
@@ -86,9 +86,9 @@ def bench_e2e(model: str | None, shape: str | None, tokenizer_dir: Path | None, 
     """Parquet -> FAISS end to end: petal vs sentence-transformers vs tokenizer-only, same data."""
     import tempfile
 
-    from engine.engine import resolve_device
-    from engine.loader import default_model_dir
-    from pipeline.benchmarks.e2e import format_e2e_table, run_e2e_bench
+    from petal.bench.e2e import format_e2e_table, run_e2e_bench
+    from petal.engine.engine import resolve_device
+    from petal.engine.loader import default_model_dir
 
     dev = resolve_device(device)
     if shape is None:
@@ -96,8 +96,8 @@ def bench_e2e(model: str | None, shape: str | None, tokenizer_dir: Path | None, 
     else:
         import torch
 
-        from pipeline.benchmarks.shapes import hf_model, save_model_dir
-        from pipeline.benchmarks.shapes import shape as get_shape
+        from petal.bench.shapes import hf_model, save_model_dir
+        from petal.bench.shapes import shape as get_shape
 
         s = get_shape(shape)
         hf = hf_model(s, torch.device("cpu"), torch.float32)
@@ -134,7 +134,7 @@ def bench_index(num_vectors: int, dims: tuple[int, ...], num_queries: int, memor
                 target_recall: float, num_shards: int, factory: str, no_baseline: bool, workdir: Path | None,
                 as_json: bool) -> None:
     """Index build and search: petal auto vs IndexFlatIP and IVF4096,Flat (nprobe 1), same data."""
-    from pipeline.benchmarks.index import format_index_table, run_index_bench
+    from petal.bench.index import format_index_table, run_index_bench
 
     for dim in dims:
         result = run_index_bench(num_vectors, dim, num_queries=num_queries, memories=memories,
@@ -155,7 +155,7 @@ def bench_index(num_vectors: int, dims: tuple[int, ...], num_queries: int, memor
 @user_errors
 def bench_outputs(corpus: Path, num_docs: int, num_queries: int, dims: str, model: str | None, as_json: bool) -> None:
     """Recall@10 vs index bytes per vector for float32, float16, int8 and binary (+ rescoring)."""
-    from pipeline.benchmarks.outputs import format_outputs_table, run_outputs_bench
+    from petal.bench.outputs import format_outputs_table, run_outputs_bench
 
     try:
         chosen = tuple(int(d) for d in dims.split(",") if d.strip())

@@ -36,8 +36,8 @@ def user_errors(func: F) -> F:
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from engine.loader import ModelError
-        from pipeline.errors import EXIT_CONFIG, PetalError
+        from petal.engine.loader import ModelError
+        from petal.pipeline.reliability.errors import EXIT_CONFIG, PetalError
 
         try:
             return func(*args, **kwargs)

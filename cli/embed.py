@@ -9,18 +9,18 @@ from typing import TYPE_CHECKING
 
 import click
 
-from cli.common import PetalClickError, device_options, usage, user_errors
-from cli.options import model_options, output_options
+from petal.cli.common import PetalClickError, device_options, usage, user_errors
+from petal.cli.options import model_options, output_options
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from pipeline.outputs import OutputTransform
+    from petal.pipeline.store.outputs import OutputTransform
 
 
 def read_inputs(path: Path, text_column: str) -> list[str]:
     """Texts from ``.parquet`` (a text column), ``.txt`` (one per line) or ``.jsonl`` ({"text": ...})."""
-    from pipeline.errors import EXIT_DATAERR, EXIT_NOINPUT
+    from petal.pipeline.reliability.errors import EXIT_DATAERR, EXIT_NOINPUT
 
     if not path.is_file():
         raise PetalClickError(f"--input {path} does not exist", EXIT_NOINPUT)
@@ -98,12 +98,12 @@ def embed(texts: tuple[str, ...], model: str | None, from_stdin: bool, input_pat
 
     import numpy as np
 
-    from engine.config import EngineConfig, ModelOptions
-    from engine.engine import Engine, resolve_device, resolve_dtype
-    from pipeline.encode import encode_texts
-    from pipeline.outputs import OutputConfig, OutputTransform
-    from pipeline.run import model_spec
-    from pipeline.tokens import tokenizer_for
+    from petal.engine.config import EngineConfig, ModelOptions
+    from petal.engine.engine import Engine, resolve_device, resolve_dtype
+    from petal.pipeline.ingest.tokens import tokenizer_for
+    from petal.pipeline.jobs.embed import encode_texts
+    from petal.pipeline.jobs.index_run import model_spec
+    from petal.pipeline.store.outputs import OutputConfig, OutputTransform
 
     options = usage(lambda: ModelOptions(pooling=pooling, attention_mask=attention_mask,  # type: ignore[arg-type]
                                          query_prompt=query_prompt, allow_pickle_weights=allow_pickle_weights))
@@ -139,8 +139,8 @@ def embed(texts: tuple[str, ...], model: str | None, from_stdin: bool, input_pat
 
 def _calibrated(transform: OutputTransform, index_path: Path | None, vectors: np.ndarray) -> OutputTransform:
     """Calibrated int8: the ranges of an index built the same way, or ranges learned from ``vectors``."""
-    from pipeline.layout import resolve_index_dir
-    from pipeline.outputs import OutputTransform
+    from petal.pipeline.layout import resolve_index_dir
+    from petal.pipeline.store.outputs import OutputTransform
 
     if index_path is None:
         click.echo(f"petal embed: int8 ranges learned from these {len(vectors)} texts (pass --calibration INDEX "

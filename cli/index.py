@@ -10,9 +10,9 @@ from typing import Any
 
 import click
 
-from cli.common import PetalClickError, device_options, eprint, usage
-from cli.index_options import index_options
-from cli.options import model_options, output_options
+from petal.cli.common import PetalClickError, device_options, eprint, usage
+from petal.cli.index_options import index_options
+from petal.cli.options import model_options, output_options
 
 # NOTE: test-only seam. Set to a log file, it swaps the model for tests/fake_engine.py (a deterministic
 # hash -> vector embedder that logs every row it embeds), so crash and signal tests run in subprocesses
@@ -30,7 +30,7 @@ class ReportingCommand(click.Command):
         except click.UsageError as exc:
             path = _flag_value(given, "--json-report")
             if path is not None:
-                from pipeline.report import RunReport
+                from petal.pipeline.jobs.report import RunReport
 
                 report = RunReport(command="index")
                 report.finish("failed", 2, f"usage error: {exc.format_message()}")
@@ -52,7 +52,7 @@ def engine_factory() -> Callable[..., Any] | None:
     log = os.environ.get(FAKE_ENGINE_ENV)
     if not log:
         return None
-    from pipeline.errors import EXIT_CONFIG
+    from petal.pipeline.reliability.errors import EXIT_CONFIG
 
     try:
         from tests.fake_engine import fake_engine_factory
@@ -103,12 +103,12 @@ def index(sources: tuple[str, ...], out: Path, model: str | None, id_column: str
     the contract of the README (0 ok, 65 bad input, 66 no input, 73/74 output, 75 retry,
     78 configuration, 130/143 interrupted).
     """
-    from engine.config import ModelOptions
-    from pipeline.config import BadRowBudget, IndexJob, IndexSettings, ReadConfig, parse_size
-    from pipeline.errors import PetalError
-    from pipeline.output_index import check_index_factory
-    from pipeline.outputs import OutputConfig
-    from pipeline.report import RunReport
+    from petal.engine.config import ModelOptions
+    from petal.pipeline.config import BadRowBudget, IndexJob, IndexSettings, ReadConfig, parse_size
+    from petal.pipeline.index.output_index import check_index_factory
+    from petal.pipeline.jobs.report import RunReport
+    from petal.pipeline.reliability.errors import PetalError
+    from petal.pipeline.store.outputs import OutputConfig
 
     report = RunReport(command="index")
     try:
@@ -131,13 +131,13 @@ def index(sources: tuple[str, ...], out: Path, model: str | None, id_column: str
         report.finish("failed", 2, str(exc))
         _finish(report, json_report)
         raise
-    from pipeline.signals import StopSignals
+    from petal.pipeline.reliability.signals import StopSignals
 
     # NOTE: signals are caught from here on (before the heavy imports), so a SIGTERM at any moment
     # ends in a clean stop with a report; the run checks the flag at every batch boundary.
     with StopSignals() as stop:
         try:
-            from pipeline.run import run_index
+            from petal.pipeline.jobs.index_run import run_index
 
             factory = engine_factory()
             try:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from cli.common import user_errors
+from petal.cli.common import user_errors
 
 
 @click.command()
@@ -16,7 +16,7 @@ from cli.common import user_errors
 @user_errors
 def info(index_path: Path, as_json: bool) -> None:
     """Show INDEX's model, dim, metric, index type, counts, shards and version."""
-    from pipeline.layout import resolve_index_dir
+    from petal.pipeline.layout import resolve_index_dir
 
     version_dir, manifest = resolve_index_dir(index_path)
     if as_json:

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import click
 
-from cli.bench import bench
-from cli.common import offline
-from cli.embed import embed
-from cli.index import index
-from cli.info import info
-from cli.query import query
-from cli.rebuild import rebuild
-from pipeline import __version__
+from petal import __version__
+from petal.cli.bench import bench
+from petal.cli.common import offline
+from petal.cli.embed import embed
+from petal.cli.index import index
+from petal.cli.info import info
+from petal.cli.query import query
+from petal.cli.rebuild import rebuild
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})

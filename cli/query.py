@@ -9,8 +9,8 @@ from pathlib import Path
 
 import click
 
-from cli.common import device_options, user_errors
-from cli.options import loading_options
+from petal.cli.common import device_options, user_errors
+from petal.cli.options import loading_options
 
 
 @click.command()
@@ -37,7 +37,7 @@ def query(index_path: Path, texts: tuple[str, ...], k: int, from_stdin: bool, as
     """
     if not texts and not from_stdin:
         raise click.UsageError("give query TEXT or --stdin")
-    from pipeline.query import QueryService
+    from petal.pipeline.jobs.query import QueryService
 
     service = QueryService(index_path, model=model, device=device, dtype=dtype, attention=attention, nprobe=nprobe,
                            rescore=rescore, query_prompt=query_prompt, allow_pickle_weights=allow_pickle_weights)

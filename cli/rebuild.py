@@ -6,8 +6,8 @@ from pathlib import Path
 
 import click
 
-from cli.common import PetalClickError, eprint, usage
-from cli.index_options import index_options
+from petal.cli.common import PetalClickError, eprint, usage
+from petal.cli.index_options import index_options
 
 
 @click.command()
@@ -23,10 +23,10 @@ def rebuild(out: Path, index_factory: str, metric: str, index_memory: str, targe
     The shards, ids and vectors are those of the live version; only the index settings change.
     A later `petal index` run builds with its own index flags again.
     """
-    from pipeline.config import IndexSettings, parse_size
-    from pipeline.errors import PetalError
-    from pipeline.rebuild import run_rebuild
-    from pipeline.report import RunReport
+    from petal.pipeline.config import IndexSettings, parse_size
+    from petal.pipeline.jobs.rebuild import run_rebuild
+    from petal.pipeline.jobs.report import RunReport
+    from petal.pipeline.reliability.errors import PetalError
 
     settings = usage(lambda: IndexSettings(factory=index_factory, metric=metric,
                                            memory_bytes=parse_size(index_memory), target_recall=target_recall))

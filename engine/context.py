@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from engine.layers.attention import AttentionBackend
+    from petal.engine.layers.attention import AttentionBackend
 
 
 @dataclass

@@ -14,19 +14,19 @@ import numpy as np
 import torch
 from torch import nn
 
-from engine.batch import PackedBatch, token_bucket
-from engine.config import EngineConfig, PoolingConfig
-from engine.context import ForwardContext
-from engine.inputs import InputLayout, StagingRing, fill_inputs, make_context
-from engine.layers.attention import AttentionBackend, make_attention_backend
-from engine.layers.linear import narrow_linear_weights
-from engine.layers.pooling import l2_normalize, pool
-from engine.layers.triton_kernels import start_warmup
-from engine.lazy_tensor import HostRing, LazyTensor
-from engine.loader import ModelSpec, load_model
+from petal.engine.batch import PackedBatch, token_bucket
+from petal.engine.config import EngineConfig, PoolingConfig
+from petal.engine.context import ForwardContext
+from petal.engine.inputs import InputLayout, StagingRing, fill_inputs, make_context
+from petal.engine.layers.attention import AttentionBackend, make_attention_backend
+from petal.engine.layers.linear import narrow_linear_weights
+from petal.engine.layers.pooling import l2_normalize, pool
+from petal.engine.layers.triton_kernels import start_warmup
+from petal.engine.lazy_tensor import HostRing, LazyTensor
+from petal.engine.loader import ModelSpec, load_model
 
 if TYPE_CHECKING:
-    from engine.graphs import LazyGraphRunner
+    from petal.engine.graphs import LazyGraphRunner
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -128,7 +128,7 @@ class Engine:
         self.staging = StagingRing(depth, InputLayout(config.token_budget, config.max_seqs).size, self.device)
         self.graphs: LazyGraphRunner | None = None
         if self.device.type == "cuda" and config.cuda_graphs and self.attention.capturable:
-            from engine.graphs import cuda_graph_runner
+            from petal.engine.graphs import cuda_graph_runner
 
             self.graphs = cuda_graph_runner(self)
 

@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from engine.batch import LARGE_BUCKET_STEP, PackedBatch, token_bucket, token_buckets
-from engine.context import ForwardContext
-from engine.inputs import InputLayout, StagingRing, fill_inputs, make_context
+from petal.engine.batch import LARGE_BUCKET_STEP, PackedBatch, token_bucket, token_buckets
+from petal.engine.context import ForwardContext
+from petal.engine.inputs import InputLayout, StagingRing, fill_inputs, make_context
 
 if TYPE_CHECKING:
-    from engine.engine import Engine
+    from petal.engine.engine import Engine
 
 
 class Graph(Protocol):
@@ -152,7 +152,7 @@ class CudaGraphCapture:
 
 
 def cuda_graph_runner(engine: Engine) -> LazyGraphRunner:
-    from engine.engine import forward_pooled
+    from petal.engine.engine import forward_pooled
 
     cfg = engine.config
 

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from engine.batch import PackedBatch
-from engine.context import ForwardContext
+from petal.engine.batch import PackedBatch
+from petal.engine.context import ForwardContext
 
 
 @dataclass(frozen=True)

@@ -17,12 +17,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from engine.config import DenseConfig, ModelConfig, ModelOptions, PoolingConfig, PromptConfig
-from engine.layers.dense import Dense
-from engine.models import model_class_for
-from engine.models.weights import open_weights, pickle_files, safetensors_files
-from engine.resolve import HF_ID, cached_snapshot, hf_cache_dirs
-from engine.st_files import StFiles, StFilesError, read_st_files
+from petal.engine.config import DenseConfig, ModelConfig, ModelOptions, PoolingConfig, PromptConfig
+from petal.engine.layers.dense import Dense
+from petal.engine.models import model_class_for
+from petal.engine.models.weights import open_weights, pickle_files, safetensors_files
+from petal.engine.resolve import HF_ID, cached_snapshot, hf_cache_dirs
+from petal.engine.st_files import StFiles, StFilesError, read_st_files
 
 
 class ModelError(ValueError):

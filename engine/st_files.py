@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.config import DENSE_ACTIVATIONS, SIMILARITIES, DenseConfig, PromptConfig
-from engine.models.weights import PICKLE_WEIGHT_NAMES, safetensors_files
+from petal.engine.config import DENSE_ACTIVATIONS, SIMILARITIES, DenseConfig, PromptConfig
+from petal.engine.models.weights import PICKLE_WEIGHT_NAMES, safetensors_files
 
 # sentence-transformers' Pooling flags -> petal's modes; the other flags are refused by name.
 POOLING_FLAGS = {"pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mean", "pooling_mode_lasttoken": "last"}

@@ -9,8 +9,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.config import ModelOptions
-from pipeline.outputs import OutputConfig
+from petal.engine.config import ModelOptions
+from petal.pipeline.store.outputs import OutputConfig
 
 METRICS = ("ip", "l2")
 DEFAULT_ID_COLUMN = "id"
@@ -54,7 +54,7 @@ def parse_size(text: str) -> int:
 
 @dataclass(frozen=True)
 class IndexSettings:
-    """How vectors become a FAISS index (``pipeline/index_factory.py`` reads these)."""
+    """How vectors become a FAISS index (``pipeline/index/plan.py`` reads these)."""
 
     factory: str = "auto"  # "auto" or a FAISS index factory string
     metric: str = "ip"
@@ -171,7 +171,7 @@ def default_token_budget(device: str, max_length: int) -> int:
 
 
 def tokenize_workers() -> int:
-    """Batches tokenized at once (see ``pipeline.tokens.tokenize_documents``): 2, so one batch's Python
+    """Batches tokenized at once (see ``petal.pipeline.ingest.tokens.tokenize_documents``): 2, so one batch's Python
     side overlaps another's Rust encoding; ``PETAL_TOKENIZE_WORKERS`` overrides (benchmarks compare)."""
     value = os.environ.get("PETAL_TOKENIZE_WORKERS", "2")
     try:

@@ -5,7 +5,7 @@ OUT/CURRENT              names the live version (replaced with os.replace: reade
 OUT/versions/<id>/       manifest.json, index.faiss, ids.parquet
 OUT/versions/.staging-*  a version being built (never read; removed by the next run)
 OUT/versions/.deleting-* a superseded version on its way out (removed by the next run)
-OUT/store/               committed per-shard embeddings (pipeline/store.py)
+OUT/store/               committed per-shard embeddings (pipeline/store/embeddings.py)
 OUT/rejects.parquet      the bad rows of the last run refused for them (--strict, --max-bad-rows)
 OUT/.lock                flock: one writer at a time (released by the kernel, even after kill -9)
 ```
@@ -31,9 +31,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import ConfigError, OutputError, TemporaryFailure, writing
-from pipeline.faults import fault
-from pipeline.fsutil import fsync_dir, write_bytes_atomic
+from petal.pipeline.reliability.durable import fsync_dir, write_bytes_atomic
+from petal.pipeline.reliability.errors import ConfigError, OutputError, TemporaryFailure, writing
+from petal.pipeline.reliability.faults import fault
 
 VERSION_RE = re.compile(r"^v\d{6}-\d{8}T\d{6}Z$")
 LOCK_POLL_S = 0.2

@@ -30,14 +30,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def minilm_dir() -> Path:
-    from engine.loader import default_model_dir
+    from petal.engine.loader import default_model_dir
 
     return default_model_dir()
 
 
 @pytest.fixture(scope="session")
 def minilm_spec(minilm_dir: Path):
-    from engine.loader import inspect_model
+    from petal.engine.loader import inspect_model
 
     return inspect_model(minilm_dir)
 
@@ -60,7 +60,7 @@ def tiny_bert_dir(tmp_path_factory: pytest.TempPathFactory, minilm_dir: Path) ->
     model.save_pretrained(path, safe_serialization=True)
     for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
         shutil.copy(minilm_dir / name, path / name)
-    from pipeline.benchmarks.shapes import write_st_files
+    from petal.bench.shapes import write_st_files
 
     write_st_files(path, "mean", True, 128)
     return path

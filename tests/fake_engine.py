@@ -18,10 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from engine.batch import PackedBatch
-from engine.config import EngineConfig
-from engine.lazy_tensor import LazyTensor
-from engine.loader import ModelSpec
+from petal.engine.batch import PackedBatch
+from petal.engine.config import EngineConfig
+from petal.engine.lazy_tensor import LazyTensor
+from petal.engine.loader import ModelSpec
 
 POISON_WORD = "poison"
 
@@ -95,7 +95,7 @@ def make_fake_model_dir(path: Path, dim: int = 32, max_length: int = 128) -> Pat
 
     from safetensors.numpy import save_file
 
-    from engine.loader import default_model_dir
+    from petal.engine.loader import default_model_dir
 
     path.mkdir(parents=True, exist_ok=True)
     config = {"architectures": ["BertModel"], "model_type": "bert", "vocab_size": 30522, "hidden_size": dim,

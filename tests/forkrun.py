@@ -1,6 +1,6 @@
 """Run the petal CLI in real child processes, forked from one preloaded interpreter.
 
-A fresh ``python -m cli.main`` spends seconds importing torch, faiss and pyarrow, and the crash-point
+A fresh ``python -m petal.cli.main`` spends seconds importing torch, faiss and pyarrow, and the crash-point
 sweep runs about a hundred CLI processes. Here each run forks from a ``multiprocessing`` forkserver
 that imported all of that once: a real process (its own pid, real SIGKILL and SIGTERM, its own exit
 status, its flock released by the kernel when it dies) that starts in milliseconds.
@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-PRELOAD = ["cli.main", "cli.index", "pipeline.run", "pipeline.searcher", "tests.fake_engine", "faiss", "tokenizers"]
+PRELOAD = ["petal.cli.main", "petal.cli.index", "petal.pipeline.jobs.index_run", "petal.pipeline.index.search",
+           "tests.fake_engine", "faiss", "tokenizers"]
 _CONTEXT: Any = None
 
 
@@ -39,7 +40,7 @@ def _child(argv: list[str], env: dict[str, str | None], out: str, err: str) -> N
         target = os.open(path, os.O_WRONLY | os.O_TRUNC)
         os.dup2(target, fd)
         os.close(target)
-    from cli.main import cli
+    from petal.cli.main import cli
 
     cli.main(args=argv, prog_name="petal")  # standalone: ends with sys.exit(exit code)
 

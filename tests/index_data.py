@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.benchmarks.vectors import clustered_vectors, commit_shard, random_vectors, unit
-from pipeline.store import EmbeddingStore, StoreEntry
+from petal.bench.vectors import clustered_vectors, commit_shard, random_vectors, unit
+from petal.pipeline.store.embeddings import EmbeddingStore, StoreEntry
 
 __all__ = ["clustered_vectors", "commit", "commit_split", "exact_top_k", "random_vectors", "unit"]
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
-from pipeline.layout import VERSION_RE, OutputDir
-from pipeline.searcher import IndexReader
+from petal.pipeline.index.search import IndexReader
+from petal.pipeline.layout import VERSION_RE, OutputDir
 
 VERSION_FILES = {"manifest.json", "index.faiss", "ids.parquet", "rejects.parquet"}
 ENTRY_FILES = {"embeddings.npy", "rows.parquet", "rejects.parquet", "entry.json"}

@@ -8,7 +8,7 @@ from pathlib import Path
 import faiss
 import pyarrow.parquet as pq
 
-from pipeline.benchmarks.e2e import format_e2e_table, run_e2e_bench
+from petal.bench.e2e import format_e2e_table, run_e2e_bench
 
 
 def test_e2e_bench_pairs_each_run_with_tokenizer_only(tiny_bert_dir: Path, tmp_path: Path):

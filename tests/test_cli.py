@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from cli.main import cli
+from petal.cli.main import cli
 from tests.conftest import SAMPLE_DATA
 
 
@@ -180,7 +180,7 @@ def test_settings_drift_is_refused_unless_full(tmp_path, shard_writer):
 
 
 def test_second_writer_exits_75(tmp_path, shard_writer):
-    from pipeline.layout import OutputDir
+    from petal.pipeline.layout import OutputDir
 
     good = shard_writer("good.parquet", {"id": [1], "text": ["fine"]})
     out = OutputDir(tmp_path / "o")

@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 import torch
 
-from engine.batch import PackedBatch
-from engine.config import EngineConfig
-from engine.engine import Engine
-from engine.lazy_tensor import HostRing
-from engine.loader import inspect_model
-from pipeline.encode import encode_texts
-from pipeline.tokens import TextTokenizer
+from petal.engine.batch import PackedBatch
+from petal.engine.config import EngineConfig
+from petal.engine.engine import Engine
+from petal.engine.lazy_tensor import HostRing
+from petal.engine.loader import inspect_model
+from petal.pipeline.ingest.tokens import TextTokenizer
+from petal.pipeline.jobs.embed import encode_texts
 
 TEXTS = [
     "How do glaciers move?",
@@ -166,8 +166,8 @@ def test_host_ring_never_clobbers_an_unread_result():
 @pytest.mark.parametrize("kv_heads", [4, 2])
 def test_sdpa_attention_matches_dense_masked_reference(causal, kv_heads):
     """The CPU backend == one dense attention over the packed tokens with a block-diagonal mask."""
-    from engine.inputs import InputLayout, fill_inputs, make_context
-    from engine.layers.attention import SdpaAttention, attention
+    from petal.engine.inputs import InputLayout, fill_inputs, make_context
+    from petal.engine.layers.attention import SdpaAttention, attention
 
     torch.manual_seed(0)
     lengths = [5, 1, 12, 7]
@@ -194,7 +194,7 @@ def test_sdpa_attention_matches_dense_masked_reference(causal, kv_heads):
 
 
 def test_kernel_warmup_is_nothing_on_the_cpu(minilm_spec):
-    from engine.layers.triton_kernels import start_warmup
+    from petal.engine.layers.triton_kernels import start_warmup
 
     assert start_warmup(minilm_spec.config, torch.float32, torch.device("cpu")) is None
     assert start_warmup(minilm_spec.config, torch.bfloat16, torch.device("cpu")) is None

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from engine.batch import PackedBatch, token_bucket
-from engine.config import EngineConfig
-from engine.engine import Engine
-from pipeline.benchmarks.gpu import cosine_rows, hf_throughput, petal_throughput, random_docs
-from pipeline.benchmarks.shapes import Shape, hf_model, native_from_hf
+from petal.bench.gpu import cosine_rows, hf_throughput, petal_throughput, random_docs
+from petal.bench.shapes import Shape, hf_model, native_from_hf
+from petal.engine.batch import PackedBatch, token_bucket
+from petal.engine.config import EngineConfig
+from petal.engine.engine import Engine
 
 pytestmark = pytest.mark.gpu
 
@@ -137,9 +137,9 @@ def test_first_embedding_is_fast_and_lazy():
 
 
 def test_fused_qk_norm_rope_matches_torch():
-    from engine.layers.norm import RMSNorm
-    from engine.layers.rotary import RotaryEmbedding, apply_rotary
-    from engine.layers.triton_kernels import qk_norm_rope_
+    from petal.engine.layers.norm import RMSNorm
+    from petal.engine.layers.rotary import RotaryEmbedding, apply_rotary
+    from petal.engine.layers.triton_kernels import qk_norm_rope_
 
     torch.manual_seed(0)
     num_tokens, hq, hk, d = 300, 16, 8, 128
@@ -165,7 +165,7 @@ def test_fused_qk_norm_rope_matches_torch():
 
 
 def test_fused_add_layer_norm_matches_torch():
-    from engine.layers.triton_kernels import add_layer_norm
+    from petal.engine.layers.triton_kernels import add_layer_norm
 
     torch.manual_seed(1)
     for hidden in (384, 1024):
@@ -187,8 +187,8 @@ def test_kernel_warmup_compiles_what_the_model_runs(family, tmp_path, monkeypatc
     the first step compiles nothing new (a fresh cache directory shows every compile)."""
     import os
 
-    from engine.layers import triton_kernels
-    from engine.models import model_class_for
+    from petal.engine.layers import triton_kernels
+    from petal.engine.models import model_class_for
 
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
     monkeypatch.setattr(triton_kernels, "_warmups", {})

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from engine.batch import PackedBatch, token_bucket
-from engine.config import EngineConfig
-from engine.engine import Engine, forward_pooled
-from engine.graphs import LazyGraphRunner, seq_capacity
-from engine.inputs import InputLayout, fill_inputs
+from petal.engine.batch import PackedBatch, token_bucket
+from petal.engine.config import EngineConfig
+from petal.engine.engine import Engine, forward_pooled
+from petal.engine.graphs import LazyGraphRunner, seq_capacity
+from petal.engine.inputs import InputLayout, fill_inputs
 
 
 class FakeGraph:
@@ -29,7 +29,7 @@ class FakeGraph:
 
 @pytest.fixture(scope="module")
 def tiny_engine(tiny_bert_dir):
-    from engine.loader import inspect_model
+    from petal.engine.loader import inspect_model
 
     return Engine(inspect_model(tiny_bert_dir), EngineConfig(token_budget=1536, max_seqs=32))
 

@@ -18,12 +18,12 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from cli.main import cli
-from pipeline.config import IndexJob, IndexSettings, ReadConfig
-from pipeline.faiss_loader import load_faiss
-from pipeline.report import RunReport
-from pipeline.run import run_index
-from pipeline.searcher import IndexReader
+from petal.cli.main import cli
+from petal.pipeline.config import IndexJob, IndexSettings, ReadConfig
+from petal.pipeline.index.faiss_loader import load_faiss
+from petal.pipeline.index.search import IndexReader
+from petal.pipeline.jobs.index_run import run_index
+from petal.pipeline.jobs.report import RunReport
 from tests.fake_engine import embedded_ids, fake_engine_factory
 
 

@@ -16,14 +16,14 @@ import textwrap
 import numpy as np
 import pytest
 
-from pipeline.config import IndexSettings
-from pipeline.errors import BadInputError
-from pipeline.faiss_loader import load_faiss
-from pipeline.index_factory import ivf_lists, plan_index
-from pipeline.index_writer import build_index
-from pipeline.layout import OutputDir
-from pipeline.searcher import IndexReader
-from pipeline.store import EmbeddingStore
+from petal.pipeline.config import IndexSettings
+from petal.pipeline.index.faiss_loader import load_faiss
+from petal.pipeline.index.plan import ivf_lists, plan_index
+from petal.pipeline.index.search import IndexReader
+from petal.pipeline.index.writer import build_index
+from petal.pipeline.layout import OutputDir
+from petal.pipeline.reliability.errors import BadInputError
+from petal.pipeline.store.embeddings import EmbeddingStore
 from tests.conftest import REPO
 from tests.index_data import clustered_vectors, commit_split, exact_top_k, random_vectors
 
@@ -154,8 +154,8 @@ def test_ondisk_merge_equals_in_memory_build(store, tmp_path):
     assert [h.id for h in on_disk.search(queries[:5], 3)[0]] == [h.id for h in in_ram.search(queries[:5], 3)[0]]
     assert recall_at_10(IndexReader(moved), queries, base) >= 0.95
 
-    probe = f"from pipeline.searcher import IndexReader; IndexReader({str(moved)!r}).search(__import__('numpy')" \
-            f".zeros((1, 32), 'float32'), 1)"
+    probe = (f"from petal.pipeline.index.search import IndexReader; IndexReader({str(moved)!r})"
+             ".search(__import__('numpy').zeros((1, 32), 'float32'), 1)")
     run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, check=True)
     assert run.stdout == ""  # FAISS's printf chatter goes to stderr, stdout carries JSON lines
 
@@ -170,10 +170,10 @@ def test_ondisk_merge_equals_in_memory_build(store, tmp_path):
 MEASURE = textwrap.dedent("""
     import json, sys, threading, time
     from pathlib import Path
-    from pipeline.config import IndexSettings
-    from pipeline.index_writer import build_index
-    from pipeline.store import StoreEntry
-    from pipeline.faiss_loader import load_faiss
+    from petal.pipeline.config import IndexSettings
+    from petal.pipeline.index.writer import build_index
+    from petal.pipeline.store.embeddings import StoreEntry
+    from petal.pipeline.index.faiss_loader import load_faiss
 
     def anon_kib():
         for line in open("/proc/self/status"):

@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 import torch
 
-from engine.batch import PackedBatch
-from engine.config import EngineConfig, ModelOptions
-from engine.engine import Engine
-from engine.loader import ModelError, inspect_model
-from engine.models import supported_architectures
-from pipeline.encode import encode_texts
-from pipeline.tokens import tokenizer_for
+from petal.engine.batch import PackedBatch
+from petal.engine.config import EngineConfig, ModelOptions
+from petal.engine.engine import Engine
+from petal.engine.loader import ModelError, inspect_model
+from petal.engine.models import supported_architectures
+from petal.pipeline.ingest.tokens import tokenizer_for
+from petal.pipeline.jobs.embed import encode_texts
 from tests.tiny_models import QUERY_PROMPT, TEXTS, make_model, vocab
 
 LENGTHS = [1, 2, 7, 33, 64, 5, 18]  # one packed batch of mixed lengths
@@ -218,7 +218,7 @@ def test_model_id_resolves_from_the_local_hf_cache(tmp_path, monkeypatch, checkp
 @pytest.mark.parametrize("bidirectional", [False, True])
 def test_benchmark_shape_directories_state_their_attention(tmp_path, minilm_dir, bidirectional):
     """``petal bench e2e --shape qwen3-embedding-0.6b|pplx-embed-0.6b`` saves directories petal accepts."""
-    from pipeline.benchmarks.shapes import Shape, hf_model, save_model_dir
+    from petal.bench.shapes import Shape, hf_model, save_model_dir
 
     config = {"architectures": ["Qwen3Model"], "model_type": "qwen3", "vocab_size": 30522, "hidden_size": 32,
               "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16,

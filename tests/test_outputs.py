@@ -11,16 +11,16 @@ import pytest
 import torch
 from click.testing import CliRunner, Result
 
-from cli.main import cli
-from engine.config import EngineConfig
-from engine.engine import Engine
-from pipeline.config import IndexSettings, ReadConfig
-from pipeline.encode import encode_texts
-from pipeline.output_index import build_output_index, open_binary_index
-from pipeline.outputs import OutputConfig, OutputTransform, calibrated_codes, tanh_int8
-from pipeline.parquet import preflight
-from pipeline.store import EmbeddingStore, StoreEntry, StoreSink, settings_fingerprint
-from pipeline.tokens import tokenizer_for
+from petal.cli.main import cli
+from petal.engine.config import EngineConfig
+from petal.engine.engine import Engine
+from petal.pipeline.config import IndexSettings, ReadConfig
+from petal.pipeline.index.output_index import build_output_index, open_binary_index
+from petal.pipeline.ingest.parquet import preflight
+from petal.pipeline.ingest.tokens import tokenizer_for
+from petal.pipeline.jobs.embed import encode_texts
+from petal.pipeline.store.embeddings import EmbeddingStore, StoreEntry, StoreSink, settings_fingerprint
+from petal.pipeline.store.outputs import OutputConfig, OutputTransform, calibrated_codes, tanh_int8
 from tests.conftest import SAMPLE_DATA
 from tests.tiny_models import TEXTS, make_model
 
@@ -193,7 +193,7 @@ def tiny_indexes(tmp_path_factory, tiny_bert_dir):
 def test_query_applies_the_index_time_transform(tiny_indexes, tiny_bert_dir, name):
     import faiss
 
-    from pipeline.query import QueryService
+    from petal.pipeline.jobs.query import QueryService
 
     out = tiny_indexes[name]
     manifest = json.loads(run("info", out, "--json").stdout)
@@ -244,7 +244,7 @@ def test_pplx_embed_int8_is_its_own_scheme(tmp_path):
 
 
 def test_query_prompts_follow_the_model_and_the_flag(tmp_path):
-    from pipeline.query import QueryService
+    from petal.pipeline.jobs.query import QueryService
     from tests.tiny_models import QUERY_PROMPT
 
     path = tmp_path / "qwen3-embedding"

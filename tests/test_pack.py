@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.batch import PackedBatch, token_bucket, token_buckets
-from pipeline.pack import PackConfig, Packer, pack, padded_tokens, plan_batches
+from petal.engine.batch import PackedBatch, token_bucket, token_buckets
+from petal.pipeline.ingest.pack import PackConfig, Packer, pack, padded_tokens, plan_batches
 
 lengths_st = st.lists(st.integers(min_value=1, max_value=300), min_size=0, max_size=200)
 

@@ -6,11 +6,11 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from pipeline.config import ReadConfig
-from pipeline.documents import read_documents
-from pipeline.errors import BadInputError, NoInputError
-from pipeline.parquet import preflight, read_rows, resolve_sources
-from pipeline.tokens import TextTokenizer, tokenize_documents
+from petal.pipeline.config import ReadConfig
+from petal.pipeline.ingest.documents import read_documents
+from petal.pipeline.ingest.parquet import preflight, read_rows, resolve_sources
+from petal.pipeline.ingest.tokens import TextTokenizer, tokenize_documents
+from petal.pipeline.reliability.errors import BadInputError, NoInputError
 
 
 def test_resolve_sources_files_dirs_globs(shard_writer, tmp_path):

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from pipeline.prefetch import Prefetcher, ordered_map
+from petal.pipeline.ingest.prefetch import Prefetcher, ordered_map
 
 
 def _slow_square(x: int) -> int:

@@ -19,8 +19,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.layout import OutputDir
-from pipeline.searcher import IndexReader
+from petal.pipeline.index.search import IndexReader
+from petal.pipeline.layout import OutputDir
 from tests import forkrun
 from tests.conftest import REPO
 from tests.fake_engine import embedded_ids, make_fake_model_dir, read_log
@@ -348,9 +348,9 @@ def test_a_read_error_that_persists_is_an_io_error_not_corruption(job):
 MEMORY_PROBE = """
 import json, re, sys
 from pathlib import Path
-from pipeline.config import ReadConfig
-from pipeline.documents import read_documents
-from pipeline.parquet import preflight
+from petal.pipeline.config import ReadConfig
+from petal.pipeline.ingest.documents import read_documents
+from petal.pipeline.ingest.parquet import preflight
 def peak_kb():
     return int(re.search(r"VmHWM:\\s+(\\d+) kB", Path("/proc/self/status").read_text()).group(1))
 read = ReadConfig(max_batch_bytes=int(sys.argv[2]))
@@ -408,10 +408,10 @@ def test_a_usage_error_still_writes_the_report(job):
 
 
 def test_the_real_entry_point_in_a_fresh_interpreter(job):
-    """Once outside the fork runner: ``python -m cli.main`` with the test seam, killed for real."""
+    """Once outside the fork runner: ``python -m petal.cli.main`` with the test seam, killed for real."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "PETAL_TEST_FAKE_ENGINE": str(job.root / "fresh.jsonl"),
            "PETAL_FAULT": "after_shard_commit:2:kill"}
-    argv = [sys.executable, "-m", "cli.main", *job.argv()]
+    argv = [sys.executable, "-m", "petal.cli.main", *job.argv()]
     assert subprocess.run(argv, env=env, capture_output=True, cwd=REPO).returncode == -signal.SIGKILL
     env.pop("PETAL_FAULT")
     done = subprocess.run(argv, env=env, capture_output=True, text=True, cwd=REPO)

@@ -14,8 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from cli.main import cli
-from pipeline.layout import OutputDir
+from petal.cli.main import cli
+from petal.pipeline.layout import OutputDir
 from tests.fake_engine import embedded_ids, make_fake_model_dir, read_log
 from tests.invariants import live, rejects_rows
 
@@ -160,7 +160,7 @@ def test_every_bad_row_is_skipped_counted_listed_and_never_embedded(index, tmp_p
 
 def test_nfc_and_nfd_tokenize_alike_with_minilm(minilm_spec):
     """What petal documents: it never normalises; MiniLM's tokenizer strips accents, so both match."""
-    from pipeline.tokens import TextTokenizer
+    from petal.pipeline.ingest.tokens import TextTokenizer
 
     tokenizer = TextTokenizer(minilm_spec.tokenizer_file, 32)
     nfc, nfd = (unicodedata.normalize(form, "Crème brûlée") for form in ("NFC", "NFD"))

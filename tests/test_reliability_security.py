@@ -16,9 +16,9 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from cli.main import cli
-from pipeline.layout import OutputDir
-from pipeline.searcher import IndexReader
+from petal.cli.main import cli
+from petal.pipeline.index.search import IndexReader
+from petal.pipeline.layout import OutputDir
 from tests.conftest import REPO
 from tests.fake_engine import make_fake_model_dir
 from tests.invariants import live
@@ -33,7 +33,7 @@ class Watch(importlib.abc.MetaPathFinder):
         if root in HF_MODULES and root not in first_import:
             first_import[root] = os.environ.get("HF_HUB_OFFLINE")
 sys.meta_path.insert(0, Watch())
-from cli.main import cli
+from petal.cli.main import cli
 for argv in json.loads(sys.argv[1]):
     try:
         cli.main(argv, standalone_mode=False)
@@ -87,7 +87,7 @@ def test_no_pickle_anywhere_in_petal():
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     """An index built with the fake engine under MiniLM's identity (so ``petal query`` can load MiniLM)."""
-    from engine.loader import default_model_dir
+    from petal.engine.loader import default_model_dir
 
     root = tmp_path_factory.mktemp("built")
     data = root / "data"

@@ -17,8 +17,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.faults import FAULT_POINTS
-from pipeline.layout import OutputDir
+from petal.pipeline.layout import OutputDir
+from petal.pipeline.reliability.faults import FAULT_POINTS
 from tests import forkrun
 from tests.fake_engine import embedded_ids, make_fake_model_dir, read_log
 from tests.invariants import assert_clean, live, tree_digest

@@ -7,13 +7,13 @@ import json
 import numpy as np
 import pytest
 
-from pipeline.config import IndexSettings, ReadConfig
-from pipeline.errors import BadInputError
-from pipeline.index_writer import auto_factory, build_index
-from pipeline.layout import OutputDir
-from pipeline.parquet import preflight
-from pipeline.searcher import IndexReader
-from pipeline.store import EmbeddingStore, StoreSink, settings_fingerprint
+from petal.pipeline.config import IndexSettings, ReadConfig
+from petal.pipeline.index.search import IndexReader
+from petal.pipeline.index.writer import auto_factory, build_index
+from petal.pipeline.ingest.parquet import preflight
+from petal.pipeline.layout import OutputDir
+from petal.pipeline.reliability.errors import BadInputError
+from petal.pipeline.store.embeddings import EmbeddingStore, StoreSink, settings_fingerprint
 
 SETTINGS = {"model": "test", "dim": 8}
 

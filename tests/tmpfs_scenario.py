@@ -22,7 +22,7 @@ def shard(path: Path, name: str, rows: int) -> None:
 
 
 def main(data: Path, out: Path, model: Path, result_path: Path) -> None:
-    from pipeline.layout import OutputDir
+    from petal.pipeline.layout import OutputDir
     from tests import forkrun
     from tests.invariants import assert_clean, live, tree_digest
 

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 if TYPE_CHECKING:
-    from engine.context import ForwardContext
+    from petal.engine.context import ForwardContext
 
 
 class AttentionBackend(Protocol):
@@ -136,7 +136,7 @@ def make_attention_backend(
     if name == "sdpa":
         return SdpaAttention(causal, scale)
     if name in ("auto", "flashinfer"):
-        from engine.layers import flashinfer_attention
+        from petal.engine.layers import flashinfer_attention
 
         reason = flashinfer_attention.unsupported_reason(head_dim, dtype)
         if reason is None:

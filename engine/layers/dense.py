@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.config import DenseConfig
-from engine.layers.linear import Linear
+from petal.engine.config import DenseConfig
+from petal.engine.layers.linear import Linear
 
 _ACTIVATIONS: dict[str, nn.Module] = {
     "identity": nn.Identity(),

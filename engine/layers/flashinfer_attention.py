@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from engine.context import ForwardContext
+    from petal.engine.context import ForwardContext
 
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
 WORKSPACE_BYTES_PER_TOKEN = 32 * 1024  # split-KV scratch grows with the largest bucket (see ENGINE_NOTES 1.2)

@@ -6,8 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.layers.kernels import fused
-from engine.layers.triton_kernels import add_layer_norm, triton_available
+from petal.engine.layers.kernels import fused
+from petal.engine.layers.triton_kernels import add_layer_norm, triton_available
 
 
 class LayerNorm(nn.Module):

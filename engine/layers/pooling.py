@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from engine.context import ForwardContext
+from petal.engine.context import ForwardContext
 
 
 def pool(hidden: torch.Tensor, ctx: ForwardContext, mode: str) -> torch.Tensor:

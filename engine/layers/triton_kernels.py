@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from engine.config import ModelConfig
+    from petal.engine.config import ModelConfig
 
 
 @functools.cache

@@ -6,9 +6,9 @@ from typing import Any
 
 from torch import nn
 
-from engine.models.bert import BertModel
-from engine.models.qwen3 import Qwen3Model
-from engine.models.xlm_roberta import XLMRobertaModel
+from petal.engine.models.bert import BertModel
+from petal.engine.models.qwen3 import Qwen3Model
+from petal.engine.models.xlm_roberta import XLMRobertaModel
 
 # Hugging Face architecture or model_type -> model class. Add one line per architecture file.
 MODEL_REGISTRY: dict[str, type[nn.Module]] = {

@@ -11,13 +11,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from engine.config import ModelConfig
-from engine.context import ForwardContext
-from engine.layers.activation import get_activation
-from engine.layers.attention import attention
-from engine.layers.linear import Linear
-from engine.layers.norm import LayerNorm
-from engine.models.weights import WeightSource
+from petal.engine.config import ModelConfig
+from petal.engine.context import ForwardContext
+from petal.engine.layers.activation import get_activation
+from petal.engine.layers.attention import attention
+from petal.engine.layers.linear import Linear
+from petal.engine.layers.norm import LayerNorm
+from petal.engine.models.weights import WeightSource
 
 
 def bert_config(hf: dict[str, Any], architecture: str = "bert") -> ModelConfig:

@@ -11,15 +11,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from engine.config import ModelConfig
-from engine.context import ForwardContext
-from engine.layers.activation import silu_and_mul
-from engine.layers.attention import attention
-from engine.layers.linear import Linear
-from engine.layers.norm import RMSNorm
-from engine.layers.rotary import RopeTables, RotaryEmbedding, apply_rotary
-from engine.layers.triton_kernels import qk_norm_rope_, triton_available
-from engine.models.weights import WeightSource
+from petal.engine.config import ModelConfig
+from petal.engine.context import ForwardContext
+from petal.engine.layers.activation import silu_and_mul
+from petal.engine.layers.attention import attention
+from petal.engine.layers.linear import Linear
+from petal.engine.layers.norm import RMSNorm
+from petal.engine.layers.rotary import RopeTables, RotaryEmbedding, apply_rotary
+from petal.engine.layers.triton_kernels import qk_norm_rope_, triton_available
+from petal.engine.models.weights import WeightSource
 
 PPLX_MODEL_TYPE = "bidirectional_pplx_qwen3"  # pplx-embed-v1's config.json (remote code, Qwen3 weights)
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from engine.config import ModelConfig
-from engine.models.bert import BertModel, bert_config
+from petal.engine.config import ModelConfig
+from petal.engine.models.bert import BertModel, bert_config
 
 
 def xlm_roberta_config(hf: dict[str, Any]) -> ModelConfig:

@@ -1,0 +1,132 @@
+"""E2E scenario: Parquet on disk -> FAISS index on disk, real tokenization, counted from the call
+that starts the pipeline to the published index.
+
+Baselines in the same process: sentence-transformers ``encode()`` (fp16 on CUDA, its default
+batching) + ``IndexFlatIP``; and tokenizer-only throughput (read the same Parquet, tokenize every
+text the way the pipeline does, nothing else): the pipeline is doing well when it runs close to it.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from petal.bench.corpus import load_sentences, lognormal_lengths, make_texts
+from petal.pipeline.ingest.tokens import TextTokenizer
+
+
+def write_corpus(sentences: list[str], tokenizer: TextTokenizer, num_docs: int, out_dir: Path,
+                 num_shards: int = 8, seed: int = 0) -> tuple[list[Path], int]:
+    """``num_docs`` texts with T2 lengths in ``num_shards`` Parquet files; returns paths and token count."""
+    lengths = lognormal_lengths(num_docs, 150, 0.8, 8, 512, seed=seed)
+    texts = make_texts(sentences, tokenizer, lengths, seed=seed)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for shard, rows in enumerate(np.array_split(np.arange(num_docs), num_shards)):
+        path = out_dir / f"part-{shard:03d}.parquet"
+        pq.write_table(pa.table({"id": pa.array(rows, pa.int64()), "text": [texts[i] for i in rows]}), path,
+                       row_group_size=8192)
+        paths.append(path)
+    tokens = sum(len(ids) for ids in tokenizer.encode(texts).token_ids)
+    return paths, tokens
+
+
+def tokenizer_only(paths: list[Path], tokenizer: TextTokenizer, batch_rows: int = 4096) -> float:
+    """Seconds to read every text and tokenize it (the pipeline's stages [1]-[2] alone)."""
+    started = time.perf_counter()
+    for path in paths:
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=batch_rows, columns=["text"]):
+            tokenizer.encode(batch.column(0).to_pylist())
+    return time.perf_counter() - started
+
+
+def sentence_transformers_e2e(paths: list[Path], model_dir: Path, device: str, out: Path) -> float:
+    """Read all texts, ``encode()`` them, add to an exact FAISS index and write it."""
+    import faiss
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    started = time.perf_counter()
+    model = SentenceTransformer(str(model_dir), device=device)
+    if device == "cuda":
+        model = model.half()
+    texts = [t for p in paths for t in pq.read_table(p, columns=["text"]).column(0).to_pylist()]
+    vectors = model.encode(texts, convert_to_numpy=True, normalize_embeddings=False).astype(np.float32)
+    index = faiss.IndexFlatIP(vectors.shape[1])
+    index.add(vectors)
+    faiss.write_index(index, str(out))
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - started
+
+
+def run_e2e_bench(model_dir: Path, corpus: Path, num_docs: int, device: str, token_budget: int | None = None,
+                  baseline: bool = True, workdir: Path | None = None,
+                  tokenize_workers: list[int] | tuple[int, ...] = (2,)) -> dict[str, Any]:
+    """petal vs tokenizer-only (and sentence-transformers) on one corpus. One petal run per value of
+    ``tokenize_workers``, each right after a tokenizer-only run (the pair gives its ratio); the
+    top-level figures are the first run's: the process's first run, so it pays the cold start
+    (CUDA context, kernel loading and compilation); later runs show the warm pipeline."""
+    from petal.engine.loader import inspect_model
+    from petal.pipeline.config import IndexJob, IndexSettings, ReadConfig
+    from petal.pipeline.jobs.index_run import run_index
+    from petal.pipeline.jobs.report import RunReport
+
+    spec = inspect_model(model_dir)
+    tokenizer = TextTokenizer(spec.tokenizer_file, spec.pooling.max_length)
+    work = Path(workdir or tempfile.mkdtemp(prefix="petal-e2e-"))
+    paths, tokens = write_corpus(load_sentences(corpus), tokenizer, num_docs, work / "corpus")
+
+    runs = []
+    for number, workers in enumerate(tokenize_workers):
+        tokenize_s = tokenizer_only(paths, tokenizer)
+        job = IndexJob(sources=(str(work / "corpus"),), out=work / f"petal-out-{number}", model=str(model_dir),
+                       read=ReadConfig(), index=IndexSettings(factory="Flat"), device=device,
+                       token_budget=token_budget, quiet=True, tokenize_workers=workers)
+        started = time.perf_counter()
+        report = run_index(job, RunReport())
+        petal_s = time.perf_counter() - started
+        runs.append({"tokenize_workers": workers, "tokenizer_only_tokens_per_s": tokens / tokenize_s,
+                     "petal_tokens_per_s": tokens / petal_s, "petal_seconds": petal_s,
+                     "fraction_of_tokenizer_only": tokenize_s / petal_s, "petal_report": report.as_dict()})
+    result: dict[str, Any] = {
+        "scenario": "e2e", "model": str(model_dir), "device": device, "docs": num_docs, "tokens": tokens,
+        "cpu_count": os.cpu_count(), **runs[0], "runs": runs,
+    }
+    if baseline:
+        st_s = sentence_transformers_e2e(paths, model_dir, device, work / "st.faiss")
+        result["sentence_transformers_tokens_per_s"] = tokens / st_s
+        result["ratio_vs_sentence_transformers"] = st_s / result["petal_seconds"]
+    return result
+
+
+def format_e2e_table(r: dict[str, Any]) -> str:
+    lines = [f"E2E ({r['device']}, {r['cpu_count']} CPUs): {r['docs']} docs, {r['tokens']} tokens, Parquet -> FAISS",
+             f"  petal                  {r['petal_tokens_per_s'] / 1e3:>9,.1f}k tok/s "
+             f"({r['fraction_of_tokenizer_only']:.0%} of tokenizer-only)",
+             f"  tokenizer only         {r['tokenizer_only_tokens_per_s'] / 1e3:>9,.1f}k tok/s"]
+    if "sentence_transformers_tokens_per_s" in r:
+        lines.append(f"  sentence-transformers  {r['sentence_transformers_tokens_per_s'] / 1e3:>9,.1f}k tok/s "
+                     f"-> petal {r['ratio_vs_sentence_transformers']:.2f}x")
+    for run in r.get("runs", [])[1:]:
+        lines.append(f"  petal, {run['tokenize_workers']} tokenize workers "
+                     f"{run['petal_tokens_per_s'] / 1e3:>9,.1f}k tok/s "
+                     f"({run['fraction_of_tokenizer_only']:.0%} of tokenizer-only at "
+                     f"{run['tokenizer_only_tokens_per_s'] / 1e3:,.1f}k)")
+    if len(r.get("runs", [])) > 1:
+        lines[1] += f" [{r['tokenize_workers']} tokenize workers]"
+    timings = r["petal_report"].get("timings_s", {})
+    if timings:
+        lines.append("  timings: " + ", ".join(f"{k} {v:.2f}s" for k, v in timings.items()))
+    stats = r["petal_report"].get("engine", {}).get("stats", {})
+    if stats:
+        lines.append(f"  engine: {stats.get('graph_captures', 0)} captures, {stats.get('graph_replays', 0)} replays, "
+                     f"{stats.get('eager_steps', 0)} eager, {stats.get('padded_tokens', 0)} padded tokens")
+    return "\n".join(lines)

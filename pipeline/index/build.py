@@ -1,0 +1,97 @@
+"""Adding the store's vectors to a trained index: in memory, or as IVF parts merged on disk.
+
+In memory on the CPU, chunks go straight into the index. Everything else works in *parts*: a
+copy of the trained, empty index (on a GPU when there is one) takes up to ``part_rows`` vectors,
+then is merged into the in-memory index (``merge_from``) or written to a part file. On disk, the
+part files are merged into one ``index.ivfdata`` by FAISS's ``merge_ondisk``, so the inverted
+lists never have to fit in RAM: what the process holds is the quantizer, one part and one chunk.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from petal.pipeline.index.faiss_loader import load_faiss
+from petal.pipeline.index.files import INDEX_FILE, IVFDATA_FILE, stdout_to_stderr, write_index
+from petal.pipeline.index.gpu import to_cpu, to_gpu
+from petal.pipeline.index.source import StoreVectors
+
+
+def _add(index: Any, ids: Any, vectors: Any) -> None:
+    faiss = load_faiss()
+
+    if faiss.try_extract_index_ivf(index) is not None:
+        index.add_with_ids(vectors, ids)
+    else:  # Flat, HNSW, PQ: ids are implicit, 0..ntotal-1 in insertion order
+        assert index.ntotal == ids[0], f"sequential ids expected: ntotal {index.ntotal}, next id {ids[0]}"
+        index.add(vectors)
+
+
+def parts(trained: Any, source: StoreVectors, part_rows: int, chunk_rows: int,
+          use_gpu: bool) -> Iterator[tuple[Any, str]]:
+    """CPU copies of ``trained`` holding consecutive runs of at most ``part_rows`` vectors (with
+    their FAISS ids), and where each was filled ("gpu:0" or "cpu")."""
+    faiss = load_faiss()
+
+    part, where, count = None, "cpu", 0
+    for ids, vectors in source.chunks(chunk_rows):
+        if part is None:
+            empty = faiss.clone_index(trained)
+            part = to_gpu(empty) if use_gpu else None
+            where = "gpu:0" if part is not None else "cpu"
+            part = part if part is not None else empty
+        _add(part, ids, vectors)
+        count += len(ids)
+        if count >= part_rows:
+            yield (to_cpu(part) if where != "cpu" else part), where
+            part, count = None, 0
+    if part is not None:
+        yield (to_cpu(part) if where != "cpu" else part), where
+
+
+def add_in_memory(index: Any, source: StoreVectors, part_rows: int, chunk_rows: int, use_gpu: bool) -> str:
+    """Add every vector of ``source`` to ``index`` (in place). Returns where the adding ran."""
+    faiss = load_faiss()
+
+    ivf = faiss.try_extract_index_ivf(index)
+    if not use_gpu or ivf is None:
+        for ids, vectors in source.chunks(chunk_rows):
+            _add(index, ids, vectors)
+        return "cpu"
+    places = set()
+    for part, where in parts(index, source, part_rows, chunk_rows, use_gpu):
+        index.merge_from(part, 0)  # NOTE: ids were assigned when the part was filled: no shift
+        places.add(where)
+    return ",".join(sorted(places)) or "cpu"
+
+
+def build_on_disk(trained: Any, source: StoreVectors, staging: Path, part_rows: int, chunk_rows: int,
+                  use_gpu: bool) -> tuple[Any, str]:
+    """Write ``index.faiss`` + ``index.ivfdata`` into ``staging`` from shard-wise parts.
+
+    Returns the merged index (its lists memory-mapped from ``staging``) and where adding ran.
+    """
+    load_faiss()
+    from faiss.contrib.ondisk import merge_ondisk
+
+    work = staging / "parts.tmp"
+    work.mkdir()
+    try:
+        names, places = [], set()
+        for number, (part, where) in enumerate(parts(trained, source, part_rows, chunk_rows, use_gpu)):
+            name = work / f"part-{number:05d}.index"
+            write_index(part, name)
+            del part  # one part in memory at a time
+            names.append(str(name))
+            places.add(where)
+        with stdout_to_stderr():
+            # NOTE: merge_ondisk keeps the parts mmapped until the process exits (FAISS leaks their
+            # inverted lists by design); their disk space is freed then, after the rmtree below.
+            merge_ondisk(trained, names, str(staging / IVFDATA_FILE))
+        write_index(trained, staging / INDEX_FILE)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)  # the version directory holds no build leftovers
+    return trained, ",".join(sorted(places)) or "cpu"

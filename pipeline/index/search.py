@@ -1,0 +1,169 @@
+"""Opening a published index for search: checksums first, then FAISS, then id mapping."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from petal.pipeline.index.faiss_loader import load_faiss
+from petal.pipeline.index.files import IDS_FILE, INDEX_FILE, read_index
+from petal.pipeline.index.tune import apply_params
+from petal.pipeline.layout import resolve_index_dir
+from petal.pipeline.reliability.errors import BadInputError, ConfigError, PetalError
+from petal.pipeline.reliability.faults import fault
+from petal.pipeline.store.embeddings import sha256_file
+
+OPEN_ATTEMPTS = 3
+
+
+@dataclass(frozen=True)
+class Hit:
+    rank: int
+    score: float
+    faiss_id: int
+    id: Any
+    shard: str
+    row: int
+
+
+SAFE_FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def verify_files(version_dir: Path, files: dict[str, str]) -> None:
+    """Every file the manifest lists exists beside it and matches its sha256 (before FAISS reads any)."""
+    for name in (INDEX_FILE, IDS_FILE):
+        if name not in files:
+            raise ConfigError(f"{version_dir}: {name} is not listed in the manifest")
+    for name, expected in sorted(files.items()):
+        if not SAFE_FILE_NAME.match(name):  # NOTE: a manifest must not point outside its directory
+            raise BadInputError(f"{version_dir}: the manifest lists {name!r}, which is not a plain file name")
+        actual_path = version_dir / name
+        if not actual_path.is_file():
+            raise ConfigError(f"{version_dir}: {name} is listed in the manifest but missing")
+        actual = sha256_file(actual_path)
+        if actual != expected:
+            raise BadInputError(f"{actual_path}: sha256 {actual[:16]}... does not match the manifest "
+                                f"({expected[:16]}...); the index is corrupt, rebuild it")
+
+
+def _pointer(path: Path) -> str | None:
+    """What ``path/CURRENT`` says now (``None`` for a version directory or no pointer)."""
+    try:
+        return (Path(path) / "CURRENT").read_text()
+    except OSError:
+        return None
+
+
+class IndexReader:
+    """A published version: manifest, FAISS index (checked against the manifest's sha256), id map.
+
+    Search parameters come from the manifest (tuned at build time); ``nprobe`` overrides.
+    On-disk indexes are memory-mapped read-only.
+    """
+
+    def __init__(self, path: Path, nprobe: int | None = None, rescore: int | None = None) -> None:
+        for attempt in range(1, OPEN_ATTEMPTS + 1):
+            pointer = _pointer(path)
+            try:
+                self.dir, self.manifest = resolve_index_dir(path)
+                self._open(nprobe, rescore)
+                return
+            except (OSError, RuntimeError, PetalError):
+                # NOTE: a writer can publish a new version and prune this one between our reading CURRENT
+                # and opening its files; CURRENT then names another, complete version: open that one.
+                if attempt == OPEN_ATTEMPTS or _pointer(path) == pointer:
+                    raise
+
+    def _open(self, nprobe: int | None, rescore: int | None) -> None:
+        faiss = load_faiss()
+
+        fault("query_open", self.dir)
+        index_section = self.manifest.get("index", {})
+        verify_files(self.dir, index_section.get("files", {}))
+        self.storage = str(index_section.get("storage", "memory"))
+        # binary indexes (Hamming + float rescoring) open through pipeline/index/output_index.py
+        binary = self.manifest.get("output", {}).get("quantize") == "binary"
+        if binary:
+            from petal.pipeline.index.output_index import open_binary_index
+
+            self.index = open_binary_index(self.dir, self.manifest, nprobe=nprobe, rescore=rescore)
+        else:
+            self.index = read_index(self.dir / INDEX_FILE, self.storage)
+        self.ids = pq.read_table(self.dir / IDS_FILE)
+        if self.ids.num_rows != self.index.ntotal:
+            raise BadInputError(f"{self.dir}: {self.ids.num_rows} ids for {self.index.ntotal} vectors")
+        params = {k: int(v) for k, v in index_section.get("search_params", {}).items()}
+        if binary:  # the binary index set its own nprobe
+            self.search_params = params if nprobe is None else {**params, "nprobe": nprobe}
+            return
+        if nprobe is not None and faiss.try_extract_index_ivf(self.index) is not None:
+            params["nprobe"] = nprobe
+            if "quantizer_efSearch" in params:
+                params["quantizer_efSearch"] = max(params["quantizer_efSearch"], 2 * nprobe)
+        apply_params(self.index, params)
+        self.search_params = params
+
+    @property
+    def dim(self) -> int:
+        return int(self.index.d)
+
+    @property
+    def ntotal(self) -> int:
+        return int(self.index.ntotal)
+
+    def search(self, vectors: np.ndarray, k: int) -> list[list[Hit]]:
+        """Top ``k`` hits per query row of ``vectors [num_queries, dim]`` (fewer if the index is smaller)."""
+        if vectors.ndim != 2 or vectors.shape[1] != self.dim:
+            raise ConfigError(f"query vectors have shape {vectors.shape}, the index holds dim {self.dim}")
+        k_eff = max(1, min(k, self.ntotal))
+        if self.ntotal == 0:
+            return [[] for _ in range(len(vectors))]
+        scores, ids = self.index.search(np.ascontiguousarray(vectors, dtype=np.float32), k_eff)
+        valid = ids >= 0  # NOTE: FAISS pads with -1 when fewer than k results exist
+        flat = ids[valid]
+        rows = self.ids.take(pa.array(flat)) if len(flat) else self.ids.schema.empty_table()
+        doc_ids = rows.column("id").to_pylist()
+        shards = rows.column("shard").to_pylist()
+        shard_rows = rows.column("row").to_pylist()
+        out: list[list[Hit]] = []
+        cursor = 0
+        for q in range(len(vectors)):
+            hits = []
+            for rank, (score, fid) in enumerate(zip(scores[q], ids[q])):
+                if fid < 0:
+                    continue
+                hits.append(Hit(rank + 1, float(score), int(fid), doc_ids[cursor], shards[cursor], shard_rows[cursor]))
+                cursor += 1
+            out.append(hits)
+        return out
+
+    def texts(self, hits: list[Hit], text_column: str) -> list[str | None]:
+        """The source text of each hit, read back from its shard (``None`` if it is gone)."""
+        by_shard: dict[str, list[int]] = {}
+        for hit in hits:
+            by_shard.setdefault(hit.shard, []).append(hit.row)
+        found: dict[tuple[str, int], str | None] = {}
+        for shard, rows in by_shard.items():
+            try:
+                pf = pq.ParquetFile(shard)
+                starts = np.cumsum([0] + [pf.metadata.row_group(g).num_rows for g in range(pf.num_row_groups)])
+                groups: dict[int, pa.ChunkedArray] = {}
+                for row in rows:
+                    group = int(np.searchsorted(starts, row, side="right")) - 1
+                    if not 0 <= group < pf.num_row_groups:
+                        found[(shard, row)] = None
+                        continue
+                    if group not in groups:  # read only the row groups holding hits
+                        groups[group] = pf.read_row_group(group, columns=[text_column]).column(0)
+                    value = groups[group][row - int(starts[group])].as_py()
+                    found[(shard, row)] = value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+            except (OSError, pa.ArrowException, KeyError):
+                for row in rows:
+                    found[(shard, row)] = None
+        return [found.get((h.shard, h.row)) for h in hits]

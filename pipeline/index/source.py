@@ -1,0 +1,117 @@
+"""The vectors an index is built from: the committed store entries of the current shards.
+
+A document id seen in several shards keeps the vector of the last shard in sorted order (one
+Arrow ``group_by``). FAISS ids are ``0..total-1`` in entry order, then row order; ``ids.parquet``
+maps them back to documents. Vectors are read from the entries' memory-mapped ``.npy`` files one
+bounded chunk at a time, never all at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from petal.pipeline.store.embeddings import StoreEntry
+
+
+class StoreVectors:
+    """The de-duplicated vectors of ``entries`` (in shard order), addressed by FAISS id."""
+
+    def __init__(self, entries: list[StoreEntry], dim: int) -> None:
+        self.entries = entries
+        self.dim = dim
+        self.id_type = pa.string() if any(e.meta.get("id_type") == "string" for e in entries) else pa.int64()
+        # NOTE: de-duplication needs every id at once (transient, O(num documents)); what stays is
+        # one int32 position per indexed vector. Arrow's allocator keeps freed pages until released.
+        ids = [pq.read_table(e.path / "rows.parquet", columns=["id"]).column("id").cast(self.id_type)
+               for e in entries]
+        sizes = [len(column) for column in ids]
+        all_ids = pa.chunked_array([c for column in ids for c in column.chunks], self.id_type)
+        seq = pa.array(np.arange(len(all_ids), dtype=np.int64))
+        last = pa.table({"id": all_ids, "seq": seq}).group_by("id").aggregate([("seq", "max")])
+        kept = np.zeros(len(all_ids), dtype=bool)
+        kept[last.column("seq_max").to_numpy()] = True
+        del ids, all_ids, seq, last
+        pa.default_memory_pool().release_unused()
+        self._keep: list[np.ndarray] = []  # per entry: positions into entry.rows() that are indexed
+        offset = 0
+        for size in sizes:
+            self._keep.append(np.flatnonzero(kept[offset : offset + size]).astype(np.int32))
+            offset += size
+        self.starts = np.cumsum([0] + [len(k) for k in self._keep])  # [num_entries + 1] first FAISS id per entry
+        self.total = int(self.starts[-1])
+        self.superseded = len(kept) - self.total  # vectors dropped because a later shard has the same id
+
+    def _rows(self, i: int) -> np.ndarray:
+        """Store rows (ascending) of entry ``i``'s indexed vectors."""
+        rows = pq.read_table(self.entries[i].path / "rows.parquet", columns=["row"]).column("row")
+        return rows.to_numpy()[self._keep[i]]
+
+    def chunks(self, max_rows: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """``(faiss_ids [n] int64, vectors [n, dim] float32)``, n <= ``max_rows``, in FAISS id order."""
+        for i, (entry, start) in enumerate(zip(self.entries, self.starts)):
+            if len(self._keep[i]) == 0:
+                continue
+            rows = self._rows(i)
+            vectors = entry.embeddings()
+            for lo in range(0, len(rows), max_rows):
+                hi = min(lo + max_rows, len(rows))
+                ids = np.arange(start + lo, start + hi, dtype=np.int64)
+                yield ids, np.ascontiguousarray(vectors[rows[lo:hi]], dtype=np.float32)
+            # NOTE: dropping the memmap unmaps the entry, so its pages leave this process's RSS.
+            del vectors
+
+    def take(self, faiss_ids: np.ndarray) -> np.ndarray:
+        """``[len(faiss_ids), dim]`` float32 for sorted, unique ``faiss_ids``."""
+        assert np.all(np.diff(faiss_ids) > 0), "faiss_ids must be sorted and unique"
+        out = np.empty((len(faiss_ids), self.dim), dtype=np.float32)
+        bounds = np.searchsorted(faiss_ids, self.starts)
+        for i, entry in enumerate(self.entries):
+            lo, hi = int(bounds[i]), int(bounds[i + 1])
+            if hi > lo:
+                out[lo:hi] = entry.embeddings()[self._rows(i)[faiss_ids[lo:hi] - self.starts[i]]]
+        return out
+
+    def sample(self, size: int, seed: int) -> np.ndarray:
+        """``[min(size, total), dim]``: a seeded sample of the vectors (training, calibration)."""
+        picks = np.random.default_rng(seed).choice(self.total, size=min(size, self.total), replace=False)
+        return self.take(np.sort(picks))
+
+    def write_ids(self, path: Path) -> None:
+        """``ids.parquet``: faiss_id int64, id, shard (as given), row int64, in FAISS id order."""
+        schema = pa.schema([("faiss_id", pa.int64()), ("id", self.id_type), ("shard", pa.string()),
+                            ("row", pa.int64())])
+        with pq.ParquetWriter(path, schema) as writer:
+            for entry, keep, start in zip(self.entries, self._keep, self.starts):
+                if len(keep) == 0:
+                    continue
+                part = entry.rows().take(pa.array(keep))
+                n = part.num_rows
+                writer.write_table(pa.table({
+                    "faiss_id": pa.array(np.arange(start, start + n, dtype=np.int64)),
+                    "id": part.column("id").cast(self.id_type),
+                    "shard": pa.array([entry.meta["source"]["path"]] * n, pa.string()),
+                    "row": part.column("row"),
+                }, schema=schema))
+            if self.total == 0:
+                writer.write_table(schema.empty_table())
+
+
+def split_sample(total: int, num_queries: int, num_train: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Seeded, disjoint FAISS-id samples: ``(queries, training)``, each sorted.
+
+    Queries are drawn first; training takes up to ``num_train`` of the rest, so tuning runs on
+    vectors the quantizer never saw (when there are enough vectors).
+    """
+    rng = np.random.default_rng(seed)
+    num_queries = min(num_queries, total)
+    num_train = min(num_train, total - num_queries) if total > num_queries else min(num_train, total)
+    if total > num_queries:
+        picks = rng.choice(total, size=num_queries + num_train, replace=False)
+        return np.sort(picks[:num_queries]), np.sort(picks[num_queries:])
+    everything = np.arange(total, dtype=np.int64)
+    return everything, np.sort(rng.choice(total, size=num_train, replace=False))

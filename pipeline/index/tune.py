@@ -1,0 +1,163 @@
+"""Tuning search parameters (nprobe, quantizer_efSearch, efSearch) to a recall target.
+
+Queries are held-out vectors of the corpus (not used for training). The ground truth is exact
+search over every indexed vector, streamed from the store in chunks (FAISS ``knn_ground_truth``),
+so it never holds the corpus in memory. A query's own vector is dropped from both result lists:
+real queries are not in the corpus, and keeping it would lift recall for free.
+
+Settings are tried from cheapest to most expensive; the first whose recall is above the target
+with two standard errors to spare wins (so the target holds for new queries, not just these).
+When recall stops rising before the target (compressed codes), the best setting tried wins and
+the manifest says the target was not reached.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from petal.pipeline.index.faiss_loader import load_faiss
+from petal.pipeline.index.source import StoreVectors
+
+TUNE_K = 10
+SINGLE_QUERY_SAMPLES = 100
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """The chosen search parameters and what they measured on the held-out queries."""
+
+    params: dict[str, int]  # {} when the index has no search parameters
+    target_recall_at_10: float
+    recall_at_10: float  # mean over the queries
+    recall_at_10_low: float  # mean - 2 standard errors: the number held against the target
+    reached: bool
+    ms_per_query: float  # one batched search of every query, divided by their count
+    single_query_ms_p50: float  # one query per search call
+    queries: int
+    curve: list[dict[str, Any]] = field(default_factory=list)  # every setting tried
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def exact_neighbours(queries: np.ndarray, source: StoreVectors, k: int, metric: str, chunk_rows: int) -> np.ndarray:
+    """``[num_queries, k]`` int64 FAISS ids of the exact nearest neighbours (-1 past the corpus size)."""
+    faiss = load_faiss()
+    from faiss.contrib.exhaustive_search import knn_ground_truth
+
+    metric_type = faiss.METRIC_INNER_PRODUCT if metric == "ip" else faiss.METRIC_L2
+    # NOTE: knn_ground_truth numbers the vectors in iteration order: that is the FAISS id order.
+    _, ids = knn_ground_truth(queries, (vectors for _, vectors in source.chunks(chunk_rows)), k, metric_type)
+    return ids
+
+
+def recall_per_query(found: np.ndarray, truth: np.ndarray, self_ids: np.ndarray, k: int) -> np.ndarray:
+    """``[num_queries]`` recall@k of ``found`` against ``truth`` (both ``[num_queries, >= k]``),
+    ignoring each query's own id and FAISS's -1 padding."""
+    out = np.empty(len(found), dtype=np.float64)
+    for q, (got, want, own) in enumerate(zip(found, truth, self_ids)):
+        expected = [i for i in want if i != own and i >= 0][:k]
+        returned = [i for i in got if i != own and i >= 0][:k]
+        out[q] = len(set(returned).intersection(expected)) / len(expected) if expected else 1.0
+    return out
+
+
+def _geometric(low: int, high: int) -> list[int]:
+    """``low``, ~``low * sqrt(2)``, ``2 * low``, ... up to and including ``high``."""
+    values, step = set(), 0
+    while (value := round(low * 2 ** (step / 2))) < high:
+        values.add(int(value))
+        step += 1
+    return sorted(values | {high})
+
+
+def search_grid(index: Any) -> list[dict[str, int]]:
+    """The settings to try for ``index``, cheapest first ([{}] when it has none)."""
+    faiss = load_faiss()
+
+    ivf = faiss.try_extract_index_ivf(index)
+    if ivf is not None:
+        hnsw_quantizer = hasattr(faiss.downcast_index(ivf.quantizer), "hnsw")
+        grid = []
+        for nprobe in _geometric(1, int(ivf.nlist)):
+            params = {"nprobe": nprobe}
+            if hnsw_quantizer:
+                params["quantizer_efSearch"] = max(16, 2 * nprobe)
+            grid.append(params)
+        return grid
+    if hasattr(faiss.downcast_index(index), "hnsw"):
+        return [{"efSearch": ef} for ef in _geometric(16, 4096)]
+    return [{}]
+
+
+def is_exact(index: Any) -> bool:
+    """True for uncompressed flat indexes: their search is exhaustive, recall@k is 1 by definition."""
+    faiss = load_faiss()
+    return isinstance(faiss.downcast_index(index), faiss.IndexFlat)
+
+
+EXACT_LATENCY_SAMPLES = 3  # NOTE: a one-query exhaustive scan of a large index takes tens of ms
+
+
+def exact_tuning(index: Any, queries: np.ndarray, target: float, k: int = TUNE_K) -> Tuning:
+    """What ``tune`` records for an exact index, without a ground truth to measure against: no
+    parameters, recall 1, and the latency of a few one-query searches."""
+    single = []
+    for i in range(min(EXACT_LATENCY_SAMPLES, len(queries))):
+        started = time.perf_counter()
+        index.search(queries[i : i + 1], k)
+        single.append(1000 * (time.perf_counter() - started))
+    p50 = round(float(np.median(single)), 4) if single else 0.0
+    return Tuning(params={}, target_recall_at_10=target, recall_at_10=1.0, recall_at_10_low=1.0, reached=True,
+                  ms_per_query=p50, single_query_ms_p50=p50, queries=len(single), curve=[])
+
+
+def _plateau(curve: list[dict[str, Any]], steps: int = 4, gain: float = 0.002) -> bool:
+    """True when the last ``steps`` settings raised recall by less than ``gain`` in all: the codes,
+    not the search breadth, limit recall (PQ), and wider searches only cost time."""
+    return len(curve) > steps and curve[-1]["recall_at_10"] - curve[-1 - steps]["recall_at_10"] < gain
+
+
+def apply_params(index: Any, params: dict[str, int]) -> None:
+    """Set search parameters by name (FAISS ``ParameterSpace``: reaches through OPQ/IDMap wrappers)."""
+    faiss = load_faiss()
+
+    if params:
+        faiss.ParameterSpace().set_index_parameters(index, ",".join(f"{k}={v}" for k, v in params.items()))
+
+
+def tune(index: Any, queries: np.ndarray, query_ids: np.ndarray, truth: np.ndarray, target: float,
+         k: int = TUNE_K) -> Tuning:
+    """Cheapest setting of ``index`` whose recall@k on ``queries [q, d]`` (own ids ``query_ids [q]``)
+    against ``truth [q, >= k + 1]`` reaches ``target``; the best one tried when none does."""
+    curve: list[dict[str, Any]] = []
+    best: tuple[float, dict[str, int], np.ndarray, float] | None = None
+    for params in search_grid(index):
+        apply_params(index, params)
+        started = time.perf_counter()
+        _, found = index.search(queries, k + 1)
+        ms_per_query = 1000 * (time.perf_counter() - started) / len(queries)
+        recalls = recall_per_query(found, truth, query_ids, k)
+        low = float(recalls.mean() - 2 * recalls.std(ddof=1) / np.sqrt(len(recalls))) if len(recalls) > 1 \
+            else float(recalls.mean())
+        curve.append({"params": params, "recall_at_10": round(float(recalls.mean()), 4),
+                      "ms_per_query": round(ms_per_query, 4)})
+        if best is None or low > best[0]:
+            best = (low, params, recalls, ms_per_query)
+        if low >= target or _plateau(curve):
+            break
+    assert best is not None
+    low, params, recalls, ms_per_query = best
+    apply_params(index, params)
+    single = []
+    for i in range(min(SINGLE_QUERY_SAMPLES, len(queries))):
+        started = time.perf_counter()
+        index.search(queries[i : i + 1], k)
+        single.append(1000 * (time.perf_counter() - started))
+    return Tuning(params=params, target_recall_at_10=target, recall_at_10=round(float(recalls.mean()), 4),
+                  recall_at_10_low=round(low, 4), reached=low >= target, ms_per_query=round(ms_per_query, 4),
+                  single_query_ms_p50=round(float(np.median(single)), 4), queries=len(queries), curve=curve)

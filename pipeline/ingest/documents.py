@@ -1,0 +1,85 @@
+"""Rows -> documents: the checks that turn bad rows into counted, reported skips.
+
+A row is skipped (never embedded, never silently lost) when its text is null, has nothing visible
+(empty, whitespace, control and zero-width characters only), is bytes that are not UTF-8 (a UTF-8
+encoded lone surrogate is named apart), or when its id is null or repeats an id seen earlier in the
+same shard. Each skip carries its shard, row and reason to the run report and rejects file.
+
+Texts are embedded as given: petal does not normalise Unicode, so an NFC and an NFD spelling of one
+text are two documents (the model's tokenizer may still map them to the same tokens, as
+MiniLM's lower-casing, accent-stripping one does).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from petal.pipeline.config import ReadConfig
+from petal.pipeline.ingest.parquet import ReadStats, RowBatch, ShardInfo, read_rows
+
+REJECT_REASONS = ("null_text", "empty_text", "invalid_utf8", "lone_surrogate", "null_id", "duplicate_id",
+                  "non_finite_embedding")
+# A character a reader can see: not whitespace, not a C0/C1 control, not a zero-width or bidi format mark.
+VISIBLE = re.compile(r"[^\s\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202f\u2060-\u206f\ufeff]")
+
+
+@dataclass
+class Documents:
+    """The rows of one ``RowBatch`` that will be embedded, plus the ones that will not."""
+
+    shard_index: int
+    rows: list[int]
+    ids: list
+    texts: list[str]
+    rejects: list[tuple[int, str]] = field(default_factory=list)  # (row, reason)
+    final: bool = False  # the last batch of its shard
+
+
+def to_documents(batch: RowBatch, seen_ids: set) -> Documents:
+    """Check one batch. ``seen_ids`` holds the ids of earlier rows of the same shard (updated)."""
+    docs = Documents(batch.shard_index, [], [], [])
+    for offset, (doc_id, text) in enumerate(zip(batch.ids, batch.texts)):
+        row = batch.row_start + offset
+        if doc_id is None:
+            docs.rejects.append((row, "null_id"))
+            continue
+        if text is None:
+            docs.rejects.append((row, "null_text"))
+            continue
+        if isinstance(text, bytes):
+            try:
+                text = text.decode("utf-8")
+            except UnicodeDecodeError:
+                docs.rejects.append((row, _undecodable(text)))
+                continue
+        if VISIBLE.search(text) is None:
+            docs.rejects.append((row, "empty_text"))
+            continue
+        if doc_id in seen_ids:
+            docs.rejects.append((row, "duplicate_id"))
+            continue
+        seen_ids.add(doc_id)
+        docs.rows.append(row)
+        docs.ids.append(doc_id)
+        docs.texts.append(text)
+    return docs
+
+
+def _undecodable(text: bytes) -> str:
+    """``lone_surrogate`` for UTF-8-encoded surrogate halves (CESU-8, WTF-8), else ``invalid_utf8``."""
+    try:
+        text.decode("utf-8", "surrogatepass")
+    except UnicodeDecodeError:
+        return "invalid_utf8"
+    return "lone_surrogate"
+
+
+def read_documents(shards: list[ShardInfo], read: ReadConfig, stats: ReadStats | None = None) -> Iterator[Documents]:
+    """Every shard's rows as checked ``Documents``, each shard closed by a ``final`` marker."""
+    for shard_index, info in enumerate(shards):
+        seen_ids: set = set()
+        for batch in read_rows(shard_index, info, read, stats):
+            yield to_documents(batch, seen_ids)
+        yield Documents(shard_index, [], [], [], final=True)

@@ -1,0 +1,126 @@
+"""Tokenization with the model's fast tokenizer (``tokenizer.json`` through ``tokenizers``).
+
+``encode_batch_fast`` runs on all cores (Rust threads, GIL released); the pipeline runs this stage
+in a background thread so the device never waits on it. Truncation at the model's max length is
+exact and counted per row; a character pre-cap keeps a multi-megabyte row from stalling it.
+
+sentence-transformers conventions: a prompt (``Instruct: ...\nQuery:`` for Qwen3-Embedding
+queries) is put in front of each text and truncated with it; last-token pooling needs the EOS
+token at the end, appended here when the tokenizer's post-processor does not add it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+import numpy as np
+
+from petal.pipeline.ingest.documents import Documents
+from petal.pipeline.ingest.prefetch import ordered_map
+
+if TYPE_CHECKING:
+    from petal.engine.loader import ModelSpec
+
+
+@dataclass(frozen=True)
+class Encoded:
+    token_ids: list[np.ndarray]  # one int32 array per text
+    truncated: np.ndarray  # [num_texts] bool
+
+
+class TextTokenizer:
+    """A model's tokenizer, truncating at ``max_length`` tokens (special tokens included).
+
+    ``prompt`` is prepended to every text; ``eos_token_id`` is appended to every non-empty
+    encoding unless the tokenizer already ends its encodings with it (one slot is kept for it).
+    """
+
+    def __init__(self, tokenizer_file: Path, max_length: int, max_chars: int | None = None, *, prompt: str = "",
+                 eos_token_id: int | None = None) -> None:
+        from tokenizers import Tokenizer
+
+        self.max_length = max_length
+        self.prompt = prompt
+        # NOTE: the cap is generous (64 characters a token); a capped text is counted as truncated.
+        self.max_chars = max_chars if max_chars is not None else max(max_length * 64, 4096)
+        self._tokenizer = Tokenizer.from_file(str(tokenizer_file))
+        self._tokenizer.no_padding()
+        self._tokenizer.no_truncation()
+        self.eos_token_id = eos_token_id
+        self.appends_eos = eos_token_id is not None and self._tokenizer.encode("a").ids[-1:] != [eos_token_id]
+        self._tokenizer.enable_truncation(max_length - 1 if self.appends_eos else max_length)
+        self._encode = getattr(self._tokenizer, "encode_batch_fast", self._tokenizer.encode_batch)
+
+    def encode(self, texts: list[str]) -> Encoded:
+        capped = np.fromiter((len(t) > self.max_chars for t in texts), dtype=bool, count=len(texts))
+        if capped.any():
+            texts = [t[: self.max_chars] if c else t for t, c in zip(texts, capped)]
+        if self.prompt:
+            texts = [self.prompt + t for t in texts]
+        encodings = self._encode(texts)
+        token_ids = [np.array(e.ids, dtype=np.int32) for e in encodings]
+        if self.appends_eos:
+            eos = np.array([self.eos_token_id], dtype=np.int32)
+            token_ids = [np.concatenate([ids, eos]) if len(ids) else ids for ids in token_ids]
+        overflowed = np.fromiter((bool(e.overflowing) for e in encodings), dtype=bool, count=len(encodings))
+        return Encoded(token_ids, overflowed | capped)
+
+
+def tokenizer_for(spec: ModelSpec, side: Literal["query", "document"] = "document",
+                  prompt: str | None = None) -> TextTokenizer:
+    """The tokenizer that feeds ``spec``'s model: its max length, EOS rule and ``side``'s prompt
+    (``prompt`` overrides the model's)."""
+    chosen = prompt if prompt is not None else (spec.prompts.query if side == "query" else spec.prompts.document)
+    return TextTokenizer(spec.tokenizer_file, spec.pooling.max_length, prompt=chosen,
+                         eos_token_id=spec.eos_token_id)
+
+
+@dataclass
+class TokenizedDocs:
+    """Documents of one shard, tokenized: ``token_ids[i]`` belongs to ``rows[i]`` / ``ids[i]``."""
+
+    shard_index: int
+    rows: list[int]
+    ids: list
+    token_ids: list[np.ndarray]
+    truncated_rows: list[int]
+    rejects: list[tuple[int, str]] = field(default_factory=list)
+    final: bool = False
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(t) for t in self.token_ids)
+
+
+def tokenize_documents(docs: Iterable[Documents], tokenizer: TextTokenizer,
+                       workers: int = 1) -> Iterator[TokenizedDocs]:
+    """Tokenize each ``Documents`` batch, in order; a text that yields no tokens becomes an ``empty_text`` reject.
+
+    ``workers`` > 1 tokenizes that many batches at once (the Rust encoder releases the GIL), so the
+    reading and checking of the next batches and the Python side of each batch overlap the encoding.
+    """
+    return ordered_map(lambda batch: tokenize_batch(batch, tokenizer), docs, workers)
+
+
+def tokenize_batch(batch: Documents, tokenizer: TextTokenizer) -> TokenizedDocs:
+    encoded = encode_or_empty(tokenizer, batch.texts)
+    out = TokenizedDocs(batch.shard_index, [], [], [], [], list(batch.rejects), batch.final)
+    for row, doc_id, ids, truncated in zip(batch.rows, batch.ids, encoded.token_ids, encoded.truncated):
+        if len(ids) == 0:
+            out.rejects.append((row, "empty_text"))
+            continue
+        out.rows.append(row)
+        out.ids.append(doc_id)
+        out.token_ids.append(ids)
+        if truncated:
+            out.truncated_rows.append(row)
+    return out
+
+
+def encode_or_empty(tokenizer: TextTokenizer, texts: list[str]) -> Encoded:
+    if not texts:
+        return Encoded([], np.zeros(0, dtype=bool))
+    return tokenizer.encode(texts)

@@ -1,0 +1,1 @@
+"""The jobs a user runs: index, rebuild, query, embed; their reports."""

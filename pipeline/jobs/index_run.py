@@ -1,0 +1,396 @@
+"""``petal index``, top to bottom: read -> tokenize -> pack -> step -> result -> store -> index.
+
+Every check that can fail on the user's input or settings runs before the model loads: each footer
+and schema (65), the model's files (78), the index factory (2), the output directory (73), the
+writer lock (75), the live version's settings (78). Shards already embedded with the same content
+and settings are reused from the store; the index is always built from the store and published as
+a new version by one atomic pointer swap.
+
+SIGINT/SIGTERM stop the run at the next batch boundary or phase (``stop.check()``); committed shards
+stay. Fault points (``fault(...)``, pipeline/reliability/faults.py) mark every step a crash test interrupts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, NoReturn
+
+import pyarrow.parquet as pq
+from tqdm import tqdm
+
+from petal import __version__
+from petal.engine.config import EngineConfig, ModelOptions
+from petal.engine.engine import Engine, resolve_device, resolve_dtype
+from petal.engine.loader import ModelError, ModelSpec, inspect_model
+from petal.pipeline.config import IndexJob, IndexSettings, default_token_budget
+from petal.pipeline.index.output_index import build_output_index
+from petal.pipeline.ingest.documents import read_documents
+from petal.pipeline.ingest.pack import PackConfig, Packer
+from petal.pipeline.ingest.parquet import ReadStats, ShardInfo, preflight, resolve_sources
+from petal.pipeline.ingest.prefetch import Prefetcher
+from petal.pipeline.ingest.rejects import BadRowGate, rejects_table
+from petal.pipeline.ingest.tokens import TokenizedDocs, tokenize_documents, tokenizer_for
+from petal.pipeline.jobs.inflight import InFlight
+from petal.pipeline.jobs.report import RunReport
+from petal.pipeline.layout import OutputDir
+from petal.pipeline.reliability.durable import write_json_atomic
+from petal.pipeline.reliability.errors import ConfigError, NoInputError, PetalIOError, writing
+from petal.pipeline.reliability.faults import fault
+from petal.pipeline.reliability.signals import StopSignals
+from petal.pipeline.reliability.step_guard import StepGuard, device_failure
+from petal.pipeline.store.changes import live_manifest, shard_changes
+from petal.pipeline.store.embeddings import EmbeddingStore, StoreEntry, StoreSink, settings_fingerprint
+from petal.pipeline.store.outputs import OutputTransform, add_output_manifest, output_settings, outputs_factory
+
+EngineFactory = Callable[[ModelSpec, EngineConfig], Engine]
+
+
+def model_spec(model: str | None, max_length: int | None, options: ModelOptions | None = None) -> ModelSpec:
+    """The model's configuration (no weights); a missing or unsafe model is a ``ConfigError`` (78)."""
+    try:
+        return inspect_model(model, options, max_length=max_length)
+    except ModelError as exc:
+        raise ConfigError(str(exc)) from exc
+
+
+def engine_config(job: IndexJob, spec: ModelSpec) -> EngineConfig:
+    device = resolve_device(job.device)
+    budget = job.token_budget or default_token_budget(device, spec.pooling.max_length)
+    if budget < spec.pooling.max_length:
+        raise ValueError(f"token budget {budget} < max length {spec.pooling.max_length}: "
+                         "raise --token-budget or lower --max-length")
+    return EngineConfig(device=device, dtype=resolve_dtype(job.dtype, device), attention=job.attention,  # type: ignore[arg-type]
+                        cuda_graphs=job.cuda_graphs, token_budget=budget, max_seqs=job.max_seqs)
+
+
+def embedding_settings(spec: ModelSpec, config: EngineConfig, job: IndexJob) -> dict[str, Any]:
+    """Everything that shapes a shard's vectors (the store fingerprint; drift is checked on it)."""
+    return {
+        "architecture": spec.config.architecture,
+        "weights_sha256": spec.weights_sha256,
+        "tokenizer_sha256": spec.tokenizer_sha256,
+        "pooling": spec.pooling.mode,
+        "normalize": spec.pooling.normalize,
+        "max_length": spec.pooling.max_length,
+        "dim": spec.dim,
+        "dtype": config.dtype,
+        "text_column": job.read.text_column,
+        "id_column": job.read.id_column,
+        **output_settings(spec, OutputTransform.for_model(spec, job.output)),  # output formats
+    }
+
+
+def check_index_factory(dim: int, settings: IndexSettings) -> None:
+    """A factory string FAISS cannot build is a usage error now, not after every shard is embedded."""
+    if settings.factory == "auto":
+        return
+    import faiss
+
+    metric = faiss.METRIC_INNER_PRODUCT if settings.metric == "ip" else faiss.METRIC_L2
+    try:
+        faiss.index_factory(dim, settings.factory, metric)
+    except RuntimeError as exc:
+        raise ValueError(f"--index-factory {settings.factory!r} is not a valid FAISS factory string: {exc}") from exc
+
+
+def run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory = Engine,
+              stop: StopSignals | None = None) -> RunReport:
+    """Index ``job.sources`` into ``job.out``. Raises ``PetalError`` subclasses for the user's mistakes.
+
+    ``stop``: the caller's active ``StopSignals`` (the CLI catches signals from its first line);
+    without one, SIGINT/SIGTERM are caught for the length of the run.
+    """
+    reads = ReadStats()
+    try:
+        with contextlib.nullcontext(stop) if stop is not None else StopSignals() as active:
+            return _run_index(job, report, engine_factory, active, reads)
+    finally:
+        report.retries["read"] = reads.retries
+
+
+def _run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory, stop: StopSignals,
+               reads: ReadStats) -> RunReport:
+    started = time.perf_counter()
+    # [0] preflight: every footer and schema, the model's files, the settings, the output directory
+    shards = preflight(resolve_sources(job.sources), job.read, reads)
+    report.shards["total"] = len(shards)
+    report.rows["total"] = sum(s.num_rows for s in shards)
+    spec = model_spec(job.model, job.max_length, job.model_options)
+    transform = OutputTransform.for_model(spec, job.output)  # --dim, --quantize, --output-dtype
+    engine_factory = outputs_factory(engine_factory, transform)  # engine results are stored vectors
+    config = engine_config(job, spec)
+    check_index_factory(transform.dim, job.index)
+    settings = embedding_settings(spec, config, job)
+    report.model = spec.describe()
+    out = OutputDir(job.out)
+    out.prepare()
+    report.out = str(out.root)
+    report.timings_s["preflight"] = round(time.perf_counter() - started, 3)
+    fault("after_preflight")
+    stop.check()
+
+    with out.lock(wait=job.wait, on_wait=_say, check=stop.check):
+        fault("after_lock")
+        out.clean_orphans()
+        previous = None if job.full else out.current_manifest()  # --full: even an unreadable live version
+        if previous is not None:
+            check_drift(previous, settings, out.root)
+        store = EmbeddingStore(out.store_dir)
+        with writing(out.store_dir):
+            store.open()
+        settings_fp = settings_fingerprint(settings)
+        fingerprints = [content_fingerprint(store, info, settings_fp) for info in shards]
+        report.shard_changes = shard_changes(previous if not job.full else live_manifest(out), shards,
+                                             [store.content_sha256(info) for info in shards])  # cached above
+        entries: list[StoreEntry | None] = [None if job.full else store.lookup(info, fp)
+                                            for info, fp in zip(shards, fingerprints)]
+        todo = [i for i, entry in enumerate(entries) if entry is None]
+        report.shards["reused"] = len(shards) - len(todo)
+        gate = bad_row_gate(job, report, out)
+        if gate is not None:
+            for entry in entries:
+                if entry is not None:
+                    gate.reuse(entry)  # refused before the model loads when reused shards are over already
+        stop.check()
+
+        if todo:
+            embed_started = time.perf_counter()
+            todo_shards = [shards[i] for i in todo]
+            tokenizer = tokenizer_for(spec)  # document prompt, EOS for last-token pooling
+            documents = read_documents(todo_shards, job.read, reads)  # [1] read (streamed)
+            # [2] tokenize in the background; it starts now, so it overlaps the model load and CUDA init
+            chunks = Prefetcher(tokenize_documents(documents, tokenizer, job.tokenize_workers or 1), depth=16)
+            try:
+                engine = engine_factory(spec, config)
+                fault("after_model_load")
+            except BaseException as exc:
+                chunks.close()
+                _reraise(exc)
+            report.engine = engine.describe()
+            report.timings_s["model_load"] = round(engine.stats.model_load_s, 3)
+            # NOTE: closed inside the lock, so uncommitted shards are dropped before another writer can start.
+            with contextlib.closing(embed_shards(chunks, todo_shards, [fingerprints[i] for i in todo], store,
+                                                 settings, engine, job, report, stop, gate)) as commits:
+                for position, entry in commits:
+                    entries[todo[position]] = entry
+                    report.shards["embedded"] += 1
+                    fault("after_shard_commit", entry.path)
+                    if gate is not None:
+                        gate.commit(position, entry)
+            report.timings_s["embed"] = round(time.perf_counter() - embed_started, 3)
+            report.engine["stats"] = engine.stats.as_dict()
+
+        committed = [e for e in entries if e is not None]
+        assert len(committed) == len(shards)
+        tally_rows(committed, report)
+        if report.rows["embedded"] == 0:
+            raise NoInputError(f"no rows to index: {report.rows['total']} rows read, all skipped "
+                               f"({report.rows['skipped'] or 'no rows'})")
+        if previous is not None and unchanged(previous, shards, committed, job):
+            report.version = out.current_version()
+            assert report.version is not None
+            report.rejects_file = str(out.version_dir(report.version) / "rejects.parquet")
+            clean_up(out, store, committed, job, report)
+            report.finish("nothing-to-do", 0, "no shard or setting changed; the live version stays")
+            return report
+        stop.check()
+
+        # [7] index: built from the store, written beside the live version, published atomically
+        index_started = time.perf_counter()
+        with writing(out.versions_dir):
+            staging = out.staging_dir()
+        try:
+            with writing(staging):
+                fault("before_index_build", staging / "index.faiss")
+                # the index type follows the output format
+                result, transform = build_output_index(committed, transform, job.index, staging)
+                fault("after_index_build", staging / "manifest.json")
+                pq.write_table(rejects_table(committed), staging / "rejects.parquet")
+                version = out.new_version_id()
+                manifest = make_manifest(version, spec, settings, job, shards, committed, result, report)
+                add_output_manifest(manifest, transform)  # the transform queries apply, int8 calibration
+                write_json_atomic(staging / "manifest.json", manifest)
+            stop.check()  # NOTE: the last stop: once the pointer swaps, the run is done and ends as a success
+            out.publish(staging, version)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)  # gone by now if the rename happened
+            raise
+        fault("after_publish")
+        report.timings_s["index"] = round(time.perf_counter() - index_started, 3)
+        report.version = version
+        report.index = {"factory": result.factory, "metric": result.metric, "num_vectors": result.num_vectors,
+                        "superseded": result.superseded, "search_params": result.search_params,
+                        "tuning": result.tuning, "storage": result.plan.get("storage", "memory"),
+                        "device": result.device}
+        report.rejects_file = str(out.version_dir(version) / "rejects.parquet")
+        clean_up(out, store, committed, job, report)
+    report.finish("success", 0)
+    return report
+
+
+def _reraise(exc: BaseException) -> NoReturn:
+    """Re-raise ``exc`` (inside its ``except``), as exit 75 when the device cannot go on."""
+    failure = device_failure(exc)
+    if failure is None:
+        raise exc
+    raise failure from exc
+
+
+def _say(message: str) -> None:
+    print(f"petal: {message}", file=sys.stderr, flush=True)
+
+
+def content_fingerprint(store: EmbeddingStore, info: ShardInfo, settings_fp: str) -> str:
+    try:
+        return store.fingerprint(info, settings_fp)
+    except OSError as exc:
+        raise PetalIOError(f"cannot read {info.path} to fingerprint it: {exc.strerror or exc}") from exc
+
+
+def bad_row_gate(job: IndexJob, report: RunReport, out: OutputDir) -> BadRowGate | None:
+    """The limit on skipped rows: 0 with ``--strict``, the ``--max-bad-rows`` budget, or none."""
+    if job.strict:
+        return BadRowGate(0, "--strict", report, out.rejects_file)
+    if job.max_bad_rows is not None:
+        return BadRowGate(job.max_bad_rows.allowed(report.rows["total"]), f"--max-bad-rows {job.max_bad_rows}",
+                          report, out.rejects_file)
+    return None
+
+
+def clean_up(out: OutputDir, store: EmbeddingStore, committed: list[StoreEntry], job: IndexJob,
+             report: RunReport) -> None:
+    """After the live version is settled: drop store entries no version uses and superseded versions."""
+    try:
+        report.pruned["store_entries"] = store.prune({e.path for e in committed})
+        report.pruned["versions"] = out.prune_versions(job.keep_versions)
+        out.rejects_file.unlink(missing_ok=True)  # a refused run's rejects are stale once one succeeds
+    except OSError as exc:  # the index is published; what is left is removed by the next run
+        _say(f"warning: cleaning up {out.root} failed ({exc}); the next run retries")
+
+
+def embed_shards(chunks: Prefetcher[TokenizedDocs], shards: list[ShardInfo], fingerprints: list[str],
+                 store: EmbeddingStore, settings: dict[str, Any], engine: Engine, job: IndexJob, report: RunReport,
+                 stop: StopSignals, gate: BadRowGate | None) -> Iterator[tuple[int, StoreEntry]]:
+    """Embed the tokenized ``chunks`` of ``shards`` into the store; yields ``(position, entry)`` as each commits."""
+    sink = StoreSink(store, shards, fingerprints, settings, engine.dim)
+    packer = Packer(PackConfig(engine.config.token_budget, engine.config.max_seqs))
+    flight = InFlight(engine.config.steps_in_flight)
+    guard = StepGuard(engine)  # splits a batch the device has no memory for
+    progress = tqdm(total=sum(s.num_rows for s in shards), unit="doc", file=sys.stderr, disable=job.quiet,
+                    desc="embedding", dynamic_ncols=True, mininterval=0.5)
+    tokens = 0
+
+    def step(batch: Any) -> Iterator[tuple[int, StoreEntry]]:
+        for done, vectors in flight.push(batch, guard.step(batch)):  # [4] step, [5] result
+            yield from sink.add(list(done.keys), vectors)  # [6] store
+            progress.update(done.num_seqs)
+        fault("after_batch")
+        stop.check()  # a batch boundary
+
+    waited = WaitClock()
+    try:
+        for chunk in waited.iterate(chunks):
+            stop.check()
+            if gate is not None:
+                gate.add(chunk.shard_index, str(shards[chunk.shard_index].path), chunk.rejects)
+            yield from sink.expect(chunk.shard_index, len(chunk.rows), chunk.rejects, len(chunk.truncated_rows),
+                                   chunk.final)
+            progress.update(len(chunk.rejects))
+            for row, doc_id, token_ids in zip(chunk.rows, chunk.ids, chunk.token_ids):
+                tokens += len(token_ids)
+                batch = packer.add((chunk.shard_index, row, doc_id), token_ids)  # [3] pack
+                if batch is not None:
+                    yield from step(batch)
+            progress.set_postfix_str(f"{tokens / max(progress.format_dict['elapsed'], 1e-9):,.0f} tok/s",
+                                     refresh=False)
+        last = packer.flush()
+        if last is not None:
+            yield from step(last)
+        for done, vectors in flight.drain():
+            yield from sink.add(list(done.keys), vectors)
+            progress.update(done.num_seqs)
+    except Exception as exc:
+        _reraise(exc)
+    finally:
+        chunks.close()
+        sink.abort()  # uncommitted shards are embedded again by the next run
+        progress.close()
+        report.tokens += tokens
+        report.retries["oom_splits"] += guard.splits
+        # where the embed loop blocked: on tokenization (the CPU was behind) or on results (the device was)
+        report.timings_s["embed_wait_tokens"] = round(waited.seconds, 3)
+        report.timings_s["embed_wait_device"] = round(flight.wait_s, 3)
+
+
+class WaitClock:
+    """Time spent blocked in ``next()`` of an iterator."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def iterate(self, items: Iterator[Any]) -> Iterator[Any]:
+        while True:
+            started = time.perf_counter()
+            try:
+                item = next(items)
+            except StopIteration:
+                return
+            finally:
+                self.seconds += time.perf_counter() - started
+            yield item
+
+
+def tally_rows(entries: list[StoreEntry], report: RunReport) -> None:
+    report.rows["embedded"] = sum(e.num_embedded for e in entries)
+    report.rows["truncated"] = sum(int(e.meta["counts"]["truncated"]) for e in entries)
+    report.rows["skipped"] = {}
+    for entry in entries:
+        for reason, count in entry.meta["counts"]["skipped"].items():
+            report.skip(reason, int(count))
+
+
+def check_drift(previous: dict[str, Any], settings: dict[str, Any], out: Path) -> None:
+    """Refuse to mix vectors made with other settings into an existing index (exit 78)."""
+    before = previous.get("embedding", {})
+    differ = sorted(k for k in set(before) | set(settings) if before.get(k) != settings.get(k))
+    if differ:
+        details = ", ".join(f"{k}: {before.get(k)!r} -> {settings.get(k)!r}" for k in differ)
+        raise ConfigError(f"{out} was built with other settings ({details}); pass --full to rebuild it")
+
+
+def unchanged(previous: dict[str, Any], shards: list[ShardInfo], entries: list[StoreEntry], job: IndexJob) -> bool:
+    """True when the live version was built from exactly these store entries and index settings."""
+    before = [(s["abs_path"], s["entry"]) for s in previous.get("shards", [])]
+    now = [(s.abs_path, e.fingerprint) for s, e in zip(shards, entries)]
+    return before == now and previous.get("index", {}).get("settings") == job.index.as_dict()
+
+
+def make_manifest(version: str, spec: ModelSpec, settings: dict[str, Any], job: IndexJob, shards: list[ShardInfo],
+                  entries: list[StoreEntry], result: Any, report: RunReport) -> dict[str, Any]:
+    return {
+        "format": 1,
+        "petal_version": __version__,
+        "version": version,
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "model": spec.describe(),
+        "embedding": settings,
+        "read": {"text_column": job.read.text_column, "id_column": job.read.id_column},
+        "dim": spec.dim,
+        "normalize": spec.pooling.normalize,
+        "metric": job.index.metric,
+        "max_length": spec.pooling.max_length,
+        "index": result.manifest(job.index),
+        "shards": [
+            {"path": str(s.path), "abs_path": s.abs_path, "size": s.size, "mtime_ns": s.mtime_ns,
+             "sha256": e.meta["source"]["sha256"], "rows": s.num_rows, "entry": e.fingerprint, **e.meta["counts"]}
+            for s, e in zip(shards, entries)
+        ],
+        "counts": {"rows": report.rows["total"], "embedded": report.rows["embedded"],
+                   "skipped": report.rows["skipped"], "truncated": report.rows["truncated"],
+                   "vectors": result.num_vectors},
+    }

@@ -1,0 +1,85 @@
+"""The run report: every count a scheduler or a person needs, as JSON and as one summary line."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from petal.pipeline.reliability.durable import write_json_atomic
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+@dataclass
+class RunReport:
+    command: str = "index"
+    status: str = "running"  # success | nothing-to-do | failed | interrupted
+    exit_code: int | None = None
+    message: str = ""
+    started_at: str = field(default_factory=_now)
+    finished_at: str | None = None
+    seconds: float = 0.0
+    out: str = ""
+    version: str | None = None
+    shards: dict[str, int] = field(default_factory=lambda: {"total": 0, "embedded": 0, "reused": 0})
+    shard_changes: dict[str, list[str]] = field(default_factory=dict)  # added/changed/removed/unchanged paths
+    rows: dict[str, Any] = field(default_factory=lambda: {"total": 0, "embedded": 0, "skipped": {}, "truncated": 0})
+    tokens: int = 0
+    model: dict[str, Any] = field(default_factory=dict)
+    engine: dict[str, Any] = field(default_factory=dict)
+    index: dict[str, Any] = field(default_factory=dict)
+    timings_s: dict[str, float] = field(default_factory=dict)
+    rejects_file: str | None = None  # every skipped row: shard, row, reason
+    # recovered from without failing: OS read errors retried, device-OOM batches split in two
+    retries: dict[str, int] = field(default_factory=lambda: {"read": 0, "oom_splits": 0})
+    pruned: dict[str, Any] = field(default_factory=lambda: {"versions": [], "store_entries": 0})
+    _t0: float = field(default_factory=time.perf_counter, repr=False)
+
+    def skip(self, reason: str, count: int = 1) -> None:
+        skipped = self.rows["skipped"]
+        skipped[reason] = skipped.get(reason, 0) + count
+
+    def finish(self, status: str, exit_code: int, message: str = "") -> None:
+        self.status, self.exit_code, self.message = status, exit_code, message
+        self.finished_at = _now()
+        self.seconds = round(time.perf_counter() - self._t0, 3)
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.pop("_t0", None)
+        embed_s = self.timings_s.get("embed", 0.0)
+        data["throughput"] = {
+            "tokens_per_s": round(self.tokens / embed_s, 1) if embed_s > 0 else None,
+            "rows_per_s": round(self.rows["embedded"] / embed_s, 1) if embed_s > 0 else None,
+        }
+        return data
+
+    def write(self, path: Path) -> None:
+        write_json_atomic(path, self.as_dict())
+
+    def summary(self) -> str:
+        skipped = sum(self.rows["skipped"].values())
+        parts = [f"petal {self.command}: {self.status}"]
+        if self.command == "index":
+            parts.append(
+                f"{self.shards['total']} shards ({self.shards['embedded']} embedded, {self.shards['reused']} reused), "
+                f"{self.rows['embedded']} rows embedded, {skipped} skipped, {self.rows['truncated']} truncated"
+            )
+            if self.shard_changes:
+                parts.append(", ".join(f"{len(v)} {k}" for k, v in self.shard_changes.items()))
+            if self.index.get("num_vectors") is not None:
+                parts.append(f"{self.index['num_vectors']} vectors in {self.index.get('factory')}")
+            if self.version:
+                parts.append(f"version {self.version}")
+            recovered = ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in self.retries.items() if n)
+            if recovered:
+                parts.append(f"recovered: {recovered}")
+        parts.append(f"{self.seconds:.1f}s")
+        if self.message:
+            parts.append(self.message)
+        return "; ".join(parts)

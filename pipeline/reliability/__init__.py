@@ -1,0 +1,1 @@
+"""Shared reliability helpers: exit-coded errors, fault points, signals, durable writes, step guards."""

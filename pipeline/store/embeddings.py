@@ -1,0 +1,355 @@
+"""The embedding store: one committed entry per input shard, keyed by what shaped its vectors.
+
+```
+OUT/store/shards/<shard key>/<fingerprint>/   a committed entry (never modified after commit)
+    embeddings.npy   float32 [num_rows, dim]; rows that were not embedded are zero
+    rows.parquet     row int64, id (the embedded rows, ascending)
+    rejects.parquet  row int64, reason string
+    entry.json       the shard's identity (path, size, mtime, sha256), settings, counts
+OUT/store/tmp/                                entries being written (removed at the next run)
+```
+
+The fingerprint hashes the shard's content and every setting that shapes its vectors (model
+weights and tokenizer hashes, pooling, normalisation, max length, dim, dtype, columns). An entry is
+written under ``tmp/`` and made visible by one ``os.replace``, so a crash never leaves a partial
+entry: a rerun re-embeds exactly the shards without a committed entry.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from petal.pipeline.ingest.parquet import ShardInfo
+from petal.pipeline.reliability.durable import fsync_dir, write_json_atomic
+from petal.pipeline.reliability.errors import writing
+from petal.pipeline.reliability.faults import fault
+
+STORE_FORMAT = 1
+
+
+def sha256_file(path: Path | str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def shard_key(info: ShardInfo | str) -> str:
+    """Stable key of an input shard: its absolute path (given, or the shard's)."""
+    abs_path = info if isinstance(info, str) else info.abs_path
+    return hashlib.sha256(abs_path.encode()).hexdigest()[:20]
+
+
+def settings_fingerprint(settings: dict[str, Any]) -> str:
+    blob = json.dumps({"store_format": STORE_FORMAT, **settings}, sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()
+
+
+@dataclass(frozen=True)
+class StoreEntry:
+    """A committed shard: its vectors, the rows they belong to, and how it was made."""
+
+    path: Path
+    meta: dict[str, Any]
+
+    @property
+    def fingerprint(self) -> str:
+        return self.path.name
+
+    @property
+    def num_embedded(self) -> int:
+        return int(self.meta["counts"]["embedded"])
+
+    def embeddings(self) -> np.ndarray:
+        """``[num_rows, dim]`` float32, memory-mapped (rows that were not embedded are zero)."""
+        return np.load(self.path / "embeddings.npy", mmap_mode="r", allow_pickle=False)
+
+    def rows(self) -> pa.Table:
+        return pq.read_table(self.path / "rows.parquet")
+
+    def rejects(self) -> pa.Table:
+        return pq.read_table(self.path / "rejects.parquet")
+
+
+class EmbeddingStore:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.shards_dir = root / "shards"
+        self.tmp_dir = root / "tmp"
+        self._sha256: dict[tuple[str, int, int], str] = {}
+
+    def open(self) -> None:
+        self.shards_dir.mkdir(parents=True, exist_ok=True)
+        if self.tmp_dir.exists():
+            shutil.rmtree(self.tmp_dir)  # entries a crashed run was writing
+        self.tmp_dir.mkdir(parents=True)
+
+    def _entries_for(self, key: str) -> list[StoreEntry]:
+        entries = []
+        key_dir = self.shards_dir / key
+        if key_dir.is_dir():
+            for d in sorted(key_dir.iterdir()):
+                meta_file = d / "entry.json"
+                if meta_file.is_file():
+                    entries.append(StoreEntry(d, json.loads(meta_file.read_text())))
+        return entries
+
+    def content_sha256(self, info: ShardInfo) -> str:
+        """The shard's sha256, reused from an entry of the same path, size and mtime (no re-read)."""
+        stat_key = (info.abs_path, info.size, info.mtime_ns)
+        if stat_key not in self._sha256:
+            for entry in self._entries_for(shard_key(info)):
+                src = entry.meta["source"]
+                if src["size"] == info.size and src["mtime_ns"] == info.mtime_ns:
+                    self._sha256[stat_key] = str(src["sha256"])
+                    break
+            else:
+                self._sha256[stat_key] = sha256_file(info.path)
+        return self._sha256[stat_key]
+
+    def fingerprint(self, info: ShardInfo, settings_fp: str) -> str:
+        blob = f"{settings_fp}:{self.content_sha256(info)}".encode()
+        return hashlib.sha256(blob).hexdigest()[:24]
+
+    def lookup(self, info: ShardInfo | str, fingerprint: str) -> StoreEntry | None:
+        path = self.shards_dir / shard_key(info) / fingerprint
+        meta_file = path / "entry.json"
+        if meta_file.is_file():
+            return StoreEntry(path, json.loads(meta_file.read_text()))
+        return None
+
+    def writer(self, info: ShardInfo, fingerprint: str, settings: dict[str, Any], dim: int) -> ShardWriter:
+        return ShardWriter(self, info, fingerprint, settings, dim)
+
+    def discard(self, entry_dir: Path) -> None:
+        """Remove a committed entry: first out of sight (one rename into ``tmp/``), then from disk.
+
+        NOTE: never ``rmtree`` an entry in place: a crash midway would leave an ``entry.json``
+        beside missing files, which ``lookup`` would take for a committed entry.
+        """
+        trash = self.tmp_dir / f"discard-{uuid.uuid4().hex[:12]}"
+        os.replace(entry_dir, trash)
+        shutil.rmtree(trash, ignore_errors=True)
+
+    def prune(self, keep: set[Path]) -> int:
+        """Delete committed entries not in ``keep`` (after a successful publish). Returns how many."""
+        removed = 0
+        if not self.shards_dir.is_dir():
+            return 0
+        for key_dir in self.shards_dir.iterdir():
+            for entry_dir in list(key_dir.iterdir()):
+                if entry_dir not in keep:
+                    fault("store_prune", entry_dir)
+                    self.discard(entry_dir)
+                    removed += 1
+            if not any(key_dir.iterdir()):
+                key_dir.rmdir()
+        return removed
+
+
+class ShardWriter:
+    """Collects one shard's vectors (memory-mapped, bounded host memory) and commits them at once."""
+
+    def __init__(self, store: EmbeddingStore, info: ShardInfo, fingerprint: str, settings: dict[str, Any],
+                 dim: int) -> None:
+        self.store = store
+        self.info = info
+        self.fingerprint = fingerprint
+        self.settings = settings
+        self.dim = dim
+        self.tmp = store.tmp_dir / f"{shard_key(info)}-{uuid.uuid4().hex[:8]}"
+        embeddings = self.tmp / "embeddings.npy"
+        shape = (info.num_rows, dim)
+        try:
+            with writing(embeddings):
+                fault("store_entry_open", embeddings)
+                self.tmp.mkdir(parents=True)
+                if info.num_rows > 0:
+                    self._vectors = np.lib.format.open_memmap(embeddings, mode="w+", dtype=np.float32, shape=shape)
+                    _allocate(embeddings)
+                else:
+                    np.save(embeddings, np.zeros(shape, dtype=np.float32), allow_pickle=False)
+                    self._vectors = None
+        except BaseException:
+            shutil.rmtree(self.tmp, ignore_errors=True)  # a full disk gets its space back at once
+            raise
+        self._rows: list[int] = []
+        self._ids: list = []
+        self._rejects: list[tuple[int, str]] = []
+        self.num_truncated = 0
+        self.pending = 0  # documents handed to the engine whose vectors have not come back
+        self.input_done = False  # every row of the shard has been read
+
+    def add(self, rows: list[int], ids: list, vectors: np.ndarray) -> None:
+        """Vectors ``[len(rows), dim]`` for ``rows``; non-finite ones become rejects."""
+        finite = np.isfinite(vectors).all(axis=1)
+        if not finite.all():
+            self._rejects.extend((row, "non_finite_embedding") for row, ok in zip(rows, finite) if not ok)
+            rows = [row for row, ok in zip(rows, finite) if ok]
+            ids = [doc_id for doc_id, ok in zip(ids, finite) if ok]
+            vectors = vectors[finite]
+        if rows:
+            index = np.asarray(rows, dtype=np.int64)
+            if (np.diff(index) == 1).all():  # consecutive rows, the common case: a slice beats fancy indexing
+                self._vectors[index[0] : index[-1] + 1] = vectors  # type: ignore[index]
+            else:  # rows with gaps (skips, a split batch)
+                self._vectors[index] = vectors  # type: ignore[index]
+            self._rows.extend(rows)
+            self._ids.extend(ids)
+
+    def reject(self, rejects: list[tuple[int, str]]) -> None:
+        self._rejects.extend(rejects)
+
+    @property
+    def ready(self) -> bool:
+        return self.input_done and self.pending == 0
+
+    def commit(self) -> StoreEntry:
+        """Flush, fsync and make the entry visible with one rename (exit 74 naming the path on an I/O error)."""
+        with writing(self.tmp):
+            return self._commit()
+
+    def _commit(self) -> StoreEntry:
+        fault("store_commit_begin", self.tmp / "embeddings.npy")
+        if self._vectors is not None:
+            self._vectors.flush()
+            del self._vectors
+            self._vectors = None
+        order = np.argsort(np.asarray(self._rows, dtype=np.int64), kind="stable")
+        rows = np.asarray(self._rows, dtype=np.int64)[order]
+        ids = [self._ids[i] for i in order]
+        id_type = pa.int64() if "int" in self.info.id_type else pa.string()
+        pq.write_table(pa.table({"row": pa.array(rows, pa.int64()), "id": pa.array(ids, id_type)}),
+                       self.tmp / "rows.parquet")
+        fault("store_commit_mid", self.tmp / "rejects.parquet")
+        rejects = sorted(self._rejects)
+        pq.write_table(pa.table({"row": pa.array([r for r, _ in rejects], pa.int64()),
+                                 "reason": pa.array([why for _, why in rejects], pa.string())}),
+                       self.tmp / "rejects.parquet")
+        reasons: dict[str, int] = {}
+        for _, why in rejects:
+            reasons[why] = reasons.get(why, 0) + 1
+        meta = {
+            "store_format": STORE_FORMAT,
+            "source": {"path": str(self.info.path), "abs_path": self.info.abs_path, "size": self.info.size,
+                       "mtime_ns": self.info.mtime_ns, "sha256": self.store.content_sha256(self.info),
+                       "rows": self.info.num_rows},
+            "settings": self.settings,
+            "dim": self.dim,
+            "dtype": "float32",
+            "id_type": "int64" if id_type == pa.int64() else "string",
+            "counts": {"rows": self.info.num_rows, "embedded": len(rows), "skipped": reasons,
+                       "truncated": self.num_truncated},
+        }
+        write_json_atomic(self.tmp / "entry.json", meta)
+        for name in ("embeddings.npy", "rows.parquet", "rejects.parquet"):
+            with open(self.tmp / name, "rb+") as fh:
+                os.fsync(fh.fileno())
+        fsync_dir(self.tmp)
+        final = self.store.shards_dir / shard_key(self.info) / self.fingerprint
+        fault("store_commit_rename", final)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        if final.exists():  # same content and settings committed before (--full): replace it
+            self.store.discard(final)
+        os.replace(self.tmp, final)
+        fsync_dir(final.parent)
+        return StoreEntry(final, meta)
+
+    def abort(self) -> None:
+        self._vectors = None
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def _allocate(path: Path) -> None:
+    """Reserve the disk blocks of a memory-mapped file now.
+
+    NOTE: the memmap is a sparse file; a page stored into it on a full disk kills the process with
+    SIGBUS instead of raising. Allocating up front turns a full disk into ENOSPC here (exit 74).
+    """
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.posix_fallocate(fd, 0, os.fstat(fd).st_size)
+    except OSError as exc:
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):  # no fallocate here: sparse it is
+            raise
+    finally:
+        os.close(fd)
+
+
+class StoreSink:
+    """Routes step results to per-shard writers and commits each shard once it is complete.
+
+    A shard is complete when all its rows have been read (``final`` chunk seen) and every
+    document handed to the engine has come back.
+    """
+
+    def __init__(self, store: EmbeddingStore, shards: list[ShardInfo], fingerprints: list[str],
+                 settings: dict[str, Any], dim: int) -> None:
+        self.store = store
+        self.shards = shards
+        self.fingerprints = fingerprints
+        self.settings = settings
+        self.dim = dim
+        self._writers: dict[int, ShardWriter] = {}
+
+    def _writer(self, shard_index: int) -> ShardWriter:
+        if shard_index not in self._writers:
+            self._writers[shard_index] = self.store.writer(
+                self.shards[shard_index], self.fingerprints[shard_index], self.settings, self.dim)
+        return self._writers[shard_index]
+
+    def expect(self, shard_index: int, num_docs: int, rejects: list[tuple[int, str]], num_truncated: int,
+               final: bool) -> list[tuple[int, StoreEntry]]:
+        """Note a tokenized chunk: ``num_docs`` will come back from the engine."""
+        writer = self._writer(shard_index)
+        writer.reject(rejects)
+        writer.num_truncated += num_truncated
+        writer.pending += num_docs
+        writer.input_done = writer.input_done or final
+        return self._commit_ready()
+
+    def add(self, keys: list[tuple[int, int, Any]], vectors: np.ndarray) -> list[tuple[int, StoreEntry]]:
+        """Vectors of one step; ``keys[i] = (shard_index, row, doc_id)`` of ``vectors[i]``."""
+        shards = [key[0] for key in keys]
+        if shards[0] == shards[-1] and len(set(shards)) == 1:  # the common case: one shard per step
+            groups = {shards[0]: list(range(len(keys)))}
+        else:
+            groups = {}
+            for i, shard_index in enumerate(shards):
+                groups.setdefault(shard_index, []).append(i)
+        for shard_index, positions in groups.items():
+            writer = self._writers[shard_index]
+            writer.add([keys[i][1] for i in positions], [keys[i][2] for i in positions],
+                       vectors if len(positions) == len(keys) else vectors[positions])
+            writer.pending -= len(positions)
+        return self._commit_ready()
+
+    def _commit_ready(self) -> list[tuple[int, StoreEntry]]:
+        committed = []
+        for i in [i for i, w in self._writers.items() if w.ready]:
+            writer = self._writers.pop(i)
+            try:
+                committed.append((i, writer.commit()))
+            except BaseException:
+                writer.abort()  # a failed commit (disk full) frees its space at once
+                raise
+        return committed
+
+    def abort(self) -> None:
+        """Drop every uncommitted shard (their rows will be embedded again by the next run)."""
+        for writer in self._writers.values():
+            writer.abort()
+        self._writers.clear()

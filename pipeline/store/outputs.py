@@ -1,0 +1,294 @@
+"""Output formats: what the engine's vectors become before they are stored, indexed or written out.
+
+```
+model vector [model_dim] float32
+  -> Matryoshka: the first ``dim`` values, renormalised when the model normalises   vectors()
+  -> float16: rounded to half precision (--output-dtype float16)
+  -> int8 codes: the model's own scheme where it has one (pplx-embed: round(127 tanh(x)), no
+     normalisation), else calibrated per-dimension ranges learned from a corpus sample (the
+     codec of FAISS's SQ8, so the index stores exactly these codes)                  codes()
+  -> binary: sign bits (x >= 0) packed 8 to a byte, first value in the high bit     codes()
+```
+
+The store and the index hold ``stored()`` vectors: the float vectors (for the tanh scheme, its int8
+values), L2-normalised when the model compares by cosine. A query goes through the same
+``stored()`` before search, and the manifest records the transform (``record()``), so every query
+sees exactly the index-time transform.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, cast
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from petal.engine.batch import PackedBatch
+    from petal.engine.config import EngineConfig
+    from petal.engine.engine import Engine
+    from petal.engine.loader import ModelSpec
+
+QUANTIZE_MODES: tuple[str, ...] = ("none", "int8", "binary")
+OUTPUT_DTYPES: tuple[str, ...] = ("float32", "float16")
+INT8_SCHEMES: tuple[str, ...] = ("tanh", "calibrated")
+
+
+@dataclass(frozen=True)
+class OutputConfig:
+    """What the user asked the vectors to become: ``--dim``, ``--quantize``, ``--output-dtype``."""
+
+    dim: int | None = None  # None: the model's width
+    quantize: str = "none"
+    output_dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        if self.dim is not None and self.dim < 1:
+            raise ValueError(f"--dim {self.dim} < 1")
+        if self.quantize not in QUANTIZE_MODES:
+            raise ValueError(f"--quantize {self.quantize!r} is not one of {', '.join(QUANTIZE_MODES)}")
+        if self.output_dtype not in OUTPUT_DTYPES:
+            raise ValueError(f"--output-dtype {self.output_dtype!r} is not one of {', '.join(OUTPUT_DTYPES)}")
+        if self.quantize != "none" and self.output_dtype != "float32":
+            raise ValueError(f"--output-dtype {self.output_dtype} conflicts with --quantize {self.quantize}: "
+                             "it sets the type of float vectors; drop one of the two")
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Per-dimension ranges of calibrated int8, as FAISS SQ8 keeps them (``vmin``, ``vdiff``):
+    ``code = floor(255 clip((x - low) / span, 0, 1)) - 128``."""
+
+    low: tuple[float, ...]
+    span: tuple[float, ...]
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        return np.asarray(self.low, dtype=np.float32), np.asarray(self.span, dtype=np.float32)
+
+
+def l2_normalize(x: np.ndarray) -> np.ndarray:
+    norms = np.linalg.norm(x, axis=1, keepdims=True)
+    return (x / np.maximum(norms, 1e-12)).astype(np.float32, copy=False)
+
+
+def tanh_int8(x: np.ndarray) -> np.ndarray:
+    """pplx-embed's int8: ``clamp(round(127 tanh(x)), -128, 127)`` (half to even, as torch.round)."""
+    return np.clip(np.rint(127.0 * np.tanh(x)), -128, 127).astype(np.int8)
+
+
+@dataclass(frozen=True)
+class OutputTransform:
+    """Model vectors -> stored vectors -> int8 codes or sign bits, as recorded in the manifest."""
+
+    model_dim: int
+    dim: int
+    renormalize: bool  # the model normalises: truncated vectors are renormalised
+    cosine: bool  # the model compares by cosine: stored vectors are L2-normalised
+    quantize: str = "none"
+    int8_scheme: str | None = None  # "tanh" (the model's own) or "calibrated", with quantize int8
+    output_dtype: str = "float32"
+    calibration: Calibration | None = None
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.dim <= self.model_dim:
+            raise ValueError(f"--dim {self.dim} is outside the model's 1..{self.model_dim} dimensions")
+        if self.quantize == "binary" and self.dim % 8:
+            raise ValueError(f"--quantize binary packs 8 values a byte: --dim must be a multiple of 8, not {self.dim}")
+        if (self.quantize == "int8") != (self.int8_scheme in INT8_SCHEMES):
+            raise ValueError(f"int8 scheme {self.int8_scheme!r} does not fit --quantize {self.quantize}")
+
+    @classmethod
+    def for_model(cls, spec: ModelSpec, config: OutputConfig) -> OutputTransform:
+        """The transform ``config`` asks of ``spec``'s vectors (int8 follows the model's own scheme if any)."""
+        scheme = (spec.int8_scheme or "calibrated") if config.quantize == "int8" else None
+        return cls(model_dim=spec.dim, dim=config.dim or spec.dim, renormalize=spec.pooling.normalize,
+                   cosine=spec.similarity == "cosine", quantize=config.quantize, int8_scheme=scheme,
+                   output_dtype=config.output_dtype)
+
+    @property
+    def is_identity(self) -> bool:
+        """Stored vectors are the engine's vectors unchanged."""
+        return (self.dim == self.model_dim and self.quantize == "none" and self.output_dtype == "float32"
+                and (self.renormalize or not self.cosine))
+
+    @property
+    def normalized(self) -> bool:
+        """Stored vectors have unit L2 norm."""
+        return self.renormalize or self.cosine
+
+    def vectors(self, x: np.ndarray) -> np.ndarray:
+        """``[n, model_dim]`` -> ``[n, dim]`` float32: truncated, renormalised if the model normalises,
+        rounded to float16 if asked (what ``petal embed`` writes for float output)."""
+        out = np.ascontiguousarray(x[:, : self.dim], dtype=np.float32)
+        if self.renormalize and self.dim < self.model_dim:
+            out = l2_normalize(out)
+        return self._round(out)
+
+    def stored(self, x: np.ndarray) -> np.ndarray:
+        """``[n, model_dim]`` -> ``[n, dim]`` float32: what the store and index hold, and what a query searches with."""
+        out = np.ascontiguousarray(x[:, : self.dim], dtype=np.float32)
+        if self.int8_scheme == "tanh":
+            out = tanh_int8(out).astype(np.float32)
+        if self.normalized:
+            out = l2_normalize(out)
+        return self._round(out)
+
+    def codes(self, x: np.ndarray) -> np.ndarray:
+        """``[n, model_dim]`` -> int8 ``[n, dim]`` (quantize int8) or packed sign bits uint8 ``[n, dim / 8]``."""
+        if self.quantize == "binary":
+            return np.packbits(x[:, : self.dim] >= 0, axis=1)
+        if self.int8_scheme == "tanh":
+            return tanh_int8(np.asarray(x[:, : self.dim], dtype=np.float32))
+        if self.int8_scheme == "calibrated":
+            if self.calibration is None:
+                raise ValueError("calibrated int8 needs per-dimension ranges: calibrate() on a sample first")
+            return calibrated_codes(self.stored(x), self.calibration)
+        raise ValueError("codes() needs --quantize int8 or binary")
+
+    def output(self, x: np.ndarray) -> np.ndarray:
+        """What ``petal embed`` writes: float32/float16 vectors, int8 codes or packed bits."""
+        if self.quantize != "none":
+            return self.codes(x)
+        return self.vectors(x).astype(self.output_dtype)
+
+    def calibrate(self, stored: np.ndarray) -> OutputTransform:
+        """Per-dimension min/max of a sample of stored vectors (FAISS SQ8's training rule)."""
+        if len(stored) < 2:
+            raise ValueError(f"calibrating int8 ranges needs at least 2 vectors, got {len(stored)}")
+        low = stored.min(axis=0).astype(np.float32)
+        return self.with_calibration(low, stored.max(axis=0).astype(np.float32) - low)
+
+    def with_calibration(self, low: np.ndarray, span: np.ndarray) -> OutputTransform:
+        return replace(self, calibration=Calibration(tuple(float(v) for v in low), tuple(float(v) for v in span)))
+
+    def _round(self, x: np.ndarray) -> np.ndarray:
+        return x.astype(np.float16).astype(np.float32) if self.output_dtype == "float16" else x
+
+    def fingerprint(self) -> dict[str, Any]:
+        """Everything here that shapes stored vectors (the store fingerprint; calibration comes later)."""
+        return {"dim": self.dim, "renormalize": self.renormalize, "cosine": self.cosine, "quantize": self.quantize,
+                "int8_scheme": self.int8_scheme, "output_dtype": self.output_dtype}
+
+    def record(self) -> dict[str, Any]:
+        """The manifest's ``output`` section."""
+        out: dict[str, Any] = {"model_dim": self.model_dim, **self.fingerprint()}
+        if self.calibration is not None:
+            out["calibration"] = {"low": list(self.calibration.low), "span": list(self.calibration.span)}
+        return out
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> OutputTransform:
+        calibration = record.get("calibration")
+        return cls(model_dim=int(record["model_dim"]), dim=int(record["dim"]), renormalize=bool(record["renormalize"]),
+                   cosine=bool(record["cosine"]), quantize=str(record["quantize"]),
+                   int8_scheme=record.get("int8_scheme"), output_dtype=str(record["output_dtype"]),
+                   calibration=Calibration(tuple(calibration["low"]), tuple(calibration["span"])) if calibration
+                   else None)
+
+    @classmethod
+    def from_manifest(cls, manifest: dict[str, Any], spec: ModelSpec) -> OutputTransform:
+        """The index's transform (indexes written before output formats: the model's plain vectors)."""
+        if "output" in manifest:
+            return cls.from_record(manifest["output"])
+        return cls(model_dim=spec.dim, dim=spec.dim, renormalize=spec.pooling.normalize, cosine=False)
+
+
+def calibrated_codes(stored: np.ndarray, calibration: Calibration) -> np.ndarray:
+    """int8 codes of FAISS SQ8's codec: ``floor(255 clip((x - low) / span, 0, 1)) - 128``."""
+    low, span = calibration.arrays()
+    unit = np.clip((stored - low) / np.where(span > 0, span, np.float32(1)), 0.0, 1.0)
+    return (np.floor(255.0 * unit).astype(np.int16) - 128).astype(np.int8)
+
+
+def calibrated_decode(codes: np.ndarray, calibration: Calibration) -> np.ndarray:
+    """The float vectors int8 ``codes`` stand for (FAISS SQ8 decodes to the middle of each step)."""
+    low, span = calibration.arrays()
+    return low + (codes.astype(np.float32) + 128.5) / 255.0 * span
+
+
+class _StoredResult:
+    """A step's result, turned into stored vectors when read (the ``LazyTensor`` interface)."""
+
+    __slots__ = ("_lazy", "_transform", "_value")
+
+    def __init__(self, lazy: Any, transform: OutputTransform) -> None:
+        self._lazy = lazy
+        self._transform = transform
+        self._value: np.ndarray | None = None
+
+    @property
+    def num_rows(self) -> int:
+        return int(self._lazy.num_rows)
+
+    def done(self) -> bool:
+        return bool(self._lazy.done())
+
+    def result(self) -> np.ndarray:
+        if self._value is None:
+            self._value = self._transform.stored(self._lazy.result())
+        return self._value
+
+
+class OutputEngine:
+    """An engine whose results are ``transform.stored()`` vectors (``dim`` is the output width)."""
+
+    def __init__(self, engine: Engine, transform: OutputTransform) -> None:
+        self.engine = engine
+        self.transform = transform
+        self.spec = engine.spec
+        self.config = engine.config
+        self.stats = engine.stats
+
+    @property
+    def dim(self) -> int:
+        return self.transform.dim
+
+    def describe(self) -> dict[str, Any]:
+        return self.engine.describe()
+
+    def step(self, batch: PackedBatch) -> Any:
+        return _StoredResult(self.engine.step(batch), self.transform)
+
+    def embed(self, batch: PackedBatch) -> np.ndarray:
+        return self.transform.stored(self.engine.embed(batch))
+
+
+def with_outputs(engine: Engine, transform: OutputTransform) -> Engine:
+    """``engine`` whose step results are stored vectors (same interface, for the pipeline's stages)."""
+    return cast("Engine", OutputEngine(engine, transform))
+
+
+def outputs_factory(factory: Callable[[ModelSpec, EngineConfig], Engine],
+                    transform: OutputTransform) -> Callable[[ModelSpec, EngineConfig], Engine]:
+    """``factory`` whose engines return ``transform``'s stored vectors."""
+    return lambda spec, config: with_outputs(factory(spec, config), transform)
+
+
+def output_settings(spec: ModelSpec, transform: OutputTransform) -> dict[str, Any]:
+    """The model and output settings that shape stored vectors, beyond the spine's (store fingerprint).
+
+    A setting appears only when it moves vectors away from what the spine produced (a plain
+    BERT-family run has none), so stores and indexes built before output formats keep their
+    fingerprints; two runs whose vectors differ always differ here.
+    """
+    out: dict[str, Any] = {}
+    if spec.config.architecture == "qwen3" or spec.config.causal:
+        out["attention"] = spec.attention
+    if spec.dense:
+        out["dense"] = spec.describe()["dense"]
+    if spec.prompts.document:
+        out["document_prompt"] = spec.prompts.document
+    if spec.eos_token_id is not None:
+        out["eos_token_id"] = spec.eos_token_id
+    if spec.weights_format != "safetensors":
+        out["weights_format"] = spec.weights_format
+    if not transform.is_identity:
+        out["output"] = transform.fingerprint()
+    return out
+
+
+def add_output_manifest(manifest: dict[str, Any], transform: OutputTransform) -> None:
+    """Record the transform (with any calibration) and the index's width in ``manifest``."""
+    manifest["output"] = transform.record()
+    manifest["dim"] = transform.dim
