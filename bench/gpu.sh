@@ -6,7 +6,7 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=true
 out=${OUT:-bench-out}
 mkdir -p "$out"
-petal() { python3 -m cli.main "$@"; }
+petal() { python3 -m petal.cli.main "$@"; }
 for step in "$@"; do
   echo "=== $step $(date -u +%H:%M:%S)"
   case $step in
@@ -20,42 +20,42 @@ for step in "$@"; do
     quick)
       petal bench gpu --shape pplx-embed-0.6b --scenario t1,t2,l1,ceiling --t1-docs 1024 --t2-docs 4096 \
         --latency-calls 300 --json > "$out/quick.jsonl" 2> "$out/quick.err"
-      python3 -c "import json,sys; from pipeline.benchmarks.gpu import format_gpu_table as f; [print(f(json.loads(l))) for l in open(sys.argv[1])]" "$out/quick.jsonl"
+      python3 -c "import json,sys; from petal.bench.gpu import format_gpu_table as f; [print(f(json.loads(l))) for l in open(sys.argv[1])]" "$out/quick.jsonl"
       tail -5 "$out/quick.err"
       ;;
     full)
       petal bench gpu --shape pplx-embed-0.6b --shape qwen3-embedding-0.6b --shape bge-m3 --shape minilm \
         --json > "$out/full.jsonl" 2> "$out/full.err"
-      python3 -c "import json,sys; from pipeline.benchmarks.gpu import format_gpu_table as f; [print(f(json.loads(l))) for l in open(sys.argv[1])]" "$out/full.jsonl"
+      python3 -c "import json,sys; from petal.bench.gpu import format_gpu_table as f; [print(f(json.loads(l))) for l in open(sys.argv[1])]" "$out/full.jsonl"
       tail -5 "$out/full.err"
       ;;
     e2e)
       petal bench e2e --shape minilm --tokenizer-dir .gpu/minilm-tokenizer --docs 50000 --device cuda \
         --json > "$out/e2e.json" 2> "$out/e2e.err"
-      python3 -c "import json,sys; from pipeline.benchmarks.e2e import format_e2e_table as f; print(f(json.load(open(sys.argv[1]))))" "$out/e2e.json"
+      python3 -c "import json,sys; from petal.bench.e2e import format_e2e_table as f; print(f(json.load(open(sys.argv[1]))))" "$out/e2e.json"
       tail -3 "$out/e2e.err"
       ;;
     e2e-large)
       petal bench e2e --shape minilm --tokenizer-dir .gpu/minilm-tokenizer --docs 200000 --device cuda \
         --no-baseline --json > "$out/e2e-large.json" 2> "$out/e2e-large.err"
-      python3 -c "import json,sys; from pipeline.benchmarks.e2e import format_e2e_table as f; r=json.load(open(sys.argv[1])); print(f(r)); print(r['petal_report']['timings_s'])" "$out/e2e-large.json"
+      python3 -c "import json,sys; from petal.bench.e2e import format_e2e_table as f; r=json.load(open(sys.argv[1])); print(f(r)); print(r['petal_report']['timings_s'])" "$out/e2e-large.json"
       tail -3 "$out/e2e-large.err"
       ;;
     e2e-warm)
       petal bench e2e --shape minilm --tokenizer-dir .gpu/minilm-tokenizer --docs 50000 --device cuda \
         --no-baseline --tokenize-workers 2,2,1 --json > "$out/e2e-warm.json" 2> "$out/e2e-warm.err"
-      python3 -c "import json,sys; from pipeline.benchmarks.e2e import format_e2e_table as f; r=json.load(open(sys.argv[1])); print(f(r)); [print(x['tokenize_workers'], x['petal_report']['timings_s'], {k: round(v, 3) for k, v in x['petal_report']['engine']['stats'].items() if k.endswith('_s')}) for x in r['runs']]" "$out/e2e-warm.json"
+      python3 -c "import json,sys; from petal.bench.e2e import format_e2e_table as f; r=json.load(open(sys.argv[1])); print(f(r)); [print(x['tokenize_workers'], x['petal_report']['timings_s'], {k: round(v, 3) for k, v in x['petal_report']['engine']['stats'].items() if k.endswith('_s')}) for x in r['runs']]" "$out/e2e-warm.json"
       tail -3 "$out/e2e-warm.err"
       ;;
     e2e-workers)
       petal bench e2e --shape minilm --tokenizer-dir .gpu/minilm-tokenizer --docs 200000 --device cuda \
         --no-baseline --tokenize-workers 2,2,1,2,1 --json > "$out/e2e-workers.json" 2> "$out/e2e-workers.err"
-      python3 -c "import json,sys; from pipeline.benchmarks.e2e import format_e2e_table as f; r=json.load(open(sys.argv[1])); print(f(r)); [print(x['tokenize_workers'], x['petal_report']['timings_s'], {k: round(v, 3) for k, v in x['petal_report']['engine']['stats'].items() if k.endswith('_s')}) for x in r['runs']]" "$out/e2e-workers.json"
+      python3 -c "import json,sys; from petal.bench.e2e import format_e2e_table as f; r=json.load(open(sys.argv[1])); print(f(r)); [print(x['tokenize_workers'], x['petal_report']['timings_s'], {k: round(v, 3) for k, v in x['petal_report']['engine']['stats'].items() if k.endswith('_s')}) for x in r['runs']]" "$out/e2e-workers.json"
       tail -3 "$out/e2e-workers.err"
       ;;
     minilm)
       petal bench gpu --shape minilm --json > "$out/minilm.jsonl" 2> "$out/minilm.err"
-      python3 -c "import json,sys; from pipeline.benchmarks.gpu import format_gpu_table as f; [print(f(json.loads(l))) for l in open(sys.argv[1])]" "$out/minilm.jsonl"
+      python3 -c "import json,sys; from petal.bench.gpu import format_gpu_table as f; [print(f(json.loads(l))) for l in open(sys.argv[1])]" "$out/minilm.jsonl"
       tail -3 "$out/minilm.err"
       ;;
     profile)
@@ -71,7 +71,7 @@ for step in "$@"; do
       ;;
     t2fair)
       petal bench gpu --shape pplx-embed-0.6b --scenario t2 --json > "$out/t2fair.jsonl" 2> "$out/t2fair.err"
-      python3 -c "import json,sys; from pipeline.benchmarks.gpu import format_gpu_table as f; [print(f(json.loads(l))) for l in open(sys.argv[1])]" "$out/t2fair.jsonl"
+      python3 -c "import json,sys; from petal.bench.gpu import format_gpu_table as f; [print(f(json.loads(l))) for l in open(sys.argv[1])]" "$out/t2fair.jsonl"
       tail -3 "$out/t2fair.err"
       ;;
     variants)
@@ -79,7 +79,7 @@ for step in "$@"; do
                "PETAL_FUSED_KERNELS=0 16384"; do
         set -- $v
         echo "--- $1 budget $2"
-        env "$1" python3 -m cli.main bench gpu --shape pplx-embed-0.6b --scenario t1,l1 --no-baseline \
+        env "$1" python3 -m petal.cli.main bench gpu --shape pplx-embed-0.6b --scenario t1,l1 --no-baseline \
           --t1-docs 1024 --latency-calls 200 --token-budget "$2" 2>/dev/null | grep -E "T1|L1"
       done | tee "$out/variants.log"
       ;;
