@@ -3,7 +3,8 @@
 Only the build uses the GPU: k-means training (a GPU flat index assigns points to centroids,
 the result lands in the CPU index) and adding to IVF indexes (a GPU copy of the trained, empty
 index encodes one part of the vectors, then moves back to the CPU). Published indexes are CPU
-indexes, so ``petal query`` never needs a GPU.
+indexes, so ``petal query`` never needs a GPU. With ``faiss-cpu`` on a CUDA host, IVF k-means runs
+through torch on the device instead (``pipeline/index/torch_kmeans.py``).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from petal.pipeline.index.faiss_loader import load_faiss
+from petal.pipeline.index.torch_kmeans import torch_cuda_available, train_ivf_on_torch
 
 
 def num_gpus() -> int:
@@ -21,11 +23,15 @@ def num_gpus() -> int:
     return int(get()) if get is not None else 0
 
 
-def train(index: Any, sample: Any, ngpu: int) -> str:
-    """``index.train(sample [n, d] float32)``; k-means on the GPUs when ``ngpu > 0``. Returns where."""
+def train(index: Any, sample: Any, ngpu: int, seed: int = 1234) -> str:
+    """``index.train(sample [n, d] float32)``; k-means on the GPUs when ``ngpu > 0``, else through torch
+    on a CUDA device when one is there (``pipeline/index/torch_kmeans.py``). Returns where."""
     faiss = load_faiss()
 
     ivf = faiss.try_extract_index_ivf(index)
+    # faiss-cpu beside the engine's GPU: k-means through torch on the device, codes by FAISS
+    if ngpu <= 0 and ivf is not None and torch_cuda_available() and train_ivf_on_torch(index, sample, seed):
+        return "torch:cuda"
     if ngpu <= 0 or ivf is None:
         index.train(sample)
         return "cpu"

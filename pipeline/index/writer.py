@@ -104,7 +104,7 @@ def _train(index: Any, sample: np.ndarray, plan: IndexPlan, seed: int, ngpu: int
             # NOTE: on by default for IVF-PQ, minutes of annealing per sub-quantizer, and only
             # polysemous search (the ``ht`` parameter, never set here) uses it.
             ivf.do_polysemous_training = False
-    return {"train": train(index, sample, ngpu), "train_points": len(sample)}
+    return {"train": train(index, sample, ngpu, seed), "train_points": len(sample)}
 
 
 def build_index(entries: list[StoreEntry], dim: int, settings: IndexSettings, staging: Path) -> BuildResult:
