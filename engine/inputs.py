@@ -7,6 +7,10 @@ for the sequence that holds the padding tokens::
     cu_seqlens [S+1] | first_token_idx [S] | last_token_idx [S] | inv_seqlens [S] (float32 bits)
     | input_ids [T] | positions [T] | token_seq_ids [T]
 
+Every section starts on a 64-byte boundary (``SECTION_ALIGN`` int32 values): Triton specialises
+kernels on 16-byte pointer alignment, so an unaligned ``positions`` view would compile a second
+variant of a kernel at the first step (and the warm-up would have compiled the wrong one).
+
 On CUDA the host side lives in a ring of pinned slots; a slot is refilled only after the copy
 that read it has executed (an event per slot), so the host can run ahead of the device.
 """
@@ -21,6 +25,12 @@ import torch
 from petal.engine.batch import PackedBatch
 from petal.engine.context import ForwardContext
 
+SECTION_ALIGN = 16  # int32 values: 64 bytes
+
+
+def _aligned(offset: int) -> int:
+    return -(-offset // SECTION_ALIGN) * SECTION_ALIGN
+
 
 @dataclass(frozen=True)
 class InputLayout:
@@ -29,16 +39,17 @@ class InputLayout:
 
     @property
     def size(self) -> int:
-        return 4 * self.num_seqs + 1 + 3 * self.num_tokens
+        return self.slices()["token_seq_ids"].stop
 
     def slices(self) -> dict[str, slice]:
+        """Each section's place in the buffer; every start is a multiple of ``SECTION_ALIGN``."""
         s, t = self.num_seqs, self.num_tokens
         bounds = {"cu_seqlens": s + 1, "first_token_idx": s, "last_token_idx": s, "inv_seqlens": s,
                   "input_ids": t, "positions": t, "token_seq_ids": t}
         out, start = {}, 0
         for name, length in bounds.items():
             out[name] = slice(start, start + length)
-            start += length
+            start = _aligned(start + length)
         return out
 
 

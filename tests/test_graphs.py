@@ -117,3 +117,16 @@ def test_over_budget_batch_is_refused(tiny_engine):
     big = PackedBatch.from_sequences([np.ones(150, np.int32)] * 11)
     with pytest.raises(ValueError, match="over the largest bucket"):
         runner.run(big)
+
+
+@pytest.mark.parametrize("num_tokens,num_seqs", [(1, 1), (7, 3), (64, 2), (130, 17), (16384, 257)])
+def test_input_sections_start_64_byte_aligned(num_tokens, num_seqs):
+    """Triton specialises on 16-byte pointer alignment: every section view must start aligned, or the
+    first step compiles a kernel variant the warm-up did not."""
+    layout = InputLayout(num_tokens=num_tokens, num_seqs=num_seqs)
+    sections = layout.slices()
+    starts = [s.start for s in sections.values()]
+    assert all(start * 4 % 64 == 0 for start in starts), sections
+    assert [s.stop - s.start for s in sections.values()] == [num_seqs + 1] + [num_seqs] * 3 + [num_tokens] * 3
+    assert all(a.stop <= b.start for a, b in zip(sections.values(), list(sections.values())[1:]))  # no overlap
+    assert layout.size == sections["token_seq_ids"].stop
