@@ -12,6 +12,7 @@ from petal.cli.index import index
 from petal.cli.info import info
 from petal.cli.query import query
 from petal.cli.rebuild import rebuild
+from petal.cli.serve import serve
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
@@ -23,6 +24,7 @@ def cli() -> None:
     petal index sample_data --out /tmp/idx
     petal query /tmp/idx "how do glaciers move" -k 5
     petal embed "a one-shot query" > vec.jsonl
+    petal serve /tmp/idx --port 8080
 
     Exit codes: 0 ok, 1 bug, 2 usage, 65 bad input, 66 no input, 73 cannot create output,
     74 I/O error, 75 temporary (retry), 78 configuration, 130/143 interrupted.
@@ -35,6 +37,7 @@ cli.add_command(query)
 cli.add_command(embed)
 cli.add_command(info)
 cli.add_command(rebuild)
+cli.add_command(serve)
 cli.add_command(bench)
 
 

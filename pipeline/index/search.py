@@ -145,24 +145,29 @@ class IndexReader:
 
     def texts(self, hits: list[Hit], text_column: str) -> list[str | None]:
         """The source text of each hit, read back from its shard (``None`` if it is gone)."""
+        return [None if r is None else r.get(text_column) for r in self.records(hits, [text_column])]
+
+    def records(self, hits: list[Hit], columns: list[str] | None = None) -> list[dict[str, Any] | None]:
+        """Each hit's row of its shard (``columns``, or every column), ``None`` where the row is gone."""
         by_shard: dict[str, list[int]] = {}
         for hit in hits:
             by_shard.setdefault(hit.shard, []).append(hit.row)
-        found: dict[tuple[str, int], str | None] = {}
+        found: dict[tuple[str, int], dict[str, Any] | None] = {}
         for shard, rows in by_shard.items():
             try:
                 pf = pq.ParquetFile(shard)
                 starts = np.cumsum([0] + [pf.metadata.row_group(g).num_rows for g in range(pf.num_row_groups)])
-                groups: dict[int, pa.ChunkedArray] = {}
+                groups: dict[int, pa.Table] = {}
                 for row in rows:
                     group = int(np.searchsorted(starts, row, side="right")) - 1
                     if not 0 <= group < pf.num_row_groups:
                         found[(shard, row)] = None
                         continue
                     if group not in groups:  # read only the row groups holding hits
-                        groups[group] = pf.read_row_group(group, columns=[text_column]).column(0)
-                    value = groups[group][row - int(starts[group])].as_py()
-                    found[(shard, row)] = value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+                        groups[group] = pf.read_row_group(group, columns=columns)
+                    record = groups[group].slice(row - int(starts[group]), 1).to_pylist()[0]
+                    found[(shard, row)] = {k: v.decode("utf-8", "replace") if isinstance(v, bytes) else v
+                                           for k, v in record.items()}
             except (OSError, pa.ArrowException, KeyError):
                 for row in rows:
                     found[(shard, row)] = None

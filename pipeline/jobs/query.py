@@ -1,15 +1,30 @@
-"""The online query path: a published index plus the same model, pooling and normalisation it was
-built with, kept warm to embed short queries and search."""
+"""The query path, shared by ``petal query`` and ``petal serve``: a published index plus the same
+model, pooling, prompt and output transform it was built with, kept warm to embed short queries
+and search.
+
+```
+QueryModel   model_for_index() -> Engine + query/document tokenizers      tokenize(), embed()
+SearchIndex  IndexReader + the index-time OutputTransform + version id    search(model vectors, k)
+QueryService QueryModel + SearchIndex: search(texts, k)                   (petal query, --stdin)
+```
+
+``petal serve`` tokenizes with ``QueryModel.tokenize``, batches the token ids of many requests
+through the same ``Engine.step`` and searches through ``SearchIndex.search``: one implementation.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
 
 from petal.engine.config import EngineConfig, ModelOptions
 from petal.engine.engine import Engine, resolve_device, resolve_dtype
 from petal.engine.loader import ModelError, ModelSpec, inspect_model
 from petal.pipeline.index.search import Hit, IndexReader
-from petal.pipeline.ingest.tokens import tokenizer_for
+from petal.pipeline.ingest.tokens import Encoded, TextTokenizer, tokenizer_for
 from petal.pipeline.jobs.embed import encode_texts
 from petal.pipeline.reliability.errors import ConfigError
 from petal.pipeline.store.outputs import OutputTransform
@@ -19,6 +34,7 @@ MATCHING_KEYS = ("weights_sha256", "tokenizer_sha256", "pooling", "normalize", "
                  "similarity", "int8_scheme", "eos_token_id")
 
 QUERY_TOKEN_BUDGET = 2048
+Side = Literal["query", "document"]
 
 
 def model_for_index(manifest: dict, model: str | None, allow_pickle_weights: bool = False,
@@ -36,12 +52,93 @@ def model_for_index(manifest: dict, model: str | None, allow_pickle_weights: boo
     except ModelError as exc:
         hint = "" if model else " (the index's model is gone from where it was built; pass --model DIR)"
         raise ConfigError(f"{exc}{hint}") from exc
+    mismatch = model_mismatch(manifest, spec)
+    if mismatch:
+        raise ConfigError(f"model {spec.path} does not match the index ({mismatch})")
+    return spec
+
+
+def model_mismatch(manifest: dict[str, Any], spec: ModelSpec) -> str:
+    """Why ``spec`` cannot embed queries for the index of ``manifest`` ("" when it can)."""
+    recorded = manifest.get("model", {})
     described = spec.describe()
     differ = [k for k in MATCHING_KEYS if k in recorded and described[k] != recorded[k]]
-    if differ:
-        details = ", ".join(f"{k}: index {recorded.get(k)!r}, model {described[k]!r}" for k in differ)
-        raise ConfigError(f"model {spec.path} does not match the index ({details})")
-    return spec
+    return ", ".join(f"{k}: index {recorded.get(k)!r}, model {described[k]!r}" for k in differ)
+
+
+def engine_config(spec: ModelSpec, device: str = "auto", dtype: str = "auto", attention: str = "auto",
+                  token_budget: int | None = None, max_seqs: int = 64) -> EngineConfig:
+    """The engine settings of a query process (``token_budget`` at least the model's max length)."""
+    dev = resolve_device(device)
+    budget = max(token_budget or QUERY_TOKEN_BUDGET, spec.pooling.max_length)
+    return EngineConfig(device=dev, dtype=resolve_dtype(dtype, dev), attention=attention,  # type: ignore[arg-type]
+                        token_budget=budget, max_seqs=max_seqs)
+
+
+class QueryModel:
+    """A warm model: tokenizers for both prompt sides and the engine (one thread drives it)."""
+
+    def __init__(self, spec: ModelSpec, config: EngineConfig, max_tokens: int | None = None) -> None:
+        self.spec = spec
+        self.engine = Engine(spec, config)
+        # the query prompt, EOS for last-token pooling; the document side as `petal index` embeds
+        self.tokenizers: dict[str, TextTokenizer] = {"query": tokenizer_for(spec, "query"),
+                                                     "document": tokenizer_for(spec, "document")}
+        self.max_tokens = min(max_tokens or spec.pooling.max_length, spec.pooling.max_length)
+        if self.max_tokens < spec.pooling.max_length:  # a tighter limit (petal serve --max-tokens-per-text)
+            self.tokenizers = {side: TextTokenizer(spec.tokenizer_file, self.max_tokens, prompt=t.prompt,
+                                                   eos_token_id=spec.eos_token_id)
+                               for side, t in self.tokenizers.items()}
+
+    @property
+    def dim(self) -> int:
+        return self.spec.dim
+
+    def tokenize(self, texts: list[str], side: Side = "query") -> Encoded:
+        """Token ids as the engine takes them (prompt, truncation at the model's max length, EOS)."""
+        return self.tokenizers[side].encode(texts)
+
+    def embed(self, texts: list[str], side: Side = "query") -> np.ndarray:
+        """``[len(texts), model_dim]`` float32 model vectors, in order (one caller thread at a time)."""
+        vectors, _ = encode_texts(self.engine, self.tokenizers[side], texts)
+        return vectors
+
+
+@dataclass(frozen=True)
+class SearchIndex:
+    """One published version, opened for search, with the transform its vectors went through."""
+
+    reader: IndexReader
+    transform: OutputTransform
+
+    @classmethod
+    def open(cls, path: Path, spec: ModelSpec, nprobe: int | None = None, rescore: int | None = None) -> SearchIndex:
+        """Open ``path`` (OUT, following CURRENT, or a version directory), checked against ``spec``."""
+        return cls.from_reader(IndexReader(path, nprobe=nprobe, rescore=rescore), spec)
+
+    @classmethod
+    def from_reader(cls, reader: IndexReader, spec: ModelSpec) -> SearchIndex:
+        transform = OutputTransform.from_manifest(reader.manifest, spec)
+        if transform.model_dim != spec.dim or transform.dim != reader.dim:
+            raise ConfigError(f"model dim {spec.dim} -> {transform.dim} does not fit the index "
+                              f"(dim {reader.dim}, built from {transform.model_dim}-dim vectors)")
+        return cls(reader, transform)
+
+    @property
+    def version(self) -> str:
+        return str(self.reader.manifest.get("version", self.reader.dir.name))
+
+    @property
+    def text_column(self) -> str:
+        return str(self.reader.manifest.get("read", {}).get("text_column", "text"))
+
+    def search(self, model_vectors: np.ndarray, k: int) -> list[list[Hit]]:
+        """Top ``k`` hits per row of model vectors, after the index-time transform."""
+        return self.reader.search(self.transform.stored(model_vectors), k)
+
+    def search_stored(self, vectors: np.ndarray, k: int) -> list[list[Hit]]:
+        """Top ``k`` hits per row of vectors already in the index's space (``[n, dim]``)."""
+        return self.reader.search(np.asarray(vectors, dtype=np.float32), k)
 
 
 class QueryService:
@@ -50,23 +147,30 @@ class QueryService:
     def __init__(self, index_path: Path, model: str | None = None, device: str = "auto", dtype: str = "auto",
                  attention: str = "auto", nprobe: int | None = None, rescore: int | None = None,
                  query_prompt: str | None = None, allow_pickle_weights: bool = False) -> None:
-        self.reader = IndexReader(index_path, nprobe=nprobe, rescore=rescore)
-        self.spec = model_for_index(self.reader.manifest, model, allow_pickle_weights, query_prompt)
-        # the index-time output transform (Matryoshka dim, int8 scheme, normalisation), applied to every query
-        self.transform = OutputTransform.from_manifest(self.reader.manifest, self.spec)
-        if self.transform.model_dim != self.spec.dim or self.transform.dim != self.reader.dim:
-            raise ConfigError(f"model dim {self.spec.dim} -> {self.transform.dim} does not fit the index "
-                              f"(dim {self.reader.dim}, built from {self.transform.model_dim}-dim vectors)")
-        dev = resolve_device(device)
-        config = EngineConfig(device=dev, dtype=resolve_dtype(dtype, dev), attention=attention,  # type: ignore[arg-type]
-                              token_budget=max(QUERY_TOKEN_BUDGET, self.spec.pooling.max_length), max_seqs=64)
-        self.engine = Engine(self.spec, config)
-        self.tokenizer = tokenizer_for(self.spec, "query")  # the query prompt, EOS for last-token pooling
+        reader = IndexReader(index_path, nprobe=nprobe, rescore=rescore)
+        self.spec = model_for_index(reader.manifest, model, allow_pickle_weights, query_prompt)
+        self.index = SearchIndex.from_reader(reader, self.spec)
+        self.model = QueryModel(self.spec, engine_config(self.spec, device, dtype, attention))
+
+    @property
+    def reader(self) -> IndexReader:
+        return self.index.reader
+
+    @property
+    def transform(self) -> OutputTransform:
+        return self.index.transform
+
+    @property
+    def engine(self) -> Engine:
+        return self.model.engine
+
+    @property
+    def tokenizer(self) -> TextTokenizer:
+        return self.model.tokenizers["query"]
 
     @property
     def text_column(self) -> str:
-        return str(self.reader.manifest.get("read", {}).get("text_column", "text"))
+        return self.index.text_column
 
     def search(self, texts: list[str], k: int) -> list[list[Hit]]:
-        vectors, _ = encode_texts(self.engine, self.tokenizer, texts)
-        return self.reader.search(self.transform.stored(vectors), k)
+        return self.index.search(self.model.embed(texts), k)

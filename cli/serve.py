@@ -1,0 +1,121 @@
+"""``petal serve OUT``: an HTTP service that embeds and searches a live index and follows re-indexing."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import click
+
+from petal.cli.common import PetalClickError, device_options, eprint, usage, user_errors
+from petal.cli.options import loading_options
+
+SERVE_MODULES = ("starlette", "uvicorn", "prometheus_client")
+
+
+def missing_serve_extra() -> list[str]:
+    """The modules of the ``serve`` extra that cannot be imported here."""
+    missing = []
+    for name in SERVE_MODULES:
+        try:
+            if importlib.util.find_spec(name) is None:
+                missing.append(name)
+        except (ImportError, ValueError):
+            missing.append(name)
+    return missing
+
+
+@click.command()
+@click.argument("index_path", metavar="OUT", required=False, type=click.Path(path_type=Path))
+@click.option("--model", default=None, help="Model directory: alone, embeddings only; with OUT, if the index's "
+              "model moved (the weights must match).")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0: all).")
+@click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True, help="Port (0: any free).")
+@click.option("--api-key", envvar="PETAL_API_KEY", default=None,
+              help="Require 'Authorization: Bearer KEY' on /v1/* and /search (or set PETAL_API_KEY).")
+@click.option("--max-wait-ms", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="Hold a partial batch this long for more requests (0: launch at once; batches still form "
+                   "from requests that arrive while a step runs).")
+@click.option("--max-texts", type=click.IntRange(min=1), default=256, show_default=True,
+              help="Texts (or vectors) per request.")
+@click.option("--max-tokens-per-text", type=click.IntRange(min=2), default=None,
+              help="Tokens per text, prompt included (default: the model's max length).")
+@click.option("--max-k", type=click.IntRange(min=1), default=1000, show_default=True, help="Largest k of /search.")
+@click.option("--max-body-bytes", type=click.IntRange(min=1024), default=4 << 20, show_default=True)
+@click.option("--max-queue-texts", type=click.IntRange(min=1), default=4096, show_default=True,
+              help="Texts waiting for the engine; beyond it requests get 503 with Retry-After.")
+@click.option("--token-budget", type=click.IntRange(min=64), default=None,
+              help="Tokens per engine step (default: 8192 on CUDA, 2048 on the CPU).")
+@click.option("--max-seqs", type=click.IntRange(min=1), default=None,
+              help="Texts per engine step (default: 256 on CUDA, 64 on the CPU).")
+@click.option("--nprobe", type=click.IntRange(min=1), default=None, help="Override the tuned IVF nprobe.")
+@click.option("--rescore", type=click.IntRange(min=0), default=None, help="Binary indexes: rescoring factor.")
+@click.option("--reload-interval-s", type=click.FloatRange(min=0.05), default=1.0, show_default=True,
+              help="How often OUT/CURRENT is checked for a new version.")
+@click.option("--drain-timeout-s", type=click.FloatRange(min=0), default=30.0, show_default=True,
+              help="On SIGTERM, how long in-flight requests may take before the server exits.")
+@click.option("--threads", "search_threads", type=click.IntRange(min=1), default=4, show_default=True,
+              help="Threads for tokenization and FAISS search (off the event loop).")
+@click.option("--served-model-name", default=None, help="The model id of /v1/models (default: the directory name).")
+@click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
+              show_default=True)
+@click.option("--access-log", is_flag=True, help="Log every request (uvicorn's access log).")
+@device_options
+@loading_options
+@user_errors
+def serve(index_path: Path | None, model: str | None, host: str, port: int, api_key: str | None, max_wait_ms: float,
+          max_texts: int, max_tokens_per_text: int | None, max_k: int, max_body_bytes: int, max_queue_texts: int,
+          token_budget: int | None, max_seqs: int | None, nprobe: int | None, rescore: int | None,
+          reload_interval_s: float, drain_timeout_s: float, search_threads: int, served_model_name: str | None,
+          log_level: str, access_log: bool, device: str, dtype: str, attention: str, query_prompt: str | None,
+          allow_pickle_weights: bool) -> None:
+    """Serve OUT (an index directory) over HTTP: OpenAI-compatible /v1/embeddings and /search.
+
+    Keeps the model and the index warm, batches concurrent requests by tokens, and moves to every new
+    version that `petal index`/`rebuild` publishes in OUT. `--model DIR` without OUT: embeddings only.
+    SIGTERM drains in-flight requests, then exits 0.
+    """
+    if index_path is None and model is None:
+        raise click.UsageError("give OUT (an index directory) or --model DIR (embeddings only)")
+    missing = missing_serve_extra()
+    if missing:
+        raise PetalClickError(f"petal serve needs the optional 'serve' dependencies ({', '.join(missing)} missing): "
+                              "pip install 'petal[serve]'", 78)
+    from petal.engine.config import ModelOptions
+    from petal.engine.engine import resolve_device
+    from petal.pipeline.index.search import IndexReader
+    from petal.pipeline.jobs.index_run import model_spec
+    from petal.pipeline.jobs.query import QueryModel, SearchIndex, engine_config, model_for_index
+    from petal.pipeline.serve.server import bind
+    from petal.pipeline.serve.server import serve as run_server
+    from petal.pipeline.serve.service import ServeState
+    from petal.pipeline.serve.settings import Limits, ServeSettings
+    from petal.pipeline.serve.warmup import warm_up
+
+    settings = usage(lambda: ServeSettings(
+        limits=Limits(max_texts=max_texts, max_tokens_per_text=max_tokens_per_text, max_k=max_k,
+                      max_body_bytes=max_body_bytes),
+        max_wait_ms=max_wait_ms, max_queue_texts=max_queue_texts, reload_interval_s=reload_interval_s,
+        drain_timeout_s=drain_timeout_s, search_threads=search_threads, api_key=api_key,
+        served_model_name=served_model_name))
+    sock = bind(host, port)  # before loading: a taken port fails in a second, not after the model load
+    index = None
+    if index_path is not None:
+        reader = IndexReader(index_path, nprobe=nprobe, rescore=rescore)
+        spec = model_for_index(reader.manifest, model, allow_pickle_weights, query_prompt)
+        index = SearchIndex.from_reader(reader, spec)
+    else:
+        options = usage(lambda: ModelOptions(query_prompt=query_prompt, allow_pickle_weights=allow_pickle_weights))
+        spec = model_spec(model, None, options)
+    cuda = resolve_device(device) == "cuda"
+    config = usage(lambda: engine_config(spec, device, dtype, attention, token_budget or (8192 if cuda else 2048),
+                                         max_seqs or (256 if cuda else 64)))
+    query_model = QueryModel(spec, config, max_tokens=max_tokens_per_text)
+    warm_up(query_model.engine)
+    state = ServeState(query_model, settings, index_root=index_path, index=index, nprobe=nprobe, rescore=rescore)
+    bound_host, bound_port = sock.getsockname()[:2]
+    what = f"{index.version} ({index.reader.ntotal} vectors)" if index is not None else "embeddings only"
+    eprint(f"petal serve: {state.model_id} on {query_model.engine.device}, {what}, "
+           f"listening on http://{bound_host}:{bound_port}")
+    run_server(state, sock, log_level=log_level, access_log=access_log)
+    eprint("petal serve: stopped (in-flight requests drained)")

@@ -1,0 +1,140 @@
+"""The HTTP surface (Starlette): routes, API key, body limits, error bodies, metrics per route.
+
+```
+POST /v1/embeddings  OpenAI-compatible embeddings           (API key)
+POST /search         embed queries (or take vectors), search (API key)
+GET  /v1/models      the served model                       (API key)
+GET  /health         the process is alive
+GET  /ready          model and index loaded: version, refusals
+GET  /metrics        Prometheus text
+```
+
+Errors are JSON ``{"error": {"message", "type", "code"}}`` (OpenAI's shape): 400 bad JSON, 401 wrong
+or missing key, 404 unknown model, 413 body or a per-request limit, 422 wrong fields or types,
+503 queue full (with Retry-After).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from petal.pipeline.serve.batcher import Overloaded
+from petal.pipeline.serve.requests import RequestError, parse_embeddings, parse_json, parse_search
+from petal.pipeline.serve.service import ServeState
+
+log = logging.getLogger("petal.serve")
+Handler = Callable[[Request], Awaitable[Any]]
+
+
+def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    # NOTE: default=str: metadata columns may hold dates or decimals
+    return Response(json.dumps(body, ensure_ascii=False, default=str), status_code=status, headers=headers,
+                    media_type="application/json")
+
+
+def _error(status: int, message: str, kind: str, headers: dict[str, str] | None = None) -> Response:
+    return _json({"error": {"message": message, "type": kind, "code": status}}, status, headers)
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body, refused with 413 past ``limit`` bytes (by Content-Length, or while streaming)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise RequestError(413, f"the body has {declared} bytes, over the limit of {limit} (--max-body-bytes)")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise RequestError(413, f"the body is over the limit of {limit} bytes (--max-body-bytes)")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def build_app(state: ServeState) -> Starlette:
+    """The ASGI app of ``state`` (which the app starts and stops with its lifespan)."""
+    key = state.settings.api_key.encode() if state.settings.api_key else None
+
+    def authorized(request: Request) -> bool:
+        if key is None:
+            return True
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        given = token.strip().encode() if scheme.lower() == "bearer" else b""
+        return hmac.compare_digest(given, key)  # NOTE: constant time, whatever the length of `given`
+
+    def endpoint(route: str, fn: Handler, auth: bool = True) -> Handler:
+        async def handle(request: Request) -> Response:
+            started = time.perf_counter()
+            try:
+                if auth and not authorized(request):
+                    response = _error(401, "missing or wrong API key (send 'Authorization: Bearer KEY')",
+                                      "authentication_error", {"WWW-Authenticate": "Bearer"})
+                else:
+                    result = await fn(request)
+                    response = result if isinstance(result, Response) else _json(result)
+            except RequestError as exc:
+                response = _error(exc.status, exc.message, exc.kind, exc.headers)
+            except Overloaded as exc:
+                state.metrics.overloaded.inc()
+                response = _error(503, f"overloaded: {exc}; retry later", "overloaded",
+                                  {"Retry-After": str(state.settings.retry_after_s)})
+            except Exception as exc:  # a bug: answer 500, keep serving
+                log.exception("petal serve: %s failed", route)
+                response = _error(500, f"internal error: {type(exc).__name__}: {exc}", "server_error")
+            state.metrics.requests.labels(route=route, status=str(response.status_code)).inc()
+            state.metrics.request_seconds.labels(route=route).observe(time.perf_counter() - started)
+            return response
+
+        return handle
+
+    limits = state.settings.limits
+
+    async def embeddings(request: Request) -> Any:
+        req = parse_embeddings(parse_json(await read_body(request, limits.max_body_bytes)), limits)
+        return await state.embeddings(req)
+
+    async def search(request: Request) -> Any:
+        req = parse_search(parse_json(await read_body(request, limits.max_body_bytes)), limits)
+        return await state.search(req)
+
+    async def models(request: Request) -> Any:
+        return {"object": "list", "data": [{"id": state.model_id, "object": "model", "created": 0, "owned_by": "petal",
+                                            "dim": state.model.dim, "max_tokens": state.model.max_tokens}]}
+
+    async def health(request: Request) -> Any:
+        return {"status": "ok"}
+
+    async def ready(request: Request) -> Any:
+        return state.ready()
+
+    async def metrics(request: Request) -> Any:
+        return Response(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await state.start()
+        try:
+            yield
+        finally:
+            await state.stop()
+
+    routes = [
+        Route("/v1/embeddings", endpoint("/v1/embeddings", embeddings), methods=["POST"]),
+        Route("/search", endpoint("/search", search), methods=["POST"]),
+        Route("/v1/models", endpoint("/v1/models", models), methods=["GET"]),
+        Route("/health", endpoint("/health", health, auth=False), methods=["GET"]),
+        Route("/ready", endpoint("/ready", ready, auth=False), methods=["GET"]),
+        Route("/metrics", endpoint("/metrics", metrics, auth=False), methods=["GET"]),
+    ]
+    return Starlette(routes=routes, lifespan=lifespan)

@@ -1,0 +1,131 @@
+"""Following re-indexing: when ``petal index``/``rebuild`` publishes a new version of OUT (CURRENT
+changes), load it beside the live one, check it, and swap.
+
+```
+poll OUT/CURRENT (every --reload-interval-s) -> changed: open it in a thread (sha256 of every file,
+FAISS, ids) -> same model and output transform? -> swap `live` (one reference assignment)
+```
+
+A search takes ``live`` once and keeps that object to the end, so in-flight searches finish on the
+version they started on and every answer comes from exactly one version; the old version's memory
+returns when its last search drops it. A version that fails to open or was built with another
+model or output transform is refused: the old version keeps serving and ``/ready`` and
+``petal_index_refused`` say why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from petal.engine.loader import ModelSpec
+from petal.pipeline.jobs.query import SearchIndex, model_mismatch
+from petal.pipeline.reliability.errors import PetalError
+from petal.pipeline.serve.metrics import ServeMetrics
+
+log = logging.getLogger("petal.serve")
+
+
+@dataclass(frozen=True)
+class Refusal:
+    version: str
+    reason: str  # short: model, output, max_length, prompt, open
+    message: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {"version": self.version, "reason": self.reason, "message": self.message}
+
+
+def _pointer(root: Path) -> str | None:
+    try:
+        return (root / "CURRENT").read_text().strip() or None
+    except OSError:
+        return None
+
+
+class IndexFollower:
+    """The live ``SearchIndex`` of OUT, replaced when a compatible new version is published."""
+
+    def __init__(self, root: Path, spec: ModelSpec, live: SearchIndex, metrics: ServeMetrics,
+                 nprobe: int | None = None, rescore: int | None = None) -> None:
+        self.root = Path(root)
+        self.spec = spec
+        self.live = live
+        self.metrics = metrics
+        self.nprobe = nprobe
+        self.rescore = rescore
+        self.refused: Refusal | None = None
+        self._seen = _pointer(self.root) or live.version  # the pointer value last acted on
+        self._lock = threading.Lock()  # one load at a time
+        metrics.serving(live.version, live.reader.ntotal)
+
+    def status(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"version": self.live.version, "vectors": self.live.reader.ntotal}
+        if self.refused is not None:
+            out["refused"] = self.refused.as_dict()
+        return out
+
+    def check_once(self) -> bool:
+        """Load and swap in a newly published version (blocking). True when the live version changed."""
+        with self._lock:
+            pointer = _pointer(self.root)
+            if pointer is None or pointer == self._seen:
+                return False
+            self._seen = pointer
+            try:
+                candidate = SearchIndex.open(self.root, self.spec, nprobe=self.nprobe, rescore=self.rescore)
+            except (PetalError, OSError, RuntimeError, KeyError, ValueError) as exc:
+                self._refuse(pointer, "open", f"cannot open {pointer}: {exc}")
+                return False
+            if candidate.version == self.live.version:  # CURRENT went back to the live version
+                self.refused = None
+                self.metrics.index_refused.clear()
+                return False
+            why = self._incompatible(candidate)
+            if why is not None:
+                self._refuse(candidate.version, *why)
+                return False
+            old = self.live.version
+            self.live = candidate  # NOTE: the swap; searches holding the old object finish on it
+            self.refused = None
+            self.metrics.index_refused.clear()
+            self.metrics.serving(candidate.version, candidate.reader.ntotal)
+            self.metrics.index_reloads.labels(result="loaded").inc()
+            log.info("petal serve: now serving %s (%d vectors), was %s", candidate.version,
+                     candidate.reader.ntotal, old)
+            return True
+
+    def _incompatible(self, candidate: SearchIndex) -> tuple[str, str] | None:
+        manifest = candidate.reader.manifest
+        mismatch = model_mismatch(manifest, self.spec)
+        if mismatch:
+            return "model", f"{candidate.version} was built with another model ({mismatch})"
+        if int(manifest.get("max_length", self.spec.pooling.max_length)) != self.spec.pooling.max_length:
+            return "max_length", (f"{candidate.version} was built with max length {manifest.get('max_length')}, "
+                                  f"the server embeds at {self.spec.pooling.max_length}")
+        new, live = candidate.transform, self.live.transform  # calibration may differ: each version keeps its own
+        if (new.model_dim, new.fingerprint()) != (live.model_dim, live.fingerprint()):
+            return "output", (f"{candidate.version} was built with another output transform "
+                              f"({candidate.transform.fingerprint()} vs {self.live.transform.fingerprint()})")
+        recorded = manifest.get("model", {}).get("prompts", {}).get("query")
+        live_prompt = self.live.reader.manifest.get("model", {}).get("prompts", {}).get("query")
+        if recorded != live_prompt:
+            return "prompt", f"{candidate.version} records query prompt {recorded!r}, the server uses {live_prompt!r}"
+        return None
+
+    def _refuse(self, version: str, reason: str, message: str) -> None:
+        self.refused = Refusal(version, reason, message)
+        self.metrics.refused(version, reason)
+        self.metrics.index_reloads.labels(result="refused").inc()
+        log.warning("petal serve: refused %s, still serving %s: %s", version, self.live.version, message)
+
+    async def follow(self, interval_s: float) -> None:
+        """Poll forever (cancel to stop); loading runs in a thread, off the event loop."""
+        while True:
+            await asyncio.sleep(interval_s)
+            if _pointer(self.root) != self._seen:
+                await asyncio.to_thread(self.check_once)

@@ -1,0 +1,48 @@
+"""Prometheus metrics of one server (its own registry, so several servers can live in one process)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
+TOKEN_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+
+
+class ServeMetrics:
+    """Counters and histograms named ``petal_*``; ``render()`` is the ``/metrics`` body."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("petal_requests", "HTTP requests by route and status", ["route", "status"], registry=r)
+        self.request_seconds = Histogram("petal_request_seconds", "Request latency (body read to response)",
+                                         ["route"], buckets=LATENCY_BUCKETS_S, registry=r)
+        self.queue_seconds = Histogram("petal_queue_seconds", "Time a text waited for its engine step",
+                                       buckets=LATENCY_BUCKETS_S, registry=r)
+        self.batch_tokens = Histogram("petal_batch_tokens", "Tokens per engine step", buckets=TOKEN_BUCKETS,
+                                      registry=r)
+        self.batch_texts = Histogram("petal_batch_texts", "Texts per engine step",
+                                     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512), registry=r)
+        self.step_seconds = Histogram("petal_step_seconds", "Engine step, launch to result on the host",
+                                      buckets=LATENCY_BUCKETS_S, registry=r)
+        self.graph_replays = Counter("petal_graph_replays", "CUDA-graph replays of the engine", registry=r)
+        self.queue_texts = Gauge("petal_queue_texts", "Texts waiting for the engine", registry=r)
+        self.overloaded = Counter("petal_overloaded", "Requests refused with 503 (queue full)", registry=r)
+        self.index_version = Gauge("petal_index_version", "1 for the index version being served", ["version"],
+                                   registry=r)
+        self.index_vectors = Gauge("petal_index_vectors", "Vectors in the served index", registry=r)
+        self.index_reloads = Counter("petal_index_reloads", "Index versions loaded after start, by result",
+                                     ["result"], registry=r)
+        self.index_refused = Gauge("petal_index_refused", "1 for a published version the server refused, by reason",
+                                   ["version", "reason"], registry=r)
+
+    def serving(self, version: str, vectors: int) -> None:
+        self.index_version.clear()
+        self.index_version.labels(version=version).set(1)
+        self.index_vectors.set(vectors)
+
+    def refused(self, version: str, reason: str) -> None:
+        self.index_refused.clear()
+        self.index_refused.labels(version=version, reason=reason).set(1)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,186 @@
+"""Request bodies of ``/v1/embeddings`` and ``/search``: parsed and checked before any work.
+
+A malformed body is refused with a message that names the field: 400 for what is not JSON (or not
+an object), 422 for a wrong type, a missing or unknown field or a ``k`` over ``--max-k``, 413 for
+more texts than ``--max-texts`` (tokens per text are checked after tokenization, in ``routes.py``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from petal.pipeline.serve.settings import Limits
+
+SIDES = ("query", "document")
+ENCODINGS = ("float", "base64")
+INCLUDES = ("text", "metadata")
+
+
+class RequestError(Exception):
+    """A client mistake: ``status`` (4xx), an OpenAI-style ``kind`` and a message naming the field."""
+
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error",
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.kind = kind
+        self.headers = headers or {}
+
+
+@dataclass(frozen=True)
+class EmbeddingsRequest:
+    texts: tuple[str, ...] | None  # or token ids
+    token_ids: tuple[tuple[int, ...], ...] | None
+    model: str | None
+    dimensions: int | None
+    encoding_format: str
+    input_type: str
+    truncate: bool
+
+
+@dataclass(frozen=True)
+class SearchRequest:
+    texts: tuple[str, ...] | None
+    vectors: tuple[tuple[float, ...], ...] | None
+    k: int
+    nprobe: int | None
+    rescore: int | None
+    include: tuple[str, ...]
+    truncate: bool
+
+
+def parse_json(body: bytes) -> dict[str, Any]:
+    try:
+        value = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise RequestError(400, f"the body is not valid JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise RequestError(400, f"the body must be a JSON object, not {type(value).__name__}")
+    return value
+
+
+def _unknown(body: dict[str, Any], allowed: tuple[str, ...]) -> None:
+    extra = sorted(set(body) - set(allowed))
+    if extra:
+        raise RequestError(422, f"unknown field(s) {', '.join(map(repr, extra))}; allowed: {', '.join(allowed)}")
+
+
+def _int(body: dict[str, Any], name: str, default: int | None, low: int, high: int | None = None,
+         limit_flag: str = "") -> int | None:
+    value = body.get(name, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise RequestError(422, f"{name!r} must be an integer, not {type(value).__name__}")
+    if value < low:
+        raise RequestError(422, f"{name!r} must be >= {low}, got {value}")
+    if high is not None and value > high:
+        flag = f" ({limit_flag})" if limit_flag else ""
+        raise RequestError(422, f"{name!r} is {value}, over the limit of {high}{flag}")
+    return value
+
+
+def _choice(body: dict[str, Any], name: str, default: str, choices: tuple[str, ...]) -> str:
+    value = body.get(name, default)
+    if value is None:
+        return default
+    if value not in choices:
+        raise RequestError(422, f"{name!r} must be one of {', '.join(choices)}, got {value!r}")
+    return str(value)
+
+
+def _bool(body: dict[str, Any], name: str) -> bool:
+    value = body.get(name, False)
+    if not isinstance(value, bool):
+        raise RequestError(422, f"{name!r} must be true or false, not {type(value).__name__}")
+    return value
+
+
+def _count(n: int, name: str, limits: Limits) -> None:
+    if n == 0:
+        raise RequestError(422, f"{name!r} is empty")
+    if n > limits.max_texts:
+        raise RequestError(413, f"{name!r} has {n} items, over the limit of {limits.max_texts} per request "
+                                "(--max-texts)")
+
+
+def _texts(value: Any, name: str, limits: Limits) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(t, str) for t in value):
+        raise RequestError(422, f"{name!r} must be a string or a list of strings")
+    _count(len(value), name, limits)
+    empty = [i for i, t in enumerate(value) if not t.strip()]
+    if empty:
+        raise RequestError(422, f"{name!r} item {empty[0]} is empty")
+    return tuple(value)
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def parse_embeddings(body: dict[str, Any], limits: Limits) -> EmbeddingsRequest:
+    _unknown(body, ("input", "model", "dimensions", "encoding_format", "input_type", "truncate", "user"))
+    if "input" not in body:
+        raise RequestError(422, "'input' is required (a string, a list of strings, or token-id lists)")
+    value = body["input"]
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise RequestError(422, "'model' must be a string")
+    if body.get("user") is not None and not isinstance(body.get("user"), str):
+        raise RequestError(422, "'user' must be a string")
+    texts: tuple[str, ...] | None = None
+    token_ids: tuple[tuple[int, ...], ...] | None = None
+    if isinstance(value, list) and value and all(_is_int(x) for x in value):
+        token_ids = (tuple(value),)  # one text as token ids
+    elif isinstance(value, list) and value and all(isinstance(x, list) for x in value):
+        if not all(x and all(_is_int(t) for t in x) for x in value):
+            raise RequestError(422, "'input' token-id lists must be non-empty lists of integers")
+        _count(len(value), "input", limits)
+        token_ids = tuple(tuple(x) for x in value)
+    else:
+        texts = _texts(value, "input", limits)
+    return EmbeddingsRequest(texts=texts, token_ids=token_ids, model=model,
+                             dimensions=_int(body, "dimensions", None, 1),
+                             encoding_format=_choice(body, "encoding_format", "float", ENCODINGS),
+                             input_type=_choice(body, "input_type", "query", SIDES),
+                             truncate=_bool(body, "truncate"))
+
+
+def parse_search(body: dict[str, Any], limits: Limits) -> SearchRequest:
+    _unknown(body, ("query", "queries", "vectors", "k", "nprobe", "rescore", "include", "truncate"))
+    given = [name for name in ("query", "queries", "vectors") if name in body]
+    if len(given) != 1:
+        raise RequestError(422, "give exactly one of 'query' (a text), 'queries' (texts) or 'vectors'"
+                           + (f" (got {', '.join(given)})" if given else ""))
+    texts: tuple[str, ...] | None = None
+    vectors: tuple[tuple[float, ...], ...] | None = None
+    if given[0] == "query":
+        if not isinstance(body["query"], str):
+            raise RequestError(422, "'query' must be a string (use 'queries' for a list)")
+        texts = _texts(body["query"], "query", limits)
+    elif given[0] == "queries":
+        if not isinstance(body["queries"], list):
+            raise RequestError(422, "'queries' must be a list of strings")
+        texts = _texts(body["queries"], "queries", limits)
+    else:
+        rows = body["vectors"]
+        ok = isinstance(rows, list) and all(
+            isinstance(r, list) and r and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in r)
+            for r in rows)
+        if not ok:
+            raise RequestError(422, "'vectors' must be a list of non-empty lists of numbers")
+        _count(len(rows), "vectors", limits)
+        vectors = tuple(tuple(float(x) for x in r) for r in rows)
+    include = body.get("include", [])
+    if not isinstance(include, list) or any(x not in INCLUDES for x in include):
+        raise RequestError(422, f"'include' must be a list of {', '.join(map(repr, INCLUDES))}")
+    k = _int(body, "k", 10, 1, limits.max_k, "--max-k")
+    assert k is not None
+    return SearchRequest(texts=texts, vectors=vectors, k=k,
+                         nprobe=_int(body, "nprobe", None, 1), rescore=_int(body, "rescore", None, 0),
+                         include=tuple(dict.fromkeys(include)), truncate=_bool(body, "truncate"))

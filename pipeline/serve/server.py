@@ -1,0 +1,64 @@
+"""Running the app on uvicorn: SIGTERM (or SIGINT) stops accepting, drains in-flight requests, and
+the process exits 0."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import socket
+import threading
+from collections.abc import Iterator
+
+import uvicorn
+
+from petal.pipeline.reliability.errors import ConfigError
+from petal.pipeline.serve.app import build_app
+from petal.pipeline.serve.service import ServeState
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn, minus re-raising the stop signal after the graceful shutdown (which would exit 143)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        original = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in original.items():
+                signal.signal(sig, handler)
+
+
+def server_for(state: ServeState, host: str, port: int, log_level: str = "warning",
+               access_log: bool = False) -> DrainingServer:
+    config = uvicorn.Config(build_app(state), host=host, port=port, log_level=log_level, access_log=access_log,
+                            timeout_graceful_shutdown=state.settings.drain_timeout_s, lifespan="on")
+    return DrainingServer(config)
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host:port`` (``ConfigError``, exit 78, when it cannot be had)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve(state: ServeState, sock: socket.socket, log_level: str = "warning", access_log: bool = False) -> None:
+    """Serve on ``sock`` until SIGTERM/SIGINT, then drain (in-flight requests finish) and return."""
+    host, port = sock.getsockname()[:2]
+    server = server_for(state, host, port, log_level, access_log)
+    try:
+        server.run(sockets=[sock])
+    except SystemExit as exc:  # uvicorn exits 3 when its startup fails
+        raise ConfigError(f"petal serve could not start on {host}:{port} (exit {exc.code}; see above)") from exc

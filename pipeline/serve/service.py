@@ -1,0 +1,186 @@
+"""What the routes call: the warm model, the batcher, the followed index, and the work each request
+needs (tokenize and search in threads, engine steps through the batcher), independent of HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from petal.pipeline.jobs.query import QueryModel, SearchIndex
+from petal.pipeline.serve.batcher import TokenBatcher
+from petal.pipeline.serve.follower import IndexFollower
+from petal.pipeline.serve.metrics import ServeMetrics
+from petal.pipeline.serve.requests import EmbeddingsRequest, RequestError, SearchRequest
+from petal.pipeline.serve.searching import SharedExclusiveLock, overrides, search_params
+from petal.pipeline.serve.settings import ServeSettings
+from petal.pipeline.store.outputs import OutputConfig, OutputTransform
+
+PACKAGED_MODEL_NAME = "all-MiniLM-L6-v2"
+
+
+def model_name(path: Path) -> str:
+    """The default model id: the directory's name (the packaged MiniLM's is ``all-MiniLM-L6-v2``)."""
+    from petal.engine.loader import default_model_dir
+
+    try:
+        if path.resolve() == default_model_dir().resolve():
+            return PACKAGED_MODEL_NAME
+    except Exception:  # no packaged model: the directory name
+        pass
+    return path.name
+
+
+@dataclass(frozen=True)
+class Tokens:
+    ids: list[np.ndarray]
+
+    @property
+    def count(self) -> int:
+        return sum(len(x) for x in self.ids)
+
+
+class ServeState:
+    """One server's warm state. ``start()`` in the event loop, ``stop()`` after the last request."""
+
+    def __init__(self, model: QueryModel, settings: ServeSettings, index_root: Path | None = None,
+                 index: SearchIndex | None = None, nprobe: int | None = None, rescore: int | None = None) -> None:
+        self.model = model
+        self.settings = settings
+        self.metrics = ServeMetrics()
+        self.model_id = settings.served_model_name or model_name(model.spec.path)
+        self.batcher = TokenBatcher(model.engine, self.metrics, settings.max_wait_ms, settings.max_queue_texts)
+        self.follower = None if index is None or index_root is None else IndexFollower(
+            index_root, model.spec, index, self.metrics, nprobe=nprobe, rescore=rescore)
+        self.executor = ThreadPoolExecutor(settings.search_threads, thread_name_prefix="petal-search")
+        self.params_lock = SharedExclusiveLock()
+        self._follow_task: asyncio.Task[None] | None = None
+        self._transforms: dict[int | None, OutputTransform] = {}
+
+    async def start(self) -> None:
+        self.batcher.start()
+        if self.follower is not None:
+            self._follow_task = asyncio.create_task(self.follower.follow(self.settings.reload_interval_s))
+
+    async def stop(self) -> None:
+        if self._follow_task is not None:
+            self._follow_task.cancel()
+        await asyncio.to_thread(self.batcher.close, self.settings.drain_timeout_s)
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+    async def _in_thread(self, fn: Any, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+
+    # --- tokens ---------------------------------------------------------------------------------
+
+    def _limit_message(self, i: int, name: str) -> str:
+        return (f"{name} item {i} has more than {self.model.max_tokens} tokens, the limit per text "
+                f"(--max-tokens-per-text / the model's max length); shorten it or send \"truncate\": true")
+
+    async def tokenize(self, texts: tuple[str, ...], side: str, truncate: bool, name: str) -> Tokens:
+        encoded = await self._in_thread(self.model.tokenize, list(texts), side)
+        if not truncate and encoded.truncated.any():
+            raise RequestError(413, self._limit_message(int(np.argmax(encoded.truncated)), name))
+        empty = [i for i, ids in enumerate(encoded.token_ids) if len(ids) == 0]
+        if empty:
+            raise RequestError(422, f"{name} item {empty[0]} yields no tokens")
+        return Tokens(encoded.token_ids)
+
+    def token_ids(self, lists: tuple[tuple[int, ...], ...], truncate: bool) -> Tokens:
+        vocab = self.model.spec.config.vocab_size
+        out = []
+        for i, ids in enumerate(lists):
+            bad = [t for t in ids if not 0 <= t < vocab]
+            if bad:
+                raise RequestError(422, f"input item {i}: token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
+            if len(ids) > self.model.max_tokens:
+                if not truncate:
+                    raise RequestError(413, self._limit_message(i, "input"))
+                ids = ids[: self.model.max_tokens]
+            out.append(np.asarray(ids, dtype=np.int32))
+        return Tokens(out)
+
+    # --- embeddings -----------------------------------------------------------------------------
+
+    def _transform(self, dimensions: int | None) -> OutputTransform:
+        if dimensions not in self._transforms:
+            if dimensions is not None and dimensions > self.model.dim:
+                raise RequestError(422, f"'dimensions' is {dimensions}, the model has {self.model.dim}")
+            self._transforms[dimensions] = OutputTransform.for_model(self.model.spec, OutputConfig(dim=dimensions))
+        return self._transforms[dimensions]
+
+    async def embeddings(self, req: EmbeddingsRequest) -> dict[str, Any]:
+        if req.model is not None and req.model != self.model_id:
+            raise RequestError(404, f"model {req.model!r} is not served here (this server serves {self.model_id!r})",
+                               kind="model_not_found")
+        transform = self._transform(req.dimensions)
+        if req.texts is not None:
+            tokens = await self.tokenize(req.texts, req.input_type, req.truncate, "input")
+        else:
+            assert req.token_ids is not None
+            tokens = self.token_ids(req.token_ids, req.truncate)
+        rows = transform.vectors(await self.batcher.embed(tokens.ids))
+        if req.encoding_format == "base64":
+            data = [base64.b64encode(row.astype("<f4").tobytes()).decode("ascii") for row in rows]
+        else:
+            data = rows.tolist()
+        return {"object": "list", "model": self.model_id,
+                "data": [{"object": "embedding", "index": i, "embedding": e} for i, e in enumerate(data)],
+                "usage": {"prompt_tokens": tokens.count, "total_tokens": tokens.count}}
+
+    # --- search ---------------------------------------------------------------------------------
+
+    async def search(self, req: SearchRequest) -> dict[str, Any]:
+        if self.follower is None:
+            raise RequestError(404, "this server has no index (started with --model only): use /v1/embeddings",
+                               kind="not_found")
+        index = self.follower.live  # NOTE: taken once: the whole answer comes from this version
+        if req.texts is not None:
+            tokens = await self.tokenize(req.texts, "query", req.truncate, "query")
+            vectors = index.transform.stored(await self.batcher.embed(tokens.ids))
+        else:
+            assert req.vectors is not None
+            vectors = np.asarray(req.vectors, dtype=np.float32)
+            if vectors.ndim != 2 or vectors.shape[1] != index.reader.dim:
+                raise RequestError(422, f"'vectors' rows must have {index.reader.dim} values (the index's dim), "
+                                        f"got {[len(v) for v in req.vectors][:4]}")
+        results = await self._in_thread(self._search_blocking, index, vectors, req)
+        body: dict[str, Any] = {"version": index.version, "model": self.model_id, "results": results}
+        return body
+
+    def _search_blocking(self, index: SearchIndex, vectors: np.ndarray, req: SearchRequest) -> list[dict[str, Any]]:
+        reader = index.reader
+        if overrides(reader, req.nprobe, req.rescore):
+            with self.params_lock.exclusive(), search_params(reader, req.nprobe, req.rescore):
+                found = index.search_stored(vectors, req.k)
+        else:
+            with self.params_lock.shared():
+                found = index.search_stored(vectors, req.k)
+        results = []
+        for q, hits in enumerate(found):
+            rows = [{"rank": h.rank, "score": h.score, "id": h.id, "shard": h.shard, "row": h.row} for h in hits]
+            if req.include:
+                text_column = index.text_column
+                records = reader.records(hits, None if "metadata" in req.include else [text_column])
+                for row, record in zip(rows, records):
+                    if "text" in req.include:
+                        row["text"] = None if record is None else record.get(text_column)
+                    if "metadata" in req.include:
+                        row["metadata"] = None if record is None else {
+                            k: v for k, v in record.items() if k != text_column}
+            result: dict[str, Any] = {"hits": rows}
+            if req.texts is not None:
+                result = {"query": req.texts[q], **result}
+            results.append(result)
+        return results
+
+    def ready(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"status": "ready", "model": self.model_id, "device": str(self.model.engine.device)}
+        if self.follower is not None:
+            out.update(self.follower.status())
+        return out

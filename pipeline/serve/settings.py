@@ -1,0 +1,51 @@
+"""What a ``petal serve`` process is allowed to take: request limits, queue bounds, batching, auth."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8080
+API_KEY_ENV = "PETAL_API_KEY"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-request limits; a request over one gets a 4xx naming it."""
+
+    max_texts: int = 256  # texts (or vectors) per request
+    max_tokens_per_text: int | None = None  # None: the model's max length
+    max_k: int = 1000
+    max_body_bytes: int = 4 << 20
+
+    def __post_init__(self) -> None:
+        if min(self.max_texts, self.max_k, self.max_body_bytes) < 1:
+            raise ValueError("request limits must be >= 1")
+        if self.max_tokens_per_text is not None and self.max_tokens_per_text < 1:
+            raise ValueError(f"--max-tokens-per-text {self.max_tokens_per_text} < 1")
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """Batching, overload and index-following settings of one server."""
+
+    limits: Limits = Limits()
+    max_wait_ms: float = 0.0  # hold a partial batch this long for more requests (0: launch at once)
+    max_queue_texts: int = 4096  # sequences waiting for the engine; beyond it: 503 + Retry-After
+    retry_after_s: int = 1
+    reload_interval_s: float = 1.0  # how often OUT/CURRENT is checked for a new version
+    drain_timeout_s: float = 30.0  # SIGTERM: how long in-flight requests may take to finish
+    search_threads: int = 4  # FAISS searches and tokenization run in this many threads
+    api_key: str | None = None
+    served_model_name: str | None = None  # the `model` id of /v1/models (default: the model directory's name)
+
+    def __post_init__(self) -> None:
+        if self.max_wait_ms < 0:
+            raise ValueError(f"--max-wait-ms {self.max_wait_ms} < 0")
+        if self.max_queue_texts < self.limits.max_texts:
+            raise ValueError(f"--max-queue-texts {self.max_queue_texts} is below --max-texts {self.limits.max_texts}: "
+                             "a full request could never be queued")
+        if self.reload_interval_s <= 0 or self.drain_timeout_s < 0 or self.search_threads < 1:
+            raise ValueError("--reload-interval-s must be > 0, --drain-timeout-s >= 0, threads >= 1")
+        if self.api_key is not None and not self.api_key:
+            raise ValueError("--api-key is empty")

@@ -1,0 +1,411 @@
+"""``petal serve``: a real uvicorn server (a child process on a loopback port) over the packaged MiniLM
+and an index that ``petal index`` built from sample_data; the official ``openai`` client and httpx."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from petal.cli.main import cli
+from tests.conftest import SAMPLE_DATA
+
+httpx = pytest.importorskip("httpx")
+openai = pytest.importorskip("openai")
+pytest.importorskip("starlette")
+pytest.importorskip("uvicorn")
+
+KEY = "s3cret-test-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+QUERIES = ["how do glaciers move", "espresso and coffee", "volcano eruption", "sourdough bread starter"]
+STARTUP_S = 120
+
+
+class Server:
+    """``petal serve ...`` in a child process; the port is read from its startup line."""
+
+    def __init__(self, log: Path, *args: object) -> None:
+        self.log = log
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env.pop("PETAL_API_KEY", None)
+        with open(log, "wb") as stderr:  # the child keeps its own copy of the descriptor
+            self.proc = subprocess.Popen([sys.executable, "-m", "petal.cli.main", "serve", "--port", "0",
+                                          "--log-level", "warning", *map(str, args)],
+                                         stdout=subprocess.DEVNULL, stderr=stderr, env=env)
+        deadline = time.monotonic() + STARTUP_S
+        while True:
+            found = re.search(r"listening on (http://[\d.]+:\d+)", log.read_text(errors="replace"))
+            if found:
+                self.url = found.group(1)
+                break
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise AssertionError(f"petal serve did not start:\n{log.read_text(errors='replace')}")
+            time.sleep(0.1)
+        self.client = httpx.Client(base_url=self.url, timeout=60.0)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def cli_run(*args: object):
+    result = CliRunner().invoke(cli, [str(a) for a in args])
+    assert result.exit_code == 0, result.output
+    return result
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """sample_data (a copy, so a test can add a shard) indexed with MiniLM, and a server on it."""
+    root = tmp_path_factory.mktemp("serve")
+    data = root / "data"
+    data.mkdir()
+    for shard in sorted(SAMPLE_DATA.glob("*.parquet")):
+        shutil.copy(shard, data / shard.name)
+    out = root / "out"
+    cli_run("index", data, "--out", out, "-q")
+    server = Server(root / "server.log", out, "--api-key", KEY, "--reload-interval-s", "0.1",
+                    "--max-texts", "16", "--max-k", "50", "--max-tokens-per-text", "64",
+                    "--max-body-bytes", "65536")
+    yield server, out, data
+    server.stop()
+
+
+def search(server: Server, **body):
+    response = server.client.post("/search", json=body, headers=AUTH)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_openai_client_gets_petal_embed_vectors(served):
+    server, _, _ = served
+    model_id = server.client.get("/v1/models", headers=AUTH).json()["data"][0]["id"]
+    assert model_id == "all-MiniLM-L6-v2"
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0)
+    texts = ["The quick brown fox", "glaciers slide on meltwater", "a third, different sentence"]
+    expected = np.array([json.loads(line)["embedding"]
+                         for line in cli_run("embed", *texts).stdout.splitlines()], dtype=np.float32)
+    as_base64 = client.embeddings.create(model=model_id, input=texts)  # the client asks for base64
+    as_float = client.embeddings.create(model=model_id, input=texts, encoding_format="float")
+    for answer in (as_base64, as_float):
+        got = np.array([d.embedding for d in answer.data], dtype=np.float32)
+        assert [d.index for d in answer.data] == [0, 1, 2]
+        np.testing.assert_allclose(got, expected, atol=2e-6)
+        assert answer.usage.prompt_tokens > len(texts)
+    # Matryoshka: --dim renormalises; the server's `dimensions` does the same
+    expected_128 = np.array([json.loads(line)["embedding"]
+                             for line in cli_run("embed", *texts, "--dim", "128").stdout.splitlines()])
+    short = client.embeddings.create(model=model_id, input=texts, dimensions=128, encoding_format="float")
+    got = np.array([d.embedding for d in short.data])
+    assert got.shape == (3, 128)
+    np.testing.assert_allclose(got, expected_128, atol=2e-6)
+    np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
+
+
+def test_token_id_input_and_raw_base64(served):
+    server, _, _ = served
+    from petal.engine.loader import inspect_model
+    from petal.pipeline.ingest.tokens import tokenizer_for
+
+    text = "token ids in, the same vector out"
+    ids = tokenizer_for(inspect_model(None), "query").encode([text]).token_ids[0].tolist()
+    by_text = server.client.post("/v1/embeddings", json={"input": text}, headers=AUTH).json()
+    by_ids = server.client.post("/v1/embeddings", json={"input": ids, "encoding_format": "base64"},
+                                headers=AUTH).json()
+    vector = np.frombuffer(base64.b64decode(by_ids["data"][0]["embedding"]), dtype="<f4")
+    np.testing.assert_allclose(vector, by_text["data"][0]["embedding"], atol=1e-6)
+    assert by_ids["usage"]["prompt_tokens"] == len(ids) == by_text["usage"]["prompt_tokens"]
+    document = server.client.post("/v1/embeddings", json={"input": [ids, ids[:3]], "input_type": "document"},
+                                  headers=AUTH).json()
+    assert len(document["data"]) == 2 and document["usage"]["prompt_tokens"] == len(ids) + 3
+
+
+def test_search_matches_petal_query(served):
+    server, out, _ = served
+    runner = CliRunner().invoke(cli, ["query", str(out), "--stdin", "--json", "--show-text", "-k", "5"],
+                                input="\n".join(QUERIES) + "\n")
+    assert runner.exit_code == 0, runner.output
+    expected = [json.loads(line) for line in runner.stdout.splitlines()]
+    answer = search(server, queries=QUERIES, k=5, include=["text", "metadata"])
+    version = json.loads((out / "versions" / (out / "CURRENT").read_text().strip() / "manifest.json")
+                         .read_text())["version"]
+    assert answer["version"] == version
+    assert [r["query"] for r in answer["results"]] == QUERIES
+    for got, want in zip(answer["results"], expected):
+        assert [h["id"] for h in got["hits"]] == [h["id"] for h in want["hits"]]
+        assert [(h["shard"], h["row"], h["text"]) for h in got["hits"]] == \
+            [(h["shard"], h["row"], h["text"]) for h in want["hits"]]
+        np.testing.assert_allclose([h["score"] for h in got["hits"]], [h["score"] for h in want["hits"]], atol=2e-6)
+        assert all(set(h["metadata"]) == {"id", "title", "topic"} for h in got["hits"])
+    one = search(server, query=QUERIES[0], k=3)
+    assert [h["id"] for h in one["results"][0]["hits"]] == [h["id"] for h in expected[0]["hits"][:3]]
+    assert "text" not in one["results"][0]["hits"][0]
+    # vectors in the index's space search directly
+    vector = server.client.post("/v1/embeddings", json={"input": QUERIES[0]}, headers=AUTH).json()["data"][0]
+    by_vector = search(server, vectors=[vector["embedding"]], k=5, nprobe=4)
+    assert [h["id"] for h in by_vector["results"][0]["hits"]] == [h["id"] for h in expected[0]["hits"]]
+
+
+def test_concurrent_clients_get_their_own_answers(served):
+    server, _, _ = served
+    texts = [f"{q} {n}" for q in QUERIES for n in ("", "in winter", "near the sea", "for beginners")]
+    alone_search = {t: search(server, query=t, k=5)["results"][0]["hits"] for t in texts}
+    alone_embed = {t: server.client.post("/v1/embeddings", json={"input": t}, headers=AUTH).json()
+                   ["data"][0]["embedding"] for t in texts}
+
+    def client(worker: int) -> int:
+        checked = 0
+        with httpx.Client(base_url=server.url, timeout=60.0, headers=AUTH) as c:
+            for i in range(3):
+                text = texts[(worker * 3 + i) % len(texts)]
+                if (worker + i) % 2:
+                    hits = c.post("/search", json={"query": text, "k": 5}).json()["results"][0]["hits"]
+                    assert [h["id"] for h in hits] == [h["id"] for h in alone_search[text]]
+                    np.testing.assert_allclose([h["score"] for h in hits],
+                                               [h["score"] for h in alone_search[text]], atol=1e-5)
+                else:
+                    pair = [text, texts[worker % len(texts)]]
+                    data = c.post("/v1/embeddings", json={"input": pair}).json()["data"]
+                    for row, t in zip(data, pair):
+                        np.testing.assert_allclose(row["embedding"], alone_embed[t], atol=1e-5)
+                checked += 1
+        return checked
+
+    with ThreadPoolExecutor(32) as pool:
+        assert sum(pool.map(client, range(32))) == 96
+    metrics = server.client.get("/metrics").text
+    texts_per_step = re.search(r"^petal_batch_texts_sum ([\d.e+]+)", metrics, re.M)
+    steps = re.search(r"^petal_batch_texts_count ([\d.e+]+)", metrics, re.M)
+    assert texts_per_step and steps and float(steps.group(1)) > 0
+
+
+def test_bad_requests_get_4xx_and_the_server_keeps_serving(served):
+    server, _, _ = served
+    c = server.client
+    post = lambda path, **kw: c.post(path, headers={**AUTH, **kw.pop("headers", {})}, **kw)
+
+    cases = [
+        (post("/search", content=b"{not json"), 400, "not valid JSON"),
+        (post("/search", json=["a list"]), 400, "JSON object"),
+        (post("/search", json={"query": "x", "colour": "red"}), 422, "unknown field"),
+        (post("/search", json={"query": 5}), 422, "'query' must be a string"),
+        (post("/search", json={"query": "x", "k": "ten"}), 422, "'k' must be an integer"),
+        (post("/search", json={"query": "x", "k": 51}), 422, "limit of 50"),
+        (post("/search", json={"query": "x", "k": 0}), 422, "'k' must be >= 1"),
+        (post("/search", json={"query": "x", "queries": ["y"]}), 422, "exactly one"),
+        (post("/search", json={"vectors": [[0.1, 0.2]]}), 422, "384 values"),
+        (post("/search", json={"queries": ["q"] * 17}), 413, "limit of 16"),
+        (post("/search", json={"query": "word " * 200}), 413, "more than 64 tokens"),
+        (post("/v1/embeddings", json={"input": "x", "model": "gpt-4"}), 404, "not served here"),
+        (post("/v1/embeddings", json={"input": "x", "dimensions": 999}), 422, "384"),
+        (post("/v1/embeddings", json={"input": "x", "encoding_format": "int"}), 422, "float, base64"),
+        (post("/v1/embeddings", json={"input": [1, 2, 10**9]}), 422, "outside the vocabulary"),
+        (post("/v1/embeddings", json={"input": ["ok", 3]}), 422, "list of strings"),
+        (post("/v1/embeddings", json={"input": ""}), 422, "empty"),
+        (post("/v1/embeddings", json={}), 422, "'input' is required"),
+        (post("/v1/embeddings", content=b'{"input": "' + b"a" * 70000 + b'"}'), 413, "limit of 65536"),
+        (c.post("/search", json={"query": "x"}), 401, "API key"),
+        (c.post("/search", json={"query": "x"}, headers={"Authorization": "Bearer wrong"}), 401, "API key"),
+        (c.get("/v1/models", headers={"Authorization": f"Basic {KEY}"}), 401, "API key"),
+    ]
+    for response, status, text in cases:
+        assert response.status_code == status, (status, response.text)
+        assert text in response.json()["error"]["message"], response.text
+    assert cases[-2][0].headers["www-authenticate"] == "Bearer"
+    # chunked upload without Content-Length: cut off while streaming
+    chunks = (b"x" * 8192 for _ in range(10))
+    assert post("/v1/embeddings", content=chunks).status_code == 413
+    # over the token limit, on request: truncated like `petal index` does
+    assert post("/search", json={"query": "word " * 200, "truncate": True}).status_code == 200
+    assert c.get("/health").json() == {"status": "ok"}
+    assert search(server, query="glaciers", k=2)["results"][0]["hits"]
+    metrics = c.get("/metrics").text
+    assert 'petal_requests_total{route="/search",status="401"} 2.0' in metrics
+    assert 'petal_requests_total{route="/search",status="413"}' in metrics
+
+
+def _publish_copy(out: Path, edit) -> tuple[str, str]:
+    """A new version that is the live one with its manifest edited (files unchanged), made live."""
+    live = (out / "CURRENT").read_text().strip()
+    number = int(live[1:7]) + 1
+    new = f"v{number:06d}{live[7:]}"
+    shutil.copytree(out / "versions" / live, out / "versions" / new)
+    manifest_file = out / "versions" / new / "manifest.json"
+    manifest = json.loads(manifest_file.read_text())
+    manifest["version"] = new
+    edit(manifest)
+    manifest_file.write_text(json.dumps(manifest))
+    tmp = out / ".CURRENT.tmp-test"
+    tmp.write_text(new + "\n")
+    os.replace(tmp, out / "CURRENT")
+    return live, new
+
+
+def _wait_ready(server: Server, predicate, timeout_s: float = 30.0) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        ready = server.client.get("/ready").json()
+        if predicate(ready) or time.monotonic() > deadline:
+            return ready
+        time.sleep(0.05)
+
+
+def test_a_version_of_another_model_or_transform_is_refused(served):
+    server, out, _ = served
+
+    def other_weights(manifest: dict) -> None:
+        manifest["model"]["weights_sha256"] = "0" * 64
+
+    def other_dim(manifest: dict) -> None:
+        manifest["output"] = {"model_dim": 384, "dim": 384, "renormalize": True, "cosine": True,
+                              "quantize": "none", "int8_scheme": None, "output_dtype": "float16"}
+
+    for edit, reason in ((other_weights, "model"), (other_dim, "output")):
+        live, new = _publish_copy(out, edit)
+        ready = _wait_ready(server, lambda r, new=new: r.get("refused", {}).get("version") == new)
+        assert ready["version"] == live and ready["refused"]["reason"] == reason, ready
+        assert f'petal_index_refused{{reason="{reason}",version="{new}"}} 1.0' in server.client.get("/metrics").text
+        assert search(server, query="glaciers", k=1)["version"] == live  # the old version keeps serving
+        tmp = out / ".CURRENT.tmp-test"  # back to the live version, as a rollback would
+        tmp.write_text(live + "\n")
+        os.replace(tmp, out / "CURRENT")
+        shutil.rmtree(out / "versions" / new)
+        assert "refused" not in _wait_ready(server, lambda r: "refused" not in r)
+
+
+def test_reindex_while_clients_search(served):
+    """A `petal index` run publishes a new version under load: no failure, each answer from one version."""
+    server, out, data = served
+    old = server.client.get("/ready").json()["version"]
+    new_text = "Zorblax crystals hum at night on the moons of the outer planets."
+    pq.write_table(pa.table({"id": ["doc-new-1"], "title": ["zorblax"], "text": [new_text], "topic": ["space"]}),
+                   data / "shard-003.parquet")
+    answers: list[tuple[str, list[str]]] = []
+    failures: list[str] = []
+    stop = threading.Event()
+
+    def client() -> None:
+        with httpx.Client(base_url=server.url, timeout=60.0, headers=AUTH) as c:
+            while not stop.is_set():
+                r = c.post("/search", json={"query": "zorblax crystals humming", "k": 3})
+                if r.status_code != 200:
+                    failures.append(r.text)
+                    continue
+                body = r.json()
+                answers.append((body["version"], [h["id"] for h in body["results"][0]["hits"]]))
+
+    threads = [threading.Thread(target=client) for _ in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        indexer = subprocess.run([sys.executable, "-m", "petal.cli.main", "index", str(data), "--out", str(out),
+                                  "-q"], capture_output=True, text=True, timeout=300)
+        assert indexer.returncode == 0, indexer.stderr
+        new = (out / "CURRENT").read_text().strip()
+        ready = _wait_ready(server, lambda r: r["version"] == new)
+        assert ready["version"] == new
+        time.sleep(0.3)  # a few answers from the new version too
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert not failures
+    versions = {v for v, _ in answers}
+    assert versions <= {old, new} and new in versions and len(answers) > 4
+    for version, ids in answers:  # each answer is wholly one version's
+        assert ("doc-new-1" in ids) == (version == new), (version, ids)
+        if version == new:
+            assert ids[0] == "doc-new-1"
+    assert 'petal_index_reloads_total{result="loaded"}' in server.client.get("/metrics").text
+
+
+def test_embeddings_only_server_drains_on_sigterm(tmp_path):
+    """`--model` alone: /search is 404; SIGTERM lets an in-flight request finish, then exits 0."""
+    from petal.engine.loader import default_model_dir
+
+    server = Server(tmp_path / "log", "--model", default_model_dir(), "--max-wait-ms", "1500")
+    try:
+        assert server.client.post("/search", json={"query": "x"}).status_code == 404
+        assert server.client.get("/ready").json()["status"] == "ready"
+        result: dict = {}
+
+        def slow() -> None:
+            result["response"] = httpx.post(f"{server.url}/v1/embeddings", json={"input": ["held in the queue"] * 4},
+                                            timeout=60.0)
+
+        thread = threading.Thread(target=slow)
+        thread.start()
+        deadline = time.monotonic() + 30
+        while "petal_queue_texts 4.0" not in server.client.get("/metrics").text:  # it waits for --max-wait-ms
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        server.proc.send_signal(signal.SIGTERM)
+        thread.join(60)
+        assert result["response"].status_code == 200 and len(result["response"].json()["data"]) == 4
+        assert server.proc.wait(30) == 0
+        assert "stopped (in-flight requests drained)" in (tmp_path / "log").read_text()
+    finally:
+        server.stop()
+
+
+def test_without_the_serve_extra_a_clear_message(tmp_path):
+    blocker = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ('starlette', 'uvicorn', 'prometheus_client'):\n"
+        "            raise ModuleNotFoundError(name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "from petal.cli.main import main\n"
+        "sys.argv = ['petal', 'serve', '--model', 'anything']\n"
+        "main()\n"
+    )
+    result = subprocess.run([sys.executable, "-c", blocker], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 78, result.stderr
+    assert "pip install 'petal[serve]'" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_overload_answers_503_not_unbounded_memory(minilm_spec):
+    """The queue is bounded in texts: past it, embed() raises Overloaded (503 + Retry-After)."""
+    import asyncio
+
+    from petal.pipeline.jobs.query import QueryModel, engine_config
+    from petal.pipeline.serve.batcher import Overloaded, TokenBatcher
+    from petal.pipeline.serve.metrics import ServeMetrics
+
+    model = QueryModel(minilm_spec, engine_config(minilm_spec, "cpu"))
+    batcher = TokenBatcher(model.engine, ServeMetrics(), max_queue_texts=6)
+    ids = model.tokenize(["one", "two", "three", "four"]).token_ids
+
+    async def scenario() -> np.ndarray:
+        first = asyncio.ensure_future(batcher.embed(ids))  # queued; the engine thread is not started yet
+        await asyncio.sleep(0)
+        with pytest.raises(Overloaded, match="--max-queue-texts"):
+            await batcher.embed(ids)
+        batcher.start()
+        return await first
+
+    vectors = asyncio.run(scenario())
+    np.testing.assert_allclose(vectors, model.embed(["one", "two", "three", "four"]), atol=1e-5)
+    batcher.close()
