@@ -163,3 +163,78 @@ def bench_outputs(corpus: Path, num_docs: int, num_queries: int, dims: str, mode
         raise click.UsageError(f"--dims {dims!r}: expected comma-separated integers") from exc
     result = run_outputs_bench(corpus, num_docs=num_docs, num_queries=num_queries, dims=chosen, model=model)
     click.echo(json.dumps(result) if as_json else format_outputs_table(result))
+
+
+def _int_list(value: str, name: str) -> tuple[int, ...]:
+    try:
+        out = tuple(int(x) for x in value.split(",") if x.strip())
+    except ValueError:
+        out = ()
+    if not out or min(out) < 1:
+        raise click.BadParameter(f"{value!r} is not a comma-separated list of whole numbers >= 1", param_hint=name)
+    return out
+
+
+@bench.command("serve")
+@click.option("--index", "index_path", type=click.Path(path_type=Path), default=None,
+              help="Serve this index (OUT). Default: build one with petal index from --corpus (or --index-docs).")
+@click.option("--model", default=None, help="Model directory (default: the index's, else the packaged MiniLM).")
+@click.option("--shape", default=None, help="Instead of --model: random weights in this shape (e.g. pplx-embed-0.6b).")
+@click.option("--tokenizer-dir", type=click.Path(path_type=Path), default=None,
+              help="With --shape: where tokenizer.json comes from (default: the packaged MiniLM's).")
+@click.option("--corpus", type=click.Path(path_type=Path), default=Path("sample_data"), show_default=True,
+              help="Parquet files: the index's documents (without --index) and the queries' sentences.")
+@click.option("--index-docs", type=click.IntRange(min=100), default=None,
+              help="Build the index from N texts made of --corpus sentences (e.g. 1000000) instead of --corpus.")
+@click.option("--workdir", type=click.Path(path_type=Path), default=None,
+              help="Where a built index goes (reused when it holds one) and the server log.")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+@click.option("--endpoints", default="embeddings,search", show_default=True, help="Comma-separated.")
+@click.option("--tokens", default="16,128", show_default=True, help="Query lengths (tokens), comma-separated.")
+@click.option("--concurrency", default="1,16,64", show_default=True, help="Clients at once, comma-separated.")
+@click.option("--requests", "max_requests", type=click.IntRange(min=1), default=2000, show_default=True,
+              help="Requests per scenario, at most.")
+@click.option("--seconds", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
+              help="Seconds per scenario, at most.")
+@click.option("-k", "k", type=click.IntRange(min=1), default=10, show_default=True)
+@click.option("--client-processes", type=click.IntRange(min=1), default=None,
+              help="Load-generator processes (default: cores / 4, at most 8).")
+@click.option("--serve-arg", "serve_args", multiple=True,
+              help="Extra petal serve flag (repeat), e.g. --serve-arg=--max-wait-ms=1.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@user_errors
+def bench_serve(index_path: Path | None, model: str | None, shape: str | None, tokenizer_dir: Path | None,
+                corpus: Path, index_docs: int | None, workdir: Path | None, device: str, endpoints: str, tokens: str,
+                concurrency: str, max_requests: int, seconds: float, k: int, client_processes: int | None,
+                serve_args: tuple[str, ...], as_json: bool) -> None:
+    """petal serve under load on loopback: p50/p99 latency and requests/s per endpoint, length, concurrency."""
+    from petal.bench.serve import ENDPOINTS, format_serve_table, run_serve_bench
+
+    chosen = tuple(e.strip() for e in endpoints.split(",") if e.strip())
+    unknown = [e for e in chosen if e not in ENDPOINTS]
+    if unknown or not chosen:
+        raise click.BadParameter(f"{endpoints!r}: choose from {', '.join(ENDPOINTS)}", param_hint="--endpoints")
+    if shape is not None and model is not None:
+        raise click.UsageError("--shape and --model exclude each other")
+    model_dir = Path(model) if model else None
+    if shape is not None:
+        import tempfile
+
+        import torch
+
+        from petal.bench.shapes import hf_model, save_model_dir
+        from petal.bench.shapes import shape as get_shape
+        from petal.engine.loader import default_model_dir
+
+        s = get_shape(shape)
+        target = workdir / f"model-{shape}" if workdir else Path(tempfile.mkdtemp(prefix=f"petal-{shape}-"))
+        if not (target / "sentence_bert_config.json").is_file():  # written last: a complete directory
+            hf = hf_model(s, torch.device("cpu"), torch.float32)
+            save_model_dir(s, hf, tokenizer_dir or default_model_dir(), target)
+            del hf
+        model_dir = target
+    result = run_serve_bench(index=index_path, model=model_dir, corpus=corpus, num_docs=index_docs, workdir=workdir,
+                             device=device, endpoints=chosen, tokens=_int_list(tokens, "--tokens"),
+                             concurrency=_int_list(concurrency, "--concurrency"), max_requests=max_requests,
+                             seconds=seconds, k=k, processes=client_processes, serve_args=serve_args)
+    click.echo(json.dumps(result) if as_json else format_serve_table(result))

@@ -115,6 +115,9 @@ def serve(index_path: Path | None, model: str | None, host: str, port: int, api_
     state = ServeState(query_model, settings, index_root=index_path, index=index, nprobe=nprobe, rescore=rescore)
     bound_host, bound_port = sock.getsockname()[:2]
     what = f"{index.version} ({index.reader.ntotal} vectors)" if index is not None else "embeddings only"
+    # NOTE: only the follower may hold the live version, so a replaced one is freed after its last search
+    del index
+    reader = None
     eprint(f"petal serve: {state.model_id} on {query_model.engine.device}, {what}, "
            f"listening on http://{bound_host}:{bound_port}")
     run_server(state, sock, log_level=log_level, access_log=access_log)

@@ -409,3 +409,46 @@ def test_overload_answers_503_not_unbounded_memory(minilm_spec):
     vectors = asyncio.run(scenario())
     np.testing.assert_allclose(vectors, model.embed(["one", "two", "three", "four"]), atol=1e-5)
     batcher.close()
+
+
+def test_follower_swaps_and_frees_the_old_version(served, tmp_path, minilm_spec):
+    """In process: a compatible new version is swapped in and the old one freed after its last user."""
+    import gc
+    import weakref
+
+    from petal.pipeline.jobs.query import SearchIndex
+    from petal.pipeline.serve.follower import IndexFollower
+    from petal.pipeline.serve.metrics import ServeMetrics
+
+    _, out, _ = served
+    copy = tmp_path / "out"
+    shutil.copytree(out, copy, ignore=shutil.ignore_patterns("store", ".lock"))
+    follower = IndexFollower(copy, minilm_spec, SearchIndex.open(copy, minilm_spec), ServeMetrics())
+    old = weakref.ref(follower.live)
+    in_flight = follower.live  # a search still running on the old version
+    assert follower.check_once() is False  # nothing new
+    live, new = _publish_copy(copy, lambda manifest: None)
+    assert follower.check_once() is True and follower.live.version == new and in_flight.version == live
+    gc.collect()
+    assert old() is not None  # the in-flight search keeps it
+    del in_flight
+    gc.collect()
+    assert old() is None  # its memory returns
+    assert follower.status() == {"version": new, "vectors": 342}
+
+
+def test_the_listening_socket_is_tcp_so_responses_are_not_held_by_nagle():
+    """asyncio turns TCP_NODELAY on only for sockets whose protocol says TCP (a proto-0 socket cost
+    every keep-alive request 40 ms of Nagle + delayed ACK); a taken port is a clean exit 78."""
+    import socket
+
+    from petal.pipeline.reliability.errors import ConfigError
+    from petal.pipeline.serve.server import bind
+
+    sock = bind("127.0.0.1", 0)
+    try:
+        assert sock.proto == socket.IPPROTO_TCP and sock.getsockname()[1] > 0
+        with pytest.raises(ConfigError, match=r"cannot listen on 127\.0\.0\.1"):
+            bind("127.0.0.1", sock.getsockname()[1])
+    finally:
+        sock.close()

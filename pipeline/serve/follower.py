@@ -128,4 +128,7 @@ class IndexFollower:
         while True:
             await asyncio.sleep(interval_s)
             if _pointer(self.root) != self._seen:
-                await asyncio.to_thread(self.check_once)
+                try:
+                    await asyncio.to_thread(self.check_once)
+                except Exception:  # a bug must not stop the following: log it, try the next change
+                    log.exception("petal serve: checking %s for a new version failed", self.root)

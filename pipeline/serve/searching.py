@@ -99,4 +99,6 @@ def overrides(reader: IndexReader, nprobe: int | None, rescore: int | None) -> b
     if isinstance(index, BinaryIndex):
         return (rescore is not None and rescore != index.rescore) or (
             nprobe is not None and nprobe != getattr(index.index, "nprobe", nprobe))
-    return nprobe is not None and nprobe != reader.search_params.get("nprobe")
+    if nprobe is None or load_faiss().try_extract_index_ivf(index) is None:  # a flat index has no nprobe
+        return False
+    return nprobe != reader.search_params.get("nprobe")

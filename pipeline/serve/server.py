@@ -42,7 +42,9 @@ def server_for(state: ServeState, host: str, port: int, log_level: str = "warnin
 def bind(host: str, port: int) -> socket.socket:
     """A listening socket on ``host:port`` (``ConfigError``, exit 78, when it cannot be had)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # NOTE: proto IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets that say TCP; without it
+    # Nagle holds a response's body behind its headers until the client's delayed ACK (40 ms a request).
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
