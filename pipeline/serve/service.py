@@ -142,7 +142,7 @@ class ServeState:
         index = self.follower.live  # NOTE: taken once: the whole answer comes from this version
         if req.texts is not None:
             tokens = await self.tokenize(req.texts, "query", req.truncate, "query")
-            vectors = index.transform.stored(await self.batcher.embed(tokens.ids))
+            vectors = await self.batcher.embed(tokens.ids)  # model vectors: SearchIndex.search transforms them
         else:
             assert req.vectors is not None
             vectors = np.asarray(req.vectors, dtype=np.float32)
@@ -155,12 +155,14 @@ class ServeState:
 
     def _search_blocking(self, index: SearchIndex, vectors: np.ndarray, req: SearchRequest) -> list[dict[str, Any]]:
         reader = index.reader
+        # the query path of `petal query`: model vectors -> the index-time transform -> FAISS
+        search = index.search if req.texts is not None else index.search_stored
         if overrides(reader, req.nprobe, req.rescore):
             with self.params_lock.exclusive(), search_params(reader, req.nprobe, req.rescore):
-                found = index.search_stored(vectors, req.k)
+                found = search(vectors, req.k)
         else:
             with self.params_lock.shared():
-                found = index.search_stored(vectors, req.k)
+                found = search(vectors, req.k)
         results = []
         for q, hits in enumerate(found):
             rows = [{"rank": h.rank, "score": h.score, "id": h.id, "shard": h.shard, "row": h.row} for h in hits]
