@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU-host runs (see README "Benchmarks"). From the project root on the GPU host:
 #   source .gpu/activate.sh && bash bench/gpu.sh STEP...
-# Steps: tests | quick | full | e2e | e2e-large | e2e-workers | e2e-warm | variants | profile | l1host | t2fair. Logs and JSON go to $OUT (or ./bench-out).
+# Steps: tests | quick | full | serve | serve-minilm | e2e | e2e-large | e2e-workers | e2e-warm | variants | profile | l1host | t2fair. Logs and JSON go to $OUT (or ./bench-out).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=true
 out=${OUT:-bench-out}
@@ -52,6 +52,14 @@ for step in "$@"; do
         --no-baseline --tokenize-workers 2,2,1,2,1 --json > "$out/e2e-workers.json" 2> "$out/e2e-workers.err"
       python3 -c "import json,sys; from petal.bench.e2e import format_e2e_table as f; r=json.load(open(sys.argv[1])); print(f(r)); [print(x['tokenize_workers'], x['petal_report']['timings_s'], {k: round(v, 3) for k, v in x['petal_report']['engine']['stats'].items() if k.endswith('_s')}) for x in r['runs']]" "$out/e2e-workers.json"
       tail -3 "$out/e2e-workers.err"
+      ;;
+    serve|serve-minilm)
+      # petal serve under load (needs the starlette and uvicorn wheels in .gpu/: pure Python, py3-none-any)
+      shape=pplx-embed-0.6b; [ "$step" = serve-minilm ] && shape=minilm
+      petal bench serve --shape "$shape" --tokenizer-dir .gpu/minilm-tokenizer --index-docs 1000000 \
+        --workdir "/tmp/bench-serve-$shape" --device cuda --json > "$out/$step.json" 2> "$out/$step.err"
+      python3 -c "import json,sys; from petal.bench.serve import format_serve_table as f; print(f(json.load(open(sys.argv[1]))))" "$out/$step.json"
+      tail -5 "$out/$step.err"
       ;;
     minilm)
       petal bench gpu --shape minilm --json > "$out/minilm.jsonl" 2> "$out/minilm.err"

@@ -50,7 +50,25 @@ def exact_length_texts(sentences: list[str], tokenizer: TextTokenizer, tokens: i
     return texts
 
 
-def build_index(model_dir: Path | None, corpus: Path, num_docs: int | None, workdir: Path, device: str) -> Path:
+def write_docs(sentences: list[str], tokenizer: TextTokenizer, num_docs: int, median_tokens: int, out_dir: Path,
+               docs_per_shard: int = 100_000) -> None:
+    """``num_docs`` texts (lengths lognormal around ``median_tokens``) in Parquet shards under ``out_dir``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from petal.bench.corpus import lognormal_lengths, make_texts
+
+    lengths = lognormal_lengths(num_docs, median_tokens, 0.5, 8, tokenizer.max_length)
+    texts = make_texts(sentences, tokenizer, lengths)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for shard, start in enumerate(range(0, num_docs, docs_per_shard)):
+        rows = range(start, min(start + docs_per_shard, num_docs))
+        pq.write_table(pa.table({"id": pa.array(rows, pa.int64()), "text": texts[rows.start : rows.stop]}),
+                       out_dir / f"part-{shard:04d}.parquet", row_group_size=8192)
+
+
+def build_index(model_dir: Path | None, corpus: Path, num_docs: int | None, workdir: Path, device: str,
+                doc_tokens: int = 64) -> Path:
     """An index of ``corpus`` (or of ``num_docs`` texts made from its sentences) built by ``petal index``;
     reused when ``workdir/out`` already holds one."""
     out = workdir / "out"
@@ -58,13 +76,12 @@ def build_index(model_dir: Path | None, corpus: Path, num_docs: int | None, work
         return out
     source = corpus
     if num_docs is not None:
-        from petal.bench.e2e import write_corpus
         from petal.engine.loader import inspect_model
 
         spec = inspect_model(model_dir)
         tokenizer = TextTokenizer(spec.tokenizer_file, spec.pooling.max_length)
         source = workdir / "docs"
-        write_corpus(load_sentences(corpus), tokenizer, num_docs, source, num_shards=max(1, num_docs // 100_000))
+        write_docs(load_sentences(corpus), tokenizer, num_docs, doc_tokens, source)
     cmd = [sys.executable, "-m", "petal.cli.main", "index", str(source), "--out", str(out), "-q", "--device", device]
     if model_dir is not None:
         cmd += ["--model", str(model_dir)]
@@ -114,7 +131,8 @@ def _percentile_ms(values: list[float], q: float) -> float | None:
 
 
 def run_serve_bench(index: Path | None = None, model: Path | None = None, corpus: Path = Path("sample_data"),
-                    num_docs: int | None = None, workdir: Path | None = None, device: str = "auto",
+                    num_docs: int | None = None, doc_tokens: int = 64, workdir: Path | None = None,
+                    device: str = "auto",
                     endpoints: tuple[str, ...] = ("embeddings", "search"), tokens: tuple[int, ...] = (16, 128),
                     concurrency: tuple[int, ...] = (1, 16, 64), max_requests: int = 2000, seconds: float = 10.0,
                     k: int = 10, processes: int | None = None, serve_args: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -125,7 +143,7 @@ def run_serve_bench(index: Path | None = None, model: Path | None = None, corpus
     workdir = Path(workdir or tempfile.mkdtemp(prefix="petal-bench-serve-"))
     workdir.mkdir(parents=True, exist_ok=True)
     if index is None and "search" in endpoints:
-        index = build_index(model, corpus, num_docs, workdir, device)
+        index = build_index(model, corpus, num_docs, workdir, device, doc_tokens)
     args = [str(index)] if index is not None else []
     if model is not None:
         args += ["--model", str(model)]
@@ -170,14 +188,17 @@ def run_serve_bench(index: Path | None = None, model: Path | None = None, corpus
         exit_code = server.stop()
     import torch
 
-    return {"scenario": "serve", "model": str(spec.path), "index": str(index) if index else None,
+    from petal.pipeline.serve.settings import model_name
+
+    return {"scenario": "serve", "model": str(spec.path), "model_id": model_name(spec.path),
+            "index": str(index) if index else None,
             "device": device, "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
             "cpu_count": os.cpu_count(), "client_processes": procs, "max_requests": max_requests,
             "seconds_limit": seconds, "k": k, "server_exit_code": exit_code, "results": rows}
 
 
 def format_serve_table(result: dict[str, Any]) -> str:
-    lines = [f"petal serve: {Path(result['model']).name} on {result['cuda'] or 'cpu'}, "
+    lines = [f"petal serve: {result.get('model_id') or Path(result['model']).name} on {result['cuda'] or 'cpu'}, "
              f"index {result['index'] or '(none)'}; bounds {result['max_requests']} requests / "
              f"{result['seconds_limit']} s per row; {result['client_processes']} client process(es)",
              f"{'endpoint':<16}{'tokens':>7}{'conc':>6}{'requests':>10}{'p50 ms':>10}{'p99 ms':>10}{'req/s':>10}"

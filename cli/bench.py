@@ -186,6 +186,8 @@ def _int_list(value: str, name: str) -> tuple[int, ...]:
               help="Parquet files: the index's documents (without --index) and the queries' sentences.")
 @click.option("--index-docs", type=click.IntRange(min=100), default=None,
               help="Build the index from N texts made of --corpus sentences (e.g. 1000000) instead of --corpus.")
+@click.option("--index-doc-tokens", type=click.IntRange(min=8), default=64, show_default=True,
+              help="With --index-docs: median tokens per text (shorter texts build a large index sooner).")
 @click.option("--workdir", type=click.Path(path_type=Path), default=None,
               help="Where a built index goes (reused when it holds one) and the server log.")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
@@ -204,7 +206,8 @@ def _int_list(value: str, name: str) -> tuple[int, ...]:
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @user_errors
 def bench_serve(index_path: Path | None, model: str | None, shape: str | None, tokenizer_dir: Path | None,
-                corpus: Path, index_docs: int | None, workdir: Path | None, device: str, endpoints: str, tokens: str,
+                corpus: Path, index_docs: int | None, index_doc_tokens: int, workdir: Path | None, device: str,
+                endpoints: str, tokens: str,
                 concurrency: str, max_requests: int, seconds: float, k: int, client_processes: int | None,
                 serve_args: tuple[str, ...], as_json: bool) -> None:
     """petal serve under load on loopback: p50/p99 latency and requests/s per endpoint, length, concurrency."""
@@ -233,7 +236,8 @@ def bench_serve(index_path: Path | None, model: str | None, shape: str | None, t
             save_model_dir(s, hf, tokenizer_dir or default_model_dir(), target)
             del hf
         model_dir = target
-    result = run_serve_bench(index=index_path, model=model_dir, corpus=corpus, num_docs=index_docs, workdir=workdir,
+    result = run_serve_bench(index=index_path, model=model_dir, corpus=corpus, num_docs=index_docs,
+                             doc_tokens=index_doc_tokens, workdir=workdir,
                              device=device, endpoints=chosen, tokens=_int_list(tokens, "--tokens"),
                              concurrency=_int_list(concurrency, "--concurrency"), max_requests=max_requests,
                              seconds=seconds, k=k, processes=client_processes, serve_args=serve_args)

@@ -18,22 +18,8 @@ from petal.pipeline.serve.follower import IndexFollower
 from petal.pipeline.serve.metrics import ServeMetrics
 from petal.pipeline.serve.requests import EmbeddingsRequest, RequestError, SearchRequest
 from petal.pipeline.serve.searching import SharedExclusiveLock, overrides, search_params
-from petal.pipeline.serve.settings import ServeSettings
+from petal.pipeline.serve.settings import ServeSettings, model_name
 from petal.pipeline.store.outputs import OutputConfig, OutputTransform
-
-PACKAGED_MODEL_NAME = "all-MiniLM-L6-v2"
-
-
-def model_name(path: Path) -> str:
-    """The default model id: the directory's name (the packaged MiniLM's is ``all-MiniLM-L6-v2``)."""
-    from petal.engine.loader import default_model_dir
-
-    try:
-        if path.resolve() == default_model_dir().resolve():
-            return PACKAGED_MODEL_NAME
-    except Exception:  # no packaged model: the directory name
-        pass
-    return path.name
 
 
 @dataclass(frozen=True)

@@ -3,10 +3,24 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
 API_KEY_ENV = "PETAL_API_KEY"
+PACKAGED_MODEL_NAME = "all-MiniLM-L6-v2"
+
+
+def model_name(path: Path) -> str:
+    """The default model id: the directory's name (the packaged MiniLM's is ``all-MiniLM-L6-v2``)."""
+    from petal.engine.loader import default_model_dir
+
+    try:
+        if path.resolve() == default_model_dir().resolve():
+            return PACKAGED_MODEL_NAME
+    except Exception:  # no packaged model: the directory name
+        pass
+    return path.name
 
 
 @dataclass(frozen=True)
