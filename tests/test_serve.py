@@ -39,10 +39,12 @@ STARTUP_S = 120
 class Server:
     """``petal serve ...`` in a child process; the port is read from its startup line."""
 
-    def __init__(self, log: Path, *args: object) -> None:
+    def __init__(self, log: Path, *args: object, api_key_env: str | None = None) -> None:
         self.log = log
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         env.pop("PETAL_API_KEY", None)
+        if api_key_env is not None:
+            env["PETAL_API_KEY"] = api_key_env
         with open(log, "wb") as stderr:  # the child keeps its own copy of the descriptor
             self.proc = subprocess.Popen([sys.executable, "-m", "petal.cli.main", "serve", "--port", "0",
                                           "--log-level", "warning", *map(str, args)],
@@ -344,15 +346,17 @@ def test_embeddings_only_server_drains_on_sigterm(tmp_path):
     """`--model` alone: /search is 404; SIGTERM lets an in-flight request finish, then exits 0."""
     from petal.engine.loader import default_model_dir
 
-    server = Server(tmp_path / "log", "--model", default_model_dir(), "--max-wait-ms", "1500")
+    server = Server(tmp_path / "log", "--model", default_model_dir(), "--max-wait-ms", "1500", api_key_env="env-key")
     try:
+        assert server.client.post("/search", json={"query": "x"}).status_code == 401  # the key from PETAL_API_KEY
+        server.client.headers["Authorization"] = "Bearer env-key"
         assert server.client.post("/search", json={"query": "x"}).status_code == 404
         assert server.client.get("/ready").json()["status"] == "ready"
         result: dict = {}
 
         def slow() -> None:
             result["response"] = httpx.post(f"{server.url}/v1/embeddings", json={"input": ["held in the queue"] * 4},
-                                            timeout=60.0)
+                                            headers={"Authorization": "Bearer env-key"}, timeout=60.0)
 
         thread = threading.Thread(target=slow)
         thread.start()
