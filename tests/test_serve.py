@@ -105,6 +105,9 @@ def test_openai_client_gets_petal_embed_vectors(served):
     model_id = server.client.get("/v1/models", headers=AUTH).json()["data"][0]["id"]
     assert model_id == "all-MiniLM-L6-v2"
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0)
+    assert [m.id for m in client.models.list()] == [model_id] and client.models.retrieve(model_id).id == model_id
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-4")
     texts = ["The quick brown fox", "glaciers slide on meltwater", "a third, different sentence"]
     expected = np.array([json.loads(line)["embedding"]
                          for line in cli_run("embed", *texts).stdout.splitlines()], dtype=np.float32)

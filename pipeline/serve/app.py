@@ -3,7 +3,7 @@
 ```
 POST /v1/embeddings  OpenAI-compatible embeddings           (API key)
 POST /search         embed queries (or take vectors), search (API key)
-GET  /v1/models      the served model                       (API key)
+GET  /v1/models      the served model (and /v1/models/{id})  (API key)
 GET  /health         the process is alive
 GET  /ready          model and index loaded: version, refusals
 GET  /metrics        Prometheus text
@@ -108,9 +108,18 @@ def build_app(state: ServeState) -> Starlette:
         req = parse_search(parse_json(await read_body(request, limits.max_body_bytes)), limits)
         return await state.search(req)
 
+    def model_card() -> dict[str, Any]:
+        return {"id": state.model_id, "object": "model", "created": 0, "owned_by": "petal", "dim": state.model.dim,
+                "max_tokens": state.model.max_tokens}
+
     async def models(request: Request) -> Any:
-        return {"object": "list", "data": [{"id": state.model_id, "object": "model", "created": 0, "owned_by": "petal",
-                                            "dim": state.model.dim, "max_tokens": state.model.max_tokens}]}
+        return {"object": "list", "data": [model_card()]}
+
+    async def model(request: Request) -> Any:
+        if request.path_params["model"] != state.model_id:
+            raise RequestError(404, f"model {request.path_params['model']!r} is not served here "
+                                    f"(this server serves {state.model_id!r})", kind="model_not_found")
+        return model_card()
 
     async def health(request: Request) -> Any:
         return {"status": "ok"}
@@ -133,6 +142,7 @@ def build_app(state: ServeState) -> Starlette:
         Route("/v1/embeddings", endpoint("/v1/embeddings", embeddings), methods=["POST"]),
         Route("/search", endpoint("/search", search), methods=["POST"]),
         Route("/v1/models", endpoint("/v1/models", models), methods=["GET"]),
+        Route("/v1/models/{model:path}", endpoint("/v1/models/{model}", model), methods=["GET"]),
         Route("/health", endpoint("/health", health, auth=False), methods=["GET"]),
         Route("/ready", endpoint("/ready", ready, auth=False), methods=["GET"]),
         Route("/metrics", endpoint("/metrics", metrics, auth=False), methods=["GET"]),
