@@ -13,6 +13,7 @@ import click
 from petal.cli.common import PetalClickError, device_options, eprint, usage
 from petal.cli.index_options import index_options
 from petal.cli.options import model_options, output_options
+from petal.cli.scale_options import scale_config, scale_options
 
 # NOTE: test-only seam. Set to a log file, it swaps the model for tests/fake_engine.py (a deterministic
 # hash -> vector embedder that logs every row it embeds), so crash and signal tests run in subprocesses
@@ -89,13 +90,14 @@ def engine_factory() -> Callable[..., Any] | None:
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
 @model_options
 @output_options
+@scale_options
 def index(sources: tuple[str, ...], out: Path, model: str | None, id_column: str | None, text_column: str,
           device: str, dtype: str, attention: str, max_length: int | None, token_budget: int | None, max_seqs: int,
           no_cuda_graphs: bool, index_factory: str, metric: str, index_memory: str, target_recall: float,
           full: bool, strict: bool, max_bad_rows: str | None, keep_versions: int, wait: bool,
           json_report: Path | None, quiet: bool, pooling: str | None, attention_mask: str | None,
           query_prompt: str | None, allow_pickle_weights: bool, dim: int | None, quantize: str,
-          output_dtype: str) -> None:
+          output_dtype: str, devices: str | None, workers: int | None, ray: str | None) -> None:
     """Embed SOURCE Parquet files, directories or globs and publish a FAISS index in --out.
 
     Shards already embedded with the same content and settings are reused; a run with nothing
@@ -125,6 +127,7 @@ def index(sources: tuple[str, ...], out: Path, model: str | None, id_column: str
             model_options=ModelOptions(pooling=pooling, attention_mask=attention_mask,  # type: ignore[arg-type]
                                        query_prompt=query_prompt, allow_pickle_weights=allow_pickle_weights),
             output=OutputConfig(dim=dim, quantize=quantize, output_dtype=output_dtype),
+            scale=scale_config(devices, workers, ray),
         ))
         usage(lambda: check_index_factory(job.output, job.index.factory))
     except click.UsageError as exc:

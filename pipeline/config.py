@@ -146,6 +146,7 @@ class IndexJob:
     model_options: ModelOptions = field(default_factory=ModelOptions)  # --pooling, --attention-mask, ...
     output: OutputConfig = field(default_factory=OutputConfig)  # --dim, --quantize, --output-dtype
     tokenize_workers: int | None = None  # batches tokenized at once; None: PETAL_TOKENIZE_WORKERS, else 2
+    scale: ScaleConfig | None = None  # --devices/--workers/--ray: embed in worker processes; None: in this process
 
     def __post_init__(self) -> None:
         if not self.sources:
@@ -162,6 +163,63 @@ class IndexJob:
             raise ValueError(f"--max-seqs {self.max_seqs} < 1")
         if self.keep_versions < 1:
             raise ValueError(f"--keep-versions {self.keep_versions} < 1: the live version is always kept")
+
+
+@dataclass(frozen=True)
+class ScaleConfig:
+    """``--devices``/``--workers``/``--ray``: how many processes embed, and on which devices.
+
+    ``devices``: ``"all"``, a count (``"2"``: the first two), a comma list of CUDA device ids
+    (``"0,1"``, ``"3,"``: just device 3) or ``None`` (the job's ``--device``, one device). ``workers``:
+    processes in all, spread round-robin over the devices (``None``: one per device). ``ray``: run
+    on Ray Data instead (``ray_address`` ``None``: a local instance or ``RAY_ADDRESS``).
+    """
+
+    devices: str | None = None
+    workers: int | None = None
+    ray: bool = False
+    ray_address: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.workers is not None and self.workers < 1:
+            raise ValueError(f"--workers {self.workers} < 1")
+        if self.devices is not None:
+            parse_devices(self.devices)  # a malformed list is a usage error now
+
+    def device_ids(self, visible: int) -> list[int] | None:
+        """The CUDA device ids (of ``visible`` ones) to use; ``None`` without ``--devices``."""
+        if self.devices is None:
+            return None
+        ids = parse_devices(self.devices)
+        if ids == "all":
+            ids = list(range(visible))
+        elif isinstance(ids, int):
+            if ids > visible:
+                raise ValueError(f"--devices {ids}: only {visible} CUDA device(s) visible")
+            ids = list(range(ids))
+        bad = [i for i in ids if i >= visible]
+        if bad:
+            raise ValueError(f"--devices {self.devices}: device {bad[0]} does not exist ({visible} visible)")
+        if not ids:
+            raise ValueError("--devices all: no CUDA device visible")
+        return ids
+
+
+def parse_devices(text: str) -> str | int | list[int]:
+    """``"all"``, a count ``"N"`` or a list ``"0,1"`` (a trailing comma makes one id a list: ``"3,"``)."""
+    value = text.strip().lower()
+    if value == "all":
+        return "all"
+    if re.fullmatch(r"\d+", value):
+        if int(value) < 1:
+            raise ValueError(f"--devices {text!r}: give at least 1")
+        return int(value)
+    if re.fullmatch(r"\d+(,\d+)*,?", value):
+        ids = [int(v) for v in value.split(",") if v]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"--devices {text!r} names a device twice")
+        return ids
+    raise ValueError(f"--devices {text!r} is not all, a count (2) or a list of device ids (0,1)")
 
 
 def default_token_budget(device: str, max_length: int) -> int:

@@ -108,10 +108,10 @@ def make_fake_model_dir(path: Path, dim: int = 32, max_length: int = 128) -> Pat
 
 
 def fake_engine_factory(log: Path | None):
-    def make(spec: ModelSpec, config: EngineConfig) -> FakeEngine:
-        return FakeEngine(spec, config, log)
+    """``(spec, config) -> FakeEngine`` logging to ``log``; picklable, so worker processes can use it."""
+    import functools
 
-    return make
+    return functools.partial(FakeEngine, log=log)
 
 
 def read_log(log: Path) -> list[dict[str, Any]]:

@@ -122,6 +122,7 @@ def _run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory, 
     report.rows["total"] = sum(s.num_rows for s in shards)
     spec = model_spec(job.model, job.max_length, job.model_options)
     transform = OutputTransform.for_model(spec, job.output)  # --dim, --quantize, --output-dtype
+    base_factory = engine_factory  # picklable, for worker processes
     engine_factory = outputs_factory(engine_factory, transform)  # engine results are stored vectors
     config = engine_config(job, spec)
     check_index_factory(transform.dim, job.index)
@@ -160,22 +161,17 @@ def _run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory, 
 
         if todo:
             embed_started = time.perf_counter()
-            todo_shards = [shards[i] for i in todo]
-            tokenizer = tokenizer_for(spec)  # document prompt, EOS for last-token pooling
-            documents = read_documents(todo_shards, job.read, reads)  # [1] read (streamed)
-            # [2] tokenize in the background; it starts now, so it overlaps the model load and CUDA init
-            chunks = Prefetcher(tokenize_documents(documents, tokenizer, job.tokenize_workers or 1), depth=16)
-            try:
-                engine = engine_factory(spec, config)
-                fault("after_model_load")
-            except BaseException as exc:
-                chunks.close()
-                _reraise(exc)
-            report.engine = engine.describe()
-            report.timings_s["model_load"] = round(engine.stats.model_load_s, 3)
+            todo_shards, todo_fingerprints = [shards[i] for i in todo], [fingerprints[i] for i in todo]
+            if job.scale is None:
+                commits = embed_in_process(todo_shards, todo_fingerprints, store, settings, spec, config,
+                                           engine_factory, job, report, stop, gate, reads)
+            else:  # --devices/--workers/--ray: worker processes (or Ray actors) embed and commit
+                from petal.pipeline.jobs.scaled import embed_scaled
+
+                commits = embed_scaled(job, todo_shards, todo_fingerprints, store, settings, spec, config,
+                                       base_factory, transform, report, stop, reads)
             # NOTE: closed inside the lock, so uncommitted shards are dropped before another writer can start.
-            with contextlib.closing(embed_shards(chunks, todo_shards, [fingerprints[i] for i in todo], store,
-                                                 settings, engine, job, report, stop, gate)) as commits:
+            with contextlib.closing(commits):
                 for position, entry in commits:
                     entries[todo[position]] = entry
                     report.shards["embedded"] += 1
@@ -183,7 +179,6 @@ def _run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory, 
                     if gate is not None:
                         gate.commit(position, entry)
             report.timings_s["embed"] = round(time.perf_counter() - embed_started, 3)
-            report.engine["stats"] = engine.stats.as_dict()
 
         committed = [e for e in entries if e is not None]
         assert len(committed) == len(shards)
@@ -231,6 +226,29 @@ def _run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory, 
         clean_up(out, store, committed, job, report)
     report.finish("success", 0)
     return report
+
+
+def embed_in_process(shards: list[ShardInfo], fingerprints: list[str], store: EmbeddingStore,
+                     settings: dict[str, Any], spec: ModelSpec, config: EngineConfig, engine_factory: EngineFactory,
+                     job: IndexJob, report: RunReport, stop: StopSignals, gate: BadRowGate | None,
+                     reads: ReadStats) -> Iterator[tuple[int, StoreEntry]]:
+    """The embed phase in this process: read, tokenize (background threads), step, store; yields commits."""
+    tokenizer = tokenizer_for(spec)  # document prompt, EOS for last-token pooling
+    documents = read_documents(shards, job.read, reads)  # [1] read (streamed)
+    # [2] tokenize in the background; it starts now, so it overlaps the model load and CUDA init
+    chunks = Prefetcher(tokenize_documents(documents, tokenizer, job.tokenize_workers or 1), depth=16)
+    try:
+        engine = engine_factory(spec, config)
+        fault("after_model_load")
+    except BaseException as exc:
+        chunks.close()
+        _reraise(exc)
+    report.engine = engine.describe()
+    report.timings_s["model_load"] = round(engine.stats.model_load_s, 3)
+    with contextlib.closing(embed_shards(chunks, shards, fingerprints, store, settings, engine, job, report, stop,
+                                         gate)) as commits:
+        yield from commits
+    report.engine["stats"] = engine.stats.as_dict()
 
 
 def _reraise(exc: BaseException) -> NoReturn:

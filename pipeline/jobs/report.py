@@ -38,6 +38,7 @@ class RunReport:
     # recovered from without failing: OS read errors retried, device-OOM batches split in two
     retries: dict[str, int] = field(default_factory=lambda: {"read": 0, "oom_splits": 0})
     pruned: dict[str, Any] = field(default_factory=lambda: {"versions": [], "store_entries": 0})
+    workers: list[dict[str, Any]] = field(default_factory=list)  # --devices/--workers/--ray: one summary each
     _t0: float = field(default_factory=time.perf_counter, repr=False)
 
     def skip(self, reason: str, count: int = 1) -> None:

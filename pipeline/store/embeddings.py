@@ -120,6 +120,11 @@ class EmbeddingStore:
                 self._sha256[stat_key] = sha256_file(info.path)
         return self._sha256[stat_key]
 
+    def remember_sha256(self, shards: list[ShardInfo], sha256: list[str]) -> None:
+        """Content hashes computed elsewhere (a worker process is handed the coordinator's: no re-read)."""
+        for info, digest in zip(shards, sha256):
+            self._sha256[(info.abs_path, info.size, info.mtime_ns)] = digest
+
     def fingerprint(self, info: ShardInfo, settings_fp: str) -> str:
         blob = f"{settings_fp}:{self.content_sha256(info)}".encode()
         return hashlib.sha256(blob).hexdigest()[:24]

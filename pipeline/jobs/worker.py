@@ -1,0 +1,197 @@
+"""One embedding worker process of ``petal index --devices/--workers`` (started by ``pipeline/jobs/workers.py``).
+
+A worker owns one device: it loads its own engine, claims shards from the coordinator's queue as
+its tokenizer asks for more input (the read-ahead of a few record batches bounds how far ahead it
+claims, so a slow shard never holds back work another worker could take), reads and tokenizes
+them itself, and commits each shard to the store exactly as the single-process run does
+(``embed_shards``). It talks to the coordinator over one event queue:
+
+    ("ready", worker, pid, engine description)     engine loaded
+    ("rows", worker, n)                              n more documents handed to the device (progress)
+    ("commit", worker, position, entry path)         a shard's store entry is committed
+    ("done", worker, summary)                        no more work: every claimed shard committed
+    ("error", worker, exit code, status, message)    stopped by a PetalError (or a bug: exit 1)
+
+NOTE: this module is imported in the spawned child before ``CUDA_VISIBLE_DEVICES`` takes effect
+for torch, so it (and what it imports at the top) must never import torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from petal.pipeline.config import IndexJob
+from petal.pipeline.ingest.parquet import ReadStats, ShardInfo
+
+PROGRESS_EVERY_S = 0.25
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    """What every worker needs (pickled once per worker): the run's settings and the shards to embed."""
+
+    job: IndexJob
+    spec: Any  # ModelSpec (hashes already computed: workers never re-hash the weights)
+    config: Any  # EngineConfig; the device is the worker's own (cuda = its one visible GPU)
+    transform: Any  # OutputTransform
+    engine_factory: Callable[..., Any]  # picklable: the Engine class, or a test's partial
+    settings: dict[str, Any]
+    store_root: Path
+    shards: list[ShardInfo]
+    fingerprints: list[str]
+    sha256: list[str]  # each shard's content hash (the coordinator computed it; never read twice)
+
+
+@dataclass(frozen=True)
+class WorkerSlot:
+    """One worker: its number, the CUDA device it sees (``None``: the CPU) and its CPU thread share."""
+
+    index: int
+    cuda_device: str | None
+    torch_threads: int | None
+
+    @property
+    def label(self) -> str:
+        return f"cuda:{self.cuda_device}" if self.cuda_device is not None else "cpu"
+
+
+def worker_main(plan: WorkerPlan, slot: WorkerSlot, tasks: Any, events: Any, stop_claiming: Any) -> None:
+    """The child's entry point: embed claimed shards until the queue is empty or the coordinator says stop."""
+    if slot.cuda_device is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = slot.cuda_device  # NOTE: before the first torch import
+    from petal.pipeline.reliability.errors import PetalError
+    from petal.pipeline.reliability.signals import StopSignals
+
+    with StopSignals() as stop:
+        try:
+            summary = _run(plan, slot, tasks, events, stop_claiming, stop)
+        except PetalError as exc:
+            events.put(("error", slot.index, exc.exit_code, exc.status, str(exc)))
+            return
+        except BaseException as exc:  # a bug: the traceback goes to stderr, the coordinator exits 1
+            traceback.print_exc(file=sys.stderr)
+            events.put(("error", slot.index, 1, "failed", f"internal error in worker {slot.index}: {exc!r}"))
+            return
+    events.put(("done", slot.index, summary))
+
+
+def _run(plan: WorkerPlan, slot: WorkerSlot, tasks: Any, events: Any, stop_claiming: Any,
+         stop: Any) -> dict[str, Any]:
+    from petal.pipeline.ingest.prefetch import Prefetcher
+    from petal.pipeline.ingest.tokens import tokenize_documents, tokenizer_for
+    from petal.pipeline.jobs.index_run import _reraise, embed_shards
+    from petal.pipeline.jobs.report import RunReport
+    from petal.pipeline.store.embeddings import EmbeddingStore
+    from petal.pipeline.store.outputs import outputs_factory
+
+    started = time.perf_counter()
+    if slot.torch_threads is not None:
+        import torch
+
+        torch.set_num_threads(slot.torch_threads)
+    store = EmbeddingStore(plan.store_root)  # NOTE: never ``open()``: that empties tmp/, where others write
+    store.remember_sha256(plan.shards, plan.sha256)
+    report = RunReport(command="index-worker")
+    closing = threading.Event()
+    stats = ReadStats()
+    documents = claimed_documents(plan, tasks, stop_claiming, closing, stats)
+    chunks = Prefetcher(tokenize_documents(documents, tokenizer_for(plan.spec), plan.job.tokenize_workers or 1),
+                        depth=16)
+    try:
+        try:
+            engine = outputs_factory(plan.engine_factory, plan.transform)(plan.spec, plan.config)
+        except BaseException as exc:
+            _reraise(exc)
+        progress = ProgressEngine(engine, events, slot.index)
+        events.put(("ready", slot.index, os.getpid(), engine.describe()))
+        load_s = time.perf_counter() - started
+        committed = rows = 0
+        job = replace(plan.job, quiet=True)
+        with contextlib.closing(embed_shards(chunks, plan.shards, plan.fingerprints, store, plan.settings, progress,
+                                             job, report, stop, None)) as commits:
+            for position, entry in commits:
+                progress.flush()
+                events.put(("commit", slot.index, position, str(entry.path)))
+                committed += 1
+                rows += entry.num_embedded
+        progress.flush()
+    finally:
+        closing.set()
+        chunks.close()
+    return {"worker": slot.index, "pid": os.getpid(), "device": slot.label, "shards": committed,
+            "rows": rows,
+            "tokens": report.tokens, "read_retries": stats.retries,
+            "timings_s": {"start": round(load_s, 3), "total": round(time.perf_counter() - started, 3),
+                          "embed_wait_tokens": report.timings_s.get("embed_wait_tokens", 0.0),
+                          "embed_wait_device": report.timings_s.get("embed_wait_device", 0.0)},
+            "engine": engine.describe(), "stats": engine.stats.as_dict(),
+            "oom_splits": report.retries["oom_splits"]}
+
+
+def claimed_documents(plan: WorkerPlan, tasks: Any, stop_claiming: Any, closing: threading.Event,
+                      stats: ReadStats) -> Iterator[Any]:
+    """The checked rows of every shard this worker claims, shard by shard (``Documents``, ``final`` last).
+
+    A shard is claimed when the previous one is read (the consumer pulls: claiming is as lazy as
+    the read-ahead). The queue's ``None``, or the coordinator's stop, ends the claiming.
+
+    NOTE: never wait for a commit before claiming: the packer holds a shard's last rows until the
+    next shard's rows fill its batch, so that wait would never end.
+    """
+    from petal.pipeline.ingest.documents import Documents, to_documents
+    from petal.pipeline.ingest.parquet import read_rows
+
+    while True:
+        position = _claim(tasks, stop_claiming, closing)
+        if position is None:
+            return
+        seen: set = set()
+        for batch in read_rows(position, plan.shards[position], plan.job.read, stats):
+            yield to_documents(batch, seen)
+        yield Documents(position, [], [], [], final=True)
+
+
+def _claim(tasks: Any, stop_claiming: Any, closing: threading.Event) -> int | None:
+    while not (stop_claiming.is_set() or closing.is_set()):
+        try:
+            return tasks.get(timeout=0.1)  # type: ignore[no-any-return]
+        except queue.Empty:
+            continue
+    return None
+
+
+class ProgressEngine:
+    """The worker's engine, counting the documents of each step for the coordinator's progress bar."""
+
+    def __init__(self, engine: Any, events: Any, worker: int) -> None:
+        self._engine = engine
+        self._events = events
+        self._worker = worker
+        self._pending = 0
+        self._sent_at = time.monotonic()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    def step(self, batch: Any) -> Any:
+        result = self._engine.step(batch)
+        self._pending += batch.num_seqs
+        if time.monotonic() - self._sent_at >= PROGRESS_EVERY_S:
+            self.flush()
+        return result
+
+    def flush(self) -> None:
+        if self._pending:
+            self._events.put(("rows", self._worker, self._pending))
+            self._pending = 0
+        self._sent_at = time.monotonic()

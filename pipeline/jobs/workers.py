@@ -1,0 +1,278 @@
+"""The embed phase through worker processes: ``petal index --devices all|0,1|N`` and ``--workers N``.
+
+The coordinator (the CLI process, holding the writer lock) starts one worker per device
+(``multiprocessing`` with ``spawn``: each child sees only its GPU through ``CUDA_VISIBLE_DEVICES``),
+queues the positions of the shards to embed, and yields each store entry as a worker commits it.
+Workers claim shards as they go (pipeline/jobs/worker.py), so a slow shard never idles the others.
+The coordinator alone builds and publishes the index afterwards (pipeline/jobs/index_run.py).
+
+Failure: a worker that dies (SIGKILL, OOM killer, segfault) is noticed within a fraction of a
+second; the others stop claiming, commit the shards they hold, and the run ends with exit 75 (rerun:
+only the missing shards are embedded). A worker's ``PetalError`` (bad input 65, disk 74, ...)
+stops the run the same way with that error's exit code. SIGINT/SIGTERM of the coordinator are
+passed on to the workers, which stop at their next batch boundary.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import queue
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from tqdm import tqdm
+
+from petal.pipeline.config import ScaleConfig
+from petal.pipeline.ingest.parquet import ReadStats
+from petal.pipeline.jobs.report import RunReport
+from petal.pipeline.jobs.worker import WorkerPlan, WorkerSlot, worker_main
+from petal.pipeline.reliability.errors import ConfigError, PetalError, TemporaryFailure
+from petal.pipeline.reliability.signals import StopSignals
+from petal.pipeline.store.embeddings import StoreEntry
+
+SHUTDOWN_GRACE_S = 30.0  # a worker told to stop gets this long to reach a batch boundary, then SIGKILL
+
+
+class WorkerFailed(PetalError):
+    """A worker's own ``PetalError``, re-raised in the coordinator with its exit code and status."""
+
+    def __init__(self, message: str, exit_code: int, status: str) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+        self.status = status
+
+
+def worker_slots(scale: ScaleConfig, device: str) -> list[WorkerSlot]:
+    """One slot per worker: ``--devices`` picks CUDA devices, ``--workers`` how many processes (round-robin)."""
+    cpu_count = os.cpu_count() or 1
+    if scale.devices is None:
+        count = scale.workers or 1
+        if device == "cuda":
+            return [WorkerSlot(i, _physical(0), None) for i in range(count)]
+        return [WorkerSlot(i, None, max(1, cpu_count // count)) for i in range(count)]
+    if device != "cuda":
+        raise ConfigError(f"--devices {scale.devices} needs CUDA, and the device is {device}: "
+                          "on the CPU, use --workers N")
+    import torch
+
+    try:
+        ids = scale.device_ids(torch.cuda.device_count())
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    assert ids is not None
+    count = scale.workers or len(ids)
+    return [WorkerSlot(i, _physical(ids[i % len(ids)]), None) for i in range(count)]
+
+
+def _physical(device_id: int) -> str:
+    """The ``CUDA_VISIBLE_DEVICES`` value of visible device ``device_id`` (this process's own list honoured)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible:
+        names = [v.strip() for v in visible.split(",") if v.strip()]
+        if device_id < len(names):
+            return names[device_id]
+    return str(device_id)
+
+
+def check_picklable(plan: WorkerPlan) -> None:
+    try:
+        pickle.dumps(plan)
+    except Exception as exc:
+        raise ConfigError(f"worker processes need a picklable engine factory and settings ({exc}); "
+                          "pass a module-level class or functools.partial, or run without --workers") from exc
+
+
+def embed_in_pool(plan: WorkerPlan, slots: list[WorkerSlot], report: RunReport, stop: StopSignals,
+                  reads: ReadStats) -> Iterator[tuple[int, StoreEntry]]:
+    """Embed ``plan.shards`` in worker processes; yields ``(position, entry)`` as each shard commits.
+
+    Raises ``TemporaryFailure`` (75) when a worker died, ``WorkerFailed`` with a worker's own exit
+    code, ``Interrupted`` after SIGINT/SIGTERM; always after every other worker stopped.
+    """
+    check_picklable(plan)
+    context = __import__("multiprocessing").get_context("spawn")
+    tasks, events, stop_claiming = context.Queue(), context.Queue(), context.Event()
+    for position in range(len(plan.shards)):
+        tasks.put(position)
+    for _ in slots:
+        tasks.put(None)  # one end marker per worker
+    pool = _Pool(plan, slots, report, reads)
+    progress = tqdm(total=sum(s.num_rows for s in plan.shards), unit="doc", file=sys.stderr,
+                    disable=plan.job.quiet, desc=f"embedding ({len(slots)} workers)", dynamic_ncols=True,
+                    mininterval=0.5)
+    processes = []
+    try:
+        for slot in slots:
+            with _environment("CUDA_VISIBLE_DEVICES", slot.cuda_device):  # NOTE: the child inherits it at spawn
+                process = context.Process(target=worker_main, args=(plan, slot, tasks, events, stop_claiming),
+                                          name=f"petal-worker-{slot.index}", daemon=True)
+                process.start()
+            processes.append(process)
+        pool.processes = processes
+        forwarded = False
+        while not pool.finished:
+            if stop.requested and not forwarded:  # pass the signal on: workers stop at a batch boundary
+                stop_claiming.set()
+                pool.signal_all(stop.signum)  # type: ignore[arg-type]
+                forwarded = True
+            try:
+                pool.handle(events.get(timeout=0.2), progress)
+            except queue.Empty:
+                pool.check_alive(events, progress)
+            if pool.failures:
+                stop_claiming.set()  # the others commit what they hold, then end
+            yield from pool.take_commits()
+        for event in _drain(events):  # commits that raced the last exit
+            pool.handle(event, progress)
+        yield from pool.take_commits()
+    finally:
+        stop_claiming.set()
+        progress.close()
+        pool.shut_down()
+        pool.summarize()
+    stop.check()
+    pool.raise_failure()
+
+
+class _Pool:
+    """The coordinator's view of its workers: what each reported, which are gone, and how."""
+
+    def __init__(self, plan: WorkerPlan, slots: list[WorkerSlot], report: RunReport, reads: ReadStats) -> None:
+        self.plan = plan
+        self.slots = slots
+        self.report = report
+        self.reads = reads
+        self.processes: list[Any] = []
+        self.ended: dict[int, str] = {}  # worker -> "done" | "error" | "lost"
+        self.summaries: dict[int, dict[str, Any]] = {}
+        self.engines: dict[int, dict[str, Any]] = {}
+        self.failures: list[tuple[int, int, str, str]] = []  # (worker, exit code, status, message)
+        self.committed = 0
+        self.commits: list[tuple[int, StoreEntry]] = []  # handled, not yet handed to the run
+
+    @property
+    def finished(self) -> bool:
+        return len(self.ended) == len(self.slots)
+
+    def take_commits(self) -> list[tuple[int, StoreEntry]]:
+        commits, self.commits = self.commits, []
+        return commits
+
+    def handle(self, event: tuple[Any, ...], progress: Any) -> None:
+        kind, worker = event[0], event[1]
+        if kind == "rows":
+            progress.update(event[2])
+        elif kind == "ready":
+            self.engines[worker] = {"pid": event[2], **event[3]}
+        elif kind == "commit":
+            position, path = event[2], event[3]
+            entry = self._entry(position, path)
+            self.committed += 1
+            progress.update(sum(int(n) for n in entry.meta["counts"]["skipped"].values()))
+            self.commits.append((position, entry))
+        elif kind == "done":
+            self.summaries[worker] = event[2]
+            self.ended[worker] = "done"
+        elif kind == "error":
+            self.ended[worker] = "error"
+            self.failures.append((worker, event[2], event[3], event[4]))
+
+    def _entry(self, position: int, path: str) -> StoreEntry:
+        from petal.pipeline.store.embeddings import EmbeddingStore
+
+        store = EmbeddingStore(self.plan.store_root)
+        entry = store.lookup(self.plan.shards[position], self.plan.fingerprints[position])
+        assert entry is not None and str(entry.path) == path, (position, path)
+        return entry
+
+    def check_alive(self, events: Any, progress: Any) -> None:
+        """A worker gone without a last word died (SIGKILL, OOM killer, segfault)."""
+        for slot, process in zip(self.slots, self.processes):
+            if slot.index in self.ended or process.is_alive():
+                continue
+            for event in _drain(events):  # its last events may still be in the pipe
+                self.handle(event, progress)
+            if slot.index in self.ended:
+                continue
+            self.ended[slot.index] = "lost"
+            code = process.exitcode
+            how = f"killed by {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit {code}"
+            self.failures.append((slot.index, 75, "failed",
+                                  f"worker {slot.index} (pid {process.pid}, {slot.label}) died ({how})"))
+
+    def signal_all(self, signum: int) -> None:
+        for process in self.processes:
+            if process.is_alive():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(process.pid, signum)
+
+    def shut_down(self) -> None:
+        """Every worker ends: asked with SIGTERM (it stops at a batch boundary), killed after a grace period."""
+        if any(p.is_alive() for p in self.processes) and not self.finished:
+            self.signal_all(signal.SIGTERM)
+        deadline = time.monotonic() + SHUTDOWN_GRACE_S
+        for process in self.processes:
+            process.join(max(0.0, deadline - time.monotonic()))
+            if process.is_alive():
+                process.kill()
+                process.join()
+
+    def summarize(self) -> None:
+        """The run report: each worker's summary (``workers``) and the totals."""
+        workers = []
+        for slot in self.slots:
+            summary = self.summaries.get(slot.index, {"worker": slot.index, "device": slot.label})
+            workers.append({**summary, "status": self.ended.get(slot.index, "lost")})
+        self.report.workers = workers
+        self.report.tokens += sum(int(w.get("tokens", 0)) for w in workers)
+        self.report.retries["oom_splits"] += sum(int(w.get("oom_splits", 0)) for w in workers)
+        self.reads.retries += sum(int(w.get("read_retries", 0)) for w in workers)
+        starts = [w["timings_s"]["start"] for w in workers if "timings_s" in w]
+        if starts:
+            self.report.timings_s["model_load"] = max(starts)
+        self.report.engine = {"workers": len(self.slots),
+                              "engines": [self.engines.get(s.index, {"device": s.label}) for s in self.slots]}
+
+    def raise_failure(self) -> None:
+        if not self.failures:
+            return
+        # the user's to fix first (bad input, disk, settings), then a lost worker (retry), then the rest
+        rank = {75: 1, 1: 2, 130: 3, 143: 3}
+        _, code, status, message = min(self.failures, key=lambda f: rank.get(f[1], 0))
+        missing = len(self.plan.shards) - self.committed
+        more = "" if len(self.failures) == 1 else f" (and {len(self.failures) - 1} more worker failure(s))"
+        detail = (f"{message}{more}; {self.committed} of {len(self.plan.shards)} shards committed, {missing} not: "
+                  "rerun to embed only those")
+        if code == 75:
+            raise TemporaryFailure(detail)
+        raise WorkerFailed(detail, code, status)
+
+
+def _drain(events: Any) -> Iterator[tuple[Any, ...]]:
+    while True:
+        try:
+            yield events.get(timeout=0.05)
+        except queue.Empty:
+            return
+
+
+@contextlib.contextmanager
+def _environment(name: str, value: str | None) -> Iterator[None]:
+    """``os.environ[name] = value`` for the block (``None``: left as it is)."""
+    if value is None:
+        yield
+        return
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
