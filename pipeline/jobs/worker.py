@@ -1,10 +1,13 @@
 """One embedding worker process of ``petal index --devices/--workers`` (started by ``pipeline/jobs/workers.py``).
 
-A worker owns one device: it loads its own engine, claims shards from the coordinator's queue as
+A worker owns one device: it loads its own engine, claims shards from the coordinator one at a time as
 its tokenizer asks for more input (the read-ahead of a few record batches bounds how far ahead it
 claims, so a slow shard never holds back work another worker could take), reads and tokenizes
 them itself, and commits each shard to the store exactly as the single-process run does
-(``embed_shards``). It talks to the coordinator over one event queue:
+(``embed_shards``). It talks to the coordinator over its own pipe (no lock shared between workers:
+a worker killed at any instant cannot block the others):
+
+    ("claim", worker)                                 -> the coordinator answers a position, or None: stop
 
     ("ready", worker, pid, engine description)     engine loaded
     ("rows", worker, n)                              n more documents handed to the device (progress)
@@ -20,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import queue
 import sys
 import threading
 import time
@@ -65,16 +67,43 @@ class WorkerSlot:
         return f"cuda:{self.cuda_device}" if self.cuda_device is not None else "cpu"
 
 
-def worker_main(plan: WorkerPlan, slot: WorkerSlot, tasks: Any, events: Any, stop_claiming: Any) -> None:
+class Channel:
+    """The worker's end of its pipe: events from any thread, claims from the reading thread."""
+
+    def __init__(self, conn: Any, worker: int) -> None:
+        self._conn = conn
+        self._worker = worker
+        self._lock = threading.Lock()
+
+    def put(self, event: tuple[Any, ...]) -> None:
+        with self._lock:
+            self._conn.send(event)
+
+    def claim(self, closing: threading.Event) -> int | None:
+        """The next shard position to embed, or ``None`` (no more work, or stop)."""
+        self.put(("claim", self._worker))
+        while not self._conn.poll(0.1):
+            if closing.is_set():
+                return None
+        return self._conn.recv()  # type: ignore[no-any-return]
+
+
+def worker_main(plan: WorkerPlan, slot: WorkerSlot, conn: Any) -> None:
     """The child's entry point: embed claimed shards until the queue is empty or the coordinator says stop."""
     if slot.cuda_device is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = slot.cuda_device  # NOTE: before the first torch import
+    from tqdm import tqdm
+
     from petal.pipeline.reliability.errors import PetalError
     from petal.pipeline.reliability.signals import StopSignals
 
+    # NOTE: tqdm's default lock is a multiprocessing semaphore, registered with the coordinator's resource
+    # tracker; a killed worker would leave it behind (a warning at exit). A worker's bars are disabled anyway.
+    tqdm.set_lock(threading.RLock())
+    events = Channel(conn, slot.index)
     with StopSignals() as stop:
         try:
-            summary = _run(plan, slot, tasks, events, stop_claiming, stop)
+            summary = _run(plan, slot, events, stop)
         except PetalError as exc:
             events.put(("error", slot.index, exc.exit_code, exc.status, str(exc)))
             return
@@ -85,8 +114,7 @@ def worker_main(plan: WorkerPlan, slot: WorkerSlot, tasks: Any, events: Any, sto
     events.put(("done", slot.index, summary))
 
 
-def _run(plan: WorkerPlan, slot: WorkerSlot, tasks: Any, events: Any, stop_claiming: Any,
-         stop: Any) -> dict[str, Any]:
+def _run(plan: WorkerPlan, slot: WorkerSlot, events: Channel, stop: Any) -> dict[str, Any]:
     from petal.pipeline.ingest.prefetch import Prefetcher
     from petal.pipeline.ingest.tokens import tokenize_documents, tokenizer_for
     from petal.pipeline.jobs.index_run import _reraise, embed_shards
@@ -104,7 +132,7 @@ def _run(plan: WorkerPlan, slot: WorkerSlot, tasks: Any, events: Any, stop_claim
     report = RunReport(command="index-worker")
     closing = threading.Event()
     stats = ReadStats()
-    documents = claimed_documents(plan, tasks, stop_claiming, closing, stats)
+    documents = claimed_documents(plan, events, closing, stats)
     chunks = Prefetcher(tokenize_documents(documents, tokenizer_for(plan.spec), plan.job.tokenize_workers or 1),
                         depth=16)
     try:
@@ -138,12 +166,12 @@ def _run(plan: WorkerPlan, slot: WorkerSlot, tasks: Any, events: Any, stop_claim
             "oom_splits": report.retries["oom_splits"]}
 
 
-def claimed_documents(plan: WorkerPlan, tasks: Any, stop_claiming: Any, closing: threading.Event,
+def claimed_documents(plan: WorkerPlan, events: Channel, closing: threading.Event,
                       stats: ReadStats) -> Iterator[Any]:
     """The checked rows of every shard this worker claims, shard by shard (``Documents``, ``final`` last).
 
     A shard is claimed when the previous one is read (the consumer pulls: claiming is as lazy as
-    the read-ahead). The queue's ``None``, or the coordinator's stop, ends the claiming.
+    the read-ahead). The coordinator's ``None`` (no shard left, or stop) ends the claiming.
 
     NOTE: never wait for a commit before claiming: the packer holds a shard's last rows until the
     next shard's rows fill its batch, so that wait would never end.
@@ -152,7 +180,7 @@ def claimed_documents(plan: WorkerPlan, tasks: Any, stop_claiming: Any, closing:
     from petal.pipeline.ingest.parquet import read_rows
 
     while True:
-        position = _claim(tasks, stop_claiming, closing)
+        position = events.claim(closing)
         if position is None:
             return
         seen: set = set()
@@ -161,19 +189,10 @@ def claimed_documents(plan: WorkerPlan, tasks: Any, stop_claiming: Any, closing:
         yield Documents(position, [], [], [], final=True)
 
 
-def _claim(tasks: Any, stop_claiming: Any, closing: threading.Event) -> int | None:
-    while not (stop_claiming.is_set() or closing.is_set()):
-        try:
-            return tasks.get(timeout=0.1)  # type: ignore[no-any-return]
-        except queue.Empty:
-            continue
-    return None
-
-
 class ProgressEngine:
     """The worker's engine, counting the documents of each step for the coordinator's progress bar."""
 
-    def __init__(self, engine: Any, events: Any, worker: int) -> None:
+    def __init__(self, engine: Any, events: Channel, worker: int) -> None:
         self._engine = engine
         self._events = events
         self._worker = worker

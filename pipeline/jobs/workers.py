@@ -6,11 +6,13 @@ queues the positions of the shards to embed, and yields each store entry as a wo
 Workers claim shards as they go (pipeline/jobs/worker.py), so a slow shard never idles the others.
 The coordinator alone builds and publishes the index afterwards (pipeline/jobs/index_run.py).
 
-Failure: a worker that dies (SIGKILL, OOM killer, segfault) is noticed within a fraction of a
-second; the others stop claiming, commit the shards they hold, and the run ends with exit 75 (rerun:
-only the missing shards are embedded). A worker's ``PetalError`` (bad input 65, disk 74, ...)
-stops the run the same way with that error's exit code. SIGINT/SIGTERM of the coordinator are
-passed on to the workers, which stop at their next batch boundary.
+Each worker has its own pipe to the coordinator (claims, progress, commits), so nothing is
+shared between workers that a killed one could leave locked. Failure: a worker that dies
+(SIGKILL, OOM killer, segfault) is an EOF on its pipe, noticed at once; the others get no new
+shard, commit the shards they hold, and the run ends with exit 75 (rerun: only the missing shards
+are embedded). A worker's ``PetalError`` (bad input 65, disk 74, ...) stops the run the same way
+with that error's exit code. SIGINT/SIGTERM of the coordinator are passed on to the workers, which
+stop at their next batch boundary.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
-import queue
 import signal
 import sys
 import time
@@ -94,44 +95,38 @@ def embed_in_pool(plan: WorkerPlan, slots: list[WorkerSlot], report: RunReport, 
     Raises ``TemporaryFailure`` (75) when a worker died, ``WorkerFailed`` with a worker's own exit
     code, ``Interrupted`` after SIGINT/SIGTERM; always after every other worker stopped.
     """
+    import multiprocessing
+    from multiprocessing.connection import wait
+
     check_picklable(plan)
-    context = __import__("multiprocessing").get_context("spawn")
-    tasks, events, stop_claiming = context.Queue(), context.Queue(), context.Event()
-    for position in range(len(plan.shards)):
-        tasks.put(position)
-    for _ in slots:
-        tasks.put(None)  # one end marker per worker
+    if multiprocessing.current_process().daemon:
+        raise ConfigError("--devices/--workers start worker processes, and this process is a daemonic "
+                          "multiprocessing child, which may not have any: run petal in its own process")
+    context = multiprocessing.get_context("spawn")
     pool = _Pool(plan, slots, report, reads)
     progress = tqdm(total=sum(s.num_rows for s in plan.shards), unit="doc", file=sys.stderr,
                     disable=plan.job.quiet, desc=f"embedding ({len(slots)} workers)", dynamic_ncols=True,
                     mininterval=0.5)
-    processes = []
     try:
         for slot in slots:
+            ours, theirs = context.Pipe(duplex=True)
             with _environment("CUDA_VISIBLE_DEVICES", slot.cuda_device):  # NOTE: the child inherits it at spawn
-                process = context.Process(target=worker_main, args=(plan, slot, tasks, events, stop_claiming),
+                process = context.Process(target=worker_main, args=(plan, slot, theirs),
                                           name=f"petal-worker-{slot.index}", daemon=True)
                 process.start()
-            processes.append(process)
-        pool.processes = processes
+            theirs.close()  # NOTE: only the child holds it now, so its death is an EOF here
+            pool.add(slot, process, ours)
         forwarded = False
         while not pool.finished:
             if stop.requested and not forwarded:  # pass the signal on: workers stop at a batch boundary
-                stop_claiming.set()
+                pool.stopping = True
                 pool.signal_all(stop.signum)  # type: ignore[arg-type]
                 forwarded = True
-            try:
-                pool.handle(events.get(timeout=0.2), progress)
-            except queue.Empty:
-                pool.check_alive(events, progress)
-            if pool.failures:
-                stop_claiming.set()  # the others commit what they hold, then end
+            for ready in wait(pool.waitables(), timeout=0.2):
+                pool.serve(ready, progress)
             yield from pool.take_commits()
-        for event in _drain(events):  # commits that raced the last exit
-            pool.handle(event, progress)
-        yield from pool.take_commits()
     finally:
-        stop_claiming.set()
+        pool.stopping = True
         progress.close()
         pool.shut_down()
         pool.summarize()
@@ -148,12 +143,52 @@ class _Pool:
         self.report = report
         self.reads = reads
         self.processes: list[Any] = []
+        self.conns: dict[int, Any] = {}  # worker -> the coordinator's end of its pipe
+        self.queue = list(range(len(plan.shards)))[::-1]  # positions not handed out yet (pop from the end)
+        self.stopping = False  # a worker failed or a signal came: hand out no more shards
         self.ended: dict[int, str] = {}  # worker -> "done" | "error" | "lost"
         self.summaries: dict[int, dict[str, Any]] = {}
         self.engines: dict[int, dict[str, Any]] = {}
         self.failures: list[tuple[int, int, str, str]] = []  # (worker, exit code, status, message)
         self.committed = 0
         self.commits: list[tuple[int, StoreEntry]] = []  # handled, not yet handed to the run
+
+    def add(self, slot: WorkerSlot, process: Any, conn: Any) -> None:
+        self.processes.append(process)
+        self.conns[slot.index] = conn
+
+    def waitables(self) -> list[Any]:
+        return [conn for worker, conn in self.conns.items() if worker not in self.ended]
+
+    def serve(self, conn: Any, progress: Any) -> None:
+        """Every event waiting on ``conn``; its EOF is the worker's end (a death, without a last word)."""
+        worker = next(w for w, c in self.conns.items() if c is conn)
+        try:
+            while conn.poll():
+                event = conn.recv()
+                if event[0] == "claim":
+                    self._answer(worker, conn)
+                else:
+                    self.handle(event, progress)
+        except (EOFError, OSError):
+            if worker not in self.ended:
+                self._lost(worker)
+
+    def _answer(self, worker: int, conn: Any) -> None:
+        position = self.queue.pop() if self.queue and not self.stopping and not self.failures else None
+        try:
+            conn.send(position)
+        except OSError:  # it died after asking: the position goes back for a rerun to do
+            if position is not None:
+                self.queue.append(position)
+
+    def _lost(self, worker: int) -> None:
+        slot, process = self.slots[worker], self.processes[worker]
+        process.join(5)
+        self.ended[worker] = "lost"
+        code = process.exitcode
+        how = f"killed by {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit {code}"
+        self.failures.append((worker, 75, "failed", f"worker {worker} (pid {process.pid}, {slot.label}) died ({how})"))
 
     @property
     def finished(self) -> bool:
@@ -190,21 +225,6 @@ class _Pool:
         assert entry is not None and str(entry.path) == path, (position, path)
         return entry
 
-    def check_alive(self, events: Any, progress: Any) -> None:
-        """A worker gone without a last word died (SIGKILL, OOM killer, segfault)."""
-        for slot, process in zip(self.slots, self.processes):
-            if slot.index in self.ended or process.is_alive():
-                continue
-            for event in _drain(events):  # its last events may still be in the pipe
-                self.handle(event, progress)
-            if slot.index in self.ended:
-                continue
-            self.ended[slot.index] = "lost"
-            code = process.exitcode
-            how = f"killed by {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit {code}"
-            self.failures.append((slot.index, 75, "failed",
-                                  f"worker {slot.index} (pid {process.pid}, {slot.label}) died ({how})"))
-
     def signal_all(self, signum: int) -> None:
         for process in self.processes:
             if process.is_alive():
@@ -221,6 +241,8 @@ class _Pool:
             if process.is_alive():
                 process.kill()
                 process.join()
+        for conn in self.conns.values():
+            conn.close()
 
     def summarize(self) -> None:
         """The run report: each worker's summary (``workers``) and the totals."""
@@ -251,14 +273,6 @@ class _Pool:
         if code == 75:
             raise TemporaryFailure(detail)
         raise WorkerFailed(detail, code, status)
-
-
-def _drain(events: Any) -> Iterator[tuple[Any, ...]]:
-    while True:
-        try:
-            yield events.get(timeout=0.05)
-        except queue.Empty:
-            return
 
 
 @contextlib.contextmanager

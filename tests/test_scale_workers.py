@@ -1,0 +1,168 @@
+"""``petal index --workers N`` (``--devices`` on CUDA): worker processes embed, the coordinator publishes.
+
+Real processes (spawned workers, real SIGKILL), real Parquet, store and FAISS; the engine is the
+real tiny BERT for the equality test and the logging fake (tests/fake_engine.py) where a test must
+prove which rows were embedded by which run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from petal.cli.main import cli
+from petal.pipeline.config import ScaleConfig
+from tests.conftest import REPO
+from tests.fake_engine import embedded_ids, make_fake_model_dir, read_log
+from tests.test_incremental import contents
+
+pytestmark = pytest.mark.slow
+
+
+def write_shards(data: Path, count: int, rows: int, salt: str = "") -> list[str]:
+    data.mkdir(parents=True, exist_ok=True)
+    ids = []
+    for s in range(count):
+        shard_ids = [f"s{s}-{i}" for i in range(rows)]
+        texts = [f"shard {s} document {i} {salt} about topic {i % 5} and more words" for i in range(rows)]
+        pq.write_table(pa.table({"id": shard_ids, "text": texts}), data / f"shard-{s:02d}.parquet", row_group_size=7)
+        ids += shard_ids
+    return ids
+
+
+def index_cli(*args: str) -> None:
+    result = CliRunner().invoke(cli, ["index", *args, "-q"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+
+
+def test_two_workers_give_the_single_process_index(tiny_bert_dir, tmp_path):
+    data = tmp_path / "data"
+    ids = write_shards(data, count=5, rows=23)
+    common = [str(data), "--model", str(tiny_bert_dir), "--device", "cpu", "--max-seqs", "8"]
+    index_cli(*common, "--out", str(tmp_path / "one"))
+    index_cli(*common, "--out", str(tmp_path / "pool1"), "--workers", "1")
+    index_cli(*common, "--out", str(tmp_path / "two"), "--workers", "2", "--json-report", str(tmp_path / "r.json"))
+    one_rows, one_vectors = contents(tmp_path / "one")
+    assert sorted(r["id"] for r in one_rows) == sorted(ids)
+    for other in ("pool1", "two"):
+        rows, vectors = contents(tmp_path / other)
+        assert rows == one_rows  # same ids, rows and shards in the same FAISS order
+        np.testing.assert_allclose(vectors, one_vectors, rtol=0, atol=1e-5)
+    report = json.loads((tmp_path / "r.json").read_text())
+    workers = report["workers"]
+    assert [w["worker"] for w in workers] == [0, 1] and all(w["status"] == "done" for w in workers)
+    assert sum(w["shards"] for w in workers) == 5 and sum(w["rows"] for w in workers) == len(ids)
+    assert report["shards"]["embedded"] == 5 and report["tokens"] == sum(w["tokens"] for w in workers) > 0
+    assert report["engine"]["workers"] == 2
+
+
+@pytest.fixture(scope="module")
+def fake_model(tmp_path_factory) -> Path:
+    return make_fake_model_dir(tmp_path_factory.mktemp("model"))
+
+
+def committed(out: Path) -> int:
+    return len(list((out / "store" / "shards").glob("*/*/entry.json")))
+
+
+def wait_for(condition, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+class Petal:
+    """``python -m petal.cli.main ARGV`` in a fresh interpreter (forkrun's children are daemonic: no workers)."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], report: Path) -> None:
+        self.report = report
+        full_env = {**os.environ, "PYTHONPATH": str(REPO), **env}
+        self.process = subprocess.Popen([sys.executable, "-m", "petal.cli.main", *argv, "--json-report", str(report)],
+                                        env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.pid = self.process.pid
+
+    def wait(self, timeout: float = 240) -> tuple[int, str, dict]:
+        _, stderr = self.process.communicate(timeout=timeout)
+        return self.process.returncode, stderr, json.loads(self.report.read_text())
+
+
+def worker_pids(log: Path, coordinator: int) -> list[int]:
+    return sorted({r["pid"] for r in read_log(log) if r.get("load") and r["pid"] != coordinator})
+
+
+def test_kill_9_of_a_worker_exits_75_then_the_rerun_embeds_only_what_is_missing(fake_model, tmp_path):
+    data, out = tmp_path / "data", tmp_path / "out"
+    ids = write_shards(data, count=12, rows=20)
+    argv = ["index", str(data), "--out", str(out), "--model", str(fake_model), "-q", "--max-seqs", "4",
+            "--workers", "2"]
+    first_log = tmp_path / "first.jsonl"
+    slow = "after_batch:1+:sleep=0.05"  # every worker: batches of 4 rows, a few per second
+    child = Petal(argv, {"PETAL_TEST_FAKE_ENGINE": str(first_log), "PETAL_FAULT": slow}, tmp_path / "first.json")
+    wait_for(lambda: len(worker_pids(first_log, child.pid)) == 2 and committed(out) >= 1)
+    victim = worker_pids(first_log, child.pid)[0]
+    os.kill(victim, signal.SIGKILL)
+    rc, stderr, report = child.wait()
+    assert rc == 75, stderr
+    last = stderr.strip().splitlines()[-1]
+    assert f"pid {victim}" in last and "SIGKILL" in last and "rerun" in last, last
+    assert report["status"] == "failed" and report["exit_code"] == 75
+    statuses = sorted(w["status"] for w in report["workers"])
+    assert statuses == ["done", "lost"], report["workers"]
+    done = committed(out)
+    assert 1 <= done < 12 and report["shards"]["embedded"] == done
+    first_embedded = embedded_ids(first_log)
+
+    second_log = tmp_path / "second.jsonl"
+    rc, stderr, report = Petal(argv, {"PETAL_TEST_FAKE_ENGINE": str(second_log)}, tmp_path / "second.json").wait()
+    assert rc == 0, stderr
+    assert report["shards"] == {"total": 12, "embedded": 12 - done, "reused": done}
+    again = embedded_ids(second_log)
+    assert len(again) == len(set(again)) == 20 * (12 - done)  # only the shards not committed, once each
+    committed_first = {i.split("-")[0] for i in first_embedded} - {i.split("-")[0] for i in again}
+    assert len(committed_first) == done  # a committed shard is never embedded again
+    rows, _ = contents(out)
+    assert sorted(r["id"] for r in rows) == sorted(ids)  # nothing lost, nothing twice
+    assert not any((out / "store" / "tmp").iterdir())
+
+
+def test_a_worker_error_stops_the_run_with_its_exit_code(fake_model, tmp_path):
+    data, out = tmp_path / "data", tmp_path / "out"
+    write_shards(data, count=3, rows=10)
+    rc, stderr, report = Petal(["index", str(data), "--out", str(out), "--model", str(fake_model), "-q",
+                                "--workers", "2"], {"PETAL_TEST_FAKE_ENGINE": str(tmp_path / "log.jsonl"),
+                                                    "PETAL_FAULT": "read_batch:1+:eio"}, tmp_path / "r.json").wait()
+    assert rc == 74 and report["exit_code"] == 74, stderr
+    assert "read error" in stderr.strip().splitlines()[-1]
+
+
+def test_devices_flag_checks(tmp_path, fake_model):
+    assert ScaleConfig(devices="0,1").device_ids(2) == [0, 1]
+    assert ScaleConfig(devices="all").device_ids(3) == [0, 1, 2]
+    assert ScaleConfig(devices="2").device_ids(4) == [0, 1]
+    assert ScaleConfig(devices="3,").device_ids(4) == [3]
+    for bad in ("0,0", "x", "0", "-1"):
+        with pytest.raises(ValueError):
+            ScaleConfig(devices=bad)
+    with pytest.raises(ValueError, match="does not exist"):
+        ScaleConfig(devices="0,5").device_ids(2)
+    data = tmp_path / "data"
+    write_shards(data, count=1, rows=3)
+    runner = CliRunner()
+    bad = runner.invoke(cli, ["index", str(data), "--out", str(tmp_path / "o"), "--devices", "zero"])
+    assert bad.exit_code == 2 and "--devices" in bad.output
+    cpu = runner.invoke(cli, ["index", str(data), "--out", str(tmp_path / "o"), "--model", str(fake_model),
+                              "--device", "cpu", "--devices", "1", "-q"],
+                        env={"PETAL_TEST_FAKE_ENGINE": str(tmp_path / "l.jsonl")})
+    assert cpu.exit_code == 78 and "--workers" in cpu.output
