@@ -14,18 +14,28 @@ A decoding error (no ``errno``: bad magic, thrift, page data) is corruption (65)
 from __future__ import annotations
 
 import bisect
+import contextlib
 import glob
 import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from petal.pipeline.config import ReadConfig
+from petal.pipeline.ingest.remote import (
+    RemotePath,
+    is_denied,
+    is_storage_error,
+    is_uri,
+    list_remote,
+    stat_remote,
+    storage_error,
+)
 from petal.pipeline.reliability.errors import BadInputError, NoInputError, PetalError, PetalIOError
 from petal.pipeline.reliability.faults import fault
 
@@ -34,10 +44,15 @@ T = TypeVar("T")
 TEXT_TYPES = "string, large_string, string_view (or binary holding UTF-8)"
 
 
-def resolve_sources(sources: tuple[str, ...] | list[str]) -> list[Path]:
-    """Files, directories (every ``*.parquet`` below, sorted) and globs -> sorted unique shard paths."""
-    found: dict[str, Path] = {}
+def resolve_sources(sources: tuple[str, ...] | list[str]) -> list[Path | RemotePath]:
+    """Files, directories (every ``*.parquet`` below, sorted), globs and object-storage URIs (an object or
+    a prefix: pipeline/ingest/remote.py) -> sorted unique shard paths."""
+    found: dict[str, Path | RemotePath] = {}
     for source in sources:
+        if is_uri(source):
+            for remote in list_remote(source):
+                found.setdefault(remote.uri, remote)
+            continue
         path = Path(source).expanduser()
         if path.is_dir():
             matches = [p for p in path.rglob("*.parquet") if p.is_file()]
@@ -62,8 +77,8 @@ def resolve_sources(sources: tuple[str, ...] | list[str]) -> list[Path]:
 class ShardInfo:
     """One input shard as its footer describes it (read before any model work)."""
 
-    path: Path  # as the user named it (display, ids)
-    abs_path: str
+    path: Path | RemotePath  # as the user named it (display, ids); an object's safe URI for remote shards
+    abs_path: str  # the shard's identity: its resolved path, or its URI
     size: int
     mtime_ns: int
     num_rows: int
@@ -91,11 +106,16 @@ class ReadStats:
 
 def _transient(exc: BaseException) -> bool:
     # NOTE: pyarrow raises OSError for corrupt pages too, but without an errno; only the operating
-    # system's errors (EIO, ESTALE, ETIMEDOUT, ENOENT of a vanished file, ...) carry one.
+    # system's errors (EIO, ESTALE, ETIMEDOUT, ENOENT of a vanished file, ...) carry one, and object
+    # storage's client errors (no errno, "AWS Error ..."), of which all but a refusal are retried.
+    if is_storage_error(exc):
+        return not is_denied(exc)
     return isinstance(exc, OSError) and exc.errno is not None
 
 
-def _read_error(path: Path, exc: BaseException, retries: int, corrupt: str) -> PetalError:
+def _read_error(path: Path | RemotePath, exc: BaseException, retries: int, corrupt: str) -> PetalError:
+    if is_denied(exc):
+        return storage_error(f"cannot read {path}", exc)
     if _transient(exc):
         return PetalIOError(f"{path}: read error after {retries} retries ({exc}); "
                             "the file is unreadable now, not corrupt: rerun when the storage recovers")
@@ -120,12 +140,16 @@ def _retrying(call: Callable[[], T], read: ReadConfig, stats: ReadStats | None) 
             _backoff(read, retry, stats)
 
 
-def _footer(path: Path) -> tuple[os.stat_result, pq.FileMetaData]:
+def _footer(path: Path | RemotePath) -> tuple[Any, pq.FileMetaData]:
     fault("read_footer", path)
+    if isinstance(path, RemotePath):
+        stat = stat_remote(path)
+        with path.open() as fh:  # the footer only: ranged reads at the object's end
+            return stat, pq.read_metadata(fh)
     return path.stat(), pq.read_metadata(path)
 
 
-def inspect_shard(path: Path, read: ReadConfig, stats: ReadStats | None = None) -> ShardInfo:
+def inspect_shard(path: Path | RemotePath, read: ReadConfig, stats: ReadStats | None = None) -> ShardInfo:
     """Read one footer and check the schema. Raises ``BadInputError`` naming file, column and type."""
     try:
         stat, meta = _retrying(lambda: _footer(path), read, stats)
@@ -152,7 +176,7 @@ def inspect_shard(path: Path, read: ReadConfig, stats: ReadStats | None = None) 
         raise BadInputError(f"{path}: id column {read.id_column!r} has type {id_type}, expected an integer or string")
     return ShardInfo(
         path=path,
-        abs_path=str(path.resolve()),
+        abs_path=path.uri if isinstance(path, RemotePath) else str(path.resolve()),
         size=stat.st_size,
         mtime_ns=stat.st_mtime_ns,
         num_rows=meta.num_rows,
@@ -163,7 +187,7 @@ def inspect_shard(path: Path, read: ReadConfig, stats: ReadStats | None = None) 
     )
 
 
-def preflight(paths: list[Path], read: ReadConfig, stats: ReadStats | None = None) -> list[ShardInfo]:
+def preflight(paths: list[Path | RemotePath], read: ReadConfig, stats: ReadStats | None = None) -> list[ShardInfo]:
     """Every shard's footer and schema, checked before any model work; all problems in one error."""
     infos: list[ShardInfo] = []
     problems: list[str] = []
@@ -213,7 +237,9 @@ def batch_rows(pf: pq.ParquetFile, column: str, read: ReadConfig) -> int:
 
 def _record_batches(info: ShardInfo, columns: list[str], read: ReadConfig, start_row: int) -> Iterator[pa.RecordBatch]:
     """The shard's record batches from row ``start_row`` on (a retry resumes where it failed)."""
-    with pq.ParquetFile(info.path, buffer_size=read.read_buffer_bytes, pre_buffer=False) as pf:
+    source = info.path.open() if isinstance(info.path, RemotePath) else info.path  # ranged reads, never a download
+    with contextlib.closing(source) if isinstance(info.path, RemotePath) else contextlib.nullcontext(), \
+            pq.ParquetFile(source, buffer_size=read.read_buffer_bytes, pre_buffer=False) as pf:
         meta = pf.metadata
         starts = [0]
         for g in range(meta.num_row_groups):

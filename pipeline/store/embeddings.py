@@ -47,6 +47,15 @@ def sha256_file(path: Path | str) -> str:
     return digest.hexdigest()
 
 
+def shard_sha256(info: ShardInfo) -> str:
+    """A local shard's sha256; an object's identity from its size, mtime and footer (no download)."""
+    from petal.pipeline.ingest.remote import RemotePath, remote_sha256
+
+    if isinstance(info.path, RemotePath):
+        return remote_sha256(info.path, info.size, info.mtime_ns)
+    return sha256_file(info.path)
+
+
 def shard_key(info: ShardInfo | str) -> str:
     """Stable key of an input shard: its absolute path (given, or the shard's)."""
     abs_path = info if isinstance(info, str) else info.abs_path
@@ -110,6 +119,9 @@ class EmbeddingStore:
     def content_sha256(self, info: ShardInfo) -> str:
         """The shard's sha256, reused from an entry of the same path, size and mtime (no re-read)."""
         stat_key = (info.abs_path, info.size, info.mtime_ns)
+        # NOTE: an object's mtime may have whole-second resolution (S3): its footer hash is always taken (cheap)
+        if stat_key not in self._sha256 and "://" in info.abs_path:
+            self._sha256[stat_key] = shard_sha256(info)
         if stat_key not in self._sha256:
             for entry in self._entries_for(shard_key(info)):
                 src = entry.meta["source"]
@@ -117,7 +129,7 @@ class EmbeddingStore:
                     self._sha256[stat_key] = str(src["sha256"])
                     break
             else:
-                self._sha256[stat_key] = sha256_file(info.path)
+                self._sha256[stat_key] = shard_sha256(info)
         return self._sha256[stat_key]
 
     def remember_sha256(self, shards: list[ShardInfo], sha256: list[str]) -> None:

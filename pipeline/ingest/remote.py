@@ -1,0 +1,152 @@
+"""Shards in object storage: ``s3://``, ``gs://``, ``hdfs://`` or any URI ``pyarrow.fs.FileSystem.from_uri`` opens.
+
+A source URI names one object or a prefix (a "directory": every ``*.parquet`` below it, sorted).
+Credentials come from each filesystem's standard chain (for S3: ``AWS_ACCESS_KEY_ID`` /
+``AWS_SECRET_ACCESS_KEY``, ``AWS_PROFILE``, instance roles; ``AWS_ENDPOINT_URL`` or the URI's
+``?endpoint_override=host:port&scheme=http`` for S3-compatible servers). Footers and rows are read
+with ranged reads through the filesystem object, never by downloading a whole object.
+
+Change detection without reading a whole object: its size, its modification time and a sha256 of
+its Parquet footer (``remote_sha256``): a rewritten object gets a new mtime, and new content a new
+footer (offsets, sizes, statistics).
+
+NOTE: what is shown, stored in a manifest or a report, or logged is ``RemotePath.uri``: the scheme
+and the filesystem path only. A URI's user info (``s3://KEY:SECRET@bucket``) and query string
+(``?secret_key=...``) never leave this module.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+from petal.pipeline.reliability.errors import ConfigError, NoInputError, PetalError, PetalIOError
+
+URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+DENIED = ("ACCESS_DENIED", "INVALID_ACCESS_KEY_ID", "SIGNATURE_DOES_NOT_MATCH", "AccessDenied", "Forbidden",
+          "PermissionDenied", "Permission denied", "403")
+MISSING = ("NO_SUCH_BUCKET", "NoSuchBucket", "NO_SUCH_KEY", "NoSuchKey", "does not exist")
+
+
+def is_uri(source: str) -> bool:
+    """True for ``scheme://...`` sources other than ``file://`` (those are local paths)."""
+    return bool(URI.match(source)) and not source.lower().startswith("file://")
+
+
+def scheme_of(source: str) -> str:
+    return source.split("://", 1)[0].lower()
+
+
+def display_uri(source: str) -> str:
+    """``source`` without user info or query string: safe to show and store."""
+    scheme, _, rest = source.partition("://")
+    rest = rest.split("?", 1)[0].split("#", 1)[0]
+    authority, slash, path = rest.partition("/")
+    return f"{scheme.lower()}://{authority.rsplit('@', 1)[-1]}{slash}{path}"
+
+
+@dataclass(frozen=True)
+class RemotePath:
+    """An object in a pyarrow filesystem: the filesystem (picklable), its path there, and the safe URI."""
+
+    filesystem: Any  # pyarrow.fs.FileSystem
+    path: str  # as the filesystem names it ("bucket/key" for S3)
+    uri: str  # scheme://path: shown, stored, the shard's identity
+
+    def __str__(self) -> str:
+        return self.uri
+
+    @property
+    def name(self) -> str:
+        return self.path.rsplit("/", 1)[-1]
+
+    def open(self) -> Any:
+        """A random-access file reading by ranges (``pyarrow.NativeFile``)."""
+        return self.filesystem.open_input_file(self.path)
+
+
+def storage_error(where: str, exc: BaseException) -> PetalError:
+    """A filesystem error as the exit-code contract has it: denied 78, missing 66, anything else 74."""
+    message = str(exc)
+    if any(m in message for m in DENIED) or isinstance(exc, PermissionError):
+        return ConfigError(f"{where}: access denied ({_short(message)}); check the credentials the storage's "
+                           "standard chain provides (for S3: AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE)")
+    if any(m in message for m in MISSING) or isinstance(exc, FileNotFoundError):
+        return NoInputError(f"{where} does not exist ({_short(message)})")
+    return PetalIOError(f"{where}: storage error ({_short(message)}); rerun when the storage recovers")
+
+
+def is_storage_error(exc: BaseException) -> bool:
+    """An object-storage client error (pyarrow raises them as ``OSError`` without an errno)."""
+    return isinstance(exc, OSError) and ("AWS Error" in str(exc) or "GCS" in str(exc) or "HDFS" in str(exc))
+
+
+def is_denied(exc: BaseException) -> bool:
+    return is_storage_error(exc) and any(m in str(exc) for m in DENIED)
+
+
+def _short(message: str) -> str:
+    return message.split(". (Request ID")[0].strip()[:300]
+
+
+def list_remote(source: str) -> list[RemotePath]:
+    """The objects a URI names: itself, or every ``*.parquet`` below it (a prefix), sorted."""
+    from pyarrow import fs
+
+    shown = display_uri(source)
+    try:
+        filesystem, path = fs.FileSystem.from_uri(source)
+    except Exception as exc:  # unknown scheme, a bad query parameter, a filesystem not built into pyarrow
+        raise ConfigError(f"cannot open {shown}: {exc}") from exc
+    scheme = scheme_of(source)
+    try:
+        info = filesystem.get_file_info(path)
+        if info.type == fs.FileType.File:
+            return [RemotePath(filesystem, info.path, f"{scheme}://{info.path}")]
+        if info.type == fs.FileType.NotFound:
+            raise NoInputError(f"source {shown} does not exist (no such bucket, object or prefix)")
+        selector = fs.FileSelector(path, recursive=True)
+        found = [i.path for i in filesystem.get_file_info(selector)
+                 if i.type == fs.FileType.File and i.path.endswith(".parquet")]
+    except PetalError:
+        raise
+    except OSError as exc:
+        raise storage_error(f"cannot list {shown}", exc) from exc
+    if not found:
+        raise NoInputError(f"no *.parquet objects under {shown}")
+    return [RemotePath(filesystem, p, f"{scheme}://{p}") for p in sorted(found)]
+
+
+@dataclass(frozen=True)
+class RemoteStat:
+    st_size: int
+    st_mtime_ns: int
+
+
+def stat_remote(remote: RemotePath) -> RemoteStat:
+    from pyarrow import fs
+
+    info = remote.filesystem.get_file_info(remote.path)
+    if info.type != fs.FileType.File:
+        raise FileNotFoundError(2, "object does not exist", remote.uri)
+    return RemoteStat(int(info.size or 0), int(info.mtime_ns or 0))
+
+
+def remote_sha256(remote: RemotePath, size: int, mtime_ns: int) -> str:
+    """The content identity of an object: sha256 of its size, mtime and Parquet footer (two ranged reads)."""
+    with remote.open() as fh:
+        if size < 12:
+            footer = fh.read()
+        else:
+            fh.seek(size - 8)
+            tail = fh.read(8)
+            (length,) = struct.unpack("<i", tail[:4])
+            start = max(0, size - 8 - length)
+            fh.seek(start)
+            footer = fh.read(size - start)
+    digest = hashlib.sha256(f"remote:{size}:{mtime_ns}:".encode())
+    digest.update(footer)
+    return digest.hexdigest()

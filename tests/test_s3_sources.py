@@ -1,0 +1,111 @@
+"""``s3://`` sources against a real S3-compatible server on loopback (moto_server, authentication on).
+
+Listing a prefix, footer preflight, ranged reads, change detection (size, mtime, footer hash) and
+the exit codes of a missing bucket or object (66) and a refused key (78); no credential is ever
+written to the store, the index, the report or stderr.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from petal.cli.main import cli
+from tests.fake_engine import embedded_ids, make_fake_model_dir
+from tests.s3_server import S3Server, start_s3
+from tests.test_incremental import contents
+
+pytest.importorskip("moto")
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory) -> S3Server:
+    server = start_s3(tmp_path_factory.mktemp("moto") / "moto.log")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def fake_model(tmp_path_factory) -> Path:
+    return make_fake_model_dir(tmp_path_factory.mktemp("model"))
+
+
+def put_shard(s3: S3Server, bucket: str, key: str, prefix: str, rows: int, edition: int = 0) -> list[str]:
+    ids = [f"{prefix}-{i}" for i in range(rows)]
+    table = pa.table({"id": ids, "text": [f"{prefix} document {i} edition {edition}" for i in range(rows)]})
+    buffer = io.BytesIO()
+    pq.write_table(table, buffer, row_group_size=5)
+    s3.client().put_object(Bucket=bucket, Key=key, Body=buffer.getvalue())
+    return ids
+
+
+def run(argv: list[str], env: dict[str, str]):
+    return CliRunner().invoke(cli, argv, env=env)
+
+
+def test_index_an_s3_prefix_then_reindex_only_the_changed_object(s3, fake_model, tmp_path):
+    s3.client().create_bucket(Bucket="corpus")
+    ids = []
+    for name in "abc":
+        ids += put_shard(s3, "corpus", f"shards/{name}.parquet", name, 12)
+    put_shard(s3, "corpus", "elsewhere/z.parquet", "z", 3)  # outside the prefix: never read
+    out, report = tmp_path / "out", tmp_path / "report.json"
+    log1, log2 = tmp_path / "one.jsonl", tmp_path / "two.jsonl"
+    argv = ["index", "s3://corpus/shards", "--out", str(out), "--model", str(fake_model), "-q",
+            "--json-report", str(report)]
+    first = run(argv, {**s3.env(), "PETAL_TEST_FAKE_ENGINE": str(log1)})
+    assert first.exit_code == 0, first.output
+    assert sorted(embedded_ids(log1)) == sorted(ids)
+    rows, _ = contents(out)
+    assert sorted(r["id"] for r in rows) == sorted(ids)
+    assert {r["shard"] for r in rows} == {"a.parquet", "b.parquet", "c.parquet"}
+    manifest = json.loads(next((out / "versions").glob("*/manifest.json")).read_text())
+    assert [s["path"] for s in manifest["shards"]] == [f"s3://corpus/shards/{n}.parquet" for n in "abc"]
+
+    changed = put_shard(s3, "corpus", "shards/b.parquet", "b", 12, edition=1)  # same ids, new texts
+    second = run(argv, {**s3.env(), "PETAL_TEST_FAKE_ENGINE": str(log2)})
+    assert second.exit_code == 0, second.output
+    assert sorted(embedded_ids(log2)) == sorted(changed)  # only the changed object is embedded again
+    result = json.loads(report.read_text())
+    assert result["shards"] == {"total": 3, "embedded": 1, "reused": 2}
+    assert result["shard_changes"]["changed"] == ["s3://corpus/shards/b.parquet"]
+
+    # the endpoint in the URI (no AWS_ENDPOINT_URL), a single object: the same identity, nothing to do
+    env = {k: v for k, v in s3.env().items() if k != "AWS_ENDPOINT_URL"}
+    env["PETAL_TEST_FAKE_ENGINE"] = str(tmp_path / "three.jsonl")
+    third = run(["index", s3.uri("corpus/shards"), "--out", str(out), "--model", str(fake_model), "-q"], env)
+    assert third.exit_code == 0 and "nothing-to-do" in third.output, third.output
+
+    # no credential anywhere: store, versions, report, output
+    for path in [*out.rglob("*"), report]:
+        if path.is_file():
+            data = path.read_bytes()
+            assert s3.secret_key.encode() not in data and s3.access_key.encode() not in data, path
+    for result in (first, second, third):
+        assert s3.secret_key not in result.output and s3.access_key not in result.output
+
+
+def test_missing_bucket_object_and_refused_key_exit_codes(s3, fake_model, tmp_path):
+    s3.client().create_bucket(Bucket="codes")
+    put_shard(s3, "codes", "one.parquet", "one", 4)
+    env = {**s3.env(), "PETAL_TEST_FAKE_ENGINE": str(tmp_path / "log.jsonl")}
+
+    def index(source: str, env: dict[str, str]):
+        return run(["index", source, "--out", str(tmp_path / "out"), "--model", str(fake_model), "-q"], env)
+
+    missing_bucket = index("s3://no-such-bucket/shards", env)
+    assert missing_bucket.exit_code == 66 and "s3://no-such-bucket/shards does not exist" in missing_bucket.output
+    missing_object = index("s3://codes/two.parquet", env)
+    assert missing_object.exit_code == 66 and "s3://codes/two.parquet" in missing_object.output
+    secret = "wRoNgSeCrEt0123456789abcdefghijklmnopqrs"
+    refused = index(f"s3://AKIAIMPOSTOR:{secret}@codes/one.parquet", env)  # credentials in the URI
+    assert refused.exit_code == 78 and "access denied" in refused.output, refused.output
+    assert secret not in refused.output and "AKIAIMPOSTOR" not in refused.output
+    wrong_env = index("s3://codes/", {**env, "AWS_SECRET_ACCESS_KEY": secret})
+    assert wrong_env.exit_code == 78 and "access denied" in wrong_env.output and secret not in wrong_env.output
