@@ -31,7 +31,7 @@ def embed_scaled(job: IndexJob, shards: list[ShardInfo], fingerprints: list[str]
     if job.scale.ray:
         from petal.pipeline.jobs.ray_embed import embed_on_ray
 
-        return embed_on_ray(plan, job.scale, report, stop)
+        return embed_on_ray(plan, job.scale, report, stop, reads)
     from petal.pipeline.jobs.workers import embed_in_pool, worker_slots
 
     return embed_in_pool(plan, worker_slots(job.scale, config.device), report, stop, reads)

@@ -1,0 +1,154 @@
+"""The embed phase on Ray Data: ``petal index ... --ray [ADDRESS]`` (``pip install 'petal[ray]'``).
+
+A Ray Dataset holds one row per shard to embed; ``map_batches`` sends them (one at a time) through
+an actor pool, each actor holding one petal engine (one GPU: packing, CUDA graphs and LazyTensors
+inside). An actor streams its shard's Parquet itself, tokenizes it and commits its store entry under
+``OUT/store`` exactly as the single-process run does (same row numbers, skips, per-shard commit),
+so ``--out`` must be storage every node sees (NFS, a shared mount). The driver (this process)
+receives the commits as they stream back and then builds and publishes the index.
+
+Resume is unchanged: committed shards are not in the dataset. A killed actor is restarted by Ray and
+its shard retried (a half-written entry stays in ``store/tmp``, removed by the next run); a run that
+fails anyway ends with exit 75 and the rerun embeds only what is missing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
+
+from petal.pipeline.config import ScaleConfig
+from petal.pipeline.ingest.parquet import ReadStats
+from petal.pipeline.jobs.report import RunReport
+from petal.pipeline.jobs.worker import WorkerPlan, claimed_documents
+from petal.pipeline.reliability.errors import ConfigError, PetalError, TemporaryFailure
+from petal.pipeline.reliability.signals import StopSignals
+from petal.pipeline.store.embeddings import EmbeddingStore, StoreEntry
+
+RAY_MISSING = "--ray needs Ray Data, which is not installed: pip install 'petal[ray]' (or pip install 'ray[data]')"
+
+
+def import_ray() -> Any:
+    """``ray`` with Ray Data, or a ``ConfigError`` (78) that names the pip command."""
+    try:
+        import ray
+        import ray.data
+    except ImportError as exc:
+        raise ConfigError(RAY_MISSING) from exc
+    return ray
+
+
+class _Positions:
+    """Claims served from a fixed list (the shards of one Ray batch)."""
+
+    def __init__(self, positions: list[int]) -> None:
+        self._left = positions[::-1]
+
+    def claim(self, closing: threading.Event) -> int | None:
+        return self._left.pop() if self._left else None
+
+
+class ShardEmbedder:
+    """A Ray actor: one engine, loaded once; each call embeds and commits the batch's shards."""
+
+    def __init__(self, plan: WorkerPlan) -> None:
+        from tqdm import tqdm
+
+        from petal.pipeline.store.outputs import outputs_factory
+
+        tqdm.set_lock(threading.RLock())  # no multiprocessing semaphore per actor
+        self.plan = plan
+        self.engine = outputs_factory(plan.engine_factory, plan.transform)(plan.spec, plan.config)
+        self.store = EmbeddingStore(plan.store_root)  # NOTE: never ``open()``: others write in its tmp/
+        self.store.remember_sha256(plan.shards, plan.sha256)
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, list]:
+        from petal.pipeline.ingest.prefetch import Prefetcher
+        from petal.pipeline.ingest.tokens import tokenize_documents, tokenizer_for
+        from petal.pipeline.jobs.index_run import embed_shards
+
+        plan = self.plan
+        report, stats, closing = RunReport(command="index-actor"), ReadStats(), threading.Event()
+        documents = claimed_documents(plan, _Positions([int(p) for p in batch["position"]]), closing, stats)
+        chunks = Prefetcher(tokenize_documents(documents, tokenizer_for(plan.spec), plan.job.tokenize_workers or 1),
+                            depth=16)
+        out: dict[str, list] = {"position": [], "entry": [], "rows": [], "tokens": [], "pid": [], "read_retries": []}
+        try:
+            with contextlib.closing(embed_shards(chunks, plan.shards, plan.fingerprints, self.store, plan.settings,
+                                                 self.engine, replace(plan.job, quiet=True), report, StopSignals(),
+                                                 None)) as commits:
+                for position, entry in commits:
+                    out["position"].append(position)
+                    out["entry"].append(str(entry.path))
+                    out["rows"].append(entry.num_embedded)
+        finally:
+            closing.set()
+            chunks.close()
+        n = len(out["position"])
+        out["tokens"] = [report.tokens if i == 0 else 0 for i in range(n)]  # the batch's tokens, counted once
+        out["pid"] = [os.getpid()] * n
+        out["read_retries"] = [stats.retries if i == 0 else 0 for i in range(n)]
+        return out
+
+
+def embed_on_ray(plan: WorkerPlan, scale: ScaleConfig, report: RunReport, stop: StopSignals,
+                 reads: ReadStats) -> Iterator[tuple[int, StoreEntry]]:
+    """Embed ``plan.shards`` through a Ray Data actor pool; yields ``(position, entry)`` as each commits."""
+    ray = import_ray()
+    if not ray.is_initialized():
+        # NOTE: address None: RAY_ADDRESS if set, else a new local instance; "auto": the running cluster
+        ray.init(address=scale.ray_address, log_to_driver=False)
+    context = ray.data.DataContext.get_current()
+    context.enable_progress_bars = not plan.job.quiet
+    gpu = plan.config.device == "cuda"
+    actors = scale.workers or (max(1, int(ray.cluster_resources().get("GPU", 0))) if gpu else 1)
+    dataset = ray.data.from_items([{"position": i} for i in range(len(plan.shards))],
+                                  override_num_blocks=len(plan.shards))
+    results = dataset.map_batches(ShardEmbedder, fn_constructor_args=(plan,), batch_size=1, concurrency=actors,
+                                  num_gpus=1 if gpu else 0, num_cpus=1, zero_copy_batch=True)
+    store = EmbeddingStore(plan.store_root)
+    per_actor: dict[int, dict[str, int]] = {}
+    committed = 0
+    try:
+        for row in results.iter_rows():
+            stop.check()
+            position = int(row["position"])
+            entry = store.lookup(plan.shards[position], plan.fingerprints[position])
+            assert entry is not None and str(entry.path) == row["entry"], row
+            actor = per_actor.setdefault(int(row["pid"]), {"shards": 0, "rows": 0, "tokens": 0, "read_retries": 0})
+            actor["shards"] += 1
+            actor["rows"] += int(row["rows"])
+            actor["tokens"] += int(row["tokens"])
+            actor["read_retries"] += int(row["read_retries"])
+            committed += 1
+            yield position, entry
+    except PetalError:
+        raise
+    except Exception as exc:
+        raise _ray_failure(exc, committed, len(plan.shards)) from exc
+    finally:
+        report.workers = [{"worker": i, "pid": pid, "device": "cuda" if gpu else "cpu", **counts, "status": "done"}
+                          for i, (pid, counts) in enumerate(sorted(per_actor.items()))]
+        report.tokens += sum(w["tokens"] for w in report.workers)
+        reads.retries += sum(w["read_retries"] for w in report.workers)
+        report.engine = {"ray": True, "actors": actors, "address": scale.ray_address or "local"}
+
+
+def _ray_failure(exc: BaseException, committed: int, total: int) -> PetalError:
+    """A Ray error as the exit-code contract has it: an actor's ``PetalError`` keeps its code; the rest is 75."""
+    cause = exc
+    seen = 0
+    while cause is not None and seen < 10:  # RayTaskError wraps the actor's exception (``cause``)
+        if isinstance(cause, PetalError):
+            from petal.pipeline.jobs.workers import WorkerFailed
+
+            return WorkerFailed(f"{cause} ({committed} of {total} shards committed)", cause.exit_code, cause.status)
+        cause = getattr(cause, "cause", None) or cause.__cause__
+        seen += 1
+    first_line = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+    return TemporaryFailure(f"the Ray run failed ({first_line}); {committed} of {total} shards committed, "
+                            f"{total - committed} not: rerun to embed only those")

@@ -1,0 +1,104 @@
+"""``petal index --ray``: a real local Ray instance (``ray.init(num_cpus=2)``, CPU actors) embeds the shards
+through Ray Data; the driver publishes. Skipped when Ray is not installed (``pip install 'petal[ray]'``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from petal.cli.main import cli
+from tests.conftest import REPO
+from tests.fake_engine import make_fake_model_dir, read_log
+from tests.test_incremental import contents
+from tests.test_scale_workers import write_shards
+
+ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": str(REPO), "TOKENIZERS_PARALLELISM": "false"}})
+    yield
+    ray.shutdown()
+
+
+def index(*args: str, env: dict[str, str] | None = None):
+    return CliRunner().invoke(cli, ["index", *args, "-q"], env=env)
+
+
+def test_ray_gives_the_single_process_index(local_ray, tiny_bert_dir, tmp_path):
+    data = tmp_path / "data"
+    ids = write_shards(data, count=4, rows=17)
+    common = [str(data), "--model", str(tiny_bert_dir), "--device", "cpu", "--max-seqs", "8"]
+    one = index(*common, "--out", str(tmp_path / "one"))
+    assert one.exit_code == 0, one.output
+    on_ray = index(*common, "--out", str(tmp_path / "ray"), "--ray", "--workers", "2",
+                   "--json-report", str(tmp_path / "r.json"))
+    assert on_ray.exit_code == 0, on_ray.output
+    one_rows, one_vectors = contents(tmp_path / "one")
+    rows, vectors = contents(tmp_path / "ray")
+    assert rows == one_rows and sorted(r["id"] for r in rows) == sorted(ids)
+    np.testing.assert_allclose(vectors, one_vectors, rtol=0, atol=1e-5)
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["shards"]["embedded"] == 4 and sum(w["shards"] for w in report["workers"]) == 4
+    again = index(*common, "--out", str(tmp_path / "ray"), "--ray")  # everything committed: Ray is not even asked
+    assert again.exit_code == 0 and "nothing-to-do" in again.output
+
+
+def test_killing_an_actor_mid_run_then_rerunning_completes(local_ray, tmp_path):
+    model = make_fake_model_dir(tmp_path / "model")
+    data, out, log = tmp_path / "data", tmp_path / "out", tmp_path / "engine.jsonl"
+    ids = write_shards(data, count=8, rows=20)
+    env = {"PETAL_TEST_FAKE_ENGINE": str(log), "PETAL_FAULT": "after_batch:1+:sleep=0.1"}
+    killed: list[int] = []
+
+    def kill_an_actor() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            embedding = [r["pid"] for r in read_log(log) if "id" in r and r["pid"] != os.getpid()]
+            if len(embedding) >= 8:
+                os.kill(embedding[-1], signal.SIGKILL)
+                killed.append(embedding[-1])
+                return
+            time.sleep(0.05)
+
+    killer = threading.Thread(target=kill_an_actor)
+    killer.start()
+    first = index(str(data), "--out", str(out), "--model", str(model), "--max-seqs", "4", "--ray", "--workers", "2",
+                  env=env)
+    killer.join()
+    assert killed, "no actor was embedding"
+    assert first.exit_code in (0, 75), first.output  # Ray retried the shard on a new actor, or the run stopped
+    rerun = index(str(data), "--out", str(out), "--model", str(model), "--ray",
+                  env={"PETAL_TEST_FAKE_ENGINE": str(tmp_path / "rerun.jsonl")})
+    assert rerun.exit_code == 0, rerun.output
+    rows, _ = contents(out)
+    assert sorted(r["id"] for r in rows) == sorted(ids)  # nothing lost, nothing twice
+
+
+def test_without_ray_a_clear_message(tmp_path, monkeypatch):
+    import builtins
+
+    from petal.pipeline.jobs.ray_embed import RAY_MISSING, import_ray
+    from petal.pipeline.reliability.errors import ConfigError
+
+    real = builtins.__import__
+
+    def no_ray(name, *args, **kwargs):
+        if name == "ray" or name.startswith("ray."):
+            raise ImportError("No module named 'ray'")
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_ray)
+    with pytest.raises(ConfigError, match="pip install") as caught:
+        import_ray()
+    assert caught.value.exit_code == 78 and "petal[ray]" in RAY_MISSING
