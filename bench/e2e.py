@@ -69,7 +69,7 @@ def sentence_transformers_e2e(paths: list[Path], model_dir: Path, device: str, o
 
 def run_e2e_bench(model_dir: Path, corpus: Path, num_docs: int, device: str, token_budget: int | None = None,
                   baseline: bool = True, workdir: Path | None = None,
-                  tokenize_workers: list[int] | tuple[int, ...] = (2,)) -> dict[str, Any]:
+                  tokenize_workers: list[int] | tuple[int, ...] = (2,), scale: Any = None) -> dict[str, Any]:
     """petal vs tokenizer-only (and sentence-transformers) on one corpus. One petal run per value of
     ``tokenize_workers``, each right after a tokenizer-only run (the pair gives its ratio); the
     top-level figures are the first run's: the process's first run, so it pays the cold start
@@ -89,11 +89,12 @@ def run_e2e_bench(model_dir: Path, corpus: Path, num_docs: int, device: str, tok
         tokenize_s = tokenizer_only(paths, tokenizer)
         job = IndexJob(sources=(str(work / "corpus"),), out=work / f"petal-out-{number}", model=str(model_dir),
                        read=ReadConfig(), index=IndexSettings(factory="Flat"), device=device,
-                       token_budget=token_budget, quiet=True, tokenize_workers=workers)
+                       token_budget=token_budget, quiet=True, tokenize_workers=workers, scale=scale)
         started = time.perf_counter()
         report = run_index(job, RunReport())
         petal_s = time.perf_counter() - started
-        runs.append({"tokenize_workers": workers, "tokenizer_only_tokens_per_s": tokens / tokenize_s,
+        runs.append({"tokenize_workers": workers, "scale": _scale_label(scale),
+                     "tokenizer_only_tokens_per_s": tokens / tokenize_s,
                      "petal_tokens_per_s": tokens / petal_s, "petal_seconds": petal_s,
                      "fraction_of_tokenizer_only": tokenize_s / petal_s, "petal_report": report.as_dict()})
     result: dict[str, Any] = {
@@ -107,8 +108,16 @@ def run_e2e_bench(model_dir: Path, corpus: Path, num_docs: int, device: str, tok
     return result
 
 
+def _scale_label(scale: Any) -> str:
+    if scale is None:
+        return "in-process"
+    return ", ".join(f"{k} {v}" for k, v in (("devices", scale.devices), ("workers", scale.workers)) if v) or "pool"
+
+
 def format_e2e_table(r: dict[str, Any]) -> str:
-    lines = [f"E2E ({r['device']}, {r['cpu_count']} CPUs): {r['docs']} docs, {r['tokens']} tokens, Parquet -> FAISS",
+    how = r["runs"][0].get("scale", "in-process")
+    lines = [f"E2E ({r['device']}, {r['cpu_count']} CPUs, {how}): {r['docs']} docs, {r['tokens']} tokens, "
+             "Parquet -> FAISS",
              f"  petal                  {r['petal_tokens_per_s'] / 1e3:>9,.1f}k tok/s "
              f"({r['fraction_of_tokenizer_only']:.0%} of tokenizer-only)",
              f"  tokenizer only         {r['tokenizer_only_tokens_per_s'] / 1e3:>9,.1f}k tok/s"]

@@ -79,10 +79,15 @@ def bench_gpu(shapes: tuple[str, ...], scenarios: str, token_budget: int, max_se
 @click.option("--no-baseline", is_flag=True, help="Skip sentence-transformers.")
 @click.option("--tokenize-workers", default="2", show_default=True,
               help="Comma-separated: one petal run (after its own tokenizer-only run) per value.")
+@click.option("--devices", default=None, metavar="all|N|0,1",
+              help="Embed through worker processes, one per CUDA device (as petal index --devices).")
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="Embed through this many worker processes (as petal index --workers).")
 @click.option("--json", "as_json", is_flag=True)
 @user_errors
 def bench_e2e(model: str | None, shape: str | None, tokenizer_dir: Path | None, corpus: Path, num_docs: int,
-              device: str, no_baseline: bool, tokenize_workers: str, as_json: bool) -> None:
+              device: str, no_baseline: bool, tokenize_workers: str, devices: str | None, workers: int | None,
+              as_json: bool) -> None:
     """Parquet -> FAISS end to end: petal vs sentence-transformers vs tokenizer-only, same data."""
     import tempfile
 
@@ -105,14 +110,18 @@ def bench_e2e(model: str | None, shape: str | None, tokenizer_dir: Path | None, 
                                    Path(tempfile.mkdtemp(prefix=f"petal-{shape}-")))
         del hf
     try:
-        workers = [int(w) for w in tokenize_workers.split(",") if w.strip()]
-        if any(w < 1 for w in workers):
+        tokenizers = [int(w) for w in tokenize_workers.split(",") if w.strip()]
+        if any(w < 1 for w in tokenizers):
             raise ValueError
     except ValueError:
         raise click.BadParameter(f"{tokenize_workers!r} is not a comma-separated list of whole numbers >= 1",
                                  param_hint="--tokenize-workers") from None
+    from petal.cli.common import usage
+    from petal.cli.scale_options import scale_config
+
+    scale = usage(lambda: scale_config(devices, workers, None))
     result = run_e2e_bench(model_dir, corpus, num_docs, dev, baseline=not no_baseline,
-                           tokenize_workers=workers or [2])
+                           tokenize_workers=tokenizers or [2], scale=scale)
     click.echo(json.dumps(result) if as_json else format_e2e_table(result))
 
 

@@ -32,3 +32,14 @@ def test_e2e_bench_pairs_each_run_with_tokenizer_only(tiny_bert_dir: Path, tmp_p
     assert result["petal_seconds"] == result["runs"][0]["petal_seconds"]
     table = format_e2e_table(result)
     assert "[2 tokenize workers]" in table and "petal, 1 tokenize workers" in table
+
+
+def test_e2e_bench_through_the_worker_pool(tiny_bert_dir: Path, tmp_path: Path):
+    from petal.pipeline.config import ScaleConfig
+
+    result = run_e2e_bench(tiny_bert_dir, Path("sample_data"), 120, "cpu", baseline=False, workdir=tmp_path,
+                           scale=ScaleConfig(workers=1))
+    report = result["runs"][0]["petal_report"]
+    assert report["status"] == "success" and report["rows"]["embedded"] == 120
+    assert [w["status"] for w in report["workers"]] == ["done"] and report["tokens"] == result["tokens"]
+    assert "workers 1" in format_e2e_table(result)
