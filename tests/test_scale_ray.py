@@ -77,7 +77,6 @@ def test_killing_an_actor_mid_run_then_rerunning_completes(local_ray, tmp_path):
                   env=env)
     killer.join()
     assert killed, "no actor was embedding"
-    print("RAY-KILL-RESULT", first.exit_code, first.output[-300:])
     assert first.exit_code in (0, 75), first.output  # Ray retried the shard on a new actor, or the run stopped
     rerun = index(str(data), "--out", str(out), "--model", str(model), "--ray",
                   env={"PETAL_TEST_FAKE_ENGINE": str(tmp_path / "rerun.jsonl")})

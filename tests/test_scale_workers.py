@@ -166,3 +166,28 @@ def test_devices_flag_checks(tmp_path, fake_model):
                               "--device", "cpu", "--devices", "1", "-q"],
                         env={"PETAL_TEST_FAKE_ENGINE": str(tmp_path / "l.jsonl")})
     assert cpu.exit_code == 78 and "--workers" in cpu.output
+
+
+def test_sigterm_of_the_coordinator_stops_every_worker_then_resumes(fake_model, tmp_path):
+    data, out = tmp_path / "data", tmp_path / "out"
+    ids = write_shards(data, count=8, rows=20)
+    argv = ["index", str(data), "--out", str(out), "--model", str(fake_model), "-q", "--max-seqs", "4",
+            "--workers", "2"]
+    log = tmp_path / "first.jsonl"
+    child = Petal(argv, {"PETAL_TEST_FAKE_ENGINE": str(log), "PETAL_FAULT": "after_batch:1+:sleep=0.05"},
+                  tmp_path / "first.json")
+    wait_for(lambda: len(worker_pids(log, child.pid)) == 2 and committed(out) >= 1)
+    workers = worker_pids(log, child.pid)
+    child.process.send_signal(signal.SIGTERM)
+    rc, stderr, report = child.wait()
+    assert rc == 143 and report["status"] == "interrupted", stderr
+    for pid in workers:  # no worker outlives the run
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    done = committed(out)
+    assert done == report["shards"]["embedded"] < 8 and not any((out / "store" / "tmp").iterdir())
+    rc, stderr, report = Petal(argv, {"PETAL_TEST_FAKE_ENGINE": str(tmp_path / "second.jsonl")},
+                               tmp_path / "second.json").wait()
+    assert rc == 0 and report["shards"] == {"total": 8, "embedded": 8 - done, "reused": done}, stderr
+    rows, _ = contents(out)
+    assert sorted(r["id"] for r in rows) == sorted(ids)

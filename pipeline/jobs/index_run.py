@@ -59,7 +59,12 @@ def model_spec(model: str | None, max_length: int | None, options: ModelOptions 
 
 
 def engine_config(job: IndexJob, spec: ModelSpec) -> EngineConfig:
-    device = resolve_device(job.device)
+    if job.scale is not None and job.scale.ray:  # the actors' device: the Ray cluster's GPUs, not this process's
+        from petal.pipeline.jobs.ray_embed import ray_device
+
+        device = ray_device(job.device, job.scale)
+    else:
+        device = resolve_device(job.device)
     budget = job.token_budget or default_token_budget(device, spec.pooling.max_length)
     if budget < spec.pooling.max_length:
         raise ValueError(f"token budget {budget} < max length {spec.pooling.max_length}: "

@@ -42,6 +42,28 @@ def import_ray() -> Any:
     return ray
 
 
+def connect(scale: ScaleConfig) -> Any:
+    """``ray``, connected: to ``scale.ray_address``, else ``RAY_ADDRESS``, else a new local instance."""
+    ray = import_ray()
+    if not ray.is_initialized():
+        try:
+            ray.init(address=scale.ray_address, log_to_driver=False)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            where = scale.ray_address or "RAY_ADDRESS/local"
+            raise TemporaryFailure(f"cannot connect to Ray at {where}: {exc}") from exc
+    return ray
+
+
+def ray_device(device: str, scale: ScaleConfig) -> str:
+    """Where the actors run: ``auto`` is ``cuda`` when the cluster has GPUs (the driver may have none)."""
+    if device == "cpu":
+        return "cpu"
+    gpus = int(connect(scale).cluster_resources().get("GPU", 0))
+    if device == "cuda" and gpus == 0:
+        raise ValueError("--device cuda was asked for, but the Ray cluster has no GPU")
+    return "cuda" if gpus else "cpu"
+
+
 class _Positions:
     """Claims served from a fixed list (the shards of one Ray batch)."""
 
@@ -98,10 +120,7 @@ class ShardEmbedder:
 def embed_on_ray(plan: WorkerPlan, scale: ScaleConfig, report: RunReport, stop: StopSignals,
                  reads: ReadStats) -> Iterator[tuple[int, StoreEntry]]:
     """Embed ``plan.shards`` through a Ray Data actor pool; yields ``(position, entry)`` as each commits."""
-    ray = import_ray()
-    if not ray.is_initialized():
-        # NOTE: address None: RAY_ADDRESS if set, else a new local instance; "auto": the running cluster
-        ray.init(address=scale.ray_address, log_to_driver=False)
+    ray = connect(scale)
     context = ray.data.DataContext.get_current()
     context.enable_progress_bars = not plan.job.quiet
     gpu = plan.config.device == "cuda"
