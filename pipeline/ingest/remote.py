@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import re
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from petal.pipeline.reliability.errors import ConfigError, NoInputError, PetalError, PetalIOError
@@ -52,7 +52,7 @@ def display_uri(source: str) -> str:
 class RemotePath:
     """An object in a pyarrow filesystem: the filesystem (picklable), its path there, and the safe URI."""
 
-    filesystem: Any  # pyarrow.fs.FileSystem
+    filesystem: Any = field(compare=False)  # pyarrow.fs.FileSystem (identity is the path, not the client)
     path: str  # as the filesystem names it ("bucket/key" for S3)
     uri: str  # scheme://path: shown, stored, the shard's identity
 
