@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import pickle
 import signal
 import sys
 import time
@@ -81,8 +80,11 @@ def _physical(device_id: int) -> str:
 
 
 def check_picklable(plan: WorkerPlan) -> None:
+    """The plan crosses to the workers as multiprocessing sends it (between petal's own processes only)."""
+    from multiprocessing.reduction import ForkingPickler
+
     try:
-        pickle.dumps(plan)
+        ForkingPickler.dumps(plan)
     except Exception as exc:
         raise ConfigError(f"worker processes need a picklable engine factory and settings ({exc}); "
                           "pass a module-level class or functools.partial, or run without --workers") from exc
