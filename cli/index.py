@@ -78,6 +78,14 @@ def engine_factory() -> Callable[..., Any] | None:
 @click.option("--index-factory", default="auto", show_default=True,
               help="FAISS index factory string, or auto (Flat when small, IVF above).")
 @index_options
+@click.option("--sync", is_flag=True,
+              help="The index mirrors exactly the SOURCES: shards not named are removed (default: additive, "
+                   "shards not named are kept).")
+@click.option("--max-removed", default=None, metavar="N|F",
+              help="Fail (exit 65, nothing published) when more documents of the live version would be removed: "
+                   "a count or a fraction (0.1, 10%) [default: 0; 10% with --sync].")
+@click.option("--delete", "delete", type=click.Path(path_type=Path), default=None, metavar="IDS.parquet",
+              help="Remove these ids (the id column, or the file's only column) in the version this run publishes.")
 @click.option("--full", is_flag=True, help="Rebuild from scratch: re-embed every shard, accept changed settings.")
 @click.option("--strict", is_flag=True, help="Any bad row fails the run (exit 65) instead of being skipped.")
 @click.option("--max-bad-rows", default=None, metavar="N|F",
@@ -94,7 +102,8 @@ def engine_factory() -> Callable[..., Any] | None:
 def index(sources: tuple[str, ...], out: Path, model: str | None, id_column: str | None, text_column: str,
           device: str, dtype: str, attention: str, max_length: int | None, token_budget: int | None, max_seqs: int,
           no_cuda_graphs: bool, index_factory: str, metric: str, index_memory: str, target_recall: float,
-          full: bool, strict: bool, max_bad_rows: str | None, keep_versions: int, wait: bool,
+          sync: bool, max_removed: str | None, delete: Path | None, full: bool, strict: bool,
+          max_bad_rows: str | None, keep_versions: int, wait: bool,
           json_report: Path | None, quiet: bool, pooling: str | None, attention_mask: str | None,
           query_prompt: str | None, allow_pickle_weights: bool, dim: int | None, quantize: str,
           output_dtype: str, devices: str | None, workers: int | None, ray: str | None) -> None:
@@ -108,6 +117,7 @@ def index(sources: tuple[str, ...], out: Path, model: str | None, id_column: str
     from petal.engine.config import ModelOptions
     from petal.pipeline.config import BadRowBudget, IndexJob, IndexSettings, ReadConfig, parse_size
     from petal.pipeline.index.output_index import check_index_factory
+    from petal.pipeline.jobs.removals import RemovalLimit
     from petal.pipeline.jobs.report import RunReport
     from petal.pipeline.reliability.errors import PetalError
     from petal.pipeline.store.outputs import OutputConfig
@@ -124,6 +134,8 @@ def index(sources: tuple[str, ...], out: Path, model: str | None, id_column: str
             token_budget=token_budget, max_seqs=max_seqs, full=full, strict=strict, quiet=quiet,
             json_report=json_report, keep_versions=keep_versions, wait=wait,
             max_bad_rows=BadRowBudget.parse(max_bad_rows) if max_bad_rows is not None else None,
+            sync=sync, max_removed=RemovalLimit.parse(max_removed) if max_removed is not None else None,
+            delete=delete,
             model_options=ModelOptions(pooling=pooling, attention_mask=attention_mask,  # type: ignore[arg-type]
                                        query_prompt=query_prompt, allow_pickle_weights=allow_pickle_weights),
             output=OutputConfig(dim=dim, quantize=quantize, output_dtype=output_dtype),

@@ -147,6 +147,9 @@ class IndexJob:
     output: OutputConfig = field(default_factory=OutputConfig)  # --dim, --quantize, --output-dtype
     tokenize_workers: int | None = None  # batches tokenized at once; None: PETAL_TOKENIZE_WORKERS, else 2
     scale: ScaleConfig | None = None  # --devices/--workers/--ray: embed in worker processes; None: in this process
+    sync: bool = False  # --sync: the version holds exactly the SOURCES; else additive (pipeline/jobs/removals.py)
+    max_removed: Any = None  # --max-removed (a RemovalLimit); None: 0 additive, 10% with --sync
+    delete: Path | None = None  # --delete IDS.parquet: ids removed in the next version (tombstones)
 
     def __post_init__(self) -> None:
         if not self.sources:

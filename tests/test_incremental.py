@@ -23,6 +23,7 @@ from petal.pipeline.config import IndexJob, IndexSettings, ReadConfig
 from petal.pipeline.index.faiss_loader import load_faiss
 from petal.pipeline.index.search import IndexReader
 from petal.pipeline.jobs.index_run import run_index
+from petal.pipeline.jobs.removals import RemovalLimit
 from petal.pipeline.jobs.report import RunReport
 from tests.fake_engine import embedded_ids, fake_engine_factory
 
@@ -41,10 +42,11 @@ def model_dir(tiny_bert_dir, tmp_path) -> Path:
     return Path(shutil.copytree(tiny_bert_dir, tmp_path / "model"))
 
 
-def index(data: Path, out: Path, model_dir: Path, log: list, full: bool = False, **settings) -> RunReport:
+def index(data: Path, out: Path, model_dir: Path, log: list, full: bool = False, sync: bool = False,
+          max_removed: RemovalLimit | None = None, **settings) -> RunReport:
     """One run with the fake engine; ``log`` gains the ids of every document it embedded."""
     job = IndexJob(sources=(str(data),), out=out, model=str(model_dir), read=ReadConfig(),
-                   index=IndexSettings(**settings), quiet=True, full=full)
+                   index=IndexSettings(**settings), quiet=True, full=full, sync=sync, max_removed=max_removed)
     engine_log = out.parent / f"{out.name}-engine-{uuid.uuid4().hex[:8]}.jsonl"
     report = run_index(job, RunReport(), engine_factory=fake_engine_factory(engine_log))
     log.extend(embedded_ids(engine_log))
@@ -81,9 +83,12 @@ def test_only_changed_shards_are_embedded_and_equal_a_full_rebuild(model_dir, tm
     e = {"a-3": "this document moved to shard e", **docs("e", 5)}
     write(data, "e.parquet", e)
     log.clear()
-    second = index(data, out, model_dir, log)
+    # --sync: the index mirrors the directory (c is dropped: 20 of 80 documents, over the default 10%)
+    second = index(data, out, model_dir, log, sync=True, max_removed=RemovalLimit(fraction=0.3))
     assert sorted(log) == sorted([*b2, *e])  # nothing else went through the engine
     assert second.shards == {"total": 4, "embedded": 2, "reused": 2}
+    assert second.removed["documents"] == 20 and second.removed["replaced"] == 1
+    assert second.removed["shards"] == [str(data / "c.parquet")]
     assert {k: [Path(p).name for p in v] for k, v in second.shard_changes.items()} == {
         "added": ["e.parquet"], "changed": ["b.parquet"], "removed": ["c.parquet"],
         "unchanged": ["a.parquet", "d.parquet"]}

@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from petal.pipeline.store.embeddings import StoreEntry
+from petal.pipeline.store.tombstones import deleted_rows
 
 
 class StoreVectors:
@@ -31,10 +32,12 @@ class StoreVectors:
                for e in entries]
         sizes = [len(column) for column in ids]
         all_ids = pa.chunked_array([c for column in ids for c in column.chunks], self.id_type)
+        alive = deleted_mask(entries, sizes)  # rows removed by --delete take no part in de-duplication
         seq = pa.array(np.arange(len(all_ids), dtype=np.int64))
-        last = pa.table({"id": all_ids, "seq": seq}).group_by("id").aggregate([("seq", "max")])
+        last = pa.table({"id": all_ids, "seq": seq}).filter(pa.array(alive)).group_by("id").aggregate([("seq", "max")])
         kept = np.zeros(len(all_ids), dtype=bool)
         kept[last.column("seq_max").to_numpy()] = True
+        self.deleted = int(len(alive) - alive.sum())  # rows left out because --delete named their ids
         del ids, all_ids, seq, last
         pa.default_memory_pool().release_unused()
         self._keep: list[np.ndarray] = []  # per entry: positions into entry.rows() that are indexed
@@ -44,7 +47,7 @@ class StoreVectors:
             offset += size
         self.starts = np.cumsum([0] + [len(k) for k in self._keep])  # [num_entries + 1] first FAISS id per entry
         self.total = int(self.starts[-1])
-        self.superseded = len(kept) - self.total  # vectors dropped because a later shard has the same id
+        self.superseded = len(kept) - self.deleted - self.total  # vectors dropped: a later shard has the same id
 
     def _rows(self, i: int) -> np.ndarray:
         """Store rows (ascending) of entry ``i``'s indexed vectors."""
@@ -99,6 +102,19 @@ class StoreVectors:
                 }, schema=schema))
             if self.total == 0:
                 writer.write_table(schema.empty_table())
+
+
+def deleted_mask(entries: list[StoreEntry], sizes: list[int]) -> np.ndarray:
+    """``[sum(sizes)]`` bool over the entries' stored rows in order: False where ``--delete`` removed the row."""
+    alive = np.ones(sum(sizes), dtype=bool)
+    offset = 0
+    for entry, size in zip(entries, sizes):
+        dead = deleted_rows(entry)
+        if len(dead):
+            rows = pq.read_table(entry.path / "rows.parquet", columns=["row"]).column("row").to_numpy()
+            alive[offset : offset + size] = ~np.isin(rows, dead)
+        offset += size
+    return alive
 
 
 def split_sample(total: int, num_queries: int, num_train: int, seed: int) -> tuple[np.ndarray, np.ndarray]:

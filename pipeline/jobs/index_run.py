@@ -28,24 +28,43 @@ from petal.engine.config import EngineConfig, ModelOptions
 from petal.engine.engine import Engine, resolve_device, resolve_dtype
 from petal.engine.loader import ModelError, ModelSpec, inspect_model
 from petal.pipeline.config import IndexJob, IndexSettings, default_token_budget
+from petal.pipeline.index.factory_fit import check_factory_fits, faiss_failure
 from petal.pipeline.index.output_index import build_output_index
 from petal.pipeline.ingest.documents import read_documents
 from petal.pipeline.ingest.pack import PackConfig, Packer
 from petal.pipeline.ingest.parquet import ReadStats, ShardInfo, preflight, resolve_sources
 from petal.pipeline.ingest.prefetch import Prefetcher
 from petal.pipeline.ingest.rejects import BadRowGate, rejects_table
+from petal.pipeline.ingest.schemes import check_sources
 from petal.pipeline.ingest.tokens import TokenizedDocs, tokenize_documents, tokenizer_for
 from petal.pipeline.jobs.inflight import InFlight
+from petal.pipeline.jobs.removals import (
+    RemovalLimit,
+    check_removal,
+    dropped_entries,
+    kept_entries,
+    kept_records,
+    kept_shard,
+    removed_documents,
+)
 from petal.pipeline.jobs.report import RunReport
 from petal.pipeline.layout import OutputDir
 from petal.pipeline.reliability.durable import write_json_atomic
-from petal.pipeline.reliability.errors import ConfigError, NoInputError, PetalIOError, writing
+from petal.pipeline.reliability.errors import (
+    FAISS_WRITE_ERRORS,
+    ConfigError,
+    NoInputError,
+    PetalError,
+    PetalIOError,
+    writing,
+)
 from petal.pipeline.reliability.faults import fault
 from petal.pipeline.reliability.signals import StopSignals
 from petal.pipeline.reliability.step_guard import StepGuard, device_failure
 from petal.pipeline.store.changes import live_manifest, shard_changes
 from petal.pipeline.store.embeddings import EmbeddingStore, StoreEntry, StoreSink, settings_fingerprint
 from petal.pipeline.store.outputs import OutputTransform, add_output_manifest, output_settings, outputs_factory
+from petal.pipeline.store.tombstones import apply_deletes, deleted_rows, read_delete_ids
 
 EngineFactory = Callable[[ModelSpec, EngineConfig], Engine]
 
@@ -122,15 +141,24 @@ def _run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory, 
                reads: ReadStats) -> RunReport:
     started = time.perf_counter()
     # [0] preflight: every footer and schema, the model's files, the settings, the output directory
+    check_sources(job.sources)  # s3://, gs://, ...: not supported yet (exit 66)
+    live = peek_live_manifest(job.out)  # read-only here; re-read under the lock
     shards = preflight(resolve_sources(job.sources), job.read, reads)
-    report.shards["total"] = len(shards)
+    if job.full and not job.sync:  # --full re-embeds the shards an additive run keeps, from their files
+        extra = full_rerun_sources(live, shards)
+        if extra:
+            shards = preflight(resolve_sources([*job.sources, *extra]), job.read, reads)
     report.rows["total"] = sum(s.num_rows for s in shards)
+    delete_ids = read_delete_ids(job.delete, job.read.id_column) if job.delete is not None else None
     spec = model_spec(job.model, job.max_length, job.model_options)
     transform = OutputTransform.for_model(spec, job.output)  # --dim, --quantize, --output-dtype
     base_factory = engine_factory  # picklable, for worker processes
     engine_factory = outputs_factory(engine_factory, transform)  # engine results are stored vectors
     config = engine_config(job, spec)
     check_index_factory(transform.dim, job.index)
+    kept_before = kept_records(live, shards, job.sync or job.full)
+    check_factory_fits(job.index, transform.dim, report.rows["total"] + sum(int(r.get("embedded", r["rows"]))
+                                                                         for r in kept_before))
     settings = embedding_settings(spec, config, job)
     report.model = spec.describe()
     out = OutputDir(job.out)
@@ -149,14 +177,25 @@ def _run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory, 
         store = EmbeddingStore(out.store_dir)
         with writing(out.store_dir):
             store.open()
+        kept_recs = kept_records(previous, shards, job.sync)  # additive: the live shards not named (by abs path)
+        kept = kept_entries(store, kept_recs, out.root)
+        kept_infos = [kept_shard(r, e) for r, e in zip(kept_recs, kept)]
         settings_fp = settings_fingerprint(settings)
         fingerprints = [content_fingerprint(store, info, settings_fp) for info in shards]
-        report.shard_changes = shard_changes(previous if not job.full else live_manifest(out), shards,
-                                             [store.content_sha256(info) for info in shards])  # cached above
+        all_shards = sorted([*shards, *kept_infos], key=lambda info: info.abs_path)
+        sha = {info.abs_path: store.content_sha256(info) for info in shards}  # cached above
+        sha.update({r["abs_path"]: r["sha256"] for r in kept_recs})
+        report.shard_changes = shard_changes(previous if not job.full else live_manifest(out), all_shards,
+                                             [sha[info.abs_path] for info in all_shards])
+        if kept_infos:  # NOTE: the key is there only when shards were kept (the report's shape is a contract)
+            report.shard_changes["kept"] = [str(info.path) for info in kept_infos]
+            report.shard_changes["unchanged"] = [p for p in report.shard_changes["unchanged"]
+                                                 if p not in set(report.shard_changes["kept"])]
+        report.shards["total"] = len(all_shards)
         entries: list[StoreEntry | None] = [None if job.full else store.lookup(info, fp)
                                             for info, fp in zip(shards, fingerprints)]
         todo = [i for i, entry in enumerate(entries) if entry is None]
-        report.shards["reused"] = len(shards) - len(todo)
+        report.shards["reused"] = len(shards) - len(todo) + len(kept)
         gate = bad_row_gate(job, report, out)
         if gate is not None:
             for entry in entries:
@@ -164,6 +203,7 @@ def _run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory, 
                     gate.reuse(entry)  # refused before the model loads when reused shards are over already
         stop.check()
 
+        embedded_now: set[int] = set()  # positions in ``shards`` embedded by this run
         if todo:
             embed_started = time.perf_counter()
             todo_shards, todo_fingerprints = [shards[i] for i in todo], [fingerprints[i] for i in todo]
@@ -179,16 +219,27 @@ def _run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory, 
             with contextlib.closing(commits):
                 for position, entry in commits:
                     entries[todo[position]] = entry
+                    embedded_now.add(todo[position])
                     report.shards["embedded"] += 1
                     fault("after_shard_commit", entry.path)
                     if gate is not None:
                         gate.commit(position, entry)
             report.timings_s["embed"] = round(time.perf_counter() - embed_started, 3)
 
-        committed = [e for e in entries if e is not None]
-        assert len(committed) == len(shards)
-        tally_rows(committed, report)
-        if report.rows["embedded"] == 0:
+        named = [e for e in entries if e is not None]
+        assert len(named) == len(shards)
+        tally_rows(named, report, embedded_now, kept)
+        by_path = {info.abs_path: e for info, e in zip([*shards, *kept_infos], [*named, *kept])}
+        shards, committed = all_shards, [by_path[info.abs_path] for info in all_shards]
+        if delete_ids is not None:
+            deletion = apply_deletes(committed, delete_ids)
+            report.rows["deleted"] = deletion.deleted
+            report.deletes = {"requested": deletion.requested, "deleted": deletion.deleted,
+                              "not_found": deletion.not_found, "sample_not_found": deletion.sample_not_found}
+            if deletion.not_found:
+                _say(f"warning: --delete: {deletion.not_found} of {deletion.requested} ids are not in the index "
+                     f"(e.g. {', '.join(map(str, deletion.sample_not_found))})")
+        if sum(e.num_embedded for e in committed) == 0:
             raise NoInputError(f"no rows to index: {report.rows['total']} rows read, all skipped "
                                f"({report.rows['skipped'] or 'no rows'})")
         if previous is not None and unchanged(previous, shards, committed, job):
@@ -198,6 +249,7 @@ def _run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory, 
             clean_up(out, store, committed, job, report)
             report.finish("nothing-to-do", 0, "no shard or setting changed; the live version stays")
             return report
+        guard_removals(out, job, shards, committed, delete_ids, report)  # exit 65 before anything is published
         stop.check()
 
         # [7] index: built from the store, written beside the live version, published atomically
@@ -208,7 +260,13 @@ def _run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory, 
             with writing(staging):
                 fault("before_index_build", staging / "index.faiss")
                 # the index type follows the output format
-                result, transform = build_output_index(committed, transform, job.index, staging)
+                try:
+                    result, transform = build_output_index(committed, transform, job.index, staging)
+                except (RuntimeError, ValueError) as exc:  # a FAISS error; write errors go on to writing() (74)
+                    if isinstance(exc, PetalError) or any(m in str(exc) for m in FAISS_WRITE_ERRORS):
+                        raise
+                    raise faiss_failure(exc, job.index.factory, transform.dim,
+                                        sum(e.num_embedded for e in committed)) from exc
                 fault("after_index_build", staging / "manifest.json")
                 pq.write_table(rejects_table(committed), staging / "rejects.parquet")
                 version = out.new_version_id()
@@ -224,7 +282,8 @@ def _run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory, 
         report.timings_s["index"] = round(time.perf_counter() - index_started, 3)
         report.version = version
         report.index = {"factory": result.factory, "metric": result.metric, "num_vectors": result.num_vectors,
-                        "superseded": result.superseded, "search_params": result.search_params,
+                        "superseded": result.superseded, "deleted": sum(tombstoned(e) for e in committed),
+                        "search_params": result.search_params,
                         "tuning": result.tuning, "storage": result.plan.get("storage", "memory"),
                         "device": result.device}
         report.rejects_file = str(out.version_dir(version) / "rejects.parquet")
@@ -368,8 +427,14 @@ class WaitClock:
             yield item
 
 
-def tally_rows(entries: list[StoreEntry], report: RunReport) -> None:
-    report.rows["embedded"] = sum(e.num_embedded for e in entries)
+def tally_rows(entries: list[StoreEntry], report: RunReport, embedded_now: set[int], kept: list[StoreEntry]) -> None:
+    """Rows of the named shards: embedded by this run, reused from the store; skipped, truncated; kept shards' rows."""
+    report.rows["embedded"] = sum(e.num_embedded for i, e in enumerate(entries) if i in embedded_now)
+    reused = sum(e.num_embedded for i, e in enumerate(entries) if i not in embedded_now)
+    kept_rows = sum(e.num_embedded for e in kept)
+    for key, count in (("reused", reused), ("kept", kept_rows)):  # NOTE: only when some: the report's shape
+        if count:
+            report.rows[key] = count
     report.rows["truncated"] = sum(int(e.meta["counts"]["truncated"]) for e in entries)
     report.rows["skipped"] = {}
     for entry in entries:
@@ -388,8 +453,8 @@ def check_drift(previous: dict[str, Any], settings: dict[str, Any], out: Path) -
 
 def unchanged(previous: dict[str, Any], shards: list[ShardInfo], entries: list[StoreEntry], job: IndexJob) -> bool:
     """True when the live version was built from exactly these store entries and index settings."""
-    before = [(s["abs_path"], s["entry"]) for s in previous.get("shards", [])]
-    now = [(s.abs_path, e.fingerprint) for s, e in zip(shards, entries)]
+    before = [(s["abs_path"], s["entry"], s.get("deleted", 0)) for s in previous.get("shards", [])]
+    now = [(s.abs_path, e.fingerprint, tombstoned(e)) for s, e in zip(shards, entries)]
     return before == now and previous.get("index", {}).get("settings") == job.index.as_dict()
 
 
@@ -410,10 +475,61 @@ def make_manifest(version: str, spec: ModelSpec, settings: dict[str, Any], job: 
         "index": result.manifest(job.index),
         "shards": [
             {"path": str(s.path), "abs_path": s.abs_path, "size": s.size, "mtime_ns": s.mtime_ns,
-             "sha256": e.meta["source"]["sha256"], "rows": s.num_rows, "entry": e.fingerprint, **e.meta["counts"]}
+             "sha256": e.meta["source"]["sha256"], "rows": s.num_rows, "entry": e.fingerprint, **e.meta["counts"],
+             "deleted": tombstoned(e)}
             for s, e in zip(shards, entries)
         ],
-        "counts": {"rows": report.rows["total"], "embedded": report.rows["embedded"],
-                   "skipped": report.rows["skipped"], "truncated": report.rows["truncated"],
-                   "vectors": result.num_vectors},
+        "counts": version_counts(entries, result.num_vectors),
     }
+
+
+def tombstoned(entry: StoreEntry) -> int:
+    """Rows of ``entry`` removed by ``--delete`` (now or by an earlier run)."""
+    return len(deleted_rows(entry))
+
+
+def version_counts(entries: list[StoreEntry], num_vectors: int) -> dict[str, Any]:
+    """The manifest's counts: every shard of the version, embedded now or earlier."""
+    skipped: dict[str, int] = {}
+    for entry in entries:
+        for reason, count in entry.meta["counts"]["skipped"].items():
+            skipped[reason] = skipped.get(reason, 0) + int(count)
+    return {"rows": sum(int(e.meta["counts"]["rows"]) for e in entries),
+            "embedded": sum(e.num_embedded for e in entries), "skipped": skipped,
+            "truncated": sum(int(e.meta["counts"]["truncated"]) for e in entries),
+            "deleted": sum(tombstoned(e) for e in entries), "vectors": num_vectors}
+
+
+def guard_removals(out: OutputDir, job: IndexJob, shards: list[ShardInfo], entries: list[StoreEntry],
+                   delete_ids: Any, report: RunReport) -> None:
+    """``--max-removed``: refuse (65) a version that loses more of the live one's documents than allowed."""
+    version = out.current_version()
+    if version is None:
+        return
+    ids_file = out.version_dir(version) / "ids.parquet"
+    if not ids_file.is_file():
+        return  # an unreadable live version (--full): nothing to compare with
+    previous = live_manifest(out)
+    dropped = dropped_entries(EmbeddingStore(out.store_dir), previous or {}, shards)
+    removal = removed_documents(ids_file, entries, delete_ids, dropped, report.shard_changes.get("removed", []))
+    report.removed = removal.as_dict()
+    check_removal(removal, job.max_removed or RemovalLimit.default(job.sync), job.sync)
+
+
+def peek_live_manifest(out: Path) -> dict[str, Any] | None:
+    """The live manifest of ``out`` if there is a readable one (no lock; ``None`` otherwise)."""
+    try:
+        return live_manifest(OutputDir(out))
+    except OSError:  # not a directory, unreadable: the output checks name that
+        return None
+
+
+def full_rerun_sources(live: dict[str, Any] | None, named: list[ShardInfo]) -> list[str]:
+    """``--full`` in an additive run: the live version's shards not named, to embed again from their files."""
+    extra = []
+    for record in kept_records(live, named, sync=False):
+        if not Path(record["abs_path"]).is_file():
+            raise ConfigError(f"--full re-embeds every shard of the index, but {record['path']} (kept from an earlier "
+                              "run) is gone; pass --sync to drop the shards not named")
+        extra.append(str(record["abs_path"]))
+    return extra

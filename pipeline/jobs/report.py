@@ -39,6 +39,8 @@ class RunReport:
     retries: dict[str, int] = field(default_factory=lambda: {"read": 0, "oom_splits": 0})
     pruned: dict[str, Any] = field(default_factory=lambda: {"versions": [], "store_entries": 0})
     workers: list[dict[str, Any]] = field(default_factory=list)  # --devices/--workers/--ray: one summary each
+    removed: dict[str, Any] = field(default_factory=dict)  # documents of the live version not in the new one
+    deletes: dict[str, Any] = field(default_factory=dict)  # --delete: requested, deleted, not_found
     _t0: float = field(default_factory=time.perf_counter, repr=False)
 
     def skip(self, reason: str, count: int = 1) -> None:
@@ -67,12 +69,20 @@ class RunReport:
         skipped = sum(self.rows["skipped"].values())
         parts = [f"petal {self.command}: {self.status}"]
         if self.command == "index":
+            kept = f", {len(self.shard_changes['kept'])} kept" if self.shard_changes.get("kept") else ""
+            reused = f", {self.rows['reused']} reused" if self.rows.get("reused") else ""
+            deleted = f", {self.rows['deleted']} deleted" if "deleted" in self.rows else ""
             parts.append(
-                f"{self.shards['total']} shards ({self.shards['embedded']} embedded, {self.shards['reused']} reused), "
-                f"{self.rows['embedded']} rows embedded, {skipped} skipped, {self.rows['truncated']} truncated"
+                f"{self.shards['total']} shards ({self.shards['embedded']} embedded, {self.shards['reused']} reused"
+                f"{kept}), {self.rows['embedded']} rows embedded{reused}, {skipped} skipped, "
+                f"{self.rows['truncated']} truncated{deleted}"
             )
-            if self.shard_changes:
+            if self.shard_changes and self.status in ("success", "nothing-to-do"):  # planned changes did not happen
                 parts.append(", ".join(f"{len(v)} {k}" for k, v in self.shard_changes.items()))
+            if self.removed.get("documents"):
+                parts.append(f"{self.removed['documents']} documents removed")
+            if self.index.get("superseded"):
+                parts.append(f"{self.index['superseded']} superseded")
             if self.index.get("num_vectors") is not None:
                 parts.append(f"{self.index['num_vectors']} vectors in {self.index.get('factory')}")
             if self.version:

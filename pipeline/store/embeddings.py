@@ -159,7 +159,10 @@ class EmbeddingStore:
         """
         trash = self.tmp_dir / f"discard-{uuid.uuid4().hex[:12]}"
         os.replace(entry_dir, trash)
-        shutil.rmtree(trash, ignore_errors=True)
+        if trash.is_dir():
+            shutil.rmtree(trash, ignore_errors=True)
+        else:
+            trash.unlink(missing_ok=True)
 
     def prune(self, keep: set[Path]) -> int:
         """Delete committed entries not in ``keep`` (after a successful publish). Returns how many."""
@@ -168,10 +171,12 @@ class EmbeddingStore:
             return 0
         for key_dir in self.shards_dir.iterdir():
             for entry_dir in list(key_dir.iterdir()):
-                if entry_dir not in keep:
+                # a tombstone (pipeline/store/tombstones.py) lives and goes with its entry
+                owner = entry_dir.with_name(entry_dir.name.removesuffix(".deleted.parquet"))
+                if owner not in keep:
                     fault("store_prune", entry_dir)
+                    removed += entry_dir.is_dir()
                     self.discard(entry_dir)
-                    removed += 1
             if not any(key_dir.iterdir()):
                 key_dir.rmdir()
         return removed

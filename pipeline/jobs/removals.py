@@ -1,0 +1,173 @@
+"""What a run keeps and removes: additive runs, ``--sync``, the ``--max-removed`` guard.
+
+A shard's identity is its absolute path (symlinks resolved), as the store keys it. Additive (the
+default): the live version's shards that this run does not name are kept, from their committed
+store entries (their files need not exist any more); named shards are added or replaced. ``--sync``:
+the new version holds exactly the shards named. The new version's shards are in absolute-path order
+whichever runs brought them in, so the same set of shards always gives the same index.
+
+The guard: documents of the live version that only shards dropped by ``--sync`` held (the ids
+``--delete`` asked for aside) may not exceed ``--max-removed`` (default 0, 10% of the live version
+with ``--sync``); over it, the run fails with exit 65 before anything is published, naming the
+shards and ids it would remove. A replaced shard's content is what the user gave: documents gone
+from it are counted (``replaced``), not refused.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from petal.pipeline.ingest.parquet import ShardInfo
+from petal.pipeline.reliability.errors import BadInputError, ConfigError
+from petal.pipeline.store.embeddings import EmbeddingStore, StoreEntry
+from petal.pipeline.store.tombstones import deleted_rows
+
+SAMPLE_IDS = 5
+
+
+@dataclass(frozen=True)
+class RemovalLimit:
+    """``--max-removed``: documents a run may remove, a count (``100``) or a fraction of the live
+    version (``0.1`` or ``10%``)."""
+
+    count: int | None = None
+    fraction: float | None = None
+
+    def __post_init__(self) -> None:
+        if (self.count is None) == (self.fraction is None):
+            raise ValueError("--max-removed is a count or a fraction, not both")
+        if self.count is not None and self.count < 0:
+            raise ValueError(f"--max-removed {self.count} < 0")
+        if self.fraction is not None and not 0.0 <= self.fraction <= 1.0:
+            raise ValueError(f"--max-removed fraction {self.fraction} is not between 0 and 1")
+
+    @classmethod
+    def parse(cls, text: str) -> RemovalLimit:
+        value = text.strip()
+        try:
+            if value.endswith("%"):
+                return cls(fraction=float(value[:-1]) / 100)
+            if re.fullmatch(r"\d+", value):
+                return cls(count=int(value))
+            return cls(fraction=float(value))
+        except ValueError as exc:
+            raise ValueError(f"--max-removed {text!r}: expected a count (100) or a fraction of the live version "
+                             f"(0.1 or 10%): {exc}") from exc
+
+    @classmethod
+    def default(cls, sync: bool) -> RemovalLimit:
+        return cls(fraction=0.10) if sync else cls(count=0)
+
+    def allowed(self, live_documents: int) -> int:
+        return self.count if self.count is not None else math.floor((self.fraction or 0.0) * live_documents)
+
+    def __str__(self) -> str:
+        return str(self.count) if self.count is not None else f"{self.fraction * 100:g}%"  # type: ignore[operator]
+
+
+def kept_records(previous: dict[str, Any] | None, named: list[ShardInfo], sync: bool) -> list[dict[str, Any]]:
+    """The live version's shard records this run keeps without naming them (none with ``--sync``)."""
+    if previous is None or sync:
+        return []
+    named_paths = {info.abs_path for info in named}
+    return [s for s in previous.get("shards", []) if s["abs_path"] not in named_paths]
+
+
+def kept_shard(record: dict[str, Any], entry: StoreEntry) -> ShardInfo:
+    """A kept shard as the manifest recorded it (its file is not read; it may be gone)."""
+    id_type = str(entry.meta.get("id_type", ""))
+    return ShardInfo(path=Path(record["path"]), abs_path=str(record["abs_path"]), size=int(record["size"]),
+                     mtime_ns=int(record["mtime_ns"]), num_rows=int(record["rows"]), num_row_groups=0,
+                     has_id_column=bool(id_type), id_type=id_type, text_type="")
+
+
+def kept_entries(store: EmbeddingStore, records: list[dict[str, Any]], out: Path) -> list[StoreEntry]:
+    """The committed store entries of kept shards; a missing one is a ``ConfigError`` (78)."""
+    entries = []
+    for record in records:
+        entry = store.lookup(str(record["abs_path"]), str(record["entry"]))
+        if entry is None:
+            raise ConfigError(f"{out}: the store has no embeddings for {record['path']}, which the live version "
+                              "holds and this run keeps (additive); name it as a SOURCE to embed it again, "
+                              "or pass --sync to drop what is not named")
+        entries.append(entry)
+    return entries
+
+
+@dataclass
+class Removal:
+    """Documents of the live version the new one would not hold."""
+
+    live_documents: int = 0
+    documents: int = 0  # held only by shards this run drops (--sync): what the guard counts
+    replaced: int = 0  # gone from a shard this run replaces (its new content no longer has them)
+    shards: list[str] = field(default_factory=list)  # shards dropped (--sync)
+    sample_ids: list[Any] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"documents": self.documents, "of": self.live_documents, "replaced": self.replaced,
+                "shards": self.shards, "sample_ids": self.sample_ids}
+
+
+def live_ids(entries: list[StoreEntry]) -> pa.ChunkedArray:
+    """Every id the entries index (after ``--delete``), as strings, with repeats."""
+    columns = []
+    for entry in entries:
+        rows = pq.read_table(entry.path / "rows.parquet", columns=["row", "id"])
+        dead = deleted_rows(entry)
+        ids = rows.column("id").cast(pa.string())
+        if len(dead):
+            ids = ids.filter(pa.array(~np.isin(rows.column("row").to_numpy(), dead)))
+        columns.extend(ids.chunks)
+    return pa.chunked_array(columns, pa.string())
+
+
+def dropped_entries(store: EmbeddingStore, previous: dict[str, Any], kept: list[ShardInfo]) -> list[StoreEntry]:
+    """Store entries of the live version's shards the new version does not hold (still in the store: pruning
+    comes after the publish)."""
+    held = {info.abs_path for info in kept}
+    found = (store.lookup(str(s["abs_path"]), str(s["entry"])) for s in previous.get("shards", [])
+             if s["abs_path"] not in held)
+    return [entry for entry in found if entry is not None]
+
+
+def removed_documents(previous_ids: Path, entries: list[StoreEntry], deleted: pa.Array | None,
+                      dropped: list[StoreEntry], dropped_shards: list[str]) -> Removal:
+    """What the new version (``entries``) loses against the live one (its ``ids.parquet``), not counting
+    the ``deleted`` ids asked for; split into the documents of ``dropped`` shards and replaced ones."""
+    before = pq.read_table(previous_ids, columns=["id"]).column("id").cast(pa.string())
+    lost = pc.filter(before, pc.invert(pc.is_in(before, value_set=pc.unique(live_ids(entries)))))
+    if deleted is not None and len(lost):
+        lost = pc.filter(lost, pc.invert(pc.is_in(lost, value_set=deleted)))
+    in_dropped = (pc.is_in(lost, value_set=pc.unique(live_ids(dropped))) if dropped
+                  else pa.array(np.zeros(len(lost), dtype=bool)))
+    removed = pc.filter(lost, in_dropped)
+    return Removal(live_documents=len(before), documents=len(removed), replaced=len(lost) - len(removed),
+                   shards=dropped_shards, sample_ids=removed.slice(0, SAMPLE_IDS).to_pylist())
+
+
+def check_removal(removal: Removal, limit: RemovalLimit, sync: bool) -> None:
+    """Exit 65 when ``removal`` is over ``limit`` (before anything is published)."""
+    allowed = limit.allowed(removal.live_documents)
+    if removal.documents <= allowed:
+        return
+    share = removal.documents / max(removal.live_documents, 1)
+    what = []
+    if removal.shards:
+        names = ", ".join(removal.shards[:SAMPLE_IDS]) + (" ..." if len(removal.shards) > SAMPLE_IDS else "")
+        what.append(f"{len(removal.shards)} shards not named with --sync ({names})")
+    what.append(f"ids such as {', '.join(map(str, removal.sample_ids))}")
+    mode = "--sync" if sync else "an additive run"
+    raise BadInputError(
+        f"this run would remove {removal.documents} of the {removal.live_documents} documents of the live version "
+        f"({share:.1%}), over --max-removed {limit} for {mode}: {'; '.join(what)}. Nothing was published; "
+        "pass --max-removed N (or a fraction, e.g. 50%) to allow it, or name the missing shards")
