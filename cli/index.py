@@ -94,7 +94,8 @@ def engine_factory() -> Callable[..., Any] | None:
               help="Versions kept after a publish: the live one and N-1 before it (rollback).")
 @click.option("--wait", is_flag=True, help="If another petal writes to --out, wait for it instead of exiting 75.")
 @click.option("--json-report", type=click.Path(path_type=Path), default=None,
-              help="Write the run report here (every run not killed by SIGKILL writes one).")
+              help="Write the run report here (every run not killed by SIGKILL writes one; - is stdout).")
+@click.option("--json", "as_json", is_flag=True, help="Print the run report (JSON) on stdout.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
 @model_options
 @output_options
@@ -104,7 +105,7 @@ def index(sources: tuple[str, ...], out: Path, model: str | None, id_column: str
           no_cuda_graphs: bool, index_factory: str, metric: str, index_memory: str, target_recall: float,
           sync: bool, max_removed: str | None, delete: Path | None, full: bool, strict: bool,
           max_bad_rows: str | None, keep_versions: int, wait: bool,
-          json_report: Path | None, quiet: bool, pooling: str | None, attention_mask: str | None,
+          json_report: Path | None, as_json: bool, quiet: bool, pooling: str | None, attention_mask: str | None,
           query_prompt: str | None, allow_pickle_weights: bool, dim: int | None, quantize: str,
           output_dtype: str, devices: str | None, workers: int | None, ray: str | None) -> None:
     """Embed SOURCE Parquet files, directories or globs and publish a FAISS index in --out.
@@ -144,7 +145,7 @@ def index(sources: tuple[str, ...], out: Path, model: str | None, id_column: str
         usage(lambda: check_index_factory(job.output, job.index.factory))
     except click.UsageError as exc:
         report.finish("failed", 2, str(exc))
-        _finish(report, json_report)
+        _finish(report, json_report, as_json=as_json)
         raise
     from petal.pipeline.reliability.signals import StopSignals
 
@@ -166,24 +167,28 @@ def index(sources: tuple[str, ...], out: Path, model: str | None, id_column: str
                 raise click.UsageError(str(exc)) from exc
         except PetalError as exc:
             report.finish(exc.status, exc.exit_code, str(exc))
-            _finish(report, job.json_report)
+            _finish(report, job.json_report, as_json=as_json)
             raise PetalClickError(str(exc), exc.exit_code) from exc
         except PetalClickError as exc:
             report.finish("failed", exc.exit_code, exc.format_message())
-            _finish(report, job.json_report)
+            _finish(report, job.json_report, as_json=as_json)
             raise
         except click.UsageError as exc:
             report.finish("failed", 2, str(exc))
-            _finish(report, job.json_report)
+            _finish(report, job.json_report, as_json=as_json)
             raise
         except BaseException as exc:
             report.finish("failed", 1, f"internal error: {exc!r}")
-            _finish(report, job.json_report)
+            _finish(report, job.json_report, as_json=as_json)
             raise
-        _finish(report, job.json_report)
+        _finish(report, job.json_report, as_json=as_json)
 
 
-def _finish(report: Any, json_report: Path | None, quiet: bool = False) -> None:
+def _finish(report: Any, json_report: Path | None, quiet: bool = False, as_json: bool = False) -> None:
+    if as_json:
+        from petal.pipeline.jobs.report_file import STDOUT
+
+        report.write(STDOUT)
     if json_report is not None:
         try:
             report.write(json_report)

@@ -158,3 +158,39 @@ def test_a_faiss_error_after_embedding_is_exit_78_and_leaves_no_staging(tmp_path
     assert not list((tmp_path / "out" / "versions").glob(".staging-*"))
     rc, stderr, _, log = index(tmp_path / "a.parquet", "--index-factory", "IVF8,Flat")
     assert rc == 0 and not [r for r in log if "id" in r]  # the embeddings were kept
+
+
+def test_report_on_stdout_and_into_non_regular_files(tmp_path, fake_model):
+    import os
+    import threading
+
+    a = shard(tmp_path / "a.parquet", "a", 5)
+    env = {"PETAL_TEST_FAKE_ENGINE": str(tmp_path / "log")}
+    base = ["index", str(a), "--out", str(tmp_path / "out"), "--model", str(fake_model), "-q"]
+    result = CliRunner().invoke(cli, [*base, "--json-report", "-"], env=env)
+    assert result.exit_code == 0 and json.loads(result.stdout)["status"] == "success"
+    assert not Path("-").exists()
+    result = CliRunner().invoke(cli, [*base, "--json"], env=env)
+    assert result.exit_code == 0 and json.loads(result.stdout)["status"] == "nothing-to-do"
+    rebuilt = CliRunner().invoke(cli, ["rebuild", str(tmp_path / "out"), "--json"])
+    assert rebuilt.exit_code == 0 and json.loads(rebuilt.stdout)["command"] == "rebuild"
+
+    fifo = tmp_path / "report.fifo"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader.start()
+    link = tmp_path / "stdout-link"
+    link.symlink_to(fifo)  # like /dev/stdout -> /proc/self/fd/1: written through, never replaced
+    result = CliRunner().invoke(cli, [*base, "--json-report", str(link)], env=env)
+    reader.join(timeout=30)
+    assert result.exit_code == 0 and json.loads(got[0])["status"] == "nothing-to-do"
+    assert link.is_symlink() and fifo.exists() and not fifo.is_file()
+
+    target = tmp_path / "reports" / "latest.json"
+    target.parent.mkdir()
+    target.write_text("{}")
+    alias = tmp_path / "latest-link.json"
+    alias.symlink_to(target)
+    assert CliRunner().invoke(cli, [*base, "--json-report", str(alias)], env=env).exit_code == 0
+    assert alias.is_symlink() and json.loads(target.read_text())["command"] == "index"

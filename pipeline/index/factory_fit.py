@@ -49,8 +49,10 @@ def check_factory_fits(settings: IndexSettings, dim: int, max_vectors: int) -> N
         return
     try:
         needed, why = vectors_to_train(settings.factory, dim, settings.metric)
-    except RuntimeError:
-        return  # not a factory string FAISS builds: check_index_factory names that
+    except RuntimeError as exc:
+        reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"--index-factory {settings.factory!r} is not a valid FAISS factory string for dim {dim}: "
+                         f"{reason}") from exc
     if max_vectors < needed:
         raise ValueError(f"--index-factory {settings.factory!r} needs at least {needed} vectors of dim {dim} to "
                          f"train ({why}); this run can index at most {max_vectors} vectors: pick a smaller "

@@ -11,15 +11,17 @@ import re
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 from petal import __version__
 from petal.pipeline.config import IndexSettings
+from petal.pipeline.index.factory_fit import check_factory_fits, faiss_failure
 from petal.pipeline.index.output_index import build_output_index
 from petal.pipeline.index.writer import build_index
 from petal.pipeline.jobs.report import RunReport
 from petal.pipeline.layout import OutputDir
 from petal.pipeline.reliability.durable import write_json_atomic
-from petal.pipeline.reliability.errors import ConfigError
+from petal.pipeline.reliability.errors import FAISS_WRITE_ERRORS, ConfigError, PetalError
 from petal.pipeline.store.embeddings import EmbeddingStore, StoreEntry
 from petal.pipeline.store.outputs import OutputTransform, add_output_manifest
 
@@ -56,30 +58,14 @@ def run_rebuild(out_path: Path, settings: IndexSettings, report: RunReport) -> R
         entries = store_entries(out, previous)
         report.shards["total"] = report.shards["reused"] = len(entries)
         report.rows["embedded"] = sum(e.num_embedded for e in entries)
+        if "output" not in previous or previous["output"].get("quantize", "none") == "none":
+            check_factory_fits(settings, int(previous["dim"]), report.rows["embedded"])  # exit 2, before any work
         staging = out.staging_dir()
-        transform = OutputTransform.from_record(previous["output"]) if "output" in previous else None
-        if transform is not None:  # the index type follows the output format
-            result, transform = build_output_index(entries, transform, settings, staging)
-        else:
-            result = build_index(entries, int(previous["dim"]), settings, staging)
-        rejects = out.version_dir(previous["version"]) / "rejects.parquet"
-        if rejects.is_file():
-            shutil.copy2(rejects, staging / rejects.name)
-        version = out.new_version_id()
-        manifest = {
-            **previous,
-            "petal_version": __version__,
-            "version": version,
-            "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "rebuilt_from": previous["version"],
-            "metric": settings.metric,
-            "index": result.manifest(settings),
-            "counts": {**previous.get("counts", {}), "vectors": result.num_vectors},
-        }
-        if transform is not None:
-            add_output_manifest(manifest, transform)  # with the calibration this build learned (int8)
-        write_json_atomic(staging / "manifest.json", manifest)
-        out.publish(staging, version)
+        try:
+            result, version = _build(out, previous, entries, settings, staging)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)  # gone by now if the rename happened
+            raise
         out.prune_versions(KEEP_VERSIONS)
     report.version = version
     report.index = {"factory": result.factory, "metric": result.metric, "num_vectors": result.num_vectors,
@@ -90,3 +76,38 @@ def run_rebuild(out_path: Path, settings: IndexSettings, report: RunReport) -> R
                                 f"({result.plan.get('storage', 'memory')}), "
                                 f"version {version}")
     return report
+
+
+def _build(out: OutputDir, previous: dict, entries: list[StoreEntry], settings: IndexSettings,
+           staging: Path) -> tuple[Any, str]:
+    """Build into ``staging`` and publish; a FAISS error is a ``ConfigError`` (78) naming the factory."""
+    transform = OutputTransform.from_record(previous["output"]) if "output" in previous else None
+    dim = int(previous["dim"])
+    try:
+        if transform is not None:  # the index type follows the output format
+            result, transform = build_output_index(entries, transform, settings, staging)
+        else:
+            result = build_index(entries, dim, settings, staging)
+    except (RuntimeError, ValueError) as exc:
+        if isinstance(exc, PetalError) or any(m in str(exc) for m in FAISS_WRITE_ERRORS):
+            raise
+        raise faiss_failure(exc, settings.factory, dim, sum(e.num_embedded for e in entries)) from exc
+    rejects = out.version_dir(previous["version"]) / "rejects.parquet"
+    if rejects.is_file():
+        shutil.copy2(rejects, staging / rejects.name)
+    version = out.new_version_id()
+    manifest = {
+        **previous,
+        "petal_version": __version__,
+        "version": version,
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "rebuilt_from": previous["version"],
+        "metric": settings.metric,
+        "index": result.manifest(settings),
+        "counts": {**previous.get("counts", {}), "vectors": result.num_vectors},
+    }
+    if transform is not None:
+        add_output_manifest(manifest, transform)  # with the calibration this build learned (int8)
+    write_json_atomic(staging / "manifest.json", manifest)
+    out.publish(staging, version)
+    return result, version

@@ -8,8 +8,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from petal.pipeline.reliability.durable import write_json_atomic
-
 
 def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
@@ -63,7 +61,10 @@ class RunReport:
         return data
 
     def write(self, path: Path) -> None:
-        write_json_atomic(path, self.as_dict())
+        """``path``: a file (replaced atomically), ``-`` (stdout), or a FIFO/device (written in place)."""
+        from petal.pipeline.jobs.report_file import write_report_to
+
+        write_report_to(path, self.as_dict())
 
     def summary(self) -> str:
         skipped = sum(self.rows["skipped"].values())
