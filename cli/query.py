@@ -41,6 +41,8 @@ def query(index_path: Path, texts: tuple[str, ...], k: int, from_stdin: bool, as
 
     service = QueryService(index_path, model=model, device=device, dtype=dtype, attention=attention, nprobe=nprobe,
                            rescore=rescore, query_prompt=query_prompt, allow_pickle_weights=allow_pickle_weights)
+    for note in service.reader.ignored:
+        click.echo(f"petal: note: {note}", err=True)
     if texts:
         _answer(service, list(texts), k, as_json, show_text)
     if from_stdin:

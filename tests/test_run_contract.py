@@ -194,3 +194,41 @@ def test_report_on_stdout_and_into_non_regular_files(tmp_path, fake_model):
     alias.symlink_to(target)
     assert CliRunner().invoke(cli, [*base, "--json-report", str(alias)], env=env).exit_code == 0
     assert alias.is_symlink() and json.loads(target.read_text())["command"] == "index"
+
+
+def test_summaries_say_what_happened(tmp_path, index, fake_model):
+    a, b = shard(tmp_path / "a.parquet", "a", 30), shard(tmp_path / "b.parquet", "b", 30)
+    # interrupted after the first shard: the planned "2 added" did not happen, so it is not said
+    result = CliRunner().invoke(cli, ["index", str(a), str(b), "--out", str(tmp_path / "out"), "--model",
+                                      str(fake_model), "-q"],
+                                env={"PETAL_TEST_FAKE_ENGINE": str(tmp_path / "log"),
+                                     "PETAL_FAULT": "after_shard_commit:1:int"})
+    last = result.stderr.strip().splitlines()[-2]
+    assert result.exit_code == 130 and "interrupted" in last and "added" not in last, result.stderr
+    rc, stderr, report, log = index(a, b)
+    embedded = len([r for r in log if "id" in r])  # what went through the engine in this run
+    assert rc == 0 and embedded < 60 and f"{embedded} rows embedded, {60 - embedded} reused" in stderr
+    rc, stderr, report, _ = index(a, b)
+    assert report["status"] == "nothing-to-do" and "0 rows embedded, 60 reused" in stderr
+    assert report["tokens"] == 0 and report["throughput"]["tokens_per_s"] is None
+
+    # a changed output setting is refused in words, not as a Python dict
+    rc, stderr, _, _ = index(a, b, "--dim", "16")
+    assert rc == 78 and "output.dim: 32 -> 16" in stderr and "{" not in stderr.splitlines()[-1]
+
+
+def test_overrides_an_exact_index_ignores_are_said(built_minilm_index):
+    result = CliRunner().invoke(cli, ["query", str(built_minilm_index), "glaciers", "--nprobe", "8",
+                                      "--rescore", "4"])
+    assert result.exit_code == 0
+    assert "--nprobe 8 is ignored" in result.stderr and "--rescore 4 is ignored" in result.stderr
+
+
+@pytest.fixture(scope="module")
+def built_minilm_index(tmp_path_factory):
+    from tests.conftest import SAMPLE_DATA
+
+    out = tmp_path_factory.mktemp("minilm") / "idx"
+    result = CliRunner().invoke(cli, ["index", str(SAMPLE_DATA), "--out", str(out), "-q"])
+    assert result.exit_code == 0, result.output
+    return out

@@ -52,6 +52,20 @@ def verify_files(version_dir: Path, files: dict[str, str]) -> None:
                                 f"({expected[:16]}...); the index is corrupt, rebuild it")
 
 
+def ignored_overrides(manifest: dict[str, Any], nprobe: int | None, rescore: int | None) -> list[str]:
+    """Search overrides that do nothing for this index, each as a sentence (``--nprobe`` on an exact index...)."""
+    index = manifest.get("index", {})
+    factory = str(index.get("factory", ""))
+    binary = manifest.get("output", {}).get("quantize") == "binary"
+    notes = []
+    if nprobe is not None and "IVF" not in factory.upper():
+        notes.append(f"--nprobe {nprobe} is ignored: the index is {factory or 'not IVF'} (no inverted lists to probe)")
+    if rescore is not None and not binary:
+        notes.append(f"--rescore {rescore} is ignored: the index is {factory or 'not binary'}, only binary indexes "
+                     "rescore")
+    return notes
+
+
 def _pointer(path: Path) -> str | None:
     """What ``path/CURRENT`` says now (``None`` for a version directory or no pointer)."""
     try:
@@ -85,6 +99,7 @@ class IndexReader:
 
         fault("query_open", self.dir)
         index_section = self.manifest.get("index", {})
+        self.ignored = ignored_overrides(self.manifest, nprobe, rescore)  # said on stderr by petal query
         verify_files(self.dir, index_section.get("files", {}))
         self.storage = str(index_section.get("storage", "memory"))
         # binary indexes (Hamming + float rescoring) open through pipeline/index/output_index.py

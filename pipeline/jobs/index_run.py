@@ -37,6 +37,7 @@ from petal.pipeline.ingest.prefetch import Prefetcher
 from petal.pipeline.ingest.rejects import BadRowGate, rejects_table
 from petal.pipeline.ingest.schemes import check_sources
 from petal.pipeline.ingest.tokens import TokenizedDocs, tokenize_documents, tokenizer_for
+from petal.pipeline.jobs.drift import drift_details
 from petal.pipeline.jobs.inflight import InFlight
 from petal.pipeline.jobs.removals import (
     RemovalLimit,
@@ -365,12 +366,13 @@ def embed_shards(chunks: Prefetcher[TokenizedDocs], shards: list[ShardInfo], fin
     guard = StepGuard(engine)  # splits a batch the device has no memory for
     progress = tqdm(total=sum(s.num_rows for s in shards), unit="doc", file=sys.stderr, disable=job.quiet,
                     desc="embedding", dynamic_ncols=True, mininterval=0.5)
-    tokens = 0
+    tokens = [0]  # tokens embedded (results back from the engine): the progress bar's tok/s
 
     def step(batch: Any) -> Iterator[tuple[int, StoreEntry]]:
         for done, vectors in flight.push(batch, guard.step(batch)):  # [4] step, [5] result
             yield from sink.add(list(done.keys), vectors)  # [6] store
             progress.update(done.num_seqs)
+            tokens[0] += done.num_tokens
         fault("after_batch")
         stop.check()  # a batch boundary
 
@@ -384,11 +386,10 @@ def embed_shards(chunks: Prefetcher[TokenizedDocs], shards: list[ShardInfo], fin
                                    chunk.final)
             progress.update(len(chunk.rejects))
             for row, doc_id, token_ids in zip(chunk.rows, chunk.ids, chunk.token_ids):
-                tokens += len(token_ids)
                 batch = packer.add((chunk.shard_index, row, doc_id), token_ids)  # [3] pack
                 if batch is not None:
                     yield from step(batch)
-            progress.set_postfix_str(f"{tokens / max(progress.format_dict['elapsed'], 1e-9):,.0f} tok/s",
+            progress.set_postfix_str(f"{tokens[0] / max(progress.format_dict['elapsed'], 1e-9):,.0f} tok/s",
                                      refresh=False)
         last = packer.flush()
         if last is not None:
@@ -396,13 +397,14 @@ def embed_shards(chunks: Prefetcher[TokenizedDocs], shards: list[ShardInfo], fin
         for done, vectors in flight.drain():
             yield from sink.add(list(done.keys), vectors)
             progress.update(done.num_seqs)
+            tokens[0] += done.num_tokens
     except Exception as exc:
         _reraise(exc)
     finally:
         chunks.close()
         sink.abort()  # uncommitted shards are embedded again by the next run
         progress.close()
-        report.tokens += tokens
+        report.tokens += tokens[0]
         report.retries["oom_splits"] += guard.splits
         # where the embed loop blocked: on tokenization (the CPU was behind) or on results (the device was)
         report.timings_s["embed_wait_tokens"] = round(waited.seconds, 3)
@@ -447,7 +449,7 @@ def check_drift(previous: dict[str, Any], settings: dict[str, Any], out: Path) -
     before = previous.get("embedding", {})
     differ = sorted(k for k in set(before) | set(settings) if before.get(k) != settings.get(k))
     if differ:
-        details = ", ".join(f"{k}: {before.get(k)!r} -> {settings.get(k)!r}" for k in differ)
+        details = ", ".join(drift_details(before, settings))
         raise ConfigError(f"{out} was built with other settings ({details}); pass --full to rebuild it")
 
 
