@@ -69,6 +69,9 @@ def engine_factory() -> Callable[..., Any] | None:
 @click.option("--model", default=None, help="Local model directory (default: the packaged all-MiniLM-L6-v2).")
 @click.option("--id-column", default=None, help="Id column [default: id; absent -> '<shard>:<row>'].")
 @click.option("--text-column", default="text", show_default=True, help="Text column.")
+@click.option("--keep-columns", default=None, metavar="A,B",
+              help="Columns stored with the ids: returned with every hit (petal query, the API) and usable in "
+                   "petal query --where.")
 @device_options
 @click.option("--max-length", type=int, default=None, help="Truncate texts to N tokens (default: the model's).")
 @click.option("--token-budget", type=int, default=None,
@@ -101,6 +104,7 @@ def engine_factory() -> Callable[..., Any] | None:
 @output_options
 @scale_options
 def index(sources: tuple[str, ...], out: Path, model: str | None, id_column: str | None, text_column: str,
+          keep_columns: str | None,
           device: str, dtype: str, attention: str, max_length: int | None, token_budget: int | None, max_seqs: int,
           no_cuda_graphs: bool, index_factory: str, metric: str, index_memory: str, target_recall: float,
           sync: bool, max_removed: str | None, delete: Path | None, full: bool, strict: bool,
@@ -121,6 +125,7 @@ def index(sources: tuple[str, ...], out: Path, model: str | None, id_column: str
     from petal.pipeline.jobs.removals import RemovalLimit
     from petal.pipeline.jobs.report import RunReport
     from petal.pipeline.reliability.errors import PetalError
+    from petal.pipeline.store.columns import parse_keep_columns
     from petal.pipeline.store.outputs import OutputConfig
 
     report = RunReport(command="index")
@@ -136,7 +141,7 @@ def index(sources: tuple[str, ...], out: Path, model: str | None, id_column: str
             json_report=json_report, keep_versions=keep_versions, wait=wait,
             max_bad_rows=BadRowBudget.parse(max_bad_rows) if max_bad_rows is not None else None,
             sync=sync, max_removed=RemovalLimit.parse(max_removed) if max_removed is not None else None,
-            delete=delete,
+            delete=delete, keep_columns=parse_keep_columns(keep_columns),
             model_options=ModelOptions(pooling=pooling, attention_mask=attention_mask,  # type: ignore[arg-type]
                                        query_prompt=query_prompt, allow_pickle_weights=allow_pickle_weights),
             output=OutputConfig(dim=dim, quantize=quantize, output_dtype=output_dtype),

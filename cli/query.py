@@ -61,15 +61,23 @@ def _answer(service: object, queries: list[str], k: int, as_json: bool, show_tex
             rows = []
             for hit, hit_text in zip(hits, texts):
                 row = {"rank": hit.rank, "score": round(hit.score, 6), "id": hit.id, "shard": hit.shard, "row": hit.row}
+                if hit.fields:
+                    row["fields"] = hit.fields
                 if show_text:
                     row["text"] = hit_text
+                    if hit_text is None and _gone(service, hit.shard):
+                        row["text_missing"] = "shard gone"
                 rows.append(row)
-            click.echo(json.dumps({"query": text, "hits": rows}, ensure_ascii=False))
+            _warn_missing(service)
+            click.echo(json.dumps({"query": text, "hits": rows}, ensure_ascii=False, default=str))
             continue
+        _warn_missing(service)
         click.echo(f"query: {text}")
         click.echo(f"{'rank':>4}  {'score':>8}  id")
         for hit, hit_text in zip(hits, texts):
             line = f"{hit.rank:>4}  {hit.score:>8.4f}  {hit.id}"
+            if hit.fields:
+                line += "  " + " ".join(f"{k}={v}" for k, v in hit.fields.items())
             if show_text and hit_text is not None:
                 snippet = " ".join(hit_text.split())
                 room = max(20, width - len(line) - 4)
@@ -77,3 +85,19 @@ def _answer(service: object, queries: list[str], k: int, as_json: bool, show_tex
             click.echo(line)
         if not hits:
             click.echo("   (no hits: the index is empty)")
+
+
+def _gone(service: object, shard: str) -> bool:
+    from petal.pipeline.index.search import shard_locations
+
+    reader = service.reader  # type: ignore[attr-defined]
+    return shard_locations(reader.manifest).get(shard, shard) in reader.missing_shards
+
+
+def _warn_missing(service: object) -> None:
+    """Once per shard: its hits have no text because it is gone (an index without stored text)."""
+    warned = service.__dict__.setdefault("_warned_missing", set())
+    for shard in sorted(service.reader.missing_shards - warned):  # type: ignore[attr-defined]
+        warned.add(shard)
+        click.echo(f"petal: warning: {shard} is gone (moved or deleted), so --show-text has no text for its hits; "
+                   "indexes built now store the text", err=True)

@@ -150,6 +150,7 @@ class IndexJob:
     sync: bool = False  # --sync: the version holds exactly the SOURCES; else additive (pipeline/jobs/removals.py)
     max_removed: Any = None  # --max-removed (a RemovalLimit); None: 0 additive, 10% with --sync
     delete: Path | None = None  # --delete IDS.parquet: ids removed in the next version (tombstones)
+    keep_columns: tuple[str, ...] = ()  # --keep-columns: stored with the ids, returned with hits, filterable
 
     def __post_init__(self) -> None:
         if not self.sources:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ from petal.pipeline.reliability.faults import fault
 from petal.pipeline.store.embeddings import sha256_file
 
 OPEN_ATTEMPTS = 3
+COLUMNS_FILE = "columns.parquet"  # NOTE: as pipeline/index/columns_file.py (imported lazily)
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,7 @@ class Hit:
     id: Any
     shard: str
     row: int
+    fields: dict[str, Any] = field(default_factory=dict)  # --keep-columns stored with the index
 
 
 SAFE_FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -111,6 +113,8 @@ class IndexReader:
         else:
             self.index = read_index(self.dir / INDEX_FILE, self.storage)
         self.ids = pq.read_table(self.dir / IDS_FILE)
+        self.columns = open_columns(self.dir, self.manifest)  # stored text and --keep-columns (None: older index)
+        self.missing_shards: set[str] = set()  # shards --show-text found gone (said by petal query)
         if self.ids.num_rows != self.index.ntotal:
             raise BadInputError(f"{self.dir}: {self.ids.num_rows} ids for {self.index.ntotal} vectors")
         params = {k: int(v) for k, v in index_section.get("search_params", {}).items()}
@@ -156,17 +160,26 @@ class IndexReader:
                 hits.append(Hit(rank + 1, float(score), int(fid), doc_ids[cursor], shards[cursor], shard_rows[cursor]))
                 cursor += 1
             out.append(hits)
-        return out
+        return with_fields(out, self.columns, self.kept_columns)
+
+    @property
+    def kept_columns(self) -> list[str]:
+        return list(self.manifest.get("columns", {}).get("keep", []))
 
     def texts(self, hits: list[Hit], text_column: str) -> list[str | None]:
-        """The source text of each hit, read back from its shard (``None`` if it is gone)."""
+        """The text of each hit: stored with the index, or (an index without stored text) read back from its
+        shard by the absolute path the manifest records; ``None`` where the shard is gone (in ``missing_shards``)."""
+        if self.columns is not None and "text" in self.columns.names:
+            return [row["text"] for row in self.columns.rows([h.faiss_id for h in hits], ["text"])]
         return [None if r is None else r.get(text_column) for r in self.records(hits, [text_column])]
 
     def records(self, hits: list[Hit], columns: list[str] | None = None) -> list[dict[str, Any] | None]:
-        """Each hit's row of its shard (``columns``, or every column), ``None`` where the row is gone."""
+        """Each hit's row of its shard (``columns``, or every column), ``None`` where the row is gone. Shards are
+        found by the absolute path the manifest records (any working directory); gone ones land in ``missing_shards``."""
         by_shard: dict[str, list[int]] = {}
+        located = shard_locations(self.manifest)
         for hit in hits:
-            by_shard.setdefault(hit.shard, []).append(hit.row)
+            by_shard.setdefault(located.get(hit.shard, hit.shard), []).append(hit.row)
         found: dict[tuple[str, int], dict[str, Any] | None] = {}
         for shard, rows in by_shard.items():
             try:
@@ -184,6 +197,37 @@ class IndexReader:
                     found[(shard, row)] = {k: v.decode("utf-8", "replace") if isinstance(v, bytes) else v
                                            for k, v in record.items()}
             except (OSError, pa.ArrowException, KeyError):
+                self.missing_shards.add(shard)
                 for row in rows:
                     found[(shard, row)] = None
-        return [found.get((h.shard, h.row)) for h in hits]
+        return [found.get((located.get(h.shard, h.shard), h.row)) for h in hits]
+
+
+def shard_locations(manifest: dict[str, Any]) -> dict[str, str]:
+    """Shard path as recorded with the ids -> its absolute path (the manifest's), so the working directory
+    does not matter."""
+    located = {str(s["path"]): str(s["abs_path"]) for s in manifest.get("shards", []) if "abs_path" in s}
+    by_name: dict[str, list[str]] = {}
+    for abs_path in located.values():
+        by_name.setdefault(Path(abs_path).name, []).append(abs_path)
+    for path in list(located):  # a path typed differently by an earlier run: by file name when unique
+        located.setdefault(Path(path).name, located[path])
+    return {**{name: paths[0] for name, paths in by_name.items() if len(paths) == 1}, **located}
+
+
+def open_columns(version_dir: Path, manifest: dict[str, Any]) -> Any:
+    """The version's stored columns (``columns.parquet``, checked like every listed file), or ``None``."""
+    if COLUMNS_FILE not in manifest.get("index", {}).get("files", {}):
+        return None
+    from petal.pipeline.index.columns_file import ColumnsReader
+
+    return ColumnsReader(version_dir / COLUMNS_FILE)
+
+
+def with_fields(results: list[list[Hit]], columns: Any, names: list[str]) -> list[list[Hit]]:
+    """``results`` with each hit's kept columns in ``Hit.fields``."""
+    if columns is None or not names:
+        return results
+    flat = [hit for hits in results for hit in hits]
+    rows = iter(columns.rows([h.faiss_id for h in flat], names))
+    return [[replace(hit, fields=next(rows)) for hit in hits] for hits in results]

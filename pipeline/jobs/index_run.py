@@ -28,6 +28,7 @@ from petal.engine.config import EngineConfig, ModelOptions
 from petal.engine.engine import Engine, resolve_device, resolve_dtype
 from petal.engine.loader import ModelError, ModelSpec, inspect_model
 from petal.pipeline.config import IndexJob, IndexSettings, default_token_budget
+from petal.pipeline.index.columns_file import COLUMNS_FILE, write_version_columns
 from petal.pipeline.index.factory_fit import check_factory_fits, faiss_failure
 from petal.pipeline.index.output_index import build_output_index
 from petal.pipeline.ingest.documents import read_documents
@@ -63,7 +64,8 @@ from petal.pipeline.reliability.faults import fault
 from petal.pipeline.reliability.signals import StopSignals
 from petal.pipeline.reliability.step_guard import StepGuard, device_failure
 from petal.pipeline.store.changes import live_manifest, shard_changes
-from petal.pipeline.store.embeddings import EmbeddingStore, StoreEntry, StoreSink, settings_fingerprint
+from petal.pipeline.store.columns import ColumnsNeed, check_keep_columns, ensure_columns
+from petal.pipeline.store.embeddings import EmbeddingStore, StoreEntry, StoreSink, settings_fingerprint, sha256_file
 from petal.pipeline.store.outputs import OutputTransform, add_output_manifest, output_settings, outputs_factory
 from petal.pipeline.store.tombstones import apply_deletes, deleted_rows, read_delete_ids
 
@@ -150,6 +152,8 @@ def _run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory, 
         if extra:
             shards = preflight(resolve_sources([*job.sources, *extra]), job.read, reads)
     report.rows["total"] = sum(s.num_rows for s in shards)
+    check_keep_columns(shards, job.keep_columns, (job.read.text_column, job.read.id_column))
+    need = ColumnsNeed(job.read.text_column, job.keep_columns)
     delete_ids = read_delete_ids(job.delete, job.read.id_column) if job.delete is not None else None
     spec = model_spec(job.model, job.max_length, job.model_options)
     transform = OutputTransform.for_model(spec, job.output)  # --dim, --quantize, --output-dtype
@@ -240,6 +244,10 @@ def _run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory, 
             if deletion.not_found:
                 _say(f"warning: --delete: {deletion.not_found} of {deletion.requested} ids are not in the index "
                      f"(e.g. {', '.join(map(str, deletion.sample_not_found))})")
+        no_text = ensure_columns(store, committed, need)  # text and --keep-columns beside each entry
+        if no_text:
+            _say(f"warning: the text of {len(no_text)} kept shards is not stored (their files are gone or changed), "
+                 f"e.g. {no_text[0]}: --show-text has none for their hits")
         if sum(e.num_embedded for e in committed) == 0:
             raise NoInputError(f"no rows to index: {report.rows['total']} rows read, all skipped "
                                f"({report.rows['skipped'] or 'no rows'})")
@@ -270,9 +278,14 @@ def _run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory, 
                                         sum(e.num_embedded for e in committed)) from exc
                 fault("after_index_build", staging / "manifest.json")
                 pq.write_table(rejects_table(committed), staging / "rejects.parquet")
+                stored = write_version_columns(committed, transform.dim, need, staging / COLUMNS_FILE)
+                if stored:
+                    result.files[COLUMNS_FILE] = sha256_file(staging / COLUMNS_FILE)
                 version = out.new_version_id()
                 manifest = make_manifest(version, spec, settings, job, shards, committed, result, report)
                 add_output_manifest(manifest, transform)  # the transform queries apply, int8 calibration
+                if stored:  # columns.parquet: the text (as "text") and --keep-columns, by FAISS id
+                    manifest["columns"] = {"text": True, "keep": list(job.keep_columns)}
                 write_json_atomic(staging / "manifest.json", manifest)
             stop.check()  # NOTE: the last stop: once the pointer swaps, the run is done and ends as a success
             out.publish(staging, version)
@@ -457,7 +470,8 @@ def unchanged(previous: dict[str, Any], shards: list[ShardInfo], entries: list[S
     """True when the live version was built from exactly these store entries and index settings."""
     before = [(s["abs_path"], s["entry"], s.get("deleted", 0)) for s in previous.get("shards", [])]
     now = [(s.abs_path, e.fingerprint, tombstoned(e)) for s, e in zip(shards, entries)]
-    return before == now and previous.get("index", {}).get("settings") == job.index.as_dict()
+    same_columns = previous.get("columns", {}).get("keep", []) == list(job.keep_columns)
+    return before == now and same_columns and previous.get("index", {}).get("settings") == job.index.as_dict()
 
 
 def make_manifest(version: str, spec: ModelSpec, settings: dict[str, Any], job: IndexJob, shards: list[ShardInfo],

@@ -15,6 +15,7 @@ from typing import Any
 
 from petal import __version__
 from petal.pipeline.config import IndexSettings
+from petal.pipeline.index.columns_file import COLUMNS_FILE, write_version_columns
 from petal.pipeline.index.factory_fit import check_factory_fits, faiss_failure
 from petal.pipeline.index.output_index import build_output_index
 from petal.pipeline.index.writer import build_index
@@ -22,7 +23,8 @@ from petal.pipeline.jobs.report import RunReport
 from petal.pipeline.layout import OutputDir
 from petal.pipeline.reliability.durable import write_json_atomic
 from petal.pipeline.reliability.errors import FAISS_WRITE_ERRORS, ConfigError, PetalError
-from petal.pipeline.store.embeddings import EmbeddingStore, StoreEntry
+from petal.pipeline.store.columns import ColumnsNeed
+from petal.pipeline.store.embeddings import EmbeddingStore, StoreEntry, sha256_file
 from petal.pipeline.store.outputs import OutputTransform, add_output_manifest
 
 KEEP_VERSIONS = 2  # NOTE: as pipeline/jobs/index_run.py (not imported: it pulls in torch and the engine)
@@ -95,6 +97,10 @@ def _build(out: OutputDir, previous: dict, entries: list[StoreEntry], settings: 
     rejects = out.version_dir(previous["version"]) / "rejects.parquet"
     if rejects.is_file():
         shutil.copy2(rejects, staging / rejects.name)
+    if "columns" in previous:  # stored text and kept columns, from the entries' side files
+        need = ColumnsNeed(str(previous["read"]["text_column"]), tuple(previous["columns"].get("keep", [])))
+        if write_version_columns(entries, dim, need, staging / COLUMNS_FILE):
+            result.files[COLUMNS_FILE] = sha256_file(staging / COLUMNS_FILE)
     version = out.new_version_id()
     manifest = {
         **previous,

@@ -171,8 +171,9 @@ class EmbeddingStore:
             return 0
         for key_dir in self.shards_dir.iterdir():
             for entry_dir in list(key_dir.iterdir()):
-                # a tombstone (pipeline/store/tombstones.py) lives and goes with its entry
-                owner = entry_dir.with_name(entry_dir.name.removesuffix(".deleted.parquet"))
+                # side files (tombstones.py, columns.py) live and go with their entry
+                owner = entry_dir.with_name(entry_dir.name.removesuffix(".deleted.parquet")
+                                            .removesuffix(".columns.parquet"))
                 if owner not in keep:
                     fault("store_prune", entry_dir)
                     removed += entry_dir.is_dir()

@@ -1,0 +1,171 @@
+"""Stored columns: each indexed document's text and the ``--keep-columns`` the user chose, kept with its id.
+
+```
+OUT/store/shards/<shard key>/<fingerprint>.columns.parquet   row int64, text, kept columns: the rows of the
+                                                             entry's rows.parquet, in its order
+OUT/versions/<id>/columns.parquet                            the same columns in FAISS id order, row groups
+                                                             of COLUMNS_ROW_GROUP rows (a hit's row group is
+                                                             faiss_id // COLUMNS_ROW_GROUP)
+```
+
+A side file, like a tombstone, lives and goes with its entry; it is written from the shard's file
+(streamed, one record batch at a time) after the entry commits, and written again only when a run
+asks for a column it lacks. Queries read only the row groups of their hits: ``--show-text`` needs
+neither the source shard nor the directory the index was built from.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from petal.pipeline.ingest.parquet import ShardInfo
+from petal.pipeline.reliability.durable import fsync_dir
+from petal.pipeline.reliability.errors import BadInputError, ConfigError, writing
+from petal.pipeline.store.embeddings import EmbeddingStore, StoreEntry
+
+COLUMNS_SUFFIX = ".columns.parquet"
+COLUMNS_FILE = "columns.parquet"
+COLUMNS_ROW_GROUP = 8192
+READ_BATCH_ROWS = 8192
+
+
+def parse_keep_columns(text: str | None) -> tuple[str, ...]:
+    """``"lang, url"`` -> ``("lang", "url")`` (``ValueError`` for an empty name or a repeat)."""
+    if not text:
+        return ()
+    names = tuple(name.strip() for name in text.split(","))
+    if any(not name for name in names) or len(set(names)) != len(names):
+        raise ValueError(f"--keep-columns {text!r}: give distinct column names separated by commas")
+    return names
+
+
+def columns_path(entry_dir: Path) -> Path:
+    return entry_dir.parent / f"{entry_dir.name}{COLUMNS_SUFFIX}"
+
+
+def check_keep_columns(shards: list[ShardInfo], columns: tuple[str, ...], reserved: tuple[str, ...]) -> None:
+    """Before any work: every shard has every kept column (exit 65 naming shard and column)."""
+    for name in columns:
+        if name in reserved or name in ("row", "faiss_id"):
+            raise ValueError(f"--keep-columns {name!r}: that name is taken (the id, the text, row or faiss_id)")
+    for info in shards:
+        names = set(pq.read_schema(info.path).names)
+        missing = [c for c in columns if c not in names]
+        if missing:
+            raise BadInputError(f"{info.path}: no column {missing[0]!r} (--keep-columns); it has: "
+                                f"{', '.join(sorted(names))}")
+
+
+@dataclass(frozen=True)
+class ColumnsNeed:
+    """What a version stores beside the ids: the text column (as ``text``) and the kept columns."""
+
+    text_column: str
+    keep: tuple[str, ...] = ()
+
+    @property
+    def names(self) -> list[str]:
+        return ["text", *self.keep]
+
+
+def _stored_names(path: Path) -> set[str]:
+    try:
+        return set(pq.read_schema(path).names)
+    except (OSError, pa.ArrowException):
+        return set()
+
+
+def ensure_columns(store: EmbeddingStore, entries: list[StoreEntry], need: ColumnsNeed) -> list[str]:
+    """Every entry gets a side file with ``need``'s columns. Returns shards whose text could not be stored
+    (their file is gone or changed since it was embedded); a kept column that cannot be stored is a
+    ``ConfigError`` (78)."""
+    missing_text = []
+    for entry in entries:
+        path = columns_path(entry.path)
+        if set(need.names) <= _stored_names(path):
+            continue
+        source = entry.meta["source"]
+        shard = Path(source["abs_path"])
+        if not _same_content(store, shard, source):
+            if need.keep:
+                raise ConfigError(f"{source['path']} is gone or changed since it was embedded, so its columns "
+                                  f"{', '.join(need.keep)} cannot be stored; name it as a SOURCE again or pass --sync")
+            missing_text.append(str(source["path"]))
+            continue
+        _write_columns(shard, entry, need, path)
+    return missing_text
+
+
+def _same_content(store: EmbeddingStore, shard: Path, source: dict) -> bool:
+    try:
+        stat = shard.stat()
+    except OSError:
+        return False
+    if stat.st_size != source["size"]:
+        return False
+    if stat.st_mtime_ns == source["mtime_ns"]:
+        return True
+    from petal.pipeline.store.embeddings import sha256_file
+
+    return sha256_file(shard) == source["sha256"]
+
+
+def _write_columns(shard: Path, entry: StoreEntry, need: ColumnsNeed, path: Path) -> None:
+    """Stream ``shard``'s columns for the rows of ``entry`` (ascending) into ``path`` (atomically)."""
+    rows = pq.read_table(entry.path / "rows.parquet", columns=["row"]).column("row").to_numpy()
+    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
+    source_columns = [need.text_column, *need.keep]
+    pf = pq.ParquetFile(shard)
+    arrow = pf.schema_arrow
+    schema = pa.schema([("row", pa.int64()), ("text", pa.string()),
+                        *[(c, arrow.field(c).type) for c in need.keep]])
+    with writing(path):
+        with pq.ParquetWriter(tmp, schema) as writer:
+            start = 0
+            for batch in pf.iter_batches(batch_size=READ_BATCH_ROWS, columns=source_columns):
+                lo, hi = np.searchsorted(rows, [start, start + batch.num_rows])
+                if hi > lo:
+                    take = pa.array(rows[lo:hi] - start)
+                    text = batch.column(0).take(take)
+                    if not (pa.types.is_string(text.type) or pa.types.is_large_string(text.type)):
+                        text = text.cast(pa.string())  # binary holding UTF-8 (rows that were not are rejects)
+                    writer.write_table(pa.table([pa.array(rows[lo:hi], pa.int64()), text.cast(pa.string()),
+                                                 *[batch.column(i + 1).take(take) for i in range(len(need.keep))]],
+                                                schema=schema))
+                start += batch.num_rows
+            if len(rows) == 0:
+                writer.write_table(schema.empty_table())
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+
+
+def entry_columns(entry: StoreEntry, positions: np.ndarray, names: list[str]) -> Iterator[pa.Table]:
+    """The side file's ``names`` at ``positions`` (ascending positions into rows.parquet), streamed."""
+    path = columns_path(entry.path)
+    pf = pq.ParquetFile(path)
+    start = 0
+    for batch in pf.iter_batches(batch_size=READ_BATCH_ROWS, columns=names):
+        lo, hi = np.searchsorted(positions, [start, start + batch.num_rows])
+        if hi > lo:
+            yield pa.Table.from_batches([batch]).take(pa.array(positions[lo:hi] - start))
+        start += batch.num_rows
+
+
+def version_schema(entries: list[StoreEntry], need: ColumnsNeed) -> pa.Schema | None:
+    """The schema of the version's columns file (``None`` when no entry has a side file with ``need``)."""
+    for entry in entries:
+        path = columns_path(entry.path)
+        if set(need.names) <= _stored_names(path):
+            schema = pq.read_schema(path)
+            return pa.schema([schema.field(n) for n in need.names])
+    return None
