@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from petal.cli.common import device_options, user_errors
+from petal.cli.common import device_options, usage, user_errors
 from petal.cli.options import loading_options
 
 
@@ -20,6 +20,9 @@ from petal.cli.options import loading_options
 @click.option("--stdin", "from_stdin", is_flag=True, help="One query per input line, model kept warm.")
 @click.option("--json", "as_json", is_flag=True, help="JSON lines on stdout (one per query).")
 @click.option("--show-text", is_flag=True, help="Read each hit's text back from its shard.")
+@click.option("--where", default=None, metavar="EXPR",
+              help="Only documents matching EXPR, on --keep-columns: \"lang = 'en' AND year IN (2020, 2021)\" "
+                   "(applied inside the FAISS search).")
 @click.option("--model", default=None, help="Model directory, if it moved since indexing (weights must match).")
 @click.option("--nprobe", type=click.IntRange(min=1), default=None, help="Override the tuned IVF nprobe.")
 @click.option("--rescore", type=click.IntRange(min=0), default=None,
@@ -28,8 +31,8 @@ from petal.cli.options import loading_options
 @loading_options
 @user_errors
 def query(index_path: Path, texts: tuple[str, ...], k: int, from_stdin: bool, as_json: bool, show_text: bool,
-          model: str | None, nprobe: int | None, rescore: int | None, device: str, dtype: str, attention: str,
-          query_prompt: str | None, allow_pickle_weights: bool) -> None:
+          where: str | None, model: str | None, nprobe: int | None, rescore: int | None, device: str, dtype: str,
+          attention: str, query_prompt: str | None, allow_pickle_weights: bool) -> None:
     """Search INDEX (an output directory or a version directory) for TEXT.
 
     Queries get the index's model, pooling, attention, output transform (--dim, --quantize) and query
@@ -43,17 +46,20 @@ def query(index_path: Path, texts: tuple[str, ...], k: int, from_stdin: bool, as
                            rescore=rescore, query_prompt=query_prompt, allow_pickle_weights=allow_pickle_weights)
     for note in service.reader.ignored:
         click.echo(f"petal: note: {note}", err=True)
+    if where:
+        usage(lambda: service.reader.selector(where))  # a bad expression or unknown column: exit 2, before any query
     if texts:
-        _answer(service, list(texts), k, as_json, show_text)
+        _answer(service, list(texts), k, as_json, show_text, where)
     if from_stdin:
         for line in sys.stdin:  # one query at a time: answers stream as lines arrive
             line = line.rstrip("\n")
             if line.strip():
-                _answer(service, [line], k, as_json, show_text)
+                _answer(service, [line], k, as_json, show_text, where)
 
 
-def _answer(service: object, queries: list[str], k: int, as_json: bool, show_text: bool) -> None:
-    results = service.search(queries, k)  # type: ignore[attr-defined]
+def _answer(service: object, queries: list[str], k: int, as_json: bool, show_text: bool,
+            where: str | None = None) -> None:
+    results = service.search(queries, k, where=where)  # type: ignore[attr-defined]
     width = shutil.get_terminal_size((100, 20)).columns
     for text, hits in zip(queries, results):
         texts = service.reader.texts(hits, service.text_column) if show_text else [None] * len(hits)  # type: ignore[attr-defined]

@@ -90,3 +90,13 @@ def test_keep_columns_errors(tmp_path, tiny_bert_dir):
     run = CliRunner().invoke(cli, ["index", str(tmp_path / "data"), "--out", out, "--model", str(tiny_bert_dir),
                                    "-q", "--keep-columns", "lang,,year"])
     assert run.exit_code == 2
+
+
+def test_where_through_the_cli(corpus_index):
+    idx, _ = corpus_index
+    (answer,), _ = query(str(idx), "topic", "--where", "lang = 'fr' AND year IN (2001, 2002)", "-k", "20")
+    assert answer["hits"] and all(h["fields"]["lang"] == "fr" and h["fields"]["year"] in (2001, 2002)
+                                  for h in answer["hits"])
+    for where, said in [("nope = 1", "unknown column 'nope'"), ("lang = ", "expected a 'string' or a number")]:
+        result = CliRunner().invoke(cli, ["query", str(idx), "topic", "--where", where])
+        assert result.exit_code == 2 and said in result.stderr, result.output

@@ -136,14 +136,23 @@ class IndexReader:
     def ntotal(self) -> int:
         return int(self.index.ntotal)
 
-    def search(self, vectors: np.ndarray, k: int) -> list[list[Hit]]:
-        """Top ``k`` hits per query row of ``vectors [num_queries, dim]`` (fewer if the index is smaller)."""
+    def search(self, vectors: np.ndarray, k: int, where: str | None = None) -> list[list[Hit]]:
+        """Top ``k`` hits per query row of ``vectors [num_queries, dim]`` (fewer if the index is smaller).
+
+        ``where``: a filter on kept columns (``pipeline/index/filters.py``), applied inside the FAISS search;
+        a bad expression or an unknown column is a ``ValueError`` naming it.
+        """
         if vectors.ndim != 2 or vectors.shape[1] != self.dim:
             raise ConfigError(f"query vectors have shape {vectors.shape}, the index holds dim {self.dim}")
         k_eff = max(1, min(k, self.ntotal))
         if self.ntotal == 0:
             return [[] for _ in range(len(vectors))]
-        scores, ids = self.index.search(np.ascontiguousarray(vectors, dtype=np.float32), k_eff)
+        selector = self.selector(where) if where else None
+        if selector is None:
+            scores, ids = self.index.search(np.ascontiguousarray(vectors, dtype=np.float32), k_eff)
+        else:
+            scores, ids = self.index.search(np.ascontiguousarray(vectors, dtype=np.float32), k_eff,
+                                            params=selector.params(self.index, self.search_params))
         valid = ids >= 0  # NOTE: FAISS pads with -1 when fewer than k results exist
         flat = ids[valid]
         rows = self.ids.take(pa.array(flat)) if len(flat) else self.ids.schema.empty_table()
@@ -161,6 +170,24 @@ class IndexReader:
                 cursor += 1
             out.append(hits)
         return with_fields(out, self.columns, self.kept_columns)
+
+    def selector(self, where: str) -> Any:
+        """The FAISS id selector of ``where`` (cached per expression)."""
+        cache = self.__dict__.setdefault("_selectors", {})
+        if where not in cache:
+            from petal.pipeline.index.filters import IdSelector, filter_mask, parse_filter
+
+            flt = parse_filter(where)
+            if self.manifest.get("output", {}).get("quantize") == "binary":
+                raise ValueError("--where: binary indexes cannot filter yet; build without --quantize binary")
+            names = self.kept_columns
+            missing = [c for c in flt.columns if c not in names]
+            if missing or self.columns is None:
+                raise ValueError(f"--where: unknown column {(missing or flt.columns)[0]!r}; filterable columns "
+                                 f"(petal index --keep-columns): {', '.join(names) or 'none'}")
+            table = pq.read_table(self.columns.path, columns=flt.columns)
+            cache[where] = IdSelector(filter_mask(flt, table, names))
+        return cache[where]
 
     @property
     def kept_columns(self) -> list[str]:

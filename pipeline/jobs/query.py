@@ -132,13 +132,14 @@ class SearchIndex:
     def text_column(self) -> str:
         return str(self.reader.manifest.get("read", {}).get("text_column", "text"))
 
-    def search(self, model_vectors: np.ndarray, k: int) -> list[list[Hit]]:
-        """Top ``k`` hits per row of model vectors, after the index-time transform."""
-        return self.reader.search(self.transform.stored(model_vectors), k)
+    def search(self, model_vectors: np.ndarray, k: int, where: str | None = None) -> list[list[Hit]]:
+        """Top ``k`` hits per row of model vectors, after the index-time transform (``where``: a filter on kept
+        columns, applied inside FAISS: ``pipeline/index/filters.py``)."""
+        return self.reader.search(self.transform.stored(model_vectors), k, where=where)
 
-    def search_stored(self, vectors: np.ndarray, k: int) -> list[list[Hit]]:
+    def search_stored(self, vectors: np.ndarray, k: int, where: str | None = None) -> list[list[Hit]]:
         """Top ``k`` hits per row of vectors already in the index's space (``[n, dim]``)."""
-        return self.reader.search(np.asarray(vectors, dtype=np.float32), k)
+        return self.reader.search(np.asarray(vectors, dtype=np.float32), k, where=where)
 
 
 class QueryService:
@@ -172,5 +173,5 @@ class QueryService:
     def text_column(self) -> str:
         return self.index.text_column
 
-    def search(self, texts: list[str], k: int) -> list[list[Hit]]:
-        return self.index.search(self.model.embed(texts), k)
+    def search(self, texts: list[str], k: int, where: str | None = None) -> list[list[Hit]]:
+        return self.index.search(self.model.embed(texts), k, where=where)

@@ -1,0 +1,139 @@
+"""Filtered search: ``--where "lang = 'en' AND year IN (2020, 2021)"`` on the kept columns, applied inside
+FAISS search through an id selector (a bitmap over FAISS ids), so the top k are the top k of the
+matching documents, not what is left of the top k after filtering.
+
+Grammar: ``clause (AND clause)*``; a clause is ``column = literal`` or ``column IN (literal, ...)``;
+a literal is a single-quoted string (``''`` for a quote) or a number. Names are columns given to
+``petal index --keep-columns``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+TOKEN_RE = re.compile(r"\s*(?:(?P<str>'(?:[^']|'')*')|(?P<num>-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)|"
+                      r"(?P<name>[A-Za-z_][A-Za-z0-9_.]*|\"[^\"]+\")|(?P<op>[=(),]))")
+
+
+@dataclass(frozen=True)
+class Clause:
+    column: str
+    values: tuple[Any, ...]  # one value: equality; several: IN
+
+
+@dataclass(frozen=True)
+class Filter:
+    """A parsed ``--where``: every clause must hold."""
+
+    text: str
+    clauses: tuple[Clause, ...]
+
+    @property
+    def columns(self) -> list[str]:
+        return sorted({c.column for c in self.clauses})
+
+
+def _tokens(text: str) -> list[tuple[str, Any]]:
+    tokens, pos = [], 0
+    while pos < len(text):
+        if text[pos:].strip() == "":
+            break
+        match = TOKEN_RE.match(text, pos)
+        if match is None:
+            raise ValueError(f"--where {text!r}: cannot read {text[pos:].strip()[:20]!r} (at character {pos})")
+        pos = match.end()
+        kind = match.lastgroup
+        value = match.group(kind)
+        if kind == "str":
+            tokens.append(("lit", value[1:-1].replace("''", "'")))
+        elif kind == "num":
+            tokens.append(("lit", float(value) if any(c in value for c in ".eE") else int(value)))
+        elif kind == "name":
+            word = value.strip('"')
+            tokens.append(("kw", word.upper()) if value.upper() in ("AND", "IN") else ("name", word))
+        else:
+            tokens.append(("op", value))
+    return tokens
+
+
+def parse_filter(text: str) -> Filter:
+    """``ValueError`` naming what is wrong in ``text``."""
+    tokens = _tokens(text)
+    clauses, i = [], 0
+
+    def expect(kind: str, value: Any = None) -> Any:
+        nonlocal i
+        if i >= len(tokens) or tokens[i][0] != kind or (value is not None and tokens[i][1] != value):
+            got = repr(tokens[i][1]) if i < len(tokens) else "the end"
+            want = value if value is not None else {"lit": "a 'string' or a number", "name": "a column"}[kind]
+            raise ValueError(f"--where {text!r}: expected {want}, got {got}; the form is "
+                             "\"col = 'x' AND col IN ('a', 'b')\"")
+        i += 1
+        return tokens[i - 1][1]
+
+    while True:
+        column = expect("name")
+        if i < len(tokens) and tokens[i] == ("kw", "IN"):
+            i += 1
+            expect("op", "(")
+            values = [expect("lit")]
+            while i < len(tokens) and tokens[i] == ("op", ","):
+                i += 1
+                values.append(expect("lit"))
+            expect("op", ")")
+        else:
+            expect("op", "=")
+            values = [expect("lit")]
+        clauses.append(Clause(column, tuple(values)))
+        if i == len(tokens):
+            break
+        expect("kw", "AND")
+    return Filter(text, tuple(clauses))
+
+
+def filter_mask(flt: Filter, table: pa.Table, available: list[str]) -> np.ndarray:
+    """``[num_rows]`` bool: rows of ``table`` (the version's stored columns, FAISS id order) that match."""
+    mask = np.ones(table.num_rows, dtype=bool)
+    for clause in flt.clauses:
+        if clause.column not in available:
+            raise ValueError(f"--where: unknown column {clause.column!r}; filterable columns (petal index "
+                             f"--keep-columns): {', '.join(available) or 'none'}")
+        column = table.column(clause.column)
+        try:
+            values = pa.array(list(clause.values)).cast(column.type)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+            raise ValueError(f"--where: column {clause.column!r} is {column.type}; {list(clause.values)} do not "
+                             f"compare with it ({exc})") from exc
+        hit = pc.is_in(column, value_set=values)
+        mask &= hit.to_numpy(zero_copy_only=False).astype(bool)  # nulls never match
+    return mask
+
+
+class IdSelector:
+    """A FAISS id selector over a bitmap of FAISS ids (kept alive with the selector)."""
+
+    def __init__(self, mask: np.ndarray) -> None:
+        import faiss
+
+        self.count = int(mask.sum())
+        self.bits = np.packbits(mask.astype(np.uint8), bitorder="little")
+        self.selector = faiss.IDSelectorBitmap(len(mask), faiss.swig_ptr(self.bits))
+
+    def params(self, index: Any, search_params: dict[str, int]) -> Any:
+        """Search parameters carrying the selector (IVF: with its nprobe; HNSW: with its efSearch)."""
+        import faiss
+
+        ivf = faiss.try_extract_index_ivf(index)  # NOTE: through wrappers (OPQ): they pass parameters on
+        if ivf is not None:
+            return faiss.SearchParametersIVF(sel=self.selector, nprobe=int(search_params.get("nprobe", ivf.nprobe)))
+        inner = faiss.downcast_index(index)
+        if isinstance(inner, faiss.IndexHNSW):
+            return faiss.SearchParametersHNSW(sel=self.selector,
+                                              efSearch=int(search_params.get("efSearch", inner.hnsw.efSearch)))
+        return faiss.SearchParameters(sel=self.selector)
