@@ -69,6 +69,9 @@ def engine_factory() -> Callable[..., Any] | None:
 @click.option("--model", default=None, help="Local model directory (default: the packaged all-MiniLM-L6-v2).")
 @click.option("--id-column", default=None, help="Id column [default: id; absent -> '<shard>:<row>'].")
 @click.option("--text-column", default="text", show_default=True, help="Text column.")
+@click.option("--vectors-column", default=None, metavar="COLUMN",
+              help="Index the precomputed embeddings of this column (list<float> or fixed_size_list<float>): "
+                   "no model is loaded.")
 @click.option("--keep-columns", default=None, metavar="A,B",
               help="Columns stored with the ids: returned with every hit (petal query, the API) and usable in "
                    "petal query --where.")
@@ -104,7 +107,7 @@ def engine_factory() -> Callable[..., Any] | None:
 @output_options
 @scale_options
 def index(sources: tuple[str, ...], out: Path, model: str | None, id_column: str | None, text_column: str,
-          keep_columns: str | None,
+          vectors_column: str | None, keep_columns: str | None,
           device: str, dtype: str, attention: str, max_length: int | None, token_budget: int | None, max_seqs: int,
           no_cuda_graphs: bool, index_factory: str, metric: str, index_memory: str, target_recall: float,
           sync: bool, max_removed: str | None, delete: Path | None, full: bool, strict: bool,
@@ -148,6 +151,8 @@ def index(sources: tuple[str, ...], out: Path, model: str | None, id_column: str
             scale=scale_config(devices, workers, ray),
         ))
         usage(lambda: check_index_factory(job.output, job.index.factory))
+        if vectors_column is not None:
+            usage(lambda: check_vectors_flags(model, dim, quantize, output_dtype))
     except click.UsageError as exc:
         report.finish("failed", 2, str(exc))
         _finish(report, json_report, as_json=as_json)
@@ -162,7 +167,11 @@ def index(sources: tuple[str, ...], out: Path, model: str | None, id_column: str
 
             factory = engine_factory()
             try:
-                if factory is None:
+                if vectors_column is not None:
+                    from petal.pipeline.jobs.vector_run import run_vector_index
+
+                    run_vector_index(job, vectors_column, report, stop=stop)
+                elif factory is None:
                     run_index(job, report, stop=stop)
                 else:
                     run_index(job, report, factory, stop=stop)
@@ -202,3 +211,12 @@ def _finish(report: Any, json_report: Path | None, quiet: bool = False, as_json:
     if not quiet:
         eprint(report.summary())
     sys.stderr.flush()
+
+
+def check_vectors_flags(model: str | None, dim: int | None, quantize: str, output_dtype: str) -> None:
+    """``--vectors-column`` indexes the vectors as they are: model and output flags do not apply."""
+    given = [flag for flag, on in (("--model", model is not None), ("--dim", dim is not None),
+                                   ("--quantize", quantize != "none"), ("--output-dtype", output_dtype != "float32"))
+             if on]
+    if given:
+        raise ValueError(f"--vectors-column indexes precomputed vectors as they are; {', '.join(given)} do not apply")

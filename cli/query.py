@@ -20,6 +20,9 @@ from petal.cli.options import loading_options
 @click.option("--stdin", "from_stdin", is_flag=True, help="One query per input line, model kept warm.")
 @click.option("--json", "as_json", is_flag=True, help="JSON lines on stdout (one per query).")
 @click.option("--show-text", is_flag=True, help="Read each hit's text back from its shard.")
+@click.option("--vector-file", type=click.Path(path_type=Path), default=None, metavar="Q.npy",
+              help="Query by vectors ([n, dim] or [dim] .npy) instead of text: no model (any index; the way to "
+                   "query one built with --vectors-column).")
 @click.option("--where", default=None, metavar="EXPR",
               help="Only documents matching EXPR, on --keep-columns: \"lang = 'en' AND year IN (2020, 2021)\" "
                    "(applied inside the FAISS search).")
@@ -31,15 +34,24 @@ from petal.cli.options import loading_options
 @loading_options
 @user_errors
 def query(index_path: Path, texts: tuple[str, ...], k: int, from_stdin: bool, as_json: bool, show_text: bool,
-          where: str | None, model: str | None, nprobe: int | None, rescore: int | None, device: str, dtype: str,
+          vector_file: Path | None, where: str | None, model: str | None, nprobe: int | None, rescore: int | None,
+          device: str, dtype: str,
           attention: str, query_prompt: str | None, allow_pickle_weights: bool) -> None:
     """Search INDEX (an output directory or a version directory) for TEXT.
 
     Queries get the index's model, pooling, attention, output transform (--dim, --quantize) and query
     prompt, as recorded in its manifest.
     """
+    if vector_file is not None:
+        _by_vectors(index_path, vector_file, k, as_json, show_text, where, nprobe, rescore)
+        return
     if not texts and not from_stdin:
-        raise click.UsageError("give query TEXT or --stdin")
+        raise click.UsageError("give query TEXT, --stdin or --vector-file")
+    from petal.pipeline.layout import resolve_index_dir
+
+    if resolve_index_dir(index_path)[1].get("model", {}).get("source") == "precomputed":
+        raise click.UsageError(f"{index_path} was built from precomputed vectors (--vectors-column): query it "
+                               "with --vector-file Q.npy")
     from petal.pipeline.jobs.query import QueryService
 
     service = QueryService(index_path, model=model, device=device, dtype=dtype, attention=attention, nprobe=nprobe,
@@ -107,3 +119,35 @@ def _warn_missing(service: object) -> None:
         warned.add(shard)
         click.echo(f"petal: warning: {shard} is gone (moved or deleted), so --show-text has no text for its hits; "
                    "indexes built now store the text", err=True)
+
+
+class _VectorService:
+    """What ``_answer`` needs from a service, for queries that are vectors already."""
+
+    def __init__(self, reader: object, vectors: object) -> None:
+        self.reader = reader
+        self.vectors = vectors
+        self.text_column = str(reader.manifest.get("read", {}).get("text_column", "text"))  # type: ignore[attr-defined]
+
+    def search(self, labels: list[str], k: int, where: str | None = None) -> list:
+        rows = [int(label.split()[-1]) for label in labels]
+        return self.reader.search(self.vectors[rows], k, where=where)  # type: ignore[attr-defined,index]
+
+
+def _by_vectors(index_path: Path, vector_file: Path, k: int, as_json: bool, show_text: bool, where: str | None,
+                nprobe: int | None, rescore: int | None) -> None:
+    from petal.pipeline.index.search import IndexReader
+    from petal.pipeline.jobs.vector_run import query_vectors
+
+    vectors = usage(lambda: query_vectors(vector_file))
+    reader = IndexReader(index_path, nprobe=nprobe, rescore=rescore)
+    if vectors.shape[1] != reader.dim:
+        raise click.UsageError(f"--vector-file {vector_file}: vectors of dim {vectors.shape[1]}, the index holds "
+                               f"dim {reader.dim}")
+    for note in reader.ignored:
+        click.echo(f"petal: note: {note}", err=True)
+    if where:
+        usage(lambda: reader.selector(where))
+    service = _VectorService(reader, vectors)
+    for i in range(len(vectors)):
+        _answer(service, [f"vector {i}"], k, as_json, show_text, where)

@@ -68,12 +68,12 @@ def check_keep_columns(shards: list[ShardInfo], columns: tuple[str, ...], reserv
 class ColumnsNeed:
     """What a version stores beside the ids: the text column (as ``text``) and the kept columns."""
 
-    text_column: str
+    text_column: str | None  # None: no text to store (precomputed vectors without a text column)
     keep: tuple[str, ...] = ()
 
     @property
     def names(self) -> list[str]:
-        return ["text", *self.keep]
+        return (["text"] if self.text_column else []) + list(self.keep)
 
 
 def _stored_names(path: Path) -> set[str]:
@@ -87,7 +87,9 @@ def ensure_columns(store: EmbeddingStore, entries: list[StoreEntry], need: Colum
     """Every entry gets a side file with ``need``'s columns. Returns shards whose text could not be stored
     (their file is gone or changed since it was embedded); a kept column that cannot be stored is a
     ``ConfigError`` (78)."""
-    missing_text = []
+    missing_text: list[str] = []
+    if not need.names:
+        return missing_text
     for entry in entries:
         path = columns_path(entry.path)
         if set(need.names) <= _stored_names(path):
@@ -122,10 +124,11 @@ def _write_columns(shard: Path, entry: StoreEntry, need: ColumnsNeed, path: Path
     """Stream ``shard``'s columns for the rows of ``entry`` (ascending) into ``path`` (atomically)."""
     rows = pq.read_table(entry.path / "rows.parquet", columns=["row"]).column("row").to_numpy()
     tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
-    source_columns = [need.text_column, *need.keep]
+    text = [need.text_column] if need.text_column else []
+    source_columns = [*text, *need.keep]
     pf = pq.ParquetFile(shard)
     arrow = pf.schema_arrow
-    schema = pa.schema([("row", pa.int64()), ("text", pa.string()),
+    schema = pa.schema([("row", pa.int64()), *[("text", pa.string()) for _ in text],
                         *[(c, arrow.field(c).type) for c in need.keep]])
     with writing(path):
         with pq.ParquetWriter(tmp, schema) as writer:
@@ -134,12 +137,10 @@ def _write_columns(shard: Path, entry: StoreEntry, need: ColumnsNeed, path: Path
                 lo, hi = np.searchsorted(rows, [start, start + batch.num_rows])
                 if hi > lo:
                     take = pa.array(rows[lo:hi] - start)
-                    text = batch.column(0).take(take)
-                    if not (pa.types.is_string(text.type) or pa.types.is_large_string(text.type)):
-                        text = text.cast(pa.string())  # binary holding UTF-8 (rows that were not are rejects)
-                    writer.write_table(pa.table([pa.array(rows[lo:hi], pa.int64()), text.cast(pa.string()),
-                                                 *[batch.column(i + 1).take(take) for i in range(len(need.keep))]],
-                                                schema=schema))
+                    values = [batch.column(i).take(take) for i in range(len(source_columns))]
+                    if text:  # binary holding UTF-8 (rows that were not are rejects) is stored as a string
+                        values[0] = values[0].cast(pa.string())
+                    writer.write_table(pa.table([pa.array(rows[lo:hi], pa.int64()), *values], schema=schema))
                 start += batch.num_rows
             if len(rows) == 0:
                 writer.write_table(schema.empty_table())
@@ -163,6 +164,8 @@ def entry_columns(entry: StoreEntry, positions: np.ndarray, names: list[str]) ->
 
 def version_schema(entries: list[StoreEntry], need: ColumnsNeed) -> pa.Schema | None:
     """The schema of the version's columns file (``None`` when no entry has a side file with ``need``)."""
+    if not need.names:
+        return None
     for entry in entries:
         path = columns_path(entry.path)
         if set(need.names) <= _stored_names(path):

@@ -1,0 +1,138 @@
+"""Precomputed embeddings (``petal index SOURCE --vectors-column emb``): a Parquet column of vectors
+(``list<float>``, ``large_list<float>`` or ``fixed_size_list<float>``, float16/32/64) read instead of
+running a model.
+
+Every shard's schema is checked before any work (the column, its type, one dimension for all:
+a fixed-size list's size, else the first non-null vector's length). Rows are streamed one record
+batch at a time; a bad vector is a counted skip like a bad text row: ``null_vector``,
+``wrong_dim`` (another length), ``non_finite_vector`` (NaN, inf); ids as for text (``null_id``,
+``duplicate_id`` within a shard).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from petal.pipeline.config import ReadConfig
+from petal.pipeline.ingest.parquet import ShardInfo, _is_id
+from petal.pipeline.reliability.errors import BadInputError, NoInputError
+
+BATCH_ROWS = 4096
+VECTOR_REJECTS = ("null_vector", "wrong_dim", "non_finite_vector", "null_id", "duplicate_id")
+
+
+def _is_vector(t: pa.DataType) -> bool:
+    listish = pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+    return listish and pa.types.is_floating(t.value_type)
+
+
+def inspect_vector_shard(path: Path, read: ReadConfig, column: str) -> tuple[ShardInfo, int | None]:
+    """One footer: ``(info, fixed size or None)``; ``BadInputError`` naming file, column and type."""
+    try:
+        pf = pq.ParquetFile(path)
+        schema = pf.schema_arrow
+    except (OSError, pa.ArrowException) as exc:
+        raise BadInputError(f"{path}: not a readable Parquet file ({exc})") from exc
+    if column not in schema.names:
+        raise BadInputError(f"{path}: vectors column {column!r} is missing (columns: {', '.join(schema.names)})")
+    vtype = schema.field(column).type
+    if not _is_vector(vtype):
+        raise BadInputError(f"{path}: vectors column {column!r} has type {vtype}, expected list<float> or "
+                            "fixed_size_list<float> (float16, float32 or float64)")
+    has_id = read.id_column in schema.names
+    if not has_id and read.id_column_required:
+        raise BadInputError(f"{path}: id column {read.id_column!r} is missing (columns: {', '.join(schema.names)})")
+    id_type = schema.field(read.id_column).type if has_id else None
+    if id_type is not None and not _is_id(id_type):
+        raise BadInputError(f"{path}: id column {read.id_column!r} has type {id_type}, expected an integer or string")
+    stat = path.stat()
+    info = ShardInfo(path=path, abs_path=str(path.resolve()), size=stat.st_size, mtime_ns=stat.st_mtime_ns,
+                     num_rows=pf.metadata.num_rows, num_row_groups=pf.metadata.num_row_groups, has_id_column=has_id,
+                     id_type=str(id_type) if id_type is not None else "", text_type=str(vtype))
+    return info, (vtype.list_size if pa.types.is_fixed_size_list(vtype) else None)
+
+
+def _first_length(path: Path, column: str) -> int | None:
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=BATCH_ROWS, columns=[column]):
+        lengths = pc.drop_null(pc.list_value_length(batch.column(0)))
+        if len(lengths):
+            return int(lengths[0].as_py())
+    return None
+
+
+def preflight_vectors(paths: list[Path], read: ReadConfig, column: str) -> tuple[list[ShardInfo], int]:
+    """Every shard's schema and the vectors' dimension, before any work."""
+    infos, sizes, problems = [], {}, []
+    for path in paths:
+        try:
+            info, size = inspect_vector_shard(path, read, column)
+            infos.append(info)
+            if size is not None:
+                sizes[str(path)] = size
+        except BadInputError as exc:
+            problems.append(str(exc))
+    if problems:
+        raise BadInputError("; ".join(problems[:5]) + (f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""))
+    if len(set(sizes.values())) > 1:
+        raise BadInputError(f"vectors column {column!r} has different sizes: "
+                            + ", ".join(f"{p} ({n})" for p, n in sizes.items()))
+    dim = next(iter(sizes.values()), None)
+    for info in infos:
+        if dim is not None:
+            break
+        dim = _first_length(info.path, column)
+    if not dim:
+        raise NoInputError(f"vectors column {column!r} holds no vector in any shard")
+    return infos, dim
+
+
+@dataclass
+class VectorBatch:
+    rows: list[int]
+    ids: list
+    vectors: np.ndarray  # [len(rows), dim] float32
+    rejects: list[tuple[int, str]] = field(default_factory=list)
+
+
+def read_vectors(info: ShardInfo, read: ReadConfig, column: str, dim: int) -> Iterator[VectorBatch]:
+    """One shard's good vectors and its bad rows, one record batch at a time."""
+    columns = [column] + ([read.id_column] if info.has_id_column else [])
+    seen: set = set()
+    start = 0
+    for batch in pq.ParquetFile(info.path).iter_batches(batch_size=BATCH_ROWS, columns=columns):
+        n = batch.num_rows
+        ids = (batch.column(1).to_pylist() if info.has_id_column
+               else [f"{info.path}:{r}" for r in range(start, start + n)])
+        values = batch.column(0)
+        lengths = pc.list_value_length(values).to_numpy(zero_copy_only=False)
+        null = pc.is_null(values).to_numpy(zero_copy_only=False)
+        ok_len = ~null & (np.nan_to_num(lengths.astype(float), nan=-1) == dim)
+        vectors = np.zeros((n, dim), dtype=np.float32)
+        if ok_len.any():
+            good = values.filter(pa.array(ok_len))
+            flat = pc.list_flatten(good).to_numpy(zero_copy_only=False).astype(np.float32)
+            vectors[ok_len] = flat.reshape(-1, dim)
+        finite = np.isfinite(vectors).all(axis=1)
+        out = VectorBatch([], [], vectors[:0])
+        keep = []
+        for i in range(n):
+            row = start + i
+            reason = ("null_id" if ids[i] is None else "null_vector" if null[i] else "wrong_dim" if not ok_len[i]
+                      else "non_finite_vector" if not finite[i] else "duplicate_id" if ids[i] in seen else None)
+            if reason is not None:
+                out.rejects.append((row, reason))
+                continue
+            seen.add(ids[i])
+            out.rows.append(row)
+            out.ids.append(ids[i])
+            keep.append(i)
+        out.vectors = vectors[keep]
+        start += n
+        yield out

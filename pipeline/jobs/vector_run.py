@@ -1,0 +1,225 @@
+"""``petal index SOURCE --vectors-column emb``: index precomputed embeddings, no model.
+
+The same path as ``petal index`` from the store on: each shard's vectors are committed as a store
+entry (fingerprint: content + the vectors column and dimension), so incremental runs reuse them,
+additive/``--sync``/``--delete``/``--max-removed`` hold, the index is built by the same builder
+and published as a version. Bad vectors are counted skips (``pipeline/ingest/vectors.py``),
+``--strict`` and ``--max-bad-rows`` apply.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from petal import __version__
+from petal.pipeline.config import IndexJob
+from petal.pipeline.index.columns_file import COLUMNS_FILE, write_version_columns
+from petal.pipeline.index.factory_fit import check_factory_fits
+from petal.pipeline.ingest.parquet import ShardInfo, resolve_sources
+from petal.pipeline.ingest.rejects import rejects_table
+from petal.pipeline.ingest.schemes import check_sources
+from petal.pipeline.ingest.vectors import preflight_vectors, read_vectors
+from petal.pipeline.jobs import index_run as run
+from petal.pipeline.jobs.removals import kept_entries, kept_records, kept_shard
+from petal.pipeline.jobs.report import RunReport
+from petal.pipeline.layout import OutputDir
+from petal.pipeline.reliability.durable import write_json_atomic
+from petal.pipeline.reliability.errors import NoInputError, writing
+from petal.pipeline.reliability.signals import StopSignals
+from petal.pipeline.store.changes import live_manifest, shard_changes
+from petal.pipeline.store.columns import ColumnsNeed, check_keep_columns, ensure_columns
+from petal.pipeline.store.embeddings import EmbeddingStore, StoreEntry, settings_fingerprint, sha256_file
+from petal.pipeline.store.outputs import OutputTransform, add_output_manifest
+from petal.pipeline.store.tombstones import apply_deletes, read_delete_ids
+
+
+def vector_settings(column: str, dim: int, job: IndexJob) -> dict[str, Any]:
+    """What shapes a shard's stored vectors (the store fingerprint; drift is checked on it)."""
+    return {"source": "precomputed", "vectors_column": column, "dim": dim, "id_column": job.read.id_column}
+
+
+def run_vector_index(job: IndexJob, column: str, report: RunReport, stop: StopSignals | None = None) -> RunReport:
+    """Index the vectors of ``column`` in ``job.sources`` into ``job.out`` (no model)."""
+    stop = stop or StopSignals()
+    started = time.perf_counter()
+    check_sources(job.sources)
+    live = run.peek_live_manifest(job.out)
+    shards, dim = preflight_vectors(resolve_sources(job.sources), job.read, column)
+    report.rows["total"] = sum(s.num_rows for s in shards)
+    text = job.read.text_column if all(job.read.text_column in pq.read_schema(s.path).names for s in shards) else None
+    check_keep_columns(shards, job.keep_columns, (column, job.read.id_column))
+    need = ColumnsNeed(text, job.keep_columns)
+    delete_ids = read_delete_ids(job.delete, job.read.id_column) if job.delete is not None else None
+    kept_before = kept_records(live, shards, job.sync)
+    check_factory_fits(job.index, dim, report.rows["total"] + sum(int(r.get("embedded", r["rows"]))
+                                                                   for r in kept_before))
+    settings = vector_settings(column, dim, job)
+    report.model = {"source": "precomputed", "vectors_column": column, "dim": dim}
+    out = OutputDir(job.out)
+    out.prepare()
+    report.out = str(out.root)
+    report.timings_s["preflight"] = round(time.perf_counter() - started, 3)
+
+    with out.lock(wait=job.wait, on_wait=run._say, check=stop.check):
+        out.clean_orphans()
+        previous = None if job.full else out.current_manifest()
+        if previous is not None:
+            run.check_drift(previous, settings, out.root)
+        store = EmbeddingStore(out.store_dir)
+        with writing(out.store_dir):
+            store.open()
+        kept_recs = kept_records(previous, shards, job.sync)
+        kept = kept_entries(store, kept_recs, out.root)
+        kept_infos = [kept_shard(r, e) for r, e in zip(kept_recs, kept)]
+        fp = settings_fingerprint(settings)
+        fingerprints = [run.content_fingerprint(store, info, fp) for info in shards]
+        all_shards = sorted([*shards, *kept_infos], key=lambda info: info.abs_path)
+        sha = {info.abs_path: store.content_sha256(info) for info in shards}
+        sha.update({r["abs_path"]: r["sha256"] for r in kept_recs})
+        report.shard_changes = shard_changes(previous if not job.full else live_manifest(out), all_shards,
+                                             [sha[i.abs_path] for i in all_shards])
+        if kept_infos:
+            report.shard_changes["kept"] = [str(i.path) for i in kept_infos]
+            report.shard_changes["unchanged"] = [p for p in report.shard_changes["unchanged"]
+                                                 if p not in set(report.shard_changes["kept"])]
+        report.shards["total"] = len(all_shards)
+        entries: list[StoreEntry | None] = [None if job.full else store.lookup(info, f)
+                                            for info, f in zip(shards, fingerprints)]
+        gate = run.bad_row_gate(job, report, out)
+        for entry in entries:
+            if entry is not None and gate is not None:
+                gate.reuse(entry)
+        embedded_now: set[int] = set()
+        for i, info in enumerate(shards):
+            if entries[i] is not None:
+                report.shards["reused"] += 1
+                continue
+            stop.check()
+            entries[i] = _store_shard(store, info, fingerprints[i], settings, column, dim, job, gate, i)
+            embedded_now.add(i)
+            report.shards["embedded"] += 1
+        report.shards["reused"] += len(kept)
+        named = [e for e in entries if e is not None]
+        run.tally_rows(named, report, embedded_now, kept)
+        by_path = {i.abs_path: e for i, e in zip([*shards, *kept_infos], [*named, *kept])}
+        committed = [by_path[i.abs_path] for i in all_shards]
+        if delete_ids is not None:
+            deletion = apply_deletes(committed, delete_ids)
+            report.rows["deleted"] = deletion.deleted
+            report.deletes = {"requested": deletion.requested, "deleted": deletion.deleted,
+                              "not_found": deletion.not_found, "sample_not_found": deletion.sample_not_found}
+        ensure_columns(store, committed, need)
+        if sum(e.num_embedded for e in committed) == 0:
+            raise NoInputError(f"no vectors to index: {report.rows['total']} rows read, all skipped "
+                               f"({report.rows['skipped'] or 'no rows'})")
+        if previous is not None and run.unchanged(previous, all_shards, committed, job):
+            report.version = out.current_version()
+            run.clean_up(out, store, committed, job, report)
+            report.finish("nothing-to-do", 0, "no shard or setting changed; the live version stays")
+            return report
+        run.guard_removals(out, job, all_shards, committed, delete_ids, report)
+        stop.check()
+        transform = OutputTransform(model_dim=dim, dim=dim, renormalize=False, cosine=False)
+        with writing(out.versions_dir):
+            staging = out.staging_dir()
+        try:
+            with writing(staging):
+                try:
+                    result, transform = run.build_output_index(committed, transform, job.index, staging)
+                except (RuntimeError, ValueError) as exc:
+                    if isinstance(exc, run.PetalError) or any(m in str(exc) for m in run.FAISS_WRITE_ERRORS):
+                        raise
+                    raise run.faiss_failure(exc, job.index.factory, dim,
+                                            sum(e.num_embedded for e in committed)) from exc
+                pq.write_table(rejects_table(committed), staging / "rejects.parquet")
+                stored = write_version_columns(committed, dim, need, staging / COLUMNS_FILE)
+                if stored:
+                    result.files[COLUMNS_FILE] = sha256_file(staging / COLUMNS_FILE)
+                version = out.new_version_id()
+                manifest = _manifest(version, settings, job, column, dim, all_shards, committed, result)
+                add_output_manifest(manifest, transform)
+                if stored:
+                    manifest["columns"] = {"text": bool(text), "keep": list(job.keep_columns)}
+                write_json_atomic(staging / "manifest.json", manifest)
+            stop.check()
+            out.publish(staging, version)
+        except BaseException:
+            import shutil
+
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        report.version = version
+        report.index = {"factory": result.factory, "metric": result.metric, "num_vectors": result.num_vectors,
+                        "superseded": result.superseded, "search_params": result.search_params,
+                        "tuning": result.tuning, "storage": result.plan.get("storage", "memory")}
+        report.rejects_file = str(out.version_dir(version) / "rejects.parquet")
+        run.clean_up(out, store, committed, job, report)
+    report.finish("success", 0)
+    return report
+
+
+def _store_shard(store: EmbeddingStore, info: ShardInfo, fingerprint: str, settings: dict[str, Any], column: str,
+                 dim: int, job: IndexJob, gate: Any, position: int) -> StoreEntry:
+    writer = store.writer(info, fingerprint, settings, dim)
+    try:
+        writer.input_done = True
+        for batch in read_vectors(info, job.read, column, dim):
+            if gate is not None:
+                gate.add(position, str(info.path), batch.rejects)
+            writer.reject(batch.rejects)
+            if batch.rows:
+                writer.add(batch.rows, batch.ids, batch.vectors)
+        entry = writer.commit()
+    except BaseException:
+        writer.abort()
+        raise
+    if gate is not None:
+        gate.commit(position, entry)
+    return entry
+
+
+def _manifest(version: str, settings: dict[str, Any], job: IndexJob, column: str, dim: int,
+              shards: list[ShardInfo], entries: list[StoreEntry], result: Any) -> dict[str, Any]:
+    return {
+        "format": 1,
+        "petal_version": __version__,
+        "version": version,
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "model": {"source": "precomputed", "vectors_column": column, "dim": dim},
+        "embedding": settings,
+        "read": {"text_column": job.read.text_column, "id_column": job.read.id_column, "vectors_column": column},
+        "dim": dim,
+        "normalize": False,
+        "metric": job.index.metric,
+        "max_length": None,
+        "index": result.manifest(job.index),
+        "shards": [
+            {"path": str(s.path), "abs_path": s.abs_path, "size": s.size, "mtime_ns": s.mtime_ns,
+             "sha256": e.meta["source"]["sha256"], "rows": s.num_rows, "entry": e.fingerprint, **e.meta["counts"],
+             "deleted": run.tombstoned(e)}
+            for s, e in zip(shards, entries)
+        ],
+        "counts": run.version_counts(entries, result.num_vectors),
+    }
+
+
+def query_vectors(path: Path) -> Any:
+    """``--vector-file``: a ``.npy`` of ``[n, dim]`` or ``[dim]`` float vectors (``ValueError`` otherwise)."""
+    import numpy as np
+
+    try:
+        vectors = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"--vector-file {path}: not a readable .npy file ({exc})") from exc
+    if vectors.ndim == 1:
+        vectors = vectors[None, :]
+    if vectors.ndim != 2 or not np.issubdtype(vectors.dtype, np.number):
+        raise ValueError(f"--vector-file {path}: expected numbers of shape [n, dim] or [dim], got {vectors.shape} "
+                         f"{vectors.dtype}")
+    if not np.isfinite(vectors).all():
+        raise ValueError(f"--vector-file {path}: holds NaN or infinite values")
+    return vectors.astype(np.float32)
