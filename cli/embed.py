@@ -18,8 +18,9 @@ if TYPE_CHECKING:
     from petal.pipeline.store.outputs import OutputTransform
 
 
-def read_inputs(path: Path, text_column: str) -> list[str]:
-    """Texts from ``.parquet`` (a text column), ``.txt`` (one per line) or ``.jsonl`` ({"text": ...})."""
+def read_inputs(path: Path, text_column: str, id_column: str | None = None) -> tuple[list, list | None]:
+    """Texts (``None`` for a null) from ``.parquet`` (a text column, ids from ``id_column``), ``.txt`` (one per
+    line) or ``.jsonl`` ({"text": ..., "id": ...}), and their ids (``None`` without ``id_column``)."""
     from petal.pipeline.reliability.errors import EXIT_DATAERR, EXIT_NOINPUT
 
     if not path.is_file():
@@ -29,32 +30,38 @@ def read_inputs(path: Path, text_column: str) -> list[str]:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
+        columns = [text_column] + ([id_column] if id_column else [])
         try:
-            table = pq.read_table(path, columns=[text_column])
+            table = pq.read_table(path, columns=columns)
         except (OSError, pa.ArrowException, KeyError) as exc:
-            raise PetalClickError(f"{path}: cannot read text column {text_column!r}: {exc}", EXIT_DATAERR) from exc
-        texts = table.column(0).to_pylist()
-        bad = [i for i, t in enumerate(texts) if not isinstance(t, str)]
-        if bad:
-            raise PetalClickError(f"{path}: row {bad[0]} of {text_column!r} is not a string ({texts[bad[0]]!r})",
+            raise PetalClickError(f"{path}: cannot read column(s) {', '.join(map(repr, columns))}: {exc}",
+                                  EXIT_DATAERR) from exc
+        column_type = table.schema.field(text_column).type
+        if not (pa.types.is_string(column_type) or pa.types.is_large_string(column_type)
+                or pa.types.is_binary(column_type) or pa.types.is_large_binary(column_type)):
+            raise PetalClickError(f"{path}: text column {text_column!r} has type {column_type}, not text",
                                   EXIT_DATAERR)
-        return texts
+        ids = table.column(id_column).to_pylist() if id_column else None
+        return table.column(text_column).to_pylist(), ids
     if suffix == ".txt":
-        return path.read_text(encoding="utf-8").splitlines()
+        return path.read_text(encoding="utf-8").splitlines(), None
     if suffix == ".jsonl":
-        texts = []
+        texts: list = []
+        ids: list = []
         for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
             if not line.strip():
                 continue
             try:
-                value = json.loads(line)["text"]
+                record = json.loads(line)
+                value = record["text"]
             except (json.JSONDecodeError, KeyError, TypeError) as exc:
                 raise PetalClickError(f"{path}:{lineno}: expected a JSON object with a \"text\" field",
                                       EXIT_DATAERR) from exc
-            if not isinstance(value, str):
+            if value is not None and not isinstance(value, str):
                 raise PetalClickError(f"{path}:{lineno}: \"text\" is not a string", EXIT_DATAERR)
             texts.append(value)
-        return texts
+            ids.append(record.get(id_column) if id_column else None)
+        return texts, ids if id_column else None
     raise click.UsageError(f"--input {path}: expected a .parquet, .txt or .jsonl file")
 
 
@@ -65,6 +72,8 @@ def read_inputs(path: Path, text_column: str) -> list[str]:
 @click.option("--input", "input_path", type=click.Path(path_type=Path), default=None,
               help="Read texts from a .parquet, .txt or .jsonl file.")
 @click.option("--text-column", default="text", show_default=True, help="Text column of a .parquet --input.")
+@click.option("--id-column", default=None,
+              help="Id column of a .parquet --input (or key of a .jsonl one): each output line carries its id.")
 @click.option("--output", "output", type=click.Path(path_type=Path), default=None,
               help="Write FILE.npy (float32 rows) or FILE.jsonl instead of JSON lines on stdout.")
 @click.option("--max-length", type=int, default=None, help="Truncate texts to N tokens (default: the model's).")
@@ -77,7 +86,8 @@ def read_inputs(path: Path, text_column: str) -> list[str]:
 @output_options
 @user_errors
 def embed(texts: tuple[str, ...], model: str | None, from_stdin: bool, input_path: Path | None, text_column: str,
-          output: Path | None, max_length: int | None, as_query: bool, calibration_index: Path | None,
+          id_column: str | None, output: Path | None, max_length: int | None, as_query: bool,
+          calibration_index: Path | None,
           device: str, dtype: str, attention: str, pooling: str | None, attention_mask: str | None,
           query_prompt: str | None, allow_pickle_weights: bool, dim: int | None, quantize: str,
           output_dtype: str) -> None:
@@ -86,13 +96,27 @@ def embed(texts: tuple[str, ...], model: str | None, from_stdin: bool, input_pat
     Rows are float vectors (--output-dtype), int8 codes (--quantize int8) or packed sign bits
     (--quantize binary: dim / 8 bytes, first dimension in the high bit).
     """
-    items = list(texts)
+    items: list = list(texts)
+    ids: list | None = None
     if input_path is not None:
-        items += read_inputs(input_path, text_column)
+        read, ids = read_inputs(input_path, text_column, id_column)
+        ids = [None] * len(items) + ids if ids is not None else None
+        items += read
+    elif id_column is not None:
+        raise click.UsageError("--id-column goes with --input FILE.parquet or FILE.jsonl")
     if from_stdin:
         items += [line.rstrip("\n") for line in sys.stdin]
     if not items:
         raise click.UsageError("nothing to embed: give TEXT, --stdin or --input")
+    from petal.pipeline.ingest.text_rule import describe_skips, skip_reason
+
+    # NOTE: the rule of petal index: null, undecodable and invisible texts are skipped and counted; outputs keep
+    # input positions (JSON lines: "embedding": null, "skipped": reason; .npy: a NaN row, or zeros for codes)
+    skipped = {i: why for i, text in enumerate(items) if (why := skip_reason(text)) is not None}
+    if len(skipped) == len(items):
+        from petal.pipeline.reliability.errors import EXIT_NOINPUT
+
+        raise PetalClickError(f"nothing to embed: {describe_skips(skipped)}", EXIT_NOINPUT)
     if output is not None and output.suffix.lower() not in (".npy", ".jsonl"):
         raise click.UsageError(f"--output {output}: expected a .npy or .jsonl file")
 
@@ -117,15 +141,30 @@ def embed(texts: tuple[str, ...], model: str | None, from_stdin: bool, input_pat
     engine = Engine(spec, EngineConfig(device=dev, dtype=resolve_dtype(dtype, dev), attention=attention,  # type: ignore[arg-type]
                                        token_budget=budget))
     tokenizer = tokenizer_for(spec, "query" if as_query or query_prompt is not None else "document")
-    vectors, truncated = encode_texts(engine, tokenizer, items)
+    kept = [i for i in range(len(items)) if i not in skipped]
+    texts_in = [t.decode("utf-8") if isinstance(t, bytes) else t for t in (items[i] for i in kept)]
+    vectors, truncated = encode_texts(engine, tokenizer, texts_in)
     if transform.int8_scheme == "calibrated":
         transform = _calibrated(transform, calibration_index, vectors)
-    rows = transform.output(vectors)
+    embedded = transform.output(vectors)
+    rows = np.full((len(items), *embedded.shape[1:]), np.nan if embedded.dtype.kind == "f" else 0, embedded.dtype)
+    rows[kept] = embedded
     if output is not None and output.suffix.lower() == ".npy":
         np.save(output, rows, allow_pickle=False)
     else:
         as_number = int if rows.dtype.kind in "iu" else (lambda x: round(float(x), 7))
-        lines = (json.dumps({"index": i, "embedding": [as_number(x) for x in row]}) for i, row in enumerate(rows))
+
+        def json_line(i: int) -> str:
+            record: dict = {"index": i}
+            if ids is not None:
+                record["id"] = ids[i]
+            if i in skipped:
+                record.update(embedding=None, skipped=skipped[i])
+            else:
+                record["embedding"] = [as_number(x) for x in rows[i]]
+            return json.dumps(record, default=str)
+
+        lines = (json_line(i) for i in range(len(items)))
         if output is not None:
             output.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
         else:
@@ -134,7 +173,8 @@ def embed(texts: tuple[str, ...], model: str | None, from_stdin: bool, input_pat
     note = f", {truncated} truncated at {spec.pooling.max_length} tokens" if truncated else ""
     kind = {"none": f"{transform.output_dtype} vectors", "int8": f"int8 codes ({transform.int8_scheme})",
             "binary": "sign bits"}[transform.quantize]
-    click.echo(f"petal embed: {len(items)} texts -> {transform.dim}-dim {kind}{note}", err=True)
+    click.echo(f"petal embed: {len(items)} texts -> {len(kept)} {transform.dim}-dim {kind}, "
+               f"{describe_skips(skipped)}{note}", err=True)
 
 
 def _calibrated(transform: OutputTransform, index_path: Path | None, vectors: np.ndarray) -> OutputTransform:

@@ -60,13 +60,25 @@ def query(index_path: Path, texts: tuple[str, ...], k: int, from_stdin: bool, as
         click.echo(f"petal: note: {note}", err=True)
     if where:
         usage(lambda: service.reader.selector(where))  # a bad expression or unknown column: exit 2, before any query
-    if texts:
-        _answer(service, list(texts), k, as_json, show_text, where)
+    from petal.pipeline.ingest.text_rule import skip_reason
+
+    # NOTE: the rule of petal index and petal embed: an invisible query (empty, blank) is skipped and said
+    asked = [t for t in texts if skip_reason(t) is None]
+    for i, text in enumerate(texts):
+        if skip_reason(text) is not None:
+            click.echo(f"petal: skipped query {i} ({skip_reason(text)})", err=True)
+    if asked:
+        _answer(service, asked, k, as_json, show_text, where)
     if from_stdin:
+        skipped = 0
         for line in sys.stdin:  # one query at a time: answers stream as lines arrive
             line = line.rstrip("\n")
-            if line.strip():
+            if skip_reason(line) is None:
                 _answer(service, [line], k, as_json, show_text, where)
+            else:
+                skipped += 1
+        if skipped:
+            click.echo(f"petal: {skipped} stdin lines skipped (empty_text: blank lines are not queries)", err=True)
 
 
 def _answer(service: object, queries: list[str], k: int, as_json: bool, show_text: bool,

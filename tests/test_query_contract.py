@@ -7,6 +7,7 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -100,3 +101,28 @@ def test_where_through_the_cli(corpus_index):
     for where, said in [("nope = 1", "unknown column 'nope'"), ("lang = ", "expected a 'string' or a number")]:
         result = CliRunner().invoke(cli, ["query", str(idx), "topic", "--where", where])
         assert result.exit_code == 2 and said in result.stderr, result.output
+
+
+def test_one_rule_for_null_and_blank_texts_in_embed_and_query(tmp_path, tiny_bert_dir, corpus_index):
+    src = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"key": ["k0", "k1", "k2", "k3"], "text": ["a text", None, "   ", "another text"]}), src)
+    result = CliRunner().invoke(cli, ["embed", "--model", str(tiny_bert_dir), "--input", str(src),
+                                      "--id-column", "key"])
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [(r["index"], r["id"], r.get("skipped")) for r in rows] == [
+        (0, "k0", None), (1, "k1", "null_text"), (2, "k2", "empty_text"), (3, "k3", None)]
+    assert rows[1]["embedding"] is None and len(rows[3]["embedding"]) > 0
+    assert "2 skipped (empty_text 1, null_text 1; inputs 1, 2)" in result.stderr
+    npy = tmp_path / "out.npy"
+    result = CliRunner().invoke(cli, ["embed", "--model", str(tiny_bert_dir), "--stdin", "--output", str(npy)],
+                                input="a text\n\nanother text\n")
+    vectors = np.load(npy)
+    assert result.exit_code == 0 and vectors.shape[0] == 3  # input positions kept
+    assert np.isnan(vectors[1]).all() and np.isfinite(vectors[[0, 2]]).all()
+    assert CliRunner().invoke(cli, ["embed", "--model", str(tiny_bert_dir), "", " "]).exit_code == 66
+
+    idx, _ = corpus_index
+    result = CliRunner().invoke(cli, ["query", str(idx), "--stdin", "--json"], input="topic\n\n  \ntext 3\n")
+    assert result.exit_code == 0 and len(result.stdout.splitlines()) == 2
+    assert "2 stdin lines skipped" in result.stderr
