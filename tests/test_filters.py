@@ -57,7 +57,7 @@ def brute_force(vectors: np.ndarray, mask: np.ndarray, queries: np.ndarray, k: i
 def test_filtered_search_matches_brute_force(corpus, tmp_path, factory):
     reader = build(corpus, tmp_path / "idx", factory)
     vectors = all_vectors(reader)
-    columns = pq.read_table(reader.dir / "columns.parquet", columns=["lang", "year"])
+    columns = pq.read_table(reader.dir / "ids.parquet", columns=["lang", "year"])  # stored with the ids
     lang = np.array(columns.column("lang").to_pylist())
     year = np.array(columns.column("year").to_pylist())
     rng = np.random.default_rng(0)

@@ -17,6 +17,7 @@ from click.testing import CliRunner
 from petal.cli.main import cli
 from petal.pipeline.index.search import IndexReader
 from tests.fake_engine import make_fake_model_dir, read_log
+from tests.invariants import assert_clean
 
 
 @pytest.fixture(scope="module")
@@ -130,6 +131,11 @@ def test_delete_ids_persist_through_incremental_runs_and_rebuild(tmp_path, index
     assert rc == 0, stderr
     ids = live_ids(tmp_path / "out")
     assert "a-1" in ids and "a-99" in ids and "b-2" not in ids
+    assert_clean(tmp_path / "out")  # the layout of a clean output directory holds; side files follow entries
+    tombstones = list((tmp_path / "out" / "store" / "deleted").rglob("*.parquet"))
+    assert len(tombstones) == 1 and pq.read_table(tombstones[0]).column("row").to_pylist() == [2]  # b-2 only
+    live_entries = {s["entry"] for s in IndexReader(tmp_path / "out").manifest["shards"]}
+    assert {p.stem for p in (tmp_path / "out" / "store" / "columns").rglob("*.parquet")} == live_entries
 
 
 def test_delete_file_errors(tmp_path, index):

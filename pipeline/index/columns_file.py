@@ -1,13 +1,14 @@
-"""The version's ``columns.parquet``: stored text and kept columns in FAISS id order, read per hit.
+"""Stored columns in the version: text and ``--keep-columns`` appended to ``ids.parquet``, in FAISS id order.
 
 Written from the store entries' side files (``pipeline/store/columns.py``) in the order of
 ``StoreVectors`` (FAISS ids ``0..n-1``), streamed; an entry without a side file (its shard was gone
-when the text was asked for) gets nulls. Readers locate a hit's row group from the footer and read
-only the row groups that hold hits.
+when the text was asked for) gets nulls. ``IndexReader`` loads only the id columns of ``ids.parquet``;
+hits' stored columns are read per row group (located from the footer), only the groups holding hits.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -15,31 +16,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from petal.pipeline.index.files import IDS_FILE
 from petal.pipeline.index.source import StoreVectors
 from petal.pipeline.store.columns import ColumnsNeed, columns_path, entry_columns, version_schema
 from petal.pipeline.store.embeddings import StoreEntry
 
-COLUMNS_FILE = "columns.parquet"
-
-
-def write_version_columns(entries: list[StoreEntry], dim: int, need: ColumnsNeed, path: Path) -> bool:
-    """Write ``path`` for the vectors of ``entries``; ``False`` (nothing written) when no entry stores them."""
-    schema = version_schema(entries, need)
-    if schema is None:
-        return False
-    source = StoreVectors(entries, dim)  # the same selection (de-duplication, --delete) as the index
-    with pq.ParquetWriter(path, schema) as writer:
-        for entry, keep in zip(source.entries, source._keep):
-            if len(keep) == 0:
-                continue
-            if _has(entry, need):
-                for part in entry_columns(entry, keep.astype(np.int64), need.names):
-                    writer.write_table(part.cast(schema))
-            else:
-                writer.write_table(pa.table({f.name: pa.nulls(len(keep), f.type) for f in schema}, schema=schema))
-        if source.total == 0:
-            writer.write_table(schema.empty_table())
-    return True
+ID_COLUMNS = ["faiss_id", "id", "shard", "row"]
 
 
 def _has(entry: StoreEntry, need: ColumnsNeed) -> bool:
@@ -47,13 +29,47 @@ def _has(entry: StoreEntry, need: ColumnsNeed) -> bool:
     return path.is_file() and set(need.names) <= set(pq.read_schema(path).names)
 
 
+def _stored_parts(entries: list[StoreEntry], dim: int, need: ColumnsNeed, schema: pa.Schema) -> Any:
+    source = StoreVectors(entries, dim)  # the same selection (de-duplication, --delete) as the index
+    for entry, keep in zip(source.entries, source._keep):
+        if len(keep) == 0:
+            continue
+        if _has(entry, need):
+            for part in entry_columns(entry, keep.astype(np.int64), need.names):
+                yield part.cast(schema)
+        else:
+            yield pa.table({f.name: pa.nulls(len(keep), f.type) for f in schema}, schema=schema)
+
+
+def add_stored_columns(entries: list[StoreEntry], dim: int, need: ColumnsNeed, staging: Path) -> bool:
+    """Append ``need``'s columns to ``staging/ids.parquet``; ``False`` (unchanged) when no entry stores them."""
+    schema = version_schema(entries, need)
+    if schema is None:
+        return False
+    ids_path = staging / IDS_FILE
+    ids = pq.read_table(ids_path, columns=ID_COLUMNS)  # NOTE: what IndexReader holds anyway
+    merged = pa.schema([*ids.schema, *schema])
+    tmp = staging / f".{IDS_FILE}.tmp"
+    offset = 0
+    with pq.ParquetWriter(tmp, merged) as writer:
+        for part in _stored_parts(entries, dim, need, schema):
+            head = ids.slice(offset, part.num_rows)
+            writer.write_table(pa.table([*head.columns, *part.columns], schema=merged))
+            offset += part.num_rows
+        if offset == 0:
+            writer.write_table(merged.empty_table())
+    assert offset == ids.num_rows, f"{offset} stored rows for {ids.num_rows} ids"
+    os.replace(tmp, ids_path)
+    return True
+
+
 class ColumnsReader:
     """Stored columns of hits by FAISS id (only the row groups holding them are read)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, names: list[str]) -> None:
         self.path = path
         self.file = pq.ParquetFile(path)
-        self.names = self.file.schema_arrow.names
+        self.names = [n for n in names if n in self.file.schema_arrow.names]
         sizes = [self.file.metadata.row_group(g).num_rows for g in range(self.file.num_row_groups)]
         self.starts = np.cumsum([0, *sizes])
 

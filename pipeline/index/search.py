@@ -20,7 +20,6 @@ from petal.pipeline.reliability.faults import fault
 from petal.pipeline.store.embeddings import sha256_file
 
 OPEN_ATTEMPTS = 3
-COLUMNS_FILE = "columns.parquet"  # NOTE: as pipeline/index/columns_file.py (imported lazily)
 
 
 @dataclass(frozen=True)
@@ -112,7 +111,7 @@ class IndexReader:
             self.index = open_binary_index(self.dir, self.manifest, nprobe=nprobe, rescore=rescore)
         else:
             self.index = read_index(self.dir / INDEX_FILE, self.storage)
-        self.ids = pq.read_table(self.dir / IDS_FILE)
+        self.ids = pq.read_table(self.dir / IDS_FILE, columns=["faiss_id", "id", "shard", "row"])
         self.columns = open_columns(self.dir, self.manifest)  # stored text and --keep-columns (None: older index)
         self.missing_shards: set[str] = set()  # shards --show-text found gone (said by petal query)
         if self.ids.num_rows != self.index.ntotal:
@@ -243,12 +242,13 @@ def shard_locations(manifest: dict[str, Any]) -> dict[str, str]:
 
 
 def open_columns(version_dir: Path, manifest: dict[str, Any]) -> Any:
-    """The version's stored columns (``columns.parquet``, checked like every listed file), or ``None``."""
-    if COLUMNS_FILE not in manifest.get("index", {}).get("files", {}):
+    """The version's stored columns (text, --keep-columns: in ``ids.parquet``), or ``None`` (an older index)."""
+    recorded = manifest.get("columns")
+    if not recorded:
         return None
     from petal.pipeline.index.columns_file import ColumnsReader
 
-    return ColumnsReader(version_dir / COLUMNS_FILE)
+    return ColumnsReader(version_dir / IDS_FILE, (["text"] if recorded.get("text") else []) + recorded.get("keep", []))
 
 
 def with_fields(results: list[list[Hit]], columns: Any, names: list[str]) -> list[list[Hit]]:

@@ -28,8 +28,9 @@ from petal.engine.config import EngineConfig, ModelOptions
 from petal.engine.engine import Engine, resolve_device, resolve_dtype
 from petal.engine.loader import ModelError, ModelSpec, inspect_model
 from petal.pipeline.config import IndexJob, IndexSettings, default_token_budget
-from petal.pipeline.index.columns_file import COLUMNS_FILE, write_version_columns
+from petal.pipeline.index.columns_file import add_stored_columns
 from petal.pipeline.index.factory_fit import check_factory_fits, faiss_failure
+from petal.pipeline.index.files import IDS_FILE
 from petal.pipeline.index.output_index import build_output_index
 from petal.pipeline.ingest.documents import read_documents
 from petal.pipeline.ingest.pack import PackConfig, Packer
@@ -67,6 +68,7 @@ from petal.pipeline.store.changes import live_manifest, shard_changes
 from petal.pipeline.store.columns import ColumnsNeed, check_keep_columns, ensure_columns
 from petal.pipeline.store.embeddings import EmbeddingStore, StoreEntry, StoreSink, settings_fingerprint, sha256_file
 from petal.pipeline.store.outputs import OutputTransform, add_output_manifest, output_settings, outputs_factory
+from petal.pipeline.store.side_files import prune_side_files
 from petal.pipeline.store.tombstones import apply_deletes, deleted_rows, read_delete_ids
 
 EngineFactory = Callable[[ModelSpec, EngineConfig], Engine]
@@ -278,13 +280,13 @@ def _run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory, 
                                         sum(e.num_embedded for e in committed)) from exc
                 fault("after_index_build", staging / "manifest.json")
                 pq.write_table(rejects_table(committed), staging / "rejects.parquet")
-                stored = write_version_columns(committed, transform.dim, need, staging / COLUMNS_FILE)
+                stored = add_stored_columns(committed, transform.dim, need, staging)  # text, --keep-columns
                 if stored:
-                    result.files[COLUMNS_FILE] = sha256_file(staging / COLUMNS_FILE)
+                    result.files[IDS_FILE] = sha256_file(staging / IDS_FILE)
                 version = out.new_version_id()
                 manifest = make_manifest(version, spec, settings, job, shards, committed, result, report)
                 add_output_manifest(manifest, transform)  # the transform queries apply, int8 calibration
-                if stored:  # columns.parquet: the text (as "text") and --keep-columns, by FAISS id
+                if stored:  # in ids.parquet: the text (as "text") and --keep-columns, by FAISS id
                     manifest["columns"] = {"text": True, "keep": list(job.keep_columns)}
                 write_json_atomic(staging / "manifest.json", manifest)
             stop.check()  # NOTE: the last stop: once the pointer swaps, the run is done and ends as a success
@@ -363,6 +365,7 @@ def clean_up(out: OutputDir, store: EmbeddingStore, committed: list[StoreEntry],
     """After the live version is settled: drop store entries no version uses and superseded versions."""
     try:
         report.pruned["store_entries"] = store.prune({e.path for e in committed})
+        prune_side_files(out.store_dir, {e.path for e in committed})  # tombstones, stored columns
         report.pruned["versions"] = out.prune_versions(job.keep_versions)
         out.rejects_file.unlink(missing_ok=True)  # a refused run's rejects are stale once one succeeds
     except OSError as exc:  # the index is published; what is left is removed by the next run

@@ -15,8 +15,9 @@ from typing import Any
 
 from petal import __version__
 from petal.pipeline.config import IndexSettings
-from petal.pipeline.index.columns_file import COLUMNS_FILE, write_version_columns
+from petal.pipeline.index.columns_file import add_stored_columns
 from petal.pipeline.index.factory_fit import check_factory_fits, faiss_failure
+from petal.pipeline.index.files import IDS_FILE
 from petal.pipeline.index.output_index import build_output_index
 from petal.pipeline.index.writer import build_index
 from petal.pipeline.jobs.report import RunReport
@@ -99,8 +100,8 @@ def _build(out: OutputDir, previous: dict, entries: list[StoreEntry], settings: 
         shutil.copy2(rejects, staging / rejects.name)
     if "columns" in previous:  # stored text and kept columns, from the entries' side files
         need = ColumnsNeed(str(previous["read"]["text_column"]), tuple(previous["columns"].get("keep", [])))
-        if write_version_columns(entries, dim, need, staging / COLUMNS_FILE):
-            result.files[COLUMNS_FILE] = sha256_file(staging / COLUMNS_FILE)
+        if add_stored_columns(entries, dim, need, staging):
+            result.files[IDS_FILE] = sha256_file(staging / IDS_FILE)
     version = out.new_version_id()
     manifest = {
         **previous,

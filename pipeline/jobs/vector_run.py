@@ -17,8 +17,9 @@ import pyarrow.parquet as pq
 
 from petal import __version__
 from petal.pipeline.config import IndexJob
-from petal.pipeline.index.columns_file import COLUMNS_FILE, write_version_columns
+from petal.pipeline.index.columns_file import add_stored_columns
 from petal.pipeline.index.factory_fit import check_factory_fits
+from petal.pipeline.index.files import IDS_FILE
 from petal.pipeline.ingest.parquet import ShardInfo, resolve_sources
 from petal.pipeline.ingest.rejects import rejects_table
 from petal.pipeline.ingest.schemes import check_sources
@@ -136,9 +137,9 @@ def run_vector_index(job: IndexJob, column: str, report: RunReport, stop: StopSi
                     raise run.faiss_failure(exc, job.index.factory, dim,
                                             sum(e.num_embedded for e in committed)) from exc
                 pq.write_table(rejects_table(committed), staging / "rejects.parquet")
-                stored = write_version_columns(committed, dim, need, staging / COLUMNS_FILE)
+                stored = add_stored_columns(committed, dim, need, staging)
                 if stored:
-                    result.files[COLUMNS_FILE] = sha256_file(staging / COLUMNS_FILE)
+                    result.files[IDS_FILE] = sha256_file(staging / IDS_FILE)
                 version = out.new_version_id()
                 manifest = _manifest(version, settings, job, column, dim, all_shards, committed, result)
                 add_output_manifest(manifest, transform)

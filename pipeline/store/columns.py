@@ -1,15 +1,14 @@
 """Stored columns: each indexed document's text and the ``--keep-columns`` the user chose, kept with its id.
 
 ```
-OUT/store/shards/<shard key>/<fingerprint>.columns.parquet   row int64, text, kept columns: the rows of the
-                                                             entry's rows.parquet, in its order
-OUT/versions/<id>/columns.parquet                            the same columns in FAISS id order, row groups
-                                                             of COLUMNS_ROW_GROUP rows (a hit's row group is
-                                                             faiss_id // COLUMNS_ROW_GROUP)
+OUT/store/columns/<shard key>/<fingerprint>.parquet   row int64, text, kept columns: the rows of the
+                                                      entry's rows.parquet, in its order
+OUT/versions/<id>/ids.parquet                         faiss_id, id, shard, row, then text and the kept
+                                                      columns, in FAISS id order
 ```
 
-A side file, like a tombstone, lives and goes with its entry; it is written from the shard's file
-(streamed, one record batch at a time) after the entry commits, and written again only when a run
+A side file (``side_files.py``), like a tombstone, lives and goes with its entry; it is written from
+the shard's file (streamed, one record batch at a time) after the entry commits, and written again only when a run
 asks for a column it lacks. Queries read only the row groups of their hits: ``--show-text`` needs
 neither the source shard nor the directory the index was built from.
 """
@@ -30,10 +29,8 @@ from petal.pipeline.ingest.parquet import ShardInfo
 from petal.pipeline.reliability.durable import fsync_dir
 from petal.pipeline.reliability.errors import BadInputError, ConfigError, writing
 from petal.pipeline.store.embeddings import EmbeddingStore, StoreEntry
+from petal.pipeline.store.side_files import side_file
 
-COLUMNS_SUFFIX = ".columns.parquet"
-COLUMNS_FILE = "columns.parquet"
-COLUMNS_ROW_GROUP = 8192
 READ_BATCH_ROWS = 8192
 
 
@@ -48,14 +45,15 @@ def parse_keep_columns(text: str | None) -> tuple[str, ...]:
 
 
 def columns_path(entry_dir: Path) -> Path:
-    return entry_dir.parent / f"{entry_dir.name}{COLUMNS_SUFFIX}"
+    return side_file(entry_dir, "columns")
 
 
 def check_keep_columns(shards: list[ShardInfo], columns: tuple[str, ...], reserved: tuple[str, ...]) -> None:
     """Before any work: every shard has every kept column (exit 65 naming shard and column)."""
     for name in columns:
-        if name in reserved or name in ("row", "faiss_id"):
-            raise ValueError(f"--keep-columns {name!r}: that name is taken (the id, the text, row or faiss_id)")
+        if name in reserved or name in ("faiss_id", "id", "shard", "row", "text"):
+            raise ValueError(f"--keep-columns {name!r}: that name is taken (the id or text column, or one of "
+                             "faiss_id, id, shard, row, text that petal stores with the ids)")
     for info in shards:
         names = set(pq.read_schema(info.path).names)
         missing = [c for c in columns if c not in names]
@@ -123,6 +121,7 @@ def _same_content(store: EmbeddingStore, shard: Path, source: dict) -> bool:
 def _write_columns(shard: Path, entry: StoreEntry, need: ColumnsNeed, path: Path) -> None:
     """Stream ``shard``'s columns for the rows of ``entry`` (ascending) into ``path`` (atomically)."""
     rows = pq.read_table(entry.path / "rows.parquet", columns=["row"]).column("row").to_numpy()
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
     text = [need.text_column] if need.text_column else []
     source_columns = [*text, *need.keep]

@@ -159,10 +159,7 @@ class EmbeddingStore:
         """
         trash = self.tmp_dir / f"discard-{uuid.uuid4().hex[:12]}"
         os.replace(entry_dir, trash)
-        if trash.is_dir():
-            shutil.rmtree(trash, ignore_errors=True)
-        else:
-            trash.unlink(missing_ok=True)
+        shutil.rmtree(trash, ignore_errors=True)
 
     def prune(self, keep: set[Path]) -> int:
         """Delete committed entries not in ``keep`` (after a successful publish). Returns how many."""
@@ -171,13 +168,10 @@ class EmbeddingStore:
             return 0
         for key_dir in self.shards_dir.iterdir():
             for entry_dir in list(key_dir.iterdir()):
-                # side files (tombstones.py, columns.py) live and go with their entry
-                owner = entry_dir.with_name(entry_dir.name.removesuffix(".deleted.parquet")
-                                            .removesuffix(".columns.parquet"))
-                if owner not in keep:
+                if entry_dir not in keep:
                     fault("store_prune", entry_dir)
-                    removed += entry_dir.is_dir()
                     self.discard(entry_dir)
+                    removed += 1
             if not any(key_dir.iterdir()):
                 key_dir.rmdir()
         return removed

@@ -1,8 +1,8 @@
 """Deleted documents (``petal index --delete IDS.parquet``): tombstones beside store entries.
 
 ```
-OUT/store/shards/<shard key>/<fingerprint>/                  a committed entry (never modified)
-OUT/store/shards/<shard key>/<fingerprint>.deleted.parquet   row int64: its rows deleted by --delete
+OUT/store/shards/<shard key>/<fingerprint>/           a committed entry (never modified)
+OUT/store/deleted/<shard key>/<fingerprint>.parquet   row int64: its rows deleted by --delete
 ```
 
 A tombstone names rows of one committed entry, so a deletion holds for the shard content it was
@@ -26,13 +26,12 @@ import pyarrow.parquet as pq
 from petal.pipeline.reliability.durable import fsync_dir
 from petal.pipeline.reliability.errors import BadInputError, NoInputError, writing
 from petal.pipeline.store.embeddings import StoreEntry
-
-TOMBSTONE_SUFFIX = ".deleted.parquet"
+from petal.pipeline.store.side_files import side_file
 
 
 def tombstone_path(entry_dir: Path) -> Path:
-    """Where the tombstone of the entry committed in ``entry_dir`` lives (beside it)."""
-    return entry_dir.parent / f"{entry_dir.name}{TOMBSTONE_SUFFIX}"
+    """Where the tombstone of the entry committed in ``entry_dir`` lives."""
+    return side_file(entry_dir, "deleted")
 
 
 def deleted_rows(entry: StoreEntry) -> np.ndarray:
@@ -99,6 +98,7 @@ def apply_deletes(entries: list[StoreEntry], ids: pa.Array) -> Deletion:
 
 def _write_tombstone(entry: StoreEntry, rows: np.ndarray) -> None:
     path = tombstone_path(entry.path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
     with writing(path):
         pq.write_table(pa.table({"row": pa.array(rows, pa.int64())}), tmp)
