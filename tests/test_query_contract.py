@@ -125,3 +125,23 @@ def test_one_rule_for_null_and_blank_texts_in_embed_and_query(tmp_path, tiny_ber
     result = CliRunner().invoke(cli, ["query", str(idx), "--stdin", "--json"], input="topic\n\n  \ntext 3\n")
     assert result.exit_code == 0 and len(result.stdout.splitlines()) == 2
     assert "2 stdin lines skipped" in result.stderr
+
+
+def test_serve_search_returns_fields_stored_text_and_filters(corpus_index, tmp_path):
+    pytest.importorskip("httpx")
+    pytest.importorskip("uvicorn")
+    from tests.test_serve import Server
+
+    idx, work = corpus_index
+    shutil.rmtree(work / "data")  # the stored text needs no source shard
+    server = Server(tmp_path / "server.log", idx)
+    try:
+        response = server.client.post("/search", json={"query": "topic", "k": 6, "include": ["text"],
+                                                       "where": "lang = 'de'"})
+        assert response.status_code == 200, response.text
+        hits = response.json()["results"][0]["hits"]
+        assert len(hits) == 6 and all(h["fields"]["lang"] == "de" and "about topic" in h["text"] for h in hits)
+        bad = server.client.post("/search", json={"query": "topic", "where": "nope = 1"})
+        assert bad.status_code == 422 and "unknown column 'nope'" in bad.text
+    finally:
+        server.stop()

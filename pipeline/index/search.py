@@ -200,8 +200,9 @@ class IndexReader:
         return [None if r is None else r.get(text_column) for r in self.records(hits, [text_column])]
 
     def records(self, hits: list[Hit], columns: list[str] | None = None) -> list[dict[str, Any] | None]:
-        """Each hit's row of its shard (``columns``, or every column), ``None`` where the row is gone. Shards are
-        found by the absolute path the manifest records (any working directory); gone ones land in ``missing_shards``."""
+        """Each hit's row of its shard (``columns``, or every column), ``None`` where the row is gone. Shards
+        are found by the absolute path the manifest records (any working directory); gone ones land in
+        ``missing_shards``."""
         by_shard: dict[str, list[int]] = {}
         located = shard_locations(self.manifest)
         for hit in hits:

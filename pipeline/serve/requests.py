@@ -50,6 +50,7 @@ class SearchRequest:
     rescore: int | None
     include: tuple[str, ...]
     truncate: bool
+    where: str | None = None  # a filter on kept columns (pipeline/index/filters.py), inside the FAISS search
 
 
 def parse_json(body: bytes) -> dict[str, Any]:
@@ -152,7 +153,7 @@ def parse_embeddings(body: dict[str, Any], limits: Limits) -> EmbeddingsRequest:
 
 
 def parse_search(body: dict[str, Any], limits: Limits) -> SearchRequest:
-    _unknown(body, ("query", "queries", "vectors", "k", "nprobe", "rescore", "include", "truncate"))
+    _unknown(body, ("query", "queries", "vectors", "k", "nprobe", "rescore", "include", "truncate", "where"))
     given = [name for name in ("query", "queries", "vectors") if name in body]
     if len(given) != 1:
         raise RequestError(422, "give exactly one of 'query' (a text), 'queries' (texts) or 'vectors'"
@@ -183,4 +184,12 @@ def parse_search(body: dict[str, Any], limits: Limits) -> SearchRequest:
     assert k is not None
     return SearchRequest(texts=texts, vectors=vectors, k=k,
                          nprobe=_int(body, "nprobe", None, 1), rescore=_int(body, "rescore", None, 0),
-                         include=tuple(dict.fromkeys(include)), truncate=_bool(body, "truncate"))
+                         include=tuple(dict.fromkeys(include)), truncate=_bool(body, "truncate"),
+                         where=_where(body))
+
+
+def _where(body: dict[str, Any]) -> str | None:
+    where = body.get("where")
+    if where is not None and (not isinstance(where, str) or not where.strip()):
+        raise RequestError(422, "'where' must be a filter expression, e.g. \"lang = 'en'\"")
+    return where

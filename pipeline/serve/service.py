@@ -143,21 +143,34 @@ class ServeState:
         reader = index.reader
         # the query path of `petal query`: model vectors -> the index-time transform -> FAISS
         search = index.search if req.texts is not None else index.search_stored
-        if overrides(reader, req.nprobe, req.rescore):
-            with self.params_lock.exclusive(), search_params(reader, req.nprobe, req.rescore):
-                found = search(vectors, req.k)
-        else:
-            with self.params_lock.shared():
-                found = search(vectors, req.k)
+        try:
+            if req.where:
+                reader.selector(req.where)  # a bad expression or unknown column: 422 naming it
+            if overrides(reader, req.nprobe, req.rescore):
+                with self.params_lock.exclusive(), search_params(reader, req.nprobe, req.rescore):
+                    found = search(vectors, req.k, where=req.where)
+            else:
+                with self.params_lock.shared():
+                    found = search(vectors, req.k, where=req.where)
+        except ValueError as exc:
+            raise RequestError(422, str(exc)) from exc
         results = []
         for q, hits in enumerate(found):
             rows = [{"rank": h.rank, "score": h.score, "id": h.id, "shard": h.shard, "row": h.row} for h in hits]
+            if reader.kept_columns:  # --keep-columns: stored with the index, on every hit
+                for row, hit in zip(rows, hits):
+                    row["fields"] = hit.fields
             if req.include:
                 text_column = index.text_column
-                records = reader.records(hits, None if "metadata" in req.include else [text_column])
-                for row, record in zip(rows, records):
+                # the text stored with the index (any index built with text): no source shard needed
+                stored = reader.columns is not None and "text" in reader.columns.names
+                records = (reader.records(hits, None if "metadata" in req.include else [text_column])
+                           if "metadata" in req.include or not stored else [None] * len(hits))
+                texts = reader.texts(hits, text_column) if stored and "text" in req.include else None
+                for i, (row, record) in enumerate(zip(rows, records)):
                     if "text" in req.include:
-                        row["text"] = None if record is None else record.get(text_column)
+                        row["text"] = texts[i] if texts is not None else (
+                            None if record is None else record.get(text_column))
                     if "metadata" in req.include:
                         row["metadata"] = None if record is None else {
                             k: v for k, v in record.items() if k != text_column}
