@@ -238,12 +238,3 @@ def built_minilm_index(tmp_path_factory):
     result = CliRunner().invoke(cli, ["index", str(SAMPLE_DATA), "--out", str(out), "-q"])
     assert result.exit_code == 0, result.output
     return out
-
-
-@pytest.mark.parametrize("url", ["s3://bucket/shards/a.parquet", "gs://bucket/shards", "hdfs://nn:8020/data/*.parquet"])
-def test_object_storage_sources_say_the_scheme_is_not_supported(tmp_path, index, url):
-    a = shard(tmp_path / "a.parquet", "a", 5)
-    rc, stderr, report, log = index(a, url)
-    scheme = url.split("://")[0]
-    assert rc == 66 and f"the {scheme}:// scheme is not supported yet" in stderr and "does not exist" not in stderr
-    assert report["exit_code"] == 66 and log == []

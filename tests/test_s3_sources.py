@@ -109,3 +109,26 @@ def test_missing_bucket_object_and_refused_key_exit_codes(s3, fake_model, tmp_pa
     assert secret not in refused.output and "AKIAIMPOSTOR" not in refused.output
     wrong_env = index("s3://codes/", {**env, "AWS_SECRET_ACCESS_KEY": secret})
     assert wrong_env.exit_code == 78 and "access denied" in wrong_env.output and secret not in wrong_env.output
+
+
+def test_s3_shards_store_text_and_kept_columns_and_stay_in_additive_runs(s3, fake_model, tmp_path):
+    from petal.pipeline.index.search import IndexReader
+
+    s3.client().create_bucket(Bucket="kept")
+    for name in "ab":
+        table = pa.table({"id": [f"{name}-{i}" for i in range(6)], "text": [f"{name} text {i}" for i in range(6)],
+                          "lang": ["en", "fr"] * 3})
+        buffer = io.BytesIO()
+        pq.write_table(table, buffer, row_group_size=4)
+        s3.client().put_object(Bucket="kept", Key=f"day/{name}.parquet", Body=buffer.getvalue())
+    out = tmp_path / "out"
+    base = ["--out", str(out), "--model", str(fake_model), "-q", "--keep-columns", "lang"]
+    env = {**s3.env(), "PETAL_TEST_FAKE_ENGINE": str(tmp_path / "log")}
+    assert run(["index", "s3://kept/day/a.parquet", *base], env).exit_code == 0
+    second = run(["index", "s3://kept/day/b.parquet", *base], env)  # additive: a is kept (by its URI)
+    assert second.exit_code == 0, second.output
+    reader = IndexReader(out)
+    assert reader.ntotal == 12
+    hits = reader.search(reader.index.reconstruct_n(0, 12), 1, where="lang = 'fr'")
+    assert all(h.fields == {"lang": "fr"} for row in hits for h in row)
+    assert sorted(reader.texts([h for row in hits for h in row], "text"))[0].endswith("text 1")

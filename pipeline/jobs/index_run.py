@@ -37,7 +37,6 @@ from petal.pipeline.ingest.pack import PackConfig, Packer
 from petal.pipeline.ingest.parquet import ReadStats, ShardInfo, preflight, resolve_sources
 from petal.pipeline.ingest.prefetch import Prefetcher
 from petal.pipeline.ingest.rejects import BadRowGate, rejects_table
-from petal.pipeline.ingest.schemes import check_sources
 from petal.pipeline.ingest.tokens import TokenizedDocs, tokenize_documents, tokenizer_for
 from petal.pipeline.jobs.drift import drift_details
 from petal.pipeline.jobs.inflight import InFlight
@@ -146,7 +145,6 @@ def _run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory, 
                reads: ReadStats) -> RunReport:
     started = time.perf_counter()
     # [0] preflight: every footer and schema, the model's files, the settings, the output directory
-    check_sources(job.sources)  # s3://, gs://, ...: not supported yet (exit 66)
     live = peek_live_manifest(job.out)  # read-only here; re-read under the lock
     shards = preflight(resolve_sources(job.sources), job.read, reads)
     if job.full and not job.sync:  # --full re-embeds the shards an additive run keeps, from their files
@@ -246,7 +244,7 @@ def _run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory, 
             if deletion.not_found:
                 _say(f"warning: --delete: {deletion.not_found} of {deletion.requested} ids are not in the index "
                      f"(e.g. {', '.join(map(str, deletion.sample_not_found))})")
-        no_text = ensure_columns(store, committed, need)  # text and --keep-columns beside each entry
+        no_text = ensure_columns(store, committed, need, {i.abs_path: i.path for i in all_shards if i.num_row_groups})
         if no_text:
             _say(f"warning: the text of {len(no_text)} kept shards is not stored (their files are gone or changed), "
                  f"e.g. {no_text[0]}: --show-text has none for their hits")
@@ -547,7 +545,7 @@ def full_rerun_sources(live: dict[str, Any] | None, named: list[ShardInfo]) -> l
     """``--full`` in an additive run: the live version's shards not named, to embed again from their files."""
     extra = []
     for record in kept_records(live, named, sync=False):
-        if not Path(record["abs_path"]).is_file():
+        if "://" not in str(record["abs_path"]) and not Path(record["abs_path"]).is_file():  # objects: listed again
             raise ConfigError(f"--full re-embeds every shard of the index, but {record['path']} (kept from an earlier "
                               "run) is gone; pass --sync to drop the shards not named")
         extra.append(str(record["abs_path"]))

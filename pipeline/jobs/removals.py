@@ -27,6 +27,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from petal.pipeline.ingest.parquet import ShardInfo
+from petal.pipeline.ingest.remote import RemotePath
 from petal.pipeline.reliability.errors import BadInputError, ConfigError
 from petal.pipeline.store.embeddings import EmbeddingStore, StoreEntry
 from petal.pipeline.store.tombstones import deleted_rows
@@ -85,7 +86,10 @@ def kept_records(previous: dict[str, Any] | None, named: list[ShardInfo], sync: 
 def kept_shard(record: dict[str, Any], entry: StoreEntry) -> ShardInfo:
     """A kept shard as the manifest recorded it (its file is not read; it may be gone)."""
     id_type = str(entry.meta.get("id_type", ""))
-    return ShardInfo(path=Path(record["path"]), abs_path=str(record["abs_path"]), size=int(record["size"]),
+    path: Any = Path(record["path"])
+    if "://" in str(record["abs_path"]):  # an object (pipeline/ingest/remote.py): its safe URI, not reopened here
+        path = RemotePath(filesystem=None, path=str(record["abs_path"]).split("://", 1)[1], uri=str(record["path"]))
+    return ShardInfo(path=path, abs_path=str(record["abs_path"]), size=int(record["size"]),
                      mtime_ns=int(record["mtime_ns"]), num_rows=int(record["rows"]), num_row_groups=0,
                      has_id_column=bool(id_type), id_type=id_type, text_type="")
 

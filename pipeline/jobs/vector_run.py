@@ -22,7 +22,6 @@ from petal.pipeline.index.factory_fit import check_factory_fits
 from petal.pipeline.index.files import IDS_FILE
 from petal.pipeline.ingest.parquet import ShardInfo, resolve_sources
 from petal.pipeline.ingest.rejects import rejects_table
-from petal.pipeline.ingest.schemes import check_sources
 from petal.pipeline.ingest.vectors import preflight_vectors, read_vectors
 from petal.pipeline.jobs import index_run as run
 from petal.pipeline.jobs.removals import kept_entries, kept_records, kept_shard
@@ -47,7 +46,8 @@ def run_vector_index(job: IndexJob, column: str, report: RunReport, stop: StopSi
     """Index the vectors of ``column`` in ``job.sources`` into ``job.out`` (no model)."""
     stop = stop or StopSignals()
     started = time.perf_counter()
-    check_sources(job.sources)
+    if any("://" in s and not s.lower().startswith("file://") for s in job.sources):
+        raise NoInputError("--vectors-column reads local Parquet files for now; copy or mount the shards locally")
     live = run.peek_live_manifest(job.out)
     shards, dim = preflight_vectors(resolve_sources(job.sources), job.read, column)
     report.rows["total"] = sum(s.num_rows for s in shards)
@@ -113,7 +113,7 @@ def run_vector_index(job: IndexJob, column: str, report: RunReport, stop: StopSi
             report.rows["deleted"] = deletion.deleted
             report.deletes = {"requested": deletion.requested, "deleted": deletion.deleted,
                               "not_found": deletion.not_found, "sample_not_found": deletion.sample_not_found}
-        ensure_columns(store, committed, need)
+        ensure_columns(store, committed, need, {i.abs_path: i.path for i in shards})
         if sum(e.num_embedded for e in committed) == 0:
             raise NoInputError(f"no vectors to index: {report.rows['total']} rows read, all skipped "
                                f"({report.rows['skipped'] or 'no rows'})")

@@ -20,12 +20,14 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from petal.pipeline.ingest.parquet import ShardInfo
+from petal.pipeline.ingest.remote import RemotePath
 from petal.pipeline.reliability.durable import fsync_dir
 from petal.pipeline.reliability.errors import BadInputError, ConfigError, writing
 from petal.pipeline.store.embeddings import EmbeddingStore, StoreEntry
@@ -55,7 +57,7 @@ def check_keep_columns(shards: list[ShardInfo], columns: tuple[str, ...], reserv
             raise ValueError(f"--keep-columns {name!r}: that name is taken (the id or text column, or one of "
                              "faiss_id, id, shard, row, text that petal stores with the ids)")
     for info in shards:
-        names = set(pq.read_schema(info.path).names)
+        names = set(_parquet(info.path).schema_arrow.names)
         missing = [c for c in columns if c not in names]
         if missing:
             raise BadInputError(f"{info.path}: no column {missing[0]!r} (--keep-columns); it has: "
@@ -81,10 +83,18 @@ def _stored_names(path: Path) -> set[str]:
         return set()
 
 
-def ensure_columns(store: EmbeddingStore, entries: list[StoreEntry], need: ColumnsNeed) -> list[str]:
-    """Every entry gets a side file with ``need``'s columns. Returns shards whose text could not be stored
+def _parquet(path: Any) -> pq.ParquetFile:
+    """A local file or an object (``RemotePath``: ranged reads, never a download)."""
+    return pq.ParquetFile(path.open() if isinstance(path, RemotePath) else path)
+
+
+def ensure_columns(store: EmbeddingStore, entries: list[StoreEntry], need: ColumnsNeed,
+                   read_now: dict[str, Any] | None = None) -> list[str]:
+    """Every entry gets a side file with ``need``'s columns. ``read_now``: shards of this run (absolute path ->
+    path or object), whose entries hold their current content. Returns shards whose text could not be stored
     (their file is gone or changed since it was embedded); a kept column that cannot be stored is a
     ``ConfigError`` (78)."""
+    read_now = read_now or {}
     missing_text: list[str] = []
     if not need.names:
         return missing_text
@@ -93,8 +103,11 @@ def ensure_columns(store: EmbeddingStore, entries: list[StoreEntry], need: Colum
         if set(need.names) <= _stored_names(path):
             continue
         source = entry.meta["source"]
-        shard = Path(source["abs_path"])
-        if not _same_content(store, shard, source):
+        shard: Any = read_now.get(str(source["abs_path"]))
+        if shard is None and "://" not in str(source["abs_path"]) and _same_content(store, Path(source["abs_path"]),
+                                                                                    source):
+            shard = Path(source["abs_path"])
+        if shard is None:
             if need.keep:
                 raise ConfigError(f"{source['path']} is gone or changed since it was embedded, so its columns "
                                   f"{', '.join(need.keep)} cannot be stored; name it as a SOURCE again or pass --sync")
@@ -118,14 +131,14 @@ def _same_content(store: EmbeddingStore, shard: Path, source: dict) -> bool:
     return sha256_file(shard) == source["sha256"]
 
 
-def _write_columns(shard: Path, entry: StoreEntry, need: ColumnsNeed, path: Path) -> None:
+def _write_columns(shard: Any, entry: StoreEntry, need: ColumnsNeed, path: Path) -> None:
     """Stream ``shard``'s columns for the rows of ``entry`` (ascending) into ``path`` (atomically)."""
     rows = pq.read_table(entry.path / "rows.parquet", columns=["row"]).column("row").to_numpy()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
     text = [need.text_column] if need.text_column else []
     source_columns = [*text, *need.keep]
-    pf = pq.ParquetFile(shard)
+    pf = _parquet(shard)
     arrow = pf.schema_arrow
     schema = pa.schema([("row", pa.int64()), *[("text", pa.string()) for _ in text],
                         *[(c, arrow.field(c).type) for c in need.keep]])
