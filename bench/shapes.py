@@ -16,6 +16,7 @@ import torch
 from petal.engine.config import PoolingConfig
 from petal.engine.loader import ModelSpec
 from petal.engine.models import model_class_for
+from petal.engine.models.build import build_empty, check_loaded
 from petal.engine.models.weights import TensorWeights
 
 
@@ -90,10 +91,10 @@ def native_from_hf(s: Shape, hf: torch.nn.Module, device: torch.device, dtype: t
     """petal's model and a ``ModelSpec`` from the same tensors as ``hf``."""
     cls = model_class_for(s.hf_config)
     config = cls.config_from_hf(s.hf_config)  # type: ignore[attr-defined]
-    with torch.device("meta"):
-        model = cls(config)
+    model = build_empty(cls, config)
     state = model.hf_state_dict(TensorWeights(hf.state_dict(), device, dtype))  # type: ignore[operator]
     model.load_state_dict(state, strict=True, assign=True)
+    check_loaded(model)
     spec = ModelSpec(path=Path(f"<random {s.name}>"), config=config,
                      pooling=PoolingConfig(mode=s.pooling, normalize=s.normalize, max_length=s.max_length),  # type: ignore[arg-type]
                      weight_files=(), tokenizer_file=tokenizer_file or Path("<none>"),

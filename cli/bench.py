@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from petal.cli.common import user_errors
+from petal.cli.common import usage, user_errors
 
 
 @click.group()
@@ -251,3 +251,37 @@ def bench_serve(index_path: Path | None, model: str | None, shape: str | None, t
                              concurrency=_int_list(concurrency, "--concurrency"), max_requests=max_requests,
                              seconds=seconds, k=k, processes=client_processes, serve_args=serve_args)
     click.echo(json.dumps(result) if as_json else format_serve_table(result))
+
+
+@bench.command("startup")
+@click.option("--runs", type=click.IntRange(min=1), default=5, show_default=True,
+              help="Timed child processes per measurement (median reported).")
+@click.option("--text", default="how do glaciers move", show_default=True, help="What petal embed embeds.")
+@click.option("--vectors", "num_vectors", type=click.IntRange(min=1000), default=200_000, show_default=True,
+              help="Open + query: vectors in the index (1000000 with --dim 1024 for the issue's 4 GB case).")
+@click.option("--dim", type=click.IntRange(min=8), default=384, show_default=True)
+@click.option("--index-factory", "factory", default="auto", show_default=True,
+              help="FAISS factory of the opened index (auto: petal's rule, Flat up to 50k vectors, IVF above).")
+# NOTE: the names of bench/shapes.py SHAPES, spelled out: importing it (torch) for a usage error costs a second.
+@click.option("--shape", "shape_name",
+              type=click.Choice(["minilm", "pplx-embed-0.6b", "qwen3-embedding-0.6b", "bge-m3"]), default="minilm",
+              show_default=True, help="Model load: random weights in this shape.")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+              help="Model load: where the weights go (petal embed always runs on the CPU).")
+@click.option("--no-baseline", is_flag=True, help="Skip the sentence-transformers script.")
+@click.option("--workdir", type=click.Path(path_type=Path), default=None,
+              help="Where the index and the model are written (default: a temporary directory, removed).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@user_errors
+def bench_startup(runs: int, text: str, num_vectors: int, dim: int, factory: str, shape_name: str, device: str,
+                  no_baseline: bool, workdir: Path | None, as_json: bool) -> None:
+    """One-shot start-up: import torch, petal embed, a sentence-transformers script, index open + query,
+    model load, with the ratios to issue 14's targets."""
+    from petal.bench.startup import format_startup_table, run_startup_bench
+    from petal.engine.engine import resolve_device
+
+    result = run_startup_bench(runs=runs, text=text, num_vectors=num_vectors, dim=dim, factory=factory,
+                               shape_name=shape_name, device=usage(lambda: resolve_device(device)),
+                               baseline=not no_baseline,
+                               workdir=workdir)
+    click.echo(json.dumps(result) if as_json else format_startup_table(result))

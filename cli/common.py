@@ -36,7 +36,7 @@ def user_errors(func: F) -> F:
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from petal.engine.loader import ModelError
+        from petal.engine.errors import ModelError
         from petal.pipeline.reliability.errors import EXIT_CONFIG, PetalError
 
         try:

@@ -126,7 +126,7 @@ def embed(texts: tuple[str, ...], model: str | None, from_stdin: bool, input_pat
     from petal.engine.engine import Engine, resolve_device, resolve_dtype
     from petal.pipeline.ingest.tokens import tokenizer_for
     from petal.pipeline.jobs.embed import encode_texts
-    from petal.pipeline.jobs.index_run import model_spec
+    from petal.pipeline.jobs.model import model_spec
     from petal.pipeline.store.outputs import OutputConfig, OutputTransform
 
     options = usage(lambda: ModelOptions(pooling=pooling, attention_mask=attention_mask,  # type: ignore[arg-type]

@@ -13,6 +13,7 @@ from petal.cli.info import info
 from petal.cli.query import query
 from petal.cli.rebuild import rebuild
 from petal.cli.serve import serve
+from petal.cli.verify import verify
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
@@ -38,6 +39,7 @@ cli.add_command(embed)
 cli.add_command(info)
 cli.add_command(rebuild)
 cli.add_command(serve)
+cli.add_command(verify)
 cli.add_command(bench)
 
 

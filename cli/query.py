@@ -56,6 +56,8 @@ def query(index_path: Path, texts: tuple[str, ...], k: int, from_stdin: bool, as
 
     service = QueryService(index_path, model=model, device=device, dtype=dtype, attention=attention, nprobe=nprobe,
                            rescore=rescore, query_prompt=query_prompt, allow_pickle_weights=allow_pickle_weights)
+    if service.reader.open_check.note:
+        click.echo(f"petal query: note: {service.reader.open_check.note}", err=True)
     for note in service.reader.ignored:
         click.echo(f"petal: note: {note}", err=True)
     if where:

@@ -18,15 +18,13 @@ import torch
 from torch import nn
 
 from petal.engine.config import DenseConfig, ModelConfig, ModelOptions, PoolingConfig, PromptConfig
+from petal.engine.errors import ModelError
 from petal.engine.layers.dense import Dense
 from petal.engine.models import model_class_for
+from petal.engine.models.build import build_empty, check_loaded
 from petal.engine.models.weights import open_weights, pickle_files, safetensors_files
 from petal.engine.resolve import HF_ID, cached_snapshot, hf_cache_dirs
 from petal.engine.st_files import StFiles, StFilesError, read_st_files
-
-
-class ModelError(ValueError):
-    """A model directory that is missing, unsafe or not understood (a configuration error)."""
 
 
 def default_model_dir() -> Path:
@@ -276,8 +274,7 @@ def load_model(spec: ModelSpec, device: torch.device, dtype: torch.dtype) -> nn.
 
     sentence-transformers Dense layers become ``model.dense_head`` (fp32; applied after pooling).
     """
-    with torch.device("meta"):
-        model = model_class_for({"architectures": [], "model_type": spec.config.architecture})(spec.config)
+    model = build_empty(model_class_for({"architectures": [], "model_type": spec.config.architecture}), spec.config)
     try:
         state = model.hf_state_dict(open_weights(list(spec.weight_files), device, dtype))  # type: ignore[operator]
     except KeyError as exc:
@@ -286,8 +283,7 @@ def load_model(spec: ModelSpec, device: torch.device, dtype: torch.dtype) -> nn.
     if spec.dense:
         head = nn.Sequential()
         for cfg in spec.dense:
-            with torch.device("meta"):
-                layer = Dense(cfg)
+            layer = build_empty(Dense, cfg)
             weights = open_weights([cfg.weight_file], device, torch.float32)
             try:
                 layer.load_state_dict({name: weights.get(name) for name in layer.state_dict()}, strict=True,
@@ -296,4 +292,8 @@ def load_model(spec: ModelSpec, device: torch.device, dtype: torch.dtype) -> nn.
                 raise ModelError(f"{cfg.weight_file}: {exc.args[0]}") from exc
             head.append(layer)
         model.dense_head = head
+    try:
+        check_loaded(model)
+    except ValueError as exc:
+        raise ModelError(f"{spec.path}: {exc}") from exc
     return model.eval().requires_grad_(False)

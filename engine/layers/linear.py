@@ -14,7 +14,14 @@ from torch import nn
 
 class Linear(nn.Linear):
     """``nn.Linear`` (Hugging Face names ``weight``/``bias``); if ``weight`` is narrower than the
-    input, the input is cast for the GEMM and the output cast back before the bias is added."""
+    input, the input is cast for the GEMM and the output cast back before the bias is added.
+
+    No random init (``reset_parameters`` does nothing): every weight comes from a checkpoint, and
+    ``kaiming_uniform_`` on 0.6B parameters is seconds of work thrown away (see ``Embedding``).
+    """
+
+    def reset_parameters(self) -> None:
+        """No init: weights are created empty and filled by ``load_state_dict(assign=True)``."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.weight.dtype == x.dtype:

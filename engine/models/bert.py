@@ -15,6 +15,7 @@ from petal.engine.config import ModelConfig
 from petal.engine.context import ForwardContext
 from petal.engine.layers.activation import get_activation
 from petal.engine.layers.attention import attention
+from petal.engine.layers.embedding import Embedding
 from petal.engine.layers.linear import Linear
 from petal.engine.layers.norm import LayerNorm
 from petal.engine.models.weights import WeightSource
@@ -49,9 +50,9 @@ def bert_config(hf: dict[str, Any], architecture: str = "bert") -> ModelConfig:
 class BertEmbeddings(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.word_embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.position_embeddings = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
-        self.token_type_embeddings = nn.Embedding(max(cfg.type_vocab_size, 1), cfg.hidden_size)
+        self.word_embeddings = Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.position_embeddings = Embedding(cfg.max_position_embeddings, cfg.hidden_size)
+        self.token_type_embeddings = Embedding(max(cfg.type_vocab_size, 1), cfg.hidden_size)
         self.LayerNorm = LayerNorm(cfg.hidden_size, cfg.norm_eps)
         self.position_offset = cfg.position_offset
 

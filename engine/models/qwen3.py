@@ -15,6 +15,7 @@ from petal.engine.config import ModelConfig
 from petal.engine.context import ForwardContext
 from petal.engine.layers.activation import silu_and_mul
 from petal.engine.layers.attention import attention
+from petal.engine.layers.embedding import Embedding
 from petal.engine.layers.linear import Linear
 from petal.engine.layers.norm import RMSNorm
 from petal.engine.layers.rotary import RopeTables, RotaryEmbedding, apply_rotary
@@ -159,7 +160,7 @@ class Qwen3Model(nn.Module):
         super().__init__()
         self.config = cfg
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta)
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(Qwen3DecoderLayer(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
 

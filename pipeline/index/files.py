@@ -51,7 +51,42 @@ def write_index(index: Any, path: Path) -> None:
 
 
 def read_index(path: Path, storage: str) -> Any:
-    """Load ``path``; an on-disk index maps ``index.ivfdata`` from the same directory, read-only."""
+    """Load ``path`` memory-mapped where FAISS can; an on-disk index maps ``index.ivfdata`` from the
+    same directory, read-only. A file FAISS cannot parse is a ``BadInputError`` (65), never a crash."""
+    from petal.pipeline.index.mmap import read_index_mapped
+
+    return read_index_mapped(path, storage)
+
+
+def open_parquet(path: Path) -> Any:
+    """``pyarrow.parquet.ParquetFile`` over a memory map of ``path`` (the footer read, O(1)); the mapping
+    keeps the data readable after the version is pruned. Unreadable: ``BadInputError`` (65)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from petal.pipeline.reliability.errors import BadInputError
+
+    try:
+        return pq.ParquetFile(pa.memory_map(str(path)))
+    except (OSError, pa.ArrowException) as exc:
+        raise BadInputError(f"{path}: cannot read its Parquet footer ({exc}); run petal verify") from exc
+
+
+def read_parquet(parquet_file: Any, path: Path, columns: list[str] | None = None) -> Any:
+    """Every row of an open ``ParquetFile`` (``columns``: only those) as a table; unreadable:
+    ``BadInputError`` (65) naming ``path``."""
+    import pyarrow as pa
+
+    from petal.pipeline.reliability.errors import BadInputError
+
+    try:
+        return parquet_file.read(columns=columns)
+    except (OSError, pa.ArrowException) as exc:
+        raise BadInputError(f"{path}: cannot read it ({exc}); run petal verify") from exc
+
+
+def read_index_copied(path: Path, storage: str) -> Any:
+    """``read_index`` without memory-mapping: the whole file read into memory (the pre-mmap behaviour)."""
     faiss = load_faiss()
 
     if storage == "ondisk":

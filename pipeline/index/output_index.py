@@ -25,7 +25,7 @@ from petal.pipeline.config import IndexSettings
 from petal.pipeline.index.source import StoreVectors, split_sample
 from petal.pipeline.index.tune import exact_neighbours, tune
 from petal.pipeline.index.writer import BuildResult, build_index
-from petal.pipeline.reliability.errors import BadInputError, ConfigError
+from petal.pipeline.reliability.errors import ConfigError
 from petal.pipeline.store.embeddings import StoreEntry, sha256_file
 from petal.pipeline.store.outputs import OutputConfig, OutputTransform
 
@@ -211,18 +211,18 @@ class BinaryIndex:
 
 def open_binary_index(version_dir: Path, manifest: dict[str, Any], nprobe: int | None = None,
                       rescore: int | None = None) -> BinaryIndex:
-    """Open ``version_dir``'s binary index (its ``rescore.npy`` checked against the manifest's sha256)."""
+    """Open ``version_dir``'s binary index (its files already checked by ``IndexReader``), memory-mapped."""
     import faiss
+
+    from petal.pipeline.index.mmap import read_binary_index_mapped
 
     files = manifest.get("index", {}).get("files", {})
     rescore_path = version_dir / RESCORE_FILE
     if RESCORE_FILE not in files or not rescore_path.is_file():
         raise ConfigError(f"{version_dir}: {RESCORE_FILE} is missing or not listed in the manifest")
-    actual = sha256_file(rescore_path)
-    if actual != files[RESCORE_FILE]:
-        raise BadInputError(f"{rescore_path}: sha256 {actual[:16]}... does not match the manifest; the index is "
-                            "corrupt, rebuild it")
-    index = faiss.read_index_binary(str(version_dir / "index.faiss"))
+    # NOTE: its size and head/tail checksum were checked with the other files (IndexReader, verify.py);
+    # petal verify checks every byte.
+    index = read_binary_index_mapped(version_dir / "index.faiss")
     params = dict(manifest.get("index", {}).get("search_params", {}))
     if nprobe is not None:
         params["nprobe"] = nprobe

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -12,12 +11,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from petal.pipeline.index.faiss_loader import load_faiss
-from petal.pipeline.index.files import IDS_FILE, INDEX_FILE, read_index
+from petal.pipeline.index.files import IDS_FILE, INDEX_FILE, open_parquet, read_index, read_parquet
 from petal.pipeline.index.tune import apply_params
+from petal.pipeline.index.verify import OpenCheck, check_on_open
 from petal.pipeline.layout import resolve_index_dir
 from petal.pipeline.reliability.errors import BadInputError, ConfigError, PetalError
 from petal.pipeline.reliability.faults import fault
-from petal.pipeline.store.embeddings import sha256_file
 
 OPEN_ATTEMPTS = 3
 
@@ -33,24 +32,9 @@ class Hit:
     fields: dict[str, Any] = field(default_factory=dict)  # --keep-columns stored with the index
 
 
-SAFE_FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-
-
-def verify_files(version_dir: Path, files: dict[str, str]) -> None:
-    """Every file the manifest lists exists beside it and matches its sha256 (before FAISS reads any)."""
-    for name in (INDEX_FILE, IDS_FILE):
-        if name not in files:
-            raise ConfigError(f"{version_dir}: {name} is not listed in the manifest")
-    for name, expected in sorted(files.items()):
-        if not SAFE_FILE_NAME.match(name):  # NOTE: a manifest must not point outside its directory
-            raise BadInputError(f"{version_dir}: the manifest lists {name!r}, which is not a plain file name")
-        actual_path = version_dir / name
-        if not actual_path.is_file():
-            raise ConfigError(f"{version_dir}: {name} is listed in the manifest but missing")
-        actual = sha256_file(actual_path)
-        if actual != expected:
-            raise BadInputError(f"{actual_path}: sha256 {actual[:16]}... does not match the manifest "
-                                f"({expected[:16]}...); the index is corrupt, rebuild it")
+def verify_files(version_dir: Path) -> OpenCheck:
+    """The cheap checks of ``pipeline/index/verify.py`` before FAISS reads any file (O(1) in the index size)."""
+    return check_on_open(version_dir)
 
 
 def ignored_overrides(manifest: dict[str, Any], nprobe: int | None, rescore: int | None) -> list[str]:
@@ -76,7 +60,8 @@ def _pointer(path: Path) -> str | None:
 
 
 class IndexReader:
-    """A published version: manifest, FAISS index (checked against the manifest's sha256), id map.
+    """A published version: manifest, FAISS index, id map, checked against the manifest's sizes and head/tail
+    checksums (``pipeline/index/verify.py``) and memory-mapped (``pipeline/index/mmap.py``).
 
     Search parameters come from the manifest (tuned at build time); ``nprobe`` overrides.
     On-disk indexes are memory-mapped read-only.
@@ -101,7 +86,7 @@ class IndexReader:
         fault("query_open", self.dir)
         index_section = self.manifest.get("index", {})
         self.ignored = ignored_overrides(self.manifest, nprobe, rescore)  # said on stderr by petal query
-        verify_files(self.dir, index_section.get("files", {}))
+        self.open_check = verify_files(self.dir)
         self.storage = str(index_section.get("storage", "memory"))
         # binary indexes (Hamming + float rescoring) open through pipeline/index/output_index.py
         binary = self.manifest.get("output", {}).get("quantize") == "binary"
@@ -111,11 +96,15 @@ class IndexReader:
             self.index = open_binary_index(self.dir, self.manifest, nprobe=nprobe, rescore=rescore)
         else:
             self.index = read_index(self.dir / INDEX_FILE, self.storage)
-        self.ids = pq.read_table(self.dir / IDS_FILE, columns=["faiss_id", "id", "shard", "row"])
+        ids_file = open_parquet(self.dir / IDS_FILE)  # the footer first: a count that does not fit reads nothing
+        self.num_ids = int(ids_file.metadata.num_rows)
+        if self.num_ids != self.index.ntotal:
+            raise BadInputError(f"{self.dir}: {self.num_ids} ids for {self.index.ntotal} vectors")
+        # NOTE: decoded here, inside the open's retry, from the mapping made above: O(ids), which the first
+        # search needs anyway; a version pruned after this point still answers.
+        self.ids = read_parquet(ids_file, self.dir / IDS_FILE, columns=["faiss_id", "id", "shard", "row"])
         self.columns = open_columns(self.dir, self.manifest)  # stored text and --keep-columns (None: older index)
         self.missing_shards: set[str] = set()  # shards --show-text found gone (said by petal query)
-        if self.ids.num_rows != self.index.ntotal:
-            raise BadInputError(f"{self.dir}: {self.ids.num_rows} ids for {self.index.ntotal} vectors")
         params = {k: int(v) for k, v in index_section.get("search_params", {}).items()}
         if binary:  # the binary index set its own nprobe
             self.search_params = params if nprobe is None else {**params, "nprobe": nprobe}
@@ -154,6 +143,10 @@ class IndexReader:
                                             params=selector.params(self.index, self.search_params))
         valid = ids >= 0  # NOTE: FAISS pads with -1 when fewer than k results exist
         flat = ids[valid]
+        if len(flat) and int(flat.max()) >= self.num_ids:
+            # NOTE: only a damaged index body returns such an id (the open checks read heads and tails)
+            raise BadInputError(f"{self.dir / INDEX_FILE} returned vector id {int(flat.max())} of {self.num_ids}: "
+                                "the index is corrupt; run petal verify and rebuild it")
         rows = self.ids.take(pa.array(flat)) if len(flat) else self.ids.schema.empty_table()
         doc_ids = rows.column("id").to_pylist()
         shards = rows.column("shard").to_pylist()

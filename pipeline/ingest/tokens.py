@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from petal.pipeline.ingest.documents import Documents
 from petal.pipeline.ingest.prefetch import ordered_map
 
 if TYPE_CHECKING:
     from petal.engine.loader import ModelSpec
+    from petal.pipeline.ingest.documents import Documents  # NOTE: types only: it imports pyarrow (0.1 s)
 
 
 @dataclass(frozen=True)

@@ -24,10 +24,11 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from petal import __version__
-from petal.engine.config import EngineConfig, ModelOptions
+from petal.engine.config import EngineConfig
 from petal.engine.engine import Engine, resolve_device, resolve_dtype
-from petal.engine.loader import ModelError, ModelSpec, inspect_model
+from petal.engine.loader import ModelSpec
 from petal.pipeline.config import IndexJob, IndexSettings, default_token_budget
+from petal.pipeline.index.checksums import seal_manifest
 from petal.pipeline.index.columns_file import add_stored_columns
 from petal.pipeline.index.factory_fit import check_factory_fits, faiss_failure
 from petal.pipeline.index.files import IDS_FILE
@@ -40,6 +41,7 @@ from petal.pipeline.ingest.rejects import BadRowGate, rejects_table
 from petal.pipeline.ingest.tokens import TokenizedDocs, tokenize_documents, tokenizer_for
 from petal.pipeline.jobs.drift import drift_details
 from petal.pipeline.jobs.inflight import InFlight
+from petal.pipeline.jobs.model import model_spec
 from petal.pipeline.jobs.removals import (
     RemovalLimit,
     check_removal,
@@ -71,14 +73,6 @@ from petal.pipeline.store.side_files import prune_side_files
 from petal.pipeline.store.tombstones import apply_deletes, deleted_rows, read_delete_ids
 
 EngineFactory = Callable[[ModelSpec, EngineConfig], Engine]
-
-
-def model_spec(model: str | None, max_length: int | None, options: ModelOptions | None = None) -> ModelSpec:
-    """The model's configuration (no weights); a missing or unsafe model is a ``ConfigError`` (78)."""
-    try:
-        return inspect_model(model, options, max_length=max_length)
-    except ModelError as exc:
-        raise ConfigError(str(exc)) from exc
 
 
 def engine_config(job: IndexJob, spec: ModelSpec) -> EngineConfig:
@@ -286,7 +280,7 @@ def _run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory, 
                 add_output_manifest(manifest, transform)  # the transform queries apply, int8 calibration
                 if stored:  # in ids.parquet: the text (as "text") and --keep-columns, by FAISS id
                     manifest["columns"] = {"text": True, "keep": list(job.keep_columns)}
-                write_json_atomic(staging / "manifest.json", manifest)
+                write_json_atomic(staging / "manifest.json", seal_manifest(staging, manifest))  # + head/tail checksums
             stop.check()  # NOTE: the last stop: once the pointer swaps, the run is done and ends as a success
             out.publish(staging, version)
         except BaseException:

@@ -26,6 +26,7 @@ from petal.engine.loader import ModelError, ModelSpec, inspect_model
 from petal.pipeline.index.search import Hit, IndexReader
 from petal.pipeline.ingest.tokens import Encoded, TextTokenizer, tokenizer_for
 from petal.pipeline.jobs.embed import encode_texts
+from petal.pipeline.layout import resolve_index_dir
 from petal.pipeline.reliability.errors import ConfigError
 from petal.pipeline.store.outputs import OutputTransform
 
@@ -148,8 +149,13 @@ class QueryService:
     def __init__(self, index_path: Path, model: str | None = None, device: str = "auto", dtype: str = "auto",
                  attention: str = "auto", nprobe: int | None = None, rescore: int | None = None,
                  query_prompt: str | None = None, allow_pickle_weights: bool = False) -> None:
+        # NOTE: the model is checked against the manifest before any index file is opened (a wrong model is
+        # a configuration error whatever the files hold); the manifest's own checksum is checked on open.
+        _, manifest = resolve_index_dir(index_path)
+        self.spec = model_for_index(manifest, model, allow_pickle_weights, query_prompt)
         reader = IndexReader(index_path, nprobe=nprobe, rescore=rescore)
-        self.spec = model_for_index(reader.manifest, model, allow_pickle_weights, query_prompt)
+        if reader.manifest.get("model") != manifest.get("model"):  # a new version was published meanwhile
+            self.spec = model_for_index(reader.manifest, model, allow_pickle_weights, query_prompt)
         self.index = SearchIndex.from_reader(reader, self.spec)
         self.model = QueryModel(self.spec, engine_config(self.spec, device, dtype, attention))
 

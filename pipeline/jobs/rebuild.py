@@ -15,6 +15,7 @@ from typing import Any
 
 from petal import __version__
 from petal.pipeline.config import IndexSettings
+from petal.pipeline.index.checksums import seal_manifest
 from petal.pipeline.index.columns_file import add_stored_columns
 from petal.pipeline.index.factory_fit import check_factory_fits, faiss_failure
 from petal.pipeline.index.files import IDS_FILE
@@ -115,6 +116,6 @@ def _build(out: OutputDir, previous: dict, entries: list[StoreEntry], settings: 
     }
     if transform is not None:
         add_output_manifest(manifest, transform)  # with the calibration this build learned (int8)
-    write_json_atomic(staging / "manifest.json", manifest)
+    write_json_atomic(staging / "manifest.json", seal_manifest(staging, manifest))  # + head/tail checksums
     out.publish(staging, version)
     return result, version

@@ -31,20 +31,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from petal.pipeline.index.checksums import sha256_file
 from petal.pipeline.ingest.parquet import ShardInfo
 from petal.pipeline.reliability.durable import fsync_dir, write_json_atomic
 from petal.pipeline.reliability.errors import writing
 from petal.pipeline.reliability.faults import fault
 
 STORE_FORMAT = 1
-
-
-def sha256_file(path: Path | str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 22):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def shard_sha256(info: ShardInfo) -> str:

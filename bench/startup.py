@@ -1,0 +1,268 @@
+"""Start-up scenario (issue 14): what a one-shot process pays before its first answer, in one run.
+
+Every number is the median of ``runs`` fresh child processes (warm page cache: each is run once
+before it is timed):
+
+* ``import torch``: ``python -c "import torch"``, the floor of any process that runs a model;
+* ``petal embed``: ``petal embed --device cpu TEXT`` with the packaged MiniLM, the whole process;
+* ``sentence-transformers``: a one-shot script (load MiniLM, ``encode([TEXT])``, print the vector);
+* ``open + query``: a child opens an index of ``vectors x dim`` float32 (petal's auto factory, a
+  sealed version directory) with ``IndexReader`` and answers one query, the model excluded; timed
+  in-process from the open to the hits, next to the same with the pre-issue-14 open (sha256 of
+  every file, the index read into memory);
+* ``model load``: ``load_model`` of a model in ``shape`` (random weights saved as safetensors),
+  from the call to the weights on the device (CUDA synchronised).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+EMBED_TEXT = "how do glaciers move"
+TARGET_EMBED_OVER_TORCH_S = 0.6
+TARGET_EMBED_VS_ST = 0.45
+TARGET_OPEN_QUERY_S = 0.5
+TARGET_MODEL_LOAD_S = 1.0
+
+ST_SCRIPT = """
+import json, sys
+from sentence_transformers import SentenceTransformer
+model = SentenceTransformer(sys.argv[1], device="cpu")
+print(json.dumps(model.encode([sys.argv[2]])[0].tolist()))
+"""
+
+OPEN_QUERY_SCRIPT = """
+import json, sys, time
+import numpy as np
+from petal.pipeline.index.faiss_loader import load_faiss
+from pathlib import Path
+import pyarrow.parquet as pq
+from petal.pipeline.index.checksums import sha256_file
+from petal.pipeline.index.files import read_index_copied
+from petal.pipeline.index.search import IndexReader
+from petal.pipeline.index.tune import apply_params
+from petal.pipeline.layout import resolve_index_dir
+load_faiss()  # imports are start-up, not open: the process time has them
+query = np.load(sys.argv[2])
+started = time.perf_counter()
+if sys.argv[3] == "petal":
+    reader = IndexReader(sys.argv[1])
+    hits = reader.search(query, 10)
+    answer = [h.id for h in hits[0]]
+else:  # the open before issue 14: sha256 of every listed file, then the whole index read into memory
+    version_dir, manifest = resolve_index_dir(Path(sys.argv[1]))
+    for name, sha in manifest["index"]["files"].items():
+        assert sha256_file(version_dir / name) == sha
+    index = read_index_copied(version_dir / "index.faiss", "memory")
+    apply_params(index, manifest["index"]["search_params"])
+    ids = pq.read_table(version_dir / "ids.parquet")
+    _, found = index.search(query, 10)
+    answer = ids.take(found[0][found[0] >= 0]).column("id").to_pylist()
+print(json.dumps({"open_query_s": time.perf_counter() - started, "answer": answer}))
+"""
+
+MODEL_LOAD_SCRIPT = """
+import json, sys, time
+import torch
+from petal.engine.loader import inspect_model, load_model
+device = torch.device(sys.argv[2])
+dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+spec = inspect_model(sys.argv[1])
+if device.type == "cuda":
+    torch.cuda.init()
+started = time.perf_counter()
+model = load_model(spec, device, dtype)
+if device.type == "cuda":
+    torch.cuda.synchronize()
+print(json.dumps({"model_load_s": time.perf_counter() - started,
+                  "parameters": sum(p.numel() for p in model.parameters())}))
+"""
+
+
+def _run(argv: list[str], cwd: Path | None = None) -> tuple[float, str]:
+    started = time.perf_counter()
+    proc = subprocess.run(argv, capture_output=True, text=True, cwd=cwd)
+    elapsed = time.perf_counter() - started
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv[:4])}... exited {proc.returncode}: {proc.stderr[-2000:]}")
+    return elapsed, proc.stdout
+
+
+def median_wall(argv: list[str], runs: int) -> dict[str, Any]:
+    """Median wall seconds of ``runs`` timed child processes (after one untimed warm-up run)."""
+    _run(argv)
+    times = [_run(argv)[0] for _ in range(runs)]
+    return {"median_s": round(statistics.median(times), 3), "min_s": round(min(times), 3), "runs": runs}
+
+
+def median_reported(argv: list[str], key: str, runs: int) -> dict[str, Any]:
+    """Median of the ``key`` each child prints as JSON on its last line, and of the children's wall time."""
+    _run(argv)
+    values, walls, last = [], [], {}
+    for _ in range(runs):
+        wall, out = _run(argv)
+        last = json.loads(out.strip().splitlines()[-1])
+        values.append(float(last[key]))
+        walls.append(wall)
+    return {"median_s": round(statistics.median(values), 4), "min_s": round(min(values), 4),
+            "process_median_s": round(statistics.median(walls), 3), "runs": runs,
+            **{k: v for k, v in last.items() if k not in (key, "answer")}}
+
+
+def write_index_version(root: Path, num_vectors: int, dim: int, factory: str, seed: int = 0) -> tuple[Path, str]:
+    """A sealed version directory ``root/out`` holding ``num_vectors x dim`` clustered unit vectors."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from petal.bench.vectors import ClusteredVectors
+    from petal.pipeline.config import IndexSettings
+    from petal.pipeline.index.checksums import seal_manifest, sha256_file
+    from petal.pipeline.index.faiss_loader import load_faiss
+    from petal.pipeline.index.files import write_index
+    from petal.pipeline.layout import OutputDir
+    from petal.pipeline.reliability.durable import write_json_atomic
+
+    faiss = load_faiss()
+    if factory == "auto":  # petal's rule for float32 vectors: exact when small, IVF with ~4 sqrt(N) lists above
+        nlist = 2 ** round(math.log2(4 * math.sqrt(num_vectors)))
+        factory = "Flat" if num_vectors <= IndexSettings().flat_max_vectors else f"IVF{nlist},Flat"
+    index = faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
+    source = ClusteredVectors(dim, seed)
+    if not index.is_trained:
+        ivf = faiss.extract_index_ivf(index)
+        index.train(source.reseeded(seed + 1).draw(min(num_vectors, 40 * ivf.nlist)))
+    for chunk in source.chunks(num_vectors):
+        index.add(chunk)
+    search_params = {"nprobe": 16} if faiss.try_extract_index_ivf(index) is not None else {}
+    out = OutputDir(root / "out")
+    out.prepare()
+    staging = out.staging_dir()
+    write_index(index, staging / "index.faiss")
+    del index
+    pq.write_table(pa.table({"faiss_id": np.arange(num_vectors, dtype=np.int64),
+                             "id": np.arange(num_vectors, dtype=np.int64),
+                             "shard": pa.array(["bench.parquet"] * num_vectors, pa.string()),
+                             "row": np.arange(num_vectors, dtype=np.int64)}), staging / "ids.parquet")
+    files = {p.name: sha256_file(p) for p in sorted(staging.iterdir())}
+    version = out.new_version_id()
+    manifest = {"version": version, "dim": dim, "metric": "ip",
+                "index": {"factory": factory, "storage": "memory", "files": files, "search_params": search_params,
+                          "num_vectors": num_vectors}}
+    write_json_atomic(staging / "manifest.json", seal_manifest(staging, manifest))
+    out.publish(staging, version)
+    return out.root, factory
+
+
+def open_and_query(num_vectors: int, dim: int, factory: str, runs: int, workdir: Path) -> dict[str, Any]:
+    started = time.perf_counter()
+    out, factory = write_index_version(workdir, num_vectors, dim, factory)
+    built_s = time.perf_counter() - started
+    query_file = workdir / "query.npy"
+    from petal.bench.vectors import ClusteredVectors
+
+    np.save(query_file, ClusteredVectors(dim, 0).reseeded(99).draw(1), allow_pickle=False)
+    argv = [sys.executable, "-c", OPEN_QUERY_SCRIPT, str(out), str(query_file)]
+    petal = median_reported([*argv, "petal"], "open_query_s", runs)
+    before = median_reported([*argv, "full-check"], "open_query_s", runs)
+    size = sum(p.stat().st_size for p in (out / "versions").rglob("*") if p.is_file())
+    return {"vectors": num_vectors, "dim": dim, "factory": factory, "version_bytes": size,
+            "build_s": round(built_s, 1), "petal": petal, "before_issue_14": before}
+
+
+def model_load(shape_name: str, device: str, runs: int, workdir: Path) -> dict[str, Any]:
+    import torch
+
+    from petal.bench.shapes import hf_model, save_model_dir, shape
+    from petal.engine.loader import default_model_dir
+
+    s = shape(shape_name)
+    model_dir = workdir / f"model-{shape_name}"
+    hf = hf_model(s, torch.device("cpu"), torch.float32)
+    save_model_dir(s, hf, default_model_dir(), model_dir)
+    del hf
+    result = median_reported([sys.executable, "-c", MODEL_LOAD_SCRIPT, str(model_dir), device], "model_load_s", runs)
+    return {"shape": shape_name, "device": device, **result}
+
+
+def run_startup_bench(runs: int = 5, text: str = EMBED_TEXT, num_vectors: int = 200_000, dim: int = 384,
+                      factory: str = "auto", shape_name: str = "minilm", device: str = "cpu",
+                      baseline: bool = True, workdir: Path | None = None) -> dict[str, Any]:
+    """Every start-up measurement of the module docstring, with the ratios against the issue's targets."""
+    from petal.engine.loader import default_model_dir
+
+    own = workdir is None
+    work = Path(tempfile.mkdtemp(prefix="petal-startup-")) if workdir is None else Path(workdir)
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        python = sys.executable
+        result: dict[str, Any] = {"text": text, "python": python}
+        result["import_torch"] = median_wall([python, "-c", "import torch"], runs)
+        result["petal_embed"] = median_wall([python, "-m", "petal.cli.main", "embed", "--device", "cpu", text], runs)
+        if baseline:
+            result["sentence_transformers"] = median_wall([python, "-c", ST_SCRIPT, str(default_model_dir()), text],
+                                                          runs)
+        result["open_query"] = open_and_query(num_vectors, dim, factory, runs, work)
+        result["model_load"] = model_load(shape_name, device, runs, work)
+        result["targets"] = targets(result)
+        return result
+    finally:
+        if own:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per target of issue 14: measured, limit, ratio (<= 1 meets it)."""
+    embed = result["petal_embed"]["median_s"]
+    torch_s = result["import_torch"]["median_s"]
+    rows = [{"scenario": "petal embed <= import torch + 0.6 s", "measured_s": embed,
+             "limit_s": round(torch_s + TARGET_EMBED_OVER_TORCH_S, 3)}]
+    if "sentence_transformers" in result:
+        rows.append({"scenario": "petal embed <= 0.45 x sentence-transformers script", "measured_s": embed,
+                     "limit_s": round(TARGET_EMBED_VS_ST * result["sentence_transformers"]["median_s"], 3)})
+    oq = result["open_query"]
+    rows.append({"scenario": f"open {oq['vectors']} x {oq['dim']} + one query <= 0.5 s",
+                 "measured_s": oq["petal"]["median_s"], "limit_s": TARGET_OPEN_QUERY_S})
+    ml = result["model_load"]
+    rows.append({"scenario": f"model load {ml['shape']} on {ml['device']} <= 1.0 s", "measured_s": ml["median_s"],
+                 "limit_s": TARGET_MODEL_LOAD_S})
+    for row in rows:
+        row["ratio"] = round(row["measured_s"] / row["limit_s"], 3)
+        row["met"] = row["ratio"] <= 1.0
+    return rows
+
+
+def format_startup_table(result: dict[str, Any]) -> str:
+    oq, ml = result["open_query"], result["model_load"]
+    lines = [
+        "petal bench startup (median of child processes, warm page cache)",
+        f"  python -c 'import torch'           {result['import_torch']['median_s']:>8.3f} s",
+        f"  petal embed (whole process)        {result['petal_embed']['median_s']:>8.3f} s",
+    ]
+    if "sentence_transformers" in result:
+        lines.append(f"  sentence-transformers script      {result['sentence_transformers']['median_s']:>8.3f} s")
+    lines += [
+        f"  open + 1 query, {oq['factory']} {oq['vectors']} x {oq['dim']} ({oq['version_bytes'] / 1e9:.2f} GB)",
+        f"    petal (head/tail checks, mmap)   {oq['petal']['median_s']:>8.4f} s  "
+        f"(process {oq['petal']['process_median_s']:.3f} s)",
+        f"    before (sha256 all, read all)    {oq['before_issue_14']['median_s']:>8.4f} s  "
+        f"(process {oq['before_issue_14']['process_median_s']:.3f} s)",
+        f"  model load {ml['shape']} on {ml['device']} ({ml.get('parameters', 0) / 1e6:.0f}M params) "
+        f"{ml['median_s']:>8.3f} s",
+        "",
+        f"  {'target':<58} {'measured':>9} {'limit':>8} {'ratio':>6}",
+    ]
+    for row in result["targets"]:
+        lines.append(f"  {row['scenario']:<58} {row['measured_s']:>9.3f} {row['limit_s']:>8.3f} {row['ratio']:>6.2f}"
+                     f"  {'met' if row['met'] else 'NOT MET'}")
+    return "\n".join(lines)

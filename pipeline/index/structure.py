@@ -1,0 +1,68 @@
+"""Cheap structural checks of an opened FAISS index: the parts FAISS trusts at search time.
+
+FAISS range-checks list sizes while it parses a file (and, from 1.15, HNSW links), but not the
+offsets of on-disk inverted lists, nor HNSW links in the older releases pyproject allows: a damaged
+byte there (inside the body, past the head/tail checksums) would make a search read outside its
+arrays. These checks cost O(lists + quantizer links), never O(vectors): an IVF index's HNSW coarse
+quantizer has ``nlist`` nodes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from petal.pipeline.index.faiss_loader import load_faiss
+from petal.pipeline.reliability.errors import BadInputError
+
+
+def check_structure(index: Any, path: Path) -> None:
+    """Raise ``BadInputError`` (65) naming ``path`` when an IVF index's quantizer graph or list table is
+    inconsistent. Top-level HNSW indexes are not checked (their graph is O(vectors): ``petal verify``)."""
+    faiss = load_faiss()
+    ivf = faiss.try_extract_index_ivf(index)
+    if ivf is None:
+        return
+    quantizer = faiss.downcast_index(ivf.quantizer)
+    if quantizer.ntotal != ivf.nlist:
+        _bad(path, f"the coarse quantizer holds {quantizer.ntotal} centroids for {ivf.nlist} lists")
+    if isinstance(quantizer, faiss.IndexHNSW):
+        _check_hnsw(faiss, quantizer.hnsw, int(quantizer.ntotal), path)
+    invlists = faiss.downcast_InvertedLists(ivf.invlists)
+    if isinstance(invlists, faiss.OnDiskInvertedLists):
+        _check_ondisk(invlists, int(ivf.code_size), path)
+    total = sum(int(invlists.list_size(i)) for i in range(ivf.nlist))
+    if total != ivf.ntotal:
+        _bad(path, f"its lists hold {total} vectors, its header says {ivf.ntotal}")
+
+
+def _check_hnsw(faiss: Any, hnsw: Any, ntotal: int, path: Path) -> None:
+    neighbors = faiss.vector_to_array(hnsw.neighbors)
+    offsets = faiss.vector_to_array(hnsw.offsets).astype(np.int64)
+    levels = faiss.vector_to_array(hnsw.levels).astype(np.int64)
+    per_level = faiss.vector_to_array(hnsw.cum_nneighbor_per_level).astype(np.int64)
+    if len(offsets) != ntotal + 1 or len(levels) != ntotal or (ntotal and offsets[-1] != len(neighbors)):
+        _bad(path, "the quantizer's HNSW graph tables do not fit its size")
+    if ntotal == 0:
+        return
+    if levels.min() < 1 or levels.max() >= len(per_level) or not 0 <= hnsw.entry_point < ntotal:
+        _bad(path, "the quantizer's HNSW graph has levels or an entry point out of range")
+    if not np.array_equal(np.diff(offsets), per_level[levels]):
+        _bad(path, "the quantizer's HNSW graph offsets do not match its levels")
+    if len(neighbors) and (neighbors.min() < -1 or neighbors.max() >= ntotal):
+        _bad(path, "the quantizer's HNSW graph links to nodes it does not have")
+
+
+def _check_ondisk(invlists: Any, code_size: int, path: Path) -> None:
+    lists = invlists.lists
+    limit = int(invlists.totsize)
+    for i in range(lists.size()):
+        entry = lists.at(i)
+        if entry.size > entry.capacity or entry.offset + entry.capacity * (code_size + 8) > limit:
+            _bad(path, f"on-disk list {i} points outside index.ivfdata ({limit} bytes)")
+
+
+def _bad(path: Path, what: str) -> None:
+    raise BadInputError(f"{path}: {what}; the index is corrupt, run petal verify and rebuild it")

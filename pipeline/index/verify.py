@@ -1,0 +1,195 @@
+"""Checking a version's files: cheaply when it opens (O(1) in its size), every byte in ``petal verify``.
+
+On open: the manifest's own checksum, every listed file's name, size and head/tail checksum
+(``pipeline/index/checksums.py``). A version written before those records existed (a manifest
+with sha256 values only), or whose manifest no longer matches its own checksum (edited or
+damaged), is checked as every version was before: every byte of every file against its sha256,
+safe but O(size); ``OpenCheck.note`` says so, and ``petal verify`` exits 65 on an edited manifest.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from petal.pipeline.index.checksums import (
+    CHECKSUM_KEY,
+    HEAD_TAIL_BYTES,
+    INTEGRITY_KEY,
+    MANIFEST_FILE,
+    canonical_sha256,
+    head_tail_sha256,
+    sha256_file,
+)
+from petal.pipeline.reliability.errors import BadInputError, ConfigError
+
+REQUIRED_FILES = ("index.faiss", "ids.parquet")
+SAFE_FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+@dataclass(frozen=True)
+class OpenCheck:
+    """What was checked when a version opened."""
+
+    version_dir: Path
+    sealed: bool  # the manifest has head/tail records and its own checksum, which matched
+    read_in_full: tuple[str, ...] = ()  # files larger than 2 head/tail spans hashed whole (no trusted records)
+    manifest_problem: str | None = None  # the manifest does not match its own checksum
+
+    @property
+    def note(self) -> str | None:
+        if self.manifest_problem is not None:
+            return f"{self.manifest_problem}; every file was checked in full against its sha256 instead"
+        if not self.read_in_full:
+            return None
+        return (f"{self.version_dir} was written before head/tail checksums existed: {', '.join(self.read_in_full)} "
+                "read in full to check them (O(size) per open); petal rebuild writes a version that opens in O(1)")
+
+
+def read_raw_manifest(version_dir: Path) -> dict[str, Any]:
+    """``manifest.json`` as written (the checksums cover these bytes, not a typed reading of them)."""
+    path = version_dir / MANIFEST_FILE
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"cannot read {path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the manifest is {type(data).__name__}, expected an object")
+    return data
+
+
+def _expected(manifest: dict[str, Any], version_dir: Path) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
+    """``(index files -> sha256, file -> integrity record)`` from the manifest."""
+    files = manifest.get("index", {}).get("files", {})
+    records = manifest.get(INTEGRITY_KEY, {}).get("files", {}) if isinstance(manifest.get(INTEGRITY_KEY), dict) else {}
+    if not isinstance(files, dict) or not isinstance(records, dict):
+        raise BadInputError(f"{version_dir / MANIFEST_FILE}: index.files or {INTEGRITY_KEY}.files is not a mapping")
+    return files, records
+
+
+def check_manifest_checksum(version_dir: Path, manifest: dict[str, Any]) -> bool:
+    """``True`` when the manifest carries its checksum and it matches; ``False`` for an old manifest without one."""
+    recorded = manifest.get(CHECKSUM_KEY)
+    if recorded is None:
+        if INTEGRITY_KEY in manifest:  # records without the checksum that vouches for them
+            raise BadInputError(f"{version_dir / MANIFEST_FILE} has {INTEGRITY_KEY} records but no {CHECKSUM_KEY}: "
+                                "it was edited or is corrupt; rebuild the index (petal verify checks every file)")
+        return False
+    if recorded != canonical_sha256(manifest):
+        raise BadInputError(f"{version_dir / MANIFEST_FILE} does not match its own checksum ({CHECKSUM_KEY}): "
+                            "it was edited or is corrupt; rebuild the index (petal verify checks every file)")
+    return True
+
+
+def check_on_open(version_dir: Path, manifest: dict[str, Any] | None = None) -> OpenCheck:
+    """The cheap checks before FAISS reads anything; raises ``BadInputError`` (65) / ``ConfigError`` (78).
+
+    ``manifest``: the raw manifest (default: read from ``version_dir``).
+    """
+    manifest = read_raw_manifest(version_dir) if manifest is None else manifest
+    files, records = _expected(manifest, version_dir)
+    edited: str | None = None
+    try:
+        sealed = check_manifest_checksum(version_dir, manifest)
+    except BadInputError as exc:
+        # NOTE: a manifest changed after it was written (by hand, or damaged) cannot vouch for the cheap
+        # records: every listed file is checked in full against its sha256 instead, as before issue 14,
+        # and the open says so; petal verify exits 65 on it.
+        sealed, records, edited = False, {}, str(exc)
+    for name in REQUIRED_FILES:
+        if name not in files:
+            raise ConfigError(f"{version_dir}: {name} is not listed in the manifest")
+    read_in_full: list[str] = []
+    for name, expected in sorted(files.items()):
+        path = _listed_path(version_dir, name)
+        size = path.stat().st_size
+        record = records.get(name)
+        if record is not None:
+            if size != record.get("size"):
+                raise BadInputError(f"{path}: size {size} does not match the manifest ({record.get('size')} bytes); "
+                                    "the index is corrupt or was changed, rebuild it")
+            span = int(manifest[INTEGRITY_KEY].get("head_tail_bytes", HEAD_TAIL_BYTES))
+            if head_tail_sha256(path, size, span) != record.get("head_tail_sha256"):
+                raise BadInputError(f"{path}: head/tail checksum does not match the manifest; the index is corrupt "
+                                    "or was changed, rebuild it")
+        else:  # NOTE: an old version: its sha256 is the only record, so the check stays the full one
+            _check_sha256(path, expected)
+            if size > 2 * HEAD_TAIL_BYTES:
+                read_in_full.append(name)
+    return OpenCheck(version_dir, sealed and bool(records), tuple(read_in_full), edited)
+
+
+def _listed_path(version_dir: Path, name: str) -> Path:
+    if not SAFE_FILE_NAME.match(name):  # NOTE: a manifest must not point outside its directory
+        raise BadInputError(f"{version_dir}: the manifest lists {name!r}, which is not a plain file name")
+    path = version_dir / name
+    if path.is_symlink() or not path.is_file():
+        raise ConfigError(f"{version_dir}: {name} is listed in the manifest but missing (or not a plain file)")
+    return path
+
+
+def _check_sha256(path: Path, expected: str) -> None:
+    actual = sha256_file(path)
+    if actual != expected:
+        raise BadInputError(f"{path}: sha256 {actual[:16]}... does not match the manifest ({str(expected)[:16]}...); "
+                            "the index is corrupt, rebuild it")
+
+
+@dataclass(frozen=True)
+class FileVerdict:
+    name: str
+    ok: bool
+    problem: str = ""  # what is wrong: missing, size, sha256
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """``petal verify``: every byte of every listed file against its recorded sha256."""
+
+    version_dir: Path
+    manifest_checksum: str  # "ok", "absent" (an old version) or the problem
+    files: tuple[FileVerdict, ...] = field(default_factory=tuple)
+
+    @property
+    def ok(self) -> bool:
+        return self.manifest_checksum in ("ok", "absent") and all(f.ok for f in self.files)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"version_dir": str(self.version_dir), "ok": self.ok, "manifest_checksum": self.manifest_checksum,
+                "files": [{"name": f.name, "ok": f.ok, **({"problem": f.problem} if f.problem else {})}
+                          for f in self.files]}
+
+
+def verify_version(version_dir: Path, manifest: dict[str, Any] | None = None) -> VerifyReport:
+    """Check the manifest's checksum and the full sha256 (and size) of every file it lists
+    (``manifest``: the raw manifest, default: read from ``version_dir``)."""
+    manifest = read_raw_manifest(version_dir) if manifest is None else manifest
+    try:
+        manifest_state = "ok" if check_manifest_checksum(version_dir, manifest) else "absent"
+    except BadInputError as exc:
+        manifest_state = str(exc)
+    files, records = _expected(manifest, version_dir)
+    expected = {name: str(sha) for name, sha in files.items()}
+    expected.update({name: str(r.get("sha256")) for name, r in records.items() if r.get("sha256")})
+    verdicts = [FileVerdict(name, False, "not listed in the manifest") for name in REQUIRED_FILES
+                if name not in expected]
+    for name, sha in sorted(expected.items()):
+        verdicts.append(_verify_file(version_dir, name, sha, records.get(name)))
+    return VerifyReport(version_dir, manifest_state, tuple(verdicts))
+
+
+def _verify_file(version_dir: Path, name: str, sha: str, record: dict[str, Any] | None) -> FileVerdict:
+    try:
+        path = _listed_path(version_dir, name)
+    except (BadInputError, ConfigError) as exc:
+        return FileVerdict(name, False, str(exc))
+    size = path.stat().st_size
+    if record is not None and size != record.get("size"):
+        return FileVerdict(name, False, f"size {size} bytes, the manifest says {record.get('size')}")
+    actual = sha256_file(path)
+    if actual != sha:
+        return FileVerdict(name, False, f"sha256 {actual[:16]}... does not match the manifest ({sha[:16]}...)")
+    return FileVerdict(name, True)

@@ -1,0 +1,15 @@
+"""The model a command runs, as a ``ModelSpec`` (light: no pyarrow, FAISS or the index pipeline)."""
+
+from __future__ import annotations
+
+from petal.engine.config import ModelOptions
+from petal.engine.loader import ModelError, ModelSpec, inspect_model
+from petal.pipeline.reliability.errors import ConfigError
+
+
+def model_spec(model: str | None, max_length: int | None, options: ModelOptions | None = None) -> ModelSpec:
+    """The model's configuration (no weights); a missing or unsafe model is a ``ConfigError`` (78)."""
+    try:
+        return inspect_model(model, options, max_length=max_length)
+    except ModelError as exc:
+        raise ConfigError(str(exc)) from exc

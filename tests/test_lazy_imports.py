@@ -1,0 +1,122 @@
+"""Lazy imports (issue 14, item 2): help, version, info, verify and every usage error start without
+torch or FAISS; each command imports the heavy libraries it needs only; nothing imports benchmark
+code or transformers at run time."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from petal.cli.main import cli
+from tests.conftest import REPO
+
+HEAVY = ("torch", "faiss", "pyarrow", "tokenizers", "safetensors", "transformers", "sentence_transformers",
+         "petal.bench")
+# Runs one CLI invocation in a fresh interpreter, then reports its exit code and the heavy modules loaded.
+RUNNER = f"""
+import json, sys
+from petal.cli.main import cli
+code = 0
+try:
+    cli.main(json.loads(sys.argv[1]), prog_name="petal")
+except SystemExit as exc:
+    code = exc.code
+loaded = [m for m in {HEAVY!r} if m in sys.modules]
+with open(sys.argv[2], "w") as fh:
+    json.dump({{"code": code, "loaded": loaded}}, fh)
+"""
+
+
+def run(argv: list[str], tmp_path: Path) -> tuple[int, set[str]]:
+    result = tmp_path / "result.json"
+    proc = subprocess.run([sys.executable, "-c", RUNNER, json.dumps(argv), str(result)], capture_output=True,
+                          text=True, cwd=REPO, timeout=300)
+    assert result.is_file(), proc.stderr[-3000:]
+    found = json.loads(result.read_text())
+    return found["code"], set(found["loaded"])
+
+
+@pytest.fixture(scope="module")
+def index_dir(tmp_path_factory) -> Path:
+    """A small real index (fake vectors under MiniLM's identity, so ``petal query`` runs MiniLM)."""
+    from petal.engine.loader import default_model_dir
+
+    root = tmp_path_factory.mktemp("lazy")
+    pq.write_table(pa.table({"id": [1, 2, 3], "text": ["glaciers flow downhill", "bread needs yeast", "lava"]}),
+                   root / "docs.parquet")
+    out = root / "out"
+    result = CliRunner().invoke(cli, ["index", str(root / "docs.parquet"), "--out", str(out), "-q", "--model",
+                                      str(default_model_dir())], env={"PETAL_TEST_FAKE_ENGINE": str(root / "log")})
+    assert result.exit_code == 0, result.output
+    return out
+
+
+LIGHT = [
+    (["--help"], 0), (["--version"], 0), ([], 2), (["nosuch"], 2),
+    *[([command, "--help"], 0) for command in ("index", "query", "embed", "info", "verify", "rebuild", "serve",
+                                               "bench")],
+    (["bench", "startup", "--help"], 0), (["serve", "--bogus"], 2),
+    (["index", "--bogus"], 2), (["index", "data"], 2), (["query"], 2), (["query", "OUT", "x", "-k", "0"], 2),
+    (["embed"], 2), (["embed", "--device", "tpu", "x"], 2), (["embed", "--dim", "0", "x"], 2), (["info"], 2),
+    (["info", "--bogus", "x"], 2), (["verify"], 2), (["verify", "OUT", "--bogus"], 2), (["rebuild"], 2),
+    (["bench", "startup", "--runs", "0"], 2),
+]
+
+
+@pytest.mark.parametrize(("argv", "code"), LIGHT, ids=[" ".join(a) or "no-args" for a, _ in LIGHT])
+def test_help_version_and_usage_errors_import_nothing_heavy(argv, code, tmp_path):
+    got, loaded = run(argv, tmp_path)
+    assert got == code
+    assert not loaded, f"petal {' '.join(argv)} imported {sorted(loaded)}"
+
+
+def test_info_and_verify_read_the_manifest_without_torch_or_faiss(index_dir, tmp_path):
+    for argv in (["info", str(index_dir)], ["info", str(index_dir), "--json"], ["verify", str(index_dir)],
+                 ["info", str(tmp_path / "missing")]):
+        code, loaded = run(argv, tmp_path)
+        assert code == (78 if "missing" in argv[1] else 0)
+        assert not loaded, f"petal {' '.join(argv)} imported {sorted(loaded)}"
+
+
+def test_each_command_imports_only_what_it_needs(index_dir, tmp_path):
+    code, loaded = run(["embed", "a query"], tmp_path)
+    assert code == 0 and {"torch", "tokenizers", "safetensors"} <= loaded
+    assert not loaded & {"faiss", "pyarrow", "transformers", "sentence_transformers", "petal.bench"}, loaded
+    code, loaded = run(["query", str(index_dir), "ice", "-k", "1"], tmp_path)
+    assert code == 0 and {"torch", "faiss", "pyarrow", "tokenizers"} <= loaded
+    assert not loaded & {"transformers", "sentence_transformers", "petal.bench"}, loaded
+    code, loaded = run(["rebuild", str(index_dir), "--index-factory", "Flat"], tmp_path)
+    assert code == 0 and "faiss" in loaded
+    assert not loaded & {"torch", "tokenizers", "safetensors", "transformers", "petal.bench"}, loaded
+
+
+RUNTIME_DIRS = ("cli", "engine", "pipeline", "petal")
+
+
+def test_no_runtime_module_imports_benchmarks_or_transformers():
+    """Module-level imports of the runtime packages never name ``transformers``, ``sentence_transformers``
+    or ``petal.bench``; only ``cli/bench.py`` reaches benchmark code, inside its commands."""
+    for directory in RUNTIME_DIRS:
+        for path in sorted((REPO / directory).rglob("*.py")):
+            tree = ast.parse(path.read_text())
+            for node in tree.body:
+                names: list[str] = []
+                if isinstance(node, ast.Import):
+                    names = [alias.name for alias in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.module:
+                    names = [node.module]
+                for name in names:
+                    root = name.split(".")[0]
+                    assert root not in ("transformers", "sentence_transformers"), f"{path}: imports {name}"
+                    assert not name.startswith("petal.bench"), f"{path}: imports {name} at module level"
+            if path.name != "bench.py" or path.parent.name != "cli":
+                text = path.read_text()
+                assert "petal.bench" not in text or path.parent.name == "petal", f"{path} names petal.bench"

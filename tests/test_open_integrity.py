@@ -1,0 +1,313 @@
+"""Opening an index costs O(1) in its size: sizes, head/tail checksums and the manifest's own checksum
+on open, every byte in ``petal verify``; a tampered file never crashes the process (issue 14, item 3)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from petal.cli.main import cli
+from petal.pipeline.index.checksums import CHECKSUM_KEY, HEAD_TAIL_BYTES, INTEGRITY_KEY, canonical_sha256
+from petal.pipeline.index.search import IndexReader
+from petal.pipeline.layout import OutputDir
+from tests.conftest import REPO
+from tests.fake_engine import make_fake_model_dir
+
+ROWS = 2400  # x 384 float32 = 3.7 MB of index.faiss: more than the two head/tail spans
+
+
+def build(root: Path, name: str, model: Path, extra: tuple[str, ...] = ()) -> Path:
+    data = root / f"data-{name}"
+    data.mkdir()
+    rows = {"id": list(range(ROWS)), "text": [f"document {i} about subject {i % 97} and {i % 13}" for i in range(ROWS)]}
+    pq.write_table(pa.table(rows), data / "part-0.parquet")
+    out = root / name
+    result = CliRunner().invoke(cli, ["index", str(data), "--out", str(out), "-q", "--model", str(model), *extra],
+                                env={"PETAL_TEST_FAKE_ENGINE": str(root / f"log-{name}")})
+    assert result.exit_code == 0, result.output
+    return out
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory, minilm_dir) -> Path:
+    """A Flat index under MiniLM's identity (so ``petal query`` runs the real model), fake vectors."""
+    return build(tmp_path_factory.mktemp("integrity"), "flat", minilm_dir)
+
+
+def copy(out: Path, tmp_path: Path) -> tuple[Path, Path]:
+    target = tmp_path / "out"
+    shutil.copytree(out, target)
+    return target, target / "versions" / OutputDir(target).current_version()
+
+
+def flip(path: Path, offset: int, width: int = 1) -> None:
+    blob = bytearray(path.read_bytes())
+    for i in range(offset, offset + width):
+        blob[i] ^= 0xFF
+    path.write_bytes(bytes(blob))
+
+
+def query_subprocess(out: Path) -> subprocess.CompletedProcess:
+    """``petal query`` in its own process: a crash (a signal) shows as a negative return code."""
+    return subprocess.run([sys.executable, "-m", "petal.cli.main", "query", str(out), "a subject", "-k", "3", "--json"],
+                          capture_output=True, text=True, cwd=REPO, timeout=300)
+
+
+def manifest_of(version_dir: Path) -> dict:
+    return json.loads((version_dir / "manifest.json").read_text())
+
+
+def test_a_new_version_is_sealed_and_verifies(built):
+    version_dir = OutputDir(built).version_dir(OutputDir(built).current_version())
+    manifest = manifest_of(version_dir)
+    records = manifest[INTEGRITY_KEY]["files"]
+    on_disk = sorted(p.name for p in version_dir.iterdir() if p.name != "manifest.json")
+    assert sorted(records) == on_disk and {"index.faiss", "ids.parquet", "rejects.parquet"} <= set(records)
+    for name, record in records.items():
+        assert record["size"] == (version_dir / name).stat().st_size
+        assert record["sha256"] == manifest["index"]["files"].get(name, record["sha256"])
+    assert records["index.faiss"]["size"] > 2 * HEAD_TAIL_BYTES
+    assert manifest[CHECKSUM_KEY] == canonical_sha256(manifest)
+
+    runner = CliRunner()
+    result = runner.invoke(cli, ["verify", str(built)])
+    assert result.exit_code == 0 and "MISMATCH" not in result.output, result.output
+    result = runner.invoke(cli, ["verify", str(built), "--version", version_dir.name, "--json"])
+    report = json.loads(result.stdout)
+    assert result.exit_code == 0 and report["ok"] and report["manifest_checksum"] == "ok"
+    assert sorted(f["name"] for f in report["files"]) == on_disk
+    result = runner.invoke(cli, ["verify", str(built), "--version", "../../etc"])
+    assert result.exit_code == 78 and "not a petal version id" in result.stderr
+    result = runner.invoke(cli, ["verify", str(built), "--version", "v000009-20200101T000000Z"])
+    assert result.exit_code == 78 and "is not a version of" in result.stderr
+
+
+def test_the_index_is_memory_mapped_not_read(built):
+    reader = IndexReader(built)
+    with open("/proc/self/maps") as fh:
+        maps = fh.read()
+    assert str(reader.dir / "index.faiss") in maps  # FAISS maps the file (IO_FLAG_MMAP_IFC)
+    ids, vectors = reader.ids.column("id").to_pylist(), reader.index.reconstruct_n(0, 3)
+    assert [hits[0].id for hits in reader.search(vectors, 1)] == ids[:3]
+
+
+# (what is changed, how, the exit code of `petal query`, what its message says)
+TAMPERING = [
+    ("index.faiss", lambda p: flip(p, 40), 65, "head/tail checksum does not match the manifest"),
+    ("index.faiss", lambda p: flip(p, p.stat().st_size - 3), 65, "head/tail checksum does not match the manifest"),
+    ("index.faiss", lambda p: os.truncate(p, p.stat().st_size - 4096), 65, "does not match the manifest"),
+    ("index.faiss", lambda p: p.write_bytes(p.read_bytes() + b"\0" * 8), 65, "does not match the manifest"),
+    ("index.faiss", lambda p: p.write_bytes(b"not an index"), 65, "does not match the manifest"),
+    ("index.faiss", lambda p: p.unlink(), 78, "listed in the manifest but missing"),
+    ("ids.parquet", lambda p: pq.write_table(pa.table({"faiss_id": [0], "id": ["../../etc/passwd"],
+                                                        "shard": ["/etc/passwd"], "row": [0]}), p),
+     65, "does not match the manifest"),
+    ("ids.parquet", lambda p: flip(p, p.stat().st_size // 2), 65, "head/tail checksum does not match"),
+    ("rejects.parquet", lambda p: p.write_bytes(b"x"), 0, ""),  # not needed to search: verify finds it
+]
+
+
+@pytest.mark.parametrize("case", range(len(TAMPERING)))
+def test_every_tampered_file_is_a_clear_error(built, tmp_path, case):
+    name, tamper, code, says = TAMPERING[case]
+    out, version_dir = copy(built, tmp_path)
+    tamper(version_dir / name)
+    run = query_subprocess(out)
+    assert run.returncode == code, run.stderr[-2000:]
+    assert says in run.stderr and "Traceback" not in run.stderr
+    verify = CliRunner().invoke(cli, ["verify", str(out)])
+    assert verify.exit_code == 65 and name in verify.stderr, verify.output
+
+
+def test_an_edited_manifest_falls_back_to_full_checks_and_fails_verify(built, tmp_path):
+    """A manifest that no longer matches its own checksum cannot vouch for the cheap records: the open
+    checks every file in full against its sha256 (as before issue 14) and says so; verify exits 65."""
+    out, version_dir = copy(built, tmp_path)
+    manifest = manifest_of(version_dir)
+    manifest["counts"]["rows"] += 1
+    (version_dir / "manifest.json").write_text(json.dumps(manifest))
+    run = query_subprocess(out)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "does not match its own checksum" in run.stderr and "checked in full" in run.stderr
+    result = CliRunner().invoke(cli, ["verify", str(out), "--json"])
+    assert result.exit_code == 65 and "manifest.json" in result.stderr
+    assert json.loads(result.stdout)["manifest_checksum"] != "ok"
+
+    # a forged record for a changed file, without the manifest's own checksum redone: the full check finds it
+    out, version_dir = copy(built, tmp_path / "forged")
+    index = version_dir / "index.faiss"
+    flip(index, index.stat().st_size // 2)
+    manifest = manifest_of(version_dir)
+    manifest[INTEGRITY_KEY]["files"]["index.faiss"]["head_tail_sha256"] = "0" * 64
+    (version_dir / "manifest.json").write_text(json.dumps(manifest))
+    result = CliRunner().invoke(cli, ["query", str(out), "x"])
+    assert result.exit_code == 65 and "sha256" in result.stderr and "does not match the manifest" in result.stderr
+    (version_dir / "manifest.json").write_text("{not json")
+    result = CliRunner().invoke(cli, ["query", str(out), "x"])
+    assert result.exit_code == 78 and "cannot read" in result.stderr
+
+
+def test_a_body_change_opens_without_crashing_and_verify_finds_it(built, tmp_path):
+    """Only a full check sees a change inside the body: the mapped Flat index searches garbage without
+    crashing (exit 0), and ``petal verify`` names the file (exit 65)."""
+    out, version_dir = copy(built, tmp_path)
+    index = version_dir / "index.faiss"
+    size = index.stat().st_size
+    flip(index, size // 2, width=4096)  # inside the vectors, away from the first and last MiB
+    IndexReader(out)  # the open checks pass: they read the head and the tail only
+    run = query_subprocess(out)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert len(json.loads(run.stdout.splitlines()[0])["hits"]) == 3
+    result = CliRunner().invoke(cli, ["verify", str(out), "--json"])
+    report = json.loads(result.stdout)
+    assert result.exit_code == 65 and not report["ok"] and "index.faiss" in result.stderr
+    assert [f["name"] for f in report["files"] if not f["ok"]] == ["index.faiss"]
+
+
+def test_ivf_body_damage_is_an_error_or_a_search_never_a_crash(tmp_path_factory, tmp_path):
+    """An IVF index's list sizes, codes and ids changed in place (past the head): every case ends in a
+    clean exit (0 or 65), never in a signal; an id outside the index is refused by name."""
+    model = make_fake_model_dir(tmp_path_factory.mktemp("ivf-model"), dim=384)
+    built_ivf = build(tmp_path_factory.mktemp("ivf"), "ivf", model, ("--index-factory", "IVF8,Flat"))
+    probe = ("import sys, numpy as np\nfrom petal.pipeline.index.search import IndexReader\n"
+             "from petal.pipeline.reliability.errors import PetalError\n"
+             "try:\n    r = IndexReader(sys.argv[1], nprobe=8)\n"
+             "    r.search(np.ones((4, 384), 'float32') / 20, 50)\n"
+             "except PetalError as exc:\n    print(exc, file=sys.stderr); sys.exit(exc.exit_code)\n")
+    version_dir = OutputDir(built_ivf).version_dir(OutputDir(built_ivf).current_version())
+    size = (version_dir / "index.faiss").stat().st_size
+    outcomes = []
+    for i, (offset, width, value) in enumerate([(size // 2, 8, 0x7F), (size - 2 * HEAD_TAIL_BYTES + 16, 4096, 0xFF),
+                                                (HEAD_TAIL_BYTES + 8, 65536, 0x00), (size // 3, 65536, 0x7F)]):
+        out, vdir = copy(built_ivf, tmp_path / str(i))
+        path = vdir / "index.faiss"
+        blob = bytearray(path.read_bytes())
+        blob[offset : offset + width] = bytes([value]) * width
+        path.write_bytes(bytes(blob))
+        run = subprocess.run([sys.executable, "-c", probe, str(out)], capture_output=True, text=True, cwd=REPO,
+                             timeout=300)
+        assert run.returncode in (0, 65), (offset, width, value, run.returncode, run.stderr[-2000:])
+        assert "Traceback" not in run.stderr
+        outcomes.append(run.returncode)
+        assert CliRunner().invoke(cli, ["verify", str(out)]).exit_code == 65
+    assert outcomes  # what each case gave is not fixed: FAISS may read the bytes as codes or as ids
+
+
+def test_a_version_from_before_the_checksums_still_opens(built, tmp_path):
+    """Today's main wrote sha256 values only: such a version opens (its files hashed in full, as before),
+    says so, and a body change is still refused."""
+    out, version_dir = copy(built, tmp_path)
+    manifest = manifest_of(version_dir)
+    del manifest[INTEGRITY_KEY], manifest[CHECKSUM_KEY]
+    (version_dir / "manifest.json").write_text(json.dumps(manifest))
+    run = query_subprocess(out)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "written before head/tail checksums" in run.stderr and "index.faiss" in run.stderr
+    result = CliRunner().invoke(cli, ["verify", str(out), "--json"])
+    assert result.exit_code == 0 and json.loads(result.stdout)["manifest_checksum"] == "absent"
+    flip(version_dir / "index.faiss", (version_dir / "index.faiss").stat().st_size // 2)
+    run = query_subprocess(out)
+    assert run.returncode == 65 and "sha256" in run.stderr and "does not match the manifest" in run.stderr
+
+
+def test_search_refuses_ids_outside_the_index(built, tmp_path):
+    """A FAISS id past the id map (a damaged body) is a clear error, not an IndexError."""
+    from petal.pipeline.reliability.errors import BadInputError
+
+    reader = IndexReader(built)
+    reader.num_ids = 2  # as if the index returned ids beyond ids.parquet
+    with pytest.raises(BadInputError, match=r"returned vector id .* run petal verify"):
+        reader.search(np.asarray(reader.index.reconstruct_n(0, 1)), 5)
+
+
+def test_rebuild_writes_a_sealed_version(built, tmp_path):
+    out, _ = copy(built, tmp_path)
+    result = CliRunner().invoke(cli, ["rebuild", str(out), "--index-factory", "Flat"])
+    assert result.exit_code == 0, result.output
+    manifest = manifest_of(OutputDir(out).version_dir(OutputDir(out).current_version()))
+    assert manifest["rebuilt_from"] and manifest[CHECKSUM_KEY] == canonical_sha256(manifest)
+    assert CliRunner().invoke(cli, ["verify", str(out)]).exit_code == 0
+
+
+def test_structure_checks_catch_what_faiss_trusts(tmp_path):
+    """Damage FAISS does not range-check (an IVF quantizer's HNSW links, on-disk list offsets) is refused
+    when the index is read, before any search can follow it."""
+    from petal.pipeline.index.faiss_loader import load_faiss
+    from petal.pipeline.index.files import read_index, write_index
+    from petal.pipeline.reliability.errors import BadInputError
+
+    faiss = load_faiss()
+    x = np.random.default_rng(0).standard_normal((4000, 32)).astype(np.float32)
+    index = faiss.index_factory(32, "IVF64_HNSW8,Flat", faiss.METRIC_INNER_PRODUCT)
+    index.train(x)
+    index.add(x)
+    path = tmp_path / "hnsw.faiss"
+    write_index(index, path)
+    assert read_index(path, "memory").ntotal == 4000
+    hnsw = faiss.downcast_index(faiss.extract_index_ivf(index).quantizer).hnsw
+    links = faiss.vector_to_array(hnsw.neighbors)
+    blob = bytearray(path.read_bytes())
+    at = blob.find(links[:32].tobytes())
+    assert at > 0
+    blob[at + 4 * 3 : at + 4 * 4] = np.int32(10**6).tobytes()  # a link to a node that does not exist
+    path.write_bytes(bytes(blob))
+    # FAISS >= 1.15 validates HNSW links itself; structure.py does for older FAISS (pyproject allows 1.8)
+    with pytest.raises(BadInputError, match=r"links to nodes it does not have|HNSW neighbors.* out of range"):
+        read_index(path, "memory")
+
+    ondisk = faiss.index_factory(32, "IVF16,Flat", faiss.METRIC_INNER_PRODUCT)
+    ondisk.train(x)
+    lists = faiss.OnDiskInvertedLists(16, ondisk.code_size, str(tmp_path / "index.ivfdata"))
+    faiss.extract_index_ivf(ondisk).replace_invlists(lists, False)
+    ondisk.add(x)
+    path = tmp_path / "index.faiss"
+    write_index(ondisk, path)
+    assert read_index(path, "ondisk").ntotal == 4000
+    first = lists.lists.at(0)
+    record = b"".join(int(v).to_bytes(8, "little") for v in (first.size, first.capacity, first.offset))
+    blob = bytearray(path.read_bytes())
+    at = blob.find(record)
+    assert at > 0
+    blob[at + 16 : at + 24] = (1 << 40).to_bytes(8, "little")  # list 0's offset far past index.ivfdata
+    path.write_bytes(bytes(blob))
+    with pytest.raises(BadInputError, match=r"points outside index\.ivfdata"):
+        read_index(path, "ondisk")
+
+
+def test_unreadable_index_files_are_clear_errors(tmp_path):
+    """What FAISS cannot parse (float or binary index) is a ``BadInputError`` naming the file, not a RuntimeError."""
+    from petal.pipeline.index.faiss_loader import load_faiss
+    from petal.pipeline.index.files import read_index
+    from petal.pipeline.index.mmap import read_binary_index_mapped
+    from petal.pipeline.reliability.errors import BadInputError
+
+    faiss = load_faiss()
+    binary = faiss.IndexBinaryFlat(64)
+    binary.add(np.random.default_rng(0).integers(0, 255, (100, 8), dtype=np.uint8))
+    path = tmp_path / "binary.faiss"
+    faiss.write_index_binary(binary, str(path))
+    assert read_binary_index_mapped(path).ntotal == 100
+    os.truncate(path, path.stat().st_size - 100)
+    for read in (lambda p: read_index(p, "memory"), read_binary_index_mapped):
+        with pytest.raises(BadInputError, match=r"binary\.faiss: FAISS cannot read it"):
+            read(path)
+
+
+def test_an_open_reader_outlives_the_removal_of_its_version(built, tmp_path):
+    """The index is mapped and the ids decoded at open: a version pruned by a later publish (rename +
+    unlink) still answers a long-lived query process."""
+    out, version_dir = copy(built, tmp_path)
+    reader = IndexReader(out)
+    shutil.rmtree(version_dir)
+    vectors = reader.index.reconstruct_n(0, 2)
+    assert [hits[0].faiss_id for hits in reader.search(vectors, 1)] == [0, 1]

@@ -1,0 +1,125 @@
+"""Model loading without random init (issue 14, item 1): models are built on the meta device with
+``reset_parameters`` skipped, every tensor comes from the checkpoint (single file, shards or the
+pickle opt-in), and nothing is left on meta."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from petal.engine.config import EngineConfig, ModelOptions
+from petal.engine.engine import Engine
+from petal.engine.loader import ModelError, inspect_model, load_model
+from petal.engine.models.build import build_empty, check_loaded
+from petal.engine.models.qwen3 import Qwen3Model
+from petal.pipeline.ingest.tokens import tokenizer_for
+from petal.pipeline.jobs.embed import encode_texts
+from tests.conftest import REPO
+
+TEXTS = ["glaciers flow downhill under their own weight", "bread needs yeast", "a", "volcanoes erupt lava"]
+INIT_FUNCTIONS = ("normal_", "uniform_", "kaiming_uniform_", "kaiming_normal_", "xavier_uniform_", "trunc_normal_")
+
+
+def vectors(spec) -> np.ndarray:
+    out, _ = encode_texts(Engine(spec, EngineConfig(token_budget=1024)), tokenizer_for(spec), TEXTS)
+    return out
+
+
+@pytest.fixture
+def init_calls(monkeypatch) -> list[str]:
+    """Every call of a ``torch.nn.init`` random initialiser (wrapped, still run), by name."""
+    calls: list[str] = []
+    for name in INIT_FUNCTIONS:
+        real = getattr(torch.nn.init, name)
+
+        def spy(*args, _real=real, _name=name, **kwargs):
+            calls.append(_name)
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(torch.nn.init, name, spy)
+    return calls
+
+
+def test_loading_runs_no_random_init(minilm_spec, init_calls):
+    model = load_model(minilm_spec, torch.device("cpu"), torch.float32)
+    assert init_calls == []
+    assert not any(t.is_meta for t in (*model.parameters(), *model.buffers()))
+    torch.nn.Embedding(4, 4)  # the spy sees a plain module's init: the assertion above can fail
+    assert init_calls == ["normal_"]
+
+
+def test_a_one_shot_load_does_not_import_the_compiler_stack(minilm_dir):
+    """Random init on the meta device went through torch's Python decompositions, which import
+    ``torch._dynamo`` (0.7 s of the 2-core CPU's one-shot ``petal embed``)."""
+    probe = ("import sys, torch\nfrom petal.engine.loader import inspect_model, load_model\n"
+             f"load_model(inspect_model({str(minilm_dir)!r}), torch.device('cpu'), torch.float32)\n"
+             "print(sorted(m for m in sys.modules if m.startswith('torch._dynamo'))[:3])")
+    run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, timeout=300,
+                         check=True)
+    assert run.stdout.strip() == "[]", run.stdout
+
+
+def test_sharded_and_pickled_checkpoints_give_the_same_vectors(tiny_bert_dir, tmp_path, init_calls):
+    single = inspect_model(tiny_bert_dir)
+    expected = vectors(single)
+    state = load_file(tiny_bert_dir / "model.safetensors")
+    names = sorted(state)
+
+    sharded = tmp_path / "sharded"
+    shutil.copytree(tiny_bert_dir, sharded)
+    (sharded / "model.safetensors").unlink()
+    halves = {"model-00001-of-00002.safetensors": names[: len(names) // 2],
+              "model-00002-of-00002.safetensors": names[len(names) // 2 :]}
+    for file, keys in halves.items():
+        save_file({k: state[k].contiguous() for k in keys}, sharded / file)
+    weight_map = {k: file for file, keys in halves.items() for k in keys}
+    (sharded / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    spec = inspect_model(sharded)
+    assert [p.name for p in spec.weight_files] == sorted(halves)
+    np.testing.assert_array_equal(vectors(spec), expected)
+
+    pickled = tmp_path / "pickled"
+    shutil.copytree(tiny_bert_dir, pickled)
+    (pickled / "model.safetensors").unlink()
+    torch.save(state, pickled / "pytorch_model.bin")
+    spec = inspect_model(pickled, ModelOptions(allow_pickle_weights=True))
+    assert spec.weights_format == "pickle"
+    np.testing.assert_array_equal(vectors(spec), expected)
+    assert init_calls == []
+
+
+def test_a_missing_shard_tensor_is_named(tiny_bert_dir, tmp_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_bert_dir, broken)
+    state = load_file(broken / "model.safetensors")
+    dropped = next(k for k in sorted(state) if k.endswith("attention.self.key.weight"))
+    save_file({k: v.contiguous() for k, v in state.items() if k != dropped}, broken / "model.safetensors")
+    with pytest.raises(ModelError, match=r"key\.weight"):
+        load_model(inspect_model(broken), torch.device("cpu"), torch.float32)
+
+
+def test_nothing_is_left_on_meta_and_computed_tables_follow_the_input():
+    """A tensor the checkpoint does not fill is refused by name; RoPE tables are no buffers: they are
+    computed on first use, on the input's device."""
+    from petal.bench.shapes import QWEN3_06B
+    from petal.engine.models.qwen3 import qwen3_config
+
+    cfg = qwen3_config({**QWEN3_06B, "num_hidden_layers": 1, "vocab_size": 64, "hidden_size": 64,
+                        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+                        "intermediate_size": 64, "use_bidirectional_attention": True})
+    model = build_empty(Qwen3Model, cfg)
+    assert all(p.is_meta for p in model.parameters()) and list(model.buffers()) == []
+    with pytest.raises(ValueError, match=r"not loaded from the checkpoint: .*embed_tokens\.weight"):
+        check_loaded(model)
+    state = {name: torch.randn(p.shape) * 0.02 for name, p in model.named_parameters()}
+    model.load_state_dict(state, strict=True, assign=True)
+    check_loaded(model)
+    table = model.rotary.cos_sin(torch.device("cpu"))
+    assert table.device.type == "cpu" and not table.is_meta and torch.isfinite(table).all()
