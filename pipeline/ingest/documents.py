@@ -12,17 +12,16 @@ MiniLM's lower-casing, accent-stripping one does).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from petal.pipeline.config import ReadConfig
 from petal.pipeline.ingest.parquet import ReadStats, RowBatch, ShardInfo, read_rows
+from petal.pipeline.ingest.text_rule import VISIBLE
+from petal.pipeline.ingest.text_rule import undecodable_reason as _undecodable
 
 REJECT_REASONS = ("null_text", "empty_text", "invalid_utf8", "lone_surrogate", "null_id", "duplicate_id",
                   "non_finite_embedding")
-# A character a reader can see: not whitespace, not a C0/C1 control, not a zero-width or bidi format mark.
-VISIBLE = re.compile(r"[^\s\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202f\u2060-\u206f\ufeff]")
 
 
 @dataclass
@@ -65,15 +64,6 @@ def to_documents(batch: RowBatch, seen_ids: set) -> Documents:
         docs.ids.append(doc_id)
         docs.texts.append(text)
     return docs
-
-
-def _undecodable(text: bytes) -> str:
-    """``lone_surrogate`` for UTF-8-encoded surrogate halves (CESU-8, WTF-8), else ``invalid_utf8``."""
-    try:
-        text.decode("utf-8", "surrogatepass")
-    except UnicodeDecodeError:
-        return "invalid_utf8"
-    return "lone_surrogate"
 
 
 def read_documents(shards: list[ShardInfo], read: ReadConfig, stats: ReadStats | None = None) -> Iterator[Documents]:

@@ -5,10 +5,22 @@ only) is skipped and counted by reason, never embedded and never a failure on it
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from typing import Any
 
-from petal.pipeline.ingest.documents import VISIBLE, _undecodable
+# NOTE: no pyarrow here (``petal embed`` and ``petal query`` apply the rule): ``documents.py`` imports from this.
+# A character a reader can see: not whitespace, not a C0/C1 control, not a zero-width or bidi format mark.
+VISIBLE = re.compile(r"[^\s\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202f\u2060-\u206f\ufeff]")
+
+
+def undecodable_reason(text: bytes) -> str:
+    """``lone_surrogate`` for UTF-8-encoded surrogate halves (CESU-8, WTF-8), else ``invalid_utf8``."""
+    try:
+        text.decode("utf-8", "surrogatepass")
+    except UnicodeDecodeError:
+        return "invalid_utf8"
+    return "lone_surrogate"
 
 
 def skip_reason(text: Any) -> str | None:
@@ -19,7 +31,7 @@ def skip_reason(text: Any) -> str | None:
         try:
             text = text.decode("utf-8")
         except UnicodeDecodeError:
-            return _undecodable(text)
+            return undecodable_reason(text)
     if not isinstance(text, str):
         return "not_text"
     return "empty_text" if VISIBLE.search(text) is None else None
