@@ -91,6 +91,12 @@ for step in "$@"; do
           --t1-docs 1024 --latency-calls 200 --token-budget "$2" 2>/dev/null | grep -E "T1|L1"
       done | tee "$out/variants.log"
       ;;
+    scale)
+      # issue 16: petal index end to end, --devices 1 / 2 / ... (pplx shape, random weights, MiniLM tokenizer)
+      n=$(nvidia-smi -L | wc -l); devs="1"; for d in 2 4 8; do [ "$d" -le "$n" ] && devs="$devs $d"; done
+      python3 bench/scale_probe.py pplx-embed-0.6b 120000 .gpu/minilm-tokenizer in-process $devs 2>&1 \
+        | grep -v -i "warn\|Writing model" | tee "$out/scale.log"
+      ;;
     *) echo "unknown step $step" ;;
   esac
 done

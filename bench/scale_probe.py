@@ -1,0 +1,66 @@
+"""Multi-GPU scaling of `petal index` end to end: one corpus, one model dir, one run per --devices value.
+
+python3 bench/scale_probe.py SHAPE DOCS TOKENIZER_DIR [in-process] 1 2 [4 8]   (GPU host; see bench/gpu.sh scale)
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from petal.bench.corpus import load_sentences
+from petal.bench.e2e import write_corpus
+from petal.bench.shapes import hf_model, save_model_dir, shape
+from petal.engine.loader import inspect_model
+from petal.pipeline.ingest.tokens import TextTokenizer
+
+
+def main() -> None:
+    name, num_docs, tok_dir = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
+    variants = sys.argv[4:] or ["in-process", "1", "2"]
+    work = Path(tempfile.mkdtemp(prefix="petal-scale-"))
+    s = shape(name)
+    hf = hf_model(s, torch.device("cpu"), torch.float32)
+    model_dir = save_model_dir(s, hf, tok_dir, work / "model")
+    del hf
+    spec = inspect_model(model_dir)
+    tokenizer = TextTokenizer(spec.tokenizer_file, spec.pooling.max_length)
+    _, tokens = write_corpus(load_sentences(Path("sample_data")), tokenizer, num_docs, work / "corpus", num_shards=16)
+    print(f"corpus: {num_docs} docs, {tokens} tokens, {len(list((work / 'corpus').glob('*.parquet')))} shards",
+          flush=True)
+    rows = []
+    for number, variant in enumerate(variants):
+        out, report_file = work / f"out-{number}", work / f"report-{number}.json"
+        argv = [sys.executable, "-m", "petal.cli.main", "index", str(work / "corpus"), "--out", str(out),
+                "--model", str(model_dir), "--json-report", str(report_file), "-q"]
+        if variant != "in-process":
+            argv += ["--devices", variant]
+        started = time.perf_counter()
+        run = subprocess.run(argv, capture_output=True, text=True)
+        wall = time.perf_counter() - started
+        if run.returncode != 0:
+            print(f"{variant}: exit {run.returncode}\n{run.stderr[-3000:]}", flush=True)
+            continue
+        report = json.loads(report_file.read_text())
+        rows.append((variant, wall, report))
+        print(f"{variant:>10}: whole {tokens / wall / 1e3:7.0f}k tok/s  wall {wall:6.1f}s  "
+              f"timings {report.get('timings_s')}", flush=True)
+    base = next((wall for variant, wall, _ in rows if variant == "1"), None)
+    for variant, wall, _ in rows:
+        if base and variant not in ("in-process", "1") and variant.isdigit():
+            n = int(variant)
+            print(f"efficiency at {n}: {base / (n * wall):.3f}", flush=True)
+        if variant == "1":
+            ref = next((w for v, w, _ in rows if v == "in-process"), None)
+            if ref:
+                print(f"--devices 1 vs in-process: {wall / ref - 1:+.1%} wall time", flush=True)
+
+
+if __name__ == "__main__":
+    main()
