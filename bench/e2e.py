@@ -69,11 +69,15 @@ def sentence_transformers_e2e(paths: list[Path], model_dir: Path, device: str, o
 
 def run_e2e_bench(model_dir: Path, corpus: Path, num_docs: int, device: str, token_budget: int | None = None,
                   baseline: bool = True, workdir: Path | None = None,
-                  tokenize_workers: list[int] | tuple[int, ...] = (2,), scale: Any = None) -> dict[str, Any]:
+                  tokenize_workers: list[int] | tuple[int, ...] = (2,), scale: Any = None,
+                  index_factory: str = "Flat", engine_t2: bool = False) -> dict[str, Any]:
     """petal vs tokenizer-only (and sentence-transformers) on one corpus. One petal run per value of
     ``tokenize_workers``, each right after a tokenizer-only run (the pair gives its ratio); the
     top-level figures are the first run's: the process's first run, so it pays the cold start
-    (CUDA context, kernel loading and compilation); later runs show the warm pipeline."""
+    (CUDA context, kernel loading and compilation); later runs show the warm pipeline.
+
+    ``engine_t2``: also the engine alone on T2 lengths (``petal bench gpu --scenario t2``'s measure,
+    same model, same process), so the embed phase and the whole run read as fractions of it."""
     from petal.engine.loader import inspect_model
     from petal.pipeline.config import IndexJob, IndexSettings, ReadConfig
     from petal.pipeline.jobs.index_run import run_index
@@ -83,17 +87,20 @@ def run_e2e_bench(model_dir: Path, corpus: Path, num_docs: int, device: str, tok
     tokenizer = TextTokenizer(spec.tokenizer_file, spec.pooling.max_length)
     work = Path(workdir or tempfile.mkdtemp(prefix="petal-e2e-"))
     paths, tokens = write_corpus(load_sentences(corpus), tokenizer, num_docs, work / "corpus")
+    engine_tokens_per_s = engine_t2_throughput(spec, device, token_budget) if engine_t2 else None
 
     runs = []
     for number, workers in enumerate(tokenize_workers):
         tokenize_s = tokenizer_only(paths, tokenizer)
         job = IndexJob(sources=(str(work / "corpus"),), out=work / f"petal-out-{number}", model=str(model_dir),
-                       read=ReadConfig(), index=IndexSettings(factory="Flat"), device=device,
+                       read=ReadConfig(), index=IndexSettings(factory=index_factory), device=device,
                        token_budget=token_budget, quiet=True, tokenize_workers=workers, scale=scale)
         started = time.perf_counter()
         report = run_index(job, RunReport())
         petal_s = time.perf_counter() - started
+        embed_s = report.timings_s.get("embed") or petal_s
         runs.append({"tokenize_workers": workers, "scale": _scale_label(scale),
+                     "embed_phase_tokens_per_s": tokens / embed_s,
                      "tokenizer_only_tokens_per_s": tokens / tokenize_s,
                      "petal_tokens_per_s": tokens / petal_s, "petal_seconds": petal_s,
                      "fraction_of_tokenizer_only": tokenize_s / petal_s, "petal_report": report.as_dict()})
@@ -101,11 +108,37 @@ def run_e2e_bench(model_dir: Path, corpus: Path, num_docs: int, device: str, tok
         "scenario": "e2e", "model": str(model_dir), "device": device, "docs": num_docs, "tokens": tokens,
         "cpu_count": os.cpu_count(), **runs[0], "runs": runs,
     }
+    if engine_tokens_per_s is not None:
+        result["engine_t2_tokens_per_s"] = engine_tokens_per_s
     if baseline:
         st_s = sentence_transformers_e2e(paths, model_dir, device, work / "st.faiss")
         result["sentence_transformers_tokens_per_s"] = tokens / st_s
         result["ratio_vs_sentence_transformers"] = st_s / result["petal_seconds"]
     return result
+
+
+def engine_t2_throughput(spec: Any, device: str, token_budget: int | None, num_docs: int = 8192) -> float:
+    """Tokens/s of the engine alone on T2 lengths (PERFORMANCE.md), best of two passes after a warm-up."""
+    import torch
+
+    from petal.bench.corpus import lognormal_lengths
+    from petal.bench.gpu import petal_throughput, random_docs
+    from petal.engine.config import EngineConfig
+    from petal.engine.engine import Engine, resolve_dtype
+    from petal.pipeline.config import default_token_budget
+
+    budget = token_budget or default_token_budget(device, spec.pooling.max_length)
+    engine = Engine(spec, EngineConfig(device=device, dtype=resolve_dtype("auto", device),  # type: ignore[arg-type]
+                                       token_budget=budget))
+    docs = random_docs(lognormal_lengths(num_docs, 150, 0.8, 8, min(512, spec.pooling.max_length), seed=0),
+                       spec.config.vocab_size, seed=2)
+    petal_throughput(engine, docs[: num_docs // 8])  # every bucket: eager, capture
+    tokens = sum(len(d) for d in docs)
+    best = max(tokens / petal_throughput(engine, docs)[0] for _ in range(2))
+    del engine
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return best
 
 
 def _scale_label(scale: Any) -> str:
@@ -121,6 +154,14 @@ def format_e2e_table(r: dict[str, Any]) -> str:
              f"  petal                  {r['petal_tokens_per_s'] / 1e3:>9,.1f}k tok/s "
              f"({r['fraction_of_tokenizer_only']:.0%} of tokenizer-only)",
              f"  tokenizer only         {r['tokenizer_only_tokens_per_s'] / 1e3:>9,.1f}k tok/s"]
+    if "engine_t2_tokens_per_s" in r:
+        t2 = r["engine_t2_tokens_per_s"]
+        lines.append(f"  engine alone (T2)      {t2 / 1e3:>9,.1f}k tok/s")
+        for run in r["runs"]:
+            embed, whole = run["embed_phase_tokens_per_s"], run["petal_tokens_per_s"]
+            lines.append(f"  [{run['scale']}, {run['tokenize_workers']} tokenize workers] embed phase "
+                         f"{embed / 1e3:,.1f}k tok/s = {embed / t2:.2f} of engine T2; "
+                         f"whole run {whole / 1e3:,.1f}k tok/s = {whole / t2:.2f}")
     if "sentence_transformers_tokens_per_s" in r:
         lines.append(f"  sentence-transformers  {r['sentence_transformers_tokens_per_s'] / 1e3:>9,.1f}k tok/s "
                      f"-> petal {r['ratio_vs_sentence_transformers']:.2f}x")

@@ -83,11 +83,15 @@ def bench_gpu(shapes: tuple[str, ...], scenarios: str, token_budget: int, max_se
               help="Embed through worker processes, one per CUDA device (as petal index --devices).")
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="Embed through this many worker processes (as petal index --workers).")
+@click.option("--index-factory", default="Flat", show_default=True,
+              help="petal's --index-factory (auto: the planner and tuner, as petal index runs by default).")
+@click.option("--engine-t2/--no-engine-t2", default=None,
+              help="Also time the engine alone on T2 lengths [default: on with CUDA].")
 @click.option("--json", "as_json", is_flag=True)
 @user_errors
 def bench_e2e(model: str | None, shape: str | None, tokenizer_dir: Path | None, corpus: Path, num_docs: int,
               device: str, no_baseline: bool, tokenize_workers: str, devices: str | None, workers: int | None,
-              as_json: bool) -> None:
+              index_factory: str, engine_t2: bool | None, as_json: bool) -> None:
     """Parquet -> FAISS end to end: petal vs sentence-transformers vs tokenizer-only, same data."""
     import tempfile
 
@@ -120,8 +124,11 @@ def bench_e2e(model: str | None, shape: str | None, tokenizer_dir: Path | None, 
     from petal.cli.scale_options import scale_config
 
     scale = usage(lambda: scale_config(devices, workers, None))
+    if engine_t2 and dev != "cuda":
+        raise click.UsageError("--engine-t2 times the CUDA engine (petal bench gpu's T2); the device is the CPU")
     result = run_e2e_bench(model_dir, corpus, num_docs, dev, baseline=not no_baseline,
-                           tokenize_workers=tokenizers or [2], scale=scale)
+                           tokenize_workers=tokenizers or [2], scale=scale, index_factory=index_factory,
+                           engine_t2=dev == "cuda" if engine_t2 is None else engine_t2)
     click.echo(json.dumps(result) if as_json else format_e2e_table(result))
 
 
