@@ -113,7 +113,7 @@ def _build_child(entry_dirs: list[str], dim: int, settings: dict[str, Any], stag
     started = time.perf_counter()
     with PeakMemory() as memory:
         result = build_index(entries, dim, index_settings, Path(staging))
-    out.put({"seconds": time.perf_counter() - started, "manifest": result.manifest(index_settings),
+    out.put({"seconds": time.perf_counter() - started, "index": result.record(index_settings).to_dict(),
              "peak_anon_mib": memory.anon_delta_mib, "peak_rss_mib": PeakMemory._field("VmHWM") / 1024})
 
 
@@ -121,6 +121,7 @@ def run_petal(entries: list[StoreEntry], dim: int, settings: IndexSettings, stag
               queries: np.ndarray) -> tuple[dict[str, Any], np.ndarray]:
     """Build from the store into ``staging`` in a child process, open it as ``petal query`` does, search."""
     from petal.pipeline.index.search import IndexReader
+    from petal.pipeline.manifest import MANIFEST_FILE, IndexRecord, Manifest
 
     staging.mkdir()
     context = multiprocessing.get_context("spawn")
@@ -130,17 +131,17 @@ def run_petal(entries: list[StoreEntry], dim: int, settings: IndexSettings, stag
     child.start()
     built = queue.get()
     child.join()
-    index = built["manifest"]
-    (staging / "manifest.json").write_text(json.dumps({"index": index}))
+    index = IndexRecord.from_dict(built["index"])
+    Manifest.bare(index, dim).write(staging / MANIFEST_FILE)
     reader = IndexReader(staging)
     ids, qps, p50 = measure_search(reader.index, queries)
-    row = {"system": f"petal ({label})", "factory": index["factory"], "storage": index["storage"],
-           "search": index["search_params"], "build_s": round(built["seconds"], 1), "timings_s": index["timings_s"],
+    row = {"system": f"petal ({label})", "factory": index.factory, "storage": index.storage,
+           "search": index.search_params, "build_s": round(built["seconds"], 1), "timings_s": index.timings_s,
            "queries_per_s": round(qps, 1), "single_query_ms_p50": round(p50, 3),
            "index_mib": round(sum(p.stat().st_size for p in staging.iterdir()) / (1 << 20), 1),
            "build_peak_anon_mib": round(built["peak_anon_mib"], 1),
            "build_peak_rss_mib": round(built["peak_rss_mib"], 1),
-           "tuned_recall_at_10": index["tuning"].get("recall_at_10")}
+           "tuned_recall_at_10": index.tuning.recall_at_10 if index.tuning is not None else None}
     del reader
     return row, ids
 

@@ -2,7 +2,7 @@
 
 Documents and queries are texts built from ``sample_data`` sentences (lengths lognormal, median 24
 tokens), embedded once with the model; each format is then built through petal's own index path
-(store -> ``build_output_index``) and searched the way ``petal query`` searches it. The reference
+(store -> ``build_index``) and searched the way ``petal query`` searches it. The reference
 is exact inner-product search over the model's full-width float32 vectors.
 """
 
@@ -20,9 +20,11 @@ from petal.engine.config import EngineConfig
 from petal.engine.engine import Engine
 from petal.engine.loader import inspect_model
 from petal.pipeline.config import IndexSettings, ReadConfig
-from petal.pipeline.index.output_index import build_output_index, open_binary_index
+from petal.pipeline.index.binary import open_binary_index
+from petal.pipeline.index.writer import build_index
 from petal.pipeline.ingest.tokens import tokenizer_for
 from petal.pipeline.jobs.embed import encode_texts
+from petal.pipeline.manifest import Manifest
 from petal.pipeline.store.outputs import OutputConfig, OutputTransform
 
 # (label, --quantize, --output-dtype, rescore multiplier for binary)
@@ -71,13 +73,13 @@ def run_outputs_bench(corpus: Path, num_docs: int = 3000, num_queries: int = 200
                 root = Path(tmp)
                 staging = root / "staging"
                 staging.mkdir()
-                result, transform = build_output_index(_store_entries(transform.stored(docs), root), transform,
-                                                       IndexSettings(), staging)
+                settings = IndexSettings()
+                result = build_index(_store_entries(transform.stored(docs), root), transform.dim, settings, staging,
+                                     transform)
                 index_bytes = (staging / "index.faiss").stat().st_size
                 rescore_bytes = (staging / "rescore.npy").stat().st_size if rescore else 0
                 if quantize == "binary":
-                    manifest = {"index": {"files": result.files, "search_params": result.search_params},
-                                "metric": "ip"}
+                    manifest = Manifest.bare(result.record(settings), transform.dim, result.output)
                     index: Any = open_binary_index(staging, manifest, rescore=rescore)
                 else:
                     index = faiss.read_index(str(staging / "index.faiss"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -180,16 +181,17 @@ def embed(texts: tuple[str, ...], model: str | None, from_stdin: bool, input_pat
 def _calibrated(transform: OutputTransform, index_path: Path | None, vectors: np.ndarray) -> OutputTransform:
     """Calibrated int8: the ranges of an index built the same way, or ranges learned from ``vectors``."""
     from petal.pipeline.layout import resolve_index_dir
-    from petal.pipeline.store.outputs import OutputTransform
+    from petal.pipeline.manifest import output_to_dict
 
     if index_path is None:
         click.echo(f"petal embed: int8 ranges learned from these {len(vectors)} texts (pass --calibration INDEX "
                    "to use an index's)", err=True)
         return usage(lambda: transform.calibrate(transform.stored(vectors)))
     _, manifest = resolve_index_dir(index_path)
-    recorded = OutputTransform.from_record(manifest["output"]) if "output" in manifest else None
-    if recorded is None or recorded.calibration is None or recorded.fingerprint() != transform.fingerprint() \
-            or recorded.model_dim != transform.model_dim:
+    recorded = manifest.output
+    if recorded is None or recorded.calibration is None or \
+            replace(recorded, calibration=None) != replace(transform, calibration=None):
+        had = "plain float vectors" if recorded is None else output_to_dict(replace(recorded, calibration=None))
         raise click.UsageError(f"--calibration {index_path}: that index holds no int8 ranges for this model and "
-                               f"--dim (it has {manifest.get('output', 'plain float vectors')})")
+                               f"--dim (it has {had})")
     return recorded

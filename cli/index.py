@@ -124,7 +124,7 @@ def index(sources: tuple[str, ...], out: Path, model: str | None, id_column: str
     """
     from petal.engine.config import ModelOptions
     from petal.pipeline.config import BadRowBudget, IndexJob, IndexSettings, ReadConfig, parse_size
-    from petal.pipeline.index.output_index import check_index_factory
+    from petal.pipeline.index.plan import check_index_factory, index_kind
     from petal.pipeline.jobs.removals import RemovalLimit
     from petal.pipeline.jobs.report import RunReport
     from petal.pipeline.reliability.errors import PetalError
@@ -150,7 +150,7 @@ def index(sources: tuple[str, ...], out: Path, model: str | None, id_column: str
             output=OutputConfig(dim=dim, quantize=quantize, output_dtype=output_dtype),
             scale=scale_config(devices, workers, ray),
         ))
-        usage(lambda: check_index_factory(job.output, job.index.factory))
+        usage(lambda: check_index_factory(job.index, index_kind(job.output.quantize, job.output.output_dtype)))
         if vectors_column is not None:
             usage(lambda: check_vectors_flags(model, dim, quantize, output_dtype))
     except click.UsageError as exc:

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from petal.cli.common import user_errors
+
+if TYPE_CHECKING:
+    from petal.pipeline.manifest import Manifest
 
 
 @click.command()
@@ -20,47 +24,61 @@ def info(index_path: Path, as_json: bool) -> None:
 
     version_dir, manifest = resolve_index_dir(index_path)
     if as_json:
-        click.echo(json.dumps({"path": str(version_dir), **manifest}, ensure_ascii=False))
+        click.echo(json.dumps({"path": str(version_dir), **manifest.to_dict()}, ensure_ascii=False))
         return
-    model, index, counts = manifest["model"], manifest["index"], manifest["counts"]
-    skipped = ", ".join(f"{k} {v}" for k, v in sorted(counts["skipped"].items())) or "none"
+    index, counts = manifest.index, manifest.counts
+    skipped = ", ".join(f"{k} {v}" for k, v in sorted(counts.skipped.items())) or "none"
     lines = [
-        f"version      {manifest['version']}  ({version_dir})",
-        f"created      {manifest['created_at']}  petal {manifest['petal_version']}",
-        *([f"rebuilt      from {manifest['rebuilt_from']} (same embeddings, other index settings)"]
-          if manifest.get("rebuilt_from") else []),
-        f"model        {model['path']}",
-        f"             {model['architecture']}, {model['pooling']} pooling, "
-        f"{'normalized' if model['normalize'] else 'not normalized'}, max {model['max_length']} tokens, "
-        f"weights sha256 {model['weights_sha256'][:12]}",
-        f"vectors      {index['num_vectors']} x {manifest['dim']} ({manifest['embedding']['dtype']} model), "
-        f"metric {manifest['metric']}",
-        f"index        {index['factory']} (asked: {index['requested_factory']}), {index.get('storage', 'memory')}"
-        + (f", search {index['search_params']}" if index["search_params"] else ""),
+        f"version      {manifest.version}  ({version_dir})",
+        f"created      {manifest.created_at}  petal {manifest.petal_version}",
+        *([f"rebuilt      from {manifest.rebuilt_from} (same embeddings, other index settings)"]
+          if manifest.rebuilt_from else []),
+        *_model_lines(manifest),
+        f"vectors      {index.num_vectors} x {manifest.dim}{_made_as(manifest)}, metric {manifest.metric}",
+        f"index        {index.factory} (asked: {index.requested_factory}), {index.storage}"
+        + (f", search {index.search_params}" if index.search_params else ""),
     ]
-    if index.get("plan", {}).get("reason"):
-        lines.append(f"             why: {index['plan']['reason']}")
-    output = manifest.get("output")  # output format
-    if output:
-        kind = {"none": output["output_dtype"], "int8": f"int8 ({output['int8_scheme']})", "binary": "binary (Hamming)"}
-        lines.append(f"output       {kind[output['quantize']]}, dim {output['dim']} of {output['model_dim']}"
-                     f"{', L2-normalised' if output['renormalize'] or output['cosine'] else ''}")
-    if index.get("tuning"):
-        t = index["tuning"]
-        reached = "" if t.get("reached", True) else "  TARGET NOT REACHED"
-        lines.append(f"tuning       recall@10 {t['recall_at_10']:.3f} (target {t['target_recall_at_10']}), "
-                     f"{t['ms_per_query']:.3f} ms/query batched"
-                     + (f", {t['single_query_ms_p50']:.3f} ms p50 single" if "single_query_ms_p50" in t else "")
-                     + f" on {t.get('queries', '?')} held-out vectors{reached}")
-    if index.get("device"):
-        d = index["device"]
-        lines.append(f"built on     train {d.get('train') or 'none needed'}, add {d.get('add')} "
-                     f"({d.get('gpus', 0)} GPUs seen), {index.get('build_seconds', 0):.1f}s")
+    if index.plan is not None and index.plan.reason:
+        lines.append(f"             why: {index.plan.reason}")
+    output = manifest.output  # output format
+    if output is not None:
+        kind = {"none": output.output_dtype, "int8": f"int8 ({output.int8_scheme})", "binary": "binary (Hamming)"}
+        lines.append(f"output       {kind[output.quantize]}, dim {output.dim} of {output.model_dim}"
+                     f"{', L2-normalised' if output.normalized else ''}")
+    if index.tuning is not None:
+        t = index.tuning
+        reached = "" if t.reached else "  TARGET NOT REACHED"
+        lines.append(f"tuning       recall@10 {t.recall_at_10:.3f} (target {t.target_recall_at_10}), "
+                     f"{t.ms_per_query:.3f} ms/query batched"
+                     + (f", {t.single_query_ms_p50:.3f} ms p50 single" if t.single_query_ms_p50 is not None else "")
+                     + f" on {t.queries} held-out vectors{reached}")
+    if index.device is not None:
+        d = index.device
+        lines.append(f"built on     train {d.train or 'none needed'}, add {d.add} "
+                     f"({d.gpus} GPUs seen), {index.build_seconds:.1f}s")
+    if manifest.stored is not None:
+        stored = (["text"] if manifest.stored.text else []) + list(manifest.stored.keep)
+        lines.append(f"stored       {', '.join(stored) or 'nothing'} (beside the ids, by FAISS id)")
     lines += [
-        f"rows         {counts['rows']} read, {counts['embedded']} embedded, {counts['truncated']} truncated, "
-        f"skipped: {skipped}",
-        f"shards       {len(manifest['shards'])}",
+        f"rows         {counts.rows} read, {counts.embedded} embedded, {counts.truncated} truncated, "
+        f"{counts.deleted} deleted, skipped: {skipped}",
+        f"shards       {len(manifest.shards)}",
     ]
-    lines += [f"  {s['path']}  {s['rows']} rows, {s['embedded']} embedded, sha256 {s['sha256'][:12]}"
-              for s in manifest["shards"]]
+    lines += [f"  {s.path}  {s.rows} rows, {s.embedded} embedded"
+              + (f", {s.deleted} deleted" if s.deleted else "") + f", sha256 {s.sha256[:12]}" for s in manifest.shards]
     click.echo("\n".join(lines))
+
+
+def _model_lines(manifest: Manifest) -> list[str]:
+    model = manifest.model
+    if manifest.precomputed:
+        return [f"model        none: {model.display}"]
+    return [f"model        {model.display}",
+            f"             {model.architecture}, {model.pooling} pooling, "
+            f"{'normalized' if model.normalize else 'not normalized'}, max {model.max_length} tokens, "
+            f"weights sha256 {model.weights_sha256[:12]}"]
+
+
+def _made_as(manifest: Manifest) -> str:
+    dtype = getattr(manifest.embedding, "dtype", None)  # precomputed vectors: no model dtype
+    return f" ({dtype} model)" if dtype else ""

@@ -49,7 +49,7 @@ def query(index_path: Path, texts: tuple[str, ...], k: int, from_stdin: bool, as
         raise click.UsageError("give query TEXT, --stdin or --vector-file")
     from petal.pipeline.layout import resolve_index_dir
 
-    if resolve_index_dir(index_path)[1].get("model", {}).get("source") == "precomputed":
+    if resolve_index_dir(index_path)[1].precomputed:
         raise click.UsageError(f"{index_path} was built from precomputed vectors (--vectors-column): query it "
                                "with --vector-file Q.npy")
     from petal.pipeline.jobs.query import QueryService
@@ -141,7 +141,7 @@ class _VectorService:
     def __init__(self, reader: object, vectors: object) -> None:
         self.reader = reader
         self.vectors = vectors
-        self.text_column = str(reader.manifest.get("read", {}).get("text_column", "text"))  # type: ignore[attr-defined]
+        self.text_column = reader.manifest.columns.text_column  # type: ignore[attr-defined]
 
     def search(self, labels: list[str], k: int, where: str | None = None) -> list:
         rows = [int(label.split()[-1]) for label in labels]

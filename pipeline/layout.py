@@ -29,8 +29,8 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
+from petal.pipeline.manifest import MANIFEST_FILE, Manifest
 from petal.pipeline.reliability.durable import fsync_dir, write_bytes_atomic
 from petal.pipeline.reliability.errors import ConfigError, OutputError, TemporaryFailure, writing
 from petal.pipeline.reliability.faults import fault
@@ -116,15 +116,12 @@ class OutputDir:
             raise ConfigError(f"{path} leads out of {self.versions_dir}; refusing to follow it")
         return path
 
-    def current_manifest(self) -> dict[str, Any] | None:
+    def current_manifest(self) -> Manifest | None:
+        """The live version's manifest (``None`` before the first publish); damaged: ``ConfigError``."""
         version = self.current_version()
         if version is None:
             return None
-        manifest_file = self.version_dir(version) / "manifest.json"
-        try:
-            return json.loads(manifest_file.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise ConfigError(f"cannot read the live version's manifest {manifest_file}: {exc}") from exc
+        return Manifest.read(self.version_dir(version) / MANIFEST_FILE)
 
     def versions(self) -> list[str]:
         if not self.versions_dir.is_dir():
@@ -202,10 +199,10 @@ class OutputDir:
         return doomed
 
 
-def resolve_index_dir(path: Path) -> tuple[Path, dict[str, Any]]:
+def resolve_index_dir(path: Path) -> tuple[Path, Manifest]:
     """A version directory and its manifest, from ``OUT`` (follows CURRENT) or a version directory."""
     path = Path(path)
-    if (path / "manifest.json").is_file():
+    if (path / MANIFEST_FILE).is_file():
         version_dir = path
     else:
         out = OutputDir(path)
@@ -213,8 +210,4 @@ def resolve_index_dir(path: Path) -> tuple[Path, dict[str, Any]]:
         if version is None:
             raise ConfigError(f"{path} is not a petal index (no CURRENT or manifest.json); build one with petal index")
         version_dir = out.version_dir(version)
-    try:
-        manifest = json.loads((version_dir / "manifest.json").read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"cannot read {version_dir / 'manifest.json'}: {exc}") from exc
-    return version_dir, manifest
+    return version_dir, Manifest.read(version_dir / MANIFEST_FILE)

@@ -21,7 +21,7 @@ def live(out: Path) -> tuple[list, np.ndarray]:
     checksums match the manifest, one id per vector, ids unique, FAISS ids 0..N-1."""
     reader = IndexReader(out)
     ids = reader.ids.column("id").to_pylist()
-    assert reader.ntotal == len(ids) == reader.manifest["index"]["num_vectors"]
+    assert reader.ntotal == len(ids) == reader.manifest.index.num_vectors
     assert len(set(ids)) == len(ids), "duplicate ids in the index"
     assert reader.ids.column("faiss_id").to_pylist() == list(range(len(ids)))
     vectors = reader.index.reconstruct_n(0, reader.ntotal) if reader.ntotal else np.zeros((0, reader.dim))

@@ -130,12 +130,13 @@ def test_rebuild_needs_no_model(model_dir, tmp_path):
     assert result.exit_code == 0, result.output
     summary = json.loads(report.read_text())
     assert summary["status"] == "success" and summary["version"] != first.version
-    manifest = IndexReader(out).manifest
+    manifest = json.loads((out / "versions" / summary["version"] / "manifest.json").read_text())
     assert manifest["rebuilt_from"] == first.version and manifest["index"]["factory"] == "IVF8,Flat"
     assert manifest["shards"] == json.loads((out / "versions" / first.version / "manifest.json").read_text())[
         "shards"]
     nprobe = manifest["index"]["search_params"]["nprobe"]
     assert manifest["index"]["tuning"]["recall_at_10"] >= 0.9
+    assert IndexReader(out).manifest.rebuilt_from == first.version
     info = runner.invoke(cli, ["info", str(out)])
     assert info.exit_code == 0 and f"'nprobe': {nprobe}" in info.stdout and "recall@10" in info.stdout
     assert "rebuilt" in info.stdout

@@ -22,6 +22,7 @@ from petal.pipeline.index.plan import ivf_lists, plan_index
 from petal.pipeline.index.search import IndexReader
 from petal.pipeline.index.writer import build_index
 from petal.pipeline.layout import OutputDir
+from petal.pipeline.manifest import MANIFEST_FILE, Manifest
 from petal.pipeline.reliability.errors import BadInputError
 from petal.pipeline.store.embeddings import EmbeddingStore
 from tests.conftest import REPO
@@ -41,7 +42,7 @@ def publish(entries, dim, settings, out_root):
     out.prepare()
     staging = out.staging_dir()
     result = build_index(entries, dim, settings, staging)
-    (staging / "manifest.json").write_text(json.dumps({"index": result.manifest(settings)}))
+    Manifest.bare(result.record(settings), dim).write(staging / MANIFEST_FILE)
     out.publish(staging, out.new_version_id())
     return result, IndexReader(out.root)
 
@@ -89,12 +90,12 @@ def test_auto_index_reaches_target_recall(kind, store, tmp_path):
     settings = IndexSettings()
     result, reader = publish(entries, dim, settings, tmp_path / "out")
 
-    assert result.factory == "IVF1024,Flat" and result.plan["storage"] == "memory"
-    tuning = reader.manifest["index"]["tuning"]
-    assert tuning["reached"] and tuning["recall_at_10"] >= settings.target_recall
-    assert tuning["ms_per_query"] > 0 and tuning["queries"] == settings.tune_queries
-    assert reader.manifest["index"]["device"]["train_points"] >= 30 * 1024
-    params = reader.manifest["index"]["search_params"]
+    assert result.factory == "IVF1024,Flat" and result.storage == "memory"
+    tuning = reader.manifest.index.tuning
+    assert tuning.reached and tuning.recall_at_10 >= settings.target_recall
+    assert tuning.ms_per_query > 0 and tuning.queries == settings.tune_queries
+    assert reader.manifest.index.device.train_points >= 30 * 1024
+    params = reader.manifest.index.search_params
     assert reader.search_params == params and 1 < params["nprobe"] < 1024
     assert load_faiss().extract_index_ivf(reader.index).nprobe == params["nprobe"]  # query uses them
 
@@ -123,9 +124,9 @@ def test_explicit_factories_are_tuned_and_applied(factory, knob, store, tmp_path
 def test_unreachable_target_is_reported(store, tmp_path):
     entries = commit_split(store, tmp_path / "data", clustered_vectors(20_000, 32, seed=16), num_shards=1)
     result, reader = publish(entries, 32, IndexSettings(factory="IVF256,PQ4"), tmp_path / "out")
-    tuning = reader.manifest["index"]["tuning"]
-    assert not tuning["reached"] and tuning["recall_at_10"] < 0.95  # 4-byte codes cap recall
-    tried = [step["params"]["nprobe"] for step in tuning["curve"]]
+    tuning = reader.manifest.index.tuning
+    assert not tuning.reached and tuning.recall_at_10 < 0.95  # 4-byte codes cap recall
+    tried = [step["params"]["nprobe"] for step in tuning.curve]
     assert tried[-1] < 256 and result.search_params["nprobe"] in tried  # stopped on the plateau
 
 
@@ -136,8 +137,8 @@ def test_ondisk_merge_equals_in_memory_build(store, tmp_path):
     common = {"factory": "IVF128,Flat", "train_points_per_centroid": 30}
     memory, in_ram = publish(entries, 32, IndexSettings(**common), tmp_path / "ram")
     ondisk, _ = publish(entries, 32, IndexSettings(**common, memory_bytes=1 << 20), tmp_path / "disk")
-    assert memory.plan["storage"] == "memory" and ondisk.plan["storage"] == "ondisk"
-    assert ondisk.plan["estimated_bytes"] > 4 * (1 << 20)  # 40k x (128 + 8) bytes: many parts of 1/4 budget
+    assert memory.storage == "memory" and ondisk.storage == "ondisk"
+    assert ondisk.plan.estimated_bytes > 4 * (1 << 20)  # 40k x (128 + 8) bytes: many parts of 1/4 budget
 
     moved = tmp_path / "moved"  # the version directory is self-contained: no path back to staging
     shutil.copytree(tmp_path / "disk", moved)
@@ -159,9 +160,14 @@ def test_ondisk_merge_equals_in_memory_build(store, tmp_path):
     run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, check=True)
     assert run.stdout == ""  # FAISS's printf chatter goes to stderr, stdout carries JSON lines
 
+    from petal.pipeline.index.verify import verify_version
+
     data = version_dir / "index.ivfdata"
     blob = bytearray(data.read_bytes())
-    blob[len(blob) // 2] ^= 0xFF
+    blob[len(blob) // 2] ^= 0xFF  # inside the body: opening checks size and head/tail only, petal verify finds it
+    data.write_bytes(bytes(blob))
+    assert not verify_version(version_dir).ok
+    blob[10] ^= 0xFF  # in the head: refused on open
     data.write_bytes(bytes(blob))
     with pytest.raises(BadInputError, match="does not match the manifest"):
         IndexReader(moved)
@@ -195,7 +201,7 @@ MEASURE = textwrap.dedent("""
     done.set()
     thread.join()
     print(json.dumps({"peak_delta_bytes": (max(peak[0], anon_kib()) - start) * 1024,
-                      "storage": result.plan["storage"], "vectors": result.num_vectors}))
+                      "storage": result.storage, "vectors": result.num_vectors}))
 """)
 
 

@@ -15,10 +15,12 @@ from petal.cli.main import cli
 from petal.engine.config import EngineConfig
 from petal.engine.engine import Engine
 from petal.pipeline.config import IndexSettings, ReadConfig
-from petal.pipeline.index.output_index import build_output_index, open_binary_index
+from petal.pipeline.index.binary import open_binary_index
+from petal.pipeline.index.writer import build_index
 from petal.pipeline.ingest.parquet import preflight
 from petal.pipeline.ingest.tokens import tokenizer_for
 from petal.pipeline.jobs.embed import encode_texts
+from petal.pipeline.manifest import Manifest, output_from_dict, output_to_dict
 from petal.pipeline.store.embeddings import EmbeddingStore, StoreEntry, StoreSink, settings_fingerprint
 from petal.pipeline.store.outputs import OutputConfig, OutputTransform, calibrated_codes, tanh_int8
 from tests.conftest import SAMPLE_DATA
@@ -81,7 +83,7 @@ def test_calibrated_int8_codes_are_faiss_sq8_codes():
     np.testing.assert_array_equal(transform.codes(x).astype(np.int16) + 128, stored_codes)
     own = transform_for(64, "int8", "calibrated").calibrate(x)  # the same rule as FAISS's training
     np.testing.assert_array_equal(calibrated_codes(x, own.calibration), transform.codes(x))  # type: ignore[arg-type]
-    restored = OutputTransform.from_record(json.loads(json.dumps(transform.record())))
+    restored = output_from_dict(json.loads(json.dumps(output_to_dict(transform))))
     assert restored == transform
 
 
@@ -142,11 +144,12 @@ def test_quantized_index_recall_against_exact_float(tmp_path, shard_writer, name
     staging = tmp_path / "staging"
     staging.mkdir()
     settings = IndexSettings(flat_max_vectors=1000 if "ivf" in name else 50_000)
-    result, transform = build_output_index(store_entries(tmp_path, shard_writer, transform.stored(docs)), transform,
-                                           settings, staging)
+    result = build_index(store_entries(tmp_path, shard_writer, transform.stored(docs)), transform.dim, settings,
+                         staging, transform)
+    transform = result.output
     assert result.factory.startswith(("IVF", "BIVF") if "ivf" in name else ("SQ", "BFlat")), result.factory
     if transform.quantize == "binary":
-        manifest = {"index": {"files": result.files, "search_params": result.search_params}, "metric": "ip"}
+        manifest = Manifest.bare(result.record(settings), transform.dim, transform)
         index = open_binary_index(staging, manifest, rescore=0 if name == "binary" else None)
     else:
         index = faiss.read_index(str(staging / "index.faiss"))
@@ -285,3 +288,47 @@ def test_conflicting_flags_and_refusals_at_the_cli(tmp_path, shard_writer, tiny_
     assert run(*base).exit_code == 0
     drift = run(*base, "--dim", "32")
     assert drift.exit_code == 78 and "output" in drift.stderr and "--full" in drift.stderr
+
+
+def test_binary_ivf_tuning_honours_target_recall(tmp_path, shard_writer):
+    docs, _ = topic_vectors(4000, 256, seed=5)
+    transform = transform_for(quantize="binary")
+    entries = store_entries(tmp_path, shard_writer, transform.stored(docs))
+    nprobes = {}
+    for target in (0.3, 0.9):
+        staging = tmp_path / f"staging-{target}"
+        staging.mkdir()
+        result = build_index(entries, 256, IndexSettings(flat_max_vectors=1000, target_recall=target), staging,
+                             transform)
+        assert result.factory.startswith("BIVF") and result.tuning.target_recall_at_10 == target
+        assert result.tuning.reached, result.tuning
+        nprobes[target] = result.search_params["nprobe"]
+    assert nprobes[0.3] < nprobes[0.9]
+
+
+@pytest.mark.parametrize("quantize, dtype, storage, codes", [("int8", "float32", "ondisk", ",SQ8"),
+                                                           ("none", "float16", "memory", ",PQ")])
+def test_quantized_formats_follow_index_memory(tmp_path, shard_writer, quantize, dtype, storage, codes):
+    """8000 x 256: SQfp16 (4 MB) and SQ8 (2 MB) codes exceed a 1 MB budget: int8 keeps its SQ8 codes on
+    disk; float16 falls to PQ codes in memory, as float32 does."""
+    docs, _ = topic_vectors(8000, 256, seed=6)
+    transform = transform_for(quantize=quantize, scheme="calibrated" if quantize == "int8" else None, dtype=dtype)
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    settings = IndexSettings(flat_max_vectors=1000, memory_bytes=1 << 20, tune_queries=200)
+    result = build_index(store_entries(tmp_path, shard_writer, transform.stored(docs)), 256, settings, staging,
+                         transform)
+    assert result.storage == storage and codes in result.factory, result.plan
+    assert (staging / "index.ivfdata").is_file() == (storage == "ondisk")
+    if quantize == "int8":
+        assert result.output.calibration is not None and result.tuning.reached
+
+
+def test_index_factory_checked_against_dim_and_vector_count(tmp_path, tiny_bert_dir):
+    base = ["index", SAMPLE_DATA, "--out", tmp_path / "o", "--model", tiny_bert_dir, "-q"]
+    for factory, says in (("IVF1024,Flat", "1024 IVF lists need at least 1024 vectors"),
+                          ("PQ5", "must divide the dimension 64"),
+                          ("IVF8,Nope", "not a valid FAISS factory")):
+        result = run(*base, "--index-factory", factory)
+        assert result.exit_code == 2 and says in result.output, (factory, result.output)
+        assert "348" in result.output or "IVF1024" not in factory

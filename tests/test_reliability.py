@@ -188,9 +188,9 @@ def test_queries_during_publishes_always_see_a_complete_version(job, monkeypatch
                 reader = IndexReader(job.out)
                 hits = reader.search(rng.standard_normal((2, reader.dim)).astype(np.float32), k=5)
                 assert reader.ntotal == reader.ids.num_rows == 3 * ROWS and all(len(h) == 5 for h in hits)
-                seen.add(reader.manifest["version"])
+                seen.add(reader.manifest.version)
                 queries[0] += 1
-                retried[0] += reader.manifest["version"] != pointer  # it moved on to a newer version
+                retried[0] += reader.manifest.version != pointer  # it moved on to a newer version
             except Exception as exc:  # every failure is the finding
                 failures.append(repr(exc))
 

@@ -85,7 +85,7 @@ def scenario(tmp_path_factory):
     s.ref_ids, s.ref_vectors = live(s.out)
     s.ref_embedded = Counter(embedded_ids(log))
     assert set(s.ref_embedded.values()) == {1} and len(s.ref_embedded) == 2 * (ROWS - 2)  # c and d, once each
-    s.entries = {sh["path"]: sh["entry"] for sh in OutputDir(s.out).current_manifest()["shards"]}
+    s.entries = {sh.path: sh.entry for sh in OutputDir(s.out).current_manifest().shards}
     assert_clean(s.out)
     again, log = s.petal()  # after a success, a rerun embeds nothing
     assert again.report["status"] == "nothing-to-do" and embedded_ids(log) == [] and read_log(log) == []

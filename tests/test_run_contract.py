@@ -115,7 +115,7 @@ def test_delete_ids_persist_through_incremental_runs_and_rebuild(tmp_path, index
     assert report["rows"]["deleted"] == 2 and report["deletes"]["not_found"] == 1 and "2 deleted" in stderr
     assert "nope" in stderr and live_ids(tmp_path / "out") == {f"a-{i}" for i in range(20)} - {"a-1"} | {
         f"b-{i}" for i in range(20)} - {"b-2"}
-    assert IndexReader(tmp_path / "out").manifest["counts"]["deleted"] == 2
+    assert IndexReader(tmp_path / "out").manifest.counts.deleted == 2
 
     c = shard(tmp_path / "c.parquet", "c", 5)  # a later incremental run (additive) does not bring them back
     assert index(c)[0] == 0
@@ -134,7 +134,7 @@ def test_delete_ids_persist_through_incremental_runs_and_rebuild(tmp_path, index
     assert_clean(tmp_path / "out")  # the layout of a clean output directory holds; side files follow entries
     tombstones = list((tmp_path / "out" / "store" / "deleted").rglob("*.parquet"))
     assert len(tombstones) == 1 and pq.read_table(tombstones[0]).column("row").to_pylist() == [2]  # b-2 only
-    live_entries = {s["entry"] for s in IndexReader(tmp_path / "out").manifest["shards"]}
+    live_entries = {s.entry for s in IndexReader(tmp_path / "out").manifest.shards}
     assert {p.stem for p in (tmp_path / "out" / "store" / "columns").rglob("*.parquet")} == live_entries
 
 

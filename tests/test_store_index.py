@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 
@@ -12,6 +10,7 @@ from petal.pipeline.index.search import IndexReader
 from petal.pipeline.index.writer import auto_factory, build_index
 from petal.pipeline.ingest.parquet import preflight
 from petal.pipeline.layout import OutputDir
+from petal.pipeline.manifest import MANIFEST_FILE, Manifest
 from petal.pipeline.reliability.errors import BadInputError
 from petal.pipeline.store.embeddings import EmbeddingStore, StoreSink, settings_fingerprint
 
@@ -86,8 +85,7 @@ def build(store, shard_writer, tmp_path, shards, settings=None):
     out.prepare()
     staging = out.staging_dir()
     result = build_index(entries, entries[0].meta["dim"], settings, staging)
-    manifest = {"index": {"files": result.files, "search_params": result.search_params}}
-    (staging / "manifest.json").write_text(json.dumps(manifest))
+    Manifest.bare(result.record(settings), entries[0].meta["dim"]).write(staging / MANIFEST_FILE)
     out.publish(staging, out.new_version_id())
     return result, IndexReader(out.root)
 
@@ -124,7 +122,7 @@ def test_ivf_path_tunes_nprobe_for_recall(store, shard_writer, tmp_path):
     assert auto_factory(6000, 32, settings).startswith("IVF")
     result, reader = build(store, shard_writer, tmp_path, [("c.parquet", list(range(6000)), x)], settings)
     assert result.factory == "IVF128,Flat"
-    assert result.tuning["recall_at_10"] >= 0.95 and reader.search_params["nprobe"] >= 1
+    assert result.tuning.recall_at_10 >= 0.95 and reader.search_params["nprobe"] >= 1
     queries = x[rng.choice(6000, 200, replace=False)]
     exact = queries @ x.T
     truth = np.argsort(-exact, axis=1)[:, :10]

@@ -22,10 +22,9 @@ import os
 from pathlib import Path
 from typing import Any
 
+from petal.pipeline.manifest import CHECKSUM_KEY, INTEGRITY_KEY, MANIFEST_FILE, raw_index_files
+
 HEAD_TAIL_BYTES = 1 << 20
-MANIFEST_FILE = "manifest.json"
-INTEGRITY_KEY = "integrity"
-CHECKSUM_KEY = "manifest_sha256"
 
 
 def sha256_file(path: Path | str) -> str:
@@ -62,7 +61,7 @@ def seal_manifest(version_dir: Path, manifest: dict[str, Any]) -> dict[str, Any]
 
     Full sha256 values the index writer computed (``index.files``) are reused, not read again.
     """
-    known: dict[str, str] = dict(manifest.get("index", {}).get("files", {}))
+    known: dict[str, str] = dict(raw_index_files(manifest))
     files: dict[str, dict[str, Any]] = {}
     for path in sorted(Path(version_dir).iterdir()):
         if path.name == MANIFEST_FILE or path.name.startswith(".") or not path.is_file():

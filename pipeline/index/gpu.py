@@ -24,18 +24,24 @@ def num_gpus() -> int:
 
 
 def train(index: Any, sample: Any, ngpu: int, seed: int = 1234) -> str:
-    """``index.train(sample [n, d] float32)``; k-means on the GPUs when ``ngpu > 0``, else through torch
-    on a CUDA device when one is there (``pipeline/index/torch_kmeans.py``). Returns where."""
+    """``index.train(sample)`` (``[n, d]`` float32, or packed bits for a binary index); k-means on the
+    GPUs when ``ngpu > 0``, else (float IVF) through torch on a CUDA device when one is there
+    (``pipeline/index/torch_kmeans.py``). Returns where."""
     faiss = load_faiss()
 
-    ivf = faiss.try_extract_index_ivf(index)
-    # faiss-cpu beside the engine's GPU: k-means through torch on the device, codes by FAISS
-    if ngpu <= 0 and ivf is not None and torch_cuda_available() and train_ivf_on_torch(index, sample, seed):
-        return "torch:cuda"
+    if isinstance(index, faiss.IndexBinary):  # k-means over the bits as floats (L2), FAISS's binary rule
+        ivf = index if isinstance(index, faiss.IndexBinaryIVF) else None
+        flat = (lambda: faiss.IndexFlatL2(index.d))
+    else:
+        ivf = faiss.try_extract_index_ivf(index)
+        flat = (lambda: faiss.IndexFlat(ivf.d, ivf.metric_type))
+        # faiss-cpu beside the engine's GPU: k-means through torch on the device, codes by FAISS
+        if ngpu <= 0 and ivf is not None and torch_cuda_available() and train_ivf_on_torch(index, sample, seed):
+            return "torch:cuda"
     if ngpu <= 0 or ivf is None:
         index.train(sample)
         return "cpu"
-    clustering = faiss.index_cpu_to_all_gpus(faiss.IndexFlat(ivf.d, ivf.metric_type), ngpu=ngpu)
+    clustering = faiss.index_cpu_to_all_gpus(flat(), ngpu=ngpu)
     # NOTE: FAISS holds a raw pointer; ``clustering`` must outlive train() and be detached after.
     ivf.clustering_index = clustering
     try:

@@ -11,22 +11,67 @@
   time; SQ8 keeps recall near exact, and disk is not the budget).
 
 An explicit factory string is taken as given; an IVF one over the budget is built on disk.
+
+The codes follow the output format of the stored vectors (``pipeline/store/outputs.py``), through
+the same rule (``KINDS``): float32 as above; float16 ``SQfp16`` codes (exact), then SQ8/PQ;
+int8 ``SQ8`` codes only (their ranges are the calibration); binary ``BFlat``/``BIVF{n}`` (Hamming,
+sign bits; binary indexes cannot live on disk). ``check_index_factory`` is the one check of an
+``--index-factory`` string: against the output format, the dimension and the number of vectors.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from petal.pipeline.config import IndexSettings
 from petal.pipeline.index.faiss_loader import load_faiss
+from petal.pipeline.reliability.errors import ConfigError
 
 # NOTE: measured on the 2-core machine at 4096 lists x 384 dims, adding through an HNSW32 quantizer
 # was 2x slower than the flat one (BLAS); HNSW pays off where the wiki uses it, at 65536 lists and up.
 HNSW_QUANTIZER_MIN_LISTS = 16384
 HNSW_QUANTIZER_M = 32
 ID_BYTES = 8  # every IVF entry stores its int64 id beside its code
+
+
+@dataclass(frozen=True)
+class CodeKind:
+    """What an output format lets the index hold: exact codes, IVF codes (best first), on-disk codes."""
+
+    exact: str
+    ivf: str  # the IVF codes: "ladder" (``code_ladder``), "ladder-from-SQfp16", or one factory ("{q}": quantizer)
+    ondisk: str | None  # None: cannot live on disk
+    flag: str  # the flag that picked it (for messages)
+
+
+KINDS: dict[str, CodeKind] = {
+    "float32": CodeKind("Flat", "ladder", "{q},SQ8", ""),
+    "float16": CodeKind("SQfp16", "ladder-from-SQfp16", "{q},SQfp16", "--output-dtype float16"),
+    "int8": CodeKind("SQ8", "{q},SQ8", "{q},SQ8", "--quantize int8"),
+    "binary": CodeKind("BFlat", "B{q}", None, "--quantize binary"),
+}
+
+
+def ivf_ladder(codes: CodeKind, dim: int) -> list[str]:
+    """The IVF codes to try for ``codes``, most precise first."""
+    if codes.ivf == "ladder":
+        return code_ladder(dim)
+    if codes.ivf == "ladder-from-SQfp16":
+        return code_ladder(dim)[1:]  # float16 vectors: Flat codes would only store them wider
+    return [codes.ivf]
+
+
+def index_kind(quantize: str, output_dtype: str) -> str:
+    """The ``KINDS`` key of an output format."""
+    return quantize if quantize != "none" else output_dtype
+
+
+def is_binary(factory: str) -> bool:
+    """``B``-prefixed factories are FAISS binary indexes (Hamming distance over packed bits)."""
+    return factory.startswith("B")
 
 
 @dataclass(frozen=True)
@@ -53,10 +98,12 @@ def ivf_lists(num_vectors: int) -> int:
 
 
 def make_index(factory: str, dim: int, metric: str) -> Any:
-    """An empty FAISS index; a string FAISS rejects is a ``ValueError`` naming it."""
+    """An empty FAISS index (binary for ``B`` factories); a string FAISS rejects is a ``ValueError`` naming it."""
     faiss = load_faiss()
     metric_type = faiss.METRIC_INNER_PRODUCT if metric == "ip" else faiss.METRIC_L2
     try:
+        if is_binary(factory):
+            return faiss.index_binary_factory(dim, factory)
         return faiss.index_factory(dim, factory, metric_type)
     except RuntimeError as exc:
         message = str(exc).strip().splitlines()[-1] if str(exc).strip() else repr(exc)
@@ -67,6 +114,10 @@ def make_index(factory: str, dim: int, metric: str) -> Any:
 def estimate_bytes(index: Any, num_vectors: int) -> tuple[int, int]:
     """``(bytes per vector, fixed bytes)`` of ``index`` once it holds ``num_vectors`` vectors."""
     faiss = load_faiss()
+    if isinstance(index, faiss.IndexBinary):
+        if isinstance(index, faiss.IndexBinaryIVF):
+            return int(index.code_size) + ID_BYTES, index.nlist * index.code_size
+        return int(index.code_size), 0
     fixed = 0
     while isinstance(index, faiss.IndexPreTransform):
         for i in range(index.chain.size()):  # e.g. the OPQ rotation: d_in x d_out floats
@@ -88,12 +139,18 @@ def estimate_bytes(index: Any, num_vectors: int) -> tuple[int, int]:
     return index.d * 4, fixed
 
 
+def _nlist(index: Any) -> int:
+    faiss = load_faiss()
+    if isinstance(index, faiss.IndexBinary):
+        return int(index.nlist) if isinstance(index, faiss.IndexBinaryIVF) else 0
+    ivf = faiss.try_extract_index_ivf(index)
+    return int(ivf.nlist) if ivf is not None else 0
+
+
 def _plan(factory: str, storage: str, num_vectors: int, dim: int, metric: str, reason: str) -> IndexPlan:
     index = make_index(factory, dim, metric)
     per_vector, fixed = estimate_bytes(index, num_vectors)
-    ivf = load_faiss().try_extract_index_ivf(index)
-    return IndexPlan(factory, storage, int(ivf.nlist) if ivf is not None else 0, per_vector,
-                     fixed + per_vector * num_vectors, reason)
+    return IndexPlan(factory, storage, _nlist(index), per_vector, fixed + per_vector * num_vectors, reason)
 
 
 def code_ladder(dim: int) -> list[str]:
@@ -108,8 +165,9 @@ def code_ladder(dim: int) -> list[str]:
     return ladder
 
 
-def plan_index(num_vectors: int, dim: int, settings: IndexSettings) -> IndexPlan:
-    """The index for ``num_vectors`` vectors of ``dim`` under ``settings`` (factory, memory budget)."""
+def plan_index(num_vectors: int, dim: int, settings: IndexSettings, kind: str = "float32") -> IndexPlan:
+    """The index for ``num_vectors`` vectors of ``dim`` in output format ``kind`` under ``settings``
+    (factory, memory budget)."""
     budget = settings.memory_bytes
     if settings.factory != "auto":
         plan = _plan(settings.factory, "memory", num_vectors, dim, settings.metric, "asked for")
@@ -121,24 +179,93 @@ def plan_index(num_vectors: int, dim: int, settings: IndexSettings) -> IndexPlan
                          "inverted lists on disk")
         return IndexPlan(**{**plan.as_dict(), "reason": f"asked for; {_size(plan.estimated_bytes)} > --index-memory "
                                                         f"{_size(budget)}, but only IVF indexes can live on disk"})
-    flat = _plan("Flat", "memory", num_vectors, dim, settings.metric, "")
+    codes = KINDS[kind]
+    flat = _plan(codes.exact, "memory", num_vectors, dim, settings.metric, "")
     if num_vectors <= settings.flat_max_vectors and flat.estimated_bytes <= budget:
         return IndexPlan(**{**flat.as_dict(), "reason": f"exact: {num_vectors} vectors <= {settings.flat_max_vectors}"
                                                         f" and {_size(flat.estimated_bytes)} <= {_size(budget)}"})
     nlist = ivf_lists(max(num_vectors, 1))
-    quantizer = f"IVF{nlist}" + (f"_HNSW{HNSW_QUANTIZER_M}" if nlist >= HNSW_QUANTIZER_MIN_LISTS else "")
+    binary = is_binary(codes.exact)
+    quantizer = f"IVF{nlist}" + (f"_HNSW{HNSW_QUANTIZER_M}" if nlist >= HNSW_QUANTIZER_MIN_LISTS and not binary else "")
     too_big: list[str] = []
-    for codes in code_ladder(dim):
-        plan = _plan(codes.format(q=quantizer), "memory", num_vectors, dim, settings.metric, "")
+    for ladder_codes in ivf_ladder(codes, dim):
+        plan = _plan(ladder_codes.format(q=quantizer), "memory", num_vectors, dim, settings.metric, "")
         if plan.estimated_bytes <= budget:
             why = f"{num_vectors} vectors > {settings.flat_max_vectors}" if num_vectors > settings.flat_max_vectors \
-                else f"exact Flat needs {_size(flat.estimated_bytes)}"
+                else f"exact {codes.exact} needs {_size(flat.estimated_bytes)}"
             if too_big:
                 why += "; " + ", ".join(too_big)
             return IndexPlan(**{**plan.as_dict(), "reason": f"{why}; {_size(plan.estimated_bytes)} <= {_size(budget)}"})
-        too_big.append(f"{codes.split(',')[-1]} codes need {_size(plan.estimated_bytes)}")
-    return _plan(f"{quantizer},SQ8", "ondisk", num_vectors, dim, settings.metric,
-                 f"even {too_big[-1]} > --index-memory {_size(budget)}: SQ8 inverted lists on disk")
+        too_big.append(f"{ladder_codes.split(',')[-1].format(q='IVF')} codes need {_size(plan.estimated_bytes)}")
+    if codes.ondisk is None:
+        return IndexPlan(**{**plan.as_dict(), "reason": f"even {too_big[-1]} > --index-memory {_size(budget)}, but "
+                                                        "binary indexes cannot live on disk: built in memory"})
+    return _plan(codes.ondisk.format(q=quantizer), "ondisk", num_vectors, dim, settings.metric,
+                 f"even {too_big[-1]} > --index-memory {_size(budget)}: "
+                 f"{codes.ondisk.split(',')[-1]} inverted lists on disk")
+
+
+PQ_RE = re.compile(r"(?:^|,|_)O?PQ(\d+)")
+IVF_RE = re.compile(r"IVF(\d+)")
+
+
+def vectors_to_train(index: Any, factory: str) -> tuple[int, str]:
+    """``(vectors, why)``: the fewest vectors FAISS can train ``index`` on (1 and "" for none): one per
+    IVF list, ``2**nbits`` per product quantizer (k-means needs at least as many points as centroids)."""
+    faiss = load_faiss()
+    needs = [(1, "")]
+    if isinstance(index, faiss.IndexBinary):
+        needs.extend((int(m.group(1)), f"{m.group(1)} IVF lists") for m in IVF_RE.finditer(factory))
+        return max(needs)
+    ivf = faiss.try_extract_index_ivf(index)
+    if ivf is not None:
+        needs.append((int(ivf.nlist), f"{ivf.nlist} IVF lists"))
+    for candidate in (index, ivf):
+        pq = getattr(faiss.downcast_index(candidate), "pq", None) if candidate is not None else None
+        if pq is not None:
+            needs.append((int(pq.ksub), f"{pq.ksub} centroids per PQ sub-quantizer ({pq.nbits} bits)"))
+            break
+    return max(needs)
+
+
+def check_index_factory(settings: IndexSettings, kind: str = "float32", dim: int | None = None,
+                        num_vectors: int | None = None) -> None:
+    """The one check of ``--index-factory`` (``ValueError``, exit 2, with the numbers), before any work
+    and again before a build: only float32 output takes an explicit factory (the other formats pick
+    their codes); with ``dim``, FAISS must build it and PQ sub-quantizers must divide the dimension;
+    with ``num_vectors`` (an upper bound is enough: the rows read plus the kept shards' vectors), there
+    must be enough vectors to train it (IVF lists, PQ centroids)."""
+    factory = settings.factory
+    if factory == "auto":
+        return
+    if kind != "float32":
+        raise ValueError(f"--index-factory {factory!r} conflicts with {KINDS[kind].flag}, which picks the index type "
+                         "(SQ8, SQfp16 or a binary index); leave --index-factory auto")
+    if dim is None:
+        return
+    for match in PQ_RE.finditer(factory):
+        m = int(match.group(1))
+        if m < 1 or dim % m:
+            raise ValueError(f"--index-factory {factory!r}: PQ{m} splits vectors into {m} sub-quantizers, "
+                             f"which must divide the dimension {dim}")
+    index = make_index(factory, dim, settings.metric)
+    if num_vectors is None:
+        return
+    needed, why = vectors_to_train(index, factory)
+    if num_vectors < needed:
+        raise ValueError(f"--index-factory {factory!r} needs at least {needed} vectors of dim {dim} to train: {why} "
+                         f"need at least {needed} vectors; this run can index at most {num_vectors} vectors (the "
+                         "rows read and the kept shards'): pick a smaller factory or leave --index-factory auto")
+
+
+def faiss_failure(exc: BaseException, factory: str, dim: int, num_vectors: int | None) -> ConfigError:
+    """A FAISS error (``RuntimeError``) or a factory that cannot be trained (``ValueError``) during a
+    build, as a configuration error (78): the embeddings stay in the store, a rerun embeds nothing again."""
+    count = f"{num_vectors} vectors" if num_vectors is not None else "the stored vectors"
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return ConfigError(f"FAISS cannot build index {factory!r} from {count} of dim {dim}: {first}. Nothing was "
+                       "published; the embeddings are kept in the store: rerun with another --index-factory "
+                       "(or petal rebuild OUT --index-factory ...) to index them without embedding again")
 
 
 def _size(num_bytes: int) -> str:

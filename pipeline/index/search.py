@@ -10,11 +10,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from petal.pipeline.index.binary import open_binary_index
 from petal.pipeline.index.faiss_loader import load_faiss
 from petal.pipeline.index.files import IDS_FILE, INDEX_FILE, open_parquet, read_index, read_parquet
 from petal.pipeline.index.tune import apply_params
 from petal.pipeline.index.verify import OpenCheck, check_on_open
 from petal.pipeline.layout import resolve_index_dir
+from petal.pipeline.manifest import Manifest
 from petal.pipeline.reliability.errors import BadInputError, ConfigError, PetalError
 from petal.pipeline.reliability.faults import fault
 
@@ -37,11 +39,15 @@ def verify_files(version_dir: Path) -> OpenCheck:
     return check_on_open(version_dir)
 
 
-def ignored_overrides(manifest: dict[str, Any], nprobe: int | None, rescore: int | None) -> list[str]:
+def is_binary_manifest(manifest: Manifest) -> bool:
+    """The version's index is binary (Hamming codes + float rescoring)."""
+    return manifest.output is not None and manifest.output.quantize == "binary"
+
+
+def ignored_overrides(manifest: Manifest, nprobe: int | None, rescore: int | None) -> list[str]:
     """Search overrides that do nothing for this index, each as a sentence (``--nprobe`` on an exact index...)."""
-    index = manifest.get("index", {})
-    factory = str(index.get("factory", ""))
-    binary = manifest.get("output", {}).get("quantize") == "binary"
+    factory = manifest.index.factory
+    binary = is_binary_manifest(manifest)
     notes = []
     if nprobe is not None and "IVF" not in factory.upper():
         notes.append(f"--nprobe {nprobe} is ignored: the index is {factory or 'not IVF'} (no inverted lists to probe)")
@@ -84,15 +90,13 @@ class IndexReader:
         faiss = load_faiss()
 
         fault("query_open", self.dir)
-        index_section = self.manifest.get("index", {})
+        record = self.manifest.index
         self.ignored = ignored_overrides(self.manifest, nprobe, rescore)  # said on stderr by petal query
         self.open_check = verify_files(self.dir)
-        self.storage = str(index_section.get("storage", "memory"))
-        # binary indexes (Hamming + float rescoring) open through pipeline/index/output_index.py
-        binary = self.manifest.get("output", {}).get("quantize") == "binary"
+        self.storage = record.storage
+        # binary indexes (Hamming + float rescoring) open through pipeline/index/binary.py
+        binary = is_binary_manifest(self.manifest)
         if binary:
-            from petal.pipeline.index.output_index import open_binary_index
-
             self.index = open_binary_index(self.dir, self.manifest, nprobe=nprobe, rescore=rescore)
         else:
             self.index = read_index(self.dir / INDEX_FILE, self.storage)
@@ -105,7 +109,7 @@ class IndexReader:
         self.ids = read_parquet(ids_file, self.dir / IDS_FILE, columns=["faiss_id", "id", "shard", "row"])
         self.columns = open_columns(self.dir, self.manifest)  # stored text and --keep-columns (None: older index)
         self.missing_shards: set[str] = set()  # shards --show-text found gone (said by petal query)
-        params = {k: int(v) for k, v in index_section.get("search_params", {}).items()}
+        params = dict(record.search_params)
         if binary:  # the binary index set its own nprobe
             self.search_params = params if nprobe is None else {**params, "nprobe": nprobe}
             return
@@ -170,7 +174,7 @@ class IndexReader:
             from petal.pipeline.index.filters import IdSelector, filter_mask, parse_filter
 
             flt = parse_filter(where)
-            if self.manifest.get("output", {}).get("quantize") == "binary":
+            if is_binary_manifest(self.manifest):
                 raise ValueError("--where: binary indexes cannot filter yet; build without --quantize binary")
             names = self.kept_columns
             missing = [c for c in flt.columns if c not in names]
@@ -183,7 +187,7 @@ class IndexReader:
 
     @property
     def kept_columns(self) -> list[str]:
-        return list(self.manifest.get("columns", {}).get("keep", []))
+        return list(self.manifest.kept_columns)
 
     def texts(self, hits: list[Hit], text_column: str) -> list[str | None]:
         """The text of each hit: stored with the index, or (an index without stored text) read back from its
@@ -223,10 +227,10 @@ class IndexReader:
         return [found.get((located.get(h.shard, h.shard), h.row)) for h in hits]
 
 
-def shard_locations(manifest: dict[str, Any]) -> dict[str, str]:
+def shard_locations(manifest: Manifest) -> dict[str, str]:
     """Shard path as recorded with the ids -> its absolute path (the manifest's), so the working directory
     does not matter."""
-    located = {str(s["path"]): str(s["abs_path"]) for s in manifest.get("shards", []) if "abs_path" in s}
+    located = {s.path: s.abs_path for s in manifest.shards}
     by_name: dict[str, list[str]] = {}
     for abs_path in located.values():
         by_name.setdefault(Path(abs_path).name, []).append(abs_path)
@@ -235,14 +239,14 @@ def shard_locations(manifest: dict[str, Any]) -> dict[str, str]:
     return {**{name: paths[0] for name, paths in by_name.items() if len(paths) == 1}, **located}
 
 
-def open_columns(version_dir: Path, manifest: dict[str, Any]) -> Any:
+def open_columns(version_dir: Path, manifest: Manifest) -> Any:
     """The version's stored columns (text, --keep-columns: in ``ids.parquet``), or ``None`` (an older index)."""
-    recorded = manifest.get("columns")
-    if not recorded:
+    recorded = manifest.stored
+    if recorded is None:
         return None
     from petal.pipeline.index.columns_file import ColumnsReader
 
-    return ColumnsReader(version_dir / IDS_FILE, (["text"] if recorded.get("text") else []) + recorded.get("keep", []))
+    return ColumnsReader(version_dir / IDS_FILE, (["text"] if recorded.text else []) + list(recorded.keep))
 
 
 def with_fields(results: list[list[Hit]], columns: Any, names: list[str]) -> list[list[Hit]]:

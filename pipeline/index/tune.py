@@ -5,6 +5,9 @@ search over every indexed vector, streamed from the store in chunks (FAISS ``knn
 so it never holds the corpus in memory. A query's own vector is dropped from both result lists:
 real queries are not in the corpus, and keeping it would lift recall for free.
 
+Binary indexes are tuned the same way, as ``petal query`` searches them: Hamming candidates
+re-ranked with the float vectors (``pipeline/index/binary.py``), against exact float search.
+
 Settings are tried from cheapest to most expensive; the first whose recall is above the target
 with two standard errors to spare wins (so the target holds for new queries, not just these).
 When recall stops rising before the target (compressed codes), the best setting tried wins and
@@ -19,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from petal.pipeline.index.binary import BinaryIndex
 from petal.pipeline.index.faiss_loader import load_faiss
 from petal.pipeline.index.source import StoreVectors
 
@@ -79,6 +83,8 @@ def search_grid(index: Any) -> list[dict[str, int]]:
     """The settings to try for ``index``, cheapest first ([{}] when it has none)."""
     faiss = load_faiss()
 
+    if isinstance(index, BinaryIndex):  # Hamming candidates + float rescoring: only nprobe to choose
+        return [{"nprobe": n} for n in _geometric(1, index.nlist)] if index.nlist else [{}]
     ivf = faiss.try_extract_index_ivf(index)
     if ivf is not None:
         hnsw_quantizer = hasattr(faiss.downcast_index(ivf.quantizer), "hnsw")
@@ -97,7 +103,7 @@ def search_grid(index: Any) -> list[dict[str, int]]:
 def is_exact(index: Any) -> bool:
     """True for uncompressed flat indexes: their search is exhaustive, recall@k is 1 by definition."""
     faiss = load_faiss()
-    return isinstance(faiss.downcast_index(index), faiss.IndexFlat)
+    return not isinstance(index, BinaryIndex) and isinstance(faiss.downcast_index(index), faiss.IndexFlat)
 
 
 EXACT_LATENCY_SAMPLES = 3  # NOTE: a one-query exhaustive scan of a large index takes tens of ms
@@ -126,7 +132,9 @@ def apply_params(index: Any, params: dict[str, int]) -> None:
     """Set search parameters by name (FAISS ``ParameterSpace``: reaches through OPQ/IDMap wrappers)."""
     faiss = load_faiss()
 
-    if params:
+    if isinstance(index, BinaryIndex):
+        index.set_params(params)
+    elif params:
         faiss.ParameterSpace().set_index_parameters(index, ",".join(f"{k}={v}" for k, v in params.items()))
 
 

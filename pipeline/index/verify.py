@@ -24,6 +24,7 @@ from petal.pipeline.index.checksums import (
     head_tail_sha256,
     sha256_file,
 )
+from petal.pipeline.manifest import raw_checksum, raw_index_files, raw_integrity
 from petal.pipeline.reliability.errors import BadInputError, ConfigError
 
 REQUIRED_FILES = ("index.faiss", "ids.parquet")
@@ -63,8 +64,9 @@ def read_raw_manifest(version_dir: Path) -> dict[str, Any]:
 
 def _expected(manifest: dict[str, Any], version_dir: Path) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
     """``(index files -> sha256, file -> integrity record)`` from the manifest."""
-    files = manifest.get("index", {}).get("files", {})
-    records = manifest.get(INTEGRITY_KEY, {}).get("files", {}) if isinstance(manifest.get(INTEGRITY_KEY), dict) else {}
+    files = raw_index_files(manifest)
+    integrity = raw_integrity(manifest)
+    records = integrity.get("files", {}) if isinstance(integrity, dict) else {}
     if not isinstance(files, dict) or not isinstance(records, dict):
         raise BadInputError(f"{version_dir / MANIFEST_FILE}: index.files or {INTEGRITY_KEY}.files is not a mapping")
     return files, records
@@ -72,9 +74,9 @@ def _expected(manifest: dict[str, Any], version_dir: Path) -> tuple[dict[str, st
 
 def check_manifest_checksum(version_dir: Path, manifest: dict[str, Any]) -> bool:
     """``True`` when the manifest carries its checksum and it matches; ``False`` for an old manifest without one."""
-    recorded = manifest.get(CHECKSUM_KEY)
+    recorded = raw_checksum(manifest)
     if recorded is None:
-        if INTEGRITY_KEY in manifest:  # records without the checksum that vouches for them
+        if raw_integrity(manifest) is not None:  # records without the checksum that vouches for them
             raise BadInputError(f"{version_dir / MANIFEST_FILE} has {INTEGRITY_KEY} records but no {CHECKSUM_KEY}: "
                                 "it was edited or is corrupt; rebuild the index (petal verify checks every file)")
         return False
@@ -111,7 +113,7 @@ def check_on_open(version_dir: Path, manifest: dict[str, Any] | None = None) -> 
             if size != record.get("size"):
                 raise BadInputError(f"{path}: size {size} does not match the manifest ({record.get('size')} bytes); "
                                     "the index is corrupt or was changed, rebuild it")
-            span = int(manifest[INTEGRITY_KEY].get("head_tail_bytes", HEAD_TAIL_BYTES))
+            span = int(raw_integrity(manifest).get("head_tail_bytes", HEAD_TAIL_BYTES))
             if head_tail_sha256(path, size, span) != record.get("head_tail_sha256"):
                 raise BadInputError(f"{path}: head/tail checksum does not match the manifest; the index is corrupt "
                                     "or was changed, rebuild it")

@@ -1,28 +1,55 @@
 """Building the FAISS index of a version from the embedding store, into a staging directory.
 
-plan (``index_factory``) -> train on a seeded sample -> add shard by shard (``index_build``: in
-memory, or parts merged on disk) -> tune search parameters on held-out vectors (``index_tuning``)
--> write ``index.faiss`` (+ ``index.ivfdata``) and ``ids.parquet`` -> sha256 of every file.
+plan (``plan.py``: by size, memory budget and output format) -> train on a seeded sample (``gpu.py``)
+-> add shard by shard (``build.py``: in memory, or parts merged on disk; ``binary.py``: sign bits +
+rescoring vectors) -> tune search parameters on held-out vectors (``tune.py``) -> write
+``index.faiss`` (+ ``index.ivfdata``, ``rescore.npy``) and ``ids.parquet`` -> sha256 of every file.
+
+| output | exact | IVF (codes that fit --index-memory) | on disk |
+|---|---|---|---|
+| float32 | Flat | Flat, SQfp16, SQ8, PQ | SQ8 |
+| float16 | SQfp16 | SQfp16, SQ8, PQ | SQfp16 |
+| int8 | SQ8 (ranges = the calibration) | SQ8 | SQ8 |
+| binary | BFlat (Hamming) | BIVF | no (in memory) |
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from petal.pipeline.config import IndexSettings
+from petal.pipeline.index.binary import DEFAULT_RESCORE, RESCORE_FILE, BinaryIndex
 from petal.pipeline.index.build import add_in_memory, build_on_disk
 from petal.pipeline.index.faiss_loader import load_faiss
 from petal.pipeline.index.files import IDS_FILE, INDEX_FILE, write_index
 from petal.pipeline.index.gpu import num_gpus, train
-from petal.pipeline.index.plan import IndexPlan, make_index, plan_index
+from petal.pipeline.index.plan import (
+    IndexPlan,
+    check_index_factory,
+    faiss_failure,
+    index_kind,
+    make_index,
+    plan_index,
+)
 from petal.pipeline.index.source import StoreVectors, split_sample
-from petal.pipeline.index.tune import SINGLE_QUERY_SAMPLES, TUNE_K, exact_neighbours, exact_tuning, is_exact, tune
+from petal.pipeline.index.tune import (
+    SINGLE_QUERY_SAMPLES,
+    TUNE_K,
+    Tuning,
+    exact_neighbours,
+    exact_tuning,
+    is_exact,
+    tune,
+)
+from petal.pipeline.manifest import DeviceRecord, IndexRecord, PlanRecord, TuningRecord
+from petal.pipeline.reliability.errors import FAISS_WRITE_ERRORS, PetalError
 from petal.pipeline.store.embeddings import StoreEntry, sha256_file
+from petal.pipeline.store.outputs import OutputTransform
 
 MAX_CHUNK_ROWS = 65536
 MIN_CHUNK_ROWS = 1024
@@ -30,9 +57,9 @@ MIN_TRAIN_POINTS_PER_CENTROID = 30  # FAISS warns below 39; the wiki's floor is 
 PQ_TRAIN_POINTS = 65536  # 256 centroids per sub-quantizer x 256 points (FAISS's own cap)
 
 
-def auto_factory(num_vectors: int, dim: int, settings: IndexSettings) -> str:
+def auto_factory(num_vectors: int, dim: int, settings: IndexSettings, kind: str = "float32") -> str:
     """The factory string ``--index-factory auto`` picks (see ``pipeline/index/plan.py``)."""
-    return plan_index(num_vectors, dim, settings).factory
+    return plan_index(num_vectors, dim, settings, kind).factory
 
 
 @dataclass
@@ -41,32 +68,37 @@ class BuildResult:
     metric: str
     num_vectors: int
     superseded: int  # vectors dropped because a later shard has the same document id
-    plan: dict[str, Any] = field(default_factory=dict)
-    search_params: dict[str, Any] = field(default_factory=dict)
-    tuning: dict[str, Any] = field(default_factory=dict)
-    device: dict[str, Any] = field(default_factory=dict)  # where training and adding ran
+    plan: IndexPlan | None = None
+    tuning: Tuning | None = None
+    device: DeviceRecord | None = None  # where training and adding ran
     files: dict[str, str] = field(default_factory=dict)  # file name -> sha256
     timings_s: dict[str, float] = field(default_factory=dict)
     seconds: float = 0.0
+    output: OutputTransform | None = None  # the stored vectors' transform, with any learned int8 calibration
 
-    def manifest(self, settings: IndexSettings) -> dict[str, Any]:
+    @property
+    def storage(self) -> str:
+        return self.plan.storage if self.plan is not None else "memory"
+
+    @property
+    def search_params(self) -> dict[str, int]:
+        return dict(self.tuning.params) if self.tuning is not None else {}
+
+    def record(self, settings: IndexSettings) -> IndexRecord:
         """The manifest's ``index`` section."""
-        return {
-            "requested_factory": settings.factory,
-            "settings": settings.as_dict(),
-            "factory": self.factory,
-            "metric": self.metric,
-            "storage": self.plan.get("storage", "memory"),
-            "num_vectors": self.num_vectors,
-            "superseded": self.superseded,
-            "plan": self.plan,
-            "search_params": self.search_params,
-            "tuning": self.tuning,
-            "device": self.device,
-            "files": self.files,
-            "timings_s": self.timings_s,
-            "build_seconds": round(self.seconds, 3),
-        }
+        return IndexRecord(requested_factory=settings.factory, settings=settings, factory=self.factory,
+                           metric=self.metric, storage=self.storage, num_vectors=self.num_vectors,
+                           superseded=self.superseded, search_params=self.search_params, files=dict(self.files),
+                           plan=PlanRecord.of(self.plan) if self.plan is not None else None,
+                           tuning=TuningRecord.of(self.tuning) if self.tuning is not None else None,
+                           device=self.device, timings_s=dict(self.timings_s), build_seconds=round(self.seconds, 3))
+
+    def report(self) -> dict[str, Any]:
+        """What ``petal index``/``rebuild`` report about the index (the run report's ``index``)."""
+        return {"factory": self.factory, "metric": self.metric, "num_vectors": self.num_vectors,
+                "superseded": self.superseded, "search_params": self.search_params,
+                "tuning": self.tuning.as_dict() if self.tuning is not None else {}, "storage": self.storage,
+                "device": asdict(self.device) if self.device is not None else {}}
 
 
 def chunk_rows(dim: int, settings: IndexSettings) -> int:
@@ -90,12 +122,16 @@ def training_size(plan: IndexPlan, dim: int, settings: IndexSettings) -> int:
     return size
 
 
-def _train(index: Any, sample: np.ndarray, plan: IndexPlan, seed: int, ngpu: int) -> dict[str, Any]:
-    """Train ``index`` on ``sample [n, dim]`` (seeded); returns where it ran and on how many points."""
+def _train(index: Any, sample: np.ndarray, plan: IndexPlan, seed: int, ngpu: int) -> str:
+    """Train ``index`` on ``sample [n, dim]`` (seeded; sign bits for a binary index); returns where it ran."""
     faiss = load_faiss()
     if len(sample) < max(plan.nlist, 1):
         raise ValueError(f"index {plan.factory!r} needs at least {plan.nlist} vectors to train, "
                          f"the store has {len(sample)}")
+    if isinstance(index, faiss.IndexBinary):
+        if isinstance(index, faiss.IndexBinaryIVF):
+            index.cp.seed = seed  # NOTE: seeded k-means on a seeded sample: same input, same index
+        return train(index, np.packbits(sample >= 0, axis=1), ngpu, seed)
     ivf = faiss.try_extract_index_ivf(index)
     if ivf is not None:
         ivf.cp.seed = seed  # NOTE: seeded k-means on a seeded sample: same input, same index
@@ -104,59 +140,124 @@ def _train(index: Any, sample: np.ndarray, plan: IndexPlan, seed: int, ngpu: int
             # NOTE: on by default for IVF-PQ, minutes of annealing per sub-quantizer, and only
             # polysemous search (the ``ht`` parameter, never set here) uses it.
             ivf.do_polysemous_training = False
-    return {"train": train(index, sample, ngpu, seed), "train_points": len(sample)}
+    return train(index, sample, ngpu, seed)
 
 
-def build_index(entries: list[StoreEntry], dim: int, settings: IndexSettings, staging: Path) -> BuildResult:
+def output_codes(index: Any, plan: IndexPlan, output: OutputTransform | None) -> bool:
+    """True when the index holds the output format's own codes (SQfp16 of float16 vectors, SQ8 of
+    int8): they then code the vectors themselves, not IVF residuals, so SQ8's learned ranges are
+    the int8 calibration."""
+    faiss = load_faiss()
+    if output is None or output.quantize == "binary" or isinstance(index, faiss.IndexBinary):
+        return False
+    own = "SQ8" if output.quantize == "int8" else "SQfp16" if output.output_dtype == "float16" else None
+    if own is None or not plan.factory.endswith(own):
+        return False
+    ivf = faiss.try_extract_index_ivf(index)
+    if ivf is not None:
+        ivf.by_residual = False
+    return True
+
+
+def _add_binary(index: Any, source: StoreVectors, staging: Path, rows: int) -> str:
+    """Sign bits into ``index``; the float vectors as float16 into ``rescore.npy`` (FAISS id order)."""
+    # NOTE: memory-mapped at query time: rescoring reads only the candidates' rows.
+    rescore = np.lib.format.open_memmap(staging / RESCORE_FILE, mode="w+", dtype=np.float16,
+                                        shape=(source.total, source.dim))
+    for ids, vectors in source.chunks(rows):
+        index.add(np.packbits(vectors >= 0, axis=1))
+        rescore[ids[0] : ids[-1] + 1] = vectors
+    rescore.flush()
+    del rescore
+    return "cpu"
+
+
+def build_index(entries: list[StoreEntry], dim: int, settings: IndexSettings, staging: Path,
+                output: OutputTransform | None = None) -> BuildResult:
     """Write the index of ``entries`` (store entries in shard order; vectors ``[rows, dim]``) into
-    ``staging``: ``index.faiss`` (+ ``index.ivfdata`` on disk) and ``ids.parquet``.
+    ``staging``: ``index.faiss`` (+ ``index.ivfdata`` on disk, + ``rescore.npy`` for binary) and
+    ``ids.parquet``. Every output format goes through the same planner, training, adding and tuner;
+    ``output`` (the stored vectors' transform) picks the codes, and ``result.output`` is it with the
+    int8 calibration the index learned.
 
     Raises ``ValueError`` for a factory string FAISS rejects or too few vectors to train it.
     """
+    faiss = load_faiss()
     started = time.perf_counter()
     timings: dict[str, float] = {}
     source = StoreVectors(entries, dim)
-    plan = plan_index(source.total, dim, settings)
+    kind = index_kind(output.quantize, output.output_dtype) if output is not None else "float32"
+    check_index_factory(settings, kind, dim, source.total)
+    plan = plan_index(source.total, dim, settings, kind)
     index = make_index(plan.factory, dim, settings.metric)
+    binary = isinstance(index, faiss.IndexBinary)
+    calibrates = output_codes(index, plan, output) and output is not None and output.quantize == "int8"
     ngpu = num_gpus()
     rows = chunk_rows(dim, settings)
     num_train = 0 if index.is_trained else training_size(plan, dim, settings)
     num_queries = settings.tune_queries if source.total > 1 else 0
     query_ids, train_ids = split_sample(source.total, num_queries, num_train, settings.seed)
-    device: dict[str, Any] = {"gpus": ngpu, "train": None, "add": "cpu"}
+    trained_on, train_points = None, None
 
     if not index.is_trained:
         t0 = time.perf_counter()
-        device.update(_train(index, source.take(train_ids), plan, settings.seed, ngpu))
+        trained_on, train_points = _train(index, source.take(train_ids), plan, settings.seed, ngpu), len(train_ids)
         timings["train"] = round(time.perf_counter() - t0, 3)
+    if calibrates:
+        assert output is not None
+        ivf = faiss.try_extract_index_ivf(index)
+        trained = faiss.vector_to_array(faiss.downcast_index(ivf if ivf is not None else index).sq.trained)
+        output = output.with_calibration(trained[:dim], trained[dim:])
 
     t0 = time.perf_counter()
-    if plan.storage == "ondisk":
-        index, device["add"] = build_on_disk(index, source, staging, part_rows(plan, settings), rows, ngpu > 0)
+    if binary:
+        added_on = _add_binary(index, source, staging, rows)
+    elif plan.storage == "ondisk":
+        index, added_on = build_on_disk(index, source, staging, part_rows(plan, settings), rows, ngpu > 0)
     else:
-        device["add"] = add_in_memory(index, source, part_rows(plan, settings), rows, ngpu > 0)
+        added_on = add_in_memory(index, source, part_rows(plan, settings), rows, ngpu > 0)
     timings["add"] = round(time.perf_counter() - t0, 3)
+    device = DeviceRecord(gpus=ngpu, train=trained_on, add=added_on, train_points=train_points)
 
-    tuning: dict[str, Any] = {}
+    searched = BinaryIndex(index, np.load(staging / RESCORE_FILE, mmap_mode="r", allow_pickle=False), settings.metric,
+                           DEFAULT_RESCORE) if binary else index
+    tuning = None
     if len(query_ids):
         t0 = time.perf_counter()
         queries = source.take(query_ids)
-        if is_exact(index):  # NOTE: exhaustive search: no ground truth to compute, nothing to tune
-            tuning = exact_tuning(index, queries[:SINGLE_QUERY_SAMPLES], settings.target_recall).as_dict()
+        if is_exact(searched):  # NOTE: exhaustive search: no ground truth to compute, nothing to tune
+            tuning = exact_tuning(searched, queries[:SINGLE_QUERY_SAMPLES], settings.target_recall)
         else:
             truth = exact_neighbours(queries, source, TUNE_K + 1, settings.metric, rows)
-            tuning = tune(index, queries, query_ids, truth, settings.target_recall).as_dict()
+            tuning = tune(searched, queries, query_ids, truth, settings.target_recall)
         timings["tune"] = round(time.perf_counter() - t0, 3)
+    del searched
 
-    if plan.storage == "memory":
+    if binary:
+        faiss.write_index_binary(index, str(staging / INDEX_FILE))
+    elif plan.storage == "memory":
         write_index(index, staging / INDEX_FILE)
     num_vectors = int(index.ntotal)
     del index  # NOTE: an on-disk index maps index.ivfdata read-write until released
     source.write_ids(staging / IDS_FILE)
     assert num_vectors == source.total, f"index holds {num_vectors} vectors, the store selection {source.total}"
     result = BuildResult(factory=plan.factory, metric=settings.metric, num_vectors=num_vectors,
-                         superseded=source.superseded, plan=plan.as_dict(), search_params=tuning.get("params", {}),
-                         tuning=tuning, device=device, timings_s=timings)
+                         superseded=source.superseded, plan=plan, tuning=tuning, device=device, timings_s=timings,
+                         output=output)
     result.files = {p.name: sha256_file(p) for p in sorted(staging.iterdir()) if p.is_file()}
     result.seconds = time.perf_counter() - started
     return result
+
+
+def build_version_index(entries: list[StoreEntry], dim: int, settings: IndexSettings, staging: Path,
+                        output: OutputTransform | None = None) -> BuildResult:
+    """``build_index`` for a version being published (``petal index``, ``--vectors-column``, ``petal
+    rebuild``): a FAISS error or a factory the stored vectors cannot train is a ``ConfigError`` (78)
+    naming the factory (the embeddings stay in the store); write errors go on to ``writing()`` (74).
+    The caller removes ``staging`` when this raises."""
+    try:
+        return build_index(entries, dim, settings, staging, output)
+    except (RuntimeError, ValueError) as exc:
+        if isinstance(exc, PetalError) or any(m in str(exc) for m in FAISS_WRITE_ERRORS):
+            raise
+        raise faiss_failure(exc, settings.factory, dim, sum(e.num_embedded for e in entries)) from exc

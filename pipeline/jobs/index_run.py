@@ -27,19 +27,17 @@ from petal import __version__
 from petal.engine.config import EngineConfig
 from petal.engine.engine import Engine, resolve_device, resolve_dtype
 from petal.engine.loader import ModelSpec
-from petal.pipeline.config import IndexJob, IndexSettings, default_token_budget
-from petal.pipeline.index.checksums import seal_manifest
+from petal.pipeline.config import IndexJob, default_token_budget
 from petal.pipeline.index.columns_file import add_stored_columns
-from petal.pipeline.index.factory_fit import check_factory_fits, faiss_failure
 from petal.pipeline.index.files import IDS_FILE
-from petal.pipeline.index.output_index import build_output_index
+from petal.pipeline.index.plan import check_index_factory, index_kind
+from petal.pipeline.index.writer import BuildResult, build_version_index
 from petal.pipeline.ingest.documents import read_documents
 from petal.pipeline.ingest.pack import PackConfig, Packer
 from petal.pipeline.ingest.parquet import ReadStats, ShardInfo, preflight, resolve_sources
 from petal.pipeline.ingest.prefetch import Prefetcher
 from petal.pipeline.ingest.rejects import BadRowGate, rejects_table
 from petal.pipeline.ingest.tokens import TokenizedDocs, tokenize_documents, tokenizer_for
-from petal.pipeline.jobs.drift import drift_details
 from petal.pipeline.jobs.inflight import InFlight
 from petal.pipeline.jobs.model import model_spec
 from petal.pipeline.jobs.removals import (
@@ -49,26 +47,31 @@ from petal.pipeline.jobs.removals import (
     kept_entries,
     kept_records,
     kept_shard,
+    kept_vectors,
     removed_documents,
 )
 from petal.pipeline.jobs.report import RunReport
 from petal.pipeline.layout import OutputDir
-from petal.pipeline.reliability.durable import write_json_atomic
-from petal.pipeline.reliability.errors import (
-    FAISS_WRITE_ERRORS,
-    ConfigError,
-    NoInputError,
-    PetalError,
-    PetalIOError,
-    writing,
+from petal.pipeline.manifest import (
+    MANIFEST_FILE,
+    Counts,
+    EmbeddingSettings,
+    Manifest,
+    ModelRecord,
+    PrecomputedRecord,
+    PrecomputedSettings,
+    ReadRecord,
+    ShardRecord,
+    StoredColumns,
 )
+from petal.pipeline.reliability.errors import ConfigError, NoInputError, PetalIOError, writing
 from petal.pipeline.reliability.faults import fault
 from petal.pipeline.reliability.signals import StopSignals
 from petal.pipeline.reliability.step_guard import StepGuard, device_failure
 from petal.pipeline.store.changes import live_manifest, shard_changes
 from petal.pipeline.store.columns import ColumnsNeed, check_keep_columns, ensure_columns
 from petal.pipeline.store.embeddings import EmbeddingStore, StoreEntry, StoreSink, settings_fingerprint, sha256_file
-from petal.pipeline.store.outputs import OutputTransform, add_output_manifest, output_settings, outputs_factory
+from petal.pipeline.store.outputs import OutputTransform
 from petal.pipeline.store.side_files import prune_side_files
 from petal.pipeline.store.tombstones import apply_deletes, deleted_rows, read_delete_ids
 
@@ -90,34 +93,10 @@ def engine_config(job: IndexJob, spec: ModelSpec) -> EngineConfig:
                         cuda_graphs=job.cuda_graphs, token_budget=budget, max_seqs=job.max_seqs)
 
 
-def embedding_settings(spec: ModelSpec, config: EngineConfig, job: IndexJob) -> dict[str, Any]:
+def embedding_settings(spec: ModelSpec, config: EngineConfig, job: IndexJob) -> EmbeddingSettings:
     """Everything that shapes a shard's vectors (the store fingerprint; drift is checked on it)."""
-    return {
-        "architecture": spec.config.architecture,
-        "weights_sha256": spec.weights_sha256,
-        "tokenizer_sha256": spec.tokenizer_sha256,
-        "pooling": spec.pooling.mode,
-        "normalize": spec.pooling.normalize,
-        "max_length": spec.pooling.max_length,
-        "dim": spec.dim,
-        "dtype": config.dtype,
-        "text_column": job.read.text_column,
-        "id_column": job.read.id_column,
-        **output_settings(spec, OutputTransform.for_model(spec, job.output)),  # output formats
-    }
-
-
-def check_index_factory(dim: int, settings: IndexSettings) -> None:
-    """A factory string FAISS cannot build is a usage error now, not after every shard is embedded."""
-    if settings.factory == "auto":
-        return
-    import faiss
-
-    metric = faiss.METRIC_INNER_PRODUCT if settings.metric == "ip" else faiss.METRIC_L2
-    try:
-        faiss.index_factory(dim, settings.factory, metric)
-    except RuntimeError as exc:
-        raise ValueError(f"--index-factory {settings.factory!r} is not a valid FAISS factory string: {exc}") from exc
+    return EmbeddingSettings.for_run(spec, config.dtype, job.read.text_column, job.read.id_column,
+                                     OutputTransform.for_model(spec, job.output))
 
 
 def run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory = Engine,
@@ -151,13 +130,10 @@ def _run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory, 
     delete_ids = read_delete_ids(job.delete, job.read.id_column) if job.delete is not None else None
     spec = model_spec(job.model, job.max_length, job.model_options)
     transform = OutputTransform.for_model(spec, job.output)  # --dim, --quantize, --output-dtype
-    base_factory = engine_factory  # picklable, for worker processes
-    engine_factory = outputs_factory(engine_factory, transform)  # engine results are stored vectors
     config = engine_config(job, spec)
-    check_index_factory(transform.dim, job.index)
-    kept_before = kept_records(live, shards, job.sync or job.full)
-    check_factory_fits(job.index, transform.dim, report.rows["total"] + sum(int(r.get("embedded", r["rows"]))
-                                                                         for r in kept_before))
+    # the index factory against the output format, the dimension and (at most) the rows read + the kept shards'
+    check_index_factory(job.index, index_kind(transform.quantize, transform.output_dtype), transform.dim,
+                        report.rows["total"] + kept_vectors(kept_records(live, shards, job.sync or job.full)))
     settings = embedding_settings(spec, config, job)
     report.model = spec.describe()
     out = OutputDir(job.out)
@@ -179,11 +155,11 @@ def _run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory, 
         kept_recs = kept_records(previous, shards, job.sync)  # additive: the live shards not named (by abs path)
         kept = kept_entries(store, kept_recs, out.root)
         kept_infos = [kept_shard(r, e) for r, e in zip(kept_recs, kept)]
-        settings_fp = settings_fingerprint(settings)
+        settings_fp = settings_fingerprint(settings.to_dict())
         fingerprints = [content_fingerprint(store, info, settings_fp) for info in shards]
         all_shards = sorted([*shards, *kept_infos], key=lambda info: info.abs_path)
         sha = {info.abs_path: store.content_sha256(info) for info in shards}  # cached above
-        sha.update({r["abs_path"]: r["sha256"] for r in kept_recs})
+        sha.update({r.abs_path: r.sha256 for r in kept_recs})
         report.shard_changes = shard_changes(previous if not job.full else live_manifest(out), all_shards,
                                              [sha[info.abs_path] for info in all_shards])
         if kept_infos:  # NOTE: the key is there only when shards were kept (the report's shape is a contract)
@@ -207,13 +183,13 @@ def _run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory, 
             embed_started = time.perf_counter()
             todo_shards, todo_fingerprints = [shards[i] for i in todo], [fingerprints[i] for i in todo]
             if job.scale is None:
-                commits = embed_in_process(todo_shards, todo_fingerprints, store, settings, spec, config,
-                                           engine_factory, job, report, stop, gate, reads)
+                commits = embed_in_process(todo_shards, todo_fingerprints, store, settings.to_dict(), spec, config,
+                                           engine_factory, transform, job, report, stop, gate, reads)
             else:  # --devices/--workers/--ray: worker processes (or Ray actors) embed and commit
                 from petal.pipeline.jobs.scaled import embed_scaled
 
-                commits = embed_scaled(job, todo_shards, todo_fingerprints, store, settings, spec, config,
-                                       base_factory, transform, report, stop, reads)
+                commits = embed_scaled(job, todo_shards, todo_fingerprints, store, settings.to_dict(), spec, config,
+                                       engine_factory, transform, report, stop, reads)
             # NOTE: closed inside the lock, so uncommitted shards are dropped before another writer can start.
             with contextlib.closing(commits):
                 for position, entry in commits:
@@ -262,25 +238,21 @@ def _run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory, 
         try:
             with writing(staging):
                 fault("before_index_build", staging / "index.faiss")
-                # the index type follows the output format
-                try:
-                    result, transform = build_output_index(committed, transform, job.index, staging)
-                except (RuntimeError, ValueError) as exc:  # a FAISS error; write errors go on to writing() (74)
-                    if isinstance(exc, PetalError) or any(m in str(exc) for m in FAISS_WRITE_ERRORS):
-                        raise
-                    raise faiss_failure(exc, job.index.factory, transform.dim,
-                                        sum(e.num_embedded for e in committed)) from exc
-                fault("after_index_build", staging / "manifest.json")
+                # the index type follows the output format; int8 learns its calibration here. A FAISS
+                # error is 78 (the embeddings stay in the store); write errors go on to writing() (74)
+                result = build_version_index(committed, transform.dim, job.index, staging, transform)
+                transform = result.output or transform
+                fault("after_index_build", staging / MANIFEST_FILE)
                 pq.write_table(rejects_table(committed), staging / "rejects.parquet")
                 stored = add_stored_columns(committed, transform.dim, need, staging)  # text, --keep-columns
                 if stored:
                     result.files[IDS_FILE] = sha256_file(staging / IDS_FILE)
                 version = out.new_version_id()
-                manifest = make_manifest(version, spec, settings, job, shards, committed, result, report)
-                add_output_manifest(manifest, transform)  # the transform queries apply, int8 calibration
-                if stored:  # in ids.parquet: the text (as "text") and --keep-columns, by FAISS id
-                    manifest["columns"] = {"text": True, "keep": list(job.keep_columns)}
-                write_json_atomic(staging / "manifest.json", seal_manifest(staging, manifest))  # + head/tail checksums
+                # the transform queries apply, with the int8 calibration the index learned; stored columns:
+                # in ids.parquet, the text (as "text") and --keep-columns, by FAISS id
+                make_manifest(version, spec, settings, job, shards, committed, result, transform,
+                              StoredColumns(True, tuple(job.keep_columns)) if stored else None
+                              ).write(staging / MANIFEST_FILE)
             stop.check()  # NOTE: the last stop: once the pointer swaps, the run is done and ends as a success
             out.publish(staging, version)
         except BaseException:
@@ -289,11 +261,7 @@ def _run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory, 
         fault("after_publish")
         report.timings_s["index"] = round(time.perf_counter() - index_started, 3)
         report.version = version
-        report.index = {"factory": result.factory, "metric": result.metric, "num_vectors": result.num_vectors,
-                        "superseded": result.superseded, "deleted": sum(tombstoned(e) for e in committed),
-                        "search_params": result.search_params,
-                        "tuning": result.tuning, "storage": result.plan.get("storage", "memory"),
-                        "device": result.device}
+        report.index = {**result.report(), "deleted": sum(tombstoned(e) for e in committed)}
         report.rejects_file = str(out.version_dir(version) / "rejects.parquet")
         clean_up(out, store, committed, job, report)
     report.finish("success", 0)
@@ -302,8 +270,8 @@ def _run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory, 
 
 def embed_in_process(shards: list[ShardInfo], fingerprints: list[str], store: EmbeddingStore,
                      settings: dict[str, Any], spec: ModelSpec, config: EngineConfig, engine_factory: EngineFactory,
-                     job: IndexJob, report: RunReport, stop: StopSignals, gate: BadRowGate | None,
-                     reads: ReadStats) -> Iterator[tuple[int, StoreEntry]]:
+                     transform: OutputTransform, job: IndexJob, report: RunReport, stop: StopSignals,
+                     gate: BadRowGate | None, reads: ReadStats) -> Iterator[tuple[int, StoreEntry]]:
     """The embed phase in this process: read, tokenize (background threads), step, store; yields commits."""
     tokenizer = tokenizer_for(spec)  # document prompt, EOS for last-token pooling
     documents = read_documents(shards, job.read, reads)  # [1] read (streamed)
@@ -317,8 +285,8 @@ def embed_in_process(shards: list[ShardInfo], fingerprints: list[str], store: Em
         _reraise(exc)
     report.engine = engine.describe()
     report.timings_s["model_load"] = round(engine.stats.model_load_s, 3)
-    with contextlib.closing(embed_shards(chunks, shards, fingerprints, store, settings, engine, job, report, stop,
-                                         gate)) as commits:
+    with contextlib.closing(embed_shards(chunks, shards, fingerprints, store, settings, engine, transform, job,
+                                         report, stop, gate)) as commits:
         yield from commits
     report.engine["stats"] = engine.stats.as_dict()
 
@@ -365,10 +333,12 @@ def clean_up(out: OutputDir, store: EmbeddingStore, committed: list[StoreEntry],
 
 
 def embed_shards(chunks: Prefetcher[TokenizedDocs], shards: list[ShardInfo], fingerprints: list[str],
-                 store: EmbeddingStore, settings: dict[str, Any], engine: Engine, job: IndexJob, report: RunReport,
-                 stop: StopSignals, gate: BadRowGate | None) -> Iterator[tuple[int, StoreEntry]]:
-    """Embed the tokenized ``chunks`` of ``shards`` into the store; yields ``(position, entry)`` as each commits."""
-    sink = StoreSink(store, shards, fingerprints, settings, engine.dim)
+                 store: EmbeddingStore, settings: dict[str, Any], engine: Engine, transform: OutputTransform,
+                 job: IndexJob, report: RunReport, stop: StopSignals,
+                 gate: BadRowGate | None) -> Iterator[tuple[int, StoreEntry]]:
+    """Embed the tokenized ``chunks`` of ``shards`` into the store (as ``transform.stored()`` vectors);
+    yields ``(position, entry)`` as each commits."""
+    sink = StoreSink(store, shards, fingerprints, settings, transform.dim, transform)  # stores transform.stored()
     packer = Packer(PackConfig(engine.config.token_budget, engine.config.max_seqs))
     flight = InFlight(engine.config.steps_in_flight)
     guard = StepGuard(engine)  # splits a batch the device has no memory for
@@ -445,53 +415,59 @@ def tally_rows(entries: list[StoreEntry], report: RunReport, embedded_now: set[i
     for key, count in (("reused", reused), ("kept", kept_rows)):  # NOTE: only when some: the report's shape
         if count:
             report.rows[key] = count
-    report.rows["truncated"] = sum(int(e.meta["counts"]["truncated"]) for e in entries)
+    report.rows["truncated"] = sum(e.num_truncated for e in entries)
     report.rows["skipped"] = {}
     for entry in entries:
-        for reason, count in entry.meta["counts"]["skipped"].items():
-            report.skip(reason, int(count))
+        for reason, count in entry.skipped.items():
+            report.skip(reason, count)
 
 
-def check_drift(previous: dict[str, Any], settings: dict[str, Any], out: Path) -> None:
-    """Refuse to mix vectors made with other settings into an existing index (exit 78)."""
-    before = previous.get("embedding", {})
-    differ = sorted(k for k in set(before) | set(settings) if before.get(k) != settings.get(k))
+def check_drift(previous: Manifest, settings: EmbeddingSettings | PrecomputedSettings, out: Path) -> None:
+    """Refuse to mix vectors made with other settings into an existing index (exit 78), saying in words
+    which settings differ."""
+    differ = previous.embedding.differences(settings)
     if differ:
-        details = ", ".join(drift_details(before, settings))
-        raise ConfigError(f"{out} was built with other settings ({details}); pass --full to rebuild it")
+        raise ConfigError(f"{out} was built with other settings ({', '.join(differ)}); pass --full to rebuild it")
 
 
-def unchanged(previous: dict[str, Any], shards: list[ShardInfo], entries: list[StoreEntry], job: IndexJob) -> bool:
+def unchanged(previous: Manifest, shards: list[ShardInfo], entries: list[StoreEntry], job: IndexJob) -> bool:
     """True when the live version was built from exactly these store entries and index settings."""
-    before = [(s["abs_path"], s["entry"], s.get("deleted", 0)) for s in previous.get("shards", [])]
+    before = [(s.abs_path, s.entry, s.deleted) for s in previous.shards]
     now = [(s.abs_path, e.fingerprint, tombstoned(e)) for s, e in zip(shards, entries)]
-    same_columns = previous.get("columns", {}).get("keep", []) == list(job.keep_columns)
-    return before == now and same_columns and previous.get("index", {}).get("settings") == job.index.as_dict()
+    same_columns = previous.kept_columns == tuple(job.keep_columns)
+    return before == now and same_columns and previous.index.settings == job.index
 
 
-def make_manifest(version: str, spec: ModelSpec, settings: dict[str, Any], job: IndexJob, shards: list[ShardInfo],
-                  entries: list[StoreEntry], result: Any, report: RunReport) -> dict[str, Any]:
-    return {
-        "format": 1,
-        "petal_version": __version__,
-        "version": version,
-        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "model": spec.describe(),
-        "embedding": settings,
-        "read": {"text_column": job.read.text_column, "id_column": job.read.id_column},
-        "dim": spec.dim,
-        "normalize": spec.pooling.normalize,
-        "metric": job.index.metric,
-        "max_length": spec.pooling.max_length,
-        "index": result.manifest(job.index),
-        "shards": [
-            {"path": str(s.path), "abs_path": s.abs_path, "size": s.size, "mtime_ns": s.mtime_ns,
-             "sha256": e.meta["source"]["sha256"], "rows": s.num_rows, "entry": e.fingerprint, **e.meta["counts"],
-             "deleted": tombstoned(e)}
-            for s, e in zip(shards, entries)
-        ],
-        "counts": version_counts(entries, result.num_vectors),
-    }
+def shard_records(shards: list[ShardInfo], entries: list[StoreEntry]) -> tuple[ShardRecord, ...]:
+    """The manifest's shards: every shard of the version (named or kept) with its store entry and counts."""
+    return tuple(ShardRecord(path=str(s.path), abs_path=s.abs_path, size=s.size, mtime_ns=s.mtime_ns,
+                             sha256=e.source_sha256, rows=s.num_rows, entry=e.fingerprint, embedded=e.num_embedded,
+                             skipped=e.skipped, truncated=e.num_truncated, deleted=tombstoned(e))
+                 for s, e in zip(shards, entries))
+
+
+def make_manifest(version: str, spec: ModelSpec, settings: EmbeddingSettings, job: IndexJob,
+                  shards: list[ShardInfo], entries: list[StoreEntry], result: BuildResult,
+                  transform: OutputTransform, stored: StoredColumns | None) -> Manifest:
+    return Manifest(
+        version=version, created_at=Manifest.now(), petal_version=__version__, model=ModelRecord.from_spec(spec),
+        embedding=settings, columns=ReadRecord(job.read.text_column, job.read.id_column), dim=transform.dim,
+        normalize=spec.pooling.normalize, metric=job.index.metric, max_length=spec.pooling.max_length,
+        index=result.record(job.index), shards=shard_records(shards, entries),
+        counts=version_counts(entries, result.num_vectors), output=transform, stored=stored)
+
+
+def vector_manifest(version: str, settings: PrecomputedSettings, job: IndexJob, shards: list[ShardInfo],
+                    entries: list[StoreEntry], result: BuildResult, transform: OutputTransform,
+                    stored: StoredColumns | None) -> Manifest:
+    """The manifest of an index of precomputed vectors (``--vectors-column``): no model."""
+    return Manifest(
+        version=version, created_at=Manifest.now(), petal_version=__version__,
+        model=PrecomputedRecord(settings.vectors_column, settings.dim), embedding=settings,
+        columns=ReadRecord(job.read.text_column, job.read.id_column, settings.vectors_column), dim=settings.dim,
+        normalize=False, metric=job.index.metric, max_length=None, index=result.record(job.index),
+        shards=shard_records(shards, entries), counts=version_counts(entries, result.num_vectors), output=transform,
+        stored=stored)
 
 
 def tombstoned(entry: StoreEntry) -> int:
@@ -499,16 +475,15 @@ def tombstoned(entry: StoreEntry) -> int:
     return len(deleted_rows(entry))
 
 
-def version_counts(entries: list[StoreEntry], num_vectors: int) -> dict[str, Any]:
-    """The manifest's counts: every shard of the version, embedded now or earlier."""
+def version_counts(entries: list[StoreEntry], num_vectors: int) -> Counts:
+    """The manifest's counts: every shard of the version (named or kept), embedded now or earlier."""
     skipped: dict[str, int] = {}
     for entry in entries:
-        for reason, count in entry.meta["counts"]["skipped"].items():
+        for reason, count in entry.skipped.items():
             skipped[reason] = skipped.get(reason, 0) + int(count)
-    return {"rows": sum(int(e.meta["counts"]["rows"]) for e in entries),
-            "embedded": sum(e.num_embedded for e in entries), "skipped": skipped,
-            "truncated": sum(int(e.meta["counts"]["truncated"]) for e in entries),
-            "deleted": sum(tombstoned(e) for e in entries), "vectors": num_vectors}
+    return Counts(rows=sum(e.num_rows for e in entries), embedded=sum(e.num_embedded for e in entries),
+                  skipped=skipped, truncated=sum(e.num_truncated for e in entries),
+                  vectors=num_vectors, deleted=sum(tombstoned(e) for e in entries))
 
 
 def guard_removals(out: OutputDir, job: IndexJob, shards: list[ShardInfo], entries: list[StoreEntry],
@@ -521,13 +496,13 @@ def guard_removals(out: OutputDir, job: IndexJob, shards: list[ShardInfo], entri
     if not ids_file.is_file():
         return  # an unreadable live version (--full): nothing to compare with
     previous = live_manifest(out)
-    dropped = dropped_entries(EmbeddingStore(out.store_dir), previous or {}, shards)
+    dropped = dropped_entries(EmbeddingStore(out.store_dir), previous, shards)
     removal = removed_documents(ids_file, entries, delete_ids, dropped, report.shard_changes.get("removed", []))
     report.removed = removal.as_dict()
     check_removal(removal, job.max_removed or RemovalLimit.default(job.sync), job.sync)
 
 
-def peek_live_manifest(out: Path) -> dict[str, Any] | None:
+def peek_live_manifest(out: Path) -> Manifest | None:
     """The live manifest of ``out`` if there is a readable one (no lock; ``None`` otherwise)."""
     try:
         return live_manifest(OutputDir(out))
@@ -535,12 +510,12 @@ def peek_live_manifest(out: Path) -> dict[str, Any] | None:
         return None
 
 
-def full_rerun_sources(live: dict[str, Any] | None, named: list[ShardInfo]) -> list[str]:
+def full_rerun_sources(live: Manifest | None, named: list[ShardInfo]) -> list[str]:
     """``--full`` in an additive run: the live version's shards not named, to embed again from their files."""
     extra = []
     for record in kept_records(live, named, sync=False):
-        if "://" not in str(record["abs_path"]) and not Path(record["abs_path"]).is_file():  # objects: listed again
-            raise ConfigError(f"--full re-embeds every shard of the index, but {record['path']} (kept from an earlier "
+        if "://" not in record.abs_path and not Path(record.abs_path).is_file():  # objects: listed again
+            raise ConfigError(f"--full re-embeds every shard of the index, but {record.path} (kept from an earlier "
                               "run) is gone; pass --sync to drop the shards not named")
-        extra.append(str(record["abs_path"]))
+        extra.append(record.abs_path)
     return extra

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 
@@ -27,31 +27,31 @@ from petal.pipeline.index.search import Hit, IndexReader
 from petal.pipeline.ingest.tokens import Encoded, TextTokenizer, tokenizer_for
 from petal.pipeline.jobs.embed import encode_texts
 from petal.pipeline.layout import resolve_index_dir
+from petal.pipeline.manifest import Manifest, ModelRecord
 from petal.pipeline.reliability.errors import ConfigError
 from petal.pipeline.store.outputs import OutputTransform
-
-# What a query's model must share with the index's (keys of ModelSpec.describe(); checked when recorded).
-MATCHING_KEYS = ("weights_sha256", "tokenizer_sha256", "pooling", "normalize", "dim", "attention", "dense",
-                 "similarity", "int8_scheme", "eos_token_id")
 
 QUERY_TOKEN_BUDGET = 2048
 Side = Literal["query", "document"]
 
 
-def model_for_index(manifest: dict, model: str | None, allow_pickle_weights: bool = False,
+def model_for_index(manifest: Manifest, model: str | None, allow_pickle_weights: bool = False,
                     query_prompt: str | None = None) -> ModelSpec:
     """The model an index was built with (or ``model``, which must be the same weights), with the
-    pooling, attention and query prompt recorded at index time (``query_prompt`` overrides the last)."""
-    recorded = manifest["model"]
-    path = model or recorded["path"]
-    options = ModelOptions(pooling=recorded.get("pooling"), attention_mask=recorded.get("attention"),
-                           query_prompt=query_prompt if query_prompt is not None
-                           else recorded.get("prompts", {}).get("query"),
+    pooling, attention and query prompt recorded at index time (``query_prompt`` overrides the last).
+
+    The packaged default model is found by name in this environment; another model at its recorded
+    path, or at ``model`` when it moved (its weights' sha256 must match).
+    """
+    recorded = manifest.model
+    options = ModelOptions(pooling=recorded.pooling, attention_mask=recorded.attention,
+                           query_prompt=query_prompt if query_prompt is not None else recorded.query_prompt,
                            allow_pickle_weights=allow_pickle_weights)
     try:
-        spec = inspect_model(path, options, max_length=manifest["max_length"])
+        spec = inspect_model(model or recorded.locator, options, max_length=manifest.max_length)
     except ModelError as exc:
-        hint = "" if model else " (the index's model is gone from where it was built; pass --model DIR)"
+        hint = "" if model or recorded.locator is None else \
+            " (the index's model is gone from where it was built; pass --model DIR)"
         raise ConfigError(f"{exc}{hint}") from exc
     mismatch = model_mismatch(manifest, spec)
     if mismatch:
@@ -59,12 +59,9 @@ def model_for_index(manifest: dict, model: str | None, allow_pickle_weights: boo
     return spec
 
 
-def model_mismatch(manifest: dict[str, Any], spec: ModelSpec) -> str:
+def model_mismatch(manifest: Manifest, spec: ModelSpec) -> str:
     """Why ``spec`` cannot embed queries for the index of ``manifest`` ("" when it can)."""
-    recorded = manifest.get("model", {})
-    described = spec.describe()
-    differ = [k for k in MATCHING_KEYS if k in recorded and described[k] != recorded[k]]
-    return ", ".join(f"{k}: index {recorded.get(k)!r}, model {described[k]!r}" for k in differ)
+    return ", ".join(manifest.model.mismatches(ModelRecord.from_spec(spec)))
 
 
 def engine_config(spec: ModelSpec, device: str = "auto", dtype: str = "auto", attention: str = "auto",
@@ -119,7 +116,7 @@ class SearchIndex:
 
     @classmethod
     def from_reader(cls, reader: IndexReader, spec: ModelSpec) -> SearchIndex:
-        transform = OutputTransform.from_manifest(reader.manifest, spec)
+        transform = reader.manifest.transform(spec)
         if transform.model_dim != spec.dim or transform.dim != reader.dim:
             raise ConfigError(f"model dim {spec.dim} -> {transform.dim} does not fit the index "
                               f"(dim {reader.dim}, built from {transform.model_dim}-dim vectors)")
@@ -127,11 +124,11 @@ class SearchIndex:
 
     @property
     def version(self) -> str:
-        return str(self.reader.manifest.get("version", self.reader.dir.name))
+        return self.reader.manifest.version
 
     @property
     def text_column(self) -> str:
-        return str(self.reader.manifest.get("read", {}).get("text_column", "text"))
+        return self.reader.manifest.columns.text_column
 
     def search(self, model_vectors: np.ndarray, k: int, where: str | None = None) -> list[list[Hit]]:
         """Top ``k`` hits per row of model vectors, after the index-time transform (``where``: a filter on kept
@@ -154,7 +151,7 @@ class QueryService:
         _, manifest = resolve_index_dir(index_path)
         self.spec = model_for_index(manifest, model, allow_pickle_weights, query_prompt)
         reader = IndexReader(index_path, nprobe=nprobe, rescore=rescore)
-        if reader.manifest.get("model") != manifest.get("model"):  # a new version was published meanwhile
+        if reader.manifest.model != manifest.model:  # a new version was published meanwhile
             self.spec = model_for_index(reader.manifest, model, allow_pickle_weights, query_prompt)
         self.index = SearchIndex.from_reader(reader, self.spec)
         self.model = QueryModel(self.spec, engine_config(self.spec, device, dtype, attention))

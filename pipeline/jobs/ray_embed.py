@@ -80,11 +80,10 @@ class ShardEmbedder:
     def __init__(self, plan: WorkerPlan) -> None:
         from tqdm import tqdm
 
-        from petal.pipeline.store.outputs import outputs_factory
 
         tqdm.set_lock(threading.RLock())  # no multiprocessing semaphore per actor
         self.plan = plan
-        self.engine = outputs_factory(plan.engine_factory, plan.transform)(plan.spec, plan.config)
+        self.engine = plan.engine_factory(plan.spec, plan.config)
         self.store = EmbeddingStore(plan.store_root)  # NOTE: never ``open()``: others write in its tmp/
         self.store.remember_sha256(plan.shards, plan.sha256)
 
@@ -101,8 +100,8 @@ class ShardEmbedder:
         out: dict[str, list] = {"position": [], "entry": [], "rows": [], "tokens": [], "pid": [], "read_retries": []}
         try:
             with contextlib.closing(embed_shards(chunks, plan.shards, plan.fingerprints, self.store, plan.settings,
-                                                 self.engine, replace(plan.job, quiet=True), report, StopSignals(),
-                                                 None)) as commits:
+                                                 self.engine, plan.transform, replace(plan.job, quiet=True), report,
+                                                 StopSignals(), None)) as commits:
                 for position, entry in commits:
                     out["position"].append(position)
                     out["entry"].append(str(entry.path))

@@ -28,6 +28,7 @@ import pyarrow.parquet as pq
 
 from petal.pipeline.ingest.parquet import ShardInfo
 from petal.pipeline.ingest.remote import RemotePath
+from petal.pipeline.manifest import Manifest, ShardRecord
 from petal.pipeline.reliability.errors import BadInputError, ConfigError
 from petal.pipeline.store.embeddings import EmbeddingStore, StoreEntry
 from petal.pipeline.store.tombstones import deleted_rows
@@ -75,32 +76,37 @@ class RemovalLimit:
         return str(self.count) if self.count is not None else f"{self.fraction * 100:g}%"  # type: ignore[operator]
 
 
-def kept_records(previous: dict[str, Any] | None, named: list[ShardInfo], sync: bool) -> list[dict[str, Any]]:
+def kept_records(previous: Manifest | None, named: list[ShardInfo], sync: bool) -> list[ShardRecord]:
     """The live version's shard records this run keeps without naming them (none with ``--sync``)."""
     if previous is None or sync:
         return []
     named_paths = {info.abs_path for info in named}
-    return [s for s in previous.get("shards", []) if s["abs_path"] not in named_paths]
+    return [s for s in previous.shards if s.abs_path not in named_paths]
 
 
-def kept_shard(record: dict[str, Any], entry: StoreEntry) -> ShardInfo:
+def kept_vectors(records: list[ShardRecord]) -> int:
+    """The vectors kept shards can add to the index at most (their embedded rows)."""
+    return sum(r.embedded for r in records)
+
+
+def kept_shard(record: ShardRecord, entry: StoreEntry) -> ShardInfo:
     """A kept shard as the manifest recorded it (its file is not read; it may be gone)."""
     id_type = str(entry.meta.get("id_type", ""))
-    path: Any = Path(record["path"])
-    if "://" in str(record["abs_path"]):  # an object (pipeline/ingest/remote.py): its safe URI, not reopened here
-        path = RemotePath(filesystem=None, path=str(record["abs_path"]).split("://", 1)[1], uri=str(record["path"]))
-    return ShardInfo(path=path, abs_path=str(record["abs_path"]), size=int(record["size"]),
-                     mtime_ns=int(record["mtime_ns"]), num_rows=int(record["rows"]), num_row_groups=0,
-                     has_id_column=bool(id_type), id_type=id_type, text_type="")
+    path: Any = Path(record.path)
+    if "://" in record.abs_path:  # an object (pipeline/ingest/remote.py): its safe URI, not reopened here
+        path = RemotePath(filesystem=None, path=record.abs_path.split("://", 1)[1], uri=record.path)
+    return ShardInfo(path=path, abs_path=record.abs_path, size=record.size, mtime_ns=record.mtime_ns,
+                     num_rows=record.rows, num_row_groups=0, has_id_column=bool(id_type), id_type=id_type,
+                     text_type="")
 
 
-def kept_entries(store: EmbeddingStore, records: list[dict[str, Any]], out: Path) -> list[StoreEntry]:
+def kept_entries(store: EmbeddingStore, records: list[ShardRecord], out: Path) -> list[StoreEntry]:
     """The committed store entries of kept shards; a missing one is a ``ConfigError`` (78)."""
     entries = []
     for record in records:
-        entry = store.lookup(str(record["abs_path"]), str(record["entry"]))
+        entry = store.lookup(record.abs_path, record.entry)
         if entry is None:
-            raise ConfigError(f"{out}: the store has no embeddings for {record['path']}, which the live version "
+            raise ConfigError(f"{out}: the store has no embeddings for {record.path}, which the live version "
                               "holds and this run keeps (additive); name it as a SOURCE to embed it again, "
                               "or pass --sync to drop what is not named")
         entries.append(entry)
@@ -135,12 +141,12 @@ def live_ids(entries: list[StoreEntry]) -> pa.ChunkedArray:
     return pa.chunked_array(columns, pa.string())
 
 
-def dropped_entries(store: EmbeddingStore, previous: dict[str, Any], kept: list[ShardInfo]) -> list[StoreEntry]:
+def dropped_entries(store: EmbeddingStore, previous: Manifest | None, kept: list[ShardInfo]) -> list[StoreEntry]:
     """Store entries of the live version's shards the new version does not hold (still in the store: pruning
     comes after the publish)."""
     held = {info.abs_path for info in kept}
-    found = (store.lookup(str(s["abs_path"]), str(s["entry"])) for s in previous.get("shards", [])
-             if s["abs_path"] not in held)
+    found = (store.lookup(s.abs_path, s.entry) for s in (previous.shards if previous is not None else ())
+             if s.abs_path not in held)
     return [entry for entry in found if entry is not None]
 
 

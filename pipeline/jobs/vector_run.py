@@ -15,31 +15,31 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from petal import __version__
 from petal.pipeline.config import IndexJob
 from petal.pipeline.index.columns_file import add_stored_columns
-from petal.pipeline.index.factory_fit import check_factory_fits
 from petal.pipeline.index.files import IDS_FILE
+from petal.pipeline.index.plan import check_index_factory
+from petal.pipeline.index.writer import build_version_index
 from petal.pipeline.ingest.parquet import ShardInfo, resolve_sources
 from petal.pipeline.ingest.rejects import rejects_table
 from petal.pipeline.ingest.vectors import preflight_vectors, read_vectors
 from petal.pipeline.jobs import index_run as run
-from petal.pipeline.jobs.removals import kept_entries, kept_records, kept_shard
+from petal.pipeline.jobs.removals import kept_entries, kept_records, kept_shard, kept_vectors
 from petal.pipeline.jobs.report import RunReport
 from petal.pipeline.layout import OutputDir
-from petal.pipeline.reliability.durable import write_json_atomic
+from petal.pipeline.manifest import MANIFEST_FILE, PrecomputedSettings, StoredColumns
 from petal.pipeline.reliability.errors import NoInputError, writing
 from petal.pipeline.reliability.signals import StopSignals
 from petal.pipeline.store.changes import live_manifest, shard_changes
 from petal.pipeline.store.columns import ColumnsNeed, check_keep_columns, ensure_columns
 from petal.pipeline.store.embeddings import EmbeddingStore, StoreEntry, settings_fingerprint, sha256_file
-from petal.pipeline.store.outputs import OutputTransform, add_output_manifest
+from petal.pipeline.store.outputs import OutputTransform
 from petal.pipeline.store.tombstones import apply_deletes, read_delete_ids
 
 
-def vector_settings(column: str, dim: int, job: IndexJob) -> dict[str, Any]:
+def vector_settings(column: str, dim: int, job: IndexJob) -> PrecomputedSettings:
     """What shapes a shard's stored vectors (the store fingerprint; drift is checked on it)."""
-    return {"source": "precomputed", "vectors_column": column, "dim": dim, "id_column": job.read.id_column}
+    return PrecomputedSettings(vectors_column=column, dim=dim, id_column=job.read.id_column)
 
 
 def run_vector_index(job: IndexJob, column: str, report: RunReport, stop: StopSignals | None = None) -> RunReport:
@@ -56,8 +56,7 @@ def run_vector_index(job: IndexJob, column: str, report: RunReport, stop: StopSi
     need = ColumnsNeed(text, job.keep_columns)
     delete_ids = read_delete_ids(job.delete, job.read.id_column) if job.delete is not None else None
     kept_before = kept_records(live, shards, job.sync)
-    check_factory_fits(job.index, dim, report.rows["total"] + sum(int(r.get("embedded", r["rows"]))
-                                                                   for r in kept_before))
+    check_index_factory(job.index, "float32", dim, report.rows["total"] + kept_vectors(kept_before))
     settings = vector_settings(column, dim, job)
     report.model = {"source": "precomputed", "vectors_column": column, "dim": dim}
     out = OutputDir(job.out)
@@ -76,11 +75,11 @@ def run_vector_index(job: IndexJob, column: str, report: RunReport, stop: StopSi
         kept_recs = kept_records(previous, shards, job.sync)
         kept = kept_entries(store, kept_recs, out.root)
         kept_infos = [kept_shard(r, e) for r, e in zip(kept_recs, kept)]
-        fp = settings_fingerprint(settings)
+        fp = settings_fingerprint(settings.to_dict())
         fingerprints = [run.content_fingerprint(store, info, fp) for info in shards]
         all_shards = sorted([*shards, *kept_infos], key=lambda info: info.abs_path)
         sha = {info.abs_path: store.content_sha256(info) for info in shards}
-        sha.update({r["abs_path"]: r["sha256"] for r in kept_recs})
+        sha.update({r.abs_path: r.sha256 for r in kept_recs})
         report.shard_changes = shard_changes(previous if not job.full else live_manifest(out), all_shards,
                                              [sha[i.abs_path] for i in all_shards])
         if kept_infos:
@@ -129,23 +128,15 @@ def run_vector_index(job: IndexJob, column: str, report: RunReport, stop: StopSi
             staging = out.staging_dir()
         try:
             with writing(staging):
-                try:
-                    result, transform = run.build_output_index(committed, transform, job.index, staging)
-                except (RuntimeError, ValueError) as exc:
-                    if isinstance(exc, run.PetalError) or any(m in str(exc) for m in run.FAISS_WRITE_ERRORS):
-                        raise
-                    raise run.faiss_failure(exc, job.index.factory, dim,
-                                            sum(e.num_embedded for e in committed)) from exc
+                result = build_version_index(committed, dim, job.index, staging, transform)  # FAISS errors: 78
                 pq.write_table(rejects_table(committed), staging / "rejects.parquet")
                 stored = add_stored_columns(committed, dim, need, staging)
                 if stored:
                     result.files[IDS_FILE] = sha256_file(staging / IDS_FILE)
                 version = out.new_version_id()
-                manifest = _manifest(version, settings, job, column, dim, all_shards, committed, result)
-                add_output_manifest(manifest, transform)
-                if stored:
-                    manifest["columns"] = {"text": bool(text), "keep": list(job.keep_columns)}
-                write_json_atomic(staging / "manifest.json", manifest)
+                run.vector_manifest(version, settings, job, all_shards, committed, result, transform,
+                                    StoredColumns(bool(text), tuple(job.keep_columns)) if stored else None
+                                    ).write(staging / MANIFEST_FILE)
             stop.check()
             out.publish(staging, version)
         except BaseException:
@@ -154,18 +145,16 @@ def run_vector_index(job: IndexJob, column: str, report: RunReport, stop: StopSi
             shutil.rmtree(staging, ignore_errors=True)
             raise
         report.version = version
-        report.index = {"factory": result.factory, "metric": result.metric, "num_vectors": result.num_vectors,
-                        "superseded": result.superseded, "search_params": result.search_params,
-                        "tuning": result.tuning, "storage": result.plan.get("storage", "memory")}
+        report.index = result.report()
         report.rejects_file = str(out.version_dir(version) / "rejects.parquet")
         run.clean_up(out, store, committed, job, report)
     report.finish("success", 0)
     return report
 
 
-def _store_shard(store: EmbeddingStore, info: ShardInfo, fingerprint: str, settings: dict[str, Any], column: str,
-                 dim: int, job: IndexJob, gate: Any, position: int) -> StoreEntry:
-    writer = store.writer(info, fingerprint, settings, dim)
+def _store_shard(store: EmbeddingStore, info: ShardInfo, fingerprint: str, settings: PrecomputedSettings,
+                 column: str, dim: int, job: IndexJob, gate: Any, position: int) -> StoreEntry:
+    writer = store.writer(info, fingerprint, settings.to_dict(), dim)
     try:
         writer.input_done = True
         for batch in read_vectors(info, job.read, column, dim):
@@ -181,31 +170,6 @@ def _store_shard(store: EmbeddingStore, info: ShardInfo, fingerprint: str, setti
     if gate is not None:
         gate.commit(position, entry)
     return entry
-
-
-def _manifest(version: str, settings: dict[str, Any], job: IndexJob, column: str, dim: int,
-              shards: list[ShardInfo], entries: list[StoreEntry], result: Any) -> dict[str, Any]:
-    return {
-        "format": 1,
-        "petal_version": __version__,
-        "version": version,
-        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "model": {"source": "precomputed", "vectors_column": column, "dim": dim},
-        "embedding": settings,
-        "read": {"text_column": job.read.text_column, "id_column": job.read.id_column, "vectors_column": column},
-        "dim": dim,
-        "normalize": False,
-        "metric": job.index.metric,
-        "max_length": None,
-        "index": result.manifest(job.index),
-        "shards": [
-            {"path": str(s.path), "abs_path": s.abs_path, "size": s.size, "mtime_ns": s.mtime_ns,
-             "sha256": e.meta["source"]["sha256"], "rows": s.num_rows, "entry": e.fingerprint, **e.meta["counts"],
-             "deleted": run.tombstoned(e)}
-            for s, e in zip(shards, entries)
-        ],
-        "counts": run.version_counts(entries, result.num_vectors),
-    }
 
 
 def query_vectors(path: Path) -> Any:

@@ -120,7 +120,6 @@ def _run(plan: WorkerPlan, slot: WorkerSlot, events: Channel, stop: Any) -> dict
     from petal.pipeline.jobs.index_run import _reraise, embed_shards
     from petal.pipeline.jobs.report import RunReport
     from petal.pipeline.store.embeddings import EmbeddingStore
-    from petal.pipeline.store.outputs import outputs_factory
 
     started = time.perf_counter()
     if slot.torch_threads is not None:
@@ -137,7 +136,7 @@ def _run(plan: WorkerPlan, slot: WorkerSlot, events: Channel, stop: Any) -> dict
                         depth=16)
     try:
         try:
-            engine = outputs_factory(plan.engine_factory, plan.transform)(plan.spec, plan.config)
+            engine = plan.engine_factory(plan.spec, plan.config)
         except BaseException as exc:
             _reraise(exc)
         progress = ProgressEngine(engine, events, slot.index)
@@ -145,8 +144,9 @@ def _run(plan: WorkerPlan, slot: WorkerSlot, events: Channel, stop: Any) -> dict
         load_s = time.perf_counter() - started
         committed = rows = 0
         job = replace(plan.job, quiet=True)
+        # the sink stores plan.transform.stored() vectors (the output transform is applied at the store)
         with contextlib.closing(embed_shards(chunks, plan.shards, plan.fingerprints, store, plan.settings, progress,
-                                             job, report, stop, None)) as commits:
+                                             plan.transform, job, report, stop, None)) as commits:
             for position, entry in commits:
                 progress.flush()
                 events.put(("commit", slot.index, position, str(entry.path)))

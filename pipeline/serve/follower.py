@@ -24,6 +24,7 @@ from typing import Any
 
 from petal.engine.loader import ModelSpec
 from petal.pipeline.jobs.query import SearchIndex, model_mismatch
+from petal.pipeline.manifest import StoredFormat
 from petal.pipeline.reliability.errors import PetalError
 from petal.pipeline.serve.metrics import ServeMetrics
 
@@ -104,15 +105,16 @@ class IndexFollower:
         mismatch = model_mismatch(manifest, self.spec)
         if mismatch:
             return "model", f"{candidate.version} was built with another model ({mismatch})"
-        if int(manifest.get("max_length", self.spec.pooling.max_length)) != self.spec.pooling.max_length:
-            return "max_length", (f"{candidate.version} was built with max length {manifest.get('max_length')}, "
+        if manifest.max_length != self.spec.pooling.max_length:
+            return "max_length", (f"{candidate.version} was built with max length {manifest.max_length}, "
                                   f"the server embeds at {self.spec.pooling.max_length}")
-        new, live = candidate.transform, self.live.transform  # calibration may differ: each version keeps its own
-        if (new.model_dim, new.fingerprint()) != (live.model_dim, live.fingerprint()):
+        # calibration may differ: each version keeps its own
+        new, live = StoredFormat.of(candidate.transform), StoredFormat.of(self.live.transform)
+        if (candidate.transform.model_dim, new) != (self.live.transform.model_dim, live):
             return "output", (f"{candidate.version} was built with another output transform "
-                              f"({candidate.transform.fingerprint()} vs {self.live.transform.fingerprint()})")
-        recorded = manifest.get("model", {}).get("prompts", {}).get("query")
-        live_prompt = self.live.reader.manifest.get("model", {}).get("prompts", {}).get("query")
+                              f"({new.to_dict()} vs {live.to_dict()})")
+        recorded = manifest.model.query_prompt
+        live_prompt = self.live.reader.manifest.model.query_prompt
         if recorded != live_prompt:
             return "prompt", f"{candidate.version} records query prompt {recorded!r}, the server uses {live_prompt!r}"
         return None

@@ -62,7 +62,7 @@ def search_params(reader: IndexReader, nprobe: int | None, rescore: int | None) 
     Hold ``SharedExclusiveLock.exclusive()`` around it. Parameters an index does not have are ignored
     (a flat index has no nprobe; only binary indexes rescore).
     """
-    from petal.pipeline.index.output_index import BinaryIndex
+    from petal.pipeline.index.binary import BinaryIndex
 
     index = reader.index
     if isinstance(index, BinaryIndex):
@@ -93,7 +93,7 @@ def search_params(reader: IndexReader, nprobe: int | None, rescore: int | None) 
 
 def overrides(reader: IndexReader, nprobe: int | None, rescore: int | None) -> bool:
     """Whether a request's parameters differ from those ``reader`` searches with."""
-    from petal.pipeline.index.output_index import BinaryIndex
+    from petal.pipeline.index.binary import BinaryIndex
 
     index = reader.index
     if isinstance(index, BinaryIndex):

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from petal.pipeline.ingest.parquet import ShardInfo
 from petal.pipeline.layout import OutputDir
+from petal.pipeline.manifest import Manifest
 from petal.pipeline.reliability.errors import PetalError
 
 
-def live_manifest(out: OutputDir) -> dict[str, Any] | None:
+def live_manifest(out: OutputDir) -> Manifest | None:
     """The live version's manifest; ``None`` when there is none or it cannot be read (``--full``)."""
     try:
         return out.current_manifest()
@@ -17,15 +16,14 @@ def live_manifest(out: OutputDir) -> dict[str, Any] | None:
         return None
 
 
-def shard_changes(previous: dict[str, Any] | None, shards: list[ShardInfo],
-                  sha256: list[str]) -> dict[str, list[str]]:
+def shard_changes(previous: Manifest | None, shards: list[ShardInfo], sha256: list[str]) -> dict[str, list[str]]:
     """Compare the shards of this run (``sha256[i]`` is the content hash of ``shards[i]``) with the
     previous manifest's shard list, by absolute path and content. Paths as the user gave them."""
-    before = {s["abs_path"]: s for s in (previous or {}).get("shards", [])}
+    before = {s.abs_path: s for s in (previous.shards if previous is not None else ())}
     changes: dict[str, list[str]] = {"added": [], "changed": [], "removed": [], "unchanged": []}
     for info, digest in zip(shards, sha256):
         old = before.pop(info.abs_path, None)
-        kind = "added" if old is None else "unchanged" if old["sha256"] == digest else "changed"
+        kind = "added" if old is None else "unchanged" if old.sha256 == digest else "changed"
         changes[kind].append(str(info.path))
-    changes["removed"] = [str(s["path"]) for s in before.values()]
+    changes["removed"] = [s.path for s in before.values()]
     return changes

@@ -25,7 +25,7 @@ import shutil
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -36,6 +36,9 @@ from petal.pipeline.ingest.parquet import ShardInfo
 from petal.pipeline.reliability.durable import fsync_dir, write_json_atomic
 from petal.pipeline.reliability.errors import writing
 from petal.pipeline.reliability.faults import fault
+
+if TYPE_CHECKING:
+    from petal.pipeline.store.outputs import OutputTransform
 
 STORE_FORMAT = 1
 
@@ -74,6 +77,24 @@ class StoreEntry:
     @property
     def num_embedded(self) -> int:
         return int(self.meta["counts"]["embedded"])
+
+    @property
+    def num_rows(self) -> int:
+        """Rows of the shard the entry was made from (embedded or not)."""
+        return int(self.meta["counts"]["rows"])
+
+    @property
+    def num_truncated(self) -> int:
+        return int(self.meta["counts"]["truncated"])
+
+    @property
+    def skipped(self) -> dict[str, int]:
+        """Rows not embedded, by reason."""
+        return {str(k): int(v) for k, v in self.meta["counts"]["skipped"].items()}
+
+    @property
+    def source_sha256(self) -> str:
+        return str(self.meta["source"]["sha256"])
 
     def embeddings(self) -> np.ndarray:
         """``[num_rows, dim]`` float32, memory-mapped (rows that were not embedded are zero)."""
@@ -307,8 +328,11 @@ class StoreSink:
     """
 
     def __init__(self, store: EmbeddingStore, shards: list[ShardInfo], fingerprints: list[str],
-                 settings: dict[str, Any], dim: int) -> None:
+                 settings: dict[str, Any], dim: int, transform: OutputTransform | None = None) -> None:
         self.store = store
+        # NOTE: the output transform (--dim, int8/binary, float16) is applied here, where vectors enter
+        # the store: the engine's vectors are model vectors, the store's are transform.stored() vectors.
+        self.transform = transform
         self.shards = shards
         self.fingerprints = fingerprints
         self.settings = settings
@@ -332,7 +356,10 @@ class StoreSink:
         return self._commit_ready()
 
     def add(self, keys: list[tuple[int, int, Any]], vectors: np.ndarray) -> list[tuple[int, StoreEntry]]:
-        """Vectors of one step; ``keys[i] = (shard_index, row, doc_id)`` of ``vectors[i]``."""
+        """Vectors of one step; ``keys[i] = (shard_index, row, doc_id)`` of ``vectors[i]`` (model vectors,
+        stored as ``transform.stored(vectors)`` when the sink has a transform)."""
+        if self.transform is not None:
+            vectors = self.transform.stored(vectors)
         shards = [key[0] for key in keys]
         if shards[0] == shards[-1] and len(set(shards)) == 1:  # the common case: one shard per step
             groups = {shards[0]: list(range(len(keys)))}

@@ -10,24 +10,21 @@ model vector [model_dim] float32
   -> binary: sign bits (x >= 0) packed 8 to a byte, first value in the high bit     codes()
 ```
 
-The store and the index hold ``stored()`` vectors: the float vectors (for the tanh scheme, its int8
-values), L2-normalised when the model compares by cosine. A query goes through the same
-``stored()`` before search, and the manifest records the transform (``record()``), so every query
-sees exactly the index-time transform.
+The store and the index hold ``stored()`` vectors: the float vectors (for the tanh scheme, its
+int8 values), L2-normalised when the model compares by cosine. The engine returns model vectors;
+``StoreSink`` (``pipeline/store/embeddings.py``) applies ``stored()`` where they enter the store. A
+query goes through the same ``stored()`` before search, and the manifest records the transform
+(``pipeline/manifest.py``), so every query sees exactly the index-time transform.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 if TYPE_CHECKING:
-    from petal.engine.batch import PackedBatch
-    from petal.engine.config import EngineConfig
-    from petal.engine.engine import Engine
     from petal.engine.loader import ModelSpec
 
 QUANTIZE_MODES: tuple[str, ...] = ("none", "int8", "binary")
@@ -165,34 +162,6 @@ class OutputTransform:
     def _round(self, x: np.ndarray) -> np.ndarray:
         return x.astype(np.float16).astype(np.float32) if self.output_dtype == "float16" else x
 
-    def fingerprint(self) -> dict[str, Any]:
-        """Everything here that shapes stored vectors (the store fingerprint; calibration comes later)."""
-        return {"dim": self.dim, "renormalize": self.renormalize, "cosine": self.cosine, "quantize": self.quantize,
-                "int8_scheme": self.int8_scheme, "output_dtype": self.output_dtype}
-
-    def record(self) -> dict[str, Any]:
-        """The manifest's ``output`` section."""
-        out: dict[str, Any] = {"model_dim": self.model_dim, **self.fingerprint()}
-        if self.calibration is not None:
-            out["calibration"] = {"low": list(self.calibration.low), "span": list(self.calibration.span)}
-        return out
-
-    @classmethod
-    def from_record(cls, record: dict[str, Any]) -> OutputTransform:
-        calibration = record.get("calibration")
-        return cls(model_dim=int(record["model_dim"]), dim=int(record["dim"]), renormalize=bool(record["renormalize"]),
-                   cosine=bool(record["cosine"]), quantize=str(record["quantize"]),
-                   int8_scheme=record.get("int8_scheme"), output_dtype=str(record["output_dtype"]),
-                   calibration=Calibration(tuple(calibration["low"]), tuple(calibration["span"])) if calibration
-                   else None)
-
-    @classmethod
-    def from_manifest(cls, manifest: dict[str, Any], spec: ModelSpec) -> OutputTransform:
-        """The index's transform (indexes written before output formats: the model's plain vectors)."""
-        if "output" in manifest:
-            return cls.from_record(manifest["output"])
-        return cls(model_dim=spec.dim, dim=spec.dim, renormalize=spec.pooling.normalize, cosine=False)
-
 
 def calibrated_codes(stored: np.ndarray, calibration: Calibration) -> np.ndarray:
     """int8 codes of FAISS SQ8's codec: ``floor(255 clip((x - low) / span, 0, 1)) - 128``."""
@@ -205,90 +174,3 @@ def calibrated_decode(codes: np.ndarray, calibration: Calibration) -> np.ndarray
     """The float vectors int8 ``codes`` stand for (FAISS SQ8 decodes to the middle of each step)."""
     low, span = calibration.arrays()
     return low + (codes.astype(np.float32) + 128.5) / 255.0 * span
-
-
-class _StoredResult:
-    """A step's result, turned into stored vectors when read (the ``LazyTensor`` interface)."""
-
-    __slots__ = ("_lazy", "_transform", "_value")
-
-    def __init__(self, lazy: Any, transform: OutputTransform) -> None:
-        self._lazy = lazy
-        self._transform = transform
-        self._value: np.ndarray | None = None
-
-    @property
-    def num_rows(self) -> int:
-        return int(self._lazy.num_rows)
-
-    def done(self) -> bool:
-        return bool(self._lazy.done())
-
-    def result(self) -> np.ndarray:
-        if self._value is None:
-            self._value = self._transform.stored(self._lazy.result())
-        return self._value
-
-
-class OutputEngine:
-    """An engine whose results are ``transform.stored()`` vectors (``dim`` is the output width)."""
-
-    def __init__(self, engine: Engine, transform: OutputTransform) -> None:
-        self.engine = engine
-        self.transform = transform
-        self.spec = engine.spec
-        self.config = engine.config
-        self.stats = engine.stats
-
-    @property
-    def dim(self) -> int:
-        return self.transform.dim
-
-    def describe(self) -> dict[str, Any]:
-        return self.engine.describe()
-
-    def step(self, batch: PackedBatch) -> Any:
-        return _StoredResult(self.engine.step(batch), self.transform)
-
-    def embed(self, batch: PackedBatch) -> np.ndarray:
-        return self.transform.stored(self.engine.embed(batch))
-
-
-def with_outputs(engine: Engine, transform: OutputTransform) -> Engine:
-    """``engine`` whose step results are stored vectors (same interface, for the pipeline's stages)."""
-    return cast("Engine", OutputEngine(engine, transform))
-
-
-def outputs_factory(factory: Callable[[ModelSpec, EngineConfig], Engine],
-                    transform: OutputTransform) -> Callable[[ModelSpec, EngineConfig], Engine]:
-    """``factory`` whose engines return ``transform``'s stored vectors."""
-    return lambda spec, config: with_outputs(factory(spec, config), transform)
-
-
-def output_settings(spec: ModelSpec, transform: OutputTransform) -> dict[str, Any]:
-    """The model and output settings that shape stored vectors, beyond the spine's (store fingerprint).
-
-    A setting appears only when it moves vectors away from what the spine produced (a plain
-    BERT-family run has none), so stores and indexes built before output formats keep their
-    fingerprints; two runs whose vectors differ always differ here.
-    """
-    out: dict[str, Any] = {}
-    if spec.config.architecture == "qwen3" or spec.config.causal:
-        out["attention"] = spec.attention
-    if spec.dense:
-        out["dense"] = spec.describe()["dense"]
-    if spec.prompts.document:
-        out["document_prompt"] = spec.prompts.document
-    if spec.eos_token_id is not None:
-        out["eos_token_id"] = spec.eos_token_id
-    if spec.weights_format != "safetensors":
-        out["weights_format"] = spec.weights_format
-    if not transform.is_identity:
-        out["output"] = transform.fingerprint()
-    return out
-
-
-def add_output_manifest(manifest: dict[str, Any], transform: OutputTransform) -> None:
-    """Record the transform (with any calibration) and the index's width in ``manifest``."""
-    manifest["output"] = transform.record()
-    manifest["dim"] = transform.dim

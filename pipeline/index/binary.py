@@ -1,0 +1,94 @@
+"""Binary indexes: sign bits in a FAISS ``IndexBinaryFlat``/``IndexBinaryIVF`` (Hamming), with
+``rescore.npy`` beside them (the stored float vectors as float16, FAISS id order, memory-mapped).
+
+A search takes ``rescore * k`` Hamming candidates per query and, when ``rescore > 0``, re-ranks
+them by the float similarity of the query to their ``rescore.npy`` rows (read from disk). The
+tuner (``pipeline/index/tune.py``) measures this whole search against exact float search.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from petal.pipeline.index.files import INDEX_FILE
+from petal.pipeline.manifest import Manifest
+from petal.pipeline.reliability.errors import ConfigError
+
+DEFAULT_RESCORE = 10  # Hamming candidates per wanted hit, re-ranked with float vectors
+RESCORE_FILE = "rescore.npy"
+
+
+class BinaryIndex:
+    """A published binary index: float queries -> sign bits -> Hamming candidates -> float rescoring.
+
+    ``search`` returns scores (larger is better for ``ip``: the rescored similarity, or
+    ``1 - 2 hamming / dim`` without rescoring; for ``l2``: squared distance or Hamming distance).
+    """
+
+    def __init__(self, index: Any, rescore_vectors: np.ndarray | None, metric: str, rescore: int) -> None:
+        self.index = index
+        self.rescore_vectors = rescore_vectors
+        self.metric = metric
+        self.rescore = rescore if rescore_vectors is not None else 0
+        self.d = int(index.d)
+
+    @property
+    def ntotal(self) -> int:
+        return int(self.index.ntotal)
+
+    @property
+    def nlist(self) -> int:
+        """Inverted lists (0: exhaustive Hamming search)."""
+        return int(getattr(self.index, "nlist", 0))
+
+    def set_params(self, params: dict[str, int]) -> None:
+        """Search parameters by name (binary indexes are outside FAISS's ``ParameterSpace``)."""
+        if "nprobe" in params and self.nlist:
+            self.index.nprobe = int(params["nprobe"])
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """``queries [n, dim]`` float32 (stored space) -> ``(scores [n, k], ids [n, k])``; ids -1 pad."""
+        codes = np.packbits(queries >= 0, axis=1)
+        wanted = min(self.ntotal, k * max(self.rescore, 1))
+        hamming, ids = self.index.search(codes, wanted)
+        if not self.rescore:
+            scores = hamming.astype(np.float32)
+            return (1.0 - 2.0 * scores / self.d if self.metric == "ip" else scores)[:, :k], ids[:, :k]
+        assert self.rescore_vectors is not None
+        out_scores = np.full((len(queries), k), -np.inf if self.metric == "ip" else np.inf, dtype=np.float32)
+        out_ids = np.full((len(queries), k), -1, dtype=np.int64)
+        for q, (query, row) in enumerate(zip(queries, ids)):
+            valid = np.sort(row[row >= 0])
+            # NOTE: fancy indexing a memmap reads only the candidates' rows from disk (sorted: sequential reads).
+            vectors = np.asarray(self.rescore_vectors[valid], dtype=np.float32)
+            if self.metric == "ip":
+                scores = vectors @ query
+                order = np.argsort(-scores, kind="stable")[:k]
+            else:
+                scores = ((vectors - query) ** 2).sum(axis=1)
+                order = np.argsort(scores, kind="stable")[:k]
+            out_scores[q, : len(order)] = scores[order]
+            out_ids[q, : len(order)] = valid[order]
+        return out_scores, out_ids
+
+
+def open_binary_index(version_dir: Path, manifest: Manifest, nprobe: int | None = None,
+                      rescore: int | None = None) -> BinaryIndex:
+    """Open ``version_dir``'s binary index (its files already checked by ``IndexReader``), memory-mapped."""
+    from petal.pipeline.index.mmap import read_binary_index_mapped
+
+    files = manifest.index.files
+    rescore_path = version_dir / RESCORE_FILE
+    if RESCORE_FILE not in files or not rescore_path.is_file():
+        raise ConfigError(f"{version_dir}: {RESCORE_FILE} is missing or not listed in the manifest")
+    # NOTE: its size and head/tail checksum were checked with the other files (IndexReader, verify.py);
+    # petal verify checks every byte.
+    index = read_binary_index_mapped(version_dir / INDEX_FILE)
+    vectors = np.load(rescore_path, mmap_mode="r", allow_pickle=False)
+    out = BinaryIndex(index, vectors, manifest.metric, DEFAULT_RESCORE if rescore is None else rescore)
+    params = dict(manifest.index.search_params)
+    out.set_params(params if nprobe is None else {**params, "nprobe": nprobe})
+    return out
