@@ -15,7 +15,7 @@ import numpy as np
 
 from petal.bench.corpus import load_sentences, lognormal_lengths, make_texts
 from petal.engine.config import EngineConfig
-from petal.engine.engine import Engine
+from petal.engine.engine import Engine, resolve_dtype
 from petal.engine.loader import inspect_model
 from petal.pipeline.ingest.tokens import TextTokenizer
 from petal.pipeline.jobs.embed import encode_texts
@@ -34,7 +34,7 @@ def run_cpu_bench(corpus: Path, num_texts: int = 2000, rounds: int = 3,
     num_tokens = sum(len(ids) for ids in tokenizer.encode(texts).token_ids)
 
     baseline = SentenceTransformer(str(spec.path), device="cpu")
-    engines = {d: Engine(spec, EngineConfig(device="cpu", dtype=d, token_budget=token_budget))  # type: ignore[arg-type]
+    engines = {d: Engine(spec, EngineConfig(device="cpu", dtype=resolve_dtype(d, "cpu"), token_budget=token_budget))
                for d in dtypes}
     warm = texts[:64]
     baseline.encode(warm, batch_size=32)

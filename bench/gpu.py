@@ -15,7 +15,7 @@ from petal.bench.corpus import lognormal_lengths
 from petal.bench.shapes import Shape, hf_model, native_from_hf
 from petal.engine.batch import PackedBatch
 from petal.engine.config import EngineConfig
-from petal.engine.engine import Engine
+from petal.engine.engine import Engine, attention_backend
 from petal.engine.layers.triton_kernels import start_warmup
 from petal.engine.models import model_class_for
 from petal.pipeline.ingest.pack import PackConfig, pack
@@ -63,7 +63,7 @@ def hf_pool(hidden: torch.Tensor, mask: torch.Tensor, shape: Shape) -> torch.Ten
     return torch.nn.functional.normalize(pooled, dim=-1) if shape.normalize else pooled
 
 
-def hf_throughput(model: torch.nn.Module, shape: Shape, docs: list[np.ndarray], batch_size: int = 64,
+def hf_throughput(model: Any, shape: Shape, docs: list[np.ndarray], batch_size: int = 64,
                   sort: bool = True, bidirectional: bool = False) -> tuple[float, np.ndarray]:
     """Hugging Face baseline: (length-sorted) right-padded batches of ``batch_size`` with a mask."""
     order = sorted(range(len(docs)), key=lambda i: len(docs[i])) if sort else list(range(len(docs)))
@@ -128,7 +128,11 @@ def ceiling(shape: Shape, engine: Engine, num_tokens: int = 8192, seq_len: int =
     for _ in range(3):
         layer_gemms()
     reps = 20
-    gemm_s = cuda_time(lambda: [layer_gemms() for _ in range(reps)]) / reps
+    def repeated() -> None:
+        for _ in range(reps):
+            layer_gemms()
+
+    gemm_s = cuda_time(repeated) / reps
     flops = sum(2 * num_tokens * k * n for k, n in gemms)
     # attention alone on the same tokens, packed as sequences of seq_len, through the engine's backend
     from petal.engine.inputs import InputLayout, fill_inputs, make_context
@@ -161,14 +165,14 @@ def run_gpu_bench(shape: Shape, scenarios: tuple[str, ...], *, token_budget: int
     """Run the chosen scenarios for one shape; every ratio is measured in this one process."""
     device, dtype = torch.device("cuda"), torch.bfloat16
     # as in `petal index`, Triton kernels compile while the weights are made (engine/layers/triton_kernels.py)
-    start_warmup(model_class_for(shape.hf_config).config_from_hf(shape.hf_config), dtype, device)  # type: ignore[attr-defined]
+    start_warmup(model_class_for(shape.hf_config).config_from_hf(shape.hf_config), dtype, device)
     hf = hf_model(shape, device, dtype)
     spec, model = native_from_hf(shape, hf, device, dtype)
     if not hf_baseline:
         del hf
         hf = None
         torch.cuda.empty_cache()
-    config = EngineConfig(device="cuda", dtype="bfloat16", attention=attention,  # type: ignore[arg-type]
+    config = EngineConfig(device="cuda", dtype="bfloat16", attention=attention_backend(attention),
                           cuda_graphs=cuda_graphs, token_budget=token_budget, max_seqs=max_seqs)
     started = time.perf_counter()
     engine = Engine(spec, config, model=model)
@@ -199,6 +203,7 @@ def run_gpu_bench(shape: Shape, scenarios: tuple[str, ...], *, token_budget: int
                 hf_s, hf_vectors = min(runs, key=lambda run: run[0])
                 row[f"hf_{label}_tokens_per_s"] = tokens / hf_s
                 row[f"ratio_vs_hf_{label}"] = hf_s / seconds
+                assert vectors is not None
                 cos = cosine_rows(vectors, hf_vectors)
                 row[f"min_cosine_vs_hf_{label}"] = float(cos.min())
         return row

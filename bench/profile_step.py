@@ -55,10 +55,12 @@ def main() -> None:
         start = torch.cuda.Event(enable_timing=True)
         end = torch.cuda.Event(enable_timing=True)
         if graphs:
-            state = engine.graphs.states[max(engine.graphs.states)]
+            assert engine.graphs is not None
+            graph = engine.graphs.states[max(engine.graphs.states)].graph
+            assert graph is not None
             start.record()
             for _ in range(reps):
-                state.graph.replay()
+                graph.replay()
             end.record()
             torch.cuda.synchronize()
             print(f"  graph replay alone: {start.elapsed_time(end) / reps:.3f} ms")

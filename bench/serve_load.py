@@ -43,6 +43,7 @@ def _client(host: str, port: int, path: str, bodies: list[bytes], headers: dict[
         body = bodies[i % len(bodies)]
         i += 1
         started = time.perf_counter()
+        status: int | str  # the HTTP status, or the name of the connection error
         try:
             conn.request("POST", path, body=body, headers=headers)
             response = conn.getresponse()

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from petal.engine.config import PoolingConfig
+from petal.engine.config import PoolingConfig, pooling_mode
 from petal.engine.loader import ModelSpec
 from petal.engine.models import model_class_for
 from petal.engine.models.build import build_empty, check_loaded
@@ -60,7 +60,8 @@ def shape(name: str) -> Shape:
         raise ValueError(f"unknown shape {name!r}; known: {', '.join(SHAPES)}") from None
 
 
-def hf_model(s: Shape, device: torch.device, dtype: torch.dtype, seed: int = 0, bidirectional_reference: bool = False):
+def hf_model(s: Shape, device: torch.device, dtype: torch.dtype, seed: int = 0,
+             bidirectional_reference: bool = False) -> Any:
     """A Hugging Face model with random weights in shape ``s`` (sdpa attention), on ``device``."""
     import transformers
 
@@ -70,6 +71,7 @@ def hf_model(s: Shape, device: torch.device, dtype: torch.dtype, seed: int = 0, 
     cfg.pop("architectures", None)
     config = transformers.AutoConfig.for_model(model_type, **cfg)
     config._attn_implementation = "sdpa"
+    cls: Any  # one of three transformers model classes
     if model_type == "qwen3":
         cls = transformers.Qwen3Model
     elif model_type == "bert":
@@ -90,13 +92,14 @@ def native_from_hf(s: Shape, hf: torch.nn.Module, device: torch.device, dtype: t
                    tokenizer_file: Path | None = None) -> tuple[ModelSpec, torch.nn.Module]:
     """petal's model and a ``ModelSpec`` from the same tensors as ``hf``."""
     cls = model_class_for(s.hf_config)
-    config = cls.config_from_hf(s.hf_config)  # type: ignore[attr-defined]
+    config = cls.config_from_hf(s.hf_config)
     model = build_empty(cls, config)
-    state = model.hf_state_dict(TensorWeights(hf.state_dict(), device, dtype))  # type: ignore[operator]
+    state = model.hf_state_dict(TensorWeights(hf.state_dict(), device, dtype))
     model.load_state_dict(state, strict=True, assign=True)
     check_loaded(model)
     spec = ModelSpec(path=Path(f"<random {s.name}>"), config=config,
-                     pooling=PoolingConfig(mode=s.pooling, normalize=s.normalize, max_length=s.max_length),  # type: ignore[arg-type]
+                     pooling=PoolingConfig(mode=pooling_mode(s.pooling) or "mean", normalize=s.normalize,
+                                           max_length=s.max_length),
                      weight_files=(), tokenizer_file=tokenizer_file or Path("<none>"),
                      model_max_length=config.max_position_embeddings - config.position_offset)
     return spec, model.eval().requires_grad_(False)
@@ -121,7 +124,7 @@ def write_st_files(model_dir: Path, pooling: str, normalize: bool, max_seq_lengt
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
 
 
-def save_model_dir(s: Shape, hf: torch.nn.Module, tokenizer_dir: Path, out_dir: Path) -> Path:
+def save_model_dir(s: Shape, hf: Any, tokenizer_dir: Path, out_dir: Path) -> Path:
     """A loadable model directory (safetensors, tokenizer, sentence-transformers files) of ``hf``."""
     import json
     import shutil

@@ -55,6 +55,7 @@ def splitk_linear(x: torch.Tensor, w: torch.Tensor, bn: int, bk: int, split: int
         _splitk_kernel[(triton.cdiv(n, bn), 1)](x, w, out, m, n, k, k, BM=bm, BN=bn, BK=bk, ATOMIC=False,
                                                  num_stages=stages, num_warps=4)
         return out
+    assert scratch is not None, "split-K needs a scratch buffer"
     acc = scratch[: m * n].view(m, n)
     acc.zero_()
     _splitk_kernel[(triton.cdiv(n, bn), split)](x, w, acc, m, n, k, k // split, BM=bm, BN=bn, BK=bk,
@@ -99,14 +100,14 @@ def compare(name: str, n: int, k: int, m: int, configs: list, scratch: torch.Ten
     best = None
     for cfg in configs:
         try:
-            got = splitk_linear(x, weights[0], *cfg, scratch)
+            got = splitk_linear(x, weights[0], cfg[0], cfg[1], cfg[2], cfg[3], scratch)
         except triton.runtime.errors.OutOfResources:  # tiles too big for shared memory at this M
             continue
         err = (got.float() - ref.float()).abs().max().item()
         if err > 0.05:
             print(f"  MISMATCH {name} M={m} cfg={cfg} max err {err}")
             continue
-        us = graph_us(lambda cfg=cfg: [splitk_linear(x, w, *cfg, scratch) for w in weights])
+        us = graph_us(lambda cfg=cfg: [splitk_linear(x, w, cfg[0], cfg[1], cfg[2], cfg[3], scratch) for w in weights])
         if best is None or us < best[0]:
             best = (us, cfg)
     triton_col = "no config ran" if best is None else f"{best[1]} {best[0]:.2f} {nbytes / best[0] / 1e3:.0f}"

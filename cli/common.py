@@ -6,7 +6,8 @@ import functools
 import os
 import sys
 from collections.abc import Callable
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import Any, TypeVar, cast
 
 import click
 
@@ -20,33 +21,50 @@ def offline() -> None:
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 
+@dataclass(frozen=True)
+class Hooks:
+    """What a program running petal's CLI in-process may hand it as click's ``obj``
+    (``cli.main(args, obj=Hooks(...))``, ``CliRunner().invoke(cli, args, obj=Hooks(...))``)."""
+
+    engine_factory: Callable[..., Any] | None = None  # replaces the engine of ``petal index`` (petal's tests)
+
+
+def hooks() -> Hooks:
+    """The running command's ``Hooks`` (none given: the defaults)."""
+    found = click.get_current_context().find_object(Hooks)
+    return found if found is not None else Hooks()
+
+
 class PetalClickError(click.ClickException):
     """A user-facing failure with the exit code of the contract (65, 66, 73, 74, 75, 78, ...)."""
 
     def __init__(self, message: str, exit_code: int) -> None:
         super().__init__(message)
-        self.exit_code = exit_code
+        self.exit_code = exit_code  # type: ignore[misc]  # click declares it a ClassVar; the code is per error
 
     def show(self, file: Any = None) -> None:
         click.echo(f"petal: error: {self.format_message()}", err=True)
 
 
 def user_errors(func: F) -> F:
-    """Turn ``PetalError`` (and a model's ``ModelError``) into a clean message and its exit code."""
+    """Turn ``PetalError`` (and a model's ``ModelError``) into a clean message and its exit code;
+    ``UsageError`` (a bad setting) into click's usage error (exit 2)."""
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         from petal.engine.errors import ModelError
-        from petal.pipeline.reliability.errors import EXIT_CONFIG, PetalError
+        from petal.pipeline.reliability.errors import EXIT_CONFIG, PetalError, UsageError
 
         try:
             return func(*args, **kwargs)
+        except UsageError as exc:
+            raise click.UsageError(str(exc)) from exc
         except PetalError as exc:
             raise PetalClickError(str(exc), exc.exit_code) from exc
         except ModelError as exc:
             raise PetalClickError(str(exc), EXIT_CONFIG) from exc
 
-    return wrapper  # type: ignore[return-value]
+    return cast(F, wrapper)
 
 
 def usage(fn: Callable[[], Any]) -> Any:
@@ -55,6 +73,34 @@ def usage(fn: Callable[[], Any]) -> Any:
         return fn()
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
+
+
+def run_with_report(report: Any, work: Callable[[], Any], as_json: bool = False) -> None:
+    """Run an API call that finishes ``report`` (``petal.index``, ``petal.rebuild``), print the report
+    (JSON on stdout with ``as_json``) and its summary as the last stderr line, and turn the call's error
+    into the exit code."""
+    from petal.pipeline.reliability.errors import PetalError, UsageError
+
+    def finish() -> None:
+        if as_json:
+            from petal.pipeline.jobs.report_file import STDOUT
+
+            report.write(STDOUT)
+        eprint(report.summary())
+
+    try:
+        work()
+    except UsageError as exc:
+        finish()
+        raise click.UsageError(str(exc)) from exc
+    except PetalError as exc:
+        finish()
+        raise PetalClickError(str(exc), exc.exit_code) from exc
+    except BaseException:
+        if report.exit_code is not None:
+            finish()
+        raise
+    finish()
 
 
 def device_options(func: F) -> F:

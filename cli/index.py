@@ -2,23 +2,14 @@
 
 from __future__ import annotations
 
-import os
-import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import click
 
-from petal.cli.common import PetalClickError, device_options, eprint, usage
+from petal.cli.common import device_options, hooks, run_with_report
 from petal.cli.index_options import index_options
 from petal.cli.options import model_options, output_options
-from petal.cli.scale_options import scale_config, scale_options
-
-# NOTE: test-only seam. Set to a log file, it swaps the model for tests/fake_engine.py (a deterministic
-# hash -> vector embedder that logs every row it embeds), so crash and signal tests run in subprocesses
-# without loading weights. Tests are not shipped: in an installed petal it fails with exit 78.
-FAKE_ENGINE_ENV = "PETAL_TEST_FAKE_ENGINE"
+from petal.cli.scale_options import RAY_LOCAL, scale_options
 
 
 class ReportingCommand(click.Command):
@@ -31,11 +22,12 @@ class ReportingCommand(click.Command):
         except click.UsageError as exc:
             path = _flag_value(given, "--json-report")
             if path is not None:
+                from petal.pipeline.api import write_report
                 from petal.pipeline.jobs.report import RunReport
 
                 report = RunReport(command="index")
                 report.finish("failed", 2, f"usage error: {exc.format_message()}")
-                _finish(report, Path(path), quiet=True)
+                write_report(report, Path(path))
             raise
 
 
@@ -46,21 +38,6 @@ def _flag_value(args: list[str], flag: str) -> str | None:
         if arg.startswith(flag + "="):
             return arg.split("=", 1)[1]
     return None
-
-
-def engine_factory() -> Callable[..., Any] | None:
-    """The engine factory to use: ``None`` (the real engine) unless the test-only seam is set."""
-    log = os.environ.get(FAKE_ENGINE_ENV)
-    if not log:
-        return None
-    from petal.pipeline.reliability.errors import EXIT_CONFIG
-
-    try:
-        from tests.fake_engine import fake_engine_factory
-    except ImportError as exc:
-        raise PetalClickError(f"{FAKE_ENGINE_ENV} is set, but petal's test helpers are not importable; it is "
-                              "for petal's own tests only: unset it", EXIT_CONFIG) from exc
-    return fake_engine_factory(Path(log))
 
 
 @click.command(cls=ReportingCommand)
@@ -122,101 +99,25 @@ def index(sources: tuple[str, ...], out: Path, model: str | None, id_column: str
     the contract of the README (0 ok, 65 bad input, 66 no input, 73/74 output, 75 retry,
     78 configuration, 130/143 interrupted).
     """
-    from petal.engine.config import ModelOptions
-    from petal.pipeline.config import BadRowBudget, IndexJob, IndexSettings, ReadConfig, parse_size
-    from petal.pipeline.index.plan import check_index_factory, index_kind
-    from petal.pipeline.jobs.removals import RemovalLimit
     from petal.pipeline.jobs.report import RunReport
-    from petal.pipeline.reliability.errors import PetalError
-    from petal.pipeline.store.columns import parse_keep_columns
-    from petal.pipeline.store.outputs import OutputConfig
-
-    report = RunReport(command="index")
-    try:
-        job = usage(lambda: IndexJob(
-            sources=sources, out=out, model=model,
-            read=ReadConfig(text_column=text_column, id_column=id_column or "id",
-                            id_column_required=id_column is not None),
-            index=IndexSettings(factory=index_factory, metric=metric, memory_bytes=parse_size(index_memory),
-                                target_recall=target_recall),
-            device=device, dtype=dtype, attention=attention, cuda_graphs=not no_cuda_graphs, max_length=max_length,
-            token_budget=token_budget, max_seqs=max_seqs, full=full, strict=strict, quiet=quiet,
-            json_report=json_report, keep_versions=keep_versions, wait=wait,
-            max_bad_rows=BadRowBudget.parse(max_bad_rows) if max_bad_rows is not None else None,
-            sync=sync, max_removed=RemovalLimit.parse(max_removed) if max_removed is not None else None,
-            delete=delete, keep_columns=parse_keep_columns(keep_columns),
-            model_options=ModelOptions(pooling=pooling, attention_mask=attention_mask,  # type: ignore[arg-type]
-                                       query_prompt=query_prompt, allow_pickle_weights=allow_pickle_weights),
-            output=OutputConfig(dim=dim, quantize=quantize, output_dtype=output_dtype),
-            scale=scale_config(devices, workers, ray),
-        ))
-        usage(lambda: check_index_factory(job.index, index_kind(job.output.quantize, job.output.output_dtype)))
-        if vectors_column is not None:
-            usage(lambda: check_vectors_flags(model, dim, quantize, output_dtype))
-    except click.UsageError as exc:
-        report.finish("failed", 2, str(exc))
-        _finish(report, json_report, as_json=as_json)
-        raise
     from petal.pipeline.reliability.signals import StopSignals
 
+    report = RunReport(command="index")
     # NOTE: signals are caught from here on (before the heavy imports), so a SIGTERM at any moment
     # ends in a clean stop with a report; the run checks the flag at every batch boundary.
     with StopSignals() as stop:
-        try:
-            from petal.pipeline.jobs.index_run import run_index
+        from petal.pipeline.api import index as run_index
 
-            factory = engine_factory()
-            try:
-                if vectors_column is not None:
-                    from petal.pipeline.jobs.vector_run import run_vector_index
-
-                    run_vector_index(job, vectors_column, report, stop=stop)
-                elif factory is None:
-                    run_index(job, report, stop=stop)
-                else:
-                    run_index(job, report, factory, stop=stop)
-            except ValueError as exc:  # a setting the engine or index cannot take
-                if isinstance(exc, PetalError):
-                    raise
-                raise click.UsageError(str(exc)) from exc
-        except PetalError as exc:
-            report.finish(exc.status, exc.exit_code, str(exc))
-            _finish(report, job.json_report, as_json=as_json)
-            raise PetalClickError(str(exc), exc.exit_code) from exc
-        except PetalClickError as exc:
-            report.finish("failed", exc.exit_code, exc.format_message())
-            _finish(report, job.json_report, as_json=as_json)
-            raise
-        except click.UsageError as exc:
-            report.finish("failed", 2, str(exc))
-            _finish(report, job.json_report, as_json=as_json)
-            raise
-        except BaseException as exc:
-            report.finish("failed", 1, f"internal error: {exc!r}")
-            _finish(report, job.json_report, as_json=as_json)
-            raise
-        _finish(report, job.json_report, as_json=as_json)
-
-
-def _finish(report: Any, json_report: Path | None, quiet: bool = False, as_json: bool = False) -> None:
-    if as_json:
-        from petal.pipeline.jobs.report_file import STDOUT
-
-        report.write(STDOUT)
-    if json_report is not None:
-        try:
-            report.write(json_report)
-        except OSError as exc:
-            eprint(f"petal: warning: cannot write the report to {json_report}: {exc}")
-    if not quiet:
-        eprint(report.summary())
-    sys.stderr.flush()
-
-
-def check_vectors_flags(model: str | None, dim: int | None, quantize: str, output_dtype: str) -> None:
-    """``--vectors-column`` indexes the vectors as they are: model and output flags do not apply."""
-    given = [flag for flag, on in (("--model", model is not None), ("--dim", dim is not None),
-                                   ("--quantize", quantize != "none"), ("--output-dtype", output_dtype != "float32"))
-             if on]
-    if given:
-        raise ValueError(f"--vectors-column indexes precomputed vectors as they are; {', '.join(given)} do not apply")
+        run_with_report(report, lambda: run_index(
+            sources, out, engine_factory=hooks().engine_factory, report=report, stop=stop,
+            model=model, text_column=text_column, id_column=id_column, vectors_column=vectors_column,
+            keep_columns=keep_columns, sync=sync, max_removed=max_removed, delete=delete, index_factory=index_factory,
+            metric=metric, index_memory=index_memory, target_recall=target_recall, device=device, dtype=dtype,
+            attention=attention, cuda_graphs=not no_cuda_graphs, max_length=max_length, token_budget=token_budget,
+            max_seqs=max_seqs, full=full, strict=strict, quiet=quiet, json_report=json_report,
+            keep_versions=keep_versions, wait=wait, max_bad_rows=max_bad_rows, pooling=pooling,
+            attention_mask=attention_mask, query_prompt=query_prompt,
+            allow_pickle_weights=allow_pickle_weights, dim=dim, quantize=quantize, output_dtype=output_dtype,
+            devices=devices, workers=workers, ray=ray is not None,
+            ray_address=None if ray in (None, RAY_LOCAL) else ray,
+        ), as_json=as_json)

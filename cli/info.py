@@ -70,8 +70,10 @@ def info(index_path: Path, as_json: bool) -> None:
 
 
 def _model_lines(manifest: Manifest) -> list[str]:
+    from petal.pipeline.manifest import ModelRecord
+
     model = manifest.model
-    if manifest.precomputed:
+    if not isinstance(model, ModelRecord):  # --vectors-column
         return [f"model        none: {model.display}"]
     return [f"model        {model.display}",
             f"             {model.architecture}, {model.pooling} pooling, "

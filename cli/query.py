@@ -6,11 +6,15 @@ import json
 import shutil
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from petal.cli.common import device_options, usage, user_errors
 from petal.cli.options import loading_options
+
+if TYPE_CHECKING:
+    from petal.pipeline.jobs.searcher import Index
 
 
 @click.command()
@@ -42,26 +46,22 @@ def query(index_path: Path, texts: tuple[str, ...], k: int, from_stdin: bool, as
     Queries get the index's model, pooling, attention, output transform (--dim, --quantize) and query
     prompt, as recorded in its manifest.
     """
+    from petal.pipeline.api import open_index
+
+    index = open_index(index_path, model=model, device=device, dtype=dtype, attention=attention, nprobe=nprobe,
+                       rescore=rescore, query_prompt=query_prompt, allow_pickle_weights=allow_pickle_weights)
     if vector_file is not None:
-        _by_vectors(index_path, vector_file, k, as_json, show_text, where, nprobe, rescore)
+        _by_vectors(index, vector_file, k, as_json, show_text, where)
         return
     if not texts and not from_stdin:
         raise click.UsageError("give query TEXT, --stdin or --vector-file")
-    from petal.pipeline.layout import resolve_index_dir
-
-    if resolve_index_dir(index_path)[1].precomputed:
-        raise click.UsageError(f"{index_path} was built from precomputed vectors (--vectors-column): query it "
-                               "with --vector-file Q.npy")
-    from petal.pipeline.jobs.query import QueryService
-
-    service = QueryService(index_path, model=model, device=device, dtype=dtype, attention=attention, nprobe=nprobe,
-                           rescore=rescore, query_prompt=query_prompt, allow_pickle_weights=allow_pickle_weights)
-    if service.reader.open_check.note:
-        click.echo(f"petal query: note: {service.reader.open_check.note}", err=True)
-    for note in service.reader.ignored:
+    index.query_model()  # loaded before the first query: a model that is gone fails at once
+    if index.reader.open_check.note:
+        click.echo(f"petal query: note: {index.reader.open_check.note}", err=True)
+    for note in index.notes:
         click.echo(f"petal: note: {note}", err=True)
     if where:
-        usage(lambda: service.reader.selector(where))  # a bad expression or unknown column: exit 2, before any query
+        index.check_where(where)  # a bad expression or unknown column: exit 2, before any query
     from petal.pipeline.ingest.text_rule import skip_reason
 
     # NOTE: the rule of petal index and petal embed: an invisible query (empty, blank) is skipped and said
@@ -70,25 +70,25 @@ def query(index_path: Path, texts: tuple[str, ...], k: int, from_stdin: bool, as
         if skip_reason(text) is not None:
             click.echo(f"petal: skipped query {i} ({skip_reason(text)})", err=True)
     if asked:
-        _answer(service, asked, k, as_json, show_text, where)
+        _answer(index, asked, k, as_json, show_text, where)
     if from_stdin:
         skipped = 0
         for line in sys.stdin:  # one query at a time: answers stream as lines arrive
             line = line.rstrip("\n")
             if skip_reason(line) is None:
-                _answer(service, [line], k, as_json, show_text, where)
+                _answer(index, [line], k, as_json, show_text, where)
             else:
                 skipped += 1
         if skipped:
             click.echo(f"petal: {skipped} stdin lines skipped (empty_text: blank lines are not queries)", err=True)
 
 
-def _answer(service: object, queries: list[str], k: int, as_json: bool, show_text: bool,
-            where: str | None = None) -> None:
-    results = service.search(queries, k, where=where)  # type: ignore[attr-defined]
+def _answer(index: Index, queries: list[str], k: int, as_json: bool, show_text: bool, where: str | None = None,
+            vectors: Any = None) -> None:
+    results = index.search(queries, k, where=where) if vectors is None else index.search_stored(vectors, k, where)
     width = shutil.get_terminal_size((100, 20)).columns
     for text, hits in zip(queries, results):
-        texts = service.reader.texts(hits, service.text_column) if show_text else [None] * len(hits)  # type: ignore[attr-defined]
+        texts = index.texts(hits) if show_text else [None] * len(hits)
         if as_json:
             rows = []
             for hit, hit_text in zip(hits, texts):
@@ -97,13 +97,13 @@ def _answer(service: object, queries: list[str], k: int, as_json: bool, show_tex
                     row["fields"] = hit.fields
                 if show_text:
                     row["text"] = hit_text
-                    if hit_text is None and _gone(service, hit.shard):
+                    if hit_text is None and _gone(index, hit.shard):
                         row["text_missing"] = "shard gone"
                 rows.append(row)
-            _warn_missing(service)
+            _warn_missing(index)
             click.echo(json.dumps({"query": text, "hits": rows}, ensure_ascii=False, default=str))
             continue
-        _warn_missing(service)
+        _warn_missing(index)
         click.echo(f"query: {text}")
         click.echo(f"{'rank':>4}  {'score':>8}  id")
         for hit, hit_text in zip(hits, texts):
@@ -119,49 +119,32 @@ def _answer(service: object, queries: list[str], k: int, as_json: bool, show_tex
             click.echo("   (no hits: the index is empty)")
 
 
-def _gone(service: object, shard: str) -> bool:
+def _gone(index: Index, shard: str) -> bool:
     from petal.pipeline.index.search import shard_locations
 
-    reader = service.reader  # type: ignore[attr-defined]
+    reader = index.reader
     return shard_locations(reader.manifest).get(shard, shard) in reader.missing_shards
 
 
-def _warn_missing(service: object) -> None:
+def _warn_missing(index: Index) -> None:
     """Once per shard: its hits have no text because it is gone (an index without stored text)."""
-    warned = service.__dict__.setdefault("_warned_missing", set())
-    for shard in sorted(service.reader.missing_shards - warned):  # type: ignore[attr-defined]
+    warned = index.__dict__.setdefault("_warned_missing", set())
+    for shard in sorted(index.reader.missing_shards - warned):
         warned.add(shard)
         click.echo(f"petal: warning: {shard} is gone (moved or deleted), so --show-text has no text for its hits; "
                    "indexes built now store the text", err=True)
 
 
-class _VectorService:
-    """What ``_answer`` needs from a service, for queries that are vectors already."""
-
-    def __init__(self, reader: object, vectors: object) -> None:
-        self.reader = reader
-        self.vectors = vectors
-        self.text_column = reader.manifest.columns.text_column  # type: ignore[attr-defined]
-
-    def search(self, labels: list[str], k: int, where: str | None = None) -> list:
-        rows = [int(label.split()[-1]) for label in labels]
-        return self.reader.search(self.vectors[rows], k, where=where)  # type: ignore[attr-defined,index]
-
-
-def _by_vectors(index_path: Path, vector_file: Path, k: int, as_json: bool, show_text: bool, where: str | None,
-                nprobe: int | None, rescore: int | None) -> None:
-    from petal.pipeline.index.search import IndexReader
+def _by_vectors(index: Index, vector_file: Path, k: int, as_json: bool, show_text: bool, where: str | None) -> None:
     from petal.pipeline.jobs.vector_run import query_vectors
 
     vectors = usage(lambda: query_vectors(vector_file))
-    reader = IndexReader(index_path, nprobe=nprobe, rescore=rescore)
-    if vectors.shape[1] != reader.dim:
+    if vectors.shape[1] != index.dim:
         raise click.UsageError(f"--vector-file {vector_file}: vectors of dim {vectors.shape[1]}, the index holds "
-                               f"dim {reader.dim}")
-    for note in reader.ignored:
+                               f"dim {index.dim}")
+    for note in index.notes:
         click.echo(f"petal: note: {note}", err=True)
     if where:
-        usage(lambda: reader.selector(where))
-    service = _VectorService(reader, vectors)
+        index.check_where(where)
     for i in range(len(vectors)):
-        _answer(service, [f"vector {i}"], k, as_json, show_text, where)
+        _answer(index, [f"vector {i}"], k, as_json, show_text, where, vectors=vectors[i:i + 1])

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from petal.cli.common import PetalClickError, eprint, usage
+from petal.cli.common import run_with_report
 from petal.cli.index_options import index_options
 
 
@@ -25,38 +25,11 @@ def rebuild(out: Path, index_factory: str, metric: str, index_memory: str, targe
     The shards, ids and vectors are those of the live version; only the index settings change.
     A later `petal index` run builds with its own index flags again.
     """
-    from petal.pipeline.config import IndexSettings, parse_size
-    from petal.pipeline.jobs.rebuild import run_rebuild
+    from petal.pipeline.api import rebuild as run_rebuild
     from petal.pipeline.jobs.report import RunReport
-    from petal.pipeline.reliability.errors import PetalError
 
-    settings = usage(lambda: IndexSettings(factory=index_factory, metric=metric,
-                                           memory_bytes=parse_size(index_memory), target_recall=target_recall))
     report = RunReport(command="rebuild")
-    try:
-        try:
-            run_rebuild(out, settings, report)
-        except ValueError as exc:  # a factory string FAISS rejects, too few vectors to train it
-            if isinstance(exc, PetalError):
-                raise
-            raise click.UsageError(str(exc)) from exc
-    except PetalError as exc:
-        report.finish(exc.status, exc.exit_code, str(exc))
-        _finish(report, json_report, as_json)
-        raise PetalClickError(str(exc), exc.exit_code) from exc
-    except click.UsageError as exc:
-        report.finish("failed", 2, str(exc))
-        _finish(report, json_report, as_json)
-        raise
-    _finish(report, json_report, as_json)
-
-
-def _finish(report: object, json_report: Path | None, as_json: bool = False) -> None:
-    if as_json:
-        report.write(Path("-"))  # type: ignore[attr-defined]
-    if json_report is not None:
-        try:
-            report.write(json_report)  # type: ignore[attr-defined]
-        except OSError as exc:
-            eprint(f"petal: warning: cannot write the report to {json_report}: {exc}")
-    eprint(report.summary())  # type: ignore[attr-defined]
+    run_with_report(report, lambda: run_rebuild(out, json_report=json_report, report=report,
+                                                index_factory=index_factory, metric=metric,
+                                                index_memory=index_memory, target_recall=target_recall),
+                    as_json=as_json)

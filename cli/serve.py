@@ -100,6 +100,7 @@ def serve(index_path: Path | None, model: str | None, host: str, port: int, api_
         served_model_name=served_model_name))
     sock = bind(host, port)  # before loading: a taken port fails in a second, not after the model load
     index = None
+    reader: IndexReader | None = None
     if index_path is not None:
         reader = IndexReader(index_path, nprobe=nprobe, rescore=rescore)
         spec = model_for_index(reader.manifest, model, allow_pickle_weights, query_prompt)

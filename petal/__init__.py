@@ -4,14 +4,18 @@ The Python API (the CLI is written on it)::
 
     import petal
 
-    report = petal.index(["shards/"], "idx")            # -> RunReport
-    hits = petal.open_index("idx").search(["a query"], k=5)  # -> list[list[Hit]]
-    vectors = petal.Embedder().encode(["a text"])         # -> np.ndarray [num_texts, dim] float32
+    report = petal.index(["shards/"], "idx")                 # -> petal.RunReport
+    hits = petal.open_index("idx").search(["a query"], k=5)  # -> list[list[petal.Hit]]
+    vectors = petal.Embedder().encode(["a text"])            # -> np.ndarray [num_texts, dim] float32
 
+Failures raise ``petal.PetalError`` subclasses, each with the ``exit_code`` of the CLI's contract.
 Heavy modules (torch, FAISS, pyarrow) load on first use, so ``import petal`` is instant.
 """
 
 from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
@@ -23,3 +27,53 @@ import os as _os
 _checkout = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
 if _os.path.isfile(_os.path.join(_checkout, "pyproject.toml")) and _os.path.isdir(_os.path.join(_checkout, "pipeline")):
     __path__.append(_checkout)
+
+_ERRORS = "petal.pipeline.reliability.errors"
+# public name -> the module that defines it (imported on first access: PEP 562)
+_EXPORTS = {
+    "index": "petal.pipeline.api",
+    "rebuild": "petal.pipeline.api",
+    "open_index": "petal.pipeline.api",
+    "Embedder": "petal.pipeline.jobs.embed",
+    "Index": "petal.pipeline.jobs.searcher",
+    "Hit": "petal.pipeline.index.search",
+    "RunReport": "petal.pipeline.jobs.report",
+    **{name: _ERRORS for name in ("PetalError", "UsageError", "BadInputError", "NoInputError", "OutputError",
+                                  "PetalIOError", "TemporaryFailure", "ConfigError", "Interrupted")},
+}
+__all__ = [
+    "BadInputError", "ConfigError", "Embedder", "Hit", "Index", "Interrupted", "NoInputError", "OutputError",
+    "PetalError", "PetalIOError", "RunReport", "TemporaryFailure", "UsageError", "__version__", "index", "open_index",
+    "rebuild",
+]
+
+if TYPE_CHECKING:
+    from petal.pipeline.api import index, open_index, rebuild
+    from petal.pipeline.index.search import Hit
+    from petal.pipeline.jobs.embed import Embedder
+    from petal.pipeline.jobs.report import RunReport
+    from petal.pipeline.jobs.searcher import Index
+    from petal.pipeline.reliability.errors import (
+        BadInputError,
+        ConfigError,
+        Interrupted,
+        NoInputError,
+        OutputError,
+        PetalError,
+        PetalIOError,
+        TemporaryFailure,
+        UsageError,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'petal' has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

@@ -155,10 +155,12 @@ class IndexJob:
     def __post_init__(self) -> None:
         if not self.sources:
             raise ValueError("no SOURCE given")
-        if self.tokenize_workers is None:  # NOTE: resolved here, so a bad environment value fails before any work
-            object.__setattr__(self, "tokenize_workers", tokenize_workers())
-        if self.tokenize_workers < 1:  # type: ignore[operator]
-            raise ValueError(f"tokenize workers {self.tokenize_workers} < 1")
+        workers = self.tokenize_workers
+        if workers is None:  # NOTE: resolved here, so a bad environment value fails before any work
+            workers = tokenize_workers()
+            object.__setattr__(self, "tokenize_workers", workers)
+        if workers < 1:
+            raise ValueError(f"tokenize workers {workers} < 1")
         if self.max_length is not None and self.max_length < 2:
             raise ValueError(f"--max-length {self.max_length} < 2")
         if self.token_budget is not None and self.token_budget < 2:
@@ -187,6 +189,8 @@ class ScaleConfig:
     def __post_init__(self) -> None:
         if self.workers is not None and self.workers < 1:
             raise ValueError(f"--workers {self.workers} < 1")
+        if self.ray and self.devices is not None:
+            raise ValueError("--ray places its actors on the cluster's GPUs itself: drop --devices")
         if self.devices is not None:
             parse_devices(self.devices)  # a malformed list is a usage error now
 
@@ -194,13 +198,15 @@ class ScaleConfig:
         """The CUDA device ids (of ``visible`` ones) to use; ``None`` without ``--devices``."""
         if self.devices is None:
             return None
-        ids = parse_devices(self.devices)
-        if ids == "all":
+        parsed = parse_devices(self.devices)
+        if isinstance(parsed, list):
+            ids = parsed
+        elif isinstance(parsed, int):
+            if parsed > visible:
+                raise ValueError(f"--devices {parsed}: only {visible} CUDA device(s) visible")
+            ids = list(range(parsed))
+        else:  # "all"
             ids = list(range(visible))
-        elif isinstance(ids, int):
-            if ids > visible:
-                raise ValueError(f"--devices {ids}: only {visible} CUDA device(s) visible")
-            ids = list(range(ids))
         bad = [i for i in ids if i >= visible]
         if bad:
             raise ValueError(f"--devices {self.devices}: device {bad[0]} does not exist ({visible} visible)")

@@ -226,7 +226,8 @@ class ModelRecord:
 
 def is_default_model(path: Path) -> bool:
     """True when ``path`` is the packaged default model's directory in this environment."""
-    from petal.engine.loader import ModelError, default_model_dir
+    from petal.engine.errors import ModelError
+    from petal.engine.loader import default_model_dir
 
     try:
         return Path(path).resolve() == default_model_dir().resolve()
@@ -459,7 +460,7 @@ class PrecomputedSettings:
 
 
 def _is_precomputed(s: _Section) -> bool:
-    return s.get("source", OptStr, None) == PrecomputedRecord.SOURCE
+    return bool(s.get("source", OptStr, None) == PrecomputedRecord.SOURCE)
 
 
 @dataclass(frozen=True)

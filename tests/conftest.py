@@ -60,7 +60,7 @@ def tiny_bert_dir(tmp_path_factory: pytest.TempPathFactory, minilm_dir: Path) ->
     model.save_pretrained(path, safe_serialization=True)
     for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
         shutil.copy(minilm_dir / name, path / name)
-    from petal.bench.shapes import write_st_files
+    from tests.parity import write_st_files
 
     write_st_files(path, "mean", True, 128)
     return path

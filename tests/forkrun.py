@@ -1,9 +1,10 @@
 """Run the petal CLI in real child processes, forked from one preloaded interpreter.
 
-A fresh ``python -m petal.cli.main`` spends seconds importing torch, faiss and pyarrow, and the crash-point
-sweep runs about a hundred CLI processes. Here each run forks from a ``multiprocessing`` forkserver
-that imported all of that once: a real process (its own pid, real SIGKILL and SIGTERM, its own exit
-status, its flock released by the kernel when it dies) that starts in milliseconds.
+A fresh ``python -m tests.fake_cli`` (petal's CLI with the tests' fake engine seam) spends seconds
+importing torch, faiss and pyarrow, and the crash-point sweep runs about a hundred CLI processes.
+Here each run forks from a ``multiprocessing`` forkserver that imported all of that once: a real
+process (its own pid, real SIGKILL and SIGTERM, its own exit status, its flock released by the
+kernel when it dies) that starts in milliseconds.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 PRELOAD = ["petal.cli.main", "petal.cli.index", "petal.pipeline.jobs.index_run", "petal.pipeline.index.search",
-           "tests.fake_engine", "faiss", "tokenizers"]
+           "tests.fake_engine", "tests.fake_cli", "faiss", "tokenizers"]
 _CONTEXT: Any = None
 
 
@@ -40,9 +41,9 @@ def _child(argv: list[str], env: dict[str, str | None], out: str, err: str) -> N
         target = os.open(path, os.O_WRONLY | os.O_TRUNC)
         os.dup2(target, fd)
         os.close(target)
-    from petal.cli.main import cli
+    from tests.fake_cli import main
 
-    cli.main(args=argv, prog_name="petal")  # standalone: ends with sys.exit(exit code)
+    main(argv)  # petal's CLI, with the fake engine when PETAL_TEST_FAKE_ENGINE is set; ends with sys.exit
 
 
 @dataclass

@@ -1,45 +1,52 @@
-"""``petal bench e2e`` on the CPU with a tiny real model: one petal run per tokenize-worker setting,
-each paired with its own tokenizer-only run (structure and consistency only; no speed asserted)."""
+"""``petal bench e2e`` on the CPU with a tiny real model, through the CLI: one petal run per tokenize-worker
+setting, each paired with its own tokenizer-only run (structure and consistency only; no speed asserted)."""
 
 from __future__ import annotations
 
+import json
+import tempfile
 from pathlib import Path
 
 import faiss
 import pyarrow.parquet as pq
+from click.testing import CliRunner
 
-from petal.bench.e2e import format_e2e_table, run_e2e_bench
+from petal.cli.main import cli
+from tests.conftest import SAMPLE_DATA
 
 
-def test_e2e_bench_pairs_each_run_with_tokenizer_only(tiny_bert_dir: Path, tmp_path: Path):
-    result = run_e2e_bench(tiny_bert_dir, Path("sample_data"), 240, "cpu", baseline=False, workdir=tmp_path,
-                           tokenize_workers=(2, 1))
-    assert [run["tokenize_workers"] for run in result["runs"]] == [2, 1]
-    corpus_rows = sum(pq.ParquetFile(p).metadata.num_rows for p in (tmp_path / "corpus").glob("*.parquet"))
+def test_e2e_bench_pairs_each_run_with_tokenizer_only(tiny_bert_dir: Path, tmp_path: Path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the bench's work directory goes under tmp_path
+    result = CliRunner().invoke(cli, ["bench", "e2e", "--model", str(tiny_bert_dir), "--corpus", str(SAMPLE_DATA),
+                                      "--docs", "240", "--device", "cpu", "--no-baseline", "--tokenize-workers", "2,1",
+                                      "--json"])
+    assert result.exit_code == 0, result.output
+    bench = json.loads(result.stdout)
+    assert [run["tokenize_workers"] for run in bench["runs"]] == [2, 1]
+    work = next(tmp_path.glob("petal-e2e-*"))
+    corpus_rows = sum(pq.ParquetFile(p).metadata.num_rows for p in (work / "corpus").glob("*.parquet"))
     assert corpus_rows == 240
-    for number, run in enumerate(result["runs"]):
+    for number, run in enumerate(bench["runs"]):
         report = run["petal_report"]
         assert report["status"] == "success" and report["rows"]["embedded"] == 240
-        assert report["tokens"] == result["tokens"]  # petal tokenized what the corpus holds
+        assert report["tokens"] == bench["tokens"]  # petal tokenized what the corpus holds
         ratio = run["petal_tokens_per_s"] / run["tokenizer_only_tokens_per_s"]
         assert abs(run["fraction_of_tokenizer_only"] - ratio) < 1e-9
         timings = report["timings_s"]
         assert timings["embed_wait_tokens"] + timings["embed_wait_device"] <= timings["embed"]
         stats = report["engine"]["stats"]
         assert 0 < stats["first_step_s"] <= stats["host_step_s"]
-        index = faiss.read_index(str(next((tmp_path / f"petal-out-{number}").glob("versions/*/index.faiss"))))
+        index = faiss.read_index(str(next((work / f"petal-out-{number}").glob("versions/*/index.faiss"))))
         assert index.ntotal == 240
-    assert result["petal_seconds"] == result["runs"][0]["petal_seconds"]
-    table = format_e2e_table(result)
-    assert "[2 tokenize workers]" in table and "petal, 1 tokenize workers" in table
+    assert bench["petal_seconds"] == bench["runs"][0]["petal_seconds"]
 
 
-def test_e2e_bench_through_the_worker_pool(tiny_bert_dir: Path, tmp_path: Path):
-    from petal.pipeline.config import ScaleConfig
-
-    result = run_e2e_bench(tiny_bert_dir, Path("sample_data"), 120, "cpu", baseline=False, workdir=tmp_path,
-                           scale=ScaleConfig(workers=1))
-    report = result["runs"][0]["petal_report"]
+def test_e2e_bench_through_the_worker_pool(tiny_bert_dir: Path, tmp_path: Path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    table = CliRunner().invoke(cli, ["bench", "e2e", "--model", str(tiny_bert_dir), "--corpus", str(SAMPLE_DATA),
+                                     "--docs", "120", "--device", "cpu", "--no-baseline", "--workers", "1", "--json"])
+    assert table.exit_code == 0, table.output
+    bench = json.loads(table.stdout)
+    report = bench["runs"][0]["petal_report"]
     assert report["status"] == "success" and report["rows"]["embedded"] == 120
-    assert [w["status"] for w in report["workers"]] == ["done"] and report["tokens"] == result["tokens"]
-    assert "workers 1" in format_e2e_table(result)
+    assert [w["status"] for w in report["workers"]] == ["done"] and report["tokens"] == bench["tokens"]

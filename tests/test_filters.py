@@ -9,12 +9,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from click.testing import CliRunner
 
-from petal.cli.main import cli
 from petal.pipeline.index.faiss_loader import load_faiss
 from petal.pipeline.index.filters import parse_filter
 from petal.pipeline.index.search import IndexReader
+from tests.fake_cli import invoke as fake_invoke
 from tests.fake_engine import make_fake_model_dir
 
 ROWS = 3000
@@ -32,7 +31,7 @@ def corpus(tmp_path_factory) -> tuple[Path, Path]:
 
 def build(corpus, out: Path, factory: str) -> IndexReader:
     shard, model = corpus
-    result = CliRunner().invoke(cli, ["index", str(shard), "--out", str(out), "--model", str(model), "-q",
+    result = fake_invoke(["index", str(shard), "--out", str(out), "--model", str(model), "-q",
                                       "--keep-columns", "lang,year", "--index-factory", factory],
                                 env={"PETAL_TEST_FAKE_ENGINE": str(out.parent / "log")})
     assert result.exit_code == 0, result.output

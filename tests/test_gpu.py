@@ -8,11 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from petal.bench.gpu import cosine_rows, hf_throughput, petal_throughput, random_docs
-from petal.bench.shapes import Shape, hf_model, native_from_hf
 from petal.engine.batch import PackedBatch, token_bucket
 from petal.engine.config import EngineConfig
 from petal.engine.engine import Engine
+from tests.parity import Shape, cosine_rows, hf_embed, hf_model, native_from_hf, petal_embed, random_docs
 
 pytestmark = pytest.mark.gpu
 
@@ -57,10 +56,10 @@ def test_engine_matches_transformers(family):
     shape = TINY[family]
     hf, _, graphs, _ = engine_pair(shape)
     docs = mixed_docs(96, seed=2)
-    _, ours = petal_throughput(graphs, docs)
-    _, ours_again = petal_throughput(graphs, docs)  # second and third pass: captured graphs replay
+    ours = petal_embed(graphs, docs)
+    ours_again = petal_embed(graphs, docs)  # second and third pass: captured graphs replay
     bidirectional = family == "qwen3-bidirectional"  # HF Qwen3 is causal unless given a 4-D mask
-    _, ref = hf_throughput(hf, shape, docs, batch_size=16, bidirectional=bidirectional)
+    ref = hf_embed(hf, shape, docs, batch_size=16, bidirectional=bidirectional)
     cos = cosine_rows(ours, ref)
     assert cos.min() >= 0.995, (family, cos.min())
     np.testing.assert_allclose(ours_again, ours, atol=2e-2)
@@ -108,7 +107,7 @@ def test_attention_backends_agree():
         spec, model = native_from_hf(shape, hf, CUDA, torch.bfloat16)
         engine = Engine(spec, EngineConfig(device="cuda", dtype="bfloat16", attention=backend, token_budget=4096,
                                            max_seqs=64), model=model)
-        _, outs[backend] = petal_throughput(engine, docs)
+        outs[backend] = petal_embed(engine, docs)
     assert cosine_rows(outs["flashinfer"], outs["sdpa"]).min() > 0.999
     assert cosine_rows(outs["torch"], outs["sdpa"]).min() > 0.999
 
@@ -117,8 +116,8 @@ def test_long_mixed_run_matches_eager():
     """Many steps in flight over every bucket: the pipelined graph engine equals the eager engine."""
     _, _, graphs, eager = engine_pair(TINY["qwen3-bidirectional"], token_budget=8192, max_seqs=128)
     docs = mixed_docs(3000, seed=7, high=512)
-    _, a = petal_throughput(graphs, docs)
-    _, b = petal_throughput(eager, docs)
+    a = petal_embed(graphs, docs)
+    b = petal_embed(eager, docs)
     assert cosine_rows(a, b).min() > 0.999
     assert graphs.stats.graph_replays > 10 * graphs.stats.graph_captures > 0
 

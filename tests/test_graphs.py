@@ -12,7 +12,8 @@ import torch
 
 from petal.engine.batch import PackedBatch, token_bucket
 from petal.engine.config import EngineConfig
-from petal.engine.engine import Engine, forward_pooled
+from petal.engine.engine import Engine
+from petal.engine.forward import forward_pooled
 from petal.engine.graphs import LazyGraphRunner, seq_capacity
 from petal.engine.inputs import InputLayout, fill_inputs
 

@@ -15,7 +15,8 @@ import torch
 from petal.engine.batch import PackedBatch
 from petal.engine.config import EngineConfig, ModelOptions
 from petal.engine.engine import Engine
-from petal.engine.loader import ModelError, inspect_model
+from petal.engine.errors import ModelError
+from petal.engine.loader import inspect_model
 from petal.engine.models import supported_architectures
 from petal.pipeline.ingest.tokens import tokenizer_for
 from petal.pipeline.jobs.embed import encode_texts
@@ -87,7 +88,7 @@ def test_prompts_eos_and_pooling_match_sentence_transformers(checkpoints, family
     engine = Engine(spec, EngineConfig(token_budget=1024))
     st = SentenceTransformer(str(path), device="cpu")
     for side, reference in (("query", st.encode_query), ("document", st.encode_document)):
-        ours, _ = encode_texts(engine, tokenizer_for(spec, side), TEXTS)  # type: ignore[arg-type]
+        ours, _ = encode_texts(engine, tokenizer_for(spec, "query" if side == "query" else "document"), TEXTS)
         np.testing.assert_allclose(ours, reference(TEXTS, convert_to_numpy=True), atol=2e-5)
     if family == "qwen3-embedding":
         assert spec.prompts.query == QUERY_PROMPT and spec.eos_token_id == vocab()["<|endoftext|>"]
@@ -217,8 +218,8 @@ def test_model_id_resolves_from_the_local_hf_cache(tmp_path, monkeypatch, checkp
 
 @pytest.mark.parametrize("bidirectional", [False, True])
 def test_benchmark_shape_directories_state_their_attention(tmp_path, minilm_dir, bidirectional):
-    """``petal bench e2e --shape qwen3-embedding-0.6b|pplx-embed-0.6b`` saves directories petal accepts."""
-    from petal.bench.shapes import Shape, hf_model, save_model_dir
+    """Qwen3 directories saved with their attention stated (as the benchmarks' ``--shape`` ones) load as said."""
+    from tests.parity import Shape, hf_model, save_model_dir
 
     config = {"architectures": ["Qwen3Model"], "model_type": "qwen3", "vocab_size": 30522, "hidden_size": 32,
               "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16,

@@ -21,6 +21,7 @@ from petal.pipeline.index.checksums import CHECKSUM_KEY, HEAD_TAIL_BYTES, INTEGR
 from petal.pipeline.index.search import IndexReader
 from petal.pipeline.layout import OutputDir
 from tests.conftest import REPO
+from tests.fake_cli import invoke as fake_invoke
 from tests.fake_engine import make_fake_model_dir
 
 ROWS = 2400  # x 384 float32 = 3.7 MB of index.faiss: more than the two head/tail spans
@@ -32,7 +33,7 @@ def build(root: Path, name: str, model: Path, extra: tuple[str, ...] = ()) -> Pa
     rows = {"id": list(range(ROWS)), "text": [f"document {i} about subject {i % 97} and {i % 13}" for i in range(ROWS)]}
     pq.write_table(pa.table(rows), data / "part-0.parquet")
     out = root / name
-    result = CliRunner().invoke(cli, ["index", str(data), "--out", str(out), "-q", "--model", str(model), *extra],
+    result = fake_invoke(["index", str(data), "--out", str(out), "-q", "--model", str(model), *extra],
                                 env={"PETAL_TEST_FAKE_ENGINE": str(root / f"log-{name}")})
     assert result.exit_code == 0, result.output
     return out
@@ -125,7 +126,7 @@ def test_every_tampered_file_is_a_clear_error(built, tmp_path, case):
     run = query_subprocess(out)
     assert run.returncode == code, run.stderr[-2000:]
     assert says in run.stderr and "Traceback" not in run.stderr
-    verify = CliRunner().invoke(cli, ["verify", str(out)])
+    verify = fake_invoke(["verify", str(out)])
     assert verify.exit_code == 65 and name in verify.stderr, verify.output
 
 
@@ -139,7 +140,7 @@ def test_an_edited_manifest_falls_back_to_full_checks_and_fails_verify(built, tm
     run = query_subprocess(out)
     assert run.returncode == 0, run.stderr[-2000:]
     assert "does not match its own checksum" in run.stderr and "checked in full" in run.stderr
-    result = CliRunner().invoke(cli, ["verify", str(out), "--json"])
+    result = fake_invoke(["verify", str(out), "--json"])
     assert result.exit_code == 65 and "manifest.json" in result.stderr
     assert json.loads(result.stdout)["manifest_checksum"] != "ok"
 
@@ -150,10 +151,10 @@ def test_an_edited_manifest_falls_back_to_full_checks_and_fails_verify(built, tm
     manifest = manifest_of(version_dir)
     manifest[INTEGRITY_KEY]["files"]["index.faiss"]["head_tail_sha256"] = "0" * 64
     (version_dir / "manifest.json").write_text(json.dumps(manifest))
-    result = CliRunner().invoke(cli, ["query", str(out), "x"])
+    result = fake_invoke(["query", str(out), "x"])
     assert result.exit_code == 65 and "sha256" in result.stderr and "does not match the manifest" in result.stderr
     (version_dir / "manifest.json").write_text("{not json")
-    result = CliRunner().invoke(cli, ["query", str(out), "x"])
+    result = fake_invoke(["query", str(out), "x"])
     assert result.exit_code == 78 and "cannot read" in result.stderr
 
 
@@ -168,7 +169,7 @@ def test_a_body_change_opens_without_crashing_and_verify_finds_it(built, tmp_pat
     run = query_subprocess(out)
     assert run.returncode == 0, run.stderr[-2000:]
     assert len(json.loads(run.stdout.splitlines()[0])["hits"]) == 3
-    result = CliRunner().invoke(cli, ["verify", str(out), "--json"])
+    result = fake_invoke(["verify", str(out), "--json"])
     report = json.loads(result.stdout)
     assert result.exit_code == 65 and not report["ok"] and "index.faiss" in result.stderr
     assert [f["name"] for f in report["files"] if not f["ok"]] == ["index.faiss"]
@@ -199,7 +200,7 @@ def test_ivf_body_damage_is_an_error_or_a_search_never_a_crash(tmp_path_factory,
         assert run.returncode in (0, 65), (offset, width, value, run.returncode, run.stderr[-2000:])
         assert "Traceback" not in run.stderr
         outcomes.append(run.returncode)
-        assert CliRunner().invoke(cli, ["verify", str(out)]).exit_code == 65
+        assert fake_invoke(["verify", str(out)]).exit_code == 65
     assert outcomes  # what each case gave is not fixed: FAISS may read the bytes as codes or as ids
 
 
@@ -213,7 +214,7 @@ def test_a_version_from_before_the_checksums_still_opens(built, tmp_path):
     run = query_subprocess(out)
     assert run.returncode == 0, run.stderr[-2000:]
     assert "written before head/tail checksums" in run.stderr and "index.faiss" in run.stderr
-    result = CliRunner().invoke(cli, ["verify", str(out), "--json"])
+    result = fake_invoke(["verify", str(out), "--json"])
     assert result.exit_code == 0 and json.loads(result.stdout)["manifest_checksum"] == "absent"
     flip(version_dir / "index.faiss", (version_dir / "index.faiss").stat().st_size // 2)
     run = query_subprocess(out)
@@ -232,11 +233,11 @@ def test_search_refuses_ids_outside_the_index(built, tmp_path):
 
 def test_rebuild_writes_a_sealed_version(built, tmp_path):
     out, _ = copy(built, tmp_path)
-    result = CliRunner().invoke(cli, ["rebuild", str(out), "--index-factory", "Flat"])
+    result = fake_invoke(["rebuild", str(out), "--index-factory", "Flat"])
     assert result.exit_code == 0, result.output
     manifest = manifest_of(OutputDir(out).version_dir(OutputDir(out).current_version()))
     assert manifest["rebuilt_from"] and manifest[CHECKSUM_KEY] == canonical_sha256(manifest)
-    assert CliRunner().invoke(cli, ["verify", str(out)]).exit_code == 0
+    assert fake_invoke(["verify", str(out)]).exit_code == 0
 
 
 def test_structure_checks_catch_what_faiss_trusts(tmp_path):

@@ -82,7 +82,8 @@ def test_calibrated_int8_codes_are_faiss_sq8_codes():
     stored_codes = faiss.vector_to_array(index.codes).reshape(2000, 64)
     np.testing.assert_array_equal(transform.codes(x).astype(np.int16) + 128, stored_codes)
     own = transform_for(64, "int8", "calibrated").calibrate(x)  # the same rule as FAISS's training
-    np.testing.assert_array_equal(calibrated_codes(x, own.calibration), transform.codes(x))  # type: ignore[arg-type]
+    assert own.calibration is not None
+    np.testing.assert_array_equal(calibrated_codes(x, own.calibration), transform.codes(x))
     restored = output_from_dict(json.loads(json.dumps(output_to_dict(transform))))
     assert restored == transform
 
@@ -139,7 +140,7 @@ def test_quantized_index_recall_against_exact_float(tmp_path, shard_writer, name
     docs, queries = topic_vectors(4000, 256, seed=2)
     if name == "int8-tanh":  # unnormalised model output with per-value spread ~0.5, as tanh expects
         docs, queries = docs * 8, queries * 8
-    transform = transform_for(**kwargs)  # type: ignore[arg-type]
+    transform = transform_for(**kwargs)  # type: ignore[arg-type]  # FORMATS mixes the keywords' value types
     _, truth = faiss.knn(unit(queries), unit(docs), 10, metric=faiss.METRIC_INNER_PRODUCT)  # exact float cosine
     staging = tmp_path / "staging"
     staging.mkdir()
@@ -196,7 +197,7 @@ def tiny_indexes(tmp_path_factory, tiny_bert_dir):
 def test_query_applies_the_index_time_transform(tiny_indexes, tiny_bert_dir, name):
     import faiss
 
-    from petal.pipeline.jobs.query import QueryService
+    from petal.pipeline.api import open_index
 
     out = tiny_indexes[name]
     manifest = json.loads(run("info", out, "--json").stdout)
@@ -204,7 +205,7 @@ def test_query_applies_the_index_time_transform(tiny_indexes, tiny_bert_dir, nam
     assert manifest["dim"] == output["dim"] == (32 if name == "int8" else 64) and output["quantize"] == name
     assert manifest["index"]["factory"] == ("SQ8" if name == "int8" else "BFlat")
     doc_id, text = first_doc()
-    service = QueryService(out)
+    service = open_index(out).query_model()
     vectors, _ = encode_texts(service.engine, service.tokenizer, [text])
     query = service.transform.stored(vectors)
     metas = [(p.parent, json.loads(p.read_text())) for p in (out / "store" / "shards").glob("*/*/entry.json")]
@@ -247,7 +248,7 @@ def test_pplx_embed_int8_is_its_own_scheme(tmp_path):
 
 
 def test_query_prompts_follow_the_model_and_the_flag(tmp_path):
-    from petal.pipeline.jobs.query import QueryService
+    from petal.pipeline.api import open_index
     from tests.tiny_models import QUERY_PROMPT
 
     path = tmp_path / "qwen3-embedding"
@@ -258,11 +259,11 @@ def test_query_prompts_follow_the_model_and_the_flag(tmp_path):
 
     pq.write_table(pa.table({"id": [1, 2, 3], "text": TEXTS[:3]}), good)
     assert run("index", good, "--out", tmp_path / "a", "--model", path, "-q").exit_code == 0
-    assert QueryService(tmp_path / "a").tokenizer.prompt == QUERY_PROMPT
-    assert QueryService(tmp_path / "a", query_prompt="Q: ").tokenizer.prompt == "Q: "
+    assert open_index(tmp_path / "a").query_model().tokenizer.prompt == QUERY_PROMPT
+    assert open_index(tmp_path / "a", query_prompt="Q: ").query_model().tokenizer.prompt == "Q: "
     assert run("index", good, "--out", tmp_path / "b", "--model", path, "--query-prompt", "Find: ",
                "-q").exit_code == 0
-    service = QueryService(tmp_path / "b")
+    service = open_index(tmp_path / "b").query_model()
     assert service.tokenizer.prompt == "Find: " and service.tokenizer.appends_eos is False  # the tokenizer adds EOS
     hits = json.loads(run("query", tmp_path / "b", TEXTS[1], "--json", "-k", "1").stdout)["hits"]
     assert len(hits) == 1

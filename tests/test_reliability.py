@@ -413,10 +413,10 @@ def test_a_usage_error_still_writes_the_report(job):
 
 
 def test_the_real_entry_point_in_a_fresh_interpreter(job):
-    """Once outside the fork runner: ``python -m petal.cli.main`` with the test seam, killed for real."""
+    """Once outside the fork runner: ``python -m tests.fake_cli`` (petal's main with the test seam), killed for real."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "PETAL_TEST_FAKE_ENGINE": str(job.root / "fresh.jsonl"),
            "PETAL_FAULT": "after_shard_commit:2:kill"}
-    argv = [sys.executable, "-m", "petal.cli.main", *job.argv()]
+    argv = [sys.executable, "-m", "tests.fake_cli", *job.argv()]
     assert subprocess.run(argv, env=env, capture_output=True, cwd=REPO).returncode == -signal.SIGKILL
     env.pop("PETAL_FAULT")
     done = subprocess.run(argv, env=env, capture_output=True, text=True, cwd=REPO)

@@ -16,6 +16,7 @@ from click.testing import CliRunner
 
 from petal.cli.main import cli
 from petal.pipeline.layout import OutputDir
+from tests.fake_cli import fake_hooks
 from tests.fake_engine import embedded_ids, make_fake_model_dir, read_log
 from tests.invariants import live, rejects_rows
 
@@ -34,7 +35,7 @@ def index(tmp_path, fake_model):
         report.unlink(missing_ok=True)
         log.unlink(missing_ok=True)
         result = CliRunner().invoke(cli, ["index", *map(str, args), "--out", str(out), "--model", str(fake_model),
-                                          "-q", "--json-report", str(report)], env={"PETAL_TEST_FAKE_ENGINE": str(log)})
+                                          "-q", "--json-report", str(report)], obj=fake_hooks(str(log)))
         assert result.exit_code != 1, result.output  # never a bug
         return result.exit_code, result.stderr, json.loads(report.read_text()), log
 

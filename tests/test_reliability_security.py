@@ -20,6 +20,7 @@ from petal.cli.main import cli
 from petal.pipeline.index.search import IndexReader
 from petal.pipeline.layout import OutputDir
 from tests.conftest import REPO
+from tests.fake_cli import fake_hooks
 from tests.fake_engine import make_fake_model_dir
 from tests.invariants import live
 
@@ -97,7 +98,7 @@ def built(tmp_path_factory):
         pq.write_table(pa.table(rows), data / f"{s}.parquet")
     out = root / "out"
     result = CliRunner().invoke(cli, ["index", str(data), "--out", str(out), "-q", "--model", str(default_model_dir())],
-                                env={"PETAL_TEST_FAKE_ENGINE": str(root / "log")})
+                                obj=fake_hooks(str(root / "log")))
     assert result.exit_code == 0, result.output
     return root, data, out
 
@@ -134,7 +135,7 @@ def test_paths_never_leave_the_output_directory(built, tmp_path):
     lock_out.mkdir()
     (lock_out / ".lock").symlink_to(target)  # a planted lock symlink is never followed
     result = runner.invoke(cli, ["index", str(built[1]), "--out", str(lock_out), "-q"],
-                           env={"PETAL_TEST_FAKE_ENGINE": str(tmp_path / "log")})
+                           obj=fake_hooks(str(tmp_path / "log")))
     assert result.exit_code == 73 and "lock file" in result.stderr and target.read_text() == "keep me"
 
 
@@ -169,7 +170,7 @@ def test_k_beyond_the_index_and_faiss_minus_one_ids(built, tmp_path, fake_model_
     out = tmp_path / "ivf"
     result = CliRunner().invoke(cli, ["index", str(built[1]), "--out", str(out), "-q", "--index-factory", "IVF8,Flat",
                                       "--model", str(fake_model_for_ivf)],
-                                env={"PETAL_TEST_FAKE_ENGINE": str(tmp_path / "l")})
+                                obj=fake_hooks(str(tmp_path / "l")))
     assert result.exit_code == 0, result.output
     ivf = IndexReader(out, nprobe=1)
     ivf_ids = ivf.ids.column("id").to_pylist()

@@ -12,10 +12,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from click.testing import CliRunner
 
-from petal.cli.main import cli
 from petal.pipeline.index.search import IndexReader
+from tests.fake_cli import invoke as fake_invoke
 from tests.fake_engine import make_fake_model_dir, read_log
 from tests.invariants import assert_clean
 
@@ -40,7 +39,7 @@ def index(tmp_path, fake_model):
         report, log = tmp_path / "report.json", tmp_path / "fake.jsonl"
         report.unlink(missing_ok=True)
         log.unlink(missing_ok=True)
-        result = CliRunner().invoke(cli, ["index", *map(str, args), "--out", str(out), "--model", str(fake_model),
+        result = fake_invoke(["index", *map(str, args), "--out", str(out), "--model", str(fake_model),
                                           "-q", "--json-report", str(report)], env={"PETAL_TEST_FAKE_ENGINE": str(log)})
         assert result.exit_code != 1, result.output  # never a bug
         return result.exit_code, result.stderr, json.loads(report.read_text()), read_log(log)
@@ -121,7 +120,7 @@ def test_delete_ids_persist_through_incremental_runs_and_rebuild(tmp_path, index
     assert index(c)[0] == 0
     ids = live_ids(tmp_path / "out")
     assert len(ids) == 43 and "a-1" not in ids and "b-2" not in ids
-    assert CliRunner().invoke(cli, ["rebuild", str(tmp_path / "out"), "--index-factory", "IVF2,Flat"]).exit_code == 0
+    assert fake_invoke(["rebuild", str(tmp_path / "out"), "--index-factory", "IVF2,Flat"]).exit_code == 0
     assert live_ids(tmp_path / "out") == ids
 
     shard(a, "a", 20)  # the same content written again: the deletion holds
@@ -173,12 +172,12 @@ def test_report_on_stdout_and_into_non_regular_files(tmp_path, fake_model):
     a = shard(tmp_path / "a.parquet", "a", 5)
     env = {"PETAL_TEST_FAKE_ENGINE": str(tmp_path / "log")}
     base = ["index", str(a), "--out", str(tmp_path / "out"), "--model", str(fake_model), "-q"]
-    result = CliRunner().invoke(cli, [*base, "--json-report", "-"], env=env)
+    result = fake_invoke([*base, "--json-report", "-"], env=env)
     assert result.exit_code == 0 and json.loads(result.stdout)["status"] == "success"
     assert not Path("-").exists()
-    result = CliRunner().invoke(cli, [*base, "--json"], env=env)
+    result = fake_invoke([*base, "--json"], env=env)
     assert result.exit_code == 0 and json.loads(result.stdout)["status"] == "nothing-to-do"
-    rebuilt = CliRunner().invoke(cli, ["rebuild", str(tmp_path / "out"), "--json"])
+    rebuilt = fake_invoke(["rebuild", str(tmp_path / "out"), "--json"])
     assert rebuilt.exit_code == 0 and json.loads(rebuilt.stdout)["command"] == "rebuild"
 
     fifo = tmp_path / "report.fifo"
@@ -188,7 +187,7 @@ def test_report_on_stdout_and_into_non_regular_files(tmp_path, fake_model):
     reader.start()
     link = tmp_path / "stdout-link"
     link.symlink_to(fifo)  # like /dev/stdout -> /proc/self/fd/1: written through, never replaced
-    result = CliRunner().invoke(cli, [*base, "--json-report", str(link)], env=env)
+    result = fake_invoke([*base, "--json-report", str(link)], env=env)
     reader.join(timeout=30)
     assert result.exit_code == 0 and json.loads(got[0])["status"] == "nothing-to-do"
     assert link.is_symlink() and fifo.exists() and not fifo.is_file()
@@ -198,14 +197,14 @@ def test_report_on_stdout_and_into_non_regular_files(tmp_path, fake_model):
     target.write_text("{}")
     alias = tmp_path / "latest-link.json"
     alias.symlink_to(target)
-    assert CliRunner().invoke(cli, [*base, "--json-report", str(alias)], env=env).exit_code == 0
+    assert fake_invoke([*base, "--json-report", str(alias)], env=env).exit_code == 0
     assert alias.is_symlink() and json.loads(target.read_text())["command"] == "index"
 
 
 def test_summaries_say_what_happened(tmp_path, index, fake_model):
     a, b = shard(tmp_path / "a.parquet", "a", 30), shard(tmp_path / "b.parquet", "b", 30)
     # interrupted after the first shard: the planned "2 added" did not happen, so it is not said
-    result = CliRunner().invoke(cli, ["index", str(a), str(b), "--out", str(tmp_path / "out"), "--model",
+    result = fake_invoke(["index", str(a), str(b), "--out", str(tmp_path / "out"), "--model",
                                       str(fake_model), "-q"],
                                 env={"PETAL_TEST_FAKE_ENGINE": str(tmp_path / "log"),
                                      "PETAL_FAULT": "after_shard_commit:1:int"})
@@ -224,7 +223,7 @@ def test_summaries_say_what_happened(tmp_path, index, fake_model):
 
 
 def test_overrides_an_exact_index_ignores_are_said(built_minilm_index):
-    result = CliRunner().invoke(cli, ["query", str(built_minilm_index), "glaciers", "--nprobe", "8",
+    result = fake_invoke(["query", str(built_minilm_index), "glaciers", "--nprobe", "8",
                                       "--rescore", "4"])
     assert result.exit_code == 0
     assert "--nprobe 8 is ignored" in result.stderr and "--rescore 4 is ignored" in result.stderr
@@ -235,6 +234,6 @@ def built_minilm_index(tmp_path_factory):
     from tests.conftest import SAMPLE_DATA
 
     out = tmp_path_factory.mktemp("minilm") / "idx"
-    result = CliRunner().invoke(cli, ["index", str(SAMPLE_DATA), "--out", str(out), "-q"])
+    result = fake_invoke(["index", str(SAMPLE_DATA), "--out", str(out), "-q"])
     assert result.exit_code == 0, result.output
     return out

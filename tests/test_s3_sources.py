@@ -14,9 +14,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from click.testing import CliRunner
 
-from petal.cli.main import cli
+from tests.fake_cli import invoke as fake_invoke
 from tests.fake_engine import embedded_ids, make_fake_model_dir
 from tests.s3_server import S3Server, start_s3
 from tests.test_incremental import contents
@@ -46,7 +45,7 @@ def put_shard(s3: S3Server, bucket: str, key: str, prefix: str, rows: int, editi
 
 
 def run(argv: list[str], env: dict[str, str]):
-    return CliRunner().invoke(cli, argv, env=env)
+    return fake_invoke(argv, env=env)
 
 
 def test_index_an_s3_prefix_then_reindex_only_the_changed_object(s3, fake_model, tmp_path):

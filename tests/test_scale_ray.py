@@ -11,10 +11,9 @@ import time
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
 
-from petal.cli.main import cli
 from tests.conftest import REPO
+from tests.fake_cli import invoke as fake_invoke
 from tests.fake_engine import make_fake_model_dir, read_log
 from tests.test_incremental import contents
 from tests.test_scale_workers import write_shards
@@ -32,7 +31,7 @@ def local_ray():
 
 
 def index(*args: str, env: dict[str, str] | None = None):
-    return CliRunner().invoke(cli, ["index", *args, "-q"], env=env)
+    return fake_invoke(["index", *args, "-q"], env=env)
 
 
 def test_ray_gives_the_single_process_index(local_ray, tiny_bert_dir, tmp_path):

@@ -84,12 +84,13 @@ def wait_for(condition, timeout: float = 120) -> None:
 
 
 class Petal:
-    """``python -m petal.cli.main ARGV`` in a fresh interpreter (forkrun's children are daemonic: no workers)."""
+    """``python -m tests.fake_cli ARGV`` (petal with the tests' fake engine seam) in a fresh interpreter
+    (forkrun's children are daemonic: no workers)."""
 
     def __init__(self, argv: list[str], env: dict[str, str], report: Path) -> None:
         self.report = report
         full_env = {**os.environ, "PYTHONPATH": str(REPO), **env}
-        self.process = subprocess.Popen([sys.executable, "-m", "petal.cli.main", *argv, "--json-report", str(report)],
+        self.process = subprocess.Popen([sys.executable, "-m", "tests.fake_cli", *argv, "--json-report", str(report)],
                                         env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.pid = self.process.pid
 

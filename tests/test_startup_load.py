@@ -108,10 +108,13 @@ def test_a_missing_shard_tensor_is_named(tiny_bert_dir, tmp_path):
 def test_nothing_is_left_on_meta_and_computed_tables_follow_the_input():
     """A tensor the checkpoint does not fill is refused by name; RoPE tables are no buffers: they are
     computed on first use, on the input's device."""
-    from petal.bench.shapes import QWEN3_06B
     from petal.engine.models.qwen3 import qwen3_config
 
-    cfg = qwen3_config({**QWEN3_06B, "num_hidden_layers": 1, "vocab_size": 64, "hidden_size": 64,
+    # a one-layer Qwen3 (the tests' own shape: no benchmark imports in tests)
+    cfg = qwen3_config({"architectures": ["Qwen3Model"], "model_type": "qwen3", "max_position_embeddings": 32768,
+                        "rope_theta": 1_000_000.0, "rms_norm_eps": 1e-6, "hidden_act": "silu",
+                        "attention_bias": False, "tie_word_embeddings": True,
+                        "num_hidden_layers": 1, "vocab_size": 64, "hidden_size": 64,
                         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
                         "intermediate_size": 64, "use_bidirectional_attention": True})
     model = build_empty(Qwen3Model, cfg)

@@ -31,6 +31,7 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """SwiGLU on a fused ``[gate | up]`` projection: ``silu(gate) * up`` (one FlashInfer kernel on CUDA)."""
     fi = fused(gate_up)
     if fi is not None:
-        return fi.silu_and_mul(gate_up)
+        out: torch.Tensor = fi.silu_and_mul(gate_up)
+        return out
     gate, up = gate_up.chunk(2, dim=-1)  # [num_tokens, 2 * inter] -> 2 x [num_tokens, inter]
     return F.silu(gate) * up

@@ -13,7 +13,7 @@ and return ``[num_tokens, num_heads, head_dim]``; no sequence attends across its
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import torch
 import torch.nn.functional as F
@@ -97,20 +97,20 @@ class TorchVarlenAttention:
         self.scale = scale
         # NOTE: torch 2.9 took is_causal=; 2.10+ take window_size=(-1, 0) for causal.
         params = inspect.signature(varlen_attn).parameters
-        if "window_size" in params:
-            self._mask_kwargs = {"window_size": (-1, 0) if causal else (-1, -1)}
-        else:
-            self._mask_kwargs = {"is_causal": causal}
+        self._mask_kwargs: dict[str, Any] = (
+            {"window_size": (-1, 0) if causal else (-1, -1)} if "window_size" in params else {"is_causal": causal}
+        )
 
     def plan(self, ctx: ForwardContext) -> None:
         return None
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         k, v = repeat_kv(q, k, v)  # NOTE: torch 2.11's varlen_attn has no enable_gqa
-        return self._varlen_attn(
+        out = self._varlen_attn(
             q, k, v, ctx.cu_seqlens, ctx.cu_seqlens, ctx.max_seqlen, ctx.max_seqlen,
             scale=self.scale, **self._mask_kwargs,
         )
+        return cast(torch.Tensor, out)  # a tuple only when asked for auxiliary outputs (we do not)
 
 
 def make_attention_backend(

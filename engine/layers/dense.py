@@ -27,4 +27,5 @@ class Dense(nn.Module):
         self.activation = _ACTIVATIONS[cfg.activation]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.activation(self.linear(x))
+        out: torch.Tensor = self.activation(self.linear(x))
+        return out

@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -38,7 +38,7 @@ class _Planned:
     last planned for (a plan for the same offsets is skipped: a service answering queries of one
     length, or a bucket's repeated shape, pays the host-side plan once)."""
 
-    def __init__(self, wrapper: object) -> None:
+    def __init__(self, wrapper: Any) -> None:  # a FlashInfer prefill wrapper (FlashInfer is untyped)
         self.wrapper = wrapper
         self.event: torch.cuda.Event | None = None
         self.cu_seqlens: torch.Tensor | None = None  # [num_seqs + 1] int32 on the host, a private copy
@@ -117,4 +117,5 @@ class FlashInferAttention:
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         planned = self._active[ctx.num_seqs if ctx.padded else -1]
-        return planned.wrapper.run(q, k, v)
+        out: torch.Tensor = planned.wrapper.run(q, k, v)
+        return out

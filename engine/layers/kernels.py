@@ -20,7 +20,8 @@ def _flashinfer() -> ModuleType | None:
         import flashinfer
     except Exception:  # not installed, or no CUDA build: the torch ops serve
         return None
-    return flashinfer
+    module: ModuleType = flashinfer
+    return module
 
 
 def fused(x: torch.Tensor) -> ModuleType | None:

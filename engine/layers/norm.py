@@ -46,11 +46,13 @@ class RMSNorm(nn.Module):
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(x.dtype)
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):  # type: ignore[override]
+    def forward(self, x: torch.Tensor,
+                residual: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         fi = fused(x)
         if residual is None:
             if fi is not None:
-                return fi.rmsnorm(x.contiguous(), self.weight, self.eps)
+                normed: torch.Tensor = fi.rmsnorm(x.contiguous(), self.weight, self.eps)
+                return normed
             return self._norm(x)
         if fi is not None:
             # NOTE: in place: residual <- x + residual, x <- rmsnorm(residual)

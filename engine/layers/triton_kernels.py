@@ -120,7 +120,7 @@ def add_layer_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor
     return out
 
 
-_warmups: dict[tuple, threading.Thread] = {}
+_warmups: dict[tuple[object, ...], threading.Thread] = {}
 
 
 def start_warmup(cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> threading.Thread | None:

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from torch import nn
-
+from petal.engine.models.base import EncoderModel
 from petal.engine.models.bert import BertModel
 from petal.engine.models.qwen3 import Qwen3Model
 from petal.engine.models.xlm_roberta import XLMRobertaModel
 
 # Hugging Face architecture or model_type -> model class. Add one line per architecture file.
-MODEL_REGISTRY: dict[str, type[nn.Module]] = {
+MODEL_REGISTRY: dict[str, type[EncoderModel]] = {
     "BertModel": BertModel,
     "bert": BertModel,
     "Qwen3Model": Qwen3Model,
@@ -28,7 +27,7 @@ def supported_architectures() -> list[str]:
     return sorted(MODEL_REGISTRY)
 
 
-def model_class_for(hf_config: dict[str, Any]) -> type[nn.Module]:
+def model_class_for(hf_config: dict[str, Any]) -> type[EncoderModel]:
     """The model class for a Hugging Face config, by ``architectures`` first, then ``model_type``."""
     names = [*(hf_config.get("architectures") or []), hf_config.get("model_type", "")]
     for name in names:

@@ -11,13 +11,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from petal.engine.config import ModelConfig
+from petal.engine.config import ModelConfig, PoolingMode
 from petal.engine.context import ForwardContext
 from petal.engine.layers.activation import get_activation
 from petal.engine.layers.attention import attention
 from petal.engine.layers.embedding import Embedding
 from petal.engine.layers.linear import Linear
 from petal.engine.layers.norm import LayerNorm
+from petal.engine.models.base import EncoderModel
 from petal.engine.models.weights import WeightSource
 
 
@@ -61,7 +62,8 @@ class BertEmbeddings(nn.Module):
         h = self.word_embeddings(input_ids) + self.token_type_embeddings.weight[0]
         pos = positions if self.position_offset == 0 else positions + self.position_offset
         h = h + self.position_embeddings(pos)
-        return self.LayerNorm(h)  # [num_tokens, hidden]
+        out: torch.Tensor = self.LayerNorm(h)  # [num_tokens, hidden]
+        return out
 
 
 class BertSelfAttention(nn.Module):
@@ -85,7 +87,8 @@ class BertSelfOutput(nn.Module):
         self.LayerNorm = LayerNorm(cfg.hidden_size, cfg.norm_eps)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        return self.LayerNorm(self.dense(x), residual)
+        out: torch.Tensor = self.LayerNorm(self.dense(x), residual)
+        return out
 
 
 class BertAttention(nn.Module):
@@ -95,7 +98,8 @@ class BertAttention(nn.Module):
         self.output = BertSelfOutput(cfg, cfg.num_heads * cfg.head_dim)
 
     def forward(self, h: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        return self.output(self.self(h, ctx), h)
+        out: torch.Tensor = self.output(self.self(h, ctx), h)
+        return out
 
 
 class BertIntermediate(nn.Module):
@@ -117,7 +121,8 @@ class BertLayer(nn.Module):
 
     def forward(self, h: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         h = self.attention(h, ctx)
-        return self.output(self.intermediate(h), h)
+        out: torch.Tensor = self.output(self.intermediate(h), h)
+        return out
 
 
 class BertEncoder(nn.Module):
@@ -126,13 +131,13 @@ class BertEncoder(nn.Module):
         self.layer = nn.ModuleList(BertLayer(cfg) for _ in range(cfg.num_layers))
 
 
-class BertModel(nn.Module):
+class BertModel(EncoderModel):
     """Packed BERT encoder: ``forward(input_ids [T], positions [T], ctx) -> [T, hidden]``."""
 
     # Checkpoints saved from task heads prefix the trunk with one of these.
     weight_prefixes: tuple[str, ...] = ("", "bert.", "model.")
     attention_masks: tuple[str, ...] = ("bidirectional",)
-    default_pooling: str | None = "mean"  # a bare directory without sentence-transformers files
+    default_pooling: PoolingMode | None = "mean"  # a bare directory without sentence-transformers files
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -152,7 +157,8 @@ class BertModel(nn.Module):
         h = self.embeddings(input_ids, positions)
         for layer in self.encoder.layer:
             h = layer(h, ctx)
-        return h
+        out: torch.Tensor = h
+        return out
 
     def hf_state_dict(self, weights: WeightSource) -> dict[str, torch.Tensor]:
         """Our parameter names -> tensors read from a Hugging Face checkpoint."""

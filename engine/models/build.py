@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
 
+M = TypeVar("M", bound=nn.Module)
 
-def build_empty(model_cls: type[nn.Module], config: Any) -> nn.Module:
+
+def build_empty(model_cls: type[M], config: Any) -> M:
     """``model_cls(config)`` on the meta device: no memory, no random init; fill it with
     ``load_state_dict(state, assign=True)``, then ``check_loaded``."""
     with torch.device("meta"):

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from petal.engine.config import ModelConfig
+from petal.engine.config import ModelConfig, PoolingMode
 from petal.engine.context import ForwardContext
 from petal.engine.layers.activation import silu_and_mul
 from petal.engine.layers.attention import attention
@@ -20,6 +20,7 @@ from petal.engine.layers.linear import Linear
 from petal.engine.layers.norm import RMSNorm
 from petal.engine.layers.rotary import RopeTables, RotaryEmbedding, apply_rotary
 from petal.engine.layers.triton_kernels import qk_norm_rope_, triton_available
+from petal.engine.models.base import EncoderModel
 from petal.engine.models.weights import WeightSource
 
 PPLX_MODEL_TYPE = "bidirectional_pplx_qwen3"  # pplx-embed-v1's config.json (remote code, Qwen3 weights)
@@ -114,7 +115,8 @@ class Qwen3Attention(nn.Module):
             q, k = apply_rotary(q, k, *rope.cos_sin(q.dtype))
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         out = attention(q, k, v, ctx)  # [T, Hq, D]
-        return self.o_proj(out.reshape(num_tokens, self.q_size))
+        projected: torch.Tensor = self.o_proj(out.reshape(num_tokens, self.q_size))
+        return projected
 
 
 class Qwen3MLP(nn.Module):
@@ -126,7 +128,8 @@ class Qwen3MLP(nn.Module):
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_and_mul(self.gate_up_proj(h)))
+        out: torch.Tensor = self.down_proj(silu_and_mul(self.gate_up_proj(h)))
+        return out
 
 
 class Qwen3DecoderLayer(nn.Module):
@@ -149,12 +152,12 @@ class Qwen3DecoderLayer(nn.Module):
         return self.mlp(h), residual
 
 
-class Qwen3Model(nn.Module):
+class Qwen3Model(EncoderModel):
     """Packed Qwen3 trunk: ``forward(input_ids [T], positions [T], ctx) -> [T, hidden]`` (final norm applied)."""
 
     weight_prefixes: tuple[str, ...] = ("", "model.")
     attention_masks: tuple[str, ...] = ("causal", "bidirectional")  # checkpoints of this family use both
-    default_pooling: str | None = None  # mean (pplx-embed) or last (Qwen3-Embedding): never assumed
+    default_pooling: PoolingMode | None = None  # mean (pplx-embed) or last (Qwen3-Embedding): never assumed
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -179,7 +182,8 @@ class Qwen3Model(nn.Module):
         for layer in self.layers:
             h, residual = layer(h, residual, rope, ctx)
         h, _ = self.norm(h, residual)
-        return h
+        out: torch.Tensor = h
+        return out
 
     def hf_state_dict(self, weights: WeightSource) -> dict[str, torch.Tensor]:
         fused = {".qkv_proj.": ("q_proj", "k_proj", "v_proj"), ".gate_up_proj.": ("gate_proj", "up_proj")}

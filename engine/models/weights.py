@@ -31,7 +31,8 @@ class WeightSource:
             key = prefix + name
             if key in self._where:
                 tensor = self._handles[self._where[key]].get_tensor(key)
-                return tensor.to(self.dtype) if tensor.is_floating_point() else tensor
+                out: torch.Tensor = tensor.to(self.dtype) if tensor.is_floating_point() else tensor
+                return out
         tried = ", ".join(repr(p + name) for p in prefixes)
         raise KeyError(f"weight {name!r} not found in {', '.join(str(f) for f in self.files)} (tried {tried})")
 

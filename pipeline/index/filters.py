@@ -49,7 +49,7 @@ def _tokens(text: str) -> list[tuple[str, Any]]:
             raise ValueError(f"--where {text!r}: cannot read {text[pos:].strip()[:20]!r} (at character {pos})")
         pos = match.end()
         kind = match.lastgroup
-        value = match.group(kind)
+        value = match.group(kind)  # type: ignore[arg-type]  # every alternative of TOKEN_RE is a named group
         if kind == "str":
             tokens.append(("lit", value[1:-1].replace("''", "'")))
         elif kind == "num":
@@ -131,9 +131,10 @@ class IdSelector:
 
         ivf = faiss.try_extract_index_ivf(index)  # NOTE: through wrappers (OPQ): they pass parameters on
         if ivf is not None:
-            return faiss.SearchParametersIVF(sel=self.selector, nprobe=int(search_params.get("nprobe", ivf.nprobe)))
+            return faiss.SearchParametersIVF(sel=self.selector,  # type: ignore[call-arg]  # SWIG stubs: no kwargs
+                                             nprobe=int(search_params.get("nprobe", ivf.nprobe)))
         inner = faiss.downcast_index(index)
         if isinstance(inner, faiss.IndexHNSW):
-            return faiss.SearchParametersHNSW(sel=self.selector,
+            return faiss.SearchParametersHNSW(sel=self.selector,  # type: ignore[attr-defined]  # not in the stubs
                                               efSearch=int(search_params.get("efSearch", inner.hnsw.efSearch)))
-        return faiss.SearchParameters(sel=self.selector)
+        return faiss.SearchParameters(sel=self.selector)  # type: ignore[call-arg]  # SWIG stubs: no kwargs

@@ -75,6 +75,7 @@ def _assign(points: Any, centroids: Any, out: Any, chunk: int, inner_product: bo
         if inner_product:
             out[start:start + chunk] = scores.argmax(1)
         else:  # argmin ||x||^2 - 2 x.c + ||c||^2; ||x||^2 is constant per row
+            assert centroid_sq is not None
             out[start:start + chunk] = torch.addmm(centroid_sq.unsqueeze(0), block, centroids.T, alpha=-2).argmin(1)
 
 

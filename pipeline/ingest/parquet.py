@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -141,7 +141,7 @@ def _retrying(call: Callable[[], T], read: ReadConfig, stats: ReadStats | None) 
 
 
 def _footer(path: Path | RemotePath) -> tuple[Any, pq.FileMetaData]:
-    fault("read_footer", path)
+    fault("read_footer", str(path))
     if isinstance(path, RemotePath):
         stat = stat_remote(path)
         with path.open() as fh:  # the footer only: ranged reads at the object's end
@@ -238,7 +238,7 @@ def batch_rows(pf: pq.ParquetFile, column: str, read: ReadConfig) -> int:
 def _record_batches(info: ShardInfo, columns: list[str], read: ReadConfig, start_row: int) -> Iterator[pa.RecordBatch]:
     """The shard's record batches from row ``start_row`` on (a retry resumes where it failed)."""
     source = info.path.open() if isinstance(info.path, RemotePath) else info.path  # ranged reads, never a download
-    with contextlib.closing(source) if isinstance(info.path, RemotePath) else contextlib.nullcontext(), \
+    with contextlib.closing(cast(Any, source)) if isinstance(info.path, RemotePath) else contextlib.nullcontext(), \
             pq.ParquetFile(source, buffer_size=read.read_buffer_bytes, pre_buffer=False) as pf:
         meta = pf.metadata
         starts = [0]
@@ -278,7 +278,7 @@ def read_rows(shard_index: int, info: ShardInfo, read: ReadConfig,
     while True:
         try:
             for record_batch in _record_batches(info, columns, read, row):
-                fault("read_batch", info.path)
+                fault("read_batch", str(info.path))
                 texts = _texts(record_batch.column(0))
                 n = len(texts)
                 if info.has_id_column:

@@ -94,7 +94,7 @@ class Prefetcher(Iterator[T]):
         if isinstance(item, BaseException):
             self._finished = True
             raise item
-        return item  # type: ignore[return-value]
+        return item
 
     def close(self) -> None:
         self._stop.set()

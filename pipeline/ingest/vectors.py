@@ -87,7 +87,7 @@ def preflight_vectors(paths: list[Path], read: ReadConfig, column: str) -> tuple
     for info in infos:
         if dim is not None:
             break
-        dim = _first_length(info.path, column)
+        dim = _first_length(Path(str(info.path)), column)  # local shards only (run_vector_index)
     if not dim:
         raise NoInputError(f"vectors column {column!r} holds no vector in any shard")
     return infos, dim
@@ -119,7 +119,7 @@ def read_vectors(info: ShardInfo, read: ReadConfig, column: str, dim: int) -> It
             good = values.filter(pa.array(ok_len))
             flat = pc.list_flatten(good).to_numpy(zero_copy_only=False).astype(np.float32)
             vectors[ok_len] = flat.reshape(-1, dim)
-        finite = np.isfinite(vectors).all(axis=1)
+        finite = np.asarray(np.isfinite(vectors).all(axis=1))
         out = VectorBatch([], [], vectors[:0])
         keep = []
         for i in range(n):

@@ -1,26 +1,41 @@
-"""Embedding a list of texts in order (``petal embed``, ``petal query``, benchmarks)."""
+"""Embedding texts in order: ``petal.Embedder`` (``petal embed``), and ``encode_texts`` (queries, benchmarks)."""
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from petal.engine.engine import Engine
+from petal.engine.config import EngineConfig
+from petal.engine.engine import Engine, attention_backend, resolve_device, resolve_dtype
 from petal.engine.lazy_tensor import LazyTensor
+from petal.engine.loader import ModelSpec
+from petal.pipeline.config import default_token_budget
 from petal.pipeline.ingest.pack import PackConfig, pack
-from petal.pipeline.ingest.tokens import TextTokenizer
+from petal.pipeline.ingest.tokens import TextTokenizer, tokenizer_for
+from petal.pipeline.jobs.settings import build, model_options, petal_error
+from petal.pipeline.reliability.errors import BadInputError, UsageError
+from petal.pipeline.store.outputs import OutputConfig, OutputTransform
+
+EngineFactory = Callable[[ModelSpec, EngineConfig], Engine]
 
 
-def encode_texts(engine: Engine, tokenizer: TextTokenizer, texts: list[str]) -> tuple[np.ndarray, int]:
-    """``[len(texts), dim]`` float32 in input order, and how many texts were truncated."""
+def encode_texts(engine: Engine, tokenizer: TextTokenizer, texts: list[str],
+                 batch_tokens: int | None = None) -> tuple[np.ndarray, int]:
+    """``[len(texts), dim]`` float32 in input order, and how many texts were truncated.
+
+    Batches hold up to ``batch_tokens`` tokens (default: the engine's token budget)."""
     if not texts:
         return np.zeros((0, engine.dim), dtype=np.float32), 0
     encoded = tokenizer.encode(texts)
     empty = [i for i, ids in enumerate(encoded.token_ids) if len(ids) == 0]
     if empty:
-        raise ValueError(f"text {empty[0]} yields no tokens")
-    config = PackConfig(engine.config.token_budget, engine.config.max_seqs)
+        raise BadInputError(f"text {empty[0]} yields no tokens")
+    config = PackConfig(batch_tokens or engine.config.token_budget, engine.config.max_seqs)
     out = np.empty((len(texts), engine.dim), dtype=np.float32)
     in_flight: deque[tuple[list[int], LazyTensor]] = deque()
     for batch in pack(enumerate(encoded.token_ids), config):
@@ -31,3 +46,134 @@ def encode_texts(engine: Engine, tokenizer: TextTokenizer, texts: list[str]) -> 
     for keys, lazy in in_flight:
         out[keys] = lazy.result()
     return out, int(encoded.truncated.sum())
+
+
+@dataclass(frozen=True)
+class Embedded:
+    """One ``Embedder.embed`` call: the rows, and what a caller may want to report about them."""
+
+    rows: np.ndarray  # float32/float16 vectors, int8 codes or packed sign bits, in input order
+    truncated: int  # texts cut at the model's max length
+    transform: OutputTransform  # the output format the rows are in (with the int8 ranges used)
+    learned_ranges: bool  # calibrated int8 ranges were learned from these very texts
+    skipped: dict[int, str] = field(default_factory=dict)  # input position -> why it was not embedded (null_text, ...)
+
+
+class Embedder:
+    """Texts -> vectors with petal's tokenizer, packed batches and engine (sentence-transformers-like).
+
+    ``model``: a local model directory or a cached Hugging Face id (default: the packaged
+    all-MiniLM-L6-v2). ``device``: auto, cpu or cuda; ``dtype``: auto, float32, bfloat16 or float16.
+    The other settings are those of ``petal embed`` (``dim``, ``quantize``, ``output_dtype``, ``pooling``,
+    ``attention_mask``, ``query_prompt``, ``max_length``, ``calibration`` = an index whose int8 ranges to
+    use, ...). A bad setting raises ``petal.UsageError`` (a ``ValueError``); a model that is missing or
+    unsafe ``petal.ConfigError``; the model loads here, once.
+    """
+
+    def __init__(self, model: str | Path | None = None, device: str = "auto", dtype: str = "auto", *,
+                 attention: str = "auto", max_length: int | None = None, token_budget: int | None = None,
+                 max_seqs: int = 256, cuda_graphs: bool = True, pooling: str | None = None,
+                 attention_mask: str | None = None, query_prompt: str | None = None,
+                 allow_pickle_weights: bool = False, dim: int | None = None, quantize: str = "none",
+                 output_dtype: str = "float32", calibration: str | Path | None = None,
+                 engine_factory: EngineFactory | None = None) -> None:
+        from petal.pipeline.jobs.model import model_spec
+
+        options = model_options(pooling=pooling, attention_mask=attention_mask, query_prompt=query_prompt,
+                                allow_pickle_weights=allow_pickle_weights)
+        output = build(OutputConfig, dim=dim, quantize=quantize, output_dtype=output_dtype)
+        if calibration is not None and quantize != "int8":
+            raise UsageError("--calibration goes with --quantize int8")
+        self.spec = model_spec(str(model) if model is not None else None, max_length, options)
+        transform: OutputTransform = build(OutputTransform.for_model, self.spec, output)
+        if calibration is not None and transform.int8_scheme == "calibrated":
+            transform = index_calibration(transform, Path(calibration))
+        self.transform = transform
+        try:
+            dev = resolve_device(device)
+            config = EngineConfig(device=dev, dtype=resolve_dtype(dtype, dev), attention=attention_backend(attention),
+                                  cuda_graphs=cuda_graphs, max_seqs=max_seqs,
+                                  token_budget=token_budget or default_token_budget(dev, self.spec.pooling.max_length))
+            self.engine = (engine_factory or Engine)(self.spec, config)
+        except ValueError as exc:
+            raise petal_error(exc) from exc
+        self._tokenizers: dict[str, TextTokenizer] = {}
+
+    @property
+    def dim(self) -> int:
+        """Dimensions of a vector (``dim`` or the model's width); binary rows hold ``dim / 8`` bytes."""
+        return self.transform.dim
+
+    @property
+    def max_length(self) -> int:
+        """Tokens per text; longer texts are truncated."""
+        return self.spec.pooling.max_length
+
+    def encode(self, texts: str | Iterable[str | None], *, query: bool = False,
+               batch_tokens: int | None = None) -> np.ndarray:
+        """``[len(texts), dim]`` rows in input order (one text: ``[1, dim]``). A null, undecodable or blank
+        text is skipped (the rule of ``petal index``): its row is NaN (zeros for int8 codes and sign bits).
+
+        ``query=True`` embeds the texts as queries (the model's or ``query_prompt``'s prompt in front).
+        ``batch_tokens`` caps the tokens of one packed batch (from the model's max length up to the
+        engine's token budget). Rows are float32 (``output_dtype="float16"``: float16), int8 codes
+        (``quantize="int8"``) or packed sign bits (``quantize="binary"``, uint8, first dimension in the high bit).
+        """
+        return self.embed(texts, query=query, batch_tokens=batch_tokens).rows
+
+    def embed(self, texts: str | Iterable[Any], *, query: bool = False, batch_tokens: int | None = None) -> Embedded:
+        """``encode``, with the number of truncated texts, the skipped ones and the output format used.
+
+        ``texts``: str (or UTF-8 bytes); ``None`` and invisible texts are skipped and said in ``skipped``
+        (every text skipped: ``NoInputError``, exit 66)."""
+        from petal.pipeline.ingest.text_rule import describe_skips, skip_reason
+        from petal.pipeline.reliability.errors import NoInputError
+
+        items = [texts] if isinstance(texts, str) else list(texts)
+        bad = next((i for i, t in enumerate(items) if t is not None and not isinstance(t, (str, bytes))), None)
+        if bad is not None:
+            raise UsageError(f"text {bad} is a {type(items[bad]).__name__}, not a str")
+        # NOTE: the rule of petal index: null, undecodable and invisible texts are skipped and counted; rows keep
+        # input positions (NaN rows, zeros for codes)
+        skipped = {i: why for i, text in enumerate(items) if (why := skip_reason(text)) is not None}
+        if items and len(skipped) == len(items):
+            raise NoInputError(f"nothing to embed: {describe_skips(skipped)}")
+        kept = [i for i in range(len(items)) if i not in skipped]
+        texts_in = [t.decode("utf-8") if isinstance(t, bytes) else t for t in (items[i] for i in kept)]
+        budget = self.engine.config.token_budget
+        if batch_tokens is not None and not self.max_length <= batch_tokens <= budget:
+            raise UsageError(f"batch_tokens {batch_tokens} is outside {self.max_length} (the max length) .. {budget} "
+                             "(the engine's token budget: pass token_budget= to Embedder for more)")
+        vectors, truncated = encode_texts(self.engine, self._tokenizer("query" if query else "document"), texts_in,
+                                          batch_tokens)
+        transform, learned = self.transform, False
+        if transform.int8_scheme == "calibrated" and transform.calibration is None:
+            transform, learned = build(transform.calibrate, transform.stored(vectors)), True
+        embedded = transform.output(vectors)
+        if not skipped:
+            return Embedded(embedded, truncated, transform, learned)
+        rows = np.full((len(items), *embedded.shape[1:]), np.nan if embedded.dtype.kind == "f" else 0, embedded.dtype)
+        rows[kept] = embedded
+        return Embedded(rows, truncated, transform, learned, skipped)
+
+    def _tokenizer(self, side: str) -> TextTokenizer:
+        if side not in self._tokenizers:
+            self._tokenizers[side] = tokenizer_for(self.spec, "query" if side == "query" else "document")
+        return self._tokenizers[side]
+
+
+def index_calibration(transform: OutputTransform, index_path: Path) -> OutputTransform:
+    """The int8 ranges of an index built with this model and output settings (``--calibration INDEX``)."""
+    from petal.pipeline.layout import resolve_index_dir
+    from petal.pipeline.manifest import output_to_dict
+
+    _, manifest = resolve_index_dir(index_path)
+    recorded = manifest.output
+    if recorded is None or recorded.calibration is None or \
+            replace(recorded, calibration=None) != replace(transform, calibration=None):
+        had = "plain float vectors" if recorded is None else output_to_dict(replace(recorded, calibration=None))
+        raise UsageError(f"--calibration {index_path}: that index holds no int8 ranges for this model and "
+                         f"--dim (it has {had})")
+    return recorded
+
+

@@ -16,16 +16,16 @@ import contextlib
 import shutil
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from petal import __version__
-from petal.engine.config import EngineConfig
-from petal.engine.engine import Engine, resolve_device, resolve_dtype
+from petal.engine.config import DeviceName, EngineConfig
+from petal.engine.engine import Engine, attention_backend, resolve_device, resolve_dtype
 from petal.engine.loader import ModelSpec
 from petal.pipeline.config import IndexJob, default_token_budget
 from petal.pipeline.index.columns_file import add_stored_columns
@@ -89,8 +89,9 @@ def engine_config(job: IndexJob, spec: ModelSpec) -> EngineConfig:
     if budget < spec.pooling.max_length:
         raise ValueError(f"token budget {budget} < max length {spec.pooling.max_length}: "
                          "raise --token-budget or lower --max-length")
-    return EngineConfig(device=device, dtype=resolve_dtype(job.dtype, device), attention=job.attention,  # type: ignore[arg-type]
-                        cuda_graphs=job.cuda_graphs, token_budget=budget, max_seqs=job.max_seqs)
+    return EngineConfig(device=cast("DeviceName", device), dtype=resolve_dtype(job.dtype, device),
+                        attention=attention_backend(job.attention), cuda_graphs=job.cuda_graphs,
+                        token_budget=budget, max_seqs=job.max_seqs)
 
 
 def embedding_settings(spec: ModelSpec, config: EngineConfig, job: IndexJob) -> EmbeddingSettings:
@@ -191,7 +192,7 @@ def _run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory, 
                 commits = embed_scaled(job, todo_shards, todo_fingerprints, store, settings.to_dict(), spec, config,
                                        engine_factory, transform, report, stop, reads)
             # NOTE: closed inside the lock, so uncommitted shards are dropped before another writer can start.
-            with contextlib.closing(commits):
+            with contextlib.closing(cast(Generator[tuple[int, StoreEntry], None, None], commits)):  # generators
                 for position, entry in commits:
                     entries[todo[position]] = entry
                     embedded_now.add(todo[position])
@@ -333,9 +334,9 @@ def clean_up(out: OutputDir, store: EmbeddingStore, committed: list[StoreEntry],
 
 
 def embed_shards(chunks: Prefetcher[TokenizedDocs], shards: list[ShardInfo], fingerprints: list[str],
-                 store: EmbeddingStore, settings: dict[str, Any], engine: Engine, transform: OutputTransform,
+                 store: EmbeddingStore, settings: dict[str, Any], engine: Any, transform: OutputTransform,
                  job: IndexJob, report: RunReport, stop: StopSignals,
-                 gate: BadRowGate | None) -> Iterator[tuple[int, StoreEntry]]:
+                 gate: BadRowGate | None) -> Generator[tuple[int, StoreEntry], None, None]:
     """Embed the tokenized ``chunks`` of ``shards`` into the store (as ``transform.stored()`` vectors);
     yields ``(position, entry)`` as each commits."""
     sink = StoreSink(store, shards, fingerprints, settings, transform.dim, transform)  # stores transform.stored()

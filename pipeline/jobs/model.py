@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from petal.engine.config import ModelOptions
-from petal.engine.loader import ModelError, ModelSpec, inspect_model
+from petal.engine.errors import ModelError
+from petal.engine.loader import ModelSpec, inspect_model
 from petal.pipeline.reliability.errors import ConfigError
 
 

@@ -16,19 +16,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, cast
 
 import numpy as np
 
-from petal.engine.config import EngineConfig, ModelOptions
-from petal.engine.engine import Engine, resolve_device, resolve_dtype
-from petal.engine.loader import ModelError, ModelSpec, inspect_model
+from petal.engine.config import AttentionMaskName, EngineConfig, ModelOptions, pooling_mode
+from petal.engine.engine import Engine, attention_backend, resolve_device, resolve_dtype
+from petal.engine.errors import ModelError
+from petal.engine.loader import ModelSpec, inspect_model
 from petal.pipeline.index.search import Hit, IndexReader
 from petal.pipeline.ingest.tokens import Encoded, TextTokenizer, tokenizer_for
 from petal.pipeline.jobs.embed import encode_texts
 from petal.pipeline.layout import resolve_index_dir
 from petal.pipeline.manifest import Manifest, ModelRecord
-from petal.pipeline.reliability.errors import ConfigError
+from petal.pipeline.reliability.errors import ConfigError, UsageError
 from petal.pipeline.store.outputs import OutputTransform
 
 QUERY_TOKEN_BUDGET = 2048
@@ -44,7 +45,11 @@ def model_for_index(manifest: Manifest, model: str | None, allow_pickle_weights:
     path, or at ``model`` when it moved (its weights' sha256 must match).
     """
     recorded = manifest.model
-    options = ModelOptions(pooling=recorded.pooling, attention_mask=recorded.attention,
+    if not isinstance(recorded, ModelRecord):  # --vectors-column: no model to embed a text query with
+        raise UsageError("the index was built from precomputed vectors (--vectors-column): query it by vectors "
+                         "(petal query --vector-file Q.npy)")
+    options = ModelOptions(pooling=pooling_mode(recorded.pooling),
+                           attention_mask=cast("AttentionMaskName | None", recorded.attention),
                            query_prompt=query_prompt if query_prompt is not None else recorded.query_prompt,
                            allow_pickle_weights=allow_pickle_weights)
     try:
@@ -61,7 +66,10 @@ def model_for_index(manifest: Manifest, model: str | None, allow_pickle_weights:
 
 def model_mismatch(manifest: Manifest, spec: ModelSpec) -> str:
     """Why ``spec`` cannot embed queries for the index of ``manifest`` ("" when it can)."""
-    return ", ".join(manifest.model.mismatches(ModelRecord.from_spec(spec)))
+    recorded = manifest.model
+    if not isinstance(recorded, ModelRecord):
+        return "the index holds precomputed vectors, not a model's"
+    return ", ".join(recorded.mismatches(ModelRecord.from_spec(spec)))
 
 
 def engine_config(spec: ModelSpec, device: str = "auto", dtype: str = "auto", attention: str = "auto",
@@ -69,7 +77,7 @@ def engine_config(spec: ModelSpec, device: str = "auto", dtype: str = "auto", at
     """The engine settings of a query process (``token_budget`` at least the model's max length)."""
     dev = resolve_device(device)
     budget = max(token_budget or QUERY_TOKEN_BUDGET, spec.pooling.max_length)
-    return EngineConfig(device=dev, dtype=resolve_dtype(dtype, dev), attention=attention,  # type: ignore[arg-type]
+    return EngineConfig(device=dev, dtype=resolve_dtype(dtype, dev), attention=attention_backend(attention),
                         token_budget=budget, max_seqs=max_seqs)
 
 
@@ -145,13 +153,18 @@ class QueryService:
 
     def __init__(self, index_path: Path, model: str | None = None, device: str = "auto", dtype: str = "auto",
                  attention: str = "auto", nprobe: int | None = None, rescore: int | None = None,
-                 query_prompt: str | None = None, allow_pickle_weights: bool = False) -> None:
-        # NOTE: the model is checked against the manifest before any index file is opened (a wrong model is
-        # a configuration error whatever the files hold); the manifest's own checksum is checked on open.
-        _, manifest = resolve_index_dir(index_path)
-        self.spec = model_for_index(manifest, model, allow_pickle_weights, query_prompt)
-        reader = IndexReader(index_path, nprobe=nprobe, rescore=rescore)
-        if reader.manifest.model != manifest.model:  # a new version was published meanwhile
+                 query_prompt: str | None = None, allow_pickle_weights: bool = False,
+                 reader: IndexReader | None = None) -> None:
+        # ``reader``: the index already open (``petal.open_index``), else ``index_path`` is opened here.
+        # NOTE: opened here, the model is checked against the manifest before any index file is opened (a wrong
+        # model is a configuration error whatever the files hold); the manifest's own checksum is checked on open.
+        if reader is None:
+            _, manifest = resolve_index_dir(index_path)
+            self.spec = model_for_index(manifest, model, allow_pickle_weights, query_prompt)
+            reader = IndexReader(index_path, nprobe=nprobe, rescore=rescore)
+            if reader.manifest.model != manifest.model:  # a new version was published meanwhile
+                self.spec = model_for_index(reader.manifest, model, allow_pickle_weights, query_prompt)
+        else:
             self.spec = model_for_index(reader.manifest, model, allow_pickle_weights, query_prompt)
         self.index = SearchIndex.from_reader(reader, self.spec)
         self.model = QueryModel(self.spec, engine_config(self.spec, device, dtype, attention))

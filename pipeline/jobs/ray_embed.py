@@ -158,7 +158,7 @@ def embed_on_ray(plan: WorkerPlan, scale: ScaleConfig, report: RunReport, stop: 
 
 def _ray_failure(exc: BaseException, committed: int, total: int) -> PetalError:
     """A Ray error as the exit-code contract has it: an actor's ``PetalError`` keeps its code; the rest is 75."""
-    cause = exc
+    cause: BaseException | None = exc
     seen = 0
     while cause is not None and seen < 10:  # RayTaskError wraps the actor's exception (``cause``)
         if isinstance(cause, PetalError):

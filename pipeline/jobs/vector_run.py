@@ -49,7 +49,8 @@ def run_vector_index(job: IndexJob, column: str, report: RunReport, stop: StopSi
     if any("://" in s and not s.lower().startswith("file://") for s in job.sources):
         raise NoInputError("--vectors-column reads local Parquet files for now; copy or mount the shards locally")
     live = run.peek_live_manifest(job.out)
-    shards, dim = preflight_vectors(resolve_sources(job.sources), job.read, column)
+    local = [p for p in resolve_sources(job.sources) if isinstance(p, Path)]  # remote sources are refused above
+    shards, dim = preflight_vectors(local, job.read, column)
     report.rows["total"] = sum(s.num_rows for s in shards)
     text = job.read.text_column if all(job.read.text_column in pq.read_schema(s.path).names for s in shards) else None
     check_keep_columns(shards, job.keep_columns, (column, job.read.id_column))

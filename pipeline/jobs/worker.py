@@ -85,7 +85,7 @@ class Channel:
         while not self._conn.poll(0.1):
             if closing.is_set():
                 return None
-        return self._conn.recv()  # type: ignore[no-any-return]
+        return self._conn.recv()
 
 
 def worker_main(plan: WorkerPlan, slot: WorkerSlot, conn: Any) -> None:
@@ -166,7 +166,7 @@ def _run(plan: WorkerPlan, slot: WorkerSlot, events: Channel, stop: Any) -> dict
             "oom_splits": report.retries["oom_splits"]}
 
 
-def claimed_documents(plan: WorkerPlan, events: Channel, closing: threading.Event,
+def claimed_documents(plan: WorkerPlan, events: Any, closing: threading.Event,
                       stats: ReadStats) -> Iterator[Any]:
     """The checked rows of every shard this worker claims, shard by shard (``Documents``, ``final`` last).
 

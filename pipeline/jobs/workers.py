@@ -122,7 +122,7 @@ def embed_in_pool(plan: WorkerPlan, slots: list[WorkerSlot], report: RunReport, 
         while not pool.finished:
             if stop.requested and not forwarded:  # pass the signal on: workers stop at a batch boundary
                 pool.stopping = True
-                pool.signal_all(stop.signum)  # type: ignore[arg-type]
+                pool.signal_all(stop.signum)  # type: ignore[arg-type]  # set: stop.requested says so
                 forwarded = True
             for ready in wait(pool.waitables(), timeout=0.2):
                 pool.serve(ready, progress)

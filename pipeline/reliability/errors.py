@@ -19,6 +19,10 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from petal.pipeline.jobs.report import RunReport
 
 EXIT_OK = 0
 EXIT_INTERNAL = 1
@@ -38,6 +42,13 @@ class PetalError(Exception):
 
     exit_code = EXIT_INTERNAL
     status = "failed"
+    report: RunReport | None = None  # the finished report of the run it ended (Python API: index, rebuild)
+
+
+class UsageError(PetalError, ValueError):
+    """A bad argument or setting (the CLI's usage error, exit 2); also a ``ValueError`` for Python callers."""
+
+    exit_code = EXIT_USAGE
 
 
 class BadInputError(PetalError):

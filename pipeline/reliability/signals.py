@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import signal
 import threading
+from collections.abc import Callable
 from types import FrameType
+from typing import Any
 
 from petal.pipeline.reliability.errors import Interrupted
 
@@ -20,7 +22,7 @@ class StopSignals:
 
     def __init__(self) -> None:
         self.signum: int | None = None
-        self._previous: dict[int, object] = {}
+        self._previous: dict[int, Callable[[int, FrameType | None], Any] | int | None] = {}
 
     @property
     def requested(self) -> bool:
@@ -46,5 +48,5 @@ class StopSignals:
 
     def __exit__(self, *exc: object) -> None:
         for sig, handler in self._previous.items():
-            signal.signal(sig, handler)  # type: ignore[arg-type]
+            signal.signal(sig, handler)
         self._previous.clear()

@@ -24,7 +24,7 @@ from typing import Any
 
 from petal.engine.loader import ModelSpec
 from petal.pipeline.jobs.query import SearchIndex, model_mismatch
-from petal.pipeline.manifest import StoredFormat
+from petal.pipeline.manifest import Manifest, ModelRecord, StoredFormat
 from petal.pipeline.reliability.errors import PetalError
 from petal.pipeline.serve.metrics import ServeMetrics
 
@@ -113,8 +113,8 @@ class IndexFollower:
         if (candidate.transform.model_dim, new) != (self.live.transform.model_dim, live):
             return "output", (f"{candidate.version} was built with another output transform "
                               f"({new.to_dict()} vs {live.to_dict()})")
-        recorded = manifest.model.query_prompt
-        live_prompt = self.live.reader.manifest.model.query_prompt
+        recorded = _query_prompt(manifest)
+        live_prompt = _query_prompt(self.live.reader.manifest)
         if recorded != live_prompt:
             return "prompt", f"{candidate.version} records query prompt {recorded!r}, the server uses {live_prompt!r}"
         return None
@@ -134,3 +134,8 @@ class IndexFollower:
                     await asyncio.to_thread(self.check_once)
                 except Exception:  # a bug must not stop the following: log it, try the next change
                     log.exception("petal serve: checking %s for a new version failed", self.root)
+
+
+def _query_prompt(manifest: Manifest) -> str | None:
+    """The query prompt recorded at index time (none for an index of precomputed vectors)."""
+    return manifest.model.query_prompt if isinstance(manifest.model, ModelRecord) else None

@@ -35,7 +35,8 @@ class DrainingServer(uvicorn.Server):
 def server_for(state: ServeState, host: str, port: int, log_level: str = "warning",
                access_log: bool = False) -> DrainingServer:
     config = uvicorn.Config(build_app(state), host=host, port=port, log_level=log_level, access_log=access_log,
-                            timeout_graceful_shutdown=state.settings.drain_timeout_s, lifespan="on")
+                            timeout_graceful_shutdown=state.settings.drain_timeout_s,  # type: ignore[arg-type]  # uvicorn annotates int; any number of seconds works
+                            lifespan="on")
     return DrainingServer(config)
 
 

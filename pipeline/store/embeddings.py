@@ -204,6 +204,7 @@ class ShardWriter:
         self.tmp = store.tmp_dir / f"{shard_key(info)}-{uuid.uuid4().hex[:8]}"
         embeddings = self.tmp / "embeddings.npy"
         shape = (info.num_rows, dim)
+        self._vectors: np.memmap | None = None  # None: an empty shard (no rows to write)
         try:
             with writing(embeddings):
                 fault("store_entry_open", embeddings)
@@ -213,7 +214,6 @@ class ShardWriter:
                     _allocate(embeddings)
                 else:
                     np.save(embeddings, np.zeros(shape, dtype=np.float32), allow_pickle=False)
-                    self._vectors = None
         except BaseException:
             shutil.rmtree(self.tmp, ignore_errors=True)  # a full disk gets its space back at once
             raise
@@ -233,11 +233,12 @@ class ShardWriter:
             ids = [doc_id for doc_id, ok in zip(ids, finite) if ok]
             vectors = vectors[finite]
         if rows:
+            assert self._vectors is not None  # rows exist, so the shard has some
             index = np.asarray(rows, dtype=np.int64)
             if (np.diff(index) == 1).all():  # consecutive rows, the common case: a slice beats fancy indexing
-                self._vectors[index[0] : index[-1] + 1] = vectors  # type: ignore[index]
+                self._vectors[index[0] : index[-1] + 1] = vectors
             else:  # rows with gaps (skips, a split batch)
-                self._vectors[index] = vectors  # type: ignore[index]
+                self._vectors[index] = vectors
             self._rows.extend(rows)
             self._ids.extend(ids)
 

@@ -1,0 +1,125 @@
+"""petal's Python API: ``index``, ``rebuild``, ``open_index`` (and ``Embedder``, in ``jobs/embed.py``).
+
+The CLI is written on these: each command parses its flags and calls one of them. Settings are
+keyword arguments named like the CLI's flags (``pipeline/jobs/settings.py``). Failures raise the
+``PetalError`` subclasses of ``pipeline/reliability/errors.py``, each with the ``exit_code`` the
+command would end with; a run that raises still finishes its ``RunReport`` (and writes
+``json_report``), and the exception carries it as ``.report``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from petal.pipeline.jobs.report import RunReport
+from petal.pipeline.jobs.settings import check_vectors_flags, index_job, index_settings, petal_error
+from petal.pipeline.reliability.errors import PetalError, UsageError
+
+if TYPE_CHECKING:
+    from petal.pipeline.jobs.searcher import Index
+    from petal.pipeline.reliability.signals import StopSignals
+
+Sources = str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
+
+
+def index(sources: Sources, out: str | os.PathLike[str], *, engine_factory: Callable[..., Any] | None = None,
+          report: RunReport | None = None, stop: StopSignals | None = None, vectors_column: str | None = None,
+          **settings: Any) -> RunReport:
+    """Embed ``sources`` (Parquet files, directories, globs) and publish a FAISS index in ``out``.
+
+    ``settings`` are ``petal index``'s flags as keywords (``model``, ``text_column``, ``id_column``,
+    ``dim``, ``quantize``, ``index_memory="4G"``, ``max_bad_rows="1%"``, ``full``, ``sync``,
+    ``max_removed="10%"``, ``delete="ids.parquet"``, ``keep_columns=["lang", "url"]``, ``json_report``,
+    ``quiet``, ...). ``vectors_column``: index the precomputed embeddings of that column (no model).
+    Returns the finished ``RunReport`` (``status`` success or nothing-to-do).
+    ``engine_factory(spec, engine_config)`` replaces the engine (tests); ``stop``: an active
+    ``StopSignals`` of the caller's (else SIGINT/SIGTERM are caught for the run, in the main thread).
+    """
+    report = report if report is not None else RunReport(command="index")
+    try:
+        job = index_job(sources, out, **settings)
+        if vectors_column is not None:
+            check_vectors_flags(settings)
+    except UsageError as exc:
+        _fail(report, exc, 2, f"usage error: {exc}", settings.get("json_report"))
+        raise
+    if vectors_column is not None:
+        from petal.pipeline.jobs.vector_run import run_vector_index
+
+        column = vectors_column
+        return _run(lambda: run_vector_index(job, column, report, stop=stop), report, job.json_report)
+    from petal.pipeline.jobs.index_run import run_index
+
+    return _run(lambda: run_index(job, report, engine_factory, stop=stop) if engine_factory is not None
+                else run_index(job, report, stop=stop), report, job.json_report)
+
+
+def rebuild(out: str | os.PathLike[str], *, json_report: str | os.PathLike[str] | None = None,
+            report: RunReport | None = None, **settings: Any) -> RunReport:
+    """A new version of ``out``'s index from its stored embeddings with other index settings (no model).
+
+    ``settings``: ``index_factory``, ``metric``, ``index_memory``, ``target_recall``.
+    """
+    from petal.pipeline.jobs.rebuild import run_rebuild
+
+    report = report if report is not None else RunReport(command="rebuild")
+    target = Path(json_report) if json_report is not None else None
+    try:
+        chosen = index_settings(**settings)
+    except UsageError as exc:
+        _fail(report, exc, 2, f"usage error: {exc}", target)
+        raise
+    return _run(lambda: run_rebuild(Path(out), chosen, report), report, target)
+
+
+def open_index(path: str | os.PathLike[str], **settings: Any) -> Index:
+    """A published index (an output directory or a version directory), ready to search.
+
+    ``settings``: ``model`` (if it moved), ``device``, ``dtype``, ``attention``, ``nprobe``, ``rescore``,
+    ``query_prompt``, ``allow_pickle_weights``. The model loads on the first search by text.
+    """
+    from petal.pipeline.jobs.searcher import Index
+
+    return Index(Path(path), **settings)
+
+
+def _run(work: Callable[[], RunReport], report: RunReport, json_report: Path | str | None) -> RunReport:
+    try:
+        try:
+            work()
+        except ValueError as exc:  # a setting the engine or the index cannot take (2), a model's error (78)
+            error = petal_error(exc)
+            if error is exc:
+                raise
+            raise error from exc
+    except PetalError as exc:
+        _fail(report, exc, exc.exit_code, str(exc) if not isinstance(exc, UsageError) else f"usage error: {exc}",
+              json_report, exc.status)
+        raise
+    except BaseException as exc:
+        _fail(report, exc, 1, f"internal error: {exc!r}", json_report)
+        raise
+    write_report(report, json_report)
+    return report
+
+
+def _fail(report: RunReport, exc: BaseException, exit_code: int, message: str, json_report: Any,
+          status: str = "failed") -> None:
+    report.finish(status, exit_code, message)
+    write_report(report, json_report)
+    if isinstance(exc, PetalError):
+        exc.report = report
+
+
+def write_report(report: RunReport, json_report: Path | str | None) -> None:
+    """Write the report if asked; a report that cannot be written is a warning, not a failure."""
+    if json_report is None:
+        return
+    try:
+        report.write(Path(json_report))
+    except OSError as exc:
+        print(f"petal: warning: cannot write the report to {json_report}: {exc}", file=sys.stderr, flush=True)

@@ -1,0 +1,162 @@
+"""The Python API (``import petal``) against the CLI it is the base of: same vectors, same hits, same exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import petal
+from petal.cli.main import cli
+from tests.conftest import REPO, SAMPLE_DATA
+
+QUERIES = ["how do glaciers move", "espresso and coffee"]
+
+
+@pytest.fixture(scope="module")
+def api_index(tmp_path_factory):
+    out = tmp_path_factory.mktemp("api") / "idx"
+    report = petal.index(SAMPLE_DATA, out, quiet=True, index_memory="1G", max_bad_rows="5%")
+    return out, report
+
+
+def test_import_petal_is_light():
+    code = ("import sys, petal; assert petal.__version__; petal.PetalError; petal.UsageError; "
+            "heavy = [m for m in ('torch', 'faiss', 'pyarrow', 'numpy', 'transformers') if m in sys.modules]; "
+            "print(heavy)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
+    assert done.stdout.strip() == "[]"
+    assert set(petal.__all__) <= set(dir(petal))
+    with pytest.raises(AttributeError):
+        petal.no_such_thing  # noqa: B018
+
+
+def test_index_returns_the_run_report(api_index):
+    out, report = api_index
+    assert isinstance(report, petal.RunReport) and report.status == "success" and report.exit_code == 0
+    assert report.rows["embedded"] == 342 and report.shards == {"total": 3, "embedded": 3, "reused": 0}
+    again = petal.index([str(p) for p in sorted(SAMPLE_DATA.glob("*.parquet"))], out, quiet=True, index_memory=1 << 30)
+    assert again.status == "nothing-to-do" and again.shards["reused"] == 3
+
+
+def test_embedder_encode_equals_petal_embed(tmp_path):
+    texts = ["first text", "a second, longer text about glaciers", "third"]
+    npy = tmp_path / "v.npy"
+    assert CliRunner().invoke(cli, ["embed", *texts, "--output", str(npy)]).exit_code == 0
+    embedder = petal.Embedder(device="cpu")
+    vectors = embedder.encode(texts)
+    assert vectors.dtype == np.float32 and vectors.shape == (3, embedder.dim) == (3, 384)
+    np.testing.assert_array_equal(vectors, np.load(npy))
+    # packed batches of any size give the same rows, in input order
+    np.testing.assert_allclose(embedder.encode(texts, batch_tokens=embedder.max_length), vectors, atol=1e-5)
+    assert embedder.encode("third").shape == (1, 384)
+    query_npy = tmp_path / "q.npy"
+    assert CliRunner().invoke(cli, ["embed", *texts, "--query", "--output", str(query_npy)]).exit_code == 0
+    np.testing.assert_array_equal(embedder.encode(texts, query=True), np.load(query_npy))
+
+
+def test_embedder_output_settings_equal_petal_embed(tmp_path, tiny_bert_dir):
+    texts = ["first text", "second text", "third text"]
+    for flags, settings in ((["--quantize", "binary", "--dim", "32"], {"quantize": "binary", "dim": 32}),
+                            (["--output-dtype", "float16", "--dim", "16"], {"output_dtype": "float16", "dim": 16})):
+        npy = tmp_path / "o.npy"
+        result = CliRunner().invoke(cli, ["embed", *texts, "--model", str(tiny_bert_dir), *flags, "--output", str(npy)])
+        assert result.exit_code == 0, result.output
+        rows = petal.Embedder(tiny_bert_dir, **settings).encode(texts)
+        np.testing.assert_array_equal(rows, np.load(npy))
+
+
+def test_search_equals_petal_query(api_index):
+    out, _ = api_index
+    index = petal.open_index(out)
+    assert index.info["dim"] == index.dim == 384 and index.num_vectors == 342
+    hits = index.search(QUERIES, k=5)
+    result = CliRunner().invoke(cli, ["query", str(out), *QUERIES, "-k", "5", "--json"])
+    assert result.exit_code == 0, result.output
+    answers = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [[h.id for h in q] for q in hits] == [[h["id"] for h in a["hits"]] for a in answers]
+    assert [[round(h.score, 6) for h in q] for q in hits] == [[h["score"] for h in a["hits"]] for a in answers]
+    assert all("glacier" in (t or "").lower() for t in index.texts(hits[0][:3]))
+    # by vector: the model's query vectors give the very same hits
+    vectors = petal.Embedder(device="cpu").encode(QUERIES, query=True)
+    assert [[h.id for h in q] for q in index.search(vectors, k=5)] == [[h.id for h in q] for q in hits]
+
+
+def test_errors_carry_the_exit_codes(tmp_path, api_index):
+    out, _ = api_index
+    with pytest.raises(petal.NoInputError) as missing:
+        petal.index(tmp_path / "nothing-here", tmp_path / "o", json_report=tmp_path / "r.json")
+    assert missing.value.exit_code == 66 and isinstance(missing.value, petal.PetalError)
+    assert missing.value.report.exit_code == 66
+    assert json.loads((tmp_path / "r.json").read_text())["exit_code"] == 66
+    cli_result = CliRunner().invoke(cli, ["index", str(tmp_path / "nothing-here"), "--out", str(tmp_path / "o")])
+    assert cli_result.exit_code == 66
+    with pytest.raises(petal.ConfigError) as model:
+        petal.Embedder(tmp_path / "no-model")
+    assert model.value.exit_code == 78
+    with pytest.raises(petal.UsageError) as bad_metric:
+        petal.index(SAMPLE_DATA, tmp_path / "o", metric="cosine")
+    assert bad_metric.value.exit_code == 2 and isinstance(bad_metric.value, ValueError)
+    with pytest.raises(TypeError, match="'no_such_setting'"):
+        petal.index(SAMPLE_DATA, tmp_path / "o", no_such_setting=1)
+    with pytest.raises(TypeError, match="'dim'"):
+        petal.rebuild(out, dim=3)
+    with pytest.raises(petal.UsageError):
+        petal.open_index(out).search(np.zeros((1, 7), dtype=np.float32))
+
+
+def test_rebuild_through_the_api(api_index, tmp_path):
+    import shutil
+
+    out, report = api_index
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    rebuilt = petal.rebuild(copy, index_factory="IVF4,Flat", json_report=tmp_path / "r.json")
+    assert rebuilt.status == "success" and rebuilt.index["factory"] == "IVF4,Flat"
+    assert petal.open_index(copy).info["rebuilt_from"] == report.version
+
+
+def test_the_readme_api_example_runs(tmp_path):
+    """The README's Python API example, as written (its paths moved under tmp_path)."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## Python API"):]
+    start = section.index("```python\n") + len("```python\n")
+    example = section[start:section.index("\n```", start)]
+    code = example.replace('"/tmp/idx', f'"{tmp_path}/idx').replace('"sample_data"', f'"{SAMPLE_DATA}"')
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.startswith("success 342 ")
+    assert (tmp_path / "idx-report.json").is_file()
+
+
+def test_where_and_fields_equal_petal_query(tmp_path):
+    """``keep_columns=`` through ``petal.index``; ``Index.search(where=)`` and ``Hit.fields`` equal ``petal query``."""
+    out = tmp_path / "kept"
+    petal.index(SAMPLE_DATA, out, quiet=True, keep_columns=["topic", "title"], max_bad_rows="5%")
+    index = petal.open_index(out)
+    hits = index.search(QUERIES, k=5, where="topic = 'coffee'")
+    assert hits[1] and all(h.fields["topic"] == "coffee" and h.fields["title"] for q in hits for h in q)
+    result = CliRunner().invoke(cli, ["query", str(out), *QUERIES, "-k", "5", "--json", "--where", "topic = 'coffee'"])
+    assert result.exit_code == 0, result.output
+    answers = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [[(h.id, h.fields) for h in q] for q in hits] == [[(h["id"], h["fields"]) for h in a["hits"]]
+                                                              for a in answers]
+    vectors = petal.Embedder(device="cpu").encode(QUERIES, query=True)  # normalised MiniLM: stored as they are
+    stored = index.search_stored(vectors, k=5, where="topic = 'coffee'")
+    assert [[h.id for h in q] for q in stored] == [[h.id for h in q] for q in hits]
+    with pytest.raises(petal.UsageError, match="nope"):
+        index.search(QUERIES, k=5, where="nope = 'x'")
+
+
+def test_embedder_skips_null_and_blank_texts_in_place(tmp_path):
+    embedder = petal.Embedder(device="cpu")
+    embedded = embedder.embed(["a glacier", None, "   ", "espresso"])
+    assert embedded.skipped == {1: "null_text", 2: "empty_text"}
+    assert np.isnan(embedded.rows[1]).all() and np.isnan(embedded.rows[2]).all()
+    np.testing.assert_allclose(embedded.rows[[0, 3]], embedder.encode(["a glacier", "espresso"]), atol=1e-6)
+    with pytest.raises(petal.NoInputError):
+        embedder.encode(["", None])
