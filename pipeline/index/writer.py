@@ -98,7 +98,7 @@ class BuildResult:
         return {"factory": self.factory, "metric": self.metric, "num_vectors": self.num_vectors,
                 "superseded": self.superseded, "search_params": self.search_params,
                 "tuning": self.tuning.as_dict() if self.tuning is not None else {}, "storage": self.storage,
-                "device": asdict(self.device) if self.device is not None else {}}
+                "device": asdict(self.device) if self.device is not None else {}, "timings_s": dict(self.timings_s)}
 
 
 def chunk_rows(dim: int, settings: IndexSettings) -> int:
@@ -233,6 +233,7 @@ def build_index(entries: list[StoreEntry], dim: int, settings: IndexSettings, st
         timings["tune"] = round(time.perf_counter() - t0, 3)
     del searched
 
+    t0 = time.perf_counter()
     if binary:
         faiss.write_index_binary(index, str(staging / INDEX_FILE))
     elif plan.storage == "memory":
@@ -240,11 +241,14 @@ def build_index(entries: list[StoreEntry], dim: int, settings: IndexSettings, st
     num_vectors = int(index.ntotal)
     del index  # NOTE: an on-disk index maps index.ivfdata read-write until released
     source.write_ids(staging / IDS_FILE)
+    timings["write"] = round(time.perf_counter() - t0, 3)
     assert num_vectors == source.total, f"index holds {num_vectors} vectors, the store selection {source.total}"
     result = BuildResult(factory=plan.factory, metric=settings.metric, num_vectors=num_vectors,
                          superseded=source.superseded, plan=plan, tuning=tuning, device=device, timings_s=timings,
                          output=output)
+    t0 = time.perf_counter()
     result.files = {p.name: sha256_file(p) for p in sorted(staging.iterdir()) if p.is_file()}
+    timings["checksum"] = round(time.perf_counter() - t0, 3)
     result.seconds = time.perf_counter() - started
     return result
 

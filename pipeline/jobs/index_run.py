@@ -200,7 +200,9 @@ def _run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory, 
                     fault("after_shard_commit", entry.path)
                     if gate is not None:
                         gate.commit(position, entry)
-            report.timings_s["embed"] = round(time.perf_counter() - embed_started, 3)
+            # the embed phase once the model is ready (the load itself is model_load_wait)
+            report.timings_s["embed"] = round(time.perf_counter() - embed_started
+                                              - report.timings_s.get("model_load_wait", 0.0), 3)
 
         named = [e for e in entries if e is not None]
         assert len(named) == len(shards)
@@ -278,6 +280,7 @@ def embed_in_process(shards: list[ShardInfo], fingerprints: list[str], store: Em
     documents = read_documents(shards, job.read, reads)  # [1] read (streamed)
     # [2] tokenize in the background; it starts now, so it overlaps the model load and CUDA init
     chunks = Prefetcher(tokenize_documents(documents, tokenizer, job.tokenize_workers or 1), depth=16)
+    waited = time.perf_counter()
     try:
         engine = engine_factory(spec, config)
         fault("after_model_load")
@@ -286,6 +289,7 @@ def embed_in_process(shards: list[ShardInfo], fingerprints: list[str], store: Em
         _reraise(exc)
     report.engine = engine.describe()
     report.timings_s["model_load"] = round(engine.stats.model_load_s, 3)
+    report.timings_s["model_load_wait"] = round(time.perf_counter() - waited, 3)
     with contextlib.closing(embed_shards(chunks, shards, fingerprints, store, settings, engine, transform, job,
                                          report, stop, gate)) as commits:
         yield from commits
