@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
@@ -43,17 +44,20 @@ class PetalClickError(click.ClickException):
         self.exit_code = exit_code  # type: ignore[misc]  # click declares it a ClassVar; the code is per error
 
     def show(self, file: Any = None) -> None:
-        click.echo(f"petal: error: {self.format_message()}", err=True)
+        from petal.pipeline.reliability.errors import one_line
+
+        click.echo(f"petal: error: {one_line(self.format_message())}", err=True)
 
 
 def user_errors(func: F) -> F:
     """Turn ``PetalError`` (and a model's ``ModelError``) into a clean message and its exit code;
-    ``UsageError`` (a bad setting) into click's usage error (exit 2)."""
+    ``UsageError`` (a bad setting) into click's usage error (exit 2); an ``OSError`` nothing mapped on its
+    way up (a failing disk) is exit 74 naming the file."""
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         from petal.engine.errors import ModelError
-        from petal.pipeline.reliability.errors import EXIT_CONFIG, PetalError, UsageError
+        from petal.pipeline.reliability.errors import EXIT_CONFIG, PetalError, UsageError, io_error
 
         try:
             return func(*args, **kwargs)
@@ -63,8 +67,42 @@ def user_errors(func: F) -> F:
             raise PetalClickError(str(exc), exc.exit_code) from exc
         except ModelError as exc:
             raise PetalClickError(str(exc), EXIT_CONFIG) from exc
+        except BrokenPipeError:
+            raise  # stdout's reader went away: PetalGroup ends quietly
+        except OSError as exc:
+            error = io_error(exc)
+            raise PetalClickError(str(error), error.exit_code) from exc
 
     return cast(F, wrapper)
+
+
+class PetalGroup(click.Group):
+    """The ``petal`` group: a closed stdout (``petal query ... | head -1``) ends the process quietly
+    with exit 141 (128 + SIGPIPE), as a Unix tool killed by SIGPIPE would, instead of a traceback."""
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().main(*args, **kwargs)
+        except BrokenPipeError:
+            quiet_stdout()
+            sys.exit(141)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError:
+            quiet_stdout()
+            ctx.exit(141)
+
+
+def quiet_stdout() -> None:
+    """Point fd 1 at /dev/null, so the interpreter's final flush of a closed pipe says nothing."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
 
 
 def usage(fn: Callable[[], Any]) -> Any:
@@ -85,7 +123,11 @@ def run_with_report(report: Any, work: Callable[[], Any], as_json: bool = False)
         if as_json:
             from petal.pipeline.jobs.report_file import STDOUT
 
-            report.write(STDOUT)
+            try:
+                report.write(STDOUT)
+            except OSError as exc:  # a closed stdout: a warning, the exit code stays the run's
+                quiet_stdout()
+                eprint(f"petal: warning: cannot write the report to stdout: {exc.strerror or exc}")
         eprint(report.summary())
 
     try:
@@ -114,4 +156,8 @@ def device_options(func: F) -> F:
 
 
 def eprint(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+    """One line on stderr (control characters escaped); a closed stderr is not an error of the run."""
+    from petal.pipeline.reliability.errors import one_line
+
+    with contextlib.suppress(BrokenPipeError, ValueError):
+        print(one_line(message), file=sys.stderr, flush=True)

@@ -43,11 +43,12 @@ def embed(texts: tuple[str, ...], model: str | None, from_stdin: bool, input_pat
     Rows are float vectors (--output-dtype), int8 codes (--quantize int8) or packed sign bits
     (--quantize binary: dim / 8 bytes, first dimension in the high bit).
     """
+    from petal.pipeline.ingest.text_rule import valid_text
     from petal.pipeline.ingest.texts import read_texts
-    from petal.pipeline.reliability.errors import UsageError
+    from petal.pipeline.reliability.errors import UsageError, quote_path
 
     if output is not None and output.suffix.lower() not in (".npy", ".jsonl"):
-        raise click.UsageError(f"--output {output}: expected a .npy or .jsonl file")
+        raise click.UsageError(f"--output {quote_path(output)}: expected a .npy or .jsonl file")
     if calibration_index is not None and quantize != "int8":
         raise click.UsageError("--calibration goes with --quantize int8")
     items: list = list(texts)
@@ -59,7 +60,13 @@ def embed(texts: tuple[str, ...], model: str | None, from_stdin: bool, input_pat
     elif id_column is not None:
         raise click.UsageError("--id-column goes with --input FILE.parquet or FILE.jsonl")
     if from_stdin:
-        items += [line.rstrip("\n") for line in sys.stdin]
+        # NOTE: bytes, decoded line by line: a line that is not UTF-8 is read with U+FFFD, counted below
+        items += [raw.rstrip(b"\r\n").decode("utf-8", "surrogateescape") for raw in sys.stdin.buffer]
+    cleaned = [valid_text(item) if isinstance(item, str) else (item, False) for item in items]
+    replaced = sum(bad for _, bad in cleaned)
+    items = [text for text, _ in cleaned]
+    if replaced:
+        click.echo(f"petal embed: {replaced} text(s) held bytes that are not UTF-8, read as U+FFFD", err=True)
     if not items:
         raise UsageError("nothing to embed: give TEXT, --stdin or --input")
 
@@ -78,7 +85,10 @@ def embed(texts: tuple[str, ...], model: str | None, from_stdin: bool, input_pat
         click.echo(f"petal embed: int8 ranges learned from these {len(items) - len(skipped)} texts (pass "
                    "--calibration INDEX to use an index's)", err=True)
     if output is not None and output.suffix.lower() == ".npy":
-        np.save(output, rows, allow_pickle=False)
+        from petal.pipeline.reliability.errors import writing
+
+        with writing(output):
+            np.save(output, rows, allow_pickle=False)
     else:
         as_number = int if rows.dtype.kind in "iu" else (lambda x: round(float(x), 7))
 
@@ -94,7 +104,10 @@ def embed(texts: tuple[str, ...], model: str | None, from_stdin: bool, input_pat
 
         lines = (json_line(i) for i in range(len(items)))
         if output is not None:
-            output.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+            from petal.pipeline.reliability.errors import writing
+
+            with writing(output):
+                output.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
         else:
             for line in lines:
                 click.echo(line)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import click
 
 from petal.cli.common import user_errors
+from petal.pipeline.reliability.errors import quote_path
 
 if TYPE_CHECKING:
     from petal.pipeline.manifest import Manifest
@@ -64,7 +65,7 @@ def info(index_path: Path, as_json: bool) -> None:
         f"{counts.deleted} deleted, skipped: {skipped}",
         f"shards       {len(manifest.shards)}",
     ]
-    lines += [f"  {s.path}  {s.rows} rows, {s.embedded} embedded"
+    lines += [f"  {quote_path(s.path)}  {s.rows} rows, {s.embedded} embedded"
               + (f", {s.deleted} deleted" if s.deleted else "") + f", sha256 {s.sha256[:12]}" for s in manifest.shards]
     click.echo("\n".join(lines))
 

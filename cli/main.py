@@ -6,7 +6,7 @@ import click
 
 from petal import __version__
 from petal.cli.bench import bench
-from petal.cli.common import offline
+from petal.cli.common import PetalGroup, offline
 from petal.cli.embed import embed
 from petal.cli.index import index
 from petal.cli.info import info
@@ -16,7 +16,7 @@ from petal.cli.serve import serve
 from petal.cli.verify import verify
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.group(cls=PetalGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.version_option(__version__, prog_name="petal")
 def cli() -> None:
     """petal: turn Parquet shards of text into a searchable FAISS index, fast.
@@ -28,7 +28,8 @@ def cli() -> None:
     petal serve /tmp/idx --port 8080
 
     Exit codes: 0 ok, 1 bug, 2 usage, 65 bad input, 66 no input, 73 cannot create output,
-    74 I/O error, 75 temporary (retry), 78 configuration, 130/143 interrupted.
+    74 I/O error, 75 temporary (retry), 78 configuration, 129/130/143 interrupted by SIGHUP/SIGINT/SIGTERM,
+    141 stdout closed by its reader.
     """
     offline()
 

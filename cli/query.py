@@ -12,6 +12,11 @@ import click
 
 from petal.cli.common import device_options, usage, user_errors
 from petal.cli.options import loading_options
+from petal.pipeline.reliability.errors import one_line
+
+MAX_K = 1 << 20  # hits per query: far above any index's useful k, far below what overflows FAISS's int
+MAX_NPROBE = (1 << 31) - 1  # FAISS takes nprobe as a C int
+MAX_RESCORE = 1 << 16
 
 if TYPE_CHECKING:
     from petal.pipeline.jobs.searcher import Index
@@ -20,7 +25,7 @@ if TYPE_CHECKING:
 @click.command()
 @click.argument("index_path", metavar="INDEX", type=click.Path(path_type=Path))
 @click.argument("texts", nargs=-1)
-@click.option("-k", "k", type=click.IntRange(min=1), default=10, show_default=True, help="Hits per query.")
+@click.option("-k", "k", type=click.IntRange(min=1, max=MAX_K), default=10, show_default=True, help="Hits per query.")
 @click.option("--stdin", "from_stdin", is_flag=True, help="One query per input line, model kept warm.")
 @click.option("--json", "as_json", is_flag=True, help="JSON lines on stdout (one per query).")
 @click.option("--show-text", is_flag=True, help="Read each hit's text back from its shard.")
@@ -31,8 +36,9 @@ if TYPE_CHECKING:
               help="Only documents matching EXPR, on --keep-columns: \"lang = 'en' AND year IN (2020, 2021)\" "
                    "(applied inside the FAISS search).")
 @click.option("--model", default=None, help="Model directory, if it moved since indexing (weights must match).")
-@click.option("--nprobe", type=click.IntRange(min=1), default=None, help="Override the tuned IVF nprobe.")
-@click.option("--rescore", type=click.IntRange(min=0), default=None,
+@click.option("--nprobe", type=click.IntRange(min=1, max=MAX_NPROBE), default=None,
+              help="Override the tuned IVF nprobe.")
+@click.option("--rescore", type=click.IntRange(min=0, max=MAX_RESCORE), default=None,
               help="Binary indexes: re-rank N x k Hamming candidates with float vectors (default 10; 0: Hamming only).")
 @device_options
 @loading_options
@@ -44,7 +50,8 @@ def query(index_path: Path, texts: tuple[str, ...], k: int, from_stdin: bool, as
     """Search INDEX (an output directory or a version directory) for TEXT.
 
     Queries get the index's model, pooling, attention, output transform (--dim, --quantize) and query
-    prompt, as recorded in its manifest.
+    prompt, as recorded in its manifest. Bytes that are not UTF-8 (in TEXT or a --stdin line) are read
+    as U+FFFD, counted on stderr, and the query is answered; blank --stdin lines are skipped.
     """
     from petal.pipeline.api import open_index
 
@@ -62,9 +69,14 @@ def query(index_path: Path, texts: tuple[str, ...], k: int, from_stdin: bool, as
         click.echo(f"petal: note: {note}", err=True)
     if where:
         index.check_where(where)  # a bad expression or unknown column: exit 2, before any query
-    from petal.pipeline.ingest.text_rule import skip_reason
+    from petal.pipeline.ingest.text_rule import skip_reason, valid_text
 
-    # NOTE: the rule of petal index and petal embed: an invisible query (empty, blank) is skipped and said
+    # NOTE: the rule of petal index and petal embed: an invisible query (empty, blank) is skipped and said;
+    # bytes that are not UTF-8 (argv, stdin) are read as U+FFFD and counted: one bad line never ends the stream
+    replaced = 0
+    cleaned = [valid_text(t) for t in texts]
+    replaced += sum(bad for _, bad in cleaned)
+    texts = tuple(t for t, _ in cleaned)
     asked = [t for t in texts if skip_reason(t) is None]
     for i, text in enumerate(texts):
         if skip_reason(text) is not None:
@@ -73,14 +85,23 @@ def query(index_path: Path, texts: tuple[str, ...], k: int, from_stdin: bool, as
         _answer(index, asked, k, as_json, show_text, where)
     if from_stdin:
         skipped = 0
-        for line in sys.stdin:  # one query at a time: answers stream as lines arrive
-            line = line.rstrip("\n")
+        for raw in sys.stdin.buffer:  # one query at a time: answers stream as lines arrive
+            raw = raw.rstrip(b"\r\n")
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                line = raw.decode("utf-8", "replace")
+                replaced += 1
             if skip_reason(line) is None:
                 _answer(index, [line], k, as_json, show_text, where)
+                sys.stdout.flush()
             else:
                 skipped += 1
         if skipped:
             click.echo(f"petal: {skipped} stdin lines skipped (empty_text: blank lines are not queries)", err=True)
+    if replaced:
+        click.echo(f"petal query: {replaced} quer{'y' if replaced == 1 else 'ies'} held bytes that are not UTF-8, "
+                   "read as U+FFFD", err=True)
 
 
 def _answer(index: Index, queries: list[str], k: int, as_json: bool, show_text: bool, where: str | None = None,
@@ -104,12 +125,12 @@ def _answer(index: Index, queries: list[str], k: int, as_json: bool, show_text: 
             click.echo(json.dumps({"query": text, "hits": rows}, ensure_ascii=False, default=str))
             continue
         _warn_missing(index)
-        click.echo(f"query: {text}")
+        click.echo(f"query: {one_line(text)}")
         click.echo(f"{'rank':>4}  {'score':>8}  id")
         for hit, hit_text in zip(hits, texts):
-            line = f"{hit.rank:>4}  {hit.score:>8.4f}  {hit.id}"
+            line = f"{hit.rank:>4}  {hit.score:>8.4f}  {one_line(str(hit.id))}"
             if hit.fields:
-                line += "  " + " ".join(f"{k}={v}" for k, v in hit.fields.items())
+                line += "  " + one_line(" ".join(f"{k}={v}" for k, v in hit.fields.items()))
             if show_text and hit_text is not None:
                 snippet = " ".join(hit_text.split())
                 room = max(20, width - len(line) - 4)

@@ -15,21 +15,26 @@ from petal.cli.index_options import index_options
 @click.option("--index-factory", default="auto", show_default=True,
               help="FAISS index factory string, or auto (Flat when small, IVF above).")
 @index_options
+@click.option("--wait", is_flag=True, help="If another petal writes to OUT, wait for it instead of exiting 75.")
 @click.option("--json-report", type=click.Path(path_type=Path), default=None,
               help="Write the run report here (- is stdout).")
 @click.option("--json", "as_json", is_flag=True, help="Print the run report (JSON) on stdout.")
-def rebuild(out: Path, index_factory: str, metric: str, index_memory: str, target_recall: float,
+def rebuild(out: Path, index_factory: str, metric: str, index_memory: str, target_recall: float, wait: bool,
             json_report: Path | None, as_json: bool) -> None:
     """Build a new version of OUT's index from its stored embeddings: no model, no re-embedding.
 
     The shards, ids and vectors are those of the live version; only the index settings change.
-    A later `petal index` run builds with its own index flags again.
+    A later `petal index` run builds with its own index flags again. Exit codes and signals are
+    those of `petal index` (75 locked, 74 disk full with nothing left behind, 130/143/129 on
+    SIGINT/SIGTERM/SIGHUP).
     """
     from petal.pipeline.api import rebuild as run_rebuild
     from petal.pipeline.jobs.report import RunReport
+    from petal.pipeline.reliability.signals import StopSignals
 
     report = RunReport(command="rebuild")
-    run_with_report(report, lambda: run_rebuild(out, json_report=json_report, report=report,
-                                                index_factory=index_factory, metric=metric,
-                                                index_memory=index_memory, target_recall=target_recall),
-                    as_json=as_json)
+    with StopSignals() as stop:
+        run_with_report(report, lambda: run_rebuild(out, json_report=json_report, report=report, wait=wait, stop=stop,
+                                                    index_factory=index_factory, metric=metric,
+                                                    index_memory=index_memory, target_recall=target_recall),
+                        as_json=as_json)

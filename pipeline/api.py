@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from petal.pipeline.jobs.report import RunReport
-from petal.pipeline.jobs.settings import check_vectors_flags, index_job, index_settings, petal_error
-from petal.pipeline.reliability.errors import PetalError, UsageError
+from petal.pipeline.jobs.settings import check_vectors_flags, index_job, index_settings
+from petal.pipeline.reliability.errors import ConfigError, PetalError, UsageError, io_error, one_line, quote_path
 
 if TYPE_CHECKING:
     from petal.pipeline.jobs.searcher import Index
@@ -59,10 +59,12 @@ def index(sources: Sources, out: str | os.PathLike[str], *, engine_factory: Call
 
 
 def rebuild(out: str | os.PathLike[str], *, json_report: str | os.PathLike[str] | None = None,
-            report: RunReport | None = None, **settings: Any) -> RunReport:
+            report: RunReport | None = None, wait: bool = False, stop: StopSignals | None = None,
+            **settings: Any) -> RunReport:
     """A new version of ``out``'s index from its stored embeddings with other index settings (no model).
 
-    ``settings``: ``index_factory``, ``metric``, ``index_memory``, ``target_recall``.
+    ``settings``: ``index_factory``, ``metric``, ``index_memory``, ``target_recall``. ``wait``: queue behind
+    another writer of ``out`` (else exit 75); ``stop``: an active ``StopSignals`` of the caller's.
     """
     from petal.pipeline.jobs.rebuild import run_rebuild
 
@@ -73,7 +75,7 @@ def rebuild(out: str | os.PathLike[str], *, json_report: str | os.PathLike[str] 
     except UsageError as exc:
         _fail(report, exc, 2, f"usage error: {exc}", target)
         raise
-    return _run(lambda: run_rebuild(Path(out), chosen, report), report, target)
+    return _run(lambda: run_rebuild(Path(out), chosen, report, wait=wait, stop=stop), report, target)
 
 
 def open_index(path: str | os.PathLike[str], **settings: Any) -> Index:
@@ -91,11 +93,18 @@ def _run(work: Callable[[], RunReport], report: RunReport, json_report: Path | s
     try:
         try:
             work()
-        except ValueError as exc:  # a setting the engine or the index cannot take (2), a model's error (78)
-            error = petal_error(exc)
-            if error is exc:
+        except BrokenPipeError:
+            raise  # stdout's reader went away: the CLI ends quietly (141)
+        except OSError as exc:  # one nothing mapped on its way up: 74 naming the file
+            raise io_error(exc) from exc
+        except ValueError as exc:
+            # NOTE: no ValueError inside a run becomes a usage error: flags are judged by their parsing and
+            # by FlagError (2); a model's error is a configuration error (78); any other is a bug (1).
+            from petal.engine.errors import ModelError
+
+            if isinstance(exc, PetalError) or not isinstance(exc, ModelError):
                 raise
-            raise error from exc
+            raise ConfigError(str(exc)) from exc
     except PetalError as exc:
         _fail(report, exc, exc.exit_code, str(exc) if not isinstance(exc, UsageError) else f"usage error: {exc}",
               json_report, exc.status)
@@ -121,5 +130,7 @@ def write_report(report: RunReport, json_report: Path | str | None) -> None:
         return
     try:
         report.write(Path(json_report))
-    except OSError as exc:
-        print(f"petal: warning: cannot write the report to {json_report}: {exc}", file=sys.stderr, flush=True)
+    except (OSError, ValueError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        print(one_line(f"petal: warning: cannot write the report to {quote_path(json_report)}: {reason}"),
+              file=sys.stderr, flush=True)

@@ -25,6 +25,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -32,11 +33,30 @@ from pathlib import Path
 
 from petal.pipeline.manifest import MANIFEST_FILE, Manifest
 from petal.pipeline.reliability.durable import fsync_dir, write_bytes_atomic
-from petal.pipeline.reliability.errors import ConfigError, OutputError, TemporaryFailure, writing
+from petal.pipeline.reliability.errors import (
+    ConfigError,
+    OutputError,
+    TemporaryFailure,
+    quote_path,
+    quote_text,
+    writing,
+)
 from petal.pipeline.reliability.faults import fault
+from petal.pipeline.reliability.safe_files import inside, read_regular
 
 VERSION_RE = re.compile(r"^v\d{6}-\d{8}T\d{6}Z$")
 LOCK_POLL_S = 0.2
+POINTER_MAX_BYTES = 256  # CURRENT holds one version id; more is not read (never echoed either)
+MANIFEST_MAX_BYTES = 64 << 20
+
+
+def is_output_dir(path: Path) -> bool:
+    """True for a petal output directory (``CURRENT`` with ``versions/``, or a ``store/`` of shards)."""
+    path = Path(path)
+    try:
+        return ((path / "versions").is_dir() and (path / "CURRENT").exists()) or (path / "store" / "shards").is_dir()
+    except OSError:
+        return False
 
 
 class OutputDir:
@@ -50,6 +70,10 @@ class OutputDir:
 
     def prepare(self) -> None:
         """Create the directory tree; ``OutputError`` (exit 73) when that is impossible."""
+        for sub in (self.versions_dir, self.store_dir):
+            if sub.is_symlink() or (sub.exists() and not sub.is_dir()):
+                raise OutputError(f"{quote_path(sub)} is a symlink or not a directory; petal keeps its files inside "
+                                  f"{quote_path(self.root)}: remove it")
         try:
             self.versions_dir.mkdir(parents=True, exist_ok=True)
             self.store_dir.mkdir(parents=True, exist_ok=True)
@@ -57,7 +81,7 @@ class OutputDir:
             probe.write_bytes(b"")
             probe.unlink(missing_ok=True)  # NOTE: a writer's clean_orphans may have removed it already
         except OSError as exc:
-            raise OutputError(f"cannot create output directory {self.root}: {exc.strerror or exc}") from exc
+            raise OutputError(f"cannot create output directory {quote_path(self.root)}: {exc.strerror or exc}") from exc
 
     @contextlib.contextmanager
     def lock(self, wait: bool = False, on_wait: Callable[[str], None] | None = None,
@@ -67,22 +91,27 @@ class OutputDir:
         ``check`` runs between polls while waiting (it raises to give up, e.g. on SIGTERM).
         """
         try:
-            # NOTE: O_NOFOLLOW: a planted symlink must not make petal create or truncate a file elsewhere.
-            fd = os.open(self.lock_file, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+            # NOTE: O_NOFOLLOW: a planted symlink must not make petal create or truncate a file elsewhere;
+            # O_NONBLOCK: a FIFO planted as .lock must not block the open.
+            fd = os.open(self.lock_file, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
         except OSError as exc:
-            raise OutputError(f"cannot open the lock file {self.lock_file}: {exc.strerror or exc}") from exc
+            raise OutputError(f"cannot open the lock file {quote_path(self.lock_file)}: {exc.strerror or exc}; "
+                              "it must be a regular file: remove it") from exc
         try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise OutputError(f"the lock file {quote_path(self.lock_file)} is not a regular file (a FIFO, a "
+                                  "device?); remove it and rerun")
             while True:
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     break
                 except BlockingIOError as exc:
-                    holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "unknown holder"
+                    holder = _holder(os.pread(fd, 4096, 0))
                     if not wait:
-                        raise TemporaryFailure(f"{self.root} is being written by another petal ({holder}); "
+                        raise TemporaryFailure(f"{quote_path(self.root)} is being written by another petal ({holder}); "
                                                "retry later, or pass --wait to queue") from exc
                     if on_wait is not None:
-                        on_wait(f"waiting for the writer lock of {self.root}, held by {holder}")
+                        on_wait(f"waiting for the writer lock of {quote_path(self.root)}, held by {holder}")
                         on_wait = None
                     if check is not None:
                         check()
@@ -98,22 +127,39 @@ class OutputDir:
     # --- versions -------------------------------------------------------------------------------
 
     def current_version(self) -> str | None:
+        """The version ``CURRENT`` names (``None`` without one). Refused (78) without echoing more than
+        a short escaped prefix: a pointer that is not a version id, a symlink out of OUT, a FIFO."""
         try:
-            name = self.current_file.read_text().strip()
+            raw = read_regular(self.current_file, self.root, POINTER_MAX_BYTES)
         except FileNotFoundError:
             return None
+        except OSError as exc:
+            raise ConfigError(f"cannot read {quote_path(self.current_file)}: {exc.strerror or exc}") from exc
+        name = raw.decode("utf-8", "replace").strip()
         if not VERSION_RE.match(name):
-            raise ConfigError(f"{self.current_file} names {name!r}, which is not a petal version id")
+            raise ConfigError(f"{quote_path(self.current_file)} holds {quote_text(name, 24)}, which is not a petal "
+                              f"version id; {self.recovery_hint()}")
         return name
+
+    def recovery_hint(self) -> str:
+        """How to repair a bad pointer by hand (nothing is deleted while it is bad)."""
+        try:
+            present = self.versions()
+        except OSError:
+            present = []
+        pick = f"echo {present[-1]} > {quote_path(self.current_file)}" if present else "remove it"
+        return (f"nothing was deleted; to recover, point it at a complete version ({pick}; versions: "
+                f"{', '.join(present[-5:]) or 'none'}) or rebuild with petal index --full")
 
     def version_dir(self, version: str) -> Path:
         """``versions/<version>``; refused (78) unless ``version`` is a version id and the directory
         stays inside ``versions/`` (no symlink out of the output directory)."""
         if not VERSION_RE.match(version):
-            raise ConfigError(f"{version!r} is not a petal version id")
+            raise ConfigError(f"{quote_text(version, 40)} is not a petal version id")
         path = self.versions_dir / version
-        if path.is_symlink() or (path.exists() and path.resolve().parent != self.versions_dir.resolve()):
-            raise ConfigError(f"{path} leads out of {self.versions_dir}; refusing to follow it")
+        if path.is_symlink() or (path.exists() and path.resolve().parent != self.versions_dir.resolve()) \
+                or not inside(self.versions_dir, self.root):
+            raise ConfigError(f"{quote_path(path)} leads out of {quote_path(self.versions_dir)}; refusing to follow it")
         return path
 
     def current_manifest(self) -> Manifest | None:
@@ -121,7 +167,20 @@ class OutputDir:
         version = self.current_version()
         if version is None:
             return None
-        return Manifest.read(self.version_dir(version) / MANIFEST_FILE)
+        version_dir = self.version_dir(version)
+        if not version_dir.is_dir():
+            raise ConfigError(f"{quote_path(self.current_file)} names {version}, which is not in "
+                              f"{quote_path(self.versions_dir)}; {self.recovery_hint()}")
+        return read_manifest(version_dir / MANIFEST_FILE, self.root)
+
+    def live_is_valid(self) -> bool:
+        """True when ``CURRENT`` names an existing version directory with a manifest (checked before
+        anything is deleted on the pointer's word)."""
+        try:
+            version = self.current_version()
+            return version is not None and (self.version_dir(version) / "manifest.json").is_file()
+        except (ConfigError, OSError):
+            return False
 
     def versions(self) -> list[str]:
         if not self.versions_dir.is_dir():
@@ -144,7 +203,9 @@ class OutputDir:
         live, temp files of the pointer. Call with the lock held. Returns what was removed."""
         removed: list[Path] = []
         if self.versions_dir.is_dir():
-            live = self.current_version()
+            # NOTE: versions after the live one are deleted only when the pointer names a real version: a
+            # pointer to a missing or older version must never cost the newer (possibly live) data.
+            live = self.current_version() if self.live_is_valid() else None
             for path in self.versions_dir.iterdir():
                 never_live = live is not None and VERSION_RE.match(path.name) and path.name > live
                 if path.name.startswith((".staging-", ".deleting-")) or never_live:
@@ -188,7 +249,7 @@ class OutputDir:
         A version is renamed to ``.deleting-*`` before it is deleted, so a crash midway never leaves
         a half-deleted directory under a version name.
         """
-        live = self.current_version()
+        live = self.current_version() if self.live_is_valid() else None
         older = [v for v in self.versions() if live is not None and v < live]
         doomed = older[: max(0, len(older) - (keep - 1))] if keep >= 1 else []
         for version in doomed:
@@ -202,12 +263,41 @@ class OutputDir:
 def resolve_index_dir(path: Path) -> tuple[Path, Manifest]:
     """A version directory and its manifest, from ``OUT`` (follows CURRENT) or a version directory."""
     path = Path(path)
-    if (path / MANIFEST_FILE).is_file():
-        version_dir = path
+    if (path / MANIFEST_FILE).exists() or (path / MANIFEST_FILE).is_symlink():
+        version_dir, root = path, path
     else:
         out = OutputDir(path)
         version = out.current_version() if path.is_dir() else None
         if version is None:
-            raise ConfigError(f"{path} is not a petal index (no CURRENT or manifest.json); build one with petal index")
-        version_dir = out.version_dir(version)
-    return version_dir, Manifest.read(version_dir / MANIFEST_FILE)
+            raise ConfigError(f"{quote_path(path)} is not a petal index (no CURRENT or manifest.json); build one "
+                              "with petal index")
+        version_dir, root = out.version_dir(version), path
+        if not version_dir.is_dir():
+            raise ConfigError(f"{quote_path(out.current_file)} names {version}, which is not in "
+                              f"{quote_path(out.versions_dir)}; {out.recovery_hint()}")
+    return version_dir, read_manifest(version_dir / MANIFEST_FILE, root)
+
+
+def read_manifest(manifest_file: Path, root: Path) -> Manifest:
+    """A version's manifest, read inside ``root`` (never a FIFO or a symlink out); anything else is a
+    ``ConfigError`` (78)."""
+    try:
+        manifest = json.loads(read_regular(manifest_file, root, MANIFEST_MAX_BYTES))
+    except (OSError, ValueError) as exc:  # NOTE: JSONDecodeError and UnicodeDecodeError are ValueErrors
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+        raise ConfigError(f"cannot read the manifest {quote_path(manifest_file)} ({reason}); the version is "
+                          "damaged: rebuild it with petal index (--full if it is the live one)") from exc
+    if not isinstance(manifest, dict):
+        raise ConfigError(f"the manifest {quote_path(manifest_file)} is not a JSON object; the version is damaged")
+    return Manifest.from_dict(manifest, quote_path(manifest_file))
+
+
+def _holder(raw: bytes) -> str:
+    """The lock holder recorded in ``.lock`` (pid, host, start), one short escaped line."""
+    try:
+        info = json.loads(raw)
+        # NOTE: re-encoded (escaped, bounded) rather than echoed: the file may have been planted
+        return json.dumps({"pid": int(info["pid"]), "host": str(info["host"])[:64],
+                           "started": str(info["started"])[:32]})
+    except (ValueError, KeyError, TypeError):
+        return quote_text(raw.decode("utf-8", "replace").strip(), 80) if raw.strip() else "unknown holder"

@@ -34,6 +34,7 @@ from petal import __version__
 from petal.pipeline.config import IndexSettings
 from petal.pipeline.reliability.durable import write_json_atomic
 from petal.pipeline.reliability.errors import ConfigError
+from petal.pipeline.reliability.safe_files import read_regular
 from petal.pipeline.store.outputs import Calibration, OutputTransform
 
 if TYPE_CHECKING:
@@ -790,7 +791,8 @@ class Manifest:
     def read(cls, path: Path) -> Manifest:
         """Read ``path`` (a manifest file); unreadable or damaged: ``ConfigError`` (78) naming it."""
         try:
-            data = json.loads(Path(path).read_text(encoding="utf-8"))
+            # NOTE: inside its directory, a regular file opened non-blocking (never a FIFO or a symlink out)
+            data = json.loads(read_regular(Path(path), Path(path).parent).decode("utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise ConfigError(f"cannot read {path}: {exc}") from exc
         return cls.from_dict(data, str(path))

@@ -15,7 +15,7 @@ import numpy as np
 
 from petal.pipeline.index.files import INDEX_FILE
 from petal.pipeline.manifest import Manifest
-from petal.pipeline.reliability.errors import ConfigError
+from petal.pipeline.reliability.errors import BadInputError, ConfigError, quote_path
 
 DEFAULT_RESCORE = 10  # Hamming candidates per wanted hit, re-ranked with float vectors
 RESCORE_FILE = "rescore.npy"
@@ -83,11 +83,15 @@ def open_binary_index(version_dir: Path, manifest: Manifest, nprobe: int | None 
     files = manifest.index.files
     rescore_path = version_dir / RESCORE_FILE
     if RESCORE_FILE not in files or not rescore_path.is_file():
-        raise ConfigError(f"{version_dir}: {RESCORE_FILE} is missing or not listed in the manifest")
+        raise ConfigError(f"{quote_path(version_dir)}: {RESCORE_FILE} is missing or not listed in the manifest")
     # NOTE: its size and head/tail checksum were checked with the other files (IndexReader, verify.py);
     # petal verify checks every byte.
     index = read_binary_index_mapped(version_dir / INDEX_FILE)
-    vectors = np.load(rescore_path, mmap_mode="r", allow_pickle=False)
+    try:
+        vectors = np.load(rescore_path, mmap_mode="r", allow_pickle=False)
+    except ValueError as exc:  # a truncated or garbage .npy whose head/tail checksum matched the manifest
+        raise BadInputError(f"{quote_path(rescore_path)}: cannot be read ({exc}); the index is corrupt, "
+                            "rebuild it") from exc
     out = BinaryIndex(index, vectors, manifest.metric, DEFAULT_RESCORE if rescore is None else rescore)
     params = dict(manifest.index.search_params)
     out.set_params(params if nprobe is None else {**params, "nprobe": nprobe})

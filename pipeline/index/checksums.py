@@ -20,7 +20,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from petal.pipeline.manifest import CHECKSUM_KEY, INTEGRITY_KEY, MANIFEST_FILE, raw_index_files
 
@@ -38,14 +38,19 @@ def sha256_file(path: Path | str) -> str:
 
 def head_tail_sha256(path: Path, size: int, span: int = HEAD_TAIL_BYTES) -> str:
     """sha256 of ``size`` (8 bytes, little endian), the first ``span`` and the last ``span`` bytes of ``path``."""
-    digest = hashlib.sha256(size.to_bytes(8, "little"))
     with open(path, "rb") as fh:
-        if size <= 2 * span:
-            digest.update(fh.read(size))
-        else:
-            digest.update(fh.read(span))
-            fh.seek(size - span)
-            digest.update(fh.read(span))
+        return head_tail_sha256_of(fh, size, span)
+
+
+def head_tail_sha256_of(fh: BinaryIO, size: int, span: int = HEAD_TAIL_BYTES) -> str:
+    """``head_tail_sha256`` of an open binary file ``fh`` (read from its start)."""
+    digest = hashlib.sha256(size.to_bytes(8, "little"))
+    if size <= 2 * span:
+        digest.update(fh.read(size))
+    else:
+        digest.update(fh.read(span))
+        fh.seek(size - span)
+        digest.update(fh.read(span))
     return digest.hexdigest()
 
 

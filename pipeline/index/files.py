@@ -67,7 +67,8 @@ def open_parquet(path: Path) -> Any:
     from petal.pipeline.reliability.errors import BadInputError
 
     try:
-        return pq.ParquetFile(pa.memory_map(str(path)))
+        # NOTE: page checksums (written by every petal writer) are verified as pages are decoded
+        return pq.ParquetFile(pa.memory_map(str(path)), page_checksum_verification=True)
     except (OSError, pa.ArrowException) as exc:
         raise BadInputError(f"{path}: cannot read its Parquet footer ({exc}); run petal verify") from exc
 

@@ -28,7 +28,7 @@ from typing import Any
 
 from petal.pipeline.config import IndexSettings
 from petal.pipeline.index.faiss_loader import load_faiss
-from petal.pipeline.reliability.errors import ConfigError
+from petal.pipeline.reliability.errors import ConfigError, FlagError
 
 # NOTE: measured on the 2-core machine at 4096 lists x 384 dims, adding through an HNSW32 quantizer
 # was 2x slower than the flat one (BLAS); HNSW pays off where the wiki uses it, at 65536 lists and up.
@@ -107,8 +107,8 @@ def make_index(factory: str, dim: int, metric: str) -> Any:
         return faiss.index_factory(dim, factory, metric_type)
     except RuntimeError as exc:
         message = str(exc).strip().splitlines()[-1] if str(exc).strip() else repr(exc)
-        raise ValueError(f"--index-factory {factory!r} is not a valid FAISS factory string for dim {dim}: "
-                         f"{message}") from exc
+        raise FlagError(f"--index-factory {factory!r} is not a valid FAISS factory string for dim {dim}: "
+                        f"{message}") from exc
 
 
 def estimate_bytes(index: Any, num_vectors: int) -> tuple[int, int]:
@@ -230,7 +230,7 @@ def vectors_to_train(index: Any, factory: str) -> tuple[int, str]:
 
 def check_index_factory(settings: IndexSettings, kind: str = "float32", dim: int | None = None,
                         num_vectors: int | None = None) -> None:
-    """The one check of ``--index-factory`` (``ValueError``, exit 2, with the numbers), before any work
+    """The one check of ``--index-factory`` (``FlagError``, exit 2, with the numbers), before any work
     and again before a build: only float32 output takes an explicit factory (the other formats pick
     their codes); with ``dim``, FAISS must build it and PQ sub-quantizers must divide the dimension;
     with ``num_vectors`` (an upper bound is enough: the rows read plus the kept shards' vectors), there
@@ -239,23 +239,23 @@ def check_index_factory(settings: IndexSettings, kind: str = "float32", dim: int
     if factory == "auto":
         return
     if kind != "float32":
-        raise ValueError(f"--index-factory {factory!r} conflicts with {KINDS[kind].flag}, which picks the index type "
-                         "(SQ8, SQfp16 or a binary index); leave --index-factory auto")
+        raise FlagError(f"--index-factory {factory!r} conflicts with {KINDS[kind].flag}, which picks the index type "
+                        "(SQ8, SQfp16 or a binary index); leave --index-factory auto")
     if dim is None:
         return
     for match in PQ_RE.finditer(factory):
         m = int(match.group(1))
         if m < 1 or dim % m:
-            raise ValueError(f"--index-factory {factory!r}: PQ{m} splits vectors into {m} sub-quantizers, "
-                             f"which must divide the dimension {dim}")
+            raise FlagError(f"--index-factory {factory!r}: PQ{m} splits vectors into {m} sub-quantizers, "
+                            f"which must divide the dimension {dim}")
     index = make_index(factory, dim, settings.metric)
     if num_vectors is None:
         return
     needed, why = vectors_to_train(index, factory)
     if num_vectors < needed:
-        raise ValueError(f"--index-factory {factory!r} needs at least {needed} vectors of dim {dim} to train: {why} "
-                         f"need at least {needed} vectors; this run can index at most {num_vectors} vectors (the "
-                         "rows read and the kept shards'): pick a smaller factory or leave --index-factory auto")
+        raise FlagError(f"--index-factory {factory!r} needs at least {needed} vectors of dim {dim} to train: {why} "
+                        f"need at least {needed} vectors; this run can index at most {num_vectors} vectors (the "
+                        "rows read and the kept shards'): pick a smaller factory or leave --index-factory auto")
 
 
 def faiss_failure(exc: BaseException, factory: str, dim: int, num_vectors: int | None) -> ConfigError:

@@ -17,10 +17,20 @@ from petal.pipeline.index.tune import apply_params
 from petal.pipeline.index.verify import OpenCheck, check_on_open
 from petal.pipeline.layout import resolve_index_dir
 from petal.pipeline.manifest import Manifest
-from petal.pipeline.reliability.errors import BadInputError, ConfigError, PetalError
+from petal.pipeline.reliability.errors import (
+    BadInputError,
+    ConfigError,
+    PetalError,
+    PetalIOError,
+    one_line,
+    quote_path,
+    quote_text,
+)
 from petal.pipeline.reliability.faults import fault
+from petal.pipeline.reliability.safe_files import read_regular
 
 OPEN_ATTEMPTS = 3
+STORAGES = ("memory", "ondisk")
 
 
 @dataclass(frozen=True)
@@ -35,7 +45,8 @@ class Hit:
 
 
 def verify_files(version_dir: Path) -> OpenCheck:
-    """The cheap checks of ``pipeline/index/verify.py`` before FAISS reads any file (O(1) in the index size)."""
+    """The cheap checks of ``pipeline/index/verify.py`` before FAISS reads any file (O(1) in the index size):
+    every listed file stays inside the version and is a regular file, opened without blocking."""
     return check_on_open(version_dir)
 
 
@@ -60,8 +71,8 @@ def ignored_overrides(manifest: Manifest, nprobe: int | None, rescore: int | Non
 def _pointer(path: Path) -> str | None:
     """What ``path/CURRENT`` says now (``None`` for a version directory or no pointer)."""
     try:
-        return (Path(path) / "CURRENT").read_text()
-    except OSError:
+        return read_regular(Path(path) / "CURRENT", Path(path), 256).decode("utf-8", "replace")
+    except (OSError, PetalError):
         return None
 
 
@@ -87,6 +98,29 @@ class IndexReader:
                     raise
 
     def _open(self, nprobe: int | None, rescore: int | None) -> None:
+        """Open the version; a file the libraries cannot read or a malformed manifest field is a
+        ``PetalError`` naming it (65 corrupt file, 74 I/O error, 78 manifest), never a traceback."""
+        manifest_file = quote_path(self.dir / "manifest.json")
+        try:
+            self._load(nprobe, rescore)
+        except PetalError:
+            raise
+        except OSError as exc:
+            if exc.errno is None:  # pyarrow's decoding errors carry no errno
+                raise BadInputError(f"{quote_path(exc.filename or self.dir)}: cannot be read ({one_line(str(exc))}); "
+                                    "the version is corrupt: rebuild it") from exc
+            raise PetalIOError(f"{quote_path(exc.filename or self.dir)}: {exc.strerror or exc}") from exc
+        except RuntimeError as exc:  # FAISS cannot parse index.faiss (its checksum matched the manifest)
+            raise BadInputError(f"{quote_path(self.dir / INDEX_FILE)}: FAISS cannot read it "
+                                f"({one_line(str(exc)).strip()[:200]}); the index is corrupt: rebuild it") from exc
+        except pa.ArrowException as exc:
+            raise BadInputError(f"{quote_path(self.dir / IDS_FILE)}: cannot be read ({one_line(str(exc))[:200]}); "
+                                "the version is corrupt: rebuild it") from exc
+        except (KeyError, TypeError, AttributeError, ValueError) as exc:
+            raise ConfigError(f"{manifest_file}: a field is missing or malformed ({type(exc).__name__}: "
+                              f"{one_line(str(exc))[:120]}); the version is damaged: rebuild it") from exc
+
+    def _load(self, nprobe: int | None, rescore: int | None) -> None:
         faiss = load_faiss()
 
         fault("query_open", self.dir)
@@ -94,6 +128,9 @@ class IndexReader:
         self.ignored = ignored_overrides(self.manifest, nprobe, rescore)  # said on stderr by petal query
         self.open_check = verify_files(self.dir)
         self.storage = record.storage
+        if self.storage not in STORAGES:
+            raise ConfigError(f"{quote_path(self.dir / 'manifest.json')}: index storage {quote_text(self.storage)} is "
+                              f"not one of {', '.join(STORAGES)}; the manifest is damaged: rebuild the version")
         # binary indexes (Hamming + float rescoring) open through pipeline/index/binary.py
         binary = is_binary_manifest(self.manifest)
         if binary:
@@ -103,7 +140,7 @@ class IndexReader:
         ids_file = open_parquet(self.dir / IDS_FILE)  # the footer first: a count that does not fit reads nothing
         self.num_ids = int(ids_file.metadata.num_rows)
         if self.num_ids != self.index.ntotal:
-            raise BadInputError(f"{self.dir}: {self.num_ids} ids for {self.index.ntotal} vectors")
+            raise BadInputError(f"{quote_path(self.dir)}: {self.num_ids} ids for {self.index.ntotal} vectors")
         # NOTE: decoded here, inside the open's retry, from the mapping made above: O(ids), which the first
         # search needs anyway; a version pruned after this point still answers.
         self.ids = read_parquet(ids_file, self.dir / IDS_FILE, columns=["faiss_id", "id", "shard", "row"])
@@ -208,7 +245,9 @@ class IndexReader:
         found: dict[tuple[str, int], dict[str, Any] | None] = {}
         for shard, rows in by_shard.items():
             try:
-                pf = pq.ParquetFile(shard)
+                if not Path(shard).is_file():  # NOTE: gone, or a FIFO now: never opened (it would block)
+                    raise FileNotFoundError(shard)
+                pf = pq.ParquetFile(shard, page_checksum_verification=True)
                 starts = np.cumsum([0] + [pf.metadata.row_group(g).num_rows for g in range(pf.num_row_groups)])
                 groups: dict[int, pa.Table] = {}
                 for row in rows:

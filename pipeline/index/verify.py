@@ -10,6 +10,7 @@ safe but O(size); ``OpenCheck.note`` says so, and ``petal verify`` exits 65 on a
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,11 +22,12 @@ from petal.pipeline.index.checksums import (
     INTEGRITY_KEY,
     MANIFEST_FILE,
     canonical_sha256,
-    head_tail_sha256,
+    head_tail_sha256_of,
     sha256_file,
 )
 from petal.pipeline.manifest import raw_checksum, raw_index_files, raw_integrity
-from petal.pipeline.reliability.errors import BadInputError, ConfigError
+from petal.pipeline.reliability.errors import BadInputError, ConfigError, one_line, quote_path, quote_text
+from petal.pipeline.reliability.safe_files import UnsafeFileError, check_regular, open_regular, read_regular
 
 REQUIRED_FILES = ("index.faiss", "ids.parquet")
 SAFE_FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -54,11 +56,13 @@ def read_raw_manifest(version_dir: Path) -> dict[str, Any]:
     """``manifest.json`` as written (the checksums cover these bytes, not a typed reading of them)."""
     path = version_dir / MANIFEST_FILE
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(read_regular(path, version_dir).decode("utf-8"))  # NOTE: never a FIFO or a link out
+    except UnsafeFileError:
+        raise
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"cannot read {path}: {exc}") from exc
+        raise ConfigError(f"cannot read {quote_path(path)}: {one_line(str(exc))}") from exc
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: the manifest is {type(data).__name__}, expected an object")
+        raise ConfigError(f"{quote_path(path)}: the manifest is {type(data).__name__}, expected an object")
     return data
 
 
@@ -114,7 +118,7 @@ def check_on_open(version_dir: Path, manifest: dict[str, Any] | None = None) -> 
                 raise BadInputError(f"{path}: size {size} does not match the manifest ({record.get('size')} bytes); "
                                     "the index is corrupt or was changed, rebuild it")
             span = int(raw_integrity(manifest).get("head_tail_bytes", HEAD_TAIL_BYTES))
-            if head_tail_sha256(path, size, span) != record.get("head_tail_sha256"):
+            if _head_tail(path, version_dir, size, span) != record.get("head_tail_sha256"):
                 raise BadInputError(f"{path}: head/tail checksum does not match the manifest; the index is corrupt "
                                     "or was changed, rebuild it")
         else:  # NOTE: an old version: its sha256 is the only record, so the check stays the full one
@@ -126,11 +130,22 @@ def check_on_open(version_dir: Path, manifest: dict[str, Any] | None = None) -> 
 
 def _listed_path(version_dir: Path, name: str) -> Path:
     if not SAFE_FILE_NAME.match(name):  # NOTE: a manifest must not point outside its directory
-        raise BadInputError(f"{version_dir}: the manifest lists {name!r}, which is not a plain file name")
+        raise BadInputError(f"{quote_path(version_dir)}: the manifest lists {quote_text(name)}, which is not a "
+                            "plain file name")
     path = version_dir / name
-    if path.is_symlink() or not path.is_file():
-        raise ConfigError(f"{version_dir}: {name} is listed in the manifest but missing (or not a plain file)")
+    try:
+        check_regular(path, version_dir)  # NOTE: never follow a symlink out, never block on a FIFO
+    except FileNotFoundError:
+        raise ConfigError(f"{quote_path(version_dir)}: {name} is listed in the manifest but missing") from None
     return path
+
+
+def _head_tail(path: Path, version_dir: Path, size: int, span: int) -> str:
+    """``head_tail_sha256`` read through a descriptor opened without blocking (a file swapped for a FIFO
+    after ``_listed_path`` is refused, never waited on)."""
+    fd = open_regular(path, version_dir)
+    with os.fdopen(fd, "rb") as fh:
+        return head_tail_sha256_of(fh, size, span)
 
 
 def _check_sha256(path: Path, expected: str) -> None:

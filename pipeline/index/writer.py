@@ -47,7 +47,7 @@ from petal.pipeline.index.tune import (
     tune,
 )
 from petal.pipeline.manifest import DeviceRecord, IndexRecord, PlanRecord, TuningRecord
-from petal.pipeline.reliability.errors import FAISS_WRITE_ERRORS, PetalError
+from petal.pipeline.reliability.errors import FAISS_WRITE_ERRORS, FlagError, PetalError
 from petal.pipeline.store.embeddings import StoreEntry, sha256_file
 from petal.pipeline.store.outputs import OutputTransform
 
@@ -262,6 +262,9 @@ def build_version_index(entries: list[StoreEntry], dim: int, settings: IndexSett
     try:
         return build_index(entries, dim, settings, staging, output)
     except (RuntimeError, ValueError) as exc:
-        if isinstance(exc, PetalError) or any(m in str(exc) for m in FAISS_WRITE_ERRORS):
+        # NOTE: a FlagError here is the factory check run again at build time, against the stored vectors:
+        # after embedding it is the contract's FAISS failure (78, embeddings kept), not a usage error
+        if (isinstance(exc, PetalError) and not isinstance(exc, FlagError)) \
+                or any(m in str(exc) for m in FAISS_WRITE_ERRORS):
             raise
         raise faiss_failure(exc, settings.factory, dim, sum(e.num_embedded for e in entries)) from exc

@@ -16,6 +16,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import glob
+import hashlib
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -36,7 +37,14 @@ from petal.pipeline.ingest.remote import (
     stat_remote,
     storage_error,
 )
-from petal.pipeline.reliability.errors import BadInputError, NoInputError, PetalError, PetalIOError
+from petal.pipeline.reliability.errors import (
+    BadInputError,
+    NoInputError,
+    PetalError,
+    PetalIOError,
+    one_line,
+    quote_path,
+)
 from petal.pipeline.reliability.faults import fault
 
 T = TypeVar("T")
@@ -44,10 +52,18 @@ T = TypeVar("T")
 TEXT_TYPES = "string, large_string, string_view (or binary holding UTF-8)"
 
 
-def resolve_sources(sources: tuple[str, ...] | list[str]) -> list[Path | RemotePath]:
+def resolve_sources(sources: tuple[str, ...] | list[str], out: Path | None = None) -> list[Path | RemotePath]:
     """Files, directories (every ``*.parquet`` below, sorted), globs and object-storage URIs (an object or
-    a prefix: pipeline/ingest/remote.py) -> sorted unique shard paths."""
+    a prefix: pipeline/ingest/remote.py) -> sorted unique shard paths.
+
+    Directories are walked following symlinked subdirectories (each real directory once: a loop is
+    walked once, not forever). The output directory ``out`` and every other petal output directory
+    (``CURRENT`` + ``versions/``, or ``store/shards/``) are left out of directory and glob discovery;
+    a file named explicitly inside ``out`` is refused (65). A ``*.parquet`` that is not a regular file
+    (a dangling symlink, a FIFO, a device) or whose name is not UTF-8 is refused (65), never skipped.
+    """
     found: dict[str, Path | RemotePath] = {}
+    problems: list[str] = []
     for source in sources:
         if is_uri(source):
             for remote in list_remote(source):
@@ -55,22 +71,102 @@ def resolve_sources(sources: tuple[str, ...] | list[str]) -> list[Path | RemoteP
             continue
         path = Path(source).expanduser()
         if path.is_dir():
-            matches = [p for p in path.rglob("*.parquet") if p.is_file()]
-            if not matches:
-                raise NoInputError(f"no *.parquet files under directory {source}")
+            matches = _walk(path, out, problems)
+            if not matches and not problems:
+                raise NoInputError(f"no *.parquet files under directory {quote_path(source)}")
         elif path.is_file():
+            if out is not None and _inside(path, out):
+                problems.append(f"{quote_path(source)} is inside the output directory {quote_path(out)}; petal does "
+                                "not read its own output as input")
+                continue
             matches = [path]
         elif glob.has_magic(source):
-            matches = [Path(p) for p in glob.glob(os.path.expanduser(source), recursive=True) if Path(p).is_file()]
-            if not matches:
-                raise NoInputError(f"glob {source!r} matches no files")
+            matches = []
+            for p in sorted(glob.glob(os.path.expanduser(source), recursive=True)):
+                match = Path(p)
+                if _in_output_dir(match, out):
+                    continue
+                if match.is_file():
+                    matches.append(match)
+                elif not match.is_dir():
+                    problems.append(_not_regular(match))
+            if not matches and not problems:
+                raise NoInputError(f"glob {quote_path(source)} matches no files")
+        elif path.exists() or path.is_symlink():
+            problems.append(_not_regular(path))
+            continue
         else:
-            raise NoInputError(f"source {source} does not exist")
+            if "://" in source:
+                raise NoInputError(f"source {quote_path(source)}: URL schemes are not supported; give local paths")
+            raise NoInputError(f"source {quote_path(source)} does not exist")
         for match in matches:
+            if not _utf8_name(match):
+                problems.append(f"{quote_path(match)}: the file name is not valid UTF-8; rename it")
+                continue
             found.setdefault(str(match.resolve()), match)
+    if problems:
+        more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
+        raise BadInputError("; ".join(problems[:5]) + more)
     if not found:
         raise NoInputError("no input shards")
     return [found[key] for key in sorted(found)]
+
+
+def _utf8_name(path: Path) -> bool:
+    try:
+        str(path).encode("utf-8")
+        return True
+    except UnicodeEncodeError:  # NOTE: os.fsdecode keeps undecodable bytes as lone surrogates
+        return False
+
+
+def _not_regular(path: Path) -> str:
+    if path.is_symlink() and not path.exists():
+        return f"{quote_path(path)} is a dangling symlink"
+    return f"{quote_path(path)} is not a regular file (a FIFO, a device or a socket?)"
+
+
+def _inside(path: Path, root: Path) -> bool:
+    real, real_root = os.path.realpath(path), os.path.realpath(root)
+    return real == real_root or real.startswith(real_root.rstrip(os.sep) + os.sep)
+
+
+def _in_output_dir(path: Path, out: Path | None) -> bool:
+    """True when ``path`` lies in ``out`` or in any petal output directory above it."""
+    if out is not None and _inside(path, out):
+        return True
+    from petal.pipeline.layout import is_output_dir
+
+    return any(is_output_dir(parent) for parent in Path(os.path.abspath(path)).parents)
+
+
+def _walk(root: Path, out: Path | None, problems: list[str]) -> list[Path]:
+    """Every ``*.parquet`` below ``root`` (symlinked directories followed once each; output dirs skipped)."""
+    from petal.pipeline.layout import is_output_dir
+
+    seen: set[tuple[int, int]] = set()
+    found: list[Path] = []
+    for directory, subdirs, files in os.walk(root, followlinks=True, onerror=lambda exc: problems.append(
+            f"cannot list {quote_path(exc.filename)}: {exc.strerror or exc}")):
+        st = os.stat(directory)
+        if (st.st_dev, st.st_ino) in seen:  # a symlink loop, or a directory reached twice
+            subdirs[:] = []
+            continue
+        seen.add((st.st_dev, st.st_ino))
+        here = Path(directory)
+        if (out is not None and _inside(here, out)) or is_output_dir(here):
+            subdirs[:] = []  # petal's own output (store entries, versions, rejects) is never input
+            continue
+        subdirs.sort()
+        for name in sorted(files):
+            if not name.endswith(".parquet"):
+                continue
+            path = here / name
+            if path.is_file():
+                found.append(path)
+            else:
+                problems.append(_not_regular(path))
+    return found
 
 
 @dataclass(frozen=True)
@@ -86,6 +182,11 @@ class ShardInfo:
     has_id_column: bool
     id_type: str  # Arrow type of the id column ("" when absent)
     text_type: str  # Arrow type of the text column
+    # NOTE: change detection never trusts (size, mtime) alone: ``cp -p``, ``rsync -t`` and tar set the
+    # mtime back, but not the inode change time; the footer's hash changes with the data's layout.
+    ctime_ns: int = 0
+    inode: int = 0
+    footer_sha256: str = ""
 
 
 def _is_text(t: pa.DataType) -> bool:
@@ -117,9 +218,9 @@ def _read_error(path: Path | RemotePath, exc: BaseException, retries: int, corru
     if is_denied(exc):
         return storage_error(f"cannot read {path}", exc)
     if _transient(exc):
-        return PetalIOError(f"{path}: read error after {retries} retries ({exc}); "
+        return PetalIOError(f"{quote_path(path)}: read error after {retries} retries ({exc}); "
                             "the file is unreadable now, not corrupt: rerun when the storage recovers")
-    return BadInputError(f"{path}: {corrupt} ({exc})")
+    return BadInputError(f"{quote_path(path)}: {corrupt} ({one_line(str(exc))})")
 
 
 def _backoff(read: ReadConfig, retry: int, stats: ReadStats | None) -> None:
@@ -140,40 +241,57 @@ def _retrying(call: Callable[[], T], read: ReadConfig, stats: ReadStats | None) 
             _backoff(read, retry, stats)
 
 
-def _footer(path: Path | RemotePath) -> tuple[Any, pq.FileMetaData]:
+def _footer(path: Path | RemotePath) -> tuple[Any, pq.FileMetaData, str]:
     fault("read_footer", str(path))
     if isinstance(path, RemotePath):
         stat = stat_remote(path)
         with path.open() as fh:  # the footer only: ranged reads at the object's end
-            return stat, pq.read_metadata(fh)
-    return path.stat(), pq.read_metadata(path)
+            return stat, pq.read_metadata(fh), ""
+    return path.stat(), pq.read_metadata(path), footer_sha256(path)
+
+
+def footer_sha256(path: Path) -> str:
+    """sha256 of the Parquet footer (its metadata, length and magic): cheap, and it changes with the layout."""
+    with open(path, "rb") as fh:
+        size = fh.seek(0, os.SEEK_END)
+        if size < 12:
+            return ""
+        fh.seek(size - 8)
+        length = int.from_bytes(fh.read(4), "little")
+        start = max(0, size - 8 - length)
+        fh.seek(start)
+        return hashlib.sha256(fh.read(size - start)).hexdigest()
 
 
 def inspect_shard(path: Path | RemotePath, read: ReadConfig, stats: ReadStats | None = None) -> ShardInfo:
     """Read one footer and check the schema. Raises ``BadInputError`` naming file, column and type."""
     try:
-        stat, meta = _retrying(lambda: _footer(path), read, stats)
+        stat, meta, footer = _retrying(lambda: _footer(path), read, stats)
         schema = meta.schema.to_arrow_schema()
     except (OSError, pa.ArrowException) as exc:
         raise _read_error(path, exc, read.read_retries, "not a readable Parquet file") from exc
     names = schema.names
     if read.text_column not in names:
         raise BadInputError(
-            f"{path}: text column {read.text_column!r} is missing (columns: {', '.join(names) or 'none'}); "
+            f"{quote_path(path)}: text column {read.text_column!r} is missing (columns: {', '.join(names) or 'none'}); "
             "choose one with --text-column"
         )
     text_type = schema.field(read.text_column).type
     if not _is_text(text_type):
-        raise BadInputError(f"{path}: text column {read.text_column!r} has type {text_type}, expected {TEXT_TYPES}")
+        raise BadInputError(f"{quote_path(path)}: text column {read.text_column!r} has type {text_type}, "
+                            f"expected {TEXT_TYPES}")
     has_id = read.id_column in names
     if not has_id and read.id_column_required:
         raise BadInputError(
-            f"{path}: id column {read.id_column!r} is missing (columns: {', '.join(names)}); "
+            f"{quote_path(path)}: id column {read.id_column!r} is missing (columns: {', '.join(names)}); "
             "choose one with --id-column"
         )
     id_type = schema.field(read.id_column).type if has_id else None
     if id_type is not None and not _is_id(id_type):
-        raise BadInputError(f"{path}: id column {read.id_column!r} has type {id_type}, expected an integer or string")
+        raise BadInputError(f"{quote_path(path)}: id column {read.id_column!r} has type {id_type}, "
+                            "expected an integer or string")
+    if id_type is not None and pa.types.is_uint64(id_type):
+        _check_id_range(path, meta, read)
     return ShardInfo(
         path=path,
         abs_path=path.uri if isinstance(path, RemotePath) else str(path.resolve()),
@@ -184,7 +302,41 @@ def inspect_shard(path: Path | RemotePath, read: ReadConfig, stats: ReadStats | 
         has_id_column=has_id,
         id_type=str(id_type) if id_type is not None else "",
         text_type=str(text_type),
+        ctime_ns=getattr(stat, "st_ctime_ns", 0),  # 0 for an object: its hash is taken every run
+        inode=getattr(stat, "st_ino", 0),
+        footer_sha256=footer,
     )
+
+
+INT64_MAX = 2**63 - 1
+
+
+def _check_id_range(path: Path | RemotePath, meta: pq.FileMetaData, read: ReadConfig) -> None:
+    """uint64 ids must fit the store's int64 ids: the footer's statistics when complete, else the column."""
+    column = meta.schema.names.index(read.id_column) if read.id_column in meta.schema.names else -1
+    highest = 0
+    for g in range(meta.num_row_groups):
+        stats = meta.row_group(g).column(column).statistics if column >= 0 else None
+        if stats is None or not stats.has_min_max:
+            break
+        highest = max(highest, int(stats.max))
+    else:
+        if highest <= INT64_MAX:
+            return
+    try:
+        source = path.open() if isinstance(path, RemotePath) else path
+        with contextlib.closing(source) if isinstance(path, RemotePath) else contextlib.nullcontext():
+            values = pq.read_table(source, columns=[read.id_column], page_checksum_verification=True).column(0)
+    except (OSError, pa.ArrowException) as exc:
+        raise _read_error(path, exc, 0, f"cannot read id column {read.id_column!r}") from exc
+    import pyarrow.compute as pc
+
+    over = pc.greater(values, pa.scalar(INT64_MAX, pa.uint64()))
+    row = pc.index(over, True).as_py()
+    if row >= 0:
+        raise BadInputError(f"{quote_path(path)}: id column {read.id_column!r} (uint64) holds {values[row].as_py()} at "
+                            f"row {row}, above the largest id petal stores ({INT64_MAX}, int64); store the ids as "
+                            "int64 or as strings")
 
 
 def preflight(paths: list[Path | RemotePath], read: ReadConfig, stats: ReadStats | None = None) -> list[ShardInfo]:
@@ -203,7 +355,7 @@ def preflight(paths: list[Path | RemotePath], read: ReadConfig, stats: ReadStats
     if len(id_kinds) > 1:
         raise BadInputError(
             f"id column {read.id_column!r} is an integer in some shards and a string in others: "
-            + ", ".join(f"{s.path} ({s.id_type})" for s in infos if s.has_id_column)
+            + ", ".join(f"{quote_path(s.path)} ({s.id_type})" for s in infos if s.has_id_column)
         )
     return infos
 
@@ -238,8 +390,10 @@ def batch_rows(pf: pq.ParquetFile, column: str, read: ReadConfig) -> int:
 def _record_batches(info: ShardInfo, columns: list[str], read: ReadConfig, start_row: int) -> Iterator[pa.RecordBatch]:
     """The shard's record batches from row ``start_row`` on (a retry resumes where it failed)."""
     source = info.path.open() if isinstance(info.path, RemotePath) else info.path  # ranged reads, never a download
+    # NOTE: page CRCs are verified where a writer stored them (a corrupt page is 65, never embedded)
     with contextlib.closing(cast(Any, source)) if isinstance(info.path, RemotePath) else contextlib.nullcontext(), \
-            pq.ParquetFile(source, buffer_size=read.read_buffer_bytes, pre_buffer=False) as pf:
+            pq.ParquetFile(source, buffer_size=read.read_buffer_bytes, pre_buffer=False,
+                           page_checksum_verification=True) as pf:
         meta = pf.metadata
         starts = [0]
         for g in range(meta.num_row_groups):

@@ -45,3 +45,18 @@ def describe_skips(skipped: dict[int, str], limit: int = 5) -> str:
     positions = sorted(skipped)
     shown = ", ".join(map(str, positions[:limit])) + (" ..." if len(positions) > limit else "")
     return f"{len(skipped)} skipped ({counts}; inputs {shown})"
+
+
+def valid_text(text: str) -> tuple[str, bool]:
+    """``text`` as valid Unicode: bytes that were not UTF-8 (lone surrogates, as Python decodes argv and
+    stdin) become U+FFFD. Returns the text and whether anything was replaced."""
+    try:
+        text.encode("utf-8")
+        return text, False
+    except UnicodeEncodeError:
+        pass
+    try:
+        raw = text.encode("utf-8", "surrogateescape")  # one U+FFFD per undecodable byte
+    except UnicodeEncodeError:
+        raw = text.encode("utf-8", "surrogatepass")
+    return raw.decode("utf-8", "replace"), True

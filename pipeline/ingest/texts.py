@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from petal.pipeline.reliability.errors import BadInputError, NoInputError, UsageError
+from petal.pipeline.reliability.errors import BadInputError, NoInputError, UsageError, quote_path
 
 TEXT_FILE_SUFFIXES = (".parquet", ".txt", ".jsonl")
 
@@ -18,17 +18,18 @@ def read_texts(path: Path, text_column: str = "text",
     (``None`` without ``id_column``). Null and blank texts are kept here: the caller's text rule skips them."""
     path = Path(path)
     if not path.is_file():
-        raise NoInputError(f"--input {path} does not exist")
+        raise NoInputError(f"--input {quote_path(path)} does not exist or is not a regular file")
     suffix = path.suffix.lower()
     if suffix == ".parquet":
         return _parquet_texts(path, text_column, id_column)
     if suffix == ".txt":
         if id_column is not None:
             raise UsageError("--id-column goes with --input FILE.parquet or FILE.jsonl")
-        return path.read_text(encoding="utf-8").splitlines(), None
+        # NOTE: bytes that are not UTF-8 are kept (surrogateescape), then replaced and counted by the caller
+        return path.read_bytes().decode("utf-8", "surrogateescape").splitlines(), None
     if suffix == ".jsonl":
         return _jsonl_texts(path, id_column)
-    raise UsageError(f"--input {path}: expected a .parquet, .txt or .jsonl file")
+    raise UsageError(f"--input {quote_path(path)}: expected a .parquet, .txt or .jsonl file")
 
 
 def _parquet_texts(path: Path, text_column: str, id_column: str | None) -> tuple[list[Any], list[Any] | None]:
@@ -37,13 +38,14 @@ def _parquet_texts(path: Path, text_column: str, id_column: str | None) -> tuple
 
     columns = [text_column] + ([id_column] if id_column else [])
     try:
-        table = pq.read_table(path, columns=columns)
+        table = pq.read_table(path, columns=columns, page_checksum_verification=True)
     except (OSError, pa.ArrowException, KeyError) as exc:
-        raise BadInputError(f"{path}: cannot read column(s) {', '.join(map(repr, columns))}: {exc}") from exc
+        names = ", ".join(map(repr, columns))
+        raise BadInputError(f"{quote_path(path)}: cannot read column(s) {names}: {exc}") from exc
     column_type = table.schema.field(text_column).type
     if not (pa.types.is_string(column_type) or pa.types.is_large_string(column_type)
             or pa.types.is_binary(column_type) or pa.types.is_large_binary(column_type)):
-        raise BadInputError(f"{path}: text column {text_column!r} has type {column_type}, not text")
+        raise BadInputError(f"{quote_path(path)}: text column {text_column!r} has type {column_type}, not text")
     ids = table.column(id_column).to_pylist() if id_column else None
     return table.column(text_column).to_pylist(), ids
 
@@ -51,16 +53,16 @@ def _parquet_texts(path: Path, text_column: str, id_column: str | None) -> tuple
 def _jsonl_texts(path: Path, id_column: str | None) -> tuple[list[Any], list[Any] | None]:
     texts: list[Any] = []
     ids: list[Any] = []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for lineno, line in enumerate(path.read_bytes().decode("utf-8", "surrogateescape").splitlines(), start=1):
         if not line.strip():
             continue
         try:
             record = json.loads(line)
             value = record["text"]
         except (json.JSONDecodeError, KeyError, TypeError) as exc:
-            raise BadInputError(f"{path}:{lineno}: expected a JSON object with a \"text\" field") from exc
+            raise BadInputError(f"{quote_path(path)}:{lineno}: expected a JSON object with a \"text\" field") from exc
         if value is not None and not isinstance(value, str):
-            raise BadInputError(f"{path}:{lineno}: \"text\" is not a string")
+            raise BadInputError(f"{quote_path(path)}:{lineno}: \"text\" is not a string")
         texts.append(value)
         ids.append(record.get(id_column) if id_column else None)
     return texts, ids if id_column else None

@@ -16,9 +16,10 @@ from petal.engine.lazy_tensor import LazyTensor
 from petal.engine.loader import ModelSpec
 from petal.pipeline.config import default_token_budget
 from petal.pipeline.ingest.pack import PackConfig, pack
+from petal.pipeline.ingest.text_rule import valid_text
 from petal.pipeline.ingest.tokens import TextTokenizer, tokenizer_for
 from petal.pipeline.jobs.settings import build, model_options, petal_error
-from petal.pipeline.reliability.errors import BadInputError, UsageError
+from petal.pipeline.reliability.errors import BadInputError, UsageError, quote_text
 from petal.pipeline.store.outputs import OutputConfig, OutputTransform
 
 EngineFactory = Callable[[ModelSpec, EngineConfig], Engine]
@@ -28,13 +29,17 @@ def encode_texts(engine: Engine, tokenizer: TextTokenizer, texts: list[str],
                  batch_tokens: int | None = None) -> tuple[np.ndarray, int]:
     """``[len(texts), dim]`` float32 in input order, and how many texts were truncated.
 
-    Batches hold up to ``batch_tokens`` tokens (default: the engine's token budget)."""
+    Batches hold up to ``batch_tokens`` tokens (default: the engine's token budget). Text that is not
+    valid Unicode is embedded with U+FFFD in place of the bad bytes (callers that read it count and say
+    so); it never fails the call.
+    """
     if not texts:
         return np.zeros((0, engine.dim), dtype=np.float32), 0
+    texts = [valid_text(t)[0] for t in texts]
     encoded = tokenizer.encode(texts)
     empty = [i for i, ids in enumerate(encoded.token_ids) if len(ids) == 0]
     if empty:
-        raise BadInputError(f"text {empty[0]} yields no tokens")
+        raise BadInputError(f"text {empty[0]} ({quote_text(texts[empty[0]])}) yields no tokens")
     config = PackConfig(batch_tokens or engine.config.token_budget, engine.config.max_seqs)
     out = np.empty((len(texts), engine.dim), dtype=np.float32)
     in_flight: deque[tuple[list[int], LazyTensor]] = deque()

@@ -20,6 +20,7 @@ from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any, NoReturn, cast
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
@@ -33,12 +34,14 @@ from petal.pipeline.index.files import IDS_FILE
 from petal.pipeline.index.plan import check_index_factory, index_kind
 from petal.pipeline.index.writer import BuildResult, build_version_index
 from petal.pipeline.ingest.documents import read_documents
+from petal.pipeline.ingest.duplicates import check_cross_shard_duplicates
 from petal.pipeline.ingest.pack import PackConfig, Packer
 from petal.pipeline.ingest.parquet import ReadStats, ShardInfo, preflight, resolve_sources
 from petal.pipeline.ingest.prefetch import Prefetcher
 from petal.pipeline.ingest.rejects import BadRowGate, rejects_table
 from petal.pipeline.ingest.tokens import TokenizedDocs, tokenize_documents, tokenizer_for
 from petal.pipeline.jobs.inflight import InFlight
+from petal.pipeline.jobs.live_check import live_damage
 from petal.pipeline.jobs.model import model_spec
 from petal.pipeline.jobs.removals import (
     RemovalLimit,
@@ -64,8 +67,19 @@ from petal.pipeline.manifest import (
     ShardRecord,
     StoredColumns,
 )
-from petal.pipeline.reliability.errors import ConfigError, NoInputError, PetalIOError, writing
+from petal.pipeline.reliability.errors import (
+    ConfigError,
+    FlagError,
+    NoInputError,
+    PetalError,
+    PetalIOError,
+    flag_errors,
+    one_line,
+    quote_path,
+    writing,
+)
 from petal.pipeline.reliability.faults import fault
+from petal.pipeline.reliability.safe_files import check_regular
 from petal.pipeline.reliability.signals import StopSignals
 from petal.pipeline.reliability.step_guard import StepGuard, device_failure
 from petal.pipeline.store.changes import live_manifest, shard_changes
@@ -87,7 +101,7 @@ def engine_config(job: IndexJob, spec: ModelSpec) -> EngineConfig:
         device = resolve_device(job.device)
     budget = job.token_budget or default_token_budget(device, spec.pooling.max_length)
     if budget < spec.pooling.max_length:
-        raise ValueError(f"token budget {budget} < max length {spec.pooling.max_length}: "
+        raise FlagError(f"token budget {budget} < max length {spec.pooling.max_length}: "
                          "raise --token-budget or lower --max-length")
     return EngineConfig(device=cast("DeviceName", device), dtype=resolve_dtype(job.dtype, device),
                         attention=attention_backend(job.attention), cuda_graphs=job.cuda_graphs,
@@ -120,18 +134,19 @@ def _run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory, 
     started = time.perf_counter()
     # [0] preflight: every footer and schema, the model's files, the settings, the output directory
     live = peek_live_manifest(job.out)  # read-only here; re-read under the lock
-    shards = preflight(resolve_sources(job.sources), job.read, reads)
+    shards = preflight(resolve_sources(job.sources, out=job.out), job.read, reads)
     if job.full and not job.sync:  # --full re-embeds the shards an additive run keeps, from their files
         extra = full_rerun_sources(live, shards)
         if extra:
-            shards = preflight(resolve_sources([*job.sources, *extra]), job.read, reads)
+            shards = preflight(resolve_sources([*job.sources, *extra], out=job.out), job.read, reads)
     report.rows["total"] = sum(s.num_rows for s in shards)
     check_keep_columns(shards, job.keep_columns, (job.read.text_column, job.read.id_column))
     need = ColumnsNeed(job.read.text_column, job.keep_columns)
     delete_ids = read_delete_ids(job.delete, job.read.id_column) if job.delete is not None else None
     spec = model_spec(job.model, job.max_length, job.model_options)
     transform = OutputTransform.for_model(spec, job.output)  # --dim, --quantize, --output-dtype
-    config = engine_config(job, spec)
+    with flag_errors():  # --device, --dtype, --attention, --token-budget against this host and model
+        config = engine_config(job, spec)
     # the index factory against the output format, the dimension and (at most) the rows read + the kept shards'
     check_index_factory(job.index, index_kind(transform.quantize, transform.output_dtype), transform.dim,
                         report.rows["total"] + kept_vectors(kept_records(live, shards, job.sync or job.full)))
@@ -147,9 +162,11 @@ def _run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory, 
     with out.lock(wait=job.wait, on_wait=_say, check=stop.check):
         fault("after_lock")
         out.clean_orphans()
-        previous = None if job.full else out.current_manifest()  # --full: even an unreadable live version
+        previous = None if job.full else live_or_refuse(out)  # --full: even an unreadable live version
         if previous is not None:
             check_drift(previous, settings, out.root)
+        if job.strict:  # an id in two shards is a bad row too (without --strict the last shard wins)
+            check_cross_shard_duplicates(shards, job.read)
         store = EmbeddingStore(out.store_dir)
         with writing(out.store_dir):
             store.open()
@@ -224,7 +241,12 @@ def _run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory, 
         if sum(e.num_embedded for e in committed) == 0:
             raise NoInputError(f"no rows to index: {report.rows['total']} rows read, all skipped "
                                f"({report.rows['skipped'] or 'no rows'})")
-        if previous is not None and unchanged(previous, shards, committed, job):
+        damage = live_damage(out, previous) if previous is not None and unchanged(previous, shards, committed, job) \
+            else None
+        if damage is not None:  # the live version's files are broken: rebuild it from the store (no re-embedding)
+            _say(f"warning: the live version is damaged ({damage}); publishing a new one built from the store")
+            report.repaired = damage
+        elif previous is not None and unchanged(previous, shards, committed, job):
             report.version = out.current_version()
             assert report.version is not None
             report.rejects_file = str(out.version_dir(report.version) / "rejects.parquet")
@@ -282,7 +304,8 @@ def embed_in_process(shards: list[ShardInfo], fingerprints: list[str], store: Em
     chunks = Prefetcher(tokenize_documents(documents, tokenizer, job.tokenize_workers or 1), depth=16)
     waited = time.perf_counter()
     try:
-        engine = engine_factory(spec, config)
+        with flag_errors():  # a device or kernel the flags asked for and this host lacks
+            engine = engine_factory(spec, config)
         fault("after_model_load")
     except BaseException as exc:
         chunks.close()
@@ -305,14 +328,14 @@ def _reraise(exc: BaseException) -> NoReturn:
 
 
 def _say(message: str) -> None:
-    print(f"petal: {message}", file=sys.stderr, flush=True)
+    print(f"petal: {one_line(message)}", file=sys.stderr, flush=True)
 
 
 def content_fingerprint(store: EmbeddingStore, info: ShardInfo, settings_fp: str) -> str:
     try:
         return store.fingerprint(info, settings_fp)
     except OSError as exc:
-        raise PetalIOError(f"cannot read {info.path} to fingerprint it: {exc.strerror or exc}") from exc
+        raise PetalIOError(f"cannot read {quote_path(info.path)} to fingerprint it: {exc.strerror or exc}") from exc
 
 
 def bad_row_gate(job: IndexJob, report: RunReport, out: OutputDir) -> BadRowGate | None:
@@ -334,7 +357,7 @@ def clean_up(out: OutputDir, store: EmbeddingStore, committed: list[StoreEntry],
         report.pruned["versions"] = out.prune_versions(job.keep_versions)
         out.rejects_file.unlink(missing_ok=True)  # a refused run's rejects are stale once one succeeds
     except OSError as exc:  # the index is published; what is left is removed by the next run
-        _say(f"warning: cleaning up {out.root} failed ({exc}); the next run retries")
+        _say(f"warning: cleaning up {quote_path(out.root)} failed ({exc.strerror or exc}); the next run retries")
 
 
 def embed_shards(chunks: Prefetcher[TokenizedDocs], shards: list[ShardInfo], fingerprints: list[str],
@@ -361,7 +384,7 @@ def embed_shards(chunks: Prefetcher[TokenizedDocs], shards: list[ShardInfo], fin
 
     waited = WaitClock()
     try:
-        for chunk in waited.iterate(chunks):
+        for chunk in waited.iterate(chunks, stop.interruptible):
             stop.check()
             if gate is not None:
                 gate.add(chunk.shard_index, str(shards[chunk.shard_index].path), chunk.rejects)
@@ -400,11 +423,14 @@ class WaitClock:
     def __init__(self) -> None:
         self.seconds = 0.0
 
-    def iterate(self, items: Iterator[Any]) -> Iterator[Any]:
+    def iterate(self, items: Iterator[Any],
+                around: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext) -> Iterator[Any]:
+        """``items``; each ``next()`` runs inside ``around()`` (a signal ends the wait at once)."""
         while True:
             started = time.perf_counter()
             try:
-                item = next(items)
+                with around():
+                    item = next(items)
             except StopIteration:
                 return
             finally:
@@ -432,7 +458,8 @@ def check_drift(previous: Manifest, settings: EmbeddingSettings | PrecomputedSet
     which settings differ."""
     differ = previous.embedding.differences(settings)
     if differ:
-        raise ConfigError(f"{out} was built with other settings ({', '.join(differ)}); pass --full to rebuild it")
+        raise ConfigError(f"{quote_path(out)} was built with other settings ({one_line(', '.join(differ))}); pass "
+                          "--full to rebuild it")
 
 
 def unchanged(previous: Manifest, shards: list[ShardInfo], entries: list[StoreEntry], job: IndexJob) -> bool:
@@ -498,19 +525,35 @@ def guard_removals(out: OutputDir, job: IndexJob, shards: list[ShardInfo], entri
     if version is None:
         return
     ids_file = out.version_dir(version) / "ids.parquet"
-    if not ids_file.is_file():
-        return  # an unreadable live version (--full): nothing to compare with
-    previous = live_manifest(out)
+    try:
+        check_regular(ids_file, out.root)  # NOTE: never a FIFO, never a symlink out of OUT
+    except (OSError, PetalError):
+        return  # an unreadable live version (--full, or damaged: rebuilt from the store): nothing to compare with
+    previous = live_manifest(out)  # NOTE: a malformed live manifest (--full) has nothing to compare
     dropped = dropped_entries(EmbeddingStore(out.store_dir), previous, shards)
-    removal = removed_documents(ids_file, entries, delete_ids, dropped, report.shard_changes.get("removed", []))
+    try:
+        removal = removed_documents(ids_file, entries, delete_ids, dropped, report.shard_changes.get("removed", []))
+    except (OSError, pa.ArrowException):  # a damaged live ids.parquet (the run rebuilds it): nothing to compare
+        return
     report.removed = removal.as_dict()
     check_removal(removal, job.max_removed or RemovalLimit.default(job.sync), job.sync)
+
+
+def live_or_refuse(out: OutputDir) -> Manifest | None:
+    """The live manifest an incremental run compares against; damaged: ``ConfigError`` (78) naming it, with
+    the way out (``--full`` builds without reading it)."""
+    try:
+        return out.current_manifest()
+    except ConfigError as exc:
+        if "--full" in str(exc):
+            raise
+        raise ConfigError(f"{exc}; the live version is damaged: rebuild with petal index --full") from exc
 
 
 def peek_live_manifest(out: Path) -> Manifest | None:
     """The live manifest of ``out`` if there is a readable one (no lock; ``None`` otherwise)."""
     try:
-        return live_manifest(OutputDir(out))
+        return live_manifest(OutputDir(out))  # NOTE: a malformed one is None here, refused (78) under the lock
     except OSError:  # not a directory, unreadable: the output checks name that
         return None
 

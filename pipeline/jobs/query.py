@@ -29,7 +29,7 @@ from petal.pipeline.ingest.tokens import Encoded, TextTokenizer, tokenizer_for
 from petal.pipeline.jobs.embed import encode_texts
 from petal.pipeline.layout import resolve_index_dir
 from petal.pipeline.manifest import Manifest, ModelRecord
-from petal.pipeline.reliability.errors import ConfigError, UsageError
+from petal.pipeline.reliability.errors import ConfigError, UsageError, flag_errors
 from petal.pipeline.store.outputs import OutputTransform
 
 QUERY_TOKEN_BUDGET = 2048
@@ -167,7 +167,8 @@ class QueryService:
         else:
             self.spec = model_for_index(reader.manifest, model, allow_pickle_weights, query_prompt)
         self.index = SearchIndex.from_reader(reader, self.spec)
-        self.model = QueryModel(self.spec, engine_config(self.spec, device, dtype, attention))
+        with flag_errors():  # --device, --dtype, --attention this host cannot run
+            self.model = QueryModel(self.spec, engine_config(self.spec, device, dtype, attention))
 
     @property
     def reader(self) -> IndexReader:

@@ -7,8 +7,10 @@ version like any index run (staging directory, checksums, one atomic pointer swa
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shutil
+import sys
 from pathlib import Path
 
 from petal.pipeline.config import IndexSettings
@@ -19,7 +21,15 @@ from petal.pipeline.index.writer import BuildResult, build_version_index
 from petal.pipeline.jobs.report import RunReport
 from petal.pipeline.layout import OutputDir
 from petal.pipeline.manifest import MANIFEST_FILE, Manifest
-from petal.pipeline.reliability.errors import ConfigError
+from petal.pipeline.reliability.errors import (
+    ConfigError,
+    one_line,
+    quote_path,
+    quote_text,
+    writing,
+)
+from petal.pipeline.reliability.safe_files import check_regular
+from petal.pipeline.reliability.signals import StopSignals
 from petal.pipeline.store.columns import ColumnsNeed
 from petal.pipeline.store.embeddings import EmbeddingStore, StoreEntry, sha256_file
 
@@ -28,43 +38,62 @@ FINGERPRINT_RE = re.compile(r"^[0-9a-f]{16,64}$")
 
 
 def store_entries(out: OutputDir, manifest: Manifest) -> list[StoreEntry]:
-    """The committed store entries the live version was built from, in its shard order."""
+    """The committed store entries the live version was built from, in its shard order; a damaged one
+    is exit 65 naming its file (a rebuild has no sources to embed it again)."""
     store = EmbeddingStore(out.store_dir)
     entries = []
     for shard in manifest.shards:
         if not FINGERPRINT_RE.match(shard.entry):  # NOTE: a path component read from a file
-            raise ConfigError(f"{out.root}: the manifest names store entry {shard.entry!r} for {shard.path}")
-        entry = store.lookup(shard.abs_path, shard.entry)
+            raise ConfigError(f"{quote_path(out.root)}: the manifest names store entry {quote_text(shard.entry)} for "
+                              f"{quote_path(shard.path)}")
+        entry = store.lookup(shard.abs_path, shard.entry, repair=False)
         if entry is None:
-            raise ConfigError(f"{out.store_dir} has no committed embeddings for {shard.path} (entry "
-                              f"{shard.entry}); run petal index on the sources to embed it again")
+            raise ConfigError(f"{quote_path(out.store_dir)} has no committed embeddings for {quote_path(shard.path)} "
+                              f"(entry {shard.entry}); run petal index on the sources to embed it again")
         entries.append(entry)
     return entries
 
 
-def run_rebuild(out_path: Path, settings: IndexSettings, report: RunReport) -> RunReport:
-    """Rebuild the live version of ``out_path`` with ``settings`` and publish it."""
+def run_rebuild(out_path: Path, settings: IndexSettings, report: RunReport, wait: bool = False,
+                stop: StopSignals | None = None) -> RunReport:
+    """Rebuild the live version of ``out_path`` with ``settings`` and publish it.
+
+    ``wait`` queues behind another writer (else exit 75); ``stop`` (the caller's active ``StopSignals``)
+    ends the run between phases and ends a wait for the lock; a failure at any point (disk full: 74)
+    removes the staging directory and leaves the live version as it was.
+    """
     out = OutputDir(out_path)
     if out.current_version() is None:
-        raise ConfigError(f"{out_path} has no published index to rebuild; build one with petal index")
+        raise ConfigError(f"{quote_path(out_path)} has no published index to rebuild; build one with petal index")
     report.out = str(out.root)
-    with out.lock():
+    active = stop if stop is not None else StopSignals()
+    with contextlib.nullcontext(active) if stop is not None else active, \
+            out.lock(wait=wait, on_wait=_say, check=active.check):
         out.clean_orphans()
         previous = out.current_manifest()
-        assert previous is not None
+        if previous is None:
+            raise ConfigError(f"{quote_path(out_path)} has no published index to rebuild; build one with petal index")
         entries = store_entries(out, previous)
         report.shards["total"] = report.shards["reused"] = len(entries)
         report.rows["embedded"] = sum(e.num_embedded for e in entries)
         transform = previous.output
         kind = index_kind(transform.quantize, transform.output_dtype) if transform is not None else "float32"
         check_index_factory(settings, kind, previous.dim, report.rows["embedded"])  # exit 2, before any work
-        staging = out.staging_dir()
+        active.check()
+        with writing(out.versions_dir):
+            staging = out.staging_dir()
         try:
-            result, version = _build(out, previous, entries, settings, staging)
+            with writing(staging):
+                result, version = _build(out, previous, entries, settings, staging)
+            active.check()  # NOTE: the last stop: once the pointer swaps, the rebuild is done
+            out.publish(staging, version)
         except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)  # gone by now if the rename happened
+            shutil.rmtree(staging, ignore_errors=True)  # a full disk gets its space back at once
             raise
-        out.prune_versions(KEEP_VERSIONS)
+        try:
+            out.prune_versions(KEEP_VERSIONS)
+        except OSError as exc:  # published: what is left is removed by the next run
+            _say(f"warning: pruning old versions of {quote_path(out.root)} failed ({exc.strerror or exc})")
     report.version = version
     report.index = result.report()
     report.timings_s["index"] = round(result.seconds, 3)
@@ -73,14 +102,21 @@ def run_rebuild(out_path: Path, settings: IndexSettings, report: RunReport) -> R
     return report
 
 
+def _say(message: str) -> None:
+    print(f"petal: {one_line(message)}", file=sys.stderr, flush=True)
+
+
 def _build(out: OutputDir, previous: Manifest, entries: list[StoreEntry], settings: IndexSettings,
            staging: Path) -> tuple[BuildResult, str]:
-    """Build into ``staging`` and publish; a FAISS error is a ``ConfigError`` (78) naming the factory."""
+    """Build into ``staging`` (published by the caller); a FAISS error is a ``ConfigError`` (78) naming the factory."""
     # the index type follows the output format (int8 learns its calibration again)
     result = build_version_index(entries, previous.dim, settings, staging, previous.output)
     rejects = out.version_dir(previous.version) / "rejects.parquet"
-    if rejects.is_file():
-        shutil.copy2(rejects, staging / rejects.name)
+    try:
+        check_regular(rejects, out.root)  # NOTE: never a FIFO (copying it would block), never a link out
+        shutil.copyfile(rejects, staging / rejects.name)
+    except FileNotFoundError:
+        pass
     if previous.stored is not None:  # stored text and kept columns, from the entries' side files
         need = ColumnsNeed(previous.columns.text_column if previous.stored.text else None, previous.stored.keep)
         if add_stored_columns(entries, previous.dim, need, staging):
@@ -88,5 +124,4 @@ def _build(out: OutputDir, previous: Manifest, entries: list[StoreEntry], settin
     version = out.new_version_id()
     # with the calibration this build learned (int8)
     previous.rebuilt(version, result.record(settings), result.output).write(staging / MANIFEST_FILE)
-    out.publish(staging, version)
     return result, version

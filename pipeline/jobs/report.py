@@ -8,6 +8,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from petal.pipeline.reliability.errors import one_line
+
 
 def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
@@ -39,6 +41,7 @@ class RunReport:
     workers: list[dict[str, Any]] = field(default_factory=list)  # --devices/--workers/--ray: one summary each
     removed: dict[str, Any] = field(default_factory=dict)  # documents of the live version not in the new one
     deletes: dict[str, Any] = field(default_factory=dict)  # --delete: requested, deleted, not_found
+    repaired: str | None = None  # why the live version was rebuilt from the store (its files were damaged)
     _t0: float = field(default_factory=time.perf_counter, repr=False)
 
     def skip(self, reason: str, count: int = 1) -> None:
@@ -86,6 +89,10 @@ class RunReport:
                 parts.append(f"{self.index['superseded']} superseded")
             if self.index.get("num_vectors") is not None:
                 parts.append(f"{self.index['num_vectors']} vectors in {self.index.get('factory')}")
+            if self.index.get("superseded"):
+                parts.append(f"{self.index['superseded']} superseded (ids also in a shard that sorts later)")
+            if self.repaired:
+                parts.append("the damaged live version was rebuilt from the store")
             if self.version:
                 parts.append(f"version {self.version}")
             recovered = ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in self.retries.items() if n)
@@ -94,4 +101,4 @@ class RunReport:
         parts.append(f"{self.seconds:.1f}s")
         if self.message:
             parts.append(self.message)
-        return "; ".join(parts)
+        return one_line("; ".join(parts))  # NOTE: one line, whatever a path or message holds

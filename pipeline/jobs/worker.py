@@ -101,7 +101,7 @@ def worker_main(plan: WorkerPlan, slot: WorkerSlot, conn: Any) -> None:
     # tracker; a killed worker would leave it behind (a warning at exit). A worker's bars are disabled anyway.
     tqdm.set_lock(threading.RLock())
     events = Channel(conn, slot.index)
-    with StopSignals() as stop:
+    with StopSignals(second_kills=False) as stop:  # the coordinator forwards signals: a repeat must not kill
         try:
             summary = _run(plan, slot, events, stop)
         except PetalError as exc:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -19,7 +20,12 @@ def fsync_dir(path: Path) -> None:
 def write_bytes_atomic(path: Path, data: bytes) -> None:
     """``path`` holds either its old content or ``data``, never a mix, even after a crash."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as fh:
+    # NOTE: a leftover (or planted) temp file is removed first and the new one created exclusively,
+    # never through a symlink: a FIFO or a link planted under the temp name cannot block or redirect us.
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    with os.fdopen(fd, "wb") as fh:
         fh.write(data)
         fh.flush()
         os.fsync(fh.fileno())

@@ -11,12 +11,19 @@
 | 74 | I/O error (disk full, read error after retries) |
 | 75 | temporary failure, safe to retry (output locked, CUDA error that needs a new process) |
 | 78 | configuration error (model missing or unsafe, settings differ from the index being resumed) |
-| 130 / 143 | interrupted by SIGINT / SIGTERM (finished work kept, resumable) |
+| 129 / 130 / 143 | interrupted by SIGHUP / SIGINT / SIGTERM (finished work kept, resumable); 138/140 SIGUSR1/2 |
+| 141 | stdout closed by its reader (``petal query ... | head -1``): ended quietly, as Unix tools do |
+
+Every message that embeds a path or a string from the user quotes it with ``quote_path`` /
+``quote_text``, so a message is always one line (a file name holding a newline cannot forge the
+last stderr line) and never carries more than a short, escaped prefix of a file's content.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -35,6 +42,53 @@ EXIT_TEMPFAIL = 75
 EXIT_CONFIG = 78
 EXIT_SIGINT = 130
 EXIT_SIGTERM = 143
+EXIT_SIGPIPE = 141  # 128 + SIGPIPE: what a shell reports for a Unix tool whose reader went away
+EXIT_SIGNAL_BASE = 128  # a handled signal N ends the run with 128 + N (SIGHUP 129, SIGINT 130, SIGTERM 143)
+
+SAFE_PATH = re.compile(r"^[\w@%+=:,./~-]+$", re.ASCII)
+QUOTE_TEXT_CHARS = 60
+
+
+def _escape(text: str) -> str:
+    out = []
+    for ch in text:
+        if ch in '\\"':
+            out.append("\\" + ch)
+        elif ch.isprintable() and not ("\udc80" <= ch <= "\udcff"):
+            out.append(ch)
+        elif "\udc80" <= ch <= "\udcff":  # a byte that is not UTF-8 (surrogateescape)
+            out.append(f"\\x{ord(ch) - 0xDC00:02x}")
+        else:
+            out.append(ch.encode("unicode_escape").decode("ascii"))
+    return "".join(out)
+
+
+def quote_path(path: Path | str | bytes | None) -> str:
+    """``path`` for a message: as is when it is plain (letters, digits, ``/._-``...), else in double
+    quotes with backslash escapes for quotes, control characters, newlines and bytes that are not
+    UTF-8. The result is always one printable line."""
+    if path is None:
+        return '""'
+    text = os.fsdecode(path) if isinstance(path, bytes) else str(path)
+    if SAFE_PATH.match(text):
+        return text
+    return '"' + _escape(text) + '"'
+
+
+def quote_text(text: object, limit: int = QUOTE_TEXT_CHARS) -> str:
+    """A user's string (or the start of a file's content) for a message: quoted, escaped, one line,
+    at most ``limit`` characters of it (``...`` marks a cut)."""
+    value = text.decode("utf-8", "surrogateescape") if isinstance(text, bytes) else str(text)
+    cut = len(value) > limit
+    return '"' + _escape(value[:limit]) + ('..."' if cut else '"')
+
+
+def one_line(message: str) -> str:
+    """The last guard before a line reaches stderr: control characters (newlines above all) escaped."""
+    if message.isprintable():
+        return message
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape", "backslashreplace").decode("ascii")
+                   for ch in message)
 
 
 class PetalError(Exception):
@@ -77,8 +131,36 @@ class ConfigError(PetalError):
     exit_code = EXIT_CONFIG
 
 
+class FlagError(PetalError, ValueError):
+    """A flag's value that only the run can judge (a FAISS factory against the vectors it would get,
+    a token budget against the model's length, ``--device cuda`` without CUDA): exit 2, the message
+    names the flag. Any other ``ValueError`` inside a run is not a usage error."""
+
+    exit_code = EXIT_USAGE
+
+
+@contextlib.contextmanager
+def flag_errors() -> Iterator[None]:
+    """Around code that only interprets flags (engine and device settings): its ``ValueError`` is a ``FlagError``."""
+    try:
+        yield
+    except PetalError:
+        raise
+    except ValueError as exc:
+        raise FlagError(one_line(str(exc))) from exc
+
+
+def io_error(exc: OSError) -> PetalError:
+    """An ``OSError`` nothing mapped on its way up, as the ``PetalError`` of the contract: 74 naming the file
+    (65 for a decoding error of pyarrow, which carries no errno)."""
+    where = quote_path(exc.filename) if exc.filename else "a file"
+    if exc.errno is None:
+        return BadInputError(f"cannot read {where}: {one_line(str(exc))[:300]}")
+    return PetalIOError(f"I/O error on {where}: {exc.strerror or exc}")
+
+
 class Interrupted(PetalError):
-    """A clean stop at a batch boundary after SIGINT/SIGTERM (finished shards are committed)."""
+    """A clean stop after a signal (finished shards are committed): exit 128 + the signal's number."""
 
     status = "interrupted"
 
@@ -87,7 +169,8 @@ class Interrupted(PetalError):
 
         name = signal.Signals(signum).name
         super().__init__(f"interrupted by {name}; finished shards are committed, rerun to resume")
-        self.exit_code = EXIT_SIGINT if signum == signal.SIGINT else EXIT_SIGTERM
+        self.signum = signum
+        self.exit_code = EXIT_SIGNAL_BASE + signum
 
 
 # NOTE: faiss reports a failed write as a RuntimeError ("write error in PATH: ... (No space left on
@@ -101,10 +184,11 @@ def writing(path: Path | str) -> Iterator[None]:
     try:
         yield
     except OSError as exc:
-        raise PetalIOError(f"cannot write {exc.filename or path}: {exc.strerror or exc}") from exc
+        raise PetalIOError(f"cannot write {quote_path(exc.filename or path)}: {exc.strerror or exc}") from exc
     except RuntimeError as exc:
         message = str(exc)
         marker = next((m for m in FAISS_WRITE_ERRORS if m in message), None)
         if marker is None:
             raise
-        raise PetalIOError(f"cannot write {path}: {message[message.index(marker):].strip()}") from exc
+        detail = one_line(message[message.index(marker):].strip())
+        raise PetalIOError(f"cannot write {quote_path(path)}: {detail}") from exc

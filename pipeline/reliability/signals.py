@@ -1,28 +1,43 @@
-"""SIGINT/SIGTERM turned into a flag the run checks at batch boundaries and between phases."""
+"""Stop signals turned into a flag the run checks at batch boundaries and between phases.
+
+| signal | exit | |
+|---|---|---|
+| SIGINT | 130 | Ctrl-C |
+| SIGTERM | 143 | a scheduler's stop or timeout (Airflow, systemd, Kubernetes) |
+| SIGHUP | 129 | the terminal or ssh session went away: handled like SIGTERM |
+| SIGUSR1 / SIGUSR2 | 138 / 140 | handled like SIGTERM (their default would end the run without a report) |
+
+The first signal asks for a clean stop: the run unwinds at its next check (uncommitted shards
+dropped, committed ones kept, the lock released, the report written) and exits 128 + the signal's
+number. It also ends a blocking wait at once (the writer lock, the next tokenized chunk): those
+run inside ``interruptible()``. From the first signal on, the kernel's default action is restored
+for every stop signal, so a second signal kills the process at once, even inside a long C call.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
 from petal.pipeline.reliability.errors import Interrupted
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+
 
 class StopSignals:
-    """While active, SIGINT and SIGTERM set ``signum`` instead of killing the process.
+    """While active, the stop signals set ``signum`` instead of killing the process (see module doc)."""
 
-    The run calls ``check()`` at every batch boundary and between phases; it raises ``Interrupted``
-    (exit 130/143) once a signal has arrived, so the run unwinds: uncommitted shards are dropped,
-    committed ones stay, the lock is released and the report written. A second signal of the same
-    kind restores the default action (a second Ctrl-C kills at once).
-    """
-
-    def __init__(self) -> None:
+    def __init__(self, second_kills: bool = True) -> None:
+        """``second_kills=False``: the handlers stay for the whole run (a worker process, whose coordinator
+        forwards the signal the worker may also have had from the terminal, must stop cleanly, not die)."""
+        self.second_kills = second_kills
         self.signum: int | None = None
         self._previous: dict[int, Callable[[int, FrameType | None], Any] | int | None] = {}
+        self._blocking = 0
 
     @property
     def requested(self) -> bool:
@@ -33,16 +48,33 @@ class StopSignals:
         if self.signum is not None:
             raise Interrupted(self.signum)
 
+    @contextlib.contextmanager
+    def interruptible(self) -> Iterator[None]:
+        """A blocking wait: a stop signal arriving inside it raises ``Interrupted`` at once."""
+        self.check()
+        self._blocking += 1
+        try:
+            yield
+        finally:
+            self._blocking -= 1
+
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        if self.signum is not None:
-            signal.signal(signum, signal.SIG_DFL)
-        self.signum = signum
+        first = self.signum is None
+        if first:
+            self.signum = signum
+        # NOTE: the kernel's default from now on: the next stop signal kills at once (a person who
+        # presses Ctrl-C twice, a scheduler that escalates), even while the main thread is in C code.
+        if self.second_kills:
+            for sig in self._previous:
+                signal.signal(sig, signal.SIG_DFL)
+        if first and self._blocking:
+            raise Interrupted(signum)
 
     def __enter__(self) -> StopSignals:
         # NOTE: Python runs handlers in the main thread only; elsewhere (a library caller's worker
         # thread) the process keeps its handlers and the flag never sets.
         if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
+            for sig in STOP_SIGNALS:
                 self._previous[sig] = signal.signal(sig, self._handle)
         return self
 

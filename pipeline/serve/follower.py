@@ -26,6 +26,7 @@ from petal.engine.loader import ModelSpec
 from petal.pipeline.jobs.query import SearchIndex, model_mismatch
 from petal.pipeline.manifest import Manifest, ModelRecord, StoredFormat
 from petal.pipeline.reliability.errors import PetalError
+from petal.pipeline.reliability.safe_files import read_regular
 from petal.pipeline.serve.metrics import ServeMetrics
 
 log = logging.getLogger("petal.serve")
@@ -42,9 +43,10 @@ class Refusal:
 
 
 def _pointer(root: Path) -> str | None:
+    # NOTE: never a symlink out of OUT, never a FIFO (it would block the follower for good), at most 256 bytes
     try:
-        return (root / "CURRENT").read_text().strip() or None
-    except OSError:
+        return read_regular(root / "CURRENT", root, 256).decode("utf-8", "replace").strip() or None
+    except (OSError, PetalError):
         return None
 
 

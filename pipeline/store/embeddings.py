@@ -22,6 +22,8 @@ import hashlib
 import json
 import os
 import shutil
+import sys
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,13 +36,60 @@ import pyarrow.parquet as pq
 from petal.pipeline.index.checksums import sha256_file
 from petal.pipeline.ingest.parquet import ShardInfo
 from petal.pipeline.reliability.durable import fsync_dir, write_json_atomic
-from petal.pipeline.reliability.errors import writing
+from petal.pipeline.reliability.errors import BadInputError, OutputError, PetalError, one_line, quote_path, writing
 from petal.pipeline.reliability.faults import fault
+from petal.pipeline.reliability.safe_files import check_regular, open_regular, read_regular
 
 if TYPE_CHECKING:
     from petal.pipeline.store.outputs import OutputTransform
 
 STORE_FORMAT = 1
+ENTRY_MAX_BYTES = 16 << 20
+RACY_NS = 2_000_000_000  # a file changed this close to its hashing may change again unseen: never cached
+
+
+def warn(message: str) -> None:
+    print(f"petal: warning: {one_line(message)}", file=sys.stderr, flush=True)
+
+
+class DamagedEntry(Exception):
+    """A store entry whose files are missing, truncated, garbage or not regular files."""
+
+    def __init__(self, path: Path, cause: BaseException) -> None:
+        reason = cause.strerror if isinstance(cause, OSError) and cause.strerror else one_line(str(cause))[:200]
+        super().__init__(f"the store entry {quote_path(path)} is damaged ({reason})")
+
+
+def check_npy(path: Path, root: Path, shape: tuple[int, int]) -> None:
+    """``path`` is a regular ``.npy`` of float32 ``shape`` whose data is all there (header and size)."""
+    fd = open_regular(path, root)
+    with os.fdopen(fd, "rb") as fh:
+        version = np.lib.format.read_magic(fh)
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        found, fortran, dtype = read_header(fh, max_header_size=10000)
+        if tuple(found) != tuple(shape) or dtype != np.float32 or fortran:
+            raise ValueError(f"{quote_path(path)} holds {dtype} {tuple(found)}, expected float32 {tuple(shape)}")
+        need = fh.tell() + shape[0] * shape[1] * 4
+        size = os.fstat(fh.fileno()).st_size
+        if size < need:
+            raise ValueError(f"{quote_path(path)} is truncated ({size} of {need} bytes)")
+
+
+def _stat_key(info: ShardInfo) -> tuple[str, int, int, int, int, str]:
+    return (info.abs_path, info.size, info.mtime_ns, info.ctime_ns, info.inode, info.footer_sha256)
+
+
+def same_file(source: dict[str, Any], info: ShardInfo) -> bool:
+    """True when ``source`` (an entry's record) describes the very file ``info`` does: same size, mtime,
+    inode change time, inode and footer hash, and hashed well after its last change. The mtime alone is
+    never trusted (copies and archives restore it); a record without these fields is not trusted at all."""
+    try:
+        return (int(source["size"]) == info.size and int(source["mtime_ns"]) == info.mtime_ns
+                and int(source["ctime_ns"]) == info.ctime_ns and int(source["inode"]) == info.inode
+                and str(source["footer_sha256"]) == info.footer_sha256 and info.footer_sha256 != ""
+                and int(source["hashed_at_ns"]) - info.ctime_ns > RACY_NS)
+    except (KeyError, TypeError, ValueError):
+        return False
 
 
 def shard_sha256(info: ShardInfo) -> str:
@@ -112,9 +161,15 @@ class EmbeddingStore:
         self.root = root
         self.shards_dir = root / "shards"
         self.tmp_dir = root / "tmp"
-        self._sha256: dict[tuple[str, int, int], str] = {}
+        self._sha256: dict[tuple[str, int, int, int, int, str], str] = {}
+        self._hashed_at_ns: dict[tuple[str, int, int, int, int, str], int] = {}
 
     def open(self) -> None:
+        """Create the store's directories and empty ``tmp/``; a symlink or a file in their place is refused (73)."""
+        for sub in (self.root, self.shards_dir, self.tmp_dir):
+            if sub.is_symlink() or (sub.exists() and not sub.is_dir()):
+                raise OutputError(f"{quote_path(sub)} is a symlink or not a directory; petal keeps its store inside "
+                                  "the output directory: remove it")
         self.shards_dir.mkdir(parents=True, exist_ok=True)
         if self.tmp_dir.exists():
             shutil.rmtree(self.tmp_dir)  # entries a crashed run was writing
@@ -125,42 +180,79 @@ class EmbeddingStore:
         key_dir = self.shards_dir / key
         if key_dir.is_dir():
             for d in sorted(key_dir.iterdir()):
-                meta_file = d / "entry.json"
-                if meta_file.is_file():
-                    entries.append(StoreEntry(d, json.loads(meta_file.read_text())))
+                try:
+                    entries.append(self.read_entry(d))
+                except (FileNotFoundError, DamagedEntry):
+                    continue  # a damaged entry is no cache: its shard is hashed (and embedded) again
         return entries
 
+    def read_entry(self, path: Path) -> StoreEntry:
+        """The committed entry at ``path``, checked: ``entry.json`` readable with its fields, the files
+        regular and inside the store, ``embeddings.npy`` as large as its header says, the Parquet
+        footers readable. ``FileNotFoundError`` without ``entry.json``; ``DamagedEntry`` otherwise."""
+        meta_file = path / "entry.json"
+        if not meta_file.exists() and not meta_file.is_symlink():
+            raise FileNotFoundError(meta_file)
+        try:
+            meta = json.loads(read_regular(meta_file, self.root, ENTRY_MAX_BYTES))
+            rows = int(meta["counts"]["rows"])
+            dim = int(meta["dim"])
+            int(meta["counts"]["embedded"])
+            str(meta["source"]["sha256"]), str(meta["source"]["path"])
+            check_npy(path / "embeddings.npy", self.root, (rows, dim))
+            for name in ("rows.parquet", "rejects.parquet"):
+                check_regular(path / name, self.root)
+                pq.read_metadata(path / name)
+        except (OSError, ValueError, KeyError, TypeError, pa.ArrowException, PetalError) as exc:
+            raise DamagedEntry(path, exc) from exc
+        return StoreEntry(path, meta)
+
     def content_sha256(self, info: ShardInfo) -> str:
-        """The shard's sha256, reused from an entry of the same path, size and mtime (no re-read)."""
-        stat_key = (info.abs_path, info.size, info.mtime_ns)
+        """The shard's sha256: reused from an entry whose source had the same identity (see
+        ``same_file``), else read from the file (cheaper than embedding it again)."""
+        stat_key = _stat_key(info)
         # NOTE: an object's mtime may have whole-second resolution (S3): its footer hash is always taken (cheap)
         if stat_key not in self._sha256 and "://" in info.abs_path:
             self._sha256[stat_key] = shard_sha256(info)
         if stat_key not in self._sha256:
             for entry in self._entries_for(shard_key(info)):
-                src = entry.meta["source"]
-                if src["size"] == info.size and src["mtime_ns"] == info.mtime_ns:
-                    self._sha256[stat_key] = str(src["sha256"])
+                if same_file(entry.meta.get("source", {}), info):
+                    self._sha256[stat_key] = str(entry.meta["source"]["sha256"])
+                    self._hashed_at_ns[stat_key] = int(entry.meta["source"]["hashed_at_ns"])
                     break
             else:
+                self._hashed_at_ns[stat_key] = time.time_ns()
                 self._sha256[stat_key] = shard_sha256(info)
         return self._sha256[stat_key]
+
+    def hashed_at_ns(self, info: ShardInfo) -> int:
+        """When the shard's content was hashed (by this run, or by the run whose hash is reused)."""
+        return self._hashed_at_ns.get(_stat_key(info), 0)
 
     def remember_sha256(self, shards: list[ShardInfo], sha256: list[str]) -> None:
         """Content hashes computed elsewhere (a worker process is handed the coordinator's: no re-read)."""
         for info, digest in zip(shards, sha256):
-            self._sha256[(info.abs_path, info.size, info.mtime_ns)] = digest
+            self._sha256[_stat_key(info)] = digest
 
     def fingerprint(self, info: ShardInfo, settings_fp: str) -> str:
         blob = f"{settings_fp}:{self.content_sha256(info)}".encode()
         return hashlib.sha256(blob).hexdigest()[:24]
 
-    def lookup(self, info: ShardInfo | str, fingerprint: str) -> StoreEntry | None:
+    def lookup(self, info: ShardInfo | str, fingerprint: str, repair: bool = True) -> StoreEntry | None:
+        """The committed entry of ``info`` with ``fingerprint``, or ``None``. A damaged entry is moved out
+        of sight and ``None`` returned (its shard is embedded again), unless ``repair`` is off: then it
+        raises ``BadInputError`` (65) naming the file (``petal rebuild`` has no sources to re-embed)."""
         path = self.shards_dir / shard_key(info) / fingerprint
-        meta_file = path / "entry.json"
-        if meta_file.is_file():
-            return StoreEntry(path, json.loads(meta_file.read_text()))
-        return None
+        try:
+            return self.read_entry(path)
+        except FileNotFoundError:
+            return None
+        except DamagedEntry as exc:
+            if not repair:
+                raise BadInputError(str(exc)) from exc
+            warn(f"{exc}; embedding the shard again")
+            self.discard(path)
+            return None
 
     def writer(self, info: ShardInfo, fingerprint: str, settings: dict[str, Any], dim: int) -> ShardWriter:
         return ShardWriter(self, info, fingerprint, settings, dim)
@@ -278,6 +370,8 @@ class ShardWriter:
             "store_format": STORE_FORMAT,
             "source": {"path": str(self.info.path), "abs_path": self.info.abs_path, "size": self.info.size,
                        "mtime_ns": self.info.mtime_ns, "sha256": self.store.content_sha256(self.info),
+                       "ctime_ns": self.info.ctime_ns, "inode": self.info.inode,
+                       "footer_sha256": self.info.footer_sha256, "hashed_at_ns": self.store.hashed_at_ns(self.info),
                        "rows": self.info.num_rows},
             "settings": self.settings,
             "dim": self.dim,

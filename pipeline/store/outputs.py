@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from petal.pipeline.reliability.errors import FlagError
+
 if TYPE_CHECKING:
     from petal.engine.loader import ModelSpec
 
@@ -89,9 +91,9 @@ class OutputTransform:
 
     def __post_init__(self) -> None:
         if not 1 <= self.dim <= self.model_dim:
-            raise ValueError(f"--dim {self.dim} is outside the model's 1..{self.model_dim} dimensions")
+            raise FlagError(f"--dim {self.dim} is outside the model's 1..{self.model_dim} dimensions")
         if self.quantize == "binary" and self.dim % 8:
-            raise ValueError(f"--quantize binary packs 8 values a byte: --dim must be a multiple of 8, not {self.dim}")
+            raise FlagError(f"--quantize binary packs 8 values a byte: --dim must be a multiple of 8, not {self.dim}")
         if (self.quantize == "int8") != (self.int8_scheme in INT8_SCHEMES):
             raise ValueError(f"int8 scheme {self.int8_scheme!r} does not fit --quantize {self.quantize}")
 

@@ -1,0 +1,73 @@
+"""Opening files inside the output directory without following them out of it or blocking on them.
+
+Every file petal reads in OUT (``CURRENT``, a version's ``manifest.json``, ``index.faiss``,
+``ids.parquet``, ``rescore.npy``, ``rejects.parquet``, a store entry's files) goes through here:
+it must resolve to a path inside its root (a symlink out of OUT is refused, never followed) and be
+a regular file (a FIFO, a device, a socket or a directory is refused before it is opened; it is
+opened with ``O_NONBLOCK`` and checked again with ``fstat``, so a file swapped in between cannot
+block either). A refused file is an ``UnsafeFileError``: the caller picks the exit code (the index
+run repairs a damaged version; ``query`` exits 65/78).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from petal.pipeline.reliability.errors import ConfigError, quote_path
+
+KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
+         stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a directory", stat.S_IFLNK: "a symlink"}
+
+
+class UnsafeFileError(ConfigError):
+    """A file inside OUT that petal will not open: outside its root, or not a regular file (exit 78)."""
+
+
+def _kind(mode: int) -> str:
+    return KINDS.get(stat.S_IFMT(mode), "not a regular file")
+
+
+def inside(path: Path, root: Path) -> bool:
+    """True when ``path`` (all symlinks resolved) is ``root`` or below it (``root`` resolved too)."""
+    real, real_root = os.path.realpath(path), os.path.realpath(root)
+    return real == real_root or real.startswith(real_root.rstrip(os.sep) + os.sep)
+
+
+def check_regular(path: Path, root: Path) -> None:
+    """Refuse ``path`` unless it stays inside ``root`` and is a regular file. ``FileNotFoundError``
+    when it does not exist (a symlink whose target is missing included)."""
+    path = Path(path)
+    if not inside(path, root):
+        raise UnsafeFileError(f"{quote_path(path)} leads out of {quote_path(root)} (a symlink); refusing to "
+                              "follow it: remove it")
+    mode = os.stat(path).st_mode  # FileNotFoundError for a missing file or a dangling symlink
+    if not stat.S_ISREG(mode):
+        raise UnsafeFileError(f"{quote_path(path)} is {_kind(mode)}, not a regular file; refusing to open it: "
+                              "remove it")
+
+
+def open_regular(path: Path, root: Path, flags: int = os.O_RDONLY) -> int:
+    """A file descriptor of ``path`` (see ``check_regular``), opened without blocking."""
+    check_regular(path, root)
+    fd = os.open(os.path.realpath(path), flags | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise UnsafeFileError(f"{quote_path(path)} is {_kind(mode)}, not a regular file; refusing to read it")
+        os.set_blocking(fd, True)
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_regular(path: Path, root: Path, max_bytes: int | None = None) -> bytes:
+    """The bytes of ``path`` (at most ``max_bytes``), refused like ``check_regular``."""
+    fd = open_regular(path, root)
+    try:
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            return fh.read() if max_bytes is None else fh.read(max_bytes)
+    finally:
+        os.close(fd)

@@ -1,0 +1,158 @@
+"""Every exit path has its documented code (RELIABILITY.md promise 19, issue 12 items 12, 13, 15, 16):
+`petal rebuild` (--wait, signals, disk full, an unwritable report), queries with bytes that are not
+UTF-8, a closed stdout, out-of-range flags. Real processes; the real MiniLM where a query runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from petal.cli.main import cli
+from petal.pipeline.layout import OutputDir
+from tests import forkrun
+from tests.conftest import REPO
+from tests.fake_engine import make_fake_model_dir
+
+TEXTS = ["glaciers flow downhill under their own weight", "bread needs yeast and time to rise",
+         "volcanoes erupt molten lava", "the stock market fell sharply today"]
+
+
+@pytest.fixture(scope="module")
+def real_index(tmp_path_factory) -> Path:
+    """An index of four documents built with the packaged MiniLM (queries run the real model)."""
+    root = tmp_path_factory.mktemp("real")
+    pq.write_table(pa.table({"id": list(range(len(TEXTS))), "text": TEXTS}), root / "docs.parquet")
+    result = CliRunner().invoke(cli, ["index", str(root / "docs.parquet"), "--out", str(root / "out"), "-q"])
+    assert result.exit_code == 0, result.output
+    return root / "out"
+
+
+@pytest.fixture(scope="module")
+def fake_model(tmp_path_factory) -> Path:
+    return make_fake_model_dir(tmp_path_factory.mktemp("model"))
+
+
+@pytest.fixture
+def built(tmp_path, fake_model) -> Path:
+    data = tmp_path / "data"
+    data.mkdir()
+    for name in "ab":
+        pq.write_table(pa.table({"id": [f"{name}{i}" for i in range(20)], "text": [f"{name} {i}" for i in range(20)]}),
+                       data / f"{name}.parquet")
+    out = tmp_path / "out"
+    result = forkrun.petal(["index", str(data), "--out", str(out), "--model", str(fake_model), "-q"],
+                           {"PETAL_TEST_FAKE_ENGINE": str(tmp_path / "log")})
+    assert result.rc == 0, result.stderr
+    return out
+
+
+def petal_process(*args: str | Path, stdin: bytes | None = None, **kwargs) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PETAL_")}
+    return subprocess.run([sys.executable, "-m", "petal.cli.main", *map(os.fsencode, map(str, args))], input=stdin,
+                          capture_output=True, cwd=REPO, env=env, timeout=300, **kwargs)
+
+
+# --- item 13: petal rebuild ---------------------------------------------------------------------------
+
+def test_rebuild_waits_for_the_lock_with_wait_and_stops_on_sigterm_while_waiting(built, tmp_path, fake_model):
+    holder = forkrun.start(["index", str(tmp_path / "data"), "--out", str(built), "--model", str(fake_model), "-q",
+                            "--full"], {"PETAL_TEST_FAKE_ENGINE": str(tmp_path / "log2"),
+                                        "PETAL_FAULT": "after_lock:1:sleep=6"})
+    deadline = time.monotonic() + 60
+    while str(holder.pid) not in (built / ".lock").read_text():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    locked = forkrun.petal(["rebuild", str(built)])
+    assert locked.rc == 75 and "--wait" in locked.last_line
+    report = tmp_path / "wait.json"
+    waiter = forkrun.start(["rebuild", str(built), "--wait", "--json-report", str(report)])
+    time.sleep(1.0)
+    waiter.send(signal.SIGTERM)
+    stopped = waiter.wait(30)
+    assert stopped.rc == 143 and stopped.report["status"] == "interrupted"
+    queued = forkrun.start(["rebuild", str(built), "--wait", "--index-factory", "Flat"])
+    assert holder.wait().rc == 0
+    done = queued.wait(60)
+    assert done.rc == 0 and "waiting for the writer lock" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("point", ["before_version_rename", "before_current_swap"])
+def test_rebuild_on_a_full_disk_is_74_and_leaves_no_staging(built, point):
+    live = OutputDir(built).current_version()
+    result = forkrun.petal(["rebuild", str(built)], {"PETAL_FAULT": f"{point}:1:enospc"})
+    assert result.rc == 74 and "No space left" in result.last_line
+    assert OutputDir(built).current_version() == live
+    assert [p.name for p in (built / "versions").iterdir()] == [live]  # no .staging-*, no never-live version
+
+
+def test_an_unwritable_report_after_a_publish_is_a_warning(built, tmp_path):
+    bad = tmp_path / "a-directory"
+    bad.mkdir()
+    for argv in (["rebuild", str(built), f"--json-report={bad}"],
+                 ["rebuild", str(built), f"--json-report={tmp_path / 'missing' / 'r.json'}"]):
+        result = forkrun.petal(argv)
+        assert result.rc == 0 and "warning: cannot write the report" in result.stderr, result.stderr
+        assert result.last_line.startswith("petal rebuild: success")
+
+
+# --- item 12: bytes that are not UTF-8 ------------------------------------------------------------------
+
+def test_query_stdin_answers_every_line_even_one_that_is_not_utf8(real_index):
+    lines = b"glaciers moving\n\xff\xfe broken \xc3\n\nbaking bread\n"
+    result = petal_process("query", real_index, "--stdin", "--json", "-k", "1", stdin=lines)
+    assert result.returncode == 0, result.stderr.decode()
+    answers = [json.loads(line) for line in result.stdout.decode().splitlines()]
+    assert [a["query"] for a in answers] == ["glaciers moving", "\ufffd\ufffd broken \ufffd", "baking bread"]
+    assert answers[0]["hits"][0]["id"] == 0 and answers[2]["hits"][0]["id"] == 1
+    assert b"1 query held bytes that are not UTF-8" in result.stderr
+
+
+def test_arguments_that_are_not_utf8_are_answered(real_index):
+    result = petal_process("query", real_index, b"lava \xff eruption", "--json", "-k", "1")
+    assert result.returncode == 0 and json.loads(result.stdout)["hits"][0]["id"] == 2, result.stderr.decode()
+    embedded = petal_process("embed", b"caf\xe9", "--stdin", stdin=b"ok\n\xff\n")
+    assert embedded.returncode == 0 and len(embedded.stdout.splitlines()) == 3, embedded.stderr.decode()
+
+
+# --- item 15: a closed stdout -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("command", ["query", "embed", "info"])
+def test_a_closed_stdout_ends_quietly_with_141(real_index, command):
+    args = {"query": ["query", real_index, "--stdin", "--json"], "embed": ["embed", "--stdin"],
+            "info": ["info", real_index]}[command]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PETAL_")}
+    child = subprocess.Popen([sys.executable, "-m", "petal.cli.main", *map(str, args)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO, env=env)
+    child.stdout.close()  # the reader is gone before the first line is written (`| head -0`)
+    _, err = child.communicate(b"".join(f"query number {i}\n".encode() for i in range(200)), timeout=300)
+    assert child.returncode == 141, err.decode()
+    assert b"Traceback" not in err and b"BrokenPipe" not in err and b"Exception ignored" not in err
+
+
+# --- item 16: out-of-range flags, corrupt files behind matching checksums ------------------------------
+
+@pytest.mark.parametrize("flags", [["--nprobe", "3000000000"], ["-k", "99999999999"], ["--rescore", "-1"],
+                                   ["--nprobe", "0"]])
+def test_out_of_range_query_flags_are_usage_errors(real_index, flags):
+    result = CliRunner().invoke(cli, ["query", str(real_index), "x", *flags])
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+
+
+def test_device_flags_this_host_cannot_run_are_usage_errors(real_index, tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this host has CUDA")
+    for argv in (["query", str(real_index), "x", "--device", "cuda"], ["embed", "x", "--device", "cuda"]):
+        result = CliRunner().invoke(cli, argv)
+        assert result.exit_code == 2 and "CUDA" in result.output, result.output
