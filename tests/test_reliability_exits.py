@@ -156,3 +156,16 @@ def test_device_flags_this_host_cannot_run_are_usage_errors(real_index, tmp_path
     for argv in (["query", str(real_index), "x", "--device", "cuda"], ["embed", "x", "--device", "cuda"]):
         result = CliRunner().invoke(cli, argv)
         assert result.exit_code == 2 and "CUDA" in result.output, result.output
+
+
+def test_a_models_own_error_under_device_flags_is_a_configuration_error():
+    """``flag_errors`` wraps engine construction, which also loads weights: a ``ModelError`` there (weights
+    gone or wrong) stays the configuration error (78), only a flag's ``ValueError`` is a usage error (2)."""
+    from petal.engine.errors import ModelError
+    from petal.pipeline.reliability.errors import ConfigError, FlagError, flag_errors
+
+    with pytest.raises(ConfigError) as config, flag_errors():
+        raise ModelError("weight 'x' not found in model.safetensors")
+    with pytest.raises(FlagError) as flag, flag_errors():
+        raise ValueError("--device cuda: CUDA is not available")
+    assert (config.value.exit_code, flag.value.exit_code) == (78, 2)

@@ -147,6 +147,10 @@ def flag_errors() -> Iterator[None]:
     except PetalError:
         raise
     except ValueError as exc:
+        from petal.engine.errors import ModelError
+
+        if isinstance(exc, ModelError):  # the model's own error (weights gone or wrong): 78, not a flag's
+            raise ConfigError(one_line(str(exc))) from exc
         raise FlagError(one_line(str(exc))) from exc
 
 
