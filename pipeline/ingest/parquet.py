@@ -324,9 +324,11 @@ def _check_id_range(path: Path | RemotePath, meta: pq.FileMetaData, read: ReadCo
         if highest <= INT64_MAX:
             return
     try:
-        source = path.open() if isinstance(path, RemotePath) else path
-        with contextlib.closing(source) if isinstance(path, RemotePath) else contextlib.nullcontext():
-            values = pq.read_table(source, columns=[read.id_column], page_checksum_verification=True).column(0)
+        if isinstance(path, RemotePath):
+            with contextlib.closing(path.open()) as stream:
+                values = pq.read_table(stream, columns=[read.id_column], page_checksum_verification=True).column(0)
+        else:
+            values = pq.read_table(path, columns=[read.id_column], page_checksum_verification=True).column(0)
     except (OSError, pa.ArrowException) as exc:
         raise _read_error(path, exc, 0, f"cannot read id column {read.id_column!r}") from exc
     import pyarrow.compute as pc

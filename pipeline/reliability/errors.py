@@ -63,10 +63,11 @@ def _escape(text: str) -> str:
     return "".join(out)
 
 
-def quote_path(path: Path | str | bytes | None) -> str:
+def quote_path(path: object) -> str:
     """``path`` for a message: as is when it is plain (letters, digits, ``/._-``...), else in double
     quotes with backslash escapes for quotes, control characters, newlines and bytes that are not
-    UTF-8. The result is always one printable line."""
+    UTF-8. The result is always one printable line. Anything else (an object's ``RemotePath``) is
+    quoted as its ``str()``."""
     if path is None:
         return '""'
     text = os.fsdecode(path) if isinstance(path, bytes) else str(path)
