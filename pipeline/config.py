@@ -7,7 +7,7 @@ import os
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
 from petal.engine.config import ModelOptions
 from petal.pipeline.store.outputs import OutputConfig
@@ -83,24 +83,30 @@ class IndexSettings:
         return asdict(self)
 
 
+LimitT = TypeVar("LimitT", bound="CountOrFraction")
+
+
 @dataclass(frozen=True)
-class BadRowBudget:
-    """``--max-bad-rows``: how many skipped rows a run accepts, a count (``100``) or a fraction of
-    the rows read (``0.01`` or ``1%``). Over it, the run fails with exit 65."""
+class CountOrFraction:
+    """A limit given as a count (``100``) or a fraction of some total (``0.01`` or ``1%``); each
+    flag names itself (``FLAG``, ``NAME``) and what its fraction is of (``OF``) in messages."""
 
     count: int | None = None
     fraction: float | None = None
+    FLAG: ClassVar[str] = "--limit"
+    NAME: ClassVar[str] = "a limit"
+    OF: ClassVar[str] = "the total (0.01 or 1%)"
 
     def __post_init__(self) -> None:
         if (self.count is None) == (self.fraction is None):
-            raise ValueError("a bad-row budget is a count or a fraction, not both")
+            raise ValueError(f"{self.NAME} is a count or a fraction, not both")
         if self.count is not None and self.count < 0:
-            raise ValueError(f"--max-bad-rows {self.count} < 0")
+            raise ValueError(f"{self.FLAG} {self.count} < 0")
         if self.fraction is not None and not 0.0 <= self.fraction <= 1.0:
-            raise ValueError(f"--max-bad-rows fraction {self.fraction} is not between 0 and 1")
+            raise ValueError(f"{self.FLAG} fraction {self.fraction} is not between 0 and 1")
 
     @classmethod
-    def parse(cls, text: str) -> BadRowBudget:
+    def parse(cls: type[LimitT], text: str) -> LimitT:
         value = text.strip()
         try:
             if value.endswith("%"):
@@ -109,12 +115,21 @@ class BadRowBudget:
                 return cls(count=int(value))
             return cls(fraction=float(value))
         except ValueError as exc:
-            raise ValueError(f"--max-bad-rows {text!r}: expected a count (100) or a fraction of the rows "
-                             f"(0.01 or 1%): {exc}") from exc
+            raise ValueError(f"{cls.FLAG} {text!r}: expected a count (100) or a fraction of {cls.OF}: {exc}") from exc
 
-    def allowed(self, num_rows: int) -> int:
-        """Bad rows accepted out of ``num_rows``."""
-        return self.count if self.count is not None else math.floor((self.fraction or 0.0) * num_rows)
+    def allowed(self, total: int) -> int:
+        """How many of ``total`` the limit accepts."""
+        return self.count if self.count is not None else math.floor((self.fraction or 0.0) * total)
+
+
+@dataclass(frozen=True)
+class BadRowBudget(CountOrFraction):
+    """``--max-bad-rows``: how many skipped rows a run accepts, a count (``100``) or a fraction of
+    the rows read (``0.01`` or ``1%``). Over it, the run fails with exit 65."""
+
+    FLAG: ClassVar[str] = "--max-bad-rows"
+    NAME: ClassVar[str] = "a bad-row budget"
+    OF: ClassVar[str] = "the rows (0.01 or 1%)"
 
     def __str__(self) -> str:
         return str(self.count) if self.count is not None else f"{self.fraction:g}"

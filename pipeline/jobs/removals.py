@@ -15,17 +15,16 @@ from it are counted (``replaced``), not refused.
 
 from __future__ import annotations
 
-import math
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from petal.pipeline.config import CountOrFraction
 from petal.pipeline.ingest.parquet import ShardInfo
 from petal.pipeline.ingest.remote import RemotePath
 from petal.pipeline.manifest import Manifest, ShardRecord
@@ -37,40 +36,17 @@ SAMPLE_IDS = 5
 
 
 @dataclass(frozen=True)
-class RemovalLimit:
+class RemovalLimit(CountOrFraction):
     """``--max-removed``: documents a run may remove, a count (``100``) or a fraction of the live
     version (``0.1`` or ``10%``)."""
 
-    count: int | None = None
-    fraction: float | None = None
-
-    def __post_init__(self) -> None:
-        if (self.count is None) == (self.fraction is None):
-            raise ValueError("--max-removed is a count or a fraction, not both")
-        if self.count is not None and self.count < 0:
-            raise ValueError(f"--max-removed {self.count} < 0")
-        if self.fraction is not None and not 0.0 <= self.fraction <= 1.0:
-            raise ValueError(f"--max-removed fraction {self.fraction} is not between 0 and 1")
-
-    @classmethod
-    def parse(cls, text: str) -> RemovalLimit:
-        value = text.strip()
-        try:
-            if value.endswith("%"):
-                return cls(fraction=float(value[:-1]) / 100)
-            if re.fullmatch(r"\d+", value):
-                return cls(count=int(value))
-            return cls(fraction=float(value))
-        except ValueError as exc:
-            raise ValueError(f"--max-removed {text!r}: expected a count (100) or a fraction of the live version "
-                             f"(0.1 or 10%): {exc}") from exc
+    FLAG: ClassVar[str] = "--max-removed"
+    NAME: ClassVar[str] = "--max-removed"
+    OF: ClassVar[str] = "the live version (0.1 or 10%)"
 
     @classmethod
     def default(cls, sync: bool) -> RemovalLimit:
         return cls(fraction=0.10) if sync else cls(count=0)
-
-    def allowed(self, live_documents: int) -> int:
-        return self.count if self.count is not None else math.floor((self.fraction or 0.0) * live_documents)
 
     def __str__(self) -> str:
         return str(self.count) if self.count is not None else f"{self.fraction * 100:g}%"  # type: ignore[operator]
