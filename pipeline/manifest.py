@@ -325,6 +325,14 @@ def output_from_dict(data: dict[str, Any], source: str = "output record") -> Out
     return output_from_section(_Section(data, source, "output"))
 
 
+def settings_differences(mine: dict[str, Any], theirs: dict[str, Any]) -> list[str]:
+    """``key: A -> B`` for every embedding setting that differs (readable via ``drift_details``)."""
+    if mine == theirs:
+        return []
+    return drift_details(mine, theirs) or [f"{k}: {mine.get(k)!r} -> {theirs.get(k)!r}"
+                                           for k in sorted(set(mine) | set(theirs)) if mine.get(k) != theirs.get(k)]
+
+
 @dataclass(frozen=True)
 class EmbeddingSettings:
     """Everything that shapes a shard's vectors: the store fingerprint, checked for drift.
@@ -379,11 +387,7 @@ class EmbeddingSettings:
 
     def differences(self, other: EmbeddingSettings | PrecomputedSettings) -> list[str]:
         """``key: A -> B`` for every setting that differs from ``other`` (``drift_details``: readable)."""
-        mine, theirs = self.to_dict(), other.to_dict()
-        if mine == theirs:
-            return []
-        return drift_details(mine, theirs) or [f"{k}: {mine.get(k)!r} -> {theirs.get(k)!r}"
-                                               for k in sorted(set(mine) | set(theirs)) if mine.get(k) != theirs.get(k)]
+        return settings_differences(self.to_dict(), other.to_dict())
 
     @classmethod
     def from_section(cls, s: _Section) -> EmbeddingSettings:
@@ -449,11 +453,7 @@ class PrecomputedSettings:
 
     def differences(self, other: EmbeddingSettings | PrecomputedSettings) -> list[str]:
         """``key: A -> B`` for every setting that differs from ``other`` (``drift_details``: readable)."""
-        mine, theirs = self.to_dict(), other.to_dict()
-        if mine == theirs:
-            return []
-        return drift_details(mine, theirs) or [f"{k}: {mine.get(k)!r} -> {theirs.get(k)!r}"
-                                               for k in sorted(set(mine) | set(theirs)) if mine.get(k) != theirs.get(k)]
+        return settings_differences(self.to_dict(), other.to_dict())
 
     @classmethod
     def from_section(cls, s: _Section) -> PrecomputedSettings:
