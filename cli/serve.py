@@ -56,6 +56,11 @@ def missing_serve_extra() -> list[str]:
               help="On SIGTERM, how long in-flight requests may take before the server exits.")
 @click.option("--threads", "search_threads", type=click.IntRange(min=1), default=4, show_default=True,
               help="Threads for tokenization and FAISS search (off the event loop).")
+@click.option("--search-device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+              help="cuda: exact top-k over a GPU copy of the index's vectors (auto: when the model runs on CUDA); "
+                   "cpu: FAISS.")
+@click.option("--search-dtype", type=click.Choice(["float16", "float32"]), default="float16", show_default=True,
+              help="The GPU copy's dtype (float16: half the memory; candidates are scored again in float32).")
 @click.option("--served-model-name", default=None, help="The model id of /v1/models (default: the directory name).")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
               show_default=True)
@@ -66,7 +71,8 @@ def missing_serve_extra() -> list[str]:
 def serve(index_path: Path | None, model: str | None, host: str, port: int, api_key: str | None, max_wait_ms: float,
           max_texts: int, max_tokens_per_text: int | None, max_k: int, max_body_bytes: int, max_queue_texts: int,
           token_budget: int | None, max_seqs: int | None, nprobe: int | None, rescore: int | None,
-          reload_interval_s: float, drain_timeout_s: float, search_threads: int, served_model_name: str | None,
+          reload_interval_s: float, drain_timeout_s: float, search_threads: int, search_device: str,
+          search_dtype: str, served_model_name: str | None,
           log_level: str, access_log: bool, device: str, dtype: str, attention: str, query_prompt: str | None,
           allow_pickle_weights: bool) -> None:
     """Serve OUT (an index directory) over HTTP: OpenAI-compatible /v1/embeddings and /search.
@@ -92,12 +98,16 @@ def serve(index_path: Path | None, model: str | None, host: str, port: int, api_
     from petal.pipeline.serve.settings import Limits, ServeSettings
     from petal.pipeline.serve.warmup import warm_up
 
+    cuda = usage(lambda: resolve_device(device)) == "cuda"
+    if search_device == "cuda" and not cuda:
+        raise click.UsageError("--search-device cuda needs the model on CUDA (--device cuda)")
     settings = usage(lambda: ServeSettings(
         limits=Limits(max_texts=max_texts, max_tokens_per_text=max_tokens_per_text, max_k=max_k,
                       max_body_bytes=max_body_bytes),
         max_wait_ms=max_wait_ms, max_queue_texts=max_queue_texts, reload_interval_s=reload_interval_s,
         drain_timeout_s=drain_timeout_s, search_threads=search_threads, api_key=api_key,
-        served_model_name=served_model_name))
+        served_model_name=served_model_name, search_dtype=search_dtype,
+        search_device="cuda" if cuda and search_device != "cpu" and index_path is not None else "cpu"))
     sock = bind(host, port)  # before loading: a taken port fails in a second, not after the model load
     index = None
     reader: IndexReader | None = None
@@ -108,7 +118,6 @@ def serve(index_path: Path | None, model: str | None, host: str, port: int, api_
     else:
         options = usage(lambda: ModelOptions(query_prompt=query_prompt, allow_pickle_weights=allow_pickle_weights))
         spec = model_spec(model, None, options)
-    cuda = resolve_device(device) == "cuda"
     config = usage(lambda: engine_config(spec, device, dtype, attention, token_budget or (8192 if cuda else 2048),
                                          max_seqs or (256 if cuda else 64)))
     query_model = QueryModel(spec, config, max_tokens=max_tokens_per_text)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import hmac
-import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -30,6 +29,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from petal.pipeline.serve.batcher import Overloaded
+from petal.pipeline.serve.encoding import dumps
 from petal.pipeline.serve.requests import RequestError, parse_embeddings, parse_json, parse_search
 from petal.pipeline.serve.service import ServeState
 
@@ -38,9 +38,9 @@ Handler = Callable[[Request], Awaitable[Any]]
 
 
 def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    # NOTE: default=str: metadata columns may hold dates or decimals
-    return Response(json.dumps(body, ensure_ascii=False, default=str), status_code=status, headers=headers,
-                    media_type="application/json")
+    # NOTE: dates or decimals of metadata columns are written as str() (encoding.dumps)
+    content = body if isinstance(body, bytes) else dumps(body)
+    return Response(content, status_code=status, headers=headers, media_type="application/json")
 
 
 def _error(status: int, message: str, kind: str, headers: dict[str, str] | None = None) -> Response:
@@ -52,13 +52,14 @@ async def read_body(request: Request, limit: int) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise RequestError(413, f"the body has {declared} bytes, over the limit of {limit} (--max-body-bytes)")
-    chunks, size = [], 0
+    chunks: list[bytes] = []
+    size = 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
             raise RequestError(413, f"the body is over the limit of {limit} bytes (--max-body-bytes)")
         chunks.append(chunk)
-    return b"".join(chunks)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def build_app(state: ServeState) -> Starlette:
@@ -82,7 +83,7 @@ def build_app(state: ServeState) -> Starlette:
                                       "authentication_error", {"WWW-Authenticate": "Bearer"})
                 else:
                     result = await fn(request)
-                    response = result if isinstance(result, Response) else _json(result)
+                    response = result if isinstance(result, Response) else _json(result)  # bytes: JSON already
             except RequestError as exc:
                 response = _error(exc.status, exc.message, exc.kind, exc.headers)
             except Overloaded as exc:

@@ -63,6 +63,11 @@ def _resolve(job: _Job, error: BaseException | None) -> None:
         job.future.set_exception(error)
 
 
+def _resolve_all(jobs: list[_Job]) -> None:
+    for job in jobs:
+        _resolve(job, None)
+
+
 class TokenBatcher:
     """Queue texts of many requests into engine steps. ``start()`` the thread, ``close()`` drains it."""
 
@@ -185,13 +190,16 @@ class TokenBatcher:
             self._fail(items, exc)
             return
         self.metrics.step_seconds.observe(time.perf_counter() - started)
+        done: dict[asyncio.AbstractEventLoop, list[_Job]] = {}
         for i, item in enumerate(items):
             job = item.job
             job.out[item.row] = rows[i]
             job.remaining -= 1
             if job.remaining == 0:
-                job.loop.call_soon_threadsafe(_resolve, job, None)
+                done.setdefault(job.loop, []).append(job)
         self._answered(len(items))
+        for loop, jobs in done.items():  # NOTE: one wake-up of the event loop per step, not one per request
+            loop.call_soon_threadsafe(_resolve_all, jobs)
 
     def _fail(self, items: Any, error: BaseException) -> None:
         for job in {id(item.job): item.job for item in items}.values():

@@ -18,11 +18,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from petal.engine.loader import ModelSpec
+from petal.pipeline.index.search import IndexReader
 from petal.pipeline.jobs.query import SearchIndex, model_mismatch
 from petal.pipeline.manifest import Manifest, ModelRecord, StoredFormat
 from petal.pipeline.reliability.errors import PetalError
@@ -54,8 +56,10 @@ class IndexFollower:
     """The live ``SearchIndex`` of OUT, replaced when a compatible new version is published."""
 
     def __init__(self, root: Path, spec: ModelSpec, live: SearchIndex, metrics: ServeMetrics,
-                 nprobe: int | None = None, rescore: int | None = None) -> None:
+                 nprobe: int | None = None, rescore: int | None = None,
+                 prepare: Callable[[IndexReader], None] | None = None) -> None:
         self.root = Path(root)
+        self.prepare = prepare  # run on a compatible new version before it serves (its GPU copy)
         self.spec = spec
         self.live = live
         self.metrics = metrics
@@ -92,6 +96,12 @@ class IndexFollower:
             if why is not None:
                 self._refuse(candidate.version, *why)
                 return False
+            if self.prepare is not None:
+                try:
+                    self.prepare(candidate.reader)
+                except Exception as exc:  # e.g. out of GPU memory: the old version keeps serving
+                    self._refuse(candidate.version, "prepare", f"cannot prepare {candidate.version}: {exc}")
+                    return False
             old = self.live.version
             self.live = candidate  # NOTE: the swap; searches holding the old object finish on it
             self.refused = None

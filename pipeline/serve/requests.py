@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from petal.pipeline.serve.encoding import loads
 from petal.pipeline.serve.settings import Limits
 
 SIDES = ("query", "document")
@@ -55,7 +56,7 @@ class SearchRequest:
 
 def parse_json(body: bytes) -> dict[str, Any]:
     try:
-        value = json.loads(body)
+        value = loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise RequestError(400, f"the body is not valid JSON: {exc}") from exc
     if not isinstance(value, dict):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import socket
+import sys
 import threading
 from collections.abc import Iterator
 
@@ -14,6 +15,10 @@ import uvicorn
 from petal.pipeline.reliability.errors import ConfigError
 from petal.pipeline.serve.app import build_app
 from petal.pipeline.serve.service import ServeState
+
+# NOTE: the engine and search threads share the GIL with the event loop; with Python's default 5 ms
+# switch interval a thread that wants the GIL back (to launch the next step) can wait 5 ms behind the loop.
+SWITCH_INTERVAL_S = 0.0005
 
 
 class DrainingServer(uvicorn.Server):
@@ -60,6 +65,7 @@ def bind(host: str, port: int) -> socket.socket:
 def serve(state: ServeState, sock: socket.socket, log_level: str = "warning", access_log: bool = False) -> None:
     """Serve on ``sock`` until SIGTERM/SIGINT, then drain (in-flight requests finish) and return."""
     host, port = sock.getsockname()[:2]
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     server = server_for(state, host, port, log_level, access_log)
     try:
         server.run(sockets=[sock])

@@ -4,7 +4,6 @@ needs (tokenize and search in threads, engine steps through the batcher), indepe
 from __future__ import annotations
 
 import asyncio
-import base64
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,14 +11,20 @@ from typing import Any
 
 import numpy as np
 
+from petal.pipeline.index.search import Hit
 from petal.pipeline.jobs.query import QueryModel, SearchIndex
 from petal.pipeline.serve.batcher import TokenBatcher
+from petal.pipeline.serve.encoding import embeddings_body
 from petal.pipeline.serve.follower import IndexFollower
+from petal.pipeline.serve.gpu_search import GpuReaders
 from petal.pipeline.serve.metrics import ServeMetrics
 from petal.pipeline.serve.requests import EmbeddingsRequest, RequestError, SearchRequest
-from petal.pipeline.serve.searching import SharedExclusiveLock, overrides, search_params
+from petal.pipeline.serve.search_batcher import SearchBatcher
+from petal.pipeline.serve.searching import SharedExclusiveLock
 from petal.pipeline.serve.settings import ServeSettings, model_name
 from petal.pipeline.store.outputs import OutputConfig, OutputTransform
+
+INLINE_TOKENIZE_CHARS = 4096  # a request with fewer characters is tokenized on the event loop (tens of µs)
 
 
 @dataclass(frozen=True)
@@ -41,15 +46,23 @@ class ServeState:
         self.metrics = ServeMetrics()
         self.model_id = settings.served_model_name or model_name(model.spec.path)
         self.batcher = TokenBatcher(model.engine, self.metrics, settings.max_wait_ms, settings.max_queue_texts)
+        # the GPU copy of each version (--search-device cuda), made before the version serves
+        self.gpu = GpuReaders(settings.search_device, settings.search_dtype) if settings.search_device != "cpu" \
+            else None
+        if self.gpu is not None and index is not None:
+            self.gpu.prepare(index.reader)
         self.follower = None if index is None or index_root is None else IndexFollower(
-            index_root, model.spec, index, self.metrics, nprobe=nprobe, rescore=rescore)
-        self.executor = ThreadPoolExecutor(settings.search_threads, thread_name_prefix="petal-search")
+            index_root, model.spec, index, self.metrics, nprobe=nprobe, rescore=rescore,
+            prepare=None if self.gpu is None else self.gpu.prepare)
+        self.executor = ThreadPoolExecutor(settings.search_threads, thread_name_prefix="petal-work")
         self.params_lock = SharedExclusiveLock()
+        self.searcher = SearchBatcher(self.params_lock, self.gpu)
         self._follow_task: asyncio.Task[None] | None = None
         self._transforms: dict[int | None, OutputTransform] = {}
 
     async def start(self) -> None:
         self.batcher.start()
+        self.searcher.start()
         if self.follower is not None:
             self._follow_task = asyncio.create_task(self.follower.follow(self.settings.reload_interval_s))
 
@@ -57,6 +70,7 @@ class ServeState:
         if self._follow_task is not None:
             self._follow_task.cancel()
         await asyncio.to_thread(self.batcher.close, self.settings.drain_timeout_s)
+        await asyncio.to_thread(self.searcher.close, self.settings.drain_timeout_s)
         self.executor.shutdown(wait=False, cancel_futures=True)
 
     async def _in_thread(self, fn: Any, *args: Any) -> Any:
@@ -69,7 +83,10 @@ class ServeState:
                 f"(--max-tokens-per-text / the model's max length); shorten it or send \"truncate\": true")
 
     async def tokenize(self, texts: tuple[str, ...], side: str, truncate: bool, name: str) -> Tokens:
-        encoded = await self._in_thread(self.model.tokenize, list(texts), side)
+        if sum(map(len, texts)) <= INLINE_TOKENIZE_CHARS:  # NOTE: a thread hop costs more than this
+            encoded = self.model.tokenize(list(texts), side)  # type: ignore[arg-type]
+        else:
+            encoded = await self._in_thread(self.model.tokenize, list(texts), side)
         if not truncate and encoded.truncated.any():
             raise RequestError(413, self._limit_message(int(np.argmax(encoded.truncated)), name))
         empty = [i for i, ids in enumerate(encoded.token_ids) if len(ids) == 0]
@@ -100,7 +117,8 @@ class ServeState:
             self._transforms[dimensions] = OutputTransform.for_model(self.model.spec, OutputConfig(dim=dimensions))
         return self._transforms[dimensions]
 
-    async def embeddings(self, req: EmbeddingsRequest) -> dict[str, Any]:
+    async def embeddings(self, req: EmbeddingsRequest) -> bytes:
+        """The answer's JSON body (encoded here: the float rows go straight from numpy to JSON text)."""
         if req.model is not None and req.model != self.model_id:
             raise RequestError(404, f"model {req.model!r} is not served here (this server serves {self.model_id!r})",
                                kind="model_not_found")
@@ -111,13 +129,7 @@ class ServeState:
             assert req.token_ids is not None
             tokens = self.token_ids(req.token_ids, req.truncate)
         rows = transform.vectors(await self.batcher.embed(tokens.ids))
-        if req.encoding_format == "base64":
-            data = [base64.b64encode(row.astype("<f4").tobytes()).decode("ascii") for row in rows]
-        else:
-            data = rows.tolist()
-        return {"object": "list", "model": self.model_id,
-                "data": [{"object": "embedding", "index": i, "embedding": e} for i, e in enumerate(data)],
-                "usage": {"prompt_tokens": tokens.count, "total_tokens": tokens.count}}
+        return embeddings_body(self.model_id, rows, req.encoding_format, tokens.count)
 
     # --- search ---------------------------------------------------------------------------------
 
@@ -135,25 +147,19 @@ class ServeState:
             if vectors.ndim != 2 or vectors.shape[1] != index.reader.dim:
                 raise RequestError(422, f"'vectors' rows must have {index.reader.dim} values (the index's dim), "
                                         f"got {[len(v) for v in req.vectors][:4]}")
-        results = await self._in_thread(self._search_blocking, index, vectors, req)
-        body: dict[str, Any] = {"version": index.version, "model": self.model_id, "results": results}
-        return body
-
-    def _search_blocking(self, index: SearchIndex, vectors: np.ndarray, req: SearchRequest) -> list[dict[str, Any]]:
-        reader = index.reader
-        # the query path of `petal query`: model vectors -> the index-time transform -> FAISS
-        search = index.search if req.texts is not None else index.search_stored
         try:
-            if req.where:
-                reader.selector(req.where)  # a bad expression or unknown column: 422 naming it
-            if overrides(reader, req.nprobe, req.rescore):
-                with self.params_lock.exclusive(), search_params(reader, req.nprobe, req.rescore):
-                    found = search(vectors, req.k, where=req.where)
-            else:
-                with self.params_lock.shared():
-                    found = search(vectors, req.k, where=req.where)
-        except ValueError as exc:
+            found = await self.searcher.search(index, vectors, req.texts is not None, req.k, where=req.where,
+                                               nprobe=req.nprobe, rescore=req.rescore)
+        except ValueError as exc:  # a bad filter or an unknown column, named
             raise RequestError(422, str(exc)) from exc
+        if req.include:  # reads stored text or the shards: off the event loop
+            results = await self._in_thread(self._results, index, found, req)
+        else:
+            results = self._results(index, found, req)
+        return {"version": index.version, "model": self.model_id, "results": results}
+
+    def _results(self, index: SearchIndex, found: list[list[Hit]], req: SearchRequest) -> list[dict[str, Any]]:
+        reader = index.reader
         results = []
         for q, hits in enumerate(found):
             rows = [{"rank": h.rank, "score": h.score, "id": h.id, "shard": h.shard, "row": h.row} for h in hits]

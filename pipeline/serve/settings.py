@@ -52,6 +52,8 @@ class ServeSettings:
     search_threads: int = 4  # FAISS searches and tokenization run in this many threads
     api_key: str | None = None
     served_model_name: str | None = None  # the `model` id of /v1/models (default: the model directory's name)
+    search_device: str = "cpu"  # cpu: FAISS; cuda: exact top-k over a GPU copy of the vectors (serve/gpu_search.py)
+    search_dtype: str = "float16"  # the GPU copy's dtype (float16 or float32)
 
     def __post_init__(self) -> None:
         if self.max_wait_ms < 0:
@@ -61,5 +63,8 @@ class ServeSettings:
                              "a full request could never be queued")
         if self.reload_interval_s <= 0 or self.drain_timeout_s < 0 or self.search_threads < 1:
             raise ValueError("--reload-interval-s must be > 0, --drain-timeout-s >= 0, threads >= 1")
+        if self.search_device not in ("cpu", "cuda") or self.search_dtype not in ("float16", "float32"):
+            raise ValueError(f"--search-device {self.search_device} / --search-dtype {self.search_dtype}: "
+                             "cpu or cuda / float16 or float32")
         if self.api_key is not None and not self.api_key:
             raise ValueError("--api-key is empty")

@@ -1,0 +1,78 @@
+"""JSON in and out of the server, cheap: orjson when it is installed (the ``serve`` extra), the standard
+library otherwise, with the same results.
+
+The embedding response is the hot one (1024 floats as JSON text per text). With orjson the float32 rows
+are written straight from numpy (the shortest text that reads back as the same float32); without it,
+``%.9g`` (nine significant digits, enough for any float32 to read back exactly) is about 2.5x faster
+than ``json.dumps`` of the rows as Python floats. ``base64`` (what the official ``openai`` client asks
+for by default) is little-endian float32 bytes, a few microseconds a row either way.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+import numpy as np
+
+try:  # NOTE: optional: the serve extra installs it; everything here works without it
+    import orjson
+except ImportError:  # pragma: no cover - depends on the environment
+    orjson = None  # type: ignore[assignment]
+
+_ORJSON_OPTIONS = 0 if orjson is None else (orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
+                                            | orjson.OPT_PASSTHROUGH_DATETIME)
+_FORMATS: dict[int, str] = {}
+
+
+def loads(body: bytes) -> Any:
+    """``json.loads``'s result and errors (orjson first; what it refuses, e.g. NaN or a 70-digit integer,
+    goes to the standard library, which decides)."""
+    if orjson is not None:
+        try:
+            return orjson.loads(body)
+        except (orjson.JSONDecodeError, TypeError):
+            pass
+    return json.loads(body)
+
+
+def dumps(body: Any, use_orjson: bool = True) -> bytes:
+    """UTF-8 JSON of ``body``; values JSON has no type for (dates, decimals) as ``str()``, like
+    ``json.dumps(default=str)``."""
+    if use_orjson and orjson is not None:
+        try:
+            return orjson.dumps(body, default=str, option=_ORJSON_OPTIONS)
+        except (TypeError, orjson.JSONEncodeError):  # an integer over 64 bits, a cycle...: the stdlib decides
+            pass
+    return json.dumps(body, ensure_ascii=False, default=str).encode()
+
+
+def _float_rows(rows: np.ndarray) -> list[str]:
+    """Each float32 row as JSON array text, exact on reading back as float32 (the no-orjson path)."""
+    width = rows.shape[1]
+    fmt = _FORMATS.get(width)
+    if fmt is None:
+        fmt = _FORMATS[width] = "[" + ",".join(["%.9g"] * width) + "]"
+    return [fmt % tuple(row) for row in rows.tolist()]
+
+
+def embeddings_body(model_id: str, rows: np.ndarray, encoding_format: str, prompt_tokens: int,
+                    use_orjson: bool = True) -> bytes:
+    """The ``/v1/embeddings`` answer (OpenAI's shape) for float32 ``rows`` ``[n, dim]``."""
+    usage = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}
+    rows = np.ascontiguousarray(rows, dtype="<f4")
+    if encoding_format == "base64":
+        data: list[Any] = [base64.b64encode(row.tobytes()).decode("ascii") for row in rows]
+    elif use_orjson and orjson is not None:
+        data = list(rows)
+    elif not np.isfinite(rows).all():  # NOTE: %g would write nan/inf, which no JSON reader takes
+        data = rows.tolist()
+    else:
+        head = dumps({"object": "list", "model": model_id}, use_orjson)[:-1]
+        items = ",".join(f'{{"object":"embedding","index":{i},"embedding":{text}}}'
+                         for i, text in enumerate(_float_rows(rows)))
+        return head + b',"data":[' + items.encode() + b'],"usage":' + dumps(usage, use_orjson) + b"}"
+    return dumps({"object": "list", "model": model_id,
+                  "data": [{"object": "embedding", "index": i, "embedding": e} for i, e in enumerate(data)],
+                  "usage": usage}, use_orjson)

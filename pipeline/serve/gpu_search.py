@@ -1,0 +1,157 @@
+"""``--search-device cuda``: exact top-k over a copy of the index's stored vectors on the GPU (torch),
+for a CUDA server whose FAISS is the CPU build.
+
+```
+load   every stored vector, decoded by FAISS (reconstruct_n; IVF through its direct map) -> GPU
+       as float16 (default, 2 bytes a value: 1M x 1024 is 2 GiB) or float32
+search queries [nq, d] -> one matmul against all vectors -> top candidates -> their scores again in
+       float32 (from the float16 copy) -> top k -> FAISS's (scores, ids) -> IndexReader's hits
+```
+
+Exact over what the index stores: the hits are the true top k of the stored vectors (an IVF's
+approximate search can only miss some of them). Scores agree with FAISS's to float16 storage
+precision (about 1e-3), or to float32 rounding with ``--search-dtype float32``. Filters (``where``)
+and binary indexes keep the FAISS path. A search runs on its own CUDA stream, beside engine steps.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import weakref
+from typing import Any
+
+import numpy as np
+
+from petal.pipeline.index.faiss_loader import load_faiss
+from petal.pipeline.index.search import IndexReader, is_binary_manifest
+
+log = logging.getLogger("petal.serve")
+UPLOAD_ROWS = 65536  # rows decoded and copied to the GPU at a time (256 MiB of float32 at dim 1024)
+QUERY_ROWS = 256  # queries per matmul (scores [256, ntotal] in the storage dtype)
+RESCORE_FACTOR = 4  # float16: candidates scored again in float32 = max(k * this, k + 32)
+MEMORY_MARGIN = 1.25  # free GPU memory needed: this times the copy
+
+
+def stored_vectors(index: Any, start: int, count: int) -> np.ndarray:
+    """Vectors ``start..start+count`` as FAISS decodes them (float32, the index's space)."""
+    return np.asarray(index.reconstruct_n(start, count), dtype=np.float32)
+
+
+def prepare_reconstruct(index: Any) -> None:
+    """Let ``reconstruct_n`` reach IVF vectors (a direct map: 8 bytes a vector, built once)."""
+    faiss = load_faiss()
+    ivf = faiss.try_extract_index_ivf(index)
+    if ivf is not None and ivf.direct_map.type == faiss.DirectMap.NoMap:
+        ivf.make_direct_map()
+
+
+class TorchExactIndex:
+    """The two attributes and the ``search`` of a FAISS index that ``IndexReader.search`` uses."""
+
+    def __init__(self, index: Any, device: str = "cuda", dtype: str = "float16") -> None:
+        import torch
+
+        faiss = load_faiss()
+        self.ntotal = int(index.ntotal)
+        self.d = int(index.d)
+        self.inner_product = index.metric_type == faiss.METRIC_INNER_PRODUCT
+        self.device = torch.device(device)
+        self.dtype = {"float16": torch.float16, "float32": torch.float32}[dtype]
+        prepare_reconstruct(index)
+        self.vectors = torch.empty((self.ntotal, self.d), dtype=self.dtype, device=self.device)
+        norms = torch.empty(self.ntotal, dtype=torch.float32, device=self.device)
+        for start in range(0, self.ntotal, UPLOAD_ROWS):
+            rows = torch.from_numpy(stored_vectors(index, start, min(UPLOAD_ROWS, self.ntotal - start)))
+            rows = rows.to(self.device)
+            self.vectors[start : start + len(rows)] = rows.to(self.dtype)
+            norms[start : start + len(rows)] = (rows * rows).sum(dim=1)
+        self.norms = None if self.inner_product else norms
+        self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """FAISS's answer shape: scores ``[nq, k]`` (inner product: high first; L2: squared distance, low
+        first) and ids ``[nq, k]``."""
+        import torch
+
+        k = min(k, self.ntotal)
+        scores_out, ids_out = [], []
+        context = torch.cuda.stream(self.stream) if self.stream is not None else _nothing()
+        with torch.inference_mode(), context:
+            for lo in range(0, len(queries), QUERY_ROWS):
+                q = torch.from_numpy(np.ascontiguousarray(queries[lo : lo + QUERY_ROWS], dtype=np.float32))
+                q = q.to(self.device, non_blocking=False)
+                scores, ids = self._top(q, k)
+                scores_out.append(scores.cpu())
+                ids_out.append(ids.cpu())
+        return torch.cat(scores_out).numpy(), torch.cat(ids_out).numpy().astype(np.int64)
+
+    def _top(self, q: Any, k: int) -> tuple[Any, Any]:
+        import torch
+
+        # higher is better: q.x for inner product, 2 q.x - |x|^2 (= |q|^2 - distance) for L2
+        coarse = (q.to(self.dtype) @ self.vectors.T).float()
+        if self.norms is not None:
+            coarse = 2 * coarse - self.norms
+        candidates = k if self.dtype == torch.float32 else min(self.ntotal, max(k * RESCORE_FACTOR, k + 32))
+        _, idx = torch.topk(coarse, candidates, dim=1)
+        if candidates != k:  # the candidates again, in float32
+            rows = self.vectors[idx].float()  # [nq, candidates, d]
+            fine = torch.einsum("qcd,qd->qc", rows, q)
+            if self.norms is not None:
+                fine = 2 * fine - self.norms[idx]
+            best, order = torch.topk(fine, k, dim=1)
+            idx = torch.gather(idx, 1, order)
+        else:
+            best = torch.gather(coarse, 1, idx)
+        if self.norms is not None:  # back to FAISS's squared L2 distance
+            best = (q * q).sum(dim=1, keepdim=True) - best
+        return best, idx
+
+
+class _nothing:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def gpu_reader(reader: IndexReader, device: str = "cuda", dtype: str = "float16") -> IndexReader | None:
+    """A copy of ``reader`` that searches a GPU copy of its vectors (``None``: a binary index, or not
+    enough free GPU memory; the FAISS path then serves, as said in the log)."""
+    import torch
+
+    if is_binary_manifest(reader.manifest):
+        log.warning("petal serve: --search-device cuda: a binary index searches with FAISS on the CPU")
+        return None
+    need = reader.ntotal * reader.dim * (2 if dtype == "float16" else 4) + reader.ntotal * 4
+    if torch.device(device).type == "cuda":
+        free, _ = torch.cuda.mem_get_info(torch.device(device))
+        if free < MEMORY_MARGIN * need:
+            log.warning("petal serve: --search-device cuda: %d MiB free on the GPU, the index needs %d MiB: "
+                        "searching with FAISS on the CPU", free >> 20, need >> 20)
+            return None
+    out = copy.copy(reader)  # NOTE: shares the ids, columns and manifest; only `index` differs
+    out.index = TorchExactIndex(reader.index, device, dtype)
+    return out
+
+
+class GpuReaders:
+    """The GPU copy of each served version, built when the version loads (before it serves) and freed
+    with it."""
+
+    def __init__(self, device: str, dtype: str) -> None:
+        self.device = device
+        self.dtype = dtype
+        self._readers: dict[int, IndexReader | None] = {}
+
+    def prepare(self, reader: IndexReader) -> None:
+        key = id(reader)
+        if key in self._readers:
+            return
+        self._readers[key] = gpu_reader(reader, self.device, self.dtype)
+        weakref.finalize(reader, self._readers.pop, key, None)
+
+    def get(self, reader: IndexReader) -> IndexReader | None:
+        return self._readers.get(id(reader))

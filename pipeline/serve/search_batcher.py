@@ -1,0 +1,167 @@
+"""Batching searches across requests: the query vectors of every request queued while a search runs
+go to the index in one call (FAISS spreads a batch over its threads; a GPU copy does one matmul).
+
+```
+event loop    search(index, vectors, k, where, nprobe, rescore) -> queue -> await the request's future
+search thread take everything queued -> group by (version, k, where, nprobe, rescore) -> one search
+              per group (the rows of all its requests stacked) -> each request's rows of hits back
+```
+
+A lone request is searched at once (no timer); under load the requests that arrive during one search
+form the next batch, as the token batcher does for engine steps. A group searches exactly what the
+request would have searched alone: the same version, k, filter and parameters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from petal.pipeline.index.search import Hit
+from petal.pipeline.jobs.query import SearchIndex
+from petal.pipeline.serve.gpu_search import GpuReaders
+from petal.pipeline.serve.searching import SharedExclusiveLock, overrides, search_params
+
+MAX_BATCH_ROWS = 1024  # query rows per search call
+
+
+@dataclass(frozen=True)
+class SearchKey:
+    """What must be equal for requests to share a search call."""
+
+    index: int  # id() of the SearchIndex (one version)
+    model_vectors: bool  # rows are the model's vectors (the index-time transform applies) or the index's
+    k: int
+    where: str | None
+    nprobe: int | None
+    rescore: int | None
+
+
+class _Pending:
+    __slots__ = ("future", "index", "key", "loop", "rows")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, index: SearchIndex, key: SearchKey, rows: np.ndarray) -> None:
+        self.loop = loop
+        self.future: asyncio.Future[list[list[Hit]]] = loop.create_future()
+        self.index = index
+        self.key = key
+        self.rows = rows
+
+
+def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is None:
+        future.set_result(result)
+    else:
+        future.set_exception(error)
+
+
+def _settle_all(done: list[tuple[asyncio.Future[Any], Any, BaseException | None]]) -> None:
+    for future, result, error in done:
+        _settle(future, result, error)
+
+
+class SearchBatcher:
+    """One thread searching the queued requests' vectors, grouped into as few calls as their keys allow."""
+
+    def __init__(self, params_lock: SharedExclusiveLock, gpu: GpuReaders | None = None) -> None:
+        self.params_lock = params_lock
+        self.gpu = gpu
+        self._pending: deque[_Pending] = deque()
+        self._cond = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="petal-search", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+
+    async def search(self, index: SearchIndex, rows: np.ndarray, model_vectors: bool, k: int,
+                     where: str | None = None, nprobe: int | None = None,
+                     rescore: int | None = None) -> list[list[Hit]]:
+        """Hits of ``rows`` ``[n, dim]``: the model's vectors (``model_vectors``: they go through the index-time
+        transform first, as ``SearchIndex.search``) or vectors in the index's space (``search_stored``).
+        ``ValueError`` for a bad ``where``."""
+        key = SearchKey(id(index), model_vectors, k, where, nprobe, rescore)
+        item = _Pending(asyncio.get_running_loop(), index, key, np.ascontiguousarray(rows, dtype=np.float32))
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("the server is shutting down")
+            self._pending.append(item)
+            self._cond.notify()
+        return await item.future
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending and not self._closed:
+                    self._cond.wait()
+                if not self._pending:
+                    return
+                items = list(self._pending)
+                self._pending.clear()
+            groups: dict[SearchKey, list[_Pending]] = {}
+            for item in items:
+                groups.setdefault(item.key, []).append(item)
+            done: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], Any, BaseException | None]]] = {}
+            for group in groups.values():
+                for part in _parts(group):
+                    for item, hits, error in self._search(part):
+                        done.setdefault(item.loop, []).append((item.future, hits, error))
+            for loop, settled in done.items():  # one wake-up of the event loop per batch
+                loop.call_soon_threadsafe(_settle_all, settled)
+
+    def _search(self, group: list[_Pending]) -> list[tuple[_Pending, Any, BaseException | None]]:
+        first = group[0]
+        key, index = first.key, first.index
+        try:
+            rows = first.rows if len(group) == 1 else np.concatenate([item.rows for item in group])
+            if key.model_vectors:  # the query path of `petal query`: model vectors -> the index-time transform
+                rows = index.transform.stored(rows)
+            found = self._search_rows(index, rows, key)
+        except Exception as exc:  # a bad filter (ValueError: 422), or a bug: these requests fail, the thread lives
+            return [(item, None, exc) for item in group]
+        out = []
+        cursor = 0
+        for item in group:
+            out.append((item, found[cursor : cursor + len(item.rows)], None))
+            cursor += len(item.rows)
+        return out
+
+    def _search_rows(self, index: SearchIndex, rows: np.ndarray, key: SearchKey) -> list[list[Hit]]:
+        reader = index.reader
+        if key.where:
+            reader.selector(key.where)  # a bad expression or unknown column: ValueError naming it
+        gpu = self.gpu.get(reader) if self.gpu is not None and not key.where else None
+        if gpu is not None and key.nprobe is None and key.rescore is None:
+            return gpu.search(rows, key.k)
+        if overrides(reader, key.nprobe, key.rescore):
+            with self.params_lock.exclusive(), search_params(reader, key.nprobe, key.rescore):
+                return reader.search(rows, key.k, where=key.where)
+        with self.params_lock.shared():
+            return reader.search(rows, key.k, where=key.where)
+
+
+def _parts(group: list[_Pending]) -> list[list[_Pending]]:
+    """``group`` in runs of at most ``MAX_BATCH_ROWS`` query rows (a request is never split)."""
+    parts: list[list[_Pending]] = [[]]
+    rows = 0
+    for item in group:
+        if parts[-1] and rows + len(item.rows) > MAX_BATCH_ROWS:
+            parts.append([])
+            rows = 0
+        parts[-1].append(item)
+        rows += len(item.rows)
+    return parts
