@@ -113,8 +113,24 @@ class ServerProcess:
 
         with urllib.request.urlopen(f"{self.url}/metrics", timeout=30) as response:
             text = response.read().decode()
-        return {m.group(1): float(m.group(2)) for m in re.finditer(r"^(petal_batch_\w+_(?:sum|count)) (\S+)$", text,
-                                                                    re.M)}
+        out = {m.group(1): float(m.group(2)) for m in re.finditer(r"^(petal_(?:batch|step)_\w+_(?:sum|count)) (\S+)$",
+                                                                   text, re.M)}
+        out.update(self.cpu_seconds())
+        return out
+
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU time of the server so far: its main thread (the event loop: uvicorn runs it there) and the whole
+        process (Linux /proc; empty elsewhere)."""
+        tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        out = {}
+        for name, stat in (("loop_cpu_s", f"/proc/{self.proc.pid}/task/{self.proc.pid}/stat"),
+                           ("server_cpu_s", f"/proc/{self.proc.pid}/stat")):
+            try:
+                fields = Path(stat).read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            out[name] = (int(fields[11]) + int(fields[12])) / tick  # utime + stime (fields 14, 15 of stat)
+        return out
 
     def stop(self) -> int:
         if self.proc.poll() is None:
@@ -124,6 +140,10 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
         return self.proc.wait()
+
+
+def _per_request_us(delta: dict[str, float], key: str, requests: int) -> float | None:
+    return round(1e6 * delta[key] / requests, 1) if requests and key in delta else None
 
 
 def _percentile_ms(values: list[float], q: float) -> float | None:
@@ -178,12 +198,23 @@ def run_serve_bench(index: Path | None = None, model: Path | None = None, corpus
                     steps = after.get("petal_batch_texts_count", 0) - before.get("petal_batch_texts_count", 0)
                     texts = after.get("petal_batch_texts_sum", 0) - before.get("petal_batch_texts_sum", 0)
                     done = len(load.latencies_s)
+                    delta = {key: after.get(key, 0.0) - before.get(key, 0.0) for key in after}
+                    answered = done + sum(load.errors.values())
+                    step_count = delta.get("petal_step_seconds_count", 0)
                     rows.append({"endpoint": path, "tokens": n, "concurrency": c, "requests": done,
                                  "errors": load.errors, "seconds": round(load.wall_s, 3),
                                  "p50_ms": _percentile_ms(load.latencies_s, 50),
                                  "p99_ms": _percentile_ms(load.latencies_s, 99),
                                  "requests_per_s": round(done / load.wall_s, 1) if load.wall_s else None,
-                                 "texts_per_step": round(texts / steps, 2) if steps else None})
+                                 "texts_per_step": round(texts / steps, 2) if steps else None,
+                                 # the engine step (launch to result), mean: what a lone request cannot avoid
+                                 "step_ms": round(1000 * delta["petal_step_seconds_sum"] / step_count, 3)
+                                 if step_count else None,
+                                 # CPU per answered request: the server's event-loop thread, the whole server, the
+                                 # load generator's client threads (to tell a client bottleneck apart)
+                                 "loop_cpu_us": _per_request_us(delta, "loop_cpu_s", answered),
+                                 "server_cpu_us": _per_request_us(delta, "server_cpu_s", answered),
+                                 "client_cpu_us": round(1e6 * load.client_cpu_s / answered, 1) if answered else None})
     finally:
         exit_code = server.stop()
     import torch
@@ -202,11 +233,50 @@ def format_serve_table(result: dict[str, Any]) -> str:
              f"index {result['index'] or '(none)'}; bounds {result['max_requests']} requests / "
              f"{result['seconds_limit']} s per row; {result['client_processes']} client process(es)",
              f"{'endpoint':<16}{'tokens':>7}{'conc':>6}{'requests':>10}{'p50 ms':>10}{'p99 ms':>10}{'req/s':>10}"
-             f"{'texts/step':>12}{'errors':>8}"]
+             f"{'texts/step':>12}{'step ms':>9}{'loop µs':>9}{'srv µs':>9}{'cli µs':>9}{'errors':>8}"]
     for r in result["results"]:
         fmt = lambda x: "-" if x is None else f"{x:,.2f}"
+        fmt0 = lambda x: "-" if x is None else f"{x:,.0f}"
         lines.append(f"{r['endpoint']:<16}{r['tokens']:>7}{r['concurrency']:>6}{r['requests']:>10}"
                      f"{fmt(r['p50_ms']):>10}{fmt(r['p99_ms']):>10}{fmt(r['requests_per_s']):>10}"
-                     f"{fmt(r['texts_per_step']):>12}{sum(r['errors'].values()):>8}")
+                     f"{fmt(r['texts_per_step']):>12}{fmt(r.get('step_ms')):>9}{fmt0(r.get('loop_cpu_us')):>9}"
+                     f"{fmt0(r.get('server_cpu_us')):>9}{fmt0(r.get('client_cpu_us')):>9}{sum(r['errors'].values()):>8}")
     lines.append(f"server exit status after SIGTERM: {result['server_exit_code']}")
+    return "\n".join(lines)
+
+
+def _row(result: dict[str, Any], endpoint: str, tokens: int, concurrency: int) -> dict[str, Any] | None:
+    return next((r for r in result["results"] if (r["endpoint"], r["tokens"], r["concurrency"]) ==
+                 (endpoint, tokens, concurrency)), None)
+
+
+def format_targets(result: dict[str, Any], t2_tok_s: float | None = None, l1_ms: float | None = None) -> str:
+    """Issue 13's H200 targets against this run. L1: ``l1_ms`` (the offline ``petal bench gpu`` L1 of one
+    128-token query) when given, else the server's own mean engine step in the 1-client 128-token row;
+    T2: ``t2_tok_s`` (offline ``petal bench gpu`` T2), when given."""
+    lines = [f"{'scenario':<48}{'target':>22}{'measured':>14}  met"]
+
+    def add(name: str, target: str, value: float | None, ok: bool | None) -> None:
+        shown = "-" if value is None else f"{value:,.2f}"
+        lines.append(f"{name:<48}{target:>22}{shown:>14}  {'-' if ok is None else ('yes' if ok else 'NO')}")
+
+    lone = _row(result, "/v1/embeddings", 128, 1)
+    step = lone.get("step_ms") if lone else None
+    l1 = l1_ms if l1_ms is not None else step
+    p50 = lone["p50_ms"] if lone else None
+    add("128-token embedding, 1 client, p50 ms", "<= L1 + 0.3" + (f" = {l1 + 0.3:.2f}" if l1 else ""), p50,
+        None if p50 is None or l1 is None else p50 <= l1 + 0.3)
+    sixteen = _row(result, "/v1/embeddings", 128, 16)
+    p99 = sixteen["p99_ms"] if sixteen else None
+    add("128-token embedding, 16 clients, p99 ms", "<= 10", p99, None if p99 is None else p99 <= 10)
+    for tokens in (16, 128):
+        search = _row(result, "/search", tokens, 1)
+        p50 = search["p50_ms"] if search else None
+        add(f"/search ({tokens}-token query), 1 client, p50 ms", "<= 3", p50, None if p50 is None else p50 <= 3)
+    wide = _row(result, "/v1/embeddings", 128, 64)
+    tok_s = wide["requests_per_s"] * 128 if wide and wide["requests_per_s"] else None
+    add("128-token embeddings at 64 clients, tok/s", ">= 0.7 T2" + (f" = {0.7 * t2_tok_s:,.0f}" if t2_tok_s else ""),
+        tok_s, None if tok_s is None or not t2_tok_s else tok_s >= 0.7 * t2_tok_s)
+    lines.append(f"L1 used: {l1 if l1 is not None else '-'} ms ({'given' if l1_ms is not None else 'server step'}; "
+                 f"server step in that row: {step} ms); T2 used: {t2_tok_s or '-'} tok/s")
     return "\n".join(lines)

@@ -1,10 +1,13 @@
-"""The load generator of ``petal bench serve``: client threads with keep-alive HTTP/1.1 connections
-(``http.client``: little client overhead), spread over processes so the client's GIL is not what
-is measured. Bounded by a request count and a deadline."""
+"""The load generator of ``petal bench serve``: client threads on raw keep-alive HTTP/1.1 sockets (each
+request's bytes built once; a response read by its Content-Length), spread over processes so the
+client's GIL is not what is measured. Bounded by a request count and a deadline.
+
+Latency is end to end as a client sees it: from the first byte sent to the last byte of the response
+read. The client's own CPU time per request is measured too (``client_cpu_s``), so it can be told apart.
+"""
 
 from __future__ import annotations
 
-import http.client
 import itertools
 import json
 import multiprocessing as mp
@@ -15,52 +18,96 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+RECV_BYTES = 1 << 16
+
 
 @dataclass
 class LoadResult:
     latencies_s: list[float] = field(default_factory=list)
     errors: dict[str, int] = field(default_factory=dict)
     wall_s: float = 0.0
+    client_cpu_s: float = 0.0  # CPU time of the client threads (their own cost, summed)
 
 
-def _connect(host: str, port: int) -> http.client.HTTPConnection:
-    conn = http.client.HTTPConnection(host, port, timeout=120)
-    conn.connect()
-    # NOTE: http.client sends headers and body in two writes; without TCP_NODELAY, Nagle holds the body
-    # until the server's delayed ACK (40 ms), and that is what would be measured.
-    conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return conn
+def _connect(host: str, port: int) -> socket.socket:
+    sock = socket.create_connection((host, port), timeout=120)
+    # NOTE: without TCP_NODELAY, Nagle may hold a request behind the server's delayed ACK (40 ms)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+def request_bytes(host: str, port: int, path: str, body: bytes, headers: dict[str, str]) -> bytes:
+    """One whole HTTP/1.1 POST (keep-alive), headers and body."""
+    lines = [f"POST {path} HTTP/1.1", f"Host: {host}:{port}", f"Content-Length: {len(body)}",
+             *(f"{k}: {v}" for k, v in headers.items())]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+
+class ProtocolError(Exception):
+    """The server's answer could not be read as one HTTP/1.1 response with a Content-Length."""
+
+
+def read_response(sock: socket.socket, buffer: bytearray) -> int:
+    """Read one response from ``sock`` (``buffer`` keeps what follows it); returns its status."""
+    while True:
+        end = buffer.find(b"\r\n\r\n")
+        if end >= 0:
+            break
+        chunk = sock.recv(RECV_BYTES)
+        if not chunk:
+            raise ProtocolError("connection closed")
+        buffer += chunk
+    head = bytes(buffer[:end]).decode("latin-1")
+    status_line, _, rest = head.partition("\r\n")
+    length = None
+    for line in rest.split("\r\n"):
+        name, _, value = line.partition(":")
+        if name.strip().lower() == "content-length":
+            length = int(value)
+    if length is None:
+        raise ProtocolError(f"no Content-Length: {status_line}")
+    total = end + 4 + length
+    while len(buffer) < total:
+        chunk = sock.recv(max(RECV_BYTES, total - len(buffer)))
+        if not chunk:
+            raise ProtocolError("connection closed in a body")
+        buffer += chunk
+    del buffer[:total]
+    return int(status_line.split(" ", 2)[1])
 
 
 def _client(host: str, port: int, path: str, bodies: list[bytes], headers: dict[str, str], start: int,
             quota: itertools.count, max_requests: int, deadline: float, out: LoadResult,
             lock: threading.Lock) -> None:
-    conn = _connect(host, port)
+    requests = [request_bytes(host, port, path, body, headers) for body in bodies]
+    sock = _connect(host, port)
+    buffer = bytearray()
     latencies: list[float] = []
     errors: dict[str, int] = {}
     i = start
+    cpu_started = time.thread_time()
     while time.perf_counter() < deadline and next(quota) < max_requests:
-        body = bodies[i % len(bodies)]
+        request = requests[i % len(requests)]
         i += 1
         started = time.perf_counter()
         status: int | str  # the HTTP status, or the name of the connection error
         try:
-            conn.request("POST", path, body=body, headers=headers)
-            response = conn.getresponse()
-            response.read()
-            status = response.status
-        except (OSError, http.client.HTTPException) as exc:
+            sock.sendall(request)
+            status = read_response(sock, buffer)
+        except (OSError, ProtocolError, ValueError) as exc:
             status = type(exc).__name__
-            conn.close()
-            conn = _connect(host, port)
+            sock.close()
+            sock, buffer = _connect(host, port), bytearray()
         elapsed = time.perf_counter() - started
         if status == 200:
             latencies.append(elapsed)
         else:
             errors[str(status)] = errors.get(str(status), 0) + 1
-    conn.close()
+    cpu_s = time.thread_time() - cpu_started
+    sock.close()
     with lock:
         out.latencies_s += latencies
+        out.client_cpu_s += cpu_s
         for key, n in errors.items():
             out.errors[key] = out.errors.get(key, 0) + n
 
@@ -84,9 +131,9 @@ def run_threads(url: str, path: str, bodies: list[bytes], threads: int, max_requ
     return out
 
 
-def _process(args: tuple[Any, ...]) -> tuple[list[float], dict[str, int], float]:
+def _process(args: tuple[Any, ...]) -> tuple[list[float], dict[str, int], float, float]:
     result = run_threads(*args)
-    return result.latencies_s, result.errors, result.wall_s
+    return result.latencies_s, result.errors, result.wall_s, result.client_cpu_s
 
 
 def run_load(url: str, path: str, bodies: list[bytes], concurrency: int, max_requests: int, seconds: float,
@@ -100,8 +147,9 @@ def run_load(url: str, path: str, bodies: list[bytes], concurrency: int, max_req
             for p, share in enumerate(shares)]
     out = LoadResult()
     with mp.get_context("spawn").Pool(processes) as pool:
-        for latencies, errors, wall_s in pool.map(_process, args):
+        for latencies, errors, wall_s, cpu_s in pool.map(_process, args):
             out.latencies_s += latencies
+            out.client_cpu_s += cpu_s
             for key, n in errors.items():
                 out.errors[key] = out.errors.get(key, 0) + n
             out.wall_s = max(out.wall_s, wall_s)

@@ -459,3 +459,48 @@ def test_the_listening_socket_is_tcp_so_responses_are_not_held_by_nagle():
             bind("127.0.0.1", sock.getsockname()[1])
     finally:
         sock.close()
+
+
+def test_a_full_queue_answers_503_with_retry_after_over_http(tmp_path):
+    """Real concurrent clients against a queue of one request's texts: the ones that do not fit get 503 with
+    Retry-After (and a message naming the flag), the ones that do get their own correct vectors, and the
+    server keeps serving."""
+    server = Server(tmp_path / "server.log", "--max-texts", "16", "--max-queue-texts", "16", "--model",
+                    _packaged_model_dir())
+    try:
+        texts = [f"request {n}: " + " ".join(QUERIES * 3) for n in range(16)]
+        alone = server.client.post("/v1/embeddings", json={"input": texts[:1]}).json()["data"][0]["embedding"]
+        barrier = threading.Barrier(24)
+
+        def client(worker: int) -> list[tuple[int, str | None]]:
+            seen = []
+            with httpx.Client(base_url=server.url, timeout=120.0) as c:
+                barrier.wait()
+                for _ in range(3):
+                    response = c.post("/v1/embeddings", json={"input": texts})
+                    if response.status_code == 200:
+                        data = response.json()["data"]
+                        assert len(data) == 16
+                        np.testing.assert_allclose(data[0]["embedding"], alone, atol=1e-5)
+                    else:
+                        assert response.status_code == 503, response.text
+                        assert "--max-queue-texts" in response.json()["error"]["message"]
+                    seen.append((response.status_code, response.headers.get("retry-after")))
+            return seen
+
+        with ThreadPoolExecutor(24) as pool:
+            answers = [a for part in pool.map(client, range(24)) for a in part]
+        assert (503, "1") in answers and any(status == 200 for status, _ in answers)
+        assert all(retry == "1" for status, retry in answers if status == 503)
+        assert server.client.post("/v1/embeddings", json={"input": texts}).status_code == 200
+        metrics = server.client.get("/metrics").text
+        overloaded = re.search(r"^petal_overloaded_total ([\d.e+]+)", metrics, re.M)
+        assert overloaded and float(overloaded.group(1)) == sum(status == 503 for status, _ in answers)
+    finally:
+        server.stop()
+
+
+def _packaged_model_dir() -> str:
+    from petal.engine.loader import default_model_dir
+
+    return str(default_model_dir())

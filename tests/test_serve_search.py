@@ -1,0 +1,153 @@
+"""``petal serve``'s search path without HTTP: the search batcher (many requests, one FAISS call) against
+``IndexReader.search`` one request at a time, the exact GPU-copy search (run here on the CPU through torch,
+and on CUDA when there is one) against FAISS, and the response encoders with and without orjson."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import datetime
+import decimal
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from petal.cli.main import cli
+from tests.conftest import SAMPLE_DATA
+
+torch = pytest.importorskip("torch")
+faiss = pytest.importorskip("faiss")
+
+QUERIES = ["how do glaciers move", "espresso and coffee", "volcano eruption", "sourdough bread starter",
+           "the history of rome", "training for a marathon"]
+
+
+@pytest.fixture(scope="module")
+def sample_index(tmp_path_factory):
+    """sample_data indexed by petal index (MiniLM, Flat), with a kept column to filter on."""
+    out = tmp_path_factory.mktemp("serve-search") / "out"
+    result = CliRunner().invoke(cli, ["index", str(SAMPLE_DATA), "--out", str(out), "-q", "--keep-columns", "topic"])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def _hits(found):
+    return [[(h.id, h.shard, h.row) for h in hits] for hits in found]
+
+
+def test_batched_searches_equal_one_request_at_a_time(sample_index, minilm_spec):
+    """Requests with different k, filters and overrides queued together: each gets what searching it
+    alone gives (the query path of petal query: model vectors -> index-time transform -> FAISS)."""
+    from petal.pipeline.jobs.query import QueryModel, SearchIndex, engine_config
+    from petal.pipeline.serve.search_batcher import SearchBatcher
+    from petal.pipeline.serve.searching import SharedExclusiveLock
+
+    index = SearchIndex.open(sample_index, minilm_spec)
+    model = QueryModel(minilm_spec, engine_config(minilm_spec, "cpu"))
+    vectors = model.embed(QUERIES)
+    topic = index.reader.columns.rows([0], ["topic"])[0]["topic"]
+    where = f"topic = '{topic}'"
+    requests = [(vectors[i : i + 1], 3 + i % 3, where if i % 2 else None) for i in range(len(QUERIES))]
+    requests.append((vectors[:3], 5, None))  # several rows in one request
+    batcher = SearchBatcher(SharedExclusiveLock())
+
+    async def scenario():
+        tasks = [batcher.search(index, rows, True, k, where=w) for rows, k, w in requests]
+        bad = batcher.search(index, vectors[:1], True, 3, where="colour = 'red'")
+        batcher.start()  # everything is queued first: one batch
+        return await asyncio.gather(*tasks), await asyncio.gather(bad, return_exceptions=True)
+
+    try:
+        answers, (error,) = asyncio.run(scenario())
+    finally:
+        batcher.close()
+    for (rows, k, w), got in zip(requests, answers):
+        want = index.search(rows, k, where=w)
+        assert _hits(got) == _hits(want)
+        np.testing.assert_allclose([h.score for hs in got for h in hs], [h.score for hs in want for h in hs],
+                                   atol=1e-5)
+        if w:
+            assert all(h.fields["topic"] == topic for hs in got for h in hs)
+    assert isinstance(error, ValueError) and "colour" in str(error)
+
+
+@pytest.mark.parametrize("metric", [faiss.METRIC_INNER_PRODUCT, faiss.METRIC_L2])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_torch_exact_index_equals_exact_faiss(metric, dtype):
+    """The GPU copy's search (torch; here on the CPU) finds FAISS's exact top k, for Flat and for an IVF
+    whose vectors it decodes through a direct map."""
+    from petal.pipeline.serve.gpu_search import TorchExactIndex
+
+    rng = np.random.default_rng(0)
+    data = rng.standard_normal((3000, 32)).astype(np.float32)
+    queries = rng.standard_normal((7, 32)).astype(np.float32)
+    flat = faiss.IndexFlat(32, metric)
+    flat.add(data)
+    want_scores, want_ids = flat.search(queries, 10)
+    quantizer = faiss.IndexFlat(32, metric)
+    ivf = faiss.IndexIVFFlat(quantizer, 32, 16, metric)
+    ivf.train(data)
+    ivf.add_with_ids(data, np.arange(len(data), dtype=np.int64))
+    for index in (flat, ivf):
+        exact = TorchExactIndex(index, device="cpu", dtype=dtype)
+        scores, ids = exact.search(queries, 10)
+        assert ids.dtype == np.int64 and scores.shape == (7, 10)
+        assert (ids == want_ids).mean() > (0.97 if dtype == "float16" else 0.999)
+        np.testing.assert_allclose(scores, want_scores, rtol=1e-3 if dtype == "float16" else 1e-5, atol=1e-3)
+    assert TorchExactIndex(flat, device="cpu").search(queries, 5000)[1].shape == (7, 3000)  # k over ntotal
+
+
+def test_gpu_reader_answers_like_the_faiss_reader(sample_index, minilm_spec):
+    """A reader over the torch copy maps hits exactly as the FAISS one (ids, shards, rows, kept columns)."""
+    from petal.pipeline.jobs.query import QueryModel, SearchIndex, engine_config
+    from petal.pipeline.serve.gpu_search import GpuReaders
+
+    index = SearchIndex.open(sample_index, minilm_spec)
+    vectors = index.transform.stored(QueryModel(minilm_spec, engine_config(minilm_spec, "cpu")).embed(QUERIES))
+    readers = GpuReaders("cpu", "float32")
+    readers.prepare(index.reader)
+    copy = readers.get(index.reader)
+    assert copy is not None and copy.index is not index.reader.index
+    got, want = copy.search(vectors, 5), index.reader.search(vectors, 5)
+    assert _hits(got) == _hits(want) and [[h.fields for h in hs] for hs in got] == [[h.fields for h in hs]
+                                                                                     for hs in want]
+    np.testing.assert_allclose([h.score for hs in got for h in hs], [h.score for hs in want for h in hs], atol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_torch_exact_index_on_cuda(dtype):
+    from petal.pipeline.serve.gpu_search import TorchExactIndex
+
+    rng = np.random.default_rng(1)
+    data = rng.standard_normal((20000, 64)).astype(np.float32)
+    data /= np.linalg.norm(data, axis=1, keepdims=True)
+    flat = faiss.IndexFlatIP(64)
+    flat.add(data)
+    queries = data[:50] + 0.01 * rng.standard_normal((50, 64)).astype(np.float32)
+    want_scores, want_ids = flat.search(queries, 10)
+    scores, ids = TorchExactIndex(flat, device="cuda", dtype=dtype).search(queries, 10)
+    assert (ids[:, 0] == np.arange(50)).all() and (ids == want_ids).mean() > 0.97
+    np.testing.assert_allclose(scores, want_scores, atol=2e-3)
+
+
+@pytest.mark.parametrize("use_orjson", [True, False])
+def test_embedding_bodies_read_back_exactly(use_orjson):
+    """float JSON (orjson's or the %.9g fallback) and base64 give back the same float32 values."""
+    from petal.pipeline.serve.encoding import dumps, embeddings_body, loads
+
+    rows = np.random.default_rng(2).standard_normal((3, 384)).astype(np.float32) * 1e-3
+    for fmt in ("float", "base64"):
+        body = json.loads(embeddings_body("m", rows, fmt, 12, use_orjson=use_orjson))
+        assert body["usage"] == {"prompt_tokens": 12, "total_tokens": 12} and body["model"] == "m"
+        assert [d["index"] for d in body["data"]] == [0, 1, 2]
+        got = [np.frombuffer(base64.b64decode(d["embedding"]), "<f4") if fmt == "base64"
+               else np.array(d["embedding"], dtype=np.float32) for d in body["data"]]
+        np.testing.assert_array_equal(np.stack(got), rows)
+    odd = {"when": datetime.date(2024, 1, 2), "price": decimal.Decimal("1.5"), 3: "three", "text": "é"}
+    assert json.loads(dumps(odd, use_orjson)) == json.loads(json.dumps(odd, default=str))
+    assert loads(b'{"k": NaN, "big": 123456789012345678901234567890}')["big"] == 123456789012345678901234567890
+    with pytest.raises(json.JSONDecodeError):
+        loads(b"{not json")
