@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU-host runs (see README "Benchmarks"). From the project root on the GPU host:
 #   source .gpu/activate.sh && bash bench/gpu.sh STEP...
-# Steps: tests | quick | full | serve | serve-minilm | e2e | e2e-large | e2e-workers | e2e-warm | variants | profile | l1host | t2fair. Logs and JSON go to $OUT (or ./bench-out).
+# Steps: tests | quick | full | serve | serve-faiss | serve-minilm | e2e | e2e-large | e2e-workers | e2e-warm | variants | profile | l1host | t2fair. Logs and JSON go to $OUT (or ./bench-out).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=true
 out=${OUT:-bench-out}
@@ -54,10 +54,22 @@ for step in "$@"; do
       tail -3 "$out/e2e-workers.err"
       ;;
     serve|serve-minilm)
-      # petal serve under load (needs the starlette and uvicorn wheels in .gpu/: pure Python, py3-none-any)
+      # petal serve under load, 1M-vector index (needs the starlette, uvicorn, uvloop, httptools, orjson wheels in
+      # .gpu/). T2_TOK_S / L1_MS: the offline `quick` numbers, when known, for the target table.
       shape=pplx-embed-0.6b; [ "$step" = serve-minilm ] && shape=minilm
+      python3 -c "import uvloop, httptools, orjson" 2>/dev/null || echo "NOTE: uvloop/httptools/orjson missing: slow path"
       petal bench serve --shape "$shape" --tokenizer-dir .gpu/minilm-tokenizer --index-docs 1000000 \
-        --workdir "/tmp/bench-serve-$shape" --device cuda --json > "$out/$step.json" 2> "$out/$step.err"
+        --index-doc-tokens 32 --workdir "/tmp/bench-serve-$shape" --device cuda --seconds 5 --requests 3000 \
+        --client-processes 4 --json > "$out/$step.json" 2> "$out/$step.err"
+      python3 -c "import json,os,sys; from petal.bench.serve import format_serve_table as f, format_targets as t; r=json.load(open(sys.argv[1])); print(f(r)); e=lambda k: float(os.environ[k]) if os.environ.get(k) else None; print(t(r, e('T2_TOK_S'), e('L1_MS')))" "$out/$step.json"
+      tail -5 "$out/$step.err"
+      ;;
+    serve-faiss)
+      # the same index searched by FAISS on the CPU (--search-device cpu), lone and 16 clients (after `serve`)
+      petal bench serve --shape pplx-embed-0.6b --tokenizer-dir .gpu/minilm-tokenizer --index-docs 1000000 \
+        --index-doc-tokens 32 --workdir /tmp/bench-serve-pplx-embed-0.6b --device cuda --seconds 5 --requests 2000 \
+        --endpoints search --tokens 16 --concurrency 1,16 --client-processes 4 --serve-arg=--search-device=cpu \
+        --json > "$out/$step.json" 2> "$out/$step.err"
       python3 -c "import json,sys; from petal.bench.serve import format_serve_table as f; print(f(json.load(open(sys.argv[1]))))" "$out/$step.json"
       tail -5 "$out/$step.err"
       ;;

@@ -214,7 +214,12 @@ def run_serve_bench(index: Path | None = None, model: Path | None = None, corpus
                                  # load generator's client threads (to tell a client bottleneck apart)
                                  "loop_cpu_us": _per_request_us(delta, "loop_cpu_s", answered),
                                  "server_cpu_us": _per_request_us(delta, "server_cpu_s", answered),
-                                 "client_cpu_us": round(1e6 * load.client_cpu_s / answered, 1) if answered else None})
+                                 "client_cpu_us": round(1e6 * load.client_cpu_s / answered, 1) if answered else None,
+                                 # the server's own time (Server-Timing "app": handler start to response built)
+                                 # and its spans, mean ms per answer: the rest of p50 is HTTP, loopback, client
+                                 "server_p50_ms": _percentile_ms(load.server_s, 50),
+                                 "spans_ms": {name: round(1000 * total / done, 3)
+                                              for name, total in load.span_sums_s.items()} if done else {}})
     finally:
         exit_code = server.stop()
     import torch
@@ -233,14 +238,21 @@ def format_serve_table(result: dict[str, Any]) -> str:
              f"index {result['index'] or '(none)'}; bounds {result['max_requests']} requests / "
              f"{result['seconds_limit']} s per row; {result['client_processes']} client process(es)",
              f"{'endpoint':<16}{'tokens':>7}{'conc':>6}{'requests':>10}{'p50 ms':>10}{'p99 ms':>10}{'req/s':>10}"
-             f"{'texts/step':>12}{'step ms':>9}{'loop µs':>9}{'srv µs':>9}{'cli µs':>9}{'errors':>8}"]
+             f"{'texts/step':>12}{'step ms':>9}{'app p50':>9}{'loop µs':>9}{'srv µs':>9}{'cli µs':>9}{'errors':>8}"]
     for r in result["results"]:
         fmt = lambda x: "-" if x is None else f"{x:,.2f}"
         fmt0 = lambda x: "-" if x is None else f"{x:,.0f}"
         lines.append(f"{r['endpoint']:<16}{r['tokens']:>7}{r['concurrency']:>6}{r['requests']:>10}"
                      f"{fmt(r['p50_ms']):>10}{fmt(r['p99_ms']):>10}{fmt(r['requests_per_s']):>10}"
-                     f"{fmt(r['texts_per_step']):>12}{fmt(r.get('step_ms')):>9}{fmt0(r.get('loop_cpu_us')):>9}"
+                     f"{fmt(r['texts_per_step']):>12}{fmt(r.get('step_ms')):>9}{fmt(r.get('server_p50_ms')):>9}"
+                     f"{fmt0(r.get('loop_cpu_us')):>9}"
                      f"{fmt0(r.get('server_cpu_us')):>9}{fmt0(r.get('client_cpu_us')):>9}{sum(r['errors'].values()):>8}")
+    lines.append("step ms: mean engine step (server); app p50: the server's own time (Server-Timing); loop/srv/cli "
+                 "µs: CPU per request of the server's event-loop thread, the whole server, the load generator")
+    for r in result["results"]:
+        if r.get("spans_ms"):
+            spans = " ".join(f"{k} {v:.3f}" for k, v in r["spans_ms"].items())
+            lines.append(f"  spans ms (mean) {r['endpoint']} {r['tokens']} tok c{r['concurrency']}: {spans}")
     lines.append(f"server exit status after SIGTERM: {result['server_exit_code']}")
     return "\n".join(lines)
 

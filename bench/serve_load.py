@@ -27,6 +27,8 @@ class LoadResult:
     errors: dict[str, int] = field(default_factory=dict)
     wall_s: float = 0.0
     client_cpu_s: float = 0.0  # CPU time of the client threads (their own cost, summed)
+    server_s: list[float] = field(default_factory=list)  # the server's own time per answer (Server-Timing "app")
+    span_sums_s: dict[str, float] = field(default_factory=dict)  # Server-Timing spans, summed over answers
 
 
 def _connect(host: str, port: int) -> socket.socket:
@@ -47,8 +49,9 @@ class ProtocolError(Exception):
     """The server's answer could not be read as one HTTP/1.1 response with a Content-Length."""
 
 
-def read_response(sock: socket.socket, buffer: bytearray) -> int:
-    """Read one response from ``sock`` (``buffer`` keeps what follows it); returns its status."""
+def read_response(sock: socket.socket, buffer: bytearray) -> tuple[int, str | None]:
+    """Read one response from ``sock`` (``buffer`` keeps what follows it): its status and its
+    ``Server-Timing`` header, if any."""
     while True:
         end = buffer.find(b"\r\n\r\n")
         if end >= 0:
@@ -60,10 +63,14 @@ def read_response(sock: socket.socket, buffer: bytearray) -> int:
     head = bytes(buffer[:end]).decode("latin-1")
     status_line, _, rest = head.partition("\r\n")
     length = None
+    timing = None
     for line in rest.split("\r\n"):
         name, _, value = line.partition(":")
-        if name.strip().lower() == "content-length":
+        name = name.strip().lower()
+        if name == "content-length":
             length = int(value)
+        elif name == "server-timing":
+            timing = value
     if length is None:
         raise ProtocolError(f"no Content-Length: {status_line}")
     total = end + 4 + length
@@ -73,7 +80,17 @@ def read_response(sock: socket.socket, buffer: bytearray) -> int:
             raise ProtocolError("connection closed in a body")
         buffer += chunk
     del buffer[:total]
-    return int(status_line.split(" ", 2)[1])
+    return int(status_line.split(" ", 2)[1]), timing
+
+
+def parse_timing(value: str) -> dict[str, float]:
+    """``name;dur=ms, ...`` -> seconds by name."""
+    out = {}
+    for part in value.split(","):
+        name, _, dur = part.strip().partition(";dur=")
+        if dur:
+            out[name] = float(dur) / 1000
+    return out
 
 
 def _client(host: str, port: int, path: str, bodies: list[bytes], headers: dict[str, str], start: int,
@@ -83,6 +100,8 @@ def _client(host: str, port: int, path: str, bodies: list[bytes], headers: dict[
     sock = _connect(host, port)
     buffer = bytearray()
     latencies: list[float] = []
+    server: list[float] = []
+    spans: dict[str, float] = {}
     errors: dict[str, int] = {}
     i = start
     cpu_started = time.thread_time()
@@ -91,9 +110,10 @@ def _client(host: str, port: int, path: str, bodies: list[bytes], headers: dict[
         i += 1
         started = time.perf_counter()
         status: int | str  # the HTTP status, or the name of the connection error
+        timing = None
         try:
             sock.sendall(request)
-            status = read_response(sock, buffer)
+            status, timing = read_response(sock, buffer)
         except (OSError, ProtocolError, ValueError) as exc:
             status = type(exc).__name__
             sock.close()
@@ -101,6 +121,11 @@ def _client(host: str, port: int, path: str, bodies: list[bytes], headers: dict[
         elapsed = time.perf_counter() - started
         if status == 200:
             latencies.append(elapsed)
+            if timing:
+                for name, seconds in parse_timing(timing).items():
+                    spans[name] = spans.get(name, 0.0) + seconds
+                    if name == "app":
+                        server.append(seconds)
         else:
             errors[str(status)] = errors.get(str(status), 0) + 1
     cpu_s = time.thread_time() - cpu_started
@@ -108,6 +133,9 @@ def _client(host: str, port: int, path: str, bodies: list[bytes], headers: dict[
     with lock:
         out.latencies_s += latencies
         out.client_cpu_s += cpu_s
+        out.server_s += server
+        for name, seconds in spans.items():
+            out.span_sums_s[name] = out.span_sums_s.get(name, 0.0) + seconds
         for key, n in errors.items():
             out.errors[key] = out.errors.get(key, 0) + n
 
@@ -131,9 +159,8 @@ def run_threads(url: str, path: str, bodies: list[bytes], threads: int, max_requ
     return out
 
 
-def _process(args: tuple[Any, ...]) -> tuple[list[float], dict[str, int], float, float]:
-    result = run_threads(*args)
-    return result.latencies_s, result.errors, result.wall_s, result.client_cpu_s
+def _process(args: tuple[Any, ...]) -> LoadResult:
+    return run_threads(*args)
 
 
 def run_load(url: str, path: str, bodies: list[bytes], concurrency: int, max_requests: int, seconds: float,
@@ -147,12 +174,15 @@ def run_load(url: str, path: str, bodies: list[bytes], concurrency: int, max_req
             for p, share in enumerate(shares)]
     out = LoadResult()
     with mp.get_context("spawn").Pool(processes) as pool:
-        for latencies, errors, wall_s, cpu_s in pool.map(_process, args):
-            out.latencies_s += latencies
-            out.client_cpu_s += cpu_s
-            for key, n in errors.items():
+        for part in pool.map(_process, args):
+            out.latencies_s += part.latencies_s
+            out.client_cpu_s += part.client_cpu_s
+            out.server_s += part.server_s
+            for name, seconds in part.span_sums_s.items():
+                out.span_sums_s[name] = out.span_sums_s.get(name, 0.0) + seconds
+            for key, n in part.errors.items():
                 out.errors[key] = out.errors.get(key, 0) + n
-            out.wall_s = max(out.wall_s, wall_s)
+            out.wall_s = max(out.wall_s, part.wall_s)
     return out
 
 

@@ -32,6 +32,8 @@ from petal.pipeline.serve.batcher import Overloaded
 from petal.pipeline.serve.encoding import dumps
 from petal.pipeline.serve.requests import RequestError, parse_embeddings, parse_json, parse_search
 from petal.pipeline.serve.service import ServeState
+from petal.pipeline.serve.timing import SPANS, span
+from petal.pipeline.serve.timing import header as timing_header
 
 log = logging.getLogger("petal.serve")
 Handler = Callable[[Request], Awaitable[Any]]
@@ -77,13 +79,16 @@ def build_app(state: ServeState) -> Starlette:
     def endpoint(route: str, fn: Handler, auth: bool = True) -> Handler:
         async def handle(request: Request) -> Response:
             started = time.perf_counter()
+            spans: dict[str, float] = {}
+            SPANS.set(spans)  # NOTE: this request's task only (a copy of the context per task)
             try:
                 if auth and not authorized(request):
                     response = _error(401, "missing or wrong API key (send 'Authorization: Bearer KEY')",
                                       "authentication_error", {"WWW-Authenticate": "Bearer"})
                 else:
                     result = await fn(request)
-                    response = result if isinstance(result, Response) else _json(result)  # bytes: JSON already
+                    with span("encode"):  # bytes: JSON already
+                        response = result if isinstance(result, Response) else _json(result)
             except RequestError as exc:
                 response = _error(exc.status, exc.message, exc.kind, exc.headers)
             except Overloaded as exc:
@@ -93,8 +98,12 @@ def build_app(state: ServeState) -> Starlette:
             except Exception as exc:  # a bug: answer 500, keep serving
                 log.exception("petal serve: %s failed", route)
                 response = _error(500, f"internal error: {type(exc).__name__}: {exc}", "server_error")
+            elapsed = time.perf_counter() - started
+            if spans:
+                spans["app"] = elapsed
+                response.headers["server-timing"] = timing_header(spans)
             state.metrics.requests.labels(route=route, status=str(response.status_code)).inc()
-            state.metrics.request_seconds.labels(route=route).observe(time.perf_counter() - started)
+            state.metrics.request_seconds.labels(route=route).observe(elapsed)
             return response
 
         return handle

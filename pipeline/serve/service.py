@@ -22,6 +22,7 @@ from petal.pipeline.serve.requests import EmbeddingsRequest, RequestError, Searc
 from petal.pipeline.serve.search_batcher import SearchBatcher
 from petal.pipeline.serve.searching import SharedExclusiveLock
 from petal.pipeline.serve.settings import ServeSettings, model_name
+from petal.pipeline.serve.timing import span
 from petal.pipeline.store.outputs import OutputConfig, OutputTransform
 
 INLINE_TOKENIZE_CHARS = 4096  # a request with fewer characters is tokenized on the event loop (tens of µs)
@@ -83,10 +84,11 @@ class ServeState:
                 f"(--max-tokens-per-text / the model's max length); shorten it or send \"truncate\": true")
 
     async def tokenize(self, texts: tuple[str, ...], side: str, truncate: bool, name: str) -> Tokens:
-        if sum(map(len, texts)) <= INLINE_TOKENIZE_CHARS:  # NOTE: a thread hop costs more than this
-            encoded = self.model.tokenize(list(texts), side)  # type: ignore[arg-type]
-        else:
-            encoded = await self._in_thread(self.model.tokenize, list(texts), side)
+        with span("tokenize"):
+            if sum(map(len, texts)) <= INLINE_TOKENIZE_CHARS:  # NOTE: a thread hop costs more than this
+                encoded = self.model.tokenize(list(texts), side)  # type: ignore[arg-type]
+            else:
+                encoded = await self._in_thread(self.model.tokenize, list(texts), side)
         if not truncate and encoded.truncated.any():
             raise RequestError(413, self._limit_message(int(np.argmax(encoded.truncated)), name))
         empty = [i for i, ids in enumerate(encoded.token_ids) if len(ids) == 0]
@@ -128,8 +130,10 @@ class ServeState:
         else:
             assert req.token_ids is not None
             tokens = self.token_ids(req.token_ids, req.truncate)
-        rows = transform.vectors(await self.batcher.embed(tokens.ids))
-        return embeddings_body(self.model_id, rows, req.encoding_format, tokens.count)
+        with span("engine"):
+            model_rows = await self.batcher.embed(tokens.ids)
+        with span("encode"):
+            return embeddings_body(self.model_id, transform.vectors(model_rows), req.encoding_format, tokens.count)
 
     # --- search ---------------------------------------------------------------------------------
 
@@ -140,7 +144,8 @@ class ServeState:
         index = self.follower.live  # NOTE: taken once: the whole answer comes from this version
         if req.texts is not None:
             tokens = await self.tokenize(req.texts, "query", req.truncate, "query")
-            vectors = await self.batcher.embed(tokens.ids)  # model vectors: SearchIndex.search transforms them
+            with span("engine"):
+                vectors = await self.batcher.embed(tokens.ids)  # model vectors: the search transforms them
         else:
             assert req.vectors is not None
             vectors = np.asarray(req.vectors, dtype=np.float32)
@@ -148,8 +153,9 @@ class ServeState:
                 raise RequestError(422, f"'vectors' rows must have {index.reader.dim} values (the index's dim), "
                                         f"got {[len(v) for v in req.vectors][:4]}")
         try:
-            found = await self.searcher.search(index, vectors, req.texts is not None, req.k, where=req.where,
-                                               nprobe=req.nprobe, rescore=req.rescore)
+            with span("search"):
+                found = await self.searcher.search(index, vectors, req.texts is not None, req.k, where=req.where,
+                                                   nprobe=req.nprobe, rescore=req.rescore)
         except ValueError as exc:  # a bad filter or an unknown column, named
             raise RequestError(422, str(exc)) from exc
         if req.include:  # reads stored text or the shards: off the event loop
