@@ -133,6 +133,27 @@ def test_torch_exact_index_on_cuda(dtype):
     np.testing.assert_allclose(scores, want_scores, atol=2e-3)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_readers_on_cuda_answer_like_faiss(sample_index, minilm_spec):
+    from petal.pipeline.jobs.query import QueryModel, SearchIndex, engine_config
+    from petal.pipeline.serve.gpu_search import GpuReaders
+
+    index = SearchIndex.open(sample_index, minilm_spec)
+    vectors = index.transform.stored(QueryModel(minilm_spec, engine_config(minilm_spec, "cpu")).embed(QUERIES))
+    readers = GpuReaders("cuda", "float16")
+    readers.prepare(index.reader)
+    copy = readers.get(index.reader)
+    assert copy is not None
+    got, want = copy.search(vectors, 5), index.reader.search(vectors, 5)
+    assert [hs[0].id for hs in got] == [hs[0].id for hs in want]
+    np.testing.assert_allclose([h.score for hs in got for h in hs], [h.score for hs in want for h in hs], atol=2e-3)
+
+
+def test_search_device_cuda_needs_the_model_on_cuda():
+    result = CliRunner().invoke(cli, ["serve", "out", "--search-device", "cuda", "--device", "cpu", "--port", "0"])
+    assert result.exit_code == 2 and "--search-device cuda needs" in result.output
+
+
 @pytest.mark.parametrize("use_orjson", [True, False])
 def test_embedding_bodies_read_back_exactly(use_orjson):
     """float JSON (orjson's or the %.9g fallback) and base64 give back the same float32 values."""
