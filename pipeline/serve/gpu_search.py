@@ -133,7 +133,7 @@ def gpu_reader(reader: IndexReader, device: str = "cuda", dtype: str = "float16"
                         "searching with FAISS on the CPU", free >> 20, need >> 20)
             return None
     out = copy.copy(reader)  # NOTE: shares the ids, columns and manifest; only `index` differs
-    out.index = TorchExactIndex(reader.index, device, dtype)
+    out.index = TorchExactIndex(reader.index, device, dtype)  # type: ignore[assignment]  # the reader's FAISS duck type
     return out
 
 

@@ -133,7 +133,7 @@ class SearchBatcher:
             found = self._search_rows(index, rows, key)
         except Exception as exc:  # a bad filter (ValueError: 422), or a bug: these requests fail, the thread lives
             return [(item, None, exc) for item in group]
-        out = []
+        out: list[tuple[_Pending, Any, BaseException | None]] = []
         cursor = 0
         for item in group:
             out.append((item, found[cursor : cursor + len(item.rows)], None))
