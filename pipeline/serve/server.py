@@ -16,10 +16,6 @@ from petal.pipeline.reliability.errors import ConfigError
 from petal.pipeline.serve.app import build_app
 from petal.pipeline.serve.service import ServeState
 
-# NOTE: the engine and search threads share the GIL with the event loop; with Python's default 5 ms
-# switch interval a thread that wants the GIL back (to launch the next step) can wait 5 ms behind the loop.
-SWITCH_INTERVAL_S = 0.0005
-
 
 class DrainingServer(uvicorn.Server):
     """uvicorn, minus re-raising the stop signal after the graceful shutdown (which would exit 143)."""
@@ -65,7 +61,7 @@ def bind(host: str, port: int) -> socket.socket:
 def serve(state: ServeState, sock: socket.socket, log_level: str = "warning", access_log: bool = False) -> None:
     """Serve on ``sock`` until SIGTERM/SIGINT, then drain (in-flight requests finish) and return."""
     host, port = sock.getsockname()[:2]
-    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    sys.setswitchinterval(state.settings.switch_interval_ms / 1000)  # see ServeSettings
     server = server_for(state, host, port, log_level, access_log)
     try:
         server.run(sockets=[sock])

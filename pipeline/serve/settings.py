@@ -54,6 +54,9 @@ class ServeSettings:
     served_model_name: str | None = None  # the `model` id of /v1/models (default: the model directory's name)
     search_device: str = "cpu"  # cpu: FAISS; cuda: exact top-k over a GPU copy of the vectors (serve/gpu_search.py)
     search_dtype: str = "float16"  # the GPU copy's dtype (float16 or float32)
+    # NOTE: the engine and search threads share the GIL with the event loop; with Python's default 5 ms a
+    # thread that wants the GIL back (to launch the next step) can wait 5 ms behind a busy loop
+    switch_interval_ms: float = 0.5
 
     def __post_init__(self) -> None:
         if self.max_wait_ms < 0:
@@ -61,6 +64,8 @@ class ServeSettings:
         if self.max_queue_texts < self.limits.max_texts:
             raise ValueError(f"--max-queue-texts {self.max_queue_texts} is below --max-texts {self.limits.max_texts}: "
                              "a full request could never be queued")
+        if self.switch_interval_ms <= 0:
+            raise ValueError(f"--switch-interval-ms {self.switch_interval_ms} must be > 0")
         if self.reload_interval_s <= 0 or self.drain_timeout_s < 0 or self.search_threads < 1:
             raise ValueError("--reload-interval-s must be > 0, --drain-timeout-s >= 0, threads >= 1")
         if self.search_device not in ("cpu", "cuda") or self.search_dtype not in ("float16", "float32"):
