@@ -31,7 +31,8 @@ from petal.engine.layers.dense import Dense
 from petal.engine.models import model_class_for
 from petal.engine.models.base import EncoderModel
 from petal.engine.models.build import build_empty, check_loaded
-from petal.engine.models.weights import open_weights, pickle_files, safetensors_files
+from petal.engine.models.stream import Spans, StreamSettings, stream_tensors
+from petal.engine.models.weights import open_pickle_weights, pickle_files, safetensors_files, state_from_plan
 from petal.engine.resolve import HF_ID, cached_snapshot, hf_cache_dirs
 from petal.engine.st_files import StFiles, StFilesError, read_st_files
 
@@ -279,27 +280,27 @@ def _eos_token_id(hf: dict[str, Any], model_dir: Path) -> int | None:
     return Tokenizer.from_file(str(model_dir / "tokenizer.json")).token_to_id(name)
 
 
-def load_model(spec: ModelSpec, device: torch.device, dtype: torch.dtype) -> nn.Module:
+def load_model(spec: ModelSpec, device: torch.device, dtype: torch.dtype, *,
+               stream: StreamSettings | None = None, spans: Spans | None = None) -> nn.Module:
     """Build the native model and load its weights straight to ``device`` in ``dtype``.
 
+    Safetensors files stream to the device (``engine/models/stream.py``: no host copy of the whole
+    checkpoint, fusions and casts on the device); pickle weights (opt-in) go through ``torch.load``.
     sentence-transformers Dense layers become ``model.dense_head`` (fp32; applied after pooling).
+    ``spans`` (optional) collects where the time went, for ``bench/load_probe.py``.
     """
-    model = build_empty(model_class_for({"architectures": [], "model_type": spec.config.architecture}), spec.config)
-    try:
-        state = model.hf_state_dict(open_weights(list(spec.weight_files), device, dtype))
-    except KeyError as exc:
-        raise ModelError(f"{spec.path}: {exc.args[0]}") from exc
-    model.load_state_dict(state, strict=True, assign=True)
+    spans = spans or Spans()
+    with spans.span("build_meta"):
+        model = build_empty(model_class_for({"architectures": [], "model_type": spec.config.architecture}),
+                            spec.config)
+    _fill(model, list(spec.weight_files), model.weight_plan(), model.weight_prefixes, device, dtype, stream, spans,
+          spec.path)
     if spec.dense:
         head = nn.Sequential()
         for cfg in spec.dense:
             layer = build_empty(Dense, cfg)
-            weights = open_weights([cfg.weight_file], device, torch.float32)
-            try:
-                layer.load_state_dict({name: weights.get(name) for name in layer.state_dict()}, strict=True,
-                                      assign=True)
-            except KeyError as exc:
-                raise ModelError(f"{cfg.weight_file}: {exc.args[0]}") from exc
+            _fill(layer, [cfg.weight_file], {name: (name,) for name in layer.state_dict()}, ("",), device,
+                  torch.float32, stream, spans, cfg.weight_file)
             head.append(layer)
         model.dense_head = head
     try:
@@ -307,3 +308,25 @@ def load_model(spec: ModelSpec, device: torch.device, dtype: torch.dtype) -> nn.
     except ValueError as exc:
         raise ModelError(f"{spec.path}: {exc}") from exc
     return model.eval().requires_grad_(False)
+
+
+def _fill(module: nn.Module, files: list[Path], plan: dict[str, tuple[str, ...]], prefixes: tuple[str, ...],
+          device: torch.device, dtype: torch.dtype, stream: StreamSettings | None, spans: Spans, where: Path) -> None:
+    """Read ``module``'s tensors (``plan``) from ``files`` and assign them (``ModelError`` naming what is wrong)."""
+    shapes = {name: tuple(t.shape) for name, t in module.state_dict().items()}
+    try:
+        if all(f.suffix == ".safetensors" for f in files):
+            state = stream_tensors(files, plan, shapes, prefixes, device, dtype, stream, spans)
+        else:
+            with spans.span("pickle"):
+                state = state_from_plan(open_pickle_weights(files, device, dtype), plan, prefixes)
+    except KeyError as exc:
+        raise ModelError(f"{where}: {exc.args[0]}") from exc
+    except ValueError as exc:  # a damaged safetensors file, or a tensor of a shape the model does not take
+        raise ModelError(str(exc)) from exc
+    wrong = [f"{name} {list(t.shape)} (the model takes {list(shapes[name])})" for name, t in state.items()
+             if tuple(t.shape) != shapes[name]]
+    if wrong:
+        raise ModelError(f"{where}: weights of the wrong shape: {', '.join(wrong[:4])}")
+    with spans.span("assign"):
+        module.load_state_dict(state, strict=True, assign=True)

@@ -10,7 +10,7 @@ from torch import nn
 
 from petal.engine.config import ModelConfig, PoolingMode
 from petal.engine.context import ForwardContext
-from petal.engine.models.weights import WeightSource
+from petal.engine.models.weights import WeightSource, state_from_plan
 
 
 class EncoderModel(nn.Module):
@@ -32,6 +32,16 @@ class EncoderModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         raise NotImplementedError
 
+    fused_weights: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (".qkv.", (".query.", ...)): parts stacked on dim 0
+
+    def weight_plan(self) -> dict[str, tuple[str, ...]]:
+        """Our parameter name -> the checkpoint tensors (Hugging Face names, no prefix) stacked along dim 0 into it."""
+        plan: dict[str, tuple[str, ...]] = {}
+        for name in self.state_dict():
+            marker, parts = next(((m, p) for m, p in self.fused_weights if m in name), ("", ()))
+            plan[name] = tuple(name.replace(marker, part) for part in parts) if parts else (name,)
+        return plan
+
     def hf_state_dict(self, weights: WeightSource) -> dict[str, torch.Tensor]:
-        """Our parameter names -> tensors read from a Hugging Face checkpoint."""
-        raise NotImplementedError
+        """Our parameter names -> tensors read from a Hugging Face checkpoint held in memory (``weight_plan``)."""
+        return state_from_plan(weights, self.weight_plan(), self.weight_prefixes)

@@ -19,7 +19,6 @@ from petal.engine.layers.embedding import Embedding
 from petal.engine.layers.linear import Linear
 from petal.engine.layers.norm import LayerNorm
 from petal.engine.models.base import EncoderModel
-from petal.engine.models.weights import WeightSource
 
 
 def bert_config(hf: dict[str, Any], architecture: str = "bert") -> ModelConfig:
@@ -138,6 +137,7 @@ class BertModel(EncoderModel):
     weight_prefixes: tuple[str, ...] = ("", "bert.", "model.")
     attention_masks: tuple[str, ...] = ("bidirectional",)
     default_pooling: PoolingMode | None = "mean"  # a bare directory without sentence-transformers files
+    fused_weights = ((".qkv.", (".query.", ".key.", ".value.")),)
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -158,16 +158,4 @@ class BertModel(EncoderModel):
         for layer in self.encoder.layer:
             h = layer(h, ctx)
         out: torch.Tensor = h
-        return out
-
-    def hf_state_dict(self, weights: WeightSource) -> dict[str, torch.Tensor]:
-        """Our parameter names -> tensors read from a Hugging Face checkpoint."""
-        out: dict[str, torch.Tensor] = {}
-        for name in self.state_dict():
-            if ".qkv." in name:
-                parts = [weights.get(name.replace(".qkv.", f".{p}."), self.weight_prefixes)
-                         for p in ("query", "key", "value")]
-                out[name] = torch.cat(parts, dim=0)
-            else:
-                out[name] = weights.get(name, self.weight_prefixes)
         return out

@@ -21,7 +21,6 @@ from petal.engine.layers.norm import RMSNorm
 from petal.engine.layers.rotary import RopeTables, RotaryEmbedding, apply_rotary
 from petal.engine.layers.triton_kernels import qk_norm_rope_, triton_available
 from petal.engine.models.base import EncoderModel
-from petal.engine.models.weights import WeightSource
 
 PPLX_MODEL_TYPE = "bidirectional_pplx_qwen3"  # pplx-embed-v1's config.json (remote code, Qwen3 weights)
 
@@ -158,6 +157,8 @@ class Qwen3Model(EncoderModel):
     weight_prefixes: tuple[str, ...] = ("", "model.")
     attention_masks: tuple[str, ...] = ("causal", "bidirectional")  # checkpoints of this family use both
     default_pooling: PoolingMode | None = None  # mean (pplx-embed) or last (Qwen3-Embedding): never assumed
+    fused_weights = ((".qkv_proj.", (".q_proj.", ".k_proj.", ".v_proj.")),
+                     (".gate_up_proj.", (".gate_proj.", ".up_proj.")))
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -183,17 +184,4 @@ class Qwen3Model(EncoderModel):
             h, residual = layer(h, residual, rope, ctx)
         h, _ = self.norm(h, residual)
         out: torch.Tensor = h
-        return out
-
-    def hf_state_dict(self, weights: WeightSource) -> dict[str, torch.Tensor]:
-        fused = {".qkv_proj.": ("q_proj", "k_proj", "v_proj"), ".gate_up_proj.": ("gate_proj", "up_proj")}
-        out: dict[str, torch.Tensor] = {}
-        for name in self.state_dict():
-            for marker, parts in fused.items():
-                if marker in name:
-                    out[name] = torch.cat([weights.get(name.replace(marker, f".{p}."), self.weight_prefixes)
-                                           for p in parts], dim=0)
-                    break
-            else:
-                out[name] = weights.get(name, self.weight_prefixes)
         return out

@@ -1,4 +1,6 @@
-"""Reading Hugging Face safetensors checkpoints tensor by tensor, straight to the target device."""
+"""Where a checkpoint's weights are (safetensors files, or pickle files when allowed) and the
+in-memory checkpoints of tests, benchmarks and the pickle opt-in (safetensors files stream through
+``engine/models/stream.py``)."""
 
 from __future__ import annotations
 
@@ -6,35 +8,26 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 
 
 class WeightSource:
-    """All tensors of a checkpoint (one ``model.safetensors`` or an index of shards), by name."""
+    """Tensors of a checkpoint by name, on the target device, floats in the target dtype."""
 
-    def __init__(self, files: list[Path], device: torch.device, dtype: torch.dtype) -> None:
-        self.device = device
-        self.dtype = dtype
-        self._handles = [safe_open(str(f), framework="pt", device=str(device)) for f in files]
-        self._where: dict[str, int] = {}
-        for i, handle in enumerate(self._handles):
-            for key in handle.keys():  # noqa: SIM118 (safe_open has keys() but no __iter__)
-                self._where.setdefault(key, i)
-        self.files = files
-
-    def keys(self) -> list[str]:
-        return list(self._where)
+    files: list[Path]
 
     def get(self, name: str, prefixes: tuple[str, ...] = ("",)) -> torch.Tensor:
-        """The tensor ``prefix + name`` for the first prefix present, floats cast to ``dtype``."""
-        for prefix in prefixes:
-            key = prefix + name
-            if key in self._where:
-                tensor = self._handles[self._where[key]].get_tensor(key)
-                out: torch.Tensor = tensor.to(self.dtype) if tensor.is_floating_point() else tensor
-                return out
-        tried = ", ".join(repr(p + name) for p in prefixes)
-        raise KeyError(f"weight {name!r} not found in {', '.join(str(f) for f in self.files)} (tried {tried})")
+        """The tensor ``prefix + name`` for the first prefix present (``KeyError`` naming what was tried)."""
+        raise NotImplementedError
+
+
+def state_from_plan(weights: WeightSource, plan: dict[str, tuple[str, ...]],
+                    prefixes: tuple[str, ...]) -> dict[str, torch.Tensor]:
+    """Our parameter name -> its checkpoint tensors (``plan``) stacked along dim 0."""
+    out: dict[str, torch.Tensor] = {}
+    for name, parts in plan.items():
+        tensors = [weights.get(part, prefixes) for part in parts]
+        out[name] = tensors[0] if len(tensors) == 1 else torch.cat(tensors, dim=0)
+    return out
 
 
 PICKLE_WEIGHT_NAMES = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.pt", "model.pth")
@@ -91,10 +84,8 @@ def pickle_files(model_dir: Path) -> list[Path]:
     return []
 
 
-def open_weights(files: list[Path], device: torch.device, dtype: torch.dtype) -> WeightSource:
-    """A ``WeightSource`` over safetensors files, or over pickle files (only when the caller allowed them)."""
-    if all(f.suffix == ".safetensors" for f in files):
-        return WeightSource(files, device, dtype)
+def open_pickle_weights(files: list[Path], device: torch.device, dtype: torch.dtype) -> WeightSource:
+    """A ``WeightSource`` over pickle files (only when the caller allowed them)."""
     tensors: dict[str, torch.Tensor] = {}
     for f in files:
         # NOTE: weights_only=True: torch's restricted unpickler (tensors and plain containers only), so
