@@ -235,7 +235,8 @@ def main() -> None:
         for dtype_name, d in dirs.items():
             runs.append((f"stream, {dtype_name} checkpoint -> bf16, COLD page cache",
                          child("stream-cold", d, max(2, args.repeats // 2), default)))
-    runs.append(("before (safe_open per tensor), float32 checkpoint, warm", child("before", dirs["float32"], 3, default)))
+    runs.append(("before (safe_open per tensor), float32 checkpoint, warm",
+                 child("before", dirs["float32"], 3, default)))
     runs.append(("before (safe_open per tensor), bfloat16 checkpoint, warm",
                  child("before", dirs["bfloat16"], 3, default)))
     if not args.no_sweep:
@@ -248,8 +249,9 @@ def main() -> None:
         return
     for label, result in runs:
         if result.get("mode") == "engine" and "error" not in result:
-            print(f"{label}: model_load {result['model_load_s']:.3f} s, whole Engine() {result['engine_init_s']:.3f} s, "
-                  f"then waited {result['kernel_warmup_wait_s']:.3f} s for the Triton warm-up")
+            print(f"{label}: model_load {result['model_load_s']:.3f} s, whole Engine() "
+                  f"{result['engine_init_s']:.3f} s, then waited {result['kernel_warmup_wait_s']:.3f} s for the "
+                  "Triton warm-up")
         else:
             print("\n".join(format_runs(label, result)))
     print(f"probe took {time.perf_counter() - started:.0f} s")

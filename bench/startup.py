@@ -17,7 +17,6 @@ before it is timed):
 from __future__ import annotations
 
 import json
-import math
 import shutil
 import statistics
 import subprocess
@@ -62,10 +61,10 @@ if sys.argv[3] == "petal":
     answer = [h.id for h in hits[0]]
 else:  # the open before issue 14: sha256 of every listed file, then the whole index read into memory
     version_dir, manifest = resolve_index_dir(Path(sys.argv[1]))
-    for name, sha in manifest["index"]["files"].items():
+    for name, sha in manifest.index.files.items():
         assert sha256_file(version_dir / name) == sha
     index = read_index_copied(version_dir / "index.faiss", "memory")
-    apply_params(index, manifest["index"]["search_params"])
+    apply_params(index, manifest.index.search_params)
     ids = pq.read_table(version_dir / "ids.parquet")
     _, found = index.search(query, 10)
     answer = ids.take(found[0][found[0] >= 0]).column("id").to_pylist()
@@ -76,17 +75,20 @@ MODEL_LOAD_SCRIPT = """
 import json, sys, time
 import torch
 from petal.engine.loader import inspect_model, load_model
+from petal.engine.models.stream import Spans
 device = torch.device(sys.argv[2])
 dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
 spec = inspect_model(sys.argv[1])
 if device.type == "cuda":
     torch.cuda.init()
+spans = Spans()
 started = time.perf_counter()
-model = load_model(spec, device, dtype)
+model = load_model(spec, device, dtype, spans=spans)
 if device.type == "cuda":
     torch.cuda.synchronize()
 print(json.dumps({"model_load_s": time.perf_counter() - started,
-                  "parameters": sum(p.numel() for p in model.parameters())}))
+                  "parameters": sum(p.numel() for p in model.parameters()),
+                  "spans_s": {k: round(v, 4) for k, v in spans.seconds.items()}}))
 """
 
 
@@ -120,54 +122,58 @@ def median_reported(argv: list[str], key: str, runs: int) -> dict[str, Any]:
             **{k: v for k, v in last.items() if k not in (key, "answer")}}
 
 
-def write_index_version(root: Path, num_vectors: int, dim: int, factory: str, seed: int = 0) -> tuple[Path, str]:
-    """A sealed version directory ``root/out`` holding ``num_vectors x dim`` clustered unit vectors."""
+def write_vector_shards(folder: Path, num_vectors: int, dim: int, shards: int = 8, seed: int = 0) -> None:
+    """``num_vectors x dim`` clustered unit vectors as Parquet shards (``id``, ``vector`` fixed_size_list<float32>)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from petal.bench.vectors import ClusteredVectors
-    from petal.pipeline.config import IndexSettings
-    from petal.pipeline.index.checksums import seal_manifest, sha256_file
-    from petal.pipeline.index.faiss_loader import load_faiss
-    from petal.pipeline.index.files import write_index
-    from petal.pipeline.layout import OutputDir
-    from petal.pipeline.reliability.durable import write_json_atomic
 
-    faiss = load_faiss()
-    if factory == "auto":  # petal's rule for float32 vectors: exact when small, IVF with ~4 sqrt(N) lists above
-        nlist = 2 ** round(math.log2(4 * math.sqrt(num_vectors)))
-        factory = "Flat" if num_vectors <= IndexSettings().flat_max_vectors else f"IVF{nlist},Flat"
-    index = faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
+    folder.mkdir(parents=True, exist_ok=True)
     source = ClusteredVectors(dim, seed)
-    if not index.is_trained:
-        ivf = faiss.extract_index_ivf(index)
-        index.train(source.reseeded(seed + 1).draw(min(num_vectors, 40 * ivf.nlist)))
-    for chunk in source.chunks(num_vectors):
-        index.add(chunk)
-    search_params = {"nprobe": 16} if faiss.try_extract_index_ivf(index) is not None else {}
-    out = OutputDir(root / "out")
-    out.prepare()
-    staging = out.staging_dir()
-    write_index(index, staging / "index.faiss")
-    del index
-    pq.write_table(pa.table({"faiss_id": np.arange(num_vectors, dtype=np.int64),
-                             "id": np.arange(num_vectors, dtype=np.int64),
-                             "shard": pa.array(["bench.parquet"] * num_vectors, pa.string()),
-                             "row": np.arange(num_vectors, dtype=np.int64)}), staging / "ids.parquet")
-    files = {p.name: sha256_file(p) for p in sorted(staging.iterdir())}
-    version = out.new_version_id()
-    manifest = {"version": version, "dim": dim, "metric": "ip",
-                "index": {"factory": factory, "storage": "memory", "files": files, "search_params": search_params,
-                          "num_vectors": num_vectors}}
-    write_json_atomic(staging / "manifest.json", seal_manifest(staging, manifest))
-    out.publish(staging, version)
-    return out.root, factory
+    per_shard = -(-num_vectors // shards)
+    for shard in range(shards):
+        lo, hi = shard * per_shard, min(num_vectors, (shard + 1) * per_shard)
+        if lo >= hi:
+            break
+        path = folder / f"vectors-{shard:03d}.parquet"
+        with pq.ParquetWriter(path.with_suffix(".tmp"), pa.schema([("id", pa.int64()),
+                                                                   ("vector", pa.list_(pa.float32(), dim))]),
+                              compression="none") as writer:
+            for start in range(lo, hi, 65536):
+                block = source.draw(min(65536, hi - start))
+                vectors = pa.FixedSizeListArray.from_arrays(pa.array(block.reshape(-1)), dim)
+                writer.write_table(pa.table({"id": np.arange(start, start + len(block), dtype=np.int64),
+                                             "vector": vectors}))
+        path.with_suffix(".tmp").rename(path)
+
+
+def write_index_version(root: Path, num_vectors: int, dim: int, factory: str) -> tuple[Path, str, float]:
+    """``root/out``: an index of ``num_vectors x dim`` clustered vectors built by ``petal index --vectors-column``
+    (petal's own planner, tuner and writer: ``--index-factory auto`` is what a real run picks), reused when
+    ``root/out`` already holds one of that size and factory. Returns ``(out, factory, build seconds)``."""
+    from petal.pipeline.layout import resolve_index_dir
+
+    out = root / "out"
+    if (out / "CURRENT").is_file():
+        _, manifest = resolve_index_dir(out)
+        if (manifest.index.num_vectors, manifest.dim) == (num_vectors, dim) \
+                and factory in ("auto", manifest.index.factory):
+            return out, manifest.index.factory, 0.0
+        shutil.rmtree(out)
+    started = time.perf_counter()
+    vectors = root / f"vectors-{num_vectors}x{dim}"
+    if not vectors.is_dir() or not any(vectors.glob("*.parquet")):
+        write_vector_shards(vectors, num_vectors, dim)
+    _run([sys.executable, "-m", "petal.cli.main", "index", str(vectors), "--out", str(out), "--vectors-column",
+          "vector", "--index-factory", factory, "--quiet"])
+    _, manifest = resolve_index_dir(out)
+    return out, manifest.index.factory, time.perf_counter() - started
 
 
 def open_and_query(num_vectors: int, dim: int, factory: str, runs: int, workdir: Path) -> dict[str, Any]:
-    started = time.perf_counter()
-    out, factory = write_index_version(workdir, num_vectors, dim, factory)
-    built_s = time.perf_counter() - started
+    out, factory, built_s = write_index_version(workdir / f"index-{num_vectors}x{dim}-{factory}", num_vectors, dim,
+                                                factory)
     query_file = workdir / "query.npy"
     from petal.bench.vectors import ClusteredVectors
 
@@ -188,9 +194,10 @@ def model_load(shape_name: str, device: str, runs: int, workdir: Path) -> dict[s
 
     s = shape(shape_name)
     model_dir = workdir / f"model-{shape_name}"
-    hf = hf_model(s, torch.device("cpu"), torch.float32)
-    save_model_dir(s, hf, default_model_dir(), model_dir)
-    del hf
+    if not (model_dir / "model.safetensors").is_file():  # reused from an earlier run with the same --workdir
+        hf = hf_model(s, torch.device("cpu"), torch.float32)
+        save_model_dir(s, hf, default_model_dir(), model_dir)
+        del hf
     result = median_reported([sys.executable, "-c", MODEL_LOAD_SCRIPT, str(model_dir), device], "model_load_s", runs)
     return {"shape": shape_name, "device": device, **result}
 
@@ -259,6 +266,7 @@ def format_startup_table(result: dict[str, Any]) -> str:
         f"(process {oq['before_issue_14']['process_median_s']:.3f} s)",
         f"  model load {ml['shape']} on {ml['device']} ({ml.get('parameters', 0) / 1e6:.0f}M params) "
         f"{ml['median_s']:>8.3f} s",
+        "    " + " ".join(f"{k}={v:.3f}" for k, v in ml.get("spans_s", {}).items()),
         "",
         f"  {'target':<58} {'measured':>9} {'limit':>8} {'ratio':>6}",
     ]

@@ -205,3 +205,29 @@ def test_kernel_warmup_compiles_what_the_model_runs(family, tmp_path, monkeypatc
     engine.step(PackedBatch.from_sequences(mixed_docs(5, seed=4))).result()
     assert sorted(os.listdir(tmp_path / "triton")) == compiled  # the model's kernels were the warmed ones
     assert engine.stats.kernel_warmup_wait_s >= 0
+
+
+@pytest.mark.parametrize("file_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("family", ["bert", "qwen3-bidirectional"])
+def test_streamed_load_equals_the_in_memory_load(family, file_dtype, tmp_path):
+    """The CUDA streaming loader (pinned ring, reader threads, casts and fusions on the device) gives the
+    very tensors of the in-memory mapping; tiny chunks and 3 slots make the ring wrap many times."""
+    from petal.engine.loader import inspect_model, load_model
+    from petal.engine.models.stream import Spans, StreamSettings
+    from tests.parity import save_model_dir
+    from tests.tiny_models import write_word_tokenizer
+
+    shape = TINY[family]
+    hf = hf_model(shape, CUDA, file_dtype, seed=7)
+    (tmp_path / "tokenizer").mkdir()
+    write_word_tokenizer(tmp_path / "tokenizer", None)  # any tokenizer.json: only the weights are compared
+    spec = inspect_model(save_model_dir(shape, hf, tmp_path / "tokenizer", tmp_path / "model"))
+    _, expected = native_from_hf(shape, hf, CUDA, torch.bfloat16)
+    for settings in (StreamSettings(), StreamSettings(chunk_bytes=4096, slots=3, readers=2)):
+        spans = Spans()
+        streamed = load_model(spec, CUDA, torch.bfloat16, stream=settings, spans=spans)
+        assert "readers: pread" in spans.seconds
+        reference = dict(expected.named_parameters())
+        for name, tensor in streamed.named_parameters():
+            assert tensor.device.type == "cuda" and tensor.dtype == torch.bfloat16
+            assert torch.equal(tensor, reference[name]), name
