@@ -90,6 +90,7 @@ SETTINGS_SWEEP = [
     {"chunk_bytes": 32 << 20, "slots": 8, "readers": 8},
     {"chunk_bytes": 32 << 20, "slots": 8, "readers": 2},
     {"chunk_bytes": 8 << 20, "slots": 16, "readers": 8},
+    {"chunk_bytes": 16 << 20, "slots": 16, "readers": 16},
 ]
 
 

@@ -206,7 +206,7 @@ def _chunks(pieces: list[Piece], chunk_bytes: int) -> list[Chunk]:
 
 def _pread_into(fd: int, buffer: np.ndarray, offset: int, path: Path) -> None:
     """Fill ``buffer`` (uint8) from ``offset`` of the open file ``fd``; the GIL is released while it reads."""
-    view = memoryview(buffer)
+    view = buffer.data.cast("B")
     done = 0
     while done < len(view):
         n = os.preadv(fd, [view[done:]], offset + done)
