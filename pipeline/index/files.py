@@ -58,9 +58,10 @@ def read_index(path: Path, storage: str) -> Any:
     return read_index_mapped(path, storage)
 
 
-def open_parquet(path: Path) -> Any:
+def open_parquet(path: Path, read_dictionary: list[str] | None = None) -> Any:
     """``pyarrow.parquet.ParquetFile`` over a memory map of ``path`` (the footer read, O(1)); the mapping
-    keeps the data readable after the version is pruned. Unreadable: ``BadInputError`` (65)."""
+    keeps the data readable after the version is pruned. Unreadable: ``BadInputError`` (65).
+    ``read_dictionary``: string columns decoded as dictionaries (one copy of each distinct value)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -68,7 +69,8 @@ def open_parquet(path: Path) -> Any:
 
     try:
         # NOTE: page checksums (written by every petal writer) are verified as pages are decoded
-        return pq.ParquetFile(pa.memory_map(str(path)), page_checksum_verification=True)
+        return pq.ParquetFile(pa.memory_map(str(path)), page_checksum_verification=True,
+                              read_dictionary=read_dictionary)
     except (OSError, pa.ArrowException) as exc:
         raise BadInputError(f"{path}: cannot read its Parquet footer ({exc}); run petal verify") from exc
 

@@ -137,7 +137,9 @@ class IndexReader:
             self.index = open_binary_index(self.dir, self.manifest, nprobe=nprobe, rescore=rescore)
         else:
             self.index = read_index(self.dir / INDEX_FILE, self.storage)
-        ids_file = open_parquet(self.dir / IDS_FILE)  # the footer first: a count that does not fit reads nothing
+        # NOTE: the footer first: a count that does not fit reads nothing. ``shard`` repeats a few paths over
+        # every row: decoded as a dictionary it costs O(shards), not a string per vector (1M rows: 1.7 s -> 0.15 s).
+        ids_file = open_parquet(self.dir / IDS_FILE, read_dictionary=["shard"])
         self.num_ids = int(ids_file.metadata.num_rows)
         if self.num_ids != self.index.ntotal:
             raise BadInputError(f"{quote_path(self.dir)}: {self.num_ids} ids for {self.index.ntotal} vectors")
