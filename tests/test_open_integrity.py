@@ -102,6 +102,17 @@ def test_the_index_is_memory_mapped_not_read(built):
     assert [hits[0].id for hits in reader.search(vectors, 1)] == ids[:3]
 
 
+def test_shards_are_decoded_once_per_shard_not_per_vector(built):
+    """``ids.parquet``'s ``shard`` repeats one path on every row: it is decoded as a dictionary, so the open
+    costs O(shards) strings, not one per vector (1M x 1024: open + query 1.4-2.9 s -> 0.18-0.43 s)."""
+    reader = IndexReader(built)
+    shard = reader.ids.column("shard")
+    assert pa.types.is_dictionary(shard.type)
+    assert all(len(chunk.dictionary) == 1 for chunk in shard.chunks)  # one source shard here
+    hit = reader.search(reader.index.reconstruct_n(0, 1), 1)[0][0]
+    assert isinstance(hit.shard, str) and hit.shard.endswith("part-0.parquet")
+
+
 # (what is changed, how, the exit code of `petal query`, what its message says)
 TAMPERING = [
     ("index.faiss", lambda p: flip(p, 40), 65, "head/tail checksum does not match the manifest"),
