@@ -1,7 +1,7 @@
 """Start-up scenario (issue 14): what a one-shot process pays before its first answer, in one run.
 
 Every number is the median of ``runs`` fresh child processes (warm page cache: each is run once
-before it is timed):
+before it is timed; the three one-shot commands take turns, so a changing machine load weighs on each alike):
 
 * ``import torch``: ``python -c "import torch"``, the floor of any process that runs a model;
 * ``petal embed``: ``petal embed --device cpu TEXT`` with the packaged MiniLM, the whole process;
@@ -101,11 +101,17 @@ def _run(argv: list[str], cwd: Path | None = None) -> tuple[float, str]:
     return elapsed, proc.stdout
 
 
-def median_wall(argv: list[str], runs: int) -> dict[str, Any]:
-    """Median wall seconds of ``runs`` timed child processes (after one untimed warm-up run)."""
-    _run(argv)
-    times = [_run(argv)[0] for _ in range(runs)]
-    return {"median_s": round(statistics.median(times), 3), "min_s": round(min(times), 3), "runs": runs}
+def median_walls_interleaved(commands: dict[str, list[str]], runs: int) -> dict[str, dict[str, Any]]:
+    """``median_wall`` of several commands run in turns (one of each per round, after one untimed
+    round), so that a machine whose load changes during the run weighs on every command alike."""
+    for argv in commands.values():
+        _run(argv)
+    times: dict[str, list[float]] = {name: [] for name in commands}
+    for _ in range(runs):
+        for name, argv in commands.items():
+            times[name].append(_run(argv)[0])
+    return {name: {"median_s": round(statistics.median(t), 3), "min_s": round(min(t), 3), "runs": runs}
+            for name, t in times.items()}
 
 
 def median_reported(argv: list[str], key: str, runs: int) -> dict[str, Any]:
@@ -214,11 +220,11 @@ def run_startup_bench(runs: int = 5, text: str = EMBED_TEXT, num_vectors: int = 
     try:
         python = sys.executable
         result: dict[str, Any] = {"text": text, "python": python}
-        result["import_torch"] = median_wall([python, "-c", "import torch"], runs)
-        result["petal_embed"] = median_wall([python, "-m", "petal.cli.main", "embed", "--device", "cpu", text], runs)
+        commands = {"import_torch": [python, "-c", "import torch"],
+                    "petal_embed": [python, "-m", "petal.cli.main", "embed", "--device", "cpu", text]}
         if baseline:
-            result["sentence_transformers"] = median_wall([python, "-c", ST_SCRIPT, str(default_model_dir()), text],
-                                                          runs)
+            commands["sentence_transformers"] = [python, "-c", ST_SCRIPT, str(default_model_dir()), text]
+        result.update(median_walls_interleaved(commands, runs))
         result["open_query"] = open_and_query(num_vectors, dim, factory, runs, work)
         result["model_load"] = model_load(shape_name, device, runs, work)
         result["targets"] = targets(result)
