@@ -272,7 +272,7 @@ def _through_ring(chunks: list[Chunk], fds: list[int], files: Sequence[Path], te
             pool.shutdown(wait=True)
             if cuda:
                 torch.cuda.current_stream(device).synchronize()  # NOTE: no copy may still read the buffers freed below
-                del pinned, staging
+                del host, pinned, staging  # NOTE: ``host`` (numpy) holds the pinned tensor alive until it goes too
                 release = getattr(torch._C, "_host_emptyCache", None)
                 if release is not None:
                     release()  # the pinned ring goes back to the driver instead of staying cached for the process
