@@ -60,7 +60,7 @@ def test_every_command_is_offline_before_any_hugging_face_import(tmp_path):
     assert probe.returncode == 0, probe.stderr[-3000:]
     lines = probe.stdout.strip().splitlines()
     first_import = json.loads(lines[-1])
-    assert "tokenizers" in first_import and "safetensors" in first_import
+    assert "tokenizers" in first_import  # safetensors files are read by petal itself (engine/models/stream.py)
     assert set(first_import.values()) == {"1"}, first_import  # every one imported with HF_HUB_OFFLINE=1
     assert json.loads(lines[0])["hits"][0]["id"] == 1  # a real model found the glacier document
     assert json.loads(report.read_text())["status"] == "success"
