@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU-host runs (see README "Benchmarks"). From the project root on the GPU host:
 #   source .gpu/activate.sh && bash bench/gpu.sh STEP...
-# Steps: tests | quick | full | serve | serve-faiss | serve-minilm | e2e | e2e-large | e2e-workers | e2e-warm | variants | profile | l1host | t2fair. Logs and JSON go to $OUT (or ./bench-out).
+# Steps: tests | quick | full | serve | serve-faiss | serve-minilm | e2e | e2e-large | e2e-workers | e2e-warm | variants | profile | l1host | t2fair | scale | scale1. Logs and JSON go to $OUT (or ./bench-out).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=true
 out=${OUT:-bench-out}
@@ -108,6 +108,12 @@ for step in "$@"; do
       n=$(nvidia-smi -L | wc -l); devs="1"; for d in 2 4 8; do [ "$d" -le "$n" ] && devs="$devs $d"; done
       python3 bench/scale_probe.py pplx-embed-0.6b 120000 .gpu/minilm-tokenizer in-process $devs 2>&1 \
         | grep -v -i "warn\|Writing model" | tee "$out/scale.log"
+      ;;
+    scale1)
+      # issue 15: on one GPU, in process vs --devices 1 (target <= 3% wall) vs --devices 1 --workers 2
+      # (two worker processes share GPU 0: does tokenization scale?); ~3 minutes on an H200
+      python3 bench/scale_probe.py pplx-embed-0.6b 80000 .gpu/minilm-tokenizer in-process 1 1x2 2>&1 \
+        | grep -v -i "warn\|Writing model" | tee "$out/scale1.log"
       ;;
     *) echo "unknown step $step" ;;
   esac

@@ -91,7 +91,8 @@ def index(sources: tuple[str, ...], out: Path, model: str | None, id_column: str
           max_bad_rows: str | None, keep_versions: int, wait: bool,
           json_report: Path | None, as_json: bool, quiet: bool, pooling: str | None, attention_mask: str | None,
           query_prompt: str | None, allow_pickle_weights: bool, dim: int | None, quantize: str,
-          output_dtype: str, devices: str | None, workers: int | None, ray: str | None) -> None:
+          output_dtype: str, devices: str | None, workers: int | None, ray: str | None,
+          range_rows: int | None) -> None:
     """Embed SOURCE Parquet files, directories or globs and publish a FAISS index in --out.
 
     Shards already embedded with the same content and settings are reused; a run with nothing
@@ -119,5 +120,5 @@ def index(sources: tuple[str, ...], out: Path, model: str | None, id_column: str
             attention_mask=attention_mask, query_prompt=query_prompt,
             allow_pickle_weights=allow_pickle_weights, dim=dim, quantize=quantize, output_dtype=output_dtype,
             devices=devices, workers=workers, ray=ray is not None,
-            ray_address=None if ray in (None, RAY_LOCAL) else ray,
+            ray_address=None if ray in (None, RAY_LOCAL) else ray, range_rows=range_rows,
         ), as_json=as_json)

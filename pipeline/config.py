@@ -186,6 +186,9 @@ class IndexJob:
             raise ValueError(f"--keep-versions {self.keep_versions} < 1: the live version is always kept")
 
 
+DEFAULT_RANGE_ROWS = 100_000  # rows of a row-group range of a large shard (--range-rows)
+
+
 @dataclass(frozen=True)
 class ScaleConfig:
     """``--devices``/``--workers``/``--ray``: how many processes embed, and on which devices.
@@ -193,21 +196,31 @@ class ScaleConfig:
     ``devices``: ``"all"``, a count (``"2"``: the first two), a comma list of CUDA device ids
     (``"0,1"``, ``"3,"``: just device 3) or ``None`` (the job's ``--device``, one device). ``workers``:
     processes in all, spread round-robin over the devices (``None``: one per device). ``ray``: run
-    on Ray Data instead (``ray_address`` ``None``: a local instance or ``RAY_ADDRESS``).
+    on Ray Data instead (``ray_address`` ``None``: a local instance or ``RAY_ADDRESS``). ``range_rows``:
+    a shard of more rows (and several row groups) is handed out as row-group ranges of about that
+    many rows, each committed on its own (``None``: ``DEFAULT_RANGE_ROWS``; 0: whole shards only).
     """
 
     devices: str | None = None
     workers: int | None = None
     ray: bool = False
     ray_address: str | None = None
+    range_rows: int | None = None  # a shard of more rows is cut into row-group ranges (0: never; None: 100000)
 
     def __post_init__(self) -> None:
         if self.workers is not None and self.workers < 1:
             raise ValueError(f"--workers {self.workers} < 1")
+        if self.range_rows is not None and self.range_rows < 0:
+            raise ValueError(f"--range-rows {self.range_rows} < 0")
         if self.ray and self.devices is not None:
             raise ValueError("--ray places its actors on the cluster's GPUs itself: drop --devices")
         if self.devices is not None:
             parse_devices(self.devices)  # a malformed list is a usage error now
+
+    @property
+    def split_rows(self) -> int:
+        """The ``--range-rows`` in effect (0: shards are never cut)."""
+        return DEFAULT_RANGE_ROWS if self.range_rows is None else self.range_rows
 
     def device_ids(self, visible: int) -> list[int] | None:
         """The CUDA device ids (of ``visible`` ones) to use; ``None`` without ``--devices``."""

@@ -1,5 +1,6 @@
-"""``petal index --ray``: a real local Ray instance (``ray.init(num_cpus=2)``, CPU actors) embeds the shards
-through Ray Data; the driver publishes. Skipped when Ray is not installed (``pip install 'petal[ray]'``)."""
+"""``petal index --ray``: a real local Ray instance (``ray.init(num_cpus=2)``, CPU actors, one per module) embeds
+the shards, and row-group ranges of a large one, through Ray Data; the driver publishes. Ray is in the ``test``
+extra, so CI runs these; skipped only where Ray is not installed (``pip install 'petal[ray]'``)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from tests.conftest import REPO
 from tests.fake_cli import invoke as fake_invoke
 from tests.fake_engine import make_fake_model_dir, read_log
 from tests.test_incremental import contents
+from tests.test_scale_ranges import write_big_shard
 from tests.test_scale_workers import write_shards
 
 ray = pytest.importorskip("ray")
@@ -37,18 +39,21 @@ def index(*args: str, env: dict[str, str] | None = None):
 def test_ray_gives_the_single_process_index(local_ray, tiny_bert_dir, tmp_path):
     data = tmp_path / "data"
     ids = write_shards(data, count=4, rows=17)
+    big = write_big_shard(data / "big.parquet", rows=63, group_rows=7)  # 9 row groups
     common = [str(data), "--model", str(tiny_bert_dir), "--device", "cpu", "--max-seqs", "8"]
     one = index(*common, "--out", str(tmp_path / "one"))
     assert one.exit_code == 0, one.output
-    on_ray = index(*common, "--out", str(tmp_path / "ray"), "--ray", "--workers", "2",
+    on_ray = index(*common, "--out", str(tmp_path / "ray"), "--ray", "--workers", "2", "--range-rows", "14",
                    "--json-report", str(tmp_path / "r.json"))
     assert on_ray.exit_code == 0, on_ray.output
     one_rows, one_vectors = contents(tmp_path / "one")
     rows, vectors = contents(tmp_path / "ray")
-    assert rows == one_rows and sorted(r["id"] for r in rows) == sorted(ids)
+    assert rows == one_rows and set(r["id"] for r in rows) == set(ids) | (set(big) - {"big-20"})  # row 20: null text
     np.testing.assert_allclose(vectors, one_vectors, rtol=0, atol=1e-5)
     report = json.loads((tmp_path / "r.json").read_text())
-    assert report["shards"]["embedded"] == 4 and sum(w["shards"] for w in report["workers"]) == 4
+    # every shard is cut: the small ones (17 rows in groups of 7) in 2 ranges, the big one in 5
+    assert report["shards"]["embedded"] == 5 and report["ranges"]["shards_split"] == 5
+    assert sum(w["ranges"] for w in report["workers"]) == len(report["ranges"]["embedded"]) == 4 * 2 + 5
     again = index(*common, "--out", str(tmp_path / "ray"), "--ray")  # everything committed: Ray is not even asked
     assert again.exit_code == 0 and "nothing-to-do" in again.output
 

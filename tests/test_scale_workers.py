@@ -103,6 +103,12 @@ def worker_pids(log: Path, coordinator: int) -> list[int]:
     return sorted({r["pid"] for r in read_log(log) if r.get("load") and r["pid"] != coordinator})
 
 
+def embedding_worker(log: Path, coordinator: int) -> int:
+    """The worker that embedded the latest rows: it holds uncommitted work (one that claimed nothing more may
+    be done already: a worker's read-ahead can claim several small shards before the other asks)."""
+    return [r["pid"] for r in read_log(log) if "id" in r and r["pid"] != coordinator][-1]
+
+
 def test_kill_9_of_a_worker_exits_75_then_the_rerun_embeds_only_what_is_missing(fake_model, tmp_path):
     data, out = tmp_path / "data", tmp_path / "out"
     ids = write_shards(data, count=12, rows=20)
@@ -112,7 +118,7 @@ def test_kill_9_of_a_worker_exits_75_then_the_rerun_embeds_only_what_is_missing(
     slow = "after_batch:1+:sleep=0.05"  # every worker: batches of 4 rows, a few per second
     child = Petal(argv, {"PETAL_TEST_FAKE_ENGINE": str(first_log), "PETAL_FAULT": slow}, tmp_path / "first.json")
     wait_for(lambda: len(worker_pids(first_log, child.pid)) == 2 and committed(out) >= 1)
-    victim = worker_pids(first_log, child.pid)[0]
+    victim = embedding_worker(first_log, child.pid)
     os.kill(victim, signal.SIGKILL)
     rc, stderr, report = child.wait()
     assert rc == 75, stderr

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from petal.pipeline.config import ReadConfig
 from petal.pipeline.ingest.parquet import ReadStats, RowBatch, ShardInfo, read_rows
@@ -73,3 +74,21 @@ def read_documents(shards: list[ShardInfo], read: ReadConfig, stats: ReadStats |
         for batch in read_rows(shard_index, info, read, stats):
             yield to_documents(batch, seen_ids)
         yield Documents(shard_index, [], [], [], final=True)
+
+
+def read_ranges(shards: list[ShardInfo], ranges: list, read: ReadConfig,
+                stats: ReadStats | None = None) -> Iterator[Documents]:
+    """The rows of each unit of ``ranges`` (``RowRange``: a whole shard or a row-group range of one), each unit
+    closed by a ``final`` marker; ``Documents.shard_index`` is the unit's position in ``ranges``. Ids repeated
+    across the ranges of one shard are found when its ranges are assembled (store/ranges.py)."""
+    for unit, part in enumerate(ranges):
+        yield from range_documents(unit, shards[part.position], part, read, stats)
+
+
+def range_documents(unit: int, info: ShardInfo, part: Any, read: ReadConfig,
+                    stats: ReadStats | None = None) -> Iterator[Documents]:
+    """One unit's checked rows (``Documents`` numbered ``unit``), then its ``final`` marker."""
+    seen_ids: set = set()
+    for batch in read_rows(unit, info, read, stats, part.first_row, None if part.whole else part.stop_row):
+        yield to_documents(batch, seen_ids)
+    yield Documents(unit, [], [], [], final=True)

@@ -389,8 +389,10 @@ def batch_rows(pf: pq.ParquetFile, column: str, read: ReadConfig) -> int:
     return max(1, min(read.batch_rows, read.max_batch_bytes // per_row))
 
 
-def _record_batches(info: ShardInfo, columns: list[str], read: ReadConfig, start_row: int) -> Iterator[pa.RecordBatch]:
-    """The shard's record batches from row ``start_row`` on (a retry resumes where it failed)."""
+def _record_batches(info: ShardInfo, columns: list[str], read: ReadConfig, start_row: int,
+                    stop_row: int | None = None) -> Iterator[pa.RecordBatch]:
+    """The shard's record batches from row ``start_row`` on (a retry resumes where it failed), up to the row
+    group that holds row ``stop_row`` (``None``: the end; a row-group range ends on a row-group boundary)."""
     source = info.path.open() if isinstance(info.path, RemotePath) else info.path  # ranged reads, never a download
     # NOTE: page CRCs are verified where a writer stored them (a corrupt page is 65, never embedded)
     with contextlib.closing(cast(Any, source)) if isinstance(info.path, RemotePath) else contextlib.nullcontext(), \
@@ -405,7 +407,8 @@ def _record_batches(info: ShardInfo, columns: list[str], read: ReadConfig, start
             return
         skip = start_row - starts[first]
         size = batch_rows(pf, columns[0], read)
-        for batch in pf.iter_batches(batch_size=size, columns=columns, row_groups=range(first, meta.num_row_groups)):
+        stop = meta.num_row_groups if stop_row is None else bisect.bisect_left(starts, stop_row)
+        for batch in pf.iter_batches(batch_size=size, columns=columns, row_groups=range(first, stop)):
             if skip >= batch.num_rows:
                 skip -= batch.num_rows
                 continue
@@ -425,15 +428,20 @@ def _texts(column: pa.Array) -> list:
         return column.view(binary).to_pylist()
 
 
-def read_rows(shard_index: int, info: ShardInfo, read: ReadConfig,
-              stats: ReadStats | None = None) -> Iterator[RowBatch]:
-    """Stream one shard's (id, text) rows in record batches (see ``batch_rows``), retrying OS read errors."""
+def read_rows(shard_index: int, info: ShardInfo, read: ReadConfig, stats: ReadStats | None = None,
+              start_row: int = 0, stop_row: int | None = None) -> Iterator[RowBatch]:
+    """Stream one shard's (id, text) rows in record batches (see ``batch_rows``), retrying OS read errors.
+
+    ``start_row``/``stop_row``: a row-group range of the shard (both on row-group boundaries); rows keep
+    their numbers within the shard."""
     columns = [read.text_column] + ([read.id_column] if info.has_id_column else [])
-    row = 0
+    row = start_row
     retry = 0
     while True:
         try:
-            for record_batch in _record_batches(info, columns, read, row):
+            if stop_row is not None and row >= stop_row:
+                return
+            for record_batch in _record_batches(info, columns, read, row, stop_row):
                 fault("read_batch", str(info.path))
                 texts = _texts(record_batch.column(0))
                 n = len(texts)

@@ -33,7 +33,7 @@ from petal.pipeline.index.columns_file import add_stored_columns
 from petal.pipeline.index.files import IDS_FILE
 from petal.pipeline.index.plan import check_index_factory, index_kind
 from petal.pipeline.index.writer import BuildResult, build_version_index
-from petal.pipeline.ingest.documents import read_documents
+from petal.pipeline.ingest.documents import read_ranges
 from petal.pipeline.ingest.duplicates import check_cross_shard_duplicates
 from petal.pipeline.ingest.pack import PackConfig, Packer
 from petal.pipeline.ingest.parquet import ReadStats, ShardInfo, preflight, resolve_sources
@@ -298,8 +298,13 @@ def embed_in_process(shards: list[ShardInfo], fingerprints: list[str], store: Em
                      transform: OutputTransform, job: IndexJob, report: RunReport, stop: StopSignals,
                      gate: BadRowGate | None, reads: ReadStats) -> Iterator[tuple[int, StoreEntry]]:
     """The embed phase in this process: read, tokenize (background threads), step, store; yields commits."""
+    from petal.pipeline.store.ranges import RangeAssembly, plan_ranges
+
     tokenizer = tokenizer_for(spec)  # document prompt, EOS for last-token pooling
-    documents = read_documents(shards, job.read, reads)  # [1] read (streamed)
+    # whole shards; a shard is cut in this process only where an earlier scaled run committed ranges of it
+    plan = plan_ranges(store, shards, fingerprints, 0)
+    assembly = RangeAssembly(store, shards, fingerprints, settings, transform.dim, plan)
+    documents = read_ranges(shards, plan.ranges, job.read, reads)  # [1] read (streamed)
     # [2] tokenize in the background; it starts now, so it overlaps the model load and CUDA init
     chunks = Prefetcher(tokenize_documents(documents, tokenizer, job.tokenize_workers or 1), depth=16)
     waited = time.perf_counter()
@@ -313,9 +318,15 @@ def embed_in_process(shards: list[ShardInfo], fingerprints: list[str], store: Em
     report.engine = engine.describe()
     report.timings_s["model_load"] = round(engine.stats.model_load_s, 3)
     report.timings_s["model_load_wait"] = round(time.perf_counter() - waited, 3)
-    with contextlib.closing(embed_shards(chunks, shards, fingerprints, store, settings, engine, transform, job,
-                                         report, stop, gate)) as commits:
-        yield from commits
+    yield from assembly.ready()
+    try:
+        with contextlib.closing(embed_shards(chunks, shards, fingerprints, store, settings, engine, transform, job,
+                                             report, stop, gate, plan.ranges)) as commits:
+            for unit, entry in commits:
+                yield from assembly.commit(unit, entry)
+    finally:
+        if plan.split:
+            report.ranges = assembly.report(0)
     report.engine["stats"] = engine.stats.as_dict()
 
 
@@ -362,15 +373,19 @@ def clean_up(out: OutputDir, store: EmbeddingStore, committed: list[StoreEntry],
 
 def embed_shards(chunks: Prefetcher[TokenizedDocs], shards: list[ShardInfo], fingerprints: list[str],
                  store: EmbeddingStore, settings: dict[str, Any], engine: Any, transform: OutputTransform,
-                 job: IndexJob, report: RunReport, stop: StopSignals,
-                 gate: BadRowGate | None) -> Generator[tuple[int, StoreEntry], None, None]:
+                 job: IndexJob, report: RunReport, stop: StopSignals, gate: BadRowGate | None,
+                 ranges: list[Any] | None = None) -> Generator[tuple[int, StoreEntry], None, None]:
     """Embed the tokenized ``chunks`` of ``shards`` into the store (as ``transform.stored()`` vectors);
-    yields ``(position, entry)`` as each commits."""
-    sink = StoreSink(store, shards, fingerprints, settings, transform.dim, transform)  # stores transform.stored()
+    yields ``(position, entry)`` as each commits. ``ranges``: the units the chunks are numbered by (whole shards
+    and row-group ranges, store/ranges.py); a commit is then ``(unit, entry or committed range)``."""
+    # stores transform.stored()
+    sink = StoreSink(store, shards, fingerprints, settings, transform.dim, transform, ranges)
+    shard_of = (lambda unit: ranges[unit].position) if ranges is not None else (lambda unit: unit)
     packer = Packer(PackConfig(engine.config.token_budget, engine.config.max_seqs))
     flight = InFlight(engine.config.steps_in_flight)
     guard = StepGuard(engine)  # splits a batch the device has no memory for
-    progress = tqdm(total=sum(s.num_rows for s in shards), unit="doc", file=sys.stderr, disable=job.quiet,
+    total = sum(r.num_rows for r in ranges) if ranges is not None else sum(s.num_rows for s in shards)
+    progress = tqdm(total=total, unit="doc", file=sys.stderr, disable=job.quiet,
                     desc="embedding", dynamic_ncols=True, mininterval=0.5)
     tokens = [0]  # tokens embedded (results back from the engine): the progress bar's tok/s
 
@@ -387,7 +402,8 @@ def embed_shards(chunks: Prefetcher[TokenizedDocs], shards: list[ShardInfo], fin
         for chunk in waited.iterate(chunks, stop.interruptible):
             stop.check()
             if gate is not None:
-                gate.add(chunk.shard_index, str(shards[chunk.shard_index].path), chunk.rejects)
+                position = shard_of(chunk.shard_index)
+                gate.add(position, str(shards[position].path), chunk.rejects)
             yield from sink.expect(chunk.shard_index, len(chunk.rows), chunk.rejects, len(chunk.truncated_rows),
                                    chunk.final)
             progress.update(len(chunk.rejects))

@@ -27,7 +27,8 @@ from petal.pipeline.jobs.report import RunReport
 from petal.pipeline.jobs.worker import WorkerPlan, claimed_documents
 from petal.pipeline.reliability.errors import ConfigError, PetalError, TemporaryFailure
 from petal.pipeline.reliability.signals import StopSignals
-from petal.pipeline.store.embeddings import EmbeddingStore, StoreEntry
+from petal.pipeline.store.embeddings import EmbeddingStore, StoreEntry, shard_key
+from petal.pipeline.store.ranges import RangeAssembly, part_dir
 
 RAY_MISSING = "--ray needs Ray Data, which is not installed: pip install 'petal[ray]' (or pip install 'ray[data]')"
 
@@ -65,7 +66,7 @@ def ray_device(device: str, scale: ScaleConfig) -> str:
 
 
 class _Positions:
-    """Claims served from a fixed list (the shards of one Ray batch)."""
+    """Claims served from a fixed list (the units of one Ray batch)."""
 
     def __init__(self, positions: list[int]) -> None:
         self._left = positions[::-1]
@@ -75,7 +76,7 @@ class _Positions:
 
 
 class ShardEmbedder:
-    """A Ray actor: one engine, loaded once; each call embeds and commits the batch's shards."""
+    """A Ray actor: one engine, loaded once; each call embeds and commits the batch's units (shards, ranges)."""
 
     def __init__(self, plan: WorkerPlan) -> None:
         from tqdm import tqdm
@@ -101,7 +102,7 @@ class ShardEmbedder:
         try:
             with contextlib.closing(embed_shards(chunks, plan.shards, plan.fingerprints, self.store, plan.settings,
                                                  self.engine, plan.transform, replace(plan.job, quiet=True), report,
-                                                 StopSignals(), None)) as commits:
+                                                 StopSignals(), None, plan.ranges)) as commits:
                 for position, entry in commits:
                     out["position"].append(position)
                     out["entry"].append(str(entry.path))
@@ -117,33 +118,41 @@ class ShardEmbedder:
 
 
 def embed_on_ray(plan: WorkerPlan, scale: ScaleConfig, report: RunReport, stop: StopSignals,
-                 reads: ReadStats) -> Iterator[tuple[int, StoreEntry]]:
-    """Embed ``plan.shards`` through a Ray Data actor pool; yields ``(position, entry)`` as each commits."""
+                 reads: ReadStats, assembly: RangeAssembly) -> Iterator[tuple[int, StoreEntry]]:
+    """Embed ``plan.ranges`` (whole shards, row-group ranges) through a Ray Data actor pool; yields
+    ``(position, entry)`` as each shard's entry commits (a split shard's once its last range is assembled)."""
     ray = connect(scale)
     context = ray.data.DataContext.get_current()
     context.enable_progress_bars = not plan.job.quiet
     gpu = plan.config.device == "cuda"
     actors = scale.workers or (max(1, int(ray.cluster_resources().get("GPU", 0))) if gpu else 1)
-    dataset = ray.data.from_items([{"position": i} for i in range(len(plan.shards))],
-                                  override_num_blocks=len(plan.shards))
+    units = len(plan.ranges)
+    dataset = ray.data.from_items([{"position": i} for i in range(units)], override_num_blocks=max(1, units))
     results = dataset.map_batches(ShardEmbedder, fn_constructor_args=(plan,), batch_size=1, concurrency=actors,
                                   num_gpus=1 if gpu else 0, num_cpus=1, zero_copy_batch=True)
-    store = EmbeddingStore(plan.store_root)
+    store = assembly.store
     per_actor: dict[int, dict[str, int]] = {}
     committed = 0
     try:
+        yield from assembly.ready()  # shards whose every range an earlier run committed
         for row in results.iter_rows():
             stop.check()
-            position = int(row["position"])
-            entry = store.lookup(plan.shards[position], plan.fingerprints[position])
-            assert entry is not None and str(entry.path) == row["entry"], row
-            actor = per_actor.setdefault(int(row["pid"]), {"shards": 0, "rows": 0, "tokens": 0, "read_retries": 0})
-            actor["shards"] += 1
+            unit = int(row["position"])
+            part = plan.ranges[unit]
+            info, fingerprint = plan.shards[part.position], plan.fingerprints[part.position]
+            expected = store.shards_dir / shard_key(info) / fingerprint if part.whole else \
+                part_dir(store, info, fingerprint, part)
+            assert str(expected) == row["entry"], row
+            entry = store.read_entry(expected)
+            actor = per_actor.setdefault(int(row["pid"]), {"shards": 0, "ranges": 0, "rows": 0, "tokens": 0,
+                                                           "read_retries": 0})
+            actor["shards" if part.whole else "ranges"] += 1
             actor["rows"] += int(row["rows"])
             actor["tokens"] += int(row["tokens"])
             actor["read_retries"] += int(row["read_retries"])
-            committed += 1
-            yield position, entry
+            for position, shard_entry in assembly.commit(unit, entry):
+                committed += 1
+                yield position, shard_entry
     except PetalError:
         raise
     except Exception as exc:

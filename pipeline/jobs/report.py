@@ -39,6 +39,8 @@ class RunReport:
     retries: dict[str, int] = field(default_factory=lambda: {"read": 0, "oom_splits": 0})
     pruned: dict[str, Any] = field(default_factory=lambda: {"versions": [], "store_entries": 0})
     workers: list[dict[str, Any]] = field(default_factory=list)  # --devices/--workers/--ray: one summary each
+    # row-group ranges of large shards (store/ranges.py): the target, ranges embedded and reused; only when any
+    ranges: dict[str, Any] = field(default_factory=dict)
     removed: dict[str, Any] = field(default_factory=dict)  # documents of the live version not in the new one
     deletes: dict[str, Any] = field(default_factory=dict)  # --delete: requested, deleted, not_found
     repaired: str | None = None  # why the live version was rebuilt from the store (its files were damaged)
@@ -56,6 +58,8 @@ class RunReport:
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data.pop("_t0", None)
+        if not self.ranges:  # NOTE: the key only when a shard was cut into ranges (the report's shape is a contract)
+            data.pop("ranges", None)
         embed_s = self.timings_s.get("embed", 0.0)
         data["throughput"] = {
             "tokens_per_s": round(self.tokens / embed_s, 1) if embed_s > 0 else None,

@@ -1,8 +1,10 @@
 """The embed phase scaled out: worker processes on one host (``--devices``/``--workers``) or Ray (``--ray``).
 
-Either way each shard is embedded by exactly one worker and committed to the store with the
-single-process run's per-shard commit; this process receives the commits and, after the last,
-builds and publishes the index (pipeline/jobs/index_run.py).
+Either way the work is handed out as units, whole shards and row-group ranges of large shards
+(pipeline/store/ranges.py); each unit is embedded by exactly one worker and committed to the store on
+its own (a shard's entry, or a range's part); this process receives the commits, assembles a split
+shard's entry once its last range commits and, after the last, builds and publishes the index
+(pipeline/jobs/index_run.py).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from petal.pipeline.jobs.report import RunReport
 from petal.pipeline.jobs.worker import WorkerPlan
 from petal.pipeline.reliability.signals import StopSignals
 from petal.pipeline.store.embeddings import EmbeddingStore, StoreEntry
+from petal.pipeline.store.ranges import RangeAssembly, plan_ranges
 
 
 def embed_scaled(job: IndexJob, shards: list[ShardInfo], fingerprints: list[str], store: EmbeddingStore,
@@ -25,13 +28,29 @@ def embed_scaled(job: IndexJob, shards: list[ShardInfo], fingerprints: list[str]
     """Embed ``shards`` as ``job.scale`` says; yields ``(position, entry)`` as each shard commits."""
     assert job.scale is not None
     spec.weights_sha256, spec.tokenizer_sha256  # noqa: B018  (computed once here, pickled to every worker)
+    units = plan_ranges(store, shards, fingerprints, job.scale.split_rows)  # large shards: row-group ranges
+    assembly = RangeAssembly(store, shards, fingerprints, settings, transform.dim, units)
     plan = WorkerPlan(job=job, spec=spec, config=config, transform=transform, engine_factory=engine_factory,
                       settings=settings, store_root=store.root, shards=shards, fingerprints=fingerprints,
-                      sha256=[store.content_sha256(info) for info in shards])
-    if job.scale.ray:
+                      sha256=[store.content_sha256(info) for info in shards], ranges=units.ranges)
+    if not units.ranges:  # every range of every shard was committed by an earlier run: only assembly is left
+        commits: Iterator[tuple[int, StoreEntry]] = iter(assembly.ready())
+    elif job.scale.ray:
         from petal.pipeline.jobs.ray_embed import embed_on_ray
 
-        return embed_on_ray(plan, job.scale, report, stop, reads)
-    from petal.pipeline.jobs.workers import embed_in_pool, worker_slots
+        commits = embed_on_ray(plan, job.scale, report, stop, reads, assembly)
+    else:
+        from petal.pipeline.jobs.workers import embed_in_pool, worker_slots
 
-    return embed_in_pool(plan, worker_slots(job.scale, config.device), report, stop, reads)
+        commits = embed_in_pool(plan, worker_slots(job.scale, config.device), report, stop, reads, assembly)
+    return _with_ranges_report(commits, assembly, report, job.scale.split_rows)
+
+
+def _with_ranges_report(commits: Iterator[tuple[int, StoreEntry]], assembly: RangeAssembly, report: RunReport,
+                        split_rows: int) -> Iterator[tuple[int, StoreEntry]]:
+    """``commits``; the report's ``ranges`` (which ranges this run embedded, which it reused) however they end."""
+    try:
+        yield from commits
+    finally:
+        if assembly.plan.split:
+            report.ranges = assembly.report(split_rows)

@@ -115,6 +115,9 @@ def index_job(sources: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
         read["id_column_required"] = True  # named by the caller: absent is then an error
     # none of devices, workers, ray given: embed in this process (scale None)
     nested["scale"] = {k: v for k, v in nested["scale"].items() if v is not None and v is not False}
+    if set(nested["scale"]) == {"range_rows"}:
+        raise UsageError("--range-rows cuts large shards for worker processes or Ray actors: it goes with "
+                         "--devices, --workers or --ray")
     for section, values in nested.items():
         if section == "scale" and not values:
             continue

@@ -7,11 +7,11 @@ them itself, and commits each shard to the store exactly as the single-process r
 (``embed_shards``). It talks to the coordinator over its own pipe (no lock shared between workers:
 a worker killed at any instant cannot block the others):
 
-    ("claim", worker)                                 -> the coordinator answers a position, or None: stop
+    ("claim", worker)                                 -> the coordinator answers a unit, or None: stop
 
     ("ready", worker, pid, engine description)     engine loaded
     ("rows", worker, n)                              n more documents handed to the device (progress)
-    ("commit", worker, position, entry path)         a shard's store entry is committed
+    ("commit", worker, unit, entry path)             a unit committed: a shard's store entry, or a range's part
     ("done", worker, summary)                        no more work: every claimed shard committed
     ("error", worker, exit code, status, message)    stopped by a PetalError (or a bug: exit 1)
 
@@ -52,6 +52,7 @@ class WorkerPlan:
     shards: list[ShardInfo]
     fingerprints: list[str]
     sha256: list[str]  # each shard's content hash (the coordinator computed it; never read twice)
+    ranges: list[Any]  # the units handed out (``RowRange``: a whole shard, or a row-group range of a large one)
 
 
 @dataclass(frozen=True)
@@ -142,22 +143,25 @@ def _run(plan: WorkerPlan, slot: WorkerSlot, events: Channel, stop: Any) -> dict
         progress = ProgressEngine(engine, events, slot.index)
         events.put(("ready", slot.index, os.getpid(), engine.describe()))
         load_s = time.perf_counter() - started
-        committed = rows = 0
+        committed = ranges = rows = 0
         job = replace(plan.job, quiet=True)
         # the sink stores plan.transform.stored() vectors (the output transform is applied at the store)
         with contextlib.closing(embed_shards(chunks, plan.shards, plan.fingerprints, store, plan.settings, progress,
-                                             plan.transform, job, report, stop, None)) as commits:
-            for position, entry in commits:
+                                             plan.transform, job, report, stop, None, plan.ranges)) as commits:
+            for unit, entry in commits:
                 progress.flush()
-                events.put(("commit", slot.index, position, str(entry.path)))
-                committed += 1
+                events.put(("commit", slot.index, unit, str(entry.path)))
+                if plan.ranges[unit].whole:
+                    committed += 1
+                else:
+                    ranges += 1
                 rows += entry.num_embedded
         progress.flush()
     finally:
         closing.set()
         chunks.close()
     return {"worker": slot.index, "pid": os.getpid(), "device": slot.label, "shards": committed,
-            "rows": rows,
+            "ranges": ranges, "rows": rows,
             "tokens": report.tokens, "read_retries": stats.retries,
             "timings_s": {"start": round(load_s, 3), "total": round(time.perf_counter() - started, 3),
                           "embed_wait_tokens": report.timings_s.get("embed_wait_tokens", 0.0),
@@ -168,25 +172,23 @@ def _run(plan: WorkerPlan, slot: WorkerSlot, events: Channel, stop: Any) -> dict
 
 def claimed_documents(plan: WorkerPlan, events: Any, closing: threading.Event,
                       stats: ReadStats) -> Iterator[Any]:
-    """The checked rows of every shard this worker claims, shard by shard (``Documents``, ``final`` last).
+    """The checked rows of every unit (a shard, or a row-group range of one) this worker claims, unit by unit
+    (``Documents`` numbered by unit, ``final`` last).
 
-    A shard is claimed when the previous one is read (the consumer pulls: claiming is as lazy as
-    the read-ahead). The coordinator's ``None`` (no shard left, or stop) ends the claiming.
+    A unit is claimed when the previous one is read (the consumer pulls: claiming is as lazy as
+    the read-ahead). The coordinator's ``None`` (nothing left, or stop) ends the claiming.
 
     NOTE: never wait for a commit before claiming: the packer holds a shard's last rows until the
     next shard's rows fill its batch, so that wait would never end.
     """
-    from petal.pipeline.ingest.documents import Documents, to_documents
-    from petal.pipeline.ingest.parquet import read_rows
+    from petal.pipeline.ingest.documents import range_documents
 
     while True:
-        position = events.claim(closing)
-        if position is None:
+        unit = events.claim(closing)
+        if unit is None:
             return
-        seen: set = set()
-        for batch in read_rows(position, plan.shards[position], plan.job.read, stats):
-            yield to_documents(batch, seen)
-        yield Documents(position, [], [], [], final=True)
+        part = plan.ranges[unit]
+        yield from range_documents(unit, plan.shards[part.position], part, plan.job.read, stats)
 
 
 class ProgressEngine:

@@ -33,7 +33,8 @@ from petal.pipeline.jobs.report import RunReport
 from petal.pipeline.jobs.worker import WorkerPlan, WorkerSlot, worker_main
 from petal.pipeline.reliability.errors import ConfigError, PetalError, TemporaryFailure
 from petal.pipeline.reliability.signals import StopSignals
-from petal.pipeline.store.embeddings import StoreEntry
+from petal.pipeline.store.embeddings import StoreEntry, shard_key
+from petal.pipeline.store.ranges import RangeAssembly, part_dir
 
 SHUTDOWN_GRACE_S = 30.0  # a worker told to stop gets this long to reach a batch boundary, then SIGKILL
 
@@ -91,8 +92,9 @@ def check_picklable(plan: WorkerPlan) -> None:
 
 
 def embed_in_pool(plan: WorkerPlan, slots: list[WorkerSlot], report: RunReport, stop: StopSignals,
-                  reads: ReadStats) -> Iterator[tuple[int, StoreEntry]]:
-    """Embed ``plan.shards`` in worker processes; yields ``(position, entry)`` as each shard commits.
+                  reads: ReadStats, assembly: RangeAssembly) -> Iterator[tuple[int, StoreEntry]]:
+    """Embed ``plan.ranges`` (whole shards and row-group ranges) in worker processes; yields ``(position, entry)``
+    as each shard's entry commits (a split shard's when ``assembly`` has assembled its last range).
 
     Raises ``TemporaryFailure`` (75) when a worker died, ``WorkerFailed`` with a worker's own exit
     code, ``Interrupted`` after SIGINT/SIGTERM; always after every other worker stopped.
@@ -105,8 +107,8 @@ def embed_in_pool(plan: WorkerPlan, slots: list[WorkerSlot], report: RunReport, 
         raise ConfigError("--devices/--workers start worker processes, and this process is a daemonic "
                           "multiprocessing child, which may not have any: run petal in its own process")
     context = multiprocessing.get_context("spawn")
-    pool = _Pool(plan, slots, report, reads)
-    progress = tqdm(total=sum(s.num_rows for s in plan.shards), unit="doc", file=sys.stderr,
+    pool = _Pool(plan, slots, report, reads, assembly)
+    progress = tqdm(total=sum(r.num_rows for r in plan.ranges), unit="doc", file=sys.stderr,
                     disable=plan.job.quiet, desc=f"embedding ({len(slots)} workers)", dynamic_ncols=True,
                     mininterval=0.5)
     try:
@@ -119,6 +121,7 @@ def embed_in_pool(plan: WorkerPlan, slots: list[WorkerSlot], report: RunReport, 
             theirs.close()  # NOTE: only the child holds it now, so its death is an EOF here
             pool.add(slot, process, ours)
         forwarded = False
+        yield from assembly.ready()  # shards whose every range an earlier run committed
         while not pool.finished:
             if stop.requested and not forwarded:  # pass the signal on: workers stop at a batch boundary
                 pool.stopping = True
@@ -139,20 +142,23 @@ def embed_in_pool(plan: WorkerPlan, slots: list[WorkerSlot], report: RunReport, 
 class _Pool:
     """The coordinator's view of its workers: what each reported, which are gone, and how."""
 
-    def __init__(self, plan: WorkerPlan, slots: list[WorkerSlot], report: RunReport, reads: ReadStats) -> None:
+    def __init__(self, plan: WorkerPlan, slots: list[WorkerSlot], report: RunReport, reads: ReadStats,
+                 assembly: RangeAssembly) -> None:
         self.plan = plan
+        self.assembly = assembly
         self.slots = slots
         self.report = report
         self.reads = reads
         self.processes: list[Any] = []
         self.conns: dict[int, Any] = {}  # worker -> the coordinator's end of its pipe
-        self.queue = list(range(len(plan.shards)))[::-1]  # positions not handed out yet (pop from the end)
-        self.stopping = False  # a worker failed or a signal came: hand out no more shards
+        self.queue = list(range(len(plan.ranges)))[::-1]  # units not handed out yet (pop from the end)
+        self.stopping = False  # a worker failed or a signal came: hand out no more units
         self.ended: dict[int, str] = {}  # worker -> "done" | "error" | "lost"
         self.summaries: dict[int, dict[str, Any]] = {}
         self.engines: dict[int, dict[str, Any]] = {}
         self.failures: list[tuple[int, int, str, str]] = []  # (worker, exit code, status, message)
-        self.committed = 0
+        self.committed = 0  # shard entries
+        self.units_done = 0
         self.commits: list[tuple[int, StoreEntry]] = []  # handled, not yet handed to the run
 
     def add(self, slot: WorkerSlot, process: Any, conn: Any) -> None:
@@ -207,11 +213,13 @@ class _Pool:
         elif kind == "ready":
             self.engines[worker] = {"pid": event[2], **event[3]}
         elif kind == "commit":
-            position, path = event[2], event[3]
-            entry = self._entry(position, path)
-            self.committed += 1
+            unit, path = event[2], event[3]
+            entry = self._entry(unit, path)
+            self.units_done += 1
             progress.update(sum(int(n) for n in entry.meta["counts"]["skipped"].values()))
-            self.commits.append((position, entry))
+            done = self.assembly.commit(unit, entry)
+            self.committed += len(done)
+            self.commits.extend(done)
         elif kind == "done":
             self.summaries[worker] = event[2]
             self.ended[worker] = "done"
@@ -219,13 +227,15 @@ class _Pool:
             self.ended[worker] = "error"
             self.failures.append((worker, event[2], event[3], event[4]))
 
-    def _entry(self, position: int, path: str) -> StoreEntry:
-        from petal.pipeline.store.embeddings import EmbeddingStore
-
-        store = EmbeddingStore(self.plan.store_root)
-        entry = store.lookup(self.plan.shards[position], self.plan.fingerprints[position])
-        assert entry is not None and str(entry.path) == path, (position, path)
-        return entry
+    def _entry(self, unit: int, path: str) -> StoreEntry:
+        """The entry (or range part) the worker committed for ``unit``, read back and checked."""
+        part = self.plan.ranges[unit]
+        info, fingerprint = self.plan.shards[part.position], self.plan.fingerprints[part.position]
+        store = self.assembly.store
+        expected = store.shards_dir / shard_key(info) / fingerprint if part.whole else \
+            part_dir(store, info, fingerprint, part)
+        assert str(expected) == path, (unit, path)
+        return store.read_entry(expected)
 
     def signal_all(self, signum: int) -> None:
         for process in self.processes:
@@ -270,8 +280,9 @@ class _Pool:
         _, code, status, message = min(self.failures, key=lambda f: rank.get(f[1], 0))
         missing = len(self.plan.shards) - self.committed
         more = "" if len(self.failures) == 1 else f" (and {len(self.failures) - 1} more worker failure(s))"
-        detail = (f"{message}{more}; {self.committed} of {len(self.plan.shards)} shards committed, {missing} not: "
-                  "rerun to embed only those")
+        ranges = f" ({self.units_done} of {len(self.plan.ranges)} units)" if self.assembly.plan.split else ""
+        detail = (f"{message}{more}; {self.committed} of {len(self.plan.shards)} shards committed{ranges}, "
+                  f"{missing} not: rerun to embed only what is missing")
         if code == 75:
             raise TemporaryFailure(detail)
         raise WorkerFailed(detail, code, status)

@@ -42,6 +42,7 @@ from petal.pipeline.reliability.safe_files import check_regular, open_regular, r
 
 if TYPE_CHECKING:
     from petal.pipeline.store.outputs import OutputTransform
+    from petal.pipeline.store.ranges import RowRange
 
 STORE_FORMAT = 1
 ENTRY_MAX_BYTES = 16 << 20
@@ -254,8 +255,10 @@ class EmbeddingStore:
             self.discard(path)
             return None
 
-    def writer(self, info: ShardInfo, fingerprint: str, settings: dict[str, Any], dim: int) -> ShardWriter:
-        return ShardWriter(self, info, fingerprint, settings, dim)
+    def writer(self, info: ShardInfo, fingerprint: str, settings: dict[str, Any], dim: int,
+               part: RowRange | None = None) -> ShardWriter:
+        """A writer of the shard's entry, or (``part``) of one row-group range of it (store/ranges.py)."""
+        return ShardWriter(self, info, fingerprint, settings, dim, part)
 
     def discard(self, entry_dir: Path) -> None:
         """Remove a committed entry: first out of sight (one rename into ``tmp/``), then from disk.
@@ -268,7 +271,12 @@ class EmbeddingStore:
         shutil.rmtree(trash, ignore_errors=True)
 
     def prune(self, keep: set[Path]) -> int:
-        """Delete committed entries not in ``keep`` (after a successful publish). Returns how many."""
+        """Delete committed entries not in ``keep`` (after a successful publish), and every committed range
+        (``parts/``: those of a shard the run assembled, or of one it did not name). Returns how many entries."""
+        parts = self.root / "parts"
+        if parts.is_dir():
+            for key_dir in list(parts.iterdir()):
+                self.discard(key_dir)
         removed = 0
         if not self.shards_dir.is_dir():
             return 0
@@ -284,24 +292,32 @@ class EmbeddingStore:
 
 
 class ShardWriter:
-    """Collects one shard's vectors (memory-mapped, bounded host memory) and commits them at once."""
+    """Collects one shard's vectors (memory-mapped, bounded host memory) and commits them at once.
+
+    ``part``: only that row-group range of the shard, committed as a part (``OUT/store/parts``) that
+    ``store/ranges.py`` assembles into the shard's entry once every range of the shard is committed.
+    """
 
     def __init__(self, store: EmbeddingStore, info: ShardInfo, fingerprint: str, settings: dict[str, Any],
-                 dim: int) -> None:
+                 dim: int, part: RowRange | None = None) -> None:
         self.store = store
         self.info = info
         self.fingerprint = fingerprint
         self.settings = settings
         self.dim = dim
-        self.tmp = store.tmp_dir / f"{shard_key(info)}-{uuid.uuid4().hex[:8]}"
+        self.part = part
+        self.first_row = part.first_row if part is not None else 0
+        self.num_rows = part.num_rows if part is not None else info.num_rows
+        name = f"{shard_key(info)}-{part.name}" if part is not None else shard_key(info)
+        self.tmp = store.tmp_dir / f"{name}-{uuid.uuid4().hex[:8]}"
         embeddings = self.tmp / "embeddings.npy"
-        shape = (info.num_rows, dim)
+        shape = (self.num_rows, dim)
         self._vectors: np.memmap | None = None  # None: an empty shard (no rows to write)
         try:
             with writing(embeddings):
                 fault("store_entry_open", embeddings)
                 self.tmp.mkdir(parents=True)
-                if info.num_rows > 0:
+                if self.num_rows > 0:
                     self._vectors = np.lib.format.open_memmap(embeddings, mode="w+", dtype=np.float32, shape=shape)
                     _allocate(embeddings)
                 else:
@@ -326,7 +342,7 @@ class ShardWriter:
             vectors = vectors[finite]
         if rows:
             assert self._vectors is not None  # rows exist, so the shard has some
-            index = np.asarray(rows, dtype=np.int64)
+            index = np.asarray(rows, dtype=np.int64) - self.first_row
             if (np.diff(index) == 1).all():  # consecutive rows, the common case: a slice beats fancy indexing
                 self._vectors[index[0] : index[-1] + 1] = vectors
             else:  # rows with gaps (skips, a split batch)
@@ -355,48 +371,60 @@ class ShardWriter:
         order = np.argsort(np.asarray(self._rows, dtype=np.int64), kind="stable")
         rows = np.asarray(self._rows, dtype=np.int64)[order]
         ids = [self._ids[i] for i in order]
-        id_type = pa.int64() if "int" in self.info.id_type else pa.string()
-        pq.write_table(pa.table({"row": pa.array(rows, pa.int64()), "id": pa.array(ids, id_type)}),
-                       self.tmp / "rows.parquet")
-        fault("store_commit_mid", self.tmp / "rejects.parquet")
-        rejects = sorted(self._rejects)
-        pq.write_table(pa.table({"row": pa.array([r for r, _ in rejects], pa.int64()),
-                                 "reason": pa.array([why for _, why in rejects], pa.string())}),
-                       self.tmp / "rejects.parquet")
-        reasons: dict[str, int] = {}
-        for _, why in rejects:
-            reasons[why] = reasons.get(why, 0) + 1
-        meta = {
-            "store_format": STORE_FORMAT,
-            "source": {"path": str(self.info.path), "abs_path": self.info.abs_path, "size": self.info.size,
-                       "mtime_ns": self.info.mtime_ns, "sha256": self.store.content_sha256(self.info),
-                       "ctime_ns": self.info.ctime_ns, "inode": self.info.inode,
-                       "footer_sha256": self.info.footer_sha256, "hashed_at_ns": self.store.hashed_at_ns(self.info),
-                       "rows": self.info.num_rows},
-            "settings": self.settings,
-            "dim": self.dim,
-            "dtype": "float32",
-            "id_type": "int64" if id_type == pa.int64() else "string",
-            "counts": {"rows": self.info.num_rows, "embedded": len(rows), "skipped": reasons,
-                       "truncated": self.num_truncated},
-        }
-        write_json_atomic(self.tmp / "entry.json", meta)
-        for name in ("embeddings.npy", "rows.parquet", "rejects.parquet"):
-            with open(self.tmp / name, "rb+") as fh:
-                os.fsync(fh.fileno())
-        fsync_dir(self.tmp)
-        final = self.store.shards_dir / shard_key(self.info) / self.fingerprint
-        fault("store_commit_rename", final)
-        final.parent.mkdir(parents=True, exist_ok=True)
-        if final.exists():  # same content and settings committed before (--full): replace it
-            self.store.discard(final)
-        os.replace(self.tmp, final)
-        fsync_dir(final.parent)
-        return StoreEntry(final, meta)
+        if self.part is not None:
+            from petal.pipeline.store.ranges import part_dir
+
+            final, extra = part_dir(self.store, self.info, self.fingerprint, self.part), {"range": self.part.record()}
+        else:
+            final, extra = self.store.shards_dir / shard_key(self.info) / self.fingerprint, {}
+        return commit_entry(self.store, self.tmp, final, self.info, self.settings, self.dim, rows, ids,
+                            sorted(self._rejects), self.num_rows, self.num_truncated, extra)
 
     def abort(self) -> None:
         self._vectors = None
         shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def commit_entry(store: EmbeddingStore, tmp: Path, final: Path, info: ShardInfo, settings: dict[str, Any], dim: int,
+                 rows: np.ndarray, ids: list, rejects: list[tuple[int, str]], num_rows: int, num_truncated: int,
+                 extra: dict[str, Any]) -> StoreEntry:
+    """Write ``rows.parquet``, ``rejects.parquet`` and ``entry.json`` beside ``tmp/embeddings.npy`` (``num_rows``
+    rows), fsync them, and make ``tmp`` visible as ``final`` with one rename (a committed entry is replaced)."""
+    id_type = pa.int64() if "int" in info.id_type else pa.string()
+    pq.write_table(pa.table({"row": pa.array(rows, pa.int64()), "id": pa.array(ids, id_type)}), tmp / "rows.parquet")
+    fault("store_commit_mid", tmp / "rejects.parquet")
+    pq.write_table(pa.table({"row": pa.array([r for r, _ in rejects], pa.int64()),
+                             "reason": pa.array([why for _, why in rejects], pa.string())}),
+                   tmp / "rejects.parquet")
+    reasons: dict[str, int] = {}
+    for _, why in rejects:
+        reasons[why] = reasons.get(why, 0) + 1
+    meta = {
+        "store_format": STORE_FORMAT,
+        "source": {"path": str(info.path), "abs_path": info.abs_path, "size": info.size,
+                   "mtime_ns": info.mtime_ns, "sha256": store.content_sha256(info),
+                   "ctime_ns": info.ctime_ns, "inode": info.inode,
+                   "footer_sha256": info.footer_sha256, "hashed_at_ns": store.hashed_at_ns(info),
+                   "rows": info.num_rows},
+        "settings": settings,
+        "dim": dim,
+        "dtype": "float32",
+        "id_type": "int64" if id_type == pa.int64() else "string",
+        "counts": {"rows": num_rows, "embedded": len(rows), "skipped": reasons, "truncated": num_truncated},
+        **extra,
+    }
+    write_json_atomic(tmp / "entry.json", meta)
+    for name in ("embeddings.npy", "rows.parquet", "rejects.parquet"):
+        with open(tmp / name, "rb+") as fh:
+            os.fsync(fh.fileno())
+    fsync_dir(tmp)
+    fault("store_commit_rename", final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    if final.exists():  # same content and settings committed before (--full, a retried range): replace it
+        store.discard(final)
+    os.replace(tmp, final)
+    fsync_dir(final.parent)
+    return StoreEntry(final, meta)
 
 
 def _allocate(path: Path) -> None:
@@ -423,8 +451,12 @@ class StoreSink:
     """
 
     def __init__(self, store: EmbeddingStore, shards: list[ShardInfo], fingerprints: list[str],
-                 settings: dict[str, Any], dim: int, transform: OutputTransform | None = None) -> None:
+                 settings: dict[str, Any], dim: int, transform: OutputTransform | None = None,
+                 ranges: list[RowRange] | None = None) -> None:
         self.store = store
+        # ``ranges``: the units of work (whole shards or row-group ranges); the index of a chunk, a key and a
+        # commit is then a position in ``ranges`` (``None``: one unit per shard, the index a position in ``shards``)
+        self.ranges = ranges
         # NOTE: the output transform (--dim, int8/binary, float16) is applied here, where vectors enter
         # the store: the engine's vectors are model vectors, the store's are transform.stored() vectors.
         self.transform = transform
@@ -436,8 +468,11 @@ class StoreSink:
 
     def _writer(self, shard_index: int) -> ShardWriter:
         if shard_index not in self._writers:
+            unit = self.ranges[shard_index] if self.ranges is not None else None
+            position = unit.position if unit is not None else shard_index
             self._writers[shard_index] = self.store.writer(
-                self.shards[shard_index], self.fingerprints[shard_index], self.settings, self.dim)
+                self.shards[position], self.fingerprints[position], self.settings, self.dim,
+                unit if unit is not None and not unit.whole else None)
         return self._writers[shard_index]
 
     def expect(self, shard_index: int, num_docs: int, rejects: list[tuple[int, str]], num_truncated: int,

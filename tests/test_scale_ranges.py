@@ -1,0 +1,168 @@
+"""Row-group ranges of large shards (``--range-rows``): handed out to workers one range at a time, each
+committed on its own, assembled into the shard's ordinary store entry.
+
+Real spawned workers and SIGKILL, real Parquet (one shard of many row groups), real store and FAISS; the
+tiny BERT for equality with the single-process run, the logging fake engine (tests/fake_engine.py) where a
+test must prove which rows each run embedded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from petal.cli.main import cli
+from petal.pipeline.index.search import IndexReader
+from tests.fake_engine import embedded_ids, make_fake_model_dir, read_log
+from tests.test_incremental import contents
+from tests.test_scale_workers import Petal, embedding_worker, wait_for, worker_pids, write_shards
+
+pytestmark = pytest.mark.slow
+
+
+def write_big_shard(path: Path, rows: int, group_rows: int, salt: str = "") -> list[str]:
+    """One shard of ``rows`` rows in row groups of ``group_rows``; row 41 repeats row 3's id (a duplicate that
+    falls in another range), row 20's text is null."""
+    ids = [f"big-{i}" for i in range(rows)]
+    texts: list[str | None] = [f"big document {i} {salt} on subject {i % 7} with a few more words" for i in range(rows)]
+    if rows > 41:
+        ids[41] = ids[3]
+        texts[20] = None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table({"id": ids, "text": texts}), path, row_group_size=group_rows)
+    return ids
+
+
+def index_cli(*args: str) -> dict:
+    report = Path(args[args.index("--out") + 1]).with_suffix(".report.json")
+    result = CliRunner().invoke(cli, ["index", *args, "-q", "--json-report", str(report)], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return json.loads(report.read_text())
+
+
+def parts(out: Path) -> list[str]:
+    return sorted(p.parent.name for p in (out / "store" / "parts").glob("*/*/*/entry.json"))
+
+
+def test_a_shard_split_across_two_workers_equals_the_single_process_index(tiny_bert_dir, tmp_path):
+    data = tmp_path / "data"
+    write_shards(data, count=2, rows=9)
+    write_big_shard(data / "big.parquet", rows=63, group_rows=7)  # 9 row groups
+    common = [str(data), "--model", str(tiny_bert_dir), "--device", "cpu", "--max-seqs", "8"]
+    index_cli(*common, "--out", str(tmp_path / "one"))
+    report = index_cli(*common, "--out", str(tmp_path / "two"), "--workers", "2", "--range-rows", "14")
+    one_rows, one_vectors = contents(tmp_path / "one")
+    rows, vectors = contents(tmp_path / "two")
+    assert rows == one_rows  # same ids and rows in the same FAISS order: the cross-range duplicate is dropped too
+    np.testing.assert_allclose(vectors, one_vectors, rtol=0, atol=1e-5)
+    assert sum(1 for r in rows if r["shard"] == "big.parquet") == 61  # 63 - the null text - the repeated id
+    ranges = report["ranges"]
+    assert ranges["split_rows"] == 14 and ranges["shards_split"] == 1 and ranges["reused"] == []
+    assert [r["row_groups"] for r in ranges["embedded"]] == [[0, 2], [2, 4], [4, 6], [6, 8], [8, 9]]
+    assert report["shards"] == {"total": 3, "embedded": 3, "reused": 0}
+    assert sum(w["ranges"] for w in report["workers"]) == 5 and sum(w["shards"] for w in report["workers"]) == 2
+    # the assembled entry is the single process's: rows, rejects, counts (the store's contract is unchanged)
+    assert parts(tmp_path / "two") == []  # assembled: only shard entries are left
+    one_meta = IndexReader(tmp_path / "one").manifest.shards
+    two_meta = IndexReader(tmp_path / "two").manifest.shards
+    assert [(s.path, s.entry, s.embedded, s.skipped) for s in one_meta] == \
+        [(s.path, s.entry, s.embedded, s.skipped) for s in two_meta]
+    big = next(s.entry for s in one_meta if s.path.endswith("big.parquet"))
+    big_one = next((tmp_path / "one" / "store" / "shards").glob(f"*/{big}"))
+    big_two = next((tmp_path / "two" / "store" / "shards").glob(f"*/{big}"))
+    for table in ("rows.parquet", "rejects.parquet"):
+        assert pq.read_table(big_one / table).equals(pq.read_table(big_two / table)), table
+    assert pq.read_table(big_two / "rejects.parquet").to_pylist() == [{"row": 20, "reason": "null_text"},
+                                                                      {"row": 41, "reason": "duplicate_id"}]
+    # a rerun with the same or other splitting finds every shard committed
+    again = index_cli(*common, "--out", str(tmp_path / "two"), "--workers", "2", "--range-rows", "7")
+    assert again["status"] == "nothing-to-do" and "ranges" not in again
+
+
+def test_range_rows_needs_workers(tmp_path):
+    data = tmp_path / "data"
+    write_shards(data, count=1, rows=3)
+    result = CliRunner().invoke(cli, ["index", str(data), "--out", str(tmp_path / "o"), "--range-rows", "10"])
+    assert result.exit_code == 2 and "--range-rows" in result.output
+
+
+@pytest.fixture(scope="module")
+def fake_model(tmp_path_factory) -> Path:
+    return make_fake_model_dir(tmp_path_factory.mktemp("model"))
+
+
+def range_rows(report_ranges: list[dict]) -> set[int]:
+    return {row for r in report_ranges for row in range(*r["rows"])}
+
+
+@pytest.mark.parametrize("rerun", [["--workers", "2"], []], ids=["workers", "in-process"])
+def test_kill_9_mid_range_then_the_rerun_embeds_only_the_missing_ranges(fake_model, tmp_path, rerun):
+    data, out = tmp_path / "data", tmp_path / "out"
+    ids = write_big_shard(data / "big.parquet", rows=120, group_rows=10)  # 12 row groups: 6 ranges of 20 rows
+    base = ["index", str(data), "--out", str(out), "--model", str(fake_model), "-q", "--max-seqs", "4"]
+    first_log = tmp_path / "first.jsonl"
+    child = Petal([*base, "--workers", "2", "--range-rows", "20"],
+                  {"PETAL_TEST_FAKE_ENGINE": str(first_log), "PETAL_FAULT": "after_batch:1+:sleep=0.25"},
+                  tmp_path / "first.json")
+    wait_for(lambda: len(worker_pids(first_log, child.pid)) == 2 and len(parts(out)) >= 1)
+    victim = embedding_worker(first_log, child.pid)  # mid-range
+    os.kill(victim, signal.SIGKILL)
+    rc, stderr, report = child.wait()
+    assert rc == 75, stderr
+    assert "SIGKILL" in stderr.strip().splitlines()[-1] and "units" in stderr.strip().splitlines()[-1]
+    committed = parts(out)
+    assert 1 <= len(committed) < 6
+    assert sorted(f"g{a:06d}-{b:06d}" for a, b in (r["row_groups"] for r in report["ranges"]["embedded"])) == committed
+    assert report["shards"]["embedded"] == 0
+    first_rows = {r["row"] for r in read_log(first_log) if "row" in r}
+
+    second_log = tmp_path / "second.jsonl"
+    rc, stderr, report = Petal([*base, *rerun], {"PETAL_TEST_FAKE_ENGINE": str(second_log)},
+                               tmp_path / "second.json").wait()
+    assert rc == 0, stderr
+    ranges = report["ranges"]
+    reused = sorted(f"g{a:06d}-{b:06d}" for a, b in (r["row_groups"] for r in ranges["reused"]))
+    assert reused == committed  # every committed range kept, none embedded again
+    redone = range_rows(ranges["embedded"])
+    assert redone and redone.isdisjoint(range_rows(ranges["reused"]))
+    assert redone | range_rows(ranges["reused"]) == set(range(120))
+    again = [r["row"] for r in read_log(second_log) if "row" in r]
+    assert len(again) == len(set(again)) and set(again) == redone - {20}  # only the missing ranges, once each
+    assert set(again).isdisjoint(range_rows(ranges["reused"])) and range_rows(ranges["reused"]) - {20} <= first_rows
+    assert report["shards"] == {"total": 1, "embedded": 1, "reused": 0}
+    rows, _ = contents(out)
+    expected = [i for row, i in enumerate(ids) if row not in (20, 41)]
+    assert [r["id"] for r in rows] == expected  # nothing lost, nothing twice, in row order
+    assert parts(out) == []  # assembled: the ranges are gone, only the shard's entry is left
+    assert not any((out / "store" / "tmp").iterdir())  # the killed worker's half-written range is removed
+    assert embedded_ids(second_log)
+
+
+def test_a_changed_big_shard_re_embeds_every_range(fake_model, tmp_path):
+    data, out = tmp_path / "data", tmp_path / "out"
+    write_big_shard(data / "big.parquet", rows=60, group_rows=10)
+    write_shards(data, count=1, rows=5)
+    argv = ["index", str(data), "--out", str(out), "--model", str(fake_model), "-q", "--workers", "2",
+            "--range-rows", "20"]
+    log = tmp_path / "log.jsonl"
+    rc, stderr, first = Petal(argv, {"PETAL_TEST_FAKE_ENGINE": str(log)}, tmp_path / "a.json").wait()
+    assert rc == 0 and len(first["ranges"]["embedded"]) == 3, stderr
+    ids = write_big_shard(data / "big.parquet", rows=60, group_rows=10, salt="changed")
+    log2 = tmp_path / "log2.jsonl"
+    rc, stderr, report = Petal(argv, {"PETAL_TEST_FAKE_ENGINE": str(log2)}, tmp_path / "b.json").wait()
+    assert rc == 0, stderr
+    assert report["shards"] == {"total": 2, "embedded": 1, "reused": 1}
+    assert report["shard_changes"]["changed"] == [str(data / "big.parquet")]
+    assert [r["row_groups"] for r in report["ranges"]["embedded"]] == [[0, 2], [2, 4], [4, 6]]
+    assert report["ranges"]["reused"] == []
+    assert sorted(r["row"] for r in read_log(log2) if "row" in r) == [r for r in range(60) if r != 20]
+    rows, _ = contents(out)
+    assert [r["id"] for r in rows if r["shard"] == "big.parquet"] == [i for n, i in enumerate(ids) if n not in (20, 41)]
