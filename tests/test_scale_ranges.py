@@ -138,6 +138,7 @@ def test_kill_9_mid_range_then_the_rerun_embeds_only_the_missing_ranges(fake_mod
     assert len(again) == len(set(again)) and set(again) == redone - {20}  # only the missing ranges, once each
     assert set(again).isdisjoint(range_rows(ranges["reused"])) and range_rows(ranges["reused"]) - {20} <= first_rows
     assert report["shards"] == {"total": 1, "embedded": 1, "reused": 0}
+    assert ranges["rows_reused"] == len(range_rows(ranges["reused"]) - {20})  # row 41 is dropped at assembly
     rows, _ = contents(out)
     expected = [i for row, i in enumerate(ids) if row not in (20, 41)]
     assert [r["id"] for r in rows] == expected  # nothing lost, nothing twice, in row order
@@ -166,3 +167,42 @@ def test_a_changed_big_shard_re_embeds_every_range(fake_model, tmp_path):
     assert sorted(r["row"] for r in read_log(log2) if "row" in r) == [r for r in range(60) if r != 20]
     rows, _ = contents(out)
     assert [r["id"] for r in rows if r["shard"] == "big.parquet"] == [i for n, i in enumerate(ids) if n not in (20, 41)]
+
+
+def test_plan_fills_the_gaps_between_committed_ranges_of_another_split(tmp_path):
+    """A rerun with another ``--range-rows`` keeps every committed range that tiles the shard and cuts only the
+    gaps; overlapping or out-of-bounds ranges are embedded again; reading a range yields exactly its rows."""
+    from petal.pipeline.config import ReadConfig
+    from petal.pipeline.ingest.documents import read_ranges
+    from petal.pipeline.ingest.parquet import preflight
+    from petal.pipeline.store.embeddings import EmbeddingStore
+    from petal.pipeline.store.ranges import RowRange, plan_ranges
+
+    shard = tmp_path / "big.parquet"
+    write_big_shard(shard, rows=100, group_rows=10)  # 10 row groups
+    [info] = preflight([shard], ReadConfig())
+    store = EmbeddingStore(tmp_path / "store")
+    store.open()
+    store.remember_sha256([info], ["0" * 64])
+    whole = plan_ranges(store, [info], ["fp"], 0)
+    assert [(r.first_row, r.num_rows, r.whole) for r in whole.ranges] == [(0, 100, True)] and not whole.split
+
+    def commit(first: int, stop: int) -> None:
+        part = RowRange(0, first, stop, first * 10, (stop - first) * 10)
+        writer = store.writer(info, "fp", {}, 4, part)
+        rows = list(range(part.first_row, part.stop_row))
+        writer.add(rows, [f"big-{r}" for r in rows], np.ones((len(rows), 4), np.float32))
+        writer.input_done = True
+        writer.commit()
+
+    for first, stop in ((0, 3), (2, 4), (6, 7)):  # (2, 4) overlaps (0, 3): not reused
+        commit(first, stop)
+    plan = plan_ranges(store, [info], ["fp"], 20)
+    assert [(r.first_group, r.stop_group) for r, _ in plan.reused[0]] == [(0, 3), (6, 7)]
+    assert [(r.first_group, r.stop_group) for r in plan.ranges] == [(3, 5), (5, 6), (7, 9), (9, 10)]
+    gaps = plan_ranges(store, [info], ["fp"], 0)  # in one process: one unit per gap
+    assert [(r.first_group, r.stop_group) for r in gaps.ranges] == [(3, 6), (7, 10)]
+    read = [(d.shard_index, row) for d in read_ranges([info], gaps.ranges, ReadConfig()) for row in
+            [*d.rows, *(r for r, _ in d.rejects)]]
+    assert sorted(row for unit, row in read if unit == 0) == list(range(30, 60))
+    assert sorted(row for unit, row in read if unit == 1) == list(range(70, 100))

@@ -378,8 +378,7 @@ def embed_shards(chunks: Prefetcher[TokenizedDocs], shards: list[ShardInfo], fin
     """Embed the tokenized ``chunks`` of ``shards`` into the store (as ``transform.stored()`` vectors);
     yields ``(position, entry)`` as each commits. ``ranges``: the units the chunks are numbered by (whole shards
     and row-group ranges, store/ranges.py); a commit is then ``(unit, entry or committed range)``."""
-    # stores transform.stored()
-    sink = StoreSink(store, shards, fingerprints, settings, transform.dim, transform, ranges)
+    sink = StoreSink(store, shards, fingerprints, settings, transform.dim, transform, ranges)  # transform.stored()
     shard_of = (lambda unit: ranges[unit].position) if ranges is not None else (lambda unit: unit)
     packer = Packer(PackConfig(engine.config.token_budget, engine.config.max_seqs))
     flight = InFlight(engine.config.steps_in_flight)

@@ -197,7 +197,9 @@ class RangeAssembly:
         return {"split_rows": split_rows,
                 "shards_split": len({r.position for r in self.plan.ranges if not r.whole} | set(self.plan.reused)),
                 "embedded": named(self.embedded),
-                "reused": named(r for parts in self.plan.reused.values() for r, _ in parts)}
+                "reused": named(r for parts in self.plan.reused.values() for r, _ in parts),
+                # rows of reused ranges (the run's rows.embedded counts a shard assembled now as embedded now)
+                "rows_reused": sum(e.num_embedded for parts in self.plan.reused.values() for _, e in parts)}
 
     def _assemble(self, position: int) -> StoreEntry:
         parts = sorted(self.parts.pop(position), key=lambda p: p[0].first_row)
