@@ -120,7 +120,10 @@ def test_kill_9_mid_range_then_the_rerun_embeds_only_the_missing_ranges(fake_mod
     assert "SIGKILL" in stderr.strip().splitlines()[-1] and "units" in stderr.strip().splitlines()[-1]
     committed = parts(out)
     assert 1 <= len(committed) < 6
-    assert sorted(f"g{a:06d}-{b:06d}" for a, b in (r["row_groups"] for r in report["ranges"]["embedded"])) == committed
+    # the report names the ranges whose commit reached the coordinator (the victim may die between its
+    # commit and saying so: that range is on disk all the same, and the rerun keeps it)
+    reported = {f"g{a:06d}-{b:06d}" for a, b in (r["row_groups"] for r in report["ranges"]["embedded"])}
+    assert reported <= set(committed)
     assert report["shards"]["embedded"] == 0
     first_rows = {r["row"] for r in read_log(first_log) if "row" in r}
 
