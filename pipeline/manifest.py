@@ -158,13 +158,16 @@ class ModelRecord:
     eos_token_id: int | None
     max_length: int
     dim: int
+    # the weight files' stat when they were hashed (pipeline/jobs/weights_hash.py): a later run with the same
+    # stat starts from weights_sha256 and verifies it in the background; None: not recorded (hash again)
+    weights_stat: tuple[dict[str, Any], ...] | None = None
 
     # what a query's model must share with the index's
     MATCHING: ClassVar[tuple[str, ...]] = ("weights_sha256", "tokenizer_sha256", "pooling", "normalize", "dim",
                                            "attention", "dense", "similarity", "int8_scheme", "eos_token_id")
 
     @classmethod
-    def from_spec(cls, spec: ModelSpec) -> ModelRecord:
+    def from_spec(cls, spec: ModelSpec, weights_stat: tuple[dict[str, Any], ...] | None = None) -> ModelRecord:
         default = is_default_model(spec.path)
         return cls(name=DEFAULT_MODEL_NAME if default else None, path=None if default else str(spec.path),
                    architecture=spec.config.architecture, weights_sha256=spec.weights_sha256,
@@ -172,7 +175,8 @@ class ModelRecord:
                    attention=spec.attention, pooling=spec.pooling.mode, normalize=spec.pooling.normalize,
                    dense=_dense_of(spec), similarity=spec.similarity, int8_scheme=spec.int8_scheme,
                    query_prompt=spec.prompts.query, document_prompt=spec.prompts.document,
-                   eos_token_id=spec.eos_token_id, max_length=spec.pooling.max_length, dim=spec.dim)
+                   eos_token_id=spec.eos_token_id, max_length=spec.pooling.max_length, dim=spec.dim,
+                   weights_stat=weights_stat)
 
     @property
     def locator(self) -> str | None:
@@ -201,7 +205,8 @@ class ModelRecord:
                 "dense": [d.to_dict() for d in self.dense], "similarity": self.similarity,
                 "int8_scheme": self.int8_scheme,
                 "prompts": {"query": self.query_prompt, "document": self.document_prompt},
-                "eos_token_id": self.eos_token_id, "max_length": self.max_length, "dim": self.dim}
+                "eos_token_id": self.eos_token_id, "max_length": self.max_length, "dim": self.dim,
+                **({} if self.weights_stat is None else {"weights_stat": [dict(f) for f in self.weights_stat]})}
 
     @classmethod
     def from_section(cls, s: _Section, schema: int) -> ModelRecord:
@@ -222,7 +227,14 @@ class ModelRecord:
                    similarity=s.get("similarity", str), int8_scheme=s.get("int8_scheme", OptStr),
                    query_prompt=prompts.get("query", str), document_prompt=prompts.get("document", str),
                    eos_token_id=s.get("eos_token_id", OptInt), max_length=s.get("max_length", int),
-                   dim=s.get("dim", int))
+                   dim=s.get("dim", int), weights_stat=_weights_stat(s.get("weights_stat", (list, type(None)), None)))
+
+
+def _weights_stat(value: list[Any] | None) -> tuple[dict[str, Any], ...] | None:
+    """The recorded stat as written; anything else is ``None`` (a cache key only: the run hashes again)."""
+    if value is None or not all(isinstance(f, dict) for f in value):
+        return None
+    return tuple(dict(f) for f in value)
 
 
 def is_default_model(path: Path) -> bool:

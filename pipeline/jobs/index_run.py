@@ -54,6 +54,7 @@ from petal.pipeline.jobs.removals import (
     removed_documents,
 )
 from petal.pipeline.jobs.report import RunReport
+from petal.pipeline.jobs.weights_hash import FileStat, WeightsHash, with_weights_sha256
 from petal.pipeline.layout import OutputDir
 from petal.pipeline.manifest import (
     MANIFEST_FILE,
@@ -84,7 +85,14 @@ from petal.pipeline.reliability.signals import StopSignals
 from petal.pipeline.reliability.step_guard import StepGuard, device_failure
 from petal.pipeline.store.changes import live_manifest, shard_changes
 from petal.pipeline.store.columns import ColumnsNeed, check_keep_columns, ensure_columns
-from petal.pipeline.store.embeddings import EmbeddingStore, StoreEntry, StoreSink, settings_fingerprint, sha256_file
+from petal.pipeline.store.embeddings import (
+    EmbeddingStore,
+    StoreEntry,
+    StoreSink,
+    settings_fingerprint,
+    sha256_file,
+    shard_key,
+)
 from petal.pipeline.store.outputs import OutputTransform
 from petal.pipeline.store.side_files import prune_side_files
 from petal.pipeline.store.tombstones import apply_deletes, deleted_rows, read_delete_ids
@@ -144,14 +152,23 @@ def _run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory, 
     need = ColumnsNeed(job.read.text_column, job.keep_columns)
     delete_ids = read_delete_ids(job.delete, job.read.id_column) if job.delete is not None else None
     spec = model_spec(job.model, job.max_length, job.model_options)
+    weights = start_weights_hash(spec)  # [0a] sha256 of the weights in the background (joined before it is used)
+    try:
+        return _checked_run(job, report, engine_factory, stop, reads, started, live, shards, need, delete_ids,
+                            spec, weights)
+    finally:
+        weights.cancel()  # NOTE: a run that ended early stops reading the weights; a finished hash is kept
+
+
+def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory, stop: StopSignals,
+                 reads: ReadStats, started: float, live: Manifest | None, shards: list[ShardInfo], need: ColumnsNeed,
+                 delete_ids: Any, spec: ModelSpec, weights: WeightsHash) -> RunReport:
     transform = OutputTransform.for_model(spec, job.output)  # --dim, --quantize, --output-dtype
     with flag_errors():  # --device, --dtype, --attention, --token-budget against this host and model
         config = engine_config(job, spec)
     # the index factory against the output format, the dimension and (at most) the rows read + the kept shards'
     check_index_factory(job.index, index_kind(transform.quantize, transform.output_dtype), transform.dim,
                         report.rows["total"] + kept_vectors(kept_records(live, shards, job.sync or job.full)))
-    settings = embedding_settings(spec, config, job)
-    report.model = spec.describe()
     out = OutputDir(job.out)
     out.prepare()
     report.out = str(out.root)
@@ -163,8 +180,12 @@ def _run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory, 
         fault("after_lock")
         out.clean_orphans()
         previous = None if job.full else live_or_refuse(out)  # --full: even an unreadable live version
+        # the weights' sha256: recorded beside the same stat (verified later), or hashed by now (the drift check
+        # needs it before the model loads); None: nothing to compare or look up, it is needed once the model is loaded
+        used_sha = known_weights_sha256(weights, previous)
         if previous is not None:
-            check_drift(previous, settings, out.root)
+            used_sha = used_sha or weights.result()
+            check_drift(previous, embedding_settings(with_weights_sha256(spec, used_sha), config, job), out.root)
         if job.strict:  # an id in two shards is a bad row too (without --strict the last shard wins)
             check_cross_shard_duplicates(shards, job.read)
         store = EmbeddingStore(out.store_dir)
@@ -173,10 +194,14 @@ def _run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory, 
         kept_recs = kept_records(previous, shards, job.sync)  # additive: the live shards not named (by abs path)
         kept = kept_entries(store, kept_recs, out.root)
         kept_infos = [kept_shard(r, e) for r, e in zip(kept_recs, kept)]
-        settings_fp = settings_fingerprint(settings.to_dict())
-        fingerprints = [content_fingerprint(store, info, settings_fp) for info in shards]
+        if used_sha is None and (job.scale is not None or (not job.full and stored_any(store, shards))):
+            used_sha = weights.result()  # store entries to look up (a resumed run), or workers that pickle the spec
+        sha = {info.abs_path: content_sha256(store, info) for info in shards}
+        identity = RunIdentity(spec, config, job, weights, used_sha)
+        if used_sha is not None:  # else once the model is loaded (a fresh output: the hash runs beside the load)
+            report.model = identity.spec().describe()
+        fingerprints = identity.fingerprints(store, shards) if used_sha is not None else None
         all_shards = sorted([*shards, *kept_infos], key=lambda info: info.abs_path)
-        sha = {info.abs_path: store.content_sha256(info) for info in shards}  # cached above
         sha.update({r.abs_path: r.sha256 for r in kept_recs})
         report.shard_changes = shard_changes(previous if not job.full else live_manifest(out), all_shards,
                                              [sha[info.abs_path] for info in all_shards])
@@ -185,8 +210,8 @@ def _run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory, 
             report.shard_changes["unchanged"] = [p for p in report.shard_changes["unchanged"]
                                                  if p not in set(report.shard_changes["kept"])]
         report.shards["total"] = len(all_shards)
-        entries: list[StoreEntry | None] = [None if job.full else store.lookup(info, fp)
-                                            for info, fp in zip(shards, fingerprints)]
+        entries: list[StoreEntry | None] = [None] * len(shards) if job.full or fingerprints is None else \
+            [store.lookup(info, fp) for info, fp in zip(shards, fingerprints)]
         todo = [i for i, entry in enumerate(entries) if entry is None]
         report.shards["reused"] = len(shards) - len(todo) + len(kept)
         gate = bad_row_gate(job, report, out)
@@ -199,15 +224,17 @@ def _run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory, 
         embedded_now: set[int] = set()  # positions in ``shards`` embedded by this run
         if todo:
             embed_started = time.perf_counter()
-            todo_shards, todo_fingerprints = [shards[i] for i in todo], [fingerprints[i] for i in todo]
+            todo_shards = [shards[i] for i in todo]
             if job.scale is None:
-                commits = embed_in_process(todo_shards, todo_fingerprints, store, settings.to_dict(), spec, config,
-                                           engine_factory, transform, job, report, stop, gate, reads)
+                commits = embed_in_process(todo_shards, identity, store, spec, config, engine_factory, transform, job,
+                                           report, stop, gate, reads)
             else:  # --devices/--workers/--ray: worker processes (or Ray actors) embed and commit
                 from petal.pipeline.jobs.scaled import embed_scaled
 
-                commits = embed_scaled(job, todo_shards, todo_fingerprints, store, settings.to_dict(), spec, config,
-                                       engine_factory, transform, report, stop, reads)
+                identity.verify()  # NOTE: workers commit on their own: the weights are what was checked, first
+                commits = embed_scaled(job, todo_shards, identity.fingerprints(store, todo_shards), store,
+                                       identity.settings().to_dict(), identity.spec(), config, engine_factory,
+                                       transform, report, stop, reads)
             # NOTE: closed inside the lock, so uncommitted shards are dropped before another writer can start.
             with contextlib.closing(cast(Generator[tuple[int, StoreEntry], None, None], commits)):  # generators
                 for position, entry in commits:
@@ -223,6 +250,9 @@ def _run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory, 
 
         named = [e for e in entries if e is not None]
         assert len(named) == len(shards)
+        identity.verify()  # NOTE: before anything is published (or called unchanged): the weights are the checked ones
+        spec, settings = identity.spec(), identity.settings()
+        report.model = spec.describe()
         tally_rows(named, report, embedded_now, kept)
         by_path = {info.abs_path: e for info, e in zip([*shards, *kept_infos], [*named, *kept])}
         shards, committed = all_shards, [by_path[info.abs_path] for info in all_shards]
@@ -276,8 +306,8 @@ def _run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory, 
                 # the transform queries apply, with the int8 calibration the index learned; stored columns:
                 # in ids.parquet, the text (as "text") and --keep-columns, by FAISS id
                 make_manifest(version, spec, settings, job, shards, committed, result, transform,
-                              StoredColumns(True, tuple(job.keep_columns)) if stored else None
-                              ).write(staging / MANIFEST_FILE)
+                              StoredColumns(True, tuple(job.keep_columns)) if stored else None,
+                              weights.stat_to_record()).write(staging / MANIFEST_FILE)
             stop.check()  # NOTE: the last stop: once the pointer swaps, the run is done and ends as a success
             out.publish(staging, version)
         except BaseException:
@@ -293,17 +323,20 @@ def _run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory, 
     return report
 
 
-def embed_in_process(shards: list[ShardInfo], fingerprints: list[str], store: EmbeddingStore,
-                     settings: dict[str, Any], spec: ModelSpec, config: EngineConfig, engine_factory: EngineFactory,
-                     transform: OutputTransform, job: IndexJob, report: RunReport, stop: StopSignals,
-                     gate: BadRowGate | None, reads: ReadStats) -> Iterator[tuple[int, StoreEntry]]:
-    """The embed phase in this process: read, tokenize (background threads), step, store; yields commits."""
-    from petal.pipeline.store.ranges import RangeAssembly, plan_ranges
+def embed_in_process(shards: list[ShardInfo], identity: RunIdentity, store: EmbeddingStore, spec: ModelSpec,
+                     config: EngineConfig, engine_factory: EngineFactory, transform: OutputTransform, job: IndexJob,
+                     report: RunReport, stop: StopSignals, gate: BadRowGate | None,
+                     reads: ReadStats) -> Iterator[tuple[int, StoreEntry]]:
+    """The embed phase in this process: read, tokenize (background threads), step, store; yields commits.
+    The weights' sha256 (``identity``) is settled once the model is loaded, before the first commit."""
+    from petal.pipeline.store.ranges import RangeAssembly, plan_ranges, whole_shards
 
     tokenizer = tokenizer_for(spec)  # document prompt, EOS for last-token pooling
     # whole shards; a shard is cut in this process only where an earlier scaled run committed ranges of it
-    plan = plan_ranges(store, shards, fingerprints, 0)
-    assembly = RangeAssembly(store, shards, fingerprints, settings, transform.dim, plan)
+    # NOTE: committed ranges are found by fingerprint; a run whose sha256 is not settled yet has none to find
+    # (run_index settles it up front when the store holds entries or ranges of these shards).
+    plan = plan_ranges(store, shards, identity.fingerprints(store, shards), 0) if identity.settled \
+        else whole_shards(shards)
     documents = read_ranges(shards, plan.ranges, job.read, reads)  # [1] read (streamed)
     # [2] tokenize in the background; it starts now, so it overlaps the model load and CUDA init
     chunks = Prefetcher(tokenize_documents(documents, tokenizer, job.tokenize_workers or 1), depth=16)
@@ -318,6 +351,15 @@ def embed_in_process(shards: list[ShardInfo], fingerprints: list[str], store: Em
     report.engine = engine.describe()
     report.timings_s["model_load"] = round(engine.stats.model_load_s, 3)
     report.timings_s["model_load_wait"] = round(time.perf_counter() - waited, 3)
+    hashed = time.perf_counter()
+    try:
+        identity.verify()  # the hash ran beside the load; this waits only for what is left of it
+        fingerprints, settings = identity.fingerprints(store, shards), identity.settings().to_dict()
+    except BaseException:
+        chunks.close()
+        raise
+    report.timings_s["weights_sha256_wait"] = round(time.perf_counter() - hashed, 3)
+    assembly = RangeAssembly(store, shards, fingerprints, settings, transform.dim, plan)
     yield from assembly.ready()
     try:
         with contextlib.closing(embed_shards(chunks, shards, fingerprints, store, settings, engine, transform, job,
@@ -347,6 +389,69 @@ def content_fingerprint(store: EmbeddingStore, info: ShardInfo, settings_fp: str
         return store.fingerprint(info, settings_fp)
     except OSError as exc:
         raise PetalIOError(f"cannot read {quote_path(info.path)} to fingerprint it: {exc.strerror or exc}") from exc
+
+
+def content_sha256(store: EmbeddingStore, info: ShardInfo) -> str:
+    try:
+        return store.content_sha256(info)
+    except OSError as exc:
+        raise PetalIOError(f"cannot read {quote_path(info.path)} to fingerprint it: {exc.strerror or exc}") from exc
+
+
+def start_weights_hash(spec: ModelSpec) -> WeightsHash:
+    try:
+        return WeightsHash(spec)
+    except OSError as exc:
+        raise ConfigError(f"cannot read the model's weights {quote_path(exc.filename or spec.path)}: "
+                          f"{exc.strerror or exc}") from exc
+
+
+def known_weights_sha256(weights: WeightsHash, previous: Manifest | None) -> str | None:
+    """The live version's weights sha256 when the weight files' stat is the one it recorded (else ``None``)."""
+    if previous is None or not isinstance(previous.model, ModelRecord) or previous.model.weights_stat is None:
+        return None
+    recorded = tuple(FileStat.from_dict(f) for f in previous.model.weights_stat)
+    return weights.recorded(recorded, previous.model.weights_sha256)
+
+
+def stored_any(store: EmbeddingStore, shards: list[ShardInfo]) -> bool:
+    """True when the store holds an entry or committed ranges of any of ``shards`` (with any settings): lookups
+    need the fingerprint."""
+    return any((store.shards_dir / shard_key(info)).is_dir() or (store.root / "parts" / shard_key(info)).is_dir()
+               for info in shards)
+
+
+class RunIdentity:
+    """The run's model identity: the weights' sha256 the settings were built with (``used``; ``None`` until
+    the background hash is joined), and everything derived from it."""
+
+    def __init__(self, spec: ModelSpec, config: EngineConfig, job: IndexJob, weights: WeightsHash,
+                 used: str | None) -> None:
+        self._spec, self._config, self._job, self._weights, self._used = spec, config, job, weights, used
+        self._verified = False
+
+    def verify(self) -> None:
+        """Join the hash; a sha256 taken from a recorded stat must be what the files hold (else 78)."""
+        if not self._verified:
+            self._used = self._weights.result() if self._used is None else \
+                self._weights.verify(self._used, quote_path(self._spec.path))
+            self._verified = True
+
+    @property
+    def settled(self) -> bool:
+        """The sha256 the settings are built with is known (computed, or taken from a recorded stat)."""
+        return self._used is not None
+
+    def spec(self) -> ModelSpec:
+        assert self._used is not None, "the weights sha256 is not settled yet"
+        return with_weights_sha256(self._spec, self._used)
+
+    def settings(self) -> EmbeddingSettings:
+        return embedding_settings(self.spec(), self._config, self._job)
+
+    def fingerprints(self, store: EmbeddingStore, shards: list[ShardInfo]) -> list[str]:
+        settings_fp = settings_fingerprint(self.settings().to_dict())
+        return [store.fingerprint(info, settings_fp) for info in shards]  # content sha256 cached by the store
 
 
 def bad_row_gate(job: IndexJob, report: RunReport, out: OutputDir) -> BadRowGate | None:
@@ -495,9 +600,13 @@ def shard_records(shards: list[ShardInfo], entries: list[StoreEntry]) -> tuple[S
 
 def make_manifest(version: str, spec: ModelSpec, settings: EmbeddingSettings, job: IndexJob,
                   shards: list[ShardInfo], entries: list[StoreEntry], result: BuildResult,
-                  transform: OutputTransform, stored: StoredColumns | None) -> Manifest:
+                  transform: OutputTransform, stored: StoredColumns | None,
+                  weights_stat: tuple[FileStat, ...] | None = None) -> Manifest:
+    """The version's manifest; ``weights_stat``: the weight files' stat when they were hashed (a later run's
+    shortcut to the sha256)."""
+    record = ModelRecord.from_spec(spec, None if weights_stat is None else tuple(f.to_dict() for f in weights_stat))
     return Manifest(
-        version=version, created_at=Manifest.now(), petal_version=__version__, model=ModelRecord.from_spec(spec),
+        version=version, created_at=Manifest.now(), petal_version=__version__, model=record,
         embedding=settings, columns=ReadRecord(job.read.text_column, job.read.id_column), dim=transform.dim,
         normalize=spec.pooling.normalize, metric=job.index.metric, max_length=spec.pooling.max_length,
         index=result.record(job.index), shards=shard_records(shards, entries),

@@ -119,6 +119,12 @@ class RangePlan:
         return any(not r.whole for r in self.ranges) or bool(self.reused)
 
 
+def whole_shards(shards: list[ShardInfo]) -> RangePlan:
+    """Every shard as one unit, nothing reused."""
+    units = [RowRange(p, 0, info.num_row_groups, 0, info.num_rows, whole=True) for p, info in enumerate(shards)]
+    return RangePlan(units, {})
+
+
 def plan_ranges(store: EmbeddingStore, shards: list[ShardInfo], fingerprints: list[str],
                 split_rows: int) -> RangePlan:
     """Cut each shard into units: the whole shard, or (more than ``split_rows`` rows in several row groups, or
