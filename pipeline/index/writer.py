@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from petal.pipeline.config import IndexSettings
+from petal.pipeline.index.background_checksums import BackgroundChecksums
 from petal.pipeline.index.binary import DEFAULT_RESCORE, RESCORE_FILE, BinaryIndex
 from petal.pipeline.index.build import add_in_memory, build_on_disk
 from petal.pipeline.index.faiss_loader import load_faiss
@@ -48,7 +49,7 @@ from petal.pipeline.index.tune import (
 )
 from petal.pipeline.manifest import DeviceRecord, IndexRecord, PlanRecord, TuningRecord
 from petal.pipeline.reliability.errors import FAISS_WRITE_ERRORS, FlagError, PetalError
-from petal.pipeline.store.embeddings import StoreEntry, sha256_file
+from petal.pipeline.store.embeddings import StoreEntry
 from petal.pipeline.store.outputs import OutputTransform
 
 MAX_CHUNK_ROWS = 65536
@@ -72,6 +73,7 @@ class BuildResult:
     tuning: Tuning | None = None
     device: DeviceRecord | None = None  # where training and adding ran
     files: dict[str, str] = field(default_factory=dict)  # file name -> sha256
+    pending: BackgroundChecksums | None = None  # checksums still running (``build_index(..., wait=False)``)
     timings_s: dict[str, float] = field(default_factory=dict)
     seconds: float = 0.0
     output: OutputTransform | None = None  # the stored vectors' transform, with any learned int8 calibration
@@ -83,6 +85,16 @@ class BuildResult:
     @property
     def search_params(self) -> dict[str, int]:
         return dict(self.tuning.params) if self.tuning is not None else {}
+
+    def join_checksums(self) -> None:
+        """Wait for the background checksums (``build_index(..., wait=False)``) into ``files``; the wait is
+        added to ``timings_s["checksum"]``."""
+        if self.pending is None:
+            return
+        t0 = time.perf_counter()
+        pending, self.pending = self.pending, None
+        self.files.update(pending.result())
+        self.timings_s["checksum"] = round(self.timings_s.get("checksum", 0.0) + time.perf_counter() - t0, 3)
 
     def record(self, settings: IndexSettings) -> IndexRecord:
         """The manifest's ``index`` section."""
@@ -173,15 +185,32 @@ def _add_binary(index: Any, source: StoreVectors, staging: Path, rows: int) -> s
 
 
 def build_index(entries: list[StoreEntry], dim: int, settings: IndexSettings, staging: Path,
-                output: OutputTransform | None = None) -> BuildResult:
+                output: OutputTransform | None = None, wait: bool = True) -> BuildResult:
     """Write the index of ``entries`` (store entries in shard order; vectors ``[rows, dim]``) into
     ``staging``: ``index.faiss`` (+ ``index.ivfdata`` on disk, + ``rescore.npy`` for binary) and
     ``ids.parquet``. Every output format goes through the same planner, training, adding and tuner;
     ``output`` (the stored vectors' transform) picks the codes, and ``result.output`` is it with the
     int8 calibration the index learned.
 
+    Every file is hashed (and fsynced) in the background once written; ``wait=False`` returns with
+    ``result.pending`` still running, for the caller to ``join_checksums()`` after writing the rest.
+
     Raises ``ValueError`` for a factory string FAISS rejects or too few vectors to train it.
     """
+    checksums = BackgroundChecksums()
+    try:
+        result = _build_index(entries, dim, settings, staging, output, checksums)
+    except BaseException:
+        checksums.cancel()
+        raise
+    result.pending = checksums
+    if wait:
+        result.join_checksums()
+    return result
+
+
+def _build_index(entries: list[StoreEntry], dim: int, settings: IndexSettings, staging: Path,
+                 output: OutputTransform | None, checksums: BackgroundChecksums) -> BuildResult:
     faiss = load_faiss()
     started = time.perf_counter()
     timings: dict[str, float] = {}
@@ -240,27 +269,31 @@ def build_index(entries: list[StoreEntry], dim: int, settings: IndexSettings, st
         write_index(index, staging / INDEX_FILE)
     num_vectors = int(index.ntotal)
     del index  # NOTE: an on-disk index maps index.ivfdata read-write until released
+    for done in sorted(staging.iterdir()):  # index.faiss (+ index.ivfdata, rescore.npy): hashed while ids are written
+        if done.is_file():
+            checksums.add(done)
     source.write_ids(staging / IDS_FILE)
+    checksums.add(staging / IDS_FILE)
     timings["write"] = round(time.perf_counter() - t0, 3)
     assert num_vectors == source.total, f"index holds {num_vectors} vectors, the store selection {source.total}"
     result = BuildResult(factory=plan.factory, metric=settings.metric, num_vectors=num_vectors,
                          superseded=source.superseded, plan=plan, tuning=tuning, device=device, timings_s=timings,
                          output=output)
-    t0 = time.perf_counter()
-    result.files = {p.name: sha256_file(p) for p in sorted(staging.iterdir()) if p.is_file()}
-    timings["checksum"] = round(time.perf_counter() - t0, 3)
+    for late in sorted(staging.iterdir()):  # every file of the version is hashed, whoever wrote it
+        if late.is_file() and late.name not in checksums.names():
+            checksums.add(late)
     result.seconds = time.perf_counter() - started
     return result
 
 
 def build_version_index(entries: list[StoreEntry], dim: int, settings: IndexSettings, staging: Path,
-                        output: OutputTransform | None = None) -> BuildResult:
+                        output: OutputTransform | None = None, wait: bool = True) -> BuildResult:
     """``build_index`` for a version being published (``petal index``, ``--vectors-column``, ``petal
     rebuild``): a FAISS error or a factory the stored vectors cannot train is a ``ConfigError`` (78)
     naming the factory (the embeddings stay in the store); write errors go on to ``writing()`` (74).
     The caller removes ``staging`` when this raises."""
     try:
-        return build_index(entries, dim, settings, staging, output)
+        return build_index(entries, dim, settings, staging, output, wait)
     except (RuntimeError, ValueError) as exc:
         # NOTE: a FlagError here is the factory check run again at build time, against the stored vectors:
         # after embedding it is the contract's FAISS failure (78, embeddings kept), not a usage error

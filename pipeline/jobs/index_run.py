@@ -90,7 +90,6 @@ from petal.pipeline.store.embeddings import (
     StoreEntry,
     StoreSink,
     settings_fingerprint,
-    sha256_file,
     shard_key,
 )
 from petal.pipeline.store.outputs import OutputTransform
@@ -290,18 +289,23 @@ def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory
         index_started = time.perf_counter()
         with writing(out.versions_dir):
             staging = out.staging_dir()
+        result: BuildResult | None = None
         try:
             with writing(staging):
                 fault("before_index_build", staging / "index.faiss")
                 # the index type follows the output format; int8 learns its calibration here. A FAISS
                 # error is 78 (the embeddings stay in the store); write errors go on to writing() (74)
-                result = build_version_index(committed, transform.dim, job.index, staging, transform)
+                # the files' checksums run in the background while the rest of the version is written
+                result = build_version_index(committed, transform.dim, job.index, staging, transform, wait=False)
                 transform = result.output or transform
                 fault("after_index_build", staging / MANIFEST_FILE)
+                t0 = time.perf_counter()
                 pq.write_table(rejects_table(committed), staging / "rejects.parquet")
                 stored = add_stored_columns(committed, transform.dim, need, staging)  # text, --keep-columns
-                if stored:
-                    result.files[IDS_FILE] = sha256_file(staging / IDS_FILE)
+                if stored and result.pending is not None:
+                    result.pending.add(staging / IDS_FILE)  # rewritten with the stored columns
+                result.timings_s["columns"] = round(time.perf_counter() - t0, 3)
+                result.join_checksums()
                 version = out.new_version_id()
                 # the transform queries apply, with the int8 calibration the index learned; stored columns:
                 # in ids.parquet, the text (as "text") and --keep-columns, by FAISS id
@@ -309,16 +313,23 @@ def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory
                               StoredColumns(True, tuple(job.keep_columns)) if stored else None,
                               weights.stat_to_record()).write(staging / MANIFEST_FILE)
             stop.check()  # NOTE: the last stop: once the pointer swaps, the run is done and ends as a success
+            t0 = time.perf_counter()
             out.publish(staging, version)
+            published_s = time.perf_counter() - t0
         except BaseException:
+            if result is not None and result.pending is not None:
+                result.pending.cancel()
             shutil.rmtree(staging, ignore_errors=True)  # gone by now if the rename happened
             raise
         fault("after_publish")
         report.timings_s["index"] = round(time.perf_counter() - index_started, 3)
         report.version = version
         report.index = {**result.report(), "deleted": sum(tombstoned(e) for e in committed)}
+        report.index["timings_s"]["publish"] = round(published_s, 3)  # fsync, rename, pointer swap
         report.rejects_file = str(out.version_dir(version) / "rejects.parquet")
+        t0 = time.perf_counter()
         clean_up(out, store, committed, job, report)
+        report.timings_s["clean_up"] = round(time.perf_counter() - t0, 3)
     report.finish("success", 0)
     return report
 
