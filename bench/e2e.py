@@ -70,14 +70,16 @@ def sentence_transformers_e2e(paths: list[Path], model_dir: Path, device: str, o
 def run_e2e_bench(model_dir: Path, corpus: Path, num_docs: int, device: str, token_budget: int | None = None,
                   baseline: bool = True, workdir: Path | None = None,
                   tokenize_workers: list[int] | tuple[int, ...] = (2,), scale: Any = None,
-                  index_factory: str = "Flat", engine_t2: bool = False) -> dict[str, Any]:
+                  index_factory: str = "Flat", engine_t2: bool = False,
+                  engine_t2_tokens_per_s: float | None = None) -> dict[str, Any]:
     """petal vs tokenizer-only (and sentence-transformers) on one corpus. One petal run per value of
     ``tokenize_workers``, each right after a tokenizer-only run (the pair gives its ratio); the
     top-level figures are the first run's: the process's first run, so it pays the cold start
     (CUDA context, kernel loading and compilation); later runs show the warm pipeline.
 
     ``engine_t2``: also the engine alone on T2 lengths (``petal bench gpu --scenario t2``'s measure,
-    same model, same process), so the embed phase and the whole run read as fractions of it."""
+    same model, same process), so the embed phase and the whole run read as fractions of it;
+    ``engine_t2_tokens_per_s``: that figure from an earlier call (not measured again)."""
     from petal.engine.loader import inspect_model
     from petal.pipeline.config import IndexJob, IndexSettings, ReadConfig
     from petal.pipeline.jobs.index_run import run_index
@@ -87,7 +89,8 @@ def run_e2e_bench(model_dir: Path, corpus: Path, num_docs: int, device: str, tok
     tokenizer = TextTokenizer(spec.tokenizer_file, spec.pooling.max_length)
     work = Path(workdir or tempfile.mkdtemp(prefix="petal-e2e-"))
     paths, tokens = write_corpus(load_sentences(corpus), tokenizer, num_docs, work / "corpus")
-    engine_tokens_per_s = engine_t2_throughput(spec, device, token_budget) if engine_t2 else None
+    engine_tokens_per_s = engine_t2_tokens_per_s or (engine_t2_throughput(spec, device, token_budget)
+                                                     if engine_t2 else None)
 
     runs = []
     for number, workers in enumerate(tokenize_workers):
@@ -141,6 +144,36 @@ def engine_t2_throughput(spec: Any, device: str, token_budget: int | None, num_d
     return best
 
 
+# the run report's timings that nothing else runs beside (the embed phase overlaps reading, tokenizing, storing)
+SERIAL_TIMINGS = ("preflight", "lock_wait", "checks", "model_load_wait", "weights_sha256_wait", "index", "clean_up")
+
+
+def not_overlapped(timings: dict[str, float]) -> dict[str, float]:
+    """The serial parts of a run (``SERIAL_TIMINGS`` present in the report's ``timings_s``)."""
+    return {k: float(timings[k]) for k in SERIAL_TIMINGS if k in timings}
+
+
+def format_e2e_summary(results: list[dict[str, Any]]) -> str:
+    """One row per corpus size: engine T2, embed phase and whole run side by side, with the serial parts."""
+    lines = ["| docs | tokens | engine T2 | embed phase | whole run | index stage | not overlapped |",
+             "|---|---|---|---|---|---|---|"]
+    for r in results:
+        t2 = r.get("engine_t2_tokens_per_s")
+        embed, whole = r["embed_phase_tokens_per_s"], r["petal_tokens_per_s"]
+        timings = r["petal_report"].get("timings_s", {})
+        serial = not_overlapped(timings)
+        index_s = timings.get("index", 0.0)
+        lines.append(f"| {r['docs']:,} | {r['tokens'] / 1e6:.1f}M | {t2 / 1e3 if t2 else float('nan'):,.0f}k | "
+                     f"{embed / 1e3:,.0f}k{_of(embed, t2)} | {whole / 1e3:,.0f}k{_of(whole, t2)} | "
+                     f"{index_s:.1f}s ({index_s / r['petal_seconds']:.0%}) | "
+                     + ", ".join(f"{k} {v:.1f}s" for k, v in serial.items() if k != "index") + " |")
+    return "\n".join(lines)
+
+
+def _of(value: float, t2: float | None) -> str:
+    return f" ({value / t2:.2f})" if t2 else ""
+
+
 def _scale_label(scale: Any) -> str:
     if scale is None:
         return "in-process"
@@ -175,6 +208,14 @@ def format_e2e_table(r: dict[str, Any]) -> str:
     timings = r["petal_report"].get("timings_s", {})
     if timings:
         lines.append("  timings: " + ", ".join(f"{k} {v:.2f}s" for k, v in timings.items()))
+        steps = r["petal_report"].get("index", {}).get("timings_s", {})
+        if "index" in timings:
+            share = timings["index"] / r["petal_seconds"]
+            lines.append(f"  index stage {timings['index']:.2f}s = {share:.0%} of wall: "
+                         + ", ".join(f"{k} {v:.2f}s" for k, v in steps.items()))
+        serial = not_overlapped(timings)
+        lines.append(f"  not overlapped {sum(serial.values()):.2f}s of {r['petal_seconds']:.2f}s wall: "
+                     + ", ".join(f"{k} {v:.2f}s" for k, v in serial.items()))
     stats = r["petal_report"].get("engine", {}).get("stats", {})
     if stats:
         lines.append(f"  engine: {stats.get('graph_captures', 0)} captures, {stats.get('graph_replays', 0)} replays, "

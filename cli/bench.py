@@ -74,7 +74,9 @@ def bench_gpu(shapes: tuple[str, ...], scenarios: str, token_budget: int, max_se
 @click.option("--tokenizer-dir", type=click.Path(path_type=Path), default=None,
               help="With --shape: where tokenizer.json (and vocab) come from (default: the packaged MiniLM's).")
 @click.option("--corpus", type=click.Path(path_type=Path), default=Path("sample_data"), show_default=True)
-@click.option("--docs", "num_docs", type=click.IntRange(min=100), default=50_000, show_default=True)
+@click.option("--docs", "num_docs", default="50000", show_default=True,
+              help="Documents in the generated corpus; comma-separated for one run per size (one model, one "
+                   "engine-T2 measure) and a side-by-side table.")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
 @click.option("--no-baseline", is_flag=True, help="Skip sentence-transformers.")
 @click.option("--tokenize-workers", default="2", show_default=True,
@@ -89,16 +91,23 @@ def bench_gpu(shapes: tuple[str, ...], scenarios: str, token_budget: int, max_se
               help="Also time the engine alone on T2 lengths [default: on with CUDA].")
 @click.option("--json", "as_json", is_flag=True)
 @user_errors
-def bench_e2e(model: str | None, shape: str | None, tokenizer_dir: Path | None, corpus: Path, num_docs: int,
+def bench_e2e(model: str | None, shape: str | None, tokenizer_dir: Path | None, corpus: Path, num_docs: str,
               device: str, no_baseline: bool, tokenize_workers: str, devices: str | None, workers: int | None,
               index_factory: str, engine_t2: bool | None, as_json: bool) -> None:
     """Parquet -> FAISS end to end: petal vs sentence-transformers vs tokenizer-only, same data."""
     import tempfile
 
-    from petal.bench.e2e import format_e2e_table, run_e2e_bench
+    from petal.bench.e2e import format_e2e_summary, format_e2e_table, run_e2e_bench
     from petal.engine.engine import resolve_device
     from petal.engine.loader import default_model_dir
 
+    try:
+        sizes = [int(n) for n in num_docs.split(",") if n.strip()]
+        if not sizes or any(n < 100 for n in sizes):
+            raise ValueError
+    except ValueError:
+        raise click.BadParameter(f"{num_docs!r} is not a comma-separated list of whole numbers >= 100",
+                                 param_hint="--docs") from None
     dev = resolve_device(device)
     if shape is None:
         model_dir = Path(model) if model else default_model_dir()
@@ -126,10 +135,16 @@ def bench_e2e(model: str | None, shape: str | None, tokenizer_dir: Path | None, 
     scale = usage(lambda: scale_config(devices, workers, None))
     if engine_t2 and dev != "cuda":
         raise click.UsageError("--engine-t2 times the CUDA engine (petal bench gpu's T2); the device is the CPU")
-    result = run_e2e_bench(model_dir, corpus, num_docs, dev, baseline=not no_baseline,
-                           tokenize_workers=tokenizers or [2], scale=scale, index_factory=index_factory,
-                           engine_t2=dev == "cuda" if engine_t2 is None else engine_t2)
-    click.echo(json.dumps(result) if as_json else format_e2e_table(result))
+    results: list[dict] = []
+    for size in sizes:
+        result = run_e2e_bench(model_dir, corpus, size, dev, baseline=not no_baseline,
+                               tokenize_workers=tokenizers or [2], scale=scale, index_factory=index_factory,
+                               engine_t2=dev == "cuda" if engine_t2 is None else engine_t2,
+                               engine_t2_tokens_per_s=results[0].get("engine_t2_tokens_per_s") if results else None)
+        results.append(result)
+        click.echo(json.dumps(result) if as_json else format_e2e_table(result))
+    if len(results) > 1 and not as_json:
+        click.echo(format_e2e_summary(results))
 
 
 @bench.command("index")

@@ -50,3 +50,17 @@ def test_e2e_bench_through_the_worker_pool(tiny_bert_dir: Path, tmp_path: Path, 
     report = bench["runs"][0]["petal_report"]
     assert report["status"] == "success" and report["rows"]["embedded"] == 120
     assert [w["status"] for w in report["workers"]] == ["done"] and report["tokens"] == bench["tokens"]
+
+
+def test_e2e_bench_side_by_side_over_corpus_sizes(tiny_bert_dir: Path, tmp_path: Path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    table = CliRunner().invoke(cli, ["bench", "e2e", "--model", str(tiny_bert_dir), "--corpus", str(SAMPLE_DATA),
+                                     "--docs", "120,150", "--device", "cpu", "--no-baseline",
+                                     "--index-factory", "auto"])
+    assert table.exit_code == 0, table.output
+    rows = [line for line in table.stdout.splitlines() if line.startswith("| 1")]
+    assert [row.split("|")[1].strip() for row in rows] == ["120", "150"]
+    assert "weights_sha256_wait" in rows[0] and "preflight" in rows[0]  # the serial parts, side by side
+    assert table.stdout.count("  index stage ") == 2 and table.stdout.count("not overlapped") == 3
+    bad = CliRunner().invoke(cli, ["bench", "e2e", "--docs", "120,x", "--device", "cpu"])
+    assert bad.exit_code == 2 and "--docs" in bad.output

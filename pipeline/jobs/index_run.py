@@ -175,7 +175,10 @@ def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory
     fault("after_preflight")
     stop.check()
 
+    locking = time.perf_counter()
     with out.lock(wait=job.wait, on_wait=_say, check=stop.check):
+        checks_started = time.perf_counter()
+        report.timings_s["lock_wait"] = round(checks_started - locking, 3)
         fault("after_lock")
         out.clean_orphans()
         previous = None if job.full else live_or_refuse(out)  # --full: even an unreadable live version
@@ -220,6 +223,8 @@ def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory
                     gate.reuse(entry)  # refused before the model loads when reused shards are over already
         stop.check()
 
+        # under the lock, before any embedding: drift, store, source fingerprints, lookups (serial)
+        report.timings_s["checks"] = round(time.perf_counter() - checks_started, 3)
         embedded_now: set[int] = set()  # positions in ``shards`` embedded by this run
         if todo:
             embed_started = time.perf_counter()
