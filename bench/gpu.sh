@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU-host runs (see README "Benchmarks"). From the project root on the GPU host:
 #   source .gpu/activate.sh && bash bench/gpu.sh STEP...
-# Steps: tests | quick | full | serve | serve-faiss | serve-minilm | e2e | e2e-large | e2e-workers | e2e-warm | variants | profile | l1host | t2fair | scale | scale1. Logs and JSON go to $OUT (or ./bench-out).
+# Steps: tests | quick | full | serve | serve-faiss | serve-minilm | e2e | e2e-flagship | e2e-large | e2e-workers | e2e-warm | variants | profile | l1host | t2fair | scale | scale1. Logs and JSON go to $OUT (or ./bench-out).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=true
 out=${OUT:-bench-out}
@@ -34,6 +34,11 @@ for step in "$@"; do
         --json > "$out/e2e.json" 2> "$out/e2e.err"
       python3 -c "import json,sys; from petal.bench.e2e import format_e2e_table as f; print(f(json.load(open(sys.argv[1]))))" "$out/e2e.json"
       tail -3 "$out/e2e.err"
+      ;;
+    e2e-flagship)
+      petal bench e2e --shape pplx-embed-0.6b --tokenizer-dir .gpu/minilm-tokenizer --index-factory auto \
+        --no-baseline --device cuda --docs 40000,120000 2> "$out/e2e-flagship.err" | tee "$out/e2e-flagship.txt"
+      tail -3 "$out/e2e-flagship.err"
       ;;
     e2e-large)
       petal bench e2e --shape minilm --tokenizer-dir .gpu/minilm-tokenizer --docs 200000 --device cuda \
