@@ -59,7 +59,8 @@ def test_a_fresh_run_records_the_weights_sha256_and_their_stat(job):
     assert result.rc == 0, result.stderr
     model = live_manifest(job)["model"]
     assert model["weights_sha256"] == hashlib.sha256(weights_file(job).read_bytes()).hexdigest()
-    assert [FileStat.from_dict(f) for f in model["weights_stat"]] == [FileStat.of(weights_file(job))]
+    assert [FileStat.from_dict(f) for f in model["weights_stat"]] == [FileStat.of(weights_file(job), job.model)]
+    assert model["weights_stat"][0]["name"] == "model.safetensors"  # no absolute path: the index stays portable
     assert result.report["model"]["weights_sha256"] == model["weights_sha256"]
     assert "weights_sha256_wait" in result.report["timings_s"]
 
@@ -88,7 +89,7 @@ def test_weights_changed_behind_a_matching_stat_are_caught_before_anything_is_pu
     committed_before = sorted((out.store_dir / "shards").glob("*/*/entry.json"))
     rewrite_same_size_same_mtime(weights_file(job))
     live = out.current_manifest()  # the live manifest now records the rewritten file's stat with the old sha256
-    stat = [FileStat.of(weights_file(job)).to_dict()]
+    stat = [FileStat.of(weights_file(job), job.model).to_dict()]
     live = dataclasses.replace(live, model=dataclasses.replace(live.model, weights_stat=tuple(stat)))
     live.write(out.version_dir(before) / MANIFEST_FILE)
 

@@ -1,7 +1,8 @@
 """The model's weights sha256 off the critical path: hashed in a background thread from preflight on.
 
 A run records the weights' sha256 (its model identity: drift checks, store fingerprints, the manifest)
-and, beside it, the weight files' stat (path, size, mtime_ns, ctime_ns, inode) as they were when
+and, beside it, the weight files' stat (name in the model directory, size, mtime_ns, ctime_ns, device,
+inode) as they were when
 hashing began. A later run whose files have the same stat takes the recorded sha256 at once (the
 drift check still runs before the model loads) and the background hash verifies it before anything
 is committed or published; a fresh output (nothing to compare with) needs the sha256 only once the
@@ -31,16 +32,21 @@ READ_BYTES = 1 << 24  # per read: large enough that hashlib releases the GIL for
 class FileStat:
     """What changes when a file is rewritten: a cheap stand-in for its content, checked against the hash."""
 
-    path: str
+    name: str  # in the model directory; NOTE: never the absolute path (an index is portable between hosts)
     size: int
     mtime_ns: int
     ctime_ns: int  # NOTE: a user can restore mtime (touch -d), never ctime: a rewrite in place changes it
+    device: int
     inode: int
 
     @classmethod
-    def of(cls, path: Path) -> FileStat:
-        st = os.stat(path)
-        return cls(str(Path(path).resolve()), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+    def of(cls, path: Path, root: Path) -> FileStat:
+        st = os.stat(path)  # through symlinks (the Hugging Face cache links snapshot files to blobs)
+        try:
+            name = Path(path).relative_to(root).as_posix()
+        except ValueError:
+            name = Path(path).name
+        return cls(name, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_dev, st.st_ino)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -49,7 +55,8 @@ class FileStat:
     def from_dict(cls, d: Any) -> FileStat | None:
         """``None`` for anything that is not a recorded stat (an older or hand-edited manifest: hash again)."""
         try:
-            return cls(str(d["path"]), int(d["size"]), int(d["mtime_ns"]), int(d["ctime_ns"]), int(d["inode"]))
+            return cls(str(d["name"]), int(d["size"]), int(d["mtime_ns"]), int(d["ctime_ns"]), int(d["device"]),
+                       int(d["inode"]))
         except (KeyError, TypeError, ValueError):
             return None
 
@@ -59,8 +66,8 @@ def weight_files(spec: ModelSpec) -> tuple[Path, ...]:
     return spec.weight_files + tuple(d.weight_file for d in spec.dense)
 
 
-def stat_files(files: tuple[Path, ...]) -> tuple[FileStat, ...]:
-    return tuple(FileStat.of(f) for f in files)
+def stat_files(files: tuple[Path, ...], root: Path) -> tuple[FileStat, ...]:
+    return tuple(FileStat.of(f, root) for f in files)
 
 
 def with_weights_sha256(spec: ModelSpec, sha256: str) -> ModelSpec:
@@ -76,8 +83,8 @@ class WeightsHash:
     """sha256 of a model's weight files, computed in a daemon thread; ``stat`` is taken before it starts."""
 
     def __init__(self, spec: ModelSpec) -> None:
-        self.files = weight_files(spec)
-        self.stat = stat_files(self.files)
+        self.files, self.root = weight_files(spec), Path(spec.path)
+        self.stat = stat_files(self.files, self.root)
         self._sha256: str | None = None
         self._error: BaseException | None = None
         self._cancel = threading.Event()
@@ -119,7 +126,7 @@ class WeightsHash:
     def stat_to_record(self) -> tuple[FileStat, ...] | None:
         """The stat to record beside the sha256: ``None`` when a file changed while it was hashed."""
         try:
-            return self.stat if stat_files(self.files) == self.stat else None
+            return self.stat if stat_files(self.files, self.root) == self.stat else None
         except OSError:
             return None
 
