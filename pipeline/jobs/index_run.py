@@ -86,6 +86,7 @@ from petal.pipeline.reliability.step_guard import StepGuard, device_failure
 from petal.pipeline.store.changes import live_manifest, shard_changes
 from petal.pipeline.store.columns import ColumnsNeed, check_keep_columns, ensure_columns
 from petal.pipeline.store.embeddings import (
+    DeferredIdentity,
     EmbeddingStore,
     StoreEntry,
     StoreSink,
@@ -367,9 +368,19 @@ def embed_in_process(shards: list[ShardInfo], identity: RunIdentity, store: Embe
     report.engine = engine.describe()
     report.timings_s["model_load"] = round(engine.stats.model_load_s, 3)
     report.timings_s["model_load_wait"] = round(time.perf_counter() - waited, 3)
+    if not identity.settled:
+        # NOTE: a fresh output: the weights' sha256 names the store entries, so the first commit needs it; the
+        # hash keeps running beside the first steps, and the sink waits for what is left of it (then checks it).
+        # The plan is whole shards, so nothing else (no range assembly) uses the fingerprints.
+        deferred = DeferredIdentity(lambda: _settle(identity, store, shards, report))
+        with contextlib.closing(embed_shards(chunks, shards, deferred, store, None, engine, transform, job,
+                                             report, stop, gate)) as commits:
+            yield from commits
+        report.engine["stats"] = engine.stats.as_dict()
+        return
     hashed = time.perf_counter()
     try:
-        identity.verify()  # the hash ran beside the load; this waits only for what is left of it
+        identity.verify()  # a sha256 taken from a recorded stat: the background hash must confirm it
         fingerprints, settings = identity.fingerprints(store, shards), identity.settings().to_dict()
     except BaseException:
         chunks.close()
@@ -492,8 +503,18 @@ def clean_up(out: OutputDir, store: EmbeddingStore, committed: list[StoreEntry],
         _say(f"warning: cleaning up {quote_path(out.root)} failed ({exc.strerror or exc}); the next run retries")
 
 
-def embed_shards(chunks: Prefetcher[TokenizedDocs], shards: list[ShardInfo], fingerprints: list[str],
-                 store: EmbeddingStore, settings: dict[str, Any], engine: Any, transform: OutputTransform,
+def _settle(identity: RunIdentity, store: EmbeddingStore, shards: list[ShardInfo],
+            report: RunReport) -> tuple[list[str], dict[str, Any]]:
+    """Wait for the weights' sha256 (timed as ``weights_sha256_wait``): the store fingerprints and settings."""
+    hashed = time.perf_counter()
+    identity.verify()
+    report.timings_s["weights_sha256_wait"] = round(time.perf_counter() - hashed, 3)
+    return identity.fingerprints(store, shards), identity.settings().to_dict()
+
+
+def embed_shards(chunks: Prefetcher[TokenizedDocs], shards: list[ShardInfo],
+                 fingerprints: list[str] | DeferredIdentity, store: EmbeddingStore, settings: dict[str, Any] | None,
+                 engine: Any, transform: OutputTransform,
                  job: IndexJob, report: RunReport, stop: StopSignals, gate: BadRowGate | None,
                  ranges: list[Any] | None = None) -> Generator[tuple[int, StoreEntry], None, None]:
     """Embed the tokenized ``chunks`` of ``shards`` into the store (as ``transform.stored()`` vectors);

@@ -41,6 +41,8 @@ from petal.pipeline.reliability.faults import fault
 from petal.pipeline.reliability.safe_files import check_regular, open_regular, read_regular
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from petal.pipeline.store.outputs import OutputTransform
     from petal.pipeline.store.ranges import RowRange
 
@@ -443,6 +445,15 @@ def _allocate(path: Path) -> None:
         os.close(fd)
 
 
+@dataclass(frozen=True)
+class DeferredIdentity:
+    """Store fingerprints and settings that are not known yet when embedding starts (the weights' sha256 is
+    still being hashed): ``resolve()`` returns ``(fingerprints, settings)``; ``StoreSink`` calls it once, before
+    its first commit (a fingerprint names an entry; nothing needs it earlier)."""
+
+    resolve: Callable[[], tuple[list[str], dict[str, Any]]]
+
+
 class StoreSink:
     """Routes step results to per-shard writers and commits each shard once it is complete.
 
@@ -450,8 +461,8 @@ class StoreSink:
     document handed to the engine has come back.
     """
 
-    def __init__(self, store: EmbeddingStore, shards: list[ShardInfo], fingerprints: list[str],
-                 settings: dict[str, Any], dim: int, transform: OutputTransform | None = None,
+    def __init__(self, store: EmbeddingStore, shards: list[ShardInfo], fingerprints: list[str] | DeferredIdentity,
+                 settings: dict[str, Any] | None, dim: int, transform: OutputTransform | None = None,
                  ranges: list[RowRange] | None = None) -> None:
         self.store = store
         # ``ranges``: the units of work (whole shards or row-group ranges); the index of a chunk, a key and a
@@ -461,19 +472,34 @@ class StoreSink:
         # the store: the engine's vectors are model vectors, the store's are transform.stored() vectors.
         self.transform = transform
         self.shards = shards
-        self.fingerprints = fingerprints
+        self._deferred = fingerprints if isinstance(fingerprints, DeferredIdentity) else None
+        self.fingerprints: list[str] | None = None if isinstance(fingerprints, DeferredIdentity) else fingerprints
         self.settings = settings
         self.dim = dim
         self._writers: dict[int, ShardWriter] = {}
+        self._positions: dict[int, int] = {}  # writer (chunk index) -> position in ``shards``
 
     def _writer(self, shard_index: int) -> ShardWriter:
         if shard_index not in self._writers:
             unit = self.ranges[shard_index] if self.ranges is not None else None
             position = unit.position if unit is not None else shard_index
+            # NOTE: with a deferred identity the fingerprint and settings are filled in before the first commit
+            fingerprint = self.fingerprints[position] if self.fingerprints is not None else ""
             self._writers[shard_index] = self.store.writer(
-                self.shards[position], self.fingerprints[position], self.settings, self.dim,
+                self.shards[position], fingerprint, self.settings or {}, self.dim,
                 unit if unit is not None and not unit.whole else None)
+            self._positions[shard_index] = position
         return self._writers[shard_index]
+
+    def _settle(self) -> None:
+        """Resolve a deferred identity (once) and give every open writer its fingerprint and settings."""
+        if self._deferred is None:
+            return
+        self.fingerprints, self.settings = self._deferred.resolve()
+        self._deferred = None
+        for index, writer in self._writers.items():
+            writer.fingerprint = self.fingerprints[self._positions[index]]
+            writer.settings = self.settings
 
     def expect(self, shard_index: int, num_docs: int, rejects: list[tuple[int, str]], num_truncated: int,
                final: bool) -> list[tuple[int, StoreEntry]]:
@@ -506,8 +532,12 @@ class StoreSink:
 
     def _commit_ready(self) -> list[tuple[int, StoreEntry]]:
         committed = []
-        for i in [i for i, w in self._writers.items() if w.ready]:
+        ready = [i for i, w in self._writers.items() if w.ready]
+        if ready:
+            self._settle()
+        for i in ready:
             writer = self._writers.pop(i)
+            self._positions.pop(i, None)
             try:
                 committed.append((i, writer.commit()))
             except BaseException:
