@@ -55,7 +55,7 @@ def missing_serve_extra() -> list[str]:
 @click.option("--drain-timeout-s", type=click.FloatRange(min=0), default=30.0, show_default=True,
               help="On SIGTERM, how long in-flight requests may take before the server exits.")
 @click.option("--threads", "search_threads", type=click.IntRange(min=1), default=4, show_default=True,
-              help="Threads for tokenization and FAISS search (off the event loop).")
+              help="Threads for reading stored text and metadata (include), off the event loop.")
 @click.option("--search-device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               help="cuda: exact top-k over a GPU copy of the index's vectors (auto: when the model runs on CUDA); "
                    "cpu: FAISS.")

@@ -105,6 +105,8 @@ def test_eos_appended_when_the_tokenizer_does_not(tmp_path):
     assert all(x[-1] == spec.eos_token_id for x in ids)
     short = tokenizer_for(inspect_model(path, max_length=8), "document").encode([TEXTS[4]])
     assert len(short.token_ids[0]) == 8 and short.token_ids[0][-1] == spec.eos_token_id and short.truncated[0]
+    for i, text in enumerate(TEXTS[:2]):  # a lone text (the single-text encoder) gets the same ids
+        np.testing.assert_array_equal(tokenizer.encode([text]).token_ids[0], ids[i])
     vectors, _ = encode_texts(Engine(spec, EngineConfig(token_budget=512)), tokenizer, TEXTS[:2])
     for row, x in zip(vectors, ids):
         ref = torch.nn.functional.normalize(hf_hidden(trunk, x, bidirectional=False)[-1], dim=0)

@@ -104,6 +104,20 @@ def test_tokenization_truncates_and_counts(minilm_spec):
     assert capped.encode(["a " * 100]).truncated.tolist() == [True]
 
 
+@pytest.mark.parametrize("prompt", ["", "query: "])
+def test_one_text_alone_tokenizes_as_in_a_batch(minilm_spec, prompt):
+    """A lone text takes the single-text encoder: the same ids and truncation flag as inside a batch
+    (prompt, truncation at the max length, the character cap)."""
+    tokenizer = TextTokenizer(minilm_spec.tokenizer_file, 16, max_chars=300, prompt=prompt)
+    texts = ["short text", "word " * 40, "x" * 1000, "Ünïcödé — emoji 🙂 and\ttabs", "a " * 200]
+    batch = tokenizer.encode(texts)
+    for i, text in enumerate(texts):
+        alone = tokenizer.encode([text])
+        np.testing.assert_array_equal(alone.token_ids[0], batch.token_ids[i])
+        assert alone.token_ids[0].dtype == np.int32 and alone.truncated[0] == batch.truncated[i]
+    assert batch.truncated.tolist() == [False, True, True, False, True]
+
+
 def test_tokenize_documents_keeps_rows_aligned(shard_writer, minilm_spec):
     path = shard_writer("t.parquet", {"id": [10, 11, 12], "text": ["alpha", None, "beta gamma " * 50]})
     read = ReadConfig()

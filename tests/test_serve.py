@@ -393,6 +393,47 @@ def test_without_the_serve_extra_a_clear_message(tmp_path):
     assert "pip install 'petal[serve]'" in result.stderr and "Traceback" not in result.stderr
 
 
+def test_texts_tokenized_together_on_the_engine_thread(minilm_spec):
+    """Requests queued together are tokenized in one batch per prompt side on the engine thread: each gets
+    the vectors and token count of embedding it alone, and a text over the limit refuses its own request
+    only (413 naming its item; a truncating request with the same text is answered)."""
+    import asyncio
+
+    from petal.pipeline.jobs.query import QueryModel, engine_config
+    from petal.pipeline.serve.batcher import TokenBatcher
+    from petal.pipeline.serve.metrics import ServeMetrics
+    from petal.pipeline.serve.requests import RequestError
+
+    model = QueryModel(minilm_spec, engine_config(minilm_spec, "cpu"), max_tokens=24)
+    batcher = TokenBatcher(model.engine, ServeMetrics(), tokenizers=dict(model.tokenizers))
+    long = "word " * 60
+    requests = [(("how do glaciers move",), "query", False), (("espresso", "sourdough bread"), "document", False),
+                (("fine", long, "also " * 40), "query", False), ((long,), "document", True),
+                (("the history of rome",), "query", False)]
+
+    async def scenario():
+        tasks = [asyncio.ensure_future(batcher.embed_texts(texts, side, truncate, "input"))
+                 for texts, side, truncate in requests]
+        await asyncio.sleep(0)  # every request queued
+        batcher.start()  # all queued first: one take, one tokenizer call per side
+        return await asyncio.gather(*tasks, return_exceptions=True)
+
+    try:
+        answers = asyncio.run(scenario())
+    finally:
+        batcher.close()
+    refused = answers[2]
+    assert isinstance(refused, RequestError) and refused.status == 413
+    assert "input item 1 has more than 24 tokens" in refused.message
+    for (texts, side, _), got in zip(requests, answers):
+        if got is refused:
+            continue
+        encoded = model.tokenize(list(texts), side)
+        assert got.tokens == sum(len(ids) for ids in encoded.token_ids)
+        np.testing.assert_allclose(got.rows, model.embed(list(texts), side), atol=1e-5)
+    assert batcher.outstanding == 0
+
+
 def test_overload_answers_503_not_unbounded_memory(minilm_spec):
     """The queue is bounded in texts: past it, embed() raises Overloaded (503 + Retry-After)."""
     import asyncio

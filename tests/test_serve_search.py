@@ -25,8 +25,8 @@ QUERIES = ["how do glaciers move", "espresso and coffee", "volcano eruption", "s
 
 
 @pytest.fixture(scope="module")
-def sample_index(tmp_path_factory):
-    """sample_data indexed by petal index (MiniLM, Flat), with a kept column to filter on."""
+def sample_index(tmp_path_factory, minilm_dir):
+    """sample_data indexed by petal index (the packaged MiniLM, Flat), with a kept column to filter on."""
     out = tmp_path_factory.mktemp("serve-search") / "out"
     result = CliRunner().invoke(cli, ["index", str(SAMPLE_DATA), "--out", str(out), "-q", "--keep-columns", "topic"])
     assert result.exit_code == 0, result.output
@@ -133,20 +133,78 @@ def test_torch_exact_index_on_cuda(dtype):
     np.testing.assert_allclose(scores, want_scores, atol=2e-3)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_gpu_readers_on_cuda_answer_like_faiss(sample_index, minilm_spec):
-    from petal.pipeline.jobs.query import QueryModel, SearchIndex, engine_config
-    from petal.pipeline.serve.gpu_search import GpuReaders
+@pytest.fixture(scope="module")
+def vectors_index(tmp_path_factory):
+    """An index of precomputed unit vectors (``--vectors-column``: no model, so it builds on the GPU host
+    too) with a kept column to filter on; an IVF so the GPU copy decodes it through a direct map."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
 
-    index = SearchIndex.open(sample_index, minilm_spec)
-    vectors = index.transform.stored(QueryModel(minilm_spec, engine_config(minilm_spec, "cpu")).embed(QUERIES))
-    readers = GpuReaders("cuda", "float16")
-    readers.prepare(index.reader)
-    copy = readers.get(index.reader)
-    assert copy is not None
-    got, want = copy.search(vectors, 5), index.reader.search(vectors, 5)
-    assert [hs[0].id for hs in got] == [hs[0].id for hs in want]
-    np.testing.assert_allclose([h.score for hs in got for h in hs], [h.score for hs in want for h in hs], atol=2e-3)
+    root = tmp_path_factory.mktemp("serve-vectors")
+    rng = np.random.default_rng(5)
+    data = rng.standard_normal((4000, 48)).astype(np.float32)
+    data /= np.linalg.norm(data, axis=1, keepdims=True)
+    table = pa.table({"id": np.arange(len(data)), "topic": [f"t{i % 3}" for i in range(len(data))],
+                      "emb": pa.FixedSizeListArray.from_arrays(pa.array(data.ravel()), 48)})
+    pq.write_table(table, root / "vectors.parquet")
+    out = root / "out"
+    result = CliRunner().invoke(cli, ["index", str(root / "vectors.parquet"), "--out", str(out), "-q",
+                                      "--vectors-column", "emb", "--keep-columns", "topic",
+                                      "--index-factory", "IVF16,Flat"])
+    assert result.exit_code == 0, result.output
+    return out, data
+
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_gpu_copy_through_the_search_batcher_answers_like_faiss(vectors_index, device, dtype):
+    """``--search-device`` copies (torch; on the CPU here, on CUDA on the GPU host) searched through the
+    search batcher: requests with different k queued together get the exact top k (FAISS's exhaustive
+    answer); a filtered request keeps the FAISS path of the same version."""
+    from petal.pipeline.index.search import IndexReader
+    from petal.pipeline.jobs.query import SearchIndex
+    from petal.pipeline.serve.gpu_search import GpuReaders
+    from petal.pipeline.serve.search_batcher import SearchBatcher
+    from petal.pipeline.serve.searching import SharedExclusiveLock
+
+    out, data = vectors_index
+    reader = IndexReader(out, nprobe=16)  # every list probed: FAISS's IVF answer is exhaustive here
+    readers = GpuReaders(device, dtype)
+    readers.prepare(reader)
+    copy = readers.get(reader)
+    assert copy is not None and type(copy.index).__name__ == "TorchExactIndex"
+    index = SearchIndex(reader, None)  # type: ignore[arg-type]  # stored vectors: no model transform
+    rng = np.random.default_rng(6)
+    queries = data[:9] + 0.05 * rng.standard_normal((9, 48)).astype(np.float32)
+    requests = [(queries[i : i + 1], 1 + 4 * i, None) for i in range(6)] + [(queries[6:9], 7, None),
+                                                                           (queries[:2], 5, "topic = 't1'")]
+    batcher = SearchBatcher(SharedExclusiveLock(), readers)
+
+    async def scenario():
+        tasks = [batcher.search(index, rows, False, k, where=w) for rows, k, w in requests]
+        batcher.start()
+        return await asyncio.gather(*tasks)
+
+    try:
+        answers = asyncio.run(scenario())
+    finally:
+        batcher.close()
+    tolerance = 2e-3 if dtype == "float16" else 1e-5
+    for (rows, k, w), got in zip(requests, answers):
+        want = reader.search(rows, k, where=w)
+        assert [len(hs) for hs in got] == [k] * len(rows)
+        assert [hs[0].id for hs in got] == [hs[0].id for hs in want]
+        if dtype == "float32":
+            assert _hits(got) == _hits(want)
+        else:  # float16 storage: near-ties may swap; the ranks' scores agree
+            assert np.mean([a.id == b.id for hs, ws in zip(got, want) for a, b in zip(hs, ws)]) > 0.9
+        np.testing.assert_allclose([h.score for hs in got for h in hs], [h.score for hs in want for h in hs],
+                                   atol=tolerance)
+        if w:
+            assert all(h.fields["topic"] == "t1" for hs in got for h in hs)
 
 
 def test_search_device_cuda_needs_the_model_on_cuda():

@@ -4,8 +4,9 @@ for a CUDA server whose FAISS is the CPU build.
 ```
 load   every stored vector, decoded by FAISS (reconstruct_n; IVF through its direct map) -> GPU
        as float16 (default, 2 bytes a value: 1M x 1024 is 2 GiB) or float32
-search queries [nq, d] -> one matmul against all vectors -> top candidates -> their scores again in
-       float32 (from the float16 copy) -> top k -> FAISS's (scores, ids) -> IndexReader's hits
+search queries [nq, d] -> page-locked staging -> GPU -> one matmul against all vectors (float16 scores)
+       -> top k' candidates straight from them (k' = max(4k, k+32)) -> only those rows scored again in
+       float32 -> top k -> one copy back and one synchronize -> FAISS's (scores, ids) -> IndexReader's hits
 ```
 
 Exact over what the index stores: the hits are the true top k of the stored vectors (an IVF's
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import threading
 import weakref
 from typing import Any
 
@@ -67,7 +69,14 @@ class TorchExactIndex:
             self.vectors[start : start + len(rows)] = rows.to(self.dtype)
             norms[start : start + len(rows)] = (rows * rows).sum(dim=1)
         self.norms = None if self.inner_product else norms
-        self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        cuda = self.device.type == "cuda"
+        self.stream = torch.cuda.Stream(self.device) if cuda else None
+        # NOTE: page-locked staging made once: a query's copy in and the answer's copy out are asynchronous
+        # (a pageable copy is a sync of its own), and the one synchronize of a search waits for both
+        self._queries_host = torch.empty((QUERY_ROWS, self.d), dtype=torch.float32, pin_memory=cuda)
+        self._lock = threading.Lock()  # one search at a time owns the staging buffers
+        if cuda:  # NOTE: the copy was written on the default stream; searches run on their own
+            torch.cuda.synchronize(self.device)
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """FAISS's answer shape: scores ``[nq, k]`` (inner product: high first; L2: squared distance, low
@@ -75,35 +84,49 @@ class TorchExactIndex:
         import torch
 
         k = min(k, self.ntotal)
-        scores_out, ids_out = [], []
+        queries = np.ascontiguousarray(queries, dtype=np.float32)
+        scores_out = np.empty((len(queries), k), dtype=np.float32)
+        ids_out = np.empty((len(queries), k), dtype=np.int64)
+        if k <= 0 or len(queries) == 0:
+            return scores_out, ids_out
         context = torch.cuda.stream(self.stream) if self.stream is not None else _nothing()
-        with torch.inference_mode(), context:
+        with self._lock, torch.inference_mode(), context:
             for lo in range(0, len(queries), QUERY_ROWS):
-                q = torch.from_numpy(np.ascontiguousarray(queries[lo : lo + QUERY_ROWS], dtype=np.float32))
-                q = q.to(self.device, non_blocking=False)
+                n = min(QUERY_ROWS, len(queries) - lo)
+                staged = self._queries_host[:n]
+                staged.numpy()[:] = queries[lo : lo + n]
+                q = staged.to(self.device, non_blocking=True)
                 scores, ids = self._top(q, k)
-                scores_out.append(scores.cpu())
-                ids_out.append(ids.cpu())
-        return torch.cat(scores_out).numpy(), torch.cat(ids_out).numpy().astype(np.int64)
+                scores_host = scores.to("cpu", non_blocking=True)
+                ids_host = ids.to("cpu", non_blocking=True)
+                if self.stream is not None:
+                    self.stream.synchronize()  # NOTE: the one sync of this chunk
+                scores_out[lo : lo + n] = scores_host.numpy()
+                ids_out[lo : lo + n] = ids_host.numpy()
+        return scores_out, ids_out
 
     def _top(self, q: Any, k: int) -> tuple[Any, Any]:
+        """Top ``k`` of queries ``q`` ``[n, d]`` (float32, on the device): FAISS's scores and ids, on the device.
+
+        float16: one matmul in float16, the top ``k'`` (a margin over ``k``) straight from its float16
+        scores, then only those ``k'`` rows scored again in float32 and the top ``k`` of them."""
         import torch
 
         # higher is better: q.x for inner product, 2 q.x - |x|^2 (= |q|^2 - distance) for L2
-        coarse = (q.to(self.dtype) @ self.vectors.T).float()
+        coarse = torch.mm(q.to(self.dtype), self.vectors.T)  # [n, ntotal] in the storage dtype
         if self.norms is not None:
-            coarse = 2 * coarse - self.norms
-        candidates = k if self.dtype == torch.float32 else min(self.ntotal, max(k * RESCORE_FACTOR, k + 32))
-        _, idx = torch.topk(coarse, candidates, dim=1)
-        if candidates != k:  # the candidates again, in float32
-            rows = self.vectors[idx].float()  # [nq, candidates, d]
-            fine = torch.einsum("qcd,qd->qc", rows, q)
+            coarse = 2 * coarse.float() - self.norms
+        if self.dtype == torch.float32:
+            best, idx = torch.topk(coarse, k, dim=1)
+        else:
+            candidates = min(self.ntotal, max(k * RESCORE_FACTOR, k + 32))
+            _, idx = torch.topk(coarse, candidates, dim=1, sorted=False)
+            rows = self.vectors[idx].float()  # [n, candidates, d]: the only rows read again
+            fine = torch.bmm(rows, q.unsqueeze(2)).squeeze(2)  # [n, candidates], float32
             if self.norms is not None:
                 fine = 2 * fine - self.norms[idx]
             best, order = torch.topk(fine, k, dim=1)
             idx = torch.gather(idx, 1, order)
-        else:
-            best = torch.gather(coarse, 1, idx)
         if self.norms is not None:  # back to FAISS's squared L2 distance
             best = (q * q).sum(dim=1, keepdim=True) - best
         return best, idx

@@ -2,7 +2,7 @@
 
 A malformed body is refused with a message that names the field: 400 for what is not JSON (or not
 an object), 422 for a wrong type, a missing or unknown field or a ``k`` over ``--max-k``, 413 for
-more texts than ``--max-texts`` (tokens per text are checked after tokenization, in ``routes.py``).
+more texts than ``--max-texts`` (tokens per text are checked after tokenization, on the engine thread: ``batcher.py``).
 """
 
 from __future__ import annotations
@@ -29,6 +29,12 @@ class RequestError(Exception):
         self.message = message
         self.kind = kind
         self.headers = headers or {}
+
+
+def limit_message(name: str, item: int, max_tokens: int) -> str:
+    """The 413 message of a text over the tokens-per-text limit (``name``: the request's field)."""
+    return (f"{name} item {item} has more than {max_tokens} tokens, the limit per text "
+            f"(--max-tokens-per-text / the model's max length); shorten it or send \"truncate\": true")
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,11 @@
 """What the routes call: the warm model, the batcher, the followed index, and the work each request
-needs (tokenize and search in threads, engine steps through the batcher), independent of HTTP."""
+needs (tokenization and engine steps on the batcher's thread, searches on the search batcher's),
+independent of HTTP."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,19 +15,17 @@ import numpy as np
 
 from petal.pipeline.index.search import Hit
 from petal.pipeline.jobs.query import QueryModel, SearchIndex
-from petal.pipeline.serve.batcher import TokenBatcher
+from petal.pipeline.serve.batcher import Embedded, TokenBatcher
 from petal.pipeline.serve.encoding import embeddings_body
 from petal.pipeline.serve.follower import IndexFollower
 from petal.pipeline.serve.gpu_search import GpuReaders
 from petal.pipeline.serve.metrics import ServeMetrics
-from petal.pipeline.serve.requests import EmbeddingsRequest, RequestError, SearchRequest
+from petal.pipeline.serve.requests import EmbeddingsRequest, RequestError, SearchRequest, limit_message
 from petal.pipeline.serve.search_batcher import SearchBatcher
 from petal.pipeline.serve.searching import SharedExclusiveLock
 from petal.pipeline.serve.settings import ServeSettings, model_name
-from petal.pipeline.serve.timing import span
+from petal.pipeline.serve.timing import record, span
 from petal.pipeline.store.outputs import OutputConfig, OutputTransform
-
-INLINE_TOKENIZE_CHARS = 4096  # a request with fewer characters is tokenized on the event loop (tens of µs)
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,8 @@ class ServeState:
         self.settings = settings
         self.metrics = ServeMetrics()
         self.model_id = settings.served_model_name or model_name(model.spec.path)
-        self.batcher = TokenBatcher(model.engine, self.metrics, settings.max_wait_ms, settings.max_queue_texts)
+        self.batcher = TokenBatcher(model.engine, self.metrics, settings.max_wait_ms, settings.max_queue_texts,
+                                    tokenizers=dict(model.tokenizers))
         # the GPU copy of each version (--search-device cuda), made before the version serves
         self.gpu = GpuReaders(settings.search_device, settings.search_dtype) if settings.search_device != "cpu" \
             else None
@@ -79,22 +80,14 @@ class ServeState:
 
     # --- tokens ---------------------------------------------------------------------------------
 
-    def _limit_message(self, i: int, name: str) -> str:
-        return (f"{name} item {i} has more than {self.model.max_tokens} tokens, the limit per text "
-                f"(--max-tokens-per-text / the model's max length); shorten it or send \"truncate\": true")
-
-    async def tokenize(self, texts: tuple[str, ...], side: str, truncate: bool, name: str) -> Tokens:
-        with span("tokenize"):
-            if sum(map(len, texts)) <= INLINE_TOKENIZE_CHARS:  # NOTE: a thread hop costs more than this
-                encoded = self.model.tokenize(list(texts), side)  # type: ignore[arg-type]
-            else:
-                encoded = await self._in_thread(self.model.tokenize, list(texts), side)
-        if not truncate and encoded.truncated.any():
-            raise RequestError(413, self._limit_message(int(np.argmax(encoded.truncated)), name))
-        empty = [i for i, ids in enumerate(encoded.token_ids) if len(ids) == 0]
-        if empty:
-            raise RequestError(422, f"{name} item {empty[0]} yields no tokens")
-        return Tokens(encoded.token_ids)
+    async def embed_texts(self, texts: tuple[str, ...], side: str, truncate: bool, name: str) -> Embedded:
+        """Model vectors of ``texts``: tokenized and embedded on the engine thread (spans ``tokenize`` and
+        ``engine``: queue and step)."""
+        started = time.perf_counter()
+        embedded = await self.batcher.embed_texts(texts, side, truncate, name)
+        record("tokenize", embedded.tokenize_s)
+        record("engine", time.perf_counter() - started - embedded.tokenize_s)
+        return embedded
 
     def token_ids(self, lists: tuple[tuple[int, ...], ...], truncate: bool) -> Tokens:
         vocab = self.model.spec.config.vocab_size
@@ -105,7 +98,7 @@ class ServeState:
                 raise RequestError(422, f"input item {i}: token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
             if len(ids) > self.model.max_tokens:
                 if not truncate:
-                    raise RequestError(413, self._limit_message(i, "input"))
+                    raise RequestError(413, limit_message("input", i, self.model.max_tokens))
                 ids = ids[: self.model.max_tokens]
             out.append(np.asarray(ids, dtype=np.int32))
         return Tokens(out)
@@ -126,14 +119,16 @@ class ServeState:
                                kind="model_not_found")
         transform = self._transform(req.dimensions)
         if req.texts is not None:
-            tokens = await self.tokenize(req.texts, req.input_type, req.truncate, "input")
+            embedded = await self.embed_texts(req.texts, req.input_type, req.truncate, "input")
+            model_rows, count = embedded.rows, embedded.tokens
         else:
             assert req.token_ids is not None
             tokens = self.token_ids(req.token_ids, req.truncate)
-        with span("engine"):
-            model_rows = await self.batcher.embed(tokens.ids)
+            with span("engine"):
+                model_rows = await self.batcher.embed(tokens.ids)
+            count = tokens.count
         with span("encode"):
-            return embeddings_body(self.model_id, transform.vectors(model_rows), req.encoding_format, tokens.count)
+            return embeddings_body(self.model_id, transform.vectors(model_rows), req.encoding_format, count)
 
     # --- search ---------------------------------------------------------------------------------
 
@@ -143,9 +138,8 @@ class ServeState:
                                kind="not_found")
         index = self.follower.live  # NOTE: taken once: the whole answer comes from this version
         if req.texts is not None:
-            tokens = await self.tokenize(req.texts, "query", req.truncate, "query")
-            with span("engine"):
-                vectors = await self.batcher.embed(tokens.ids)  # model vectors: the search transforms them
+            # model vectors: the search transforms them
+            vectors = (await self.embed_texts(req.texts, "query", req.truncate, "query")).rows
         else:
             assert req.vectors is not None
             vectors = np.asarray(req.vectors, dtype=np.float32)

@@ -49,7 +49,7 @@ class ServeSettings:
     retry_after_s: int = 1
     reload_interval_s: float = 1.0  # how often OUT/CURRENT is checked for a new version
     drain_timeout_s: float = 30.0  # SIGTERM: how long in-flight requests may take to finish
-    search_threads: int = 4  # FAISS searches and tokenization run in this many threads
+    search_threads: int = 4  # reading stored text and metadata (include) runs in this many threads
     api_key: str | None = None
     served_model_name: str | None = None  # the `model` id of /v1/models (default: the model directory's name)
     search_device: str = "cpu"  # cpu: FAISS; cuda: exact top-k over a GPU copy of the vectors (serve/gpu_search.py)

@@ -1,6 +1,7 @@
 """Per-request server spans, answered in a ``Server-Timing`` header (the W3C header browsers and load
-generators read): ``tokenize``, ``engine`` (queue + engine step, as the request waited for it),
-``search``, ``encode`` and ``app`` (the whole handler), in milliseconds.
+generators read): ``tokenize`` (on the engine thread: the batch the request's texts were tokenized in),
+``engine`` (queue + engine step, as the request waited for it, less ``tokenize``), ``search``,
+``encode`` and ``app`` (the whole handler), in milliseconds.
 
 ``petal bench serve`` reads them to split a client's latency into the server's parts and the HTTP and
 client share. A few ``perf_counter`` calls a request; the spans live in a context variable of the
@@ -27,6 +28,13 @@ def span(name: str) -> Iterator[None]:
         spans = SPANS.get()
         if spans is not None:
             spans[name] = spans.get(name, 0.0) + time.perf_counter() - started
+
+
+def record(name: str, seconds: float) -> None:
+    """Add ``seconds`` to the span ``name`` (a time measured elsewhere, e.g. on the engine thread)."""
+    spans = SPANS.get()
+    if spans is not None:
+        spans[name] = spans.get(name, 0.0) + seconds
 
 
 def header(spans: dict[str, float]) -> str:
