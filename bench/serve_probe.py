@@ -1,7 +1,7 @@
 """The per-request cost of ``petal serve`` itself: one server in this process (``--model``, embeddings only,
 packaged MiniLM by default) and a load-generator child process that reads the server's CPU time from /proc.
 
-    python bench/serve_probe.py --requests 500 --clients 1 [--format base64] [--profile] [--device cuda]
+    python bench/serve_probe.py --requests 500 --clients 1 [--words 110] [--format base64] [--profile] [--device cuda]
 
 Prints one line: p50/p99, requests/s, and CPU per request of the server's event-loop thread (the main
 thread: uvicorn runs the loop there), of the whole server, and of the clients. ``--profile`` adds a
@@ -22,8 +22,11 @@ CLIENT = r"""
 import json, os, sys, time
 from pathlib import Path
 from petal.bench.serve_load import run_load
-pid, port, n, c, fmt = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
-bodies = [json.dumps({"input": "how do glaciers move in the cold winter", "encoding_format": fmt}).encode()]
+pid, port, fmt = sys.argv[1], sys.argv[2], sys.argv[5]
+n, c, words = int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[6])
+base = "how do glaciers move in the cold winter".split()
+text = " ".join(base[i % len(base)] for i in range(words))
+bodies = [json.dumps({"input": text, "encoding_format": fmt, "truncate": True}).encode()]
 url = f"http://127.0.0.1:{port}"
 time.sleep(2)
 run_load(url, "/v1/embeddings", bodies, 1, 20, 5)  # warm
@@ -36,7 +39,7 @@ r = run_load(url, "/v1/embeddings", bodies, c, n, 120, processes=min(c, 2))
 a, b = cpu(loop) - a, cpu(proc) - b
 done = len(r.latencies_s)
 lat = sorted(r.latencies_s)
-print(f"clients {c} {fmt}: {done} requests, p50 {lat[done // 2] * 1e3:.2f} ms, "
+print(f"clients {c} {fmt} {words} words: {done} requests, p50 {lat[done // 2] * 1e3:.2f} ms, "
       f"p99 {lat[int(done * .99)] * 1e3:.2f} ms, "
       f"{done / r.wall_s:.0f} req/s; CPU per request: loop {1e6 * a / done:.0f} us, server {1e6 * b / done:.0f} us, "
       f"client {1e6 * r.client_cpu_s / done:.0f} us; errors {r.errors}", flush=True)
@@ -49,6 +52,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=500)
     parser.add_argument("--clients", type=int, default=1)
     parser.add_argument("--format", choices=["float", "base64"], default="float")
+    parser.add_argument("--words", type=int, default=8, help="words per text (8: a short query; 110: ~128 tokens)")
     parser.add_argument("--model", default=None)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--profile", action="store_true")
@@ -70,7 +74,7 @@ def main() -> None:
     state = ServeState(model, ServeSettings())
     sock = bind("127.0.0.1", 0)
     subprocess.Popen([sys.executable, "-c", CLIENT, str(os.getpid()), str(sock.getsockname()[1]), str(args.requests),
-                      str(args.clients), args.format])
+                      str(args.clients), args.format, str(args.words)])
     if not args.profile:
         serve(state, sock)
         return
