@@ -131,6 +131,7 @@ def engine_t2_throughput(spec: Any, device: str, token_budget: int | None, num_d
     from petal.pipeline.config import default_token_budget
 
     budget = token_budget or default_token_budget(device, spec.pooling.max_length)
+    # (device is a plain str from the CLI here; EngineConfig types it as the DeviceName literal)
     engine = Engine(spec, EngineConfig(device=device, dtype=resolve_dtype("auto", device),  # type: ignore[arg-type]
                                        token_budget=budget))
     docs = random_docs(lognormal_lengths(num_docs, 150, 0.8, 8, min(512, spec.pooling.max_length), seed=0),

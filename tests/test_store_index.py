@@ -143,3 +143,40 @@ def test_tampered_index_is_refused(store, shard_writer, tmp_path):
 def test_bad_factory_string(store, shard_writer, tmp_path):
     with pytest.raises(ValueError, match="not a valid FAISS factory"):
         build(store, shard_writer, tmp_path, [("a.parquet", [1], unit_rows(1, 8, 9))], IndexSettings(factory="Nope"))
+
+
+def test_deferred_identity_is_resolved_once_before_the_first_commit(store, shard_writer):
+    """A fresh output's store fingerprints wait for the weights' sha256: the sink takes its writers' rows
+    first and asks for the identity only when a shard is ready to commit; a failure then commits nothing."""
+    from petal.pipeline.store.embeddings import DeferredIdentity
+
+    paths = [shard_writer(f"{name}.parquet", {"id": [f"{name}{i}" for i in range(3)], "text": ["t"] * 3})
+             for name in ("a", "b")]
+    infos = preflight(paths, ReadConfig())
+    vectors = unit_rows(3, 8, 1)
+    calls: list[int] = []
+
+    def resolve():
+        calls.append(1)
+        return [store.fingerprint(info, settings_fingerprint(SETTINGS)) for info in infos], SETTINGS
+
+    sink = StoreSink(store, infos, DeferredIdentity(resolve), None, 8)
+    assert sink.expect(0, 3, [], 0, final=True) == [] and sink.expect(1, 3, [], 0, final=True) == []
+    assert sink.add([(0, 0, "a0"), (0, 1, "a1")], vectors[:2]) == [] and calls == []  # not ready: not asked
+    first = sink.add([(0, 2, "a2")], vectors[2:])
+    assert calls == [1] and [p for p, _ in first] == [0]
+    second = sink.add([(1, r, f"b{r}") for r in range(3)], vectors)
+    assert calls == [1] and [p for p, _ in second] == [1]  # resolved once, for every writer
+    for info, (_, entry) in zip(infos, first + second):
+        assert store.lookup(info, store.fingerprint(info, settings_fingerprint(SETTINGS))) == entry
+        assert entry.meta["settings"] == SETTINGS
+
+    def refuse():
+        raise RuntimeError("the weights changed")
+
+    failing = StoreSink(store, infos[:1], DeferredIdentity(refuse), None, 8)
+    failing.expect(0, 3, [], 0, final=True)
+    with pytest.raises(RuntimeError, match="weights changed"):
+        failing.add([(0, r, f"a{r}") for r in range(3)], vectors)
+    failing.abort()
+    assert not any(store.tmp_dir.iterdir())  # the refused shard left nothing behind

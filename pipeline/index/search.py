@@ -182,7 +182,8 @@ class IndexReader:
         if selector is None:
             scores, ids = self.index.search(np.ascontiguousarray(vectors, dtype=np.float32), k_eff)
         else:
-            # NOTE: binary indexes never get here: selector() refuses them
+            # NOTE: binary indexes never get here: selector() refuses them. (FAISS's SWIG stubs omit the
+            # `params` keyword that its Python wrapper of Index.search takes: hence the ignore.)
             scores, ids = self.index.search(np.ascontiguousarray(vectors, dtype=np.float32), k_eff,  # type: ignore[call-arg]
                                             params=selector.params(self.index, self.search_params))
         valid = ids >= 0  # NOTE: FAISS pads with -1 when fewer than k results exist

@@ -49,6 +49,7 @@ class RemovalLimit(CountOrFraction):
         return cls(fraction=0.10) if sync else cls(count=0)
 
     def __str__(self) -> str:
+        # NOTE: exactly one of count / fraction is set (CountOrFraction's invariant), which mypy cannot see
         return str(self.count) if self.count is not None else f"{self.fraction * 100:g}%"  # type: ignore[operator]
 
 
