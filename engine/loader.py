@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
@@ -95,13 +96,22 @@ class ModelSpec:
     def attention(self) -> str:
         return "causal" if self.config.causal else "bidirectional"
 
+    @property
+    def hashed_weight_files(self) -> tuple[Path, ...]:
+        """The files ``weights_sha256`` covers, in its order: the weights, then the Dense layers'."""
+        return self.weight_files + tuple(d.weight_file for d in self.dense)
+
     @cached_property
     def weights_sha256(self) -> str:
-        return _sha256_files(self.weight_files + tuple(d.weight_file for d in self.dense))
+        digest = sha256_files(self.hashed_weight_files)
+        assert digest is not None  # never cancelled
+        return digest
 
     @cached_property
     def tokenizer_sha256(self) -> str:
-        return _sha256_files((self.tokenizer_file,))
+        digest = sha256_files((self.tokenizer_file,))
+        assert digest is not None  # never cancelled
+        return digest
 
     def describe(self) -> dict[str, Any]:
         """The model's identity for manifests and fingerprints."""
@@ -125,11 +135,18 @@ class ModelSpec:
         }
 
 
-def _sha256_files(files: tuple[Path, ...]) -> str:
+HASH_READ_BYTES = 1 << 24  # per read: large enough that hashlib releases the GIL for most of the work
+
+
+def sha256_files(files: tuple[Path, ...], cancelled: Callable[[], bool] = lambda: False) -> str | None:
+    """sha256 over the bytes of ``files`` in order; ``None`` once ``cancelled()`` (asked between reads), so
+    a background thread can stop early."""
     digest = hashlib.sha256()
     for f in files:
         with open(f, "rb") as fh:
-            while chunk := fh.read(1 << 22):
+            while chunk := fh.read(HASH_READ_BYTES):
+                if cancelled():
+                    return None
                 digest.update(chunk)
     return digest.hexdigest()
 

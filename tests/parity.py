@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ from petal.engine.engine import Engine
 from petal.engine.loader import ModelSpec
 from petal.engine.models import model_class_for
 from petal.engine.models.weights import TensorWeights
-from petal.pipeline.ingest.pack import PackConfig, pack
+from petal.pipeline.jobs.embed import embed_token_ids
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
 
@@ -108,16 +107,7 @@ def random_docs(lengths: np.ndarray, vocab: int, seed: int = 0) -> list[np.ndarr
 
 def petal_embed(engine: Engine, docs: list[np.ndarray]) -> np.ndarray:
     """``docs`` through petal's packer and ``engine`` (``steps_in_flight`` steps queued), in input order."""
-    out = np.empty((len(docs), engine.dim), dtype=np.float32)
-    in_flight: deque[tuple[list[int], Any]] = deque()
-    for batch in pack(enumerate(docs), PackConfig(engine.config.token_budget, engine.config.max_seqs)):
-        in_flight.append((list(batch.keys), engine.step(batch)))
-        while len(in_flight) > engine.config.steps_in_flight:
-            keys, lazy = in_flight.popleft()
-            out[keys] = lazy.result()
-    for keys, lazy in in_flight:
-        out[keys] = lazy.result()
-    return out
+    return embed_token_ids(engine, docs)
 
 
 def hf_embed(model: Any, s: Shape, docs: list[np.ndarray], batch_size: int = 16,

@@ -40,17 +40,23 @@ def encode_texts(engine: Engine, tokenizer: TextTokenizer, texts: list[str],
     empty = [i for i, ids in enumerate(encoded.token_ids) if len(ids) == 0]
     if empty:
         raise BadInputError(f"text {empty[0]} ({quote_text(texts[empty[0]])}) yields no tokens")
+    return embed_token_ids(engine, encoded.token_ids, batch_tokens), int(encoded.truncated.sum())
+
+
+def embed_token_ids(engine: Engine, token_ids: list[np.ndarray], batch_tokens: int | None = None) -> np.ndarray:
+    """``[len(token_ids), dim]`` float32 in input order: packed batches of up to ``batch_tokens`` tokens (default:
+    the engine's token budget), ``steps_in_flight`` steps queued while the host packs the next."""
     config = PackConfig(batch_tokens or engine.config.token_budget, engine.config.max_seqs)
-    out = np.empty((len(texts), engine.dim), dtype=np.float32)
+    out = np.empty((len(token_ids), engine.dim), dtype=np.float32)
     in_flight: deque[tuple[list[int], LazyTensor]] = deque()
-    for batch in pack(enumerate(encoded.token_ids), config):
+    for batch in pack(enumerate(token_ids), config):
         in_flight.append((list(batch.keys), engine.step(batch)))
         while len(in_flight) > engine.config.steps_in_flight:
             keys, lazy = in_flight.popleft()
             out[keys] = lazy.result()
     for keys, lazy in in_flight:
         out[keys] = lazy.result()
-    return out, int(encoded.truncated.sum())
+    return out
 
 
 @dataclass(frozen=True)

@@ -15,17 +15,14 @@ model is loaded, so the hash overlaps the load. A mismatch is exit 78 and nothin
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from petal.engine.loader import ModelSpec
+from petal.engine.loader import ModelSpec, sha256_files
 from petal.pipeline.reliability.errors import ConfigError, PetalIOError, quote_path
-
-READ_BYTES = 1 << 24  # per read: large enough that hashlib releases the GIL for most of the work
 
 
 @dataclass(frozen=True)
@@ -61,11 +58,6 @@ class FileStat:
             return None
 
 
-def weight_files(spec: ModelSpec) -> tuple[Path, ...]:
-    """The files ``ModelSpec.weights_sha256`` covers, in its order."""
-    return spec.weight_files + tuple(d.weight_file for d in spec.dense)
-
-
 def stat_files(files: tuple[Path, ...], root: Path) -> tuple[FileStat, ...]:
     return tuple(FileStat.of(f, root) for f in files)
 
@@ -83,7 +75,7 @@ class WeightsHash:
     """sha256 of a model's weight files, computed in a daemon thread; ``stat`` is taken before it starts."""
 
     def __init__(self, spec: ModelSpec) -> None:
-        self.files, self.root = weight_files(spec), Path(spec.path)
+        self.files, self.root = spec.hashed_weight_files, Path(spec.path)
         self.stat = stat_files(self.files, self.root)
         self._sha256: str | None = None
         self._error: BaseException | None = None
@@ -93,14 +85,7 @@ class WeightsHash:
 
     def _run(self) -> None:
         try:
-            digest = hashlib.sha256()
-            for f in self.files:
-                with open(f, "rb") as fh:
-                    while chunk := fh.read(READ_BYTES):
-                        if self._cancel.is_set():
-                            return
-                        digest.update(chunk)
-            self._sha256 = digest.hexdigest()
+            self._sha256 = sha256_files(self.files, self._cancel.is_set)  # None: cancelled
         except BaseException as exc:  # re-raised in the caller's thread by result()
             self._error = exc
 
