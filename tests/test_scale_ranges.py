@@ -138,7 +138,10 @@ def test_kill_9_mid_range_then_the_rerun_embeds_only_the_missing_ranges(fake_mod
     assert redone and redone.isdisjoint(range_rows(ranges["reused"]))
     assert redone | range_rows(ranges["reused"]) == set(range(120))
     again = [r["row"] for r in read_log(second_log) if "row" in r]
-    assert len(again) == len(set(again)) and set(again) == redone - {20}  # only the missing ranges, once each
+    # NOTE: the rerun (without --range-rows 20) reads each gap of uncommitted ranges as one unit: when a gap
+    # spans rows 3..41, row 41 (row 3's id) is a duplicate rejected at read, not embedded
+    skipped = {20} | ({41} if set(range(3, 42)) <= redone else set())
+    assert len(again) == len(set(again)) and set(again) == redone - skipped  # only the missing ranges, once each
     assert set(again).isdisjoint(range_rows(ranges["reused"])) and range_rows(ranges["reused"]) - {20} <= first_rows
     assert report["shards"] == {"total": 1, "embedded": 1, "reused": 0}
     assert ranges["rows_reused"] == len(range_rows(ranges["reused"]) - {20})  # row 41 is dropped at assembly
