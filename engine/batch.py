@@ -8,16 +8,19 @@ from typing import Any
 
 import numpy as np
 
-# Buckets: multiples of 64 tokens up to 1024, of 256 above. A CUDA graph is captured per bucket.
+# Buckets: 16 and 32 tokens (a lone query: its GEMMs stream the same weights with a quarter of the
+# rows), then multiples of 64 tokens up to 1024, of 256 above. A CUDA graph is captured per bucket.
+TINY_BUCKETS = (16, 32)
 SMALL_BUCKET_STEP = 64
 SMALL_BUCKET_MAX = 1024
 LARGE_BUCKET_STEP = 256
 
 
 def token_bucket(num_tokens: int) -> int:
-    """The token capacity a batch of ``num_tokens`` is rounded up to (>= 64)."""
-    if num_tokens <= 0:
-        return SMALL_BUCKET_STEP
+    """The token capacity a batch of ``num_tokens`` is rounded up to (>= 16)."""
+    for tiny in TINY_BUCKETS:
+        if num_tokens <= tiny:
+            return tiny
     if num_tokens <= SMALL_BUCKET_MAX:
         return -(-num_tokens // SMALL_BUCKET_STEP) * SMALL_BUCKET_STEP
     return -(-num_tokens // LARGE_BUCKET_STEP) * LARGE_BUCKET_STEP
@@ -25,8 +28,9 @@ def token_bucket(num_tokens: int) -> int:
 
 def token_buckets(token_budget: int) -> list[int]:
     """Every bucket up to and including the one ``token_budget`` rounds to, ascending."""
-    buckets = list(range(SMALL_BUCKET_STEP, min(token_budget, SMALL_BUCKET_MAX) + 1, SMALL_BUCKET_STEP))
     top = token_bucket(token_budget)
+    buckets = [tiny for tiny in TINY_BUCKETS if tiny < top]
+    buckets += range(SMALL_BUCKET_STEP, min(token_budget, SMALL_BUCKET_MAX) + 1, SMALL_BUCKET_STEP)
     size = SMALL_BUCKET_MAX + LARGE_BUCKET_STEP
     while size <= top:
         buckets.append(size)

@@ -59,7 +59,7 @@ def test_eager_then_capture_then_replay_per_bucket(tiny_engine):
     captured: list[FakeGraph] = []
     runner = make_runner(tiny_engine, captured)
     rng = np.random.default_rng(0)
-    a = PackedBatch.from_sequences([np.arange(1000, 1030, dtype=np.int32)])  # 30 tokens -> bucket 64
+    a = PackedBatch.from_sequences([np.arange(1000, 1040, dtype=np.int32)])  # 40 tokens -> bucket 64
     states = []
     for _ in range(4):
         runner.run(a)
@@ -71,7 +71,7 @@ def test_eager_then_capture_then_replay_per_bucket(tiny_engine):
     runner.run(b)
     assert (runner.eager_runs, runner.captures) == (2, 1)
     assert runner.counters()["buckets_used"] == 2
-    assert runner.padded_tokens == 4 * (64 - 30) + token_bucket(b.num_tokens) - b.num_tokens
+    assert runner.padded_tokens == 4 * (64 - 40) + token_bucket(b.num_tokens) - b.num_tokens
 
 
 def test_padded_buckets_equal_exact_eager(tiny_engine):

@@ -73,18 +73,21 @@ def test_packer_flush_and_empty():
         packer.add("d", np.zeros(0, np.int32))
 
 
-@pytest.mark.parametrize(("tokens", "bucket"), [(0, 64), (1, 64), (64, 64), (65, 128), (1024, 1024),
-                                                (1025, 1280), (1280, 1280), (1281, 1536), (16384, 16384)])
+@pytest.mark.parametrize(("tokens", "bucket"), [(0, 16), (1, 16), (16, 16), (17, 32), (32, 32), (33, 64), (64, 64),
+                                                (65, 128), (1024, 1024), (1025, 1280), (1280, 1280), (1281, 1536),
+                                                (16384, 16384)])
 def test_token_bucket(tokens, bucket):
     assert token_bucket(tokens) == bucket
 
 
 def test_token_buckets_cover_budget():
     buckets = token_buckets(16384)
-    assert buckets[:3] == [64, 128, 192] and buckets[15] == 1024 and buckets[16] == 1280 and buckets[-1] == 16384
+    assert buckets[:5] == [16, 32, 64, 128, 192] and buckets[17] == 1024 and buckets[18] == 1280
+    assert buckets[-1] == 16384 and buckets == sorted(set(buckets))
     assert all(token_bucket(b) == b for b in buckets)
-    assert token_buckets(100) == [64, 128]
-    assert token_buckets(1100) == [*range(64, 1025, 64), 1280]
+    assert token_buckets(100) == [16, 32, 64, 128]
+    assert token_buckets(1100) == [16, 32, *range(64, 1025, 64), 1280]
+    assert token_buckets(10) == [16] and token_buckets(20) == [16, 32] and token_buckets(40) == [16, 32, 64]
 
 
 def test_from_sequences_rejects_empty():
