@@ -113,6 +113,32 @@ def test_shards_are_decoded_once_per_shard_not_per_vector(built):
     assert isinstance(hit.shard, str) and hit.shard.endswith("part-0.parquet")
 
 
+
+def test_ids_of_many_shards_are_one_chunk_with_one_dictionary(tmp_path, minilm_dir):
+    """``ids.parquet`` holds a row group per shard, so Parquet decodes ``shard`` as one dictionary chunk per
+    row group; the reader combines them once at open, so a search's lookup of a few rows does not unify
+    every chunk's dictionary again (1M ids in 16 row groups: 0.46 ms a search before, 0.01 ms after)."""
+    data = tmp_path / "data"
+    data.mkdir()
+    for part in range(3):
+        ids = list(range(part * 100, part * 100 + 100))
+        pq.write_table(pa.table({"id": ids, "text": [f"text {i} of part {part}" for i in ids]}),
+                       data / f"part-{part}.parquet")
+    out = tmp_path / "out"
+    result = fake_invoke(["index", str(data), "--out", str(out), "-q", "--model", str(minilm_dir)],
+                         env={"PETAL_TEST_FAKE_ENGINE": str(tmp_path / "log")})
+    assert result.exit_code == 0, result.output
+    version = next((out / "versions").iterdir())
+    assert pq.ParquetFile(version / "ids.parquet").num_row_groups == 3
+    reader = IndexReader(out)
+    assert all(reader.ids.column(name).num_chunks == 1 for name in reader.ids.column_names)
+    assert sorted(Path(p).name for p in reader.ids.column("shard").chunk(0).dictionary.to_pylist()) == [
+        "part-0.parquet", "part-1.parquet", "part-2.parquet"]
+    for faiss_id in (0, 150, 299):  # each vector finds itself, with its own shard, row and id
+        hit = reader.search(reader.index.reconstruct_n(faiss_id, 1), 1)[0][0]
+        assert hit.faiss_id == faiss_id and Path(hit.shard).name == f"part-{faiss_id // 100}.parquet"
+        assert hit.row == faiss_id % 100 and hit.id == faiss_id
+
 # (what is changed, how, the exit code of `petal query`, what its message says)
 TAMPERING = [
     ("index.faiss", lambda p: flip(p, 40), 65, "head/tail checksum does not match the manifest"),

@@ -145,7 +145,11 @@ class IndexReader:
             raise BadInputError(f"{quote_path(self.dir)}: {self.num_ids} ids for {self.index.ntotal} vectors")
         # NOTE: decoded here, inside the open's retry, from the mapping made above: O(ids), which the first
         # search needs anyway; a version pruned after this point still answers.
-        self.ids = read_parquet(ids_file, self.dir / IDS_FILE, columns=["faiss_id", "id", "shard", "row"])
+        # One chunk per column: Parquet gives the ``shard`` dictionary one chunk (and one dictionary) per row
+        # group, and every search's ``take`` of a few rows then unified them all again (1M ids, 16 row groups:
+        # 0.46 ms a search; combined once here in 0.5 ms, it is 0.01 ms).
+        self.ids = read_parquet(ids_file, self.dir / IDS_FILE,
+                                columns=["faiss_id", "id", "shard", "row"]).combine_chunks()
         self.columns = open_columns(self.dir, self.manifest)  # stored text and --keep-columns (None: older index)
         self.missing_shards: set[str] = set()  # shards --show-text found gone (said by petal query)
         params = dict(record.search_params)
