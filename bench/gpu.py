@@ -16,7 +16,7 @@ from petal.bench.shapes import Shape, hf_model, native_from_hf
 from petal.engine.batch import PackedBatch
 from petal.engine.config import EngineConfig
 from petal.engine.engine import Engine, attention_backend
-from petal.engine.layers.triton_kernels import start_warmup
+from petal.engine.layers.warmup import start_warmup
 from petal.engine.models import model_class_for
 from petal.pipeline.ingest.pack import PackConfig, pack
 from petal.pipeline.jobs.inflight import InFlight

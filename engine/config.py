@@ -141,6 +141,10 @@ class EngineConfig:
     token_budget: int = 8192  # max tokens per step (the largest bucket)
     max_seqs: int = 256  # max sequences per step (the graphs' sequence capacity)
     steps_in_flight: int = 2
+    # The small-batch path on CUDA (engine/small_batch.py): the largest bucket, in tokens, that runs each
+    # fused kernel (0: never). Measured on the H200: README "Small-batch latency".
+    small_attention_tokens: int = 128
+    fused_mlp_tokens: int = 32
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_NAMES:
@@ -153,3 +157,5 @@ class EngineConfig:
             raise ValueError(f"token_budget {self.token_budget} and max_seqs {self.max_seqs} must be >= 1")
         if self.steps_in_flight < 1:
             raise ValueError(f"steps_in_flight {self.steps_in_flight} < 1")
+        if min(self.small_attention_tokens, self.fused_mlp_tokens) < 0:
+            raise ValueError("small-batch token limits must be >= 0 (0 turns a kernel off)")

@@ -31,3 +31,6 @@ class ForwardContext:
     padded: bool = False  # shapes are a graph bucket's (padded), not the batch's exact ones
     input_ids: torch.Tensor | None = None  # [num_tokens] int32
     positions: torch.Tensor | None = None  # [num_tokens] int32, restart at 0 per sequence
+    # the small-batch path (engine/small_batch.py decides per bucket):
+    fused_attention: bool = False  # attention in one Triton kernel (engine/layers/small_attention.py), no plan()
+    fused_mlp: bool = False  # Qwen3 gate/up GEMM with SwiGLU fused (engine/layers/fused_mlp.py)

@@ -29,9 +29,10 @@ from petal.engine.graphs import CudaGraphCapture, LazyGraphRunner
 from petal.engine.inputs import InputLayout, StagingRing, fill_inputs, make_context
 from petal.engine.layers.attention import AttentionBackend, make_attention_backend
 from petal.engine.layers.linear import narrow_linear_weights
-from petal.engine.layers.triton_kernels import start_warmup
+from petal.engine.layers.warmup import start_warmup
 from petal.engine.lazy_tensor import HostRing, LazyTensor
 from petal.engine.loader import ModelSpec, load_model
+from petal.engine.small_batch import SmallBatchKernels
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -123,6 +124,7 @@ class Engine:
             num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, causal=cfg.causal,
             max_tokens=config.token_budget, max_seqs=config.max_seqs, cuda_graphs=config.cuda_graphs,
         )
+        self.small = SmallBatchKernels.for_engine(config, cfg, self.device, self.activation_dtype)
         self.ring = HostRing(config.steps_in_flight + 1, config.max_seqs, spec.dim, self.device)
         # NOTE: the CPU reuses one slot (the step runs synchronously); CUDA keeps slots per step in flight.
         depth = config.steps_in_flight + 2 if self.device.type == "cuda" else 1
@@ -142,7 +144,7 @@ class Engine:
         return LazyGraphRunner(
             token_budget=cfg.token_budget, max_seqs=cfg.max_seqs, max_length=self.pooling.max_length, dim=self.dim,
             device=self.device, attention=self.attention, forward=forward, capture=CudaGraphCapture(self.device),
-            staging_depth=cfg.steps_in_flight + 2,
+            staging_depth=cfg.steps_in_flight + 2, small=self.small,
         )
 
     @property
@@ -157,6 +159,7 @@ class Engine:
             "cuda_graphs": self.graphs is not None,
             "token_budget": self.config.token_budget,
             "max_seqs": self.config.max_seqs,
+            "small_batch": {"attention_tokens": self.small.attention_tokens, "mlp_tokens": self.small.mlp_tokens},
         }
 
     def step(self, batch: PackedBatch) -> LazyTensor:
@@ -207,7 +210,7 @@ class Engine:
         if self.device.type == "cuda":
             buffer = buffer.to(self.device, non_blocking=True)
         ctx = make_context(buffer, host[layout.slices()["cu_seqlens"]], layout, batch.max_seqlen, self.attention,
-                           padded=False)
+                           padded=False, small=self.small)
         self.attention.plan(ctx)
         self.staging.release(slot)
         assert ctx.input_ids is not None and ctx.positions is not None

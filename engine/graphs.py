@@ -21,6 +21,7 @@ from petal.engine.inputs import InputLayout, StagingRing, fill_inputs, make_cont
 
 if TYPE_CHECKING:
     from petal.engine.layers.attention import AttentionBackend
+    from petal.engine.small_batch import SmallBatchKernels
 
 
 class Graph(Protocol):
@@ -55,7 +56,7 @@ class LazyGraphRunner:
 
     def __init__(self, *, token_budget: int, max_seqs: int, max_length: int, dim: int, device: torch.device,
                  attention: AttentionBackend, forward: Callable[[ForwardContext], torch.Tensor], capture: GraphCapture,
-                 staging_depth: int) -> None:
+                 staging_depth: int, small: SmallBatchKernels | None = None) -> None:
         self.buckets = token_buckets(token_budget)
         self.max_seqs = max_seqs
         self.max_length = max_length
@@ -63,6 +64,7 @@ class LazyGraphRunner:
         self.attention = attention
         self.forward = forward
         self.capture = capture
+        self.small = small
         self.states: dict[int, BucketState] = {}
         largest = InputLayout(self.buckets[-1], seq_capacity(self.buckets[-1], max_seqs))
         self.staging = StagingRing(staging_depth, largest.size, device)
@@ -91,7 +93,7 @@ class LazyGraphRunner:
             # the padding sequence is shorter than the bucket step (256), whatever the max length.
             max_seqlen = min(bucket, max(self.max_length, LARGE_BUCKET_STEP))
             ctx = make_context(buffer, torch.zeros(0, dtype=torch.int32), layout, max_seqlen, self.attention,
-                               padded=True)
+                               padded=True, small=self.small)
             state = BucketState(layout, buffer, ctx)
             self.states[bucket] = state
         return state

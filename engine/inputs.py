@@ -28,6 +28,7 @@ from petal.engine.context import ForwardContext
 
 if TYPE_CHECKING:
     from petal.engine.layers.attention import AttentionBackend
+    from petal.engine.small_batch import SmallBatchKernels
 
 SECTION_ALIGN = 16  # int32 values: 64 bytes
 
@@ -88,10 +89,11 @@ def fill_inputs(host: np.ndarray, layout: InputLayout, batch: PackedBatch) -> No
 
 
 def make_context(buffer: torch.Tensor, host_cu: torch.Tensor, layout: InputLayout, max_seqlen: int,
-                 attention: AttentionBackend, padded: bool) -> ForwardContext:
-    """A ``ForwardContext`` of views into ``buffer`` (int32, on the model's device)."""
+                 attention: AttentionBackend, padded: bool, small: SmallBatchKernels | None = None) -> ForwardContext:
+    """A ``ForwardContext`` of views into ``buffer`` (int32, on the model's device); ``small`` marks the
+    small-batch kernels the step's shapes run."""
     sl = layout.slices()
-    return ForwardContext(
+    ctx = ForwardContext(
         cu_seqlens=buffer[sl["cu_seqlens"]],
         cu_seqlens_cpu=host_cu,
         max_seqlen=max_seqlen,
@@ -105,6 +107,9 @@ def make_context(buffer: torch.Tensor, host_cu: torch.Tensor, layout: InputLayou
         input_ids=buffer[sl["input_ids"]],
         positions=buffer[sl["positions"]],
     )
+    if small is not None:
+        small.apply(ctx, layout.num_tokens)
+    return ctx
 
 
 class StagingRing:

@@ -111,6 +111,8 @@ class FlashInferAttention:
         planned.cu_seqlens = cu_seqlens_cpu.clone()  # the caller's pinned slot is reused for later steps
 
     def plan(self, ctx: ForwardContext) -> None:
+        if ctx.fused_attention:
+            return  # the small-batch kernel runs this step's attention (engine/layers/small_attention.py)
         planned = self._graph_wrapper(ctx.num_seqs) if ctx.padded else self._eager
         self._plan(planned, ctx.cu_seqlens_cpu)
         self._active[ctx.num_seqs if ctx.padded else -1] = planned

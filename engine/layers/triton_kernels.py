@@ -6,19 +6,17 @@ fused QKV projection output: one read and one write of q and k instead of ~20 el
 
 ``add_layer_norm``: BERT's post-norm ``LayerNorm(x + residual)`` in one pass (three instead of five
 trips through memory).
+
+Also the small-batch path's ``gate_up_silu_kernel`` (``engine/layers/fused_mlp.py``); its fused
+attention kernel calls a helper, so it lives in ``engine/layers/triton_attention.py``.
 """
 
 from __future__ import annotations
 
 import functools
 import os
-import threading
-from typing import TYPE_CHECKING
 
 import torch
-
-if TYPE_CHECKING:
-    from petal.engine.config import ModelConfig
 
 
 @functools.cache
@@ -120,43 +118,38 @@ def add_layer_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor
     return out
 
 
-_warmups: dict[tuple[object, ...], threading.Thread] = {}
+@functools.cache
+def gate_up_silu_kernel():
+    import triton
+    import triton.language as tl
 
+    @triton.jit
+    def gate_up_silu_kernel(x_ptr, w_ptr, out_ptr, num_tokens, stride_x, stride_out,
+                            INTER: tl.constexpr, K: tl.constexpr,
+                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        pid_n = tl.program_id(0)
+        pid_m = tl.program_id(1)
+        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        ks = tl.arange(0, BLOCK_K)
+        row_mask = rows[:, None] < num_tokens
+        x_ptrs = x_ptr + rows.to(tl.int64)[:, None] * stride_x + ks[None, :]
+        g_ptrs = w_ptr + cols.to(tl.int64)[:, None] * K + ks[None, :]
+        u_ptrs = g_ptrs + INTER * K
+        acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for _ in range(0, K, BLOCK_K):
+            x = tl.load(x_ptrs, mask=row_mask, other=0.0)
+            acc_g = tl.dot(x, tl.trans(tl.load(g_ptrs)), acc_g)
+            acc_u = tl.dot(x, tl.trans(tl.load(u_ptrs)), acc_u)
+            x_ptrs += BLOCK_K
+            g_ptrs += BLOCK_K
+            u_ptrs += BLOCK_K
+        ty = out_ptr.dtype.element_ty
+        gate = acc_g.to(ty).to(tl.float32)  # NOTE: rounded as the unfused GEMM's output, then SwiGLU in fp32
+        up = acc_u.to(ty).to(tl.float32)
+        out = gate / (1.0 + tl.exp(-gate)) * up
+        out_ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_out + cols[None, :]
+        tl.store(out_ptrs, out.to(ty), mask=row_mask)
 
-def start_warmup(cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> threading.Thread | None:
-    """Compile (or load from Triton's on-disk cache) the Triton kernels ``cfg``'s model will run, in a
-    background thread, so it overlaps the weight load instead of delaying the first step (a cold
-    compile took ~1.4 s on the H200 host). Idempotent; ``join()`` the thread before any CUDA graph
-    capture. ``None`` when no Triton kernel will run.
-    """
-    if device.type != "cuda" or dtype not in (torch.bfloat16, torch.float16) or not triton_available():
-        return None
-    key = (cfg.architecture, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, dtype, str(device))
-    thread = _warmups.get(key)
-    if thread is None:
-        thread = threading.Thread(target=_warm, args=(cfg, dtype, device), name="petal-kernel-warmup", daemon=True)
-        _warmups[key] = thread
-        thread.start()
-    return thread
-
-
-def _warm(cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
-    # NOTE: a failure here is ignored: the real call compiles again and raises where it can be reported.
-    # Dummy inputs match the real calls' dtypes, strides and sizes, so Triton specialises (and caches)
-    # the very kernel the model launches.
-    try:
-        with torch.inference_mode():
-            if cfg.architecture == "qwen3":
-                width = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
-                qk_norm_rope_(torch.zeros(1, width, dtype=dtype, device=device),
-                              torch.zeros(1, dtype=torch.int32, device=device),
-                              torch.zeros(2, cfg.head_dim, dtype=torch.float32, device=device),
-                              torch.zeros(2, cfg.head_dim, dtype=dtype, device=device), 1e-6,
-                              cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
-            else:  # BERT family: post-norm LayerNorm(x + residual)
-                x = torch.zeros(1, cfg.hidden_size, dtype=dtype, device=device)
-                add_layer_norm(x, torch.zeros_like(x), torch.ones(cfg.hidden_size, dtype=dtype, device=device),
-                               torch.zeros(cfg.hidden_size, dtype=dtype, device=device), 1e-12)
-            torch.cuda.synchronize(device)
-    except Exception:
-        pass
+    return gate_up_silu_kernel

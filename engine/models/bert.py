@@ -18,6 +18,7 @@ from petal.engine.layers.attention import attention
 from petal.engine.layers.embedding import Embedding
 from petal.engine.layers.linear import Linear
 from petal.engine.layers.norm import LayerNorm
+from petal.engine.layers.small_attention import small_attention
 from petal.engine.models.base import EncoderModel
 
 
@@ -74,7 +75,13 @@ class BertSelfAttention(nn.Module):
 
     def forward(self, h: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         num_tokens = h.shape[0]
-        q, k, v = self.qkv(h).view(num_tokens, 3, self.num_heads, self.head_dim).unbind(1)
+        qkv = self.qkv(h)  # [num_tokens, 3 * heads * head_dim]: q | k | v
+        if ctx.fused_attention:  # one Triton kernel (small buckets)
+            out = small_attention(qkv, ctx.token_seq_ids, ctx.cu_seqlens, num_heads=self.num_heads,
+                                  num_kv_heads=self.num_heads, head_dim=self.head_dim, causal=False,
+                                  scale=self.head_dim**-0.5)
+            return out.view(num_tokens, self.num_heads * self.head_dim)
+        q, k, v = qkv.view(num_tokens, 3, self.num_heads, self.head_dim).unbind(1)
         out = attention(q, k, v, ctx)  # [num_tokens, heads, head_dim]
         return out.reshape(num_tokens, self.num_heads * self.head_dim)
 

@@ -16,9 +16,11 @@ from petal.engine.context import ForwardContext
 from petal.engine.layers.activation import silu_and_mul
 from petal.engine.layers.attention import attention
 from petal.engine.layers.embedding import Embedding
+from petal.engine.layers.fused_mlp import gate_up_silu
 from petal.engine.layers.linear import Linear
 from petal.engine.layers.norm import RMSNorm
 from petal.engine.layers.rotary import RopeTables, RotaryEmbedding, apply_rotary
+from petal.engine.layers.small_attention import small_attention
 from petal.engine.layers.triton_kernels import qk_norm_rope_, triton_available
 from petal.engine.models.base import EncoderModel
 
@@ -85,6 +87,7 @@ class Qwen3Attention(nn.Module):
         super().__init__()
         bias = dict(cfg.extra).get("attention_bias", False)
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.causal = cfg.causal
         self.q_size, self.kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         self.qkv_proj = Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=bool(bias))
         self.o_proj = Linear(self.q_size, cfg.hidden_size, bias=bool(bias))
@@ -101,6 +104,13 @@ class Qwen3Attention(nn.Module):
     def forward(self, h: torch.Tensor, rope: RopeTables, ctx: ForwardContext) -> torch.Tensor:
         num_tokens = h.shape[0]
         qkv = self.qkv_proj(h)  # [T, (Hq + 2 Hk) * D]
+        if ctx.fused_attention:  # q/k norm, RoPE and attention in one kernel (small buckets)
+            fused = small_attention(qkv, ctx.token_seq_ids, ctx.cu_seqlens, num_heads=self.num_heads,
+                                    num_kv_heads=self.num_kv_heads, head_dim=self.head_dim, causal=self.causal,
+                                    scale=self.head_dim**-0.5, positions=rope.positions, rope_table=rope.table,
+                                    qk_norm_weights=self.qk_weights(), eps=self.q_norm.eps)
+            fused_out: torch.Tensor = self.o_proj(fused.view(num_tokens, self.q_size))
+            return fused_out
         if qkv.is_cuda and triton_available():
             qk_norm_rope_(qkv, rope.positions, rope.table, self.qk_weights(), self.q_norm.eps, self.num_heads,
                           self.num_kv_heads, self.head_dim)
@@ -126,8 +136,12 @@ class Qwen3MLP(nn.Module):
         self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.down_proj(silu_and_mul(self.gate_up_proj(h)))
+    def forward(self, h: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        if ctx.fused_mlp:  # gate/up GEMM with SwiGLU in its epilogue (small buckets)
+            act = gate_up_silu(h, self.gate_up_proj.weight)
+        else:
+            act = silu_and_mul(self.gate_up_proj(h))
+        out: torch.Tensor = self.down_proj(act)
         return out
 
 
@@ -148,7 +162,7 @@ class Qwen3DecoderLayer(nn.Module):
             h, residual = self.input_layernorm(h, residual)
         h = self.self_attn(h, rope, ctx)
         h, residual = self.post_attention_layernorm(h, residual)
-        return self.mlp(h), residual
+        return self.mlp(h, ctx), residual
 
 
 class Qwen3Model(EncoderModel):

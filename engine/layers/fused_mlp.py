@@ -1,0 +1,35 @@
+"""Qwen3's gate/up projection with SwiGLU in the GEMM's epilogue, for small buckets (Triton).
+
+``gate_up_silu(x, w)`` = ``silu_and_mul(x @ w.T)`` for ``w = [gate | up]`` (``[2 * inter, hidden]``,
+the fused ``gate_up_proj`` weight): each program computes one ``BLOCK_N`` slice of the gate and the
+matching slice of the up projection, rounds both to the activation dtype as the unfused GEMM's
+output would be, and writes ``silu(gate) * up`` only: one kernel and no ``[T, 2 * inter]`` round trip.
+Meant for a few dozen to a few hundred tokens (one ``BLOCK_M`` tile of rows per program row); large
+buckets keep cuBLAS, whose GEMMs reach ~700 TFLOP/s there.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from petal.engine.layers.triton_kernels import gate_up_silu_kernel
+
+
+def gate_up_silu(x: torch.Tensor, weight: torch.Tensor, *, block_m: int = 16, block_n: int = 32,
+                 block_k: int = 128, num_stages: int = 4, num_warps: int = 4) -> torch.Tensor:
+    """``silu(x @ gate.T) * (x @ up.T)``: ``x [T, hidden]``, ``weight [2 * inter, hidden]`` -> ``[T, inter]``.
+
+    Both bf16/fp16 on CUDA, ``weight`` contiguous, ``x`` with unit last stride; ``inter`` a multiple of
+    ``block_n`` and ``hidden`` of ``block_k``.
+    """
+    num_tokens, hidden = x.shape
+    inter = weight.shape[0] // 2
+    assert weight.shape == (2 * inter, hidden) and weight.is_contiguous() and x.stride(1) == 1
+    assert inter % block_n == 0 and hidden % block_k == 0, (inter, hidden, block_n, block_k)
+    out = torch.empty(num_tokens, inter, dtype=x.dtype, device=x.device)
+    if num_tokens:
+        grid = (inter // block_n, -(-num_tokens // block_m))
+        gate_up_silu_kernel()[grid](x, weight, out, num_tokens, x.stride(0), out.stride(0), INTER=inter, K=hidden,
+                        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_stages=num_stages,
+                        num_warps=num_warps)
+    return out

@@ -1,0 +1,165 @@
+"""The small-batch path on CUDA (engine/small_batch.py; run on the GPU host, skipped without CUDA):
+the fused attention and gate/up + SwiGLU kernels against float32 references on padded bucket
+layouts, and the engine with the path on against the engine with it off and against Hugging Face
+transformers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from petal.engine.batch import PackedBatch, token_bucket
+from petal.engine.config import EngineConfig
+from petal.engine.engine import Engine
+from petal.engine.graphs import seq_capacity
+from petal.engine.inputs import InputLayout, fill_inputs
+from tests.parity import cosine_rows, hf_embed, hf_model, native_from_hf, petal_embed, random_docs
+from tests.test_gpu import TINY
+
+pytestmark = pytest.mark.gpu
+
+CUDA = torch.device("cuda")
+OFF = {"small_attention_tokens": 0, "fused_mlp_tokens": 0}
+
+
+def bucket_inputs(lengths: list[int], padded: bool) -> tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(real tokens, token_seq_ids, cu_seqlens, positions) of a graph bucket's layout (or the exact one)."""
+    batch = PackedBatch.from_sequences(random_docs(np.array(lengths), 30000, seed=sum(lengths)))
+    if padded:
+        bucket = token_bucket(batch.num_tokens)
+        layout = InputLayout(bucket, seq_capacity(bucket, 64))
+    else:
+        layout = InputLayout(batch.num_tokens, batch.num_seqs)
+    host = np.zeros(layout.size, dtype=np.int32)
+    fill_inputs(host, layout, batch)
+    buf = torch.from_numpy(host).to(CUDA)
+    sl = layout.slices()
+    return batch.num_tokens, buf[sl["token_seq_ids"]], buf[sl["cu_seqlens"]], buf[sl["positions"]]
+
+
+def attention_reference(qkv, seq_ids, positions, hq, hk, d, causal, table, weights, eps):
+    """float32 attention of each token over its own sequence, after the unfused path's q/k norm + RoPE."""
+    from petal.engine.layers.rotary import apply_rotary
+
+    t = qkv.shape[0]
+    q, k, v = qkv.float().split([hq * d, hk * d, hk * d], -1)
+    q, k, v = q.reshape(t, hq, d), k.reshape(t, hk, d), v.reshape(t, hk, d)
+    if weights is not None:
+        q = q * torch.rsqrt(q.pow(2).mean(-1, keepdim=True) + eps) * weights[0].float()
+        k = k * torch.rsqrt(k.pow(2).mean(-1, keepdim=True) + eps) * weights[1].float()
+        gathered = table[positions.long()]
+        q, k = apply_rotary(q, k, gathered[:, None, : d // 2], gathered[:, None, d // 2 :])
+    q, k = q.to(qkv.dtype).float(), k.to(qkv.dtype).float()
+    k, v = k.repeat_interleave(hq // hk, 1), v.repeat_interleave(hq // hk, 1)
+    scores = torch.einsum("qhd,khd->hqk", q, k) * d**-0.5
+    mask = seq_ids[:, None] == seq_ids[None, :]
+    if causal:
+        mask &= torch.ones(t, t, dtype=torch.bool, device=qkv.device).tril()
+    return torch.einsum("hqk,khd->qhd", scores.masked_fill(~mask, float("-inf")).softmax(-1), v)
+
+
+@pytest.mark.parametrize(("hq", "hk", "d", "causal", "rope"), [
+    (16, 8, 128, False, True), (16, 8, 128, True, True), (4, 2, 64, True, True), (16, 16, 64, False, False),
+    (12, 12, 32, False, False)])
+@pytest.mark.parametrize(("lengths", "padded"), [
+    ([16], True), ([1], True), ([128], True), ([5, 1, 60, 3, 90, 2, 30, 7, 12], True), ([200, 40], True),
+    ([17, 3], False), ([1], False)])
+def test_small_attention_matches_reference(hq, hk, d, causal, rope, lengths, padded):
+    from petal.engine.layers.rotary import RotaryEmbedding
+    from petal.engine.layers.small_attention import small_attention
+
+    real, seq_ids, cu, positions = bucket_inputs(lengths, padded)
+    t = seq_ids.shape[0]
+    torch.manual_seed(t + hq)
+    qkv = torch.randn(t, (hq + 2 * hk) * d, device=CUDA, dtype=torch.bfloat16) * 2
+    table = RotaryEmbedding(d, 1024, 1e6).cos_sin(CUDA)
+    weights = (torch.rand(2, d, device=CUDA) + 0.5).to(torch.bfloat16) if rope else None
+    before = qkv.clone()
+    ref = attention_reference(qkv, seq_ids, positions, hq, hk, d, causal, table, weights, 1e-6)
+    for block_m in (16, 64):
+        out = small_attention(qkv, seq_ids, cu, num_heads=hq, num_kv_heads=hk, head_dim=d, causal=causal,
+                              scale=d**-0.5, positions=positions if rope else None, rope_table=table if rope else None,
+                              qk_norm_weights=weights, eps=1e-6, block_m=block_m)
+        assert out.shape == (t, hq, d) and torch.isfinite(out).all()
+        err = float((out[:real].float() - ref[:real]).norm() / ref[:real].norm())
+        assert err < 1e-2, (block_m, err)
+    assert torch.equal(qkv, before)  # the projection is read, never written
+
+
+@pytest.mark.parametrize("num_tokens", [1, 16, 64, 100, 128, 256])
+@pytest.mark.parametrize(("hidden", "inter"), [(1024, 3072), (256, 512)])
+def test_gate_up_silu_matches_reference(num_tokens, hidden, inter):
+    from petal.engine.layers.fused_mlp import gate_up_silu
+
+    torch.manual_seed(num_tokens)
+    x = torch.randn(num_tokens, hidden, device=CUDA, dtype=torch.bfloat16)
+    w = torch.randn(2 * inter, hidden, device=CUDA, dtype=torch.bfloat16) * hidden**-0.5
+    gate, up = F.linear(x.float(), w.float()).chunk(2, dim=-1)
+    ref = F.silu(gate) * up
+    out = gate_up_silu(x, w)
+    assert out.shape == (num_tokens, inter)
+    assert float((out.float() - ref).norm() / ref.norm()) < 1e-2
+
+
+def engines(family: str, **config):
+    shape = TINY[family]
+    hf = hf_model(shape, CUDA, torch.bfloat16, seed=11)
+    spec, model = native_from_hf(shape, hf, CUDA, torch.bfloat16)
+    fast = Engine(spec, EngineConfig(device="cuda", dtype="bfloat16", token_budget=4096, max_seqs=64, **config),
+                  model=model)
+    plain = Engine(spec, EngineConfig(device="cuda", dtype="bfloat16", token_budget=4096, max_seqs=64, **OFF),
+                   model=model)
+    return shape, hf, fast, plain
+
+
+@pytest.mark.parametrize("family", list(TINY))
+def test_small_batches_equal_the_plain_engine_and_transformers(family):
+    """Lone queries and a few short texts (every small bucket: eager, capture, replays) through the
+    small-batch path equal the engine without it and Hugging Face transformers."""
+    shape, hf, fast, plain = engines(family)
+    assert fast.small.attention_tokens > 0
+    rng = np.random.default_rng(12)
+    batches = []
+    for num_seqs, high in ((1, 16), (1, 128), (2, 60), (3, 100), (8, 40), (1, 250), (5, 200)):
+        docs = random_docs(rng.integers(1, high, num_seqs), 30000, seed=int(rng.integers(1 << 30)))
+        batches.extend([docs] * 3)  # eager, capture, replay of its bucket
+    bidirectional = family == "qwen3-bidirectional"
+    for docs in batches:
+        batch = PackedBatch.from_sequences(docs)
+        a = fast.step(batch).result()
+        b = plain.step(batch).result()
+        assert cosine_rows(a, b).min() > 0.999, (len(docs), batch.num_tokens, cosine_rows(a, b).min())
+    ref = hf_embed(hf, shape, batches[-1], batch_size=8, bidirectional=bidirectional)
+    assert cosine_rows(petal_embed(fast, batches[-1]), ref).min() >= 0.995
+    assert fast.graphs is not None
+    used = [state.ctx for bucket, state in fast.graphs.states.items() if bucket <= fast.small.attention_tokens]
+    assert used and all(ctx.fused_attention for ctx in used)
+    assert fast.stats.graph_replays > 0
+
+
+@pytest.mark.parametrize("family", ["bert", "qwen3-causal", "qwen3-bidirectional"])
+def test_small_batch_graph_equals_eager_for_every_bucket(family):
+    shape = TINY[family]
+    hf = hf_model(shape, CUDA, torch.bfloat16, seed=13)
+    spec, model = native_from_hf(shape, hf, CUDA, torch.bfloat16)
+    graphs = Engine(spec, EngineConfig(device="cuda", dtype="bfloat16", token_budget=4096, max_seqs=64),
+                    model=model)
+    eager = Engine(spec, EngineConfig(device="cuda", dtype="bfloat16", token_budget=4096, max_seqs=64,
+                                      cuda_graphs=False), model=model)
+    rng = np.random.default_rng(14)
+    for num_seqs in (1, 2, 3, 7, 15):
+        for _ in range(3):
+            docs = random_docs(rng.integers(1, 60, num_seqs), 30000, seed=int(rng.integers(1 << 30)))
+            batch = PackedBatch.from_sequences(docs)
+            a = graphs.step(batch).result()
+            b = eager.step(batch).result()
+            assert cosine_rows(a, b).min() > 0.999, (num_seqs, cosine_rows(a, b).min())
+
+
+def test_explicit_attention_backend_is_kept():
+    """``--attention flashinfer`` (or torch) is what runs: the fused attention stands in for ``auto`` only."""
+    _, _, fast, _ = engines("qwen3-bidirectional", attention="flashinfer")
+    assert fast.small.attention_tokens == 0
+    fast.step(PackedBatch.from_sequences(random_docs(np.array([9]), 30000))).result()
