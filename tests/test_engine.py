@@ -194,7 +194,7 @@ def test_sdpa_attention_matches_dense_masked_reference(causal, kv_heads):
 
 
 def test_kernel_warmup_is_nothing_on_the_cpu(minilm_spec):
-    from petal.engine.layers.triton_kernels import start_warmup
+    from petal.engine.layers.warmup import start_warmup
 
     assert start_warmup(minilm_spec.config, torch.float32, torch.device("cpu")) is None
     assert start_warmup(minilm_spec.config, torch.bfloat16, torch.device("cpu")) is None
