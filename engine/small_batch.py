@@ -18,6 +18,7 @@ import torch
 
 from petal.engine.config import EngineConfig, ModelConfig
 from petal.engine.context import ForwardContext
+from petal.engine.layers.fused_mlp import fits as fused_mlp_fits
 from petal.engine.layers.small_attention import SMALL_ATTENTION_HEAD_DIMS
 from petal.engine.layers.triton_kernels import triton_available
 
@@ -36,9 +37,8 @@ class SmallBatchKernels:
         # NOTE: an explicit --attention backend is what runs; the fused kernel stands in for ``auto`` only.
         fits = model.head_dim in SMALL_ATTENTION_HEAD_DIMS and config.attention == "auto"
         attention = config.small_attention_tokens if fits else 0
-        # NOTE: the fused kernel tiles hidden by 128 and the intermediate size by 32 (engine/layers/fused_mlp.py)
-        tiles = model.hidden_size % 128 == 0 and model.intermediate_size % 32 == 0
-        mlp = config.fused_mlp_tokens if model.architecture == "qwen3" and tiles else 0
+        qwen3 = model.architecture == "qwen3"
+        mlp = config.fused_mlp_tokens if qwen3 and fused_mlp_fits(model.hidden_size, model.intermediate_size) else 0
         return cls(attention, mlp)
 
     def apply(self, ctx: ForwardContext, num_tokens: int) -> None:

@@ -14,9 +14,17 @@ import torch
 
 from petal.engine.layers.triton_kernels import gate_up_silu_kernel
 
+BLOCK_K = 128  # hidden is tiled by this
+BLOCK_N = 32  # the intermediate size is tiled by this
 
-def gate_up_silu(x: torch.Tensor, weight: torch.Tensor, *, block_m: int = 16, block_n: int = 32,
-                 block_k: int = 128, num_stages: int = 4, num_warps: int = 4) -> torch.Tensor:
+
+def fits(hidden_size: int, intermediate_size: int) -> bool:
+    """Whether the kernel's default tiles divide the model's sizes."""
+    return hidden_size % BLOCK_K == 0 and intermediate_size % BLOCK_N == 0
+
+
+def gate_up_silu(x: torch.Tensor, weight: torch.Tensor, *, block_m: int = 16, block_n: int = BLOCK_N,
+                 block_k: int = BLOCK_K, num_stages: int = 4, num_warps: int = 4) -> torch.Tensor:
     """``silu(x @ gate.T) * (x @ up.T)``: ``x [T, hidden]``, ``weight [2 * inter, hidden]`` -> ``[T, inter]``.
 
     Both bf16/fp16 on CUDA, ``weight`` contiguous, ``x`` with unit last stride; ``inter`` a multiple of

@@ -13,6 +13,7 @@ import threading
 import torch
 
 from petal.engine.config import ModelConfig
+from petal.engine.layers.fused_mlp import fits as fused_mlp_fits
 from petal.engine.layers.fused_mlp import gate_up_silu
 from petal.engine.layers.small_attention import SMALL_ATTENTION_HEAD_DIMS, small_attention
 from petal.engine.layers.triton_kernels import add_layer_norm, qk_norm_rope_, triton_available
@@ -66,16 +67,18 @@ def _warm_small_batch(cfg: ModelConfig, dtype: torch.dtype, device: torch.device
     if cfg.head_dim in SMALL_ATTENTION_HEAD_DIMS:
         qwen3 = cfg.architecture == "qwen3"
         width = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
-        ints = torch.zeros(num_tokens + 16, dtype=torch.int32, device=device)
-        ints[17] = num_tokens  # cu_seqlens [0, 64] at offset 16 (64-byte aligned, as engine/inputs.py lays out)
-        small_attention(torch.zeros(num_tokens, width, dtype=dtype, device=device), ints[:num_tokens], ints[16:18],
+        # NOTE: one sequence of 64 tokens; every index the kernel reads (sequence ids, positions, offsets)
+        # stays inside its own tensor
+        seq_ids = torch.zeros(num_tokens, dtype=torch.int32, device=device)
+        cu_seqlens = torch.tensor([0, num_tokens], dtype=torch.int32, device=device)
+        small_attention(torch.zeros(num_tokens, width, dtype=dtype, device=device), seq_ids, cu_seqlens,
                         num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
                         causal=cfg.causal, scale=cfg.head_dim**-0.5,
-                        positions=ints[:num_tokens] if qwen3 else None,
+                        positions=torch.zeros(num_tokens, dtype=torch.int32, device=device) if qwen3 else None,
                         rope_table=torch.zeros(8, cfg.head_dim, dtype=torch.float32, device=device) if qwen3 else None,
                         qk_norm_weights=torch.zeros(2, cfg.head_dim, dtype=dtype, device=device) if qwen3 else None,
                         eps=cfg.norm_eps)
-    if cfg.architecture == "qwen3":
+    if cfg.architecture == "qwen3" and fused_mlp_fits(cfg.hidden_size, cfg.intermediate_size):
         gate_up_silu(torch.zeros(num_tokens, cfg.hidden_size, dtype=dtype, device=device),
                      torch.zeros(2 * cfg.intermediate_size, cfg.hidden_size, dtype=dtype, device=device))
 
