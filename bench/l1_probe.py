@@ -68,7 +68,7 @@ def variants() -> dict[str, EngineConfig]:
         return EngineConfig(device="cuda", dtype="bfloat16", token_budget=16384, small_attention_tokens=attention,
                             fused_mlp_tokens=mlp)
 
-    return {"off": config(0, 0), "attention": config(256, 0), "mlp": config(0, 256), "all": config(256, 256),
+    return {"off": config(0, 0), "attention": config(128, 0), "mlp": config(0, 32),
             "default": EngineConfig(device="cuda", dtype="bfloat16", token_budget=16384)}
 
 
@@ -258,8 +258,8 @@ def section_buckets(name: str = "pplx-embed-0.6b") -> None:
     vocab = spec.config.vocab_size
     print(f"\n{name}: step time by bucket (serial step->result, ms), small-batch path off vs each piece")
     configs = variants()
-    engines = {label: Engine(spec, configs[label], model=model) for label in ("off", "attention", "mlp", "all")}
-    for lengths in ([64] * 3, [64] * 4, [100] * 3, [32] * 8, [128] * 4, [64] * 12, [128] * 8):
+    engines = {label: Engine(spec, configs[label], model=model) for label in ("off", "attention", "mlp", "default")}
+    for lengths in ([10], [30], [60], [100], [64] * 3, [32] * 8, [128] * 4, [128] * 8):
         batch = PackedBatch.from_sequences(random_docs(np.array(lengths), vocab, seed=3))
         cells = []
         for label, engine in engines.items():
