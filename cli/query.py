@@ -12,11 +12,8 @@ import click
 
 from petal.cli.common import device_options, usage, user_errors
 from petal.cli.options import loading_options
+from petal.pipeline.index.bounds import MAX_K, MAX_NPROBE, MAX_RESCORE
 from petal.pipeline.reliability.errors import one_line
-
-MAX_K = 1 << 20  # hits per query: far above any index's useful k, far below what overflows FAISS's int
-MAX_NPROBE = (1 << 31) - 1  # FAISS takes nprobe as a C int
-MAX_RESCORE = 1 << 16
 
 if TYPE_CHECKING:
     from petal.pipeline.jobs.searcher import Index

@@ -228,5 +228,20 @@ def test_embedding_bodies_read_back_exactly(use_orjson):
     odd = {"when": datetime.date(2024, 1, 2), "price": decimal.Decimal("1.5"), 3: "three", "text": "é"}
     assert json.loads(dumps(odd, use_orjson)) == json.loads(json.dumps(odd, default=str))
     assert loads(b'{"k": NaN, "big": 123456789012345678901234567890}')["big"] == 123456789012345678901234567890
+    assert loads(b'{"big": 18446744073709551616}')["big"] == 2**64  # orjson alone would read 1.8e19
+    with pytest.raises(UnicodeDecodeError):  # UTF-8 only (RFC 8259): the stdlib alone would take UTF-16
+        loads('{"k": 1}'.encode("utf-16"))
+
+
+@pytest.mark.parametrize(("body", "repeated"), [
+    (b'{"query": "x", "k": 1}', None), (b'{"query": "query"}', None), (b'{"a": {"a": 1}}', None),
+    (b'{"a": [{"b": 1, "c": 2}], "b": 3}', None), (b'{"q\\u00e9": 1, "q\\u00e9x": 2}', None),
+    (b'{"query": "x", "k": 1, "query": "y"}', "query"), (b'{"query": "x", "\\u0071uery": "y"}', "query"),
+    (b'{"a/b": 1, "a\\/b": 2}', "a/b"), ('{"\u00e9": 1, "\u00e9": 2}'.encode(), "\u00e9"),
+])
+def test_a_repeated_field_is_found(body, repeated):
+    from petal.pipeline.serve.encoding import duplicate_key, loads
+
+    assert duplicate_key(body, loads(body)) == repeated
     with pytest.raises(json.JSONDecodeError):
         loads(b"{not json")

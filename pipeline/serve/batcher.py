@@ -37,7 +37,7 @@ import numpy as np
 from petal.engine.engine import Engine
 from petal.engine.lazy_tensor import LazyTensor
 from petal.pipeline.ingest.pack import PackConfig, Packer
-from petal.pipeline.ingest.tokens import TextTokenizer
+from petal.pipeline.ingest.tokens import Encoded, TextTokenizer
 from petal.pipeline.serve.metrics import ServeMetrics
 from petal.pipeline.serve.requests import RequestError, limit_message
 
@@ -260,10 +260,10 @@ class TokenBatcher:
             started = time.perf_counter()
             try:
                 encoded = tokenizer.encode([item.text for item in todo])
-            except Exception as exc:  # a bug: these requests fail (500), the thread lives
-                refused.update(id(item.job) for item in todo)
-                self._fail(todo, exc)
-                continue
+            except Exception:  # NOTE: one request's text must not fail the others of the batch
+                todo, encoded = self._tokenize_apart(tokenizer, todo, refused)
+                if not todo:
+                    continue
             elapsed = time.perf_counter() - started
             # NOTE: a request's texts are queued and taken together: its checks see all of them, in row order
             # a request answers its first refusal: a text over the limit (413) before one without tokens (422)
@@ -288,6 +288,28 @@ class TokenBatcher:
         if not refused:
             return items
         return [item for item in items if id(item.job) not in refused]
+
+    def _tokenize_apart(self, tokenizer: TextTokenizer, todo: list[_Item],
+                        refused: set[int]) -> tuple[list[_Item], Encoded]:
+        """``todo`` tokenized one request at a time, after a call for all of them failed: the requests whose
+        texts fail (a bug: 500) are answered with their error and left out."""
+        jobs: dict[int, list[_Item]] = {}
+        for item in todo:
+            jobs.setdefault(id(item.job), []).append(item)
+        kept: list[_Item] = []
+        token_ids: list[np.ndarray] = []
+        truncated: list[bool] = []
+        for key, items in jobs.items():
+            try:
+                encoded = tokenizer.encode([item.text for item in items])
+            except Exception as exc:
+                refused.add(key)
+                self._fail(items, exc)
+                continue
+            kept.extend(items)
+            token_ids.extend(encoded.token_ids)
+            truncated.extend(encoded.truncated)
+        return kept, Encoded(token_ids, np.asarray(truncated, dtype=bool))
 
     def _launch(self, batch: Any) -> None:
         # NOTE: at most steps_in_flight results unread: the engine's host ring (steps_in_flight + 1 slots)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 from typing import Any
 
 import numpy as np
@@ -26,15 +27,47 @@ _ORJSON_OPTIONS = 0 if orjson is None else (orjson.OPT_SERIALIZE_NUMPY | orjson.
 _FORMATS: dict[int, str] = {}
 
 
+# NOTE: orjson reads an integer beyond 64 bits as a float (2**64 -> 1.8e19): such bodies go to the stdlib
+_LONG_INTEGER = re.compile(rb"\d{19}")
+
+
 def loads(body: bytes) -> Any:
-    """``json.loads``'s result and errors (orjson first; what it refuses, e.g. NaN or a 70-digit integer,
-    goes to the standard library, which decides)."""
-    if orjson is not None:
+    """``json.loads``'s result and errors for a UTF-8 body (RFC 8259; a leading BOM is ignored, UTF-16 is
+    not JSON here): orjson first; what it refuses (NaN, a lone surrogate ``\\ud800``) or would read
+    differently (an integer over 64 bits) goes to the standard library, which decides. ``RecursionError``
+    for nesting too deep, ``ValueError`` for an integer of thousands of digits."""
+    if orjson is not None and _LONG_INTEGER.search(body) is None:
         try:
             return orjson.loads(body)
         except (orjson.JSONDecodeError, TypeError):
             pass
-    return json.loads(body)
+    return json.loads(body.decode("utf-8-sig"))
+
+
+def duplicate_key(body: bytes, value: dict[str, Any]) -> str | None:
+    """A key that the top-level object ``value`` (parsed from ``body``) has more than once, else ``None``.
+
+    JSON readers keep the last of repeated keys, others (a proxy, a filter in front) the first: a repeated
+    field is refused rather than guessed. Cheap: when no key can be written escaped (no ``\\u`` or ``\\/``
+    in the body) and each shows once as ``json.dumps`` writes it, none repeats; otherwise the body is parsed
+    again, keeping every pair.
+    """
+    if b"\\u" not in body and b"\\/" not in body and all(
+            body.count(json.dumps(key, ensure_ascii=False).encode("utf-8", "surrogatepass")) == 1 for key in value):
+        return None
+    objects: list[list[tuple[str, Any]]] = []
+
+    def keep_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        objects.append(pairs)  # NOTE: innermost first: the top-level object comes last
+        return dict(pairs)
+
+    json.loads(body.decode("utf-8-sig"), object_pairs_hook=keep_pairs)
+    seen: set[str] = set()
+    for key, _ in objects[-1]:
+        if key in seen:
+            return key
+        seen.add(key)
+    return None
 
 
 def dumps(body: Any, use_orjson: bool = True) -> bytes:
@@ -45,7 +78,10 @@ def dumps(body: Any, use_orjson: bool = True) -> bytes:
             return orjson.dumps(body, default=str, option=_ORJSON_OPTIONS)
         except (TypeError, orjson.JSONEncodeError):  # an integer over 64 bits, a cycle...: the stdlib decides
             pass
-    return json.dumps(body, ensure_ascii=False, default=str).encode()
+    try:
+        return json.dumps(body, ensure_ascii=False, default=str).encode()
+    except UnicodeEncodeError:  # a lone surrogate (a shard's or a request's text): escaped, still valid JSON
+        return json.dumps(body, default=str).encode()
 
 
 def _float_rows(rows: np.ndarray) -> list[str]:

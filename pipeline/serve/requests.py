@@ -1,8 +1,11 @@
 """Request bodies of ``/v1/embeddings`` and ``/search``: parsed and checked before any work.
 
 A malformed body is refused with a message that names the field: 400 for what is not JSON (or not
-an object), 422 for a wrong type, a missing or unknown field or a ``k`` over ``--max-k``, 413 for
-more texts than ``--max-texts`` (tokens per text are checked after tokenization, on the engine thread: ``batcher.py``).
+an object), 422 for a wrong type, a missing, unknown or repeated field, a ``k`` over ``--max-k`` or a
+number outside its range, 413 for more texts than ``--max-texts`` (tokens per text are checked after
+tokenization, on the engine thread: ``batcher.py``). ``null`` stands for an absent optional field.
+Texts follow the rule of every text petal embeds (``ingest/text_rule.py``, as ``petal query``): one
+without a visible character is refused as empty, a lone surrogate is read as U+FFFD.
 """
 
 from __future__ import annotations
@@ -11,7 +14,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from petal.pipeline.serve.encoding import loads
+from petal.pipeline.index.bounds import MAX_NPROBE, MAX_RESCORE
+from petal.pipeline.ingest.text_rule import skip_reason, valid_text
+from petal.pipeline.serve.encoding import duplicate_key, loads
 from petal.pipeline.serve.settings import Limits
 
 SIDES = ("query", "document")
@@ -63,11 +68,33 @@ class SearchRequest:
 def parse_json(body: bytes) -> dict[str, Any]:
     try:
         value = loads(body)
+        repeated = duplicate_key(body, value) if isinstance(value, dict) else None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise RequestError(400, f"the body is not valid JSON: {exc}") from exc
+        raise RequestError(400, f"the body is not valid JSON (UTF-8): {exc}") from exc
+    except RecursionError as exc:
+        raise RequestError(400, "the body is not valid JSON here: nested too deeply") from exc
+    except ValueError as exc:  # an integer of thousands of digits (Python's int_max_str_digits)
+        raise RequestError(400, f"the body is not valid JSON here: {str(exc).split(';')[0]}") from exc
     if not isinstance(value, dict):
-        raise RequestError(400, f"the body must be a JSON object, not {type(value).__name__}")
+        raise RequestError(400, f"the body must be a JSON object, not {_kind(value)}")
+    if repeated is not None:
+        raise RequestError(422, f"field {repeated!r} is given more than once")
     return value
+
+
+def _kind(value: Any) -> str:
+    """The JSON name of ``value``'s type, for messages."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return repr(value)  # "must be an integer, not 2.5"
+    if isinstance(value, str):
+        return "a string"
+    return "an array" if isinstance(value, list) else "an object"
 
 
 def _unknown(body: dict[str, Any], allowed: tuple[str, ...]) -> None:
@@ -78,11 +105,11 @@ def _unknown(body: dict[str, Any], allowed: tuple[str, ...]) -> None:
 
 def _int(body: dict[str, Any], name: str, default: int | None, low: int, high: int | None = None,
          limit_flag: str = "") -> int | None:
-    value = body.get(name, default)
-    if value is None:
-        return None
+    value = body.get(name)
+    if value is None:  # absent or null: the default
+        return default
     if isinstance(value, bool) or not isinstance(value, int):
-        raise RequestError(422, f"{name!r} must be an integer, not {type(value).__name__}")
+        raise RequestError(422, f"{name!r} must be an integer, not {_kind(value)}")
     if value < low:
         raise RequestError(422, f"{name!r} must be >= {low}, got {value}")
     if high is not None and value > high:
@@ -92,18 +119,20 @@ def _int(body: dict[str, Any], name: str, default: int | None, low: int, high: i
 
 
 def _choice(body: dict[str, Any], name: str, default: str, choices: tuple[str, ...]) -> str:
-    value = body.get(name, default)
+    value = body.get(name)
     if value is None:
         return default
-    if value not in choices:
+    if not isinstance(value, str) or value not in choices:
         raise RequestError(422, f"{name!r} must be one of {', '.join(choices)}, got {value!r}")
-    return str(value)
+    return value
 
 
 def _bool(body: dict[str, Any], name: str) -> bool:
-    value = body.get(name, False)
+    value = body.get(name)
+    if value is None:
+        return False
     if not isinstance(value, bool):
-        raise RequestError(422, f"{name!r} must be true or false, not {type(value).__name__}")
+        raise RequestError(422, f"{name!r} must be true or false, not {_kind(value)}")
     return value
 
 
@@ -121,10 +150,12 @@ def _texts(value: Any, name: str, limits: Limits) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(t, str) for t in value):
         raise RequestError(422, f"{name!r} must be a string or a list of strings")
     _count(len(value), name, limits)
-    empty = [i for i, t in enumerate(value) if not t.strip()]
+    # NOTE: the rule of petal query: a lone surrogate (JSON "\ud800") is U+FFFD, which the tokenizer takes
+    texts = tuple(valid_text(t)[0] for t in value)
+    empty = [i for i, t in enumerate(texts) if skip_reason(t) is not None]
     if empty:
-        raise RequestError(422, f"{name!r} item {empty[0]} is empty")
-    return tuple(value)
+        raise RequestError(422, f"{name!r} item {empty[0]} is empty (no visible character)")
+    return texts
 
 
 def _is_int(x: Any) -> bool:
@@ -133,7 +164,7 @@ def _is_int(x: Any) -> bool:
 
 def parse_embeddings(body: dict[str, Any], limits: Limits) -> EmbeddingsRequest:
     _unknown(body, ("input", "model", "dimensions", "encoding_format", "input_type", "truncate", "user"))
-    if "input" not in body:
+    if body.get("input") is None:
         raise RequestError(422, "'input' is required (a string, a list of strings, or token-id lists)")
     value = body["input"]
     model = body.get("model")
@@ -161,7 +192,7 @@ def parse_embeddings(body: dict[str, Any], limits: Limits) -> EmbeddingsRequest:
 
 def parse_search(body: dict[str, Any], limits: Limits) -> SearchRequest:
     _unknown(body, ("query", "queries", "vectors", "k", "nprobe", "rescore", "include", "truncate", "where"))
-    given = [name for name in ("query", "queries", "vectors") if name in body]
+    given = [name for name in ("query", "queries", "vectors") if body.get(name) is not None]
     if len(given) != 1:
         raise RequestError(422, "give exactly one of 'query' (a text), 'queries' (texts) or 'vectors'"
                            + (f" (got {', '.join(given)})" if given else ""))
@@ -176,23 +207,46 @@ def parse_search(body: dict[str, Any], limits: Limits) -> SearchRequest:
             raise RequestError(422, "'queries' must be a list of strings")
         texts = _texts(body["queries"], "queries", limits)
     else:
-        rows = body["vectors"]
-        ok = isinstance(rows, list) and all(
-            isinstance(r, list) and r and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in r)
-            for r in rows)
-        if not ok:
-            raise RequestError(422, "'vectors' must be a list of non-empty lists of numbers")
-        _count(len(rows), "vectors", limits)
-        vectors = tuple(tuple(float(x) for x in r) for r in rows)
-    include = body.get("include", [])
-    if not isinstance(include, list) or any(x not in INCLUDES for x in include):
+        vectors = _vectors(body["vectors"], limits)
+    include = body.get("include")
+    if include is None:
+        include = []
+    if not isinstance(include, list) or any(not isinstance(x, str) or x not in INCLUDES for x in include):
         raise RequestError(422, f"'include' must be a list of {', '.join(map(repr, INCLUDES))}")
     k = _int(body, "k", 10, 1, limits.max_k, "--max-k")
     assert k is not None
     return SearchRequest(texts=texts, vectors=vectors, k=k,
-                         nprobe=_int(body, "nprobe", None, 1), rescore=_int(body, "rescore", None, 0),
+                         nprobe=_int(body, "nprobe", None, 1, MAX_NPROBE),
+                         rescore=_int(body, "rescore", None, 0, MAX_RESCORE),
                          include=tuple(dict.fromkeys(include)), truncate=_bool(body, "truncate"),
                          where=_where(body))
+
+
+FLOAT32_MAX = 3.4028234663852886e38
+
+
+def _vectors(rows: Any, limits: Limits) -> tuple[tuple[float, ...], ...]:
+    """Rows of one length, each value a finite number that float32 holds (NaN, Infinity or 1e39 would
+    search as NaN: no hits, or FAISS's garbage)."""
+    ok = isinstance(rows, list) and all(
+        isinstance(r, list) and r and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in r)
+        for r in rows)
+    if not ok:
+        raise RequestError(422, "'vectors' must be a list of non-empty lists of numbers")
+    _count(len(rows), "vectors", limits)
+    lengths = {len(r) for r in rows}
+    if len(lengths) > 1:
+        raise RequestError(422, f"'vectors' rows must all have the same length, got {sorted(lengths)[:4]}")
+    for i, row in enumerate(rows):
+        try:
+            values = tuple(float(x) for x in row)
+        except OverflowError:  # an integer beyond any float
+            values = (float("inf"),)
+        if not all(abs(x) <= FLOAT32_MAX for x in values):  # NOTE: False for NaN too
+            raise RequestError(422, f"'vectors' row {i} holds a value that is not a finite float32 number "
+                                    "(NaN, Infinity or beyond 3.4e38)")
+        rows[i] = values
+    return tuple(rows)
 
 
 def _where(body: dict[str, Any]) -> str | None:
