@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 import click
 
 from petal.cli.common import PetalClickError, device_options, eprint, usage, user_errors
 from petal.cli.options import loading_options
+from petal.pipeline.index.bounds import MAX_NPROBE, MAX_RESCORE
+from petal.pipeline.serve.settings import API_KEY_ENV
 
 SERVE_MODULES = ("starlette", "uvicorn", "prometheus_client")
 
@@ -31,7 +34,7 @@ def missing_serve_extra() -> list[str]:
               "model moved (the weights must match).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0: all).")
 @click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True, help="Port (0: any free).")
-@click.option("--api-key", envvar="PETAL_API_KEY", default=None,
+@click.option("--api-key", envvar=API_KEY_ENV, default=None,
               help="Require 'Authorization: Bearer KEY' on /v1/* and /search (or set PETAL_API_KEY).")
 @click.option("--max-wait-ms", type=click.FloatRange(min=0), default=0.0, show_default=True,
               help="Hold a partial batch this long for more requests (0: launch at once; batches still form "
@@ -48,8 +51,10 @@ def missing_serve_extra() -> list[str]:
               help="Tokens per engine step (default: 8192 on CUDA, 2048 on the CPU).")
 @click.option("--max-seqs", type=click.IntRange(min=1), default=None,
               help="Texts per engine step (default: 256 on CUDA, 64 on the CPU).")
-@click.option("--nprobe", type=click.IntRange(min=1), default=None, help="Override the tuned IVF nprobe.")
-@click.option("--rescore", type=click.IntRange(min=0), default=None, help="Binary indexes: rescoring factor.")
+@click.option("--nprobe", type=click.IntRange(min=1, max=MAX_NPROBE), default=None,
+              help="Override the tuned IVF nprobe.")
+@click.option("--rescore", type=click.IntRange(min=0, max=MAX_RESCORE), default=None,
+              help="Binary indexes: rescoring factor.")
 @click.option("--reload-interval-s", type=click.FloatRange(min=0.05), default=1.0, show_default=True,
               help="How often OUT/CURRENT is checked for a new version.")
 @click.option("--drain-timeout-s", type=click.FloatRange(min=0), default=30.0, show_default=True,
@@ -86,6 +91,8 @@ def serve(index_path: Path | None, model: str | None, host: str, port: int, api_
     """
     if index_path is None and model is None:
         raise click.UsageError("give OUT (an index directory) or --model DIR (embeddings only)")
+    if api_key is None and os.environ.get(API_KEY_ENV) is not None:
+        api_key = os.environ[API_KEY_ENV]  # NOTE: set but empty: refused below, never an open server
     missing = missing_serve_extra()
     if missing:
         raise PetalClickError(f"petal serve needs the optional 'serve' dependencies ({', '.join(missing)} missing): "
@@ -95,10 +102,13 @@ def serve(index_path: Path | None, model: str | None, host: str, port: int, api_
     from petal.pipeline.index.search import IndexReader
     from petal.pipeline.jobs.index_run import model_spec
     from petal.pipeline.jobs.query import QueryModel, SearchIndex, engine_config, model_for_index
+    from petal.pipeline.layout import resolve_index_dir
+    from petal.pipeline.serve.metrics import ServeMetrics
     from petal.pipeline.serve.server import bind
     from petal.pipeline.serve.server import serve as run_server
     from petal.pipeline.serve.service import ServeState
     from petal.pipeline.serve.settings import Limits, ServeSettings
+    from petal.pipeline.serve.startup import Startup
     from petal.pipeline.serve.warmup import warm_up
 
     cuda = usage(lambda: resolve_device(device)) == "cuda"
@@ -111,27 +121,43 @@ def serve(index_path: Path | None, model: str | None, host: str, port: int, api_
         drain_timeout_s=drain_timeout_s, search_threads=search_threads, api_key=api_key,
         served_model_name=served_model_name, search_dtype=search_dtype, switch_interval_ms=switch_interval_ms,
         search_device="cuda" if cuda and search_device != "cpu" and index_path is not None else "cpu"))
-    sock = bind(host, port)  # before loading: a taken port fails in a second, not after the model load
-    index = None
-    reader: IndexReader | None = None
     if index_path is not None:
-        reader = IndexReader(index_path, nprobe=nprobe, rescore=rescore)
-        spec = model_for_index(reader.manifest, model, allow_pickle_weights, query_prompt)
-        index = SearchIndex.from_reader(reader, spec)
-    else:
-        options = usage(lambda: ModelOptions(query_prompt=query_prompt, allow_pickle_weights=allow_pickle_weights))
-        spec = model_spec(model, None, options)
-    config = usage(lambda: engine_config(spec, device, dtype, attention, token_budget or (8192 if cuda else 2048),
-                                         max_seqs or (256 if cuda else 64)))
-    query_model = QueryModel(spec, config, max_tokens=max_tokens_per_text)
-    warm_up(query_model.engine)
-    state = ServeState(query_model, settings, index_root=index_path, index=index, nprobe=nprobe, rescore=rescore)
+        resolve_index_dir(index_path)  # not an index (a typo): said at once, before any port or model
+    sock = bind(host, port)  # before loading: a taken port fails in a second, not after the model load
+
+    def load(metrics: ServeMetrics) -> ServeState:
+        """The model and index, loaded and warm (in a thread, while the port answers /health and /ready)."""
+        index = None
+        if index_path is not None:
+            reader = IndexReader(index_path, nprobe=nprobe, rescore=rescore)
+            for note in reader.ignored:  # --nprobe of a Flat index...
+                eprint(f"petal serve: note: {note}")
+            spec = model_for_index(reader.manifest, model, allow_pickle_weights, query_prompt)
+            index = SearchIndex.from_reader(reader, spec)
+            del reader
+        else:
+            options = usage(lambda: ModelOptions(query_prompt=query_prompt,
+                                                 allow_pickle_weights=allow_pickle_weights))
+            spec = model_spec(model, None, options)
+        config = usage(lambda: engine_config(spec, device, dtype, attention, token_budget or (8192 if cuda else 2048),
+                                             max_seqs or (256 if cuda else 64)))
+        query_model = QueryModel(spec, config, max_tokens=max_tokens_per_text)
+        warm_up(query_model.engine)
+        # NOTE: only the follower may hold the live version (this frame ends here), so a replaced one is freed
+        # after its last search
+        return ServeState(query_model, settings, index_root=index_path, index=index, nprobe=nprobe,
+                          rescore=rescore, metrics=metrics)
+
     bound_host, bound_port = sock.getsockname()[:2]
-    what = f"{index.version} ({index.reader.ntotal} vectors)" if index is not None else "embeddings only"
-    # NOTE: only the follower may hold the live version, so a replaced one is freed after its last search
-    del index
-    reader = None
-    eprint(f"petal serve: {state.model_id} on {query_model.engine.device}, {what}, "
-           f"listening on http://{bound_host}:{bound_port}")
-    run_server(state, sock, log_level=log_level, access_log=access_log)
+    url = f"http://{bound_host}:{bound_port}"
+
+    def ready(state: ServeState) -> None:
+        live = state.follower.live if state.follower is not None else None
+        what = f"{live.version} ({live.reader.ntotal} vectors)" if live is not None else "embeddings only"
+        eprint(f"petal serve: {state.model_id} on {state.model.engine.device}, {what}, listening on {url}")
+
+    eprint(f"petal serve: loading the model{' and index' if index_path is not None else ''}; {url}/health "
+           "answers now, /ready once loaded")
+    run_server(Startup(settings, ServeMetrics(), load, on_ready=ready), sock, log_level=log_level,
+               access_log=access_log)
     eprint("petal serve: stopped (in-flight requests drained)")

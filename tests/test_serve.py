@@ -250,6 +250,91 @@ def test_bad_requests_get_4xx_and_the_server_keeps_serving(served):
     assert 'petal_requests_total{route="/search",status="413"}' in metrics
 
 
+VECTOR = b",".join([b"0.05"] * 383)
+HOSTILE = [  # (route, raw body, status, in the message): each once found answering 200 or 500
+    ("/search", b'{"vectors": [[NaN,' + VECTOR + b"]]}", 422, "finite float32"),
+    ("/search", b'{"vectors": [[Infinity,' + VECTOR + b"]]}", 422, "finite float32"),
+    ("/search", b'{"vectors": [[1e39,' + VECTOR + b"]]}", 422, "finite float32"),
+    ("/search", b'{"vectors": [[1e400,' + VECTOR + b"]]}", 422, "finite float32"),
+    ("/search", b'{"vectors": [[1' + b"0" * 40 + b"," + VECTOR + b"]]}", 422, "finite float32"),
+    ("/search", b'{"vectors": [[' + VECTOR + b"], [" + VECTOR + b",0.1]]}", 422, "same length"),
+    ("/search", b'{"query": "x", "nprobe": 2147483648}', 422, "over the limit of 2147483647"),
+    ("/search", b'{"query": "x", "rescore": 100000000}', 422, "over the limit of 65536"),
+    ("/search", b'{"query": "x", "k": 123456789012345678901234567890}', 422, "over the limit of 50"),
+    ("/search", b'{"query": "x", "k": 2.5}', 422, "must be an integer, not 2.5"),
+    ("/search", '{"query": "\u200b\u200b"}'.encode(), 422, "'query' item 0 is empty"),
+    ("/search", b'{"queries": ["fine", "\\u0001\\u0002 "]}', 422, "'queries' item 1 is empty"),
+    ("/search", b'{"query": "x", "k": 1, "query": "y"}', 422, "'query' is given more than once"),
+    ("/search", b'{"query": "x", "\\u0071uery": "y"}', 422, "'query' is given more than once"),
+    ("/search", '{"query": "x"}'.encode("utf-16"), 400, "not valid JSON"),
+    ("/search", b'{"query": ' + b"[" * 5000 + b"]" * 5000 + b"}", 400, "nested too deeply"),
+    ("/v1/embeddings", b'{"input": ' + b'{"a":' * 5000 + b"1" + b"}" * 5000 + b"}", 400, "nested too deeply"),
+    ("/v1/embeddings", b'{"input": "x", "dimensions": 1' + b"0" * 5000 + b"}", 400, "not valid JSON"),
+    ("/v1/embeddings", b'{"input": [101, 123456789012345678901, 102]}', 422, "outside the vocabulary"),
+    ("/v1/embeddings", b'{"input": "x", "dimensions": 18446744073709551616}', 422, "the model has 384"),
+    ("/v1/embeddings", '{"input": ["ok", "\u200b"]}'.encode(), 422, "'input' item 1 is empty"),
+    ("/v1/embeddings", b'{"input": "x", "input": "y"}', 422, "'input' is given more than once"),
+    ("/v1/embeddings", b'{"input": "x", "encoding_format": ["float"]}', 422, "float, base64"),
+]
+
+
+def test_hostile_bodies_get_4xx_naming_the_field(served):
+    server, _, _ = served
+    for route, body, status, text in HOSTILE:
+        response = server.client.post(route, content=body, headers=AUTH)
+        assert response.status_code == status, (body[:80], response.text)
+        assert text in response.json()["error"]["message"], (body[:80], response.text)
+    assert 'petal_requests_total{route="/search",status="500"}' not in server.client.get("/metrics").text
+    assert search(server, query="glaciers", k=1)["results"][0]["hits"]
+
+
+def test_null_means_absent_and_texts_follow_the_query_rule(served):
+    """null for an optional field is its default; a lone surrogate is read as U+FFFD (as petal query reads
+    bytes that are not UTF-8), never a 500 for its request and the others batched with it."""
+    server, _, _ = served
+    answer = search(server, query="glaciers", k=None, include=None, truncate=None, queries=None, where=None)
+    assert len(answer["results"][0]["hits"]) == 10
+    embedded = server.client.post("/v1/embeddings", headers=AUTH,
+                                  json={"input": "x", "truncate": None, "dimensions": None, "user": None})
+    assert embedded.status_code == 200, embedded.text
+    plain = server.client.post("/v1/embeddings", json={"input": "\ufffd abc"}, headers=AUTH).json()
+    with ThreadPoolExecutor(4) as pool:  # the odd text and good ones at once: batched together
+        bodies = [b'{"input": "\\udcff abc"}'] + [b'{"input": "espresso"}'] * 3
+        answers = list(pool.map(lambda b: server.client.post("/v1/embeddings", content=b, headers=AUTH), bodies))
+    assert [a.status_code for a in answers] == [200] * 4, [a.text for a in answers]
+    np.testing.assert_allclose(answers[0].json()["data"][0]["embedding"], plain["data"][0]["embedding"], atol=1e-6)
+    odd = server.client.post("/search", content=b'{"query": "\\ud800 glaciers", "k": 1}', headers=AUTH)
+    assert odd.status_code == 200 and odd.json()["results"][0]["query"].endswith("\ufffd glaciers")
+    # a field's name written as a value is no repeated field
+    assert search(server, query="query", k=1)["results"][0]["query"] == "query"
+
+
+def test_unknown_routes_and_methods_answer_json_and_are_counted(served):
+    server, _, _ = served
+    c = server.client
+    missing = c.get("/v2/embeddings", headers=AUTH)
+    assert missing.status_code == 404 and "/v2/embeddings" in missing.json()["error"]["message"]
+    for method, path in (("GET", "/search"), ("PUT", "/v1/embeddings"), ("POST", "/health"), ("DELETE", "/ready")):
+        response = c.request(method, path, headers=AUTH)
+        assert response.status_code == 405, (method, path, response.text)
+        assert response.json()["error"]["type"] == "method_not_allowed"
+        assert method in response.json()["error"]["message"] and "allow" in response.headers
+    metrics = c.get("/metrics").text
+    assert 'petal_requests_total{route="unmatched",status="404"}' in metrics
+    assert 'petal_requests_total{route="/search",status="405"}' in metrics
+
+
+def test_an_override_the_index_has_no_use_for_is_said(served):
+    """nprobe of a Flat index, rescore of a float one: answered (an auto factory turns Flat into IVF from one
+    re-index to the next) and named in `ignored`."""
+    server, _, _ = served
+    answer = search(server, query="glaciers", k=2, nprobe=4, rescore=3)
+    assert [h["id"] for h in answer["results"][0]["hits"]] == \
+        [h["id"] for h in search(server, query="glaciers", k=2)["results"][0]["hits"]]
+    assert len(answer["ignored"]) == 2 and "'nprobe' 4 is ignored" in answer["ignored"][0]
+    assert "ignored" not in search(server, query="glaciers", k=2)
+
+
 def _publish_copy(out: Path, edit) -> tuple[str, str]:
     """A new version that is the live one with its manifest edited (files unchanged), made live."""
     live = (out / "CURRENT").read_text().strip()
@@ -374,6 +459,81 @@ def test_embeddings_only_server_drains_on_sigterm(tmp_path):
         assert "stopped (in-flight requests drained)" in (tmp_path / "log").read_text()
     finally:
         server.stop()
+
+
+def _start(log: Path, *args: object, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
+    """``petal serve`` in a child, returned as soon as its port answers (before the model is loaded)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    env.pop("PETAL_API_KEY", None)
+    with open(log, "wb") as stderr:
+        proc = subprocess.Popen([sys.executable, "-m", "petal.cli.main", "serve", "--port", "0", "--log-level",
+                                 "warning", *map(str, args)], stdout=subprocess.DEVNULL, stderr=stderr, env=env)
+    deadline = time.monotonic() + STARTUP_S
+    while not (found := re.search(r"(http://[\d.]+:\d+)/health answers now", log.read_text(errors="replace"))):
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text(errors="replace")
+        time.sleep(0.05)
+    return proc, found.group(1)
+
+
+def test_the_port_answers_while_loading_then_serves_and_sighup_drains(served, tmp_path):
+    """While the model and index load, /health is 200 and /ready and the API 503 (Retry-After): a liveness
+    probe never kills a loading server, a readiness probe holds traffic back. SIGHUP drains like SIGTERM."""
+    _, out, _ = served
+    log = tmp_path / "log"
+    proc, url = _start(log, out, "--api-key", KEY, env={"PETAL_FAULT": "query_open:1:sleep=5"})
+    try:
+        with httpx.Client(base_url=url, timeout=30) as c:
+            assert c.get("/health").json() == {"status": "ok"}
+            ready = c.get("/ready")
+            assert ready.status_code == 503 and ready.json() == {"status": "loading"}
+            embed = c.post("/v1/embeddings", json={"input": "x"}, headers=AUTH)
+            assert embed.status_code == 503 and embed.headers["retry-after"] == "1"
+            assert "not ready: loading" in embed.json()["error"]["message"]
+            assert c.post("/search", json={"query": "x"}).status_code == 401  # the key first, loaded or not
+            assert 'petal_requests_total{route="/ready",status="503"} 1.0' in c.get("/metrics").text
+            deadline = time.monotonic() + STARTUP_S
+            while c.get("/ready").status_code != 200:
+                assert time.monotonic() < deadline and proc.poll() is None
+                time.sleep(0.05)
+            assert "listening on" in log.read_text()
+            assert c.post("/search", json={"query": "glaciers", "k": 1}, headers=AUTH).status_code == 200
+        proc.send_signal(signal.SIGHUP)
+        assert proc.wait(30) == 0
+        assert "stopped (in-flight requests drained)" in log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_load_that_fails_exits_with_its_code(served, tmp_path):
+    """The port opens before loading, so a version that cannot be opened ends the server with the exit code
+    of the contract (65: corrupt), its message and no traceback; a typo in OUT fails before any port."""
+    _, out, _ = served
+    copy = tmp_path / "out"
+    shutil.copytree(out, copy, ignore=shutil.ignore_patterns("store", ".lock"))
+    version = copy / "versions" / (copy / "CURRENT").read_text().strip()
+    index_file = version / "index.faiss"
+    index_file.write_bytes(index_file.read_bytes()[:-1])
+    proc, _ = _start(tmp_path / "log", copy)
+    assert proc.wait(60) == 65
+    err = (tmp_path / "log").read_text()
+    assert "petal: error:" in err and "index.faiss" in err and "Traceback" not in err
+    typo = CliRunner().invoke(cli, ["serve", str(tmp_path / "nowhere"), "--port", "0"])
+    assert typo.exit_code == 78 and "not a petal index" in typo.output
+
+
+def test_api_key_from_a_file_or_an_empty_env_var():
+    """A key read with its newline still matches (the header cannot carry one); PETAL_API_KEY set but empty
+    is refused (exit 2), never an open server."""
+    from petal.pipeline.serve.settings import ServeSettings
+
+    assert ServeSettings(api_key="  s3cret\n").api_key == "s3cret"
+    with pytest.raises(ValueError, match="control character"):
+        ServeSettings(api_key="s3c\x00ret")
+    for value in ("", "\n"):
+        result = CliRunner().invoke(cli, ["serve", "--model", "m", "--port", "0"], env={"PETAL_API_KEY": value})
+        assert result.exit_code == 2 and "is empty" in result.output, result.output
 
 
 def test_without_the_serve_extra_a_clear_message(tmp_path):

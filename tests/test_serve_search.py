@@ -73,6 +73,56 @@ def test_batched_searches_equal_one_request_at_a_time(sample_index, minilm_spec)
     assert isinstance(error, ValueError) and "colour" in str(error)
 
 
+def test_the_search_queue_is_bounded_in_query_rows(sample_index, minilm_spec):
+    """Requests by vectors skip the engine's bounded queue: the search queue has its own bound (503)."""
+    from petal.pipeline.jobs.query import SearchIndex
+    from petal.pipeline.serve.batcher import Overloaded
+    from petal.pipeline.serve.search_batcher import SearchBatcher
+    from petal.pipeline.serve.searching import SharedExclusiveLock
+
+    index = SearchIndex.open(sample_index, minilm_spec)
+    rows = np.random.default_rng(3).standard_normal((3, index.reader.dim)).astype(np.float32)
+    batcher = SearchBatcher(SharedExclusiveLock(), max_queue_rows=4)
+
+    async def scenario():
+        first = asyncio.ensure_future(batcher.search(index, rows, False, 2))  # queued; no thread yet
+        await asyncio.sleep(0)
+        with pytest.raises(Overloaded, match="--max-queue-texts"):
+            await batcher.search(index, rows[:2], False, 2)
+        batcher.start()
+        return await first, await batcher.search(index, rows[:2], False, 2)
+
+    try:
+        first, second = asyncio.run(scenario())
+    finally:
+        batcher.close()
+    assert _hits(first) == _hits(index.search_stored(rows, 2)) and len(second) == 2
+    assert batcher.outstanding == 0
+    with pytest.raises(Overloaded, match="shutting down"):  # closed: 503, not a 500
+        asyncio.run(batcher.search(index, rows, False, 2))
+
+
+def test_filters_are_cached_boundedly_and_survive_a_pruned_version(sample_index, tmp_path):
+    """`where` is the clients' choice: the selector cache keeps the last few, not one mask per expression
+    ever seen; a version still served after its directory was pruned still filters."""
+    import shutil
+
+    from petal.pipeline.index.search import MAX_SELECTORS, IndexReader
+
+    version = sample_index / "versions" / (sample_index / "CURRENT").read_text().strip()
+    copy = tmp_path / version.name
+    shutil.copytree(version, copy)
+    reader = IndexReader(copy)
+    for n in range(MAX_SELECTORS + 20):
+        reader.selector(f"topic = 'topic-{n}'")
+    assert len(reader._selectors) == MAX_SELECTORS
+    topic = reader.columns.rows([0], ["topic"])[0]["topic"]
+    shutil.rmtree(copy)  # pruned by a later `petal index` while a server still searches it
+    query = np.zeros((1, reader.dim), dtype=np.float32)
+    hits = reader.search(query, 5, where=f"topic = '{topic}'")[0]
+    assert hits and all(h.fields["topic"] == topic for h in hits)
+
+
 @pytest.mark.parametrize("metric", [faiss.METRIC_INNER_PRODUCT, faiss.METRIC_L2])
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_torch_exact_index_equals_exact_faiss(metric, dtype):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,10 @@ from petal.pipeline.reliability.safe_files import read_regular
 
 OPEN_ATTEMPTS = 3
 STORAGES = ("memory", "ondisk")
+# NOTE: `where` expressions are a server's clients' to choose: a selector is a mask over every vector, so the
+# cache keeps the most recently used few, not one per expression ever seen
+MAX_SELECTORS = 32
+_SELECTORS_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -213,22 +219,31 @@ class IndexReader:
         return with_fields(out, self.columns, self.kept_columns)
 
     def selector(self, where: str) -> Any:
-        """The FAISS id selector of ``where`` (cached per expression)."""
-        cache = self.__dict__.setdefault("_selectors", {})
-        if where not in cache:
-            from petal.pipeline.index.filters import IdSelector, filter_mask, parse_filter
+        """The FAISS id selector of ``where`` (the ``MAX_SELECTORS`` most recently used are cached)."""
+        with _SELECTORS_LOCK:
+            cache: OrderedDict[str, Any] = self.__dict__.setdefault("_selectors", OrderedDict())
+            if where in cache:
+                cache.move_to_end(where)
+                return cache[where]
+        from petal.pipeline.index.filters import IdSelector, filter_mask, parse_filter
 
-            flt = parse_filter(where)
-            if is_binary_manifest(self.manifest):
-                raise ValueError("--where: binary indexes cannot filter yet; build without --quantize binary")
-            names = self.kept_columns
-            missing = [c for c in flt.columns if c not in names]
-            if missing or self.columns is None:
-                raise ValueError(f"--where: unknown column {(missing or flt.columns)[0]!r}; filterable columns "
-                                 f"(petal index --keep-columns): {', '.join(names) or 'none'}")
-            table = pq.read_table(self.columns.path, columns=flt.columns)
-            cache[where] = IdSelector(filter_mask(flt, table, names))
-        return cache[where]
+        flt = parse_filter(where)
+        if is_binary_manifest(self.manifest):
+            raise ValueError("--where: binary indexes cannot filter yet; build without --quantize binary")
+        names = self.kept_columns
+        missing = [c for c in flt.columns if c not in names]
+        if missing or self.columns is None:
+            raise ValueError(f"--where: unknown column {(missing or flt.columns)[0]!r}; filterable columns "
+                             f"(petal index --keep-columns): {', '.join(names) or 'none'}")
+        # NOTE: from the file opened with the version, not by path: a version a server still searches may have
+        # been pruned since (a newer one was refused)
+        table = self.columns.file.read(columns=flt.columns)
+        selector = IdSelector(filter_mask(flt, table, names))
+        with _SELECTORS_LOCK:
+            cache[where] = selector
+            while len(cache) > MAX_SELECTORS:
+                cache.popitem(last=False)
+        return selector
 
     @property
     def kept_columns(self) -> list[str]:

@@ -10,8 +10,11 @@ GET  /metrics        Prometheus text
 ```
 
 Errors are JSON ``{"error": {"message", "type", "code"}}`` (OpenAI's shape): 400 bad JSON, 401 wrong
-or missing key, 404 unknown model, 413 body or a per-request limit, 422 wrong fields or types,
-503 queue full (with Retry-After).
+or missing key, 404 unknown model or route, 405 a method the route does not take, 413 body or a per-request
+limit, 422 wrong fields or types, 503 queue full or still loading (with Retry-After).
+
+The app answers from the first second: while the model and index load (``Startup``), ``/health`` is 200,
+``/ready`` and the API answer 503.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -32,11 +36,13 @@ from petal.pipeline.serve.batcher import Overloaded
 from petal.pipeline.serve.encoding import dumps
 from petal.pipeline.serve.requests import RequestError, parse_embeddings, parse_json, parse_search
 from petal.pipeline.serve.service import ServeState
+from petal.pipeline.serve.startup import Startup
 from petal.pipeline.serve.timing import SPANS, span
 from petal.pipeline.serve.timing import header as timing_header
 
 log = logging.getLogger("petal.serve")
-Handler = Callable[[Request], Awaitable[Any]]
+Handler = Callable[[ServeState, Request], Awaitable[Any]]
+UNMATCHED = "unmatched"  # the route label of requests no route takes (a fixed label: paths would be unbounded)
 
 
 def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -64,97 +70,126 @@ async def read_body(request: Request, limit: int) -> bytes:
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-def build_app(state: ServeState) -> Starlette:
-    """The ASGI app of ``state`` (which the app starts and stops with its lifespan)."""
-    key = state.settings.api_key.encode() if state.settings.api_key else None
+def build_app(startup: Startup | ServeState) -> Starlette:
+    """The ASGI app of ``startup`` (which the app starts and stops with its lifespan); a ``ServeState``
+    already loaded serves at once."""
+    if isinstance(startup, ServeState):
+        startup = Startup(startup.settings, startup.metrics, state=startup)
+    boot = startup
+    settings, metrics = boot.settings, boot.metrics
+    key = settings.api_key.encode() if settings.api_key else None
+    retry_after = {"Retry-After": str(settings.retry_after_s)}
 
     def authorized(request: Request) -> bool:
         if key is None:
             return True
         header = request.headers.get("authorization", "")
         scheme, _, token = header.partition(" ")
-        given = token.strip().encode() if scheme.lower() == "bearer" else b""
+        # NOTE: the header's own bytes (Starlette decodes headers as latin-1), so a UTF-8 key matches too
+        given = token.strip().encode("latin-1") if scheme.lower() == "bearer" else b""
         return hmac.compare_digest(given, key)  # NOTE: constant time, whatever the length of `given`
 
-    def endpoint(route: str, fn: Handler, auth: bool = True) -> Handler:
+    def finish(route: str, response: Response, started: float, spans: dict[str, float] | None = None) -> Response:
+        elapsed = time.perf_counter() - started
+        if spans:
+            spans["app"] = elapsed
+            response.headers["server-timing"] = timing_header(spans)
+        metrics.requests.labels(route=route, status=str(response.status_code)).inc()
+        metrics.request_seconds.labels(route=route).observe(elapsed)
+        return response
+
+    def endpoint(route: str, fn: Handler, auth: bool = True, loaded: bool = True) -> Callable[[Request], Any]:
+        """``fn(state, request)`` behind the key check; ``loaded``: 503 until the model and index are loaded."""
+
         async def handle(request: Request) -> Response:
             started = time.perf_counter()
             spans: dict[str, float] = {}
             SPANS.set(spans)  # NOTE: this request's task only (a copy of the context per task)
             try:
+                state = boot.state
                 if auth and not authorized(request):
                     response = _error(401, "missing or wrong API key (send 'Authorization: Bearer KEY')",
                                       "authentication_error", {"WWW-Authenticate": "Bearer"})
+                elif loaded and state is None:
+                    response = _error(503, f"not ready: {boot.phase()}; retry later", "not_ready", retry_after)
                 else:
-                    result = await fn(request)
+                    result = await fn(state, request)  # type: ignore[arg-type]  # None only where not `loaded`
                     with span("encode"):  # bytes: JSON already
                         response = result if isinstance(result, Response) else _json(result)
             except RequestError as exc:
                 response = _error(exc.status, exc.message, exc.kind, exc.headers)
             except Overloaded as exc:
-                state.metrics.overloaded.inc()
-                response = _error(503, f"overloaded: {exc}; retry later", "overloaded",
-                                  {"Retry-After": str(state.settings.retry_after_s)})
+                metrics.overloaded.inc()
+                response = _error(503, f"overloaded: {exc}; retry later", "overloaded", retry_after)
             except Exception as exc:  # a bug: answer 500, keep serving
                 log.exception("petal serve: %s failed", route)
                 response = _error(500, f"internal error: {type(exc).__name__}: {exc}", "server_error")
-            elapsed = time.perf_counter() - started
-            if spans:
-                spans["app"] = elapsed
-                response.headers["server-timing"] = timing_header(spans)
-            state.metrics.requests.labels(route=route, status=str(response.status_code)).inc()
-            state.metrics.request_seconds.labels(route=route).observe(elapsed)
-            return response
+            return finish(route, response, started, spans)
 
         return handle
 
-    limits = state.settings.limits
+    limits = settings.limits
 
-    async def embeddings(request: Request) -> Any:
+    async def embeddings(state: ServeState, request: Request) -> Any:
         req = parse_embeddings(parse_json(await read_body(request, limits.max_body_bytes)), limits)
         return await state.embeddings(req)
 
-    async def search(request: Request) -> Any:
+    async def search(state: ServeState, request: Request) -> Any:
+        state.require_index()
         req = parse_search(parse_json(await read_body(request, limits.max_body_bytes)), limits)
         return await state.search(req)
 
-    def model_card() -> dict[str, Any]:
+    def model_card(state: ServeState) -> dict[str, Any]:
         return {"id": state.model_id, "object": "model", "created": 0, "owned_by": "petal", "dim": state.model.dim,
                 "max_tokens": state.model.max_tokens}
 
-    async def models(request: Request) -> Any:
-        return {"object": "list", "data": [model_card()]}
+    async def models(state: ServeState, request: Request) -> Any:
+        return {"object": "list", "data": [model_card(state)]}
 
-    async def model(request: Request) -> Any:
+    async def model(state: ServeState, request: Request) -> Any:
         if request.path_params["model"] != state.model_id:
             raise RequestError(404, f"model {request.path_params['model']!r} is not served here "
                                     f"(this server serves {state.model_id!r})", kind="model_not_found")
-        return model_card()
+        return model_card(state)
 
-    async def health(request: Request) -> Any:
+    async def health(state: ServeState | None, request: Request) -> Any:
         return {"status": "ok"}
 
-    async def ready(request: Request) -> Any:
+    async def ready(state: ServeState | None, request: Request) -> Any:
+        if state is None:  # loading (or the load failed and the server is stopping)
+            return _json({"status": boot.phase()}, 503, retry_after)
         return state.ready()
 
-    async def metrics(request: Request) -> Any:
-        return Response(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+    async def metrics_text(state: ServeState | None, request: Request) -> Any:
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        """Starlette's own 404 (no route) and 405 (a method the route does not take), in the JSON error shape."""
+        assert isinstance(exc, HTTPException)
+        route = request.scope.get("route")
+        label = getattr(route, "path", UNMATCHED) if route is not None else UNMATCHED
+        label = label.replace("{model:path}", "{model}")  # as its endpoint counts it
+        kind = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "invalid_request_error")
+        message = (f"no route {request.url.path!r}" if exc.status_code == 404 else
+                   f"{request.method} is not allowed on {request.url.path}" + (
+                       f" (allowed: {exc.headers['Allow']})" if exc.headers and "Allow" in exc.headers else ""))
+        return finish(label, _error(exc.status_code, message, kind, dict(exc.headers or {})), time.perf_counter())
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        await state.start()
+        await boot.start()
         try:
             yield
         finally:
-            await state.stop()
+            await boot.stop()
 
     routes = [
         Route("/v1/embeddings", endpoint("/v1/embeddings", embeddings), methods=["POST"]),
         Route("/search", endpoint("/search", search), methods=["POST"]),
         Route("/v1/models", endpoint("/v1/models", models), methods=["GET"]),
         Route("/v1/models/{model:path}", endpoint("/v1/models/{model}", model), methods=["GET"]),
-        Route("/health", endpoint("/health", health, auth=False), methods=["GET"]),
-        Route("/ready", endpoint("/ready", ready, auth=False), methods=["GET"]),
-        Route("/metrics", endpoint("/metrics", metrics, auth=False), methods=["GET"]),
+        Route("/health", endpoint("/health", health, auth=False, loaded=False), methods=["GET"]),
+        Route("/ready", endpoint("/ready", ready, auth=False, loaded=False), methods=["GET"]),
+        Route("/metrics", endpoint("/metrics", metrics_text, auth=False, loaded=False), methods=["GET"]),
     ]
-    return Starlette(routes=routes, lifespan=lifespan)
+    return Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error})

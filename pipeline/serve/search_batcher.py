@@ -9,7 +9,8 @@ search thread take everything queued -> group by (version, k, where, nprobe, res
 
 A lone request is searched at once (no timer); under load the requests that arrive during one search
 form the next batch, as the token batcher does for engine steps. A group searches exactly what the
-request would have searched alone: the same version, k, filter and parameters.
+request would have searched alone: the same version, k, filter and parameters. The queue is bounded in
+query rows, as the token batcher's is in texts (``Overloaded``: 503 with Retry-After).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import numpy as np
 
 from petal.pipeline.index.search import Hit
 from petal.pipeline.jobs.query import SearchIndex
+from petal.pipeline.serve.batcher import Overloaded
 from petal.pipeline.serve.gpu_search import GpuReaders
 from petal.pipeline.serve.searching import SharedExclusiveLock, overrides, search_params
 
@@ -70,9 +72,12 @@ def _settle_all(done: list[tuple[asyncio.Future[Any], Any, BaseException | None]
 class SearchBatcher:
     """One thread searching the queued requests' vectors, grouped into as few calls as their keys allow."""
 
-    def __init__(self, params_lock: SharedExclusiveLock, gpu: GpuReaders | None = None) -> None:
+    def __init__(self, params_lock: SharedExclusiveLock, gpu: GpuReaders | None = None,
+                 max_queue_rows: int | None = None) -> None:
         self.params_lock = params_lock
         self.gpu = gpu
+        self.max_queue_rows = max_queue_rows  # query rows queued or being searched (None: unbounded)
+        self._outstanding = 0
         self._pending: deque[_Pending] = deque()
         self._cond = threading.Condition()
         self._closed = False
@@ -98,10 +103,18 @@ class SearchBatcher:
         item = _Pending(asyncio.get_running_loop(), index, key, np.ascontiguousarray(rows, dtype=np.float32))
         with self._cond:
             if self._closed:
-                raise RuntimeError("the server is shutting down")
+                raise Overloaded("the server is shutting down")
+            if self.max_queue_rows is not None and self._outstanding + len(item.rows) > self.max_queue_rows:
+                raise Overloaded(f"{self._outstanding} query rows wait for a search (limit {self.max_queue_rows}, "
+                                 "--max-queue-texts)")
+            self._outstanding += len(item.rows)
             self._pending.append(item)
             self._cond.notify()
         return await item.future
+
+    @property
+    def outstanding(self) -> int:
+        return self._outstanding
 
     def _run(self) -> None:
         while True:
@@ -120,6 +133,8 @@ class SearchBatcher:
                 for part in _parts(group):
                     for item, hits, error in self._search(part):
                         done.setdefault(item.loop, []).append((item.future, hits, error))
+            with self._cond:
+                self._outstanding -= sum(len(item.rows) for item in items)
             for loop, settled in done.items():  # one wake-up of the event loop per batch
                 loop.call_soon_threadsafe(_settle_all, settled)
 

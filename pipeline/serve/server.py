@@ -1,5 +1,5 @@
-"""Running the app on uvicorn: SIGTERM (or SIGINT) stops accepting, drains in-flight requests, and
-the process exits 0."""
+"""Running the app on uvicorn: SIGTERM (or SIGINT, SIGHUP, SIGUSR1/2: every stop signal of the other
+commands) stops accepting, drains in-flight requests, and the process exits 0."""
 
 from __future__ import annotations
 
@@ -13,8 +13,10 @@ from collections.abc import Iterator
 import uvicorn
 
 from petal.pipeline.reliability.errors import ConfigError
+from petal.pipeline.reliability.signals import STOP_SIGNALS
 from petal.pipeline.serve.app import build_app
 from petal.pipeline.serve.service import ServeState
+from petal.pipeline.serve.startup import Startup
 
 
 class DrainingServer(uvicorn.Server):
@@ -25,7 +27,8 @@ class DrainingServer(uvicorn.Server):
         if threading.current_thread() is not threading.main_thread():
             yield
             return
-        original = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+        # NOTE: SIGHUP (the terminal went away) and SIGUSR1/2 drain too, as every other command stops on them
+        original = {sig: signal.signal(sig, self.handle_exit) for sig in STOP_SIGNALS}
         try:
             yield
         finally:
@@ -33,10 +36,10 @@ class DrainingServer(uvicorn.Server):
                 signal.signal(sig, handler)
 
 
-def server_for(state: ServeState, host: str, port: int, log_level: str = "warning",
+def server_for(startup: Startup, host: str, port: int, log_level: str = "warning",
                access_log: bool = False) -> DrainingServer:
-    config = uvicorn.Config(build_app(state), host=host, port=port, log_level=log_level, access_log=access_log,
-                            timeout_graceful_shutdown=state.settings.drain_timeout_s,  # type: ignore[arg-type]  # uvicorn annotates int; any number of seconds works
+    config = uvicorn.Config(build_app(startup), host=host, port=port, log_level=log_level, access_log=access_log,
+                            timeout_graceful_shutdown=startup.settings.drain_timeout_s,  # type: ignore[arg-type]  # uvicorn annotates int; any number of seconds works
                             lifespan="on")
     return DrainingServer(config)
 
@@ -58,12 +61,18 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(state: ServeState, sock: socket.socket, log_level: str = "warning", access_log: bool = False) -> None:
-    """Serve on ``sock`` until SIGTERM/SIGINT, then drain (in-flight requests finish) and return."""
+def serve(state: ServeState | Startup, sock: socket.socket, log_level: str = "warning",
+          access_log: bool = False) -> None:
+    """Serve on ``sock`` until a stop signal, then drain (in-flight requests finish) and return. A
+    ``Startup`` loads while the port answers; a load that fails stops the server and is raised here."""
+    startup = state if isinstance(state, Startup) else Startup(state.settings, state.metrics, state=state)
     host, port = sock.getsockname()[:2]
-    sys.setswitchinterval(state.settings.switch_interval_ms / 1000)  # see ServeSettings
-    server = server_for(state, host, port, log_level, access_log)
+    sys.setswitchinterval(startup.settings.switch_interval_ms / 1000)  # see ServeSettings
+    server = server_for(startup, host, port, log_level, access_log)
+    startup.request_exit = lambda: setattr(server, "should_exit", True)
     try:
         server.run(sockets=[sock])
     except SystemExit as exc:  # uvicorn exits 3 when its startup fails
         raise ConfigError(f"petal serve could not start on {host}:{port} (exit {exc.code}; see above)") from exc
+    if startup.error is not None:
+        raise startup.error

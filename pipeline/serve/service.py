@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from petal.pipeline.index.search import Hit
+from petal.pipeline.index.search import Hit, ignored_overrides
 from petal.pipeline.jobs.query import QueryModel, SearchIndex
 from petal.pipeline.serve.batcher import Embedded, TokenBatcher
 from petal.pipeline.serve.encoding import embeddings_body
@@ -41,10 +41,11 @@ class ServeState:
     """One server's warm state. ``start()`` in the event loop, ``stop()`` after the last request."""
 
     def __init__(self, model: QueryModel, settings: ServeSettings, index_root: Path | None = None,
-                 index: SearchIndex | None = None, nprobe: int | None = None, rescore: int | None = None) -> None:
+                 index: SearchIndex | None = None, nprobe: int | None = None, rescore: int | None = None,
+                 metrics: ServeMetrics | None = None) -> None:
         self.model = model
         self.settings = settings
-        self.metrics = ServeMetrics()
+        self.metrics = metrics if metrics is not None else ServeMetrics()
         self.model_id = settings.served_model_name or model_name(model.spec.path)
         self.batcher = TokenBatcher(model.engine, self.metrics, settings.max_wait_ms, settings.max_queue_texts,
                                     tokenizers=dict(model.tokenizers))
@@ -58,7 +59,7 @@ class ServeState:
             prepare=None if self.gpu is None else self.gpu.prepare)
         self.executor = ThreadPoolExecutor(settings.search_threads, thread_name_prefix="petal-work")
         self.params_lock = SharedExclusiveLock()
-        self.searcher = SearchBatcher(self.params_lock, self.gpu)
+        self.searcher = SearchBatcher(self.params_lock, self.gpu, max_queue_rows=settings.max_queue_texts)
         self._follow_task: asyncio.Task[None] | None = None
         self._transforms: dict[int | None, OutputTransform] = {}
 
@@ -132,10 +133,15 @@ class ServeState:
 
     # --- search ---------------------------------------------------------------------------------
 
-    async def search(self, req: SearchRequest) -> dict[str, Any]:
+    def require_index(self) -> None:
+        """``RequestError`` 404 on a server without an index (``--model`` only), before its body is read."""
         if self.follower is None:
             raise RequestError(404, "this server has no index (started with --model only): use /v1/embeddings",
                                kind="not_found")
+
+    async def search(self, req: SearchRequest) -> dict[str, Any]:
+        self.require_index()
+        assert self.follower is not None
         index = self.follower.live  # NOTE: taken once: the whole answer comes from this version
         if req.texts is not None:
             # model vectors: the search transforms them
@@ -156,7 +162,14 @@ class ServeState:
             results = await self._in_thread(self._results, index, found, req)
         else:
             results = self._results(index, found, req)
-        return {"version": index.version, "model": self.model_id, "results": results}
+        answer: dict[str, Any] = {"version": index.version, "model": self.model_id, "results": results}
+        # an override this version's index has no use for (nprobe of a Flat one): said, not refused, since
+        # `--index-factory auto` can turn Flat into IVF (or back) from one re-index to the next
+        ignored = ignored_overrides(index.reader.manifest, req.nprobe, req.rescore)
+        if ignored:
+            answer["ignored"] = [note.replace("--nprobe", "'nprobe'").replace("--rescore", "'rescore'")
+                                 for note in ignored]
+        return answer
 
     def _results(self, index: SearchIndex, found: list[list[Hit]], req: SearchRequest) -> list[dict[str, Any]]:
         reader = index.reader

@@ -71,5 +71,13 @@ class ServeSettings:
         if self.search_device not in ("cpu", "cuda") or self.search_dtype not in ("float16", "float32"):
             raise ValueError(f"--search-device {self.search_device} / --search-dtype {self.search_dtype}: "
                              "cpu or cuda / float16 or float32")
-        if self.api_key is not None and not self.api_key:
-            raise ValueError("--api-key is empty")
+        if self.api_key is not None:
+            # NOTE: a key read from a file or a secret often ends in a newline, which no header can carry (and
+            # the server strips around the header's token): the key is what is between the whitespace
+            key = self.api_key.strip()
+            if not key:
+                raise ValueError("--api-key (or PETAL_API_KEY) is empty")
+            if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in key):
+                raise ValueError("--api-key (or PETAL_API_KEY) holds a control character, which no HTTP header "
+                                 "can carry")
+            object.__setattr__(self, "api_key", key)
