@@ -203,6 +203,13 @@ def test_concurrent_clients_get_their_own_answers(served):
     texts_per_step = re.search(r"^petal_batch_texts_sum ([\d.e+]+)", metrics, re.M)
     steps = re.search(r"^petal_batch_texts_count ([\d.e+]+)", metrics, re.M)
     assert texts_per_step and steps and float(steps.group(1)) > 0
+    for name in ("petal_queue_seconds_count", "petal_batch_tokens_sum", "petal_step_seconds_count",
+                 'petal_requests_total{route="/search",status="200"}',
+                 'petal_requests_total{route="/v1/embeddings",status="200"}'):
+        value = re.search(rf"^{re.escape(name)} ([\d.e+]+)", metrics, re.M)
+        assert value and float(value.group(1)) > 0, name
+    assert re.search(r'^petal_index_version\{version="v\d{6}-[^"]+"\} 1\.0$', metrics, re.M)
+    assert re.search(r"^petal_graph_replays_total ", metrics, re.M)  # CUDA-graph replays (0 on the CPU)
 
 
 def test_bad_requests_get_4xx_and_the_server_keeps_serving(served):
@@ -262,6 +269,7 @@ HOSTILE = [  # (route, raw body, status, in the message): each once found answer
     ("/search", b'{"query": "x", "rescore": 100000000}', 422, "over the limit of 65536"),
     ("/search", b'{"query": "x", "k": 123456789012345678901234567890}', 422, "over the limit of 50"),
     ("/search", b'{"query": "x", "k": 2.5}', 422, "must be an integer, not 2.5"),
+    ("/search", b'{"query": "x", "where": "topic = \'a\'"}', 422, "'where': unknown column 'topic'"),
     ("/search", '{"query": "\u200b\u200b"}'.encode(), 422, "'query' item 0 is empty"),
     ("/search", b'{"queries": ["fine", "\\u0001\\u0002 "]}', 422, "'queries' item 1 is empty"),
     ("/search", b'{"query": "x", "k": 1, "query": "y"}', 422, "'query' is given more than once"),
@@ -439,6 +447,7 @@ def test_embeddings_only_server_drains_on_sigterm(tmp_path):
         assert server.client.post("/search", json={"query": "x"}).status_code == 401  # the key from PETAL_API_KEY
         server.client.headers["Authorization"] = "Bearer env-key"
         assert server.client.post("/search", json={"query": "x"}).status_code == 404
+        assert server.client.post("/search", content=b"{not json").status_code == 404  # no index: said first
         assert server.client.get("/ready").json()["status"] == "ready"
         result: dict = {}
 
@@ -477,10 +486,15 @@ def _start(log: Path, *args: object, env: dict[str, str] | None = None) -> tuple
 
 def test_the_port_answers_while_loading_then_serves_and_sighup_drains(served, tmp_path):
     """While the model and index load, /health is 200 and /ready and the API 503 (Retry-After): a liveness
-    probe never kills a loading server, a readiness probe holds traffic back. SIGHUP drains like SIGTERM."""
+    probe never kills a loading server, a readiness probe holds traffic back. SIGHUP drains like SIGTERM,
+    and does not wait for a reload in progress (the sha256 of a large version can take minutes)."""
     _, out, _ = served
-    log = tmp_path / "log"
-    proc, url = _start(log, out, "--api-key", KEY, env={"PETAL_FAULT": "query_open:1:sleep=5"})
+    copy = tmp_path / "out"
+    shutil.copytree(out, copy, ignore=shutil.ignore_patterns("store", ".lock"))
+    log, trace = tmp_path / "log", tmp_path / "trace"
+    proc, url = _start(log, copy, "--api-key", KEY, "--reload-interval-s", "0.1", "--drain-timeout-s", "5",
+                       env={"PETAL_FAULT": "query_open:1:sleep=5,query_open:2:sleep=300",
+                            "PETAL_FAULT_TRACE": str(trace)})
     try:
         with httpx.Client(base_url=url, timeout=30) as c:
             assert c.get("/health").json() == {"status": "ok"}
@@ -497,8 +511,13 @@ def test_the_port_answers_while_loading_then_serves_and_sighup_drains(served, tm
                 time.sleep(0.05)
             assert "listening on" in log.read_text()
             assert c.post("/search", json={"query": "glaciers", "k": 1}, headers=AUTH).status_code == 200
+            _publish_copy(copy, lambda manifest: None)
+            while trace.read_text().count("query_open") < 2:  # the new version is being opened (for 300 s)
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        stopping = time.monotonic()
         proc.send_signal(signal.SIGHUP)
-        assert proc.wait(30) == 0
+        assert proc.wait(60) == 0 and time.monotonic() - stopping < 20
         assert "stopped (in-flight requests drained)" in log.read_text()
     finally:
         if proc.poll() is None:

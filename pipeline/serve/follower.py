@@ -16,6 +16,7 @@ model or output transform is refused: the old version keeps serving and ``/ready
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 from collections.abc import Callable
@@ -143,9 +144,36 @@ class IndexFollower:
             await asyncio.sleep(interval_s)
             if _pointer(self.root) != self._seen:
                 try:
-                    await asyncio.to_thread(self.check_once)
+                    await _in_daemon_thread(self.check_once)
                 except Exception:  # a bug must not stop the following: log it, try the next change
                     log.exception("petal serve: checking %s for a new version failed", self.root)
+
+
+async def _in_daemon_thread(fn: Callable[[], Any]) -> Any:
+    """``fn()`` in a thread of its own. NOTE: not ``asyncio.to_thread``: the loop's default executor is joined
+    when the server exits, so a SIGTERM during a reload (the sha256 of a large version's files: minutes)
+    would wait for it, past --drain-timeout-s; a daemon thread is left behind."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+
+    def settle(result: Any, error: BaseException | None) -> None:
+        if future.done():  # cancelled: the server is stopping
+            return
+        if error is None:
+            future.set_result(result)
+        else:
+            future.set_exception(error)
+
+    def run() -> None:
+        try:
+            result, error = fn(), None
+        except BaseException as exc:
+            result, error = None, exc
+        with contextlib.suppress(RuntimeError):  # the loop is closed
+            loop.call_soon_threadsafe(settle, result, error)
+
+    threading.Thread(target=run, name="petal-reload", daemon=True).start()
+    return await future
 
 
 def _query_prompt(manifest: Manifest) -> str | None:

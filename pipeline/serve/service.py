@@ -156,8 +156,8 @@ class ServeState:
             with span("search"):
                 found = await self.searcher.search(index, vectors, req.texts is not None, req.k, where=req.where,
                                                    nprobe=req.nprobe, rescore=req.rescore)
-        except ValueError as exc:  # a bad filter or an unknown column, named
-            raise RequestError(422, str(exc)) from exc
+        except ValueError as exc:  # a bad filter or an unknown column, named (as the request's field)
+            raise RequestError(422, str(exc).replace("--where", "'where'", 1)) from exc
         if req.include:  # reads stored text or the shards: off the event loop
             results = await self._in_thread(self._results, index, found, req)
         else:
