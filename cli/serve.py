@@ -149,7 +149,7 @@ def serve(index_path: Path | None, model: str | None, host: str, port: int, api_
                           rescore=rescore, metrics=metrics)
 
     bound_host, bound_port = sock.getsockname()[:2]
-    url = f"http://{bound_host}:{bound_port}"
+    url = f"http://[{bound_host}]:{bound_port}" if ":" in bound_host else f"http://{bound_host}:{bound_port}"
 
     def ready(state: ServeState) -> None:
         live = state.follower.live if state.follower is not None else None

@@ -279,6 +279,7 @@ def test_embedding_bodies_read_back_exactly(use_orjson):
     assert json.loads(dumps(odd, use_orjson)) == json.loads(json.dumps(odd, default=str))
     assert loads(b'{"k": NaN, "big": 123456789012345678901234567890}')["big"] == 123456789012345678901234567890
     assert loads(b'{"big": 18446744073709551616}')["big"] == 2**64  # orjson alone would read 1.8e19
+    assert json.loads(dumps({"text": "a\ud800b"}, use_orjson)) == {"text": "a\ud800b"}  # a lone surrogate: escaped
     with pytest.raises(UnicodeDecodeError):  # UTF-8 only (RFC 8259): the stdlib alone would take UTF-16
         loads('{"k": 1}'.encode("utf-16"))
 
