@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -330,6 +331,23 @@ def test_unknown_routes_and_methods_answer_json_and_are_counted(served):
     metrics = c.get("/metrics").text
     assert 'petal_requests_total{route="unmatched",status="404"}' in metrics
     assert 'petal_requests_total{route="/search",status="405"}' in metrics
+
+    # a client that hangs up halfway through its body: counted as its mistake (400), not a server error
+    def count() -> float:
+        found = re.search(r'^petal_requests_total\{route="/v1/embeddings",status="400"\} ([\d.e+]+)',
+                          c.get("/metrics").text, re.M)
+        return float(found.group(1)) if found else 0.0
+
+    before = count()
+    host, port = server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as raw:
+        raw.sendall(f"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
+                    "Content-Length: 100\r\n\r\n{\"input\": ".encode())
+    deadline = time.monotonic() + 30
+    while count() == before:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert 'route="/v1/embeddings",status="500"' not in c.get("/metrics").text
 
 
 def test_an_override_the_index_has_no_use_for_is_said(served):

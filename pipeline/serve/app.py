@@ -28,7 +28,7 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
@@ -62,11 +62,14 @@ async def read_body(request: Request, limit: int) -> bytes:
         raise RequestError(413, f"the body has {declared} bytes, over the limit of {limit} (--max-body-bytes)")
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise RequestError(413, f"the body is over the limit of {limit} bytes (--max-body-bytes)")
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise RequestError(413, f"the body is over the limit of {limit} bytes (--max-body-bytes)")
+            chunks.append(chunk)
+    except ClientDisconnect as exc:  # NOTE: the client's doing, not a server error (no 500, no traceback)
+        raise RequestError(400, f"the client closed the connection after {size} bytes of the body") from exc
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
