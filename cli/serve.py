@@ -29,7 +29,7 @@ def missing_serve_extra() -> list[str]:
 
 
 @click.command()
-@click.argument("index_path", metavar="OUT", required=False, type=click.Path(path_type=Path))
+@click.argument("index_path", metavar="[OUT]", required=False, type=click.Path(path_type=Path))
 @click.option("--model", default=None, help="Model directory: alone, embeddings only; with OUT, if the index's "
               "model moved (the weights must match).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0: all).")
