@@ -6,15 +6,10 @@ event loop   embed_texts(texts, side, truncate) or embed(token ids) -> queue (bo
              -> await the request's future
 engine thread  take what is queued (after --max-wait-ms unless the budget fills) -> tokenize all its
                texts at once (one call per prompt side; Rust, GIL released) -> per-request limit
-               errors (413/422 to that request only) -> Packer -> Engine.step -> LazyTensor, handed
-               to the delivery thread (at most steps_in_flight unread)
-delivery thread  the oldest step's result (waits on the device, GIL released) -> each request's rows
-               -> one wake-up of the event loop per step
+               errors (413/422 to that request only) -> Packer -> Engine.step -> LazyTensor; while
+               step N runs the next batch is tokenized, packed and launched, up to steps_in_flight;
+               results go back to each request's rows
 ```
-
-Two threads, so that the texts arriving while step N runs are tokenized, packed and launched while
-the device still works on N: with one thread waiting on N's result, the device sat idle through the
-next batch's tokenization (~1 ms for 8 texts of 128 tokens).
 
 The event loop does only HTTP, JSON, queueing and the answer's encoding: tokenizing on it cost 0.4-0.5 ms
 of its CPU per 128-token request, which capped how many requests reached a step.
@@ -121,16 +116,9 @@ class TokenBatcher:
         self._cond = threading.Condition()
         self._closed = False
         self._replays = engine.stats.graph_replays  # warm-up replays are not counted
-        # steps launched and not delivered yet (oldest first), shared by the two threads under `_flight`
-        self._in_flight: deque[tuple[Any, LazyTensor, float]] = deque()
-        self._flight = threading.Condition()
-        self._jobs_lock = threading.Lock()  # a request's rows are delivered and failed by two threads
-        self._launcher_done = False
         self._thread = threading.Thread(target=self._run, name="petal-engine", daemon=True)
-        self._delivery = threading.Thread(target=self._run_delivery, name="petal-deliver", daemon=True)
 
     def start(self) -> None:
-        self._delivery.start()
         self._thread.start()
 
     @property
@@ -181,10 +169,8 @@ class TokenBatcher:
         with self._cond:
             self._closed = True
             self._cond.notify()
-        deadline = time.monotonic() + timeout_s
-        for thread in (self._thread, self._delivery):  # the engine thread first: it hands over its last steps
-            if thread.is_alive():
-                thread.join(max(0.0, deadline - time.monotonic()))
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
 
     # --- the engine thread ----------------------------------------------------------------------
 
@@ -208,42 +194,30 @@ class TokenBatcher:
             return items
 
     def _run(self) -> None:
-        try:
-            while True:
-                items = self._take(block=True)
-                if items is None:
-                    break
-                items = self._tokenize(items)
-                packer = Packer(self.pack_config)
-                for item in items:
-                    assert item.token_ids is not None  # tokenized above
-                    full = packer.add(item, item.token_ids)
-                    if full is not None:
-                        self._launch(full)
-                last = packer.flush()
-                if last is not None:
-                    self._launch(last)
-        finally:
-            with self._flight:
-                self._launcher_done = True
-                self._flight.notify_all()
-
-    def _run_delivery(self) -> None:
-        """The delivery thread: each launched step's result, in launch order, to its requests."""
+        in_flight: deque[tuple[Any, LazyTensor, float]] = deque()
+        depth = self.engine.config.steps_in_flight
         while True:
-            with self._flight:
-                while not self._in_flight and not self._launcher_done:
-                    self._flight.wait()
-                if not self._in_flight:
-                    return
-                items, lazy, started = self._in_flight[0]
-            try:
-                self._deliver(items, lazy, started)  # NOTE: waits on the device outside the lock
-            except Exception as exc:  # a bug: these requests fail (500), the thread lives
-                self._fail(items, exc)
-            with self._flight:
-                self._in_flight.popleft()
-                self._flight.notify_all()
+            items = self._take(block=not in_flight)
+            if items is None:
+                break
+            items = self._tokenize(items)
+            packer = Packer(self.pack_config)
+            for item in items:
+                assert item.token_ids is not None  # tokenized above
+                full = packer.add(item, item.token_ids)
+                if full is not None:
+                    self._launch(full, in_flight)
+                    while len(in_flight) > depth:
+                        self._deliver(*in_flight.popleft())
+            last = packer.flush()
+            if last is not None:
+                self._launch(last, in_flight)
+            # NOTE: with nothing new queued, read the oldest result now; otherwise keep up to `depth`
+            # steps in flight so the device runs one while the host packs the next.
+            while in_flight and (len(in_flight) > depth or not self._pending):
+                self._deliver(*in_flight.popleft())
+        while in_flight:
+            self._deliver(*in_flight.popleft())
 
     def _tokenize(self, items: list[_Item]) -> list[_Item]:
         """Token ids for the texts among ``items`` (one tokenizer call per side); the requests refused by a
@@ -311,12 +285,7 @@ class TokenBatcher:
             truncated.extend(encoded.truncated)
         return kept, Encoded(token_ids, np.asarray(truncated, dtype=bool))
 
-    def _launch(self, batch: Any) -> None:
-        # NOTE: at most steps_in_flight results unread: the engine's host ring (steps_in_flight + 1 slots)
-        # then never reuses a slot whose result the delivery thread has not copied out yet.
-        with self._flight:
-            while len(self._in_flight) >= self.engine.config.steps_in_flight:
-                self._flight.wait()
+    def _launch(self, batch: Any, in_flight: deque[tuple[Any, LazyTensor, float]]) -> None:
         started = time.perf_counter()
         for item in batch.keys:
             self.metrics.queue_seconds.observe(started - item.arrived)
@@ -331,9 +300,7 @@ class TokenBatcher:
         if replays > self._replays:
             self.metrics.graph_replays.inc(replays - self._replays)
             self._replays = replays
-        with self._flight:
-            self._in_flight.append((batch.keys, lazy, started))
-            self._flight.notify_all()
+        in_flight.append((batch.keys, lazy, started))
 
     def _deliver(self, items: Any, lazy: LazyTensor, started: float) -> None:
         try:
@@ -343,25 +310,21 @@ class TokenBatcher:
             return
         self.metrics.step_seconds.observe(time.perf_counter() - started)
         done: dict[asyncio.AbstractEventLoop, list[_Job]] = {}
-        with self._jobs_lock:  # NOTE: the engine thread may fail another part of the same request meanwhile
-            for i, item in enumerate(items):
-                job = item.job
-                if job.remaining == 0:  # failed already
-                    continue
-                job.out[item.row] = rows[i]
-                job.remaining -= 1
-                if job.remaining == 0:
-                    done.setdefault(job.loop, []).append(job)
+        for i, item in enumerate(items):
+            job = item.job
+            job.out[item.row] = rows[i]
+            job.remaining -= 1
+            if job.remaining == 0:
+                done.setdefault(job.loop, []).append(job)
         self._answered(len(items))
         for loop, jobs in done.items():  # NOTE: one wake-up of the event loop per step, not one per request
             loop.call_soon_threadsafe(_resolve_all, jobs)
 
     def _fail(self, items: Any, error: BaseException) -> None:
-        with self._jobs_lock:
-            for job in {id(item.job): item.job for item in items}.values():
-                if job.remaining > 0:
-                    job.remaining = 0
-                    job.loop.call_soon_threadsafe(_resolve, job, error)
+        for job in {id(item.job): item.job for item in items}.values():
+            if job.remaining > 0:
+                job.remaining = 0
+                job.loop.call_soon_threadsafe(_resolve, job, error)
         self._answered(len(items))
 
     def _answered(self, count: int) -> None:
