@@ -151,7 +151,9 @@ TAMPERING = [
                                                         "shard": ["/etc/passwd"], "row": [0]}), p),
      65, "does not match the manifest"),
     ("ids.parquet", lambda p: flip(p, p.stat().st_size // 2), 65, "head/tail checksum does not match"),
-    ("rejects.parquet", lambda p: p.write_bytes(b"x"), 0, ""),  # not needed to search: verify finds it
+    # not needed to search, but a file of the version: refused at open like the others (a truncated or replaced
+    # rejects file is the same damage as any other), named
+    ("rejects.parquet", lambda p: p.write_bytes(b"x"), 65, "rejects.parquet: size 1 does not match the manifest"),
 ]
 
 
@@ -163,6 +165,9 @@ def test_every_tampered_file_is_a_clear_error(built, tmp_path, case):
     run = query_subprocess(out)
     assert run.returncode == code, run.stderr[-2000:]
     assert says in run.stderr and "Traceback" not in run.stderr
+    # petal info makes the open's cheap checks too: what the manifest says on stdout, the damage and its code after
+    info = fake_invoke(["info", str(out)])
+    assert info.exit_code == code and name in info.stderr and "version" in info.stdout, info.output
     verify = fake_invoke(["verify", str(out)])
     assert verify.exit_code == 65 and name in verify.stderr, verify.output
 
@@ -177,6 +182,11 @@ def test_an_edited_manifest_falls_back_to_full_checks_and_fails_verify(built, tm
     run = query_subprocess(out)
     assert run.returncode == 0, run.stderr[-2000:]
     assert "does not match its own checksum" in run.stderr and "checked in full" in run.stderr
+    np.save(tmp_path / "q.npy", IndexReader(out).index.reconstruct_n(0, 1))
+    by_vector = fake_invoke(["query", str(out), "--vector-file", str(tmp_path / "q.npy")])  # said there too
+    assert by_vector.exit_code == 0 and "does not match its own checksum" in by_vector.stderr, by_vector.output
+    info = fake_invoke(["info", str(out)])
+    assert info.exit_code == 0 and "does not match its own checksum" in info.stderr, info.output
     result = fake_invoke(["verify", str(out), "--json"])
     assert result.exit_code == 65 and "manifest.json" in result.stderr
     assert json.loads(result.stdout)["manifest_checksum"] != "ok"
@@ -349,3 +359,85 @@ def test_an_open_reader_outlives_the_removal_of_its_version(built, tmp_path):
     shutil.rmtree(version_dir)
     vectors = reader.index.reconstruct_n(0, 2)
     assert [hits[0].faiss_id for hits in reader.search(vectors, 1)] == [0, 1]
+
+
+LARGE_ROWS = 40_000  # 120-character texts: ids.parquet of ~5.7 MB in several row groups, most of them in its body
+
+
+@pytest.fixture(scope="module")
+def large(tmp_path_factory) -> Path:
+    """An index of precomputed vectors (no model) storing text and a kept column in an ``ids.parquet``
+    larger than the two head/tail spans."""
+    root = tmp_path_factory.mktemp("large")
+    rng = np.random.default_rng(0)
+    letters = np.frombuffer(b"abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ", dtype=np.uint8)
+    texts = [bytes(row).decode() for row in rng.choice(letters, size=(LARGE_ROWS, 120))]
+    vectors = rng.standard_normal((LARGE_ROWS, 16)).astype(np.float32)
+    pq.write_table(pa.table({"id": np.arange(LARGE_ROWS), "text": texts, "lang": ["en", "de"] * (LARGE_ROWS // 2),
+                             "emb": pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1)), 16)}),
+                   root / "docs.parquet")
+    out = root / "out"
+    result = fake_invoke(["index", str(root / "docs.parquet"), "--out", str(out), "--vectors-column", "emb",
+                          "--keep-columns", "lang", "-q"])
+    assert result.exit_code == 0, result.output
+    np.save(root / "q.npy", vectors[LARGE_ROWS // 2][None])
+    return out
+
+
+def test_the_open_decodes_no_ids_and_a_search_only_the_row_groups_of_its_hits(large, monkeypatch):
+    """Opening reads ``ids.parquet``'s footer only (O(1) in the number of ids, as the index is mapped); a search
+    decodes the row groups holding its hits, once each."""
+    decoded: list[int] = []
+    for name in ("read", "read_row_group", "read_row_groups", "iter_batches"):
+        real = getattr(pq.ParquetFile, name)
+
+        def spy(self, *args, _real=real, **kwargs):
+            out = _real(self, *args, **kwargs)
+            decoded.append(out.num_rows if hasattr(out, "num_rows") else -1)
+            return out
+
+        monkeypatch.setattr(pq.ParquetFile, name, spy)
+    reader = IndexReader(large)
+    assert decoded == [], f"the open decoded {decoded} rows"
+    groups = reader.id_map.rows.file.metadata.num_row_groups
+    assert groups >= 3
+    vector = reader.index.reconstruct_n(LARGE_ROWS // 2, 1)
+    for _ in range(2):
+        hit = reader.search(vector, 1)[0][0]
+        assert (hit.faiss_id, hit.id, hit.row, hit.fields) == (LARGE_ROWS // 2, LARGE_ROWS // 2, LARGE_ROWS // 2,
+                                                              {"lang": "en"})
+    meta = reader.id_map.rows.file.metadata
+    group_rows = next(meta.row_group(g).num_rows for g in range(groups)
+                      if reader.id_map.rows.starts[g] <= LARGE_ROWS // 2 < reader.id_map.rows.starts[g + 1])
+    assert decoded == [group_rows] * 3, decoded  # the hit's group: its ids once (kept), its kept column per search
+    assert reader.ids.num_rows == LARGE_ROWS and reader.ids.column("id").to_pylist()[:3] == [0, 1, 2]
+
+
+def test_a_body_change_in_stored_text_is_a_clear_error_never_wrong_text(large, tmp_path):
+    """A byte changed inside a row group of the stored text, past the head/tail spans: the page checksums petal
+    writes find it when a hit's text is read (exit 65 naming ids.parquet), never garbled text or a traceback."""
+    out, version_dir = copy(large, tmp_path)
+    ids = version_dir / "ids.parquet"
+    meta = pq.ParquetFile(ids).metadata
+    group = meta.num_row_groups // 2
+    chunk = meta.row_group(group).column(meta.schema.names.index("text"))
+    start = chunk.dictionary_page_offset if chunk.has_dictionary_page else chunk.data_page_offset
+    at = start + chunk.total_compressed_size // 2
+    assert HEAD_TAIL_BYTES < at < ids.stat().st_size - HEAD_TAIL_BYTES
+    flip(ids, at)
+    first = int(sum(meta.row_group(g).num_rows for g in range(group)))
+    query = tmp_path / "q.npy"
+    np.save(query, IndexReader(out).index.reconstruct_n(first, 1))
+    argv = [sys.executable, "-m", "petal.cli.main", "query", str(out), "--vector-file", str(query), "-k", "1"]
+    plain = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert plain.returncode == 0, plain.stderr  # the ids and the kept column are intact
+    shown = subprocess.run([*argv, "--show-text"], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert shown.returncode == 65 and "ids.parquet" in shown.stderr and "Traceback" not in shown.stderr, shown.stderr
+    import petal
+
+    index = petal.open_index(out)
+    hits = index.search_stored(np.load(query), 1)
+    with pytest.raises(petal.PetalError, match=r"ids\.parquet: cannot read row group") as caught:
+        index.texts(hits[0])
+    assert caught.value.exit_code == 65
+    assert fake_invoke(["verify", str(out)]).exit_code == 65

@@ -1,9 +1,10 @@
 """Stored columns in the version: text and ``--keep-columns`` appended to ``ids.parquet``, in FAISS id order.
 
 Written from the store entries' side files (``pipeline/store/columns.py``) in the order of
-``StoreVectors`` (FAISS ids ``0..n-1``), streamed; an entry without a side file (its shard was gone
-when the text was asked for) gets nulls. ``IndexReader`` loads only the id columns of ``ids.parquet``;
-hits' stored columns are read per row group (located from the footer), only the groups holding hits.
+``StoreVectors`` (FAISS ids ``0..n-1``), streamed, in row groups of at most ``IDS_GROUP_ROWS``; an entry
+without a side file (its shard was gone when the text was asked for) gets nulls. ``IndexReader`` decodes
+nothing at open; hits' ids and stored columns are read per row group (``row_groups.py``), only the
+groups holding hits.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from petal.pipeline.index.files import IDS_FILE
+from petal.pipeline.index.files import IDS_FILE, IDS_GROUP_ROWS
+from petal.pipeline.index.row_groups import RowGroups
 from petal.pipeline.index.source import StoreVectors
 from petal.pipeline.store.columns import ColumnsNeed, columns_path, entry_columns, version_schema
 from petal.pipeline.store.embeddings import StoreEntry
@@ -51,10 +53,10 @@ def add_stored_columns(entries: list[StoreEntry], dim: int, need: ColumnsNeed, s
     merged = pa.schema([*ids.schema, *schema])
     tmp = staging / f".{IDS_FILE}.tmp"
     offset = 0
-    with pq.ParquetWriter(tmp, merged) as writer:
+    with pq.ParquetWriter(tmp, merged, write_page_checksum=True) as writer:
         for part in _stored_parts(entries, dim, need, schema):
             head = ids.slice(offset, part.num_rows)
-            writer.write_table(pa.table([*head.columns, *part.columns], schema=merged))
+            writer.write_table(pa.table([*head.columns, *part.columns], schema=merged), row_group_size=IDS_GROUP_ROWS)
             offset += part.num_rows
         if offset == 0:
             writer.write_table(merged.empty_table())
@@ -64,24 +66,21 @@ def add_stored_columns(entries: list[StoreEntry], dim: int, need: ColumnsNeed, s
 
 
 class ColumnsReader:
-    """Stored columns of hits by FAISS id (only the row groups holding them are read)."""
+    """Stored columns of hits by FAISS id, read through the version's open ``ids.parquet`` (only the row
+    groups holding them are decoded; a damaged one is a ``BadInputError`` naming the file)."""
 
-    def __init__(self, path: Path, names: list[str]) -> None:
-        self.path = path
-        self.file = pq.ParquetFile(path)
-        self.names = [n for n in names if n in self.file.schema_arrow.names]
-        sizes = [self.file.metadata.row_group(g).num_rows for g in range(self.file.num_row_groups)]
-        self.starts = np.cumsum([0, *sizes])
+    def __init__(self, rows: RowGroups, names: list[str]) -> None:
+        self.source = rows
+        self.path = rows.path
+        self.names = [n for n in names if n in rows.names]
 
     def rows(self, faiss_ids: list[int], names: list[str]) -> list[dict[str, Any]]:
         """``[{name: value}]`` per id of ``faiss_ids``."""
         names = [n for n in names if n in self.names]
-        groups: dict[int, pa.Table] = {}
-        out = []
-        for fid in faiss_ids:
-            group = int(np.searchsorted(self.starts, fid, side="right")) - 1
-            if group not in groups:
-                groups[group] = self.file.read_row_group(group, columns=names)
-            row = groups[group].slice(fid - int(self.starts[group]), 1).to_pylist()
-            out.append(row[0] if row else dict.fromkeys(names))
-        return out
+        if not names:
+            return [{} for _ in faiss_ids]
+        return self.source.take(np.asarray(faiss_ids, dtype=np.int64), names).to_pylist()
+
+    def read(self, names: list[str]) -> pa.Table:
+        """Every row of ``names`` (``--where``)."""
+        return self.source.read_columns(names)

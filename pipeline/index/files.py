@@ -22,6 +22,8 @@ from petal.pipeline.index.faiss_loader import load_faiss
 INDEX_FILE = "index.faiss"
 IVFDATA_FILE = "index.ivfdata"
 IDS_FILE = "ids.parquet"
+# NOTE: rows per row group of ids.parquet: a query decodes only the groups holding its hits (row_groups.py)
+IDS_GROUP_ROWS = 16384
 
 
 @contextlib.contextmanager
@@ -73,19 +75,6 @@ def open_parquet(path: Path, read_dictionary: list[str] | None = None) -> Any:
                               read_dictionary=read_dictionary)
     except (OSError, pa.ArrowException) as exc:
         raise BadInputError(f"{path}: cannot read its Parquet footer ({exc}); run petal verify") from exc
-
-
-def read_parquet(parquet_file: Any, path: Path, columns: list[str] | None = None) -> Any:
-    """Every row of an open ``ParquetFile`` (``columns``: only those) as a table; unreadable:
-    ``BadInputError`` (65) naming ``path``."""
-    import pyarrow as pa
-
-    from petal.pipeline.reliability.errors import BadInputError
-
-    try:
-        return parquet_file.read(columns=columns)
-    except (OSError, pa.ArrowException) as exc:
-        raise BadInputError(f"{path}: cannot read it ({exc}); run petal verify") from exc
 
 
 def read_index_copied(path: Path, storage: str) -> Any:

@@ -14,7 +14,8 @@ import pyarrow.parquet as pq
 
 from petal.pipeline.index.binary import open_binary_index
 from petal.pipeline.index.faiss_loader import load_faiss
-from petal.pipeline.index.files import IDS_FILE, INDEX_FILE, open_parquet, read_index, read_parquet
+from petal.pipeline.index.files import IDS_FILE, INDEX_FILE, open_parquet, read_index
+from petal.pipeline.index.row_groups import IdMap, RowGroups
 from petal.pipeline.index.tune import apply_params
 from petal.pipeline.index.verify import OpenCheck, check_on_open
 from petal.pipeline.layout import resolve_index_dir
@@ -143,20 +144,21 @@ class IndexReader:
             self.index = open_binary_index(self.dir, self.manifest, nprobe=nprobe, rescore=rescore)
         else:
             self.index = read_index(self.dir / INDEX_FILE, self.storage)
-        # NOTE: the footer first: a count that does not fit reads nothing. ``shard`` repeats a few paths over
-        # every row: decoded as a dictionary it costs O(shards), not a string per vector (1M rows: 1.7 s -> 0.15 s).
+        # NOTE: only the footer is read here: a count that does not fit reads nothing, and the rows are decoded
+        # per row group as hits fall in them (row_groups.py), so the open is O(1) in the number of ids (1M x 1024:
+        # the whole id map took 0.15 s). ``shard`` repeats a few paths over every row: decoded as a dictionary.
+        # The file is memory-mapped: a version pruned after this point still answers.
         ids_file = open_parquet(self.dir / IDS_FILE, read_dictionary=["shard"])
-        self.num_ids = int(ids_file.metadata.num_rows)
+        rows = RowGroups(ids_file, self.dir / IDS_FILE)
+        self.num_ids = rows.num_rows
         if self.num_ids != self.index.ntotal:
             raise BadInputError(f"{quote_path(self.dir)}: {self.num_ids} ids for {self.index.ntotal} vectors")
-        # NOTE: decoded here, inside the open's retry, from the mapping made above: O(ids), which the first
-        # search needs anyway; a version pruned after this point still answers.
-        # One chunk per column: Parquet gives the ``shard`` dictionary one chunk (and one dictionary) per row
-        # group, and every search's ``take`` of a few rows then unified them all again (1M ids, 16 row groups:
-        # 0.46 ms a search; combined once here in 0.5 ms, it is 0.01 ms).
-        self.ids = read_parquet(ids_file, self.dir / IDS_FILE,
-                                columns=["faiss_id", "id", "shard", "row"]).combine_chunks()
-        self.columns = open_columns(self.dir, self.manifest)  # stored text and --keep-columns (None: older index)
+        self.id_map = IdMap(rows)
+        if not self.open_check.sealed:
+            # NOTE: no trusted head/tail records (an old version, an edited manifest): opened as before issue 14,
+            # every file hashed above and the whole id map decoded here, so damage anywhere in it is refused now
+            self.id_map.table()
+        self.columns = open_columns(rows, self.manifest)  # stored text and --keep-columns (None: older index)
         self.missing_shards: set[str] = set()  # shards --show-text found gone (said by petal query)
         params = dict(record.search_params)
         if binary:  # the binary index set its own nprobe
@@ -168,6 +170,12 @@ class IndexReader:
                 params["quantizer_efSearch"] = max(params["quantizer_efSearch"], 2 * nprobe)
         apply_params(self.index, params)
         self.search_params = params
+
+    @property
+    def ids(self) -> pa.Table:
+        """The whole id map (``faiss_id``, ``id``, ``shard``, ``row``), decoded: O(ids); searches read only the
+        row groups of their hits."""
+        return self.id_map.table()
 
     @property
     def dim(self) -> int:
@@ -202,7 +210,7 @@ class IndexReader:
             # NOTE: only a damaged index body returns such an id (the open checks read heads and tails)
             raise BadInputError(f"{self.dir / INDEX_FILE} returned vector id {int(flat.max())} of {self.num_ids}: "
                                 "the index is corrupt; run petal verify and rebuild it")
-        rows = self.ids.take(pa.array(flat)) if len(flat) else self.ids.schema.empty_table()
+        rows = self.id_map.take(flat)
         doc_ids = rows.column("id").to_pylist()
         shards = rows.column("shard").to_pylist()
         shard_rows = rows.column("row").to_pylist()
@@ -237,7 +245,7 @@ class IndexReader:
                              f"(petal index --keep-columns): {', '.join(names) or 'none'}")
         # NOTE: from the file opened with the version, not by path: a version a server still searches may have
         # been pruned since (a newer one was refused)
-        table = self.columns.file.read(columns=flt.columns)
+        table = self.columns.read(flt.columns)
         selector = IdSelector(filter_mask(flt, table, names))
         with _SELECTORS_LOCK:
             cache[where] = selector
@@ -301,14 +309,14 @@ def shard_locations(manifest: Manifest) -> dict[str, str]:
     return {**{name: paths[0] for name, paths in by_name.items() if len(paths) == 1}, **located}
 
 
-def open_columns(version_dir: Path, manifest: Manifest) -> Any:
+def open_columns(rows: RowGroups, manifest: Manifest) -> Any:
     """The version's stored columns (text, --keep-columns: in ``ids.parquet``), or ``None`` (an older index)."""
     recorded = manifest.stored
     if recorded is None:
         return None
     from petal.pipeline.index.columns_file import ColumnsReader
 
-    return ColumnsReader(version_dir / IDS_FILE, (["text"] if recorded.text else []) + list(recorded.keep))
+    return ColumnsReader(rows, (["text"] if recorded.text else []) + list(recorded.keep))
 
 
 def with_fields(results: list[list[Hit]], columns: Any, names: list[str]) -> list[list[Hit]]:

@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from petal.pipeline.index.files import IDS_GROUP_ROWS
 from petal.pipeline.store.embeddings import StoreEntry
 from petal.pipeline.store.tombstones import deleted_rows
 
@@ -88,7 +89,7 @@ class StoreVectors:
         """``ids.parquet``: faiss_id int64, id, shard (as given), row int64, in FAISS id order."""
         schema = pa.schema([("faiss_id", pa.int64()), ("id", self.id_type), ("shard", pa.string()),
                             ("row", pa.int64())])
-        with pq.ParquetWriter(path, schema) as writer:
+        with pq.ParquetWriter(path, schema, write_page_checksum=True) as writer:
             for entry, keep, start in zip(self.entries, self._keep, self.starts):
                 if len(keep) == 0:
                     continue
@@ -99,7 +100,7 @@ class StoreVectors:
                     "id": part.column("id").cast(self.id_type),
                     "shard": pa.array([entry.meta["source"]["path"]] * n, pa.string()),
                     "row": part.column("row"),
-                }, schema=schema))
+                }, schema=schema), row_group_size=IDS_GROUP_ROWS)
             if self.total == 0:
                 writer.write_table(schema.empty_table())
 

@@ -1,10 +1,11 @@
 """Checking a version's files: cheaply when it opens (O(1) in its size), every byte in ``petal verify``.
 
-On open: the manifest's own checksum, every listed file's name, size and head/tail checksum
-(``pipeline/index/checksums.py``). A version written before those records existed (a manifest
-with sha256 values only), or whose manifest no longer matches its own checksum (edited or
-damaged), is checked as every version was before: every byte of every file against its sha256,
-safe but O(size); ``OpenCheck.note`` says so, and ``petal verify`` exits 65 on an edited manifest.
+On open: the manifest's own checksum, the name, size and head/tail checksum of every file its
+records list (``pipeline/index/checksums.py``; ``rejects.parquet`` included). A version written
+before those records existed (a manifest with sha256 values only), or whose manifest no longer
+matches its own checksum (edited or damaged), is checked as every version was before: every
+byte of every file against its sha256, safe but O(size); ``OpenCheck.note`` says so, and
+``petal verify`` exits 65 on an edited manifest.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ class OpenCheck:
     sealed: bool  # the manifest has head/tail records and its own checksum, which matched
     read_in_full: tuple[str, ...] = ()  # files larger than 2 head/tail spans hashed whole (no trusted records)
     manifest_problem: str | None = None  # the manifest does not match its own checksum
+    unchecked: tuple[str, ...] = ()  # files without trusted records, not hashed (``full_fallback=False``)
 
     @property
     def note(self) -> str | None:
@@ -90,10 +92,13 @@ def check_manifest_checksum(version_dir: Path, manifest: dict[str, Any]) -> bool
     return True
 
 
-def check_on_open(version_dir: Path, manifest: dict[str, Any] | None = None) -> OpenCheck:
+def check_on_open(version_dir: Path, manifest: dict[str, Any] | None = None, *,
+                  full_fallback: bool = True) -> OpenCheck:
     """The cheap checks before FAISS reads anything; raises ``BadInputError`` (65) / ``ConfigError`` (78).
 
-    ``manifest``: the raw manifest (default: read from ``version_dir``).
+    ``manifest``: the raw manifest (default: read from ``version_dir``). ``full_fallback=False`` (``petal info``):
+    files without trusted head/tail records are only checked to be there and regular, not hashed in full
+    (``OpenCheck.unchecked`` names them).
     """
     manifest = read_raw_manifest(version_dir) if manifest is None else manifest
     files, records = _expected(manifest, version_dir)
@@ -108,8 +113,12 @@ def check_on_open(version_dir: Path, manifest: dict[str, Any] | None = None) -> 
     for name in REQUIRED_FILES:
         if name not in files:
             raise ConfigError(f"{version_dir}: {name} is not listed in the manifest")
+    # NOTE: every file the sealed records list (rejects.parquet too, not only the index files): a truncated or
+    # swapped file of the version is refused at open, whichever it is
+    listed = {**{name: str(r.get("sha256")) for name, r in records.items()}, **files}
     read_in_full: list[str] = []
-    for name, expected in sorted(files.items()):
+    unchecked: list[str] = []
+    for name, expected in sorted(listed.items()):
         path = _listed_path(version_dir, name)
         size = path.stat().st_size
         record = records.get(name)
@@ -121,11 +130,13 @@ def check_on_open(version_dir: Path, manifest: dict[str, Any] | None = None) -> 
             if _head_tail(path, version_dir, size, span) != record.get("head_tail_sha256"):
                 raise BadInputError(f"{path}: head/tail checksum does not match the manifest; the index is corrupt "
                                     "or was changed, rebuild it")
+        elif not full_fallback:
+            unchecked.append(name)
         else:  # NOTE: an old version: its sha256 is the only record, so the check stays the full one
             _check_sha256(path, expected)
             if size > 2 * HEAD_TAIL_BYTES:
                 read_in_full.append(name)
-    return OpenCheck(version_dir, sealed and bool(records), tuple(read_in_full), edited)
+    return OpenCheck(version_dir, sealed and bool(records), tuple(read_in_full), edited, tuple(unchecked))
 
 
 def _listed_path(version_dir: Path, name: str) -> Path:

@@ -41,7 +41,7 @@ def write_rejects(table: pa.Table, path: Path) -> None:
     """Write ``table`` to ``path`` atomically (exit 74 naming it on an I/O error)."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     with writing(path):
-        pq.write_table(table, tmp)
+        pq.write_table(table, tmp, write_page_checksum=True)
         with open(tmp, "rb+") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp, path)

@@ -130,7 +130,7 @@ def run_vector_index(job: IndexJob, column: str, report: RunReport, stop: StopSi
         try:
             with writing(staging):
                 result = build_version_index(committed, dim, job.index, staging, transform)  # FAISS errors: 78
-                pq.write_table(rejects_table(committed), staging / "rejects.parquet")
+                pq.write_table(rejects_table(committed), staging / "rejects.parquet", write_page_checksum=True)
                 stored = add_stored_columns(committed, dim, need, staging)
                 if stored:
                     result.files[IDS_FILE] = sha256_file(staging / IDS_FILE)

@@ -143,7 +143,7 @@ def _write_columns(shard: Any, entry: StoreEntry, need: ColumnsNeed, path: Path)
     schema = pa.schema([("row", pa.int64()), *[("text", pa.string()) for _ in text],
                         *[(c, arrow.field(c).type) for c in need.keep]])
     with writing(path):
-        with pq.ParquetWriter(tmp, schema) as writer:
+        with pq.ParquetWriter(tmp, schema, write_page_checksum=True) as writer:
             start = 0
             for batch in pf.iter_batches(batch_size=READ_BATCH_ROWS, columns=source_columns):
                 lo, hi = np.searchsorted(rows, [start, start + batch.num_rows])

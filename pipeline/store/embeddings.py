@@ -393,11 +393,12 @@ def commit_entry(store: EmbeddingStore, tmp: Path, final: Path, info: ShardInfo,
     """Write ``rows.parquet``, ``rejects.parquet`` and ``entry.json`` beside ``tmp/embeddings.npy`` (``num_rows``
     rows), fsync them, and make ``tmp`` visible as ``final`` with one rename (a committed entry is replaced)."""
     id_type = pa.int64() if "int" in info.id_type else pa.string()
-    pq.write_table(pa.table({"row": pa.array(rows, pa.int64()), "id": pa.array(ids, id_type)}), tmp / "rows.parquet")
+    pq.write_table(pa.table({"row": pa.array(rows, pa.int64()), "id": pa.array(ids, id_type)}), tmp / "rows.parquet",
+                   write_page_checksum=True)
     fault("store_commit_mid", tmp / "rejects.parquet")
     pq.write_table(pa.table({"row": pa.array([r for r, _ in rejects], pa.int64()),
                              "reason": pa.array([why for _, why in rejects], pa.string())}),
-                   tmp / "rejects.parquet")
+                   tmp / "rejects.parquet", write_page_checksum=True)
     reasons: dict[str, int] = {}
     for _, why in rejects:
         reasons[why] = reasons.get(why, 0) + 1

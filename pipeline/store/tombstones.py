@@ -101,7 +101,7 @@ def _write_tombstone(entry: StoreEntry, rows: np.ndarray) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
     with writing(path):
-        pq.write_table(pa.table({"row": pa.array(rows, pa.int64())}), tmp)
+        pq.write_table(pa.table({"row": pa.array(rows, pa.int64())}), tmp, write_page_checksum=True)
         with open(tmp, "rb+") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp, path)

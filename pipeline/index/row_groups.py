@@ -1,0 +1,105 @@
+"""``ids.parquet`` read by FAISS id: only the row groups that hold the asked rows, so an open is O(1).
+
+The file is opened once (memory-mapped, page checksums verified: ``files.open_parquet``); its footer
+says where each row group starts. The id columns (``id``, ``shard``, ``row``) of a row group are
+decoded the first time a hit falls in it and kept (at most the whole id map, what the open used to
+decode up front); stored text and ``--keep-columns`` are decoded per call and dropped. A row group
+that cannot be decoded (a change in the body, which the open's head/tail checks do not read) is a
+``BadInputError`` (65) naming the file, never a pyarrow traceback.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from petal.pipeline.reliability.errors import BadInputError, one_line, quote_path
+
+ID_COLUMNS = ("id", "shard", "row")  # what a hit needs (faiss_id is the row number)
+
+
+class RowGroups:
+    """An open Parquet file whose rows are read by number, row group by row group."""
+
+    def __init__(self, parquet_file: Any, path: Path) -> None:
+        self.file = parquet_file
+        self.path = path
+        meta = parquet_file.metadata
+        self.num_rows = int(meta.num_rows)
+        self.names: list[str] = list(parquet_file.schema_arrow.names)
+        self.starts = np.cumsum([0, *(meta.row_group(g).num_rows for g in range(meta.num_row_groups))])
+        # NOTE: one ParquetFile serves the search thread and petal serve's text threads: reads are serialised
+        self._lock = threading.Lock()
+
+    def _failed(self, exc: Exception, what: str) -> BadInputError:
+        return BadInputError(f"{quote_path(self.path)}: cannot read {what} ({one_line(str(exc))[:200]}); the "
+                             "version is corrupt: run petal verify and rebuild it")
+
+    def read_group(self, group: int, columns: list[str]) -> pa.Table:
+        """Row group ``group``'s ``columns``, decoded (page checksums verified)."""
+        try:
+            with self._lock:
+                return self.file.read_row_group(group, columns=columns)
+        except (OSError, pa.ArrowException) as exc:
+            raise self._failed(exc, f"row group {group}") from exc
+
+    def read_columns(self, columns: list[str]) -> pa.Table:
+        """Every row of ``columns`` (``--where`` filters over kept columns)."""
+        try:
+            with self._lock:
+                return self.file.read(columns=columns)
+        except (OSError, pa.ArrowException) as exc:
+            raise self._failed(exc, f"columns {', '.join(columns)}") from exc
+
+    def groups_of(self, rows: np.ndarray) -> np.ndarray:
+        """The row group of each row number of ``rows``."""
+        return np.searchsorted(self.starts, rows, side="right") - 1
+
+    def take(self, rows: np.ndarray, columns: list[str], cache: dict[int, pa.Table] | None = None) -> pa.Table:
+        """``columns`` of ``rows`` (row numbers, any order, repeats allowed), in that order. ``cache``: decoded
+        row groups kept between calls (filled here)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        groups = self.groups_of(rows)
+        parts, positions = [], []
+        for group in np.unique(groups):
+            at = np.flatnonzero(groups == group)
+            table = cache.get(int(group)) if cache is not None else None
+            if table is None:
+                table = self.read_group(int(group), columns)
+                if cache is not None:
+                    cache[int(group)] = table
+            parts.append(table.take(pa.array(rows[at] - int(self.starts[group]))))
+            positions.append(at)
+        if not parts:
+            return pa.schema([self.file.schema_arrow.field(c) for c in columns]).empty_table()
+        found = pa.concat_tables(parts)
+        order = np.empty(len(rows), dtype=np.int64)
+        order[np.concatenate(positions)] = np.arange(len(rows))
+        return found.take(pa.array(order))
+
+
+class IdMap:
+    """FAISS id -> document id, shard, row (``ids.parquet``), decoded per row group on first use."""
+
+    def __init__(self, rows: RowGroups) -> None:
+        self.rows = rows
+        missing = [c for c in ("faiss_id", *ID_COLUMNS) if c not in rows.names]
+        if missing:
+            raise BadInputError(f"{quote_path(rows.path)} has no column {', '.join(missing)}; the version is "
+                                "corrupt: rebuild it")
+        self._decoded: dict[int, pa.Table] = {}
+
+    def __len__(self) -> int:
+        return self.rows.num_rows
+
+    def take(self, faiss_ids: np.ndarray) -> pa.Table:
+        """``id``, ``shard``, ``row`` of ``faiss_ids`` (each below ``len(self)``), in that order."""
+        return self.rows.take(faiss_ids, list(ID_COLUMNS), self._decoded)
+
+    def table(self) -> pa.Table:
+        """The whole id map (``faiss_id``, ``id``, ``shard``, ``row``): O(ids), for tools and tests."""
+        return self.rows.read_columns(["faiss_id", *ID_COLUMNS])
