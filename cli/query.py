@@ -50,22 +50,30 @@ def query(index_path: Path, texts: tuple[str, ...], k: int, from_stdin: bool, as
     prompt, as recorded in its manifest. Bytes that are not UTF-8 (in TEXT or a --stdin line) are read
     as U+FFFD, counted on stderr, and the query is answered; blank --stdin lines are skipped.
     """
+    # NOTE: what the flags alone decide is checked before the index opens (no FAISS, torch or Arrow for a usage error)
+    if vector_file is not None and (texts or from_stdin):
+        raise click.UsageError("--vector-file replaces query TEXT and --stdin: give one of them")
+    vectors = usage(lambda: read_vector_file(vector_file)) if vector_file is not None else None
+    if vector_file is None and not texts and not from_stdin:
+        raise click.UsageError("give query TEXT, --stdin or --vector-file")
+    if where:
+        from petal.pipeline.index.filters import parse_filter
+
+        usage(lambda: parse_filter(where))  # a malformed expression; unknown columns are known once the index opens
     from petal.pipeline.api import open_index
 
     index = open_index(index_path, model=model, device=device, dtype=dtype, attention=attention, nprobe=nprobe,
                        rescore=rescore, query_prompt=query_prompt, allow_pickle_weights=allow_pickle_weights)
-    if vector_file is not None:
-        _by_vectors(index, vector_file, k, as_json, show_text, where)
-        return
-    if not texts and not from_stdin:
-        raise click.UsageError("give query TEXT, --stdin or --vector-file")
-    index.query_model()  # loaded before the first query: a model that is gone fails at once
     if index.reader.open_check.note:
         click.echo(f"petal query: note: {index.reader.open_check.note}", err=True)
+    if vectors is not None:
+        _by_vectors(index, vectors, str(vector_file), k, as_json, show_text, where)
+        return
+    if where:
+        index.check_where(where)  # an unknown column: exit 2, before the model loads
+    index.query_model()  # loaded before the first query: a model that is gone fails at once
     for note in index.notes:
         click.echo(f"petal: note: {note}", err=True)
-    if where:
-        index.check_where(where)  # a bad expression or unknown column: exit 2, before any query
     from petal.pipeline.ingest.text_rule import skip_reason, valid_text
 
     # NOTE: the rule of petal index and petal embed: an invisible query (empty, blank) is skipped and said;
@@ -153,10 +161,26 @@ def _warn_missing(index: Index) -> None:
                    "indexes built now store the text", err=True)
 
 
-def _by_vectors(index: Index, vector_file: Path, k: int, as_json: bool, show_text: bool, where: str | None) -> None:
-    from petal.pipeline.jobs.vector_run import query_vectors
+def read_vector_file(path: Path) -> Any:
+    """``--vector-file``: a ``.npy`` of ``[n, dim]`` or ``[dim]`` float vectors (``ValueError`` otherwise)."""
+    import numpy as np
 
-    vectors = usage(lambda: query_vectors(vector_file))
+    try:
+        vectors = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"--vector-file {path}: not a readable .npy file ({exc})") from exc
+    if vectors.ndim == 1:
+        vectors = vectors[None, :]
+    if vectors.ndim != 2 or not np.issubdtype(vectors.dtype, np.number):
+        raise ValueError(f"--vector-file {path}: expected numbers of shape [n, dim] or [dim], got {vectors.shape} "
+                         f"{vectors.dtype}")
+    if not np.isfinite(vectors).all():
+        raise ValueError(f"--vector-file {path}: holds NaN or infinite values")
+    return vectors.astype(np.float32)
+
+
+def _by_vectors(index: Index, vectors: Any, vector_file: str, k: int, as_json: bool, show_text: bool,
+                where: str | None) -> None:
     if vectors.shape[1] != index.dim:
         raise click.UsageError(f"--vector-file {vector_file}: vectors of dim {vectors.shape[1]}, the index holds "
                                f"dim {index.dim}")

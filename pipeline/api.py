@@ -66,8 +66,6 @@ def rebuild(out: str | os.PathLike[str], *, json_report: str | os.PathLike[str] 
     ``settings``: ``index_factory``, ``metric``, ``index_memory``, ``target_recall``. ``wait``: queue behind
     another writer of ``out`` (else exit 75); ``stop``: an active ``StopSignals`` of the caller's.
     """
-    from petal.pipeline.jobs.rebuild import run_rebuild
-
     report = report if report is not None else RunReport(command="rebuild")
     target = Path(json_report) if json_report is not None else None
     try:
@@ -75,6 +73,7 @@ def rebuild(out: str | os.PathLike[str], *, json_report: str | os.PathLike[str] 
     except UsageError as exc:
         _fail(report, exc, 2, f"usage error: {exc}", target)
         raise
+    from petal.pipeline.jobs.rebuild import run_rebuild  # NOTE: after the flags: a usage error loads no FAISS or Arrow
     return _run(lambda: run_rebuild(Path(out), chosen, report, wait=wait, stop=stop), report, target)
 
 

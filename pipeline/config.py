@@ -136,6 +136,24 @@ class BadRowBudget(CountOrFraction):
 
 
 @dataclass(frozen=True)
+class RemovalLimit(CountOrFraction):
+    """``--max-removed``: documents a run may remove, a count (``100``) or a fraction of the live
+    version (``0.1`` or ``10%``)."""
+
+    FLAG: ClassVar[str] = "--max-removed"
+    NAME: ClassVar[str] = "--max-removed"
+    OF: ClassVar[str] = "the live version (0.1 or 10%)"
+
+    @classmethod
+    def default(cls, sync: bool) -> RemovalLimit:
+        return cls(fraction=0.10) if sync else cls(count=0)
+
+    def __str__(self) -> str:
+        # NOTE: exactly one of count / fraction is set (CountOrFraction's invariant), which mypy cannot see
+        return str(self.count) if self.count is not None else f"{self.fraction * 100:g}%"  # type: ignore[operator]
+
+
+@dataclass(frozen=True)
 class IndexJob:
     """Everything ``petal index`` was asked to do."""
 
@@ -176,12 +194,7 @@ class IndexJob:
             object.__setattr__(self, "tokenize_workers", workers)
         if workers < 1:
             raise ValueError(f"tokenize workers {workers} < 1")
-        if self.max_length is not None and self.max_length < 2:
-            raise ValueError(f"--max-length {self.max_length} < 2")
-        if self.token_budget is not None and self.token_budget < 2:
-            raise ValueError(f"--token-budget {self.token_budget} < 2")
-        if self.max_seqs < 1:
-            raise ValueError(f"--max-seqs {self.max_seqs} < 1")
+        check_lengths(self.max_length, self.token_budget, self.max_seqs)
         if self.keep_versions < 1:
             raise ValueError(f"--keep-versions {self.keep_versions} < 1: the live version is always kept")
 
@@ -258,6 +271,27 @@ def parse_devices(text: str) -> str | int | list[int]:
             raise ValueError(f"--devices {text!r} names a device twice")
         return ids
     raise ValueError(f"--devices {text!r} is not all, a count (2) or a list of device ids (0,1)")
+
+
+def parse_keep_columns(text: str | None) -> tuple[str, ...]:
+    """``"lang, url"`` -> ``("lang", "url")`` (``ValueError`` for an empty name or a repeat)."""
+    if not text:
+        return ()
+    names = tuple(name.strip() for name in text.split(","))
+    if any(not name for name in names) or len(set(names)) != len(names):
+        raise ValueError(f"--keep-columns {text!r}: give distinct column names separated by commas")
+    return names
+
+
+def check_lengths(max_length: int | None = None, token_budget: int | None = None, max_seqs: int = 1) -> None:
+    """``--max-length``, ``--token-budget`` and ``--max-seqs`` of any command that embeds (``None``: the default),
+    checked before anything loads; ``ValueError`` naming the flag."""
+    if max_length is not None and max_length < 2:
+        raise ValueError(f"--max-length {max_length} < 2")
+    if token_budget is not None and token_budget < 2:
+        raise ValueError(f"--token-budget {token_budget} < 2")
+    if max_seqs < 1:
+        raise ValueError(f"--max-seqs {max_seqs} < 1")
 
 
 def default_token_budget(device: str, max_length: int) -> int:

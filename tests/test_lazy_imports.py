@@ -68,6 +68,20 @@ LIGHT = [
     (["embed"], 2), (["embed", "--device", "tpu", "x"], 2), (["embed", "--dim", "0", "x"], 2), (["info"], 2),
     (["info", "--bogus", "x"], 2), (["verify"], 2), (["verify", "OUT", "--bogus"], 2), (["rebuild"], 2),
     (["bench", "startup", "--runs", "0"], 2),
+    # flags the command can judge before anything loads: no index opened, no model, no Arrow
+    (["query", "OUT"], 2), (["query", "OUT", "x", "--vector-file", "q.npy"], 2),
+    (["query", "OUT", "--stdin", "--vector-file", "q.npy"], 2), (["query", "OUT", "x", "--where", "lang ==="], 2),
+    (["query", "OUT", "--vector-file", "missing.npy"], 2),
+    (["embed", "--max-length", "0", "x"], 2), (["embed", "--max-length", "1", "x"], 2),
+    (["embed", "--quantize", "binary", "--output-dtype", "float16", "x"], 2),
+    (["embed", "--output", "x.txt", "x"], 2), (["embed", "--calibration", "OUT", "x"], 2),
+    (["index", "data", "--out", "o", "--index-memory", "lots"], 2),
+    (["index", "data", "--out", "o", "--max-removed", "some"], 2), (["index", "data", "--out", "o", "--max-bad-rows",
+                                                                     "x"], 2),
+    (["index", "data", "--out", "o", "--max-length", "1"], 2),
+    (["index", "data", "--out", "o", "--keep-columns", "a,a"], 2),
+    (["index", "data", "--out", "o", "--output-dtype", "float16", "--quantize", "int8"], 2),
+    (["rebuild", "OUT", "--index-memory", "lots"], 2),
 ]
 
 
@@ -95,6 +109,12 @@ def test_each_command_imports_only_what_it_needs(index_dir, tmp_path):
     code, loaded = run(["query", str(index_dir), "ice", "-k", "1"], tmp_path)
     assert code == 0 and {"torch", "faiss", "pyarrow", "tokenizers"} <= loaded
     assert not loaded & {"transformers", "sentence_transformers", "petal.bench"}, loaded
+    import numpy as np
+
+    np.save(tmp_path / "q.npy", np.ones((1, 384), np.float32))
+    code, loaded = run(["query", str(index_dir), "--vector-file", str(tmp_path / "q.npy"), "-k", "1"], tmp_path)
+    assert code == 0 and {"faiss", "pyarrow"} <= loaded  # by vector: no model, so neither torch nor a tokenizer
+    assert not loaded & {"torch", "tokenizers", "safetensors", "transformers", "petal.bench"}, loaded
     code, loaded = run(["rebuild", str(index_dir), "--index-factory", "Flat"], tmp_path)
     assert code == 0 and "faiss" in loaded
     assert not loaded & {"torch", "tokenizers", "safetensors", "transformers", "petal.bench"}, loaded

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
+if TYPE_CHECKING:  # NOTE: parsing is light (petal query checks --where before anything heavy loads)
+    import numpy as np
+    import pyarrow as pa
 
 TOKEN_RE = re.compile(r"\s*(?:(?P<str>'(?:[^']|'')*')|(?P<num>-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)|"
                       r"(?P<name>[A-Za-z_][A-Za-z0-9_.]*|\"[^\"]+\")|(?P<op>[=(),]))")
@@ -99,6 +99,10 @@ def parse_filter(text: str) -> Filter:
 
 def filter_mask(flt: Filter, table: pa.Table, available: list[str]) -> np.ndarray:
     """``[num_rows]`` bool: rows of ``table`` (the version's stored columns, FAISS id order) that match."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     mask = np.ones(table.num_rows, dtype=bool)
     for clause in flt.clauses:
         if clause.column not in available:
@@ -120,6 +124,7 @@ class IdSelector:
 
     def __init__(self, mask: np.ndarray) -> None:
         import faiss
+        import numpy as np
 
         self.count = int(mask.sum())
         self.bits = np.packbits(mask.astype(np.uint8), bitorder="little")

@@ -17,14 +17,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from petal.pipeline.config import CountOrFraction
+from petal.pipeline.config import RemovalLimit
 from petal.pipeline.ingest.parquet import ShardInfo
 from petal.pipeline.ingest.remote import RemotePath
 from petal.pipeline.manifest import Manifest, ShardRecord
@@ -33,24 +33,6 @@ from petal.pipeline.store.embeddings import EmbeddingStore, StoreEntry
 from petal.pipeline.store.tombstones import deleted_rows
 
 SAMPLE_IDS = 5
-
-
-@dataclass(frozen=True)
-class RemovalLimit(CountOrFraction):
-    """``--max-removed``: documents a run may remove, a count (``100``) or a fraction of the live
-    version (``0.1`` or ``10%``)."""
-
-    FLAG: ClassVar[str] = "--max-removed"
-    NAME: ClassVar[str] = "--max-removed"
-    OF: ClassVar[str] = "the live version (0.1 or 10%)"
-
-    @classmethod
-    def default(cls, sync: bool) -> RemovalLimit:
-        return cls(fraction=0.10) if sync else cls(count=0)
-
-    def __str__(self) -> str:
-        # NOTE: exactly one of count / fraction is set (CountOrFraction's invariant), which mypy cannot see
-        return str(self.count) if self.count is not None else f"{self.fraction * 100:g}%"  # type: ignore[operator]
 
 
 def kept_records(previous: Manifest | None, named: list[ShardInfo], sync: bool) -> list[ShardRecord]:

@@ -8,15 +8,18 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from petal.pipeline.index.search import Hit, IndexReader
-from petal.pipeline.jobs.query import QueryService
 from petal.pipeline.jobs.settings import petal_error
 from petal.pipeline.manifest import Manifest
 from petal.pipeline.reliability.errors import UsageError
+
+if TYPE_CHECKING:
+    # NOTE: imported where the model is first needed: searching by vectors never loads torch or tokenizers
+    from petal.pipeline.jobs.query import QueryService
 
 
 class Index:
@@ -77,6 +80,8 @@ class Index:
             raise UsageError(f"{self.path} was built from precomputed vectors (--vectors-column): query it by "
                              "vectors (petal query --vector-file Q.npy, Index.search_stored)")
         if self._service is None:
+            from petal.pipeline.jobs.query import QueryService
+
             try:
                 self._service = QueryService(self.path, reader=self.reader, **self._model_settings)
             except ValueError as exc:  # --device cuda without CUDA, an unknown dtype, a model's own error

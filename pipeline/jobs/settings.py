@@ -16,7 +16,16 @@ from typing import Any, TypeVar
 
 from petal.engine.config import ModelOptions
 from petal.engine.errors import ModelError
-from petal.pipeline.config import BadRowBudget, IndexJob, IndexSettings, ReadConfig, ScaleConfig, parse_size
+from petal.pipeline.config import (
+    BadRowBudget,
+    IndexJob,
+    IndexSettings,
+    ReadConfig,
+    RemovalLimit,
+    ScaleConfig,
+    parse_keep_columns,
+    parse_size,
+)
 from petal.pipeline.reliability.errors import ConfigError, PetalError, UsageError
 from petal.pipeline.store.outputs import OutputConfig
 
@@ -65,14 +74,9 @@ def _convert(name: str, value: Any) -> Any:
         return build(parse_size, value)
     if name == "max_bad_rows" and value is not None and not isinstance(value, BadRowBudget):
         return build(BadRowBudget.parse, str(value))
-    # NOTE: imported here: removals and the column store import pyarrow, which petal embed never loads
     if name == "max_removed" and value is not None:
-        from petal.pipeline.jobs.removals import RemovalLimit
-
         return value if isinstance(value, RemovalLimit) else build(RemovalLimit.parse, str(value))
     if name == "keep_columns" and (value is None or isinstance(value, str)):
-        from petal.pipeline.store.columns import parse_keep_columns
-
         return build(parse_keep_columns, value)  # "lang,url"; a list or tuple of names is taken as it is
     if name == "keep_columns":
         return tuple(value)

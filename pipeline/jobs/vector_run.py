@@ -171,21 +171,3 @@ def _store_shard(store: EmbeddingStore, info: ShardInfo, fingerprint: str, setti
     if gate is not None:
         gate.commit(position, entry)
     return entry
-
-
-def query_vectors(path: Path) -> Any:
-    """``--vector-file``: a ``.npy`` of ``[n, dim]`` or ``[dim]`` float vectors (``ValueError`` otherwise)."""
-    import numpy as np
-
-    try:
-        vectors = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"--vector-file {path}: not a readable .npy file ({exc})") from exc
-    if vectors.ndim == 1:
-        vectors = vectors[None, :]
-    if vectors.ndim != 2 or not np.issubdtype(vectors.dtype, np.number):
-        raise ValueError(f"--vector-file {path}: expected numbers of shape [n, dim] or [dim], got {vectors.shape} "
-                         f"{vectors.dtype}")
-    if not np.isfinite(vectors).all():
-        raise ValueError(f"--vector-file {path}: holds NaN or infinite values")
-    return vectors.astype(np.float32)

@@ -36,16 +36,6 @@ from petal.pipeline.store.side_files import side_file
 READ_BATCH_ROWS = 8192
 
 
-def parse_keep_columns(text: str | None) -> tuple[str, ...]:
-    """``"lang, url"`` -> ``("lang", "url")`` (``ValueError`` for an empty name or a repeat)."""
-    if not text:
-        return ()
-    names = tuple(name.strip() for name in text.split(","))
-    if any(not name for name in names) or len(set(names)) != len(names):
-        raise ValueError(f"--keep-columns {text!r}: give distinct column names separated by commas")
-    return names
-
-
 def columns_path(entry_dir: Path) -> Path:
     return side_file(entry_dir, "columns")
 
