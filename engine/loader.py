@@ -205,7 +205,8 @@ def inspect_model(
     limit = config.max_position_embeddings - config.position_offset
     if max_length is not None and max_length > limit:
         raise ModelError(f"--max-length {max_length} exceeds the model's limit of {limit} tokens")
-    length = min(max_length or st.max_seq_length or limit, limit)
+    # NOTE: 0 is a value (refused by PoolingConfig), not "the default"
+    length = min(max_length if max_length is not None else (st.max_seq_length or limit), limit)
     return ModelSpec(
         path=model_dir,
         config=config,

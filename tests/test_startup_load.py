@@ -126,3 +126,35 @@ def test_nothing_is_left_on_meta_and_computed_tables_follow_the_input():
     check_loaded(model)
     table = model.rotary.cos_sin(torch.device("cpu"))
     assert table.device.type == "cpu" and not table.is_meta and torch.isfinite(table).all()
+
+
+def test_a_small_cpu_step_runs_on_one_thread_and_the_setting_is_put_back(minilm_spec):
+    """A one-shot query (a few tokens) runs its CPU step on one intra-op thread: no OpenMP pool woken for GEMMs too
+    small to share (on a loaded 2-core machine that cost 0.5 s of ``petal embed "q"``); long batches keep every
+    thread, and the vectors are the same either way."""
+    from petal.pipeline.jobs.embed import SMALL_STEP_TOKENS
+
+    original = torch.get_num_threads()
+    threads = max(2, original)
+    torch.set_num_threads(threads)
+    try:
+        engine = Engine(minilm_spec, EngineConfig(token_budget=1024))
+        seen: list[tuple[int, int]] = []
+        real_step = engine.step
+
+        def step(batch):
+            seen.append((batch.num_tokens, torch.get_num_threads()))
+            return real_step(batch)
+
+        engine.step = step  # type: ignore[method-assign]
+        tokenizer = tokenizer_for(minilm_spec)
+        short, _ = encode_texts(engine, tokenizer, ["how do glaciers move"])
+        assert seen[-1][0] <= SMALL_STEP_TOKENS and seen[-1][1] == 1
+        assert torch.get_num_threads() == threads
+        encode_texts(engine, tokenizer, [" ".join(["glaciers flow downhill under their own weight"] * 12)])
+        assert seen[-1][0] > SMALL_STEP_TOKENS and seen[-1][1] == threads
+        torch.set_num_threads(1)
+        again, _ = encode_texts(engine, tokenizer, ["how do glaciers move"])
+        np.testing.assert_allclose(short, again, rtol=0, atol=1e-6)
+    finally:
+        torch.set_num_threads(original)

@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from petal.engine.config import EngineConfig
-from petal.engine.engine import Engine, attention_backend, resolve_device, resolve_dtype
-from petal.engine.lazy_tensor import LazyTensor
-from petal.engine.loader import ModelSpec
-from petal.pipeline.config import default_token_budget
+from petal.pipeline.config import check_lengths, default_token_budget
 from petal.pipeline.ingest.pack import PackConfig, pack
 from petal.pipeline.ingest.text_rule import valid_text
 from petal.pipeline.ingest.tokens import TextTokenizer, tokenizer_for
@@ -22,7 +20,19 @@ from petal.pipeline.jobs.settings import build, model_options, petal_error
 from petal.pipeline.reliability.errors import BadInputError, UsageError, quote_text
 from petal.pipeline.store.outputs import OutputConfig, OutputTransform
 
-EngineFactory = Callable[[ModelSpec, EngineConfig], Engine]
+if TYPE_CHECKING:
+    # NOTE: torch comes with the engine, imported where the Embedder builds one: a bad setting is refused first
+    from petal.engine.engine import Engine
+    from petal.engine.lazy_tensor import LazyTensor
+    from petal.engine.loader import ModelSpec
+
+    EngineFactory = Callable[[ModelSpec, EngineConfig], Engine]
+
+# A CPU step of at most this many tokens (a query, a short text) runs on one intra-op thread: its GEMMs are too
+# small to share, and on a loaded 2-core machine waking a second OpenMP thread for every op costs more than the
+# whole step (a 6-token forward under load: 0.24-0.59 s on 2 threads, 0.014-0.033 s on 1; idle: 10 ms on 2,
+# 11-16 ms on 1; at 128 tokens idle: 29 ms on 2, 44 ms on 1).
+SMALL_STEP_TOKENS = 64
 
 
 def encode_texts(engine: Engine, tokenizer: TextTokenizer, texts: list[str],
@@ -50,13 +60,33 @@ def embed_token_ids(engine: Engine, token_ids: list[np.ndarray], batch_tokens: i
     out = np.empty((len(token_ids), engine.dim), dtype=np.float32)
     in_flight: deque[tuple[list[int], LazyTensor]] = deque()
     for batch in pack(enumerate(token_ids), config):
-        in_flight.append((list(batch.keys), engine.step(batch)))
+        with _step_threads(engine, batch.num_tokens):
+            in_flight.append((list(batch.keys), engine.step(batch)))
         while len(in_flight) > engine.config.steps_in_flight:
             keys, lazy = in_flight.popleft()
             out[keys] = lazy.result()
     for keys, lazy in in_flight:
         out[keys] = lazy.result()
     return out
+
+
+@contextmanager
+def _step_threads(engine: Engine, num_tokens: int) -> Iterator[None]:
+    """One intra-op thread for a small step on the CPU (``SMALL_STEP_TOKENS``); the setting is put back after."""
+    if engine.config.device != "cpu" or num_tokens > SMALL_STEP_TOKENS:
+        yield
+        return
+    import torch
+
+    threads = torch.get_num_threads()
+    if threads == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 @dataclass(frozen=True)
@@ -88,13 +118,14 @@ class Embedder:
                  allow_pickle_weights: bool = False, dim: int | None = None, quantize: str = "none",
                  output_dtype: str = "float32", calibration: str | Path | None = None,
                  engine_factory: EngineFactory | None = None) -> None:
-        from petal.pipeline.jobs.model import model_spec
-
         options = model_options(pooling=pooling, attention_mask=attention_mask, query_prompt=query_prompt,
                                 allow_pickle_weights=allow_pickle_weights)
         output = build(OutputConfig, dim=dim, quantize=quantize, output_dtype=output_dtype)
         if calibration is not None and quantize != "int8":
             raise UsageError("--calibration goes with --quantize int8")
+        build(check_lengths, max_length, token_budget, max_seqs)
+        from petal.engine.engine import Engine, attention_backend, resolve_device, resolve_dtype
+        from petal.pipeline.jobs.model import model_spec
         self.spec = model_spec(str(model) if model is not None else None, max_length, options)
         transform: OutputTransform = build(OutputTransform.for_model, self.spec, output)
         if calibration is not None and transform.int8_scheme == "calibrated":
