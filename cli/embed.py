@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from petal.cli.common import device_options, user_errors
+from petal.cli.common import device_options, startup_done, user_errors
 from petal.cli.options import model_options, output_options
 
 
@@ -79,6 +79,7 @@ def embed(texts: tuple[str, ...], model: str | None, from_stdin: bool, input_pat
                         attention_mask=attention_mask, query_prompt=query_prompt,
                         allow_pickle_weights=allow_pickle_weights, dim=dim, quantize=quantize,
                         output_dtype=output_dtype, calibration=calibration_index)
+    startup_done()  # the model is loaded: from here a long --input collects garbage as usual
     embedded = embedder.embed(items, query=as_query or query_prompt is not None)
     transform, rows, skipped = embedded.transform, embedded.rows, embedded.skipped
     if embedded.learned_ranges:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from petal.cli.common import device_options, usage, user_errors
+from petal.cli.common import device_options, startup_done, usage, user_errors
 from petal.cli.options import loading_options
 from petal.pipeline.index.bounds import MAX_K, MAX_NPROBE, MAX_RESCORE
 from petal.pipeline.reliability.errors import one_line
@@ -67,11 +67,13 @@ def query(index_path: Path, texts: tuple[str, ...], k: int, from_stdin: bool, as
     if index.reader.open_check.note:
         click.echo(f"petal query: note: {index.reader.open_check.note}", err=True)
     if vectors is not None:
+        startup_done()  # the index is open: what follows collects garbage as usual
         _by_vectors(index, vectors, str(vector_file), k, as_json, show_text, where)
         return
     if where:
         index.check_where(where)  # an unknown column: exit 2, before the model loads
     index.query_model()  # loaded before the first query: a model that is gone fails at once
+    startup_done()  # index and model loaded: what follows (a --stdin stream) collects garbage as usual
     for note in index.notes:
         click.echo(f"petal: note: {note}", err=True)
     from petal.pipeline.ingest.text_rule import skip_reason, valid_text

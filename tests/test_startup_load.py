@@ -158,3 +158,59 @@ def test_a_small_cpu_step_runs_on_one_thread_and_the_setting_is_put_back(minilm_
         np.testing.assert_allclose(short, again, rtol=0, atol=1e-6)
     finally:
         torch.set_num_threads(original)
+
+
+GC_PROBE = """
+import gc, json, sys
+import petal.cli.main as entry
+from petal.cli.info import info
+from petal.pipeline.jobs import embed as embed_job
+
+seen = {}
+real_embed = embed_job.Embedder.embed
+def embed(self, *args, **kwargs):
+    seen["gc_when_embedding"] = gc.isenabled()
+    seen["frozen_when_embedding"] = gc.get_freeze_count()
+    return real_embed(self, *args, **kwargs)
+embed_job.Embedder.embed = embed
+real_info = info.callback
+def info_callback(*args, **kwargs):
+    seen["gc_in_info"] = gc.isenabled()
+    return real_info(*args, **kwargs)
+info.callback = info_callback
+sys.argv = ["petal", *json.loads(sys.argv[1])]
+try:
+    entry.main()
+except SystemExit as exc:
+    seen["code"] = exc.code
+seen["frozen_at_exit"] = gc.get_freeze_count()
+print(json.dumps(seen))
+"""
+
+
+def test_the_petal_script_defers_gc_while_it_loads_and_only_there(tmp_path):
+    """``petal`` (one command, then the process ends) runs no cyclic GC while torch and the model load, freezes
+    them, then collects as usual; any command not marked one-shot runs with GC on; in-process callers of the CLI
+    (CliRunner) keep their GC untouched."""
+    import gc
+    import json
+
+    from click.testing import CliRunner
+
+    from petal.cli.main import cli
+
+    def probe(argv: list[str]) -> dict:
+        run = subprocess.run([sys.executable, "-c", GC_PROBE, json.dumps(argv)], capture_output=True, text=True,
+                             cwd=REPO, timeout=300)
+        assert run.returncode == 0, run.stderr[-2000:]
+        return json.loads(run.stdout.strip().splitlines()[-1])
+
+    embedded = probe(["embed", "--device", "cpu", "how do glaciers move"])
+    assert embedded["code"] == 0 and embedded["gc_when_embedding"] is True and embedded["frozen_when_embedding"] > 0
+    assert embedded["frozen_at_exit"] >= embedded["frozen_when_embedding"]
+    shown = probe(["info", str(tmp_path / "missing")])
+    assert shown["code"] == 78 and shown["gc_in_info"] is True
+    frozen, enabled = gc.get_freeze_count(), gc.isenabled()
+    result = CliRunner().invoke(cli, ["embed", "--device", "cpu", "a query"])
+    assert result.exit_code == 0, result.output
+    assert (gc.get_freeze_count(), gc.isenabled()) == (frozen, enabled)

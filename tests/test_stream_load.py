@@ -29,7 +29,8 @@ from tests.tiny_models import make_model
 FAMILIES = ("bert", "xlm-roberta", "qwen3-embedding", "pplx-embed")
 CPU = torch.device("cpu")
 PATHS = {  # name -> (ring, settings): straight reads; the ring with one chunk per piece and wrap-around
-    "direct": (False, StreamSettings()),
+    "direct": (False, StreamSettings()),  # on the CPU: whole tensors of the target dtype mapped, the rest read
+    "direct-read": (False, StreamSettings(map_cpu=False)),
     "direct-small": (False, StreamSettings(chunk_bytes=1000, readers=2)),
     "ring": (True, StreamSettings()),
     "ring-small": (True, StreamSettings(chunk_bytes=1000, slots=3, readers=2)),
@@ -74,6 +75,43 @@ def test_streamed_tensors_equal_the_in_memory_mapping(checkpoints, family, file_
     for name, tensor in expected.items():
         assert streamed[name].dtype == torch.float32 and streamed[name].is_contiguous()
         assert torch.equal(streamed[name], tensor), name
+
+
+def _mapped_ranges(path: Path) -> list[tuple[int, int]]:
+    ranges = []
+    with open("/proc/self/maps") as fh:
+        for line in fh:
+            if line.rstrip().endswith(str(path)):
+                lo, hi = line.split()[0].split("-")
+                ranges.append((int(lo, 16), int(hi, 16)))
+    return ranges
+
+
+def test_cpu_parameters_are_the_checkpoint_mapped_copy_on_write(checkpoints, tmp_path):
+    """On the CPU a parameter that is one checkpoint tensor of its dtype is the file's pages (nothing read at
+    load, untouched embedding rows never read); writes to it stay in the process; fused ones are read."""
+    source = checkpoints["bert"]
+    model_dir = tmp_path / "bert"
+    shutil.copytree(source, model_dir)
+    file = model_dir / "model.safetensors"
+    before = file.read_bytes()
+    spec = inspect_model(model_dir)
+    model = load_model(spec, CPU, torch.float32)
+    ranges = _mapped_ranges(file)
+    assert ranges, "the checkpoint is not mapped"
+    params = dict(model.named_parameters())
+    mapped = {name for name, p in params.items() if any(lo <= p.data_ptr() < hi for lo, hi in ranges)}
+    fused = {name for name, parts in model.weight_plan().items() if len(parts) > 1}
+    assert fused and not fused & mapped  # q|k|v stacked: read into their own memory
+    assert any("embeddings" in name for name in mapped) and len(mapped) >= len(params) // 2, sorted(mapped)
+    read = load_model(spec, CPU, torch.float32, stream=StreamSettings(map_cpu=False))
+    assert len(_mapped_ranges(file)) == len(ranges)  # the second load maps nothing
+    for name, tensor in read.state_dict().items():
+        assert torch.equal(model.state_dict()[name], tensor), name
+    embedding = next(p for name, p in params.items() if name in mapped and "embeddings" in name)
+    with torch.no_grad():
+        embedding.add_(1.0)  # NOTE: copy-on-write: the process's pages change, the file does not
+    assert file.read_bytes() == before
 
 
 def write_safetensors(path: Path, tensors: list[tuple[str, str, list[int], bytes]], pad: int = 0) -> None:

@@ -11,12 +11,21 @@ checkpoint bytes into *pieces* (a tensor, or a run of its rows, going to rows of
   with one asynchronous copy, then casts/places its pieces on the GPU (fp32 -> bf16, the q|k|v and
   gate|up fusions are just row offsets). Disk or page-cache reads overlap the PCIe copies; nothing
   is copied per tensor from pageable memory, and nothing is ever held whole on the host.
-* CPU: each piece is read straight into its parameter's bytes (same dtype) or through a small
-  buffer and cast; reads run in a few threads.
+* CPU: a parameter that is one checkpoint tensor of its own dtype is the file's bytes, mapped
+  copy-on-write (``map_cpu``): nothing is read at load, pages come from the page cache when first
+  touched, and the rows of an embedding table that no text looks up are never read (a one-shot query
+  touches a few of MiniLM's 30522). Other pieces (fused projections, casts) are read straight into
+  their parameter's bytes or through a small buffer and cast; reads run in a few threads.
+
+# NOTE: a mapped checkpoint must not be truncated in place while a process uses it (the next page fault
+# would be a SIGBUS) and its bytes are the model: writers that replace files by rename (Hugging Face,
+# sentence-transformers, cp to a new path) leave a running process its old inode. Writes to a mapped
+# parameter stay in the process (copy-on-write), never reach the file.
 """
 
 from __future__ import annotations
 
+import mmap
 import os
 import threading
 import time
@@ -39,6 +48,7 @@ class StreamSettings:
     chunk_bytes: int = 32 << 20  # one read / one host-to-device copy
     slots: int = 8  # pinned host buffers in the ring (CUDA)
     readers: int = 4  # threads reading the file
+    map_cpu: bool = True  # CPU: parameters that are one checkpoint tensor of their dtype map the file (no read)
 
 
 class Spans:
@@ -127,15 +137,22 @@ def stream_tensors(files: Sequence[Path], plan: Mapping[str, tuple[str, ...]], s
             for key, entry in header.items():
                 where.setdefault(key, (i, entry))
         layouts = {name: _layout(name, parts, shapes[name], prefixes, where, files) for name, parts in plan.items()}
-        pieces = sorted((p for layout in layouts.values() for p in _split(layout.pieces, settings.chunk_bytes)),
-                        key=lambda p: (p.file, p.begin))
+        ringed = device.type == "cuda" if ring is None else ring
+        targets = {name: dtype if layout.dtype.is_floating_point else layout.dtype for name, layout in layouts.items()}
+        mapped = {name for name, layout in layouts.items()
+                  if settings.map_cpu and not ringed and device.type == "cpu" and _mappable(layout, targets[name])}
+        pieces = sorted((p for name, layout in layouts.items() if name not in mapped
+                         for p in _split(layout.pieces, settings.chunk_bytes)), key=lambda p: (p.file, p.begin))
         chunks = _chunks(pieces, settings.chunk_bytes)
     with spans.span("allocate"):
-        tensors = {name: torch.empty(layout.shape, dtype=dtype if layout.dtype.is_floating_point else layout.dtype,
-                                     device=device) for name, layout in layouts.items()}
+        tensors = {name: torch.empty(layout.shape, dtype=targets[name], device=device)
+                   for name, layout in layouts.items() if name not in mapped}
     fds = [os.open(f, os.O_RDONLY) for f in files]
     try:
-        if device.type == "cuda" if ring is None else ring:
+        if mapped:
+            with spans.span("map"):
+                tensors.update(_map_in_place({name: layouts[name] for name in mapped}, fds))
+        if ringed:
             _through_ring(chunks, fds, files, tensors, device, settings, spans)
         else:
             _to_host(chunks, fds, files, tensors, settings, spans)
@@ -178,6 +195,30 @@ def _layout(name: str, parts: tuple[str, ...], expected: tuple[int, ...], prefix
         pieces.append(Piece(file=file, target=name, target_row=row, entry=entry, row=0, rows=rows))
         row += rows
     return _Layout(shape, entries[0].dtype, tuple(pieces))
+
+
+def _mappable(layout: _Layout, target: torch.dtype) -> bool:
+    """One checkpoint tensor of the parameter's own dtype, aligned in the file: usable where it lies."""
+    if len(layout.pieces) != 1:
+        return False
+    entry = layout.pieces[0].entry
+    return entry.dtype == target and entry.nbytes > 0 and entry.begin % entry.dtype.itemsize == 0
+
+
+def _map_in_place(layouts: Mapping[str, _Layout], fds: list[int]) -> dict[str, torch.Tensor]:
+    """Each layout's tensor as a view of its file, mapped copy-on-write (one mapping per file, kept alive by
+    the tensors that view it)."""
+    maps: dict[int, mmap.mmap] = {}
+    out: dict[str, torch.Tensor] = {}
+    for name, layout in layouts.items():
+        piece = layout.pieces[0]
+        if piece.file not in maps:
+            maps[piece.file] = mmap.mmap(fds[piece.file], 0, access=mmap.ACCESS_COPY)
+        entry = piece.entry
+        flat = torch.frombuffer(maps[piece.file], dtype=entry.dtype, count=entry.nbytes // entry.dtype.itemsize,
+                                offset=entry.begin)
+        out[name] = flat.view(layout.shape)
+    return out
 
 
 def _split(pieces: tuple[Piece, ...], chunk_bytes: int) -> Iterator[Piece]:
