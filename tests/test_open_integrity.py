@@ -441,3 +441,22 @@ def test_a_body_change_in_stored_text_is_a_clear_error_never_wrong_text(large, t
         index.texts(hits[0])
     assert caught.value.exit_code == 65
     assert fake_invoke(["verify", str(out)]).exit_code == 65
+
+
+def test_a_damaged_store_columns_file_is_never_copied_into_a_version_nor_blocks(large, tmp_path):
+    """The store's columns side file (what a new version's stored text is copied from): a FIFO in its place is
+    never opened (``petal rebuild`` used to block on it forever), a changed page is exit 65 naming it (its page
+    checksum; it used to be copied into the new version and sealed there)."""
+    out, _ = copy(large, tmp_path)
+    side = next((out / "store" / "columns").rglob("*.parquet"))
+    argv = [sys.executable, "-m", "petal.cli.main", "rebuild", str(out), "--index-factory", "Flat"]
+    blob = bytearray(side.read_bytes())
+    blob[len(blob) // 2] ^= 0x55
+    side.write_bytes(bytes(blob))
+    damaged = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert damaged.returncode == 65 and str(side) in damaged.stderr and "Traceback" not in damaged.stderr, \
+        damaged.stderr[-2000:]
+    side.unlink()
+    os.mkfifo(side)
+    rebuilt = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert rebuilt.returncode == 0, rebuilt.stderr[-2000:]  # finished: the FIFO was never opened

@@ -30,6 +30,7 @@ from petal.pipeline.ingest.parquet import ShardInfo
 from petal.pipeline.ingest.remote import RemotePath
 from petal.pipeline.reliability.durable import fsync_dir
 from petal.pipeline.reliability.errors import BadInputError, ConfigError, writing
+from petal.pipeline.reliability.safe_files import UnsafeFileError, check_regular
 from petal.pipeline.store.embeddings import EmbeddingStore, StoreEntry
 from petal.pipeline.store.side_files import side_file
 
@@ -67,9 +68,12 @@ class ColumnsNeed:
 
 
 def _stored_names(path: Path) -> set[str]:
+    """The columns side file ``path`` holds; none when it is missing, unreadable, or not a regular file inside
+    the store (a FIFO there is never opened: reading it would block; the side file is written again)."""
     try:
+        check_regular(path, path.parent.parent.parent)
         return set(pq.read_schema(path).names)
-    except (OSError, pa.ArrowException):
+    except (OSError, pa.ArrowException, UnsafeFileError):
         return set()
 
 
@@ -155,13 +159,18 @@ def _write_columns(shard: Any, entry: StoreEntry, need: ColumnsNeed, path: Path)
 def entry_columns(entry: StoreEntry, positions: np.ndarray, names: list[str]) -> Iterator[pa.Table]:
     """The side file's ``names`` at ``positions`` (ascending positions into rows.parquet), streamed."""
     path = columns_path(entry.path)
-    pf = pq.ParquetFile(path)
-    start = 0
-    for batch in pf.iter_batches(batch_size=READ_BATCH_ROWS, columns=names):
-        lo, hi = np.searchsorted(positions, [start, start + batch.num_rows])
-        if hi > lo:
-            yield pa.Table.from_batches([batch]).take(pa.array(positions[lo:hi] - start))
-        start += batch.num_rows
+    try:
+        pf = pq.ParquetFile(path, page_checksum_verification=True)
+        start = 0
+        for batch in pf.iter_batches(batch_size=READ_BATCH_ROWS, columns=names):
+            lo, hi = np.searchsorted(positions, [start, start + batch.num_rows])
+            if hi > lo:
+                yield pa.Table.from_batches([batch]).take(pa.array(positions[lo:hi] - start))
+            start += batch.num_rows
+    except (OSError, pa.ArrowException) as exc:
+        # NOTE: never copied into a version: a damaged page (its checksum) or a cut file is refused, named
+        raise BadInputError(f"{path}: cannot read the stored columns ({exc}); remove it and rerun: petal index "
+                            "writes it again from its shard") from exc
 
 
 def version_schema(entries: list[StoreEntry], need: ColumnsNeed) -> pa.Schema | None:
