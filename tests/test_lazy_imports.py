@@ -19,7 +19,7 @@ from petal.cli.main import cli
 from tests.conftest import REPO
 
 HEAVY = ("torch", "faiss", "pyarrow", "tokenizers", "safetensors", "transformers", "sentence_transformers",
-         "petal.bench")
+         "petal.bench", "pandas")  # pandas: pyarrow's pa.array() imports it when installed (0.25-0.4 s)
 # Runs one CLI invocation in a fresh interpreter, then reports its exit code and the heavy modules loaded.
 RUNNER = f"""
 import json, sys
@@ -104,17 +104,17 @@ def test_each_command_imports_only_what_it_needs(index_dir, tmp_path):
     code, loaded = run(["embed", "a query"], tmp_path)
     assert code == 0 and {"torch", "tokenizers"} <= loaded
     # petal reads safetensors files itself (engine/models/safetensors_header.py, stream.py)
-    assert not loaded & {"faiss", "pyarrow", "safetensors", "transformers", "sentence_transformers", "petal.bench"}, \
-        loaded
+    assert not loaded & {"faiss", "pyarrow", "safetensors", "transformers", "sentence_transformers", "petal.bench",
+                         "pandas"}, loaded
     code, loaded = run(["query", str(index_dir), "ice", "-k", "1"], tmp_path)
     assert code == 0 and {"torch", "faiss", "pyarrow", "tokenizers"} <= loaded
-    assert not loaded & {"transformers", "sentence_transformers", "petal.bench"}, loaded
+    assert not loaded & {"transformers", "sentence_transformers", "petal.bench", "pandas"}, loaded
     import numpy as np
 
     np.save(tmp_path / "q.npy", np.ones((1, 384), np.float32))
     code, loaded = run(["query", str(index_dir), "--vector-file", str(tmp_path / "q.npy"), "-k", "1"], tmp_path)
     assert code == 0 and {"faiss", "pyarrow"} <= loaded  # by vector: no model, so neither torch nor a tokenizer
-    assert not loaded & {"torch", "tokenizers", "safetensors", "transformers", "petal.bench"}, loaded
+    assert not loaded & {"torch", "tokenizers", "safetensors", "transformers", "petal.bench", "pandas"}, loaded
     code, loaded = run(["rebuild", str(index_dir), "--index-factory", "Flat"], tmp_path)
     assert code == 0 and "faiss" in loaded
     assert not loaded & {"torch", "tokenizers", "safetensors", "transformers", "petal.bench"}, loaded
