@@ -210,10 +210,7 @@ class IndexReader:
             # NOTE: only a damaged index body returns such an id (the open checks read heads and tails)
             raise BadInputError(f"{self.dir / INDEX_FILE} returned vector id {int(flat.max())} of {self.num_ids}: "
                                 "the index is corrupt; run petal verify and rebuild it")
-        rows = self.id_map.take(flat)
-        doc_ids = rows.column("id").to_pylist()
-        shards = rows.column("shard").to_pylist()
-        shard_rows = rows.column("row").to_pylist()
+        doc_ids, shards, shard_rows = self.id_map.lookup(flat)
         out: list[list[Hit]] = []
         cursor = 0
         for q in range(len(vectors)):
