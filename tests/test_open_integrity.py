@@ -410,6 +410,28 @@ def test_the_open_decodes_no_ids_and_a_search_only_the_row_groups_of_its_hits(la
     assert reader.ids.num_rows == LARGE_ROWS and reader.ids.column("id").to_pylist()[:3] == [0, 1, 2]
 
 
+
+def test_a_served_version_decodes_its_id_map_before_it_serves(large, monkeypatch):
+    """``IdMap.decode_all`` (what ``petal serve`` runs on a version before it serves): every row group's ids
+    decoded once, after which searches decode no id again, and answer as before."""
+    reader = IndexReader(large)
+    reader.id_map.decode_all()
+    groups = reader.id_map.rows.file.metadata.num_row_groups
+    assert groups >= 3 and sorted(reader.id_map._columns) == list(range(groups))
+    decoded: list[int] = []
+    real = pq.ParquetFile.read_row_group
+
+    def spy(self, *args, **kwargs):
+        decoded.append(args[0] if args else -1)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(pq.ParquetFile, "read_row_group", spy)
+    for faiss_id in (1, LARGE_ROWS // 2, LARGE_ROWS - 1):
+        hit = reader.search(reader.index.reconstruct_n(faiss_id, 1), 1)[0][0]
+        assert hit.id == hit.row == hit.faiss_id  # its own document (or an identical vector's), mapped right
+    # only the kept column of each hit is read per search (fields), never the ids again
+    assert len(decoded) == 3, decoded
+
 def test_a_body_change_in_stored_text_is_a_clear_error_never_wrong_text(large, tmp_path):
     """A byte changed inside a row group of the stored text, past the head/tail spans: the page checksums petal
     writes find it when a hit's text is read (exit 65 naming ids.parquet), never garbled text or a traceback."""

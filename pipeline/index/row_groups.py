@@ -111,6 +111,21 @@ class IdMap:
         """``id``, ``shard``, ``row`` of ``faiss_ids`` (each below ``len(self)``), in that order."""
         return self.rows.take(faiss_ids, list(ID_COLUMNS), self._decoded)
 
+    def decode_all(self) -> None:
+        """Decode every row group now (a server does it before a version serves, so that no search pays
+        a row group's first decode): what the open decoded up front before it became O(1)."""
+        for group in range(len(self.rows.starts) - 1):
+            self._group_columns(group)
+
+    def _group_columns(self, group: int) -> tuple[Any, ...]:
+        columns = self._columns.get(group)
+        if columns is None:
+            table = self._decoded.get(group)
+            if table is None:
+                table = self._decoded[group] = self.rows.read_group(group, list(ID_COLUMNS))
+            columns = self._columns[group] = tuple(table.column(c).combine_chunks() for c in ID_COLUMNS)
+        return columns
+
     def lookup(self, faiss_ids: np.ndarray) -> tuple[list[Any], list[Any], list[Any]]:
         """The ``id``, ``shard`` and ``row`` values of ``faiss_ids``, as Python lists (a search's hits).
 
@@ -124,12 +139,7 @@ class IdMap:
         shards: list[Any] = []
         row_numbers: list[Any] = []
         for faiss_id, group in zip(rows.tolist(), groups.tolist()):
-            columns = self._columns.get(group)
-            if columns is None:
-                table = self._decoded.get(group)
-                if table is None:
-                    table = self._decoded[group] = self.rows.read_group(group, list(ID_COLUMNS))
-                columns = self._columns[group] = tuple(table.column(c).combine_chunks() for c in ID_COLUMNS)
+            columns = self._group_columns(group)
             local = faiss_id - int(self.rows.starts[group])
             ids.append(columns[0][local].as_py())
             shards.append(columns[1][local].as_py())

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from petal.pipeline.index.search import Hit, ignored_overrides
+from petal.pipeline.index.search import Hit, IndexReader, ignored_overrides
 from petal.pipeline.jobs.query import QueryModel, SearchIndex
 from petal.pipeline.serve.batcher import Embedded, TokenBatcher
 from petal.pipeline.serve.encoding import embeddings_body
@@ -52,16 +52,22 @@ class ServeState:
         # the GPU copy of each version (--search-device cuda), made before the version serves
         self.gpu = GpuReaders(settings.search_device, settings.search_dtype) if settings.search_device != "cpu" \
             else None
-        if self.gpu is not None and index is not None:
-            self.gpu.prepare(index.reader)
+        if index is not None:
+            self._prepare(index.reader)
         self.follower = None if index is None or index_root is None else IndexFollower(
-            index_root, model.spec, index, self.metrics, nprobe=nprobe, rescore=rescore,
-            prepare=None if self.gpu is None else self.gpu.prepare)
+            index_root, model.spec, index, self.metrics, nprobe=nprobe, rescore=rescore, prepare=self._prepare)
         self.executor = ThreadPoolExecutor(settings.search_threads, thread_name_prefix="petal-work")
         self.params_lock = SharedExclusiveLock()
         self.searcher = SearchBatcher(self.params_lock, self.gpu, max_queue_rows=settings.max_queue_texts)
         self._follow_task: asyncio.Task[None] | None = None
         self._transforms: dict[int | None, OutputTransform] = {}
+
+    def _prepare(self, reader: IndexReader) -> None:
+        """A version's warm state, made before it serves: its id map decoded (no search pays a row group's
+        first decode) and, with --search-device cuda, its GPU copy."""
+        reader.id_map.decode_all()
+        if self.gpu is not None:
+            self.gpu.prepare(reader)
 
     async def start(self) -> None:
         self.batcher.start()
