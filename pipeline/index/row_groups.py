@@ -69,19 +69,14 @@ class RowGroups:
         """The row group of each row number of ``rows``."""
         return np.searchsorted(self.starts, rows, side="right") - 1
 
-    def take(self, rows: np.ndarray, columns: list[str], cache: dict[int, pa.Table] | None = None) -> pa.Table:
-        """``columns`` of ``rows`` (row numbers, any order, repeats allowed), in that order. ``cache``: decoded
-        row groups kept between calls (filled here)."""
+    def take(self, rows: np.ndarray, columns: list[str]) -> pa.Table:
+        """``columns`` of ``rows`` (row numbers, any order, repeats allowed), in that order."""
         rows = np.asarray(rows, dtype=np.int64)
         groups = self.groups_of(rows)
         parts, positions = [], []
         for group in np.unique(groups):
             at = np.flatnonzero(groups == group)
-            table = cache.get(int(group)) if cache is not None else None
-            if table is None:
-                table = self.read_group(int(group), columns)
-                if cache is not None:
-                    cache[int(group)] = table
+            table = self.read_group(int(group), columns)
             parts.append(table.take(int64_array(rows[at] - int(self.starts[group]))))
             positions.append(at)
         if not parts:
@@ -101,15 +96,15 @@ class IdMap:
         if missing:
             raise BadInputError(f"{quote_path(rows.path)} has no column {', '.join(missing)}; the version is "
                                 "corrupt: rebuild it")
-        self._decoded: dict[int, pa.Table] = {}
-        self._columns: dict[int, tuple[Any, ...]] = {}  # row group -> its id columns, one chunk each
+        self._columns: dict[int, tuple[Any, ...]] = {}  # row group -> its decoded id columns, one chunk each
 
     def __len__(self) -> int:
         return self.rows.num_rows
 
     def take(self, faiss_ids: np.ndarray) -> pa.Table:
-        """``id``, ``shard``, ``row`` of ``faiss_ids`` (each below ``len(self)``), in that order."""
-        return self.rows.take(faiss_ids, list(ID_COLUMNS), self._decoded)
+        """``id``, ``shard``, ``row`` of ``faiss_ids`` (each below ``len(self)``), in that order, as a table
+        (read again from their row groups: searches use ``lookup``)."""
+        return self.rows.take(faiss_ids, list(ID_COLUMNS))
 
     def decode_all(self) -> None:
         """Decode every row group now (a server does it before a version serves, so that no search pays
@@ -120,18 +115,16 @@ class IdMap:
     def _group_columns(self, group: int) -> tuple[Any, ...]:
         columns = self._columns.get(group)
         if columns is None:
-            table = self._decoded.get(group)
-            if table is None:
-                table = self._decoded[group] = self.rows.read_group(group, list(ID_COLUMNS))
+            table = self.rows.read_group(group, list(ID_COLUMNS))
             columns = self._columns[group] = tuple(table.column(c).combine_chunks() for c in ID_COLUMNS)
         return columns
 
     def lookup(self, faiss_ids: np.ndarray) -> tuple[list[Any], list[Any], list[Any]]:
         """The ``id``, ``shard`` and ``row`` values of ``faiss_ids``, as Python lists (a search's hits).
 
-        # NOTE: value by value from each decoded row group's single-chunk columns: a search's few hits
-        # spread over many row groups, and a pyarrow take per group, concatenated and reordered, cost
-        # ~0.8 ms for 10 hits over 1M ids on the development machine; this costs ~0.05 ms.
+        Value by value from each decoded row group's single-chunk columns: a search's few hits spread
+        over many row groups, and a pyarrow take per group, concatenated and reordered, cost ~0.8 ms for
+        10 hits over 1M ids on the development machine; this costs ~0.13 ms.
         """
         rows = np.asarray(faiss_ids, dtype=np.int64)
         groups = self.rows.groups_of(rows)
