@@ -145,6 +145,8 @@ class EngineConfig:
     # fused kernel (0: never). Measured on the H200: README "Small-batch latency".
     small_attention_tokens: int = 128
     fused_mlp_tokens: int = 32
+    skinny_layer_tokens: int = 16  # Qwen3 layers as four weight-streaming kernels (engine/layers/skinny_linear.py)
+    pdl: bool = True  # ... launched as programmatic dependent launches (sm90+)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_NAMES:
@@ -157,5 +159,5 @@ class EngineConfig:
             raise ValueError(f"token_budget {self.token_budget} and max_seqs {self.max_seqs} must be >= 1")
         if self.steps_in_flight < 1:
             raise ValueError(f"steps_in_flight {self.steps_in_flight} < 1")
-        if min(self.small_attention_tokens, self.fused_mlp_tokens) < 0:
+        if min(self.small_attention_tokens, self.fused_mlp_tokens, self.skinny_layer_tokens) < 0:
             raise ValueError("small-batch token limits must be >= 0 (0 turns a kernel off)")

@@ -34,3 +34,5 @@ class ForwardContext:
     # the small-batch path (engine/small_batch.py decides per bucket):
     fused_attention: bool = False  # attention in one Triton kernel (engine/layers/small_attention.py), no plan()
     fused_mlp: bool = False  # Qwen3 gate/up GEMM with SwiGLU fused (engine/layers/fused_mlp.py)
+    skinny_layers: bool = False  # Qwen3 layers as weight-streaming kernels (engine/layers/skinny_linear.py)
+    pdl: bool = False  # ... launched as programmatic dependent launches

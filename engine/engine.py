@@ -104,7 +104,10 @@ class Engine:
             raise ValueError("--dtype float16 is not supported on the CPU; use bfloat16 or float32")
         self.stats = EngineStats()
         started = time.perf_counter()
-        warmup = start_warmup(spec.config, self.activation_dtype, self.device)  # compiles while weights load
+        self.small = SmallBatchKernels.for_engine(config, spec.config, self.device, self.activation_dtype)
+        # compiles while the weights load
+        warmup = start_warmup(spec.config, self.activation_dtype, self.device, self.small.skinny_tokens,
+                              self.small.pdl)
         if model is None:
             model = load_model(spec, self.device, self.activation_dtype)
             if self.dtype != self.activation_dtype:
@@ -124,7 +127,6 @@ class Engine:
             num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, causal=cfg.causal,
             max_tokens=config.token_budget, max_seqs=config.max_seqs, cuda_graphs=config.cuda_graphs,
         )
-        self.small = SmallBatchKernels.for_engine(config, cfg, self.device, self.activation_dtype)
         self.ring = HostRing(config.steps_in_flight + 1, config.max_seqs, spec.dim, self.device)
         # NOTE: the CPU reuses one slot (the step runs synchronously); CUDA keeps slots per step in flight.
         depth = config.steps_in_flight + 2 if self.device.type == "cuda" else 1
@@ -159,7 +161,8 @@ class Engine:
             "cuda_graphs": self.graphs is not None,
             "token_budget": self.config.token_budget,
             "max_seqs": self.config.max_seqs,
-            "small_batch": {"attention_tokens": self.small.attention_tokens, "mlp_tokens": self.small.mlp_tokens},
+            "small_batch": {"attention_tokens": self.small.attention_tokens, "mlp_tokens": self.small.mlp_tokens,
+                            "skinny_tokens": self.small.skinny_tokens, "pdl": self.small.pdl},
         }
 
     def step(self, batch: PackedBatch) -> LazyTensor:

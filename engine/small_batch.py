@@ -5,7 +5,10 @@ reads. For buckets up to a per-kernel limit (``EngineConfig``'s ``*_tokens`` fie
 the H200: README "Small-batch latency") a step runs
 
 - attention as one Triton kernel with Qwen3's q/k norm and RoPE inside (no FlashInfer ``plan()``),
-- Qwen3's gate/up GEMM with SwiGLU in its epilogue.
+- Qwen3's gate/up GEMM with SwiGLU in its epilogue,
+- (the smallest buckets) each Qwen3 layer as four weight-streaming GEMMs with the norms and residual
+  adds inside, around that attention kernel, launched as programmatic dependent launches on sm90+
+  (``engine/layers/skinny_linear.py``).
 
 The choice is made per bucket (a graph's shapes are fixed), so each bucket's graph holds one path.
 """
@@ -19,6 +22,8 @@ import torch
 from petal.engine.config import EngineConfig, ModelConfig
 from petal.engine.context import ForwardContext
 from petal.engine.layers.fused_mlp import fits as fused_mlp_fits
+from petal.engine.layers.skinny_linear import MAX_ROWS as SKINNY_MAX_ROWS
+from petal.engine.layers.skinny_linear import fits as skinny_fits
 from petal.engine.layers.small_attention import SMALL_ATTENTION_HEAD_DIMS
 from petal.engine.layers.triton_kernels import triton_available
 
@@ -27,6 +32,8 @@ from petal.engine.layers.triton_kernels import triton_available
 class SmallBatchKernels:
     attention_tokens: int  # buckets up to this many tokens run the fused attention kernel (0: none)
     mlp_tokens: int  # ... the fused gate/up + SwiGLU kernel (Qwen3)
+    skinny_tokens: int = 0  # ... whole Qwen3 layers as weight-streaming kernels
+    pdl: bool = False  # ... launched as programmatic dependent launches
 
     @classmethod
     def for_engine(cls, config: EngineConfig, model: ModelConfig, device: torch.device,
@@ -39,9 +46,16 @@ class SmallBatchKernels:
         attention = config.small_attention_tokens if fits else 0
         qwen3 = model.architecture == "qwen3"
         mlp = config.fused_mlp_tokens if qwen3 and fused_mlp_fits(model.hidden_size, model.intermediate_size) else 0
-        return cls(attention, mlp)
+        skinny = 0
+        if fits and qwen3 and not dict(model.extra).get("attention_bias", False) and skinny_fits(
+                model.hidden_size, model.num_heads * model.head_dim, model.intermediate_size):
+            skinny = min(config.skinny_layer_tokens, SKINNY_MAX_ROWS)
+        pdl = config.pdl and skinny > 0 and torch.cuda.get_device_capability(device)[0] >= 9
+        return cls(attention, mlp, skinny, pdl)
 
     def apply(self, ctx: ForwardContext, num_tokens: int) -> None:
         """Mark ``ctx`` (a step of ``num_tokens`` token slots) with the kernels its bucket runs."""
         ctx.fused_attention = num_tokens <= self.attention_tokens
         ctx.fused_mlp = num_tokens <= self.mlp_tokens
+        ctx.skinny_layers = num_tokens <= self.skinny_tokens
+        ctx.pdl = self.pdl and ctx.skinny_layers

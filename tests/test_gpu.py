@@ -191,26 +191,32 @@ def test_kernel_warmup_compiles_what_the_model_runs(family, tmp_path, monkeypatc
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
     import importlib
 
-    from petal.engine.layers import small_attention, triton_attention, warmup
+    from petal.engine.layers import skinny_linear, small_attention, triton_attention, triton_skinny, warmup
+    from petal.engine.small_batch import SmallBatchKernels
 
     monkeypatch.setattr(warmup, "_warmups", {})
     # fresh JIT objects: nothing compiled in memory yet
     for factory in (triton_kernels._kernel, triton_kernels._add_ln_kernel, triton_kernels.gate_up_silu_kernel,
-                    small_attention._kernel):
+                    small_attention._kernel, skinny_linear._kernels):
         factory.cache_clear()
     importlib.reload(triton_attention)
+    importlib.reload(triton_skinny)
     shape = TINY[family]
     config = model_class_for(shape.hf_config).config_from_hf(shape.hf_config)
-    thread = warmup.start_warmup(config, torch.bfloat16, CUDA)
-    assert thread is not None and warmup.start_warmup(config, torch.bfloat16, CUDA) is thread  # idempotent
+    engine_config = EngineConfig(device="cuda", dtype="bfloat16", token_budget=4096)
+    small = SmallBatchKernels.for_engine(engine_config, config, CUDA, torch.bfloat16)  # as the engine decides
+    thread = warmup.start_warmup(config, torch.bfloat16, CUDA, small.skinny_tokens, small.pdl)
+    assert thread is not None
+    assert warmup.start_warmup(config, torch.bfloat16, CUDA, small.skinny_tokens, small.pdl) is thread  # idempotent
     thread.join()
     compiled = sorted(os.listdir(tmp_path / "triton"))
     assert compiled  # the warm-up compiled something
     hf = hf_model(shape, CUDA, torch.bfloat16, seed=3)
     spec, model = native_from_hf(shape, hf, CUDA, torch.bfloat16)
-    engine = Engine(spec, EngineConfig(device="cuda", dtype="bfloat16", token_budget=4096), model=model)
+    engine = Engine(spec, engine_config, model=model)
     engine.step(PackedBatch.from_sequences(mixed_docs(5, seed=4))).result()  # a large bucket
     engine.step(PackedBatch.from_sequences(mixed_docs(2, seed=5, high=30))).result()  # a small one
+    engine.step(PackedBatch.from_sequences(mixed_docs(1, seed=6, high=12))).result()  # the skinny layers' bucket
     assert sorted(os.listdir(tmp_path / "triton")) == compiled  # the model's kernels were the warmed ones
     assert engine.stats.kernel_warmup_wait_s >= 0
 

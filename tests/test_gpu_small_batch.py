@@ -21,7 +21,7 @@ from tests.test_gpu import TINY
 pytestmark = pytest.mark.gpu
 
 CUDA = torch.device("cuda")
-OFF = {"small_attention_tokens": 0, "fused_mlp_tokens": 0}
+OFF = {"small_attention_tokens": 0, "fused_mlp_tokens": 0, "skinny_layer_tokens": 0}
 
 
 def bucket_inputs(lengths: list[int], padded: bool) -> tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -103,6 +103,65 @@ def test_gate_up_silu_matches_reference(num_tokens, hidden, inter):
     assert float((out.float() - ref).norm() / ref.norm()) < 1e-2
 
 
+def rms_reference(x, g, eps):
+    x32 = x.float()
+    return x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps) * g.float()
+
+
+@pytest.mark.parametrize("pdl", [False, True])
+@pytest.mark.parametrize("num_tokens", [1, 5, 16, 17, 32])
+@pytest.mark.parametrize(("hidden", "width", "inter"), [(1024, 4096, 3072), (256, 512, 512)])
+def test_skinny_kernels_match_reference(num_tokens, hidden, width, inter, pdl):
+    """norm_linear (plain and SwiGLU) and the split-K linear_add against float32, eager and as graph replays,
+    with and without programmatic dependent launch (the kernels chained as a layer chains them)."""
+    from petal.engine.layers.skinny_linear import linear_add, norm_input, norm_linear
+
+    if pdl and torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("programmatic dependent launch needs sm90+")
+    torch.manual_seed(num_tokens + hidden)
+    eps = 1e-6
+    x = torch.randn(num_tokens, hidden, device=CUDA, dtype=torch.bfloat16) * 3
+    g = (torch.rand(hidden, device=CUDA) + 0.5).to(torch.bfloat16)
+    w = torch.randn(width, hidden, device=CUDA, dtype=torch.bfloat16) * hidden**-0.5
+    wgu = torch.randn(2 * inter, hidden, device=CUDA, dtype=torch.bfloat16) * hidden**-0.5
+    wd = torch.randn(hidden, inter, device=CUDA, dtype=torch.bfloat16) * inter**-0.5
+    ref_lin = rms_reference(x, g, eps) @ w.float().T
+    gu = rms_reference(x, g, eps) @ wgu.float().T
+    ref_act = F.silu(gu[:, :inter]) * gu[:, inter:]
+    outs = {}
+
+    def chain():
+        first = norm_input(x, g)
+        outs["lin"] = norm_linear(first, eps, w, pdl=pdl)
+        outs["act"] = norm_linear(first, eps, wgu, swiglu=True, pdl=pdl)
+        outs["add"], nxt = linear_add(outs["act"], wd, x, norm_weight=g, pdl=pdl)
+        outs["scaled"] = nxt.hg
+        outs["lin2"] = norm_linear(nxt, eps, w, pdl=pdl)  # from the sums of squares linear_add wrote
+        outs["inplace"] = x.clone()
+        _, none = linear_add(outs["act"], wd, outs["inplace"], out=outs["inplace"], pdl=pdl)
+        assert none is None
+
+    chain()
+    torch.cuda.synchronize()
+    eager = {key: value.clone() for key, value in outs.items()}
+    ref_add = x.float() + eager["act"].float() @ wd.float().T
+    ref_scaled = eager["add"].float() * g.float()
+    ref_lin2 = rms_reference(eager["add"], g, eps) @ w.float().T
+    for key, ref in (("lin", ref_lin), ("act", ref_act), ("add", ref_add), ("inplace", ref_add),
+                     ("scaled", ref_scaled), ("lin2", ref_lin2)):
+        err = float((eager[key].float() - ref).norm() / ref.norm())
+        assert err < 1e-2, (key, err)
+    assert torch.equal(eager["add"], eager["inplace"])
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        chain()
+    for _ in range(3):  # the split-K counters are back at 0 after every run
+        graph.replay()
+        torch.cuda.synchronize()
+        for key, value in eager.items():
+            assert torch.equal(outs[key], value), key
+
+
 def engines(family: str, **config):
     shape = TINY[family]
     hf = hf_model(shape, CUDA, torch.bfloat16, seed=11)
@@ -136,7 +195,32 @@ def test_small_batches_equal_the_plain_engine_and_transformers(family):
     assert fast.graphs is not None
     used = [state.ctx for bucket, state in fast.graphs.states.items() if bucket <= fast.small.attention_tokens]
     assert used and all(ctx.fused_attention for ctx in used)
+    if family.startswith("qwen3"):  # the 16-token bucket ran the skinny layers, larger ones did not
+        assert fast.small.skinny_tokens == 16
+        states = fast.graphs.states.items()
+        assert all(state.ctx.skinny_layers == (bucket <= 16) for bucket, state in states)
+        assert any(bucket <= 16 for bucket, _ in states)
     assert fast.stats.graph_replays > 0
+
+
+@pytest.mark.parametrize("pdl", [True, False])
+@pytest.mark.parametrize("family", ["qwen3-causal", "qwen3-bidirectional"])
+def test_skinny_layers_equal_the_plain_engine(family, pdl):
+    """The skinny layer path alone (PDL on and off) against the engine without any small-batch kernel."""
+    shape, hf, fast, plain = engines(family, small_attention_tokens=0, fused_mlp_tokens=0, skinny_layer_tokens=32,
+                                     pdl=pdl)
+    assert fast.small.skinny_tokens == 32 and fast.small.pdl == (pdl and torch.cuda.get_device_capability()[0] >= 9)
+    rng = np.random.default_rng(21)
+    for num_seqs, high in ((1, 16), (1, 32), (2, 14), (4, 8), (1, 3)):
+        docs = random_docs(rng.integers(1, high, num_seqs), 30000, seed=int(rng.integers(1 << 30)))
+        batch = PackedBatch.from_sequences(docs)
+        for _ in range(3):  # eager, capture, replay
+            a = fast.step(batch).result()
+            b = plain.step(batch).result()
+            assert cosine_rows(a, b).min() > 0.999, (num_seqs, cosine_rows(a, b).min())
+    bidirectional = family == "qwen3-bidirectional"
+    ref = hf_embed(hf, shape, docs, batch_size=8, bidirectional=bidirectional)
+    assert cosine_rows(petal_embed(fast, docs), ref).min() >= 0.995
 
 
 @pytest.mark.parametrize("family", ["bert", "qwen3-causal", "qwen3-bidirectional"])

@@ -34,7 +34,7 @@ def _kernel():  # type: ignore[no-untyped-def]  # Triton kernels are untyped
 def small_attention(qkv: torch.Tensor, token_seq_ids: torch.Tensor, cu_seqlens: torch.Tensor, *, num_heads: int,
                     num_kv_heads: int, head_dim: int, causal: bool, scale: float, positions: torch.Tensor | None = None,
                     rope_table: torch.Tensor | None = None, qk_norm_weights: torch.Tensor | None = None,
-                    eps: float = 0.0, block_m: int = 32, block_n: int = 64) -> torch.Tensor:
+                    eps: float = 0.0, block_m: int = 32, block_n: int = 64, pdl: bool = False) -> torch.Tensor:
     """Self-attention of every packed sequence over a fused projection, in one kernel.
 
     Parameters
@@ -46,6 +46,7 @@ def small_attention(qkv: torch.Tensor, token_seq_ids: torch.Tensor, cu_seqlens: 
     positions, rope_table, qk_norm_weights, eps : Qwen3's q/k RMSNorm (``[2, head_dim]`` weights) and
         RoPE (``positions [num_tokens]`` int32, ``rope_table [max_positions, head_dim]`` float32 cos|sin);
         all ``None`` for models without them.
+    pdl : launch as a programmatic dependent launch (sm90+; ``engine/layers/skinny_linear.py``).
 
     Returns ``[num_tokens, num_heads, head_dim]`` in ``qkv``'s dtype. ``qkv`` is left as it was.
     """
@@ -63,5 +64,6 @@ def small_attention(qkv: torch.Tensor, token_seq_ids: torch.Tensor, cu_seqlens: 
     _kernel()[grid](qkv, qkv.stride(0), out, out.stride(0), token_seq_ids, cu_seqlens, positions,
                     rope_table, qk_norm_weights, eps, scale * 1.4426950408889634, num_tokens,
                     Q_HEADS=num_heads, K_HEADS=num_kv_heads, HALF=head_dim // 2, BLOCK_M=block_m,
-                    BLOCK_N=block_n, CAUSAL=causal, NORM_ROPE=norm_rope, num_warps=4)
+                    BLOCK_N=block_n, CAUSAL=causal, NORM_ROPE=norm_rope, PDL=pdl, num_warps=4,
+                    launch_pdl=pdl)
     return out

@@ -26,7 +26,10 @@ def small_attention_kernel(qkv_ptr, stride_t, out_ptr, stride_out, seq_ptr, cu_p
                            eps, qk_scale, num_tokens,
                            Q_HEADS: tl.constexpr, K_HEADS: tl.constexpr, HALF: tl.constexpr,
                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-                           NORM_ROPE: tl.constexpr):
+                           NORM_ROPE: tl.constexpr, PDL: tl.constexpr):
+    if PDL:  # launched during the previous kernel: wait for its qkv, then let the next kernel start
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     head = tl.program_id(0)
     first_row = tl.program_id(1) * BLOCK_M
     kv_head = head // (Q_HEADS // K_HEADS)

@@ -15,30 +15,37 @@ import torch
 from petal.engine.config import ModelConfig
 from petal.engine.layers.fused_mlp import fits as fused_mlp_fits
 from petal.engine.layers.fused_mlp import gate_up_silu
+from petal.engine.layers.skinny_linear import fits as skinny_fits
+from petal.engine.layers.skinny_linear import linear_add, norm_input, norm_linear
 from petal.engine.layers.small_attention import SMALL_ATTENTION_HEAD_DIMS, small_attention
 from petal.engine.layers.triton_kernels import add_layer_norm, qk_norm_rope_, triton_available
 
 _warmups: dict[tuple[object, ...], threading.Thread] = {}
 
 
-def start_warmup(cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> threading.Thread | None:
+def start_warmup(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, skinny_tokens: int = 0,
+                 pdl: bool = False) -> threading.Thread | None:
     """Compile (or load from Triton's on-disk cache) the Triton kernels ``cfg``'s model will run, in a
     background thread, so it overlaps the weight load instead of delaying the first step (a cold
     compile took ~1.4 s on the H200 host). Idempotent; ``join()`` the thread before any CUDA graph
-    capture. ``None`` when no Triton kernel will run.
+    capture. ``None`` when no Triton kernel will run. ``skinny_tokens``, ``pdl``: the buckets that run the
+    skinny layer kernels (``SmallBatchKernels``) and whether they are programmatic dependent launches
+    (a variant of their own).
     """
     if device.type != "cuda" or dtype not in (torch.bfloat16, torch.float16) or not triton_available():
         return None
-    key = (cfg.architecture, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, dtype, str(device))
+    key = (cfg.architecture, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, dtype, str(device),
+           skinny_tokens, pdl)
     thread = _warmups.get(key)
     if thread is None:
-        thread = threading.Thread(target=_warm, args=(cfg, dtype, device), name="petal-kernel-warmup", daemon=True)
+        thread = threading.Thread(target=_warm, args=(cfg, dtype, device, skinny_tokens, pdl),
+                                  name="petal-kernel-warmup", daemon=True)
         _warmups[key] = thread
         thread.start()
     return thread
 
 
-def _warm(cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
+def _warm(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, skinny_tokens: int, pdl: bool) -> None:
     # NOTE: a failure here is ignored: the real call compiles again and raises where it can be reported.
     # Dummy inputs match the real calls' dtypes, strides and sizes, so Triton specialises (and caches)
     # the very kernel the model launches.
@@ -56,6 +63,7 @@ def _warm(cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
                 add_layer_norm(x, torch.zeros_like(x), torch.ones(cfg.hidden_size, dtype=dtype, device=device),
                                torch.zeros(cfg.hidden_size, dtype=dtype, device=device), 1e-12)
             _warm_small_batch(cfg, dtype, device)
+            _warm_skinny(cfg, dtype, device, skinny_tokens, pdl)
             torch.cuda.synchronize(device)
     except Exception:
         pass
@@ -82,3 +90,40 @@ def _warm_small_batch(cfg: ModelConfig, dtype: torch.dtype, device: torch.device
         gate_up_silu(torch.zeros(num_tokens, cfg.hidden_size, dtype=dtype, device=device),
                      torch.zeros(2 * cfg.intermediate_size, cfg.hidden_size, dtype=dtype, device=device))
 
+
+
+def _warm_skinny(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, skinny_tokens: int, pdl: bool) -> None:
+    """The skinny layer kernels as the graph buckets up to ``skinny_tokens`` call them (a variant each)."""
+    q_size = cfg.num_heads * cfg.head_dim
+    if cfg.architecture != "qwen3" or not skinny_fits(cfg.hidden_size, q_size, cfg.intermediate_size):
+        return
+    width = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
+    norm = torch.zeros(cfg.hidden_size, dtype=dtype, device=device)
+    for num_tokens in (bucket for bucket in (16, 32) if bucket <= skinny_tokens):
+        h = torch.zeros(num_tokens, cfg.hidden_size, dtype=dtype, device=device)
+        w_qkv = torch.zeros(width, cfg.hidden_size, dtype=dtype, device=device)
+        w_down = torch.zeros(cfg.hidden_size, cfg.intermediate_size, dtype=dtype, device=device)
+        # NOTE: the first layer's norm input has one partial sum per row, later ones one per column tile
+        # of linear_add (another NUM_PARTS, another variant): both are compiled.
+        norm_linear(norm_input(h, norm), cfg.norm_eps, w_qkv, pdl=pdl)
+        _, mid = linear_add(torch.zeros(num_tokens, q_size, dtype=dtype, device=device),
+                            torch.zeros(cfg.hidden_size, q_size, dtype=dtype, device=device), h, out=h,
+                            norm_weight=norm, pdl=pdl)
+        assert mid is not None
+        act = norm_linear(mid, cfg.norm_eps,
+                          torch.zeros(2 * cfg.intermediate_size, cfg.hidden_size, dtype=dtype, device=device),
+                          swiglu=True, pdl=pdl)
+        _, nxt = linear_add(act, w_down, h, out=h, norm_weight=norm, pdl=pdl)
+        assert nxt is not None
+        norm_linear(nxt, cfg.norm_eps, w_qkv, pdl=pdl)
+        linear_add(act, w_down, h, out=h, pdl=pdl)  # the last layer's
+        if pdl and cfg.head_dim in SMALL_ATTENTION_HEAD_DIMS:
+            small_attention(torch.zeros(num_tokens, width, dtype=dtype, device=device),
+                            torch.zeros(num_tokens, dtype=torch.int32, device=device),
+                            torch.tensor([0, num_tokens], dtype=torch.int32, device=device),
+                            num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+                            causal=cfg.causal, scale=cfg.head_dim**-0.5,
+                            positions=torch.zeros(num_tokens, dtype=torch.int32, device=device),
+                            rope_table=torch.zeros(8, cfg.head_dim, dtype=torch.float32, device=device),
+                            qk_norm_weights=torch.zeros(2, cfg.head_dim, dtype=dtype, device=device),
+                            eps=cfg.norm_eps, pdl=True)

@@ -6,7 +6,7 @@ Module names follow Hugging Face's ``Qwen3Model``; the changes are fused project
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -20,6 +20,7 @@ from petal.engine.layers.fused_mlp import gate_up_silu
 from petal.engine.layers.linear import Linear
 from petal.engine.layers.norm import RMSNorm
 from petal.engine.layers.rotary import RopeTables, RotaryEmbedding, apply_rotary
+from petal.engine.layers.skinny_linear import NormInput, linear_add, norm_input, norm_linear
 from petal.engine.layers.small_attention import small_attention
 from petal.engine.layers.triton_kernels import qk_norm_rope_, triton_available
 from petal.engine.models.base import EncoderModel
@@ -164,6 +165,27 @@ class Qwen3DecoderLayer(nn.Module):
         h, residual = self.post_attention_layernorm(h, residual)
         return self.mlp(h, ctx), residual
 
+    def forward_skinny(self, h: torch.Tensor, x: NormInput, next_norm: torch.Tensor | None, rope: RopeTables,
+                       ctx: ForwardContext) -> NormInput | None:
+        """The layer as four weight-streaming kernels around the fused attention, updating the residual
+        stream ``h [T, hidden]`` in place: norms folded into the GEMMs, residual adds in their epilogues.
+
+        ``x`` is ``norm_input(h, input_layernorm.weight)``; returns the next layer's (``None`` when
+        ``next_norm`` is ``None``).
+        """
+        attn, mlp, pdl = self.self_attn, self.mlp, ctx.pdl
+        num_tokens = h.shape[0]
+        qkv = norm_linear(x, self.input_layernorm.eps, attn.qkv_proj.weight, pdl=pdl)
+        out = small_attention(qkv, ctx.token_seq_ids, ctx.cu_seqlens, num_heads=attn.num_heads,
+                              num_kv_heads=attn.num_kv_heads, head_dim=attn.head_dim, causal=attn.causal,
+                              scale=attn.head_dim**-0.5, positions=rope.positions, rope_table=rope.table,
+                              qk_norm_weights=attn.qk_weights(), eps=attn.q_norm.eps, pdl=pdl)
+        _, mid = linear_add(out.view(num_tokens, attn.q_size), attn.o_proj.weight, h, out=h,
+                            norm_weight=self.post_attention_layernorm.weight, pdl=pdl)
+        assert mid is not None
+        act = norm_linear(mid, self.post_attention_layernorm.eps, mlp.gate_up_proj.weight, swiglu=True, pdl=pdl)
+        return linear_add(act, mlp.down_proj.weight, h, out=h, norm_weight=next_norm, pdl=pdl)[1]
+
 
 class Qwen3Model(EncoderModel):
     """Packed Qwen3 trunk: ``forward(input_ids [T], positions [T], ctx) -> [T, hidden]`` (final norm applied)."""
@@ -193,6 +215,15 @@ class Qwen3Model(EncoderModel):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         h = self.embed_tokens(input_ids)
         rope = self.rotary.tables(positions)
+        if ctx.skinny_layers:  # small buckets: h is the residual stream, updated in place layer by layer
+            layers = cast(list[Qwen3DecoderLayer], list(self.layers))
+            x: NormInput | None = norm_input(h, layers[0].input_layernorm.weight)
+            for i, block in enumerate(layers):
+                assert x is not None
+                next_norm = layers[i + 1].input_layernorm.weight if i + 1 < len(layers) else None
+                x = block.forward_skinny(h, x, next_norm, rope, ctx)
+            skinny_out: torch.Tensor = self.norm(h)
+            return skinny_out
         residual: torch.Tensor | None = None
         for layer in self.layers:
             h, residual = layer(h, residual, rope, ctx)
