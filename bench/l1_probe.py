@@ -10,6 +10,9 @@
   SwiGLU kernel against cuBLAS + ``silu_and_mul``; each checked against a float32 reference first.
 - ``gemm``: a layer's four GEMMs (cuBLAS) at M = 16/64/128 with cold weights (28 layers' worth) and
   L2-warm weights (one layer's over and over): what prefetching weights into L2 could buy at most.
+- ``skinny``: the weight-streaming layer kernels (engine/layers/skinny_linear.py) against float32
+  references (eager and in graphs, PDL on and off), then per-layer device time of a whole Qwen3 layer
+  chain (28 layers) as the small-batch path runs it today vs as skinny kernels, and a tile sweep.
 - ``buckets``: step time (graph replay) of larger buckets with the small-batch path on and off,
   which sets the token limits.
 """
@@ -64,11 +67,12 @@ def graph_us_per_call(fn: Callable[[], None], calls_in_graph: int, reps: int = 3
 
 
 def variants() -> dict[str, EngineConfig]:
-    def config(attention: int, mlp: int) -> EngineConfig:
+    def config(attention: int, mlp: int, skinny: int = 0, pdl: bool = True) -> EngineConfig:
         return EngineConfig(device="cuda", dtype="bfloat16", token_budget=16384, small_attention_tokens=attention,
-                            fused_mlp_tokens=mlp)
+                            fused_mlp_tokens=mlp, skinny_layer_tokens=skinny, pdl=pdl)
 
     return {"off": config(0, 0), "attention": config(128, 0), "mlp": config(0, 32),
+            "att+mlp": config(128, 32), "skinny-nopdl": config(128, 32, 16, pdl=False), "skinny32": config(128, 32, 32),
             "default": EngineConfig(device="cuda", dtype="bfloat16", token_budget=16384)}
 
 
@@ -250,6 +254,198 @@ def section_gemm() -> None:
         SUMMARY.append(line)
 
 
+def section_skinny() -> None:
+    import flashinfer
+
+    from petal.engine.layers.fused_mlp import gate_up_silu
+    from petal.engine.layers.skinny_linear import (
+        DEFAULT_TILES,
+        NormInput,
+        SkinnyTiles,
+        linear_add,
+        norm_input,
+        norm_linear,
+    )
+    from petal.engine.layers.small_attention import small_attention
+
+    hidden, hq, hk, d, inter, eps = 1024, 16, 8, 128, 3072, 1e-6  # pplx-embed-0.6b
+    q_size, width = hq * d, (hq + 2 * hk) * d
+
+    def rms(x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        return x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps) * g.float()
+
+    print("\nskinny kernels against float32 references (max |err| / max |ref|), eager | graph, pdl off/on")
+    for m in (1, 7, 16, 17, 32):
+        x = torch.randn(m, hidden, device=CUDA, dtype=BF16)
+        g = (torch.rand(hidden, device=CUDA) + 0.5).to(BF16)
+        wqkv = torch.randn(width, hidden, device=CUDA, dtype=BF16) * 0.03
+        wgu = torch.randn(2 * inter, hidden, device=CUDA, dtype=BF16) * 0.03
+        wd = torch.randn(hidden, inter, device=CUDA, dtype=BF16) * 0.03
+        act = torch.randn(m, inter, device=CUDA, dtype=BF16)
+        ref_qkv = rms(x, g) @ wqkv.float().T
+        gu = rms(x, g) @ wgu.float().T
+        ref_act = F.silu(gu[:, :inter]) * gu[:, inter:]
+        ref_add = x.float() + act.float() @ wd.float().T
+        cells = []
+        for pdl in (False, True):
+            outs: dict[str, torch.Tensor] = {}
+
+            def run() -> None:
+                first = norm_input(x, g)
+                outs["qkv"] = norm_linear(first, eps, wqkv, pdl=pdl)
+                outs["act"] = norm_linear(first, eps, wgu, swiglu=True, pdl=pdl)
+                outs["add"] = linear_add(act, wd, x, pdl=pdl)[0]
+
+            run()
+            eager = {k: v.clone() for k, v in outs.items()}
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                run()
+            for _ in range(3):
+                graph.replay()
+            torch.cuda.synchronize()
+            for key, ref in (("qkv", ref_qkv), ("act", ref_act), ("add", ref_add)):
+                err = float((eager[key].float() - ref).abs().max() / ref.abs().max())
+                same = torch.equal(eager[key], outs[key])
+                cells.append(f"{key}{'+pdl' if pdl else ''} {err:.4f}{'' if same else ' GRAPH DIFFERS'}")
+                assert err < 0.02 and same, (m, key, pdl, err, same)
+        line = f"  M={m:3d}: " + " | ".join(cells)
+        print(line)
+        SUMMARY.append(line)
+
+    layers = [{"g1": (torch.rand(hidden, device=CUDA) + 0.5).to(BF16),
+               "g2": (torch.rand(hidden, device=CUDA) + 0.5).to(BF16),
+               "qkv": torch.randn(width, hidden, device=CUDA, dtype=BF16) * 0.03,
+               "o": torch.randn(hidden, q_size, device=CUDA, dtype=BF16) * 0.03,
+               "gu": torch.randn(2 * inter, hidden, device=CUDA, dtype=BF16) * 0.03,
+               "down": torch.randn(hidden, inter, device=CUDA, dtype=BF16) * 0.03} for _ in range(LAYERS)]
+    qk_w = (torch.rand(2, d, device=CUDA) + 0.5).to(BF16)
+    from petal.engine.layers.rotary import RotaryEmbedding
+    table = RotaryEmbedding(d, 1024, 1e6).cos_sin(CUDA)
+    print("\nQwen3 layer chain, 28 layers (device us per layer)")
+    for m in (16, 32):
+        x0 = torch.randn(m, hidden, device=CUDA, dtype=BF16)
+        seq_ids = torch.zeros(m, dtype=torch.int32, device=CUDA)
+        cu = torch.tensor([0, m], dtype=torch.int32, device=CUDA)
+        pos = torch.arange(m, dtype=torch.int32, device=CUDA)
+        h = x0.clone()
+        res = x0.clone()
+
+        def attend(qkv: torch.Tensor, pdl: bool = False) -> torch.Tensor:
+            return small_attention(qkv, seq_ids, cu, num_heads=hq, num_kv_heads=hk, head_dim=d, causal=False,
+                                   scale=d**-0.5, positions=pos, rope_table=table, qk_norm_weights=qk_w, eps=eps,
+                                   pdl=pdl).view(m, q_size)
+
+        def today() -> None:
+            h.copy_(x0)
+            res.copy_(x0)
+            hh = h
+            for w in layers:
+                flashinfer.fused_add_rmsnorm(hh, res, w["g1"], eps)
+                hh = F.linear(attend(F.linear(hh, w["qkv"])), w["o"])
+                flashinfer.fused_add_rmsnorm(hh, res, w["g2"], eps)
+                hh = F.linear(gate_up_silu(hh, w["gu"]), w["down"])
+
+        def skinny(pdl: bool, tiles: SkinnyTiles = DEFAULT_TILES) -> Callable[[], None]:
+            def run() -> None:
+                res.copy_(x0)
+                x: NormInput | None = norm_input(res, layers[0]["g1"])
+                for i, w in enumerate(layers):
+                    assert x is not None
+                    a = attend(norm_linear(x, eps, w["qkv"], pdl=pdl, tiles=tiles), pdl)
+                    _, mid = linear_add(a, w["o"], res, out=res, norm_weight=w["g2"], pdl=pdl, tiles=tiles)
+                    assert mid is not None
+                    act = norm_linear(mid, eps, w["gu"], swiglu=True, pdl=pdl, tiles=tiles)
+                    nxt = layers[i + 1]["g1"] if i + 1 < len(layers) else None
+                    x = linear_add(act, w["down"], res, out=res, norm_weight=nxt, pdl=pdl, tiles=tiles)[1]
+            return run
+
+        cells = [f"today {graph_us_per_call(today, LAYERS):.2f}",
+                 f"skinny {graph_us_per_call(skinny(False), LAYERS):.2f}",
+                 f"skinny+pdl {graph_us_per_call(skinny(True), LAYERS):.2f}"]
+        line = f"  M={m:3d}: " + " | ".join(cells)
+        print(line, flush=True)
+        SUMMARY.append(line)
+        sweep = [SkinnyTiles(block_n=bn, add_block_n=abn, split_k=sk, num_stages=st, num_warps=nw)
+                 for bn in (32, 64) for abn, sk in ((32, 4), (32, 8), (64, 8))
+                 for st, nw in ((3, 4), (4, 4))]
+        timed = []
+        for tiles in sweep:
+            try:
+                timed.append((graph_us_per_call(skinny(True, tiles), LAYERS), tiles))
+            except Exception as exc:  # a tile set that does not compile or fit
+                print(f"    {tiles}: {type(exc).__name__}")
+        timed.sort(key=lambda t: t[0])
+        for us, tiles in timed[:6]:
+            line = f"    M={m:3d} pdl {us:6.2f} us/layer  {tiles}"
+            print(line)
+            SUMMARY.append(line)
+        print(f"    M={m:3d} worst {timed[-1][0]:.2f} {timed[-1][1]}", flush=True)
+
+
+def section_skinny_parts() -> None:
+    """Each skinny kernel alone, 28 distinct weights in a graph, against what today's path runs there."""
+    import flashinfer
+
+    from petal.engine.layers.fused_mlp import gate_up_silu
+    from petal.engine.layers.skinny_linear import SkinnyTiles, linear_add, norm_linear
+
+    hidden, width, q_size, inter, eps = 1024, 4096, 2048, 3072, 1e-6
+    g = (torch.rand(hidden, device=CUDA) + 0.5).to(BF16)
+    w = {name: [torch.randn(n, k, device=CUDA, dtype=BF16) * 0.03 for _ in range(LAYERS)]
+         for name, (n, k) in {"qkv": (width, hidden), "o": (hidden, q_size), "gu": (2 * inter, hidden),
+                              "down": (hidden, inter)}.items()}
+    print("\nskinny kernels one by one (device us per call, 28 distinct weights in one graph)")
+    for m in (16, 32):
+        x = torch.randn(m, hidden, device=CUDA, dtype=BF16)
+        a_o = torch.randn(m, q_size, device=CUDA, dtype=BF16)
+        a_d = torch.randn(m, inter, device=CUDA, dtype=BF16)
+        res = torch.randn(m, hidden, device=CUDA, dtype=BF16)
+        def each(fn: Callable[[torch.Tensor], object], weights: list[torch.Tensor]) -> Callable[[], None]:
+            def run() -> None:
+                for wi in weights:
+                    fn(wi)
+            return run
+
+        rows: dict[str, Callable[[], None]] = {
+            "cublas qkv": each(lambda wi: F.linear(x, wi), w["qkv"]),
+            "cublas gu": each(lambda wi: F.linear(x, wi), w["gu"]),
+            "triton gate_up_silu": each(lambda wi: gate_up_silu(x, wi), w["gu"]),
+            "cublas o": each(lambda wi: F.linear(a_o, wi), w["o"]),
+            "cublas down": each(lambda wi: F.linear(a_d, wi), w["down"]),
+            "fused_add_rmsnorm": each(lambda wi: flashinfer.fused_add_rmsnorm(x, res, g, eps), w["o"]),
+        }
+        parts = linear_add(a_o, w["o"][0], res.clone(), norm_weight=g)[1]
+        assert parts is not None
+        def norm_run(tiles: SkinnyTiles, pdl: bool, swiglu: bool) -> Callable[[torch.Tensor], object]:
+            return lambda wi: norm_linear(parts, eps, wi, swiglu=swiglu, pdl=pdl, tiles=tiles)
+
+        def add_run(a: torch.Tensor, tiles: SkinnyTiles, pdl: bool,
+                    norm: torch.Tensor | None = None) -> Callable[[torch.Tensor], object]:
+            return lambda wi: linear_add(a, wi, res, out=res, norm_weight=norm, pdl=pdl, tiles=tiles)
+
+        for pdl in (False, True):
+            tag = "+pdl" if pdl else ""
+            for bn, st, nw in ((32, 4, 4), (32, 3, 4), (64, 4, 4), (64, 3, 4), (16, 4, 4)):
+                t = SkinnyTiles(block_n=bn, num_stages=st, num_warps=nw)
+                name = f"{tag} bn{bn} st{st} w{nw}"
+                rows[f"norm_linear qkv{name}"] = each(norm_run(t, pdl, False), w["qkv"])
+                rows[f"norm_linear gu swiglu{name}"] = each(norm_run(t, pdl, True), w["gu"])
+            for abn, sk in ((32, 4), (32, 8), (16, 8)):
+                t = SkinnyTiles(add_block_n=abn, split_k=sk)
+                rows[f"linear_add o{tag} bn{abn} split{sk}"] = each(add_run(a_o, t, pdl), w["o"])
+                rows[f"linear_add o +scaled{tag} bn{abn} split{sk}"] = each(add_run(a_o, t, pdl, g), w["o"])
+                rows[f"linear_add down{tag} bn{abn} split{sk}"] = each(add_run(a_d, t, pdl), w["down"])
+        for label, fn in rows.items():
+            try:
+                line = f"  M={m:3d} {label:<40} {graph_us_per_call(fn, LAYERS):7.2f}"
+            except Exception as exc:
+                line = f"  M={m:3d} {label:<40} {type(exc).__name__}: {str(exc)[:80]}"
+            print(line, flush=True)
+            SUMMARY.append(line)
+
+
 def section_buckets(name: str = "pplx-embed-0.6b") -> None:
     s = shape(name)
     hf = hf_model(s, CUDA, BF16)
@@ -275,13 +471,14 @@ def section_buckets(name: str = "pplx-embed-0.6b") -> None:
 
 
 def main() -> None:
-    sections = sys.argv[1:] or ["kernels", "gemm", "engine", "buckets"]
+    sections = sys.argv[1:] or ["kernels", "gemm", "skinny", "engine", "buckets"]
     torch.manual_seed(0)
     for name in sections:
         started = time.perf_counter()
         try:
             {"engine": section_engine, "kernels": section_kernels, "gemm": section_gemm,
-             "buckets": section_buckets}[name]()
+             "buckets": section_buckets, "skinny": section_skinny, "skinny_parts": section_skinny_parts,
+             "engine_pplx": lambda: section_engine(("pplx-embed-0.6b",))}[name]()
         except Exception:
             traceback.print_exc()
             SUMMARY.append(f"  {name}: FAILED (traceback above)")
