@@ -9,6 +9,7 @@ import base64
 import datetime
 import decimal
 import json
+import threading
 
 import numpy as np
 import pytest
@@ -100,6 +101,59 @@ def test_the_search_queue_is_bounded_in_query_rows(sample_index, minilm_spec):
     assert batcher.outstanding == 0
     with pytest.raises(Overloaded, match="shutting down"):  # closed: 503, not a 500
         asyncio.run(batcher.search(index, rows, False, 2))
+
+
+def test_searches_queued_from_the_engine_thread(sample_index, minilm_spec):
+    """A search by texts: admitted before its embedding (503 first, no engine work), its vectors handed from
+    the engine thread straight to the search queue; it answers what embedding then searching answers, and a
+    refused or failed embedding gives its place in the search queue back."""
+    from petal.pipeline.jobs.query import QueryModel, SearchIndex, engine_config
+    from petal.pipeline.serve.batcher import Overloaded, TokenBatcher
+    from petal.pipeline.serve.metrics import ServeMetrics
+    from petal.pipeline.serve.requests import RequestError
+    from petal.pipeline.serve.search_batcher import SearchBatcher
+    from petal.pipeline.serve.searching import SharedExclusiveLock
+
+    index = SearchIndex.open(sample_index, minilm_spec)
+    model = QueryModel(minilm_spec, engine_config(minilm_spec, "cpu"), max_tokens=16)
+    tokens = TokenBatcher(model.engine, ServeMetrics(), tokenizers=dict(model.tokenizers))
+    searcher = SearchBatcher(SharedExclusiveLock(), max_queue_rows=3)
+    submitted_from = []
+
+    async def one(texts, k, where=None):
+        ticket = searcher.reserve(index, len(texts), k, where=where)
+        try:
+            def then(rows):
+                submitted_from.append(threading.current_thread().name)
+                ticket.submit(rows)
+            await tokens.embed_texts(texts, "query", False, "query", then=then)
+        finally:
+            ticket.cancel()
+        return await ticket.future
+
+    async def scenario():
+        held = searcher.reserve(index, 2, 3)  # two of the three rows taken
+        with pytest.raises(Overloaded, match="--max-queue-texts"):
+            await one(list(QUERIES[:2]), 3)  # refused before any embedding
+        held.cancel()
+        tokens.start()
+        searcher.start()
+        answers = await asyncio.gather(one([QUERIES[0]], 3), one(list(QUERIES[1:3]), 4))
+        too_long = await asyncio.gather(one(["word " * 40], 3), return_exceptions=True)
+        bad_filter = await asyncio.gather(one([QUERIES[0]], 3, where="colour = 'red'"), return_exceptions=True)
+        return answers, too_long[0], bad_filter[0]
+
+    try:
+        (first, second), too_long, bad_filter = asyncio.run(scenario())
+    finally:
+        tokens.close()
+        searcher.close()
+    assert _hits(first) == _hits(index.search(model.embed([QUERIES[0]]), 3))
+    assert _hits(second) == _hits(index.search(model.embed(list(QUERIES[1:3])), 4))
+    assert isinstance(too_long, RequestError) and too_long.status == 413
+    assert isinstance(bad_filter, ValueError) and "colour" in str(bad_filter)
+    assert submitted_from and set(submitted_from) == {"petal-engine"}
+    assert searcher.outstanding == 0 and tokens.outstanding == 0  # every place given back
 
 
 def test_filters_are_cached_boundedly_and_survive_a_pruned_version(sample_index, tmp_path):

@@ -24,6 +24,7 @@ import asyncio
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,10 +50,11 @@ class _Job:
     ``side``/``truncate``/``name``: texts to tokenize on the engine thread (``name`` is the request's field,
     for limit messages); ``tokens`` and ``tokenize_s`` are known once they are tokenized."""
 
-    __slots__ = ("future", "loop", "name", "out", "remaining", "side", "tokenize_s", "tokens", "truncate")
+    __slots__ = ("future", "loop", "name", "out", "remaining", "side", "then", "tokenize_s", "tokens", "truncate")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, rows: int, dim: int, side: str = "query",
-                 truncate: bool = False, name: str = "input") -> None:
+                 truncate: bool = False, name: str = "input",
+                 then: Callable[[np.ndarray], None] | None = None) -> None:
         self.loop = loop
         self.future: asyncio.Future[np.ndarray] = loop.create_future()
         self.out = np.empty((rows, dim), dtype=np.float32)
@@ -62,6 +64,7 @@ class _Job:
         self.name = name
         self.tokens = 0
         self.tokenize_s = 0.0
+        self.then = then  # called on the engine thread with the rows, before the future resolves
 
 
 class _Item:
@@ -136,11 +139,15 @@ class TokenBatcher:
         return await job.future
 
     async def embed_texts(self, texts: tuple[str, ...] | list[str], side: str, truncate: bool,
-                          name: str = "input") -> Embedded:
+                          name: str = "input", then: Callable[[np.ndarray], None] | None = None) -> Embedded:
         """Model vectors of ``texts``, tokenized with ``side``'s prompt on the engine thread. ``RequestError``
         413 for a text over the tokens-per-text limit without ``truncate``, 422 for one without tokens
-        (naming the request's field ``name`` and the item); ``Overloaded`` when the queue is full."""
-        job = _Job(asyncio.get_running_loop(), len(texts), self.engine.dim, side, truncate, name)
+        (naming the request's field ``name`` and the item); ``Overloaded`` when the queue is full.
+
+        ``then(rows)``: called on the engine thread as soon as all the rows are read, before the event loop
+        hears of them (``/search`` queues its search from there); not called when the request fails. It
+        must not block; if it raises, the request fails with that error."""
+        job = _Job(asyncio.get_running_loop(), len(texts), self.engine.dim, side, truncate, name, then)
         if not texts:
             return Embedded(job.out, 0, 0.0)
         if side not in self.tokenizers:
@@ -315,6 +322,12 @@ class TokenBatcher:
             job.out[item.row] = rows[i]
             job.remaining -= 1
             if job.remaining == 0:
+                if job.then is not None:
+                    try:
+                        job.then(job.out)
+                    except Exception as exc:  # NOTE: a bug in the continuation fails its request only
+                        job.loop.call_soon_threadsafe(_resolve, job, exc)
+                        continue
                 done.setdefault(job.loop, []).append(job)
         self._answered(len(items))
         for loop, jobs in done.items():  # NOTE: one wake-up of the event loop per step, not one per request

@@ -8,7 +8,10 @@ search thread take everything queued -> group by (version, k, where, nprobe, res
 ```
 
 A lone request is searched at once (no timer); under load the requests that arrive during one search
-form the next batch, as the token batcher does for engine steps. A group searches exactly what the
+form the next batch, as the token batcher does for engine steps. A search by query texts is admitted
+on the event loop before its texts are embedded (``reserve``) and its vectors go from the engine thread
+straight to this queue (``SearchTicket.submit``): no event-loop round trip between the step and the
+search on a request's critical path. A group searches exactly what the
 request would have searched alone: the same version, k, filter and parameters. The queue is bounded in
 query rows, as the token batcher's is in texts (``Overloaded``: 503 with Retry-After).
 """
@@ -53,6 +56,28 @@ class _Pending:
         self.index = index
         self.key = key
         self.rows = rows
+
+
+class SearchTicket:
+    """An admitted search whose query vectors come later, from any thread (``SearchBatcher.reserve``).
+
+    ``submit(rows)`` queues it (the engine thread calls it as soon as the step's rows are read);
+    ``cancel()`` gives its place in the queue back if it will never be submitted (the embedding failed).
+    Await ``future`` for the hits."""
+
+    __slots__ = ("_batcher", "_item", "_state", "future")
+
+    def __init__(self, batcher: SearchBatcher, item: _Pending) -> None:
+        self._batcher = batcher
+        self._item = item
+        self._state = "reserved"  # -> "submitted" | "cancelled", under the batcher's lock
+        self.future = item.future
+
+    def submit(self, rows: np.ndarray) -> None:
+        self._batcher._submit(self, np.ascontiguousarray(rows, dtype=np.float32))
+
+    def cancel(self) -> None:
+        self._batcher._cancel(self)
 
 
 def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
@@ -111,6 +136,46 @@ class SearchBatcher:
             self._pending.append(item)
             self._cond.notify()
         return await item.future
+
+    def reserve(self, index: SearchIndex, num_rows: int, k: int, where: str | None = None,
+                nprobe: int | None = None, rescore: int | None = None) -> SearchTicket:
+        """(event loop) Admit a search of ``num_rows`` model vectors that are not computed yet: counted
+        against the queue bound now (``Overloaded`` before any embedding work), queued on ``submit``."""
+        item = _Pending(asyncio.get_running_loop(), index, SearchKey(id(index), True, k, where, nprobe, rescore),
+                        np.empty((num_rows, 0), dtype=np.float32))
+        self._admit(num_rows)
+        return SearchTicket(self, item)
+
+    def _admit(self, num_rows: int) -> None:
+        with self._cond:
+            if self._closed:
+                raise Overloaded("the server is shutting down")
+            if self.max_queue_rows is not None and self._outstanding + num_rows > self.max_queue_rows:
+                raise Overloaded(f"{self._outstanding} query rows wait for a search (limit {self.max_queue_rows}, "
+                                 "--max-queue-texts)")
+            self._outstanding += num_rows
+
+    def _submit(self, ticket: SearchTicket, rows: np.ndarray) -> None:
+        item = ticket._item
+        with self._cond:
+            if ticket._state != "reserved":
+                return
+            ticket._state = "submitted"
+            if len(rows) != len(item.rows):  # NOTE: the rows admitted are the rows searched (the bound's count)
+                self._outstanding -= len(item.rows) - len(rows)
+            item.rows = rows
+            if not self._closed:
+                self._pending.append(item)
+                self._cond.notify()
+                return
+            self._outstanding -= len(rows)
+        item.loop.call_soon_threadsafe(_settle, item.future, None, Overloaded("the server is shutting down"))
+
+    def _cancel(self, ticket: SearchTicket) -> None:
+        with self._cond:
+            if ticket._state == "reserved":
+                ticket._state = "cancelled"
+                self._outstanding -= len(ticket._item.rows)
 
     @property
     def outstanding(self) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,11 +88,12 @@ class ServeState:
 
     # --- tokens ---------------------------------------------------------------------------------
 
-    async def embed_texts(self, texts: tuple[str, ...], side: str, truncate: bool, name: str) -> Embedded:
+    async def embed_texts(self, texts: tuple[str, ...], side: str, truncate: bool, name: str,
+                          then: Callable[[np.ndarray], None] | None = None) -> Embedded:
         """Model vectors of ``texts``: tokenized and embedded on the engine thread (spans ``tokenize`` and
-        ``engine``: queue and step)."""
+        ``engine``: queue and step); ``then`` as ``TokenBatcher.embed_texts``."""
         started = time.perf_counter()
-        embedded = await self.batcher.embed_texts(texts, side, truncate, name)
+        embedded = await self.batcher.embed_texts(texts, side, truncate, name, then)
         record("tokenize", embedded.tokenize_s)
         record("engine", time.perf_counter() - started - embedded.tokenize_s)
         return embedded
@@ -150,18 +152,27 @@ class ServeState:
         assert self.follower is not None
         index = self.follower.live  # NOTE: taken once: the whole answer comes from this version
         if req.texts is not None:
-            # model vectors: the search transforms them
-            vectors = (await self.embed_texts(req.texts, "query", req.truncate, "query")).rows
+            # NOTE: admitted to the search queue first (a 503 costs no embedding); the engine thread queues the
+            # search itself as soon as the step's rows are read (the model vectors go through the index-time
+            # transform there): no event-loop round trip between the step and the search
+            ticket = self.searcher.reserve(index, len(req.texts), req.k, where=req.where, nprobe=req.nprobe,
+                                           rescore=req.rescore)
+            try:
+                await self.embed_texts(req.texts, "query", req.truncate, "query", then=ticket.submit)
+            finally:
+                ticket.cancel()  # NOTE: a no-op once submitted; a failed or cancelled embedding frees its place
+            pending = ticket.future
         else:
             assert req.vectors is not None
             vectors = np.asarray(req.vectors, dtype=np.float32)
             if vectors.ndim != 2 or vectors.shape[1] != index.reader.dim:
                 raise RequestError(422, f"'vectors' rows must have {index.reader.dim} values (the index's dim), "
                                         f"got {[len(v) for v in req.vectors][:4]}")
+            pending = asyncio.ensure_future(self.searcher.search(index, vectors, False, req.k, where=req.where,
+                                                                 nprobe=req.nprobe, rescore=req.rescore))
         try:
             with span("search"):
-                found = await self.searcher.search(index, vectors, req.texts is not None, req.k, where=req.where,
-                                                   nprobe=req.nprobe, rescore=req.rescore)
+                found = await pending
         except ValueError as exc:  # a bad filter or an unknown column, named (as the request's field)
             raise RequestError(422, str(exc).replace("--where", "'where'", 1)) from exc
         if req.include:  # reads stored text or the shards: off the event loop
