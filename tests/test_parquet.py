@@ -118,6 +118,35 @@ def test_one_text_alone_tokenizes_as_in_a_batch(minilm_spec, prompt):
     assert batch.truncated.tolist() == [False, True, True, False, True]
 
 
+@pytest.mark.parametrize("max_length", [8, 256])
+def test_lone_ascii_texts_take_the_python_normaliser_with_the_same_ids(minilm_spec, max_length):
+    """A lone plain-ASCII text is normalised in Python (pipeline/ingest/ascii_normalize.py) and encoded
+    without the Rust normaliser: over random texts of printable ASCII, tabs, newlines, other control
+    characters and non-ASCII letters, the ids and truncation flags equal the batch path's (the tokenizer's
+    own BertNormalizer), and the texts it declines are exactly those that are not plain ASCII."""
+    import random
+    import string
+
+    tokenizer = TextTokenizer(minilm_spec.tokenizer_file, max_length)
+    assert tokenizer._ascii is not None and tokenizer._ascii.lowercase  # MiniLM: BertNormalizer, lowercase
+    rng = random.Random(max_length)
+    alphabet = string.printable + "\x00\x01\x0b\x0c\x1f\x7f" + "éÜñ中文—🙂\u00a0\u2003"
+    texts = ["Hello\tWorld\r\nAGAIN", "e.g. U.S.A. costs $100,000!!", "don't STOP", " ", "\n\t"]
+    for _ in range(1500):
+        pool = string.printable.replace("\x0b", "").replace("\x0c", "") if rng.random() < 0.7 else alphabet
+        texts.append("".join(rng.choice(pool) for _ in range(rng.randint(0, 120))))
+    batch = tokenizer.encode([*texts, "pad"])  # two or more texts: the batch encoder
+    fast = 0
+    for i, text in enumerate(texts):
+        alone = tokenizer.encode([text])
+        np.testing.assert_array_equal(alone.token_ids[0], batch.token_ids[i], err_msg=repr(text))
+        assert alone.truncated[0] == batch.truncated[i], repr(text)
+        plain = text.isascii() and all(c in string.printable and c not in "\x0b\x0c" for c in text)
+        assert (tokenizer._ascii(text) is not None) == plain, repr(text)
+        fast += plain
+    assert fast > 1000  # most texts took the fast path
+
+
 def test_tokenize_documents_keeps_rows_aligned(shard_writer, minilm_spec):
     path = shard_writer("t.parquet", {"id": [10, 11, 12], "text": ["alpha", None, "beta gamma " * 50]})
     read = ReadConfig()

@@ -14,10 +14,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from petal.pipeline.ingest.ascii_normalize import AsciiBertNormalizer
 from petal.pipeline.ingest.prefetch import ordered_map
 
 if TYPE_CHECKING:
@@ -53,6 +54,15 @@ class TextTokenizer:
         self.appends_eos = eos_token_id is not None and self._tokenizer.encode("a").ids[-1:] != [eos_token_id]
         self._tokenizer.enable_truncation(max_length - 1 if self.appends_eos else max_length)
         self._encode = getattr(self._tokenizer, "encode_batch_fast", self._tokenizer.encode_batch)
+        # a lone plain-ASCII text: normalised in Python, encoded by a copy without the normaliser
+        # (pipeline/ingest/ascii_normalize.py; same ids, tests/test_parquet.py)
+        self._ascii = AsciiBertNormalizer.for_tokenizer(self._tokenizer)
+        self._bare: Any = None
+        if self._ascii is not None:
+            self._bare = Tokenizer.from_file(str(tokenizer_file))
+            self._bare.normalizer = None
+            self._bare.no_padding()
+            self._bare.enable_truncation(max_length - 1 if self.appends_eos else max_length)
 
     def encode(self, texts: list[str]) -> Encoded:
         capped = np.fromiter((len(t) > self.max_chars for t in texts), dtype=bool, count=len(texts))
@@ -61,14 +71,20 @@ class TextTokenizer:
         if self.prompt:
             texts = [self.prompt + t for t in texts]
         # NOTE: one text alone: the single-text encoder is about twice as fast as a batch of one (no
-        # thread-pool dispatch); the same ids and overflow either way (tests/test_tokens.py)
-        encodings = [self._tokenizer.encode(texts[0])] if len(texts) == 1 else self._encode(texts)
+        # thread-pool dispatch); the same ids and overflow either way (tests/test_parquet.py)
+        encodings = [self._encode_one(texts[0])] if len(texts) == 1 else self._encode(texts)
         token_ids = [np.array(e.ids, dtype=np.int32) for e in encodings]
         if self.appends_eos:
             eos = np.array([self.eos_token_id], dtype=np.int32)
             token_ids = [np.concatenate([ids, eos]) if len(ids) else ids for ids in token_ids]
         overflowed = np.fromiter((bool(e.overflowing) for e in encodings), dtype=bool, count=len(encodings))
         return Encoded(token_ids, overflowed | capped)
+
+    def _encode_one(self, text: str) -> Any:
+        normalized = self._ascii(text) if self._ascii is not None else None
+        if normalized is None or self._bare is None:
+            return self._tokenizer.encode(text)
+        return self._bare.encode(normalized)
 
 
 def tokenizer_for(spec: ModelSpec, side: Literal["query", "document"] = "document",
