@@ -187,6 +187,40 @@ def test_a_damaged_store_entry_is_embedded_again_and_refused_by_rebuild(job, tmp
     assert IndexReader(job.out).ntotal == 2 * ROWS
 
 
+def _stored_text(out: Path) -> list:
+    reader = IndexReader(out)
+    return reader.columns.rows(list(range(reader.ntotal)), ["text"])
+
+
+def test_rebuild_keeps_the_stored_text_when_the_store_side_files_are_gone(job):
+    """Store side files removed by hand (or a backup restored without them): a rebuild copies the stored
+    text from the previous version (same rows, same order), named on stderr, instead of publishing a
+    version without it; with the previous version's copy unusable too it refuses (65) and names the file."""
+    want = _stored_text(job.out)
+    assert len(want) == 2 * ROWS and all(row["text"] for row in want)
+    side_files = sorted((job.out / "store" / "columns").glob("*/*.parquet"))
+    assert side_files
+    for path in side_files:
+        path.unlink()
+    before = job.live_dir()
+    rebuilt = job.run(str(job.out), "--index-factory", "Flat", command="rebuild")
+    assert rebuilt.rc == 0, rebuilt.stderr
+    assert "copied from version" in rebuilt.stderr and before.name in rebuilt.stderr
+    assert job.live_dir() != before and _stored_text(job.out) == want
+    verified = job.run(str(job.out), command="verify")
+    assert verified.rc == 0, verified.stderr
+    # the previous version without its text column as well: nothing to copy from, so no version at all
+    live = job.live_dir()
+    ids = pq.read_table(live / "ids.parquet")
+    pq.write_table(ids.drop_columns(["text"]), live / "ids.parquet")
+    refused = job.run(str(job.out), command="rebuild")
+    assert refused.rc == 65 and "would lose their text" in refused.last_line, refused.stderr
+    assert job.live_dir() == live
+    again = job.run("--full")  # what the message says: petal index writes the side files again
+    assert again.rc == 0, again.stderr
+    assert sorted((job.out / "store" / "columns").glob("*/*.parquet")) and _stored_text(job.out) == want
+
+
 @pytest.mark.parametrize("kind", ["fifo", "directory", "symlink-out"])
 def test_lock_file_that_is_not_a_regular_file_is_73(job, tmp_path, kind):
     plant(job.out / ".lock", kind, tmp_path)

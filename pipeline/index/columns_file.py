@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 from petal.pipeline.index.files import IDS_FILE, IDS_GROUP_ROWS
 from petal.pipeline.index.row_groups import RowGroups
 from petal.pipeline.index.source import StoreVectors
+from petal.pipeline.reliability.errors import BadInputError
 from petal.pipeline.store.columns import ColumnsNeed, columns_path, entry_columns, version_schema
 from petal.pipeline.store.embeddings import StoreEntry
 
@@ -61,6 +62,44 @@ def add_stored_columns(entries: list[StoreEntry], dim: int, need: ColumnsNeed, s
         if offset == 0:
             writer.write_table(merged.empty_table())
     assert offset == ids.num_rows, f"{offset} stored rows for {ids.num_rows} ids"
+    os.replace(tmp, ids_path)
+    return True
+
+
+def missing_side_files(entries: list[StoreEntry], need: ColumnsNeed) -> list[StoreEntry]:
+    """The entries with rows in the version whose side file lacks ``need``'s columns (or is gone)."""
+    return [entry for entry in entries if entry.num_embedded and not _has(entry, need)]
+
+
+def restore_stored_columns(previous_ids: Path, staging: Path, names: list[str]) -> bool:
+    """``names`` copied from a previous version's ``ids.parquet`` into ``staging/ids.parquet``, when both hold
+    the same ids row for row (a rebuild over the same store entries): ``False`` (unchanged) otherwise.
+
+    What ``petal rebuild`` falls back to when store side files are missing: the previous version has the
+    very values, checked by its page checksums as they are read."""
+    ids_path = staging / IDS_FILE
+    ids = pq.read_table(ids_path, columns=ID_COLUMNS)
+    try:
+        source = pq.ParquetFile(previous_ids, page_checksum_verification=True)
+        if not set(names) <= set(source.schema_arrow.names) or source.metadata.num_rows != ids.num_rows:
+            return False
+        if not source.read(columns=ID_COLUMNS).equals(ids):
+            return False
+        schema = pa.schema([source.schema_arrow.field(n) for n in names])
+        merged = pa.schema([*ids.schema, *schema])
+        tmp = staging / f".{IDS_FILE}.tmp"
+        offset = 0
+        with pq.ParquetWriter(tmp, merged, write_page_checksum=True) as writer:
+            for batch in source.iter_batches(batch_size=IDS_GROUP_ROWS, columns=names):
+                head = ids.slice(offset, batch.num_rows)
+                writer.write_table(pa.table([*head.columns, *batch.columns], schema=merged),
+                                   row_group_size=IDS_GROUP_ROWS)
+                offset += batch.num_rows
+            if offset == 0:
+                writer.write_table(merged.empty_table())
+    except (OSError, pa.ArrowException) as exc:
+        raise BadInputError(f"{previous_ids}: cannot read the stored columns of the previous version ({exc}); "
+                            "run petal index on the sources to write them again") from exc
     os.replace(tmp, ids_path)
     return True
 

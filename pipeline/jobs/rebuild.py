@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from petal.pipeline.config import IndexSettings
-from petal.pipeline.index.columns_file import add_stored_columns
+from petal.pipeline.index.columns_file import add_stored_columns, missing_side_files, restore_stored_columns
 from petal.pipeline.index.files import IDS_FILE
 from petal.pipeline.index.plan import check_index_factory, index_kind
 from petal.pipeline.index.writer import BuildResult, build_version_index
@@ -22,6 +22,7 @@ from petal.pipeline.jobs.report import RunReport
 from petal.pipeline.layout import OutputDir
 from petal.pipeline.manifest import MANIFEST_FILE, Manifest
 from petal.pipeline.reliability.errors import (
+    BadInputError,
     ConfigError,
     one_line,
     quote_path,
@@ -30,7 +31,7 @@ from petal.pipeline.reliability.errors import (
 )
 from petal.pipeline.reliability.safe_files import check_regular
 from petal.pipeline.reliability.signals import StopSignals
-from petal.pipeline.store.columns import ColumnsNeed
+from petal.pipeline.store.columns import ColumnsNeed, columns_path
 from petal.pipeline.store.embeddings import EmbeddingStore, StoreEntry, sha256_file
 
 KEEP_VERSIONS = 2  # NOTE: as pipeline/jobs/index_run.py (not imported: it pulls in torch and the engine)
@@ -119,7 +120,20 @@ def _build(out: OutputDir, previous: Manifest, entries: list[StoreEntry], settin
         pass
     if previous.stored is not None:  # stored text and kept columns, from the entries' side files
         need = ColumnsNeed(previous.columns.text_column if previous.stored.text else None, previous.stored.keep)
-        if add_stored_columns(entries, previous.dim, need, staging):
+        missing = missing_side_files(entries, need)
+        # NOTE: a side file gone from the store (removed by hand, a restore without it) must not drop the
+        # version's text or kept columns: the previous version holds the same rows, in the same order
+        if missing and restore_stored_columns(out.version_dir(previous.version) / IDS_FILE, staging, need.names):
+            _say(f"{len(missing)} store entries have no stored-columns file (first: "
+                 f"{quote_path(columns_path(missing[0].path))}); their {', '.join(need.names)} were copied from "
+                 f"version {previous.version}")
+            result.files[IDS_FILE] = sha256_file(staging / IDS_FILE)
+        elif missing:
+            raise BadInputError(f"{len(missing)} store entries have no stored-columns file (first: "
+                                f"{quote_path(columns_path(missing[0].path))}), so the rebuilt version would lose "
+                                f"their {', '.join(need.names)}; run petal index --full on the sources to write "
+                                "them again")
+        elif add_stored_columns(entries, previous.dim, need, staging):
             result.files[IDS_FILE] = sha256_file(staging / IDS_FILE)
     version = out.new_version_id()
     # with the calibration this build learned (int8)
