@@ -15,7 +15,6 @@ import torch
 from petal.engine.config import ModelConfig
 from petal.engine.layers.fused_mlp import fits as fused_mlp_fits
 from petal.engine.layers.fused_mlp import gate_up_silu
-from petal.engine.layers.skinny_linear import fits as skinny_fits
 from petal.engine.layers.skinny_linear import linear_add, norm_input, norm_linear
 from petal.engine.layers.small_attention import SMALL_ATTENTION_HEAD_DIMS, small_attention
 from petal.engine.layers.triton_kernels import add_layer_norm, qk_norm_rope_, triton_available
@@ -69,34 +68,37 @@ def _warm(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, skinny_tok
         pass
 
 
+def _warm_attention(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, num_tokens: int, pdl: bool) -> None:
+    """The fused attention as a bucket of ``num_tokens`` slots calls it (one sequence)."""
+    qwen3 = cfg.architecture == "qwen3"
+    width = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
+    # NOTE: one sequence of num_tokens tokens; every index the kernel reads (sequence ids, positions,
+    # offsets) stays inside its own tensor
+    small_attention(torch.zeros(num_tokens, width, dtype=dtype, device=device),
+                    torch.zeros(num_tokens, dtype=torch.int32, device=device),
+                    torch.tensor([0, num_tokens], dtype=torch.int32, device=device),
+                    num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+                    causal=cfg.causal, scale=cfg.head_dim**-0.5,
+                    positions=torch.zeros(num_tokens, dtype=torch.int32, device=device) if qwen3 else None,
+                    rope_table=torch.zeros(8, cfg.head_dim, dtype=torch.float32, device=device) if qwen3 else None,
+                    qk_norm_weights=torch.zeros(2, cfg.head_dim, dtype=dtype, device=device) if qwen3 else None,
+                    eps=cfg.norm_eps, pdl=pdl)
+
+
 def _warm_small_batch(cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
     """The small-batch path's kernels (engine/small_batch.py) as a graph bucket calls them: 64 token slots."""
     num_tokens = 64
     if cfg.head_dim in SMALL_ATTENTION_HEAD_DIMS:
-        qwen3 = cfg.architecture == "qwen3"
-        width = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
-        # NOTE: one sequence of 64 tokens; every index the kernel reads (sequence ids, positions, offsets)
-        # stays inside its own tensor
-        seq_ids = torch.zeros(num_tokens, dtype=torch.int32, device=device)
-        cu_seqlens = torch.tensor([0, num_tokens], dtype=torch.int32, device=device)
-        small_attention(torch.zeros(num_tokens, width, dtype=dtype, device=device), seq_ids, cu_seqlens,
-                        num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
-                        causal=cfg.causal, scale=cfg.head_dim**-0.5,
-                        positions=torch.zeros(num_tokens, dtype=torch.int32, device=device) if qwen3 else None,
-                        rope_table=torch.zeros(8, cfg.head_dim, dtype=torch.float32, device=device) if qwen3 else None,
-                        qk_norm_weights=torch.zeros(2, cfg.head_dim, dtype=dtype, device=device) if qwen3 else None,
-                        eps=cfg.norm_eps)
+        _warm_attention(cfg, dtype, device, num_tokens, pdl=False)
     if cfg.architecture == "qwen3" and fused_mlp_fits(cfg.hidden_size, cfg.intermediate_size):
         gate_up_silu(torch.zeros(num_tokens, cfg.hidden_size, dtype=dtype, device=device),
                      torch.zeros(2 * cfg.intermediate_size, cfg.hidden_size, dtype=dtype, device=device))
 
 
-
 def _warm_skinny(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, skinny_tokens: int, pdl: bool) -> None:
-    """The skinny layer kernels as the graph buckets up to ``skinny_tokens`` call them (a variant each)."""
+    """The skinny layer kernels as the graph buckets up to ``skinny_tokens`` call them (a variant each);
+    ``skinny_tokens`` is ``SmallBatchKernels``' (0 for a model they do not fit)."""
     q_size = cfg.num_heads * cfg.head_dim
-    if cfg.architecture != "qwen3" or not skinny_fits(cfg.hidden_size, q_size, cfg.intermediate_size):
-        return
     width = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
     norm = torch.zeros(cfg.hidden_size, dtype=dtype, device=device)
     for num_tokens in (bucket for bucket in (16, 32) if bucket <= skinny_tokens):
@@ -117,13 +119,5 @@ def _warm_skinny(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, ski
         assert nxt is not None
         norm_linear(nxt, cfg.norm_eps, w_qkv, pdl=pdl)
         linear_add(act, w_down, h, out=h, pdl=pdl)  # the last layer's
-        if pdl and cfg.head_dim in SMALL_ATTENTION_HEAD_DIMS:
-            small_attention(torch.zeros(num_tokens, width, dtype=dtype, device=device),
-                            torch.zeros(num_tokens, dtype=torch.int32, device=device),
-                            torch.tensor([0, num_tokens], dtype=torch.int32, device=device),
-                            num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
-                            causal=cfg.causal, scale=cfg.head_dim**-0.5,
-                            positions=torch.zeros(num_tokens, dtype=torch.int32, device=device),
-                            rope_table=torch.zeros(8, cfg.head_dim, dtype=torch.float32, device=device),
-                            qk_norm_weights=torch.zeros(2, cfg.head_dim, dtype=dtype, device=device),
-                            eps=cfg.norm_eps, pdl=True)
+        if pdl:  # the attention between them is a PDL launch too (its own variant)
+            _warm_attention(cfg, dtype, device, num_tokens, pdl=True)

@@ -56,13 +56,10 @@ class TextTokenizer:
         self._encode = getattr(self._tokenizer, "encode_batch_fast", self._tokenizer.encode_batch)
         # a lone plain-ASCII text: normalised in Python, encoded by a copy without the normaliser
         # (pipeline/ingest/ascii_normalize.py; same ids, tests/test_parquet.py)
+        self._file = tokenizer_file
         self._ascii = AsciiBertNormalizer.for_tokenizer(self._tokenizer)
         self._bare: Any = None
-        if self._ascii is not None:
-            self._bare = Tokenizer.from_file(str(tokenizer_file))
-            self._bare.normalizer = None
-            self._bare.no_padding()
-            self._bare.enable_truncation(max_length - 1 if self.appends_eos else max_length)
+        self._lone_texts = 0
 
     def encode(self, texts: list[str]) -> Encoded:
         capped = np.fromiter((len(t) > self.max_chars for t in texts), dtype=bool, count=len(texts))
@@ -82,9 +79,25 @@ class TextTokenizer:
 
     def _encode_one(self, text: str) -> Any:
         normalized = self._ascii(text) if self._ascii is not None else None
-        if normalized is None or self._bare is None:
+        if normalized is None:
             return self._tokenizer.encode(text)
+        if self._bare is None:
+            # NOTE: the copy costs a second read of tokenizer.json (~35 ms): made at the second lone text,
+            # so batch jobs and one-shot processes (one text) never pay for it; warm ones pay it once
+            self._lone_texts += 1
+            if self._lone_texts < 2:
+                return self._tokenizer.encode(text)
+            self._bare = self._bare_copy()
         return self._bare.encode(normalized)
+
+    def _bare_copy(self) -> Any:
+        from tokenizers import Tokenizer
+
+        bare = Tokenizer.from_file(str(self._file))
+        bare.normalizer = None
+        bare.no_padding()
+        bare.enable_truncation(self.max_length - 1 if self.appends_eos else self.max_length)
+        return bare
 
 
 def tokenizer_for(spec: ModelSpec, side: Literal["query", "document"] = "document",

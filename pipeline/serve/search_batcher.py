@@ -127,12 +127,7 @@ class SearchBatcher:
         key = SearchKey(id(index), model_vectors, k, where, nprobe, rescore)
         item = _Pending(asyncio.get_running_loop(), index, key, np.ascontiguousarray(rows, dtype=np.float32))
         with self._cond:
-            if self._closed:
-                raise Overloaded("the server is shutting down")
-            if self.max_queue_rows is not None and self._outstanding + len(item.rows) > self.max_queue_rows:
-                raise Overloaded(f"{self._outstanding} query rows wait for a search (limit {self.max_queue_rows}, "
-                                 "--max-queue-texts)")
-            self._outstanding += len(item.rows)
+            self._admit(len(item.rows))
             self._pending.append(item)
             self._cond.notify()
         return await item.future
@@ -143,17 +138,18 @@ class SearchBatcher:
         against the queue bound now (``Overloaded`` before any embedding work), queued on ``submit``."""
         item = _Pending(asyncio.get_running_loop(), index, SearchKey(id(index), True, k, where, nprobe, rescore),
                         np.empty((num_rows, 0), dtype=np.float32))
-        self._admit(num_rows)
+        with self._cond:
+            self._admit(num_rows)
         return SearchTicket(self, item)
 
     def _admit(self, num_rows: int) -> None:
-        with self._cond:
-            if self._closed:
-                raise Overloaded("the server is shutting down")
-            if self.max_queue_rows is not None and self._outstanding + num_rows > self.max_queue_rows:
-                raise Overloaded(f"{self._outstanding} query rows wait for a search (limit {self.max_queue_rows}, "
-                                 "--max-queue-texts)")
-            self._outstanding += num_rows
+        """Count ``num_rows`` against the bound (``Overloaded`` past it or when closed); the lock is held."""
+        if self._closed:
+            raise Overloaded("the server is shutting down")
+        if self.max_queue_rows is not None and self._outstanding + num_rows > self.max_queue_rows:
+            raise Overloaded(f"{self._outstanding} query rows wait for a search (limit {self.max_queue_rows}, "
+                             "--max-queue-texts)")
+        self._outstanding += num_rows
 
     def _submit(self, ticket: SearchTicket, rows: np.ndarray) -> None:
         item = ticket._item

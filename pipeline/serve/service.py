@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -161,15 +161,15 @@ class ServeState:
                 await self.embed_texts(req.texts, "query", req.truncate, "query", then=ticket.submit)
             finally:
                 ticket.cancel()  # NOTE: a no-op once submitted; a failed or cancelled embedding frees its place
-            pending = ticket.future
+            pending: Awaitable[list[list[Hit]]] = ticket.future
         else:
             assert req.vectors is not None
             vectors = np.asarray(req.vectors, dtype=np.float32)
             if vectors.ndim != 2 or vectors.shape[1] != index.reader.dim:
                 raise RequestError(422, f"'vectors' rows must have {index.reader.dim} values (the index's dim), "
                                         f"got {[len(v) for v in req.vectors][:4]}")
-            pending = asyncio.ensure_future(self.searcher.search(index, vectors, False, req.k, where=req.where,
-                                                                 nprobe=req.nprobe, rescore=req.rescore))
+            pending = self.searcher.search(index, vectors, False, req.k, where=req.where, nprobe=req.nprobe,
+                                           rescore=req.rescore)
         try:
             with span("search"):
                 found = await pending
