@@ -18,6 +18,7 @@ from petal.engine.config import EngineConfig
 from petal.engine.engine import Engine, attention_backend
 from petal.engine.layers.warmup import start_warmup
 from petal.engine.models import model_class_for
+from petal.engine.small_batch import SmallBatchKernels
 from petal.pipeline.ingest.pack import PackConfig, pack
 from petal.pipeline.jobs.inflight import InFlight
 
@@ -164,16 +165,19 @@ def run_gpu_bench(shape: Shape, scenarios: tuple[str, ...], *, token_budget: int
                   t1_docs: int = 2048, t2_docs: int = 8192, latency_calls: int = 1000) -> dict[str, Any]:
     """Run the chosen scenarios for one shape; every ratio is measured in this one process."""
     device, dtype = torch.device("cuda"), torch.bfloat16
-    # as in `petal index`, Triton kernels compile while the weights are made (engine/layers/triton_kernels.py)
-    start_warmup(model_class_for(shape.hf_config).config_from_hf(shape.hf_config), dtype, device)
+    config = EngineConfig(device="cuda", dtype="bfloat16", attention=attention_backend(attention),
+                          cuda_graphs=cuda_graphs, token_budget=token_budget, max_seqs=max_seqs)
+    # as in `petal index`, Triton kernels compile while the weights are made (engine/layers/warmup.py): the
+    # very warm-up the engine asks for (same kernels, so Engine() joins this one)
+    model_config = model_class_for(shape.hf_config).config_from_hf(shape.hf_config)
+    small = SmallBatchKernels.for_engine(config, model_config, device, dtype)
+    start_warmup(model_config, dtype, device, small.skinny_tokens, small.pdl)
     hf = hf_model(shape, device, dtype)
     spec, model = native_from_hf(shape, hf, device, dtype)
     if not hf_baseline:
         del hf
         hf = None
         torch.cuda.empty_cache()
-    config = EngineConfig(device="cuda", dtype="bfloat16", attention=attention_backend(attention),
-                          cuda_graphs=cuda_graphs, token_budget=token_budget, max_seqs=max_seqs)
     started = time.perf_counter()
     engine = Engine(spec, config, model=model)
     first = PackedBatch.from_sequences(random_docs(np.array([100]), spec.config.vocab_size))

@@ -1,6 +1,6 @@
 """The small-batch path (engine/small_batch.py), measured piece by piece on the GPU host.
 
-    python3 bench/l1_probe.py [SECTION ...]      (sections: kernels gemm engine buckets; default all)
+    python3 bench/l1_probe.py [SECTION ...]      (default: kernels gemm skinny engine buckets)
 
 - ``engine``: L1 (one sequence of 16 and of 128 tokens, step -> result, warm) of the pplx-embed-0.6b,
   bge-m3 and MiniLM shapes with each small-batch kernel on and off, in one process, and the vectors
@@ -12,7 +12,11 @@
   L2-warm weights (one layer's over and over): what prefetching weights into L2 could buy at most.
 - ``skinny``: the weight-streaming layer kernels (engine/layers/skinny_linear.py) against float32
   references (eager and in graphs, PDL on and off), then per-layer device time of a whole Qwen3 layer
-  chain (28 layers) as the small-batch path runs it today vs as skinny kernels, and a tile sweep.
+  chain (28 layers) as the small-batch path runs it today vs as skinny kernels, at 16 and 32 rows.
+- ``skinny_sweep``: per bucket of 32/64/128 rows, each skinny kernel over its tile candidates, then the
+  chain with the best of each; the best go into ``BUCKET_TILES`` for later sections of the same run.
+- ``engine_pplx`` / ``engine_buckets``: ``engine`` for the pplx-embed-0.6b shape only / with every skinny
+  limit (16-128 tokens) at 16, 30, 60 and 128-token queries.
 - ``buckets``: step time (graph replay) of larger buckets with the small-batch path on and off,
   which sets the token limits.
 """
@@ -21,6 +25,7 @@
 from __future__ import annotations
 
 import gc
+import os
 import sys
 import time
 import traceback
@@ -73,7 +78,11 @@ def variants() -> dict[str, EngineConfig]:
 
     return {"off": config(0, 0), "attention": config(128, 0), "mlp": config(0, 32),
             "att+mlp": config(128, 32), "skinny-nopdl": config(128, 32, 16, pdl=False), "skinny32": config(128, 32, 32),
-            "default": EngineConfig(device="cuda", dtype="bfloat16", token_budget=16384)}
+            "skinny64": config(128, 32, 64), "skinny128": config(128, 32, 128),
+            "default": EngineConfig(device="cuda", dtype="bfloat16", token_budget=16384),
+            # the same again, for an A/B/A/B order in one process
+            "skinny128-2": config(128, 32, 128), "default2": EngineConfig(device="cuda", dtype="bfloat16",
+                                                                          token_budget=16384)}
 
 
 def release(engine: Engine) -> None:
@@ -84,7 +93,10 @@ def release(engine: Engine) -> None:
     torch.cuda.synchronize()
 
 
-def section_engine(shapes: tuple[str, ...] = ("pplx-embed-0.6b", "bge-m3", "minilm")) -> None:
+def section_engine(shapes: tuple[str, ...] = ("pplx-embed-0.6b", "bge-m3", "minilm"),
+                   labels: tuple[str, ...] | None = None, lengths: tuple[int, ...] = (16, 128)) -> None:
+    """L1 (step -> result, 400 calls) at each query length for each variant, and the min cosine of each
+    variant's vectors to the first variant's on batches of the 192, 128 and 64-token buckets."""
     for name in shapes:
         s = shape(name)
         hf = hf_model(s, CUDA, BF16)
@@ -92,27 +104,33 @@ def section_engine(shapes: tuple[str, ...] = ("pplx-embed-0.6b", "bge-m3", "mini
         del hf
         torch.cuda.empty_cache()
         vocab = spec.config.vocab_size
-        check = PackedBatch.from_sequences(random_docs(np.array([16, 40, 7, 100]), vocab, seed=11))
-        reference = None
+        checks = [PackedBatch.from_sequences(random_docs(np.array(lens), vocab, seed=11))
+                  for lens in ([16, 40, 7, 100], [16, 40, 7, 50], [5, 40, 7])]
+        references: list[np.ndarray] = []
         rows = []
         for label, config in variants().items():
+            if labels is not None and label not in labels:
+                continue
             engine = Engine(spec, config, model=model)
-            l16 = latency(engine, 16, 400, vocab)
-            l128 = latency(engine, 128, 400, vocab)
-            out = None
-            for _ in range(3):  # eager, capture, replay
-                out = engine.step(check).result()
-            assert out is not None
-            if reference is None:
-                reference = out
-            cos = float(((out * reference).sum(1) / np.linalg.norm(out, axis=1)
-                         / np.linalg.norm(reference, axis=1)).min())
-            rows.append((label, l16["p50_ms"], l16["p99_ms"], l128["p50_ms"], l128["p99_ms"], cos))
+            cells = [latency(engine, n, 400, vocab) for n in lengths]
+            cos = 1.0
+            for i, check in enumerate(checks):
+                out = None
+                for _ in range(3):  # eager, capture, replay
+                    out = engine.step(check).result()
+                assert out is not None
+                if len(references) <= i:
+                    references.append(out)
+                ref = references[i]
+                cos = min(cos, float(((out * ref).sum(1) / np.linalg.norm(out, axis=1)
+                                      / np.linalg.norm(ref, axis=1)).min()))
+            rows.append((label, cells, cos))
             release(engine)
-        print(f"\n{name}: L1 step->result (400 calls) | min cosine to 'off' on a 4-text batch")
-        for label, a, b, c, d, cos in rows:
-            line = f"  {name:<16} {label:<10} 16 tok p50 {a:.3f} p99 {b:.3f} ms | 128 tok p50 {c:.3f} p99 {d:.3f} ms" \
-                   f" | cos {cos:.5f}"
+        print(f"\n{name}: L1 step->result (400 calls) | min cosine to the first variant on 3 batches")
+        for label, cells, cos in rows:
+            line = f"  {name:<16} {label:<12} " + " | ".join(
+                f"{n} tok p50 {c['p50_ms']:.3f} p99 {c['p99_ms']:.3f}" for n, c in zip(lengths, cells)) \
+                + f" ms | cos {cos:.5f}"
             print(line)
             SUMMARY.append(line)
         del model
@@ -254,38 +272,102 @@ def section_gemm() -> None:
         SUMMARY.append(line)
 
 
-def section_skinny() -> None:
+HIDDEN, HQ, HK, HEAD_DIM, INTER, EPS = 1024, 16, 8, 128, 3072, 1e-6  # pplx-embed-0.6b
+Q_SIZE, QKV_WIDTH = HQ * HEAD_DIM, (HQ + 2 * HK) * HEAD_DIM
+ChainFor = Callable[[int], tuple[Callable[[], None], Callable[..., Callable[[], None]]]]
+
+
+def layer_chains() -> ChainFor:
+    """``chain_for(m)`` -> ``(today, skinny)``: 28 Qwen3 layers (distinct random weights) at ``m`` rows as
+    the small-batch path runs them today for that bucket, and ``skinny(pdl, tiles=None)`` as skinny kernels."""
     import flashinfer
 
     from petal.engine.layers.fused_mlp import gate_up_silu
+    from petal.engine.layers.rotary import RotaryEmbedding
     from petal.engine.layers.skinny_linear import (
-        DEFAULT_TILES,
+        LayerTiles,
         NormInput,
-        SkinnyTiles,
+        layer_tiles,
         linear_add,
         norm_input,
         norm_linear,
     )
     from petal.engine.layers.small_attention import small_attention
 
-    hidden, hq, hk, d, inter, eps = 1024, 16, 8, 128, 3072, 1e-6  # pplx-embed-0.6b
-    q_size, width = hq * d, (hq + 2 * hk) * d
+    d = HEAD_DIM
+    layers = [{"g1": (torch.rand(HIDDEN, device=CUDA) + 0.5).to(BF16),
+               "g2": (torch.rand(HIDDEN, device=CUDA) + 0.5).to(BF16),
+               "qkv": torch.randn(QKV_WIDTH, HIDDEN, device=CUDA, dtype=BF16) * 0.03,
+               "o": torch.randn(HIDDEN, Q_SIZE, device=CUDA, dtype=BF16) * 0.03,
+               "gu": torch.randn(2 * INTER, HIDDEN, device=CUDA, dtype=BF16) * 0.03,
+               "down": torch.randn(HIDDEN, INTER, device=CUDA, dtype=BF16) * 0.03} for _ in range(LAYERS)]
+    qk_w = (torch.rand(2, d, device=CUDA) + 0.5).to(BF16)
+    table = RotaryEmbedding(d, 1024, 1e6).cos_sin(CUDA)
+
+    def chain_for(m: int) -> tuple[Callable[[], None], Callable[..., Callable[[], None]]]:
+        x0 = torch.randn(m, HIDDEN, device=CUDA, dtype=BF16)
+        seq_ids = torch.zeros(m, dtype=torch.int32, device=CUDA)
+        cu = torch.tensor([0, m], dtype=torch.int32, device=CUDA)
+        pos = torch.arange(m, dtype=torch.int32, device=CUDA)
+        h = x0.clone()
+        res = x0.clone()
+
+        def attend(qkv: torch.Tensor, pdl: bool = False) -> torch.Tensor:
+            return small_attention(qkv, seq_ids, cu, num_heads=HQ, num_kv_heads=HK, head_dim=d, causal=False,
+                                   scale=d**-0.5, positions=pos, rope_table=table, qk_norm_weights=qk_w, eps=EPS,
+                                   pdl=pdl).view(m, Q_SIZE)
+
+        def today() -> None:  # the engine's path for buckets above the skinny limit (fused MLP up to 32 rows)
+            h.copy_(x0)
+            res.copy_(x0)
+            hh = h
+            for w in layers:
+                flashinfer.fused_add_rmsnorm(hh, res, w["g1"], EPS)
+                hh = F.linear(attend(F.linear(hh, w["qkv"])), w["o"])
+                flashinfer.fused_add_rmsnorm(hh, res, w["g2"], EPS)
+                act = gate_up_silu(hh, w["gu"]) if m <= 32 else flashinfer.silu_and_mul(F.linear(hh, w["gu"]))
+                hh = F.linear(act, w["down"])
+
+        def skinny(pdl: bool, tiles: LayerTiles | None = None) -> Callable[[], None]:
+            t = tiles or layer_tiles(m)
+
+            def run() -> None:
+                res.copy_(x0)
+                x: NormInput | None = norm_input(res, layers[0]["g1"])
+                for i, w in enumerate(layers):
+                    assert x is not None
+                    a = attend(norm_linear(x, EPS, w["qkv"], pdl=pdl, tiles=t.qkv), pdl)
+                    _, mid = linear_add(a, w["o"], res, out=res, norm_weight=w["g2"], pdl=pdl, tiles=t.o)
+                    assert mid is not None
+                    act = norm_linear(mid, EPS, w["gu"], swiglu=True, pdl=pdl, tiles=t.gate_up)
+                    nxt = layers[i + 1]["g1"] if i + 1 < len(layers) else None
+                    x = linear_add(act, w["down"], res, out=res, norm_weight=nxt, pdl=pdl, tiles=t.down)[1]
+            return run
+
+        return today, skinny
+
+    return chain_for
+
+
+def check_skinny(rows: tuple[int, ...]) -> None:
+    """The skinny kernels at each row count (the bucket's tiles) against float32, eager == graph replay."""
+    from petal.engine.layers.skinny_linear import linear_add, norm_input, norm_linear
 
     def rms(x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
         x32 = x.float()
-        return x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps) * g.float()
+        return x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + EPS) * g.float()
 
     print("\nskinny kernels against float32 references (max |err| / max |ref|), eager | graph, pdl off/on")
-    for m in (1, 7, 16, 17, 32):
-        x = torch.randn(m, hidden, device=CUDA, dtype=BF16)
-        g = (torch.rand(hidden, device=CUDA) + 0.5).to(BF16)
-        wqkv = torch.randn(width, hidden, device=CUDA, dtype=BF16) * 0.03
-        wgu = torch.randn(2 * inter, hidden, device=CUDA, dtype=BF16) * 0.03
-        wd = torch.randn(hidden, inter, device=CUDA, dtype=BF16) * 0.03
-        act = torch.randn(m, inter, device=CUDA, dtype=BF16)
+    for m in rows:
+        x = torch.randn(m, HIDDEN, device=CUDA, dtype=BF16)
+        g = (torch.rand(HIDDEN, device=CUDA) + 0.5).to(BF16)
+        wqkv = torch.randn(QKV_WIDTH, HIDDEN, device=CUDA, dtype=BF16) * 0.03
+        wgu = torch.randn(2 * INTER, HIDDEN, device=CUDA, dtype=BF16) * 0.03
+        wd = torch.randn(HIDDEN, INTER, device=CUDA, dtype=BF16) * 0.03
+        act = torch.randn(m, INTER, device=CUDA, dtype=BF16)
         ref_qkv = rms(x, g) @ wqkv.float().T
         gu = rms(x, g) @ wgu.float().T
-        ref_act = F.silu(gu[:, :inter]) * gu[:, inter:]
+        ref_act = F.silu(gu[:, :INTER]) * gu[:, INTER:]
         ref_add = x.float() + act.float() @ wd.float().T
         cells = []
         for pdl in (False, True):
@@ -293,8 +375,8 @@ def section_skinny() -> None:
 
             def run() -> None:
                 first = norm_input(x, g)
-                outs["qkv"] = norm_linear(first, eps, wqkv, pdl=pdl)
-                outs["act"] = norm_linear(first, eps, wgu, swiglu=True, pdl=pdl)
+                outs["qkv"] = norm_linear(first, EPS, wqkv, pdl=pdl)
+                outs["act"] = norm_linear(first, EPS, wgu, swiglu=True, pdl=pdl)
                 outs["add"] = linear_add(act, wd, x, pdl=pdl)[0]
 
             run()
@@ -314,136 +396,186 @@ def section_skinny() -> None:
         print(line)
         SUMMARY.append(line)
 
-    layers = [{"g1": (torch.rand(hidden, device=CUDA) + 0.5).to(BF16),
-               "g2": (torch.rand(hidden, device=CUDA) + 0.5).to(BF16),
-               "qkv": torch.randn(width, hidden, device=CUDA, dtype=BF16) * 0.03,
-               "o": torch.randn(hidden, q_size, device=CUDA, dtype=BF16) * 0.03,
-               "gu": torch.randn(2 * inter, hidden, device=CUDA, dtype=BF16) * 0.03,
-               "down": torch.randn(hidden, inter, device=CUDA, dtype=BF16) * 0.03} for _ in range(LAYERS)]
-    qk_w = (torch.rand(2, d, device=CUDA) + 0.5).to(BF16)
-    from petal.engine.layers.rotary import RotaryEmbedding
-    table = RotaryEmbedding(d, 1024, 1e6).cos_sin(CUDA)
+
+def section_skinny() -> None:
+    """The skinny kernels' accuracy, then the 28-layer chain today vs skinny (PDL off/on) at 16 and 32 rows."""
+    check_skinny((1, 7, 16, 17, 32))
+    chain_for = layer_chains()
     print("\nQwen3 layer chain, 28 layers (device us per layer)")
     for m in (16, 32):
-        x0 = torch.randn(m, hidden, device=CUDA, dtype=BF16)
-        seq_ids = torch.zeros(m, dtype=torch.int32, device=CUDA)
-        cu = torch.tensor([0, m], dtype=torch.int32, device=CUDA)
-        pos = torch.arange(m, dtype=torch.int32, device=CUDA)
-        h = x0.clone()
-        res = x0.clone()
-
-        def attend(qkv: torch.Tensor, pdl: bool = False) -> torch.Tensor:
-            return small_attention(qkv, seq_ids, cu, num_heads=hq, num_kv_heads=hk, head_dim=d, causal=False,
-                                   scale=d**-0.5, positions=pos, rope_table=table, qk_norm_weights=qk_w, eps=eps,
-                                   pdl=pdl).view(m, q_size)
-
-        def today() -> None:
-            h.copy_(x0)
-            res.copy_(x0)
-            hh = h
-            for w in layers:
-                flashinfer.fused_add_rmsnorm(hh, res, w["g1"], eps)
-                hh = F.linear(attend(F.linear(hh, w["qkv"])), w["o"])
-                flashinfer.fused_add_rmsnorm(hh, res, w["g2"], eps)
-                hh = F.linear(gate_up_silu(hh, w["gu"]), w["down"])
-
-        def skinny(pdl: bool, tiles: SkinnyTiles = DEFAULT_TILES) -> Callable[[], None]:
-            def run() -> None:
-                res.copy_(x0)
-                x: NormInput | None = norm_input(res, layers[0]["g1"])
-                for i, w in enumerate(layers):
-                    assert x is not None
-                    a = attend(norm_linear(x, eps, w["qkv"], pdl=pdl, tiles=tiles), pdl)
-                    _, mid = linear_add(a, w["o"], res, out=res, norm_weight=w["g2"], pdl=pdl, tiles=tiles)
-                    assert mid is not None
-                    act = norm_linear(mid, eps, w["gu"], swiglu=True, pdl=pdl, tiles=tiles)
-                    nxt = layers[i + 1]["g1"] if i + 1 < len(layers) else None
-                    x = linear_add(act, w["down"], res, out=res, norm_weight=nxt, pdl=pdl, tiles=tiles)[1]
-            return run
-
+        today, skinny = chain_for(m)
         cells = [f"today {graph_us_per_call(today, LAYERS):.2f}",
                  f"skinny {graph_us_per_call(skinny(False), LAYERS):.2f}",
                  f"skinny+pdl {graph_us_per_call(skinny(True), LAYERS):.2f}"]
         line = f"  M={m:3d}: " + " | ".join(cells)
         print(line, flush=True)
         SUMMARY.append(line)
-        sweep = [SkinnyTiles(block_n=bn, add_block_n=abn, split_k=sk, num_stages=st, num_warps=nw)
-                 for bn in (32, 64) for abn, sk in ((32, 4), (32, 8), (64, 8))
-                 for st, nw in ((3, 4), (4, 4))]
-        timed = []
-        for tiles in sweep:
-            try:
-                timed.append((graph_us_per_call(skinny(True, tiles), LAYERS), tiles))
-            except Exception as exc:  # a tile set that does not compile or fit
-                print(f"    {tiles}: {type(exc).__name__}")
-        timed.sort(key=lambda t: t[0])
-        for us, tiles in timed[:6]:
-            line = f"    M={m:3d} pdl {us:6.2f} us/layer  {tiles}"
-            print(line)
-            SUMMARY.append(line)
-        print(f"    M={m:3d} worst {timed[-1][0]:.2f} {timed[-1][1]}", flush=True)
 
 
-def section_skinny_parts() -> None:
-    """Each skinny kernel alone, 28 distinct weights in a graph, against what today's path runs there."""
-    import flashinfer
+# --- tile sweep: every kernel of the layer alone at each bucket, then the chain with the best of each
+SWEEP_ROWS = tuple(int(r) for r in os.environ.get("PETAL_SWEEP_ROWS", "16,32,64,128").split(","))
+ROLE_SHAPES = {"qkv": (QKV_WIDTH, HIDDEN), "gate_up": (2 * INTER, HIDDEN), "o": (HIDDEN, Q_SIZE),
+               "down": (HIDDEN, INTER)}  # weight [N, K]
 
-    from petal.engine.layers.fused_mlp import gate_up_silu
-    from petal.engine.layers.skinny_linear import SkinnyTiles, linear_add, norm_linear
 
-    hidden, width, q_size, inter, eps = 1024, 4096, 2048, 3072, 1e-6
-    g = (torch.rand(hidden, device=CUDA) + 0.5).to(BF16)
-    w = {name: [torch.randn(n, k, device=CUDA, dtype=BF16) * 0.03 for _ in range(LAYERS)]
-         for name, (n, k) in {"qkv": (width, hidden), "o": (hidden, q_size), "gu": (2 * inter, hidden),
-                              "down": (hidden, inter)}.items()}
-    print("\nskinny kernels one by one (device us per call, 28 distinct weights in one graph)")
-    for m in (16, 32):
-        x = torch.randn(m, hidden, device=CUDA, dtype=BF16)
-        a_o = torch.randn(m, q_size, device=CUDA, dtype=BF16)
-        a_d = torch.randn(m, inter, device=CUDA, dtype=BF16)
-        res = torch.randn(m, hidden, device=CUDA, dtype=BF16)
-        def each(fn: Callable[[torch.Tensor], object], weights: list[torch.Tensor]) -> Callable[[], None]:
-            def run() -> None:
-                for wi in weights:
-                    fn(wi)
-            return run
+def sweep_candidates(m: int) -> dict[str, list[object]]:
+    from petal.engine.layers.skinny_linear import GemmTiles
 
-        rows: dict[str, Callable[[], None]] = {
-            "cublas qkv": each(lambda wi: F.linear(x, wi), w["qkv"]),
-            "cublas gu": each(lambda wi: F.linear(x, wi), w["gu"]),
-            "triton gate_up_silu": each(lambda wi: gate_up_silu(x, wi), w["gu"]),
-            "cublas o": each(lambda wi: F.linear(a_o, wi), w["o"]),
-            "cublas down": each(lambda wi: F.linear(a_d, wi), w["down"]),
-            "fused_add_rmsnorm": each(lambda wi: flashinfer.fused_add_rmsnorm(x, res, g, eps), w["o"]),
-        }
-        parts = linear_add(a_o, w["o"][0], res.clone(), norm_weight=g)[1]
-        assert parts is not None
-        def norm_run(tiles: SkinnyTiles, pdl: bool, swiglu: bool) -> Callable[[torch.Tensor], object]:
-            return lambda wi: norm_linear(parts, eps, wi, swiglu=swiglu, pdl=pdl, tiles=tiles)
+    block_ms = [b for b in (16, 32, 64, 128) if min(m, 64) <= b <= max(m, 64)]  # 64: wgmma's row tile
+    norm = [GemmTiles(bm, bn, bk, 1, nw, st) for bm in block_ms for bn in (16, 32, 64) for bk in (64, 128)
+            for nw, st in ((4, 3), (4, 4), (8, 3))]
+    add = [GemmTiles(bm, bn, bk, sk, nw, st) for bm in block_ms for bn in (16, 32, 64) for bk in (64, 128)
+           for sk in (2, 4, 8) for nw, st in ((4, 3), (4, 4))]
+    return {"qkv": list(norm), "gate_up": list(norm), "o": list(add), "down": list(add)}
 
-        def add_run(a: torch.Tensor, tiles: SkinnyTiles, pdl: bool,
-                    norm: torch.Tensor | None = None) -> Callable[[torch.Tensor], object]:
-            return lambda wi: linear_add(a, wi, res, out=res, norm_weight=norm, pdl=pdl, tiles=tiles)
 
-        for pdl in (False, True):
-            tag = "+pdl" if pdl else ""
-            for bn, st, nw in ((32, 4, 4), (32, 3, 4), (64, 4, 4), (64, 3, 4), (16, 4, 4)):
-                t = SkinnyTiles(block_n=bn, num_stages=st, num_warps=nw)
-                name = f"{tag} bn{bn} st{st} w{nw}"
-                rows[f"norm_linear qkv{name}"] = each(norm_run(t, pdl, False), w["qkv"])
-                rows[f"norm_linear gu swiglu{name}"] = each(norm_run(t, pdl, True), w["gu"])
-            for abn, sk in ((32, 4), (32, 8), (16, 8)):
-                t = SkinnyTiles(add_block_n=abn, split_k=sk)
-                rows[f"linear_add o{tag} bn{abn} split{sk}"] = each(add_run(a_o, t, pdl), w["o"])
-                rows[f"linear_add o +scaled{tag} bn{abn} split{sk}"] = each(add_run(a_o, t, pdl, g), w["o"])
-                rows[f"linear_add down{tag} bn{abn} split{sk}"] = each(add_run(a_d, t, pdl), w["down"])
-        for label, fn in rows.items():
-            try:
-                line = f"  M={m:3d} {label:<40} {graph_us_per_call(fn, LAYERS):7.2f}"
-            except Exception as exc:
-                line = f"  M={m:3d} {label:<40} {type(exc).__name__}: {str(exc)[:80]}"
-            print(line, flush=True)
-            SUMMARY.append(line)
+class RoleInputs:
+    """One role's inputs at ``m`` rows and ``count`` distinct weights; ``call(tiles, i)`` runs weight ``i``."""
+
+    def __init__(self, role: str, m: int, count: int) -> None:
+        from petal.engine.layers.skinny_linear import NormInput
+
+        n, k = ROLE_SHAPES[role]
+        self.role, self.m = role, m
+        self.weights = [torch.randn(n, k, device=CUDA, dtype=BF16) * 0.03 for _ in range(count)]
+        self.g = (torch.rand(HIDDEN, device=CUDA) + 0.5).to(BF16)
+        self.x = torch.randn(m, k, device=CUDA, dtype=BF16)
+        self.res = torch.randn(m, HIDDEN, device=CUDA, dtype=BF16)
+        parts = HIDDEN // 32  # the norm input as a 32-column linear_add leaves it
+        self.norm_in = NormInput(torch.randn(m, HIDDEN, device=CUDA, dtype=BF16),
+                                 torch.rand(parts, m, device=CUDA) * 10)
+
+    def call(self, tiles: object, i: int) -> None:
+        from petal.engine.layers.skinny_linear import GemmTiles, linear_add, norm_linear
+
+        assert isinstance(tiles, GemmTiles)
+        w = self.weights[i]
+        if self.role in ("qkv", "gate_up"):
+            norm_linear(self.norm_in, EPS, w, swiglu=self.role == "gate_up", pdl=True, tiles=tiles)
+        else:
+            linear_add(self.x, w, self.res, out=self.res, norm_weight=self.g, pdl=True, tiles=tiles)
+
+
+def _compile_share(share: list[tuple[int, str, object]]) -> list[str]:
+    """Worker process: launch each (rows, role, tiles) once so Triton compiles it into the shared disk cache."""
+    failed = []
+    inputs: dict[tuple[int, str], RoleInputs] = {}
+    for m, role, tiles in share:
+        key = (m, role)
+        if key not in inputs:
+            inputs[key] = RoleInputs(role, m, 1)
+        try:
+            inputs[key].call(tiles, 0)
+            torch.cuda.synchronize()
+        except Exception as exc:
+            failed.append(f"{m} {role} {tiles}: {type(exc).__name__}")
+    return failed
+
+
+def precompile(cases: list[tuple[int, str, object]], workers: int = 14) -> None:
+    """Compile every case in worker processes (Triton's on-disk cache), so the timing loop only loads them."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    started = time.perf_counter()
+    shares = [cases[i::workers] for i in range(workers)]
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        failed = [f for part in pool.map(_compile_share, shares) for f in part]
+    print(f"  compiled {len(cases)} variants in {time.perf_counter() - started:.1f} s ({len(failed)} failed)",
+          flush=True)
+
+
+BEST_TILES: dict[int, object] = {}
+
+
+def section_skinny_sweep() -> None:
+    """Per bucket of SWEEP_ROWS: each of the four kernels alone over its tile candidates (device us a call,
+    28 distinct weights in a graph), the chain with the best of each against today's path and the default
+    tiles, and the kernels' accuracy at the chosen tiles. Leaves the best in ``BEST_TILES`` and in
+    ``skinny_linear.BUCKET_TILES`` for the sections that follow in this process (engine_pplx)."""
+    from petal.engine.layers import skinny_linear
+    from petal.engine.layers.skinny_linear import LayerTiles
+
+    cases = [(m, role, t) for m in SWEEP_ROWS for role, cands in sweep_candidates(m).items() for t in cands]
+    precompile(cases)
+    chain_for = layer_chains()
+    for m in SWEEP_ROWS:
+        best: dict[str, object] = {}
+        for role, cands in sweep_candidates(m).items():
+            inputs = RoleInputs(role, m, LAYERS)
+            timed = []
+            for tiles in cands:
+                def run(t: object = tiles) -> None:
+                    for i in range(LAYERS):
+                        inputs.call(t, i)
+                try:
+                    timed.append((graph_us_per_call(run, LAYERS), tiles))
+                except Exception as exc:
+                    print(f"    M={m} {role} {tiles}: {type(exc).__name__}")
+            timed.sort(key=lambda c: c[0])
+            best[role] = timed[0][1]
+            for us, tiles in timed[:3]:
+                line = f"  M={m:3d} {role:<8} {us:6.2f} us  {tiles}"
+                print(line)
+                SUMMARY.append(line)
+        chosen = LayerTiles(**best)  # type: ignore[arg-type]
+        today, skinny = chain_for(m)
+        us_today, us_default = graph_us_per_call(today, LAYERS), graph_us_per_call(skinny(True), LAYERS)
+        us_swept = graph_us_per_call(skinny(True, chosen), LAYERS)
+        line = f"  chain M={m:3d} (us/layer, PDL): today {us_today:.2f} | skinny BUCKET_TILES {us_default:.2f}" \
+               f" | skinny swept tiles {us_swept:.2f}"
+        print(line, flush=True)
+        SUMMARY.append(line)
+        if us_swept > us_default:  # the best kernels one by one need not chain best
+            chosen = skinny_linear.layer_tiles(m)
+        BEST_TILES[m] = chosen
+        skinny_linear.BUCKET_TILES[m] = chosen
+        line = f"  BUCKET_TILES[{m}] = {chosen}"
+        print(line)
+        SUMMARY.append(line)
+    check_skinny((33, 50, 64, 65, 100, 128))
+
+
+WARMUP_CHILD = r"""
+import sys, time
+import torch
+from petal.bench.shapes import shape
+from petal.engine.layers import warmup
+from petal.engine.models import model_class_for
+skinny, threads = int(sys.argv[1]), int(sys.argv[2])
+torch.empty(1, device="cuda")
+s = shape("pplx-embed-0.6b")
+cfg = model_class_for(s.hf_config).config_from_hf(s.hf_config)
+warmup.WARMUP_THREADS = threads
+started = time.perf_counter()
+thread = warmup.start_warmup(cfg, torch.bfloat16, torch.device("cuda"), skinny, True)
+thread.join()
+print(time.perf_counter() - started)
+"""
+
+
+def section_warmup() -> None:
+    """The Triton warm-up (engine/layers/warmup.py) of the pplx-embed-0.6b shape on an empty Triton cache
+    (a bare host), in fresh processes: skinny layers for the 16-token bucket only / for every bucket up to
+    128 tokens, compiled by one thread / by the warm-up's threads."""
+    import subprocess
+    import tempfile
+
+    from petal.engine.layers.warmup import WARMUP_THREADS
+
+    print("\nTriton warm-up on an empty cache (s, fresh process each, 2 runs)")
+    for skinny, threads in ((16, 1), (128, 1), (128, WARMUP_THREADS), (16, WARMUP_THREADS)):
+        times = []
+        for _ in range(2):
+            with tempfile.TemporaryDirectory() as cache:
+                out = subprocess.run([sys.executable, "-c", WARMUP_CHILD, str(skinny), str(threads)],
+                                     capture_output=True, text=True, env={**os.environ, "TRITON_CACHE_DIR": cache})
+                times.append(float(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else float("nan"))
+                if out.returncode:
+                    print(out.stderr[-2000:])
+        line = f"  skinny up to {skinny:3d} tokens, {threads} thread(s): " + " / ".join(f"{t:.2f}" for t in times)
+        print(line, flush=True)
+        SUMMARY.append(line)
 
 
 def section_buckets(name: str = "pplx-embed-0.6b") -> None:
@@ -477,8 +609,14 @@ def main() -> None:
         started = time.perf_counter()
         try:
             {"engine": section_engine, "kernels": section_kernels, "gemm": section_gemm,
-             "buckets": section_buckets, "skinny": section_skinny, "skinny_parts": section_skinny_parts,
-             "engine_pplx": lambda: section_engine(("pplx-embed-0.6b",))}[name]()
+             "buckets": section_buckets, "skinny": section_skinny, "skinny_sweep": section_skinny_sweep,
+             "engine_pplx": lambda: section_engine(("pplx-embed-0.6b",)),
+             "warmup": section_warmup,
+             "engine_ab": lambda: section_engine(
+                 ("pplx-embed-0.6b",), ("default", "skinny128", "default2", "skinny128-2"), (16, 30, 60, 128)),
+             "engine_buckets": lambda: section_engine(
+                 ("pplx-embed-0.6b",), ("off", "att+mlp", "default", "skinny32", "skinny64", "skinny128"),
+                 (16, 30, 60, 128))}[name]()
         except Exception:
             traceback.print_exc()
             SUMMARY.append(f"  {name}: FAILED (traceback above)")

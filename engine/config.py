@@ -145,7 +145,7 @@ class EngineConfig:
     # fused kernel (0: never). Measured on the H200: README "Small-batch latency".
     small_attention_tokens: int = 128
     fused_mlp_tokens: int = 32
-    skinny_layer_tokens: int = 16  # Qwen3 layers as four weight-streaming kernels (engine/layers/skinny_linear.py)
+    skinny_layer_tokens: int = 128  # Qwen3 layers as four weight-streaming kernels (engine/layers/skinny_linear.py)
     pdl: bool = True  # ... launched as programmatic dependent launches (sm90+)
 
     def __post_init__(self) -> None:

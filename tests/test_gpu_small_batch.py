@@ -108,14 +108,17 @@ def rms_reference(x, g, eps):
     return x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps) * g.float()
 
 
+@pytest.mark.parametrize("row_blocks", ["bucket", "many"])
 @pytest.mark.parametrize("pdl", [False, True])
-@pytest.mark.parametrize("num_tokens", [1, 5, 16, 17, 32])
+@pytest.mark.parametrize("num_tokens", [1, 5, 16, 17, 32, 33, 64, 100, 128])
 @pytest.mark.parametrize(("hidden", "width", "inter"), [(1024, 4096, 3072), (256, 512, 512)])
-def test_skinny_kernels_match_reference(num_tokens, hidden, width, inter, pdl):
+def test_skinny_kernels_match_reference(num_tokens, hidden, width, inter, pdl, row_blocks):
     """norm_linear (plain and SwiGLU) and the split-K linear_add against float32, eager and as graph replays,
-    with and without programmatic dependent launch (the kernels chained as a layer chains them)."""
-    from petal.engine.layers.skinny_linear import linear_add, norm_input, norm_linear
+    with and without programmatic dependent launch (the kernels chained as a layer chains them), with the
+    bucket's tiles and with 16-row tiles (every row block its own programs, split-K counters and sums)."""
+    from petal.engine.layers.skinny_linear import GemmTiles, linear_add, norm_input, norm_linear
 
+    tiles = None if row_blocks == "bucket" else GemmTiles(block_m=16, block_n=32, block_k=64, split_k=4)
     if pdl and torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("programmatic dependent launch needs sm90+")
     torch.manual_seed(num_tokens + hidden)
@@ -132,13 +135,13 @@ def test_skinny_kernels_match_reference(num_tokens, hidden, width, inter, pdl):
 
     def chain():
         first = norm_input(x, g)
-        outs["lin"] = norm_linear(first, eps, w, pdl=pdl)
-        outs["act"] = norm_linear(first, eps, wgu, swiglu=True, pdl=pdl)
-        outs["add"], nxt = linear_add(outs["act"], wd, x, norm_weight=g, pdl=pdl)
+        outs["lin"] = norm_linear(first, eps, w, pdl=pdl, tiles=tiles)
+        outs["act"] = norm_linear(first, eps, wgu, swiglu=True, pdl=pdl, tiles=tiles)
+        outs["add"], nxt = linear_add(outs["act"], wd, x, norm_weight=g, pdl=pdl, tiles=tiles)
         outs["scaled"] = nxt.hg
-        outs["lin2"] = norm_linear(nxt, eps, w, pdl=pdl)  # from the sums of squares linear_add wrote
+        outs["lin2"] = norm_linear(nxt, eps, w, pdl=pdl, tiles=tiles)  # from the sums of squares linear_add wrote
         outs["inplace"] = x.clone()
-        _, none = linear_add(outs["act"], wd, outs["inplace"], out=outs["inplace"], pdl=pdl)
+        _, none = linear_add(outs["act"], wd, outs["inplace"], out=outs["inplace"], pdl=pdl, tiles=tiles)
         assert none is None
 
     chain()
@@ -195,23 +198,24 @@ def test_small_batches_equal_the_plain_engine_and_transformers(family):
     assert fast.graphs is not None
     used = [state.ctx for bucket, state in fast.graphs.states.items() if bucket <= fast.small.attention_tokens]
     assert used and all(ctx.fused_attention for ctx in used)
-    if family.startswith("qwen3"):  # the 16-token bucket ran the skinny layers, larger ones did not
-        assert fast.small.skinny_tokens == 16
+    if family.startswith("qwen3"):  # buckets up to 128 tokens ran the skinny layers, larger ones did not
+        assert fast.small.skinny_tokens == 128
         states = fast.graphs.states.items()
-        assert all(state.ctx.skinny_layers == (bucket <= 16) for bucket, state in states)
-        assert any(bucket <= 16 for bucket, _ in states)
+        assert all(state.ctx.skinny_layers == (bucket <= 128) for bucket, state in states)
+        assert any(bucket <= 128 for bucket, _ in states) and any(bucket > 128 for bucket, _ in states)
     assert fast.stats.graph_replays > 0
 
 
 @pytest.mark.parametrize("pdl", [True, False])
 @pytest.mark.parametrize("family", ["qwen3-causal", "qwen3-bidirectional"])
 def test_skinny_layers_equal_the_plain_engine(family, pdl):
-    """The skinny layer path alone (PDL on and off) against the engine without any small-batch kernel."""
-    shape, hf, fast, plain = engines(family, small_attention_tokens=0, fused_mlp_tokens=0, skinny_layer_tokens=32,
-                                     pdl=pdl)
-    assert fast.small.skinny_tokens == 32 and fast.small.pdl == (pdl and torch.cuda.get_device_capability()[0] >= 9)
+    """The skinny layer path (PDL on and off; every bucket up to 128 tokens, around the fused attention, which
+    it needs) against the engine without any small-batch kernel."""
+    shape, hf, fast, plain = engines(family, small_attention_tokens=128, fused_mlp_tokens=0,
+                                     skinny_layer_tokens=128, pdl=pdl)
+    assert fast.small.skinny_tokens == 128 and fast.small.pdl == (pdl and torch.cuda.get_device_capability()[0] >= 9)
     rng = np.random.default_rng(21)
-    for num_seqs, high in ((1, 16), (1, 32), (2, 14), (4, 8), (1, 3)):
+    for num_seqs, high in ((1, 16), (1, 32), (2, 14), (4, 8), (1, 3), (1, 128), (3, 40), (2, 60), (9, 12)):
         docs = random_docs(rng.integers(1, high, num_seqs), 30000, seed=int(rng.integers(1 << 30)))
         batch = PackedBatch.from_sequences(docs)
         for _ in range(3):  # eager, capture, replay

@@ -1,6 +1,6 @@
-"""GEMMs of a few dozen rows that stream the weights: Qwen3's layer as four of them around attention.
+"""GEMMs of up to 128 rows that stream the weights: Qwen3's layer as four of them around attention.
 
-At 16-32 token rows a layer's GEMMs read 30 MB of weights (pplx-embed-0.6b) and do almost no
+At 16-128 token rows a layer's GEMMs read 30 MB of weights (pplx-embed-0.6b) and do little
 arithmetic, so what counts is how soon each kernel starts streaming. Two kernels:
 
 - ``linear_add(x, w, residual, norm_weight=g)`` = ``h = residual + x @ w.T``: the residual add in the
@@ -21,6 +21,10 @@ rounded once and 1/rms scales the fp32 product.
 With ``pdl=True`` (sm90+) each kernel is launched as a programmatic dependent launch: it starts
 during the previous kernel, prefetches its own weights into L2, and waits only before it reads
 activations, so the launch and the first weight reads of each kernel hide behind the one before.
+
+Tiles are chosen per bucket and per kernel (``BUCKET_TILES``); a row block of ``block_m`` rows is a
+grid dimension, so a bucket of more rows than ``block_m`` reads each weight tile once per row block
+(the later reads mostly from L2).
 """
 
 from __future__ import annotations
@@ -30,38 +34,75 @@ from dataclasses import dataclass
 
 import torch
 
-MAX_ROWS = 32  # one program covers every row up to this (weights are read once)
+MAX_ROWS = 128  # the largest bucket with measured tiles (BUCKET_TILES)
 
 
 @dataclass(frozen=True)
-class SkinnyTiles:
-    """Tile sizes of the two kernels (measured on the H200, pplx-embed-0.6b shape: bench/l1_probe.py skinny)."""
+class GemmTiles:
+    """One kernel's tiles: ``block_m`` rows x ``block_n`` output columns a program, ``block_k`` deep steps;
+    ``split_k`` programs share one output tile's K (``linear_add`` only; halved while K has fewer blocks)."""
 
-    block_n: int = 32  # output columns a program of ``norm_linear`` computes
+    block_m: int = 16
+    block_n: int = 32
     block_k: int = 128
-    add_block_n: int = 32  # output columns a program of ``linear_add`` computes
-    add_block_k: int = 128
-    split_k: int = 4  # programs sharing one ``linear_add`` tile's K (fewer where K has fewer blocks)
+    split_k: int = 1
     num_warps: int = 4
     num_stages: int = 4
 
 
-DEFAULT_TILES = SkinnyTiles()
+@dataclass(frozen=True)
+class LayerTiles:
+    """The tiles of a Qwen3 layer's four skinny kernels for one bucket."""
+
+    qkv: GemmTiles  # norm_linear, [T, hidden] @ [hidden, (hq + 2 hk) d]
+    o: GemmTiles  # linear_add, [T, hq d] @ [hq d, hidden]
+    gate_up: GemmTiles  # norm_linear with SwiGLU, [T, hidden] @ [hidden, 2 I]
+    down: GemmTiles  # linear_add, [T, I] @ [I, hidden]
 
 
-def fits(hidden_size: int, q_size: int, intermediate_size: int, tiles: SkinnyTiles = DEFAULT_TILES) -> bool:
-    """Whether the tiles divide a Qwen3 layer's sizes (hidden, num_heads * head_dim, intermediate)."""
-    norm_ok = hidden_size % tiles.block_k == 0 and intermediate_size % tiles.block_n == 0 \
-        and q_size % tiles.block_n == 0
-    parts = hidden_size // tiles.add_block_n  # sums of squares per column tile, summed by norm_linear
-    add_ok = hidden_size % tiles.add_block_n == 0 and parts & (parts - 1) == 0 and all(
-        k % tiles.add_block_k == 0 for k in (q_size, intermediate_size))
+def _tiles(block_m: int, norm_n: int = 32, add_n: int = 32, split_k: int = 4) -> LayerTiles:
+    norm, add = GemmTiles(block_m, norm_n), GemmTiles(block_m, add_n, split_k=split_k)
+    return LayerTiles(qkv=norm, o=add, gate_up=norm, down=add)
+
+
+# Per bucket (token slots), measured on the H200 with the pplx-embed-0.6b shape (bench/l1_probe.py
+# skinny_sweep: each kernel over its tile candidates, 28 distinct weights in a graph).
+BUCKET_TILES: dict[int, LayerTiles] = {
+    16: _tiles(16),
+    32: LayerTiles(qkv=GemmTiles(64, 32), o=GemmTiles(32, 16, split_k=2), gate_up=GemmTiles(64, 32),
+                   down=GemmTiles(32, 32, split_k=4)),  # NOTE: 64-row norm_linear tiles (wgmma) beat 32
+    64: LayerTiles(qkv=GemmTiles(64, 32), o=GemmTiles(64, 16, split_k=2), gate_up=GemmTiles(64, 32),
+                   down=GemmTiles(64, 32, split_k=4)),
+    128: LayerTiles(qkv=GemmTiles(64, 64), o=GemmTiles(64, 32, split_k=2), gate_up=GemmTiles(64, 64),
+                    down=GemmTiles(64, 32, split_k=2)),
+}
+
+
+def layer_tiles(num_tokens: int) -> LayerTiles:
+    """The tiles of the smallest bucket in ``BUCKET_TILES`` that holds ``num_tokens`` rows."""
+    for bucket in sorted(BUCKET_TILES):
+        if num_tokens <= bucket:
+            return BUCKET_TILES[bucket]
+    raise ValueError(f"{num_tokens} rows: the skinny kernels have tiles up to {max(BUCKET_TILES)} rows")
+
+
+def fits(hidden_size: int, q_size: int, intermediate_size: int, tiles: LayerTiles | None = None) -> bool:
+    """Whether the tiles (of every bucket by default) divide a Qwen3 layer's sizes (hidden,
+    num_heads * head_dim, intermediate)."""
+    if tiles is None:
+        return all(fits(hidden_size, q_size, intermediate_size, t) for t in BUCKET_TILES.values())
+    norm_ok = all(hidden_size % t.block_k == 0 for t in (tiles.qkv, tiles.gate_up)) \
+        and q_size % tiles.qkv.block_n == 0 and intermediate_size % tiles.gate_up.block_n == 0
+    add_ok = True
+    for t, k in ((tiles.o, q_size), (tiles.down, intermediate_size)):
+        parts = hidden_size // t.block_n  # sums of squares per column tile, summed by norm_linear
+        add_ok = add_ok and hidden_size % t.block_n == 0 and parts & (parts - 1) == 0 and k % t.block_k == 0
     return norm_ok and add_ok
 
 
-def _split_k(k: int, tiles: SkinnyTiles) -> int:
+def _split_k(k: int, tiles: GemmTiles) -> int:
     split = tiles.split_k
-    while split > 1 and k % (split * tiles.add_block_k):
+    while split > 1 and k % (split * tiles.block_k):
         split //= 2
     return split
 
@@ -76,10 +117,6 @@ def _kernels():  # type: ignore[no-untyped-def]  # Triton kernels are untyped
 def _prefetch_block(num_rows: int, num_cols: int) -> int:
     lines = num_rows * max(1, num_cols // 64)
     return 1 << (lines - 1).bit_length()
-
-
-def _block_m(num_tokens: int) -> int:
-    return 16 if num_tokens <= 16 else 32
 
 
 @dataclass(frozen=True)
@@ -98,12 +135,13 @@ def norm_input(h: torch.Tensor, g: torch.Tensor) -> NormInput:
 
 
 def norm_linear(x: NormInput, eps: float, weight: torch.Tensor, *, swiglu: bool = False, pdl: bool = False,
-                tiles: SkinnyTiles = DEFAULT_TILES) -> torch.Tensor:
+                tiles: GemmTiles | None = None) -> torch.Tensor:
     """``rmsnorm(h) * g @ weight.T`` (``x`` holds ``h * g`` and the sums of ``h**2``); with ``swiglu``
     ``silu(. @ gate.T) * (. @ up.T)``.
 
     ``x.hg [T, K]`` (``T <= MAX_ROWS``), ``weight [N, K]`` (``[2 * I, K]`` = gate | up with ``swiglu``):
-    16-bit, CUDA, contiguous rows. Returns ``[T, N]`` (``[T, I]``) in ``x.hg``'s dtype.
+    16-bit, CUDA, contiguous rows. Returns ``[T, N]`` (``[T, I]``) in ``x.hg``'s dtype. ``tiles``: by
+    default the bucket's (``layer_tiles(T)``) QKV or gate/up tiles.
     """
     hg, sumsq = x.hg, x.sumsq
     num_tokens, k = hg.shape
@@ -111,12 +149,15 @@ def norm_linear(x: NormInput, eps: float, weight: torch.Tensor, *, swiglu: bool 
     num_parts = sumsq.shape[0]
     assert num_tokens <= MAX_ROWS and hg.stride(1) == 1 and weight.is_contiguous() and weight.shape[1] == k
     assert sumsq.shape == (num_parts, num_tokens) and sumsq.dtype == torch.float32 and sumsq.stride(1) == 1
+    if tiles is None:
+        tiles = layer_tiles(num_tokens).gate_up if swiglu else layer_tiles(num_tokens).qkv
     assert num_parts & (num_parts - 1) == 0 and n % tiles.block_n == 0 and k % tiles.block_k == 0, (n, k, tiles)
     out = torch.empty(num_tokens, n, dtype=hg.dtype, device=hg.device)
     if num_tokens:
-        _kernels().norm_linear_kernel[(n // tiles.block_n, 1)](
+        grid = (n // tiles.block_n, -(-num_tokens // tiles.block_m))
+        _kernels().norm_linear_kernel[grid](
             sumsq, hg, weight, out, num_tokens, sumsq.stride(0), hg.stride(0), out.stride(0), eps, N=n, K=k,
-            BLOCK_M=_block_m(num_tokens), BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, SWIGLU=swiglu, PDL=pdl,
+            BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, SWIGLU=swiglu, PDL=pdl,
             PREFETCH_BLOCK=_prefetch_block(tiles.block_n, k), NUM_PARTS=num_parts, num_warps=tiles.num_warps,
             num_stages=tiles.num_stages, launch_pdl=pdl)
     return out
@@ -133,34 +174,38 @@ def _workspace(device: torch.device, numel: int, num_tiles: int) -> tuple[torch.
 
 def linear_add(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, *, out: torch.Tensor | None = None,
                norm_weight: torch.Tensor | None = None, pdl: bool = False,
-               tiles: SkinnyTiles = DEFAULT_TILES) -> tuple[torch.Tensor, NormInput | None]:
+               tiles: GemmTiles | None = None) -> tuple[torch.Tensor, NormInput | None]:
     """``residual + x @ weight.T``: ``x [T, K]`` (``T <= MAX_ROWS``), ``weight [N, K]``, ``residual [T, N]``.
 
     16-bit, CUDA, contiguous rows; ``out`` may be ``residual`` itself (each output tile reads only its
     own residual tile). Returns ``(out, the next norm_linear's input)`` (the second ``None`` without
     ``norm_weight``): the sum, and ``out * norm_weight`` with the sums of ``out**2`` per column tile.
+    ``tiles``: by default the bucket's (``layer_tiles(T)``) O-projection tiles.
     """
     num_tokens, k = x.shape
     n = weight.shape[0]
     assert num_tokens <= MAX_ROWS and x.stride(1) == 1 and weight.is_contiguous() and weight.shape[1] == k
     assert residual.shape == (num_tokens, n) and residual.stride(1) == 1
-    assert n % tiles.add_block_n == 0 and k % tiles.add_block_k == 0, (n, k, tiles)
+    if tiles is None:
+        tiles = layer_tiles(num_tokens).o
+    assert n % tiles.block_n == 0 and k % tiles.block_k == 0, (n, k, tiles)
     if out is None:
         out = torch.empty_like(residual)
     scaled = None if norm_weight is None else torch.empty_like(out)
-    num_tiles = n // tiles.add_block_n
-    sumsq = None if norm_weight is None else torch.empty(num_tiles, num_tokens, dtype=torch.float32, device=x.device)
+    col_tiles = n // tiles.block_n
+    sumsq = None if norm_weight is None else torch.empty(col_tiles, num_tokens, dtype=torch.float32, device=x.device)
     if num_tokens:
-        block_m = _block_m(num_tokens)
+        row_blocks = -(-num_tokens // tiles.block_m)
         split = _split_k(k, tiles)
-        ws, counts = _workspace(x.device, num_tiles * split * block_m * tiles.add_block_n, num_tiles)
+        num_tiles = col_tiles * row_blocks
+        ws, counts = _workspace(x.device, num_tiles * split * tiles.block_m * tiles.block_n, num_tiles)
         g = weight if norm_weight is None else norm_weight  # NOTE: not read unless SCALED
         sc = out if scaled is None else scaled
         ss = ws if sumsq is None else sumsq
-        _kernels().linear_add_kernel[(num_tiles, split, 1)](
+        _kernels().linear_add_kernel[(col_tiles, split, row_blocks)](
             x, weight, residual, out, g, sc, ss, ws, counts, num_tokens, x.stride(0), residual.stride(0), out.stride(0),
             sc.stride(0), num_tokens if sumsq is None else sumsq.stride(0),
-            N=n, K=k, BLOCK_M=block_m, BLOCK_N=tiles.add_block_n, BLOCK_K=tiles.add_block_k, SPLIT_K=split,
-            PDL=pdl, PREFETCH_BLOCK=_prefetch_block(tiles.add_block_n, k // split), SCALED=scaled is not None,
+            N=n, K=k, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, SPLIT_K=split,
+            PDL=pdl, PREFETCH_BLOCK=_prefetch_block(tiles.block_n, k // split), SCALED=scaled is not None,
             num_warps=tiles.num_warps, num_stages=tiles.num_stages, launch_pdl=pdl)
     return out, None if scaled is None or sumsq is None else NormInput(scaled, sumsq)

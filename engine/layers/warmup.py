@@ -8,18 +8,25 @@ compiles (and caches on disk) the very variant the model launches.
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import os
 import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+from petal.engine.batch import token_buckets
 from petal.engine.config import ModelConfig
 from petal.engine.layers.fused_mlp import fits as fused_mlp_fits
 from petal.engine.layers.fused_mlp import gate_up_silu
-from petal.engine.layers.skinny_linear import linear_add, norm_input, norm_linear
+from petal.engine.layers.skinny_linear import layer_tiles, linear_add, norm_input, norm_linear
 from petal.engine.layers.small_attention import SMALL_ATTENTION_HEAD_DIMS, small_attention
 from petal.engine.layers.triton_kernels import add_layer_norm, qk_norm_rope_, triton_available
 
 _warmups: dict[tuple[object, ...], threading.Thread] = {}
+WARMUP_THREADS = max(1, min(8, (os.cpu_count() or 1) - 1))  # leave a core to the weight load
 
 
 def start_warmup(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, skinny_tokens: int = 0,
@@ -48,24 +55,36 @@ def _warm(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, skinny_tok
     # NOTE: a failure here is ignored: the real call compiles again and raises where it can be reported.
     # Dummy inputs match the real calls' dtypes, strides and sizes, so Triton specialises (and caches)
     # the very kernel the model launches.
-    try:
-        with torch.inference_mode():
-            if cfg.architecture == "qwen3":
-                width = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
-                qk_norm_rope_(torch.zeros(1, width, dtype=dtype, device=device),
-                              torch.zeros(1, dtype=torch.int32, device=device),
-                              torch.zeros(2, cfg.head_dim, dtype=torch.float32, device=device),
-                              torch.zeros(2, cfg.head_dim, dtype=dtype, device=device), 1e-6,
-                              cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
-            else:  # BERT family: post-norm LayerNorm(x + residual)
-                x = torch.zeros(1, cfg.hidden_size, dtype=dtype, device=device)
-                add_layer_norm(x, torch.zeros_like(x), torch.ones(cfg.hidden_size, dtype=dtype, device=device),
-                               torch.zeros(cfg.hidden_size, dtype=dtype, device=device), 1e-12)
-            _warm_small_batch(cfg, dtype, device)
-            _warm_skinny(cfg, dtype, device, skinny_tokens, pdl)
-            torch.cuda.synchronize(device)
-    except Exception:
-        pass
+    jobs: list[Callable[[], None]] = [lambda: _warm_common(cfg, dtype, device)]
+    jobs += [functools.partial(_warm_skinny_bucket, cfg, dtype, device, bucket, pdl)
+             for bucket in token_buckets(max(skinny_tokens, 1)) if bucket <= skinny_tokens]
+    # NOTE: one thread per job: a cold compile is mostly LLVM and ptxas, which run without the GIL, and
+    # each skinny bucket is a chain of its own variants (measured: README "Start-up").
+    with ThreadPoolExecutor(min(len(jobs), WARMUP_THREADS), thread_name_prefix="petal-kernel-warmup") as pool:
+        for future in [pool.submit(_guarded, job) for job in jobs]:
+            future.result()
+    with contextlib.suppress(Exception):
+        torch.cuda.synchronize(device)
+
+
+def _guarded(job: Callable[[], None]) -> None:
+    with contextlib.suppress(Exception), torch.inference_mode():  # NOTE: inference mode is per thread
+        job()
+
+
+def _warm_common(cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
+    if cfg.architecture == "qwen3":
+        width = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
+        qk_norm_rope_(torch.zeros(1, width, dtype=dtype, device=device),
+                      torch.zeros(1, dtype=torch.int32, device=device),
+                      torch.zeros(2, cfg.head_dim, dtype=torch.float32, device=device),
+                      torch.zeros(2, cfg.head_dim, dtype=dtype, device=device), 1e-6,
+                      cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+    else:  # BERT family: post-norm LayerNorm(x + residual)
+        x = torch.zeros(1, cfg.hidden_size, dtype=dtype, device=device)
+        add_layer_norm(x, torch.zeros_like(x), torch.ones(cfg.hidden_size, dtype=dtype, device=device),
+                       torch.zeros(cfg.hidden_size, dtype=dtype, device=device), 1e-12)
+    _warm_small_batch(cfg, dtype, device)
 
 
 def _warm_attention(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, num_tokens: int, pdl: bool) -> None:
@@ -95,29 +114,30 @@ def _warm_small_batch(cfg: ModelConfig, dtype: torch.dtype, device: torch.device
                      torch.zeros(2 * cfg.intermediate_size, cfg.hidden_size, dtype=dtype, device=device))
 
 
-def _warm_skinny(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, skinny_tokens: int, pdl: bool) -> None:
-    """The skinny layer kernels as the graph buckets up to ``skinny_tokens`` call them (a variant each);
-    ``skinny_tokens`` is ``SmallBatchKernels``' (0 for a model they do not fit)."""
+def _warm_skinny_bucket(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, num_tokens: int,
+                        pdl: bool) -> None:
+    """The skinny layer kernels as the graph bucket of ``num_tokens`` slots calls them (a variant each; the
+    engine's buckets up to ``SmallBatchKernels.skinny_tokens``, which is 0 for a model they do not fit)."""
     q_size = cfg.num_heads * cfg.head_dim
     width = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
     norm = torch.zeros(cfg.hidden_size, dtype=dtype, device=device)
-    for num_tokens in (bucket for bucket in (16, 32) if bucket <= skinny_tokens):
-        h = torch.zeros(num_tokens, cfg.hidden_size, dtype=dtype, device=device)
-        w_qkv = torch.zeros(width, cfg.hidden_size, dtype=dtype, device=device)
-        w_down = torch.zeros(cfg.hidden_size, cfg.intermediate_size, dtype=dtype, device=device)
-        # NOTE: the first layer's norm input has one partial sum per row, later ones one per column tile
-        # of linear_add (another NUM_PARTS, another variant): both are compiled.
-        norm_linear(norm_input(h, norm), cfg.norm_eps, w_qkv, pdl=pdl)
-        _, mid = linear_add(torch.zeros(num_tokens, q_size, dtype=dtype, device=device),
-                            torch.zeros(cfg.hidden_size, q_size, dtype=dtype, device=device), h, out=h,
-                            norm_weight=norm, pdl=pdl)
-        assert mid is not None
-        act = norm_linear(mid, cfg.norm_eps,
-                          torch.zeros(2 * cfg.intermediate_size, cfg.hidden_size, dtype=dtype, device=device),
-                          swiglu=True, pdl=pdl)
-        _, nxt = linear_add(act, w_down, h, out=h, norm_weight=norm, pdl=pdl)
-        assert nxt is not None
-        norm_linear(nxt, cfg.norm_eps, w_qkv, pdl=pdl)
-        linear_add(act, w_down, h, out=h, pdl=pdl)  # the last layer's
-        if pdl:  # the attention between them is a PDL launch too (its own variant)
-            _warm_attention(cfg, dtype, device, num_tokens, pdl=True)
+    tiles = layer_tiles(num_tokens)
+    h = torch.zeros(num_tokens, cfg.hidden_size, dtype=dtype, device=device)
+    w_qkv = torch.zeros(width, cfg.hidden_size, dtype=dtype, device=device)
+    w_down = torch.zeros(cfg.hidden_size, cfg.intermediate_size, dtype=dtype, device=device)
+    # NOTE: the first layer's norm input has one partial sum per row, later ones one per column tile
+    # of linear_add (another NUM_PARTS, another variant): both are compiled.
+    norm_linear(norm_input(h, norm), cfg.norm_eps, w_qkv, pdl=pdl, tiles=tiles.qkv)
+    _, mid = linear_add(torch.zeros(num_tokens, q_size, dtype=dtype, device=device),
+                        torch.zeros(cfg.hidden_size, q_size, dtype=dtype, device=device), h, out=h,
+                        norm_weight=norm, pdl=pdl, tiles=tiles.o)
+    assert mid is not None
+    act = norm_linear(mid, cfg.norm_eps,
+                      torch.zeros(2 * cfg.intermediate_size, cfg.hidden_size, dtype=dtype, device=device),
+                      swiglu=True, pdl=pdl, tiles=tiles.gate_up)
+    _, nxt = linear_add(act, w_down, h, out=h, norm_weight=norm, pdl=pdl, tiles=tiles.down)
+    assert nxt is not None
+    norm_linear(nxt, cfg.norm_eps, w_qkv, pdl=pdl, tiles=tiles.qkv)
+    linear_add(act, w_down, h, out=h, pdl=pdl, tiles=tiles.down)  # the last layer's
+    if pdl:  # the attention between them is a PDL launch too (its own variant)
+        _warm_attention(cfg, dtype, device, num_tokens, pdl=True)

@@ -20,7 +20,7 @@ from petal.engine.layers.fused_mlp import gate_up_silu
 from petal.engine.layers.linear import Linear
 from petal.engine.layers.norm import RMSNorm
 from petal.engine.layers.rotary import RopeTables, RotaryEmbedding, apply_rotary
-from petal.engine.layers.skinny_linear import NormInput, linear_add, norm_input, norm_linear
+from petal.engine.layers.skinny_linear import NormInput, layer_tiles, linear_add, norm_input, norm_linear
 from petal.engine.layers.small_attention import small_attention
 from petal.engine.layers.triton_kernels import qk_norm_rope_, triton_available
 from petal.engine.models.base import EncoderModel
@@ -175,16 +175,18 @@ class Qwen3DecoderLayer(nn.Module):
         """
         attn, mlp, pdl = self.self_attn, self.mlp, ctx.pdl
         num_tokens = h.shape[0]
-        qkv = norm_linear(x, self.input_layernorm.eps, attn.qkv_proj.weight, pdl=pdl)
+        tiles = layer_tiles(num_tokens)
+        qkv = norm_linear(x, self.input_layernorm.eps, attn.qkv_proj.weight, pdl=pdl, tiles=tiles.qkv)
         out = small_attention(qkv, ctx.token_seq_ids, ctx.cu_seqlens, num_heads=attn.num_heads,
                               num_kv_heads=attn.num_kv_heads, head_dim=attn.head_dim, causal=attn.causal,
                               scale=attn.head_dim**-0.5, positions=rope.positions, rope_table=rope.table,
                               qk_norm_weights=attn.qk_weights(), eps=attn.q_norm.eps, pdl=pdl)
         _, mid = linear_add(out.view(num_tokens, attn.q_size), attn.o_proj.weight, h, out=h,
-                            norm_weight=self.post_attention_layernorm.weight, pdl=pdl)
+                            norm_weight=self.post_attention_layernorm.weight, pdl=pdl, tiles=tiles.o)
         assert mid is not None
-        act = norm_linear(mid, self.post_attention_layernorm.eps, mlp.gate_up_proj.weight, swiglu=True, pdl=pdl)
-        return linear_add(act, mlp.down_proj.weight, h, out=h, norm_weight=next_norm, pdl=pdl)[1]
+        act = norm_linear(mid, self.post_attention_layernorm.eps, mlp.gate_up_proj.weight, swiglu=True, pdl=pdl,
+                          tiles=tiles.gate_up)
+        return linear_add(act, mlp.down_proj.weight, h, out=h, norm_weight=next_norm, pdl=pdl, tiles=tiles.down)[1]
 
 
 class Qwen3Model(EncoderModel):
