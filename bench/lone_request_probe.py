@@ -1,7 +1,7 @@
 """What a lone query pays around the engine step, on the CPU: tokenization of one text, and the hand-off
 of a ``/search`` by text between the engine thread and the search thread.
 
-    python bench/lone_request_probe.py [tokenize] [handoff]      (default: both)
+    python bench/lone_request_probe.py [tokenize] [handoff] [coarse]      (default: tokenize handoff)
 
 - ``tokenize``: ``TextTokenizer.encode([text])`` of one plain-ASCII text (20 and ~130 tokens, the packaged
   MiniLM tokenizer), with the Python ASCII normaliser (pipeline/ingest/ascii_normalize.py) and with the
@@ -10,6 +10,11 @@ of a ``/search`` by text between the engine thread and the search thread.
   BERT with MiniLM's tokenizer, so the step is short, and an index of ``sample_data`` built by
   ``petal index``): embed, then search from the event loop ("loop") against the search queued from the
   engine thread (``SearchTicket``, what ``petal serve`` does: "engine"), interleaved, 2000 each.
+- ``coarse``: one query at a time against an IVF index over a flat quantizer (random unit vectors,
+  ``PETAL_COARSE_SHAPE=N,D,NLIST,NPROBE``, default 200000,1024,1024,32; the H200 host: 1000000,1024,4096,16):
+  FAISS's own search with ``parallel_mode`` 0 and 1 (``IndexReader.search`` uses 1 for a lone query),
+  and ``CoarseLists`` (the lists from one numpy BLAS product; tried and dropped) with each mode, taking
+  turns; the hits of every variant checked equal; then the quantizer alone both ways.
 """
 
 from __future__ import annotations
@@ -18,10 +23,14 @@ import asyncio
 import random
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+
+from petal.pipeline.index.faiss_loader import load_faiss
 
 SAMPLE_DATA = Path(__file__).resolve().parent.parent / "sample_data"
 
@@ -126,10 +135,140 @@ def section_handoff(calls: int = 2000) -> None:
               f"({len(ms)} lone searches)")
 
 
+class CoarseLists:
+    """Tried and dropped (README "Serving"): the nearest inverted lists of a lone query from an IVF index's
+    flat quantizer by one numpy BLAS product, then FAISS's ``search_preassigned``.
+
+    FAISS's flat quantizer scores a lone query against the centroids on one thread (H200 host, 4096 x 1024:
+    0.66-0.77 ms; this product 0.07-0.11 ms), but numpy's BLAS threads and FAISS's OpenMP threads then take
+    turns spinning on the same cores: with ``parallel_mode`` 1 a lone search took 20-30 ms.
+    """
+
+    def __init__(self, index: Any, quantizer: Any, inner_product: bool) -> None:
+        self._index = index
+        self._quantizer = quantizer
+        self._inner_product = inner_product
+        self._lock = threading.Lock()
+        self._centroids: np.ndarray | None = None  # [nlist, d] float32
+        self._half_norms: np.ndarray | None = None  # [nlist] |c|^2 / 2 (L2)
+
+    @classmethod
+    def of(cls, index: Any) -> CoarseLists | None:
+        """For an IVF index (not wrapped) over a flat quantizer, else ``None`` (FAISS searches as it is)."""
+        faiss = load_faiss()
+        if not isinstance(index, faiss.IndexIVF):
+            return None
+        quantizer = faiss.downcast_index(index.quantizer)
+        if not isinstance(quantizer, faiss.IndexFlat) or quantizer.metric_type != index.metric_type:
+            return None
+        if index.metric_type not in (faiss.METRIC_INNER_PRODUCT, faiss.METRIC_L2):
+            return None
+        return cls(index, quantizer, index.metric_type == faiss.METRIC_INNER_PRODUCT)
+
+    def search(self, queries: np.ndarray, k: int, params: Any = None) -> tuple[np.ndarray, np.ndarray]:
+        """The index's ``search(queries [n, d], k, params)``, its lists found here (``params``: FAISS
+        ``SearchParametersIVF`` or ``None``; its ``nprobe``, else the index's)."""
+        faiss = load_faiss()
+        nprobe = int(params.nprobe) if params is not None else int(self._index.nprobe)
+        lists, list_scores = self.nearest(queries, nprobe)
+        n = len(queries)
+        scores = np.empty((n, k), dtype=np.float32)
+        ids = np.empty((n, k), dtype=np.int64)
+        # NOTE: the C++ call itself: FAISS's Python wrapper of search_preassigned refuses search parameters
+        # (a --where selector rides in them). Every array is contiguous and outlives the call.
+        self._index.search_preassigned_c(n, faiss.swig_ptr(queries), k, faiss.swig_ptr(lists),
+                                         faiss.swig_ptr(list_scores), faiss.swig_ptr(scores), faiss.swig_ptr(ids),
+                                         False, params)
+        return scores, ids
+
+    def nearest(self, queries: np.ndarray, nprobe: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(lists [n, nprobe] int64, their scores [n, nprobe] float32)``, nearest first, as FAISS's quantizer
+        gives them (inner product, or squared L2 distance)."""
+        centroids, half_norms = self._load()
+        nprobe = max(1, min(nprobe, len(centroids)))
+        scores = queries @ centroids.T  # [n, nlist]
+        if not self._inner_product:  # rank by |c|^2 / 2 - q.c, the part of |q - c|^2 that depends on c
+            assert half_norms is not None
+            scores = half_norms[None, :] - scores
+            scores = -scores
+        if nprobe < scores.shape[1]:
+            top = np.argpartition(-scores, nprobe - 1, axis=1)[:, :nprobe]
+        else:
+            top = np.broadcast_to(np.arange(scores.shape[1]), scores.shape)
+        top_scores = np.take_along_axis(scores, top, axis=1)
+        order = np.argsort(-top_scores, axis=1, kind="stable")
+        lists = np.ascontiguousarray(np.take_along_axis(top, order, axis=1), dtype=np.int64)
+        found = np.take_along_axis(top_scores, order, axis=1)
+        if not self._inner_product:  # back to squared distances
+            found = (queries * queries).sum(axis=1, keepdims=True) - 2.0 * found
+        return lists, np.ascontiguousarray(found, dtype=np.float32)
+
+    def _load(self) -> tuple[np.ndarray, np.ndarray | None]:
+        with self._lock:
+            if self._centroids is None:
+                centroids = np.ascontiguousarray(self._quantizer.reconstruct_n(0, self._quantizer.ntotal),
+                                                 dtype=np.float32)
+                if not self._inner_product:
+                    self._half_norms = 0.5 * (centroids * centroids).sum(axis=1)
+                self._centroids = centroids
+            return self._centroids, self._half_norms
+
+
+def section_coarse(calls: int = 300) -> None:
+    import os
+
+    faiss = load_faiss()
+    fields = os.environ.get("PETAL_COARSE_SHAPE", "200000,1024,1024,32").split(",")
+    n, d, nlist = (int(v) for v in fields[:3])
+    nprobes = [int(v) for v in fields[3].split("/")]  # several: 16/64
+    rng = np.random.default_rng(0)
+    base = rng.standard_normal((n, d), dtype=np.float32)
+    faiss.normalize_L2(base)
+    index = faiss.index_factory(d, f"IVF{nlist},Flat", faiss.METRIC_INNER_PRODUCT)
+    index.train(base[: min(n, 40 * nlist)])
+    index.add(base)
+    coarse = CoarseLists.of(index)
+    assert coarse is not None
+    queries = base[rng.choice(n, calls)] + 0.05 * rng.standard_normal((calls, d), dtype=np.float32)
+
+    def faiss_search(q: np.ndarray) -> np.ndarray:
+        return index.search(q, 10)[1]
+
+    def coarse_search(q: np.ndarray) -> np.ndarray:
+        return coarse.search(q, 10)[1]
+
+    for nprobe in nprobes:
+        index.nprobe = nprobe
+        variants = {"faiss, parallel_mode 0": (0, faiss_search), "faiss, parallel_mode 1": (1, faiss_search),
+                    "CoarseLists, parallel_mode 0": (0, coarse_search),
+                    "CoarseLists, parallel_mode 1": (1, coarse_search)}
+        best: dict[str, float] = {}
+        found: dict[str, list[list[int]]] = {}
+        for _ in range(2):
+            for label, (mode, fn) in variants.items():
+                index.parallel_mode = mode
+                started = time.perf_counter()
+                hits = [fn(q[None, :])[0].tolist() for q in queries]
+                best[label] = min(best.get(label, 1e9), (time.perf_counter() - started) / calls * 1e3)
+                found[label] = hits
+        same = len({str(hits) for hits in found.values()}) == 1
+        print(f"lone searches, {n} x {d} in IVF{nlist},Flat, nprobe {nprobe}, {faiss.omp_get_max_threads()} threads "
+              f"(best of 2 x {calls}; hits of every variant equal: {same})")
+        for label, ms in best.items():
+            print(f"  {label:<30} {ms:.3f} ms")
+        quantizer = faiss.downcast_index(index.quantizer)
+        for label, search in (("quantizer: FAISS's flat search", quantizer.search),
+                              ("quantizer: CoarseLists.nearest", coarse.nearest)):
+            started = time.perf_counter()
+            for q in queries:
+                search(q[None, :], nprobe)
+            print(f"  {label:<30} {(time.perf_counter() - started) / calls * 1e3:.3f} ms")
+
+
 def main() -> None:
     sections = sys.argv[1:] or ["tokenize", "handoff"]
     for name in sections:
-        {"tokenize": section_tokenize, "handoff": section_handoff}[name]()
+        {"tokenize": section_tokenize, "handoff": section_handoff, "coarse": section_coarse}[name]()
 
 
 if __name__ == "__main__":

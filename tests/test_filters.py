@@ -29,10 +29,10 @@ def corpus(tmp_path_factory) -> tuple[Path, Path]:
     return root / "docs.parquet", make_fake_model_dir(root / "model")
 
 
-def build(corpus, out: Path, factory: str) -> IndexReader:
+def build(corpus, out: Path, factory: str, *flags: str) -> IndexReader:
     shard, model = corpus
     result = fake_invoke(["index", str(shard), "--out", str(out), "--model", str(model), "-q",
-                                      "--keep-columns", "lang,year", "--index-factory", factory],
+                                      "--keep-columns", "lang,year", "--index-factory", factory, *flags],
                                 env={"PETAL_TEST_FAKE_ENGINE": str(out.parent / "log")})
     assert result.exit_code == 0, result.output
     return IndexReader(out)
@@ -96,3 +96,38 @@ def test_unknown_columns_and_bad_types_are_named(corpus, tmp_path):
         reader.search(query, 5, where="text = 'x'")
     with pytest.raises(ValueError, match="'year' is int64"):
         reader.search(query, 5, where="year = 'recent'")
+
+
+@pytest.mark.parametrize("metric", ["ip", "l2"])
+@pytest.mark.parametrize("where", [None, "lang IN ('l1', 'l2')"])
+def test_a_lone_query_scans_its_lists_on_every_thread(corpus, tmp_path, where, metric):
+    """IVF: a lone query searches with FAISS's parallel_mode 1 (its lists over every OpenMP thread), batches
+    with mode 0; both answer what FAISS's own search answers (same ids, same scores)."""
+    faiss = load_faiss()
+    reader = build(corpus, tmp_path / "idx", "IVF32,Flat", "--metric", metric)
+    ivf = faiss.try_extract_index_ivf(reader.index)
+    ivf.nprobe = 8  # of 32 lists
+    reader.search_params = {**reader.search_params, "nprobe": 8}
+    noise = np.random.default_rng(5).standard_normal((80, reader.dim)).astype(np.float32)
+    queries = all_vectors(reader)[: len(noise)] + 0.2 * noise
+    if where:
+        params = reader.selector(where).params(reader.index, reader.search_params)
+        ref_scores, ref_ids = reader.index.search(queries, 10, params=params)
+    else:
+        ref_scores, ref_ids = reader.index.search(queries, 10)
+    saved = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(4)
+    try:
+        for rows in (slice(0, 24), slice(0, len(queries))):
+            batch = reader.search(queries[rows], 10, where=where)
+            assert ivf.parallel_mode == 0
+            assert [[h.faiss_id for h in row] for row in batch] == ref_ids[rows].tolist()
+            np.testing.assert_allclose([[h.score for h in row] for row in batch], ref_scores[rows], rtol=1e-5,
+                                       atol=1e-5)
+        for query, expected in zip(queries[:24], batch):
+            (lone,) = reader.search(query[None, :], 10, where=where)
+            assert ivf.parallel_mode == 1
+            assert [h.faiss_id for h in lone] == [h.faiss_id for h in expected]
+            np.testing.assert_allclose([h.score for h in lone], [h.score for h in expected], rtol=1e-5, atol=1e-5)
+    finally:
+        faiss.omp_set_num_threads(saved)
