@@ -6,9 +6,9 @@ the H200: README "Small-batch latency") a step runs
 
 - attention as one Triton kernel with Qwen3's q/k norm and RoPE inside (no FlashInfer ``plan()``),
 - Qwen3's gate/up GEMM with SwiGLU in its epilogue,
-- (the smallest buckets) each Qwen3 layer as four weight-streaming GEMMs with the norms and residual
-  adds inside, around that attention kernel, launched as programmatic dependent launches on sm90+
-  (``engine/layers/skinny_linear.py``).
+- (buckets up to 128 tokens) each Qwen3 layer as four weight-streaming GEMMs with the norms and residual
+  adds inside, around that attention kernel, launched as programmatic dependent launches on sm90+, with
+  tiles per bucket (``engine/layers/skinny_linear.py``).
 
 The choice is made per bucket (a graph's shapes are fixed), so each bucket's graph holds one path.
 """
