@@ -58,8 +58,9 @@ def _warm(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, skinny_tok
     jobs: list[Callable[[], None]] = [lambda: _warm_common(cfg, dtype, device)]
     jobs += [functools.partial(_warm_skinny_bucket, cfg, dtype, device, bucket, pdl)
              for bucket in token_buckets(max(skinny_tokens, 1)) if bucket <= skinny_tokens]
-    # NOTE: one thread per job: a cold compile is mostly LLVM and ptxas, which run without the GIL, and
-    # each skinny bucket is a chain of its own variants (measured: README "Start-up").
+    # NOTE: one thread per job (each skinny bucket is a chain of its own variants): cold compiles in threads
+    # overlap, their LLVM and ptxas parts at least (H200 host, all four skinny buckets: 14.7-16.8 s on one
+    # thread, 6.6-6.8 s on these; README "Small-batch latency, fourth round").
     with ThreadPoolExecutor(min(len(jobs), WARMUP_THREADS), thread_name_prefix="petal-kernel-warmup") as pool:
         for future in [pool.submit(_guarded, job) for job in jobs]:
             future.result()
