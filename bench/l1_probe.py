@@ -485,13 +485,10 @@ def precompile(cases: list[tuple[int, str, object]], workers: int = 14) -> None:
           flush=True)
 
 
-BEST_TILES: dict[int, object] = {}
-
-
 def section_skinny_sweep() -> None:
     """Per bucket of SWEEP_ROWS: each of the four kernels alone over its tile candidates (device us a call,
     28 distinct weights in a graph), the chain with the best of each against today's path and the default
-    tiles, and the kernels' accuracy at the chosen tiles. Leaves the best in ``BEST_TILES`` and in
+    tiles, and the kernels' accuracy at the chosen tiles. Leaves the best in
     ``skinny_linear.BUCKET_TILES`` for the sections that follow in this process (engine_pplx)."""
     from petal.engine.layers import skinny_linear
     from petal.engine.layers.skinny_linear import LayerTiles
@@ -528,7 +525,6 @@ def section_skinny_sweep() -> None:
         SUMMARY.append(line)
         if us_swept > us_default:  # the best kernels one by one need not chain best
             chosen = skinny_linear.layer_tiles(m)
-        BEST_TILES[m] = chosen
         skinny_linear.BUCKET_TILES[m] = chosen
         line = f"  BUCKET_TILES[{m}] = {chosen}"
         print(line)

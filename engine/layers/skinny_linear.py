@@ -34,8 +34,6 @@ from dataclasses import dataclass
 
 import torch
 
-MAX_ROWS = 128  # the largest bucket with measured tiles (BUCKET_TILES)
-
 
 @dataclass(frozen=True)
 class GemmTiles:
@@ -76,6 +74,7 @@ BUCKET_TILES: dict[int, LayerTiles] = {
     128: LayerTiles(qkv=GemmTiles(64, 64), o=GemmTiles(64, 32, split_k=2), gate_up=GemmTiles(64, 64),
                     down=GemmTiles(64, 32, split_k=2)),
 }
+MAX_ROWS = max(BUCKET_TILES)  # the largest bucket with measured tiles
 
 
 def layer_tiles(num_tokens: int) -> LayerTiles:

@@ -20,7 +20,14 @@ from petal.engine.layers.fused_mlp import gate_up_silu
 from petal.engine.layers.linear import Linear
 from petal.engine.layers.norm import RMSNorm
 from petal.engine.layers.rotary import RopeTables, RotaryEmbedding, apply_rotary
-from petal.engine.layers.skinny_linear import NormInput, layer_tiles, linear_add, norm_input, norm_linear
+from petal.engine.layers.skinny_linear import (
+    LayerTiles,
+    NormInput,
+    layer_tiles,
+    linear_add,
+    norm_input,
+    norm_linear,
+)
 from petal.engine.layers.small_attention import small_attention
 from petal.engine.layers.triton_kernels import qk_norm_rope_, triton_available
 from petal.engine.models.base import EncoderModel
@@ -166,16 +173,15 @@ class Qwen3DecoderLayer(nn.Module):
         return self.mlp(h, ctx), residual
 
     def forward_skinny(self, h: torch.Tensor, x: NormInput, next_norm: torch.Tensor | None, rope: RopeTables,
-                       ctx: ForwardContext) -> NormInput | None:
+                       ctx: ForwardContext, tiles: LayerTiles) -> NormInput | None:
         """The layer as four weight-streaming kernels around the fused attention, updating the residual
         stream ``h [T, hidden]`` in place: norms folded into the GEMMs, residual adds in their epilogues.
 
         ``x`` is ``norm_input(h, input_layernorm.weight)``; returns the next layer's (``None`` when
-        ``next_norm`` is ``None``).
+        ``next_norm`` is ``None``). ``tiles``: the bucket's (``layer_tiles(T)``).
         """
         attn, mlp, pdl = self.self_attn, self.mlp, ctx.pdl
         num_tokens = h.shape[0]
-        tiles = layer_tiles(num_tokens)
         qkv = norm_linear(x, self.input_layernorm.eps, attn.qkv_proj.weight, pdl=pdl, tiles=tiles.qkv)
         out = small_attention(qkv, ctx.token_seq_ids, ctx.cu_seqlens, num_heads=attn.num_heads,
                               num_kv_heads=attn.num_kv_heads, head_dim=attn.head_dim, causal=attn.causal,
@@ -220,10 +226,11 @@ class Qwen3Model(EncoderModel):
         if ctx.skinny_layers:  # small buckets: h is the residual stream, updated in place layer by layer
             layers = cast(list[Qwen3DecoderLayer], list(self.layers))
             x: NormInput | None = norm_input(h, layers[0].input_layernorm.weight)
+            tiles = layer_tiles(h.shape[0])
             for i, block in enumerate(layers):
                 assert x is not None
                 next_norm = layers[i + 1].input_layernorm.weight if i + 1 < len(layers) else None
-                x = block.forward_skinny(h, x, next_norm, rope, ctx)
+                x = block.forward_skinny(h, x, next_norm, rope, ctx, tiles)
             skinny_out: torch.Tensor = self.norm(h)
             return skinny_out
         residual: torch.Tensor | None = None

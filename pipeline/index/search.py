@@ -160,17 +160,18 @@ class IndexReader:
             self.id_map.table()
         self.columns = open_columns(rows, self.manifest)  # stored text and --keep-columns (None: older index)
         self.missing_shards: set[str] = set()  # shards --show-text found gone (said by petal query)
+        self._ivf: Any = None  # the IVF inside a float index (its parallel_mode is set per search)
         params = dict(record.search_params)
         if binary:  # the binary index set its own nprobe
             self.search_params = params if nprobe is None else {**params, "nprobe": nprobe}
             return
-        if nprobe is not None and faiss.try_extract_index_ivf(self.index) is not None:
+        self._ivf = faiss.try_extract_index_ivf(self.index)
+        if nprobe is not None and self._ivf is not None:
             params["nprobe"] = nprobe
             if "quantizer_efSearch" in params:
                 params["quantizer_efSearch"] = max(params["quantizer_efSearch"], 2 * nprobe)
         apply_params(self.index, params)
         self.search_params = params
-        self._ivf = faiss.try_extract_index_ivf(self.index)
 
     @property
     def ids(self) -> pa.Table:
@@ -238,12 +239,11 @@ class IndexReader:
         another thread may read the other mode, which changes only how it is parallelised (an exact tie
         at the k-th score may then keep another of the tied rows).
         """
-        ivf = getattr(self, "_ivf", None)  # None: not IVF, or a binary index
-        if ivf is None:
+        if self._ivf is None:  # not IVF, or a binary index
             return
         mode = 1 if num_queries == 1 and load_faiss().omp_get_max_threads() > 1 else 0
-        if ivf.parallel_mode != mode:
-            ivf.parallel_mode = mode
+        if self._ivf.parallel_mode != mode:
+            self._ivf.parallel_mode = mode
 
     def selector(self, where: str) -> Any:
         """The FAISS id selector of ``where`` (the ``MAX_SELECTORS`` most recently used are cached)."""
