@@ -62,10 +62,13 @@ def missing_serve_extra() -> list[str]:
 @click.option("--threads", "search_threads", type=click.IntRange(min=1), default=4, show_default=True,
               help="Threads for reading stored text and metadata (include), off the event loop.")
 @click.option("--search-device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
-              help="cuda: exact top-k over a GPU copy of the index's vectors (auto: when the model runs on CUDA); "
-                   "cpu: FAISS.")
+              help="cuda: search a GPU copy of the index's vectors (an IVF index: its probed lists, as FAISS "
+                   "does; auto: when the model runs on CUDA); cpu: FAISS.")
 @click.option("--search-dtype", type=click.Choice(["float16", "float32"]), default="float16", show_default=True,
-              help="The GPU copy's dtype (float16: half the memory; candidates are scored again in float32).")
+              help="The GPU copy's dtype (float16: half the memory; scores in float32).")
+@click.option("--search-exact", is_flag=True,
+              help="With the GPU copy: score every vector of an IVF index (the exact top k), not only the "
+                   "lists that nprobe probes.")
 @click.option("--switch-interval-ms", type=click.FloatRange(min=0.01), default=0.5, show_default=True,
               help="Python's GIL switch interval in the server (default 5 ms in Python): how long the engine thread "
                    "may wait for the GIL behind a busy event loop.")
@@ -80,7 +83,7 @@ def serve(index_path: Path | None, model: str | None, host: str, port: int, api_
           max_texts: int, max_tokens_per_text: int | None, max_k: int, max_body_bytes: int, max_queue_texts: int,
           token_budget: int | None, max_seqs: int | None, nprobe: int | None, rescore: int | None,
           reload_interval_s: float, drain_timeout_s: float, search_threads: int, search_device: str,
-          search_dtype: str, switch_interval_ms: float, served_model_name: str | None,
+          search_dtype: str, search_exact: bool, switch_interval_ms: float, served_model_name: str | None,
           log_level: str, access_log: bool, device: str, dtype: str, attention: str, query_prompt: str | None,
           allow_pickle_weights: bool) -> None:
     """Serve OUT (an index directory) over HTTP: OpenAI-compatible /v1/embeddings and /search.
@@ -119,7 +122,8 @@ def serve(index_path: Path | None, model: str | None, host: str, port: int, api_
                       max_body_bytes=max_body_bytes),
         max_wait_ms=max_wait_ms, max_queue_texts=max_queue_texts, reload_interval_s=reload_interval_s,
         drain_timeout_s=drain_timeout_s, search_threads=search_threads, api_key=api_key,
-        served_model_name=served_model_name, search_dtype=search_dtype, switch_interval_ms=switch_interval_ms,
+        served_model_name=served_model_name, search_dtype=search_dtype, search_exact=search_exact,
+        switch_interval_ms=switch_interval_ms,
         search_device="cuda" if cuda and search_device != "cpu" and index_path is not None else "cpu"))
     if index_path is not None:
         resolve_index_dir(index_path)  # not an index (a typo): said at once, before any port or model

@@ -16,6 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from petal.cli.main import cli
+from petal.pipeline.serve.searching import search_params
 from tests.conftest import SAMPLE_DATA
 
 torch = pytest.importorskip("torch")
@@ -203,6 +204,79 @@ def test_torch_exact_index_equals_exact_faiss(metric, dtype):
     assert TorchExactIndex(flat, device="cpu").search(queries, 5000)[1].shape == (7, 3000)  # k over ntotal
 
 
+def _ivf(factory, metric, data, train):
+    index = faiss.index_factory(data.shape[1], factory, metric)
+    index.train(train)
+    index.add(data)
+    return index
+
+
+@pytest.mark.parametrize("metric", [faiss.METRIC_INNER_PRODUCT, faiss.METRIC_L2])
+@pytest.mark.parametrize("factory", ["IVF32,Flat", "IVF32,SQ8", "IVF16,PQ8"])
+@pytest.mark.parametrize("plan", ["gather", "gather-in-windows", "scan"])
+def test_torch_ivf_index_equals_faiss_ivf(metric, factory, plan, monkeypatch):
+    """The GPU copy of an IVF index (torch; here on the CPU) probes its own lists: FAISS's IVF answer for
+    the same nprobe, for raw and decoded codes, lopsided lists (one holds a third of the vectors), the
+    probed lists gathered in one window or many (a small gather budget) or every row scanned with the
+    other lists masked, and k beyond what the probed lists hold (padded with -1)."""
+    from petal.pipeline.serve import gpu_ivf
+
+    monkeypatch.setattr(gpu_ivf, "SCAN_RATIO", 0.0 if plan == "scan" else 1e9)
+    monkeypatch.setattr(gpu_ivf, "FUSED_SCAN_RATIO", 0.0 if plan == "scan" else 1e9)
+    monkeypatch.setattr(gpu_ivf, "GATHER_BYTES", 30000 if plan == "gather-in-windows" else 512 << 20)
+    rng = np.random.default_rng(3)
+    data = rng.standard_normal((4000, 24)).astype(np.float32)
+    data[:1300] = 2 + 0.1 * data[:1300]  # a tight cluster the lists were not trained on: one long list
+    queries = np.concatenate([rng.standard_normal((6, 24)), 2 + 0.1 * rng.standard_normal((2, 24))]).astype(np.float32)
+    index = _ivf(factory, metric, data, train=data[1300:])
+    index.make_direct_map()  # to decode the returned ids below
+    sizes = [index.invlists.list_size(i) for i in range(index.nlist)]
+    gpu = gpu_ivf.TorchIvfIndex(index, 1, device="cpu", dtype="float32")
+    assert max(sizes) > 4 * gpu.segment  # the long list spans several segments
+    for nprobe, k in [(1, 10), (3, 10), (index.nlist, 10), (1, 2000)]:
+        index.nprobe = nprobe
+        want_scores, want_ids = index.search(queries, k)
+        scores, ids = gpu.with_nprobe(nprobe).search(queries, k)
+        assert ids.dtype == np.int64 and scores.shape == (8, k)
+        np.testing.assert_array_equal(ids < 0, want_ids < 0)  # the same number of hits per query
+        # rank by rank FAISS's scores, each the score of the vector returned (tied scores inside the tight
+        # cluster, e.g. one PQ code shared by many vectors, may return another of the tied vectors)
+        np.testing.assert_allclose(scores, want_scores, rtol=1e-4, atol=1e-4)
+        found = ids >= 0
+        rows = np.repeat(queries, k, axis=0)[found.ravel()]
+        decoded = index.reconstruct_batch(ids[found])
+        own = (rows * decoded).sum(1) if metric == faiss.METRIC_INNER_PRODUCT else ((rows - decoded) ** 2).sum(1)
+        np.testing.assert_allclose(own, scores[found], rtol=1e-4, atol=1e-4)
+        if k == 2000:  # more than the probed list holds: all of it, whatever the ties
+            assert [set(a) for a in ids] == [set(b) for b in want_ids]
+        else:  # the spread queries have no ties
+            assert (ids[:6] == want_ids[:6]).mean() > 0.99, (nprobe, k)
+    assert gpu.nprobe == 1  # views do not change the copy they share
+    half = gpu_ivf.TorchIvfIndex(index, 3, device="cpu", dtype="float16")
+    index.nprobe = 3
+    want_scores, want_ids = index.search(queries[:6], 10)  # (float16 cannot rank inside the tight cluster)
+    scores, ids = half.search(queries[:6], 10)
+    assert (ids == want_ids).mean() > 0.95
+    np.testing.assert_allclose(scores, want_scores, rtol=2e-3, atol=2e-2)
+
+
+def test_torch_ivf_index_of_empty_lists_and_an_empty_index():
+    from petal.pipeline.serve.gpu_ivf import TorchIvfIndex
+
+    rng = np.random.default_rng(4)
+    data = rng.standard_normal((600, 8)).astype(np.float32)
+    index = faiss.index_factory(8, "IVF8,Flat")
+    index.train(data)
+    scores, ids = TorchIvfIndex(index, 4, device="cpu").search(data[:3], 5)  # trained, nothing added
+    assert (ids == -1).all() and scores.shape == (3, 5)
+    index.add(data[:5])  # most lists empty
+    index.nprobe = 8
+    want_scores, want_ids = index.search(data[:3], 10)
+    scores, ids = TorchIvfIndex(index, 8, device="cpu", dtype="float32").search(data[:3], 10)
+    np.testing.assert_array_equal(ids, want_ids)
+    np.testing.assert_allclose(scores, want_scores, rtol=1e-5, atol=1e-5)
+
+
 def test_gpu_reader_answers_like_the_faiss_reader(sample_index, minilm_spec):
     """A reader over the torch copy maps hits exactly as the FAISS one (ids, shards, rows, kept columns)."""
     from petal.pipeline.jobs.query import QueryModel, SearchIndex, engine_config
@@ -237,6 +311,60 @@ def test_torch_exact_index_on_cuda(dtype):
     np.testing.assert_allclose(scores, want_scores, atol=2e-3)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("metric", [faiss.METRIC_INNER_PRODUCT, faiss.METRIC_L2])
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+@pytest.mark.parametrize("plan", ["gather", "scan"])
+def test_torch_ivf_index_on_cuda(metric, dtype, plan, monkeypatch):
+    """On CUDA up to 16 queries replay a graph per (query bucket, k, nprobe): every replay answers its own
+    queries (FAISS's IVF answer), padded buckets included, across more graphs than are kept; more queries
+    run eagerly; gathering the probed lists (where they are small) and scanning everything give the same."""
+    from petal.pipeline.serve import gpu_ivf
+
+    monkeypatch.setattr(gpu_ivf, "MAX_GRAPHS", 3)
+    for name in ("SCAN_RATIO", "FUSED_SCAN_RATIO"):
+        monkeypatch.setattr(gpu_ivf, name, 0.0 if plan == "scan" else 1e9)
+    rng = np.random.default_rng(8)
+    data = rng.standard_normal((30000, 64)).astype(np.float32)
+    data /= np.linalg.norm(data, axis=1, keepdims=True)
+    index = _ivf("IVF128,Flat", metric, data, train=data)
+    gpu = gpu_ivf.TorchIvfIndex(index, 4, device="cuda", dtype=dtype)
+    tolerance = 3e-3 if dtype == "float16" else 1e-4
+    for round_ in range(2):
+        for nprobe, k in [(4, 10), (1, 5), (16, 10), (4, 100), (128, 10)]:
+            index.nprobe = nprobe
+            view = gpu.with_nprobe(nprobe)
+            for nq in (1, 1, 3, 16, 9, 40):
+                queries = data[rng.integers(0, len(data), nq)] + 0.05 * rng.standard_normal((nq, 64)).astype(np.float32)
+                want_scores, want_ids = index.search(queries, k)
+                scores, ids = view.search(queries, k)
+                assert (ids[:, 0] == want_ids[:, 0]).all(), (round_, nprobe, k, nq)
+                if dtype == "float32":
+                    assert (ids == want_ids).mean() > 0.999
+                else:  # float16 storage: neighbours a rounding apart may swap ranks or trade the last places
+                    assert np.mean([len(set(a) & set(b)) / len(b) for a, b in zip(ids, want_ids)]) > 0.97
+                np.testing.assert_allclose(scores, want_scores, atol=tolerance)
+    assert len(gpu._graphs) <= 3 and gpu._graphs is gpu.with_nprobe(2)._graphs  # the views share them
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32] if torch.cuda.is_available() else [None])
+@pytest.mark.parametrize("dim,num_rows", [(64, 100), (200, 1000), (1024, 131)])
+def test_gather_dots_equal_gathered_products(dtype, dim, num_rows):
+    """The fused scores of ``serve/gather_dots.py`` equal gathering the rows and multiplying, in float32;
+    row -1 (padding) scores 0."""
+    from petal.pipeline.serve.gather_dots import gather_dots
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    vectors = torch.randn((5000, dim), device="cuda", generator=gen).to(dtype)
+    rows = torch.randint(-1, 5000, (5, num_rows), device="cuda", generator=gen)
+    q = torch.randn((5, dim), device="cuda", generator=gen)
+    got = gather_dots(vectors, rows, q)
+    want = torch.bmm(vectors[rows.clamp(min=0)].double(), q.double()[:, :, None])[:, :, 0].masked_fill(rows < 0, 0)
+    assert got.dtype == torch.float32 and got.shape == (5, num_rows)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-4)
+
+
 @pytest.fixture(scope="module")
 def vectors_index(tmp_path_factory):
     """An index of precomputed unit vectors (``--vectors-column``: no model, so it builds on the GPU host
@@ -264,10 +392,12 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.i
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
-def test_gpu_copy_through_the_search_batcher_answers_like_faiss(vectors_index, device, dtype):
+@pytest.mark.parametrize("exact", [False, True])
+def test_gpu_copy_through_the_search_batcher_answers_like_faiss(vectors_index, device, dtype, exact):
     """``--search-device`` copies (torch; on the CPU here, on CUDA on the GPU host) searched through the
-    search batcher: requests with different k queued together get the exact top k (FAISS's exhaustive
-    answer); a filtered request keeps the FAISS path of the same version."""
+    search batcher: requests with different k and nprobe queued together get FAISS's IVF answer for their
+    nprobe from the copy of the lists (the exhaustive answer, every list probed, from the exact copy);
+    a filtered request keeps the FAISS path of the same version."""
     from petal.pipeline.index.search import IndexReader
     from petal.pipeline.jobs.query import SearchIndex
     from petal.pipeline.serve.gpu_search import GpuReaders
@@ -275,20 +405,22 @@ def test_gpu_copy_through_the_search_batcher_answers_like_faiss(vectors_index, d
     from petal.pipeline.serve.searching import SharedExclusiveLock
 
     out, data = vectors_index
-    reader = IndexReader(out, nprobe=16)  # every list probed: FAISS's IVF answer is exhaustive here
-    readers = GpuReaders(device, dtype)
+    reader = IndexReader(out, nprobe=16 if exact else 3)  # exact: every list probed, FAISS is exhaustive too
+    readers = GpuReaders(device, dtype, exact=exact)
     readers.prepare(reader)
     copy = readers.get(reader)
-    assert copy is not None and type(copy.index).__name__ == "TorchExactIndex"
+    assert copy is not None and type(copy.index).__name__ == ("TorchExactIndex" if exact else "TorchIvfIndex")
+    assert (readers.get(reader, 2) is None) == exact  # an exact copy leaves a request's nprobe to FAISS
     index = SearchIndex(reader, None)  # type: ignore[arg-type]  # stored vectors: no model transform
     rng = np.random.default_rng(6)
-    queries = data[:9] + 0.05 * rng.standard_normal((9, 48)).astype(np.float32)
-    requests = [(queries[i : i + 1], 1 + 4 * i, None) for i in range(6)] + [(queries[6:9], 7, None),
-                                                                           (queries[:2], 5, "topic = 't1'")]
+    queries = data[:9] + 0.3 * rng.standard_normal((9, 48)).astype(np.float32)
+    requests = [(queries[i : i + 1], 1 + 4 * i, None, None) for i in range(6)] + [
+        (queries[6:9], 7, None, None), (queries[:2], 5, "topic = 't1'", None), (queries[2:5], 20, None, 1),
+        (queries[5:8], 20, None, 9)]
     batcher = SearchBatcher(SharedExclusiveLock(), readers)
 
     async def scenario():
-        tasks = [batcher.search(index, rows, False, k, where=w) for rows, k, w in requests]
+        tasks = [batcher.search(index, rows, False, k, where=w, nprobe=p) for rows, k, w, p in requests]
         batcher.start()
         return await asyncio.gather(*tasks)
 
@@ -297,9 +429,13 @@ def test_gpu_copy_through_the_search_batcher_answers_like_faiss(vectors_index, d
     finally:
         batcher.close()
     tolerance = 2e-3 if dtype == "float16" else 1e-5
-    for (rows, k, w), got in zip(requests, answers):
-        want = reader.search(rows, k, where=w)
-        assert [len(hs) for hs in got] == [k] * len(rows)
+    for (rows, k, w, p), got in zip(requests, answers):
+        if p is None:
+            want = reader.search(rows, k, where=w)
+        else:
+            with search_params(reader, p, None):
+                want = reader.search(rows, k)
+        assert [len(hs) for hs in got] == [len(hs) for hs in want]
         assert [hs[0].id for hs in got] == [hs[0].id for hs in want]
         if dtype == "float32":
             assert _hits(got) == _hits(want)

@@ -1,5 +1,6 @@
-"""``--search-device cuda``: exact top-k over a copy of the index's stored vectors on the GPU (torch),
-for a CUDA server whose FAISS is the CPU build.
+"""``--search-device cuda``: top-k over a copy of the index's stored vectors on the GPU (torch), for a CUDA
+server whose FAISS is the CPU build. This file is the exact search (every vector scored: a Flat index,
+or ``--search-exact``) and the choice between it and an IVF index's own lists (``serve/gpu_ivf.py``).
 
 ```
 load   every stored vector, decoded by FAISS (reconstruct_n; IVF through its direct map) -> GPU
@@ -140,15 +141,23 @@ class _nothing:
         return None
 
 
-def gpu_reader(reader: IndexReader, device: str = "cuda", dtype: str = "float16") -> IndexReader | None:
+def gpu_reader(reader: IndexReader, device: str = "cuda", dtype: str = "float16",
+               exact: bool = False) -> IndexReader | None:
     """A copy of ``reader`` that searches a GPU copy of its vectors (``None``: a binary index, or not
-    enough free GPU memory; the FAISS path then serves, as said in the log)."""
+    enough free GPU memory; the FAISS path then serves, as said in the log).
+
+    An IVF index searches its own lists there (``serve/gpu_ivf.py``: FAISS's answer, with the reader's
+    ``nprobe``) unless ``exact``; any other searches every vector (the exact top k)."""
     import torch
+
+    from petal.pipeline.serve.gpu_ivf import TorchIvfIndex, is_plain_ivf
+    from petal.pipeline.serve.requests import DEFAULT_K
 
     if is_binary_manifest(reader.manifest):
         log.warning("petal serve: --search-device cuda: a binary index searches with FAISS on the CPU")
         return None
-    need = reader.ntotal * reader.dim * (2 if dtype == "float16" else 4) + reader.ntotal * 4
+    lists = not exact and is_plain_ivf(reader.index)
+    need = reader.ntotal * reader.dim * (2 if dtype == "float16" else 4) + reader.ntotal * (28 if lists else 4)
     if torch.device(device).type == "cuda":
         free, _ = torch.cuda.mem_get_info(torch.device(device))
         if free < MEMORY_MARGIN * need:
@@ -156,7 +165,14 @@ def gpu_reader(reader: IndexReader, device: str = "cuda", dtype: str = "float16"
                         "searching with FAISS on the CPU", free >> 20, need >> 20)
             return None
     out = copy.copy(reader)  # NOTE: shares the ids, columns and manifest; only `index` differs
-    out.index = TorchExactIndex(reader.index, device, dtype)  # type: ignore[assignment]  # the reader's FAISS duck type
+    if lists:
+        nprobe = int(reader.search_params.get("nprobe", 1))
+        lists_copy = TorchIvfIndex(reader.index, nprobe, device, dtype)
+        lists_copy.warm_up(DEFAULT_K)  # the graphs of default requests, captured before the version serves
+        log.info("petal serve: the GPU copy of %s: %s", reader.dir.name, lists_copy.describe())
+        out.index = lists_copy  # type: ignore[assignment]  # FAISS duck type
+    else:
+        out.index = TorchExactIndex(reader.index, device, dtype)  # type: ignore[assignment]  # FAISS duck type
     return out
 
 
@@ -164,17 +180,30 @@ class GpuReaders:
     """The GPU copy of each served version, built when the version loads (before it serves) and freed
     with it."""
 
-    def __init__(self, device: str, dtype: str) -> None:
+    def __init__(self, device: str, dtype: str, exact: bool = False) -> None:
         self.device = device
         self.dtype = dtype
+        self.exact = exact
         self._readers: dict[int, IndexReader | None] = {}
 
     def prepare(self, reader: IndexReader) -> None:
         key = id(reader)
         if key in self._readers:
             return
-        self._readers[key] = gpu_reader(reader, self.device, self.dtype)
+        self._readers[key] = gpu_reader(reader, self.device, self.dtype, self.exact)
         weakref.finalize(reader, self._readers.pop, key, None)
 
-    def get(self, reader: IndexReader) -> IndexReader | None:
-        return self._readers.get(id(reader))
+    def get(self, reader: IndexReader, nprobe: int | None = None) -> IndexReader | None:
+        """The GPU copy of ``reader`` (``None``: none was made); with ``nprobe``, a view that probes that
+        many lists (``None`` when the copy has no lists to probe: an exact copy, whose FAISS index then
+        answers a request's ``nprobe``)."""
+        from petal.pipeline.serve.gpu_ivf import TorchIvfIndex
+
+        found = self._readers.get(id(reader))
+        if found is None or nprobe is None:
+            return found
+        if not isinstance(found.index, TorchIvfIndex):
+            return None
+        view = copy.copy(found)
+        view.index = found.index.with_nprobe(nprobe)  # type: ignore[assignment]  # FAISS duck type
+        return view

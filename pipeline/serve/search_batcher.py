@@ -220,8 +220,9 @@ class SearchBatcher:
         reader = index.reader
         if key.where:
             reader.selector(key.where)  # a bad expression or unknown column: ValueError naming it
-        gpu = self.gpu.get(reader) if self.gpu is not None and not key.where else None
-        if gpu is not None and key.nprobe is None and key.rescore is None:
+        # the GPU copy (--search-device cuda): an IVF one probes the request's nprobe there too
+        gpu = self.gpu.get(reader, key.nprobe) if self.gpu is not None and not key.where else None
+        if gpu is not None:  # (only binary indexes rescore, and they have no GPU copy)
             return gpu.search(rows, key.k)
         if overrides(reader, key.nprobe, key.rescore):
             with self.params_lock.exclusive(), search_params(reader, key.nprobe, key.rescore):

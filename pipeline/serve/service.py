@@ -51,8 +51,8 @@ class ServeState:
         self.batcher = TokenBatcher(model.engine, self.metrics, settings.max_wait_ms, settings.max_queue_texts,
                                     tokenizers=dict(model.tokenizers))
         # the GPU copy of each version (--search-device cuda), made before the version serves
-        self.gpu = GpuReaders(settings.search_device, settings.search_dtype) if settings.search_device != "cpu" \
-            else None
+        self.gpu = None if settings.search_device == "cpu" else GpuReaders(
+            settings.search_device, settings.search_dtype, settings.search_exact)
         if index is not None:
             self._prepare(index.reader)
         self.follower = None if index is None or index_root is None else IndexFollower(

@@ -52,8 +52,9 @@ class ServeSettings:
     search_threads: int = 4  # reading stored text and metadata (include) runs in this many threads
     api_key: str | None = None
     served_model_name: str | None = None  # the `model` id of /v1/models (default: the model directory's name)
-    search_device: str = "cpu"  # cpu: FAISS; cuda: exact top-k over a GPU copy of the vectors (serve/gpu_search.py)
+    search_device: str = "cpu"  # cpu: FAISS; cuda: a GPU copy of the vectors (serve/gpu_search.py, gpu_ivf.py)
     search_dtype: str = "float16"  # the GPU copy's dtype (float16 or float32)
+    search_exact: bool = False  # cuda: score every vector of an IVF index, not only its probed lists
     # NOTE: the engine and search threads share the GIL with the event loop; with Python's default 5 ms a
     # thread that wants the GIL back (to launch the next step) can wait 5 ms behind a busy loop
     switch_interval_ms: float = 0.5
