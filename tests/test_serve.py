@@ -684,6 +684,45 @@ def test_follower_swaps_and_frees_the_old_version(served, tmp_path, minilm_spec)
     assert follower.status() == {"version": new, "vectors": follower.live.reader.ntotal}
 
 
+def test_a_transient_open_error_is_tried_again_and_a_corrupt_version_is_not(served, tmp_path, minilm_spec,
+                                                                            monkeypatch):
+    """A new version whose open fails with an I/O error (injected EIO, twice) is refused and tried again
+    while CURRENT still names it, with a doubling wait, then served; a corrupt one (a truncated
+    index.faiss) is refused until CURRENT changes."""
+    from petal.pipeline.jobs.query import SearchIndex
+    from petal.pipeline.serve.follower import IndexFollower
+    from petal.pipeline.serve.metrics import ServeMetrics
+
+    _, out, _ = served
+    copy = tmp_path / "out"
+    shutil.copytree(out, copy, ignore=shutil.ignore_patterns("store", ".lock"))
+    follower = IndexFollower(copy, minilm_spec, SearchIndex.open(copy, minilm_spec), ServeMetrics(),
+                             retry_first_s=0.2)
+    live, new = _publish_copy(copy, lambda manifest: None)
+    monkeypatch.setenv("PETAL_FAULT", "query_open:1:eio,query_open:2:eio")
+    assert follower.check_once() is False and follower.live.version == live
+    refused = follower.status()["refused"]
+    assert (refused["version"], refused["reason"], refused["retry_in_s"]) == (new, "open", 0.2), refused
+    assert "Input/output error" in refused["message"]
+    assert not follower.due() and follower.check_once() is False  # not yet: no second open
+    time.sleep(0.25)
+    assert follower.due() and follower.check_once() is False  # the second open fails too
+    assert follower.status()["refused"]["retry_in_s"] == 0.4  # the wait doubles
+    time.sleep(0.45)
+    assert follower.check_once() is True and follower.live.version == new
+    assert "refused" not in follower.status() and not follower.due()
+
+    monkeypatch.delenv("PETAL_FAULT")
+    _, newer = _publish_copy(copy, lambda manifest: None)
+    index_file = copy / "versions" / newer / "index.faiss"
+    index_file.write_bytes(index_file.read_bytes()[:-1])
+    assert follower.check_once() is False and follower.live.version == new
+    refused = follower.status()["refused"]
+    assert refused["version"] == newer and "retry_in_s" not in refused and "index.faiss" in refused["message"]
+    time.sleep(0.3)
+    assert not follower.due() and follower.check_once() is False  # waits for CURRENT to change
+
+
 def test_the_listening_socket_is_tcp_so_responses_are_not_held_by_nagle():
     """asyncio turns TCP_NODELAY on only for sockets whose protocol says TCP (a proto-0 socket cost
     every keep-alive request 40 ms of Nagle + delayed ACK); a taken port is a clean exit 78."""

@@ -10,7 +10,9 @@ A search takes ``live`` once and keeps that object to the end, so in-flight sear
 version they started on and every answer comes from exactly one version; the old version's memory
 returns when its last search drops it. A version that fails to open or was built with another
 model or output transform is refused: the old version keeps serving and ``/ready`` and
-``petal_index_refused`` say why.
+``petal_index_refused`` say why. A refusal that may pass (an I/O error while opening it, a failure to
+prepare its GPU copy) is tried again while CURRENT still names it, after 1, 2, 4 ... s (at most 60 s
+apart); a corrupt or incompatible version waits for CURRENT to change.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,21 +31,29 @@ from petal.engine.loader import ModelSpec
 from petal.pipeline.index.search import IndexReader
 from petal.pipeline.jobs.query import SearchIndex, model_mismatch
 from petal.pipeline.manifest import Manifest, ModelRecord, StoredFormat
-from petal.pipeline.reliability.errors import PetalError
+from petal.pipeline.reliability.errors import PetalError, PetalIOError
 from petal.pipeline.reliability.safe_files import read_regular
 from petal.pipeline.serve.metrics import ServeMetrics
 
 log = logging.getLogger("petal.serve")
 
 
+RETRY_FIRST_S = 1.0  # a transient refusal is tried again after this, then twice as long each time
+RETRY_MAX_S = 60.0
+
+
 @dataclass(frozen=True)
 class Refusal:
     version: str
-    reason: str  # short: model, output, max_length, prompt, open
+    reason: str  # short: model, output, max_length, prompt, open, prepare
     message: str
+    retry_in_s: float | None = None  # tried again after this many seconds (None: when CURRENT changes)
 
-    def as_dict(self) -> dict[str, str]:
-        return {"version": self.version, "reason": self.reason, "message": self.message}
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"version": self.version, "reason": self.reason, "message": self.message}
+        if self.retry_in_s is not None:
+            out["retry_in_s"] = self.retry_in_s
+        return out
 
 
 def _pointer(root: Path) -> str | None:
@@ -58,7 +69,7 @@ class IndexFollower:
 
     def __init__(self, root: Path, spec: ModelSpec, live: SearchIndex, metrics: ServeMetrics,
                  nprobe: int | None = None, rescore: int | None = None,
-                 prepare: Callable[[IndexReader], None] | None = None) -> None:
+                 prepare: Callable[[IndexReader], None] | None = None, retry_first_s: float = RETRY_FIRST_S) -> None:
         self.root = Path(root)
         self.prepare = prepare  # run on a compatible new version before it serves (its GPU copy)
         self.spec = spec
@@ -69,6 +80,9 @@ class IndexFollower:
         self.refused: Refusal | None = None
         self._seen = _pointer(self.root) or live.version  # the pointer value last acted on
         self._lock = threading.Lock()  # one load at a time
+        self.retry_first_s = retry_first_s
+        self._retry_delay_s = retry_first_s  # the wait before the next try of a transient refusal
+        self._retry_at: float | None = None  # when the refused version named by CURRENT is tried again
         metrics.serving(live.version, live.reader.ntotal)
 
     def status(self) -> dict[str, Any]:
@@ -77,16 +91,32 @@ class IndexFollower:
             out["refused"] = self.refused.as_dict()
         return out
 
+    def due(self) -> bool:
+        """Whether ``check_once`` has something to do: CURRENT changed, or a transient refusal's retry is due."""
+        pointer = _pointer(self.root)
+        if pointer is None:
+            return False
+        return pointer != self._seen or (self._retry_at is not None and time.monotonic() >= self._retry_at)
+
     def check_once(self) -> bool:
         """Load and swap in a newly published version (blocking). True when the live version changed."""
         with self._lock:
             pointer = _pointer(self.root)
-            if pointer is None or pointer == self._seen:
+            if pointer is None:
                 return False
+            if pointer == self._seen:
+                if self._retry_at is None or time.monotonic() < self._retry_at:
+                    return False
+            else:  # another version: a first try, whatever the last one's tries were
+                self._retry_delay_s = self.retry_first_s
             self._seen = pointer
+            self._retry_at = None
             try:
                 candidate = SearchIndex.open(self.root, self.spec, nprobe=self.nprobe, rescore=self.rescore)
-            except (PetalError, OSError, RuntimeError, KeyError, ValueError) as exc:
+            except (PetalIOError, OSError) as exc:  # NOTE: may pass (a network filesystem's hiccup): tried again
+                self._refuse(pointer, "open", f"cannot open {pointer}: {exc}", retry=True)
+                return False
+            except (PetalError, RuntimeError, KeyError, ValueError) as exc:  # corrupt: waits for CURRENT to change
                 self._refuse(pointer, "open", f"cannot open {pointer}: {exc}")
                 return False
             if candidate.version == self.live.version:  # CURRENT went back to the live version
@@ -100,8 +130,9 @@ class IndexFollower:
             if self.prepare is not None:
                 try:
                     self.prepare(candidate.reader)
-                except Exception as exc:  # e.g. out of GPU memory: the old version keeps serving
-                    self._refuse(candidate.version, "prepare", f"cannot prepare {candidate.version}: {exc}")
+                except Exception as exc:  # e.g. out of GPU memory: the old version keeps serving; tried again
+                    self._refuse(candidate.version, "prepare", f"cannot prepare {candidate.version}: {exc}",
+                                 retry=True)
                     return False
             old = self.live.version
             self.live = candidate  # NOTE: the swap; searches holding the old object finish on it
@@ -132,17 +163,23 @@ class IndexFollower:
             return "prompt", f"{candidate.version} records query prompt {recorded!r}, the server uses {live_prompt!r}"
         return None
 
-    def _refuse(self, version: str, reason: str, message: str) -> None:
-        self.refused = Refusal(version, reason, message)
+    def _refuse(self, version: str, reason: str, message: str, retry: bool = False) -> None:
+        retry_in_s = None
+        if retry:
+            retry_in_s = self._retry_delay_s
+            self._retry_at = time.monotonic() + retry_in_s
+            self._retry_delay_s = min(RETRY_MAX_S, 2 * self._retry_delay_s)
+        self.refused = Refusal(version, reason, message, retry_in_s)
         self.metrics.refused(version, reason)
         self.metrics.index_reloads.labels(result="refused").inc()
-        log.warning("petal serve: refused %s, still serving %s: %s", version, self.live.version, message)
+        again = f" (trying again in {retry_in_s:g} s)" if retry_in_s is not None else ""
+        log.warning("petal serve: refused %s, still serving %s: %s%s", version, self.live.version, message, again)
 
     async def follow(self, interval_s: float) -> None:
         """Poll forever (cancel to stop); loading runs in a thread, off the event loop."""
         while True:
             await asyncio.sleep(interval_s)
-            if _pointer(self.root) != self._seen:
+            if self.due():
                 try:
                     await _in_daemon_thread(self.check_once)
                 except Exception:  # a bug must not stop the following: log it, try the next change
