@@ -13,10 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
-from typing import Any
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from petal.engine.config import (
     DenseConfig,
@@ -28,14 +25,18 @@ from petal.engine.config import (
     pooling_mode,
 )
 from petal.engine.errors import ModelError
-from petal.engine.layers.dense import Dense
-from petal.engine.models import model_class_for
-from petal.engine.models.base import EncoderModel
-from petal.engine.models.build import build_empty, check_loaded
-from petal.engine.models.stream import Spans, StreamSettings, stream_tensors
-from petal.engine.models.weights import open_pickle_weights, pickle_files, safetensors_files, state_from_plan
 from petal.engine.resolve import HF_ID, cached_snapshot, hf_cache_dirs
 from petal.engine.st_files import StFiles, StFilesError, read_st_files
+from petal.engine.weight_files import pickle_files, safetensors_files
+
+# NOTE: torch and the model classes are imported where a model is inspected or built: `ModelSpec` is the
+# type of every pipeline module, and runs without a model (`petal index --vectors-column`) import none
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from petal.engine.models.base import EncoderModel
+    from petal.engine.models.stream import Spans, StreamSettings
 
 
 def default_model_dir() -> Path:
@@ -179,6 +180,8 @@ def inspect_model(
     if not config_file.is_file():
         raise ModelError(f"{model_dir} has no config.json; is it a Hugging Face model directory?")
     hf = _read_json(config_file)
+    from petal.engine.models import model_class_for
+
     try:
         model_cls = model_class_for(hf)
         config: ModelConfig = model_cls.config_from_hf(hf)
@@ -307,6 +310,14 @@ def load_model(spec: ModelSpec, device: torch.device, dtype: torch.dtype, *,
     sentence-transformers Dense layers become ``model.dense_head`` (fp32; applied after pooling).
     ``spans`` (optional) collects where the time went, for ``bench/load_probe.py``.
     """
+    import torch
+    from torch import nn
+
+    from petal.engine.layers.dense import Dense
+    from petal.engine.models import model_class_for
+    from petal.engine.models.build import build_empty, check_loaded
+    from petal.engine.models.stream import Spans
+
     spans = spans or Spans()
     with spans.span("build_meta"):
         model = build_empty(model_class_for({"architectures": [], "model_type": spec.config.architecture}),
@@ -331,6 +342,9 @@ def load_model(spec: ModelSpec, device: torch.device, dtype: torch.dtype, *,
 def _fill(module: nn.Module, files: list[Path], plan: dict[str, tuple[str, ...]], prefixes: tuple[str, ...],
           device: torch.device, dtype: torch.dtype, stream: StreamSettings | None, spans: Spans, where: Path) -> None:
     """Read ``module``'s tensors (``plan``) from ``files`` and assign them (``ModelError`` naming what is wrong)."""
+    from petal.engine.models.stream import stream_tensors
+    from petal.engine.models.weights import open_pickle_weights, state_from_plan
+
     shapes = {name: tuple(t.shape) for name, t in module.state_dict().items()}
     try:
         if all(f.suffix == ".safetensors" for f in files):

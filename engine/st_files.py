@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from petal.engine.config import DENSE_ACTIVATIONS, SIMILARITIES, DenseConfig, PromptConfig
-from petal.engine.models.weights import PICKLE_WEIGHT_NAMES, safetensors_files
+from petal.engine.weight_files import PICKLE_WEIGHT_NAMES, safetensors_files
 
 # sentence-transformers' Pooling flags -> petal's modes; the other flags are refused by name.
 POOLING_FLAGS = {"pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mean", "pooling_mode_lasttoken": "last"}

@@ -118,6 +118,14 @@ def test_each_command_imports_only_what_it_needs(index_dir, tmp_path):
     code, loaded = run(["rebuild", str(index_dir), "--index-factory", "Flat"], tmp_path)
     assert code == 0 and "faiss" in loaded
     assert not loaded & {"torch", "tokenizers", "safetensors", "transformers", "petal.bench"}, loaded
+    # an index of precomputed vectors: no model, so neither torch nor a tokenizer
+    table = pa.table({"id": [1, 2, 3], "emb": pa.FixedSizeListArray.from_arrays(pa.array(np.eye(3, 8, dtype=np.float32)
+                                                                                           .ravel()), 8)})
+    pq.write_table(table, tmp_path / "vectors.parquet")
+    code, loaded = run(["index", str(tmp_path / "vectors.parquet"), "--out", str(tmp_path / "vout"), "-q",
+                        "--vectors-column", "emb", "--index-factory", "Flat"], tmp_path)
+    assert code == 0 and {"faiss", "pyarrow"} <= loaded and (tmp_path / "vout" / "CURRENT").is_file()
+    assert not loaded & {"torch", "tokenizers", "safetensors", "transformers", "petal.bench"}, loaded
 
 
 RUNTIME_DIRS = ("cli", "engine", "pipeline", "petal")

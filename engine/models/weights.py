@@ -1,10 +1,8 @@
-"""Where a checkpoint's weights are (safetensors files, or pickle files when allowed) and the
-in-memory checkpoints of tests, benchmarks and the pickle opt-in (safetensors files stream through
-``engine/models/stream.py``)."""
+"""The in-memory checkpoints of tests, benchmarks and the pickle opt-in (safetensors files stream through
+``engine/models/stream.py``; where a checkpoint's files are: ``engine/weight_files.py``)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -30,30 +28,6 @@ def state_from_plan(weights: WeightSource, plan: dict[str, tuple[str, ...]],
     return out
 
 
-PICKLE_WEIGHT_NAMES = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.pt", "model.pth")
-
-
-def _indexed_shards(index: Path) -> list[Path]:
-    """The shard files a ``*.index.json`` names (its ``weight_map`` values), all of which must exist."""
-    shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    files = [index.parent / s for s in shards]
-    missing = [str(f) for f in files if not f.is_file()]
-    if missing:
-        raise FileNotFoundError(f"{index} names shards that are missing: {', '.join(missing)}")
-    return files
-
-
-def safetensors_files(model_dir: Path) -> list[Path]:
-    """The checkpoint's safetensors files: a single file or the shards an index names."""
-    index = model_dir / "model.safetensors.index.json"
-    if index.is_file():
-        return _indexed_shards(index)
-    single = model_dir / "model.safetensors"
-    if single.is_file():
-        return [single]
-    return sorted(model_dir.glob("*.safetensors"))
-
-
 class TensorWeights(WeightSource):
     """A checkpoint already in memory (a Hugging Face model's ``state_dict()``): tests and benchmarks."""
 
@@ -71,17 +45,6 @@ class TensorWeights(WeightSource):
                 tensor = tensor.to(self.device)
                 return tensor.to(self.dtype) if tensor.is_floating_point() else tensor
         raise KeyError(f"weight {name!r} not found (tried {', '.join(repr(p + name) for p in prefixes)})")
-
-
-def pickle_files(model_dir: Path) -> list[Path]:
-    """The checkpoint's pickle files (``pytorch_model.bin``, or the shards its index names)."""
-    index = model_dir / "pytorch_model.bin.index.json"
-    if index.is_file():
-        return _indexed_shards(index)
-    for name in ("pytorch_model.bin", "model.pt", "model.pth"):
-        if (model_dir / name).is_file():
-            return [model_dir / name]
-    return []
 
 
 def open_pickle_weights(files: list[Path], device: torch.device, dtype: torch.dtype) -> WeightSource:

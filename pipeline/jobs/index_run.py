@@ -18,7 +18,7 @@ import sys
 import time
 from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
-from typing import Any, NoReturn, cast
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -26,7 +26,6 @@ from tqdm import tqdm
 
 from petal import __version__
 from petal.engine.config import DeviceName, EngineConfig
-from petal.engine.engine import Engine, attention_backend, resolve_device, resolve_dtype
 from petal.engine.loader import ModelSpec
 from petal.pipeline.config import IndexJob, default_token_budget
 from petal.pipeline.index.columns_file import add_stored_columns
@@ -40,7 +39,6 @@ from petal.pipeline.ingest.parquet import ReadStats, ShardInfo, preflight, resol
 from petal.pipeline.ingest.prefetch import Prefetcher
 from petal.pipeline.ingest.rejects import BadRowGate, rejects_table
 from petal.pipeline.ingest.tokens import TokenizedDocs, tokenize_documents, tokenizer_for
-from petal.pipeline.jobs.inflight import InFlight
 from petal.pipeline.jobs.live_check import live_damage
 from petal.pipeline.jobs.model import model_spec
 from petal.pipeline.jobs.removals import (
@@ -82,7 +80,6 @@ from petal.pipeline.reliability.errors import (
 from petal.pipeline.reliability.faults import fault
 from petal.pipeline.reliability.safe_files import check_regular
 from petal.pipeline.reliability.signals import StopSignals
-from petal.pipeline.reliability.step_guard import StepGuard, device_failure
 from petal.pipeline.store.changes import live_manifest, shard_changes
 from petal.pipeline.store.columns import ColumnsNeed, check_keep_columns, ensure_columns
 from petal.pipeline.store.embeddings import (
@@ -97,10 +94,17 @@ from petal.pipeline.store.outputs import OutputTransform
 from petal.pipeline.store.side_files import prune_side_files
 from petal.pipeline.store.tombstones import apply_deletes, deleted_rows, read_delete_ids
 
-EngineFactory = Callable[[ModelSpec, EngineConfig], Engine]
+if TYPE_CHECKING:
+    from petal.engine.engine import Engine
+
+# NOTE: the engine (torch) is imported where a run embeds: `petal index --vectors-column` shares this
+# module's helpers and needs neither
+EngineFactory = Callable[[ModelSpec, EngineConfig], "Engine"]
 
 
 def engine_config(job: IndexJob, spec: ModelSpec) -> EngineConfig:
+    from petal.engine.engine import attention_backend, resolve_device, resolve_dtype
+
     if job.scale is not None and job.scale.ray:  # the actors' device: the Ray cluster's GPUs, not this process's
         from petal.pipeline.jobs.ray_embed import ray_device
 
@@ -122,13 +126,18 @@ def embedding_settings(spec: ModelSpec, config: EngineConfig, job: IndexJob) -> 
                                      OutputTransform.for_model(spec, job.output))
 
 
-def run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory = Engine,
+def run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory | None = None,
               stop: StopSignals | None = None) -> RunReport:
     """Index ``job.sources`` into ``job.out``. Raises ``PetalError`` subclasses for the user's mistakes.
 
     ``stop``: the caller's active ``StopSignals`` (the CLI catches signals from its first line);
-    without one, SIGINT/SIGTERM are caught for the length of the run.
+    without one, SIGINT/SIGTERM are caught for the length of the run. ``engine_factory``: the ``Engine``
+    class unless a test replaces it.
     """
+    if engine_factory is None:
+        from petal.engine.engine import Engine
+
+        engine_factory = Engine
     reads = ReadStats()
     try:
         with contextlib.nullcontext(stop) if stop is not None else StopSignals() as active:
@@ -401,6 +410,8 @@ def embed_in_process(shards: list[ShardInfo], identity: RunIdentity, store: Embe
 
 def _reraise(exc: BaseException) -> NoReturn:
     """Re-raise ``exc`` (inside its ``except``), as exit 75 when the device cannot go on."""
+    from petal.pipeline.reliability.step_guard import device_failure
+
     failure = device_failure(exc)
     if failure is None:
         raise exc
@@ -520,6 +531,9 @@ def embed_shards(chunks: Prefetcher[TokenizedDocs], shards: list[ShardInfo],
     """Embed the tokenized ``chunks`` of ``shards`` into the store (as ``transform.stored()`` vectors);
     yields ``(position, entry)`` as each commits. ``ranges``: the units the chunks are numbered by (whole shards
     and row-group ranges, store/ranges.py); a commit is then ``(unit, entry or committed range)``."""
+    from petal.pipeline.jobs.inflight import InFlight
+    from petal.pipeline.reliability.step_guard import StepGuard
+
     sink = StoreSink(store, shards, fingerprints, settings, transform.dim, transform, ranges)  # transform.stored()
     shard_of = (lambda unit: ranges[unit].position) if ranges is not None else (lambda unit: unit)
     packer = Packer(PackConfig(engine.config.token_budget, engine.config.max_seqs))
