@@ -212,13 +212,15 @@ def _ivf(factory, metric, data, train):
 
 
 @pytest.mark.parametrize("metric", [faiss.METRIC_INNER_PRODUCT, faiss.METRIC_L2])
-@pytest.mark.parametrize("factory", ["IVF32,Flat", "IVF32,SQ8", "IVF16,PQ8"])
+@pytest.mark.parametrize("factory", ["IVF32,Flat", "IVF32_HNSW8,Flat", "IVF32,SQ8", "IVF16,PQ8"])
 @pytest.mark.parametrize("plan", ["gather", "gather-in-windows", "scan"])
 def test_torch_ivf_index_equals_faiss_ivf(metric, factory, plan, monkeypatch):
     """The GPU copy of an IVF index (torch; here on the CPU) probes its own lists: FAISS's IVF answer for
     the same nprobe, for raw and decoded codes, lopsided lists (one holds a third of the vectors), the
     probed lists gathered in one window or many (a small gather budget) or every row scanned with the
-    other lists masked, and k beyond what the probed lists hold (padded with -1)."""
+    other lists masked, and k beyond what the probed lists hold (padded with -1). An HNSW quantizer, which
+    FAISS searches approximately, gets the lists of an exact search of the same centroids (the answer of
+    the same index over a flat quantizer)."""
     from petal.pipeline.serve import gpu_ivf
 
     monkeypatch.setattr(gpu_ivf, "SCAN_RATIO", 0.0 if plan == "scan" else 1e9)
@@ -233,6 +235,11 @@ def test_torch_ivf_index_equals_faiss_ivf(metric, factory, plan, monkeypatch):
     sizes = [index.invlists.list_size(i) for i in range(index.nlist)]
     gpu = gpu_ivf.TorchIvfIndex(index, 1, device="cpu", dtype="float32")
     assert max(sizes) > 4 * gpu.segment  # the long list spans several segments
+    if "HNSW" in factory:  # the GPU copy chooses, and from here on FAISS too, lists by an exact search of the centroids
+        assert gpu_ivf.coarse_problem(index) is None
+        flat = faiss.IndexFlat(24, metric)
+        flat.add(index.quantizer.reconstruct_n(0, index.nlist))
+        index.quantizer = flat  # NOTE: `flat` outlives the searches below (the index does not own it)
     for nprobe, k in [(1, 10), (3, 10), (index.nlist, 10), (1, 2000)]:
         index.nprobe = nprobe
         want_scores, want_ids = index.search(queries, k)
@@ -445,6 +452,31 @@ def test_gpu_copy_through_the_search_batcher_answers_like_faiss(vectors_index, d
                                    atol=tolerance)
         if w:
             assert all(h.fields["topic"] == "t1" for hs in got for h in hs)
+
+
+def test_lists_of_a_lossy_quantizer_fall_back_to_the_exhaustive_copy(vectors_index, caplog):
+    """An IVF whose coarse quantizer is neither flat nor HNSW (LSH: lossy centroids, Hamming search) gets
+    the exhaustive GPU copy, said in the log, and still answers like FAISS (every list probed)."""
+    from petal.pipeline.index.search import IndexReader
+    from petal.pipeline.serve.gpu_search import gpu_reader
+
+    out, data = vectors_index
+    reader = IndexReader(out)
+    quantizer = faiss.IndexLSH(48, 16)
+    index = faiss.IndexIVFFlat(quantizer, 48, 16, faiss.METRIC_L2)
+    index.train(data)
+    index.add(data)
+    index.nprobe = 16
+    reader.index = index  # the same vectors, in the same order: the reader's ids still map them
+    reader.__dict__["_keep"] = quantizer  # NOTE: the IVF does not own its quantizer
+    with caplog.at_level("WARNING", logger="petal.serve"):
+        copy = gpu_reader(reader, "cpu", "float32")
+    assert copy is not None and type(copy.index).__name__ == "TorchExactIndex"
+    assert "are not copied (its coarse quantizer is IndexLSH" in caplog.text
+    want_scores, want_ids = index.search(data[:5], 4)
+    scores, ids = copy.index.search(data[:5], 4)
+    np.testing.assert_array_equal(ids, want_ids)
+    np.testing.assert_allclose(scores, want_scores, rtol=1e-4, atol=1e-4)
 
 
 def test_search_device_cuda_needs_the_model_on_cuda():

@@ -60,6 +60,17 @@ def is_plain_ivf(index: Any) -> bool:
     return isinstance(index, load_faiss().IndexIVF)
 
 
+def coarse_problem(index: Any) -> str | None:
+    """Why this IVF's lists cannot be searched here (``None``: they can). The coarse step scores decoded
+    centroids exactly: that is FAISS's own choice of lists for a flat quantizer, and lists at least as close
+    for an HNSW one (exact centroids, approximate search); any other quantizer decodes them lossily."""
+    faiss = load_faiss()
+    quantizer = faiss.downcast_index(index.quantizer)
+    if isinstance(quantizer, (faiss.IndexFlat, faiss.IndexHNSWFlat)):
+        return None
+    return f"its coarse quantizer is {type(quantizer).__name__}, not flat or HNSW"
+
+
 def graph_bucket(queries: int) -> int | None:
     """The graph a search of ``queries`` rows replays (``None``: more than the largest, run eagerly)."""
     return next((bucket for bucket in GRAPH_QUERIES if bucket >= queries), None)
@@ -163,8 +174,8 @@ class TorchIvfIndex:
         """One line for the log: the lists, and what a search at this copy's nprobe reads."""
         probes = min(self.nprobe, self.nlist)
         rows = int(self.most_segments[probes - 1]) * self.segment
-        gathered = [n for n in GRAPH_QUERIES if self.gathers(n, probes)]
-        plan = f"up to {gathered[-1]} queries gather their lists, more scan" if gathered else "every search scans"
+        most = self.most_gathered(probes)
+        plan = f"up to {most} queries gather their lists, more scan" if most else "every search scans"
         return (f"{self.nlist} lists of {self.ntotal // max(1, self.nlist)} rows on average (longest "
                 f"{self.longest_list}); nprobe {probes} reads at most {rows} rows a query; {plan}")
 
@@ -251,9 +262,13 @@ class TorchIvfIndex:
         Fused (CUDA): each probed row is read once, padding not at all, so gathering pays while the rows
         the probes hold on average stay under ``FUSED_SCAN_RATIO`` times all rows. Torch: every slot up
         to the bound is read, written and read again: ``SCAN_RATIO`` of all rows."""
+        return queries <= self.most_gathered(probes)
+
+    def most_gathered(self, probes: int) -> int:
+        """The most queries a search probing ``probes`` lists gathers for (0: it always scans)."""
         if self.fused:
-            return queries * probes <= FUSED_SCAN_RATIO * self.nlist
-        return queries * int(self.most_segments[probes - 1]) * self.segment <= SCAN_RATIO * self.ntotal
+            return int(FUSED_SCAN_RATIO * self.nlist // probes)
+        return int(SCAN_RATIO * self.ntotal // (int(self.most_segments[probes - 1]) * self.segment))
 
     def _top(self, q: Any, k: int, probes: int) -> tuple[Any, Any]:
         """Top ``k`` (or fewer: the probed lists' size) of queries ``q`` ``[n, d]`` (float32, on the device)

@@ -150,13 +150,18 @@ def gpu_reader(reader: IndexReader, device: str = "cuda", dtype: str = "float16"
     ``nprobe``) unless ``exact``; any other searches every vector (the exact top k)."""
     import torch
 
-    from petal.pipeline.serve.gpu_ivf import TorchIvfIndex, is_plain_ivf
+    from petal.pipeline.serve.gpu_ivf import TorchIvfIndex, coarse_problem, is_plain_ivf
     from petal.pipeline.serve.requests import DEFAULT_K
 
     if is_binary_manifest(reader.manifest):
         log.warning("petal serve: --search-device cuda: a binary index searches with FAISS on the CPU")
         return None
     lists = not exact and is_plain_ivf(reader.index)
+    problem = coarse_problem(reader.index) if lists else None
+    if problem is not None:
+        log.warning("petal serve: --search-device cuda: the lists of %s are not copied (%s): searching every "
+                    "vector on the GPU instead", reader.dir.name, problem)
+        lists = False
     need = reader.ntotal * reader.dim * (2 if dtype == "float16" else 4) + reader.ntotal * (28 if lists else 4)
     if torch.device(device).type == "cuda":
         free, _ = torch.cuda.mem_get_info(torch.device(device))
@@ -167,12 +172,17 @@ def gpu_reader(reader: IndexReader, device: str = "cuda", dtype: str = "float16"
     out = copy.copy(reader)  # NOTE: shares the ids, columns and manifest; only `index` differs
     if lists:
         nprobe = int(reader.search_params.get("nprobe", 1))
-        lists_copy = TorchIvfIndex(reader.index, nprobe, device, dtype)
-        lists_copy.warm_up(DEFAULT_K)  # the graphs of default requests, captured before the version serves
-        log.info("petal serve: the GPU copy of %s: %s", reader.dir.name, lists_copy.describe())
-        out.index = lists_copy  # type: ignore[assignment]  # FAISS duck type
-    else:
-        out.index = TorchExactIndex(reader.index, device, dtype)  # type: ignore[assignment]  # FAISS duck type
+        try:
+            lists_copy = TorchIvfIndex(reader.index, nprobe, device, dtype)
+        except RuntimeError as exc:  # FAISS cannot hand over this index's centroids or lists
+            log.warning("petal serve: --search-device cuda: the lists of %s are not copied (%s): searching "
+                        "every vector on the GPU instead", reader.dir.name, str(exc).strip()[:200])
+        else:
+            lists_copy.warm_up(DEFAULT_K)  # the graphs of default requests, captured before the version serves
+            log.info("petal serve: the GPU copy of %s: %s", reader.dir.name, lists_copy.describe())
+            out.index = lists_copy  # type: ignore[assignment]  # FAISS duck type
+            return out
+    out.index = TorchExactIndex(reader.index, device, dtype)  # type: ignore[assignment]  # FAISS duck type
     return out
 
 
