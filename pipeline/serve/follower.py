@@ -94,9 +94,10 @@ class IndexFollower:
     def due(self) -> bool:
         """Whether ``check_once`` has something to do: CURRENT changed, or a transient refusal's retry is due."""
         pointer = _pointer(self.root)
-        if pointer is None:
-            return False
-        return pointer != self._seen or (self._retry_at is not None and time.monotonic() >= self._retry_at)
+        return pointer is not None and (pointer != self._seen or self._retry_due())
+
+    def _retry_due(self) -> bool:
+        return self._retry_at is not None and time.monotonic() >= self._retry_at
 
     def check_once(self) -> bool:
         """Load and swap in a newly published version (blocking). True when the live version changed."""
@@ -105,7 +106,7 @@ class IndexFollower:
             if pointer is None:
                 return False
             if pointer == self._seen:
-                if self._retry_at is None or time.monotonic() < self._retry_at:
+                if not self._retry_due():
                     return False
             else:  # another version: a first try, whatever the last one's tries were
                 self._retry_delay_s = self.retry_first_s

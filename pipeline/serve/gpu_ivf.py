@@ -29,7 +29,6 @@ A search runs on its own CUDA stream, beside engine steps.
 from __future__ import annotations
 
 import copy
-import threading
 from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
@@ -39,9 +38,8 @@ import numpy as np
 from petal.engine.layers.triton_kernels import triton_available
 from petal.pipeline.index.faiss_loader import load_faiss
 from petal.pipeline.serve.gather_dots import gather_dots
-from petal.pipeline.serve.gpu_search import RESCORE_FACTOR, UPLOAD_ROWS, prepare_reconstruct
+from petal.pipeline.serve.gpu_search import RESCORE_FACTOR, UPLOAD_ROWS, GpuCopy, prepare_reconstruct
 
-QUERY_ROWS = 256  # queries per coarse step (scores [256, nlist] in float32)
 GATHER_BYTES = 256 << 20  # the rows one window gathers and scores
 GRAPH_QUERIES = (1, 2, 4, 8, 16)  # on CUDA a search of up to 16 queries replays a graph, padded to these
 MAX_GRAPHS = 32  # graphs kept, one per (query bucket, k, nprobe)
@@ -95,22 +93,17 @@ def list_ids(invlists: Any, list_no: int) -> np.ndarray:
         invlists.release_ids(list_no, pointer)
 
 
-class TorchIvfIndex:
-    """The two attributes and the ``search`` of a FAISS index that ``IndexReader.search`` uses, over a GPU
-    copy of an IVF index's lists; ``with_nprobe`` gives a view that probes another number of lists."""
+class TorchIvfIndex(GpuCopy):
+    """A GPU copy of an IVF index's lists; ``with_nprobe`` gives a view that probes another number of lists."""
 
     def __init__(self, index: Any, nprobe: int, device: str = "cuda", dtype: str = "float16") -> None:
         import torch
 
         faiss = load_faiss()
-        self.ntotal = int(index.ntotal)
-        self.d = int(index.d)
+        self._setup(index, device, dtype)
         self.nlist = int(index.nlist)
         self.nprobe = max(1, int(nprobe))
-        self.inner_product = index.metric_type == faiss.METRIC_INNER_PRODUCT
         coarse_ip = index.quantizer.metric_type == faiss.METRIC_INNER_PRODUCT
-        self.device = torch.device(device)
-        self.dtype = {"float16": torch.float16, "float32": torch.float32}[dtype]
         self.segment = segment_rows(self.ntotal, self.nlist)
 
         ids_per_list = [list_ids(index.invlists, i) for i in range(self.nlist)]
@@ -151,24 +144,8 @@ class TorchIvfIndex:
         self._graphs: OrderedDict[tuple[int, int, int], tuple[Any, Any, tuple[Any, Any]]] = OrderedDict()
         self._pool: Any = None  # the graphs' one memory pool
 
-        self.vectors = torch.empty((self.ntotal, self.d), dtype=self.dtype, device=self.device)
-        norms = torch.empty(self.ntotal, dtype=torch.float32, device=self.device)
-        lo = 0
-        for rows_np in _rows_in_list_order(index, order):
-            rows = put(rows_np)
-            self.vectors[lo : lo + len(rows)] = rows.to(self.dtype)
-            norms[lo : lo + len(rows)] = (rows * rows).sum(dim=1)
-            lo += len(rows)
-        self.norms = None if self.inner_product else norms
-        cuda = self.device.type == "cuda"
-        self.stream = torch.cuda.Stream(self.device) if cuda else None
-        self.fused = cuda and triton_available()  # gathered rows scored by serve/gather_dots.py
-        # NOTE: page-locked staging made once (a pageable copy is a synchronize of its own); one search at a
-        # time owns it: the lock is shared by every with_nprobe view
-        self._queries_host = torch.empty((QUERY_ROWS, self.d), dtype=torch.float32, pin_memory=cuda)
-        self._lock = threading.Lock()
-        if cuda:  # NOTE: the copy was written on the default stream; searches run on their own
-            torch.cuda.synchronize(self.device)
+        self.fused = self.stream is not None and triton_available()  # gathered rows scored by serve/gather_dots.py
+        self._upload(_rows_in_list_order(index, order))
 
     def describe(self) -> str:
         """One line for the log: the lists, and what a search at this copy's nprobe reads."""
@@ -192,42 +169,16 @@ class TorchIvfIndex:
         view.nprobe = max(1, int(nprobe))
         return view
 
-    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """FAISS's answer shape: scores ``[nq, k]`` (inner product: high first; L2: squared distance, low
-        first) and ids ``[nq, k]``; fewer than ``k`` vectors in the probed lists pad with id -1."""
-        import torch
-
-        from petal.pipeline.serve.gpu_search import _nothing
-
-        queries = np.ascontiguousarray(queries, dtype=np.float32)
-        worst = np.float32(-np.finfo(np.float32).max if self.inner_product else np.finfo(np.float32).max)
-        scores_out = np.full((len(queries), max(k, 0)), worst, dtype=np.float32)
-        ids_out = np.full((len(queries), max(k, 0)), -1, dtype=np.int64)
-        if k <= 0 or len(queries) == 0 or self.ntotal == 0:
-            return scores_out, ids_out
+    def _chunk(self, staged: Any, k: int) -> tuple[Any, Any]:
         probes = min(self.nprobe, self.nlist)
-        context = torch.cuda.stream(self.stream) if self.stream is not None else _nothing()
-        with self._lock, torch.inference_mode(), context:
-            for lo in range(0, len(queries), QUERY_ROWS):
-                n = min(QUERY_ROWS, len(queries) - lo)
-                staged = self._queries_host[:n]
-                staged.numpy()[:] = queries[lo : lo + n]
-                bucket = graph_bucket(n) if self.stream is not None else None
-                if bucket is not None:  # a few queries: one graph replay (rows past n: stale queries, dropped)
-                    graph, static_q, (scores, ids) = self._graph(bucket, k, probes)
-                    static_q[:n].copy_(staged, non_blocking=True)
-                    graph.replay()
-                    scores, ids = scores[:n], ids[:n]
-                else:
-                    scores, ids = self._top(staged.to(self.device, non_blocking=True), k, probes)
-                scores_host = scores.to("cpu", non_blocking=True)
-                ids_host = ids.to("cpu", non_blocking=True)
-                if self.stream is not None:
-                    self.stream.synchronize()  # NOTE: the one synchronize of this chunk
-                found = scores_host.shape[1]
-                scores_out[lo : lo + n, :found] = scores_host.numpy()
-                ids_out[lo : lo + n, :found] = ids_host.numpy()
-        return scores_out, ids_out
+        bucket = graph_bucket(len(staged)) if self.stream is not None else None
+        if bucket is None:
+            return self._top(staged.to(self.device, non_blocking=True), k, probes)
+        # a few queries: one graph replay (its rows past n hold stale queries: their answers are dropped)
+        graph, static_q, (scores, ids) = self._graph(bucket, k, probes)
+        static_q[: len(staged)].copy_(staged, non_blocking=True)
+        graph.replay()
+        return scores[: len(staged)], ids[: len(staged)]
 
     def _graph(self, queries: int, k: int, probes: int) -> tuple[Any, Any, tuple[Any, Any]]:
         """The CUDA graph of ``_top`` for ``queries`` rows, ``k`` and ``probes`` (captured on first use; the
@@ -304,7 +255,6 @@ class TorchIvfIndex:
         # what a window holds per row: the gathered row (torch), or its id and score (fused)
         row_bytes = 12 if self.fused else self.d * self.dtype.itemsize
         window = max(1, GATHER_BYTES // (n * self.segment * row_bytes))
-        q_stored = q.to(self.dtype)
         best_scores, best_ids = [], []
         for t0 in range(0, slots_bound, window):
             slots = self.slot_numbers[:, t0 : min(slots_bound, t0 + window)].expand(n, -1).contiguous()  # [n, w]
@@ -321,7 +271,7 @@ class TorchIvfIndex:
                 top_rows = rows.gather(1, at)
             else:
                 rows = torch.where(valid, rows.reshape(n, -1), 0)
-                dots = torch.bmm(self.vectors[rows], q_stored[:, :, None])[:, :, 0]  # [n, w * S]
+                dots = torch.bmm(self.vectors[rows], q.to(self.dtype)[:, :, None])[:, :, 0]  # [n, w * S]
                 top, top_rows = self._best(q, k, dots, rows, valid)
             best_scores.append(top)
             best_ids.append(torch.where(torch.isfinite(top), self.ids[top_rows], -1))

@@ -22,6 +22,7 @@ import copy
 import logging
 import threading
 import weakref
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -49,10 +50,15 @@ def prepare_reconstruct(index: Any) -> None:
         ivf.make_direct_map()
 
 
-class TorchExactIndex:
-    """The two attributes and the ``search`` of a FAISS index that ``IndexReader.search`` uses."""
+class GpuCopy:
+    """What both GPU copies share: the two attributes and the ``search`` of a FAISS index that
+    ``IndexReader.search`` uses, the copy of the stored vectors (and their squared norms, for L2), a CUDA
+    stream of their own and page-locked staging for the queries (one search at a time).
 
-    def __init__(self, index: Any, device: str = "cuda", dtype: str = "float16") -> None:
+    A subclass calls ``_setup``, then ``_upload`` with the rows in the order it keeps them, and implements
+    ``_chunk``."""
+
+    def _setup(self, index: Any, device: str, dtype: str) -> None:
         import torch
 
         faiss = load_faiss()
@@ -61,34 +67,50 @@ class TorchExactIndex:
         self.inner_product = index.metric_type == faiss.METRIC_INNER_PRODUCT
         self.device = torch.device(device)
         self.dtype = {"float16": torch.float16, "float32": torch.float32}[dtype]
-        prepare_reconstruct(index)
-        self.vectors = torch.empty((self.ntotal, self.d), dtype=self.dtype, device=self.device)
-        norms = torch.empty(self.ntotal, dtype=torch.float32, device=self.device)
-        for start in range(0, self.ntotal, UPLOAD_ROWS):
-            rows = torch.from_numpy(stored_vectors(index, start, min(UPLOAD_ROWS, self.ntotal - start)))
-            rows = rows.to(self.device)
-            self.vectors[start : start + len(rows)] = rows.to(self.dtype)
-            norms[start : start + len(rows)] = (rows * rows).sum(dim=1)
-        self.norms = None if self.inner_product else norms
         cuda = self.device.type == "cuda"
         self.stream = torch.cuda.Stream(self.device) if cuda else None
         # NOTE: page-locked staging made once: a query's copy in and the answer's copy out are asynchronous
         # (a pageable copy is a sync of its own), and the one synchronize of a search waits for both
         self._queries_host = torch.empty((QUERY_ROWS, self.d), dtype=torch.float32, pin_memory=cuda)
-        self._lock = threading.Lock()  # one search at a time owns the staging buffers
-        if cuda:  # NOTE: the copy was written on the default stream; searches run on their own
+        self._lock = threading.Lock()  # one search at a time owns the staging buffers (views share it)
+
+    def _upload(self, chunks: Iterable[np.ndarray]) -> None:
+        """``vectors [ntotal, d]`` in the storage dtype and, for L2, ``norms [ntotal]`` (float32) from float32
+        row chunks, in order."""
+        import torch
+
+        self.vectors = torch.empty((self.ntotal, self.d), dtype=self.dtype, device=self.device)
+        norms = torch.empty(self.ntotal, dtype=torch.float32, device=self.device)
+        lo = 0
+        for chunk in chunks:
+            rows = torch.from_numpy(np.ascontiguousarray(chunk, dtype=np.float32)).to(self.device)
+            self.vectors[lo : lo + len(rows)] = rows.to(self.dtype)
+            norms[lo : lo + len(rows)] = (rows * rows).sum(dim=1)
+            lo += len(rows)
+        self.norms = None if self.inner_product else norms
+        if self.stream is not None:  # NOTE: the copy was written on the default stream; searches run on their own
             torch.cuda.synchronize(self.device)
+
+    def _width(self, k: int) -> int:
+        """The answer's columns for ``k``."""
+        return k
+
+    def _chunk(self, staged: Any, k: int) -> tuple[Any, Any]:
+        """Top ``k`` of the queries in ``staged`` (``[n, d]`` float32, page-locked on the host): FAISS's
+        scores and ids, on the device (``[n, <= k]``)."""
+        raise NotImplementedError
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """FAISS's answer shape: scores ``[nq, k]`` (inner product: high first; L2: squared distance, low
-        first) and ids ``[nq, k]``."""
+        first) and ids ``[nq, k]``; fewer hits than ``k`` pad with id -1, as FAISS pads."""
         import torch
 
-        k = min(k, self.ntotal)
+        width = max(0, self._width(k))
         queries = np.ascontiguousarray(queries, dtype=np.float32)
-        scores_out = np.empty((len(queries), k), dtype=np.float32)
-        ids_out = np.empty((len(queries), k), dtype=np.int64)
-        if k <= 0 or len(queries) == 0:
+        worst = np.float32(-np.finfo(np.float32).max if self.inner_product else np.finfo(np.float32).max)
+        scores_out = np.full((len(queries), width), worst, dtype=np.float32)
+        ids_out = np.full((len(queries), width), -1, dtype=np.int64)
+        if width == 0 or len(queries) == 0 or self.ntotal == 0:
             return scores_out, ids_out
         context = torch.cuda.stream(self.stream) if self.stream is not None else _nothing()
         with self._lock, torch.inference_mode(), context:
@@ -96,15 +118,31 @@ class TorchExactIndex:
                 n = min(QUERY_ROWS, len(queries) - lo)
                 staged = self._queries_host[:n]
                 staged.numpy()[:] = queries[lo : lo + n]
-                q = staged.to(self.device, non_blocking=True)
-                scores, ids = self._top(q, k)
+                scores, ids = self._chunk(staged, width)
                 scores_host = scores.to("cpu", non_blocking=True)
                 ids_host = ids.to("cpu", non_blocking=True)
                 if self.stream is not None:
-                    self.stream.synchronize()  # NOTE: the one sync of this chunk
-                scores_out[lo : lo + n] = scores_host.numpy()
-                ids_out[lo : lo + n] = ids_host.numpy()
+                    self.stream.synchronize()  # NOTE: the one synchronize of this chunk
+                found = scores_host.shape[1]
+                scores_out[lo : lo + n, :found] = scores_host.numpy()
+                ids_out[lo : lo + n, :found] = ids_host.numpy()
         return scores_out, ids_out
+
+
+class TorchExactIndex(GpuCopy):
+    """Every stored vector scored: the exact top k."""
+
+    def __init__(self, index: Any, device: str = "cuda", dtype: str = "float16") -> None:
+        self._setup(index, device, dtype)
+        prepare_reconstruct(index)
+        self._upload(stored_vectors(index, start, min(UPLOAD_ROWS, self.ntotal - start))
+                     for start in range(0, self.ntotal, UPLOAD_ROWS))
+
+    def _width(self, k: int) -> int:
+        return min(k, self.ntotal)
+
+    def _chunk(self, staged: Any, k: int) -> tuple[Any, Any]:
+        return self._top(staged.to(self.device, non_blocking=True), k)
 
     def _top(self, q: Any, k: int) -> tuple[Any, Any]:
         """Top ``k`` of queries ``q`` ``[n, d]`` (float32, on the device): FAISS's scores and ids, on the device.
