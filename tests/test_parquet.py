@@ -118,33 +118,78 @@ def test_one_text_alone_tokenizes_as_in_a_batch(minilm_spec, prompt):
     assert batch.truncated.tolist() == [False, True, True, False, True]
 
 
+@pytest.mark.parametrize("path", ["wordpiece", "bare"])
 @pytest.mark.parametrize("max_length", [8, 256])
-def test_lone_ascii_texts_take_the_python_normaliser_with_the_same_ids(minilm_spec, max_length):
-    """A lone plain-ASCII text is normalised in Python (pipeline/ingest/ascii_normalize.py) and encoded
-    without the Rust normaliser: over random texts of printable ASCII, tabs, newlines, other control
-    characters and non-ASCII letters, the ids and truncation flags equal the batch path's (the tokenizer's
-    own BertNormalizer), and the texts it declines are exactly those that are not plain ASCII."""
+def test_lone_ascii_texts_take_the_python_paths_with_the_same_ids(minilm_spec, max_length, path):
+    """A lone plain-ASCII text takes a Python path: the whole WordPiece encoding with a word cache
+    (pipeline/ingest/lone_wordpiece.py, MiniLM's default) or the Python normaliser before a copy of the
+    tokenizer without its own (pipeline/ingest/ascii_normalize.py). Over random texts of printable ASCII,
+    tabs, newlines, other control characters, non-ASCII letters and added tokens' texts ("[MASK]", which
+    the tokenizer matches before normalising), long ones truncated, the ids and truncation flags equal the
+    batch path's, and the texts the fast path declines are exactly those that are not plain ASCII or hold
+    an added token's text (in any case)."""
     import random
     import string
 
     tokenizer = TextTokenizer(minilm_spec.tokenizer_file, max_length)
-    assert tokenizer._ascii is not None and tokenizer._ascii.lowercase  # MiniLM: BertNormalizer, lowercase
+    assert tokenizer._wordpiece is not None and tokenizer._ascii is None  # MiniLM: BERT WordPiece
+    if path == "bare":
+        from petal.pipeline.ingest.ascii_normalize import AsciiBertNormalizer
+
+        tokenizer._wordpiece = None
+        tokenizer._ascii = AsciiBertNormalizer.for_tokenizer(tokenizer._tokenizer)
+        assert tokenizer._ascii is not None and tokenizer._ascii.lowercase
     rng = random.Random(max_length)
     alphabet = string.printable + "\x00\x01\x0b\x0c\x1f\x7f" + "éÜñ中文—🙂\u00a0\u2003"
-    texts = ["Hello\tWorld\r\nAGAIN", "e.g. U.S.A. costs $100,000!!", "don't STOP", " ", "\n\t"]
+    added = ["[MASK]", "[mask]", "[SEP]", "[Cls]", "[PAD]", "[UNK]", "[MASK", "MASK]"]
+    texts = ["Hello\tWorld\r\nAGAIN", "e.g. U.S.A. costs $100,000!!", "don't STOP", " ", "\n\t", "",
+             "what is [MASK]?", "a[SEP]b", "x" * 300, "supercalifragilisticexpialidocious " * 30]
     for _ in range(1500):
         pool = string.printable.replace("\x0b", "").replace("\x0c", "") if rng.random() < 0.7 else alphabet
-        texts.append("".join(rng.choice(pool) for _ in range(rng.randint(0, 120))))
+        text = "".join(rng.choice(pool) for _ in range(rng.randint(0, 120)))
+        if rng.random() < 0.1:
+            cut = rng.randint(0, len(text))
+            text = text[:cut] + rng.choice(added) + text[cut:]
+        texts.append(text * (rng.randint(2, 20) if rng.random() < 0.05 else 1))
     batch = tokenizer.encode([*texts, "pad"])  # two or more texts: the batch encoder
     fast = 0
-    for i, text in enumerate(texts):
-        alone = tokenizer.encode([text])
-        np.testing.assert_array_equal(alone.token_ids[0], batch.token_ids[i], err_msg=repr(text))
-        assert alone.truncated[0] == batch.truncated[i], repr(text)
-        plain = text.isascii() and all(c in string.printable and c not in "\x0b\x0c" for c in text)
-        assert (tokenizer._ascii(text) is not None) == plain, repr(text)
-        fast += plain
-    assert fast > 1000  # most texts took the fast path
+    for _ in range(2):  # the second time round: every word from the cache, the bare copy made
+        for i, text in enumerate(texts):
+            alone = tokenizer.encode([text])
+            np.testing.assert_array_equal(alone.token_ids[0], batch.token_ids[i], err_msg=repr(text))
+            assert alone.token_ids[0].dtype == np.int32 and alone.truncated[0] == batch.truncated[i], repr(text)
+            plain = text.isascii() and all(c in string.printable and c not in "\x0b\x0c" for c in text) \
+                and not any(a.lower() in text.lower() for a in added[:6])
+            taken = (tokenizer._wordpiece(text) is not None if path == "wordpiece" else
+                     tokenizer._ascii(text) is not None and tokenizer._added.search(text) is None)
+            assert taken == plain, repr(text)
+            fast += plain
+    assert fast > 1800 and batch.truncated.sum() > 10  # most texts took the fast path; some were cut
+
+
+def test_lone_wordpiece_declines_other_tokenizers(tmp_path, minilm_spec):
+    """The WordPiece path is only for BertNormalizer + BertPreTokenizer + WordPiece with a fixed template;
+    another pre-tokenizer (here Whitespace, which splits differently) keeps the tokenizer's own encoding."""
+    from tokenizers import Tokenizer
+    from tokenizers.pre_tokenizers import Whitespace
+
+    from petal.pipeline.ingest.lone_wordpiece import LoneWordPiece
+
+    base = Tokenizer.from_file(str(minilm_spec.tokenizer_file))
+    base.no_padding()
+    assert LoneWordPiece.for_tokenizer(base, 64) is not None
+    assert LoneWordPiece.for_tokenizer(base, 3) is None  # the probes do not fit: declined, not wrong
+    base.pre_tokenizer = Whitespace()
+    assert LoneWordPiece.for_tokenizer(base, 64) is None
+    path = tmp_path / "tokenizer.json"
+    base.save(str(path))
+    tokenizer = TextTokenizer(path, 64)
+    assert tokenizer._wordpiece is None and tokenizer._ascii is not None
+    texts = ["don't stop", "e.g. a-b_c", "x y"]
+    batch = tokenizer.encode([*texts, "pad"])
+    for _ in range(2):
+        for i, text in enumerate(texts):
+            np.testing.assert_array_equal(tokenizer.encode([text]).token_ids[0], batch.token_ids[i])
 
 
 def test_tokenize_documents_keeps_rows_aligned(shard_writer, minilm_spec):

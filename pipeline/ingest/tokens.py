@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from petal.pipeline.ingest.ascii_normalize import AsciiBertNormalizer
+from petal.pipeline.ingest.lone_wordpiece import LoneWordPiece, added_tokens_pattern
 from petal.pipeline.ingest.prefetch import ordered_map
 
 if TYPE_CHECKING:
@@ -52,12 +53,17 @@ class TextTokenizer:
         self._tokenizer.no_truncation()
         self.eos_token_id = eos_token_id
         self.appends_eos = eos_token_id is not None and self._tokenizer.encode("a").ids[-1:] != [eos_token_id]
-        self._tokenizer.enable_truncation(max_length - 1 if self.appends_eos else max_length)
+        self._truncate_at = max_length - 1 if self.appends_eos else max_length
+        self._tokenizer.enable_truncation(self._truncate_at)
         self._encode = getattr(self._tokenizer, "encode_batch_fast", self._tokenizer.encode_batch)
-        # a lone plain-ASCII text: normalised in Python, encoded by a copy without the normaliser
-        # (pipeline/ingest/ascii_normalize.py; same ids, tests/test_parquet.py)
+        # a lone plain-ASCII text without an added token's text (same ids either way, tests/test_parquet.py):
+        # a BERT WordPiece tokenizer's whole encoding in Python with a word cache
+        # (pipeline/ingest/lone_wordpiece.py); another one behind a BertNormalizer: normalised in Python,
+        # encoded by a copy without the normaliser (pipeline/ingest/ascii_normalize.py)
         self._file = tokenizer_file
-        self._ascii = AsciiBertNormalizer.for_tokenizer(self._tokenizer)
+        self._wordpiece = LoneWordPiece.for_tokenizer(self._tokenizer, self._truncate_at)
+        self._ascii = None if self._wordpiece is not None else AsciiBertNormalizer.for_tokenizer(self._tokenizer)
+        self._added = added_tokens_pattern(self._tokenizer)
         self._bare: Any = None
         self._lone_texts = 0
 
@@ -69,26 +75,39 @@ class TextTokenizer:
             texts = [self.prompt + t for t in texts]
         # NOTE: one text alone: the single-text encoder is about twice as fast as a batch of one (no
         # thread-pool dispatch); the same ids and overflow either way (tests/test_parquet.py)
-        encodings = [self._encode_one(texts[0])] if len(texts) == 1 else self._encode(texts)
-        token_ids = [np.array(e.ids, dtype=np.int32) for e in encodings]
+        if len(texts) == 1:
+            ids, over = self._encode_one(texts[0])
+            token_ids, overflowed = [np.array(ids, dtype=np.int32)], np.array([over])
+        else:
+            encodings = self._encode(texts)
+            token_ids = [np.array(e.ids, dtype=np.int32) for e in encodings]
+            overflowed = np.fromiter((bool(e.overflowing) for e in encodings), dtype=bool, count=len(encodings))
         if self.appends_eos:
             eos = np.array([self.eos_token_id], dtype=np.int32)
             token_ids = [np.concatenate([ids, eos]) if len(ids) else ids for ids in token_ids]
-        overflowed = np.fromiter((bool(e.overflowing) for e in encodings), dtype=bool, count=len(encodings))
         return Encoded(token_ids, overflowed | capped)
 
-    def _encode_one(self, text: str) -> Any:
-        normalized = self._ascii(text) if self._ascii is not None else None
-        if normalized is None:
-            return self._tokenizer.encode(text)
-        if self._bare is None:
-            # NOTE: the copy costs a second read of tokenizer.json (~35 ms): made at the second lone text,
-            # so batch jobs and one-shot processes (one text) never pay for it; warm ones pay it once
-            self._lone_texts += 1
-            if self._lone_texts < 2:
-                return self._tokenizer.encode(text)
-            self._bare = self._bare_copy()
-        return self._bare.encode(normalized)
+    def _encode_one(self, text: str) -> tuple[list[int], bool]:
+        """One text's ids and whether it was truncated, on the fastest path that gives the batch path's."""
+        if self._wordpiece is not None:
+            got = self._wordpiece(text)
+            if got is not None:
+                return got
+        elif self._ascii is not None:
+            normalized = self._ascii(text)
+            # NOTE: an added token's text ("[MASK]") is matched before the normaliser: only the full tokenizer
+            if normalized is not None and (self._added is None or self._added.search(text) is None):
+                if self._bare is None:
+                    # NOTE: the copy costs a second read of tokenizer.json (~35 ms): made at the second lone
+                    # text, so batch jobs and one-shot processes (one text) never pay for it
+                    self._lone_texts += 1
+                    if self._lone_texts >= 2:
+                        self._bare = self._bare_copy()
+                if self._bare is not None:
+                    encoding = self._bare.encode(normalized)
+                    return encoding.ids, bool(encoding.overflowing)
+        encoding = self._tokenizer.encode(text)
+        return encoding.ids, bool(encoding.overflowing)
 
     def _bare_copy(self) -> Any:
         from tokenizers import Tokenizer
@@ -96,7 +115,7 @@ class TextTokenizer:
         bare = Tokenizer.from_file(str(self._file))
         bare.normalizer = None
         bare.no_padding()
-        bare.enable_truncation(self.max_length - 1 if self.appends_eos else self.max_length)
+        bare.enable_truncation(self._truncate_at)
         return bare
 
 
