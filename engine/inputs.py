@@ -17,6 +17,7 @@ that read it has executed (an event per slot), so the host can run ahead of the 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -47,7 +48,12 @@ class InputLayout:
         return int(self.slices()["token_seq_ids"].stop)
 
     def slices(self) -> dict[str, slice]:
-        """Each section's place in the buffer; every start is a multiple of ``SECTION_ALIGN``."""
+        """Each section's place in the buffer; every start is a multiple of ``SECTION_ALIGN``. (One dict per
+        layout, computed once: every step asks; not to be changed.)"""
+        return self._slices
+
+    @functools.cached_property
+    def _slices(self) -> dict[str, slice]:
         s, t = self.num_seqs, self.num_tokens
         bounds = {"cu_seqlens": s + 1, "first_token_idx": s, "last_token_idx": s, "inv_seqlens": s,
                   "input_ids": t, "positions": t, "token_seq_ids": t}
@@ -65,27 +71,36 @@ def fill_inputs(host: np.ndarray, layout: InputLayout, batch: PackedBatch) -> No
     # a padded layout keeps a spare slot for the padding sequence
     assert seqs < layout.num_seqs or (seqs == layout.num_seqs and tokens == layout.num_tokens), (seqs, layout)
     sl = layout.slices()
-    cu = host[sl["cu_seqlens"]]
-    cu[: seqs + 1] = batch.cu_seqlens
+    # NOTE: the padding first, from the layout's template in one copy (a lone step's host time goes before its
+    # launch: bench/l1_host.py); then the batch's own entries over it
+    template, spare = _padding(layout)
+    size = layout.size
+    host[:size] = template
+    cu = sl["cu_seqlens"].start
+    host[cu: cu + seqs + 1] = batch.cu_seqlens
     # NOTE: padding tokens form one extra sequence (slot ``seqs``), so the offsets always cover every
-    # token row (kernels write every output row); later slots are zero-length sequences.
-    cu[seqs + 1 :] = layout.num_tokens
+    # token row (kernels write every output row); later slots are zero-length sequences (the template's).
+    first, last = sl["first_token_idx"].start, sl["last_token_idx"].start
+    host[first: first + seqs] = batch.cu_seqlens[:-1]
+    np.subtract(batch.cu_seqlens[1:], 1, out=host[last: last + seqs])
     lengths = np.diff(batch.cu_seqlens)
-    first, last = host[sl["first_token_idx"]], host[sl["last_token_idx"]]
-    first[:seqs] = batch.cu_seqlens[:-1]
-    last[:seqs] = batch.cu_seqlens[1:] - 1
-    first[seqs:] = 0
-    last[seqs:] = 0
-    inv = host[sl["inv_seqlens"]].view(np.float32)
-    inv[:seqs] = 1.0 / lengths
-    inv[seqs:] = 0.0
-    ids, pos, seq_ids = host[sl["input_ids"]], host[sl["positions"]], host[sl["token_seq_ids"]]
-    ids[:tokens] = batch.input_ids
-    pos[:tokens] = batch.positions
-    seq_ids[:tokens] = np.repeat(np.arange(seqs, dtype=np.int32), lengths)
-    ids[tokens:] = 0
-    pos[tokens:] = np.arange(layout.num_tokens - tokens, dtype=np.int32)  # the padding sequence's own positions
-    seq_ids[tokens:] = seqs  # padding pools into its own slot, which is never returned
+    inv = sl["inv_seqlens"].start
+    host[inv: inv + seqs].view(np.float32)[:] = 1.0 / lengths
+    ids, pos, seq_ids = sl["input_ids"].start, sl["positions"].start, sl["token_seq_ids"].start
+    host[ids: ids + tokens] = batch.input_ids
+    host[pos: pos + tokens] = batch.positions
+    # the padding sequence's own positions 0.. (the template's positions are 0..T-1 from the first token)
+    host[pos + tokens: pos + layout.num_tokens] = spare[: layout.num_tokens - tokens]
+    host[seq_ids: seq_ids + tokens] = np.repeat(np.arange(seqs, dtype=np.int32), lengths)
+    host[seq_ids + tokens: seq_ids + layout.num_tokens] = seqs  # padding pools into its own slot, never returned
+
+
+@functools.cache
+def _padding(layout: InputLayout) -> tuple[np.ndarray, np.ndarray]:
+    """A layout's buffer before any batch (offsets all at ``num_tokens``, everything else 0) and ``0..T-1``."""
+    template = np.zeros(layout.size, dtype=np.int32)
+    template[layout.slices()["cu_seqlens"]] = layout.num_tokens
+    return template, np.arange(layout.num_tokens, dtype=np.int32)
 
 
 def make_context(buffer: torch.Tensor, host_cu: torch.Tensor, layout: InputLayout, max_seqlen: int,
@@ -118,22 +133,24 @@ class StagingRing:
     def __init__(self, depth: int, capacity: int, device: torch.device) -> None:
         pin = device.type == "cuda"
         self._slots = [torch.zeros(capacity, dtype=torch.int32, pin_memory=pin) for _ in range(depth)]
-        self._events: list[torch.cuda.Event | None] = [None] * depth
+        # NOTE: one event per slot, made once and recorded again at each release (creating one per step
+        # cost a lone step's host ~10 us before its launch: bench/l1_host.py)
+        self._events = [torch.cuda.Event() for _ in range(depth)] if pin else None
+        self._recorded = [False] * depth
         self._next = 0
 
     def acquire(self) -> tuple[int, torch.Tensor]:
         """A free slot: waits only if the copy that last read it has not executed yet."""
         slot = self._next
         self._next = (slot + 1) % len(self._slots)
-        event = self._events[slot]
-        if event is not None:
-            event.synchronize()  # NOTE: the slot's previous H2D copy (and plan) must have read it
-            self._events[slot] = None
+        if self._recorded[slot]:
+            assert self._events is not None
+            self._events[slot].synchronize()  # NOTE: the slot's previous H2D copy (and plan) must have read it
+            self._recorded[slot] = False
         return slot, self._slots[slot]
 
     def release(self, slot: int) -> None:
         """Mark the slot as read by everything enqueued so far on the current stream."""
-        if self._slots[slot].is_pinned():
-            event = torch.cuda.Event()
-            event.record()
-            self._events[slot] = event
+        if self._events is not None:
+            self._events[slot].record()
+            self._recorded[slot] = True

@@ -1,7 +1,7 @@
 """LazyTensor: a step's result on its way from the device to the host.
 
 On CUDA, ``HostRing.submit`` copies the device result into a pinned host slot with an async copy
-on a side stream and records an event; ``LazyTensor.result()`` waits for that event only. The
+on the compute stream and records an event; ``LazyTensor.result()`` waits for that event only. The
 pipeline keeps several steps in flight, so the host prepares step N+1 while the device runs step N.
 On the CPU the result is ready at once, behind the same interface.
 """
@@ -70,12 +70,11 @@ class HostRing:
         self.device = device
         self.max_rows = max_rows
         self._host = [torch.empty(max_rows, dim, dtype=torch.float32, pin_memory=pin) for _ in range(depth)]
-        self._staging = (
-            [torch.empty(max_rows, dim, dtype=torch.float32, device=device) for _ in range(depth)] if pin else None
-        )
+        self._pinned = pin
+        # NOTE: one event per slot, made once: a slot is recorded again only after its last result was read
+        self._events = [torch.cuda.Event() for _ in range(depth)] if pin else []
         self._owners: list[LazyTensor | None] = [None] * depth
         self._next = 0
-        self._copy_stream = torch.cuda.Stream(device=device) if pin else None
 
     @property
     def depth(self) -> int:
@@ -92,22 +91,18 @@ class HostRing:
         if previous is not None:
             previous.result()  # NOTE: materialise the slot's last result before reusing the slot
         host = self._host[slot]
-        if self._copy_stream is None:
+        if not self._pinned:
             host[:rows].copy_(result)
             lazy = LazyTensor(host, rows)
         else:
-            assert self._staging is not None
-            staging = self._staging[slot][:rows]
-            # NOTE: copy on the compute stream first (device to device, tiny): a CUDA graph's output
-            # buffer is overwritten by the next replay, which is queued on this same stream.
-            staging.copy_(result)
-            computed = torch.cuda.Event()
-            computed.record()
-            with torch.cuda.stream(self._copy_stream):
-                self._copy_stream.wait_event(computed)
-                host[:rows].copy_(staging, non_blocking=True)
-                copied = torch.cuda.Event()
-                copied.record(self._copy_stream)
-            lazy = LazyTensor(host, rows, copied, staging)
+            # NOTE: straight from the result to the pinned slot, on the compute stream: the next step (whose
+            # CUDA graph overwrites the shared output buffer the result may be a view of) is queued after this
+            # copy on the same stream. A result is at most max_seqs rows (a few hundred KB: microseconds beside
+            # a step); the copy stream this replaced cost a lone step a device-to-device copy and a
+            # cross-stream event wait (bench/l1_host.py).
+            host[:rows].copy_(result, non_blocking=True)
+            copied = self._events[slot]
+            copied.record()  # NOTE: the current stream, the copy's (the engine's device is the current one)
+            lazy = LazyTensor(host, rows, copied, result)
         self._owners[slot] = lazy
         return lazy

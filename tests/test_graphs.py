@@ -93,6 +93,9 @@ def test_fill_inputs_pads_with_empty_slots_and_dummy_row():
     batch = PackedBatch.from_sequences([np.array([5, 6, 7], np.int32), np.array([8], np.int32)])
     layout = InputLayout(num_tokens=8, num_seqs=4)
     host = np.full(layout.size, -7, dtype=np.int32)
+    bigger = PackedBatch.from_sequences([np.array([9, 9], np.int32), np.array([4, 4, 4], np.int32),
+                                         np.array([3, 3], np.int32)])
+    fill_inputs(host, layout, bigger)  # NOTE: the slot's last batch leaves nothing behind in the next one's
     fill_inputs(host, layout, batch)
     sl = layout.slices()
     assert host[sl["cu_seqlens"]].tolist() == [0, 3, 4, 8, 8]  # padding is sequence 2, slot 3 is empty
