@@ -167,6 +167,33 @@ def test_lone_ascii_texts_take_the_python_paths_with_the_same_ids(minilm_spec, m
     assert fast > 1800 and batch.truncated.sum() > 10  # most texts took the fast path; some were cut
 
 
+def test_lone_texts_leave_added_tokens_matched_after_normalising_to_the_tokenizer(tmp_path, minilm_spec):
+    """An added token the tokenizer matches in the normalised text ("hello world", normalized=True) is found
+    by the lone paths there too: a raw text with a tab or capitals between its words gives the batch's ids."""
+    from tokenizers import AddedToken, Tokenizer
+
+    base = Tokenizer.from_file(str(minilm_spec.tokenizer_file))
+    base.add_tokens([AddedToken("hello world", normalized=True)])
+    path = tmp_path / "tokenizer.json"
+    base.save(str(path))
+    texts = ["say hello\tworld now", "HELLO WORLD", "hello  world", "hello\nworld!", "helloworld"]
+    for path_kind in ("wordpiece", "bare"):
+        tokenizer = TextTokenizer(path, 64)
+        if path_kind == "bare":
+            from petal.pipeline.ingest.ascii_normalize import AsciiBertNormalizer
+
+            tokenizer._wordpiece = None
+            tokenizer._ascii = AsciiBertNormalizer.for_tokenizer(tokenizer._tokenizer)
+        batch = tokenizer.encode([*texts, "pad"])
+        assert len(batch.token_ids[0]) == 5  # [CLS] say <hello world> now [SEP]: the added token matched
+        for warm in ("say hello now", "world", "say hello now", "world"):  # every word cached (and the bare copy)
+            tokenizer.encode([warm])
+        for _ in range(2):
+            for i, text in enumerate(texts):
+                np.testing.assert_array_equal(tokenizer.encode([text]).token_ids[0], batch.token_ids[i],
+                                              err_msg=f"{path_kind}: {text!r}")
+
+
 def test_lone_wordpiece_declines_other_tokenizers(tmp_path, minilm_spec):
     """The WordPiece path is only for BertNormalizer + BertPreTokenizer + WordPiece with a fixed template;
     another pre-tokenizer (here Whitespace, which splits differently) keeps the tokenizer's own encoding."""

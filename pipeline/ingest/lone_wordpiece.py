@@ -90,7 +90,10 @@ class LoneWordPiece:
 
     def __call__(self, text: str) -> tuple[list[int], bool] | None:
         normalized = self._normalize(text)
-        if normalized is None or (self._added is not None and self._added.search(text) is not None):
+        if normalized is None:
+            return None
+        # NOTE: the raw text (added tokens matched before normalising) and the normalised one (those matched after)
+        if self._added is not None and (self._added.search(text) or self._added.search(normalized)):
             return None
         words = _WORDS.findall(normalized)
         ids: list[int] = []

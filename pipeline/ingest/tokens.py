@@ -96,7 +96,8 @@ class TextTokenizer:
         elif self._ascii is not None:
             normalized = self._ascii(text)
             # NOTE: an added token's text ("[MASK]") is matched before the normaliser: only the full tokenizer
-            if normalized is not None and (self._added is None or self._added.search(text) is None):
+            if normalized is not None and (self._added is None or not (
+                    self._added.search(text) or self._added.search(normalized))):
                 if self._bare is None:
                     # NOTE: the copy costs a second read of tokenizer.json (~35 ms): made at the second lone
                     # text, so batch jobs and one-shot processes (one text) never pay for it
