@@ -33,7 +33,7 @@ from petal.pipeline.jobs.report import RunReport
 from petal.pipeline.jobs.worker import WorkerPlan, WorkerSlot, worker_main
 from petal.pipeline.reliability.errors import ConfigError, PetalError, TemporaryFailure
 from petal.pipeline.reliability.signals import StopSignals
-from petal.pipeline.store.embeddings import StoreEntry, shard_key
+from petal.pipeline.store.embeddings import DamagedEntry, StoreEntry, shard_key
 from petal.pipeline.store.ranges import RangeAssembly, part_dir
 
 SHUTDOWN_GRACE_S = 30.0  # a worker told to stop gets this long to reach a batch boundary, then SIGKILL
@@ -160,6 +160,7 @@ class _Pool:
         self.committed = 0  # shard entries
         self.units_done = 0
         self.commits: list[tuple[int, StoreEntry]] = []  # handled, not yet handed to the run
+        self.handed: dict[int, tuple[int, float]] = {}  # unit -> (worker, time.time() when handed), until committed
 
     def add(self, slot: WorkerSlot, process: Any, conn: Any) -> None:
         self.processes.append(process)
@@ -189,6 +190,9 @@ class _Pool:
         except OSError:  # it died after asking: the position goes back for a rerun to do
             if position is not None:
                 self.queue.append(position)
+            return
+        if position is not None:
+            self.handed[position] = (worker, time.time())
 
     def _lost(self, worker: int) -> None:
         slot, process = self.slots[worker], self.processes[worker]
@@ -197,6 +201,25 @@ class _Pool:
         code = process.exitcode
         how = f"killed by {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit {code}"
         self.failures.append((worker, 75, "failed", f"worker {worker} (pid {process.pid}, {slot.label}) died ({how})"))
+        self._recover(worker)
+
+    def _recover(self, worker: int) -> None:
+        """The units a dead worker committed to the store but did not live to report: the commit is the
+        entry's rename, its "commit" event comes after it, and a SIGKILL can fall between the two. Such an
+        entry counts (the report and the exit message say what the store holds, which is what a rerun
+        reuses) when its ``entry.json`` was written after the unit was handed out (an entry of an earlier
+        run, as ``--full`` replaces, does not)."""
+        for unit, (owner, handed_at) in list(self.handed.items()):
+            if owner != worker:
+                continue
+            path = self._expected(unit)
+            try:
+                written = (path / "entry.json").stat().st_mtime
+                entry = self.assembly.store.read_entry(path) if written >= handed_at else None
+            except (FileNotFoundError, DamagedEntry):
+                entry = None
+            if entry is not None:
+                self._committed(unit, entry, None)
 
     @property
     def finished(self) -> bool:
@@ -214,12 +237,7 @@ class _Pool:
             self.engines[worker] = {"pid": event[2], **event[3]}
         elif kind == "commit":
             unit, path = event[2], event[3]
-            entry = self._entry(unit, path)
-            self.units_done += 1
-            progress.update(sum(int(n) for n in entry.meta["counts"]["skipped"].values()))
-            done = self.assembly.commit(unit, entry)
-            self.committed += len(done)
-            self.commits.extend(done)
+            self._committed(unit, self._entry(unit, path), progress)
         elif kind == "done":
             self.summaries[worker] = event[2]
             self.ended[worker] = "done"
@@ -227,15 +245,28 @@ class _Pool:
             self.ended[worker] = "error"
             self.failures.append((worker, event[2], event[3], event[4]))
 
-    def _entry(self, unit: int, path: str) -> StoreEntry:
-        """The entry (or range part) the worker committed for ``unit``, read back and checked."""
+    def _committed(self, unit: int, entry: StoreEntry, progress: Any) -> None:
+        self.handed.pop(unit, None)
+        self.units_done += 1
+        if progress is not None:
+            progress.update(sum(int(n) for n in entry.meta["counts"]["skipped"].values()))
+        done = self.assembly.commit(unit, entry)
+        self.committed += len(done)
+        self.commits.extend(done)
+
+    def _expected(self, unit: int) -> Any:
+        """Where ``unit``'s committed entry (or range part) lives in the store."""
         part = self.plan.ranges[unit]
         info, fingerprint = self.plan.shards[part.position], self.plan.fingerprints[part.position]
         store = self.assembly.store
-        expected = store.shards_dir / shard_key(info) / fingerprint if part.whole else \
+        return store.shards_dir / shard_key(info) / fingerprint if part.whole else \
             part_dir(store, info, fingerprint, part)
+
+    def _entry(self, unit: int, path: str) -> StoreEntry:
+        """The entry (or range part) the worker committed for ``unit``, read back and checked."""
+        expected = self._expected(unit)
         assert str(expected) == path, (unit, path)
-        return store.read_entry(expected)
+        return self.assembly.store.read_entry(expected)
 
     def signal_all(self, signum: int) -> None:
         for process in self.processes:
