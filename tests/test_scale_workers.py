@@ -144,6 +144,27 @@ def test_kill_9_of_a_worker_exits_75_then_the_rerun_embeds_only_what_is_missing(
     assert not any((out / "store" / "tmp").iterdir())
 
 
+def test_a_worker_killed_between_its_commit_and_its_report_counts_the_commit(fake_model, tmp_path):
+    """SIGKILL right after a worker's rename committed a shard, before its "commit" event: the coordinator
+    finds the entry in the store, so the report and the exit message count what the store holds (what the
+    rerun reuses), not one fewer."""
+    data, out = tmp_path / "data", tmp_path / "out"
+    write_shards(data, count=12, rows=20)
+    argv = ["index", str(data), "--out", str(out), "--model", str(fake_model), "-q", "--max-seqs", "4",
+            "--workers", "2"]
+    fault = "store_committed:2:kill,after_batch:1+:sleep=0.02"  # each worker dies just after its 2nd commit
+    rc, stderr, report = Petal(argv, {"PETAL_TEST_FAKE_ENGINE": str(tmp_path / "log.jsonl"), "PETAL_FAULT": fault},
+                               tmp_path / "first.json").wait()
+    assert rc == 75, stderr
+    done = committed(out)
+    assert 2 <= done < 12 and report["shards"]["embedded"] == done, (done, report["shards"])
+    assert f"{done} of 12 shards committed" in stderr.strip().splitlines()[-1], stderr
+    rc, stderr, report = Petal(argv, {"PETAL_TEST_FAKE_ENGINE": str(tmp_path / "second.jsonl")},
+                               tmp_path / "second.json").wait()
+    assert rc == 0, stderr
+    assert report["shards"] == {"total": 12, "embedded": 12 - done, "reused": done}
+
+
 def test_a_worker_error_stops_the_run_with_its_exit_code(fake_model, tmp_path):
     data, out = tmp_path / "data", tmp_path / "out"
     write_shards(data, count=3, rows=10)

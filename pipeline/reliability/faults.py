@@ -40,6 +40,7 @@ FAULT_POINTS: dict[str, str] = {
     "store_commit_begin": "a shard is complete: about to flush and write its entry in store/tmp",
     "store_commit_mid": "embeddings and rows written, rejects and entry.json not yet",
     "store_commit_rename": "entry complete and fsynced in store/tmp, not yet renamed into the store",
+    "store_committed": "an entry renamed into the store, not yet reported (a worker's commit event comes after)",
     "after_shard_commit": "a shard's entry is committed (renamed into the store)",
     "before_index_build": "every shard committed; about to build the index in a staging directory",
     "after_index_build": "index.faiss and ids.parquet staged; rejects and manifest not yet",

@@ -427,6 +427,7 @@ def commit_entry(store: EmbeddingStore, tmp: Path, final: Path, info: ShardInfo,
         store.discard(final)
     os.replace(tmp, final)
     fsync_dir(final.parent)
+    fault("store_committed", final)  # NOTE: committed, not yet reported (a worker's "commit" event comes after)
     return StoreEntry(final, meta)
 
 
