@@ -44,6 +44,12 @@ def added_tokens_pattern(tokenizer: Any) -> re.Pattern[str] | None:
     return re.compile("|".join(map(re.escape, contents)), re.IGNORECASE) if contents else None
 
 
+def holds_added_token(added: re.Pattern[str] | None, text: str, normalized: str) -> bool:
+    """Whether ``text`` holds an added token's text: in the raw text (added tokens matched before
+    normalising) or the normalised one (those matched after)."""
+    return added is not None and (added.search(text) is not None or added.search(normalized) is not None)
+
+
 class LoneWordPiece:
     """``__call__(text)`` -> ``(token ids, truncated)``, or ``None`` for a text this path does not take."""
 
@@ -58,10 +64,12 @@ class LoneWordPiece:
         self._cache: dict[str, list[int]] = {}
 
     @classmethod
-    def for_tokenizer(cls, tokenizer: Any, max_length: int) -> LoneWordPiece | None:
+    def for_tokenizer(cls, tokenizer: Any, max_length: int,
+                      added: re.Pattern[str] | None = None) -> LoneWordPiece | None:
         """The path for a ``tokenizers.Tokenizer`` (truncating at ``max_length`` tokens, special tokens
         included; no padding) made of BertNormalizer, BertPreTokenizer, WordPiece and a prefix + text + suffix
-        template; ``None`` for any other."""
+        template; ``None`` for any other. ``added``: the tokenizer's ``added_tokens_pattern`` when the caller
+        has it (made here otherwise)."""
         from tokenizers.models import WordPiece
         from tokenizers.pre_tokenizers import BertPreTokenizer
 
@@ -85,15 +93,13 @@ class LoneWordPiece:
                 return None
             affixes = found
         assert affixes is not None
-        return cls(tokenizer, normalize, added_tokens_pattern(tokenizer), affixes[0], affixes[1],
+        pattern = added if added is not None else added_tokens_pattern(tokenizer)
+        return cls(tokenizer, normalize, pattern, affixes[0], affixes[1],
                    max_length - specials)
 
     def __call__(self, text: str) -> tuple[list[int], bool] | None:
         normalized = self._normalize(text)
-        if normalized is None:
-            return None
-        # NOTE: the raw text (added tokens matched before normalising) and the normalised one (those matched after)
-        if self._added is not None and (self._added.search(text) or self._added.search(normalized)):
+        if normalized is None or holds_added_token(self._added, text, normalized):
             return None
         words = _WORDS.findall(normalized)
         ids: list[int] = []

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from petal.pipeline.ingest.ascii_normalize import AsciiBertNormalizer
-from petal.pipeline.ingest.lone_wordpiece import LoneWordPiece, added_tokens_pattern
+from petal.pipeline.ingest.lone_wordpiece import LoneWordPiece, added_tokens_pattern, holds_added_token
 from petal.pipeline.ingest.prefetch import ordered_map
 
 if TYPE_CHECKING:
@@ -61,9 +61,9 @@ class TextTokenizer:
         # (pipeline/ingest/lone_wordpiece.py); another one behind a BertNormalizer: normalised in Python,
         # encoded by a copy without the normaliser (pipeline/ingest/ascii_normalize.py)
         self._file = tokenizer_file
-        self._wordpiece = LoneWordPiece.for_tokenizer(self._tokenizer, self._truncate_at)
-        self._ascii = None if self._wordpiece is not None else AsciiBertNormalizer.for_tokenizer(self._tokenizer)
         self._added = added_tokens_pattern(self._tokenizer)
+        self._wordpiece = LoneWordPiece.for_tokenizer(self._tokenizer, self._truncate_at, self._added)
+        self._ascii = None if self._wordpiece is not None else AsciiBertNormalizer.for_tokenizer(self._tokenizer)
         self._bare: Any = None
         self._lone_texts = 0
 
@@ -96,8 +96,7 @@ class TextTokenizer:
         elif self._ascii is not None:
             normalized = self._ascii(text)
             # NOTE: an added token's text ("[MASK]") is matched before the normaliser: only the full tokenizer
-            if normalized is not None and (self._added is None or not (
-                    self._added.search(text) or self._added.search(normalized))):
+            if normalized is not None and not holds_added_token(self._added, text, normalized):
                 if self._bare is None:
                     # NOTE: the copy costs a second read of tokenizer.json (~35 ms): made at the second lone
                     # text, so batch jobs and one-shot processes (one text) never pay for it
