@@ -147,6 +147,8 @@ class EngineConfig:
     fused_mlp_tokens: int = 32
     skinny_layer_tokens: int = 128  # Qwen3 layers as four weight-streaming kernels (engine/layers/skinny_linear.py)
     pdl: bool = True  # ... launched as programmatic dependent launches (sm90+)
+    # CUDA, every bucket: residual adds (and BERT's up-projection GELU) in the GEMMs (engine/small_batch.py)
+    gemm_epilogues: bool = True
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_NAMES:

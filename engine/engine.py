@@ -163,6 +163,7 @@ class Engine:
             "max_seqs": self.config.max_seqs,
             "small_batch": {"attention_tokens": self.small.attention_tokens, "mlp_tokens": self.small.mlp_tokens,
                             "skinny_tokens": self.small.skinny_tokens, "pdl": self.small.pdl},
+            "gemm_epilogues": {"residual": self.small.gemm_epilogues, "gelu": self.small.gelu_epilogue},
         }
 
     def step(self, batch: PackedBatch) -> LazyTensor:

@@ -11,6 +11,16 @@ the H200: README "Small-batch latency") a step runs
   tiles per bucket (``engine/layers/skinny_linear.py``).
 
 The choice is made per bucket (a graph's shapes are fixed), so each bucket's graph holds one path.
+
+Every bucket on CUDA (``EngineConfig.gemm_epilogues``) also moves work into the GEMMs:
+- the attention output and down projections add their products into the residual stream in the GEMM
+  (cuBLAS beta 1), so the norm after them reads one tensor: BERT's LayerNorm reads it and the bias row;
+  Qwen3's RMSNorm reads it instead of the fused add + RMSNorm's two reads and two writes (a Qwen3 with
+  attention biases keeps the fused add);
+- a BERT-family up projection applies its bias and GELU in cuBLASLt's epilogue. That GELU is the tanh
+  approximation: taken for the tanh GELUs, and for the erf GELU (BERT, XLM-R) in bfloat16 only, where the
+  two differ (mean 1.5e-4, at most 4.7e-4) by a seventh of bfloat16's own rounding error (mean 1.1e-3); in
+  float16 (rounding error 1.4e-4) the erf GELU stays a kernel of its own.
 """
 
 from __future__ import annotations
@@ -27,6 +37,8 @@ from petal.engine.layers.skinny_linear import fits as skinny_fits
 from petal.engine.layers.small_attention import SMALL_ATTENTION_HEAD_DIMS
 from petal.engine.layers.triton_kernels import triton_available
 
+TANH_GELUS = frozenset({"gelu_new", "gelu_pytorch_tanh", "gelu_fast"})  # hidden_act names of the tanh GELU
+
 
 @dataclass(frozen=True)
 class SmallBatchKernels:
@@ -34,13 +46,22 @@ class SmallBatchKernels:
     mlp_tokens: int  # ... the fused gate/up + SwiGLU kernel (Qwen3)
     skinny_tokens: int = 0  # ... whole Qwen3 layers as weight-streaming kernels
     pdl: bool = False  # ... launched as programmatic dependent launches
+    gemm_epilogues: bool = False  # every bucket: residual adds in the GEMMs (BERT family, Qwen3 without biases)
+    gelu_epilogue: bool = False  # every bucket: the up projection's bias + GELU in cuBLASLt's epilogue
 
     @classmethod
     def for_engine(cls, config: EngineConfig, model: ModelConfig, device: torch.device,
                    dtype: torch.dtype) -> SmallBatchKernels:
         """What this engine may use: CUDA, Triton, a 16-bit activation dtype, a supported head dim."""
-        if device.type != "cuda" or dtype not in (torch.bfloat16, torch.float16) or not triton_available():
+        if device.type != "cuda" or dtype not in (torch.bfloat16, torch.float16):
             return cls(0, 0)
+        bert = model.architecture in ("bert", "xlm-roberta")
+        gelu = config.gemm_epilogues and bert and (
+            model.hidden_act in TANH_GELUS or (model.hidden_act == "gelu" and dtype == torch.bfloat16))
+        qwen3_plain = model.architecture == "qwen3" and not dict(model.extra).get("attention_bias", False)
+        into = config.gemm_epilogues and (bert or qwen3_plain)
+        if not triton_available():
+            return cls(0, 0, gemm_epilogues=into, gelu_epilogue=gelu)
         # NOTE: an explicit --attention backend is what runs; the fused kernel stands in for ``auto`` only.
         fits = model.head_dim in SMALL_ATTENTION_HEAD_DIMS and config.attention == "auto"
         attention = config.small_attention_tokens if fits else 0
@@ -51,7 +72,7 @@ class SmallBatchKernels:
                 model.hidden_size, model.num_heads * model.head_dim, model.intermediate_size):
             skinny = min(config.skinny_layer_tokens, SKINNY_MAX_ROWS)
         pdl = config.pdl and skinny > 0 and torch.cuda.get_device_capability(device)[0] >= 9
-        return cls(attention, mlp, skinny, pdl)
+        return cls(attention, mlp, skinny, pdl, gemm_epilogues=into, gelu_epilogue=gelu)
 
     def apply(self, ctx: ForwardContext, num_tokens: int) -> None:
         """Mark ``ctx`` (a step of ``num_tokens`` token slots) with the kernels its bucket runs."""
@@ -59,3 +80,5 @@ class SmallBatchKernels:
         ctx.fused_mlp = num_tokens <= self.mlp_tokens
         ctx.skinny_layers = num_tokens <= self.skinny_tokens
         ctx.pdl = self.pdl and ctx.skinny_layers
+        ctx.gemm_epilogues = self.gemm_epilogues
+        ctx.gelu_epilogue = self.gelu_epilogue

@@ -198,3 +198,35 @@ def test_kernel_warmup_is_nothing_on_the_cpu(minilm_spec):
 
     assert start_warmup(minilm_spec.config, torch.float32, torch.device("cpu")) is None
     assert start_warmup(minilm_spec.config, torch.bfloat16, torch.device("cpu")) is None
+
+
+@pytest.mark.parametrize(("architecture", "act", "dtype", "gemm", "gelu"), [
+    ("bert", "gelu", torch.bfloat16, True, True),  # erf GELU: tanh's difference is under bf16's rounding
+    ("xlm-roberta", "gelu", torch.bfloat16, True, True),
+    ("bert", "gelu", torch.float16, True, False),  # ... but not under float16's: the GELU stays a kernel
+    ("bert", "gelu_new", torch.float16, True, True),  # the tanh GELU itself
+    ("bert", "relu", torch.bfloat16, True, False),
+    ("qwen3", "silu", torch.bfloat16, True, False),  # residual adds in the O and down GEMMs
+])
+def test_gemm_epilogues_are_chosen_by_family_activation_and_dtype(architecture, act, dtype, gemm, gelu):
+    """What ``SmallBatchKernels`` turns on for a CUDA engine (decided without touching a GPU), and nothing on
+    the CPU or with ``gemm_epilogues=False``."""
+    from dataclasses import replace
+
+    from petal.engine.config import ModelConfig
+    from petal.engine.small_batch import SmallBatchKernels
+
+    model = ModelConfig(architecture=architecture, vocab_size=100, hidden_size=64, num_layers=1, num_heads=2,
+                        num_kv_heads=2, head_dim=32, intermediate_size=128, max_position_embeddings=64,
+                        norm_eps=1e-12, hidden_act=act, causal=False)
+    if architecture == "qwen3":  # with attention biases, the O projection's bias keeps the fused add + norm
+        biased = replace(model, extra=(("attention_bias", True),))
+        assert not SmallBatchKernels.for_engine(EngineConfig(device="cuda", dtype="bfloat16"), biased,
+                                                torch.device("cuda"), dtype).gemm_epilogues
+    config = EngineConfig(device="cuda", dtype="bfloat16")
+    chosen = SmallBatchKernels.for_engine(config, model, torch.device("cuda"), dtype)
+    assert (chosen.gemm_epilogues, chosen.gelu_epilogue) == (gemm, gelu)
+    off = SmallBatchKernels.for_engine(replace(config, gemm_epilogues=False), model, torch.device("cuda"), dtype)
+    assert not off.gemm_epilogues and not off.gelu_epilogue
+    cpu = SmallBatchKernels.for_engine(config, model, torch.device("cpu"), torch.float32)
+    assert not cpu.gemm_epilogues and not cpu.gelu_epilogue

@@ -30,6 +30,28 @@ class Linear(nn.Linear):
         return out if self.bias is None else out + self.bias
 
 
+def linear_gelu(x: torch.Tensor, linear: Linear) -> torch.Tensor:
+    """``gelu(x @ W^T + b)`` as one cuBLASLt GEMM, bias and GELU in its epilogue: ``[T, in] -> [T, out]``.
+
+    NOTE: cuBLASLt's GELU is the tanh approximation (``F.gelu(..., approximate="tanh")``); it is applied to
+    the fp32 accumulator, before the one rounding to ``x``'s dtype. CUDA only (the CPU kernel applies
+    the erf GELU), ``x``, weight and bias of one dtype.
+    """
+    assert linear.bias is not None and linear.weight.dtype == x.dtype
+    out: torch.Tensor = torch._addmm_activation(linear.bias, x, linear.weight.t(), use_gelu=True)
+    return out
+
+
+def linear_into_(x: torch.Tensor, linear: Linear, residual: torch.Tensor) -> torch.Tensor:
+    """``residual += x @ W^T`` in the GEMM itself (cuBLAS with beta 1; no bias): ``[T, in]``, ``[T, out]``.
+
+    NOTE: in place: returns ``residual``, whose old values are gone.
+    """
+    assert linear.weight.dtype == x.dtype == residual.dtype
+    out: torch.Tensor = residual.addmm_(x, linear.weight.t())
+    return out
+
+
 def narrow_linear_weights(model: nn.Module, dtype: torch.dtype) -> None:
     """Store every ``Linear`` weight of ``model`` in ``dtype`` (biases keep the activation dtype)."""
     for module in model.modules():

@@ -20,7 +20,8 @@ class LayerNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        """``LayerNorm(x)``, or ``LayerNorm(x + residual)`` (one fused kernel on CUDA). ``[T, hidden]``."""
+        """``LayerNorm(x)``, or ``LayerNorm(x + residual)`` (one fused kernel on CUDA). ``x [T, hidden]``;
+        ``residual`` ``[T, hidden]`` or one ``[hidden]`` row added to every row (a bias)."""
         if residual is not None:
             if x.is_cuda and x.dtype != torch.float32 and triton_available() and x.is_contiguous() \
                     and residual.is_contiguous():

@@ -5,7 +5,8 @@ fused QKV projection output: one read and one write of q and k instead of ~20 el
 (contiguous copies, two norms, slices, products, concatenations). Math in fp32, one rounding.
 
 ``add_layer_norm``: BERT's post-norm ``LayerNorm(x + residual)`` in one pass (three instead of five
-trips through memory).
+trips through memory); ``residual`` may also be one ``[hidden]`` row added to every row (the dense
+layer's bias, when the GEMM already added the residual stream: ``engine/models/bert.py``).
 
 Also the small-batch path's ``gate_up_silu_kernel`` (``engine/layers/fused_mlp.py``); its fused
 attention kernel calls a helper, so it lives in ``engine/layers/triton_attention.py``.
@@ -88,12 +89,14 @@ def _add_ln_kernel():
     import triton.language as tl
 
     @triton.jit
-    def add_layer_norm_kernel(x_ptr, r_ptr, w_ptr, b_ptr, out_ptr, n_cols, eps, BLOCK: tl.constexpr):
+    def add_layer_norm_kernel(x_ptr, r_ptr, w_ptr, b_ptr, out_ptr, n_cols, eps, BLOCK: tl.constexpr,
+                              ONE_ROW: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK)
         mask = cols < n_cols
         x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
-        x += tl.load(r_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
+        r_row = r_ptr if ONE_ROW else r_ptr + row * n_cols  # ONE_ROW: a [hidden] vector added to every row
+        x += tl.load(r_row + cols, mask=mask, other=0.0).to(tl.float32)
         x = tl.where(mask, x, 0.0)  # NOTE: rounds x + residual to the activation dtype first, as torch does
         x = x.to(out_ptr.dtype.element_ty).to(tl.float32)
         mean = tl.sum(x, axis=0) / n_cols
@@ -108,13 +111,16 @@ def _add_ln_kernel():
 
 def add_layer_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
                    eps: float) -> torch.Tensor:
-    """``LayerNorm(x + residual)`` over the last dim of ``[T, hidden]`` contiguous tensors."""
-    assert x.is_contiguous() and residual.is_contiguous() and x.shape == residual.shape
+    """``LayerNorm(x + residual)`` over the last dim of ``[T, hidden]`` contiguous tensors; ``residual`` is
+    ``[T, hidden]`` or one ``[hidden]`` row (broadcast over the rows)."""
+    one_row = residual.dim() == 1
+    assert x.is_contiguous() and residual.is_contiguous()
+    assert residual.shape == (x.shape[-1],) if one_row else residual.shape == x.shape
     out = torch.empty_like(x)
     num_rows, n_cols = x.shape
     if num_rows:
         _add_ln_kernel()[(num_rows,)](x, residual, weight, bias, out, n_cols, eps,
-                                      BLOCK=1 << (n_cols - 1).bit_length())
+                                      BLOCK=1 << (n_cols - 1).bit_length(), ONE_ROW=one_row)
     return out
 
 

@@ -83,8 +83,10 @@ def _warm_common(cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> 
                       cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
     else:  # BERT family: post-norm LayerNorm(x + residual)
         x = torch.zeros(1, cfg.hidden_size, dtype=dtype, device=device)
-        add_layer_norm(x, torch.zeros_like(x), torch.ones(cfg.hidden_size, dtype=dtype, device=device),
-                       torch.zeros(cfg.hidden_size, dtype=dtype, device=device), 1e-12)
+        weight = torch.ones(cfg.hidden_size, dtype=dtype, device=device)
+        bias = torch.zeros(cfg.hidden_size, dtype=dtype, device=device)
+        add_layer_norm(x, torch.zeros_like(x), weight, bias, 1e-12)
+        add_layer_norm(x, bias, weight, bias, 1e-12)  # the residual added by the GEMM: the bias row only
     _warm_small_batch(cfg, dtype, device)
 
 

@@ -16,7 +16,7 @@ from petal.engine.context import ForwardContext
 from petal.engine.layers.activation import get_activation
 from petal.engine.layers.attention import attention
 from petal.engine.layers.embedding import Embedding
-from petal.engine.layers.linear import Linear
+from petal.engine.layers.linear import Linear, linear_gelu, linear_into_
 from petal.engine.layers.norm import LayerNorm
 from petal.engine.layers.small_attention import small_attention
 from petal.engine.models.base import EncoderModel
@@ -92,8 +92,14 @@ class BertSelfOutput(nn.Module):
         self.dense = Linear(in_features, cfg.hidden_size)
         self.LayerNorm = LayerNorm(cfg.hidden_size, cfg.norm_eps)
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.LayerNorm(self.dense(x), residual)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        if ctx.gemm_epilogues and self.dense.bias is not None:
+            # NOTE: in place: the GEMM adds x W^T into the residual stream's buffer (the layer's input or its
+            # attention output, read by every earlier kernel of the layer and by nothing later), so the
+            # LayerNorm reads one tensor and the bias row instead of two tensors.
+            out: torch.Tensor = self.LayerNorm(linear_into_(x, self.dense, residual), self.dense.bias)
+            return out
+        out = self.LayerNorm(self.dense(x), residual)
         return out
 
 
@@ -104,7 +110,7 @@ class BertAttention(nn.Module):
         self.output = BertSelfOutput(cfg, cfg.num_heads * cfg.head_dim)
 
     def forward(self, h: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        out: torch.Tensor = self.output(self.self(h, ctx), h)
+        out: torch.Tensor = self.output(self.self(h, ctx), h, ctx)
         return out
 
 
@@ -114,7 +120,9 @@ class BertIntermediate(nn.Module):
         self.dense = Linear(cfg.hidden_size, cfg.intermediate_size)
         self.act = get_activation(cfg.hidden_act)
 
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        if ctx.gelu_epilogue and self.dense.bias is not None:  # bias + GELU in the GEMM (engine/small_batch.py)
+            return linear_gelu(h, self.dense)
         return self.act(self.dense(h))
 
 
@@ -127,7 +135,7 @@ class BertLayer(nn.Module):
 
     def forward(self, h: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         h = self.attention(h, ctx)
-        out: torch.Tensor = self.output(self.intermediate(h), h)
+        out: torch.Tensor = self.output(self.intermediate(h, ctx), h, ctx)
         return out
 
 

@@ -17,7 +17,7 @@ from petal.engine.layers.activation import silu_and_mul
 from petal.engine.layers.attention import attention
 from petal.engine.layers.embedding import Embedding
 from petal.engine.layers.fused_mlp import gate_up_silu
-from petal.engine.layers.linear import Linear
+from petal.engine.layers.linear import Linear, linear_into_
 from petal.engine.layers.norm import RMSNorm
 from petal.engine.layers.rotary import RopeTables, RotaryEmbedding, apply_rotary
 from petal.engine.layers.skinny_linear import (
@@ -109,7 +109,10 @@ class Qwen3Attention(nn.Module):
             self._qk_weights = torch.stack([self.q_norm.weight, self.k_norm.weight]).contiguous()
         return self._qk_weights
 
-    def forward(self, h: torch.Tensor, rope: RopeTables, ctx: ForwardContext) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, rope: RopeTables, ctx: ForwardContext,
+                residual: torch.Tensor | None = None) -> torch.Tensor:
+        """``[T, hidden] -> [T, hidden]``; with ``residual`` (no o_proj bias), the O GEMM adds its product into
+        ``residual`` in place and returns it."""
         num_tokens = h.shape[0]
         qkv = self.qkv_proj(h)  # [T, (Hq + 2 Hk) * D]
         if ctx.fused_attention:  # q/k norm, RoPE and attention in one kernel (small buckets)
@@ -117,8 +120,7 @@ class Qwen3Attention(nn.Module):
                                     num_kv_heads=self.num_kv_heads, head_dim=self.head_dim, causal=self.causal,
                                     scale=self.head_dim**-0.5, positions=rope.positions, rope_table=rope.table,
                                     qk_norm_weights=self.qk_weights(), eps=self.q_norm.eps)
-            fused_out: torch.Tensor = self.o_proj(fused.view(num_tokens, self.q_size))
-            return fused_out
+            return self._project(fused.view(num_tokens, self.q_size), residual)
         if qkv.is_cuda and triton_available():
             qk_norm_rope_(qkv, rope.positions, rope.table, self.qk_weights(), self.q_norm.eps, self.num_heads,
                           self.num_kv_heads, self.head_dim)
@@ -132,7 +134,12 @@ class Qwen3Attention(nn.Module):
             q, k = apply_rotary(q, k, *rope.cos_sin(q.dtype))
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         out = attention(q, k, v, ctx)  # [T, Hq, D]
-        projected: torch.Tensor = self.o_proj(out.reshape(num_tokens, self.q_size))
+        return self._project(out.reshape(num_tokens, self.q_size), residual)
+
+    def _project(self, out: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+        if residual is not None:
+            return linear_into_(out, self.o_proj, residual)
+        projected: torch.Tensor = self.o_proj(out)
         return projected
 
 
@@ -144,11 +151,14 @@ class Qwen3MLP(nn.Module):
         self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
-    def forward(self, h: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, ctx: ForwardContext, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """``[T, hidden] -> [T, hidden]``; with ``residual``, the down GEMM adds into it in place and returns it."""
         if ctx.fused_mlp:  # gate/up GEMM with SwiGLU in its epilogue (small buckets)
             act = gate_up_silu(h, self.gate_up_proj.weight)
         else:
             act = silu_and_mul(self.gate_up_proj(h))
+        if residual is not None:
+            return linear_into_(act, self.down_proj, residual)
         out: torch.Tensor = self.down_proj(act)
         return out
 
@@ -171,6 +181,13 @@ class Qwen3DecoderLayer(nn.Module):
         h = self.self_attn(h, rope, ctx)
         h, residual = self.post_attention_layernorm(h, residual)
         return self.mlp(h, ctx), residual
+
+    def forward_into(self, h: torch.Tensor, rope: RopeTables, ctx: ForwardContext) -> None:
+        """The layer on the residual stream ``h [T, hidden]``, in place: the O and down GEMMs add their
+        products into ``h`` (cuBLAS beta 1), so each norm reads one tensor instead of reading two and
+        writing two as the fused add + RMSNorm does (``ctx.gemm_epilogues``)."""
+        self.self_attn(self.input_layernorm(h), rope, ctx, residual=h)
+        self.mlp(self.post_attention_layernorm(h), ctx, residual=h)
 
     def forward_skinny(self, h: torch.Tensor, x: NormInput, next_norm: torch.Tensor | None, rope: RopeTables,
                        ctx: ForwardContext, tiles: LayerTiles) -> NormInput | None:
@@ -233,6 +250,11 @@ class Qwen3Model(EncoderModel):
                 x = block.forward_skinny(h, x, next_norm, rope, ctx, tiles)
             skinny_out: torch.Tensor = self.norm(h)
             return skinny_out
+        if ctx.gemm_epilogues:  # h is the residual stream, the GEMMs add into it in place
+            for block in cast(list[Qwen3DecoderLayer], list(self.layers)):
+                block.forward_into(h, rope, ctx)
+            into_out: torch.Tensor = self.norm(h)
+            return into_out
         residual: torch.Tensor | None = None
         for layer in self.layers:
             h, residual = layer(h, residual, rope, ctx)
