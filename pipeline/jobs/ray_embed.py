@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
@@ -27,7 +28,7 @@ from petal.pipeline.jobs.report import RunReport
 from petal.pipeline.jobs.worker import WorkerPlan, claimed_documents
 from petal.pipeline.reliability.errors import ConfigError, PetalError, TemporaryFailure
 from petal.pipeline.reliability.signals import StopSignals
-from petal.pipeline.store.embeddings import EmbeddingStore, StoreEntry, shard_key
+from petal.pipeline.store.embeddings import DamagedEntry, EmbeddingStore, StoreEntry, shard_key
 from petal.pipeline.store.ranges import RangeAssembly, part_dir
 
 RAY_MISSING = "--ray needs Ray Data, which is not installed: pip install 'petal[ray]' (or pip install 'ray[data]')"
@@ -133,11 +134,14 @@ def embed_on_ray(plan: WorkerPlan, scale: ScaleConfig, report: RunReport, stop: 
     store = assembly.store
     per_actor: dict[int, dict[str, int]] = {}
     committed = 0
+    started = time.time()  # an entry written from now on is this run's
+    reported: set[int] = set()
     try:
         yield from assembly.ready()  # shards whose every range an earlier run committed
         for row in results.iter_rows():
             stop.check()
             unit = int(row["position"])
+            reported.add(unit)
             part = plan.ranges[unit]
             info, fingerprint = plan.shards[part.position], plan.fingerprints[part.position]
             expected = store.shards_dir / shard_key(info) / fingerprint if part.whole else \
@@ -156,6 +160,10 @@ def embed_on_ray(plan: WorkerPlan, scale: ScaleConfig, report: RunReport, stop: 
     except PetalError:
         raise
     except Exception as exc:
+        for unit, entry in _unreported_commits(plan, store, reported, started):
+            for position, shard_entry in assembly.commit(unit, entry):
+                committed += 1
+                yield position, shard_entry  # the run counts it (report, exit message) as the store holds it
         raise _ray_failure(exc, committed, len(plan.shards)) from exc
     finally:
         report.workers = [{"worker": i, "pid": pid, "device": "cuda" if gpu else "cpu", **counts, "status": "done"}
@@ -163,6 +171,26 @@ def embed_on_ray(plan: WorkerPlan, scale: ScaleConfig, report: RunReport, stop: 
         report.tokens += sum(w["tokens"] for w in report.workers)
         reads.retries += sum(w["read_retries"] for w in report.workers)
         report.engine = {"ray": True, "actors": actors, "address": scale.ray_address or "local"}
+
+
+def _unreported_commits(plan: WorkerPlan, store: EmbeddingStore, reported: set[int],
+                        since: float) -> list[tuple[int, StoreEntry]]:
+    """Whole shards an actor committed to the store (the entry's rename) whose row never reached the driver:
+    an actor can die, or its batch fail, between the two. They count (the exit message says what the store
+    holds, which the rerun reuses) when their ``entry.json`` was written during this run (an older entry,
+    as ``--full`` replaces, does not). A split shard's ranges are assembled by the driver only, so an
+    unreported range never makes a committed shard."""
+    found: list[tuple[int, StoreEntry]] = []
+    for unit, part in enumerate(plan.ranges):
+        if unit in reported or not part.whole:
+            continue
+        path = store.shards_dir / shard_key(plan.shards[part.position]) / plan.fingerprints[part.position]
+        try:
+            if (path / "entry.json").stat().st_mtime >= since:
+                found.append((unit, store.read_entry(path)))  # complete and readable, as the rerun needs it
+        except (OSError, DamagedEntry):
+            continue
+    return found
 
 
 def _ray_failure(exc: BaseException, committed: int, total: int) -> PetalError:
