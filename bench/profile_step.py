@@ -1,4 +1,5 @@
-"""Where a step's time goes: CUDA kernels of one eager step (torch profiler), and graph replay time.
+"""Where a step's time goes: CUDA kernels of one eager step and of the bucket's graph (torch profiler),
+and graph replay time.
 
     python3 bench/profile_step.py SHAPE NUM_TOKENS [SEQ_LEN]     (on the GPU host)
 """
@@ -64,6 +65,17 @@ def main() -> None:
             end.record()
             torch.cuda.synchronize()
             print(f"  graph replay alone: {start.elapsed_time(end) / reps:.3f} ms")
+            from torch.profiler import ProfilerActivity, profile
+
+            with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+                for _ in range(3):
+                    graph.replay()
+                torch.cuda.synchronize()
+            events = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
+            total = sum(e.self_device_time_total for e in events) / 3 / 1000
+            print(f"  graph: {sum(e.count for e in events) / 3:.0f} kernels per replay, {total:.3f} ms device time")
+            for e in sorted(events, key=lambda e: -e.self_device_time_total)[:10]:
+                print(f"  {e.self_device_time_total / 3 / 1000:8.3f} ms  {e.count / 3:6.0f}x  {e.key[:100]}")
 
 
 if __name__ == "__main__":
