@@ -598,6 +598,63 @@ def section_buckets(name: str = "pplx-embed-0.6b") -> None:
         SUMMARY.append(line)
 
 
+def section_whole() -> None:
+    """The fused attention with every token slot as one key block (``whole``) against its blocked loop:
+    per layer in a graph of 28 distinct inputs, then engine L1 with ``WHOLE_MAX_TOKENS`` 64 and 0 taking turns."""
+    from petal.engine.layers import small_attention as module
+    from petal.engine.layers.rotary import RotaryEmbedding
+
+    hq, hk, d = 16, 8, 128
+    table = RotaryEmbedding(d, 4096, 1e6).cos_sin(CUDA)
+    weights = (torch.rand(2, d, device=CUDA) + 0.5).to(BF16)
+    for lengths in ([16], [30], [60], [8, 8], [5, 20, 3]):
+        _, layout, buf = padded_inputs(lengths)
+        sl = layout.slices()
+        seq_ids, cu, positions = buf[sl["token_seq_ids"]], buf[sl["cu_seqlens"]], buf[sl["positions"]]
+        t = layout.num_tokens
+        qkvs = [torch.randn(t, (hq + 2 * hk) * d, device=CUDA, dtype=BF16) for _ in range(LAYERS)]
+        cells, outs = [], []
+        for whole in (False, True, False, True):
+            def run(whole: bool = whole) -> None:
+                for x in qkvs:
+                    module.small_attention(x, seq_ids, cu, num_heads=hq, num_kv_heads=hk, head_dim=d, causal=False,
+                                           scale=d**-0.5, positions=positions, rope_table=table,
+                                           qk_norm_weights=weights, eps=1e-6, whole=whole)
+
+            cells.append(graph_us_per_call(run, LAYERS))
+            outs.append(module.small_attention(qkvs[0], seq_ids, cu, num_heads=hq, num_kv_heads=hk, head_dim=d,
+                                               causal=False, scale=d**-0.5, positions=positions, rope_table=table,
+                                               qk_norm_weights=weights, eps=1e-6, whole=whole).float())
+        real = sum(lengths)
+        err = float((outs[1][:real] - outs[0][:real]).abs().max())
+        line = (f"  attention bucket {t:3d} {lengths}: blocked {cells[0]:.2f}/{cells[2]:.2f} | whole "
+                f"{cells[1]:.2f}/{cells[3]:.2f} us/layer | max diff {err:.4f}")
+        print(line, flush=True)
+        SUMMARY.append(line)
+    s = shape("pplx-embed-0.6b")
+    hf = hf_model(s, CUDA, BF16)
+    spec, model = native_from_hf(s, hf, CUDA, BF16)
+    del hf
+    torch.cuda.empty_cache()
+    engines = {}
+    for label, limit in (("whole", 64), ("blocked", 0)):
+        module.WHOLE_MAX_TOKENS = limit  # read when each bucket's graph is captured
+        engine = Engine(spec, EngineConfig(device="cuda", dtype="bfloat16", token_budget=16384), model=model)
+        for n in (16, 30, 60):
+            latency(engine, n, 5, spec.config.vocab_size)  # capture the bucket now
+        engines[label] = engine
+    module.WHOLE_MAX_TOKENS = 64
+    rows: dict[str, list[float]] = {}
+    for _ in range(2):
+        for label, engine in engines.items():
+            rows.setdefault(label, []).extend(latency(engine, n, 400, spec.config.vocab_size)["p50_ms"]
+                                              for n in (16, 30, 60))
+    for label, cells in rows.items():
+        line = f"  engine L1 {label:<8} 16 / 30 / 60 tokens p50 ms, two rounds: " + " ".join(f"{c:.3f}" for c in cells)
+        print(line)
+        SUMMARY.append(line)
+
+
 def main() -> None:
     sections = sys.argv[1:] or ["kernels", "gemm", "skinny", "engine", "buckets"]
     torch.manual_seed(0)
@@ -607,7 +664,7 @@ def main() -> None:
             {"engine": section_engine, "kernels": section_kernels, "gemm": section_gemm,
              "buckets": section_buckets, "skinny": section_skinny, "skinny_sweep": section_skinny_sweep,
              "engine_pplx": lambda: section_engine(("pplx-embed-0.6b",)),
-             "warmup": section_warmup,
+             "warmup": section_warmup, "whole": section_whole,
              "engine_ab": lambda: section_engine(
                  ("pplx-embed-0.6b",), ("default", "skinny128", "default2", "skinny128-2"), (16, 30, 60, 128)),
              "engine_buckets": lambda: section_engine(

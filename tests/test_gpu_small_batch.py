@@ -78,13 +78,14 @@ def test_small_attention_matches_reference(hq, hk, d, causal, rope, lengths, pad
     weights = (torch.rand(2, d, device=CUDA) + 0.5).to(torch.bfloat16) if rope else None
     before = qkv.clone()
     ref = attention_reference(qkv, seq_ids, positions, hq, hk, d, causal, table, weights, 1e-6)
-    for block_m in (16, 64):
+    # whole=None: one key block for steps of up to block_n (64) slots, the blocked loop above; False: always blocked
+    for block_m, whole in ((16, None), (64, None), (16, False), (32, True if t <= 64 else None)):
         out = small_attention(qkv, seq_ids, cu, num_heads=hq, num_kv_heads=hk, head_dim=d, causal=causal,
                               scale=d**-0.5, positions=positions if rope else None, rope_table=table if rope else None,
-                              qk_norm_weights=weights, eps=1e-6, block_m=block_m)
+                              qk_norm_weights=weights, eps=1e-6, block_m=block_m, whole=whole)
         assert out.shape == (t, hq, d) and torch.isfinite(out).all()
         err = float((out[:real].float() - ref[:real]).norm() / ref[:real].norm())
-        assert err < 1e-2, (block_m, err)
+        assert err < 1e-2, (block_m, whole, err)
     assert torch.equal(qkv, before)  # the projection is read, never written
 
 

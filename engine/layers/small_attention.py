@@ -10,9 +10,12 @@ device (``cu_seqlens``, ``token_seq_ids``).
 
 Each program takes one query head and ``BLOCK_M`` query rows, and visits only the keys from the
 start of its first row's sequence to the end of its last row's, so the cost stays linear in the
-bucket for batches of short sequences. Every program normalises and rotates the key blocks it reads
-itself, so a long sequence costs more here than in FlashInfer (1 x 200 tokens: 21 against 13 us a
-layer): ``engine/small_batch.py`` uses it for buckets of up to 128 tokens.
+bucket for batches of short sequences. A step of at most ``block_n`` token slots (buckets up to 64
+tokens) takes every slot as one key block instead: all its loads are issued at once, without first
+looking up where its sequences start and end (two dependent loads before the first key's). Every
+program normalises and rotates the key blocks it reads itself, so a long sequence costs more here
+than in FlashInfer (1 x 200 tokens: 21 against 13 us a layer): ``engine/small_batch.py`` uses it for
+buckets of up to 128 tokens.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import functools
 import torch
 
 SMALL_ATTENTION_HEAD_DIMS = (32, 64, 128, 256)
+WHOLE_MAX_TOKENS = 64  # the most token slots a step may have to take them all as one key block (and block_n)
 
 
 @functools.cache
@@ -34,7 +38,8 @@ def _kernel():  # type: ignore[no-untyped-def]  # Triton kernels are untyped
 def small_attention(qkv: torch.Tensor, token_seq_ids: torch.Tensor, cu_seqlens: torch.Tensor, *, num_heads: int,
                     num_kv_heads: int, head_dim: int, causal: bool, scale: float, positions: torch.Tensor | None = None,
                     rope_table: torch.Tensor | None = None, qk_norm_weights: torch.Tensor | None = None,
-                    eps: float = 0.0, block_m: int = 32, block_n: int = 64, pdl: bool = False) -> torch.Tensor:
+                    eps: float = 0.0, block_m: int = 32, block_n: int = 64, pdl: bool = False,
+                    whole: bool | None = None) -> torch.Tensor:
     """Self-attention of every packed sequence over a fused projection, in one kernel.
 
     Parameters
@@ -47,6 +52,8 @@ def small_attention(qkv: torch.Tensor, token_seq_ids: torch.Tensor, cu_seqlens: 
         RoPE (``positions [num_tokens]`` int32, ``rope_table [max_positions, head_dim]`` float32 cos|sin);
         all ``None`` for models without them.
     pdl : launch as a programmatic dependent launch (sm90+; ``engine/layers/skinny_linear.py``).
+    whole : every token slot as one key block (``num_tokens <= block_n``, the default then): every load is
+        issued at once, with no sequence offsets to look up first; ``False`` keeps the blocked loop.
 
     Returns ``[num_tokens, num_heads, head_dim]`` in ``qkv``'s dtype. ``qkv`` is left as it was.
     """
@@ -60,10 +67,13 @@ def small_attention(qkv: torch.Tensor, token_seq_ids: torch.Tensor, cu_seqlens: 
         assert positions is not None and rope_table is not None
     else:  # NOTE: unused pointers (the kernel is specialised on NORM_ROPE=False and never reads them)
         positions, rope_table, qk_norm_weights = token_seq_ids, qkv, qkv
+    if whole is None:
+        whole = num_tokens <= min(block_n, WHOLE_MAX_TOKENS)
+    assert not whole or num_tokens <= block_n, (num_tokens, block_n)
     grid = (num_heads, -(-num_tokens // block_m))
     _kernel()[grid](qkv, qkv.stride(0), out, out.stride(0), token_seq_ids, cu_seqlens, positions,
                     rope_table, qk_norm_weights, eps, scale * 1.4426950408889634, num_tokens,
                     Q_HEADS=num_heads, K_HEADS=num_kv_heads, HALF=head_dim // 2, BLOCK_M=block_m,
-                    BLOCK_N=block_n, CAUSAL=causal, NORM_ROPE=norm_rope, PDL=pdl, num_warps=4,
+                    BLOCK_N=block_n, CAUSAL=causal, NORM_ROPE=norm_rope, PDL=pdl, WHOLE=whole, num_warps=4,
                     launch_pdl=pdl)
     return out

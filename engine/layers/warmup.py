@@ -111,7 +111,8 @@ def _warm_small_batch(cfg: ModelConfig, dtype: torch.dtype, device: torch.device
     """The small-batch path's kernels (engine/small_batch.py) as a graph bucket calls them: 64 token slots."""
     num_tokens = 64
     if cfg.head_dim in SMALL_ATTENTION_HEAD_DIMS:
-        _warm_attention(cfg, dtype, device, num_tokens, pdl=False)
+        _warm_attention(cfg, dtype, device, num_tokens, pdl=False)  # one key block (buckets up to 64 tokens)
+        _warm_attention(cfg, dtype, device, 2 * num_tokens, pdl=False)  # the blocked loop (128)
     if cfg.architecture == "qwen3" and fused_mlp_fits(cfg.hidden_size, cfg.intermediate_size):
         gate_up_silu(torch.zeros(num_tokens, cfg.hidden_size, dtype=dtype, device=device),
                      torch.zeros(2 * cfg.intermediate_size, cfg.hidden_size, dtype=dtype, device=device))
