@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from petal.bench.corpus import lognormal_lengths
-from petal.bench.gpu import cosine_rows, hf_throughput, latency, petal_throughput, random_docs
+from petal.bench.gpu import cosine_rows, graph_us_per_call, hf_throughput, latency, petal_throughput, random_docs
 from petal.bench.shapes import hf_model, native_from_hf, shape
 from petal.engine.config import EngineConfig
 from petal.engine.engine import Engine
@@ -43,29 +43,6 @@ SUMMARY: list[str] = []
 def say(line: str) -> None:
     print(line, flush=True)
     SUMMARY.append(line)
-
-
-def graph_us(fn: Callable[[], None], layers: int, reps: int = 20) -> float:
-    """Device microseconds per layer of ``fn`` (which runs ``layers`` layers), captured in one CUDA graph."""
-    for _ in range(2):
-        fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(5):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(reps):
-            graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / reps / layers)
-    del graph
-    return float(np.median(times))
 
 
 def linear(in_features: int, out_features: int, dtype: torch.dtype = BF16) -> Linear:
@@ -136,7 +113,7 @@ def layer_row(name: str, hidden: int, inter: int, layers: int, rows: int) -> Non
             h = add_layer_norm(linear_into_(attn[i], o[i], h0[i]), o[i].bias, w, b, 1e-12)
             add_layer_norm(linear_into_(linear_gelu(h, up[i]), down[i], h), down[i].bias, w, b, 1e-12)
 
-    cells = {label: graph_us(fn, layers) for label, fn in
+    cells = {label: graph_us_per_call(fn, layers) for label, fn in
              (("unfused", unfused), ("gelu", gelu_only), ("both", both), ("unfused2", unfused), ("both2", both))}
     off = (cells["unfused"] + cells["unfused2"]) / 2
     on = (cells["both"] + cells["both2"]) / 2
@@ -229,14 +206,14 @@ def swiglu_row(rows: int, hidden: int = 1024, inter: int = 3072, layers: int = 2
                              num_warps=warps)
         return fused
 
-    base = graph_us(unfused, layers)
+    base = graph_us_per_call(unfused, layers)
     cells = []
     for tiles in SWIGLU_TILES:
         bm, bn, bk, stages, warps = tiles
         try:
             got = gate_up_silu(xs[0], weights[0], block_m=bm, block_n=bn, block_k=bk, num_stages=stages,
                                num_warps=warps).float()
-            cells.append((graph_us(fused_with(tiles), layers), tiles, float((got - ref).abs().max())))
+            cells.append((graph_us_per_call(fused_with(tiles), layers), tiles, float((got - ref).abs().max())))
         except Exception as exc:  # a tile set that does not compile or fit in shared memory
             print(f"  swiglu {rows} {tiles}: {type(exc).__name__}", flush=True)
     cells.sort()

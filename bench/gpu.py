@@ -37,6 +37,28 @@ def cuda_time(fn: Callable[[], Any]) -> float:
     return time.perf_counter() - started
 
 
+def graph_us_per_call(fn: Callable[[], object], calls_in_graph: int, reps: int = 30) -> float:
+    """Device microseconds per call of ``fn`` captured ``calls_in_graph`` times... (``fn`` runs them all)."""
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(reps):
+            graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1000 / reps / calls_in_graph)
+    return float(np.median(times))
+
+
 def petal_throughput(engine: Engine, docs: list[np.ndarray]) -> tuple[float, np.ndarray]:
     """Seconds to embed ``docs`` (pack, step, results), and the vectors in input order."""
     config = PackConfig(engine.config.token_budget, engine.config.max_seqs)

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from petal.bench.gpu import latency, random_docs
+from petal.bench.gpu import graph_us_per_call, latency, random_docs
 from petal.bench.shapes import hf_model, native_from_hf, shape
 from petal.engine.batch import PackedBatch, token_bucket
 from petal.engine.config import EngineConfig
@@ -47,28 +47,6 @@ CUDA = torch.device("cuda")
 BF16 = torch.bfloat16
 LAYERS = 28
 SUMMARY: list[str] = []
-
-
-def graph_us_per_call(fn: Callable[[], None], calls_in_graph: int, reps: int = 30) -> float:
-    """Device microseconds per call of ``fn`` captured ``calls_in_graph`` times... (``fn`` runs them all)."""
-    for _ in range(2):
-        fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(5):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(reps):
-            graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / reps / calls_in_graph)
-    return float(np.median(times))
 
 
 def variants() -> dict[str, EngineConfig]:

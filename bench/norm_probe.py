@@ -7,11 +7,11 @@ variants that normalise several rows a program (16384 x 1024 bf16, 28 distinct i
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 
-import numpy as np
 import torch
 import torch.nn.functional as F
+
+from petal.bench.gpu import graph_us_per_call
 
 CUDA = torch.device("cuda")
 BF16 = torch.bfloat16
@@ -51,25 +51,6 @@ def kernels():
     return rms_rows, ln_rows
 
 
-def graph_us(fn: Callable[[], object], calls: int, reps: int = 20) -> float:
-    for _ in range(2):
-        fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    times = []
-    for _ in range(5):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(reps):
-            graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / reps / calls)
-    return float(np.median(times))
-
-
 def main() -> None:
     import flashinfer
 
@@ -83,27 +64,27 @@ def main() -> None:
     b = torch.randn(hidden, device=CUDA, dtype=BF16)
     gb = 2 * rows * hidden * 2 / 1e9
     ref = F.rms_norm(xs[0].float(), (hidden,), w.float(), 1e-6)
-    base = graph_us(lambda: [flashinfer.rmsnorm(x, w, 1e-6) for x in xs], layers)
+    base = graph_us_per_call(lambda: [flashinfer.rmsnorm(x, w, 1e-6) for x in xs], layers)
     print(f"rmsnorm flashinfer: {base:.2f} us ({gb / base * 1e3:.2f} TB/s)")
     for r in (1, 2, 4, 8, 16):
         for warps in (4, 8, 16):
             def run(r: int = r, warps: int = warps) -> None:
                 for x, o in zip(xs, outs):
                     rms_rows[(triton_cdiv(rows, r),)](x, w, o, rows, 1e-6, N=hidden, ROWS=r, num_warps=warps)
-            us = graph_us(run, layers)
+            us = graph_us_per_call(run, layers)
             run()
             err = float((outs[0].float() - ref).abs().max())
             print(f"rmsnorm triton rows {r:>2} warps {warps:>2}: {us:.2f} us ({gb / us * 1e3:.2f} TB/s, "
                   f"{us / base:.2f}x, max err {err:.3f})", flush=True)
     ln_ref = F.layer_norm(xs[0].float() + b.float(), (hidden,), w.float(), b.float(), 1e-12)
-    base = graph_us(lambda: [add_layer_norm(x, b, w, b, 1e-12) for x in xs], layers)
+    base = graph_us_per_call(lambda: [add_layer_norm(x, b, w, b, 1e-12) for x in xs], layers)
     print(f"layernorm (bias row) today: {base:.2f} us ({gb / base * 1e3:.2f} TB/s)")
     for r in (1, 2, 4, 8, 16):
         for warps in (4, 8, 16):
             def run_ln(r: int = r, warps: int = warps) -> None:
                 for x, o in zip(xs, outs):
                     ln_rows[(triton_cdiv(rows, r),)](x, b, w, b, o, rows, 1e-12, N=hidden, ROWS=r, num_warps=warps)
-            us = graph_us(run_ln, layers)
+            us = graph_us_per_call(run_ln, layers)
             run_ln()
             err = float((outs[0].float() - ln_ref).abs().max())
             print(f"layernorm triton rows {r:>2} warps {warps:>2}: {us:.2f} us ({gb / us * 1e3:.2f} TB/s, "

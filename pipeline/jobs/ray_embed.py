@@ -25,11 +25,11 @@ from typing import Any
 from petal.pipeline.config import ScaleConfig
 from petal.pipeline.ingest.parquet import ReadStats
 from petal.pipeline.jobs.report import RunReport
-from petal.pipeline.jobs.worker import WorkerPlan, claimed_documents
+from petal.pipeline.jobs.worker import WorkerPlan, claimed_documents, entry_written_since, unit_entry_path
 from petal.pipeline.reliability.errors import ConfigError, PetalError, TemporaryFailure
 from petal.pipeline.reliability.signals import StopSignals
-from petal.pipeline.store.embeddings import DamagedEntry, EmbeddingStore, StoreEntry, shard_key
-from petal.pipeline.store.ranges import RangeAssembly, part_dir
+from petal.pipeline.store.embeddings import EmbeddingStore, StoreEntry
+from petal.pipeline.store.ranges import RangeAssembly
 
 RAY_MISSING = "--ray needs Ray Data, which is not installed: pip install 'petal[ray]' (or pip install 'ray[data]')"
 
@@ -143,9 +143,7 @@ def embed_on_ray(plan: WorkerPlan, scale: ScaleConfig, report: RunReport, stop: 
             unit = int(row["position"])
             reported.add(unit)
             part = plan.ranges[unit]
-            info, fingerprint = plan.shards[part.position], plan.fingerprints[part.position]
-            expected = store.shards_dir / shard_key(info) / fingerprint if part.whole else \
-                part_dir(store, info, fingerprint, part)
+            expected = unit_entry_path(plan, store, unit)
             assert str(expected) == row["entry"], row
             entry = store.read_entry(expected)
             actor = per_actor.setdefault(int(row["pid"]), {"shards": 0, "ranges": 0, "rows": 0, "tokens": 0,
@@ -177,19 +175,14 @@ def _unreported_commits(plan: WorkerPlan, store: EmbeddingStore, reported: set[i
                         since: float) -> list[tuple[int, StoreEntry]]:
     """Whole shards an actor committed to the store (the entry's rename) whose row never reached the driver:
     an actor can die, or its batch fail, between the two. They count (the exit message says what the store
-    holds, which the rerun reuses) when their ``entry.json`` was written during this run (an older entry,
-    as ``--full`` replaces, does not). A split shard's ranges are assembled by the driver only, so an
-    unreported range never makes a committed shard."""
+    holds, which the rerun reuses) when written during this run (``entry_written_since``). A split shard's
+    ranges are assembled by the driver only, so an unreported range never makes a committed shard."""
     found: list[tuple[int, StoreEntry]] = []
     for unit, part in enumerate(plan.ranges):
-        if unit in reported or not part.whole:
-            continue
-        path = store.shards_dir / shard_key(plan.shards[part.position]) / plan.fingerprints[part.position]
-        try:
-            if (path / "entry.json").stat().st_mtime >= since:
-                found.append((unit, store.read_entry(path)))  # complete and readable, as the rerun needs it
-        except (OSError, DamagedEntry):
-            continue
+        if unit not in reported and part.whole:
+            entry = entry_written_since(plan, store, unit, since)
+            if entry is not None:
+                found.append((unit, entry))
     return found
 
 

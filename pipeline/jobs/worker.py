@@ -34,6 +34,8 @@ from typing import Any
 
 from petal.pipeline.config import IndexJob
 from petal.pipeline.ingest.parquet import ReadStats, ShardInfo
+from petal.pipeline.store.embeddings import DamagedEntry, EmbeddingStore, StoreEntry, shard_key
+from petal.pipeline.store.ranges import part_dir
 
 PROGRESS_EVERY_S = 0.25
 
@@ -168,6 +170,28 @@ def _run(plan: WorkerPlan, slot: WorkerSlot, events: Channel, stop: Any) -> dict
                           "embed_wait_device": report.timings_s.get("embed_wait_device", 0.0)},
             "engine": engine.describe(), "stats": engine.stats.as_dict(),
             "oom_splits": report.retries["oom_splits"]}
+
+
+def unit_entry_path(plan: WorkerPlan, store: EmbeddingStore, unit: int) -> Path:
+    """Where ``unit``'s committed entry (a whole shard's, or a range part's) lives in the store."""
+    part = plan.ranges[unit]
+    info, fingerprint = plan.shards[part.position], plan.fingerprints[part.position]
+    path: Path = store.shards_dir / shard_key(info) / fingerprint if part.whole else \
+        part_dir(store, info, fingerprint, part)
+    return path
+
+
+def entry_written_since(plan: WorkerPlan, store: EmbeddingStore, unit: int, since: float) -> StoreEntry | None:
+    """``unit``'s entry if one is in the store, readable, with its ``entry.json`` written at or after ``since``
+    (``time.time()``); else ``None``. A worker or actor that dies (or fails) between the entry's rename and
+    its report leaves exactly such an entry; an older one (an earlier run's, as ``--full`` replaces) is not."""
+    path = unit_entry_path(plan, store, unit)
+    try:
+        if (path / "entry.json").stat().st_mtime < since:
+            return None
+        return store.read_entry(path)
+    except (OSError, DamagedEntry):
+        return None
 
 
 def claimed_documents(plan: WorkerPlan, events: Any, closing: threading.Event,

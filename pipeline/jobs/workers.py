@@ -30,11 +30,11 @@ from tqdm import tqdm
 from petal.pipeline.config import ScaleConfig
 from petal.pipeline.ingest.parquet import ReadStats
 from petal.pipeline.jobs.report import RunReport
-from petal.pipeline.jobs.worker import WorkerPlan, WorkerSlot, worker_main
+from petal.pipeline.jobs.worker import WorkerPlan, WorkerSlot, entry_written_since, unit_entry_path, worker_main
 from petal.pipeline.reliability.errors import ConfigError, PetalError, TemporaryFailure
 from petal.pipeline.reliability.signals import StopSignals
-from petal.pipeline.store.embeddings import DamagedEntry, StoreEntry, shard_key
-from petal.pipeline.store.ranges import RangeAssembly, part_dir
+from petal.pipeline.store.embeddings import StoreEntry
+from petal.pipeline.store.ranges import RangeAssembly
 
 SHUTDOWN_GRACE_S = 30.0  # a worker told to stop gets this long to reach a batch boundary, then SIGKILL
 
@@ -210,14 +210,7 @@ class _Pool:
         reuses) when its ``entry.json`` was written after the unit was handed out (an entry of an earlier
         run, as ``--full`` replaces, does not)."""
         for unit, (owner, handed_at) in list(self.handed.items()):
-            if owner != worker:
-                continue
-            path = self._expected(unit)
-            try:
-                written = (path / "entry.json").stat().st_mtime
-                entry = self.assembly.store.read_entry(path) if written >= handed_at else None
-            except (FileNotFoundError, DamagedEntry):
-                entry = None
+            entry = entry_written_since(self.plan, self.assembly.store, unit, handed_at) if owner == worker else None
             if entry is not None:
                 self._committed(unit, entry, None)
 
@@ -254,17 +247,9 @@ class _Pool:
         self.committed += len(done)
         self.commits.extend(done)
 
-    def _expected(self, unit: int) -> Any:
-        """Where ``unit``'s committed entry (or range part) lives in the store."""
-        part = self.plan.ranges[unit]
-        info, fingerprint = self.plan.shards[part.position], self.plan.fingerprints[part.position]
-        store = self.assembly.store
-        return store.shards_dir / shard_key(info) / fingerprint if part.whole else \
-            part_dir(store, info, fingerprint, part)
-
     def _entry(self, unit: int, path: str) -> StoreEntry:
         """The entry (or range part) the worker committed for ``unit``, read back and checked."""
-        expected = self._expected(unit)
+        expected = unit_entry_path(self.plan, self.assembly.store, unit)
         assert str(expected) == path, (unit, path)
         return self.assembly.store.read_entry(expected)
 
