@@ -22,10 +22,11 @@ def _norm_rope(x1, x2, pos, table_ptr, w_row, eps, HALF: tl.constexpr):
 
 
 @triton.jit
-def _whole_bucket(qkv_ptr, stride_t, out_ptr, stride_out, seq_ptr, pos_ptr, table_ptr, w_ptr, eps, qk_scale,
-                  num_tokens, rows, row_mask, head, k_col, v_col, HALF: tl.constexpr, BLOCK_N: tl.constexpr,
-                  CAUSAL: tl.constexpr, NORM_ROPE: tl.constexpr):
-    # one head's attention for ``rows`` over keys 0..num_tokens-1 (all of them in one block), loads first
+def _whole_head(qkv_ptr, stride_t, seq_ptr, pos_ptr, table_ptr, w_ptr, eps, qk_scale, num_tokens, rows, row_mask,
+                head, k_col, v_col, HALF: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+                NORM_ROPE: tl.constexpr):
+    # one head's attention for ``rows`` over keys 0..num_tokens-1 (all of them in one block, loads first):
+    # returns [rows, head_dim] float32 (``engine/layers/skinny_linear.py``'s attention + O kernel uses it too)
     head_dim: tl.constexpr = 2 * HALF
     ty = qkv_ptr.dtype.element_ty
     d = tl.arange(0, HALF)[None, :]
@@ -54,8 +55,17 @@ def _whole_bucket(qkv_ptr, stride_t, out_ptr, stride_out, seq_ptr, pos_ptr, tabl
     scores = tl.where(valid, scores * qk_scale, -1.0e30)
     m = tl.max(scores, axis=1)
     p = tl.where(valid, tl.exp2(scores - m[:, None]), 0.0)
-    out = tl.dot(p.to(ty), v) / tl.maximum(tl.sum(p, axis=1), 1e-30)[:, None]
-    out_ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_out + head * head_dim + dv
+    return tl.dot(p.to(ty), v) / tl.maximum(tl.sum(p, axis=1), 1e-30)[:, None]
+
+
+@triton.jit
+def _whole_bucket(qkv_ptr, stride_t, out_ptr, stride_out, seq_ptr, pos_ptr, table_ptr, w_ptr, eps, qk_scale,
+                  num_tokens, rows, row_mask, head, k_col, v_col, HALF: tl.constexpr, BLOCK_N: tl.constexpr,
+                  CAUSAL: tl.constexpr, NORM_ROPE: tl.constexpr):
+    out = _whole_head(qkv_ptr, stride_t, seq_ptr, pos_ptr, table_ptr, w_ptr, eps, qk_scale, num_tokens, rows,
+                      row_mask, head, k_col, v_col, HALF, BLOCK_N, CAUSAL, NORM_ROPE)
+    dv = tl.arange(0, 2 * HALF)[None, :]
+    out_ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_out + head * 2 * HALF + dv
     tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_mask[:, None])
 
 
