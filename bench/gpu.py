@@ -193,7 +193,7 @@ def run_gpu_bench(shape: Shape, scenarios: tuple[str, ...], *, token_budget: int
     # very warm-up the engine asks for (same kernels, so Engine() joins this one)
     model_config = model_class_for(shape.hf_config).config_from_hf(shape.hf_config)
     small = SmallBatchKernels.for_engine(config, model_config, device, dtype)
-    start_warmup(model_config, dtype, device, small.skinny_tokens, small.pdl)
+    start_warmup(model_config, dtype, device, small.skinny_tokens, small.skinny_options())
     hf = hf_model(shape, device, dtype)
     spec, model = native_from_hf(shape, hf, device, dtype)
     if not hf_baseline:

@@ -515,6 +515,7 @@ import sys, time
 import torch
 from petal.bench.shapes import shape
 from petal.engine.layers import warmup
+from petal.engine.layers.skinny_linear import SkinnyOptions
 from petal.engine.models import model_class_for
 skinny, threads = int(sys.argv[1]), int(sys.argv[2])
 torch.empty(1, device="cuda")
@@ -522,7 +523,7 @@ s = shape("pplx-embed-0.6b")
 cfg = model_class_for(s.hf_config).config_from_hf(s.hf_config)
 warmup.WARMUP_THREADS = threads
 started = time.perf_counter()
-thread = warmup.start_warmup(cfg, torch.bfloat16, torch.device("cuda"), skinny, True)
+thread = warmup.start_warmup(cfg, torch.bfloat16, torch.device("cuda"), skinny, SkinnyOptions(True, True))
 thread.join()
 print(time.perf_counter() - started)
 """

@@ -147,6 +147,7 @@ class EngineConfig:
     fused_mlp_tokens: int = 32
     skinny_layer_tokens: int = 128  # Qwen3 layers as four weight-streaming kernels (engine/layers/skinny_linear.py)
     pdl: bool = True  # ... launched as programmatic dependent launches (sm90+)
+    attention_in_o: bool = True  # ... the 16-token bucket: the attention inside the O projection's kernel
     # CUDA, every bucket: residual adds (and BERT's up-projection GELU) in the GEMMs (engine/small_batch.py)
     gemm_epilogues: bool = True
 

@@ -36,6 +36,7 @@ class ForwardContext:
     fused_mlp: bool = False  # Qwen3 gate/up GEMM with SwiGLU fused (engine/layers/fused_mlp.py)
     skinny_layers: bool = False  # Qwen3 layers as weight-streaming kernels (engine/layers/skinny_linear.py)
     pdl: bool = False  # ... launched as programmatic dependent launches
+    attention_in_o: bool = False  # ... with the attention inside the O projection's kernel (buckets with its tiles)
     # every step on CUDA: the residual add in the O and down GEMMs (cuBLAS beta 1), and (BERT family) the
     # up projection's bias and GELU in its cuBLASLt epilogue
     gemm_epilogues: bool = False

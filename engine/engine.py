@@ -107,7 +107,7 @@ class Engine:
         self.small = SmallBatchKernels.for_engine(config, spec.config, self.device, self.activation_dtype)
         # compiles while the weights load
         warmup = start_warmup(spec.config, self.activation_dtype, self.device, self.small.skinny_tokens,
-                              self.small.pdl)
+                              self.small.skinny_options())
         if model is None:
             model = load_model(spec, self.device, self.activation_dtype)
             if self.dtype != self.activation_dtype:

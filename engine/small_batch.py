@@ -8,7 +8,8 @@ the H200: README "Small-batch latency") a step runs
 - Qwen3's gate/up GEMM with SwiGLU in its epilogue,
 - (buckets up to 128 tokens) each Qwen3 layer as four weight-streaming GEMMs with the norms and residual
   adds inside, around that attention kernel, launched as programmatic dependent launches on sm90+, with
-  tiles per bucket (``engine/layers/skinny_linear.py``).
+  tiles per bucket (``engine/layers/skinny_linear.py``); in the 16-token bucket the attention runs inside
+  the O projection's kernel.
 
 The choice is made per bucket (a graph's shapes are fixed), so each bucket's graph holds one path.
 
@@ -32,6 +33,7 @@ import torch
 from petal.engine.config import EngineConfig, ModelConfig
 from petal.engine.context import ForwardContext
 from petal.engine.layers.fused_mlp import fits as fused_mlp_fits
+from petal.engine.layers.skinny_linear import BUCKET_TILES, SkinnyOptions, attention_fits, layer_tiles
 from petal.engine.layers.skinny_linear import MAX_ROWS as SKINNY_MAX_ROWS
 from petal.engine.layers.skinny_linear import fits as skinny_fits
 from petal.engine.layers.small_attention import SMALL_ATTENTION_HEAD_DIMS
@@ -46,6 +48,7 @@ class SmallBatchKernels:
     mlp_tokens: int  # ... the fused gate/up + SwiGLU kernel (Qwen3)
     skinny_tokens: int = 0  # ... whole Qwen3 layers as weight-streaming kernels
     pdl: bool = False  # ... launched as programmatic dependent launches
+    attention_in_o: bool = False  # ... the attention inside the O projection (buckets whose tiles have it)
     gemm_epilogues: bool = False  # every bucket: residual adds in the GEMMs (BERT family, Qwen3 without biases)
     gelu_epilogue: bool = False  # every bucket: the up projection's bias + GELU in cuBLASLt's epilogue
 
@@ -72,7 +75,14 @@ class SmallBatchKernels:
                 model.hidden_size, model.num_heads * model.head_dim, model.intermediate_size):
             skinny = min(config.skinny_layer_tokens, SKINNY_MAX_ROWS)
         pdl = config.pdl and skinny > 0 and torch.cuda.get_device_capability(device)[0] >= 9
-        return cls(attention, mlp, skinny, pdl, gemm_epilogues=into, gelu_epilogue=gelu)
+        in_o = config.attention_in_o and skinny > 0 and all(
+            attention_fits(model.hidden_size, t.attention_o)
+            for t in BUCKET_TILES.values() if t.attention_o is not None)
+        return cls(attention, mlp, skinny, pdl, in_o, gemm_epilogues=into, gelu_epilogue=gelu)
+
+    def skinny_options(self) -> SkinnyOptions:
+        """How the skinny layers launch (the warm-up compiles these variants)."""
+        return SkinnyOptions(self.pdl, self.attention_in_o)
 
     def apply(self, ctx: ForwardContext, num_tokens: int) -> None:
         """Mark ``ctx`` (a step of ``num_tokens`` token slots) with the kernels its bucket runs."""
@@ -80,5 +90,7 @@ class SmallBatchKernels:
         ctx.fused_mlp = num_tokens <= self.mlp_tokens
         ctx.skinny_layers = num_tokens <= self.skinny_tokens
         ctx.pdl = self.pdl and ctx.skinny_layers
+        ctx.attention_in_o = (self.attention_in_o and ctx.skinny_layers
+                              and layer_tiles(num_tokens).attention_o is not None)
         ctx.gemm_epilogues = self.gemm_epilogues
         ctx.gelu_epilogue = self.gelu_epilogue

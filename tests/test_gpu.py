@@ -267,9 +267,10 @@ def test_kernel_warmup_compiles_what_the_model_runs(family, tmp_path, monkeypatc
     config = model_class_for(shape.hf_config).config_from_hf(shape.hf_config)
     engine_config = EngineConfig(device="cuda", dtype="bfloat16", token_budget=4096)
     small = SmallBatchKernels.for_engine(engine_config, config, CUDA, torch.bfloat16)  # as the engine decides
-    thread = warmup.start_warmup(config, torch.bfloat16, CUDA, small.skinny_tokens, small.pdl)
+    thread = warmup.start_warmup(config, torch.bfloat16, CUDA, small.skinny_tokens, small.skinny_options())
     assert thread is not None
-    assert warmup.start_warmup(config, torch.bfloat16, CUDA, small.skinny_tokens, small.pdl) is thread  # idempotent
+    assert warmup.start_warmup(config, torch.bfloat16, CUDA, small.skinny_tokens,
+                               small.skinny_options()) is thread  # idempotent
     thread.join()
     compiled = sorted(os.listdir(tmp_path / "triton"))
     assert compiled  # the warm-up compiled something

@@ -166,6 +166,63 @@ def test_skinny_kernels_match_reference(num_tokens, hidden, width, inter, pdl, r
             assert torch.equal(outs[key], value), key
 
 
+@pytest.mark.parametrize("pdl", [False, True])
+@pytest.mark.parametrize(("hq", "hk", "d", "hidden", "causal"), [
+    (16, 8, 128, 1024, False), (16, 8, 128, 1024, True), (4, 2, 64, 256, True), (12, 12, 32, 512, False)])
+@pytest.mark.parametrize(("lengths", "padded"), [([16], True), ([1], True), ([5, 1, 9], True), ([30], True),
+                                                 ([60], True), ([3, 20, 7, 30], True), ([11], False)])
+def test_attention_add_equals_the_attention_kernel_then_linear_add(hq, hk, d, hidden, causal, lengths, padded, pdl):
+    """The attention inside the O projection (``attention_add``, steps of up to 64 slots) gives what the
+    attention kernel followed by ``linear_add`` gives with the same tiles, and float32; graph replays equal eager."""
+    from petal.engine.layers.rotary import RotaryEmbedding
+    from petal.engine.layers.skinny_linear import GemmTiles, attention_add, linear_add
+    from petal.engine.layers.small_attention import SmallAttention, attend
+
+    if pdl and torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("programmatic dependent launch needs sm90+")
+    real, seq_ids, cu, positions = bucket_inputs(lengths, padded)
+    t = seq_ids.shape[0]
+    torch.manual_seed(t + hq + d)
+    qkv = torch.randn(t, (hq + 2 * hk) * d, device=CUDA, dtype=torch.bfloat16) * 2
+    table = RotaryEmbedding(d, 1024, 1e6).cos_sin(CUDA)
+    qk_weights = (torch.rand(2, d, device=CUDA) + 0.5).to(torch.bfloat16)
+    wo = torch.randn(hidden, hq * d, device=CUDA, dtype=torch.bfloat16) * (hq * d) ** -0.5
+    g = (torch.rand(hidden, device=CUDA) + 0.5).to(torch.bfloat16)
+    res = torch.randn(t, hidden, device=CUDA, dtype=torch.bfloat16)
+    attention = SmallAttention(seq_ids, cu, hq, hk, d, causal, d**-0.5, positions, table, qk_weights, 1e-6)
+    # the engine's tiles (16-slot bucket) and the same split over heads for 32 and 64 slots
+    tiles = GemmTiles(block_m=max(16, 1 << (t - 1).bit_length()), block_n=32, split_k=8)
+    ref_attn = attention_reference(qkv, seq_ids, positions, hq, hk, d, causal, table, qk_weights, 1e-6)
+    ref = res.float() + ref_attn.reshape(t, hq * d).to(torch.bfloat16).float() @ wo.float().T
+    apart, apart_next = linear_add(attend(qkv, attention).view(t, hq * d), wo, res.clone(), norm_weight=g, tiles=tiles)
+    outs = {}
+
+    def run():
+        outs["out"] = res.clone()
+        outs["sum"], nxt = attention_add(qkv, attention, wo, outs["out"], out=outs["out"], norm_weight=g, pdl=pdl,
+                                         tiles=tiles)
+        outs["hg"], outs["sumsq"] = nxt.hg, nxt.sumsq
+
+    run()
+    torch.cuda.synchronize()
+    eager = {key: value.clone() for key, value in outs.items()}
+    assert eager["sum"].data_ptr() == eager["out"].data_ptr() or torch.equal(eager["sum"], eager["out"])
+    err = float((eager["sum"][:real].float() - ref[:real]).norm() / ref[:real].norm())
+    assert err < 1e-2, err
+    assert not torch.equal(eager["sum"][:real], res[:real])  # the product was added
+    torch.testing.assert_close(eager["sum"][:real], apart[:real], atol=3e-2, rtol=1e-2)
+    torch.testing.assert_close(eager["hg"][:real], apart_next.hg[:real], atol=3e-2, rtol=1e-2)
+    torch.testing.assert_close(eager["sumsq"].sum(0)[:real], apart_next.sumsq.sum(0)[:real], rtol=1e-2, atol=1e-2)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    for _ in range(3):  # split-K counters back at 0 after every run
+        graph.replay()
+        torch.cuda.synchronize()
+        for key, value in eager.items():
+            assert torch.equal(outs[key], value), key
+
+
 def engines(family: str, **config):
     shape = TINY[family]
     hf = hf_model(shape, CUDA, torch.bfloat16, seed=11)
@@ -207,14 +264,16 @@ def test_small_batches_equal_the_plain_engine_and_transformers(family):
     assert fast.stats.graph_replays > 0
 
 
-@pytest.mark.parametrize("pdl", [True, False])
+@pytest.mark.parametrize(("pdl", "in_o"), [(True, True), (True, False), (False, True), (False, False)])
 @pytest.mark.parametrize("family", ["qwen3-causal", "qwen3-bidirectional"])
-def test_skinny_layers_equal_the_plain_engine(family, pdl):
-    """The skinny layer path (PDL on and off; every bucket up to 128 tokens, around the fused attention, which
-    it needs) against the engine without any small-batch kernel."""
+def test_skinny_layers_equal_the_plain_engine(family, pdl, in_o):
+    """The skinny layer path (PDL on and off, the attention inside the O projection in the 16-token bucket or
+    not; every bucket up to 128 tokens, around the fused attention, which it needs) against the engine without
+    any small-batch kernel."""
     shape, hf, fast, plain = engines(family, small_attention_tokens=128, fused_mlp_tokens=0,
-                                     skinny_layer_tokens=128, pdl=pdl)
+                                     skinny_layer_tokens=128, pdl=pdl, attention_in_o=in_o)
     assert fast.small.skinny_tokens == 128 and fast.small.pdl == (pdl and torch.cuda.get_device_capability()[0] >= 9)
+    assert fast.small.attention_in_o == in_o
     rng = np.random.default_rng(21)
     for num_seqs, high in ((1, 16), (1, 32), (2, 14), (4, 8), (1, 3), (1, 128), (3, 40), (2, 60), (9, 12)):
         docs = random_docs(rng.integers(1, high, num_seqs), 30000, seed=int(rng.integers(1 << 30)))
@@ -226,6 +285,9 @@ def test_skinny_layers_equal_the_plain_engine(family, pdl):
     bidirectional = family == "qwen3-bidirectional"
     ref = hf_embed(hf, shape, docs, batch_size=8, bidirectional=bidirectional)
     assert cosine_rows(petal_embed(fast, docs), ref).min() >= 0.995
+    assert fast.graphs is not None
+    ran = {bucket: state.ctx.attention_in_o for bucket, state in fast.graphs.states.items()}
+    assert 16 in ran and ran == {bucket: in_o and bucket == 16 for bucket in ran}
 
 
 @pytest.mark.parametrize("family", ["bert", "qwen3-causal", "qwen3-bidirectional"])

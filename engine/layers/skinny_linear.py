@@ -22,6 +22,10 @@ With ``pdl=True`` (sm90+) each kernel is launched as a programmatic dependent la
 during the previous kernel, prefetches its own weights into L2, and waits only before it reads
 activations, so the launch and the first weight reads of each kernel hide behind the one before.
 
+For the 16-slot bucket ``attention_add`` runs the attention (the one-key-block path of
+``engine/layers/small_attention.py``) inside the O projection: each program attends for its own heads
+and multiplies the result straight into its slice of the GEMM, so a Qwen3 layer is four kernels.
+
 Tiles are chosen per bucket and per kernel (``BUCKET_TILES``); a row block of ``block_m`` rows is a
 grid dimension, so a bucket of more rows than ``block_m`` reads each weight tile once per row block
 (the later reads mostly from L2).
@@ -30,9 +34,11 @@ grid dimension, so a bucket of more rows than ``block_m`` reads each weight tile
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
+
+from petal.engine.layers.small_attention import LOG2_E, WHOLE_MAX_TOKENS, SmallAttention, attend
 
 
 @dataclass(frozen=True)
@@ -56,6 +62,9 @@ class LayerTiles:
     o: GemmTiles  # linear_add, [T, hq d] @ [hq d, hidden]
     gate_up: GemmTiles  # norm_linear with SwiGLU, [T, hidden] @ [hidden, 2 I]
     down: GemmTiles  # linear_add, [T, I] @ [I, hidden]
+    # attention_add (attention inside the O projection; block_m = the bucket, split_k divides the heads);
+    # None: the bucket runs the attention kernel and linear_add apart
+    attention_o: GemmTiles | None = None
 
 
 def _tiles(block_m: int, norm_n: int = 32, add_n: int = 32, split_k: int = 4) -> LayerTiles:
@@ -66,7 +75,9 @@ def _tiles(block_m: int, norm_n: int = 32, add_n: int = 32, split_k: int = 4) ->
 # Per bucket (token slots), measured on the H200 with the pplx-embed-0.6b shape (bench/l1_probe.py
 # skinny_sweep: each kernel over its tile candidates, 28 distinct weights in a graph).
 BUCKET_TILES: dict[int, LayerTiles] = {
-    16: _tiles(16),
+    16: replace(_tiles(16), attention_o=GemmTiles(16, 32, split_k=8)),
+    # NOTE: 32 and 64 rows run the attention apart: inside the O projection it cost 2.2 / 9.8 us a layer more
+    # (bench/attention_o_probe.py ceiling), 16 rows gain 1.5 us
     32: LayerTiles(qkv=GemmTiles(64, 32), o=GemmTiles(32, 16, split_k=2), gate_up=GemmTiles(64, 32),
                    down=GemmTiles(32, 32, split_k=4)),  # NOTE: 64-row norm_linear tiles (wgmma) beat 32
     64: LayerTiles(qkv=GemmTiles(64, 32), o=GemmTiles(64, 16, split_k=2), gate_up=GemmTiles(64, 32),
@@ -97,6 +108,20 @@ def fits(hidden_size: int, q_size: int, intermediate_size: int, tiles: LayerTile
         parts = hidden_size // t.block_n  # sums of squares per column tile, summed by norm_linear
         add_ok = add_ok and hidden_size % t.block_n == 0 and parts & (parts - 1) == 0 and k % t.block_k == 0
     return norm_ok and add_ok
+
+
+def attention_fits(hidden_size: int, tiles: GemmTiles) -> bool:
+    """Whether ``attention_add`` with ``tiles`` fits a layer: the column tiles divide the hidden size (in a
+    power of two of them, for the next norm's partial sums). Its split over heads adapts (``_head_split``)."""
+    parts = hidden_size // tiles.block_n
+    return hidden_size % tiles.block_n == 0 and parts & (parts - 1) == 0
+
+
+def _head_split(num_heads: int, tiles: GemmTiles) -> int:
+    split = tiles.split_k
+    while split > 1 and num_heads % split:
+        split //= 2
+    return split
 
 
 def _split_k(k: int, tiles: GemmTiles) -> int:
@@ -171,6 +196,39 @@ def _workspace(device: torch.device, numel: int, num_tiles: int) -> tuple[torch.
             torch.zeros(num_tiles, dtype=torch.int32, device=device))
 
 
+@dataclass(frozen=True)
+class _AddOutputs:
+    """What an add kernel writes: the sum, and with a norm weight the next ``norm_linear``'s input."""
+
+    out: torch.Tensor
+    scaled: torch.Tensor | None
+    sumsq: torch.Tensor | None
+
+    @classmethod
+    def make(cls, residual: torch.Tensor, out: torch.Tensor | None, norm_weight: torch.Tensor | None,
+             col_tiles: int) -> _AddOutputs:
+        out = torch.empty_like(residual) if out is None else out
+        if norm_weight is None:
+            return cls(out, None, None)
+        sumsq = torch.empty(col_tiles, residual.shape[0], dtype=torch.float32, device=residual.device)
+        return cls(out, torch.empty_like(out), sumsq)
+
+    def args(self, weight: torch.Tensor, norm_weight: torch.Tensor | None, num_tiles: int, numel: int
+             ) -> tuple[torch.Tensor, ...]:
+        """``g, scaled, sumsq, workspace, counters`` as the kernels take them (unused ones point elsewhere)."""
+        ws, counts = _workspace(self.out.device, numel, num_tiles)
+        g = weight if norm_weight is None else norm_weight  # NOTE: not read unless SCALED
+        return (g, self.out if self.scaled is None else self.scaled, ws if self.sumsq is None else self.sumsq,
+                ws, counts)
+
+    def strides(self) -> tuple[int, int]:
+        scaled = self.out if self.scaled is None else self.scaled
+        return scaled.stride(0), self.out.shape[0] if self.sumsq is None else self.sumsq.stride(0)
+
+    def result(self) -> tuple[torch.Tensor, NormInput | None]:
+        return self.out, None if self.scaled is None or self.sumsq is None else NormInput(self.scaled, self.sumsq)
+
+
 def linear_add(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, *, out: torch.Tensor | None = None,
                norm_weight: torch.Tensor | None = None, pdl: bool = False,
                tiles: GemmTiles | None = None) -> tuple[torch.Tensor, NormInput | None]:
@@ -188,23 +246,101 @@ def linear_add(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, *,
     if tiles is None:
         tiles = layer_tiles(num_tokens).o
     assert n % tiles.block_n == 0 and k % tiles.block_k == 0, (n, k, tiles)
-    if out is None:
-        out = torch.empty_like(residual)
-    scaled = None if norm_weight is None else torch.empty_like(out)
     col_tiles = n // tiles.block_n
-    sumsq = None if norm_weight is None else torch.empty(col_tiles, num_tokens, dtype=torch.float32, device=x.device)
+    outputs = _AddOutputs.make(residual, out, norm_weight, col_tiles)
     if num_tokens:
         row_blocks = -(-num_tokens // tiles.block_m)
         split = _split_k(k, tiles)
         num_tiles = col_tiles * row_blocks
-        ws, counts = _workspace(x.device, num_tiles * split * tiles.block_m * tiles.block_n, num_tiles)
-        g = weight if norm_weight is None else norm_weight  # NOTE: not read unless SCALED
-        sc = out if scaled is None else scaled
-        ss = ws if sumsq is None else sumsq
+        g, sc, ss, ws, counts = outputs.args(weight, norm_weight, num_tiles,
+                                             num_tiles * split * tiles.block_m * tiles.block_n)
         _kernels().linear_add_kernel[(col_tiles, split, row_blocks)](
-            x, weight, residual, out, g, sc, ss, ws, counts, num_tokens, x.stride(0), residual.stride(0), out.stride(0),
-            sc.stride(0), num_tokens if sumsq is None else sumsq.stride(0),
-            N=n, K=k, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, SPLIT_K=split,
-            PDL=pdl, PREFETCH_BLOCK=_prefetch_block(tiles.block_n, k // split), SCALED=scaled is not None,
+            x, weight, residual, outputs.out, g, sc, ss, ws, counts, num_tokens, x.stride(0), residual.stride(0),
+            outputs.out.stride(0), *outputs.strides(), N=n, K=k, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
+            BLOCK_K=tiles.block_k, SPLIT_K=split, PDL=pdl, PREFETCH_BLOCK=_prefetch_block(tiles.block_n, k // split),
+            SCALED=outputs.scaled is not None, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+            launch_pdl=pdl)
+    return outputs.result()
+
+
+def attention_add(qkv: torch.Tensor, attention: SmallAttention, weight: torch.Tensor, residual: torch.Tensor, *,
+                  out: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None, pdl: bool = False,
+                  tiles: GemmTiles) -> tuple[torch.Tensor, NormInput | None]:
+    """``residual + small_attention(qkv) @ weight.T`` in one kernel, for a step of at most ``tiles.block_m``
+    (<= ``WHOLE_MAX_TOKENS``) token slots.
+
+    ``qkv [T, (Hq + 2 Hk) D]`` as ``small_attention`` takes it, ``attention`` its other inputs, ``weight
+    [N, Hq D]`` (the O projection), ``residual [T, N]``: 16-bit, CUDA, contiguous rows. Returns what
+    ``linear_add`` returns; ``out`` may be ``residual``. The attention output is never written out.
+    """
+    num_tokens = qkv.shape[0]
+    n, k = weight.shape
+    a = attention
+    assert num_tokens <= tiles.block_m <= WHOLE_MAX_TOKENS and qkv.stride(1) == 1 and weight.is_contiguous()
+    assert k == a.num_heads * a.head_dim and residual.shape == (num_tokens, n) and residual.stride(1) == 1
+    assert attention_fits(n, tiles), (n, tiles)
+    col_tiles = n // tiles.block_n
+    split = _head_split(a.num_heads, tiles)
+    outputs = _AddOutputs.make(residual, out, norm_weight, col_tiles)
+    if num_tokens:
+        g, sc, ss, ws, counts = outputs.args(weight, norm_weight, col_tiles,
+                                             col_tiles * split * tiles.block_m * tiles.block_n)
+        positions, table, qk_weights = a.kernel_inputs()
+        _kernels().attention_add_kernel[(col_tiles, split)](
+            qkv, qkv.stride(0), a.token_seq_ids, positions, table, qk_weights, a.eps, a.scale * LOG2_E,
+            weight, residual, outputs.out, g, sc, ss, ws, counts, num_tokens, residual.stride(0),
+            outputs.out.stride(0), *outputs.strides(), N=n, Q_HEADS=a.num_heads,
+            K_HEADS=a.num_kv_heads, HALF=a.head_dim // 2, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
+            SPLIT_K=split, CAUSAL=a.causal, NORM_ROPE=a.qk_norm_weights is not None, PDL=pdl,
+            PREFETCH_BLOCK=_prefetch_block(tiles.block_n, k // split), SCALED=outputs.scaled is not None,
             num_warps=tiles.num_warps, num_stages=tiles.num_stages, launch_pdl=pdl)
-    return out, None if scaled is None or sumsq is None else NormInput(scaled, sumsq)
+    return outputs.result()
+
+
+@dataclass(frozen=True)
+class SkinnyLayerWeights:
+    """A Qwen3 layer's weights as the skinny kernels read them (Hugging Face names in the comments)."""
+
+    input_norm: torch.Tensor  # [hidden] input_layernorm.weight
+    qkv: torch.Tensor  # [(Hq + 2 Hk) D, hidden] self_attn.qkv_proj.weight (q | k | v)
+    o: torch.Tensor  # [hidden, Hq D] self_attn.o_proj.weight
+    post_norm: torch.Tensor  # [hidden] post_attention_layernorm.weight
+    gate_up: torch.Tensor  # [2 I, hidden] mlp.gate_up_proj.weight (gate | up)
+    down: torch.Tensor  # [hidden, I] mlp.down_proj.weight
+    qk_norm: torch.Tensor  # [2, D] self_attn.q_norm.weight and k_norm.weight
+    eps: float  # the RMSNorms'
+
+
+@dataclass(frozen=True)
+class SkinnyOptions:
+    """How a bucket's skinny layers launch (``engine/small_batch.py`` decides)."""
+
+    pdl: bool = False  # programmatic dependent launches (sm90+)
+    attention_in_o: bool = False  # the attention inside the O projection, where the bucket's tiles have it
+
+
+def skinny_layer(h: torch.Tensor, x: NormInput, layer: SkinnyLayerWeights, after: SkinnyLayerWeights | None,
+                 attention: SmallAttention, tiles: LayerTiles, options: SkinnyOptions) -> NormInput | None:
+    """One Qwen3 layer on the residual stream ``h [T, hidden]``, in place, as the skinny kernels:
+    ``qkv = norm_linear`` -> attention -> ``linear_add`` (O) -> ``norm_linear`` (gate/up, SwiGLU) ->
+    ``linear_add`` (down); with ``options.attention_in_o`` and ``tiles.attention_o`` the attention and O are
+    one ``attention_add``.
+
+    ``x`` is ``norm_input(h, layer.input_norm)`` (or what the layer before returned); returns the next
+    layer's (``None`` when there is no layer ``after`` this one, whose norm weight the last kernel applies).
+    ``attention``: the step's inputs besides ``qkv`` (its q/k norm weights are this layer's).
+    """
+    pdl = options.pdl
+    attention = replace(attention, qk_norm_weights=layer.qk_norm)
+    num_tokens = h.shape[0]
+    qkv = norm_linear(x, layer.eps, layer.qkv, pdl=pdl, tiles=tiles.qkv)
+    fused = tiles.attention_o
+    if options.attention_in_o and fused is not None and num_tokens <= fused.block_m:
+        _, mid = attention_add(qkv, attention, layer.o, h, out=h, norm_weight=layer.post_norm, pdl=pdl, tiles=fused)
+    else:
+        attended = attend(qkv, attention, pdl=pdl).view(num_tokens, layer.o.shape[1])
+        _, mid = linear_add(attended, layer.o, h, out=h, norm_weight=layer.post_norm, pdl=pdl, tiles=tiles.o)
+    assert mid is not None
+    act = norm_linear(mid, layer.eps, layer.gate_up, swiglu=True, pdl=pdl, tiles=tiles.gate_up)
+    return linear_add(act, layer.down, h, out=h, norm_weight=None if after is None else after.input_norm, pdl=pdl,
+                      tiles=tiles.down)[1]

@@ -13,6 +13,8 @@ kernel ahead is prefetching.
 import triton
 import triton.language as tl
 
+from petal.engine.layers.triton_attention import _whole_head
+
 LINE_ELEMENTS = 64  # 16-bit elements in a 128-byte cache line
 
 
@@ -103,7 +105,6 @@ def linear_add_kernel(x_ptr, w_ptr, res_ptr, out_ptr, g_ptr, scaled_ptr, ss_ptr,
         _prefetch_l2(w_ptr, col0, BLOCK_N, k_start, k_per_split, K, PREFETCH_BLOCK)
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    ty = out_ptr.dtype.element_ty
     m_idx = tl.arange(0, BLOCK_M)
     n_idx = tl.arange(0, BLOCK_N)
     rows = pid_m * BLOCK_M + m_idx
@@ -116,6 +117,66 @@ def linear_add_kernel(x_ptr, w_ptr, res_ptr, out_ptr, g_ptr, scaled_ptr, ss_ptr,
     for k0 in range(0, k_per_split, BLOCK_K):
         x = tl.load(x_ptrs + k0, mask=row_mask, other=0.0)
         acc = tl.dot(x, tl.trans(tl.load(w_ptrs + k0)), acc)
+    _add_partial(acc, res_ptr, out_ptr, g_ptr, scaled_ptr, ss_ptr, ws_ptr, count_ptr, num_tokens, stride_res,
+                 stride_out, stride_scaled, stride_ss, pid_n, pid_k, pid_m, N, BLOCK_M, BLOCK_N, SPLIT_K, SCALED)
+
+
+@triton.jit
+def attention_add_kernel(qkv_ptr, stride_t, seq_ptr, pos_ptr, table_ptr, qk_w_ptr, eps, qk_scale, w_ptr, res_ptr,
+                         out_ptr, g_ptr, scaled_ptr, ss_ptr, ws_ptr, count_ptr, num_tokens, stride_res, stride_out,
+                         stride_scaled, stride_ss, N: tl.constexpr, Q_HEADS: tl.constexpr, K_HEADS: tl.constexpr,
+                         HALF: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr,
+                         CAUSAL: tl.constexpr, NORM_ROPE: tl.constexpr, PDL: tl.constexpr,
+                         PREFETCH_BLOCK: tl.constexpr, SCALED: tl.constexpr):
+    """``out = residual + attention(qkv) @ w.T`` for a step of at most ``BLOCK_M`` tokens: the small
+    attention's one-key-block path (``_whole_head``) and the O projection in one kernel.
+
+    K (the attention output's width, ``Q_HEADS`` heads) is split over ``SPLIT_K`` programs per output tile;
+    each program computes the attention of its own heads for every token (each head's output is one
+    ``head_dim``-deep step of the GEMM, rounded to 16 bits as the separate kernel would store it) and never
+    writes it out; then the split-K sum, residual add and next-norm inputs of ``linear_add_kernel``.
+    NOTE: a head's attention is recomputed by each of the ``N // BLOCK_N`` column tiles: a few kFLOP each.
+    """
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    head_dim: tl.constexpr = 2 * HALF
+    K: tl.constexpr = Q_HEADS * head_dim
+    heads_per_split: tl.constexpr = Q_HEADS // SPLIT_K
+    k_start = pid_k * (heads_per_split * head_dim)
+    col0 = pid_n * BLOCK_N
+    if PDL:
+        _prefetch_l2(w_ptr, col0, BLOCK_N, k_start, heads_per_split * head_dim, K, PREFETCH_BLOCK)
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    ty = out_ptr.dtype.element_ty
+    rows = tl.arange(0, BLOCK_M)
+    row_mask = rows < num_tokens
+    cols = col0 + tl.arange(0, BLOCK_N)
+    w_ptrs = w_ptr + cols.to(tl.int64)[:, None] * K + k_start + tl.arange(0, head_dim)[None, :]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for i in tl.static_range(heads_per_split):
+        head = pid_k * heads_per_split + i
+        kv_head = head // (Q_HEADS // K_HEADS)
+        attended = _whole_head(qkv_ptr, stride_t, seq_ptr, pos_ptr, table_ptr, qk_w_ptr, eps, qk_scale, num_tokens,
+                               rows, row_mask, head, (Q_HEADS + kv_head) * head_dim,
+                               (Q_HEADS + K_HEADS + kv_head) * head_dim, HALF, BLOCK_M, CAUSAL, NORM_ROPE)
+        acc = tl.dot(attended.to(ty), tl.trans(tl.load(w_ptrs + i * head_dim)), acc)
+    _add_partial(acc, res_ptr, out_ptr, g_ptr, scaled_ptr, ss_ptr, ws_ptr, count_ptr, num_tokens, stride_res,
+                 stride_out, stride_scaled, stride_ss, pid_n, pid_k, 0, N, BLOCK_M, BLOCK_N, SPLIT_K, SCALED)
+
+
+@triton.jit
+def _add_partial(acc, res_ptr, out_ptr, g_ptr, scaled_ptr, ss_ptr, ws_ptr, count_ptr, num_tokens, stride_res,
+                 stride_out, stride_scaled, stride_ss, pid_n, pid_k, pid_m, N: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr, SCALED: tl.constexpr):
+    # a program's fp32 partial product ``acc`` of one output tile: written to ``ws``; the last of the tile's
+    # SPLIT_K programs sums them in split order, adds the residual, stores (and with SCALED the next norm's inputs)
+    ty = out_ptr.dtype.element_ty
+    m_idx = tl.arange(0, BLOCK_M)
+    n_idx = tl.arange(0, BLOCK_N)
+    rows = pid_m * BLOCK_M + m_idx
+    cols = pid_n * BLOCK_N + n_idx
+    row_mask = rows[:, None] < num_tokens
     tile = pid_m * (N // BLOCK_N) + pid_n
     tile_ws = ws_ptr + tile.to(tl.int64) * (SPLIT_K * BLOCK_M * BLOCK_N) + m_idx[:, None] * BLOCK_N + n_idx[None, :]
     tl.store(tile_ws + pid_k * (BLOCK_M * BLOCK_N), acc)

@@ -21,8 +21,8 @@ from petal.engine.batch import token_buckets
 from petal.engine.config import ModelConfig
 from petal.engine.layers.fused_mlp import fits as fused_mlp_fits
 from petal.engine.layers.fused_mlp import gate_up_silu
-from petal.engine.layers.skinny_linear import layer_tiles, linear_add, norm_input, norm_linear
-from petal.engine.layers.small_attention import SMALL_ATTENTION_HEAD_DIMS, small_attention
+from petal.engine.layers.skinny_linear import SkinnyLayerWeights, SkinnyOptions, layer_tiles, norm_input, skinny_layer
+from petal.engine.layers.small_attention import SMALL_ATTENTION_HEAD_DIMS, SmallAttention, small_attention
 from petal.engine.layers.triton_kernels import add_layer_norm, qk_norm_rope_, triton_available
 
 _warmups: dict[tuple[object, ...], threading.Thread] = {}
@@ -30,33 +30,34 @@ WARMUP_THREADS = max(1, min(8, (os.cpu_count() or 1) - 1))  # leave a core to th
 
 
 def start_warmup(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, skinny_tokens: int = 0,
-                 pdl: bool = False) -> threading.Thread | None:
+                 skinny: SkinnyOptions | None = None) -> threading.Thread | None:
     """Compile (or load from Triton's on-disk cache) the Triton kernels ``cfg``'s model will run, in a
     background thread, so it overlaps the weight load instead of delaying the first step (a cold
     compile took ~1.4 s on the H200 host). Idempotent; ``join()`` the thread before any CUDA graph
-    capture. ``None`` when no Triton kernel will run. ``skinny_tokens``, ``pdl``: the buckets that run the
-    skinny layer kernels (``SmallBatchKernels``) and whether they are programmatic dependent launches
-    (a variant of their own).
+    capture. ``None`` when no Triton kernel will run. ``skinny_tokens``, ``skinny``: the buckets that run the
+    skinny layer kernels and how they launch (``SmallBatchKernels``; each choice is a variant of its own).
     """
     if device.type != "cuda" or dtype not in (torch.bfloat16, torch.float16) or not triton_available():
         return None
+    skinny = skinny or SkinnyOptions()
     key = (cfg.architecture, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, dtype, str(device),
-           skinny_tokens, pdl)
+           skinny_tokens, skinny)
     thread = _warmups.get(key)
     if thread is None:
-        thread = threading.Thread(target=_warm, args=(cfg, dtype, device, skinny_tokens, pdl),
+        thread = threading.Thread(target=_warm, args=(cfg, dtype, device, skinny_tokens, skinny),
                                   name="petal-kernel-warmup", daemon=True)
         _warmups[key] = thread
         thread.start()
     return thread
 
 
-def _warm(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, skinny_tokens: int, pdl: bool) -> None:
+def _warm(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, skinny_tokens: int,
+          skinny: SkinnyOptions) -> None:
     # NOTE: a failure here is ignored: the real call compiles again and raises where it can be reported.
     # Dummy inputs match the real calls' dtypes, strides and sizes, so Triton specialises (and caches)
     # the very kernel the model launches.
     jobs: list[Callable[[], None]] = [lambda: _warm_common(cfg, dtype, device)]
-    jobs += [functools.partial(_warm_skinny_bucket, cfg, dtype, device, bucket, pdl)
+    jobs += [functools.partial(_warm_skinny_bucket, cfg, dtype, device, bucket, skinny)
              for bucket in token_buckets(max(skinny_tokens, 1)) if bucket <= skinny_tokens]
     # NOTE: one thread per job (each skinny bucket is a chain of its own variants): cold compiles in threads
     # overlap, their LLVM and ptxas parts at least (H200 host, all four skinny buckets: 14.7-16.8 s on one
@@ -119,29 +120,31 @@ def _warm_small_batch(cfg: ModelConfig, dtype: torch.dtype, device: torch.device
 
 
 def _warm_skinny_bucket(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, num_tokens: int,
-                        pdl: bool) -> None:
+                        options: SkinnyOptions) -> None:
     """The skinny layer kernels as the graph bucket of ``num_tokens`` slots calls them (a variant each; the
-    engine's buckets up to ``SmallBatchKernels.skinny_tokens``, which is 0 for a model they do not fit)."""
+    engine's buckets up to ``SmallBatchKernels.skinny_tokens``, which is 0 for a model they do not fit):
+    ``skinny_layer`` itself, on zeros, as a first layer, then as the last one."""
     q_size = cfg.num_heads * cfg.head_dim
     width = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
-    norm = torch.zeros(cfg.hidden_size, dtype=dtype, device=device)
+
+    def zeros(*shape: int, dtype: torch.dtype = dtype) -> torch.Tensor:
+        return torch.zeros(*shape, dtype=dtype, device=device)
+
+    norm = zeros(cfg.hidden_size)
+    layer = SkinnyLayerWeights(norm, zeros(width, cfg.hidden_size), zeros(cfg.hidden_size, q_size), norm,
+                               zeros(2 * cfg.intermediate_size, cfg.hidden_size),
+                               zeros(cfg.hidden_size, cfg.intermediate_size), zeros(2, cfg.head_dim), cfg.norm_eps)
+    # NOTE: one sequence of num_tokens tokens; every index the kernels read (sequence ids, positions,
+    # offsets) stays inside its own tensor
+    attention = SmallAttention(zeros(num_tokens, dtype=torch.int32), torch.tensor([0, num_tokens], dtype=torch.int32,
+                               device=device), cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.causal,
+                               cfg.head_dim**-0.5, zeros(num_tokens, dtype=torch.int32),
+                               zeros(8, cfg.head_dim, dtype=torch.float32), layer.qk_norm, cfg.norm_eps)
+    h = zeros(num_tokens, cfg.hidden_size)
     tiles = layer_tiles(num_tokens)
-    h = torch.zeros(num_tokens, cfg.hidden_size, dtype=dtype, device=device)
-    w_qkv = torch.zeros(width, cfg.hidden_size, dtype=dtype, device=device)
-    w_down = torch.zeros(cfg.hidden_size, cfg.intermediate_size, dtype=dtype, device=device)
-    # NOTE: the first layer's norm input has one partial sum per row, later ones one per column tile
-    # of linear_add (another NUM_PARTS, another variant): both are compiled.
-    norm_linear(norm_input(h, norm), cfg.norm_eps, w_qkv, pdl=pdl, tiles=tiles.qkv)
-    _, mid = linear_add(torch.zeros(num_tokens, q_size, dtype=dtype, device=device),
-                        torch.zeros(cfg.hidden_size, q_size, dtype=dtype, device=device), h, out=h,
-                        norm_weight=norm, pdl=pdl, tiles=tiles.o)
-    assert mid is not None
-    act = norm_linear(mid, cfg.norm_eps,
-                      torch.zeros(2 * cfg.intermediate_size, cfg.hidden_size, dtype=dtype, device=device),
-                      swiglu=True, pdl=pdl, tiles=tiles.gate_up)
-    _, nxt = linear_add(act, w_down, h, out=h, norm_weight=norm, pdl=pdl, tiles=tiles.down)
-    assert nxt is not None
-    norm_linear(nxt, cfg.norm_eps, w_qkv, pdl=pdl, tiles=tiles.qkv)
-    linear_add(act, w_down, h, out=h, pdl=pdl, tiles=tiles.down)  # the last layer's
-    if pdl:  # the attention between them is a PDL launch too (its own variant)
-        _warm_attention(cfg, dtype, device, num_tokens, pdl=True)
+    # NOTE: the first layer's norm input has one partial sum per row, later ones one per column tile of the
+    # down projection (another NUM_PARTS, another variant); the last layer's down projection writes no norm
+    # input and prefetches nothing: every variant is compiled.
+    x = skinny_layer(h, norm_input(h, norm), layer, layer, attention, tiles, options)
+    assert x is not None
+    skinny_layer(h, x, layer, None, attention, tiles, options)

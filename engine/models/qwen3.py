@@ -21,14 +21,14 @@ from petal.engine.layers.linear import Linear, linear_into_
 from petal.engine.layers.norm import RMSNorm
 from petal.engine.layers.rotary import RopeTables, RotaryEmbedding, apply_rotary
 from petal.engine.layers.skinny_linear import (
-    LayerTiles,
     NormInput,
+    SkinnyLayerWeights,
+    SkinnyOptions,
     layer_tiles,
-    linear_add,
     norm_input,
-    norm_linear,
+    skinny_layer,
 )
-from petal.engine.layers.small_attention import small_attention
+from petal.engine.layers.small_attention import SmallAttention, small_attention
 from petal.engine.layers.triton_kernels import qk_norm_rope_, triton_available
 from petal.engine.models.base import EncoderModel
 
@@ -189,27 +189,12 @@ class Qwen3DecoderLayer(nn.Module):
         self.self_attn(self.input_layernorm(h), rope, ctx, residual=h)
         self.mlp(self.post_attention_layernorm(h), ctx, residual=h)
 
-    def forward_skinny(self, h: torch.Tensor, x: NormInput, next_norm: torch.Tensor | None, rope: RopeTables,
-                       ctx: ForwardContext, tiles: LayerTiles) -> NormInput | None:
-        """The layer as four weight-streaming kernels around the fused attention, updating the residual
-        stream ``h [T, hidden]`` in place: norms folded into the GEMMs, residual adds in their epilogues.
-
-        ``x`` is ``norm_input(h, input_layernorm.weight)``; returns the next layer's (``None`` when
-        ``next_norm`` is ``None``). ``tiles``: the bucket's (``layer_tiles(T)``).
-        """
-        attn, mlp, pdl = self.self_attn, self.mlp, ctx.pdl
-        num_tokens = h.shape[0]
-        qkv = norm_linear(x, self.input_layernorm.eps, attn.qkv_proj.weight, pdl=pdl, tiles=tiles.qkv)
-        out = small_attention(qkv, ctx.token_seq_ids, ctx.cu_seqlens, num_heads=attn.num_heads,
-                              num_kv_heads=attn.num_kv_heads, head_dim=attn.head_dim, causal=attn.causal,
-                              scale=attn.head_dim**-0.5, positions=rope.positions, rope_table=rope.table,
-                              qk_norm_weights=attn.qk_weights(), eps=attn.q_norm.eps, pdl=pdl)
-        _, mid = linear_add(out.view(num_tokens, attn.q_size), attn.o_proj.weight, h, out=h,
-                            norm_weight=self.post_attention_layernorm.weight, pdl=pdl, tiles=tiles.o)
-        assert mid is not None
-        act = norm_linear(mid, self.post_attention_layernorm.eps, mlp.gate_up_proj.weight, swiglu=True, pdl=pdl,
-                          tiles=tiles.gate_up)
-        return linear_add(act, mlp.down_proj.weight, h, out=h, norm_weight=next_norm, pdl=pdl, tiles=tiles.down)[1]
+    def skinny_weights(self) -> SkinnyLayerWeights:
+        """This layer's weights as ``skinny_layer`` reads them."""
+        attn, mlp = self.self_attn, self.mlp
+        return SkinnyLayerWeights(self.input_layernorm.weight, attn.qkv_proj.weight, attn.o_proj.weight,
+                                  self.post_attention_layernorm.weight, mlp.gate_up_proj.weight, mlp.down_proj.weight,
+                                  attn.qk_weights(), self.input_layernorm.eps)
 
 
 class Qwen3Model(EncoderModel):
@@ -241,13 +226,18 @@ class Qwen3Model(EncoderModel):
         h = self.embed_tokens(input_ids)
         rope = self.rotary.tables(positions)
         if ctx.skinny_layers:  # small buckets: h is the residual stream, updated in place layer by layer
-            layers = cast(list[Qwen3DecoderLayer], list(self.layers))
-            x: NormInput | None = norm_input(h, layers[0].input_layernorm.weight)
+            weights = [block.skinny_weights() for block in cast(list[Qwen3DecoderLayer], list(self.layers))]
+            first = cast(Qwen3DecoderLayer, self.layers[0]).self_attn
+            attention = SmallAttention(ctx.token_seq_ids, ctx.cu_seqlens, first.num_heads, first.num_kv_heads,
+                                       first.head_dim, first.causal, first.head_dim**-0.5, rope.positions, rope.table,
+                                       weights[0].qk_norm, first.q_norm.eps)  # NOTE: each layer its own q/k norm
+            options = SkinnyOptions(ctx.pdl, ctx.attention_in_o)
+            x: NormInput | None = norm_input(h, weights[0].input_norm)
             tiles = layer_tiles(h.shape[0])
-            for i, block in enumerate(layers):
+            for i, weight in enumerate(weights):
                 assert x is not None
-                next_norm = layers[i + 1].input_layernorm.weight if i + 1 < len(layers) else None
-                x = block.forward_skinny(h, x, next_norm, rope, ctx, tiles)
+                x = skinny_layer(h, x, weight, weights[i + 1] if i + 1 < len(weights) else None,
+                                 attention, tiles, options)
             skinny_out: torch.Tensor = self.norm(h)
             return skinny_out
         if ctx.gemm_epilogues:  # h is the residual stream, the GEMMs add into it in place
