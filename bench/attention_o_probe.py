@@ -22,7 +22,6 @@ from __future__ import annotations
 import gc
 import sys
 import time
-import traceback
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
@@ -30,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from petal.bench.gpu import graph_us_per_call, latency, random_docs
+from petal.bench.gpu import graph_us_per_call, latency, random_docs, run_sections
 from petal.bench.shapes import hf_model, native_from_hf, shape
 from petal.engine.batch import PackedBatch
 from petal.engine.config import EngineConfig
@@ -274,17 +273,8 @@ def section_engine() -> None:
 def main() -> None:
     sections = sys.argv[1:] or ["check", "ceiling", "tiles", "whole", "engine"]
     torch.manual_seed(0)
-    for name in sections:
-        started = time.perf_counter()
-        try:
-            {"check": section_check, "ceiling": section_ceiling, "tiles": section_tiles, "whole": section_whole,
-             "engine": section_engine}[name]()
-        except Exception:
-            traceback.print_exc()
-            SUMMARY.append(f"  {name}: FAILED (traceback above)")
-        print(f"[{name}: {time.perf_counter() - started:.1f} s]", flush=True)
-    print("\n=== summary")
-    print("\n".join(SUMMARY))
+    run_sections({"check": section_check, "ceiling": section_ceiling, "tiles": section_tiles, "whole": section_whole,
+                  "engine": section_engine}, sections, SUMMARY)
 
 
 if __name__ == "__main__":

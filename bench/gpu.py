@@ -5,6 +5,7 @@ and the GEMM + attention ceiling; petal against Hugging Face transformers in the
 from __future__ import annotations
 
 import time
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -57,6 +58,21 @@ def graph_us_per_call(fn: Callable[[], object], calls_in_graph: int, reps: int =
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end) * 1000 / reps / calls_in_graph)
     return float(np.median(times))
+
+
+def run_sections(table: dict[str, Callable[[], None]], chosen: list[str], summary: list[str]) -> None:
+    """A probe's sections by name, in order: a failing one prints its traceback and is marked in ``summary``
+    (the others still run), each prints its time; then the summary lines."""
+    for name in chosen:
+        started = time.perf_counter()
+        try:
+            table[name]()
+        except Exception:
+            traceback.print_exc()
+            summary.append(f"  {name}: FAILED (traceback above)")
+        print(f"[{name}: {time.perf_counter() - started:.1f} s]", flush=True)
+    print("\n=== summary")
+    print("\n".join(summary))
 
 
 def petal_throughput(engine: Engine, docs: list[np.ndarray]) -> tuple[float, np.ndarray]:

@@ -28,14 +28,13 @@ import gc
 import os
 import sys
 import time
-import traceback
 from collections.abc import Callable
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from petal.bench.gpu import graph_us_per_call, latency, random_docs
+from petal.bench.gpu import graph_us_per_call, latency, random_docs, run_sections
 from petal.bench.shapes import hf_model, native_from_hf, shape
 from petal.engine.batch import PackedBatch, token_bucket
 from petal.engine.config import EngineConfig
@@ -637,10 +636,7 @@ def section_whole() -> None:
 def main() -> None:
     sections = sys.argv[1:] or ["kernels", "gemm", "skinny", "engine", "buckets"]
     torch.manual_seed(0)
-    for name in sections:
-        started = time.perf_counter()
-        try:
-            {"engine": section_engine, "kernels": section_kernels, "gemm": section_gemm,
+    run_sections({"engine": section_engine, "kernels": section_kernels, "gemm": section_gemm,
              "buckets": section_buckets, "skinny": section_skinny, "skinny_sweep": section_skinny_sweep,
              "engine_pplx": lambda: section_engine(("pplx-embed-0.6b",)),
              "warmup": section_warmup, "whole": section_whole,
@@ -648,13 +644,7 @@ def main() -> None:
                  ("pplx-embed-0.6b",), ("default", "skinny128", "default2", "skinny128-2"), (16, 30, 60, 128)),
              "engine_buckets": lambda: section_engine(
                  ("pplx-embed-0.6b",), ("off", "att+mlp", "default", "skinny32", "skinny64", "skinny128"),
-                 (16, 30, 60, 128))}[name]()
-        except Exception:
-            traceback.print_exc()
-            SUMMARY.append(f"  {name}: FAILED (traceback above)")
-        print(f"[{name}: {time.perf_counter() - started:.1f} s]", flush=True)
-    print("\n=== summary")
-    print("\n".join(SUMMARY))
+                 (16, 30, 60, 128))}, sections, SUMMARY)
 
 
 if __name__ == "__main__":
