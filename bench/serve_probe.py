@@ -2,21 +2,42 @@
 packaged MiniLM by default) and a load-generator child process that reads the server's CPU time from /proc.
 
     python bench/serve_probe.py --requests 500 --clients 1 [--words 110] [--format base64] [--profile] [--device cuda]
+    python bench/serve_probe.py --compare main --model DIR --torch-threads 1 --clients 1 [--rounds 20]
 
 Prints one line: p50/p99, requests/s, and CPU per request of the server's event-loop thread (the main
 thread: uvicorn runs the loop there), of the whole server, and of the clients. ``--profile`` adds a
 CPU-time profile (``cProfile`` with ``time.thread_time``) of the event-loop thread, by own time.
+
+``--compare REF``: an A/B of the server's code in one run. Two server processes, one on the git ref
+``REF``'s code (``git archive`` into a temporary folder) and one on the working tree's, the same model;
+the load takes turns between them (``--rounds`` blocks of ``--requests`` each, ABBA order), so the
+machine's noise falls on both. Per server: p50/p90, the mean engine step (``petal_step_seconds`` of its
+``/metrics``, launch to result), p50 minus the step (what the server adds around it), texts per step,
+the mean ``Server-Timing`` spans and the CPU per request of its event-loop thread and of the whole
+process; then the working tree's over REF's. With a tiny model (``--model``; e.g. ``tiny_model_dir`` of
+``bench/lone_request_probe.py``) and ``--torch-threads 1`` the step is short, so the server's share shows.
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import io
 import os
 import pstats
+import shutil
 import subprocess
 import sys
+import tarfile
+import tempfile
 import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("petal", "cli", "engine", "pipeline", "bench")  # pyproject's package-dir: petal.<name> = <name>
 
 CLIENT = r"""
 import json, os, sys, time
@@ -47,6 +68,117 @@ os.kill(int(pid), 15)
 """
 
 
+SERVER = r"""
+import os, sys
+import torch
+from petal.engine.config import ModelOptions
+from petal.pipeline.jobs.index_run import model_spec
+from petal.pipeline.jobs.query import QueryModel, engine_config
+from petal.pipeline.serve.server import bind, serve
+from petal.pipeline.serve.service import ServeState
+from petal.pipeline.serve.settings import ServeSettings
+from petal.pipeline.serve.warmup import warm_up
+model_dir, device, threads = sys.argv[1] or None, sys.argv[2], int(sys.argv[3])
+if threads:
+    torch.set_num_threads(threads)
+spec = model_spec(model_dir, None, ModelOptions())
+cuda = device == "cuda"
+model = QueryModel(spec, engine_config(spec, device, token_budget=8192 if cuda else 2048, max_seqs=256 if cuda else 64))
+warm_up(model.engine)
+sock = bind("127.0.0.1", 0)
+print(sock.getsockname()[1], flush=True)
+serve(ServeState(model, ServeSettings()), sock)
+"""
+
+
+def export_ref(ref: str, out: Path) -> Path:
+    """``ref``'s packages laid out as installed (``out/petal/<name>``), for ``PYTHONPATH``."""
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref, *PACKAGES], check=True,
+                             capture_output=True).stdout
+    src = out / "src"
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(src, filter="data")
+    root = out / "root"
+    shutil.copytree(src / "petal", root / "petal")
+    for name in PACKAGES[1:]:
+        (root / "petal" / name).symlink_to(src / name)
+    return root
+
+
+def cpu_s(stat: str) -> float:
+    fields = Path(stat).read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def step_metrics(url: str) -> tuple[float, float, float]:
+    """(``petal_step_seconds`` sum, its count, ``petal_batch_texts`` sum) of the server's ``/metrics``."""
+    text = urllib.request.urlopen(url + "/metrics").read().decode()
+    values = dict(line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#"))
+    return (float(values["petal_step_seconds_sum"]), float(values["petal_step_seconds_count"]),
+            float(values["petal_batch_texts_sum"]))
+
+
+def compare(args: argparse.Namespace) -> None:
+    from petal.bench.serve_load import run_load
+
+    work = Path(tempfile.mkdtemp(prefix="petal-serve-ab-"))
+    servers: dict[str, tuple[subprocess.Popen[str], str]] = {}
+    base = "how do glaciers move in the cold winter".split()
+    text = " ".join(base[i % len(base)] for i in range(args.words))
+    bodies = [f'{{"input": "{text}", "encoding_format": "{args.format}", "truncate": true}}'.encode()]
+    try:
+        trees = {args.compare: str(export_ref(args.compare, work)), "working tree": ""}
+        for label, path in trees.items():
+            env = {**os.environ, "PYTHONPATH": path}
+            child = subprocess.Popen([sys.executable, "-c", SERVER, args.model or "", args.device,
+                                      str(args.torch_threads)], cwd=work, env=env, stdout=subprocess.PIPE, text=True)
+            assert child.stdout is not None
+            servers[label] = (child, f"http://127.0.0.1:{child.stdout.readline().strip()}")
+        totals = {label: {"lat": [], "spans": {}, "loop": 0.0, "proc": 0.0, "step": np.zeros(3), "n": 0}
+                  for label in servers}
+        for _, url in servers.values():  # warm
+            run_load(url, "/v1/embeddings", bodies, args.clients, 200, 60, processes=min(args.clients, 2))
+        labels = list(servers)
+        for r in range(args.rounds):
+            for label in labels if r % 2 == 0 else labels[::-1]:
+                child, url = servers[label]
+                t = totals[label]
+                loop, proc = f"/proc/{child.pid}/task/{child.pid}/stat", f"/proc/{child.pid}/stat"
+                before = (cpu_s(loop), cpu_s(proc), np.array(step_metrics(url)))
+                result = run_load(url, "/v1/embeddings", bodies, args.clients, args.requests, 120,
+                                  processes=min(args.clients, 2))
+                t["step"] += np.array(step_metrics(url)) - before[2]
+                t["loop"] += cpu_s(loop) - before[0]
+                t["proc"] += cpu_s(proc) - before[1]
+                t["lat"] += result.latencies_s
+                t["n"] += len(result.latencies_s)
+                for name, seconds in result.span_sums_s.items():
+                    t["spans"][name] = t["spans"].get(name, 0.0) + seconds
+                assert not result.errors, result.errors
+        print(f"clients {args.clients}, {args.words} words, {args.format}, {args.rounds} rounds x {args.requests} "
+              f"requests a server, turns taken (torch threads {args.torch_threads or 'default'})")
+        summary = {}
+        for label, t in totals.items():
+            ms = np.array(t["lat"]) * 1e3
+            n = t["n"]
+            step_ms = 1e3 * t["step"][0] / t["step"][1]
+            p50 = float(np.median(ms))
+            summary[label] = (p50, p50 - step_ms, 1e6 * t["loop"] / n, 1e6 * t["proc"] / n)
+            spans = " ".join(f"{name} {1e3 * s / n:.3f}" for name, s in t["spans"].items())
+            print(f"  {label:<14} p50 {p50:.3f} ms, p90 {np.percentile(ms, 90):.3f} ms, step {step_ms:.3f} ms, "
+                  f"p50 - step {p50 - step_ms:.3f} ms, texts/step {t['step'][2] / t['step'][1]:.1f}; CPU per "
+                  f"request: loop {summary[label][2]:.0f} us, server {summary[label][3]:.0f} us; spans (mean ms): "
+                  f"{spans}")
+        old, new = summary[args.compare], summary["working tree"]
+        print(f"  working tree / {args.compare}: p50 {new[0] / old[0]:.3f}, p50 - step {new[1] / old[1]:.3f}, "
+              f"loop CPU {new[2] / old[2]:.3f}, server CPU {new[3] / old[3]:.3f}")
+    finally:
+        for child, _ in servers.values():
+            child.terminate()
+            child.wait()
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--requests", type=int, default=500)
@@ -56,7 +188,14 @@ def main() -> None:
     parser.add_argument("--model", default=None)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--compare", metavar="REF", default=None,
+                        help="A/B: a server on git REF's code against one on the working tree's, taking turns")
+    parser.add_argument("--rounds", type=int, default=10, help="--compare: blocks of --requests per server")
+    parser.add_argument("--torch-threads", type=int, default=0, help="the server's torch threads (0: torch's default)")
     args = parser.parse_args()
+    if args.compare:
+        compare(args)
+        return
 
     from petal.engine.config import ModelOptions
     from petal.pipeline.jobs.index_run import model_spec
@@ -80,7 +219,8 @@ def main() -> None:
         return
     profile = cProfile.Profile(time.thread_time)
     profile.runcall(serve, state, sock)
-    pstats.Stats(profile, stream=sys.stdout).sort_stats("tottime").print_stats(25)
+    order, rows = os.environ.get("PETAL_PROFILE_SORT", "tottime"), int(os.environ.get("PETAL_PROFILE_ROWS", "25"))
+    pstats.Stats(profile, stream=sys.stdout).sort_stats(order).print_stats(rows)
 
 
 if __name__ == "__main__":
