@@ -511,6 +511,8 @@ def test_embedding_bodies_read_back_exactly(use_orjson):
     (b'{"a": [{"b": 1, "c": 2}], "b": 3}', None), (b'{"q\\u00e9": 1, "q\\u00e9x": 2}', None),
     (b'{"query": "x", "k": 1, "query": "y"}', "query"), (b'{"query": "x", "\\u0071uery": "y"}', "query"),
     (b'{"a/b": 1, "a\\/b": 2}', "a/b"), ('{"\u00e9": 1, "\u00e9": 2}'.encode(), "\u00e9"),
+    (b'{"q": 1, "qq": 2, "xq": "q:"}', None), (b'{"k": [1, {"k": 2}], "x": "k", "k": 3}', "k"),
+    ('{"\u00e9": "\u00e9\u00e9", "e": 1}'.encode(), None),
 ])
 def test_a_repeated_field_is_found(body, repeated):
     from petal.pipeline.serve.encoding import duplicate_key, loads

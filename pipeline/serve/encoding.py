@@ -13,7 +13,6 @@ from __future__ import annotations
 import base64
 import json
 import re
-from collections import Counter
 from typing import Any
 
 import numpy as np
@@ -49,17 +48,17 @@ def duplicate_key(body: bytes, value: dict[str, Any]) -> str | None:
     """A key that the top-level object ``value`` (parsed from ``body``) has more than once, else ``None``.
 
     JSON readers keep the last of repeated keys, others (a proxy, a filter in front) the first: a repeated
-    field is refused rather than guessed. Cheap (one ``memchr`` and one regex pass, ~2 ms for 5 MB of
-    vectors): when the body has no escape at all and each key shows once as ``json.dumps`` writes it,
-    none repeats; otherwise the body is parsed again, keeping every pair.
+    field is refused rather than guessed. Cheap (one ``memchr`` and one ``bytes.count`` per key, ~2 ms for
+    5 MB of vectors): when the body has no escape at all and each key shows once as ``"key"``, none
+    repeats; otherwise the body is parsed again, keeping every pair.
     """
     if not value:
         return None
-    if b"\\" not in body:
-        written = [json.dumps(key, ensure_ascii=False).encode() for key in value]
-        found = Counter(re.findall(b"|".join(map(re.escape, written)), body))
-        if all(found[w] == 1 for w in written):
-            return None
+    # NOTE: without a backslash no string of the body holds a quote or a control character (JSON escapes
+    # them), so a key is written `"` + its UTF-8 + `"`; every occurrence of it is counted, and a match
+    # elsewhere (inside a value) only adds: a count of 1 is the key's one occurrence
+    if b"\\" not in body and all(body.count(b'"%s"' % key.encode()) == 1 for key in value):
+        return None
     objects: list[list[tuple[str, Any]]] = []
 
     def keep_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
