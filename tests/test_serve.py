@@ -350,6 +350,24 @@ def test_unknown_routes_and_methods_answer_json_and_are_counted(served):
     assert 'route="/v1/embeddings",status="500"' not in c.get("/metrics").text
 
 
+def test_the_two_post_routes_taken_straight_keep_every_answer(served):
+    """POST /v1/embeddings and /search skip Starlette's router (app.py): its other answers stay Starlette's."""
+    server, _, _ = served
+    c = server.client
+    for path, body in (("/v1/embeddings", {"input": "how do glaciers move"}), ("/search", {"query": "glaciers"})):
+        answer = c.post(path, json=body, headers=AUTH)
+        assert answer.status_code == 200 and answer.headers["content-type"] == "application/json"
+        spans = dict(part.strip().split(";dur=") for part in answer.headers["server-timing"].split(","))
+        assert {"engine", "encode", "app"} <= set(spans) and float(spans["app"]) > 0
+        assert c.post(path, json=body).status_code == 401  # no key
+        slash = c.post(path + "/", json=body, headers=AUTH)  # Starlette's redirect, as before
+        assert slash.status_code == 307 and slash.headers["location"].endswith(path)
+        assert c.request("HEAD", path, headers=AUTH).status_code == 405
+    metrics = c.get("/metrics").text
+    assert re.search(r'^petal_request_seconds_count\{route="/v1/embeddings"\} [1-9]', metrics, re.M)
+    assert 'petal_requests_total{route="/search",status="401"}' in metrics
+
+
 def test_an_override_the_index_has_no_use_for_is_said(served):
     """nprobe of a Flat index, rescore of a float one: answered (an auto factory turns Flat into IVF from one
     re-index to the next) and named in `ignored`."""
