@@ -32,6 +32,7 @@ import tarfile
 import tempfile
 import time
 import urllib.request
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -118,6 +119,18 @@ def step_metrics(url: str) -> tuple[float, float, float]:
             float(values["petal_batch_texts_sum"]))
 
 
+@dataclass
+class Totals:
+    """One server's share of a ``--compare`` run."""
+
+    latencies_s: list[float] = field(default_factory=list)
+    spans_s: dict[str, float] = field(default_factory=dict)
+    loop_cpu_s: float = 0.0
+    server_cpu_s: float = 0.0
+    wall_s: float = 0.0
+    steps: np.ndarray = field(default_factory=lambda: np.zeros(3))  # step seconds, steps, texts (/metrics)
+
+
 def compare(args: argparse.Namespace) -> None:
     from petal.bench.serve_load import run_load
 
@@ -134,8 +147,7 @@ def compare(args: argparse.Namespace) -> None:
                                       str(args.torch_threads)], cwd=work, env=env, stdout=subprocess.PIPE, text=True)
             assert child.stdout is not None
             servers[label] = (child, f"http://127.0.0.1:{child.stdout.readline().strip()}")
-        totals = {label: {"lat": [], "spans": {}, "loop": 0.0, "proc": 0.0, "step": np.zeros(3), "n": 0}
-                  for label in servers}
+        totals = {label: Totals() for label in servers}
         for _, url in servers.values():  # warm
             run_load(url, "/v1/embeddings", bodies, args.clients, 200, 60, processes=min(args.clients, 2))
         labels = list(servers)
@@ -147,31 +159,31 @@ def compare(args: argparse.Namespace) -> None:
                 before = (cpu_s(loop), cpu_s(proc), np.array(step_metrics(url)))
                 result = run_load(url, "/v1/embeddings", bodies, args.clients, args.requests, 120,
                                   processes=min(args.clients, 2))
-                t["step"] += np.array(step_metrics(url)) - before[2]
-                t["loop"] += cpu_s(loop) - before[0]
-                t["proc"] += cpu_s(proc) - before[1]
-                t["lat"] += result.latencies_s
-                t["n"] += len(result.latencies_s)
+                t.steps += np.array(step_metrics(url)) - before[2]
+                t.loop_cpu_s += cpu_s(loop) - before[0]
+                t.server_cpu_s += cpu_s(proc) - before[1]
+                t.latencies_s += result.latencies_s
+                t.wall_s += result.wall_s
                 for name, seconds in result.span_sums_s.items():
-                    t["spans"][name] = t["spans"].get(name, 0.0) + seconds
+                    t.spans_s[name] = t.spans_s.get(name, 0.0) + seconds
                 assert not result.errors, result.errors
         print(f"clients {args.clients}, {args.words} words, {args.format}, {args.rounds} rounds x {args.requests} "
               f"requests a server, turns taken (torch threads {args.torch_threads or 'default'})")
         summary = {}
         for label, t in totals.items():
-            ms = np.array(t["lat"]) * 1e3
-            n = t["n"]
-            step_ms = 1e3 * t["step"][0] / t["step"][1]
+            ms = np.array(t.latencies_s) * 1e3
+            n = len(ms)
+            step_ms = 1e3 * t.steps[0] / t.steps[1]
             p50 = float(np.median(ms))
-            summary[label] = (p50, p50 - step_ms, 1e6 * t["loop"] / n, 1e6 * t["proc"] / n)
-            spans = " ".join(f"{name} {1e3 * s / n:.3f}" for name, s in t["spans"].items())
-            print(f"  {label:<14} p50 {p50:.3f} ms, p90 {np.percentile(ms, 90):.3f} ms, step {step_ms:.3f} ms, "
-                  f"p50 - step {p50 - step_ms:.3f} ms, texts/step {t['step'][2] / t['step'][1]:.1f}; CPU per "
-                  f"request: loop {summary[label][2]:.0f} us, server {summary[label][3]:.0f} us; spans (mean ms): "
-                  f"{spans}")
+            summary[label] = (p50, p50 - step_ms, 1e6 * t.loop_cpu_s / n, 1e6 * t.server_cpu_s / n, n / t.wall_s)
+            spans = " ".join(f"{name} {1e3 * s / n:.3f}" for name, s in t.spans_s.items())
+            print(f"  {label:<14} p50 {p50:.3f} ms, p90 {np.percentile(ms, 90):.3f} ms, {n / t.wall_s:.0f} req/s, "
+                  f"step {step_ms:.3f} ms, p50 - step {p50 - step_ms:.3f} ms, texts/step "
+                  f"{t.steps[2] / t.steps[1]:.1f}; CPU per request: loop {summary[label][2]:.0f} us, server "
+                  f"{summary[label][3]:.0f} us; spans (mean ms): {spans}")
         old, new = summary[args.compare], summary["working tree"]
         print(f"  working tree / {args.compare}: p50 {new[0] / old[0]:.3f}, p50 - step {new[1] / old[1]:.3f}, "
-              f"loop CPU {new[2] / old[2]:.3f}, server CPU {new[3] / old[3]:.3f}")
+              f"loop CPU {new[2] / old[2]:.3f}, server CPU {new[3] / old[3]:.3f}, req/s {new[4] / old[4]:.3f}")
     finally:
         for child, _ in servers.values():
             child.terminate()
