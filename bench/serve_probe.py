@@ -2,7 +2,7 @@
 packaged MiniLM by default) and a load-generator child process that reads the server's CPU time from /proc.
 
     python bench/serve_probe.py --requests 500 --clients 1 [--words 110] [--format base64] [--profile] [--device cuda]
-    python bench/serve_probe.py --compare main --model DIR --torch-threads 1 --clients 1 [--rounds 20]
+    python bench/serve_probe.py --compare main [--new REF] --model DIR --torch-threads 1 --clients 1 [--rounds 20]
 
 Prints one line: p50/p99, requests/s, and CPU per request of the server's event-loop thread (the main
 thread: uvicorn runs the loop there), of the whole server, and of the clients. ``--profile`` adds a
@@ -146,7 +146,7 @@ def compare(args: argparse.Namespace) -> None:
     text = " ".join(base[i % len(base)] for i in range(args.words))
     bodies = [f'{{"input": "{text}", "encoding_format": "{args.format}", "truncate": true}}'.encode()]
     try:
-        trees = {"working tree": str(export_tree(None, work / "new")),
+        trees = {args.new or "working tree": str(export_tree(args.new, work / "new")),
                  args.compare: str(export_tree(args.compare, work / "ref"))}
         # NOTE: two servers of each, started new, ref, ref, new: the later-started of two identical servers
         # measured ~3% faster (p50) here, whatever the code; the ABBA start cancels that
@@ -188,9 +188,10 @@ def compare(args: argparse.Namespace) -> None:
                   f"step {step_ms:.3f} ms, p50 - step {p50 - step_ms:.3f} ms, texts/step "
                   f"{t.steps[2] / t.steps[1]:.1f}; CPU per request: loop {summary[label][2]:.0f} us, server "
                   f"{summary[label][3]:.0f} us; spans (mean ms): {spans}")
-        old, new = summary[args.compare], summary["working tree"]
-        print(f"  working tree / {args.compare}: p50 {new[0] / old[0]:.3f}, p50 - step {new[1] / old[1]:.3f}, "
-              f"loop CPU {new[2] / old[2]:.3f}, server CPU {new[3] / old[3]:.3f}, req/s {new[4] / old[4]:.3f}")
+        old, new = summary[args.compare], summary[args.new or "working tree"]
+        print(f"  {args.new or 'working tree'} / {args.compare}: p50 {new[0] / old[0]:.3f}, "
+              f"p50 - step {new[1] / old[1]:.3f}, loop CPU {new[2] / old[2]:.3f}, "
+              f"server CPU {new[3] / old[3]:.3f}, req/s {new[4] / old[4]:.3f}")
     finally:
         for _, child, _ in servers:
             child.terminate()
@@ -209,6 +210,7 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--compare", metavar="REF", default=None,
                         help="A/B: a server on git REF's code against one on the working tree's, taking turns")
+    parser.add_argument("--new", metavar="REF", default=None, help="--compare: REF's code, not the working tree's")
     parser.add_argument("--rounds", type=int, default=10, help="--compare: blocks of --requests per server")
     parser.add_argument("--torch-threads", type=int, default=0, help="the server's torch threads (0: torch's default)")
     args = parser.parse_args()
