@@ -230,3 +230,22 @@ def test_gemm_epilogues_are_chosen_by_family_activation_and_dtype(architecture, 
     assert not off.gemm_epilogues and not off.gelu_epilogue
     cpu = SmallBatchKernels.for_engine(config, model, torch.device("cpu"), torch.float32)
     assert not cpu.gemm_epilogues and not cpu.gelu_epilogue
+
+
+def test_attention_inside_o_is_marked_for_the_buckets_whose_tiles_have_it():
+    """``SmallBatchKernels.apply``: the attention runs inside the O projection only in skinny buckets with
+    ``attention_o`` tiles (the 16-token one), and in none when the option or the skinny layers are off."""
+    from types import SimpleNamespace
+
+    from petal.engine.layers.skinny_linear import BUCKET_TILES
+    from petal.engine.small_batch import SmallBatchKernels
+
+    with_tiles = {bucket for bucket, tiles in BUCKET_TILES.items() if tiles.attention_o is not None}
+    assert with_tiles == {16}
+    for in_o, skinny in ((True, 128), (False, 128), (True, 0)):
+        kernels = SmallBatchKernels(128, 32, skinny, pdl=True, attention_in_o=in_o)
+        for bucket in (16, 32, 64, 128, 256):
+            ctx = SimpleNamespace()
+            kernels.apply(ctx, bucket)  # type: ignore[arg-type]
+            assert ctx.attention_in_o == (in_o and bucket <= skinny and bucket in with_tiles), (in_o, skinny, bucket)
+            assert ctx.skinny_layers == (bucket <= skinny)
