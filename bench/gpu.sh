@@ -15,7 +15,9 @@ for step in "$@"; do
       python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
       ;;
     tests)
-      python3 -m pytest -q -rs tests/test_gpu.py 2>&1 | tee "$out/gpu-tests.log" | tail -40
+      # every module with CUDA tests (marked gpu or skipped without CUDA): the whole module runs
+      python3 -m pytest -q -rs $(grep -l 'mark.gpu\|cuda.is_available' tests/test_*.py) 2>&1 \
+        | tee "$out/gpu-tests.log" | tail -40
       ;;
     quick)
       petal bench gpu --shape pplx-embed-0.6b --scenario t1,t2,l1,ceiling --t1-docs 1024 --t2-docs 4096 \
