@@ -22,7 +22,7 @@ from petal.engine.config import ModelConfig
 from petal.engine.layers.fused_mlp import fits as fused_mlp_fits
 from petal.engine.layers.fused_mlp import gate_up_silu
 from petal.engine.layers.skinny_linear import SkinnyLayerWeights, SkinnyOptions, layer_tiles, norm_input, skinny_layer
-from petal.engine.layers.small_attention import SMALL_ATTENTION_HEAD_DIMS, SmallAttention, small_attention
+from petal.engine.layers.small_attention import SMALL_ATTENTION_HEAD_DIMS, SmallAttention, attend
 from petal.engine.layers.triton_kernels import add_layer_norm, qk_norm_rope_, triton_available
 
 _warmups: dict[tuple[object, ...], threading.Thread] = {}
@@ -91,29 +91,33 @@ def _warm_common(cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> 
     _warm_small_batch(cfg, dtype, device)
 
 
-def _warm_attention(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, num_tokens: int, pdl: bool) -> None:
-    """The fused attention as a bucket of ``num_tokens`` slots calls it (one sequence)."""
+def _attention_inputs(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, num_tokens: int) -> SmallAttention:
+    """Dummy inputs of the fused attention as a bucket of ``num_tokens`` slots passes them (Qwen3: with its q/k
+    norm and RoPE). NOTE: one sequence of num_tokens tokens; every index the kernels read (sequence ids,
+    positions, offsets) stays inside its own tensor."""
     qwen3 = cfg.architecture == "qwen3"
+    return SmallAttention(torch.zeros(num_tokens, dtype=torch.int32, device=device),
+                          torch.tensor([0, num_tokens], dtype=torch.int32, device=device), cfg.num_heads,
+                          cfg.num_kv_heads, cfg.head_dim, cfg.causal, cfg.head_dim**-0.5,
+                          torch.zeros(num_tokens, dtype=torch.int32, device=device) if qwen3 else None,
+                          torch.zeros(8, cfg.head_dim, dtype=torch.float32, device=device) if qwen3 else None,
+                          torch.zeros(2, cfg.head_dim, dtype=dtype, device=device) if qwen3 else None, cfg.norm_eps)
+
+
+def _warm_attention(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, num_tokens: int) -> None:
+    """The fused attention as a bucket of ``num_tokens`` slots calls it (the skinny layers' own PDL launches
+    are compiled by ``_warm_skinny_bucket``)."""
     width = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
-    # NOTE: one sequence of num_tokens tokens; every index the kernel reads (sequence ids, positions,
-    # offsets) stays inside its own tensor
-    small_attention(torch.zeros(num_tokens, width, dtype=dtype, device=device),
-                    torch.zeros(num_tokens, dtype=torch.int32, device=device),
-                    torch.tensor([0, num_tokens], dtype=torch.int32, device=device),
-                    num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
-                    causal=cfg.causal, scale=cfg.head_dim**-0.5,
-                    positions=torch.zeros(num_tokens, dtype=torch.int32, device=device) if qwen3 else None,
-                    rope_table=torch.zeros(8, cfg.head_dim, dtype=torch.float32, device=device) if qwen3 else None,
-                    qk_norm_weights=torch.zeros(2, cfg.head_dim, dtype=dtype, device=device) if qwen3 else None,
-                    eps=cfg.norm_eps, pdl=pdl)
+    attend(torch.zeros(num_tokens, width, dtype=dtype, device=device),
+           _attention_inputs(cfg, dtype, device, num_tokens))
 
 
 def _warm_small_batch(cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
     """The small-batch path's kernels (engine/small_batch.py) as a graph bucket calls them: 64 token slots."""
     num_tokens = 64
     if cfg.head_dim in SMALL_ATTENTION_HEAD_DIMS:
-        _warm_attention(cfg, dtype, device, num_tokens, pdl=False)  # one key block (buckets up to 64 tokens)
-        _warm_attention(cfg, dtype, device, 2 * num_tokens, pdl=False)  # the blocked loop (128)
+        _warm_attention(cfg, dtype, device, num_tokens)  # one key block (buckets up to 64 tokens)
+        _warm_attention(cfg, dtype, device, 2 * num_tokens)  # one key block of 65-128 slots (its own tiles)
     if cfg.architecture == "qwen3" and fused_mlp_fits(cfg.hidden_size, cfg.intermediate_size):
         gate_up_silu(torch.zeros(num_tokens, cfg.hidden_size, dtype=dtype, device=device),
                      torch.zeros(2 * cfg.intermediate_size, cfg.hidden_size, dtype=dtype, device=device))
@@ -131,20 +135,16 @@ def _warm_skinny_bucket(cfg: ModelConfig, dtype: torch.dtype, device: torch.devi
         return torch.zeros(*shape, dtype=dtype, device=device)
 
     norm = zeros(cfg.hidden_size)
+    attention = _attention_inputs(cfg, dtype, device, num_tokens)
+    assert attention.qk_norm_weights is not None  # (skinny layers are Qwen3's)
     layer = SkinnyLayerWeights(norm, zeros(width, cfg.hidden_size), zeros(cfg.hidden_size, q_size), norm,
                                zeros(2 * cfg.intermediate_size, cfg.hidden_size),
-                               zeros(cfg.hidden_size, cfg.intermediate_size), zeros(2, cfg.head_dim), cfg.norm_eps)
-    # NOTE: one sequence of num_tokens tokens; every index the kernels read (sequence ids, positions,
-    # offsets) stays inside its own tensor
-    attention = SmallAttention(zeros(num_tokens, dtype=torch.int32), torch.tensor([0, num_tokens], dtype=torch.int32,
-                               device=device), cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.causal,
-                               cfg.head_dim**-0.5, zeros(num_tokens, dtype=torch.int32),
-                               zeros(8, cfg.head_dim, dtype=torch.float32), layer.qk_norm, cfg.norm_eps)
+                               zeros(cfg.hidden_size, cfg.intermediate_size), attention.qk_norm_weights, cfg.norm_eps)
     h = zeros(num_tokens, cfg.hidden_size)
     tiles = layer_tiles(num_tokens)
     # NOTE: the first layer's norm input has one partial sum per row, later ones one per column tile of the
     # down projection (another NUM_PARTS, another variant); the last layer's down projection writes no norm
-    # input and prefetches nothing: every variant is compiled.
+    # input: every variant is compiled.
     x = skinny_layer(h, norm_input(h, norm), layer, layer, attention, tiles, options)
     assert x is not None
     skinny_layer(h, x, layer, None, attention, tiles, options)
