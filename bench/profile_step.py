@@ -73,7 +73,9 @@ def main() -> None:
                 torch.cuda.synchronize()
             events = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
             total = sum(e.self_device_time_total for e in events) / 3 / 1000
-            print(f"  graph: {sum(e.count for e in events) / 3:.0f} kernels per replay, {total:.3f} ms device time")
+            memsets = sum(e.count for e in events if "memset" in e.key.lower()) / 3
+            print(f"  graph: {sum(e.count for e in events) / 3:.0f} kernels per replay ({memsets:.0f} memsets), "
+                  f"{total:.3f} ms device time")
             for e in sorted(events, key=lambda e: -e.self_device_time_total)[:10]:
                 print(f"  {e.self_device_time_total / 3 / 1000:8.3f} ms  {e.count / 3:6.0f}x  {e.key[:100]}")
 
