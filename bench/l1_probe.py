@@ -509,88 +509,6 @@ def section_skinny_sweep() -> None:
     check_skinny((33, 50, 64, 65, 100, 128))
 
 
-def section_norm_split() -> None:
-    """``norm_linear`` with K split over programs (QKV and gate/up), per bucket of SWEEP_ROWS: each role
-    alone over split_k x block_n around today's tiles (us a call, 28 distinct weights in a graph), the
-    28-layer chain with today's tiles and with the best of each, then the engine's L1 with both tile sets
-    (two engines in one process, taking turns). Keeps the better chain's tiles in ``BUCKET_TILES``."""
-    from dataclasses import replace
-
-    from petal.engine.layers import skinny_linear
-
-    today_tiles = dict(skinny_linear.BUCKET_TILES)
-    cases = []
-    for m in SWEEP_ROWS:
-        for role in ("qkv", "gate_up"):
-            base = getattr(today_tiles[m], role)
-            cases += [(m, role, replace(base, split_k=sk, block_n=bn)) for sk in (1, 2, 4, 8) for bn in (16, 32, 64)]
-    precompile(cases)
-    chain_for = layer_chains()
-    chosen_tiles = dict(today_tiles)
-    for m in SWEEP_ROWS:
-        best = {}
-        for role in ("qkv", "gate_up"):
-            inputs = RoleInputs(role, m, LAYERS)
-            timed = []
-            for mm, r, tiles in cases:
-                if mm != m or r != role:
-                    continue
-                def run(t: object = tiles) -> None:
-                    for i in range(LAYERS):
-                        inputs.call(t, i)
-                timed.append((graph_us_per_call(run, LAYERS), tiles))
-            base = getattr(today_tiles[m], role)
-            base_us = next(us for us, t in timed if t == base)
-            timed.sort(key=lambda c: c[0])
-            best[role] = timed[0][1]
-            line = (f"  M={m:3d} {role:<8} today {base_us:6.2f} us | best " + " | ".join(
-                f"{us:6.2f} us split {t.split_k} n {t.block_n}" for us, t in timed[:3]))
-            print(line, flush=True)
-            SUMMARY.append(line)
-        candidate = replace(today_tiles[m], **best)
-        _, skinny = chain_for(m)
-        us: dict[str, list[float]] = {"today": [], "split": []}
-        for _ in range(2):
-            us["today"].append(graph_us_per_call(skinny(True, today_tiles[m]), LAYERS))
-            us["split"].append(graph_us_per_call(skinny(True, candidate), LAYERS))
-        if min(us["split"]) < min(us["today"]):
-            chosen_tiles[m] = candidate
-        line = (f"  chain M={m:3d} us/layer today {us['today'][0]:.2f}/{us['today'][1]:.2f} | split "
-                f"{us['split'][0]:.2f}/{us['split'][1]:.2f} -> {chosen_tiles[m]}")
-        print(line, flush=True)
-        SUMMARY.append(line)
-    s = shape("pplx-embed-0.6b")
-    hf = hf_model(s, CUDA, BF16)
-    spec, model = native_from_hf(s, hf, CUDA, BF16)
-    del hf
-    torch.cuda.empty_cache()
-    engines = {}
-    lengths = (16, 30, 60, 128)
-    for label, tiles in (("today", today_tiles), ("split", chosen_tiles)):
-        skinny_linear.BUCKET_TILES.clear()
-        skinny_linear.BUCKET_TILES.update(tiles)  # read when each bucket's graph is captured
-        engine = Engine(spec, EngineConfig(device="cuda", dtype="bfloat16", token_budget=16384), model=model)
-        for n in lengths:
-            latency(engine, n, 5, spec.config.vocab_size)
-        engines[label] = engine
-    rows: dict[str, list[float]] = {}
-    for _ in range(2):
-        for label, engine in engines.items():
-            rows.setdefault(label, []).extend(latency(engine, n, 400, spec.config.vocab_size)["p50_ms"]
-                                              for n in lengths)
-    check = PackedBatch.from_sequences(random_docs(np.array([16, 40, 7, 50]), spec.config.vocab_size, seed=11))
-    outs = [engine.step(check).result() for engine in engines.values()]
-    cos = float(((outs[0] * outs[1]).sum(1) / np.linalg.norm(outs[0], axis=1) / np.linalg.norm(outs[1], axis=1)).min())
-    for label, cells in rows.items():
-        line = f"  engine L1 {label:<6} {'/'.join(map(str, lengths))} tokens p50 ms, two rounds: " + \
-            " ".join(f"{c:.3f}" for c in cells)
-        print(line)
-        SUMMARY.append(line)
-    line = f"  min cosine today vs split on a 113-token batch: {cos:.6f}"
-    print(line)
-    SUMMARY.append(line)
-
-
 WARMUP_CHILD = r"""
 import sys, time
 import torch
@@ -721,7 +639,7 @@ def main() -> None:
     run_sections({"engine": section_engine, "kernels": section_kernels, "gemm": section_gemm,
              "buckets": section_buckets, "skinny": section_skinny, "skinny_sweep": section_skinny_sweep,
              "engine_pplx": lambda: section_engine(("pplx-embed-0.6b",)),
-             "warmup": section_warmup, "whole": section_whole, "norm_split": section_norm_split,
+             "warmup": section_warmup, "whole": section_whole,
              "engine_ab": lambda: section_engine(
                  ("pplx-embed-0.6b",), ("default", "skinny128", "default2", "skinny128-2"), (16, 30, 60, 128)),
              "engine_buckets": lambda: section_engine(

@@ -44,8 +44,7 @@ from petal.engine.layers.small_attention import LOG2_E, WHOLE_MAX_TOKENS, SmallA
 @dataclass(frozen=True)
 class GemmTiles:
     """One kernel's tiles: ``block_m`` rows x ``block_n`` output columns a program, ``block_k`` deep steps;
-    ``split_k`` programs share one output tile's K (halved while K has fewer blocks; ``attention_add``
-    splits its heads)."""
+    ``split_k`` programs share one output tile's K (``linear_add`` only; halved while K has fewer blocks)."""
 
     block_m: int = 16
     block_n: int = 32
@@ -179,17 +178,12 @@ def norm_linear(x: NormInput, eps: float, weight: torch.Tensor, *, swiglu: bool 
     assert num_parts & (num_parts - 1) == 0 and n % tiles.block_n == 0 and k % tiles.block_k == 0, (n, k, tiles)
     out = torch.empty(num_tokens, n, dtype=hg.dtype, device=hg.device)
     if num_tokens:
-        col_tiles, row_blocks = n // tiles.block_n, -(-num_tokens // tiles.block_m)
-        split = _split_k(k, tiles)
-        num_tiles = col_tiles * row_blocks if split > 1 else 1
-        sums = 2 if swiglu else 1
-        ws, counts = _workspace(hg.device, num_tiles * split * sums * tiles.block_m * tiles.block_n if split > 1
-                                else 1, num_tiles)  # (unused without a split)
-        _kernels().norm_linear_kernel[(col_tiles, split, row_blocks)](
-            sumsq, hg, weight, out, ws, counts, num_tokens, sumsq.stride(0), hg.stride(0), out.stride(0), eps,
-            N=n, K=k, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, SPLIT_K=split,
-            SWIGLU=swiglu, PDL=pdl, PREFETCH_BLOCK=_prefetch_block(tiles.block_n, k // split), NUM_PARTS=num_parts,
-            num_warps=tiles.num_warps, num_stages=tiles.num_stages, launch_pdl=pdl)
+        grid = (n // tiles.block_n, -(-num_tokens // tiles.block_m))
+        _kernels().norm_linear_kernel[grid](
+            sumsq, hg, weight, out, num_tokens, sumsq.stride(0), hg.stride(0), out.stride(0), eps, N=n, K=k,
+            BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, SWIGLU=swiglu, PDL=pdl,
+            PREFETCH_BLOCK=_prefetch_block(tiles.block_n, k), NUM_PARTS=num_parts, num_warps=tiles.num_warps,
+            num_stages=tiles.num_stages, launch_pdl=pdl)
     return out
 
 

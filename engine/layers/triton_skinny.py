@@ -33,16 +33,12 @@ def _prefetch_l2(w_ptr, row0, num_rows: tl.constexpr, col0, num_cols: tl.constex
 
 
 @triton.jit
-def norm_linear_kernel(ss_ptr, hg_ptr, w_ptr, out_ptr, ws_ptr, count_ptr, num_tokens, stride_ss, stride_hg,
-                       stride_out, eps, N: tl.constexpr, K: tl.constexpr, BLOCK_M: tl.constexpr,
-                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, SWIGLU: tl.constexpr,
-                       PDL: tl.constexpr, PREFETCH_BLOCK: tl.constexpr, NUM_PARTS: tl.constexpr):
+def norm_linear_kernel(ss_ptr, hg_ptr, w_ptr, out_ptr, num_tokens, stride_ss, stride_hg, stride_out, eps,
+                       N: tl.constexpr, K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_K: tl.constexpr, SWIGLU: tl.constexpr, PDL: tl.constexpr,
+                       PREFETCH_BLOCK: tl.constexpr, NUM_PARTS: tl.constexpr):
     """``out = (hg @ w.T) / rms(h)`` with ``hg = h * g`` (``SWIGLU``: ``silu(gate) * up`` of the two halves);
     ``ss [NUM_PARTS, T]``: partial sums of ``h**2`` (over column blocks) that add up to each row's.
-
-    K is split over ``SPLIT_K`` programs per output tile (grid ``(N // BLOCK_N, SPLIT_K, row blocks)``): each
-    writes its fp32 partial product(s) to ``ws`` and bumps the tile's counter; the last one sums the partials
-    in split order (deterministic) and applies the epilogue, as ``linear_add_kernel`` does.
 
     NOTE: the norm weight comes in already multiplied into ``hg`` and the sum of squares already summed
     over column blocks (both by the kernel that wrote ``h``); the 1/rms is a per-row scale of the product.
@@ -51,64 +47,30 @@ def norm_linear_kernel(ss_ptr, hg_ptr, w_ptr, out_ptr, ws_ptr, count_ptr, num_to
     and a load of whole rows of ``h`` for the norm cost ~1.5 us more.
     """
     pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    pid_m = tl.program_id(2)
-    k_per_split: tl.constexpr = K // SPLIT_K
-    k_start = pid_k * k_per_split
+    pid_m = tl.program_id(1)
     col0 = pid_n * BLOCK_N
     if PDL:
-        _prefetch_l2(w_ptr, col0, BLOCK_N, k_start, k_per_split, K, PREFETCH_BLOCK)
+        _prefetch_l2(w_ptr, col0, BLOCK_N, 0, K, K, PREFETCH_BLOCK)
         if SWIGLU:
-            _prefetch_l2(w_ptr, N + col0, BLOCK_N, k_start, k_per_split, K, PREFETCH_BLOCK)
+            _prefetch_l2(w_ptr, N + col0, BLOCK_N, 0, K, K, PREFETCH_BLOCK)
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    m_idx = tl.arange(0, BLOCK_M)
-    n_idx = tl.arange(0, BLOCK_N)
-    rows = pid_m * BLOCK_M + m_idx
-    cols = col0 + n_idx
+    ty = out_ptr.dtype.element_ty
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = col0 + tl.arange(0, BLOCK_N)
     ks = tl.arange(0, BLOCK_K)
     row_mask = rows[:, None] < num_tokens
     parts = tl.arange(0, NUM_PARTS)
     ss = tl.load(ss_ptr + parts[:, None] * stride_ss + rows[None, :], mask=rows[None, :] < num_tokens, other=0.0)
-    hg_ptrs = hg_ptr + rows.to(tl.int64)[:, None] * stride_hg + k_start + ks[None, :]
-    w_ptrs = w_ptr + cols.to(tl.int64)[:, None] * K + k_start + ks[None, :]
+    hg_ptrs = hg_ptr + rows.to(tl.int64)[:, None] * stride_hg + ks[None, :]
+    w_ptrs = w_ptr + cols.to(tl.int64)[:, None] * K + ks[None, :]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, k_per_split, BLOCK_K):
+    for k0 in range(0, K, BLOCK_K):
         hg = tl.load(hg_ptrs + k0, mask=row_mask, other=0.0)
         acc = tl.dot(hg, tl.trans(tl.load(w_ptrs + k0)), acc)
         if SWIGLU:
             acc_up = tl.dot(hg, tl.trans(tl.load(w_ptrs + N * K + k0)), acc_up)
-    out_ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_out + cols[None, :]
-    if SPLIT_K == 1:
-        _norm_store(acc, acc_up, ss, out_ptrs, row_mask, eps, K, SWIGLU)
-    else:
-        tile_size: tl.constexpr = BLOCK_M * BLOCK_N
-        sums: tl.constexpr = 2 if SWIGLU else 1  # partial products a program writes
-        tile = pid_m * (N // BLOCK_N) + pid_n
-        tile_ws = ws_ptr + tile.to(tl.int64) * (SPLIT_K * sums * tile_size) + m_idx[:, None] * BLOCK_N + n_idx[None, :]
-        tl.store(tile_ws + pid_k * (sums * tile_size), acc)
-        if SWIGLU:
-            tl.store(tile_ws + pid_k * (sums * tile_size) + tile_size, acc_up)
-        # NOTE: the release/acquire protocol of _add_partial: barriers both sides of the count
-        tl.debug_barrier()
-        count = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu")
-        tl.debug_barrier()
-        if count == SPLIT_K - 1:
-            total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            total_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for split in range(SPLIT_K):
-                total += tl.load(tile_ws + split * (sums * tile_size), cache_modifier=".cg")
-                if SWIGLU:
-                    total_up += tl.load(tile_ws + split * (sums * tile_size) + tile_size, cache_modifier=".cg")
-            _norm_store(total, total_up, ss, out_ptrs, row_mask, eps, K, SWIGLU)
-            tl.atomic_xchg(count_ptr + tile, 0, sem="relaxed", scope="gpu")
-
-
-@triton.jit
-def _norm_store(acc, acc_up, ss, out_ptrs, row_mask, eps, K: tl.constexpr, SWIGLU: tl.constexpr):
-    # the 1/rms row scale of the product (``ss``: the rows' partial sums of h**2), SwiGLU, the store
-    ty = out_ptrs.dtype.element_ty
     sumsq = tl.sum(ss, axis=0)  # in part order: deterministic
     inv_rms = 1.0 / tl.sqrt(sumsq / K + eps)
     out = (acc * inv_rms[:, None]).to(ty)
@@ -116,7 +78,7 @@ def _norm_store(acc, acc_up, ss, out_ptrs, row_mask, eps, K: tl.constexpr, SWIGL
         gate = out.to(tl.float32)
         up = (acc_up * inv_rms[:, None]).to(ty).to(tl.float32)
         out = (gate / (1.0 + tl.exp(-gate)) * up).to(ty)
-    tl.store(out_ptrs, out, mask=row_mask)
+    tl.store(out_ptr + rows.to(tl.int64)[:, None] * stride_out + cols[None, :], out, mask=row_mask)
 
 
 @triton.jit
