@@ -509,6 +509,118 @@ def section_skinny_sweep() -> None:
     check_skinny((33, 50, 64, 65, 100, 128))
 
 
+def section_deep_k() -> None:
+    """Deeper K steps for the four skinny kernels (fewer dependent iterations of the K loop, more bytes in
+    flight a program), per bucket of SWEEP_ROWS: each role alone over block_k x num_stages around today's
+    tiles (us a call, 28 distinct weights in a graph), the 28-layer chain with today's tiles and with the
+    best of each (taking turns), then the engine's L1 with both tile sets (two engines in one process,
+    taking turns) and the cosine between their vectors. Keeps the better chain's tiles in ``BUCKET_TILES``."""
+    from dataclasses import replace
+
+    from petal.engine.layers import skinny_linear
+
+    today_tiles = dict(skinny_linear.BUCKET_TILES)
+    roles = ("qkv", "o", "gate_up", "down")
+    cases = []
+    for m in SWEEP_ROWS:
+        for role in roles:
+            base = getattr(today_tiles[m], role)
+            cases += [(m, role, replace(base, block_k=bk, num_stages=st)) for bk in (128, 256, 512) for st in (2, 3, 4)]
+    precompile(cases)
+    chain_for = layer_chains()
+    chosen_tiles = dict(today_tiles)
+    for m in SWEEP_ROWS:
+        best = {}
+        for role in roles:
+            inputs = RoleInputs(role, m, LAYERS)
+            timed = []
+            for mm, r, tiles in cases:
+                if mm != m or r != role:
+                    continue
+                def run(t: object = tiles) -> None:
+                    for i in range(LAYERS):
+                        inputs.call(t, i)
+                try:
+                    timed.append((graph_us_per_call(run, LAYERS), tiles))
+                except Exception as exc:  # more shared memory than a program has
+                    print(f"    M={m} {role} {tiles}: {type(exc).__name__}")
+            base = getattr(today_tiles[m], role)
+            base_us = next(us for us, t in timed if t == base)
+            timed.sort(key=lambda c: c[0])
+            best[role] = timed[0][1]
+            line = (f"  M={m:3d} {role:<8} today {base_us:6.2f} us | best " + " | ".join(
+                f"{us:6.2f} us k {t.block_k} st {t.num_stages}" for us, t in timed[:3]))
+            print(line, flush=True)
+            SUMMARY.append(line)
+        candidate = replace(today_tiles[m], **best)
+        _, skinny = chain_for(m)
+        us: dict[str, list[float]] = {"today": [], "deep": []}
+        for _ in range(2):
+            us["today"].append(graph_us_per_call(skinny(True, today_tiles[m]), LAYERS))
+            us["deep"].append(graph_us_per_call(skinny(True, candidate), LAYERS))
+        if min(us["deep"]) < min(us["today"]):
+            chosen_tiles[m] = candidate
+        line = (f"  chain M={m:3d} us/layer today {us['today'][0]:.2f}/{us['today'][1]:.2f} | deep "
+                f"{us['deep'][0]:.2f}/{us['deep'][1]:.2f} -> {chosen_tiles[m]}")
+        print(line, flush=True)
+        SUMMARY.append(line)
+    s = shape("pplx-embed-0.6b")
+    hf = hf_model(s, CUDA, BF16)
+    spec, model = native_from_hf(s, hf, CUDA, BF16)
+    del hf
+    torch.cuda.empty_cache()
+    engines = {}
+    lengths = (16, 30, 60, 128)
+    for label, tiles in (("today", today_tiles), ("deep", chosen_tiles)):
+        skinny_linear.BUCKET_TILES.clear()
+        skinny_linear.BUCKET_TILES.update(tiles)  # read when each bucket's graph is captured
+        engine = Engine(spec, EngineConfig(device="cuda", dtype="bfloat16", token_budget=16384), model=model)
+        for n in lengths:
+            latency(engine, n, 5, spec.config.vocab_size)
+        engines[label] = engine
+    rows: dict[str, list[float]] = {}
+    for _ in range(3):
+        for label, engine in engines.items():
+            rows.setdefault(label, []).extend(latency(engine, n, 400, spec.config.vocab_size)["p50_ms"]
+                                              for n in lengths)
+    check = PackedBatch.from_sequences(random_docs(np.array([16, 40, 7, 50]), spec.config.vocab_size, seed=11))
+    outs = [engine.step(check).result() for engine in engines.values()]
+    cos = float(((outs[0] * outs[1]).sum(1) / np.linalg.norm(outs[0], axis=1) / np.linalg.norm(outs[1], axis=1)).min())
+    for label, cells in rows.items():
+        line = f"  engine L1 {label:<6} {'/'.join(map(str, lengths))} tokens p50 ms, three rounds: " + \
+            " ".join(f"{c:.3f}" for c in cells)
+        print(line)
+        SUMMARY.append(line)
+    line = f"  min cosine today vs deep on a 113-token batch: {cos:.6f}"
+    print(line)
+    SUMMARY.append(line)
+
+
+def section_deep16() -> None:
+    """The 16-row chain (us a layer, PDL) with deeper K steps in one kernel at a time (deep_k's best of each
+    chained slower than today's tiles), taking turns over three rounds."""
+    from dataclasses import replace
+
+    from petal.engine.layers import skinny_linear
+
+    today = skinny_linear.BUCKET_TILES[16]
+    variants = {"today": today,
+                "qkv k256 st4": replace(today, qkv=replace(today.qkv, block_k=256)),
+                "qkv k512 st3": replace(today, qkv=replace(today.qkv, block_k=512, num_stages=3)),
+                "gate_up k256 st3": replace(today, gate_up=replace(today.gate_up, block_k=256, num_stages=3)),
+                "qkv+gate_up k256": replace(today, qkv=replace(today.qkv, block_k=256),
+                                            gate_up=replace(today.gate_up, block_k=256, num_stages=3))}
+    _, skinny = layer_chains()(16)
+    us: dict[str, list[float]] = {}
+    for _ in range(3):
+        for label, tiles in variants.items():
+            us.setdefault(label, []).append(graph_us_per_call(skinny(True, tiles), LAYERS))
+    for label, cells in us.items():
+        line = f"  chain M= 16 {label:<18} " + " / ".join(f"{c:.2f}" for c in cells) + " us a layer"
+        print(line)
+        SUMMARY.append(line)
+
+
 WARMUP_CHILD = r"""
 import sys, time
 import torch
@@ -639,7 +751,8 @@ def main() -> None:
     run_sections({"engine": section_engine, "kernels": section_kernels, "gemm": section_gemm,
              "buckets": section_buckets, "skinny": section_skinny, "skinny_sweep": section_skinny_sweep,
              "engine_pplx": lambda: section_engine(("pplx-embed-0.6b",)),
-             "warmup": section_warmup, "whole": section_whole,
+             "warmup": section_warmup, "whole": section_whole, "deep_k": section_deep_k,
+             "deep16": section_deep16,
              "engine_ab": lambda: section_engine(
                  ("pplx-embed-0.6b",), ("default", "skinny128", "default2", "skinny128-2"), (16, 30, 60, 128)),
              "engine_buckets": lambda: section_engine(
