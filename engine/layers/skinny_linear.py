@@ -78,12 +78,16 @@ BUCKET_TILES: dict[int, LayerTiles] = {
     16: replace(_tiles(16), attention_o=GemmTiles(16, 32, split_k=8)),
     # NOTE: 32 and 64 rows run the attention apart: inside the O projection it cost 2.2 / 9.8 us a layer more
     # (bench/attention_o_probe.py ceiling), 16 rows gain 1.5 us
-    32: LayerTiles(qkv=GemmTiles(64, 32), o=GemmTiles(32, 16, split_k=2), gate_up=GemmTiles(64, 32),
-                   down=GemmTiles(32, 32, split_k=4)),  # NOTE: 64-row norm_linear tiles (wgmma) beat 32
-    64: LayerTiles(qkv=GemmTiles(64, 32), o=GemmTiles(64, 16, split_k=2), gate_up=GemmTiles(64, 32),
-                   down=GemmTiles(64, 32, split_k=4)),
+    # NOTE: 256-deep K steps where they paid (bench/l1_probe.py deep_k): half the dependent iterations of
+    # the K loop and twice the bytes in flight a program; the chain 29.8 -> 28.1 (32 rows), 31.6 -> 30.0
+    # (64), 35.2 -> 33.8 (128) us a layer. Not at 16 rows: the best of each kernel chained slower there.
+    # NOTE: 64-row norm_linear tiles (wgmma) beat 32 at 32 rows
+    32: LayerTiles(qkv=GemmTiles(64, 32, 256, num_stages=3), o=GemmTiles(32, 16, 256, split_k=2),
+                   gate_up=GemmTiles(64, 32), down=GemmTiles(32, 32, split_k=4)),
+    64: LayerTiles(qkv=GemmTiles(64, 32, 256, num_stages=3), o=GemmTiles(64, 16, 256, split_k=2, num_stages=3),
+                   gate_up=GemmTiles(64, 32), down=GemmTiles(64, 32, split_k=4)),
     128: LayerTiles(qkv=GemmTiles(64, 64), o=GemmTiles(64, 32, split_k=2), gate_up=GemmTiles(64, 64),
-                    down=GemmTiles(64, 32, split_k=2)),
+                    down=GemmTiles(64, 32, 256, split_k=2, num_stages=3)),
 }
 MAX_ROWS = max(BUCKET_TILES)  # the largest bucket with measured tiles
 
