@@ -41,6 +41,7 @@ from petal.engine.config import EngineConfig
 from petal.engine.engine import Engine
 from petal.engine.graphs import seq_capacity
 from petal.engine.inputs import InputLayout, fill_inputs
+from petal.engine.loader import ModelSpec
 
 CUDA = torch.device("cuda")
 BF16 = torch.bfloat16
@@ -70,16 +71,55 @@ def release(engine: Engine) -> None:
     torch.cuda.synchronize()
 
 
+def native_model(name: str) -> tuple[ModelSpec, torch.nn.Module]:
+    """The native model of shape ``name`` on the GPU (random weights, made through Hugging Face's)."""
+    s = shape(name)
+    hf = hf_model(s, CUDA, BF16)
+    spec, model = native_from_hf(s, hf, CUDA, BF16)
+    del hf
+    torch.cuda.empty_cache()
+    return spec, model
+
+
+def engines_taking_turns(setups: dict[str, Callable[[], None]], lengths: tuple[int, ...], rounds: int,
+                         name: str = "pplx-embed-0.6b") -> dict[str, list[float]]:
+    """One engine per setup over one model (``setup()`` runs before its engine is built and its buckets
+    captured: it sets what the graphs read at capture), then L1 p50 ms at each length, the engines taking
+    turns for ``rounds`` rounds; prints and keeps the min cosine between the first two engines' vectors."""
+    spec, model = native_model(name)
+    vocab = spec.config.vocab_size
+    engines = {}
+    for label, setup in setups.items():
+        setup()
+        engine = Engine(spec, EngineConfig(device="cuda", dtype="bfloat16", token_budget=16384), model=model)
+        for n in lengths:
+            latency(engine, n, 5, vocab)  # capture the bucket now
+        engines[label] = engine
+    rows: dict[str, list[float]] = {}
+    for _ in range(rounds):
+        for label, engine in engines.items():
+            rows.setdefault(label, []).extend(latency(engine, n, 400, vocab)["p50_ms"] for n in lengths)
+    check = PackedBatch.from_sequences(random_docs(np.array([16, 40, 7, 50]), vocab, seed=11))
+    outs = [engine.step(check).result() for engine in list(engines.values())[:2]]
+    cos = float(((outs[0] * outs[-1]).sum(1) / np.linalg.norm(outs[0], axis=1)
+                 / np.linalg.norm(outs[-1], axis=1)).min())
+    for label, cells in rows.items():
+        line = f"  engine L1 {label:<8} {' / '.join(map(str, lengths))} tokens p50 ms, {rounds} rounds: " + \
+            " ".join(f"{c:.3f}" for c in cells)
+        print(line)
+        SUMMARY.append(line)
+    line = f"  min cosine of the first two engines' vectors on a 113-token batch: {cos:.6f}"
+    print(line)
+    SUMMARY.append(line)
+    return rows
+
+
 def section_engine(shapes: tuple[str, ...] = ("pplx-embed-0.6b", "bge-m3", "minilm"),
                    labels: tuple[str, ...] | None = None, lengths: tuple[int, ...] = (16, 128)) -> None:
     """L1 (step -> result, 400 calls) at each query length for each variant, and the min cosine of each
     variant's vectors to the first variant's on batches of the 192, 128 and 64-token buckets."""
     for name in shapes:
-        s = shape(name)
-        hf = hf_model(s, CUDA, BF16)
-        spec, model = native_from_hf(s, hf, CUDA, BF16)
-        del hf
-        torch.cuda.empty_cache()
+        spec, model = native_model(name)
         vocab = spec.config.vocab_size
         checks = [PackedBatch.from_sequences(random_docs(np.array(lens), vocab, seed=11))
                   for lens in ([16, 40, 7, 100], [16, 40, 7, 50], [5, 40, 7])]
@@ -518,6 +558,7 @@ def section_deep_k() -> None:
     from dataclasses import replace
 
     from petal.engine.layers import skinny_linear
+    from petal.engine.layers.skinny_linear import LayerTiles
 
     today_tiles = dict(skinny_linear.BUCKET_TILES)
     roles = ("qkv", "o", "gate_up", "down")
@@ -564,36 +605,14 @@ def section_deep_k() -> None:
                 f"{us['deep'][0]:.2f}/{us['deep'][1]:.2f} -> {chosen_tiles[m]}")
         print(line, flush=True)
         SUMMARY.append(line)
-    s = shape("pplx-embed-0.6b")
-    hf = hf_model(s, CUDA, BF16)
-    spec, model = native_from_hf(s, hf, CUDA, BF16)
-    del hf
-    torch.cuda.empty_cache()
-    engines = {}
-    lengths = (16, 30, 60, 128)
-    for label, tiles in (("today", today_tiles), ("deep", chosen_tiles)):
-        skinny_linear.BUCKET_TILES.clear()
-        skinny_linear.BUCKET_TILES.update(tiles)  # read when each bucket's graph is captured
-        engine = Engine(spec, EngineConfig(device="cuda", dtype="bfloat16", token_budget=16384), model=model)
-        for n in lengths:
-            latency(engine, n, 5, spec.config.vocab_size)
-        engines[label] = engine
-    rows: dict[str, list[float]] = {}
-    for _ in range(3):
-        for label, engine in engines.items():
-            rows.setdefault(label, []).extend(latency(engine, n, 400, spec.config.vocab_size)["p50_ms"]
-                                              for n in lengths)
-    check = PackedBatch.from_sequences(random_docs(np.array([16, 40, 7, 50]), spec.config.vocab_size, seed=11))
-    outs = [engine.step(check).result() for engine in engines.values()]
-    cos = float(((outs[0] * outs[1]).sum(1) / np.linalg.norm(outs[0], axis=1) / np.linalg.norm(outs[1], axis=1)).min())
-    for label, cells in rows.items():
-        line = f"  engine L1 {label:<6} {'/'.join(map(str, lengths))} tokens p50 ms, three rounds: " + \
-            " ".join(f"{c:.3f}" for c in cells)
-        print(line)
-        SUMMARY.append(line)
-    line = f"  min cosine today vs deep on a 113-token batch: {cos:.6f}"
-    print(line)
-    SUMMARY.append(line)
+
+    def use(tiles: dict[int, LayerTiles]) -> Callable[[], None]:
+        def setup() -> None:  # read when each bucket's graph is captured
+            skinny_linear.BUCKET_TILES.clear()
+            skinny_linear.BUCKET_TILES.update(tiles)
+        return setup
+
+    engines_taking_turns({"today": use(today_tiles), "deep": use(chosen_tiles)}, (16, 30, 60, 128), 3)
 
 
 def section_deep16() -> None:
@@ -665,10 +684,7 @@ def section_warmup() -> None:
 
 
 def section_buckets(name: str = "pplx-embed-0.6b") -> None:
-    s = shape(name)
-    hf = hf_model(s, CUDA, BF16)
-    spec, model = native_from_hf(s, hf, CUDA, BF16)
-    del hf
+    spec, model = native_model(name)
     vocab = spec.config.vocab_size
     print(f"\n{name}: step time by bucket (serial step->result, ms), small-batch path off vs each piece")
     configs = variants()
@@ -721,28 +737,15 @@ def section_whole() -> None:
                 f"{cells[1]:.2f}/{cells[3]:.2f} us/layer | max diff {err:.4f}")
         print(line, flush=True)
         SUMMARY.append(line)
-    s = shape("pplx-embed-0.6b")
-    hf = hf_model(s, CUDA, BF16)
-    spec, model = native_from_hf(s, hf, CUDA, BF16)
-    del hf
-    torch.cuda.empty_cache()
-    engines = {}
-    for label, limit in (("whole", 64), ("blocked", 0)):
-        module.WHOLE_MAX_TOKENS = limit  # read when each bucket's graph is captured
-        engine = Engine(spec, EngineConfig(device="cuda", dtype="bfloat16", token_budget=16384), model=model)
-        for n in (16, 30, 60):
-            latency(engine, n, 5, spec.config.vocab_size)  # capture the bucket now
-        engines[label] = engine
-    module.WHOLE_MAX_TOKENS = 64
-    rows: dict[str, list[float]] = {}
-    for _ in range(2):
-        for label, engine in engines.items():
-            rows.setdefault(label, []).extend(latency(engine, n, 400, spec.config.vocab_size)["p50_ms"]
-                                              for n in (16, 30, 60))
-    for label, cells in rows.items():
-        line = f"  engine L1 {label:<8} 16 / 30 / 60 tokens p50 ms, two rounds: " + " ".join(f"{c:.3f}" for c in cells)
-        print(line)
-        SUMMARY.append(line)
+
+    def limit(tokens: int) -> Callable[[], None]:
+        def setup() -> None:  # read when each bucket's graph is captured
+            module.WHOLE_MAX_TOKENS = tokens
+        return setup
+
+    default = module.WHOLE_MAX_TOKENS
+    engines_taking_turns({"whole": limit(default), "blocked": limit(0)}, (16, 30, 60), 2)
+    module.WHOLE_MAX_TOKENS = default
 
 
 def main() -> None:
