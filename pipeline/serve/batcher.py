@@ -294,20 +294,26 @@ class TokenBatcher:
 
     def _launch(self, batch: Any, in_flight: deque[tuple[Any, LazyTensor, float]]) -> None:
         started = time.perf_counter()
-        for item in batch.keys:
-            self.metrics.queue_seconds.observe(started - item.arrived)
-        self.metrics.batch_tokens.observe(batch.num_tokens)
-        self.metrics.batch_texts.observe(batch.num_seqs)
         try:
             lazy = self.engine.step(batch)
         except Exception as exc:  # a bug or a device error: fail these requests, keep serving
+            self._observe_batch(batch, started)
             self._fail(batch.keys, exc)
             return
+        # NOTE: recorded after the launch: on CUDA the device runs the step meanwhile (a lone query's step
+        # does not wait for them)
+        self._observe_batch(batch, started)
         replays = self.engine.stats.graph_replays
         if replays > self._replays:
             self.metrics.graph_replays.inc(replays - self._replays)
             self._replays = replays
         in_flight.append((batch.keys, lazy, started))
+
+    def _observe_batch(self, batch: Any, started: float) -> None:
+        for item in batch.keys:
+            self.metrics.queue_seconds.observe(started - item.arrived)
+        self.metrics.batch_tokens.observe(batch.num_tokens)
+        self.metrics.batch_texts.observe(batch.num_seqs)
 
     def _deliver(self, items: Any, lazy: LazyTensor, started: float) -> None:
         try:
@@ -315,7 +321,7 @@ class TokenBatcher:
         except Exception as exc:
             self._fail(items, exc)
             return
-        self.metrics.step_seconds.observe(time.perf_counter() - started)
+        step_s = time.perf_counter() - started
         done: dict[asyncio.AbstractEventLoop, list[_Job]] = {}
         for i, item in enumerate(items):
             job = item.job
@@ -329,9 +335,11 @@ class TokenBatcher:
                         job.loop.call_soon_threadsafe(_resolve, job, exc)
                         continue
                 done.setdefault(job.loop, []).append(job)
+        # NOTE: answered texts leave the queue's count before their clients can hear (and send again)
         self._answered(len(items))
         for loop, jobs in done.items():  # NOTE: one wake-up of the event loop per step, not one per request
             loop.call_soon_threadsafe(_resolve_all, jobs)
+        self.metrics.step_seconds.observe(step_s)  # after the wake-ups, off the answers' path
 
     def _fail(self, items: Any, error: BaseException) -> None:
         for job in {id(item.job): item.job for item in items}.values():
