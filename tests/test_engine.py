@@ -249,3 +249,32 @@ def test_attention_inside_o_is_marked_for_the_buckets_whose_tiles_have_it():
             kernels.apply(ctx, bucket)  # type: ignore[arg-type]
             assert ctx.attention_in_o == (in_o and bucket <= skinny and bucket in with_tiles), (in_o, skinny, bucket)
             assert ctx.skinny_layers == (bucket <= skinny)
+
+
+def test_skinny_tiles_take_shallower_k_steps_where_the_tuned_ones_do_not_divide_a_width():
+    """The 256-deep K steps tuned on pplx-embed-0.6b's widths (1024 / 2048 / 3072) stay for models whose widths
+    they divide; a kernel whose K they do not divide (a q_size of 14 x 64, an intermediate of 1408) takes
+    128-deep steps instead of the model losing the skinny path; a width even those do not divide still does."""
+    from petal.engine.layers.skinny_linear import BUCKET_TILES, LayerSizes, fits, layer_tiles
+
+    pplx = LayerSizes(1024, 2048, 3072)
+    assert fits(1024, 2048, 3072)
+    assert all(layer_tiles(bucket, pplx) == tiles for bucket, tiles in BUCKET_TILES.items())
+    assert any(t.block_k == 256 for tiles in BUCKET_TILES.values() for t in (tiles.qkv, tiles.o, tiles.down))
+    other = LayerSizes(1024, 896, 1408)
+    assert fits(other.hidden_size, other.q_size, other.intermediate_size)
+    changed = 0
+    for bucket, tuned in BUCKET_TILES.items():
+        tiles = layer_tiles(bucket, other)
+        for role, k in (("qkv", 1024), ("o", 896), ("gate_up", 1024), ("down", 1408)):
+            got, want = getattr(tiles, role), getattr(tuned, role)
+            assert k % got.block_k == 0, (bucket, role, got)
+            if k % want.block_k == 0:
+                assert got == want, (bucket, role)  # a step that divides is kept
+            else:
+                assert got.block_k == 128 and (got.block_m, got.block_n, got.split_k) == \
+                    (want.block_m, want.block_n, want.split_k), (bucket, role)
+                changed += 1
+        assert fits(other.hidden_size, other.q_size, other.intermediate_size, tiles)
+    assert changed >= 3  # O at 32 and 64 rows, down at 128
+    assert not fits(1024, 960, 3072)  # 15 x 64: not a multiple of 128

@@ -92,19 +92,46 @@ BUCKET_TILES: dict[int, LayerTiles] = {
 MAX_ROWS = max(BUCKET_TILES)  # the largest bucket with measured tiles
 
 
-def layer_tiles(num_tokens: int) -> LayerTiles:
-    """The tiles of the smallest bucket in ``BUCKET_TILES`` that holds ``num_tokens`` rows."""
+SHALLOW_K = 128  # a K step every layer size the skinny path admits is a multiple of (the tuned ones are 128-256)
+
+
+@dataclass(frozen=True)
+class LayerSizes:
+    """The widths of a Qwen3 layer the skinny kernels' tiles must divide."""
+
+    hidden_size: int
+    q_size: int  # num_heads * head_dim: the O projection's K
+    intermediate_size: int
+
+
+def _k_step(tiles: GemmTiles, k: int) -> GemmTiles:
+    """``tiles``, or the same with 128-deep K steps (and 4 stages) when its K step does not divide ``k``."""
+    return tiles if k % tiles.block_k == 0 else replace(tiles, block_k=SHALLOW_K, num_stages=4)
+
+
+def layer_tiles(num_tokens: int, sizes: LayerSizes | None = None) -> LayerTiles:
+    """The tiles of the smallest bucket in ``BUCKET_TILES`` that holds ``num_tokens`` rows; with ``sizes``,
+    fitted to them: a kernel whose K its tuned K step does not divide takes ``SHALLOW_K``-deep steps.
+
+    NOTE: the deeper steps were tuned on pplx-embed-0.6b's widths (1024 / 2048 / 3072); a model whose widths
+    are multiples of 128 but not of 256 keeps the skinny path with the shallower steps."""
     for bucket in sorted(BUCKET_TILES):
         if num_tokens <= bucket:
-            return BUCKET_TILES[bucket]
+            tiles = BUCKET_TILES[bucket]
+            if sizes is None:
+                return tiles
+            return replace(tiles, qkv=_k_step(tiles.qkv, sizes.hidden_size), o=_k_step(tiles.o, sizes.q_size),
+                           gate_up=_k_step(tiles.gate_up, sizes.hidden_size),
+                           down=_k_step(tiles.down, sizes.intermediate_size))
     raise ValueError(f"{num_tokens} rows: the skinny kernels have tiles up to {max(BUCKET_TILES)} rows")
 
 
 def fits(hidden_size: int, q_size: int, intermediate_size: int, tiles: LayerTiles | None = None) -> bool:
-    """Whether the tiles (of every bucket by default) divide a Qwen3 layer's sizes (hidden,
-    num_heads * head_dim, intermediate)."""
+    """Whether the tiles (of every bucket by default, fitted to these sizes by ``layer_tiles``) divide a Qwen3
+    layer's sizes (hidden, num_heads * head_dim, intermediate)."""
     if tiles is None:
-        return all(fits(hidden_size, q_size, intermediate_size, t) for t in BUCKET_TILES.values())
+        sizes = LayerSizes(hidden_size, q_size, intermediate_size)
+        return all(fits(hidden_size, q_size, intermediate_size, layer_tiles(bucket, sizes)) for bucket in BUCKET_TILES)
     norm_ok = all(hidden_size % t.block_k == 0 for t in (tiles.qkv, tiles.gate_up)) \
         and q_size % tiles.qkv.block_n == 0 and intermediate_size % tiles.gate_up.block_n == 0
     add_ok = True
@@ -178,7 +205,7 @@ def norm_linear(x: NormInput, eps: float, weight: torch.Tensor, *, swiglu: bool 
     assert num_tokens <= MAX_ROWS and hg.stride(1) == 1 and weight.is_contiguous() and weight.shape[1] == k
     assert sumsq.shape == (num_parts, num_tokens) and sumsq.dtype == torch.float32 and sumsq.stride(1) == 1
     if tiles is None:
-        tiles = layer_tiles(num_tokens).gate_up if swiglu else layer_tiles(num_tokens).qkv
+        tiles = _k_step(layer_tiles(num_tokens).gate_up if swiglu else layer_tiles(num_tokens).qkv, k)
     assert num_parts & (num_parts - 1) == 0 and n % tiles.block_n == 0 and k % tiles.block_k == 0, (n, k, tiles)
     out = torch.empty(num_tokens, n, dtype=hg.dtype, device=hg.device)
     if num_tokens:
@@ -248,7 +275,7 @@ def linear_add(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, *,
     assert num_tokens <= MAX_ROWS and x.stride(1) == 1 and weight.is_contiguous() and weight.shape[1] == k
     assert residual.shape == (num_tokens, n) and residual.stride(1) == 1
     if tiles is None:
-        tiles = layer_tiles(num_tokens).o
+        tiles = _k_step(layer_tiles(num_tokens).o, k)
     assert n % tiles.block_n == 0 and k % tiles.block_k == 0, (n, k, tiles)
     col_tiles = n // tiles.block_n
     outputs = _AddOutputs.make(residual, out, norm_weight, col_tiles)

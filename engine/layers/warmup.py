@@ -21,7 +21,14 @@ from petal.engine.batch import token_buckets
 from petal.engine.config import ModelConfig
 from petal.engine.layers.fused_mlp import fits as fused_mlp_fits
 from petal.engine.layers.fused_mlp import gate_up_silu
-from petal.engine.layers.skinny_linear import SkinnyLayerWeights, SkinnyOptions, layer_tiles, norm_input, skinny_layer
+from petal.engine.layers.skinny_linear import (
+    LayerSizes,
+    SkinnyLayerWeights,
+    SkinnyOptions,
+    layer_tiles,
+    norm_input,
+    skinny_layer,
+)
 from petal.engine.layers.small_attention import SMALL_ATTENTION_HEAD_DIMS, SmallAttention, attend
 from petal.engine.layers.triton_kernels import add_layer_norm, qk_norm_rope_, triton_available
 
@@ -141,7 +148,7 @@ def _warm_skinny_bucket(cfg: ModelConfig, dtype: torch.dtype, device: torch.devi
                                zeros(2 * cfg.intermediate_size, cfg.hidden_size),
                                zeros(cfg.hidden_size, cfg.intermediate_size), attention.qk_norm_weights, cfg.norm_eps)
     h = zeros(num_tokens, cfg.hidden_size)
-    tiles = layer_tiles(num_tokens)
+    tiles = layer_tiles(num_tokens, LayerSizes(cfg.hidden_size, q_size, cfg.intermediate_size))
     # NOTE: the first layer's norm input has one partial sum per row, later ones one per column tile of the
     # down projection (another NUM_PARTS, another variant); the last layer's down projection writes no norm
     # input: every variant is compiled.

@@ -21,6 +21,7 @@ from petal.engine.layers.linear import Linear, linear_into_
 from petal.engine.layers.norm import RMSNorm
 from petal.engine.layers.rotary import RopeTables, RotaryEmbedding, apply_rotary
 from petal.engine.layers.skinny_linear import (
+    LayerSizes,
     NormInput,
     SkinnyLayerWeights,
     SkinnyOptions,
@@ -233,7 +234,8 @@ class Qwen3Model(EncoderModel):
                                        weights[0].qk_norm, first.q_norm.eps)  # NOTE: each layer its own q/k norm
             options = SkinnyOptions(ctx.pdl, ctx.attention_in_o)
             x: NormInput | None = norm_input(h, weights[0].input_norm)
-            tiles = layer_tiles(h.shape[0])
+            tiles = layer_tiles(h.shape[0], LayerSizes(weights[0].qkv.shape[1], weights[0].o.shape[1],
+                                                       weights[0].down.shape[1]))
             for i, weight in enumerate(weights):
                 assert x is not None
                 x = skinny_layer(h, x, weight, weights[i + 1] if i + 1 < len(weights) else None,
