@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from petal.bench.gpu import graph_us_per_call, latency, random_docs, run_sections
+from petal.bench.gpu import graph_us_per_call, latency, random_docs, replay_in_graph, run_sections
 from petal.bench.shapes import hf_model, native_from_hf, shape
 from petal.engine.batch import PackedBatch
 from petal.engine.config import EngineConfig
@@ -155,12 +155,7 @@ def section_check() -> None:
             run, h = chain(layers, rows, options)
             run()
             eager = h.clone()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                run()
-            for _ in range(3):
-                graph.replay()
-            torch.cuda.synchronize()
+            replay_in_graph(run)
             assert torch.equal(h, eager), (rows, label, "graph replay differs from eager")
             outs[label] = eager.float()
         ref = outs["pdl"]

@@ -38,6 +38,17 @@ def cuda_time(fn: Callable[[], Any]) -> float:
     return time.perf_counter() - started
 
 
+def replay_in_graph(fn: Callable[[], object], replays: int = 3) -> None:
+    """Capture ``fn`` in a CUDA graph, replay it ``replays`` times and wait: what a probe compares with the
+    eager run it made before (graph replays must equal eager)."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    for _ in range(replays):
+        graph.replay()
+    torch.cuda.synchronize()
+
+
 def graph_us_per_call(fn: Callable[[], object], calls_in_graph: int, reps: int = 30) -> float:
     """Device microseconds per call of ``fn`` captured ``calls_in_graph`` times... (``fn`` runs them all)."""
     for _ in range(2):

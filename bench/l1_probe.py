@@ -34,7 +34,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from petal.bench.gpu import graph_us_per_call, latency, random_docs, run_sections
+from petal.bench.gpu import graph_us_per_call, latency, random_docs, replay_in_graph, run_sections
 from petal.bench.shapes import hf_model, native_from_hf, shape
 from petal.engine.batch import PackedBatch, token_bucket
 from petal.engine.config import EngineConfig
@@ -398,12 +398,7 @@ def check_skinny(rows: tuple[int, ...]) -> None:
 
             run()
             eager = {k: v.clone() for k, v in outs.items()}
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                run()
-            for _ in range(3):
-                graph.replay()
-            torch.cuda.synchronize()
+            replay_in_graph(run)
             for key, ref in (("qkv", ref_qkv), ("act", ref_act), ("add", ref_add)):
                 err = float((eager[key].float() - ref).abs().max() / ref.abs().max())
                 same = torch.equal(eager[key], outs[key])
