@@ -17,6 +17,8 @@
   chain with the best of each; the best go into ``BUCKET_TILES`` for later sections of the same run.
 - ``engine_pplx`` / ``engine_buckets``: ``engine`` for the pplx-embed-0.6b shape only / with every skinny
   limit (16-128 tokens) at 16, 30, 60 and 128-token queries.
+- ``gaps``: a 128-token step after the host idled 0.3-3 ms (sleeping or spinning), alone and behind the
+  server's two thread hand-offs: what a lone server request pays that back-to-back L1 does not.
 - ``buckets``: step time (graph replay) of larger buckets with the small-batch path on and off,
   which sets the token limits.
 """
@@ -743,6 +745,93 @@ def section_whole() -> None:
     module.WHOLE_MAX_TOKENS = default
 
 
+def section_gaps(calls: int = 400) -> None:
+    """What a lone server request pays that back-to-back L1 does not: a 128-token step (launch -> result)
+    after the host idled ``gap`` ms (sleeping, spinning so the core stays busy, or spinning on ``time.sleep(0)``
+    as a server thread could spin while idle: tried, not taken), and the server's two
+    thread hand-offs (a ``Condition`` wake-up of a waiting engine thread, then the step, then a wake-up of
+    the waiting caller), each with the same gaps. p50 us of each."""
+    import threading
+
+    spec, model = native_model("pplx-embed-0.6b")
+    engine = Engine(spec, EngineConfig(device="cuda", dtype="bfloat16", token_budget=16384), model=model)
+    batch = PackedBatch.from_sequences(random_docs(np.array([128]), spec.config.vocab_size, seed=128))
+    for _ in range(5):
+        engine.step(batch).result()
+
+    def idle(gap_s: float, spin: str) -> None:
+        end = time.perf_counter() + gap_s
+        if spin == "spin":  # holding the GIL
+            while time.perf_counter() < end:
+                pass
+        elif spin == "yield":  # the GIL released every turn
+            while time.perf_counter() < end:
+                time.sleep(0)
+        elif gap_s:
+            time.sleep(gap_s)
+
+    def direct(gap_s: float, spin: str) -> dict[str, float]:
+        times = []
+        for _ in range(calls):
+            idle(gap_s, spin)
+            started = time.perf_counter()
+            engine.step(batch).result()
+            times.append(time.perf_counter() - started)
+        return {"step": float(np.median(times)) * 1e6}
+
+    def handed(gap_s: float, spin: str) -> dict[str, float]:
+        cond, done = threading.Condition(), threading.Event()
+        box: dict[str, float] = {}
+        todo: list[float] = []
+
+        def worker() -> None:
+            while True:
+                with cond:
+                    while not todo:
+                        cond.wait()
+                    sent = todo.pop()
+                if sent < 0:
+                    return
+                box["woke"] = time.perf_counter() - sent
+                started = time.perf_counter()
+                engine.step(batch).result()
+                box["step"] = time.perf_counter() - started
+                box["answered"] = time.perf_counter()
+                done.set()
+
+        thread = threading.Thread(target=worker)
+        thread.start()
+        rows: dict[str, list[float]] = {"woke": [], "step": [], "back": [], "total": []}
+        for _ in range(calls):
+            idle(gap_s, spin)
+            done.clear()
+            sent = time.perf_counter()
+            with cond:
+                todo.append(sent)
+                cond.notify()
+            done.wait()
+            back = time.perf_counter()
+            for key, value in (("woke", box["woke"]), ("step", box["step"]), ("back", back - box["answered"]),
+                               ("total", back - sent)):
+                rows[key].append(value)
+        with cond:
+            todo.append(-1.0)
+            cond.notify()
+        thread.join()
+        return {key: float(np.median(v)) * 1e6 for key, v in rows.items()}
+
+    for gap_ms in (0.0, 0.3, 1.0, 3.0, 0.0, 0.3, 1.0, 3.0):  # twice: the spread between passes
+        for how in ("sleep", "spin", "yield"):
+            if how != "sleep" and not gap_ms:
+                continue
+            for label, fn in (("direct", direct), ("handed", handed)):
+                r = fn(gap_ms / 1000, how)
+                line = f"  gaps {label} {how:<5} {gap_ms:3.1f} ms: " + " ".join(f"{k} {v:7.1f}" for k, v in r.items())
+                print(line)
+                SUMMARY.append(line)
+    release(engine)
+
+
 def main() -> None:
     sections = sys.argv[1:] or ["kernels", "gemm", "skinny", "engine", "buckets"]
     torch.manual_seed(0)
@@ -750,7 +839,7 @@ def main() -> None:
              "buckets": section_buckets, "skinny": section_skinny, "skinny_sweep": section_skinny_sweep,
              "engine_pplx": lambda: section_engine(("pplx-embed-0.6b",)),
              "warmup": section_warmup, "whole": section_whole, "deep_k": section_deep_k,
-             "deep16": section_deep16,
+             "deep16": section_deep16, "gaps": section_gaps,
              "engine_ab": lambda: section_engine(
                  ("pplx-embed-0.6b",), ("default", "skinny128", "default2", "skinny128-2"), (16, 30, 60, 128)),
              "engine_buckets": lambda: section_engine(

@@ -124,9 +124,9 @@ def test_searches_queued_from_the_engine_thread(sample_index, minilm_spec):
     async def one(texts, k, where=None):
         ticket = searcher.reserve(index, len(texts), k, where=where)
         try:
-            def then(rows):
+            def then(rows, lone):
                 submitted_from.append(threading.current_thread().name)
-                ticket.submit(rows)
+                ticket.submit(rows, lone)
             await tokens.embed_texts(texts, "query", False, "query", then=then)
         finally:
             ticket.cancel()
@@ -155,6 +155,74 @@ def test_searches_queued_from_the_engine_thread(sample_index, minilm_spec):
     assert isinstance(bad_filter, ValueError) and "colour" in str(bad_filter)
     assert submitted_from and set(submitted_from) == {"petal-engine"}
     assert searcher.outstanding == 0 and tokens.outstanding == 0  # every place given back
+
+
+def test_a_lone_search_on_a_gpu_copy_runs_on_the_engine_thread(sample_index, minilm_spec):
+    """A lone search by text whose version has a GPU copy (here torch on the CPU) is searched on the engine
+    thread itself; searches that find another queued or running, a filtered one and a server without a copy
+    go to the search thread. Every path answers what embedding then searching answers."""
+    from petal.pipeline.jobs.query import QueryModel, SearchIndex, engine_config
+    from petal.pipeline.serve.batcher import TokenBatcher
+    from petal.pipeline.serve.gpu_search import GpuReaders
+    from petal.pipeline.serve.metrics import ServeMetrics
+    from petal.pipeline.serve.search_batcher import SearchBatcher
+    from petal.pipeline.serve.searching import SharedExclusiveLock
+
+    index = SearchIndex.open(sample_index, minilm_spec)
+    model = QueryModel(minilm_spec, engine_config(minilm_spec, "cpu"), max_tokens=32)
+    gpu = GpuReaders("cpu", "float32")
+    gpu.prepare(index.reader)
+    topic = index.reader.columns.rows([0], ["topic"])[0]["topic"]
+    reference = SearchBatcher(SharedExclusiveLock())  # FAISS on the search thread: what every path must answer
+    results = {}
+
+    def run(searcher, requests):
+        tokens = TokenBatcher(model.engine, ServeMetrics(), tokenizers=dict(model.tokenizers))
+        searched_on = []
+
+        async def one(texts, k, where=None):
+            ticket = searcher.reserve(index, len(texts), k, where=where)
+            try:
+                await tokens.embed_texts(texts, "query", False, "query", then=ticket.submit)
+            finally:
+                ticket.cancel()
+            found = await ticket.future
+            searched_on.append(ticket.inline_s > 0)
+            return found
+
+        async def scenario():
+            tokens.start()
+            searcher.start()
+            out = []
+            for group in requests:  # each group concurrently, the groups one after another
+                for found in await asyncio.gather(*(one(*r) for r in group)):
+                    out.extend(found)  # a request's rows of hits, one list per query text
+            return out
+
+        try:
+            found = asyncio.run(scenario())
+        finally:
+            tokens.close()
+            searcher.close()
+        assert searcher.outstanding == 0 and tokens.outstanding == 0
+        return found, searched_on
+
+    lone = [[([q], 3)] for q in QUERIES[:3]] + [[(list(QUERIES[3:5]), 4)], [([QUERIES[5]], 2, f"topic = '{topic}'")]]
+    together = [[([q], 5) for q in QUERIES]]
+    for name, searcher in (("gpu", SearchBatcher(SharedExclusiveLock(), gpu)),
+                           ("faiss", SearchBatcher(SharedExclusiveLock())), ("reference", reference)):
+        results[name] = run(searcher, lone)
+        if name == "gpu":
+            results["gpu-together"] = run(SearchBatcher(SharedExclusiveLock(), gpu), together)
+            results["faiss-together"] = run(SearchBatcher(SharedExclusiveLock()), together)
+    assert results["gpu"][1] == [True, True, True, True, False]  # the filtered one keeps the search thread
+    assert results["faiss"][1] == [False] * 5  # no GPU copy: FAISS on the search thread
+    assert _hits(results["gpu"][0]) == _hits(results["reference"][0]) == _hits(results["faiss"][0])
+    np.testing.assert_allclose([h.score for hs in results["gpu"][0] for h in hs],
+                               [h.score for hs in results["reference"][0] for h in hs], atol=1e-5)
+    # six at once: the engine batches them into one step, so none is lone and the search thread takes them
+    assert not any(results["gpu-together"][1])
+    assert _hits(results["gpu-together"][0]) == _hits(results["faiss-together"][0])
 
 
 def test_filters_are_cached_boundedly_and_survive_a_pruned_version(sample_index, tmp_path):

@@ -54,7 +54,7 @@ class _Job:
 
     def __init__(self, loop: asyncio.AbstractEventLoop, rows: int, dim: int, side: str = "query",
                  truncate: bool = False, name: str = "input",
-                 then: Callable[[np.ndarray], None] | None = None) -> None:
+                 then: Callable[[np.ndarray, bool], None] | None = None) -> None:
         self.loop = loop
         self.future: asyncio.Future[np.ndarray] = loop.create_future()
         self.out = np.empty((rows, dim), dtype=np.float32)
@@ -64,7 +64,7 @@ class _Job:
         self.name = name
         self.tokens = 0
         self.tokenize_s = 0.0
-        self.then = then  # called on the engine thread with the rows, before the future resolves
+        self.then = then  # called on the engine thread with the rows (and `lone`), before the future resolves
 
 
 class _Item:
@@ -118,6 +118,7 @@ class TokenBatcher:
         self._outstanding = 0  # texts accepted and not answered yet (queued, packed or in a step)
         self._cond = threading.Condition()
         self._closed = False
+        self._in_flight: deque[tuple[Any, LazyTensor, float]] = deque()  # launched steps (engine thread)
         self._replays = engine.stats.graph_replays  # warm-up replays are not counted
         self._thread = threading.Thread(target=self._run, name="petal-engine", daemon=True)
 
@@ -139,14 +140,16 @@ class TokenBatcher:
         return await job.future
 
     async def embed_texts(self, texts: tuple[str, ...] | list[str], side: str, truncate: bool,
-                          name: str = "input", then: Callable[[np.ndarray], None] | None = None) -> Embedded:
+                          name: str = "input", then: Callable[[np.ndarray, bool], None] | None = None) -> Embedded:
         """Model vectors of ``texts``, tokenized with ``side``'s prompt on the engine thread. ``RequestError``
         413 for a text over the tokens-per-text limit without ``truncate``, 422 for one without tokens
         (naming the request's field ``name`` and the item); ``Overloaded`` when the queue is full.
 
-        ``then(rows)``: called on the engine thread as soon as all the rows are read, before the event loop
-        hears of them (``/search`` queues its search from there); not called when the request fails. It
-        must not block; if it raises, the request fails with that error."""
+        ``then(rows, lone)``: called on the engine thread as soon as all the rows are read, before the event
+        loop hears of them (``/search`` queues its search from there); not called when the request fails.
+        ``lone``: the step held only this request and nothing else waits for the engine thread, so a short
+        continuation may do its work right there (a lone ``/search`` on a GPU copy); otherwise it must not
+        block. If it raises, the request fails with that error."""
         job = _Job(asyncio.get_running_loop(), len(texts), self.engine.dim, side, truncate, name, then)
         if not texts:
             return Embedded(job.out, 0, 0.0)
@@ -201,7 +204,7 @@ class TokenBatcher:
             return items
 
     def _run(self) -> None:
-        in_flight: deque[tuple[Any, LazyTensor, float]] = deque()
+        in_flight = self._in_flight
         depth = self.engine.config.steps_in_flight
         while True:
             items = self._take(block=not in_flight)
@@ -329,8 +332,11 @@ class TokenBatcher:
             job.remaining -= 1
             if job.remaining == 0:
                 if job.then is not None:
+                    # NOTE: a racy read of the queue is enough: a request queued just after waits one short
+                    # continuation at most
+                    lone = not self._in_flight and not self._pending and all(it.job is job for it in items)
                     try:
-                        job.then(job.out)
+                        job.then(job.out, lone)
                     except Exception as exc:  # NOTE: a bug in the continuation fails its request only
                         job.loop.call_soon_threadsafe(_resolve, job, exc)
                         continue

@@ -11,7 +11,9 @@ A lone request is searched at once (no timer); under load the requests that arri
 form the next batch, as the token batcher does for engine steps. A search by query texts is admitted
 on the event loop before its texts are embedded (``reserve``) and its vectors go from the engine thread
 straight to this queue (``SearchTicket.submit``): no event-loop round trip between the step and the
-search on a request's critical path. A group searches exactly what the
+search on a request's critical path. A lone one (nothing else queued for the engine or for a search)
+whose version has a GPU copy is searched right there on the engine thread (``submit(rows, inline=True)``):
+a graph replay of a fraction of a millisecond, without waking the search thread. A group searches exactly what the
 request would have searched alone: the same version, k, filter and parameters. The queue is bounded in
 query rows, as the token batcher's is in texts (``Overloaded``: 503 with Retry-After).
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -48,7 +51,7 @@ class SearchKey:
 
 
 class _Pending:
-    __slots__ = ("future", "index", "key", "loop", "rows")
+    __slots__ = ("future", "index", "inline_s", "key", "loop", "rows")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, index: SearchIndex, key: SearchKey, rows: np.ndarray) -> None:
         self.loop = loop
@@ -56,6 +59,7 @@ class _Pending:
         self.index = index
         self.key = key
         self.rows = rows
+        self.inline_s = 0.0  # searched on the submitting thread (SearchTicket.submit(inline=True)): its time
 
 
 class SearchTicket:
@@ -73,8 +77,16 @@ class SearchTicket:
         self._state = "reserved"  # -> "submitted" | "cancelled", under the batcher's lock
         self.future = item.future
 
-    def submit(self, rows: np.ndarray) -> None:
-        self._batcher._submit(self, np.ascontiguousarray(rows, dtype=np.float32))
+    def submit(self, rows: np.ndarray, inline: bool = False) -> None:
+        """Queue the search of ``rows`` ``[n, dim]`` (the model's vectors). ``inline``: the caller has nothing
+        else to do (the engine thread after a lone request's step): if no other search is queued or running
+        and the version has a GPU copy, search on the calling thread now and settle the future from here."""
+        self._batcher._submit(self, np.ascontiguousarray(rows, dtype=np.float32), inline)
+
+    @property
+    def inline_s(self) -> float:
+        """Seconds this search ran on the submitting thread (0.0: it went to the search thread)."""
+        return self._item.inline_s
 
     def cancel(self) -> None:
         self._batcher._cancel(self)
@@ -103,6 +115,7 @@ class SearchBatcher:
         self.gpu = gpu
         self.max_queue_rows = max_queue_rows  # query rows queued or being searched (None: unbounded)
         self._outstanding = 0
+        self._searching = 0  # searches running now (the search thread's batch, an inline one)
         self._pending: deque[_Pending] = deque()
         self._cond = threading.Condition()
         self._closed = False
@@ -151,8 +164,9 @@ class SearchBatcher:
                              "--max-queue-texts)")
         self._outstanding += num_rows
 
-    def _submit(self, ticket: SearchTicket, rows: np.ndarray) -> None:
+    def _submit(self, ticket: SearchTicket, rows: np.ndarray, inline: bool) -> None:
         item = ticket._item
+        inline = inline and self._inline_ok(item)
         with self._cond:
             if ticket._state != "reserved":
                 return
@@ -160,12 +174,36 @@ class SearchBatcher:
             if len(rows) != len(item.rows):  # NOTE: the rows admitted are the rows searched (the bound's count)
                 self._outstanding -= len(item.rows) - len(rows)
             item.rows = rows
-            if not self._closed:
+            closed = self._closed
+            if closed:
+                self._outstanding -= len(rows)
+            elif inline and not self._pending and not self._searching:
+                self._searching += 1
+            else:
                 self._pending.append(item)
                 self._cond.notify()
                 return
-            self._outstanding -= len(rows)
-        item.loop.call_soon_threadsafe(_settle, item.future, None, Overloaded("the server is shutting down"))
+        if closed:
+            item.loop.call_soon_threadsafe(_settle, item.future, None, Overloaded("the server is shutting down"))
+            return
+        started = time.perf_counter()
+        try:
+            [(_, hits, error)] = self._search([item])
+        finally:
+            item.inline_s = time.perf_counter() - started
+            with self._cond:
+                self._outstanding -= len(rows)
+                self._searching -= 1
+        item.loop.call_soon_threadsafe(_settle, item.future, hits, error)
+
+    def _inline_ok(self, item: _Pending) -> bool:
+        """Whether ``item`` may be searched on the submitting thread: its version has a GPU copy that
+        answers it (a bounded graph replay), so the engine thread is held a fraction of a millisecond;
+        FAISS on the CPU and filters stay on the search thread."""
+        key = item.key
+        if self.gpu is None or key.where:
+            return False
+        return self.gpu.get(item.index.reader, key.nprobe) is not None
 
     def _cancel(self, ticket: SearchTicket) -> None:
         with self._cond:
@@ -186,6 +224,7 @@ class SearchBatcher:
                     return
                 items = list(self._pending)
                 self._pending.clear()
+                self._searching += 1
             groups: dict[SearchKey, list[_Pending]] = {}
             for item in items:
                 groups.setdefault(item.key, []).append(item)
@@ -196,6 +235,7 @@ class SearchBatcher:
                         done.setdefault(item.loop, []).append((item.future, hits, error))
             with self._cond:
                 self._outstanding -= sum(len(item.rows) for item in items)
+                self._searching -= 1
             for loop, settled in done.items():  # one wake-up of the event loop per batch
                 loop.call_soon_threadsafe(_settle_all, settled)
 

@@ -89,7 +89,7 @@ class ServeState:
     # --- tokens ---------------------------------------------------------------------------------
 
     async def embed_texts(self, texts: tuple[str, ...], side: str, truncate: bool, name: str,
-                          then: Callable[[np.ndarray], None] | None = None) -> Embedded:
+                          then: Callable[[np.ndarray, bool], None] | None = None) -> Embedded:
         """Model vectors of ``texts``: tokenized and embedded on the engine thread (spans ``tokenize`` and
         ``engine``: queue and step); ``then`` as ``TokenBatcher.embed_texts``."""
         started = time.perf_counter()
@@ -157,10 +157,14 @@ class ServeState:
             # transform there): no event-loop round trip between the step and the search
             ticket = self.searcher.reserve(index, len(req.texts), req.k, where=req.where, nprobe=req.nprobe,
                                            rescore=req.rescore)
+            # a lone one on a GPU copy is searched right there, on the engine thread (SearchTicket.submit)
             try:
                 await self.embed_texts(req.texts, "query", req.truncate, "query", then=ticket.submit)
             finally:
                 ticket.cancel()  # NOTE: a no-op once submitted; a failed or cancelled embedding frees its place
+            if ticket.inline_s:  # NOTE: that search ran inside the engine span: moved to its own span
+                record("engine", -ticket.inline_s)
+                record("search", ticket.inline_s)
             pending: Awaitable[list[list[Hit]]] = ticket.future
         else:
             assert req.vectors is not None
