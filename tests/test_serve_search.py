@@ -24,6 +24,7 @@ faiss = pytest.importorskip("faiss")
 
 QUERIES = ["how do glaciers move", "espresso and coffee", "volcano eruption", "sourdough bread starter",
            "the history of rome", "training for a marathon"]
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))]
 
 
 @pytest.fixture(scope="module")
@@ -157,8 +158,9 @@ def test_searches_queued_from_the_engine_thread(sample_index, minilm_spec):
     assert searcher.outstanding == 0 and tokens.outstanding == 0  # every place given back
 
 
-def test_a_lone_search_on_a_gpu_copy_runs_on_the_engine_thread(sample_index, minilm_spec):
-    """A lone search by text whose version has a GPU copy (here torch on the CPU) is searched on the engine
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_lone_search_on_a_gpu_copy_runs_on_the_engine_thread(sample_index, minilm_spec, device):
+    """A lone search by text whose version has a GPU copy (torch, on the CPU or CUDA) is searched on the engine
     thread itself; searches that find another queued or running, a filtered one and a server without a copy
     go to the search thread. Every path answers what embedding then searching answers."""
     from petal.pipeline.jobs.query import QueryModel, SearchIndex, engine_config
@@ -170,7 +172,7 @@ def test_a_lone_search_on_a_gpu_copy_runs_on_the_engine_thread(sample_index, min
 
     index = SearchIndex.open(sample_index, minilm_spec)
     model = QueryModel(minilm_spec, engine_config(minilm_spec, "cpu"), max_tokens=32)
-    gpu = GpuReaders("cpu", "float32")
+    gpu = GpuReaders(device, "float32")
     gpu.prepare(index.reader)
     topic = index.reader.columns.rows([0], ["topic"])[0]["topic"]
     reference = SearchBatcher(SharedExclusiveLock())  # FAISS on the search thread: what every path must answer
@@ -461,8 +463,6 @@ def vectors_index(tmp_path_factory):
     assert result.exit_code == 0, result.output
     return out, data
 
-
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))]
 
 
 @pytest.mark.parametrize("device", DEVICES)
