@@ -333,8 +333,10 @@ class TokenBatcher:
             if job.remaining == 0:
                 if job.then is not None:
                     # NOTE: a racy read of the queue is enough: a request queued just after waits one short
-                    # continuation at most
-                    lone = not self._in_flight and not self._pending and all(it.job is job for it in items)
+                    # continuation at most. A request's texts are queued together and packed in order, so a step
+                    # holding as many items as this request has rows, first and last its own, holds only it
+                    lone = not self._in_flight and not self._pending and items[0].job is job \
+                        and items[-1].job is job and len(items) == len(job.out)
                     try:
                         job.then(job.out, lone)
                     except Exception as exc:  # NOTE: a bug in the continuation fails its request only
