@@ -147,6 +147,8 @@ def serve(index_path: Path | None, model: str | None, host: str, port: int, api_
                                              max_seqs or (256 if cuda else 64)))
         query_model = QueryModel(spec, config, max_tokens=max_tokens_per_text)
         warm_up(query_model.engine)
+        for tokenizer in query_model.tokenizers.values():
+            tokenizer.prepare_lone()
         # NOTE: only the follower may hold the live version (this frame ends here), so a replaced one is freed
         # after its last search
         return ServeState(query_model, settings, index_root=index_path, index=index, nprobe=nprobe,

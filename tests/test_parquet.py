@@ -167,6 +167,83 @@ def test_lone_ascii_texts_take_the_python_paths_with_the_same_ids(minilm_spec, m
     assert fast > 1800 and batch.truncated.sum() > 10  # most texts took the fast path; some were cut
 
 
+def test_lone_wordpiece_splits_new_words_itself_and_bounds_its_work(minilm_spec, monkeypatch):
+    """From the second text with a word not cached, such words are split by WordPiece in Python (whole words,
+    "##" pieces, unknown pieces, words over the model's length limit, long words of common or rare pieces),
+    not through the tokenizer (the first text's words are learnt from its encoding); a text whose
+    split would take more vocabulary lookups than its budget is declined and encoded by the tokenizer.
+    Every answer equals the batch path's."""
+    import random
+
+    from petal.pipeline.ingest import lone_wordpiece
+
+    tokenizer = TextTokenizer(minilm_spec.tokenizer_file, 512)
+    wordpiece = tokenizer._wordpiece
+    assert wordpiece is not None
+    tokenizer.encode(["a first query"])  # learnt from the tokenizer's encoding: a one-shot process stops here
+    assert wordpiece._split is None and "first" in wordpiece._cache
+    tokenizer.encode(["a second one"])  # the second text with a new word: the vocabulary is read, split here
+    assert wordpiece._split is not None and "second" in wordpiece._cache
+    warmed = TextTokenizer(minilm_spec.tokenizer_file, 512)
+    warmed.prepare_lone()  # a server's warm-up: made before any request
+    assert warmed._wordpiece is not None and warmed._wordpiece._split is not None
+    rng = random.Random(5)
+    rare = " ".join("".join(rng.choice("qxzjvkw") for _ in range(95)) for _ in range(6))
+    common = " ".join("".join(rng.choice(["in", "re", "co", "st"]) for _ in range(45)) for _ in range(6))
+    texts = ["tokenization of unaffable xyzzyq words", "q" * 101 + " b", "##ing a-b_c 3.14159", rare, common,
+             "glaciers " + "".join(rng.choice("qxzjvkw") for _ in range(40))]
+    batch = tokenizer.encode([*texts, "pad"])
+    calls = []
+    real = wordpiece._split
+    monkeypatch.setattr(wordpiece, "_split", lambda word, budget: calls.append(word) or real(word, budget))
+
+    def check(declined: set[str]) -> None:
+        for i, text in enumerate(texts):
+            wordpiece._cache.clear()
+            got = wordpiece(text)
+            assert (got is None) == (text in declined), repr(text)
+            if got is not None:
+                np.testing.assert_array_equal(got[0], batch.token_ids[i])
+            wordpiece._cache.clear()
+            np.testing.assert_array_equal(tokenizer.encode([text]).token_ids[0], batch.token_ids[i])
+
+    check(set())
+    assert "unaffable" in calls and "xyzzyq" in calls
+    # a budget of what the first three texts take: the long words (up to ~2 lookups a character) pass it
+
+    def lookups(text: str) -> int:
+        return sum(real(word, 10**9)[1] for word in lone_wordpiece._WORDS.findall(wordpiece._normalize(text)))
+
+    limit = max(lookups(text) for text in texts[:3])
+    assert min(lookups(text) for text in texts[3:]) > limit
+    monkeypatch.setattr(lone_wordpiece, "LOOKUPS_PER_CHAR", 0)
+    monkeypatch.setattr(lone_wordpiece, "LOOKUPS_PER_TEXT", limit)
+    check(set(texts[3:]))
+
+
+def test_wordpiece_split_matches_the_model_or_is_not_made():
+    """The Python split of a small WordPiece model gives the model's own ``tokenize`` ids on every word of a
+    random alphabet (pieces, unknown rests, the length limit); a model whose unknown token is not in its
+    vocabulary gets no split."""
+    import random
+
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordPiece
+
+    from petal.pipeline.ingest.lone_wordpiece import WordPieceSplit
+
+    vocab = {"[UNK]": 0, "a": 1, "ab": 2, "abc": 3, "##b": 4, "##c": 5, "##bc": 6, "in": 7, "##g": 8, "c": 9}
+    assert WordPieceSplit.for_tokenizer(Tokenizer(WordPiece({k: v for k, v in vocab.items() if k != "[UNK]"},
+                                                            unk_token="[UNK]"))) is None
+    model = Tokenizer(WordPiece(vocab, unk_token="[UNK]", max_input_chars_per_word=7))
+    split = WordPieceSplit.for_tokenizer(model)
+    assert split is not None
+    rng = random.Random(3)
+    for _ in range(3000):
+        word = "".join(rng.choice("abcging") for _ in range(rng.randint(1, 9)))
+        assert split(word, 1 << 30)[0] == [token.id for token in model.model.tokenize(word)], word
+
+
 def test_lone_texts_leave_added_tokens_matched_after_normalising_to_the_tokenizer(tmp_path, minilm_spec):
     """An added token the tokenizer matches in the normalised text ("hello world", normalized=True) is found
     by the lone paths there too: a raw text with a tab or capitals between its words gives the batch's ids."""
@@ -212,6 +289,8 @@ def test_lone_wordpiece_declines_other_tokenizers(tmp_path, minilm_spec):
     base.save(str(path))
     tokenizer = TextTokenizer(path, 64)
     assert tokenizer._wordpiece is None and tokenizer._ascii is not None
+    tokenizer.prepare_lone()  # a server's warm-up: the copy without the normaliser, made before any request
+    assert tokenizer._bare is not None
     texts = ["don't stop", "e.g. a-b_c", "x y"]
     batch = tokenizer.encode([*texts, "pad"])
     for _ in range(2):
