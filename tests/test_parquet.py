@@ -221,10 +221,11 @@ def test_lone_wordpiece_splits_new_words_itself_and_bounds_its_work(minilm_spec,
     check(set(texts[3:]))
 
 
-def test_wordpiece_split_matches_the_model_or_is_not_made():
-    """The Python split of a small WordPiece model gives the model's own ``tokenize`` ids on every word of a
-    random alphabet (pieces, unknown rests, the length limit); a model whose unknown token is not in its
-    vocabulary gets no split."""
+@pytest.mark.parametrize("continuing", ["##", ""])
+def test_wordpiece_split_matches_the_model_or_is_not_made(continuing):
+    """The Python split of a small WordPiece model (with the "##" continuing prefix, and with none) gives the
+    model's own ``tokenize`` ids on every word of a random alphabet (pieces, unknown rests, the length limit);
+    a model whose unknown token is not in its vocabulary gets no split."""
     import random
 
     from tokenizers import Tokenizer
@@ -232,10 +233,13 @@ def test_wordpiece_split_matches_the_model_or_is_not_made():
 
     from petal.pipeline.ingest.lone_wordpiece import WordPieceSplit
 
-    vocab = {"[UNK]": 0, "a": 1, "ab": 2, "abc": 3, "##b": 4, "##c": 5, "##bc": 6, "in": 7, "##g": 8, "c": 9}
+    vocab = {"[UNK]": 0, "a": 1, "ab": 2, "abc": 3, "##b": 4, "##c": 5, "##bc": 6, "in": 7, "##g": 8, "c": 9,
+             "##ing": 10, "gin": 11}
+    vocab = {k.replace("##", continuing): v for k, v in reversed(vocab.items())}  # no prefix: the first id kept
     assert WordPieceSplit.for_tokenizer(Tokenizer(WordPiece({k: v for k, v in vocab.items() if k != "[UNK]"},
                                                             unk_token="[UNK]"))) is None
-    model = Tokenizer(WordPiece(vocab, unk_token="[UNK]", max_input_chars_per_word=7))
+    model = Tokenizer(WordPiece(vocab, unk_token="[UNK]", max_input_chars_per_word=7,
+                                continuing_subword_prefix=continuing))
     split = WordPieceSplit.for_tokenizer(model)
     assert split is not None
     rng = random.Random(3)

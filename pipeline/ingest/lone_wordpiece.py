@@ -85,6 +85,8 @@ class WordPieceSplit:
                             if continuing and entry.startswith(continuing) else (self._reach_first, entry))
             if len(piece) >= 2:
                 reach[piece[:2]] = max(reach.get(piece[:2], 0), len(piece))
+        if not continuing:  # NOTE: no prefix: a later piece is looked up as any entry is
+            self._reach_next = self._reach_first
 
     @classmethod
     def for_tokenizer(cls, tokenizer: Any) -> WordPieceSplit | None:
