@@ -200,10 +200,12 @@ class SearchBatcher:
         """Whether ``item`` may be searched on the submitting thread: its version has a GPU copy that
         answers it (a bounded graph replay), so the engine thread is held a fraction of a millisecond;
         FAISS on the CPU and filters stay on the search thread."""
-        key = item.key
-        if self.gpu is None or key.where:
-            return False
-        return self.gpu.get(item.index.reader, key.nprobe) is not None
+        return self._gpu_reader(item.index.reader, item.key) is not None
+
+    def _gpu_reader(self, reader: Any, key: SearchKey) -> Any:
+        """The GPU copy that answers ``key`` on ``reader``'s version (--search-device cuda; an IVF one probes
+        the request's nprobe there too), or ``None``: FAISS answers (no copy, or a filter)."""
+        return self.gpu.get(reader, key.nprobe) if self.gpu is not None and not key.where else None
 
     def _cancel(self, ticket: SearchTicket) -> None:
         with self._cond:
@@ -260,8 +262,7 @@ class SearchBatcher:
         reader = index.reader
         if key.where:
             reader.selector(key.where)  # a bad expression or unknown column: ValueError naming it
-        # the GPU copy (--search-device cuda): an IVF one probes the request's nprobe there too
-        gpu = self.gpu.get(reader, key.nprobe) if self.gpu is not None and not key.where else None
+        gpu = self._gpu_reader(reader, key)
         if gpu is not None:  # (only binary indexes rescore, and they have no GPU copy)
             return gpu.search(rows, key.k)
         if overrides(reader, key.nprobe, key.rescore):
