@@ -8,7 +8,8 @@ of a ``/search`` by text between the engine thread and the search thread.
   encoding in Python with its word cache (pipeline/ingest/lone_wordpiece.py, the default), the Python
   ASCII normaliser before the Rust encoder without its own (pipeline/ingest/ascii_normalize.py), and the
   tokenizer's own Rust encoding; the WordPiece path with no word cached (every word split in Python);
-  and the first text of a fresh tokenizer.
+  the first text of a fresh tokenizer; and the slowest text tried for the split (six 90-letter words of
+  common two-letter pieces).
 - ``handoff``: lone searches through the real ``TokenBatcher`` and ``SearchBatcher`` (a random 2-layer
   BERT with MiniLM's tokenizer, so the step is short, and an index of ``sample_data`` built by
   ``petal index``): embed, then search from the event loop ("loop") against the search queued from the
@@ -77,6 +78,20 @@ def section_tokenize() -> None:
             us = (time.perf_counter() - started) / 1000 * 1e6
             best["uncached"] = min(best.get("uncached", us), us)
         tokens = len(tokenizer.encode([text]).token_ids[0])
+        if count == 110:  # the slowest text tried: long words of common two-letter pieces, no word cached
+            from petal.pipeline.ingest.lone_wordpiece import _WORDS
+
+            slow = " ".join("".join(rng.choice(["in", "re", "co", "st"]) for _ in range(45)) for _ in range(6))
+            assert wordpiece._split is not None
+            lookups = sum(wordpiece._split(word, 1 << 30)[1] for word in _WORDS.findall(slow))
+            times = []
+            for _ in range(20):
+                wordpiece._cache.clear()
+                started = time.perf_counter()
+                taken = wordpiece(slow) is not None
+                times.append(time.perf_counter() - started)
+            print(f"  tokenize six 90-letter words of two-letter pieces ({len(slow)} characters), no word cached: "
+                  f"{lookups} lookups, {min(times) * 1e6:.0f} us, {'split in Python' if taken else 'declined'}")
         print(f"  tokenize {tokens:4d} tokens: WordPiece in Python, cached words {best['wordpiece']:.1f} us, "
               f"no word cached {best['uncached']:.1f} us (a fresh tokenizer's first text: {first:.1f} us) | "
               f"ASCII normaliser in Python + Rust encode "
