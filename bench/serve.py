@@ -115,6 +115,11 @@ class ServerProcess:
             text = response.read().decode()
         out = {m.group(1): float(m.group(2)) for m in re.finditer(r"^(petal_(?:batch|step)_\w+_(?:sum|count)) (\S+)$",
                                                                    text, re.M)}
+        # the server process's garbage collections: time in them, and the longest pause since it started
+        gc = [(m.group(1), float(m.group(2))) for m in re.finditer(
+            r'^petal_gc_(seconds_total|longest_pause_seconds)\{generation="\d"\} (\S+)$', text, re.M)]
+        out["gc_s"] = sum(v for name, v in gc if name == "seconds_total")
+        out["gc_longest_s"] = max((v for name, v in gc if name == "longest_pause_seconds"), default=0.0)
         out.update(self.cpu_seconds())
         return out
 
@@ -218,6 +223,12 @@ def run_serve_bench(index: Path | None = None, model: Path | None = None, corpus
                                  # the server's own time (Server-Timing "app": handler start to response built)
                                  # and its spans, mean ms per answer: the rest of p50 is HTTP, loopback, client
                                  "server_p50_ms": _percentile_ms(load.server_s, 50),
+                                 "server_p99_ms": _percentile_ms(load.server_s, 99),
+                                 # the server's garbage collections during the row: their time, and the longest
+                                 # pause if one longer than any before came in this row
+                                 "gc_ms": round(1000 * delta.get("gc_s", 0.0), 3),
+                                 "gc_longest_ms": round(1000 * after["gc_longest_s"], 3)
+                                 if after.get("gc_longest_s", 0.0) > before.get("gc_longest_s", 0.0) else None,
                                  "spans_ms": {name: round(1000 * total / done, 3)
                                               for name, total in load.span_sums_s.items()} if done else {}})
     finally:
@@ -252,7 +263,11 @@ def format_serve_table(result: dict[str, Any]) -> str:
     for r in result["results"]:
         if r.get("spans_ms"):
             spans = " ".join(f"{k} {v:.3f}" for k, v in r["spans_ms"].items())
-            lines.append(f"  spans ms (mean) {r['endpoint']} {r['tokens']} tok c{r['concurrency']}: {spans}")
+            tail = f"; app p99 {r['server_p99_ms']:.2f}" if r.get("server_p99_ms") is not None else ""
+            if r.get("gc_ms") is not None:
+                tail += f"; gc {r['gc_ms']:.1f} ms"
+                tail += f" (a new longest pause: {r['gc_longest_ms']:.1f} ms)" if r.get("gc_longest_ms") else ""
+            lines.append(f"  spans ms (mean) {r['endpoint']} {r['tokens']} tok c{r['concurrency']}: {spans}{tail}")
     lines.append(f"server exit status after SIGTERM: {result['server_exit_code']}")
     return "\n".join(lines)
 

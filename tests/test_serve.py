@@ -211,6 +211,12 @@ def test_concurrent_clients_get_their_own_answers(served):
         assert value and float(value.group(1)) > 0, name
     assert re.search(r'^petal_index_version\{version="v\d{6}-[^"]+"\} 1\.0$', metrics, re.M)
     assert re.search(r"^petal_graph_replays_total ", metrics, re.M)  # CUDA-graph replays (0 on the CPU)
+    # the server process's garbage collections, timed (96 requests allocate enough for young ones)
+    collections = {m.group(1): float(m.group(2)) for m in re.finditer(
+        r'^petal_gc_collections_total\{generation="(\d)"\} (\S+)$', metrics, re.M)}
+    assert set(collections) == {"0", "1", "2"} and collections["0"] > 0, collections
+    paused = re.search(r'^petal_gc_seconds_total\{generation="0"\} (\S+)$', metrics, re.M)
+    assert paused and float(paused.group(1)) > 0
 
 
 def test_bad_requests_get_4xx_and_the_server_keeps_serving(served):
@@ -801,3 +807,29 @@ def _packaged_model_dir() -> str:
     from petal.engine.loader import default_model_dir
 
     return str(default_model_dir())
+
+
+def test_gc_pauses_are_timed_per_generation():
+    """``/metrics``' garbage-collection series: a full collection adds (at least) one to generation 2's count,
+    its time to the total, and the longest pause is one of them."""
+    import gc
+
+    from petal.pipeline.serve.metrics import ServeMetrics
+
+    def series(metrics: ServeMetrics) -> dict[str, float]:
+        return {f"{m.group(1)}{m.group(2)}": float(m.group(3)) for m in re.finditer(
+            r'^petal_gc_(collections_total|seconds_total|longest_pause_seconds)\{generation="(\d)"\} (\S+)$',
+            metrics.render().decode(), re.M)}
+
+    first, second = ServeMetrics(), ServeMetrics()  # two servers in one process: one hook, the same numbers
+    assert gc.callbacks.count(gc.callbacks[-1]) == 1
+    before = series(first)
+    assert len(before) == 9, before
+    junk = [[i] for i in range(50_000)]  # something for the collection to walk
+    gc.collect()
+    del junk
+    after = series(first)
+    assert after["collections_total2"] >= before["collections_total2"] + 1  # (the list may have made more)
+    assert after["seconds_total2"] > before["seconds_total2"]
+    assert 0 < after["longest_pause_seconds2"] <= after["seconds_total2"]
+    assert series(second) == series(first)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from petal.pipeline.serve import gc_clock
+
 LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 TOKEN_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 
@@ -34,6 +36,8 @@ class ServeMetrics:
                                      ["result"], registry=r)
         self.index_refused = Gauge("petal_index_refused", "1 for a published version the server refused, by reason",
                                    ["version", "reason"], registry=r)
+        gc_clock.install()  # NOTE: the process's collections (one hook however many servers)
+        r.register(gc_clock.GcCollector())
 
     def serving(self, version: str, vectors: int) -> None:
         self.index_version.clear()
