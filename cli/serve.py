@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from petal.cli.common import PetalClickError, device_options, eprint, usage, user_errors
+from petal.cli.common import PetalClickError, device_options, eprint, freeze_long_lived, usage, user_errors
 from petal.cli.options import loading_options
 from petal.pipeline.index.bounds import MAX_NPROBE, MAX_RESCORE
 from petal.pipeline.serve.settings import API_KEY_ENV
@@ -133,12 +133,8 @@ def serve(index_path: Path | None, model: str | None, host: str, port: int, api_
         """The model and index, loaded and warm (in a thread, while the port answers /health and /ready)."""
         index = None
         if index_path is not None:
-            reader = IndexReader(index_path, nprobe=nprobe, rescore=rescore)
-            for note in reader.ignored:  # --nprobe of a Flat index...
-                eprint(f"petal serve: note: {note}")
-            spec = model_for_index(reader.manifest, model, allow_pickle_weights, query_prompt)
-            index = SearchIndex.from_reader(reader, spec)
-            del reader
+            version_dir, manifest = resolve_index_dir(index_path)
+            spec = model_for_index(manifest, model, allow_pickle_weights, query_prompt)
         else:
             options = usage(lambda: ModelOptions(query_prompt=query_prompt,
                                                  allow_pickle_weights=allow_pickle_weights))
@@ -149,6 +145,15 @@ def serve(index_path: Path | None, model: str | None, host: str, port: int, api_
         warm_up(query_model.engine)
         for tokenizer in query_model.tokenizers.values():
             tokenizer.prepare_lone()
+        freeze_long_lived()
+        if index_path is not None:
+            # NOTE: opened after the freeze, so a version's objects stay collectable once it is replaced; the
+            # very version the model was chosen for (the follower moves on if CURRENT moved meanwhile)
+            reader = IndexReader(version_dir, nprobe=nprobe, rescore=rescore)
+            for note in reader.ignored:  # --nprobe of a Flat index...
+                eprint(f"petal serve: note: {note}")
+            index = SearchIndex.from_reader(reader, spec)
+            del reader
         # NOTE: only the follower may hold the live version (this frame ends here), so a replaced one is freed
         # after its last search
         return ServeState(query_model, settings, index_root=index_path, index=index, nprobe=nprobe,

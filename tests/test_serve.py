@@ -217,6 +217,10 @@ def test_concurrent_clients_get_their_own_answers(served):
     assert set(collections) == {"0", "1", "2"} and collections["0"] > 0, collections
     paused = re.search(r'^petal_gc_seconds_total\{generation="0"\} (\S+)$', metrics, re.M)
     assert paused and float(paused.group(1)) > 0
+    # what lives as long as the process is frozen out of every collection once loaded: ~190k objects here
+    # (libraries, MiniLM); without freeze_long_lived only the CLI's own modules, ~15k
+    frozen = re.search(r"^petal_gc_frozen_objects (\S+)$", metrics, re.M)
+    assert frozen and float(frozen.group(1)) > 100_000, frozen
 
 
 def test_bad_requests_get_4xx_and_the_server_keeps_serving(served):

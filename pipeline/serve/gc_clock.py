@@ -2,7 +2,8 @@
 GIL (the event loop, the engine thread's host work), so a long one shows up in every request in flight.
 
 One ``gc.callbacks`` hook per process (collections are the process's, not one server's) times each collection;
-``GcCollector`` gives any registry the totals per generation and the longest pause since the process started.
+``GcCollector`` gives any registry the totals per generation and the longest pause since the process started,
+and how many objects are frozen out of every collection (``cli/common.py``'s ``freeze_long_lived``).
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def install() -> None:
 
 class GcCollector(Collector):
     """``petal_gc_collections_total``, ``petal_gc_seconds_total`` and ``petal_gc_longest_pause_seconds`` by
-    generation (since the process started timing them: ``install()``)."""
+    generation (since the process started timing them: ``install()``), and ``petal_gc_frozen_objects``."""
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         count = CounterMetricFamily("petal_gc_collections", "Garbage collections of the process, by generation",
@@ -69,6 +70,10 @@ class GcCollector(Collector):
             count.add_metric([str(g)], _CLOCK.collections[g])
             total.add_metric([str(g)], _CLOCK.seconds[g])
             longest.add_metric([str(g)], _CLOCK.longest_s[g])
+        frozen = GaugeMetricFamily("petal_gc_frozen_objects", "Objects no collection walks (gc.freeze: what "
+                                   "lives as long as the process)")
+        frozen.add_metric([], gc.get_freeze_count())
         yield count
         yield total
         yield longest
+        yield frozen
