@@ -119,6 +119,9 @@ class ServerProcess:
         gc = [(m.group(1), float(m.group(2))) for m in re.finditer(
             r'^petal_gc_(seconds_total|longest_pause_seconds)\{generation="\d"\} (\S+)$', text, re.M)]
         out["gc_s"] = sum(v for name, v in gc if name == "seconds_total")
+        for name, value in re.findall(r'^petal_gc_(collections_total|seconds_total)\{generation="2"\} (\S+)$', text,
+                                      re.M):
+            out[f"gc_full_{name}"] = float(value)
         out["gc_longest_s"] = max((v for name, v in gc if name == "longest_pause_seconds"), default=0.0)
         out.update(self.cpu_seconds())
         return out
@@ -227,6 +230,8 @@ def run_serve_bench(index: Path | None = None, model: Path | None = None, corpus
                                  # the server's garbage collections during the row: their time, and the longest
                                  # pause if one longer than any before came in this row
                                  "gc_ms": round(1000 * delta.get("gc_s", 0.0), 3),
+                                 "gc_full": int(delta.get("gc_full_collections_total", 0)),
+                                 "gc_full_ms": round(1000 * delta.get("gc_full_seconds_total", 0.0), 3),
                                  "gc_longest_ms": round(1000 * after["gc_longest_s"], 3)
                                  if after.get("gc_longest_s", 0.0) > before.get("gc_longest_s", 0.0) else None,
                                  "spans_ms": {name: round(1000 * total / done, 3)
@@ -265,7 +270,7 @@ def format_serve_table(result: dict[str, Any]) -> str:
             spans = " ".join(f"{k} {v:.3f}" for k, v in r["spans_ms"].items())
             tail = f"; app p99 {r['server_p99_ms']:.2f}" if r.get("server_p99_ms") is not None else ""
             if r.get("gc_ms") is not None:
-                tail += f"; gc {r['gc_ms']:.1f} ms"
+                tail += f"; gc {r['gc_ms']:.1f} ms, {r.get('gc_full', 0)} full ({r.get('gc_full_ms', 0.0):.1f} ms)"
                 tail += f" (a new longest pause: {r['gc_longest_ms']:.1f} ms)" if r.get("gc_longest_ms") else ""
             lines.append(f"  spans ms (mean) {r['endpoint']} {r['tokens']} tok c{r['concurrency']}: {spans}{tail}")
     lines.append(f"server exit status after SIGTERM: {result['server_exit_code']}")

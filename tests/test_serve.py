@@ -221,6 +221,10 @@ def test_concurrent_clients_get_their_own_answers(served):
     # (libraries, MiniLM); without freeze_long_lived only the CLI's own modules, ~15k
     frozen = re.search(r"^petal_gc_frozen_objects (\S+)$", metrics, re.M)
     assert frozen and float(frozen.group(1)) > 100_000, frozen
+    # the longest pause counts from the server's start (the load's deliberate full collection is not in it)
+    longest = re.search(r'^petal_gc_longest_pause_seconds\{generation="2"\} (\S+)$', metrics, re.M)
+    full = re.search(r'^petal_gc_seconds_total\{generation="2"\} (\S+)$', metrics, re.M)
+    assert longest and full and float(longest.group(1)) < float(full.group(1))
 
 
 def test_bad_requests_get_4xx_and_the_server_keeps_serving(served):
@@ -818,6 +822,7 @@ def test_gc_pauses_are_timed_per_generation():
     its time to the total, and the longest pause is one of them."""
     import gc
 
+    from petal.pipeline.serve import gc_clock
     from petal.pipeline.serve.metrics import ServeMetrics
 
     def series(metrics: ServeMetrics) -> dict[str, float]:
@@ -836,4 +841,9 @@ def test_gc_pauses_are_timed_per_generation():
     assert after["collections_total2"] >= before["collections_total2"] + 1  # (the list may have made more)
     assert after["seconds_total2"] > before["seconds_total2"]
     assert 0 < after["longest_pause_seconds2"] <= after["seconds_total2"]
+    gc_clock.restart_longest()  # (a server that becomes ready): the longest pauses start again, totals go on
+    restarted = series(first)
+    assert all(restarted[f"longest_pause_seconds{g}"] == 0 for g in "012")
+    assert {k: v for k, v in restarted.items() if not k.startswith("longest")} == \
+        {k: v for k, v in after.items() if not k.startswith("longest")}
     assert series(second) == series(first)

@@ -2,7 +2,7 @@
 GIL (the event loop, the engine thread's host work), so a long one shows up in every request in flight.
 
 One ``gc.callbacks`` hook per process (collections are the process's, not one server's) times each collection;
-``GcCollector`` gives any registry the totals per generation and the longest pause since the process started,
+``GcCollector`` gives any registry the totals per generation and the longest pause since the server was ready,
 and how many objects are frozen out of every collection (``cli/common.py``'s ``freeze_long_lived``).
 """
 
@@ -48,6 +48,12 @@ _CLOCK = _Clock()
 _INSTALLED = threading.Lock()
 
 
+def restart_longest() -> None:
+    """Forget the longest pauses so far (a server that became ready: its load's collections, the deliberate one
+    before ``gc.freeze`` among them, are no pause a request met). The counts and totals keep counting."""
+    _CLOCK.longest_s = [0.0] * len(GENERATIONS)
+
+
 def install() -> None:
     """Start timing collections (idempotent)."""
     with _INSTALLED:
@@ -57,14 +63,16 @@ def install() -> None:
 
 class GcCollector(Collector):
     """``petal_gc_collections_total``, ``petal_gc_seconds_total`` and ``petal_gc_longest_pause_seconds`` by
-    generation (since the process started timing them: ``install()``), and ``petal_gc_frozen_objects``."""
+    generation (since the process started timing them: ``install()``; the longest since ``restart_longest()``), and
+    ``petal_gc_frozen_objects``."""
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         count = CounterMetricFamily("petal_gc_collections", "Garbage collections of the process, by generation",
                                     labels=["generation"])
         total = CounterMetricFamily("petal_gc_seconds", "Time the process spent in garbage collections",
                                     labels=["generation"])
-        longest = GaugeMetricFamily("petal_gc_longest_pause_seconds", "The longest garbage collection so far",
+        longest = GaugeMetricFamily("petal_gc_longest_pause_seconds",
+                                    "The longest garbage collection since the server became ready",
                                     labels=["generation"])
         for g in GENERATIONS:
             count.add_metric([str(g)], _CLOCK.collections[g])

@@ -20,6 +20,7 @@ import logging
 import threading
 from collections.abc import Callable
 
+from petal.pipeline.serve import gc_clock
 from petal.pipeline.serve.metrics import ServeMetrics
 from petal.pipeline.serve.service import ServeState
 from petal.pipeline.serve.settings import ServeSettings
@@ -84,6 +85,7 @@ class Startup:
             await state.stop()
             return
         self.state = state
+        gc_clock.restart_longest()  # the longest pause from here on is one a request can meet (not the load's)
         if self._on_ready is not None:
             self._on_ready(state)
 
