@@ -115,14 +115,14 @@ class ServerProcess:
             text = response.read().decode()
         out = {m.group(1): float(m.group(2)) for m in re.finditer(r"^(petal_(?:batch|step)_\w+_(?:sum|count)) (\S+)$",
                                                                    text, re.M)}
-        # the server process's garbage collections: time in them, and the longest pause since it started
-        gc = [(m.group(1), float(m.group(2))) for m in re.finditer(
-            r'^petal_gc_(seconds_total|longest_pause_seconds)\{generation="\d"\} (\S+)$', text, re.M)]
-        out["gc_s"] = sum(v for name, v in gc if name == "seconds_total")
-        for name, value in re.findall(r'^petal_gc_(collections_total|seconds_total)\{generation="2"\} (\S+)$', text,
-                                      re.M):
-            out[f"gc_full_{name}"] = float(value)
-        out["gc_longest_s"] = max((v for name, v in gc if name == "longest_pause_seconds"), default=0.0)
+        # the server process's garbage collections: time in them, the full ones (generation 2), and the longest
+        # pause since the server became ready
+        gc = [(name, generation, float(value)) for name, generation, value in re.findall(
+            r'^petal_gc_(collections_total|seconds_total|longest_pause_seconds)\{generation="(\d)"\} (\S+)$', text,
+            re.M)]
+        out["gc_s"] = sum(v for name, _, v in gc if name == "seconds_total")
+        out.update({f"gc_full_{name}": v for name, g, v in gc if g == "2" and name != "longest_pause_seconds"})
+        out["gc_longest_s"] = max((v for name, _, v in gc if name == "longest_pause_seconds"), default=0.0)
         out.update(self.cpu_seconds())
         return out
 

@@ -125,15 +125,15 @@ def serve(index_path: Path | None, model: str | None, host: str, port: int, api_
         served_model_name=served_model_name, search_dtype=search_dtype, search_exact=search_exact,
         switch_interval_ms=switch_interval_ms,
         search_device="cuda" if cuda and search_device != "cpu" and index_path is not None else "cpu"))
-    if index_path is not None:
-        resolve_index_dir(index_path)  # not an index (a typo): said at once, before any port or model
+    # not an index (a typo): said at once, before any port or model; the version served first
+    first_version = resolve_index_dir(index_path) if index_path is not None else None
     sock = bind(host, port)  # before loading: a taken port fails in a second, not after the model load
 
     def load(metrics: ServeMetrics) -> ServeState:
         """The model and index, loaded and warm (in a thread, while the port answers /health and /ready)."""
         index = None
-        if index_path is not None:
-            version_dir, manifest = resolve_index_dir(index_path)
+        if first_version is not None:
+            version_dir, manifest = first_version
             spec = model_for_index(manifest, model, allow_pickle_weights, query_prompt)
         else:
             options = usage(lambda: ModelOptions(query_prompt=query_prompt,
@@ -146,7 +146,7 @@ def serve(index_path: Path | None, model: str | None, host: str, port: int, api_
         for tokenizer in query_model.tokenizers.values():
             tokenizer.prepare_lone()
         freeze_long_lived()
-        if index_path is not None:
+        if first_version is not None:
             # NOTE: opened after the freeze, so a version's objects stay collectable once it is replaced; the
             # very version the model was chosen for (the follower moves on if CURRENT moved meanwhile)
             reader = IndexReader(version_dir, nprobe=nprobe, rescore=rescore)
