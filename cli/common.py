@@ -54,11 +54,11 @@ def freeze_long_lived() -> None:
     modules and compiled kernels, the model): collect what is garbage now, then freeze the rest, so that no
     later full collection walks it again.
 
-    NOTE: the libraries and the packaged MiniLM leave ~180k objects for the collector (CPU; more with CUDA's
-    kernels), which a full collection walks: 82 ms on the 2-core machine, and a 105 ms pause under load on the
-    H200 host that stalled every request in flight (``petal bench serve``'s gc figures). Frozen objects are
-    still freed by reference counting, but a cycle among them never would be: freeze only what is never
-    replaced (not an index version).
+    NOTE: the libraries and the packaged MiniLM leave ~190k objects for the collector (CPU; more with CUDA's
+    kernels), which every full collection walks: 140-165 ms on the 2-core machine, a 105 ms pause under load on
+    the H200 host that stalled every request in flight (``petal bench serve``'s gc figures; README "Serving").
+    Frozen objects are still freed by reference counting, but a cycle among them never would be: freeze only
+    what is never replaced (not an index version).
     """
     gc.collect()
     gc.freeze()
