@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import signal
+import sys
 from pathlib import Path
 
 import click
@@ -11,6 +13,7 @@ import click
 from petal.cli.common import PetalClickError, device_options, eprint, freeze_long_lived, usage, user_errors
 from petal.cli.options import loading_options
 from petal.pipeline.index.bounds import MAX_NPROBE, MAX_RESCORE
+from petal.pipeline.reliability.signals import HeldSignals
 from petal.pipeline.serve.settings import API_KEY_ENV
 
 SERVE_MODULES = ("starlette", "uvicorn", "prometheus_client")
@@ -92,6 +95,8 @@ def serve(index_path: Path | None, model: str | None, host: str, port: int, api_
     version that `petal index`/`rebuild` publishes in OUT. `--model DIR` without OUT: embeddings only.
     SIGTERM drains in-flight requests, then exits 0.
     """
+    # NOTE: first: a stop signal during the imports and checks below (~2 s) must not kill the process (143)
+    held = HeldSignals().install()
     if index_path is None and model is None:
         raise click.UsageError("give OUT (an index directory) or --model DIR (embeddings only)")
     if api_key is None and os.environ.get(API_KEY_ENV) is not None:
@@ -109,7 +114,7 @@ def serve(index_path: Path | None, model: str | None, host: str, port: int, api_
     from petal.pipeline.serve.metrics import ServeMetrics
     from petal.pipeline.serve.server import bind
     from petal.pipeline.serve.server import serve as run_server
-    from petal.pipeline.serve.service import ServeState
+    from petal.pipeline.serve.service import THREAD_STOP_S, ServeState
     from petal.pipeline.serve.settings import Limits, ServeSettings
     from petal.pipeline.serve.startup import Startup
     from petal.pipeline.serve.warmup import warm_up
@@ -141,6 +146,10 @@ def serve(index_path: Path | None, model: str | None, host: str, port: int, api_
             spec = model_spec(model, None, options)
         config = usage(lambda: engine_config(spec, device, dtype, attention, token_budget or (8192 if cuda else 2048),
                                              max_seqs or (256 if cuda else 64)))
+        if max_tokens_per_text is not None and max_tokens_per_text > spec.pooling.max_length:
+            eprint(f"petal serve: note: --max-tokens-per-text {max_tokens_per_text} is over the model's max length "
+                   f"({spec.pooling.max_length}): a longer text is refused (413) or, with truncate, cut at "
+                   f"{spec.pooling.max_length} tokens")
         query_model = QueryModel(spec, config, max_tokens=max_tokens_per_text)
         warm_up(query_model.engine)
         for tokenizer in query_model.tokenizers.values():
@@ -157,7 +166,7 @@ def serve(index_path: Path | None, model: str | None, host: str, port: int, api_
         # NOTE: only the follower may hold the live version (this frame ends here), so a replaced one is freed
         # after its last search
         return ServeState(query_model, settings, index_root=index_path, index=index, nprobe=nprobe,
-                          rescore=rescore, metrics=metrics)
+                          rescore=rescore, metrics=metrics, query_prompt_fixed=query_prompt is not None)
 
     bound_host, bound_port = sock.getsockname()[:2]
     url = f"http://[{bound_host}]:{bound_port}" if ":" in bound_host else f"http://{bound_host}:{bound_port}"
@@ -169,6 +178,22 @@ def serve(index_path: Path | None, model: str | None, host: str, port: int, api_
 
     eprint(f"petal serve: loading the model{' and index' if index_path is not None else ''}; {url}/health "
            "answers now, /ready once loaded")
-    run_server(Startup(settings, ServeMetrics(), load, on_ready=ready), sock, log_level=log_level,
-               access_log=access_log)
-    eprint("petal serve: stopped (in-flight requests drained)")
+    if held.signum is not None:  # stopped before it served
+        sock.close()
+        eprint(f"petal serve: stopped ({signal.Signals(held.signum).name} before the server started)")
+        return
+    startup = Startup(settings, ServeMetrics(), load, on_ready=ready)
+    stopped = run_server(startup, sock, log_level=log_level, access_log=access_log, held=held)
+    if startup.cut_off or startup.forced:
+        why = "a second stop signal came" if startup.forced else \
+            f"the drain timeout ({drain_timeout_s:g} s, --drain-timeout-s) passed"
+        eprint(f"petal serve: stopped before every request finished: {why}; {startup.cut_off} request(s) still "
+               "running were answered 503")
+    else:
+        eprint("petal serve: stopped (in-flight requests drained)")
+    if not stopped:
+        # NOTE: a step still runs (a hung device?): ending the interpreter under it would abort (exit 134)
+        eprint(f"petal serve: the engine did not finish its step within {THREAD_STOP_S:g} s; exiting without it")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)

@@ -141,13 +141,15 @@ class OutputDir:
                               f"version id; {self.recovery_hint()}")
         return name
 
-    def recovery_hint(self) -> str:
-        """How to repair a bad pointer by hand (nothing is deleted while it is bad)."""
+    def recovery_hint(self, broken: str | None = None) -> str:
+        """How to repair a bad pointer by hand (nothing is deleted while it is bad): the newest complete
+        version (a directory with a manifest) other than ``broken``, the one the pointer names."""
         try:
             present = self.versions()
+            complete = [v for v in present if v != broken and (self.versions_dir / v / MANIFEST_FILE).is_file()]
         except OSError:
-            present = []
-        pick = f"echo {present[-1]} > {quote_path(self.current_file)}" if present else "remove it"
+            present, complete = [], []
+        pick = f"echo {complete[-1]} > {quote_path(self.current_file)}" if complete else "remove it"
         return (f"nothing was deleted; to recover, point it at a complete version ({pick}; versions: "
                 f"{', '.join(present[-5:]) or 'none'}) or rebuild with petal index --full")
 
@@ -170,7 +172,7 @@ class OutputDir:
         version_dir = self.version_dir(version)
         if not version_dir.is_dir():
             raise ConfigError(f"{quote_path(self.current_file)} names {version}, which is not in "
-                              f"{quote_path(self.versions_dir)}; {self.recovery_hint()}")
+                              f"{quote_path(self.versions_dir)}; {self.recovery_hint(version)}")
         return read_manifest(version_dir / MANIFEST_FILE, self.root)
 
     def live_is_valid(self) -> bool:
@@ -274,7 +276,7 @@ def resolve_index_dir(path: Path) -> tuple[Path, Manifest]:
         version_dir, root = out.version_dir(version), path
         if not version_dir.is_dir():
             raise ConfigError(f"{quote_path(out.current_file)} names {version}, which is not in "
-                              f"{quote_path(out.versions_dir)}; {out.recovery_hint()}")
+                              f"{quote_path(out.versions_dir)}; {out.recovery_hint(version)}")
     return version_dir, read_manifest(version_dir / MANIFEST_FILE, root)
 
 

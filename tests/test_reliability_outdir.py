@@ -97,6 +97,21 @@ def test_a_bad_pointer_deletes_nothing_and_says_how_to_recover(job, pointer):
     assert again.rc == 0 and again.report["status"] == "nothing-to-do"
 
 
+def test_the_recovery_hint_names_a_complete_version_not_the_broken_one(job):
+    """CURRENT names an entry of versions/ that is no version directory (a plain file): the hint's ``echo``
+    names the newest complete version, never the broken entry."""
+    job.write("b", salt=1)
+    assert job.run().rc == 0
+    out = OutputDir(job.out)
+    complete = out.versions()[-1]
+    bad = out.new_version_id()
+    (out.versions_dir / bad).write_text("not a version")
+    out.current_file.write_text(bad + "\n")
+    result = job.run()
+    assert result.rc in (65, 78) and "nothing was deleted" in result.last_line, result.last_line
+    assert f"echo {complete} >" in result.last_line and f"echo {bad}" not in result.last_line, result.last_line
+
+
 def test_full_with_a_bad_pointer_publishes_without_deleting_newer_versions(job):
     out = OutputDir(job.out)
     live = out.current_version()

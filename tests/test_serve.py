@@ -327,7 +327,10 @@ def test_null_means_absent_and_texts_follow_the_query_rule(served):
     assert [a.status_code for a in answers] == [200] * 4, [a.text for a in answers]
     np.testing.assert_allclose(answers[0].json()["data"][0]["embedding"], plain["data"][0]["embedding"], atol=1e-6)
     odd = server.client.post("/search", content=b'{"query": "\\ud800 glaciers", "k": 1}', headers=AUTH)
-    assert odd.status_code == 200 and odd.json()["results"][0]["query"].endswith("\ufffd glaciers")
+    assert odd.status_code == 200 and odd.json()["results"][0]["query"] == "\ufffd glaciers"  # one per surrogate
+    odd = server.client.post("/search", content=b'{"queries": ["a\\udc80\\ud800b", "\\ud83d\\ude00 x"], "k": 1}',
+                             headers=AUTH)
+    assert [r["query"] for r in odd.json()["results"]] == ["a\ufffd\ufffdb", "\U0001f600 x"], odd.text
     # a field's name written as a value is no repeated field
     assert search(server, query="query", k=1)["results"][0]["query"] == "query"
 
@@ -337,6 +340,10 @@ def test_unknown_routes_and_methods_answer_json_and_are_counted(served):
     c = server.client
     missing = c.get("/v2/embeddings", headers=AUTH)
     assert missing.status_code == 404 and "/v2/embeddings" in missing.json()["error"]["message"]
+    for path in ("/search/", "/v1/embeddings/", "/ready/"):  # no 307 with an empty body: a 404 with a hint
+        slashed = c.request("GET" if path == "/ready/" else "POST", path, json={"query": "x"}, headers=AUTH)
+        assert slashed.status_code == 404, (path, slashed.status_code, slashed.text)
+        assert f"did you mean {path.rstrip('/')!r}?" in slashed.json()["error"]["message"]
     for method, path in (("GET", "/search"), ("PUT", "/v1/embeddings"), ("POST", "/health"), ("DELETE", "/ready")):
         response = c.request(method, path, headers=AUTH)
         assert response.status_code == 405, (method, path, response.text)
@@ -374,8 +381,8 @@ def test_the_two_post_routes_taken_straight_keep_every_answer(served):
         spans = dict(part.strip().split(";dur=") for part in answer.headers["server-timing"].split(","))
         assert {"engine", "encode", "app"} <= set(spans) and float(spans["app"]) > 0
         assert c.post(path, json=body).status_code == 401  # no key
-        slash = c.post(path + "/", json=body, headers=AUTH)  # Starlette's redirect, as before
-        assert slash.status_code == 307 and slash.headers["location"].endswith(path)
+        slash = c.post(path + "/", json=body, headers=AUTH)  # Starlette's 404 (no redirect), in the JSON shape
+        assert slash.status_code == 404 and f"did you mean {path!r}?" in slash.json()["error"]["message"]
         assert c.request("HEAD", path, headers=AUTH).status_code == 405
     metrics = c.get("/metrics").text
     assert re.search(r'^petal_request_seconds_count\{route="/v1/embeddings"\} [1-9]', metrics, re.M)
@@ -492,8 +499,11 @@ def test_embeddings_only_server_drains_on_sigterm(tmp_path):
     """`--model` alone: /search is 404; SIGTERM lets an in-flight request finish, then exits 0."""
     from petal.engine.loader import default_model_dir
 
-    server = Server(tmp_path / "log", "--model", default_model_dir(), "--max-wait-ms", "1500", api_key_env="env-key")
+    server = Server(tmp_path / "log", "--model", default_model_dir(), "--max-wait-ms", "1500",
+                    "--max-tokens-per-text", "1000", api_key_env="env-key")
     try:
+        # a limit over the model's own is said, not silently lowered
+        assert "--max-tokens-per-text 1000 is over the model's max length (256)" in (tmp_path / "log").read_text()
         assert server.client.post("/search", json={"query": "x"}).status_code == 401  # the key from PETAL_API_KEY
         server.client.headers["Authorization"] = "Bearer env-key"
         assert server.client.post("/search", json={"query": "x"}).status_code == 404
@@ -518,6 +528,97 @@ def test_embeddings_only_server_drains_on_sigterm(tmp_path):
         assert "stopped (in-flight requests drained)" in (tmp_path / "log").read_text()
     finally:
         server.stop()
+
+
+def _held_in_queue(server: Server, count: int, texts: int) -> list[dict]:
+    """``count`` /v1/embeddings requests of ``texts`` texts each, sent from threads; returns once the server's
+    queue holds them all (they wait for --max-wait-ms). Each thread's answer lands in its dict."""
+    answers: list[dict] = [{} for _ in range(count)]
+
+    def send(answer: dict) -> None:
+        try:
+            answer["response"] = httpx.post(f"{server.url}/v1/embeddings", json={"input": ["held"] * texts},
+                                            timeout=60.0)
+        except httpx.HTTPError as exc:
+            answer["error"] = exc
+
+    for answer in answers:
+        threading.Thread(target=send, args=(answer,), daemon=True).start()
+    deadline = time.monotonic() + 30
+    while f"petal_queue_texts {float(count * texts)}" not in server.client.get("/metrics").text:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    return answers
+
+
+@pytest.mark.parametrize("signals", [[signal.SIGTERM], [signal.SIGINT, signal.SIGINT]], ids=["timeout", "second"])
+def test_requests_past_the_drain_are_answered_503_and_the_server_exits_0(tmp_path, signals):
+    """Requests still running when --drain-timeout-s passes (or when a second signal cuts the drain short) get
+    a JSON 503 with Retry-After, not a 500; what was queued is dropped, the engine thread stops before the
+    process ends (no abort, exit 134), no traceback, and the last line says how many were cut off."""
+    from petal.engine.loader import default_model_dir
+
+    log = tmp_path / "log"
+    server = Server(log, "--model", default_model_dir(), "--max-wait-ms", "60000", "--drain-timeout-s", "1")
+    try:
+        answers = _held_in_queue(server, 3, 2)
+        stopping = time.monotonic()
+        for sig in signals:
+            server.proc.send_signal(sig)
+            time.sleep(0.3)
+        assert server.proc.wait(30) == 0
+        assert time.monotonic() - stopping < 15  # not the 60 s the batch would have waited
+        for answer in answers:
+            deadline = time.monotonic() + 10
+            while "response" not in answer and "error" not in answer:
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            response = answer["response"]
+            assert response.status_code == 503 and response.headers["retry-after"] == "1", response.text
+            error = response.json()["error"]
+            assert error["type"] == "shutting_down" and "cut off" in error["message"]
+        text = log.read_text()
+        assert "Traceback" not in text and "terminate called" not in text, text
+        why = "a second stop signal came" if len(signals) == 2 else "the drain timeout (1 s, --drain-timeout-s) passed"
+        assert f"stopped before every request finished: {why}; 3 request(s) still running were answered 503" \
+            in text.splitlines()[-1]
+    finally:
+        server.stop()
+
+
+def _catches(pid: int, sig: int) -> bool:
+    """Whether process ``pid`` has a handler for ``sig`` (Linux: /proc's SigCgt mask)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc")
+def test_a_stop_signal_before_the_server_runs_exits_0(tmp_path):
+    """A SIGTERM in the first second or two (imports, checks: before the port answers) is held, not fatal
+    (143): the server never starts and the process exits 0 saying so."""
+    from petal.engine.loader import default_model_dir
+
+    log = tmp_path / "log"
+    with open(log, "wb") as stderr:
+        proc = subprocess.Popen([sys.executable, "-m", "petal.cli.main", "serve", "--port", "0", "--model",
+                                 str(default_model_dir())], stdout=subprocess.DEVNULL, stderr=stderr)
+    try:
+        deadline = time.monotonic() + 60
+        while not _catches(proc.pid, signal.SIGTERM):  # the CLI's first line took the signal over
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.005)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, log.read_text()
+        text = log.read_text()
+        assert "Traceback" not in text
+        # NOTE: the imports and checks between taking the signal over and binding take a second or more
+        assert "petal serve: stopped (SIGTERM before the server started)" in text, text
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def _start(log: Path, *args: object, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
@@ -716,11 +817,11 @@ def test_follower_swaps_and_frees_the_old_version(served, tmp_path, minilm_spec)
     assert follower.status() == {"version": new, "vectors": follower.live.reader.ntotal}
 
 
-def test_a_transient_open_error_is_tried_again_and_a_corrupt_version_is_not(served, tmp_path, minilm_spec,
-                                                                            monkeypatch):
-    """A new version whose open fails with an I/O error (injected EIO, twice) is refused and tried again
-    while CURRENT still names it, with a doubling wait, then served; a corrupt one (a truncated
-    index.faiss) is refused until CURRENT changes."""
+def test_a_version_that_fails_to_open_is_tried_again_until_it_opens(served, tmp_path, minilm_spec, monkeypatch):
+    """A new version whose open fails is refused and tried again while CURRENT names it, with a doubling wait,
+    then served: an I/O error (injected EIO, twice), a version directory that is not there yet or arrives
+    without its index file (a copy by hand: CURRENT sorts before versions/), a short index.faiss (a copy in
+    progress). CURRENT written again with the same name is tried at once; an empty CURRENT is said."""
     from petal.pipeline.jobs.query import SearchIndex
     from petal.pipeline.serve.follower import IndexFollower
     from petal.pipeline.serve.metrics import ServeMetrics
@@ -743,16 +844,89 @@ def test_a_transient_open_error_is_tried_again_and_a_corrupt_version_is_not(serv
     time.sleep(0.45)
     assert follower.check_once() is True and follower.live.version == new
     assert "refused" not in follower.status() and not follower.due()
-
     monkeypatch.delenv("PETAL_FAULT")
+
+    def retried_until(predicate, timeout_s: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not predicate():
+            assert time.monotonic() < deadline, follower.status()
+            if follower.due():
+                follower.check_once()
+            time.sleep(0.02)
+
+    # a short index.faiss (a copy still arriving): refused, tried again, served once whole
     _, newer = _publish_copy(copy, lambda manifest: None)
     index_file = copy / "versions" / newer / "index.faiss"
-    index_file.write_bytes(index_file.read_bytes()[:-1])
+    whole = index_file.read_bytes()
+    index_file.write_bytes(whole[:-1])
     assert follower.check_once() is False and follower.live.version == new
     refused = follower.status()["refused"]
-    assert refused["version"] == newer and "retry_in_s" not in refused and "index.faiss" in refused["message"]
-    time.sleep(0.3)
-    assert not follower.due() and follower.check_once() is False  # waits for CURRENT to change
+    assert refused["version"] == newer and refused["retry_in_s"] == 0.2 and "index.faiss" in refused["message"]
+    time.sleep(0.25)
+    assert follower.due() and follower.check_once() is False and follower.status()["refused"]["retry_in_s"] == 0.4
+    index_file.write_bytes(whole)
+    retried_until(lambda: follower.live.version == newer)
+    assert "refused" not in follower.status()
+
+    # CURRENT names a version that is not in versions/ yet, then arrives without its index file, then whole
+    staged = tmp_path / "staged"
+    _, newest = _publish_copy(copy, lambda manifest: None)
+    shutil.move(copy / "versions" / newest, staged)
+    follower.retry_first_s = 30.0  # so that only a change (or CURRENT written again) brings the next try
+    assert follower.check_once() is False
+    refused = follower.status()["refused"]
+    assert refused["version"] == newest and "not in" in refused["message"] and refused["retry_in_s"] == 30.0
+    shutil.copytree(staged, copy / "versions" / newest, ignore=shutil.ignore_patterns("index.faiss"))
+    assert not follower.due()
+    time.sleep(0.01)
+    (copy / "CURRENT").write_text(newest + "\n")  # the same name written again: a new try at once
+    assert follower.due() and follower.check_once() is False
+    assert "index.faiss" in follower.status()["refused"]["message"]
+    shutil.copy(staged / "index.faiss", copy / "versions" / newest / "index.faiss")
+    time.sleep(0.01)
+    (copy / "CURRENT").write_text(newest + "\n")
+    assert follower.due() and follower.check_once() is True and follower.live.version == newest
+
+    # an empty CURRENT: said in /ready's refusal (the live version keeps serving); a good name clears it
+    (copy / "CURRENT").write_text("")
+    assert follower.due() and follower.check_once() is False and follower.live.version == newest
+    assert follower.status()["refused"]["reason"] == "current"
+    (copy / "CURRENT").write_text(newest + "\n")
+    assert follower.due() and follower.check_once() is False and "refused" not in follower.status()
+
+
+@pytest.mark.parametrize("fixed", [False, True], ids=["recorded", "given"])
+def test_a_version_recording_another_query_prompt(served, tmp_path, minilm_spec, fixed):
+    """Without --query-prompt the server embeds queries with the prompt its first version recorded, so a
+    version recording another one is refused, naming the prompt the server really uses; with --query-prompt
+    the server's prompt is the operator's, whatever a version records (as for the first version)."""
+    from dataclasses import replace
+
+    from petal.pipeline.jobs.query import SearchIndex
+    from petal.pipeline.serve.follower import IndexFollower
+    from petal.pipeline.serve.metrics import ServeMetrics
+
+    _, out, _ = served
+    copy = tmp_path / "out"
+    shutil.copytree(out, copy, ignore=shutil.ignore_patterns("store", ".lock"))
+    spec = replace(minilm_spec, prompts=replace(minilm_spec.prompts, query="Q: ")) if fixed else minilm_spec
+    follower = IndexFollower(copy, spec, SearchIndex.open(copy, spec), ServeMetrics(), query_prompt_fixed=fixed)
+
+    def prompt(text: str):
+        def edit(manifest: dict) -> None:
+            manifest["model"]["prompts"]["query"] = text
+        return edit
+
+    _, q_version = _publish_copy(copy, prompt("Q: "))  # what the server uses when it was given "Q: "
+    if fixed:
+        assert follower.check_once() is True and follower.live.version == q_version
+    else:
+        assert follower.check_once() is False
+        refused = follower.status()["refused"]
+        assert refused["reason"] == "prompt" and "'Q: '" in refused["message"], refused
+        assert f"the server embeds queries with {minilm_spec.prompts.query!r}" in refused["message"]
+    _, other = _publish_copy(copy, prompt("search: "))
+    assert follower.check_once() is fixed and (follower.live.version == other) is fixed
 
 
 def test_the_listening_socket_is_tcp_so_responses_are_not_held_by_nagle():

@@ -47,6 +47,19 @@ def describe_skips(skipped: dict[int, str], limit: int = 5) -> str:
     return f"{len(skipped)} skipped ({counts}; inputs {shown})"
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def decoded_json_text(text: str) -> str:
+    """A text read from JSON as valid Unicode: each lone surrogate (``"\\ud800"``, a code point, not a byte)
+    becomes one U+FFFD. (``valid_text`` is for argv and stdin, where a surrogate stands for a byte.)"""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return _SURROGATE.sub("\ufffd", text)
+
+
 def valid_text(text: str) -> tuple[str, bool]:
     """``text`` as valid Unicode: bytes that were not UTF-8 (lone surrogates, as Python decodes argv and
     stdin) become U+FFFD. Returns the text and whether anything was replaced."""

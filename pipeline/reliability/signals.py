@@ -82,3 +82,22 @@ class StopSignals:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous.clear()
+
+
+class HeldSignals:
+    """A server's stop signals from its first line on: one that arrives before the server runs (imports,
+    checks, the model load's start) is held, not fatal. The caller looks at ``signum`` before it binds, and
+    the server takes over the handlers (``take``) and acts on one held until then."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+
+    def install(self) -> HeldSignals:
+        if threading.current_thread() is threading.main_thread():
+            for sig in STOP_SIGNALS:
+                signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.signum is None:
+            self.signum = signum

@@ -19,6 +19,7 @@ The app answers from the first second: while the model and index load (``Startup
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hmac
 import logging
@@ -33,7 +34,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from petal.pipeline.serve.batcher import Overloaded
+from petal.pipeline.serve.batcher import SHUTTING_DOWN, Overloaded
 from petal.pipeline.serve.encoding import dumps
 from petal.pipeline.serve.requests import RequestError, parse_embeddings, parse_json, parse_search
 from petal.pipeline.serve.service import ServeState
@@ -109,6 +110,13 @@ def build_app(startup: Startup | ServeState) -> ASGIApp:
         children[1].observe(elapsed)
         return response
 
+    def cut_off() -> Response:
+        """The answer of a request the server stopped before it finished."""
+        boot.cut_off += 1
+        return _error(503, f"{SHUTTING_DOWN}: the request was cut off before it finished (the drain timeout, "
+                           f"{settings.drain_timeout_s:g} s, passed, or a second stop signal came); retry",
+                      "shutting_down", retry_after)
+
     def endpoint(route: str, fn: Handler, auth: bool = True, loaded: bool = True) -> Callable[[Request], Any]:
         """``fn(state, request)`` behind the key check; ``loaded``: 503 until the model and index are loaded."""
 
@@ -129,9 +137,19 @@ def build_app(startup: Startup | ServeState) -> ASGIApp:
                         response = result if isinstance(result, Response) else _json(result)
             except RequestError as exc:
                 response = _error(exc.status, exc.message, exc.kind, exc.headers)
+            except asyncio.CancelledError:
+                # NOTE: uvicorn cancels the requests still running when --drain-timeout-s passes (or at a second
+                # stop signal): an answer a client can act on (retry elsewhere), not a 500 and a traceback
+                uncancel = getattr(asyncio.current_task(), "uncancel", None)  # (Python 3.11+)
+                if uncancel is not None:
+                    uncancel()
+                response = cut_off()
             except Overloaded as exc:
-                metrics.overloaded.inc()
-                response = _error(503, f"overloaded: {exc}; retry later", "overloaded", retry_after)
+                if str(exc) == SHUTTING_DOWN:  # queued when the threads stopped (after the drain)
+                    response = cut_off()
+                else:
+                    metrics.overloaded.inc()
+                    response = _error(503, f"overloaded: {exc}; retry later", "overloaded", retry_after)
             except Exception as exc:  # a bug: answer 500, keep serving
                 log.exception("petal serve: %s failed", route)
                 response = _error(500, f"internal error: {type(exc).__name__}: {exc}", "server_error")
@@ -181,9 +199,13 @@ def build_app(startup: Startup | ServeState) -> ASGIApp:
         label = getattr(route, "path", UNMATCHED) if route is not None else UNMATCHED
         label = label.replace("{model:path}", "{model}")  # as its endpoint counts it
         kind = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "invalid_request_error")
-        message = (f"no route {request.url.path!r}" if exc.status_code == 404 else
-                   f"{request.method} is not allowed on {request.url.path}" + (
-                       f" (allowed: {exc.headers['Allow']})" if exc.headers and "Allow" in exc.headers else ""))
+        path = request.url.path
+        if exc.status_code == 404:
+            near = path.rstrip("/")  # NOTE: "/search/": no redirect (see below), a hint
+            message = f"no route {path!r}" + (f" (did you mean {near!r}?)" if near != path and near in paths else "")
+        else:
+            message = f"{request.method} is not allowed on {path}" + (
+                f" (allowed: {exc.headers['Allow']})" if exc.headers and "Allow" in exc.headers else "")
         return finish(label, _error(exc.status_code, message, kind, dict(exc.headers or {})), time.perf_counter())
 
     @contextlib.asynccontextmanager
@@ -195,6 +217,7 @@ def build_app(startup: Startup | ServeState) -> ASGIApp:
             await boot.stop()
 
     posts = {"/v1/embeddings": endpoint("/v1/embeddings", embeddings), "/search": endpoint("/search", search)}
+    paths = {*posts, "/v1/models", "/health", "/ready", "/metrics"}
     routes = [
         *(Route(path, handle, methods=["POST"]) for path, handle in posts.items()),
         Route("/v1/models", endpoint("/v1/models", models), methods=["GET"]),
@@ -204,6 +227,9 @@ def build_app(startup: Startup | ServeState) -> ASGIApp:
         Route("/metrics", endpoint("/metrics", metrics_text, auth=False, loaded=False), methods=["GET"]),
     ]
     routed = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error})
+    # NOTE: "/search/" is a 404 that names the route, not Starlette's 307 to "/search" (an empty body that
+    # most clients do not follow for a POST)
+    routed.router.redirect_slashes = False
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         """POST /v1/embeddings and /search straight to their handler; everything else through Starlette.

@@ -21,6 +21,7 @@ step runs form the next batch, so batches grow with concurrency without anyone w
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections import deque
@@ -102,6 +103,16 @@ def _resolve_all(jobs: list[_Job]) -> None:
         _resolve(job, None)
 
 
+def call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., None], *args: Any) -> None:
+    """``fn(*args)`` on ``loop``, from another thread. NOTE: nothing happens once the loop is closed (the
+    server stopped): the request it would answer is gone, and a thread must not die of it."""
+    with contextlib.suppress(RuntimeError):
+        loop.call_soon_threadsafe(fn, *args)
+
+
+SHUTTING_DOWN = "the server is shutting down"
+
+
 class TokenBatcher:
     """Queue texts of many requests into engine steps. ``start()`` the thread, ``close()`` drains it."""
 
@@ -164,7 +175,7 @@ class TokenBatcher:
     def _queue(self, job: _Job, items: list[_Item], tokens: int) -> None:
         with self._cond:
             if self._closed:
-                raise Overloaded("the server is shutting down")
+                raise Overloaded(SHUTTING_DOWN)
             if self._outstanding + len(items) > self.max_queue_texts:
                 raise Overloaded(f"{self._outstanding} texts are queued (limit {self.max_queue_texts}, "
                                  "--max-queue-texts)")
@@ -174,13 +185,23 @@ class TokenBatcher:
             self.metrics.queue_texts.set(self._outstanding)
             self._cond.notify()
 
-    def close(self, timeout_s: float = 30.0) -> None:
-        """Finish what is queued, then stop the engine thread."""
+    def close(self, timeout_s: float = 30.0) -> bool:
+        """Stop the engine thread: texts still queued are answered ``Overloaded`` (503), the step running
+        finishes. True once the thread has ended (waits up to ``timeout_s``).
+
+        The server closes it after draining: every request has been answered by then, or was cut off at
+        --drain-timeout-s, so what is still queued has nobody waiting for it."""
         with self._cond:
             self._closed = True
+            dropped = list(self._pending)
+            self._pending.clear()
+            self._pending_tokens = 0
             self._cond.notify()
+        if dropped:
+            self._fail(dropped, Overloaded(SHUTTING_DOWN))
         if self._thread.is_alive():
             self._thread.join(timeout_s)
+        return not self._thread.is_alive()
 
     # --- the engine thread ----------------------------------------------------------------------
 
@@ -212,7 +233,11 @@ class TokenBatcher:
                 break
             items = self._tokenize(items)
             packer = Packer(self.pack_config)
-            for item in items:
+            for done, item in enumerate(items):
+                if self._closed:  # NOTE: shutting down: what is not launched yet has nobody waiting for it
+                    held = packer.flush()
+                    self._fail([*(held.keys if held is not None else ()), *items[done:]], Overloaded(SHUTTING_DOWN))
+                    break
                 assert item.token_ids is not None  # tokenized above
                 full = packer.add(item, item.token_ids)
                 if full is not None:
@@ -340,20 +365,20 @@ class TokenBatcher:
                     try:
                         job.then(job.out, lone)
                     except Exception as exc:  # NOTE: a bug in the continuation fails its request only
-                        job.loop.call_soon_threadsafe(_resolve, job, exc)
+                        call_soon(job.loop, _resolve, job, exc)
                         continue
                 done.setdefault(job.loop, []).append(job)
         # NOTE: answered texts leave the queue's count before their clients can hear (and send again)
         self._answered(len(items))
         for loop, jobs in done.items():  # NOTE: one wake-up of the event loop per step, not one per request
-            loop.call_soon_threadsafe(_resolve_all, jobs)
+            call_soon(loop, _resolve_all, jobs)
         self.metrics.step_seconds.observe(step_s)  # after the wake-ups, off the answers' path
 
     def _fail(self, items: Any, error: BaseException) -> None:
         for job in {id(item.job): item.job for item in items}.values():
             if job.remaining > 0:
                 job.remaining = 0
-                job.loop.call_soon_threadsafe(_resolve, job, error)
+                call_soon(job.loop, _resolve, job, error)
         self._answered(len(items))
 
     def _answered(self, count: int) -> None:

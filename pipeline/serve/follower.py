@@ -2,17 +2,22 @@
 changes), load it beside the live one, check it, and swap.
 
 ```
-poll OUT/CURRENT (every --reload-interval-s) -> changed: open it in a thread (sha256 of every file,
-FAISS, ids) -> same model and output transform? -> swap `live` (one reference assignment)
+poll OUT/CURRENT (every --reload-interval-s) -> changed (or written again): open it in a thread (the
+cheap checks of every file, FAISS, ids) -> same model and output transform? -> swap `live` (one reference
+assignment)
 ```
 
 A search takes ``live`` once and keeps that object to the end, so in-flight searches finish on the
 version they started on and every answer comes from exactly one version; the old version's memory
 returns when its last search drops it. A version that fails to open or was built with another
 model or output transform is refused: the old version keeps serving and ``/ready`` and
-``petal_index_refused`` say why. A refusal that may pass (an I/O error while opening it, a failure to
-prepare its GPU copy) is tried again while CURRENT still names it, after 1, 2, 4 ... s (at most 60 s
-apart); a corrupt or incompatible version waits for CURRENT to change.
+``petal_index_refused`` say why.
+
+A version that fails to open (not there yet, a file missing or short, an I/O error, corrupt) or whose GPU
+copy cannot be made is tried again while CURRENT names it, after 1, 2, 4 ... s (at most 60 s apart): a
+version copied in by hand (``cp -a``, ``rsync``: CURRENT sorts before ``versions/``) may still be arriving.
+One built with another model or transform waits for CURRENT to change. CURRENT written again with the same
+name (``echo V > OUT/CURRENT``, a new mtime) is a new publish: tried at once.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -31,7 +37,7 @@ from petal.engine.loader import ModelSpec
 from petal.pipeline.index.search import IndexReader
 from petal.pipeline.jobs.query import SearchIndex, model_mismatch
 from petal.pipeline.manifest import Manifest, ModelRecord, StoredFormat
-from petal.pipeline.reliability.errors import PetalError, PetalIOError
+from petal.pipeline.reliability.errors import PetalError
 from petal.pipeline.reliability.safe_files import read_regular
 from petal.pipeline.serve.metrics import ServeMetrics
 
@@ -64,13 +70,31 @@ def _pointer(root: Path) -> str | None:
         return None
 
 
+Pointer = tuple[str | None, tuple[int, int, int] | None]
+
+
+def _pointer_state(root: Path) -> Pointer:
+    """CURRENT's name and its file's identity (inode, mtime, size): written again with the same name, it is a
+    new publish (a repaired version: ``echo V > OUT/CURRENT``)."""
+    try:
+        st = os.stat(root / "CURRENT", follow_symlinks=False)
+        stamp: tuple[int, int, int] | None = (st.st_ino, st.st_mtime_ns, st.st_size)
+    except OSError:
+        stamp = None
+    return _pointer(root), stamp
+
+
 class IndexFollower:
     """The live ``SearchIndex`` of OUT, replaced when a compatible new version is published."""
 
     def __init__(self, root: Path, spec: ModelSpec, live: SearchIndex, metrics: ServeMetrics,
                  nprobe: int | None = None, rescore: int | None = None,
-                 prepare: Callable[[IndexReader], None] | None = None, retry_first_s: float = RETRY_FIRST_S) -> None:
+                 prepare: Callable[[IndexReader], None] | None = None, retry_first_s: float = RETRY_FIRST_S,
+                 query_prompt_fixed: bool = False) -> None:
+        """``query_prompt_fixed``: the server was given its query prompt (``--query-prompt``), so what a version
+        records is not compared."""
         self.root = Path(root)
+        self.query_prompt_fixed = query_prompt_fixed
         self.prepare = prepare  # run on a compatible new version before it serves (its GPU copy)
         self.spec = spec
         self.live = live
@@ -78,7 +102,7 @@ class IndexFollower:
         self.nprobe = nprobe
         self.rescore = rescore
         self.refused: Refusal | None = None
-        self._seen = _pointer(self.root) or live.version  # the pointer value last acted on
+        self._seen: Pointer = _pointer_state(self.root)  # the pointer last acted on
         self._lock = threading.Lock()  # one load at a time
         self.retry_first_s = retry_first_s
         self._retry_delay_s = retry_first_s  # the wait before the next try of a transient refusal
@@ -92,9 +116,9 @@ class IndexFollower:
         return out
 
     def due(self) -> bool:
-        """Whether ``check_once`` has something to do: CURRENT changed, or a transient refusal's retry is due."""
-        pointer = _pointer(self.root)
-        return pointer is not None and (pointer != self._seen or self._retry_due())
+        """Whether ``check_once`` has something to do: CURRENT changed (or was written again), or a refused
+        version's retry is due."""
+        return _pointer_state(self.root) != self._seen or self._retry_due()
 
     def _retry_due(self) -> bool:
         return self._retry_at is not None and time.monotonic() >= self._retry_at
@@ -102,23 +126,24 @@ class IndexFollower:
     def check_once(self) -> bool:
         """Load and swap in a newly published version (blocking). True when the live version changed."""
         with self._lock:
-            pointer = _pointer(self.root)
-            if pointer is None:
+            state = _pointer_state(self.root)
+            if state == self._seen and not self._retry_due():
                 return False
-            if pointer == self._seen:
-                if not self._retry_due():
-                    return False
-            else:  # another version: a first try, whatever the last one's tries were
+            if state != self._seen:  # published (or CURRENT written again): a first try, whatever came before
                 self._retry_delay_s = self.retry_first_s
-            self._seen = pointer
+            self._seen = state
             self._retry_at = None
+            pointer = state[0]
+            if pointer is None:
+                self._refuse("", "current", f"{self.root / 'CURRENT'} is missing, empty or cannot be read "
+                                            "(it should name a version)")
+                return False
             try:
                 candidate = SearchIndex.open(self.root, self.spec, nprobe=self.nprobe, rescore=self.rescore)
-            except (PetalIOError, OSError) as exc:  # NOTE: may pass (a network filesystem's hiccup): tried again
+            except (PetalError, OSError, RuntimeError, KeyError, ValueError) as exc:
+                # NOTE: tried again, whatever the error: a version copied in by hand may still be arriving, a
+                # network filesystem may hiccup; opening costs the cheap checks only (O(1) in the index size)
                 self._refuse(pointer, "open", f"cannot open {pointer}: {exc}", retry=True)
-                return False
-            except (PetalError, RuntimeError, KeyError, ValueError) as exc:  # corrupt: waits for CURRENT to change
-                self._refuse(pointer, "open", f"cannot open {pointer}: {exc}")
                 return False
             if candidate.version == self.live.version:  # CURRENT went back to the live version
                 self.refused = None
@@ -159,9 +184,12 @@ class IndexFollower:
             return "output", (f"{candidate.version} was built with another output transform "
                               f"({new.to_dict()} vs {live.to_dict()})")
         recorded = _query_prompt(manifest)
-        live_prompt = _query_prompt(self.live.reader.manifest)
-        if recorded != live_prompt:
-            return "prompt", f"{candidate.version} records query prompt {recorded!r}, the server uses {live_prompt!r}"
+        # NOTE: a prompt given to the server (--query-prompt) is used whatever a version records, as it was for
+        # the first version; without one the server uses the prompt the first version recorded
+        if not self.query_prompt_fixed and recorded is not None and recorded != self.spec.prompts.query:
+            return "prompt", (f"{candidate.version} records query prompt {recorded!r}, the server embeds queries "
+                              f"with {self.spec.prompts.query!r} (the prompt of the version it started on; "
+                              "restart it, or give it --query-prompt)")
         return None
 
     def _refuse(self, version: str, reason: str, message: str, retry: bool = False) -> None:

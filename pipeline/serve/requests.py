@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from petal.pipeline.index.bounds import MAX_NPROBE, MAX_RESCORE
-from petal.pipeline.ingest.text_rule import skip_reason, valid_text
+from petal.pipeline.ingest.text_rule import decoded_json_text, skip_reason
 from petal.pipeline.serve.encoding import duplicate_key, loads
 from petal.pipeline.serve.settings import Limits
 
@@ -152,7 +152,7 @@ def _texts(value: Any, name: str, limits: Limits) -> tuple[str, ...]:
         raise RequestError(422, f"{name!r} must be a string or a list of strings")
     _count(len(value), name, limits)
     # NOTE: the rule of petal query: a lone surrogate (JSON "\ud800") is U+FFFD, which the tokenizer takes
-    texts = tuple(valid_text(t)[0] for t in value)
+    texts = tuple(decoded_json_text(t) for t in value)
     empty = [i for i, t in enumerate(texts) if skip_reason(t) is not None]
     if empty:
         raise RequestError(422, f"{name!r} item {empty[0]} is empty (no visible character)")

@@ -31,7 +31,7 @@ import numpy as np
 
 from petal.pipeline.index.search import Hit
 from petal.pipeline.jobs.query import SearchIndex
-from petal.pipeline.serve.batcher import Overloaded
+from petal.pipeline.serve.batcher import SHUTTING_DOWN, Overloaded, call_soon
 from petal.pipeline.serve.gpu_search import GpuReaders
 from petal.pipeline.serve.searching import SharedExclusiveLock, overrides, search_params
 
@@ -124,12 +124,20 @@ class SearchBatcher:
     def start(self) -> None:
         self._thread.start()
 
-    def close(self, timeout_s: float = 30.0) -> None:
+    def close(self, timeout_s: float = 30.0) -> bool:
+        """Stop the search thread: searches still queued are answered ``Overloaded`` (503), the one running
+        finishes. True once the thread has ended (waits up to ``timeout_s``)."""
         with self._cond:
             self._closed = True
+            dropped = list(self._pending)
+            self._pending.clear()
+            self._outstanding -= sum(len(item.rows) for item in dropped)
             self._cond.notify()
+        for item in dropped:
+            call_soon(item.loop, _settle, item.future, None, Overloaded(SHUTTING_DOWN))
         if self._thread.is_alive():
             self._thread.join(timeout_s)
+        return not self._thread.is_alive()
 
     async def search(self, index: SearchIndex, rows: np.ndarray, model_vectors: bool, k: int,
                      where: str | None = None, nprobe: int | None = None,
@@ -158,7 +166,7 @@ class SearchBatcher:
     def _admit(self, num_rows: int) -> None:
         """Count ``num_rows`` against the bound (``Overloaded`` past it or when closed); the lock is held."""
         if self._closed:
-            raise Overloaded("the server is shutting down")
+            raise Overloaded(SHUTTING_DOWN)
         if self.max_queue_rows is not None and self._outstanding + num_rows > self.max_queue_rows:
             raise Overloaded(f"{self._outstanding} query rows wait for a search (limit {self.max_queue_rows}, "
                              "--max-queue-texts)")
@@ -184,7 +192,7 @@ class SearchBatcher:
                 self._cond.notify()
                 return
         if closed:
-            item.loop.call_soon_threadsafe(_settle, item.future, None, Overloaded("the server is shutting down"))
+            call_soon(item.loop, _settle, item.future, None, Overloaded(SHUTTING_DOWN))
             return
         started = time.perf_counter()
         try:
@@ -194,7 +202,7 @@ class SearchBatcher:
             with self._cond:
                 self._outstanding -= len(rows)
                 self._searching -= 1
-        item.loop.call_soon_threadsafe(_settle, item.future, hits, error)
+        call_soon(item.loop, _settle, item.future, hits, error)
 
     def _inline_ok(self, item: _Pending) -> bool:
         """Whether ``item`` may be searched on the submitting thread: its version has a GPU copy that
@@ -239,7 +247,7 @@ class SearchBatcher:
                 self._outstanding -= sum(len(item.rows) for item in items)
                 self._searching -= 1
             for loop, settled in done.items():  # one wake-up of the event loop per batch
-                loop.call_soon_threadsafe(_settle_all, settled)
+                call_soon(loop, _settle_all, settled)
 
     def _search(self, group: list[_Pending]) -> list[tuple[_Pending, Any, BaseException | None]]:
         first = group[0]

@@ -13,14 +13,17 @@ from collections.abc import Iterator
 import uvicorn
 
 from petal.pipeline.reliability.errors import ConfigError
-from petal.pipeline.reliability.signals import STOP_SIGNALS
+from petal.pipeline.reliability.signals import STOP_SIGNALS, HeldSignals
 from petal.pipeline.serve.app import build_app
 from petal.pipeline.serve.service import ServeState
 from petal.pipeline.serve.startup import Startup
 
 
 class DrainingServer(uvicorn.Server):
-    """uvicorn, minus re-raising the stop signal after the graceful shutdown (which would exit 143)."""
+    """uvicorn, minus re-raising the stop signal after the graceful shutdown (which would exit 143); a stop
+    signal held before it ran (``HeldSignals``) stops it as soon as it starts."""
+
+    held: HeldSignals | None = None
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -29,11 +32,20 @@ class DrainingServer(uvicorn.Server):
             return
         # NOTE: SIGHUP (the terminal went away) and SIGUSR1/2 drain too, as every other command stops on them
         original = {sig: signal.signal(sig, self.handle_exit) for sig in STOP_SIGNALS}
+        if self.held is not None and self.held.signum is not None:
+            self.handle_exit(self.held.signum, None)
         try:
             yield
         finally:
             for sig, handler in original.items():
                 signal.signal(sig, handler)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().shutdown(sockets)
+        if self.force_exit:
+            # NOTE: a second signal: uvicorn stops waiting for requests and skips the app's shutdown, whose task
+            # would then be cancelled (a traceback); the app's shutdown stops the threads (bounded by a step)
+            await self.lifespan.shutdown()
 
 
 def server_for(startup: Startup, host: str, port: int, log_level: str = "warning",
@@ -62,17 +74,26 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def serve(state: ServeState | Startup, sock: socket.socket, log_level: str = "warning",
-          access_log: bool = False) -> None:
+          access_log: bool = False, held: HeldSignals | None = None) -> bool:
     """Serve on ``sock`` until a stop signal, then drain (in-flight requests finish) and return. A
-    ``Startup`` loads while the port answers; a load that fails stops the server and is raised here."""
+    ``Startup`` loads while the port answers; a load that fails stops the server and is raised here.
+
+    Requests still running when --drain-timeout-s passes are answered 503 (``Startup.cut_off`` counts them).
+    Returns whether the engine and search threads have stopped (False: a step still ran after
+    ``THREAD_STOP_S``; the process should end without waiting for it)."""
     startup = state if isinstance(state, Startup) else Startup(state.settings, state.metrics, state=state)
     host, port = sock.getsockname()[:2]
     sys.setswitchinterval(startup.settings.switch_interval_ms / 1000)  # see ServeSettings
     server = server_for(startup, host, port, log_level, access_log)
+    server.held = held
     startup.request_exit = lambda: setattr(server, "should_exit", True)
     try:
         server.run(sockets=[sock])
     except SystemExit as exc:  # uvicorn exits 3 when its startup fails
         raise ConfigError(f"petal serve could not start on {host}:{port} (exit {exc.code}; see above)") from exc
+    finally:
+        startup.forced = server.force_exit
+        stopped = startup.close_threads()  # NOTE: whatever ended the server (idempotent)
     if startup.error is not None:
         raise startup.error
+    return stopped

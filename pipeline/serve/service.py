@@ -28,6 +28,8 @@ from petal.pipeline.serve.settings import ServeSettings, model_name
 from petal.pipeline.serve.timing import record, span
 from petal.pipeline.store.outputs import OutputConfig, OutputTransform
 
+THREAD_STOP_S = 120.0  # how long stopping waits for the step or search running (a CPU step of a full budget)
+
 
 @dataclass(frozen=True)
 class Tokens:
@@ -43,7 +45,8 @@ class ServeState:
 
     def __init__(self, model: QueryModel, settings: ServeSettings, index_root: Path | None = None,
                  index: SearchIndex | None = None, nprobe: int | None = None, rescore: int | None = None,
-                 metrics: ServeMetrics | None = None) -> None:
+                 metrics: ServeMetrics | None = None, query_prompt_fixed: bool = False) -> None:
+        """``query_prompt_fixed``: the query prompt was given (``--query-prompt``), not read from the index."""
         self.model = model
         self.settings = settings
         self.metrics = metrics if metrics is not None else ServeMetrics()
@@ -56,7 +59,8 @@ class ServeState:
         if index is not None:
             self._prepare(index.reader)
         self.follower = None if index is None or index_root is None else IndexFollower(
-            index_root, model.spec, index, self.metrics, nprobe=nprobe, rescore=rescore, prepare=self._prepare)
+            index_root, model.spec, index, self.metrics, nprobe=nprobe, rescore=rescore, prepare=self._prepare,
+            query_prompt_fixed=query_prompt_fixed)
         self.executor = ThreadPoolExecutor(settings.search_threads, thread_name_prefix="petal-work")
         self.params_lock = SharedExclusiveLock()
         self.searcher = SearchBatcher(self.params_lock, self.gpu, max_queue_rows=settings.max_queue_texts)
@@ -77,11 +81,21 @@ class ServeState:
             self._follow_task = asyncio.create_task(self.follower.follow(self.settings.reload_interval_s))
 
     async def stop(self) -> None:
+        """(the event loop, after the last request) Stop following and stop the threads."""
         if self._follow_task is not None:
             self._follow_task.cancel()
-        await asyncio.to_thread(self.batcher.close, self.settings.drain_timeout_s)
-        await asyncio.to_thread(self.searcher.close, self.settings.drain_timeout_s)
+        await asyncio.to_thread(self.close_threads)
+
+    def close_threads(self, timeout_s: float = THREAD_STOP_S) -> bool:
+        """(any thread; again is a no-op) Stop the engine and search threads and the search pool: what is still
+        queued is answered 503, the step or search running finishes. True once both threads have ended.
+
+        NOTE: the process must not end while the engine thread is inside a step: a native thread pool torn down
+        under it aborts the interpreter (exit 134, "terminate called without an active exception")."""
+        stopped = self.batcher.close(timeout_s)
+        stopped = self.searcher.close(timeout_s) and stopped
         self.executor.shutdown(wait=False, cancel_futures=True)
+        return stopped
 
     async def _in_thread(self, fn: Any, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)

@@ -45,6 +45,8 @@ class Startup:
         self._loaded = state
         self._on_ready = on_ready
         self._closing = False
+        self.cut_off = 0  # requests still running when the drain timeout passed (answered 503)
+        self.forced = False  # a second stop signal ended the drain
 
     def phase(self) -> str:
         """What a request that needs the model or index is told while ``state`` is ``None``."""
@@ -94,3 +96,9 @@ class Startup:
         self._closing = True
         if self.state is not None:
             await self.state.stop()
+
+    def close_threads(self) -> bool:
+        """(after the server stopped, its loop closed) The state's threads stopped, whether or not the app's
+        shutdown ran (a second signal skips it). True when none is left running."""
+        self._closing = True
+        return self.state is None or self.state.close_threads()
