@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from petal.bench.corpus import load_sentences
-from petal.bench.serve_load import json_bodies, run_load
+from petal.bench.serve_load import json_bodies, run_load, slowest
 from petal.pipeline.ingest.tokens import TextTokenizer
 
 ENDPOINTS = {"embeddings": "/v1/embeddings", "search": "/search"}
@@ -235,7 +235,9 @@ def run_serve_bench(index: Path | None = None, model: Path | None = None, corpus
                                  "gc_longest_ms": round(1000 * after["gc_longest_s"], 3)
                                  if after.get("gc_longest_s", 0.0) > before.get("gc_longest_s", 0.0) else None,
                                  "spans_ms": {name: round(1000 * total / done, 3)
-                                              for name, total in load.span_sums_s.items()} if done else {}})
+                                              for name, total in load.span_sums_s.items()} if done else {},
+                                 # the slowest 1%: where their time went, and whether they came together
+                                 "slowest": slowest(load.answers)})
     finally:
         exit_code = server.stop()
     import torch
@@ -273,6 +275,11 @@ def format_serve_table(result: dict[str, Any]) -> str:
                 tail += f"; gc {r['gc_ms']:.1f} ms, {r.get('gc_full', 0)} full ({r.get('gc_full_ms', 0.0):.1f} ms)"
                 tail += f" (a new longest pause: {r['gc_longest_ms']:.1f} ms)" if r.get("gc_longest_ms") else ""
             lines.append(f"  spans ms (mean) {r['endpoint']} {r['tokens']} tok c{r['concurrency']}: {spans}{tail}")
+            slow = r.get("slowest")
+            if slow and slow.get("spans_ms"):
+                spans = " ".join(f"{k} {v:.2f}" for k, v in slow["spans_ms"].items())
+                lines.append(f"    slowest {slow['count']}: {slow['latency_ms']:.2f} ms: {spans}; sent within "
+                             f"{slow['sent_within_ms']:.0f} ms")
     lines.append(f"server exit status after SIGTERM: {result['server_exit_code']}")
     return "\n".join(lines)
 

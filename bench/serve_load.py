@@ -29,6 +29,8 @@ class LoadResult:
     client_cpu_s: float = 0.0  # CPU time of the client threads (their own cost, summed)
     server_s: list[float] = field(default_factory=list)  # the server's own time per answer (Server-Timing "app")
     span_sums_s: dict[str, float] = field(default_factory=dict)  # Server-Timing spans, summed over answers
+    # per answer: when it was sent (time.time(): one clock across the client processes), its latency and spans
+    answers: list[tuple[float, float, dict[str, float]]] = field(default_factory=list)
 
 
 def _connect(host: str, port: int) -> socket.socket:
@@ -102,12 +104,14 @@ def _client(host: str, port: int, path: str, bodies: list[bytes], headers: dict[
     latencies: list[float] = []
     server: list[float] = []
     spans: dict[str, float] = {}
+    answers: list[tuple[float, float, dict[str, float]]] = []
     errors: dict[str, int] = {}
     i = start
     cpu_started = time.thread_time()
     while time.perf_counter() < deadline and next(quota) < max_requests:
         request = requests[i % len(requests)]
         i += 1
+        sent = time.time()
         started = time.perf_counter()
         status: int | str  # the HTTP status, or the name of the connection error
         timing = None
@@ -121,11 +125,12 @@ def _client(host: str, port: int, path: str, bodies: list[bytes], headers: dict[
         elapsed = time.perf_counter() - started
         if status == 200:
             latencies.append(elapsed)
-            if timing:
-                for name, seconds in parse_timing(timing).items():
-                    spans[name] = spans.get(name, 0.0) + seconds
-                    if name == "app":
-                        server.append(seconds)
+            parsed = parse_timing(timing) if timing else {}
+            answers.append((sent, elapsed, parsed))
+            for name, seconds in parsed.items():
+                spans[name] = spans.get(name, 0.0) + seconds
+                if name == "app":
+                    server.append(seconds)
         else:
             errors[str(status)] = errors.get(str(status), 0) + 1
     cpu_s = time.thread_time() - cpu_started
@@ -134,6 +139,7 @@ def _client(host: str, port: int, path: str, bodies: list[bytes], headers: dict[
         out.latencies_s += latencies
         out.client_cpu_s += cpu_s
         out.server_s += server
+        out.answers += answers
         for name, seconds in spans.items():
             out.span_sums_s[name] = out.span_sums_s.get(name, 0.0) + seconds
         for key, n in errors.items():
@@ -178,12 +184,28 @@ def run_load(url: str, path: str, bodies: list[bytes], concurrency: int, max_req
             out.latencies_s += part.latencies_s
             out.client_cpu_s += part.client_cpu_s
             out.server_s += part.server_s
+            out.answers += part.answers
             for name, seconds in part.span_sums_s.items():
                 out.span_sums_s[name] = out.span_sums_s.get(name, 0.0) + seconds
             for key, n in part.errors.items():
                 out.errors[key] = out.errors.get(key, 0) + n
             out.wall_s = max(out.wall_s, part.wall_s)
     return out
+
+
+def slowest(answers: list[tuple[float, float, dict[str, float]]], share: float = 0.01) -> dict[str, Any] | None:
+    """Where the slowest ``share`` of answers (by latency) spent their time: their count, their spans' mean ms,
+    and how far apart they were sent (ms): a few ms for a whole tail means one stall held every request in
+    flight (a pause of the whole server), seconds mean slow requests spread over the row."""
+    if not answers:
+        return None
+    tail = sorted(answers, key=lambda a: a[1])[-max(1, int(len(answers) * share)):]
+    names = {name for _, _, spans in tail for name in spans}
+    sent = [a[0] for a in tail]
+    return {"count": len(tail), "latency_ms": round(1000 * sum(a[1] for a in tail) / len(tail), 3),
+            "spans_ms": {name: round(1000 * sum(spans.get(name, 0.0) for _, _, spans in tail) / len(tail), 3)
+                         for name in sorted(names)},
+            "sent_within_ms": round(1000 * (max(sent) - min(sent)), 1)}
 
 
 def json_bodies(items: list[dict[str, Any]]) -> list[bytes]:
