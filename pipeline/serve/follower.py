@@ -202,7 +202,8 @@ class IndexFollower:
         self.metrics.refused(version, reason)
         self.metrics.index_reloads.labels(result="refused").inc()
         again = f" (trying again in {retry_in_s:g} s)" if retry_in_s is not None else ""
-        log.warning("petal serve: refused %s, still serving %s: %s%s", version, self.live.version, message, again)
+        log.warning("petal serve: refused %s, still serving %s: %s%s", version or "CURRENT", self.live.version,
+                    message, again)
 
     async def follow(self, interval_s: float) -> None:
         """Poll forever (cancel to stop); loading runs in a thread, off the event loop."""
