@@ -144,7 +144,9 @@ def _answer(index: Index, queries: list[str], k: int, as_json: bool, show_text: 
                 line += "  " + (snippet[: room - 1] + "…" if len(snippet) > room else snippet)
             click.echo(line)
         if not hits:
-            click.echo("   (no hits: the index is empty)")
+            why = f"no row matches --where {one_line(where)}" if where else \
+                "the index is empty" if index.reader.ntotal == 0 else "none found"
+            click.echo(f"   (no hits: {why})")
 
 
 def _gone(index: Index, shard: str) -> bool:
