@@ -78,8 +78,9 @@ def test_a_filter_nothing_matches_gives_no_hits(corpus, tmp_path):
     reader = build(corpus, tmp_path / "idx", "Flat")
     assert reader.search(all_vectors(reader)[:2], 5, where="lang = 'zz'") == [[], []]
     # petal query says why there are none (not "the index is empty": it holds every row)
-    result = fake_invoke(["query", str(tmp_path / "idx"), "document 3", "-k", "3", "--where", "lang = 'zz'"],
-                         env={"PETAL_TEST_FAKE_ENGINE": str(tmp_path / "log")})
+    np.save(tmp_path / "q.npy", all_vectors(reader)[:1])
+    result = fake_invoke(["query", str(tmp_path / "idx"), "--vector-file", str(tmp_path / "q.npy"), "-k", "3",
+                          "--where", "lang = 'zz'"])
     assert result.exit_code == 0, result.output
     assert "(no hits: no row matches --where lang = 'zz')" in result.output, result.output
 
