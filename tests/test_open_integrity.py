@@ -202,6 +202,57 @@ def test_an_edited_manifest_falls_back_to_full_checks_and_fails_verify(built, tm
     assert result.exit_code == 78 and "cannot read" in result.stderr
 
 
+def _resigned(version_dir: Path, edit) -> None:
+    """The manifest edited, then signed again (its own checksum redone): what only a deliberate edit makes."""
+    manifest = manifest_of(version_dir)
+    edit(manifest)
+    manifest.pop(CHECKSUM_KEY, None)
+    manifest[CHECKSUM_KEY] = canonical_sha256(manifest)
+    (version_dir / "manifest.json").write_text(json.dumps(manifest))
+
+
+def _set(path: tuple[str, ...], value):
+    def edit(manifest: dict) -> None:
+        node = manifest[INTEGRITY_KEY]
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = value
+    return edit
+
+
+def _drop_record(manifest: dict) -> None:
+    del manifest[INTEGRITY_KEY]["files"]["ids.parquet"]
+
+
+RESIGNED = [
+    (_set(("head_tail_bytes",), -5), "head_tail_bytes"),
+    (_set(("head_tail_bytes",), "x"), "head_tail_bytes"),
+    (_set(("head_tail_bytes",), 0), "head_tail_bytes"),
+    (_set(("head_tail_bytes",), True), "head_tail_bytes"),
+    (_set(("files", "index.faiss", "size"), "525357"), "index.faiss"),
+    (_set(("files", "index.faiss", "head_tail_sha256"), None), "head_tail_sha256"),
+    (_set(("files", "ids.parquet"), []), "ids.parquet"),
+    (_drop_record, "no record of ids.parquet"),
+]
+
+
+@pytest.mark.parametrize("case", range(len(RESIGNED)))
+def test_a_resigned_manifest_with_odd_integrity_records_is_refused_naming_the_key(built, tmp_path, case):
+    """Integrity records of the wrong type, or a listed file without one, in a manifest whose own checksum
+    was redone: opening (query, info) and verify all refuse it with 78 naming the key, never a traceback
+    and never a silently weaker check."""
+    edit, says = RESIGNED[case]
+    out, version_dir = copy(built, tmp_path)
+    _resigned(version_dir, edit)
+    np.save(tmp_path / "q.npy", np.zeros((1, 384), dtype=np.float32))
+    for args in (["query", str(out), "--vector-file", str(tmp_path / "q.npy")], ["info", str(out)],
+                 ["verify", str(out)]):
+        result = fake_invoke(args)
+        assert result.exit_code == 78, (args[0], result.output)
+        assert says in result.stderr and INTEGRITY_KEY in result.stderr and "Traceback" not in result.output, \
+            (args[0], result.output)
+
+
 def test_a_body_change_opens_without_crashing_and_verify_finds_it(built, tmp_path):
     """Only a full check sees a change inside the body: the mapped Flat index searches garbage without
     crashing (exit 0), and ``petal verify`` names the file (exit 65)."""

@@ -78,6 +78,44 @@ def _expected(manifest: dict[str, Any], version_dir: Path) -> tuple[dict[str, st
     return files, records
 
 
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+
+
+def checked_records(version_dir: Path, manifest: dict[str, Any], files: dict[str, Any],
+                    records: dict[str, Any]) -> int:
+    """The head/tail span of a sealed manifest's ``integrity`` records, each record's fields checked (a sealed
+    manifest is petal's own: a wrong type or a missing record means it was edited and signed again, or petal
+    wrote it wrong): ``ConfigError`` (78) naming the key."""
+    where = f"{quote_path(version_dir / MANIFEST_FILE)}: manifest key {INTEGRITY_KEY}"
+    span = raw_integrity(manifest).get("head_tail_bytes", HEAD_TAIL_BYTES)
+    if isinstance(span, bool) or not isinstance(span, int) or span < 1:
+        raise ConfigError(f"{where}.head_tail_bytes is {quote_text(repr(span), 24)}, expected a positive integer; "
+                          "rebuild the index")
+    for name, record in records.items():
+        if not isinstance(record, dict):
+            raise ConfigError(f"{where}.files.{_named(name)} is {type(record).__name__}, expected an object")
+        size = record.get("size")
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise ConfigError(f"{where}.files.{_named(name)}.size is {quote_text(repr(size), 24)}, "
+                              "expected a byte count; rebuild the index")
+        for key in ("sha256", "head_tail_sha256"):
+            value = record.get(key)
+            if not isinstance(value, str) or not _HEX64.fullmatch(value):
+                raise ConfigError(f"{where}.files.{_named(name)}.{key} is {quote_text(repr(value), 24)}, "
+                                  "expected 64 hex digits; rebuild the index")
+    if records:
+        missing = sorted(name for name in files if name not in records)
+        if missing:
+            raise ConfigError(f"{where}.files has no record of {', '.join(map(_named, missing))}, which "
+                              "index.files lists: the manifest was edited; rebuild the index")
+    return span
+
+
+def _named(name: Any) -> str:
+    """A file name of the manifest as a message shows it: plain, or quoted when it is not a plain name."""
+    return name if isinstance(name, str) and SAFE_FILE_NAME.match(name) else quote_text(str(name))
+
+
 def check_manifest_checksum(version_dir: Path, manifest: dict[str, Any]) -> bool:
     """``True`` when the manifest carries its checksum and it matches; ``False`` for an old manifest without one."""
     recorded = raw_checksum(manifest)
@@ -110,6 +148,7 @@ def check_on_open(version_dir: Path, manifest: dict[str, Any] | None = None, *,
         # records: every listed file is checked in full against its sha256 instead, as before issue 14,
         # and the open says so; petal verify exits 65 on it.
         sealed, records, edited = False, {}, str(exc)
+    span = checked_records(version_dir, manifest, files, records) if records else HEAD_TAIL_BYTES
     for name in REQUIRED_FILES:
         if name not in files:
             raise ConfigError(f"{version_dir}: {name} is not listed in the manifest")
@@ -126,7 +165,6 @@ def check_on_open(version_dir: Path, manifest: dict[str, Any] | None = None, *,
             if size != record.get("size"):
                 raise BadInputError(f"{path}: size {size} does not match the manifest ({record.get('size')} bytes); "
                                     "the index is corrupt or was changed, rebuild it")
-            span = int(raw_integrity(manifest).get("head_tail_bytes", HEAD_TAIL_BYTES))
             if _head_tail(path, version_dir, size, span) != record.get("head_tail_sha256"):
                 raise BadInputError(f"{path}: head/tail checksum does not match the manifest; the index is corrupt "
                                     "or was changed, rebuild it")
@@ -200,6 +238,8 @@ def verify_version(version_dir: Path, manifest: dict[str, Any] | None = None) ->
     except BadInputError as exc:
         manifest_state = str(exc)
     files, records = _expected(manifest, version_dir)
+    if manifest_state == "ok" and records:
+        checked_records(version_dir, manifest, files, records)  # NOTE: what opening refuses (78), verify refuses
     expected = {name: str(sha) for name, sha in files.items()}
     expected.update({name: str(r.get("sha256")) for name, r in records.items() if r.get("sha256")})
     verdicts = [FileVerdict(name, False, "not listed in the manifest") for name in REQUIRED_FILES
