@@ -406,6 +406,7 @@ def test_torch_ivf_index_on_cuda(metric, dtype, plan, monkeypatch):
     data /= np.linalg.norm(data, axis=1, keepdims=True)
     index = _ivf("IVF128,Flat", metric, data, train=data)
     gpu = gpu_ivf.TorchIvfIndex(index, 4, device="cuda", dtype=dtype)
+    gpu.warm_up(10)  # the graphs and the eager sizes, as a served version's copy (the answers below unchanged)
     tolerance = 3e-3 if dtype == "float16" else 1e-4
     for round_ in range(2):
         for nprobe, k in [(4, 10), (1, 5), (16, 10), (4, 100), (128, 10)]:
@@ -422,6 +423,28 @@ def test_torch_ivf_index_on_cuda(metric, dtype, plan, monkeypatch):
                     assert np.mean([len(set(a) & set(b)) / len(b) for a, b in zip(ids, want_ids)]) > 0.97
                 np.testing.assert_allclose(scores, want_scores, atol=tolerance)
     assert len(gpu._graphs) <= 3 and gpu._graphs is gpu.with_nprobe(2)._graphs  # the views share them
+
+
+@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("nprobe", [1, 4, 32, 128])
+def test_the_eager_warm_up_reaches_both_eager_paths(fused, nprobe):
+    """A version's GPU copy warms its eager sizes too (a search of more queries than the largest graph), so
+    the first such request pays no one-time cost: the sizes gather where any eager size would, and scan
+    where any would, and stay within one chunk."""
+    from petal.pipeline.serve import gpu_ivf
+    from petal.pipeline.serve.gpu_search import QUERY_ROWS
+
+    rng = np.random.default_rng(3)
+    data = rng.standard_normal((20000, 32)).astype(np.float32)
+    index = _ivf("IVF128,Flat", faiss.METRIC_INNER_PRODUCT, data, train=data)
+    gpu = gpu_ivf.TorchIvfIndex(index, nprobe, device="cpu", dtype="float32")
+    gpu.fused = fused
+    sizes = gpu.eager_warm_up_queries()
+    eager = range(gpu_ivf.GRAPH_QUERIES[-1] + 1, QUERY_ROWS + 1)
+    assert sizes and all(n in eager for n in sizes) and QUERY_ROWS in sizes
+    for plan in (True, False):
+        assert any(gpu.gathers(n, nprobe) is plan for n in eager) == any(gpu.gathers(n, nprobe) is plan
+                                                                         for n in sizes), (plan, sizes)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

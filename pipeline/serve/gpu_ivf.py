@@ -38,7 +38,7 @@ import numpy as np
 from petal.engine.layers.triton_kernels import triton_available
 from petal.pipeline.index.faiss_loader import load_faiss
 from petal.pipeline.serve.gather_dots import gather_dots
-from petal.pipeline.serve.gpu_search import RESCORE_FACTOR, UPLOAD_ROWS, GpuCopy, prepare_reconstruct
+from petal.pipeline.serve.gpu_search import QUERY_ROWS, RESCORE_FACTOR, UPLOAD_ROWS, GpuCopy, prepare_reconstruct
 
 GATHER_BYTES = 256 << 20  # the rows one window gathers and scores
 GRAPH_QUERIES = (1, 2, 4, 8, 16)  # on CUDA a search of up to 16 queries replays a graph, padded to these
@@ -157,11 +157,23 @@ class TorchIvfIndex(GpuCopy):
                 f"{self.longest_list}); nprobe {probes} reads at most {rows} rows a query; {plan}")
 
     def warm_up(self, k: int) -> None:
-        """Capture the graphs of ``k`` and this copy's ``nprobe`` now, one per query bucket (before the version
-        serves)."""
+        """Before the version serves: capture the graphs of ``k`` and this copy's ``nprobe``, one per query
+        bucket, and run the eager sizes once (``eager_warm_up_queries``: gathering and scanning).
+
+        NOTE: the eager paths' first run pays one-time costs (the first launch of each kernel loads its module
+        under CUDA's lazy loading; the allocator's first blocks of that size): on the H200, a 200k-vector
+        IVF2048 copy's first 16-token /search at 64 clients held ~30 requests for ~90 ms in its search span
+        (``petal bench serve``'s slowest-1% line), where later runs of the same row did not."""
         if self.stream is not None and self.ntotal:
-            for queries in GRAPH_QUERIES:
+            for queries in (*GRAPH_QUERIES, *self.eager_warm_up_queries()):
                 self.search(np.zeros((queries, self.d), dtype=np.float32), k)
+
+    def eager_warm_up_queries(self) -> tuple[int, ...]:
+        """Query counts past the graphs that reach each eager path at this ``nprobe``: the fewest (17), the most
+        that still gather, the fewest that scan, and a full chunk (``QUERY_ROWS``)."""
+        most = self.most_gathered(min(self.nprobe, self.nlist))
+        sizes = {GRAPH_QUERIES[-1] + 1, most, most + 1, QUERY_ROWS}
+        return tuple(sorted(n for n in sizes if GRAPH_QUERIES[-1] < n <= QUERY_ROWS))
 
     def with_nprobe(self, nprobe: int) -> TorchIvfIndex:
         """A view on the same GPU copy that probes ``nprobe`` lists."""
