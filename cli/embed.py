@@ -45,7 +45,7 @@ def embed(texts: tuple[str, ...], model: str | None, from_stdin: bool, input_pat
     """
     from petal.pipeline.ingest.text_rule import valid_text
     from petal.pipeline.ingest.texts import read_texts
-    from petal.pipeline.reliability.errors import UsageError, quote_path
+    from petal.pipeline.reliability.errors import NoInputError, UsageError, quote_path
 
     if output is not None and output.suffix.lower() not in (".npy", ".jsonl"):
         raise click.UsageError(f"--output {quote_path(output)}: expected a .npy or .jsonl file")
@@ -68,7 +68,11 @@ def embed(texts: tuple[str, ...], model: str | None, from_stdin: bool, input_pat
     if replaced:
         click.echo(f"petal embed: {replaced} text(s) held bytes that are not UTF-8, read as U+FFFD", err=True)
     if not items:
-        raise UsageError("nothing to embed: give TEXT, --stdin or --input")
+        if input_path is None and not from_stdin:
+            raise UsageError("nothing to embed: give TEXT, --stdin or --input")
+        # NOTE: an input was given and held nothing: no input (66), as one of blank lines only; not a usage error
+        source = "--stdin" if input_path is None else quote_path(input_path)
+        raise NoInputError(f"nothing to embed: {source} is empty")
 
     import numpy as np
 

@@ -131,6 +131,20 @@ def test_embed_outputs_in_input_order(tmp_path):
     assert parquet.exit_code == 0 and "skipped (empty_text" in parquet.stderr  # the rule of petal index
 
 
+def test_embed_of_an_empty_input_is_no_input_not_a_usage_error(tmp_path):
+    """--input FILE or --stdin given and empty: exit 66 naming it (as an input of blank lines only); no TEXT and
+    no input flag at all: a usage error (2)."""
+    runner = CliRunner()
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    result = runner.invoke(cli, ["embed", "--input", str(empty)])
+    assert result.exit_code == 66 and "empty.txt is empty" in result.stderr, result.output
+    result = runner.invoke(cli, ["embed", "--stdin"], input="")
+    assert result.exit_code == 66 and "--stdin is empty" in result.stderr, result.output
+    result = runner.invoke(cli, ["embed"])
+    assert result.exit_code == 2 and "give TEXT, --stdin or --input" in result.output, result.output
+
+
 def test_exit_codes(tmp_path, shard_writer):
     runner = CliRunner()
     out = str(tmp_path / "o")
