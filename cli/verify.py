@@ -25,13 +25,18 @@ def verify(out: Path, version: str | None, as_json: bool) -> None:
     """
     from petal.pipeline.index.verify import verify_version
     from petal.pipeline.layout import OutputDir, resolve_index_dir
-    from petal.pipeline.reliability.errors import EXIT_DATAERR, ConfigError
+    from petal.pipeline.reliability.errors import EXIT_DATAERR, ConfigError, PetalError
 
-    target = out if version is None else OutputDir(out).version_dir(version)
-    if version is not None and not (target / "manifest.json").is_file():
-        raise ConfigError(f"--version {version}: {target} is not a version of {out} (no manifest.json)")
-    version_dir, _ = resolve_index_dir(target)
-    report = verify_version(version_dir)
+    try:
+        target = out if version is None else OutputDir(out).version_dir(version)
+        if version is not None and not (target / "manifest.json").is_file():
+            raise ConfigError(f"--version {version}: {target} is not a version of {out} (no manifest.json)")
+        version_dir, _ = resolve_index_dir(target)
+        report = verify_version(version_dir)
+    except PetalError as exc:
+        if as_json:  # NOTE: --json promises one object on stdout, whatever the verdict
+            click.echo(json.dumps({"ok": False, "error": str(exc), "exit_code": exc.exit_code}, ensure_ascii=False))
+        raise
     if as_json:
         click.echo(json.dumps(report.as_dict(), ensure_ascii=False))
     else:

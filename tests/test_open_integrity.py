@@ -91,6 +91,10 @@ def test_a_new_version_is_sealed_and_verifies(built):
     assert result.exit_code == 78 and "not a petal version id" in result.stderr
     result = runner.invoke(cli, ["verify", str(built), "--version", "v000009-20200101T000000Z"])
     assert result.exit_code == 78 and "is not a version of" in result.stderr
+    for args in (["--version", "../../etc"], ["--version", "v000009-20200101T000000Z"]):  # --json: one object still
+        result = runner.invoke(cli, ["verify", str(built), *args, "--json"])
+        answer = json.loads(result.stdout)
+        assert result.exit_code == 78 and answer["ok"] is False and answer["exit_code"] == 78 and answer["error"]
 
 
 def test_the_index_is_memory_mapped_not_read(built):
