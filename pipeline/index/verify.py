@@ -83,9 +83,9 @@ _HEX64 = re.compile(r"[0-9a-f]{64}")
 
 def checked_records(version_dir: Path, manifest: dict[str, Any], files: dict[str, Any],
                     records: dict[str, Any]) -> int:
-    """The head/tail span of a sealed manifest's ``integrity`` records, each record's fields checked (a sealed
-    manifest is petal's own: a wrong type or a missing record means it was edited and signed again, or petal
-    wrote it wrong): ``ConfigError`` (78) naming the key."""
+    """The head/tail span of a sealed manifest's ``integrity`` records (non-empty), each record's fields
+    checked (a sealed manifest is petal's own: a wrong type or a missing record means it was edited and signed
+    again, or petal wrote it wrong): ``ConfigError`` (78) naming the key."""
     where = f"{quote_path(version_dir / MANIFEST_FILE)}: manifest key {INTEGRITY_KEY}"
     span = raw_integrity(manifest).get("head_tail_bytes", HEAD_TAIL_BYTES)
     if isinstance(span, bool) or not isinstance(span, int) or span < 1:
@@ -103,11 +103,10 @@ def checked_records(version_dir: Path, manifest: dict[str, Any], files: dict[str
             if not isinstance(value, str) or not _HEX64.fullmatch(value):
                 raise ConfigError(f"{where}.files.{_named(name)}.{key} is {quote_text(repr(value), 24)}, "
                                   "expected 64 hex digits; rebuild the index")
-    if records:
-        missing = sorted(name for name in files if name not in records)
-        if missing:
-            raise ConfigError(f"{where}.files has no record of {', '.join(map(_named, missing))}, which "
-                              "index.files lists: the manifest was edited; rebuild the index")
+    missing = sorted(name for name in files if name not in records)
+    if missing:
+        raise ConfigError(f"{where}.files has no record of {', '.join(map(_named, missing))}, which "
+                          "index.files lists: the manifest was edited; rebuild the index")
     return span
 
 

@@ -86,8 +86,8 @@ class StopSignals:
 
 class HeldSignals:
     """A server's stop signals from its first line on: one that arrives before the server runs (imports,
-    checks, the model load's start) is held, not fatal. The caller looks at ``signum`` before it binds, and
-    the server takes over the handlers (``take``) and acts on one held until then."""
+    checks, the model load's start) is held, not fatal. The caller looks at ``signum`` before it binds; the
+    server installs its own handlers and acts on one held until then (``DrainingServer.held``)."""
 
     def __init__(self) -> None:
         self.signum: int | None = None

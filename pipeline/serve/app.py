@@ -34,7 +34,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from petal.pipeline.serve.batcher import SHUTTING_DOWN, Overloaded
+from petal.pipeline.serve.batcher import SHUTTING_DOWN, Overloaded, ShuttingDown
 from petal.pipeline.serve.encoding import dumps
 from petal.pipeline.serve.requests import RequestError, parse_embeddings, parse_json, parse_search
 from petal.pipeline.serve.service import ServeState
@@ -144,12 +144,11 @@ def build_app(startup: Startup | ServeState) -> ASGIApp:
                 if uncancel is not None:
                     uncancel()
                 response = cut_off()
+            except ShuttingDown:  # queued when the threads stopped (after the drain)
+                response = cut_off()
             except Overloaded as exc:
-                if str(exc) == SHUTTING_DOWN:  # queued when the threads stopped (after the drain)
-                    response = cut_off()
-                else:
-                    metrics.overloaded.inc()
-                    response = _error(503, f"overloaded: {exc}; retry later", "overloaded", retry_after)
+                metrics.overloaded.inc()
+                response = _error(503, f"overloaded: {exc}; retry later", "overloaded", retry_after)
             except Exception as exc:  # a bug: answer 500, keep serving
                 log.exception("petal serve: %s failed", route)
                 response = _error(500, f"internal error: {type(exc).__name__}: {exc}", "server_error")

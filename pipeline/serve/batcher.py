@@ -113,6 +113,13 @@ def call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., None], *args: A
 SHUTTING_DOWN = "the server is shutting down"
 
 
+class ShuttingDown(Overloaded):
+    """The server stopped its threads (after draining): what was still queued or arrives now is cut off."""
+
+    def __init__(self) -> None:
+        super().__init__(SHUTTING_DOWN)
+
+
 class TokenBatcher:
     """Queue texts of many requests into engine steps. ``start()`` the thread, ``close()`` drains it."""
 
@@ -175,7 +182,7 @@ class TokenBatcher:
     def _queue(self, job: _Job, items: list[_Item], tokens: int) -> None:
         with self._cond:
             if self._closed:
-                raise Overloaded(SHUTTING_DOWN)
+                raise ShuttingDown()
             if self._outstanding + len(items) > self.max_queue_texts:
                 raise Overloaded(f"{self._outstanding} texts are queued (limit {self.max_queue_texts}, "
                                  "--max-queue-texts)")
@@ -186,7 +193,7 @@ class TokenBatcher:
             self._cond.notify()
 
     def close(self, timeout_s: float = 30.0) -> bool:
-        """Stop the engine thread: texts still queued are answered ``Overloaded`` (503), the step running
+        """Stop the engine thread: texts still queued are answered ``ShuttingDown`` (503), the step running
         finishes. True once the thread has ended (waits up to ``timeout_s``).
 
         The server closes it after draining: every request has been answered by then, or was cut off at
@@ -198,7 +205,7 @@ class TokenBatcher:
             self._pending_tokens = 0
             self._cond.notify()
         if dropped:
-            self._fail(dropped, Overloaded(SHUTTING_DOWN))
+            self._fail(dropped, ShuttingDown())
         if self._thread.is_alive():
             self._thread.join(timeout_s)
         return not self._thread.is_alive()
@@ -236,7 +243,7 @@ class TokenBatcher:
             for done, item in enumerate(items):
                 if self._closed:  # NOTE: shutting down: what is not launched yet has nobody waiting for it
                     held = packer.flush()
-                    self._fail([*(held.keys if held is not None else ()), *items[done:]], Overloaded(SHUTTING_DOWN))
+                    self._fail([*(held.keys if held is not None else ()), *items[done:]], ShuttingDown())
                     break
                 assert item.token_ids is not None  # tokenized above
                 full = packer.add(item, item.token_ids)

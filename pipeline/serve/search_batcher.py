@@ -31,7 +31,7 @@ import numpy as np
 
 from petal.pipeline.index.search import Hit
 from petal.pipeline.jobs.query import SearchIndex
-from petal.pipeline.serve.batcher import SHUTTING_DOWN, Overloaded, call_soon
+from petal.pipeline.serve.batcher import Overloaded, ShuttingDown, call_soon
 from petal.pipeline.serve.gpu_search import GpuReaders
 from petal.pipeline.serve.searching import SharedExclusiveLock, overrides, search_params
 
@@ -125,7 +125,7 @@ class SearchBatcher:
         self._thread.start()
 
     def close(self, timeout_s: float = 30.0) -> bool:
-        """Stop the search thread: searches still queued are answered ``Overloaded`` (503), the one running
+        """Stop the search thread: searches still queued are answered ``ShuttingDown`` (503), the one running
         finishes. True once the thread has ended (waits up to ``timeout_s``)."""
         with self._cond:
             self._closed = True
@@ -134,7 +134,7 @@ class SearchBatcher:
             self._outstanding -= sum(len(item.rows) for item in dropped)
             self._cond.notify()
         for item in dropped:
-            call_soon(item.loop, _settle, item.future, None, Overloaded(SHUTTING_DOWN))
+            call_soon(item.loop, _settle, item.future, None, ShuttingDown())
         if self._thread.is_alive():
             self._thread.join(timeout_s)
         return not self._thread.is_alive()
@@ -166,7 +166,7 @@ class SearchBatcher:
     def _admit(self, num_rows: int) -> None:
         """Count ``num_rows`` against the bound (``Overloaded`` past it or when closed); the lock is held."""
         if self._closed:
-            raise Overloaded(SHUTTING_DOWN)
+            raise ShuttingDown()
         if self.max_queue_rows is not None and self._outstanding + num_rows > self.max_queue_rows:
             raise Overloaded(f"{self._outstanding} query rows wait for a search (limit {self.max_queue_rows}, "
                              "--max-queue-texts)")
@@ -192,7 +192,7 @@ class SearchBatcher:
                 self._cond.notify()
                 return
         if closed:
-            call_soon(item.loop, _settle, item.future, None, Overloaded(SHUTTING_DOWN))
+            call_soon(item.loop, _settle, item.future, None, ShuttingDown())
             return
         started = time.perf_counter()
         try:
