@@ -18,14 +18,15 @@ from petal.cli.common import PetalClickError, user_errors
 @user_errors
 def verify(out: Path, version: str | None, as_json: bool) -> None:
     """Check the full sha256 of every file of OUT's live version (or --version V) and the manifest's
-    own checksum. Exit 0 when all match, 65 naming each file that does not.
+    own checksum. Exit 0 when all match, 65 naming each file that does not, 78 (as opening the version)
+    when a listed file is missing or not a regular file inside the version.
 
     Opening an index (petal query) checks sizes and head/tail checksums only, so that it costs O(1)
     in the index size; this command reads every byte.
     """
     from petal.pipeline.index.verify import verify_version
     from petal.pipeline.layout import OutputDir, resolve_index_dir
-    from petal.pipeline.reliability.errors import EXIT_DATAERR, ConfigError, PetalError
+    from petal.pipeline.reliability.errors import ConfigError, PetalError
 
     try:
         target = out if version is None else OutputDir(out).version_dir(version)
@@ -44,9 +45,11 @@ def verify(out: Path, version: str | None, as_json: bool) -> None:
         click.echo(f"version   {version_dir}")
         click.echo(f"manifest  own checksum: {state.get(report.manifest_checksum, 'MISMATCH')}")
         for f in report.files:
-            click.echo(f"  {'ok      ' if f.ok else 'MISMATCH'}  {f.name}" + (f"  {f.problem}" if f.problem else ""))
+            label = "ok      " if f.ok else "REFUSED " if f.refused else "MISMATCH"
+            click.echo(f"  {label}  {f.name}" + (f"  {f.problem}" if f.problem else ""))
     if not report.ok:
         bad = [f"{f.name} ({f.problem})" for f in report.files if not f.ok]
         if report.manifest_checksum not in ("ok", "absent"):
             bad.insert(0, f"manifest.json ({report.manifest_checksum})")
-        raise PetalClickError(f"{version_dir}: {len(bad)} file(s) do not match: " + "; ".join(bad), EXIT_DATAERR)
+        what = "missing, refused or not matching" if any(f.refused for f in report.files) else "do not match"
+        raise PetalClickError(f"{version_dir}: {len(bad)} file(s) {what}: " + "; ".join(bad), report.exit_code)

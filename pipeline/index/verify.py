@@ -6,10 +6,16 @@ before those records existed (a manifest with sha256 values only), or whose mani
 matches its own checksum (edited or damaged), is checked as every version was before: every
 byte of every file against its sha256, safe but O(size); ``OpenCheck.note`` says so, and
 ``petal verify`` exits 65 on an edited manifest.
+
+Both rank a version's damage the same way: a listed file that cannot be opened as a regular file inside
+the version (missing, a directory, a FIFO, a symlink out of it, a name that is not a plain file name) or a
+required file the manifest does not list is refused with 78, before any checksum; a file that is there
+but does not match its records (size, head/tail, sha256: a zero-byte file too) is 65.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -27,7 +33,16 @@ from petal.pipeline.index.checksums import (
     sha256_file,
 )
 from petal.pipeline.manifest import raw_checksum, raw_index_files, raw_integrity
-from petal.pipeline.reliability.errors import BadInputError, ConfigError, one_line, quote_path, quote_text
+from petal.pipeline.reliability.errors import (
+    EXIT_CONFIG,
+    EXIT_DATAERR,
+    EXIT_OK,
+    BadInputError,
+    ConfigError,
+    one_line,
+    quote_path,
+    quote_text,
+)
 from petal.pipeline.reliability.safe_files import UnsafeFileError, check_regular, open_regular, read_regular
 
 REQUIRED_FILES = ("index.faiss", "ids.parquet")
@@ -154,10 +169,13 @@ def check_on_open(version_dir: Path, manifest: dict[str, Any] | None = None, *,
     # NOTE: every file the sealed records list (rejects.parquet too, not only the index files): a truncated or
     # swapped file of the version is refused at open, whichever it is
     listed = {**{name: str(r.get("sha256")) for name, r in records.items()}, **files}
+    # NOTE: every file placed (78: missing, not a regular file, outside the version) before any is checksummed
+    # (65), so a version with both kinds of damage is refused as petal verify ranks it, whatever the file order
+    paths = {name: _listed_path(version_dir, name) for name in sorted(listed)}
     read_in_full: list[str] = []
     unchecked: list[str] = []
-    for name, expected in sorted(listed.items()):
-        path = _listed_path(version_dir, name)
+    for name, path in paths.items():
+        expected = listed[name]
         size = path.stat().st_size
         record = records.get(name)
         if record is not None:
@@ -177,14 +195,19 @@ def check_on_open(version_dir: Path, manifest: dict[str, Any] | None = None, *,
 
 
 def _listed_path(version_dir: Path, name: str) -> Path:
-    if not SAFE_FILE_NAME.match(name):  # NOTE: a manifest must not point outside its directory
-        raise BadInputError(f"{quote_path(version_dir)}: the manifest lists {quote_text(name)}, which is not a "
+    if not SAFE_FILE_NAME.match(name):  # NOTE: a manifest must not point outside its directory (78, as a link out)
+        raise ConfigError(f"{quote_path(version_dir)}: the manifest lists {quote_text(name)}, which is not a "
                             "plain file name")
     path = version_dir / name
     try:
         check_regular(path, version_dir)  # NOTE: never follow a symlink out, never block on a FIFO
     except FileNotFoundError:
         raise ConfigError(f"{quote_path(version_dir)}: {name} is listed in the manifest but missing") from None
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        raise ConfigError(f"{quote_path(path)} is a symlink that never reaches a file (a loop), not a regular file; "
+                          "refusing to open it: remove it") from None
     return path
 
 
@@ -208,6 +231,7 @@ class FileVerdict:
     name: str
     ok: bool
     problem: str = ""  # what is wrong: missing, size, sha256
+    refused: bool = False  # missing, not a regular file inside the version, not listed: what opening refuses (78)
 
 
 @dataclass(frozen=True)
@@ -222,8 +246,17 @@ class VerifyReport:
     def ok(self) -> bool:
         return self.manifest_checksum in ("ok", "absent") and all(f.ok for f in self.files)
 
+    @property
+    def exit_code(self) -> int:
+        """0 when whole; 78 when a file is refused (the code opening the version exits with: it places every
+        file before it checks any), else 65 (a file or the manifest does not match its checksum)."""
+        if self.ok:
+            return EXIT_OK
+        return EXIT_CONFIG if any(f.refused for f in self.files) else EXIT_DATAERR
+
     def as_dict(self) -> dict[str, Any]:
-        return {"version_dir": str(self.version_dir), "ok": self.ok, "manifest_checksum": self.manifest_checksum,
+        return {"version_dir": str(self.version_dir), "ok": self.ok, "exit_code": self.exit_code,
+                "manifest_checksum": self.manifest_checksum,
                 "files": [{"name": f.name, "ok": f.ok, **({"problem": f.problem} if f.problem else {})}
                           for f in self.files]}
 
@@ -241,7 +274,7 @@ def verify_version(version_dir: Path, manifest: dict[str, Any] | None = None) ->
         checked_records(version_dir, manifest, files, records)  # NOTE: what opening refuses (78), verify refuses
     expected = {name: str(sha) for name, sha in files.items()}
     expected.update({name: str(r.get("sha256")) for name, r in records.items() if r.get("sha256")})
-    verdicts = [FileVerdict(name, False, "not listed in the manifest") for name in REQUIRED_FILES
+    verdicts = [FileVerdict(name, False, "not listed in the manifest", refused=True) for name in REQUIRED_FILES
                 if name not in expected]
     for name, sha in sorted(expected.items()):
         verdicts.append(_verify_file(version_dir, name, sha, records.get(name)))
@@ -251,8 +284,8 @@ def verify_version(version_dir: Path, manifest: dict[str, Any] | None = None) ->
 def _verify_file(version_dir: Path, name: str, sha: str, record: dict[str, Any] | None) -> FileVerdict:
     try:
         path = _listed_path(version_dir, name)
-    except (BadInputError, ConfigError) as exc:
-        return FileVerdict(name, False, str(exc))
+    except ConfigError as exc:  # NOTE: missing or not a regular file inside the version: opening refuses it (78)
+        return FileVerdict(name, False, str(exc), refused=True)
     size = path.stat().st_size
     if record is not None and size != record.get("size"):
         return FileVerdict(name, False, f"size {size} bytes, the manifest says {record.get('size')}")
