@@ -31,7 +31,8 @@ if TYPE_CHECKING:
                    "query one built with --vectors-column).")
 @click.option("--where", default=None, metavar="EXPR",
               help="Only documents matching EXPR, on --keep-columns: \"lang = 'en' AND year IN (2020, 2021)\" "
-                   "(applied inside the FAISS search).")
+                   "(applied inside the FAISS search). Literals: 'strings', numbers, true, false; each of its "
+                   "column's kind (topic = 5 on a string column is an error).")
 @click.option("--model", default=None, help="Model directory, if it moved since indexing (weights must match).")
 @click.option("--nprobe", type=click.IntRange(min=1, max=MAX_NPROBE), default=None,
               help="Override the tuned IVF nprobe.")

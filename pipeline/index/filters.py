@@ -3,8 +3,9 @@ FAISS search through an id selector (a bitmap over FAISS ids), so the top k are 
 matching documents, not what is left of the top k after filtering.
 
 Grammar: ``clause (AND clause)*``; a clause is ``column = literal`` or ``column IN (literal, ...)``;
-a literal is a single-quoted string (``''`` for a quote) or a number. Names are columns given to
-``petal index --keep-columns``.
+a literal is a single-quoted string (``''`` for a quote), a number, ``true`` or ``false``. Names are columns
+given to ``petal index --keep-columns``; a literal compares only with a column of its own kind
+(``filter_values.py``: ``topic = 5`` on a string column is an error, never a cast).
 """
 
 from __future__ import annotations
@@ -56,7 +57,10 @@ def _tokens(text: str) -> list[tuple[str, Any]]:
             tokens.append(("lit", float(value) if any(c in value for c in ".eE") else int(value)))
         elif kind == "name":
             word = value.strip('"')
-            tokens.append(("kw", word.upper()) if value.upper() in ("AND", "IN") else ("name", word))
+            if value.upper() in ("TRUE", "FALSE"):  # NOTE: unquoted only: "true" is a column so named
+                tokens.append(("lit", value.upper() == "TRUE"))
+            else:
+                tokens.append(("kw", word.upper()) if value.upper() in ("AND", "IN") else ("name", word))
         else:
             tokens.append(("op", value))
     return tokens
@@ -71,7 +75,8 @@ def parse_filter(text: str) -> Filter:
         nonlocal i
         if i >= len(tokens) or tokens[i][0] != kind or (value is not None and tokens[i][1] != value):
             got = repr(tokens[i][1]) if i < len(tokens) else "the end"
-            want = value if value is not None else {"lit": "a 'string' or a number", "name": "a column"}[kind]
+            want = value if value is not None else {"lit": "a 'string' or a number (or true, false)",
+                                                    "name": "a column"}[kind]
             raise ValueError(f"--where {text!r}: expected {want}, got {got}; the form is "
                              "\"col = 'x' AND col IN ('a', 'b')\"")
         i += 1
@@ -100,8 +105,9 @@ def parse_filter(text: str) -> Filter:
 def filter_mask(flt: Filter, table: pa.Table, available: list[str]) -> np.ndarray:
     """``[num_rows]`` bool: rows of ``table`` (the version's stored columns, FAISS id order) that match."""
     import numpy as np
-    import pyarrow as pa
     import pyarrow.compute as pc
+
+    from petal.pipeline.index.filter_values import value_set
 
     mask = np.ones(table.num_rows, dtype=bool)
     for clause in flt.clauses:
@@ -109,11 +115,7 @@ def filter_mask(flt: Filter, table: pa.Table, available: list[str]) -> np.ndarra
             raise ValueError(f"--where: unknown column {clause.column!r}; filterable columns (petal index "
                              f"--keep-columns): {', '.join(available) or 'none'}")
         column = table.column(clause.column)
-        try:
-            values = pa.array(list(clause.values)).cast(column.type)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
-            raise ValueError(f"--where: column {clause.column!r} is {column.type}; {list(clause.values)} do not "
-                             f"compare with it ({exc})") from exc
+        values = value_set(clause.column, column.type, clause.values)  # ValueError: a literal of another kind
         hit = pc.is_in(column, value_set=values)
         mask &= hit.to_numpy(zero_copy_only=False).astype(bool)  # nulls never match
     return mask
