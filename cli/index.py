@@ -51,7 +51,7 @@ def _flag_value(args: list[str], flag: str) -> str | None:
                    "no model is loaded.")
 @click.option("--keep-columns", default=None, metavar="A,B",
               help="Columns stored with the ids: returned with every hit (petal query, the API) and usable in "
-                   "petal query --where.")
+                   "petal query --where. Distinct names, comma-separated; leave the flag out to keep none.")
 @device_options
 @click.option("--max-length", type=int, default=None, help="Truncate texts to N tokens (default: the model's).")
 @click.option("--token-budget", type=int, default=None,

@@ -197,6 +197,7 @@ class IndexJob:
         check_lengths(self.max_length, self.token_budget, self.max_seqs)
         if self.keep_versions < 1:
             raise ValueError(f"--keep-versions {self.keep_versions} < 1: the live version is always kept")
+        check_keep_names(self.keep_columns, list(self.keep_columns))  # the API's list is taken as it is
 
 
 DEFAULT_RANGE_ROWS = 100_000  # rows of a row-group range of a large shard (--range-rows)
@@ -274,13 +275,29 @@ def parse_devices(text: str) -> str | int | list[int]:
 
 
 def parse_keep_columns(text: str | None) -> tuple[str, ...]:
-    """``"lang, url"`` -> ``("lang", "url")`` (``ValueError`` for an empty name or a repeat)."""
-    if not text:
+    """``"lang, url"`` -> ``("lang", "url")``; ``None`` (no flag) -> ``()``. ``ValueError`` naming the flag for
+    a value without names (``''``, ``' , '``), an empty name (``'lang,,url'``) or a repeat."""
+    if text is None:
         return ()
     names = tuple(name.strip() for name in text.split(","))
-    if any(not name for name in names) or len(set(names)) != len(names):
-        raise ValueError(f"--keep-columns {text!r}: give distinct column names separated by commas")
+    if not any(names):
+        raise ValueError(f"--keep-columns {text!r} names no column: give column names separated by commas "
+                         "(lang,url), or leave the flag out to keep none")
+    check_keep_names(names, text)
     return names
+
+
+def check_keep_names(names: tuple[str, ...], given: object) -> None:
+    """``--keep-columns`` names (or the API's ``keep_columns``): non-empty and distinct (``ValueError`` naming them)."""
+    odd = [name for name in names if not isinstance(name, str)]
+    if odd:
+        raise ValueError(f"--keep-columns {given!r}: column names are strings, not {odd[0]!r}")
+    if any(not name.strip() for name in names):
+        raise ValueError(f"--keep-columns {given!r}: an empty column name; give column names separated by commas "
+                         "(lang,url)")
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise ValueError(f"--keep-columns {given!r} names {repeated[0]!r} twice; give each column once")
 
 
 def check_lengths(max_length: int | None = None, token_budget: int | None = None, max_seqs: int = 1) -> None:

@@ -80,6 +80,7 @@ LIGHT = [
                                                                      "x"], 2),
     (["index", "data", "--out", "o", "--max-length", "1"], 2),
     (["index", "data", "--out", "o", "--keep-columns", "a,a"], 2),
+    (["index", "data", "--out", "o", "--keep-columns", ""], 2),
     (["index", "data", "--out", "o", "--output-dtype", "float16", "--quantize", "int8"], 2),
     (["rebuild", "OUT", "--index-memory", "lots"], 2),
 ]

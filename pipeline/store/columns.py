@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 from petal.pipeline.ingest.parquet import ShardInfo
 from petal.pipeline.ingest.remote import RemotePath
 from petal.pipeline.reliability.durable import fsync_dir
-from petal.pipeline.reliability.errors import BadInputError, ConfigError, writing
+from petal.pipeline.reliability.errors import BadInputError, ConfigError, UsageError, writing
 from petal.pipeline.reliability.safe_files import UnsafeFileError, check_regular
 from petal.pipeline.store.embeddings import EmbeddingStore, StoreEntry
 from petal.pipeline.store.side_files import side_file
@@ -42,10 +42,11 @@ def columns_path(entry_dir: Path) -> Path:
 
 
 def check_keep_columns(shards: list[ShardInfo], columns: tuple[str, ...], reserved: tuple[str, ...]) -> None:
-    """Before any work: every shard has every kept column (exit 65 naming shard and column)."""
+    """Before any work: no kept column takes a name petal stores (``UsageError``, exit 2), and every shard has
+    every kept column (exit 65 naming shard and column)."""
     for name in columns:
         if name in reserved or name in ("faiss_id", "id", "shard", "row", "text"):
-            raise ValueError(f"--keep-columns {name!r}: that name is taken (the id or text column, or one of "
+            raise UsageError(f"--keep-columns {name!r}: that name is taken (the id or text column, or one of "
                              "faiss_id, id, shard, row, text that petal stores with the ids)")
     for info in shards:
         names = set(_parquet(info.path).schema_arrow.names)

@@ -1,0 +1,78 @@
+"""``petal index --keep-columns``: a value that names no column, an empty name, a repeat or a name petal stores
+itself is a usage error naming the flag (exit 2, before any shard is embedded); a column a shard lacks is a
+data error naming file and column (exit 65, at preflight). Real tiny BERT, real Parquet and FAISS, the CLI."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+import petal
+from petal.cli.main import cli
+from petal.pipeline.index.search import IndexReader
+from petal.pipeline.reliability.errors import UsageError
+
+
+@pytest.fixture
+def shards(tmp_path: Path) -> Path:
+    """Two shards; only the first has a ``year`` column."""
+    data = tmp_path / "data"
+    data.mkdir()
+    for s, extra in enumerate([{"year": [2020, 2021, 2022]}, {}]):
+        pq.write_table(pa.table({"id": [f"s{s}-{i}" for i in range(3)], "text": [f"text {s} {i}" for i in range(3)],
+                                 "lang": ["en", "fr", "de"], **extra}), data / f"shard-{s}.parquet")
+    return data
+
+
+def index(data: Path, model: Path, keep: str):
+    out = data.parent / "idx"
+    result = CliRunner().invoke(cli, ["index", str(data), "--out", str(out), "--model", str(model), "-q",
+                                      "--keep-columns", keep])
+    return result, out
+
+
+@pytest.mark.parametrize(("keep", "said"), [
+    ("", "--keep-columns '' names no column"),
+    ("   ", "--keep-columns '   ' names no column"),
+    (" , ", "--keep-columns ' , ' names no column"),
+    (",", "--keep-columns ',' names no column"),
+    ("lang,,text2", "--keep-columns 'lang,,text2': an empty column name"),
+    ("lang, ", "--keep-columns 'lang, ': an empty column name"),
+    ("lang,lang", "names 'lang' twice"),
+    ("lang, lang", "names 'lang' twice"),
+    ("text", "--keep-columns 'text': that name is taken"),
+    ("lang,id", "--keep-columns 'id': that name is taken"),
+])
+def test_flag_only_problems_are_usage_errors_naming_the_flag(shards, tiny_bert_dir, keep, said):
+    result, out = index(shards, tiny_bert_dir, keep)
+    assert result.exit_code == 2, result.output
+    assert said in result.stderr, result.stderr
+    assert not (out / "CURRENT").exists()  # nothing published (nor, before this, a full index without the columns)
+
+
+def test_a_column_a_shard_lacks_is_a_data_error_naming_file_and_column(shards, tiny_bert_dir):
+    result, out = index(shards, tiny_bert_dir, "lang,year")
+    assert result.exit_code == 65, result.output
+    assert "shard-1.parquet: no column 'year' (--keep-columns)" in result.stderr, result.stderr
+    assert not (out / "CURRENT").exists()
+
+
+def test_names_are_trimmed_and_kept(shards, tiny_bert_dir):
+    result, out = index(shards, tiny_bert_dir, " lang ")
+    assert result.exit_code == 0, result.output
+    reader = IndexReader(out)
+    assert reader.kept_columns == ["lang"]
+
+
+def test_the_api_takes_the_same_rule(shards, tiny_bert_dir):
+    out = shards.parent / "api-idx"
+    for keep, said in [("", "names no column"), (["lang", "lang"], "names 'lang' twice"),
+                       (["lang", ""], "an empty column name")]:
+        with pytest.raises(UsageError, match=said):
+            petal.index(shards, out, model=str(tiny_bert_dir), quiet=True, keep_columns=keep)
+    petal.index(shards, out, model=str(tiny_bert_dir), quiet=True, keep_columns=[])  # a list: none kept
+    assert IndexReader(out).kept_columns == []
