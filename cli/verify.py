@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from petal.cli.common import PetalClickError, user_errors
+
+if TYPE_CHECKING:
+    from petal.pipeline.layout import OutputDir
 
 
 @click.command()
@@ -29,8 +33,9 @@ def verify(out: Path, version: str | None, as_json: bool) -> None:
     from petal.pipeline.reliability.errors import ConfigError, PetalError
 
     try:
-        target = out if version is None else OutputDir(out).version_dir(version)
-        if version is not None and not (target / "manifest.json").is_file():
+        # NOTE: the live version named by --version is checked as OUT is: a damaged one says how to go back
+        target = out if version is None or version == _live(OutputDir(out)) else OutputDir(out).version_dir(version)
+        if target != out and not (target / "manifest.json").is_file():
             raise ConfigError(f"--version {version}: {target} is not a version of {out} (no manifest.json)")
         version_dir, _ = resolve_index_dir(target)
         report = verify_version(version_dir)
@@ -53,3 +58,13 @@ def verify(out: Path, version: str | None, as_json: bool) -> None:
             bad.insert(0, f"manifest.json ({report.manifest_checksum})")
         what = "missing, refused or not matching" if any(f.refused for f in report.files) else "do not match"
         raise PetalClickError(f"{version_dir}: {len(bad)} file(s) {what}: " + "; ".join(bad), report.exit_code)
+
+
+def _live(out: OutputDir) -> str | None:
+    """The version CURRENT names (``None`` without a readable pointer: --version V is then checked by itself)."""
+    from petal.pipeline.reliability.errors import PetalError
+
+    try:
+        return out.current_version()
+    except PetalError:
+        return None

@@ -30,6 +30,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from petal.pipeline.manifest import MANIFEST_FILE, Manifest
 from petal.pipeline.reliability.durable import fsync_dir, write_bytes_atomic
@@ -42,7 +43,7 @@ from petal.pipeline.reliability.errors import (
     writing,
 )
 from petal.pipeline.reliability.faults import fault
-from petal.pipeline.reliability.safe_files import inside, read_regular
+from petal.pipeline.reliability.safe_files import UnsafeFileError, inside, read_regular
 
 VERSION_RE = re.compile(r"^v\d{6}-\d{8}T\d{6}Z$")
 LOCK_POLL_S = 0.2
@@ -277,6 +278,15 @@ def resolve_index_dir(path: Path) -> tuple[Path, Manifest]:
         if not version_dir.is_dir():
             raise ConfigError(f"{quote_path(out.current_file)} names {version}, which is not in "
                               f"{quote_path(out.versions_dir)}; {out.recovery_hint(version)}")
+        manifest_file = version_dir / MANIFEST_FILE
+        try:
+            data = manifest_data(manifest_file, root)
+        except ConfigError as exc:
+            # NOTE: the live version without a readable manifest (missing, empty, not JSON, not a file) is damaged
+            # like a pointer to a missing version: the way back is the same, a complete older version
+            raise ConfigError(f"{quote_path(out.current_file)} names {version}, a damaged version: {exc}; "
+                              f"{out.recovery_hint(version)}") from exc
+        return version_dir, Manifest.from_dict(data, quote_path(manifest_file))
     return version_dir, read_manifest(version_dir / MANIFEST_FILE, root)
 
 
@@ -284,14 +294,29 @@ def read_manifest(manifest_file: Path, root: Path) -> Manifest:
     """A version's manifest, read inside ``root`` (never a FIFO or a symlink out); anything else is a
     ``ConfigError`` (78)."""
     try:
-        manifest = json.loads(read_regular(manifest_file, root, MANIFEST_MAX_BYTES))
+        data = manifest_data(manifest_file, root)
+    except UnsafeFileError:
+        raise
+    except ConfigError as exc:
+        raise ConfigError(f"{exc}; the version is damaged: rebuild it with petal index (--full if it is the live "
+                          "one)") from exc
+    return Manifest.from_dict(data, quote_path(manifest_file))
+
+
+def manifest_data(manifest_file: Path, root: Path) -> dict[str, Any]:
+    """A manifest's JSON object, read inside ``root`` (never a FIFO or a symlink out); missing, empty, not JSON
+    or not an object: a ``ConfigError`` (78) saying which, without advice (the caller knows the way back)."""
+    try:
+        raw = read_regular(manifest_file, root, MANIFEST_MAX_BYTES)
+        data = json.loads(raw) if raw.strip() else None
     except (OSError, ValueError) as exc:  # NOTE: JSONDecodeError and UnicodeDecodeError are ValueErrors
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
-        raise ConfigError(f"cannot read the manifest {quote_path(manifest_file)} ({reason}); the version is "
-                          "damaged: rebuild it with petal index (--full if it is the live one)") from exc
-    if not isinstance(manifest, dict):
-        raise ConfigError(f"the manifest {quote_path(manifest_file)} is not a JSON object; the version is damaged")
-    return Manifest.from_dict(manifest, quote_path(manifest_file))
+        raise ConfigError(f"cannot read the manifest {quote_path(manifest_file)} ({reason})") from exc
+    if data is None:
+        raise ConfigError(f"cannot read the manifest {quote_path(manifest_file)} (empty)")
+    if not isinstance(data, dict):
+        raise ConfigError(f"the manifest {quote_path(manifest_file)} is not a JSON object")
+    return data
 
 
 def _holder(raw: bytes) -> str:

@@ -112,6 +112,44 @@ def test_the_recovery_hint_names_a_complete_version_not_the_broken_one(job):
     assert f"echo {complete} >" in result.last_line and f"echo {bad}" not in result.last_line, result.last_line
 
 
+MANIFEST_DAMAGE = ["missing", "empty", "not JSON", "not an object", "directory", "fifo"]
+
+
+def _damage_manifest(path: Path, damage: str, tmp_path: Path) -> None:
+    if damage in ("directory", "fifo"):
+        plant(path, damage, tmp_path)
+    else:
+        {"missing": path.unlink, "empty": lambda: path.write_bytes(b""), "not JSON": lambda: path.write_text("{x"),
+         "not an object": lambda: path.write_text("[]")}[damage]()
+
+
+@pytest.mark.parametrize("damage", MANIFEST_DAMAGE)
+def test_a_live_version_without_a_readable_manifest_names_the_way_back(job, tmp_path, damage):
+    """CURRENT names a version directory whose manifest is missing, empty, not JSON or not a file: opening,
+    query, info and verify refuse it (78) with the hint a bad pointer gets, naming the complete version before
+    it (they used to say only "rebuild"); nothing is deleted, and the hint's command is the way back."""
+    import petal
+
+    job.write("b", salt=1)
+    assert job.run().rc == 0
+    out = OutputDir(job.out)
+    older, live = out.versions()
+    _damage_manifest(out.versions_dir / live / "manifest.json", damage, tmp_path)
+    hint = f"echo {older} > "
+    for argv in (["query", "x"], ["info"], ["verify"], ["verify", "--version", live], ["verify", "--json"]):
+        result = job.run(str(job.out), *argv[1:], command=argv[0])
+        said = result.stderr + result.stdout
+        assert result.rc == 78 and "nothing was deleted" in said and hint in said, (argv, said)
+        assert f"echo {live}" not in said and "manifest.json" in result.last_line, (argv, said)
+    assert json.loads(result.stdout)["exit_code"] == 78  # verify --json: one object, the hint in its error
+    with pytest.raises(petal.PetalError, match="nothing was deleted") as refused:
+        petal.open_index(job.out)
+    assert refused.value.exit_code == 78 and hint in str(refused.value)
+    assert out.versions() == [older, live]
+    out.current_file.write_text(older + "\n")  # what the hint says
+    assert job.run(str(job.out), command="verify").rc == 0
+
+
 def test_full_with_a_bad_pointer_publishes_without_deleting_newer_versions(job):
     out = OutputDir(job.out)
     live = out.current_version()
