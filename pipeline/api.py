@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from petal.pipeline.jobs.report import RunReport
-from petal.pipeline.jobs.settings import check_vectors_flags, index_job, index_settings
+from petal.pipeline.jobs.settings import check_vectors_flags, index_job, index_settings, out_path
 from petal.pipeline.reliability.errors import ConfigError, PetalError, UsageError, io_error, one_line, quote_path
 
 if TYPE_CHECKING:
@@ -69,12 +69,13 @@ def rebuild(out: str | os.PathLike[str], *, json_report: str | os.PathLike[str] 
     report = report if report is not None else RunReport(command="rebuild")
     target = Path(json_report) if json_report is not None else None
     try:
+        out = out_path(out)
         chosen = index_settings(**settings)
     except UsageError as exc:
         _fail(report, exc, 2, f"usage error: {exc}", target)
         raise
     from petal.pipeline.jobs.rebuild import run_rebuild  # NOTE: after the flags: a usage error loads no FAISS or Arrow
-    return _run(lambda: run_rebuild(Path(out), chosen, report, wait=wait, stop=stop), report, target)
+    return _run(lambda: run_rebuild(out, chosen, report, wait=wait, stop=stop), report, target)
 
 
 def open_index(path: str | os.PathLike[str], **settings: Any) -> Index:
@@ -85,7 +86,7 @@ def open_index(path: str | os.PathLike[str], **settings: Any) -> Index:
     """
     from petal.pipeline.jobs.searcher import Index
 
-    return Index(Path(path), **settings)
+    return Index(path, **settings)
 
 
 def _run(work: Callable[[], RunReport], report: RunReport, json_report: Path | str | None) -> RunReport:

@@ -7,6 +7,8 @@ import subprocess
 import sys
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
@@ -160,3 +162,130 @@ def test_embedder_skips_null_and_blank_texts_in_place(tmp_path):
     np.testing.assert_allclose(embedded.rows[[0, 3]], embedder.encode(["a glacier", "espresso"]), atol=1e-6)
     with pytest.raises(petal.NoInputError):
         embedder.encode(["", None])
+
+
+@pytest.fixture(scope="module")
+def embedder():
+    return petal.Embedder(device="cpu")
+
+
+def test_search_takes_any_sequence_of_texts_and_skips_blank_ones(api_index):
+    """A numpy array of strings is texts (not vectors); bytes are one text; a None or blank query gets no hits in
+    its place (``petal query`` skips it) instead of the hits of an empty embedding or an AttributeError."""
+    out, _ = api_index
+    index = petal.open_index(out)
+    expected = [[h.id for h in q] for q in index.search(QUERIES, k=3)]
+    assert [[h.id for h in q] for q in index.search(np.array(QUERIES), k=3)] == expected
+    assert [[h.id for h in q] for q in index.search(np.array(QUERIES, dtype=object), k=3)] == expected
+    assert [h.id for h in index.search(QUERIES[0].encode(), k=3)[0]] == expected[0]
+    mixed = index.search([None, QUERIES[0], "   ", QUERIES[1].encode(), ""], k=3)
+    assert [[h.id for h in q] for q in mixed] == [[], expected[0], [], expected[1], []]
+    assert index.search(["", None], k=3) == [[], []]
+
+
+@pytest.mark.parametrize("k", [3.0, 2.5, True, "3", None])
+def test_search_k_must_be_an_integer(api_index, k):
+    out, _ = api_index
+    index = petal.open_index(out)
+    vectors = np.ones((1, index.dim), dtype=np.float32)
+    for search in (index.search, index.search_stored):
+        with pytest.raises(petal.UsageError, match=r"^k .* not an integer"):
+            search(vectors, k=k)
+
+
+def test_search_arguments_are_usage_errors_naming_them(api_index, embedder):
+    out, _ = api_index
+    index = petal.open_index(out)
+    vectors = embedder.encode(QUERIES, query=True)
+    by_vectors = [[h.id for h in q] for q in index.search(vectors, k=4)]
+    # a numpy integer is a k (a count taken from an array): FAISS's SWIG refused it with a raw TypeError
+    assert [[h.id for h in q] for q in index.search(vectors, k=np.int64(4))] == by_vectors
+    assert [[h.id for h in q] for q in index.search_stored(vectors.tolist(), k=np.int32(4))] == by_vectors
+    for bad, named in ((None, "queries"), ([QUERIES[0], 7], r"queries\[1\]"), (vectors.tolist(), r"queries\[0\]"),
+                       (42, "queries")):
+        with pytest.raises(petal.UsageError, match=named):
+            index.search(bad, k=3)
+    with pytest.raises(petal.UsageError, match="where"):
+        index.search(QUERIES, k=3, where=5)
+    # NaN or infinite query values: FAISS answered NaN with no hits (search) or arbitrary ones (search_stored)
+    for value in (np.nan, np.inf):
+        broken = vectors.copy()
+        broken[1, 7] = value
+        for search in (index.search, index.search_stored):
+            with pytest.raises(petal.UsageError, match="query vector 1 holds NaN or infinite"):
+                search(broken, k=3)
+    with pytest.raises(petal.UsageError, match="query vector 0"):
+        index.search(np.full((1, index.dim), 1e300), k=3)  # float64 that float32 cannot hold
+
+
+def test_texts_refuses_hits_of_another_index(api_index, tmp_path):
+    """``Index.texts`` of hits from another index read that index's FAISS ids here: another document's text
+    (silently) or a 'the version is corrupt' error; now a ``UsageError``. A long-lived ``Index`` stays on the
+    version it opened while a new one is published."""
+    out, _ = api_index
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    pq.write_table(pa.table({"id": ["a", "b", "c"], "text": ["glaciers flow downhill", "espresso is coffee",
+                                                             "cats purr on laps"]}), shards / "s.parquet")
+    small_out = tmp_path / "small"
+    petal.index(shards, small_out, quiet=True)
+    big, small = petal.open_index(out), petal.open_index(small_out)
+    small_hits = small.search("coffee", k=3)[0]
+    big_hits = big.search("coffee", k=10)[0]
+    assert small.texts(small_hits)[0] == "espresso is coffee"
+    with pytest.raises(petal.UsageError, match="not a hit of this index"):
+        big.texts(small_hits)  # FAISS ids 0..2 exist in the big index too: its documents' texts came back
+    with pytest.raises(petal.UsageError, match="not a hit of this index"):
+        small.texts(big_hits)
+    with pytest.raises(petal.UsageError, match="not a Hit"):
+        small.texts(small.search(["coffee"], k=3))  # the list of lists search() returns
+    with pytest.raises(petal.UsageError, match="a list of Hit"):
+        small.texts(small_hits[0])
+    # a new version published under a long-lived Index: it keeps answering from the version it opened
+    pq.write_table(pa.table({"id": ["d"], "text": ["green tea leaves"]}), shards / "t.parquet")
+    petal.index(shards, small_out, quiet=True)
+    assert small.num_vectors == 3 and len(small.search("tea", k=10)[0]) == 3
+    assert small.texts(small_hits)[0] == "espresso is coffee"
+    assert petal.open_index(small_out).num_vectors == 4
+
+
+def test_embedder_arguments(embedder):
+    """One bytes text is one text (not a list of ints); a wrong type is a ``UsageError`` naming the argument."""
+    np.testing.assert_array_equal(embedder.encode(b"glacier ice"), embedder.encode(["glacier ice"]))
+    np.testing.assert_array_equal(embedder.encode(np.array(["a", "b"])), embedder.encode(["a", "b"]))
+    for bad, named in ((None, "texts"), (5, "texts"), (["ok", 3], r"texts\[1\] is an int")):
+        with pytest.raises(petal.UsageError, match=named):
+            embedder.encode(bad)
+    for bad in ("512", 512.0, True):
+        with pytest.raises(petal.UsageError, match=r"batch_tokens .* not an integer"):
+            embedder.encode(["a"], batch_tokens=bad)
+    assert embedder.encode(["a"], batch_tokens=np.int64(embedder.max_length)).shape == (1, 384)
+
+
+def test_settings_of_the_wrong_type_are_usage_errors(tmp_path, api_index):
+    """A keyword of the wrong type is a ``UsageError`` naming it, before any work: not a ``TypeError`` from a
+    comparison inside, nor a float taken as a count (``dim=16.0`` built an Embedder)."""
+    out, _ = api_index
+    for settings, named in (({"dim": "16"}, "dim='16' is a str"), ({"dim": 16.5}, "dim=16.5 is a float"),
+                            ({"keep_versions": "2"}, "keep_versions"), ({"wait": "no"}, "wait='no' is a str"),
+                            ({"text_column": 5}, "text_column"), ({"index_factory": 5}, "index_factory=5")):
+        with pytest.raises(petal.UsageError, match=named):
+            petal.index(SAMPLE_DATA, tmp_path / "o", **settings)
+    assert not (tmp_path / "o").exists()
+    with pytest.raises(petal.UsageError, match="sources"):
+        petal.index(None, tmp_path / "o")
+    with pytest.raises(petal.UsageError, match="out"):
+        petal.index(SAMPLE_DATA, None)
+    with pytest.raises(petal.UsageError, match="target_recall='high'"):
+        petal.rebuild(out, target_recall="high")
+    with pytest.raises(petal.UsageError, match="out"):
+        petal.rebuild(None)
+    for settings, named in (({"dim": 16.0}, "dim=16.0"), ({"max_length": "128"}, "max_length"),
+                            ({"allow_pickle_weights": "yes"}, "allow_pickle_weights")):
+        with pytest.raises(petal.UsageError, match=named):
+            petal.Embedder(**settings)
+    for settings, named in (({"nprobe": 2.5}, "nprobe"), ({"nprobe": "3"}, "nprobe"), ({"rescore": 1.5}, "rescore")):
+        with pytest.raises(petal.UsageError, match=named):
+            petal.open_index(out, **settings)
+    with pytest.raises(petal.UsageError, match="path"):
+        petal.open_index(None)

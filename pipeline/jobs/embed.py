@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from petal.engine.config import EngineConfig
-from petal.pipeline.config import check_lengths, default_token_budget
+from petal.engine.config import EngineConfig, ModelOptions
+from petal.pipeline.config import IndexJob, check_lengths, default_token_budget
 from petal.pipeline.ingest.pack import PackConfig, pack
 from petal.pipeline.ingest.text_rule import valid_text
 from petal.pipeline.ingest.tokens import TextTokenizer, tokenizer_for
-from petal.pipeline.jobs.settings import build, model_options, petal_error
+from petal.pipeline.jobs.settings import build, kind_of, model_options, petal_error, typed, whole_number
 from petal.pipeline.reliability.errors import BadInputError, UsageError, quote_text
 from petal.pipeline.store.outputs import OutputConfig, OutputTransform
 
@@ -118,11 +118,17 @@ class Embedder:
                  allow_pickle_weights: bool = False, dim: int | None = None, quantize: str = "none",
                  output_dtype: str = "float32", calibration: str | Path | None = None,
                  engine_factory: EngineFactory | None = None) -> None:
-        options = model_options(pooling=pooling, attention_mask=attention_mask, query_prompt=query_prompt,
-                                allow_pickle_weights=allow_pickle_weights)
-        output = build(OutputConfig, dim=dim, quantize=quantize, output_dtype=output_dtype)
+        caller = "petal.Embedder()"
+        options = model_options(**typed(ModelOptions, {
+            "pooling": pooling, "attention_mask": attention_mask, "query_prompt": query_prompt,
+            "allow_pickle_weights": allow_pickle_weights}, caller))
+        output = build(OutputConfig, **typed(OutputConfig, {"dim": dim, "quantize": quantize,
+                                                            "output_dtype": output_dtype}, caller))
         if calibration is not None and quantize != "int8":
             raise UsageError("--calibration goes with --quantize int8")
+        lengths = typed(IndexJob, {"max_length": max_length, "token_budget": token_budget, "max_seqs": max_seqs,
+                                   "cuda_graphs": cuda_graphs}, caller)
+        max_length, token_budget, max_seqs = lengths["max_length"], lengths["token_budget"], lengths["max_seqs"]
         build(check_lengths, max_length, token_budget, max_seqs)
         from petal.engine.engine import Engine, attention_backend, resolve_device, resolve_dtype
         from petal.pipeline.jobs.model import model_spec
@@ -166,15 +172,23 @@ class Embedder:
     def embed(self, texts: str | Iterable[Any], *, query: bool = False, batch_tokens: int | None = None) -> Embedded:
         """``encode``, with the number of truncated texts, the skipped ones and the output format used.
 
-        ``texts``: str (or UTF-8 bytes); ``None`` and invisible texts are skipped and said in ``skipped``
-        (every text skipped: ``NoInputError``, exit 66)."""
+        ``texts``: one text (a str or UTF-8 bytes: ``[1, dim]``) or an iterable of them; ``None`` and
+        invisible texts are skipped and said in ``skipped`` (every text skipped: ``NoInputError``, exit 66)."""
         from petal.pipeline.ingest.text_rule import describe_skips, skip_reason
         from petal.pipeline.reliability.errors import NoInputError
 
-        items = [texts] if isinstance(texts, str) else list(texts)
+        if isinstance(texts, (str, bytes)):
+            items: list[Any] = [texts]  # one text, never its characters (or bytes)
+        elif isinstance(texts, np.ndarray):
+            items = [texts.item()] if texts.ndim == 0 else texts.tolist()
+        else:
+            try:
+                items = list(texts)
+            except TypeError:
+                raise UsageError(f"texts: {kind_of(texts)} is not a text (str) or a list of them") from None
         bad = next((i for i, t in enumerate(items) if t is not None and not isinstance(t, (str, bytes))), None)
         if bad is not None:
-            raise UsageError(f"text {bad} is a {type(items[bad]).__name__}, not a str")
+            raise UsageError(f"texts[{bad}] is {kind_of(items[bad])}, not a str")
         # NOTE: the rule of petal index: null, undecodable and invisible texts are skipped and counted; rows keep
         # input positions (NaN rows, zeros for codes)
         skipped = {i: why for i, text in enumerate(items) if (why := skip_reason(text)) is not None}
@@ -183,6 +197,8 @@ class Embedder:
         kept = [i for i in range(len(items)) if i not in skipped]
         texts_in = [t.decode("utf-8") if isinstance(t, bytes) else t for t in (items[i] for i in kept)]
         budget = self.engine.config.token_budget
+        if batch_tokens is not None:
+            batch_tokens = whole_number(batch_tokens, "batch_tokens")
         if batch_tokens is not None and not self.max_length <= batch_tokens <= budget:
             raise UsageError(f"batch_tokens {batch_tokens} is outside {self.max_length} (the max length) .. {budget} "
                              "(the engine's token budget: pass token_budget= to Embedder for more)")

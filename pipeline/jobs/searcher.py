@@ -6,6 +6,7 @@ by text, so searching by vectors needs no model at all.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -13,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from petal.pipeline.index.search import Hit, IndexReader
-from petal.pipeline.jobs.settings import petal_error
+from petal.pipeline.ingest.text_rule import skip_reason, valid_text
+from petal.pipeline.jobs.settings import kind_of, petal_error, whole_number
 from petal.pipeline.manifest import Manifest
 from petal.pipeline.reliability.errors import UsageError
 
@@ -25,13 +27,13 @@ if TYPE_CHECKING:
 class Index:
     """A published index (an output directory, following CURRENT, or a version directory)."""
 
-    def __init__(self, path: Path, *, model: str | None = None, device: str = "auto", dtype: str = "auto",
-                 attention: str = "auto", nprobe: int | None = None, rescore: int | None = None,
+    def __init__(self, path: str | os.PathLike[str], *, model: str | None = None, device: str = "auto",
+                 dtype: str = "auto", attention: str = "auto", nprobe: int | None = None, rescore: int | None = None,
                  query_prompt: str | None = None, allow_pickle_weights: bool = False) -> None:
-        if nprobe is not None and nprobe < 1:
-            raise UsageError(f"nprobe {nprobe} < 1")
-        if rescore is not None and rescore < 0:
-            raise UsageError(f"rescore {rescore} < 0")
+        if not isinstance(path, (str, os.PathLike)):
+            raise UsageError(f"path {path!r} is {kind_of(path)}, not a path to an index")
+        nprobe = None if nprobe is None else whole_number(nprobe, "nprobe", 1)
+        rescore = None if rescore is None else whole_number(rescore, "rescore", 0)
         self.reader = IndexReader(Path(path), nprobe=nprobe, rescore=rescore)
         self._model_settings: dict[str, Any] = {"model": model, "device": device, "dtype": dtype,
                                                 "attention": attention, "query_prompt": query_prompt,
@@ -93,36 +95,51 @@ class Index:
         """The top ``k`` hits of each query, best first (fewer when the index holds fewer vectors, or fewer
         documents match ``where``); each hit carries the kept columns (``--keep-columns``) as ``Hit.fields``.
 
-        ``queries``: texts (embedded as queries with the index's model, prompt and output settings), or
-        the model's float vectors ``[num_queries, model dim]`` (``Embedder(model).encode(texts, query=True)``),
-        which get the index's output transform (``--dim``, normalisation, quantization).
+        ``queries``: one text or many (str or UTF-8 bytes: a list, tuple, generator or numpy array of them),
+        embedded as queries with the index's model, prompt and output settings; a ``None`` or blank one (which
+        ``petal query`` skips) gets no hits, in its place. Or the model's float vectors ``[num_queries, model
+        dim]`` or ``[model dim]`` (``Embedder(model).encode(texts, query=True)``), which get the index's output
+        transform (``--dim``, normalisation, quantization); a NaN or infinite value is a ``UsageError``.
+        ``k``: an integer >= 1 (more than the index holds returns what there is).
         ``where``: only documents matching it, on kept columns (``"lang = 'en' AND year IN (2020, 2021)"``),
         applied inside the FAISS search.
         """
-        if k < 1:
-            raise UsageError(f"k {k} < 1")
-        if where is not None:
-            self.check_where(where)
-        if isinstance(queries, np.ndarray):
+        k = whole_number(k, "k", 1)
+        self._check_where(where)
+        if isinstance(queries, np.ndarray) and queries.dtype.kind not in "USO":
             return self._searched(lambda: self.reader.search(self._stored(queries), k, where=where))
-        texts = [queries] if isinstance(queries, str) else list(queries)
-        if not texts:
-            return []
+        texts = query_texts(queries)
+        asked = [i for i, text in enumerate(texts) if skip_reason(text) is None]
+        if not texts or (not asked and not self.manifest.precomputed):  # an index without a model refuses texts
+            return [[] for _ in texts]
         service = self.query_model()
-        return self._searched(lambda: service.search(texts, k, where=where))
+        found = self._searched(lambda: service.search([valid_text(_decoded(texts[i]))[0] for i in asked], k,
+                                                      where=where))
+        hits: list[list[Hit]] = [[] for _ in texts]
+        for i, answer in zip(asked, found):
+            hits[i] = answer
+        return hits
 
     def search_stored(self, vectors: np.ndarray, k: int = 10, where: str | None = None) -> list[list[Hit]]:
         """Search by vectors as the index stores them (``[num_queries, dim]`` or ``[dim]``, after ``--dim`` and
         normalisation; an index built with ``--vectors-column``: vectors like that column's). No model."""
-        if k < 1:
-            raise UsageError(f"k {k} < 1")
+        k = whole_number(k, "k", 1)
+        vectors = _array(vectors)
         rows = vectors[None, :] if vectors.ndim == 1 else vectors
         if rows.ndim != 2 or rows.shape[1] != self.reader.dim or rows.dtype.kind != "f":
             raise UsageError(f"query vectors of shape {vectors.shape} and type {vectors.dtype}: this index holds "
                              f"[num_queries, {self.reader.dim}] float vectors")
-        if where is not None:
-            self.check_where(where)
-        return self._searched(lambda: self.reader.search(np.asarray(rows, dtype=np.float32), k, where=where))
+        self._check_where(where)
+        with np.errstate(over="ignore"):
+            stored = _finite(np.asarray(rows, dtype=np.float32))
+        return self._searched(lambda: self.reader.search(stored, k, where=where))
+
+    def _check_where(self, where: Any) -> None:
+        if where is None:
+            return
+        if not isinstance(where, str):
+            raise UsageError(f"where {where!r} is {kind_of(where)}, not a filter expression (a str)")
+        self.check_where(where)
 
     @staticmethod
     def _searched(work: Any) -> list[list[Hit]]:
@@ -133,8 +150,29 @@ class Index:
         return result
 
     def texts(self, hits: list[Hit]) -> list[str | None]:
-        """Each hit's text, read back from its shard (``None`` when the shard or row is gone)."""
-        return self.reader.texts(hits, self.manifest.columns.text_column)
+        """Each hit's text, read back from its shard (``None`` when the shard or row is gone).
+
+        ``hits``: hits of this index's searches (one query's list, or any of them); a hit from another index
+        (or a version whose ids differ) is a ``UsageError``, never another document's text."""
+        self._check_hits(hits)
+        return self.reader.texts(list(hits), self.manifest.columns.text_column)
+
+    def _check_hits(self, hits: Any) -> None:
+        """Every hit a ``Hit`` of this version: its FAISS id maps to the same id, shard and row here."""
+        if isinstance(hits, Hit) or not isinstance(hits, (list, tuple)):
+            raise UsageError(f"hits: a list of Hit (one query's, search(...)[0]), not {kind_of(hits)}")
+        bad = next((i for i, hit in enumerate(hits) if not isinstance(hit, Hit)), None)
+        if bad is not None:
+            raise UsageError(f"hits[{bad}] is {kind_of(hits[bad])}, not a Hit (search() returns one list of hits per "
+                             "query: pass one of them, search(...)[0])")
+        outside = next((hit for hit in hits if not 0 <= hit.faiss_id < self.reader.ntotal), None)
+        if outside is None and hits:
+            ids, shards, rows = self.reader.id_map.lookup(np.array([hit.faiss_id for hit in hits], dtype=np.int64))
+            outside = next((hit for hit, *here in zip(hits, ids, shards, rows)
+                            if tuple(here) != (hit.id, hit.shard, hit.row)), None)
+        if outside is not None:
+            raise UsageError(f"hit {outside.id!r} (FAISS id {outside.faiss_id}) is not a hit of this index "
+                             f"({self.path}): pass each index its own hits")
 
     def _stored(self, vectors: np.ndarray) -> np.ndarray:
         rows = vectors[None, :] if vectors.ndim == 1 else vectors
@@ -143,4 +181,48 @@ class Index:
         if rows.ndim != 2 or rows.shape[1] != width or rows.dtype.kind != "f":
             raise UsageError(f"query vectors of shape {vectors.shape} and type {vectors.dtype}: this index takes "
                              f"the model's float vectors, [num_queries, {width}]")
-        return transform.stored(rows) if transform is not None else np.asarray(rows, dtype=np.float32)
+        with np.errstate(over="ignore"):  # float64 beyond float32's range: inf, refused by _finite
+            rows = _finite(np.asarray(rows, dtype=np.float32))
+        return transform.stored(rows) if transform is not None else rows
+
+
+def query_texts(queries: Any) -> list[Any]:
+    """``Index.search``'s texts: one text (str or UTF-8 bytes), or an iterable or numpy array of them; ``None``
+    and blank ones are kept here (skipped by the caller); anything else is a ``UsageError`` naming it."""
+    if isinstance(queries, (str, bytes)):
+        return [queries]
+    if isinstance(queries, np.ndarray):
+        items: list[Any] = [queries.item()] if queries.ndim == 0 else queries.tolist()
+    else:
+        try:
+            items = list(queries)
+        except TypeError:
+            raise UsageError(f"queries: {kind_of(queries)} is neither texts (a str or a list of them) nor vectors "
+                             "(a numpy array [num_queries, dim])") from None
+    bad = next((i for i, text in enumerate(items) if text is not None and not isinstance(text, (str, bytes))), None)
+    if bad is not None:
+        raise UsageError(f"queries[{bad}] is {kind_of(items[bad])}, not a str (vectors go as one numpy float array "
+                         "[num_queries, dim])")
+    return items
+
+
+def _decoded(text: str | bytes) -> str:
+    return text.decode("utf-8") if isinstance(text, bytes) else text
+
+
+def _array(vectors: Any) -> np.ndarray:
+    if isinstance(vectors, np.ndarray):
+        return vectors
+    try:
+        return np.asarray(vectors)
+    except ValueError as exc:  # ragged lists
+        raise UsageError(f"query vectors: not an array of [num_queries, dim] floats ({exc})") from None
+
+
+def _finite(rows: np.ndarray) -> np.ndarray:
+    """``rows`` (float32) when every value is finite; a NaN or infinite one (or one float32 cannot hold) is a
+    ``UsageError`` naming the query: FAISS would answer it with no hits or arbitrary ones."""
+    finite = np.isfinite(rows).all(axis=1)
+    if not finite.all():
+        raise UsageError(f"query vector {int(np.argmin(finite))} holds NaN or infinite values (as float32)")
+    return rows

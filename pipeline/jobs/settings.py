@@ -8,6 +8,7 @@ dataclass refuses is a ``UsageError`` (exit 2, also a ``ValueError``).
 
 from __future__ import annotations
 
+import operator
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import fields
@@ -59,6 +60,67 @@ def build(make: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         raise error from exc
 
 
+def whole_number(value: Any, name: str, minimum: int | None = None) -> int:
+    """An integer argument (an ``int`` or a numpy integer; never a bool, float or str): ``UsageError`` naming
+    ``name`` otherwise, or when below ``minimum``."""
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+        raise UsageError(f"{name} {value!r} is {kind_of(value)}, not an integer")
+    number = operator.index(value)
+    if minimum is not None and number < minimum:
+        raise UsageError(f"{name} {number} < {minimum}")
+    return number
+
+
+def kind_of(value: Any) -> str:
+    name = type(value).__name__
+    return f"{'an' if name[:1] in 'aeiou' else 'a'} {name}"
+
+
+def typed(cls: type, values: dict[str, Any], caller: str) -> dict[str, Any]:
+    """``values`` for ``cls``'s fields, each of the plain type its field declares (``int``, ``float``, ``bool``,
+    ``str``, or one of them or ``None``): the CLI's flags arrive typed, a keyword may not (``dim="16"``,
+    ``dim=16.5``, ``wait="no"``): ``UsageError`` naming it, not a ``TypeError`` from a comparison deep inside
+    (or a float taken as a count). A numpy integer becomes an ``int``; other field types are checked where built."""
+    hints = _hints(cls)
+    checked = dict(values)
+    for name, value in values.items():
+        allowed = _plain_types(hints.get(name))
+        if allowed is None or (value is None and type(None) in allowed):
+            continue
+        if int in allowed and not isinstance(value, bool) and hasattr(type(value), "__index__"):
+            checked[name] = operator.index(value)
+        elif float in allowed and isinstance(value, (int, float)) and not isinstance(value, bool):
+            checked[name] = value
+        elif not any(isinstance(value, t) and (t is not int or not isinstance(value, bool)) for t in allowed):
+            spelled = " or ".join("None" if t is type(None) else t.__name__ for t in allowed)
+            keyword = next((key for key, field_name in ALIASES.items() if field_name == name), name)
+            raise UsageError(f"{caller}: {keyword}={value!r} is {kind_of(value)}, not {spelled}")
+    return checked
+
+
+_PLAIN = (int, float, bool, str, type(None))
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    import typing
+
+    try:
+        return typing.get_type_hints(cls)
+    except (NameError, TypeError):  # an annotation that does not resolve: nothing checked here
+        return {}
+
+
+def _plain_types(hint: Any) -> tuple[type, ...] | None:
+    """The types of a field declared ``int``, ``str | None``, ... (``None``: another kind of field, unchecked)."""
+    import types
+    import typing
+
+    options = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    if not options or not all(option in _PLAIN for option in options):
+        return None
+    return tuple(options)
+
+
 def model_options(**settings: Any) -> ModelOptions:
     """``ModelOptions`` from ``pooling``, ``attention_mask``, ``query_prompt``, ``allow_pickle_weights``."""
     return build(ModelOptions, **settings)
@@ -80,6 +142,8 @@ def _convert(name: str, value: Any) -> Any:
         return build(parse_keep_columns, value)  # "lang,url"; a list or tuple of names is taken as it is
     if name == "keep_columns":
         return tuple(value)
+    if name == "model" and isinstance(value, os.PathLike):
+        return os.fspath(value)  # a model directory as a Path
     if name in ("json_report", "out", "delete") and value is not None:
         return Path(value)
     return value
@@ -89,7 +153,21 @@ def sources_tuple(sources: str | os.PathLike[str] | Iterable[str | os.PathLike[s
     """One source or many: Parquet files, directories or globs."""
     if isinstance(sources, (str, os.PathLike)):
         return (os.fspath(sources),)
-    return tuple(os.fspath(s) for s in sources)
+    try:
+        given = list(sources)
+    except TypeError:
+        raise UsageError(f"sources: {kind_of(sources)} is not a path, a glob or a list of them") from None
+    bad = next((s for s in given if not isinstance(s, (str, os.PathLike))), None)
+    if bad is not None:
+        raise UsageError(f"sources: {bad!r} is {kind_of(bad)}, not a path or a glob")
+    return tuple(os.fspath(s) for s in given)
+
+
+def out_path(out: Any, name: str = "out") -> Path:
+    """The output directory argument as a ``Path`` (``UsageError`` naming ``name`` when it is not a path)."""
+    if not isinstance(out, (str, os.PathLike)):
+        raise UsageError(f"{name}: {out!r} is {kind_of(out)}, not a path")
+    return Path(out)
 
 
 def index_job(sources: str | os.PathLike[str] | Iterable[str | os.PathLike[str]], out: str | os.PathLike[str],
@@ -122,7 +200,9 @@ def index_job(sources: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
     if set(nested["scale"]) == {"range_rows"}:
         raise UsageError("--range-rows cuts large shards for worker processes or Ray actors: it goes with "
                          "--devices, --workers or --ray")
+    direct = typed(IndexJob, direct, caller)
     for section, values in nested.items():
+        values = typed(SECTIONS[section], values, caller)
         if section == "scale" and not values:
             continue
         if values and section in direct:
@@ -130,7 +210,7 @@ def index_job(sources: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
         if section not in direct:
             direct[section] = build(SECTIONS[section], **values)
     direct.setdefault("model", None)  # the packaged default
-    job = build(IndexJob, sources=sources_tuple(sources), out=Path(out), **direct)
+    job = build(IndexJob, sources=sources_tuple(sources), out=out_path(out), **direct)
     check_factory(job)
     return job
 
@@ -163,4 +243,4 @@ def index_settings(caller: str = "petal.rebuild()", **settings: Any) -> IndexSet
         if name not in known:
             raise TypeError(f"{caller} got an unexpected keyword argument {key!r}")
         values[name] = _convert(name, value)
-    return build(IndexSettings, **values)
+    return build(IndexSettings, **typed(IndexSettings, values, caller))
