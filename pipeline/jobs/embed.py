@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -34,6 +36,22 @@ if TYPE_CHECKING:
 # 11-16 ms on 1; at 128 tokens idle: 29 ms on 2, 44 ms on 1).
 SMALL_STEP_TOKENS = 64
 
+# NOTE: an engine is not reentrant: its CUDA graphs replay from one set of static input buffers and write into
+# one ring of result slots, and a CPU step sets torch's process-wide thread count. Two threads stepping one
+# engine at once (a web app sharing an Embedder or an Index) would mix each other's inputs and rows, silently.
+# Every step of this module runs under the engine's lock; petal serve steps its engine from one thread only.
+_ENGINE_LOCKS: weakref.WeakKeyDictionary[Any, threading.Lock] = weakref.WeakKeyDictionary()
+_LOCKS_LOCK = threading.Lock()
+
+
+def engine_lock(engine: Engine) -> threading.Lock:
+    """The lock that one caller at a time holds to step ``engine`` (made at first use)."""
+    with _LOCKS_LOCK:
+        lock = _ENGINE_LOCKS.get(engine)
+        if lock is None:
+            lock = _ENGINE_LOCKS[engine] = threading.Lock()
+        return lock
+
 
 def encode_texts(engine: Engine, tokenizer: TextTokenizer, texts: list[str],
                  batch_tokens: int | None = None) -> tuple[np.ndarray, int]:
@@ -55,18 +73,20 @@ def encode_texts(engine: Engine, tokenizer: TextTokenizer, texts: list[str],
 
 def embed_token_ids(engine: Engine, token_ids: list[np.ndarray], batch_tokens: int | None = None) -> np.ndarray:
     """``[len(token_ids), dim]`` float32 in input order: packed batches of up to ``batch_tokens`` tokens (default:
-    the engine's token budget), ``steps_in_flight`` steps queued while the host packs the next."""
+    the engine's token budget), ``steps_in_flight`` steps queued while the host packs the next. Safe to call from
+    several threads: they take turns on the engine (``engine_lock``)."""
     config = PackConfig(batch_tokens or engine.config.token_budget, engine.config.max_seqs)
     out = np.empty((len(token_ids), engine.dim), dtype=np.float32)
     in_flight: deque[tuple[list[int], LazyTensor]] = deque()
-    for batch in pack(enumerate(token_ids), config):
-        with _step_threads(engine, batch.num_tokens):
-            in_flight.append((list(batch.keys), engine.step(batch)))
-        while len(in_flight) > engine.config.steps_in_flight:
-            keys, lazy = in_flight.popleft()
+    with engine_lock(engine):  # one caller's steps at a time, every result read before the next caller's
+        for batch in pack(enumerate(token_ids), config):
+            with _step_threads(engine, batch.num_tokens):
+                in_flight.append((list(batch.keys), engine.step(batch)))
+            while len(in_flight) > engine.config.steps_in_flight:
+                keys, lazy = in_flight.popleft()
+                out[keys] = lazy.result()
+        for keys, lazy in in_flight:
             out[keys] = lazy.result()
-    for keys, lazy in in_flight:
-        out[keys] = lazy.result()
     return out
 
 

@@ -7,6 +7,7 @@ by text, so searching by vectors needs no model at all.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -39,6 +40,7 @@ class Index:
                                                 "attention": attention, "query_prompt": query_prompt,
                                                 "allow_pickle_weights": allow_pickle_weights}
         self._service: QueryService | None = None
+        self._service_lock = threading.Lock()  # NOTE: threads searching at once load the model once
 
     @property
     def path(self) -> Path:
@@ -81,14 +83,15 @@ class Index:
         if self.manifest.precomputed:
             raise UsageError(f"{self.path} was built from precomputed vectors (--vectors-column): query it by "
                              "vectors (petal query --vector-file Q.npy, Index.search_stored)")
-        if self._service is None:
-            from petal.pipeline.jobs.query import QueryService
+        with self._service_lock:
+            if self._service is None:
+                from petal.pipeline.jobs.query import QueryService
 
-            try:
-                self._service = QueryService(self.path, reader=self.reader, **self._model_settings)
-            except ValueError as exc:  # --device cuda without CUDA, an unknown dtype, a model's own error
-                raise petal_error(exc) from exc
-        return self._service
+                try:
+                    self._service = QueryService(self.path, reader=self.reader, **self._model_settings)
+                except ValueError as exc:  # --device cuda without CUDA, an unknown dtype, a model's own error
+                    raise petal_error(exc) from exc
+            return self._service
 
     def search(self, queries: str | Iterable[str] | np.ndarray, k: int = 10,
                where: str | None = None) -> list[list[Hit]]:
