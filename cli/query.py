@@ -13,7 +13,7 @@ import click
 from petal.cli.common import device_options, startup_done, usage, user_errors
 from petal.cli.options import loading_options
 from petal.pipeline.index.bounds import MAX_K, MAX_NPROBE, MAX_RESCORE
-from petal.pipeline.reliability.errors import one_line
+from petal.pipeline.reliability.errors import one_line, quote_path
 
 if TYPE_CHECKING:
     from petal.pipeline.jobs.searcher import Index
@@ -69,7 +69,7 @@ def query(index_path: Path, texts: tuple[str, ...], k: int, from_stdin: bool, as
         click.echo(f"petal query: note: {index.reader.open_check.note}", err=True)
     if vectors is not None:
         startup_done()  # the index is open: what follows collects garbage as usual
-        _by_vectors(index, vectors, str(vector_file), k, as_json, show_text, where)
+        _by_vectors(index, vectors, quote_path(vector_file), k, as_json, show_text, where)
         return
     if where:
         index.check_where(where)  # an unknown column: exit 2, before the model loads
@@ -167,21 +167,36 @@ def _warn_missing(index: Index) -> None:
 
 
 def read_vector_file(path: Path) -> Any:
-    """``--vector-file``: a ``.npy`` of ``[n, dim]`` or ``[dim]`` float vectors (``ValueError`` otherwise)."""
+    """``--vector-file``: a ``.npy`` of ``[n, dim]`` or ``[dim]`` real vectors (integers or floats), as float32
+    (``ValueError`` naming the file otherwise: a ``.npz`` archive, complex or boolean values, NaN, infinity or a
+    value beyond float32's range)."""
     import numpy as np
 
     try:
         vectors = np.load(path, allow_pickle=False)
     except (OSError, ValueError) as exc:
-        raise ValueError(f"--vector-file {path}: not a readable .npy file ({exc})") from exc
+        raise ValueError(f"--vector-file {quote_path(path)}: not a readable .npy file ({exc})") from exc
+    if not isinstance(vectors, np.ndarray):  # NOTE: np.load opens a .npz (a zip of arrays) as an NpzFile
+        vectors.close()
+        raise ValueError(f"--vector-file {quote_path(path)}: a .npz archive, not one .npy array (np.save one "
+                         "array of shape [n, dim])")
     if vectors.ndim == 1:
         vectors = vectors[None, :]
-    if vectors.ndim != 2 or not np.issubdtype(vectors.dtype, np.number):
-        raise ValueError(f"--vector-file {path}: expected numbers of shape [n, dim] or [dim], got {vectors.shape} "
-                         f"{vectors.dtype}")
-    if not np.isfinite(vectors).all():
-        raise ValueError(f"--vector-file {path}: holds NaN or infinite values")
-    return vectors.astype(np.float32)
+    if vectors.ndim == 2 and vectors.shape[0] == 0:
+        from petal.pipeline.reliability.errors import NoInputError
+
+        # NOTE: the rule of petal embed: an input given that holds nothing is no input (66), not a usage error
+        raise NoInputError(f"--vector-file {quote_path(path)} holds no vectors (shape {vectors.shape})")
+    if vectors.ndim != 2 or vectors.dtype.kind not in "iuf":
+        raise ValueError(f"--vector-file {quote_path(path)}: expected real numbers (integers or floats) of shape "
+                         f"[n, dim] or [dim], got {vectors.shape} {vectors.dtype}")
+    with np.errstate(over="ignore"):  # float64 beyond float32's range becomes inf, refused below
+        as_float32 = vectors.astype(np.float32)
+    bad = np.flatnonzero(~np.isfinite(as_float32).all(axis=1))
+    if len(bad):
+        raise ValueError(f"--vector-file {quote_path(path)}: row {bad[0]} holds NaN, infinite values or values "
+                         "beyond float32's range")
+    return as_float32
 
 
 def _by_vectors(index: Index, vectors: Any, vector_file: str, k: int, as_json: bool, show_text: bool,

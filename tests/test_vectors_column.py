@@ -90,3 +90,33 @@ def test_vectors_column_errors(tmp_path):
     result = CliRunner().invoke(cli, ["index", str(tmp_path / "a.parquet"), "--out", str(out),
                                       "--vectors-column", "emb", "--dim", "8", "-q"])
     assert result.exit_code == 2 and "--dim" in result.stderr
+
+
+def test_vector_file_that_cannot_be_taken_as_real_vectors_is_refused_naming_it(tmp_path):
+    """A .npz archive (was: a traceback), complex values (was: the imaginary part dropped with a NumPy warning),
+    float64 values beyond float32's range (was: refused without naming the file), no rows (was: exit 0, nothing
+    said); integers, float16 and float64 are read as float32."""
+    a = vectors(20, 5)
+    write(tmp_path / "a.parquet", "a", list(a))
+    out = tmp_path / "out"
+    assert index(tmp_path / "a.parquet", "--out", out, "--vectors-column", "emb")[0] == 0
+
+    def ask(name: str, value: object, save=np.save) -> tuple[int, str]:
+        save(tmp_path / name, value)
+        result = CliRunner().invoke(cli, ["query", str(out), "--vector-file", str(tmp_path / name), "-k", "1",
+                                          "--json"])
+        assert result.exception is None or isinstance(result.exception, SystemExit), result.output
+        return result.exit_code, result.stderr
+
+    for name, value, code, said in [
+        ("q.npz", {"q": a[:1]}, 2, "a .npz archive"),
+        ("complex.npy", a[:1].astype(np.complex64), 2, "complex64"),
+        ("big.npy", np.full((2, DIM), 1e39), 2, "row 0 holds NaN, infinite values or values beyond float32"),
+        ("nan.npy", np.vstack([a[:1], np.full((1, DIM), np.nan)]), 2, "row 1 holds NaN"),
+        ("empty.npy", np.zeros((0, DIM), dtype=np.float32), 66, "holds no vectors"),
+    ]:
+        rc, stderr = ask(name, value, (lambda p, v: np.savez(p, **v)) if name.endswith(".npz") else np.save)
+        assert rc == code and f"--vector-file {tmp_path / name}" in stderr and said in stderr, (name, stderr)
+    for name, value in [("int.npy", np.round(a[3:4] * 10).astype(np.int64)), ("half.npy", a[3].astype(np.float16)),
+                        ("double.npy", a[3:4].astype(np.float64))]:
+        assert ask(name, value)[0] == 0, name
