@@ -110,6 +110,10 @@ def query(index_path: Path, texts: tuple[str, ...], k: int, from_stdin: bool, as
     if replaced:
         click.echo(f"petal query: {replaced} quer{'y' if replaced == 1 else 'ies'} held bytes that are not UTF-8, "
                    "read as U+FFFD", err=True)
+    truncated, max_tokens = index.query_model().model.num_truncated, index.query_model().model.max_tokens
+    if truncated:  # the rule of petal index and petal embed: a truncated text is counted and said
+        click.echo(f"petal query: {truncated} quer{'y' if truncated == 1 else 'ies'} longer than {max_tokens} tokens, "
+                   "truncated", err=True)
 
 
 def _answer(index: Index, queries: list[str], k: int, as_json: bool, show_text: bool, where: str | None = None,

@@ -69,6 +69,19 @@ def test_query_stdin_answers_each_line(built_index):
     assert len(result.stdout.splitlines()) == 2
 
 
+def test_query_longer_than_the_model_limit_is_answered_and_counted(built_index):
+    """The rule of petal index and petal embed: a truncated text is counted and said (was: truncated silently)."""
+    out, _, _ = built_index
+    long_query = "glaciers carve valleys " * 20_000
+    result = CliRunner().invoke(cli, ["query", str(out), "--stdin", "--json", "-k", "1"],
+                                input=f"{long_query}\nvolcano\n")
+    assert result.exit_code == 0, result.output
+    assert [json.loads(x)["query"] for x in result.stdout.splitlines()] == [long_query, "volcano"]
+    assert "1 query longer than 256 tokens, truncated" in result.stderr
+    short = CliRunner().invoke(cli, ["query", str(out), "volcano", "-k", "1"])
+    assert short.exit_code == 0 and "truncated" not in short.stderr
+
+
 def test_query_k_larger_than_index(built_index):
     out, _, _ = built_index
     result = CliRunner().invoke(cli, ["query", str(out), "anything", "-k", "5000", "--json"])

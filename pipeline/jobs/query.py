@@ -91,6 +91,7 @@ class QueryModel:
         self.tokenizers: dict[str, TextTokenizer] = {"query": tokenizer_for(spec, "query"),
                                                      "document": tokenizer_for(spec, "document")}
         self.max_tokens = min(max_tokens or spec.pooling.max_length, spec.pooling.max_length)
+        self.num_truncated = 0  # texts ``embed`` cut at ``max_tokens`` (petal query says how many)
         if self.max_tokens < spec.pooling.max_length:  # a tighter limit (petal serve --max-tokens-per-text)
             self.tokenizers = {side: TextTokenizer(spec.tokenizer_file, self.max_tokens, prompt=t.prompt,
                                                    eos_token_id=spec.eos_token_id)
@@ -106,7 +107,8 @@ class QueryModel:
 
     def embed(self, texts: list[str], side: Side = "query") -> np.ndarray:
         """``[len(texts), model_dim]`` float32 model vectors, in order (one caller thread at a time)."""
-        vectors, _ = encode_texts(self.engine, self.tokenizers[side], texts)
+        vectors, truncated = encode_texts(self.engine, self.tokenizers[side], texts)
+        self.num_truncated += truncated
         return vectors
 
 
