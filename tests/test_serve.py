@@ -449,6 +449,30 @@ def test_a_version_of_another_model_or_transform_is_refused(served):
         assert "refused" not in _wait_ready(server, lambda r: "refused" not in r)
 
 
+def test_a_version_indexed_with_another_model_of_another_dim_is_refused_as_model(served, tmp_path, minilm_spec,
+                                                                                 tiny_bert_dir):
+    """`petal index --model OTHER --full` into OUT (64 dims, the server's model 384): refused for its model, once,
+    and not tried again (an "open" error would be retried every minute and named as a broken version)."""
+    from petal.pipeline.jobs.query import SearchIndex
+    from petal.pipeline.serve.follower import IndexFollower
+    from petal.pipeline.serve.metrics import ServeMetrics
+
+    _, out, data = served
+    copy = tmp_path / "out"
+    shutil.copytree(out, copy, ignore=shutil.ignore_patterns("store", ".lock"))
+    live = (copy / "CURRENT").read_text().strip()
+    metrics = ServeMetrics()
+    follower = IndexFollower(copy, minilm_spec, SearchIndex.open(copy, minilm_spec), metrics, retry_first_s=0.01)
+    cli_run("index", data, "--out", copy, "--model", tiny_bert_dir, "--full", "-q")
+    other = (copy / "CURRENT").read_text().strip()
+    assert follower.check_once() is False and follower.live.version == live
+    refused = follower.status()["refused"]
+    assert (refused["version"], refused["reason"]) == (other, "model") and "retry_in_s" not in refused, refused
+    assert f'petal_index_refused{{reason="model",version="{other}"}} 1.0' in metrics.render().decode()
+    time.sleep(0.05)
+    assert not follower.due()  # waits for CURRENT to change
+
+
 def test_reindex_while_clients_search(served):
     """A `petal index` run publishes a new version under load: no failure, each answer from one version."""
     server, out, data = served

@@ -37,7 +37,7 @@ from petal.engine.loader import ModelSpec
 from petal.pipeline.index.search import IndexReader
 from petal.pipeline.jobs.query import SearchIndex, model_mismatch
 from petal.pipeline.manifest import Manifest, ModelRecord, StoredFormat
-from petal.pipeline.reliability.errors import PetalError
+from petal.pipeline.reliability.errors import ConfigError, PetalError
 from petal.pipeline.reliability.safe_files import read_regular
 from petal.pipeline.serve.metrics import ServeMetrics
 
@@ -139,20 +139,21 @@ class IndexFollower:
                                             "(it should name a version)")
                 return False
             try:
-                candidate = SearchIndex.open(self.root, self.spec, nprobe=self.nprobe, rescore=self.rescore)
+                reader = IndexReader(self.root, nprobe=self.nprobe, rescore=self.rescore)
             except (PetalError, OSError, RuntimeError, KeyError, ValueError) as exc:
                 # NOTE: tried again, whatever the error: a version copied in by hand may still be arriving, a
                 # network filesystem may hiccup; opening costs the cheap checks only (O(1) in the index size)
                 self._refuse(pointer, "open", f"cannot open {pointer}: {exc}", retry=True)
                 return False
-            if candidate.version == self.live.version:  # CURRENT went back to the live version
+            if reader.manifest.version == self.live.version:  # CURRENT went back to the live version
                 self.refused = None
                 self.metrics.index_refused.clear()
                 return False
-            why = self._incompatible(candidate)
-            if why is not None:
-                self._refuse(candidate.version, *why)
+            candidate_or_why = self._compatible(reader)
+            if not isinstance(candidate_or_why, SearchIndex):
+                self._refuse(reader.manifest.version, *candidate_or_why)
                 return False
+            candidate = candidate_or_why
             if self.prepare is not None:
                 try:
                     self.prepare(candidate.reader)
@@ -170,11 +171,24 @@ class IndexFollower:
                      candidate.reader.ntotal, old)
             return True
 
+    def _compatible(self, reader: IndexReader) -> SearchIndex | tuple[str, str]:
+        """``reader`` as a ``SearchIndex`` for the served model, or why not: (reason, message), never retried.
+
+        NOTE: the model is compared before ``SearchIndex.from_reader`` checks the dims: a version of another
+        model of another dim (a re-index with --model) is a "model" refusal, not an "open" error tried again
+        every minute"""
+        version = reader.manifest.version
+        mismatch = model_mismatch(reader.manifest, self.spec)
+        if mismatch:
+            return "model", f"{version} was built with another model ({mismatch})"
+        try:
+            candidate = SearchIndex.from_reader(reader, self.spec)
+        except ConfigError as exc:  # the same model: its vectors went through another transform
+            return "output", f"{version} was built with another output transform ({exc})"
+        return self._incompatible(candidate) or candidate
+
     def _incompatible(self, candidate: SearchIndex) -> tuple[str, str] | None:
         manifest = candidate.reader.manifest
-        mismatch = model_mismatch(manifest, self.spec)
-        if mismatch:
-            return "model", f"{candidate.version} was built with another model ({mismatch})"
         if manifest.max_length != self.spec.pooling.max_length:
             return "max_length", (f"{candidate.version} was built with max length {manifest.max_length}, "
                                   f"the server embeds at {self.spec.pooling.max_length}")
