@@ -49,6 +49,8 @@ def embed(texts: tuple[str, ...], model: str | None, from_stdin: bool, input_pat
 
     if output is not None and output.suffix.lower() not in (".npy", ".jsonl"):
         raise click.UsageError(f"--output {quote_path(output)}: expected a .npy or .jsonl file")
+    if output is not None:
+        check_output(output)  # before the model loads and the texts are embedded, not after
     if calibration_index is not None and quantize != "int8":
         raise click.UsageError("--calibration goes with --quantize int8")
     items: list = list(texts)
@@ -121,3 +123,15 @@ def embed(texts: tuple[str, ...], model: str | None, from_stdin: bool, input_pat
             "binary": "sign bits"}[transform.quantize]
     click.echo(f"petal embed: {len(items)} texts -> {len(items) - len(skipped)} {transform.dim}-dim {kind}, "
                f"{describe_skips(skipped)}{note}", err=True)
+
+
+def check_output(output: Path) -> None:
+    """``--output`` can be created: not a directory, in a directory that exists (``OutputError``, exit 73, naming
+    it); a disk that fails while it is written is still exit 74 then."""
+    from petal.pipeline.reliability.errors import OutputError, quote_path
+
+    if output.is_dir():
+        raise OutputError(f"cannot create --output {quote_path(output)}: it is a directory")
+    parent = output.parent
+    if not parent.is_dir():
+        raise OutputError(f"cannot create --output {quote_path(output)}: {quote_path(parent)} is not a directory")

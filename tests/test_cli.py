@@ -158,6 +158,19 @@ def test_embed_of_an_empty_input_is_no_input_not_a_usage_error(tmp_path):
     assert result.exit_code == 2 and "give TEXT, --stdin or --input" in result.output, result.output
 
 
+def test_embed_output_that_cannot_be_created_is_73_before_the_model_loads(tmp_path):
+    """--output in a directory that is not there, or a directory itself: exit 73 naming it, before any model work
+    (was: 74 after every text was embedded)."""
+    runner = CliRunner()
+    (tmp_path / "d.npy").mkdir()
+    gone = "gone is not a directory"
+    for output, said in [(tmp_path / "gone" / "v.npy", gone), (tmp_path / "d.npy", "is a directory"),
+                         (tmp_path / "gone" / "v.jsonl", gone)]:
+        result = runner.invoke(cli, ["embed", "some text", "--output", str(output),
+                                     "--model", str(tmp_path / "no-model")])
+        assert result.exit_code == 73 and f"--output {output}" in result.stderr and said in result.stderr, result.output
+
+
 def test_exit_codes(tmp_path, shard_writer):
     runner = CliRunner()
     out = str(tmp_path / "o")
