@@ -519,6 +519,28 @@ def test_reindex_while_clients_search(served):
     assert 'petal_index_reloads_total{result="loaded"}' in server.client.get("/metrics").text
 
 
+def test_a_model_of_fewer_than_100_tokens_warms_up_and_serves(tmp_path):
+    """`petal serve --model` of a model whose vocabulary is smaller than the warm-up's token id (a tiny test
+    model: 68 tokens) starts (the warm-up once looked up token 100: IndexError, no server) and answers as
+    `petal embed --query` does."""
+    from tests.tiny_models import make_model
+
+    model = tmp_path / "tiny-bert"
+    make_model("bert", model)
+    assert json.loads((model / "config.json").read_text())["vocab_size"] < 100
+    server = Server(tmp_path / "server.log", "--model", model)
+    try:
+        texts = ["how do glaciers move", "bread dough rises"]
+        answer = server.client.post("/v1/embeddings", json={"input": texts})
+        assert answer.status_code == 200, answer.text
+        expected = [json.loads(line)["embedding"]
+                    for line in cli_run("embed", "--model", model, "--query", *texts).stdout.splitlines()]
+        np.testing.assert_allclose([d["embedding"] for d in answer.json()["data"]], expected, atol=2e-5)
+    finally:
+        server.stop()
+    assert server.proc.returncode == 0
+
+
 def test_embeddings_only_server_drains_on_sigterm(tmp_path):
     """`--model` alone: /search is 404; SIGTERM lets an in-flight request finish, then exits 0."""
     from petal.engine.loader import default_model_dir
