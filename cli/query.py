@@ -101,6 +101,7 @@ def query(index_path: Path, texts: tuple[str, ...], k: int, from_stdin: bool, as
                 line = raw.decode("utf-8", "replace")
                 replaced += 1
             if skip_reason(line) is None:
+                index = _followed(index, where)
                 _answer(index, [line], k, as_json, show_text, where)
                 sys.stdout.flush()
             else:
@@ -152,6 +153,24 @@ def _answer(index: Index, queries: list[str], k: int, as_json: bool, show_text: 
             why = f"no row matches --where {one_line(where)}" if where else \
                 "the index is empty" if index.reader.ntotal == 0 else "none found"
             click.echo(f"   (no hits: {why})")
+
+
+def _followed(index: Index, where: str | None) -> Index:
+    """A ``--stdin`` session moves on to each version published while it runs, as a new ``petal query`` would; one
+    that cannot be opened (or searched with ``--where``) is said on stderr, and the session keeps the version it
+    has."""
+    from petal.pipeline.reliability.errors import PetalError
+
+    try:
+        fresh = index.reopened(where)
+    except PetalError as exc:
+        click.echo(f"petal query: warning: a new version was published but cannot be searched ({one_line(str(exc))}); "
+                   f"still answering from {index.path.name}", err=True)
+        return index
+    if fresh is None:
+        return index
+    click.echo(f"petal query: note: answering from {fresh.path.name}, published during this session", err=True)
+    return fresh
 
 
 def _gone(index: Index, shard: str) -> bool:

@@ -145,3 +145,52 @@ def test_serve_search_returns_fields_stored_text_and_filters(corpus_index, tmp_p
         assert bad.status_code == 422 and "unknown column 'nope'" in bad.text
     finally:
         server.stop()
+
+
+def test_a_stdin_session_moves_on_to_each_version_published_while_it_runs(corpus_index, tiny_bert_dir):
+    """As a new petal query would, with the model it has loaded (was: the version open at the start, to the end,
+    nothing said); a version that cannot be opened is said and the session keeps the one it has."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    idx, work = corpus_index
+    session = subprocess.Popen([sys.executable, "-m", "petal.cli.main", "query", str(idx), "--stdin", "--json",
+                                "-k", "200"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, cwd=REPO)
+
+    def ids_found(query: str) -> set[str]:
+        session.stdin.write(query + "\n")
+        session.stdin.flush()
+        return {hit["id"] for hit in json.loads(session.stdout.readline())["hits"]}
+
+    try:
+        assert len(ids_found("topic 1")) == 80
+        pq.write_table(pa.table({"id": ["new-0", "new-1"], "text": ["a lighthouse", "a tide pool"],
+                                 "lang": ["en", "fr"], "year": [2030, 2031]}), work / "data" / "new.parquet")
+        publish = ["index", str(work / "data"), "--out", str(idx), "--model", str(tiny_bert_dir), "-q",
+                   "--keep-columns", "lang,year"]
+        published = CliRunner().invoke(cli, publish)
+        assert published.exit_code == 0, published.output
+        assert {"new-0", "new-1"} <= ids_found("topic 2")
+        live = (idx / "CURRENT").read_text()
+        (idx / "CURRENT").write_text("v999999-20990101T000000Z\n")  # names no version
+        assert len(ids_found("topic 3")) == 82  # answered from the version it has
+        (idx / "CURRENT").write_text(live)
+        assert len(ids_found("topic 4")) == 82
+    finally:
+        session.stdin.close()
+        stderr = session.stderr.read()
+        assert session.wait(timeout=60) == 0, stderr
+    assert stderr.count("published during this session") == 1, stderr
+    assert "a new version was published but cannot be searched" in stderr and "v999999" in stderr, stderr
+
+    import petal
+
+    index = petal.open_index(idx)
+    index.search("topic", 1)
+    assert CliRunner().invoke(cli, [*publish, "--full"]).exit_code == 0
+    fresh = index.reopened()
+    assert fresh is not None and fresh.path != index.path and fresh.reopened() is None
+    assert fresh._service is not None and fresh._service.model is index._service.model  # the warm model kept

@@ -14,7 +14,8 @@ through the same ``Engine.step`` and searches through ``SearchIndex.search``: on
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import copy
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal, cast
 
@@ -194,3 +195,17 @@ class QueryService:
 
     def search(self, texts: list[str], k: int, where: str | None = None) -> list[list[Hit]]:
         return self.index.search(self.model.embed(texts), k, where=where)
+
+    def on(self, reader: IndexReader) -> QueryService | None:
+        """This warm model searching ``reader``, another version of the index, when that version was built with the
+        same model, settings and query prompt (``None`` otherwise: the caller loads the model that version needs)."""
+        before, after = self.reader.manifest, reader.manifest
+        if not isinstance(before.model, ModelRecord) or not isinstance(after.model, ModelRecord):
+            return None
+        # NOTE: weights_stat is when the weights were last hashed, not what they are
+        if (replace(before.model, weights_stat=None) != replace(after.model, weights_stat=None)
+                or before.max_length != after.max_length):
+            return None
+        service = copy.copy(self)
+        service.index = SearchIndex.from_reader(reader, self.spec)
+        return service

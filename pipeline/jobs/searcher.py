@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from petal.pipeline.index.search import Hit, IndexReader
+from petal.pipeline.index.search import Hit, IndexReader, _pointer
 from petal.pipeline.ingest.text_rule import skip_reason, valid_text
 from petal.pipeline.jobs.settings import kind_of, petal_error, whole_number
 from petal.pipeline.manifest import Manifest
@@ -36,6 +36,8 @@ class Index:
         nprobe = None if nprobe is None else whole_number(nprobe, "nprobe", 1)
         rescore = None if rescore is None else whole_number(rescore, "rescore", 0)
         self.reader = IndexReader(Path(path), nprobe=nprobe, rescore=rescore)
+        self._root, self._nprobe, self._rescore = Path(path), nprobe, rescore
+        self._refused: str | None = None  # the version CURRENT named that ``reopened`` could not open
         self._model_settings: dict[str, Any] = {"model": model, "device": device, "dtype": dtype,
                                                 "attention": attention, "query_prompt": query_prompt,
                                                 "allow_pickle_weights": allow_pickle_weights}
@@ -92,6 +94,27 @@ class Index:
                 except ValueError as exc:  # --device cuda without CUDA, an unknown dtype, a model's own error
                     raise petal_error(exc) from exc
             return self._service
+
+    def reopened(self, where: str | None = None) -> Index | None:
+        """The index again, on the version ``CURRENT`` names now, when that is another one than the version open
+        (``None`` when it is the same, when ``path`` is a version directory or when that version was refused
+        before): same settings, its model loaded when this one's is (kept when the new version was built with the
+        same model and settings), ``where`` checked against its columns. A version that cannot be opened, or
+        searched so, raises as ``open_index``, ``query_model`` and ``check_where`` do, and is not tried again."""
+        pointer = _pointer(self._root)
+        if pointer is None or pointer.strip() in (self.reader.dir.name, self._refused):
+            return None
+        try:
+            fresh = Index(self._root, nprobe=self._nprobe, rescore=self._rescore, **self._model_settings)
+            if where is not None:
+                fresh.check_where(where)
+            if self._service is not None:
+                fresh._service = self._service.on(fresh.reader)
+                fresh.query_model()
+        except Exception:
+            self._refused = pointer.strip()
+            raise
+        return fresh
 
     def search(self, queries: str | Iterable[str] | np.ndarray, k: int = 10,
                where: str | None = None) -> list[list[Hit]]:
