@@ -251,3 +251,29 @@ def test_bad_tokenize_workers_setting_fails_before_any_work(tmp_path, value):
     assert result.exit_code == 2
     assert f"PETAL_TOKENIZE_WORKERS={value!r}" in result.output
     assert not out.exists()  # refused before the output directory was touched
+
+
+def test_embed_input_without_a_named_column_or_id_names_it(tmp_path):
+    """--input FILE.parquet without the --text-column / --id-column asked for: exit 65 naming the missing one and
+    the file's own columns (not pyarrow's internal fields); a .jsonl line without the --id-column key: 65 naming
+    the line, never a silent null id."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    runner = CliRunner()
+    shard = tmp_path / "docs.parquet"
+    pq.write_table(pa.table({"body": ["a text"], "key": [7]}), shard)
+    result = runner.invoke(cli, ["embed", "--input", str(shard), "--text-column", "body", "--id-column", "doc_id"])
+    assert result.exit_code == 65, result.output
+    assert "no column 'doc_id' (--id-column); it has 'body', 'key'" in result.stderr
+    assert "__fragment" not in result.stderr and "'body' (--text-column)" not in result.stderr
+    result = runner.invoke(cli, ["embed", "--input", str(shard)])
+    assert result.exit_code == 65 and "no column 'text' (--text-column)" in result.stderr, result.output
+    lines = tmp_path / "in.jsonl"
+    lines.write_text('{"text": "first", "key": 1}\n\n{"text": "second"}\n')
+    result = runner.invoke(cli, ["embed", "--input", str(lines), "--id-column", "key"])
+    assert result.exit_code == 65 and "in.jsonl:3: no 'key' field (--id-column)" in result.stderr, result.output
+    lines.write_text('{"text": "first", "key": 1}\n{"text": "second", "key": null}\n')
+    result = runner.invoke(cli, ["embed", "--input", str(lines), "--id-column", "key"])
+    assert result.exit_code == 0, result.output
+    assert [json.loads(line)["id"] for line in result.stdout.splitlines()] == [1, None]  # a null given is kept

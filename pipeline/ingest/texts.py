@@ -38,6 +38,15 @@ def _parquet_texts(path: Path, text_column: str, id_column: str | None) -> tuple
 
     columns = [text_column] + ([id_column] if id_column else [])
     try:
+        names = pq.read_schema(path).names
+    except (OSError, pa.ArrowException) as exc:
+        raise BadInputError(f"{quote_path(path)}: not a readable Parquet file: {exc}") from exc
+    missing = [name for name in columns if name not in names]
+    if missing:
+        flags = {text_column: "--text-column", id_column: "--id-column"}
+        said = ", ".join(f"{name!r} ({flags[name]})" for name in missing)
+        raise BadInputError(f"{quote_path(path)}: no column {said}; it has {', '.join(map(repr, names))}")
+    try:
         table = pq.read_table(path, columns=columns, page_checksum_verification=True)
     except (OSError, pa.ArrowException, KeyError) as exc:
         names = ", ".join(map(repr, columns))
@@ -63,6 +72,8 @@ def _jsonl_texts(path: Path, id_column: str | None) -> tuple[list[Any], list[Any
             raise BadInputError(f"{quote_path(path)}:{lineno}: expected a JSON object with a \"text\" field") from exc
         if value is not None and not isinstance(value, str):
             raise BadInputError(f"{quote_path(path)}:{lineno}: \"text\" is not a string")
+        if id_column and id_column not in record:  # NOTE: never a silent null id: that row's output would lose it
+            raise BadInputError(f"{quote_path(path)}:{lineno}: no {id_column!r} field (--id-column)")
         texts.append(value)
-        ids.append(record.get(id_column) if id_column else None)
+        ids.append(record[id_column] if id_column else None)
     return texts, ids if id_column else None
