@@ -545,6 +545,42 @@ def test_gpu_copy_through_the_search_batcher_answers_like_faiss(vectors_index, d
             assert all(h.fields["topic"] == "t1" for hs in got for h in hs)
 
 
+@pytest.mark.parametrize("nprobe", [1, 2, 16])
+def test_a_filtered_request_probes_its_own_nprobe(vectors_index, nprobe):
+    """`where` with `nprobe` on an IVF: the request's nprobe, as `petal query --where --nprobe` (an IndexReader
+    opened with that nprobe) answers; the filtered search once passed FAISS the tuned nprobe instead."""
+    from petal.pipeline.index.search import IndexReader
+    from petal.pipeline.jobs.query import SearchIndex
+    from petal.pipeline.serve.search_batcher import SearchBatcher
+    from petal.pipeline.serve.searching import SharedExclusiveLock
+
+    out, data = vectors_index
+    reader = IndexReader(out)
+    tuned = reader.search_params["nprobe"]
+    index = SearchIndex(reader, None)  # type: ignore[arg-type]  # stored vectors: no model transform
+    queries = data[:4]
+    where = "topic = 't1'"
+    batcher = SearchBatcher(SharedExclusiveLock())
+
+    async def scenario():
+        tasks = [batcher.search(index, queries, False, 200, where=where, nprobe=nprobe),
+                 batcher.search(index, queries, False, 200, where=where)]  # the tuned nprobe, queued together
+        batcher.start()
+        return await asyncio.gather(*tasks)
+
+    try:
+        got, default = asyncio.run(scenario())
+    finally:
+        batcher.close()
+    want = IndexReader(out, nprobe=nprobe).search(queries, 200, where=where)
+    assert _hits(got) == _hits(want)
+    assert _hits(default) == _hits(reader.search(queries, 200, where=where))
+    assert all(h.fields["topic"] == "t1" for hs in got for h in hs)
+    assert reader.search_params["nprobe"] == tuned  # restored
+    if nprobe != tuned:  # a meaningful check: another nprobe, other hits
+        assert [len(hs) for hs in got] != [len(hs) for hs in default]
+
+
 def test_lists_of_a_lossy_quantizer_fall_back_to_the_exhaustive_copy(vectors_index, caplog):
     """An IVF whose coarse quantizer is neither flat nor HNSW (LSH: lossy centroids, Hamming search) gets
     the exhaustive GPU copy, said in the log, and still answers like FAISS (every list probed)."""

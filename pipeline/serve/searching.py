@@ -81,14 +81,19 @@ def search_params(reader: IndexReader, nprobe: int | None, rescore: int | None) 
     if nprobe is None or load_faiss().try_extract_index_ivf(index) is None:
         yield
         return
-    params = {**reader.search_params, "nprobe": nprobe}
+    tuned = reader.search_params
+    params = {**tuned, "nprobe": nprobe}
     if "quantizer_efSearch" in params:
         params["quantizer_efSearch"] = max(params["quantizer_efSearch"], 2 * nprobe)
     apply_params(index, params)
+    # NOTE: the reader's own record too: a filtered search (`where`) passes FAISS parameters of its own, built
+    # from reader.search_params, which would otherwise probe the tuned nprobe, not the request's
+    reader.search_params = params
     try:
         yield
     finally:
-        apply_params(index, reader.search_params)
+        reader.search_params = tuned
+        apply_params(index, tuned)
 
 
 def overrides(reader: IndexReader, nprobe: int | None, rescore: int | None) -> bool:
