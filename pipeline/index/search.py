@@ -75,10 +75,13 @@ def ignored_overrides(manifest: Manifest, nprobe: int | None, rescore: int | Non
     return notes
 
 
-def _pointer(path: Path) -> str | None:
-    """What ``path/CURRENT`` says now (``None`` for a version directory or no pointer)."""
+def current_pointer(path: Path) -> str | None:
+    """The version name ``path/CURRENT`` holds now (``None`` for a version directory, no pointer or an empty one).
+
+    NOTE: never through a symlink out of ``path``, never from a FIFO (it would block the reader for good), at most
+    256 bytes."""
     try:
-        return read_regular(Path(path) / "CURRENT", Path(path), 256).decode("utf-8", "replace")
+        return read_regular(Path(path) / "CURRENT", Path(path), 256).decode("utf-8", "replace").strip() or None
     except (OSError, PetalError):
         return None
 
@@ -93,7 +96,7 @@ class IndexReader:
 
     def __init__(self, path: Path, nprobe: int | None = None, rescore: int | None = None) -> None:
         for attempt in range(1, OPEN_ATTEMPTS + 1):
-            pointer = _pointer(path)
+            pointer = current_pointer(path)
             try:
                 self.dir, self.manifest = resolve_index_dir(path)
                 self._open(nprobe, rescore)
@@ -101,7 +104,7 @@ class IndexReader:
             except (OSError, RuntimeError, PetalError):
                 # NOTE: a writer can publish a new version and prune this one between our reading CURRENT
                 # and opening its files; CURRENT then names another, complete version: open that one.
-                if attempt == OPEN_ATTEMPTS or _pointer(path) == pointer:
+                if attempt == OPEN_ATTEMPTS or current_pointer(path) == pointer:
                     raise
 
     def _open(self, nprobe: int | None, rescore: int | None) -> None:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from petal.pipeline.index.search import Hit, IndexReader, _pointer
+from petal.pipeline.index.search import Hit, IndexReader, current_pointer
 from petal.pipeline.ingest.text_rule import skip_reason, valid_text
 from petal.pipeline.jobs.settings import kind_of, petal_error, whole_number
 from petal.pipeline.manifest import Manifest
@@ -101,8 +101,8 @@ class Index:
         before): same settings, its model loaded when this one's is (kept when the new version was built with the
         same model and settings), ``where`` checked against its columns. A version that cannot be opened, or
         searched so, raises as ``open_index``, ``query_model`` and ``check_where`` do, and is not tried again."""
-        pointer = _pointer(self._root)
-        if pointer is None or pointer.strip() in (self.reader.dir.name, self._refused):
+        pointer = current_pointer(self._root)
+        if pointer is None or pointer in (self.reader.dir.name, self._refused):
             return None
         try:
             fresh = Index(self._root, nprobe=self._nprobe, rescore=self._rescore, **self._model_settings)
@@ -112,7 +112,7 @@ class Index:
                 fresh._service = self._service.on(fresh.reader)
                 fresh.query_model()
         except Exception:
-            self._refused = pointer.strip()
+            self._refused = pointer
             raise
         return fresh
 

@@ -34,11 +34,10 @@ from pathlib import Path
 from typing import Any
 
 from petal.engine.loader import ModelSpec
-from petal.pipeline.index.search import IndexReader
+from petal.pipeline.index.search import IndexReader, current_pointer
 from petal.pipeline.jobs.query import SearchIndex, model_mismatch
 from petal.pipeline.manifest import Manifest, ModelRecord, StoredFormat
 from petal.pipeline.reliability.errors import ConfigError, PetalError
-from petal.pipeline.reliability.safe_files import read_regular
 from petal.pipeline.serve.metrics import ServeMetrics
 
 log = logging.getLogger("petal.serve")
@@ -62,14 +61,6 @@ class Refusal:
         return out
 
 
-def _pointer(root: Path) -> str | None:
-    # NOTE: never a symlink out of OUT, never a FIFO (it would block the follower for good), at most 256 bytes
-    try:
-        return read_regular(root / "CURRENT", root, 256).decode("utf-8", "replace").strip() or None
-    except (OSError, PetalError):
-        return None
-
-
 Pointer = tuple[str | None, tuple[int, int, int] | None]
 
 
@@ -81,7 +72,7 @@ def _pointer_state(root: Path) -> Pointer:
         stamp: tuple[int, int, int] | None = (st.st_ino, st.st_mtime_ns, st.st_size)
     except OSError:
         stamp = None
-    return _pointer(root), stamp
+    return current_pointer(root), stamp
 
 
 class IndexFollower:
