@@ -534,3 +534,33 @@ def test_a_damaged_store_columns_file_is_never_copied_into_a_version_nor_blocks(
     os.mkfifo(side)
     rebuilt = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, timeout=120)
     assert rebuilt.returncode == 0, rebuilt.stderr[-2000:]  # finished: the FIFO was never opened
+
+
+def test_the_full_checksum_refuses_a_fifo_without_blocking(tmp_path):
+    """``sha256_file`` (petal verify, the store's shard checks) opens without blocking: a FIFO swapped in after a
+    caller's own check is an ``UnsafeFileError`` (78), not a process stuck for good on a pipe nobody writes."""
+    import threading
+
+    from petal.pipeline.index.checksums import sha256_file
+    from petal.pipeline.reliability.safe_files import UnsafeFileError
+
+    fifo = tmp_path / "index.faiss"
+    os.mkfifo(fifo)
+    outcome: dict[str, BaseException | str] = {}
+
+    def digest() -> None:
+        try:
+            outcome["digest"] = sha256_file(fifo)
+        except BaseException as exc:  # the test reads what was raised
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=digest, daemon=True)
+    thread.start()
+    thread.join(10)
+    assert not thread.is_alive(), "sha256_file blocked on a FIFO"
+    assert isinstance(outcome.get("error"), UnsafeFileError) and "index.faiss" in str(outcome["error"])
+    regular = tmp_path / "a.bin"
+    regular.write_bytes(b"x" * 5_000_000)
+    import hashlib
+
+    assert sha256_file(regular) == hashlib.sha256(regular.read_bytes()).hexdigest()

@@ -28,9 +28,27 @@ HEAD_TAIL_BYTES = 1 << 20
 
 
 def sha256_file(path: Path | str) -> str:
-    """sha256 of every byte of ``path`` (read in 4 MiB chunks)."""
+    """sha256 of every byte of ``path`` (read in 4 MiB chunks); ``UnsafeFileError`` when it is not a regular file.
+
+    NOTE: opened without blocking, then checked: a FIFO swapped in after a caller's own check (``petal verify``,
+    a store shard) is refused instead of blocking the process for good."""
+    import stat
+
+    from petal.pipeline.reliability.errors import quote_path
+    from petal.pipeline.reliability.safe_files import UnsafeFileError
+
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise UnsafeFileError(f"{quote_path(Path(path))} is not a regular file; refusing to read it")
+        os.set_blocking(fd, True)
+        fh = os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
     digest = hashlib.sha256()
-    with open(path, "rb") as fh:
+    with fh:
         while chunk := fh.read(1 << 22):
             digest.update(chunk)
     return digest.hexdigest()
