@@ -265,18 +265,23 @@ def _show(value: Any) -> str:
     return "unset" if value is None else str(value)
 
 
+def _own_output(flat: dict[str, Any], section: dict[str, Any], other: dict[str, Any]) -> None:
+    """``flat`` (a section built with the model's own output) gains the ``output.*`` settings that meant. Its
+    renormalize and cosine are the model's: taken from ``other``, as a change of model is said by its sha256."""
+    flat.pop("output", None)
+    flat.update({f"output.{k}": v for k, v in _OUTPUT_DEFAULTS.items()})
+    flat.update({k: other.get(k) for k in ("output.renormalize", "output.cosine")})
+    flat["output.dim"] = section.get("dim")
+
+
 def drift_details(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
     """``["output.dim: 384 -> 128", ...]`` for every setting of two ``embedding`` sections that differs (nested
     ones by dotted name; a section without ``output`` means the model's own output), in words a person reads."""
     old, new = _flat(before, ""), _flat(after, "")
     if before.get("output") is None and isinstance(after.get("output"), dict):  # built with the model's own output
-        old.pop("output", None)
-        old.update({f"output.{k}": v for k, v in _OUTPUT_DEFAULTS.items()})
-        old["output.dim"] = before.get("dim")
+        _own_output(old, before, new)
     if after.get("output") is None and isinstance(before.get("output"), dict):
-        new.pop("output", None)
-        new.update({f"output.{k}": v for k, v in _OUTPUT_DEFAULTS.items()})
-        new["output.dim"] = after.get("dim")
+        _own_output(new, after, old)
     keys = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
     keys = [k for k in keys if not (k.startswith("output.") and k[7:] in ("renormalize", "cosine")
                                     and "output.dim" in keys)]  # follow from the dim: noise

@@ -249,3 +249,17 @@ def test_damaged_run_contract_keys_name_the_key(tmp_path):
     raw["shards"][0]["deleted"] = "2"
     with pytest.raises(Exception, match=r"m\.json.*shards\[0\]\.deleted"):
         Manifest.from_dict(raw, "m.json")
+
+
+def test_drift_names_only_the_settings_that_differ():
+    # an index built with the model's own output records no ``output``; its renormalize and cosine are the
+    # model's, so asking for int8 differs in the quantization only (was: "output.cosine: unset -> True", ...)
+    from petal.pipeline.manifest import drift_details
+
+    plain = {"dim": 384, "normalize": True, "pooling": "mean"}
+    int8 = {**plain, "output": {"dim": 384, "renormalize": True, "cosine": True, "quantize": "int8",
+                                "int8_scheme": "calibrated", "output_dtype": "float32"}}
+    assert drift_details(plain, int8) == ["output.int8_scheme: unset -> calibrated", "output.quantize: none -> int8"]
+    assert drift_details(int8, plain) == ["output.int8_scheme: calibrated -> unset", "output.quantize: int8 -> none"]
+    half = {**plain, "output": {**int8["output"], "quantize": "none", "int8_scheme": None, "output_dtype": "float16"}}
+    assert drift_details(plain, half) == ["output.output_dtype: float32 -> float16"]
