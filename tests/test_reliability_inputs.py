@@ -198,8 +198,10 @@ def test_strict_and_bad_row_budgets(index, tmp_path, shard_writer):
     assert rc == 65 and "with --strict" in stderr and f"{a} row 0 (null_text)" in stderr
     assert report["status"] == "failed" and report["rejects_file"] == str(out_rejects)
     assert rejects_rows(out_rejects.parent) == [(str(a), 0, "null_text"), (str(a), 1, "empty_text")]
+    assert report["rows"]["skipped"] == {"empty_text": 1, "null_text": 1}  # the refused run's report counts them
     rc, stderr, report, _ = index(a, b, "--max-bad-rows", "2")  # 3 bad rows: a's two, b's last
     assert rc == 65 and "3 bad rows with --max-bad-rows 2" in stderr and str(out_rejects) in stderr
+    assert report["rows"]["skipped"] == {"empty_text": 2, "null_text": 1}
     assert sorted(rejects_rows(out_rejects.parent)) == [(str(a), 0, "null_text"), (str(a), 1, "empty_text"),
                                                         (str(b), 9, "empty_text")]
     rc, stderr, report, _ = index(a, b, "--max-bad-rows", "10%")  # 3 of 20 rows > 2

@@ -95,6 +95,7 @@ class BadRowGate:
         write_rejects(table, self.out_file)
         self.report.rejects_file = str(self.out_file)
         counts = Counter(table.column("reason").to_pylist())
+        self.report.rows["skipped"] = dict(sorted(counts.items()))  # the refused run's report counts what it found
         reasons = ", ".join(f"{why} {n}" for why, n in sorted(counts.items()))
         first = table.slice(0, 1).to_pylist()[0]
         limit = "" if self.flag == "--strict" else f" (over {self.limit} of {self.num_rows} rows)"
