@@ -9,7 +9,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from click.testing import CliRunner
+from click.testing import CliRunner, Result
 
 import petal
 from petal.cli.main import cli
@@ -76,3 +76,34 @@ def test_the_api_takes_the_same_rule(shards, tiny_bert_dir):
             petal.index(shards, out, model=str(tiny_bert_dir), quiet=True, keep_columns=keep)
     petal.index(shards, out, model=str(tiny_bert_dir), quiet=True, keep_columns=[])  # a list: none kept
     assert IndexReader(out).kept_columns == []
+
+
+def test_a_kept_column_whose_type_changes_between_shards(tmp_path, tiny_bert_dir):
+    """Types that widen (int32 and int64, int and float) are stored as the wider one, whichever shard comes first;
+    types that do not (int and string) are a data error naming the column, shards and types, never a traceback (a
+    string that parses as a number was cast silently, one that does not crashed), whether both shards are in the
+    run (at preflight) or one is kept from an earlier run."""
+    data, out = tmp_path / "data", tmp_path / "idx"
+    data.mkdir()
+
+    def write(name: str, years: pa.Array) -> Path:
+        ids = [f"{name}-{i}" for i in range(len(years))]
+        pq.write_table(pa.table({"id": ids, "text": [f"text {i}" for i in ids], "year": years}), data / name)
+        return data / name
+
+    def run(*shards: Path) -> Result:
+        return CliRunner().invoke(cli, ["index", *map(str, shards), "--out", str(out), "--model", str(tiny_bert_dir),
+                                        "-q", "--keep-columns", "year"])
+
+    a = write("a.parquet", pa.array([2001, 2002], pa.int32()))
+    b = write("b.parquet", pa.array([2003.5, 2004.0]))
+    assert run(a, b).exit_code == 0
+    live = out / "versions" / (out / "CURRENT").read_text().strip() / "ids.parquet"
+    assert pq.read_table(live, columns=["year"]).column("year").to_pylist() == [2001, 2002, 2003.5, 2004]
+    c = write("c.parquet", pa.array(["2005", "y2006"]))
+    result = run(a, b, c)  # all three named: refused at preflight
+    assert result.exit_code == 65, result.output
+    assert "'year'" in result.stderr and "c.parquet" in result.stderr and "string" in result.stderr
+    result = run(c)  # a and b are kept from the store
+    assert result.exit_code == 65, result.output
+    assert "'year'" in result.stderr and "c.parquet" in result.stderr and "string" in result.stderr

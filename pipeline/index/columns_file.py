@@ -39,7 +39,11 @@ def _stored_parts(entries: list[StoreEntry], dim: int, need: ColumnsNeed, schema
             continue
         if _has(entry, need):
             for part in entry_columns(entry, keep.astype(np.int64), need.names):
-                yield part.cast(schema)
+                try:
+                    yield part.cast(schema)
+                except pa.ArrowInvalid as exc:  # a value the common type cannot hold (a uint64 past int64)
+                    raise BadInputError(f"--keep-columns: {entry.meta['source']['path']}: a value does not fit the "
+                                        f"type the column is stored as ({exc})") from exc
         else:
             yield pa.table({f.name: pa.nulls(len(keep), f.type) for f in schema}, schema=schema)
 

@@ -48,12 +48,36 @@ def check_keep_columns(shards: list[ShardInfo], columns: tuple[str, ...], reserv
         if name in reserved or name in ("faiss_id", "id", "shard", "row", "text"):
             raise UsageError(f"--keep-columns {name!r}: that name is taken (the id or text column, or one of "
                              "faiss_id, id, shard, row, text that petal stores with the ids)")
+    types: dict[str, list[tuple[str, pa.DataType]]] = {name: [] for name in columns}
     for info in shards:
-        names = set(_parquet(info.path).schema_arrow.names)
-        missing = [c for c in columns if c not in names]
+        schema = _parquet(info.path).schema_arrow
+        missing = [c for c in columns if c not in schema.names]
         if missing:
             raise BadInputError(f"{info.path}: no column {missing[0]!r} (--keep-columns); it has: "
-                                f"{', '.join(sorted(names))}")
+                                f"{', '.join(sorted(schema.names))}")
+        for name in columns:
+            types[name].append((str(info.path), schema.field(name).type))
+    for name, typed in types.items():
+        kept_type(name, typed)
+
+
+def kept_type(name: str, typed: list[tuple[str, pa.DataType]]) -> pa.DataType:
+    """The one type a kept column is stored as, from its type in each shard (``(shard, type)``): the widest when
+    they widen (int32 and int64, int and float, string and large_string; dictionaries by their values); types that
+    do not (int and string) are a data error naming the column, two shards and their types (exit 65)."""
+    first, common = typed[0][0], _plain(typed[0][1])
+    for shard, type_ in typed[1:]:
+        try:
+            common = pa.unify_schemas([pa.schema([(name, common)]), pa.schema([(name, _plain(type_))])],
+                                      promote_options="permissive").field(name).type
+        except (pa.ArrowTypeError, pa.ArrowInvalid) as exc:
+            raise BadInputError(f"--keep-columns {name!r}: {shard} has it as {_plain(type_)}, {first} as {common}; "
+                                "a kept column needs one type in every shard of the index") from exc
+    return common
+
+
+def _plain(type_: pa.DataType) -> pa.DataType:
+    return type_.value_type if pa.types.is_dictionary(type_) else type_
 
 
 @dataclass(frozen=True)
@@ -178,9 +202,10 @@ def version_schema(entries: list[StoreEntry], need: ColumnsNeed) -> pa.Schema | 
     """The schema of the version's columns file (``None`` when no entry has a side file with ``need``)."""
     if not need.names:
         return None
-    for entry in entries:
-        path = columns_path(entry.path)
-        if set(need.names) <= _stored_names(path):
-            schema = pq.read_schema(path)
-            return pa.schema([schema.field(n) for n in need.names])
-    return None
+    schemas = [(str(e.meta["source"]["path"]), pq.read_schema(columns_path(e.path))) for e in entries
+               if set(need.names) <= _stored_names(columns_path(e.path))]
+    if not schemas:
+        return None
+    first = schemas[0][1]
+    return pa.schema([pa.field(n, kept_type(n, [(shard, schema.field(n).type) for shard, schema in schemas]))
+                      if n in need.keep else first.field(n) for n in need.names])
