@@ -277,3 +277,15 @@ def test_embed_input_without_a_named_column_or_id_names_it(tmp_path):
     result = runner.invoke(cli, ["embed", "--input", str(lines), "--id-column", "key"])
     assert result.exit_code == 0, result.output
     assert [json.loads(line)["id"] for line in result.stdout.splitlines()] == [1, None]  # a null given is kept
+
+
+def test_embed_int8_messages_say_what_to_do(built_index):
+    """One text with --quantize int8 cannot calibrate its own ranges: the error says --calibration INDEX; an index
+    without int8 ranges given to --calibration is described in words, not a Python dict."""
+    out, _, _ = built_index
+    runner = CliRunner()
+    result = runner.invoke(cli, ["embed", "one text", "--quantize", "int8"])
+    assert result.exit_code == 2 and "--calibration INDEX" in result.output, result.output
+    result = runner.invoke(cli, ["embed", "one text", "--quantize", "int8", "--calibration", str(out)])
+    assert result.exit_code == 2 and "holds no int8 ranges" in result.output, result.output
+    assert "it holds float32 vectors of dim 384" in result.output and "renormalize" not in result.output

@@ -243,15 +243,20 @@ class Embedder:
 def index_calibration(transform: OutputTransform, index_path: Path) -> OutputTransform:
     """The int8 ranges of an index built with this model and output settings (``--calibration INDEX``)."""
     from petal.pipeline.layout import resolve_index_dir
-    from petal.pipeline.manifest import output_to_dict
 
     _, manifest = resolve_index_dir(index_path)
     recorded = manifest.output
     if recorded is None or recorded.calibration is None or \
             replace(recorded, calibration=None) != replace(transform, calibration=None):
-        had = "plain float vectors" if recorded is None else output_to_dict(replace(recorded, calibration=None))
+        if recorded is None:
+            had = "plain float vectors"
+        elif recorded.quantize == "none":
+            had = f"{recorded.output_dtype} vectors of dim {recorded.dim}"
+        else:
+            scheme = f", {recorded.int8_scheme} ranges" if recorded.int8_scheme else ""
+            had = f"{recorded.quantize} codes of dim {recorded.dim}{scheme}"
         raise UsageError(f"--calibration {index_path}: that index holds no int8 ranges for this model and "
-                         f"--dim (it has {had})")
+                         f"--dim (it holds {had})")
     return recorded
 
 

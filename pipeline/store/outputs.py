@@ -154,7 +154,9 @@ class OutputTransform:
     def calibrate(self, stored: np.ndarray) -> OutputTransform:
         """Per-dimension min/max of a sample of stored vectors (FAISS SQ8's training rule)."""
         if len(stored) < 2:
-            raise ValueError(f"calibrating int8 ranges needs at least 2 vectors, got {len(stored)}")
+            raise ValueError(f"calibrating int8 ranges needs at least 2 vectors, got {len(stored)} (embed more "
+                             "texts at once, or take the ranges of an index built with this model: "
+                             "--calibration INDEX)")
         low = stored.min(axis=0).astype(np.float32)
         return self.with_calibration(low, stored.max(axis=0).astype(np.float32) - low)
 
