@@ -185,6 +185,7 @@ def test_duplicate_ids_across_shards_last_path_wins_counted_and_strict_refuses(i
     shard(data / "b.parquet", "b", ids=[f"x-{i}" for i in range(2)] + [f"b-{i}" for i in range(ROWS - 2)])
     code, err, report, _ = index(data)
     assert code == 0 and report["index"]["superseded"] == 2 and "2 superseded" in err.strip().splitlines()[-1]
+    assert err.strip().splitlines()[-1].count("superseded") == 1  # said once (was twice)
     reader = IndexReader(tmp_path / "out")
     owners = {doc: shard_path for doc, shard_path in zip(reader.ids.column("id").to_pylist(),
                                                            reader.ids.column("shard").to_pylist())}

@@ -89,8 +89,6 @@ class RunReport:
                 parts.append(", ".join(f"{len(v)} {k}" for k, v in self.shard_changes.items()))
             if self.removed.get("documents"):
                 parts.append(f"{self.removed['documents']} documents removed")
-            if self.index.get("superseded"):
-                parts.append(f"{self.index['superseded']} superseded")
             if self.index.get("num_vectors") is not None:
                 parts.append(f"{self.index['num_vectors']} vectors in {self.index.get('factory')}")
             if self.index.get("superseded"):
