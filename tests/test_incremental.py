@@ -130,6 +130,7 @@ def test_rebuild_needs_no_model(model_dir, tmp_path):
     assert result.exit_code == 0, result.output
     summary = json.loads(report.read_text())
     assert summary["status"] == "success" and summary["version"] != first.version
+    assert summary["rows"]["embedded"] == 0 and summary["rows"]["reused"] == 120  # nothing embedded: all from the store
     manifest = json.loads((out / "versions" / summary["version"] / "manifest.json").read_text())
     assert manifest["rebuilt_from"] == first.version and manifest["index"]["factory"] == "IVF8,Flat"
     assert manifest["shards"] == json.loads((out / "versions" / first.version / "manifest.json").read_text())[

@@ -76,10 +76,10 @@ def run_rebuild(out_path: Path, settings: IndexSettings, report: RunReport, wait
             raise ConfigError(f"{quote_path(out_path)} has no published index to rebuild; build one with petal index")
         entries = store_entries(out, previous)
         report.shards["total"] = report.shards["reused"] = len(entries)
-        report.rows["embedded"] = sum(e.num_embedded for e in entries)
+        report.rows["reused"] = sum(e.num_embedded for e in entries)  # NOTE: from the store; a rebuild embeds none
         transform = previous.output
         kind = index_kind(transform.quantize, transform.output_dtype) if transform is not None else "float32"
-        check_index_factory(settings, kind, previous.dim, report.rows["embedded"])  # exit 2, before any work
+        check_index_factory(settings, kind, previous.dim, report.rows["reused"])  # exit 2, before any work
         active.check()
         with writing(out.versions_dir):
             staging = out.staging_dir()
