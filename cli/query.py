@@ -111,8 +111,9 @@ def query(index_path: Path, texts: tuple[str, ...], k: int, from_stdin: bool, as
     if replaced:
         click.echo(f"petal query: {replaced} quer{'y' if replaced == 1 else 'ies'} held bytes that are not UTF-8, "
                    "read as U+FFFD", err=True)
-    truncated, max_tokens = index.query_model().model.num_truncated, index.query_model().model.max_tokens
+    truncated = index.num_truncated  # NOTE: never loads the model (every line blank: it never loaded)
     if truncated:  # the rule of petal index and petal embed: a truncated text is counted and said
+        max_tokens = index.query_model().model.max_tokens
         click.echo(f"petal query: {truncated} quer{'y' if truncated == 1 else 'ies'} longer than {max_tokens} tokens, "
                    "truncated", err=True)
 

@@ -18,7 +18,7 @@ from petal.pipeline.config import IndexJob, check_lengths, default_token_budget
 from petal.pipeline.ingest.pack import PackConfig, pack
 from petal.pipeline.ingest.text_rule import valid_text
 from petal.pipeline.ingest.tokens import TextTokenizer, tokenizer_for
-from petal.pipeline.jobs.settings import build, kind_of, model_options, petal_error, typed, whole_number
+from petal.pipeline.jobs.settings import build, model_options, petal_error, text_items, typed, whole_number
 from petal.pipeline.reliability.errors import BadInputError, UsageError, quote_text
 from petal.pipeline.store.outputs import OutputConfig, OutputTransform
 
@@ -197,18 +197,7 @@ class Embedder:
         from petal.pipeline.ingest.text_rule import describe_skips, skip_reason
         from petal.pipeline.reliability.errors import NoInputError
 
-        if isinstance(texts, (str, bytes)):
-            items: list[Any] = [texts]  # one text, never its characters (or bytes)
-        elif isinstance(texts, np.ndarray):
-            items = [texts.item()] if texts.ndim == 0 else texts.tolist()
-        else:
-            try:
-                items = list(texts)
-            except TypeError:
-                raise UsageError(f"texts: {kind_of(texts)} is not a text (str) or a list of them") from None
-        bad = next((i for i, t in enumerate(items) if t is not None and not isinstance(t, (str, bytes))), None)
-        if bad is not None:
-            raise UsageError(f"texts[{bad}] is {kind_of(items[bad])}, not a str")
+        items = text_items(texts, "texts")
         # NOTE: the rule of petal index: null, undecodable and invisible texts are skipped and counted; rows keep
         # input positions (NaN rows, zeros for codes)
         skipped = {i: why for i, text in enumerate(items) if (why := skip_reason(text)) is not None}

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from petal.pipeline.index.search import Hit, IndexReader, current_pointer
-from petal.pipeline.ingest.text_rule import skip_reason, valid_text
-from petal.pipeline.jobs.settings import kind_of, petal_error, whole_number
+from petal.pipeline.ingest.text_rule import skip_reason
+from petal.pipeline.jobs.settings import kind_of, petal_error, text_items, whole_number
 from petal.pipeline.manifest import Manifest
 from petal.pipeline.reliability.errors import UsageError
 
@@ -66,6 +66,11 @@ class Index:
     @property
     def num_vectors(self) -> int:
         return self.reader.ntotal
+
+    @property
+    def num_truncated(self) -> int:
+        """Query texts cut at the model's limit by this index's searches so far (0 before its model loads)."""
+        return 0 if self._service is None else self._service.model.num_truncated
 
     @property
     def notes(self) -> list[str]:
@@ -134,12 +139,12 @@ class Index:
         self._check_where(where)
         if isinstance(queries, np.ndarray) and queries.dtype.kind not in "USO":
             return self._searched(lambda: self.reader.search(self._stored(queries), k, where=where))
-        texts = query_texts(queries)
+        texts = text_items(queries, "queries", " (vectors go as one numpy float array [num_queries, dim])")
         asked = [i for i, text in enumerate(texts) if skip_reason(text) is None]
         if not texts or (not asked and not self.manifest.precomputed):  # an index without a model refuses texts
             return [[] for _ in texts]
         service = self.query_model()
-        found = self._searched(lambda: service.search([valid_text(_decoded(texts[i]))[0] for i in asked], k,
+        found = self._searched(lambda: service.search([_decoded(texts[i]) for i in asked], k,
                                                       where=where))
         hits: list[list[Hit]] = [[] for _ in texts]
         for i, answer in zip(asked, found):
@@ -210,26 +215,6 @@ class Index:
         with np.errstate(over="ignore"):  # float64 beyond float32's range: inf, refused by _finite
             rows = _finite(np.asarray(rows, dtype=np.float32))
         return transform.stored(rows) if transform is not None else rows
-
-
-def query_texts(queries: Any) -> list[Any]:
-    """``Index.search``'s texts: one text (str or UTF-8 bytes), or an iterable or numpy array of them; ``None``
-    and blank ones are kept here (skipped by the caller); anything else is a ``UsageError`` naming it."""
-    if isinstance(queries, (str, bytes)):
-        return [queries]
-    if isinstance(queries, np.ndarray):
-        items: list[Any] = [queries.item()] if queries.ndim == 0 else queries.tolist()
-    else:
-        try:
-            items = list(queries)
-        except TypeError:
-            raise UsageError(f"queries: {kind_of(queries)} is neither texts (a str or a list of them) nor vectors "
-                             "(a numpy array [num_queries, dim])") from None
-    bad = next((i for i, text in enumerate(items) if text is not None and not isinstance(text, (str, bytes))), None)
-    if bad is not None:
-        raise UsageError(f"queries[{bad}] is {kind_of(items[bad])}, not a str (vectors go as one numpy float array "
-                         "[num_queries, dim])")
-    return items
 
 
 def _decoded(text: str | bytes) -> str:

@@ -76,6 +76,24 @@ def kind_of(value: Any) -> str:
     return f"{'an' if name[:1] in 'aeiou' else 'a'} {name}"
 
 
+def text_items(texts: Any, name: str, hint: str = "") -> list[Any]:
+    """One text (str or UTF-8 bytes) or an iterable or numpy array of them, as a list (``None`` kept: the caller's
+    text rule skips it); anything else is a ``UsageError`` naming ``name`` (``hint`` appended to the message)."""
+    if isinstance(texts, (str, bytes)):
+        return [texts]  # one text, never its characters (or bytes)
+    if hasattr(texts, "tolist") and hasattr(texts, "ndim"):  # a numpy array of texts
+        items: list[Any] = [texts.item()] if texts.ndim == 0 else texts.tolist()
+    else:
+        try:
+            items = list(texts)
+        except TypeError:
+            raise UsageError(f"{name}: {kind_of(texts)} is not a text (str) or a list of them{hint}") from None
+    bad = next((i for i, text in enumerate(items) if text is not None and not isinstance(text, (str, bytes))), None)
+    if bad is not None:
+        raise UsageError(f"{name}[{bad}] is {kind_of(items[bad])}, not a str{hint}")
+    return items
+
+
 def typed(cls: type, values: dict[str, Any], caller: str) -> dict[str, Any]:
     """``values`` for ``cls``'s fields, each of the plain type its field declares (``int``, ``float``, ``bool``,
     ``str``, or one of them or ``None``): the CLI's flags arrive typed, a keyword may not (``dim="16"``,

@@ -11,6 +11,7 @@ run repairs a damaged version; ``query`` exits 65/78).
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from pathlib import Path
@@ -42,7 +43,13 @@ def check_regular(path: Path, root: Path) -> None:
     if not inside(path, root):
         raise UnsafeFileError(f"{quote_path(path)} leads out of {quote_path(root)} (a symlink); refusing to "
                               "follow it: remove it")
-    mode = os.stat(path).st_mode  # FileNotFoundError for a missing file or a dangling symlink
+    try:
+        mode = os.stat(path).st_mode  # FileNotFoundError for a missing file or a dangling symlink
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        raise UnsafeFileError(f"{quote_path(path)} is a symlink that never reaches a file (a loop), not a regular "
+                              "file; refusing to open it: remove it") from None
     if not stat.S_ISREG(mode):
         raise UnsafeFileError(f"{quote_path(path)} is {_kind(mode)}, not a regular file; refusing to open it: "
                               "remove it")

@@ -93,13 +93,19 @@ class ColumnsNeed:
 
 
 def _stored_names(path: Path) -> set[str]:
-    """The columns side file ``path`` holds; none when it is missing, unreadable, or not a regular file inside
-    the store (a FIFO there is never opened: reading it would block; the side file is written again)."""
+    """The columns side file ``path`` holds (see ``_stored_schema``)."""
+    schema = _stored_schema(path)
+    return set() if schema is None else set(schema.names)
+
+
+def _stored_schema(path: Path) -> pa.Schema | None:
+    """The schema of the columns side file ``path``; ``None`` when it is missing, unreadable, or not a regular file
+    inside the store (a FIFO there is never opened: reading it would block; the side file is written again)."""
     try:
         check_regular(path, path.parent.parent.parent)
-        return set(pq.read_schema(path).names)
+        return pq.read_schema(path)
     except (OSError, pa.ArrowException, UnsafeFileError):
-        return set()
+        return None
 
 
 def _parquet(path: Any) -> pq.ParquetFile:
@@ -202,8 +208,8 @@ def version_schema(entries: list[StoreEntry], need: ColumnsNeed) -> pa.Schema | 
     """The schema of the version's columns file (``None`` when no entry has a side file with ``need``)."""
     if not need.names:
         return None
-    schemas = [(str(e.meta["source"]["path"]), pq.read_schema(columns_path(e.path))) for e in entries
-               if set(need.names) <= _stored_names(columns_path(e.path))]
+    schemas = [(str(e.meta["source"]["path"]), schema) for e in entries
+               if (schema := _stored_schema(columns_path(e.path))) is not None and set(need.names) <= set(schema.names)]
     if not schemas:
         return None
     first = schemas[0][1]
