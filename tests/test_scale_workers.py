@@ -115,7 +115,10 @@ def test_kill_9_of_a_worker_exits_75_then_the_rerun_embeds_only_what_is_missing(
     argv = ["index", str(data), "--out", str(out), "--model", str(fake_model), "-q", "--max-seqs", "4",
             "--workers", "2"]
     first_log = tmp_path / "first.jsonl"
-    slow = "after_batch:1+:sleep=0.05"  # every worker: batches of 4 rows, a few per second
+    # NOTE: every worker sleeps 0.25 s a batch (5 batches a shard), so 12 shards take the pair ~7.5 s: the kill
+    # lands with shards left even when a loaded machine lets the poll below lag by seconds (at 0.05 s a batch a
+    # busy CI host once saw all 12 committed before the SIGKILL).
+    slow = "after_batch:1+:sleep=0.25"
     child = Petal(argv, {"PETAL_TEST_FAKE_ENGINE": str(first_log), "PETAL_FAULT": slow}, tmp_path / "first.json")
     wait_for(lambda: len(worker_pids(first_log, child.pid)) == 2 and committed(out) >= 1)
     victim = embedding_worker(first_log, child.pid)
