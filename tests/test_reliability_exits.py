@@ -28,8 +28,9 @@ TEXTS = ["glaciers flow downhill under their own weight", "bread needs yeast and
 
 
 @pytest.fixture(scope="module")
-def real_index(tmp_path_factory) -> Path:
-    """An index of four documents built with the packaged MiniLM (queries run the real model)."""
+def real_index(tmp_path_factory, minilm_dir) -> Path:
+    """An index of four documents built with the packaged MiniLM (queries run the real model; ``minilm_dir``
+    skips where it is not installed)."""
     root = tmp_path_factory.mktemp("real")
     pq.write_table(pa.table({"id": list(range(len(TEXTS))), "text": TEXTS}), root / "docs.parquet")
     result = CliRunner().invoke(cli, ["index", str(root / "docs.parquet"), "--out", str(root / "out"), "-q"])
