@@ -9,6 +9,10 @@ import click
 
 from petal.cli.common import usage, user_errors
 
+# NOTE: bench/shapes.py's SHAPES names, spelled out (importing it imports torch): every --shape is checked by
+# click before anything heavy loads. tests/test_lazy_imports.py keeps the two equal.
+SHAPE_NAMES = ("pplx-embed-0.6b", "qwen3-embedding-0.6b", "bge-m3", "minilm")
+
 
 @click.group()
 def bench() -> None:
@@ -33,8 +37,8 @@ def bench_cpu(corpus: Path, num_texts: int, rounds: int, token_budget: int, mode
 
 
 @bench.command("gpu")
-@click.option("--shape", "shapes", multiple=True, default=["pplx-embed-0.6b"], show_default=True,
-              help="Model shape (random weights): pplx-embed-0.6b, qwen3-embedding-0.6b, bge-m3, minilm.")
+@click.option("--shape", "shapes", multiple=True, type=click.Choice(SHAPE_NAMES), default=["pplx-embed-0.6b"],
+              show_default=True, help="Model shape (random weights).")
 @click.option("--scenario", "scenarios", default="t1,t2,l1,ceiling", show_default=True,
               help="Comma-separated: t1, t2, l1, ceiling.")
 @click.option("--token-budget", type=click.IntRange(min=512), default=16384, show_default=True)
@@ -70,7 +74,8 @@ def bench_gpu(shapes: tuple[str, ...], scenarios: str, token_budget: int, max_se
 
 @bench.command("e2e")
 @click.option("--model", default=None, help="Model directory (default: the packaged all-MiniLM-L6-v2).")
-@click.option("--shape", default=None, help="Instead of --model: random weights in this shape, saved to a temp dir.")
+@click.option("--shape", type=click.Choice(SHAPE_NAMES), default=None,
+              help="Instead of --model: random weights in this shape, saved to a temp dir.")
 @click.option("--tokenizer-dir", type=click.Path(path_type=Path), default=None,
               help="With --shape: where tokenizer.json (and vocab) come from (default: the packaged MiniLM's).")
 @click.option("--corpus", type=click.Path(path_type=Path), default=Path("sample_data"), show_default=True)
@@ -210,7 +215,8 @@ def _int_list(value: str, name: str) -> tuple[int, ...]:
 @click.option("--index", "index_path", type=click.Path(path_type=Path), default=None,
               help="Serve this index (OUT). Default: build one with petal index from --corpus (or --index-docs).")
 @click.option("--model", default=None, help="Model directory (default: the index's, else the packaged MiniLM).")
-@click.option("--shape", default=None, help="Instead of --model: random weights in this shape (e.g. pplx-embed-0.6b).")
+@click.option("--shape", type=click.Choice(SHAPE_NAMES), default=None,
+              help="Instead of --model: random weights in this shape.")
 @click.option("--tokenizer-dir", type=click.Path(path_type=Path), default=None,
               help="With --shape: where tokenizer.json comes from (default: the packaged MiniLM's).")
 @click.option("--corpus", type=click.Path(path_type=Path), default=Path("sample_data"), show_default=True,
@@ -284,9 +290,7 @@ def bench_serve(index_path: Path | None, model: str | None, shape: str | None, t
 @click.option("--dim", type=click.IntRange(min=8), default=384, show_default=True)
 @click.option("--index-factory", "factory", default="auto", show_default=True,
               help="FAISS factory of the opened index (auto: petal's rule, Flat up to 50k vectors, IVF above).")
-# NOTE: the names of bench/shapes.py SHAPES, spelled out: importing it (torch) for a usage error costs a second.
-@click.option("--shape", "shape_name",
-              type=click.Choice(["minilm", "pplx-embed-0.6b", "qwen3-embedding-0.6b", "bge-m3"]), default="minilm",
+@click.option("--shape", "shape_name", type=click.Choice(SHAPE_NAMES), default="minilm",
               show_default=True, help="Model load: random weights in this shape.")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               help="Model load: where the weights go (petal embed always runs on the CPU).")

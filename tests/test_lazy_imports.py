@@ -68,6 +68,7 @@ LIGHT = [
     (["embed"], 2), (["embed", "--device", "tpu", "x"], 2), (["embed", "--dim", "0", "x"], 2), (["info"], 2),
     (["info", "--bogus", "x"], 2), (["verify"], 2), (["verify", "OUT", "--bogus"], 2), (["rebuild"], 2),
     (["bench", "startup", "--runs", "0"], 2),
+    *[(["bench", command, "--shape", "pplx-embed-6b"], 2) for command in ("gpu", "e2e", "serve", "startup")],
     # flags the command can judge before anything loads: no index opened, no model, no Arrow
     (["query", "OUT"], 2), (["query", "OUT", "x", "--vector-file", "q.npy"], 2),
     (["query", "OUT", "--stdin", "--vector-file", "q.npy"], 2), (["query", "OUT", "x", "--where", "lang ==="], 2),
@@ -130,6 +131,13 @@ def test_each_command_imports_only_what_it_needs(index_dir, tmp_path):
 
 
 RUNTIME_DIRS = ("cli", "engine", "pipeline", "petal")
+
+
+def test_the_bench_commands_shape_choices_are_the_benchmark_shapes():
+    from petal.bench.shapes import SHAPES
+    from petal.cli.bench import SHAPE_NAMES
+
+    assert sorted(SHAPE_NAMES) == sorted(SHAPES)
 
 
 def test_no_runtime_module_imports_benchmarks_or_transformers():
