@@ -9,23 +9,24 @@ from pathlib import Path
 import click
 
 from petal.cli.common import device_options, startup_done, user_errors
-from petal.cli.options import model_options, output_options
+from petal.cli.options import input_file_size, model_options, output_options
 
 
 @click.command()
 @click.argument("texts", nargs=-1)
 @click.option("--model", default=None, help="Local model directory (default: the packaged all-MiniLM-L6-v2).")
 @click.option("--stdin", "from_stdin", is_flag=True, help="Read one text per line from stdin.")
-@click.option("--input", "input_path", type=click.Path(path_type=Path), default=None,
+@click.option("--input", "input_path", type=click.Path(path_type=Path, readable=False), default=None,
               help="Read texts from a .parquet, .txt or .jsonl file.")
 @click.option("--text-column", default="text", show_default=True, help="Text column of a .parquet --input.")
 @click.option("--id-column", default=None,
               help="Id column of a .parquet --input (or key of a .jsonl one): each output line carries its id.")
-@click.option("--output", "output", type=click.Path(path_type=Path), default=None,
+@click.option("--output", "output", type=click.Path(path_type=Path, readable=False), default=None,
               help="Write FILE.npy (float32 rows) or FILE.jsonl instead of JSON lines on stdout.")
 @click.option("--max-length", type=int, default=None, help="Truncate texts to N tokens (default: the model's).")
 @click.option("--query", "as_query", is_flag=True, help="Embed the texts as queries (with the query prompt).")
-@click.option("--calibration", "calibration_index", type=click.Path(path_type=Path), default=None,
+@click.option("--calibration", "calibration_index", type=click.Path(path_type=Path, readable=False),
+              default=None,
               help="--quantize int8 without a model scheme: use the per-dimension ranges of this index "
                    "(default: learn them from the texts being embedded).")
 @device_options
@@ -42,9 +43,12 @@ def embed(texts: tuple[str, ...], model: str | None, from_stdin: bool, input_pat
 
     Rows are float vectors (--output-dtype), int8 codes (--quantize int8) or packed sign bits
     (--quantize binary: dim / 8 bytes, first dimension in the high bit).
+
+    Nothing to embed is no input, exit 66 (as petal query): an empty --stdin or --input, one of blank
+    lines only, every text skipped. An --input that is missing, not a regular file or unreadable is 66
+    too; one that cannot be read as its format is 65.
     """
     from petal.pipeline.ingest.text_rule import valid_text
-    from petal.pipeline.ingest.texts import read_texts
     from petal.pipeline.reliability.errors import NoInputError, UsageError, quote_path
 
     if output is not None and output.suffix.lower() not in (".npy", ".jsonl"):
@@ -56,7 +60,7 @@ def embed(texts: tuple[str, ...], model: str | None, from_stdin: bool, input_pat
     items: list = list(texts)
     ids: list | None = None
     if input_path is not None:
-        read, ids = read_texts(input_path, text_column, id_column)
+        read, ids = _input_texts(input_path, text_column, id_column)
         ids = [None] * len(items) + ids if ids is not None else None
         items += read
     elif id_column is not None:
@@ -73,7 +77,7 @@ def embed(texts: tuple[str, ...], model: str | None, from_stdin: bool, input_pat
         if input_path is None and not from_stdin:
             raise UsageError("nothing to embed: give TEXT, --stdin or --input")
         # NOTE: an input was given and held nothing: no input (66), as one of blank lines only; not a usage error
-        source = "--stdin" if input_path is None else quote_path(input_path)
+        source = "--stdin" if input_path is None else f"--input {quote_path(input_path)}"
         raise NoInputError(f"nothing to embed: {source} is empty")
 
     import numpy as np
@@ -135,3 +139,21 @@ def check_output(output: Path) -> None:
     parent = output.parent
     if not parent.is_dir():
         raise OutputError(f"cannot create --output {quote_path(output)}: {quote_path(parent)} is not a directory")
+
+
+def _input_texts(path: Path, text_column: str, id_column: str | None) -> tuple[list, list | None]:
+    """``--input``'s texts and ids (``read_texts``), after what the flag alone decides (its suffix, exit 2) and
+    what every input file is checked for (missing, not a regular file, unreadable: 66, naming it). An empty file
+    (0 bytes) holds no texts, whatever its format (a 0-byte ``.parquet`` too: no rows, not a corrupt file)."""
+    from petal.pipeline.ingest.texts import TEXT_FILE_SUFFIXES, read_texts
+    from petal.pipeline.reliability.errors import UsageError, quote_path
+
+    suffix = path.suffix.lower()
+    if suffix not in TEXT_FILE_SUFFIXES:
+        raise UsageError(f"--input {quote_path(path)}: expected a .parquet, .txt or .jsonl file")
+    if suffix == ".txt" and id_column is not None:
+        raise UsageError("--id-column goes with --input FILE.parquet or FILE.jsonl")
+    if input_file_size("--input", path) == 0:
+        return [], [] if id_column is not None else None
+    return read_texts(path, text_column, id_column)
+

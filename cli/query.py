@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 @click.option("--stdin", "from_stdin", is_flag=True, help="One query per input line, model kept warm.")
 @click.option("--json", "as_json", is_flag=True, help="JSON lines on stdout (one per query).")
 @click.option("--show-text", is_flag=True, help="Read each hit's text back from its shard.")
-@click.option("--vector-file", type=click.Path(path_type=Path), default=None, metavar="Q.npy",
+@click.option("--vector-file", type=click.Path(path_type=Path, readable=False), default=None, metavar="Q.npy",
               help="Query by vectors ([n, dim] or [dim] .npy) instead of text: no model (any index; the way to "
                    "query one built with --vectors-column).")
 @click.option("--where", default=None, metavar="EXPR",
@@ -50,17 +50,22 @@ def query(index_path: Path, texts: tuple[str, ...], k: int, from_stdin: bool, as
     Queries get the index's model, pooling, attention, output transform (--dim, --quantize) and query
     prompt, as recorded in its manifest. Bytes that are not UTF-8 (in TEXT or a --stdin line) are read
     as U+FFFD, counted on stderr, and the query is answered; blank --stdin lines are skipped.
+
+    No query to answer is no input, exit 66 (as petal embed): an empty --stdin, one of blank lines
+    only, blank TEXT only, or a --vector-file without rows. A --vector-file that is missing, not a
+    regular file or unreadable is 66 too; one that is not [n, dim] finite numbers is 65.
     """
     # NOTE: what the flags alone decide is checked before the index opens (no FAISS, torch or Arrow for a usage error)
     if vector_file is not None and (texts or from_stdin):
         raise click.UsageError("--vector-file replaces query TEXT and --stdin: give one of them")
-    vectors = usage(lambda: read_vector_file(vector_file)) if vector_file is not None else None
     if vector_file is None and not texts and not from_stdin:
         raise click.UsageError("give query TEXT, --stdin or --vector-file")
     if where:
         from petal.pipeline.index.filters import parse_filter
 
         usage(lambda: parse_filter(where))  # a malformed expression; unknown columns are known once the index opens
+    # NOTE: then the input file (missing, unreadable, empty: 66; not vectors: 65), still before the index opens
+    vectors = read_vector_file(vector_file) if vector_file is not None else None
     from petal.pipeline.api import open_index
 
     index = open_index(index_path, model=model, device=device, dtype=dtype, attention=attention, nprobe=nprobe,
@@ -73,11 +78,10 @@ def query(index_path: Path, texts: tuple[str, ...], k: int, from_stdin: bool, as
         return
     if where:
         index.check_where(where)  # an unknown column: exit 2, before the model loads
-    index.query_model()  # loaded before the first query: a model that is gone fails at once
-    startup_done()  # index and model loaded: what follows (a --stdin stream) collects garbage as usual
-    for note in index.notes:
-        click.echo(f"petal: note: {note}", err=True)
+    if index.manifest.precomputed:
+        index.query_model()  # NOTE: raises: a text query on an index without a model is a usage error (2)
     from petal.pipeline.ingest.text_rule import skip_reason, valid_text
+    from petal.pipeline.reliability.errors import NoInputError
 
     # NOTE: the rule of petal index and petal embed: an invisible query (empty, blank) is skipped and said;
     # bytes that are not UTF-8 (argv, stdin) are read as U+FFFD and counted: one bad line never ends the stream
@@ -86,13 +90,19 @@ def query(index_path: Path, texts: tuple[str, ...], k: int, from_stdin: bool, as
     replaced += sum(bad for _, bad in cleaned)
     texts = tuple(t for t, _ in cleaned)
     asked = [t for t in texts if skip_reason(t) is None]
-    for i, text in enumerate(texts):
-        if skip_reason(text) is not None:
-            click.echo(f"petal: skipped query {i} ({skip_reason(text)})", err=True)
+    if not asked and not from_stdin:  # NOTE: every query given is blank: no input (66), before the model loads
+        _say_skipped(texts)
+        raise NoInputError(f"nothing to query: {_blank_texts(len(texts))}")
+    index.query_model()  # loaded before the first query: a model that is gone fails at once
+    startup_done()  # index and model loaded: what follows (a --stdin stream) collects garbage as usual
+    for note in index.notes:
+        click.echo(f"petal: note: {note}", err=True)
+    _say_skipped(texts)
     if asked:
         _answer(index, asked, k, as_json, show_text, where)
+    answered = len(asked)
+    skipped = 0
     if from_stdin:
-        skipped = 0
         for raw in sys.stdin.buffer:  # one query at a time: answers stream as lines arrive
             raw = raw.rstrip(b"\r\n")
             try:
@@ -104,6 +114,7 @@ def query(index_path: Path, texts: tuple[str, ...], k: int, from_stdin: bool, as
                 index = _followed(index, where)
                 _answer(index, [line], k, as_json, show_text, where)
                 sys.stdout.flush()
+                answered += 1
             else:
                 skipped += 1
         if skipped:
@@ -111,11 +122,30 @@ def query(index_path: Path, texts: tuple[str, ...], k: int, from_stdin: bool, as
     if replaced:
         click.echo(f"petal query: {replaced} quer{'y' if replaced == 1 else 'ies'} held bytes that are not UTF-8, "
                    "read as U+FFFD", err=True)
-    truncated = index.num_truncated  # NOTE: never loads the model (every line blank: it never loaded)
+    truncated = index.num_truncated  # NOTE: never loads the model again
     if truncated:  # the rule of petal index and petal embed: a truncated text is counted and said
         max_tokens = index.query_model().model.max_tokens
         click.echo(f"petal query: {truncated} quer{'y' if truncated == 1 else 'ies'} longer than {max_tokens} tokens, "
                    "truncated", err=True)
+    if not answered:
+        # NOTE: the rule of petal embed (and of a --vector-file without rows): an input given that holds no query
+        # is no input (66), so a cron job or an Airflow task whose upstream wrote nothing fails, not succeeds
+        said = ["--stdin is empty" if not skipped else f"--stdin held only blank lines ({skipped})"]
+        if texts:
+            said.append(_blank_texts(len(texts)))
+        raise NoInputError(f"nothing to query: {'; '.join(said)}")
+
+
+def _say_skipped(texts: tuple[str, ...]) -> None:
+    from petal.pipeline.ingest.text_rule import skip_reason
+
+    for i, text in enumerate(texts):
+        if skip_reason(text) is not None:
+            click.echo(f"petal: skipped query {i} ({skip_reason(text)})", err=True)
+
+
+def _blank_texts(count: int) -> str:
+    return "the query TEXT is blank" if count == 1 else f"all {count} query TEXTs are blank"
 
 
 def _answer(index: Index, queries: list[str], k: int, as_json: bool, show_text: bool, where: str | None = None,
@@ -191,43 +221,53 @@ def _warn_missing(index: Index) -> None:
 
 
 def read_vector_file(path: Path) -> Any:
-    """``--vector-file``: a ``.npy`` of ``[n, dim]`` or ``[dim]`` real vectors (integers or floats), as float32
-    (``ValueError`` naming the file otherwise: a ``.npz`` archive, complex or boolean values, NaN, infinity or a
-    value beyond float32's range)."""
+    """``--vector-file``: a ``.npy`` of ``[n, dim]`` or ``[dim]`` real vectors (integers or floats), as float32.
+
+    The rule of every input file (``petal embed --input`` too): one that is missing, not a regular file (a
+    directory, a FIFO) or unreadable is no input (``NoInputError``, 66), as is one that holds no vectors (0 bytes,
+    or shape ``[0, dim]``); one whose bytes are not such vectors (not a ``.npy``, a ``.npz`` archive, complex or
+    boolean values, NaN, infinity or a value beyond float32's range) is bad input (``BadInputError``, 65), both
+    naming the file. Neither is a usage error: the flag's value, a path, is fine."""
     import numpy as np
 
+    from petal.cli.options import input_file_size
+    from petal.pipeline.reliability.errors import BadInputError, NoInputError
+
+    where = f"--vector-file {quote_path(path)}"
+    if input_file_size("--vector-file", path) == 0:
+        raise NoInputError(f"{where} is empty (0 bytes): no vectors")
     try:
-        vectors = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"--vector-file {quote_path(path)}: not a readable .npy file ({exc})") from exc
-    if not isinstance(vectors, np.ndarray):  # NOTE: np.load opens a .npz (a zip of arrays) as an NpzFile
-        vectors.close()
-        raise ValueError(f"--vector-file {quote_path(path)}: a .npz archive, not one .npy array (np.save one "
-                         "array of shape [n, dim])")
+        with open(path, "rb") as fh:
+            vectors = np.load(fh, allow_pickle=False)
+            if not isinstance(vectors, np.ndarray):  # NOTE: np.load opens a .npz (a zip of arrays) as an NpzFile
+                vectors.close()
+                raise BadInputError(f"{where}: a .npz archive, not one .npy array (np.save one array of shape "
+                                    "[n, dim])")
+    except (OSError, ValueError, EOFError) as exc:  # NOTE: a truncated header is an EOFError
+        raise BadInputError(f"{where}: not a readable .npy file ({one_line(str(exc))[:200]})") from exc
     if vectors.ndim == 1:
         vectors = vectors[None, :]
     if vectors.ndim == 2 and vectors.shape[0] == 0:
-        from petal.pipeline.reliability.errors import NoInputError
-
-        # NOTE: the rule of petal embed: an input given that holds nothing is no input (66), not a usage error
-        raise NoInputError(f"--vector-file {quote_path(path)} holds no vectors (shape {vectors.shape})")
+        # NOTE: the rule of petal embed: an input given that holds nothing is no input (66)
+        raise NoInputError(f"{where} holds no vectors (shape {vectors.shape})")
     if vectors.ndim != 2 or vectors.dtype.kind not in "iuf":
-        raise ValueError(f"--vector-file {quote_path(path)}: expected real numbers (integers or floats) of shape "
-                         f"[n, dim] or [dim], got {vectors.shape} {vectors.dtype}")
+        raise BadInputError(f"{where}: expected real numbers (integers or floats) of shape [n, dim] or [dim], got "
+                            f"{vectors.shape} {vectors.dtype}")
     with np.errstate(over="ignore"):  # float64 beyond float32's range becomes inf, refused below
         as_float32 = vectors.astype(np.float32)
     bad = np.flatnonzero(~np.isfinite(as_float32).all(axis=1))
     if len(bad):
-        raise ValueError(f"--vector-file {quote_path(path)}: row {bad[0]} holds NaN, infinite values or values "
-                         "beyond float32's range")
+        raise BadInputError(f"{where}: row {bad[0]} holds NaN, infinite values or values beyond float32's range")
     return as_float32
 
 
 def _by_vectors(index: Index, vectors: Any, vector_file: str, k: int, as_json: bool, show_text: bool,
                 where: str | None) -> None:
     if vectors.shape[1] != index.dim:
-        raise click.UsageError(f"--vector-file {vector_file}: vectors of dim {vectors.shape[1]}, the index holds "
-                               f"dim {index.dim}")
+        from petal.pipeline.reliability.errors import BadInputError
+
+        raise BadInputError(f"--vector-file {vector_file}: vectors of dim {vectors.shape[1]}, the index holds "
+                            f"dim {index.dim}")
     for note in index.notes:
         click.echo(f"petal: note: {note}", err=True)
     if where:

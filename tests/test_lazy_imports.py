@@ -72,7 +72,9 @@ LIGHT = [
     # flags the command can judge before anything loads: no index opened, no model, no Arrow
     (["query", "OUT"], 2), (["query", "OUT", "x", "--vector-file", "q.npy"], 2),
     (["query", "OUT", "--stdin", "--vector-file", "q.npy"], 2), (["query", "OUT", "x", "--where", "lang ==="], 2),
-    (["query", "OUT", "--vector-file", "missing.npy"], 2),
+    # an input file that is not there: no input (66), still before anything heavy loads
+    (["query", "OUT", "--vector-file", "missing.npy"], 66), (["query", "OUT", "--vector-file", "."], 66),
+    (["embed", "--input", "missing.txt"], 66), (["embed", "--input", "missing.parquet"], 66),
     (["embed", "--max-length", "0", "x"], 2), (["embed", "--max-length", "1", "x"], 2),
     (["embed", "--quantize", "binary", "--output-dtype", "float16", "x"], 2),
     (["embed", "--output", "x.txt", "x"], 2), (["embed", "--calibration", "OUT", "x"], 2),

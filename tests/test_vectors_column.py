@@ -108,11 +108,11 @@ def test_vector_file_that_cannot_be_taken_as_real_vectors_is_refused_naming_it(t
         assert result.exception is None or isinstance(result.exception, SystemExit), result.output
         return result.exit_code, result.stderr
 
-    for name, value, code, said in [
-        ("q.npz", {"q": a[:1]}, 2, "a .npz archive"),
-        ("complex.npy", a[:1].astype(np.complex64), 2, "complex64"),
-        ("big.npy", np.full((2, DIM), 1e39), 2, "row 0 holds NaN, infinite values or values beyond float32"),
-        ("nan.npy", np.vstack([a[:1], np.full((1, DIM), np.nan)]), 2, "row 1 holds NaN"),
+    for name, value, code, said in [  # bad input data (65), not a usage error: the flag's value, a path, is fine
+        ("q.npz", {"q": a[:1]}, 65, "a .npz archive"),
+        ("complex.npy", a[:1].astype(np.complex64), 65, "complex64"),
+        ("big.npy", np.full((2, DIM), 1e39), 65, "row 0 holds NaN, infinite values or values beyond float32"),
+        ("nan.npy", np.vstack([a[:1], np.full((1, DIM), np.nan)]), 65, "row 1 holds NaN"),
         ("empty.npy", np.zeros((0, DIM), dtype=np.float32), 66, "holds no vectors"),
     ]:
         rc, stderr = ask(name, value, (lambda p, v: np.savez(p, **v)) if name.endswith(".npz") else np.save)
