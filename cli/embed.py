@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import stat
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 import click
 
@@ -22,7 +27,8 @@ from petal.cli.options import input_file_size, model_options, output_options
 @click.option("--id-column", default=None,
               help="Id column of a .parquet --input (or key of a .jsonl one): each output line carries its id.")
 @click.option("--output", "output", type=click.Path(path_type=Path, readable=False), default=None,
-              help="Write FILE.npy (float32 rows) or FILE.jsonl instead of JSON lines on stdout.")
+              help="Write FILE.npy (float32 rows) or FILE.jsonl instead of JSON lines on stdout: whole or not at "
+                   "all (a file beside it renamed over it; on any failure an existing FILE is left as it was).")
 @click.option("--max-length", type=int, default=None, help="Truncate texts to N tokens (default: the model's).")
 @click.option("--query", "as_query", is_flag=True, help="Embed the texts as queries (with the query prompt).")
 @click.option("--calibration", "calibration_index", type=click.Path(path_type=Path, readable=False),
@@ -96,10 +102,8 @@ def embed(texts: tuple[str, ...], model: str | None, from_stdin: bool, input_pat
         click.echo(f"petal embed: int8 ranges learned from these {len(items) - len(skipped)} texts (pass "
                    "--calibration INDEX to use an index's)", err=True)
     if output is not None and output.suffix.lower() == ".npy":
-        from petal.pipeline.reliability.errors import writing
-
-        with writing(output):
-            np.save(output, rows, allow_pickle=False)
+        with replacing(output) as fh:
+            np.save(fh, rows, allow_pickle=False)
     else:
         as_number = int if rows.dtype.kind in "iu" else (lambda x: round(float(x), 7))
 
@@ -115,10 +119,9 @@ def embed(texts: tuple[str, ...], model: str | None, from_stdin: bool, input_pat
 
         lines = (json_line(i) for i in range(len(items)))
         if output is not None:
-            from petal.pipeline.reliability.errors import writing
-
-            with writing(output):
-                output.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+            with replacing(output) as fh:
+                for line in lines:
+                    fh.write(line.encode("utf-8") + b"\n")
         else:
             for line in lines:
                 click.echo(line)
@@ -157,3 +160,85 @@ def _input_texts(path: Path, text_column: str, id_column: str | None) -> tuple[l
         return [], [] if id_column is not None else None
     return read_texts(path, text_column, id_column)
 
+
+@contextlib.contextmanager
+def replacing(output: Path) -> Iterator[IO[bytes]]:
+    """A binary file to write ``--output`` into, whole or not at all: a temporary file beside it (``.NAME.tmp-PID``,
+    same directory, so same file system), fsynced, then renamed over it (and the directory fsynced). On any
+    failure (an error while the rows are written, a full or failing disk, SIGINT or SIGTERM) the temporary file is
+    removed and an existing ``output`` is left as it was; exit codes: a disk error 74 naming ``output``, a signal
+    128 + its number. A symlink to a regular file has the file it names replaced; a path that is not a regular
+    file (a FIFO, a device) is written in place, never renamed over. Only a SIGKILL (or a crash of the machine)
+    can leave the temporary file behind; a later run of the same process id removes it."""
+    from petal.pipeline.reliability.durable import fsync_dir
+    from petal.pipeline.reliability.errors import PetalIOError, quote_path
+
+    try:
+        mode: int | None = os.stat(output).st_mode  # follows symlinks: what the path leads to
+    except FileNotFoundError:
+        mode = None
+    except OSError as exc:
+        raise PetalIOError(f"cannot write --output {quote_path(output)}: {exc.strerror or exc}") from exc
+    if mode is not None and not stat.S_ISREG(mode):  # NOTE: a FIFO or a device: no temporary file, no rename
+        try:
+            with open(output, "wb") as fh:
+                yield fh
+        except OSError as exc:
+            raise PetalIOError(f"cannot write --output {quote_path(output)}: {exc.strerror or exc}") from exc
+        return
+    target = output.resolve() if output.is_symlink() else output
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    with _stop_signals_raise(output):
+        try:
+            # NOTE: a leftover (or planted) temporary file is removed first and the new one created exclusively,
+            # never through a symlink
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+            if mode is not None:
+                with contextlib.suppress(OSError):  # the file replaced keeps its permissions
+                    os.fchmod(fd, stat.S_IMODE(mode))
+            with os.fdopen(fd, "wb") as fh:
+                yield fh
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, target)
+        except BaseException as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            if isinstance(exc, OSError):
+                raise PetalIOError(f"cannot write --output {quote_path(output)}: {exc.strerror or exc}") from exc
+            raise
+    with contextlib.suppress(OSError):  # NOTE: the file is in place; a directory that cannot be fsynced is no failure
+        fsync_dir(target.parent)
+
+
+@contextlib.contextmanager
+def _stop_signals_raise(output: Path) -> Iterator[None]:
+    """While ``--output`` is written: a stop signal (SIGINT, SIGTERM, SIGHUP, ...) raises ``Interrupted`` at once
+    (exit 128 + its number), so the temporary file is removed on the way out (its default would end the process
+    with the file left behind); the previous handlers come back after."""
+    import signal
+    import threading
+
+    from petal.pipeline.reliability.errors import Interrupted, quote_path
+    from petal.pipeline.reliability.signals import STOP_SIGNALS
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        for sig in STOP_SIGNALS:  # NOTE: a second signal ends the process at once (the kernel's default)
+            signal.signal(sig, signal.SIG_DFL)
+        interrupted = Interrupted(signum)
+        interrupted.args = (f"interrupted by {signal.Signals(signum).name} while writing --output "
+                            f"{quote_path(output)}; nothing was written to it",)
+        raise interrupted
+
+    previous = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

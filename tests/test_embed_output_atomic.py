@@ -1,0 +1,129 @@
+"""``petal embed --output`` is written whole or not at all, for every format it writes (.npy, .jsonl).
+
+The rows go to a temporary file beside the target (same directory), fsynced, renamed over it. A run that fails
+while writing (a disk error: here a real ``EFBIG`` from ``RLIMIT_FSIZE``; SIGTERM or SIGINT) leaves an existing
+target as it was and no temporary file; the exit code is the failure's (74, 143, 130). Was: the target was
+truncated in place first, so such a run left a partial file where the good one had been.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import REPO
+
+OLD = b"the good output of an earlier run\n"
+
+
+def petal(args: list[str], cwd: Path, **kwargs) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONDONTWRITEBYTECODE": "1"}
+    return subprocess.Popen([sys.executable, "-m", "petal.cli.main", *args], cwd=cwd, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kwargs)
+
+
+def texts(tmp_path: Path, count: int) -> Path:
+    path = tmp_path / f"texts-{count}.txt"
+    path.write_text("".join(f"text number {i} about glaciers and bread\n" for i in range(count)))
+    return path
+
+
+def leftovers(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir() if ".tmp-" in p.name)
+
+
+@pytest.mark.parametrize("suffix", [".npy", ".jsonl"])
+def test_a_disk_error_while_writing_leaves_the_existing_output_untouched(tmp_path, suffix, minilm_dir):
+    """A real write error: the process may not grow a file past 64 KiB (``RLIMIT_FSIZE``; Python ignores SIGXFSZ,
+    so the write fails with EFBIG). 60 rows of 384 floats are more than that in either format."""
+    target = tmp_path / f"out{suffix}"
+    target.write_bytes(OLD)
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 10, 64 << 10))
+
+    proc = petal(["embed", "--input", str(texts(tmp_path, 60)), "--output", str(target)], tmp_path,
+                 preexec_fn=limit)
+    _, stderr = proc.communicate(timeout=600)
+    assert target.read_bytes() == OLD  # was: truncated, then 64 KiB of new rows
+    assert leftovers(tmp_path) == []
+    assert proc.returncode == 74, stderr[-2000:]
+    assert f"cannot write --output {target}" in stderr
+
+
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_stop_signal_while_writing_leaves_the_existing_output_untouched(tmp_path, signum, code, minilm_dir):
+    """The signal lands while the rows are being written: the process is stopped (SIGSTOP) the moment a
+    temporary file shows up beside the target or the target itself changes, looked at, signalled, continued.
+    A temporary file there means the rename has not happened: the target must come out as it was."""
+    target = tmp_path / "out.jsonl"
+    for count in (400, 1600, 4000):  # more rows, a longer write, if the write ended before it was seen
+        target.write_bytes(OLD)
+        before = target.stat()
+        proc = petal(["embed", "--input", str(texts(tmp_path, count)), "--output", str(target)], tmp_path)
+        caught = False
+        while proc.poll() is None:
+            now = target.stat()
+            if leftovers(tmp_path) or (now.st_ino, now.st_size, now.st_mtime_ns) != (before.st_ino, before.st_size,
+                                                                                      before.st_mtime_ns):
+                proc.send_signal(signal.SIGSTOP)
+                caught = True
+                break
+            time.sleep(0.001)
+        if not caught:  # ended before anything was seen: a faster machine than the write needs
+            proc.communicate(timeout=60)
+            continue
+        temporary = leftovers(tmp_path)
+        if not temporary and target.stat().st_ino != before.st_ino:  # renamed already: a complete file, try again
+            proc.send_signal(signal.SIGCONT)
+            proc.communicate(timeout=60)
+            continue
+        # NOTE: the old code wrote the target in place: it is already truncated or partly written here
+        assert target.read_bytes() == OLD, "the target was changed in place before the run ended"
+        proc.send_signal(signum)
+        proc.send_signal(signal.SIGCONT)
+        _, stderr = proc.communicate(timeout=60)
+        assert proc.returncode == code, stderr[-2000:]
+        assert f"interrupted by {signal.Signals(signum).name} while writing --output {target}" in stderr
+        assert target.read_bytes() == OLD
+        assert leftovers(tmp_path) == []
+        return
+    pytest.fail("the write was never caught in progress, even with 4000 rows")
+
+
+@pytest.mark.parametrize("suffix", [".npy", ".jsonl"])
+def test_a_good_run_replaces_the_output_whole_keeping_its_mode_and_symlink(tmp_path, suffix, minilm_dir):
+    real = tmp_path / f"real{suffix}"
+    real.write_bytes(OLD)
+    real.chmod(0o640)
+    link = tmp_path / f"link{suffix}"
+    link.symlink_to(real.name)
+    proc = petal(["embed", "one text", "two texts", "--output", str(link)], tmp_path)
+    _, stderr = proc.communicate(timeout=600)
+    assert proc.returncode == 0, stderr[-2000:]
+    assert link.is_symlink() and os.readlink(link) == real.name  # the file it names was replaced, not the link
+    assert real.stat().st_mode & 0o777 == 0o640
+    if suffix == ".npy":
+        assert np.load(real).shape == (2, 384)
+    else:
+        assert [json.loads(line)["index"] for line in real.read_text().splitlines()] == [0, 1]
+    assert leftovers(tmp_path) == []
+
+
+def test_a_run_that_fails_before_writing_leaves_the_output_untouched(tmp_path, minilm_dir):
+    """Every text blank: no input (66); the output was never opened."""
+    target = tmp_path / "out.npy"
+    target.write_bytes(OLD)
+    proc = petal(["embed", " ", "--output", str(target)], tmp_path)
+    _, stderr = proc.communicate(timeout=600)
+    assert proc.returncode == 66, stderr[-2000:]
+    assert target.read_bytes() == OLD and leftovers(tmp_path) == []
