@@ -11,7 +11,8 @@ GET  /metrics        Prometheus text
 
 Errors are JSON ``{"error": {"message", "type", "code"}}`` (OpenAI's shape): 400 bad JSON, 401 wrong
 or missing key, 404 unknown model or route, 405 a method the route does not take, 413 body or a per-request
-limit, 422 wrong fields or types, 503 queue full or still loading (with Retry-After).
+limit, 415 a body declared as something else than JSON (``curl -d``'s form encoding), 422 wrong fields or
+types, 503 queue full or still loading (with Retry-After).
 
 The app answers from the first second: while the model and index load (``Startup``), ``/health`` is 200,
 ``/ready`` and the API answer 503.
@@ -34,6 +35,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from petal.pipeline.reliability.errors import quote_text
 from petal.pipeline.serve.batcher import SHUTTING_DOWN, Overloaded, ShuttingDown
 from petal.pipeline.serve.encoding import dumps
 from petal.pipeline.serve.requests import RequestError, parse_embeddings, parse_json, parse_search
@@ -55,6 +57,21 @@ def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -
 
 def _error(status: int, message: str, kind: str, headers: dict[str, str] | None = None) -> Response:
     return _json({"error": {"message": message, "type": kind, "code": status}}, status, headers)
+
+
+def require_json(request: Request) -> None:
+    """415 for a body declared as something else than JSON: ``application/json`` (any parameters: RFC 8259 JSON
+    is UTF-8 whatever a ``charset`` says) and ``application/*+json`` are taken, and so is a body without a
+    Content-Type (raw HTTP clients; read as JSON, as before). ``curl -d`` declares
+    ``application/x-www-form-urlencoded`` (and Python's ``urllib`` too): the message says what to send."""
+    declared = request.headers.get("content-type", "").strip()
+    media = declared.split(";", 1)[0].strip().lower()
+    if not declared or media == "application/json" or (media.startswith("application/") and media.endswith("+json")):
+        return
+    hint = (" (curl -d sends application/x-www-form-urlencoded: add -H 'Content-Type: application/json', or use "
+            "curl --json)") if media == "application/x-www-form-urlencoded" else ""
+    raise RequestError(415, f"the body is declared as Content-Type {quote_text(declared, 80)}; this route takes JSON: "
+                            f"send 'Content-Type: application/json'{hint}", headers={"Accept-Post": "application/json"})
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -159,11 +176,13 @@ def build_app(startup: Startup | ServeState) -> ASGIApp:
     limits = settings.limits
 
     async def embeddings(state: ServeState, request: Request) -> Any:
+        require_json(request)  # NOTE: before the body is read: a form-encoded one is refused whatever its size
         req = parse_embeddings(parse_json(await read_body(request, limits.max_body_bytes)), limits)
         return await state.embeddings(req)
 
     async def search(state: ServeState, request: Request) -> Any:
         state.require_index()
+        require_json(request)
         req = parse_search(parse_json(await read_body(request, limits.max_body_bytes)), limits)
         return await state.search(req)
 
