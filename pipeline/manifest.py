@@ -28,7 +28,7 @@ import json
 import time
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
 from petal import __version__
 from petal.pipeline.config import IndexSettings
@@ -63,6 +63,61 @@ def raw_integrity(data: dict[str, Any]) -> Any:
 def raw_checksum(data: dict[str, Any]) -> Any:
     """The manifest's own checksum as written (``None``: a version written before it)."""
     return data.get(CHECKSUM_KEY)
+
+
+class ReadOnlyDict(dict[str, Any]):
+    """A ``dict`` that refuses changes: the mappings inside a ``Manifest``'s records (``index.search_params``,
+    ``index.files``, ``counts.skipped``, ``tuning.curve``...). A manifest is shared by everything that holds the
+    version open (``petal.open_index(...).manifest`` hands out the index's own), so no caller can change what the
+    index reports or does through it; reading, ``json.dumps`` and ``dict(...)`` / ``.copy()`` (a plain, mutable
+    copy) work as on any dict. Changing one raises ``TypeError``."""
+
+    __slots__ = ()
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise TypeError("a manifest is read-only: copy what you change (dict(...), .copy(), or Index.info, a fresh "
+                        "plain dict)")
+
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = __ior__ = _refuse
+
+    def copy(self) -> dict[str, Any]:
+        """A plain, mutable copy (nested mappings and sequences as plain dicts and lists)."""
+        return {key: plain(item) for key, item in self.items()}
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickle and copy: rebuilt whole, never item by item
+        return (ReadOnlyDict, (dict(self),))
+
+    def __copy__(self) -> ReadOnlyDict:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> ReadOnlyDict:
+        return self  # NOTE: nothing inside can change (``frozen``)
+
+
+def frozen(value: Any) -> Any:
+    """``value`` with every dict a ``ReadOnlyDict`` and every list a tuple, all the way down."""
+    if isinstance(value, dict):
+        return ReadOnlyDict({key: frozen(item) for key, item in value.items()})
+    if isinstance(value, (list, tuple)):
+        return tuple(frozen(item) for item in value)
+    return value
+
+
+def plain(value: Any) -> Any:
+    """``value`` as plain, fresh dicts and lists, all the way down (what ``to_dict`` hands out)."""
+    if isinstance(value, dict):
+        return {key: plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(item) for item in value]
+    return value
+
+
+def _freeze_fields(record: Any, *names: str) -> None:
+    """In a frozen record's ``__post_init__``: its mapping fields become read-only copies (never the caller's)."""
+    for name in names:
+        value = getattr(record, name)
+        if value is not None:
+            object.__setattr__(record, name, frozen(value))
 
 
 class _Section:
@@ -162,6 +217,9 @@ class ModelRecord:
     # stat starts from weights_sha256 and verifies it in the background; None: not recorded (hash again)
     weights_stat: tuple[dict[str, Any], ...] | None = None
 
+    def __post_init__(self) -> None:
+        _freeze_fields(self, "weights_stat")
+
     # what a query's model must share with the index's
     MATCHING: ClassVar[tuple[str, ...]] = ("weights_sha256", "tokenizer_sha256", "pooling", "normalize", "dim",
                                            "attention", "dense", "similarity", "int8_scheme", "eos_token_id")
@@ -206,7 +264,7 @@ class ModelRecord:
                 "int8_scheme": self.int8_scheme,
                 "prompts": {"query": self.query_prompt, "document": self.document_prompt},
                 "eos_token_id": self.eos_token_id, "max_length": self.max_length, "dim": self.dim,
-                **({} if self.weights_stat is None else {"weights_stat": [dict(f) for f in self.weights_stat]})}
+                **({} if self.weights_stat is None else {"weights_stat": plain(self.weights_stat)})}
 
     @classmethod
     def from_section(cls, s: _Section, schema: int) -> ModelRecord:
@@ -520,6 +578,9 @@ class TuningRecord:
     single_query_ms_p50: float | None = None
     curve: tuple[dict[str, Any], ...] = ()
 
+    def __post_init__(self) -> None:
+        _freeze_fields(self, "params", "curve")
+
     @classmethod
     def of(cls, tuning: Any) -> TuningRecord:
         """From a ``Tuning`` (``pipeline/index/tune.py``; same fields)."""
@@ -530,7 +591,7 @@ class TuningRecord:
         return {"params": dict(self.params), "target_recall_at_10": self.target_recall_at_10,
                 "recall_at_10": self.recall_at_10, "recall_at_10_low": self.recall_at_10_low, "reached": self.reached,
                 "ms_per_query": self.ms_per_query, "single_query_ms_p50": self.single_query_ms_p50,
-                "queries": self.queries, "curve": list(self.curve)}
+                "queries": self.queries, "curve": plain(self.curve)}
 
     @classmethod
     def from_section(cls, s: _Section, search_params: dict[str, int]) -> TuningRecord:
@@ -578,6 +639,9 @@ class IndexRecord:
     device: DeviceRecord | None = None
     timings_s: dict[str, float] = field(default_factory=dict)
     build_seconds: float = 0.0
+
+    def __post_init__(self) -> None:
+        _freeze_fields(self, "search_params", "files", "timings_s")
 
     def to_dict(self) -> dict[str, Any]:
         return {"requested_factory": self.requested_factory, "settings": self.settings.as_dict(),
@@ -633,6 +697,9 @@ class ShardRecord:
     truncated: int
     deleted: int = 0  # rows removed by --delete tombstones (pipeline/store/tombstones.py)
 
+    def __post_init__(self) -> None:
+        _freeze_fields(self, "skipped")
+
     def to_dict(self) -> dict[str, Any]:
         return {"path": self.path, "abs_path": self.abs_path, "size": self.size, "mtime_ns": self.mtime_ns,
                 "sha256": self.sha256, "rows": self.rows, "entry": self.entry, "embedded": self.embedded,
@@ -653,6 +720,9 @@ class Counts:
     truncated: int
     vectors: int
     deleted: int = 0  # rows removed by --delete tombstones
+
+    def __post_init__(self) -> None:
+        _freeze_fields(self, "skipped")
 
     def to_dict(self) -> dict[str, Any]:
         return {"rows": self.rows, "embedded": self.embedded, "skipped": dict(self.skipped),
