@@ -68,7 +68,9 @@ def _flag_value(args: list[str], flag: str) -> str | None:
               help="Fail (exit 65, nothing published) when more documents of the live version would be removed: "
                    "a count or a fraction (0.1, 10%) [default: 0; 10% with --sync].")
 @click.option("--delete", "delete", type=click.Path(path_type=Path), default=None, metavar="IDS.parquet",
-              help="Remove these ids (the id column, or the file's only column) in the version this run publishes.")
+              help="Remove these ids (the id column, or the file's only column) in the version this run publishes; "
+                   "read as the index's ids: integer ids by value (007 is 7; 7.0 is exit 65), string ids by exact "
+                   "text.")
 @click.option("--full", is_flag=True, help="Rebuild from scratch: re-embed every shard, accept changed settings.")
 @click.option("--strict", is_flag=True, help="Any bad row fails the run (exit 65) instead of being skipped.")
 @click.option("--max-bad-rows", default=None, metavar="N|F",

@@ -92,7 +92,7 @@ from petal.pipeline.store.embeddings import (
 )
 from petal.pipeline.store.outputs import OutputTransform
 from petal.pipeline.store.side_files import prune_side_files
-from petal.pipeline.store.tombstones import apply_deletes, deleted_rows, read_delete_ids
+from petal.pipeline.store.tombstones import DeleteIds, apply_deletes, deleted_rows, read_delete_ids
 
 if TYPE_CHECKING:
     from petal.engine.engine import Engine
@@ -160,6 +160,8 @@ def _run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory, 
     check_keep_columns(shards, job.keep_columns, (job.read.text_column, job.read.id_column))
     need = ColumnsNeed(job.read.text_column, job.keep_columns)
     delete_ids = read_delete_ids(job.delete, job.read.id_column) if job.delete is not None else None
+    if delete_ids is not None:
+        check_delete_ids(delete_ids, shards, kept_records(live, shards, job.sync))  # 65 before the model loads
     spec = model_spec(job.model, job.max_length, job.model_options)
     weights = start_weights_hash(spec)  # [0a] sha256 of the weights in the background (joined before it is used)
     try:
@@ -171,7 +173,7 @@ def _run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory, 
 
 def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory, stop: StopSignals,
                  reads: ReadStats, started: float, live: Manifest | None, shards: list[ShardInfo], need: ColumnsNeed,
-                 delete_ids: Any, spec: ModelSpec, weights: WeightsHash) -> RunReport:
+                 delete_ids: DeleteIds | None, spec: ModelSpec, weights: WeightsHash) -> RunReport:
     transform = OutputTransform.for_model(spec, job.output)  # --dim, --quantize, --output-dtype
     with flag_errors():  # --device, --dtype, --attention, --token-budget against this host and model
         config = engine_config(job, spec)
@@ -694,7 +696,7 @@ def version_counts(entries: list[StoreEntry], num_vectors: int) -> Counts:
 
 
 def guard_removals(out: OutputDir, job: IndexJob, shards: list[ShardInfo], entries: list[StoreEntry],
-                   delete_ids: Any, report: RunReport) -> None:
+                   delete_ids: DeleteIds | None, report: RunReport) -> None:
     """``--max-removed``: refuse (65) a version that loses more of the live one's documents than allowed."""
     version = out.current_version()
     if version is None:
@@ -712,6 +714,14 @@ def guard_removals(out: OutputDir, job: IndexJob, shards: list[ShardInfo], entri
         return
     report.removed = removal.as_dict()
     check_removal(removal, job.max_removed or RemovalLimit.default(job.sync), job.sync)
+
+
+def check_delete_ids(delete_ids: DeleteIds, shards: list[ShardInfo], kept: list[ShardRecord]) -> None:
+    """Read ``--delete``'s ids as the index's ids will be, before the model loads, where the shards named settle
+    it (a shard of string ids, or no shard kept): a value that is not an id of that type is 65 now, not later."""
+    string = any("int" not in s.id_type for s in shards)  # no id column: '<shard>:<row>', a string
+    if string or not kept:
+        delete_ids.typed(string)
 
 
 def live_or_refuse(out: OutputDir) -> Manifest | None:

@@ -30,7 +30,7 @@ from petal.pipeline.ingest.remote import RemotePath
 from petal.pipeline.manifest import Manifest, ShardRecord
 from petal.pipeline.reliability.errors import BadInputError, ConfigError
 from petal.pipeline.store.embeddings import EmbeddingStore, StoreEntry
-from petal.pipeline.store.tombstones import deleted_rows
+from petal.pipeline.store.tombstones import DeleteIds, deleted_rows, string_ids
 
 SAMPLE_IDS = 5
 
@@ -109,14 +109,15 @@ def dropped_entries(store: EmbeddingStore, previous: Manifest | None, kept: list
     return [entry for entry in found if entry is not None]
 
 
-def removed_documents(previous_ids: Path, entries: list[StoreEntry], deleted: pa.Array | None,
+def removed_documents(previous_ids: Path, entries: list[StoreEntry], deleted: DeleteIds | None,
                       dropped: list[StoreEntry], dropped_shards: list[str]) -> Removal:
     """What the new version (``entries``) loses against the live one (its ``ids.parquet``), not counting
     the ``deleted`` ids asked for; split into the documents of ``dropped`` shards and replaced ones."""
     before = pq.read_table(previous_ids, columns=["id"]).column("id").cast(pa.string())
     lost = pc.filter(before, pc.invert(pc.is_in(before, value_set=pc.unique(live_ids(entries)))))
-    if deleted is not None and len(lost):
-        lost = pc.filter(lost, pc.invert(pc.is_in(lost, value_set=deleted)))
+    if deleted is not None and len(lost):  # the ids asked for, read as apply_deletes read them (7 for "007")
+        asked = deleted.typed(string_ids(entries)).cast(pa.string())
+        lost = pc.filter(lost, pc.invert(pc.is_in(lost, value_set=asked)))
     in_dropped = (pc.is_in(lost, value_set=pc.unique(live_ids(dropped))) if dropped
                   else pa.array(np.zeros(len(lost), dtype=bool)))
     removed = pc.filter(lost, in_dropped)

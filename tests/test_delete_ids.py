@@ -1,0 +1,140 @@
+"""``--delete IDS.parquet`` read as the index's ids are: integer ids by value, string ids by exact text (the CLI,
+``petal.index`` and ``--vectors-column`` alike).
+
+Through the CLI (and ``petal.index``) with the tests' fake engine (tests/fake_engine.py); Parquet, store and
+FAISS are real.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import petal
+from petal.pipeline.index.search import IndexReader
+from petal.pipeline.reliability.errors import BadInputError
+from tests.fake_cli import invoke as fake_invoke
+from tests.fake_engine import fake_engine_factory, make_fake_model_dir, read_log
+
+
+@pytest.fixture(scope="module")
+def fake_model(tmp_path_factory) -> Path:
+    return make_fake_model_dir(tmp_path_factory.mktemp("model"))
+
+
+@pytest.fixture
+def index(tmp_path, fake_model):
+    """``index(*args)`` -> (exit code, stderr, report, engine log records) for --out tmp/out."""
+    def run(*args: str | Path, out: Path | None = None):
+        out = out or tmp_path / "out"
+        report, log = tmp_path / "report.json", tmp_path / "fake.jsonl"
+        report.unlink(missing_ok=True)
+        log.unlink(missing_ok=True)
+        result = fake_invoke(["index", *map(str, args), "--out", str(out), "--model", str(fake_model),
+                              "-q", "--json-report", str(report)], env={"PETAL_TEST_FAKE_ENGINE": str(log)})
+        assert result.exit_code != 1, result.output  # never a bug
+        return result.exit_code, result.stderr, json.loads(report.read_text()), read_log(log)
+
+    return run
+
+
+def int_shard(path: Path, ids: list[int]) -> Path:
+    pq.write_table(pa.table({"id": pa.array(ids, pa.int64()), "text": [f"document {i}" for i in ids]}), path)
+    return path
+
+
+def text_shard(path: Path, ids: list[str]) -> Path:
+    pq.write_table(pa.table({"id": ids, "text": [f"document {i!r}" for i in ids]}), path)
+    return path
+
+
+def deletes(path: Path, values: list, type_: pa.DataType | None = None) -> Path:
+    pq.write_table(pa.table({"id": pa.array(values, type_)}), path)
+    return path
+
+
+def live_ids(out: Path) -> set:
+    return set(IndexReader(out).ids.column("id").to_pylist())
+
+
+def test_integer_ids_are_deleted_by_value_whatever_the_file_writes(tmp_path, index):
+    a = int_shard(tmp_path / "a.parquet", list(range(20)))
+    assert index(a)[0] == 0
+    # text that is an integer is that integer: leading zeros, a sign, surrounding blanks; an integer column too
+    rc, stderr, report, _ = index(a, "--delete", deletes(tmp_path / "d.parquet", ["007", " 8 ", "+9", "10", "7", None]))
+    assert rc == 0, stderr
+    assert live_ids(tmp_path / "out") == set(range(20)) - {7, 8, 9, 10}
+    assert report["deletes"]["requested"] == 4 and report["deletes"]["deleted"] == 4  # "007" and "7" are one id
+    assert report["deletes"]["not_found"] == 0 and "warning" not in stderr and "4 deleted" in stderr
+    rc, stderr, report, _ = index(a, "--delete", deletes(tmp_path / "n.parquet", [11, 999], pa.int64()))
+    assert rc == 0 and 11 not in live_ids(tmp_path / "out")
+    assert report["deletes"]["not_found"] == 1 and report["deletes"]["sample_not_found"] == ["999"]
+    assert "1 of 2 ids are not in the index (e.g. 999)" in stderr
+
+
+@pytest.mark.parametrize("value, why", [
+    ("7.0", "is not an integer"), ("1e1", "is not an integer"), ("seven", "is not an integer"),
+    ("", "is not an integer"), ("1_000", "is not an integer"), ("0x7", "is not an integer"),
+    ("99999999999999999999", "out of the int64 range"),
+])
+def test_a_value_that_is_not_an_integer_id_is_65_naming_file_and_row(tmp_path, index, value, why):
+    a = int_shard(tmp_path / "a.parquet", list(range(10)))
+    assert index(a)[0] == 0
+    before = (tmp_path / "out" / "CURRENT").read_text()
+    bad = deletes(tmp_path / "bad ids.parquet", ["3", value])
+    rc, stderr, _, log = index(a, "--delete", bad)
+    last = stderr.strip().splitlines()[-1]
+    assert rc == 65 and str(bad) in last and "row 1" in last and why in last, stderr
+    assert not log and (tmp_path / "out" / "CURRENT").read_text() == before  # before the model; nothing published
+    assert live_ids(tmp_path / "out") == set(range(10)) and not list((tmp_path / "out").rglob("deleted/*/*.parquet"))
+
+
+def test_uint64_ids_past_int64_are_65(tmp_path, index):
+    a = int_shard(tmp_path / "a.parquet", list(range(10)))
+    assert index(a)[0] == 0
+    rc, stderr, _, _ = index(a, "--delete", deletes(tmp_path / "d.parquet", [1, 2**63], pa.uint64()))
+    assert rc == 65 and "row 1" in stderr and "above the largest id" in stderr
+    assert live_ids(tmp_path / "out") == set(range(10))
+
+
+def test_string_ids_are_deleted_by_exact_text(tmp_path, index):
+    a = text_shard(tmp_path / "a.parquet", ["1", "01", "1.0", "a-1", "A-2", " b"])
+    assert index(a)[0] == 0
+    rc, stderr, report, _ = index(a, "--delete", deletes(tmp_path / "d.parquet", ["01", " a-1", "a-2", " b"]))
+    assert rc == 0, stderr
+    assert live_ids(tmp_path / "out") == {"1", "1.0", "a-1", "A-2"}
+    assert report["deletes"]["deleted"] == 2 and report["deletes"]["not_found"] == 2
+    # an integer matches no string id exactly (1 could be "1" or "01"): refused, nothing deleted
+    rc, stderr, _, _ = index(a, "--delete", deletes(tmp_path / "i.parquet", [1], pa.int64()))
+    assert rc == 65 and "holds integers" in stderr and "ids are strings" in stderr
+    assert live_ids(tmp_path / "out") == {"1", "1.0", "a-1", "A-2"}
+
+
+def test_the_python_api_reads_delete_ids_the_same_way(tmp_path, fake_model):
+    a = int_shard(tmp_path / "a.parquet", list(range(10)))
+    out, engine = tmp_path / "out", fake_engine_factory(None)
+    petal.index(a, out, model=str(fake_model), quiet=True, engine_factory=engine)
+    report = petal.index(a, out, model=str(fake_model), quiet=True, engine_factory=engine,
+                         delete=deletes(tmp_path / "d.parquet", ["003", " 4"]))
+    assert report.deletes["deleted"] == 2 and live_ids(out) == set(range(10)) - {3, 4}
+    with pytest.raises(BadInputError, match="row 0"):
+        petal.index(a, out, model=str(fake_model), quiet=True, engine_factory=engine,
+                    delete=deletes(tmp_path / "bad.parquet", ["5.0"]))
+
+
+def test_precomputed_vectors_read_delete_ids_the_same_way(tmp_path):
+    vectors = [[float(i == j) for j in range(8)] for i in range(8)]
+    pq.write_table(pa.table({"id": pa.array(range(8), pa.int64()), "emb": pa.array(vectors, pa.list_(pa.float32()))}),
+                   tmp_path / "a.parquet")
+    base = ["index", str(tmp_path / "a.parquet"), "--out", str(tmp_path / "out"), "--vectors-column", "emb", "-q"]
+    assert fake_invoke(base).exit_code == 0
+    result = fake_invoke([*base, "--delete", str(deletes(tmp_path / "d.parquet", ["002"]))])
+    assert result.exit_code == 0, result.output
+    assert live_ids(tmp_path / "out") == set(range(8)) - {2}
+    result = fake_invoke([*base, "--delete", str(deletes(tmp_path / "bad.parquet", ["2.5"]))])
+    assert result.exit_code == 65 and "row 0" in result.stderr, result.output
+    assert live_ids(tmp_path / "out") == set(range(8)) - {2}
