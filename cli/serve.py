@@ -110,7 +110,7 @@ def serve(index_path: Path | None, model: str | None, host: str, port: int, api_
     from petal.pipeline.index.search import IndexReader
     from petal.pipeline.jobs.index_run import model_spec
     from petal.pipeline.jobs.query import QueryModel, SearchIndex, engine_config, model_for_index
-    from petal.pipeline.layout import resolve_index_dir
+    from petal.pipeline.serve.leases import lease_first_version, release_with
     from petal.pipeline.serve.metrics import ServeMetrics
     from petal.pipeline.serve.server import bind
     from petal.pipeline.serve.server import serve as run_server
@@ -130,15 +130,16 @@ def serve(index_path: Path | None, model: str | None, host: str, port: int, api_
         served_model_name=served_model_name, search_dtype=search_dtype, search_exact=search_exact,
         switch_interval_ms=switch_interval_ms,
         search_device="cuda" if cuda and search_device != "cpu" and index_path is not None else "cpu"))
-    # not an index (a typo): said at once, before any port or model; the version served first
-    first_version = resolve_index_dir(index_path) if index_path is not None else None
+    # not an index (a typo): said at once, before any port or model; the version served first, leased now so that
+    # a re-index while the model loads cannot prune it
+    first_version = lease_first_version(index_path) if index_path is not None else None
     sock = bind(host, port)  # before loading: a taken port fails in a second, not after the model load
 
     def load(metrics: ServeMetrics) -> ServeState:
         """The model and index, loaded and warm (in a thread, while the port answers /health and /ready)."""
         index = None
         if first_version is not None:
-            version_dir, manifest = first_version
+            version_dir, manifest, held = first_version
             spec = model_for_index(manifest, model, allow_pickle_weights, query_prompt)
         else:
             options = usage(lambda: ModelOptions(query_prompt=query_prompt,
@@ -162,7 +163,8 @@ def serve(index_path: Path | None, model: str | None, host: str, port: int, api_
             for note in reader.ignored:  # --nprobe of a Flat index...
                 eprint(f"petal serve: note: {note}")
             index = SearchIndex.from_reader(reader, spec)
-            del reader
+            release_with(index, held)  # NOTE: held while it serves, released once the follower has moved on
+            del reader, held
         # NOTE: only the follower may hold the live version (this frame ends here), so a replaced one is freed
         # after its last search
         return ServeState(query_model, settings, index_root=index_path, index=index, nprobe=nprobe,

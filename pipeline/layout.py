@@ -10,6 +10,10 @@ OUT/rejects.parquet      the bad rows of the last run refused for them (--strict
 OUT/.lock                flock: one writer at a time (released by the kernel, even after kill -9)
 ```
 
+A reader that keeps a version open (``petal serve``: the version it serves) holds a lease on it, a shared
+flock on its ``manifest.json`` (``VersionLease``): pruning leaves a leased version on disk, and the kernel
+drops the lease when the reader closes it or dies (kill -9 included), so a dead reader never pins a version.
+
 Versions are numbered in publish order and a run makes its version live before it ends, so a
 version newer than the live one is the leftover of a run that died between the rename and the
 pointer swap: it was never live, and the next writer removes it.
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import errno
 import fcntl
 import json
 import os
@@ -26,6 +31,7 @@ import re
 import shutil
 import socket
 import stat
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -38,6 +44,7 @@ from petal.pipeline.reliability.errors import (
     ConfigError,
     OutputError,
     TemporaryFailure,
+    one_line,
     quote_path,
     quote_text,
     writing,
@@ -209,11 +216,24 @@ class OutputDir:
             # NOTE: versions after the live one are deleted only when the pointer names a real version: a
             # pointer to a missing or older version must never cost the newer (possibly live) data.
             live = self.current_version() if self.live_is_valid() else None
+            in_use: list[str] = []
             for path in self.versions_dir.iterdir():
                 never_live = live is not None and VERSION_RE.match(path.name) and path.name > live
-                if path.name.startswith((".staging-", ".deleting-")) or never_live:
+                if path.name.startswith((".staging-", ".deleting-")):
                     shutil.rmtree(path, ignore_errors=True)
                     removed.append(path)
+                elif never_live:
+                    # NOTE: a version after the live one that a reader holds was live (CURRENT was set back by
+                    # hand, and a server that refused the older version still serves this one): kept
+                    with _unless_in_use(path) as free:
+                        if free:
+                            shutil.rmtree(path, ignore_errors=True)
+                            removed.append(path)
+                        else:
+                            in_use.append(path.name)
+            if in_use:
+                _note(f"kept {', '.join(sorted(in_use))} (newer than the live version {live}): in use by a reader "
+                      "(a petal serve that serves it); removed by a run after that reader lets it go")
         for tmp in [*self.root.glob(".CURRENT.tmp-*"), *self.root.glob(".write-probe-*"),
                     *self.root.glob(".rejects.parquet.tmp-*")]:
             tmp.unlink(missing_ok=True)
@@ -246,21 +266,136 @@ class OutputDir:
             raise
         return final
 
-    def prune_versions(self, keep: int) -> list[str]:
-        """Delete all but the live version and the ``keep - 1`` versions before it (rollback targets).
+    def prune_versions(self, keep: int, in_use: list[str] | None = None) -> list[str]:
+        """Delete all but the live version and the ``keep - 1`` versions before it (rollback targets); returns
+        the versions deleted.
 
-        A version is renamed to ``.deleting-*`` before it is deleted, so a crash midway never leaves
-        a half-deleted directory under a version name.
+        A version a reader holds open (``VersionLease``: the one a ``petal serve`` serves, which may be an older
+        one when it refused the live one) is kept: named on stderr and appended to ``in_use``; a run after the
+        reader lets it go removes it. A version is renamed to ``.deleting-*`` before it is deleted, so a crash
+        midway never leaves a half-deleted directory under a version name.
         """
         live = self.current_version() if self.live_is_valid() else None
         older = [v for v in self.versions() if live is not None and v < live]
         doomed = older[: max(0, len(older) - (keep - 1))] if keep >= 1 else []
+        removed: list[str] = []
+        kept: list[str] = []
         for version in doomed:
             fault("version_prune", self.versions_dir / version)
-            trash = self.versions_dir / f".deleting-{version}"
-            os.replace(self.versions_dir / version, trash)
-            shutil.rmtree(trash, ignore_errors=True)
-        return doomed
+            with _unless_in_use(self.versions_dir / version) as free:
+                if not free:
+                    kept.append(version)
+                    continue
+                trash = self.versions_dir / f".deleting-{version}"
+                os.replace(self.versions_dir / version, trash)
+                shutil.rmtree(trash, ignore_errors=True)  # NOTE: under the exclusive lock: no lease taken meanwhile
+            removed.append(version)
+        if kept:
+            _note(f"kept {', '.join(kept)}, which --keep-versions would remove: in use by a reader (a petal serve "
+                  "that serves it, having refused the live version?); removed by a run after that reader lets it go")
+            if in_use is not None:
+                in_use.extend(kept)
+        return removed
+
+
+class VersionLease:
+    """A reader's hold on a published version, so that pruning leaves it on disk: a shared ``flock`` on the
+    version's ``manifest.json``, held until ``release()`` (``petal serve``: until the version it served is
+    replaced and its last request has finished).
+
+    The kernel drops the lock when the descriptor is closed or the process dies, kill -9 included: a dead
+    reader never pins a version. Nothing is written (OUT may be mounted read-only). A writer about to delete a
+    version takes an exclusive lock without waiting (``_unless_in_use``) and keeps the version when it cannot.
+
+    Taken on a version that is gone or being deleted: ``FileNotFoundError``. On a filesystem without locks
+    (``held`` False, ``why`` says what failed) nothing protects the version, as before leases.
+    """
+
+    def __init__(self, version_dir: Path) -> None:
+        self.version_dir = Path(version_dir)
+        self.why: str | None = None  # why none is held (held False)
+        self._fd: int | None = None
+        path = self.version_dir / MANIFEST_FILE
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise
+        except OSError as exc:  # a symlink (ELOOP), ...: pruning cannot lock it either (_unless_in_use)
+            self.why = f"cannot open {quote_path(path)} to lock it: {exc.strerror or exc}"
+            return
+        try:
+            opened = os.fstat(fd)
+            if not stat.S_ISREG(opened.st_mode):
+                raise FileNotFoundError(errno.ENOENT, "not a regular file", str(path))
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError as exc:  # a writer holds it exclusively: deleting it right now
+                raise FileNotFoundError(errno.ENOENT, "the version is being deleted", str(path)) from exc
+            except OSError as exc:  # no locks on this filesystem (ENOLCK...): pruning cannot tell either
+                self.why = f"cannot lock {quote_path(path)}: {exc.strerror or exc}"
+                os.close(fd)
+                return
+            now = os.stat(path, follow_symlinks=False)  # NOTE: deleted between the open and the lock: gone
+            if (now.st_dev, now.st_ino) != (opened.st_dev, opened.st_ino):
+                raise FileNotFoundError(errno.ENOENT, "the version was deleted", str(path))
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def release(self) -> None:
+        """Let the version go (again: a no-op)."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)  # releases the flock
+
+    def __enter__(self) -> VersionLease:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+@contextlib.contextmanager
+def _unless_in_use(version_dir: Path) -> Iterator[bool]:
+    """Yields whether ``version_dir`` may be deleted: True while holding the exclusive lock of its manifest (a
+    reader's ``VersionLease`` cannot start until the deletion is done), False when a reader holds a lease.
+
+    A version without a regular manifest cannot be leased (True). A filesystem without locks: True, as before
+    leases (no reader can hold one there either)."""
+    path = version_dir / MANIFEST_FILE
+    fd = None
+    # NOTE: read-write first: NFS emulates flock with POSIX locks, whose exclusive lock needs a writable descriptor
+    for flags in (os.O_RDWR, os.O_RDONLY):
+        try:
+            fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            break
+        except OSError as exc:
+            if exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS, errno.EISDIR):
+                break  # gone, a symlink, ...: nothing a reader can lease
+    if fd is None:
+        yield True
+        return
+    try:
+        free = True
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                free = False
+            except OSError:  # no locks on this filesystem: no lease either
+                pass
+        yield free
+    finally:
+        os.close(fd)
+
+
+def _note(message: str) -> None:
+    print(f"petal: note: {one_line(message)}", file=sys.stderr, flush=True)
 
 
 def resolve_index_dir(path: Path) -> tuple[Path, Manifest]:

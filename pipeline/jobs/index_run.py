@@ -510,7 +510,7 @@ def clean_up(out: OutputDir, store: EmbeddingStore, committed: list[StoreEntry],
     try:
         report.pruned["store_entries"] = store.prune({e.path for e in committed})
         prune_side_files(out.store_dir, {e.path for e in committed})  # tombstones, stored columns
-        report.pruned["versions"] = out.prune_versions(job.keep_versions)
+        report.pruned["versions"] = out.prune_versions(job.keep_versions, report.pruned.setdefault("in_use", []))
         out.rejects_file.unlink(missing_ok=True)  # a refused run's rejects are stale once one succeeds
     except OSError as exc:  # the index is published; what is left is removed by the next run
         _say(f"warning: cleaning up {quote_path(out.root)} failed ({exc.strerror or exc}); the next run retries")

@@ -9,9 +9,10 @@ assignment)
 
 A search takes ``live`` once and keeps that object to the end, so in-flight searches finish on the
 version they started on and every answer comes from exactly one version; the old version's memory
-returns when its last search drops it. A version that fails to open or was built with another
-model or output transform is refused: the old version keeps serving and ``/ready`` and
-``petal_index_refused`` say why.
+returns when its last search drops it, and so does its lease (``leases.py``: a ``petal index`` run does
+not prune the version a server serves; once released, the next run may). A version that fails to open
+or was built with another model or output transform is refused: the old version keeps serving and
+``/ready`` and ``petal_index_refused`` say why.
 
 A version that fails to open (not there yet, a file missing or short, an I/O error, corrupt) or whose GPU
 copy cannot be made is tried again while CURRENT names it, after 1, 2, 4 ... s (at most 60 s apart): a
@@ -38,6 +39,7 @@ from petal.pipeline.index.search import IndexReader, current_pointer
 from petal.pipeline.jobs.query import SearchIndex, model_mismatch
 from petal.pipeline.manifest import Manifest, ModelRecord, StoredFormat
 from petal.pipeline.reliability.errors import ConfigError, PetalError
+from petal.pipeline.serve.leases import lease, release_with
 from petal.pipeline.serve.metrics import ServeMetrics
 
 log = logging.getLogger("petal.serve")
@@ -145,13 +147,21 @@ class IndexFollower:
                 self._refuse(reader.manifest.version, *candidate_or_why)
                 return False
             candidate = candidate_or_why
+            try:
+                # NOTE: held while it serves (a prune leaves it on disk), released when the version is freed
+                held = lease(candidate.reader.dir)
+            except OSError as exc:  # pruned since it opened (CURRENT names a newer one): tried again
+                self._refuse(candidate.version, "open", f"cannot open {candidate.version}: {exc}", retry=True)
+                return False
             if self.prepare is not None:
                 try:
                     self.prepare(candidate.reader)
                 except Exception as exc:  # e.g. out of GPU memory: the old version keeps serving; tried again
+                    held.release()
                     self._refuse(candidate.version, "prepare", f"cannot prepare {candidate.version}: {exc}",
                                  retry=True)
                     return False
+            release_with(candidate, held)
             old = self.live.version
             self.live = candidate  # NOTE: the swap; searches holding the old object finish on it
             self.refused = None
