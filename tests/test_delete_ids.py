@@ -1,5 +1,5 @@
-"""``--delete IDS.parquet`` read as the index's ids are: integer ids by value, string ids by exact text (the CLI,
-``petal.index`` and ``--vectors-column`` alike).
+"""``--delete IDS.parquet`` read as the index's ids are, and ``--delete`` with ``--sync`` or a replaced shard: what
+is counted deleted, what is said, and a run the guard refuses leaves no tombstone behind.
 
 Through the CLI (and ``petal.index``) with the tests' fake engine (tests/fake_engine.py); Parquet, store and
 FAISS are real.
@@ -138,3 +138,44 @@ def test_precomputed_vectors_read_delete_ids_the_same_way(tmp_path):
     result = fake_invoke([*base, "--delete", str(deletes(tmp_path / "bad.parquet", ["2.5"]))])
     assert result.exit_code == 65 and "row 0" in result.stderr, result.output
     assert live_ids(tmp_path / "out") == set(range(8)) - {2}
+
+
+def test_sync_with_delete_counts_ids_of_dropped_shards_as_deleted(tmp_path, index):
+    a, b = int_shard(tmp_path / "a.parquet", list(range(20))), int_shard(tmp_path / "b.parquet", list(range(20, 40)))
+    assert index(a, b)[0] == 0
+    # 25 is in the live index, in b, which --sync drops: deleted as asked, not "not in the index"; 999 is nowhere
+    rc, stderr, report, _ = index(a, "--sync", "--max-removed", "50%",
+                                  "--delete", deletes(tmp_path / "d.parquet", [3, 25, 999], pa.int64()))
+    assert rc == 0, stderr
+    assert "1 of 3 ids are not in the index (e.g. 999)" in stderr and "25" not in stderr.splitlines()[0]
+    assert report["deletes"]["deleted"] == 2 and report["deletes"]["not_found"] == 1
+    assert report["deletes"]["sample_not_found"] == ["999"] and "2 deleted" in stderr
+    assert report["removed"]["documents"] == 19  # b's other ids (the one asked for is not the guard's)
+    # every document of the live version is accounted for: kept, deleted or removed with its shard
+    assert report["removed"]["of"] == report["index"]["num_vectors"] + report["rows"]["deleted"] + 19 == 40
+    assert live_ids(tmp_path / "out") == set(range(20)) - {3}
+
+
+def test_delete_of_an_id_gone_from_a_replaced_shard_is_not_called_missing(tmp_path, index):
+    a = int_shard(tmp_path / "a.parquet", list(range(10)))
+    assert index(a)[0] == 0
+    int_shard(a, list(range(8)))  # 8 and 9 are gone from the new content; 9 is also asked for
+    rc, stderr, report, _ = index(a, "--delete", deletes(tmp_path / "d.parquet", [9], pa.int64()))
+    assert rc == 0, stderr
+    assert "warning" not in stderr and report["deletes"]["not_found"] == 0 and report["deletes"]["deleted"] == 1
+    assert report["removed"]["replaced"] == 1 and live_ids(tmp_path / "out") == set(range(8))
+
+
+def test_a_delete_refused_by_the_guard_deletes_nothing_later(tmp_path, index):
+    a, b = int_shard(tmp_path / "a.parquet", list(range(20))), int_shard(tmp_path / "b.parquet", list(range(20, 40)))
+    assert index(a, b)[0] == 0
+    rc, stderr, report, _ = index(a, "--sync", "--delete", deletes(tmp_path / "d.parquet", [1, 2, 3], pa.int64()))
+    last = stderr.strip().splitlines()[-2]  # the summary line (the error follows it)
+    assert rc == 65 and "Nothing was published" in stderr and report["removed"]["documents"] == 20
+    assert "deleted" not in last and "documents removed" not in last, last  # neither happened
+    assert not list((tmp_path / "out" / "store").rglob("deleted/*/*.parquet"))  # no tombstone left behind
+    # the user answers the refusal another way: the deletion they gave up on does not happen behind their back
+    rc, stderr, report, _ = index(a, b)
+    assert rc == 0 and report["status"] == "nothing-to-do" and live_ids(tmp_path / "out") == set(range(40)), stderr
+    rc, stderr, report, _ = index(a, b, "--delete", tmp_path / "d.parquet")  # asked again, it holds
+    assert rc == 0 and live_ids(tmp_path / "out") == set(range(40)) - {1, 2, 3} and "3 deleted" in stderr

@@ -49,6 +49,7 @@ from petal.pipeline.jobs.removals import (
     kept_records,
     kept_shard,
     kept_vectors,
+    live_version_ids,
     removed_documents,
 )
 from petal.pipeline.jobs.report import RunReport
@@ -70,7 +71,6 @@ from petal.pipeline.reliability.errors import (
     ConfigError,
     FlagError,
     NoInputError,
-    PetalError,
     PetalIOError,
     flag_errors,
     one_line,
@@ -78,7 +78,6 @@ from petal.pipeline.reliability.errors import (
     writing,
 )
 from petal.pipeline.reliability.faults import fault
-from petal.pipeline.reliability.safe_files import check_regular
 from petal.pipeline.reliability.signals import StopSignals
 from petal.pipeline.store.changes import live_manifest, shard_changes
 from petal.pipeline.store.columns import ColumnsNeed, check_keep_columns, ensure_columns
@@ -92,7 +91,7 @@ from petal.pipeline.store.embeddings import (
 )
 from petal.pipeline.store.outputs import OutputTransform
 from petal.pipeline.store.side_files import prune_side_files
-from petal.pipeline.store.tombstones import DeleteIds, apply_deletes, deleted_rows, read_delete_ids
+from petal.pipeline.store.tombstones import DeleteIds, Deletion, apply_deletes, deleted_rows, read_delete_ids
 
 if TYPE_CHECKING:
     from petal.engine.engine import Engine
@@ -272,14 +271,9 @@ def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory
         tally_rows(named, report, embedded_now, kept)
         by_path = {info.abs_path: e for info, e in zip([*shards, *kept_infos], [*named, *kept])}
         shards, committed = all_shards, [by_path[info.abs_path] for info in all_shards]
-        if delete_ids is not None:
-            deletion = apply_deletes(committed, delete_ids)
-            report.rows["deleted"] = deletion.deleted
-            report.deletes = {"requested": deletion.requested, "deleted": deletion.deleted,
-                              "not_found": deletion.not_found, "sample_not_found": deletion.sample_not_found}
-            if deletion.not_found:
-                _say(f"warning: --delete: {deletion.not_found} of {deletion.requested} ids are not in the index "
-                     f"(e.g. {', '.join(map(str, deletion.sample_not_found))})")
+        # --delete: planned here, written once the guard has passed (a refused run leaves no tombstone behind)
+        deletion = record_deletion(out, committed, delete_ids, report) if delete_ids is not None else None
+        pending = deletion.pending_counts() if deletion is not None else None
         no_text = ensure_columns(store, committed, need, {i.abs_path: i.path for i in all_shards if i.num_row_groups})
         if no_text:
             _say(f"warning: the text of {len(no_text)} kept shards is not stored (their files are gone or changed), "
@@ -287,12 +281,12 @@ def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory
         if sum(e.num_embedded for e in committed) == 0:
             raise NoInputError(f"no rows to index: {report.rows['total']} rows read, all skipped "
                                f"({report.rows['skipped'] or 'no rows'})")
-        damage = live_damage(out, previous) if previous is not None and unchanged(previous, shards, committed, job) \
-            else None
+        same = previous is not None and unchanged(previous, shards, committed, job, pending)
+        damage = live_damage(out, previous) if previous is not None and same else None
         if damage is not None:  # the live version's files are broken: rebuild it from the store (no re-embedding)
             _say(f"warning: the live version is damaged ({damage}); publishing a new one built from the store")
             report.repaired = damage
-        elif previous is not None and unchanged(previous, shards, committed, job):
+        elif same:
             report.version = out.current_version()
             assert report.version is not None
             report.rejects_file = str(out.version_dir(report.version) / "rejects.parquet")
@@ -300,6 +294,8 @@ def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory
             report.finish("nothing-to-do", 0, "no shard or setting changed; the live version stays")
             return report
         guard_removals(out, job, shards, committed, delete_ids, report)  # exit 65 before anything is published
+        if deletion is not None:
+            deletion.write()  # the tombstones the build leaves out (they hold for every later run)
         stop.check()
 
         # [7] index: built from the store, written beside the live version, published atomically
@@ -635,10 +631,13 @@ def check_drift(previous: Manifest, settings: EmbeddingSettings | PrecomputedSet
                           "--full to rebuild it")
 
 
-def unchanged(previous: Manifest, shards: list[ShardInfo], entries: list[StoreEntry], job: IndexJob) -> bool:
-    """True when the live version was built from exactly these store entries and index settings."""
+def unchanged(previous: Manifest, shards: list[ShardInfo], entries: list[StoreEntry], job: IndexJob,
+              pending: dict[Path, int] | None = None) -> bool:
+    """True when the live version was built from exactly these store entries and index settings; ``pending``:
+    the deleted rows of entries whose tombstones this run has planned and not written yet."""
+    deleted = pending or {}
     before = [(s.abs_path, s.entry, s.deleted) for s in previous.shards]
-    now = [(s.abs_path, e.fingerprint, tombstoned(e)) for s, e in zip(shards, entries)]
+    now = [(s.abs_path, e.fingerprint, deleted.get(e.path, tombstoned(e))) for s, e in zip(shards, entries)]
     same_columns = previous.kept_columns == tuple(job.keep_columns)
     return before == now and same_columns and previous.index.settings == job.index
 
@@ -698,19 +697,14 @@ def version_counts(entries: list[StoreEntry], num_vectors: int) -> Counts:
 def guard_removals(out: OutputDir, job: IndexJob, shards: list[ShardInfo], entries: list[StoreEntry],
                    delete_ids: DeleteIds | None, report: RunReport) -> None:
     """``--max-removed``: refuse (65) a version that loses more of the live one's documents than allowed."""
-    version = out.current_version()
-    if version is None:
+    before = live_version_ids(out)  # None: no live version, or an unreadable one (--full, or damaged: rebuilt)
+    if before is None:
         return
-    ids_file = out.version_dir(version) / "ids.parquet"
-    try:
-        check_regular(ids_file, out.root)  # NOTE: never a FIFO, never a symlink out of OUT
-    except (OSError, PetalError):
-        return  # an unreadable live version (--full, or damaged: rebuilt from the store): nothing to compare with
     previous = live_manifest(out)  # NOTE: a malformed live manifest (--full) has nothing to compare
     dropped = dropped_entries(EmbeddingStore(out.store_dir), previous, shards)
     try:
-        removal = removed_documents(ids_file, entries, delete_ids, dropped, report.shard_changes.get("removed", []))
-    except (OSError, pa.ArrowException):  # a damaged live ids.parquet (the run rebuilds it): nothing to compare
+        removal = removed_documents(before, entries, delete_ids, dropped, report.shard_changes.get("removed", []))
+    except (OSError, pa.ArrowException):  # a damaged store file: the build that follows names it
         return
     report.removed = removal.as_dict()
     check_removal(removal, job.max_removed or RemovalLimit.default(job.sync), job.sync)
@@ -722,6 +716,22 @@ def check_delete_ids(delete_ids: DeleteIds, shards: list[ShardInfo], kept: list[
     string = any("int" not in s.id_type for s in shards)  # no id column: '<shard>:<row>', a string
     if string or not kept:
         delete_ids.typed(string)
+
+
+def record_deletion(out: OutputDir, committed: list[StoreEntry], delete_ids: DeleteIds, report: RunReport) -> Deletion:
+    """``--delete``: the ids' rows in the new version's entries (tombstones planned, written by ``Deletion.write``)
+    and the report. An id asked for that the new version's shards no longer hold but the live version did leaves
+    with its shard (``--sync`` drops it, or its new content lacks it): deleted as asked, not "not in the index"."""
+    deletion = apply_deletes(committed, delete_ids, write=False)
+    if deletion.not_found:
+        deletion.gone_with_shards(live_version_ids(out))
+    report.rows["deleted"] = deletion.deleted
+    report.deletes = {"requested": deletion.requested, "deleted": deletion.deleted, "not_found": deletion.not_found,
+                      "sample_not_found": deletion.sample_not_found, "rows": deletion.rows}
+    if deletion.not_found:
+        _say(f"warning: --delete: {deletion.not_found} of {deletion.requested} ids are not in the index "
+             f"(e.g. {', '.join(map(str, deletion.sample_not_found))})")
+    return deletion
 
 
 def live_or_refuse(out: OutputDir) -> Manifest | None:

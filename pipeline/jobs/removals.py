@@ -27,8 +27,10 @@ import pyarrow.parquet as pq
 from petal.pipeline.config import RemovalLimit
 from petal.pipeline.ingest.parquet import ShardInfo
 from petal.pipeline.ingest.remote import RemotePath
+from petal.pipeline.layout import OutputDir
 from petal.pipeline.manifest import Manifest, ShardRecord
-from petal.pipeline.reliability.errors import BadInputError, ConfigError
+from petal.pipeline.reliability.errors import BadInputError, ConfigError, PetalError
+from petal.pipeline.reliability.safe_files import check_regular
 from petal.pipeline.store.embeddings import EmbeddingStore, StoreEntry
 from petal.pipeline.store.tombstones import DeleteIds, deleted_rows, string_ids
 
@@ -109,11 +111,24 @@ def dropped_entries(store: EmbeddingStore, previous: Manifest | None, kept: list
     return [entry for entry in found if entry is not None]
 
 
-def removed_documents(previous_ids: Path, entries: list[StoreEntry], deleted: DeleteIds | None,
+def live_version_ids(out: OutputDir) -> pa.ChunkedArray | None:
+    """The live version's ids (its ``ids.parquet``) as text; ``None`` when there is no live version or its ids
+    cannot be read (``--full`` over a damaged one, which the run rebuilds from the store): nothing to compare."""
+    version = out.current_version()
+    if version is None:
+        return None
+    ids_file = out.version_dir(version) / "ids.parquet"
+    try:
+        check_regular(ids_file, out.root)  # NOTE: never a FIFO, never a symlink out of OUT
+        return pq.read_table(ids_file, columns=["id"]).column("id").cast(pa.string())
+    except (OSError, PetalError, pa.ArrowException):
+        return None
+
+
+def removed_documents(before: pa.ChunkedArray, entries: list[StoreEntry], deleted: DeleteIds | None,
                       dropped: list[StoreEntry], dropped_shards: list[str]) -> Removal:
-    """What the new version (``entries``) loses against the live one (its ``ids.parquet``), not counting
+    """What the new version (``entries``) loses against the live one (``before``: its ids as text), not counting
     the ``deleted`` ids asked for; split into the documents of ``dropped`` shards and replaced ones."""
-    before = pq.read_table(previous_ids, columns=["id"]).column("id").cast(pa.string())
     lost = pc.filter(before, pc.invert(pc.is_in(before, value_set=pc.unique(live_ids(entries)))))
     if deleted is not None and len(lost):  # the ids asked for, read as apply_deletes read them (7 for "007")
         asked = deleted.typed(string_ids(entries)).cast(pa.string())

@@ -79,15 +79,16 @@ class RunReport:
         if self.command == "index":
             kept = f", {len(self.shard_changes['kept'])} kept" if self.shard_changes.get("kept") else ""
             reused = f", {self.rows['reused']} reused" if self.rows.get("reused") else ""
-            deleted = f", {self.rows['deleted']} deleted" if "deleted" in self.rows else ""
+            done = self.status in ("success", "nothing-to-do")  # else what was planned did not happen
+            deleted = f", {self.rows['deleted']} deleted" if "deleted" in self.rows and done else ""
             parts.append(
                 f"{self.shards['total']} shards ({self.shards['embedded']} embedded, {self.shards['reused']} reused"
                 f"{kept}), {self.rows['embedded']} rows embedded{reused}, {skipped} skipped, "
                 f"{self.rows['truncated']} truncated{deleted}"
             )
-            if self.shard_changes and self.status in ("success", "nothing-to-do"):  # planned changes did not happen
+            if self.shard_changes and done:
                 parts.append(", ".join(f"{len(v)} {k}" for k, v in self.shard_changes.items()))
-            if self.removed.get("documents"):
+            if self.removed.get("documents") and done:  # refused (65): the error says what it would have removed
                 parts.append(f"{self.removed['documents']} documents removed")
             if self.index.get("num_vectors") is not None:
                 parts.append(f"{self.index['num_vectors']} vectors in {self.index.get('factory')}")

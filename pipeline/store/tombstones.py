@@ -131,18 +131,45 @@ def string_ids(entries: list[StoreEntry]) -> bool:
 
 @dataclass
 class Deletion:
-    """What ``--delete`` did: ids asked for, found in the store (now deleted), not found."""
+    """What ``--delete`` did: ids asked for, found (now deleted), not found."""
 
     requested: int = 0
     deleted: int = 0
     not_found: int = 0
     rows: int = 0  # store rows newly tombstoned (an id in several shards counts in each)
-    sample_not_found: list[str] = field(default_factory=list)
+    missing: pa.Array = field(default_factory=lambda: pa.array([], pa.string()))  # the ids not found, as text
+    pending: list[tuple[StoreEntry, np.ndarray]] = field(default_factory=list)  # tombstones not written yet
+
+    def pending_counts(self) -> dict[Path, int]:
+        """The deleted rows each entry will have once the pending tombstones are written (by entry path)."""
+        return {entry.path: len(rows) for entry, rows in self.pending}
+
+    def write(self) -> None:
+        """Write the pending tombstones (each atomically; idempotent when a run is repeated)."""
+        for entry, rows in self.pending:
+            _write_tombstone(entry, rows)
+        self.pending = []
+
+    @property
+    def sample_not_found(self) -> list[str]:
+        return self.missing.slice(0, 5).to_pylist()
+
+    def gone_with_shards(self, live: pa.Array | pa.ChunkedArray | None) -> int:
+        """Ids not found in the new version's entries that the live version held (``live``: its ids as text): they
+        leave with a shard this run drops (``--sync``) or replaces, as asked; counted deleted. Returns how many."""
+        if live is None or not len(self.missing) or not len(live):
+            return 0
+        held = pc.is_in(self.missing, value_set=pc.unique(live)).to_numpy(zero_copy_only=False)
+        self.missing = self.missing.filter(pa.array(~held))
+        self.deleted += int(held.sum())
+        self.not_found = len(self.missing)
+        return int(held.sum())
 
 
-def apply_deletes(entries: list[StoreEntry], asked: DeleteIds) -> Deletion:
+def apply_deletes(entries: list[StoreEntry], asked: DeleteIds, write: bool = True) -> Deletion:
     """Tombstone every row of ``entries`` whose id is in ``asked``; idempotent (rows deleted already stay). The ids
-    are read as the version's ids are (``DeleteIds.typed``), checked before any tombstone is written."""
+    are read as the version's ids are (``DeleteIds.typed``), checked before any tombstone is written. ``write``
+    False: the tombstones wait in ``Deletion.pending`` for ``Deletion.write()`` (after the run's last check)."""
     as_text = string_ids(entries)
     ids = asked.typed(as_text)
     id_type = pa.string() if as_text else pa.int64()
@@ -158,11 +185,13 @@ def apply_deletes(entries: list[StoreEntry], asked: DeleteIds) -> Deletion:
         old = deleted_rows(entry)
         new = np.union1d(old, rows.column("row").to_numpy()[hit].astype(np.int64))
         if len(new) > len(old):
-            _write_tombstone(entry, new)
+            result.pending.append((entry, new))
             result.rows += len(new) - len(old)
     result.deleted = int(found.sum())
     result.not_found = len(ids) - result.deleted
-    result.sample_not_found = ids.filter(pa.array(~found)).slice(0, 5).cast(pa.string()).to_pylist()
+    result.missing = ids.filter(pa.array(~found)).cast(pa.string())
+    if write:
+        result.write()
     return result
 
 
