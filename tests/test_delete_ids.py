@@ -1,5 +1,6 @@
-"""``--delete IDS.parquet`` read as the index's ids are, and ``--delete`` with ``--sync`` or a replaced shard: what
-is counted deleted, what is said, and a run the guard refuses leaves no tombstone behind.
+"""``--delete IDS.parquet`` read as the index's ids are, ``--sync``/replaced shards with ``--delete``, and the
+counts that say where rows went: the summary line after deletes (``--full``, kept shards), ``petal rebuild``'s
+report.
 
 Through the CLI (and ``petal.index``) with the tests' fake engine (tests/fake_engine.py); Parquet, store and
 FAISS are real.
@@ -164,6 +165,43 @@ def test_delete_of_an_id_gone_from_a_replaced_shard_is_not_called_missing(tmp_pa
     assert rc == 0, stderr
     assert "warning" not in stderr and report["deletes"]["not_found"] == 0 and report["deletes"]["deleted"] == 1
     assert report["removed"]["replaced"] == 1 and live_ids(tmp_path / "out") == set(range(8))
+
+
+def test_summary_accounts_for_rows_deleted_earlier_and_kept_rows(tmp_path, index):
+    a, b = int_shard(tmp_path / "a.parquet", list(range(20))), int_shard(tmp_path / "b.parquet", list(range(20, 40)))
+    c = int_shard(tmp_path / "c.parquet", list(range(40, 45)))
+    assert index(a, b)[0] == 0
+    rc, stderr, report, _ = index(a, b, "--delete", deletes(tmp_path / "d.parquet", [1, 22], pa.int64()))
+    assert rc == 0 and "2 deleted" in stderr and "deleted earlier" not in stderr  # said once, by this run
+    # an additive run: the kept shards' rows and the rows deleted earlier are said, so the counts add up
+    rc, stderr, report, _ = index(c)
+    last = stderr.strip().splitlines()[-1]
+    assert rc == 0 and "5 rows embedded, 40 kept," in last and "2 deleted earlier" in last, last
+    assert "43 vectors" in last and report["index"]["deleted"] == 2
+    # --full re-embeds every shard; the deletions hold, and the summary says where the 2 rows went
+    rc, stderr, report, _ = index(c, "--full")
+    last = stderr.strip().splitlines()[-1]
+    assert rc == 0 and "45 rows embedded" in last and "43 vectors" in last and "2 deleted earlier" in last, last
+    assert report["rows"]["embedded"] - report["index"]["deleted"] == report["index"]["num_vectors"] == 43
+
+
+def test_rebuild_report_counts_the_rows_of_the_version(tmp_path, index):
+    a = pa.table({"id": pa.array(range(12), pa.int64()), "text": [f"document {i}" for i in range(10)] + [None, ""]})
+    pq.write_table(a, tmp_path / "a.parquet")
+    b = int_shard(tmp_path / "b.parquet", list(range(20, 30)))
+    assert index(tmp_path / "a.parquet", b)[0] == 0
+    rc, _, indexed, _ = index(tmp_path / "a.parquet", b, "--delete", deletes(tmp_path / "d.parquet", [3], pa.int64()))
+    assert rc == 0
+    report = tmp_path / "rebuild.json"
+    result = fake_invoke(["rebuild", str(tmp_path / "out"), "--index-factory", "Flat", "--json-report", str(report)])
+    assert result.exit_code == 0, result.output
+    rebuilt = json.loads(report.read_text())
+    assert rebuilt["rows"]["total"] == indexed["rows"]["total"] == 22  # the rows of the version's shards
+    assert rebuilt["rows"]["reused"] == 20 and rebuilt["rows"]["embedded"] == 0
+    assert rebuilt["rows"]["skipped"] == indexed["rows"]["skipped"] and sum(rebuilt["rows"]["skipped"].values()) == 2
+    assert rebuilt["index"]["num_vectors"] == 19 and rebuilt["index"]["deleted"] == indexed["index"]["deleted"] == 1
+    assert rebuilt["rejects_file"] and Path(rebuilt["rejects_file"]).is_file()
+    assert rebuilt["rejects_file"].startswith(str(tmp_path / "out" / "versions" / rebuilt["version"]))
 
 
 def test_a_delete_refused_by_the_guard_deletes_nothing_later(tmp_path, index):

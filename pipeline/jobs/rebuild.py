@@ -33,6 +33,7 @@ from petal.pipeline.reliability.safe_files import check_regular
 from petal.pipeline.reliability.signals import StopSignals
 from petal.pipeline.store.columns import ColumnsNeed, columns_path
 from petal.pipeline.store.embeddings import EmbeddingStore, StoreEntry, sha256_file
+from petal.pipeline.store.tombstones import deleted_rows
 
 KEEP_VERSIONS = 2  # NOTE: as pipeline/jobs/index_run.py (not imported: it pulls in torch and the engine)
 FINGERPRINT_RE = re.compile(r"^[0-9a-f]{16,64}$")
@@ -76,7 +77,7 @@ def run_rebuild(out_path: Path, settings: IndexSettings, report: RunReport, wait
             raise ConfigError(f"{quote_path(out_path)} has no published index to rebuild; build one with petal index")
         entries = store_entries(out, previous)
         report.shards["total"] = report.shards["reused"] = len(entries)
-        report.rows["reused"] = sum(e.num_embedded for e in entries)  # NOTE: from the store; a rebuild embeds none
+        tally_store_rows(entries, report)
         transform = previous.output
         kind = index_kind(transform.quantize, transform.output_dtype) if transform is not None else "float32"
         check_index_factory(settings, kind, previous.dim, report.rows["reused"])  # exit 2, before any work
@@ -96,11 +97,26 @@ def run_rebuild(out_path: Path, settings: IndexSettings, report: RunReport, wait
         except OSError as exc:  # published: what is left is removed by the next run
             _say(f"warning: pruning old versions of {quote_path(out.root)} failed ({exc.strerror or exc})")
     report.version = version
-    report.index = result.report()
+    report.index = {**result.report(), "deleted": sum(len(deleted_rows(e)) for e in entries)}  # as petal index's
+    if (out.version_dir(version) / "rejects.parquet").is_file():
+        report.rejects_file = str(out.version_dir(version) / "rejects.parquet")
     report.timings_s["index"] = round(result.seconds, 3)
     report.finish("success", 0, f"{result.num_vectors} vectors in {result.factory} ({result.storage}), "
                                 f"version {version}")
     return report
+
+
+def tally_store_rows(entries: list[StoreEntry], report: RunReport) -> None:
+    """The rows of the version's shards, counted as a ``petal index`` run that reused every shard counts them:
+    ``total`` the shards' rows, ``reused`` the rows embedded (from the store; a rebuild embeds none), ``skipped``
+    by reason and ``truncated`` as the store recorded them."""
+    report.rows["total"] = sum(e.num_rows for e in entries)
+    report.rows["reused"] = sum(e.num_embedded for e in entries)
+    report.rows["truncated"] = sum(e.num_truncated for e in entries)
+    report.rows["skipped"] = {}
+    for entry in entries:
+        for reason, count in entry.skipped.items():
+            report.skip(reason, int(count))
 
 
 def _say(message: str) -> None:

@@ -79,11 +79,12 @@ class RunReport:
         if self.command == "index":
             kept = f", {len(self.shard_changes['kept'])} kept" if self.shard_changes.get("kept") else ""
             reused = f", {self.rows['reused']} reused" if self.rows.get("reused") else ""
+            kept_rows = f", {self.rows['kept']} kept" if self.rows.get("kept") else ""  # the kept shards' rows
             done = self.status in ("success", "nothing-to-do")  # else what was planned did not happen
             deleted = f", {self.rows['deleted']} deleted" if "deleted" in self.rows and done else ""
             parts.append(
                 f"{self.shards['total']} shards ({self.shards['embedded']} embedded, {self.shards['reused']} reused"
-                f"{kept}), {self.rows['embedded']} rows embedded{reused}, {skipped} skipped, "
+                f"{kept}), {self.rows['embedded']} rows embedded{reused}{kept_rows}, {skipped} skipped, "
                 f"{self.rows['truncated']} truncated{deleted}"
             )
             if self.shard_changes and done:
@@ -92,6 +93,9 @@ class RunReport:
                 parts.append(f"{self.removed['documents']} documents removed")
             if self.index.get("num_vectors") is not None:
                 parts.append(f"{self.index['num_vectors']} vectors in {self.index.get('factory')}")
+            earlier = int(self.index.get("deleted") or 0) - int(self.deletes.get("rows") or 0)
+            if earlier > 0:  # tombstones of earlier runs hold (incremental, --full, rebuild): say where the rows went
+                parts.append(f"{earlier} deleted earlier (by the --delete of an earlier run)")
             if self.index.get("superseded"):
                 parts.append(f"{self.index['superseded']} superseded (ids also in a shard that sorts later)")
             if self.repaired:
