@@ -201,6 +201,7 @@ def _followed(index: Index, where: str | None) -> Index:
     if fresh is None:
         return index
     click.echo(f"petal query: note: answering from {fresh.path.name}, published during this session", err=True)
+    index.close()  # NOTE: its lease goes now, so the next petal index run may prune the version left behind
     return fresh
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -18,13 +19,14 @@ from petal.pipeline.index.files import IDS_FILE, INDEX_FILE, open_parquet, read_
 from petal.pipeline.index.row_groups import IdMap, RowGroups
 from petal.pipeline.index.tune import apply_params
 from petal.pipeline.index.verify import OpenCheck, check_on_open
-from petal.pipeline.layout import resolve_index_dir
+from petal.pipeline.layout import VersionLease, resolve_index_dir
 from petal.pipeline.manifest import Manifest
 from petal.pipeline.reliability.errors import (
     BadInputError,
     ConfigError,
     PetalError,
     PetalIOError,
+    TemporaryFailure,
     one_line,
     quote_path,
     quote_text,
@@ -99,13 +101,30 @@ class IndexReader:
             pointer = current_pointer(path)
             try:
                 self.dir, self.manifest = resolve_index_dir(path)
-                self._open(nprobe, rescore)
+                try:
+                    # NOTE: held while this reader lives, so a re-index's pruning (--keep-versions) leaves the
+                    # version on disk under a long-lived reader (query --stdin, the Python API, serve)
+                    held = VersionLease(self.dir)
+                except FileNotFoundError as exc:  # pruned since CURRENT was read
+                    raise TemporaryFailure(f"{quote_path(self.dir)} was deleted while it was opened "
+                                           "(re-indexing?); retry") from exc
+                try:
+                    self._open(nprobe, rescore)
+                except BaseException:
+                    held.release()
+                    raise
+                self._lease = held
+                weakref.finalize(self, held.release)
                 return
             except (OSError, RuntimeError, PetalError):
                 # NOTE: a writer can publish a new version and prune this one between our reading CURRENT
                 # and opening its files; CURRENT then names another, complete version: open that one.
                 if attempt == OPEN_ATTEMPTS or current_pointer(path) == pointer:
                     raise
+
+    def close(self) -> None:
+        """Release the version's lease now (also when this reader is freed): pruning may delete it again."""
+        self._lease.release()
 
     def _open(self, nprobe: int | None, rescore: int | None) -> None:
         """Open the version; a file the libraries cannot read or a malformed manifest field is a

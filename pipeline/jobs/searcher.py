@@ -35,7 +35,7 @@ class Index:
             raise UsageError(f"path {path!r} is {kind_of(path)}, not a path to an index")
         nprobe = None if nprobe is None else whole_number(nprobe, "nprobe", 1)
         rescore = None if rescore is None else whole_number(rescore, "rescore", 0)
-        self.reader = IndexReader(Path(path), nprobe=nprobe, rescore=rescore)
+        self._reader: IndexReader | None = IndexReader(Path(path), nprobe=nprobe, rescore=rescore)
         self._root, self._nprobe, self._rescore = Path(path), nprobe, rescore
         self._refused: str | None = None  # the version CURRENT named that ``reopened`` could not open
         self._model_settings: dict[str, Any] = {"model": model, "device": device, "dtype": dtype,
@@ -43,6 +43,31 @@ class Index:
                                                 "allow_pickle_weights": allow_pickle_weights}
         self._service: QueryService | None = None
         self._service_lock = threading.Lock()  # NOTE: threads searching at once load the model once
+
+    @property
+    def reader(self) -> IndexReader:
+        """The open version (``UsageError`` after ``close()``)."""
+        if self._reader is None:
+            raise UsageError(f"this index ({self._root}) was closed: open it again (petal.open_index)")
+        return self._reader
+
+    def close(self) -> None:
+        """Let the version go: its lease (a ``petal index`` run may prune it again) and, once nothing else holds
+        them, its files and memory. Searching afterwards raises ``UsageError``; closing again does nothing. Also
+        the end of a ``with petal.open_index(...) as index:`` block.
+
+        NOTE: explicit, not left to the garbage collector: an ``Index`` caught in a reference cycle lives until a
+        full collection, and ``petal query`` freezes what exists at start-up (``startup_done``), cycles included."""
+        reader, self._reader = self._reader, None
+        self._service = None
+        if reader is not None:
+            reader.close()
+
+    def __enter__(self) -> Index:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     @property
     def path(self) -> Path:

@@ -1,0 +1,110 @@
+"""Every open index holds a lease on its version (``IndexReader``: a shared flock on the version's manifest), so a
+re-index's pruning leaves the version a long-lived reader still reads: the Python API's ``Index`` and a
+``petal query --stdin`` session, not only ``petal serve`` (tests/test_serve_leases.py). The lease goes with the
+reader: a session that moved to the new version, or an ``Index`` that was dropped, lets the next run prune.
+
+Real components: ``petal index`` child processes with the packaged MiniLM, a real ``petal query --stdin`` child."""
+
+from __future__ import annotations
+
+import gc
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import petal
+from tests.test_serve_leases import current, leased
+
+TEXTS = ["glaciers flow downhill under their own weight", "a recipe for sourdough bread",
+         "the tides follow the moon", "volcanoes erupt molten rock"]
+
+
+def write_shard(data: Path, name: str, texts: list[str]) -> None:
+    data.mkdir(exist_ok=True)
+    pq.write_table(pa.table({"id": [f"{name}-{i}" for i in range(len(texts))], "text": texts}),
+                   data / f"{name}.parquet")
+
+
+def index(data: Path, out: Path, *args: object) -> tuple[dict, str]:
+    report = out.parent / f"report-{time.monotonic_ns()}.json"
+    run = subprocess.run([sys.executable, "-m", "petal.cli.main", "index", str(data), "--out", str(out), "-q",
+                          "--json-report", str(report), *map(str, args)], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    return json.loads(report.read_text()), run.stderr
+
+
+@pytest.fixture
+def two_versions(tmp_path, minilm_dir):
+    data, out = tmp_path / "data", tmp_path / "out"
+    write_shard(data, "a", TEXTS)
+    index(data, out)
+    return data, out
+
+
+def test_an_open_index_keeps_its_version_through_a_prune_and_lets_it_go_when_dropped(two_versions):
+    data, out = two_versions
+    first = out / "versions" / current(out)
+    opened = petal.open_index(out)
+    assert leased(first)
+    write_shard(data, "b", ["a shard that changes the index"])
+    report, stderr = index(data, out, "--keep-versions", "1")
+    assert current(out) != first.name
+    assert first.is_dir() and first.name in report["pruned"]["in_use"], (report["pruned"], stderr)
+    assert first.name not in report["pruned"]["versions"] and first.name in stderr
+    hits = opened.search("how do glaciers move", k=2)[0]  # the open version still answers, texts included
+    assert hits[0].id == "a-0" and opened.texts(hits)[0] == TEXTS[0]
+
+    del opened, hits
+    gc.collect()
+    assert not leased(first)
+    write_shard(data, "c", ["one more shard"])
+    report, _ = index(data, out, "--keep-versions", "1")
+    assert not first.exists() and first.name in report["pruned"]["versions"] and report["pruned"]["in_use"] == []
+
+
+def test_a_query_stdin_session_keeps_its_version_until_it_moves_on(two_versions):
+    data, out = two_versions
+    first = out / "versions" / current(out)
+    session = subprocess.Popen([sys.executable, "-m", "petal.cli.main", "query", str(out), "--stdin", "--json",
+                                "-k", "1"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+    try:
+        assert session.stdin is not None and session.stdout is not None
+        session.stdin.write("how do glaciers move\n")
+        session.stdin.flush()
+        assert json.loads(session.stdout.readline())["hits"][0]["id"] == "a-0"
+        assert leased(first)
+        write_shard(data, "b", ["a shard that changes the index"])
+        report, _ = index(data, out, "--keep-versions", "1")
+        assert first.is_dir() and first.name in report["pruned"]["in_use"], report["pruned"]
+
+        session.stdin.write("what do volcanoes do\n")  # the session follows CURRENT: the next line moves it on
+        session.stdin.flush()
+        assert json.loads(session.stdout.readline())["hits"][0]["id"] == "a-3"
+        deadline = time.monotonic() + 30
+        while leased(first):
+            assert time.monotonic() < deadline, "the session still holds the version it moved away from"
+            time.sleep(0.05)
+        write_shard(data, "c", ["one more shard"])
+        report, _ = index(data, out, "--keep-versions", "1")
+        assert not first.exists() and first.name in report["pruned"]["versions"]
+    finally:
+        session.kill()
+        session.wait()
+
+
+def test_close_lets_the_version_go_and_a_closed_index_says_so(two_versions):
+    _, out = two_versions
+    first = out / "versions" / current(out)
+    with petal.open_index(out) as opened:
+        assert leased(first) and opened.search("glaciers", k=1)[0][0].id == "a-0"
+    assert not leased(first)
+    with pytest.raises(petal.UsageError, match="was closed"):
+        opened.search("glaciers", k=1)
+    opened.close()  # again: nothing
