@@ -108,3 +108,21 @@ def test_close_lets_the_version_go_and_a_closed_index_says_so(two_versions):
     with pytest.raises(petal.UsageError, match="was closed"):
         opened.search("glaciers", k=1)
     opened.close()  # again: nothing
+
+
+def test_petal_rebuild_keeps_a_version_in_use_and_reports_it(two_versions):
+    data, out = two_versions
+    first = out / "versions" / current(out)
+    with petal.open_index(out):
+        write_shard(data, "b", ["a shard that changes the index"])
+        index(data, out)  # v2: v1 is the one before the live one, kept anyway
+        report = out.parent / "rebuild.json"
+        run = subprocess.run([sys.executable, "-m", "petal.cli.main", "rebuild", str(out), "--json-report",
+                              str(report)], capture_output=True, text=True, timeout=600)
+        assert run.returncode == 0, run.stderr
+        pruned = json.loads(report.read_text())["pruned"]
+        assert first.is_dir() and pruned["in_use"] == [first.name] and first.name not in pruned["versions"], pruned
+    run = subprocess.run([sys.executable, "-m", "petal.cli.main", "rebuild", str(out), "--json-report", str(report)],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    assert not first.exists() and first.name in json.loads(report.read_text())["pruned"]["versions"]

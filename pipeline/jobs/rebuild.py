@@ -93,7 +93,7 @@ def run_rebuild(out_path: Path, settings: IndexSettings, report: RunReport, wait
             shutil.rmtree(staging, ignore_errors=True)  # a full disk gets its space back at once
             raise
         try:
-            out.prune_versions(KEEP_VERSIONS)
+            report.pruned["versions"] = out.prune_versions(KEEP_VERSIONS, report.pruned.setdefault("in_use", []))
         except OSError as exc:  # published: what is left is removed by the next run
             _say(f"warning: pruning old versions of {quote_path(out.root)} failed ({exc.strerror or exc})")
     report.version = version
