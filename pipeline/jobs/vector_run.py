@@ -34,7 +34,7 @@ from petal.pipeline.store.changes import live_manifest, shard_changes
 from petal.pipeline.store.columns import ColumnsNeed, check_keep_columns, ensure_columns
 from petal.pipeline.store.embeddings import EmbeddingStore, StoreEntry, settings_fingerprint, sha256_file
 from petal.pipeline.store.outputs import OutputTransform
-from petal.pipeline.store.tombstones import apply_deletes, read_delete_ids
+from petal.pipeline.store.tombstones import read_delete_ids
 
 
 def vector_settings(column: str, dim: int, job: IndexJob) -> PrecomputedSettings:
@@ -108,21 +108,21 @@ def run_vector_index(job: IndexJob, column: str, report: RunReport, stop: StopSi
         run.tally_rows(named, report, embedded_now, kept)
         by_path = {i.abs_path: e for i, e in zip([*shards, *kept_infos], [*named, *kept])}
         committed = [by_path[i.abs_path] for i in all_shards]
-        if delete_ids is not None:
-            deletion = apply_deletes(committed, delete_ids)
-            report.rows["deleted"] = deletion.deleted
-            report.deletes = {"requested": deletion.requested, "deleted": deletion.deleted,
-                              "not_found": deletion.not_found, "sample_not_found": deletion.sample_not_found}
+        # --delete: planned here, written once the guard has passed (as petal index's text runs: one code path)
+        deletion = run.record_deletion(out, committed, delete_ids, report) if delete_ids is not None else None
+        pending = deletion.pending_counts() if deletion is not None else None
         ensure_columns(store, committed, need, {i.abs_path: i.path for i in shards})
         if sum(e.num_embedded for e in committed) == 0:
             raise NoInputError(f"no vectors to index: {report.rows['total']} rows read, all skipped "
                                f"({report.rows['skipped'] or 'no rows'})")
-        if previous is not None and run.unchanged(previous, all_shards, committed, job):
+        if previous is not None and run.unchanged(previous, all_shards, committed, job, pending):
             report.version = out.current_version()
             run.clean_up(out, store, committed, job, report)
             report.finish("nothing-to-do", 0, "no shard or setting changed; the live version stays")
             return report
-        run.guard_removals(out, job, all_shards, committed, delete_ids, report)
+        run.guard_removals(out, job, all_shards, committed, delete_ids, report)  # exit 65 before anything is published
+        if deletion is not None:
+            deletion.write()  # the tombstones the build leaves out (they hold for every later run)
         stop.check()
         transform = OutputTransform(model_dim=dim, dim=dim, renormalize=False, cosine=False)
         with writing(out.versions_dir):
@@ -146,7 +146,7 @@ def run_vector_index(job: IndexJob, column: str, report: RunReport, stop: StopSi
             shutil.rmtree(staging, ignore_errors=True)
             raise
         report.version = version
-        report.index = result.report()
+        report.index = {**result.report(), "deleted": sum(run.tombstoned(e) for e in committed)}
         report.rejects_file = str(out.version_dir(version) / "rejects.parquet")
         run.clean_up(out, store, committed, job, report)
     report.finish("success", 0)
