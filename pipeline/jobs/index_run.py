@@ -91,7 +91,14 @@ from petal.pipeline.store.embeddings import (
 )
 from petal.pipeline.store.outputs import OutputTransform
 from petal.pipeline.store.side_files import prune_side_files
-from petal.pipeline.store.tombstones import DeleteIds, Deletion, apply_deletes, deleted_rows, read_delete_ids
+from petal.pipeline.store.tombstones import (
+    DeleteIds,
+    Deletion,
+    apply_deletes,
+    deleted_rows,
+    read_delete_ids,
+    settle_staged,
+)
 
 if TYPE_CHECKING:
     from petal.engine.engine import Engine
@@ -192,6 +199,7 @@ def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory
         report.timings_s["lock_wait"] = round(checks_started - locking, 3)
         fault("after_lock")
         out.clean_orphans()
+        settle_tombstones(out)  # what a run killed around its publish left: its deletion holds iff it published
         previous = None if job.full else live_or_refuse(out)  # --full: even an unreadable live version
         # the weights' sha256: recorded beside the same stat (verified later), or hashed by now (the drift check
         # needs it before the model loads); None: nothing to compare or look up, it is needed once the model is loaded
@@ -294,8 +302,8 @@ def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory
             report.finish("nothing-to-do", 0, "no shard or setting changed; the live version stays")
             return report
         guard_removals(out, job, shards, committed, delete_ids, report)  # exit 65 before anything is published
-        if deletion is not None:
-            deletion.write()  # the tombstones the build leaves out (they hold for every later run)
+        if deletion is not None:  # the build leaves the planned rows out; the tombstones are written at the publish
+            committed = deletion.apply(committed)
         stop.check()
 
         # [7] index: built from the store, written beside the live version, published atomically
@@ -327,7 +335,7 @@ def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory
                               weights.stat_to_record()).write(staging / MANIFEST_FILE)
             stop.check()  # NOTE: the last stop: once the pointer swaps, the run is done and ends as a success
             t0 = time.perf_counter()
-            out.publish(staging, version)
+            publish_version(out, staging, version, deletion)  # --delete's tombstones take effect with it
             published_s = time.perf_counter() - t0
         except BaseException:
             if result is not None and result.pending is not None:
@@ -335,13 +343,15 @@ def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory
             shutil.rmtree(staging, ignore_errors=True)  # gone by now if the rename happened
             raise
         fault("after_publish")
+        committed_tombstones = commit_tombstones(out, deletion)
         report.timings_s["index"] = round(time.perf_counter() - index_started, 3)
         report.version = version
         report.index = {**result.report(), "deleted": sum(tombstoned(e) for e in committed)}
         report.index["timings_s"]["publish"] = round(published_s, 3)  # fsync, rename, pointer swap
         report.rejects_file = str(out.version_dir(version) / "rejects.parquet")
         t0 = time.perf_counter()
-        clean_up(out, store, committed, job, report)
+        if committed_tombstones:  # NOTE: else clean-up would prune the staged tombstones the live version holds to
+            clean_up(out, store, committed, job, report)
         report.timings_s["clean_up"] = round(time.perf_counter() - t0, 3)
     report.finish("success", 0)
     return report
@@ -719,10 +729,11 @@ def check_delete_ids(delete_ids: DeleteIds, shards: list[ShardInfo], kept: list[
 
 
 def record_deletion(out: OutputDir, committed: list[StoreEntry], delete_ids: DeleteIds, report: RunReport) -> Deletion:
-    """``--delete``: the ids' rows in the new version's entries (tombstones planned, written by ``Deletion.write``)
-    and the report. An id asked for that the new version's shards no longer hold but the live version did leaves
-    with its shard (``--sync`` drops it, or its new content lacks it): deleted as asked, not "not in the index"."""
-    deletion = apply_deletes(committed, delete_ids, write=False)
+    """``--delete``: the ids' rows in the new version's entries (tombstones planned, written with the version that
+    publishes them: ``Deletion.apply``, ``publish_version``) and the report. An id asked for that the new version's
+    shards no longer hold but the live version did leaves with its shard (``--sync`` drops it, or its new content
+    lacks it): deleted as asked, not "not in the index"."""
+    deletion = apply_deletes(committed, delete_ids)
     if deletion.not_found:
         deletion.gone_with_shards(live_version_ids(out))
     report.rows["deleted"] = deletion.deleted
@@ -732,6 +743,53 @@ def record_deletion(out: OutputDir, committed: list[StoreEntry], delete_ids: Del
         _say(f"warning: --delete: {deletion.not_found} of {deletion.requested} ids are not in the index "
              f"(e.g. {', '.join(map(str, deletion.sample_not_found))})")
     return deletion
+
+
+def settle_tombstones(out: OutputDir) -> None:
+    """Under the lock, before anything reads tombstones: the staged tombstones of a run that died around its
+    publish are committed if the live version was built with them, else removed (``settle_staged``)."""
+    with writing(out.store_dir / "deleted"):
+        done, dropped = settle_staged(out)
+    if done:
+        _say(f"the --delete of an interrupted run was published: its {done} staged tombstones committed")
+    if dropped:
+        _say(f"the --delete of an interrupted run was not published: its {dropped} staged tombstones removed")
+
+
+def publish_version(out: OutputDir, staging: Path, version: str, deletion: Deletion | None) -> None:
+    """Make ``staging`` the live version, ``--delete``'s tombstones with it: staged (fsynced) just before, they are
+    in force once ``CURRENT`` names this version (pipeline/store/tombstones.py), so a run that dies or fails before
+    the swap deleted nothing and one that dies after it keeps the deletion. A failure removes what was staged."""
+    try:
+        if deletion is not None:
+            deletion.stage(version)
+        fault("tombstones_staged", out.store_dir / "deleted")
+        out.publish(staging, version)
+    except BaseException:
+        if deletion is not None and not _is_live(out, version):
+            deletion.discard()
+        raise
+
+
+def _is_live(out: OutputDir, version: str) -> bool:
+    try:
+        return out.current_version() == version
+    except ConfigError:
+        return False
+
+
+def commit_tombstones(out: OutputDir, deletion: Deletion | None) -> bool:
+    """After the publish: the staged tombstones become their entries' tombstones. A failure is a warning (they are
+    in force as they are; the next run commits them). False then: clean-up must wait (it would prune them)."""
+    if deletion is None:
+        return True
+    try:
+        deletion.commit()
+    except (OSError, PetalIOError) as exc:
+        _say(f"warning: committing the tombstones of {quote_path(out.root)} failed ({exc}); the deletion is "
+             "published and holds, the next run commits them")
+        return False
+    return True
 
 
 def live_or_refuse(out: OutputDir) -> Manifest | None:

@@ -29,6 +29,7 @@ from petal.pipeline.jobs.report import RunReport
 from petal.pipeline.layout import OutputDir
 from petal.pipeline.manifest import MANIFEST_FILE, PrecomputedSettings, StoredColumns
 from petal.pipeline.reliability.errors import NoInputError, writing
+from petal.pipeline.reliability.faults import fault
 from petal.pipeline.reliability.signals import StopSignals
 from petal.pipeline.store.changes import live_manifest, shard_changes
 from petal.pipeline.store.columns import ColumnsNeed, check_keep_columns, ensure_columns
@@ -67,6 +68,7 @@ def run_vector_index(job: IndexJob, column: str, report: RunReport, stop: StopSi
 
     with out.lock(wait=job.wait, on_wait=run._say, check=stop.check):
         out.clean_orphans()
+        run.settle_tombstones(out)  # what a run killed around its publish left: its deletion holds iff it published
         previous = None if job.full else out.current_manifest()
         if previous is not None:
             run.check_drift(previous, settings, out.root)
@@ -121,8 +123,8 @@ def run_vector_index(job: IndexJob, column: str, report: RunReport, stop: StopSi
             report.finish("nothing-to-do", 0, "no shard or setting changed; the live version stays")
             return report
         run.guard_removals(out, job, all_shards, committed, delete_ids, report)  # exit 65 before anything is published
-        if deletion is not None:
-            deletion.write()  # the tombstones the build leaves out (they hold for every later run)
+        if deletion is not None:  # the build leaves the planned rows out; the tombstones are written at the publish
+            committed = deletion.apply(committed)
         stop.check()
         transform = OutputTransform(model_dim=dim, dim=dim, renormalize=False, cosine=False)
         with writing(out.versions_dir):
@@ -139,16 +141,19 @@ def run_vector_index(job: IndexJob, column: str, report: RunReport, stop: StopSi
                                     StoredColumns(bool(text), tuple(job.keep_columns)) if stored else None
                                     ).write(staging / MANIFEST_FILE)
             stop.check()
-            out.publish(staging, version)
+            run.publish_version(out, staging, version, deletion)  # --delete's tombstones take effect with it
         except BaseException:
             import shutil
 
             shutil.rmtree(staging, ignore_errors=True)
             raise
+        fault("after_publish")
+        committed_tombstones = run.commit_tombstones(out, deletion)
         report.version = version
         report.index = {**result.report(), "deleted": sum(run.tombstoned(e) for e in committed)}
         report.rejects_file = str(out.version_dir(version) / "rejects.parquet")
-        run.clean_up(out, store, committed, job, report)
+        if committed_tombstones:  # NOTE: else clean-up would prune the staged tombstones the live version holds to
+            run.clean_up(out, store, committed, job, report)
     report.finish("success", 0)
     return report
 

@@ -44,6 +44,7 @@ FAULT_POINTS: dict[str, str] = {
     "after_shard_commit": "a shard's entry is committed (renamed into the store)",
     "before_index_build": "every shard committed; about to build the index in a staging directory",
     "after_index_build": "index.faiss and ids.parquet staged; rejects and manifest not yet",
+    "tombstones_staged": "--delete's tombstones staged beside the store (in force once CURRENT names the version)",
     "before_version_rename": "staging directory complete and fsynced, not yet renamed to versions/<id>",
     "before_current_swap": "versions/<id> in place, CURRENT still names the previous version",
     "after_publish": "CURRENT names the new version; nothing pruned yet",

@@ -9,10 +9,23 @@ A tombstone names rows of one committed entry, so a deletion holds for the shard
 made against: every later run (incremental, ``--full`` on the same content, ``petal rebuild``)
 leaves those rows out, and a shard whose content changes is indexed as it now is (its new entry has
 no tombstone; the old one is pruned with its entry). An id in a shard added later is indexed.
+
+A deletion takes effect with the version that publishes it, never before (a run that fails, is refused or is
+killed deletes nothing), and holds once that version is live (a crash after the pointer swap loses nothing):
+
+1. planned in memory (``apply_deletes``): the build reads the planned rows from the entries it is given
+   (``Deletion.apply`` -> ``PlannedEntry``), and the version's manifest counts them (``ShardRecord.deleted``);
+2. staged just before the publish, fsynced, beside the tombstone they will replace:
+   ``OUT/store/deleted/<shard key>/<fingerprint>.staged-<version>.parquet`` (the full new set of rows);
+3. the pointer swap is the commit: a staged tombstone is in force (``deleted_rows``) exactly when the live
+   manifest records its entry with that many deleted rows, i.e. the live version was built with it;
+4. after the publish, each staged file is renamed over the entry's tombstone (``Deletion.commit``); what a
+   crash leaves is settled by the next run under the lock (``settle_staged``): renamed if in force, else removed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from dataclasses import dataclass, field
@@ -24,10 +37,20 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from petal.pipeline.layout import OutputDir
 from petal.pipeline.reliability.durable import fsync_dir
-from petal.pipeline.reliability.errors import BadInputError, NoInputError, quote_path, quote_text, writing
-from petal.pipeline.store.embeddings import StoreEntry
+from petal.pipeline.reliability.errors import (
+    BadInputError,
+    NoInputError,
+    PetalError,
+    quote_path,
+    quote_text,
+    writing,
+)
+from petal.pipeline.store.embeddings import StoreEntry, shard_key
 from petal.pipeline.store.side_files import side_file
+
+STAGED = ".staged-"  # <fingerprint>.staged-<version>.parquet: a tombstone waiting for its version's publish
 
 
 def tombstone_path(entry_dir: Path) -> Path:
@@ -35,12 +58,110 @@ def tombstone_path(entry_dir: Path) -> Path:
     return side_file(entry_dir, "deleted")
 
 
+def staged_path(entry_dir: Path, version: str) -> Path:
+    """Where the tombstone a run publishes as ``version`` waits for the publish (beside the entry's tombstone)."""
+    return tombstone_path(entry_dir).with_name(f"{entry_dir.name}{STAGED}{version}.parquet")
+
+
+@dataclass(frozen=True, eq=False)
+class PlannedEntry(StoreEntry):
+    """A store entry with the tombstone a run has planned for it and not written yet (``planned``: every deleted
+    row, earlier ones included): the build, the manifest and the report read these rows (``deleted_rows``)."""
+
+    planned: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64), repr=False)
+
+
 def deleted_rows(entry: StoreEntry) -> np.ndarray:
-    """Rows of ``entry`` deleted by ``--delete`` (sorted int64; empty when none)."""
+    """Rows of ``entry`` deleted by ``--delete`` (sorted int64; empty when none): the rows a run plans
+    (``PlannedEntry``), else a staged tombstone the live version was built with, else the entry's tombstone."""
+    if isinstance(entry, PlannedEntry):
+        return entry.planned
+    staged = staged_in_force(entry.path)
+    if staged is not None:
+        return _read_rows(staged)
     path = tombstone_path(entry.path)
     if not path.is_file():
         return np.zeros(0, dtype=np.int64)
+    return _read_rows(path)
+
+
+def _read_rows(path: Path) -> np.ndarray:
     return np.sort(pq.read_table(path, columns=["row"]).column("row").to_numpy().astype(np.int64))
+
+
+def _staged_files(entry_dir: Path) -> list[Path]:
+    key_dir = tombstone_path(entry_dir).parent
+    if not key_dir.is_dir():
+        return []
+    return sorted(key_dir.glob(f"{entry_dir.name}{STAGED}*.parquet"))
+
+
+def staged_in_force(entry_dir: Path, live: dict[tuple[str, str], int] | None = None) -> Path | None:
+    """The staged tombstone of the entry in ``entry_dir`` that the live version was built with, if any: its
+    manifest records the entry with as many deleted rows as the file holds (a staged tombstone always adds rows
+    to the entry's, so the run that staged it published). ``live``: ``live_deletions`` of the output (read here
+    when not given)."""
+    staged = _staged_files(entry_dir)
+    if not staged:
+        return None
+    if live is None:
+        live = live_deletions(OutputDir(entry_dir.parent.parent.parent.parent))  # OUT/store/shards/<key>/<fp>
+    want = live.get((entry_dir.parent.name, entry_dir.name)) if live is not None else None
+    if want is None:
+        return None
+    for path in staged:
+        try:
+            if pq.read_metadata(path).num_rows == want:
+                return path
+        except (OSError, pa.ArrowException):  # a torn file (never in force: staged files are fsynced first)
+            continue
+    return None
+
+
+def live_deletions(out: OutputDir) -> dict[tuple[str, str], int] | None:
+    """``(shard key, entry fingerprint) -> deleted rows`` of the live version's shards; empty without a live
+    version, ``None`` when it cannot be read (no staged tombstone is in force either way)."""
+    try:
+        manifest = out.current_manifest()
+    except (OSError, PetalError):
+        return None
+    if manifest is None:
+        return {}
+    return {(shard_key(s.abs_path), s.entry): int(s.deleted) for s in manifest.shards}
+
+
+def settle_staged(out: OutputDir) -> tuple[int, int]:
+    """What a run that died between staging and committing its tombstones left (call with the writer lock
+    held, before anything reads tombstones): a staged tombstone the live version was built with becomes the
+    entry's tombstone (the deletion was published); any other is removed (its run published nothing).
+    Returns ``(committed, removed)``."""
+    root = out.store_dir / "deleted"
+    if not root.is_dir():
+        return 0, 0
+    staged = sorted(root.glob(f"*/*{STAGED}*.parquet"))
+    if not staged:
+        return 0, 0
+    live = live_deletions(out)
+    if live is None:
+        return 0, 0  # NOTE: a live version that cannot be read decides nothing: left as they are (not in force)
+    committed = removed = 0
+    for path in staged:
+        fingerprint = path.name.split(STAGED)[0]
+        entry_dir = out.store_dir / "shards" / path.parent.name / fingerprint
+        if staged_in_force(entry_dir, live) == path:
+            _commit(path, tombstone_path(entry_dir))
+            committed += 1
+        else:
+            path.unlink(missing_ok=True)
+            removed += 1
+    for key_dir in {p.parent for p in staged}:
+        fsync_dir(key_dir)
+    return committed, removed
+
+
+def _commit(staged: Path, path: Path) -> None:
+    with writing(path):
+        os.replace(staged, path)
 
 
 def read_delete_ids(path: Path, id_column: str) -> DeleteIds:
@@ -140,15 +261,45 @@ class Deletion:
     missing: pa.Array = field(default_factory=lambda: pa.array([], pa.string()))  # the ids not found, as text
     pending: list[tuple[StoreEntry, np.ndarray]] = field(default_factory=list)  # tombstones not written yet
 
+    staged: list[tuple[Path, Path]] = field(default_factory=list)  # (staged file, the tombstone it replaces)
+
     def pending_counts(self) -> dict[Path, int]:
         """The deleted rows each entry will have once the pending tombstones are written (by entry path)."""
         return {entry.path: len(rows) for entry, rows in self.pending}
 
-    def write(self) -> None:
-        """Write the pending tombstones (each atomically; idempotent when a run is repeated)."""
-        for entry, rows in self.pending:
-            _write_tombstone(entry, rows)
-        self.pending = []
+    def apply(self, entries: list[StoreEntry]) -> list[StoreEntry]:
+        """``entries`` with the pending tombstones in memory (``PlannedEntry``): what the build leaves out and the
+        manifest counts. Nothing is written: the tombstones are staged at the publish (``stage``)."""
+        planned = {entry.path: rows for entry, rows in self.pending}
+        return [PlannedEntry(e.path, e.meta, planned[e.path]) if e.path in planned else e for e in entries]
+
+    def stage(self, version: str) -> None:
+        """Write the pending tombstones beside the store, each fsynced, to be published as ``version``: in force
+        once ``CURRENT`` names it (``staged_in_force``), inert until then. A failure removes what was staged."""
+        try:
+            for entry, rows in self.pending:
+                path = staged_path(entry.path, version)
+                _write_rows(path, rows)
+                self.staged.append((path, tombstone_path(entry.path)))
+        except BaseException:
+            self.discard()
+            raise
+
+    def commit(self) -> None:
+        """After the publish: each staged tombstone becomes its entry's tombstone (one rename each)."""
+        while self.staged:
+            staged, path = self.staged[0]
+            _commit(staged, path)
+            fsync_dir(path.parent)
+            self.staged.pop(0)
+
+    def discard(self) -> None:
+        """The run published nothing: remove its staged tombstones (best effort: the next run removes what is
+        left, and a staged tombstone its version never published is never in force)."""
+        for staged, _ in self.staged:
+            with contextlib.suppress(OSError):
+                staged.unlink(missing_ok=True)
+        self.staged = []
 
     @property
     def sample_not_found(self) -> list[str]:
@@ -166,10 +317,11 @@ class Deletion:
         return int(held.sum())
 
 
-def apply_deletes(entries: list[StoreEntry], asked: DeleteIds, write: bool = True) -> Deletion:
-    """Tombstone every row of ``entries`` whose id is in ``asked``; idempotent (rows deleted already stay). The ids
-    are read as the version's ids are (``DeleteIds.typed``), checked before any tombstone is written. ``write``
-    False: the tombstones wait in ``Deletion.pending`` for ``Deletion.write()`` (after the run's last check)."""
+def apply_deletes(entries: list[StoreEntry], asked: DeleteIds) -> Deletion:
+    """Plan a tombstone for every row of ``entries`` whose id is in ``asked`` (rows deleted already stay); nothing
+    is written: the tombstones wait in ``Deletion.pending`` (the build reads them through ``Deletion.apply``) and
+    are staged and committed with the version that publishes them. The ids are read as the version's ids are
+    (``DeleteIds.typed``)."""
     as_text = string_ids(entries)
     ids = asked.typed(as_text)
     id_type = pa.string() if as_text else pa.int64()
@@ -190,16 +342,17 @@ def apply_deletes(entries: list[StoreEntry], asked: DeleteIds, write: bool = Tru
     result.deleted = int(found.sum())
     result.not_found = len(ids) - result.deleted
     result.missing = ids.filter(pa.array(~found)).cast(pa.string())
-    if write:
-        result.write()
     return result
 
 
-def _write_tombstone(entry: StoreEntry, rows: np.ndarray) -> None:
-    path = tombstone_path(entry.path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+def _write_rows(path: Path, rows: np.ndarray) -> None:
+    """``path`` (a tombstone's rows), written whole and fsynced, or not at all (its directories too)."""
     tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
     with writing(path):
+        for directory in (path.parent.parent, path.parent):  # store/deleted/, its <shard key>/
+            if not directory.is_dir():
+                directory.mkdir(exist_ok=True)
+                fsync_dir(directory.parent)
         pq.write_table(pa.table({"row": pa.array(rows, pa.int64())}), tmp, write_page_checksum=True)
         with open(tmp, "rb+") as fh:
             os.fsync(fh.fileno())
