@@ -102,6 +102,10 @@ class IndexReader:
             try:
                 self.dir, self.manifest = resolve_index_dir(path)
                 try:
+                    fault("query_open", self.dir)
+                except OSError as exc:  # an injected I/O error: what opening's own would be (74)
+                    raise PetalIOError(f"{quote_path(self.dir)}: {exc.strerror or exc}") from exc
+                try:
                     # NOTE: held while this reader lives, so a re-index's pruning (--keep-versions) leaves the
                     # version on disk under a long-lived reader (query --stdin, the Python API, serve)
                     held = VersionLease(self.dir)
@@ -152,7 +156,6 @@ class IndexReader:
     def _load(self, nprobe: int | None, rescore: int | None) -> None:
         faiss = load_faiss()
 
-        fault("query_open", self.dir)
         record = self.manifest.index
         self.ignored = ignored_overrides(self.manifest, nprobe, rescore)  # said on stderr by petal query
         self.open_check = verify_files(self.dir)
