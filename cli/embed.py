@@ -14,7 +14,7 @@ from typing import IO
 import click
 
 from petal.cli.common import device_options, startup_done, user_errors
-from petal.cli.options import input_file_size, model_options, output_options
+from petal.cli.options import model_options, output_options
 
 
 @click.command()
@@ -150,6 +150,7 @@ def _input_texts(path: Path, text_column: str, id_column: str | None) -> tuple[l
     (0 bytes) holds no texts, whatever its format (a 0-byte ``.parquet`` too: no rows, not a corrupt file)."""
     from petal.pipeline.ingest.texts import TEXT_FILE_SUFFIXES, read_texts
     from petal.pipeline.reliability.errors import UsageError, quote_path
+    from petal.pipeline.reliability.safe_files import input_file_size
 
     suffix = path.suffix.lower()
     if suffix not in TEXT_FILE_SUFFIXES:

@@ -67,7 +67,8 @@ def _flag_value(args: list[str], flag: str) -> str | None:
 @click.option("--max-removed", default=None, metavar="N|F",
               help="Fail (exit 65, nothing published) when more documents of the live version would be removed: "
                    "a count or a fraction (0.1, 10%) [default: 0; 10% with --sync].")
-@click.option("--delete", "delete", type=click.Path(path_type=Path), default=None, metavar="IDS.parquet",
+@click.option("--delete", "delete", type=click.Path(path_type=Path, readable=False), default=None,
+              metavar="IDS.parquet",
               help="Remove these ids (the id column, or the file's only column) in the version this run publishes; "
                    "read as the index's ids: integer ids by value (007 is 7; 7.0 is exit 65), string ids by exact "
                    "text.")

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import os
-import stat
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, TypeVar
 
 import click
@@ -46,29 +43,3 @@ def output_options(func: F) -> F:
     func = click.option("--dim", type=click.IntRange(min=1), default=None,
                         help="Matryoshka: keep the first N dimensions (renormalised when the model normalises).")(func)
     return func
-
-
-def input_file_size(flag: str, path: Path) -> int:
-    """The size in bytes of the input file ``flag`` names (``--input``, ``--vector-file``), once it is known to
-    be one this process can read; else ``NoInputError`` (66, sysexits' "cannot open input") naming the flag and
-    the path: it does not exist, is not a regular file (a directory, a FIFO, a device) or cannot be opened for
-    reading (permission). Nothing is read, and a FIFO never blocks (opened non-blocking): a missing file costs no
-    import of torch, FAISS or Arrow. An empty file (0) is for the caller to judge: it holds no rows."""
-    from petal.pipeline.reliability.errors import NoInputError, quote_path
-
-    where = f"{flag} {quote_path(path)}"
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except (FileNotFoundError, NotADirectoryError):
-        raise NoInputError(f"{where}: no such file") from None
-    except OSError as exc:  # permission denied, a symlink loop, a name too long
-        raise NoInputError(f"{where}: cannot be read ({exc.strerror or exc})") from None
-    try:
-        info = os.fstat(fd)
-    finally:
-        os.close(fd)
-    if stat.S_ISDIR(info.st_mode):
-        raise NoInputError(f"{where} is a directory, not a file")
-    if not stat.S_ISREG(info.st_mode):
-        raise NoInputError(f"{where} is not a regular file (a FIFO, a device or a socket)")
-    return info.st_size

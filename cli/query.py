@@ -231,8 +231,8 @@ def read_vector_file(path: Path) -> Any:
     naming the file. Neither is a usage error: the flag's value, a path, is fine."""
     import numpy as np
 
-    from petal.cli.options import input_file_size
     from petal.pipeline.reliability.errors import BadInputError, NoInputError
+    from petal.pipeline.reliability.safe_files import input_file_size
 
     where = f"--vector-file {quote_path(path)}"
     if input_file_size("--vector-file", path) == 0:

@@ -1,11 +1,12 @@
-"""Input files and empty inputs of ``petal query`` and ``petal embed``, one rule for every flag.
+"""Input files and empty inputs of ``petal query``, ``petal embed`` and ``petal index``, one rule for every flag.
 
-- An input file a flag names (``query --vector-file``, ``embed --input``) that is missing, a directory, a FIFO or
-  unreadable is no input: exit 66 naming the flag and the path, before any model or index loads (was: 2 from
-  click's path check for an unreadable one, 2 for a missing or directory ``--vector-file``, 1 "Aborted!" for a
-  0-byte one).
+- An input file a flag names (``query --vector-file``, ``embed --input``, ``index --delete``) that is missing, a
+  directory, a FIFO or unreadable is no input: exit 66 naming the flag and the path, before any model or index
+  loads (was: 2 from click's path check for an unreadable one, 2 for a missing or directory ``--vector-file``, 1
+  "Aborted!" for a 0-byte one; ``--delete``: 2 for an unreadable one, 66 "no such file" for a directory or FIFO).
 - A file that opens but is not what the flag takes is bad input (65): ``--vector-file`` of junk, of the wrong
-  shape, dtype or dimension, with NaN (was: 2, a usage error; the flag's value, a path, is fine).
+  shape, dtype or dimension, with NaN (was: 2, a usage error; the flag's value, a path, is fine); a ``--delete``
+  that is not Parquet (0 bytes too) or has no id column.
 - An input given that holds nothing to do (an empty or blank-only ``--stdin``, blank TEXT only, a 0-byte
   ``--input`` of any format) is no input, 66, in both commands (was: ``petal query --stdin`` of nothing exited 0).
 """
@@ -25,8 +26,13 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
+import petal
 from petal.cli.main import cli
+from petal.pipeline.layout import OutputDir
+from petal.pipeline.reliability.errors import NoInputError
 from tests.conftest import REPO
+from tests.fake_cli import invoke as fake_invoke
+from tests.fake_engine import make_fake_model_dir
 
 
 def invoke(*args: object, stdin: str | None = None) -> tuple[int, str, str]:
@@ -95,24 +101,88 @@ def run_unprivileged(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
                           env={**os.environ, "PYTHONPATH": str(REPO)})
 
 
-def test_unreadable_input_files_are_no_input_in_both_commands(tmp_path):
-    """Permission denied: 66 naming the flag and the file (was: 2, click's 'Path ... is not readable')."""
+def test_unreadable_input_files_are_no_input_in_every_command(tmp_path):
+    """Permission denied: 66 naming the flag and the file, one line, no traceback (was: 2, click's 'Path ... is not
+    readable'; ``petal index --delete`` too)."""
     vectors = tmp_path / "q.npy"
     np.save(vectors, np.ones((1, 8), np.float32))
     texts = tmp_path / "texts.txt"
     texts.write_text("one\ntwo\n")
-    for path in (vectors, texts):
+    index_argv = vector_index_argv(tmp_path)
+    deletes = tmp_path / "deletes.parquet"
+    pq.write_table(pa.table({"id": pa.array([2], pa.int64())}), deletes)
+    for path in (vectors, texts, deletes):
         path.chmod(0)
     try:
-        for flag, argv in (("--vector-file", ["query", str(tmp_path / "no-index"), "--vector-file", str(vectors)]),
-                           ("--input", ["embed", "--input", str(texts)])):
+        for flag, path, argv in (
+                ("--vector-file", vectors, ["query", str(tmp_path / "no-index"), "--vector-file", str(vectors)]),
+                ("--input", texts, ["embed", "--input", str(texts)]),
+                ("--delete", deletes, [*index_argv, "--delete", str(deletes)])):
             proc = run_unprivileged(argv, tmp_path)
-            path = vectors if flag == "--vector-file" else texts
             assert proc.returncode == 66, (flag, proc.returncode, proc.stderr[-2000:])
             assert f"{flag} {path}: cannot be read (Permission denied)" in proc.stderr, proc.stderr[-2000:]
+            assert "Traceback" not in proc.stderr and proc.stderr.splitlines()[-1].startswith("petal: error: ")
     finally:
-        for path in (vectors, texts):
+        for path in (vectors, texts, deletes):
             path.chmod(0o644)
+    assert not (tmp_path / "out" / "CURRENT").exists()  # refused before anything was published
+
+
+def vector_index_argv(root: Path) -> list[str]:
+    """``petal index DOCS --out ROOT/out`` of 3 precomputed vectors (no model), its shard written (with text too)."""
+    emb = pa.FixedSizeListArray.from_arrays(pa.array(np.eye(3, 8, dtype=np.float32).ravel()), 8)
+    pq.write_table(pa.table({"id": pa.array([1, 2, 3], pa.int64()), "text": ["ice", "bread", "lava"], "emb": emb}),
+                   root / "docs.parquet")
+    return ["index", str(root / "docs.parquet"), "--out", str(root / "out"), "-q", "--vectors-column", "emb",
+            "--index-factory", "Flat"]
+
+
+@pytest.fixture(scope="module")
+def fake_model(tmp_path_factory) -> Path:
+    return make_fake_model_dir(tmp_path_factory.mktemp("model"))
+
+
+def index_run(root: Path, how: str, model: Path, *extra: str | Path) -> tuple[int, str]:
+    """``petal index DOCS --out ROOT/out EXTRA`` over the shard of ``vector_index_argv``: a text run (the tests' fake
+    engine) or ``--vectors-column``; (exit code, stderr)."""
+    argv = vector_index_argv(root)
+    env = None
+    if how == "text":
+        argv, env = [*argv[:5], "--model", str(model)], {"PETAL_TEST_FAKE_ENGINE": str(root / "fake.jsonl")}
+    result = fake_invoke([*argv, *map(str, extra)], env=env)
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.output
+    return result.exit_code, result.stderr
+
+
+@pytest.mark.parametrize("how", ["text", "vectors"])
+def test_delete_file_that_is_not_there_or_not_a_file_is_no_input_naming_flag_and_path(tmp_path, fake_model, how):
+    """``petal index --delete``: the rule of every input file, for text runs and --vectors-column, one line naming
+    the flag and the file; the live version is left as it was (was: 66 "no such file" for a directory or a FIFO)."""
+    assert index_run(tmp_path, how, fake_model)[0] == 0
+    before = OutputDir(tmp_path / "out").current_version()
+    for kind, path in bad_files(tmp_path, ".parquet").items():
+        if kind == "empty":
+            continue  # it opens: 0 bytes are not a Parquet file (65, below)
+        code, stderr = index_run(tmp_path, how, fake_model, "--delete", path)
+        assert code == 66, (kind, code, stderr)
+        last = stderr.splitlines()[-1]
+        assert f"--delete {path}" in last and SAID[kind] in last and "Traceback" not in stderr, (kind, stderr)
+        assert OutputDir(tmp_path / "out").current_version() == before
+    # the API reads the file the same way
+    with pytest.raises(NoInputError, match=r"--delete .* is a directory"):
+        petal.index([tmp_path / "docs.parquet"], tmp_path / "out", vectors_column="emb",
+                    delete=tmp_path / "dir.parquet")
+
+
+def test_a_delete_file_that_opens_but_is_not_ids_is_bad_input(tmp_path, fake_model):
+    """Readable but malformed stays 65 naming the flag and the file: 0 bytes, not Parquet, no id column."""
+    assert index_run(tmp_path, "vectors", fake_model)[0] == 0
+    (tmp_path / "empty.parquet").write_bytes(b"")
+    (tmp_path / "junk.parquet").write_bytes(b"not parquet at all")
+    pq.write_table(pa.table({"x": [1], "y": [2]}), tmp_path / "columns.parquet")
+    for name in ("empty.parquet", "junk.parquet", "columns.parquet"):
+        code, stderr = index_run(tmp_path, "vectors", fake_model, "--delete", tmp_path / name)
+        assert code == 65 and f"--delete {tmp_path / name}" in stderr.splitlines()[-1], (name, code, stderr)
 
 
 def test_vector_file_contents_that_are_not_vectors_are_bad_input_not_usage(tmp_path, text_index):

@@ -7,6 +7,9 @@ a regular file (a FIFO, a device, a socket or a directory is refused before it i
 opened with ``O_NONBLOCK`` and checked again with ``fstat``, so a file swapped in between cannot
 block either). A refused file is an ``UnsafeFileError``: the caller picks the exit code (the index
 run repairs a damaged version; ``query`` exits 65/78).
+
+An input file a flag names (``input_file_size``) follows the same rule outside OUT, with its own exit code: one
+that is missing, not a regular file or unreadable is no input (66), naming the flag.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import os
 import stat
 from pathlib import Path
 
-from petal.pipeline.reliability.errors import ConfigError, quote_path
+from petal.pipeline.reliability.errors import ConfigError, NoInputError, quote_path
 
 KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
          stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a directory", stat.S_IFLNK: "a symlink"}
@@ -78,3 +81,31 @@ def read_regular(path: Path, root: Path, max_bytes: int | None = None) -> bytes:
             return fh.read() if max_bytes is None else fh.read(max_bytes)
     finally:
         os.close(fd)
+
+
+def input_file_size(flag: str, path: Path) -> int:
+    """The size in bytes of the input file ``flag`` names (``petal embed --input``, ``petal query --vector-file``,
+    ``petal index --delete``; the API's ``delete=``), once it is known to be one this process can read; else
+    ``NoInputError`` (66, sysexits' "cannot open input") naming the flag and the path: it does not exist, is not a
+    regular file (a directory, a FIFO, a device) or cannot be opened for reading (permission). Nothing is read,
+    and a FIFO never blocks (opened non-blocking): a missing file costs no import of torch, FAISS or Arrow. An
+    empty file (0) is for the caller to judge; one that opens but is not what the flag takes is the caller's 65.
+
+    NOTE: the flag's click type must not check the path (``click.Path(readable=False)``): click's own check makes
+    an unreadable file a usage error (2)."""
+    where = f"{flag} {quote_path(path)}"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except (FileNotFoundError, NotADirectoryError):
+        raise NoInputError(f"{where}: no such file") from None
+    except OSError as exc:  # permission denied, a symlink loop, a name too long
+        raise NoInputError(f"{where}: cannot be read ({exc.strerror or exc})") from None
+    try:
+        info = os.fstat(fd)
+    finally:
+        os.close(fd)
+    if stat.S_ISDIR(info.st_mode):
+        raise NoInputError(f"{where} is a directory, not a file")
+    if not stat.S_ISREG(info.st_mode):
+        raise NoInputError(f"{where} is not a regular file (a FIFO, a device or a socket)")
+    return info.st_size

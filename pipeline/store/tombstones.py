@@ -41,12 +41,12 @@ from petal.pipeline.layout import OutputDir
 from petal.pipeline.reliability.durable import fsync_dir
 from petal.pipeline.reliability.errors import (
     BadInputError,
-    NoInputError,
     PetalError,
     quote_path,
     quote_text,
     writing,
 )
+from petal.pipeline.reliability.safe_files import input_file_size
 from petal.pipeline.store.embeddings import StoreEntry, shard_key
 from petal.pipeline.store.side_files import side_file
 
@@ -166,9 +166,10 @@ def _commit(staged: Path, path: Path) -> None:
 
 def read_delete_ids(path: Path, id_column: str) -> DeleteIds:
     """The ids of ``--delete FILE``: its ``id_column``, or its only column (integer or string values); how they
-    are read (as integers or as exact text) is settled against the index's ids (``DeleteIds.typed``)."""
-    if not Path(path).is_file():
-        raise NoInputError(f"--delete {quote_path(path)}: no such file")
+    are read (as integers or as exact text) is settled against the index's ids (``DeleteIds.typed``). A file that
+    is missing, not a regular file (a directory, a FIFO) or unreadable is no input (66); one that opens but is not
+    such a Parquet file is bad input (65); both name the flag and the file."""
+    input_file_size("--delete", path)
     try:
         schema = pq.read_schema(path)
         column = id_column if id_column in schema.names else schema.names[0] if len(schema.names) == 1 else None
