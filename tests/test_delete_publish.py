@@ -3,7 +3,8 @@
 A run with ``--delete`` that does not publish (a crash, an injected error, a full disk, a FAISS error, SIGTERM at
 any point before the pointer swap) leaves no tombstone in force: the next plain run publishes nothing (the
 deletion the failed run asked for does not happen behind the user's back) and leaves no tombstone behind. A run
-killed after the swap keeps its deletion: ``petal rebuild`` and the next runs leave the rows out.
+killed after the swap keeps its deletion: ``petal rebuild`` and the next runs leave the rows out. What such a
+killed run leaves staged beside the store is settled by the next writer, ``petal index`` or ``petal rebuild``.
 
 Real processes (tests/forkrun.py) running the CLI with the tests' fake engine (text runs) or none
 (``--vectors-column``); faults through ``PETAL_FAULT`` (pipeline/reliability/faults.py); Parquet, store and FAISS
@@ -180,6 +181,46 @@ def test_a_delete_takes_effect_exactly_with_its_publish(job, fake_model, point):
     assert len(job.tombstones()) == 2 and all(".staged-" not in n for n in job.tombstones()), job.tombstones()
     assert job.run("--full").rc == 0 and job.ids() == set(range(21)) - DELETED
     assert job.run().report["status"] == "nothing-to-do"
+    assert_clean(job.out)
+
+
+@pytest.mark.parametrize("fault, published", [("after_publish:1:kill", True), ("before_current_swap:1:kill", False),
+                                              ("tombstones_staged:1:kill", False)])
+def test_petal_rebuild_settles_the_staged_tombstones_a_killed_delete_left(job, fault, published):
+    """``petal rebuild`` settles what a ``--delete`` run killed around its publish left, under the lock, as ``petal
+    index`` does: a staged tombstone its version published is renamed over the entry's tombstone and holds; one
+    whose version never went live is removed and deletes nothing (was: both left beside the store as they were)."""
+    before = OutputDir(job.out).current_version()
+    killed = job.delete(fault=fault)
+    assert killed.rc == -9 and fault.split(":")[0] in job.reached(), killed.stderr
+    crashed = OutputDir(job.out).current_version()
+    assert (crashed != before) == published
+    staged = job.tombstones()
+    assert len(staged) == 2 and all(".staged-" in name for name in staged), staged  # one per shard: 3 in a, 12 in b
+    assert all(name.endswith(f".staged-{crashed}.parquet") for name in staged) == published
+
+    rebuild = forkrun.petal(["rebuild", str(job.out), "--json-report", str(job.root / "rebuild.json")])
+    assert rebuild.rc == 0 and rebuild.report["status"] == "success", rebuild.stderr
+    rebuilt = OutputDir(job.out).current_manifest()
+    assert rebuilt is not None and rebuilt.version == rebuild.report["version"] != crashed
+    kept = set(range(20)) - DELETED if published else set(range(20))
+    assert job.ids() == kept
+    assert rebuild.report["index"]["deleted"] == rebuilt.counts.deleted == (2 if published else 0)
+    if published:  # committed: each entry's own tombstone, the rows of 3 (a's row 3) and 12 (b's row 2)
+        assert job.tombstones() == sorted(f"{s.entry}.parquet" for s in rebuilt.shards)
+        rows = {Path(s.path).name: pq.read_table(next((job.out / "store" / "deleted").rglob(f"{s.entry}.parquet")))
+                .column("row").to_pylist() for s in rebuilt.shards}
+        assert rows == {"a.parquet": [3], "b.parquet": [2]}, rows
+    else:
+        assert job.tombstones() == []
+    said = "was published: its 2 staged tombstones committed" if published else \
+        "was not published: its 2 staged tombstones removed"
+    assert said in rebuild.stderr, rebuild.stderr
+    # the next runs find nothing left to settle and keep what the rebuild built
+    rerun = job.run()
+    assert rerun.rc == 0 and rerun.report["status"] == "nothing-to-do", rerun.stderr
+    assert "staged tombstones" not in rerun.stderr and job.ids() == kept
+    assert job.run("--full").rc == 0 and job.ids() == kept
     assert_clean(job.out)
 
 

@@ -97,7 +97,7 @@ from petal.pipeline.store.tombstones import (
     apply_deletes,
     deleted_rows,
     read_delete_ids,
-    settle_staged,
+    settle_tombstones,
 )
 
 if TYPE_CHECKING:
@@ -199,7 +199,7 @@ def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory
         report.timings_s["lock_wait"] = round(checks_started - locking, 3)
         fault("after_lock")
         out.clean_orphans()
-        settle_tombstones(out)  # what a run killed around its publish left: its deletion holds iff it published
+        settle_tombstones(out, _say)  # what a run killed around its publish left: its deletion holds iff it published
         previous = None if job.full else live_or_refuse(out)  # --full: even an unreadable live version
         # the weights' sha256: recorded beside the same stat (verified later), or hashed by now (the drift check
         # needs it before the model loads); None: nothing to compare or look up, it is needed once the model is loaded
@@ -743,17 +743,6 @@ def record_deletion(out: OutputDir, committed: list[StoreEntry], delete_ids: Del
         _say(f"warning: --delete: {deletion.not_found} of {deletion.requested} ids are not in the index "
              f"(e.g. {', '.join(map(str, deletion.sample_not_found))})")
     return deletion
-
-
-def settle_tombstones(out: OutputDir) -> None:
-    """Under the lock, before anything reads tombstones: the staged tombstones of a run that died around its
-    publish are committed if the live version was built with them, else removed (``settle_staged``)."""
-    with writing(out.store_dir / "deleted"):
-        done, dropped = settle_staged(out)
-    if done:
-        _say(f"the --delete of an interrupted run was published: its {done} staged tombstones committed")
-    if dropped:
-        _say(f"the --delete of an interrupted run was not published: its {dropped} staged tombstones removed")
 
 
 def publish_version(out: OutputDir, staging: Path, version: str, deletion: Deletion | None) -> None:

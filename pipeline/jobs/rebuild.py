@@ -33,7 +33,7 @@ from petal.pipeline.reliability.safe_files import check_regular
 from petal.pipeline.reliability.signals import StopSignals
 from petal.pipeline.store.columns import ColumnsNeed, columns_path
 from petal.pipeline.store.embeddings import EmbeddingStore, StoreEntry, sha256_file
-from petal.pipeline.store.tombstones import deleted_rows
+from petal.pipeline.store.tombstones import deleted_rows, settle_tombstones
 
 KEEP_VERSIONS = 2  # NOTE: as pipeline/jobs/index_run.py (not imported: it pulls in torch and the engine)
 FINGERPRINT_RE = re.compile(r"^[0-9a-f]{16,64}$")
@@ -62,7 +62,9 @@ def run_rebuild(out_path: Path, settings: IndexSettings, report: RunReport, wait
 
     ``wait`` queues behind another writer (else exit 75); ``stop`` (the caller's active ``StopSignals``)
     ends the run between phases and ends a wait for the lock; a failure at any point (disk full: 74)
-    removes the staging directory and leaves the live version as it was.
+    removes the staging directory and leaves the live version as it was. Under the lock, the staged
+    tombstones a ``--delete`` run killed around its publish left are settled first, as ``petal index``
+    does (committed if the live version was built with them, else removed).
     """
     out = OutputDir(out_path)
     if out.current_version() is None:
@@ -72,6 +74,7 @@ def run_rebuild(out_path: Path, settings: IndexSettings, report: RunReport, wait
     with contextlib.nullcontext(active) if stop is not None else active, \
             out.lock(wait=wait, on_wait=_say, check=active.check):
         out.clean_orphans()
+        settle_tombstones(out, _say)  # as petal index: what a --delete run killed around its publish left
         previous = out.current_manifest()
         if previous is None:
             raise ConfigError(f"{quote_path(out_path)} has no published index to rebuild; build one with petal index")

@@ -35,7 +35,7 @@ from petal.pipeline.store.changes import live_manifest, shard_changes
 from petal.pipeline.store.columns import ColumnsNeed, check_keep_columns, ensure_columns
 from petal.pipeline.store.embeddings import EmbeddingStore, StoreEntry, settings_fingerprint, sha256_file
 from petal.pipeline.store.outputs import OutputTransform
-from petal.pipeline.store.tombstones import read_delete_ids
+from petal.pipeline.store.tombstones import read_delete_ids, settle_tombstones
 
 
 def vector_settings(column: str, dim: int, job: IndexJob) -> PrecomputedSettings:
@@ -68,7 +68,7 @@ def run_vector_index(job: IndexJob, column: str, report: RunReport, stop: StopSi
 
     with out.lock(wait=job.wait, on_wait=run._say, check=stop.check):
         out.clean_orphans()
-        run.settle_tombstones(out)  # what a run killed around its publish left: its deletion holds iff it published
+        settle_tombstones(out, run._say)  # what a run killed around its publish left: its deletion holds iff published
         previous = None if job.full else out.current_manifest()
         if previous is not None:
             run.check_drift(previous, settings, out.root)

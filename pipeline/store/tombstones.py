@@ -20,7 +20,8 @@ killed deletes nothing), and holds once that version is live (a crash after the 
 3. the pointer swap is the commit: a staged tombstone is in force (``deleted_rows``) exactly when the live
    manifest records its entry with that many deleted rows, i.e. the live version was built with it;
 4. after the publish, each staged file is renamed over the entry's tombstone (``Deletion.commit``); what a
-   crash leaves is settled by the next run under the lock (``settle_staged``): renamed if in force, else removed.
+   crash leaves is settled under the lock by the next writer, ``petal index`` or ``petal rebuild``
+   (``settle_tombstones``): renamed if in force, else removed.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import os
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NoReturn
@@ -157,6 +159,20 @@ def settle_staged(out: OutputDir) -> tuple[int, int]:
     for key_dir in {p.parent for p in staged}:
         fsync_dir(key_dir)
     return committed, removed
+
+
+def settle_tombstones(out: OutputDir, say: Callable[[str], None]) -> tuple[int, int]:
+    """Every writer of ``out`` (``petal index``, ``petal rebuild``), under the lock before anything reads tombstones:
+    the staged tombstones of a run that died around its publish are committed if the live version was built with
+    them, else removed (``settle_staged``), each outcome told through ``say``. A disk error is 74 naming
+    ``store/deleted``. Returns ``(committed, removed)``."""
+    with writing(out.store_dir / "deleted"):
+        done, dropped = settle_staged(out)
+    if done:
+        say(f"the --delete of an interrupted run was published: its {done} staged tombstones committed")
+    if dropped:
+        say(f"the --delete of an interrupted run was not published: its {dropped} staged tombstones removed")
+    return done, dropped
 
 
 def _commit(staged: Path, path: Path) -> None:
