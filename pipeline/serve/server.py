@@ -3,6 +3,7 @@ commands) stops accepting, drains in-flight requests, and the process exits 0.""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import signal
 import socket
@@ -11,10 +12,13 @@ import threading
 from collections.abc import Iterator
 
 import uvicorn
+from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 from petal.pipeline.reliability.errors import ConfigError
 from petal.pipeline.reliability.signals import STOP_SIGNALS, HeldSignals
-from petal.pipeline.serve.app import build_app
+from petal.pipeline.serve.app import UNMATCHED, build_app
+from petal.pipeline.serve.encoding import dumps
+from petal.pipeline.serve.metrics import ServeMetrics
 from petal.pipeline.serve.service import ServeState
 from petal.pipeline.serve.startup import Startup
 
@@ -48,9 +52,36 @@ class DrainingServer(uvicorn.Server):
             await self.lifespan.shutdown()
 
 
+NOT_HTTP = ("the request is not valid HTTP/1.1 (a malformed request line, header, Content-Length or chunked body); "
+            "the connection is closed")
+
+
+def http_protocol(metrics: ServeMetrics) -> type[asyncio.Protocol]:
+    """uvicorn's HTTP protocol (httptools, else h11) whose answer to a request its parser refuses (a bad
+    Content-Length or chunk, a forbidden character in a header, a broken request line) is the server's JSON
+    error, counted in ``/metrics`` as route ``unmatched``, instead of uvicorn's text/plain "Invalid HTTP request
+    received." (such a request never reaches the app, so the app cannot answer it)."""
+    body = dumps({"error": {"message": NOT_HTTP, "type": "invalid_request_error", "code": 400}})
+    counter = metrics.requests.labels(route=UNMATCHED, status="400")
+
+    class JsonErrorProtocol(AutoHTTPProtocol):  # type: ignore[valid-type,misc]  # httptools' or h11's, at import
+        def send_400_response(self, msg: str) -> None:
+            # NOTE: raw bytes for both parsers (h11's state does not matter: the connection closes right after)
+            head = [b"HTTP/1.1 400 Bad Request\r\n"]
+            head += [name + b": " + value + b"\r\n" for name, value in self.server_state.default_headers]
+            head.append(b"content-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
+                        % len(body))
+            self.transport.write(b"".join(head) + body)
+            self.transport.close()
+            counter.inc()
+
+    return JsonErrorProtocol
+
+
 def server_for(startup: Startup, host: str, port: int, log_level: str = "warning",
                access_log: bool = False) -> DrainingServer:
     config = uvicorn.Config(build_app(startup), host=host, port=port, log_level=log_level, access_log=access_log,
+                            http=http_protocol(startup.metrics),
                             timeout_graceful_shutdown=startup.settings.drain_timeout_s,  # type: ignore[arg-type]  # uvicorn annotates int; any number of seconds works
                             lifespan="on")
     return DrainingServer(config)
