@@ -31,6 +31,16 @@ from petal.pipeline.store.outputs import OutputConfig, OutputTransform
 THREAD_STOP_S = 120.0  # how long stopping waits for the step or search running (a CPU step of a full budget)
 
 
+def _finite_scores(found: list[list[Hit]]) -> None:
+    """``RequestError`` 422 for a ``vectors`` row whose scores are not finite: values that float32 holds (the parser
+    takes up to 3.4e38) whose products with the stored vectors do not (FAISS scores them +-inf or NaN, which
+    JSON has no number for, and ranks them arbitrarily)."""
+    for row, hits in enumerate(found):
+        if hits and not np.isfinite([hit.score for hit in hits]).all():
+            raise RequestError(422, f"'vectors' row {row}: its scores against this index are beyond float32 (the "
+                                    "values are too large for its vectors); scale the row down")
+
+
 @dataclass(frozen=True)
 class Tokens:
     ids: list[np.ndarray]
@@ -193,6 +203,8 @@ class ServeState:
                 found = await pending
         except ValueError as exc:  # a bad filter or an unknown column, named (as the request's field)
             raise RequestError(422, str(exc).replace("--where", "'where'", 1)) from exc
+        if req.vectors is not None:
+            _finite_scores(found)
         if req.include:  # reads stored text or the shards: off the event loop
             results = await self._in_thread(self._results, index, found, req)
         else:
