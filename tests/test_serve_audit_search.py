@@ -56,3 +56,33 @@ def test_vectors_whose_scores_overflow_float32_are_refused_not_answered_with_nul
     fine = c.post("/search", json={"vectors": [_row(0.05)], "k": 3})
     assert fine.status_code == 200 and len(fine.json()["results"][0]["hits"]) == 3
     assert c.post("/search", json={"query": "glaciers", "k": 2}).json()["results"][0]["hits"]
+
+
+MESSAGE_LIMIT = 1024  # characters of an error message (app.py)
+
+
+def test_an_error_message_never_echoes_a_huge_client_value_whole(server):
+    """A message names the field and the limit; it quoted the client's value whole: a 1 MB model name, filter
+    or list of unknown fields came back as a 1 MB error (and in the client's logs). Now a message is cut in the
+    middle past a bound, keeping its start (the field) and end (the limit or the form to use)."""
+    c = server.client
+    huge = "a" * 1_000_000
+    cases = [
+        ("/v1/embeddings", {"input": "x", "model": huge}, 404, ("model 'aaa", "is not served here")),
+        ("/v1/embeddings", {"input": "x", "encoding_format": huge}, 422, ("'encoding_format' must be one of",)),
+        ("/v1/embeddings", {"input": "x", **{f"field{i}": 1 for i in range(50_000)}}, 422, ("unknown field",
+                                                                                           "allowed: input")),
+        ("/search", {"query": "x", "where": f"{huge} = 'y'"}, 422, ("'where'",)),
+        ("/search", {"query": "x", "where": "(" * 100_000}, 422, ("'where'", "the form is")),
+    ]
+    for route, body, status, words in cases:
+        answer = c.post(route, json=body)
+        assert answer.status_code == status, (route, answer.status_code, answer.text[:300])
+        message = answer.json()["error"]["message"]
+        assert len(message) <= MESSAGE_LIMIT and len(answer.content) < 2 * MESSAGE_LIMIT, (route, len(message))
+        assert all(word in message for word in words), message
+        assert "characters cut" in message, message
+    # a message under the bound is whole
+    short = c.post("/search", json={"query": "x", "k": 0}).json()["error"]["message"]
+    assert short == "'k' must be >= 1, got 0"
+    assert c.post("/search", json={"query": "glaciers", "k": 2}).json()["results"][0]["hits"]

@@ -55,8 +55,23 @@ def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -
     return Response(content, status_code=status, headers=headers, media_type="application/json")
 
 
+MESSAGE_CHARS = 1024  # the longest error message: what a client sent is quoted in it, cut past this
+
+
+def bounded(message: str, limit: int = MESSAGE_CHARS) -> str:
+    """``message`` cut in the middle to at most ``limit`` characters: its start names the field, its end the limit
+    or the form to use; between them is what the client sent (a model name, a filter, unknown fields), which
+    can be megabytes."""
+    if len(message) <= limit:
+        return message
+    room = limit - len(f" ... ({len(message)} characters cut) ... ")  # NOTE: the widest count the marker can state
+    head = room * 2 // 3
+    tail = room - head
+    return f"{message[:head]} ... ({len(message) - head - tail} characters cut) ... {message[len(message) - tail:]}"
+
+
 def _error(status: int, message: str, kind: str, headers: dict[str, str] | None = None) -> Response:
-    return _json({"error": {"message": message, "type": kind, "code": status}}, status, headers)
+    return _json({"error": {"message": bounded(message), "type": kind, "code": status}}, status, headers)
 
 
 def require_json(request: Request) -> None:
