@@ -98,3 +98,25 @@ def test_valid_http_of_the_same_shapes_is_still_served(server):
     assert status == 200 and len(json.loads(body)["data"]) == 1, body
     status, _, body = _exchange(server, POST + b"Content-Length: 18\r\n\r\n" + BODY)
     assert status == 200, body
+
+
+@pytest.mark.parametrize("coding", ["gzip", "deflate", "br", "zstd", "GZIP", "gzip, identity"])
+def test_a_body_with_a_content_coding_is_refused_with_415_not_read_as_json(server, coding):
+    """A body declared ``Content-Encoding: gzip`` was read as plain JSON: a real gzip body got 400 "not valid JSON
+    (UTF-8): can't decode byte 0x8b", and a plain body so labelled was taken. The server decodes no content
+    coding: 415 naming the header, with ``Accept-Encoding: identity`` (RFC 7694), before the body is read."""
+    import gzip
+
+    body = gzip.compress(BODY) if coding.lower().startswith("gzip") else BODY
+    before = _count(server, "/v1/embeddings", 415)
+    answer = server.client.post("/v1/embeddings", content=body,
+                                headers={"Content-Type": "application/json", "Content-Encoding": coding})
+    assert answer.status_code == 415, (coding, answer.status_code, answer.text)
+    assert answer.headers["accept-encoding"] == "identity"
+    error = answer.json()["error"]
+    assert "Content-Encoding" in error["message"] and coding in error["message"], error
+    assert _count(server, "/v1/embeddings", 415) == before + 1
+    for plain in ("identity", "Identity", ""):  # no coding at all: taken
+        ok = server.client.post("/v1/embeddings", content=BODY,
+                                headers={"Content-Type": "application/json", "Content-Encoding": plain})
+        assert ok.status_code == 200, (plain, ok.text)
