@@ -42,7 +42,10 @@ def _flag_value(args: list[str], flag: str) -> str | None:
 
 @click.command(cls=ReportingCommand)
 @click.argument("sources", nargs=-1, required=True)
-@click.option("--out", "out", required=True, type=click.Path(path_type=Path), help="Output directory (index + store).")
+# NOTE: --out and --json-report are outputs whose click types check nothing (readable=False): click's own check
+# makes an unreadable path a usage error (2); the run judges --out (73) and treats a report it cannot write as a warning
+@click.option("--out", "out", required=True, type=click.Path(path_type=Path, readable=False),
+              help="Output directory (index + store).")
 @click.option("--model", default=None, help="Local model directory (default: the packaged all-MiniLM-L6-v2).")
 @click.option("--id-column", default=None, help="Id column [default: id; absent -> '<shard>:<row>'].")
 @click.option("--text-column", default="text", show_default=True, help="Text column.")
@@ -79,7 +82,7 @@ def _flag_value(args: list[str], flag: str) -> str | None:
 @click.option("--keep-versions", type=int, default=2, show_default=True,
               help="Versions kept after a publish: the live one and N-1 before it (rollback).")
 @click.option("--wait", is_flag=True, help="If another petal writes to --out, wait for it instead of exiting 75.")
-@click.option("--json-report", type=click.Path(path_type=Path), default=None,
+@click.option("--json-report", type=click.Path(path_type=Path, readable=False), default=None,
               help="Write the run report here (every run not killed by SIGKILL writes one; - is stdout).")
 @click.option("--json", "as_json", is_flag=True, help="Print the run report (JSON) on stdout.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")

@@ -11,12 +11,14 @@ from petal.cli.index_options import index_options
 
 
 @click.command()
-@click.argument("out", type=click.Path(path_type=Path))
+# NOTE: OUT and --json-report check nothing at parsing (readable=False): click's own check makes an unreadable path a
+# usage error (2); the run judges OUT (73) and treats a report it cannot write as a warning
+@click.argument("out", type=click.Path(path_type=Path, readable=False))
 @click.option("--index-factory", default="auto", show_default=True,
               help="FAISS index factory string, or auto (Flat when small, IVF above).")
 @index_options
 @click.option("--wait", is_flag=True, help="If another petal writes to OUT, wait for it instead of exiting 75.")
-@click.option("--json-report", type=click.Path(path_type=Path), default=None,
+@click.option("--json-report", type=click.Path(path_type=Path, readable=False), default=None,
               help="Write the run report here (- is stdout).")
 @click.option("--json", "as_json", is_flag=True, help="Print the run report (JSON) on stdout.")
 def rebuild(out: Path, index_factory: str, metric: str, index_memory: str, target_recall: float, wait: bool,

@@ -78,11 +78,12 @@ class OutputDir:
 
     def prepare(self) -> None:
         """Create the directory tree; ``OutputError`` (exit 73) when that is impossible."""
-        for sub in (self.versions_dir, self.store_dir):
-            if sub.is_symlink() or (sub.exists() and not sub.is_dir()):
-                raise OutputError(f"{quote_path(sub)} is a symlink or not a directory; petal keeps its files inside "
-                                  f"{quote_path(self.root)}: remove it")
         try:
+            for sub in (self.versions_dir, self.store_dir):
+                # NOTE: inside the try: a stat refused (an OUT that cannot be entered) is 73 too, not an I/O error
+                if sub.is_symlink() or (sub.exists() and not sub.is_dir()):
+                    raise OutputError(f"{quote_path(sub)} is a symlink or not a directory; petal keeps its files "
+                                      f"inside {quote_path(self.root)}: remove it")
             self.versions_dir.mkdir(parents=True, exist_ok=True)
             self.store_dir.mkdir(parents=True, exist_ok=True)
             probe = self.root / f".write-probe-{os.getpid()}"

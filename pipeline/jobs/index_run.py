@@ -78,6 +78,7 @@ from petal.pipeline.reliability.errors import (
     writing,
 )
 from petal.pipeline.reliability.faults import fault
+from petal.pipeline.reliability.safe_files import check_output_dir
 from petal.pipeline.reliability.signals import StopSignals
 from petal.pipeline.store.changes import live_manifest, shard_changes
 from petal.pipeline.store.columns import ColumnsNeed, check_keep_columns, ensure_columns
@@ -155,6 +156,7 @@ def run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory | 
 def _run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory, stop: StopSignals,
                reads: ReadStats) -> RunReport:
     started = time.perf_counter()
+    check_output_dir("--out", job.out)  # 73 before anything is read: one petal cannot create, read or write
     # [0] preflight: every footer and schema, the model's files, the settings, the output directory
     live = peek_live_manifest(job.out)  # read-only here; re-read under the lock
     shards = preflight(resolve_sources(job.sources, out=job.out), job.read, reads)

@@ -29,7 +29,7 @@ from petal.pipeline.reliability.errors import (
     quote_text,
     writing,
 )
-from petal.pipeline.reliability.safe_files import check_regular
+from petal.pipeline.reliability.safe_files import check_output_dir, check_regular
 from petal.pipeline.reliability.signals import StopSignals
 from petal.pipeline.store.columns import ColumnsNeed, columns_path
 from petal.pipeline.store.embeddings import EmbeddingStore, StoreEntry, sha256_file
@@ -66,6 +66,7 @@ def run_rebuild(out_path: Path, settings: IndexSettings, report: RunReport, wait
     tombstones a ``--delete`` run killed around its publish left are settled first, as ``petal index``
     does (committed if the live version was built with them, else removed).
     """
+    check_output_dir("OUT", out_path, create=False)  # 73 before any work: one petal cannot read or write
     out = OutputDir(out_path)
     if out.current_version() is None:
         raise ConfigError(f"{quote_path(out_path)} has no published index to rebuild; build one with petal index")

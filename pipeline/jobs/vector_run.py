@@ -30,6 +30,7 @@ from petal.pipeline.layout import OutputDir
 from petal.pipeline.manifest import MANIFEST_FILE, PrecomputedSettings, StoredColumns
 from petal.pipeline.reliability.errors import NoInputError, writing
 from petal.pipeline.reliability.faults import fault
+from petal.pipeline.reliability.safe_files import check_output_dir
 from petal.pipeline.reliability.signals import StopSignals
 from petal.pipeline.store.changes import live_manifest, shard_changes
 from petal.pipeline.store.columns import ColumnsNeed, check_keep_columns, ensure_columns
@@ -49,6 +50,7 @@ def run_vector_index(job: IndexJob, column: str, report: RunReport, stop: StopSi
     started = time.perf_counter()
     if any("://" in s and not s.lower().startswith("file://") for s in job.sources):
         raise NoInputError("--vectors-column reads local Parquet files for now; copy or mount the shards locally")
+    check_output_dir("--out", job.out)  # 73 before anything is read: one petal cannot create, read or write
     live = run.peek_live_manifest(job.out)
     local = [p for p in resolve_sources(job.sources) if isinstance(p, Path)]  # remote sources are refused above
     shards, dim = preflight_vectors(local, job.read, column)

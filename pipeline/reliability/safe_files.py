@@ -9,17 +9,20 @@ block either). A refused file is an ``UnsafeFileError``: the caller picks the ex
 run repairs a damaged version; ``query`` exits 65/78).
 
 An input file a flag names (``input_file_size``) follows the same rule outside OUT, with its own exit code: one
-that is missing, not a regular file or unreadable is no input (66), naming the flag.
+that is missing, not a regular file or unreadable is no input (66), naming the flag. The output directory a writer
+names (``check_output_dir``: ``petal index --out``, ``petal rebuild OUT``) is judged before any work: one that is
+not a directory, or that this process cannot read, enter and write (or, not there yet, create), is 73.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
 from pathlib import Path
 
-from petal.pipeline.reliability.errors import ConfigError, NoInputError, quote_path
+from petal.pipeline.reliability.errors import ConfigError, NoInputError, OutputError, quote_path
 
 KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
          stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a directory", stat.S_IFLNK: "a symlink"}
@@ -109,3 +112,69 @@ def input_file_size(flag: str, path: Path) -> int:
     if not stat.S_ISREG(info.st_mode):
         raise NoInputError(f"{where} is not a regular file (a FIFO, a device or a socket)")
     return info.st_size
+
+
+def check_output_dir(name: str, path: Path, create: bool = True) -> None:
+    """Before any work (sources, model, lock): ``path``, the output directory ``name`` names (``--out``, ``OUT``),
+    is a directory this process can list, enter and write, or, not there yet and ``create``, one it can create
+    (its nearest existing parent is a directory it can enter and write); else ``OutputError`` (73, "cannot create
+    output") naming ``name`` and the path, one line. Without ``create`` (``petal rebuild``), a ``path`` that is not
+    there or not a directory holds no index: that is for the caller (78), only permissions are judged here. Nothing
+    is created or opened (a FIFO in its place never blocks): the kernel is asked (``access``, for the effective ids:
+    root without CAP_DAC_OVERRIDE is refused like anyone).
+
+    NOTE: the argument's click type must not check the path (``click.Path(readable=False)``): click's own check
+    makes an unreadable directory a usage error (2)."""
+    where = f"{name} {quote_path(path)}"
+    try:
+        info = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError) as exc:
+        if not create:
+            return
+        if isinstance(exc, NotADirectoryError):  # a file where a directory above it belongs
+            raise OutputError(f"{where}: cannot be created ({exc.strerror or exc})") from None
+        _check_creatable(where, Path(path).absolute().parent)
+        return
+    except OSError as exc:  # a directory above it that cannot be entered
+        raise OutputError(f"{where}: cannot be {'created' if create else 'reached'} ({exc.strerror or exc})") from None
+    if not stat.S_ISDIR(info.st_mode):
+        if not create:
+            return
+        kind = KINDS.get(stat.S_IFMT(info.st_mode), "a file")
+        raise OutputError(f"{where} is {kind}, not a directory")
+    if not _can(path, os.R_OK | os.X_OK):
+        raise OutputError(f"{where}: cannot be read (Permission denied); petal reads and writes its output "
+                          "directory")
+    if not _can(path, os.W_OK):
+        raise OutputError(f"{where}: cannot be written ({_why_not_writable(path)}); petal reads and writes its "
+                          "output directory")
+
+
+def _check_creatable(where: str, parent: Path) -> None:
+    """The nearest existing directory above a missing output directory lets this process create it."""
+    while True:
+        try:
+            info = os.stat(parent)
+            break
+        except FileNotFoundError:
+            if parent.parent == parent:
+                return  # nothing exists up to the root (cannot happen on a sane system): mkdir will say
+            parent = parent.parent
+        except OSError as exc:  # permission denied on a directory above, a file where a directory belongs
+            raise OutputError(f"{where}: cannot be created ({exc.strerror or exc})") from None
+    if not stat.S_ISDIR(info.st_mode):
+        raise OutputError(f"{where}: cannot be created: {quote_path(parent)} is not a directory")
+    if not _can(parent, os.W_OK | os.X_OK):
+        reason = _why_not_writable(parent) if _can(parent, os.X_OK) else "Permission denied"
+        raise OutputError(f"{where}: cannot be created in {quote_path(parent)} ({reason})")
+
+
+def _can(path: Path, mode: int) -> bool:
+    return os.access(path, mode, effective_ids=os.access in os.supports_effective_ids)
+
+
+def _why_not_writable(path: Path) -> str:
+    with contextlib.suppress(OSError):
+        if os.statvfs(path).f_flag & os.ST_RDONLY:
+            return "Read-only file system"
+    return "Permission denied"
