@@ -6,6 +6,8 @@
   readable" for an unreadable one, 74 "I/O error" for one under a directory that cannot be entered, 74 after the
   whole rebuild for a read-only OUT). ``petal rebuild`` of a path that holds no index stays 78.
 - ``--json-report`` is an output too: an existing report this process cannot read is replaced (was: 2).
+- A source shard or directory this process may not read (permission denied) is no input, 66, in text and
+  ``--vectors-column`` runs alike, said at once (not retried: it is not transient) naming it.
 
 Real files, real Parquet, real FAISS and the packaged MiniLM, in processes that cannot bypass file permissions
 (``run_unprivileged``: root without CAP_DAC_OVERRIDE/CAP_DAC_READ_SEARCH).
@@ -147,3 +149,38 @@ def test_an_existing_report_that_cannot_be_read_is_an_output_replaced_not_a_usag
     assert "Traceback" not in proc.stderr and "warning" not in proc.stderr
     data = json.loads(report.read_text())
     assert data["exit_code"] == 0 and data["status"] in ("success", "nothing-to-do") and data["command"] == command
+
+
+# --- source shards this process may not read ------------------------------------------------------------------
+
+@pytest.mark.parametrize("how", ["text", "vectors"])
+def test_a_source_shard_or_directory_that_cannot_be_read_is_no_input_in_both_run_kinds(tmp_path, minilm_dir, how):
+    """Permission denied on a source is no input (66), said at once naming it, never retried and nothing published,
+    in a text run of the packaged MiniLM and a --vectors-column run alike (was: a text run retried it 3 times and
+    exited 74 'read error after 3 retries ... rerun when the storage recovers', --vectors-column 65 'not a readable
+    Parquet file'; a source directory that cannot be listed was 65, one above a named shard 74)."""
+    data = tmp_path / "data"
+    data.mkdir()
+    write_docs(data / "a.parquet")
+    secret = write_docs(data / "secret.parquet")
+    (tmp_path / "closed").mkdir()
+    write_docs(tmp_path / "closed" / "c.parquet")
+    extra = ["--vectors-column", "emb", "--index-factory", "Flat"] if how == "vectors" else []
+    out, report = tmp_path / "out", tmp_path / "report.json"
+    secret.chmod(0)
+    (tmp_path / "closed").chmod(0)
+    try:
+        for source, named in ((data, secret), (secret, secret), (tmp_path / "closed", tmp_path / "closed"),
+                              (tmp_path / "closed" / "c.parquet", tmp_path / "closed" / "c.parquet")):
+            proc = run_unprivileged(["index", str(source), "--out", str(out), "-q", "--json-report", str(report),
+                                     *extra], tmp_path)
+            assert proc.returncode == 66, (source, proc.returncode, proc.stderr[-2000:])
+            assert last_error(proc) == f"petal: error: {named}: cannot be read (Permission denied)"
+            data_report = json.loads(report.read_text())
+            assert data_report["exit_code"] == 66 and data_report["retries"]["read"] == 0  # not transient
+            assert not (out / "CURRENT").exists()
+    finally:
+        secret.chmod(0o644)
+        (tmp_path / "closed").chmod(0o755)
+    proc = run_unprivileged(["index", str(data), "--out", str(out), "-q", *extra], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]  # readable again: the same command indexes both shards

@@ -8,13 +8,16 @@ may put many large values in one page.
 
 An OS read error (it carries an ``errno``: EIO, ESTALE, ...) is retried a bounded number of times,
 resuming at the row it failed on, and counted; one that outlives its retries is an I/O error (74).
-A decoding error (no ``errno``: bad magic, thrift, page data) is corruption (65) at once.
+A decoding error (no ``errno``: bad magic, thrift, page data) is corruption (65) at once. Permission
+denied (EACCES, EPERM) on a local shard or a source directory is neither: a retry fails the same way,
+and the file is no input this process can read (66, as an input file a flag names), said at once.
 """
 
 from __future__ import annotations
 
 import bisect
 import contextlib
+import errno
 import glob
 import hashlib
 import os
@@ -61,18 +64,27 @@ def resolve_sources(sources: tuple[str, ...] | list[str], out: Path | None = Non
     (``CURRENT`` + ``versions/``, or ``store/shards/``) are left out of directory and glob discovery;
     a file named explicitly inside ``out`` is refused (65). A ``*.parquet`` that is not a regular file
     (a dangling symlink, a FIFO, a device) or whose name is not UTF-8 is refused (65), never skipped.
+    A source, directory or shard this process may not read (permission denied) is no input (66).
     """
     found: dict[str, Path | RemotePath] = {}
     problems: list[str] = []
+    unreadable: list[str] = []
     for source in sources:
         if is_uri(source):
             for remote in list_remote(source):
                 found.setdefault(remote.uri, remote)
             continue
         path = Path(source).expanduser()
+        try:
+            path.is_dir()  # NOTE: raises only what is not "not there" (ENOENT, ENOTDIR): a parent denied
+        except OSError as exc:
+            if not is_permission_denied(exc):
+                raise
+            unreadable.append(cannot_read(path, exc))
+            continue
         if path.is_dir():
-            matches = _walk(path, out, problems)
-            if not matches and not problems:
+            matches = _walk(path, out, problems, unreadable)
+            if not matches and not problems and not unreadable:
                 raise NoInputError(f"no *.parquet files under directory {quote_path(source)}")
         elif path.is_file():
             if out is not None and _inside(path, out):
@@ -104,12 +116,28 @@ def resolve_sources(sources: tuple[str, ...] | list[str], out: Path | None = Non
                 problems.append(f"{quote_path(match)}: the file name is not valid UTF-8; rename it")
                 continue
             found.setdefault(str(match.resolve()), match)
-    if problems:
-        more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
-        raise BadInputError("; ".join(problems[:5]) + more)
+    raise_problems(unreadable, problems)
     if not found:
         raise NoInputError("no input shards")
     return [found[key] for key in sorted(found)]
+
+
+def is_permission_denied(exc: BaseException) -> bool:
+    """A local file or directory this process may not read (EACCES, EPERM): not transient, not corrupt."""
+    return isinstance(exc, OSError) and not is_storage_error(exc) and exc.errno in (errno.EACCES, errno.EPERM)
+
+
+def cannot_read(path: Path | RemotePath, exc: OSError) -> str:
+    reason = os.strerror(exc.errno) if exc.errno is not None else str(exc)
+    return f"{quote_path(path)}: cannot be read ({reason})"
+
+
+def raise_problems(unreadable: list[str], problems: list[str]) -> None:
+    """The sources' problems, all in one line: inputs this process may not read first (66), then bad ones (65)."""
+    for found, error in ((unreadable, NoInputError), (problems, BadInputError)):
+        if found:
+            more = f" (and {len(found) - 5} more)" if len(found) > 5 else ""
+            raise error("; ".join(found[:5]) + more)
 
 
 def _utf8_name(path: Path) -> bool:
@@ -140,14 +168,19 @@ def _in_output_dir(path: Path, out: Path | None) -> bool:
     return any(is_output_dir(parent) for parent in Path(os.path.abspath(path)).parents)
 
 
-def _walk(root: Path, out: Path | None, problems: list[str]) -> list[Path]:
+def _walk(root: Path, out: Path | None, problems: list[str], unreadable: list[str]) -> list[Path]:
     """Every ``*.parquet`` below ``root`` (symlinked directories followed once each; output dirs skipped)."""
     from petal.pipeline.layout import is_output_dir
 
+    def cannot_list(exc: OSError) -> None:
+        if is_permission_denied(exc):
+            unreadable.append(cannot_read(Path(exc.filename), exc))
+        else:
+            problems.append(f"cannot list {quote_path(exc.filename)}: {exc.strerror or exc}")
+
     seen: set[tuple[int, int]] = set()
     found: list[Path] = []
-    for directory, subdirs, files in os.walk(root, followlinks=True, onerror=lambda exc: problems.append(
-            f"cannot list {quote_path(exc.filename)}: {exc.strerror or exc}")):
+    for directory, subdirs, files in os.walk(root, followlinks=True, onerror=cannot_list):
         st = os.stat(directory)
         if (st.st_dev, st.st_ino) in seen:  # a symlink loop, or a directory reached twice
             subdirs[:] = []
@@ -162,7 +195,14 @@ def _walk(root: Path, out: Path | None, problems: list[str]) -> list[Path]:
             if not name.endswith(".parquet"):
                 continue
             path = here / name
-            if path.is_file():
+            try:
+                regular = path.is_file()
+            except OSError as exc:  # a directory that lists but cannot be entered (mode r--)
+                if not is_permission_denied(exc):
+                    raise
+                unreadable.append(cannot_read(path, exc))
+                continue
+            if regular:
                 found.append(path)
             else:
                 problems.append(_not_regular(path))
@@ -211,12 +251,14 @@ def _transient(exc: BaseException) -> bool:
     # storage's client errors (no errno, "AWS Error ..."), of which all but a refusal are retried.
     if is_storage_error(exc):
         return not is_denied(exc)
-    return isinstance(exc, OSError) and exc.errno is not None
+    return isinstance(exc, OSError) and exc.errno is not None and not is_permission_denied(exc)
 
 
 def _read_error(path: Path | RemotePath, exc: BaseException, retries: int, corrupt: str) -> PetalError:
     if is_denied(exc):
         return storage_error(f"cannot read {path}", exc)
+    if is_permission_denied(exc):  # a retry fails the same way: no input, at once
+        return NoInputError(cannot_read(path, cast(OSError, exc)))
     if _transient(exc):
         return PetalIOError(f"{quote_path(path)}: read error after {retries} retries ({exc}); "
                             "the file is unreadable now, not corrupt: rerun when the storage recovers")
@@ -345,14 +387,15 @@ def preflight(paths: list[Path | RemotePath], read: ReadConfig, stats: ReadStats
     """Every shard's footer and schema, checked before any model work; all problems in one error."""
     infos: list[ShardInfo] = []
     problems: list[str] = []
+    unreadable: list[str] = []
     for path in paths:
         try:
             infos.append(inspect_shard(path, read, stats))
         except BadInputError as exc:
             problems.append(str(exc))
-    if problems:
-        more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
-        raise BadInputError("; ".join(problems[:5]) + more)
+        except NoInputError as exc:  # permission denied (an object that is gone: 66 too)
+            unreadable.append(str(exc))
+    raise_problems(unreadable, problems)
     id_kinds = {("int" if "int" in s.id_type else "str") for s in infos if s.has_id_column}
     if len(id_kinds) > 1:
         raise BadInputError(

@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from petal.pipeline.config import ReadConfig
-from petal.pipeline.ingest.parquet import ShardInfo, _is_id
+from petal.pipeline.ingest.parquet import ReadStats, ShardInfo, _is_id, _read_error, _retrying, raise_problems
 from petal.pipeline.reliability.errors import BadInputError, NoInputError
 
 BATCH_ROWS = 4096
@@ -33,13 +33,15 @@ def _is_vector(t: pa.DataType) -> bool:
     return listish and pa.types.is_floating(t.value_type)
 
 
-def inspect_vector_shard(path: Path, read: ReadConfig, column: str) -> tuple[ShardInfo, int | None]:
-    """One footer: ``(info, fixed size or None)``; ``BadInputError`` naming file, column and type."""
+def inspect_vector_shard(path: Path, read: ReadConfig, column: str,
+                         stats: ReadStats | None = None) -> tuple[ShardInfo, int | None]:
+    """One footer: ``(info, fixed size or None)``; ``BadInputError`` naming file, column and type. A read error is
+    judged as a text run's (pipeline/ingest/parquet.py): permission denied 66, an OS error retried then 74."""
     try:
-        pf = pq.ParquetFile(path)
+        pf = _retrying(lambda: pq.ParquetFile(path), read, stats)
         schema = pf.schema_arrow
     except (OSError, pa.ArrowException) as exc:
-        raise BadInputError(f"{path}: not a readable Parquet file ({exc})") from exc
+        raise _read_error(path, exc, read.read_retries, "not a readable Parquet file") from exc
     if column not in schema.names:
         raise BadInputError(f"{path}: vectors column {column!r} is missing (columns: {', '.join(schema.names)})")
     vtype = schema.field(column).type
@@ -67,19 +69,21 @@ def _first_length(path: Path, column: str) -> int | None:
     return None
 
 
-def preflight_vectors(paths: list[Path], read: ReadConfig, column: str) -> tuple[list[ShardInfo], int]:
+def preflight_vectors(paths: list[Path], read: ReadConfig, column: str,
+                      stats: ReadStats | None = None) -> tuple[list[ShardInfo], int]:
     """Every shard's schema and the vectors' dimension, before any work."""
-    infos, sizes, problems = [], {}, []
+    infos, sizes, problems, unreadable = [], {}, [], []
     for path in paths:
         try:
-            info, size = inspect_vector_shard(path, read, column)
+            info, size = inspect_vector_shard(path, read, column, stats)
             infos.append(info)
             if size is not None:
                 sizes[str(path)] = size
         except BadInputError as exc:
             problems.append(str(exc))
-    if problems:
-        raise BadInputError("; ".join(problems[:5]) + (f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""))
+        except NoInputError as exc:  # permission denied
+            unreadable.append(str(exc))
+    raise_problems(unreadable, problems)
     if len(set(sizes.values())) > 1:
         raise BadInputError(f"vectors column {column!r} has different sizes: "
                             + ", ".join(f"{p} ({n})" for p, n in sizes.items()))

@@ -20,7 +20,7 @@ from petal.pipeline.index.columns_file import add_stored_columns
 from petal.pipeline.index.files import IDS_FILE
 from petal.pipeline.index.plan import check_index_factory
 from petal.pipeline.index.writer import build_version_index
-from petal.pipeline.ingest.parquet import ShardInfo, resolve_sources
+from petal.pipeline.ingest.parquet import ReadStats, ShardInfo, resolve_sources
 from petal.pipeline.ingest.rejects import rejects_table
 from petal.pipeline.ingest.vectors import preflight_vectors, read_vectors
 from petal.pipeline.jobs import index_run as run
@@ -53,7 +53,11 @@ def run_vector_index(job: IndexJob, column: str, report: RunReport, stop: StopSi
     check_output_dir("--out", job.out)  # 73 before anything is read: one petal cannot create, read or write
     live = run.peek_live_manifest(job.out)
     local = [p for p in resolve_sources(job.sources) if isinstance(p, Path)]  # remote sources are refused above
-    shards, dim = preflight_vectors(local, job.read, column)
+    reads = ReadStats()  # OS read errors of the footers, retried as a text run's
+    try:
+        shards, dim = preflight_vectors(local, job.read, column, reads)
+    finally:
+        report.retries["read"] = reads.retries
     report.rows["total"] = sum(s.num_rows for s in shards)
     text = job.read.text_column if all(job.read.text_column in pq.read_schema(s.path).names for s in shards) else None
     check_keep_columns(shards, job.keep_columns, (column, job.read.id_column))
