@@ -15,6 +15,9 @@ search queries [n, d] -> scores against every centroid (float32) -> top nprobe l
        (float16: the top k' of the float16 scores scored again in float32) -> one copy back, one synchronize
 ```
 
+float16 products take each query row scaled by a power of two (``GpuCopy._storage_queries``), as in
+``serve/gpu_search.py``: a row beyond float16's range or below its normal range ranks as FAISS ranks it.
+
 On CUDA up to 16 queries replay one CUDA graph (captured per query bucket, k and nprobe): a lone
 query's ~30 small kernels cost one launch.
 
@@ -268,6 +271,7 @@ class TorchIvfIndex(GpuCopy):
         row_bytes = 12 if self.fused else self.d * self.dtype.itemsize
         window = max(1, GATHER_BYTES // (n * self.segment * row_bytes))
         best_scores, best_ids = [], []
+        scaled, back = (q, None) if self.fused else self._storage_queries(q)  # fused: float32 q, unscaled
         for t0 in range(0, slots_bound, window):
             slots = self.slot_numbers[:, t0 : min(slots_bound, t0 + window)].expand(n, -1).contiguous()  # [n, w]
             probe = torch.searchsorted(ends, slots, right=True).clamp_(max=probes - 1)  # the slot's probe
@@ -283,8 +287,8 @@ class TorchIvfIndex(GpuCopy):
                 top_rows = rows.gather(1, at)
             else:
                 rows = torch.where(valid, rows.reshape(n, -1), 0)
-                dots = torch.bmm(self.vectors[rows], q.to(self.dtype)[:, :, None])[:, :, 0]  # [n, w * S]
-                top, top_rows = self._best(q, k, dots, rows, valid)
+                dots = torch.bmm(self.vectors[rows], scaled[:, :, None])[:, :, 0]  # [n, w * S]
+                top, top_rows = self._best(q, k, dots, rows, valid, back)
             best_scores.append(top)
             best_ids.append(torch.where(torch.isfinite(top), self.ids[top_rows], -1))
         scores = torch.cat(best_scores, dim=1)
@@ -301,18 +305,20 @@ class TorchIvfIndex(GpuCopy):
         n = lists.shape[0]
         probed = torch.zeros((n, self.nlist), dtype=torch.bool, device=self.device).scatter_(1, lists, True)
         valid = probed[:, self.row_list]  # [n, ntotal]: the row's list is probed
-        dots = torch.mm(q.to(self.dtype), self.vectors.T)  # [n, ntotal]
+        scaled, back = self._storage_queries(q)
+        dots = torch.mm(scaled, self.vectors.T)  # [n, ntotal]
         rows = self.row_numbers.expand(n, -1)
-        top, top_rows = self._best(q, k, dots, rows, valid)
+        top, top_rows = self._best(q, k, dots, rows, valid, back)
         return top, torch.where(torch.isfinite(top), self.ids[top_rows], -1)
 
-    def _best(self, q: Any, k: int, dots: Any, rows: Any, valid: Any) -> tuple[Any, Any]:
-        """The top ``k`` of candidate ``rows`` ``[n, m]`` by their ``dots`` with ``q`` (in the storage dtype;
-        ``valid``: not padding, not masked): (higher-is-better float32 scores, -inf past the valid ones;
-        their rows). float16: the top ``k'`` of the float16 scores are scored again in float32."""
+    def _best(self, q: Any, k: int, dots: Any, rows: Any, valid: Any, back: Any = None) -> tuple[Any, Any]:
+        """The top ``k`` of candidate ``rows`` ``[n, m]`` by their ``dots`` with ``q`` (in the storage dtype, of
+        the rows ``_storage_queries`` gave: times ``back`` they are ``q``'s; ``valid``: not padding, not masked):
+        (higher-is-better float32 scores, -inf past the valid ones; their rows). float16: the top ``k'`` of the
+        float16 scores are scored again in float32."""
         import torch
 
-        scores = self._score(dots.float(), rows).masked_fill_(~valid, float("-inf"))
+        scores = self._score(dots.float(), rows, back).masked_fill_(~valid, float("-inf"))
         if self.dtype != torch.float32:
             at = torch.topk(scores, min(max(k * RESCORE_FACTOR, k + 32), scores.shape[1]), dim=1).indices
             rows, valid = rows.gather(1, at), valid.gather(1, at)
@@ -321,9 +327,14 @@ class TorchIvfIndex(GpuCopy):
         top, at = torch.topk(scores, min(k, scores.shape[1]), dim=1)
         return top, rows.gather(1, at)
 
-    def _score(self, dots: Any, rows: Any) -> Any:
-        """Higher is better: ``q.x`` (inner product), or ``2 q.x - |x|^2`` (L2: ``|q|^2 -`` the distance)."""
-        return dots if self.norms is None else 2 * dots - self.norms[rows]
+    def _score(self, dots: Any, rows: Any, back: Any = None) -> Any:
+        """Higher is better: ``q.x`` (inner product), or ``2 q.x - |x|^2`` (L2: ``|q|^2 -`` the distance), from
+        ``dots`` that are ``q.x`` times ``back`` (``None``: 1). Inner product keeps float16's scaled dots (no
+        ``back``): a positive factor a row does not change its order, and only the float32 pass's scores are
+        answered."""
+        if self.norms is None:
+            return dots
+        return (2 if back is None else 2 * back) * dots - self.norms[rows]
 
 
 def _rows_in_list_order(index: Any, order: np.ndarray) -> Iterator[np.ndarray]:

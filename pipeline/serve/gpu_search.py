@@ -5,15 +5,23 @@ or ``--search-exact``) and the choice between it and an IVF index's own lists (`
 ```
 load   every stored vector, decoded by FAISS (reconstruct_n; IVF through its direct map) -> GPU
        as float16 (default, 2 bytes a value: 1M x 1024 is 2 GiB) or float32
-search queries [nq, d] -> page-locked staging -> GPU -> one matmul against all vectors (float16 scores)
-       -> top k' candidates straight from them (k' = max(4k, k+32)) -> only those rows scored again in
-       float32 -> top k -> one copy back and one synchronize -> FAISS's (scores, ids) -> IndexReader's hits
+search queries [nq, d] -> page-locked staging -> GPU -> each row scaled by a power of two (float16: see
+       below) -> one matmul against all vectors (float16 scores) -> top k' candidates straight from them
+       (k' = max(4k, k+32)) -> only those rows scored again in float32 (the unscaled rows) -> top k -> one
+       copy back and one synchronize -> FAISS's (scores, ids) -> IndexReader's hits
 ```
 
 Exact over what the index stores: the hits are the true top k of the stored vectors (an IVF's
 approximate search can only miss some of them). Scores agree with FAISS's to float16 storage
 precision (about 1e-3), or to float32 rounding with ``--search-dtype float32``. Filters (``where``)
 and binary indexes keep the FAISS path. A search runs on its own CUDA stream, beside engine steps.
+
+float16 and the queries' range: a query is cast to float16 for the matmul only after its row is scaled by a
+power of two (``GpuCopy._storage_queries``: its largest |value| brought to ``2**(query_exponent - 1)``, chosen
+at load so that no product with a stored vector passes ``HALF_DOT_BOUND``). Exact: every float16 value and
+score is the unscaled one times that power of two, so a row that float16 holds scores as before; a row
+beyond float16 (|x| > 65504, or products that would pass 65504) or below it (subnormal: 1e-6, flushed: 1e-8)
+ranks its candidates as FAISS does instead of as inf/NaN or zeros. The float32 pass scores the unscaled row.
 """
 
 from __future__ import annotations
@@ -35,6 +43,25 @@ UPLOAD_ROWS = 65536  # rows decoded and copied to the GPU at a time (256 MiB of 
 QUERY_ROWS = 256  # queries per matmul (scores [256, ntotal] in the storage dtype)
 RESCORE_FACTOR = 4  # float16: candidates scored again in float32 = max(k * this, k + 32)
 MEMORY_MARGIN = 1.25  # free GPU memory needed: this times the copy
+HALF_DOT_BOUND = 2.0 ** 14  # float16: a scaled query's products with any stored vector stay under this (65504)
+MAX_QUERY_EXPONENT = 14  # float16: a scaled query's values stay under 2**14
+
+
+def query_exponent(max_norm: float, d: int) -> int:
+    """float16: the exponent ``t`` that scaled queries' largest |value| stays under (``2**t``): their products
+    with stored vectors of norm up to ``max_norm`` stay under ``HALF_DOT_BOUND`` (Cauchy-Schwarz: |q.x| <=
+    sqrt(d) max|q| |x|), as large as that allows so that small scores do not fall below float16's normal range."""
+    if not np.isfinite(max_norm) or max_norm <= 0:
+        return MAX_QUERY_EXPONENT
+    return int(np.clip(np.floor(np.log2(HALF_DOT_BOUND / (np.sqrt(d) * max_norm))), -MAX_QUERY_EXPONENT,
+                       MAX_QUERY_EXPONENT))
+
+
+def power_of_two(exponent: Any) -> Any:
+    """``2.0 ** exponent`` (an int32 tensor, within -126..127) as float32, exactly: built from its bits."""
+    import torch
+
+    return torch.bitwise_left_shift(exponent + 127, 23).view(torch.float32)
 
 
 def stored_vectors(index: Any, start: int, count: int) -> np.ndarray:
@@ -88,8 +115,25 @@ class GpuCopy:
             norms[lo : lo + len(rows)] = (rows * rows).sum(dim=1)
             lo += len(rows)
         self.norms = None if self.inner_product else norms
+        self.query_exponent = query_exponent(float(norms.max().sqrt()) if self.ntotal else 0.0, self.d)
         if self.stream is not None:  # NOTE: the copy was written on the default stream; searches run on their own
             torch.cuda.synchronize(self.device)
+
+    def _storage_queries(self, q: Any) -> tuple[Any, Any]:
+        """Queries ``q`` ``[n, d]`` (float32, on the device) for a product with the copy: (the rows in the storage
+        dtype, ``back`` ``[n, 1]``: what their products are multiplied by to be ``q``'s; ``None``: float32, they
+        are ``q``'s, or inner product, where only their order in a row is used).
+
+        float16: each row scaled by a power of two first (its largest |value| to ``2**(query_exponent - 1)``), so
+        that neither the row nor its products leave float16's normal range; exact, and one max-abs a row."""
+        import torch
+
+        if self.dtype == torch.float32:
+            return q, None
+        largest = torch.linalg.vector_norm(q, float("inf"), dim=1, keepdim=True)  # [n, 1]
+        shift = (self.query_exponent - torch.frexp(largest).exponent).clamp_(-126, 126)  # a zero row: any
+        scale = power_of_two(shift)
+        return (q * scale).to(self.dtype), None if self.norms is None else scale.reciprocal()  # exact: 2**-shift
 
     def _width(self, k: int) -> int:
         """The answer's columns for ``k``."""
@@ -152,9 +196,10 @@ class TorchExactIndex(GpuCopy):
         import torch
 
         # higher is better: q.x for inner product, 2 q.x - |x|^2 (= |q|^2 - distance) for L2
-        coarse = torch.mm(q.to(self.dtype), self.vectors.T)  # [n, ntotal] in the storage dtype
+        scaled, back = self._storage_queries(q)
+        coarse = torch.mm(scaled, self.vectors.T)  # [n, ntotal] in the storage dtype (float16: scaled rows)
         if self.norms is not None:
-            coarse = 2 * coarse.float() - self.norms
+            coarse = coarse.float() * (2 if back is None else 2 * back) - self.norms
         if self.dtype == torch.float32:
             best, idx = torch.topk(coarse, k, dim=1)
         else:
