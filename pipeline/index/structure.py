@@ -9,6 +9,7 @@ quantizer has ``nlist`` nodes.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,14 @@ def _check_hnsw(faiss: Any, hnsw: Any, ntotal: int, path: Path) -> None:
 def _check_ondisk(invlists: Any, code_size: int, path: Path) -> None:
     lists = invlists.lists
     limit = int(invlists.totsize)
+    # NOTE: FAISS maps ``totsize`` bytes whatever the file holds: a page of the mapping past the end of a shorter
+    # index.ivfdata is a SIGBUS at search time, so the header's size is checked against the file's own
+    try:
+        held = os.stat(invlists.filename).st_size
+    except OSError as exc:
+        _bad(path, f"its list data {invlists.filename!r} cannot be read ({exc.strerror or exc})")
+    if held < limit:
+        _bad(path, f"index.ivfdata holds {held} bytes, its lists take {limit}")
     for i in range(lists.size()):
         entry = lists.at(i)
         if entry.size > entry.capacity or entry.offset + entry.capacity * (code_size + 8) > limit:

@@ -1,0 +1,117 @@
+"""Tampering audit of opening an index (issue 14, item 3): cases that reached FAISS or numpy past the cheap
+checks (a manifest re-signed over changed files, or a change the head/tail checksum does not see) end in a
+clear error with the documented exit code, never a crash, a traceback or a hang.
+
+Real FAISS, real Parquet, the packaged MiniLM (binary index); every command runs in its own process, so a
+crash (SIGBUS, SIGSEGV) fails the test instead of ending the test run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from petal.pipeline.index.checksums import CHECKSUM_KEY, INTEGRITY_KEY, canonical_sha256, head_tail_sha256
+from petal.pipeline.layout import OutputDir
+from tests.conftest import REPO
+
+PETAL = [sys.executable, "-m", "petal.cli.main"]
+API = """
+import sys, numpy as np, petal
+from petal.pipeline.reliability.errors import PetalError
+try:
+    with petal.open_index(sys.argv[1]) as index:
+        index.search_stored(np.ones((2, index.dim), np.float32), k=5, where=sys.argv[2] or None)
+except PetalError as exc:
+    print(exc, file=sys.stderr)
+    sys.exit(exc.exit_code)
+"""
+
+
+def petal(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*PETAL, *argv], capture_output=True, text=True, cwd=REPO, timeout=300,
+                          stdin=subprocess.DEVNULL)
+
+
+def api(out: Path, where: str = "") -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", API, str(out), where], capture_output=True, text=True, cwd=REPO,
+                          timeout=300, stdin=subprocess.DEVNULL)
+
+
+def refused(proc: subprocess.CompletedProcess[str], code: int, *words: str) -> str:
+    """``proc`` ended with ``code`` and one clear last line on stderr holding ``words``; returns that line."""
+    assert proc.returncode == code, (proc.returncode, proc.stderr[-3000:])
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    for word in words:
+        assert word in last, last
+    return last
+
+
+def vectors_index(root: Path, name: str, factory: str, *extra: str, rows: int = 6000, dim: int = 64) -> Path:
+    rng = np.random.default_rng(7)
+    data = root / f"{name}.parquet"
+    flat = rng.standard_normal((rows, dim)).astype(np.float32).ravel()
+    pq.write_table(pa.table({"id": np.arange(rows), "lang": [("en", "de", "fr")[i % 3] for i in range(rows)],
+                             "emb": pa.FixedSizeListArray.from_arrays(pa.array(flat), dim)}), data)
+    out = root / name
+    proc = petal("index", str(data), "--out", str(out), "-q", "--vectors-column", "emb", "--index-factory", factory,
+                 "--keep-columns", "lang", *extra)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+def copy(out: Path, tmp_path: Path) -> tuple[Path, Path]:
+    target = tmp_path / "out"
+    shutil.copytree(out, target)
+    return target, target / "versions" / str(OutputDir(target).current_version())
+
+
+def resign(version_dir: Path, *, sha256: bool) -> None:
+    """Records and the manifest's own checksum written again over the files as they are now: ``sha256`` too
+    (a version consistent in every checksum, as petal verify sees it) or only sizes and head/tail checksums
+    (what a change inside the body of a large file looks like to an open)."""
+    path = version_dir / "manifest.json"
+    manifest = json.loads(path.read_text())
+    for name, record in manifest[INTEGRITY_KEY]["files"].items():
+        size = (version_dir / name).stat().st_size
+        record.update(size=size, head_tail_sha256=head_tail_sha256(version_dir / name, size))
+        if sha256:
+            record["sha256"] = hashlib.sha256((version_dir / name).read_bytes()).hexdigest()
+            if name in manifest["index"]["files"]:
+                manifest["index"]["files"][name] = record["sha256"]
+    manifest.pop(CHECKSUM_KEY)
+    manifest[CHECKSUM_KEY] = canonical_sha256(manifest)
+    path.write_text(json.dumps(manifest, indent=2))
+
+
+@pytest.fixture(scope="module")
+def ondisk(tmp_path_factory) -> Path:
+    out = vectors_index(tmp_path_factory.mktemp("ondisk"), "ondisk", "IVF16,Flat", "--index-memory", "1M")
+    assert (out / "versions" / str(OutputDir(out).current_version()) / "index.ivfdata").is_file()
+    return out
+
+
+@pytest.mark.parametrize("keep", [0, 0.5, 0.99])
+def test_ondisk_list_data_shorter_than_its_lists_is_65_not_a_sigbus(ondisk, tmp_path, keep):
+    """FAISS maps the list data's size as index.faiss records it: a shorter index.ivfdata under a manifest that
+    vouches for it (re-signed) made the first search a SIGBUS (exit -7 / 135). Now the open compares the sizes."""
+    out, version = copy(ondisk, tmp_path)
+    data = version / "index.ivfdata"
+    os.truncate(data, int(data.stat().st_size * keep))
+    resign(version, sha256=True)
+    query = np.ones((1, 64), np.float32)
+    np.save(tmp_path / "q.npy", query)
+    refused(petal("query", str(out), "--vector-file", str(tmp_path / "q.npy"), "-k", "5"), 65, "index.ivfdata")
+    refused(api(out), 65, "index.ivfdata")
+    refused(api(out, "lang = 'en'"), 65, "index.ivfdata")
