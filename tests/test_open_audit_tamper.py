@@ -23,7 +23,7 @@ import pytest
 
 from petal.pipeline.index.checksums import CHECKSUM_KEY, INTEGRITY_KEY, canonical_sha256, head_tail_sha256
 from petal.pipeline.layout import OutputDir
-from tests.conftest import REPO
+from tests.conftest import REPO, SAMPLE_DATA
 
 PETAL = [sys.executable, "-m", "petal.cli.main"]
 API = """
@@ -115,3 +115,53 @@ def test_ondisk_list_data_shorter_than_its_lists_is_65_not_a_sigbus(ondisk, tmp_
     refused(petal("query", str(out), "--vector-file", str(tmp_path / "q.npy"), "-k", "5"), 65, "index.ivfdata")
     refused(api(out), 65, "index.ivfdata")
     refused(api(out, "lang = 'en'"), 65, "index.ivfdata")
+
+
+@pytest.fixture(scope="module")
+def binary(tmp_path_factory, minilm_dir) -> Path:
+    out = tmp_path_factory.mktemp("binary") / "out"
+    proc = petal("index", str(SAMPLE_DATA), "--out", str(out), "-q", "--quantize", "binary")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+def _flip(path: Path, offset: int) -> None:
+    blob = bytearray(path.read_bytes())
+    blob[offset] ^= 0xFF
+    path.write_bytes(bytes(blob))
+
+
+def _reshaped(path: Path, rows: int, dim: int, dtype: str = "float16") -> None:
+    path.unlink()
+    np.save(path, np.zeros((rows, dim), dtype))
+
+
+RESCORE_DAMAGE = {
+    "empty": lambda p, n, d: p.write_bytes(b""),
+    "header byte": lambda p, n, d: _flip(p, 10),  # inside the header's dict: Python's tokenizer fails
+    "magic": lambda p, n, d: _flip(p, 0),
+    "header dtype": lambda p, n, d: p.write_bytes(p.read_bytes().replace(b"'<f2'", b"'|O8'", 1)),
+    "fewer rows": lambda p, n, d: _reshaped(p, n - 1, d),
+    "other dim": lambda p, n, d: _reshaped(p, n, d // 2),
+    "one dimension": lambda p, n, d: (p.unlink(), np.save(p, np.zeros(n * d, np.float16))),
+    "integers": lambda p, n, d: _reshaped(p, n, d, "int16"),
+}
+
+
+@pytest.mark.parametrize("damage", list(RESCORE_DAMAGE))
+@pytest.mark.parametrize("sha256", [True, False], ids=["re-signed", "body-only"])
+def test_a_damaged_rescore_npy_is_65_naming_it(binary, tmp_path, damage, sha256):
+    """rescore.npy's header goes through numpy's parser (Python's tokenizer and ast): a damaged one was an
+    EOFError ('Aborted!', exit 1) or a tokenize.TokenError traceback, and a file of another shape an IndexError
+    or a wrong answer at search time. Now 65 naming the file, from petal query and the Python API; petal verify
+    finds the change whenever the sha256 was left as written."""
+    out, version = copy(binary, tmp_path)
+    path = version / "rescore.npy"
+    rows, dim = np.load(path, mmap_mode="r").shape
+    RESCORE_DAMAGE[damage](path, rows, dim)
+    resign(version, sha256=sha256)
+    np.save(tmp_path / "q.npy", np.ones((1, dim), np.float32))
+    refused(petal("query", str(out), "--vector-file", str(tmp_path / "q.npy"), "-k", "3"), 65, "rescore.npy")
+    refused(api(out), 65, "rescore.npy")
+    if not sha256:
+        refused(petal("verify", str(out)), 65, "rescore.npy")

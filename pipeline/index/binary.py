@@ -15,7 +15,7 @@ import numpy as np
 
 from petal.pipeline.index.files import INDEX_FILE
 from petal.pipeline.manifest import Manifest
-from petal.pipeline.reliability.errors import BadInputError, ConfigError, quote_path
+from petal.pipeline.reliability.errors import BadInputError, ConfigError, one_line, quote_path
 
 DEFAULT_RESCORE = 10  # Hamming candidates per wanted hit, re-ranked with float vectors
 RESCORE_FILE = "rescore.npy"
@@ -87,12 +87,29 @@ def open_binary_index(version_dir: Path, manifest: Manifest, nprobe: int | None 
     # NOTE: its size and head/tail checksum were checked with the other files (IndexReader, verify.py);
     # petal verify checks every byte.
     index = read_binary_index_mapped(version_dir / INDEX_FILE)
-    try:
-        vectors = np.load(rescore_path, mmap_mode="r", allow_pickle=False)
-    except ValueError as exc:  # a truncated or garbage .npy whose head/tail checksum matched the manifest
-        raise BadInputError(f"{quote_path(rescore_path)}: cannot be read ({exc}); the index is corrupt, "
-                            "rebuild it") from exc
+    vectors = _rescore_vectors(rescore_path, int(index.ntotal), int(index.d))
     out = BinaryIndex(index, vectors, manifest.metric, DEFAULT_RESCORE if rescore is None else rescore)
     params = dict(manifest.index.search_params)
     out.set_params(params if nprobe is None else {**params, "nprobe": nprobe})
     return out
+
+
+def _rescore_vectors(path: Path, rows: int, dim: int) -> np.ndarray:
+    """``rescore.npy`` memory-mapped: ``[rows, dim]`` floats, one row per vector of the index, or a
+    ``BadInputError`` (65) naming it. NOTE: ``np.load`` parses the header with Python's tokenizer and
+    ``ast``: a damaged one raises ``EOFError``, ``SyntaxError``, ``tokenize.TokenError``... (whatever the
+    head/tail checksum let through: a re-signed manifest, an old version), never a traceback here."""
+    import tokenize
+
+    try:
+        vectors = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (ValueError, EOFError, SyntaxError, tokenize.TokenError, TypeError, KeyError, OverflowError,
+            MemoryError) as exc:
+        raise BadInputError(f"{quote_path(path)}: cannot be read ({one_line(str(exc))[:200] or type(exc).__name__}); "
+                            "the index is corrupt, rebuild it") from exc
+    if not isinstance(vectors, np.ndarray) or vectors.ndim != 2 or vectors.dtype.kind != "f" \
+            or vectors.shape != (rows, dim):
+        shape = getattr(vectors, "shape", "?")
+        raise BadInputError(f"{quote_path(path)}: holds {getattr(vectors, 'dtype', '?')} {shape}, the index has "
+                            f"{rows} float vectors of dim {dim}; the index is corrupt, rebuild it")
+    return vectors
