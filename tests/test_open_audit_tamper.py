@@ -165,3 +165,22 @@ def test_a_damaged_rescore_npy_is_65_naming_it(binary, tmp_path, damage, sha256)
     refused(api(out), 65, "rescore.npy")
     if not sha256:
         refused(petal("verify", str(out)), 65, "rescore.npy")
+
+
+@pytest.fixture(scope="module")
+def unfilterable(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("unfilterable")
+    return {factory: vectors_index(root, factory.replace(",", "_"), factory, "--metric", "l2", rows=2000, dim=32)
+            for factory in ("PQ8", "LSH", "NSG16", "PQ8x4fs", "IVF16,RQ4x8")}
+
+
+@pytest.mark.parametrize("factory", ["PQ8", "LSH", "NSG16", "PQ8x4fs", "IVF16,RQ4x8"])
+def test_where_on_an_index_type_that_cannot_filter_is_a_usage_error(unfilterable, tmp_path, factory):
+    """FAISS refuses a selector in these index types' searches: petal query --where and the API's
+    search(where=) ended in a RuntimeError traceback (exit 1). Now a usage error (2) naming the factory."""
+    out = unfilterable[factory]
+    np.save(tmp_path / "q.npy", np.ones((1, 32), np.float32))
+    refused(petal("query", str(out), "--vector-file", str(tmp_path / "q.npy"), "--where", "lang = 'en'"), 2,
+            "--where", "cannot filter", factory)
+    refused(api(out, "lang = 'en'"), 2, "cannot filter")
+    assert petal("query", str(out), "--vector-file", str(tmp_path / "q.npy"), "-k", "2").returncode == 0

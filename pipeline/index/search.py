@@ -230,9 +230,15 @@ class IndexReader:
         if params is None:
             scores, ids = self.index.search(queries, k_eff)
         else:
-            # NOTE: binary indexes never get here: selector() refuses them. (FAISS's SWIG stubs omit the
-            # `params` keyword that its Python wrapper of Index.search takes: hence the ignore.)
-            scores, ids = self.index.search(queries, k_eff, params=params)  # type: ignore[call-arg]
+            try:
+                # NOTE: binary indexes never get here: selector() refuses them. (FAISS's SWIG stubs omit the
+                # `params` keyword that its Python wrapper of Index.search takes: hence the ignore.)
+                scores, ids = self.index.search(queries, k_eff, params=params)  # type: ignore[call-arg]
+            except RuntimeError as exc:  # an index type whose search takes no selector (LSH, NSG, fast scan...)
+                reason = one_line(str(exc)).strip().rsplit("failed: ", 1)[-1][-100:]
+                raise ValueError(f"--where: a {self.manifest.index.factory or 'FAISS'} index cannot filter in its "
+                                 f"search (FAISS: {reason}); rebuild it with a Flat, IVF or HNSW --index-factory "
+                                 "(petal rebuild OUT --index-factory ...)") from exc
         valid = ids >= 0  # NOTE: FAISS pads with -1 when fewer than k results exist
         flat = ids[valid]
         if len(flat) and int(flat.max()) >= self.num_ids:
