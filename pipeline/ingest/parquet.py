@@ -478,6 +478,27 @@ def read_rows(shard_index: int, info: ShardInfo, read: ReadConfig, stats: ReadSt
     ``start_row``/``stop_row``: a row-group range of the shard (both on row-group boundaries); rows keep
     their numbers within the shard."""
     columns = [read.text_column] + ([read.id_column] if info.has_id_column else [])
+
+    def decode(row: int, record_batch: pa.RecordBatch) -> RowBatch:
+        texts = _texts(record_batch.column(0))
+        if info.has_id_column:
+            ids = record_batch.column(1).to_pylist()
+        else:
+            ids = [f"{info.path}:{r}" for r in range(row, row + len(texts))]
+        return RowBatch(shard_index, row, ids, texts)
+
+    return stream_batches(info, columns, read, decode, stats, start_row, stop_row)
+
+
+def stream_batches(info: ShardInfo, columns: list[str], read: ReadConfig, decode: Callable[[int, pa.RecordBatch], T],
+                   stats: ReadStats | None = None, start_row: int = 0, stop_row: int | None = None) -> Iterator[T]:
+    """``decode(first row, record batch)`` of each of the shard's record batches (``columns``, from ``start_row``),
+    the one reader of shard rows after preflight (text runs and ``--vectors-column``): pages streamed, page
+    checksums verified, batches sized by bytes (``_record_batches``). An OS read error is retried (backing off,
+    counted in ``stats``) resuming at the row it failed on, then 74; a decoding error (corrupt page, bad
+    checksum, cut column chunk: no errno) is 65 at once; permission denied 66; each naming the file, the row
+    the failed batch starts at and the columns. ``decode`` runs inside the retry: it must not change state a
+    retry would see twice (the caller's bookkeeping belongs after the ``yield``)."""
     row = start_row
     retry = 0
     while True:
@@ -486,18 +507,42 @@ def read_rows(shard_index: int, info: ShardInfo, read: ReadConfig, stats: ReadSt
                 return
             for record_batch in _record_batches(info, columns, read, row, stop_row):
                 fault("read_batch", str(info.path))
-                texts = _texts(record_batch.column(0))
-                n = len(texts)
-                if info.has_id_column:
-                    ids = record_batch.column(1).to_pylist()
-                else:
-                    ids = [f"{info.path}:{r}" for r in range(row, row + n)]
-                batch = RowBatch(shard_index, row, ids, texts)
-                row, retry = row + n, 0
-                yield batch
+                item = decode(row, record_batch)
+                row, retry = row + record_batch.num_rows, 0
+                yield item
             return
         except (OSError, pa.ArrowException) as exc:
             if not _transient(exc) or retry >= read.read_retries:
-                raise _read_error(info.path, exc, retry, f"cannot read rows from row {row}: corrupt data") from exc
+                corrupt = not (_transient(exc) or is_permission_denied(exc) or is_denied(exc))
+                where = _locate(info, columns, read, row) if corrupt else ""
+                raise _read_error(info.path, exc, retry, f"cannot read rows from row {row}{where}: corrupt data"
+                                  ) from exc
             retry += 1
             _backoff(read, retry, stats)
+
+
+def _locate(info: ShardInfo, columns: list[str], read: ReadConfig, row: int) -> str:
+    """Where a batch from ``row`` failed to decode: `` (row group G, column 'C')`` found by reading the row groups
+    that batch spans one column at a time (the error path only: at most one batch's bytes), else ``""``."""
+    try:
+        with contextlib.closing(cast(Any, info.path.open())) if isinstance(info.path, RemotePath) else \
+                contextlib.nullcontext(info.path) as source, \
+                pq.ParquetFile(source, buffer_size=read.read_buffer_bytes, pre_buffer=False,
+                               page_checksum_verification=True) as pf:
+            meta, stop = pf.metadata, row + batch_rows(pf, columns[0], read)
+            first, end = 0, 0
+            for g in range(meta.num_row_groups):
+                first, end = end, end + meta.row_group(g).num_rows
+                if end <= row:
+                    continue
+                if first >= stop:
+                    break
+                for column in columns:
+                    try:
+                        for _ in pf.iter_batches(batch_size=read.batch_rows, columns=[column], row_groups=[g]):
+                            pass
+                    except (OSError, pa.ArrowException):
+                        return f" (row group {g}, column {column!r})"
+    except (OSError, pa.ArrowException):
+        pass
+    return ""

@@ -7,6 +7,10 @@ a fixed-size list's size, else the first non-null vector's length). Rows are str
 batch at a time; a bad vector is a counted skip like a bad text row: ``null_vector``,
 ``wrong_dim`` (another length), ``non_finite_vector`` (NaN, inf); ids as for text (``null_id``,
 ``duplicate_id`` within a shard).
+
+Every read goes through the text run's reader (pipeline/ingest/parquet.py): footers through
+``_retrying``/``_read_error``, rows through ``stream_batches`` (pages streamed, checksums verified).
+An OS read error is retried then 74, a corrupt page 65 naming the file, permission denied 66.
 """
 
 from __future__ import annotations
@@ -21,10 +25,18 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from petal.pipeline.config import ReadConfig
-from petal.pipeline.ingest.parquet import ReadStats, ShardInfo, _is_id, _read_error, _retrying, raise_problems
+from petal.pipeline.ingest.parquet import (
+    ReadStats,
+    ShardInfo,
+    _is_id,
+    _read_error,
+    _retrying,
+    raise_problems,
+    stream_batches,
+)
 from petal.pipeline.reliability.errors import BadInputError, NoInputError
+from petal.pipeline.reliability.faults import fault
 
-BATCH_ROWS = 4096
 VECTOR_REJECTS = ("null_vector", "wrong_dim", "non_finite_vector", "null_id", "duplicate_id")
 
 
@@ -37,8 +49,12 @@ def inspect_vector_shard(path: Path, read: ReadConfig, column: str,
                          stats: ReadStats | None = None) -> tuple[ShardInfo, int | None]:
     """One footer: ``(info, fixed size or None)``; ``BadInputError`` naming file, column and type. A read error is
     judged as a text run's (pipeline/ingest/parquet.py): permission denied 66, an OS error retried then 74."""
+    def footer() -> pq.ParquetFile:
+        fault("read_footer", str(path))
+        return pq.ParquetFile(path)
+
     try:
-        pf = _retrying(lambda: pq.ParquetFile(path), read, stats)
+        pf = _retrying(footer, read, stats)
         schema = pf.schema_arrow
     except (OSError, pa.ArrowException) as exc:
         raise _read_error(path, exc, read.read_retries, "not a readable Parquet file") from exc
@@ -61,12 +77,22 @@ def inspect_vector_shard(path: Path, read: ReadConfig, column: str,
     return info, (vtype.list_size if pa.types.is_fixed_size_list(vtype) else None)
 
 
-def _first_length(path: Path, column: str) -> int | None:
-    for batch in pq.ParquetFile(path).iter_batches(batch_size=BATCH_ROWS, columns=[column]):
-        lengths = pc.drop_null(pc.list_value_length(batch.column(0)))
-        if len(lengths):
-            return int(lengths[0].as_py())
+def _first_length(info: ShardInfo, read: ReadConfig, column: str, stats: ReadStats | None) -> int | None:
+    def lengths(_row: int, batch: pa.RecordBatch) -> pa.Array:
+        return pc.drop_null(pc.list_value_length(batch.column(0)))
+
+    for found in stream_batches(info, [column], read, lengths, stats):
+        if len(found):
+            return int(found[0].as_py())
     return None
+
+
+def has_column(path: Path, name: str, read: ReadConfig, stats: ReadStats | None = None) -> bool:
+    """Whether the shard's schema has column ``name`` (its footer, read as preflight reads it)."""
+    try:
+        return name in _retrying(lambda: pq.read_schema(path), read, stats).names
+    except (OSError, pa.ArrowException) as exc:
+        raise _read_error(path, exc, read.read_retries, "not a readable Parquet file") from exc
 
 
 def preflight_vectors(paths: list[Path], read: ReadConfig, column: str,
@@ -91,7 +117,7 @@ def preflight_vectors(paths: list[Path], read: ReadConfig, column: str,
     for info in infos:
         if dim is not None:
             break
-        dim = _first_length(Path(str(info.path)), column)  # local shards only (run_vector_index)
+        dim = _first_length(info, read, column, stats)
     if not dim:
         raise NoInputError(f"vectors column {column!r} holds no vector in any shard")
     return infos, dim
@@ -105,12 +131,14 @@ class VectorBatch:
     rejects: list[tuple[int, str]] = field(default_factory=list)
 
 
-def read_vectors(info: ShardInfo, read: ReadConfig, column: str, dim: int) -> Iterator[VectorBatch]:
-    """One shard's good vectors and its bad rows, one record batch at a time."""
+def read_vectors(info: ShardInfo, read: ReadConfig, column: str, dim: int,
+                 stats: ReadStats | None = None) -> Iterator[VectorBatch]:
+    """One shard's good vectors and its bad rows, one record batch at a time (OS read errors retried and
+    counted in ``stats``; a corrupt page 65 naming the file)."""
     columns = [column] + ([read.id_column] if info.has_id_column else [])
-    seen: set = set()
-    start = 0
-    for batch in pq.ParquetFile(info.path).iter_batches(batch_size=BATCH_ROWS, columns=columns):
+
+    def decode(start: int, batch: pa.RecordBatch) -> tuple[int, list, np.ndarray, np.ndarray, np.ndarray]:
+        # NOTE: arrow and numpy only, no state: a retry after a read error decodes the batch again
         n = batch.num_rows
         ids = (batch.column(1).to_pylist() if info.has_id_column
                else [f"{info.path}:{r}" for r in range(start, start + n)])
@@ -123,10 +151,14 @@ def read_vectors(info: ShardInfo, read: ReadConfig, column: str, dim: int) -> It
             good = values.filter(pa.array(ok_len))
             flat = pc.list_flatten(good).to_numpy(zero_copy_only=False).astype(np.float32)
             vectors[ok_len] = flat.reshape(-1, dim)
+        return start, ids, null, ok_len, vectors
+
+    seen: set = set()
+    for start, ids, null, ok_len, vectors in stream_batches(info, columns, read, decode, stats):
         finite = np.asarray(np.isfinite(vectors).all(axis=1))
         out = VectorBatch([], [], vectors[:0])
         keep = []
-        for i in range(n):
+        for i in range(len(ids)):
             row = start + i
             reason = ("null_id" if ids[i] is None else "null_vector" if null[i] else "wrong_dim" if not ok_len[i]
                       else "non_finite_vector" if not finite[i] else "duplicate_id" if ids[i] in seen else None)
@@ -138,5 +170,4 @@ def read_vectors(info: ShardInfo, read: ReadConfig, column: str, dim: int) -> It
             out.ids.append(ids[i])
             keep.append(i)
         out.vectors = vectors[keep]
-        start += n
         yield out

@@ -22,7 +22,7 @@ from petal.pipeline.index.plan import check_index_factory
 from petal.pipeline.index.writer import build_version_index
 from petal.pipeline.ingest.parquet import ReadStats, ShardInfo, resolve_sources
 from petal.pipeline.ingest.rejects import rejects_table
-from petal.pipeline.ingest.vectors import preflight_vectors, read_vectors
+from petal.pipeline.ingest.vectors import has_column, preflight_vectors, read_vectors
 from petal.pipeline.jobs import index_run as run
 from petal.pipeline.jobs.removals import kept_entries, kept_records, kept_shard, kept_vectors
 from petal.pipeline.jobs.report import RunReport
@@ -53,13 +53,19 @@ def run_vector_index(job: IndexJob, column: str, report: RunReport, stop: StopSi
     check_output_dir("--out", job.out)  # 73 before anything is read: one petal cannot create, read or write
     live = run.peek_live_manifest(job.out)
     local = [p for p in resolve_sources(job.sources) if isinstance(p, Path)]  # remote sources are refused above
-    reads = ReadStats()  # OS read errors of the footers, retried as a text run's
+    reads = ReadStats()  # OS read errors of footers and rows, retried as a text run's
     try:
-        shards, dim = preflight_vectors(local, job.read, column, reads)
+        return _run(job, column, report, stop, started, live, local, reads)
     finally:
         report.retries["read"] = reads.retries
+
+
+def _run(job: IndexJob, column: str, report: RunReport, stop: StopSignals, started: float, live: Any,
+         local: list[Path], reads: ReadStats) -> RunReport:
+    shards, dim = preflight_vectors(local, job.read, column, reads)
     report.rows["total"] = sum(s.num_rows for s in shards)
-    text = job.read.text_column if all(job.read.text_column in pq.read_schema(s.path).names for s in shards) else None
+    text = job.read.text_column if all(has_column(Path(str(s.path)), job.read.text_column, job.read, reads)
+                                       for s in shards) else None
     check_keep_columns(shards, job.keep_columns, (column, job.read.id_column))
     need = ColumnsNeed(text, job.keep_columns)
     delete_ids = read_delete_ids(job.delete, job.read.id_column) if job.delete is not None else None
@@ -108,7 +114,7 @@ def run_vector_index(job: IndexJob, column: str, report: RunReport, stop: StopSi
                 report.shards["reused"] += 1
                 continue
             stop.check()
-            entries[i] = _store_shard(store, info, fingerprints[i], settings, column, dim, job, gate, i)
+            entries[i] = _store_shard(store, info, fingerprints[i], settings, column, dim, job, gate, i, reads)
             embedded_now.add(i)
             report.shards["embedded"] += 1
         report.shards["reused"] += len(kept)
@@ -165,11 +171,11 @@ def run_vector_index(job: IndexJob, column: str, report: RunReport, stop: StopSi
 
 
 def _store_shard(store: EmbeddingStore, info: ShardInfo, fingerprint: str, settings: PrecomputedSettings,
-                 column: str, dim: int, job: IndexJob, gate: Any, position: int) -> StoreEntry:
+                 column: str, dim: int, job: IndexJob, gate: Any, position: int, reads: ReadStats) -> StoreEntry:
     writer = store.writer(info, fingerprint, settings.to_dict(), dim)
     try:
         writer.input_done = True
-        for batch in read_vectors(info, job.read, column, dim):
+        for batch in read_vectors(info, job.read, column, dim, reads):
             if gate is not None:
                 gate.add(position, str(info.path), batch.rejects)
             writer.reject(batch.rejects)
