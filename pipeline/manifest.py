@@ -31,11 +31,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
 from petal import __version__
-from petal.pipeline.config import IndexSettings
+from petal.pipeline.config import METRICS, IndexSettings
 from petal.pipeline.reliability.durable import write_json_atomic
 from petal.pipeline.reliability.errors import ConfigError
 from petal.pipeline.reliability.safe_files import read_regular
-from petal.pipeline.store.outputs import Calibration, OutputTransform
+from petal.pipeline.store.outputs import INT8_SCHEMES, OUTPUT_DTYPES, QUANTIZE_MODES, Calibration, OutputTransform
 
 if TYPE_CHECKING:
     from petal.engine.loader import ModelSpec
@@ -154,6 +154,17 @@ class _Section:
                               f"{json.dumps(value)[:60]}, expected {expected}")
         return value
 
+    def choice(self, key: str, choices: tuple[Any, ...], default: Any = ...) -> Any:
+        """``get`` of a key that holds one of ``choices`` (a metric, a storage, a quantization: what code picks
+        its path by); another value is a ``ConfigError`` naming the key, as a wrong type is."""
+        kinds = tuple({type(c) for c in choices})
+        value = self.get(key, kinds, default)
+        if value not in choices and not (default is not ... and value is default):
+            shown = ", ".join("null" if c is None else str(c) for c in choices)
+            raise ConfigError(f"{self.source}: manifest key {self._name(key)} is {json.dumps(value)[:60]}, "
+                              f"expected one of {shown}; the index is damaged, rebuild it")
+        return value
+
     def section(self, key: str) -> _Section:
         return _Section(self.get(key, dict), self.source, self._name(key))
 
@@ -167,6 +178,7 @@ class _Section:
         return {name: inner.get(name, kind) for name in inner.data}
 
 
+STORAGES = ("memory", "ondisk")  # where the inverted lists are: in index.faiss, or in index.ivfdata beside it
 OptStr = (str, type(None))
 OptInt = (int, type(None))
 
@@ -368,8 +380,9 @@ class StoredFormat:
 
     @classmethod
     def from_section(cls, s: _Section) -> StoredFormat:
-        return cls(s.get("dim", int), s.get("renormalize", bool), s.get("cosine", bool), s.get("quantize", str),
-                   s.get("int8_scheme", OptStr), s.get("output_dtype", str))
+        return cls(s.get("dim", int), s.get("renormalize", bool), s.get("cosine", bool),
+                   s.choice("quantize", QUANTIZE_MODES), s.choice("int8_scheme", (None, *INT8_SCHEMES)),
+                   s.choice("output_dtype", OUTPUT_DTYPES))
 
 
 def output_to_dict(transform: OutputTransform) -> dict[str, Any]:
@@ -560,8 +573,8 @@ class PlanRecord:
 
     @classmethod
     def from_section(cls, s: _Section) -> PlanRecord:
-        return cls(s.get("factory", str), s.get("storage", str), s.get("nlist", int), s.get("bytes_per_vector", int),
-                   s.get("estimated_bytes", int), s.get("reason", str))
+        return cls(s.get("factory", str), s.choice("storage", STORAGES), s.get("nlist", int),
+                   s.get("bytes_per_vector", int), s.get("estimated_bytes", int), s.get("reason", str))
 
 
 @dataclass(frozen=True)
@@ -671,7 +684,8 @@ class IndexRecord:
             raise ConfigError(f"{s.source}: manifest key {settings.where}: {exc}") from exc
         search_params = s.mapping("search_params", int)
         return cls(requested_factory=s.get("requested_factory", str), settings=index_settings,
-                   factory=s.get("factory", str), metric=s.get("metric", str), storage=s.get("storage", str, "memory"),
+                   factory=s.get("factory", str), metric=s.choice("metric", METRICS),
+                   storage=s.choice("storage", STORAGES, "memory"),
                    num_vectors=s.get("num_vectors", int), superseded=s.get("superseded", int, 0),
                    search_params=search_params, files=s.mapping("files", str),
                    plan=PlanRecord.from_section(s.section("plan")) if s.get("plan", dict, {}) else None,
@@ -866,7 +880,7 @@ class Manifest:
                                                                             embedding.id_column)
         return cls(schema=SCHEMA, version=s.get("version", str), created_at=s.get("created_at", str),
                    petal_version=s.get("petal_version", str), model=model, embedding=embedding, columns=columns,
-                   dim=s.get("dim", int), normalize=s.get("normalize", bool), metric=s.get("metric", str),
+                   dim=s.get("dim", int), normalize=s.get("normalize", bool), metric=s.choice("metric", METRICS),
                    max_length=s.get("max_length", OptInt), index=IndexRecord.from_section(s.section("index")),
                    shards=tuple(ShardRecord.from_section(x) for x in s.sections("shards")),
                    counts=Counts.from_section(s.section("counts")),

@@ -1,0 +1,69 @@
+"""Tampering audit of the manifest (issue 14, item 3): a manifest that matches its own checksum (re-signed) but
+holds a value no petal wrote in a key code picks its path by (a metric, a storage, a quantization) is refused by
+every command alike, 78 naming the key, never a traceback or an answer read the wrong way.
+
+Real FAISS and Parquet: an index of precomputed vectors (no model).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+import petal
+from petal.cli.main import cli
+from petal.pipeline.index.checksums import CHECKSUM_KEY, canonical_sha256
+from petal.pipeline.layout import OutputDir
+from petal.pipeline.reliability.errors import ConfigError
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("manifest-audit")
+    flat = np.random.default_rng(3).standard_normal((300, 16)).astype(np.float32).ravel()
+    pq.write_table(pa.table({"id": np.arange(300), "emb": pa.FixedSizeListArray.from_arrays(pa.array(flat), 16)}),
+                   root / "v.parquet")
+    petal.index(root / "v.parquet", root / "out", vectors_column="emb", index_factory="Flat", quiet=True)
+    return root / "out"
+
+
+BAD_CHOICES = [
+    (("output", "quantize"), "x"), (("output", "quantize"), "../../etc/passwd"), (("output", "output_dtype"), "int4"),
+    (("output", "int8_scheme"), "x"), (("metric",), "cosine"), (("index", "metric"), "x"),
+    (("index", "storage"), "gpu"), (("index", "plan", "storage"), "x"),
+]
+
+
+@pytest.mark.parametrize(("key", "value"), BAD_CHOICES, ids=[f"{'.'.join(k)}={v}" for k, v in BAD_CHOICES])
+def test_a_value_no_petal_wrote_is_78_naming_the_key_in_every_command(built, tmp_path, key, value):
+    """Was: petal info crashed with a KeyError traceback on output.quantize "x"; info --json, verify, query and
+    the API took it (and any other such value) and answered."""
+    out = tmp_path / "out"
+    shutil.copytree(built, out)
+    path = out / "versions" / str(OutputDir(out).current_version()) / "manifest.json"
+    manifest = json.loads(path.read_text())
+    section = manifest
+    for part in key[:-1]:
+        section = section[part]
+    section[key[-1]] = value
+    manifest.pop(CHECKSUM_KEY)
+    manifest[CHECKSUM_KEY] = canonical_sha256(manifest)
+    path.write_text(json.dumps(manifest))
+    np.save(tmp_path / "q.npy", np.ones((1, 16), np.float32))
+    dotted = ".".join(key)
+    for argv in (["info", str(out)], ["info", str(out), "--json"], ["verify", str(out)],
+                 ["query", str(out), "--vector-file", str(tmp_path / "q.npy")]):
+        result = CliRunner().invoke(cli, argv)
+        assert result.exit_code == 78, (argv, result.output, result.exception)
+        assert not isinstance(result.exception, (KeyError, ValueError, TypeError)), result.exception
+        last = result.output.strip().splitlines()[-1]
+        assert f"manifest key {dotted} " in last and "expected one of" in last, last
+    with pytest.raises(ConfigError, match=f"manifest key {dotted} "):
+        petal.open_index(out)
