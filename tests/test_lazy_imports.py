@@ -165,3 +165,68 @@ def test_no_runtime_module_imports_benchmarks_or_transformers():
             if path.name != "bench.py" or path.parent.name != "cli":
                 text = path.read_text()
                 assert "petal.bench" not in text or path.parent.name == "petal", f"{path} names petal.bench"
+
+
+# Every command and subcommand found by walking the click group (not a fixed list), each asked for help, given
+# a flag it does not know, its required arguments left out, an option without its value and a choice or number
+# option given a bad one: all before anything heavy loads. One interpreter runs them all, in order, so the first
+# invocation that imports a heavy module is the one named.
+WALKER = f"""
+import contextlib, io, json, sys
+import click
+from petal.cli.main import cli
+
+def walk(command, path):
+    yield path, command
+    if isinstance(command, click.Group):
+        for name, sub in sorted(command.commands.items()):
+            yield from walk(sub, path + [name])
+
+def invocations(path, command):
+    yield path + ["--help"]
+    yield path + ["--bogus-flag"]
+    if isinstance(command, click.Group) or any(p.required for p in command.params):
+        yield path
+    for param in command.params:
+        if not isinstance(param, click.Option) or param.is_flag or param.count or not param.opts[0].startswith("--"):
+            continue
+        yield path + [param.opts[0]]  # the value left out
+        if isinstance(param.type, (click.Choice, click.types.IntParamType, click.types.FloatParamType)):
+            yield path + [param.opts[0], "bogus!"]
+
+seen = []
+for path, command in walk(cli, []):
+    for argv in invocations(path, command):
+        code = 0
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            try:
+                cli.main(argv, prog_name="petal")
+            except SystemExit as exc:
+                code = exc.code
+        loaded = [m for m in {HEAVY!r} if m in sys.modules]
+        seen.append({{"argv": argv, "code": code, "loaded": loaded}})
+        if loaded:
+            break
+    else:
+        continue
+    break
+with open(sys.argv[1], "w") as fh:
+    json.dump(seen, fh)
+"""
+
+
+def test_every_command_found_by_walking_the_group_starts_without_anything_heavy(tmp_path):
+    """``petal X --help``, a bad flag, missing arguments and bad option values, for every command and subcommand
+    the click group holds (``petal bench`` ones included): exit 0 or 2, no torch, FAISS, Arrow, tokenizers,
+    transformers or benchmark code imported."""
+    result = tmp_path / "walk.json"
+    proc = subprocess.run([sys.executable, "-c", WALKER, str(result)], capture_output=True, text=True, cwd=tmp_path,
+                          timeout=600)
+    assert result.is_file(), proc.stderr[-3000:]
+    seen = json.loads(result.read_text())
+    commands = {tuple(entry["argv"][:-1]) for entry in seen if entry["argv"][-1:] == ["--help"]}
+    assert {("bench", "startup"), ("index",), ("query",), ("info",), ("verify",), ("serve",)} <= commands, commands
+    assert len(seen) > 100, len(seen)
+    for entry in seen:
+        assert not entry["loaded"], f"petal {' '.join(entry['argv'])} imported {entry['loaded']}"
+        assert entry["code"] in (0, 2), entry
