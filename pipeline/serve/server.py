@@ -10,9 +10,11 @@ import socket
 import sys
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import uvicorn
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from petal.pipeline.reliability.errors import ConfigError
 from petal.pipeline.reliability.signals import STOP_SIGNALS, HeldSignals
@@ -52,6 +54,14 @@ class DrainingServer(uvicorn.Server):
             await self.lifespan.shutdown()
 
 
+# An answer given before the request's body has all arrived (413 by Content-Length or while streaming, 401, 415,
+# 404, ... before the body is read) says `Connection: close`; the server then half-closes and reads on, discarding,
+# until the body ends, the client closes, LINGER_BYTES more have come or LINGER_S have passed, then closes. Without
+# it the server read and discarded a body of any size to keep the connection; a close at once instead resets a
+# connection with unread bytes (RST), and a client still sending (httpx, requests) may see the reset, not the answer.
+LINGER_BYTES = 1 << 20
+LINGER_S = 1.0
+
 NOT_HTTP = ("the request is not valid HTTP/1.1 (a malformed request line, header, Content-Length or chunked body); "
             "the connection is closed")
 
@@ -65,6 +75,87 @@ def http_protocol(metrics: ServeMetrics) -> type[asyncio.Protocol]:
     counter = metrics.requests.labels(route=UNMATCHED, status="400")
 
     class JsonErrorProtocol(AutoHTTPProtocol):  # type: ignore[valid-type,misc]  # httptools' or h11's, at import
+        if issubclass(AutoHTTPProtocol, HttpToolsProtocol):  # NOTE: serve needs httptools; h11 keeps uvicorn's way
+            _lingering = False
+            _linger_timer: asyncio.TimerHandle | None = None
+            _lingered = 0
+            _stopping = False
+            _held: Any = None  # the cycle whose keep-alive waits for its request's body
+
+            def on_headers_complete(self) -> None:
+                before = self.cycle
+                if self._lingering:  # a request pipelined behind the discarded body: not served (close said)
+                    return
+                super().on_headers_complete()
+                cycle = self.cycle
+                if cycle is before:  # an upgrade: no cycle
+                    return
+                cycle.transport = _LingeringClose(self.transport, self, cycle)
+                if cycle.keep_alive:  # NOTE: until the body has arrived, an answer says close (restored below)
+                    cycle.keep_alive = False
+                    self._held = cycle
+
+            def on_message_complete(self) -> None:
+                super().on_message_complete()
+                cycle = self.cycle
+                if cycle is self._held:
+                    self._held = None
+                    if not cycle.response_started and not self._stopping:
+                        cycle.keep_alive = True  # answered after its body: keep-alive, as before
+                if self._lingering:  # the body has ended: nothing unread, a clean close
+                    self.end_linger()
+
+            def data_received(self, data: bytes) -> None:
+                if not self._lingering:
+                    super().data_received(data)
+                    return
+                self._lingered += len(data)
+                if self._lingered > LINGER_BYTES:
+                    self.end_linger()
+                    return
+                try:
+                    self.parser.feed_data(data)  # only to see where the body ends (on_body discards it)
+                except Exception:  # anything the parser refuses now (httptools errors): stop reading
+                    self.end_linger()
+
+            def linger(self) -> None:
+                """The answer is out but its request's body is still coming: half-close, read on and discard
+                (bounded), then close (``LINGER_BYTES``, ``LINGER_S``)."""
+                if self._lingering or self.transport.is_closing():
+                    return
+                self._lingering = True
+                if self.transport.can_write_eof():
+                    self.transport.write_eof()  # the client's read sees the answer end
+                self.flow.resume_reading()
+                self._linger_timer = self.loop.call_later(LINGER_S, self.end_linger)
+
+            def end_linger(self) -> None:
+                if self._linger_timer is not None:
+                    self._linger_timer.cancel()
+                    self._linger_timer = None
+                if not self.transport.is_closing():
+                    self.transport.close()
+
+            def on_response_complete(self) -> None:
+                super().on_response_complete()
+                if self._lingering:
+                    self._unset_keepalive_if_required()  # NOTE: the linger's own bounds close it
+
+            def eof_received(self) -> None:
+                if self._lingering:  # the client closed its side
+                    self.end_linger()
+                super().eof_received()
+
+            def connection_lost(self, exc: Exception | None) -> None:
+                if self._linger_timer is not None:
+                    self._linger_timer.cancel()
+                    self._linger_timer = None
+                super().connection_lost(exc)
+
+            def shutdown(self) -> None:
+                self._stopping = True
+                super().shutdown()
+
         def send_400_response(self, msg: str) -> None:
             # NOTE: raw bytes for both parsers (h11's state does not matter: the connection closes right after)
             head = [b"HTTP/1.1 400 Bad Request\r\n"]
@@ -76,6 +167,29 @@ def http_protocol(metrics: ServeMetrics) -> type[asyncio.Protocol]:
             counter.inc()
 
     return JsonErrorProtocol
+
+
+class _LingeringClose:
+    """A request's view of its connection's transport: ``close`` once the answer is complete while the request's
+    body is still arriving lingers (``JsonErrorProtocol.linger``) instead of resetting it; any other close, and
+    everything else, is the transport's."""
+
+    def __init__(self, transport: asyncio.Transport, protocol: Any, cycle: Any) -> None:
+        self._transport = transport
+        self._protocol = protocol
+        self._cycle = cycle
+        self.write = transport.write  # NOTE: what a request calls most, without __getattr__
+        self.is_closing = transport.is_closing
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+    def close(self) -> None:
+        cycle = self._cycle
+        if cycle.response_complete and cycle.more_body and not cycle.disconnected:
+            self._protocol.linger()
+        else:
+            self._transport.close()
 
 
 def server_for(startup: Startup, host: str, port: int, log_level: str = "warning",
