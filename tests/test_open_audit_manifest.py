@@ -67,3 +67,26 @@ def test_a_value_no_petal_wrote_is_78_naming_the_key_in_every_command(built, tmp
         assert f"manifest key {dotted} " in last and "expected one of" in last, last
     with pytest.raises(ConfigError, match=f"manifest key {dotted} "):
         petal.open_index(out)
+
+
+@pytest.mark.parametrize("record", [None, "x", 7, [], True])
+@pytest.mark.parametrize("name", ["index.faiss", "ids.parquet", "rejects.parquet"])
+def test_verify_of_an_edited_manifest_with_a_record_that_is_no_object_is_65(built, tmp_path, name, record):
+    """A manifest edited without signing it again (its own checksum no longer matches) whose integrity record of a
+    file is not an object: petal verify (and --json) ended in an AttributeError traceback; the open, which ignores
+    such a manifest's records, checked every file in full and answered. Now verify says the manifest mismatch, 65."""
+    out = tmp_path / "out"
+    shutil.copytree(built, out)
+    path = out / "versions" / str(OutputDir(out).current_version()) / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["integrity"]["files"][name] = record
+    path.write_text(json.dumps(manifest))
+    result = CliRunner().invoke(cli, ["verify", str(out)])
+    assert result.exit_code == 65, (result.output, result.exception)
+    assert "does not match its own checksum" in result.output.strip().splitlines()[-1]
+    result = CliRunner().invoke(cli, ["verify", str(out), "--json"])
+    assert result.exit_code == 65, (result.output, result.exception)
+    assert json.loads(result.stdout.splitlines()[0])["ok"] is False
+    np.save(tmp_path / "q.npy", np.ones((1, 16), np.float32))
+    result = CliRunner().invoke(cli, ["query", str(out), "--vector-file", str(tmp_path / "q.npy"), "-k", "2"])
+    assert result.exit_code == 0, result.output
