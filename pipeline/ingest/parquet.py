@@ -22,7 +22,7 @@ import glob
 import hashlib
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -283,6 +283,17 @@ def _retrying(call: Callable[[], T], read: ReadConfig, stats: ReadStats | None) 
             _backoff(read, retry, stats)
 
 
+def read_retrying(path: Path | RemotePath, call: Callable[[], T], read: ReadConfig, stats: ReadStats | None,
+                  corrupt: str) -> T:
+    """``call()``, a read of the source ``path`` outside the rows phase (its whole content hashed, a schema),
+    judged as the readers judge theirs: an OS read error retried (backing off, counted in ``stats``) then 74,
+    permission denied 66 at once, a decoding error 65 (``corrupt``), each naming ``path``."""
+    try:
+        return _retrying(call, read, stats)
+    except (OSError, pa.ArrowException) as exc:
+        raise _read_error(path, exc, read.read_retries, corrupt) from exc
+
+
 def _footer(path: Path | RemotePath) -> tuple[Any, pq.FileMetaData, str]:
     fault("read_footer", str(path))
     if isinstance(path, RemotePath):
@@ -491,7 +502,8 @@ def read_rows(shard_index: int, info: ShardInfo, read: ReadConfig, stats: ReadSt
 
 
 def stream_batches(info: ShardInfo, columns: list[str], read: ReadConfig, decode: Callable[[int, pa.RecordBatch], T],
-                   stats: ReadStats | None = None, start_row: int = 0, stop_row: int | None = None) -> Iterator[T]:
+                   stats: ReadStats | None = None, start_row: int = 0, stop_row: int | None = None
+                   ) -> Generator[T, None, None]:
     """``decode(first row, record batch)`` of each of the shard's record batches (``columns``, from ``start_row``),
     the one reader of shard rows after preflight (text runs and ``--vectors-column``): pages streamed, page
     checksums verified, batches sized by bytes (``_record_batches``). An OS read error is retried (backing off,

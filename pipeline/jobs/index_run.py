@@ -27,7 +27,7 @@ from tqdm import tqdm
 from petal import __version__
 from petal.engine.config import DeviceName, EngineConfig
 from petal.engine.loader import ModelSpec
-from petal.pipeline.config import IndexJob, default_token_budget
+from petal.pipeline.config import IndexJob, ReadConfig, default_token_budget
 from petal.pipeline.index.columns_file import add_stored_columns
 from petal.pipeline.index.files import IDS_FILE
 from petal.pipeline.index.plan import check_index_factory, index_kind
@@ -35,7 +35,7 @@ from petal.pipeline.index.writer import BuildResult, build_version_index
 from petal.pipeline.ingest.documents import read_ranges
 from petal.pipeline.ingest.duplicates import check_cross_shard_duplicates
 from petal.pipeline.ingest.pack import PackConfig, Packer
-from petal.pipeline.ingest.parquet import ReadStats, ShardInfo, preflight, resolve_sources
+from petal.pipeline.ingest.parquet import ReadStats, ShardInfo, preflight, read_retrying, resolve_sources
 from petal.pipeline.ingest.prefetch import Prefetcher
 from petal.pipeline.ingest.rejects import BadRowGate, rejects_table
 from petal.pipeline.ingest.tokens import TokenizedDocs, tokenize_documents, tokenizer_for
@@ -219,7 +219,7 @@ def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory
         kept_infos = [kept_shard(r, e) for r, e in zip(kept_recs, kept)]
         if used_sha is None and (job.scale is not None or (not job.full and stored_any(store, shards))):
             used_sha = weights.result()  # store entries to look up (a resumed run), or workers that pickle the spec
-        sha = {info.abs_path: content_sha256(store, info) for info in shards}
+        sha = {info.abs_path: content_sha256(store, info, job.read, reads) for info in shards}
         identity = RunIdentity(spec, config, job, weights, used_sha)
         if used_sha is not None:  # else once the model is loaded (a fresh output: the hash runs beside the load)
             report.model = identity.spec().describe()
@@ -284,7 +284,8 @@ def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory
         # --delete: planned here, written once the guard has passed (a refused run leaves no tombstone behind)
         deletion = record_deletion(out, committed, delete_ids, report) if delete_ids is not None else None
         pending = deletion.pending_counts() if deletion is not None else None
-        no_text = ensure_columns(store, committed, need, {i.abs_path: i.path for i in all_shards if i.num_row_groups})
+        no_text = ensure_columns(store, committed, need, {i.abs_path: i.path for i in all_shards if i.num_row_groups},
+                                 job.read, reads)
         if no_text:
             _say(f"warning: the text of {len(no_text)} kept shards is not stored (their files are gone or changed), "
                  f"e.g. {no_text[0]}: --show-text has none for their hits")
@@ -432,18 +433,19 @@ def _say(message: str) -> None:
     print(f"petal: {one_line(message)}", file=sys.stderr, flush=True)
 
 
-def content_fingerprint(store: EmbeddingStore, info: ShardInfo, settings_fp: str) -> str:
-    try:
-        return store.fingerprint(info, settings_fp)
-    except OSError as exc:
-        raise PetalIOError(f"cannot read {quote_path(info.path)} to fingerprint it: {exc.strerror or exc}") from exc
+def content_fingerprint(store: EmbeddingStore, info: ShardInfo, settings_fp: str, read: ReadConfig | None = None,
+                        stats: ReadStats | None = None) -> str:
+    """The shard's store fingerprint; its content is read as ``content_sha256`` reads it."""
+    return read_retrying(info.path, lambda: store.fingerprint(info, settings_fp), read or ReadConfig(), stats,
+                         "cannot read it to fingerprint it")
 
 
-def content_sha256(store: EmbeddingStore, info: ShardInfo) -> str:
-    try:
-        return store.content_sha256(info)
-    except OSError as exc:
-        raise PetalIOError(f"cannot read {quote_path(info.path)} to fingerprint it: {exc.strerror or exc}") from exc
+def content_sha256(store: EmbeddingStore, info: ShardInfo, read: ReadConfig | None = None,
+                   stats: ReadStats | None = None) -> str:
+    """The shard's sha256 (cached by the store), read as the rows are: an OS read error retried and counted in
+    ``stats``, then 74 naming the shard; permission denied 66 (pipeline/ingest/parquet.py ``read_retrying``)."""
+    return read_retrying(info.path, lambda: store.content_sha256(info), read or ReadConfig(), stats,
+                         "cannot read it to fingerprint it")
 
 
 def start_weights_hash(spec: ModelSpec) -> WeightsHash:

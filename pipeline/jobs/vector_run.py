@@ -91,7 +91,7 @@ def _run(job: IndexJob, column: str, report: RunReport, stop: StopSignals, start
         kept = kept_entries(store, kept_recs, out.root)
         kept_infos = [kept_shard(r, e) for r, e in zip(kept_recs, kept)]
         fp = settings_fingerprint(settings.to_dict())
-        fingerprints = [run.content_fingerprint(store, info, fp) for info in shards]
+        fingerprints = [run.content_fingerprint(store, info, fp, job.read, reads) for info in shards]
         all_shards = sorted([*shards, *kept_infos], key=lambda info: info.abs_path)
         sha = {info.abs_path: store.content_sha256(info) for info in shards}
         sha.update({r.abs_path: r.sha256 for r in kept_recs})
@@ -125,7 +125,7 @@ def _run(job: IndexJob, column: str, report: RunReport, stop: StopSignals, start
         # --delete: planned here, written once the guard has passed (as petal index's text runs: one code path)
         deletion = run.record_deletion(out, committed, delete_ids, report) if delete_ids is not None else None
         pending = deletion.pending_counts() if deletion is not None else None
-        ensure_columns(store, committed, need, {i.abs_path: i.path for i in shards})
+        ensure_columns(store, committed, need, {i.abs_path: i.path for i in shards}, job.read, reads)
         if sum(e.num_embedded for e in committed) == 0:
             raise NoInputError(f"no vectors to index: {report.rows['total']} rows read, all skipped "
                                f"({report.rows['skipped'] or 'no rows'})")

@@ -32,6 +32,7 @@ FAULT_POINTS: dict[str, str] = {
     "read_footer": "about to read a shard's footer (preflight)",
     "after_preflight": "footers, model config and output directory checked; no lock yet",
     "after_lock": "writer lock held; nothing cleaned or written yet",
+    "read_content": "about to read a whole shard to hash its content (its fingerprint in the store)",
     "after_model_load": "engine created, before the first shard is read",
     "read_batch": "about to decode a record batch of a shard",
     "engine_step": "about to run one engine step",

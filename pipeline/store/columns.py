@@ -15,6 +15,7 @@ neither the source shard nor the directory the index was built from.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import Iterator
@@ -26,10 +27,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from petal.pipeline.ingest.parquet import ShardInfo
+from petal.pipeline.config import ReadConfig
+from petal.pipeline.ingest.parquet import ReadStats, ShardInfo, read_retrying, stream_batches
 from petal.pipeline.ingest.remote import RemotePath
 from petal.pipeline.reliability.durable import fsync_dir
 from petal.pipeline.reliability.errors import BadInputError, ConfigError, UsageError, writing
+from petal.pipeline.reliability.faults import fault
 from petal.pipeline.reliability.safe_files import UnsafeFileError, check_regular
 from petal.pipeline.store.embeddings import EmbeddingStore, StoreEntry
 from petal.pipeline.store.side_files import side_file
@@ -114,11 +117,15 @@ def _parquet(path: Any) -> pq.ParquetFile:
 
 
 def ensure_columns(store: EmbeddingStore, entries: list[StoreEntry], need: ColumnsNeed,
-                   read_now: dict[str, Any] | None = None) -> list[str]:
+                   read_now: dict[str, Any] | None = None, read: ReadConfig | None = None,
+                   stats: ReadStats | None = None) -> list[str]:
     """Every entry gets a side file with ``need``'s columns. ``read_now``: shards of this run (absolute path ->
     path or object), whose entries hold their current content. Returns shards whose text could not be stored
     (their file is gone or changed since it was embedded); a kept column that cannot be stored is a
-    ``ConfigError`` (78)."""
+    ``ConfigError`` (78). Sources are read as the rows phase reads them (``read``; OS read errors retried and
+    counted in ``stats``): a corrupt page is 65 naming the source, its row group and column, an OS read error
+    that persists 74 naming the source, permission denied 66; a write error on the side file is 74 naming it."""
+    read = read or ReadConfig()
     read_now = read_now or {}
     missing_text: list[str] = []
     if not need.names:
@@ -129,8 +136,8 @@ def ensure_columns(store: EmbeddingStore, entries: list[StoreEntry], need: Colum
             continue
         source = entry.meta["source"]
         shard: Any = read_now.get(str(source["abs_path"]))
-        if shard is None and "://" not in str(source["abs_path"]) and _same_content(store, Path(source["abs_path"]),
-                                                                                    source):
+        if shard is None and "://" not in str(source["abs_path"]) and _same_content(Path(source["abs_path"]),
+                                                                                    source, read, stats):
             shard = Path(source["abs_path"])
         if shard is None:
             if need.keep:
@@ -138,11 +145,11 @@ def ensure_columns(store: EmbeddingStore, entries: list[StoreEntry], need: Colum
                                   f"{', '.join(need.keep)} cannot be stored; name it as a SOURCE again or pass --sync")
             missing_text.append(str(source["path"]))
             continue
-        _write_columns(shard, entry, need, path)
+        _write_columns(_source_info(shard, source), entry, need, path, read, stats)
     return missing_text
 
 
-def _same_content(store: EmbeddingStore, shard: Path, source: dict) -> bool:
+def _same_content(shard: Path, source: dict, read: ReadConfig, stats: ReadStats | None) -> bool:
     try:
         stat = shard.stat()
     except OSError:
@@ -153,38 +160,69 @@ def _same_content(store: EmbeddingStore, shard: Path, source: dict) -> bool:
         return True
     from petal.pipeline.store.embeddings import sha256_file
 
-    return sha256_file(shard) == source["sha256"]
+    def content() -> str:
+        fault("read_content", str(shard))
+        return sha256_file(shard)
+
+    return read_retrying(shard, content, read, stats, "cannot read it to fingerprint it") == source["sha256"]
 
 
-def _write_columns(shard: Any, entry: StoreEntry, need: ColumnsNeed, path: Path) -> None:
-    """Stream ``shard``'s columns for the rows of ``entry`` (ascending) into ``path`` (atomically)."""
+def _source_info(shard: Any, source: dict) -> ShardInfo:
+    """The entry's source shard (``shard``: the path or object to read) for the shared reader."""
+    return ShardInfo(path=shard, abs_path=str(source["abs_path"]), size=int(source["size"]),
+                     mtime_ns=int(source["mtime_ns"]), num_rows=int(source.get("rows", 0)), num_row_groups=0,
+                     has_id_column=False, id_type="", text_type="")
+
+
+def _write_columns(info: ShardInfo, entry: StoreEntry, need: ColumnsNeed, path: Path, read: ReadConfig,
+                   stats: ReadStats | None) -> None:
+    """Stream the source shard's columns for the rows of ``entry`` (ascending) into ``path`` (atomically).
+
+    NOTE: the source is read through ``stream_batches`` (pipeline/ingest/parquet.py), outside ``writing(path)``:
+    what goes wrong reading it names the source (65, 66, 74), only a failed write names ``path`` (74)."""
     rows = pq.read_table(entry.path / "rows.parquet", columns=["row"]).column("row").to_numpy()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
     text = [need.text_column] if need.text_column else []
     source_columns = [*text, *need.keep]
-    pf = _parquet(shard)
-    arrow = pf.schema_arrow
+    arrow = read_retrying(info.path, lambda: _parquet(info.path).schema_arrow, read, stats,
+                          "not a readable Parquet file")
     schema = pa.schema([("row", pa.int64()), *[("text", pa.string()) for _ in text],
                         *[(c, arrow.field(c).type) for c in need.keep]])
+
+    def decode(start: int, batch: pa.RecordBatch) -> pa.Table | None:
+        # NOTE: arrow only, no state: a retry after a read error decodes the batch again
+        lo, hi = np.searchsorted(rows, [start, start + batch.num_rows])
+        if hi <= lo:
+            return None
+        take = pa.array(rows[lo:hi] - start)
+        values = [batch.column(i).take(take) for i in range(len(source_columns))]
+        if text:  # binary holding UTF-8 (rows that were not are rejects) is stored as a string
+            values[0] = values[0].cast(pa.string())
+        return pa.table([pa.array(rows[lo:hi], pa.int64()), *values], schema=schema)
+
+    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
     with writing(path):
-        with pq.ParquetWriter(tmp, schema, write_page_checksum=True) as writer:
-            start = 0
-            for batch in pf.iter_batches(batch_size=READ_BATCH_ROWS, columns=source_columns):
-                lo, hi = np.searchsorted(rows, [start, start + batch.num_rows])
-                if hi > lo:
-                    take = pa.array(rows[lo:hi] - start)
-                    values = [batch.column(i).take(take) for i in range(len(source_columns))]
-                    if text:  # binary holding UTF-8 (rows that were not are rejects) is stored as a string
-                        values[0] = values[0].cast(pa.string())
-                    writer.write_table(pa.table([pa.array(rows[lo:hi], pa.int64()), *values], schema=schema))
-                start += batch.num_rows
+        path.parent.mkdir(parents=True, exist_ok=True)
+        writer = pq.ParquetWriter(tmp, schema, write_page_checksum=True)
+    try:
+        with contextlib.closing(stream_batches(info, source_columns, read, decode, stats)) as tables:
+            for table in tables:  # a read error here names the source
+                if table is not None:
+                    with writing(path):
+                        writer.write_table(table)
+        with writing(path):
             if len(rows) == 0:
                 writer.write_table(schema.empty_table())
-        with open(tmp, "rb+") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-        fsync_dir(path.parent)
+            writer.close()
+            with open(tmp, "rb+") as fh:
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+            fsync_dir(path.parent)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            writer.close()
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise
 
 
 def entry_columns(entry: StoreEntry, positions: np.ndarray, names: list[str]) -> Iterator[pa.Table]:

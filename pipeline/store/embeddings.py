@@ -96,9 +96,11 @@ def same_file(source: dict[str, Any], info: ShardInfo) -> bool:
 
 
 def shard_sha256(info: ShardInfo) -> str:
-    """A local shard's sha256; an object's identity from its size, mtime and footer (no download)."""
+    """A local shard's sha256; an object's identity from its size, mtime and footer (no download). An OS error
+    is raised as it is: callers retry it as a read of the source (``read_retrying``, pipeline/ingest/parquet.py)."""
     from petal.pipeline.ingest.remote import RemotePath, remote_sha256
 
+    fault("read_content", str(info.path))
     if isinstance(info.path, RemotePath):
         return remote_sha256(info.path, info.size, info.mtime_ns)
     return sha256_file(info.path)
