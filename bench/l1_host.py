@@ -43,12 +43,10 @@ def main() -> None:
     state = runner.states[token_bucket(num_tokens)]
     graph = state.graph
     assert graph is not None, "the bucket's graph is captured by the warm-up steps"
-    slot, host = runner.staging.acquire()
-    runner.staging.release(slot)
     with torch.inference_mode():
         rows = {
             "full step -> result": per_call_us(lambda: engine.step(batch).result()),
-            "fill_inputs (numpy)": per_call_us(lambda: fill_inputs(host.numpy(), state.layout, batch)),
+            "fill_inputs (numpy)": per_call_us(lambda: fill_inputs(state.host_numpy, state.layout, batch)),
             "attention.plan": per_call_us(lambda: engine.attention.plan(state.ctx)),
             "graph.replay launch (no sync)": per_call_us(lambda: graph.replay(), reps=50),
         }
@@ -88,7 +86,7 @@ def main() -> None:
         side_ring = torch.empty(4, *runner.output.shape, dtype=torch.float32, pin_memory=True)
         turn = [0]
 
-        def old_submit(result: torch.Tensor) -> LazyTensor:
+        def old_submit(result: torch.Tensor, stream: torch.cuda.Stream | None = None) -> LazyTensor:
             rows_n = int(result.shape[0])
             slot = turn[0] % 4
             turn[0] += 1
@@ -167,35 +165,34 @@ def stage_times(engine: Engine, batch: PackedBatch, state: Any) -> None:
     replica of engine/graphs.py: keep in step with it), 300 steps, mean us per stage."""
     runner = engine.graphs
     assert runner is not None
-    names = ["bucket + state", "staging.acquire", "fill_inputs", "H2D copy_", "cu_seqlens view + plan",
-             "staging.release", "graph.replay", "ring.submit", "result()"]
+    names = ["bucket + state", "copied.synchronize", "fill_inputs", "cu_seqlens view + plan", "graph.replay",
+             "ring.submit", "result()"]
     totals = [0.0] * len(names)
-    with torch.inference_mode():
-        for _ in range(300):
-            t = [time.perf_counter()]
-            st = runner._state(token_bucket(batch.num_tokens))
-            t.append(time.perf_counter())
-            slot, host = runner.staging.acquire()
-            t.append(time.perf_counter())
-            fill_inputs(host.numpy(), st.layout, batch)
-            t.append(time.perf_counter())
-            st.buffer.copy_(host[: st.layout.size], non_blocking=True)
-            t.append(time.perf_counter())
-            st.ctx.cu_seqlens_cpu = host[st.layout.slices()["cu_seqlens"]]
-            engine.attention.plan(st.ctx)
-            t.append(time.perf_counter())
-            runner.staging.release(slot)
-            t.append(time.perf_counter())
-            graph = st.graph
-            assert graph is not None
-            graph.replay()
-            t.append(time.perf_counter())
-            lazy = engine.ring.submit(runner.output[: batch.num_seqs])
-            t.append(time.perf_counter())
-            lazy.result()
-            t.append(time.perf_counter())
-            for i in range(len(names)):
-                totals[i] += t[i + 1] - t[i]
+    stream = torch.cuda.current_stream()
+    # NOTE: outside inference_mode, as engine/graphs.py's replay path runs
+    for _ in range(300):
+        t = [time.perf_counter()]
+        st = runner._state(token_bucket(batch.num_tokens))
+        t.append(time.perf_counter())
+        if st.pending and st.copied is not None:
+            st.copied.synchronize()
+        t.append(time.perf_counter())
+        fill_inputs(st.host_numpy, st.layout, batch)
+        t.append(time.perf_counter())
+        st.ctx.cu_seqlens_cpu = st.host_cu_seqlens
+        engine.attention.plan(st.ctx)
+        t.append(time.perf_counter())
+        graph = st.graph
+        assert graph is not None
+        graph.replay()
+        st.pending = True
+        t.append(time.perf_counter())
+        lazy = engine.ring.submit(runner.output[: batch.num_seqs], stream)
+        t.append(time.perf_counter())
+        lazy.result()
+        t.append(time.perf_counter())
+        for i in range(len(names)):
+            totals[i] += t[i + 1] - t[i]
     print("  stages (us): " + " | ".join(f"{n} {v / 300 * 1e6:.1f}" for n, v in zip(names, totals)))
 
 

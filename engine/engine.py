@@ -33,6 +33,7 @@ from petal.engine.layers.warmup import start_warmup
 from petal.engine.lazy_tensor import HostRing, LazyTensor
 from petal.engine.loader import ModelSpec, load_model
 from petal.engine.small_batch import SmallBatchKernels
+from petal.engine.streams import CurrentStream
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -122,18 +123,23 @@ class Engine:
             warmup.join()
             self.stats.kernel_warmup_wait_s = time.perf_counter() - waited
         cfg = spec.config
-        self.attention: AttentionBackend = make_attention_backend(
-            config.attention, device=self.device, dtype=self.activation_dtype, num_heads=cfg.num_heads,
-            num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, causal=cfg.causal,
-            max_tokens=config.token_budget, max_seqs=config.max_seqs, cuda_graphs=config.cuda_graphs,
-        )
-        self.ring = HostRing(config.steps_in_flight + 1, config.max_seqs, spec.dim, self.device)
-        # NOTE: the CPU reuses one slot (the step runs synchronously); CUDA keeps slots per step in flight.
-        depth = config.steps_in_flight + 2 if self.device.type == "cuda" else 1
-        self.staging = StagingRing(depth, InputLayout(config.token_budget, config.max_seqs).size, self.device)
-        self.graphs: LazyGraphRunner | None = None
-        if self.device.type == "cuda" and config.cuda_graphs and self.attention.capturable:
-            self.graphs = self._graph_runner()
+        # NOTE: ordinary tensors even when the engine is made under inference_mode: a replay step writes into
+        # them outside it (the staging and result rings, the attention's plan buffers: engine/graphs.py)
+        with torch.inference_mode(False):
+            self.attention: AttentionBackend = make_attention_backend(
+                config.attention, device=self.device, dtype=self.activation_dtype, num_heads=cfg.num_heads,
+                num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, causal=cfg.causal,
+                max_tokens=config.token_budget, max_seqs=config.max_seqs, cuda_graphs=config.cuda_graphs,
+            )
+            self.ring = HostRing(config.steps_in_flight + 1, config.max_seqs, spec.dim, self.device)
+            # NOTE: the CPU reuses one slot (the step runs synchronously); CUDA keeps slots per step in flight.
+            depth = config.steps_in_flight + 2 if self.device.type == "cuda" else 1
+            self.staging = StagingRing(depth, InputLayout(config.token_budget, config.max_seqs).size, self.device)
+            self.graphs: LazyGraphRunner | None = None
+            self._stream: CurrentStream | None = None
+            if self.device.type == "cuda" and config.cuda_graphs and self.attention.capturable:
+                self.graphs = self._graph_runner()
+                self._stream = CurrentStream(self.device)
 
     def _graph_runner(self) -> LazyGraphRunner:
         """CUDA graphs captured lazily per token bucket over this engine's model and pooling."""
@@ -146,7 +152,7 @@ class Engine:
         return LazyGraphRunner(
             token_budget=cfg.token_budget, max_seqs=cfg.max_seqs, max_length=self.pooling.max_length, dim=self.dim,
             device=self.device, attention=self.attention, forward=forward, capture=CudaGraphCapture(self.device),
-            staging_depth=cfg.steps_in_flight + 2, small=self.small,
+            small=self.small,
         )
 
     @property
@@ -187,18 +193,22 @@ class Engine:
         self.stats.steps += 1
         self.stats.sequences += batch.num_seqs
         self.stats.tokens += batch.num_tokens
+        if self.graphs is not None:
+            # NOTE: no inference_mode here: a replay runs no autograd-visible op, and its host time goes before
+            # the graph starts (the runner enters it for the eager and capture runs)
+            out = self.graphs.run(batch)
+            assert self._stream is not None
+            stream = self._stream.get()
+            self.stats.graph_captures = self.graphs.captures
+            self.stats.graph_replays = self.graphs.replays
+            self.stats.eager_steps = self.graphs.eager_runs
+            self.stats.padded_tokens = self.graphs.padded_tokens
+            bucket = token_bucket(batch.num_tokens)
+            self.stats.buckets[bucket] = self.stats.buckets.get(bucket, 0) + 1
+            return self.ring.submit(out, stream)
         with torch.inference_mode():
-            if self.graphs is not None:
-                out = self.graphs.run(batch)
-                self.stats.graph_captures = self.graphs.captures
-                self.stats.graph_replays = self.graphs.replays
-                self.stats.eager_steps = self.graphs.eager_runs
-                self.stats.padded_tokens = self.graphs.padded_tokens
-                bucket = token_bucket(batch.num_tokens)
-                self.stats.buckets[bucket] = self.stats.buckets.get(bucket, 0) + 1
-            else:
-                self.stats.eager_steps += 1
-                out = self.run_eager(batch)
+            self.stats.eager_steps += 1
+            out = self.run_eager(batch)
             return self.ring.submit(out)
 
     def embed(self, batch: PackedBatch) -> np.ndarray:

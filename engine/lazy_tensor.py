@@ -80,8 +80,9 @@ class HostRing:
     def depth(self) -> int:
         return len(self._host)
 
-    def submit(self, result: torch.Tensor) -> LazyTensor:
-        """Start moving ``result [rows, dim]`` (device, float32) to the host; return at once."""
+    def submit(self, result: torch.Tensor, stream: torch.cuda.Stream | None = None) -> LazyTensor:
+        """Start moving ``result [rows, dim]`` (device, float32) to the host; return at once. ``stream``: the
+        current CUDA stream when the caller has it (else looked up)."""
         rows = int(result.shape[0])
         if rows > self.max_rows:
             raise ValueError(f"result has {rows} rows, ring slots hold {self.max_rows}")
@@ -102,7 +103,7 @@ class HostRing:
             # cross-stream event wait (bench/l1_host.py).
             host[:rows].copy_(result, non_blocking=True)
             copied = self._events[slot]
-            copied.record()  # NOTE: the current stream, the copy's (the engine's device is the current one)
+            copied.record(stream)  # NOTE: the current stream, the copy's (the engine's device is the current one)
             lazy = LazyTensor(host, rows, copied, result)
         self._owners[slot] = lazy
         return lazy

@@ -47,7 +47,7 @@ def make_runner(engine, captured):
     cfg = engine.config
     return LazyGraphRunner(token_budget=cfg.token_budget, max_seqs=cfg.max_seqs, max_length=engine.pooling.max_length,
                            dim=engine.dim, device=torch.device("cpu"), attention=engine.attention, forward=forward,
-                           capture=capture, staging_depth=2)
+                           capture=capture)
 
 
 def random_batch(rng, num_seqs, max_len=48):
