@@ -101,6 +101,8 @@ def serve(index_path: Path | None, model: str | None, host: str, port: int, api_
         raise click.UsageError("give OUT (an index directory) or --model DIR (embeddings only)")
     if api_key is None and os.environ.get(API_KEY_ENV) is not None:
         api_key = os.environ[API_KEY_ENV]  # NOTE: set but empty: refused below, never an open server
+    if search_device == "cuda" and device == "cpu":  # NOTE: flags alone: a usage error before any other check
+        raise click.UsageError("--search-device cuda needs the model on CUDA (--device cuda)")
     missing = missing_serve_extra()
     if missing:
         raise PetalClickError(f"petal serve needs the optional 'serve' dependencies ({', '.join(missing)} missing): "

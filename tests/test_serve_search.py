@@ -606,7 +606,13 @@ def test_lists_of_a_lossy_quantizer_fall_back_to_the_exhaustive_copy(vectors_ind
     np.testing.assert_allclose(scores, want_scores, rtol=1e-4, atol=1e-4)
 
 
-def test_search_device_cuda_needs_the_model_on_cuda():
+def test_search_device_cuda_needs_the_model_on_cuda(monkeypatch):
+    result = CliRunner().invoke(cli, ["serve", "out", "--search-device", "cuda", "--device", "cpu", "--port", "0"])
+    assert result.exit_code == 2 and "--search-device cuda needs" in result.output
+    # the flags alone decide it: a usage error before the check for the serve extra (78 on a host without it)
+    import petal.cli.serve as serve_cli
+
+    monkeypatch.setattr(serve_cli, "missing_serve_extra", lambda: ["uvicorn"])
     result = CliRunner().invoke(cli, ["serve", "out", "--search-device", "cuda", "--device", "cpu", "--port", "0"])
     assert result.exit_code == 2 and "--search-device cuda needs" in result.output
 
