@@ -24,6 +24,14 @@ from petal.pipeline.ingest.pack import PackConfig, pack
 from petal.pipeline.jobs.inflight import InFlight
 
 
+def cuda_engine(s: Shape, token_budget: int = 16384) -> Engine:
+    """An engine on CUDA (bf16, graphs) over random weights in ``s``'s shape, made through Hugging Face's model."""
+    hf = hf_model(s, torch.device("cuda"), torch.bfloat16)
+    spec, model = native_from_hf(s, hf, torch.device("cuda"), torch.bfloat16)
+    del hf
+    return Engine(spec, EngineConfig(device="cuda", dtype="bfloat16", token_budget=token_budget), model=model)
+
+
 def random_docs(lengths: np.ndarray, vocab: int, seed: int = 0) -> list[np.ndarray]:
     """Token ids for documents of the given lengths (values do not change the speed)."""
     rng = np.random.default_rng(seed)

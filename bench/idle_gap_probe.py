@@ -22,10 +22,9 @@ import time
 import numpy as np
 import torch
 
-from petal.bench.gpu import random_docs
-from petal.bench.shapes import hf_model, native_from_hf, shape
+from petal.bench.gpu import cuda_engine, random_docs
+from petal.bench.shapes import shape
 from petal.engine.batch import PackedBatch
-from petal.engine.config import EngineConfig
 from petal.engine.engine import Engine
 
 GAP_MS = 2.0
@@ -36,10 +35,8 @@ def main() -> None:
     name = sys.argv[1] if len(sys.argv) > 1 else "pplx-embed-0.6b"
     token_counts = [int(a) for a in sys.argv[2:]] or [16, 128]
     s = shape(name)
-    hf = hf_model(s, torch.device("cuda"), torch.bfloat16)
-    spec, model = native_from_hf(s, hf, torch.device("cuda"), torch.bfloat16)
-    del hf
-    engine = Engine(spec, EngineConfig(device="cuda", dtype="bfloat16", token_budget=16384), model=model)
+    engine = cuda_engine(s)
+    spec = engine.spec
     side = torch.cuda.Stream(priority=0)
     # calibrate torch.cuda._sleep: cycles per ms
     torch.cuda.synchronize()

@@ -12,10 +12,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from petal.bench.gpu import random_docs
-from petal.bench.shapes import hf_model, native_from_hf, shape
+from petal.bench.gpu import cuda_engine, random_docs
+from petal.bench.shapes import shape
 from petal.engine.batch import PackedBatch, token_bucket
-from petal.engine.config import EngineConfig
 from petal.engine.engine import Engine
 from petal.engine.inputs import fill_inputs
 from petal.engine.lazy_tensor import LazyTensor
@@ -31,10 +30,8 @@ def per_call_us(fn, reps: int = 300) -> float:
 def main() -> None:
     name, num_tokens = sys.argv[1], int(sys.argv[2])  # [--profile]: host_profile() after the table
     s = shape(name)
-    hf = hf_model(s, torch.device("cuda"), torch.bfloat16)
-    spec, model = native_from_hf(s, hf, torch.device("cuda"), torch.bfloat16)
-    del hf
-    engine = Engine(spec, EngineConfig(device="cuda", dtype="bfloat16", token_budget=16384), model=model)
+    engine = cuda_engine(s)
+    spec = engine.spec
     batch = PackedBatch.from_sequences(random_docs(np.array([num_tokens]), spec.config.vocab_size))
     for _ in range(5):
         engine.step(batch).result()

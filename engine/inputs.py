@@ -149,8 +149,8 @@ class StagingRing:
             self._recorded[slot] = False
         return slot, self._slots[slot]
 
-    def release(self, slot: int, stream: torch.cuda.Stream | None = None) -> None:
-        """Mark the slot as read by everything enqueued so far on ``stream`` (default: the current stream)."""
+    def release(self, slot: int) -> None:
+        """Mark the slot as read by everything enqueued so far on the current stream."""
         if self._events is not None:
-            self._events[slot].record(stream)
+            self._events[slot].record()
             self._recorded[slot] = True

@@ -19,15 +19,21 @@ pytest.importorskip("uvicorn")
 KEY = "audit-key"
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def start_server(root):
+    """A real ``petal serve`` (packaged MiniLM, embeddings only, ``--api-key KEY``, 64 KiB bodies) logging in ``root``;
+    its client sends the key."""
     from petal.engine.loader import default_model_dir
     from tests.test_serve import Server
 
-    root = tmp_path_factory.mktemp("serve-audit-http")
     running = Server(root / "server.log", "--model", default_model_dir(), "--api-key", KEY,
                      "--max-body-bytes", "65536")
     running.client.headers["Authorization"] = f"Bearer {KEY}"
+    return running
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    running = start_server(tmp_path_factory.mktemp("serve-audit-http"))
     yield running
     running.stop()
 
@@ -37,19 +43,23 @@ def _exchange(server, request: bytes) -> tuple[int, dict[str, str], bytes]:
     host, port = server.url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=30) as sock:
         sock.sendall(request)
-        data = b""
-        while b"\r\n\r\n" not in data:
-            chunk = sock.recv(65536)
-            assert chunk, f"the server closed the connection without an answer: {data!r}"
-            data += chunk
-        head, _, body = data.partition(b"\r\n\r\n")
-        lines = head.decode("latin-1").split("\r\n")
-        headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
-        length = int(headers["content-length"])
-        while len(body) < length:
-            chunk = sock.recv(65536)
-            assert chunk, "the answer was cut short"
-            body += chunk
+        return read_answer(sock)
+
+
+def read_answer(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
+    """The answer waiting on ``sock`` (status, headers, body read to its Content-Length)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, f"the server closed the connection without an answer: {data!r}"
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+    while len(body) < int(headers["content-length"]):
+        chunk = sock.recv(65536)
+        assert chunk, "the answer was cut short"
+        body += chunk
     return int(lines[0].split()[1]), headers, body
 
 

@@ -12,11 +12,12 @@ import time
 
 import pytest
 
+from tests.test_serve_audit_http import KEY, read_answer, start_server
+
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 
-KEY = "audit-key"
 UPLOAD = 100 << 20  # what the client means to send
 # the most a client may get to send before the server closes: the server's bound (1 MiB) plus what the two
 # sockets' buffers hold on loopback (a few MiB); far below the 100 MiB the server once read
@@ -26,13 +27,7 @@ CHUNK = b"x" * 65536
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    from petal.engine.loader import default_model_dir
-    from tests.test_serve import Server
-
-    root = tmp_path_factory.mktemp("serve-audit-linger")
-    running = Server(root / "server.log", "--model", default_model_dir(), "--api-key", KEY,
-                     "--max-body-bytes", "65536")
-    running.client.headers["Authorization"] = f"Bearer {KEY}"
+    running = start_server(tmp_path_factory.mktemp("serve-audit-linger"))
     yield running
     running.stop()
 
@@ -46,23 +41,6 @@ def _connect(server) -> socket.socket:
 def _head(extra: bytes, length: int | None = UPLOAD) -> bytes:
     framing = b"Transfer-Encoding: chunked\r\n" if length is None else b"Content-Length: %d\r\n" % length
     return b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\n" + extra + framing + b"\r\n"
-
-
-def _read_answer(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
-    """The answer waiting on ``sock`` (status, headers, body read to its Content-Length)."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(65536)
-        assert chunk, f"the server closed the connection without an answer: {data!r}"
-        data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
-    while len(body) < int(headers["content-length"]):
-        chunk = sock.recv(65536)
-        assert chunk, "the answer was cut short"
-        body += chunk
-    return int(lines[0].split()[1]), headers, body
 
 
 def _closed(sock: socket.socket) -> bool:
@@ -104,7 +82,7 @@ def test_an_early_answer_reaches_a_raw_client_and_the_upload_is_cut_short(server
             pass  # the server closed: what this test wants
         elapsed = time.monotonic() - started
         assert sent < MOST_SENT, f"{case}: the server took {sent >> 20} MiB of the body after its answer"
-        got, headers, body = _read_answer(sock)
+        got, headers, body = read_answer(sock)
         assert got == status and headers["connection"] == "close", (case, got, headers)
         assert json.loads(body)["error"]["code"] == status
         assert _closed(sock)
@@ -117,7 +95,7 @@ def test_a_slow_upload_after_an_early_answer_is_closed_within_the_linger_time(se
     (1 s), not when the body ends (100 MiB at this pace: hours)."""
     with _connect(server) as sock:
         sock.sendall(_head(CASES["401 no key"][0]) + b"x" * 1024)
-        got, headers, _ = _read_answer(sock)
+        got, headers, _ = read_answer(sock)
         assert got == 401 and headers["connection"] == "close"
         started = time.monotonic()
         closed = False
@@ -172,11 +150,11 @@ def test_an_answer_after_the_whole_body_keeps_the_connection(server):
         sock.sendall(_head(CASES["413 by Content-Length"][0], len(body)))
         time.sleep(0.3)  # the body comes later: the answer waits for it
         sock.sendall(body)
-        got, headers, _ = _read_answer(sock)
+        got, headers, _ = read_answer(sock)
         assert got == 200 and headers.get("connection") != "close"
         sock.sendall(_head(CASES["401 no key"][0], len(body)) + body)  # one send: the body is there at once
-        got, headers, _ = _read_answer(sock)
+        got, headers, _ = read_answer(sock)
         assert got == 401 and headers.get("connection") != "close"
         sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
-        got, _, _ = _read_answer(sock)
+        got, _, _ = read_answer(sock)
         assert got == 200

@@ -8,21 +8,18 @@ published. Shards are real Parquet files (dictionary pages, snappy) with bytes o
 from __future__ import annotations
 
 import errno
-import json
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from click.testing import CliRunner
 
-from petal.cli.main import cli
 from petal.pipeline.layout import OutputDir
-from petal.pipeline.reliability import faults
 from petal.pipeline.store import embeddings
 from tests.fake_cli import fake_hooks
 from tests.fake_engine import make_fake_model_dir
+from tests.test_vectors_read_errors import run as run_index
 
 DIM, ROWS, GROUP = 8, 400, 100  # 4 row groups: the damage is in row group 2
 
@@ -62,15 +59,9 @@ def damaged(path: Path, prefix: str, column: str, error: str) -> Path:
 
 def run(*args: str | Path, report: Path, monkeypatch: pytest.MonkeyPatch, fault: str | None = None,
         obj: object = None) -> tuple[int, str, dict]:
-    if fault:
-        monkeypatch.setenv(faults.FAULT_ENV, fault)
-    else:
-        monkeypatch.delenv(faults.FAULT_ENV, raising=False)
-    monkeypatch.setattr(faults, "_ARMED", faults._Armed())  # hit counters from 0 in this process
-    report.unlink(missing_ok=True)
-    result = CliRunner().invoke(cli, ["index", *map(str, args), "-q", "--json-report", str(report)], obj=obj)
-    assert result.exit_code != 1 and "Traceback" not in result.output, result.output  # never a bug
-    return result.exit_code, result.stderr.strip().splitlines()[-1], json.loads(report.read_text())
+    """``tests/test_vectors_read_errors.py``'s ``run``, with stderr's last line."""
+    code, stderr, report_json = run_index(*args, report=report, monkeypatch=monkeypatch, fault=fault, obj=obj)
+    return code, stderr.strip().splitlines()[-1], report_json
 
 
 @pytest.fixture
