@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from petal.pipeline.index.faiss_loader import load_faiss
-from petal.pipeline.index.files import INDEX_FILE, IVFDATA_FILE, stdout_to_stderr, write_index
+from petal.pipeline.index.files import INDEX_FILE, IVFDATA_FILE, faiss_stdout, write_index
 from petal.pipeline.index.gpu import to_cpu, to_gpu
 from petal.pipeline.index.source import StoreVectors
 
@@ -87,7 +87,7 @@ def build_on_disk(trained: Any, source: StoreVectors, staging: Path, part_rows: 
             del part  # one part in memory at a time
             names.append(str(name))
             places.add(where)
-        with stdout_to_stderr():
+        with faiss_stdout():
             # NOTE: merge_ondisk keeps the parts mmapped until the process exits (FAISS leaks their
             # inverted lists by design); their disk space is freed then, after the rmtree below.
             merge_ondisk(trained, names, str(staging / IVFDATA_FILE))

@@ -1,4 +1,4 @@
-"""Index files of a version directory, and reading/writing them without FAISS's stdout chatter.
+"""Index files of a version directory, and reading/writing them without FAISS's chatter on stdout.
 
 ```
 index.faiss     the FAISS index (for on-disk indexes: everything but the inverted lists)
@@ -12,7 +12,10 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import re
 import sys
+import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,29 +29,48 @@ IDS_FILE = "ids.parquet"
 IDS_GROUP_ROWS = 16384
 
 
-@contextlib.contextmanager
-def stdout_to_stderr() -> Iterator[None]:
-    """Send what C++ prints on fd 1 to fd 2 for the duration (stdout carries JSON lines).
+# NOTE: what FAISS prints on fd 1 for itself, never for the user: OnDiskInvertedLists.update_totsize's
+# "resizing <path> to <n> bytes" (at every on-disk build) and the read hook's "IO_FLAG_ONDISK_SAME_DIR: updating
+# ondisk filename from <a> to <b>" (petal no longer reads with that flag: mmap.read_ondisk)
+FAISS_CHATTER = re.compile(rb"(resizing .* to \d+ bytes|IO_FLAG_ONDISK_SAME_DIR: updating ondisk filename from .*)")
+# NOTE: fd 1 is one per process: two threads swapping it at once would each restore what the other put there
+# (stdout left pointing at a capture file); one holder at a time
+_FD1_LOCK = threading.Lock()
 
-    FAISS ``printf``s from ``OnDiskInvertedLists`` ("resizing ...", "IO_FLAG_ONDISK_SAME_DIR: ...").
+
+@contextlib.contextmanager
+def faiss_stdout() -> Iterator[None]:
+    """Catch what C++ code prints on fd 1 for the duration (stdout carries JSON lines); afterwards drop FAISS's
+    own chatter (``FAISS_CHATTER``) and copy any other line to stderr, so no message is lost.
+
+    Process-wide: use it only around FAISS calls known to print (the on-disk build), never on a query's path;
+    another thread's writes to fd 1 in the meantime come out on stderr.
     """
-    sys.stdout.flush()
-    libc = ctypes.CDLL(None)
-    saved = os.dup(1)
-    try:
-        os.dup2(2, 1)
-        yield
-    finally:
-        # NOTE: flush C stdio before fd 1 points back at stdout, or buffered text lands there later.
-        libc.fflush(None)
-        os.dup2(saved, 1)
-        os.close(saved)
+    with _FD1_LOCK, tempfile.TemporaryFile() as caught:
+        sys.stdout.flush()
+        libc = ctypes.CDLL(None)
+        saved = os.dup(1)
+        try:
+            os.dup2(caught.fileno(), 1)
+            yield
+        finally:
+            # NOTE: flush C stdio before fd 1 points back at stdout, or buffered text lands there later.
+            libc.fflush(None)
+            os.dup2(saved, 1)
+            os.close(saved)
+            caught.seek(0)
+            kept = [line for line in caught.read().splitlines(keepends=True)
+                    if not FAISS_CHATTER.fullmatch(line.rstrip(b"\r\n"))]
+            if kept:
+                sys.stderr.flush()
+                sys.stderr.buffer.write(b"".join(kept))
+                sys.stderr.flush()
 
 
 def write_index(index: Any, path: Path) -> None:
     faiss = load_faiss()
 
-    with stdout_to_stderr():
+    with faiss_stdout():
         faiss.write_index(index, str(path))
 
 
@@ -78,18 +100,14 @@ def open_parquet(path: Path, read_dictionary: list[str] | None = None) -> Any:
 
 
 def read_index_copied(path: Path, storage: str) -> Any:
-    """``read_index`` without memory-mapping: the whole file read into memory (the pre-mmap behaviour)."""
+    """``read_index`` without memory-mapping ``index.faiss``: the whole file read into memory (the pre-mmap
+    behaviour); an on-disk index's lists are mapped as ``read_index`` maps them (``mmap.read_ondisk``)."""
     faiss = load_faiss()
 
     if storage == "ondisk":
-        # NOTE: the .faiss file records the absolute .ivfdata path of the staging directory it was
-        # built in; ONDISK_SAME_DIR looks beside the .faiss file instead, so a version directory can
-        # be renamed or copied. Its lists are mmapped by OnDiskInvertedLists itself: IO_FLAG_MMAP
-        # on top crashes FAISS 1.15 at search time.
-        flags = faiss.IO_FLAG_ONDISK_SAME_DIR | faiss.IO_FLAG_READ_ONLY
-    elif storage == "memory":
-        flags = 0
-    else:
+        from petal.pipeline.index.mmap import read_ondisk
+
+        return read_ondisk(path)
+    if storage != "memory":
         raise ValueError(f"unknown index storage {storage!r} (memory or ondisk)")
-    with stdout_to_stderr():
-        return faiss.read_index(str(path), flags)
+    return faiss.read_index(str(path), 0)
