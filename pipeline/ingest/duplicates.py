@@ -7,28 +7,33 @@ the report). ``--strict`` refuses them instead (exit 65), naming the id and two 
 
 from __future__ import annotations
 
+import contextlib
+
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from petal.pipeline.config import ReadConfig
-from petal.pipeline.ingest.parquet import ShardInfo
+from petal.pipeline.ingest.parquet import ReadStats, ShardInfo, stream_batches
 from petal.pipeline.reliability.errors import BadInputError, quote_path, quote_text
 
 
-def check_cross_shard_duplicates(shards: list[ShardInfo], read: ReadConfig) -> None:
-    """``BadInputError`` (65) when an id occurs in two shards (duplicates inside one shard are bad rows)."""
+def check_cross_shard_duplicates(shards: list[ShardInfo], read: ReadConfig, stats: ReadStats | None = None) -> None:
+    """``BadInputError`` (65) when an id occurs in two shards (duplicates inside one shard are bad rows). The id
+    columns are streamed by the rows' reader (local files and objects alike): an OS read error is retried (counted
+    in ``stats``) then 74, permission denied 66, a corrupt page 65 naming the file, row group and column."""
     with_ids = [(i, s) for i, s in enumerate(shards) if s.has_id_column]
     if len(with_ids) < 2:
         return
     id_type = pa.string() if any("int" not in s.id_type for _, s in with_ids) else pa.int64()
+
+    def distinct(_row: int, batch: pa.RecordBatch) -> pa.Array:
+        return pc.unique(batch.column(0).drop_null().cast(id_type))
+
     parts = []
     for i, shard in with_ids:
-        try:
-            column = pq.read_table(shard.path, columns=[read.id_column], page_checksum_verification=True).column(0)
-        except (OSError, pa.ArrowException) as exc:
-            raise BadInputError(f"{quote_path(shard.path)}: cannot read id column {read.id_column!r} ({exc})") from exc
-        column = pc.unique(column.cast(id_type).drop_null())
+        with contextlib.closing(stream_batches(shard, [read.id_column], read, distinct, stats)) as batches:
+            found = list(batches)
+        column = pc.unique(pa.chunked_array(found, id_type)) if found else pa.array([], id_type)
         parts.append(pa.table({"id": column, "shard": pa.array([i] * len(column), pa.int32())}))
     table = pa.concat_tables(parts)
     counts = table.group_by("id").aggregate([("shard", "count")])

@@ -23,7 +23,7 @@ import hashlib
 import os
 import time
 from collections.abc import Callable, Generator, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -227,6 +227,8 @@ class ShardInfo:
     ctime_ns: int = 0
     inode: int = 0
     footer_sha256: str = ""
+    # the Arrow schema preflight read from the footer: later checks (``--keep-columns``) use it, never a second read
+    schema: pa.Schema | None = field(default=None, compare=False, repr=False)
 
 
 def _is_text(t: pa.DataType) -> bool:
@@ -343,9 +345,7 @@ def inspect_shard(path: Path | RemotePath, read: ReadConfig, stats: ReadStats | 
     if id_type is not None and not _is_id(id_type):
         raise BadInputError(f"{quote_path(path)}: id column {read.id_column!r} has type {id_type}, "
                             "expected an integer or string")
-    if id_type is not None and pa.types.is_uint64(id_type):
-        _check_id_range(path, meta, read)
-    return ShardInfo(
+    info = ShardInfo(
         path=path,
         abs_path=path.uri if isinstance(path, RemotePath) else str(path.resolve()),
         size=stat.st_size,
@@ -358,40 +358,45 @@ def inspect_shard(path: Path | RemotePath, read: ReadConfig, stats: ReadStats | 
         ctime_ns=getattr(stat, "st_ctime_ns", 0),  # 0 for an object: its hash is taken every run
         inode=getattr(stat, "st_ino", 0),
         footer_sha256=footer,
+        schema=schema,
     )
+    if id_type is not None and pa.types.is_uint64(id_type):
+        _check_id_range(info, meta, read, stats)
+    return info
 
 
 INT64_MAX = 2**63 - 1
 
 
-def _check_id_range(path: Path | RemotePath, meta: pq.FileMetaData, read: ReadConfig) -> None:
-    """uint64 ids must fit the store's int64 ids: the footer's statistics when complete, else the column."""
-    column = meta.schema.names.index(read.id_column) if read.id_column in meta.schema.names else -1
+def _check_id_range(info: ShardInfo, meta: pq.FileMetaData, read: ReadConfig, stats: ReadStats | None) -> None:
+    """uint64 ids must fit the store's int64 ids: the footer's statistics when complete, else the column, streamed
+    by the rows' reader (an OS read error retried then 74, permission denied 66, a corrupt page 65 naming the row
+    group and column)."""
+    import pyarrow.compute as pc
+
+    # NOTE: by the leaf's path: a nested column's leaf may have the id column's name (``meta.id``)
+    column = next((i for i in range(len(meta.schema)) if meta.schema.column(i).path == read.id_column), -1)
     highest = 0
     for g in range(meta.num_row_groups):
-        stats = meta.row_group(g).column(column).statistics if column >= 0 else None
-        if stats is None or not stats.has_min_max:
+        group_stats = meta.row_group(g).column(column).statistics if column >= 0 else None
+        if group_stats is None or not group_stats.has_min_max:
             break
-        highest = max(highest, int(stats.max))
+        highest = max(highest, int(group_stats.max))
     else:
         if highest <= INT64_MAX:
             return
-    try:
-        if isinstance(path, RemotePath):
-            with contextlib.closing(path.open()) as stream:
-                values = pq.read_table(stream, columns=[read.id_column], page_checksum_verification=True).column(0)
-        else:
-            values = pq.read_table(path, columns=[read.id_column], page_checksum_verification=True).column(0)
-    except (OSError, pa.ArrowException) as exc:
-        raise _read_error(path, exc, 0, f"cannot read id column {read.id_column!r}") from exc
-    import pyarrow.compute as pc
 
-    over = pc.greater(values, pa.scalar(INT64_MAX, pa.uint64()))
-    row = pc.index(over, True).as_py()
-    if row >= 0:
-        raise BadInputError(f"{quote_path(path)}: id column {read.id_column!r} (uint64) holds {values[row].as_py()} at "
-                            f"row {row}, above the largest id petal stores ({INT64_MAX}, int64); store the ids as "
-                            "int64 or as strings")
+    def first_over(row: int, batch: pa.RecordBatch) -> tuple[int, int] | None:
+        values = batch.column(0)
+        at = pc.index(pc.greater(values, pa.scalar(INT64_MAX, pa.uint64())), True).as_py()
+        return None if at < 0 else (row + at, values[at].as_py())
+
+    with contextlib.closing(stream_batches(info, [read.id_column], read, first_over, stats)) as found:
+        over = next((hit for hit in found if hit is not None), None)
+    if over is not None:
+        raise BadInputError(f"{quote_path(info.path)}: id column {read.id_column!r} (uint64) holds {over[1]} at "
+                            f"row {over[0]}, above the largest id petal stores ({INT64_MAX}, int64); store the ids "
+                            "as int64 or as strings")
 
 
 def preflight(paths: list[Path | RemotePath], read: ReadConfig, stats: ReadStats | None = None) -> list[ShardInfo]:

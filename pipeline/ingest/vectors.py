@@ -15,6 +15,7 @@ An OS read error is retried then 74, a corrupt page 65 naming the file, permissi
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,13 +50,13 @@ def inspect_vector_shard(path: Path, read: ReadConfig, column: str,
                          stats: ReadStats | None = None) -> tuple[ShardInfo, int | None]:
     """One footer: ``(info, fixed size or None)``; ``BadInputError`` naming file, column and type. A read error is
     judged as a text run's (pipeline/ingest/parquet.py): permission denied 66, an OS error retried then 74."""
-    def footer() -> pq.ParquetFile:
+    def footer() -> tuple[os.stat_result, pq.FileMetaData]:
         fault("read_footer", str(path))
-        return pq.ParquetFile(path)
+        return path.stat(), pq.read_metadata(path)  # NOTE: no file object is left open
 
     try:
-        pf = _retrying(footer, read, stats)
-        schema = pf.schema_arrow
+        stat, meta = _retrying(footer, read, stats)
+        schema = meta.schema.to_arrow_schema()
     except (OSError, pa.ArrowException) as exc:
         raise _read_error(path, exc, read.read_retries, "not a readable Parquet file") from exc
     if column not in schema.names:
@@ -70,10 +71,9 @@ def inspect_vector_shard(path: Path, read: ReadConfig, column: str,
     id_type = schema.field(read.id_column).type if has_id else None
     if id_type is not None and not _is_id(id_type):
         raise BadInputError(f"{path}: id column {read.id_column!r} has type {id_type}, expected an integer or string")
-    stat = path.stat()
     info = ShardInfo(path=path, abs_path=str(path.resolve()), size=stat.st_size, mtime_ns=stat.st_mtime_ns,
-                     num_rows=pf.metadata.num_rows, num_row_groups=pf.metadata.num_row_groups, has_id_column=has_id,
-                     id_type=str(id_type) if id_type is not None else "", text_type=str(vtype))
+                     num_rows=meta.num_rows, num_row_groups=meta.num_row_groups, has_id_column=has_id,
+                     id_type=str(id_type) if id_type is not None else "", text_type=str(vtype), schema=schema)
     return info, (vtype.list_size if pa.types.is_fixed_size_list(vtype) else None)
 
 
@@ -85,14 +85,6 @@ def _first_length(info: ShardInfo, read: ReadConfig, column: str, stats: ReadSta
         if len(found):
             return int(found[0].as_py())
     return None
-
-
-def has_column(path: Path, name: str, read: ReadConfig, stats: ReadStats | None = None) -> bool:
-    """Whether the shard's schema has column ``name`` (its footer, read as preflight reads it)."""
-    try:
-        return name in _retrying(lambda: pq.read_schema(path), read, stats).names
-    except (OSError, pa.ArrowException) as exc:
-        raise _read_error(path, exc, read.read_retries, "not a readable Parquet file") from exc
 
 
 def preflight_vectors(paths: list[Path], read: ReadConfig, column: str,

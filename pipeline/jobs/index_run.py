@@ -39,6 +39,7 @@ from petal.pipeline.ingest.parquet import ReadStats, ShardInfo, preflight, read_
 from petal.pipeline.ingest.prefetch import Prefetcher
 from petal.pipeline.ingest.rejects import BadRowGate, rejects_table
 from petal.pipeline.ingest.tokens import TokenizedDocs, tokenize_documents, tokenizer_for
+from petal.pipeline.jobs.keep_columns import check_keep_columns
 from petal.pipeline.jobs.live_check import live_damage
 from petal.pipeline.jobs.model import model_spec
 from petal.pipeline.jobs.removals import (
@@ -81,7 +82,7 @@ from petal.pipeline.reliability.faults import fault
 from petal.pipeline.reliability.safe_files import check_output_dir
 from petal.pipeline.reliability.signals import StopSignals
 from petal.pipeline.store.changes import live_manifest, shard_changes
-from petal.pipeline.store.columns import ColumnsNeed, check_keep_columns, ensure_columns
+from petal.pipeline.store.columns import ColumnsNeed, ensure_columns
 from petal.pipeline.store.embeddings import (
     DeferredIdentity,
     EmbeddingStore,
@@ -210,7 +211,7 @@ def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory
             used_sha = used_sha or weights.result()
             check_drift(previous, embedding_settings(with_weights_sha256(spec, used_sha), config, job), out.root)
         if job.strict:  # an id in two shards is a bad row too (without --strict the last shard wins)
-            check_cross_shard_duplicates(shards, job.read)
+            check_cross_shard_duplicates(shards, job.read, reads)
         store = EmbeddingStore(out.store_dir)
         with writing(out.store_dir):
             store.open()

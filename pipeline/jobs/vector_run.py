@@ -22,8 +22,9 @@ from petal.pipeline.index.plan import check_index_factory
 from petal.pipeline.index.writer import build_version_index
 from petal.pipeline.ingest.parquet import ReadStats, ShardInfo, resolve_sources
 from petal.pipeline.ingest.rejects import rejects_table
-from petal.pipeline.ingest.vectors import has_column, preflight_vectors, read_vectors
+from petal.pipeline.ingest.vectors import preflight_vectors, read_vectors
 from petal.pipeline.jobs import index_run as run
+from petal.pipeline.jobs.keep_columns import check_keep_columns
 from petal.pipeline.jobs.removals import kept_entries, kept_records, kept_shard, kept_vectors
 from petal.pipeline.jobs.report import RunReport
 from petal.pipeline.layout import OutputDir
@@ -33,7 +34,7 @@ from petal.pipeline.reliability.faults import fault
 from petal.pipeline.reliability.safe_files import check_output_dir
 from petal.pipeline.reliability.signals import StopSignals
 from petal.pipeline.store.changes import live_manifest, shard_changes
-from petal.pipeline.store.columns import ColumnsNeed, check_keep_columns, ensure_columns
+from petal.pipeline.store.columns import ColumnsNeed, ensure_columns
 from petal.pipeline.store.embeddings import EmbeddingStore, StoreEntry, settings_fingerprint, sha256_file
 from petal.pipeline.store.outputs import OutputTransform
 from petal.pipeline.store.tombstones import read_delete_ids, settle_tombstones
@@ -64,7 +65,8 @@ def _run(job: IndexJob, column: str, report: RunReport, stop: StopSignals, start
          local: list[Path], reads: ReadStats) -> RunReport:
     shards, dim = preflight_vectors(local, job.read, column, reads)
     report.rows["total"] = sum(s.num_rows for s in shards)
-    text = job.read.text_column if all(has_column(Path(str(s.path)), job.read.text_column, job.read, reads)
+    # the schemas preflight read (no second read of a source)
+    text = job.read.text_column if all(s.schema is not None and job.read.text_column in s.schema.names
                                        for s in shards) else None
     check_keep_columns(shards, job.keep_columns, (column, job.read.id_column))
     need = ColumnsNeed(text, job.keep_columns)

@@ -1,0 +1,37 @@
+"""``--keep-columns`` against the shards a run names, before any work, from the schemas preflight read.
+
+NOTE: no second read of a source: each shard's footer was read once by preflight (``ShardInfo.schema``), with the
+retries and the 65/66/74 rules of every source read (pipeline/ingest/parquet.py), so the check cannot meet an I/O
+error of its own.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from petal.pipeline.ingest.parquet import ShardInfo
+from petal.pipeline.reliability.errors import BadInputError, UsageError, quote_path
+from petal.pipeline.store.columns import kept_type
+
+STORED_NAMES = ("faiss_id", "id", "shard", "row", "text")  # what a version's ids.parquet holds itself
+
+
+def check_keep_columns(shards: list[ShardInfo], columns: tuple[str, ...], reserved: tuple[str, ...]) -> None:
+    """No kept column takes a name petal stores (``UsageError``, exit 2); every shard has every kept column (65
+    naming shard and column); a column's types across the shards widen to one (``kept_type``, else 65)."""
+    for name in columns:
+        if name in reserved or name in STORED_NAMES:
+            raise UsageError(f"--keep-columns {name!r}: that name is taken (the id or text column, or one of "
+                             f"{', '.join(STORED_NAMES)} that petal stores with the ids)")
+    types: dict[str, list[tuple[str, pa.DataType]]] = {name: [] for name in columns}
+    for info in shards:
+        assert info.schema is not None, "preflight records every named shard's schema"
+        names = info.schema.names
+        missing = [c for c in columns if c not in names]
+        if missing:
+            raise BadInputError(f"{quote_path(info.path)}: no column {missing[0]!r} (--keep-columns); it has: "
+                                f"{', '.join(sorted(names))}")
+        for name in columns:
+            types[name].append((str(info.path), info.schema.field(name).type))
+    for name, typed in types.items():
+        kept_type(name, typed)
