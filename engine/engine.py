@@ -132,9 +132,7 @@ class Engine:
                 max_tokens=config.token_budget, max_seqs=config.max_seqs, cuda_graphs=config.cuda_graphs,
             )
             self.ring = HostRing(config.steps_in_flight + 1, config.max_seqs, spec.dim, self.device)
-            # NOTE: the CPU reuses one slot (the step runs synchronously); CUDA keeps slots per step in flight.
-            depth = config.steps_in_flight + 2 if self.device.type == "cuda" else 1
-            self.staging = StagingRing(depth, InputLayout(config.token_budget, config.max_seqs).size, self.device)
+            self._staging: StagingRing | None = None  # eager steps' inputs, made at the first eager step
             self.graphs: LazyGraphRunner | None = None
             self._stream: CurrentStream | None = None
             if self.device.type == "cuda" and config.cuda_graphs and self.attention.capturable:
@@ -215,10 +213,19 @@ class Engine:
         """``step(batch).result()``: ``[num_seqs, dim]`` float32 on the host."""
         return self.step(batch).result()
 
+    def _make_staging(self) -> StagingRing:
+        # NOTE: the CPU reuses one slot (the step runs synchronously); CUDA keeps slots per step in flight.
+        depth = self.config.steps_in_flight + 2 if self.device.type == "cuda" else 1
+        with torch.inference_mode(False):
+            self._staging = StagingRing(depth, InputLayout(self.config.token_budget, self.config.max_seqs).size,
+                                        self.device)
+        return self._staging
+
     def run_eager(self, batch: PackedBatch) -> torch.Tensor:
         """The model on the batch's exact shapes: ``[num_seqs, dim]`` float32 on the device."""
         layout = InputLayout(batch.num_tokens, batch.num_seqs)
-        slot, host = self.staging.acquire()
+        staging = self._staging or self._make_staging()
+        slot, host = staging.acquire()
         fill_inputs(host.numpy(), layout, batch)
         buffer = host[: layout.size]
         if self.device.type == "cuda":
@@ -226,6 +233,6 @@ class Engine:
         ctx = make_context(buffer, host[layout.slices()["cu_seqlens"]], layout, batch.max_seqlen, self.attention,
                            padded=False, small=self.small)
         self.attention.plan(ctx)
-        self.staging.release(slot)
+        staging.release(slot)
         assert ctx.input_ids is not None and ctx.positions is not None
         return forward_pooled(self.model, self.pooling, ctx.input_ids, ctx.positions, ctx)
