@@ -199,6 +199,51 @@ def run_with_report(report: Any, work: Callable[[], Any], as_json: bool = False)
     finish()
 
 
+class ReportingCommand(click.Command):
+    """A command with ``--json-report`` (``petal index``, ``petal rebuild``) whose flag-parsing errors still finish
+    a report (status failed, exit 2, ``usage error: ...``) and write it where the arguments say: to the
+    ``--json-report`` path when click's parser finds one, and on stdout with ``--json``; errors the run judges write
+    their report themselves (``pipeline/api.py``). The command's name is the report's ``command``."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        given = list(args)  # NOTE: click's parser consumes ``args`` in place
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as exc:
+            path, as_json = self._report_flags(ctx, given)
+            if path is not None or as_json:
+                from petal.pipeline.api import write_report
+                from petal.pipeline.jobs.report import RunReport
+
+                report = RunReport(command=self.name or "index")
+                report.finish("failed", 2, f"usage error: {exc.format_message()}")
+                write_report(report, path)
+                if as_json and path != "-":
+                    write_report(report, "-")
+            raise
+
+    def _report_flags(self, ctx: click.Context, args: list[str]) -> tuple[str | None, bool]:
+        """``(--json-report's value, --json given)`` as click reads the arguments (the last value wins, nothing after
+        ``--``, an unknown flag skipped); where the arguments cannot be split (a flag without its value), the same
+        rules over the words themselves."""
+        parser = self.make_parser(ctx)
+        parser.ignore_unknown_options = True
+        try:
+            opts, _, _ = parser.parse_args(list(args))
+            path = opts.get("json_report")
+            return (None if path is None else str(path)), bool(opts.get("as_json"))
+        except click.UsageError:
+            pass
+        words = args[:args.index("--")] if "--" in args else args
+        path = None
+        for i, word in enumerate(words):
+            if word == "--json-report" and i + 1 < len(words):
+                path = words[i + 1]
+            elif word.startswith("--json-report="):
+                path = word.split("=", 1)[1]
+        return path, "--json" in words
+
+
 def device_options(func: F) -> F:
     func = click.option("--attention", type=click.Choice(["auto", "flashinfer", "torch", "sdpa"]), default="auto",
                         show_default=True, help="Attention kernel (auto: FlashInfer on CUDA when it fits).")(func)

@@ -6,38 +6,10 @@ from pathlib import Path
 
 import click
 
-from petal.cli.common import device_options, hooks, run_with_report
+from petal.cli.common import ReportingCommand, device_options, hooks, run_with_report
 from petal.cli.index_options import index_options
 from petal.cli.options import model_options, output_options
 from petal.cli.scale_options import RAY_LOCAL, scale_options
-
-
-class ReportingCommand(click.Command):
-    """A command whose flag-parsing errors still write the ``--json-report`` (status failed, exit 2)."""
-
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        given = list(args)  # NOTE: click's parser consumes ``args`` in place
-        try:
-            return super().parse_args(ctx, args)
-        except click.UsageError as exc:
-            path = _flag_value(given, "--json-report")
-            if path is not None:
-                from petal.pipeline.api import write_report
-                from petal.pipeline.jobs.report import RunReport
-
-                report = RunReport(command="index")
-                report.finish("failed", 2, f"usage error: {exc.format_message()}")
-                write_report(report, Path(path))
-            raise
-
-
-def _flag_value(args: list[str], flag: str) -> str | None:
-    for i, arg in enumerate(args):
-        if arg == flag and i + 1 < len(args):
-            return args[i + 1]
-        if arg.startswith(flag + "="):
-            return arg.split("=", 1)[1]
-    return None
 
 
 @click.command(cls=ReportingCommand)

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import click
 
-from petal.cli.common import run_with_report
+from petal.cli.common import ReportingCommand, run_with_report
 from petal.cli.index_options import index_options
 
 
-@click.command()
+@click.command(cls=ReportingCommand)
 # NOTE: OUT and --json-report check nothing at parsing (readable=False): click's own check makes an unreadable path a
 # usage error (2); the run judges OUT (73) and treats a report it cannot write as a warning
 @click.argument("out", type=click.Path(path_type=Path, readable=False))
@@ -19,7 +19,7 @@ from petal.cli.index_options import index_options
 @index_options
 @click.option("--wait", is_flag=True, help="If another petal writes to OUT, wait for it instead of exiting 75.")
 @click.option("--json-report", type=click.Path(path_type=Path, readable=False), default=None,
-              help="Write the run report here (- is stdout).")
+              help="Write the run report here (every run not killed by SIGKILL writes one; - is stdout).")
 @click.option("--json", "as_json", is_flag=True, help="Print the run report (JSON) on stdout.")
 def rebuild(out: Path, index_factory: str, metric: str, index_memory: str, target_recall: float, wait: bool,
             json_report: Path | None, as_json: bool) -> None:
