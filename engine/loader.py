@@ -8,7 +8,6 @@ weights straight to the target device and dtype.
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -26,8 +25,8 @@ from petal.engine.config import (
 )
 from petal.engine.errors import ModelError
 from petal.engine.resolve import HF_ID, cached_snapshot, hf_cache_dirs
-from petal.engine.st_files import StFiles, StFilesError, read_st_files
-from petal.engine.weight_files import pickle_files, safetensors_files
+from petal.engine.st_files import StFiles, StFilesError, config_int, read_json, read_st_files
+from petal.engine.weight_files import WeightFilesError, pickle_files, safetensors_files
 
 # NOTE: torch and the model classes are imported where a model is inspected or built: `ModelSpec` is the
 # type of every pipeline module, and runs without a model (`petal index --vectors-column`) import none
@@ -152,11 +151,13 @@ def sha256_files(files: tuple[Path, ...], cancelled: Callable[[], bool] = lambda
     return digest.hexdigest()
 
 
-def _read_json(path: Path) -> Any:
+def _read_json(path: Path) -> dict[str, Any]:
+    """A JSON object file of the model directory (``ModelError`` naming it otherwise)."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ModelError(f"cannot read {path}: {exc}") from exc
+        value: dict[str, Any] = read_json(path)
+    except StFilesError as exc:
+        raise ModelError(str(exc)) from exc
+    return value
 
 
 def inspect_model(
@@ -206,10 +207,17 @@ def inspect_model(
     _check_dense(st.dense, config.hidden_size, model_dir)
 
     limit = config.max_position_embeddings - config.position_offset
+    if limit < 2:
+        raise ModelError(f"{config_file}: max_position_embeddings {config.max_position_embeddings} leaves {limit} "
+                         "positions for a text; at least 2 are needed")
     if max_length is not None and max_length > limit:
         raise ModelError(f"--max-length {max_length} exceeds the model's limit of {limit} tokens")
     # NOTE: 0 is a value (refused by PoolingConfig), not "the default"
     length = min(max_length if max_length is not None else (st.max_seq_length or limit), limit)
+    eos_token_id = _eos_token_id(hf, model_dir) if mode == "last" else None
+    if eos_token_id is not None and eos_token_id >= config.vocab_size:
+        raise ModelError(f"{model_dir}: the end-of-sequence token {eos_token_id} is outside the model's vocabulary "
+                         f"of {config.vocab_size} (config.json vocab_size)")
     return ModelSpec(
         path=model_dir,
         config=config,
@@ -221,7 +229,7 @@ def inspect_model(
         prompts=prompts,
         similarity=st.similarity or "cosine",
         int8_scheme=st.int8_scheme,
-        eos_token_id=_eos_token_id(hf, model_dir) if mode == "last" else None,
+        eos_token_id=eos_token_id,
         weights_format=weights_format,
     )
 
@@ -231,7 +239,7 @@ def _weight_files(model_dir: Path, st: StFiles, options: ModelOptions) -> tuple[
     try:
         files = safetensors_files(model_dir)
         pickles = [] if files else pickle_files(model_dir)
-    except FileNotFoundError as exc:
+    except WeightFilesError as exc:
         raise ModelError(str(exc)) from exc
     if not files and not pickles:
         raise ModelError(f"{model_dir} has no model.safetensors (and no other weights)")
@@ -286,8 +294,11 @@ def _eos_token_id(hf: dict[str, Any], model_dir: Path) -> int | None:
     eos = hf.get("eos_token_id")
     if isinstance(eos, list):
         eos = eos[0] if eos else None
-    if isinstance(eos, int):
-        return eos
+    if eos is not None:
+        try:
+            return int(config_int({"eos_token_id": eos}, "eos_token_id", minimum=0))
+        except ValueError as exc:
+            raise ModelError(f"{model_dir / 'config.json'}: {exc}") from exc
     tok_config = model_dir / "tokenizer_config.json"
     if not tok_config.is_file():
         return None

@@ -9,7 +9,10 @@ prompts and the similarity function. Anything petal cannot reproduce exactly is 
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,11 +47,77 @@ class StFiles:
     pickle_dense: tuple[Path, ...] = ()  # Dense weights stored only as pickle
 
 
-def read_json(path: Path) -> Any:
+def read_json(path: Path, kind: type = dict) -> Any:
+    """A JSON file of a model directory, whose top level must be a ``kind`` (an object, or a list)."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:  # NOTE: ValueError: invalid JSON, and bytes that are not UTF-8
         raise StFilesError(f"cannot read {path}: {exc}") from exc
+    if not isinstance(value, kind):
+        raise StFilesError(f"{path} holds {json_kind(value)}, not {json_kind(kind())}")
+    return value
+
+
+# Values of a model's JSON files, each checked for the kind it must be: a file that says `"hidden_size": null`,
+# `384.5` or `"384"` is refused naming the key (a ValueError the caller prefixes with the file), never truncated,
+# taken as true or left to fail deep inside as a TypeError. A null value is the key left out.
+_MISSING: Any = object()
+
+
+def json_kind(value: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "an integer",
+            float: "a number", type(None): "null"}.get(type(value), type(value).__name__)
+
+
+def config_int(values: dict[str, Any], key: str, default: Any = _MISSING, *, minimum: int = 1) -> Any:
+    """``values[key]`` as an integer >= ``minimum`` (a whole float such as ``384.0`` too), else ``default``
+    when absent or null (no default: refused)."""
+    value = values.get(key)
+    if value is None:
+        if default is _MISSING:
+            raise ValueError(f"{key} is {'null' if key in values else 'missing'}; it must be an integer")
+        return default
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{key} {value!r} is {json_kind(value)}, not an integer")
+    if value < minimum:
+        raise ValueError(f"{key} {value} < {minimum}")
+    return value
+
+
+def config_float(values: dict[str, Any], key: str, default: float, *, positive: bool = False) -> float:
+    """``values[key]`` as a finite number (> 0 with ``positive``, else >= 0), else ``default`` when absent or null."""
+    value = values.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{key} {value!r} is {json_kind(value)}, not a number")
+    if not math.isfinite(value) or value < 0 or (positive and value == 0):
+        raise ValueError(f"{key} {value!r} is not a {'positive' if positive else 'non-negative'} finite number")
+    return float(value)
+
+
+def config_str(values: dict[str, Any], key: str, default: Any = _MISSING) -> Any:
+    """``values[key]`` as a string, else ``default`` when absent or null (no default: refused)."""
+    value = values.get(key)
+    if value is None:
+        if default is _MISSING:
+            raise ValueError(f"{key} is {'null' if key in values else 'missing'}; it must be a string")
+        return default
+    if not isinstance(value, str):
+        raise ValueError(f"{key} {value!r} is {json_kind(value)}, not a string")
+    return value
+
+
+def config_bool(values: dict[str, Any], key: str, default: bool) -> bool:
+    """``values[key]`` as a boolean (``"false"`` is not one), else ``default`` when absent or null."""
+    value = values.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ValueError(f"{key} {value!r} is {json_kind(value)}, not true or false")
+    return value
 
 
 def read_st_files(model_dir: Path) -> StFiles:
@@ -57,13 +126,27 @@ def read_st_files(model_dir: Path) -> StFiles:
     values: dict[str, Any] = {}
     modules_file = model_dir / "modules.json"
     if modules_file.is_file():
-        values.update(_modules(model_dir, read_json(modules_file)))
+        values.update(_modules(model_dir, read_json(modules_file, list)))
     st_config = model_dir / "sentence_bert_config.json"
     if st_config.is_file():
-        length = read_json(st_config).get("max_seq_length")
-        values["max_seq_length"] = int(length) if length else None
+        with in_file(st_config):
+            # NOTE: 2 at least: a special token on each side (a value of 0, which some files hold, is none given)
+            config = read_json(st_config)
+            zero = type(config.get("max_seq_length")) is int and config["max_seq_length"] == 0
+            values["max_seq_length"] = None if zero else config_int(config, "max_seq_length", None, minimum=2)
     values.update(_prompts_and_similarity(model_dir))
     return StFiles(**values)
+
+
+@contextlib.contextmanager
+def in_file(path: Path) -> Iterator[None]:
+    """A value refused inside (a ``ValueError``) becomes a ``StFilesError`` naming ``path``."""
+    try:
+        yield
+    except StFilesError:
+        raise
+    except ValueError as exc:
+        raise StFilesError(f"{path}: {exc}") from exc
 
 
 def _modules(model_dir: Path, modules: list[dict[str, Any]]) -> dict[str, Any]:
@@ -71,9 +154,12 @@ def _modules(model_dir: Path, modules: list[dict[str, Any]]) -> dict[str, Any]:
     dense: list[DenseConfig] = []
     pickle_dense: list[Path] = []
     seen: list[str] = []
-    for module in modules:
-        kind = str(module.get("type", "")).rsplit(".", 1)[-1]
-        folder = model_dir / str(module.get("path", ""))
+    for i, module in enumerate(modules):
+        with in_file(model_dir / "modules.json"):
+            if not isinstance(module, dict):
+                raise ValueError(f"module {i} is {json_kind(module)}, not an object")
+            kind = config_str(module, "type", "").rsplit(".", 1)[-1]
+            folder = model_dir / config_str(module, "path", "")
         where = f"{model_dir / 'modules.json'}: module {module.get('type')!r}"
         if seen and seen[-1] == "FlexibleQuantizer":
             raise StFilesError(f"{where} follows the quantizer; petal supports a quantizer only as the last module")
@@ -105,19 +191,24 @@ def _modules(model_dir: Path, modules: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _pooling(folder: Path) -> tuple[str, bool]:
-    config = read_json(folder / "config.json")
-    modes = [mode for key, mode in POOLING_FLAGS.items() if config.get(key)]
-    others = [key for key in UNSUPPORTED_POOLING_FLAGS if config.get(key)]
+    path = folder / "config.json"
+    config = read_json(path)
+    with in_file(path):
+        flags = {key: config_bool(config, key, False) for key in (*POOLING_FLAGS, *UNSUPPORTED_POOLING_FLAGS)}
+        include_prompt = config_bool(config, "include_prompt", True)
+    modes = [mode for key, mode in POOLING_FLAGS.items() if flags[key]]
+    others = [key for key in UNSUPPORTED_POOLING_FLAGS if flags[key]]
     if others or len(modes) != 1:
-        asked = [k for k in POOLING_FLAGS if config.get(k)] + others
-        raise StFilesError(f"{folder / 'config.json'} asks for pooling {asked or 'none'}; petal supports exactly one "
+        asked = [k for k in POOLING_FLAGS if flags[k]] + others
+        raise StFilesError(f"{path} asks for pooling {asked or 'none'}; petal supports exactly one "
                            "of pooling_mode_cls_token, pooling_mode_mean_tokens, pooling_mode_lasttoken")
-    return modes[0], bool(config.get("include_prompt", True))
+    return modes[0], include_prompt
 
 
 def _dense(folder: Path) -> tuple[DenseConfig, bool]:
     config = read_json(folder / "config.json")
-    name = config.get("activation_function") or "torch.nn.modules.linear.Identity"
+    with in_file(folder / "config.json"):
+        name = config_str(config, "activation_function", "") or "torch.nn.modules.linear.Identity"
     if name not in DENSE_ACTIVATIONS:
         raise StFilesError(f"{folder / 'config.json'}: activation {name!r} is not supported "
                            f"(known: {', '.join(sorted(DENSE_ACTIVATIONS))})")
@@ -126,12 +217,10 @@ def _dense(folder: Path) -> tuple[DenseConfig, bool]:
     if not files and not pickles:
         raise StFilesError(f"{folder} has no Dense weights (model.safetensors)")
     weight_file = files[0] if files else pickles[0]
-    try:
-        dense = DenseConfig(in_features=int(config["in_features"]), out_features=int(config["out_features"]),
-                            bias=bool(config.get("bias", True)), activation=DENSE_ACTIVATIONS[name],
-                            weight_file=weight_file)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise StFilesError(f"{folder / 'config.json'}: {exc!r}") from exc
+    with in_file(folder / "config.json"):
+        dense = DenseConfig(in_features=config_int(config, "in_features"),
+                            out_features=config_int(config, "out_features"), bias=config_bool(config, "bias", True),
+                            activation=DENSE_ACTIVATIONS[name], weight_file=weight_file)
     return dense, not files
 
 
@@ -140,11 +229,16 @@ def _prompts_and_similarity(model_dir: Path) -> dict[str, Any]:
     if not path.is_file():
         return {}
     config = read_json(path)
-    prompts = {str(k): str(v) for k, v in (config.get("prompts") or {}).items()}
-    default = prompts.get(config.get("default_prompt_name") or "", "")
+    with in_file(path):
+        given = config.get("prompts") or {}
+        if not isinstance(given, dict):
+            raise ValueError(f"prompts is {json_kind(given)}, not an object of names and prompts")
+        # NOTE: a null prompt is refused, never put in front of texts as the word "None"
+        prompts = {str(k): config_str(given, k) for k in given}
+        default = prompts.get(config_str(config, "default_prompt_name", ""), "")
+        similarity = config_str(config, "similarity_fn_name", None)
     query = prompts.get("query", default)
     document = next((prompts[name] for name in DOCUMENT_PROMPT_NAMES if name in prompts), default)
-    similarity = config.get("similarity_fn_name")
     if similarity is not None and similarity not in SIMILARITIES:
         raise StFilesError(f"{path}: similarity_fn_name {similarity!r} is not one of {', '.join(SIMILARITIES)}")
     return {"prompts": PromptConfig(query=query, document=document), "similarity": similarity}

@@ -9,13 +9,25 @@ from pathlib import Path
 PICKLE_WEIGHT_NAMES = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.pt", "model.pth")
 
 
+class WeightFilesError(ValueError):
+    """A checkpoint index (``*.index.json``) that cannot be read, or names shards that are not there."""
+
+
 def _indexed_shards(index: Path) -> list[Path]:
     """The shard files a ``*.index.json`` names (its ``weight_map`` values), all of which must exist."""
-    shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    files = [index.parent / s for s in shards]
+    try:
+        content = json.loads(index.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:  # NOTE: ValueError: not JSON, or bytes that are not UTF-8
+        raise WeightFilesError(f"cannot read {index}: {exc}") from exc
+    weight_map = content.get("weight_map") if isinstance(content, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map or \
+            not all(isinstance(s, str) and s for s in weight_map.values()):
+        raise WeightFilesError(f"{index}: weight_map must be an object of tensor names and shard file names, "
+                               f"not {str(weight_map)[:80]!r}")
+    files = [index.parent / s for s in sorted(set(weight_map.values()))]
     missing = [str(f) for f in files if not f.is_file()]
     if missing:
-        raise FileNotFoundError(f"{index} names shards that are missing: {', '.join(missing)}")
+        raise WeightFilesError(f"{index} names shards that are missing: {', '.join(missing)}")
     return files
 
 

@@ -29,7 +29,12 @@ def supported_architectures() -> list[str]:
 
 def model_class_for(hf_config: dict[str, Any]) -> type[EncoderModel]:
     """The model class for a Hugging Face config, by ``architectures`` first, then ``model_type``."""
-    names = [*(hf_config.get("architectures") or []), hf_config.get("model_type", "")]
+    architectures, model_type = hf_config.get("architectures") or [], hf_config.get("model_type") or ""
+    if not isinstance(architectures, list) or not all(isinstance(name, str) for name in architectures):
+        raise ValueError(f"architectures {architectures!r} is not a list of names")
+    if not isinstance(model_type, str):
+        raise ValueError(f"model_type {model_type!r} is not a name")
+    names = [*architectures, model_type]
     for name in names:
         if name in MODEL_REGISTRY:
             return MODEL_REGISTRY[name]

@@ -20,30 +20,34 @@ from petal.engine.layers.linear import Linear, linear_gelu, linear_into_
 from petal.engine.layers.norm import LayerNorm
 from petal.engine.layers.small_attention import small_attention
 from petal.engine.models.base import EncoderModel
+from petal.engine.st_files import config_float, config_int, config_str
 
 
 def bert_config(hf: dict[str, Any], architecture: str = "bert") -> ModelConfig:
-    """Fold a Hugging Face BERT-style ``config.json`` into a ``ModelConfig``."""
-    if hf.get("position_embedding_type", "absolute") != "absolute":
-        raise ValueError(
-            f"position_embedding_type {hf['position_embedding_type']!r} is not supported (only 'absolute')"
-        )
-    num_heads = int(hf["num_attention_heads"])
-    hidden = int(hf["hidden_size"])
+    """Fold a Hugging Face BERT-style ``config.json`` into a ``ModelConfig`` (``ValueError`` naming a bad key)."""
+    position_type = config_str(hf, "position_embedding_type", "absolute")
+    if position_type != "absolute":
+        raise ValueError(f"position_embedding_type {position_type!r} is not supported (only 'absolute')")
+    num_heads = config_int(hf, "num_attention_heads")
+    hidden = config_int(hf, "hidden_size")
+    if hidden % num_heads:
+        raise ValueError(f"hidden_size {hidden} is not a multiple of num_attention_heads {num_heads}")
+    hidden_act = config_str(hf, "hidden_act", "gelu")
+    get_activation(hidden_act)  # NOTE: refused here, naming config.json, not when the model is built
     return ModelConfig(
         architecture=architecture,
-        vocab_size=int(hf["vocab_size"]),
+        vocab_size=config_int(hf, "vocab_size"),
         hidden_size=hidden,
-        num_layers=int(hf["num_hidden_layers"]),
+        num_layers=config_int(hf, "num_hidden_layers"),
         num_heads=num_heads,
         num_kv_heads=num_heads,
         head_dim=hidden // num_heads,
-        intermediate_size=int(hf["intermediate_size"]),
-        max_position_embeddings=int(hf["max_position_embeddings"]),
-        norm_eps=float(hf.get("layer_norm_eps", 1e-12)),
-        hidden_act=str(hf.get("hidden_act", "gelu")),
+        intermediate_size=config_int(hf, "intermediate_size"),
+        max_position_embeddings=config_int(hf, "max_position_embeddings"),
+        norm_eps=config_float(hf, "layer_norm_eps", 1e-12),
+        hidden_act=hidden_act,
         causal=False,
-        type_vocab_size=int(hf.get("type_vocab_size", 2)),
+        type_vocab_size=config_int(hf, "type_vocab_size", 2, minimum=0),
         position_offset=0,
     )
 

@@ -32,6 +32,7 @@ from petal.engine.layers.skinny_linear import (
 from petal.engine.layers.small_attention import SmallAttention, small_attention
 from petal.engine.layers.triton_kernels import qk_norm_rope_, triton_available
 from petal.engine.models.base import EncoderModel
+from petal.engine.st_files import config_bool, config_float, config_int, config_str, json_kind
 
 PPLX_MODEL_TYPE = "bidirectional_pplx_qwen3"  # pplx-embed-v1's config.json (remote code, Qwen3 weights)
 
@@ -56,38 +57,50 @@ def qwen3_causal(hf: dict[str, Any]) -> bool | None:
 
 def qwen3_rope_theta(hf: dict[str, Any]) -> float:
     """RoPE base from ``rope_theta`` (transformers 4) or ``rope_parameters`` (transformers 5); plain RoPE only."""
-    params = hf.get("rope_parameters") or {}
-    scaling = hf.get("rope_scaling") or {}
-    for extra in (params, scaling):
-        kind = extra.get("rope_type", extra.get("type", "default"))
+    extras = {}
+    for key in ("rope_parameters", "rope_scaling"):
+        extras[key] = hf.get(key) or {}
+        if not isinstance(extras[key], dict):
+            raise ValueError(f"{key} {extras[key]!r} is {json_kind(extras[key])}, not an object")
+        kind = extras[key].get("rope_type", extras[key].get("type", "default"))
         if kind != "default":
-            raise ValueError(f"RoPE type {kind!r} ({extra}) is not supported (only default RoPE)")
-    return float(params.get("rope_theta", hf.get("rope_theta", 1_000_000.0)))
+            raise ValueError(f"RoPE type {kind!r} ({extras[key]}) is not supported (only default RoPE)")
+    params = extras["rope_parameters"]
+    if params.get("rope_theta") is not None:
+        return config_float(params, "rope_theta", 1_000_000.0, positive=True)
+    return config_float(hf, "rope_theta", 1_000_000.0, positive=True)
 
 
 def qwen3_config(hf: dict[str, Any]) -> ModelConfig:
-    num_heads = int(hf["num_attention_heads"])
-    hidden = int(hf["hidden_size"])
-    if hf.get("use_sliding_window"):
+    """Fold a Hugging Face Qwen3 ``config.json`` into a ``ModelConfig`` (``ValueError`` naming a bad key)."""
+    num_heads = config_int(hf, "num_attention_heads")
+    hidden = config_int(hf, "hidden_size")
+    if config_bool(hf, "use_sliding_window", False):
         raise ValueError("use_sliding_window is true; sliding-window attention is not supported")
+    hidden_act = config_str(hf, "hidden_act", "silu")
+    if hidden_act != "silu":  # NOTE: refused here, naming config.json, not when the model is built
+        raise ValueError(f"Qwen3 hidden_act {hidden_act!r} is not supported (only silu)")
+    if hidden % num_heads and hf.get("head_dim") is None:
+        raise ValueError(f"hidden_size {hidden} is not a multiple of num_attention_heads {num_heads} "
+                         "and there is no head_dim")
     causal = qwen3_causal(hf)
     return ModelConfig(
         architecture="qwen3",
-        vocab_size=int(hf["vocab_size"]),
+        vocab_size=config_int(hf, "vocab_size"),
         hidden_size=hidden,
-        num_layers=int(hf["num_hidden_layers"]),
+        num_layers=config_int(hf, "num_hidden_layers"),
         num_heads=num_heads,
-        num_kv_heads=int(hf.get("num_key_value_heads") or num_heads),
-        head_dim=int(hf.get("head_dim") or hidden // num_heads),
-        intermediate_size=int(hf["intermediate_size"]),
-        max_position_embeddings=int(hf["max_position_embeddings"]),
-        norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-        hidden_act=str(hf.get("hidden_act", "silu")),
+        num_kv_heads=config_int(hf, "num_key_value_heads", num_heads),
+        head_dim=config_int(hf, "head_dim", hidden // num_heads),
+        intermediate_size=config_int(hf, "intermediate_size"),
+        max_position_embeddings=config_int(hf, "max_position_embeddings"),
+        norm_eps=config_float(hf, "rms_norm_eps", 1e-6),
+        hidden_act=hidden_act,
         # NOTE: unknown attention defaults to causal here (Hugging Face's behaviour); engine/loader.py refuses
         # to run a Qwen3 checkpoint whose attention nobody stated (see ``causal_from_hf``).
         causal=True if causal is None else causal,
         rope_theta=qwen3_rope_theta(hf),
-        extra=(("attention_bias", bool(hf.get("attention_bias", False))),),
+        extra=(("attention_bias", config_bool(hf, "attention_bias", False)),),
     )
 
 

@@ -11,11 +11,12 @@ from typing import Any
 
 from petal.engine.config import ModelConfig
 from petal.engine.models.bert import BertModel, bert_config
+from petal.engine.st_files import config_int
 
 
 def xlm_roberta_config(hf: dict[str, Any]) -> ModelConfig:
     cfg = bert_config(hf, architecture="xlm-roberta")
-    return replace(cfg, position_offset=int(hf.get("pad_token_id", 1)) + 1)
+    return replace(cfg, position_offset=config_int(hf, "pad_token_id", 1, minimum=0) + 1)
 
 
 class XLMRobertaModel(BertModel):

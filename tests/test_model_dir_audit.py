@@ -1,0 +1,115 @@
+"""A model directory petal cannot use is refused by name (ConfigError, exit 78), never a traceback, a silently
+truncated value or a silently dropped part of the checkpoint; a --max-length above the model's limit is a usage
+error (2) like --dim above its width; Embedder keywords of the wrong type are UsageErrors.
+
+Real files throughout: the packaged MiniLM (its weights linked, its JSON files edited), tiny checkpoints saved by
+transformers, real torch pickles, real `petal embed` processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+import petal
+
+
+def copy_model(src: Path, dst: Path) -> Path:
+    """``src``'s files, weights linked (not copied), JSON files copied so they can be edited."""
+    dst.mkdir(parents=True)
+    for f in src.iterdir():
+        if f.is_dir():
+            shutil.copytree(f, dst / f.name)
+        elif f.suffix == ".safetensors":
+            os.symlink(f, dst / f.name)
+        else:
+            shutil.copy(f, dst / f.name)
+    return dst
+
+
+def edit_json(path: Path, change: Callable[[dict], object]) -> None:
+    value = json.loads(path.read_text())
+    change(value)
+    path.write_text(json.dumps(value))
+
+
+def petal_embed(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "petal.cli.main", "embed", "--device", "cpu", *args],
+                          capture_output=True, text=True, timeout=300)
+
+
+def refused(model: Path, *names: str, **settings: object) -> str:
+    """The ConfigError message of loading ``model`` and embedding one text; it must name each of ``names``."""
+    with pytest.raises(petal.ConfigError) as info:
+        petal.Embedder(str(model), "cpu", **settings).encode(["glaciers move"])
+    assert info.value.exit_code == 78
+    message = str(info.value)
+    for name in names:
+        assert name in message, message
+    return message
+
+
+CONFIG_VALUES = {
+    "hidden_size null": (lambda c: c.update(hidden_size=None), "hidden_size is null"),
+    "hidden_size a list": (lambda c: c.update(hidden_size=[384]), "hidden_size [384]"),
+    "hidden_size 384.5": (lambda c: c.update(hidden_size=384.5), "hidden_size 384.5"),  # was truncated to 384
+    "hidden_size a string": (lambda c: c.update(hidden_size="384"), "hidden_size '384'"),
+    "no heads": (lambda c: c.update(num_attention_heads=0), "num_attention_heads 0"),  # was ZeroDivisionError
+    "heads not dividing": (lambda c: c.update(num_attention_heads=7), "not a multiple of num_attention_heads 7"),
+    "activation": (lambda c: c.update(hidden_act="swishy"), "'swishy'"),  # was a UsageError (2) at build time
+    "one position": (lambda c: c.update(max_position_embeddings=1), "max_position_embeddings 1"),
+    "architectures a string": (lambda c: c.update(architectures="BertModel"), "architectures 'BertModel'"),
+    "architectures of objects": (lambda c: c.update(architectures=[{"a": 1}]), "architectures"),
+    "layer_norm_eps a string": (lambda c: c.update(layer_norm_eps="x"), "layer_norm_eps 'x'"),
+}
+
+
+@pytest.mark.parametrize("case", list(CONFIG_VALUES))
+def test_config_json_values_of_the_wrong_kind_are_refused_naming_the_key(minilm_dir, tmp_path, case):
+    change, said = CONFIG_VALUES[case]
+    model = copy_model(minilm_dir, tmp_path / "m")
+    edit_json(model / "config.json", change)
+    refused(model, str(model / "config.json"), said)
+
+
+@pytest.mark.parametrize("content", [b"[1, 2]", b"\xff\xfe{}"])
+def test_a_config_json_that_is_no_object_is_refused(minilm_dir, tmp_path, content):
+    model = copy_model(minilm_dir, tmp_path / "m")
+    (model / "config.json").write_bytes(content)
+    refused(model, str(model / "config.json"))
+
+
+ST_FILES = {
+    "modules.json an object": ("modules.json", '{"a": 1}', "holds an object, not a list"),
+    "a module a string": ("modules.json", '["x"]', "module 0 is a string"),
+    "pooling a list": ("1_Pooling/config.json", "[1]", "holds a list"),
+    "pooling flag a string": ("1_Pooling/config.json", '{"pooling_mode_mean_tokens": true, '
+                              '"pooling_mode_cls_token": "false"}', "pooling_mode_cls_token 'false'"),
+    "max_seq_length 1": ("sentence_bert_config.json", '{"max_seq_length": 1}', "max_seq_length 1 < 2"),
+    "max_seq_length 100.7": ("sentence_bert_config.json", '{"max_seq_length": 100.7}', "max_seq_length 100.7"),
+    "prompts a list": ("config_sentence_transformers.json", '{"prompts": ["a"]}', "prompts is a list"),
+    # was the word "None" put in front of every query
+    "a null prompt": ("config_sentence_transformers.json", '{"prompts": {"query": null}}', "query is null"),
+}
+
+
+@pytest.mark.parametrize("case", list(ST_FILES))
+def test_sentence_transformers_files_of_the_wrong_shape_are_refused(minilm_dir, tmp_path, case):
+    name, content, said = ST_FILES[case]
+    model = copy_model(minilm_dir, tmp_path / "m")
+    (model / name).write_text(content)
+    refused(model, str(model / name), said)
+
+
+@pytest.mark.parametrize("content", ["{", "{}", '{"weight_map": {"a": 5}}', "[]"])
+def test_a_damaged_checkpoint_index_is_refused(minilm_dir, tmp_path, content):
+    model = copy_model(minilm_dir, tmp_path / "m")
+    (model / "model.safetensors.index.json").write_text(content)
+    refused(model, "model.safetensors.index.json")
