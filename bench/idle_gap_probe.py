@@ -11,12 +11,20 @@ each, variants taking turns call by call:
   gap (ending just before the step): if the step is still slow, the cost is not the GPU going idle;
 - ``busy_through``: a side-stream spin that lasts past the step's launch (the step shares the GPU with it);
 - ``host_spin``: the launching thread busy-waits through the gap instead of sleeping (GPU idle);
-- ``host_spin_busy``: both, the host thread busy and the GPU kept busy.
+- ``host_spin_busy``: both, the host thread busy and the GPU kept busy;
+- ``yield_spin``: the launching thread spins through the gap calling ``os.sched_yield()`` (the GIL released at
+  each call, as a server's engine thread would have to);
+- ``handoff_sleep`` / ``handoff_spin``: the serving case: a worker thread launches the step when another thread
+  wakes it through a ``threading.Condition`` after the gap; it waited in ``Condition.wait`` (asleep), or
+  spun on ``os.sched_yield()`` for up to ``SPIN_MS`` after its last step before waiting (each is woken once
+  for a step, then again after the gap: the second is timed, from the notify to the result).
 """
 
 from __future__ import annotations
 
+import os
 import sys
+import threading
 import time
 
 import numpy as np
@@ -28,7 +36,43 @@ from petal.engine.batch import PackedBatch
 from petal.engine.engine import Engine
 
 GAP_MS = 2.0
+SPIN_MS = 5.0
 CALLS = 200
+
+
+class Handoff:
+    """A thread that runs one step each time it is woken (``trigger``), after waiting asleep or spinning."""
+
+    def __init__(self, engine: Engine, batch: PackedBatch, spin_s: float) -> None:
+        self.engine, self.batch, self.spin_s = engine, batch, spin_s
+        self.cond = threading.Condition()
+        self.go = False
+        self.done = threading.Event()
+        self.finished = 0.0
+        threading.Thread(target=self._loop, daemon=True).start()
+
+    def _loop(self) -> None:
+        while True:
+            until = time.perf_counter() + self.spin_s
+            while not self.go and time.perf_counter() < until:
+                os.sched_yield()
+            with self.cond:
+                while not self.go:
+                    self.cond.wait()
+                self.go = False
+            self.engine.step(self.batch).result()
+            self.finished = time.perf_counter()
+            self.done.set()
+
+    def trigger(self) -> float:
+        """Wake the thread; returns how long from the wake-up call to the step's result (us)."""
+        self.done.clear()
+        woken = time.perf_counter()
+        with self.cond:
+            self.go = True
+            self.cond.notify()
+        self.done.wait()
+        return (self.finished - woken) * 1e6
 
 
 def main() -> None:
@@ -57,14 +101,15 @@ def main() -> None:
 
 
 def run(engine: Engine, batch: PackedBatch, side: torch.cuda.Stream, cycles_per_ms: float) -> None:
-    def gap(spin_ms: float | None, host_spin: bool = False) -> None:
+    def gap(spin_ms: float | None, host_spin: bool = False, yield_spin: bool = False) -> None:
         if spin_ms is not None:
             with torch.cuda.stream(side):
                 torch.cuda._sleep(int(spin_ms * cycles_per_ms))
-        if host_spin:
+        if host_spin or yield_spin:
             until = time.perf_counter() + GAP_MS / 1000
             while time.perf_counter() < until:
-                pass
+                if yield_spin:
+                    os.sched_yield()
         else:
             time.sleep(GAP_MS / 1000)
 
@@ -75,8 +120,10 @@ def run(engine: Engine, batch: PackedBatch, side: torch.cuda.Stream, cycles_per_
         "busy_through": lambda: gap(GAP_MS + 2.0),
         "host_spin": lambda: gap(None, host_spin=True),
         "host_spin_busy": lambda: gap(GAP_MS - 0.05, host_spin=True),
+        "yield_spin": lambda: gap(None, yield_spin=True),
     }
-    times: dict[str, list[tuple[float, float, float]]] = {v: [] for v in variants}
+    handoffs = {"handoff_sleep": Handoff(engine, batch, 0.0), "handoff_spin": Handoff(engine, batch, SPIN_MS / 1000)}
+    times: dict[str, list[tuple[float, float, float]]] = {v: [] for v in [*variants, *handoffs]}
     first, last = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     for _ in range(CALLS):
         for variant, before in variants.items():
@@ -90,6 +137,10 @@ def run(engine: Engine, batch: PackedBatch, side: torch.cuda.Stream, cycles_per_
             lazy.result()
             done = time.perf_counter()
             times[variant].append(((done - started) * 1e6, (launched - started) * 1e6, first.elapsed_time(last) * 1e3))
+        for variant, handoff in handoffs.items():
+            handoff.trigger()  # NOTE: a step just before, so the spinning worker spins through the gap below
+            time.sleep(GAP_MS / 1000)
+            times[variant].append((handoff.trigger(), float("nan"), float("nan")))
     for variant, values in times.items():
         a = np.array(values)
         print(f"  {variant:15s} p50 {np.percentile(a[:, 0], 50):7.1f} us  p90 {np.percentile(a[:, 0], 90):7.1f}  "
