@@ -354,22 +354,35 @@ def _fill(module: nn.Module, files: list[Path], plan: dict[str, tuple[str, ...]]
           device: torch.device, dtype: torch.dtype, stream: StreamSettings | None, spans: Spans, where: Path) -> None:
     """Read ``module``'s tensors (``plan``) from ``files`` and assign them (``ModelError`` naming what is wrong)."""
     from petal.engine.models.stream import stream_tensors
-    from petal.engine.models.weights import open_pickle_weights, state_from_plan
+    from petal.engine.models.weights import (
+        describe_unread,
+        open_pickle_weights,
+        state_from_plan,
+        unread_model_tensors,
+    )
 
-    shapes = {name: tuple(t.shape) for name, t in module.state_dict().items()}
+    params = module.state_dict()
+    shapes = {name: tuple(t.shape) for name, t in params.items()}
     try:
         if all(f.suffix == ".safetensors" for f in files):
             state = stream_tensors(files, plan, shapes, prefixes, device, dtype, stream, spans)
         else:
             with spans.span("pickle"):
-                state = state_from_plan(open_pickle_weights(files, device, dtype), plan, prefixes)
+                weights = open_pickle_weights(files, device, dtype)
+                unread = unread_model_tensors(weights.names(), plan, prefixes)
+                if unread:
+                    raise ValueError(f"{', '.join(str(f) for f in files)}: {describe_unread(unread)}")
+                state = state_from_plan(weights, plan, prefixes)
     except KeyError as exc:
         raise ModelError(f"{where}: {exc.args[0]}") from exc
     except ValueError as exc:  # a damaged safetensors file, or a tensor of a shape the model does not take
         raise ModelError(str(exc)) from exc
-    wrong = [f"{name} {list(t.shape)} (the model takes {list(shapes[name])})" for name, t in state.items()
-             if tuple(t.shape) != shapes[name]]
+    # NOTE: floats cast to the model's dtype; a checkpoint tensor of integers (or bools) cannot be a float weight
+    wrong = [f"{name} {list(t.shape)} {str(t.dtype).removeprefix('torch.')} (the model takes {list(shapes[name])} "
+             f"{'floats' if params[name].is_floating_point() else str(params[name].dtype).removeprefix('torch.')})"
+             for name, t in state.items()
+             if tuple(t.shape) != shapes[name] or t.is_floating_point() != params[name].is_floating_point()]
     if wrong:
-        raise ModelError(f"{where}: weights of the wrong shape: {', '.join(wrong[:4])}")
+        raise ModelError(f"{where}: weights of the wrong shape or kind: {', '.join(wrong[:4])}")
     with spans.span("assign"):
         module.load_state_dict(state, strict=True, assign=True)

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch
 
 import petal
 
@@ -113,3 +114,52 @@ def test_a_damaged_checkpoint_index_is_refused(minilm_dir, tmp_path, content):
     model = copy_model(minilm_dir, tmp_path / "m")
     (model / "model.safetensors.index.json").write_text(content)
     refused(model, "model.safetensors.index.json")
+
+
+def test_checkpoint_layers_beyond_config_json_are_refused_not_dropped(minilm_dir, tmp_path):
+    model = copy_model(minilm_dir, tmp_path / "m")
+    edit_json(model / "config.json", lambda c: c.update(num_hidden_layers=3))  # the checkpoint holds 6
+    refused(model, "encoder.layer.3.", "config.json")
+    # its tensors petal never reads (the pooler, saved position ids) still load
+    assert petal.Embedder(str(minilm_dir), "cpu").encode("glaciers").shape == (1, 384)
+
+
+def test_the_same_in_a_pickle_checkpoint(tiny_bert_dir, tmp_path):
+    from safetensors.torch import load_file
+
+    model = copy_model(tiny_bert_dir, tmp_path / "m")
+    torch.save(load_file(tiny_bert_dir / "model.safetensors"), model / "pytorch_model.bin")
+    (model / "model.safetensors").unlink()
+    edit_json(model / "config.json", lambda c: c.update(num_hidden_layers=1))
+    refused(model, "encoder.layer.1.", allow_pickle_weights=True)
+
+
+def test_an_integer_tensor_for_a_float_weight_is_refused(tiny_bert_dir, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    model = copy_model(tiny_bert_dir, tmp_path / "m")
+    tensors = load_file(tiny_bert_dir / "model.safetensors")
+    name = next(k for k in tensors if k.endswith("output.dense.bias"))
+    tensors[name] = tensors[name].to(torch.int32)
+    (model / "model.safetensors").unlink()
+    save_file(tensors, model / "model.safetensors")
+    refused(model, name, "int32")  # was a RuntimeError from load_state_dict
+
+
+class Hostile:
+    def __reduce__(self) -> tuple:
+        return (os.system, ("touch hostile-pickle-ran",))
+
+
+@pytest.mark.parametrize("content", ["garbage", "hostile"])
+def test_a_pickle_that_is_no_state_dict_is_refused(tiny_bert_dir, tmp_path, monkeypatch, content):
+    monkeypatch.chdir(tmp_path)
+    model = copy_model(tiny_bert_dir, tmp_path / "m")
+    (model / "model.safetensors").unlink()
+    if content == "garbage":
+        (model / "pytorch_model.bin").write_bytes(b"not a pickle at all")
+    else:
+        torch.save({"embeddings.word_embeddings.weight": Hostile()}, model / "pytorch_model.bin")
+    message = refused(model, str(model / "pytorch_model.bin"), allow_pickle_weights=True)
+    assert "weights_only=False" not in message  # torch's advice to load it unsafely is not passed on
+    assert not (tmp_path / "hostile-pickle-ran").exists()

@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from petal.engine.models.safetensors_header import SafetensorsError, TensorEntry, read_header
+from petal.engine.models.weights import describe_unread, unread_model_tensors
 
 
 @dataclass(frozen=True)
@@ -137,6 +138,9 @@ def stream_tensors(files: Sequence[Path], plan: Mapping[str, tuple[str, ...]], s
             for key, entry in header.items():
                 where.setdefault(key, (i, entry))
         layouts = {name: _layout(name, parts, shapes[name], prefixes, where, files) for name, parts in plan.items()}
+        unread = unread_model_tensors(where, plan, prefixes)
+        if unread:
+            raise SafetensorsError(f"{', '.join(str(f) for f in files)}: {describe_unread(unread)}")
         ringed = device.type == "cuda" if ring is None else ring
         targets = {name: dtype if layout.dtype.is_floating_point else layout.dtype for name, layout in layouts.items()}
         mapped = {name for name, layout in layouts.items()
