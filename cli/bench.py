@@ -9,6 +9,11 @@ import click
 
 from petal.cli.common import usage, user_errors
 
+# NOTE: path options check nothing at parsing (readable=False: click's own check makes an unreadable path a usage
+# error, 2); each command judges them first (``paths``): an input missing or unreadable is 66, a --workdir it
+# cannot create or write 73, naming the flag (README "Exit codes")
+PATH = click.Path(path_type=Path, readable=False)
+
 # NOTE: bench/shapes.py's SHAPES names, spelled out (importing it imports torch): every --shape is checked by
 # click before anything heavy loads. tests/test_lazy_imports.py keeps the two equal.
 SHAPE_NAMES = ("pplx-embed-0.6b", "qwen3-embedding-0.6b", "bge-m3", "minilm")
@@ -20,7 +25,7 @@ def bench() -> None:
 
 
 @bench.command("cpu")
-@click.option("--corpus", type=click.Path(path_type=Path), default=Path("sample_data"), show_default=True,
+@click.option("--corpus", type=PATH, default=Path("sample_data"), show_default=True,
               help="Parquet files whose sentences build the benchmark texts.")
 @click.option("--texts", "num_texts", type=click.IntRange(min=16), default=2000, show_default=True)
 @click.option("--rounds", type=click.IntRange(min=1), default=3, show_default=True)
@@ -30,6 +35,7 @@ def bench() -> None:
 @user_errors
 def bench_cpu(corpus: Path, num_texts: int, rounds: int, token_budget: int, model: str | None, as_json: bool) -> None:
     """MiniLM on the CPU: petal (fp32, and bf16 GEMMs) vs sentence-transformers encode()."""
+    paths({"--corpus": corpus})
     from petal.bench.cpu import format_cpu_table, run_cpu_bench
 
     result = run_cpu_bench(corpus, num_texts=num_texts, rounds=rounds, token_budget=token_budget, model=model)
@@ -76,9 +82,9 @@ def bench_gpu(shapes: tuple[str, ...], scenarios: str, token_budget: int, max_se
 @click.option("--model", default=None, help="Model directory (default: the packaged all-MiniLM-L6-v2).")
 @click.option("--shape", type=click.Choice(SHAPE_NAMES), default=None,
               help="Instead of --model: random weights in this shape, saved to a temp dir.")
-@click.option("--tokenizer-dir", type=click.Path(path_type=Path), default=None,
+@click.option("--tokenizer-dir", type=PATH, default=None,
               help="With --shape: where tokenizer.json (and vocab) come from (default: the packaged MiniLM's).")
-@click.option("--corpus", type=click.Path(path_type=Path), default=Path("sample_data"), show_default=True)
+@click.option("--corpus", type=PATH, default=Path("sample_data"), show_default=True)
 @click.option("--docs", "num_docs", default="50000", show_default=True,
               help="Documents in the generated corpus; comma-separated for one run per size (one model, one "
                    "engine-T2 measure) and a side-by-side table.")
@@ -100,6 +106,7 @@ def bench_e2e(model: str | None, shape: str | None, tokenizer_dir: Path | None, 
               device: str, no_baseline: bool, tokenize_workers: str, devices: str | None, workers: int | None,
               index_factory: str, engine_t2: bool | None, as_json: bool) -> None:
     """Parquet -> FAISS end to end: petal vs sentence-transformers vs tokenizer-only, same data."""
+    paths({"--corpus": corpus, "--tokenizer-dir": tokenizer_dir})
     import tempfile
 
     from petal.bench.e2e import format_e2e_summary, format_e2e_table, run_e2e_bench
@@ -163,13 +170,14 @@ def bench_e2e(model: str | None, shape: str | None, tokenizer_dir: Path | None, 
 @click.option("--factory", default="auto", show_default=True, help="petal's --index-factory.")
 @click.option("--no-baseline", is_flag=True, help="Skip the IVF4096,Flat baseline (IndexFlatIP always runs: "
               "it is the ground truth).")
-@click.option("--workdir", type=click.Path(path_type=Path), default=None, help="Where the store is written.")
+@click.option("--workdir", type=PATH, default=None, help="Where the store is written.")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON lines.")
 @user_errors
 def bench_index(num_vectors: int, dims: tuple[int, ...], num_queries: int, memories: tuple[str, ...],
                 target_recall: float, num_shards: int, factory: str, no_baseline: bool, workdir: Path | None,
                 as_json: bool) -> None:
     """Index build and search: petal auto vs IndexFlatIP and IVF4096,Flat (nprobe 1), same data."""
+    paths({}, workdir)
     from petal.bench.index import format_index_table, run_index_bench
 
     for dim in dims:
@@ -181,7 +189,7 @@ def bench_index(num_vectors: int, dims: tuple[int, ...], num_queries: int, memor
 
 
 @bench.command("outputs")
-@click.option("--corpus", type=click.Path(path_type=Path), default=Path("sample_data"), show_default=True,
+@click.option("--corpus", type=PATH, default=Path("sample_data"), show_default=True,
               help="Parquet files whose sentences build the documents and queries.")
 @click.option("--docs", "num_docs", type=click.IntRange(min=100), default=3000, show_default=True)
 @click.option("--queries", "num_queries", type=click.IntRange(min=10), default=200, show_default=True)
@@ -191,6 +199,7 @@ def bench_index(num_vectors: int, dims: tuple[int, ...], num_queries: int, memor
 @user_errors
 def bench_outputs(corpus: Path, num_docs: int, num_queries: int, dims: str, model: str | None, as_json: bool) -> None:
     """Recall@10 vs index bytes per vector for float32, float16, int8 and binary (+ rescoring)."""
+    paths({"--corpus": corpus})
     from petal.bench.outputs import format_outputs_table, run_outputs_bench
 
     try:
@@ -199,6 +208,18 @@ def bench_outputs(corpus: Path, num_docs: int, num_queries: int, dims: str, mode
         raise click.UsageError(f"--dims {dims!r}: expected comma-separated integers") from exc
     result = run_outputs_bench(corpus, num_docs=num_docs, num_queries=num_queries, dims=chosen, model=model)
     click.echo(json.dumps(result) if as_json else format_outputs_table(result))
+
+
+def paths(inputs: dict[str, Path | None], workdir: Path | None = None) -> None:
+    """The command's path flags, before anything loads: ``inputs`` (flag -> path) readable (66), ``workdir`` a
+    directory this process can create or write (73)."""
+    from petal.pipeline.reliability.safe_files import check_input_path, check_output_dir
+
+    for flag, path in inputs.items():
+        if path is not None:
+            check_input_path(flag, path)
+    if workdir is not None:
+        check_output_dir("--workdir", workdir)
 
 
 def _int_list(value: str, name: str) -> tuple[int, ...]:
@@ -212,20 +233,20 @@ def _int_list(value: str, name: str) -> tuple[int, ...]:
 
 
 @bench.command("serve")
-@click.option("--index", "index_path", type=click.Path(path_type=Path), default=None,
+@click.option("--index", "index_path", type=PATH, default=None,
               help="Serve this index (OUT). Default: build one with petal index from --corpus (or --index-docs).")
 @click.option("--model", default=None, help="Model directory (default: the index's, else the packaged MiniLM).")
 @click.option("--shape", type=click.Choice(SHAPE_NAMES), default=None,
               help="Instead of --model: random weights in this shape.")
-@click.option("--tokenizer-dir", type=click.Path(path_type=Path), default=None,
+@click.option("--tokenizer-dir", type=PATH, default=None,
               help="With --shape: where tokenizer.json comes from (default: the packaged MiniLM's).")
-@click.option("--corpus", type=click.Path(path_type=Path), default=Path("sample_data"), show_default=True,
+@click.option("--corpus", type=PATH, default=Path("sample_data"), show_default=True,
               help="Parquet files: the index's documents (without --index) and the queries' sentences.")
 @click.option("--index-docs", type=click.IntRange(min=100), default=None,
               help="Build the index from N texts made of --corpus sentences (e.g. 1000000) instead of --corpus.")
 @click.option("--index-doc-tokens", type=click.IntRange(min=8), default=64, show_default=True,
               help="With --index-docs: median tokens per text (shorter texts build a large index sooner).")
-@click.option("--workdir", type=click.Path(path_type=Path), default=None,
+@click.option("--workdir", type=PATH, default=None,
               help="Where a built index goes (reused when it holds one) and the server log.")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
 @click.option("--endpoints", default="embeddings,search", show_default=True, help="Comma-separated.")
@@ -248,6 +269,8 @@ def bench_serve(index_path: Path | None, model: str | None, shape: str | None, t
                 concurrency: str, max_requests: int, seconds: float, k: int, client_processes: int | None,
                 serve_args: tuple[str, ...], as_json: bool) -> None:
     """petal serve under load on loopback: p50/p99 latency and requests/s per endpoint, length, concurrency."""
+    paths({"--index": index_path, "--tokenizer-dir": tokenizer_dir,
+           "--corpus": corpus if index_path is None else None}, workdir)  # --index: the corpus is not read
     from petal.bench.serve import ENDPOINTS, format_serve_table, run_serve_bench
 
     chosen = tuple(e.strip() for e in endpoints.split(",") if e.strip())
@@ -295,7 +318,7 @@ def bench_serve(index_path: Path | None, model: str | None, shape: str | None, t
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               help="Model load: where the weights go (petal embed always runs on the CPU).")
 @click.option("--no-baseline", is_flag=True, help="Skip the sentence-transformers script.")
-@click.option("--workdir", type=click.Path(path_type=Path), default=None,
+@click.option("--workdir", type=PATH, default=None,
               help="Where the index and the model are written (default: a temporary directory, removed).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @user_errors
@@ -303,6 +326,7 @@ def bench_startup(runs: int, text: str, num_vectors: int, dim: int, factory: str
                   no_baseline: bool, workdir: Path | None, as_json: bool) -> None:
     """One-shot start-up: import torch, petal embed, a sentence-transformers script, index open + query,
     model load, with the ratios to issue 14's targets."""
+    paths({}, workdir)
     from petal.bench.startup import format_startup_table, run_startup_bench
     from petal.engine.engine import resolve_device
 

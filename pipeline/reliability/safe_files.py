@@ -114,6 +114,24 @@ def input_file_size(flag: str, path: Path) -> int:
     return info.st_size
 
 
+def check_input_path(flag: str, path: Path) -> None:
+    """An input file or directory ``flag`` names (``petal bench``'s ``--corpus``, ``--tokenizer-dir``, ``--index``)
+    that this process can read (a directory: list and enter); else ``NoInputError`` (66) naming the flag and the
+    path: it is not there, or permission denied. Nothing is opened. What it holds is for the reader to judge.
+
+    NOTE: the flag's click type must not check the path (``click.Path(readable=False)``): click's own check makes
+    an unreadable path a usage error (2)."""
+    where = f"{flag} {quote_path(path)}"
+    try:
+        info = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        raise NoInputError(f"{where}: no such file or directory") from None
+    except OSError as exc:  # a directory above it that cannot be entered, a symlink loop
+        raise NoInputError(f"{where}: cannot be read ({exc.strerror or exc})") from None
+    if not _can(path, os.R_OK | (os.X_OK if stat.S_ISDIR(info.st_mode) else 0)):
+        raise NoInputError(f"{where}: cannot be read (Permission denied)")
+
+
 def check_output_dir(name: str, path: Path, create: bool = True) -> None:
     """Before any work (sources, model, lock): ``path``, the output directory ``name`` names (``--out``, ``OUT``),
     is a directory this process can list, enter and write, or, not there yet and ``create``, one it can create

@@ -62,7 +62,7 @@ class ServeState:
         self.metrics = metrics if metrics is not None else ServeMetrics()
         self.model_id = settings.served_model_name or model_name(model.spec.path)
         self.batcher = TokenBatcher(model.engine, self.metrics, settings.max_wait_ms, settings.max_queue_texts,
-                                    tokenizers=dict(model.tokenizers))
+                                    tokenizers=dict(model.tokenizers), spin_ms=settings.engine_spin_ms)
         # the GPU copy of each version (--search-device cuda), made before the version serves
         self.gpu = None if settings.search_device == "cpu" else GpuReaders(
             settings.search_device, settings.search_dtype, settings.search_exact)
