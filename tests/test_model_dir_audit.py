@@ -20,6 +20,7 @@ import pytest
 import torch
 
 import petal
+from tests.tiny_models import make_model
 
 
 def copy_model(src: Path, dst: Path) -> Path:
@@ -163,3 +164,21 @@ def test_a_pickle_that_is_no_state_dict_is_refused(tiny_bert_dir, tmp_path, monk
     message = refused(model, str(model / "pytorch_model.bin"), allow_pickle_weights=True)
     assert "weights_only=False" not in message  # torch's advice to load it unsafely is not passed on
     assert not (tmp_path / "hostile-pickle-ran").exists()
+
+
+def test_a_tokenizer_json_that_does_not_load_is_refused(minilm_dir, tmp_path):
+    model = copy_model(minilm_dir, tmp_path / "m")
+    (model / "tokenizer.json").write_text("{}")
+    refused(model, str(model / "tokenizer.json"))
+    run = petal_embed("--model", str(model), "glaciers")
+    assert run.returncode == 78 and "Traceback" not in run.stderr and "tokenizer.json" in run.stderr
+
+
+def test_a_tokenizer_of_a_larger_vocabulary_is_refused_before_the_model_runs(minilm_dir, tmp_path):
+    model = tmp_path / "tiny"
+    make_model("bert", model)  # a 68-word vocabulary
+    assert petal.Embedder(str(model), "cpu").encode("glaciers move").shape[0] == 1
+    shutil.copy(minilm_dir / "tokenizer.json", model / "tokenizer.json")  # 30522 tokens
+    refused(model, "tokenizer.json", "vocab_size")  # was an IndexError (CUDA: a device-side assert)
+    run = petal_embed("--model", str(model), "zebra quantum")
+    assert run.returncode == 78 and "Traceback" not in run.stderr, run.stderr
