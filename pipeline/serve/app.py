@@ -231,6 +231,8 @@ def build_app(startup: Startup | ServeState) -> ASGIApp:
         return state.ready()
 
     async def metrics_text(state: ServeState | None, request: Request) -> Any:
+        if state is not None:
+            state.search_copy()  # NOTE: petal_search_copy of the version live now
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def http_error(request: Request, exc: Exception) -> Response:

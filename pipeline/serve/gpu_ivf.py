@@ -16,7 +16,9 @@ search queries [n, d] -> scores against every centroid (float32) -> top nprobe l
 ```
 
 float16 products take each query row scaled by a power of two (``GpuCopy._storage_queries``), as in
-``serve/gpu_search.py``: a row beyond float16's range or below its normal range ranks as FAISS ranks it.
+``serve/gpu_search.py``: a row beyond float16's range or below its normal range ranks as FAISS ranks it. The
+lists' copy is float16 only where float16 holds the stored rows (``gpu_search.storage_dtype``, decided for this
+copy's rows): else float32, and the fused kernel reads float32 rows.
 
 On CUDA up to 16 queries replay one CUDA graph (captured per query bucket, k and nprobe): a lone
 query's ~30 small kernels cost one launch.
@@ -148,7 +150,7 @@ class TorchIvfIndex(GpuCopy):
         self._pool: Any = None  # the graphs' one memory pool
 
         self.fused = self.stream is not None and triton_available()  # gathered rows scored by serve/gather_dots.py
-        self._upload(_rows_in_list_order(index, order))
+        self._upload(lambda: _rows_in_list_order(index, order))
 
     def describe(self) -> str:
         """One line for the log: the lists, and what a search at this copy's nprobe reads."""
@@ -255,7 +257,8 @@ class TorchIvfIndex(GpuCopy):
         worst = -torch.finfo(torch.float32).max
         finite = torch.isfinite(scores)
         if self.norms is not None:  # back to FAISS's squared L2 distance (padding: FLT_MAX, as FAISS pads)
-            return torch.where(finite, (q * q).sum(dim=1, keepdim=True) - scores, -worst), ids
+            # (never below 0: the expansion's float32 rounding; FAISS clamps it too)
+            return torch.where(finite, ((q * q).sum(dim=1, keepdim=True) - scores).clamp(min=0), -worst), ids
         return torch.where(finite, scores, worst), ids
 
     def _gathered(self, q: Any, k: int, lists: Any) -> tuple[Any, Any]:

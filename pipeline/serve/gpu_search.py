@@ -22,15 +22,25 @@ at load so that no product with a stored vector passes ``HALF_DOT_BOUND``). Exac
 score is the unscaled one times that power of two, so a row that float16 holds scores as before; a row
 beyond float16 (|x| > 65504, or products that would pass 65504) or below it (subnormal: 1e-6, flushed: 1e-8)
 ranks its candidates as FAISS does instead of as inf/NaN or zeros. The float32 pass scores the unscaled row.
+
+float16 and the stored vectors' range: the copy is float16 only where float16 holds what is stored as exactly as
+it holds unit vectors (``storage_dtype``, decided per copy while it uploads): no stored value beyond 65504
+(inf), no row whose largest |value| is below float16's normal range (2**-14: a row scaled down to 1e-9 would be
+zeros), a scaled query whose values stay normal, and products of the smallest rows that stay clear of float16's
+subnormals. Else the copy is float32 (said in the log, ``/ready``'s ``search`` and ``petal_search_copy``): an
+index of unnormalised rows beyond float16 (or of rows of very different norms) searches exactly, at 4 bytes a
+value.
 """
 
 from __future__ import annotations
 
 import copy
 import logging
+import math
 import threading
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -45,6 +55,80 @@ RESCORE_FACTOR = 4  # float16: candidates scored again in float32 = max(k * this
 MEMORY_MARGIN = 1.25  # free GPU memory needed: this times the copy
 HALF_DOT_BOUND = 2.0 ** 14  # float16: a scaled query's products with any stored vector stay under this (65504)
 MAX_QUERY_EXPONENT = 14  # float16: a scaled query's values stay under 2**14
+HALF_MAX = 65504.0  # float16's largest finite value
+HALF_NORMAL = 2.0 ** -14  # float16's smallest normal value (below: subnormal, 2**-24 apart; below 2**-25: zero)
+MIN_QUERY_EXPONENT = -13  # float16: a scaled query's largest value, 2**(t-1), stays normal
+# float16: the products of a scaled query with the smallest stored row stay this far above float16's subnormals
+# (2**-14): their rounding there is at most 2**-15 of the product's norms, under the float16 rows' own rounding
+SMALL_PRODUCT = 2.0 ** -10
+
+
+class NoRoom(Exception):
+    """The GPU has no room for the copy (raised before it is made, or before a float32 copy replaces a float16
+    one): the version is searched with FAISS on the CPU."""
+
+
+@dataclass(frozen=True)
+class StoredRange:
+    """What decides whether float16 holds a copy's stored vectors: over the rows that are not all zeros, the
+    largest |value|, the smallest of the rows' largest |value| (a row's peak), and the largest and smallest
+    row norm. Rows of zeros are exact in float16 and left out."""
+
+    largest: float = 0.0
+    smallest_peak: float = math.inf
+    largest_norm: float = 0.0
+    smallest_norm: float = math.inf
+
+    @classmethod
+    def of(cls, peaks: np.ndarray, norms: np.ndarray) -> StoredRange:
+        """From each row's largest |value| and its norm (float arrays of the same length)."""
+        peaks = np.asarray(peaks, dtype=np.float64)
+        norms = np.asarray(norms, dtype=np.float64)
+        live = peaks != 0  # NOTE: NaN counts as live (and beyond every range)
+        if not live.any():
+            return cls()
+        peaks, norms = peaks[live], norms[live]
+        return cls(_worst(np.max, peaks), _worst(np.min, peaks), _worst(np.max, norms), _worst(np.min, norms))
+
+    def merge(self, other: StoredRange) -> StoredRange:
+        return StoredRange(max(self.largest, other.largest), min(self.smallest_peak, other.smallest_peak),
+                           max(self.largest_norm, other.largest_norm), min(self.smallest_norm, other.smallest_norm))
+
+
+def _worst(reduce: Callable[[np.ndarray], Any], values: np.ndarray) -> float:
+    """``reduce(values)``, or inf where a value is not finite (nothing float16 can hold)."""
+    return float(reduce(values)) if np.isfinite(values).all() else math.inf
+
+
+def half_value_problem(stored: StoredRange) -> str | None:
+    """Why float16 cannot hold the stored values themselves (``None``: it can, to its 11 bits a value)."""
+    if not stored.largest <= HALF_MAX:
+        return f"a stored value of {stored.largest:.4g} is beyond float16's range ({HALF_MAX:g})"
+    if stored.smallest_peak < HALF_NORMAL:
+        return (f"a stored row's largest |value| is {stored.smallest_peak:.4g}, below float16's normal range "
+                f"({HALF_NORMAL:.3g}): float16 would round it coarsely or to zeros")
+    return None
+
+
+def storage_dtype(requested: str, stored: StoredRange, d: int) -> tuple[str, str | None]:
+    """The GPU copy's dtype for stored vectors of ``stored``'s range at dimension ``d``, and why it is not the
+    ``requested`` one (``None``: it is). float16 only where every stored value, the scaled queries
+    (``query_exponent`` of the largest norm) and their products with the smallest rows stay in float16's normal
+    range, so that a float16 score is as exact as the float16 rows it comes from; else float32."""
+    if requested == "float32":
+        return "float32", None
+    problem = half_value_problem(stored)
+    if problem is None and stored.largest_norm > 0:
+        exact = math.floor(math.log2(HALF_DOT_BOUND / (math.sqrt(d) * stored.largest_norm)))
+        if exact < MIN_QUERY_EXPONENT:
+            problem = (f"stored norms up to {stored.largest_norm:.4g} at dimension {d}: a query scaled for float16 "
+                       "products would leave float16's normal range")
+        elif 2.0 ** (query_exponent(stored.largest_norm, d) - 1) * stored.smallest_norm < SMALL_PRODUCT:
+            problem = (f"stored norms from {stored.smallest_norm:.4g} to {stored.largest_norm:.4g}: float16 products "
+                       "with the smallest rows would fall below its normal range")
+    if problem is None:
+        return requested, None
+    return "float32", problem
 
 
 def query_exponent(max_norm: float, d: int) -> int:
@@ -93,7 +177,9 @@ class GpuCopy:
         self.d = int(index.d)
         self.inner_product = index.metric_type == faiss.METRIC_INNER_PRODUCT
         self.device = torch.device(device)
+        self.requested_dtype = dtype
         self.dtype = {"float16": torch.float16, "float32": torch.float32}[dtype]
+        self.dtype_reason: str | None = None  # why the copy is not `requested_dtype` (storage_dtype)
         cuda = self.device.type == "cuda"
         self.stream = torch.cuda.Stream(self.device) if cuda else None
         # NOTE: page-locked staging made once: a query's copy in and the answer's copy out are asynchronous
@@ -101,23 +187,62 @@ class GpuCopy:
         self._queries_host = torch.empty((QUERY_ROWS, self.d), dtype=torch.float32, pin_memory=cuda)
         self._lock = threading.Lock()  # one search at a time owns the staging buffers (views share it)
 
-    def _upload(self, chunks: Iterable[np.ndarray]) -> None:
+    def _upload(self, chunks: Callable[[], Iterable[np.ndarray]]) -> None:
         """``vectors [ntotal, d]`` in the storage dtype and, for L2, ``norms [ntotal]`` (float32) from float32
-        row chunks, in order."""
+        row chunks, in order (``chunks()``: a new pass over them). The storage dtype is ``storage_dtype``'s for
+        what the rows hold: a float16 copy that float16 cannot hold is made again, from a second pass, as
+        float32 (``NoRoom`` when the GPU cannot take it)."""
+        import torch
+
+        stored = self._fill(chunks(), stop_early=self.dtype == torch.float16)
+        chosen, self.dtype_reason = storage_dtype(self.requested_dtype, stored, self.d)
+        if chosen == "float32" and self.dtype != torch.float32:
+            self.vectors = torch.empty(0, device=self.device)  # NOTE: the float16 copy's memory back first
+            self.dtype = torch.float32
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+                need = self.ntotal * self.d * 4 + self.ntotal * 4
+                free, _ = torch.cuda.mem_get_info(self.device)
+                if free < MEMORY_MARGIN * need:
+                    raise NoRoom(f"{self.dtype_reason}, and a float32 copy needs {need >> 20} MiB, "
+                                 f"{free >> 20} MiB are free")
+            stored = self._fill(chunks(), stop_early=False)
+        self.query_exponent = query_exponent(stored.largest_norm, self.d)
+        if self.stream is not None:  # NOTE: the copy was written on the default stream; searches run on their own
+            torch.cuda.synchronize(self.device)
+
+    def _fill(self, chunks: Iterable[np.ndarray], stop_early: bool) -> StoredRange:
+        """One pass of ``_upload`` into ``vectors`` (made here) and ``norms``: the range of the rows it read
+        (``stop_early``: it stops after the first chunk whose values float16 cannot hold)."""
         import torch
 
         self.vectors = torch.empty((self.ntotal, self.d), dtype=self.dtype, device=self.device)
         norms = torch.empty(self.ntotal, dtype=torch.float32, device=self.device)
+        stored = StoredRange()
         lo = 0
         for chunk in chunks:
             rows = torch.from_numpy(np.ascontiguousarray(chunk, dtype=np.float32)).to(self.device)
             self.vectors[lo : lo + len(rows)] = rows.to(self.dtype)
-            norms[lo : lo + len(rows)] = (rows * rows).sum(dim=1)
+            squares = (rows * rows).sum(dim=1)
+            norms[lo : lo + len(rows)] = squares
             lo += len(rows)
+            peaks = rows.abs().amax(dim=1).cpu().numpy()
+            stored = stored.merge(StoredRange.of(peaks, squares.double().sqrt().cpu().numpy()))
+            if stop_early and half_value_problem(stored) is not None:
+                return stored
         self.norms = None if self.inner_product else norms
-        self.query_exponent = query_exponent(float(norms.max().sqrt()) if self.ntotal else 0.0, self.d)
-        if self.stream is not None:  # NOTE: the copy was written on the default stream; searches run on their own
-            torch.cuda.synchronize(self.device)
+        return stored
+
+    def describe_dtype(self) -> str:
+        """The copy's dtype for the log, and why it is not the one asked for."""
+        name = "float16" if self.dtype_name == "float16" else "float32"
+        return name if self.dtype_reason is None else f"{name} (not {self.requested_dtype}: {self.dtype_reason})"
+
+    @property
+    def dtype_name(self) -> str:
+        import torch
+
+        return "float16" if self.dtype == torch.float16 else "float32"
 
     def _storage_queries(self, q: Any) -> tuple[Any, Any]:
         """Queries ``q`` ``[n, d]`` (float32, on the device) for a product with the copy: (the rows in the storage
@@ -179,8 +304,8 @@ class TorchExactIndex(GpuCopy):
     def __init__(self, index: Any, device: str = "cuda", dtype: str = "float16") -> None:
         self._setup(index, device, dtype)
         prepare_reconstruct(index)
-        self._upload(stored_vectors(index, start, min(UPLOAD_ROWS, self.ntotal - start))
-                     for start in range(0, self.ntotal, UPLOAD_ROWS))
+        self._upload(lambda: (stored_vectors(index, start, min(UPLOAD_ROWS, self.ntotal - start))
+                              for start in range(0, self.ntotal, UPLOAD_ROWS)))
 
     def _width(self, k: int) -> int:
         return min(k, self.ntotal)
@@ -211,8 +336,8 @@ class TorchExactIndex(GpuCopy):
                 fine = 2 * fine - self.norms[idx]
             best, order = torch.topk(fine, k, dim=1)
             idx = torch.gather(idx, 1, order)
-        if self.norms is not None:  # back to FAISS's squared L2 distance
-            best = (q * q).sum(dim=1, keepdim=True) - best
+        if self.norms is not None:  # back to FAISS's squared L2 distance (never below 0: FAISS clamps it too)
+            best = ((q * q).sum(dim=1, keepdim=True) - best).clamp_(min=0)
         return best, idx
 
 
@@ -253,19 +378,29 @@ def gpu_reader(reader: IndexReader, device: str = "cuda", dtype: str = "float16"
                         "searching with FAISS on the CPU", free >> 20, need >> 20)
             return None
     out = copy.copy(reader)  # NOTE: shares the ids, columns and manifest; only `index` differs
-    if lists:
-        nprobe = int(reader.search_params.get("nprobe", 1))
-        try:
-            lists_copy = TorchIvfIndex(reader.index, nprobe, device, dtype)
-        except RuntimeError as exc:  # FAISS cannot hand over this index's centroids or lists
-            log.warning("petal serve: --search-device cuda: the lists of %s are not copied (%s): searching "
-                        "every vector on the GPU instead", reader.dir.name, str(exc).strip()[:200])
-        else:
-            lists_copy.warm_up(DEFAULT_K)  # the graphs of default requests, captured before the version serves
-            log.info("petal serve: the GPU copy of %s: %s", reader.dir.name, lists_copy.describe())
-            out.index = lists_copy  # type: ignore[assignment]  # FAISS duck type
-            return out
-    out.index = TorchExactIndex(reader.index, device, dtype)  # type: ignore[assignment]  # FAISS duck type
+    try:
+        if lists:
+            nprobe = int(reader.search_params.get("nprobe", 1))
+            try:
+                lists_copy = TorchIvfIndex(reader.index, nprobe, device, dtype)
+            except RuntimeError as exc:  # FAISS cannot hand over this index's centroids or lists
+                log.warning("petal serve: --search-device cuda: the lists of %s are not copied (%s): searching "
+                            "every vector on the GPU instead", reader.dir.name, str(exc).strip()[:200])
+            else:
+                lists_copy.warm_up(DEFAULT_K)  # the graphs of default requests, captured before the version serves
+                log.info("petal serve: the GPU copy of %s: %s; %s", reader.dir.name, lists_copy.describe(),
+                         lists_copy.describe_dtype())
+                out.index = lists_copy  # type: ignore[assignment]  # FAISS duck type
+                return out
+        exact_copy = TorchExactIndex(reader.index, device, dtype)
+    except NoRoom as exc:
+        log.warning("petal serve: --search-device cuda: the GPU copy of %s is not made (%s): searching with FAISS "
+                    "on the CPU", reader.dir.name, exc)
+        return None
+    if exact_copy.dtype_reason is not None:
+        log.info("petal serve: the GPU copy of %s: every vector scored; %s", reader.dir.name,
+                 exact_copy.describe_dtype())
+    out.index = exact_copy  # type: ignore[assignment]  # FAISS duck type
     return out
 
 
@@ -285,6 +420,23 @@ class GpuReaders:
             return
         self._readers[key] = gpu_reader(reader, self.device, self.dtype, self.exact)
         weakref.finalize(reader, self._readers.pop, key, None)
+
+    def describe(self, reader: IndexReader) -> dict[str, Any]:
+        """How ``reader``'s version is searched (``/ready``'s ``search``): on the GPU copy (``copy``: ``lists`` or
+        ``exact``; its ``dtype``, and ``dtype_reason`` when it is not the one asked for), or FAISS on the CPU
+        (no copy: a binary index, no room on the GPU; the log says which)."""
+        from petal.pipeline.serve.gpu_ivf import TorchIvfIndex
+
+        found = self._readers.get(id(reader))
+        if found is None:
+            return {"device": "cpu", "copy": None}
+        index = found.index
+        assert isinstance(index, GpuCopy)
+        out: dict[str, Any] = {"device": str(index.device), "copy": "lists" if isinstance(index, TorchIvfIndex)
+                               else "exact", "dtype": index.dtype_name}
+        if index.dtype_reason is not None:
+            out["dtype_reason"] = index.dtype_reason
+        return out
 
     def get(self, reader: IndexReader, nprobe: int | None = None) -> IndexReader | None:
         """The GPU copy of ``reader`` (``None``: none was made); with ``nprobe``, a view that probes that

@@ -36,6 +36,9 @@ class ServeMetrics:
                                      ["result"], registry=r)
         self.index_refused = Gauge("petal_index_refused", "1 for a published version the server refused, by reason",
                                    ["version", "reason"], registry=r)
+        self.search_copy = Gauge("petal_search_copy", "1 for how the served version is searched: device (cpu: FAISS), "
+                                 "copy (lists, exact, none) and the GPU copy's dtype",
+                                 ["version", "device", "copy", "dtype"], registry=r)
         gc_clock.install()  # NOTE: the process's collections (one hook however many servers)
         r.register(gc_clock.GcCollector())
 
@@ -47,6 +50,10 @@ class ServeMetrics:
     def refused(self, version: str, reason: str) -> None:
         self.index_refused.clear()
         self.index_refused.labels(version=version, reason=reason).set(1)
+
+    def searching(self, version: str, device: str, copy: str, dtype: str) -> None:
+        self.search_copy.clear()
+        self.search_copy.labels(version=version, device=device, copy=copy, dtype=dtype).set(1)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

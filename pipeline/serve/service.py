@@ -246,8 +246,20 @@ class ServeState:
             results.append(result)
         return results
 
+    def search_copy(self) -> dict[str, Any] | None:
+        """How the live version is searched (``None``: no index): FAISS on the CPU, or a GPU copy and its dtype
+        (``dtype_reason``: why it is float32 where float16 was asked for). Also set as ``petal_search_copy``."""
+        if self.follower is None:
+            return None
+        live = self.follower.live
+        found = self.gpu.describe(live.reader) if self.gpu is not None else {"device": "cpu", "copy": None}
+        self.metrics.searching(live.version, str(found["device"]), str(found["copy"] or "none"),
+                               str(found.get("dtype", "none")))
+        return found
+
     def ready(self) -> dict[str, Any]:
         out: dict[str, Any] = {"status": "ready", "model": self.model_id, "device": str(self.model.engine.device)}
         if self.follower is not None:
             out.update(self.follower.status())
+            out["search"] = self.search_copy()
         return out
