@@ -75,6 +75,9 @@ def missing_serve_extra() -> list[str]:
 @click.option("--switch-interval-ms", type=click.FloatRange(min=0.01), default=0.5, show_default=True,
               help="Python's GIL switch interval in the server (default 5 ms in Python): how long the engine thread "
                    "may wait for the GIL behind a busy event loop.")
+@click.option("--engine-spin-ms", type=click.FloatRange(min=0, max=1000), default=None,
+              help="With nothing queued, the engine thread polls this long before it sleeps: a step launched by a "
+                   "sleeping thread is ~60 us slower [default: 2 on CUDA, 0 on the CPU].")
 @click.option("--served-model-name", default=None, help="The model id of /v1/models (default: the directory name).")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
               show_default=True)
@@ -86,7 +89,8 @@ def serve(index_path: Path | None, model: str | None, host: str, port: int, api_
           max_texts: int, max_tokens_per_text: int | None, max_k: int, max_body_bytes: int, max_queue_texts: int,
           token_budget: int | None, max_seqs: int | None, nprobe: int | None, rescore: int | None,
           reload_interval_s: float, drain_timeout_s: float, search_threads: int, search_device: str,
-          search_dtype: str, search_exact: bool, switch_interval_ms: float, served_model_name: str | None,
+          search_dtype: str, search_exact: bool, switch_interval_ms: float, engine_spin_ms: float | None,
+          served_model_name: str | None,
           log_level: str, access_log: bool, device: str, dtype: str, attention: str, query_prompt: str | None,
           allow_pickle_weights: bool) -> None:
     """Serve OUT (an index directory) over HTTP: OpenAI-compatible /v1/embeddings and /search.
@@ -130,7 +134,7 @@ def serve(index_path: Path | None, model: str | None, host: str, port: int, api_
         max_wait_ms=max_wait_ms, max_queue_texts=max_queue_texts, reload_interval_s=reload_interval_s,
         drain_timeout_s=drain_timeout_s, search_threads=search_threads, api_key=api_key,
         served_model_name=served_model_name, search_dtype=search_dtype, search_exact=search_exact,
-        switch_interval_ms=switch_interval_ms,
+        switch_interval_ms=switch_interval_ms, engine_spin_ms=engine_spin_ms,
         search_device="cuda" if cuda and search_device != "cpu" and index_path is not None else "cpu"))
     # not an index (a typo): said at once, before any port or model; the version served first, leased now so that
     # a re-index while the model loads cannot prune it

@@ -58,6 +58,7 @@ class ServeSettings:
     # NOTE: the engine and search threads share the GIL with the event loop; with Python's default 5 ms a
     # thread that wants the GIL back (to launch the next step) can wait 5 ms behind a busy loop
     switch_interval_ms: float = 0.5
+    engine_spin_ms: float | None = None  # the engine thread's spin before it sleeps (None: 2 ms on CUDA, 0 on CPU)
 
     def __post_init__(self) -> None:
         if self.max_wait_ms < 0:
@@ -65,6 +66,8 @@ class ServeSettings:
         if self.max_queue_texts < self.limits.max_texts:
             raise ValueError(f"--max-queue-texts {self.max_queue_texts} is below --max-texts {self.limits.max_texts}: "
                              "a full request could never be queued")
+        if self.engine_spin_ms is not None and not 0 <= self.engine_spin_ms <= 1000:
+            raise ValueError(f"--engine-spin-ms {self.engine_spin_ms}: from 0 to 1000")
         if self.switch_interval_ms <= 0:
             raise ValueError(f"--switch-interval-ms {self.switch_interval_ms} must be > 0")
         if self.reload_interval_s <= 0 or self.drain_timeout_s < 0 or self.search_threads < 1:
