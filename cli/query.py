@@ -264,9 +264,10 @@ def read_vector_file(path: Path) -> Any:
 
 def _by_vectors(index: Index, vectors: Any, vector_file: str, k: int, as_json: bool, show_text: bool,
                 where: str | None) -> None:
-    if vectors.shape[1] != index.dim:
-        from petal.pipeline.reliability.errors import BadInputError
+    from petal.pipeline.jobs.searcher import ScoresOverflowError
+    from petal.pipeline.reliability.errors import BadInputError
 
+    if vectors.shape[1] != index.dim:
         raise BadInputError(f"--vector-file {vector_file}: vectors of dim {vectors.shape[1]}, the index holds "
                             f"dim {index.dim}")
     for note in index.notes:
@@ -274,4 +275,8 @@ def _by_vectors(index: Index, vectors: Any, vector_file: str, k: int, as_json: b
     if where:
         index.check_where(where)
     for i in range(len(vectors)):
-        _answer(index, [f"vector {i}"], k, as_json, show_text, where, vectors=vectors[i:i + 1])
+        try:
+            _answer(index, [f"vector {i}"], k, as_json, show_text, where, vectors=vectors[i:i + 1])
+        except ScoresOverflowError as exc:  # NOTE: the file's data, not a flag: 65 naming the file and row
+            raise BadInputError(f"--vector-file {vector_file}: row {i}: its scores against this index are beyond "
+                                "float32 (its values are too large for the index's vectors); scale it down") from exc

@@ -163,7 +163,8 @@ class Index:
         k = whole_number(k, "k", 1)
         self._check_where(where)
         if isinstance(queries, np.ndarray) and queries.dtype.kind not in "USO":
-            return self._searched(lambda: self.reader.search(self._stored(queries), k, where=where))
+            stored = _in_range(self._stored(queries), self.manifest.metric)
+            return _finite_scores(self._searched(lambda: self.reader.search(stored, k, where=where)))
         texts = text_items(queries, "queries", " (vectors go as one numpy float array [num_queries, dim])")
         asked = [i for i, text in enumerate(texts) if skip_reason(text) is None]
         if not texts or (not asked and not self.manifest.precomputed):  # an index without a model refuses texts
@@ -187,8 +188,8 @@ class Index:
                              f"[num_queries, {self.reader.dim}] float vectors")
         self._check_where(where)
         with np.errstate(over="ignore"):
-            stored = _finite(np.asarray(rows, dtype=np.float32))
-        return self._searched(lambda: self.reader.search(stored, k, where=where))
+            stored = _in_range(_finite(np.asarray(rows, dtype=np.float32)), self.manifest.metric)
+        return _finite_scores(self._searched(lambda: self.reader.search(stored, k, where=where)))
 
     def _check_where(self, where: Any) -> None:
         if where is None:
@@ -240,6 +241,38 @@ class Index:
         with np.errstate(over="ignore"):  # float64 beyond float32's range: inf, refused by _finite
             rows = _finite(np.asarray(rows, dtype=np.float32))
         return transform.stored(rows) if transform is not None else rows
+
+
+class ScoresOverflowError(UsageError):
+    """A query vector whose scores against the index are not finite (``row``: its number in the search)."""
+
+    def __init__(self, row: int) -> None:
+        super().__init__(f"query vector {row}: its scores against this index are beyond float32 (its values are too "
+                         "large for the index's vectors); scale it down")
+        self.row = row
+
+
+def _in_range(rows: np.ndarray, metric: str) -> np.ndarray:
+    """``rows`` unless an L2 index's distances to one cannot be finite: FAISS works with the query's squared norm in
+    float32, and where float32 cannot hold it every distance is inf and FAISS returns no hits at all (a silent empty
+    answer); such a row is a ``ScoresOverflowError``. An inner-product index scores such rows (+-inf), which
+    ``_finite_scores`` refuses."""
+    if metric == "l2":
+        squared = np.einsum("ij,ij->i", rows.astype(np.float64), rows.astype(np.float64))
+        over = np.flatnonzero(squared > float(np.finfo(np.float32).max))
+        if len(over):
+            raise ScoresOverflowError(int(over[0]))
+    return rows
+
+
+def _finite_scores(found: list[list[Hit]]) -> list[list[Hit]]:
+    """``found`` when every score is finite. A query vector whose values float32 holds (up to 3.4e38) can still
+    have products with the stored vectors that it does not: FAISS scores them +-inf or NaN (which JSON has no
+    number for) and ranks them arbitrarily, so such a row is a ``ScoresOverflowError`` (the rule of serve's 422)."""
+    for row, hits in enumerate(found):
+        if hits and not np.isfinite([hit.score for hit in hits]).all():
+            raise ScoresOverflowError(row)
+    return found
 
 
 def _decoded(text: str | bytes) -> str:
