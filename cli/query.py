@@ -239,6 +239,13 @@ def read_vector_file(path: Path) -> Any:
         raise NoInputError(f"{where} is empty (0 bytes): no vectors")
     try:
         with open(path, "rb") as fh:
+            # NOTE: np.load takes a file without the .npy magic (text, Parquet, ...) for a pickle and says "contains
+            # pickled (object) data ... load it unsafely": the wrong story (and advice) for a file that is no .npy
+            magic = fh.read(6)
+            if magic != b"\x93NUMPY" and not magic.startswith(b"PK\x03\x04"):  # PK: a .npz, said below
+                raise BadInputError(f"{where}: not a .npy file (it does not start with the .npy magic bytes; write "
+                                    "one with numpy.save)")
+            fh.seek(0)
             vectors = np.load(fh, allow_pickle=False)
             if not isinstance(vectors, np.ndarray):  # NOTE: np.load opens a .npz (a zip of arrays) as an NpzFile
                 vectors.close()

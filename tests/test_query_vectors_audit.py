@@ -93,3 +93,13 @@ def test_the_api_refuses_such_a_row_with_a_usage_error(indexes, name):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "refused: query vector 1: its scores against this index are beyond float32" in proc.stdout, proc.stdout
     assert "answered: 3 True" in proc.stdout
+
+
+@pytest.mark.parametrize("content", [b"hello\n", b"PAR1\x00\x00\x00\x00PAR1", b"\x80\x04K\x01.", b"\x93NUM"])
+def test_a_file_that_is_no_npy_is_said_so(indexes, tmp_path, content):
+    """Before: numpy took any file without the .npy magic for a pickle: 'not a readable .npy file (This file contains
+    pickled (object) data. If you trust the file you can load it unsafely using the allow_pickle= keyword ...)'."""
+    path = tmp_path / "q.npy"
+    path.write_bytes(content)
+    last = refused(petal("query", str(indexes["flat"]), "--vector-file", str(path)), 65, "q.npy", "not a .npy file")
+    assert "pickle" not in last, last
