@@ -62,6 +62,9 @@ def resolve_model_dir(model: str | Path | None) -> Path:
     path = Path(model).expanduser()
     if path.is_dir():
         return path.resolve()
+    if path.exists():
+        raise ModelError(f"model {str(model)!r} is not a directory: pass the model directory (config.json, "
+                         "model.safetensors, tokenizer.json)")
     looked = [str(path.resolve())]
     if HF_ID.match(str(model)):
         try:

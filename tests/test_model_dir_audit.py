@@ -190,3 +190,22 @@ def test_max_length_above_the_models_limit_is_a_usage_error(minilm_dir):
     assert info.value.exit_code == 2 and "512" in str(info.value)
     run = petal_embed("--max-length", "100000", "glaciers")
     assert run.returncode == 2 and "512" in run.stderr and "Traceback" not in run.stderr
+
+
+@pytest.mark.parametrize("keyword", [{"model": 123}, {"model": b"/nowhere"}, {"calibration": 1, "quantize": "int8"}])
+def test_embedder_paths_of_the_wrong_type_are_usage_errors(keyword):
+    with pytest.raises(petal.UsageError) as info:
+        petal.Embedder(**keyword)
+    assert next(iter(keyword)) in str(info.value)
+
+
+@pytest.mark.parametrize("query", ["no", 1, None])
+def test_encode_query_must_be_a_bool(minilm_dir, query):
+    embedder = petal.Embedder(str(minilm_dir), "cpu")
+    with pytest.raises(petal.UsageError, match="query"):
+        embedder.encode(["glaciers"], query=query)
+
+
+def test_a_model_path_that_is_a_file_says_so(minilm_dir):
+    with pytest.raises(petal.ConfigError, match="is not a directory"):
+        petal.Embedder(str(minilm_dir / "config.json"), "cpu")

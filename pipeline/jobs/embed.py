@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import weakref
 from collections import deque
@@ -18,7 +19,16 @@ from petal.pipeline.config import IndexJob, check_lengths, default_token_budget
 from petal.pipeline.ingest.pack import PackConfig, pack
 from petal.pipeline.ingest.text_rule import valid_text
 from petal.pipeline.ingest.tokens import TextTokenizer, tokenizer_for
-from petal.pipeline.jobs.settings import build, model_options, petal_error, text_items, typed, whole_number
+from petal.pipeline.jobs.settings import (
+    build,
+    kind_of,
+    model_options,
+    out_path,
+    petal_error,
+    text_items,
+    typed,
+    whole_number,
+)
 from petal.pipeline.reliability.errors import BadInputError, ConfigError, UsageError, quote_text
 from petal.pipeline.store.outputs import OutputConfig, OutputTransform
 
@@ -150,6 +160,9 @@ class Embedder:
                  output_dtype: str = "float32", calibration: str | Path | None = None,
                  engine_factory: EngineFactory | None = None) -> None:
         caller = "petal.Embedder()"
+        for name, value in (("model", model), ("calibration", calibration)):
+            if value is not None:  # NOTE: a type check only: model="" stays the packaged default, not "."
+                out_path(value, f"{caller}: {name}")
         options = model_options(**typed(ModelOptions, {
             "pooling": pooling, "attention_mask": attention_mask, "query_prompt": query_prompt,
             "allow_pickle_weights": allow_pickle_weights}, caller))
@@ -163,7 +176,7 @@ class Embedder:
         build(check_lengths, max_length, token_budget, max_seqs)
         from petal.engine.engine import Engine, attention_backend, resolve_device, resolve_dtype
         from petal.pipeline.jobs.model import model_spec
-        self.spec = model_spec(str(model) if model is not None else None, max_length, options)
+        self.spec = model_spec(os.fspath(model) if model is not None else None, max_length, options)
         transform: OutputTransform = build(OutputTransform.for_model, self.spec, output)
         if calibration is not None and transform.int8_scheme == "calibrated":
             transform = index_calibration(transform, Path(calibration))
@@ -208,6 +221,8 @@ class Embedder:
         from petal.pipeline.ingest.text_rule import describe_skips, skip_reason
         from petal.pipeline.reliability.errors import NoInputError
 
+        if not isinstance(query, (bool, np.bool_)):
+            raise UsageError(f"query={query!r} is {kind_of(query)}, not True or False")
         items = text_items(texts, "texts")
         # NOTE: the rule of petal index: null, undecodable and invisible texts are skipped and counted; rows keep
         # input positions (NaN rows, zeros for codes)
