@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from petal.pipeline.config import ReadConfig
-from petal.pipeline.ingest.parquet import ReadStats, ShardInfo, stream_batches
+from petal.pipeline.ingest.parquet import ReadStats, ShardInfo, integer_ids, stream_batches
 from petal.pipeline.reliability.errors import BadInputError, quote_path, quote_text
 
 
@@ -24,7 +24,7 @@ def check_cross_shard_duplicates(shards: list[ShardInfo], read: ReadConfig, stat
     with_ids = [(i, s) for i, s in enumerate(shards) if s.has_id_column]
     if len(with_ids) < 2:
         return
-    id_type = pa.string() if any("int" not in s.id_type for _, s in with_ids) else pa.int64()
+    id_type = pa.string() if any(not integer_ids(s.id_type) for _, s in with_ids) else pa.int64()
 
     def distinct(_row: int, batch: pa.RecordBatch) -> pa.Array:
         return pc.unique(batch.column(0).drop_null().cast(id_type))

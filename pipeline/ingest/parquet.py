@@ -4,7 +4,8 @@ Rows are read with ``ParquetFile.iter_batches`` (never a whole shard), only the 
 columns, pages streamed through a small buffer (never a whole row group) and record batches sized
 from the footer's byte counts, so host memory grows neither with shard size nor row-group size.
 NOTE: it does grow with the largest data page: Parquet cannot read less than a page, and a writer
-may put many large values in one page.
+may put many large values in one page. A dictionary-encoded column (a pandas categorical) is read as
+the values it holds, decoded a slice of each record batch at a time (``_decoded``).
 
 An OS read error (it carries an ``errno``: EIO, ESTALE, ...) is retried a bounded number of times,
 resuming at the row it failed on, and counted; one that outlives its retries is an I/O error (74).
@@ -220,8 +221,8 @@ class ShardInfo:
     num_rows: int
     num_row_groups: int
     has_id_column: bool
-    id_type: str  # Arrow type of the id column ("" when absent)
-    text_type: str  # Arrow type of the text column
+    id_type: str  # Arrow type of the id column's values, a dictionary's value type ("" when absent)
+    text_type: str  # Arrow type of the text column's values (as id_type)
     # NOTE: change detection never trusts (size, mtime) alone: ``cp -p``, ``rsync -t`` and tar set the
     # mtime back, but not the inode change time; the footer's hash changes with the data's layout.
     ctime_ns: int = 0
@@ -231,13 +232,28 @@ class ShardInfo:
     schema: pa.Schema | None = field(default=None, compare=False, repr=False)
 
 
+def plain_type(t: pa.DataType) -> pa.DataType:
+    """The type a column's values have: a dictionary-encoded column (a pandas categorical,
+    ``dictionary_encode()``) holds its value type; the readers decode it (``_decoded``)."""
+    return t.value_type if pa.types.is_dictionary(t) else t
+
+
 def _is_text(t: pa.DataType) -> bool:
+    t = plain_type(t)
     return (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t)
             or pa.types.is_large_binary(t) or str(t) in ("string_view", "binary_view"))
 
 
 def _is_id(t: pa.DataType) -> bool:
+    t = plain_type(t)
     return pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_large_string(t) or str(t) == "string_view"
+
+
+def integer_ids(id_type: str) -> bool:
+    """``ShardInfo.id_type`` (the id values' Arrow type, a dictionary's value type) names an integer type.
+
+    NOTE: never ``"int" in id_type``: ``dictionary<values=string, indices=int32>`` holds string ids."""
+    return id_type.startswith(("int", "uint"))
 
 
 @dataclass
@@ -331,7 +347,7 @@ def inspect_shard(path: Path | RemotePath, read: ReadConfig, stats: ReadStats | 
             f"{quote_path(path)}: text column {read.text_column!r} is missing (columns: {', '.join(names) or 'none'}); "
             "choose one with --text-column"
         )
-    text_type = schema.field(read.text_column).type
+    text_type = plain_type(schema.field(read.text_column).type)  # a dictionary's values: decoded as they are read
     if not _is_text(text_type):
         raise BadInputError(f"{quote_path(path)}: text column {read.text_column!r} has type {text_type}, "
                             f"expected {TEXT_TYPES}")
@@ -341,7 +357,7 @@ def inspect_shard(path: Path | RemotePath, read: ReadConfig, stats: ReadStats | 
             f"{quote_path(path)}: id column {read.id_column!r} is missing (columns: {', '.join(names)}); "
             "choose one with --id-column"
         )
-    id_type = schema.field(read.id_column).type if has_id else None
+    id_type = plain_type(schema.field(read.id_column).type) if has_id else None
     if id_type is not None and not _is_id(id_type):
         raise BadInputError(f"{quote_path(path)}: id column {read.id_column!r} has type {id_type}, "
                             "expected an integer or string")
@@ -412,7 +428,7 @@ def preflight(paths: list[Path | RemotePath], read: ReadConfig, stats: ReadStats
         except NoInputError as exc:  # permission denied (an object that is gone: 66 too)
             unreadable.append(str(exc))
     raise_problems(unreadable, problems)
-    id_kinds = {("int" if "int" in s.id_type else "str") for s in infos if s.has_id_column}
+    id_kinds = {("int" if integer_ids(s.id_type) else "str") for s in infos if s.has_id_column}
     if len(id_kinds) > 1:
         raise BadInputError(
             f"id column {read.id_column!r} is an integer in some shards and a string in others: "
@@ -471,8 +487,43 @@ def _record_batches(info: ShardInfo, columns: list[str], read: ReadConfig, start
             if skip >= batch.num_rows:
                 skip -= batch.num_rows
                 continue
-            yield batch.slice(skip) if skip else batch
+            yield from _decoded(batch.slice(skip) if skip else batch, read.max_batch_bytes)
             skip = 0
+
+
+def _decoded(batch: pa.RecordBatch, max_bytes: int) -> Iterator[pa.RecordBatch]:
+    """``batch`` with its dictionary-encoded columns (a pandas categorical, ``dictionary_encode()``) decoded to
+    their values, in slices of at most ``max_bytes`` of decoded values (at least one row each).
+
+    NOTE: ``batch_rows`` sized the batch from the footer's bytes, which for a dictionary column count its
+    indices, not the values each row repeats: 4096 rows of one 1 MB category would decode to 4 GB at once."""
+    encoded = [i for i, column in enumerate(batch.columns) if pa.types.is_dictionary(column.type)]
+    if not encoded:
+        yield batch
+        return
+    import numpy as np
+    import pyarrow.compute as pc
+
+    per_row = np.zeros(batch.num_rows, dtype=np.int64)
+    for i in encoded:
+        column = cast(pa.DictionaryArray, batch.column(i))
+        values = column.dictionary
+        if pa.types.is_string(values.type) or pa.types.is_large_string(values.type) \
+                or pa.types.is_binary(values.type) or pa.types.is_large_binary(values.type):
+            sizes = pc.fill_null(pc.binary_length(values), 0).cast(pa.int64())
+        else:  # fixed-width or nested values: their average size
+            sizes = pa.array([values.nbytes // max(1, len(values))] * len(values), pa.int64())
+        per_row += pc.fill_null(pc.take(sizes, column.indices), 0).to_numpy(zero_copy_only=False)
+    ends = np.cumsum(per_row)
+    start = 0
+    while start < batch.num_rows:
+        before = int(ends[start - 1]) if start else 0
+        stop = max(start + 1, int(np.searchsorted(ends, before + max_bytes, side="right")))
+        part = batch.slice(start, stop - start)
+        columns = [cast(pa.DictionaryArray, c).dictionary_decode() if i in encoded else c
+                   for i, c in enumerate(part.columns)]
+        yield pa.RecordBatch.from_arrays(columns, names=part.schema.names)
+        start = stop
 
 
 def _texts(column: pa.Array) -> list:

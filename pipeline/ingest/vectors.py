@@ -32,6 +32,7 @@ from petal.pipeline.ingest.parquet import (
     _is_id,
     _read_error,
     _retrying,
+    plain_type,
     raise_problems,
     stream_batches,
 )
@@ -68,7 +69,7 @@ def inspect_vector_shard(path: Path, read: ReadConfig, column: str,
     has_id = read.id_column in schema.names
     if not has_id and read.id_column_required:
         raise BadInputError(f"{path}: id column {read.id_column!r} is missing (columns: {', '.join(schema.names)})")
-    id_type = schema.field(read.id_column).type if has_id else None
+    id_type = plain_type(schema.field(read.id_column).type) if has_id else None  # a dictionary's: decoded as read
     if id_type is not None and not _is_id(id_type):
         raise BadInputError(f"{path}: id column {read.id_column!r} has type {id_type}, expected an integer or string")
     info = ShardInfo(path=path, abs_path=str(path.resolve()), size=stat.st_size, mtime_ns=stat.st_mtime_ns,

@@ -35,7 +35,7 @@ from petal.pipeline.index.writer import BuildResult, build_version_index
 from petal.pipeline.ingest.documents import read_ranges
 from petal.pipeline.ingest.duplicates import check_cross_shard_duplicates
 from petal.pipeline.ingest.pack import PackConfig, Packer
-from petal.pipeline.ingest.parquet import ReadStats, ShardInfo, preflight, read_retrying, resolve_sources
+from petal.pipeline.ingest.parquet import ReadStats, ShardInfo, integer_ids, preflight, read_retrying, resolve_sources
 from petal.pipeline.ingest.prefetch import Prefetcher
 from petal.pipeline.ingest.rejects import BadRowGate, rejects_table
 from petal.pipeline.ingest.tokens import TokenizedDocs, tokenize_documents, tokenizer_for
@@ -728,7 +728,7 @@ def guard_removals(out: OutputDir, job: IndexJob, shards: list[ShardInfo], entri
 def check_delete_ids(delete_ids: DeleteIds, shards: list[ShardInfo], kept: list[ShardRecord]) -> None:
     """Read ``--delete``'s ids as the index's ids will be, before the model loads, where the shards named settle
     it (a shard of string ids, or no shard kept): a value that is not an id of that type is 65 now, not later."""
-    string = any("int" not in s.id_type for s in shards)  # no id column: '<shard>:<row>', a string
+    string = any(not integer_ids(s.id_type) for s in shards)  # no id column: '<shard>:<row>', a string
     if string or not kept:
         delete_ids.typed(string)
 

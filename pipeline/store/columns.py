@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from petal.pipeline.config import ReadConfig
-from petal.pipeline.ingest.parquet import ReadStats, ShardInfo, read_retrying, stream_batches
+from petal.pipeline.ingest.parquet import ReadStats, ShardInfo, plain_type, read_retrying, stream_batches
 from petal.pipeline.ingest.remote import RemotePath
 from petal.pipeline.reliability.durable import fsync_dir
 from petal.pipeline.reliability.errors import BadInputError, ConfigError, UsageError, writing
@@ -186,7 +186,7 @@ def _write_columns(info: ShardInfo, entry: StoreEntry, need: ColumnsNeed, path: 
     arrow = read_retrying(info.path, lambda: _parquet(info.path).schema_arrow, read, stats,
                           "not a readable Parquet file")
     schema = pa.schema([("row", pa.int64()), *[("text", pa.string()) for _ in text],
-                        *[(c, arrow.field(c).type) for c in need.keep]])
+                        *[(c, plain_type(arrow.field(c).type)) for c in need.keep]])
 
     def decode(start: int, batch: pa.RecordBatch) -> pa.Table | None:
         # NOTE: arrow only, no state: a retry after a read error decodes the batch again
