@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 
 @click.command()
-@click.argument("index_path", metavar="INDEX", type=click.Path(path_type=Path))
+@click.argument("index_path", metavar="INDEX", type=click.Path(path_type=Path, readable=False))
 @click.argument("texts", nargs=-1)
 @click.option("-k", "k", type=click.IntRange(min=1, max=MAX_K), default=10, show_default=True, help="Hits per query.")
 @click.option("--stdin", "from_stdin", is_flag=True, help="One query per input line, model kept warm.")

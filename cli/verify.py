@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 
 @click.command()
-@click.argument("out", metavar="OUT", type=click.Path(path_type=Path))
+@click.argument("out", metavar="OUT", type=click.Path(path_type=Path, readable=False))
 @click.option("--version", "version", default=None, metavar="V",
               help="Check version V (an id under OUT/versions; default: the live one).")
 @click.option("--json", "as_json", is_flag=True, help="The result as one JSON object on stdout.")

@@ -42,6 +42,7 @@ from petal.pipeline.manifest import MANIFEST_FILE, Manifest
 from petal.pipeline.reliability.durable import fsync_dir, write_bytes_atomic
 from petal.pipeline.reliability.errors import (
     ConfigError,
+    NoInputError,
     OutputError,
     TemporaryFailure,
     one_line,
@@ -143,6 +144,8 @@ class OutputDir:
         except FileNotFoundError:
             return None
         except OSError as exc:
+            if is_denied(exc):
+                raise denied(self.current_file) from exc
             raise ConfigError(f"cannot read {quote_path(self.current_file)}: {exc.strerror or exc}") from exc
         name = raw.decode("utf-8", "replace").strip()
         if not VERSION_RE.match(name):
@@ -399,9 +402,27 @@ def _note(message: str) -> None:
     print(f"petal: note: {one_line(message)}", file=sys.stderr, flush=True)
 
 
+def is_denied(exc: BaseException) -> bool:
+    """Permission denied (EACCES, EPERM): neither a transient I/O error nor damage."""
+    return isinstance(exc, OSError) and exc.errno in (errno.EACCES, errno.EPERM)
+
+
+def denied(path: object) -> NoInputError:
+    """A file or directory of an index this process may not read: no input (66) naming it, as a source petal may
+    not read is; not 74 (a retry fails the same way) nor 78 (a damaged version: nothing is wrong with it)."""
+    return NoInputError(f"{quote_path(path)}: petal may not read it (permission denied); run as a user who may "
+                        "read the index, or fix its permissions")
+
+
 def resolve_index_dir(path: Path) -> tuple[Path, Manifest]:
     """A version directory and its manifest, from ``OUT`` (follows CURRENT) or a version directory."""
     path = Path(path)
+    for place in (path, path / "versions"):
+        try:
+            os.listdir(place)
+        except OSError as exc:
+            if is_denied(exc):
+                raise denied(place) from exc
     if (path / MANIFEST_FILE).exists() or (path / MANIFEST_FILE).is_symlink():
         version_dir, root = path, path
     else:
@@ -446,6 +467,8 @@ def manifest_data(manifest_file: Path, root: Path) -> dict[str, Any]:
         raw = read_regular(manifest_file, root, MANIFEST_MAX_BYTES)
         data = json.loads(raw) if raw.strip() else None
     except (OSError, ValueError) as exc:  # NOTE: JSONDecodeError and UnicodeDecodeError are ValueErrors
+        if is_denied(exc):
+            raise denied(manifest_file if os.access(manifest_file.parent, os.X_OK) else manifest_file.parent) from exc
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
         raise ConfigError(f"cannot read the manifest {quote_path(manifest_file)} ({reason})") from exc
     if data is None:

@@ -19,7 +19,7 @@ from petal.pipeline.index.files import IDS_FILE, INDEX_FILE, open_parquet, read_
 from petal.pipeline.index.row_groups import IdMap, RowGroups
 from petal.pipeline.index.tune import apply_params
 from petal.pipeline.index.verify import OpenCheck, check_on_open
-from petal.pipeline.layout import VersionLease, resolve_index_dir
+from petal.pipeline.layout import VersionLease, denied, is_denied, resolve_index_dir
 from petal.pipeline.manifest import Manifest
 from petal.pipeline.reliability.errors import (
     BadInputError,
@@ -142,6 +142,8 @@ class IndexReader:
             if exc.errno is None:  # pyarrow's decoding errors carry no errno
                 raise BadInputError(f"{quote_path(exc.filename or self.dir)}: cannot be read ({one_line(str(exc))}); "
                                     "the version is corrupt: rebuild it") from exc
+            if is_denied(exc):
+                raise denied(exc.filename or self.dir) from exc
             raise PetalIOError(f"{quote_path(exc.filename or self.dir)}: {exc.strerror or exc}") from exc
         except RuntimeError as exc:  # FAISS cannot parse index.faiss (its checksum matched the manifest)
             raise BadInputError(f"{quote_path(self.dir / INDEX_FILE)}: FAISS cannot read it "

@@ -31,6 +31,7 @@ from petal.pipeline.index.checksums import (
     head_tail_sha256_of,
     sha256_file,
 )
+from petal.pipeline.layout import denied, is_denied
 from petal.pipeline.manifest import raw_checksum, raw_index_files, raw_integrity
 from petal.pipeline.reliability.errors import (
     EXIT_CONFIG,
@@ -208,13 +209,23 @@ def _listed_path(version_dir: Path, name: str) -> Path:
 def _head_tail(path: Path, version_dir: Path, size: int, span: int) -> str:
     """``head_tail_sha256`` read through a descriptor opened without blocking (a file swapped for a FIFO
     after ``_listed_path`` is refused, never waited on)."""
-    fd = open_regular(path, version_dir)
+    fd = _readable(open_regular, path, version_dir)
     with os.fdopen(fd, "rb") as fh:
         return head_tail_sha256_of(fh, size, span)
 
 
+def _readable(read: Any, path: Path, *args: Any) -> Any:
+    """``read(path, *args)``; a file this process may not read is no input (66, ``layout.denied``) naming it."""
+    try:
+        return read(path, *args)
+    except OSError as exc:
+        if is_denied(exc):
+            raise denied(path) from exc
+        raise
+
+
 def _check_sha256(path: Path, expected: str) -> None:
-    actual = sha256_file(path)
+    actual = _readable(sha256_file, path)
     if actual != expected:
         raise BadInputError(f"{path}: sha256 {actual[:16]}... does not match the manifest ({str(expected)[:16]}...); "
                             "the index is corrupt, rebuild it")
@@ -288,7 +299,7 @@ def _verify_file(version_dir: Path, name: str, sha: str, record: dict[str, Any] 
     size = path.stat().st_size
     if record is not None and size != record.get("size"):
         return FileVerdict(name, False, f"size {size} bytes, the manifest says {record.get('size')}")
-    actual = sha256_file(path)
+    actual = _readable(sha256_file, path)
     if actual != sha:
         return FileVerdict(name, False, f"sha256 {actual[:16]}... does not match the manifest ({sha[:16]}...)")
     return FileVerdict(name, True)
