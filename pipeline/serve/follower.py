@@ -37,8 +37,9 @@ from typing import Any
 from petal.engine.loader import ModelSpec
 from petal.pipeline.index.search import IndexReader, current_pointer
 from petal.pipeline.jobs.query import SearchIndex, model_mismatch
+from petal.pipeline.layout import VERSION_RE
 from petal.pipeline.manifest import Manifest, ModelRecord, StoredFormat
-from petal.pipeline.reliability.errors import ConfigError, PetalError
+from petal.pipeline.reliability.errors import ConfigError, PetalError, one_line, quote_text
 from petal.pipeline.serve.leases import lease, release_with
 from petal.pipeline.serve.metrics import ServeMetrics
 
@@ -64,6 +65,13 @@ class Refusal:
 
 
 Pointer = tuple[str | None, tuple[int, int, int] | None]
+SHOWN_POINTER_CHARS = 64  # the most of a CURRENT that is no version id shown (it holds up to 256 bytes)
+
+
+def shown(pointer: str) -> str:
+    """What CURRENT holds, as ``/ready``, a metric label and the log may show it: a version id as it is, anything
+    else quoted, escaped (an escape sequence written into CURRENT never reaches a terminal) and cut."""
+    return pointer if VERSION_RE.match(pointer) else quote_text(pointer, SHOWN_POINTER_CHARS)
 
 
 def _pointer_state(root: Path) -> Pointer:
@@ -136,7 +144,7 @@ class IndexFollower:
             except (PetalError, OSError, RuntimeError, KeyError, ValueError) as exc:
                 # NOTE: tried again, whatever the error: a version copied in by hand may still be arriving, a
                 # network filesystem may hiccup; opening costs the cheap checks only (O(1) in the index size)
-                self._refuse(pointer, "open", f"cannot open {pointer}: {exc}", retry=True)
+                self._refuse(shown(pointer), "open", f"cannot open {shown(pointer)}: {exc}", retry=True)
                 return False
             if reader.manifest.version == self.live.version:  # CURRENT went back to the live version
                 self.refused = None
@@ -213,6 +221,7 @@ class IndexFollower:
             retry_in_s = self._retry_delay_s
             self._retry_at = time.monotonic() + retry_in_s
             self._retry_delay_s = min(RETRY_MAX_S, 2 * self._retry_delay_s)
+        message = one_line(message)  # NOTE: what a version's files or CURRENT hold is quoted there; this is the guard
         self.refused = Refusal(version, reason, message, retry_in_s)
         self.metrics.refused(version, reason)
         self.metrics.index_reloads.labels(result="refused").inc()
