@@ -1,68 +1,108 @@
-"""Texts for ``petal embed --input``: a ``.parquet`` text column, ``.txt`` lines or ``.jsonl`` objects."""
+"""Texts for ``petal embed --input``: a ``.parquet`` text column, ``.txt`` lines or ``.jsonl`` objects.
+
+Every read goes through the readers of ``petal index`` (pipeline/ingest/parquet.py): an OS read error (EIO) is
+retried then 74, permission denied 66 at once, and a Parquet file that does not decode 65, naming the file (and for
+a damaged page the row its batch starts at, the row group and the column), never a traceback.
+"""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from petal.pipeline.config import ReadConfig
 from petal.pipeline.reliability.errors import BadInputError, NoInputError, UsageError, quote_path
+from petal.pipeline.reliability.faults import fault
+
+if TYPE_CHECKING:
+    from petal.pipeline.ingest.parquet import ReadStats
 
 TEXT_FILE_SUFFIXES = (".parquet", ".txt", ".jsonl")
 
 
-def read_texts(path: Path, text_column: str = "text",
-               id_column: str | None = None) -> tuple[list[Any], list[Any] | None]:
+def read_texts(path: Path, text_column: str = "text", id_column: str | None = None,
+               read: ReadConfig | None = None, stats: ReadStats | None = None) -> tuple[list[Any], list[Any] | None]:
     """Texts (``None`` for a null; bytes from a binary column) from ``.parquet`` (``text_column``, ids from
     ``id_column``), ``.txt`` (one per line) or ``.jsonl`` (``{"text": ..., "<id_column>": ...}``), and their ids
-    (``None`` without ``id_column``). Null and blank texts are kept here: the caller's text rule skips them."""
+    (``None`` without ``id_column``). Null and blank texts are kept here: the caller's text rule skips them.
+    ``read``: retries (OS read errors are counted in ``stats``) and batch sizes, as ``petal index`` reads."""
     path = Path(path)
     if not path.is_file():
         raise NoInputError(f"--input {quote_path(path)} does not exist or is not a regular file")
+    read = read or ReadConfig()
     suffix = path.suffix.lower()
     if suffix == ".parquet":
-        return _parquet_texts(path, text_column, id_column)
+        return _parquet_texts(path, text_column, id_column, read, stats)
     if suffix == ".txt":
         if id_column is not None:
             raise UsageError("--id-column goes with --input FILE.parquet or FILE.jsonl")
         # NOTE: bytes that are not UTF-8 are kept (surrogateescape), then replaced and counted by the caller
-        return path.read_bytes().decode("utf-8", "surrogateescape").splitlines(), None
+        return _read_bytes(path, read, stats).decode("utf-8", "surrogateescape").splitlines(), None
     if suffix == ".jsonl":
-        return _jsonl_texts(path, id_column)
+        return _jsonl_texts(path, id_column, read, stats)
     raise UsageError(f"--input {quote_path(path)}: expected a .parquet, .txt or .jsonl file")
 
 
-def _parquet_texts(path: Path, text_column: str, id_column: str | None) -> tuple[list[Any], list[Any] | None]:
+def _read_bytes(path: Path, read: ReadConfig, stats: ReadStats | None) -> bytes:
+    """The whole file, an OS read error retried then 74 (permission denied 66), as every source read."""
+    from petal.pipeline.ingest.parquet import read_retrying
+
+    def whole() -> bytes:
+        fault("read_batch", str(path))
+        return path.read_bytes()
+
+    return read_retrying(path, whole, read, stats, "cannot read it")
+
+
+def _parquet_texts(path: Path, text_column: str, id_column: str | None, read: ReadConfig,
+                   stats: ReadStats | None) -> tuple[list[Any], list[Any] | None]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    columns = [text_column] + ([id_column] if id_column else [])
+    from petal.pipeline.ingest.parquet import ShardInfo, _is_text, _texts, plain_type, read_retrying, stream_batches
+
+    def footer() -> tuple[Any, pq.FileMetaData]:
+        fault("read_footer", str(path))
+        return path.stat(), pq.read_metadata(path)
+
+    stat, meta = read_retrying(path, footer, read, stats, "not a readable Parquet file")
     try:
-        names = pq.read_schema(path).names
-    except (OSError, pa.ArrowException) as exc:
-        raise BadInputError(f"{quote_path(path)}: not a readable Parquet file: {exc}") from exc
+        schema = meta.schema.to_arrow_schema()
+    except (pa.ArrowException, ValueError) as exc:
+        raise BadInputError(f"{quote_path(path)}: not a readable Parquet file ({exc})") from exc
+    names = schema.names
+    columns = [text_column] + ([id_column] if id_column else [])
     missing = [name for name in columns if name not in names]
     if missing:
         flags = {text_column: "--text-column", id_column: "--id-column"}
         said = ", ".join(f"{name!r} ({flags[name]})" for name in missing)
         raise BadInputError(f"{quote_path(path)}: no column {said}; it has {', '.join(map(repr, names))}")
-    try:
-        table = pq.read_table(path, columns=columns, page_checksum_verification=True)
-    except (OSError, pa.ArrowException, KeyError) as exc:
-        names = ", ".join(map(repr, columns))
-        raise BadInputError(f"{quote_path(path)}: cannot read column(s) {names}: {exc}") from exc
-    column_type = table.schema.field(text_column).type
-    if not (pa.types.is_string(column_type) or pa.types.is_large_string(column_type)
-            or pa.types.is_binary(column_type) or pa.types.is_large_binary(column_type)):
+    column_type = plain_type(schema.field(text_column).type)  # a dictionary (categorical): its values
+    if not _is_text(column_type):
         raise BadInputError(f"{quote_path(path)}: text column {text_column!r} has type {column_type}, not text")
-    ids = table.column(id_column).to_pylist() if id_column else None
-    return table.column(text_column).to_pylist(), ids
+    info = ShardInfo(path=path, abs_path=str(path.resolve()), size=stat.st_size, mtime_ns=stat.st_mtime_ns,
+                     num_rows=meta.num_rows, num_row_groups=meta.num_row_groups, has_id_column=bool(id_column),
+                     id_type=str(plain_type(schema.field(id_column).type)) if id_column else "",
+                     text_type=str(column_type), schema=schema)
 
+    def decode(_row: int, batch: pa.RecordBatch) -> tuple[list[Any], list[Any]]:
+        return _texts(batch.column(0)), batch.column(1).to_pylist() if id_column else []
 
-def _jsonl_texts(path: Path, id_column: str | None) -> tuple[list[Any], list[Any] | None]:
     texts: list[Any] = []
     ids: list[Any] = []
-    for lineno, line in enumerate(path.read_bytes().decode("utf-8", "surrogateescape").splitlines(), start=1):
+    for batch_texts, batch_ids in stream_batches(info, columns, read, decode, stats):
+        texts.extend(batch_texts)
+        ids.extend(batch_ids)
+    return texts, ids if id_column else None
+
+
+def _jsonl_texts(path: Path, id_column: str | None, read: ReadConfig,
+                 stats: ReadStats | None) -> tuple[list[Any], list[Any] | None]:
+    texts: list[Any] = []
+    ids: list[Any] = []
+    lines = _read_bytes(path, read, stats).decode("utf-8", "surrogateescape").splitlines()
+    for lineno, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
