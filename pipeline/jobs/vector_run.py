@@ -53,7 +53,8 @@ def run_vector_index(job: IndexJob, column: str, report: RunReport, stop: StopSi
         raise NoInputError("--vectors-column reads local Parquet files for now; copy or mount the shards locally")
     check_output_dir("--out", job.out)  # 73 before anything is read: one petal cannot create, read or write
     live = run.peek_live_manifest(job.out)
-    local = [p for p in resolve_sources(job.sources) if isinstance(p, Path)]  # remote sources are refused above
+    # a file named inside --out is refused and output directories are never read, as in a text run
+    local = [p for p in resolve_sources(job.sources, out=job.out) if isinstance(p, Path)]  # remote: refused above
     reads = ReadStats()  # OS read errors of footers and rows, retried as a text run's
     try:
         return _run(job, column, report, stop, started, live, local, reads)
