@@ -116,6 +116,8 @@ def serve(index_path: Path | None, model: str | None, host: str, port: int, api_
     from petal.pipeline.index.search import IndexReader
     from petal.pipeline.jobs.index_run import model_spec
     from petal.pipeline.jobs.query import QueryModel, SearchIndex, engine_config, model_for_index
+    from petal.pipeline.manifest import ModelRecord
+    from petal.pipeline.reliability.errors import ConfigError, quote_path
     from petal.pipeline.serve.leases import lease_first_version, release_with
     from petal.pipeline.serve.metrics import ServeMetrics
     from petal.pipeline.serve.server import bind
@@ -139,6 +141,11 @@ def serve(index_path: Path | None, model: str | None, host: str, port: int, api_
     # not an index (a typo): said at once, before any port or model; the version served first, leased now so that
     # a re-index while the model loads cannot prune it
     first_version = lease_first_version(index_path) if index_path is not None else None
+    if first_version is not None and not isinstance(first_version[1].model, ModelRecord):
+        # NOTE: before the port: the server embeds queries with the index's model, and this one has none
+        raise ConfigError(f"{quote_path(index_path)} was built from precomputed vectors (--vectors-column): petal "
+                          "serve needs an index built by a model (it embeds the queries with it); search this one "
+                          "with petal query --vector-file Q.npy or the Python API (petal.open_index)")
     sock = bind(host, port)  # before loading: a taken port fails in a second, not after the model load
 
     def load(metrics: ServeMetrics) -> ServeState:
