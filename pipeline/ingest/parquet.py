@@ -230,6 +230,8 @@ class ShardInfo:
     footer_sha256: str = ""
     # the Arrow schema preflight read from the footer: later checks (``--keep-columns``) use it, never a second read
     schema: pa.Schema | None = field(default=None, compare=False, repr=False)
+    # the rows of each row group, from the same footer (row-group ranges: pipeline/store/ranges.py)
+    group_rows: tuple[int, ...] = field(default=(), compare=False, repr=False)
 
 
 def plain_type(t: pa.DataType) -> pa.DataType:
@@ -375,6 +377,7 @@ def inspect_shard(path: Path | RemotePath, read: ReadConfig, stats: ReadStats | 
         inode=getattr(stat, "st_ino", 0),
         footer_sha256=footer,
         schema=schema,
+        group_rows=tuple(meta.row_group(g).num_rows for g in range(meta.num_row_groups)),
     )
     if id_type is not None and pa.types.is_uint64(id_type):
         _check_id_range(info, meta, read, stats)

@@ -285,8 +285,8 @@ def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory
         # --delete: planned here, written once the guard has passed (a refused run leaves no tombstone behind)
         deletion = record_deletion(out, committed, delete_ids, report) if delete_ids is not None else None
         pending = deletion.pending_counts() if deletion is not None else None
-        no_text = ensure_columns(store, committed, need, {i.abs_path: i.path for i in all_shards if i.num_row_groups},
-                                 job.read, reads)
+        no_text = ensure_columns(store, committed, need, {i.abs_path: i for i in all_shards if i.schema is not None},
+                                 job.read, reads)  # the shards preflight read (kept ones have no schema here)
         if no_text:
             _say(f"warning: the text of {len(no_text)} kept shards is not stored (their files are gone or changed), "
                  f"e.g. {no_text[0]}: --show-text has none for their hits")
@@ -373,7 +373,7 @@ def embed_in_process(shards: list[ShardInfo], identity: RunIdentity, store: Embe
     # whole shards; a shard is cut in this process only where an earlier scaled run committed ranges of it
     # NOTE: committed ranges are found by fingerprint; a run whose sha256 is not settled yet has none to find
     # (run_index settles it up front when the store holds entries or ranges of these shards).
-    plan = plan_ranges(store, shards, identity.fingerprints(store, shards), 0) if identity.settled \
+    plan = plan_ranges(store, shards, identity.fingerprints(store, shards), 0, job.read, reads) if identity.settled \
         else whole_shards(shards)
     documents = read_ranges(shards, plan.ranges, job.read, reads)  # [1] read (streamed)
     # [2] tokenize in the background; it starts now, so it overlaps the model load and CUDA init

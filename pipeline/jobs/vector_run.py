@@ -128,7 +128,7 @@ def _run(job: IndexJob, column: str, report: RunReport, stop: StopSignals, start
         # --delete: planned here, written once the guard has passed (as petal index's text runs: one code path)
         deletion = run.record_deletion(out, committed, delete_ids, report) if delete_ids is not None else None
         pending = deletion.pending_counts() if deletion is not None else None
-        ensure_columns(store, committed, need, {i.abs_path: i.path for i in shards}, job.read, reads)
+        ensure_columns(store, committed, need, {i.abs_path: i for i in shards}, job.read, reads)
         if sum(e.num_embedded for e in committed) == 0:
             raise NoInputError(f"no vectors to index: {report.rows['total']} rows read, all skipped "
                                f"({report.rows['skipped'] or 'no rows'})")

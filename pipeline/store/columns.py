@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -31,7 +31,7 @@ from petal.pipeline.config import ReadConfig
 from petal.pipeline.ingest.parquet import ReadStats, ShardInfo, plain_type, read_retrying, stream_batches
 from petal.pipeline.ingest.remote import RemotePath
 from petal.pipeline.reliability.durable import fsync_dir
-from petal.pipeline.reliability.errors import BadInputError, ConfigError, UsageError, writing
+from petal.pipeline.reliability.errors import BadInputError, ConfigError, writing
 from petal.pipeline.reliability.faults import fault
 from petal.pipeline.reliability.safe_files import UnsafeFileError, check_regular
 from petal.pipeline.store.embeddings import EmbeddingStore, StoreEntry
@@ -42,26 +42,6 @@ READ_BATCH_ROWS = 8192
 
 def columns_path(entry_dir: Path) -> Path:
     return side_file(entry_dir, "columns")
-
-
-def check_keep_columns(shards: list[ShardInfo], columns: tuple[str, ...], reserved: tuple[str, ...]) -> None:
-    """Before any work: no kept column takes a name petal stores (``UsageError``, exit 2), and every shard has
-    every kept column (exit 65 naming shard and column)."""
-    for name in columns:
-        if name in reserved or name in ("faiss_id", "id", "shard", "row", "text"):
-            raise UsageError(f"--keep-columns {name!r}: that name is taken (the id or text column, or one of "
-                             "faiss_id, id, shard, row, text that petal stores with the ids)")
-    types: dict[str, list[tuple[str, pa.DataType]]] = {name: [] for name in columns}
-    for info in shards:
-        schema = _parquet(info.path).schema_arrow
-        missing = [c for c in columns if c not in schema.names]
-        if missing:
-            raise BadInputError(f"{info.path}: no column {missing[0]!r} (--keep-columns); it has: "
-                                f"{', '.join(sorted(schema.names))}")
-        for name in columns:
-            types[name].append((str(info.path), schema.field(name).type))
-    for name, typed in types.items():
-        kept_type(name, typed)
 
 
 def kept_type(name: str, typed: list[tuple[str, pa.DataType]]) -> pa.DataType:
@@ -111,20 +91,24 @@ def _stored_schema(path: Path) -> pa.Schema | None:
         return None
 
 
-def _parquet(path: Any) -> pq.ParquetFile:
-    """A local file or an object (``RemotePath``: ranged reads, never a download)."""
-    return pq.ParquetFile(path.open() if isinstance(path, RemotePath) else path)
+def _read_schema(path: Path | RemotePath) -> pa.Schema:
+    """A source's Arrow schema from its footer (an object: ranged reads), the file closed after."""
+    fault("read_footer", str(path))
+    with contextlib.closing(cast(Any, path.open())) if isinstance(path, RemotePath) \
+            else contextlib.nullcontext(path) as source:
+        return pq.read_schema(source)
 
 
 def ensure_columns(store: EmbeddingStore, entries: list[StoreEntry], need: ColumnsNeed,
-                   read_now: dict[str, Any] | None = None, read: ReadConfig | None = None,
+                   read_now: dict[str, ShardInfo] | None = None, read: ReadConfig | None = None,
                    stats: ReadStats | None = None) -> list[str]:
     """Every entry gets a side file with ``need``'s columns. ``read_now``: shards of this run (absolute path ->
-    path or object), whose entries hold their current content. Returns shards whose text could not be stored
-    (their file is gone or changed since it was embedded); a kept column that cannot be stored is a
-    ``ConfigError`` (78). Sources are read as the rows phase reads them (``read``; OS read errors retried and
-    counted in ``stats``): a corrupt page is 65 naming the source, its row group and column, an OS read error
-    that persists 74 naming the source, permission denied 66; a write error on the side file is 74 naming it."""
+    the ``ShardInfo`` preflight made: its schema is not read again), whose entries hold their current content.
+    Returns shards whose text could not be stored (their file is gone or changed since it was embedded); a kept
+    column that cannot be stored is a ``ConfigError`` (78). Sources are read as the rows phase reads them (``read``;
+    OS read errors retried and counted in ``stats``): a corrupt page is 65 naming the source, its row group and
+    column, an OS read error that persists 74 naming the source, permission denied 66; a write error on the side
+    file is 74 naming it."""
     read = read or ReadConfig()
     read_now = read_now or {}
     missing_text: list[str] = []
@@ -135,17 +119,17 @@ def ensure_columns(store: EmbeddingStore, entries: list[StoreEntry], need: Colum
         if set(need.names) <= _stored_names(path):
             continue
         source = entry.meta["source"]
-        shard: Any = read_now.get(str(source["abs_path"]))
+        shard = read_now.get(str(source["abs_path"]))
         if shard is None and "://" not in str(source["abs_path"]) and _same_content(Path(source["abs_path"]),
                                                                                     source, read, stats):
-            shard = Path(source["abs_path"])
+            shard = _source_info(Path(source["abs_path"]), source)
         if shard is None:
             if need.keep:
                 raise ConfigError(f"{source['path']} is gone or changed since it was embedded, so its columns "
                                   f"{', '.join(need.keep)} cannot be stored; name it as a SOURCE again or pass --sync")
             missing_text.append(str(source["path"]))
             continue
-        _write_columns(_source_info(shard, source), entry, need, path, read, stats)
+        _write_columns(shard, entry, need, path, read, stats)
     return missing_text
 
 
@@ -167,8 +151,8 @@ def _same_content(shard: Path, source: dict, read: ReadConfig, stats: ReadStats 
     return read_retrying(shard, content, read, stats, "cannot read it to fingerprint it") == source["sha256"]
 
 
-def _source_info(shard: Any, source: dict) -> ShardInfo:
-    """The entry's source shard (``shard``: the path or object to read) for the shared reader."""
+def _source_info(shard: Path, source: dict) -> ShardInfo:
+    """A kept shard's file, unchanged since its entry was made, for the shared reader (its schema not read yet)."""
     return ShardInfo(path=shard, abs_path=str(source["abs_path"]), size=int(source["size"]),
                      mtime_ns=int(source["mtime_ns"]), num_rows=int(source.get("rows", 0)), num_row_groups=0,
                      has_id_column=False, id_type="", text_type="")
@@ -183,8 +167,10 @@ def _write_columns(info: ShardInfo, entry: StoreEntry, need: ColumnsNeed, path: 
     rows = pq.read_table(entry.path / "rows.parquet", columns=["row"]).column("row").to_numpy()
     text = [need.text_column] if need.text_column else []
     source_columns = [*text, *need.keep]
-    arrow = read_retrying(info.path, lambda: _parquet(info.path).schema_arrow, read, stats,
-                          "not a readable Parquet file")
+    arrow = info.schema  # preflight's (a shard named by this run); else its footer, read as every source read
+    if arrow is None:
+        source = info.path
+        arrow = read_retrying(source, lambda: _read_schema(source), read, stats, "not a readable Parquet file")
     schema = pa.schema([("row", pa.int64()), *[("text", pa.string()) for _ in text],
                         *[(c, plain_type(arrow.field(c).type)) for c in need.keep]])
 

@@ -22,6 +22,7 @@ reader and across ranges here, at assembly, so the entry equals a single process
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shutil
 import uuid
@@ -29,14 +30,16 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pyarrow.parquet as pq
 
-from petal.pipeline.ingest.parquet import ShardInfo
+from petal.pipeline.config import ReadConfig
+from petal.pipeline.ingest.parquet import ReadStats, ShardInfo, read_retrying
 from petal.pipeline.ingest.remote import RemotePath
 from petal.pipeline.reliability.errors import writing
+from petal.pipeline.reliability.faults import fault
 from petal.pipeline.store.embeddings import DamagedEntry, EmbeddingStore, StoreEntry, commit_entry, shard_key, warn
 
 PART_NAME = re.compile(r"^g(\d{6,})-(\d{6,})$")
@@ -76,15 +79,22 @@ def part_dir(store: EmbeddingStore, info: ShardInfo, fingerprint: str, part: Row
     return parts_root(store, info, fingerprint) / part.name
 
 
-def group_rows(info: ShardInfo) -> list[int]:
-    """The rows of each row group of the shard (its footer, read again: a ranged read for an object)."""
-    source: Any = info.path.open() if isinstance(info.path, RemotePath) else info.path
-    try:
-        meta = pq.ParquetFile(source).metadata
+def group_rows(info: ShardInfo, read: ReadConfig | None = None, stats: ReadStats | None = None) -> list[int]:
+    """The rows of each row group of the shard: what preflight read from its footer (``ShardInfo.group_rows``),
+    else the footer read again through the sources' reader (a ranged read for an object, closed after; an OS read
+    error retried, counted in ``stats``, then 74; permission denied 66; a footer that does not decode 65)."""
+    if len(info.group_rows) == info.num_row_groups:
+        return list(info.group_rows)
+    read = read or ReadConfig()
+
+    def footer() -> list[int]:
+        fault("read_footer", str(info.path))
+        with contextlib.closing(cast(Any, info.path.open())) if isinstance(info.path, RemotePath) \
+                else contextlib.nullcontext(info.path) as source:
+            meta = pq.read_metadata(source)
         return [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
-    finally:
-        if isinstance(info.path, RemotePath):
-            source.close()
+
+    return read_retrying(info.path, footer, read, stats, "not a readable Parquet file")
 
 
 def committed_parts(store: EmbeddingStore, info: ShardInfo, fingerprint: str) -> dict[tuple[int, int], StoreEntry]:
@@ -126,7 +136,7 @@ def whole_shards(shards: list[ShardInfo]) -> RangePlan:
 
 
 def plan_ranges(store: EmbeddingStore, shards: list[ShardInfo], fingerprints: list[str],
-                split_rows: int) -> RangePlan:
+                split_rows: int, read: ReadConfig | None = None, stats: ReadStats | None = None) -> RangePlan:
     """Cut each shard into units: the whole shard, or (more than ``split_rows`` rows in several row groups, or
     ranges committed already) the row-group ranges it still lacks, of about ``split_rows`` rows each
     (``split_rows`` 0: never cut a shard; the gaps of one with committed ranges are one unit each)."""
@@ -138,7 +148,7 @@ def plan_ranges(store: EmbeddingStore, shards: list[ShardInfo], fingerprints: li
         if not parts and not big:
             ranges.append(RowRange(position, 0, info.num_row_groups, 0, info.num_rows, whole=True))
             continue
-        counts = group_rows(info)
+        counts = group_rows(info, read, stats)
         starts = np.concatenate([[0], np.cumsum(counts)]).astype(int).tolist()
         have: list[tuple[RowRange, StoreEntry]] = []
         covered = 0  # committed ranges that tile the shard from the left without overlap are kept
