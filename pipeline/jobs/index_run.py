@@ -168,7 +168,7 @@ def _run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory, 
     report.rows["total"] = sum(s.num_rows for s in shards)
     check_keep_columns(shards, job.keep_columns, (job.read.text_column, job.read.id_column))
     need = ColumnsNeed(job.read.text_column, job.keep_columns)
-    delete_ids = read_delete_ids(job.delete, job.read.id_column) if job.delete is not None else None
+    delete_ids = read_delete_ids(job.delete, job.read.id_column, job.read, reads) if job.delete is not None else None
     if delete_ids is not None:
         check_delete_ids(delete_ids, shards, kept_records(live, shards, job.sync))  # 65 before the model loads
     spec = model_spec(job.model, job.max_length, job.model_options)

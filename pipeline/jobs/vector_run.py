@@ -71,7 +71,7 @@ def _run(job: IndexJob, column: str, report: RunReport, stop: StopSignals, start
                                        for s in shards) else None
     check_keep_columns(shards, job.keep_columns, (column, job.read.id_column))
     need = ColumnsNeed(text, job.keep_columns)
-    delete_ids = read_delete_ids(job.delete, job.read.id_column) if job.delete is not None else None
+    delete_ids = read_delete_ids(job.delete, job.read.id_column, job.read, reads) if job.delete is not None else None
     kept_before = kept_records(live, shards, job.sync)
     check_index_factory(job.index, "float32", dim, report.rows["total"] + kept_vectors(kept_before))
     settings = vector_settings(column, dim, job)

@@ -39,15 +39,20 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from petal.pipeline.config import ReadConfig
+from petal.pipeline.ingest.parquet import ReadStats, read_retrying
 from petal.pipeline.layout import OutputDir
 from petal.pipeline.reliability.durable import fsync_dir
 from petal.pipeline.reliability.errors import (
     BadInputError,
+    NoInputError,
     PetalError,
+    PetalIOError,
     quote_path,
     quote_text,
     writing,
 )
+from petal.pipeline.reliability.faults import fault
 from petal.pipeline.reliability.safe_files import input_file_size
 from petal.pipeline.store.embeddings import StoreEntry, shard_key
 from petal.pipeline.store.side_files import side_file
@@ -180,22 +185,34 @@ def _commit(staged: Path, path: Path) -> None:
         os.replace(staged, path)
 
 
-def read_delete_ids(path: Path, id_column: str) -> DeleteIds:
+def read_delete_ids(path: Path, id_column: str, read: ReadConfig | None = None,
+                    stats: ReadStats | None = None) -> DeleteIds:
     """The ids of ``--delete FILE``: its ``id_column``, or its only column (integer or string values); how they
     are read (as integers or as exact text) is settled against the index's ids (``DeleteIds.typed``). A file that
     is missing, not a regular file (a directory, a FIFO) or unreadable is no input (66); one that opens but is not
-    such a Parquet file is bad input (65); both name the flag and the file."""
-    input_file_size("--delete", path)
+    such a Parquet file (0 bytes too) is bad input (65); an OS read error is retried as a source's (``read``,
+    counted in ``stats``), then 74; each names the flag and the file."""
+    where = f"--delete {quote_path(path)}"
+    if input_file_size("--delete", path) == 0:
+        raise BadInputError(f"{where} is empty (0 bytes): not a Parquet file; to delete nothing, give a Parquet file "
+                            "with no rows or leave the flag out")
+
+    def load() -> tuple[list[str], str | None, pa.Array | None]:
+        fault("read_footer", str(path))
+        names = pq.read_schema(path).names
+        name = id_column if id_column in names else names[0] if len(names) == 1 else None
+        if name is None:
+            return names, None, None
+        table = pq.read_table(path, columns=[name], page_checksum_verification=True)
+        return names, name, table.column(name).combine_chunks()
+
     try:
-        schema = pq.read_schema(path)
-        column = id_column if id_column in schema.names else schema.names[0] if len(schema.names) == 1 else None
-        if column is None:
-            raise BadInputError(f"--delete {quote_path(path)}: no column {id_column!r} (columns: "
-                                f"{', '.join(schema.names)}); give a Parquet file with the "
-                                "id column, or a single column")
-        values = pq.read_table(path, columns=[column]).column(column).combine_chunks()
-    except (OSError, pa.ArrowException) as exc:
-        raise BadInputError(f"--delete {quote_path(path)}: not a readable Parquet file ({exc})") from exc
+        names, column, values = read_retrying(path, load, read or ReadConfig(), stats, "not a readable Parquet file")
+    except (BadInputError, NoInputError, PetalIOError) as exc:  # named by the file alone: say the flag too
+        raise type(exc)(f"--delete {exc}") from exc
+    if column is None or values is None:
+        raise BadInputError(f"{where}: no column {id_column!r} (columns: {', '.join(names)}); give a Parquet file "
+                            "with the id column, or a single column")
     if pa.types.is_dictionary(values.type):  # a categorical column: its values
         values = values.dictionary_decode()
     if pa.types.is_null(values.type):  # no values at all

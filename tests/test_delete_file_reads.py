@@ -1,0 +1,80 @@
+"""``--delete FILE`` is read as a source is: a 0-byte file is 65 saying it is empty and how to delete nothing, an OS
+read error (EIO) is retried (counted in the report's ``retries.read``) and 74 naming the flag and the file when it
+persists, never 65 "not a readable Parquet file"; nothing is deleted or published by a refused run. Before: a 0-byte
+file was "not a readable Parquet file (Parquet file size is 0 bytes)" and an EIO was 65 at once. Real ``petal index``
+processes (text runs with the packaged model, ``--vectors-column`` runs), real Parquet; the EIO comes from the
+``read_footer`` fault point (hit 1 is the shard's preflight, hit 2 the ``--delete`` file)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+PETAL = str(Path(sys.executable).parent / "petal")
+MODES = {"text": [], "vectors": ["--vectors-column", "emb"]}
+
+
+def petal_index(tmp_path: Path, *args: str | Path, fault: str | None = None) -> tuple[subprocess.CompletedProcess,
+                                                                                        dict]:
+    env = {k: v for k, v in os.environ.items() if k != "PETAL_FAULT"}
+    env["HF_HUB_OFFLINE"] = "1"
+    if fault:
+        env["PETAL_FAULT"] = fault
+    report = tmp_path / "report.json"
+    done = subprocess.run([PETAL, "index", *map(str, args), "-q", "--json-report", str(report)], capture_output=True,
+                          text=True, cwd=tmp_path, env=env, timeout=300)
+    assert "Traceback" not in done.stderr, done.stderr
+    return done, json.loads(report.read_text())
+
+
+def live_ids(out: Path) -> list:
+    version = (out / "CURRENT").read_text().strip()
+    return pq.read_table(out / "versions" / version / "ids.parquet", columns=["id"]).column("id").to_pylist()
+
+
+@pytest.fixture(params=list(MODES))
+def indexed(request, tmp_path: Path):
+    pq.write_table(pa.table({"id": ["a", "b", "c"], "text": ["glaciers", "rivers", "tides"],
+                             "emb": pa.array([[1.0, 0.0], [0.0, 1.0], [0.6, 0.8]], pa.list_(pa.float32()))}),
+                   tmp_path / "docs.parquet")
+    flags = [tmp_path / "docs.parquet", "--out", tmp_path / "out", *MODES[request.param]]
+    done, _ = petal_index(tmp_path, *flags)
+    assert done.returncode == 0, done.stderr
+    pq.write_table(pa.table({"id": ["b"]}), tmp_path / "del.parquet")
+    return flags
+
+
+def test_a_zero_byte_delete_file_says_it_is_empty(indexed, tmp_path):
+    (tmp_path / "empty.parquet").write_bytes(b"")
+    done, report = petal_index(tmp_path, *indexed, "--delete", tmp_path / "empty.parquet")
+    said = (f"--delete {tmp_path / 'empty.parquet'} is empty (0 bytes): not a Parquet file; to delete nothing, give "
+            "a Parquet file with no rows or leave the flag out")
+    assert done.returncode == 65 and done.stderr.splitlines()[-1] == f"petal: error: {said}", done.stderr
+    assert report["exit_code"] == 65 and report["message"] == said
+    assert live_ids(tmp_path / "out") == ["a", "b", "c"]
+    # what the message offers works: a Parquet file with no rows deletes nothing
+    pq.write_table(pa.table({"id": pa.array([], pa.string())}), tmp_path / "none.parquet")
+    done, report = petal_index(tmp_path, *indexed, "--delete", tmp_path / "none.parquet")
+    assert done.returncode == 0 and live_ids(tmp_path / "out") == ["a", "b", "c"], done.stderr
+
+
+def test_a_read_error_on_the_delete_file_is_retried(indexed, tmp_path):
+    done, report = petal_index(tmp_path, *indexed, "--delete", tmp_path / "del.parquet", fault="read_footer:2:eio")
+    assert done.returncode == 0, done.stderr
+    assert report["retries"]["read"] == 1 and live_ids(tmp_path / "out") == ["a", "c"]
+
+
+def test_a_read_error_on_the_delete_file_that_persists_is_74(indexed, tmp_path):
+    done, report = petal_index(tmp_path, *indexed, "--delete", tmp_path / "del.parquet", fault="read_footer:2+:eio")
+    assert done.returncode == 74, done.stderr
+    last = done.stderr.splitlines()[-1]
+    assert last.startswith(f"petal: error: --delete {tmp_path / 'del.parquet'}: read error after 3 retries"), last
+    assert "not corrupt" in last and report["exit_code"] == 74 and report["retries"]["read"] == 3
+    assert live_ids(tmp_path / "out") == ["a", "b", "c"]
