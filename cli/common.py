@@ -99,11 +99,13 @@ def user_errors(func: F) -> F:
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         from petal.engine.errors import ModelError
-        from petal.pipeline.reliability.errors import EXIT_CONFIG, PetalError, UsageError, io_error
+        from petal.pipeline.reliability.errors import EXIT_CONFIG, FlagError, PetalError, UsageError, io_error
 
         try:
             return func(*args, **kwargs)
         except UsageError as exc:
+            if isinstance(exc, FlagError):  # NOTE: judged by the run: its message, exit 2, no usage banner
+                raise PetalClickError(str(exc), exc.exit_code) from exc
             raise click.UsageError(str(exc)) from exc
         except PetalError as exc:
             raise PetalClickError(str(exc), exc.exit_code) from exc
@@ -171,7 +173,7 @@ def run_with_report(report: Any, work: Callable[[], Any], as_json: bool = False)
     """Run an API call that finishes ``report`` (``petal.index``, ``petal.rebuild``), print the report
     (JSON on stdout with ``as_json``) and its summary as the last stderr line, and turn the call's error
     into the exit code."""
-    from petal.pipeline.reliability.errors import PetalError, UsageError
+    from petal.pipeline.reliability.errors import FlagError, PetalError, UsageError
 
     def finish() -> None:
         if as_json:
@@ -188,6 +190,8 @@ def run_with_report(report: Any, work: Callable[[], Any], as_json: bool = False)
         work()
     except UsageError as exc:
         finish()
+        if isinstance(exc, FlagError):
+            raise PetalClickError(str(exc), exc.exit_code) from exc
         raise click.UsageError(str(exc)) from exc
     except PetalError as exc:
         finish()

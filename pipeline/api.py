@@ -17,7 +17,15 @@ from typing import TYPE_CHECKING, Any
 
 from petal.pipeline.jobs.report import RunReport
 from petal.pipeline.jobs.settings import check_vectors_flags, index_job, index_settings, out_path
-from petal.pipeline.reliability.errors import ConfigError, PetalError, UsageError, io_error, one_line, quote_path
+from petal.pipeline.reliability.errors import (
+    ConfigError,
+    FlagError,
+    PetalError,
+    UsageError,
+    io_error,
+    one_line,
+    quote_path,
+)
 
 if TYPE_CHECKING:
     from petal.pipeline.jobs.searcher import Index
@@ -106,7 +114,8 @@ def _run(work: Callable[[], RunReport], report: RunReport, json_report: Path | s
                 raise
             raise ConfigError(str(exc)) from exc
     except PetalError as exc:
-        _fail(report, exc, exc.exit_code, str(exc) if not isinstance(exc, UsageError) else f"usage error: {exc}",
+        _fail(report, exc, exc.exit_code,
+              f"usage error: {exc}" if isinstance(exc, UsageError) and not isinstance(exc, FlagError) else str(exc),
               json_report, exc.status)
         raise
     except BaseException as exc:

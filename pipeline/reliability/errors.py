@@ -132,12 +132,13 @@ class ConfigError(PetalError):
     exit_code = EXIT_CONFIG
 
 
-class FlagError(PetalError, ValueError):
+class FlagError(UsageError):
     """A flag's value that only the run can judge (a FAISS factory against the vectors it would get,
     a token budget against the model's length, ``--device cuda`` without CUDA): exit 2, the message
-    names the flag. Any other ``ValueError`` inside a run is not a usage error."""
+    names the flag. Any other ``ValueError`` inside a run is not a usage error.
 
-    exit_code = EXIT_USAGE
+    A ``UsageError`` for Python callers (``except petal.UsageError`` catches ``dim=`` above the model's
+    width); the CLI prints it as a run's error (``petal: ...``), not with click's usage banner."""
 
 
 @contextlib.contextmanager
