@@ -65,6 +65,11 @@ def run_vector_index(job: IndexJob, column: str, report: RunReport, stop: StopSi
 def _run(job: IndexJob, column: str, report: RunReport, stop: StopSignals, started: float, live: Any,
          local: list[Path], reads: ReadStats) -> RunReport:
     shards, dim = preflight_vectors(local, job.read, column, reads)
+    if job.full and not job.sync:  # --full reads the shards an additive run keeps again, from their files (as text)
+        extra = run.full_rerun_sources(live, shards)  # a kept shard that is gone: 78
+        if extra:
+            again = [p for p in resolve_sources([*job.sources, *extra], out=job.out) if isinstance(p, Path)]
+            shards, dim = preflight_vectors(again, job.read, column, reads)
     report.rows["total"] = sum(s.num_rows for s in shards)
     # the schemas preflight read (no second read of a source)
     text = job.read.text_column if all(s.schema is not None and job.read.text_column in s.schema.names
