@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.conftest import REPO
+from tests.test_open_audit_tamper import refused
 
 PETAL = [sys.executable, "-m", "petal.cli.main"]
 DIM = 16
@@ -26,15 +27,6 @@ ROWS = 2000
 def petal(*argv: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*PETAL, *argv], capture_output=True, text=True, cwd=REPO, timeout=300,
                           stdin=subprocess.DEVNULL)
-
-
-def refused(proc: subprocess.CompletedProcess[str], code: int, *words: str) -> str:
-    assert proc.returncode == code, (proc.returncode, proc.stderr[-3000:])
-    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    last = proc.stderr.strip().splitlines()[-1]
-    for word in words:
-        assert word in last, last
-    return last
 
 
 @pytest.fixture(scope="module")
