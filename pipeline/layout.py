@@ -44,6 +44,7 @@ from petal.pipeline.reliability.errors import (
     ConfigError,
     NoInputError,
     OutputError,
+    PetalError,
     TemporaryFailure,
     one_line,
     quote_path,
@@ -154,16 +155,36 @@ class OutputDir:
         return name
 
     def recovery_hint(self, broken: str | None = None) -> str:
-        """How to repair a bad pointer by hand (nothing is deleted while it is bad): the newest complete
-        version (a directory with a manifest) other than ``broken``, the one the pointer names."""
+        """How to repair a bad pointer by hand (nothing is deleted while it is bad): the newest version other than
+        ``broken`` (the one the pointer names) that passes the checks opening it makes (``opens``), or, when none
+        does, to rebuild."""
         try:
             present = self.versions()
-            complete = [v for v in present if v != broken and (self.versions_dir / v / MANIFEST_FILE).is_file()]
         except OSError:
-            present, complete = [], []
-        pick = f"echo {complete[-1]} > {quote_path(self.current_file)}" if complete else "remove it"
-        return (f"nothing was deleted; to recover, point it at a complete version ({pick}; versions: "
-                f"{', '.join(present[-5:]) or 'none'}) or rebuild with petal index --full")
+            present = []
+        listed = f"versions: {', '.join(present[-5:]) or 'none'}"
+        # NOTE: a pointer that is no version id stops petal index --full too (it reads CURRENT): it goes first
+        rebuild = ("rebuild with petal index --full" if broken is not None else
+                   f"remove {quote_path(self.current_file)} and rebuild with petal index --full")
+        pick = next((v for v in reversed(present) if v != broken and self.opens(v)), None)
+        if pick is None:
+            return f"nothing was deleted; no other version passes the checks opening makes ({listed}): {rebuild}"
+        return (f"nothing was deleted; to recover, point it at a complete version (echo {pick} > "
+                f"{quote_path(self.current_file)}; {listed}) or {rebuild}")
+
+    def opens(self, version: str) -> bool:
+        """True when ``versions/<version>`` passes the checks opening it makes before FAISS reads it (its manifest
+        read and typed, every listed file placed and checked against its records: ``index.verify.check_on_open``),
+        so that a recovery hint never names a damaged version."""
+        from petal.pipeline.index.verify import check_on_open  # NOTE: it imports this module
+
+        try:
+            version_dir = self.version_dir(version)
+            read_manifest(version_dir / MANIFEST_FILE, self.root)
+            check_on_open(version_dir)
+        except (PetalError, OSError, ValueError, KeyError, TypeError, AttributeError):
+            return False
+        return True
 
     def version_dir(self, version: str) -> Path:
         """``versions/<version>``; refused (78) unless ``version`` is a version id and the directory
