@@ -209,3 +209,24 @@ def test_encode_query_must_be_a_bool(minilm_dir, query):
 def test_a_model_path_that_is_a_file_says_so(minilm_dir):
     with pytest.raises(petal.ConfigError, match="is not a directory"):
         petal.Embedder(str(minilm_dir / "config.json"), "cpu")
+
+
+@pytest.mark.parametrize("tokenizer", ["larger", "unreadable"])
+def test_petal_index_refuses_a_tokenizer_it_cannot_use(minilm_dir, tmp_path, tokenizer):
+    """petal index tokenizes in its own stage (not Embedder's): a tokenizer of a larger vocabulary than the model's
+    table was an IndexError traceback (CUDA: a device-side assert), an unreadable one a bare Exception. Both 78
+    naming tokenizer.json, with the report written and nothing published."""
+    model = tmp_path / "tiny"
+    make_model("bert", model)  # a 68-word vocabulary
+    if tokenizer == "larger":
+        shutil.copy(minilm_dir / "tokenizer.json", model / "tokenizer.json")  # 30522 tokens
+    else:
+        (model / "tokenizer.json").write_text('{"model": 5}')
+    out, report = tmp_path / "out", tmp_path / "report.json"
+    run = subprocess.run([sys.executable, "-m", "petal.cli.main", "index", "sample_data", "--out", str(out),
+                          "--model", str(model), "--device", "cpu", "--json-report", str(report)],
+                         capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[1])
+    assert run.returncode == 78, run.stderr[-2000:]
+    assert "Traceback" not in run.stderr and "tokenizer.json" in run.stderr.strip().splitlines()[-1]
+    assert json.loads(report.read_text())["exit_code"] == 78
+    assert not (out / "CURRENT").exists()

@@ -21,6 +21,7 @@ import numpy as np
 from petal.pipeline.ingest.ascii_normalize import AsciiBertNormalizer
 from petal.pipeline.ingest.lone_wordpiece import LoneWordPiece, added_tokens_pattern, holds_added_token
 from petal.pipeline.ingest.prefetch import ordered_map
+from petal.pipeline.reliability.errors import ConfigError, one_line
 
 if TYPE_CHECKING:
     from petal.engine.loader import ModelSpec
@@ -41,14 +42,22 @@ class TextTokenizer:
     """
 
     def __init__(self, tokenizer_file: Path, max_length: int, max_chars: int | None = None, *, prompt: str = "",
-                 eos_token_id: int | None = None) -> None:
+                 eos_token_id: int | None = None, vocab_size: int | None = None) -> None:
         from tokenizers import Tokenizer
 
         self.max_length = max_length
         self.prompt = prompt
         # NOTE: the cap is generous (64 characters a token); a capped text is counted as truncated.
         self.max_chars = max_chars if max_chars is not None else max(max_length * 64, 4096)
-        self._tokenizer = Tokenizer.from_file(str(tokenizer_file))
+        try:
+            self._tokenizer = Tokenizer.from_file(str(tokenizer_file))
+        except Exception as exc:  # NOTE: the tokenizers library raises a bare Exception for a file it cannot use
+            raise ConfigError(f"cannot read {tokenizer_file} as a tokenizer: {one_line(str(exc))}") from exc
+        # NOTE: the tokenizer of another model (a larger vocabulary) gives ids past the embedding table: an
+        # IndexError on the CPU, a device-side assert on CUDA that ends the process's use of the GPU. Each
+        # batch's largest id is checked, only when the tokenizer has ids the model's table lacks.
+        self._vocab_size = vocab_size if vocab_size is not None and \
+            self._tokenizer.get_vocab_size(with_added_tokens=True) > vocab_size else None
         self._tokenizer.no_padding()
         self._tokenizer.no_truncation()
         self.eos_token_id = eos_token_id
@@ -85,7 +94,16 @@ class TextTokenizer:
         if self.appends_eos:
             eos = np.array([self.eos_token_id], dtype=np.int32)
             token_ids = [np.concatenate([ids, eos]) if len(ids) else ids for ids in token_ids]
+        if self._vocab_size is not None:
+            self._check_vocabulary(token_ids)
         return Encoded(token_ids, overflowed | capped)
+
+    def _check_vocabulary(self, token_ids: list[np.ndarray]) -> None:
+        assert self._vocab_size is not None
+        largest = max((int(ids.max()) for ids in token_ids if len(ids)), default=-1)
+        if largest >= self._vocab_size:
+            raise ConfigError(f"{self._file} gives token id {largest}, but the model has {self._vocab_size} tokens "
+                              "(config.json vocab_size): is the tokenizer this model's?")
 
     def _encode_one(self, text: str) -> tuple[list[int], bool]:
         """One text's ids and whether it was truncated, on the fastest path that gives the batch path's."""
@@ -134,7 +152,7 @@ def tokenizer_for(spec: ModelSpec, side: Literal["query", "document"] = "documen
     (``prompt`` overrides the model's)."""
     chosen = prompt if prompt is not None else (spec.prompts.query if side == "query" else spec.prompts.document)
     return TextTokenizer(spec.tokenizer_file, spec.pooling.max_length, prompt=chosen,
-                         eos_token_id=spec.eos_token_id)
+                         eos_token_id=spec.eos_token_id, vocab_size=spec.config.vocab_size)
 
 
 @dataclass
