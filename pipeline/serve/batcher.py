@@ -34,16 +34,18 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from petal.engine.engine import Engine
-from petal.engine.lazy_tensor import LazyTensor
 from petal.pipeline.ingest.pack import PackConfig, Packer
 from petal.pipeline.ingest.tokens import Encoded, TextTokenizer
 from petal.pipeline.serve.metrics import ServeMetrics
 from petal.pipeline.serve.requests import RequestError, limit_message
+
+if TYPE_CHECKING:  # NOTE: torch; the server of an index of precomputed vectors imports this module without it
+    from petal.engine.engine import Engine
+    from petal.engine.lazy_tensor import LazyTensor
 
 CHARS_PER_TOKEN = 4  # a queued text's token estimate (for --max-wait-ms's budget) before it is tokenized
 CUDA_SPIN_MS = 2.0  # the engine thread's spin before it sleeps, when the engine runs on CUDA (--engine-spin-ms)

@@ -4,10 +4,14 @@ one small step."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from petal.engine.batch import PackedBatch, token_buckets
-from petal.engine.engine import Engine
+
+if TYPE_CHECKING:  # NOTE: torch; imported by a server that may run no model
+    from petal.engine.engine import Engine
 
 REPEATS_PER_BUCKET = 3  # eager, capture, replay
 WARM_TOKEN_ID = 100  # any id of the vocabulary: the step's cost does not depend on it
