@@ -111,13 +111,13 @@ def serve(index_path: Path | None, model: str | None, host: str, port: int, api_
     if missing:
         raise PetalClickError(f"petal serve needs the optional 'serve' dependencies ({', '.join(missing)} missing): "
                               "pip install 'petal[serve]'", 78)
+    from dataclasses import replace
+
     from petal.engine.config import ModelOptions
-    from petal.engine.engine import resolve_device
     from petal.pipeline.index.search import IndexReader
     from petal.pipeline.jobs.index_run import model_spec
     from petal.pipeline.jobs.query import QueryModel, SearchIndex, engine_config, model_for_index
     from petal.pipeline.manifest import ModelRecord
-    from petal.pipeline.reliability.errors import ConfigError, quote_path
     from petal.pipeline.serve.leases import lease_first_version, release_with
     from petal.pipeline.serve.metrics import ServeMetrics
     from petal.pipeline.serve.server import bind
@@ -127,47 +127,65 @@ def serve(index_path: Path | None, model: str | None, host: str, port: int, api_
     from petal.pipeline.serve.startup import Startup
     from petal.pipeline.serve.warmup import warm_up
 
-    cuda = usage(lambda: resolve_device(device)) == "cuda"
-    if search_device == "cuda" and not cuda:
-        raise click.UsageError("--search-device cuda needs the model on CUDA (--device cuda)")
     settings = usage(lambda: ServeSettings(
         limits=Limits(max_texts=max_texts, max_tokens_per_text=max_tokens_per_text, max_k=max_k,
                       max_body_bytes=max_body_bytes),
         max_wait_ms=max_wait_ms, max_queue_texts=max_queue_texts, reload_interval_s=reload_interval_s,
         drain_timeout_s=drain_timeout_s, search_threads=search_threads, api_key=api_key,
         served_model_name=served_model_name, search_dtype=search_dtype, search_exact=search_exact,
-        switch_interval_ms=switch_interval_ms, engine_spin_ms=engine_spin_ms,
-        search_device="cuda" if cuda and search_device != "cpu" and index_path is not None else "cpu"))
+        switch_interval_ms=switch_interval_ms, engine_spin_ms=engine_spin_ms))
     # not an index (a typo): said at once, before any port or model; the version served first, leased now so that
     # a re-index while the model loads cannot prune it
     first_version = lease_first_version(index_path) if index_path is not None else None
-    if first_version is not None and not isinstance(first_version[1].model, ModelRecord):
-        # NOTE: before the port: the server embeds queries with the index's model, and this one has none
-        raise ConfigError(f"{quote_path(index_path)} was built from precomputed vectors (--vectors-column): petal "
-                          "serve needs an index built by a model (it embeds the queries with it); search this one "
-                          "with petal query --vector-file Q.npy or the Python API (petal.open_index)")
+    # an index of precomputed vectors (--vectors-column): /search by vectors; a model only if --model asks for one
+    # (it serves /v1/embeddings), and without one neither torch nor a tokenizer is loaded
+    vectors_only = first_version is not None and not isinstance(first_version[1].model, ModelRecord)
+    with_model = model is not None or not vectors_only
+    if with_model:
+        from petal.engine.engine import resolve_device
+
+        cuda = usage(lambda: resolve_device(device)) == "cuda"
+        if search_device == "cuda" and not cuda:
+            raise click.UsageError("--search-device cuda needs the model on CUDA (--device cuda)")
+        searched_on = "cuda" if cuda and search_device != "cpu" and index_path is not None else "cpu"
+    else:
+        # NOTE: auto is FAISS on the CPU, as petal query --vector-file (asking torch whether there is CUDA costs
+        # seconds); --search-device cuda makes the GPU copy
+        cuda = False
+        if search_device == "cuda":
+            from petal.engine.engine import resolve_device
+
+            if resolve_device("auto") != "cuda":
+                raise click.UsageError("--search-device cuda needs a CUDA device for the GPU copy of the index; torch "
+                                       "sees none")
+        searched_on = "cuda" if search_device == "cuda" else "cpu"
+    settings = replace(settings, search_device=searched_on)
     sock = bind(host, port)  # before loading: a taken port fails in a second, not after the model load
 
     def load(metrics: ServeMetrics) -> ServeState:
         """The model and index, loaded and warm (in a thread, while the port answers /health and /ready)."""
         index = None
+        query_model = spec = None
         if first_version is not None:
             version_dir, manifest, held = first_version
+        if first_version is not None and not vectors_only:
             spec = model_for_index(manifest, model, allow_pickle_weights, query_prompt)
-        else:
+        elif model is not None:  # --model alone, or beside an index of vectors: /v1/embeddings
             options = usage(lambda: ModelOptions(query_prompt=query_prompt,
                                                  allow_pickle_weights=allow_pickle_weights))
             spec = model_spec(model, None, options)
-        config = usage(lambda: engine_config(spec, device, dtype, attention, token_budget or (8192 if cuda else 2048),
-                                             max_seqs or (256 if cuda else 64)))
-        if max_tokens_per_text is not None and max_tokens_per_text > spec.pooling.max_length:
-            eprint(f"petal serve: note: --max-tokens-per-text {max_tokens_per_text} is over the model's max length "
-                   f"({spec.pooling.max_length}): a longer text is refused (413) or, with truncate, cut at "
-                   f"{spec.pooling.max_length} tokens")
-        query_model = QueryModel(spec, config, max_tokens=max_tokens_per_text)
-        warm_up(query_model.engine)
-        for tokenizer in query_model.tokenizers.values():
-            tokenizer.prepare_lone()
+        if spec is not None:
+            config = usage(lambda: engine_config(spec, device, dtype, attention,
+                                                 token_budget or (8192 if cuda else 2048),
+                                                 max_seqs or (256 if cuda else 64)))
+            if max_tokens_per_text is not None and max_tokens_per_text > spec.pooling.max_length:
+                eprint(f"petal serve: note: --max-tokens-per-text {max_tokens_per_text} is over the model's max "
+                       f"length ({spec.pooling.max_length}): a longer text is refused (413) or, with truncate, cut "
+                       f"at {spec.pooling.max_length} tokens")
+            query_model = QueryModel(spec, config, max_tokens=max_tokens_per_text)
+            warm_up(query_model.engine)
+            for tokenizer in query_model.tokenizers.values():
+                tokenizer.prepare_lone()
         freeze_long_lived()
         if first_version is not None:
             # NOTE: opened after the freeze, so a version's objects stay collectable once it is replaced; the
@@ -175,7 +193,7 @@ def serve(index_path: Path | None, model: str | None, host: str, port: int, api_
             reader = IndexReader(version_dir, nprobe=nprobe, rescore=rescore)
             for note in reader.ignored:  # --nprobe of a Flat index...
                 eprint(f"petal serve: note: {note}")
-            index = SearchIndex.from_reader(reader, spec)
+            index = SearchIndex.from_reader(reader, None if vectors_only else spec)
             release_with(index, held)  # NOTE: held while it serves, released once the follower has moved on
             del reader, held
         # NOTE: only the follower may hold the live version (this frame ends here), so a replaced one is freed
@@ -189,10 +207,13 @@ def serve(index_path: Path | None, model: str | None, host: str, port: int, api_
     def ready(state: ServeState) -> None:
         live = state.follower.live if state.follower is not None else None
         what = f"{live.version} ({live.reader.ntotal} vectors)" if live is not None else "embeddings only"
-        eprint(f"petal serve: {state.model_id} on {state.model.engine.device}, {what}, listening on {url}")
+        if live is not None and live.precomputed:
+            what += f" of precomputed vectors (/search by vectors only, searched on {settings.search_device})"
+        served = "no model" if state.model is None else f"{state.model_id} on {state.model.engine.device}"
+        eprint(f"petal serve: {served}, {what}, listening on {url}")
 
-    eprint(f"petal serve: loading the model{' and index' if index_path is not None else ''}; {url}/health "
-           "answers now, /ready once loaded")
+    loading = "the index" if not with_model else "the model and index" if index_path is not None else "the model"
+    eprint(f"petal serve: loading {loading}; {url}/health answers now, /ready once loaded")
     if held.signum is not None:  # stopped before it served
         sock.close()
         eprint(f"petal serve: stopped ({signal.Signals(held.signum).name} before the server started)")

@@ -17,12 +17,11 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Literal, cast
+from typing import TYPE_CHECKING, Literal, cast
 
 import numpy as np
 
 from petal.engine.config import AttentionMaskName, EngineConfig, ModelOptions, pooling_mode
-from petal.engine.engine import Engine, attention_backend, resolve_device, resolve_dtype
 from petal.engine.errors import ModelError
 from petal.engine.loader import ModelSpec, inspect_model
 from petal.pipeline.index.search import Hit, IndexReader
@@ -32,6 +31,9 @@ from petal.pipeline.layout import resolve_index_dir
 from petal.pipeline.manifest import Manifest, ModelRecord
 from petal.pipeline.reliability.errors import ConfigError, UsageError, flag_errors
 from petal.pipeline.store.outputs import OutputTransform
+
+if TYPE_CHECKING:
+    from petal.engine.engine import Engine
 
 QUERY_TOKEN_BUDGET = 2048
 Side = Literal["query", "document"]
@@ -65,6 +67,14 @@ def model_for_index(manifest: Manifest, model: str | None, allow_pickle_weights:
     return spec
 
 
+def precomputed_message(manifest: Manifest) -> str:
+    """Why a text query on an index of precomputed vectors is refused (the caller says what to send instead)."""
+    recorded = manifest.model
+    column = f" {recorded.vectors_column}" if not isinstance(recorded, ModelRecord) else ""
+    return (f"{manifest.version} was built from precomputed vectors (--vectors-column{column}, dim "
+            f"{manifest.dim}), without a model to embed a text query with")
+
+
 def model_mismatch(manifest: Manifest, spec: ModelSpec) -> str:
     """Why ``spec`` cannot embed queries for the index of ``manifest`` ("" when it can)."""
     recorded = manifest.model
@@ -76,6 +86,8 @@ def model_mismatch(manifest: Manifest, spec: ModelSpec) -> str:
 def engine_config(spec: ModelSpec, device: str = "auto", dtype: str = "auto", attention: str = "auto",
                   token_budget: int | None = None, max_seqs: int = 64) -> EngineConfig:
     """The engine settings of a query process (``token_budget`` at least the model's max length)."""
+    from petal.engine.engine import attention_backend, resolve_device, resolve_dtype  # NOTE: torch, with a model
+
     dev = resolve_device(device)
     budget = max(token_budget or QUERY_TOKEN_BUDGET, spec.pooling.max_length)
     return EngineConfig(device=dev, dtype=resolve_dtype(dtype, dev), attention=attention_backend(attention),
@@ -86,6 +98,8 @@ class QueryModel:
     """A warm model: tokenizers for both prompt sides and the engine (one thread drives it)."""
 
     def __init__(self, spec: ModelSpec, config: EngineConfig, max_tokens: int | None = None) -> None:
+        from petal.engine.engine import Engine  # NOTE: torch: only where a model runs (petal serve of vectors: none)
+
         self.spec = spec
         self.engine = Engine(spec, config)
         # the query prompt, EOS for last-token pooling; the document side as `petal index` embeds
@@ -126,8 +140,23 @@ class SearchIndex:
         return cls.from_reader(IndexReader(path, nprobe=nprobe, rescore=rescore), spec)
 
     @classmethod
-    def from_reader(cls, reader: IndexReader, spec: ModelSpec) -> SearchIndex:
-        transform = reader.manifest.transform(spec)
+    def from_reader(cls, reader: IndexReader, spec: ModelSpec | None) -> SearchIndex:
+        """``reader`` searched with ``spec``'s query vectors, or (``spec`` None) an index of precomputed vectors
+        (``--vectors-column``), searched by vectors in its space only (``search_stored``)."""
+        manifest = reader.manifest
+        if spec is None or manifest.precomputed:
+            if not manifest.precomputed:
+                raise ConfigError(f"{manifest.version} was built with a model ({manifest.model.display}): its "
+                                  "queries are embedded with it")
+            if spec is not None:
+                raise ConfigError(f"{manifest.version} was built from precomputed vectors (--vectors-column): it has "
+                                  "no model to embed queries with")
+            # NOTE: the record of how the stored vectors were shaped (identity for --vectors-column): compared when a
+            # new version replaces this one, never applied to a query
+            transform = manifest.output or OutputTransform(model_dim=reader.dim, dim=reader.dim, renormalize=False,
+                                                           cosine=False)
+            return cls(reader, transform)
+        transform = manifest.transform(spec)
         if transform.model_dim != spec.dim or transform.dim != reader.dim:
             raise ConfigError(f"model dim {spec.dim} -> {transform.dim} does not fit the index "
                               f"(dim {reader.dim}, built from {transform.model_dim}-dim vectors)")
@@ -141,9 +170,16 @@ class SearchIndex:
     def text_column(self) -> str:
         return self.reader.manifest.columns.text_column
 
+    @property
+    def precomputed(self) -> bool:
+        """Built from precomputed vectors (``--vectors-column``): searched by vectors only, no model."""
+        return self.reader.manifest.precomputed
+
     def search(self, model_vectors: np.ndarray, k: int, where: str | None = None) -> list[list[Hit]]:
         """Top ``k`` hits per row of model vectors, after the index-time transform (``where``: a filter on kept
         columns, applied inside FAISS: ``pipeline/index/filters.py``)."""
+        if self.precomputed:  # NOTE: no model made the stored vectors: a model's vectors are not in their space
+            raise UsageError(precomputed_message(self.reader.manifest))
         return self.reader.search(self.transform.stored(model_vectors), k, where=where)
 
     def search_stored(self, vectors: np.ndarray, k: int, where: str | None = None) -> list[list[Hit]]:

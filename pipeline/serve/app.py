@@ -2,8 +2,8 @@
 
 ```
 POST /v1/embeddings  OpenAI-compatible embeddings           (API key)
-POST /search         embed queries (or take vectors), search (API key)
-GET  /v1/models      the served model (and /v1/models/{id})  (API key)
+POST /search         embed queries (or take vectors), search (API key); an index of precomputed vectors: vectors only
+GET  /v1/models      the served model (and /v1/models/{id}; none for an index of vectors without --model)  (API key)
 GET  /health         the process is alive
 GET  /ready          model and index loaded: version, refusals
 GET  /metrics        Prometheus text
@@ -199,6 +199,7 @@ def build_app(startup: Startup | ServeState) -> ASGIApp:
     limits = settings.limits
 
     async def embeddings(state: ServeState, request: Request) -> Any:
+        state.require_model()  # an index of precomputed vectors served without --model: 404, the body unread
         require_json(request)  # NOTE: before the body is read: a form-encoded one is refused whatever its size
         req = parse_embeddings(parse_json(await read_body(request, limits.max_body_bytes)), limits)
         return await state.embeddings(req)
@@ -210,13 +211,19 @@ def build_app(startup: Startup | ServeState) -> ASGIApp:
         return await state.search(req)
 
     def model_card(state: ServeState) -> dict[str, Any]:
+        assert state.model is not None
         return {"id": state.model_id, "object": "model", "created": 0, "owned_by": "petal", "dim": state.model.dim,
                 "max_tokens": state.model.max_tokens}
 
     async def models(state: ServeState, request: Request) -> Any:
-        return {"object": "list", "data": [model_card(state)]}
+        # NOTE: no model (an index of precomputed vectors without --model): an empty list, /ready says what is served
+        return {"object": "list", "data": [model_card(state)] if state.model is not None else []}
 
     async def model(state: ServeState, request: Request) -> Any:
+        if state.model is None:
+            raise RequestError(404, f"model {request.path_params['model']!r} is not served here (this server has no "
+                                    "model: it serves an index of precomputed vectors, /search by 'vectors')",
+                               kind="model_not_found")
         if request.path_params["model"] != state.model_id:
             raise RequestError(404, f"model {request.path_params['model']!r} is not served here "
                                     f"(this server serves {state.model_id!r})", kind="model_not_found")

@@ -17,8 +17,11 @@ or was built with another model or output transform is refused: the old version 
 A version that fails to open (not there yet, a file missing or short, an I/O error, corrupt) or whose GPU
 copy cannot be made is tried again while CURRENT names it, after 1, 2, 4 ... s (at most 60 s apart): a
 version copied in by hand (``cp -a``, ``rsync``: CURRENT sorts before ``versions/``) may still be arriving.
-One built with another model or transform waits for CURRENT to change. CURRENT written again with the same
-name (``echo V > OUT/CURRENT``, a new mtime) is a new publish: tried at once.
+One built with another model or transform waits for CURRENT to change. An index of precomputed vectors
+(``--vectors-column``, no model) is followed by its own rules: a new version must be of precomputed vectors too,
+of the same dim, metric and stored format (its clients send rows in its space); a version built with a model
+replacing it, or one of precomputed vectors replacing a model's, is refused ("model"). CURRENT written again
+with the same name (``echo V > OUT/CURRENT``, a new mtime) is a new publish: tried at once.
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ RETRY_MAX_S = 60.0
 @dataclass(frozen=True)
 class Refusal:
     version: str
-    reason: str  # short: model, output, max_length, prompt, open, prepare
+    reason: str  # short: model, output, metric, max_length, prompt, open, prepare, current
     message: str
     retry_in_s: float | None = None  # tried again after this many seconds (None: when CURRENT changes)
 
@@ -88,12 +91,14 @@ def _pointer_state(root: Path) -> Pointer:
 class IndexFollower:
     """The live ``SearchIndex`` of OUT, replaced when a compatible new version is published."""
 
-    def __init__(self, root: Path, spec: ModelSpec, live: SearchIndex, metrics: ServeMetrics,
+    def __init__(self, root: Path, spec: ModelSpec | None, live: SearchIndex, metrics: ServeMetrics,
                  nprobe: int | None = None, rescore: int | None = None,
                  prepare: Callable[[IndexReader], None] | None = None, retry_first_s: float = RETRY_FIRST_S,
                  query_prompt_fixed: bool = False) -> None:
-        """``query_prompt_fixed``: the server was given its query prompt (``--query-prompt``), so what a version
-        records is not compared."""
+        """``spec``: the model the server embeds queries with; ``None`` for an index of precomputed vectors
+        (``--vectors-column``), whose new versions must be of precomputed vectors too, of the same dim, metric and
+        stored format. ``query_prompt_fixed``: the server was given its query prompt (``--query-prompt``), so what
+        a version records is not compared."""
         self.root = Path(root)
         self.query_prompt_fixed = query_prompt_fixed
         self.prepare = prepare  # run on a compatible new version before it serves (its GPU copy)
@@ -187,6 +192,12 @@ class IndexFollower:
         model of another dim (a re-index with --model) is a "model" refusal, not an "open" error tried again
         every minute"""
         version = reader.manifest.version
+        if self.spec is None:
+            return self._vectors_compatible(reader)
+        if reader.manifest.precomputed:
+            return "model", (f"{version} was built from precomputed vectors (--vectors-column), without a model; the "
+                             f"server embeds text queries with {self.live.version}'s model (serve that index with a "
+                             "server of its own)")
         mismatch = model_mismatch(reader.manifest, self.spec)
         if mismatch:
             return "model", f"{version} was built with another model ({mismatch})"
@@ -196,7 +207,30 @@ class IndexFollower:
             return "output", f"{version} was built with another output transform ({exc})"
         return self._incompatible(candidate) or candidate
 
+    def _vectors_compatible(self, reader: IndexReader) -> SearchIndex | tuple[str, str]:
+        """A new version of an index of precomputed vectors: clients send rows in its space, so it must be of
+        precomputed vectors too (no model), of the same dim, metric and stored format (quantization, ...)."""
+        manifest, live = reader.manifest, self.live.reader.manifest
+        version = manifest.version
+        if not manifest.precomputed:
+            return "model", (f"{version} was built with a model ({manifest.model.display}); the server serves "
+                             f"{live.version}, an index of precomputed vectors, to clients that send vectors (restart "
+                             "it to serve this version and its text queries)")
+        if reader.dim != self.live.reader.dim:
+            return "output", (f"{version} holds vectors of dim {reader.dim}, the server serves dim "
+                              f"{self.live.reader.dim} ({live.version}): its clients' vectors would not fit")
+        if manifest.metric != live.metric:
+            return "metric", (f"{version} is searched by metric {manifest.metric}, the server serves "
+                              f"{live.metric} ({live.version}): scores would change meaning")
+        candidate = SearchIndex.from_reader(reader, None)
+        new, old = StoredFormat.of(candidate.transform), StoredFormat.of(self.live.transform)
+        if (candidate.transform.model_dim, new) != (self.live.transform.model_dim, old):
+            return "output", (f"{version} stores its vectors in another format ({new.to_dict()} vs "
+                              f"{old.to_dict()})")
+        return candidate
+
     def _incompatible(self, candidate: SearchIndex) -> tuple[str, str] | None:
+        assert self.spec is not None
         manifest = candidate.reader.manifest
         if manifest.max_length != self.spec.pooling.max_length:
             return "max_length", (f"{candidate.version} was built with max length {manifest.max_length}, "

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from petal.pipeline.index.search import Hit, IndexReader, ignored_overrides
-from petal.pipeline.jobs.query import QueryModel, SearchIndex
+from petal.pipeline.jobs.query import QueryModel, SearchIndex, precomputed_message
 from petal.pipeline.serve.batcher import Embedded, TokenBatcher
 from petal.pipeline.serve.encoding import embeddings_body
 from petal.pipeline.serve.follower import IndexFollower
@@ -41,6 +41,17 @@ def _finite_scores(found: list[list[Hit]]) -> None:
                                     "values are too large for its vectors); scale the row down")
 
 
+def _l2_in_range(vectors: np.ndarray) -> None:
+    """``RequestError`` 422 for a ``vectors`` row of an L2 index whose squared norm float32 cannot hold: FAISS works
+    with it in float32, every distance is inf and FAISS drops them all (an empty answer, 200, where ``petal query
+    --vector-file`` refuses the row)."""
+    squared = np.einsum("ij,ij->i", vectors.astype(np.float64), vectors.astype(np.float64))
+    over = np.flatnonzero(squared > float(np.finfo(np.float32).max))
+    if len(over):
+        raise RequestError(422, f"'vectors' row {int(over[0])}: its distances to this index's vectors are beyond "
+                                "float32 (its squared norm is); scale the row down")
+
+
 @dataclass(frozen=True)
 class Tokens:
     ids: list[np.ndarray]
@@ -51,25 +62,34 @@ class Tokens:
 
 
 class ServeState:
-    """One server's warm state. ``start()`` in the event loop, ``stop()`` after the last request."""
+    """One server's warm state. ``start()`` in the event loop, ``stop()`` after the last request.
 
-    def __init__(self, model: QueryModel, settings: ServeSettings, index_root: Path | None = None,
+    ``model`` ``None``: an index of precomputed vectors (``--vectors-column``) served without ``--model``: ``/search``
+    by ``vectors`` only, no ``/v1/embeddings``, no engine thread (and no torch). With a model, such an index still
+    takes only vectors on ``/search`` (``petal query``'s rule: nothing says its vectors came from that model); the
+    model serves ``/v1/embeddings``."""
+
+    def __init__(self, model: QueryModel | None, settings: ServeSettings, index_root: Path | None = None,
                  index: SearchIndex | None = None, nprobe: int | None = None, rescore: int | None = None,
                  metrics: ServeMetrics | None = None, query_prompt_fixed: bool = False) -> None:
         """``query_prompt_fixed``: the query prompt was given (``--query-prompt``), not read from the index."""
+        assert model is not None or (index is not None and index.precomputed), "only an index of vectors needs no model"
         self.model = model
         self.settings = settings
         self.metrics = metrics if metrics is not None else ServeMetrics()
-        self.model_id = settings.served_model_name or model_name(model.spec.path)
-        self.batcher = TokenBatcher(model.engine, self.metrics, settings.max_wait_ms, settings.max_queue_texts,
-                                    tokenizers=dict(model.tokenizers), spin_ms=settings.engine_spin_ms)
+        self.model_id = None if model is None else settings.served_model_name or model_name(model.spec.path)
+        self.batcher = None if model is None else TokenBatcher(
+            model.engine, self.metrics, settings.max_wait_ms, settings.max_queue_texts,
+            tokenizers=dict(model.tokenizers), spin_ms=settings.engine_spin_ms)
         # the GPU copy of each version (--search-device cuda), made before the version serves
         self.gpu = None if settings.search_device == "cpu" else GpuReaders(
             settings.search_device, settings.search_dtype, settings.search_exact)
         if index is not None:
             self._prepare(index.reader)
+        # NOTE: an index of vectors is followed by its own rules (dim, metric, stored format), whatever model is loaded
+        spec = None if model is None or index is None or index.precomputed else model.spec
         self.follower = None if index is None or index_root is None else IndexFollower(
-            index_root, model.spec, index, self.metrics, nprobe=nprobe, rescore=rescore, prepare=self._prepare,
+            index_root, spec, index, self.metrics, nprobe=nprobe, rescore=rescore, prepare=self._prepare,
             query_prompt_fixed=query_prompt_fixed)
         self.executor = ThreadPoolExecutor(settings.search_threads, thread_name_prefix="petal-work")
         self.params_lock = SharedExclusiveLock()
@@ -85,7 +105,8 @@ class ServeState:
             self.gpu.prepare(reader)
 
     async def start(self) -> None:
-        self.batcher.start()
+        if self.batcher is not None:
+            self.batcher.start()
         self.searcher.start()
         if self.follower is not None:
             self._follow_task = asyncio.create_task(self.follower.follow(self.settings.reload_interval_s))
@@ -102,7 +123,7 @@ class ServeState:
 
         NOTE: the process must not end while the engine thread is inside a step: a native thread pool torn down
         under it aborts the interpreter (exit 134, "terminate called without an active exception")."""
-        stopped = self.batcher.close(timeout_s)
+        stopped = self.batcher.close(timeout_s) if self.batcher is not None else True
         stopped = self.searcher.close(timeout_s) and stopped
         self.executor.shutdown(wait=False, cancel_futures=True)
         return stopped
@@ -116,6 +137,7 @@ class ServeState:
                           then: Callable[[np.ndarray, bool], None] | None = None) -> Embedded:
         """Model vectors of ``texts``: tokenized and embedded on the engine thread (spans ``tokenize`` and
         ``engine``: queue and step); ``then`` as ``TokenBatcher.embed_texts``."""
+        assert self.batcher is not None, "a server without a model embeds nothing (require_model)"
         started = time.perf_counter()
         embedded = await self.batcher.embed_texts(texts, side, truncate, name, then)
         record("tokenize", embedded.tokenize_s)
@@ -123,6 +145,7 @@ class ServeState:
         return embedded
 
     def token_ids(self, lists: tuple[tuple[int, ...], ...], truncate: bool) -> Tokens:
+        assert self.model is not None
         vocab = self.model.spec.config.vocab_size
         out = []
         for i, ids in enumerate(lists):
@@ -139,14 +162,27 @@ class ServeState:
     # --- embeddings -----------------------------------------------------------------------------
 
     def _transform(self, dimensions: int | None) -> OutputTransform:
+        assert self.model is not None
         if dimensions not in self._transforms:
             if dimensions is not None and dimensions > self.model.dim:
                 raise RequestError(422, f"'dimensions' is {dimensions}, the model has {self.model.dim}")
             self._transforms[dimensions] = OutputTransform.for_model(self.model.spec, OutputConfig(dim=dimensions))
         return self._transforms[dimensions]
 
+    def require_model(self) -> None:
+        """``RequestError`` 404 on a server without a model (an index of precomputed vectors served without
+        ``--model``), before its body is read."""
+        if self.model is None:
+            live = self.follower.live if self.follower is not None else None
+            what = f": {precomputed_message(live.reader.manifest)}" if live is not None else ""
+            raise RequestError(404, f"this server has no model, so no /v1/embeddings (it serves an index of "
+                                    f"precomputed vectors{what}); /search takes 'vectors'; start the server with "
+                                    "--model DIR to serve /v1/embeddings", kind="not_found")
+
     async def embeddings(self, req: EmbeddingsRequest) -> bytes:
         """The answer's JSON body (encoded here: the float rows go straight from numpy to JSON text)."""
+        self.require_model()
+        assert self.model is not None and self.batcher is not None and self.model_id is not None
         if req.model is not None and req.model != self.model_id:
             raise RequestError(404, f"model {req.model!r} is not served here (this server serves {self.model_id!r})",
                                kind="model_not_found")
@@ -175,6 +211,8 @@ class ServeState:
         self.require_index()
         assert self.follower is not None
         index = self.follower.live  # NOTE: taken once: the whole answer comes from this version
+        if req.texts is not None and index.precomputed:
+            raise RequestError(422, self.texts_refused(index, "'query'" if len(req.texts) == 1 else "'queries'"))
         if req.texts is not None:
             # NOTE: admitted to the search queue first (a 503 costs no embedding); the engine thread queues the
             # search itself as soon as the step's rows are read (the model vectors go through the index-time
@@ -196,6 +234,8 @@ class ServeState:
             if vectors.ndim != 2 or vectors.shape[1] != index.reader.dim:
                 raise RequestError(422, f"'vectors' rows must have {index.reader.dim} values (the index's dim), "
                                         f"got {[len(v) for v in req.vectors][:4]}")
+            if index.reader.manifest.metric == "l2":
+                _l2_in_range(vectors)
             pending = self.searcher.search(index, vectors, False, req.k, where=req.where, nprobe=req.nprobe,
                                            rescore=req.rescore)
         try:
@@ -209,7 +249,9 @@ class ServeState:
             results = await self._in_thread(self._results, index, found, req)
         else:
             results = self._results(index, found, req)
-        answer: dict[str, Any] = {"version": index.version, "model": self.model_id, "results": results}
+        # NOTE: "model": what embedded the queries (none for an index of vectors: the rows were the client's)
+        answer: dict[str, Any] = {"version": index.version, "model": None if index.precomputed else self.model_id,
+                                  "results": results}
         # an override this version's index has no use for (nprobe of a Flat one): said, not refused, since
         # `--index-factory auto` can turn Flat into IVF (or back) from one re-index to the next
         ignored = ignored_overrides(index.reader.manifest, req.nprobe, req.rescore)
@@ -217,6 +259,16 @@ class ServeState:
             answer["ignored"] = [note.replace("--nprobe", "'nprobe'").replace("--rescore", "'rescore'")
                                  for note in ignored]
         return answer
+
+    def texts_refused(self, index: SearchIndex, field: str) -> str:
+        """The 422 of texts on ``/search`` of an index of precomputed vectors (``petal query``'s rule, with the
+        same message)."""
+        hint = ""
+        if self.model_id is not None:
+            hint = (f"; the server's model ({self.model_id!r}) serves /v1/embeddings only: petal cannot know that "
+                    "this index's vectors came from it (embed with it and send the rows as 'vectors' if they did)")
+        return (f"{precomputed_message(index.reader.manifest)}: send 'vectors' (rows of {index.reader.dim} values, in "
+                f"the index's space) instead of {field}{hint}")
 
     def _results(self, index: SearchIndex, found: list[list[Hit]], req: SearchRequest) -> list[dict[str, Any]]:
         reader = index.reader
@@ -258,8 +310,17 @@ class ServeState:
         return found
 
     def ready(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"status": "ready", "model": self.model_id, "device": str(self.model.engine.device)}
+        """``/ready``: the model (``null``: none loaded), the version served, how it is searched, and what
+        ``/search`` takes (``search_by``: an index of precomputed vectors takes only vectors)."""
+        out: dict[str, Any] = {"status": "ready", "model": self.model_id,
+                               "device": None if self.model is None else str(self.model.engine.device)}
         if self.follower is not None:
+            live = self.follower.live
             out.update(self.follower.status())
             out["search"] = self.search_copy()
+            out["search_by"] = ["vectors"] if live.precomputed else ["query", "queries", "vectors"]
+            recorded = live.reader.manifest.model
+            if live.precomputed:
+                out["precomputed"] = {"vectors_column": getattr(recorded, "vectors_column", None),
+                                      "dim": live.reader.dim, "metric": live.reader.manifest.metric}
         return out
