@@ -13,10 +13,21 @@ are read without their lists mapped and then mapped from the version directory (
 # (not seen by the head/tail check) gives garbage scores or ids: ids are range-checked before they
 # are used (``IndexReader.search``), an IVF index's quantizer graph and on-disk list table are checked
 # (``structure.py``), scores are not; ``petal verify`` finds such changes.
+
+An on-disk inverted-list object inside ``index.faiss`` (FAISS's ``ilod``) records the absolute path of its data, and a
+plain ``read_index`` opens and maps that path: a file under another manifest (re-signed to claim an in-memory index),
+an IVF nested in a quantizer or a wrapper, could make petal open anything, and block for good on a FIFO. So no read
+here follows such a path: every file is first read with ``IO_FLAG_SKIP_IVF_DATA`` (``no_recorded_paths``), and an
+index holding on-disk lists the manifest does not say it has is refused (65) before any read that could map them.
+Limit: FAISS reads an IVF's coarse quantizer without the caller's flags, so on-disk lists nested there (never
+written by petal) are mapped by that first read, read-write (an open that never blocks, even on a FIFO), and then
+refused.
 """
 
 from __future__ import annotations
 
+import mmap as _mmap
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -55,12 +66,17 @@ def read_ondisk(path: Path) -> Any:
     ondisk filename from ... to ..." on fd 1 at every open (a query's output would carry it, and a redirect of fd 1
     is process-wide: not something a server's loader thread may do). So the lists are read without their data
     (``IO_FLAG_SKIP_IVF_DATA``), pointed at the version's own ``index.ivfdata`` (never the recorded path) and
-    mapped here, as FAISS would have; FAISS prints nothing on this path.
+    mapped here, as FAISS would have; FAISS prints nothing on this path. On-disk lists anywhere else in the file
+    (an IVF quantizer, a wrapped index) are refused: nothing would map them.
     """
     faiss = load_faiss()
     try:
         index = faiss.read_index(str(path), mmap_flags("ondisk"))
     except (RuntimeError, MemoryError) as exc:
+        if _nested_ondisk(exc):
+            raise _kind_mismatch(path, "on-disk inverted lists besides the index's own", "on disk") from exc
+        if _probe(faiss.read_index, path, faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY) is not None:
+            raise _kind_mismatch(path, "in-memory inverted lists", "on disk") from exc
         raise BadInputError(f"{quote_path(path)}: FAISS cannot read it ({_message(exc)}); the index is corrupt, "
                             "run petal verify and rebuild it") from exc
     ivf = faiss.try_extract_index_ivf(index)
@@ -68,6 +84,8 @@ def read_ondisk(path: Path) -> Any:
     if not isinstance(lists, faiss.OnDiskInvertedLists):
         raise BadInputError(f"{quote_path(path)}: holds no on-disk inverted lists, though its manifest says the "
                             "index is on disk; the version is damaged: run petal verify and rebuild it")
+    if len(_ondisk_lists(faiss, index)) > 1:
+        raise _kind_mismatch(path, "on-disk inverted lists besides the index's own", "on disk")
     lists.filename = str(path.parent / IVFDATA_FILE)
     try:
         lists.do_mmap()
@@ -84,6 +102,9 @@ def _read(path: Path, storage: str) -> Any:
     if storage == "ondisk":
         return read_ondisk(path)
     flags = mmap_flags(storage)
+    probed = no_recorded_paths(faiss.read_index, path, flags)
+    if probed is not None:
+        return probed
     try:
         return faiss.read_index(str(path), flags)
     except (RuntimeError, MemoryError) as mapped_error:
@@ -100,13 +121,131 @@ def _read(path: Path, storage: str) -> Any:
 def read_binary_index_mapped(path: Path) -> Any:
     """``faiss.read_index_binary`` memory-mapped (Hamming codes used in place); unreadable: ``BadInputError``."""
     faiss = load_faiss()
-    for flags in (getattr(faiss, "IO_FLAG_MMAP_IFC", 0) | faiss.IO_FLAG_READ_ONLY, 0):
+    mapped = getattr(faiss, "IO_FLAG_MMAP_IFC", 0) | faiss.IO_FLAG_READ_ONLY
+    probed = no_recorded_paths(faiss.read_index_binary, path, mapped)
+    if probed is not None:
+        return probed
+    for flags in (mapped, 0):
         try:
             return faiss.read_index_binary(str(path), flags)
         except (RuntimeError, MemoryError) as exc:
             error = exc
     raise BadInputError(f"{path}: FAISS cannot read it ({_message(error)}); the index is corrupt, run petal verify "
                         "and rebuild it") from error
+
+
+def no_recorded_paths(read: Callable[[str, int], Any], path: Path, flags: int) -> Any:
+    """Make sure that reading ``path`` as an in-memory index (``read``: ``faiss.read_index`` or
+    ``read_index_binary``) opens no other file: ``BadInputError`` (65) when it holds on-disk inverted lists, whose
+    data FAISS would map from the path recorded in the file. Returns the index when the first, data-less read is
+    the whole index (no inverted lists in it: ``flags`` plus ``IO_FLAG_SKIP_IVF_DATA`` read it as ``flags`` does),
+    else ``None``: the caller reads it with ``flags``, which now opens nothing else.
+
+    FAISS reads in-memory lists with ``IO_FLAG_SKIP_IVF_DATA`` only through a hook: ``IO_FLAG_MMAP`` maps them from
+    ``index.faiss`` itself (no other file). A list type neither read takes (``IVF...,FlatPanorama``), or a file
+    FAISS cannot parse, leaves the bytes: a file without an on-disk list's tag (``ilod``) anywhere holds none
+    (O(size), only for those).
+    """
+    faiss = load_faiss()
+    skip = faiss.IO_FLAG_SKIP_IVF_DATA
+    # NOTE: in-memory lists read through the hook (IO_FLAG_MMAP; IO_FLAG_SKIP_IVF_DATA alone before FAISS 1.12)
+    # come back as on-disk ones mapped from index.faiss itself, without a file name: only a named one is refused
+    index = _probe(read, path, flags | skip)
+    if index is not None:
+        if _recorded(faiss, index):
+            raise _kind_mismatch(path, "on-disk inverted lists", "in memory")
+        return None if any(_lists(faiss, part) is not None for part in _parts(faiss, index)) else index
+    index = _probe(read, path, faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY)
+    if index is not None:
+        if _recorded(faiss, index):
+            raise _kind_mismatch(path, "on-disk inverted lists", "in memory")
+        return None
+    if _holds_tag(path, b"ilod") or _nested_ondisk(_probe_error(read, path, flags | skip)):
+        raise BadInputError(f"{quote_path(path)}: FAISS cannot read it without mapping inverted lists from a path "
+                            "recorded inside it (on-disk lists?), though its manifest says the index is in memory; "
+                            "petal never follows such a path: the version is damaged, run petal verify and rebuild it")
+    return None
+
+
+def _probe(read: Callable[[str, int], Any], path: Path, flags: int) -> Any:
+    try:
+        return read(str(path), flags)
+    except (RuntimeError, MemoryError):
+        return None
+
+
+def _probe_error(read: Callable[[str, int], Any], path: Path, flags: int) -> BaseException | None:
+    try:
+        read(str(path), flags)
+    except (RuntimeError, MemoryError) as exc:
+        return exc
+    return None
+
+
+def _nested_ondisk(exc: BaseException | None) -> bool:
+    """FAISS failed mapping on-disk lists: read with ``IO_FLAG_SKIP_IVF_DATA``, only lists nested in another index
+    (an IVF's quantizer: FAISS reads it without the caller's flags) are mapped at all."""
+    return exc is not None and "OnDiskInvertedLists" in str(exc)
+
+
+def _kind_mismatch(path: Path, held: str, said: str) -> BadInputError:
+    return BadInputError(f"{quote_path(path)}: holds {held}, though its manifest says the index is {said}; petal "
+                         "never maps lists from a path recorded inside index.faiss: the version is damaged or its "
+                         "manifest was rewritten, run petal verify and rebuild it")
+
+
+def _parts(faiss: Any, index: Any) -> Iterator[Any]:
+    """``index`` and every index inside it (an IVF's quantizer, a wrapped, refine or storage index...): each
+    property of a FAISS index that holds an index, followed (the SWIG classes name them: ``quantizer``, ``index``,
+    ``base_index``, ``refine_index``, ``storage``, ``index_ivf``...)."""
+    seen: set[int] = set()
+    stack = [index]
+    while stack:
+        part = stack.pop()
+        part = faiss.downcast_IndexBinary(part) if isinstance(part, faiss.IndexBinary) else faiss.downcast_index(part)
+        key = int(part.this)
+        if key in seen:
+            continue
+        seen.add(key)
+        yield part
+        for name in dir(type(part)):
+            if name.startswith("_") or not isinstance(getattr(type(part), name, None), property):
+                continue
+            try:
+                value = getattr(part, name)
+            except Exception:  # NOTE: a SWIG getter FAISS cannot answer holds no index
+                continue
+            if isinstance(value, (faiss.Index, faiss.IndexBinary)):
+                stack.append(value)
+            elif name == "q1" and getattr(value, "quantizer", None) is not None:  # Index2Layer's Level1Quantizer
+                stack.append(value.quantizer)
+
+
+def _lists(faiss: Any, part: Any) -> Any:
+    """The inverted lists of an IVF part (float or binary), downcast; ``None`` for any other index."""
+    if not isinstance(part, (faiss.IndexIVF, faiss.IndexBinaryIVF)) or part.invlists is None:
+        return None
+    return faiss.downcast_InvertedLists(part.invlists)
+
+
+def _ondisk_lists(faiss: Any, index: Any) -> list[Any]:
+    """Every on-disk inverted-list object inside ``index``."""
+    return [lists for part in _parts(faiss, index)
+            if isinstance(lists := _lists(faiss, part), faiss.OnDiskInvertedLists)]
+
+
+def _recorded(faiss: Any, index: Any) -> bool:
+    """Whether ``index`` holds on-disk lists that name a file (read without their data: nothing was opened)."""
+    return any(str(lists.filename) for lists in _ondisk_lists(faiss, index))
+
+
+def _holds_tag(path: Path, tag: bytes) -> bool:
+    """Whether ``tag`` occurs anywhere in ``path`` (read through a read-only map)."""
+    with open(path, "rb") as fh:
+        if not fh.seek(0, 2):
+            return False
+        with _mmap.mmap(fh.fileno(), 0, access=_mmap.ACCESS_READ) as mapped:
+            return mapped.find(tag) >= 0
 
 
 def _message(exc: BaseException) -> str:
