@@ -78,30 +78,3 @@ def test_a_version_id_is_shown_as_it_is(served, tmp_path):
         point(out, live)
         wait_for(lambda: "refused" not in server.client.get("/ready").json(), "the refusal cleared")
     shutil.rmtree(tmp_path, ignore_errors=True)
-
-
-def test_an_index_of_precomputed_vectors_is_refused_before_the_port_opens(tmp_path):
-    """``petal serve OUT`` of a ``--vectors-column`` index (no model to embed queries with): the server bound its port,
-    started uvicorn and then exited 2 (a usage error, though no flag was wrong) with ``petal query``'s hint. Now 78
-    at once, naming OUT and what to use instead, and the port is never bound."""
-    import socket
-    import subprocess
-    import sys
-
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    rows = np.random.default_rng(0).standard_normal((50, 8)).astype(np.float32)
-    pq.write_table(pa.table({"id": np.arange(50), "emb": pa.FixedSizeListArray.from_arrays(pa.array(rows.ravel()), 8)}),
-                   tmp_path / "v.parquet")
-    cli_run("index", tmp_path / "v.parquet", "--out", tmp_path / "out", "-q", "--vectors-column", "emb")
-    with socket.socket() as probe:  # a free port, closed again: the server must not bind it
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    for extra in ([], ["--model", "all-MiniLM-L6-v2"]):
-        done = subprocess.run([sys.executable, "-m", "petal.cli.main", "serve", str(tmp_path / "out"), "--port",
-                               str(port), *extra], capture_output=True, text=True, timeout=120)
-        assert done.returncode == 78, done.stderr
-        assert "precomputed vectors" in done.stderr and "petal serve needs an index built by a model" in done.stderr
-        assert "listening" not in done.stderr and "answers now" not in done.stderr, done.stderr
