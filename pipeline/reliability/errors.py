@@ -22,9 +22,10 @@ last stderr line) and never carries more than a short, escaped prefix of a file'
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -38,6 +39,7 @@ EXIT_DATAERR = 65
 EXIT_NOINPUT = 66
 EXIT_CANTCREAT = 73
 EXIT_IOERR = 74
+DENIED = (errno.EACCES, errno.EPERM)  # permission denied: never retried, never an I/O error
 EXIT_TEMPFAIL = 75
 EXIT_CONFIG = 78
 EXIT_SIGINT = 130
@@ -156,13 +158,29 @@ def flag_errors() -> Iterator[None]:
         raise FlagError(one_line(str(exc))) from exc
 
 
-def io_error(exc: OSError) -> PetalError:
+def io_error(exc: OSError, outputs: Iterable[Path | str] = ()) -> PetalError:
     """An ``OSError`` nothing mapped on its way up, as the ``PetalError`` of the contract: 74 naming the file
-    (65 for a decoding error of pyarrow, which carries no errno)."""
+    (65 for a decoding error of pyarrow, which carries no errno). Permission denied (EACCES, EPERM) is no I/O
+    error (a retry fails the same way): on a path inside one of ``outputs`` (the command's output directories or
+    files) it is 73, cannot create output; on any other path, one petal reads, 66, no input."""
     where = quote_path(exc.filename) if exc.filename else "a file"
     if exc.errno is None:
         return BadInputError(f"cannot read {where}: {one_line(str(exc))[:300]}")
+    if exc.errno in DENIED:
+        if exc.filename and any(_inside(exc.filename, out) for out in outputs):
+            return OutputError(f"cannot create output: petal may not write {where} (permission denied); run as a "
+                               "user who may write it, or fix its permissions")
+        return NoInputError(f"{where}: petal may not read it (permission denied); run as a user who may read it, "
+                            "or fix its permissions")
     return PetalIOError(f"I/O error on {where}: {exc.strerror or exc}")
+
+
+def _inside(path: object, root: Path | str) -> bool:
+    try:
+        target, base = os.path.abspath(os.fsdecode(path)), os.path.abspath(os.fsdecode(root))  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return False
+    return target == base or target.startswith(base.rstrip(os.sep) + os.sep)
 
 
 class Interrupted(PetalError):
@@ -190,6 +208,10 @@ def writing(path: Path | str) -> Iterator[None]:
     try:
         yield
     except OSError as exc:
+        if exc.errno in DENIED:  # NOTE: not an I/O error a retry or a disk fix cures: an output petal may not write
+            raise OutputError(f"cannot create output: petal may not write {quote_path(exc.filename or path)} "
+                              f"({exc.strerror or exc}); run as a user who may write it, or fix its "
+                              "permissions") from exc
         raise PetalIOError(f"cannot write {quote_path(exc.filename or path)}: {exc.strerror or exc}") from exc
     except RuntimeError as exc:
         message = str(exc)
@@ -197,4 +219,7 @@ def writing(path: Path | str) -> Iterator[None]:
         if marker is None:
             raise
         detail = one_line(message[message.index(marker):].strip())
+        if "Permission denied" in detail:
+            raise OutputError(f"cannot create output: petal may not write {quote_path(path)} (permission denied); "
+                              "run as a user who may write it, or fix its permissions") from exc
         raise PetalIOError(f"cannot write {quote_path(path)}: {detail}") from exc
