@@ -158,15 +158,16 @@ def flag_errors() -> Iterator[None]:
         raise FlagError(one_line(str(exc))) from exc
 
 
-def io_error(exc: OSError, outputs: Iterable[Path | str] = ()) -> PetalError:
+def io_error(exc: OSError, outputs: Iterable[Path | str] | None = None) -> PetalError:
     """An ``OSError`` nothing mapped on its way up, as the ``PetalError`` of the contract: 74 naming the file
     (65 for a decoding error of pyarrow, which carries no errno). Permission denied (EACCES, EPERM) is no I/O
-    error (a retry fails the same way): on a path inside one of ``outputs`` (the command's output directories or
-    files) it is 73, cannot create output; on any other path, one petal reads, 66, no input."""
+    error (a retry fails the same way): given the command's ``outputs`` (its output directories or files), on a
+    path inside one it is 73, cannot create output, on any other path (one petal reads) 66, no input. Without
+    ``outputs`` the role is unknown and it stays 74 (an output's must never become 66)."""
     where = quote_path(exc.filename) if exc.filename else "a file"
     if exc.errno is None:
         return BadInputError(f"cannot read {where}: {one_line(str(exc))[:300]}")
-    if exc.errno in DENIED:
+    if exc.errno in DENIED and outputs is not None:
         if exc.filename and any(_inside(exc.filename, out) for out in outputs):
             return OutputError(f"cannot create output: petal may not write {where} (permission denied); run as a "
                                "user who may write it, or fix its permissions")
