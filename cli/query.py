@@ -222,12 +222,13 @@ def _warn_missing(index: Index) -> None:
 
 
 def read_vector_file(path: Path) -> Any:
-    """``--vector-file``: a ``.npy`` of ``[n, dim]`` or ``[dim]`` real vectors (integers or floats), as float32.
+    """``--vector-file``: a ``.npy`` of ``[n, dim]`` or ``[dim]`` real vectors (integers or floats), as float32;
+    integer and bool arrays as they are (a quantized index's own codes: the index decides, ``query_vectors``).
 
     The rule of every input file (``petal embed --input`` too): one that is missing, not a regular file (a
     directory, a FIFO) or unreadable is no input (``NoInputError``, 66), as is one that holds no vectors (0 bytes,
-    or shape ``[0, dim]``); one whose bytes are not such vectors (not a ``.npy``, a ``.npz`` archive, complex or
-    boolean values, NaN, infinity or a value beyond float32's range) is bad input (``BadInputError``, 65), both
+    or shape ``[0, dim]``); one whose bytes are not such vectors (not a ``.npy``, a ``.npz`` archive, complex values,
+    NaN, infinity or a value beyond float32's range) is bad input (``BadInputError``, 65), both
     naming the file. Neither is a usage error: the flag's value, a path, is fine."""
     import numpy as np
 
@@ -258,9 +259,14 @@ def read_vector_file(path: Path) -> Any:
     if vectors.ndim == 2 and vectors.shape[0] == 0:
         # NOTE: the rule of petal embed: an input given that holds nothing is no input (66)
         raise NoInputError(f"{where} holds no vectors (shape {vectors.shape})")
-    if vectors.ndim != 2 or vectors.dtype.kind not in "iuf":
+    if vectors.ndim != 2 or vectors.dtype.kind not in "iufb":
         raise BadInputError(f"{where}: expected real numbers (integers or floats) of shape [n, dim] or [dim], got "
                             f"{vectors.shape} {vectors.dtype}")
+    if vectors.dtype.kind in "iub":
+        # NOTE: integers and booleans go as they are: a quantized index takes its own codes (int8 codes, packed or
+        # bool sign bits) and a binary one refuses unsigned values; the index, open next, decides
+        # (Index.query_vectors). Every such value is finite as float32
+        return vectors
     with np.errstate(over="ignore"):  # float64 beyond float32's range becomes inf, refused below
         as_float32 = vectors.astype(np.float32)
     bad = np.flatnonzero(~np.isfinite(as_float32).all(axis=1))
@@ -271,12 +277,13 @@ def read_vector_file(path: Path) -> Any:
 
 def _by_vectors(index: Index, vectors: Any, vector_file: str, k: int, as_json: bool, show_text: bool,
                 where: str | None) -> None:
-    from petal.pipeline.jobs.searcher import ScoresOverflowError
+    from petal.pipeline.jobs.searcher import QueryVectorsError, ScoresOverflowError
     from petal.pipeline.reliability.errors import BadInputError
 
-    if vectors.shape[1] != index.dim:
-        raise BadInputError(f"--vector-file {vector_file}: vectors of dim {vectors.shape[1]}, the index holds "
-                            f"dim {index.dim}")
+    try:
+        vectors = index.query_vectors(vectors)  # int8 codes, sign bits: as the index stores them
+    except QueryVectorsError as exc:  # NOTE: the file's data, not a flag: 65 naming the file
+        raise BadInputError(f"--vector-file {vector_file}: {exc}") from exc
     for note in index.notes:
         click.echo(f"petal: note: {note}", err=True)
     if where:

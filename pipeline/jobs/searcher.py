@@ -179,17 +179,51 @@ class Index:
 
     def search_stored(self, vectors: np.ndarray, k: int = 10, where: str | None = None) -> list[list[Hit]]:
         """Search by vectors as the index stores them (``[num_queries, dim]`` or ``[dim]``, after ``--dim`` and
-        normalisation; an index built with ``--vectors-column``: vectors like that column's). No model."""
+        normalisation; an index built with ``--vectors-column``: vectors like that column's). No model.
+
+        Floats or integers are values. A quantized index also takes its own codes, as ``petal embed --quantize``
+        writes them: an ``--quantize int8`` index int8 codes ``[n, dim]`` (decoded by its scheme and ranges), a
+        ``--quantize binary`` index packed sign bits uint8 ``[n, dim / 8]`` or bool sign bits ``[n, dim]``.
+        Anything else (a wrong width, unsigned values on a binary index, whose sign bits they cannot set) is a
+        ``QueryVectorsError`` (a ``UsageError``) saying what this index takes."""
         k = whole_number(k, "k", 1)
+        rows = self.query_vectors(vectors)
+        self._check_where(where)
+        stored = _in_range(rows, self.manifest.metric)
+        return _finite_scores(self._searched(lambda: self.reader.search(stored, k, where=where)))
+
+    def query_vectors(self, vectors: Any) -> np.ndarray:
+        """``vectors`` (see ``search_stored``) as the float32 ``[n, dim]`` rows the index searches with."""
         vectors = _array(vectors)
         rows = vectors[None, :] if vectors.ndim == 1 else vectors
-        if rows.ndim != 2 or rows.shape[1] != self.reader.dim or rows.dtype.kind != "f":
-            raise UsageError(f"query vectors of shape {vectors.shape} and type {vectors.dtype}: this index holds "
-                             f"[num_queries, {self.reader.dim}] float vectors")
-        self._check_where(where)
-        with np.errstate(over="ignore"):
-            stored = _in_range(_finite(np.asarray(rows, dtype=np.float32)), self.manifest.metric)
-        return _finite_scores(self._searched(lambda: self.reader.search(stored, k, where=where)))
+        dim = self.reader.dim
+        transform = self.manifest.output
+        quantize = transform.quantize if transform is not None else "none"
+        takes = f"[num_queries, {dim}] vectors (floats or integers)"
+        if quantize == "int8":
+            takes += f", or this int8 index's codes (int8 [num_queries, {dim}])"
+        elif quantize == "binary":
+            takes += (f", or packed sign bits (uint8 [num_queries, {dim // 8}], as petal embed --quantize binary "
+                      f"writes) or bool sign bits [num_queries, {dim}]")
+        got = f"query vectors of shape {vectors.shape} and type {vectors.dtype}"
+        if rows.ndim != 2 or rows.dtype.kind not in "iufb":
+            raise QueryVectorsError(f"{got}: this index takes {takes}")
+        if transform is not None and quantize == "binary":
+            if rows.dtype == np.uint8 and rows.shape[1] == dim // 8 and dim // 8 != dim:
+                return _signs(np.unpackbits(rows, axis=1, count=dim).astype(bool), transform.normalized)
+            if rows.dtype.kind == "b" and rows.shape[1] == dim:
+                return _signs(rows, transform.normalized)
+            if rows.dtype.kind == "u" and rows.shape[1] == dim:
+                # NOTE: a binary index keeps each value's sign (x >= 0): unsigned values set every bit, whatever
+                # they are (an unpacked 0/1 bits file included), and would match documents by chance
+                raise QueryVectorsError(f"{got}: unsigned integers have no sign, and this binary index compares "
+                                        f"sign bits (every bit would be 1); it takes {takes}")
+        if transform is not None and quantize == "int8" and rows.dtype == np.int8 and rows.shape[1] == dim:
+            return _decoded_codes(rows, transform)
+        if rows.shape[1] != dim or rows.dtype.kind == "b":
+            raise QueryVectorsError(f"{got}: this index takes {takes}")
+        with np.errstate(over="ignore"):  # float64 beyond float32's range: inf, refused by _finite
+            return _finite(np.asarray(rows, dtype=np.float32))
 
     def _check_where(self, where: Any) -> None:
         if where is None:
@@ -241,6 +275,32 @@ class Index:
         with np.errstate(over="ignore"):  # float64 beyond float32's range: inf, refused by _finite
             rows = _finite(np.asarray(rows, dtype=np.float32))
         return transform.stored(rows) if transform is not None else rows
+
+
+class QueryVectorsError(UsageError):
+    """Query vectors an index cannot search with (shape, type, width); ``petal query --vector-file`` says 65."""
+
+
+def _signs(bits: np.ndarray, normalized: bool) -> np.ndarray:
+    """Sign bits ``[n, dim]`` (True: the value was >= 0) as the vectors +-1 (``+-1/sqrt(dim)`` when the index's
+    vectors are unit length): the same bits again, and the query's side of the float rescoring."""
+    signs = np.where(bits, np.float32(1), np.float32(-1))
+    return signs / np.float32(np.sqrt(bits.shape[1])) if normalized else signs
+
+
+def _decoded_codes(codes: np.ndarray, transform: Any) -> np.ndarray:
+    """An int8 index's codes ``[n, dim]`` as its stored vectors: the calibrated ranges decoded (FAISS SQ8's codec),
+    or the tanh scheme's values, normalised as the index's vectors are."""
+    from petal.pipeline.store.outputs import calibrated_decode, l2_normalize
+
+    if transform.int8_scheme == "calibrated":
+        if transform.calibration is None:
+            raise QueryVectorsError("this int8 index records no calibration ranges, so its codes cannot be "
+                                    "decoded: query it by float vectors")
+        rows = calibrated_decode(codes, transform.calibration).astype(np.float32)
+    else:
+        rows = codes.astype(np.float32)
+    return l2_normalize(rows) if transform.normalized else rows
 
 
 class ScoresOverflowError(UsageError):
