@@ -27,7 +27,8 @@ def check_structure(index: Any, path: Path) -> None:
     if ivf is None:
         return
     quantizer = faiss.downcast_index(ivf.quantizer)
-    if quantizer.ntotal != ivf.nlist:
+    # NOTE: an IVF index built from no vectors (every document deleted) is left untrained: no centroids, no vectors
+    if quantizer.ntotal != ivf.nlist and not (ivf.ntotal == 0 and quantizer.ntotal == 0 and not ivf.is_trained):
         _bad(path, f"the coarse quantizer holds {quantizer.ntotal} centroids for {ivf.nlist} lists")
     if isinstance(quantizer, faiss.IndexHNSW):
         _check_hnsw(faiss, quantizer.hnsw, int(quantizer.ntotal), path)

@@ -216,19 +216,23 @@ def _build_index(entries: list[StoreEntry], dim: int, settings: IndexSettings, s
     timings: dict[str, float] = {}
     source = StoreVectors(entries, dim)
     kind = index_kind(output.quantize, output.output_dtype) if output is not None else "float32"
-    check_index_factory(settings, kind, dim, source.total)
+    # NOTE: no vectors (every document deleted, every shard dropped): an empty index of the factory asked, as
+    # trained as FAISS makes it without data; nothing to train, calibrate or tune, and searches answer no hits
+    empty = source.total == 0
+    check_index_factory(settings, kind, dim, None if empty else source.total)
     plan = plan_index(source.total, dim, settings, kind)
     index = make_index(plan.factory, dim, settings.metric)
     binary = isinstance(index, faiss.IndexBinary)
-    calibrates = output_codes(index, plan, output) and output is not None and output.quantize == "int8"
+    calibrates = output_codes(index, plan, output) and output is not None and output.quantize == "int8" \
+        and not empty
     ngpu = num_gpus()
     rows = chunk_rows(dim, settings)
-    num_train = 0 if index.is_trained else training_size(plan, dim, settings)
+    num_train = 0 if index.is_trained or empty else training_size(plan, dim, settings)
     num_queries = settings.tune_queries if source.total > 1 else 0
     query_ids, train_ids = split_sample(source.total, num_queries, num_train, settings.seed)
     trained_on, train_points = None, None
 
-    if not index.is_trained:
+    if not index.is_trained and not empty:
         t0 = time.perf_counter()
         trained_on, train_points = _train(index, source.take(train_ids), plan, settings.seed, ngpu), len(train_ids)
         timings["train"] = round(time.perf_counter() - t0, 3)
