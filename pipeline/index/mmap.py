@@ -194,10 +194,15 @@ def _kind_mismatch(path: Path, held: str, said: str) -> BadInputError:
                          "manifest was rewritten, run petal verify and rebuild it")
 
 
+# NOTE: the SWIG properties that hold an index, by name: reading every property of an index instead made SWIG print
+# "swig/python detected a memory leak of type 'std::optional< bool > *'" on fd 1 (IndexHNSW.use_visited_hashset),
+# into petal query's --json output
+INDEX_FIELDS = ("quantizer", "index", "base_index", "refine_index", "storage", "index_ivf", "sub_index", "q1")
+
+
 def _parts(faiss: Any, index: Any) -> Iterator[Any]:
     """``index`` and every index inside it (an IVF's quantizer, a wrapped, refine or storage index...): each
-    property of a FAISS index that holds an index, followed (the SWIG classes name them: ``quantizer``, ``index``,
-    ``base_index``, ``refine_index``, ``storage``, ``index_ivf``...)."""
+    ``INDEX_FIELDS`` property of a FAISS index that holds an index, followed."""
     seen: set[int] = set()
     stack = [index]
     while stack:
@@ -208,8 +213,8 @@ def _parts(faiss: Any, index: Any) -> Iterator[Any]:
             continue
         seen.add(key)
         yield part
-        for name in dir(type(part)):
-            if name.startswith("_") or not isinstance(getattr(type(part), name, None), property):
+        for name in INDEX_FIELDS:
+            if not isinstance(getattr(type(part), name, None), property):
                 continue
             try:
                 value = getattr(part, name)
