@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from petal.bench.corpus import lognormal_lengths
-from petal.bench.shapes import Shape, hf_model, native_from_hf
+from petal.bench.shapes import Shape, hf_model, native_from_hf, shape
 from petal.engine.batch import PackedBatch
 from petal.engine.config import EngineConfig
 from petal.engine.engine import Engine, attention_backend
@@ -30,6 +30,21 @@ def cuda_engine(s: Shape, token_budget: int = 16384) -> Engine:
     spec, model = native_from_hf(s, hf, torch.device("cuda"), torch.bfloat16)
     del hf
     return Engine(spec, EngineConfig(device="cuda", dtype="bfloat16", token_budget=token_budget), model=model)
+
+
+def probe_engine(argv: list[str]) -> tuple[str, Engine, list[int]]:
+    """The L1 probes' command line, ``[SHAPE] [NUM_TOKENS ...]`` (default: pplx-embed-0.6b 16 128): the shape's
+    name, its ``cuda_engine`` and the token counts."""
+    name = argv[1] if len(argv) > 1 else "pplx-embed-0.6b"
+    return name, cuda_engine(shape(name)), [int(a) for a in argv[2:]] or [16, 128]
+
+
+def warm_lone_batch(engine: Engine, num_tokens: int, steps: int = 10) -> PackedBatch:
+    """One sequence of ``num_tokens`` random tokens, stepped ``steps`` times (its bucket's graph captured)."""
+    batch = PackedBatch.from_sequences(random_docs(np.array([num_tokens]), engine.spec.config.vocab_size))
+    for _ in range(steps):
+        engine.step(batch).result()
+    return batch
 
 
 def random_docs(lengths: np.ndarray, vocab: int, seed: int = 0) -> list[np.ndarray]:

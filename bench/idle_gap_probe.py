@@ -30,8 +30,7 @@ import time
 import numpy as np
 import torch
 
-from petal.bench.gpu import cuda_engine, random_docs
-from petal.bench.shapes import shape
+from petal.bench.gpu import probe_engine, warm_lone_batch
 from petal.engine.batch import PackedBatch
 from petal.engine.engine import Engine
 
@@ -76,11 +75,7 @@ class Handoff:
 
 
 def main() -> None:
-    name = sys.argv[1] if len(sys.argv) > 1 else "pplx-embed-0.6b"
-    token_counts = [int(a) for a in sys.argv[2:]] or [16, 128]
-    s = shape(name)
-    engine = cuda_engine(s)
-    spec = engine.spec
+    name, engine, token_counts = probe_engine(sys.argv)
     side = torch.cuda.Stream(priority=0)
     # calibrate torch.cuda._sleep: cycles per ms
     torch.cuda.synchronize()
@@ -93,9 +88,7 @@ def main() -> None:
     cycles_per_ms = 2_000_000 / start.elapsed_time(end)
     print(f"{name} | _sleep: {cycles_per_ms / 1e3:.0f} kcycles a ms", flush=True)
     for num_tokens in token_counts:
-        batch = PackedBatch.from_sequences(random_docs(np.array([num_tokens]), spec.config.vocab_size))
-        for _ in range(10):
-            engine.step(batch).result()
+        batch = warm_lone_batch(engine, num_tokens)
         print(f"{num_tokens} tokens", flush=True)
         run(engine, batch, side, cycles_per_ms)
 

@@ -24,8 +24,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from petal.bench.gpu import cuda_engine, random_docs
-from petal.bench.shapes import shape
+from petal.bench.gpu import probe_engine, warm_lone_batch
 from petal.engine.batch import PackedBatch, token_bucket
 from petal.engine.engine import Engine
 from petal.engine.inputs import fill_inputs
@@ -35,15 +34,9 @@ GAP_S = 0.002
 
 
 def main() -> None:
-    name = sys.argv[1] if len(sys.argv) > 1 else "pplx-embed-0.6b"
-    token_counts = [int(a) for a in sys.argv[2:]] or [16, 128]
-    s = shape(name)
-    engine = cuda_engine(s)
-    spec = engine.spec
+    name, engine, token_counts = probe_engine(sys.argv)
     for num_tokens in token_counts:
-        batch = PackedBatch.from_sequences(random_docs(np.array([num_tokens]), spec.config.vocab_size))
-        for _ in range(10):
-            engine.step(batch).result()
+        batch = warm_lone_batch(engine, num_tokens)
         reference = engine.step(batch).result()
         print(f"{name} {num_tokens} tokens", flush=True)
         # NOTE: the engine's tensors are inference tensors: the lean variants run inside one inference_mode
