@@ -29,7 +29,7 @@ from petal.pipeline.jobs.settings import (
     typed,
     whole_number,
 )
-from petal.pipeline.reliability.errors import BadInputError, ConfigError, UsageError, quote_text
+from petal.pipeline.reliability.errors import BadInputError, UsageError, quote_text
 from petal.pipeline.store.outputs import OutputConfig, OutputTransform
 
 if TYPE_CHECKING:
@@ -78,18 +78,7 @@ def encode_texts(engine: Engine, tokenizer: TextTokenizer, texts: list[str],
     empty = [i for i, ids in enumerate(encoded.token_ids) if len(ids) == 0]
     if empty:
         raise BadInputError(f"text {empty[0]} ({quote_text(texts[empty[0]])}) yields no tokens")
-    _check_vocabulary(engine.spec, encoded.token_ids)
     return embed_token_ids(engine, encoded.token_ids, batch_tokens), int(encoded.truncated.sum())
-
-
-def _check_vocabulary(spec: ModelSpec, token_ids: list[np.ndarray]) -> None:
-    """Every token id is a row of the model's embedding table: a tokenizer.json of another model (a larger
-    vocabulary) would index past it, an IndexError on the CPU and a device-side assert on CUDA that ends the
-    process's use of the GPU. ``ConfigError`` (78) naming both files."""
-    largest = max(int(ids.max()) for ids in token_ids)
-    if largest >= spec.config.vocab_size:
-        raise ConfigError(f"{spec.tokenizer_file} gives token id {largest}, but the model has {spec.config.vocab_size} "
-                          f"tokens ({spec.path / 'config.json'} vocab_size): is the tokenizer this model's?")
 
 
 def embed_token_ids(engine: Engine, token_ids: list[np.ndarray], batch_tokens: int | None = None) -> np.ndarray:
@@ -251,10 +240,8 @@ class Embedder:
 
     def _tokenizer(self, side: str) -> TextTokenizer:
         if side not in self._tokenizers:
-            try:
-                self._tokenizers[side] = tokenizer_for(self.spec, "query" if side == "query" else "document")
-            except Exception as exc:  # NOTE: the tokenizers library raises a bare Exception for a file it cannot use
-                raise ConfigError(f"cannot read {self.spec.tokenizer_file} as a tokenizer: {exc}") from exc
+            # NOTE: a tokenizer.json petal cannot use (unreadable, ids past the model's table): ConfigError there
+            self._tokenizers[side] = tokenizer_for(self.spec, "query" if side == "query" else "document")
         return self._tokenizers[side]
 
 

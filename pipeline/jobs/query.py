@@ -109,7 +109,7 @@ class QueryModel:
         self.num_truncated = 0  # texts ``embed`` cut at ``max_tokens`` (petal query says how many)
         if self.max_tokens < spec.pooling.max_length:  # a tighter limit (petal serve --max-tokens-per-text)
             self.tokenizers = {side: TextTokenizer(spec.tokenizer_file, self.max_tokens, prompt=t.prompt,
-                                                   eos_token_id=spec.eos_token_id)
+                                                   eos_token_id=spec.eos_token_id, vocab_size=spec.config.vocab_size)
                                for side, t in self.tokenizers.items()}
 
     @property
