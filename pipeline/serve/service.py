@@ -16,6 +16,7 @@ import numpy as np
 
 from petal.pipeline.index.search import Hit, IndexReader, ignored_overrides
 from petal.pipeline.jobs.query import QueryModel, SearchIndex, precomputed_message
+from petal.pipeline.manifest import Manifest, PrecomputedRecord
 from petal.pipeline.serve.batcher import Embedded, TokenBatcher
 from petal.pipeline.serve.encoding import embeddings_body
 from petal.pipeline.serve.follower import IndexFollower
@@ -50,6 +51,15 @@ def _l2_in_range(vectors: np.ndarray) -> None:
     if len(over):
         raise RequestError(422, f"'vectors' row {int(over[0])}: its distances to this index's vectors are beyond "
                                 "float32 (its squared norm is); scale the row down")
+
+
+def _vectors_column(manifest: Manifest) -> tuple[str, ...]:
+    """The column an index of precomputed vectors (``--vectors-column``) read its vectors from (none for a text
+    index)."""
+    column = manifest.columns.vectors_column
+    if column is None and isinstance(manifest.model, PrecomputedRecord):
+        column = manifest.model.vectors_column
+    return () if column is None else (column,)
 
 
 @dataclass(frozen=True)
@@ -280,6 +290,9 @@ class ServeState:
                     row["fields"] = hit.fields
             if req.include:
                 text_column = index.text_column
+                # NOTE: the columns the index was built from are not metadata: the text (its own field) and, for an
+                # index of precomputed vectors, the vectors column (the input, not the row's description)
+                inputs = {text_column, *_vectors_column(reader.manifest)}
                 # the text stored with the index (any index built with text): no source shard needed
                 stored = reader.columns is not None and "text" in reader.columns.names
                 records = (reader.records(hits, None if "metadata" in req.include else [text_column])
@@ -291,7 +304,7 @@ class ServeState:
                             None if record is None else record.get(text_column))
                     if "metadata" in req.include:
                         row["metadata"] = None if record is None else {
-                            k: v for k, v in record.items() if k != text_column}
+                            k: v for k, v in record.items() if k not in inputs}
             result: dict[str, Any] = {"hits": rows}
             if req.texts is not None:
                 result = {"query": req.texts[q], **result}
