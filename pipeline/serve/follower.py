@@ -17,11 +17,12 @@ or was built with another model or output transform is refused: the old version 
 A version that fails to open (not there yet, a file missing or short, an I/O error, corrupt) or whose GPU
 copy cannot be made is tried again while CURRENT names it, after 1, 2, 4 ... s (at most 60 s apart): a
 version copied in by hand (``cp -a``, ``rsync``: CURRENT sorts before ``versions/``) may still be arriving.
-One built with another model or transform waits for CURRENT to change. An index of precomputed vectors
-(``--vectors-column``, no model) is followed by its own rules: a new version must be of precomputed vectors too,
-of the same dim, metric and stored format (its clients send rows in its space); a version built with a model
-replacing it, or one of precomputed vectors replacing a model's, is refused ("model"). CURRENT written again
-with the same name (``echo V > OUT/CURRENT``, a new mtime) is a new publish: tried at once.
+One built with another model, metric or transform waits for CURRENT to change, and so does a CURRENT that names
+no version (missing, empty, or not a version id: "current", said once; the live version keeps serving). An index
+of precomputed vectors (``--vectors-column``, no model) is followed by its own rules: a new version must be of
+precomputed vectors too, of the same dim, metric and stored format (its clients send rows in its space); a version
+built with a model replacing it, or one of precomputed vectors replacing a model's, is refused ("model"). CURRENT
+written again with the same name (``echo V > OUT/CURRENT``, a new mtime) is a new publish: tried at once.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from typing import Any
 from petal.engine.loader import ModelSpec
 from petal.pipeline.index.search import IndexReader, current_pointer
 from petal.pipeline.jobs.query import SearchIndex, model_mismatch
-from petal.pipeline.layout import VERSION_RE
+from petal.pipeline.layout import VERSION_RE, OutputDir
 from petal.pipeline.manifest import Manifest, ModelRecord, StoredFormat
 from petal.pipeline.reliability.errors import ConfigError, PetalError, one_line, quote_text
 from petal.pipeline.serve.leases import lease, release_with
@@ -144,6 +145,13 @@ class IndexFollower:
                 self._refuse("", "current", f"{self.root / 'CURRENT'} is missing, empty or cannot be read "
                                             "(it should name a version)")
                 return False
+            if not VERSION_RE.match(pointer):
+                # NOTE: no version to open, now or later: said once, not tried again (a retry reads the same bytes);
+                # the next write of CURRENT is a new publish, seen at the next check (--reload-interval-s)
+                why = _not_a_version(self.root)
+                if why is not None:  # (None: CURRENT was written again meanwhile: the next check reads it)
+                    self._refuse(shown(pointer), "current", why)
+                return False
             try:
                 reader = IndexReader(self.root, nprobe=self.nprobe, rescore=self.rescore)
             except (PetalError, OSError, RuntimeError, KeyError, ValueError) as exc:
@@ -201,6 +209,9 @@ class IndexFollower:
         mismatch = model_mismatch(reader.manifest, self.spec)
         if mismatch:
             return "model", f"{version} was built with another model ({mismatch})"
+        metric = self._metric_change(reader)
+        if metric is not None:
+            return "metric", metric
         try:
             candidate = SearchIndex.from_reader(reader, self.spec)
         except ConfigError as exc:  # the same model: its vectors went through another transform
@@ -219,15 +230,24 @@ class IndexFollower:
         if reader.dim != self.live.reader.dim:
             return "output", (f"{version} holds vectors of dim {reader.dim}, the server serves dim "
                               f"{self.live.reader.dim} ({live.version}): its clients' vectors would not fit")
-        if manifest.metric != live.metric:
-            return "metric", (f"{version} is searched by metric {manifest.metric}, the server serves "
-                              f"{live.metric} ({live.version}): scores would change meaning")
+        metric = self._metric_change(reader)
+        if metric is not None:
+            return "metric", metric
         candidate = SearchIndex.from_reader(reader, None)
         new, old = StoredFormat.of(candidate.transform), StoredFormat.of(self.live.transform)
         if (candidate.transform.model_dim, new) != (self.live.transform.model_dim, old):
             return "output", (f"{version} stores its vectors in another format ({new.to_dict()} vs "
                               f"{old.to_dict()})")
         return candidate
+
+    def _metric_change(self, reader: IndexReader) -> str | None:
+        """Why a new version searched by another metric is refused (``None``: the same metric), for every kind of
+        index: clients read its scores (and ``petal rebuild --metric`` changes nothing else)."""
+        manifest, live = reader.manifest, self.live.reader.manifest
+        if manifest.metric == live.metric:
+            return None
+        return (f"{manifest.version} is searched by metric {manifest.metric}, the server serves {live.metric} "
+                f"({live.version}): scores would change meaning (restart the server to serve it)")
 
     def _incompatible(self, candidate: SearchIndex) -> tuple[str, str] | None:
         assert self.spec is not None
@@ -299,6 +319,16 @@ async def _in_daemon_thread(fn: Callable[[], Any]) -> Any:
 
     threading.Thread(target=run, name="petal-reload", daemon=True).start()
     return await future
+
+
+def _not_a_version(root: Path) -> str | None:
+    """Why ``root``'s CURRENT names no version (``OutputDir.current_version``'s message: what it holds, the versions
+    that open, how to repair it); ``None`` when it names one now (written again meanwhile)."""
+    try:
+        OutputDir(root).current_version()
+    except PetalError as exc:
+        return str(exc)
+    return None
 
 
 def _query_prompt(manifest: Manifest) -> str | None:
