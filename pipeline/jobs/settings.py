@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import operator
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, ItemsView, Iterable, KeysView
+from collections.abc import Set as AbstractSet
 from dataclasses import fields
 from pathlib import Path
 from typing import Any, TypeVar
@@ -77,12 +78,21 @@ def kind_of(value: Any) -> str:
 
 
 def text_items(texts: Any, name: str, hint: str = "") -> list[Any]:
-    """One text (str or UTF-8 bytes) or an iterable or numpy array of them, as a list (``None`` kept: the caller's
-    text rule skips it); anything else is a ``UsageError`` naming ``name`` (``hint`` appended to the message)."""
+    """One text (str or UTF-8 bytes) or an ordered iterable (list, tuple, generator, ``dict.keys()``) or numpy
+    array of them, as a list (``None`` kept: the caller's text rule skips it); anything else (a dict, a set, a
+    bytearray, an item that is not a str) is a ``UsageError`` naming ``name`` and the type (``hint`` appended)."""
     if isinstance(texts, (str, bytes)):
         return [texts]  # one text, never its characters (or bytes)
+    if isinstance(texts, (bytearray, memoryview)):  # NOTE: iterated, their bytes are ints
+        raise UsageError(f"{name}: {kind_of(texts)} is not a text (str or UTF-8 bytes) or a list of them{hint}")
     if hasattr(texts, "tolist") and hasattr(texts, "ndim"):  # a numpy array of texts
         items: list[Any] = [texts.item()] if texts.ndim == 0 else texts.tolist()
+    elif hasattr(texts, "keys") or (isinstance(texts, AbstractSet) and not isinstance(texts, (KeysView, ItemsView))):
+        # NOTE: a dict (or a DataFrame) iterates its keys, a set in no order the caller can match rows to: the
+        # rows would silently be of other texts, or in another order
+        what = "iterating it gives its keys, not its values" if hasattr(texts, "keys") else "it has no order"
+        raise UsageError(f"{name}: {kind_of(texts)} is not a list of texts ({what}): pass a list or tuple of "
+                         f"str{hint}")
     else:
         try:
             items = list(texts)
