@@ -13,7 +13,7 @@ import click
 from petal.cli.common import device_options, startup_done, usage, user_errors
 from petal.cli.options import loading_options
 from petal.pipeline.index.bounds import MAX_K, MAX_NPROBE, MAX_RESCORE
-from petal.pipeline.reliability.errors import one_line, quote_path
+from petal.pipeline.reliability.errors import one_line, quote_path, quote_text
 
 if TYPE_CHECKING:
     from petal.pipeline.jobs.searcher import Index
@@ -99,10 +99,18 @@ def query(index_path: Path, texts: tuple[str, ...], k: int, from_stdin: bool, as
         click.echo(f"petal: note: {note}", err=True)
     _say_skipped(texts)
     if asked:
-        _answer(index, asked, k, as_json, show_text, where)
+        from petal.pipeline.jobs.query import NonFiniteQueryError
+
+        try:  # NOTE: every TEXT is embedded and searched before the first answer is written (_answer)
+            _answer(index, asked, k, as_json, show_text, where)
+        except NonFiniteQueryError as exc:  # named by its place among the TEXT arguments, as skipped ones are
+            positions = [i for i, t in enumerate(texts) if skip_reason(t) is None]
+            raise NonFiniteQueryError(positions[exc.row], exc.text) from None
     answered = len(asked)
-    skipped = 0
+    skipped = non_finite = 0
     if from_stdin:
+        from petal.pipeline.jobs.query import NonFiniteQueryError
+
         for raw in sys.stdin.buffer:  # one query at a time: answers stream as lines arrive
             raw = raw.rstrip(b"\r\n")
             try:
@@ -112,13 +120,24 @@ def query(index_path: Path, texts: tuple[str, ...], k: int, from_stdin: bool, as
                 replaced += 1
             if skip_reason(line) is None:
                 index = _followed(index, where)
-                _answer(index, [line], k, as_json, show_text, where)
+                try:
+                    _answer(index, [line], k, as_json, show_text, where)
+                except NonFiniteQueryError:
+                    # NOTE: a stream: one line the model cannot embed is skipped and said, as a blank one; the
+                    # session goes on (the lines before it were answered as they came)
+                    non_finite += 1
+                    click.echo(f"petal query: skipped --stdin line {quote_text(line)}: it embeds to NaN or infinite "
+                               "values with this model (non_finite_embedding)", err=True)
+                    continue
                 sys.stdout.flush()
                 answered += 1
             else:
                 skipped += 1
         if skipped:
             click.echo(f"petal: {skipped} stdin lines skipped (empty_text: blank lines are not queries)", err=True)
+        if non_finite:
+            click.echo(f"petal: {non_finite} stdin line{'s' if non_finite > 1 else ''} skipped (non_finite_embedding)",
+                       err=True)
     if replaced:
         click.echo(f"petal query: {replaced} quer{'y' if replaced == 1 else 'ies'} held bytes that are not UTF-8, "
                    "read as U+FFFD", err=True)
@@ -130,7 +149,9 @@ def query(index_path: Path, texts: tuple[str, ...], k: int, from_stdin: bool, as
     if not answered:
         # NOTE: the rule of petal embed (and of a --vector-file without rows): an input given that holds no query
         # is no input (66), so a cron job or an Airflow task whose upstream wrote nothing fails, not succeeds
-        said = ["--stdin is empty" if not skipped else f"--stdin held only blank lines ({skipped})"]
+        said = ["--stdin is empty" if not skipped + non_finite else
+                f"--stdin held only lines skipped (blank {skipped}, non_finite_embedding {non_finite})" if non_finite
+                else f"--stdin held only blank lines ({skipped})"]
         if texts:
             said.append(_blank_texts(len(texts)))
         raise NoInputError(f"nothing to query: {'; '.join(said)}")

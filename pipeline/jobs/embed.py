@@ -228,6 +228,16 @@ class Embedder:
                              "(the engine's token budget: pass token_budget= to Embedder for more)")
         vectors, truncated = encode_texts(self.engine, self._tokenizer("query" if query else "document"), texts_in,
                                           batch_tokens)
+        finite = np.isfinite(vectors).all(axis=1)
+        if not finite.all():
+            # NOTE: the rule of petal index (non_finite_embedding): a text the model turns into NaN or infinity (an
+            # overflow inside it) is skipped in its place, never written as a vector nor quantized into codes
+            skipped = dict(sorted({**skipped, **{kept[i]: "non_finite_embedding"
+                                                 for i in np.flatnonzero(~finite)}}.items()))
+            if len(skipped) == len(items):
+                raise NoInputError(f"nothing to embed: {describe_skips(skipped)}")
+            kept = [i for i, ok in zip(kept, finite) if ok]
+            vectors = vectors[finite]
         transform, learned = self.transform, False
         if transform.int8_scheme == "calibrated" and transform.calibration is None:
             transform, learned = build(transform.calibrate, transform.stored(vectors)), True

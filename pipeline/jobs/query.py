@@ -29,7 +29,7 @@ from petal.pipeline.ingest.tokens import Encoded, TextTokenizer, tokenizer_for
 from petal.pipeline.jobs.embed import encode_texts
 from petal.pipeline.layout import resolve_index_dir
 from petal.pipeline.manifest import Manifest, ModelRecord
-from petal.pipeline.reliability.errors import ConfigError, UsageError, flag_errors
+from petal.pipeline.reliability.errors import BadInputError, ConfigError, UsageError, flag_errors, quote_text
 from petal.pipeline.store.outputs import OutputTransform
 
 if TYPE_CHECKING:
@@ -187,6 +187,15 @@ class SearchIndex:
         return self.reader.search(np.asarray(vectors, dtype=np.float32), k, where=where)
 
 
+class NonFiniteQueryError(BadInputError):
+    """A query text whose model vector holds NaN or infinity (``row``: its place among the texts searched)."""
+
+    def __init__(self, row: int, text: str) -> None:
+        super().__init__(f"query {row} ({quote_text(text)}) embeds to NaN or infinite values with this model (an "
+                         "overflow inside the model): it cannot be searched (non_finite_embedding)")
+        self.row, self.text = row, text
+
+
 class QueryService:
     """Embeds queries exactly as the index's documents were embedded, then searches."""
 
@@ -230,7 +239,15 @@ class QueryService:
         return self.index.text_column
 
     def search(self, texts: list[str], k: int, where: str | None = None) -> list[list[Hit]]:
-        return self.index.search(self.model.embed(texts), k, where=where)
+        """Top ``k`` hits per text; a text the model embeds to NaN or infinity is a ``NonFiniteQueryError`` (65),
+        before any search: FAISS would answer it with no hits or arbitrary ones (``petal index`` and ``petal embed``
+        skip such a text as ``non_finite_embedding``; a query cannot be answered without its vector)."""
+        vectors = self.model.embed(texts)
+        finite = np.isfinite(vectors).all(axis=1)
+        if not finite.all():
+            row = int(np.argmin(finite))
+            raise NonFiniteQueryError(row, texts[row])
+        return self.index.search(vectors, k, where=where)
 
     def on(self, reader: IndexReader) -> QueryService | None:
         """This warm model searching ``reader``, another version of the index, when that version was built with the

@@ -153,9 +153,11 @@ class Index:
 
         ``queries``: one text or many (str or UTF-8 bytes: a list, tuple, generator or numpy array of them),
         embedded as queries with the index's model, prompt and output settings; a ``None`` or blank one (which
-        ``petal query`` skips) gets no hits, in its place. Or the model's float vectors ``[num_queries, model
-        dim]`` or ``[model dim]`` (``Embedder(model).encode(texts, query=True)``), which get the index's output
-        transform (``--dim``, normalisation, quantization); a NaN or infinite value is a ``UsageError``.
+        ``petal query`` skips) gets no hits, in its place; one the model embeds to NaN or infinity is a
+        ``BadInputError`` (``NonFiniteQueryError``, 65) naming it, before any search. Or the model's float
+        vectors ``[num_queries, model dim]`` or ``[model dim]`` (``Embedder(model).encode(texts, query=True)``),
+        which get the index's output transform (``--dim``, normalisation, quantization); a NaN or infinite value
+        is a ``UsageError``.
         ``k``: an integer >= 1 (more than the index holds returns what there is).
         ``where``: only documents matching it, on kept columns (``"lang = 'en' AND year IN (2020, 2021)"``),
         applied inside the FAISS search.
@@ -170,8 +172,12 @@ class Index:
         if not texts or (not asked and not self.manifest.precomputed):  # an index without a model refuses texts
             return [[] for _ in texts]
         service = self.query_model()
-        found = self._searched(lambda: service.search([_decoded(texts[i]) for i in asked], k,
-                                                      where=where))
+        from petal.pipeline.jobs.query import NonFiniteQueryError
+
+        try:
+            found = self._searched(lambda: service.search([_decoded(texts[i]) for i in asked], k, where=where))
+        except NonFiniteQueryError as exc:  # NOTE: named by its place in ``queries``, not among the texts asked
+            raise NonFiniteQueryError(asked[exc.row], exc.text) from None
         hits: list[list[Hit]] = [[] for _ in texts]
         for i, answer in zip(asked, found):
             hits[i] = answer
