@@ -5,11 +5,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import inspect
 import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar, cast, overload
 
 import click
 
@@ -91,33 +92,53 @@ class PetalClickError(click.ClickException):
         click.echo(f"petal: error: {one_line(self.format_message())}", err=True)
 
 
-def user_errors(func: F) -> F:
+@overload
+def user_errors(func: F, *, outputs: tuple[str, ...] | None = None) -> F: ...
+
+
+@overload
+def user_errors(func: None = None, *, outputs: tuple[str, ...] | None = None) -> Callable[[F], F]: ...
+
+
+def user_errors(func: F | None = None, *, outputs: tuple[str, ...] | None = None) -> F | Callable[[F], F]:
     """Turn ``PetalError`` (and a model's ``ModelError``) into a clean message and its exit code;
     ``UsageError`` (a bad setting) into click's usage error (exit 2); an ``OSError`` nothing mapped on its
-    way up (a failing disk) is exit 74 naming the file."""
+    way up (a failing disk) is exit 74 naming the file.
 
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from petal.engine.errors import ModelError
-        from petal.pipeline.reliability.errors import EXIT_CONFIG, FlagError, PetalError, UsageError, io_error
+    ``outputs``: the names of the command's parameters that hold the paths it writes (``("output",)``; ``()``: a
+    command that writes nothing). Permission denied that nothing mapped is then no I/O error: on a path inside one
+    of them 73 (cannot create output), on any other path 66 (a file petal reads). Left out (``@user_errors``), a
+    path's role is unknown and it stays 74 (``io_error``)."""
 
-        try:
-            return func(*args, **kwargs)
-        except UsageError as exc:
-            if isinstance(exc, FlagError):  # NOTE: judged by the run: its message, exit 2, no usage banner
+    def decorate(command: F) -> F:
+        assert outputs is None or set(outputs) <= set(inspect.signature(command).parameters), outputs
+
+        @functools.wraps(command)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            from petal.engine.errors import ModelError
+            from petal.pipeline.reliability.errors import EXIT_CONFIG, FlagError, PetalError, UsageError, io_error
+
+            try:
+                return command(*args, **kwargs)
+            except UsageError as exc:
+                if isinstance(exc, FlagError):  # NOTE: judged by the run: its message, exit 2, no usage banner
+                    raise PetalClickError(str(exc), exc.exit_code) from exc
+                raise click.UsageError(str(exc)) from exc
+            except PetalError as exc:
                 raise PetalClickError(str(exc), exc.exit_code) from exc
-            raise click.UsageError(str(exc)) from exc
-        except PetalError as exc:
-            raise PetalClickError(str(exc), exc.exit_code) from exc
-        except ModelError as exc:
-            raise PetalClickError(str(exc), EXIT_CONFIG) from exc
-        except BrokenPipeError:
-            raise  # stdout's reader went away: PetalGroup ends quietly
-        except OSError as exc:
-            error = io_error(exc)
-            raise PetalClickError(str(error), error.exit_code) from exc
+            except ModelError as exc:
+                raise PetalClickError(str(exc), EXIT_CONFIG) from exc
+            except BrokenPipeError:
+                raise  # stdout's reader went away: PetalGroup ends quietly
+            except OSError as exc:
+                written = None if outputs is None else [kwargs[name] for name in outputs
+                                                        if kwargs.get(name) is not None]
+                error = io_error(exc, written)
+                raise PetalClickError(str(error), error.exit_code) from exc
 
-    return cast(F, wrapper)
+        return cast(F, wrapper)
+
+    return decorate if func is None else decorate(func)
 
 
 class PetalGroup(click.Group):

@@ -38,7 +38,7 @@ from petal.cli.options import model_options, output_options
 @device_options
 @model_options
 @output_options
-@user_errors
+@user_errors(outputs=("output",))
 def embed(texts: tuple[str, ...], model: str | None, from_stdin: bool, input_path: Path | None, text_column: str,
           id_column: str | None, output: Path | None, max_length: int | None, as_query: bool,
           calibration_index: Path | None,
@@ -172,20 +172,19 @@ def replacing(output: Path) -> Iterator[IO[bytes]]:
     file (a FIFO, a device) is written in place, never renamed over. Only a SIGKILL (or a crash of the machine)
     can leave the temporary file behind; a later run of the same process id removes it."""
     from petal.pipeline.reliability.durable import fsync_dir
-    from petal.pipeline.reliability.errors import PetalIOError, quote_path
 
     try:
         mode: int | None = os.stat(output).st_mode  # follows symlinks: what the path leads to
     except FileNotFoundError:
         mode = None
     except OSError as exc:
-        raise PetalIOError(f"cannot write --output {quote_path(output)}: {exc.strerror or exc}") from exc
+        raise write_error(output, exc) from exc
     if mode is not None and not stat.S_ISREG(mode):  # NOTE: a FIFO or a device: no temporary file, no rename
         try:
             with open(output, "wb") as fh:
                 yield fh
         except OSError as exc:
-            raise PetalIOError(f"cannot write --output {quote_path(output)}: {exc.strerror or exc}") from exc
+            raise write_error(output, exc) from exc
         return
     target = output.resolve() if output.is_symlink() else output
     tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
@@ -208,10 +207,21 @@ def replacing(output: Path) -> Iterator[IO[bytes]]:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             if isinstance(exc, OSError):
-                raise PetalIOError(f"cannot write --output {quote_path(output)}: {exc.strerror or exc}") from exc
+                raise write_error(output, exc) from exc
             raise
     with contextlib.suppress(OSError):  # NOTE: the file is in place; a directory that cannot be fsynced is no failure
         fsync_dir(target.parent)
+
+
+def write_error(output: Path, exc: OSError) -> Exception:
+    """A failed write of ``--output``: 73 when petal may not write there (permission denied: a retry fails the same
+    way), else an I/O error (74), naming it."""
+    from petal.pipeline.reliability.errors import DENIED, OutputError, PetalIOError, quote_path
+
+    if exc.errno in DENIED:
+        return OutputError(f"cannot create --output {quote_path(output)}: petal may not write it (permission denied); "
+                           "run as a user who may write it, or fix its permissions")
+    return PetalIOError(f"cannot write --output {quote_path(output)}: {exc.strerror or exc}")
 
 
 @contextlib.contextmanager

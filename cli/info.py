@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 @click.command()
 @click.argument("index_path", metavar="INDEX", type=click.Path(path_type=Path, readable=False))
 @click.option("--json", "as_json", is_flag=True, help="The manifest as one JSON object on stdout.")
-@user_errors
+@user_errors(outputs=())
 def info(index_path: Path, as_json: bool) -> None:
     """Show INDEX's model, dim, metric, index type, counts, shards and version.
 

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
               help="Binary indexes: re-rank N x k Hamming candidates with float vectors (default 10; 0: Hamming only).")
 @device_options
 @loading_options
-@user_errors
+@user_errors(outputs=())
 def query(index_path: Path, texts: tuple[str, ...], k: int, from_stdin: bool, as_json: bool, show_text: bool,
           vector_file: Path | None, where: str | None, model: str | None, nprobe: int | None, rescore: int | None,
           device: str, dtype: str,

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 @click.option("--version", "version", default=None, metavar="V",
               help="Check version V (an id under OUT/versions; default: the live one).")
 @click.option("--json", "as_json", is_flag=True, help="The result as one JSON object on stdout.")
-@user_errors
+@user_errors(outputs=())
 def verify(out: Path, version: str | None, as_json: bool) -> None:
     """Check the full sha256 of every file of OUT's live version (or --version V) and the manifest's
     own checksum. Exit 0 when all match, 65 naming each file that does not, 78 (as opening the version)

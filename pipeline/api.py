@@ -59,11 +59,12 @@ def index(sources: Sources, out: str | os.PathLike[str], *, engine_factory: Call
         from petal.pipeline.jobs.vector_run import run_vector_index
 
         column = vectors_column
-        return _run(lambda: run_vector_index(job, column, report, stop=stop), report, job.json_report)
+        return _run(lambda: run_vector_index(job, column, report, stop=stop), report, job.json_report,
+                    (job.out, job.json_report))
     from petal.pipeline.jobs.index_run import run_index
 
     return _run(lambda: run_index(job, report, engine_factory, stop=stop) if engine_factory is not None
-                else run_index(job, report, stop=stop), report, job.json_report)
+                else run_index(job, report, stop=stop), report, job.json_report, (job.out, job.json_report))
 
 
 def rebuild(out: str | os.PathLike[str], *, json_report: str | os.PathLike[str] | None = None,
@@ -83,7 +84,7 @@ def rebuild(out: str | os.PathLike[str], *, json_report: str | os.PathLike[str] 
         _fail(report, exc, 2, f"usage error: {exc}", target)
         raise
     from petal.pipeline.jobs.rebuild import run_rebuild  # NOTE: after the flags: a usage error loads no FAISS or Arrow
-    return _run(lambda: run_rebuild(out, chosen, report, wait=wait, stop=stop), report, target)
+    return _run(lambda: run_rebuild(out, chosen, report, wait=wait, stop=stop), report, target, (out, target))
 
 
 def open_index(path: str | os.PathLike[str], **settings: Any) -> Index:
@@ -97,14 +98,18 @@ def open_index(path: str | os.PathLike[str], **settings: Any) -> Index:
     return Index(path, **settings)
 
 
-def _run(work: Callable[[], RunReport], report: RunReport, json_report: Path | str | None) -> RunReport:
+def _run(work: Callable[[], RunReport], report: RunReport, json_report: Path | str | None,
+         outputs: Iterable[Path | str | None]) -> RunReport:
+    """``work()``, its error mapped to the contract and the report finished and written. ``outputs``: the paths the
+    run writes (``OUT``, the report; ``None`` for one not given): permission denied that nothing mapped on a path
+    inside one is 73, on any other path (a source, a model file) 66."""
     try:
         try:
             work()
         except BrokenPipeError:
             raise  # stdout's reader went away: the CLI ends quietly (141)
-        except OSError as exc:  # one nothing mapped on its way up: 74 naming the file
-            raise io_error(exc) from exc
+        except OSError as exc:  # one nothing mapped on its way up: 74 naming the file (73/66: permission denied)
+            raise io_error(exc, [path for path in outputs if path is not None and str(path) != "-"]) from exc
         except ValueError as exc:
             # NOTE: no ValueError inside a run becomes a usage error: flags are judged by their parsing and
             # by FlagError (2); a model's error is a configuration error (78); any other is a bug (1).

@@ -163,12 +163,14 @@ def io_error(exc: OSError, outputs: Iterable[Path | str] | None = None) -> Petal
     (65 for a decoding error of pyarrow, which carries no errno). Permission denied (EACCES, EPERM) is no I/O
     error (a retry fails the same way): given the command's ``outputs`` (its output directories or files), on a
     path inside one it is 73, cannot create output, on any other path (one petal reads) 66, no input. Without
-    ``outputs`` the role is unknown and it stays 74 (an output's must never become 66)."""
+    ``outputs``, or without the path (pyarrow's errors carry none) when the command has outputs, the role is
+    unknown and it stays 74 (an output's must never become 66)."""
     where = quote_path(exc.filename) if exc.filename else "a file"
     if exc.errno is None:
         return BadInputError(f"cannot read {where}: {one_line(str(exc))[:300]}")
-    if exc.errno in DENIED and outputs is not None:
-        if exc.filename and any(_inside(exc.filename, out) for out in outputs):
+    outputs = None if outputs is None else list(outputs)
+    if exc.errno in DENIED and outputs is not None and (exc.filename or not outputs):
+        if exc.filename and any(inside(exc.filename, out) for out in outputs):
             return OutputError(f"cannot create output: petal may not write {where} (permission denied); run as a "
                                "user who may write it, or fix its permissions")
         return NoInputError(f"{where}: petal may not read it (permission denied); run as a user who may read it, "
@@ -176,12 +178,14 @@ def io_error(exc: OSError, outputs: Iterable[Path | str] | None = None) -> Petal
     return PetalIOError(f"I/O error on {where}: {exc.strerror or exc}")
 
 
-def _inside(path: object, root: Path | str) -> bool:
+def inside(path: object, root: Path | str) -> bool:
+    """``path`` is ``root`` or below it, as given or with symlinks resolved (an OUT given through a link)."""
     try:
-        target, base = os.path.abspath(os.fsdecode(path)), os.path.abspath(os.fsdecode(root))  # type: ignore[arg-type]
-    except (TypeError, ValueError):
+        target, base = os.fsdecode(path), os.fsdecode(root)  # type: ignore[arg-type]
+        pairs = ((os.path.abspath(target), os.path.abspath(base)), (os.path.realpath(target), os.path.realpath(base)))
+    except (TypeError, ValueError, OSError):
         return False
-    return target == base or target.startswith(base.rstrip(os.sep) + os.sep)
+    return any(t == b or t.startswith(b.rstrip(os.sep) + os.sep) for t, b in pairs)
 
 
 class Interrupted(PetalError):
