@@ -24,8 +24,9 @@ TEXT_FILE_SUFFIXES = (".parquet", ".txt", ".jsonl")
 def read_texts(path: Path, text_column: str = "text", id_column: str | None = None,
                read: ReadConfig | None = None, stats: ReadStats | None = None) -> tuple[list[Any], list[Any] | None]:
     """Texts (``None`` for a null; bytes from a binary column) from ``.parquet`` (``text_column``, ids from
-    ``id_column``), ``.txt`` (one per line) or ``.jsonl`` (``{"text": ..., "<id_column>": ...}``), and their ids
-    (``None`` without ``id_column``). Null and blank texts are kept here: the caller's text rule skips them.
+    ``id_column``), ``.txt`` (one per ``\\n``-ended line; a line that is not UTF-8 as bytes) or ``.jsonl``
+    (``{"text": ..., "<id_column>": ...}``, one per line), and their ids (``None`` without ``id_column``). Null,
+    blank and undecodable texts are kept here, in their places: the caller's text rule skips them.
     ``read``: retries (OS read errors are counted in ``stats``) and batch sizes, as ``petal index`` reads."""
     path = Path(path)
     if not path.is_file():
@@ -37,11 +38,28 @@ def read_texts(path: Path, text_column: str = "text", id_column: str | None = No
     if suffix == ".txt":
         if id_column is not None:
             raise UsageError("--id-column goes with --input FILE.parquet or FILE.jsonl")
-        # NOTE: bytes that are not UTF-8 are kept (surrogateescape), then replaced and counted by the caller
-        return _read_bytes(path, read, stats).decode("utf-8", "surrogateescape").splitlines(), None
+        # NOTE: a line that is not UTF-8 stays bytes, as a binary column's value: the caller's text rule skips it
+        return [_text_or_bytes(line) for line in _lines(_read_bytes(path, read, stats))], None
     if suffix == ".jsonl":
         return _jsonl_texts(path, id_column, read, stats)
     raise UsageError(f"--input {quote_path(path)}: expected a .parquet, .txt or .jsonl file")
+
+
+def _lines(data: bytes) -> list[bytes]:
+    """The lines of a file, split at ``\\n`` only (a ``\\r`` before it dropped), as ``--stdin`` is read: never at
+    the other line boundaries of ``str.splitlines`` (U+2028, U+0085, form feed, ...), which a text or a JSON string
+    may hold, so one line is one input and no row after it shifts."""
+    lines = data.split(b"\n")
+    if lines[-1] == b"":  # the newline that ends the last line
+        lines.pop()
+    return [line[:-1] if line.endswith(b"\r") else line for line in lines]
+
+
+def _text_or_bytes(line: bytes) -> str | bytes:
+    try:
+        return line.decode("utf-8")
+    except UnicodeDecodeError:
+        return line
 
 
 def _read_bytes(path: Path, read: ReadConfig, stats: ReadStats | None) -> bytes:
@@ -101,7 +119,8 @@ def _jsonl_texts(path: Path, id_column: str | None, read: ReadConfig,
                  stats: ReadStats | None) -> tuple[list[Any], list[Any] | None]:
     texts: list[Any] = []
     ids: list[Any] = []
-    lines = _read_bytes(path, read, stats).decode("utf-8", "surrogateescape").splitlines()
+    # NOTE: bytes that are not UTF-8 are kept (surrogateescape): the caller's text rule skips such a text
+    lines = [line.decode("utf-8", "surrogateescape") for line in _lines(_read_bytes(path, read, stats))]
     for lineno, line in enumerate(lines, start=1):
         if not line.strip():
             continue

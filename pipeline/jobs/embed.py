@@ -17,7 +17,7 @@ import numpy as np
 from petal.engine.config import EngineConfig, ModelOptions
 from petal.pipeline.config import IndexJob, check_lengths, default_token_budget
 from petal.pipeline.ingest.pack import PackConfig, pack
-from petal.pipeline.ingest.text_rule import valid_text
+from petal.pipeline.ingest.text_rule import undecodable_reason, valid_text
 from petal.pipeline.ingest.tokens import TextTokenizer, tokenizer_for
 from petal.pipeline.jobs.settings import (
     build,
@@ -119,6 +119,24 @@ def _step_threads(engine: Engine, num_tokens: int) -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
+def undecodable(text: object) -> str | None:
+    """Why a ``str`` that is not valid Unicode is not embedded, else ``None``: it holds surrogate code points, the
+    bytes that were not UTF-8 as Python keeps them from argv, stdin and files read with ``surrogateescape``
+    (``invalid_utf8``, or ``lone_surrogate`` for UTF-8-encoded surrogate halves), or lone surrogates of its own
+    (``"\\ud800"``: ``lone_surrogate``). The reasons of ``petal index``'s rejects, whose bytes arrive as bytes."""
+    if not isinstance(text, str):
+        return None
+    try:
+        text.encode("utf-8")
+        return None
+    except UnicodeEncodeError:
+        pass
+    try:
+        return undecodable_reason(text.encode("utf-8", "surrogateescape"))
+    except UnicodeEncodeError:  # a surrogate that stands for no byte
+        return "lone_surrogate"
+
+
 @dataclass(frozen=True)
 class Embedded:
     """One ``Embedder.embed`` call: the rows, and what a caller may want to report about them."""
@@ -192,8 +210,9 @@ class Embedder:
 
     def encode(self, texts: str | Iterable[str | None], *, query: bool = False,
                batch_tokens: int | None = None) -> np.ndarray:
-        """``[len(texts), dim]`` rows in input order (one text: ``[1, dim]``). A null, undecodable or blank
-        text is skipped (the rule of ``petal index``): its row is NaN (zeros for int8 codes and sign bits).
+        """``[len(texts), dim]`` rows in input order (one text: ``[1, dim]``). A null, undecodable (bytes that are
+        not UTF-8, a str holding surrogates) or blank text, or one the model turns into NaN or infinity, is skipped
+        (the rule of ``petal index``): its row is NaN (zeros for int8 codes and sign bits).
 
         ``query=True`` embeds the texts as queries (the model's or ``query_prompt``'s prompt in front).
         ``batch_tokens`` caps the tokens of one packed batch (from the model's max length up to the
@@ -205,8 +224,11 @@ class Embedder:
     def embed(self, texts: str | Iterable[Any], *, query: bool = False, batch_tokens: int | None = None) -> Embedded:
         """``encode``, with the number of truncated texts, the skipped ones and the output format used.
 
-        ``texts``: one text (a str or UTF-8 bytes: ``[1, dim]``) or an iterable of them; ``None`` and
-        invisible texts are skipped and said in ``skipped`` (every text skipped: ``NoInputError``, exit 66)."""
+        ``texts``: one text (a str or UTF-8 bytes: ``[1, dim]``) or an ordered collection of them (a list, tuple,
+        generator or numpy array; a dict or a set is a ``UsageError``). ``None``, undecodable and invisible texts,
+        and texts the model turns into NaN or infinity, are skipped and said in ``skipped`` by reason
+        (``null_text``, ``invalid_utf8``, ``lone_surrogate``, ``empty_text``, ``non_finite_embedding``); every text
+        skipped: ``NoInputError``, exit 66."""
         from petal.pipeline.ingest.text_rule import describe_skips, skip_reason
         from petal.pipeline.reliability.errors import NoInputError
 
@@ -215,7 +237,7 @@ class Embedder:
         items = text_items(texts, "texts")
         # NOTE: the rule of petal index: null, undecodable and invisible texts are skipped and counted; rows keep
         # input positions (NaN rows, zeros for codes)
-        skipped = {i: why for i, text in enumerate(items) if (why := skip_reason(text)) is not None}
+        skipped = {i: why for i, text in enumerate(items) if (why := undecodable(text) or skip_reason(text))}
         if items and len(skipped) == len(items):
             raise NoInputError(f"nothing to embed: {describe_skips(skipped)}")
         kept = [i for i in range(len(items)) if i not in skipped]
