@@ -50,11 +50,14 @@ def embed(texts: tuple[str, ...], model: str | None, from_stdin: bool, input_pat
     Rows are float vectors (--output-dtype), int8 codes (--quantize int8) or packed sign bits
     (--quantize binary: dim / 8 bytes, first dimension in the high bit).
 
+    A text that is null, blank, not UTF-8 (in any input: TEXT, --stdin, a .txt, .jsonl or .parquet
+    --input) or that the model turns into NaN or infinity is skipped in its place (a null JSON line, a NaN
+    row), counted by reason on stderr.
+
     Nothing to embed is no input, exit 66 (as petal query): an empty --stdin or --input, one of blank
     lines only, every text skipped. An --input that is missing, not a regular file or unreadable is 66
     too; one that cannot be read as its format is 65.
     """
-    from petal.pipeline.ingest.text_rule import valid_text
     from petal.pipeline.reliability.errors import NoInputError, UsageError, quote_path
 
     if output is not None and output.suffix.lower() not in (".npy", ".jsonl"):
@@ -72,13 +75,11 @@ def embed(texts: tuple[str, ...], model: str | None, from_stdin: bool, input_pat
     elif id_column is not None:
         raise click.UsageError("--id-column goes with --input FILE.parquet or FILE.jsonl")
     if from_stdin:
-        # NOTE: bytes, decoded line by line: a line that is not UTF-8 is read with U+FFFD, counted below
-        items += [raw.rstrip(b"\r\n").decode("utf-8", "surrogateescape") for raw in sys.stdin.buffer]
-    cleaned = [valid_text(item) if isinstance(item, str) else (item, False) for item in items]
-    replaced = sum(bad for _, bad in cleaned)
-    items = [text for text, _ in cleaned]
-    if replaced:
-        click.echo(f"petal embed: {replaced} text(s) held bytes that are not UTF-8, read as U+FFFD", err=True)
+        # NOTE: bytes, decoded line by line; a line that is not UTF-8 stays bytes
+        items += [_decoded(raw.rstrip(b"\r\n")) for raw in sys.stdin.buffer]
+    # NOTE: every input, one rule (petal index's, Embedder's): a text that is not UTF-8 (bytes; a TEXT argument that
+    # Python read with surrogates for its bad bytes) is skipped in its place as invalid_utf8 or lone_surrogate, as a
+    # null or blank one, and counted on the last line of stderr: never embedded as U+FFFD, never a shifted row
     if not items:
         if input_path is None and not from_stdin:
             raise UsageError("nothing to embed: give TEXT, --stdin or --input")
@@ -130,6 +131,14 @@ def embed(texts: tuple[str, ...], model: str | None, from_stdin: bool, input_pat
             "binary": "sign bits"}[transform.quantize]
     click.echo(f"petal embed: {len(items)} texts -> {len(items) - len(skipped)} {transform.dim}-dim {kind}, "
                f"{describe_skips(skipped)}{note}", err=True)
+
+
+def _decoded(raw: bytes) -> str | bytes:
+    """A line as text, or its bytes when they are not UTF-8 (the Embedder skips those, by reason)."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return raw
 
 
 def check_output(output: Path) -> None:
