@@ -8,9 +8,11 @@ version like any index run (staging directory, checksums, one atomic pointer swa
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import shutil
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from petal.pipeline.config import IndexSettings
@@ -19,11 +21,13 @@ from petal.pipeline.index.files import IDS_FILE
 from petal.pipeline.index.plan import check_index_factory, index_kind
 from petal.pipeline.index.writer import BuildResult, build_version_index
 from petal.pipeline.jobs.report import RunReport
-from petal.pipeline.layout import OutputDir
+from petal.pipeline.layout import OutputDir, denied, is_denied
 from petal.pipeline.manifest import MANIFEST_FILE, Manifest
 from petal.pipeline.reliability.errors import (
     BadInputError,
     ConfigError,
+    PetalError,
+    inside,
     one_line,
     quote_path,
     quote_text,
@@ -37,18 +41,20 @@ from petal.pipeline.store.tombstones import deleted_rows, settle_tombstones
 
 KEEP_VERSIONS = 2  # NOTE: as pipeline/jobs/index_run.py (not imported: it pulls in torch and the engine)
 FINGERPRINT_RE = re.compile(r"^[0-9a-f]{16,64}$")
+PYARROW_PATH = re.compile(r"local file '(.+?)'")  # pyarrow's OSError carries no filename: its message quotes it
 
 
 def store_entries(out: OutputDir, manifest: Manifest) -> list[StoreEntry]:
     """The committed store entries the live version was built from, in its shard order; a damaged one
-    is exit 65 naming its file (a rebuild has no sources to embed it again)."""
+    is exit 65 naming its file (a rebuild has no sources to embed it again), one petal may not read 66."""
     store = EmbeddingStore(out.store_dir)
     entries = []
     for shard in manifest.shards:
         if not FINGERPRINT_RE.match(shard.entry):  # NOTE: a path component read from a file
             raise ConfigError(f"{quote_path(out.root)}: the manifest names store entry {quote_text(shard.entry)} for "
                               f"{quote_path(shard.path)}")
-        entry = store.lookup(shard.abs_path, shard.entry, repair=False)
+        with reading():
+            entry = store.lookup(shard.abs_path, shard.entry, repair=False)
         if entry is None:
             raise ConfigError(f"{quote_path(out.store_dir)} has no committed embeddings for {quote_path(shard.path)} "
                               f"(entry {shard.entry}); run petal index on the sources to embed it again")
@@ -89,7 +95,7 @@ def run_rebuild(out_path: Path, settings: IndexSettings, report: RunReport, wait
         with writing(out.versions_dir):
             staging = out.staging_dir()
         try:
-            with writing(staging):
+            with writing(staging), reading(written=staging):  # NOTE: reads the store and the live version
                 result, version = _build(out, previous, entries, settings, staging)
             active.check()  # NOTE: the last stop: once the pointer swaps, the rebuild is done
             out.publish(staging, version)
@@ -121,6 +127,53 @@ def tally_store_rows(entries: list[StoreEntry], report: RunReport) -> None:
     for entry in entries:
         for reason, count in entry.skipped.items():
             report.skip(reason, int(count))
+
+
+@contextlib.contextmanager
+def reading(written: Path | None = None) -> Iterator[None]:
+    """Around a rebuild's reads of its input (the store entries, the live version's files): permission denied on
+    a file or a directory on the way to it is no input, 66 naming it (``layout.denied``): not a damaged entry
+    (65: nothing is wrong with it), an output petal may not write (73) or an I/O error (74).
+
+    ``written``: a directory written meanwhile (the staging directory): its errors are left to ``writing``, as are
+    those that name no path.
+    """
+    try:
+        yield
+    except (OSError, PetalError) as exc:
+        cause = next((e for e in _chain(exc) if is_denied(e)), None)
+        if cause is None:
+            raise
+        path = _denied_path(cause)
+        if path is None or (written is not None and inside(path, written)):
+            raise
+        raise denied(_blocked(path)) from exc
+
+
+def _chain(exc: BaseException | None) -> Iterator[BaseException]:
+    """``exc`` and the errors it was raised from (a damaged store entry wraps the ``OSError`` it met)."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__
+
+
+def _denied_path(exc: BaseException) -> Path | None:
+    """The path an ``OSError`` names: its ``filename``, else the one pyarrow's message quotes."""
+    filename = getattr(exc, "filename", None)
+    if filename:
+        return Path(os.fsdecode(filename))
+    found = PYARROW_PATH.search(str(exc))
+    return Path(found.group(1)) if found else None
+
+
+def _blocked(path: Path) -> Path:
+    """What denies ``path``: the first directory on the way to it that petal may not enter, else ``path``."""
+    for parent in reversed(path.parents):
+        if os.path.isdir(parent) and not os.access(parent, os.X_OK):
+            return parent
+    return path
 
 
 def _say(message: str) -> None:
