@@ -50,7 +50,9 @@ from petal.pipeline.jobs.removals import (
     kept_records,
     kept_shard,
     kept_vectors,
+    live_version_documents,
     live_version_ids,
+    removed_by_counts,
     removed_documents,
 )
 from petal.pipeline.jobs.report import RunReport
@@ -711,16 +713,26 @@ def version_counts(entries: list[StoreEntry], num_vectors: int) -> Counts:
 
 def guard_removals(out: OutputDir, job: IndexJob, shards: list[ShardInfo], entries: list[StoreEntry],
                    delete_ids: DeleteIds | None, report: RunReport) -> None:
-    """``--max-removed``: refuse (65) a version that loses more of the live one's documents than allowed."""
-    before = live_version_ids(out)  # None: no live version, or an unreadable one (--full, or damaged: rebuilt)
-    if before is None:
+    """``--max-removed``: refuse (65) a version that loses more of the live one's documents than allowed. The live
+    version's ids come from its ``ids.parquet``, else from the store entries it was built from, else (both
+    unreadable) from its manifest's counts: a damaged live version never lets a run past the guard."""
+    if out.current_version() is None:
         return
-    previous = live_manifest(out)  # NOTE: a malformed live manifest (--full) has nothing to compare
-    dropped = dropped_entries(EmbeddingStore(out.store_dir), previous, shards)
-    try:
-        removal = removed_documents(before, entries, delete_ids, dropped, report.shard_changes.get("removed", []))
-    except (OSError, pa.ArrowException):  # a damaged store file: the build that follows names it
-        return
+    previous = live_manifest(out)  # NOTE: None: a malformed live manifest (--full); then only its ids.parquet tells
+    store = EmbeddingStore(out.store_dir)
+    dropped_shards = report.shard_changes.get("removed", [])
+    before = live_version_documents(out, previous, store)
+    removal = None
+    if before is not None:
+        try:
+            removal = removed_documents(before, entries, delete_ids, dropped_entries(store, previous, shards),
+                                        dropped_shards)
+        except (OSError, pa.ArrowException):  # a damaged store file: counted from the manifest instead
+            removal = None
+    if removal is None:
+        if previous is None:
+            return  # nothing of the live version can be read: nothing to compare
+        removal = removed_by_counts(previous, {info.abs_path for info in shards}, dropped_shards)
     report.removed = removal.as_dict()
     check_removal(removal, job.max_removed or RemovalLimit.default(job.sync), job.sync)
 

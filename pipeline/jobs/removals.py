@@ -125,6 +125,33 @@ def live_version_ids(out: OutputDir) -> pa.ChunkedArray | None:
         return None
 
 
+def live_version_documents(out: OutputDir, previous: Manifest | None,
+                           store: EmbeddingStore) -> pa.ChunkedArray | None:
+    """The live version's ids as text: its ``ids.parquet``, else (unreadable, damaged) the ids of the store
+    entries it was built from (its manifest's shards, after their tombstones: the same documents). ``None``
+    when neither can be read."""
+    ids = live_version_ids(out)
+    if ids is not None or previous is None:
+        return ids
+    entries = [store.lookup(s.abs_path, s.entry) for s in previous.shards]
+    if any(entry is None for entry in entries):
+        return None
+    try:
+        return pa.chunked_array([pc.unique(live_ids([e for e in entries if e is not None]))], pa.string())
+    except (OSError, PetalError, pa.ArrowException):
+        return None
+
+
+def removed_by_counts(previous: Manifest, held: set[str], dropped_shards: list[str]) -> Removal:
+    """The guard's count when the live version's ids cannot be read from it or its store entries: every document
+    of a shard the run drops counts as removed (its manifest record: embedded rows less deleted ones), an upper
+    bound (a document another shard also holds stays), so a damaged version never lets a run past the guard."""
+    dropped = [s for s in previous.shards if s.abs_path not in held]
+    live = previous.index.num_vectors
+    return Removal(live_documents=live, documents=min(live, sum(max(0, s.embedded - s.deleted) for s in dropped)),
+                   shards=dropped_shards)
+
+
 def removed_documents(before: pa.ChunkedArray, entries: list[StoreEntry], deleted: DeleteIds | None,
                       dropped: list[StoreEntry], dropped_shards: list[str]) -> Removal:
     """What the new version (``entries``) loses against the live one (``before``: its ids as text), not counting
@@ -150,7 +177,11 @@ def check_removal(removal: Removal, limit: RemovalLimit, sync: bool) -> None:
     if removal.shards:
         names = ", ".join(removal.shards[:SAMPLE_IDS]) + (" ..." if len(removal.shards) > SAMPLE_IDS else "")
         what.append(f"{len(removal.shards)} shards not named with --sync ({names})")
-    what.append(f"ids such as {', '.join(map(str, removal.sample_ids))}")
+    if removal.sample_ids:
+        what.append(f"ids such as {', '.join(map(str, removal.sample_ids))}")
+    else:  # removed_by_counts: the live version's ids could not be read
+        what.append("counted from the live version's manifest (its ids cannot be read): every document of those "
+                    "shards")
     mode = "--sync" if sync else "an additive run"
     raise BadInputError(
         f"this run would remove {removal.documents} of the {removal.live_documents} documents of the live version "
