@@ -56,7 +56,8 @@ T = TypeVar("T")
 TEXT_TYPES = "string, large_string, string_view (or binary holding UTF-8)"
 
 
-def resolve_sources(sources: tuple[str, ...] | list[str], out: Path | None = None) -> list[Path | RemotePath]:
+def resolve_sources(sources: tuple[str, ...] | list[str], out: Path | None = None,
+                    empty_ok: bool = False) -> list[Path | RemotePath]:
     """Files, directories (every ``*.parquet`` below, sorted), globs and object-storage URIs (an object or
     a prefix: pipeline/ingest/remote.py) -> sorted unique shard paths.
 
@@ -66,6 +67,8 @@ def resolve_sources(sources: tuple[str, ...] | list[str], out: Path | None = Non
     a file named explicitly inside ``out`` is refused (65). A ``*.parquet`` that is not a regular file
     (a dangling symlink, a FIFO, a device) or whose name is not UTF-8 is refused (65), never skipped.
     A source, directory or shard this process may not read (permission denied) is no input (66).
+    ``empty_ok``: a local directory or glob that holds no shard names none (``petal index --sync`` over a live
+    version: the removal guard judges it), where it is otherwise no input (66); the list may then be empty.
     """
     found: dict[str, Path | RemotePath] = {}
     problems: list[str] = []
@@ -85,7 +88,7 @@ def resolve_sources(sources: tuple[str, ...] | list[str], out: Path | None = Non
             continue
         if path.is_dir():
             matches = _walk(path, out, problems, unreadable)
-            if not matches and not problems and not unreadable:
+            if not matches and not problems and not unreadable and not empty_ok:
                 raise NoInputError(f"no *.parquet files under directory {quote_path(source)}")
         elif path.is_file():
             if out is not None and _inside(path, out):
@@ -103,7 +106,7 @@ def resolve_sources(sources: tuple[str, ...] | list[str], out: Path | None = Non
                     matches.append(match)
                 elif not match.is_dir():
                     problems.append(_not_regular(match))
-            if not matches and not problems:
+            if not matches and not problems and not empty_ok:
                 raise NoInputError(f"glob {quote_path(source)} matches no files")
         elif path.exists() or path.is_symlink():
             problems.append(_not_regular(path))
@@ -118,7 +121,7 @@ def resolve_sources(sources: tuple[str, ...] | list[str], out: Path | None = Non
                 continue
             found.setdefault(str(match.resolve()), match)
     raise_problems(unreadable, problems)
-    if not found:
+    if not found and not empty_ok:
         raise NoInputError("no input shards")
     return [found[key] for key in sorted(found)]
 

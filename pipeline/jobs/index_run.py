@@ -38,6 +38,7 @@ from petal.pipeline.ingest.pack import PackConfig, Packer
 from petal.pipeline.ingest.parquet import ReadStats, ShardInfo, integer_ids, preflight, read_retrying, resolve_sources
 from petal.pipeline.ingest.prefetch import Prefetcher
 from petal.pipeline.ingest.rejects import BadRowGate, rejects_table
+from petal.pipeline.ingest.remote import RemotePath
 from petal.pipeline.ingest.tokens import TokenizedDocs, tokenize_documents, tokenizer_for
 from petal.pipeline.jobs.keep_columns import check_keep_columns
 from petal.pipeline.jobs.live_check import live_damage
@@ -162,7 +163,7 @@ def _run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory, 
     check_output_dir("--out", job.out)  # 73 before anything is read: one petal cannot create, read or write
     # [0] preflight: every footer and schema, the model's files, the settings, the output directory
     live = peek_live_manifest(job.out)  # read-only here; re-read under the lock
-    shards = preflight(resolve_sources(job.sources, out=job.out), job.read, reads)
+    shards = preflight(named_sources(job, live), job.read, reads)
     if job.full and not job.sync:  # --full re-embeds the shards an additive run keeps, from their files
         extra = full_rerun_sources(live, shards)
         if extra:
@@ -292,9 +293,7 @@ def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory
         if no_text:
             _say(f"warning: the text of {len(no_text)} kept shards is not stored (their files are gone or changed), "
                  f"e.g. {no_text[0]}: --show-text has none for their hits")
-        if sum(e.num_embedded for e in committed) == 0:
-            raise NoInputError(f"no rows to index: {report.rows['total']} rows read, all skipped "
-                               f"({report.rows['skipped'] or 'no rows'})")
+        check_rows_to_index(out, job, committed, report)
         same = previous is not None and unchanged(previous, shards, committed, job, pending)
         damage = live_damage(out, previous) if previous is not None and same else None
         if damage is not None:  # the live version's files are broken: rebuild it from the store (no re-embedding)
@@ -815,6 +814,26 @@ def peek_live_manifest(out: Path) -> Manifest | None:
         return live_manifest(OutputDir(out))  # NOTE: a malformed one is None here, refused (78) under the lock
     except OSError:  # not a directory, unreadable: the output checks name that
         return None
+
+
+def named_sources(job: IndexJob, live: Manifest | None) -> list[Path | RemotePath]:
+    """The shards the SOURCES name now. ``--sync`` over a live version mirrors them as they are: a directory or
+    glob that holds no shard names none, and the removal guard judges what the run would drop (65, or an empty
+    version when ``--max-removed`` allows it); any other run exits 66 there. A SOURCE that does not exist is 66
+    in every run (a typo or a missing mount is not an empty corpus)."""
+    return resolve_sources(job.sources, out=job.out, empty_ok=job.sync and live is not None)
+
+
+def check_rows_to_index(out: OutputDir, job: IndexJob, committed: list[StoreEntry], report: RunReport) -> None:
+    """66 when the new version would hold nothing (every row skipped, or no rows), except a ``--sync`` run over a
+    live version whose SOURCES hold no rows at all: it mirrors them, within the removal guard (``guard_removals``:
+    65 unless ``--max-removed`` allows dropping every document; then the version it publishes is empty)."""
+    if sum(e.num_embedded for e in committed) > 0:
+        return
+    if job.sync and report.rows["total"] == 0 and out.current_version() is not None:
+        return
+    raise NoInputError(f"no rows to index: {report.rows['total']} rows read, all skipped "
+                       f"({report.rows['skipped'] or 'no rows'})")
 
 
 def full_rerun_sources(live: Manifest | None, named: list[ShardInfo]) -> list[str]:
