@@ -295,11 +295,7 @@ def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory
                  f"e.g. {no_text[0]}: --show-text has none for their hits")
         check_rows_to_index(out, job, committed, report)
         same = previous is not None and unchanged(previous, shards, committed, job, pending)
-        damage = live_damage(out, previous) if previous is not None and same else None
-        if damage is not None:  # the live version's files are broken: rebuild it from the store (no re-embedding)
-            _say(f"warning: the live version is damaged ({damage}); publishing a new one built from the store")
-            report.repaired = damage
-        elif same:
+        if nothing_to_publish(out, previous, same, report):
             report.version = out.current_version()
             assert report.version is not None
             report.rejects_file = str(out.version_dir(report.version) / "rejects.parquet")
@@ -656,6 +652,21 @@ def unchanged(previous: Manifest, shards: list[ShardInfo], entries: list[StoreEn
     now = [(s.abs_path, e.fingerprint, deleted.get(e.path, tombstoned(e))) for s, e in zip(shards, entries)]
     same_columns = previous.kept_columns == tuple(job.keep_columns)
     return before == now and same_columns and previous.index.settings == job.index
+
+
+def nothing_to_publish(out: OutputDir, previous: Manifest | None, same: bool, report: RunReport) -> bool:
+    """True when the run has nothing to publish: the live version was built from exactly these store entries and
+    settings (``same``) and its files are whole (``live_damage``: every byte against its sha256). A damaged one
+    (a file missing, changed, unreadable) is rebuilt from the store, nothing re-embedded: said on stderr and in the
+    report (``repaired``), so a rerun never calls a live version that queries cannot open "nothing to do"."""
+    if previous is None or not same:
+        return False
+    damage = live_damage(out, previous)
+    if damage is None:
+        return True
+    _say(f"warning: the live version is damaged ({damage}); publishing a new one built from the store")
+    report.repaired = damage
+    return False
 
 
 def shard_records(shards: list[ShardInfo], entries: list[StoreEntry]) -> tuple[ShardRecord, ...]:
