@@ -370,8 +370,8 @@ def embed_in_process(shards: list[ShardInfo], identity: RunIdentity, store: Embe
     # whole shards; a shard is cut in this process only where an earlier scaled run committed ranges of it
     # NOTE: committed ranges are found by fingerprint; a run whose sha256 is not settled yet has none to find
     # (run_index settles it up front when the store holds entries or ranges of these shards).
-    plan = plan_ranges(store, shards, identity.fingerprints(store, shards), 0, job.read, reads) if identity.settled \
-        else whole_shards(shards)
+    plan = plan_ranges(store, shards, identity.fingerprints(store, shards), 0, job.read, reads, reuse=not job.full) \
+        if identity.settled else whole_shards(shards)
     documents = read_ranges(shards, plan.ranges, job.read, reads)  # [1] read (streamed)
     # [2] tokenize in the background; it starts now, so it overlaps the model load and CUDA init
     chunks = Prefetcher(tokenize_documents(documents, tokenizer, job.tokenize_workers or 1), depth=16)

@@ -136,14 +136,17 @@ def whole_shards(shards: list[ShardInfo]) -> RangePlan:
 
 
 def plan_ranges(store: EmbeddingStore, shards: list[ShardInfo], fingerprints: list[str],
-                split_rows: int, read: ReadConfig | None = None, stats: ReadStats | None = None) -> RangePlan:
+                split_rows: int, read: ReadConfig | None = None, stats: ReadStats | None = None,
+                reuse: bool = True) -> RangePlan:
     """Cut each shard into units: the whole shard, or (more than ``split_rows`` rows in several row groups, or
     ranges committed already) the row-group ranges it still lacks, of about ``split_rows`` rows each
-    (``split_rows`` 0: never cut a shard; the gaps of one with committed ranges are one unit each)."""
+    (``split_rows`` 0: never cut a shard; the gaps of one with committed ranges are one unit each).
+    ``reuse`` False (``--full``: every row is embedded again): committed ranges are ignored (a new commit of the
+    same range replaces one; the rest go when the shard is assembled, or with the next prune)."""
     ranges: list[RowRange] = []
     reused: dict[int, list[tuple[RowRange, StoreEntry]]] = {}
     for position, (info, fingerprint) in enumerate(zip(shards, fingerprints)):
-        parts = committed_parts(store, info, fingerprint)
+        parts = committed_parts(store, info, fingerprint) if reuse else {}
         big = 0 < split_rows < info.num_rows and info.num_row_groups > 1
         if not parts and not big:
             ranges.append(RowRange(position, 0, info.num_row_groups, 0, info.num_rows, whole=True))
