@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import click
+from click.core import ParameterSource
 
 from petal.cli.common import PetalClickError, device_options, eprint, freeze_long_lived, usage, user_errors
 from petal.cli.options import loading_options
@@ -17,6 +18,28 @@ from petal.pipeline.reliability.signals import HeldSignals
 from petal.pipeline.serve.settings import API_KEY_ENV
 
 SERVE_MODULES = ("starlette", "uvicorn", "prometheus_client")
+# NOTE: flags that set a part of the server it may not have: refused when given explicitly (a default is no request),
+# never silently ignored
+MODEL_FLAGS = ("max_tokens_per_text", "token_budget", "max_seqs", "max_wait_ms", "engine_spin_ms", "served_model_name",
+               "device", "dtype", "attention", "query_prompt", "allow_pickle_weights")  # the embedding model and engine
+INDEX_FLAGS = ("max_k", "nprobe", "rescore", "reload_interval_s", "search_threads", "search_device", "search_dtype",
+               "search_exact")  # /search and following OUT
+EXPLICIT = (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT, ParameterSource.PROMPT)
+
+
+def given_flags(names: tuple[str, ...]) -> list[str]:
+    """The flags among ``names`` (parameter names) that the user gave (not defaults), as typed: ``--max-seqs``."""
+    ctx = click.get_current_context()
+    return [param.opts[0] for param in ctx.command.params
+            if param.name in names and ctx.get_parameter_source(param.name) in EXPLICIT]
+
+
+def unused_flags(flags: list[str], why: str, then: str) -> click.UsageError:
+    """The usage error of ``flags`` that would set nothing in this server: ``why`` it has no part they set, ``then``
+    what to do (``{them}``: it or them)."""
+    one = len(flags) == 1
+    return click.UsageError(f"{', '.join(flags)}: {why}, so {'this flag sets' if one else 'these flags set'} nothing "
+                            f"here: {then.format(them='it' if one else 'them')}")
 
 
 def missing_serve_extra() -> list[str]:
@@ -105,27 +128,13 @@ def serve(index_path: Path | None, model: str | None, host: str, port: int, api_
         raise click.UsageError("give OUT (an index directory) or --model DIR (embeddings only)")
     if api_key is None and os.environ.get(API_KEY_ENV) is not None:
         api_key = os.environ[API_KEY_ENV]  # NOTE: set but empty: refused below, never an open server
-    if search_device == "cuda" and device == "cpu":  # NOTE: flags alone: a usage error before any other check
-        raise click.UsageError("--search-device cuda needs the model on CUDA (--device cuda)")
-    missing = missing_serve_extra()
-    if missing:
-        raise PetalClickError(f"petal serve needs the optional 'serve' dependencies ({', '.join(missing)} missing): "
-                              "pip install 'petal[serve]'", 78)
-    from dataclasses import replace
-
-    from petal.engine.config import ModelOptions
-    from petal.pipeline.index.search import IndexReader
-    from petal.pipeline.jobs.index_run import model_spec
-    from petal.pipeline.jobs.query import QueryModel, SearchIndex, engine_config, model_for_index
+    # NOTE: what the flags and the index's manifest decide is a usage error before any other check (the serve extra)
+    if index_path is None and given_flags(INDEX_FLAGS):
+        raise unused_flags(given_flags(INDEX_FLAGS), "no index is served (no OUT given: --model DIR alone serves "
+                           "/v1/embeddings only)", "give OUT to serve /search, or leave {them} out")
     from petal.pipeline.manifest import ModelRecord
     from petal.pipeline.serve.leases import lease_first_version, release_with
-    from petal.pipeline.serve.metrics import ServeMetrics
-    from petal.pipeline.serve.server import bind
-    from petal.pipeline.serve.server import serve as run_server
-    from petal.pipeline.serve.service import THREAD_STOP_S, ServeState
     from petal.pipeline.serve.settings import Limits, ServeSettings
-    from petal.pipeline.serve.startup import Startup
-    from petal.pipeline.serve.warmup import warm_up
 
     settings = usage(lambda: ServeSettings(
         limits=Limits(max_texts=max_texts, max_tokens_per_text=max_tokens_per_text, max_k=max_k,
@@ -141,24 +150,56 @@ def serve(index_path: Path | None, model: str | None, host: str, port: int, api_
     # (it serves /v1/embeddings), and without one neither torch nor a tokenizer is loaded
     vectors_only = first_version is not None and not isinstance(first_version[1].model, ModelRecord)
     with_model = model is not None or not vectors_only
+    if not with_model and given_flags(MODEL_FLAGS):
+        assert first_version is not None
+        flags = given_flags(MODEL_FLAGS)
+        hint = "; --search-device cuda alone searches a GPU copy of the index" if "--device" in flags else ""
+        raise unused_flags(flags, f"the index has no model ({first_version[1].version} holds "
+                           f"{first_version[1].model.display}) and no --model DIR was given",
+                           "leave {them} out, or give --model DIR to serve /v1/embeddings with a model" + hint)
+    # NOTE: the GPU copy of a text index is searched with the query vectors the model makes on its device (a lone
+    # query on the engine thread); an index of vectors is searched with the client's rows: its copy needs CUDA only
+    if search_device == "cuda" and device == "cpu" and not vectors_only:
+        raise click.UsageError("--search-device cuda searches the index's GPU copy with the query vectors the model "
+                               "makes, so it needs the model on CUDA, and --device cpu was given: give --device cuda "
+                               "(or leave --device out)")
+    missing = missing_serve_extra()
+    if missing:
+        raise PetalClickError(f"petal serve needs the optional 'serve' dependencies ({', '.join(missing)} missing): "
+                              "pip install 'petal[serve]'", 78)
+    from dataclasses import replace
+
+    from petal.engine.config import ModelOptions
+    from petal.pipeline.index.search import IndexReader
+    from petal.pipeline.jobs.index_run import model_spec
+    from petal.pipeline.jobs.query import QueryModel, SearchIndex, engine_config, model_for_index
+    from petal.pipeline.serve.metrics import ServeMetrics
+    from petal.pipeline.serve.server import bind
+    from petal.pipeline.serve.server import serve as run_server
+    from petal.pipeline.serve.service import THREAD_STOP_S, ServeState
+    from petal.pipeline.serve.startup import Startup
+    from petal.pipeline.serve.warmup import warm_up
+
+    cuda = False  # the model runs on CUDA
     if with_model:
         from petal.engine.engine import resolve_device
 
         cuda = usage(lambda: resolve_device(device)) == "cuda"
+        if search_device == "cuda" and not cuda and not vectors_only:
+            raise click.UsageError("--search-device cuda searches the index's GPU copy with the query vectors the "
+                                   "model makes, so it needs the model on CUDA, and torch sees no CUDA device")
+    if vectors_only:
+        # NOTE: auto is the model's device where --model runs one, else FAISS on the CPU, as petal query --vector-file
+        # (asking torch whether there is CUDA costs seconds); --search-device cuda makes the GPU copy
         if search_device == "cuda" and not cuda:
-            raise click.UsageError("--search-device cuda needs the model on CUDA (--device cuda)")
-        searched_on = "cuda" if cuda and search_device != "cpu" and index_path is not None else "cpu"
-    else:
-        # NOTE: auto is FAISS on the CPU, as petal query --vector-file (asking torch whether there is CUDA costs
-        # seconds); --search-device cuda makes the GPU copy
-        cuda = False
-        if search_device == "cuda":
             from petal.engine.engine import resolve_device
 
             if resolve_device("auto") != "cuda":
                 raise click.UsageError("--search-device cuda needs a CUDA device for the GPU copy of the index; torch "
                                        "sees none")
-        searched_on = "cuda" if search_device == "cuda" else "cpu"
+        searched_on = "cuda" if search_device == "cuda" or (cuda and search_device == "auto") else "cpu"
+    else:
+        searched_on = "cuda" if cuda and search_device != "cpu" and index_path is not None else "cpu"
     settings = replace(settings, search_device=searched_on)
     sock = bind(host, port)  # before loading: a taken port fails in a second, not after the model load
 

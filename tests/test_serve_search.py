@@ -606,15 +606,18 @@ def test_lists_of_a_lossy_quantizer_fall_back_to_the_exhaustive_copy(vectors_ind
     np.testing.assert_allclose(scores, want_scores, rtol=1e-4, atol=1e-4)
 
 
-def test_search_device_cuda_needs_the_model_on_cuda(monkeypatch):
-    result = CliRunner().invoke(cli, ["serve", "out", "--search-device", "cuda", "--device", "cpu", "--port", "0"])
-    assert result.exit_code == 2 and "--search-device cuda needs" in result.output
-    # the flags alone decide it: a usage error before the check for the serve extra (78 on a host without it)
+def test_search_device_cuda_needs_the_model_on_cuda(sample_index, monkeypatch):
+    """A text index (its GPU copy is searched with the model's query vectors); an index of vectors: see
+    tests/test_serve_unused_flags.py."""
+    argv = ["serve", str(sample_index), "--search-device", "cuda", "--device", "cpu", "--port", "0"]
+    result = CliRunner().invoke(cli, argv)
+    assert result.exit_code == 2 and "needs the model on CUDA" in result.output and "--device cpu" in result.output
+    # the flags and the manifest decide it: a usage error before the check for the serve extra (78 on a host without)
     import petal.cli.serve as serve_cli
 
     monkeypatch.setattr(serve_cli, "missing_serve_extra", lambda: ["uvicorn"])
-    result = CliRunner().invoke(cli, ["serve", "out", "--search-device", "cuda", "--device", "cpu", "--port", "0"])
-    assert result.exit_code == 2 and "--search-device cuda needs" in result.output
+    result = CliRunner().invoke(cli, argv)
+    assert result.exit_code == 2 and "needs the model on CUDA" in result.output
 
 
 @pytest.mark.parametrize("use_orjson", [True, False])
