@@ -223,7 +223,10 @@ def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory
         kept_infos = [kept_shard(r, e) for r, e in zip(kept_recs, kept)]
         if used_sha is None and (job.scale is not None or (not job.full and stored_any(store, shards))):
             used_sha = weights.result()  # store entries to look up (a resumed run), or workers that pickle the spec
-        sha = {info.abs_path: content_sha256(store, info, job.read, reads) for info in shards}
+        sha = {}
+        for info in shards:  # each shard whose stat changed is read whole: a stop signal ends the phase between two
+            stop.check()
+            sha[info.abs_path] = content_sha256(store, info, job.read, reads)
         identity = RunIdentity(spec, config, job, weights, used_sha)
         if used_sha is not None:  # else once the model is loaded (a fresh output: the hash runs beside the load)
             report.model = identity.spec().describe()
@@ -289,13 +292,13 @@ def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory
         deletion = record_deletion(out, committed, delete_ids, report) if delete_ids is not None else None
         pending = deletion.pending_counts() if deletion is not None else None
         no_text = ensure_columns(store, committed, need, {i.abs_path: i for i in all_shards if i.schema is not None},
-                                 job.read, reads)  # the shards preflight read (kept ones have no schema here)
+                                 job.read, reads, stop.check)  # the shards preflight read (kept ones: no schema here)
         if no_text:
             _say(f"warning: the text of {len(no_text)} kept shards is not stored (their files are gone or changed), "
                  f"e.g. {no_text[0]}: --show-text has none for their hits")
         check_rows_to_index(out, job, committed, report)
         same = previous is not None and unchanged(previous, shards, committed, job, pending)
-        if nothing_to_publish(out, previous, same, report):
+        if nothing_to_publish(out, previous, same, report, stop):
             report.version = out.current_version()
             assert report.version is not None
             report.rejects_file = str(out.version_dir(report.version) / "rejects.parquet")
@@ -351,11 +354,24 @@ def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory
         report.index["timings_s"]["publish"] = round(published_s, 3)  # fsync, rename, pointer swap
         report.rejects_file = str(out.version_dir(version) / "rejects.parquet")
         t0 = time.perf_counter()
-        if committed_tombstones:  # NOTE: else clean-up would prune the staged tombstones the live version holds to
+        # NOTE: else clean-up would prune the staged tombstones the live version holds to
+        if committed_tombstones and not signalled_after_publish(stop, version):
             clean_up(out, store, committed, job, report)
         report.timings_s["clean_up"] = round(time.perf_counter() - t0, 3)
     report.finish("success", 0)
     return report
+
+
+def signalled_after_publish(stop: StopSignals, version: str) -> bool:
+    """A stop signal that arrived once the run was past its last stop (while the version was being published): the
+    version is live and the run ends as a success, but without its clean-up (the next run prunes). Says so."""
+    if stop.signum is None:
+        return False
+    import signal
+
+    _say(f"note: {signal.Signals(stop.signum).name} arrived while version {version} was being published; it is live. "
+         "Clean-up (pruning old versions and store entries) is left to the next run")
+    return True
 
 
 def embed_in_process(shards: list[ShardInfo], identity: RunIdentity, store: EmbeddingStore, spec: ModelSpec,
@@ -654,14 +670,17 @@ def unchanged(previous: Manifest, shards: list[ShardInfo], entries: list[StoreEn
     return before == now and same_columns and previous.index.settings == job.index
 
 
-def nothing_to_publish(out: OutputDir, previous: Manifest | None, same: bool, report: RunReport) -> bool:
+def nothing_to_publish(out: OutputDir, previous: Manifest | None, same: bool, report: RunReport,
+                       stop: StopSignals | None = None) -> bool:
     """True when the run has nothing to publish: the live version was built from exactly these store entries and
     settings (``same``) and its files are whole (``live_damage``: every byte against its sha256). A damaged one
     (a file missing, changed, unreadable) is rebuilt from the store, nothing re-embedded: said on stderr and in the
     report (``repaired``), so a rerun never calls a live version that queries cannot open "nothing to do"."""
     if previous is None or not same:
         return False
-    damage = live_damage(out, previous)
+    # NOTE: read-only, and every byte of a large index: a stop signal ends it at once (Interrupted), not after it
+    with stop.interruptible() if stop is not None else contextlib.nullcontext():
+        damage = live_damage(out, previous)
     if damage is None:
         return True
     _say(f"warning: the live version is damaged ({damage}); publishing a new one built from the store")

@@ -16,7 +16,7 @@ from petal.pipeline.index.search import verify_files
 from petal.pipeline.index.verify import verify_version
 from petal.pipeline.layout import OutputDir
 from petal.pipeline.manifest import Manifest
-from petal.pipeline.reliability.errors import PetalError, one_line, quote_path
+from petal.pipeline.reliability.errors import Interrupted, PetalError, one_line, quote_path
 from petal.pipeline.reliability.safe_files import check_regular
 
 
@@ -39,6 +39,8 @@ def live_damage(out: OutputDir, manifest: Manifest) -> str | None:
         rows = pq.read_metadata(ids).num_rows
         if rows != manifest.index.num_vectors:
             return f"{quote_path(ids)} maps {rows} ids for {manifest.index.num_vectors} vectors"
+    except Interrupted:  # a stop signal while reading (the check runs interruptible): the run stops, no repair
+        raise
     except (PetalError, OSError, pa.ArrowException, KeyError, TypeError, ValueError, AttributeError) as exc:
         return one_line(str(exc))[:300] or type(exc).__name__
     return None

@@ -138,7 +138,7 @@ def _run(job: IndexJob, column: str, report: RunReport, stop: StopSignals, start
             raise NoInputError(f"no vectors to index: {report.rows['total']} rows read, all skipped "
                                f"({report.rows['skipped'] or 'no rows'})")
         same = previous is not None and run.unchanged(previous, all_shards, committed, job, pending)
-        if run.nothing_to_publish(out, previous, same, report):  # a damaged live version is rebuilt from the store
+        if run.nothing_to_publish(out, previous, same, report, stop):  # a damaged live version: rebuilt from the store
             report.version = out.current_version()
             run.clean_up(out, store, committed, job, report)
             report.finish("nothing-to-do", 0, "no shard or setting changed; the live version stays")

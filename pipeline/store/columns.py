@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -101,15 +101,17 @@ def _read_schema(path: Path | RemotePath) -> pa.Schema:
 
 def ensure_columns(store: EmbeddingStore, entries: list[StoreEntry], need: ColumnsNeed,
                    read_now: dict[str, ShardInfo] | None = None, read: ReadConfig | None = None,
-                   stats: ReadStats | None = None) -> list[str]:
+                   stats: ReadStats | None = None, check: Callable[[], None] | None = None) -> list[str]:
     """Every entry gets a side file with ``need``'s columns. ``read_now``: shards of this run (absolute path ->
     the ``ShardInfo`` preflight made: its schema is not read again), whose entries hold their current content.
     Returns shards whose text could not be stored (their file is gone or changed since it was embedded); a kept
     column that cannot be stored is a ``ConfigError`` (78). Sources are read as the rows phase reads them (``read``;
     OS read errors retried and counted in ``stats``): a corrupt page is 65 naming the source, its row group and
     column, an OS read error that persists 74 naming the source, permission denied 66; a write error on the side
-    file is 74 naming it."""
+    file is 74 naming it. ``check`` runs before each entry and each record batch (a stop signal: it raises, the
+    side file being written is removed, those written stay)."""
     read = read or ReadConfig()
+    check = check or _no_check
     read_now = read_now or {}
     missing_text: list[str] = []
     if not need.names:
@@ -118,6 +120,7 @@ def ensure_columns(store: EmbeddingStore, entries: list[StoreEntry], need: Colum
         path = columns_path(entry.path)
         if set(need.names) <= _stored_names(path):
             continue
+        check()
         source = entry.meta["source"]
         shard = read_now.get(str(source["abs_path"]))
         if shard is None and "://" not in str(source["abs_path"]) and _same_content(Path(source["abs_path"]),
@@ -129,8 +132,12 @@ def ensure_columns(store: EmbeddingStore, entries: list[StoreEntry], need: Colum
                                   f"{', '.join(need.keep)} cannot be stored; name it as a SOURCE again or pass --sync")
             missing_text.append(str(source["path"]))
             continue
-        _write_columns(shard, entry, need, path, read, stats)
+        _write_columns(shard, entry, need, path, read, stats, check)
     return missing_text
+
+
+def _no_check() -> None:
+    return None
 
 
 def _same_content(shard: Path, source: dict, read: ReadConfig, stats: ReadStats | None) -> bool:
@@ -159,7 +166,7 @@ def _source_info(shard: Path, source: dict) -> ShardInfo:
 
 
 def _write_columns(info: ShardInfo, entry: StoreEntry, need: ColumnsNeed, path: Path, read: ReadConfig,
-                   stats: ReadStats | None) -> None:
+                   stats: ReadStats | None, check: Callable[[], None]) -> None:
     """Stream the source shard's columns for the rows of ``entry`` (ascending) into ``path`` (atomically).
 
     NOTE: the source is read through ``stream_batches`` (pipeline/ingest/parquet.py), outside ``writing(path)``:
@@ -192,6 +199,7 @@ def _write_columns(info: ShardInfo, entry: StoreEntry, need: ColumnsNeed, path: 
     try:
         with contextlib.closing(stream_batches(info, source_columns, read, decode, stats)) as tables:
             for table in tables:  # a read error here names the source
+                check()
                 if table is not None:
                     with writing(path):
                         writer.write_table(table)

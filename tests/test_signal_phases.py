@@ -1,0 +1,100 @@
+"""Stop signals in every phase of ``petal index`` (promises 10 and 3), in real processes.
+
+Two phases read whole shards without looking at the stop flag: the content hash of every shard whose stat
+changed (before any embedding), and the stored text's second read of each embedded shard (after embedding). A
+SIGTERM in either waited until every shard had been read (on a large corpus, minutes); now each stops before the
+next shard (and the text read before the next record batch). A signal that arrives while a version is being
+published (past the last stop) ends the run as a success, the version being live: it used to go on to prune old
+versions and store entries as if nothing had happened; now it says so and leaves the clean-up to the next run.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from petal.pipeline.layout import OutputDir
+from tests.fake_engine import embedded_ids, make_fake_model_dir
+from tests.test_reliability import Job, lock_is_free, write_shards
+
+
+@pytest.fixture(scope="module")
+def fake_model(tmp_path_factory) -> Path:
+    return make_fake_model_dir(tmp_path_factory.mktemp("model"))
+
+
+@pytest.fixture
+def job(tmp_path, fake_model) -> Job:
+    write_shards(tmp_path / "data")  # a, b, c: 12 rows each, one record batch each
+    return Job(tmp_path, fake_model)
+
+
+def reached(trace: Path, point: str) -> int:
+    return trace.read_text().count(f"{point}") if trace.exists() else 0
+
+
+def stop_at(job: Job, point: str, hit: int, *extra: str, signals: int = 1, sig: signal.Signals = signal.SIGTERM):
+    """Run with ``point``'s ``hit``-th pass sleeping 3 s; send ``sig`` (``signals`` times) once it is reached."""
+    trace = job.root / f"trace-{job.count + 1}"
+    argv = job.argv(*extra)
+    from tests import forkrun
+
+    child = forkrun.start(argv, {**job.env(f"{point}:{hit}:sleep=3"), "PETAL_FAULT_TRACE": str(trace)})
+    deadline = time.monotonic() + 60
+    while reached(trace, point) < hit:
+        assert time.monotonic() < deadline and child.alive(), child.stderr_so_far()
+        time.sleep(0.02)
+    for _ in range(signals):
+        time.sleep(0.2)
+        child.send(sig)
+    return child.wait(), trace
+
+
+def test_a_signal_while_the_stored_text_is_read_stops_before_the_next_shard(job):
+    # read_batch: one per shard while embedding (3), then the stored text's second read of each shard
+    result, trace = stop_at(job, "read_batch", 4)
+    assert result.rc == 143, result.stderr
+    assert result.report["status"] == "interrupted" and result.report["shards"]["embedded"] == 3
+    assert reached(trace, "read_batch") == 4  # the other two shards' text is not read
+    assert OutputDir(job.out).current_version() is None and lock_is_free(job.out)
+    assert not list((job.out / "store" / "columns").glob("*/.*.tmp-*"))  # the side file being written is removed
+    rerun = job.run()
+    assert rerun.rc == 0 and rerun.report["shards"]["reused"] == 3, rerun.stderr
+    assert embedded_ids(job.log) == []  # every shard was committed before the stop
+
+
+def test_a_signal_while_shards_are_hashed_stops_before_the_next_shard(job):
+    result, trace = stop_at(job, "read_content", 1, sig=signal.SIGINT)
+    assert result.rc == 130, result.stderr
+    assert reached(trace, "read_content") == 1 and reached(trace, "after_model_load") == 0
+    assert lock_is_free(job.out)
+    assert job.run().rc == 0
+
+
+def test_a_signal_while_publishing_ends_in_success_and_leaves_the_clean_up_to_the_next_run(job):
+    assert job.run().rc == 0
+    old = OutputDir(job.out).current_version()
+    write_shards(job.data, names="d")
+    result, _ = stop_at(job, "before_current_swap", 1, "--keep-versions", "1")
+    assert result.rc == 0, result.stderr
+    new = OutputDir(job.out).current_version()
+    assert new != old and result.report["status"] == "success" and result.report["version"] == new
+    assert f"SIGTERM arrived while version {new} was being published; it is live" in result.stderr
+    assert "left to the next run" in result.stderr
+    assert old in OutputDir(job.out).versions()  # not pruned after the signal
+    assert result.report["pruned"]["versions"] == []
+    rerun = job.run("--keep-versions", "1")
+    assert rerun.rc == 0 and rerun.report["status"] == "nothing-to-do", rerun.stderr
+    assert rerun.report["pruned"]["versions"] == [old] and OutputDir(job.out).versions() == [new]
+
+
+def test_a_second_signal_while_stopping_kills_and_the_rerun_resumes(job):
+    result, _ = stop_at(job, "read_batch", 4, signals=2)
+    assert result.rc == -signal.SIGTERM and result.report is None  # the kernel's default: killed at once
+    assert lock_is_free(job.out) and OutputDir(job.out).current_version() is None
+    rerun = job.run()
+    assert rerun.rc == 0 and rerun.report["shards"]["reused"] == 3, rerun.stderr
+    assert not any((job.out / "store" / "tmp").iterdir())
