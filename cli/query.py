@@ -16,7 +16,13 @@ from petal.pipeline.index.bounds import MAX_K, MAX_NPROBE, MAX_RESCORE
 from petal.pipeline.reliability.errors import one_line, quote_path, quote_text
 
 if TYPE_CHECKING:
+    from petal.pipeline.index.search import Hit
     from petal.pipeline.jobs.searcher import Index
+
+# --vector-file: rows searched at once (this many hits at most: rows = VECTOR_CHUNK_HITS // k), and the answers held
+# between the pass that checks every row and the pass that writes them (a longer file is searched twice)
+VECTOR_CHUNK_HITS = 1 << 16
+HELD_HITS = 1 << 18
 
 
 @click.command()
@@ -169,11 +175,24 @@ def _blank_texts(count: int) -> str:
     return "the query TEXT is blank" if count == 1 else f"all {count} query TEXTs are blank"
 
 
-def _answer(index: Index, queries: list[str], k: int, as_json: bool, show_text: bool, where: str | None = None,
-            vectors: Any = None) -> None:
-    results = index.search(queries, k, where=where) if vectors is None else index.search_stored(vectors, k, where)
+def _answer(index: Index, queries: list[str], k: int, as_json: bool, show_text: bool,
+            where: str | None = None) -> None:
+    """Search every query, render every answer (reading texts back for --show-text), then write them: a query
+    refused (a model vector that is not finite: 65) or a failed read prints nothing of the batch."""
+    _write(_rendered(index, queries, index.search(queries, k, where=where), as_json, show_text, where))
+
+
+def _write(lines: list[str]) -> None:
+    for line in lines:
+        click.echo(line)
+
+
+def _rendered(index: Index, labels: list[str], results: list[list[Hit]], as_json: bool, show_text: bool,
+              where: str | None) -> list[str]:
+    """The lines of each query's answer (``labels``: the query as said, its text or "vector N"), plain or JSON."""
     width = shutil.get_terminal_size((100, 20)).columns
-    for text, hits in zip(queries, results):
+    lines: list[str] = []
+    for text, hits in zip(labels, results):
         texts = index.texts(hits) if show_text else [None] * len(hits)
         if as_json:
             rows = []
@@ -187,11 +206,11 @@ def _answer(index: Index, queries: list[str], k: int, as_json: bool, show_text: 
                         row["text_missing"] = "shard gone"
                 rows.append(row)
             _warn_missing(index)
-            click.echo(json.dumps({"query": text, "hits": rows}, ensure_ascii=False, default=str))
+            lines.append(json.dumps({"query": text, "hits": rows}, ensure_ascii=False, default=str))
             continue
         _warn_missing(index)
-        click.echo(f"query: {one_line(text)}")
-        click.echo(f"{'rank':>4}  {'score':>8}  id")
+        lines.append(f"query: {one_line(text)}")
+        lines.append(f"{'rank':>4}  {'score':>8}  id")
         for hit, hit_text in zip(hits, texts):
             line = f"{hit.rank:>4}  {hit.score:>8.4f}  {one_line(str(hit.id))}"
             if hit.fields:
@@ -200,11 +219,12 @@ def _answer(index: Index, queries: list[str], k: int, as_json: bool, show_text: 
                 snippet = " ".join(hit_text.split())
                 room = max(20, width - len(line) - 4)
                 line += "  " + (snippet[: room - 1] + "…" if len(snippet) > room else snippet)
-            click.echo(line)
+            lines.append(line)
         if not hits:
             why = f"no row matches --where {one_line(where)}" if where else \
                 "the index is empty" if index.reader.ntotal == 0 else "none found"
-            click.echo(f"   (no hits: {why})")
+            lines.append(f"   (no hits: {why})")
+    return lines
 
 
 def _followed(index: Index, where: str | None) -> Index:
@@ -309,9 +329,31 @@ def _by_vectors(index: Index, vectors: Any, vector_file: str, k: int, as_json: b
         click.echo(f"petal: note: {note}", err=True)
     if where:
         index.check_where(where)
-    for i in range(len(vectors)):
+    step = max(1, VECTOR_CHUNK_HITS // max(1, min(k, index.num_vectors)))
+    starts = range(0, len(vectors), step)
+
+    def search(start: int) -> list[list[Hit]]:
         try:
-            _answer(index, [f"vector {i}"], k, as_json, show_text, where, vectors=vectors[i:i + 1])
+            return index.search_stored(vectors[start:start + step], k, where)
         except ScoresOverflowError as exc:  # NOTE: the file's data, not a flag: 65 naming the file and row
-            raise BadInputError(f"--vector-file {vector_file}: row {i}: its scores against this index are beyond "
-                                "float32 (its values are too large for the index's vectors); scale it down") from exc
+            raise BadInputError(f"--vector-file {vector_file}: row {start + exc.row}: its scores against this index "
+                                "are beyond float32 (its values are too large for the index's vectors); scale it "
+                                "down") from exc
+
+    # NOTE: every row is searched, and its scores checked, before the first answer is written: a file with a row
+    # refused (65) prints nothing, in every output format. The answers found are held up to HELD_HITS; the chunks
+    # of a longer file are searched again as they are written (the same rows of the same index: the same
+    # answers), so memory does not grow with the file
+    held: list[list[list[Hit]]] = []
+    held_hits = 0
+    for start in starts:
+        found = search(start)
+        held_hits += sum(map(len, found))
+        if held_hits <= HELD_HITS:
+            held.append(found)
+    for chunk, start in enumerate(starts):
+        found = held[chunk] if chunk < len(held) else search(start)
+        _write(_rendered(index, [f"vector {row}" for row in range(start, start + len(found))], found, as_json,
+                         show_text, where))
+        if chunk < len(held):
+            held[chunk] = []  # written: let it go
