@@ -10,11 +10,17 @@ import click
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def index_options(func: F) -> F:
-    """``--metric``, ``--index-memory``, ``--target-recall``."""
-    func = click.option("--target-recall", type=click.FloatRange(0.0, 1.0, min_open=True), default=0.95,
-                        show_default=True, help="Recall@10 vs exact search that search parameters are tuned to.")(func)
-    func = click.option("--index-memory", default="8G", show_default=True,
+def index_options(func: F, *, kept: bool = False) -> F:
+    """``--metric``, ``--index-memory``, ``--target-recall``. ``kept`` (``petal rebuild``): no defaults, a flag not
+    given is ``None`` and keeps the live version's setting."""
+
+    def default(value: Any) -> dict[str, Any]:
+        return {"default": None, "show_default": "the live version's"} if kept else {"default": value,
+                                                                                       "show_default": True}
+
+    func = click.option("--target-recall", type=click.FloatRange(0.0, 1.0, min_open=True), **default(0.95),
+                        help="Recall@10 vs exact search that search parameters are tuned to.")(func)
+    func = click.option("--index-memory", **default("8G"),
                         help="RAM the index may use (e.g. 4G, 512M): picks the codes; IVF over it goes on disk.")(func)
-    func = click.option("--metric", type=click.Choice(["ip", "l2"]), default="ip", show_default=True)(func)
+    func = click.option("--metric", type=click.Choice(["ip", "l2"]), **default("ip"))(func)
     return func

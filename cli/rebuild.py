@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import click
@@ -14,18 +15,19 @@ from petal.cli.index_options import index_options
 # NOTE: OUT and --json-report check nothing at parsing (readable=False): click's own check makes an unreadable path a
 # usage error (2); the run judges OUT (73) and treats a report it cannot write as a warning
 @click.argument("out", type=click.Path(path_type=Path, readable=False))
-@click.option("--index-factory", default="auto", show_default=True,
+@click.option("--index-factory", default=None, show_default="the live version's",
               help="FAISS index factory string, or auto (Flat when small, IVF above).")
-@index_options
+@functools.partial(index_options, kept=True)
 @click.option("--wait", is_flag=True, help="If another petal writes to OUT, wait for it instead of exiting 75.")
 @click.option("--json-report", type=click.Path(path_type=Path, readable=False), default=None,
               help="Write the run report here (every run not killed by SIGKILL writes one; - is stdout).")
 @click.option("--json", "as_json", is_flag=True, help="Print the run report (JSON) on stdout.")
-def rebuild(out: Path, index_factory: str, metric: str, index_memory: str, target_recall: float, wait: bool,
-            json_report: Path | None, as_json: bool) -> None:
+def rebuild(out: Path, index_factory: str | None, metric: str | None, index_memory: str | None,
+            target_recall: float | None, wait: bool, json_report: Path | None, as_json: bool) -> None:
     """Build a new version of OUT's index from its stored embeddings: no model, no re-embedding.
 
-    The shards, ids and vectors are those of the live version; only the index settings change.
+    The shards, ids and vectors are those of the live version; only the index settings given change (one not
+    given keeps the live version's: the factory it asked for, its metric, memory budget and target recall).
     A later `petal index` run builds with its own index flags again. Exit codes and signals are
     those of `petal index` (75 locked, 74 disk full with nothing left behind, 130/143/129 on
     SIGINT/SIGTERM/SIGHUP).
@@ -34,9 +36,10 @@ def rebuild(out: Path, index_factory: str, metric: str, index_memory: str, targe
     from petal.pipeline.jobs.report import RunReport
     from petal.pipeline.reliability.signals import StopSignals
 
+    flags = {name: value for name, value in (("index_factory", index_factory), ("metric", metric),
+                                             ("index_memory", index_memory), ("target_recall", target_recall))
+             if value is not None}
     report = RunReport(command="rebuild")
     with StopSignals() as stop:
         run_with_report(report, lambda: run_rebuild(out, json_report=json_report, report=report, wait=wait, stop=stop,
-                                                    index_factory=index_factory, metric=metric,
-                                                    index_memory=index_memory, target_recall=target_recall),
-                        as_json=as_json)
+                                                    **flags), as_json=as_json)

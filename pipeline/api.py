@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from petal.pipeline.jobs.report import RunReport
-from petal.pipeline.jobs.settings import check_vectors_flags, index_job, index_settings, out_path
+from petal.pipeline.jobs.settings import ALIASES, check_vectors_flags, index_job, index_settings, out_path
 from petal.pipeline.reliability.errors import (
     ConfigError,
     FlagError,
@@ -72,19 +72,23 @@ def rebuild(out: str | os.PathLike[str], *, json_report: str | os.PathLike[str] 
             **settings: Any) -> RunReport:
     """A new version of ``out``'s index from its stored embeddings with other index settings (no model).
 
-    ``settings``: ``index_factory``, ``metric``, ``index_memory``, ``target_recall``. ``wait``: queue behind
-    another writer of ``out`` (else exit 75); ``stop``: an active ``StopSignals`` of the caller's.
+    ``settings``: ``index_factory``, ``metric``, ``index_memory``, ``target_recall``; one not given keeps the live
+    version's (its manifest's: an ``IVF4096,Flat`` asked for stays one, ``index_factory="auto"`` chooses by size
+    again). ``wait``: queue behind another writer of ``out`` (else exit 75); ``stop``: an active ``StopSignals`` of
+    the caller's.
     """
     report = report if report is not None else RunReport(command="rebuild")
     target = Path(json_report) if json_report is not None else None
     try:
         out = out_path(out)
         chosen = index_settings(**settings)
+        given = frozenset(ALIASES.get(key, key) for key in settings)
     except UsageError as exc:
         _fail(report, exc, 2, f"usage error: {exc}", target)
         raise
     from petal.pipeline.jobs.rebuild import run_rebuild  # NOTE: after the flags: a usage error loads no FAISS or Arrow
-    return _run(lambda: run_rebuild(out, chosen, report, wait=wait, stop=stop), report, target, (out, target))
+    return _run(lambda: run_rebuild(out, chosen, report, wait=wait, stop=stop, given=given), report, target,
+                (out, target))
 
 
 def open_index(path: str | os.PathLike[str], **settings: Any) -> Index:

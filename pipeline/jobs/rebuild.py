@@ -13,6 +13,7 @@ import re
 import shutil
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 from petal.pipeline.config import IndexSettings
@@ -26,6 +27,7 @@ from petal.pipeline.manifest import MANIFEST_FILE, Manifest
 from petal.pipeline.reliability.errors import (
     BadInputError,
     ConfigError,
+    FlagError,
     PetalError,
     inside,
     one_line,
@@ -63,8 +65,11 @@ def store_entries(out: OutputDir, manifest: Manifest) -> list[StoreEntry]:
 
 
 def run_rebuild(out_path: Path, settings: IndexSettings, report: RunReport, wait: bool = False,
-                stop: StopSignals | None = None) -> RunReport:
+                stop: StopSignals | None = None, given: frozenset[str] | None = None) -> RunReport:
     """Rebuild the live version of ``out_path`` with ``settings`` and publish it.
+
+    ``given``: the ``IndexSettings`` fields the caller chose (``None``: all of them); every other one keeps the live
+    version's (``kept_settings``): a rebuild without ``--index-factory`` builds the factory the user asked for.
 
     ``wait`` queues behind another writer (else exit 75); ``stop`` (the caller's active ``StopSignals``)
     ends the run between phases and ends a wait for the lock; a failure at any point (disk full: 74)
@@ -90,7 +95,15 @@ def run_rebuild(out_path: Path, settings: IndexSettings, report: RunReport, wait
         tally_store_rows(entries, report)
         transform = previous.output
         kind = index_kind(transform.quantize, transform.output_dtype) if transform is not None else "float32"
-        check_index_factory(settings, kind, previous.dim, report.rows["reused"])  # exit 2, before any work
+        settings = kept_settings(previous, settings, given)
+        try:
+            check_index_factory(settings, kind, previous.dim, report.rows["reused"])  # exit 2, before any work
+        except FlagError as exc:
+            if given is None or "factory" in given:
+                raise
+            raise ConfigError(f"{quote_path(out.version_dir(previous.version) / MANIFEST_FILE)}: the live version's "
+                              f"index factory {quote_text(settings.factory)}, kept as no --index-factory was given, "
+                              f"cannot be built again: {exc}; give --index-factory") from exc
         active.check()
         with writing(out.versions_dir):
             staging = out.staging_dir()
@@ -114,6 +127,14 @@ def run_rebuild(out_path: Path, settings: IndexSettings, report: RunReport, wait
     report.finish("success", 0, f"{result.num_vectors} vectors in {result.factory} ({result.storage}), "
                                 f"version {version}")
     return report
+
+
+def kept_settings(previous: Manifest, settings: IndexSettings, given: frozenset[str] | None) -> IndexSettings:
+    """``settings`` where the caller chose them (``given``; ``None``: all), the live version's elsewhere: its factory
+    as asked for (``auto`` stays ``auto``: the size decides), metric, memory budget, target recall, seed..."""
+    if given is None:
+        return settings
+    return replace(previous.index.settings, **{name: getattr(settings, name) for name in given})
 
 
 def tally_store_rows(entries: list[StoreEntry], report: RunReport) -> None:
