@@ -150,6 +150,9 @@ class EngineConfig:
     attention_in_o: bool = True  # ... the 16-token bucket: the attention inside the O projection's kernel
     # CUDA, every bucket: residual adds (and BERT's up-projection GELU) in the GEMMs (engine/small_batch.py)
     gemm_epilogues: bool = True
+    # Qwen3 on sm90+: buckets of at least this many tokens run the gate/up GEMM with SwiGLU in its epilogue as a
+    # TMA kernel (engine/layers/tma_mlp.py; 0: never)
+    tma_mlp_tokens: int = 2048
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_NAMES:
@@ -162,5 +165,5 @@ class EngineConfig:
             raise ValueError(f"token_budget {self.token_budget} and max_seqs {self.max_seqs} must be >= 1")
         if self.steps_in_flight < 1:
             raise ValueError(f"steps_in_flight {self.steps_in_flight} < 1")
-        if min(self.small_attention_tokens, self.fused_mlp_tokens, self.skinny_layer_tokens) < 0:
+        if min(self.small_attention_tokens, self.fused_mlp_tokens, self.skinny_layer_tokens, self.tma_mlp_tokens) < 0:
             raise ValueError("small-batch token limits must be >= 0 (0 turns a kernel off)")

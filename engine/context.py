@@ -34,6 +34,7 @@ class ForwardContext:
     # the small-batch path (engine/small_batch.py decides per bucket):
     fused_attention: bool = False  # attention in one Triton kernel (engine/layers/small_attention.py), no plan()
     fused_mlp: bool = False  # Qwen3 gate/up GEMM with SwiGLU fused (engine/layers/fused_mlp.py)
+    tma_mlp: bool = False  # ... the large buckets' TMA kernel of it (engine/layers/tma_mlp.py)
     skinny_layers: bool = False  # Qwen3 layers as weight-streaming kernels (engine/layers/skinny_linear.py)
     pdl: bool = False  # ... launched as programmatic dependent launches
     attention_in_o: bool = False  # ... with the attention inside the O projection's kernel (buckets with its tiles)

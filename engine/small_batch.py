@@ -22,6 +22,9 @@ Every bucket on CUDA (``EngineConfig.gemm_epilogues``) also moves work into the 
   approximation: taken for the tanh GELUs, and for the erf GELU (BERT, XLM-R) in bfloat16 only, where the
   two differ (mean 1.5e-4, at most 4.7e-4) by a seventh of bfloat16's own rounding error (mean 1.1e-3); in
   float16 (rounding error 1.4e-4) the erf GELU stays a kernel of its own.
+
+Qwen3 buckets of at least ``EngineConfig.tma_mlp_tokens`` tokens (sm90+) run the gate/up GEMM with SwiGLU in
+its epilogue as a persistent TMA kernel (``engine/layers/tma_mlp.py``) instead of cuBLAS + ``silu_and_mul``.
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ from petal.engine.layers.skinny_linear import BUCKET_TILES, SkinnyOptions, atten
 from petal.engine.layers.skinny_linear import MAX_ROWS as SKINNY_MAX_ROWS
 from petal.engine.layers.skinny_linear import fits as skinny_fits
 from petal.engine.layers.small_attention import SMALL_ATTENTION_HEAD_DIMS
+from petal.engine.layers.tma_mlp import fits as tma_mlp_fits
+from petal.engine.layers.tma_mlp import tma_available
 from petal.engine.layers.triton_kernels import triton_available
 
 TANH_GELUS = frozenset({"gelu_new", "gelu_pytorch_tanh", "gelu_fast"})  # hidden_act names of the tanh GELU
@@ -51,6 +56,7 @@ class SmallBatchKernels:
     attention_in_o: bool = False  # ... the attention inside the O projection (buckets whose tiles have it)
     gemm_epilogues: bool = False  # every bucket: residual adds in the GEMMs (BERT family, Qwen3 without biases)
     gelu_epilogue: bool = False  # every bucket: the up projection's bias + GELU in cuBLASLt's epilogue
+    tma_mlp_tokens: int = 0  # buckets of at least this many tokens: Qwen3's gate/up + SwiGLU as a TMA kernel (0: none)
 
     @classmethod
     def for_engine(cls, config: EngineConfig, model: ModelConfig, device: torch.device,
@@ -70,6 +76,8 @@ class SmallBatchKernels:
         attention = config.small_attention_tokens if fits else 0
         qwen3 = model.architecture == "qwen3"
         mlp = config.fused_mlp_tokens if qwen3 and fused_mlp_fits(model.hidden_size, model.intermediate_size) else 0
+        tma = config.tma_mlp_tokens if qwen3 and tma_mlp_fits(model.hidden_size, model.intermediate_size) and \
+            tma_available(device.index if device.index is not None else torch.cuda.current_device()) else 0
         skinny = 0
         if fits and qwen3 and not dict(model.extra).get("attention_bias", False) and skinny_fits(
                 model.hidden_size, model.num_heads * model.head_dim, model.intermediate_size):
@@ -78,7 +86,7 @@ class SmallBatchKernels:
         in_o = config.attention_in_o and skinny > 0 and all(
             attention_fits(model.hidden_size, t.attention_o)
             for t in BUCKET_TILES.values() if t.attention_o is not None)
-        return cls(attention, mlp, skinny, pdl, in_o, gemm_epilogues=into, gelu_epilogue=gelu)
+        return cls(attention, mlp, skinny, pdl, in_o, gemm_epilogues=into, gelu_epilogue=gelu, tma_mlp_tokens=tma)
 
     def skinny_options(self) -> SkinnyOptions:
         """How the skinny layers launch (the warm-up compiles these variants)."""
@@ -88,6 +96,7 @@ class SmallBatchKernels:
         """Mark ``ctx`` (a step of ``num_tokens`` token slots) with the kernels its bucket runs."""
         ctx.fused_attention = num_tokens <= self.attention_tokens
         ctx.fused_mlp = num_tokens <= self.mlp_tokens
+        ctx.tma_mlp = not ctx.fused_mlp and 0 < self.tma_mlp_tokens <= num_tokens
         ctx.skinny_layers = num_tokens <= self.skinny_tokens
         ctx.pdl = self.pdl and ctx.skinny_layers
         ctx.attention_in_o = (self.attention_in_o and ctx.skinny_layers

@@ -30,6 +30,8 @@ from petal.engine.layers.skinny_linear import (
     skinny_layer,
 )
 from petal.engine.layers.small_attention import SMALL_ATTENTION_HEAD_DIMS, SmallAttention, attend
+from petal.engine.layers.tma_mlp import fits as tma_mlp_fits
+from petal.engine.layers.tma_mlp import gate_up_silu_tma, tma_available
 from petal.engine.layers.triton_kernels import add_layer_norm, qk_norm_rope_, triton_available
 
 _warmups: dict[tuple[object, ...], threading.Thread] = {}
@@ -128,6 +130,13 @@ def _warm_small_batch(cfg: ModelConfig, dtype: torch.dtype, device: torch.device
     if cfg.architecture == "qwen3" and fused_mlp_fits(cfg.hidden_size, cfg.intermediate_size):
         gate_up_silu(torch.zeros(num_tokens, cfg.hidden_size, dtype=dtype, device=device),
                      torch.zeros(2 * cfg.intermediate_size, cfg.hidden_size, dtype=dtype, device=device))
+    if cfg.architecture == "qwen3" and tma_mlp_fits(cfg.hidden_size, cfg.intermediate_size) and \
+            tma_available(device.index if device.index is not None else torch.cuda.current_device()):
+        # NOTE: one variant serves every large bucket (rows and programs are runtime arguments; enough rows here
+        # that the program count is the SM count, as in the buckets that run it)
+        rows = 2048
+        gate_up_silu_tma(torch.zeros(rows, cfg.hidden_size, dtype=dtype, device=device),
+                         torch.zeros(2 * cfg.intermediate_size, cfg.hidden_size, dtype=dtype, device=device))
 
 
 def _warm_skinny_bucket(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, num_tokens: int,

@@ -30,6 +30,7 @@ from petal.engine.layers.skinny_linear import (
     skinny_layer,
 )
 from petal.engine.layers.small_attention import SmallAttention, small_attention
+from petal.engine.layers.tma_mlp import gate_up_silu_tma
 from petal.engine.layers.triton_kernels import qk_norm_rope_, triton_available
 from petal.engine.models.base import EncoderModel
 from petal.engine.st_files import config_bool, config_float, config_int, config_str, json_kind
@@ -169,6 +170,8 @@ class Qwen3MLP(nn.Module):
         """``[T, hidden] -> [T, hidden]``; with ``residual``, the down GEMM adds into it in place and returns it."""
         if ctx.fused_mlp:  # gate/up GEMM with SwiGLU in its epilogue (small buckets)
             act = gate_up_silu(h, self.gate_up_proj.weight)
+        elif ctx.tma_mlp:  # the same, as a TMA kernel (large buckets, sm90+)
+            act = gate_up_silu_tma(h, self.gate_up_proj.weight)
         else:
             act = silu_and_mul(self.gate_up_proj(h))
         if residual is not None:
