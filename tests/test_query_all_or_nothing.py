@@ -82,7 +82,8 @@ def test_a_refused_row_in_a_later_chunk_writes_nothing(indexes, tmp_path):
 
 def test_a_long_file_is_answered_whole_and_in_order(indexes, tmp_path):
     """More answers than HELD_HITS: the chunks past it are searched again as they are written; every row is
-    answered once, in file order, with the hits of one search of all rows (the Python API)."""
+    answered once, in file order, with the hits of one search of all rows (the Python API). A guard of the two
+    passes (the one-row-at-a-time search before them answered this file as well)."""
     k = 8
     count = HELD_HITS // k + 3 * (VECTOR_CHUNK_HITS // k) + 7
     rows = np.random.default_rng(2).standard_normal((count, DIM)).astype(np.float32)
@@ -93,4 +94,10 @@ def test_a_long_file_is_answered_whole_and_in_order(indexes, tmp_path):
     assert [a["query"] for a in answers] == [f"vector {i}" for i in range(count)]
     with petal.open_index(indexes["ip"]) as index:
         expected = index.search_stored(rows, k=k)
-    assert [[h["id"] for h in a["hits"]] for a in answers] == [[h.id for h in hits] for hits in expected]
+    # NOTE: scores to float32's precision, not exact ids: FAISS scores a few rows by another path (BLAS or not, by
+    # how many rows one search holds) than one search of every row, which differs in the last bits (4e-7 relative)
+    # and can swap two hits that tie to that precision; a row answered out of place or twice has other scores
+    got = np.array([[h["score"] for h in a["hits"]] for a in answers])
+    np.testing.assert_allclose(got, [[h.score for h in hits] for hits in expected], rtol=2e-6, atol=1e-6)
+    same = sum([h["id"] for h in a["hits"]] == [h.id for h in hits] for a, hits in zip(answers, expected))
+    assert same >= count - 5, (same, count)
