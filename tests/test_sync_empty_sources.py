@@ -107,3 +107,16 @@ def test_an_empty_source_is_still_no_input_without_sync_without_a_live_version_o
     fresh.data.mkdir(parents=True)
     first = fresh.run("--sync", "--max-removed", "100%")
     assert first.rc == 66 and "no *.parquet files under directory" in first.last_line, first.stderr
+
+
+def test_sync_over_an_emptied_directory_with_delete_counts_the_ids_gone_with_their_shards(job):
+    deletes = job.root / "deletes.parquet"
+    pq.write_table(pa.table({"id": ["b-0-3", "not-an-id"]}), deletes)  # string ids, as the index holds them
+    empty_data(job)
+    result = job.run("--sync", "--max-removed", "100%", "--delete", str(deletes))
+    assert result.rc == 0, result.stderr  # was: 65 'not an integer, and the index's ids are integers'
+    report = result.report
+    assert report["deletes"]["requested"] == 2 and report["deletes"]["deleted"] == 1
+    assert report["deletes"]["not_found"] == 1 and report["deletes"]["sample_not_found"] == ["not-an-id"]
+    assert report["removed"]["documents"] == 35  # b-0-3 was asked for: deleted, not counted as removed
+    assert IndexReader(job.out).index.ntotal == 0

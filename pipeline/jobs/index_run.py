@@ -768,9 +768,10 @@ def guard_removals(out: OutputDir, job: IndexJob, shards: list[ShardInfo], entri
 
 def check_delete_ids(delete_ids: DeleteIds, shards: list[ShardInfo], kept: list[ShardRecord]) -> None:
     """Read ``--delete``'s ids as the index's ids will be, before the model loads, where the shards named settle
-    it (a shard of string ids, or no shard kept): a value that is not an id of that type is 65 now, not later."""
+    it (a shard of string ids, or no shard kept): a value that is not an id of that type is 65 now, not later. No
+    shard at all (``--sync`` over sources that hold none) settles nothing, and leaves nothing to delete from."""
     string = any(not integer_ids(s.id_type) for s in shards)  # no id column: '<shard>:<row>', a string
-    if string or not kept:
+    if shards and (string or not kept):
         delete_ids.typed(string)
 
 

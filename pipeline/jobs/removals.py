@@ -32,7 +32,7 @@ from petal.pipeline.manifest import Manifest, ShardRecord
 from petal.pipeline.reliability.errors import BadInputError, ConfigError, PetalError
 from petal.pipeline.reliability.safe_files import check_regular
 from petal.pipeline.store.embeddings import EmbeddingStore, StoreEntry
-from petal.pipeline.store.tombstones import DeleteIds, deleted_rows, string_ids
+from petal.pipeline.store.tombstones import DeleteIds, deleted_as_text, deleted_rows
 
 SAMPLE_IDS = 5
 
@@ -158,7 +158,7 @@ def removed_documents(before: pa.ChunkedArray, entries: list[StoreEntry], delete
     the ``deleted`` ids asked for; split into the documents of ``dropped`` shards and replaced ones."""
     lost = pc.filter(before, pc.invert(pc.is_in(before, value_set=pc.unique(live_ids(entries)))))
     if deleted is not None and len(lost):  # the ids asked for, read as apply_deletes read them (7 for "007")
-        asked = deleted.typed(string_ids(entries)).cast(pa.string())
+        asked = deleted.typed(deleted_as_text(entries, deleted)).cast(pa.string())
         lost = pc.filter(lost, pc.invert(pc.is_in(lost, value_set=asked)))
     in_dropped = (pc.is_in(lost, value_set=pc.unique(live_ids(dropped))) if dropped
                   else pa.array(np.zeros(len(lost), dtype=bool)))

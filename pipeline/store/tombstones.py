@@ -284,6 +284,13 @@ def string_ids(entries: list[StoreEntry]) -> bool:
     return any(e.meta.get("id_type") == "string" for e in entries)
 
 
+def deleted_as_text(entries: list[StoreEntry], asked: DeleteIds) -> bool:
+    """How ``--delete``'s ids are read for the version of ``entries``: as its ids (``string_ids``). A version with
+    no entries (``--sync`` over sources that hold none) has no id type: they are read as their column holds them
+    (none is found in it; ``Deletion.gone_with_shards`` counts those the live version held)."""
+    return string_ids(entries) if entries else not pa.types.is_integer(asked.values.type)
+
+
 @dataclass
 class Deletion:
     """What ``--delete`` did: ids asked for, found (now deleted), not found."""
@@ -355,8 +362,8 @@ def apply_deletes(entries: list[StoreEntry], asked: DeleteIds) -> Deletion:
     """Plan a tombstone for every row of ``entries`` whose id is in ``asked`` (rows deleted already stay); nothing
     is written: the tombstones wait in ``Deletion.pending`` (the build reads them through ``Deletion.apply``) and
     are staged and committed with the version that publishes them. The ids are read as the version's ids are
-    (``DeleteIds.typed``)."""
-    as_text = string_ids(entries)
+    (``DeleteIds.typed``, ``deleted_as_text``)."""
+    as_text = deleted_as_text(entries, asked)
     ids = asked.typed(as_text)
     id_type = pa.string() if as_text else pa.int64()
     result = Deletion(requested=len(ids))
