@@ -22,9 +22,10 @@ if TYPE_CHECKING:
 def info(index_path: Path, as_json: bool) -> None:
     """Show INDEX's model, dim, metric, index type, counts, shards and version.
 
-    The version's files are checked as an open checks them (sizes and head/tail checksums, O(1) in the
-    index size): a damaged file is said on stderr after what the manifest holds, with the exit code of
-    petal query (65 corrupt, 78 missing or not a regular file); petal verify checks every byte.
+    The version's files are checked as an open checks them (sizes and head/tail checksums, index.faiss's
+    header against the manifest: binary or float, dim, vectors, metric; O(1) in the index size): a damaged
+    file is said on stderr after what the manifest holds, with the exit code of petal query (65 corrupt or
+    not the manifest's, 78 missing or not a regular file); petal verify checks every byte and the index kind.
     """
     from petal.pipeline.index.verify import check_on_open
     from petal.pipeline.layout import resolve_index_dir

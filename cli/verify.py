@@ -22,11 +22,13 @@ if TYPE_CHECKING:
 @user_errors(outputs=())
 def verify(out: Path, version: str | None, as_json: bool) -> None:
     """Check the full sha256 of every file of OUT's live version (or --version V) and the manifest's
-    own checksum. Exit 0 when all match, 65 naming each file that does not, 78 (as opening the version)
+    own checksum, then that the files hold what the manifest says: index.faiss read as opening reads it
+    (its header's dim, vectors and metric, its index kind against the manifest's factory) and as many ids
+    as vectors. Exit 0 when all match, 65 naming each file that does not, 78 (as opening the version)
     when a listed file is missing or not a regular file inside the version.
 
-    Opening an index (petal query) checks sizes and head/tail checksums only, so that it costs O(1)
-    in the index size; this command reads every byte.
+    Opening an index (petal query) checks sizes, head/tail checksums and index.faiss's header only, so
+    that it costs O(1) in the index size; this command reads every byte.
     """
     from petal.pipeline.index.verify import verify_version
     from petal.pipeline.layout import OutputDir, resolve_index_dir
@@ -38,7 +40,7 @@ def verify(out: Path, version: str | None, as_json: bool) -> None:
         if target != out and not (target / "manifest.json").is_file():
             raise ConfigError(f"--version {version}: {target} is not a version of {out} (no manifest.json)")
         version_dir, _ = resolve_index_dir(target)
-        report = verify_version(version_dir)
+        report = verify_version(version_dir, read_index=True)
     except PetalError as exc:
         if as_json:  # NOTE: --json promises one object on stdout, whatever the verdict
             click.echo(json.dumps({"ok": False, "error": str(exc), "exit_code": exc.exit_code}, ensure_ascii=False))

@@ -11,6 +11,12 @@ Both rank a version's damage the same way: a listed file that cannot be opened a
 the version (missing, a directory, a FIFO, a symlink out of it, a name that is not a plain file name) or a
 required file the manifest does not list is refused with 78, before any checksum; a file that is there
 but does not match its records (size, head/tail, sha256: a zero-byte file too) is 65.
+
+Checksums cannot tell a manifest signed again over other files (another valid FAISS index put in its place)
+from the one petal wrote: both also read ``index.faiss``'s header (its first bytes, without FAISS: O(1)) and
+refuse one whose dimension, vector count, metric or binary/float kind is not the manifest's (65 naming the file
+and the field); ``petal verify`` also reads the index as opening does (``mmap.py``: never a path recorded inside
+it) and compares its structure (index types, lists, code sizes) with the manifest's factory, and the id count.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +53,12 @@ from petal.pipeline.reliability.errors import (
 from petal.pipeline.reliability.safe_files import UnsafeFileError, check_regular, open_regular, read_regular
 
 REQUIRED_FILES = ("index.faiss", "ids.parquet")
+INDEX_FILE, IDS_FILE = REQUIRED_FILES
+FAISS_METRICS = {0: "ip", 1: "l2"}  # FAISS's METRIC_INNER_PRODUCT, METRIC_L2
+# NOTE: FAISS's write_index_header after the 4-byte type tag: d int32, ntotal int64, two int64 fields it ignores,
+# is_trained bool, metric_type int32 (little-endian, packed); a binary index's: d, code_size int32, ntotal int64
+FLOAT_HEADER = struct.Struct("<iqqq?i")
+BINARY_HEADER = struct.Struct("<iiq")
 SAFE_FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
@@ -191,6 +204,9 @@ def check_on_open(version_dir: Path, manifest: dict[str, Any] | None = None, *,
             _check_sha256(path, expected)
             if size > 2 * HEAD_TAIL_BYTES:
                 read_in_full.append(name)
+    problem = header_problem(version_dir, manifest)
+    if problem is not None:
+        raise BadInputError(problem)
     return OpenCheck(version_dir, sealed and bool(records), tuple(read_in_full), edited, tuple(unchecked))
 
 
@@ -232,6 +248,60 @@ def _check_sha256(path: Path, expected: str) -> None:
 
 
 @dataclass(frozen=True)
+class IndexHeader:
+    """What the first bytes of ``index.faiss`` say, read without FAISS."""
+
+    tag: str  # FAISS's 4-byte type tag ("IxFI": a flat inner-product index, "IwFl": IVF-Flat, "IBxF": binary flat)
+    binary: bool
+    dim: int  # dimensions (bits for a binary index)
+    ntotal: int
+    metric: str | None  # "ip", "l2" (another FAISS metric: its number); None for a binary index (Hamming)
+
+
+def read_index_header(path: Path, version_dir: Path) -> IndexHeader:
+    """The header of the FAISS index at ``path`` (opened as every file of a version: never a FIFO or a link out);
+    too short to hold one: ``BadInputError`` (65) naming it."""
+    fd = _readable(open_regular, path, version_dir)
+    with os.fdopen(fd, "rb") as fh:
+        head = fh.read(4 + FLOAT_HEADER.size)
+    binary = head[:2] == b"IB"
+    layout = BINARY_HEADER if binary else FLOAT_HEADER
+    if len(head) < 4 + layout.size:
+        raise BadInputError(f"{quote_path(path)}: {len(head)} bytes, too short for a FAISS index header; the version "
+                            "is damaged, run petal verify and rebuild it")
+    tag = head[:4].decode("latin-1")
+    if binary:
+        dim, _, ntotal = layout.unpack_from(head, 4)
+        return IndexHeader(tag, True, dim, ntotal, None)
+    dim, ntotal, _, _, _, metric = layout.unpack_from(head, 4)
+    return IndexHeader(tag, False, dim, ntotal, FAISS_METRICS.get(metric, str(metric)))
+
+
+def header_problem(version_dir: Path, manifest: dict[str, Any]) -> str | None:
+    """Why ``index.faiss``'s header does not match the manifest (``None`` when it does): a binary index under a
+    float manifest or the reverse, another dimension, vector count or metric. Each field is compared where the
+    manifest holds a value of its type (a typed reading of the manifest refuses the others, 78)."""
+    path = version_dir / INDEX_FILE
+    header = read_index_header(path, version_dir)
+    index = manifest.get("index") if isinstance(manifest.get("index"), dict) else {}
+    output = manifest.get("output") if isinstance(manifest.get("output"), dict) else {}
+    binary = output.get("quantize") == "binary"
+    kinds = {True: "binary (Hamming)", False: "float"}
+    wrong = [] if header.binary == binary else [f"a {kinds[header.binary]} index ({header.tag}), the manifest a "
+                                                 f"{kinds[binary]} one"]
+    for name, found, expected in (("dim", header.dim, manifest.get("dim")),
+                                  ("ntotal", header.ntotal, index.get("num_vectors")),
+                                  ("metric", header.metric, None if header.binary else index.get("metric"))):
+        if isinstance(expected, type(found)) and not isinstance(expected, bool) and found != expected:
+            key = {"dim": "dim", "ntotal": "index.num_vectors", "metric": "index.metric"}[name]
+            wrong.append(f"{name} {found}, the manifest ({key}) {expected}")
+    if not wrong:
+        return None
+    return (f"{quote_path(path)}: its FAISS header says {'; '.join(wrong)}: the index does not match its manifest "
+            "(the file was replaced or the manifest rewritten); the version is damaged, rebuild it")
+
+
+@dataclass(frozen=True)
 class FileVerdict:
     name: str
     ok: bool
@@ -266,9 +336,11 @@ class VerifyReport:
                           for f in self.files]}
 
 
-def verify_version(version_dir: Path, manifest: dict[str, Any] | None = None) -> VerifyReport:
-    """Check the manifest's checksum and the full sha256 (and size) of every file it lists
-    (``manifest``: the raw manifest, default: read from ``version_dir``)."""
+def verify_version(version_dir: Path, manifest: dict[str, Any] | None = None, *,
+                   read_index: bool = False) -> VerifyReport:
+    """Check the manifest's checksum, the full sha256 (and size) of every file it lists and ``index.faiss``'s header
+    against the manifest (``manifest``: the raw manifest, default: read from ``version_dir``). ``read_index``
+    (``petal verify``): when every file matches, also read the index as opening does (``index_problems``)."""
     manifest = read_raw_manifest(version_dir) if manifest is None else manifest
     try:
         manifest_state = "ok" if check_manifest_checksum(version_dir, manifest) else "absent"
@@ -288,7 +360,72 @@ def verify_version(version_dir: Path, manifest: dict[str, Any] | None = None) ->
                 if name not in expected]
     for name, sha in sorted(expected.items()):
         verdicts.append(_verify_file(version_dir, name, sha, records.get(name)))
+    if all(f.ok for f in verdicts):  # NOTE: every file is the one the manifest signs: does it hold what it says?
+        problems = {INDEX_FILE: problem} if (problem := header_problem(version_dir, manifest)) is not None \
+            else index_problems(version_dir, manifest) if read_index else {}
+        verdicts = [FileVerdict(f.name, False, problems[f.name]) if f.name in problems else f for f in verdicts]
     return VerifyReport(version_dir, manifest_state, tuple(verdicts))
+
+
+def index_problems(version_dir: Path, raw: dict[str, Any]) -> dict[str, str]:
+    """What reading the version as opening does finds wrong, by file name: ``index.faiss`` that FAISS cannot read
+    the safe way (``mmap.py``: never a path recorded inside it; the structure checks of ``structure.py``) or whose
+    structure is not the manifest's factory's, ``rescore.npy`` (binary) or ``ids.parquet`` not of its vectors' count.
+    ``petal verify`` only: it imports FAISS and pyarrow."""
+    from petal.pipeline.index.binary import RESCORE_FILE, open_binary_index
+    from petal.pipeline.index.faiss_loader import load_faiss
+    from petal.pipeline.index.files import open_parquet
+    from petal.pipeline.index.files import read_index as read_faiss
+    from petal.pipeline.index.plan import make_index
+    from petal.pipeline.manifest import Manifest
+
+    faiss = load_faiss()
+    manifest = Manifest.from_dict(raw, quote_path(version_dir / MANIFEST_FILE))
+    record = manifest.index
+    binary = manifest.output is not None and manifest.output.quantize == "binary"
+    path = version_dir / INDEX_FILE
+    try:
+        index = open_binary_index(version_dir, manifest).index if binary else read_faiss(path, record.storage)
+    except BadInputError as exc:
+        return {RESCORE_FILE if RESCORE_FILE in str(exc) and binary else INDEX_FILE: str(exc)}
+    except (RuntimeError, MemoryError) as exc:
+        return {INDEX_FILE: f"FAISS cannot read it ({one_line(str(exc)).strip()[:200]})"}
+    try:
+        fresh = make_index(record.factory, manifest.dim, record.metric)
+    except ValueError as exc:
+        return {INDEX_FILE: f"the manifest's index.factory {quote_text(record.factory)} is not one FAISS builds "
+                            f"({one_line(str(exc))[:200]})"}
+    # NOTE: the empty index the factory makes, written and read back: FAISS's reader picks the classes (IndexFlatIP
+    # for a factory's IndexFlat), as it did for the version's file
+    fresh = faiss.deserialize_index_binary(faiss.serialize_index_binary(fresh)) if binary \
+        else faiss.deserialize_index(faiss.serialize_index(fresh))
+    found, made = _structure(faiss, index), _structure(faiss, fresh)
+    if found != made:
+        return {INDEX_FILE: f"FAISS reads {_described(found)}, the manifest's index.factory "
+                            f"{quote_text(record.factory)} makes {_described(made)}: the index does not match its "
+                            "manifest (the file was replaced or the manifest rewritten)"}
+    try:
+        ids = open_parquet(version_dir / IDS_FILE).metadata.num_rows
+    except BadInputError as exc:
+        return {IDS_FILE: str(exc)}
+    if ids != index.ntotal:
+        return {IDS_FILE: f"maps {ids} ids for the {index.ntotal} vectors of {INDEX_FILE}"}
+    return {}
+
+
+def _structure(faiss: Any, index: Any) -> tuple[tuple[str, int, int | None, int | None], ...]:
+    """Each index inside ``index`` (``mmap._parts``: quantizers, wrapped indexes...): its class, dimension, inverted
+    lists and code size, which a factory string fixes (not the vectors it holds)."""
+    from petal.pipeline.index.mmap import _parts
+
+    return tuple((type(part).__name__, int(part.d), int(part.nlist) if hasattr(part, "nlist") else None,
+                  int(part.code_size) if hasattr(part, "code_size") else None) for part in _parts(faiss, index))
+
+
+def _described(structure: tuple[tuple[str, int, int | None, int | None], ...]) -> str:
+    return " over ".join(f"{name}(d={dim}" + (f", {nlist} lists" if nlist is not None else "")
+                         + (f", {code} bytes per code" if code is not None else "") + ")"
+                         for name, dim, nlist, code in structure)
 
 
 def _verify_file(version_dir: Path, name: str, sha: str, record: dict[str, Any] | None) -> FileVerdict:
