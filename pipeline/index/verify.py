@@ -283,8 +283,7 @@ def header_problem(version_dir: Path, manifest: dict[str, Any]) -> str | None:
     manifest holds a value of its type (a typed reading of the manifest refuses the others, 78)."""
     path = version_dir / INDEX_FILE
     header = read_index_header(path, version_dir)
-    index = manifest.get("index") if isinstance(manifest.get("index"), dict) else {}
-    output = manifest.get("output") if isinstance(manifest.get("output"), dict) else {}
+    index, output = _mapping(manifest.get("index")), _mapping(manifest.get("output"))
     binary = output.get("quantize") == "binary"
     kinds = {True: "binary (Hamming)", False: "float"}
     wrong = [] if header.binary == binary else [f"a {kinds[header.binary]} index ({header.tag}), the manifest a "
@@ -299,6 +298,10 @@ def header_problem(version_dir: Path, manifest: dict[str, Any]) -> str | None:
         return None
     return (f"{quote_path(path)}: its FAISS header says {'; '.join(wrong)}: the index does not match its manifest "
             "(the file was replaced or the manifest rewritten); the version is damaged, rebuild it")
+
+
+def _mapping(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
 
 
 @dataclass(frozen=True)
