@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from tests.test_serve import Server, cli_run
-from tests.test_serve_vectors_only import make_data
+from tests.test_serve_vectors_only import _wait_ready, make_data
 
 pytest.importorskip("httpx")
 pytest.importorskip("starlette")
@@ -36,16 +36,6 @@ def _point(out: Path, text: str) -> None:
     tmp = out / ".CURRENT.tmp-test"
     tmp.write_text(text)
     os.replace(tmp, out / "CURRENT")
-
-
-def _ready_when(server: Server, predicate, what: str, timeout_s: float = 60.0) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        ready = server.client.get("/ready").json()
-        if predicate(ready):
-            return ready
-        assert time.monotonic() < deadline, f"{what}: {ready}"
-        time.sleep(0.05)
 
 
 def _refusals(server: Server) -> float:
@@ -66,7 +56,7 @@ def test_a_text_index_refuses_a_version_of_another_metric(tmp_path):
         cli_run("rebuild", out, "--metric", "l2", "--index-factory", "Flat")
         new = (out / "CURRENT").read_text().strip()
         assert new != live
-        ready = _ready_when(server, lambda r: r.get("refused", {}).get("version") == new, "the refusal")
+        ready = _wait_ready(server, lambda r: r.get("refused", {}).get("version") == new, "the refusal")
         assert ready["version"] == live and ready["refused"]["reason"] == "metric", ready
         message = ready["refused"]["message"]
         assert "metric l2" in message and "ip" in message and live in message, message
@@ -79,7 +69,7 @@ def test_a_text_index_refuses_a_version_of_another_metric(tmp_path):
         after = server.client.post("/search", json={"query": "document about topic 1", "k": 3})
         assert after.status_code == 200 and after.json() == before  # the same version, the same scores
         _point(out, live + "\n")  # a rollback: the refusal clears
-        _ready_when(server, lambda r: "refused" not in r and r["version"] == live, "the refusal cleared")
+        _wait_ready(server, lambda r: "refused" not in r and r["version"] == live, "the refusal cleared")
     finally:
         server.stop()
     assert server.proc.returncode == 0
@@ -102,7 +92,7 @@ def test_a_current_that_names_no_version_is_said_once_and_the_server_keeps_servi
         for written, shown in (("garbage\n", '"garbage"'), ("\x1b[2Jv1\n", '"\\x1b[2Jv1"')):
             refused = _refusals(server)
             _point(out, written)
-            ready = _ready_when(server, lambda r, shown=shown: r.get("refused", {}).get("version") == shown,
+            ready = _wait_ready(server, lambda r, shown=shown: r.get("refused", {}).get("version") == shown,
                                 "the refusal")
             assert ready["version"] == live and ready["refused"]["reason"] == "current", ready
             assert "retry_in_s" not in ready["refused"], ready  # not tried again: the same bytes fail the same way
@@ -121,11 +111,11 @@ def test_a_current_that_names_no_version_is_said_once_and_the_server_keeps_servi
             assert found.status_code == 200 and found.json()["version"] == live
             assert [r["hits"][0]["id"] for r in found.json()["results"]] == [0, 1]
             _point(out, live + "\n")  # repaired: seen at the next check, the refusal clears
-            _ready_when(server, lambda r: "refused" not in r, "the refusal cleared", timeout_s=5.0)
+            _wait_ready(server, lambda r: "refused" not in r, "the refusal cleared", timeout_s=5.0)
         # an empty CURRENT (a pointer truncated by hand): the same rule
         refused = _refusals(server)
         _point(out, "")
-        ready = _ready_when(server, lambda r: r.get("refused", {}).get("reason") == "current", "the empty one")
+        ready = _wait_ready(server, lambda r: r.get("refused", {}).get("reason") == "current", "the empty one")
         assert "retry_in_s" not in ready["refused"] and ready["version"] == live
         time.sleep(2.0)
         assert _refusals(server) == refused + 1
@@ -133,7 +123,7 @@ def test_a_current_that_names_no_version_is_said_once_and_the_server_keeps_servi
         (out / "CURRENT").unlink()
         cli_run("index", data, "--out", out, "-q", "--vectors-column", "emb", "--index-factory", "Flat", "--full")
         new = (out / "CURRENT").read_text().strip()
-        ready = _ready_when(server, lambda r: r["version"] == new, "the new version", timeout_s=10.0)
+        ready = _wait_ready(server, lambda r: r["version"] == new, "the new version", timeout_s=10.0)
         assert "refused" not in ready
     finally:
         server.stop()
