@@ -11,6 +11,8 @@ import pyarrow.parquet as pq
 
 from petal.pipeline.index.search import IndexReader
 from petal.pipeline.layout import VERSION_RE, OutputDir
+from petal.pipeline.store.embeddings import shard_key
+from petal.pipeline.store.side_files import SIDE_TREES
 
 VERSION_FILES = {"manifest.json", "index.faiss", "ids.parquet", "rejects.parquet"}
 ENTRY_FILES = {"embeddings.npy", "rows.parquet", "rejects.parquet", "entry.json"}
@@ -37,8 +39,18 @@ def tree_digest(path: Path) -> dict[str, str]:
             for p in sorted(path.rglob("*")) if p.is_file()}
 
 
+def entries_of_versions(out: Path) -> set[tuple[str, str]]:
+    """``(shard key, fingerprint)`` of the store entry of every shard of every version in ``OUT/versions/``."""
+    used = set()
+    for version_dir in (out / "versions").iterdir():
+        manifest = json.loads((version_dir / "manifest.json").read_text())
+        used |= {(shard_key(s["abs_path"]), s["entry"]) for s in manifest["shards"]}
+    return used
+
+
 def assert_clean(out: Path, keep_versions: int = 2) -> None:
-    """No temp, partial or orphaned file anywhere; the store holds exactly the live version's entries."""
+    """No temp, partial or orphaned file anywhere; the store holds exactly the entries some version on disk uses
+    (each a rollback target that stays rebuildable and updatable from the store), with their side files only."""
     layout = OutputDir(out)
     version = layout.current_version()
     assert version is not None
@@ -49,13 +61,26 @@ def assert_clean(out: Path, keep_versions: int = 2) -> None:
     assert version in versions and len(versions) <= keep_versions and max(versions) == version, versions
     for v in versions:
         assert {p.name for p in (layout.versions_dir / v).iterdir()} == VERSION_FILES, v
-    assert not any(layout.store_dir.joinpath("tmp").iterdir()), list(layout.store_dir.joinpath("tmp").iterdir())
+    store = layout.store_dir
+    assert {p.name for p in store.iterdir()} <= {"shards", "tmp", "parts", *SIDE_TREES}, list(store.iterdir())
+    assert not any(store.joinpath("tmp").iterdir()), list(store.joinpath("tmp").iterdir())
+    assert not store.joinpath("parts").exists() or not any(store.joinpath("parts").iterdir())
+    used = entries_of_versions(out)
     manifest = json.loads((layout.versions_dir / version / "manifest.json").read_text())
-    live_entries = {s["entry"] for s in manifest["shards"]}
-    entries = [e for key in (layout.store_dir / "shards").iterdir() for e in key.iterdir()]
-    assert {e.name for e in entries} == live_entries and len(entries) == len(live_entries)
-    for entry in entries:
+    assert {(shard_key(s["abs_path"]), s["entry"]) for s in manifest["shards"]} <= used
+    key_dirs = list((store / "shards").iterdir())
+    assert all(any(key.iterdir()) for key in key_dirs), "an empty shard key directory"
+    entries = {(key.name, e.name): e for key in key_dirs for e in key.iterdir()}
+    assert set(entries) == used, ("not used by any version:", sorted(set(entries) - used),
+                                  "used but missing:", sorted(used - set(entries)))
+    for entry in entries.values():
         assert {p.name for p in entry.iterdir()} == ENTRY_FILES, entry
+    for tree in SIDE_TREES:  # tombstones, stored columns: of entries in use only, no staged or temp leftovers
+        keys = list(store.joinpath(tree).iterdir()) if store.joinpath(tree).is_dir() else []
+        assert all(key.is_dir() and any(key.iterdir()) for key in keys), keys
+        files = [f for key in keys for f in key.iterdir()]
+        stray = [f for f in files if f.suffix != ".parquet" or (f.parent.name, f.stem) not in used]
+        assert stray == [], stray
 
 
 def rejects_rows(version_dir: Path) -> list[tuple[str, int, str]]:

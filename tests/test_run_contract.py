@@ -131,6 +131,12 @@ def test_delete_ids_persist_through_incremental_runs_and_rebuild(tmp_path, index
     ids = live_ids(tmp_path / "out")
     assert "a-1" in ids and "a-99" in ids and "b-2" not in ids
     assert_clean(tmp_path / "out")  # the layout of a clean output directory holds; side files follow entries
+    # a's old entry keeps its tombstone (a-1) while the version before, a rollback target, uses it
+    rows = sorted(pq.read_table(p).column("row").to_pylist() for p in (tmp_path / "out" / "store" / "deleted").rglob(
+        "*.parquet"))
+    assert rows == [[1], [2]], rows
+    assert index(a, "--keep-versions", "1")[0] == 0  # that version pruned: its entries and their side files go
+    assert_clean(tmp_path / "out", keep_versions=1)
     tombstones = list((tmp_path / "out" / "store" / "deleted").rglob("*.parquet"))
     assert len(tombstones) == 1 and pq.read_table(tombstones[0]).column("row").to_pylist() == [2]  # b-2 only
     live_entries = {s.entry for s in IndexReader(tmp_path / "out").manifest.shards}

@@ -95,7 +95,7 @@ from petal.pipeline.store.embeddings import (
     shard_key,
 )
 from petal.pipeline.store.outputs import OutputTransform
-from petal.pipeline.store.side_files import prune_side_files
+from petal.pipeline.store.retention import prune_unused
 from petal.pipeline.store.tombstones import (
     DeleteIds,
     Deletion,
@@ -530,11 +530,11 @@ def bad_row_gate(job: IndexJob, report: RunReport, out: OutputDir) -> BadRowGate
 
 def clean_up(out: OutputDir, store: EmbeddingStore, committed: list[StoreEntry], job: IndexJob,
              report: RunReport) -> None:
-    """After the live version is settled: drop store entries no version uses and superseded versions."""
+    """After the live version is settled: drop superseded versions, then the store entries no version left on disk
+    uses (a kept or leased version stays rebuildable and updatable: store/retention.py)."""
     try:
-        report.pruned["store_entries"] = store.prune({e.path for e in committed})
-        prune_side_files(out.store_dir, {e.path for e in committed})  # tombstones, stored columns
         report.pruned["versions"] = out.prune_versions(job.keep_versions, report.pruned.setdefault("in_use", []))
+        report.pruned["store_entries"] = prune_unused(out, store, {e.path for e in committed})
         out.rejects_file.unlink(missing_ok=True)  # a refused run's rejects are stale once one succeeds
     except OSError as exc:  # the index is published; what is left is removed by the next run
         _say(f"warning: cleaning up {quote_path(out.root)} failed ({exc.strerror or exc}); the next run retries")
