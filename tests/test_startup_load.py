@@ -188,10 +188,11 @@ print(json.dumps(seen))
 """
 
 
-def test_the_petal_script_defers_gc_while_it_loads_and_only_there(tmp_path):
+def test_the_petal_script_defers_gc_while_it_loads_and_only_there(tmp_path, minilm_dir):
     """``petal`` (one command, then the process ends) runs no cyclic GC while torch and the model load, freezes
     them, then collects as usual; any command not marked one-shot runs with GC on; in-process callers of the CLI
-    (CliRunner) keep their GC untouched."""
+    (CliRunner) keep their GC untouched. ``minilm_dir``: ``petal embed`` runs the packaged model (a host without
+    it, such as the GPU host, skips)."""
     import gc
     import json
 
