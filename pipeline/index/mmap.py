@@ -154,7 +154,7 @@ def no_recorded_paths(read: Callable[[str, int], Any], path: Path, flags: int) -
     if index is not None:
         if _recorded(faiss, index):
             raise _kind_mismatch(path, "on-disk inverted lists", "in memory")
-        return None if any(_lists(faiss, part) is not None for part in _parts(faiss, index)) else index
+        return None if any(_lists(faiss, part) is not None for part in index_parts(faiss, index)) else index
     index = _probe(read, path, faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY)
     if index is not None:
         if _recorded(faiss, index):
@@ -200,7 +200,7 @@ def _kind_mismatch(path: Path, held: str, said: str) -> BadInputError:
 INDEX_FIELDS = ("quantizer", "index", "base_index", "refine_index", "storage", "index_ivf", "sub_index", "q1")
 
 
-def _parts(faiss: Any, index: Any) -> Iterator[Any]:
+def index_parts(faiss: Any, index: Any) -> Iterator[Any]:
     """``index`` and every index inside it (an IVF's quantizer, a wrapped, refine or storage index...): each
     ``INDEX_FIELDS`` property of a FAISS index that holds an index, followed."""
     seen: set[int] = set()
@@ -235,7 +235,7 @@ def _lists(faiss: Any, part: Any) -> Any:
 
 def _ondisk_lists(faiss: Any, index: Any) -> list[Any]:
     """Every on-disk inverted-list object inside ``index``."""
-    return [lists for part in _parts(faiss, index)
+    return [lists for part in index_parts(faiss, index)
             if isinstance(lists := _lists(faiss, part), faiss.OnDiskInvertedLists)]
 
 

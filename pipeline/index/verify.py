@@ -417,12 +417,12 @@ def index_problems(version_dir: Path, raw: dict[str, Any]) -> dict[str, str]:
 
 
 def _structure(faiss: Any, index: Any) -> tuple[tuple[str, int, int | None, int | None], ...]:
-    """Each index inside ``index`` (``mmap._parts``: quantizers, wrapped indexes...): its class, dimension, inverted
-    lists and code size, which a factory string fixes (not the vectors it holds)."""
-    from petal.pipeline.index.mmap import _parts
+    """Each index inside ``index`` (``mmap.index_parts``: quantizers, wrapped indexes...): its class, dimension,
+    inverted lists and code size, which a factory string fixes (not the vectors it holds)."""
+    from petal.pipeline.index.mmap import index_parts
 
     return tuple((type(part).__name__, int(part.d), int(part.nlist) if hasattr(part, "nlist") else None,
-                  int(part.code_size) if hasattr(part, "code_size") else None) for part in _parts(faiss, index))
+                  int(part.code_size) if hasattr(part, "code_size") else None) for part in index_parts(faiss, index))
 
 
 def _described(structure: tuple[tuple[str, int, int | None, int | None], ...]) -> str:

@@ -23,6 +23,32 @@ def undecodable_reason(text: bytes) -> str:
     return "lone_surrogate"
 
 
+def undecodable_text_reason(text: object) -> str | None:
+    """Why a ``str`` that is not valid Unicode is not embedded, else ``None``: it holds surrogate code points, the
+    bytes that were not UTF-8 as Python keeps them from argv, stdin and files read with ``surrogateescape``
+    (``invalid_utf8``, or ``lone_surrogate`` for UTF-8-encoded surrogate halves), or lone surrogates of its own
+    (``"\\ud800"``: ``lone_surrogate``). The reasons of ``petal index``'s rejects, whose bytes arrive as bytes."""
+    if not isinstance(text, str):
+        return None
+    try:
+        text.encode("utf-8")
+        return None
+    except UnicodeEncodeError:
+        pass
+    try:
+        return undecodable_reason(text.encode("utf-8", "surrogateescape"))
+    except UnicodeEncodeError:  # a surrogate that stands for no byte
+        return "lone_surrogate"
+
+
+def utf8_or_bytes(raw: bytes) -> str | bytes:
+    """A line of input as text, or its bytes when they are not UTF-8 (the text rule skips those, by reason)."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return raw
+
+
 def skip_reason(text: Any) -> str | None:
     """``None`` for a text to embed, else why it is skipped (the reasons of ``petal index``'s rejects)."""
     if text is None:

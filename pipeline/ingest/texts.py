@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from petal.pipeline.config import ReadConfig
+from petal.pipeline.ingest.text_rule import utf8_or_bytes
 from petal.pipeline.reliability.errors import BadInputError, NoInputError, UsageError, quote_path
 from petal.pipeline.reliability.faults import fault
 
@@ -39,7 +40,7 @@ def read_texts(path: Path, text_column: str = "text", id_column: str | None = No
         if id_column is not None:
             raise UsageError("--id-column goes with --input FILE.parquet or FILE.jsonl")
         # NOTE: a line that is not UTF-8 stays bytes, as a binary column's value: the caller's text rule skips it
-        return [_text_or_bytes(line) for line in _lines(_read_bytes(path, read, stats))], None
+        return [utf8_or_bytes(line) for line in _lines(_read_bytes(path, read, stats))], None
     if suffix == ".jsonl":
         return _jsonl_texts(path, id_column, read, stats)
     raise UsageError(f"--input {quote_path(path)}: expected a .parquet, .txt or .jsonl file")
@@ -53,13 +54,6 @@ def _lines(data: bytes) -> list[bytes]:
     if lines[-1] == b"":  # the newline that ends the last line
         lines.pop()
     return [line[:-1] if line.endswith(b"\r") else line for line in lines]
-
-
-def _text_or_bytes(line: bytes) -> str | bytes:
-    try:
-        return line.decode("utf-8")
-    except UnicodeDecodeError:
-        return line
 
 
 def _read_bytes(path: Path, read: ReadConfig, stats: ReadStats | None) -> bytes:

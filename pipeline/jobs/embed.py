@@ -17,7 +17,7 @@ import numpy as np
 from petal.engine.config import EngineConfig, ModelOptions
 from petal.pipeline.config import IndexJob, check_lengths, default_token_budget
 from petal.pipeline.ingest.pack import PackConfig, pack
-from petal.pipeline.ingest.text_rule import undecodable_reason, valid_text
+from petal.pipeline.ingest.text_rule import undecodable_text_reason, valid_text
 from petal.pipeline.ingest.tokens import TextTokenizer, tokenizer_for
 from petal.pipeline.jobs.settings import (
     build,
@@ -117,24 +117,6 @@ def _step_threads(engine: Engine, num_tokens: int) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(threads)
-
-
-def undecodable(text: object) -> str | None:
-    """Why a ``str`` that is not valid Unicode is not embedded, else ``None``: it holds surrogate code points, the
-    bytes that were not UTF-8 as Python keeps them from argv, stdin and files read with ``surrogateescape``
-    (``invalid_utf8``, or ``lone_surrogate`` for UTF-8-encoded surrogate halves), or lone surrogates of its own
-    (``"\\ud800"``: ``lone_surrogate``). The reasons of ``petal index``'s rejects, whose bytes arrive as bytes."""
-    if not isinstance(text, str):
-        return None
-    try:
-        text.encode("utf-8")
-        return None
-    except UnicodeEncodeError:
-        pass
-    try:
-        return undecodable_reason(text.encode("utf-8", "surrogateescape"))
-    except UnicodeEncodeError:  # a surrogate that stands for no byte
-        return "lone_surrogate"
 
 
 @dataclass(frozen=True)
@@ -237,7 +219,8 @@ class Embedder:
         items = text_items(texts, "texts")
         # NOTE: the rule of petal index: null, undecodable and invisible texts are skipped and counted; rows keep
         # input positions (NaN rows, zeros for codes)
-        skipped = {i: why for i, text in enumerate(items) if (why := undecodable(text) or skip_reason(text))}
+        skipped = {i: why for i, text in enumerate(items)
+                   if (why := undecodable_text_reason(text) or skip_reason(text))}
         if items and len(skipped) == len(items):
             raise NoInputError(f"nothing to embed: {describe_skips(skipped)}")
         kept = [i for i in range(len(items)) if i not in skipped]
