@@ -12,7 +12,8 @@ GET  /metrics        Prometheus text
 Errors are JSON ``{"error": {"message", "type", "code"}}`` (OpenAI's shape): 400 bad JSON, 401 wrong
 or missing key, 404 unknown model or route, 405 a method the route does not take, 413 body or a per-request
 limit, 415 a body declared as something else than JSON (``curl -d``'s form encoding), 422 wrong fields or
-types, 503 queue full or still loading (with Retry-After).
+types (or a text that the model embeds to NaN or infinity, by its item), 503 queue full or still loading
+(with Retry-After).
 
 The app answers from the first second: while the model and index load (``Startup``), ``/health`` is 200,
 ``/ready`` and the API answer 503.

@@ -8,7 +8,7 @@ engine thread  take what is queued (after --max-wait-ms unless the budget fills)
                texts at once (one call per prompt side; Rust, GIL released) -> per-request limit
                errors (413/422 to that request only) -> Packer -> Engine.step -> LazyTensor; while
                step N runs the next batch is tokenized, packed and launched, up to steps_in_flight;
-               results go back to each request's rows
+               results go back to each request's rows (one holding NaN or infinity: 422 to that request only)
 ```
 
 The event loop does only HTTP, JSON, queueing and the answer's encoding: tokenizing on it cost 0.4-0.5 ms
@@ -120,6 +120,19 @@ def call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., None], *args: A
         loop.call_soon_threadsafe(fn, *args)
 
 
+def non_finite_refusal(job: _Job) -> RequestError | None:
+    """The 422 of a request whose model vectors hold NaN or infinity (an overflow inside a model whose weights are
+    finite), naming its first such item, else ``None``: petal's rule for such a text (``petal query`` refuses it,
+    ``petal embed`` and ``petal index`` skip it as ``non_finite_embedding``); never a ``null`` row, NaN base64 or a
+    search on NaN."""
+    finite = np.isfinite(job.out).all(axis=1)
+    if finite.all():
+        return None
+    row = int(np.argmin(finite))
+    return RequestError(422, f"{job.name} item {row} embeds to NaN or infinite values with this model (an overflow "
+                             "inside the model): it cannot be embedded or searched (non_finite_embedding)")
+
+
 SHUTTING_DOWN = "the server is shutting down"
 
 
@@ -177,7 +190,8 @@ class TokenBatcher:
                           name: str = "input", then: Callable[[np.ndarray, bool], None] | None = None) -> Embedded:
         """Model vectors of ``texts``, tokenized with ``side``'s prompt on the engine thread. ``RequestError``
         413 for a text over the tokens-per-text limit without ``truncate``, 422 for one without tokens
-        (naming the request's field ``name`` and the item); ``Overloaded`` when the queue is full.
+        or one the model embeds to NaN or infinity (naming the request's field ``name`` and the item);
+        ``Overloaded`` when the queue is full.
 
         ``then(rows, lone)``: called on the engine thread as soon as all the rows are read, before the event
         loop hears of them (``/search`` queues its search from there); not called when the request fails.
@@ -388,6 +402,10 @@ class TokenBatcher:
             job.out[item.row] = rows[i]
             job.remaining -= 1
             if job.remaining == 0:
+                refusal = non_finite_refusal(job)
+                if refusal is not None:  # NOTE: this request only: the others of the step are answered
+                    call_soon(job.loop, _resolve, job, refusal)
+                    continue
                 if job.then is not None:
                     # NOTE: a racy read of the queue is enough: a request queued just after waits one short
                     # continuation at most. A request's texts are queued together and packed in order, so a step
