@@ -88,9 +88,10 @@ def _first_length(info: ShardInfo, read: ReadConfig, column: str, stats: ReadSta
     return None
 
 
-def preflight_vectors(paths: list[Path], read: ReadConfig, column: str,
-                      stats: ReadStats | None = None) -> tuple[list[ShardInfo], int]:
-    """Every shard's schema and the vectors' dimension, before any work."""
+def preflight_vectors(paths: list[Path], read: ReadConfig, column: str, stats: ReadStats | None = None,
+                      dim_if_none: int | None = None) -> tuple[list[ShardInfo], int]:
+    """Every shard's schema and the vectors' dimension, before any work. ``dim_if_none``: the dimension when no
+    shard holds a vector (``--sync`` over a live version: its width); without it that is 66."""
     infos, sizes, problems, unreadable = [], {}, [], []
     for path in paths:
         try:
@@ -111,6 +112,8 @@ def preflight_vectors(paths: list[Path], read: ReadConfig, column: str,
         if dim is not None:
             break
         dim = _first_length(info, read, column, stats)
+    if not dim:
+        dim = dim_if_none
     if not dim:
         raise NoInputError(f"vectors column {column!r} holds no vector in any shard")
     return infos, dim

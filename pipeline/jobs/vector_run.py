@@ -54,7 +54,9 @@ def run_vector_index(job: IndexJob, column: str, report: RunReport, stop: StopSi
     check_output_dir("--out", job.out)  # 73 before anything is read: one petal cannot create, read or write
     live = run.peek_live_manifest(job.out)
     # a file named inside --out is refused and output directories are never read, as in a text run
-    local = [p for p in resolve_sources(job.sources, out=job.out) if isinstance(p, Path)]  # remote: refused above
+    # --sync over a live version mirrors SOURCES that now hold no shard (the removal guard judges it), as a text run
+    local = [p for p in resolve_sources(job.sources, out=job.out, empty_ok=job.sync and live is not None)
+             if isinstance(p, Path)]  # remote: refused above
     reads = ReadStats()  # OS read errors of footers and rows, retried as a text run's
     try:
         return _run(job, column, report, stop, started, live, local, reads)
@@ -64,7 +66,9 @@ def run_vector_index(job: IndexJob, column: str, report: RunReport, stop: StopSi
 
 def _run(job: IndexJob, column: str, report: RunReport, stop: StopSignals, started: float, live: Any,
          local: list[Path], reads: ReadStats) -> RunReport:
-    shards, dim = preflight_vectors(local, job.read, column, reads)
+    # NOTE: SOURCES without a vector (none left, or only empty shards) under --sync keep the live version's width
+    mirrored_dim = live.dim if job.sync and live is not None else None
+    shards, dim = preflight_vectors(local, job.read, column, reads, dim_if_none=mirrored_dim)
     if job.full and not job.sync:  # --full reads the shards an additive run keeps again, from their files (as text)
         extra = run.full_rerun_sources(live, shards)  # a kept shard that is gone: 78
         if extra:
@@ -134,9 +138,7 @@ def _run(job: IndexJob, column: str, report: RunReport, stop: StopSignals, start
         deletion = run.record_deletion(out, committed, delete_ids, report) if delete_ids is not None else None
         pending = deletion.pending_counts() if deletion is not None else None
         ensure_columns(store, committed, need, {i.abs_path: i for i in shards}, job.read, reads)
-        if sum(e.num_embedded for e in committed) == 0:
-            raise NoInputError(f"no vectors to index: {report.rows['total']} rows read, all skipped "
-                               f"({report.rows['skipped'] or 'no rows'})")
+        run.check_rows_to_index(out, job, committed, report)  # 66, or --sync mirroring no rows (the guard judges)
         same = previous is not None and run.unchanged(previous, all_shards, committed, job, pending)
         if run.nothing_to_publish(out, previous, same, report, stop):  # a damaged live version: rebuilt from the store
             report.version = out.current_version()
