@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from petal.pipeline.index.search import IndexReader
 from tests.fake_cli import invoke as fake_invoke
 from tests.fake_engine import embedded_ids, make_fake_model_dir
 from tests.s3_server import S3Server, start_s3
@@ -131,3 +132,35 @@ def test_s3_shards_store_text_and_kept_columns_and_stay_in_additive_runs(s3, fak
     hits = reader.search(reader.index.reconstruct_n(0, 12), 1, where="lang = 'fr'")
     assert all(h.fields == {"lang": "fr"} for row in hits for h in row)
     assert sorted(reader.texts([h for row in hits for h in row], "text"))[0].endswith("text 1")
+
+
+def test_sync_over_an_emptied_prefix_is_judged_by_the_guard_and_a_typo_stays_66(s3, fake_model, tmp_path):
+    """An object store has no empty directories: once a prefix's last object is deleted, the prefix is "not
+    found". Under ``--sync`` over a live version that held shards there, that is an emptied corpus (the removal
+    guard judges it, as for a local directory); a prefix the live version never held stays 66 (a typo)."""
+    client = s3.client()
+    client.create_bucket(Bucket="emptied")
+    for name in "ab":
+        put_shard(s3, "emptied", f"docs/{name}.parquet", name, 6)
+    client.put_object(Bucket="emptied", Key="notes/readme.txt", Body=b"not a shard")
+    out = tmp_path / "out"
+    env = {**s3.env(), "PETAL_TEST_FAKE_ENGINE": str(tmp_path / "log.jsonl")}
+
+    def index(source: str, *flags: str):
+        return run(["index", source, "--out", str(out), "--model", str(fake_model), "-q", *flags], env)
+
+    assert index("s3://emptied/docs").exit_code == 0
+    for name in "ab":
+        client.delete_object(Bucket="emptied", Key=f"docs/{name}.parquet")
+    additive = index("s3://emptied/docs")  # without --sync an empty source is no input
+    assert additive.exit_code == 66 and "does not exist" in additive.output, additive.output
+    guarded = index("s3://emptied/docs", "--sync")
+    assert guarded.exit_code == 65 and "would remove 12 of the 12 documents" in guarded.output, guarded.output
+    typo = index("s3://emptied/dcos", "--sync", "--max-removed", "100%")
+    assert typo.exit_code == 66 and "s3://emptied/dcos does not exist" in typo.output, typo.output
+    no_shards = index("s3://emptied/notes", "--sync")  # a prefix that exists but holds no shard: the guard too
+    assert no_shards.exit_code == 65 and "would remove 12 of the 12" in no_shards.output, no_shards.output
+    mirrored = index("s3://emptied/docs", "--sync", "--max-removed", "100%")
+    assert mirrored.exit_code == 0, mirrored.output
+    reader = IndexReader(out)
+    assert reader.manifest.shards == () and reader.index.ntotal == 0

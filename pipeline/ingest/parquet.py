@@ -56,8 +56,8 @@ T = TypeVar("T")
 TEXT_TYPES = "string, large_string, string_view (or binary holding UTF-8)"
 
 
-def resolve_sources(sources: tuple[str, ...] | list[str], out: Path | None = None,
-                    empty_ok: bool = False) -> list[Path | RemotePath]:
+def resolve_sources(sources: tuple[str, ...] | list[str], out: Path | None = None, empty_ok: bool = False,
+                    held: frozenset[str] = frozenset()) -> list[Path | RemotePath]:
     """Files, directories (every ``*.parquet`` below, sorted), globs and object-storage URIs (an object or
     a prefix: pipeline/ingest/remote.py) -> sorted unique shard paths.
 
@@ -68,14 +68,16 @@ def resolve_sources(sources: tuple[str, ...] | list[str], out: Path | None = Non
     (a dangling symlink, a FIFO, a device) or whose name is not UTF-8 is refused (65), never skipped.
     A source, directory or shard this process may not read (permission denied) is no input (66).
     ``empty_ok``: a local directory or glob that holds no shard names none (``petal index --sync`` over a live
-    version: the removal guard judges it), where it is otherwise no input (66); the list may then be empty.
+    version: the removal guard judges it), where it is otherwise no input (66); the list may then be empty. An
+    object-store prefix likewise (``list_remote``: one that no longer exists names none when ``held``, the live
+    version's shard URIs, has a shard under it).
     """
     found: dict[str, Path | RemotePath] = {}
     problems: list[str] = []
     unreadable: list[str] = []
     for source in sources:
         if is_uri(source):
-            for remote in list_remote(source):
+            for remote in list_remote(source, empty_ok, held):
                 found.setdefault(remote.uri, remote)
             continue
         path = Path(source).expanduser()

@@ -92,8 +92,13 @@ def _short(message: str) -> str:
     return message.split(". (Request ID")[0].strip()[:300]
 
 
-def list_remote(source: str) -> list[RemotePath]:
-    """The objects a URI names: itself, or every ``*.parquet`` below it (a prefix), sorted."""
+def list_remote(source: str, empty_ok: bool = False, held: frozenset[str] = frozenset()) -> list[RemotePath]:
+    """The objects a URI names: itself, or every ``*.parquet`` below it (a prefix), sorted.
+
+    ``empty_ok`` (``--sync`` over a live version): a prefix that holds no ``*.parquet`` names none. An object store
+    has no empty directories, so a prefix whose last object went is "not found"; it names none only when ``held``
+    (the live version's shard URIs) has a shard under it, and stays 66 otherwise (a typo is not an emptied corpus).
+    """
     from pyarrow import fs
 
     shown = display_uri(source)
@@ -107,6 +112,8 @@ def list_remote(source: str) -> list[RemotePath]:
         if info.type == fs.FileType.File:
             return [RemotePath(filesystem, info.path, f"{scheme}://{info.path}")]
         if info.type == fs.FileType.NotFound:
+            if empty_ok and _held_under(f"{scheme}://{path}", held):
+                return []
             raise NoInputError(f"source {shown} does not exist (no such bucket, object or prefix)")
         selector = fs.FileSelector(path, recursive=True)
         found = [i.path for i in filesystem.get_file_info(selector)
@@ -115,9 +122,15 @@ def list_remote(source: str) -> list[RemotePath]:
         raise
     except OSError as exc:
         raise storage_error(f"cannot list {shown}", exc) from exc
-    if not found:
+    if not found and not empty_ok:
         raise NoInputError(f"no *.parquet objects under {shown}")
     return [RemotePath(filesystem, p, f"{scheme}://{p}") for p in sorted(found)]
+
+
+def _held_under(uri: str, held: frozenset[str]) -> bool:
+    """Whether ``uri`` (an object or a prefix) is, or holds, one of ``held``'s shard URIs."""
+    prefix = uri.rstrip("/") + "/"
+    return any(shard == uri or shard.startswith(prefix) for shard in held)
 
 
 @dataclass(frozen=True)

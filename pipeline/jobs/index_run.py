@@ -851,8 +851,10 @@ def named_sources(job: IndexJob, live: Manifest | None) -> list[Path | RemotePat
     """The shards the SOURCES name now. ``--sync`` over a live version mirrors them as they are: a directory or
     glob that holds no shard names none, and the removal guard judges what the run would drop (65, or an empty
     version when ``--max-removed`` allows it); any other run exits 66 there. A SOURCE that does not exist is 66
-    in every run (a typo or a missing mount is not an empty corpus)."""
-    return resolve_sources(job.sources, out=job.out, empty_ok=job.sync and live is not None)
+    in every run (a typo or a missing mount is not an empty corpus), except an object-store prefix under which the
+    live version held shards: a store has no empty directories, so that is an emptied prefix."""
+    held = frozenset(record.abs_path for record in live.shards) if live is not None else frozenset()
+    return resolve_sources(job.sources, out=job.out, empty_ok=job.sync and live is not None, held=held)
 
 
 def check_rows_to_index(out: OutputDir, job: IndexJob, committed: list[StoreEntry], report: RunReport) -> None:
