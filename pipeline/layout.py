@@ -2,6 +2,7 @@
 
 ```
 OUT/CURRENT              names the live version (replaced with os.replace: readers never see a mix)
+OUT/.last-version        the last version id handed out (high-water mark: a number is never used twice)
 OUT/versions/<id>/       manifest.json, index.faiss, ids.parquet
 OUT/versions/.staging-*  a version being built (never read; removed by the next run)
 OUT/versions/.deleting-* a superseded version on its way out (removed by the next run)
@@ -16,7 +17,12 @@ drops the lease when the reader closes it or dies (kill -9 included), so a dead 
 
 Versions are numbered in publish order and a run makes its version live before it ends, so a
 version newer than the live one is the leftover of a run that died between the rename and the
-pointer swap: it was never live, and the next writer removes it.
+pointer swap (or, after a rollback by hand, one that was live): the next writer removes it.
+
+A version id names one index for the life of OUT: ``.last-version`` records each id before its version is
+written (``new_version_id``), and the next number is past both it and every version on disk, so an id removed
+(never live, or after a rollback) is never handed out again, and a new id sorts after every id on disk (the
+ordering ``clean_orphans`` and ``prune_versions`` rely on).
 """
 
 from __future__ import annotations
@@ -56,6 +62,8 @@ from petal.pipeline.reliability.safe_files import UnsafeFileError, inside, read_
 
 VERSION_RE = re.compile(r"^v\d{6}-\d{8}T\d{6}Z$")
 LOCK_POLL_S = 0.2
+LAST_VERSION_FILE = ".last-version"
+MAX_VERSION_NUMBER = 999_999  # VERSION_RE: six digits, so that ids sort as strings in number order
 POINTER_MAX_BYTES = 256  # CURRENT holds one version id; more is not read (never echoed either)
 MANIFEST_MAX_BYTES = 64 << 20
 
@@ -75,6 +83,7 @@ class OutputDir:
         self.versions_dir = self.root / "versions"
         self.store_dir = self.root / "store"
         self.current_file = self.root / "CURRENT"
+        self.last_version_file = self.root / LAST_VERSION_FILE
         self.lock_file = self.root / ".lock"
         self.rejects_file = self.root / "rejects.parquet"
 
@@ -223,10 +232,66 @@ class OutputDir:
         return sorted(p.name for p in self.versions_dir.iterdir() if VERSION_RE.match(p.name))
 
     def new_version_id(self) -> str:
+        """A version id never handed out in OUT before, sorting after every version on disk; recorded in
+        ``.last-version`` (fsynced) before it is returned, so a version published under it, or one removed later
+        (never live, newer than a rolled-back live version), keeps its number to itself. Call with the lock held.
+
+        Without a usable mark (an OUT of an older petal, the mark deleted, garbage or unreadable) the number
+        follows the versions on disk, said on stderr when there are any, and the id's time stamp is taken after
+        the current second has passed: a number a removed version had may come back, never its whole id. A mark
+        that cannot be written is 73/74 naming it (nothing is published without it)."""
         existing = self.versions()
-        number = int(existing[-1][1:7]) + 1 if existing else 1
+        on_disk = max((int(v[1:7]) for v in existing), default=0)
+        last, problem = self._last_version()
+        if problem is not None and (existing or os.path.lexists(self.last_version_file)):  # else a new OUT
+            after = f"after the newest one on disk ({existing[-1]})" if existing else "from 1 (none on disk)"
+            _note(f"{problem}; numbering the new version {after}: a removed version's number may be used again "
+                  f"(with a later time stamp); {quote_path(self.last_version_file)} is written again")
+            # NOTE: an id handed out earlier this second (a removed version's) must not come back whole
+            _next_second()
+        number = max(on_disk, last) + 1
+        if number > MAX_VERSION_NUMBER:
+            raise ConfigError(f"{quote_path(self.root)} has used every version number (up to v{MAX_VERSION_NUMBER}); "
+                              "build the index in a new output directory")
         stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-        return f"v{number:06d}-{stamp}"
+        version = f"v{number:06d}-{stamp}"
+        self._record(version)
+        return version
+
+    def _record(self, version: str) -> None:
+        """Write ``version`` to ``.last-version`` (atomic, fsynced); 73/74 naming it when that fails."""
+        with writing(self.last_version_file):
+            if self.last_version_file.is_dir() and not self.last_version_file.is_symlink():
+                raise OutputError(f"{quote_path(self.last_version_file)} is a directory; petal records the last "
+                                  "version id there: remove it")
+            write_bytes_atomic(self.last_version_file, f"{version}\n".encode())
+
+    def _cover(self, version: str) -> None:
+        """Raise ``.last-version`` to ``version`` (a version on disk) when it is behind, missing or unreadable (said
+        on stderr), before a version that may be the newest is removed: its number is never handed out again."""
+        last, problem = self._last_version()
+        if problem is None and last >= int(version[1:7]):
+            return
+        if problem is not None:
+            _note(f"{problem}; recording {version}, the newest version on disk, there")
+        self._record(version)
+
+    def _last_version(self) -> tuple[int, str | None]:
+        """The number of the last version id handed out (``.last-version``), and why it is not known (``None``:
+        known; 0 with a reason: missing, unreadable or not a version id)."""
+        path = self.last_version_file
+        try:
+            raw = read_regular(path, self.root, POINTER_MAX_BYTES)
+        except FileNotFoundError:
+            return 0, f"{quote_path(path)} (the last version id handed out) is missing"
+        except (OSError, ConfigError) as exc:  # NOTE: UnsafeFileError (a FIFO, a link out) is a ConfigError
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else one_line(str(exc))
+            return 0, f"cannot read {quote_path(path)} (the last version id handed out): {reason}"
+        name = raw.decode("utf-8", "replace").strip()
+        if not VERSION_RE.match(name):
+            return 0, (f"{quote_path(path)} (the last version id handed out) holds {quote_text(name, 24)}, which is "
+                       "not a version id")
+        return int(name[1:7]), None
 
     def staging_dir(self) -> Path:
         path = self.versions_dir / f".staging-{uuid.uuid4().hex[:12]}"
@@ -241,6 +306,9 @@ class OutputDir:
             # NOTE: versions after the live one are deleted only when the pointer names a real version: a
             # pointer to a missing or older version must never cost the newer (possibly live) data.
             live = self.current_version() if self.live_is_valid() else None
+            newer = [v for v in self.versions() if live is not None and v > live]
+            if newer:  # NOTE: their numbers stay taken once they are gone (a mark missing or behind: raised first)
+                self._cover(newer[-1])
             in_use: list[str] = []
             for path in self.versions_dir.iterdir():
                 never_live = live is not None and VERSION_RE.match(path.name) and path.name > live
@@ -259,7 +327,8 @@ class OutputDir:
             if in_use:
                 _note(f"kept {', '.join(sorted(in_use))} (newer than the live version {live}): in use by a reader "
                       "(a petal serve that serves it); removed by a run after that reader lets it go")
-        for tmp in [*self.root.glob(".CURRENT.tmp-*"), *self.root.glob(".write-probe-*"),
+        for tmp in [*self.root.glob(".CURRENT.tmp-*"), *self.root.glob(f".{LAST_VERSION_FILE}.tmp-*"),
+                    *self.root.glob(".write-probe-*"),
                     *self.root.glob(".rejects.parquet.tmp-*")]:
             tmp.unlink(missing_ok=True)
             removed.append(tmp)
@@ -417,6 +486,12 @@ def _unless_in_use(version_dir: Path) -> Iterator[bool]:
         yield free
     finally:
         os.close(fd)
+
+
+def _next_second() -> None:
+    """Wait until the UTC second (a version id's time stamp) is past the one of the call."""
+    now = time.time()
+    time.sleep(max(0.0, int(now) + 1 - now))
 
 
 def _note(message: str) -> None:

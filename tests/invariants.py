@@ -54,7 +54,7 @@ def assert_clean(out: Path, keep_versions: int = 2) -> None:
     layout = OutputDir(out)
     version = layout.current_version()
     assert version is not None
-    allowed_top = {"CURRENT", ".lock", "versions", "store"}
+    allowed_top = {"CURRENT", ".lock", ".last-version", "versions", "store"}
     assert {p.name for p in out.iterdir()} <= allowed_top, sorted(p.name for p in out.iterdir())
     versions = sorted(p.name for p in layout.versions_dir.iterdir())
     assert all(VERSION_RE.match(v) for v in versions), versions
