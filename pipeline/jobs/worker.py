@@ -15,6 +15,14 @@ a worker killed at any instant cannot block the others):
     ("done", worker, summary)                        no more work: every claimed shard committed
     ("error", worker, exit code, status, message)    stopped by a PetalError (or a bug: exit 1)
 
+A worker whose coordinator is gone (killed with SIGKILL, or by a second SIGTERM, or crashed) has no one to
+report to and nothing left to do: it ends at once, quietly (no traceback), with exit ``ORPHANED_EXIT``,
+as if killed. It notices at its next word on the pipe (a broken pipe, an EOF) or, sooner, by its parent's
+pid (a watchdog thread, every ``PARENT_POLL_S``: a long shard or a model load sends nothing for a while).
+The store stays consistent as after a SIGKILL: every entry is committed by one rename, so the units
+committed before stay (a rerun reuses them) and the one being embedded is not committed (its ``tmp/``
+files go at the next run).
+
 NOTE: this module is imported in the spawned child before ``CUDA_VISIBLE_DEVICES`` takes effect
 for torch, so it (and what it imports at the top) must never import torch.
 """
@@ -38,6 +46,8 @@ from petal.pipeline.store.embeddings import DamagedEntry, EmbeddingStore, StoreE
 from petal.pipeline.store.ranges import part_dir
 
 PROGRESS_EVERY_S = 0.25
+PARENT_POLL_S = 0.2  # how often a worker checks that its coordinator is alive
+ORPHANED_EXIT = 75  # a worker whose coordinator is gone (no one reads it: a temporary failure, as a killed worker)
 
 
 @dataclass(frozen=True)
@@ -70,29 +80,70 @@ class WorkerSlot:
         return f"cuda:{self.cuda_device}" if self.cuda_device is not None else "cpu"
 
 
+class CoordinatorGone(Exception):
+    """The coordinator's end of the pipe is closed: it died (or ended) while this worker ran."""
+
+
 class Channel:
-    """The worker's end of its pipe: events from any thread, claims from the reading thread."""
+    """The worker's end of its pipe: events from any thread, claims from the reading thread. A pipe the
+    coordinator no longer holds (broken pipe, reset, EOF) raises ``CoordinatorGone`` and sets ``gone``."""
 
     def __init__(self, conn: Any, worker: int) -> None:
         self._conn = conn
         self._worker = worker
         self._lock = threading.Lock()
+        self.gone = False
 
     def put(self, event: tuple[Any, ...]) -> None:
-        with self._lock:
+        with self._lock, self._pipe():
             self._conn.send(event)
 
     def claim(self, closing: threading.Event) -> int | None:
         """The next shard position to embed, or ``None`` (no more work, or stop)."""
         self.put(("claim", self._worker))
-        while not self._conn.poll(0.1):
-            if closing.is_set():
-                return None
-        return self._conn.recv()
+        with self._pipe():
+            while not self._conn.poll(0.1):
+                if closing.is_set():
+                    return None
+            position: int | None = self._conn.recv()
+        return position
+
+    @contextlib.contextmanager
+    def _pipe(self) -> Iterator[None]:
+        try:
+            yield
+        except (EOFError, OSError) as exc:  # BrokenPipeError, ConnectionResetError, a closed handle
+            self.gone = True
+            raise CoordinatorGone(f"the coordinator is gone ({exc!r})") from None
 
 
-def worker_main(plan: WorkerPlan, slot: WorkerSlot, conn: Any) -> None:
-    """The child's entry point: embed claimed shards until the queue is empty or the coordinator says stop."""
+def exit_orphaned() -> None:
+    """End this worker now, quietly: its coordinator is gone. As a SIGKILL would (the store's commits are
+    single renames): no traceback, no atexit or finalizers (they would report to no one)."""
+    with contextlib.suppress(Exception):
+        sys.stderr.flush()
+    os._exit(ORPHANED_EXIT)
+
+
+def watch_parent(parent: int) -> threading.Thread:
+    """A daemon thread that ends the process (``exit_orphaned``) once its parent ``parent`` is gone: this
+    process is then re-parented, ``os.getppid()`` changes. ``parent``: ``os.getppid()`` at the worker's start
+    (a parent already gone by then shows at the first check)."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL_S)
+        exit_orphaned()
+
+    thread = threading.Thread(target=watch, name="petal-worker-parent-watch", daemon=True)
+    thread.start()
+    return thread
+
+
+def worker_main(plan: WorkerPlan, slot: WorkerSlot, conn: Any, coordinator: int | None = None) -> None:
+    """The child's entry point: embed claimed shards until the queue is empty or the coordinator says stop.
+    ``coordinator``: the pid of the process that started it (the parent watched; default: this one's parent
+    now, which misses a coordinator that died before this line)."""
     if slot.cuda_device is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = slot.cuda_device  # NOTE: before the first torch import
     from tqdm import tqdm
@@ -103,18 +154,26 @@ def worker_main(plan: WorkerPlan, slot: WorkerSlot, conn: Any) -> None:
     # NOTE: tqdm's default lock is a multiprocessing semaphore, registered with the coordinator's resource
     # tracker; a killed worker would leave it behind (a warning at exit). A worker's bars are disabled anyway.
     tqdm.set_lock(threading.RLock())
+    watch_parent(coordinator if coordinator is not None else os.getppid())
     events = Channel(conn, slot.index)
-    with StopSignals(second_kills=False) as stop:  # the coordinator forwards signals: a repeat must not kill
-        try:
-            summary = _run(plan, slot, events, stop)
-        except PetalError as exc:
-            events.put(("error", slot.index, exc.exit_code, exc.status, str(exc)))
-            return
-        except BaseException as exc:  # a bug: the traceback goes to stderr, the coordinator exits 1
-            traceback.print_exc(file=sys.stderr)
-            events.put(("error", slot.index, 1, "failed", f"internal error in worker {slot.index}: {exc!r}"))
-            return
-    events.put(("done", slot.index, summary))
+    try:
+        with StopSignals(second_kills=False) as stop:  # the coordinator forwards signals: a repeat must not kill
+            try:
+                summary = _run(plan, slot, events, stop)
+            except PetalError as exc:
+                if events.gone:  # NOTE: whatever the pipe's failure became on its way up (a thread, a wrapper)
+                    exit_orphaned()
+                events.put(("error", slot.index, exc.exit_code, exc.status, str(exc)))
+                return
+            except BaseException as exc:  # a bug: the traceback goes to stderr, the coordinator exits 1
+                if events.gone:
+                    exit_orphaned()
+                traceback.print_exc(file=sys.stderr)
+                events.put(("error", slot.index, 1, "failed", f"internal error in worker {slot.index}: {exc!r}"))
+                return
+        events.put(("done", slot.index, summary))
+    except CoordinatorGone:  # the last word (error, done) had no one to read it
+        exit_orphaned()
 
 
 def _run(plan: WorkerPlan, slot: WorkerSlot, events: Channel, stop: Any) -> dict[str, Any]:

@@ -115,7 +115,7 @@ def embed_in_pool(plan: WorkerPlan, slots: list[WorkerSlot], report: RunReport, 
         for slot in slots:
             ours, theirs = context.Pipe(duplex=True)
             with _environment("CUDA_VISIBLE_DEVICES", slot.cuda_device):  # NOTE: the child inherits it at spawn
-                process = context.Process(target=worker_main, args=(plan, slot, theirs),
+                process = context.Process(target=worker_main, args=(plan, slot, theirs, os.getpid()),
                                           name=f"petal-worker-{slot.index}", daemon=True)
                 process.start()
             theirs.close()  # NOTE: only the child holds it now, so its death is an EOF here

@@ -1,0 +1,115 @@
+"""``petal index --workers 2``: workers whose coordinator is killed (SIGKILL) end quietly and promptly.
+
+A real run (the packaged MiniLM on the CPU, real Parquet, spawned workers), its coordinator killed with
+SIGKILL once a shard is committed: every worker ends within seconds, none writes a traceback (workers
+inherit the coordinator's stderr: a file here), and the next ``petal index`` completes the index,
+reusing what the killed run committed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+pytestmark = pytest.mark.slow
+
+SHARDS, ROWS = 16, 40
+TRACEBACK_WORDS = ("Traceback", "BrokenPipeError", "EOFError", "ConnectionResetError", "Exception ignored")
+
+
+def _children(pid: int) -> list[int]:
+    """The worker processes of ``pid`` (multiprocessing's spawned children, not its resource tracker)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == pid and b"spawn_main" in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"  # a zombie has ended (its new parent reaps it)
+
+
+def _committed(out: Path) -> int:
+    return len(list((out / "store" / "shards").glob("*/*/entry.json")))
+
+
+def test_workers_of_a_killed_coordinator_exit_quietly_and_the_rerun_completes(minilm_dir, tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    ids = []
+    for s in range(SHARDS):
+        shard_ids = [f"s{s}-{i}" for i in range(ROWS)]
+        texts = [f"shard {s} document {i} about topic {i % 7} and a few more words to embed" for i in range(ROWS)]
+        pq.write_table(pa.table({"id": shard_ids, "text": texts}), data / f"shard-{s:02d}.parquet")
+        ids += shard_ids
+    out = tmp_path / "out"
+    stderr_path = tmp_path / "stderr.txt"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    command = [sys.executable, "-m", "petal.cli.main", "index", str(data), "--out", str(out), "--model",
+               str(minilm_dir), "--device", "cpu", "--workers", "2", "--max-seqs", "8", "-q"]
+    with open(stderr_path, "wb") as stderr:
+        coordinator = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr, env=env)
+    workers: list[int] = []
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and coordinator.poll() is None:
+            workers = sorted(set(workers) | set(_children(coordinator.pid)))
+            if len(workers) == 2 and _committed(out) >= 1:
+                break
+            time.sleep(0.1)
+        assert coordinator.poll() is None, f"the run ended before it could be killed: {stderr_path.read_text()}"
+        assert len(workers) == 2 and _committed(out) >= 1, "no worker committed a shard in time"
+        assert _committed(out) < SHARDS
+        coordinator.send_signal(signal.SIGKILL)
+        coordinator.wait()
+        # prompt: a worker notices at its next word on the pipe, or by its parent's pid (a watchdog)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and any(_alive(pid) for pid in workers):
+            time.sleep(0.1)
+        survivors = [pid for pid in workers if _alive(pid)]
+    finally:
+        coordinator.kill()
+        for pid in workers:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+    assert not survivors, f"workers {survivors} outlived their coordinator"
+    time.sleep(0.5)  # anything the workers' last moments wrote is in the file
+    text = stderr_path.read_text(errors="replace")
+    assert not any(word in text for word in TRACEBACK_WORDS), text
+    committed = _committed(out)
+    assert 1 <= committed <= SHARDS
+
+    # the store is consistent: the next run reuses every committed shard, embeds the rest, and publishes them all
+    report_path = tmp_path / "report.json"
+    rerun = subprocess.run([*command[:-5], "--json-report", str(report_path), "-q"], env=env,
+                           capture_output=True, text=True, timeout=600)
+    assert rerun.returncode == 0, rerun.stderr
+    report = json.loads(report_path.read_text())
+    assert report["shards"]["embedded"] + report["shards"]["reused"] == SHARDS, report["shards"]
+    assert report["shards"]["reused"] == committed  # every entry the killed run left is whole
+    query = subprocess.run([sys.executable, "-m", "petal.cli.main", "query", str(out), "--json", "-k",
+                            str(len(ids)), "document"], env=env, capture_output=True, text=True, timeout=300)
+    assert query.returncode == 0, query.stderr
+    assert sorted(hit["id"] for hit in json.loads(query.stdout)["hits"]) == sorted(ids)
