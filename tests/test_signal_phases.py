@@ -98,3 +98,39 @@ def test_a_second_signal_while_stopping_kills_and_the_rerun_resumes(job):
     rerun = job.run()
     assert rerun.rc == 0 and rerun.report["shards"]["reused"] == 3, rerun.stderr
     assert not any((job.out / "store" / "tmp").iterdir())
+
+
+def test_a_signal_during_preflight_stops_before_the_next_footer(job):
+    # preflight reads every footer before the lock; with thousands of shards a stop used to wait for them all
+    result, trace = stop_at(job, "read_footer", 1, sig=signal.SIGINT)
+    assert result.rc == 130, result.stderr
+    assert result.report["status"] == "interrupted"
+    assert reached(trace, "read_footer") == 1 and reached(trace, "after_preflight") == 0
+    assert OutputDir(job.out).current_version() is None and not (job.out / "store").exists()
+    assert job.run().rc == 0
+
+
+def test_a_signal_during_a_vectors_preflight_stops_before_the_next_footer(tmp_path):
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tests import forkrun
+
+    data, out, trace = tmp_path / "data", tmp_path / "out", tmp_path / "trace"
+    data.mkdir()
+    for name in "abc":
+        vectors = np.ones((4, 8), dtype=np.float32)
+        pq.write_table(pa.table({"vec": pa.array(list(vectors), type=pa.list_(pa.float32(), 8))}),
+                       data / f"{name}.parquet")
+    argv = ["index", str(data), "--out", str(out), "--vectors-column", "vec", "-q"]
+    child = forkrun.start(argv, {"PETAL_FAULT": "read_footer:1:sleep=3", "PETAL_FAULT_TRACE": str(trace)})
+    deadline = time.monotonic() + 60
+    while reached(trace, "read_footer") < 1:
+        assert time.monotonic() < deadline and child.alive(), child.stderr_so_far()
+        time.sleep(0.02)
+    time.sleep(0.2)
+    child.send(signal.SIGTERM)
+    result = child.wait()
+    assert result.rc == 143, result.stderr
+    assert reached(trace, "read_footer") == 1 and not (out / "store").exists()

@@ -423,12 +423,16 @@ def _check_id_range(info: ShardInfo, meta: pq.FileMetaData, read: ReadConfig, st
                             "as int64 or as strings")
 
 
-def preflight(paths: list[Path | RemotePath], read: ReadConfig, stats: ReadStats | None = None) -> list[ShardInfo]:
-    """Every shard's footer and schema, checked before any model work; all problems in one error."""
+def preflight(paths: list[Path | RemotePath], read: ReadConfig, stats: ReadStats | None = None,
+              check: Callable[[], None] | None = None) -> list[ShardInfo]:
+    """Every shard's footer and schema, checked before any model work; all problems in one error. ``check`` runs
+    before each footer (``StopSignals.check``: a stop signal ends a preflight of many shards at once)."""
     infos: list[ShardInfo] = []
     problems: list[str] = []
     unreadable: list[str] = []
     for path in paths:
+        if check is not None:
+            check()
         try:
             infos.append(inspect_shard(path, read, stats))
         except BadInputError as exc:

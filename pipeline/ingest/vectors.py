@@ -16,7 +16,7 @@ An OS read error is retried then 74, a corrupt page 65 naming the file, permissi
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -89,11 +89,15 @@ def _first_length(info: ShardInfo, read: ReadConfig, column: str, stats: ReadSta
 
 
 def preflight_vectors(paths: list[Path], read: ReadConfig, column: str, stats: ReadStats | None = None,
-                      dim_if_none: int | None = None) -> tuple[list[ShardInfo], int]:
+                      dim_if_none: int | None = None,
+                      check: Callable[[], None] | None = None) -> tuple[list[ShardInfo], int]:
     """Every shard's schema and the vectors' dimension, before any work. ``dim_if_none``: the dimension when no
-    shard holds a vector (``--sync`` over a live version: its width); without it that is 66."""
+    shard holds a vector (``--sync`` over a live version: its width); without it that is 66. ``check`` runs before
+    each footer (``StopSignals.check``)."""
     infos, sizes, problems, unreadable = [], {}, [], []
     for path in paths:
+        if check is not None:
+            check()
         try:
             info, size = inspect_vector_shard(path, read, column, stats)
             infos.append(info)

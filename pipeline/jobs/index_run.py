@@ -163,11 +163,11 @@ def _run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory, 
     check_output_dir("--out", job.out)  # 73 before anything is read: one petal cannot create, read or write
     # [0] preflight: every footer and schema, the model's files, the settings, the output directory
     live = peek_live_manifest(job.out)  # read-only here; re-read under the lock
-    shards = preflight(named_sources(job, live), job.read, reads)
+    shards = preflight(named_sources(job, live), job.read, reads, check=stop.check)
     if job.full and not job.sync:  # --full re-embeds the shards an additive run keeps, from their files
         extra = full_rerun_sources(live, shards)
         if extra:
-            shards = preflight(resolve_sources([*job.sources, *extra], out=job.out), job.read, reads)
+            shards = preflight(resolve_sources([*job.sources, *extra], out=job.out), job.read, reads, check=stop.check)
     report.rows["total"] = sum(s.num_rows for s in shards)
     check_keep_columns(shards, job.keep_columns, (job.read.text_column, job.read.id_column))
     need = ColumnsNeed(job.read.text_column, job.keep_columns)

@@ -68,12 +68,12 @@ def _run(job: IndexJob, column: str, report: RunReport, stop: StopSignals, start
          local: list[Path], reads: ReadStats) -> RunReport:
     # NOTE: SOURCES without a vector (none left, or only empty shards) under --sync keep the live version's width
     mirrored_dim = live.dim if job.sync and live is not None else None
-    shards, dim = preflight_vectors(local, job.read, column, reads, dim_if_none=mirrored_dim)
+    shards, dim = preflight_vectors(local, job.read, column, reads, dim_if_none=mirrored_dim, check=stop.check)
     if job.full and not job.sync:  # --full reads the shards an additive run keeps again, from their files (as text)
         extra = run.full_rerun_sources(live, shards)  # a kept shard that is gone: 78
         if extra:
             again = [p for p in resolve_sources([*job.sources, *extra], out=job.out) if isinstance(p, Path)]
-            shards, dim = preflight_vectors(again, job.read, column, reads)
+            shards, dim = preflight_vectors(again, job.read, column, reads, check=stop.check)
     report.rows["total"] = sum(s.num_rows for s in shards)
     # the schemas preflight read (no second read of a source)
     text = job.read.text_column if all(s.schema is not None and job.read.text_column in s.schema.names
