@@ -55,7 +55,8 @@ def missing_serve_extra() -> list[str]:
 
 
 @click.command()
-@click.argument("index_path", metavar="[OUT]", required=False, type=click.Path(path_type=Path))
+# NOTE: readable=False: click's own check made an unreadable OUT a usage error (2); the run judges it (66)
+@click.argument("index_path", metavar="[OUT]", required=False, type=click.Path(path_type=Path, readable=False))
 @click.option("--model", default=None, help="Model directory: alone, embeddings only; with OUT, if the index's "
               "model moved (the weights must match).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0: all).")
@@ -107,7 +108,7 @@ def missing_serve_extra() -> list[str]:
 @click.option("--access-log", is_flag=True, help="Log every request (uvicorn's access log).")
 @device_options
 @loading_options
-@user_errors
+@user_errors(outputs=())  # NOTE: serve writes no file: permission denied on any path is one it reads (66), not 74
 def serve(index_path: Path | None, model: str | None, host: str, port: int, api_key: str | None, max_wait_ms: float,
           max_texts: int, max_tokens_per_text: int | None, max_k: int, max_body_bytes: int, max_queue_texts: int,
           token_budget: int | None, max_seqs: int | None, nprobe: int | None, rescore: int | None,
