@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
+from click.core import ParameterSource
 
 from petal.cli.common import device_options, startup_done, usage, user_errors
 from petal.cli.options import loading_options
@@ -23,6 +24,9 @@ if TYPE_CHECKING:
 # between the pass that checks every row and the pass that writes them (a longer file is searched twice)
 VECTOR_CHUNK_HITS = 1 << 16
 HELD_HITS = 1 << 18
+# NOTE: the flags of the query model (loaded to embed TEXT and --stdin lines): --vector-file runs none, so given
+# with it they would set nothing: refused (2), never silently ignored (the rule of petal serve's MODEL_FLAGS)
+MODEL_FLAGS = ("model", "device", "dtype", "attention", "query_prompt", "allow_pickle_weights")
 
 
 @click.command()
@@ -60,12 +64,20 @@ def query(index_path: Path, texts: tuple[str, ...], k: int, from_stdin: bool, as
     No query to answer is no input, exit 66 (as petal embed): an empty --stdin, one of blank lines
     only, blank TEXT only, or a --vector-file without rows. A --vector-file that is missing, not a
     regular file or unreadable is 66 too; one that is not [n, dim] finite numbers is 65.
+
+    A --vector-file query runs no model: the model's flags (--model, --device, --dtype, --attention,
+    --query-prompt, --allow-pickle-weights) given with it are a usage error (2), not ignored.
     """
     # NOTE: what the flags alone decide is checked before the index opens (no FAISS, torch or Arrow for a usage error)
     if vector_file is not None and (texts or from_stdin):
         raise click.UsageError("--vector-file replaces query TEXT and --stdin: give one of them")
     if vector_file is None and not texts and not from_stdin:
         raise click.UsageError("give query TEXT, --stdin or --vector-file")
+    unused = given_flags(MODEL_FLAGS) if vector_file is not None else []
+    if unused:
+        sets, them = ("this flag sets", "it") if len(unused) == 1 else ("these flags set", "them")
+        raise click.UsageError(f"{', '.join(unused)}: --vector-file searches with the file's vectors and runs no "
+                               f"model, so {sets} nothing here: leave {them} out")
     if where:
         from petal.pipeline.index.filters import parse_filter
 
@@ -161,6 +173,14 @@ def query(index_path: Path, texts: tuple[str, ...], k: int, from_stdin: bool, as
         if texts:
             said.append(_blank_texts(len(texts)))
         raise NoInputError(f"nothing to query: {'; '.join(said)}")
+
+
+def given_flags(names: tuple[str, ...]) -> list[str]:
+    """The flags among ``names`` (parameter names) that the user gave (not defaults), as typed: ``--device``."""
+    ctx = click.get_current_context()
+    given = (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT, ParameterSource.PROMPT)
+    return [param.opts[0] for param in ctx.command.params
+            if param.name in names and ctx.get_parameter_source(param.name) in given]
 
 
 def _say_skipped(texts: tuple[str, ...]) -> None:
