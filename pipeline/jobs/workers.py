@@ -12,7 +12,8 @@ shared between workers that a killed one could leave locked. Failure: a worker t
 shard, commit the shards they hold, and the run ends with exit 75 (rerun: only the missing shards
 are embedded). A worker's ``PetalError`` (bad input 65, disk 74, ...) stops the run the same way
 with that error's exit code. SIGINT/SIGTERM of the coordinator are passed on to the workers, which
-stop at their next batch boundary.
+stop at their next batch boundary. A coordinator that dies (SIGKILL, a second SIGTERM) leaves no
+worker behind: each ends at once, quietly, as if killed (``worker.exit_orphaned``).
 """
 
 from __future__ import annotations
