@@ -2,12 +2,65 @@
 
 from __future__ import annotations
 
+import functools
 import json
+import os
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar, cast
 
 import click
 
 from petal.cli.common import usage, user_errors
+
+F = TypeVar("F", bound=Callable[..., Any])
+INPUTS = ("corpus", "tokenizer_dir", "index_path", "model")  # the parameters of the paths a benchmark reads
+TEMPORARY = "petal-"  # NOTE: the prefix of every temporary directory a benchmark makes (petal/bench/*.py)
+
+
+def _temporary(path: object) -> bool:
+    """``path`` lies in a temporary directory a benchmark made (``$TMPDIR/petal-*``)."""
+    try:
+        rel = os.path.relpath(os.path.abspath(os.fsdecode(path)), tempfile.gettempdir())  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return False
+    return not rel.startswith(os.pardir) and rel.split(os.sep, 1)[0].startswith(TEMPORARY)
+
+
+def bench_errors(writes: bool) -> Callable[[F], F]:
+    """``user_errors`` for a benchmark: permission denied that nothing mapped is classified by the path's role, as
+    ``petal index``/``embed`` do. On a path inside one it reads (``--corpus``, ``--model``, ``--tokenizer-dir``,
+    ``--index``) 66; inside what it writes (``--workdir``, or a temporary ``$TMPDIR/petal-*`` directory it made),
+    73 (cannot create output); elsewhere 66 (a file it reads: the packaged model...). ``writes``: the benchmark
+    writes files; then a denial that names no path stays 74 (its role is unknown), as ``user_errors`` has it."""
+
+    def decorate(command: F) -> F:
+        @functools.wraps(command)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return command(*args, **kwargs)
+            except OSError as exc:
+                from petal.pipeline.reliability.errors import DENIED, inside, io_error
+
+                if not writes or exc.errno not in DENIED:
+                    raise
+                if not exc.filename:
+                    raise io_error(exc, [tempfile.gettempdir()]) from exc  # 74: written or read, unknown
+                read = [kwargs[name] for name in INPUTS if kwargs.get(name) is not None]
+                if any(inside(exc.filename, path) for path in read):
+                    raise  # 66 (user_errors: not an output)
+                written = [kwargs["workdir"]] if kwargs.get("workdir") is not None else []
+                if _temporary(exc.filename):
+                    written.append(exc.filename)
+                if written:
+                    raise io_error(exc, written) from exc  # 73 inside them, else 66
+                raise
+
+        # NOTE: outputs=(): what is still an OSError here is on a path the benchmark reads (66)
+        return user_errors(outputs=())(cast(F, wrapper))
+
+    return decorate
 
 # NOTE: path options check nothing at parsing (readable=False: click's own check makes an unreadable path a usage
 # error, 2); each command judges them first (``paths``): an input missing or unreadable is 66, a --workdir it
@@ -32,7 +85,7 @@ def bench() -> None:
 @click.option("--token-budget", type=click.IntRange(min=256), default=4096, show_default=True)
 @click.option("--model", default=None, help="Model directory (default: the packaged all-MiniLM-L6-v2).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-@user_errors
+@bench_errors(writes=False)
 def bench_cpu(corpus: Path, num_texts: int, rounds: int, token_budget: int, model: str | None, as_json: bool) -> None:
     """MiniLM on the CPU: petal (fp32, and bf16 GEMMs) vs sentence-transformers encode()."""
     paths({"--corpus": corpus})
@@ -57,7 +110,7 @@ def bench_cpu(corpus: Path, num_texts: int, rounds: int, token_budget: int, mode
 @click.option("--t2-docs", type=click.IntRange(min=64), default=8192, show_default=True)
 @click.option("--latency-calls", type=click.IntRange(min=10), default=1000, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON lines.")
-@user_errors
+@bench_errors(writes=False)
 def bench_gpu(shapes: tuple[str, ...], scenarios: str, token_budget: int, max_seqs: int, attention: str,
               no_cuda_graphs: bool, no_baseline: bool, t1_docs: int, t2_docs: int, latency_calls: int,
               as_json: bool) -> None:
@@ -101,7 +154,7 @@ def bench_gpu(shapes: tuple[str, ...], scenarios: str, token_budget: int, max_se
 @click.option("--engine-t2/--no-engine-t2", default=None,
               help="Also time the engine alone on T2 lengths [default: on with CUDA].")
 @click.option("--json", "as_json", is_flag=True)
-@user_errors
+@bench_errors(writes=True)
 def bench_e2e(model: str | None, shape: str | None, tokenizer_dir: Path | None, corpus: Path, num_docs: str,
               device: str, no_baseline: bool, tokenize_workers: str, devices: str | None, workers: int | None,
               index_factory: str, engine_t2: bool | None, as_json: bool) -> None:
@@ -172,7 +225,7 @@ def bench_e2e(model: str | None, shape: str | None, tokenizer_dir: Path | None, 
               "it is the ground truth).")
 @click.option("--workdir", type=PATH, default=None, help="Where the store is written.")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON lines.")
-@user_errors
+@bench_errors(writes=True)
 def bench_index(num_vectors: int, dims: tuple[int, ...], num_queries: int, memories: tuple[str, ...],
                 target_recall: float, num_shards: int, factory: str, no_baseline: bool, workdir: Path | None,
                 as_json: bool) -> None:
@@ -196,7 +249,7 @@ def bench_index(num_vectors: int, dims: tuple[int, ...], num_queries: int, memor
 @click.option("--dims", default="384,128", show_default=True, help="Comma-separated --dim values to measure.")
 @click.option("--model", default=None, help="Model directory (default: the packaged all-MiniLM-L6-v2).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-@user_errors
+@bench_errors(writes=True)
 def bench_outputs(corpus: Path, num_docs: int, num_queries: int, dims: str, model: str | None, as_json: bool) -> None:
     """Recall@10 vs index bytes per vector for float32, float16, int8 and binary (+ rescoring)."""
     paths({"--corpus": corpus})
@@ -262,7 +315,7 @@ def _int_list(value: str, name: str) -> tuple[int, ...]:
 @click.option("--serve-arg", "serve_args", multiple=True,
               help="Extra petal serve flag (repeat), e.g. --serve-arg=--max-wait-ms=1.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-@user_errors
+@bench_errors(writes=True)
 def bench_serve(index_path: Path | None, model: str | None, shape: str | None, tokenizer_dir: Path | None,
                 corpus: Path, index_docs: int | None, index_doc_tokens: int, workdir: Path | None, device: str,
                 endpoints: str, tokens: str,
@@ -321,7 +374,7 @@ def bench_serve(index_path: Path | None, model: str | None, shape: str | None, t
 @click.option("--workdir", type=PATH, default=None,
               help="Where the index and the model are written (default: a temporary directory, removed).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-@user_errors
+@bench_errors(writes=True)
 def bench_startup(runs: int, text: str, num_vectors: int, dim: int, factory: str, shape_name: str, device: str,
                   no_baseline: bool, workdir: Path | None, as_json: bool) -> None:
     """One-shot start-up: import torch, petal embed, a sentence-transformers script, index open + query,
