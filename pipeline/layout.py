@@ -102,6 +102,10 @@ class OutputDir:
             probe.unlink(missing_ok=True)  # NOTE: a writer's clean_orphans may have removed it already
         except OSError as exc:
             raise OutputError(f"cannot create output directory {quote_path(self.root)}: {exc.strerror or exc}") from exc
+        # NOTE: as OUT itself (check_output_dir): a directory of OUT that petal may not read, enter or write is 73
+        # naming it, before the lock; else the first file written under it (a store entry, a tombstone) was named
+        for sub in (self.versions_dir, self.store_dir, self.store_dir / "shards"):
+            _check_usable(sub)
 
     @contextlib.contextmanager
     def lock(self, wait: bool = False, on_wait: Callable[[str], None] | None = None,
@@ -486,6 +490,18 @@ def _unless_in_use(version_dir: Path) -> Iterator[bool]:
         yield free
     finally:
         os.close(fd)
+
+
+def _check_usable(path: Path) -> None:
+    """A directory of OUT (there, a directory) that this process may list, enter and write (the kernel asked for the
+    effective ids: root without CAP_DAC_OVERRIDE is refused like anyone); else 73 naming it."""
+    if not path.is_dir() or path.is_symlink():
+        return  # NOTE: missing (created later) or refused by prepare's own check
+    effective = os.access in os.supports_effective_ids
+    for mode, verb in ((os.R_OK | os.X_OK, "read"), (os.W_OK, "write")):
+        if not os.access(path, mode, effective_ids=effective):
+            raise OutputError(f"cannot create output: petal may not {verb} {quote_path(path)} (permission denied); "
+                              f"run as a user who may read and write it, or fix its permissions")
 
 
 def _next_second() -> None:

@@ -21,6 +21,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 import shutil
 import sys
 import time
@@ -35,8 +36,17 @@ import pyarrow.parquet as pq
 
 from petal.pipeline.index.checksums import sha256_file
 from petal.pipeline.ingest.parquet import ShardInfo, integer_ids
+from petal.pipeline.layout import denied, is_denied
 from petal.pipeline.reliability.durable import fsync_dir, write_json_atomic
-from petal.pipeline.reliability.errors import BadInputError, OutputError, PetalError, one_line, quote_path, writing
+from petal.pipeline.reliability.errors import (
+    BadInputError,
+    NoInputError,
+    OutputError,
+    PetalError,
+    one_line,
+    quote_path,
+    writing,
+)
 from petal.pipeline.reliability.faults import fault
 from petal.pipeline.reliability.safe_files import check_regular, open_regular, read_regular
 
@@ -49,6 +59,7 @@ if TYPE_CHECKING:
 STORE_FORMAT = 1
 ENTRY_MAX_BYTES = 16 << 20
 RACY_NS = 2_000_000_000  # a file changed this close to its hashing may change again unseen: never cached
+PYARROW_PATH = re.compile(r"local file '(.+?)'")  # pyarrow's OSError carries no filename: its message quotes it
 
 
 def warn(message: str) -> None:
@@ -61,6 +72,34 @@ class DamagedEntry(Exception):
     def __init__(self, path: Path, cause: BaseException) -> None:
         reason = cause.strerror if isinstance(cause, OSError) and cause.strerror else one_line(str(cause))[:200]
         super().__init__(f"the store entry {quote_path(path)} is damaged ({reason})")
+
+
+def store_denied(exc: BaseException, root: Path, near: Path) -> NoInputError | None:
+    """Permission denied on a file of the store under ``root`` (in ``exc`` or what it was raised from): no input, 66
+    naming the file, or the first directory on the way to it petal may not enter (``layout.denied``), as ``petal
+    rebuild`` says it. Not damage: the entry is fine, a run must neither embed it again nor remove it. ``near``: the
+    path named when the error names none. ``None`` for any other error."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen and not is_denied(cause):
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    if cause is None or not is_denied(cause):
+        return None
+    filename = getattr(cause, "filename", None)
+    found = PYARROW_PATH.search(str(cause))
+    path = Path(os.fsdecode(filename)) if filename else Path(found.group(1)) if found else near
+    effective = os.access in os.supports_effective_ids
+    for parent in reversed(path.parents):  # NOTE: the first directory of the store on the way that cannot be entered
+        if inside_dir(parent, root) and os.path.isdir(parent) and not os.access(parent, os.X_OK,
+                                                                                effective_ids=effective):
+            return denied(parent)
+    return denied(path)
+
+
+def inside_dir(path: Path, root: Path) -> bool:
+    """``path`` is ``root`` or below it (no symlink resolved: the paths petal built)."""
+    return path == root or root in path.parents
 
 
 def check_npy(path: Path, root: Path, shape: tuple[int, int]) -> None:
@@ -181,20 +220,40 @@ class EmbeddingStore:
         self.tmp_dir.mkdir(parents=True)
 
     def _entries_for(self, key: str) -> list[StoreEntry]:
+        """The committed entries of a shard key (any settings); one petal may not read: 66 naming it (NOTE: raised
+        here, not as an ``OSError``: the caller reads the source around it, and would name the source)."""
         entries = []
         key_dir = self.shards_dir / key
-        if key_dir.is_dir():
-            for d in sorted(key_dir.iterdir()):
-                try:
-                    entries.append(self.read_entry(d))
-                except (FileNotFoundError, DamagedEntry):
-                    continue  # a damaged entry is no cache: its shard is hashed (and embedded) again
+        try:
+            names = sorted(key_dir.iterdir()) if key_dir.is_dir() else []
+        except OSError as exc:
+            refused = store_denied(exc, self.root, key_dir)
+            if refused is None:
+                raise
+            raise refused from exc
+        for d in names:
+            try:
+                entries.append(self.read_entry(d))
+            except (FileNotFoundError, DamagedEntry):
+                continue  # a damaged entry is no cache: its shard is hashed (and embedded) again
         return entries
 
     def read_entry(self, path: Path) -> StoreEntry:
         """The committed entry at ``path``, checked: ``entry.json`` readable with its fields, the files
         regular and inside the store, ``embeddings.npy`` as large as its header says, the Parquet
-        footers readable. ``FileNotFoundError`` without ``entry.json``; ``DamagedEntry`` otherwise."""
+        footers readable. ``FileNotFoundError`` without ``entry.json``; ``DamagedEntry`` otherwise; a file (or a
+        directory on the way to it) petal may not read: ``NoInputError`` (66) naming it (``store_denied``)."""
+        try:
+            return self._read_entry(path)
+        except (OSError, DamagedEntry) as exc:
+            if isinstance(exc, FileNotFoundError):
+                raise
+            refused = store_denied(exc, self.root, path)
+            if refused is None:
+                raise
+            raise refused from exc
+
+    def _read_entry(self, path: Path) -> StoreEntry:
         meta_file = path / "entry.json"
         if not meta_file.exists() and not meta_file.is_symlink():
             raise FileNotFoundError(meta_file)

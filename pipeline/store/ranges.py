@@ -40,7 +40,15 @@ from petal.pipeline.ingest.parquet import ReadStats, ShardInfo, read_retrying
 from petal.pipeline.ingest.remote import RemotePath
 from petal.pipeline.reliability.errors import writing
 from petal.pipeline.reliability.faults import fault
-from petal.pipeline.store.embeddings import DamagedEntry, EmbeddingStore, StoreEntry, commit_entry, shard_key, warn
+from petal.pipeline.store.embeddings import (
+    DamagedEntry,
+    EmbeddingStore,
+    StoreEntry,
+    commit_entry,
+    shard_key,
+    store_denied,
+    warn,
+)
 
 PART_NAME = re.compile(r"^g(\d{6,})-(\d{6,})$")
 
@@ -98,12 +106,18 @@ def group_rows(info: ShardInfo, read: ReadConfig | None = None, stats: ReadStats
 
 
 def committed_parts(store: EmbeddingStore, info: ShardInfo, fingerprint: str) -> dict[tuple[int, int], StoreEntry]:
-    """The shard's committed ranges by ``(first_group, stop_group)``; a damaged one is moved out of sight."""
+    """The shard's committed ranges by ``(first_group, stop_group)``; a damaged one is moved out of sight, one petal
+    may not read (or a directory of them) is 66 naming it, kept (``store_denied``: not damage)."""
     root = parts_root(store, info, fingerprint)
     found: dict[tuple[int, int], StoreEntry] = {}
-    if not root.is_dir():
-        return found
-    for path in sorted(root.iterdir()):
+    try:
+        paths = sorted(root.iterdir()) if root.is_dir() else []
+    except OSError as exc:
+        refused = store_denied(exc, store.root, root)
+        if refused is None:
+            raise
+        raise refused from exc
+    for path in paths:
         match = PART_NAME.match(path.name)
         if match is None:
             continue
