@@ -169,11 +169,11 @@ def _convert(name: str, value: Any) -> Any:
     if name == "keep_columns" and (value is None or isinstance(value, str)):
         return build(parse_keep_columns, value)  # "lang,url"; a list or tuple of names is taken as it is
     if name == "keep_columns":
-        return tuple(value)
+        return tuple(value) if isinstance(value, Iterable) else (value,)  # keep_columns=5: judged as a name
     if name == "model" and isinstance(value, os.PathLike):
         return os.fspath(value)  # a model directory as a Path
     if name in ("json_report", "out", "delete") and value is not None:
-        return Path(value)
+        return out_path(value, name)
     return value
 
 
@@ -185,9 +185,9 @@ def sources_tuple(sources: str | os.PathLike[str] | Iterable[str | os.PathLike[s
         given = list(sources)
     except TypeError:
         raise UsageError(f"sources: {kind_of(sources)} is not a path, a glob or a list of them") from None
-    bad = next((s for s in given if not isinstance(s, (str, os.PathLike))), None)
-    if bad is not None:
-        raise UsageError(f"sources: {bad!r} is {kind_of(bad)}, not a path or a glob")
+    bad = next((i for i, s in enumerate(given) if not isinstance(s, (str, os.PathLike))), None)
+    if bad is not None:  # NOTE: an index: the item found may be None itself
+        raise UsageError(f"sources: {given[bad]!r} is {kind_of(given[bad])}, not a path or a glob")
     return tuple(os.fspath(s) for s in given)
 
 
