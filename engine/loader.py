@@ -26,7 +26,7 @@ from petal.engine.config import (
 from petal.engine.errors import ModelError
 from petal.engine.resolve import HF_ID, cached_snapshot, hf_cache_dirs
 from petal.engine.st_files import StFiles, StFilesError, config_int, read_json, read_st_files
-from petal.engine.weight_files import WeightFilesError, pickle_files, safetensors_files
+from petal.engine.weight_files import WeightFilesError, check_readable, pickle_files, safetensors_files
 
 # NOTE: torch and the model classes are imported where a model is inspected or built: `ModelSpec` is the
 # type of every pipeline module, and runs without a model (`petal index --vectors-column`) import none
@@ -203,6 +203,8 @@ def inspect_model(
     tokenizer_file = model_dir / "tokenizer.json"
     if not tokenizer_file.is_file():
         raise ModelError(f"{model_dir} has no tokenizer.json (a fast tokenizer file is required)")
+    # NOTE: a file petal may not read is its PermissionError naming it (66), before a library reads it as damaged
+    check_readable([tokenizer_file, *weight_files, *(layer.weight_file for layer in st.dense), *st.pickle_dense])
 
     config = replace(config, causal=_causal(model_cls, hf, st, options, config_file))
     mode = options.pooling or pooling_mode(st.pooling) or model_cls.default_pooling

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from petal.engine.config import DENSE_ACTIVATIONS, SIMILARITIES, DenseConfig, PromptConfig
-from petal.engine.weight_files import PICKLE_WEIGHT_NAMES, safetensors_files
+from petal.engine.weight_files import PICKLE_WEIGHT_NAMES, is_denied, safetensors_files
 
 # sentence-transformers' Pooling flags -> petal's modes; the other flags are refused by name.
 POOLING_FLAGS = {"pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mean", "pooling_mode_lasttoken": "last"}
@@ -52,6 +52,8 @@ def read_json(path: Path, kind: type = dict) -> Any:
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:  # NOTE: ValueError: invalid JSON, and bytes that are not UTF-8
+        if is_denied(exc):
+            raise  # NOTE: a file petal may not read is no bad model: its caller says 66 naming it, not 78
         raise StFilesError(f"cannot read {path}: {exc}") from exc
     if not isinstance(value, kind):
         raise StFilesError(f"{path} holds {json_kind(value)}, not {json_kind(kind())}")
