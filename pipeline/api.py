@@ -15,8 +15,17 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from petal.engine.config import ATTENTION_BACKENDS, DTYPE_NAMES, ModelOptions
 from petal.pipeline.jobs.report import RunReport
-from petal.pipeline.jobs.settings import ALIASES, check_vectors_flags, index_job, index_settings, out_path
+from petal.pipeline.jobs.settings import (
+    ALIASES,
+    check_vectors_flags,
+    index_job,
+    index_settings,
+    kind_of,
+    out_path,
+    typed,
+)
 from petal.pipeline.reliability.errors import (
     ConfigError,
     FlagError,
@@ -51,9 +60,12 @@ def index(sources: Sources, out: str | os.PathLike[str], *, engine_factory: Call
     try:
         job = index_job(sources, out, **settings)
         if vectors_column is not None:
+            if not isinstance(vectors_column, str):
+                raise UsageError(f"petal.index(): vectors_column={vectors_column!r} is {kind_of(vectors_column)}, "
+                                 "not str")
             check_vectors_flags(settings)
     except UsageError as exc:
-        _fail(report, exc, 2, f"usage error: {exc}", settings.get("json_report"))
+        _fail(report, exc, 2, f"usage error: {exc}", _report_path(settings.get("json_report")))
         raise
     if vectors_column is not None:
         from petal.pipeline.jobs.vector_run import run_vector_index
@@ -78,8 +90,12 @@ def rebuild(out: str | os.PathLike[str], *, json_report: str | os.PathLike[str] 
     the caller's.
     """
     report = report if report is not None else RunReport(command="rebuild")
-    target = Path(json_report) if json_report is not None else None
+    target = _report_path(json_report)
     try:
+        if json_report is not None:
+            out_path(json_report, "json_report")
+        if not isinstance(wait, bool):
+            raise UsageError(f"petal.rebuild(): wait={wait!r} is {kind_of(wait)}, not bool")
         out = out_path(out)
         chosen = index_settings(**settings)
         given = frozenset(ALIASES.get(key, key) for key in settings)
@@ -95,11 +111,41 @@ def open_index(path: str | os.PathLike[str], **settings: Any) -> Index:
     """A published index (an output directory or a version directory), ready to search.
 
     ``settings``: ``model`` (if it moved), ``device``, ``dtype``, ``attention``, ``nprobe``, ``rescore``,
-    ``query_prompt``, ``allow_pickle_weights``. The model loads on the first search by text.
+    ``query_prompt``, ``allow_pickle_weights``. The model loads on the first search by text; its settings are
+    judged here, before the index opens (one of the wrong type or not a choice: ``UsageError`` naming it).
     """
     from petal.pipeline.jobs.searcher import Index
 
+    _check_model_settings(settings, "petal.open_index()")
     return Index(path, **settings)
+
+
+_CHOICES = {"device": ("auto", "cpu", "cuda"), "dtype": ("auto", *DTYPE_NAMES), "attention": ATTENTION_BACKENDS}
+
+
+def _check_model_settings(settings: dict[str, Any], caller: str) -> None:
+    """The model settings among ``settings`` as the CLI's flag parsing judges them: ``model`` a str or path,
+    ``device``/``dtype``/``attention`` one of their choices, ``query_prompt`` a str or None, ``allow_pickle_weights``
+    a bool (else a ``UsageError`` naming it). Judged without loading torch or the model."""
+    model = settings.get("model")
+    if model is not None and not isinstance(model, (str, os.PathLike)):
+        raise UsageError(f"{caller}: model={model!r} is {kind_of(model)}, not str or a path")
+    typed(ModelOptions, {key: settings[key] for key in ("query_prompt", "allow_pickle_weights") if key in settings},
+          caller)
+    for name, choices in _CHOICES.items():
+        if name not in settings:
+            continue
+        value = settings[name]
+        if not isinstance(value, str):
+            raise UsageError(f"{caller}: {name}={value!r} is {kind_of(value)}, not str")
+        if value not in choices:
+            raise UsageError(f"{caller}: {name}={value!r} is not one of {', '.join(choices)}")
+
+
+def _report_path(json_report: Any) -> Path | None:
+    """``json_report`` as the path to write the report to; ``None`` when not given or not a path (a ``UsageError``
+    names it where it is judged)."""
+    return Path(json_report) if isinstance(json_report, (str, os.PathLike)) else None
 
 
 def _run(work: Callable[[], RunReport], report: RunReport, json_report: Path | str | None,

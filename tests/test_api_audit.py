@@ -1,0 +1,99 @@
+"""The Python API's documented promise: an argument or setting of the wrong type is a ``petal.UsageError`` naming it,
+raised before any work (README "Python API"), never a ``TypeError``/``AttributeError`` from deep inside, nor a
+value silently taken (``wait="no"`` waited)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import petal
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory) -> tuple[Path, Path]:
+    """A three-document index of the packaged model, and its shards directory."""
+    root = tmp_path_factory.mktemp("audit")
+    shards = root / "shards"
+    shards.mkdir()
+    pq.write_table(pa.table({"id": ["a", "b", "c"], "text": ["glaciers flow downhill", "espresso is coffee",
+                                                             "cats purr on laps"]}), shards / "s.parquet")
+    out = root / "idx"
+    petal.index(shards, out, quiet=True)
+    return out, shards
+
+
+@pytest.fixture(scope="module")
+def vectors_shard(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("vectors") / "v.parquet"
+    rows = np.random.default_rng(0).standard_normal((20, 8)).astype(np.float32)
+    pq.write_table(pa.table({"id": [str(i) for i in range(20)], "emb": list(rows)}), path)
+    return path
+
+
+@pytest.mark.parametrize(("settings", "named"), [
+    ({"model": 5}, r"model=5 is an int"),
+    ({"query_prompt": 5}, r"query_prompt=5 is an int"),
+    ({"allow_pickle_weights": "yes"}, r"allow_pickle_weights='yes' is a str"),
+    ({"device": 5}, r"device=5 is an int"),
+    ({"device": "tpu"}, r"device='tpu' is not one of auto, cpu, cuda"),
+    ({"dtype": "float99"}, r"dtype='float99' is not one of auto, float32"),
+    ({"attention": None}, r"attention=None is a NoneType"),
+])
+def test_open_index_settings_are_judged_when_it_opens(small, settings, named):
+    """``open_index``'s model settings were taken as given and judged at the first search by text, if at all:
+    ``model=5`` was a TypeError from pathlib, ``query_prompt=5`` one from the tokenizer, ``allow_pickle_weights="yes"``
+    allowed pickle weights, ``device=5`` waited for a search. Now a ``UsageError`` naming it, before the index opens
+    (the CLI judges its flags when it parses them)."""
+    out, _ = small
+    with pytest.raises(petal.UsageError, match=named) as caught:
+        petal.open_index(out, **settings)
+    assert caught.value.exit_code == 2 and str(caught.value).startswith("petal.open_index(): ")
+
+
+def test_open_index_good_settings_still_search(small, minilm_dir):
+    out, _ = small
+    with petal.open_index(out, model=minilm_dir, device="cpu", dtype="float32", attention="auto",
+                          query_prompt=None, allow_pickle_weights=False) as index:
+        assert index.search("coffee", k=1)[0][0].id == "b"
+    with pytest.raises(TypeError, match="'nope'"):  # an unknown keyword stays Python's TypeError naming it
+        petal.open_index(out, nope=1)
+
+
+def test_rebuild_wait_must_be_a_bool(small, tmp_path):
+    """``petal.rebuild(out, wait="no")`` waited (a non-empty str is true); README names ``wait="no"`` among the
+    settings that are a ``UsageError``. The report is written, as for every usage error."""
+    out, _ = small
+    report = tmp_path / "r.json"
+    for wait in ("no", 0, None):
+        with pytest.raises(petal.UsageError, match=rf"petal.rebuild\(\): wait={wait!r} is an? \w+, not bool"):
+            petal.rebuild(out, wait=wait, json_report=report)
+        assert json.loads(report.read_text())["exit_code"] == 2
+
+
+@pytest.mark.parametrize("json_report", [5, b"/tmp/r.json", 1.5])
+def test_json_report_of_the_wrong_type(small, tmp_path, json_report):
+    """``json_report=5`` was a TypeError from pathlib (``petal.index`` and ``petal.rebuild`` alike)."""
+    out, shards = small
+    with pytest.raises(petal.UsageError, match="json_report") as caught:
+        petal.index(shards, tmp_path / "o", json_report=json_report)
+    assert caught.value.report.exit_code == 2 and not (tmp_path / "o").exists()
+    with pytest.raises(petal.UsageError, match="json_report") as caught:
+        petal.rebuild(out, json_report=json_report)
+    assert caught.value.report.exit_code == 2
+
+
+def test_vectors_column_must_be_a_str(vectors_shard, tmp_path):
+    """``vectors_column=5`` (or ``b"emb"``) read the shard and said exit 65, "vectors column 5 is missing": a bad
+    argument, not bad data."""
+    for column in (5, b"emb", ["emb"]):
+        with pytest.raises(petal.UsageError, match=r"vectors_column=.* is an? \w+, not str") as caught:
+            petal.index(vectors_shard, tmp_path / "o", vectors_column=column)
+        assert caught.value.exit_code == 2 and caught.value.report.exit_code == 2
+    assert not (tmp_path / "o").exists()
+    assert petal.index(vectors_shard, tmp_path / "o", quiet=True, vectors_column="emb").status == "success"
