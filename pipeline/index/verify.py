@@ -96,13 +96,30 @@ def read_raw_manifest(version_dir: Path) -> dict[str, Any]:
     return data
 
 
-def _expected(manifest: dict[str, Any], version_dir: Path) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
-    """``(index files -> sha256, file -> integrity record)`` from the manifest."""
+def _expected(manifest: dict[str, Any], version_dir: Path,
+              sealed: bool) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
+    """``(index files -> sha256, file -> integrity record)`` from the manifest. ``sealed`` (it matches its own
+    checksum): the records must be petal's, ``integrity`` and ``integrity.files`` objects (``ConfigError``, 78, naming
+    the key, as ``checked_records``); otherwise they vouch for nothing (an edited manifest: the records that are
+    objects, for ``petal verify`` to name; an old version has none) and are never refused for their shape."""
     files = raw_index_files(manifest)
+    if not isinstance(files, dict):
+        raise BadInputError(f"{version_dir / MANIFEST_FILE}: index.files is not a mapping")
     integrity = raw_integrity(manifest)
-    records = integrity.get("files", {}) if isinstance(integrity, dict) else {}
-    if not isinstance(files, dict) or not isinstance(records, dict):
-        raise BadInputError(f"{version_dir / MANIFEST_FILE}: index.files or {INTEGRITY_KEY}.files is not a mapping")
+    records = integrity.get("files") if isinstance(integrity, dict) else None
+    if not sealed:
+        return files, {name: r for name, r in records.items() if isinstance(r, dict)} if isinstance(records, dict) \
+            else {}
+    where = f"{quote_path(version_dir / MANIFEST_FILE)}: manifest key"
+    # NOTE: petal seals a manifest with its records (checksums.py): a signed manifest without them, or with records
+    # of another shape, was edited and signed again; it must not open as a version written before records existed
+    if not isinstance(integrity, dict):
+        found = "missing" if integrity is None else f"{type(integrity).__name__} {quote_text(repr(integrity), 24)}"
+        raise ConfigError(f"{where} {INTEGRITY_KEY} is {found}, expected an object (the manifest carries "
+                          f"{CHECKSUM_KEY}: petal writes both); rebuild the index")
+    if not isinstance(records, dict):
+        found = "missing" if records is None else f"{type(records).__name__} {quote_text(repr(records), 24)}"
+        raise ConfigError(f"{where} {INTEGRITY_KEY}.files is {found}, expected an object; rebuild the index")
     return files, records
 
 
@@ -166,7 +183,6 @@ def check_on_open(version_dir: Path, manifest: dict[str, Any] | None = None, *,
     (``OpenCheck.unchecked`` names them).
     """
     manifest = read_raw_manifest(version_dir) if manifest is None else manifest
-    files, records = _expected(manifest, version_dir)
     edited: str | None = None
     try:
         sealed = check_manifest_checksum(version_dir, manifest)
@@ -174,8 +190,11 @@ def check_on_open(version_dir: Path, manifest: dict[str, Any] | None = None, *,
         # NOTE: a manifest changed after it was written (by hand, or damaged) cannot vouch for the cheap
         # records: every listed file is checked in full against its sha256 instead, as before issue 14,
         # and the open says so; petal verify exits 65 on it.
-        sealed, records, edited = False, {}, str(exc)
-    span = checked_records(version_dir, manifest, files, records) if records else HEAD_TAIL_BYTES
+        sealed, edited = False, str(exc)
+    files, records = _expected(manifest, version_dir, sealed)
+    if not sealed:
+        records = {}
+    span = checked_records(version_dir, manifest, files, records) if sealed else HEAD_TAIL_BYTES
     for name in REQUIRED_FILES:
         if name not in files:
             raise ConfigError(f"{version_dir}: {name} is not listed in the manifest")
@@ -349,14 +368,12 @@ def verify_version(version_dir: Path, manifest: dict[str, Any] | None = None, *,
         manifest_state = "ok" if check_manifest_checksum(version_dir, manifest) else "absent"
     except BadInputError as exc:
         manifest_state = str(exc)
-    files, records = _expected(manifest, version_dir)
-    if manifest_state == "ok" and records:
+    # NOTE: the records of a manifest that does not match its own checksum were never checked: one that is no
+    # object cannot name a sha256 (its file is checked by index.files, as the open does, or not at all); the
+    # manifest's mismatch is already the verdict (65)
+    files, records = _expected(manifest, version_dir, manifest_state == "ok")
+    if manifest_state == "ok":
         checked_records(version_dir, manifest, files, records)  # NOTE: what opening refuses (78), verify refuses
-    elif manifest_state != "ok":
-        # NOTE: the records of a manifest that does not match its own checksum were never checked: one that is no
-        # object cannot name a sha256 (its file is checked by index.files, as the open does, or not at all); the
-        # manifest's mismatch is already the verdict (65)
-        records = {name: r for name, r in records.items() if isinstance(r, dict)}
     expected = {name: str(sha) for name, sha in files.items()}
     expected.update({name: str(r.get("sha256")) for name, r in records.items() if r.get("sha256")})
     verdicts = [FileVerdict(name, False, "not listed in the manifest", refused=True) for name in REQUIRED_FILES
