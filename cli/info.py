@@ -46,7 +46,7 @@ def info(index_path: Path, as_json: bool) -> None:
     if checked.manifest_problem is not None:
         click.echo(f"petal info: warning: {checked.manifest_problem}", err=True)
     elif checked.unchecked:
-        click.echo(f"petal info: note: {version_dir} was written before head/tail checksums existed: "
+        click.echo(f"petal info: note: {quote_path(version_dir)} was written before head/tail checksums existed: "
                    f"{', '.join(checked.unchecked)} not checked (petal verify reads every byte)", err=True)
 
 
@@ -54,7 +54,7 @@ def _describe(version_dir: Path, manifest: Manifest) -> str:
     index, counts = manifest.index, manifest.counts
     skipped = ", ".join(f"{k} {v}" for k, v in sorted(counts.skipped.items())) or "none"
     lines = [
-        f"version      {manifest.version}  ({version_dir})",
+        f"version      {manifest.version}  ({quote_path(version_dir)})",
         f"created      {manifest.created_at}  petal {manifest.petal_version}",
         *([f"rebuilt      from {manifest.rebuilt_from} (same embeddings, other index settings)"]
           if manifest.rebuilt_from else []),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -32,12 +33,14 @@ def verify(out: Path, version: str | None, as_json: bool) -> None:
     """
     from petal.pipeline.index.verify import verify_version
     from petal.pipeline.layout import OutputDir, resolve_index_dir
-    from petal.pipeline.reliability.errors import ConfigError, PetalError
+    from petal.pipeline.reliability.errors import ConfigError, PetalError, quote_path
 
     try:
         # NOTE: the live version named by --version is checked as OUT is: a damaged one says how to go back
         target = out if version is None or version == _live(OutputDir(out)) else OutputDir(out).version_dir(version)
-        if target != out and not (target / "manifest.json").is_file():
+        # NOTE: lexists: a manifest.json that is there but no regular file (a directory, a FIFO, a link out) is
+        # refused by resolve_index_dir naming what it is, not said to be missing
+        if target != out and not os.path.lexists(target / "manifest.json"):
             raise ConfigError(f"--version {version}: {target} is not a version of {out} (no manifest.json)")
         version_dir, _ = resolve_index_dir(target)
         report = verify_version(version_dir, read_index=True)
@@ -49,7 +52,7 @@ def verify(out: Path, version: str | None, as_json: bool) -> None:
         click.echo(json.dumps(report.as_dict(), ensure_ascii=False))
     else:
         state = {"ok": "ok", "absent": "none recorded (written before petal verify existed)"}
-        click.echo(f"version   {version_dir}")
+        click.echo(f"version   {quote_path(version_dir)}")
         click.echo(f"manifest  own checksum: {state.get(report.manifest_checksum, 'MISMATCH')}")
         for f in report.files:
             label = "ok      " if f.ok else "REFUSED " if f.refused else "MISMATCH"

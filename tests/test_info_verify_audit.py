@@ -111,3 +111,31 @@ def test_edited_manifest_records_of_any_shape_vouch_for_nothing(built: Path, tmp
     report = json.loads(proc.stdout)
     assert report["exit_code"] == 65 and "does not match its own checksum" in report["manifest_checksum"]
     assert all(f["ok"] for f in report["files"]), report
+
+
+def test_verify_version_whose_manifest_is_a_directory_says_so(built: Path, tmp_path: Path) -> None:
+    """``--version V`` whose manifest.json is a directory: 78 saying it is a directory (before: "no manifest.json")."""
+    out = tmp_path / "out"
+    shutil.copytree(built / "out", out)
+    version = (out / "CURRENT").read_text().strip()
+    (out / "CURRENT").write_text("garbage\n")  # the version named is then checked by itself, not as the live one
+    manifest = out / "versions" / version / "manifest.json"
+    manifest.unlink()
+    manifest.mkdir()
+    for argv in (("verify", out, "--version", version), ("verify", out, "--version", version, "--json")):
+        proc = petal_run(*argv)
+        assert proc.returncode == 78 and "Traceback" not in proc.stderr, (proc.returncode, proc.stderr[-2000:])
+        assert "manifest.json is a directory" in proc.stderr and "no manifest.json" not in proc.stderr, proc.stderr
+
+
+def test_report_lines_quote_a_path_with_a_newline(built: Path, tmp_path: Path) -> None:
+    """The version line of ``petal info`` and ``petal verify`` is one line whatever OUT's name (quoted as in errors);
+    before, a newline in OUT split it in two."""
+    out = tmp_path / "a\nb"
+    shutil.copytree(built / "out", out)
+    for argv, prefix in ((("info", out), "version  "), (("verify", out), "version  ")):
+        proc = petal_run(*argv)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        line = next(x for x in proc.stdout.splitlines() if x.startswith(prefix))
+        assert '"' in line and "\\n" in line and line.rstrip(")").endswith(
+            (out / "versions" / (out / "CURRENT").read_text().strip()).name + '"'), line
