@@ -58,7 +58,10 @@ def index(sources: Sources, out: str | os.PathLike[str], *, engine_factory: Call
     """
     report = report if report is not None else RunReport(command="index")
     try:
+        _not_empty(out, "out")
         job = index_job(sources, out, **settings)
+        if "" in job.sources:
+            _not_empty("", "sources")
         if vectors_column is not None:
             if not isinstance(vectors_column, str):
                 raise UsageError(f"petal.index(): vectors_column={vectors_column!r} is {kind_of(vectors_column)}, "
@@ -96,6 +99,7 @@ def rebuild(out: str | os.PathLike[str], *, json_report: str | os.PathLike[str] 
             out_path(json_report, "json_report")
         if not isinstance(wait, bool):
             raise UsageError(f"petal.rebuild(): wait={wait!r} is {kind_of(wait)}, not bool")
+        _not_empty(out, "out")
         out = out_path(out)
         chosen = index_settings(**settings)
         given = frozenset(ALIASES.get(key, key) for key in settings)
@@ -116,8 +120,16 @@ def open_index(path: str | os.PathLike[str], **settings: Any) -> Index:
     """
     from petal.pipeline.jobs.searcher import Index
 
+    _not_empty(path, "path")
     _check_model_settings(settings, "petal.open_index()")
     return Index(path, **settings)
+
+
+def _not_empty(path: Any, name: str) -> None:
+    """An empty str is no path (an unset variable), never the current directory that ``Path("")`` makes of it:
+    ``UsageError`` naming ``name``."""
+    if isinstance(path, str) and not path:
+        raise UsageError(f"{name}: an empty path; give a path ('.' for the current directory)")
 
 
 _CHOICES = {"device": ("auto", "cpu", "cuda"), "dtype": ("auto", *DTYPE_NAMES), "attention": ATTENTION_BACKENDS}

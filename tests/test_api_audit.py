@@ -97,3 +97,32 @@ def test_vectors_column_must_be_a_str(vectors_shard, tmp_path):
         assert caught.value.exit_code == 2 and caught.value.report.exit_code == 2
     assert not (tmp_path / "o").exists()
     assert petal.index(vectors_shard, tmp_path / "o", quiet=True, vectors_column="emb").status == "success"
+
+
+def test_an_empty_path_is_not_the_current_directory(small, tmp_path, monkeypatch):
+    """``""`` (an unset variable) was ``Path("")``, the current directory: ``petal.index("", OUT)`` indexed every
+    Parquet file under it (a virtualenv's test data included), ``petal.index(SRC, "")`` wrote ``CURRENT``,
+    ``versions/`` and ``store/`` into it, ``open_index("")``/``rebuild("")`` opened or rebuilt an index there.
+    Now a ``UsageError`` naming the argument, before any work (the CLI: exit 2)."""
+    from click.testing import CliRunner
+
+    from petal.cli.main import cli
+
+    out, shards = small
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    pq.write_table(pa.table({"id": ["z"], "text": ["a stray shard in the working directory"]}), cwd / "stray.parquet")
+    monkeypatch.chdir(cwd)
+    for sources, target, named in (("", tmp_path / "o", "sources"), ([shards, ""], tmp_path / "o", "sources"),
+                                   (shards, "", "out")):
+        with pytest.raises(petal.UsageError, match=rf"^{named}: an empty path") as caught:
+            petal.index(sources, target, quiet=True)
+        assert caught.value.report.exit_code == 2
+    assert sorted(p.name for p in cwd.iterdir()) == ["stray.parquet"] and not (tmp_path / "o").exists()
+    petal.index(shards, cwd, quiet=True)  # an index in the working directory: still not what "" names
+    for call, named in ((lambda: petal.open_index(""), "path"), (lambda: petal.rebuild(""), "out")):
+        with pytest.raises(petal.UsageError, match=rf"^{named}: an empty path"):
+            call()
+    result = CliRunner().invoke(cli, ["index", "", "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2 and "sources: an empty path" in result.output
+    assert petal.open_index(".").num_vectors == 3 and petal.open_index(out).num_vectors == 3
