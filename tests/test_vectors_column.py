@@ -120,3 +120,27 @@ def test_vector_file_that_cannot_be_taken_as_real_vectors_is_refused_naming_it(t
     for name, value in [("int.npy", np.round(a[3:4] * 10).astype(np.int64)), ("half.npy", a[3].astype(np.float16)),
                         ("double.npy", a[3:4].astype(np.float64))]:
         assert ask(name, value)[0] == 0, name
+
+
+@pytest.mark.parametrize("flags, named", [
+    (["--device", "cuda"], "--device"), (["--dtype", "float16"], "--dtype"), (["--attention", "torch"], "--attention"),
+    (["--max-length", "64"], "--max-length"), (["--token-budget", "1024"], "--token-budget"),
+    (["--max-seqs", "8"], "--max-seqs"), (["--no-cuda-graphs"], "--no-cuda-graphs"),
+    (["--pooling", "cls"], "--pooling"),
+    (["--attention-mask", "causal"], "--attention-mask"), (["--query-prompt", "q: "], "--query-prompt"),
+    (["--allow-pickle-weights"], "--allow-pickle-weights"), (["--workers", "2"], "--workers"),
+    (["--devices", "1"], "--devices"), (["--ray"], "--ray"), (["--workers", "2", "--range-rows", "10"], "--range-rows"),
+])
+def test_flags_a_vectors_run_has_no_use_for_are_refused_naming_them(tmp_path, flags, named):
+    """A --vectors-column run has no model and runs in one process: the model's, the engine's and the scale-out's
+    flags would set nothing (they were silently ignored); exit 2 naming them, before any shard is read."""
+    write(tmp_path / "a.parquet", "a", list(vectors(5, 4)))
+    out = tmp_path / "out"
+    result = CliRunner().invoke(cli, ["index", str(tmp_path / "a.parquet"), "--out", str(out),
+                                      "--vectors-column", "emb", "-q", *flags])
+    assert result.exit_code == 2, result.output
+    assert named in result.stderr and "leave them out" in result.stderr, result.stderr
+    assert not out.exists()
+    defaults = CliRunner().invoke(cli, ["index", str(tmp_path / "a.parquet"), "--out", str(out), "--vectors-column",
+                                        "emb", "-q", "--device", "auto", "--dtype", "auto", "--max-seqs", "256"])
+    assert defaults.exit_code == 0, defaults.output  # a flag given its default value sets nothing new: accepted

@@ -250,16 +250,27 @@ def check_factory(job: IndexJob) -> None:
     build(check_index_factory, job.index, index_kind(job.output.quantize, job.output.output_dtype))
 
 
+# NOTE: (flag, keyword, the value that means "not given") of every setting a --vectors-column run has no use for:
+# the model's, the output transform's and the scale-out's (such a run reads vectors in one process, no model)
+_UNUSED_BY_VECTORS = (
+    ("--model", "model", None), ("--dim", "dim", None), ("--quantize", "quantize", "none"),
+    ("--output-dtype", "output_dtype", "float32"), ("--device", "device", "auto"), ("--dtype", "dtype", "auto"),
+    ("--attention", "attention", "auto"), ("--max-length", "max_length", None),
+    ("--token-budget", "token_budget", None), ("--max-seqs", "max_seqs", 256),
+    ("--no-cuda-graphs", "cuda_graphs", True), ("--pooling", "pooling", None),
+    ("--attention-mask", "attention_mask", None), ("--query-prompt", "query_prompt", None),
+    ("--allow-pickle-weights", "allow_pickle_weights", False), ("--devices", "devices", None),
+    ("--workers", "workers", None), ("--ray", "ray", False), ("--range-rows", "range_rows", None),
+)
+
+
 def check_vectors_flags(settings: dict[str, Any]) -> None:
-    """``vectors_column`` (``--vectors-column``) indexes the vectors as they are: no model, no output transform
-    (``UsageError`` naming the flags given)."""
-    given = [flag for flag, on in (("--model", settings.get("model") is not None),
-                                   ("--dim", settings.get("dim") is not None),
-                                   ("--quantize", settings.get("quantize", "none") != "none"),
-                                   ("--output-dtype", settings.get("output_dtype", "float32") != "float32"))
-             if on]
+    """``vectors_column`` (``--vectors-column``) indexes the vectors as they are, in one process: no model, no output
+    transform, no scale-out (``UsageError`` naming the flags given: they would set nothing)."""
+    given = [flag for flag, key, unset in _UNUSED_BY_VECTORS if key in settings and settings[key] != unset]
     if given:
-        raise UsageError(f"--vectors-column indexes precomputed vectors as they are; {', '.join(given)} do not apply")
+        raise UsageError(f"--vectors-column indexes precomputed vectors as they are, in one process, without a model; "
+                         f"{', '.join(given)} do not apply: leave them out")
 
 
 def index_settings(caller: str = "petal.rebuild()", **settings: Any) -> IndexSettings:
