@@ -24,6 +24,7 @@ MODEL_FLAGS = ("max_tokens_per_text", "token_budget", "max_seqs", "max_wait_ms",
                "device", "dtype", "attention", "query_prompt", "allow_pickle_weights")  # the embedding model and engine
 INDEX_FLAGS = ("max_k", "nprobe", "rescore", "reload_interval_s", "search_threads", "search_device", "search_dtype",
                "search_exact")  # /search and following OUT
+GPU_COPY_FLAGS = ("search_dtype", "search_exact")  # the GPU copy's: nothing to set where FAISS on the CPU searches
 EXPLICIT = (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT, ParameterSource.PROMPT)
 
 
@@ -133,6 +134,9 @@ def serve(index_path: Path | None, model: str | None, host: str, port: int, api_
     if index_path is None and given_flags(INDEX_FLAGS):
         raise unused_flags(given_flags(INDEX_FLAGS), "no index is served (no OUT given: --model DIR alone serves "
                            "/v1/embeddings only)", "give OUT to serve /search, or leave {them} out")
+    if search_device == "cpu" and given_flags(GPU_COPY_FLAGS):
+        raise unused_flags(given_flags(GPU_COPY_FLAGS), "--search-device cpu searches with FAISS on the CPU (no GPU "
+                           "copy of the index is made)", "leave {them} out, or give --search-device cuda")
     from petal.pipeline.manifest import ModelRecord
     from petal.pipeline.serve.leases import lease_first_version, release_with
     from petal.pipeline.serve.settings import Limits, ServeSettings
@@ -202,6 +206,12 @@ def serve(index_path: Path | None, model: str | None, host: str, port: int, api_
     else:
         searched_on = "cuda" if cuda and search_device != "cpu" and index_path is not None else "cpu"
     settings = replace(settings, search_device=searched_on)
+    if searched_on == "cpu" and given_flags(GPU_COPY_FLAGS):  # NOTE: auto, found here: the server still starts
+        flags = given_flags(GPU_COPY_FLAGS)
+        why = "the model runs on the CPU" if with_model else "no model runs here"
+        eprint(f"petal serve: note: {', '.join(flags)} {'has' if len(flags) == 1 else 'have'} no effect: the search "
+               f"runs with FAISS on the CPU (--search-device auto: {why}); --search-device cuda makes a GPU copy of "
+               "the index")
     sock = bind(host, port)  # before loading: a taken port fails in a second, not after the model load
 
     def load(metrics: ServeMetrics) -> ServeState:
