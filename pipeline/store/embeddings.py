@@ -97,6 +97,19 @@ def store_denied(exc: BaseException, root: Path, near: Path) -> NoInputError | N
     return denied(path)
 
 
+def store_listing(directory: Path, root: Path) -> list[Path]:
+    """The entries of a store directory under ``root``, sorted (none when it is not there); one petal may not read:
+    66 naming it (``store_denied``; NOTE: raised here, not as an ``OSError``: a caller reading a source around it
+    would name the source)."""
+    try:
+        return sorted(directory.iterdir()) if directory.is_dir() else []
+    except OSError as exc:
+        refused = store_denied(exc, root, directory)
+        if refused is None:
+            raise
+        raise refused from exc
+
+
 def inside_dir(path: Path, root: Path) -> bool:
     """``path`` is ``root`` or below it (no symlink resolved: the paths petal built)."""
     return path == root or root in path.parents
@@ -220,18 +233,10 @@ class EmbeddingStore:
         self.tmp_dir.mkdir(parents=True)
 
     def _entries_for(self, key: str) -> list[StoreEntry]:
-        """The committed entries of a shard key (any settings); one petal may not read: 66 naming it (NOTE: raised
-        here, not as an ``OSError``: the caller reads the source around it, and would name the source)."""
+        """The committed entries of a shard key (any settings); one petal may not read: 66 naming it
+        (``store_listing``)."""
         entries = []
-        key_dir = self.shards_dir / key
-        try:
-            names = sorted(key_dir.iterdir()) if key_dir.is_dir() else []
-        except OSError as exc:
-            refused = store_denied(exc, self.root, key_dir)
-            if refused is None:
-                raise
-            raise refused from exc
-        for d in names:
+        for d in store_listing(self.shards_dir / key, self.root):
             try:
                 entries.append(self.read_entry(d))
             except (FileNotFoundError, DamagedEntry):

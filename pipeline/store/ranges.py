@@ -46,7 +46,7 @@ from petal.pipeline.store.embeddings import (
     StoreEntry,
     commit_entry,
     shard_key,
-    store_denied,
+    store_listing,
     warn,
 )
 
@@ -107,17 +107,10 @@ def group_rows(info: ShardInfo, read: ReadConfig | None = None, stats: ReadStats
 
 def committed_parts(store: EmbeddingStore, info: ShardInfo, fingerprint: str) -> dict[tuple[int, int], StoreEntry]:
     """The shard's committed ranges by ``(first_group, stop_group)``; a damaged one is moved out of sight, one petal
-    may not read (or a directory of them) is 66 naming it, kept (``store_denied``: not damage)."""
+    may not read (or a directory of them) is 66 naming it, kept (``store_listing``: not damage)."""
     root = parts_root(store, info, fingerprint)
     found: dict[tuple[int, int], StoreEntry] = {}
-    try:
-        paths = sorted(root.iterdir()) if root.is_dir() else []
-    except OSError as exc:
-        refused = store_denied(exc, store.root, root)
-        if refused is None:
-            raise
-        raise refused from exc
-    for path in paths:
+    for path in store_listing(root, store.root):
         match = PART_NAME.match(path.name)
         if match is None:
             continue
