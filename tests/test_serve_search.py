@@ -275,7 +275,10 @@ def test_torch_exact_index_equals_exact_faiss(metric, dtype):
 
 
 def _ivf(factory, metric, data, train):
+    from petal.pipeline.index.writer import no_polysemous_training
+
     index = faiss.index_factory(data.shape[1], factory, metric)
+    no_polysemous_training(index)  # as petal's builder does: FAISS's default spent ~15 s a PQ test on it
     index.train(train)
     index.add(data)
     return index
