@@ -360,7 +360,7 @@ def test_hup_and_usr_signals_stop_cleanly_with_the_report(tmp_path, fake_model, 
     report = tmp_path / "r.json"
     child = forkrun.start(["index", str(job.data), "--out", str(job.out), "--model", str(fake_model), "-q",
                            "--json-report", str(report)],
-                          {"PETAL_TEST_FAKE_ENGINE": str(tmp_path / "log"), "PETAL_FAULT": "after_lock:1:sleep=20"})
+                          {"PETAL_TEST_FAKE_ENGINE": str(tmp_path / "log"), "PETAL_FAULT": "after_lock:1:sleep=4"})
     _wait_for_lock(job.out, child)
     child.send(sig)
     result = child.wait(60)
