@@ -8,7 +8,8 @@ same. A ``petal serve`` that followed the old id, a report or a client that logg
 indexes. Now ``OUT/.last-version`` records each id before its version is written; a missing, garbage or unreadable
 mark (an OUT of an older petal) falls back to the versions on disk, says so, and never gives out a whole id again.
 
-Real ``petal index`` processes with the packaged MiniLM over small Parquet shards, real FAISS and store.
+Real ``petal index`` processes (``python -m tests.fake_cli``: petal with the tests' fake engine) over small Parquet
+shards, real FAISS and store.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import pytest
 
 from petal.pipeline.layout import VERSION_RE, OutputDir
 from tests.conftest import REPO
-from tests.test_input_files import run_unprivileged
+from tests.fake_engine import make_fake_model_dir
 
 TEXTS = ["glaciers flow downhill under their own weight", "a recipe for sourdough bread",
          "the tides follow the moon", "volcanoes erupt molten rock"]
@@ -37,9 +38,27 @@ def write_shard(data: Path, name: str, edition: int) -> None:
                              "text": [f"{text} (edition {edition})" for text in TEXTS]}), data / f"{name}.parquet")
 
 
-def index(data: Path, out: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "petal.cli.main", "index", str(data), "--out", str(out), "-q"],
-                          capture_output=True, text=True, timeout=600, cwd=REPO, env={**os.environ, **(env or {})})
+FAKE: dict[str, Path] = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def fake_model(tmp_path_factory) -> None:
+    FAKE["model"] = make_fake_model_dir(tmp_path_factory.mktemp("model"))
+
+
+def index(data: Path, out: Path, env: dict[str, str] | None = None,
+          unprivileged: bool = False) -> subprocess.CompletedProcess:
+    """``petal index DATA --out OUT`` with the fake engine; ``unprivileged``: for root, without the capabilities that
+    bypass file permissions (setpriv), so a file's mode can deny a read."""
+    command = [sys.executable, "-m", "tests.fake_cli", "index", str(data), "--out", str(out), "--model",
+               str(FAKE["model"]), "-q"]
+    if unprivileged and os.geteuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("running as root without setpriv: a file's mode cannot deny root a read")
+        command = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search", *command]
+    fake = {"PYTHONPATH": str(REPO), "PETAL_TEST_FAKE_ENGINE": str(FAKE["model"].parent / "fake.jsonl")}
+    return subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=REPO,
+                          env={**os.environ, **fake, **(env or {})})
 
 
 def succeeds(data: Path, out: Path) -> tuple[str, str]:
@@ -62,7 +81,7 @@ def mark(out: Path) -> str:
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory, minilm_dir) -> tuple[Path, str, str]:
+def built(tmp_path_factory) -> tuple[Path, str, str]:
     """v1 from shard a; a edited, v2 (live). Returns (root, v1, v2); a test copies ROOT's data and out."""
     root = tmp_path_factory.mktemp("version-ids")
     data, out = root / "data", root / "out"
@@ -161,7 +180,7 @@ def test_an_unreadable_mark_is_said_and_replaced_not_a_crash(built, tmp_path):
     data, out, _, v2 = copy(built, tmp_path)
     path = out / ".last-version"
     path.chmod(0)
-    proc = run_unprivileged(["index", str(data), "--out", str(out), "-q"], tmp_path)
+    proc = index(data, out, unprivileged=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     v3 = OutputDir(out).current_version()
     assert v3 is not None and number(v3) == 3 and v3 > v2 and mark(out) == v3
