@@ -25,7 +25,28 @@ import pytest
 
 from petal.pipeline.layout import OutputDir
 from tests.conftest import REPO
-from tests.test_input_files import run_unprivileged
+from tests.fake_engine import make_fake_model_dir
+
+FAKE: dict[str, Path] = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def fake_model(tmp_path_factory) -> None:
+    FAKE["model"] = make_fake_model_dir(tmp_path_factory.mktemp("model"))
+
+
+def petal(argv: list[str], cwd: Path, unprivileged: bool = True,
+          env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``petal ARGV --model FAKE`` with the tests' fake engine in a fresh process; ``unprivileged``: for root, without
+    the capabilities that bypass file permissions (setpriv), so a file's mode can deny a read."""
+    command = [sys.executable, "-m", "tests.fake_cli", *argv, "--model", str(FAKE["model"])]
+    if unprivileged and os.geteuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("running as root without setpriv: a file's mode cannot deny root a read")
+        command = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search", *command]
+    fake = {"PYTHONPATH": str(REPO), "PETAL_TEST_FAKE_ENGINE": str(FAKE["model"].parent / "fake.jsonl")}
+    return subprocess.run(command, capture_output=True, text=True, cwd=cwd, timeout=600,
+                          env={**os.environ, **fake, **(env or {})})
 
 TEXTS = ["glaciers flow downhill under their own weight", "a recipe for sourdough bread",
          "the tides follow the moon", "volcanoes erupt molten rock"]
@@ -38,13 +59,12 @@ def write_shard(path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory, minilm_dir) -> tuple[Path, Path]:
+def built(tmp_path_factory) -> tuple[Path, Path]:
     """OUT with one version from shard a. Returns (a.parquet, OUT); a test copies OUT (a stays where the store's
     records name it) and adds a shard b of its own, so that its run has a version to publish."""
     root = tmp_path_factory.mktemp("store-denied")
     write_shard(root / "data" / "a.parquet")
-    run = subprocess.run([sys.executable, "-m", "petal.cli.main", "index", str(root / "data" / "a.parquet"), "--out",
-                          str(root / "out"), "-q"], capture_output=True, text=True, cwd=REPO, timeout=600)
+    run = petal(["index", str(root / "data" / "a.parquet"), "--out", str(root / "out"), "-q"], REPO, unprivileged=False)
     assert run.returncode == 0, run.stderr[-3000:]
     return root / "data" / "a.parquet", root / "out"
 
@@ -79,7 +99,7 @@ def test_a_store_entry_petal_may_not_read_is_66_naming_it_and_is_kept(built, tmp
     mode = target.stat().st_mode & 0o777
     target.chmod(0)
     try:
-        proc = run_unprivileged(["index", str(a), str(tmp_path / "b.parquet"), "--out", str(out), "-q"], tmp_path)
+        proc = petal(["index", str(a), str(tmp_path / "b.parquet"), "--out", str(out), "-q"], tmp_path)
     finally:
         target.chmod(mode)
     assert proc.returncode == 66, (kind, proc.returncode, proc.stderr[-3000:])
@@ -99,7 +119,7 @@ def test_a_damaged_store_entry_is_still_embedded_again(built, tmp_path):
     npy = entry_of_a(out) / "embeddings.npy"
     whole = npy.read_bytes()
     npy.write_bytes(whole[:-16])
-    proc = run_unprivileged(["index", str(a), "--out", str(out), "-q"], tmp_path)
+    proc = petal(["index", str(a), "--out", str(out), "-q"], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "is damaged" in proc.stderr and "embedding the shard again" in proc.stderr, proc.stderr
     assert (entry_of_a(out) / "embeddings.npy").read_bytes() == whole  # the same content, embedded again
@@ -120,7 +140,7 @@ def test_an_output_directory_petal_may_not_use_is_73_naming_it(built, tmp_path, 
     target = out if where == "out" else out / where
     target.chmod(mode)
     try:
-        proc = run_unprivileged(["index", str(a), str(tmp_path / "b.parquet"), "--out", str(out), "-q"], tmp_path)
+        proc = petal(["index", str(a), str(tmp_path / "b.parquet"), "--out", str(out), "-q"], tmp_path)
     finally:
         target.chmod(0o755)
     assert proc.returncode == 73, (where, proc.returncode, proc.stderr[-3000:])
@@ -133,7 +153,7 @@ def test_an_output_directory_petal_may_not_use_is_73_naming_it(built, tmp_path, 
     assert OutputDir(out).current_version() == live and OutputDir(out).versions() == [live]
 
 
-def test_a_committed_range_petal_may_not_read_is_66_on_resume_and_is_kept(minilm_dir, tmp_path):
+def test_a_committed_range_petal_may_not_read_is_66_on_resume_and_is_kept(tmp_path):
     """A resumed run (``--workers --range-rows``, the first killed after one range committed): a committed range
     (``OUT/store/parts``) petal may not read is 66 naming it, and kept (before: damaged, moved out, embedded again)."""
     data, out = tmp_path / "data", tmp_path / "out"
@@ -141,15 +161,14 @@ def test_a_committed_range_petal_may_not_read_is_66_on_resume_and_is_kept(minilm
     pq.write_table(pa.table({"id": [f"r{i}" for i in range(40)], "text": [f"row {i} of a shard" for i in range(40)]}),
                    data / "big.parquet", row_group_size=10)
     argv = ["index", str(data), "--out", str(out), "-q", "--range-rows", "20", "--workers", "1"]
-    killed = subprocess.run([sys.executable, "-m", "petal.cli.main", *argv], capture_output=True, text=True, cwd=REPO,
-                            timeout=600, env={**os.environ, "PETAL_FAULT": "store_committed:1:kill"})
+    killed = petal(argv, REPO, unprivileged=False, env={"PETAL_FAULT": "store_committed:1:kill"})
     assert killed.returncode == 75, killed.stderr[-3000:]
     (part,) = (out / "store" / "parts").glob("*/*/g*")
     before = snapshot(part)
     target = part / "embeddings.npy"
     target.chmod(0)
     try:
-        proc = run_unprivileged(argv, tmp_path)
+        proc = petal(argv, tmp_path)
     finally:
         target.chmod(0o644)
     assert proc.returncode == 66, proc.stderr[-3000:]
