@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar, cast, overload
 
 import click
+from click.core import ParameterSource
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -285,3 +286,22 @@ def eprint(message: str) -> None:
 
     with contextlib.suppress(BrokenPipeError, ValueError):
         print(one_line(message), file=sys.stderr, flush=True)
+
+
+# NOTE: a flag given (on the command line, from the environment or a prompt) rather than left at its default
+EXPLICIT = (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT, ParameterSource.PROMPT)
+
+
+def given_flags(names: tuple[str, ...]) -> list[str]:
+    """The flags among ``names`` (parameter names) that the user gave (not defaults), as typed: ``--max-seqs``."""
+    ctx = click.get_current_context()
+    return [param.opts[0] for param in ctx.command.params
+            if param.name in names and ctx.get_parameter_source(param.name) in EXPLICIT]
+
+
+def unused_flags(flags: list[str], why: str, then: str) -> click.UsageError:
+    """The usage error of ``flags`` that would set nothing in this run: ``why`` it has no part they set, ``then``
+    what to do (``{them}``: it or them)."""
+    one = len(flags) == 1
+    return click.UsageError(f"{', '.join(flags)}: {why}, so {'this flag sets' if one else 'these flags set'} nothing "
+                            f"here: {then.format(them='it' if one else 'them')}")

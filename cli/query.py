@@ -9,9 +9,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
-from click.core import ParameterSource
 
-from petal.cli.common import device_options, startup_done, usage, user_errors
+from petal.cli.common import device_options, given_flags, startup_done, unused_flags, usage, user_errors
 from petal.cli.options import loading_options
 from petal.pipeline.index.bounds import MAX_K, MAX_NPROBE, MAX_RESCORE
 from petal.pipeline.reliability.errors import one_line, quote_path, quote_text
@@ -75,9 +74,8 @@ def query(index_path: Path, texts: tuple[str, ...], k: int, from_stdin: bool, as
         raise click.UsageError("give query TEXT, --stdin or --vector-file")
     unused = given_flags(MODEL_FLAGS) if vector_file is not None else []
     if unused:
-        sets, them = ("this flag sets", "it") if len(unused) == 1 else ("these flags set", "them")
-        raise click.UsageError(f"{', '.join(unused)}: --vector-file searches with the file's vectors and runs no "
-                               f"model, so {sets} nothing here: leave {them} out")
+        raise unused_flags(unused, "--vector-file searches with the file's vectors and runs no model",
+                           "leave {them} out")
     if where:
         from petal.pipeline.index.filters import parse_filter
 
@@ -173,14 +171,6 @@ def query(index_path: Path, texts: tuple[str, ...], k: int, from_stdin: bool, as
         if texts:
             said.append(_blank_texts(len(texts)))
         raise NoInputError(f"nothing to query: {'; '.join(said)}")
-
-
-def given_flags(names: tuple[str, ...]) -> list[str]:
-    """The flags among ``names`` (parameter names) that the user gave (not defaults), as typed: ``--device``."""
-    ctx = click.get_current_context()
-    given = (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT, ParameterSource.PROMPT)
-    return [param.opts[0] for param in ctx.command.params
-            if param.name in names and ctx.get_parameter_source(param.name) in given]
 
 
 def _say_skipped(texts: tuple[str, ...]) -> None:

@@ -9,9 +9,17 @@ import sys
 from pathlib import Path
 
 import click
-from click.core import ParameterSource
 
-from petal.cli.common import PetalClickError, device_options, eprint, freeze_long_lived, usage, user_errors
+from petal.cli.common import (
+    PetalClickError,
+    device_options,
+    eprint,
+    freeze_long_lived,
+    given_flags,
+    unused_flags,
+    usage,
+    user_errors,
+)
 from petal.cli.options import loading_options
 from petal.pipeline.index.bounds import MAX_NPROBE, MAX_RESCORE
 from petal.pipeline.reliability.signals import HeldSignals
@@ -25,22 +33,6 @@ MODEL_FLAGS = ("max_tokens_per_text", "token_budget", "max_seqs", "max_wait_ms",
 INDEX_FLAGS = ("max_k", "nprobe", "rescore", "reload_interval_s", "search_threads", "search_device", "search_dtype",
                "search_exact")  # /search and following OUT
 GPU_COPY_FLAGS = ("search_dtype", "search_exact")  # the GPU copy's: nothing to set where FAISS on the CPU searches
-EXPLICIT = (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT, ParameterSource.PROMPT)
-
-
-def given_flags(names: tuple[str, ...]) -> list[str]:
-    """The flags among ``names`` (parameter names) that the user gave (not defaults), as typed: ``--max-seqs``."""
-    ctx = click.get_current_context()
-    return [param.opts[0] for param in ctx.command.params
-            if param.name in names and ctx.get_parameter_source(param.name) in EXPLICIT]
-
-
-def unused_flags(flags: list[str], why: str, then: str) -> click.UsageError:
-    """The usage error of ``flags`` that would set nothing in this server: ``why`` it has no part they set, ``then``
-    what to do (``{them}``: it or them)."""
-    one = len(flags) == 1
-    return click.UsageError(f"{', '.join(flags)}: {why}, so {'this flag sets' if one else 'these flags set'} nothing "
-                            f"here: {then.format(them='it' if one else 'them')}")
 
 
 def missing_serve_extra() -> list[str]:
