@@ -26,6 +26,7 @@ import pytest
 from petal.pipeline.layout import OutputDir
 from tests.conftest import REPO
 from tests.fake_engine import make_fake_model_dir
+from tests.test_serve_perms import unprivileged as without_file_capabilities
 
 FAKE: dict[str, Path] = {}
 
@@ -40,10 +41,8 @@ def petal(argv: list[str], cwd: Path, unprivileged: bool = True,
     """``petal ARGV --model FAKE`` with the tests' fake engine in a fresh process; ``unprivileged``: for root, without
     the capabilities that bypass file permissions (setpriv), so a file's mode can deny a read."""
     command = [sys.executable, "-m", "tests.fake_cli", *argv, "--model", str(FAKE["model"])]
-    if unprivileged and os.geteuid() == 0:
-        if shutil.which("setpriv") is None:
-            pytest.skip("running as root without setpriv: a file's mode cannot deny root a read")
-        command = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search", *command]
+    if unprivileged:
+        command = without_file_capabilities(command)
     fake = {"PYTHONPATH": str(REPO), "PETAL_TEST_FAKE_ENGINE": str(FAKE["model"].parent / "fake.jsonl")}
     return subprocess.run(command, capture_output=True, text=True, cwd=cwd, timeout=600,
                           env={**os.environ, **fake, **(env or {})})

@@ -27,6 +27,7 @@ import pytest
 from petal.pipeline.layout import VERSION_RE, OutputDir
 from tests.conftest import REPO
 from tests.fake_engine import make_fake_model_dir
+from tests.test_serve_perms import unprivileged as without_file_capabilities
 
 TEXTS = ["glaciers flow downhill under their own weight", "a recipe for sourdough bread",
          "the tides follow the moon", "volcanoes erupt molten rock"]
@@ -52,10 +53,8 @@ def index(data: Path, out: Path, env: dict[str, str] | None = None,
     bypass file permissions (setpriv), so a file's mode can deny a read."""
     command = [sys.executable, "-m", "tests.fake_cli", "index", str(data), "--out", str(out), "--model",
                str(FAKE["model"]), "-q"]
-    if unprivileged and os.geteuid() == 0:
-        if shutil.which("setpriv") is None:
-            pytest.skip("running as root without setpriv: a file's mode cannot deny root a read")
-        command = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search", *command]
+    if unprivileged:
+        command = without_file_capabilities(command)
     fake = {"PYTHONPATH": str(REPO), "PETAL_TEST_FAKE_ENGINE": str(FAKE["model"].parent / "fake.jsonl")}
     return subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=REPO,
                           env={**os.environ, **fake, **(env or {})})
