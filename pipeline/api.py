@@ -15,7 +15,6 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from petal.engine.config import ATTENTION_BACKENDS, DTYPE_NAMES, ModelOptions
 from petal.pipeline.jobs.report import RunReport
 from petal.pipeline.jobs.settings import (
     ALIASES,
@@ -23,8 +22,8 @@ from petal.pipeline.jobs.settings import (
     index_job,
     index_settings,
     kind_of,
+    not_empty_path,
     out_path,
-    typed,
 )
 from petal.pipeline.reliability.errors import (
     ConfigError,
@@ -58,10 +57,10 @@ def index(sources: Sources, out: str | os.PathLike[str], *, engine_factory: Call
     """
     report = report if report is not None else RunReport(command="index")
     try:
-        _not_empty(out, "out")
+        not_empty_path(out, "out")
         job = index_job(sources, out, **settings)
         if "" in job.sources:
-            _not_empty("", "sources")
+            not_empty_path("", "sources")
         if vectors_column is not None:
             if not isinstance(vectors_column, str):
                 raise UsageError(f"petal.index(): vectors_column={vectors_column!r} is {kind_of(vectors_column)}, "
@@ -99,7 +98,7 @@ def rebuild(out: str | os.PathLike[str], *, json_report: str | os.PathLike[str] 
             out_path(json_report, "json_report")
         if not isinstance(wait, bool):
             raise UsageError(f"petal.rebuild(): wait={wait!r} is {kind_of(wait)}, not bool")
-        _not_empty(out, "out")
+        not_empty_path(out, "out")
         out = out_path(out)
         chosen = index_settings(**settings)
         given = frozenset(ALIASES.get(key, key) for key in settings)
@@ -120,38 +119,7 @@ def open_index(path: str | os.PathLike[str], **settings: Any) -> Index:
     """
     from petal.pipeline.jobs.searcher import Index
 
-    _not_empty(path, "path")
-    _check_model_settings(settings, "petal.open_index()")
-    return Index(path, **settings)
-
-
-def _not_empty(path: Any, name: str) -> None:
-    """An empty str is no path (an unset variable), never the current directory that ``Path("")`` makes of it:
-    ``UsageError`` naming ``name``."""
-    if isinstance(path, str) and not path:
-        raise UsageError(f"{name}: an empty path; give a path ('.' for the current directory)")
-
-
-_CHOICES = {"device": ("auto", "cpu", "cuda"), "dtype": ("auto", *DTYPE_NAMES), "attention": ATTENTION_BACKENDS}
-
-
-def _check_model_settings(settings: dict[str, Any], caller: str) -> None:
-    """The model settings among ``settings`` as the CLI's flag parsing judges them: ``model`` a str or path,
-    ``device``/``dtype``/``attention`` one of their choices, ``query_prompt`` a str or None, ``allow_pickle_weights``
-    a bool (else a ``UsageError`` naming it). Judged without loading torch or the model."""
-    model = settings.get("model")
-    if model is not None and not isinstance(model, (str, os.PathLike)):
-        raise UsageError(f"{caller}: model={model!r} is {kind_of(model)}, not str or a path")
-    typed(ModelOptions, {key: settings[key] for key in ("query_prompt", "allow_pickle_weights") if key in settings},
-          caller)
-    for name, choices in _CHOICES.items():
-        if name not in settings:
-            continue
-        value = settings[name]
-        if not isinstance(value, str):
-            raise UsageError(f"{caller}: {name}={value!r} is {kind_of(value)}, not str")
-        if value not in choices:
-            raise UsageError(f"{caller}: {name}={value!r} is not one of {', '.join(choices)}")
+    return Index(path, _caller="petal.open_index()", **settings)
 
 
 def _report_path(json_report: Any) -> Path | None:

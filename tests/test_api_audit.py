@@ -54,6 +54,10 @@ def test_open_index_settings_are_judged_when_it_opens(small, settings, named):
     with pytest.raises(petal.UsageError, match=named) as caught:
         petal.open_index(out, **settings)
     assert caught.value.exit_code == 2 and str(caught.value).startswith("petal.open_index(): ")
+    # petal.Index is public and constructed directly too: it judged none of them (open_index did, before it)
+    with pytest.raises(petal.UsageError, match=named) as caught:
+        petal.Index(out, **settings)
+    assert caught.value.exit_code == 2 and str(caught.value).startswith("petal.Index(): ")
 
 
 def test_open_index_good_settings_still_search(small, minilm_dir):
@@ -120,7 +124,8 @@ def test_an_empty_path_is_not_the_current_directory(small, tmp_path, monkeypatch
         assert caught.value.report.exit_code == 2
     assert sorted(p.name for p in cwd.iterdir()) == ["stray.parquet"] and not (tmp_path / "o").exists()
     petal.index(shards, cwd, quiet=True)  # an index in the working directory: still not what "" names
-    for call, named in ((lambda: petal.open_index(""), "path"), (lambda: petal.rebuild(""), "out")):
+    for call, named in ((lambda: petal.open_index(""), "path"), (lambda: petal.Index(""), "path"),
+                        (lambda: petal.rebuild(""), "out")):
         with pytest.raises(petal.UsageError, match=rf"^{named}: an empty path"):
             call()
     result = CliRunner().invoke(cli, ["index", "", "--out", str(tmp_path / "o")])

@@ -16,7 +16,14 @@ import numpy as np
 
 from petal.pipeline.index.search import Hit, IndexReader, current_pointer
 from petal.pipeline.ingest.text_rule import skip_reason
-from petal.pipeline.jobs.settings import kind_of, petal_error, text_items, whole_number
+from petal.pipeline.jobs.settings import (
+    check_model_settings,
+    kind_of,
+    not_empty_path,
+    petal_error,
+    text_items,
+    whole_number,
+)
 from petal.pipeline.manifest import Manifest
 from petal.pipeline.reliability.errors import UsageError
 
@@ -30,9 +37,14 @@ class Index:
 
     def __init__(self, path: str | os.PathLike[str], *, model: str | None = None, device: str = "auto",
                  dtype: str = "auto", attention: str = "auto", nprobe: int | None = None, rescore: int | None = None,
-                 query_prompt: str | None = None, allow_pickle_weights: bool = False) -> None:
+                 query_prompt: str | None = None, allow_pickle_weights: bool = False,
+                 _caller: str = "petal.Index()") -> None:
         if not isinstance(path, (str, os.PathLike)):
             raise UsageError(f"path {path!r} is {kind_of(path)}, not a path to an index")
+        not_empty_path(path, "path")
+        # NOTE: judged here, not only in open_index: petal.Index(...) is public and constructed directly too
+        check_model_settings({"model": model, "device": device, "dtype": dtype, "attention": attention,
+                              "query_prompt": query_prompt, "allow_pickle_weights": allow_pickle_weights}, _caller)
         nprobe = None if nprobe is None else whole_number(nprobe, "nprobe", 1)
         rescore = None if rescore is None else whole_number(rescore, "rescore", 0)
         self._reader: IndexReader | None = IndexReader(Path(path), nprobe=nprobe, rescore=rescore)

@@ -16,7 +16,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any, TypeVar
 
-from petal.engine.config import ModelOptions
+from petal.engine.config import ATTENTION_BACKENDS, DTYPE_NAMES, ModelOptions
 from petal.engine.errors import ModelError
 from petal.pipeline.config import (
     BadRowBudget,
@@ -283,3 +283,32 @@ def index_settings(caller: str = "petal.rebuild()", **settings: Any) -> IndexSet
             raise TypeError(f"{caller} got an unexpected keyword argument {key!r}")
         values[name] = _convert(name, value)
     return build(IndexSettings, **typed(IndexSettings, values, caller))
+
+
+def not_empty_path(path: Any, name: str) -> None:
+    """An empty str is no path (an unset variable), never the current directory that ``Path("")`` makes of it:
+    ``UsageError`` naming ``name``."""
+    if isinstance(path, str) and not path:
+        raise UsageError(f"{name}: an empty path; give a path ('.' for the current directory)")
+
+
+_MODEL_CHOICES = {"device": ("auto", "cpu", "cuda"), "dtype": ("auto", *DTYPE_NAMES), "attention": ATTENTION_BACKENDS}
+
+
+def check_model_settings(settings: dict[str, Any], caller: str) -> None:
+    """The model settings among ``settings`` as the CLI's flag parsing judges them: ``model`` a str or path,
+    ``device``/``dtype``/``attention`` one of their choices, ``query_prompt`` a str or None, ``allow_pickle_weights``
+    a bool (else a ``UsageError`` naming it). Judged without loading torch or the model."""
+    model = settings.get("model")
+    if model is not None and not isinstance(model, (str, os.PathLike)):
+        raise UsageError(f"{caller}: model={model!r} is {kind_of(model)}, not str or a path")
+    typed(ModelOptions, {key: settings[key] for key in ("query_prompt", "allow_pickle_weights") if key in settings},
+          caller)
+    for name, choices in _MODEL_CHOICES.items():
+        if name not in settings:
+            continue
+        value = settings[name]
+        if not isinstance(value, str):
+            raise UsageError(f"{caller}: {name}={value!r} is {kind_of(value)}, not str")
+        if value not in choices:
+            raise UsageError(f"{caller}: {name}={value!r} is not one of {', '.join(choices)}")
