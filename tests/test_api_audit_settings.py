@@ -38,3 +38,12 @@ def test_a_source_that_is_none_is_named(shards, tmp_path):
     for sources in ([None], [shards, None]):
         with pytest.raises(petal.UsageError, match=r"sources: None is a NoneType, not a path"):
             petal.index(sources, tmp_path / "o")
+
+
+@pytest.mark.parametrize("sources", [b"/data/shards", bytearray(b"/data/shards"), memoryview(b"/data/shards")])
+def test_a_bytes_source_is_named_whole(shards, tmp_path, sources):
+    """``petal.index(b"/data/shards", OUT)`` took the bytes as a list of sources and said "sources: 47 is an int" (the
+    code of "/"): bytes are named whole, as ``out=b"..."`` is."""
+    with pytest.raises(petal.UsageError, match=r"^sources: .* is an? \w+, not a path, a glob or a list"):
+        petal.index(sources, tmp_path / "o")
+    assert not (tmp_path / "o").exists()

@@ -181,6 +181,8 @@ def sources_tuple(sources: str | os.PathLike[str] | Iterable[str | os.PathLike[s
     """One source or many: Parquet files, directories or globs."""
     if isinstance(sources, (str, os.PathLike)):
         return (os.fspath(sources),)
+    if isinstance(sources, (bytes, bytearray, memoryview)):  # NOTE: iterable, but not of paths (b"/x" -> 47, ...)
+        raise UsageError(f"sources: {sources!r} is {kind_of(sources)}, not a path, a glob or a list of them")
     try:
         given = list(sources)
     except TypeError:
