@@ -228,18 +228,22 @@ def test_summaries_say_what_happened(tmp_path, index, fake_model):
     assert rc == 78 and "output.dim: 32 -> 16" in stderr and "{" not in stderr.splitlines()[-1]
 
 
-def test_overrides_an_exact_index_ignores_are_said(built_minilm_index):
-    result = fake_invoke(["query", str(built_minilm_index), "glaciers", "--nprobe", "8",
+def test_overrides_an_exact_index_ignores_are_said(built_exact_index):
+    result = fake_invoke(["query", str(built_exact_index), "glaciers", "--nprobe", "8",
                                       "--rescore", "4"])
     assert result.exit_code == 0
     assert "--nprobe 8 is ignored" in result.stderr and "--rescore 4 is ignored" in result.stderr
 
 
 @pytest.fixture(scope="module")
-def built_minilm_index(tmp_path_factory):
+def built_exact_index(tmp_path_factory, tiny_bert_dir):
+    """An exact (Flat) index of the sample data whose recorded model is a real one (tiny BERT, so that the text query
+    loads and runs it); its vectors come from the tests' fake engine (their values are not what is checked)."""
     from tests.conftest import SAMPLE_DATA
 
-    out = tmp_path_factory.mktemp("minilm") / "idx"
-    result = fake_invoke(["index", str(SAMPLE_DATA), "--out", str(out), "-q"])
+    root = tmp_path_factory.mktemp("exact")
+    out = root / "idx"
+    result = fake_invoke(["index", str(SAMPLE_DATA), "--out", str(out), "--model", str(tiny_bert_dir), "-q"],
+                         env={"PETAL_TEST_FAKE_ENGINE": str(root / "fake.jsonl")})
     assert result.exit_code == 0, result.output
     return out
