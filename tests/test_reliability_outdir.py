@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -32,12 +33,14 @@ def fake_model(tmp_path_factory) -> Path:
 
 
 class Job:
-    def __init__(self, root: Path, model: Path) -> None:
+    def __init__(self, root: Path, model: Path, fresh: bool = True) -> None:
+        """``fresh``: make DATA (shards a, b); else ``root`` already holds DATA, OUT and the files of one run."""
         self.root, self.model = root, model
         self.data, self.out = root / "data", root / "out"
-        self.count = 0
-        self.data.mkdir()
-        self.write("ab")
+        self.count = 0 if fresh else 1
+        if fresh:
+            self.data.mkdir()
+            self.write("ab")
 
     def write(self, names: str, salt: int = 0) -> None:
         for name in names:
@@ -64,11 +67,26 @@ class Job:
         return out.versions_dir / out.current_version()
 
 
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory, fake_model) -> tuple[Path, Path]:
+    """``(home, pristine)``: a job's first run (``petal index`` of shards a, b) in ``home``, and a copy of ``home``
+    right after it. Every ``job`` is that copy put back in ``home``: the store records the shards' paths, so DATA
+    stays where the first run read it."""
+    root = tmp_path_factory.mktemp("job")
+    home = root / "home"
+    home.mkdir()
+    assert Job(home, fake_model).run().rc == 0
+    shutil.copytree(home, root / "pristine", symlinks=True)
+    return home, root / "pristine"
+
+
 @pytest.fixture
-def job(tmp_path, fake_model) -> Job:
-    j = Job(tmp_path, fake_model)
-    assert j.run().rc == 0
-    return j
+def job(first_run, fake_model) -> Job:
+    """A job after its first run (``first_run``'s copy, restored: mtimes kept, so nothing looks changed)."""
+    home, pristine = first_run
+    shutil.rmtree(home)
+    shutil.copytree(pristine, home, symlinks=True)
+    return Job(home, fake_model, fresh=False)
 
 
 def secret_file(tmp_path: Path) -> Path:
@@ -163,8 +181,6 @@ def test_full_with_a_bad_pointer_publishes_without_deleting_newer_versions(job):
 
 def plant(path: Path, kind: str, tmp_path: Path) -> None:
     if path.is_dir() and not path.is_symlink():
-        import shutil
-
         shutil.rmtree(path)
     else:
         path.unlink(missing_ok=True)
