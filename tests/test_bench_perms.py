@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, SAMPLE_DATA
+from tests.fake_engine import make_fake_model_dir
 from tests.test_serve_perms import closed, denial_is_real, unprivileged  # noqa: F401  (a fixture)
-from tests.tiny_models import make_model
 
 pytestmark = pytest.mark.usefixtures("denial_is_real")  # skipped where a chmod-000 file stays readable
 
@@ -57,9 +57,9 @@ def test_an_output_inside_the_workdir_is_73(tmp_path):
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("bench-perms") / "model"
-    make_model("bert", path)
-    return path
+    """A model directory (config, safetensors, tokenizer) for the tests' fake engine: what is denied is its mode, and
+    the index built with it is served by no real engine (bench serve fails at its log, before the server starts)."""
+    return make_fake_model_dir(tmp_path_factory.mktemp("bench-perms") / "model")
 
 
 def test_a_model_directory_petal_may_not_read_is_66(model, tmp_path):
@@ -76,9 +76,10 @@ def test_the_serve_benchmarks_log_is_73(model, tmp_path):
     import pyarrow.parquet as pq
 
     pq.write_table(pa.table({"id": [1, 2], "text": ["glaciers move", "vector search"]}), tmp_path / "docs.parquet")
-    built = subprocess.run([sys.executable, "-m", "petal.cli.main", "index", str(tmp_path / "docs.parquet"), "--out",
+    built = subprocess.run([sys.executable, "-m", "tests.fake_cli", "index", str(tmp_path / "docs.parquet"), "--out",
                             str(tmp_path / "out"), "--model", str(model), "-q"], capture_output=True, text=True,
-                           cwd=REPO, timeout=300)
+                           cwd=REPO, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO),
+                                                       "PETAL_TEST_FAKE_ENGINE": str(tmp_path / "fake.jsonl")})
     assert built.returncode == 0, built.stderr[-3000:]
     work = tmp_path / "work"
     work.mkdir()
