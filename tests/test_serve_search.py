@@ -659,3 +659,19 @@ def test_a_repeated_field_is_found(body, repeated):
     assert duplicate_key(body, loads(body)) == repeated
     with pytest.raises(json.JSONDecodeError):
         loads(b"{not json")
+
+
+def test_a_body_of_many_keys_is_checked_for_repeats_in_linear_time():
+    """The repeated-field check counted each key of the body in the whole body: 50,000 unknown fields in a 1 MB
+    body (tests/test_serve_audit_search.py sends one) held the server's CPU for a minute or more before the 422.
+    Past a few keys the body is parsed once more instead; a repeat among many keys is still found."""
+    import time
+
+    from petal.pipeline.serve.encoding import duplicate_key, loads
+
+    body = json.dumps({"input": "x", **{f"field{i}": 1 for i in range(50_000)}}).encode()
+    started = time.monotonic()
+    assert duplicate_key(body, loads(body)) is None
+    assert time.monotonic() - started < 5, "quadratic in the keys"  # ~0.2 s; was ~30 s, 2 min on a busy host
+    repeated = body[:-1] + b', "field7": 2}'
+    assert duplicate_key(repeated, loads(repeated)) == "field7"
