@@ -58,7 +58,7 @@ class Server:
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
                 raise AssertionError(f"petal serve did not start:\n{log.read_text(errors='replace')}")
-            time.sleep(0.1)
+            time.sleep(0.02)
         self.client = httpx.Client(base_url=self.url, timeout=60.0)
 
     def stop(self) -> None:
@@ -79,14 +79,13 @@ def cli_run(*args: object):
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    """sample_data (a copy, so a test can add a shard) indexed with MiniLM, and a server on it."""
+    """sample_data indexed with MiniLM (a copy of the session's index, tests/_serve_shared.py), and a server on it.
+    DATA is sample_data itself: a test adds a shard in a directory of its own, indexed with it."""
+    from tests._serve_shared import copy_sample_out
+
     root = tmp_path_factory.mktemp("serve")
-    data = root / "data"
-    data.mkdir()
-    for shard in sorted(SAMPLE_DATA.glob("*.parquet")):
-        shutil.copy(shard, data / shard.name)
-    out = root / "out"
-    cli_run("index", data, "--out", out, "-q")
+    data = SAMPLE_DATA
+    out = copy_sample_out(tmp_path_factory, root / "out")
     server = Server(root / "server.log", out, "--api-key", KEY, "--reload-interval-s", "0.1",
                     "--max-texts", "16", "--max-k", "50", "--max-tokens-per-text", "64",
                     "--max-body-bytes", "65536")
@@ -473,13 +472,15 @@ def test_a_version_indexed_with_another_model_of_another_dim_is_refused_as_model
     assert not follower.due()  # waits for CURRENT to change
 
 
-def test_reindex_while_clients_search(served):
+def test_reindex_while_clients_search(served, tmp_path):
     """A `petal index` run publishes a new version under load: no failure, each answer from one version."""
     server, out, data = served
     old = server.client.get("/ready").json()["version"]
     new_text = "Zorblax crystals hum at night on the moons of the outer planets."
+    added = tmp_path / "added"  # a shard more: indexed with DATA's (1 added, 3 unchanged)
+    added.mkdir()
     pq.write_table(pa.table({"id": ["doc-new-1"], "title": ["zorblax"], "text": [new_text], "topic": ["space"]}),
-                   data / "shard-003.parquet")
+                   added / "shard-003.parquet")
     answers: list[tuple[str, list[str]]] = []
     failures: list[str] = []
     stop = threading.Event()
@@ -498,8 +499,8 @@ def test_reindex_while_clients_search(served):
     for t in threads:
         t.start()
     try:
-        indexer = subprocess.run([sys.executable, "-m", "petal.cli.main", "index", str(data), "--out", str(out),
-                                  "-q"], capture_output=True, text=True, timeout=300)
+        indexer = subprocess.run([sys.executable, "-m", "petal.cli.main", "index", str(data), str(added), "--out",
+                                  str(out), "-q"], capture_output=True, text=True, timeout=300)
         assert indexer.returncode == 0, indexer.stderr
         new = (out / "CURRENT").read_text().strip()
         ready = _wait_ready(server, lambda r: r["version"] == new)

@@ -10,8 +10,8 @@ import shutil
 
 import pytest
 
-from tests.conftest import SAMPLE_DATA
-from tests.test_serve import Server, cli_run
+from tests._serve_shared import copy_sample_out
+from tests.test_serve import Server
 from tests.test_serve_leases import wait_for
 
 pytest.importorskip("httpx")
@@ -22,9 +22,9 @@ CONTROL = {chr(c) for c in range(32)} | {"\x7f"}
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
+    """A server on a copy of sample_data's index (the session's, tests/_serve_shared.py: its CURRENT is changed)."""
     root = tmp_path_factory.mktemp("serve-reload")
-    out = root / "out"
-    cli_run("index", *sorted(SAMPLE_DATA.glob("*.parquet")), "--out", out, "-q")
+    out = copy_sample_out(tmp_path_factory, root / "out")
     server = Server(root / "server.log", out, "--reload-interval-s", "0.05", "--log-level", "info")
     yield server, out
     server.stop()

@@ -9,7 +9,7 @@ import socket
 
 import pytest
 
-from tests.conftest import SAMPLE_DATA
+from tests._serve_shared import default_server
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("starlette")
@@ -19,14 +19,10 @@ BODIES = {"/v1/embeddings": b'{"input": "how do glaciers move"}', "/search": b'{
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    from tests.test_serve import Server, cli_run
-
-    root = tmp_path_factory.mktemp("serve-content-type")
-    cli_run("index", SAMPLE_DATA, "--out", root / "out", "-q")
-    running = Server(root / "server.log", root / "out")
-    yield running
-    running.stop()
+def server(request, tmp_path_factory):
+    """``petal serve OUT`` (default flags) on sample_data's index: the session's shared server
+    (tests/_serve_shared.py); the tests here only send it requests."""
+    return default_server(request, tmp_path_factory)
 
 
 def _count(server, route: str, status: int) -> float:

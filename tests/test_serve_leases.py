@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests._serve_shared import sample_out
 from tests.conftest import SAMPLE_DATA
 
 httpx = pytest.importorskip("httpx")
@@ -28,13 +29,9 @@ pytest.importorskip("uvicorn")
 
 @pytest.fixture(scope="module")
 def indexed(tmp_path_factory) -> tuple[Path, Path]:
-    """sample_data indexed once with the packaged MiniLM: (data, OUT); each test works on a copy of OUT."""
-    root = tmp_path_factory.mktemp("leases")
-    data = root / "data"
-    shutil.copytree(SAMPLE_DATA, data, ignore=shutil.ignore_patterns("*.md"))
-    out = root / "out"
-    index(data, out)
-    return data, out
+    """sample_data indexed once with the packaged MiniLM: (data, OUT), the session's shared index
+    (tests/_serve_shared.py); each test works on a copy of OUT, and petal index only reads DATA."""
+    return SAMPLE_DATA, sample_out(tmp_path_factory)
 
 
 def index(data: Path, out: Path, *args: object) -> tuple[dict, str]:
