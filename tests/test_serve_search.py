@@ -17,6 +17,7 @@ from click.testing import CliRunner
 
 from petal.cli.main import cli
 from petal.pipeline.serve.searching import search_params
+from tests._serve_shared import copy_sample_out
 from tests.conftest import SAMPLE_DATA
 
 torch = pytest.importorskip("torch")
@@ -29,8 +30,9 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.i
 
 @pytest.fixture(scope="module")
 def sample_index(tmp_path_factory, minilm_dir):
-    """sample_data indexed by petal index (the packaged MiniLM, Flat), with a kept column to filter on."""
-    out = tmp_path_factory.mktemp("serve-search") / "out"
+    """sample_data indexed by petal index (the packaged MiniLM, Flat), with a kept column to filter on: a copy of
+    the session's index (tests/_serve_shared.py) indexed again with --keep-columns topic (its vectors reused)."""
+    out = copy_sample_out(tmp_path_factory, tmp_path_factory.mktemp("serve-search") / "out")
     result = CliRunner().invoke(cli, ["index", str(SAMPLE_DATA), "--out", str(out), "-q", "--keep-columns", "topic"])
     assert result.exit_code == 0, result.output
     return out
@@ -274,14 +276,22 @@ def test_torch_exact_index_equals_exact_faiss(metric, dtype):
     assert TorchExactIndex(flat, device="cpu").search(queries, 5000)[1].shape == (7, 3000)  # k over ntotal
 
 
+_TRAINED: dict[tuple, bytes] = {}
+
+
 def _ivf(factory, metric, data, train):
+    """``factory`` trained on ``train`` with ``data`` added: a fresh index each call (the caller may change it),
+    trained once per module for the same arguments (FAISS's k-means is seeded: the same index; a PQ8's ~10 s)."""
     from petal.pipeline.index.writer import no_polysemous_training
 
-    index = faiss.index_factory(data.shape[1], factory, metric)
-    no_polysemous_training(index)  # as petal's builder does: FAISS's default spent ~15 s a PQ test on it
-    index.train(train)
-    index.add(data)
-    return index
+    key = (factory, metric, data.tobytes(), train.tobytes())
+    if key not in _TRAINED:
+        index = faiss.index_factory(data.shape[1], factory, metric)
+        no_polysemous_training(index)  # as petal's builder does: FAISS's default spent ~15 s a PQ test on it
+        index.train(train)
+        index.add(data)
+        _TRAINED[key] = faiss.serialize_index(index)
+    return faiss.deserialize_index(_TRAINED[key])
 
 
 @pytest.mark.parametrize("metric", [faiss.METRIC_INNER_PRODUCT, faiss.METRIC_L2])
