@@ -14,6 +14,7 @@ import base64
 import re
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -34,7 +35,7 @@ WAIT_MS = 1500  # --max-wait-ms: requests sent together share one engine step
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
+def poisoned_out(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("serve-nonfinite")
     make_model("bert", root / "clean")
 
@@ -45,7 +46,21 @@ def served(tmp_path_factory):
     pq.write_table(pa.table({"id": [1, 2, 3], "text": DOCS}), root / "docs.parquet")
     proc = petal_cli("index", str(root / "docs.parquet"), "--out", str(root / "out"), "--model", str(model), "-q")
     assert proc.returncode == 0, proc.stderr
-    server = Server(root / "server.log", root / "out", "--max-wait-ms", str(WAIT_MS))
+    return root / "out"
+
+
+@pytest.fixture(scope="module")
+def served(poisoned_out):
+    """A server that steps each request at once (the tests send one request at a time)."""
+    server = Server(poisoned_out.parent / "server.log", poisoned_out)
+    yield server
+    server.stop()
+
+
+@pytest.fixture()
+def held(poisoned_out, tmp_path):
+    """A server whose engine holds a partial batch for --max-wait-ms: requests sent together share one step."""
+    server = Server(tmp_path / "server.log", poisoned_out, "--max-wait-ms", str(WAIT_MS))
     yield server
     server.stop()
 
@@ -97,9 +112,10 @@ def _metric(client: httpx.Client, name: str) -> float:
     return float(found.group(1)) if found else 0.0
 
 
-def test_the_other_requests_of_the_same_step_are_answered(served):
+def test_the_other_requests_of_the_same_step_are_answered(held):
     """Five requests queued together (held by --max-wait-ms), two of them holding "bread": one engine step; the
     two are refused by their item, the three others answered."""
+    served = held
     url = served.url
     bodies = [("/v1/embeddings", {"input": ["glaciers move", "yeast ferments"]}),
               ("/v1/embeddings", {"input": ["vector search", "bread dough", "neighbours"]}),
