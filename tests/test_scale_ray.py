@@ -24,19 +24,59 @@ ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.slow
 
 
+_FAULT: dict[str, str | None] = {}  # "armed": the PETAL_FAULT the running local Ray gives its actors
+
+
+def start_ray(fault: str | None = None) -> None:
+    """The local Ray instance, its actors given ``PETAL_FAULT=fault`` (None: no fault). Actors take their environment
+    from ``ray.init``, so Ray is started again only when ``fault`` is not what the running one gives."""
+    if ray.is_initialized() and _FAULT.get("armed", "") == fault:
+        return
+    ray.shutdown()
+    env = {"PYTHONPATH": str(REPO), "TOKENIZERS_PARALLELISM": "false", **({"PETAL_FAULT": fault} if fault else {})}
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": env})
+    _FAULT["armed"] = fault
+
+
 @pytest.fixture(scope="module")
 def local_ray():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": str(REPO), "TOKENIZERS_PARALLELISM": "false"}})
-    yield
+    """``start_ray``, for a test to call with the fault it needs; one local Ray per module, shut down at its end
+    (NOTE: the test that arms a fault runs first, so Ray starts twice in the module, not three times)."""
+    yield start_ray
     ray.shutdown()
+    _FAULT.clear()
 
 
 def index(*args: str, env: dict[str, str] | None = None):
     return fake_invoke(["index", *args, "-q"], env=env)
 
 
+def test_an_actor_failing_between_its_commit_and_its_row_counts_the_commit(local_ray, tmp_path):
+    """An actor's second shard is renamed into the store, then its batch fails before the row reaches the
+    driver (fault ``store_committed``; later shards fail before committing): the exit message counts
+    what the store holds, as the rerun reuses it, not what came back."""
+    local_ray("store_committed:2:raise,store_commit_begin:3+:eio")  # NOTE: actors take their environment there
+    model = make_fake_model_dir(tmp_path / "model")
+    data, out = tmp_path / "data", tmp_path / "out"
+    write_shards(data, count=8, rows=10)
+    first = index(str(data), "--out", str(out), "--model", str(model), "--ray", "--workers", "1",
+                  "--json-report", str(tmp_path / "first.json"),
+                  env={"PETAL_TEST_FAKE_ENGINE": str(tmp_path / "first.jsonl")})
+    assert first.exit_code == 75, first.output
+    stored = len(list((out / "store" / "shards").glob("*/*/entry.json")))
+    assert stored == 2, stored
+    assert "2 of 8 shards committed" in first.output, first.output
+    assert json.loads((tmp_path / "first.json").read_text())["shards"]["embedded"] == 2
+    local_ray()
+    rerun = index(str(data), "--out", str(out), "--model", str(model), "--ray", "--json-report",
+                  str(tmp_path / "r.json"), env={"PETAL_TEST_FAKE_ENGINE": str(tmp_path / "rerun.jsonl")})
+    assert rerun.exit_code == 0, rerun.output
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["shards"] == {"total": 8, "embedded": 6, "reused": 2}
+
+
 def test_ray_gives_the_single_process_index(local_ray, tiny_bert_dir, tmp_path):
+    local_ray()
     data = tmp_path / "data"
     ids = write_shards(data, count=4, rows=17)
     big = write_big_shard(data / "big.parquet", rows=63, group_rows=7)  # 9 row groups
@@ -59,6 +99,7 @@ def test_ray_gives_the_single_process_index(local_ray, tiny_bert_dir, tmp_path):
 
 
 def test_killing_an_actor_mid_run_then_rerunning_completes(local_ray, tmp_path):
+    local_ray()
     model = make_fake_model_dir(tmp_path / "model")
     data, out, log = tmp_path / "data", tmp_path / "out", tmp_path / "engine.jsonl"
     ids = write_shards(data, count=8, rows=20)
@@ -87,38 +128,6 @@ def test_killing_an_actor_mid_run_then_rerunning_completes(local_ray, tmp_path):
     assert rerun.exit_code == 0, rerun.output
     rows, _ = contents(out)
     assert sorted(r["id"] for r in rows) == sorted(ids)  # nothing lost, nothing twice
-
-
-def test_an_actor_failing_between_its_commit_and_its_row_counts_the_commit(local_ray, tmp_path):
-    """An actor's second shard is renamed into the store, then its batch fails before the row reaches the
-    driver (fault ``store_committed``; later shards fail before committing): the exit message counts
-    what the store holds, as the rerun reuses it, not what came back."""
-    ray.shutdown()  # NOTE: actors take their environment from ray.init, so this test arms its faults there
-    fault = "store_committed:2:raise,store_commit_begin:3+:eio"
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": str(REPO), "TOKENIZERS_PARALLELISM": "false",
-                                       "PETAL_FAULT": fault}})
-    try:
-        model = make_fake_model_dir(tmp_path / "model")
-        data, out = tmp_path / "data", tmp_path / "out"
-        write_shards(data, count=8, rows=10)
-        first = index(str(data), "--out", str(out), "--model", str(model), "--ray", "--workers", "1",
-                      "--json-report", str(tmp_path / "first.json"),
-                      env={"PETAL_TEST_FAKE_ENGINE": str(tmp_path / "first.jsonl")})
-        assert first.exit_code == 75, first.output
-        stored = len(list((out / "store" / "shards").glob("*/*/entry.json")))
-        assert stored == 2, stored
-        assert "2 of 8 shards committed" in first.output, first.output
-        assert json.loads((tmp_path / "first.json").read_text())["shards"]["embedded"] == 2
-    finally:
-        ray.shutdown()
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-                 runtime_env={"env_vars": {"PYTHONPATH": str(REPO), "TOKENIZERS_PARALLELISM": "false"}})
-    rerun = index(str(data), "--out", str(out), "--model", str(model), "--ray", "--json-report",
-                  str(tmp_path / "r.json"), env={"PETAL_TEST_FAKE_ENGINE": str(tmp_path / "rerun.jsonl")})
-    assert rerun.exit_code == 0, rerun.output
-    report = json.loads((tmp_path / "r.json").read_text())
-    assert report["shards"] == {"total": 8, "embedded": 6, "reused": 2}
 
 
 def test_without_ray_a_clear_message(tmp_path, monkeypatch):
