@@ -2,7 +2,9 @@
 
 Real processes (spawned workers, real SIGKILL), real Parquet, store and FAISS; the engine is the
 real tiny BERT for the equality test and the logging fake (tests/fake_engine.py) where a test must
-prove which rows were embedded by which run.
+prove which rows were embedded by which run. A coordinator run as its own process (``Petal``) is forked
+from the tests' preloaded forkserver (tests/_scale_shared.py): a real process that starts in milliseconds,
+whose workers petal spawns as fresh interpreters.
 """
 
 from __future__ import annotations
@@ -10,8 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -23,7 +23,7 @@ from click.testing import CliRunner
 
 from petal.cli.main import cli
 from petal.pipeline.config import ScaleConfig
-from tests.conftest import REPO
+from tests._scale_shared import Petal
 from tests.fake_engine import embedded_ids, make_fake_model_dir, read_log
 from tests.test_incremental import contents
 
@@ -81,22 +81,6 @@ def wait_for(condition, timeout: float = 120) -> None:
     while not condition():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.05)
-
-
-class Petal:
-    """``python -m tests.fake_cli ARGV`` (petal with the tests' fake engine seam) in a fresh interpreter
-    (forkrun's children are daemonic: no workers)."""
-
-    def __init__(self, argv: list[str], env: dict[str, str], report: Path) -> None:
-        self.report = report
-        full_env = {**os.environ, "PYTHONPATH": str(REPO), **env}
-        self.process = subprocess.Popen([sys.executable, "-m", "tests.fake_cli", *argv, "--json-report", str(report)],
-                                        env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        self.pid = self.process.pid
-
-    def wait(self, timeout: float = 240) -> tuple[int, str, dict]:
-        _, stderr = self.process.communicate(timeout=timeout)
-        return self.process.returncode, stderr, json.loads(self.report.read_text())
 
 
 def worker_pids(log: Path, coordinator: int) -> list[int]:
@@ -209,7 +193,7 @@ def test_sigterm_of_the_coordinator_stops_every_worker_then_resumes(fake_model, 
                   tmp_path / "first.json")
     wait_for(lambda: len(worker_pids(log, child.pid)) == 2 and committed(out) >= 1)
     workers = worker_pids(log, child.pid)
-    child.process.send_signal(signal.SIGTERM)
+    child.send_signal(signal.SIGTERM)
     rc, stderr, report = child.wait()
     assert rc == 143 and report["status"] == "interrupted", stderr
     for pid in workers:  # no worker outlives the run
