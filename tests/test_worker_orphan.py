@@ -1,18 +1,16 @@
 """``petal index --workers 2``: workers whose coordinator is killed (SIGKILL) end quietly and promptly.
 
-A real run (``python -m tests.fake_cli``: petal with the tests' fake engine, slowed to 0.25 s a batch; real
-Parquet, spawned worker processes), its coordinator killed with SIGKILL once a shard is committed: every worker
-ends within seconds, none writes a traceback (workers inherit the coordinator's stderr: a file here), and the next
-``petal index`` completes the index, reusing what the killed run committed.
+A real run (petal's CLI with the tests' fake engine, slowed to 0.25 s a batch, in a coordinator process forked
+from the tests' preloaded forkserver: tests/_scale_shared.py; real Parquet, spawned worker processes), its
+coordinator killed with SIGKILL once a shard is committed: every worker ends within seconds, none writes a
+traceback (workers inherit the coordinator's stderr: a file here), and the next ``petal index`` completes the
+index, reusing what the killed run committed.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import REPO
+from tests._scale_shared import Coordinator, Petal
 from tests.fake_engine import make_fake_model_dir
 from tests.test_incremental import contents
 
@@ -71,14 +69,11 @@ def test_workers_of_a_killed_coordinator_exit_quietly_and_the_rerun_completes(tm
     out = tmp_path / "out"
     stderr_path = tmp_path / "stderr.txt"
     model = make_fake_model_dir(tmp_path / "model")
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PETAL_TEST_FAKE_ENGINE": str(tmp_path / "fake.jsonl")}
-    command = [sys.executable, "-m", "tests.fake_cli", "index", str(data), "--out", str(out), "--model", str(model),
-               "--workers", "2", "--max-seqs", "8", "-q"]
+    env = {"PETAL_TEST_FAKE_ENGINE": str(tmp_path / "fake.jsonl")}
+    argv = ["index", str(data), "--out", str(out), "--model", str(model), "--workers", "2", "--max-seqs", "8", "-q"]
     # NOTE: 0.25 s a batch (5 batches a shard): the kill lands with shards left even when a loaded machine lets
     # the poll below lag by seconds
-    with open(stderr_path, "wb") as stderr:
-        coordinator = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr,
-                                       env={**env, "PETAL_FAULT": "after_batch:1+:sleep=0.25"})
+    coordinator = Coordinator(argv, {**env, "PETAL_FAULT": "after_batch:1+:sleep=0.25"}, stderr=stderr_path)
     workers: list[int] = []
     try:
         deadline = time.monotonic() + 240
@@ -111,10 +106,8 @@ def test_workers_of_a_killed_coordinator_exit_quietly_and_the_rerun_completes(tm
 
     # the store is consistent: the next run reuses every committed shard, embeds the rest, and publishes them all
     report_path = tmp_path / "report.json"
-    rerun = subprocess.run([*command, "--json-report", str(report_path)], env=env, capture_output=True, text=True,
-                           timeout=600)
-    assert rerun.returncode == 0, rerun.stderr
-    report = json.loads(report_path.read_text())
+    rc, stderr, report = Petal(argv, env, report_path).wait(600)
+    assert rc == 0, stderr
     assert report["shards"]["embedded"] + report["shards"]["reused"] == SHARDS, report["shards"]
     assert report["shards"]["reused"] == committed  # every entry the killed run left is whole
     rows, _ = contents(out)
