@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from tests._scale_shared import Petal
 from tests.fake_engine import make_fake_model_dir, read_log
 from tests.test_incremental import contents
 from tests.test_scale_ranges import parts, write_big_shard
-from tests.test_scale_workers import Petal, wait_for
+from tests.test_scale_workers import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -34,7 +35,7 @@ def test_full_embeds_every_range_again_and_reuses_none(fake_model, tmp_path):
     first = Petal(base, {"PETAL_TEST_FAKE_ENGINE": str(tmp_path / "first.jsonl"),
                          "PETAL_FAULT": "after_batch:1+:sleep=0.2"}, tmp_path / "first.json")
     wait_for(lambda: len(parts(out)) >= 1)
-    first.process.send_signal(signal.SIGTERM)
+    first.send_signal(signal.SIGTERM)
     rc, stderr, _ = first.wait()
     assert rc == 143, stderr
     committed = parts(out)
