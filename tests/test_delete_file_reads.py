@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -39,16 +40,25 @@ def live_ids(out: Path) -> list:
     return pq.read_table(out / "versions" / version / "ids.parquet", columns=["id"]).column("id").to_pylist()
 
 
-@pytest.fixture(params=list(MODES))
-def indexed(request, tmp_path: Path):
+@pytest.fixture(scope="module", params=list(MODES))
+def built(request, tmp_path_factory) -> tuple[Path, Path, str]:
+    """``(docs.parquet, OUT, mode)``: one real run per mode, copied by every test (the store names docs.parquet where
+    it is, so it stays there)."""
+    root = tmp_path_factory.mktemp(f"built-{request.param}")
     pq.write_table(pa.table({"id": ["a", "b", "c"], "text": ["glaciers", "rivers", "tides"],
                              "emb": pa.array([[1.0, 0.0], [0.0, 1.0], [0.6, 0.8]], pa.list_(pa.float32()))}),
-                   tmp_path / "docs.parquet")
-    flags = [tmp_path / "docs.parquet", "--out", tmp_path / "out", *MODES[request.param]]
-    done, _ = petal_index(tmp_path, *flags)
+                   root / "docs.parquet")
+    done, _ = petal_index(root, root / "docs.parquet", "--out", root / "out", *MODES[request.param])
     assert done.returncode == 0, done.stderr
+    return root / "docs.parquet", root / "out", request.param
+
+
+@pytest.fixture
+def indexed(built, tmp_path: Path):
+    docs, out, mode = built
+    shutil.copytree(out, tmp_path / "out", symlinks=True)
     pq.write_table(pa.table({"id": ["b"]}), tmp_path / "del.parquet")
-    return flags
+    return [docs, "--out", tmp_path / "out", *MODES[mode]]
 
 
 def test_a_zero_byte_delete_file_says_it_is_empty(indexed, tmp_path):
