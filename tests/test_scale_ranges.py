@@ -3,13 +3,16 @@ committed on its own, assembled into the shard's ordinary store entry.
 
 Real spawned workers and SIGKILL, real Parquet (one shard of many row groups), real store and FAISS; the
 tiny BERT for equality with the single-process run, the logging fake engine (tests/fake_engine.py) where a
-test must prove which rows each run embedded.
+test must prove which rows each run embedded. Coordinators run as their own processes fork from the tests'
+preloaded forkserver (tests/_scale_shared.py); the killed run both kill-9 reruns resume is made once (each
+rerun on its own copy of OUT).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 from pathlib import Path
 
@@ -21,9 +24,10 @@ from click.testing import CliRunner
 
 from petal.cli.main import cli
 from petal.pipeline.index.search import IndexReader
+from tests._scale_shared import Petal
 from tests.fake_engine import embedded_ids, make_fake_model_dir, read_log
 from tests.test_incremental import contents
-from tests.test_scale_workers import Petal, embedding_worker, wait_for, worker_pids, write_shards
+from tests.test_scale_workers import embedding_worker, wait_for, worker_pids, write_shards
 
 pytestmark = pytest.mark.slow
 
@@ -103,15 +107,18 @@ def range_rows(report_ranges: list[dict]) -> set[int]:
     return {row for r in report_ranges for row in range(*r["rows"])}
 
 
-@pytest.mark.parametrize("rerun", [["--workers", "2"], []], ids=["workers", "in-process"])
-def test_kill_9_mid_range_then_the_rerun_embeds_only_the_missing_ranges(fake_model, tmp_path, rerun):
-    data, out = tmp_path / "data", tmp_path / "out"
+@pytest.fixture(scope="module")
+def killed_mid_range(fake_model, tmp_path_factory) -> tuple[Path, Path, list[str], list[str], set[int]]:
+    """A ``--workers 2 --range-rows 20`` run over one big shard, a worker SIGKILLed mid-range (exit 75), checked
+    once and shared by both reruns (each on its own copy of OUT). Returns (data, OUT, ids, the committed ranges,
+    the rows the killed run embedded)."""
+    root = tmp_path_factory.mktemp("killed-mid-range")
+    data, out = root / "data", root / "out"
     ids = write_big_shard(data / "big.parquet", rows=120, group_rows=10)  # 12 row groups: 6 ranges of 20 rows
-    base = ["index", str(data), "--out", str(out), "--model", str(fake_model), "-q", "--max-seqs", "4"]
-    first_log = tmp_path / "first.jsonl"
-    child = Petal([*base, "--workers", "2", "--range-rows", "20"],
+    first_log = root / "first.jsonl"
+    child = Petal([*killed_base(data, out, fake_model), "--workers", "2", "--range-rows", "20"],
                   {"PETAL_TEST_FAKE_ENGINE": str(first_log), "PETAL_FAULT": "after_batch:1+:sleep=0.25"},
-                  tmp_path / "first.json")
+                  root / "first.json")
     wait_for(lambda: len(worker_pids(first_log, child.pid)) == 2 and len(parts(out)) >= 1)
     victim = embedding_worker(first_log, child.pid)  # mid-range
     os.kill(victim, signal.SIGKILL)
@@ -126,6 +133,20 @@ def test_kill_9_mid_range_then_the_rerun_embeds_only_the_missing_ranges(fake_mod
     assert reported <= set(committed)
     assert report["shards"]["embedded"] == 0
     first_rows = {r["row"] for r in read_log(first_log) if "row" in r}
+    return data, out, ids, committed, first_rows
+
+
+def killed_base(data: Path, out: Path, model: Path) -> list[str]:
+    return ["index", str(data), "--out", str(out), "--model", str(model), "-q", "--max-seqs", "4"]
+
+
+@pytest.mark.parametrize("rerun", [["--workers", "2"], []], ids=["workers", "in-process"])
+def test_kill_9_mid_range_then_the_rerun_embeds_only_the_missing_ranges(killed_mid_range, fake_model, tmp_path,
+                                                                        rerun):
+    data, killed_out, ids, committed, first_rows = killed_mid_range
+    out = tmp_path / "out"
+    shutil.copytree(killed_out, out, symlinks=True)  # NOTE: the store names the shard by its path: data stays put
+    base = killed_base(data, out, fake_model)
 
     second_log = tmp_path / "second.jsonl"
     rc, stderr, report = Petal([*base, *rerun], {"PETAL_TEST_FAKE_ENGINE": str(second_log)},
