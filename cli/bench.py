@@ -12,7 +12,7 @@ from typing import Any, TypeVar, cast
 
 import click
 
-from petal.cli.common import usage, user_errors
+from petal.cli.common import MODEL_DIR, PATH, usage, user_errors
 
 F = TypeVar("F", bound=Callable[..., Any])
 INPUTS = ("corpus", "tokenizer_dir", "index_path", "model")  # the parameters of the paths a benchmark reads
@@ -62,10 +62,8 @@ def bench_errors(writes: bool) -> Callable[[F], F]:
 
     return decorate
 
-# NOTE: path options check nothing at parsing (readable=False: click's own check makes an unreadable path a usage
-# error, 2); each command judges them first (``paths``): an input missing or unreadable is 66, a --workdir it
-# cannot create or write 73, naming the flag (README "Exit codes")
-PATH = click.Path(path_type=Path, readable=False)
+# NOTE: path options (``PATH``) check nothing at parsing but an empty value; each command judges them first
+# (``paths``): an input missing or unreadable is 66, a --workdir it cannot create or write 73, naming the flag
 
 # NOTE: bench/shapes.py's SHAPES names, spelled out (importing it imports torch): every --shape is checked by
 # click before anything heavy loads. tests/test_lazy_imports.py keeps the two equal.
@@ -83,7 +81,8 @@ def bench() -> None:
 @click.option("--texts", "num_texts", type=click.IntRange(min=16), default=2000, show_default=True)
 @click.option("--rounds", type=click.IntRange(min=1), default=3, show_default=True)
 @click.option("--token-budget", type=click.IntRange(min=256), default=4096, show_default=True)
-@click.option("--model", default=None, help="Model directory (default: the packaged all-MiniLM-L6-v2).")
+@click.option("--model", type=MODEL_DIR, default=None,
+              help="Model directory (default: the packaged all-MiniLM-L6-v2).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @bench_errors(writes=False)
 def bench_cpu(corpus: Path, num_texts: int, rounds: int, token_budget: int, model: str | None, as_json: bool) -> None:
@@ -132,7 +131,8 @@ def bench_gpu(shapes: tuple[str, ...], scenarios: str, token_budget: int, max_se
 
 
 @bench.command("e2e")
-@click.option("--model", default=None, help="Model directory (default: the packaged all-MiniLM-L6-v2).")
+@click.option("--model", type=MODEL_DIR, default=None,
+              help="Model directory (default: the packaged all-MiniLM-L6-v2).")
 @click.option("--shape", type=click.Choice(SHAPE_NAMES), default=None,
               help="Instead of --model: random weights in this shape, saved to a temp dir.")
 @click.option("--tokenizer-dir", type=PATH, default=None,
@@ -247,7 +247,8 @@ def bench_index(num_vectors: int, dims: tuple[int, ...], num_queries: int, memor
 @click.option("--docs", "num_docs", type=click.IntRange(min=100), default=3000, show_default=True)
 @click.option("--queries", "num_queries", type=click.IntRange(min=10), default=200, show_default=True)
 @click.option("--dims", default="384,128", show_default=True, help="Comma-separated --dim values to measure.")
-@click.option("--model", default=None, help="Model directory (default: the packaged all-MiniLM-L6-v2).")
+@click.option("--model", type=MODEL_DIR, default=None,
+              help="Model directory (default: the packaged all-MiniLM-L6-v2).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @bench_errors(writes=True)
 def bench_outputs(corpus: Path, num_docs: int, num_queries: int, dims: str, model: str | None, as_json: bool) -> None:
@@ -288,7 +289,8 @@ def _int_list(value: str, name: str) -> tuple[int, ...]:
 @bench.command("serve")
 @click.option("--index", "index_path", type=PATH, default=None,
               help="Serve this index (OUT). Default: build one with petal index from --corpus (or --index-docs).")
-@click.option("--model", default=None, help="Model directory (default: the index's, else the packaged MiniLM).")
+@click.option("--model", type=MODEL_DIR, default=None,
+              help="Model directory (default: the index's, else the packaged MiniLM).")
 @click.option("--shape", type=click.Choice(SHAPE_NAMES), default=None,
               help="Instead of --model: random weights in this shape.")
 @click.option("--tokenizer-dir", type=PATH, default=None,

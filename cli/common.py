@@ -10,12 +10,45 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar, cast, overload
 
 import click
 from click.core import ParameterSource
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+class PathParam(click.Path):
+    """A path argument or option (``pathlib.Path``) that checks nothing on disk at parsing (``readable=False``: click's
+    own check would make an unreadable path a usage error, 2; each command judges its paths, README "Exit codes")
+    and refuses an empty value: ``""`` (an unset variable, ``--out "$OUT"``) is no path, never the current directory
+    that ``Path("")`` makes of it (``petal index SRC --out ""`` wrote an index into the working directory)."""
+
+    def __init__(self) -> None:
+        super().__init__(path_type=Path, readable=False)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and not value:
+            self.fail(f"{value!r} is an empty path; give a path ('.' for the current directory)", param, ctx)
+        return super().convert(value, param, ctx)
+
+
+class ModelDirParam(click.ParamType):
+    """``--model``: a model directory or a cached Hugging Face id, as given (``str``); an empty value is refused
+    rather than taken for the packaged default (``--model "$MODEL"`` with MODEL unset would embed with another
+    model than the one meant)."""
+
+    name = "directory"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and not value:
+            self.fail(f"{value!r} is an empty path; leave --model out for the default", param, ctx)
+        return value
+
+
+PATH = PathParam()
+MODEL_DIR = ModelDirParam()
 
 
 def offline() -> None:

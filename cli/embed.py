@@ -13,25 +13,26 @@ from typing import IO
 
 import click
 
-from petal.cli.common import device_options, startup_done, user_errors
+from petal.cli.common import MODEL_DIR, PATH, device_options, startup_done, user_errors
 from petal.cli.options import model_options, output_options
 
 
 @click.command()
 @click.argument("texts", nargs=-1)
-@click.option("--model", default=None, help="Local model directory (default: the packaged all-MiniLM-L6-v2).")
+@click.option("--model", type=MODEL_DIR, default=None,
+              help="Local model directory (default: the packaged all-MiniLM-L6-v2).")
 @click.option("--stdin", "from_stdin", is_flag=True, help="Read one text per line from stdin.")
-@click.option("--input", "input_path", type=click.Path(path_type=Path, readable=False), default=None,
+@click.option("--input", "input_path", type=PATH, default=None,
               help="Read texts from a .parquet, .txt or .jsonl file.")
 @click.option("--text-column", default="text", show_default=True, help="Text column of a .parquet --input.")
 @click.option("--id-column", default=None,
               help="Id column of a .parquet --input (or key of a .jsonl one): each output line carries its id.")
-@click.option("--output", "output", type=click.Path(path_type=Path, readable=False), default=None,
+@click.option("--output", "output", type=PATH, default=None,
               help="Write FILE.npy (float32 rows) or FILE.jsonl instead of JSON lines on stdout: whole or not at "
                    "all (a file beside it renamed over it; on any failure an existing FILE is left as it was).")
 @click.option("--max-length", type=int, default=None, help="Truncate texts to N tokens (default: the model's).")
 @click.option("--query", "as_query", is_flag=True, help="Embed the texts as queries (with the query prompt).")
-@click.option("--calibration", "calibration_index", type=click.Path(path_type=Path, readable=False),
+@click.option("--calibration", "calibration_index", type=PATH,
               default=None,
               help="--quantize int8 without a model scheme: use the per-dimension ranges of this index "
                    "(default: learn them from the texts being embedded).")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from petal.cli.common import ReportingCommand, device_options, hooks, run_with_report
+from petal.cli.common import MODEL_DIR, PATH, ReportingCommand, device_options, hooks, run_with_report
 from petal.cli.index_options import index_options
 from petal.cli.options import model_options, output_options
 from petal.cli.scale_options import RAY_LOCAL, scale_options
@@ -16,9 +16,10 @@ from petal.cli.scale_options import RAY_LOCAL, scale_options
 @click.argument("sources", nargs=-1, required=True)
 # NOTE: --out and --json-report are outputs whose click types check nothing (readable=False): click's own check
 # makes an unreadable path a usage error (2); the run judges --out (73) and treats a report it cannot write as a warning
-@click.option("--out", "out", required=True, type=click.Path(path_type=Path, readable=False),
+@click.option("--out", "out", required=True, type=PATH,
               help="Output directory (index + store).")
-@click.option("--model", default=None, help="Local model directory (default: the packaged all-MiniLM-L6-v2).")
+@click.option("--model", type=MODEL_DIR, default=None,
+              help="Local model directory (default: the packaged all-MiniLM-L6-v2).")
 @click.option("--id-column", default=None, help="Id column [default: id; absent -> '<shard>:<row>'].")
 @click.option("--text-column", default="text", show_default=True, help="Text column.")
 @click.option("--vectors-column", default=None, metavar="COLUMN",
@@ -42,7 +43,7 @@ from petal.cli.scale_options import RAY_LOCAL, scale_options
 @click.option("--max-removed", default=None, metavar="N|F",
               help="Fail (exit 65, nothing published) when more documents of the live version would be removed: "
                    "a count or a fraction (0.1, 10%) [default: 0; 10% with --sync].")
-@click.option("--delete", "delete", type=click.Path(path_type=Path, readable=False), default=None,
+@click.option("--delete", "delete", type=PATH, default=None,
               metavar="IDS.parquet",
               help="Remove these ids (the id column, or the file's only column) in the version this run publishes; "
                    "read as the index's ids: integer ids by value (007 is 7; 7.0 is exit 65), string ids by exact "
@@ -54,7 +55,7 @@ from petal.cli.scale_options import RAY_LOCAL, scale_options
 @click.option("--keep-versions", type=int, default=2, show_default=True,
               help="Versions kept after a publish: the live one and N-1 before it (rollback).")
 @click.option("--wait", is_flag=True, help="If another petal writes to --out, wait for it instead of exiting 75.")
-@click.option("--json-report", type=click.Path(path_type=Path, readable=False), default=None,
+@click.option("--json-report", type=PATH, default=None,
               help="Write the run report here (every run not killed by SIGKILL writes one; - is stdout).")
 @click.option("--json", "as_json", is_flag=True, help="Print the run report (JSON) on stdout.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")

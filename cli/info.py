@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from petal.cli.common import user_errors
+from petal.cli.common import PATH, user_errors
 from petal.pipeline.reliability.errors import quote_path
 
 if TYPE_CHECKING:
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 
 @click.command()
-@click.argument("index_path", metavar="INDEX", type=click.Path(path_type=Path, readable=False))
+@click.argument("index_path", metavar="INDEX", type=PATH)
 @click.option("--json", "as_json", is_flag=True, help="The manifest as one JSON object on stdout.")
 @user_errors(outputs=())
 def info(index_path: Path, as_json: bool) -> None:

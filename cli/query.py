@@ -10,7 +10,16 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from petal.cli.common import device_options, given_flags, startup_done, unused_flags, usage, user_errors
+from petal.cli.common import (
+    MODEL_DIR,
+    PATH,
+    device_options,
+    given_flags,
+    startup_done,
+    unused_flags,
+    usage,
+    user_errors,
+)
 from petal.cli.options import loading_options
 from petal.pipeline.index.bounds import MAX_K, MAX_NPROBE, MAX_RESCORE
 from petal.pipeline.reliability.errors import one_line, quote_path, quote_text
@@ -29,20 +38,21 @@ MODEL_FLAGS = ("model", "device", "dtype", "attention", "query_prompt", "allow_p
 
 
 @click.command()
-@click.argument("index_path", metavar="INDEX", type=click.Path(path_type=Path, readable=False))
+@click.argument("index_path", metavar="INDEX", type=PATH)
 @click.argument("texts", nargs=-1)
 @click.option("-k", "k", type=click.IntRange(min=1, max=MAX_K), default=10, show_default=True, help="Hits per query.")
 @click.option("--stdin", "from_stdin", is_flag=True, help="One query per input line, model kept warm.")
 @click.option("--json", "as_json", is_flag=True, help="JSON lines on stdout (one per query).")
 @click.option("--show-text", is_flag=True, help="Read each hit's text back from its shard.")
-@click.option("--vector-file", type=click.Path(path_type=Path, readable=False), default=None, metavar="Q.npy",
+@click.option("--vector-file", type=PATH, default=None, metavar="Q.npy",
               help="Query by vectors ([n, dim] or [dim] .npy) instead of text: no model (any index; the way to "
                    "query one built with --vectors-column).")
 @click.option("--where", default=None, metavar="EXPR",
               help="Only documents matching EXPR, on --keep-columns: \"lang = 'en' AND year IN (2020, 2021)\" "
                    "(applied inside the FAISS search). Literals: 'strings', numbers, true, false; each of its "
                    "column's kind (topic = 5 on a string column is an error).")
-@click.option("--model", default=None, help="Model directory, if it moved since indexing (weights must match).")
+@click.option("--model", type=MODEL_DIR, default=None,
+              help="Model directory, if it moved since indexing (weights must match).")
 @click.option("--nprobe", type=click.IntRange(min=1, max=MAX_NPROBE), default=None,
               help="Override the tuned IVF nprobe.")
 @click.option("--rescore", type=click.IntRange(min=0, max=MAX_RESCORE), default=None,

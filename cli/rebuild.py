@@ -7,19 +7,19 @@ from pathlib import Path
 
 import click
 
-from petal.cli.common import ReportingCommand, run_with_report
+from petal.cli.common import PATH, ReportingCommand, run_with_report
 from petal.cli.index_options import index_options
 
 
 @click.command(cls=ReportingCommand)
 # NOTE: OUT and --json-report check nothing at parsing (readable=False): click's own check makes an unreadable path a
 # usage error (2); the run judges OUT (73) and treats a report it cannot write as a warning
-@click.argument("out", type=click.Path(path_type=Path, readable=False))
+@click.argument("out", type=PATH)
 @click.option("--index-factory", default=None, show_default="the live version's",
               help="FAISS index factory string, or auto (Flat when small, IVF above).")
 @functools.partial(index_options, kept=True)
 @click.option("--wait", is_flag=True, help="If another petal writes to OUT, wait for it instead of exiting 75.")
-@click.option("--json-report", type=click.Path(path_type=Path, readable=False), default=None,
+@click.option("--json-report", type=PATH, default=None,
               help="Write the run report here (every run not killed by SIGKILL writes one; - is stdout).")
 @click.option("--json", "as_json", is_flag=True, help="Print the run report (JSON) on stdout.")
 def rebuild(out: Path, index_factory: str | None, metric: str | None, index_memory: str | None,

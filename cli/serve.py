@@ -11,6 +11,8 @@ from pathlib import Path
 import click
 
 from petal.cli.common import (
+    MODEL_DIR,
+    PATH,
     PetalClickError,
     device_options,
     eprint,
@@ -49,8 +51,9 @@ def missing_serve_extra() -> list[str]:
 
 @click.command()
 # NOTE: readable=False: click's own check made an unreadable OUT a usage error (2); the run judges it (66)
-@click.argument("index_path", metavar="[OUT]", required=False, type=click.Path(path_type=Path, readable=False))
-@click.option("--model", default=None, help="Model directory: alone, embeddings only; with OUT, if the index's "
+@click.argument("index_path", metavar="[OUT]", required=False, type=PATH)
+@click.option("--model", type=MODEL_DIR, default=None,
+              help="Model directory: alone, embeddings only; with OUT, if the index's "
               "model moved (the weights must match).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0: all).")
 @click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True, help="Port (0: any free).")

@@ -9,14 +9,14 @@ from typing import TYPE_CHECKING
 
 import click
 
-from petal.cli.common import PetalClickError, user_errors
+from petal.cli.common import PATH, PetalClickError, user_errors
 
 if TYPE_CHECKING:
     from petal.pipeline.layout import OutputDir
 
 
 @click.command()
-@click.argument("out", metavar="OUT", type=click.Path(path_type=Path, readable=False))
+@click.argument("out", metavar="OUT", type=PATH)
 @click.option("--version", "version", default=None, metavar="V",
               help="Check version V (an id under OUT/versions; default: the live one).")
 @click.option("--json", "as_json", is_flag=True, help="The result as one JSON object on stdout.")

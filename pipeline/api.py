@@ -125,7 +125,9 @@ def open_index(path: str | os.PathLike[str], **settings: Any) -> Index:
 def _report_path(json_report: Any) -> Path | None:
     """``json_report`` as the path to write the report to; ``None`` when not given or not a path (a ``UsageError``
     names it where it is judged)."""
-    return Path(json_report) if isinstance(json_report, (str, os.PathLike)) else None
+    if not isinstance(json_report, (str, os.PathLike)) or not os.fspath(json_report):
+        return None  # NOTE: "" is no path (never Path("") = "."): out_path names it
+    return Path(json_report)
 
 
 def _run(work: Callable[[], RunReport], report: RunReport, json_report: Path | str | None,

@@ -23,6 +23,7 @@ from petal.pipeline.jobs.settings import (
     build,
     kind_of,
     model_options,
+    model_path,
     out_path,
     petal_error,
     text_items,
@@ -149,9 +150,10 @@ class Embedder:
                  output_dtype: str = "float32", calibration: str | Path | None = None,
                  engine_factory: EngineFactory | None = None) -> None:
         caller = "petal.Embedder()"
-        for name, value in (("model", model), ("calibration", calibration)):
-            if value is not None:  # NOTE: a type check only: model="" stays the packaged default, not "."
-                out_path(value, f"{caller}: {name}")
+        if model is not None:
+            model_path(model, f"{caller}: model")
+        if calibration is not None:
+            out_path(calibration, f"{caller}: calibration")
         options = model_options(**typed(ModelOptions, {
             "pooling": pooling, "attention_mask": attention_mask, "query_prompt": query_prompt,
             "allow_pickle_weights": allow_pickle_weights}, caller))

@@ -170,8 +170,8 @@ def _convert(name: str, value: Any) -> Any:
         return build(parse_keep_columns, value)  # "lang,url"; a list or tuple of names is taken as it is
     if name == "keep_columns":
         return tuple(value) if isinstance(value, Iterable) else (value,)  # keep_columns=5: judged as a name
-    if name == "model" and isinstance(value, os.PathLike):
-        return os.fspath(value)  # a model directory as a Path
+    if name == "model" and isinstance(value, (str, os.PathLike)):
+        return model_path(value, "model")  # a model directory as a Path: its str
     if name in ("json_report", "out", "delete") and value is not None:
         return out_path(value, name)
     return value
@@ -194,9 +194,10 @@ def sources_tuple(sources: str | os.PathLike[str] | Iterable[str | os.PathLike[s
 
 
 def out_path(out: Any, name: str = "out") -> Path:
-    """The output directory argument as a ``Path`` (``UsageError`` naming ``name`` when it is not a path)."""
+    """A path argument as a ``Path`` (``UsageError`` naming ``name`` when it is not a path, or an empty one)."""
     if not isinstance(out, (str, os.PathLike)):
         raise UsageError(f"{name}: {out!r} is {kind_of(out)}, not a path")
+    not_empty_path(out, name)
     return Path(out)
 
 
@@ -304,6 +305,8 @@ def check_model_settings(settings: dict[str, Any], caller: str) -> None:
     model = settings.get("model")
     if model is not None and not isinstance(model, (str, os.PathLike)):
         raise UsageError(f"{caller}: model={model!r} is {kind_of(model)}, not str or a path")
+    if model is not None:
+        model_path(model, f"{caller}: model")
     typed(ModelOptions, {key: settings[key] for key in ("query_prompt", "allow_pickle_weights") if key in settings},
           caller)
     for name, choices in _MODEL_CHOICES.items():
@@ -314,3 +317,15 @@ def check_model_settings(settings: dict[str, Any], caller: str) -> None:
             raise UsageError(f"{caller}: {name}={value!r} is {kind_of(value)}, not str")
         if value not in choices:
             raise UsageError(f"{caller}: {name}={value!r} is not one of {', '.join(choices)}")
+
+
+def model_path(model: Any, name: str) -> str:
+    """``model`` (a directory or a cached Hugging Face id) as a str; one that is not a str or a path, or an empty one,
+    is a ``UsageError`` naming ``name``: ``model=""`` (an unset variable) is not the packaged default, which ``None``
+    (or leaving it out) asks for."""
+    if not isinstance(model, (str, os.PathLike)):
+        raise UsageError(f"{name}: {model!r} is {kind_of(model)}, not a path")
+    path = os.fspath(model)
+    if not path:
+        raise UsageError(f"{name}: an empty path; leave it out (None) for the packaged model")
+    return path
