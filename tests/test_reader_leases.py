@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -39,12 +40,27 @@ def index(data: Path, out: Path, *args: object) -> tuple[dict, str]:
     return json.loads(report.read_text()), run.stderr
 
 
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory, minilm_dir) -> tuple[Path, Path]:
+    """``(home, pristine)``: DATA (shard a) and OUT after its first ``petal index`` in ``home``, and a copy of ``home``
+    right after it (one MiniLM run per module, not one per test)."""
+    root = tmp_path_factory.mktemp("leases")
+    home = root / "home"
+    home.mkdir()
+    write_shard(home / "data", "a", TEXTS)
+    index(home / "data", home / "out")
+    shutil.copytree(home, root / "pristine", symlinks=True)
+    return home, root / "pristine"
+
+
 @pytest.fixture
-def two_versions(tmp_path, minilm_dir):
-    data, out = tmp_path / "data", tmp_path / "out"
-    write_shard(data, "a", TEXTS)
-    index(data, out)
-    return data, out
+def two_versions(first_run):
+    """The first run's copy put back in ``home``: the store records the shards' paths, so DATA stays where the first
+    run read it (mtimes kept, so nothing looks changed)."""
+    home, pristine = first_run
+    shutil.rmtree(home)
+    shutil.copytree(pristine, home, symlinks=True)
+    return home / "data", home / "out"
 
 
 def test_an_open_index_keeps_its_version_through_a_prune_and_lets_it_go_when_dropped(two_versions):
