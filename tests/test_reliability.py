@@ -75,6 +75,30 @@ def job(tmp_path, fake_model) -> Job:
     return Job(tmp_path, fake_model)
 
 
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory, fake_model) -> tuple[Path, Path]:
+    """``(home, pristine)``: a job's first run (shards a, b, c; rc 0) in ``home``, and a copy of ``home`` right after
+    it. Every ``indexed_job`` is that copy put back in ``home``: the store records the shards' paths, so DATA stays
+    where the first run read it."""
+    root = tmp_path_factory.mktemp("indexed")
+    home = root / "home"
+    write_shards(home / "data")
+    assert Job(home, fake_model).run().rc == 0
+    shutil.copytree(home, root / "pristine", symlinks=True)
+    return home, root / "pristine"
+
+
+@pytest.fixture
+def indexed_job(first_run, fake_model) -> Job:
+    """A ``job`` after its first run, which exited 0 (``first_run``'s copy restored in place, mtimes kept)."""
+    home, pristine = first_run
+    shutil.rmtree(home)
+    shutil.copytree(pristine, home, symlinks=True)
+    job = Job(home, fake_model)
+    job.count = 1  # report-1.json and fake-1.jsonl are the first run's
+    return job
+
+
 def wait_for(condition, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -175,8 +199,8 @@ def test_sigterm_while_waiting_for_the_lock(job):
 
 # --- publish: readers always see a complete version ---------------------------------------------------------
 
-def test_queries_during_publishes_always_see_a_complete_version(job, monkeypatch):
-    assert job.run().rc == 0
+def test_queries_during_publishes_always_see_a_complete_version(indexed_job, monkeypatch):
+    job = indexed_job  # after its first run (rc 0)
     # readers pause between resolving CURRENT and opening its files, so publishes and prunes land there
     monkeypatch.setenv("PETAL_FAULT", "query_open:1+:sleep=0.1")
     stop, seen, failures, queries, retried = threading.Event(), set(), [], [0], [0]
@@ -243,8 +267,8 @@ WRITE_POINTS = ["store_entry_open", "store_commit_begin", "store_commit_mid", "s
 
 
 @pytest.mark.parametrize("point", WRITE_POINTS)
-def test_disk_full_exits_74_naming_the_path_and_keeps_the_live_version(job, point):
-    assert job.run().rc == 0
+def test_disk_full_exits_74_naming_the_path_and_keeps_the_live_version(indexed_job, point):
+    job = indexed_job  # after its first run (rc 0)
     live_version = OutputDir(job.out).current_version()
     before = tree_digest(job.out / "versions" / live_version)
     write_shards(job.data, "c", 1)
@@ -343,8 +367,8 @@ def test_transient_read_errors_are_retried_and_counted(job):
     np.testing.assert_array_equal(flaky_vectors, vectors)
 
 
-def test_a_read_error_that_persists_is_an_io_error_not_corruption(job):
-    assert job.run().rc == 0
+def test_a_read_error_that_persists_is_an_io_error_not_corruption(indexed_job):
+    job = indexed_job  # after its first run (rc 0)
     write_shards(job.data, "b", 1)
     live_version = OutputDir(job.out).current_version()
     result = job.run(fault="read_batch:1+:eio")
@@ -395,8 +419,8 @@ def test_huge_row_groups_are_read_in_bounded_memory(tmp_path):
 
 # --- preflight order, and the report of every run -------------------------------------------------------
 
-def test_every_check_runs_before_the_model_loads(job, tmp_path):
-    assert job.run().rc == 0
+def test_every_check_runs_before_the_model_loads(indexed_job, tmp_path):
+    job = indexed_job  # after its first run (rc 0)
     write_shards(job.data, "d", 1)
     checks = [(["--index-factory", "Nope"], 2, "not a valid FAISS factory"),
               (["--model", str(tmp_path / "nowhere")], 78, "nowhere"),
