@@ -17,13 +17,16 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from tests._serve_shared import copy_sample_out
 from tests.test_serve import Server, cli_run
 from tests.test_serve_vectors_only import _wait_ready, make_data
 
@@ -45,10 +48,9 @@ def _refusals(server: Server) -> float:
     return float(found.group(1)) if found else 0.0
 
 
-def test_a_text_index_refuses_a_version_of_another_metric(tmp_path):
-    data, _ = make_data(tmp_path)
-    out = tmp_path / "out"
-    cli_run("index", data, "--out", out, "-q", "--index-factory", "Flat")
+def test_a_text_index_refuses_a_version_of_another_metric(tmp_path_factory, tmp_path):
+    # a text index (the packaged model, Flat): a copy of sample_data's, the session's (tests/_serve_shared.py)
+    out = copy_sample_out(tmp_path_factory, tmp_path / "out")
     live = (out / "CURRENT").read_text().strip()
     server = Server(tmp_path / "server.log", out, "--reload-interval-s", "0.1")
     try:
@@ -75,12 +77,31 @@ def test_a_text_index_refuses_a_version_of_another_metric(tmp_path):
     assert server.proc.returncode == 0
 
 
-@pytest.fixture()
-def vectors_out(tmp_path):
-    data, vectors = make_data(tmp_path)
-    out = tmp_path / "out"
+def _vectors_index(root: Path) -> tuple[Path, Path, np.ndarray]:
+    data, vectors = make_data(root)
+    out = root / "out"
     cli_run("index", data, "--out", out, "-q", "--vectors-column", "emb", "--index-factory", "Flat")
     return data, out, vectors
+
+
+@pytest.fixture()
+def vectors_out(tmp_path):
+    """An index of vectors of the test's own (it indexes DATA again)."""
+    return _vectors_index(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def vectors_template(tmp_path_factory):
+    return _vectors_index(tmp_path_factory.mktemp("vectors"))
+
+
+@pytest.fixture()
+def vectors_copy(tmp_path, vectors_template):
+    """A copy of the module's index of vectors, OUT only (for a test that changes OUT, never indexes DATA)."""
+    data, out, vectors = vectors_template
+    copy = tmp_path / "out"
+    shutil.copytree(out, copy, ignore=shutil.ignore_patterns(".lock"))
+    return data, copy, vectors
 
 
 def test_a_current_that_names_no_version_is_said_once_and_the_server_keeps_serving(tmp_path, vectors_out):
@@ -98,8 +119,9 @@ def test_a_current_that_names_no_version_is_said_once_and_the_server_keeps_servi
             assert "retry_in_s" not in ready["refused"], ready  # not tried again: the same bytes fail the same way
             message = ready["refused"]["message"]
             assert "not a petal version id" in message and f"echo {live} >" in message, message
-            # several follow intervals later: still one refusal, one log line, and the live version answering
-            time.sleep(3.5)
+            # several follow intervals (0.1 s) later, past the first retry of a transient refusal (1 s): still one
+            # refusal, one log line, and the live version answering
+            time.sleep(1.5)
             assert _refusals(server) == refused + 1
             assert server.client.get("/ready").json()["refused"] == ready["refused"]
             metrics = server.client.get("/metrics").text
@@ -117,7 +139,7 @@ def test_a_current_that_names_no_version_is_said_once_and_the_server_keeps_servi
         _point(out, "")
         ready = _wait_ready(server, lambda r: r.get("refused", {}).get("reason") == "current", "the empty one")
         assert "retry_in_s" not in ready["refused"] and ready["version"] == live
-        time.sleep(2.0)
+        time.sleep(1.5)
         assert _refusals(server) == refused + 1
         # the README's repair of a pointer that names no version: remove it, petal index --full; served at once
         (out / "CURRENT").unlink()
@@ -131,9 +153,9 @@ def test_a_current_that_names_no_version_is_said_once_and_the_server_keeps_servi
 
 
 @pytest.mark.parametrize("case", ["garbage", "empty", "missing version", "fifo"])
-def test_a_server_starting_on_a_current_that_names_no_version_exits_78(tmp_path, vectors_out, case):
+def test_a_server_starting_on_a_current_that_names_no_version_exits_78(tmp_path, vectors_copy, case):
     """No version to serve at start: exit 78 naming CURRENT, before the port opens (never a wait)."""
-    _, out, _ = vectors_out
+    _, out, _ = vectors_copy
     live = (out / "CURRENT").read_text().strip()
     (out / "CURRENT").unlink()
     if case == "fifo":
