@@ -2,8 +2,9 @@
 checks (a manifest re-signed over changed files, or a change the head/tail checksum does not see) end in a
 clear error with the documented exit code, never a crash, a traceback or a hang.
 
-Real FAISS, real Parquet, the packaged MiniLM (binary index); every command runs in its own process, so a
-crash (SIGBUS, SIGSEGV) fails the test instead of ending the test run.
+Real FAISS, real Parquet, a binary index of sample_data built by petal with the tests' fake engine
+(``python -m tests.fake_cli``: what is checked is how the files are read, not the model's numbers); every command
+runs in its own process, so a crash (SIGBUS, SIGSEGV) fails the test instead of ending the test run.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import os
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +26,7 @@ import pytest
 from petal.pipeline.index.checksums import CHECKSUM_KEY, INTEGRITY_KEY, canonical_sha256, head_tail_sha256
 from petal.pipeline.layout import OutputDir
 from tests.conftest import REPO, SAMPLE_DATA
+from tests.fake_engine import make_fake_model_dir
 
 PETAL = [sys.executable, "-m", "petal.cli.main"]
 API = """
@@ -118,9 +121,16 @@ def test_ondisk_list_data_shorter_than_its_lists_is_65_not_a_sigbus(ondisk, tmp_
 
 
 @pytest.fixture(scope="module")
-def binary(tmp_path_factory, minilm_dir) -> Path:
-    out = tmp_path_factory.mktemp("binary") / "out"
-    proc = petal("index", str(SAMPLE_DATA), "--out", str(out), "-q", "--quantize", "binary")
+def binary(tmp_path_factory) -> Path:
+    """sample_data as a binary index (rescore.npy: 348 x 384 float16), embedded by the fake engine."""
+    root = tmp_path_factory.mktemp("binary")
+    model = make_fake_model_dir(root / "model", dim=384)
+    out = root / "out"
+    proc = subprocess.run([sys.executable, "-m", "tests.fake_cli", "index", str(SAMPLE_DATA), "--out", str(out), "-q",
+                           "--quantize", "binary", "--model", str(model)], capture_output=True, text=True, cwd=REPO,
+                          timeout=300, stdin=subprocess.DEVNULL,
+                          env={**os.environ, "PYTHONPATH": str(REPO),
+                               "PETAL_TEST_FAKE_ENGINE": str(root / "fake.jsonl")})
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out
 
@@ -170,8 +180,13 @@ def test_a_damaged_rescore_npy_is_65_naming_it(binary, tmp_path, damage, sha256)
 @pytest.fixture(scope="module")
 def unfilterable(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("unfilterable")
-    return {factory: vectors_index(root, factory.replace(",", "_"), factory, "--metric", "l2", rows=2000, dim=32)
-            for factory in ("PQ8", "LSH", "NSG16", "PQ8x4fs", "IVF16,RQ4x8")}
+    # NOTE: 400 vectors: enough to train PQ8's and RQ4x8's 256 centroids (IVF16,RQ4x8 trained 2,000 for ~20 s);
+    # the five petal index runs need nothing of each other: side by side
+    factories = ("PQ8", "LSH", "NSG16", "PQ8x4fs", "IVF16,RQ4x8")
+    with ThreadPoolExecutor(len(factories)) as pool:
+        built = {factory: pool.submit(vectors_index, root, factory.replace(",", "_"), factory, "--metric", "l2",
+                                      rows=400, dim=32) for factory in factories}
+        return {factory: future.result() for factory, future in built.items()}
 
 
 @pytest.mark.parametrize("factory", ["PQ8", "LSH", "NSG16", "PQ8x4fs", "IVF16,RQ4x8"])
