@@ -47,8 +47,21 @@ class ModelDirParam(click.ParamType):
         return value
 
 
+class NonEmptyText(click.ParamType):
+    """A str flag that has no meaning empty (``--host ""`` would listen on every interface, ``--served-model-name ""``
+    fall back to the directory's name): refused, naming the flag, rather than taken for something else."""
+
+    name = "text"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and not value:
+            self.fail("must not be empty", param, ctx)
+        return value
+
+
 PATH = PathParam()
 MODEL_DIR = ModelDirParam()
+NON_EMPTY = NonEmptyText()
 
 
 def offline() -> None:

@@ -12,6 +12,7 @@ import click
 
 from petal.cli.common import (
     MODEL_DIR,
+    NON_EMPTY,
     PATH,
     PetalClickError,
     device_options,
@@ -55,7 +56,8 @@ def missing_serve_extra() -> list[str]:
 @click.option("--model", type=MODEL_DIR, default=None,
               help="Model directory: alone, embeddings only; with OUT, if the index's "
               "model moved (the weights must match).")
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0: all).")
+@click.option("--host", type=NON_EMPTY, default="127.0.0.1", show_default=True,
+              help="Address to listen on (0.0.0.0: all).")
 @click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True, help="Port (0: any free).")
 @click.option("--api-key", envvar=API_KEY_ENV, default=None,
               help="Require 'Authorization: Bearer KEY' on /v1/* and /search (or set PETAL_API_KEY).")
@@ -98,7 +100,8 @@ def missing_serve_extra() -> list[str]:
 @click.option("--engine-spin-ms", type=click.FloatRange(min=0, max=1000), default=None,
               help="With nothing queued, the engine thread polls this long before it sleeps: a step launched by a "
                    "sleeping thread is ~60 us slower [default: 2 on CUDA, 0 on the CPU].")
-@click.option("--served-model-name", default=None, help="The model id of /v1/models (default: the directory name).")
+@click.option("--served-model-name", type=NON_EMPTY, default=None,
+              help="The model id of /v1/models (default: the directory name).")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
               show_default=True)
 @click.option("--access-log", is_flag=True, help="Log every request (uvicorn's access log).")

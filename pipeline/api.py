@@ -65,6 +65,8 @@ def index(sources: Sources, out: str | os.PathLike[str], *, engine_factory: Call
             if not isinstance(vectors_column, str):
                 raise UsageError(f"petal.index(): vectors_column={vectors_column!r} is {kind_of(vectors_column)}, "
                                  "not str")
+            if not vectors_column:  # NOTE: as --text-column "": no column has that name
+                raise UsageError("--vectors-column must not be empty")
             check_vectors_flags(settings)
     except UsageError as exc:
         _fail(report, exc, 2, f"usage error: {exc}", _report_path(settings.get("json_report")))

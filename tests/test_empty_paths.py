@@ -121,3 +121,21 @@ def test_an_empty_path_in_the_python_api_is_a_usage_error(cwd_index, shard, tmp_
     assert "cannot write the report" not in capfd.readouterr().err
     assert _listing(cwd_index) == before and not (tmp_path / "o").exists()
     assert petal.open_index(".").num_vectors == 12  # "." itself still opens: only "" is refused
+
+
+@pytest.mark.parametrize("args", [
+    ["serve", ".", "--host", "", "--port", "0"],  # bound every interface: an unset $HOST served the index publicly
+    ["serve", ".", "--served-model-name", ""],  # fell back to the directory's name
+    ["index", "{shard}", "--out", "{tmp}/o", "--vectors-column", ""],  # read every shard, then 65 "'' is missing"
+])
+def test_an_empty_value_with_no_meaning_is_a_usage_error(args, cwd_index, shard, tmp_path):
+    args = [a.format(shard=shard, tmp=tmp_path) for a in args]
+    flag = args[args.index("") - 1]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 2, result.output
+    assert flag in result.output and "must not be empty" in result.output, result.output
+    assert not (tmp_path / "o").exists()
+    if flag == "--vectors-column":
+        with pytest.raises(petal.UsageError, match="--vectors-column must not be empty"):
+            petal.index(shard, tmp_path / "o", vectors_column="")
+        assert not (tmp_path / "o").exists()
