@@ -20,6 +20,7 @@ from petal.cli.main import cli
 from petal.pipeline.index.checksums import CHECKSUM_KEY, HEAD_TAIL_BYTES, INTEGRITY_KEY, canonical_sha256
 from petal.pipeline.index.search import IndexReader
 from petal.pipeline.layout import OutputDir
+from tests import forkrun
 from tests.conftest import REPO
 from tests.fake_cli import invoke as fake_invoke
 from tests.fake_engine import make_fake_model_dir
@@ -58,10 +59,9 @@ def flip(path: Path, offset: int, width: int = 1) -> None:
     path.write_bytes(bytes(blob))
 
 
-def query_subprocess(out: Path) -> subprocess.CompletedProcess:
+def query_subprocess(out: Path) -> forkrun.Result:
     """``petal query`` in its own process: a crash (a signal) shows as a negative return code."""
-    return subprocess.run([sys.executable, "-m", "petal.cli.main", "query", str(out), "a subject", "-k", "3", "--json"],
-                          capture_output=True, text=True, cwd=REPO, timeout=300)
+    return forkrun.petal(["query", str(out), "a subject", "-k", "3", "--json"], timeout=300)
 
 
 def manifest_of(version_dir: Path) -> dict:
@@ -164,7 +164,7 @@ def test_every_tampered_file_is_a_clear_error(built, tmp_path, case):
     out, version_dir = copy(built, tmp_path)
     tamper(version_dir / name)
     run = query_subprocess(out)
-    assert run.returncode == code, run.stderr[-2000:]
+    assert run.rc == code, run.stderr[-2000:]
     assert says in run.stderr and "Traceback" not in run.stderr
     # petal info makes the open's cheap checks too: what the manifest says on stdout, the damage and its code after
     info = fake_invoke(["info", str(out)])
@@ -181,7 +181,7 @@ def test_an_edited_manifest_falls_back_to_full_checks_and_fails_verify(built, tm
     manifest["counts"]["rows"] += 1
     (version_dir / "manifest.json").write_text(json.dumps(manifest))
     run = query_subprocess(out)
-    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.rc == 0, run.stderr[-2000:]
     assert "does not match its own checksum" in run.stderr and "checked in full" in run.stderr
     np.save(tmp_path / "q.npy", IndexReader(out).index.reconstruct_n(0, 1))
     by_vector = fake_invoke(["query", str(out), "--vector-file", str(tmp_path / "q.npy")])  # said there too
@@ -266,7 +266,7 @@ def test_a_body_change_opens_without_crashing_and_verify_finds_it(built, tmp_pat
     flip(index, size // 2, width=4096)  # inside the vectors, away from the first and last MiB
     IndexReader(out)  # the open checks pass: they read the head and the tail only
     run = query_subprocess(out)
-    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.rc == 0, run.stderr[-2000:]
     assert len(json.loads(run.stdout.splitlines()[0])["hits"]) == 3
     result = fake_invoke(["verify", str(out), "--json"])
     report = json.loads(result.stdout)
@@ -311,13 +311,13 @@ def test_a_version_from_before_the_checksums_still_opens(built, tmp_path):
     del manifest[INTEGRITY_KEY], manifest[CHECKSUM_KEY]
     (version_dir / "manifest.json").write_text(json.dumps(manifest))
     run = query_subprocess(out)
-    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.rc == 0, run.stderr[-2000:]
     assert "written before head/tail checksums" in run.stderr and "index.faiss" in run.stderr
     result = fake_invoke(["verify", str(out), "--json"])
     assert result.exit_code == 0 and json.loads(result.stdout)["manifest_checksum"] == "absent"
     flip(version_dir / "index.faiss", (version_dir / "index.faiss").stat().st_size // 2)
     run = query_subprocess(out)
-    assert run.returncode == 65 and "sha256" in run.stderr and "does not match the manifest" in run.stderr
+    assert run.rc == 65 and "sha256" in run.stderr and "does not match the manifest" in run.stderr
 
 
 def test_search_refuses_ids_outside_the_index(built, tmp_path):
@@ -502,11 +502,11 @@ def test_a_body_change_in_stored_text_is_a_clear_error_never_wrong_text(large, t
     first = int(sum(meta.row_group(g).num_rows for g in range(group)))
     query = tmp_path / "q.npy"
     np.save(query, IndexReader(out).index.reconstruct_n(first, 1))
-    argv = [sys.executable, "-m", "petal.cli.main", "query", str(out), "--vector-file", str(query), "-k", "1"]
-    plain = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, timeout=300)
-    assert plain.returncode == 0, plain.stderr  # the ids and the kept column are intact
-    shown = subprocess.run([*argv, "--show-text"], capture_output=True, text=True, cwd=REPO, timeout=300)
-    assert shown.returncode == 65 and "ids.parquet" in shown.stderr and "Traceback" not in shown.stderr, shown.stderr
+    argv = ["query", str(out), "--vector-file", str(query), "-k", "1"]
+    plain = forkrun.petal(argv, timeout=300)
+    assert plain.rc == 0, plain.stderr  # the ids and the kept column are intact
+    shown = forkrun.petal([*argv, "--show-text"], timeout=300)
+    assert shown.rc == 65 and "ids.parquet" in shown.stderr and "Traceback" not in shown.stderr, shown.stderr
     import petal
 
     index = petal.open_index(out)
@@ -523,17 +523,17 @@ def test_a_damaged_store_columns_file_is_never_copied_into_a_version_nor_blocks(
     checksum; it used to be copied into the new version and sealed there)."""
     out, _ = copy(large, tmp_path)
     side = next((out / "store" / "columns").rglob("*.parquet"))
-    argv = [sys.executable, "-m", "petal.cli.main", "rebuild", str(out), "--index-factory", "Flat"]
+    argv = ["rebuild", str(out), "--index-factory", "Flat"]
     blob = bytearray(side.read_bytes())
     blob[len(blob) // 2] ^= 0x55
     side.write_bytes(bytes(blob))
-    damaged = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, timeout=300)
-    assert damaged.returncode == 65 and str(side) in damaged.stderr and "Traceback" not in damaged.stderr, \
+    damaged = forkrun.petal(argv, timeout=300)
+    assert damaged.rc == 65 and str(side) in damaged.stderr and "Traceback" not in damaged.stderr, \
         damaged.stderr[-2000:]
     side.unlink()
     os.mkfifo(side)
-    rebuilt = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, timeout=120)
-    assert rebuilt.returncode == 0, rebuilt.stderr[-2000:]  # finished: the FIFO was never opened
+    rebuilt = forkrun.petal(argv, timeout=120)
+    assert rebuilt.rc == 0, rebuilt.stderr[-2000:]  # finished: the FIFO was never opened
 
 
 def test_the_full_checksum_refuses_a_fifo_without_blocking(tmp_path):
