@@ -3,7 +3,8 @@ re-index's pruning leaves the version a long-lived reader still reads: the Pytho
 ``petal query --stdin`` session, not only ``petal serve`` (tests/test_serve_leases.py). The lease goes with the
 reader: a session that moved to the new version, or an ``Index`` that was dropped, lets the next run prune.
 
-Real components: ``petal index`` child processes with the packaged MiniLM, a real ``petal query --stdin`` child."""
+Real components: ``petal index`` child processes with the packaged MiniLM (forked from a preloaded interpreter:
+tests/forkrun.py), a real ``petal query --stdin`` child."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import petal
+from tests import forkrun
 from tests.test_serve_leases import current, leased
 
 TEXTS = ["glaciers flow downhill under their own weight", "a recipe for sourdough bread",
@@ -34,9 +36,9 @@ def write_shard(data: Path, name: str, texts: list[str]) -> None:
 
 def index(data: Path, out: Path, *args: object) -> tuple[dict, str]:
     report = out.parent / f"report-{time.monotonic_ns()}.json"
-    run = subprocess.run([sys.executable, "-m", "petal.cli.main", "index", str(data), "--out", str(out), "-q",
-                          "--json-report", str(report), *map(str, args)], capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr
+    run = forkrun.petal(["index", str(data), "--out", str(out), "-q", "--json-report", str(report), *map(str, args)],
+                        timeout=600)
+    assert run.rc == 0, run.stderr
     return json.loads(report.read_text()), run.stderr
 
 
@@ -133,12 +135,10 @@ def test_petal_rebuild_keeps_a_version_in_use_and_reports_it(two_versions):
         write_shard(data, "b", ["a shard that changes the index"])
         index(data, out)  # v2: v1 is the one before the live one, kept anyway
         report = out.parent / "rebuild.json"
-        run = subprocess.run([sys.executable, "-m", "petal.cli.main", "rebuild", str(out), "--json-report",
-                              str(report)], capture_output=True, text=True, timeout=600)
-        assert run.returncode == 0, run.stderr
+        run = forkrun.petal(["rebuild", str(out), "--json-report", str(report)], timeout=600)
+        assert run.rc == 0, run.stderr
         pruned = json.loads(report.read_text())["pruned"]
         assert first.is_dir() and pruned["in_use"] == [first.name] and first.name not in pruned["versions"], pruned
-    run = subprocess.run([sys.executable, "-m", "petal.cli.main", "rebuild", str(out), "--json-report", str(report)],
-                         capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr
+    run = forkrun.petal(["rebuild", str(out), "--json-report", str(report)], timeout=600)
+    assert run.rc == 0, run.stderr
     assert not first.exists() and first.name in json.loads(report.read_text())["pruned"]["versions"]
