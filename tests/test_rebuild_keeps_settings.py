@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -22,15 +20,15 @@ import pyarrow.parquet as pq
 import pytest
 
 import petal
-from tests.conftest import REPO
+from tests import forkrun
 
 DIM = 8
 
 
-def petal_run(*argv: object) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "petal.cli.main", *map(str, argv)], capture_output=True, text=True,
-                          cwd=REPO, timeout=300, stdin=subprocess.DEVNULL)
-    assert proc.returncode == 0 and "Traceback" not in proc.stderr, (argv, proc.returncode, proc.stderr[-3000:])
+def petal_run(*argv: object) -> forkrun.Result:
+    """``petal ARGV`` in its own process (forked from the preloaded forkserver; stdin is /dev/null there)."""
+    proc = forkrun.petal(list(map(str, argv)), timeout=300)
+    assert proc.rc == 0 and "Traceback" not in proc.stderr, (argv, proc.rc, proc.stderr[-3000:])
     return proc
 
 
@@ -120,11 +118,9 @@ def test_a_kept_factory_that_cannot_be_built_again_is_78_naming_the_manifest(bui
     manifest.pop(CHECKSUM_KEY)
     manifest[CHECKSUM_KEY] = canonical_sha256(manifest)
     path.write_text(json.dumps(manifest))
-    proc = subprocess.run([sys.executable, "-m", "petal.cli.main", "rebuild", str(out)], capture_output=True,
-                          text=True, cwd=REPO, timeout=300)
-    assert proc.returncode == 78, proc.stderr[-2000:]
+    proc = forkrun.petal(["rebuild", str(out)], timeout=300)
+    assert proc.rc == 78, proc.stderr[-2000:]
     last = proc.stderr.strip().splitlines()[-1]
     assert str(path) in last and "kept as no --index-factory was given" in last and "IVF64,Flat" in last, last
-    proc = subprocess.run([sys.executable, "-m", "petal.cli.main", "rebuild", str(out), "--index-factory",
-                           "IVF64,Flat"], capture_output=True, text=True, cwd=REPO, timeout=300)
-    assert proc.returncode == 2, proc.stderr[-2000:]
+    proc = forkrun.petal(["rebuild", str(out), "--index-factory", "IVF64,Flat"], timeout=300)
+    assert proc.rc == 2, proc.stderr[-2000:]
