@@ -26,6 +26,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import petal
+from tests import forkrun
 from tests.conftest import REPO
 from tests.test_open_audit_tamper import refused
 from tests.tiny_models import make_model, vocab
@@ -34,9 +35,14 @@ NAN_TENSOR = "encoder.layer.1.attention.self.key.weight"  # loaded into the fuse
 DOCS = ["how do glaciers move", "bread dough rises because yeast ferments", "vector search finds neighbours"]
 
 
-def petal_cli(*argv: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "petal.cli.main", *argv], capture_output=True, text=True, cwd=REPO,
-                          timeout=300, input=stdin)
+def petal_cli(*argv: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    """``petal ARGV`` in its own process: forked from the preloaded forkserver (stdin /dev/null), or a fresh
+    interpreter where the run reads ``stdin`` (forkrun has none)."""
+    if stdin is not None:
+        return subprocess.run([sys.executable, "-m", "petal.cli.main", *argv], capture_output=True, text=True,
+                              cwd=REPO, timeout=300, input=stdin)
+    run = forkrun.petal(list(argv), timeout=300)
+    return subprocess.CompletedProcess(["petal", *argv], run.rc, run.stdout, run.stderr)
 
 
 def edited(src: Path, dst: Path, change) -> Path:
@@ -105,7 +111,7 @@ def test_petal_query_refuses_nan_weights(models, shard, tmp_path):
                 engine_factory=lambda spec, config: Engine(spec, config, model=clean))
     for extra in ([], ["--json"], ["--stdin"]):
         proc = petal_cli("query", str(tmp_path / "out"), *(["glaciers"] if "--stdin" not in extra else []), *extra,
-                         stdin="glaciers\n")
+                         stdin="glaciers\n" if "--stdin" in extra else None)
         said_nan(refused(proc, 78), models["nan"])
         assert proc.stdout == ""
     with petal.open_index(tmp_path / "out", device="cpu") as index, pytest.raises(petal.ConfigError) as info:
