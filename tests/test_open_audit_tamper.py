@@ -3,8 +3,9 @@ checks (a manifest re-signed over changed files, or a change the head/tail check
 clear error with the documented exit code, never a crash, a traceback or a hang.
 
 Real FAISS, real Parquet, a binary index of sample_data built by petal with the tests' fake engine
-(``python -m tests.fake_cli``: what is checked is how the files are read, not the model's numbers); every command
-runs in its own process, so a crash (SIGBUS, SIGSEGV) fails the test instead of ending the test run.
+(tests/fake_cli.py: what is checked is how the files are read, not the model's numbers); every command runs in its
+own process (petal's CLI forked from a preloaded interpreter, tests/forkrun.py), so a crash (SIGBUS, SIGSEGV) fails
+the test instead of ending the test run.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -25,30 +25,17 @@ import pytest
 
 from petal.pipeline.index.checksums import CHECKSUM_KEY, INTEGRITY_KEY, canonical_sha256, head_tail_sha256
 from petal.pipeline.layout import OutputDir
-from tests.conftest import REPO, SAMPLE_DATA
+from tests import forkrun
+from tests._open_audit_shared import api
+from tests.conftest import SAMPLE_DATA
 from tests.fake_engine import make_fake_model_dir
 
-PETAL = [sys.executable, "-m", "petal.cli.main"]
-API = """
-import sys, numpy as np, petal
-from petal.pipeline.reliability.errors import PetalError
-try:
-    with petal.open_index(sys.argv[1]) as index:
-        index.search_stored(np.ones((2, index.dim), np.float32), k=5, where=sys.argv[2] or None)
-except PetalError as exc:
-    print(exc, file=sys.stderr)
-    sys.exit(exc.exit_code)
-"""
 
-
-def petal(*argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*PETAL, *argv], capture_output=True, text=True, cwd=REPO, timeout=300,
-                          stdin=subprocess.DEVNULL)
-
-
-def api(out: Path, where: str = "") -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", API, str(out), where], capture_output=True, text=True, cwd=REPO,
-                          timeout=300, stdin=subprocess.DEVNULL)
+def petal(*argv: str, env: dict[str, str | None] | None = None) -> subprocess.CompletedProcess[str]:
+    """``petal ARGV`` in its own process (forked from a preloaded interpreter: tests/forkrun.py), as a
+    ``CompletedProcess`` for ``refused``."""
+    run = forkrun.petal(list(argv), env=env, timeout=300)
+    return subprocess.CompletedProcess(["petal", *argv], run.rc, run.stdout, run.stderr)
 
 
 def refused(proc: subprocess.CompletedProcess[str], code: int, *words: str) -> str:
@@ -126,11 +113,8 @@ def binary(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("binary")
     model = make_fake_model_dir(root / "model", dim=384)
     out = root / "out"
-    proc = subprocess.run([sys.executable, "-m", "tests.fake_cli", "index", str(SAMPLE_DATA), "--out", str(out), "-q",
-                           "--quantize", "binary", "--model", str(model)], capture_output=True, text=True, cwd=REPO,
-                          timeout=300, stdin=subprocess.DEVNULL,
-                          env={**os.environ, "PYTHONPATH": str(REPO),
-                               "PETAL_TEST_FAKE_ENGINE": str(root / "fake.jsonl")})
+    proc = petal("index", str(SAMPLE_DATA), "--out", str(out), "-q", "--quantize", "binary", "--model", str(model),
+                 env={"PETAL_TEST_FAKE_ENGINE": str(root / "fake.jsonl")})
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out
 
