@@ -8,14 +8,14 @@ beyond ``HELD_HITS`` are searched again as they are written, so memory does not 
 must be the same, in order. (Text queries given as TEXT are all embedded and searched before any is written:
 tests/test_nonfinite_model.py.)
 
-Real Parquet, real FAISS (Flat inner product, L2), real petal processes.
+Real Parquet, real FAISS (Flat inner product, L2), real petal processes (forked from a preloaded interpreter:
+tests/forkrun.py).
 """
 
 from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +25,7 @@ import pytest
 
 import petal
 from petal.cli.query import HELD_HITS, VECTOR_CHUNK_HITS
-from tests.conftest import REPO
+from tests.test_open_audit_tamper import petal as petal_cli
 from tests.test_open_audit_tamper import refused
 
 DIM = 16
@@ -34,8 +34,7 @@ FORMATS = [[], ["--json"], ["--show-text"], ["--json", "--show-text"], ["--where
 
 
 def petal_query(*argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "petal.cli.main", "query", *argv], capture_output=True, text=True,
-                          cwd=REPO, timeout=300, stdin=subprocess.DEVNULL)
+    return petal_cli("query", *argv)
 
 
 @pytest.fixture(scope="module")
@@ -48,9 +47,8 @@ def indexes(tmp_path_factory) -> dict[str, Path]:
     built = {}
     for name, extra in {"ip": [], "l2": ["--metric", "l2"]}.items():
         out = root / name
-        proc = subprocess.run([sys.executable, "-m", "petal.cli.main", "index", str(root / "v.parquet"), "--out",
-                               str(out), "-q", "--vectors-column", "emb", "--keep-columns", "lang", *extra],
-                              capture_output=True, text=True, cwd=REPO, timeout=300)
+        proc = petal_cli("index", str(root / "v.parquet"), "--out", str(out), "-q", "--vectors-column", "emb",
+                         "--keep-columns", "lang", *extra)
         assert proc.returncode == 0, proc.stderr[-3000:]
         built[name] = out
     return built
