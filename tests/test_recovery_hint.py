@@ -11,8 +11,6 @@ model.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -21,15 +19,15 @@ import pyarrow.parquet as pq
 import pytest
 
 from petal.pipeline.layout import OutputDir
-from tests.conftest import REPO
+from tests import forkrun
 
 DIM = 8
 MISSING = "v000099-20991231T000000Z"
 
 
-def petal(*argv: object, cwd: Path) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "petal.cli.main", *map(str, argv)], capture_output=True, text=True,
-                          cwd=cwd, timeout=300, env={"PYTHONPATH": str(REPO), **__import__("os").environ})
+def petal(*argv: object) -> forkrun.Result:
+    """``petal ARGV`` in its own process, forked from the preloaded forkserver (every path given is absolute)."""
+    proc = forkrun.petal(list(map(str, argv)), timeout=300)
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     return proc
 
@@ -47,9 +45,8 @@ def three_versions(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("hint")
     for n in range(3):
         shard = vector_shard(root / f"s{n}.parquet", 100 * n, n)
-        proc = petal("index", shard, "--out", root / "out", "-q", "--vectors-column", "emb", "--keep-versions", "3",
-                     cwd=root)
-        assert proc.returncode == 0, proc.stderr
+        proc = petal("index", shard, "--out", root / "out", "-q", "--vectors-column", "emb", "--keep-versions", "3")
+        assert proc.rc == 0, proc.stderr
     np.save(root / "q.npy", np.ones((1, DIM), np.float32))
     return root
 
@@ -88,8 +85,8 @@ def test_the_hint_skips_a_damaged_version_for_a_complete_older_one(three_version
     DAMAGE[damage](out / "versions" / v2)
     (out / "versions" / v3 / "manifest.json").unlink()
     for argv in commands(out, three_versions):
-        proc = petal(*argv, cwd=tmp_path)
-        assert proc.returncode == 78, (argv, proc.returncode, proc.stderr)
+        proc = petal(*argv)
+        assert proc.rc == 78, (argv, proc.rc, proc.stderr)
         last = proc.stderr.strip().splitlines()[-1]
         assert f"echo {v1} > " in last and f"echo {v2}" not in last, (argv, last)
         if "--json" in argv:
@@ -97,7 +94,7 @@ def test_the_hint_skips_a_damaged_version_for_a_complete_older_one(three_version
     message = api_error(out)
     assert f"echo {v1} > " in message and f"echo {v2}" not in message, message
     (out / "CURRENT").write_text(v1 + "\n")  # the hint's command
-    assert petal("query", out, "--vector-file", three_versions / "q.npy", cwd=tmp_path).returncode == 0
+    assert petal("query", out, "--vector-file", three_versions / "q.npy").rc == 0
 
 
 @pytest.mark.parametrize("pointer", ["missing", "no manifest", "not a version id"])
@@ -116,8 +113,8 @@ def test_no_version_that_opens_means_rebuild(three_versions, tmp_path, pointer):
     else:
         (out / "CURRENT").write_text((MISSING if pointer == "missing" else "garbage") + "\n")
     for argv in commands(out, three_versions):
-        proc = petal(*argv, cwd=tmp_path)
-        assert proc.returncode == 78, (argv, proc.returncode, proc.stderr)
+        proc = petal(*argv)
+        assert proc.rc == 78, (argv, proc.rc, proc.stderr)
         last = proc.stderr.strip().splitlines()[-1]
         assert "echo " not in last and "no other version passes" in last and "petal index --full" in last, last
     message = api_error(out)
@@ -126,9 +123,8 @@ def test_no_version_that_opens_means_rebuild(three_versions, tmp_path, pointer):
         assert f"remove {out / 'CURRENT'} and rebuild" in message, message
         (out / "CURRENT").unlink()  # as the hint says: petal index cannot read such a pointer either
     shards = sorted(three_versions.glob("s*.parquet"))
-    assert petal("index", *shards, "--out", out, "-q", "--vectors-column", "emb", "--full",
-                 cwd=tmp_path).returncode == 0
-    assert petal("query", out, "--vector-file", three_versions / "q.npy", cwd=tmp_path).returncode == 0
+    assert petal("index", *shards, "--out", out, "-q", "--vectors-column", "emb", "--full").rc == 0
+    assert petal("query", out, "--vector-file", three_versions / "q.npy").rc == 0
 
 
 def test_the_servers_refusal_names_a_version_that_opens(tmp_path):
@@ -144,8 +140,8 @@ def test_the_servers_refusal_names_a_version_that_opens(tmp_path):
     for n in range(2):
         pq.write_table(pa.table({"id": [f"{n}-{i}" for i in range(6)], "text": [f"doc {n} {i}" for i in range(6)]}),
                        tmp_path / f"t{n}.parquet")
-        proc = petal("index", tmp_path / f"t{n}.parquet", "--out", out, "-q", cwd=tmp_path)
-        assert proc.returncode == 0, proc.stderr
+        proc = petal("index", tmp_path / f"t{n}.parquet", "--out", out, "-q")
+        assert proc.rc == 0, proc.stderr
     v1, v2 = OutputDir(out).versions()
     (out / "CURRENT").write_text(v1 + "\n")
     DAMAGE["index.faiss truncated"](out / "versions" / v2)
