@@ -11,8 +11,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,6 +18,7 @@ import pytest
 import torch
 
 import petal
+from tests import forkrun
 from tests.tiny_models import make_model
 
 
@@ -42,9 +41,9 @@ def edit_json(path: Path, change: Callable[[dict], object]) -> None:
     path.write_text(json.dumps(value))
 
 
-def petal_embed(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "petal.cli.main", "embed", "--device", "cpu", *args],
-                          capture_output=True, text=True, timeout=300)
+def petal_embed(*args: str) -> forkrun.Result:
+    """``petal embed`` in its own process, forked from the preloaded forkserver."""
+    return forkrun.petal(["embed", "--device", "cpu", *args], timeout=300)
 
 
 def refused(model: Path, *names: str, **settings: object) -> str:
@@ -171,7 +170,7 @@ def test_a_tokenizer_json_that_does_not_load_is_refused(minilm_dir, tmp_path):
     (model / "tokenizer.json").write_text("{}")
     refused(model, str(model / "tokenizer.json"))
     run = petal_embed("--model", str(model), "glaciers")
-    assert run.returncode == 78 and "Traceback" not in run.stderr and "tokenizer.json" in run.stderr
+    assert run.rc == 78 and "Traceback" not in run.stderr and "tokenizer.json" in run.stderr
 
 
 def test_a_tokenizer_of_a_larger_vocabulary_is_refused_before_the_model_runs(minilm_dir, tmp_path):
@@ -181,7 +180,7 @@ def test_a_tokenizer_of_a_larger_vocabulary_is_refused_before_the_model_runs(min
     shutil.copy(minilm_dir / "tokenizer.json", model / "tokenizer.json")  # 30522 tokens
     refused(model, "tokenizer.json", "vocab_size")  # was an IndexError (CUDA: a device-side assert)
     run = petal_embed("--model", str(model), "zebra quantum")
-    assert run.returncode == 78 and "Traceback" not in run.stderr, run.stderr
+    assert run.rc == 78 and "Traceback" not in run.stderr, run.stderr
 
 
 def test_max_length_above_the_models_limit_is_a_usage_error(minilm_dir):
@@ -189,7 +188,7 @@ def test_max_length_above_the_models_limit_is_a_usage_error(minilm_dir):
         petal.Embedder(str(minilm_dir), "cpu", max_length=100_000)
     assert info.value.exit_code == 2 and "512" in str(info.value)
     run = petal_embed("--max-length", "100000", "glaciers")
-    assert run.returncode == 2 and "512" in run.stderr and "Traceback" not in run.stderr
+    assert run.rc == 2 and "512" in run.stderr and "Traceback" not in run.stderr
 
 
 @pytest.mark.parametrize("keyword", [{"model": 123}, {"model": b"/nowhere"}, {"calibration": 1, "quantize": "int8"}])
@@ -223,10 +222,9 @@ def test_petal_index_refuses_a_tokenizer_it_cannot_use(minilm_dir, tmp_path, tok
     else:
         (model / "tokenizer.json").write_text('{"model": 5}')
     out, report = tmp_path / "out", tmp_path / "report.json"
-    run = subprocess.run([sys.executable, "-m", "petal.cli.main", "index", "sample_data", "--out", str(out),
-                          "--model", str(model), "--device", "cpu", "--json-report", str(report)],
-                         capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[1])
-    assert run.returncode == 78, run.stderr[-2000:]
+    run = forkrun.petal(["index", str(Path(__file__).resolve().parents[1] / "sample_data"), "--out", str(out),
+                         "--model", str(model), "--device", "cpu", "--json-report", str(report)], timeout=300)
+    assert run.rc == 78, run.stderr[-2000:]
     assert "Traceback" not in run.stderr and "tokenizer.json" in run.stderr.strip().splitlines()[-1]
     assert json.loads(report.read_text())["exit_code"] == 78
     assert not (out / "CURRENT").exists()
