@@ -6,14 +6,14 @@ Before: ``--index-factory IVF..``/``HNSW..`` and ``--quantize int8`` (SQ8) refus
 1 vectors ... this run can index at most 0", "'SQ8' needs at least 0 vectors to train, the store has 0") while
 Flat and binary published; an empty IVF index, once written, was refused as corrupt on open.
 
-Real Parquet, real FAISS, the packaged model for the int8 index, every command in its own process.
+Real Parquet, real FAISS, the packaged model for the int8 index, every command in its own process
+(forked from a preloaded interpreter: tests/forkrun.py).
 """
 
 from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -22,15 +22,15 @@ import pyarrow.parquet as pq
 import pytest
 
 import petal
-from tests.conftest import REPO
+from tests import forkrun
 
-PETAL = [sys.executable, "-m", "petal.cli.main"]
 DIM = 8
 
 
 def petal_run(*argv: object) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*PETAL, *map(str, argv)], capture_output=True, text=True, cwd=REPO, timeout=300,
-                          stdin=subprocess.DEVNULL)
+    """``petal ARGV`` in its own process, forked from a preloaded interpreter (tests/forkrun.py)."""
+    run = forkrun.petal([str(a) for a in argv], timeout=300)
+    return subprocess.CompletedProcess(["petal", *map(str, argv)], run.rc, run.stdout, run.stderr)
 
 
 def ok(proc: subprocess.CompletedProcess[str]) -> str:
