@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +19,7 @@ from petal.pipeline.index.checksums import CHECKSUM_KEY, HEAD_TAIL_BYTES, INTEGR
 from petal.pipeline.index.search import IndexReader
 from petal.pipeline.layout import OutputDir
 from tests import forkrun
-from tests.conftest import REPO
+from tests._open_integrity_shared import probe
 from tests.fake_cli import invoke as fake_invoke
 from tests.fake_engine import make_fake_model_dir
 
@@ -279,11 +277,6 @@ def test_ivf_body_damage_is_an_error_or_a_search_never_a_crash(tmp_path_factory,
     clean exit (0 or 65), never in a signal; an id outside the index is refused by name."""
     model = make_fake_model_dir(tmp_path_factory.mktemp("ivf-model"), dim=384)
     built_ivf = build(tmp_path_factory.mktemp("ivf"), "ivf", model, ("--index-factory", "IVF8,Flat"))
-    probe = ("import sys, numpy as np\nfrom petal.pipeline.index.search import IndexReader\n"
-             "from petal.pipeline.reliability.errors import PetalError\n"
-             "try:\n    r = IndexReader(sys.argv[1], nprobe=8)\n"
-             "    r.search(np.ones((4, 384), 'float32') / 20, 50)\n"
-             "except PetalError as exc:\n    print(exc, file=sys.stderr); sys.exit(exc.exit_code)\n")
     version_dir = OutputDir(built_ivf).version_dir(OutputDir(built_ivf).current_version())
     size = (version_dir / "index.faiss").stat().st_size
     outcomes = []
@@ -294,11 +287,10 @@ def test_ivf_body_damage_is_an_error_or_a_search_never_a_crash(tmp_path_factory,
         blob = bytearray(path.read_bytes())
         blob[offset : offset + width] = bytes([value]) * width
         path.write_bytes(bytes(blob))
-        run = subprocess.run([sys.executable, "-c", probe, str(out)], capture_output=True, text=True, cwd=REPO,
-                             timeout=300)
-        assert run.returncode in (0, 65), (offset, width, value, run.returncode, run.stderr[-2000:])
-        assert "Traceback" not in run.stderr
-        outcomes.append(run.returncode)
+        code, stderr = probe(out)  # IndexReader(out, nprobe=8) and a search, in a child process
+        assert code in (0, 65), (offset, width, value, code, stderr[-2000:])
+        assert "Traceback" not in stderr
+        outcomes.append(code)
         assert fake_invoke(["verify", str(out)]).exit_code == 65
     assert outcomes  # what each case gave is not fixed: FAISS may read the bytes as codes or as ids
 
