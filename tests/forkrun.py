@@ -31,7 +31,13 @@ def _context() -> Any:
     return _CONTEXT
 
 
+REPO = Path(__file__).resolve().parents[1]
+
+
 def _child(argv: list[str], env: dict[str, str | None], out: str, err: str) -> None:
+    # NOTE: the forkserver keeps the working directory of the test that first started it (maybe a temporary
+    # directory, gone since): every child starts where pytest runs, the repository root, as a subprocess would
+    os.chdir(REPO)
     for key, value in env.items():
         if value is None:
             os.environ.pop(key, None)
