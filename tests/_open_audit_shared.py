@@ -4,19 +4,14 @@ did, without a fresh interpreter's imports."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from tests import forkrun
 
 
-def _search(out: str, where: str, err: str) -> None:
-    target = os.open(err, os.O_WRONLY | os.O_TRUNC)
-    os.dup2(target, 2)
-    os.close(target)
+def _search(out: str, where: str) -> None:
     import numpy as np
 
     import petal
@@ -33,15 +28,5 @@ def _search(out: str, where: str, err: str) -> None:
 def api(out: Path, where: str = "", timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """``petal.open_index(out)`` and a search of two rows (``where`` if given) in a child process: exit 0, the
     ``PetalError``'s code with its message on stderr, 1 with a traceback, or -N when killed by signal N."""
-    err = tempfile.mkstemp(prefix="petal-api-err-")[1]
-    try:
-        child = forkrun._context().Process(target=_search, args=(str(out), where, err), daemon=True)
-        child.start()
-        child.join(timeout)
-        if child.exitcode is None:
-            child.kill()
-            child.join()
-            raise TimeoutError(f"the API search did not finish in {timeout} s")
-        return subprocess.CompletedProcess(["api", str(out), where], int(child.exitcode), "", Path(err).read_text())
-    finally:
-        os.unlink(err)
+    rc, stderr = forkrun.call(_search, (str(out), where), timeout)
+    return subprocess.CompletedProcess(["api", str(out), where], rc, "", stderr)

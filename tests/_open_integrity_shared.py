@@ -3,18 +3,13 @@ preloaded forkserver (its own pid and exit status: a crash shows as a negative e
 
 from __future__ import annotations
 
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 from tests import forkrun
 
 
-def _probe(out: str, err: str) -> None:
-    target = os.open(err, os.O_WRONLY | os.O_TRUNC)
-    os.dup2(target, 2)
-    os.close(target)
+def _probe(out: str) -> None:
     import numpy as np
 
     from petal.pipeline.index.search import IndexReader
@@ -31,15 +26,4 @@ def _probe(out: str, err: str) -> None:
 
 def probe(out: Path, timeout: float = 300) -> tuple[int, str]:
     """Open ``out`` and search it in a child process; its exit code (-N when killed by signal N) and stderr."""
-    err = tempfile.mkstemp(prefix="petal-probe-err-")[1]
-    try:
-        process = forkrun._context().Process(target=_probe, args=(str(out), err), daemon=True)
-        process.start()
-        process.join(timeout)
-        if process.exitcode is None:
-            process.kill()
-            process.join()
-            raise TimeoutError(f"the probe did not finish in {timeout} s")
-        return int(process.exitcode), Path(err).read_text()
-    finally:
-        os.unlink(err)
+    return forkrun.call(_probe, (str(out),), timeout)

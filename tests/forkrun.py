@@ -117,3 +117,27 @@ def start(argv: list[str], env: dict[str, str | None] | None = None) -> Child:
 def petal(argv: list[str], env: dict[str, str | None] | None = None, timeout: float = 120) -> Result:
     """Run ``petal ARGV`` to its end."""
     return start(argv, env).wait(timeout)
+
+
+def _call_child(target: Any, args: tuple[Any, ...], err: str) -> None:
+    fd = os.open(err, os.O_WRONLY | os.O_TRUNC)
+    os.dup2(fd, 2)
+    os.close(fd)
+    target(*args)
+
+
+def call(target: Any, args: tuple[Any, ...], timeout: float = 300) -> tuple[int, str]:
+    """``target(*args)`` (a module-level function) in a child forked from the preloaded forkserver, its stderr
+    captured: the child's exit status (1 for an uncaught exception, -N when killed by signal N) and stderr."""
+    err = tempfile.mkstemp(prefix="petal-call-err-")[1]
+    try:
+        process = _context().Process(target=_call_child, args=(target, args, err), daemon=True)
+        process.start()
+        process.join(timeout)
+        if process.exitcode is None:
+            process.kill()
+            process.join()
+            raise TimeoutError(f"{target.__name__} did not finish in {timeout} s")
+        return int(process.exitcode), Path(err).read_text()
+    finally:
+        os.unlink(err)
