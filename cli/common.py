@@ -34,34 +34,23 @@ class PathParam(click.Path):
         return super().convert(value, param, ctx)
 
 
-class ModelDirParam(click.ParamType):
-    """``--model``: a model directory or a cached Hugging Face id, as given (``str``); an empty value is refused
-    rather than taken for the packaged default (``--model "$MODEL"`` with MODEL unset would embed with another
-    model than the one meant)."""
-
-    name = "directory"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        if isinstance(value, str) and not value:
-            self.fail(f"{value!r} is an empty path; leave --model out for the default", param, ctx)
-        return value
-
-
 class NonEmptyText(click.ParamType):
-    """A str flag that has no meaning empty (``--host ""`` would listen on every interface, ``--served-model-name ""``
-    fall back to the directory's name): refused, naming the flag, rather than taken for something else."""
+    """A str flag that has no meaning empty, refused naming the flag rather than taken for something else: ``--model
+    ""`` (MODEL unset) would embed with the packaged model, not the one meant; ``--host ""`` would listen on every
+    interface; ``--served-model-name ""`` fall back to the directory's name."""
 
-    name = "text"
+    def __init__(self, name: str, message: str) -> None:
+        self.name, self.message = name, message
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         if isinstance(value, str) and not value:
-            self.fail("must not be empty", param, ctx)
+            self.fail(self.message, param, ctx)
         return value
 
 
 PATH = PathParam()
-MODEL_DIR = ModelDirParam()
-NON_EMPTY = NonEmptyText()
+MODEL_DIR = NonEmptyText("directory", "'' is an empty path; leave --model out for the default")
+NON_EMPTY = NonEmptyText("text", "must not be empty")
 
 
 def offline() -> None:
