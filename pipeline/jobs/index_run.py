@@ -113,6 +113,13 @@ if TYPE_CHECKING:
 EngineFactory = Callable[[ModelSpec, EngineConfig], "Engine"]
 
 
+def default_engine(spec: ModelSpec, config: EngineConfig) -> Engine:
+    """The ``Engine``, imported (with torch) only when a run gets to load its model; picklable for workers."""
+    from petal.engine.engine import Engine
+
+    return Engine(spec, config)
+
+
 def engine_config(job: IndexJob, spec: ModelSpec) -> EngineConfig:
     from petal.engine.engine import attention_backend, resolve_device, resolve_dtype
 
@@ -146,9 +153,7 @@ def run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory | 
     class unless a test replaces it.
     """
     if engine_factory is None:
-        from petal.engine.engine import Engine
-
-        engine_factory = Engine
+        engine_factory = default_engine
     reads = ReadStats()
     try:
         with contextlib.nullcontext(stop) if stop is not None else StopSignals() as active:
@@ -187,11 +192,11 @@ def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory
                  reads: ReadStats, started: float, live: Manifest | None, shards: list[ShardInfo], need: ColumnsNeed,
                  delete_ids: DeleteIds | None, spec: ModelSpec, weights: WeightsHash) -> RunReport:
     transform = OutputTransform.for_model(spec, job.output)  # --dim, --quantize, --output-dtype
-    with flag_errors():  # --device, --dtype, --attention, --token-budget against this host and model
-        config = engine_config(job, spec)
     # the index factory against the output format, the dimension and (at most) the rows read + the kept shards'
     check_index_factory(job.index, index_kind(transform.quantize, transform.output_dtype), transform.dim,
                         report.rows["total"] + kept_vectors(kept_records(live, shards, job.sync or job.full)))
+    with flag_errors():  # --device, --dtype, --attention, --token-budget against this host and model (imports torch)
+        config = engine_config(job, spec)
     out = OutputDir(job.out)
     out.prepare()
     report.out = str(out.root)
