@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -15,9 +15,26 @@ if TYPE_CHECKING:
     from petal.pipeline.manifest import Manifest
 
 
-@click.command()
+class _JsonCommand(click.Command):
+    """A command whose ``--json`` promises one JSON object on stdout whatever the outcome: a usage error (exit 2:
+    an empty INDEX, ``"$OUT"`` unset) is said there too, ``{"ok": false, "error", "exit_code"}``, as petal verify
+    says a failure, before click prints it on stderr as it always does."""
+
+    def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None,
+                     **extra: Any) -> click.Context:
+        flags = args[:args.index("--")] if "--" in args else args  # NOTE: after "--" a "--json" is INDEX
+        try:
+            return super().make_context(info_name, list(args), parent=parent, **extra)
+        except click.UsageError as exc:
+            if "--json" in flags:
+                _echo_failure(exc.format_message(), exc.exit_code)
+            raise
+
+
+@click.command(cls=_JsonCommand)
 @click.argument("index_path", metavar="INDEX", type=PATH)
-@click.option("--json", "as_json", is_flag=True, help="The manifest as one JSON object on stdout.")
+@click.option("--json", "as_json", is_flag=True, help="The manifest as one JSON object on stdout (a failure: "
+              '{"ok": false, "error", "exit_code"}, as petal verify --json).')
 @user_errors(outputs=())
 def info(index_path: Path, as_json: bool) -> None:
     """Show INDEX's model, dim, metric, index type, counts, shards and version.
@@ -27,17 +44,23 @@ def info(index_path: Path, as_json: bool) -> None:
     file is said on stderr after what the manifest holds, with the exit code of petal query (65 corrupt or
     not the manifest's, 78 missing or not a regular file); petal verify checks every byte and the index kind.
     """
-    from petal.pipeline.index.verify import check_on_open
-    from petal.pipeline.layout import resolve_index_dir
     from petal.pipeline.reliability.errors import PetalError
 
-    version_dir, manifest = resolve_index_dir(index_path)
+    try:
+        version_dir, manifest = _open(index_path=index_path)
+    except click.ClickException as exc:  # NOTE: --json promises one object on stdout, as petal verify's does
+        if as_json:
+            _echo_failure(exc.format_message(), exc.exit_code)
+        raise
+    from petal.pipeline.index.verify import check_on_open
+
     try:
         checked, damage = check_on_open(version_dir, full_fallback=False), None
     except PetalError as exc:
         checked, damage = None, exc
     if as_json:
-        click.echo(json.dumps({"path": str(version_dir), **manifest.to_dict()}, ensure_ascii=False))
+        failure = {} if damage is None else {"ok": False, "error": str(damage), "exit_code": damage.exit_code}
+        click.echo(json.dumps({"path": str(version_dir), **manifest.to_dict(), **failure}, ensure_ascii=False))
     else:
         click.echo(_describe(version_dir, manifest))
     if damage is not None:
@@ -48,6 +71,20 @@ def info(index_path: Path, as_json: bool) -> None:
     elif checked.unchecked:
         click.echo(f"petal info: note: {quote_path(version_dir)} was written before head/tail checksums existed: "
                    f"{', '.join(checked.unchecked)} not checked (petal verify reads every byte)", err=True)
+
+
+@user_errors(outputs=())
+def _open(index_path: Path) -> tuple[Path, Manifest]:
+    """INDEX's version directory and manifest; every failure (``PetalError``, an ``OSError`` nothing mapped) as the
+    ``click.ClickException`` with the exit code and message the command ends with."""
+    from petal.pipeline.layout import resolve_index_dir
+
+    return resolve_index_dir(index_path)
+
+
+def _echo_failure(message: str, exit_code: int) -> None:
+    """What ``--json`` prints when there is no manifest to print: petal verify --json's failure object."""
+    click.echo(json.dumps({"ok": False, "error": message, "exit_code": exit_code}, ensure_ascii=False))
 
 
 def _describe(version_dir: Path, manifest: Manifest) -> str:
