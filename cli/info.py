@@ -15,10 +15,10 @@ if TYPE_CHECKING:
     from petal.pipeline.manifest import Manifest
 
 
-class _JsonCommand(click.Command):
-    """A command whose ``--json`` promises one JSON object on stdout whatever the outcome: a usage error (exit 2:
-    an empty INDEX, ``"$OUT"`` unset) is said there too, ``{"ok": false, "error", "exit_code"}``, as petal verify
-    says a failure, before click prints it on stderr as it always does."""
+class JsonFailureCommand(click.Command):
+    """A command whose ``--json`` promises one JSON object on stdout whatever the outcome (petal info, petal verify):
+    a usage error (exit 2: an empty INDEX, ``"$OUT"`` unset) is said there too, ``{"ok": false, "error",
+    "exit_code"}``, before click prints it on stderr as it always does."""
 
     def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None,
                      **extra: Any) -> click.Context:
@@ -31,7 +31,7 @@ class _JsonCommand(click.Command):
             raise
 
 
-@click.command(cls=_JsonCommand)
+@click.command(cls=JsonFailureCommand)
 @click.argument("index_path", metavar="INDEX", type=PATH)
 @click.option("--json", "as_json", is_flag=True, help="The manifest as one JSON object on stdout (a failure: "
               '{"ok": false, "error", "exit_code"}, as petal verify --json).')

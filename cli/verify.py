@@ -10,12 +10,13 @@ from typing import TYPE_CHECKING
 import click
 
 from petal.cli.common import PATH, PetalClickError, user_errors
+from petal.cli.info import JsonFailureCommand
 
 if TYPE_CHECKING:
     from petal.pipeline.layout import OutputDir
 
 
-@click.command()
+@click.command(cls=JsonFailureCommand)  # a usage error with --json: the object too
 @click.argument("out", metavar="OUT", type=PATH)
 @click.option("--version", "version", default=None, metavar="V",
               help="Check version V (an id under OUT/versions; default: the live one).")
@@ -33,7 +34,7 @@ def verify(out: Path, version: str | None, as_json: bool) -> None:
     """
     from petal.pipeline.index.verify import verify_version
     from petal.pipeline.layout import OutputDir, resolve_index_dir
-    from petal.pipeline.reliability.errors import ConfigError, PetalError, quote_path
+    from petal.pipeline.reliability.errors import ConfigError, PetalError, io_error, quote_path
 
     try:
         # NOTE: the live version named by --version is checked as OUT is: a damaged one says how to go back
@@ -44,9 +45,11 @@ def verify(out: Path, version: str | None, as_json: bool) -> None:
             raise ConfigError(f"--version {version}: {target} is not a version of {out} (no manifest.json)")
         version_dir, _ = resolve_index_dir(target)
         report = verify_version(version_dir, read_index=True)
-    except PetalError as exc:
+    except (PetalError, OSError) as exc:
         if as_json:  # NOTE: --json promises one object on stdout, whatever the verdict
-            click.echo(json.dumps({"ok": False, "error": str(exc), "exit_code": exc.exit_code}, ensure_ascii=False))
+            error = exc if isinstance(exc, PetalError) else io_error(exc, [])  # an OSError as user_errors maps it
+            click.echo(json.dumps({"ok": False, "error": str(error), "exit_code": error.exit_code},
+                                  ensure_ascii=False))
         raise
     if as_json:
         click.echo(json.dumps(report.as_dict(), ensure_ascii=False))

@@ -147,3 +147,14 @@ def test_an_index_petal_may_not_read_is_66_and_one_json_object(built, tmp_path):
         last = proc.stderr.strip().splitlines()[-1]
         assert proc.returncode == 66 and str(closed) in last, (closed, proc.returncode, proc.stderr[-2000:])
         assert json.loads(proc.stdout) == {"ok": False, "error": last.removeprefix("petal: error: "), "exit_code": 66}
+
+
+@pytest.mark.parametrize("argv, code", [(["verify", "", "--json"], 2), (["verify", "--json"], 2),
+                                        (["verify", Path("/tmp") / ("x" * 300), "--json"], 74)])
+def test_verify_json_is_one_object_on_a_usage_or_io_error_too(argv, code):
+    """petal verify --json promised one object "in every case" but printed none on a usage error (2) or an OSError
+    nothing mapped (74: a name too long); the same object now, stderr as before."""
+    proc = petal(argv)
+    assert proc.rc == code and "Traceback" not in proc.stderr, proc.stderr
+    said = proc.last_line.removeprefix("Error: ").removeprefix("petal: error: ")
+    assert json.loads(proc.stdout) == {"ok": False, "error": said, "exit_code": code}
