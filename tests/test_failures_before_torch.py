@@ -1,6 +1,6 @@
-"""A text `petal index` that fails on its input, its output directory or the model's files does so before it
-imports torch (issue 14, item 2: each command imports the heavy libraries only when it needs them): the engine
-is imported where the run loads its model, not when the run starts."""
+"""A text `petal index` or a one-shot `petal embed` that fails on its input, its output directory or the
+model's files does so before it imports torch (issue 14, item 2: each command imports the heavy libraries only
+when it needs them): the engine is imported where the run loads its model, not when the run starts."""
 
 from __future__ import annotations
 
@@ -49,3 +49,15 @@ def test_an_output_directory_under_a_file_fails_without_torch(data, tmp_path):
     got, loaded = run(["index", str(data / "ok.parquet"), "--out", str(data / "a_file" / "out"), "-q"], tmp_path)
     assert got == 73
     assert "torch" not in loaded
+
+
+@pytest.mark.parametrize(("flags", "code"), [(["--model", "missing_model"], 78), (["--model", "no_config"], 78),
+                                             (["--input", "nocol.parquet"], 65)],
+                         ids=["model dir missing", "model dir without config.json", "input without its column"])
+def test_a_one_shot_embed_that_fails_on_its_model_or_input_never_imports_torch(data, tmp_path, flags, code):
+    argv = ["embed", *[str(data / f) if f.endswith((".parquet", "config", "_model")) else f for f in flags]]
+    if "--input" not in flags:
+        argv.append("a query")
+    got, loaded = run(argv, tmp_path)
+    assert got == code, argv
+    assert "torch" not in loaded, f"petal {' '.join(argv)} imported torch"

@@ -165,13 +165,14 @@ class Embedder:
                                    "cuda_graphs": cuda_graphs}, caller)
         max_length, token_budget, max_seqs = lengths["max_length"], lengths["token_budget"], lengths["max_seqs"]
         build(check_lengths, max_length, token_budget, max_seqs)
-        from petal.engine.engine import Engine, attention_backend, resolve_device, resolve_dtype
         from petal.pipeline.jobs.model import model_spec
         self.spec = model_spec(os.fspath(model) if model is not None else None, max_length, options)
         transform: OutputTransform = build(OutputTransform.for_model, self.spec, output)
         if calibration is not None and transform.int8_scheme == "calibrated":
             transform = index_calibration(transform, Path(calibration))
         self.transform = transform
+        # NOTE: torch is imported once the model's files and the output settings were judged
+        from petal.engine.engine import Engine, attention_backend, resolve_device, resolve_dtype
         try:
             dev = resolve_device(device)
             config = EngineConfig(device=dev, dtype=resolve_dtype(dtype, dev), attention=attention_backend(attention),
