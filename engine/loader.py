@@ -24,17 +24,19 @@ from petal.engine.config import (
     pooling_mode,
 )
 from petal.engine.errors import ModelError
+from petal.engine.models import family_for
 from petal.engine.resolve import HF_ID, cached_snapshot, hf_cache_dirs
 from petal.engine.st_files import StFiles, StFilesError, config_int, read_json, read_st_files
 from petal.engine.weight_files import WeightFilesError, check_readable, pickle_files, safetensors_files
 
-# NOTE: torch and the model classes are imported where a model is inspected or built: `ModelSpec` is the
-# type of every pipeline module, and runs without a model (`petal index --vectors-column`) import none
+# NOTE: torch and the model classes are imported where a model is built, never where one is inspected: a model
+# directory is judged through its torch-free family (engine/models/families.py), so a run its config refuses
+# (--dim, --max-length, an unsupported architecture) imports no torch
 if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from petal.engine.models.base import EncoderModel
+    from petal.engine.models.families import Family
     from petal.engine.models.stream import Spans, StreamSettings
 
 
@@ -189,11 +191,9 @@ def inspect_model(
     if not config_file.is_file():
         raise ModelError(f"{model_dir} has no config.json; is it a Hugging Face model directory?")
     hf = _read_json(config_file)
-    from petal.engine.models import model_class_for
-
     try:
-        model_cls = model_class_for(hf)
-        config: ModelConfig = model_cls.config_from_hf(hf)
+        family = family_for(hf)
+        config: ModelConfig = family.config_from_hf(hf)
         st = read_st_files(model_dir)
     except (KeyError, ValueError) as exc:  # StFilesError is a ValueError
         where = "" if isinstance(exc, StFilesError) else f"{config_file}: "
@@ -206,8 +206,8 @@ def inspect_model(
     # NOTE: a file petal may not read is its PermissionError naming it (66), before a library reads it as damaged
     check_readable([tokenizer_file, *weight_files, *(layer.weight_file for layer in st.dense), *st.pickle_dense])
 
-    config = replace(config, causal=_causal(model_cls, hf, st, options, config_file))
-    mode = options.pooling or pooling_mode(st.pooling) or model_cls.default_pooling
+    config = replace(config, causal=_causal(family, hf, st, options, config_file))
+    mode = options.pooling or pooling_mode(st.pooling) or family.default_pooling
     assert mode is not None  # _causal refused a Qwen3 directory without pooling
     do_normalize = normalize if normalize is not None else (st.normalize if st.normalize is not None else True)
     prompts = st.prompts if options.query_prompt is None else replace(st.prompts, query=options.query_prompt)
@@ -263,19 +263,18 @@ def _weight_files(model_dir: Path, st: StFiles, options: ModelOptions) -> tuple[
     return (files or pickles), ("safetensors" if files and not st.pickle_dense else "pickle")
 
 
-def _causal(model_cls: type[EncoderModel], hf: dict[str, Any], st: StFiles, options: ModelOptions,
-            config_file: Path) -> bool:
+def _causal(family: Family, hf: dict[str, Any], st: StFiles, options: ModelOptions, config_file: Path) -> bool:
     """The attention mask: the user's flag, else what the checkpoint says; a family that uses both
     (Qwen3) without a statement, or without a pooling mode, is refused with what was found."""
-    allowed = model_cls.attention_masks
+    allowed = family.attention_masks
     if options.attention_mask is not None and options.attention_mask not in allowed:
         raise ModelError(f"--attention-mask {options.attention_mask}: {hf.get('model_type')} models are "
                          f"{' or '.join(allowed)} only")
-    said = model_cls.causal_from_hf(hf)
+    said = family.causal_from_hf(hf)
     missing = []
     if options.attention_mask is None and said is None:
         missing.append("--attention-mask causal|bidirectional")
-    if options.pooling is None and st.pooling is None and model_cls.default_pooling is None:
+    if options.pooling is None and st.pooling is None and family.default_pooling is None:
         missing.append("--pooling mean|last|cls")
     if missing:
         flags = ", ".join(f"{k}={hf[k]!r}" for k in ("use_bidirectional_attention", "is_causal") if k in hf)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -35,10 +36,10 @@ with open(sys.argv[2], "w") as fh:
 """
 
 
-def run(argv: list[str], tmp_path: Path) -> tuple[int, set[str]]:
+def run(argv: list[str], tmp_path: Path, env: dict[str, str] | None = None) -> tuple[int, set[str]]:
     result = tmp_path / "result.json"
     proc = subprocess.run([sys.executable, "-c", RUNNER, json.dumps(argv), str(result)], capture_output=True,
-                          text=True, cwd=REPO, timeout=300)
+                          text=True, cwd=REPO, timeout=300, env={**os.environ, **(env or {})})
     assert result.is_file(), proc.stderr[-3000:]
     found = json.loads(result.read_text())
     return found["code"], set(found["loaded"])
@@ -132,6 +133,30 @@ def test_each_command_imports_only_what_it_needs(index_dir, tmp_path):
                         "--vectors-column", "emb", "--index-factory", "Flat"], tmp_path)
     assert code == 0 and {"faiss", "pyarrow"} <= loaded and (tmp_path / "vout" / "CURRENT").is_file()
     assert not loaded & {"torch", "tokenizers", "safetensors", "transformers", "petal.bench"}, loaded
+
+
+# `petal index` runs refused by what the model's config.json says: judged through the model's torch-free family
+# (engine/models/families.py), before torch loads. FAISS judges --index-factory; torch is still not needed.
+MODEL_REFUSALS = [
+    (["--dim", "1000"], 2, "dim wider than the model"),
+    (["--max-length", "100000"], 2, "max-length over the model's limit"),
+    (["--index-factory", "Bogus"], 2, "bad index factory"),
+    (["--model", "GPT2"], 78, "unsupported architecture"),
+]
+
+
+@pytest.mark.parametrize(("flags", "code"), [c[:2] for c in MODEL_REFUSALS], ids=[c[2] for c in MODEL_REFUSALS])
+def test_an_index_run_refused_by_the_models_config_never_imports_torch(flags, code, tmp_path):
+    pq.write_table(pa.table({"id": [1, 2], "text": ["glaciers flow downhill", "bread needs yeast"]}),
+                   tmp_path / "docs.parquet")
+    (tmp_path / "GPT2").mkdir()
+    (tmp_path / "GPT2" / "config.json").write_text(json.dumps({"architectures": ["GPT2Model"], "model_type": "gpt2"}))
+    flags = [str(tmp_path / f) if f == "GPT2" else f for f in flags]
+    argv = ["index", str(tmp_path / "docs.parquet"), "--out", str(tmp_path / "out"), "-q", *flags]
+    got, loaded = run(argv, tmp_path, env={"PETAL_TEST_FAKE_ENGINE": str(tmp_path / "log")})
+    assert got == code, argv
+    assert "torch" not in loaded, f"petal {' '.join(argv)} imported torch"
+    assert not (tmp_path / "out" / "CURRENT").exists()
 
 
 RUNTIME_DIRS = ("cli", "engine", "pipeline", "petal")

@@ -108,7 +108,7 @@ def test_a_missing_shard_tensor_is_named(tiny_bert_dir, tmp_path):
 def test_nothing_is_left_on_meta_and_computed_tables_follow_the_input():
     """A tensor the checkpoint does not fill is refused by name; RoPE tables are no buffers: they are
     computed on first use, on the input's device."""
-    from petal.engine.models.qwen3 import qwen3_config
+    from petal.engine.models.families import qwen3_config
 
     # a one-layer Qwen3 (the tests' own shape: no benchmark imports in tests)
     cfg = qwen3_config({"architectures": ["Qwen3Model"], "model_type": "qwen3", "max_position_embeddings": 32768,

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from petal.engine.layers.kernels import fused
+from petal.engine.models.families import HIDDEN_ACTIVATIONS, check_activation
 
 _ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "gelu": F.gelu,  # exact (erf) GELU, as BERT
@@ -18,13 +19,11 @@ _ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "silu": F.silu,
     "swish": F.silu,
 }
+assert set(_ACTIVATIONS) == set(HIDDEN_ACTIVATIONS)  # the torch-free names config.json is judged by
 
 
 def get_activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
-    try:
-        return _ACTIVATIONS[name]
-    except KeyError:
-        raise ValueError(f"activation {name!r} is not supported; known: {', '.join(sorted(_ACTIVATIONS))}") from None
+    return _ACTIVATIONS[check_activation(name)]
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:

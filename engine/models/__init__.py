@@ -1,25 +1,29 @@
-"""Model registry: Hugging Face ``architectures`` / ``model_type`` names -> native packed models."""
+"""Model registry: Hugging Face ``architectures`` / ``model_type`` names -> model families.
+
+Torch-free: a model directory is judged through its ``Family`` (``families.py``); the ``nn.Module`` class is
+imported only to build a model (``model_class_for``).
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from petal.engine.models.base import EncoderModel
-from petal.engine.models.bert import BertModel
-from petal.engine.models.qwen3 import Qwen3Model
-from petal.engine.models.xlm_roberta import XLMRobertaModel
+from petal.engine.models.families import BERT, QWEN3, XLM_ROBERTA, Family
 
-# Hugging Face architecture or model_type -> model class. Add one line per architecture file.
-MODEL_REGISTRY: dict[str, type[EncoderModel]] = {
-    "BertModel": BertModel,
-    "bert": BertModel,
-    "Qwen3Model": Qwen3Model,
-    "Qwen3ForCausalLM": Qwen3Model,
-    "qwen3": Qwen3Model,
-    "PPLXQwen3Model": Qwen3Model,  # pplx-embed-v1: Qwen3 weights, bidirectional attention
-    "bidirectional_pplx_qwen3": Qwen3Model,
-    "XLMRobertaModel": XLMRobertaModel,
-    "xlm-roberta": XLMRobertaModel,
+if TYPE_CHECKING:
+    from petal.engine.models.base import EncoderModel
+
+# Hugging Face architecture or model_type -> model family. Add one line per architecture file.
+MODEL_REGISTRY: dict[str, Family] = {
+    "BertModel": BERT,
+    "bert": BERT,
+    "Qwen3Model": QWEN3,
+    "Qwen3ForCausalLM": QWEN3,
+    "qwen3": QWEN3,
+    "PPLXQwen3Model": QWEN3,  # pplx-embed-v1: Qwen3 weights, bidirectional attention
+    "bidirectional_pplx_qwen3": QWEN3,
+    "XLMRobertaModel": XLM_ROBERTA,
+    "xlm-roberta": XLM_ROBERTA,
 }
 
 
@@ -27,8 +31,8 @@ def supported_architectures() -> list[str]:
     return sorted(MODEL_REGISTRY)
 
 
-def model_class_for(hf_config: dict[str, Any]) -> type[EncoderModel]:
-    """The model class for a Hugging Face config, by ``architectures`` first, then ``model_type``."""
+def family_for(hf_config: dict[str, Any]) -> Family:
+    """The model family for a Hugging Face config, by ``architectures`` first, then ``model_type`` (no torch)."""
     architectures, model_type = hf_config.get("architectures") or [], hf_config.get("model_type") or ""
     if not isinstance(architectures, list) or not all(isinstance(name, str) for name in architectures):
         raise ValueError(f"architectures {architectures!r} is not a list of names")
@@ -42,3 +46,8 @@ def model_class_for(hf_config: dict[str, Any]) -> type[EncoderModel]:
     raise ValueError(
         f"unsupported model architecture ({found} in config.json); supported: {', '.join(supported_architectures())}"
     )
+
+
+def model_class_for(hf_config: dict[str, Any]) -> type[EncoderModel]:
+    """The ``nn.Module`` class of ``family_for(hf_config)`` (imports torch: only where a model is built)."""
+    return family_for(hf_config).model_class()

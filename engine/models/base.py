@@ -1,33 +1,28 @@
-"""What every native model class offers the loader: its family's attention masks and default pooling,
-the reading of a Hugging Face config, and the mapping of a checkpoint's tensors to its parameters."""
+"""What every native model class offers the loader: its family (``families.py``: the reading of a Hugging Face
+config, the attention masks, the default pooling) and the mapping of a checkpoint's tensors to its parameters."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
-from petal.engine.config import ModelConfig, PoolingMode
+from petal.engine.config import ModelConfig
 from petal.engine.context import ForwardContext
+from petal.engine.models.families import Family
 from petal.engine.models.weights import WeightSource, state_from_plan
 
 
 class EncoderModel(nn.Module):
     """A packed encoder: ``forward(input_ids [T], positions [T], ctx) -> [T, hidden]``."""
 
+    family: ClassVar[Family]  # the config reading, masks and default pooling (torch-free, for the loader)
     weight_prefixes: tuple[str, ...] = ("",)  # checkpoints saved from task heads prefix the trunk
-    attention_masks: tuple[str, ...] = ("bidirectional",)  # the masks checkpoints of this family use
-    default_pooling: PoolingMode | None = None  # pooling of a bare directory without sentence-transformers files
 
-    @staticmethod
-    def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
-        raise NotImplementedError
-
-    @staticmethod
-    def causal_from_hf(hf: dict[str, Any]) -> bool | None:
-        """What the config says of the attention mask (``None``: it does not say)."""
-        raise NotImplementedError
+    @classmethod
+    def config_from_hf(cls, hf: dict[str, Any]) -> ModelConfig:
+        return cls.family.config_from_hf(hf)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         raise NotImplementedError

@@ -2,16 +2,17 @@
 
 Module names follow Hugging Face's ``BertModel`` so checkpoints load by name; the one change is
 the fused ``attention.self.qkv`` projection (``query``/``key``/``value`` concatenated at load).
+``config.json`` is read without torch by ``families.bert_config`` (the ``BERT`` family).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import ClassVar
 
 import torch
 from torch import nn
 
-from petal.engine.config import ModelConfig, PoolingMode
+from petal.engine.config import ModelConfig
 from petal.engine.context import ForwardContext
 from petal.engine.layers.activation import get_activation
 from petal.engine.layers.attention import attention
@@ -20,36 +21,7 @@ from petal.engine.layers.linear import Linear, linear_gelu, linear_into_
 from petal.engine.layers.norm import LayerNorm
 from petal.engine.layers.small_attention import small_attention
 from petal.engine.models.base import EncoderModel
-from petal.engine.st_files import config_float, config_int, config_str
-
-
-def bert_config(hf: dict[str, Any], architecture: str = "bert") -> ModelConfig:
-    """Fold a Hugging Face BERT-style ``config.json`` into a ``ModelConfig`` (``ValueError`` naming a bad key)."""
-    position_type = config_str(hf, "position_embedding_type", "absolute")
-    if position_type != "absolute":
-        raise ValueError(f"position_embedding_type {position_type!r} is not supported (only 'absolute')")
-    num_heads = config_int(hf, "num_attention_heads")
-    hidden = config_int(hf, "hidden_size")
-    if hidden % num_heads:
-        raise ValueError(f"hidden_size {hidden} is not a multiple of num_attention_heads {num_heads}")
-    hidden_act = config_str(hf, "hidden_act", "gelu")
-    get_activation(hidden_act)  # NOTE: refused here, naming config.json, not when the model is built
-    return ModelConfig(
-        architecture=architecture,
-        vocab_size=config_int(hf, "vocab_size"),
-        hidden_size=hidden,
-        num_layers=config_int(hf, "num_hidden_layers"),
-        num_heads=num_heads,
-        num_kv_heads=num_heads,
-        head_dim=hidden // num_heads,
-        intermediate_size=config_int(hf, "intermediate_size"),
-        max_position_embeddings=config_int(hf, "max_position_embeddings"),
-        norm_eps=config_float(hf, "layer_norm_eps", 1e-12),
-        hidden_act=hidden_act,
-        causal=False,
-        type_vocab_size=config_int(hf, "type_vocab_size", 2, minimum=0),
-        position_offset=0,
-    )
+from petal.engine.models.families import BERT, Family
 
 
 class BertEmbeddings(nn.Module):
@@ -152,10 +124,9 @@ class BertEncoder(nn.Module):
 class BertModel(EncoderModel):
     """Packed BERT encoder: ``forward(input_ids [T], positions [T], ctx) -> [T, hidden]``."""
 
+    family: ClassVar[Family] = BERT  # bert_config; bidirectional; mean pooling for a bare directory
     # Checkpoints saved from task heads prefix the trunk with one of these.
     weight_prefixes: tuple[str, ...] = ("", "bert.", "model.")
-    attention_masks: tuple[str, ...] = ("bidirectional",)
-    default_pooling: PoolingMode | None = "mean"  # a bare directory without sentence-transformers files
     fused_weights = ((".qkv.", (".query.", ".key.", ".value.")),)
 
     def __init__(self, cfg: ModelConfig) -> None:
@@ -163,14 +134,6 @@ class BertModel(EncoderModel):
         self.config = cfg
         self.embeddings = BertEmbeddings(cfg)
         self.encoder = BertEncoder(cfg)
-
-    @staticmethod
-    def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
-        return bert_config(hf)
-
-    @staticmethod
-    def causal_from_hf(hf: dict[str, Any]) -> bool | None:
-        return False  # an encoder: every token sees every other token of its sequence
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         h = self.embeddings(input_ids, positions)

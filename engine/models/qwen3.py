@@ -2,16 +2,17 @@
 
 Module names follow Hugging Face's ``Qwen3Model``; the changes are fused projections
 (``self_attn.qkv_proj`` = q|k|v, ``mlp.gate_up_proj`` = gate|up), concatenated at load.
+``config.json`` is read without torch by ``families.qwen3_config`` (the ``QWEN3`` family).
 """
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import ClassVar, cast
 
 import torch
 from torch import nn
 
-from petal.engine.config import ModelConfig, PoolingMode
+from petal.engine.config import ModelConfig
 from petal.engine.context import ForwardContext
 from petal.engine.layers.activation import silu_and_mul
 from petal.engine.layers.attention import attention
@@ -33,76 +34,7 @@ from petal.engine.layers.small_attention import SmallAttention, small_attention
 from petal.engine.layers.tma_mlp import gate_up_silu_tma
 from petal.engine.layers.triton_kernels import qk_norm_rope_, triton_available
 from petal.engine.models.base import EncoderModel
-from petal.engine.st_files import config_bool, config_float, config_int, config_str, json_kind
-
-PPLX_MODEL_TYPE = "bidirectional_pplx_qwen3"  # pplx-embed-v1's config.json (remote code, Qwen3 weights)
-
-
-def qwen3_causal(hf: dict[str, Any]) -> bool | None:
-    """What the checkpoint says about its attention: ``True`` causal, ``False`` bidirectional, ``None`` nothing.
-
-    Evidence, in order: ``use_bidirectional_attention`` / ``is_causal`` in config.json (pplx-embed,
-    TEI's flag); ``model_type`` ``bidirectional_pplx_qwen3``; ``architectures`` naming a causal LM
-    (``Qwen3ForCausalLM``: Qwen3-Embedding is saved that way and Hugging Face runs it causal).
-    """
-    if isinstance(hf.get("use_bidirectional_attention"), bool):
-        return not hf["use_bidirectional_attention"]
-    if isinstance(hf.get("is_causal"), bool):
-        return bool(hf["is_causal"])
-    if hf.get("model_type") == PPLX_MODEL_TYPE:
-        return False
-    if any(str(name).endswith("ForCausalLM") for name in hf.get("architectures") or []):
-        return True
-    return None
-
-
-def qwen3_rope_theta(hf: dict[str, Any]) -> float:
-    """RoPE base from ``rope_theta`` (transformers 4) or ``rope_parameters`` (transformers 5); plain RoPE only."""
-    extras = {}
-    for key in ("rope_parameters", "rope_scaling"):
-        extras[key] = hf.get(key) or {}
-        if not isinstance(extras[key], dict):
-            raise ValueError(f"{key} {extras[key]!r} is {json_kind(extras[key])}, not an object")
-        kind = extras[key].get("rope_type", extras[key].get("type", "default"))
-        if kind != "default":
-            raise ValueError(f"RoPE type {kind!r} ({extras[key]}) is not supported (only default RoPE)")
-    params = extras["rope_parameters"]
-    if params.get("rope_theta") is not None:
-        return config_float(params, "rope_theta", 1_000_000.0, positive=True)
-    return config_float(hf, "rope_theta", 1_000_000.0, positive=True)
-
-
-def qwen3_config(hf: dict[str, Any]) -> ModelConfig:
-    """Fold a Hugging Face Qwen3 ``config.json`` into a ``ModelConfig`` (``ValueError`` naming a bad key)."""
-    num_heads = config_int(hf, "num_attention_heads")
-    hidden = config_int(hf, "hidden_size")
-    if config_bool(hf, "use_sliding_window", False):
-        raise ValueError("use_sliding_window is true; sliding-window attention is not supported")
-    hidden_act = config_str(hf, "hidden_act", "silu")
-    if hidden_act != "silu":  # NOTE: refused here, naming config.json, not when the model is built
-        raise ValueError(f"Qwen3 hidden_act {hidden_act!r} is not supported (only silu)")
-    if hidden % num_heads and hf.get("head_dim") is None:
-        raise ValueError(f"hidden_size {hidden} is not a multiple of num_attention_heads {num_heads} "
-                         "and there is no head_dim")
-    causal = qwen3_causal(hf)
-    return ModelConfig(
-        architecture="qwen3",
-        vocab_size=config_int(hf, "vocab_size"),
-        hidden_size=hidden,
-        num_layers=config_int(hf, "num_hidden_layers"),
-        num_heads=num_heads,
-        num_kv_heads=config_int(hf, "num_key_value_heads", num_heads),
-        head_dim=config_int(hf, "head_dim", hidden // num_heads),
-        intermediate_size=config_int(hf, "intermediate_size"),
-        max_position_embeddings=config_int(hf, "max_position_embeddings"),
-        norm_eps=config_float(hf, "rms_norm_eps", 1e-6),
-        hidden_act=hidden_act,
-        # NOTE: unknown attention defaults to causal here (Hugging Face's behaviour); engine/loader.py refuses
-        # to run a Qwen3 checkpoint whose attention nobody stated (see ``causal_from_hf``).
-        causal=True if causal is None else causal,
-        rope_theta=qwen3_rope_theta(hf),
-        extra=(("attention_bias", config_bool(hf, "attention_bias", False)),),
-    )
+from petal.engine.models.families import QWEN3, Family
 
 
 class Qwen3Attention(nn.Module):
@@ -217,9 +149,8 @@ class Qwen3DecoderLayer(nn.Module):
 class Qwen3Model(EncoderModel):
     """Packed Qwen3 trunk: ``forward(input_ids [T], positions [T], ctx) -> [T, hidden]`` (final norm applied)."""
 
+    family: ClassVar[Family] = QWEN3  # qwen3_config; causal or bidirectional; no default pooling
     weight_prefixes: tuple[str, ...] = ("", "model.")
-    attention_masks: tuple[str, ...] = ("causal", "bidirectional")  # checkpoints of this family use both
-    default_pooling: PoolingMode | None = None  # mean (pplx-embed) or last (Qwen3-Embedding): never assumed
     fused_weights = ((".qkv_proj.", (".q_proj.", ".k_proj.", ".v_proj.")),
                      (".gate_up_proj.", (".gate_proj.", ".up_proj.")))
 
@@ -230,14 +161,6 @@ class Qwen3Model(EncoderModel):
         self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(Qwen3DecoderLayer(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
-
-    @staticmethod
-    def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
-        return qwen3_config(hf)
-
-    @staticmethod
-    def causal_from_hf(hf: dict[str, Any]) -> bool | None:
-        return qwen3_causal(hf)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         h = self.embed_tokens(input_ids)

@@ -1,27 +1,18 @@
 """XLM-RoBERTa encoders (BGE-M3 dense, multilingual-e5): BERT layers, RoBERTa position ids.
 
 Hugging Face numbers positions from ``padding_idx + 1`` (``create_position_ids_from_input_ids``);
-packed sequences have no padding, so position ``i`` of a sequence is ``padding_idx + 1 + i``.
+packed sequences have no padding, so position ``i`` of a sequence is ``padding_idx + 1 + i``
+(``families.xlm_roberta_config`` sets ``position_offset``).
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import Any
+from typing import ClassVar
 
-from petal.engine.config import ModelConfig
-from petal.engine.models.bert import BertModel, bert_config
-from petal.engine.st_files import config_int
-
-
-def xlm_roberta_config(hf: dict[str, Any]) -> ModelConfig:
-    cfg = bert_config(hf, architecture="xlm-roberta")
-    return replace(cfg, position_offset=config_int(hf, "pad_token_id", 1, minimum=0) + 1)
+from petal.engine.models.bert import BertModel
+from petal.engine.models.families import XLM_ROBERTA, Family
 
 
 class XLMRobertaModel(BertModel):
+    family: ClassVar[Family] = XLM_ROBERTA
     weight_prefixes: tuple[str, ...] = ("", "roberta.", "model.")
-
-    @staticmethod
-    def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
-        return xlm_roberta_config(hf)
