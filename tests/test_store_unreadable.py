@@ -7,16 +7,14 @@ Before: the entry was taken for damaged ("the store entry ... is damaged (Permis
 again"), moved out of the store and embedded again; a shard key directory petal may not list was reported as the
 source shard petal may not read.
 
-Real ``petal index`` processes with the packaged MiniLM, without the capabilities that bypass file modes when run as
-root (``setpriv``; skipped without it), real Parquet, FAISS and store.
+Real ``petal index`` processes (the tests' fake engine; forked from a preloaded interpreter, tests/_perms_shared.py),
+without the capabilities that bypass file modes when run as root, real Parquet, FAISS and store.
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -24,9 +22,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from petal.pipeline.layout import OutputDir
-from tests.conftest import REPO
+from tests import _perms_shared as perms
 from tests.fake_engine import make_fake_model_dir
-from tests.test_serve_perms import unprivileged as without_file_capabilities
 
 FAKE: dict[str, Path] = {}
 
@@ -36,16 +33,15 @@ def fake_model(tmp_path_factory) -> None:
     FAKE["model"] = make_fake_model_dir(tmp_path_factory.mktemp("model"))
 
 
-def petal(argv: list[str], cwd: Path, unprivileged: bool = True,
-          env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """``petal ARGV --model FAKE`` with the tests' fake engine in a fresh process; ``unprivileged``: for root, without
-    the capabilities that bypass file permissions (setpriv), so a file's mode can deny a read."""
-    command = [sys.executable, "-m", "tests.fake_cli", *argv, "--model", str(FAKE["model"])]
-    if unprivileged:
-        command = without_file_capabilities(command)
-    fake = {"PYTHONPATH": str(REPO), "PETAL_TEST_FAKE_ENGINE": str(FAKE["model"].parent / "fake.jsonl")}
-    return subprocess.run(command, capture_output=True, text=True, cwd=cwd, timeout=600,
-                          env={**os.environ, **fake, **(env or {})})
+def petal(argv: list[str], unprivileged: bool = True, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``petal ARGV --model FAKE`` with the tests' fake engine in its own process (forked from a preloaded
+    interpreter: tests/_perms_shared.py); ``unprivileged``: for root, without the capabilities that bypass file
+    permissions, so a file's mode can deny a read."""
+    argv = [*argv, "--model", str(FAKE["model"])]
+    fake = {"PETAL_TEST_FAKE_ENGINE": str(FAKE["model"].parent / "fake.jsonl")}
+    run = perms.petal(argv, env={**fake, **(env or {})}, unprivileged=unprivileged, timeout=600)
+    return subprocess.CompletedProcess(["petal", *argv], run.rc, run.stdout, run.stderr)
+
 
 TEXTS = ["glaciers flow downhill under their own weight", "a recipe for sourdough bread",
          "the tides follow the moon", "volcanoes erupt molten rock"]
@@ -63,7 +59,7 @@ def built(tmp_path_factory) -> tuple[Path, Path]:
     records name it) and adds a shard b of its own, so that its run has a version to publish."""
     root = tmp_path_factory.mktemp("store-denied")
     write_shard(root / "data" / "a.parquet")
-    run = petal(["index", str(root / "data" / "a.parquet"), "--out", str(root / "out"), "-q"], REPO, unprivileged=False)
+    run = petal(["index", str(root / "data" / "a.parquet"), "--out", str(root / "out"), "-q"], unprivileged=False)
     assert run.returncode == 0, run.stderr[-3000:]
     return root / "data" / "a.parquet", root / "out"
 
@@ -98,7 +94,7 @@ def test_a_store_entry_petal_may_not_read_is_66_naming_it_and_is_kept(built, tmp
     mode = target.stat().st_mode & 0o777
     target.chmod(0)
     try:
-        proc = petal(["index", str(a), str(tmp_path / "b.parquet"), "--out", str(out), "-q"], tmp_path)
+        proc = petal(["index", str(a), str(tmp_path / "b.parquet"), "--out", str(out), "-q"])
     finally:
         target.chmod(mode)
     assert proc.returncode == 66, (kind, proc.returncode, proc.stderr[-3000:])
@@ -118,7 +114,7 @@ def test_a_damaged_store_entry_is_still_embedded_again(built, tmp_path):
     npy = entry_of_a(out) / "embeddings.npy"
     whole = npy.read_bytes()
     npy.write_bytes(whole[:-16])
-    proc = petal(["index", str(a), "--out", str(out), "-q"], tmp_path)
+    proc = petal(["index", str(a), "--out", str(out), "-q"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "is damaged" in proc.stderr and "embedding the shard again" in proc.stderr, proc.stderr
     assert (entry_of_a(out) / "embeddings.npy").read_bytes() == whole  # the same content, embedded again
@@ -139,7 +135,7 @@ def test_an_output_directory_petal_may_not_use_is_73_naming_it(built, tmp_path, 
     target = out if where == "out" else out / where
     target.chmod(mode)
     try:
-        proc = petal(["index", str(a), str(tmp_path / "b.parquet"), "--out", str(out), "-q"], tmp_path)
+        proc = petal(["index", str(a), str(tmp_path / "b.parquet"), "--out", str(out), "-q"])
     finally:
         target.chmod(0o755)
     assert proc.returncode == 73, (where, proc.returncode, proc.stderr[-3000:])
@@ -160,14 +156,14 @@ def test_a_committed_range_petal_may_not_read_is_66_on_resume_and_is_kept(tmp_pa
     pq.write_table(pa.table({"id": [f"r{i}" for i in range(40)], "text": [f"row {i} of a shard" for i in range(40)]}),
                    data / "big.parquet", row_group_size=10)
     argv = ["index", str(data), "--out", str(out), "-q", "--range-rows", "20", "--workers", "1"]
-    killed = petal(argv, REPO, unprivileged=False, env={"PETAL_FAULT": "store_committed:1:kill"})
+    killed = petal(argv, unprivileged=False, env={"PETAL_FAULT": "store_committed:1:kill"})
     assert killed.returncode == 75, killed.stderr[-3000:]
     (part,) = (out / "store" / "parts").glob("*/*/g*")
     before = snapshot(part)
     target = part / "embeddings.npy"
     target.chmod(0)
     try:
-        proc = petal(argv, tmp_path)
+        proc = petal(argv)
     finally:
         target.chmod(0o644)
     assert proc.returncode == 66, proc.stderr[-3000:]
