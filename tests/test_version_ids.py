@@ -8,16 +8,14 @@ same. A ``petal serve`` that followed the old id, a report or a client that logg
 indexes. Now ``OUT/.last-version`` records each id before its version is written; a missing, garbage or unreadable
 mark (an OUT of an older petal) falls back to the versions on disk, says so, and never gives out a whole id again.
 
-Real ``petal index`` processes (``python -m tests.fake_cli``: petal with the tests' fake engine) over small Parquet
-shards, real FAISS and store.
+Real ``petal index`` processes (``tests.fake_cli``: petal with the tests' fake engine, forked from a preloaded
+interpreter: tests/_perms_shared.py) over small Parquet shards, real FAISS and store.
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -25,9 +23,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from petal.pipeline.layout import VERSION_RE, OutputDir
-from tests.conftest import REPO
+from tests import _perms_shared as perms
 from tests.fake_engine import make_fake_model_dir
-from tests.test_serve_perms import unprivileged as without_file_capabilities
 
 TEXTS = ["glaciers flow downhill under their own weight", "a recipe for sourdough bread",
          "the tides follow the moon", "volcanoes erupt molten rock"]
@@ -49,15 +46,13 @@ def fake_model(tmp_path_factory) -> None:
 
 def index(data: Path, out: Path, env: dict[str, str] | None = None,
           unprivileged: bool = False) -> subprocess.CompletedProcess:
-    """``petal index DATA --out OUT`` with the fake engine; ``unprivileged``: for root, without the capabilities that
-    bypass file permissions (setpriv), so a file's mode can deny a read."""
-    command = [sys.executable, "-m", "tests.fake_cli", "index", str(data), "--out", str(out), "--model",
-               str(FAKE["model"]), "-q"]
-    if unprivileged:
-        command = without_file_capabilities(command)
-    fake = {"PYTHONPATH": str(REPO), "PETAL_TEST_FAKE_ENGINE": str(FAKE["model"].parent / "fake.jsonl")}
-    return subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=REPO,
-                          env={**os.environ, **fake, **(env or {})})
+    """``petal index DATA --out OUT`` with the fake engine in its own process (forked from a preloaded interpreter:
+    tests/_perms_shared.py); ``unprivileged``: for root, without the capabilities that bypass file permissions, so a
+    file's mode can deny a read."""
+    argv = ["index", str(data), "--out", str(out), "--model", str(FAKE["model"]), "-q"]
+    fake = {"PETAL_TEST_FAKE_ENGINE": str(FAKE["model"].parent / "fake.jsonl")}
+    run = perms.petal(argv, env={**fake, **(env or {})}, unprivileged=unprivileged, timeout=600)
+    return subprocess.CompletedProcess(["petal", *argv], run.rc, run.stdout, run.stderr)
 
 
 def succeeds(data: Path, out: Path) -> tuple[str, str]:
