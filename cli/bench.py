@@ -383,11 +383,12 @@ def bench_serve(index_path: Path | None, model: str | None, shape: str | None, t
            "--corpus": corpus if index_path is None else None}, workdir)  # --index: the corpus is not read
     if model is not None:
         judge_model(model)
-    if shape is not None and workdir is not None and not (workdir / f"model-{shape}" / "sentence_bert_config.json"
-                                                          ).is_file():
-        from petal.pipeline.reliability.safe_files import check_output_dir
+    if index_path is not None:  # not an index (78), a damaged manifest: before a --shape model is made
+        from petal.pipeline.layout import resolve_index_dir
 
-        check_output_dir("--workdir", workdir / f"model-{shape}")
+        resolve_index_dir(index_path)
+    if workdir is not None:
+        _serve_outputs(workdir, shape, build=index_path is None and "search" in chosen, docs=index_docs is not None)
     model_dir = Path(model) if model else None
     if shape is not None:
         import tempfile
@@ -411,6 +412,23 @@ def bench_serve(index_path: Path | None, model: str | None, shape: str | None, t
                              concurrency=clients, max_requests=max_requests,
                              seconds=seconds, k=k, processes=client_processes, serve_args=serve_args)
     click.echo(json.dumps(result) if as_json else format_serve_table(result))
+
+
+def _serve_outputs(workdir: Path, shape: str | None, build: bool, docs: bool) -> None:
+    """What bench serve writes under ``--workdir``, judged before a model is made or an index built (73 naming it):
+    ``model-<shape>`` and ``out`` (and ``docs`` with --index-docs) unless a complete one is reused, ``serve.log``."""
+    from petal.pipeline.reliability.errors import OutputError, quote_path
+    from petal.pipeline.reliability.safe_files import check_output_dir
+
+    if shape is not None and not (workdir / f"model-{shape}" / "sentence_bert_config.json").is_file():
+        check_output_dir("--workdir", workdir / f"model-{shape}")
+    if build and not (workdir / "out" / "CURRENT").is_file():
+        for name in ("out", "docs") if docs else ("out",):
+            check_output_dir("--workdir", workdir / name)
+    log = workdir / "serve.log"
+    if os.path.lexists(log) and not log.is_file():
+        raise OutputError(f"--workdir {quote_path(log)} is not a regular file; petal bench serve writes the server's "
+                          "log there")
 
 
 @bench.command("startup")

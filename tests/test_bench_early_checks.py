@@ -114,6 +114,23 @@ def test_flags_are_judged_before_torch_loads(tmp_path):
             "--workdir", work)
 
 
+@pytest.mark.parametrize("place", ["out", "docs", "serve.log"])
+def test_serve_judges_its_workdir_before_a_model_is_made_or_an_index_built(tmp_path, place):
+    """bench serve's outputs under --workdir (the index it builds, --index-docs' texts, the server's log): a file
+    where a directory belongs, a directory where the log goes, 73 naming it (was: a CalledProcessError traceback
+    from petal index, or a failure after the index was built); an --index that is no index: 78, before all that."""
+    work = tmp_path / "work"
+    work.mkdir()
+    if place == "serve.log":
+        (work / place).mkdir()
+    else:
+        (work / place).write_text("x")
+    words = f"{work / place} is not a regular file" if place == "serve.log" else f"{work / place} is a file, not a"
+    refused(tmp_path, 73, words, "serve", "--shape", "minilm", "--workdir", work, "--index-docs", 100)
+    assert sorted(p.name for p in work.iterdir()) == [place]  # no model, no index, no texts written
+    refused(tmp_path, 78, "is not a petal index", "serve", "--shape", "minilm", "--index", work)
+
+
 def test_index_judges_its_flags_and_paths_before_the_store_is_written(tmp_path):
     """--index-memory that is no size (was: a ValueError traceback after the store was written), a --factory FAISS
     cannot train on --vectors, --workdir's d<dim> a file: nothing written under --workdir."""
