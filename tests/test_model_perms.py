@@ -4,24 +4,23 @@ denied: no bad model (78). Before: the JSON files (``config.json``, ``modules.js
 were read through the engine's model-error wrapper and said "cannot read ...: [Errno 13] Permission denied" with
 exit 78 (configuration error). A damaged model file stays 78.
 
-Real ``petal`` processes without the capabilities that bypass file modes (``setpriv`` when run as root), real
-chmod-000 files in a copy of the packaged MiniLM, a real ``petal index`` built with it.
+Real ``petal`` processes (forked from a preloaded interpreter: tests/_perms_shared.py) without the capabilities that
+bypass file modes (dropped when run as root, as ``setpriv`` did), real chmod-000 files in a copy of the packaged
+MiniLM, a real ``petal index`` built with it.
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import REPO
-from tests.test_serve_perms import closed, denial_is_real, unprivileged  # noqa: F401 (a fixture)
+from tests import _perms_shared as perms
+from tests.test_serve_perms import closed, denial_is_real  # noqa: F401 (a fixture)
 
 # config.json, modules.json and 1_Pooling/config.json were 78; the weights and the tokenizer are read by libraries
 # that wrap a denied open in their own errors
@@ -29,6 +28,7 @@ FILES = ("config.json", "modules.json", "1_Pooling/config.json", "sentence_bert_
          "tokenizer.json")
 COMMANDS = ("embed", "query", "index", "serve", "serve-model")
 START_S = 120  # each case fails before the server listens; a server that starts instead is stopped here
+NO_FAKE = {"PETAL_TEST_FAKE_ENGINE": None}  # petal's own engine: the model's files read as petal reads them
 
 
 @pytest.fixture(scope="module")
@@ -40,10 +40,9 @@ def built(tmp_path_factory, minilm_dir: Path) -> dict[str, Path]:
     for path in (model, *model.rglob("*")):
         path.chmod(0o755 if path.is_dir() else 0o644)
     pq.write_table(pa.table({"id": [1, 2], "text": ["glaciers move", "vector search"]}), root / "docs.parquet")
-    proc = subprocess.run([sys.executable, "-m", "petal.cli.main", "index", str(root / "docs.parquet"), "--out",
-                           str(root / "out"), "--model", str(model), "-q"], capture_output=True, text=True, cwd=REPO,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = perms.petal(["index", root / "docs.parquet", "--out", root / "out", "--model", model, "-q"],
+                       env=NO_FAKE, unprivileged=False)
+    assert proc.rc == 0, proc.stderr[-3000:]
     return {"root": root, "model": model, "out": root / "out"}
 
 
@@ -56,11 +55,10 @@ def run(built: dict[str, Path], command: str, tmp_path: Path) -> subprocess.Comp
             "serve": ["serve", "--port", "0", "--log-level", "warning", out],
             "serve-model": ["serve", "--port", "0", "--log-level", "warning", "--model", model]}[command]
     try:
-        return subprocess.run(unprivileged([sys.executable, "-m", "petal.cli.main", *argv]), input="hello\n",
-                              capture_output=True, text=True, cwd=tmp_path, timeout=START_S,
-                              env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"})
-    except subprocess.TimeoutExpired as exc:  # petal serve started: the error was not seen
-        raise AssertionError(f"petal {command} ran instead of refusing: {exc.stderr!r}") from None
+        done = perms.petal(argv, env=NO_FAKE, stdin=b"hello\n", timeout=START_S)
+    except TimeoutError as exc:  # petal serve started: the error was not seen
+        raise AssertionError(f"petal {command} ran instead of refusing: {exc}") from None
+    return subprocess.CompletedProcess(["petal", *argv], done.rc, done.stdout, done.stderr)
 
 
 @pytest.mark.parametrize("command", COMMANDS)
