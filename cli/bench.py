@@ -185,8 +185,10 @@ def bench_e2e(model: str | None, shape: str | None, tokenizer_dir: Path | None, 
 
     scale = usage(lambda: scale_config(devices, workers, None))
     paths({"--corpus": corpus, "--tokenizer-dir": tokenizer_dir})
-    if shape is None:
-        judge_model(model)
+    from petal.pipeline.config import IndexSettings
+
+    if shape is None:  # NOTE: a --shape model's dim is known once it is made (below), still before the runs
+        check_factory(IndexSettings(factory=index_factory), judge_model(model).dim, min(sizes))
     import tempfile
 
     from petal.bench.e2e import format_e2e_summary, format_e2e_table, run_e2e_bench
@@ -209,6 +211,7 @@ def bench_e2e(model: str | None, shape: str | None, tokenizer_dir: Path | None, 
         model_dir = save_model_dir(s, hf, tokenizer_dir or default_model_dir(),
                                    Path(tempfile.mkdtemp(prefix=f"petal-{shape}-")))
         del hf
+        check_factory(IndexSettings(factory=index_factory), judge_model(model_dir).dim, min(sizes))
     results: list[dict] = []
     for size in sizes:
         result = run_e2e_bench(model_dir, corpus, size, dev, baseline=not no_baseline,
@@ -297,13 +300,13 @@ def paths(inputs: dict[str, Path | None], workdir: Path | None = None) -> None:
         check_output_dir("--workdir", workdir)
 
 
-def judge_model(model: str | None) -> None:
+def judge_model(model: str | Path | None) -> Any:
     """``--model`` (or, without it, the packaged model) judged as the model commands judge it, before torch loads:
     not there, not a model directory or a bad config is ``ModelError`` (78), ``--model ""`` was refused by click
-    (2), a file petal may not read in it 66. Reads the configuration only."""
+    (2), a file petal may not read in it 66. Reads the configuration only. Returns its ``ModelSpec``."""
     from petal.engine.loader import inspect_model
 
-    inspect_model(model)
+    return inspect_model(model)
 
 
 def check_factory(settings: Any, dim: int, num_vectors: int, flag: str = "--index-factory") -> None:

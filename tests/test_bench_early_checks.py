@@ -156,3 +156,11 @@ def test_startup_without_the_packaged_model_is_78_before_its_timed_runs(tmp_path
     work = tmp_path / "work"
     refused(tmp_path, 78, "the default model (all-MiniLM-L6-v2) is not installed", *startup(work))
     assert not os.path.exists(work)
+
+
+def test_e2e_judges_its_index_factory_before_embedding(tmp_path):
+    """An --index-factory FAISS cannot train on --docs vectors: 2 before torch loads and anything is embedded (was:
+    found when the index was built, after the embedding runs)."""
+    refused(tmp_path, 2, "--index-factory 'IVF4096,Flat' needs at least 4096 vectors of dim 384", "e2e",
+            "--index-factory", "IVF4096,Flat", "--docs", 200, "--device", "cpu", "--no-baseline", "--corpus",
+            SAMPLE_DATA)
