@@ -26,8 +26,16 @@ from petal.engine.config import (
 from petal.engine.errors import ModelError
 from petal.engine.models import family_for
 from petal.engine.resolve import HF_ID, cached_snapshot, hf_cache_dirs
-from petal.engine.st_files import StFiles, StFilesError, config_int, read_json, read_st_files
-from petal.engine.weight_files import WeightFilesError, check_readable, pickle_files, safetensors_files
+from petal.engine.st_files import StFiles, config_int, read_json, read_st_files
+from petal.engine.weight_files import (
+    ModelFileError,
+    check_readable,
+    model_file,
+    named,
+    pickle_files,
+    read_text,
+    safetensors_files,
+)
 
 # NOTE: torch and the model classes are imported where a model is built, never where one is inspected: a model
 # directory is judged through its torch-free family (engine/models/families.py), so a run its config refuses
@@ -153,11 +161,14 @@ def sha256_files(files: tuple[Path, ...], cancelled: Callable[[], bool] = lambda
     a background thread can stop early."""
     digest = hashlib.sha256()
     for f in files:
-        with open(f, "rb") as fh:
-            while chunk := fh.read(HASH_READ_BYTES):
-                if cancelled():
-                    return None
-                digest.update(chunk)
+        try:
+            with open(f, "rb") as fh:
+                while chunk := fh.read(HASH_READ_BYTES):
+                    if cancelled():
+                        return None
+                    digest.update(chunk)
+        except OSError as exc:  # NOTE: a failed read names no file
+            raise named(exc, f) from None
     return digest.hexdigest()
 
 
@@ -165,9 +176,18 @@ def _read_json(path: Path) -> dict[str, Any]:
     """A JSON object file of the model directory (``ModelError`` naming it otherwise)."""
     try:
         value: dict[str, Any] = read_json(path)
-    except StFilesError as exc:
+    except ModelFileError as exc:
         raise ModelError(str(exc)) from exc
     return value
+
+
+def _present(path: Path) -> bool:
+    """Whether a file of the model directory is there (``model_file``): one there that is no file (a directory, a
+    FIFO, a broken link) is a ``ModelError`` naming it, never taken for absent."""
+    try:
+        return model_file(path)
+    except ModelFileError as exc:
+        raise ModelError(str(exc)) from exc
 
 
 def inspect_model(
@@ -188,20 +208,20 @@ def inspect_model(
         options = replace(options, pooling=pooling)
     model_dir = resolve_model_dir(model)
     config_file = model_dir / "config.json"
-    if not config_file.is_file():
+    if not _present(config_file):
         raise ModelError(f"{model_dir} has no config.json; is it a Hugging Face model directory?")
     hf = _read_json(config_file)
     try:
         family = family_for(hf)
         config: ModelConfig = family.config_from_hf(hf)
         st = read_st_files(model_dir)
-    except (KeyError, ValueError) as exc:  # StFilesError is a ValueError
-        where = "" if isinstance(exc, StFilesError) else f"{config_file}: "
+    except (KeyError, ValueError) as exc:  # ModelFileError (StFilesError, WeightFilesError) is a ValueError
+        where = "" if isinstance(exc, ModelFileError) else f"{config_file}: "
         raise ModelError(f"{where}{exc}") from exc
 
     weight_files, weights_format = _weight_files(model_dir, st, options)
     tokenizer_file = model_dir / "tokenizer.json"
-    if not tokenizer_file.is_file():
+    if not _present(tokenizer_file):
         raise ModelError(f"{model_dir} has no tokenizer.json (a fast tokenizer file is required)")
     # NOTE: a file petal may not read is its PermissionError naming it (66), before a library reads it as damaged
     check_readable([tokenizer_file, *weight_files, *(layer.weight_file for layer in st.dense), *st.pickle_dense])
@@ -249,7 +269,7 @@ def _weight_files(model_dir: Path, st: StFiles, options: ModelOptions) -> tuple[
     try:
         files = safetensors_files(model_dir)
         pickles = [] if files else pickle_files(model_dir)
-    except WeightFilesError as exc:
+    except ModelFileError as exc:
         raise ModelError(str(exc)) from exc
     if not files and not pickles:
         raise ModelError(f"{model_dir} has no model.safetensors (and no other weights)")
@@ -309,7 +329,7 @@ def _eos_token_id(hf: dict[str, Any], model_dir: Path) -> int | None:
         except ValueError as exc:
             raise ModelError(f"{model_dir / 'config.json'}: {exc}") from exc
     tok_config = model_dir / "tokenizer_config.json"
-    if not tok_config.is_file():
+    if not _present(tok_config):
         return None
     name = _read_json(tok_config).get("eos_token")
     if isinstance(name, dict):
@@ -318,7 +338,16 @@ def _eos_token_id(hf: dict[str, Any], model_dir: Path) -> int | None:
         return None
     from tokenizers import Tokenizer
 
-    return Tokenizer.from_file(str(model_dir / "tokenizer.json")).token_to_id(name)
+    tokenizer_file = model_dir / "tokenizer.json"
+    try:
+        tokenizer = Tokenizer.from_str(read_text(tokenizer_file))
+    except OSError:
+        raise  # NOTE: named by read_text: permission denied 66, a read error 74; no bad model (78)
+    except Exception as exc:  # NOTE: the tokenizers library raises a bare Exception for a file it cannot use
+        reason = next(iter(str(exc).splitlines()), "") or type(exc).__name__
+        raise ModelError(f"cannot read {tokenizer_file} as a tokenizer: {reason}") from exc
+    token_id: int | None = tokenizer.token_to_id(name)
+    return token_id
 
 
 def load_model(spec: ModelSpec, device: torch.device, dtype: torch.dtype, *,

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from petal.engine.config import DENSE_ACTIVATIONS, SIMILARITIES, DenseConfig, PromptConfig
-from petal.engine.weight_files import PICKLE_WEIGHT_NAMES, is_denied, safetensors_files
+from petal.engine.weight_files import PICKLE_WEIGHT_NAMES, ModelFileError, model_file, read_text, safetensors_files
 
 # sentence-transformers' Pooling flags -> petal's modes; the other flags are refused by name.
 POOLING_FLAGS = {"pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mean", "pooling_mode_lasttoken": "last"}
@@ -27,7 +27,7 @@ UNSUPPORTED_POOLING_FLAGS = ("pooling_mode_max_tokens", "pooling_mode_mean_sqrt_
 DOCUMENT_PROMPT_NAMES = ("document", "passage", "corpus")  # sentence-transformers' encode_document order
 
 
-class StFilesError(ValueError):
+class StFilesError(ModelFileError):
     """A sentence-transformers file that is unreadable or asks for something petal does not do."""
 
 
@@ -48,12 +48,15 @@ class StFiles:
 
 
 def read_json(path: Path, kind: type = dict) -> Any:
-    """A JSON file of a model directory, whose top level must be a ``kind`` (an object, or a list)."""
+    """A JSON file of a model directory, whose top level must be a ``kind`` (an object, or a list).
+
+    Missing, or there but no file (``model_file``): a ``ModelFileError`` naming it (78). An ``OSError`` reading it
+    goes up naming it: a file petal may not read is 66, a read error (EIO) 74, neither a bad model (78)."""
+    if not model_file(path):
+        raise StFilesError(f"cannot read {path}: no such file")
     try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:  # NOTE: ValueError: invalid JSON, and bytes that are not UTF-8
-        if is_denied(exc):
-            raise  # NOTE: a file petal may not read is no bad model: its caller says 66 naming it, not 78
+        value = json.loads(read_text(path))
+    except ValueError as exc:  # NOTE: invalid JSON, and bytes that are not UTF-8
         raise StFilesError(f"cannot read {path}: {exc}") from exc
     if not isinstance(value, kind):
         raise StFilesError(f"{path} holds {json_kind(value)}, not {json_kind(kind())}")
@@ -127,10 +130,10 @@ def read_st_files(model_dir: Path) -> StFiles:
     ``config_sentence_transformers.json`` (each optional)."""
     values: dict[str, Any] = {}
     modules_file = model_dir / "modules.json"
-    if modules_file.is_file():
+    if model_file(modules_file):
         values.update(_modules(model_dir, read_json(modules_file, list)))
     st_config = model_dir / "sentence_bert_config.json"
-    if st_config.is_file():
+    if model_file(st_config):
         with in_file(st_config):
             # NOTE: 2 at least: a special token on each side (a value of 0, which some files hold, is none given)
             config = read_json(st_config)
@@ -145,7 +148,7 @@ def in_file(path: Path) -> Iterator[None]:
     """A value refused inside (a ``ValueError``) becomes a ``StFilesError`` naming ``path``."""
     try:
         yield
-    except StFilesError:
+    except ModelFileError:  # NOTE: it names its file already
         raise
     except ValueError as exc:
         raise StFilesError(f"{path}: {exc}") from exc
@@ -168,7 +171,7 @@ def _modules(model_dir: Path, modules: list[dict[str, Any]]) -> dict[str, Any]:
         if kind in ("Dense", "Normalize", "FlexibleQuantizer") and "Pooling" not in seen:
             raise StFilesError(f"{where} comes before Pooling; petal runs these on pooled vectors only")
         if kind == "Transformer":
-            if folder != model_dir and (folder / "config.json").is_file():
+            if folder != model_dir and model_file(folder / "config.json"):
                 raise StFilesError(f"{where} keeps the transformer in {folder}; pass --model {folder}")
         elif kind == "Pooling":
             out["pooling"], out["include_prompt"] = _pooling(folder)
@@ -215,7 +218,7 @@ def _dense(folder: Path) -> tuple[DenseConfig, bool]:
         raise StFilesError(f"{folder / 'config.json'}: activation {name!r} is not supported "
                            f"(known: {', '.join(sorted(DENSE_ACTIVATIONS))})")
     files = safetensors_files(folder)
-    pickles = [folder / n for n in PICKLE_WEIGHT_NAMES if (folder / n).is_file()]
+    pickles = [folder / n for n in PICKLE_WEIGHT_NAMES if model_file(folder / n)]
     if not files and not pickles:
         raise StFilesError(f"{folder} has no Dense weights (model.safetensors)")
     weight_file = files[0] if files else pickles[0]
@@ -228,7 +231,7 @@ def _dense(folder: Path) -> tuple[DenseConfig, bool]:
 
 def _prompts_and_similarity(model_dir: Path) -> dict[str, Any]:
     path = model_dir / "config_sentence_transformers.json"
-    if not path.is_file():
+    if not model_file(path):
         return {}
     config = read_json(path)
     with in_file(path):

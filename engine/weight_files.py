@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import stat
 from pathlib import Path
 
 DENIED = (errno.EACCES, errno.EPERM)  # permission denied (pipeline/reliability/errors.py's DENIED; the engine
@@ -13,8 +14,58 @@ DENIED = (errno.EACCES, errno.EPERM)  # permission denied (pipeline/reliability/
 PICKLE_WEIGHT_NAMES = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.pt", "model.pth")
 
 
-class WeightFilesError(ValueError):
+class ModelFileError(ValueError):
+    """A file of a model directory that is there but is no file petal can use (a directory, a FIFO, a symbolic link
+    to nothing), or whose content is wrong: the loader's ``ModelError`` (78), the message naming the file."""
+
+
+class WeightFilesError(ModelFileError):
     """A checkpoint index (``*.index.json``) that cannot be read, or names shards that are not there."""
+
+
+_NOT_FILES = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISSOCK, "a socket"),
+              (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+
+
+def model_file(path: Path) -> bool:
+    """Whether a file of a model directory is there: ``False`` when nothing is at ``path`` (or its folder is no
+    directory), ``True`` for a regular file or a link to one. Anything else there is a ``ModelFileError`` naming
+    it, never taken for absent: a directory, a FIFO (whose read would block), a socket or device, a symbolic link
+    to nothing or a link loop. Permission denied and any other ``OSError`` go up as they are (66, 74)."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        if not os.path.islink(path):
+            return False
+        raise ModelFileError(f"{path} is a broken symbolic link (to {os.readlink(path)}, which does not exist)") \
+            from None
+    except NotADirectoryError:
+        return False
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ModelFileError(f"{path} is a symbolic link loop (too many levels of symbolic links)") from None
+        raise
+    if stat.S_ISREG(mode):
+        return True
+    kind = next((name for test, name in _NOT_FILES if test(mode)), "no regular file")
+    raise ModelFileError(f"{path} is {kind}, not a file")
+
+
+def read_text(path: Path) -> str:
+    """``path``'s text (UTF-8; bytes that are not: ``ValueError``). An ``OSError`` goes up naming ``path`` (a
+    failed read, unlike a failed open, carries no file name): the CLI makes permission denied 66, anything else
+    (EIO) 74, never a damaged model (78)."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise named(exc, path) from None
+
+
+def named(exc: OSError, path: Path) -> OSError:
+    """``exc`` naming ``path`` when it names no file."""
+    if exc.filename is None:
+        exc.filename = str(path)
+    return exc
 
 
 def is_denied(exc: BaseException) -> bool:
@@ -41,10 +92,9 @@ def check_readable(files: list[Path]) -> None:
 def _indexed_shards(index: Path) -> list[Path]:
     """The shard files a ``*.index.json`` names (its ``weight_map`` values), all of which must exist."""
     try:
-        content = json.loads(index.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:  # NOTE: ValueError: not JSON, or bytes that are not UTF-8
-        if is_denied(exc):
-            raise  # NOTE: a file petal may not read is no bad checkpoint: 66 naming it, not 78
+        # NOTE: an OSError goes up naming the file: permission denied 66, a read error 74, no bad checkpoint (78)
+        content = json.loads(read_text(index))
+    except ValueError as exc:  # NOTE: not JSON, or bytes that are not UTF-8
         raise WeightFilesError(f"cannot read {index}: {exc}") from exc
     weight_map = content.get("weight_map") if isinstance(content, dict) else None
     if not isinstance(weight_map, dict) or not weight_map or \
@@ -52,7 +102,7 @@ def _indexed_shards(index: Path) -> list[Path]:
         raise WeightFilesError(f"{index}: weight_map must be an object of tensor names and shard file names, "
                                f"not {str(weight_map)[:80]!r}")
     files = [index.parent / s for s in sorted(set(weight_map.values()))]
-    missing = [str(f) for f in files if not f.is_file()]
+    missing = [str(f) for f in files if not model_file(f)]
     if missing:
         raise WeightFilesError(f"{index} names shards that are missing: {', '.join(missing)}")
     return files
@@ -61,20 +111,20 @@ def _indexed_shards(index: Path) -> list[Path]:
 def safetensors_files(model_dir: Path) -> list[Path]:
     """The checkpoint's safetensors files: a single file or the shards an index names."""
     index = model_dir / "model.safetensors.index.json"
-    if index.is_file():
+    if model_file(index):
         return _indexed_shards(index)
     single = model_dir / "model.safetensors"
-    if single.is_file():
+    if model_file(single):
         return [single]
-    return sorted(model_dir.glob("*.safetensors"))
+    return [f for f in sorted(model_dir.glob("*.safetensors")) if model_file(f)]
 
 
 def pickle_files(model_dir: Path) -> list[Path]:
     """The checkpoint's pickle files (``pytorch_model.bin``, or the shards its index names)."""
     index = model_dir / "pytorch_model.bin.index.json"
-    if index.is_file():
+    if model_file(index):
         return _indexed_shards(index)
     for name in ("pytorch_model.bin", "model.pt", "model.pth"):
-        if (model_dir / name).is_file():
+        if model_file(model_dir / name):
             return [model_dir / name]
     return []

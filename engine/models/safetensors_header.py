@@ -16,6 +16,8 @@ from pathlib import Path
 
 import torch
 
+from petal.engine.weight_files import named
+
 MAX_HEADER_BYTES = 100 << 20  # the safetensors package's own limit
 
 SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
@@ -61,8 +63,8 @@ def read_header(path: Path) -> dict[str, TensorEntry]:
             if length > MAX_HEADER_BYTES or 8 + length > size:
                 raise SafetensorsError(f"{path}: header length {length} does not fit the file ({size} bytes)")
             raw = fh.read(length)
-    except OSError as exc:
-        raise SafetensorsError(f"cannot read {path}: {exc}") from exc
+    except OSError as exc:  # NOTE: the file could not be read: permission denied 66, a read error 74, no bad model
+        raise named(exc, path) from None
     try:
         header = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import torch
 
+from petal.engine.weight_files import named
+
 
 class WeightSource:
     """Tensors of a checkpoint by name, on the target device, floats in the target dtype."""
@@ -106,6 +108,8 @@ def _torch_load(path: Path) -> object:
             if "mmap" not in str(exc):
                 raise
             return torch.load(path, map_location="cpu", weights_only=True)
+    except OSError as exc:  # NOTE: the file could not be read: permission denied 66, a read error 74, no bad model
+        raise named(exc, path) from None
     except Exception as exc:  # NOTE: a damaged or hostile file: torch raises whatever its unpickler meets
         # torch's refusal is paragraphs of advice around one line of reason (advice to load unsafely: not ours)
         lines = [line.strip() for line in str(exc).splitlines() if line.strip()]

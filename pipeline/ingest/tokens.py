@@ -45,12 +45,16 @@ class TextTokenizer:
                  eos_token_id: int | None = None, vocab_size: int | None = None) -> None:
         from tokenizers import Tokenizer
 
+        from petal.engine.weight_files import read_text
+
         self.max_length = max_length
         self.prompt = prompt
         # NOTE: the cap is generous (64 characters a token); a capped text is counted as truncated.
         self.max_chars = max_chars if max_chars is not None else max(max_length * 64, 4096)
         try:
-            self._tokenizer = Tokenizer.from_file(str(tokenizer_file))
+            self._tokenizer = Tokenizer.from_str(read_text(tokenizer_file))
+        except OSError:
+            raise  # NOTE: named by read_text: permission denied 66, a read error 74, no bad model (78)
         except Exception as exc:  # NOTE: the tokenizers library raises a bare Exception for a file it cannot use
             raise ConfigError(f"cannot read {tokenizer_file} as a tokenizer: {one_line(str(exc))}") from exc
         # NOTE: the tokenizer of another model (a larger vocabulary) gives ids past the embedding table: an
