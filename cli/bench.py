@@ -281,7 +281,10 @@ def bench_outputs(corpus: Path, num_docs: int, num_queries: int, dims: str, mode
     except ValueError as exc:
         raise click.UsageError(f"--dims {dims!r}: expected comma-separated integers") from exc
     paths({"--corpus": corpus})
-    judge_model(model)
+    model_dim = judge_model(model).dim
+    if not chosen or any(not 1 <= d <= model_dim for d in chosen):
+        raise click.UsageError(f"--dims {dims!r}: expected comma-separated integers from 1 to the model's dim "
+                               f"{model_dim}")
     from petal.bench.outputs import format_outputs_table, run_outputs_bench
 
     result = run_outputs_bench(corpus, num_docs=num_docs, num_queries=num_queries, dims=chosen, model=model)

@@ -164,3 +164,11 @@ def test_e2e_judges_its_index_factory_before_embedding(tmp_path):
     refused(tmp_path, 2, "--index-factory 'IVF4096,Flat' needs at least 4096 vectors of dim 384", "e2e",
             "--index-factory", "IVF4096,Flat", "--docs", 200, "--device", "cpu", "--no-baseline", "--corpus",
             SAMPLE_DATA)
+
+
+@pytest.mark.parametrize("dims", ["0", "384,99999", ","])
+def test_outputs_judges_dims_against_the_model_before_torch_loads(tmp_path, dims):
+    """--dims of 0, wider than the model's vectors or none at all: 2 naming the model's dim before anything is embedded
+    (was: found after torch loaded and the documents were embedded, or never)."""
+    refused(tmp_path, 2, f"--dims {dims!r}: expected comma-separated integers from 1 to the model's dim 384", "outputs",
+            "--dims", dims, "--corpus", SAMPLE_DATA)
