@@ -5,14 +5,13 @@ a ``dictionary<values=string, indices=int32>`` id column holds string ids, never
 
 Before: such a text column was refused (65, "has type dictionary<values=string ...>"); an id column of string values
 was taken for an integer one (its type's name holds "int"): refused beside plain string ids, and a crash storing
-them. Real ``petal index`` processes with the packaged model, real Parquet."""
+them. Real ``petal index`` processes with the packaged model (forked from a preloaded interpreter: tests/forkrun.py),
+real Parquet."""
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -22,13 +21,15 @@ import pytest
 
 from petal.pipeline.config import ReadConfig
 from petal.pipeline.ingest.parquet import inspect_shard, read_rows
+from tests import forkrun
 
-PETAL = str(Path(sys.executable).parent / "petal")
 
-
-def petal(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([PETAL, *map(str, args)], capture_output=True, text=True, cwd=cwd,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=300)
+def petal(*args: str | Path) -> subprocess.CompletedProcess:
+    """``petal ARGS`` (the packaged model) in its own process, forked from a preloaded interpreter (tests/forkrun.py);
+    every path is absolute."""
+    run = forkrun.petal([str(a) for a in args], env={"HF_HUB_OFFLINE": "1", "PETAL_TEST_FAKE_ENGINE": None},
+                        timeout=300)
+    return subprocess.CompletedProcess(["petal", *map(str, args)], run.rc, run.stdout, run.stderr)
 
 
 def version_ids(out: Path) -> pa.Table:
@@ -38,7 +39,7 @@ def version_ids(out: Path) -> pa.Table:
 
 def index(tmp_path: Path, *args: str | Path, out: str = "out") -> tuple[subprocess.CompletedProcess, dict]:
     report = tmp_path / f"{out}.json"
-    done = petal("index", *args, "--out", tmp_path / out, "-q", "--json-report", report, cwd=tmp_path)
+    done = petal("index", *args, "--out", tmp_path / out, "-q", "--json-report", report)
     assert "Traceback" not in done.stderr, done.stderr
     return done, json.loads(report.read_text())
 
@@ -60,7 +61,7 @@ def test_dictionary_text_and_string_ids_index_as_plain_strings(tmp_path):
     done, _ = index(tmp_path, tmp_path / "plain.parquet", out="plain")
     assert done.returncode == 0, done.stderr
     query = ["query", "--json", "-k", "4", "glaciers"]
-    hits = [json.loads(petal(*query[:1], tmp_path / o, *query[1:], cwd=tmp_path).stdout)["hits"]
+    hits = [json.loads(petal(*query[:1], tmp_path / o, *query[1:]).stdout)["hits"]
             for o in ("out", "plain")]
     assert [(h["id"], round(h["score"], 5)) for h in hits[0]] == [(h["id"], round(h["score"], 5)) for h in hits[1]]
 
@@ -127,8 +128,7 @@ def test_vectors_column_with_dictionary_ids_text_and_kept_column(tmp_path):
         {"id": "p", "text": "t1", "lang": "en"}, {"id": "q", "text": "t2", "lang": "fr"},
         {"id": "r", "text": "t1", "lang": "en"}]
     np.save(tmp_path / "q.npy", np.array([[1.0, 0.0]], np.float32))
-    done = petal("query", tmp_path / "out", "--vector-file", tmp_path / "q.npy", "--json", "--where", "lang = 'en'",
-                 cwd=tmp_path)
+    done = petal("query", tmp_path / "out", "--vector-file", tmp_path / "q.npy", "--json", "--where", "lang = 'en'")
     assert done.returncode == 0, done.stderr
     assert [h["id"] for h in json.loads(done.stdout)["hits"]] == ["p", "r"]
 
