@@ -8,14 +8,15 @@ shifts. A ``.txt`` or ``.jsonl`` is split at ``\\n`` only, as ``--stdin`` is: ``
 U+2028, U+0085 and form feeds, so one line became two inputs (every later output shifted by one) and a valid
 JSON line holding U+2028 was refused.
 
-Real Parquet files (binary and string columns), real files, the packaged MiniLM, real ``petal embed`` processes.
+Real Parquet files (binary and string columns), real files, the packaged MiniLM, real ``petal embed`` processes
+(forked from a preloaded interpreter: tests/_perms_shared.py).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +25,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import petal
-from tests.conftest import REPO
+from tests import _perms_shared as perms
 
 GOOD = [b"glaciers flow downhill", b"bread dough rises", b"vector search"]
 # input position -> (bytes, why skipped)
@@ -32,9 +33,13 @@ BAD = {1: (b"caf\xe9 au lait", "invalid_utf8"), 3: (b"half \xed\xa0\x80 surrogat
 ROWS = [GOOD[0], BAD[1][0], GOOD[1], BAD[3][0], GOOD[2]]
 
 
-def embed(*argv: str, stdin: bytes = b"") -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run([sys.executable, "-m", "petal.cli.main", "embed", *argv], capture_output=True, cwd=REPO,
-                          timeout=300, input=stdin)
+def embed(*argv: str | bytes, stdin: bytes = b"") -> subprocess.CompletedProcess[bytes]:
+    """``petal embed ARGV`` (the packaged model) in its own process, forked from a preloaded interpreter
+    (tests/_perms_shared.py), ``stdin`` on its stdin. A bytes argument reaches petal as Python's startup reads
+    argv: ``os.fsdecode``, undecodable bytes kept as surrogates."""
+    args = ["embed", *(os.fsdecode(a) for a in argv)]
+    run = perms.petal(args, env={"PETAL_TEST_FAKE_ENGINE": None}, stdin=stdin, unprivileged=False)
+    return subprocess.CompletedProcess(["petal", *args], run.rc, run.stdout.encode(), run.stderr.encode())
 
 
 def invalid_strings(values: list[bytes]) -> pa.Array:
@@ -56,8 +61,14 @@ def inputs(tmp_path: Path) -> dict[str, list[str]]:
 
 
 @pytest.fixture(scope="module")
-def expected(minilm_dir) -> np.ndarray:
-    return petal.Embedder(str(minilm_dir), "cpu").encode([g.decode() for g in GOOD])
+def embedder(minilm_dir) -> petal.Embedder:
+    """The packaged model in the test process, loaded once for the module."""
+    return petal.Embedder(str(minilm_dir), "cpu")
+
+
+@pytest.fixture(scope="module")
+def expected(embedder) -> np.ndarray:
+    return embedder.encode([g.decode() for g in GOOD])
 
 
 @pytest.mark.parametrize("kind", ["binary parquet", "string parquet", "txt", "jsonl", "stdin"])
@@ -91,13 +102,13 @@ def test_text_arguments_follow_the_same_rule(expected):
     np.testing.assert_allclose([lines[0]["embedding"], lines[2]["embedding"]], expected[:2], atol=2e-6)
 
 
-def test_lines_split_at_newlines_only(tmp_path, minilm_dir):
+def test_lines_split_at_newlines_only(tmp_path, embedder):
     """U+2028, U+0085 and a form feed inside a line: still one input per line, in a .txt and a .jsonl."""
     texts = ["first line", "second\u0085half", "third \u2028 part", "form\x0cfeed", "last"]
     (tmp_path / "t.txt").write_text("\n".join(texts) + "\r\n", encoding="utf-8")
     (tmp_path / "t.jsonl").write_text("".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in texts),
                                       encoding="utf-8")
-    expected = petal.Embedder(str(minilm_dir), "cpu").encode(texts)
+    expected = embedder.encode(texts)
     for name in ("t.txt", "t.jsonl"):
         proc = embed("--input", str(tmp_path / name), "--output", str(tmp_path / f"{name}.npy"))
         assert proc.returncode == 0, proc.stderr.decode()
@@ -106,10 +117,10 @@ def test_lines_split_at_newlines_only(tmp_path, minilm_dir):
         np.testing.assert_allclose(rows, expected, atol=2e-6)
 
 
-def test_the_embedder_skips_strings_holding_surrogates(minilm_dir):
+def test_the_embedder_skips_strings_holding_surrogates(embedder):
     """A str with surrogates (bytes kept by surrogateescape, or a lone surrogate of its own) was embedded with
     U+FFFD, silently; now it is skipped by reason, as the same bytes are."""
-    embedded = petal.Embedder(str(minilm_dir), "cpu").embed(
+    embedded = embedder.embed(
         ["glaciers", "caf\udce9", "half \ud800", b"caf\xe9", b"\xed\xa0\x80", "  "])
     assert embedded.skipped == {1: "invalid_utf8", 2: "lone_surrogate", 3: "invalid_utf8", 4: "lone_surrogate",
                                 5: "empty_text"}
