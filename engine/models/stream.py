@@ -40,6 +40,7 @@ import torch
 
 from petal.engine.models.safetensors_header import SafetensorsError, TensorEntry, read_header
 from petal.engine.models.weights import describe_unread, unread_model_tensors
+from petal.engine.weight_files import named
 
 
 @dataclass(frozen=True)
@@ -254,7 +255,10 @@ def _pread_into(fd: int, buffer: np.ndarray, offset: int, path: Path) -> None:
     view = buffer.data.cast("B")
     done = 0
     while done < len(view):
-        n = os.preadv(fd, [view[done:]], offset + done)
+        try:
+            n = os.preadv(fd, [view[done:]], offset + done)
+        except OSError as exc:  # NOTE: a read error (EIO) names no file: 74 naming it, no damaged model
+            raise named(exc, path) from None
         if n <= 0:
             raise SafetensorsError(f"{path}: ends at byte {offset + done}, inside tensor data "
                                    "(was the file truncated or replaced while loading?)")
