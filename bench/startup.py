@@ -254,6 +254,18 @@ def check_outputs(work: Path, num_vectors: int, dim: int, factory: str, shape_na
                           "there")
 
 
+def one_shot_commands(text: str, baseline_model: Path | None) -> dict[str, list[str]]:
+    """The one-shot processes timed in turns: ``import torch``, ``petal embed`` of ``text``, and, with
+    ``baseline_model``, the sentence-transformers script."""
+    python = sys.executable
+    # NOTE: "--" before TEXT: a text that starts with "-" is embedded, not taken for a flag of petal embed
+    commands = {"import_torch": [python, "-c", "import torch"],
+                "petal_embed": [python, "-m", "petal.cli.main", "embed", "--device", "cpu", "--", text]}
+    if baseline_model is not None:
+        commands["sentence_transformers"] = [python, "-c", ST_SCRIPT, str(baseline_model), text]
+    return commands
+
+
 def run_startup_bench(runs: int = 5, text: str = EMBED_TEXT, num_vectors: int = 200_000, dim: int = 384,
                       factory: str = "auto", shape_name: str = "minilm", device: str = "cpu",
                       baseline: bool = True, workdir: Path | None = None) -> dict[str, Any]:
@@ -268,14 +280,8 @@ def run_startup_bench(runs: int = 5, text: str = EMBED_TEXT, num_vectors: int = 
     work.mkdir(parents=True, exist_ok=True)
     try:
         compile_petal()
-        python = sys.executable
-        result: dict[str, Any] = {"text": text, "python": python}
-        # NOTE: "--" before TEXT: a text that starts with "-" is embedded, not taken for a flag of petal embed
-        commands = {"import_torch": [python, "-c", "import torch"],
-                    "petal_embed": [python, "-m", "petal.cli.main", "embed", "--device", "cpu", "--", text]}
-        if baseline:
-            commands["sentence_transformers"] = [python, "-c", ST_SCRIPT, str(model_dir), text]
-        result.update(median_walls_interleaved(commands, runs))
+        result: dict[str, Any] = {"text": text, "python": sys.executable}
+        result.update(median_walls_interleaved(one_shot_commands(text, model_dir if baseline else None), runs))
         result["open_query"] = open_and_query(num_vectors, dim, factory, runs, work)
         result["model_load"] = model_load(shape_name, device, runs, work)
         result["targets"] = targets(result)
