@@ -25,6 +25,7 @@ import pytest
 
 import petal
 from petal.cli.query import HELD_HITS, VECTOR_CHUNK_HITS
+from tests import forkrun
 from tests.test_open_audit_tamper import petal as petal_cli
 from tests.test_open_audit_tamper import refused
 
@@ -87,12 +88,15 @@ def test_a_long_file_is_answered_whole_and_in_order(indexes, tmp_path):
     count = HELD_HITS // k + VECTOR_CHUNK_HITS // k + 7
     rows = np.random.default_rng(2).standard_normal((count, DIM)).astype(np.float32)
     np.save(tmp_path / "q.npy", rows)
-    proc = petal_query(str(indexes["ip"]), "--vector-file", str(tmp_path / "q.npy"), "-k", str(k), "--json")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    answers = [json.loads(line) for line in proc.stdout.splitlines()]
-    assert [a["query"] for a in answers] == [f"vector {i}" for i in range(count)]
+    # NOTE: petal query runs in its own process while this one searches with the Python API, side by side
+    child = forkrun.start(["query", str(indexes["ip"]), "--vector-file", str(tmp_path / "q.npy"), "-k", str(k),
+                           "--json"])
     with petal.open_index(indexes["ip"]) as index:
         expected = index.search_stored(rows, k=k)
+    proc = child.wait(300)
+    assert proc.rc == 0, proc.stderr[-3000:]
+    answers = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [a["query"] for a in answers] == [f"vector {i}" for i in range(count)]
     # NOTE: scores to float32's precision, not exact ids: FAISS scores a few rows by another path (BLAS or not, by
     # how many rows one search holds) than one search of every row, which differs in the last bits (4e-7 relative)
     # and can swap two hits that tie to that precision; a row answered out of place or twice has other scores
