@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
+import multiprocessing.forkserver as forkserver
 import os
 import signal
 import tempfile
@@ -18,20 +19,34 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+# NOTE: imports only, no torch op (the forkserver forks with no intra-op thread pool). pandas: pyarrow imports it
+# on the first pa.table(dict) (each run that commits a store entry: 0.3-0.4 s a run); petal.engine: each run with
+# petal's own engine
 PRELOAD = ["petal.cli.main", "petal.cli.index", "petal.pipeline.jobs.index_run", "petal.pipeline.index.search",
-           "tests.fake_engine", "tests.fake_cli", "faiss", "tokenizers"]
+           "petal.pipeline.api", "petal.pipeline.jobs.embed", "petal.engine.engine", "petal.engine.models.build",
+           "petal.engine.models.bert", "tests.fake_engine", "tests.fake_cli", "faiss", "tokenizers", "pandas",
+           "pyarrow.pandas_compat", "pyarrow.dataset"]
 _CONTEXT: Any = None
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _context() -> Any:
     global _CONTEXT
     if _CONTEXT is None:
-        _CONTEXT = mp.get_context("forkserver")
-        _CONTEXT.set_forkserver_preload(PRELOAD)
+        context = mp.get_context("forkserver")
+        context.set_forkserver_preload(PRELOAD)
+        # NOTE: Python 3.11's forkserver ignores the sys.path it is given: it imports PRELOAD with '' (its working
+        # directory) first on its path, and skips a module it cannot import. Started in a test's temporary
+        # directory, it preloaded none of tests.*, torch with them, and every run imported them again (~1.7 s).
+        here = os.open(".", os.O_PATH)  # the test's working directory, maybe gone since
+        try:
+            os.chdir(REPO)
+            forkserver.ensure_running()
+        finally:
+            os.fchdir(here)
+            os.close(here)
+        _CONTEXT = context
     return _CONTEXT
-
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _child(argv: list[str], env: dict[str, str | None], out: str, err: str) -> None:
