@@ -212,8 +212,19 @@ def _rendered(index: Index, labels: list[str], results: list[list[Hit]], as_json
     """The lines of each query's answer (``labels``: the query as said, its text or "vector N"), plain or JSON."""
     width = shutil.get_terminal_size((100, 20)).columns
     lines: list[str] = []
+    stored = None
+    columns = index.reader.columns
+    if show_text and columns is not None and "text" in columns.names:
+        # NOTE: text stored with the index: every hit's at once (one read per row group, not one per query: a
+        # --vector-file of 50k rows read its text row groups 50k times). Text read back from shards stays per query,
+        # so gone shards are found, and warned about, in the order they always were
+        every = index.texts([hit for hits in results for hit in hits])
+        stored = iter(every)
     for text, hits in zip(labels, results):
-        texts = index.texts(hits) if show_text else [None] * len(hits)
+        if stored is not None:
+            texts: list[str | None] = [next(stored) for _ in hits]
+        else:
+            texts = index.texts(hits) if show_text else [None] * len(hits)
         if as_json:
             rows = []
             for hit, hit_text in zip(hits, texts):
