@@ -162,14 +162,3 @@ def test_outputs_judges_dims_against_the_model_before_torch_loads(tmp_path, dims
     (was: found after torch loaded and the documents were embedded, or never)."""
     refused(tmp_path, 2, f"--dims {dims!r}: expected comma-separated integers from 1 to the model's dim 384", "outputs",
             "--dims", dims, "--corpus", SAMPLE_DATA)
-
-
-def test_startup_times_petal_embed_of_a_text_that_starts_with_a_dash(minilm_dir):
-    """--text "-1 degrees" was passed to petal embed as a flag (its child exited 2: a RuntimeError traceback after
-    the untimed round); the timed petal embed command now embeds it. Runs that command, a real petal process."""
-    from petal.bench.startup import one_shot_commands
-
-    argv = one_shot_commands("-1 degrees", None)["petal_embed"]
-    proc = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, timeout=300, stdin=subprocess.DEVNULL)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert len(json.loads(proc.stdout.splitlines()[0])["embedding"]) == 384, proc.stdout[:300]
