@@ -27,7 +27,7 @@ class JsonFailureCommand(click.Command):
             return super().make_context(info_name, list(args), parent=parent, **extra)
         except click.UsageError as exc:
             if "--json" in flags:
-                _echo_failure(exc.format_message(), exc.exit_code)
+                echo_json_failure(exc.format_message(), exc.exit_code)
             raise
 
 
@@ -50,7 +50,7 @@ def info(index_path: Path, as_json: bool) -> None:
         version_dir, manifest = _open(index_path=index_path)
     except click.ClickException as exc:  # NOTE: --json promises one object on stdout, as petal verify's does
         if as_json:
-            _echo_failure(exc.format_message(), exc.exit_code)
+            echo_json_failure(exc.format_message(), exc.exit_code)
         raise
     from petal.pipeline.index.verify import check_on_open
 
@@ -82,7 +82,7 @@ def _open(index_path: Path) -> tuple[Path, Manifest]:
     return resolve_index_dir(index_path)
 
 
-def _echo_failure(message: str, exit_code: int) -> None:
+def echo_json_failure(message: str, exit_code: int) -> None:
     """What ``--json`` prints when there is no manifest to print: petal verify --json's failure object."""
     click.echo(json.dumps({"ok": False, "error": message, "exit_code": exit_code}, ensure_ascii=False))
 

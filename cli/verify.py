@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import click
 
 from petal.cli.common import PATH, PetalClickError, user_errors
-from petal.cli.info import JsonFailureCommand
+from petal.cli.info import JsonFailureCommand, echo_json_failure
 
 if TYPE_CHECKING:
     from petal.pipeline.layout import OutputDir
@@ -48,8 +48,7 @@ def verify(out: Path, version: str | None, as_json: bool) -> None:
     except (PetalError, OSError) as exc:
         if as_json:  # NOTE: --json promises one object on stdout, whatever the verdict
             error = exc if isinstance(exc, PetalError) else io_error(exc, [])  # an OSError as user_errors maps it
-            click.echo(json.dumps({"ok": False, "error": str(error), "exit_code": error.exit_code},
-                                  ensure_ascii=False))
+            echo_json_failure(str(error), error.exit_code)
         raise
     if as_json:
         click.echo(json.dumps(report.as_dict(), ensure_ascii=False))
