@@ -7,8 +7,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from petal.engine.layers.activation_names import HIDDEN_ACTIVATIONS, check_activation
 from petal.engine.layers.kernels import fused
-from petal.engine.models.families import HIDDEN_ACTIVATIONS, check_activation
 
 _ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "gelu": F.gelu,  # exact (erf) GELU, as BERT

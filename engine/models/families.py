@@ -14,22 +14,11 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from petal.engine.config import ModelConfig, PoolingMode
+from petal.engine.layers.activation_names import check_activation
 from petal.engine.st_files import config_bool, config_float, config_int, config_str, json_kind
 
 if TYPE_CHECKING:
     from petal.engine.models.base import EncoderModel
-
-# Hugging Face hidden_act names engine/layers/activation.py runs (named here, without torch, so that
-# config.json is judged before torch loads; activation.py checks its table against these).
-HIDDEN_ACTIVATIONS: tuple[str, ...] = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "relu", "silu",
-                                       "swish")
-
-
-def check_activation(name: str) -> str:
-    """``name`` if petal runs that activation, else a ``ValueError`` listing those it runs."""
-    if name not in HIDDEN_ACTIVATIONS:
-        raise ValueError(f"activation {name!r} is not supported; known: {', '.join(sorted(HIDDEN_ACTIVATIONS))}")
-    return name
 
 
 @dataclass(frozen=True)
