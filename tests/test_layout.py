@@ -74,6 +74,14 @@ def test_engine_has_no_import_cycle():
     assert "petal.engine.engine" in graph and "petal.engine.graphs" in graph["petal.engine.engine"]
 
 
+def test_shared_layers_import_no_model_architecture():
+    # the layers are what every architecture is built on (STYLE.md): they may not reach up into engine.models
+    for name, path in modules("petal.engine").items():
+        if name.startswith("petal.engine.layers"):
+            upward = {m for m in imports(path, name) if m.startswith("petal.engine.models")}
+            assert not upward, f"{path.relative_to(REPO)} imports {sorted(upward)}"
+
+
 def test_engine_imports_no_pipeline_faiss_or_pyarrow():
     for name, path in modules("petal.engine").items():
         bad = {m for m in imports(path, name) if m.split(".")[0] in ("pyarrow", "faiss")
