@@ -9,12 +9,15 @@ kernel when it dies) that starts in milliseconds.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing as mp
 import multiprocessing.forkserver as forkserver
 import os
 import signal
 import tempfile
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -104,6 +107,36 @@ class Child:
 
     def alive(self) -> bool:
         return self.process.is_alive()
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """The process stopped (SIGSTOP) for the block, then continued: a writer that holds the lock keeps it
+        until the block ends, however slowly a loaded machine runs the steps inside (a fault's ``sleep=S``
+        alone bounds that window by S seconds of wall time)."""
+        os.kill(self.pid, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            os.kill(self.pid, signal.SIGCONT)
+
+    def catches(self, sig: signal.Signals) -> bool:
+        """Whether the process has a handler installed for ``sig`` (``SigCgt`` in /proc/PID/status)."""
+        try:
+            status = Path(f"/proc/{self.pid}/status").read_text()
+        except (FileNotFoundError, ProcessLookupError):
+            return False
+        caught = next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:"))
+        return bool(int(caught, 16) >> (int(sig) - 1) & 1)
+
+    def wait_handled(self, sig: signal.Signals, timeout: float = 60) -> None:
+        """Wait until the process ran its handler of a first ``sig`` (petal's handler then restores the kernel's
+        default): a second signal sent sooner, before a loaded machine scheduled the process, merges with the
+        first in the kernel's pending set and is never delivered as a second one."""
+        deadline = time.monotonic() + timeout
+        while self.alive() and self.catches(sig):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{sig.name} not handled in {timeout} s: {self.stderr_so_far()[-2000:]}")
+            time.sleep(0.01)
 
     def wait(self, timeout: float = 120) -> Result:
         self.process.join(timeout)
