@@ -129,7 +129,10 @@ def lock_is_free(out: Path) -> bool:
 # --- signals -----------------------------------------------------------------------------------------
 
 def test_sigterm_mid_run_stops_cleanly_then_resumes(job):
-    child = job.start(fault="after_batch:1+:sleep=0.15")  # a slow run with real batch boundaries
+    # a slow run with real batch boundaries (3 a shard); from the second shard on, 0.5 s each: the signal, sent
+    # once the first shard is committed, must land before the third is (a test process that a loaded machine
+    # left unscheduled for longer than the rest of the run used to see 3 shards done, or rc 0)
+    child = job.start(fault="after_batch:1+:sleep=0.15,after_batch:4+:sleep=0.35")
     wait_for(lambda: committed_shards(job.out) >= 1)
     sent = time.monotonic()
     child.send(signal.SIGTERM)
@@ -169,15 +172,20 @@ def test_sigint_is_130_and_signals_at_any_phase_write_a_report(job):
 def test_second_writer_exits_75_at_once_naming_the_holder_or_waits(job):
     holder = job.start(fault="after_lock:1:sleep=4")
     wait_for(lambda: holds_lock(job.out, holder))
-    started = time.monotonic()
-    second = job.run()
-    assert second.rc == 75 and time.monotonic() - started < 3, second.stderr
-    holder_info = json.loads((job.out / ".lock").read_text())
-    assert holder_info["pid"] == holder.pid
-    for field in (f'"pid": {holder.pid}', f'"host": "{holder_info["host"]}"', '"started": '):
-        assert field in second.stderr
-    assert second.report["status"] == "failed" and second.report["exit_code"] == 75 and "--wait" in second.stderr
-    waiter = job.start("--wait")
+    # NOTE: the holder is stopped while the second run and the waiter reach the lock: its 4 s sleep alone had to
+    # cover both, and on a loaded machine the lock could be free before the waiter asked for it. Stopped, it
+    # holds the lock for good: a second run that waited for it would never end
+    with holder.paused():
+        started = time.monotonic()
+        second = job.run()
+        assert second.rc == 75 and time.monotonic() - started < 30, second.stderr
+        holder_info = json.loads((job.out / ".lock").read_text())
+        assert holder_info["pid"] == holder.pid
+        for field in (f'"pid": {holder.pid}', f'"host": "{holder_info["host"]}"', '"started": '):
+            assert field in second.stderr
+        assert second.report["status"] == "failed" and second.report["exit_code"] == 75 and "--wait" in second.stderr
+        waiter = job.start("--wait")
+        wait_for(lambda: "waiting" in waiter.stderr_so_far())
     first = holder.wait()
     queued = waiter.wait()
     assert first.rc == 0 and first.report["status"] == "success"
@@ -188,12 +196,15 @@ def test_second_writer_exits_75_at_once_naming_the_holder_or_waits(job):
 def test_sigterm_while_waiting_for_the_lock(job):
     holder = job.start(fault="after_lock:1:sleep=5")
     wait_for(lambda: holds_lock(job.out, holder))
-    waiter = job.start("--wait")
-    wait_for(lambda: "waiting" in waiter.stderr_so_far())
-    waiter.send(signal.SIGTERM)
-    result = waiter.wait(10)
-    assert result.rc == 143 and result.report["status"] == "interrupted"
-    assert holder.alive()  # the waiter never had the lock
+    # NOTE: stopped, the holder keeps the lock however long a loaded machine takes (its 5 s sleep had to cover
+    # the waiter's start, its wait and its stop); a waiter that did not stop on the signal would wait forever
+    with holder.paused():
+        waiter = job.start("--wait")
+        wait_for(lambda: "waiting" in waiter.stderr_so_far())
+        waiter.send(signal.SIGTERM)
+        result = waiter.wait(30)
+        assert result.rc == 143 and result.report["status"] == "interrupted"
+        assert holder.alive()  # the waiter never had the lock
     assert holder.wait().rc == 0
 
 
@@ -437,7 +448,8 @@ def test_every_check_runs_before_the_model_loads(indexed_job, tmp_path):
         assert result.report["exit_code"] == code and read_log(job.log) == []  # no engine was created
     holder = job.start(fault="after_lock:1:sleep=3")
     wait_for(lambda: holds_lock(job.out, holder))
-    locked = job.run()
+    with holder.paused():  # holds the lock however long the run takes to reach it (its 3 s sleep alone: a race)
+        locked = job.run()
     assert locked.rc == 75 and read_log(job.log) == []
     assert holder.wait().rc == 0
 
