@@ -16,6 +16,7 @@ index size, and for petal (built in a fresh child process) the peak anonymous RS
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import multiprocessing
@@ -169,11 +170,27 @@ def run_index_bench(num_vectors: int, dim: int, num_queries: int = 1000, memorie
                     target_recall: float = 0.95, num_shards: int = 10, seed: int = 0, baselines: bool = True,
                     factory: str = "auto", workdir: Path | None = None) -> dict[str, Any]:
     """One scenario: ``num_vectors`` x ``dim``; petal (``factory``) once per ``--index-memory`` in ``memories``."""
+    # NOTE: only what this run made is removed after it: a --workdir (or its d<dim>) that already held files
+    # keeps them; the run writes into a new directory inside it (was: the whole directory removed)
+    made_workdir = workdir is not None and not Path(workdir).exists()
+    if workdir is not None:
+        Path(workdir).mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="petal-bench-index-", dir=workdir))
+    try:
+        return _index_bench(work, num_vectors, dim, num_queries, memories, target_recall, num_shards, seed,
+                            baselines, factory)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        if made_workdir:
+            with contextlib.suppress(OSError):  # left when something else wrote there meanwhile
+                Path(workdir).rmdir()  # type: ignore[arg-type]
+
+
+def _index_bench(work: Path, num_vectors: int, dim: int, num_queries: int, memories: tuple[str, ...],
+                 target_recall: float, num_shards: int, seed: int, baselines: bool, factory: str) -> dict[str, Any]:
     from petal.pipeline.config import parse_size
 
     faiss = load_faiss()
-    work = Path(workdir or tempfile.mkdtemp(prefix="petal-bench-index-"))
-    work.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     entries = synthetic_store(work, num_vectors, dim, num_shards, seed)
     store_s = time.perf_counter() - started
@@ -197,7 +214,6 @@ def run_index_bench(num_vectors: int, dim: int, num_queries: int = 1000, memorie
     del vectors
     for row, ids in zip(rows, found):
         row["recall_at_10"] = round(recall_at_10(ids, truth), 4)
-    shutil.rmtree(work, ignore_errors=True)
     return {"scenario": "index", "vectors": num_vectors, "dim": dim, "queries": num_queries,
             "data": "clustered (1024 Gaussian clusters, spread 0.6), unit norm, inner product",
             "target_recall_at_10": target_recall, "store_write_s": round(store_s, 1),

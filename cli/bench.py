@@ -235,7 +235,9 @@ def bench_e2e(model: str | None, shape: str | None, tokenizer_dir: Path | None, 
 @click.option("--factory", default="auto", show_default=True, help="petal's --index-factory.")
 @click.option("--no-baseline", is_flag=True, help="Skip the IVF4096,Flat baseline (IndexFlatIP always runs: "
               "it is the ground truth).")
-@click.option("--workdir", type=PATH, default=None, help="Where the store is written.")
+@click.option("--workdir", type=PATH, default=None,
+              help="Where the store is written: a new directory under WORKDIR/d<DIM>, removed after the run "
+              "(nothing else there is touched).")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON lines.")
 @bench_errors(writes=True)
 def bench_index(num_vectors: int, dims: tuple[int, ...], num_queries: int, memories: tuple[str, ...],
