@@ -73,18 +73,29 @@ def test_rebuild_waits_for_the_lock_with_wait_and_stops_on_sigterm_while_waiting
     while str(holder.pid) not in (built / ".lock").read_text():
         assert time.monotonic() < deadline
         time.sleep(0.05)
-    locked = forkrun.petal(["rebuild", str(built)])
-    assert locked.rc == 75 and "--wait" in locked.last_line
-    report = tmp_path / "wait.json"
-    waiter = forkrun.start(["rebuild", str(built), "--wait", "--json-report", str(report)])
-    time.sleep(1.0)
-    waiter.send(signal.SIGTERM)
-    stopped = waiter.wait(30)
-    assert stopped.rc == 143 and stopped.report["status"] == "interrupted"
-    queued = forkrun.start(["rebuild", str(built), "--wait", "--index-factory", "Flat"])
+    # NOTE: the holder is stopped while the rebuilds meet its lock: its 6 s sleep alone had to cover all three
+    # (and a fixed 1 s for the waiter to be waiting), and on a loaded machine the lock could be free too soon
+    with holder.paused():
+        locked = forkrun.petal(["rebuild", str(built)])
+        assert locked.rc == 75 and "--wait" in locked.last_line
+        report = tmp_path / "wait.json"
+        waiter = forkrun.start(["rebuild", str(built), "--wait", "--json-report", str(report)])
+        _wait_for_text(waiter, "waiting for the writer lock")
+        waiter.send(signal.SIGTERM)
+        stopped = waiter.wait(30)
+        assert stopped.rc == 143 and stopped.report["status"] == "interrupted"
+        queued = forkrun.start(["rebuild", str(built), "--wait", "--index-factory", "Flat"])
+        _wait_for_text(queued, "waiting for the writer lock")
     assert holder.wait().rc == 0
     done = queued.wait(60)
     assert done.rc == 0 and "waiting for the writer lock" in done.stderr, done.stderr
+
+
+def _wait_for_text(child: forkrun.Child, text: str) -> None:
+    deadline = time.monotonic() + 60
+    while text not in child.stderr_so_far():
+        assert time.monotonic() < deadline and child.alive(), child.stderr_so_far()
+        time.sleep(0.02)
 
 
 @pytest.mark.parametrize("point", ["before_version_rename", "before_current_swap"])
