@@ -390,7 +390,9 @@ def test_a_second_signal_kills_at_once(tmp_path, fake_model):
                           {"PETAL_TEST_FAKE_ENGINE": str(tmp_path / "log"), "PETAL_FAULT": "after_lock:1:sleep=60"})
     _wait_for_lock(job.out, child)
     child.send(signal.SIGTERM)
-    time.sleep(0.5)
+    # NOTE: the second signal only after the first one's handler ran (it restores the default): a fixed 0.5 s was
+    # a race on a loaded machine, where both could be pending before the process ran and merge into one
+    child.wait_handled(signal.SIGTERM)
     child.send(signal.SIGTERM)
     result = child.wait(30)  # the first alone would stop only after the 60 s sleep
     assert result.rc == -signal.SIGTERM
