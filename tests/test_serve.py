@@ -505,7 +505,12 @@ def test_reindex_while_clients_search(served, tmp_path):
         new = (out / "CURRENT").read_text().strip()
         ready = _wait_ready(server, lambda r: r["version"] == new)
         assert ready["version"] == new
-        time.sleep(0.3)  # a few answers from the new version too
+        # a few answers from the new version too: awaited (a fixed 0.3 s raced the clients on a loaded machine,
+        # where one search can take longer than that)
+        deadline = time.monotonic() + 60
+        while not (failures or (len(answers) > 4 and any(v == new for v, _ in answers))):
+            assert time.monotonic() < deadline, (len(answers), failures[:1])
+            time.sleep(0.05)
     finally:
         stop.set()
         for t in threads:
@@ -606,13 +611,17 @@ def test_requests_past_the_drain_are_answered_503_and_the_server_exits_0(tmp_pat
     from petal.engine.loader import default_model_dir
 
     log = tmp_path / "log"
-    server = Server(log, "--model", default_model_dir(), "--max-wait-ms", "60000", "--drain-timeout-s", "1")
+    # NOTE: with two signals the drain timeout is long, so that only the second signal can cut the drain short (with
+    # 1 s, a second signal later than that on a loaded machine found the drain already over)
+    drain = "1" if len(signals) == 1 else "60"
+    server = Server(log, "--model", default_model_dir(), "--max-wait-ms", "60000", "--drain-timeout-s", drain)
     try:
         answers = _held_in_queue(server, 3, 2)
         stopping = time.monotonic()
-        for sig in signals:
+        for n, sig in enumerate(signals):
+            if n:
+                _wait_port_closed(server)  # the first signal was handled: two at once could merge into one
             server.proc.send_signal(sig)
-            time.sleep(0.3)
         assert server.proc.wait(30) == 0
         assert time.monotonic() - stopping < 15  # not the 60 s the batch would have waited
         for answer in answers:
@@ -631,6 +640,19 @@ def test_requests_past_the_drain_are_answered_503_and_the_server_exits_0(tmp_pat
             in text.splitlines()[-1]
     finally:
         server.stop()
+
+
+def _wait_port_closed(server: Server) -> None:
+    """Until the port refuses connections: the server has begun its drain (uvicorn closes its listening socket
+    first)."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            httpx.get(f"{server.url}/health", timeout=5)
+        except httpx.TransportError:
+            return
+        assert time.monotonic() < deadline and server.proc.poll() is None
+        time.sleep(0.02)
 
 
 def _catches(pid: int, sig: int) -> bool:
@@ -880,11 +902,15 @@ def test_a_version_that_fails_to_open_is_tried_again_until_it_opens(served, tmp_
                              retry_first_s=0.2)
     live, new = _publish_copy(copy, lambda manifest: None)
     monkeypatch.setenv("PETAL_FAULT", "query_open:1:eio,query_open:2:eio")
+    tried = time.monotonic()
     assert follower.check_once() is False and follower.live.version == live
     refused = follower.status()["refused"]
     assert (refused["version"], refused["reason"], refused["retry_in_s"]) == (new, "open", 0.2), refused
     assert "Input/output error" in refused["message"]
-    assert not follower.due() and follower.check_once() is False  # not yet: no second open
+    due = follower.due()
+    # NOTE: "not yet" holds only within the 0.2 s wait; a loaded machine may have taken longer to get here
+    if time.monotonic() - tried < 0.2:
+        assert not due and follower.check_once() is False  # not yet: no second open
     time.sleep(0.25)
     assert follower.due() and follower.check_once() is False  # the second open fails too
     assert follower.status()["refused"]["retry_in_s"] == 0.4  # the wait doubles
@@ -893,7 +919,7 @@ def test_a_version_that_fails_to_open_is_tried_again_until_it_opens(served, tmp_
     assert "refused" not in follower.status() and not follower.due()
     monkeypatch.delenv("PETAL_FAULT")
 
-    def retried_until(predicate, timeout_s: float = 10.0) -> None:
+    def retried_until(predicate, timeout_s: float = 60.0) -> None:
         deadline = time.monotonic() + timeout_s
         while not predicate():
             assert time.monotonic() < deadline, follower.status()
