@@ -55,8 +55,9 @@ def index(sources: Sources, out: str | os.PathLike[str], *, engine_factory: Call
     ``engine_factory(spec, engine_config)`` replaces the engine (tests); ``stop``: an active
     ``StopSignals`` of the caller's (else SIGINT/SIGTERM are caught for the run, in the main thread).
     """
-    report = report if report is not None else RunReport(command="index")
+    given_report, report = report, _own_report(report, "index")
     try:
+        _check_hooks("petal.index()", given_report, stop, engine_factory)
         not_empty_path(out, "out")
         job = index_job(sources, out, **settings)
         if "" in job.sources:
@@ -93,9 +94,10 @@ def rebuild(out: str | os.PathLike[str], *, json_report: str | os.PathLike[str] 
     again). ``wait``: queue behind another writer of ``out`` (else exit 75); ``stop``: an active ``StopSignals`` of
     the caller's.
     """
-    report = report if report is not None else RunReport(command="rebuild")
+    given_report, report = report, _own_report(report, "rebuild")
     target = _report_path(json_report)
     try:
+        _check_hooks("petal.rebuild()", given_report, stop)
         if json_report is not None:
             out_path(json_report, "json_report")
         if not isinstance(wait, bool):
@@ -122,6 +124,27 @@ def open_index(path: str | os.PathLike[str], **settings: Any) -> Index:
     from petal.pipeline.jobs.searcher import Index
 
     return Index(path, _caller="petal.open_index()", **settings)
+
+
+def _own_report(report: Any, command: str) -> RunReport:
+    """``report`` when it is a ``RunReport``, else a new one (the one a wrong ``report`` argument fails in)."""
+    return report if isinstance(report, RunReport) else RunReport(command=command)
+
+
+def _check_hooks(caller: str, report: Any, stop: Any, engine_factory: Any = None) -> None:
+    """``UsageError`` naming ``report``, ``stop`` or ``engine_factory`` when it is not what the run calls (before: an
+    ``AttributeError``, ``'str' object has no attribute 'finish'``, or a ``TypeError`` from inside the run, once
+    ``OUT`` was made)."""
+    if report is not None and not isinstance(report, RunReport):
+        raise UsageError(f"{caller}: report={report!r} is {kind_of(report)}, not a petal.RunReport (or None)")
+    if stop is not None:
+        from petal.pipeline.reliability.signals import StopSignals
+
+        if not isinstance(stop, StopSignals):
+            raise UsageError(f"{caller}: stop={stop!r} is {kind_of(stop)}, not a StopSignals "
+                             "(petal.pipeline.reliability.signals) or None")
+    if engine_factory is not None and not callable(engine_factory):
+        raise UsageError(f"{caller}: engine_factory={engine_factory!r} is {kind_of(engine_factory)}, not callable")
 
 
 def _report_path(json_report: Any) -> Path | None:
