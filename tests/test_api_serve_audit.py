@@ -74,3 +74,33 @@ def test_rebuild_refuses_a_hook_argument_of_the_wrong_type_naming_it(built, hook
         petal.rebuild(out, **{hook: value})
     assert caught.value.exit_code == 2
     assert (out / "CURRENT").read_text() == before
+
+
+@pytest.mark.parametrize("where", [None, b"year = 2020", 2020, ["year = 2020"]])
+def test_check_where_refuses_what_is_no_filter_text(built, where):
+    """``Index.check_where`` is public: ``None``, bytes or a number went to the parser as they were (``TypeError:
+    object of type 'NoneType' has no len()``, ``cannot use a string pattern on a bytes-like object``)."""
+    _, out = built
+    with petal.open_index(out) as index:
+        with pytest.raises(petal.UsageError, match="not a filter expression"):
+            index.check_where(where)
+        index.check_where("year = 2020")  # the right type still checks
+
+
+def test_reopened_with_a_where_of_the_wrong_type_does_not_refuse_the_new_version(built, tmp_path):
+    """``Index.reopened(where=3)`` while ``CURRENT`` names a newer version: the ``TypeError`` of the filter parser
+    marked that version as refused, so every later ``reopened()`` returned ``None`` (the old version searched on).
+    Now a ``UsageError`` before the version is tried; it opens on the next call."""
+    import shutil
+
+    _, built_out = built
+    out = shutil.copytree(built_out, tmp_path / "out", ignore=shutil.ignore_patterns(".lock"))
+    with petal.open_index(out) as index:
+        first = index.path.name
+        petal.rebuild(out, metric="l2")  # no model: a new version from the stored embeddings
+        with pytest.raises(petal.UsageError, match="not a filter expression"):
+            index.reopened(where=3)
+        fresh = index.reopened(where="year = 2020")
+        assert fresh is not None and fresh.path.name != first
+        assert fresh.manifest.metric == "l2"
+        fresh.close()

@@ -115,7 +115,9 @@ class Index:
         return list(self.reader.ignored)
 
     def check_where(self, where: str) -> None:
-        """A ``where`` filter this index can apply (``UsageError`` naming a bad expression or unknown column)."""
+        """A ``where`` filter this index can apply (``UsageError`` naming a bad expression or unknown column, or a
+        ``where`` that is no str)."""
+        _where_text(where)
         try:
             self.reader.selector(where)
         except ValueError as exc:
@@ -143,6 +145,8 @@ class Index:
         before): same settings, its model loaded when this one's is (kept when the new version was built with the
         same model and settings), ``where`` checked against its columns. A version that cannot be opened, or
         searched so, raises as ``open_index``, ``query_model`` and ``check_where`` do, and is not tried again."""
+        if where is not None:
+            _where_text(where)  # NOTE: before the new version is tried: a wrong argument does not refuse it
         pointer = current_pointer(self._root)
         if pointer is None or pointer in (self.reader.dir.name, self._refused):
             return None
@@ -246,8 +250,6 @@ class Index:
     def _check_where(self, where: Any) -> None:
         if where is None:
             return
-        if not isinstance(where, str):
-            raise UsageError(f"where {where!r} is {kind_of(where)}, not a filter expression (a str)")
         self.check_where(where)
 
     @staticmethod
@@ -293,6 +295,12 @@ class Index:
         with np.errstate(over="ignore"):  # float64 beyond float32's range: inf, refused by _finite
             rows = _finite(np.asarray(rows, dtype=np.float32))
         return transform.stored(rows) if transform is not None else rows
+
+
+def _where_text(where: Any) -> None:
+    """``UsageError`` for a ``where`` that is no str (``None``, bytes, a number): the filter parser takes text only."""
+    if not isinstance(where, str):
+        raise UsageError(f"where {where!r} is {kind_of(where)}, not a filter expression (a str)")
 
 
 class QueryVectorsError(UsageError):
