@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -104,3 +105,86 @@ def test_reopened_with_a_where_of_the_wrong_type_does_not_refuse_the_new_version
         assert fresh is not None and fresh.path.name != first
         assert fresh.manifest.metric == "l2"
         fresh.close()
+
+
+def test_an_integer_too_long_for_python_in_where_is_named_by_the_api(built):
+    """A literal of 5000 digits raised Python's own ``ValueError`` ("Exceeds the limit (4300 digits) for integer
+    string conversion ...; use sys.set_int_max_str_digits()"), which named neither ``--where`` nor the number."""
+    _, out = built
+    with petal.open_index(out) as index:
+        for search in (lambda w: index.search("glaciers", k=2, where=w),
+                       lambda w: index.search_stored(np.full((1, DIM), 0.05, np.float32), k=2, where=w),
+                       index.check_where):
+            with pytest.raises(petal.UsageError, match=r"--where .*: the number 9{12}\.\.\. has 5000 digits") as caught:
+                search(f"year = {HUGE}")
+            assert "set_int_max_str_digits" not in str(caught.value)
+            assert len(str(caught.value)) < 300
+        assert [h.fields["year"] for h in index.search("glaciers", k=6, where="year = 2020")[0]] == [2020, 2020]
+
+
+# --- petal serve --------------------------------------------------------------------------------------------------
+
+
+def test_serve_names_where_for_an_integer_too_long_for_python(server):
+    """The same literal on ``/search``: a 422 whose message did not name ``'where'`` (it was Python's own,
+    pointing at ``sys.set_int_max_str_digits``). The server keeps serving."""
+    c = server.client
+    for body in ({"query": "glaciers", "where": f"year = {HUGE}"},
+                 {"vectors": [[0.05] * DIM], "where": f"year IN (2020, {HUGE})"}):
+        response = c.post("/search", json=body)
+        assert response.status_code == 422, response.text
+        message = response.json()["error"]["message"]
+        assert message.startswith("'where' ") and "has 5000 digits" in message, message
+        assert "set_int_max_str_digits" not in message
+        assert c.get("/health").status_code == 200
+    found = c.post("/search", json={"query": "glaciers", "k": 6, "where": "year = 2020"}).json()
+    assert [hit["fields"]["year"] for hit in found["results"][0]["hits"]] == [2020, 2020]
+
+
+GAPS = [  # (route, JSON body, status, in the message): mistakes no other serve test sends
+    ("/v1/embeddings", {"input": "x", "dimensions": 0}, 422, "'dimensions' must be >= 1, got 0"),
+    ("/v1/embeddings", {"input": "x", "dimensions": -3}, 422, "'dimensions' must be >= 1, got -3"),
+    ("/v1/embeddings", {"input": "x", "dimensions": 385}, 422, "'dimensions' is 385, the model has 384"),
+    ("/v1/embeddings", {"input": "x", "dimensions": True}, 422, "'dimensions' must be an integer, not a boolean"),
+    ("/v1/embeddings", {"input": "x", "dimensions": "12"}, 422, "'dimensions' must be an integer, not a string"),
+    ("/v1/embeddings", {"input": "x", "dimensions": 384.0}, 422, "'dimensions' must be an integer, not 384.0"),
+    ("/v1/embeddings", {"input": "x", "truncate": 1}, 422, "'truncate' must be true or false"),
+    ("/v1/embeddings", {"input": "x", "input_type": "passage"}, 422, "'input_type' must be one of query, document"),
+    ("/v1/embeddings", {"input": [-1, 5]}, 422, "token id -1 is outside the vocabulary (0..30521)"),
+    ("/v1/embeddings", {"input": [[101, 102], [30522]]}, 422, "input item 1: token id 30522 is outside"),
+    ("/v1/embeddings", {"input": [[True]]}, 422, "token-id lists must be non-empty lists of integers"),
+    ("/v1/embeddings", {"input": [[101], []]}, 422, "token-id lists must be non-empty lists of integers"),
+    ("/v1/embeddings", {"input": [[101], "x"]}, 422, "'input' must be a string or a list of strings"),
+    ("/v1/embeddings", {"input": []}, 422, "'input' is empty"),
+    ("/v1/embeddings", {"input": [101] * 300}, 413, "input item 0 has more than 256 tokens"),
+    ("/v1/embeddings", {"input": "x", "foo": None}, 422, "unknown field(s) 'foo'"),
+    ("/search", {"query": "x", "k": True}, 422, "'k' must be an integer, not a boolean"),
+    ("/search", {"query": "x", "k": "3"}, 422, "'k' must be an integer, not a string"),
+    ("/search", {"query": "x", "k": -1}, 422, "'k' must be >= 1, got -1"),
+    ("/search", {"query": "x", "k": 51}, 422, "'k' is 51, over the limit of 50 (--max-k)"),
+    ("/search", {"query": ["x"]}, 422, "'query' must be a string (use 'queries' for a list)"),
+    ("/search", {"queries": []}, 422, "'queries' is empty"),
+    ("/search", {"queries": [["x"]]}, 422, "'queries' must be a string or a list of strings"),
+    ("/search", {"vectors": []}, 422, "'vectors' is empty"),
+    ("/search", {"vectors": [0.05] * DIM}, 422, "'vectors' must be a list of non-empty lists of numbers"),
+    ("/search", {"vectors": [[True] * DIM]}, 422, "'vectors' must be a list of non-empty lists of numbers"),
+    ("/search", {"vectors": [["0.05"] * DIM]}, 422, "'vectors' must be a list of non-empty lists of numbers"),
+    ("/search", {"vectors": [[0.05] * (DIM + 1)]}, 422, "'vectors' rows must have 384 values"),
+    ("/search", {"query": "x", "include": "text"}, 422, "'include' must be a list of 'text', 'metadata'"),
+    ("/search", {"query": "x", "where": 5}, 422, "'where' must be a filter expression"),
+    ("/search", {"query": "x", "where": "year = '2020'"}, 422, "column 'year' is int64"),
+]
+
+
+def test_serve_answers_each_mistake_with_its_4xx_and_keeps_serving(server):
+    c = server.client
+    for route, body, status, text in GAPS:
+        response = c.post(route, json=body)
+        assert response.status_code == status, (body, response.text)
+        assert text in response.json()["error"]["message"], (body, response.text)
+    for method, route in (("GET", "/search"), ("GET", "/v1/embeddings"), ("HEAD", "/search")):
+        assert c.request(method, route).status_code == 405
+    assert c.head("/health").status_code == 200
+    assert c.get("/health").json() == {"status": "ok"}
+    assert c.post("/v1/embeddings", json={"input": "x", "dimensions": 8}).json()["data"][0]["embedding"].__len__() == 8
+    assert "Traceback" not in server.log.read_text(errors="replace")

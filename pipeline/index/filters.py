@@ -54,7 +54,7 @@ def _tokens(text: str) -> list[tuple[str, Any]]:
         if kind == "str":
             tokens.append(("lit", value[1:-1].replace("''", "'")))
         elif kind == "num":
-            tokens.append(("lit", float(value) if any(c in value for c in ".eE") else int(value)))
+            tokens.append(("lit", _number(text, value)))
         elif kind == "name":
             word = value.strip('"')
             if value.upper() in ("TRUE", "FALSE"):  # NOTE: unquoted only: "true" is a column so named
@@ -64,6 +64,20 @@ def _tokens(text: str) -> list[tuple[str, Any]]:
         else:
             tokens.append(("op", value))
     return tokens
+
+
+def _number(text: str, value: str) -> int | float:
+    """A number literal of ``text``; an integer of more digits than Python converts (4300: the largest a column holds,
+    decimal256, has 76) is a ``ValueError`` naming the filter, not Python's bare message about
+    ``sys.set_int_max_str_digits``."""
+    if any(c in value for c in ".eE"):
+        return float(value)
+    try:
+        return int(value)
+    except ValueError:
+        digits = len(value.lstrip("-"))
+        raise ValueError(f"--where {text[:80]!r}{'...' if len(text) > 80 else ''}: the number {value[:12]}... has "
+                         f"{digits} digits, more than any column's value") from None
 
 
 def parse_filter(text: str) -> Filter:
