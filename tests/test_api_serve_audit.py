@@ -67,6 +67,13 @@ def test_index_refuses_a_hook_argument_of_the_wrong_type_naming_it(built, tmp_pa
     assert written["exit_code"] == 2 and hook in written["message"]
 
 
+def test_embedder_refuses_an_engine_factory_that_is_not_callable():
+    """``petal.Embedder(engine_factory=3)`` loaded the model's files, then raised ``TypeError: 'int' object is not
+    callable``."""
+    with pytest.raises(petal.UsageError, match=r"petal\.Embedder\(\): engine_factory=3 is an int, not callable"):
+        petal.Embedder(engine_factory=3)
+
+
 @pytest.mark.parametrize(("hook", "value"), [("report", {}), ("stop", True)])
 def test_rebuild_refuses_a_hook_argument_of_the_wrong_type_naming_it(built, hook, value):
     _, out = built

@@ -150,6 +150,8 @@ class Embedder:
                  output_dtype: str = "float32", calibration: str | Path | None = None,
                  engine_factory: EngineFactory | None = None) -> None:
         caller = "petal.Embedder()"
+        if engine_factory is not None and not callable(engine_factory):  # NOTE: else a TypeError once the model loads
+            raise UsageError(f"{caller}: engine_factory={engine_factory!r} is {kind_of(engine_factory)}, not callable")
         if model is not None:
             model_path(model, f"{caller}: model")
         if calibration is not None:
