@@ -133,7 +133,7 @@ def test_a_current_that_names_no_version_is_said_once_and_the_server_keeps_servi
             assert found.status_code == 200 and found.json()["version"] == live
             assert [r["hits"][0]["id"] for r in found.json()["results"]] == [0, 1]
             _point(out, live + "\n")  # repaired: seen at the next check, the refusal clears
-            _wait_ready(server, lambda r: "refused" not in r, "the refusal cleared", timeout_s=5.0)
+            _wait_ready(server, lambda r: "refused" not in r, "the refusal cleared")
         # an empty CURRENT (a pointer truncated by hand): the same rule
         refused = _refusals(server)
         _point(out, "")
@@ -145,7 +145,7 @@ def test_a_current_that_names_no_version_is_said_once_and_the_server_keeps_servi
         (out / "CURRENT").unlink()
         cli_run("index", data, "--out", out, "-q", "--vectors-column", "emb", "--index-factory", "Flat", "--full")
         new = (out / "CURRENT").read_text().strip()
-        ready = _wait_ready(server, lambda r: r["version"] == new, "the new version", timeout_s=10.0)
+        ready = _wait_ready(server, lambda r: r["version"] == new, "the new version")
         assert "refused" not in ready
     finally:
         server.stop()
