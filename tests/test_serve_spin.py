@@ -70,9 +70,9 @@ def test_a_spinning_engine_thread_answers_right_and_stops_spinning(model):
         tid = batcher._thread.native_id
         asyncio.run(ask("again"))
         start = thread_cpu_s(tid)
-        time.sleep(spin_ms / 2000)
+        time.sleep(spin_ms / 1000)  # the whole window: on a loaded machine the spinning thread gets a share of it
         assert thread_cpu_s(tid) - start >= 0.03, "the engine thread slept at once: no spin"
-        time.sleep(spin_ms / 1000)  # the last spin is over
+        time.sleep(spin_ms / 2000)  # the last spin is over
         before = thread_cpu_s(tid)
         time.sleep(0.6)
         assert thread_cpu_s(tid) - before < 0.1, "the engine thread kept spinning past --engine-spin-ms"
