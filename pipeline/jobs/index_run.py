@@ -575,11 +575,16 @@ def embed_shards(chunks: Prefetcher[TokenizedDocs], shards: list[ShardInfo],
                     desc="embedding", dynamic_ncols=True, mininterval=0.5)
     tokens = [0]  # tokens embedded (results back from the engine): the progress bar's tok/s
 
+    def show_rate() -> None:  # after every result, the flush and the drain included (the bar's last line too)
+        progress.set_postfix_str(f"{tokens[0] / max(progress.format_dict['elapsed'], 1e-9):,.0f} tok/s",
+                                 refresh=False)
+
     def step(batch: Any) -> Iterator[tuple[int, StoreEntry]]:
         for done, vectors in flight.push(batch, guard.step(batch)):  # [4] step, [5] result
             yield from sink.add(list(done.keys), vectors)  # [6] store
             progress.update(done.num_seqs)
             tokens[0] += done.num_tokens
+            show_rate()
         fault("after_batch")
         stop.check()  # a batch boundary
 
@@ -597,8 +602,6 @@ def embed_shards(chunks: Prefetcher[TokenizedDocs], shards: list[ShardInfo],
                 batch = packer.add((chunk.shard_index, row, doc_id), token_ids)  # [3] pack
                 if batch is not None:
                     yield from step(batch)
-            progress.set_postfix_str(f"{tokens[0] / max(progress.format_dict['elapsed'], 1e-9):,.0f} tok/s",
-                                     refresh=False)
         last = packer.flush()
         if last is not None:
             yield from step(last)
@@ -606,6 +609,7 @@ def embed_shards(chunks: Prefetcher[TokenizedDocs], shards: list[ShardInfo],
             yield from sink.add(list(done.keys), vectors)
             progress.update(done.num_seqs)
             tokens[0] += done.num_tokens
+            show_rate()
     except Exception as exc:
         _reraise(exc)
     finally:

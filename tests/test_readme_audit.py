@@ -1,0 +1,33 @@
+"""What a newcomer following the README sees, through the real CLI (subprocess, packaged MiniLM)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+
+def _petal(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "petal.cli.main", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_index_progress_bar_reports_the_tokens_of_the_last_batches(tmp_path: Path) -> None:
+    """The progress bar's tok/s counted only batches finished while chunks were still being read, and was not
+    updated after the final flush and drain: a small run (one packed batch) ended on "0 tok/s", a larger one
+    on a stale rate well below the report's."""
+    shard = tmp_path / "s.parquet"
+    pq.write_table(pa.table({"id": ["a", "b", "c"],
+                             "text": ["how glaciers move", "volcanoes erupt when magma rises",
+                                      "tea is brewed from leaves"]}), shard)
+    done = _petal("index", str(shard), "--out", str(tmp_path / "out"))
+    assert done.returncode == 0, done.stderr
+    bars = [part for part in re.split(r"[\r\n]", done.stderr) if part.startswith("embedding:")]
+    assert bars, done.stderr
+    rate = re.search(r"([\d,]+) tok/s", bars[-1])
+    assert rate is not None, bars[-1]
+    assert int(rate.group(1).replace(",", "")) > 0, bars[-1]
