@@ -19,8 +19,9 @@ from petal.cli.options import model_options, output_options
 
 @click.command()
 @click.argument("texts", nargs=-1)
-@click.option("--model", type=MODEL_DIR, default=None,
-              help="Local model directory (default: the packaged all-MiniLM-L6-v2).")
+@click.option("--model", type=MODEL_DIR, default=None, metavar="PATH|HF_ID",
+              help="Local model directory, or a Hugging Face model id already in the local cache (default: the "
+                   "packaged all-MiniLM-L6-v2).")
 @click.option("--stdin", "from_stdin", is_flag=True, help="Read one text per line from stdin.")
 @click.option("--input", "input_path", type=PATH, default=None,
               help="Read texts from a .parquet, .txt or .jsonl file.")
@@ -28,7 +29,8 @@ from petal.cli.options import model_options, output_options
 @click.option("--id-column", default=None,
               help="Id column of a .parquet --input (or key of a .jsonl one): each output line carries its id.")
 @click.option("--output", "output", type=PATH, default=None,
-              help="Write FILE.npy (float32 rows) or FILE.jsonl instead of JSON lines on stdout: whole or not at "
+              help="Write FILE.npy (one row per input: float32 or --output-dtype float16 vectors, --quantize int8 "
+                   "codes or packed sign bits) or FILE.jsonl instead of JSON lines on stdout: whole or not at "
                    "all (a file beside it renamed over it; on any failure an existing FILE is left as it was).")
 @click.option("--max-length", type=int, default=None, help="Truncate texts to N tokens (default: the model's).")
 @click.option("--query", "as_query", is_flag=True, help="Embed the texts as queries (with the query prompt).")

@@ -18,8 +18,9 @@ from petal.cli.scale_options import RAY_LOCAL, scale_options
 # makes an unreadable path a usage error (2); the run judges --out (73) and treats a report it cannot write as a warning
 @click.option("--out", "out", required=True, type=PATH,
               help="Output directory (index + store).")
-@click.option("--model", type=MODEL_DIR, default=None,
-              help="Local model directory (default: the packaged all-MiniLM-L6-v2).")
+@click.option("--model", type=MODEL_DIR, default=None, metavar="PATH|HF_ID",
+              help="Local model directory, or a Hugging Face model id already in the local cache (default: the "
+                   "packaged all-MiniLM-L6-v2).")
 @click.option("--id-column", default=None, help="Id column [default: id; absent -> '<shard>:<row>'].")
 @click.option("--text-column", default="text", show_default=True, help="Text column.")
 @click.option("--vectors-column", default=None, metavar="COLUMN",

@@ -43,7 +43,9 @@ MODEL_FLAGS = ("model", "device", "dtype", "attention", "query_prompt", "allow_p
 @click.option("-k", "k", type=click.IntRange(min=1, max=MAX_K), default=10, show_default=True, help="Hits per query.")
 @click.option("--stdin", "from_stdin", is_flag=True, help="One query per input line, model kept warm.")
 @click.option("--json", "as_json", is_flag=True, help="JSON lines on stdout (one per query).")
-@click.option("--show-text", is_flag=True, help="Read each hit's text back from its shard.")
+@click.option("--show-text", is_flag=True,
+              help="Print each hit's text (the text stored with the index; from the hit's shard for an index "
+                   "built before text was stored).")
 @click.option("--vector-file", type=PATH, default=None, metavar="Q.npy",
               help="Query by vectors ([n, dim] or [dim] .npy) instead of text: no model (any index; the way to "
                    "query one built with --vectors-column).")

@@ -31,3 +31,18 @@ def test_index_progress_bar_reports_the_tokens_of_the_last_batches(tmp_path: Pat
     rate = re.search(r"([\d,]+) tok/s", bars[-1])
     assert rate is not None, bars[-1]
     assert int(rate.group(1).replace(",", "")) > 0, bars[-1]
+
+
+def test_help_says_what_show_text_model_and_output_do() -> None:
+    """--help described older behaviour: --show-text 'read back from its shard' (the text is stored with the
+    index), --model 'Local model directory' (a cached Hugging Face id works too, as the README's PATH|HF_ID says)
+    and embed --output 'FILE.npy (float32 rows)' (float16, int8 codes and sign bits are written as asked)."""
+    query = _petal("query", "--help", timeout=60)
+    assert query.returncode == 0, query.stderr
+    assert "stored with the index" in " ".join(query.stdout.split()), query.stdout
+    for command in ("index", "embed"):
+        done = _petal(command, "--help", timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert "--model PATH|HF_ID" in done.stdout and "Hugging Face" in done.stdout, done.stdout
+    embed = " ".join(_petal("embed", "--help", timeout=60).stdout.split())
+    assert "float32 rows" not in embed and "int8" in embed.split("--output PATH", 1)[1].split("--max-length")[0], embed
