@@ -46,3 +46,13 @@ def test_help_says_what_show_text_model_and_output_do() -> None:
         assert "--model PATH|HF_ID" in done.stdout and "Hugging Face" in done.stdout, done.stdout
     embed = " ".join(_petal("embed", "--help", timeout=60).stdout.split())
     assert "float32 rows" not in embed and "int8" in embed.split("--output PATH", 1)[1].split("--max-length")[0], embed
+
+
+def test_an_index_memory_that_is_no_size_names_the_flag(tmp_path: Path) -> None:
+    """`--index-memory 12Q` was exit 2 with "size '12Q' is not a number ..." naming no flag (petal index and petal
+    rebuild alike); a user's mistake names the flag it came from."""
+    for args in (["index", str(tmp_path / "src"), "--out", str(tmp_path / "out")], ["rebuild", str(tmp_path / "out")]):
+        done = _petal(*args, "--index-memory", "12Q", timeout=60)
+        assert done.returncode == 2, done.stderr
+        assert "--index-memory" in done.stderr and "'12Q'" in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr, done.stderr

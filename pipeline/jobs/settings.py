@@ -161,7 +161,10 @@ def _field_names(cls: type) -> set[str]:
 def _convert(name: str, value: Any) -> Any:
     """Values the CLI gives as text, accepted in either form."""
     if name == "memory_bytes" and isinstance(value, str):
-        return build(parse_size, value)
+        try:
+            return parse_size(value)
+        except ValueError as exc:  # the flag (keyword index_memory) it came from, as --max-bad-rows names its own
+            raise UsageError(f"--index-memory: {exc}") from exc
     if name == "max_bad_rows" and value is not None and not isinstance(value, BadRowBudget):
         return build(BadRowBudget.parse, str(value))
     if name == "max_removed" and value is not None:
