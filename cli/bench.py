@@ -247,7 +247,13 @@ def bench_index(num_vectors: int, dims: tuple[int, ...], num_queries: int, memor
     from petal.pipeline.config import IndexSettings, parse_size
 
     # NOTE: before the store is written and anything is built (was: a ValueError traceback after the store)
-    budgets = [usage(functools.partial(parse_size, m)) for m in memories]
+    def budget(text: str) -> int:
+        try:
+            return parse_size(text)
+        except ValueError as exc:  # naming the flag, as petal index does
+            raise ValueError(f"--index-memory: {exc}") from exc
+
+    budgets = [usage(functools.partial(budget, m)) for m in memories]
     for dim in dims:
         check_factory(IndexSettings(factory=factory, memory_bytes=budgets[0]), dim, num_vectors, "--factory")
     paths({}, workdir)

@@ -49,9 +49,10 @@ def test_help_says_what_show_text_model_and_output_do() -> None:
 
 
 def test_an_index_memory_that_is_no_size_names_the_flag(tmp_path: Path) -> None:
-    """`--index-memory 12Q` was exit 2 with "size '12Q' is not a number ..." naming no flag (petal index and petal
-    rebuild alike); a user's mistake names the flag it came from."""
-    for args in (["index", str(tmp_path / "src"), "--out", str(tmp_path / "out")], ["rebuild", str(tmp_path / "out")]):
+    """`--index-memory 12Q` was exit 2 with "size '12Q' is not a number ..." naming no flag (petal index, petal
+    rebuild and petal bench index alike); a user's mistake names the flag it came from."""
+    for args in (["index", str(tmp_path / "src"), "--out", str(tmp_path / "out")], ["rebuild", str(tmp_path / "out")],
+                 ["bench", "index", "--workdir", str(tmp_path / "bench")]):
         done = _petal(*args, "--index-memory", "12Q", timeout=60)
         assert done.returncode == 2, done.stderr
         assert "--index-memory" in done.stderr and "'12Q'" in done.stderr, done.stderr
