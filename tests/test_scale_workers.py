@@ -189,8 +189,11 @@ def test_sigterm_of_the_coordinator_stops_every_worker_then_resumes(fake_model, 
     argv = ["index", str(data), "--out", str(out), "--model", str(fake_model), "-q", "--max-seqs", "4",
             "--workers", "2"]
     log = tmp_path / "first.jsonl"
-    child = Petal(argv, {"PETAL_TEST_FAKE_ENGINE": str(log), "PETAL_FAULT": "after_batch:1+:sleep=0.05"},
-                  tmp_path / "first.json")
+    # NOTE: 0.05 s a batch (5 batches a shard), then 0.3 s from each worker's second shard on: the signal, sent once
+    # a shard is committed, lands with shards left even when a loaded machine lets the poll lag by seconds (at
+    # 0.05 s throughout, the other 7 shards took ~1 s: the kill-9 test above once saw all committed that way)
+    slow = "after_batch:1+:sleep=0.05,after_batch:6+:sleep=0.25"
+    child = Petal(argv, {"PETAL_TEST_FAKE_ENGINE": str(log), "PETAL_FAULT": slow}, tmp_path / "first.json")
     wait_for(lambda: len(worker_pids(log, child.pid)) == 2 and committed(out) >= 1)
     workers = worker_pids(log, child.pid)
     child.send_signal(signal.SIGTERM)
