@@ -32,8 +32,10 @@ def test_full_embeds_every_range_again_and_reuses_none(fake_model, tmp_path):
     ids = write_big_shard(data / "big.parquet", rows=80, group_rows=10)  # 8 row groups: 4 ranges of 20 rows
     base = ["index", str(data), "--out", str(out), "--model", str(fake_model), "-q", "--max-seqs", "4",
             "--workers", "2", "--range-rows", "20"]
+    # NOTE: 0.2 s a batch (5 a range), 1 s from each worker's second range on: the signal, sent once a range is
+    # committed, must land before all 4 are; at 0.2 s throughout that window was ~1 s of the test being unscheduled
     first = Petal(base, {"PETAL_TEST_FAKE_ENGINE": str(tmp_path / "first.jsonl"),
-                         "PETAL_FAULT": "after_batch:1+:sleep=0.2"}, tmp_path / "first.json")
+                         "PETAL_FAULT": "after_batch:1+:sleep=0.2,after_batch:6+:sleep=0.8"}, tmp_path / "first.json")
     wait_for(lambda: len(parts(out)) >= 1)
     first.send_signal(signal.SIGTERM)
     rc, stderr, _ = first.wait()
