@@ -92,14 +92,14 @@ def test_an_early_answer_reaches_a_raw_client_and_the_upload_is_cut_short(server
 
 def test_a_slow_upload_after_an_early_answer_is_closed_within_the_linger_time(server):
     """A client trickling a body after its 401 (under the byte bound): the server closes after ``LINGER_S``
-    (1 s), not when the body ends (100 MiB at this pace: hours)."""
+    (1 s), not when the body ends (100 MiB at this pace: hours) nor after the 1 MiB byte bound (~50 s here)."""
     with _connect(server) as sock:
         sock.sendall(_head(CASES["401 no key"][0]) + b"x" * 1024)
         got, headers, _ = read_answer(sock)
         assert got == 401 and headers["connection"] == "close"
         started = time.monotonic()
         closed = False
-        while not closed and time.monotonic() - started < 6:
+        while not closed and time.monotonic() - started < 30:
             try:
                 sock.sendall(b"x" * 1024)
             except (BrokenPipeError, ConnectionResetError):
@@ -113,7 +113,8 @@ def test_a_slow_upload_after_an_early_answer_is_closed_within_the_linger_time(se
             except ConnectionResetError:
                 closed = True
         waited = time.monotonic() - started
-    assert closed and waited < 4, f"the connection was still open {waited:.1f} s after the answer"
+    # NOTE: 1 s is the server's; the bound leaves a loaded machine time to run the server's timer and this loop
+    assert closed and waited < 20, f"the connection was still open {waited:.1f} s after the answer"
     assert server.client.get("/health").status_code == 200
 
 
