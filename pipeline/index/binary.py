@@ -18,6 +18,11 @@ from petal.pipeline.manifest import Manifest
 from petal.pipeline.reliability.errors import BadInputError, ConfigError, one_line, quote_path
 
 DEFAULT_RESCORE = 10  # Hamming candidates per wanted hit, re-ranked with float vectors
+# NOTE: what bounds a search's memory when k x rescore reaches the whole index (petal serve takes rescore up to
+# 65536 from any request): Hamming candidates a FAISS call returns (12 bytes each, over its queries), and rescore
+# rows read and scored at a time (float32, dim wide)
+CANDIDATES_PER_CALL = 1 << 22
+RESCORE_ROWS = 1 << 16
 RESCORE_FILE = "rescore.npy"
 
 
@@ -50,29 +55,56 @@ class BinaryIndex:
             self.index.nprobe = int(params["nprobe"])
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """``queries [n, dim]`` float32 (stored space) -> ``(scores [n, k], ids [n, k])``; ids -1 pad."""
+        """``queries [n, dim]`` float32 (stored space) -> ``(scores [n, k], ids [n, k])``; ids -1 pad.
+
+        Memory is bounded whatever ``k * rescore`` asks for (up to the whole index): FAISS returns at most
+        ``CANDIDATES_PER_CALL`` candidates a call (one query's at least), and a query's candidates are read and
+        scored ``RESCORE_ROWS`` rows at a time."""
         codes = np.packbits(queries >= 0, axis=1)
         wanted = min(self.ntotal, k * max(self.rescore, 1))
+        per_call = max(1, CANDIDATES_PER_CALL // max(wanted, 1))  # queries a FAISS call
+        parts = [self._search_codes(queries[i:i + per_call], codes[i:i + per_call], k, wanted)
+                 for i in range(0, len(queries), per_call)]
+        if len(parts) == 1:
+            return parts[0]
+        return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
+    def _search_codes(self, queries: np.ndarray, codes: np.ndarray, k: int,
+                      wanted: int) -> tuple[np.ndarray, np.ndarray]:
         hamming, ids = self.index.search(codes, wanted)
         if not self.rescore:
             scores = hamming.astype(np.float32)
             return (1.0 - 2.0 * scores / self.d if self.metric == "ip" else scores)[:, :k], ids[:, :k]
-        assert self.rescore_vectors is not None
         out_scores = np.full((len(queries), k), -np.inf if self.metric == "ip" else np.inf, dtype=np.float32)
         out_ids = np.full((len(queries), k), -1, dtype=np.int64)
         for q, (query, row) in enumerate(zip(queries, ids)):
-            valid = np.sort(row[row >= 0])
+            scores, found = self._rescored(query, np.sort(row[row >= 0]), k)
+            out_scores[q, : len(found)] = scores
+            out_ids[q, : len(found)] = found
+        return out_scores, out_ids
+
+    def _rescored(self, query: np.ndarray, candidates: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The best ``k`` of ``candidates`` (ascending ids) by float similarity: ``(scores, ids)``, best first; ties
+        keep the lower id. Scored ``RESCORE_ROWS`` at a time, keeping the best ``k`` so far."""
+        assert self.rescore_vectors is not None
+        best_scores = np.empty(0, dtype=np.float32)
+        best_ids = np.empty(0, dtype=np.int64)
+        for start in range(0, len(candidates), RESCORE_ROWS):
+            chunk = candidates[start:start + RESCORE_ROWS]
             # NOTE: fancy indexing a memmap reads only the candidates' rows from disk (sorted: sequential reads).
-            vectors = np.asarray(self.rescore_vectors[valid], dtype=np.float32)
+            vectors = np.asarray(self.rescore_vectors[chunk], dtype=np.float32)
+            # NOTE: an elementwise product summed a row at a time gives a row the same score wherever it sits in a
+            # chunk (a BLAS matrix-vector product need not: equal vectors could rank by their position)
             if self.metric == "ip":
-                scores = vectors @ query
-                order = np.argsort(-scores, kind="stable")[:k]
+                scores = (vectors * query).sum(axis=1)
             else:
                 scores = ((vectors - query) ** 2).sum(axis=1)
-                order = np.argsort(scores, kind="stable")[:k]
-            out_scores[q, : len(order)] = scores[order]
-            out_ids[q, : len(order)] = valid[order]
-        return out_scores, out_ids
+            # the best so far come first (their ids are lower), so a stable sort keeps ties on the lower id
+            scores = np.concatenate([best_scores, scores.astype(np.float32, copy=False)])
+            found = np.concatenate([best_ids, chunk])
+            order = np.argsort(-scores if self.metric == "ip" else scores, kind="stable")[:k]
+            best_scores, best_ids = scores[order], found[order]
+        return best_scores, best_ids
 
 
 def open_binary_index(version_dir: Path, manifest: Manifest, nprobe: int | None = None,
