@@ -24,12 +24,19 @@ def test_ordered_map_keeps_input_order(workers):
 def test_ordered_map_runs_calls_at_once():
     inside, most = 0, 0
     lock = threading.Lock()
+    # NOTE: the first calls wait (10 s at most) until three are inside at once: a bare 10 ms call could end before a
+    # loaded machine started the third worker thread, and three at once were never seen
+    three = threading.Event()
 
     def call(x: int) -> int:
         nonlocal inside, most
         with lock:
             inside += 1
             most = max(most, inside)
+            if inside == 3:
+                three.set()
+        if not three.wait(10):
+            three.set()  # never three at once: the others need not wait too (most < 3 fails below)
         time.sleep(0.01)
         with lock:
             inside -= 1
