@@ -89,9 +89,12 @@ def resolve_sources(sources: tuple[str, ...] | list[str], out: Path | None = Non
             unreadable.append(cannot_read(path, exc))
             continue
         if path.is_dir():
-            matches = _walk(path, out, problems, unreadable)
+            # NOTE: a directory inside petal's output (another index's store/shards or versions/v*) yields none of
+            # its files, as a glob over it does; _walk sees only the output directories below its root
+            matches = [] if _in_output_dir(path, None) else _walk(path, out, problems, unreadable)
             if not matches and not problems and not unreadable and not empty_ok:
-                raise NoInputError(f"no *.parquet files under directory {quote_path(source)}")
+                raise NoInputError(f"no *.parquet files under directory {quote_path(source)}"
+                                   + _own_output(path, out))
         elif path.is_file():
             if out is not None and _inside(path, out):
                 problems.append(f"{quote_path(source)} is inside the output directory {quote_path(out)}; petal does "
@@ -100,16 +103,19 @@ def resolve_sources(sources: tuple[str, ...] | list[str], out: Path | None = Non
             matches = [path]
         elif glob.has_magic(source):
             matches = []
+            skipped: Path | None = None
             for p in sorted(glob.glob(os.path.expanduser(source), recursive=True)):
                 match = Path(p)
                 if _in_output_dir(match, out):
+                    skipped = skipped or match
                     continue
                 if match.is_file():
                     matches.append(match)
                 elif not match.is_dir():
                     problems.append(_not_regular(match))
             if not matches and not problems and not empty_ok:
-                raise NoInputError(f"glob {quote_path(source)} matches no files")
+                raise NoInputError(f"glob {quote_path(source)} matches no files"
+                                   + (_own_output(skipped, out) if skipped is not None else ""))
         elif path.exists() or path.is_symlink():
             problems.append(_not_regular(path))
             continue
@@ -163,6 +169,19 @@ def _not_regular(path: Path) -> str:
 def _inside(path: Path, root: Path) -> bool:
     real, real_root = os.path.realpath(path), os.path.realpath(root)
     return real == real_root or real.startswith(real_root.rstrip(os.sep) + os.sep)
+
+
+def _own_output(path: Path, out: Path | None) -> str:
+    """Why a directory or glob match that holds Parquet files names none: it lies in an output directory."""
+    if out is not None and _inside(path, out):
+        return (f" outside the output directory {quote_path(out)} (it is, or holds, the source); petal does not read "
+                "its own output as input")
+    from petal.pipeline.layout import is_output_dir
+
+    if is_output_dir(path) or _in_output_dir(path, None):
+        return (" outside petal output directories (the source is or lies in one); petal does not read its output "
+                "as input")
+    return ""
 
 
 def _in_output_dir(path: Path, out: Path | None) -> bool:
