@@ -70,8 +70,9 @@ def index_kind(quantize: str, output_dtype: str) -> str:
 
 
 def is_binary(factory: str) -> bool:
-    """``B``-prefixed factories are FAISS binary indexes (Hamming distance over packed bits)."""
-    return factory.startswith("B")
+    """FAISS's binary factories (``BFlat``, ``BIVF...``, ``BHNSW...``, ``BHash...``: Hamming distance over packed
+    bits). Another string that starts with ``B`` (a typo) is judged as a float factory, and its error says so."""
+    return re.match(r"B(Flat|IVF|HNSW|Hash)", factory) is not None
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,8 @@ def make_index(factory: str, dim: int, metric: str) -> Any:
         return faiss.index_factory(dim, factory, metric_type)
     except RuntimeError as exc:
         message = str(exc).strip().splitlines()[-1] if str(exc).strip() else repr(exc)
+        # FAISS prefixes its C++ function and source line ("Error in ... at .../index_factory.cpp:1228: ")
+        message = re.sub(r"^Error in .*? at \S+:\d+: (Error: )?", "", message) or message
         raise FlagError(f"--index-factory {factory!r} is not a valid FAISS factory string for dim {dim}: "
                         f"{message}") from exc
 
@@ -206,6 +209,8 @@ def plan_index(num_vectors: int, dim: int, settings: IndexSettings, kind: str = 
 
 
 PQ_RE = re.compile(r"(?:^|,|_)O?PQ(\d+)")
+# a number of zeros right after a letter: IVF0, HNSW0, NSG0, PQ8x0, BIVF0 (no valid factory has one)
+ZERO_RE = re.compile(r"[A-Za-z]+0+(?![0-9])")
 IVF_RE = re.compile(r"IVF(\d+)")
 
 
@@ -243,6 +248,10 @@ def check_index_factory(settings: IndexSettings, kind: str = "float32", dim: int
                         "(SQ8, SQfp16 or a binary index); leave --index-factory auto")
     if dim is None:
         return
+    zero = ZERO_RE.search(factory)
+    if zero is not None:  # NOTE: FAISS builds them, then fails, hangs (NSG0) or asserts only when trained or searched
+        raise FlagError(f"--index-factory {factory!r}: {zero.group(0)} asks for zero (lists, neighbours, codes or "
+                        "bits); give a positive number")
     for match in PQ_RE.finditer(factory):
         m = int(match.group(1))
         if m < 1 or dim % m:
