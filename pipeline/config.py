@@ -108,6 +108,8 @@ class CountOrFraction:
     @classmethod
     def parse(cls: type[LimitT], text: str) -> LimitT:
         value = text.strip()
+        if value.startswith("-"):
+            raise ValueError(f"{cls.FLAG} {text!r}: expected a count (100) or a fraction of {cls.OF}, never negative")
         try:
             if value.endswith("%"):
                 return cls(fraction=float(value[:-1]) / 100)

@@ -139,7 +139,10 @@ def test_flags_a_vectors_run_has_no_use_for_are_refused_naming_them(tmp_path, fl
     result = CliRunner().invoke(cli, ["index", str(tmp_path / "a.parquet"), "--out", str(out),
                                       "--vectors-column", "emb", "-q", *flags])
     assert result.exit_code == 2, result.output
-    assert named in result.stderr and "leave them out" in result.stderr, result.stderr
+    # one flag: "--dim does not apply: leave it out"; several: "--workers, --range-rows do not apply: leave them out"
+    assert named in result.stderr, result.stderr
+    assert ("do not apply: leave them out" if len([f for f in flags if f.startswith("--")]) > 1
+            else "does not apply: leave it out") in result.stderr, result.stderr
     assert not out.exists()
     defaults = CliRunner().invoke(cli, ["index", str(tmp_path / "a.parquet"), "--out", str(out), "--vectors-column",
                                         "emb", "-q", "--device", "auto", "--dtype", "auto", "--max-seqs", "256"])

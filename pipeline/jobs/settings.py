@@ -275,8 +275,9 @@ def check_vectors_flags(settings: dict[str, Any]) -> None:
     transform, no scale-out (``UsageError`` naming the flags given: they would set nothing)."""
     given = [flag for flag, key, unset in _UNUSED_BY_VECTORS if key in settings and settings[key] != unset]
     if given:
-        raise UsageError(f"--vectors-column indexes precomputed vectors as they are, in one process, without a model; "
-                         f"{', '.join(given)} do not apply: leave them out")
+        raise UsageError("--vectors-column indexes precomputed vectors as they are, in one process, without a model; "
+                         + (f"{given[0]} does not apply: leave it out" if len(given) == 1
+                            else f"{', '.join(given)} do not apply: leave them out"))
 
 
 def index_settings(caller: str = "petal.rebuild()", **settings: Any) -> IndexSettings:
