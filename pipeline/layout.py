@@ -77,6 +77,19 @@ def is_output_dir(path: Path) -> bool:
         return False
 
 
+def check_not_inside_output(flag: str, out: Path) -> None:
+    """``out`` is not inside another petal output directory's ``versions/`` or ``store/`` (``OutputError``, 73,
+    before anything is read): an index written there would be mixed into that one's own files, which its runs list,
+    prune and clean up as theirs."""
+    real = Path(os.path.realpath(out))
+    for parent in real.parents:
+        if is_output_dir(parent):
+            part = real.relative_to(parent).parts[0]
+            if part in ("versions", "store"):
+                raise OutputError(f"{flag} {quote_path(out)} lies inside the {part}/ of the petal output directory "
+                                  f"{quote_path(parent)}; give a directory outside it")
+
+
 class OutputDir:
     def __init__(self, root: Path) -> None:
         self.root = Path(root)

@@ -58,7 +58,7 @@ from petal.pipeline.jobs.removals import (
 )
 from petal.pipeline.jobs.report import RunReport
 from petal.pipeline.jobs.weights_hash import FileStat, WeightsHash, with_weights_sha256
-from petal.pipeline.layout import OutputDir
+from petal.pipeline.layout import OutputDir, check_not_inside_output
 from petal.pipeline.manifest import (
     MANIFEST_FILE,
     Counts,
@@ -166,6 +166,7 @@ def _run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory, 
                reads: ReadStats) -> RunReport:
     started = time.perf_counter()
     check_output_dir("--out", job.out)  # 73 before anything is read: one petal cannot create, read or write
+    check_not_inside_output("--out", job.out)  # 73: not inside another index's versions/ or store/
     # [0] preflight: every footer and schema, the model's files, the settings, the output directory
     live = peek_live_manifest(job.out)  # read-only here; re-read under the lock
     shards = preflight(named_sources(job, live), job.read, reads, check=stop.check)

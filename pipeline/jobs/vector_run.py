@@ -27,7 +27,7 @@ from petal.pipeline.jobs import index_run as run
 from petal.pipeline.jobs.keep_columns import check_keep_columns
 from petal.pipeline.jobs.removals import kept_entries, kept_records, kept_shard, kept_vectors
 from petal.pipeline.jobs.report import RunReport
-from petal.pipeline.layout import OutputDir
+from petal.pipeline.layout import OutputDir, check_not_inside_output
 from petal.pipeline.manifest import MANIFEST_FILE, PrecomputedSettings, StoredColumns
 from petal.pipeline.reliability.errors import NoInputError, writing
 from petal.pipeline.reliability.faults import fault
@@ -52,6 +52,7 @@ def run_vector_index(job: IndexJob, column: str, report: RunReport, stop: StopSi
     if any("://" in s and not s.lower().startswith("file://") for s in job.sources):
         raise NoInputError("--vectors-column reads local Parquet files for now; copy or mount the shards locally")
     check_output_dir("--out", job.out)  # 73 before anything is read: one petal cannot create, read or write
+    check_not_inside_output("--out", job.out)  # 73: not inside another index's versions/ or store/
     live = run.peek_live_manifest(job.out)
     # a file named inside --out is refused and output directories are never read, as in a text run
     # --sync over a live version mirrors SOURCES that now hold no shard (the removal guard judges it), as a text run
