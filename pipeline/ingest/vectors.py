@@ -149,7 +149,8 @@ def read_vectors(info: ShardInfo, read: ReadConfig, column: str, dim: int,
         vectors = np.zeros((n, dim), dtype=np.float32)
         if ok_len.any():
             good = values.filter(pa.array(ok_len))
-            flat = pc.list_flatten(good).to_numpy(zero_copy_only=False).astype(np.float32)
+            with np.errstate(over="ignore", invalid="ignore"):  # beyond float32 -> inf: the row is rejected below
+                flat = pc.list_flatten(good).to_numpy(zero_copy_only=False).astype(np.float32)
             vectors[ok_len] = flat.reshape(-1, dim)
         return start, ids, null, ok_len, vectors
 
