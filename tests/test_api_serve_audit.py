@@ -148,6 +148,27 @@ def test_serve_names_where_for_an_integer_too_long_for_python(server):
     assert [hit["fields"]["year"] for hit in found["results"][0]["hits"]] == [2020, 2020]
 
 
+def texts_embedded(client) -> float:
+    """``petal_batch_texts_count``: how many engine steps the server ran (from ``/metrics``)."""
+    for line in client.get("/metrics").text.splitlines():
+        if line.startswith("petal_batch_texts_count"):
+            return float(line.split()[-1])
+    raise AssertionError("no petal_batch_texts_count in /metrics")
+
+
+@pytest.mark.parametrize("where", ["year = 'x'", "nope = 1", "year = ", f"year = {HUGE}", "year IN (2020, 'a')"])
+def test_serve_refuses_a_bad_where_before_embedding_the_query(server, where):
+    """A text search with a bad ``where`` is 422 before its texts are embedded (it ran an engine step first, then
+    answered 422 from the search). A good ``where`` still embeds and searches."""
+    c = server.client
+    before = texts_embedded(c)
+    response = c.post("/search", json={"queries": ["glaciers", "tides"], "where": where})
+    assert response.status_code == 422 and response.json()["error"]["message"].startswith("'where'"), response.text
+    assert texts_embedded(c) == before  # no engine step ran for it
+    found = c.post("/search", json={"query": "glaciers", "k": 6, "where": "year = 2021"})
+    assert found.status_code == 200 and texts_embedded(c) == before + 1, found.text
+
+
 GAPS = [  # (route, JSON body, status, in the message): mistakes no other serve test sends
     ("/v1/embeddings", {"input": "x", "dimensions": 0}, 422, "'dimensions' must be >= 1, got 0"),
     ("/v1/embeddings", {"input": "x", "dimensions": -3}, 422, "'dimensions' must be >= 1, got -3"),

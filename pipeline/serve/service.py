@@ -223,6 +223,11 @@ class ServeState:
         index = self.follower.live  # NOTE: taken once: the whole answer comes from this version
         if req.texts is not None and index.precomputed:
             raise RequestError(422, self.texts_refused(index, "'query'" if len(req.texts) == 1 else "'queries'"))
+        if req.texts is not None and req.where is not None:
+            try:  # NOTE: a bad filter is 422 before its texts are embedded (the selector is cached for the search)
+                await self._in_thread(index.reader.selector, req.where)
+            except ValueError as exc:
+                raise RequestError(422, str(exc).replace("--where", "'where'", 1)) from exc
         if req.texts is not None:
             # NOTE: admitted to the search queue first (a 503 costs no embedding); the engine thread queues the
             # search itself as soon as the step's rows are read (the model vectors go through the index-time
