@@ -60,8 +60,12 @@ def verify_files(version_dir: Path) -> OpenCheck:
 
 
 def is_binary_manifest(manifest: Manifest) -> bool:
-    """The version's index is binary (Hamming codes + float rescoring)."""
-    return manifest.output is not None and manifest.output.quantize == "binary"
+    """The version's index is binary (Hamming codes + float rescoring): ``--quantize binary``, or a binary
+    ``--index-factory`` (``BFlat``, ``BIVF...``) over float output, which the writer builds as binary too.
+    NOTE: judged by the output alone, such an index was opened as a float one and refused (65) by the header check."""
+    from petal.pipeline.index.plan import is_binary
+
+    return (manifest.output is not None and manifest.output.quantize == "binary") or is_binary(manifest.index.factory)
 
 
 def ignored_overrides(manifest: Manifest, nprobe: int | None, rescore: int | None) -> list[str]:

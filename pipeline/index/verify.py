@@ -296,14 +296,25 @@ def read_index_header(path: Path, version_dir: Path) -> IndexHeader:
     return IndexHeader(tag, False, dim, ntotal, FAISS_METRICS.get(metric, str(metric)))
 
 
+def binary_index(manifest: dict[str, Any]) -> bool:
+    """The raw manifest's index is binary (Hamming codes, float rescoring): ``--quantize binary``, or one of FAISS's
+    binary factories over float output (``--index-factory BFlat``, ``BIVF...``: the writer builds what the factory
+    makes, so its kind is the factory's, not the output's)."""
+    from petal.pipeline.index.plan import is_binary
+
+    index, output = _mapping(manifest.get("index")), _mapping(manifest.get("output"))
+    factory = index.get("factory")
+    return output.get("quantize") == "binary" or (isinstance(factory, str) and is_binary(factory))
+
+
 def header_problem(version_dir: Path, manifest: dict[str, Any]) -> str | None:
     """Why ``index.faiss``'s header does not match the manifest (``None`` when it does): a binary index under a
     float manifest or the reverse, another dimension, vector count or metric. Each field is compared where the
     manifest holds a value of its type (a typed reading of the manifest refuses the others, 78)."""
     path = version_dir / INDEX_FILE
     header = read_index_header(path, version_dir)
-    index, output = _mapping(manifest.get("index")), _mapping(manifest.get("output"))
-    binary = output.get("quantize") == "binary"
+    index = _mapping(manifest.get("index"))
+    binary = binary_index(manifest)
     kinds = {True: "binary (Hamming)", False: "float"}
     wrong = [] if header.binary == binary else [f"a {kinds[header.binary]} index ({header.tag}), the manifest a "
                                                  f"{kinds[binary]} one"]
@@ -402,7 +413,7 @@ def index_problems(version_dir: Path, raw: dict[str, Any]) -> dict[str, str]:
     faiss = load_faiss()
     manifest = Manifest.from_dict(raw, quote_path(version_dir / MANIFEST_FILE))
     record = manifest.index
-    binary = manifest.output is not None and manifest.output.quantize == "binary"
+    binary = binary_index(raw)
     path = version_dir / INDEX_FILE
     try:
         index = open_binary_index(version_dir, manifest).index if binary else read_faiss(path, record.storage)
