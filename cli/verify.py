@@ -25,9 +25,10 @@ if TYPE_CHECKING:
 def verify(out: Path, version: str | None, as_json: bool) -> None:
     """Check the full sha256 of every file of OUT's live version (or --version V) and the manifest's
     own checksum, then that the files hold what the manifest says: index.faiss read as opening reads it
-    (its header's dim, vectors and metric, its index kind against the manifest's factory) and as many ids
-    as vectors. Exit 0 when all match, 65 naming each file that does not, 78 (as opening the version)
-    when a listed file is missing or not a regular file inside the version.
+    (its header's dim, vectors and metric, its index kind against the manifest's factory), and ids.parquet
+    decoded as searches read it, as many ids as vectors. Exit 0 when all match, 65 naming each file that
+    does not, 78 (as opening the version) when a listed file is missing or not a regular file inside the
+    version.
 
     Opening an index (petal query) checks sizes, head/tail checksums and index.faiss's header only, so
     that it costs O(1) in the index size; this command reads every byte.

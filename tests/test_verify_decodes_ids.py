@@ -1,0 +1,93 @@
+"""``petal verify`` decodes ``ids.parquet`` as searches read it: a manifest signed again over an ``ids.parquet``
+whose pages do not decode (or that lacks a column a hit needs) is 65 naming the file. Its sha256 matched, so verify
+said ok while every ``petal query`` was 65 ('... the version is corrupt: run petal verify and rebuild it').
+
+Real Parquet, real FAISS; each command in its own process (tests/forkrun.py)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from petal.pipeline.index.checksums import CHECKSUM_KEY, INTEGRITY_KEY, canonical_sha256, head_tail_sha256
+from tests import forkrun
+
+ROWS, DIM = 500, 16
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("verify_ids")
+    flat = np.random.default_rng(2).standard_normal((ROWS, DIM)).astype(np.float32)
+    data = root / "v.parquet"
+    pq.write_table(pa.table({"id": np.arange(ROWS), "lang": [("en", "de")[i % 2] for i in range(ROWS)],
+                             "emb": pa.FixedSizeListArray.from_arrays(pa.array(flat.ravel()), DIM)}), data)
+    np.save(root / "q.npy", flat[:1])
+    out = root / "out"
+    done = forkrun.petal(["index", str(data), "--out", str(out), "-q", "--vectors-column", "emb",
+                          "--index-factory", "Flat", "--keep-columns", "lang"], timeout=300)
+    assert done.rc == 0, done.stderr[-2000:]
+    return out
+
+
+def signed_again(version: Path) -> None:
+    """Every record and the manifest's own checksum written again over the files as they are now."""
+    path = version / "manifest.json"
+    manifest = json.loads(path.read_text())
+    for name, record in manifest[INTEGRITY_KEY]["files"].items():
+        size = (version / name).stat().st_size
+        sha = hashlib.sha256((version / name).read_bytes()).hexdigest()
+        record.update(size=size, head_tail_sha256=head_tail_sha256(version / name, size), sha256=sha)
+        if name in manifest["index"]["files"]:
+            manifest["index"]["files"][name] = sha
+    manifest.pop(CHECKSUM_KEY)
+    manifest[CHECKSUM_KEY] = canonical_sha256(manifest)
+    path.write_text(json.dumps(manifest, indent=2))
+
+
+def flip(path: Path, at: float) -> None:
+    blob = bytearray(path.read_bytes())
+    blob[int(len(blob) * at) if at < 1 else int(at)] ^= 0xFF
+    path.write_bytes(bytes(blob))
+
+
+def no_row_column(path: Path) -> None:
+    pq.write_table(pq.read_table(path).drop_columns(["row"]), path, write_page_checksum=True)
+
+
+DAMAGE = {
+    "page header": lambda p: flip(p, 10),  # faiss_id's first page header: no search reads that column
+    "page body": lambda p: flip(p, 0.5),
+    "no row column": no_row_column,
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_verify_finds_an_ids_file_that_searches_cannot_read(built: Path, tmp_path: Path, damage: str) -> None:
+    out = tmp_path / "out"
+    shutil.copytree(built, out)
+    version = out / "versions" / (out / "CURRENT").read_text().strip()
+    DAMAGE[damage](version / "ids.parquet")
+    signed_again(version)
+    done = forkrun.petal(["verify", str(out)])
+    assert done.rc == 65 and "MISMATCH  ids.parquet" in done.stdout, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr and "ids.parquet" in done.last_line, done.stderr
+    as_json = forkrun.petal(["verify", str(out), "--json"])
+    verdict = json.loads(as_json.stdout)
+    assert as_json.rc == 65 and verdict["ok"] is False and verdict["exit_code"] == 65, as_json.stdout
+    assert [f["name"] for f in verdict["files"] if not f["ok"]] == ["ids.parquet"], verdict
+    if damage == "page body":  # what the queries of this version said, and still say
+        query = forkrun.petal(["query", str(out), "--vector-file", str(built.parent / "q.npy"), "-k", "500"])
+        assert query.rc == 65 and "ids.parquet" in query.last_line, query.stderr
+
+
+def test_an_intact_version_still_verifies(built: Path) -> None:
+    done = forkrun.petal(["verify", str(built)])
+    assert done.rc == 0 and "MISMATCH" not in done.stdout, done.stdout + done.stderr
