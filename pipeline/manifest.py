@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
 from petal import __version__
 from petal.pipeline.config import METRICS, IndexSettings
+from petal.pipeline.index.bounds import MAX_NPROBE
 from petal.pipeline.reliability.durable import write_json_atomic
 from petal.pipeline.reliability.errors import ConfigError
 from petal.pipeline.reliability.safe_files import read_regular
@@ -179,6 +180,8 @@ class _Section:
 
 
 STORAGES = ("memory", "ondisk")  # where the inverted lists are: in index.faiss, or in index.ivfdata beside it
+# the search parameters the tuner writes (pipeline/index/tune.py: search_grid), each a count FAISS takes as a C int
+SEARCH_PARAMS = ("nprobe", "efSearch", "quantizer_efSearch")
 OptStr = (str, type(None))
 OptInt = (int, type(None))
 
@@ -682,7 +685,7 @@ class IndexRecord:
                                               for f in fields(IndexSettings)})
         except ValueError as exc:
             raise ConfigError(f"{s.source}: manifest key {settings.where}: {exc}") from exc
-        search_params = s.mapping("search_params", int)
+        search_params = _search_params(s)
         return cls(requested_factory=s.get("requested_factory", str), settings=index_settings,
                    factory=s.get("factory", str), metric=s.choice("metric", METRICS),
                    storage=s.choice("storage", STORAGES, "memory"),
@@ -693,6 +696,22 @@ class IndexRecord:
                    if s.get("tuning", dict, {}) else None,
                    device=DeviceRecord.from_section(s.section("device")) if s.get("device", dict, {}) else None,
                    timings_s=s.mapping("timings_s", float, {}), build_seconds=s.get("build_seconds", float, 0.0))
+
+
+def _search_params(s: _Section) -> dict[str, int]:
+    """``index.search_params``: each one the tuner writes, a count from 1 to FAISS's C int; another name or value
+    is a ``ConfigError`` naming the key. NOTE: they go to FAISS as they are: a 0 or negative nprobe was FAISS's
+    'cur_nprobe > 0' RuntimeError at the first search (a traceback), an unknown name its ParameterSpace error."""
+    params = s.mapping("search_params", int)
+    for name, value in params.items():
+        key = f"{s.source}: manifest key {s._name('search_params')}.{name}"
+        if name not in SEARCH_PARAMS:
+            raise ConfigError(f"{key} is not a search parameter petal writes ({', '.join(SEARCH_PARAMS)}); the index "
+                              "is damaged, rebuild it")
+        if not 1 <= value <= MAX_NPROBE:
+            raise ConfigError(f"{key} is {value}, expected an integer from 1 to {MAX_NPROBE}; the index is damaged, "
+                              "rebuild it")
+    return params
 
 
 @dataclass(frozen=True)

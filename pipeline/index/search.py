@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import weakref
 from collections import OrderedDict
@@ -201,7 +202,14 @@ class IndexReader:
             params["nprobe"] = nprobe
             if "quantizer_efSearch" in params:
                 params["quantizer_efSearch"] = max(params["quantizer_efSearch"], 2 * nprobe)
-        apply_params(self.index, params)
+        try:
+            apply_params(self.index, params)
+        except RuntimeError as exc:  # NOTE: not index.faiss's fault: the manifest names a parameter it has not
+            reason = one_line(str(exc)).strip().rsplit(": ", 1)[-1][:120]
+            raise ConfigError(f"{quote_path(self.dir / 'manifest.json')}: manifest key index.search_params "
+                              f"{json.dumps(dict(record.search_params))[:120]} does not apply to its "
+                              f"{quote_text(record.factory)} index (FAISS: {reason}); the version is damaged: "
+                              "rebuild it") from exc
         self.search_params = params
 
     @property
