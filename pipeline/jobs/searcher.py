@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from petal.pipeline.index.bounds import MAX_NPROBE
 from petal.pipeline.index.search import Hit, IndexReader, current_pointer
 from petal.pipeline.ingest.text_rule import skip_reason
 from petal.pipeline.jobs.settings import (
@@ -46,6 +47,9 @@ class Index:
         check_model_settings({"model": model, "device": device, "dtype": dtype, "attention": attention,
                               "query_prompt": query_prompt, "allow_pickle_weights": allow_pickle_weights}, _caller)
         nprobe = None if nprobe is None else whole_number(nprobe, "nprobe", 1)
+        if nprobe is not None and nprobe > MAX_NPROBE:  # NOTE: FAISS raised at the first search (a C int)
+            raise UsageError(f"nprobe {nprobe} > {MAX_NPROBE}: FAISS takes it as a C int (petal query --nprobe's "
+                             "bound)")
         rescore = None if rescore is None else whole_number(rescore, "rescore", 0)
         self._reader: IndexReader | None = IndexReader(Path(path), nprobe=nprobe, rescore=rescore)
         self._root, self._nprobe, self._rescore = Path(path), nprobe, rescore

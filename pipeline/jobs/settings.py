@@ -28,7 +28,7 @@ from petal.pipeline.config import (
     parse_keep_columns,
     parse_size,
 )
-from petal.pipeline.reliability.errors import ConfigError, PetalError, UsageError
+from petal.pipeline.reliability.errors import ConfigError, PetalError, UsageError, quote_text
 from petal.pipeline.store.outputs import OutputConfig
 
 T = TypeVar("T")
@@ -297,6 +297,15 @@ def not_empty_path(path: Any, name: str) -> None:
     ``UsageError`` naming ``name``."""
     if isinstance(path, str) and not path:
         raise UsageError(f"{name}: an empty path; give a path ('.' for the current directory)")
+    no_nul_byte(path, name)
+
+
+def no_nul_byte(path: Any, name: str) -> None:
+    """A path holding a NUL byte names no file (``UsageError`` naming ``name``). NOTE: the OS takes none: ``os.stat``
+    raised a bare ``ValueError`` ('embedded null byte'), a traceback from the API, never a ``PetalError``."""
+    raw = os.fspath(path) if isinstance(path, (str, bytes, os.PathLike)) else None
+    if raw is not None and ("\0" in raw if isinstance(raw, str) else b"\0" in raw):
+        raise UsageError(f"{name}: {quote_text(os.fsdecode(raw))} holds a NUL byte, which no path can hold")
 
 
 _MODEL_CHOICES = {"device": ("auto", "cpu", "cuda"), "dtype": ("auto", *DTYPE_NAMES), "attention": ATTENTION_BACKENDS}
@@ -332,4 +341,5 @@ def model_path(model: Any, name: str) -> str:
     path = os.fspath(model)
     if not path:
         raise UsageError(f"{name}: an empty path; leave it out (None) for the packaged model")
+    no_nul_byte(path, name)
     return path
