@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
 from petal import __version__
+from petal.engine.config import ATTENTION_MASKS, POOLING_MODES
 from petal.pipeline.config import METRICS, IndexSettings
 from petal.pipeline.index.bounds import MAX_NPROBE
 from petal.pipeline.reliability.durable import write_json_atomic
@@ -294,8 +295,8 @@ class ModelRecord:
         prompts = s.section("prompts")
         return cls(name=name, path=path, architecture=s.get("architecture", str),
                    weights_sha256=s.get("weights_sha256", str), tokenizer_sha256=s.get("tokenizer_sha256", str),
-                   weights_format=s.get("weights_format", str), attention=s.get("attention", str),
-                   pooling=s.get("pooling", str), normalize=s.get("normalize", bool),
+                   weights_format=s.get("weights_format", str), attention=s.choice("attention", ATTENTION_MASKS),
+                   pooling=s.choice("pooling", POOLING_MODES), normalize=s.get("normalize", bool),
                    dense=tuple(DenseRecord.from_section(d) for d in s.sections("dense")),
                    similarity=s.get("similarity", str), int8_scheme=s.get("int8_scheme", OptStr),
                    query_prompt=prompts.get("query", str), document_prompt=prompts.get("document", str),
@@ -897,10 +898,16 @@ class Manifest:
                                 EmbeddingSettings.from_section(embedding_section))
             columns = ReadRecord.from_section(read) if read else ReadRecord(embedding.text_column,
                                                                             embedding.id_column)
+        max_length = s.get("max_length", OptInt)
+        if isinstance(model, ModelRecord) and max_length is not None and max_length < 2:
+            # NOTE: a query's tokenizer takes it as it is: 0 or -1 was 'Error: max_length 0 < 2', a usage error (2)
+            # blaming flags nobody gave
+            raise ConfigError(f"{source}: manifest key max_length is {max_length}, expected at least 2 tokens; the "
+                              "index is damaged, rebuild it")
         return cls(schema=SCHEMA, version=s.get("version", str), created_at=s.get("created_at", str),
                    petal_version=s.get("petal_version", str), model=model, embedding=embedding, columns=columns,
                    dim=s.get("dim", int), normalize=s.get("normalize", bool), metric=s.choice("metric", METRICS),
-                   max_length=s.get("max_length", OptInt), index=IndexRecord.from_section(s.section("index")),
+                   max_length=max_length, index=IndexRecord.from_section(s.section("index")),
                    shards=tuple(ShardRecord.from_section(x) for x in s.sections("shards")),
                    counts=Counts.from_section(s.section("counts")),
                    output=output_from_section(s.section("output")) if s.has("output") else None,
