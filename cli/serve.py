@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import logging
 import os
 import signal
 import sys
@@ -36,6 +38,33 @@ MODEL_FLAGS = ("max_tokens_per_text", "token_budget", "max_seqs", "max_wait_ms",
 INDEX_FLAGS = ("max_k", "nprobe", "rescore", "reload_interval_s", "search_threads", "search_device", "search_dtype",
                "search_exact")  # /search and following OUT
 GPU_COPY_FLAGS = ("search_dtype", "search_exact")  # the GPU copy's: nothing to set where FAISS on the CPU searches
+
+
+class _StderrLog(logging.Handler):
+    """The server's own log records (``petal.serve``: a version swapped in or refused, the GPU copy made) on stderr,
+    beside uvicorn's; the stream is looked up at each record, and a closed one is not an error."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = self.format(record)
+        except Exception:
+            self.handleError(record)
+            return
+        with contextlib.suppress(BrokenPipeError, ValueError):
+            sys.stderr.write(text + "\n")
+            sys.stderr.flush()
+
+
+def log_to_stderr(level: str) -> None:
+    """``petal.serve``'s records at ``--log-level`` and above on stderr (once per process).
+
+    NOTE: uvicorn configures only its own loggers: without a handler here, Python's last-resort handler printed
+    warnings whatever --log-level said and dropped every info line ("now serving v2 (N vectors), was v1", the GPU
+    copy's description)."""
+    logger = logging.getLogger("petal.serve")
+    logger.setLevel(level.upper())
+    if not any(isinstance(handler, _StderrLog) for handler in logger.handlers):
+        logger.addHandler(_StderrLog())
 
 
 def missing_serve_extra() -> list[str]:
@@ -124,6 +153,7 @@ def serve(index_path: Path | None, model: str | None, host: str, port: int, api_
     """
     # NOTE: first: a stop signal during the imports and checks below (~2 s) must not kill the process (143)
     held = HeldSignals().install()
+    log_to_stderr(log_level)
     if index_path is None and model is None:
         raise click.UsageError("give OUT (an index directory) or --model DIR (embeddings only)")
     if api_key is None and os.environ.get(API_KEY_ENV) is not None:

@@ -277,27 +277,35 @@ class TokenBatcher:
             items = self._take(block=not in_flight)
             if items is None:
                 break
-            items = self._tokenize(items)
-            packer = Packer(self.pack_config)
-            for done, item in enumerate(items):
-                if self._closed:  # NOTE: shutting down: what is not launched yet has nobody waiting for it
-                    held = packer.flush()
-                    self._fail([*(held.keys if held is not None else ()), *items[done:]], ShuttingDown())
-                    break
-                assert item.token_ids is not None  # tokenized above
-                full = packer.add(item, item.token_ids)
-                if full is not None:
-                    self._launch(full, in_flight)
-                    while len(in_flight) > depth:
-                        self._deliver(*in_flight.popleft())
-            last = packer.flush()
-            if last is not None:
-                self._launch(last, in_flight)
-            # NOTE: with nothing new queued, read the oldest result now; otherwise keep up to `depth`
-            # steps in flight so the device runs one while the host packs the next.
-            while in_flight and (len(in_flight) > depth or not self._pending):
-                self._deliver(*in_flight.popleft())
+            self._pack(items, in_flight, depth)
+            # NOTE: nothing of the last requests may stay referenced while _take sleeps: a job's continuation holds
+            # its search ticket and so the index version it searches, whose memory and lease (a re-index may prune
+            # it) would stay until the next request after a swap
+            del items
         while in_flight:
+            self._deliver(*in_flight.popleft())
+
+    def _pack(self, items: list[_Item], in_flight: deque[tuple[Any, LazyTensor, float]], depth: int) -> None:
+        """Tokenize ``items``, pack and launch their steps, and deliver what is due (its locals end here)."""
+        items = self._tokenize(items)
+        packer = Packer(self.pack_config)
+        for done, item in enumerate(items):
+            if self._closed:  # NOTE: shutting down: what is not launched yet has nobody waiting for it
+                held = packer.flush()
+                self._fail([*(held.keys if held is not None else ()), *items[done:]], ShuttingDown())
+                break
+            assert item.token_ids is not None  # tokenized above
+            full = packer.add(item, item.token_ids)
+            if full is not None:
+                self._launch(full, in_flight)
+                while len(in_flight) > depth:
+                    self._deliver(*in_flight.popleft())
+        last = packer.flush()
+        if last is not None:
+            self._launch(last, in_flight)
+        # NOTE: with nothing new queued, read the oldest result now; otherwise keep up to `depth`
+        # steps in flight so the device runs one while the host packs the next.
+        while in_flight and (len(in_flight) > depth or not self._pending):
             self._deliver(*in_flight.popleft())
 
     def _tokenize(self, items: list[_Item]) -> list[_Item]:

@@ -235,19 +235,26 @@ class SearchBatcher:
                 items = list(self._pending)
                 self._pending.clear()
                 self._searching += 1
-            groups: dict[SearchKey, list[_Pending]] = {}
-            for item in items:
-                groups.setdefault(item.key, []).append(item)
-            done: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], Any, BaseException | None]]] = {}
-            for group in groups.values():
-                for part in _parts(group):
-                    for item, hits, error in self._search(part):
-                        done.setdefault(item.loop, []).append((item.future, hits, error))
-            with self._cond:
-                self._outstanding -= sum(len(item.rows) for item in items)
-                self._searching -= 1
-            for loop, settled in done.items():  # one wake-up of the event loop per batch
-                call_soon(loop, _settle_all, settled)
+            self._search_all(items)
+            # NOTE: nothing of the last batch may stay referenced while the thread waits: its requests hold their
+            # index version, whose memory and lease (a re-index may prune it) would stay until the next search
+            del items
+
+    def _search_all(self, items: list[_Pending]) -> None:
+        """Search ``items`` in as few calls as their keys allow and settle their futures (its locals end here)."""
+        groups: dict[SearchKey, list[_Pending]] = {}
+        for item in items:
+            groups.setdefault(item.key, []).append(item)
+        done: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], Any, BaseException | None]]] = {}
+        for group in groups.values():
+            for part in _parts(group):
+                for item, hits, error in self._search(part):
+                    done.setdefault(item.loop, []).append((item.future, hits, error))
+        with self._cond:
+            self._outstanding -= sum(len(item.rows) for item in items)
+            self._searching -= 1
+        for loop, settled in done.items():  # one wake-up of the event loop per batch
+            call_soon(loop, _settle_all, settled)
 
     def _search(self, group: list[_Pending]) -> list[tuple[_Pending, Any, BaseException | None]]:
         first = group[0]

@@ -1,0 +1,77 @@
+"""``petal serve OUT`` following re-indexing, as a user sees it: a real ``petal serve`` child on a loopback port over
+a copy of the session's sample index (tests/_serve_shared.py), real ``petal rebuild`` runs publishing new versions,
+real HTTP (httpx).
+
+- The version a server moved on from is let go (its memory and its lease) once its last request finished, not at
+  the next request: the engine and search threads kept the last batch's requests, and so their version, referenced
+  while they waited, so an idle server kept the old version loaded and leased (a ``petal index --keep-versions 1``
+  run kept it on disk) until some client searched again.
+- The server's own log lines (``petal serve: now serving V2 (N vectors), was V1``) are printed at ``--log-level
+  info``, the default: only uvicorn's loggers were configured, so Python's last-resort handler dropped every info
+  line and printed the warnings whatever ``--log-level`` said.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tests._serve_shared import sample_out
+from tests.test_serve_leases import current, leased, wait_for
+
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("starlette")
+pytest.importorskip("uvicorn")
+
+
+def rebuild(out, *args: str) -> str:
+    """``petal rebuild OUT ARGS`` (a new version of the same vectors): the version it published."""
+    run = subprocess.run([sys.executable, "-m", "petal.cli.main", "rebuild", str(out), *args], capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    return current(out)
+
+
+@pytest.fixture
+def served(tmp_path_factory, tmp_path):
+    from tests.test_serve import Server
+
+    out = tmp_path / "out"
+    shutil.copytree(sample_out(tmp_path_factory), out, ignore=shutil.ignore_patterns(".lock"))
+    server = Server(tmp_path / "server.log", out, "--reload-interval-s", "0.1", "--log-level", "info")
+    yield server, out
+    server.stop()
+
+
+@pytest.mark.parametrize("body", [{"query": "how do glaciers move", "k": 3},
+                                  {"queries": ["volcano eruption"], "k": 2, "include": ["text"]}],
+                         ids=["query", "queries-include"])
+def test_the_old_version_is_released_after_its_last_request_without_another_request(served, body):
+    server, out = served
+    v1 = current(out)
+    answer = server.client.post("/search", json=body)
+    assert answer.status_code == 200 and answer.json()["version"] == v1, answer.text
+    v2 = rebuild(out, "--index-factory", "Flat")
+    wait_for(lambda: server.client.get("/ready").json()["version"] == v2, "the swap to the rebuilt version")
+    # NOTE: no request after the swap: before, the lease (and the version's memory) stayed until the next one
+    wait_for(lambda: not leased(out / "versions" / v1), f"the lease on {v1} to be released", timeout_s=30)
+    assert leased(out / "versions" / v2)
+    answer = server.client.post("/search", json=body)
+    assert answer.status_code == 200 and answer.json()["version"] == v2, answer.text
+
+
+def test_the_swap_is_said_in_the_log_at_log_level_info(served):
+    server, out = served
+    v1 = current(out)
+    v2 = rebuild(out, "--index-factory", "Flat")
+    wait_for(lambda: server.client.get("/ready").json()["version"] == v2, "the swap to the rebuilt version")
+    line = f"petal serve: now serving {v2} (342 vectors), was {v1}"
+    wait_for(lambda: line in server.log.read_text(errors="replace"), "the swap's log line", timeout_s=30)
+    v3 = rebuild(out, "--metric", "l2")  # refused (another metric): a warning, said once
+    wait_for(lambda: server.client.get("/ready").json().get("refused", {}).get("version") == v3, "the refusal")
+    refused = f"petal serve: refused {v3}, still serving {v2}: {v3} is searched by metric l2"
+    wait_for(lambda: refused in server.log.read_text(errors="replace"), "the refusal's log line", timeout_s=30)
+    assert server.log.read_text(errors="replace").count(f"petal serve: refused {v3}") == 1
