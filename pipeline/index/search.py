@@ -61,12 +61,9 @@ def verify_files(version_dir: Path) -> OpenCheck:
 
 
 def is_binary_manifest(manifest: Manifest) -> bool:
-    """The version's index is binary (Hamming codes + float rescoring): ``--quantize binary``, or a binary
-    ``--index-factory`` (``BFlat``, ``BIVF...``) over float output, which the writer builds as binary too.
-    NOTE: judged by the output alone, such an index was opened as a float one and refused (65) by the header check."""
-    from petal.pipeline.index.plan import is_binary
-
-    return (manifest.output is not None and manifest.output.quantize == "binary") or is_binary(manifest.index.factory)
+    """The version's index is binary (``Manifest.binary_index``). NOTE: judged by the output alone, an index of a
+    binary ``--index-factory`` over float output was opened as a float one and refused (65) by the header check."""
+    return manifest.binary_index
 
 
 def ignored_overrides(manifest: Manifest, nprobe: int | None, rescore: int | None) -> list[str]:
@@ -310,16 +307,13 @@ class IndexReader:
             if where in cache:
                 cache.move_to_end(where)
                 return cache[where]
-        from petal.pipeline.index.filters import IdSelector, filter_mask, parse_filter
+        from petal.pipeline.index.filters import IdSelector, columns_problem, filter_mask, parse_filter
 
         flt = parse_filter(where)
-        if is_binary_manifest(self.manifest):
-            raise ValueError("--where: binary indexes cannot filter yet; build without --quantize binary")
         names = self.kept_columns
-        missing = [c for c in flt.columns if c not in names]
-        if missing or self.columns is None:
-            raise ValueError(f"--where: unknown column {(missing or flt.columns)[0]!r}; filterable columns "
-                             f"(petal index --keep-columns): {', '.join(names) or 'none'}")
+        problem = columns_problem(flt, names, self.columns is not None, is_binary_manifest(self.manifest))
+        if problem is not None:
+            raise ValueError(problem)
         # NOTE: from the file opened with the version, not by path: a version a server still searches may have
         # been pruned since (a newer one was refused)
         table = self.columns.read(flt.columns)
@@ -343,35 +337,60 @@ class IndexReader:
 
     def records(self, hits: list[Hit], columns: list[str] | None = None) -> list[dict[str, Any] | None]:
         """Each hit's row of its shard (``columns``, or every column), ``None`` where the row is gone. Shards
-        are found by the absolute path the manifest records (any working directory); gone ones land in
-        ``missing_shards``."""
-        by_shard: dict[str, list[int]] = {}
+        are found by the absolute path the manifest records; gone ones land in ``missing_shards``, and so do shards
+        whose row no longer holds the hit's id (rewritten since indexing: the row is another document's)."""
+        by_shard: dict[str, list[Hit]] = {}
         located = shard_locations(self.manifest)
         for hit in hits:
-            by_shard.setdefault(located.get(hit.shard, hit.shard), []).append(hit.row)
+            by_shard.setdefault(located.get(hit.shard, hit.shard), []).append(hit)
         found: dict[tuple[str, int], dict[str, Any] | None] = {}
-        for shard, rows in by_shard.items():
+        id_column = self.manifest.columns.id_column
+        for shard, shard_hits in by_shard.items():
             try:
                 if not Path(shard).is_file():  # NOTE: gone, or a FIFO now: never opened (it would block)
                     raise FileNotFoundError(shard)
                 pf = pq.ParquetFile(shard, page_checksum_verification=True)
+                checked = id_column in pf.schema_arrow.names  # else positional ids (<shard>:<row>): nothing to check
+                read = columns if columns is None or not checked or id_column in columns else [*columns, id_column]
                 starts = np.cumsum([0] + [pf.metadata.row_group(g).num_rows for g in range(pf.num_row_groups)])
                 groups: dict[int, pa.Table] = {}
-                for row in rows:
+                for hit in shard_hits:
+                    row = hit.row
                     group = int(np.searchsorted(starts, row, side="right")) - 1
                     if not 0 <= group < pf.num_row_groups:
                         found[(shard, row)] = None
+                        self.missing_shards.add(shard)
                         continue
                     if group not in groups:  # read only the row groups holding hits
-                        groups[group] = pf.read_row_group(group, columns=columns)
+                        groups[group] = pf.read_row_group(group, columns=read)
                     record = groups[group].slice(row - int(starts[group]), 1).to_pylist()[0]
-                    found[(shard, row)] = {k: v.decode("utf-8", "replace") if isinstance(v, bytes) else v
-                                           for k, v in record.items()}
+                    record = {k: v.decode("utf-8", "replace") if isinstance(v, bytes) else v
+                              for k, v in record.items()}
+                    # NOTE: the shard may have been rewritten since indexing (rows reordered, removed, added): the
+                    # row the index recorded is then another document's, whose text or metadata must not be given
+                    # as the hit's; where the shard has the id column, the row must still hold the hit's id
+                    if checked and not _same_id(record.get(id_column), hit.id):
+                        found[(shard, row)] = None
+                        self.missing_shards.add(shard)
+                        continue
+                    if read is not columns:  # the id column, read for the check only
+                        record.pop(id_column, None)
+                    found[(shard, row)] = record
             except (OSError, pa.ArrowException, KeyError):
                 self.missing_shards.add(shard)
-                for row in rows:
-                    found[(shard, row)] = None
+                for hit in shard_hits:
+                    found[(shard, hit.row)] = None
         return [found.get((located.get(h.shard, h.shard), h.row)) for h in hits]
+
+
+def _same_id(value: Any, hit_id: Any) -> bool:
+    """A shard row's id value is the hit's id, as the index stores ids (integer ids of a shard among string ones
+    as their text)."""
+    if value is None:
+        return False
+    if isinstance(hit_id, bytes):
+        hit_id = hit_id.decode("utf-8", "replace")
+    return bool(value == hit_id) or str(value) == str(hit_id)
 
 
 def shard_locations(manifest: Manifest) -> dict[str, str]:

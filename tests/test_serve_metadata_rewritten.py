@@ -1,0 +1,63 @@
+"""``/search`` with ``include: ["metadata"]`` after a source shard was rewritten in place (rows reordered, some
+removed) and before the next re-index: a hit's metadata is its own document's or ``null``, never the row that now
+sits at the hit's recorded position (it answered another document's columns, ``id`` included, as the hit's).
+
+Real components: ``petal index --vectors-column`` over real Parquet (no model: the server is ready in a second),
+``petal serve`` in a child process on a loopback port, the shards rewritten with pyarrow."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tests.test_serve import Server, cli_run
+
+pytest.importorskip("httpx")
+pytest.importorskip("starlette")
+pytest.importorskip("uvicorn")
+
+DIM = 8
+
+
+def _table(rows: int, string_ids: bool) -> tuple[pa.Table, np.ndarray]:
+    data = np.random.default_rng(1).standard_normal((rows, DIM)).astype(np.float32)
+    data /= np.linalg.norm(data, axis=1, keepdims=True)
+    ids = np.arange(rows)
+    table = pa.table({"doc": [f"d{i}" for i in ids] if string_ids else ids, "title": [f"title {i}" for i in ids],
+                      "body": [f"document {i}" for i in ids],
+                      "vec": pa.FixedSizeListArray.from_arrays(pa.array(data.ravel()), DIM)})
+    return table, data
+
+
+@pytest.mark.parametrize("string_ids", [False, True], ids=["integer-ids", "string-ids"])
+def test_metadata_of_a_rewritten_shard_is_never_another_documents(tmp_path, string_ids):
+    data = tmp_path / "data"
+    data.mkdir()
+    table, vectors = _table(30, string_ids)
+    pq.write_table(table, data / "a.parquet")
+    out = tmp_path / "out"
+    cli_run("index", data, "--out", out, "-q", "--vectors-column", "vec", "--text-column", "body",
+            "--index-factory", "Flat", "--id-column", "doc")
+    server = Server(tmp_path / "server.log", out)
+    try:
+        def metadata(row: int) -> tuple[object, object]:
+            answer = server.client.post("/search", json={"vectors": [vectors[row].tolist()], "k": 1,
+                                                         "include": ["metadata"]})
+            assert answer.status_code == 200, answer.text
+            (hit,) = answer.json()["results"][0]["hits"]
+            return hit["id"], hit["metadata"]
+
+        hit_id, before = metadata(7)
+        assert before == {"doc": hit_id, "title": "title 7"}
+        # the shard rewritten in place: its rows reversed and the first five dropped, not re-indexed yet
+        pq.write_table(table.take(list(range(29, 4, -1))), data / "a.parquet")
+        after_id, after = metadata(7)
+        assert after_id == hit_id
+        assert after is None, after  # row 7 now holds document 22: the hit's metadata is unknown, not document 22's
+        # the shard put back as it was indexed: the metadata is found again
+        pq.write_table(table, data / "a.parquet")
+        assert metadata(7)[1] == before
+    finally:
+        server.stop()
