@@ -94,6 +94,7 @@ def query(index_path: Path, texts: tuple[str, ...], k: int, from_stdin: bool, as
         usage(lambda: parse_filter(where))  # a malformed expression; unknown columns are known once the index opens
     # NOTE: then the input file (missing, unreadable, empty: 66; not vectors: 65), still before the index opens
     vectors = read_vector_file(vector_file) if vector_file is not None else None
+    _judged_by_manifest(index_path, where, by_text=vector_file is None)
     from petal.pipeline.api import open_index
 
     index = open_index(index_path, model=model, device=device, dtype=dtype, attention=attention, nprobe=nprobe,
@@ -183,6 +184,27 @@ def query(index_path: Path, texts: tuple[str, ...], k: int, from_stdin: bool, as
         if texts:
             said.append(_blank_texts(len(texts)))
         raise NoInputError(f"nothing to query: {'; '.join(said)}")
+
+
+def _judged_by_manifest(index_path: Path, where: str | None, by_text: bool) -> None:
+    """The usage errors the index's manifest alone decides (a text query on an index of precomputed vectors, a
+    ``--where`` on a column it does not keep or on a binary index): exit 2 before FAISS, Arrow or torch load (they
+    came after the index opened). A manifest that cannot be read is left to the open, which says why and retries a
+    version pruned meanwhile; the open judges the same again (the version it opens may be a newer one)."""
+    from petal.pipeline.index.filters import columns_problem, parse_filter
+    from petal.pipeline.layout import resolve_index_dir
+    from petal.pipeline.reliability.errors import PetalError, UsageError
+
+    try:
+        version_dir, manifest = resolve_index_dir(index_path)
+    except (PetalError, OSError):
+        return
+    refusal = manifest.text_query_refusal(version_dir) if by_text else None
+    if where and refusal is None:
+        refusal = columns_problem(parse_filter(where), manifest.kept_columns, manifest.stored is not None,
+                                  manifest.binary_index)
+    if refusal is not None:
+        raise UsageError(refusal)
 
 
 def _say_skipped(texts: tuple[str, ...]) -> None:

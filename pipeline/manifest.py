@@ -817,6 +817,21 @@ class Manifest:
         return isinstance(self.model, PrecomputedRecord)
 
     @property
+    def binary_index(self) -> bool:
+        """The index is binary (Hamming codes + float rescoring): ``--quantize binary``, or a binary
+        ``--index-factory`` (``BFlat``, ``BIVF...``) over float output, which the writer builds as binary too."""
+        from petal.pipeline.index.plan import is_binary
+
+        return (self.output is not None and self.output.quantize == "binary") or is_binary(self.index.factory)
+
+    def text_query_refusal(self, path: Path) -> str | None:
+        """Why a text query on the version at ``path`` is refused (``None`` when its model can embed one)."""
+        if not self.precomputed:
+            return None
+        return (f"{path} was built from precomputed vectors (--vectors-column): query it by vectors (petal query "
+                "--vector-file Q.npy, Index.search_stored)")
+
+    @property
     def kept_columns(self) -> tuple[str, ...]:
         """The ``--keep-columns`` stored in ``ids.parquet`` (none for older indexes)."""
         return self.stored.keep if self.stored is not None else ()

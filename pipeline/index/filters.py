@@ -116,6 +116,18 @@ def parse_filter(text: str) -> Filter:
     return Filter(text, tuple(clauses))
 
 
+def columns_problem(flt: Filter, kept: tuple[str, ...] | list[str], stored: bool, binary: bool) -> str | None:
+    """Why ``flt`` cannot filter an index, judged from its manifest alone (``None`` when it can): a binary index,
+    a column not kept (``stored``: the index stores columns beside its ids at all)."""
+    if binary:
+        return "--where: binary indexes cannot filter yet; build without --quantize binary"
+    missing = [c for c in flt.columns if c not in kept]
+    if missing or not stored:
+        return (f"--where: unknown column {(missing or flt.columns)[0]!r}; filterable columns "
+                f"(petal index --keep-columns): {', '.join(kept) or 'none'}")
+    return None
+
+
 def filter_mask(flt: Filter, table: pa.Table, available: list[str]) -> np.ndarray:
     """``[num_rows]`` bool: rows of ``table`` (the version's stored columns, FAISS id order) that match."""
     import numpy as np

@@ -130,9 +130,9 @@ class Index:
     def query_model(self) -> QueryService:
         """The index's model, loaded once (gone or different weights: ``ConfigError``, exit 78; an index of
         precomputed vectors has none: ``UsageError``)."""
-        if self.manifest.precomputed:
-            raise UsageError(f"{self.path} was built from precomputed vectors (--vectors-column): query it by "
-                             "vectors (petal query --vector-file Q.npy, Index.search_stored)")
+        refusal = self.manifest.text_query_refusal(self.path)
+        if refusal is not None:
+            raise UsageError(refusal)
         with self._service_lock:
             if self._service is None:
                 from petal.pipeline.jobs.query import QueryService
