@@ -91,3 +91,33 @@ def test_verify_finds_an_ids_file_that_searches_cannot_read(built: Path, tmp_pat
 def test_an_intact_version_still_verifies(built: Path) -> None:
     done = forkrun.petal(["verify", str(built)])
     assert done.rc == 0 and "MISMATCH" not in done.stdout, done.stdout + done.stderr
+
+
+def _span_one(manifest: dict) -> None:
+    manifest[INTEGRITY_KEY]["head_tail_bytes"] = 1
+
+
+def _other_head_tail(manifest: dict) -> None:
+    manifest[INTEGRITY_KEY]["files"]["index.faiss"]["head_tail_sha256"] = "0" * 64
+
+
+RECORDS = {"head_tail_bytes 1": _span_one, "another head/tail sha256": _other_head_tail}
+
+
+@pytest.mark.parametrize("edit", list(RECORDS))
+def test_verify_checks_the_head_tail_records_opening_checks(built: Path, tmp_path: Path, edit: str) -> None:
+    """A manifest signed again whose head/tail records do not match files whose sha256 does: every open is 65
+    ('head/tail checksum does not match'), and petal verify said ok (it compared sizes and sha256 only)."""
+    out = tmp_path / "out"
+    shutil.copytree(built, out)
+    version = out / "versions" / (out / "CURRENT").read_text().strip()
+    manifest = json.loads((version / "manifest.json").read_text())
+    RECORDS[edit](manifest)
+    manifest.pop(CHECKSUM_KEY)
+    manifest[CHECKSUM_KEY] = canonical_sha256(manifest)
+    (version / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    query = forkrun.petal(["query", str(out), "--vector-file", str(built.parent / "q.npy"), "-k", "1"])
+    assert query.rc == 65 and "head/tail checksum does not match" in query.last_line, query.stderr
+    done = forkrun.petal(["verify", str(out)])
+    assert done.rc == 65 and "MISMATCH  index.faiss" in done.stdout, done.stdout + done.stderr
+    assert "head/tail checksum does not match the manifest's record" in done.last_line, done.stderr

@@ -383,14 +383,15 @@ def verify_version(version_dir: Path, manifest: dict[str, Any] | None = None, *,
     # object cannot name a sha256 (its file is checked by index.files, as the open does, or not at all); the
     # manifest's mismatch is already the verdict (65)
     files, records = _expected(manifest, version_dir, manifest_state == "ok")
+    span: int | None = None  # the head/tail records are checked only where opening checks them: a sealed manifest's
     if manifest_state == "ok":
-        checked_records(version_dir, manifest, files, records)  # NOTE: what opening refuses (78), verify refuses
+        span = checked_records(version_dir, manifest, files, records)  # NOTE: what opening refuses (78), verify too
     expected = {name: str(sha) for name, sha in files.items()}
     expected.update({name: str(r.get("sha256")) for name, r in records.items() if r.get("sha256")})
     verdicts = [FileVerdict(name, False, "not listed in the manifest", refused=True) for name in REQUIRED_FILES
                 if name not in expected]
     for name, sha in sorted(expected.items()):
-        verdicts.append(_verify_file(version_dir, name, sha, records.get(name)))
+        verdicts.append(_verify_file(version_dir, name, sha, records.get(name), span))
     if all(f.ok for f in verdicts):  # NOTE: every file is the one the manifest signs: does it hold what it says?
         problems = {INDEX_FILE: problem} if (problem := header_problem(version_dir, manifest)) is not None \
             else index_problems(version_dir, manifest) if read_index else {}
@@ -473,7 +474,8 @@ def _described(structure: tuple[tuple[str, int, int | None, int | None], ...]) -
                          for name, dim, nlist, code in structure)
 
 
-def _verify_file(version_dir: Path, name: str, sha: str, record: dict[str, Any] | None) -> FileVerdict:
+def _verify_file(version_dir: Path, name: str, sha: str, record: dict[str, Any] | None,
+                 span: int | None = None) -> FileVerdict:
     try:
         path = _listed_path(version_dir, name)
     except ConfigError as exc:  # NOTE: missing or not a regular file inside the version: opening refuses it (78)
@@ -484,4 +486,10 @@ def _verify_file(version_dir: Path, name: str, sha: str, record: dict[str, Any] 
     actual = _readable(sha256_file, path)
     if actual != sha:
         return FileVerdict(name, False, f"sha256 {actual[:16]}... does not match the manifest ({sha[:16]}...)")
+    # NOTE: the record opening checks (``span``: a sealed manifest's, whose records were checked): a file whose
+    # sha256 matches but whose head/tail record does not is refused by every open (65), so verify must not say ok
+    if span is not None and record is not None \
+            and _head_tail(path, version_dir, size, span) != record.get("head_tail_sha256"):
+        return FileVerdict(name, False, "its head/tail checksum does not match the manifest's record, which opening "
+                                        "checks (65 at every open); rebuild the index")
     return FileVerdict(name, True)
