@@ -363,9 +363,7 @@ class IndexReader:
                         continue
                     if group not in groups:  # read only the row groups holding hits
                         groups[group] = pf.read_row_group(group, columns=read)
-                    record = groups[group].slice(row - int(starts[group]), 1).to_pylist()[0]
-                    record = {k: v.decode("utf-8", "replace") if isinstance(v, bytes) else v
-                              for k, v in record.items()}
+                    record = _record(groups[group].slice(row - int(starts[group]), 1))
                     # NOTE: the shard may have been rewritten since indexing (rows reordered, removed, added): the
                     # row the index recorded is then another document's, whose text or metadata must not be given
                     # as the hit's; where the shard has the id column, the row must still hold the hit's id
@@ -381,6 +379,29 @@ class IndexReader:
                 for hit in shard_hits:
                     found[(shard, hit.row)] = None
         return [found.get((located.get(h.shard, h.shard), h.row)) for h in hits]
+
+
+_BINARY_VIEWS = {pa.string(): pa.binary(), pa.large_string(): pa.large_binary(), pa.string_view(): pa.binary_view()}
+
+
+def _record(row: pa.Table) -> dict[str, Any]:
+    """The one row of ``row`` as Python values, bytes and text that is not UTF-8 decoded with U+FFFD.
+
+    NOTE: pyarrow does not validate UTF-8 when it reads a string column: ``to_pylist`` raises on the first bad value
+    (a metadata column of a shard, which ``petal index`` never reads), so such a column is read as bytes instead; a
+    nested value holding such text is ``None``."""
+    record: dict[str, Any] = {}
+    for name, column in zip(row.column_names, row.columns):
+        try:
+            value = column.to_pylist()[0]
+        except UnicodeDecodeError:
+            cell = column.combine_chunks()
+            if pa.types.is_dictionary(cell.type):
+                cell = cell.dictionary_decode()
+            binary = _BINARY_VIEWS.get(cell.type)
+            value = None if binary is None else cell.view(binary).to_pylist()[0]
+        record[name] = value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+    return record
 
 
 def _same_id(value: Any, hit_id: Any) -> bool:
@@ -406,11 +427,29 @@ def shard_locations(manifest: Manifest) -> dict[str, str]:
 
 
 def open_columns(rows: RowGroups, manifest: Manifest) -> Any:
-    """The version's stored columns (text, --keep-columns: in ``ids.parquet``), or ``None`` (an older index)."""
+    """The version's stored columns (text, --keep-columns: in ``ids.parquet``), or ``None`` (an older index); a
+    column the manifest records that the file lacks is a ``BadInputError`` (65) naming both (``stored_columns_missing``)."""
     recorded = manifest.stored
     if recorded is None:
         return None
     from petal.pipeline.index.columns_file import ColumnsReader
 
+    problem = stored_columns_missing(rows, manifest)
+    if problem is not None:
+        raise BadInputError(problem)
     return ColumnsReader(rows, (["text"] if recorded.text else []) + list(recorded.keep))
+
+
+def stored_columns_missing(rows: RowGroups, manifest: Manifest) -> str | None:
+    """Why ``ids.parquet`` does not hold the stored columns its manifest records (``columns``), ``None`` when it does.
+    NOTE: a ``--where`` on a kept column the file lacked was a pyarrow KeyError traceback (exit 1); an empty
+    version's file may lack them (there were no rows to store)."""
+    recorded = manifest.stored
+    if recorded is None or not rows.num_rows:
+        return None
+    missing = [n for n in (["text"] if recorded.text else []) + list(recorded.keep) if n not in rows.names]
+    if not missing:
+        return None
+    return (f"{quote_path(rows.path)} has no column {', '.join(map(quote_text, missing))}, which the manifest's "
+            "columns record lists: the file does not match its manifest; the version is damaged, rebuild it")
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import re
 from typing import Any
 
@@ -88,9 +89,29 @@ def dumps(body: Any, use_orjson: bool = True) -> bytes:
         except (TypeError, orjson.JSONEncodeError):  # an integer over 64 bits, a cycle...: the stdlib decides
             pass
     try:
+        # NOTE: allow_nan=False: the standard library writes NaN and Infinity (a metadata column's NaN), which no
+        # JSON reader takes; orjson writes null for them, and so does this path
+        return json.dumps(body, ensure_ascii=False, default=str, allow_nan=False).encode()
+    except ValueError:
+        body = _finite(body)
+    try:
         return json.dumps(body, ensure_ascii=False, default=str).encode()
     except UnicodeEncodeError:  # a lone surrogate (a shard's or a request's text): escaped, still valid JSON
         return json.dumps(body, default=str).encode()
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every float that is NaN or infinite (in lists, tuples and dicts) as ``None``, as orjson writes
+    it (numpy scalars as their Python values)."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _float_rows(rows: np.ndarray) -> list[str]:
