@@ -13,7 +13,10 @@ real HTTP (httpx).
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -75,3 +78,37 @@ def test_the_swap_is_said_in_the_log_at_log_level_info(served):
     refused = f"petal serve: refused {v3}, still serving {v2}: {v3} is searched by metric l2"
     wait_for(lambda: refused in server.log.read_text(errors="replace"), "the refusal's log line", timeout_s=30)
     assert server.log.read_text(errors="replace").count(f"petal serve: refused {v3}") == 1
+
+
+def test_a_version_published_while_the_server_loads_is_followed(tmp_path_factory, tmp_path):
+    """CURRENT moved on after the server read it and before it served (the model's load and warm-up: minutes on
+    CUDA; widened here by a sleep where the load opens the version): it served the version it had read and took
+    the new CURRENT for one it had acted on, so a re-index that finished during a start-up was never followed."""
+    out = tmp_path / "out"
+    shutil.copytree(sample_out(tmp_path_factory), out, ignore=shutil.ignore_patterns(".lock"))
+    v1 = current(out)
+    v2 = rebuild(out, "--index-factory", "Flat")
+    (out / "CURRENT").write_text(v1 + "\n")  # the server starts on v1
+    log = tmp_path / "server.log"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PETAL_FAULT": "query_open:1:sleep=3"}
+    env.pop("PETAL_API_KEY", None)
+    with open(log, "wb") as stderr:
+        proc = subprocess.Popen([sys.executable, "-m", "petal.cli.main", "serve", str(out), "--port", "0",
+                                 "--reload-interval-s", "0.1"], stdout=subprocess.DEVNULL, stderr=stderr, env=env)
+    try:
+        wait_for(lambda: "petal serve: loading" in log.read_text(errors="replace") or proc.poll() is not None,
+                 "the server to start loading")
+        (out / "CURRENT").write_text(v2 + "\n")  # published while the server loads v1 (it sleeps before opening it)
+        found = wait_for(lambda: re.search(r"listening on (http://[\d.]+:\d+)", log.read_text(errors="replace"))
+                         or proc.poll() is not None, "the server to serve", timeout_s=120)
+        assert proc.poll() is None, log.read_text(errors="replace")
+        assert f"{v1} (342 vectors), listening" in log.read_text(errors="replace")  # the version it had read
+        with httpx.Client(base_url=found.group(1), timeout=60.0) as client:
+            wait_for(lambda: client.get("/ready").json()["version"] == v2, f"the server to follow CURRENT to {v2}",
+                     timeout_s=30)
+            answer = client.post("/search", json={"query": "how do glaciers move", "k": 2})
+            assert answer.status_code == 200 and answer.json()["version"] == v2, answer.text
+        wait_for(lambda: not leased(out / "versions" / v1), f"the lease on {v1} to be released", timeout_s=30)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, log.read_text(errors="replace")

@@ -89,6 +89,16 @@ def _pointer_state(root: Path) -> Pointer:
     return current_pointer(root), stamp
 
 
+def _first_seen(root: Path, live: str) -> Pointer:
+    """The pointer the follower starts from: CURRENT now if it names ``live`` (or nothing: a version directory
+    served, CURRENT gone), else one no state equals, so that the first check acts on what CURRENT names.
+
+    NOTE: ``live`` is the version CURRENT named before the model loaded (minutes on CUDA); a re-index published
+    meanwhile, taken for the state acted on, was never followed (until CURRENT changed again)."""
+    state = _pointer_state(root)
+    return state if state[0] in (None, live) else (live, None)
+
+
 class IndexFollower:
     """The live ``SearchIndex`` of OUT, replaced when a compatible new version is published."""
 
@@ -109,7 +119,7 @@ class IndexFollower:
         self.nprobe = nprobe
         self.rescore = rescore
         self.refused: Refusal | None = None
-        self._seen: Pointer = _pointer_state(self.root)  # the pointer last acted on
+        self._seen: Pointer = _first_seen(self.root, live.version)  # the pointer last acted on
         self._lock = threading.Lock()  # one load at a time
         self.retry_first_s = retry_first_s
         self._retry_delay_s = retry_first_s  # the wait before the next try of a transient refusal
