@@ -428,7 +428,7 @@ def shard_locations(manifest: Manifest) -> dict[str, str]:
 
 def open_columns(rows: RowGroups, manifest: Manifest) -> Any:
     """The version's stored columns (text, --keep-columns: in ``ids.parquet``), or ``None`` (an older index); a
-    column the manifest records that the file lacks is a ``BadInputError`` (65) naming both (``stored_columns_missing``)."""
+    column the manifest records that the file lacks is a ``BadInputError`` (65) naming both."""
     recorded = manifest.stored
     if recorded is None:
         return None
@@ -450,6 +450,6 @@ def stored_columns_missing(rows: RowGroups, manifest: Manifest) -> str | None:
     missing = [n for n in (["text"] if recorded.text else []) + list(recorded.keep) if n not in rows.names]
     if not missing:
         return None
-    return (f"{quote_path(rows.path)} has no column {', '.join(map(quote_text, missing))}, which the manifest's "
+    return (f"{quote_path(rows.path)} has no column {', '.join(map(quote_path, missing))}, which the manifest's "
             "columns record lists: the file does not match its manifest; the version is damaged, rebuild it")
 

@@ -436,7 +436,7 @@ def index_problems(version_dir: Path, raw: dict[str, Any]) -> dict[str, str]:
                             f"{quote_text(record.factory)} makes {_described(made)}: the index does not match its "
                             "manifest (the file was replaced or the manifest rewritten)"}
     try:
-        ids = _decoded_ids(version_dir / IDS_FILE)
+        ids = _decoded_ids(version_dir / IDS_FILE, manifest)
     except BadInputError as exc:
         return {IDS_FILE: str(exc)}
     if ids != index.ntotal:
@@ -444,16 +444,20 @@ def index_problems(version_dir: Path, raw: dict[str, Any]) -> dict[str, str]:
     return {}
 
 
-def _decoded_ids(path: Path) -> int:
+def _decoded_ids(path: Path, manifest: Any) -> int:
     """The ids ``path`` (``ids.parquet``) maps, read as searches read it (its id columns there) and every row group
     decoded, page checksums verified, one at a time: ``BadInputError`` (65) naming it otherwise.
     NOTE: its sha256 only says it is the file the manifest signs; a manifest signed again over a file whose pages
     do not decode made every query 65 ('run petal verify') while petal verify said ok."""
     from petal.pipeline.index.files import open_parquet
     from petal.pipeline.index.row_groups import IdMap, RowGroups
+    from petal.pipeline.index.search import stored_columns_missing
 
     rows = RowGroups(open_parquet(path, read_dictionary=["shard"]), path)
     IdMap(rows)  # the columns a hit needs
+    problem = stored_columns_missing(rows, manifest)  # and those the manifest says are stored
+    if problem is not None:
+        raise BadInputError(problem)
     for group in range(len(rows.starts) - 1):
         rows.read_group(group, rows.names)
     return rows.num_rows
