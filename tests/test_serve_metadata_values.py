@@ -1,7 +1,9 @@
-"""Values of a shard's other columns as ``/search`` answers them with ``include: ["metadata"]``: a string column
-holding bytes that are not UTF-8 (``petal index`` never reads a column it does not index, so nothing refused it)
-is text with U+FFFD, not a 500 with a traceback in the log; a NaN or infinite float is ``null`` in valid JSON, with
-or without orjson (the standard library wrote ``NaN``, which no strict JSON reader takes).
+"""Values of a shard's other columns as ``/search`` answers them with ``include: ["metadata"]``, and of
+``--keep-columns`` on every hit (``fields``, in ``/search`` and ``petal query``): a string column holding bytes that
+are not UTF-8 (pyarrow validates none: ``petal index`` stored a kept one as it was, and never reads the others) is
+text with U+FFFD, not a 500 with a traceback in the log (metadata), nor a 422 or ``petal query`` exit 2 quoting
+'utf-8' codec can't decode (every search hitting such a kept value); a NaN or infinite float is ``null`` in valid
+JSON, with or without orjson (the standard library wrote ``NaN``, which no strict JSON reader takes).
 
 Real components: ``petal index --vectors-column`` over real Parquet (no model: the server is ready in a second),
 ``petal serve`` in a child process on a loopback port."""
@@ -47,13 +49,14 @@ def test_metadata_not_utf8_or_not_finite_is_answered_as_json(tmp_path):
         "vec": pa.FixedSizeListArray.from_arrays(pa.array(vectors.ravel()), DIM)}), data / "a.parquet")
     out = tmp_path / "out"
     cli_run("index", data, "--out", out, "-q", "--vectors-column", "vec", "--id-column", "doc", "--text-column",
-            "body", "--index-factory", "Flat")
+            "body", "--index-factory", "Flat", "--keep-columns", "note")
     server = Server(tmp_path / "server.log", out)
     try:
         answer = server.client.post("/search", json={"vectors": vectors.tolist(), "k": 1, "include": ["metadata"]})
         assert answer.status_code == 200, answer.text
-        metadata = {result["hits"][0]["id"]: result["hits"][0]["metadata"]
-                    for result in _strict_json(answer.content)["results"]}
+        hits = {result["hits"][0]["id"]: result["hits"][0] for result in _strict_json(answer.content)["results"]}
+        metadata = {i: hit["metadata"] for i, hit in hits.items()}
+        assert [hits[i]["fields"]["note"] for i in range(6)] == ["fine", "caf\ufffd", "ok", "\ufffd\ufffd", "ok", "ok"]
         assert metadata[0] == {"doc": 0, "note": "fine", "tag": "fine", "ratio": 0.5}
         assert metadata[1] == {"doc": 1, "note": "caf\ufffd", "tag": "caf\ufffd", "ratio": None}
         assert metadata[2]["ratio"] is None and metadata[4]["ratio"] is None
@@ -61,6 +64,9 @@ def test_metadata_not_utf8_or_not_finite_is_answered_as_json(tmp_path):
         assert "Traceback" not in server.log.read_text(errors="replace")
     finally:
         server.stop()
+    np.save(tmp_path / "q.npy", vectors[1:2])
+    found = cli_run("query", out, "--vector-file", tmp_path / "q.npy", "-k", "1", "--json")
+    assert json.loads(found.stdout)["hits"][0]["fields"] == {"note": "caf\ufffd"}
 
 
 @pytest.mark.parametrize("body", [

@@ -27,6 +27,38 @@ from petal.pipeline.store.embeddings import StoreEntry
 ID_COLUMNS = ["faiss_id", "id", "shard", "row"]
 
 
+_BINARY_VIEWS = {pa.string(): pa.binary(), pa.large_string(): pa.large_binary(), pa.string_view(): pa.binary_view()}
+
+
+def lenient_pylist(table: pa.Table) -> list[dict[str, Any]]:
+    """``table.to_pylist()``, with a string column's bytes that are not UTF-8 decoded with U+FFFD (a nested value
+    holding such text is ``None``).
+
+    NOTE: pyarrow validates no UTF-8 when it reads or writes a string column, and ``to_pylist`` raises on the first
+    bad value: a ``--keep-columns`` column stored from a shard as it was made every search hitting that row fail
+    ('utf-8' codec can't decode: petal query exit 2, petal serve 422), and a shard's metadata column a 500."""
+    try:
+        return table.to_pylist()
+    except UnicodeDecodeError:
+        pass
+    columns = {name: _lenient_values(column) for name, column in zip(table.column_names, table.columns)}
+    return [dict(zip(columns, values)) for values in zip(*columns.values())]
+
+
+def _lenient_values(column: pa.ChunkedArray) -> list[Any]:
+    try:
+        return column.to_pylist()
+    except UnicodeDecodeError:
+        pass
+    cells = column.combine_chunks()
+    if pa.types.is_dictionary(cells.type):
+        cells = cells.dictionary_decode()
+    binary = _BINARY_VIEWS.get(cells.type)
+    if binary is None:  # a nested value holding such text
+        return [None] * len(cells)
+    return [None if v is None else v.decode("utf-8", "replace") for v in cells.view(binary).to_pylist()]
+
+
 def _has(entry: StoreEntry, need: ColumnsNeed) -> bool:
     path = columns_path(entry.path)
     return path.is_file() and set(need.names) <= set(pq.read_schema(path).names)
@@ -122,7 +154,7 @@ class ColumnsReader:
         names = [n for n in names if n in self.names]
         if not names:
             return [{} for _ in faiss_ids]
-        return self.source.take(np.asarray(faiss_ids, dtype=np.int64), names).to_pylist()
+        return lenient_pylist(self.source.take(np.asarray(faiss_ids, dtype=np.int64), names))
 
     def read(self, names: list[str]) -> pa.Table:
         """Every row of ``names`` (``--where``)."""

@@ -381,27 +381,12 @@ class IndexReader:
         return [found.get((located.get(h.shard, h.shard), h.row)) for h in hits]
 
 
-_BINARY_VIEWS = {pa.string(): pa.binary(), pa.large_string(): pa.large_binary(), pa.string_view(): pa.binary_view()}
-
-
 def _record(row: pa.Table) -> dict[str, Any]:
-    """The one row of ``row`` as Python values, bytes and text that is not UTF-8 decoded with U+FFFD.
+    """The one row of ``row`` as Python values, bytes and text that is not UTF-8 decoded with U+FFFD (a shard's
+    metadata column, which ``petal index`` never reads: ``lenient_pylist``)."""
+    from petal.pipeline.index.columns_file import lenient_pylist
 
-    NOTE: pyarrow does not validate UTF-8 when it reads a string column: ``to_pylist`` raises on the first bad value
-    (a metadata column of a shard, which ``petal index`` never reads), so such a column is read as bytes instead; a
-    nested value holding such text is ``None``."""
-    record: dict[str, Any] = {}
-    for name, column in zip(row.column_names, row.columns):
-        try:
-            value = column.to_pylist()[0]
-        except UnicodeDecodeError:
-            cell = column.combine_chunks()
-            if pa.types.is_dictionary(cell.type):
-                cell = cell.dictionary_decode()
-            binary = _BINARY_VIEWS.get(cell.type)
-            value = None if binary is None else cell.view(binary).to_pylist()[0]
-        record[name] = value.decode("utf-8", "replace") if isinstance(value, bytes) else value
-    return record
+    return {k: v.decode("utf-8", "replace") if isinstance(v, bytes) else v for k, v in lenient_pylist(row)[0].items()}
 
 
 def _same_id(value: Any, hit_id: Any) -> bool:
