@@ -112,3 +112,40 @@ def test_a_version_published_while_the_server_loads_is_followed(tmp_path_factory
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0, log.read_text(errors="replace")
+
+
+def test_a_version_that_does_not_fit_in_memory_is_refused_and_tried_again(tmp_path_factory, tmp_path):
+    """A new version is loaded beside the live one: a MemoryError opening it (seen with a real RLIMIT_AS on the
+    server; injected here, PETAL_FAULT nomem where the follower opens it) was a traceback in the log, nothing in
+    /ready or the metrics, and the version was never tried again. Now: refused ('open', out of memory), the live
+    version serves, tried again after 1 s (and taken)."""
+    out = tmp_path / "out"
+    shutil.copytree(sample_out(tmp_path_factory), out, ignore=shutil.ignore_patterns(".lock"))
+    v1 = current(out)
+    log = tmp_path / "server.log"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PETAL_FAULT": "query_open:2:nomem"}  # 1: the load's own open
+    env.pop("PETAL_API_KEY", None)
+    with open(log, "wb") as stderr:
+        proc = subprocess.Popen([sys.executable, "-m", "petal.cli.main", "serve", str(out), "--port", "0",
+                                 "--reload-interval-s", "0.1"], stdout=subprocess.DEVNULL, stderr=stderr, env=env)
+    try:
+        found = wait_for(lambda: re.search(r"listening on (http://[\d.]+:\d+)", log.read_text(errors="replace"))
+                         or proc.poll() is not None, "the server to serve", timeout_s=120)
+        assert proc.poll() is None, log.read_text(errors="replace")
+        with httpx.Client(base_url=found.group(1), timeout=60.0) as client:
+            v2 = rebuild(out, "--index-factory", "Flat")
+            refused = wait_for(lambda: client.get("/ready").json().get("refused") or client.get("/ready").json()
+                               ["version"] == v2, "the refusal", timeout_s=30)
+            assert refused is not True, "taken at once: the fault did not fire"
+            assert refused["version"] == v2 and refused["reason"] == "open", refused
+            assert "out of memory" in refused["message"] and refused["retry_in_s"] == 1, refused
+            metrics = client.get("/metrics").text
+            assert f'petal_index_refused{{reason="open",version="{v2}"}} 1.0' in metrics
+            answer = client.post("/search", json={"query": "how do glaciers move", "k": 2})
+            assert answer.status_code == 200 and answer.json()["version"] == v1, answer.text
+            wait_for(lambda: client.get("/ready").json()["version"] == v2, "the retry to take it", timeout_s=30)
+            assert "refused" not in client.get("/ready").json()
+        assert "Traceback" not in log.read_text(errors="replace")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, log.read_text(errors="replace")

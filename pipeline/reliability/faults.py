@@ -7,9 +7,9 @@
 
 Actions: ``kill`` (SIGKILL, no cleanup), ``term``/``int`` (send SIGTERM/SIGINT to itself),
 ``raise`` (an unexpected exception: exit 1), ``sleep=S``, ``enospc`` and ``eio`` (an ``OSError``
-naming the path the point is about to write or read), ``oom`` (``torch.OutOfMemoryError``) and
-``cuda`` (a fatal CUDA error). ``PETAL_FAULT_TRACE=FILE`` appends every point reached to FILE, so a
-test can prove its scenario reaches every point below.
+naming the path the point is about to write or read), ``oom`` (``torch.OutOfMemoryError``), ``nomem``
+(a host ``MemoryError``) and ``cuda`` (a fatal CUDA error). ``PETAL_FAULT_TRACE=FILE`` appends every
+point reached to FILE, so a test can prove its scenario reaches every point below.
 
 NOTE: test-only. Nothing is armed unless ``PETAL_FAULT`` is set; an unknown point or action in it is
 an error, so a typo never silently disarms a test.
@@ -57,7 +57,7 @@ FAULT_POINTS: dict[str, str] = {
 QUERY_FAULT_POINTS: dict[str, str] = {
     "query_open": "CURRENT resolved to a version; its files not yet opened",
 }
-ACTIONS = ("kill", "term", "int", "raise", "sleep", "enospc", "eio", "oom", "cuda")
+ACTIONS = ("kill", "term", "int", "raise", "sleep", "enospc", "eio", "oom", "nomem", "cuda")
 
 
 class InjectedFault(RuntimeError):
@@ -149,6 +149,8 @@ def _fire(arm: Arm, hit: int, path: Path | str | None) -> None:
         import torch
 
         raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate 2.00 GiB (injected {where})")
+    elif arm.action == "nomem":
+        raise MemoryError(f"injected {where}")
     elif arm.action == "cuda":
         import torch
 

@@ -164,6 +164,9 @@ class IndexFollower:
                 return False
             try:
                 reader = IndexReader(self.root, nprobe=self.nprobe, rescore=self.rescore)
+            except MemoryError:
+                self._out_of_memory(shown(pointer))
+                return False
             except (PetalError, OSError, RuntimeError, KeyError, ValueError) as exc:
                 # NOTE: tried again, whatever the error: a version copied in by hand may still be arriving, a
                 # network filesystem may hiccup; opening costs the cheap checks only (O(1) in the index size)
@@ -173,7 +176,11 @@ class IndexFollower:
                 self.refused = None
                 self.metrics.index_refused.clear()
                 return False
-            candidate_or_why = self._compatible(reader)
+            try:
+                candidate_or_why = self._compatible(reader)
+            except MemoryError:
+                self._out_of_memory(reader.manifest.version)
+                return False
             if not isinstance(candidate_or_why, SearchIndex):
                 self._refuse(reader.manifest.version, *candidate_or_why)
                 return False
@@ -202,6 +209,14 @@ class IndexFollower:
             log.info("petal serve: now serving %s (%d vectors), was %s", candidate.version,
                      candidate.reader.ntotal, old)
             return True
+
+    def _out_of_memory(self, version: str) -> None:
+        """A version that does not fit in memory beside the live one: refused, tried again (memory may free up).
+
+        NOTE: a MemoryError was no refusal: a traceback in the log, nothing in /ready or the metrics, and the version
+        was never tried again (CURRENT counted as acted on)"""
+        self._refuse(version, "open", f"cannot open {version}: out of memory (it is loaded beside the live version, "
+                                      f"{self.live.version}, until it replaces it)", retry=True)
 
     def _compatible(self, reader: IndexReader) -> SearchIndex | tuple[str, str]:
         """``reader`` as a ``SearchIndex`` for the served model, or why not: (reason, message), never retried.
