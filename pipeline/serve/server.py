@@ -12,6 +12,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+import httptools
 import uvicorn
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -82,10 +83,24 @@ def http_protocol(metrics: ServeMetrics) -> type[asyncio.Protocol]:
             _stopping = False
             _held: Any = None  # the cycle whose keep-alive waits for its request's body
 
+            _replaying = False  # a request head fed to a fresh parser only to frame a body (_ignore_upgrade)
+
+            def on_message_begin(self) -> None:
+                if not self._replaying:
+                    super().on_message_begin()
+
+            def on_url(self, url: bytes) -> None:
+                if not self._replaying:
+                    super().on_url(url)
+
+            def on_header(self, name: bytes, value: bytes) -> None:
+                if not self._replaying:
+                    super().on_header(name, value)
+
             def on_headers_complete(self) -> None:
                 before = self.cycle
-                if self._lingering:  # a request pipelined behind the discarded body: not served (close said)
-                    return
+                if self._lingering or self._replaying:  # (lingering: a request pipelined behind the discarded body:
+                    return                              # not served, close said)
                 super().on_headers_complete()
                 cycle = self.cycle
                 if cycle is before:  # an upgrade: no cycle
@@ -107,7 +122,14 @@ def http_protocol(metrics: ServeMetrics) -> type[asyncio.Protocol]:
 
             def data_received(self, data: bytes) -> None:
                 if not self._lingering:
-                    super().data_received(data)
+                    self._unset_keepalive_if_required()
+                    try:
+                        self.parser.feed_data(data)
+                    except httptools.HttpParserError:
+                        self.logger.warning("Invalid HTTP request received.")
+                        self.send_400_response("Invalid HTTP request received.")
+                    except httptools.HttpParserUpgrade as exc:
+                        self._ignore_upgrade(data[int(exc.args[0]) if exc.args else len(data):])
                     return
                 self._lingered += len(data)
                 if self._lingered > LINGER_BYTES:
@@ -117,6 +139,33 @@ def http_protocol(metrics: ServeMetrics) -> type[asyncio.Protocol]:
                     self.parser.feed_data(data)  # only to see where the body ends (on_body discards it)
                 except Exception:  # anything the parser refuses now (httptools errors): stop reading
                     self.end_linger()
+
+            def _ignore_upgrade(self, rest: bytes) -> None:
+                """A request asking to switch protocols (``Connection: Upgrade``; ``curl --http2`` sends ``Upgrade:
+                h2c``) is served in HTTP/1.1, the upgrade ignored (RFC 9110 §7.8). NOTE: llhttp ends such a message
+                at its headers and hands everything after them over as the new protocol's bytes: its body was lost
+                (a POST answered 400 'the body is not valid JSON'), and what followed it on the connection too. The
+                parser is replaced by a fresh one, primed with the request's own body framing (Content-Length or
+                Transfer-Encoding; its callbacks skipped: the request is already under way, its task not started
+                yet), and fed the rest: its body reaches the request, the next requests parse as usual."""
+                cycle = self.cycle
+                self.parser = httptools.HttpRequestParser(self)
+                framing = [(name, value) for name, value in self.headers
+                           if name in (b"content-length", b"transfer-encoding")]
+                if framing and cycle is not None and not cycle.response_started:
+                    cycle.more_body = True  # NOTE: llhttp said the message was complete: it is not, yet
+                    cycle.message_event.clear()
+                    if cycle.keep_alive:  # until its body has arrived, an answer says close (on_message_complete)
+                        cycle.keep_alive = False
+                        self._held = cycle
+                    head = b"POST / HTTP/1.1\r\n" + b"".join(b"%s: %s\r\n" % pair for pair in framing) + b"\r\n"
+                    self._replaying = True
+                    try:
+                        self.parser.feed_data(head)
+                    finally:
+                        self._replaying = False
+                if rest:
+                    self.data_received(rest)
 
             def linger(self) -> None:
                 """The answer is out but its request's body is still coming: half-close, read on and discard
