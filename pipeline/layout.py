@@ -230,8 +230,8 @@ class OutputDir:
             return None
         version_dir = self.version_dir(version)
         if not version_dir.is_dir():
-            raise ConfigError(f"{quote_path(self.current_file)} names {version}, which is not in "
-                              f"{quote_path(self.versions_dir)}; {self.recovery_hint(version)}")
+            raise ConfigError(f"{quote_path(self.current_file)} names {version}, {_not_a_version(version_dir)}; "
+                              f"{self.recovery_hint(version)}")
         return read_manifest(version_dir / MANIFEST_FILE, self.root)
 
     def live_is_valid(self) -> bool:
@@ -539,6 +539,16 @@ def denied(path: object) -> NoInputError:
                         "read the index, or fix its permissions")
 
 
+def _not_a_version(version_dir: Path) -> str:
+    """Why the version directory ``CURRENT`` names is not one: gone, or something else under its name.
+    NOTE: 'which is not in versions/' for a file of that name (``ls versions`` shows it) misled."""
+    if not os.path.lexists(version_dir):
+        return f"which is not in {quote_path(version_dir.parent)}"
+    kind = "a symbolic link to nothing" if version_dir.is_symlink() and not version_dir.exists() else \
+        "a file, not a directory" if version_dir.is_file() else "not a directory"
+    return f"but {quote_path(version_dir)} is {kind}"
+
+
 def resolve_index_dir(path: Path) -> tuple[Path, Manifest]:
     """A version directory and its manifest, from ``OUT`` (follows CURRENT) or a version directory."""
     path = Path(path)
@@ -558,8 +568,8 @@ def resolve_index_dir(path: Path) -> tuple[Path, Manifest]:
                               "with petal index")
         version_dir, root = out.version_dir(version), path
         if not version_dir.is_dir():
-            raise ConfigError(f"{quote_path(out.current_file)} names {version}, which is not in "
-                              f"{quote_path(out.versions_dir)}; {out.recovery_hint(version)}")
+            raise ConfigError(f"{quote_path(out.current_file)} names {version}, {_not_a_version(version_dir)}; "
+                              f"{out.recovery_hint(version)}")
         manifest_file = version_dir / MANIFEST_FILE
         try:
             data = manifest_data(manifest_file, root)
