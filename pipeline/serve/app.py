@@ -11,7 +11,8 @@ GET  /metrics        Prometheus text
 
 Errors are JSON ``{"error": {"message", "type", "code"}}`` (OpenAI's shape): 400 bad JSON, 401 wrong
 or missing key, 404 unknown model or route, 405 a method the route does not take, 413 body or a per-request
-limit, 415 a body declared as something else than JSON (``curl -d``'s form encoding), 422 wrong fields or
+limit, 415 a body declared as something else than JSON (``curl -d``'s form encoding), 501 a body in a transfer
+coding other than chunked, 422 wrong fields or
 types (or a text that the model embeds to NaN or infinity, by its item), 503 queue full or still loading
 (with Retry-After).
 
@@ -80,9 +81,17 @@ def require_json(request: Request) -> None:
     is UTF-8 whatever a ``charset`` says) and ``application/*+json`` are taken, and so is a body without a
     Content-Type (raw HTTP clients; read as JSON, as before). ``curl -d`` declares
     ``application/x-www-form-urlencoded`` (and Python's ``urllib`` too): the message says what to send. A
-    ``Content-Encoding`` other than ``identity`` (gzip, ...) is 415 too, with ``Accept-Encoding: identity``."""
+    ``Content-Encoding`` other than ``identity`` (gzip, ...) is 415 too, with ``Accept-Encoding: identity``; a
+    ``Transfer-Encoding`` other than chunked is 501 (RFC 9112 §6.1)."""
     # NOTE: no content coding is decoded: a gzip body read as JSON was a misleading 400 ("can't decode byte 0x8b"),
     # and a plain body labelled gzip was taken; 415 with Accept-Encoding (RFC 7694), the body unread
+    # NOTE: the HTTP parser undoes chunked only: a body in another transfer coding (gzip, chunked) reached the JSON
+    # reader still compressed (a misleading 400 "can't decode byte 0x8b"); RFC 9112 §6.1: 501 for a coding not known
+    transfer = [c.strip().lower() for c in request.headers.get("transfer-encoding", "").split(",") if c.strip()]
+    unknown = [c for c in transfer if c not in ("chunked", "identity")]
+    if unknown:
+        raise RequestError(501, f"the body is sent with Transfer-Encoding {quote_text(', '.join(transfer), 80)}; this "
+                                "server decodes only chunked: send the JSON uncompressed", kind="not_implemented")
     coding = request.headers.get("content-encoding", "").strip()
     if coding and coding.lower() != "identity":
         raise RequestError(415, f"the body is declared as Content-Encoding {quote_text(coding, 80)}; this server "
