@@ -601,6 +601,8 @@ def manifest_data(manifest_file: Path, root: Path) -> dict[str, Any]:
     try:
         raw = read_regular(manifest_file, root, MANIFEST_MAX_BYTES)
         data = json.loads(raw) if raw.strip() else None
+    except RecursionError as exc:  # NOTE: '[[[[...' past Python's recursion limit: a traceback in every command
+        raise ConfigError(f"cannot read the manifest {quote_path(manifest_file)} (JSON nested too deeply)") from exc
     except (OSError, ValueError) as exc:  # NOTE: JSONDecodeError and UnicodeDecodeError are ValueErrors
         if is_denied(exc):
             raise denied(manifest_file if os.access(manifest_file.parent, os.X_OK) else manifest_file.parent) from exc
@@ -620,5 +622,5 @@ def _holder(raw: bytes) -> str:
         # NOTE: re-encoded (escaped, bounded) rather than echoed: the file may have been planted
         return json.dumps({"pid": int(info["pid"]), "host": str(info["host"])[:64],
                            "started": str(info["started"])[:32]})
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):
         return quote_text(raw.decode("utf-8", "replace").strip(), 80) if raw.strip() else "unknown holder"

@@ -89,7 +89,7 @@ def read_raw_manifest(version_dir: Path) -> dict[str, Any]:
         data = json.loads(read_regular(path, version_dir).decode("utf-8"))  # NOTE: never a FIFO or a link out
     except UnsafeFileError:
         raise
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:  # NOTE: '[[[[...' too deep
         raise ConfigError(f"cannot read {quote_path(path)}: {one_line(str(exc))}") from exc
     if not isinstance(data, dict):
         raise ConfigError(f"{quote_path(path)}: the manifest is {type(data).__name__}, expected an object")
