@@ -230,6 +230,12 @@ def build_app(startup: Startup | ServeState) -> ASGIApp:
         return {"object": "list", "data": [model_card(state)] if state.model is not None else []}
 
     async def model(state: ServeState, request: Request) -> Any:
+        name = request.path_params["model"]
+        near = name.rstrip("/")
+        # NOTE: "/v1/models/" asks for no model named '': a trailing slash, as on every other route
+        if not near or (near != name and near == state.model_id):
+            wanted = "/v1/models" + (f"/{near}" if near else "")
+            raise RequestError(404, f"no route {request.url.path!r} (did you mean {wanted!r}?)", kind="not_found")
         if state.model is None:
             raise RequestError(404, f"model {request.path_params['model']!r} is not served here (this server has no "
                                     "model: it serves an index of precomputed vectors, /search by 'vectors')",
