@@ -121,7 +121,7 @@ def _jsonl_texts(path: Path, id_column: str | None, read: ReadConfig,
         try:
             record = json.loads(line)
             value = record["text"]
-        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        except (json.JSONDecodeError, KeyError, TypeError, RecursionError) as exc:  # NOTE: '[[[[...': RecursionError
             raise BadInputError(f"{quote_path(path)}:{lineno}: expected a JSON object with a \"text\" field") from exc
         if value is not None and not isinstance(value, str):
             raise BadInputError(f"{quote_path(path)}:{lineno}: \"text\" is not a string")
