@@ -2,7 +2,8 @@
 ``--keep-columns`` on every hit (``fields``, in ``/search`` and ``petal query``): a string column holding bytes that
 are not UTF-8 (pyarrow validates none: ``petal index`` stored a kept one as it was, and never reads the others) is
 text with U+FFFD, not a 500 with a traceback in the log (metadata), nor a 422 or ``petal query`` exit 2 quoting
-'utf-8' codec can't decode (every search hitting such a kept value); a NaN or infinite float is ``null`` in valid
+'utf-8' codec can't decode (every search hitting such a kept value); a timestamp beyond Python's datetime (year
+10000 on: an OverflowError traceback) is Arrow's text of it; a NaN or infinite float is ``null`` in valid
 JSON, with or without orjson (the standard library wrote ``NaN``, which no strict JSON reader takes).
 
 Real components: ``petal index --vectors-column`` over real Parquet (no model: the server is ready in a second),
@@ -46,10 +47,11 @@ def test_metadata_not_utf8_or_not_finite_is_answered_as_json(tmp_path):
         "note": notes.view(pa.string()),  # NOTE: pyarrow writes what it is given: Latin-1 bytes in a string column
         "tag": notes.view(pa.string()).dictionary_encode(),
         "ratio": [0.5, float("nan"), float("inf"), 1.0, float("-inf"), 2.0],
+        "until": pa.array([0, 0, 2**63 - 1, 0, 0, 0], pa.timestamp("us")),  # row 2: beyond Python's datetime
         "vec": pa.FixedSizeListArray.from_arrays(pa.array(vectors.ravel()), DIM)}), data / "a.parquet")
     out = tmp_path / "out"
     cli_run("index", data, "--out", out, "-q", "--vectors-column", "vec", "--id-column", "doc", "--text-column",
-            "body", "--index-factory", "Flat", "--keep-columns", "note")
+            "body", "--index-factory", "Flat", "--keep-columns", "note,until")
     server = Server(tmp_path / "server.log", out)
     try:
         answer = server.client.post("/search", json={"vectors": vectors.tolist(), "k": 1, "include": ["metadata"]})
@@ -57,8 +59,10 @@ def test_metadata_not_utf8_or_not_finite_is_answered_as_json(tmp_path):
         hits = {result["hits"][0]["id"]: result["hits"][0] for result in _strict_json(answer.content)["results"]}
         metadata = {i: hit["metadata"] for i, hit in hits.items()}
         assert [hits[i]["fields"]["note"] for i in range(6)] == ["fine", "caf\ufffd", "ok", "\ufffd\ufffd", "ok", "ok"]
-        assert metadata[0] == {"doc": 0, "note": "fine", "tag": "fine", "ratio": 0.5}
-        assert metadata[1] == {"doc": 1, "note": "caf\ufffd", "tag": "caf\ufffd", "ratio": None}
+        epoch = "1970-01-01 00:00:00"
+        assert metadata[0] == {"doc": 0, "note": "fine", "tag": "fine", "ratio": 0.5, "until": epoch}
+        assert metadata[1] == {"doc": 1, "note": "caf\ufffd", "tag": "caf\ufffd", "ratio": None, "until": epoch}
+        assert str(2**63 - 1) in metadata[2]["until"] and str(2**63 - 1) in hits[2]["fields"]["until"]
         assert metadata[2]["ratio"] is None and metadata[4]["ratio"] is None
         assert metadata[3]["note"] == "\ufffd\ufffd"
         assert "Traceback" not in server.log.read_text(errors="replace")
@@ -66,7 +70,10 @@ def test_metadata_not_utf8_or_not_finite_is_answered_as_json(tmp_path):
         server.stop()
     np.save(tmp_path / "q.npy", vectors[1:2])
     found = cli_run("query", out, "--vector-file", tmp_path / "q.npy", "-k", "1", "--json")
-    assert json.loads(found.stdout)["hits"][0]["fields"] == {"note": "caf\ufffd"}
+    assert json.loads(found.stdout)["hits"][0]["fields"] == {"note": "caf\ufffd", "until": "1970-01-01 00:00:00"}
+    np.save(tmp_path / "q.npy", vectors[2:3])  # a date beyond Python's: Arrow's text of it, not a traceback
+    found = cli_run("query", out, "--vector-file", tmp_path / "q.npy", "-k", "1", "--json")
+    assert str(2**63 - 1) in json.loads(found.stdout)["hits"][0]["fields"]["until"]
 
 
 @pytest.mark.parametrize("body", [

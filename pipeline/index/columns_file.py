@@ -31,15 +31,17 @@ _BINARY_VIEWS = {pa.string(): pa.binary(), pa.large_string(): pa.large_binary(),
 
 
 def lenient_pylist(table: pa.Table) -> list[dict[str, Any]]:
-    """``table.to_pylist()``, with a string column's bytes that are not UTF-8 decoded with U+FFFD (a nested value
-    holding such text is ``None``).
+    """``table.to_pylist()``, with what Python cannot hold read another way: a string column's bytes that are not
+    UTF-8 decoded with U+FFFD, a date or time beyond Python's (year 10000 on) as Arrow's text of it, a nested value
+    holding such text ``None``.
 
     NOTE: pyarrow validates no UTF-8 when it reads or writes a string column, and ``to_pylist`` raises on the first
     bad value: a ``--keep-columns`` column stored from a shard as it was made every search hitting that row fail
-    ('utf-8' codec can't decode: petal query exit 2, petal serve 422), and a shard's metadata column a 500."""
+    ('utf-8' codec can't decode: petal query exit 2, petal serve 422; a timestamp far in the future: OverflowError,
+    a traceback), and a shard's metadata column a 500."""
     try:
         return table.to_pylist()
-    except UnicodeDecodeError:
+    except (UnicodeDecodeError, OverflowError):
         pass
     columns = {name: _lenient_values(column) for name, column in zip(table.column_names, table.columns)}
     return [dict(zip(columns, values)) for values in zip(*columns.values())]
@@ -48,15 +50,27 @@ def lenient_pylist(table: pa.Table) -> list[dict[str, Any]]:
 def _lenient_values(column: pa.ChunkedArray) -> list[Any]:
     try:
         return column.to_pylist()
-    except UnicodeDecodeError:
+    except (UnicodeDecodeError, OverflowError):
         pass
     cells = column.combine_chunks()
     if pa.types.is_dictionary(cells.type):
         cells = cells.dictionary_decode()
     binary = _BINARY_VIEWS.get(cells.type)
-    if binary is None:  # a nested value holding such text
-        return [None] * len(cells)
-    return [None if v is None else v.decode("utf-8", "replace") for v in cells.view(binary).to_pylist()]
+    if binary is not None:
+        return [None if v is None else v.decode("utf-8", "replace") for v in cells.view(binary).to_pylist()]
+    return [_lenient_value(cells, i) for i in range(len(cells))]
+
+
+def _lenient_value(cells: pa.Array, i: int) -> Any:
+    try:
+        return cells[i].as_py()
+    except OverflowError:  # a date or time beyond Python's datetime: Arrow's text of it
+        try:
+            return cells.slice(i, 1).cast(pa.string())[0].as_py()
+        except pa.ArrowException:
+            return None
+    except UnicodeDecodeError:  # a nested value holding text that is not UTF-8
+        return None
 
 
 def _has(entry: StoreEntry, need: ColumnsNeed) -> bool:
