@@ -56,7 +56,7 @@ def read_json(path: Path, kind: type = dict) -> Any:
         raise StFilesError(f"cannot read {path}: no such file")
     try:
         value = json.loads(read_text(path))
-    except ValueError as exc:  # NOTE: invalid JSON, and bytes that are not UTF-8
+    except (ValueError, RecursionError) as exc:  # NOTE: invalid JSON, bytes that are not UTF-8, '[[[[...' too deep
         raise StFilesError(f"cannot read {path}: {exc}") from exc
     if not isinstance(value, kind):
         raise StFilesError(f"{path} holds {json_kind(value)}, not {json_kind(kind())}")

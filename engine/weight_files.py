@@ -94,7 +94,7 @@ def _indexed_shards(index: Path) -> list[Path]:
     try:
         # NOTE: an OSError goes up naming the file: permission denied 66, a read error 74, no bad checkpoint (78)
         content = json.loads(read_text(index))
-    except ValueError as exc:  # NOTE: not JSON, or bytes that are not UTF-8
+    except (ValueError, RecursionError) as exc:  # NOTE: not JSON, bytes that are not UTF-8, '[[[[...' too deep
         raise WeightFilesError(f"cannot read {index}: {exc}") from exc
     weight_map = content.get("weight_map") if isinstance(content, dict) else None
     if not isinstance(weight_map, dict) or not weight_map or \

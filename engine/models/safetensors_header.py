@@ -67,7 +67,7 @@ def read_header(path: Path) -> dict[str, TensorEntry]:
         raise named(exc, path) from None
     try:
         header = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:  # NOTE: '[[[[...': too deep
         raise SafetensorsError(f"{path}: the header is not JSON ({exc})") from exc
     if not isinstance(header, dict):
         raise SafetensorsError(f"{path}: the header is not a JSON object")
