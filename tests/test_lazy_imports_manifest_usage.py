@@ -63,5 +63,8 @@ def test_the_same_messages_as_when_the_index_opened(indexes: dict[str, Path]) ->
     column = forkrun.petal(["query", str(indexes["flat"]), "--vector-file", q, "--where", "topic = 'x'"])
     assert column.rc == 2 and "--where: unknown column 'topic'; filterable columns (petal index --keep-columns): " \
         "lang" in column.last_line, column.stderr
+    binary = forkrun.petal(["query", str(indexes["binary"]), "--vector-file", q, "--where", "lang = 'en'"])
+    assert binary.rc == 2 and "binary indexes cannot filter yet" in binary.last_line, binary.stderr
+    assert "a binary --index-factory" in binary.last_line, binary.last_line  # BFlat was given, not --quantize binary
     kept = forkrun.petal(["query", str(indexes["flat"]), "--vector-file", q, "--where", "lang = 'en'", "-k", "2"])
     assert kept.rc == 0 and kept.stdout.count("lang=en") == 2, kept.stderr

@@ -120,7 +120,8 @@ def columns_problem(flt: Filter, kept: tuple[str, ...] | list[str], stored: bool
     """Why ``flt`` cannot filter an index, judged from its manifest alone (``None`` when it can): a binary index,
     a column not kept (``stored``: the index stores columns beside its ids at all)."""
     if binary:
-        return "--where: binary indexes cannot filter yet; build without --quantize binary"
+        return ("--where: binary indexes cannot filter yet; build without --quantize binary (and without a binary "
+                "--index-factory: BFlat, BIVF...)")
     missing = [c for c in flt.columns if c not in kept]
     if missing or not stored:
         return (f"--where: unknown column {(missing or flt.columns)[0]!r}; filterable columns "
