@@ -46,3 +46,21 @@ def test_current_naming_a_file_says_so(built: Path, tmp_path: Path, entry: str) 
         assert done.rc == 78 and said in done.last_line and "Traceback" not in done.stderr, done.stderr
     opened = api(out)
     assert opened.returncode == 78 and said in opened.stderr, opened.stderr
+
+
+@pytest.mark.parametrize("link", ["to another directory in versions/", "to itself"])
+def test_a_version_that_is_a_link_inside_versions_says_so(built: Path, tmp_path: Path, link: str) -> None:
+    """A version entry that is a symbolic link within versions/ is refused (78) as a link; it said it 'leads out of
+    versions/', which it does not (a link out still says so)."""
+    out = tmp_path / "out"
+    shutil.copytree(built, out)
+    version = out / "versions" / (out / "CURRENT").read_text().strip()
+    if link == "to itself":
+        shutil.rmtree(version)
+        version.symlink_to(version.name)
+    else:
+        version.rename(version.parent / "real")
+        version.symlink_to("real")
+    for done in (forkrun.petal(["query", str(out), "--vector-file", str(built.parent / "q.npy")]),
+                 forkrun.petal(["info", str(out)]), forkrun.petal(["verify", str(out)])):
+        assert done.rc == 78 and "is a symbolic link, not a version directory" in done.last_line, done.stderr
