@@ -129,7 +129,10 @@ def http_protocol(metrics: ServeMetrics) -> type[asyncio.Protocol]:
                         self.logger.warning("Invalid HTTP request received.")
                         self.send_400_response("Invalid HTTP request received.")
                     except httptools.HttpParserUpgrade as exc:
-                        self._ignore_upgrade(data[int(exc.args[0]) if exc.args else len(data):])
+                        if self._should_upgrade():  # a WebSocket, a WebSocket library installed: uvicorn's way
+                            self.handle_websocket_upgrade()
+                        else:
+                            self._ignore_upgrade(data[int(exc.args[0]) if exc.args else len(data):])
                     return
                 self._lingered += len(data)
                 if self._lingered > LINGER_BYTES:
