@@ -120,7 +120,8 @@ def _describe(version_dir: Path, manifest: Manifest) -> str:
                      f"({d.gpus} GPUs seen), {index.build_seconds:.1f}s")
     if manifest.stored is not None:
         stored = (["text"] if manifest.stored.text else []) + list(manifest.stored.keep)
-        lines.append(f"stored       {', '.join(stored) or 'nothing'} (beside the ids, by FAISS id)")
+        # NOTE: column names are the user's (any Parquet name, a newline included): quoted as paths are
+        lines.append(f"stored       {', '.join(map(quote_path, stored)) or 'nothing'} (beside the ids, by FAISS id)")
     lines += [
         f"rows         {counts.rows} read, {counts.embedded} embedded, {counts.truncated} truncated, "
         f"{counts.deleted} deleted, skipped: {skipped}",
@@ -136,8 +137,8 @@ def _model_lines(manifest: Manifest) -> list[str]:
 
     model = manifest.model
     if not isinstance(model, ModelRecord):  # --vectors-column
-        return [f"model        none: {model.display}"]
-    return [f"model        {model.display}",
+        return [f"model        none: precomputed vectors ({quote_path(model.vectors_column)}, dim {model.dim})"]
+    return [f"model        {quote_path(model.display)}",
             f"             {model.architecture}, {model.pooling} pooling, "
             f"{'normalized' if model.normalize else 'not normalized'}, max {model.max_length} tokens, "
             f"weights sha256 {model.weights_sha256[:12]}"]
