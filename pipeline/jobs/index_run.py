@@ -100,6 +100,7 @@ from petal.pipeline.store.tombstones import (
     DeleteIds,
     Deletion,
     apply_deletes,
+    carry_deletions,
     deleted_rows,
     read_delete_ids,
     settle_tombstones,
@@ -295,7 +296,7 @@ def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory
         by_path = {info.abs_path: e for info, e in zip([*shards, *kept_infos], [*named, *kept])}
         shards, committed = all_shards, [by_path[info.abs_path] for info in all_shards]
         # --delete: planned here, written once the guard has passed (a refused run leaves no tombstone behind)
-        deletion = record_deletion(out, committed, delete_ids, report) if delete_ids is not None else None
+        committed, deletion = plan_deletions(out, store, committed, delete_ids, report)
         pending = deletion.pending_counts() if deletion is not None else None
         no_text = ensure_columns(store, committed, need, {i.abs_path: i for i in all_shards if i.schema is not None},
                                  job.read, reads, stop.check)  # the shards preflight read (kept ones: no schema here)
@@ -783,6 +784,23 @@ def check_delete_ids(delete_ids: DeleteIds, shards: list[ShardInfo], kept: list[
     string = any(not integer_ids(s.id_type) for s in shards)  # no id column: '<shard>:<row>', a string
     if shards and (string or not kept):
         delete_ids.typed(string)
+
+
+def plan_deletions(out: OutputDir, store: EmbeddingStore, committed: list[StoreEntry], delete_ids: DeleteIds | None,
+                   report: RunReport) -> tuple[list[StoreEntry], Deletion | None]:
+    """The tombstones the new version is built with: the live version's, carried to the entries of the same shard
+    content made with other settings (``carry_deletions``: a deletion holds for the content), then ``--delete``'s
+    (``record_deletion``). Returns ``committed`` with the carried rows planned, and what the publish stages and
+    commits (``None``: nothing)."""
+    try:
+        live_exists = out.current_version() is not None
+    except ConfigError:
+        live_exists = True  # NOTE: a damaged pointer still means a live version whose deletions must hold
+    carried = carry_deletions(store, committed, live_manifest(out), live_exists, _say)
+    committed = carried.apply(committed)
+    if delete_ids is None:
+        return committed, carried if carried.pending else None
+    return committed, record_deletion(out, committed, delete_ids, report).with_carried(carried)
 
 
 def record_deletion(out: OutputDir, committed: list[StoreEntry], delete_ids: DeleteIds, report: RunReport) -> Deletion:

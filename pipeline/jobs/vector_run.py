@@ -136,7 +136,7 @@ def _run(job: IndexJob, column: str, report: RunReport, stop: StopSignals, start
         by_path = {i.abs_path: e for i, e in zip([*shards, *kept_infos], [*named, *kept])}
         committed = [by_path[i.abs_path] for i in all_shards]
         # --delete: planned here, written once the guard has passed (as petal index's text runs: one code path)
-        deletion = run.record_deletion(out, committed, delete_ids, report) if delete_ids is not None else None
+        committed, deletion = run.plan_deletions(out, store, committed, delete_ids, report)
         pending = deletion.pending_counts() if deletion is not None else None
         ensure_columns(store, committed, need, {i.abs_path: i for i in shards}, job.read, reads)
         run.check_rows_to_index(out, job, committed, report)  # 66, or --sync mirroring no rows (the guard judges)

@@ -32,7 +32,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import numpy as np
 import pyarrow as pa
@@ -48,14 +48,19 @@ from petal.pipeline.reliability.errors import (
     NoInputError,
     PetalError,
     PetalIOError,
+    io_error,
+    one_line,
     quote_path,
     quote_text,
     writing,
 )
 from petal.pipeline.reliability.faults import fault
 from petal.pipeline.reliability.safe_files import input_file_size
-from petal.pipeline.store.embeddings import StoreEntry, shard_key
+from petal.pipeline.store.embeddings import DamagedEntry, EmbeddingStore, StoreEntry, shard_key
 from petal.pipeline.store.side_files import side_file
+
+if TYPE_CHECKING:
+    from petal.pipeline.manifest import Manifest
 
 STAGED = ".staged-"  # <fingerprint>.staged-<version>.parquet: a tombstone waiting for its version's publish
 
@@ -342,6 +347,13 @@ class Deletion:
                 staged.unlink(missing_ok=True)
         self.staged = []
 
+    def with_carried(self, carried: Deletion) -> Deletion:
+        """This deletion and ``carried``'s tombstones (``carry_deletions``) for the entries it plans none for (those
+        it plans were planned from the carried rows: they hold them). Returns ``self``."""
+        mine = {entry.path for entry, _ in self.pending}
+        self.pending = [*(p for p in carried.pending if p[0].path not in mine), *self.pending]
+        return self
+
     @property
     def sample_not_found(self) -> list[str]:
         return self.missing.slice(0, 5).to_pylist()
@@ -384,6 +396,75 @@ def apply_deletes(entries: list[StoreEntry], asked: DeleteIds) -> Deletion:
     result.not_found = len(ids) - result.deleted
     result.missing = ids.filter(pa.array(~found)).cast(pa.string())
     return result
+
+
+def carry_deletions(store: EmbeddingStore, entries: list[StoreEntry], live: Manifest | None, live_exists: bool,
+                    say: Callable[[str], None]) -> Deletion:
+    """A deletion holds for a shard's content, not for the settings its vectors were made with: each of ``entries``
+    (the new version's) whose shard the live version held with the same content (sha256) under another entry (a
+    ``--full`` run with another model, ``--max-length``, ``--dim``, ``--quantize``; a store format change) takes
+    over that entry's deleted rows (a store row is the shard's row: the same for the same content). Planned as
+    ``--delete``'s are (``Deletion.pending``: staged and committed with the version that publishes them, nothing
+    written here); the other counts stay 0 (nothing is deleted now). ``live``: the live manifest; when it cannot
+    be read (``live_exists`` and ``live`` is None: ``--full`` over a damaged version) the committed tombstones of
+    the shard's other entries with the same content stand in for it.
+
+    A tombstone that cannot be read is 65 naming it; one that holds fewer rows than the live version counts is
+    carried as it is, with a warning through ``say`` (the rows it lost come back, as in any run)."""
+    held = {shard_key(s.abs_path): s for s in live.shards} if live is not None else {}
+    result = Deletion()
+    for entry in entries:
+        key, own = entry.path.parent.name, deleted_rows(entry)
+        carried = own
+        if live is not None:
+            record = held.get(key)
+            if record is not None and record.deleted and record.entry != entry.fingerprint \
+                    and record.sha256 == entry.source_sha256:
+                rows = _held_rows(entry.path.parent / record.entry)
+                if len(rows) < record.deleted:
+                    say(f"warning: {quote_path(tombstone_path(entry.path.parent / record.entry))} holds "
+                        f"{len(rows)} deleted rows of {quote_path(record.path)}, the live version {record.deleted}: "
+                        "the rows it lost are indexed again")
+                carried = np.union1d(carried, rows)
+        elif live_exists:
+            for fingerprint in _same_content_tombstones(store, entry):
+                carried = np.union1d(carried, _held_rows(entry.path.parent / fingerprint))
+        if len(carried) > len(own):
+            result.pending.append((entry, carried.astype(np.int64)))
+    return result
+
+
+def _held_rows(entry_dir: Path) -> np.ndarray:
+    """The deleted rows of the (older) entry in ``entry_dir``: an OS error is 74 (66 denied), a file that is
+    no tombstone 65, each naming it."""
+    path = tombstone_path(entry_dir)
+    try:
+        return deleted_rows(StoreEntry(entry_dir, {}))
+    except OSError as exc:
+        raise io_error(exc) from exc
+    except (pa.ArrowException, KeyError) as exc:
+        raise BadInputError(f"{quote_path(path)} (a --delete tombstone) cannot be read ({one_line(str(exc))}): the "
+                            "rows it deleted cannot be left out of the new version; restore it, or remove it to "
+                            "index those rows again") from exc
+
+
+def _same_content_tombstones(store: EmbeddingStore, entry: StoreEntry) -> list[str]:
+    """Fingerprints of the shard's other committed entries with a tombstone and ``entry``'s content."""
+    key_dir = tombstone_path(entry.path).parent
+    if not key_dir.is_dir():
+        return []
+    found = []
+    for path in sorted(key_dir.glob("*.parquet")):
+        fingerprint = path.name[:-len(".parquet")]
+        if STAGED in path.name or fingerprint == entry.fingerprint or fingerprint.startswith("."):
+            continue
+        try:
+            other = store.read_entry(entry.path.parent / fingerprint)
+        except (FileNotFoundError, DamagedEntry):
+            continue  # NOTE: no entry to say its content: a tombstone left by a pruned entry is no evidence
+        if other.source_sha256 == entry.source_sha256:
+            found.append(fingerprint)
+    return found
 
 
 def _write_rows(path: Path, rows: np.ndarray) -> None:
