@@ -124,12 +124,31 @@ def test_damaged_live_manifest_still_keeps_the_deletion(deleted, tmp_path):
     assert ids == [1, 3, 4] and manifest.counts.deleted == 1
 
 
-def test_unreadable_tombstone_is_refused_naming_it(deleted, tmp_path):
+@pytest.mark.parametrize("settings", [{"full": True, "max_length": 48}, {}], ids=["full", "incremental"])
+def test_unreadable_tombstone_is_refused_naming_it(deleted, tmp_path, settings):
     out = copy_of(deleted, "text", tmp_path)
     [tombstone] = [p for p in (out / "store" / "deleted").rglob("*.parquet")]
     tombstone.write_bytes(b"not a parquet file")
     before = (out / "CURRENT").read_text()
     with pytest.raises(petal.BadInputError, match="tombstone") as caught:
-        petal.index(str(deleted["text"].parent / "d"), str(out), quiet=True, full=True, max_length=48)
+        petal.index(str(deleted["text"].parent / "d"), str(out), quiet=True, **settings)
     assert tombstone.name in str(caught.value)
     assert (out / "CURRENT").read_text() == before
+
+
+
+def test_lost_tombstone_is_said(deleted, tmp_path, capfd):
+    """A tombstone the live version counts that is gone: its rows come back (nothing says which they were), with a
+    warning naming the file, in an incremental run and a --full one alike."""
+    out = copy_of(deleted, "text", tmp_path)
+    source = deleted["text"].parent / "d"
+    for full in (False, True):
+        fresh = tmp_path / f"copy-{full}"
+        shutil.copytree(out, fresh, symlinks=True)
+        [tombstone] = [p for p in (fresh / "store" / "deleted").rglob("*.parquet")]
+        tombstone.unlink()
+        capfd.readouterr()
+        petal.index(str(source), str(fresh), quiet=True, full=full, **({"max_length": 64} if full else {}))
+        said = capfd.readouterr().err
+        assert tombstone.name in said and "indexed again" in said, said
+        assert live(fresh)[0] == [1, 2, 3, 4]
