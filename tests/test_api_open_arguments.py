@@ -12,29 +12,19 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 import petal
 from petal.pipeline.index.bounds import MAX_NPROBE
-from tests import forkrun
+from tests._open_audit_shared import vectors_index
 
 ROWS, DIM = 600, 16
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("api_open")
-    flat = np.random.default_rng(6).standard_normal((ROWS, DIM)).astype(np.float32)
-    data = root / "v.parquet"
-    pq.write_table(pa.table({"id": np.arange(ROWS),
-                             "emb": pa.FixedSizeListArray.from_arrays(pa.array(flat.ravel()), DIM)}), data)
-    out = root / "out"
-    done = forkrun.petal(["index", str(data), "--out", str(out), "-q", "--vectors-column", "emb",
-                          "--index-factory", "IVF8,Flat"], timeout=300)
-    assert done.rc == 0, done.stderr[-2000:]
-    return out
+    return vectors_index(tmp_path_factory.mktemp("api_open"), "--index-factory", "IVF8,Flat", rows=ROWS, dim=DIM,
+                         seed=6)
 
 
 @pytest.mark.parametrize("nprobe", [MAX_NPROBE + 1, 1 << 40])

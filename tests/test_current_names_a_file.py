@@ -9,34 +9,20 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from tests import forkrun
-from tests._open_audit_shared import api
+from tests._open_audit_shared import api, copy_index, vectors_index
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("current_file")
-    flat = np.random.default_rng(1).standard_normal((50, 8)).astype(np.float32)
-    data = root / "v.parquet"
-    pq.write_table(pa.table({"id": np.arange(50), "emb": pa.FixedSizeListArray.from_arrays(pa.array(flat.ravel()), 8)}),
-                   data)
-    np.save(root / "q.npy", flat[:1])
-    out = root / "out"
-    done = forkrun.petal(["index", str(data), "--out", str(out), "-q", "--vectors-column", "emb"], timeout=300)
-    assert done.rc == 0, done.stderr[-2000:]
-    return out
+    return vectors_index(tmp_path_factory.mktemp("current_file"), rows=50, dim=8, seed=1)
 
 
 @pytest.mark.parametrize("entry", ["a file", "gone"])
 def test_current_naming_a_file_says_so(built: Path, tmp_path: Path, entry: str) -> None:
-    out = tmp_path / "out"
-    shutil.copytree(built, out)
-    version = out / "versions" / (out / "CURRENT").read_text().strip()
+    out, version = copy_index(built, tmp_path)
     shutil.rmtree(version)
     if entry == "a file":
         version.write_text("x")
@@ -52,9 +38,7 @@ def test_current_naming_a_file_says_so(built: Path, tmp_path: Path, entry: str) 
 def test_a_version_that_is_a_link_inside_versions_says_so(built: Path, tmp_path: Path, link: str) -> None:
     """A version entry that is a symbolic link within versions/ is refused (78) as a link; it said it 'leads out of
     versions/', which it does not (a link out still says so)."""
-    out = tmp_path / "out"
-    shutil.copytree(built, out)
-    version = out / "versions" / (out / "CURRENT").read_text().strip()
+    out, version = copy_index(built, tmp_path)
     if link == "to itself":
         shutil.rmtree(version)
         version.symlink_to(version.name)

@@ -11,11 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from tests import forkrun
+from tests._open_audit_shared import index_vectors, vectors_shard
 from tests.test_lazy_imports import run
 
 ROWS, DIM = 300, 16
@@ -24,18 +23,11 @@ ROWS, DIM = 300, 16
 @pytest.fixture(scope="module")
 def indexes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("lazy_manifest")
-    flat = np.random.default_rng(9).standard_normal((ROWS, DIM)).astype(np.float32)
     data = root / "v.parquet"
-    pq.write_table(pa.table({"id": np.arange(ROWS), "lang": [("en", "de")[i % 2] for i in range(ROWS)],
-                             "emb": pa.FixedSizeListArray.from_arrays(pa.array(flat.ravel()), DIM)}), data)
+    flat = vectors_shard(data, rows=ROWS, dim=DIM, seed=9, lang=[("en", "de")[i % 2] for i in range(ROWS)])
     np.save(root / "q.npy", flat[:1])
-    built = {}
-    for name, factory in (("flat", "Flat"), ("binary", "BFlat")):
-        out = built[name] = root / name
-        done = forkrun.petal(["index", str(data), "--out", str(out), "-q", "--vectors-column", "emb",
-                              "--index-factory", factory, "--keep-columns", "lang"], timeout=300)
-        assert done.rc == 0, done.stderr[-2000:]
-    return built
+    return {name: index_vectors(data, root / name, "--index-factory", factory, "--keep-columns", "lang")
+            for name, factory in (("flat", "Flat"), ("binary", "BFlat"))}
 
 
 CASES = {

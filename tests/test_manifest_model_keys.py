@@ -9,7 +9,6 @@ Real Parquet, the packaged MiniLM, real FAISS; each command in its own process (
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +16,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from petal.pipeline.index.checksums import CHECKSUM_KEY, canonical_sha256
 from tests import forkrun
-from tests._open_audit_shared import api
+from tests._open_audit_shared import api, copy_index, signed_manifest
 
 
 @pytest.fixture(scope="module")
@@ -41,18 +39,13 @@ CASES: dict[str, tuple[tuple[str, ...], Any]] = {
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_a_query_model_key_petal_does_not_write_is_78_naming_it(built: Path, tmp_path: Path, case: str) -> None:
-    out = tmp_path / "out"
-    shutil.copytree(built, out)
-    version = out / "versions" / (out / "CURRENT").read_text().strip()
-    manifest = json.loads((version / "manifest.json").read_text())
+    out, version = copy_index(built, tmp_path)
     keys, value = CASES[case]
-    section = manifest
-    for key in keys[:-1]:
-        section = section[key]
-    section[keys[-1]] = value
-    manifest.pop(CHECKSUM_KEY)
-    manifest[CHECKSUM_KEY] = canonical_sha256(manifest)  # signed again: only an edit that signs it makes one
-    (version / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    with signed_manifest(version) as manifest:  # signed again: only an edit that signs it makes one
+        section = manifest
+        for key in keys[:-1]:
+            section = section[key]
+        section[keys[-1]] = value
     named = f"manifest key {'.'.join(keys)} is"
     query = forkrun.petal(["query", str(out), "glaciers", "-k", "1"], timeout=300)
     assert query.rc == 78 and named in query.last_line and "manifest.json" in query.last_line, query.stderr[-2000:]

@@ -7,37 +7,22 @@ Real Parquet, real FAISS; each command in its own process (tests/forkrun.py)."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from tests import forkrun
-from tests._open_audit_shared import api
+from tests._open_audit_shared import api, copy_index, vectors_index
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("nested")
-    flat = np.random.default_rng(2).standard_normal((40, 8)).astype(np.float32)
-    data = root / "v.parquet"
-    pq.write_table(pa.table({"id": np.arange(40), "emb": pa.FixedSizeListArray.from_arrays(pa.array(flat.ravel()), 8)}),
-                   data)
-    np.save(root / "q.npy", flat[:1])
-    out = root / "out"
-    done = forkrun.petal(["index", str(data), "--out", str(out), "-q", "--vectors-column", "emb"], timeout=300)
-    assert done.rc == 0, done.stderr[-2000:]
-    return out
+    return vectors_index(tmp_path_factory.mktemp("nested"), rows=40, dim=8, seed=2)
 
 
 @pytest.mark.parametrize("nested", ["[" * 100_000 + "]" * 100_000, '{"a":' * 50_000 + "1" + "}" * 50_000])
 def test_a_manifest_nested_too_deeply_is_78_naming_it(built: Path, tmp_path: Path, nested: str) -> None:
-    out = tmp_path / "out"
-    shutil.copytree(built, out)
-    version = out / "versions" / (out / "CURRENT").read_text().strip()
+    out, version = copy_index(built, tmp_path)
     (version / "manifest.json").write_text(nested)
     q = str(built.parent / "q.npy")
     for argv in (["query", str(out), "--vector-file", q], ["info", str(out)], ["verify", str(out)],

@@ -9,34 +9,20 @@ Real Parquet, real FAISS; each command in its own process (tests/forkrun.py)."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
-from petal.pipeline.index.checksums import CHECKSUM_KEY, canonical_sha256
 from tests import forkrun
-from tests._open_audit_shared import api
+from tests._open_audit_shared import api, copy_index, signed_manifest, vectors_index
 
 ROWS, DIM = 800, 16
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("search_params")
-    flat = np.random.default_rng(4).standard_normal((ROWS, DIM)).astype(np.float32)
-    data = root / "v.parquet"
-    pq.write_table(pa.table({"id": np.arange(ROWS),
-                             "emb": pa.FixedSizeListArray.from_arrays(pa.array(flat.ravel()), DIM)}), data)
-    np.save(root / "q.npy", flat[:2])
-    out = root / "out"
-    done = forkrun.petal(["index", str(data), "--out", str(out), "-q", "--vectors-column", "emb",
-                          "--index-factory", "IVF8,Flat"], timeout=300)
-    assert done.rc == 0, done.stderr[-2000:]
-    return out
+    return vectors_index(tmp_path_factory.mktemp("search_params"), "--index-factory", "IVF8,Flat", rows=ROWS, dim=DIM,
+                         seed=4, queries=[0, 1])
 
 
 CASES = {"nprobe 0": {"nprobe": 0}, "nprobe -1": {"nprobe": -1}, "nprobe 10**30": {"nprobe": 10**30},
@@ -45,14 +31,9 @@ CASES = {"nprobe 0": {"nprobe": 0}, "nprobe -1": {"nprobe": -1}, "nprobe 10**30"
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_search_params_petal_does_not_write_are_78_naming_the_key(built: Path, tmp_path: Path, case: str) -> None:
-    out = tmp_path / "out"
-    shutil.copytree(built, out)
-    version = out / "versions" / (out / "CURRENT").read_text().strip()
-    manifest = json.loads((version / "manifest.json").read_text())
-    manifest["index"]["search_params"] = CASES[case]
-    manifest.pop(CHECKSUM_KEY)
-    manifest[CHECKSUM_KEY] = canonical_sha256(manifest)  # signed again: only an edit that signs it makes one
-    (version / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    out, version = copy_index(built, tmp_path)
+    with signed_manifest(version) as manifest:  # signed again: only an edit that signs it makes one
+        manifest["index"]["search_params"] = CASES[case]
     query = forkrun.petal(["query", str(out), "--vector-file", str(built.parent / "q.npy"), "-k", "3"])
     opened = api(out)
     for rc, stderr in ((query.rc, query.stderr), (opened.returncode, opened.stderr)):

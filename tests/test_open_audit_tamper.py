@@ -10,23 +10,17 @@ the test instead of ending the test run.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
-import shutil
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
-from petal.pipeline.index.checksums import CHECKSUM_KEY, INTEGRITY_KEY, canonical_sha256, head_tail_sha256
 from petal.pipeline.layout import OutputDir
 from tests import forkrun
-from tests._open_audit_shared import api
+from tests._open_audit_shared import api, copy_index, index_vectors, resign, vectors_shard
 from tests.conftest import SAMPLE_DATA
 from tests.fake_engine import make_fake_model_dir
 
@@ -49,40 +43,9 @@ def refused(proc: subprocess.CompletedProcess[str], code: int, *words: str) -> s
 
 
 def vectors_index(root: Path, name: str, factory: str, *extra: str, rows: int = 6000, dim: int = 64) -> Path:
-    rng = np.random.default_rng(7)
     data = root / f"{name}.parquet"
-    flat = rng.standard_normal((rows, dim)).astype(np.float32).ravel()
-    pq.write_table(pa.table({"id": np.arange(rows), "lang": [("en", "de", "fr")[i % 3] for i in range(rows)],
-                             "emb": pa.FixedSizeListArray.from_arrays(pa.array(flat), dim)}), data)
-    out = root / name
-    proc = petal("index", str(data), "--out", str(out), "-q", "--vectors-column", "emb", "--index-factory", factory,
-                 "--keep-columns", "lang", *extra)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return out
-
-
-def copy(out: Path, tmp_path: Path) -> tuple[Path, Path]:
-    target = tmp_path / "out"
-    shutil.copytree(out, target)
-    return target, target / "versions" / str(OutputDir(target).current_version())
-
-
-def resign(version_dir: Path, *, sha256: bool) -> None:
-    """Records and the manifest's own checksum written again over the files as they are now: ``sha256`` too
-    (a version consistent in every checksum, as petal verify sees it) or only sizes and head/tail checksums
-    (what a change inside the body of a large file looks like to an open)."""
-    path = version_dir / "manifest.json"
-    manifest = json.loads(path.read_text())
-    for name, record in manifest[INTEGRITY_KEY]["files"].items():
-        size = (version_dir / name).stat().st_size
-        record.update(size=size, head_tail_sha256=head_tail_sha256(version_dir / name, size))
-        if sha256:
-            record["sha256"] = hashlib.sha256((version_dir / name).read_bytes()).hexdigest()
-            if name in manifest["index"]["files"]:
-                manifest["index"]["files"][name] = record["sha256"]
-    manifest.pop(CHECKSUM_KEY)
-    manifest[CHECKSUM_KEY] = canonical_sha256(manifest)
-    path.write_text(json.dumps(manifest, indent=2))
+    vectors_shard(data, rows=rows, dim=dim, seed=7, lang=[("en", "de", "fr")[i % 3] for i in range(rows)])
+    return index_vectors(data, root / name, "--index-factory", factory, "--keep-columns", "lang", *extra)
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +59,7 @@ def ondisk(tmp_path_factory) -> Path:
 def test_ondisk_list_data_shorter_than_its_lists_is_65_not_a_sigbus(ondisk, tmp_path, keep):
     """FAISS maps the list data's size as index.faiss records it: a shorter index.ivfdata under a manifest that
     vouches for it (re-signed) made the first search a SIGBUS (exit -7 / 135). Now the open compares the sizes."""
-    out, version = copy(ondisk, tmp_path)
+    out, version = copy_index(ondisk, tmp_path)
     data = version / "index.ivfdata"
     os.truncate(data, int(data.stat().st_size * keep))
     resign(version, sha256=True)
@@ -149,7 +112,7 @@ def test_a_damaged_rescore_npy_is_65_naming_it(binary, tmp_path, damage, sha256)
     EOFError ('Aborted!', exit 1) or a tokenize.TokenError traceback, and a file of another shape an IndexError
     or a wrong answer at search time. Now 65 naming the file, from petal query and the Python API; petal verify
     finds the change whenever the sha256 was left as written."""
-    out, version = copy(binary, tmp_path)
+    out, version = copy_index(binary, tmp_path)
     path = version / "rescore.npy"
     rows, dim = np.load(path, mmap_mode="r").shape
     RESCORE_DAMAGE[damage](path, rows, dim)

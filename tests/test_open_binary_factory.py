@@ -12,12 +12,10 @@ import json
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from tests import forkrun
-from tests._open_audit_shared import api
+from tests._open_audit_shared import api, index_vectors, vectors_shard
 
 ROWS, DIM = 600, 32
 
@@ -25,10 +23,8 @@ ROWS, DIM = 600, 32
 @pytest.fixture(scope="module")
 def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("binary_factory")
-    flat = np.random.default_rng(5).standard_normal((ROWS, DIM)).astype(np.float32)
     path = root / "v.parquet"
-    pq.write_table(pa.table({"id": np.arange(ROWS),
-                             "emb": pa.FixedSizeListArray.from_arrays(pa.array(flat.ravel()), DIM)}), path)
+    flat = vectors_shard(path, rows=ROWS, dim=DIM, seed=5)
     np.save(root / "q.npy", flat[[3, 300]])
     return path
 
@@ -36,9 +32,7 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize("factory", ["BFlat", "BIVF4"])
 def test_a_binary_factory_over_float_output_opens_in_every_command(data: Path, tmp_path: Path, factory: str) -> None:
     out = tmp_path / "out"
-    built = forkrun.petal(["index", str(data), "--out", str(out), "-q", "--vectors-column", "emb",
-                           "--index-factory", factory], timeout=300)
-    assert built.rc == 0, built.stderr[-2000:]
+    index_vectors(data, out, "--index-factory", factory)
     query = forkrun.petal(["query", str(out), "--vector-file", str(data.parent / "q.npy"), "-k", "1", "--json"])
     assert query.rc == 0, query.stderr[-2000:]
     # each stored vector finds itself first (Hamming candidates rescored with rescore.npy's float16 rows)

@@ -6,52 +6,30 @@ Real Parquet, real FAISS; each command in its own process (tests/forkrun.py)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
-import shutil
 from pathlib import Path
 
-import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from petal.pipeline.index.checksums import CHECKSUM_KEY, INTEGRITY_KEY, canonical_sha256, head_tail_sha256
 from tests import forkrun
-from tests._open_audit_shared import api
+from tests._open_audit_shared import api, copy_index, record_files, signed_manifest, vectors_index
 
 ROWS, DIM = 400, 16
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("stored_columns")
-    flat = np.random.default_rng(3).standard_normal((ROWS, DIM)).astype(np.float32)
-    data = root / "v.parquet"
-    pq.write_table(pa.table({"id": np.arange(ROWS), "lang": [("en", "de")[i % 2] for i in range(ROWS)],
-                             "topic": [("a", "b")[i % 2] for i in range(ROWS)],
-                             "emb": pa.FixedSizeListArray.from_arrays(pa.array(flat.ravel()), DIM)}), data)
-    np.save(root / "q.npy", flat[:1])
-    out = root / "out"
-    done = forkrun.petal(["index", str(data), "--out", str(out), "-q", "--vectors-column", "emb",
-                          "--index-factory", "Flat", "--keep-columns", "lang,topic"], timeout=300)
-    assert done.rc == 0, done.stderr[-2000:]
-    return out
+    return vectors_index(tmp_path_factory.mktemp("stored_columns"), "--index-factory", "Flat",
+                         "--keep-columns", "lang,topic", rows=ROWS, dim=DIM, seed=3,
+                         lang=[("en", "de")[i % 2] for i in range(ROWS)],
+                         topic=[("a", "b")[i % 2] for i in range(ROWS)])
 
 
 def signed_again(version: Path, keep: list[str]) -> None:
-    path = version / "manifest.json"
-    manifest = json.loads(path.read_text())
-    manifest["columns"]["keep"] = keep
-    for name, record in manifest[INTEGRITY_KEY]["files"].items():
-        size = (version / name).stat().st_size
-        sha = hashlib.sha256((version / name).read_bytes()).hexdigest()
-        record.update(size=size, head_tail_sha256=head_tail_sha256(version / name, size), sha256=sha)
-        if name in manifest["index"]["files"]:
-            manifest["index"]["files"][name] = sha
-    manifest.pop(CHECKSUM_KEY)
-    manifest[CHECKSUM_KEY] = canonical_sha256(manifest)
-    path.write_text(json.dumps(manifest, indent=2))
+    with signed_manifest(version) as manifest:
+        manifest["columns"]["keep"] = keep
+        record_files(version, manifest, sha256=True)
 
 
 def without_topic(ids: Path) -> None:
@@ -60,9 +38,7 @@ def without_topic(ids: Path) -> None:
 
 @pytest.mark.parametrize("damage", ["a column the file never had", "the column dropped from the file"])
 def test_a_kept_column_missing_from_ids_parquet_is_65_naming_it(built: Path, tmp_path: Path, damage: str) -> None:
-    out = tmp_path / "out"
-    shutil.copytree(built, out)
-    version = out / "versions" / (out / "CURRENT").read_text().strip()
+    out, version = copy_index(built, tmp_path)
     if damage == "a column the file never had":
         signed_again(version, ["lang", "topic", "year"])
         column, where = "year", "year = 2020"

@@ -6,50 +6,23 @@ Real Parquet, real FAISS; each command in its own process (tests/forkrun.py)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
-import shutil
 from pathlib import Path
 
-import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from petal.pipeline.index.checksums import CHECKSUM_KEY, INTEGRITY_KEY, canonical_sha256, head_tail_sha256
+from petal.pipeline.index.checksums import INTEGRITY_KEY
 from tests import forkrun
+from tests._open_audit_shared import copy_index, resign, signed_manifest, vectors_index
 
 ROWS, DIM = 500, 16
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("verify_ids")
-    flat = np.random.default_rng(2).standard_normal((ROWS, DIM)).astype(np.float32)
-    data = root / "v.parquet"
-    pq.write_table(pa.table({"id": np.arange(ROWS), "lang": [("en", "de")[i % 2] for i in range(ROWS)],
-                             "emb": pa.FixedSizeListArray.from_arrays(pa.array(flat.ravel()), DIM)}), data)
-    np.save(root / "q.npy", flat[:1])
-    out = root / "out"
-    done = forkrun.petal(["index", str(data), "--out", str(out), "-q", "--vectors-column", "emb",
-                          "--index-factory", "Flat", "--keep-columns", "lang"], timeout=300)
-    assert done.rc == 0, done.stderr[-2000:]
-    return out
-
-
-def signed_again(version: Path) -> None:
-    """Every record and the manifest's own checksum written again over the files as they are now."""
-    path = version / "manifest.json"
-    manifest = json.loads(path.read_text())
-    for name, record in manifest[INTEGRITY_KEY]["files"].items():
-        size = (version / name).stat().st_size
-        sha = hashlib.sha256((version / name).read_bytes()).hexdigest()
-        record.update(size=size, head_tail_sha256=head_tail_sha256(version / name, size), sha256=sha)
-        if name in manifest["index"]["files"]:
-            manifest["index"]["files"][name] = sha
-    manifest.pop(CHECKSUM_KEY)
-    manifest[CHECKSUM_KEY] = canonical_sha256(manifest)
-    path.write_text(json.dumps(manifest, indent=2))
+    return vectors_index(tmp_path_factory.mktemp("verify_ids"), "--index-factory", "Flat", "--keep-columns", "lang",
+                         rows=ROWS, dim=DIM, seed=2, lang=[("en", "de")[i % 2] for i in range(ROWS)])
 
 
 def flip(path: Path, at: float) -> None:
@@ -71,11 +44,9 @@ DAMAGE = {
 
 @pytest.mark.parametrize("damage", list(DAMAGE))
 def test_verify_finds_an_ids_file_that_searches_cannot_read(built: Path, tmp_path: Path, damage: str) -> None:
-    out = tmp_path / "out"
-    shutil.copytree(built, out)
-    version = out / "versions" / (out / "CURRENT").read_text().strip()
+    out, version = copy_index(built, tmp_path)
     DAMAGE[damage](version / "ids.parquet")
-    signed_again(version)
+    resign(version, sha256=True)
     done = forkrun.petal(["verify", str(out)])
     assert done.rc == 65 and "MISMATCH  ids.parquet" in done.stdout, done.stdout + done.stderr
     assert "Traceback" not in done.stderr and "ids.parquet" in done.last_line, done.stderr
@@ -108,14 +79,9 @@ RECORDS = {"head_tail_bytes 1": _span_one, "another head/tail sha256": _other_he
 def test_verify_checks_the_head_tail_records_opening_checks(built: Path, tmp_path: Path, edit: str) -> None:
     """A manifest signed again whose head/tail records do not match files whose sha256 does: every open is 65
     ('head/tail checksum does not match'), and petal verify said ok (it compared sizes and sha256 only)."""
-    out = tmp_path / "out"
-    shutil.copytree(built, out)
-    version = out / "versions" / (out / "CURRENT").read_text().strip()
-    manifest = json.loads((version / "manifest.json").read_text())
-    RECORDS[edit](manifest)
-    manifest.pop(CHECKSUM_KEY)
-    manifest[CHECKSUM_KEY] = canonical_sha256(manifest)
-    (version / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    out, version = copy_index(built, tmp_path)
+    with signed_manifest(version) as manifest:
+        RECORDS[edit](manifest)
     query = forkrun.petal(["query", str(out), "--vector-file", str(built.parent / "q.npy"), "-k", "1"])
     assert query.rc == 65 and "head/tail checksum does not match" in query.last_line, query.stderr
     done = forkrun.petal(["verify", str(out)])
