@@ -257,8 +257,9 @@ def _rendered(index: Index, labels: list[str], results: list[list[Hit]], as_json
                     row["fields"] = hit.fields
                 if show_text:
                     row["text"] = hit_text
-                    if hit_text is None and _gone(index, hit.shard):
-                        row["text_missing"] = "shard gone"
+                    why = _missing(index, hit.shard) if hit_text is None else None
+                    if why is not None:
+                        row["text_missing"] = f"shard {why}"
                 rows.append(row)
             _warn_missing(index)
             lines.append(json.dumps({"query": text, "hits": rows}, ensure_ascii=False, default=str))
@@ -301,19 +302,27 @@ def _followed(index: Index, where: str | None) -> Index:
     return fresh
 
 
-def _gone(index: Index, shard: str) -> bool:
+def _missing(index: Index, shard: str) -> str | None:
+    """Why the hits of ``shard`` have no text ("gone", "changed", "unreadable"), or ``None``."""
     from petal.pipeline.index.search import shard_locations
 
     reader = index.reader
-    return shard_locations(reader.manifest).get(shard, shard) in reader.missing_shards
+    return reader.missing_shards.get(shard_locations(reader.manifest).get(shard, shard))
+
+
+MISSING_SAID = {"gone": "is gone (moved or deleted)",
+                "changed": "has changed since it was indexed (its rows no longer hold the indexed ids)",
+                "unreadable": "cannot be read"}
 
 
 def _warn_missing(index: Index) -> None:
-    """Once per shard: its hits have no text because it is gone (an index without stored text)."""
+    """Once per shard: its hits have no text because it is gone, changed or unreadable (an index without stored
+    text)."""
     warned = index.__dict__.setdefault("_warned_missing", set())
-    for shard in sorted(index.reader.missing_shards - warned):
+    for shard in sorted(set(index.reader.missing_shards) - warned):
         warned.add(shard)
-        click.echo(f"petal: warning: {shard} is gone (moved or deleted), so --show-text has no text for its hits; "
+        said = MISSING_SAID[index.reader.missing_shards[shard]]
+        click.echo(f"petal: warning: {quote_path(shard)} {said}, so --show-text has no text for its hits; "
                    "indexes built now store the text", err=True)
 
 

@@ -81,6 +81,31 @@ def test_show_text_of_an_index_without_stored_text_resolves_the_shard_or_says_it
     assert "is gone" in stderr and "shard-" in stderr
 
 
+@pytest.mark.parametrize("damage", ["rewritten", "shortened", "unreadable"])
+def test_show_text_says_a_changed_or_unreadable_shard_as_such(corpus_index, damage):
+    """A shard that is still there but no longer holds the hits' rows (rewritten with other ids, cut short) is said
+    as changed, one that cannot be read as unreadable: not "gone (moved or deleted)", and never another
+    document's text."""
+    idx, work = corpus_index
+    version = IndexReader(idx).dir
+    manifest = json.loads((version / "manifest.json").read_text())
+    manifest.pop("columns")  # as an index built before text was stored
+    (version / "manifest.json").write_text(json.dumps(manifest))
+    for shard in (work / "data").glob("shard-*.parquet"):
+        if damage == "unreadable":
+            shard.write_bytes(b"PAR1 not a parquet file PAR1")
+            continue
+        table = pq.read_table(shard)
+        if damage == "rewritten":
+            table = table.set_column(0, "id", pa.array([f"other-{i}" for i in range(table.num_rows)]))
+        pq.write_table(table.slice(0, 0) if damage == "shortened" else table, shard)
+    (answer,), stderr = query(str(idx), "topic", "--show-text", "-k", "3")
+    said = {"rewritten": "changed", "shortened": "changed", "unreadable": "unreadable"}[damage]
+    assert all(h["text"] is None and h["text_missing"] == f"shard {said}" for h in answer["hits"])
+    assert "is gone" not in stderr
+    assert ("has changed since it was indexed" if said == "changed" else "cannot be read") in stderr
+
+
 def test_keep_columns_errors(tmp_path, tiny_bert_dir):
     write_corpus(tmp_path / "data", shards=1)
     out = str(tmp_path / "idx")

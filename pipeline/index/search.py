@@ -188,7 +188,9 @@ class IndexReader:
             # every file hashed above and the whole id map decoded here, so damage anywhere in it is refused now
             self.id_map.table()
         self.columns = open_columns(rows, self.manifest)  # stored text and --keep-columns (None: older index)
-        self.missing_shards: set[str] = set()  # shards --show-text found gone (said by petal query)
+        # shards --show-text found without the hits' rows (said by petal query), each with why: "gone" (no file
+        # there), "changed" (rewritten since indexing: the row holds another id, or is past its end), "unreadable"
+        self.missing_shards: dict[str, str] = {}
         self._ivf: Any = None  # the IVF inside a float index (its parallel_mode is set per search)
         params = dict(record.search_params)
         if binary:  # the binary index set its own nprobe
@@ -330,15 +332,17 @@ class IndexReader:
 
     def texts(self, hits: list[Hit], text_column: str) -> list[str | None]:
         """The text of each hit: stored with the index, or (an index without stored text) read back from its
-        shard by the absolute path the manifest records; ``None`` where the shard is gone (in ``missing_shards``)."""
+        shard by the absolute path the manifest records; ``None`` where the shard is gone, changed or unreadable
+        (in ``missing_shards``)."""
         if self.columns is not None and "text" in self.columns.names:
             return [row["text"] for row in self.columns.rows([h.faiss_id for h in hits], ["text"])]
         return [None if r is None else r.get(text_column) for r in self.records(hits, [text_column])]
 
     def records(self, hits: list[Hit], columns: list[str] | None = None) -> list[dict[str, Any] | None]:
         """Each hit's row of its shard (``columns``, or every column), ``None`` where the row is gone. Shards
-        are found by the absolute path the manifest records; gone ones land in ``missing_shards``, and so do shards
-        whose row no longer holds the hit's id (rewritten since indexing: the row is another document's)."""
+        are found by the absolute path the manifest records; gone or unreadable ones land in ``missing_shards``, and
+        so do shards whose row no longer holds the hit's id (rewritten since indexing: the row is another document's),
+        each with why."""
         by_shard: dict[str, list[Hit]] = {}
         located = shard_locations(self.manifest)
         for hit in hits:
@@ -359,7 +363,7 @@ class IndexReader:
                     group = int(np.searchsorted(starts, row, side="right")) - 1
                     if not 0 <= group < pf.num_row_groups:
                         found[(shard, row)] = None
-                        self.missing_shards.add(shard)
+                        self.missing_shards.setdefault(shard, "changed")
                         continue
                     if group not in groups:  # read only the row groups holding hits
                         groups[group] = pf.read_row_group(group, columns=read)
@@ -369,13 +373,14 @@ class IndexReader:
                     # as the hit's; where the shard has the id column, the row must still hold the hit's id
                     if checked and not _same_id(record.get(id_column), hit.id):
                         found[(shard, row)] = None
-                        self.missing_shards.add(shard)
+                        self.missing_shards.setdefault(shard, "changed")
                         continue
                     if read is not columns:  # the id column, read for the check only
                         record.pop(id_column, None)
                     found[(shard, row)] = record
-            except (OSError, pa.ArrowException, KeyError):
-                self.missing_shards.add(shard)
+            except (OSError, pa.ArrowException, KeyError) as exc:
+                gone = isinstance(exc, FileNotFoundError) or not Path(shard).exists()
+                self.missing_shards.setdefault(shard, "gone" if gone else "unreadable")
                 for hit in shard_hits:
                     found[(shard, hit.row)] = None
         return [found.get((located.get(h.shard, h.shard), h.row)) for h in hits]
