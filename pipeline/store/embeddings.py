@@ -74,6 +74,18 @@ class DamagedEntry(Exception):
         super().__init__(f"the store entry {quote_path(path)} is damaged ({reason})")
 
 
+def _entry_json(raw: bytes) -> Any:
+    """An ``entry.json``'s content; ``ValueError`` when it is not JSON, its bytes not UTF-8, or it is nested past
+    Python's recursion limit.
+
+    NOTE: ``json.loads`` raises ``RecursionError`` on '[[[[...' (damaged or planted): a traceback in every command
+    that reads the store, where a damaged entry is embedded again (``lookup``) or refused naming it (rebuild)."""
+    try:
+        return json.loads(raw)
+    except RecursionError as exc:
+        raise ValueError("JSON nested too deeply") from exc
+
+
 def store_denied(exc: BaseException, root: Path, near: Path) -> NoInputError | None:
     """Permission denied on a file of the store under ``root`` (in ``exc`` or what it was raised from): no input, 66
     naming the file, or the first directory on the way to it petal may not enter (``layout.denied``), as ``petal
@@ -263,7 +275,7 @@ class EmbeddingStore:
         if not meta_file.exists() and not meta_file.is_symlink():
             raise FileNotFoundError(meta_file)
         try:
-            meta = json.loads(read_regular(meta_file, self.root, ENTRY_MAX_BYTES))
+            meta = _entry_json(read_regular(meta_file, self.root, ENTRY_MAX_BYTES))
             rows = int(meta["counts"]["rows"])
             dim = int(meta["dim"])
             int(meta["counts"]["embedded"])
