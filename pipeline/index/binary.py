@@ -133,10 +133,13 @@ def _rescore_vectors(path: Path, rows: int, dim: int) -> np.ndarray:
     head/tail checksum let through: a re-signed manifest, an old version), never a traceback here."""
     import tokenize
 
+    from petal.pipeline.index.read_errors import read_failure
+
     try:
         vectors = np.load(path, mmap_mode="r", allow_pickle=False)
-    except (ValueError, EOFError, SyntaxError, tokenize.TokenError, TypeError, KeyError, OverflowError,
-            MemoryError) as exc:
+    except MemoryError as exc:  # NOTE: the host's (74), not "the index is corrupt"
+        raise read_failure(path, "it", exc) from exc
+    except (ValueError, EOFError, SyntaxError, tokenize.TokenError, TypeError, KeyError, OverflowError) as exc:
         raise BadInputError(f"{quote_path(path)}: cannot be read ({one_line(str(exc))[:200] or type(exc).__name__}); "
                             "the index is corrupt, rebuild it") from exc
     if not isinstance(vectors, np.ndarray) or vectors.ndim != 2 or vectors.dtype.kind != "f" \

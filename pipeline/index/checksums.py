@@ -25,6 +25,11 @@ from typing import Any, BinaryIO
 from petal.pipeline.manifest import CHECKSUM_KEY, INTEGRITY_KEY, MANIFEST_FILE, raw_index_files
 
 HEAD_TAIL_BYTES = 1 << 20
+# NOTE: the largest head/tail span a reader accepts from a manifest (petal writes HEAD_TAIL_BYTES): the span sizes
+# what every open reads; a manifest signed again with a span of 2^60 would make each open hash whole multi-GB files
+# (O(size), what the records exist to avoid). Refused above this (verify.checked_records: 78 naming the key)
+MAX_HEAD_TAIL_BYTES = 64 << 20
+READ_CHUNK = 1 << 22  # bytes a checksum reads at a time (sha256_file, head_tail_sha256_of)
 
 
 def sha256_file(path: Path | str) -> str:
@@ -49,7 +54,7 @@ def sha256_file(path: Path | str) -> str:
         raise
     digest = hashlib.sha256()
     with fh:
-        while chunk := fh.read(1 << 22):
+        while chunk := fh.read(READ_CHUNK):
             digest.update(chunk)
     return digest.hexdigest()
 
@@ -61,15 +66,28 @@ def head_tail_sha256(path: Path, size: int, span: int = HEAD_TAIL_BYTES) -> str:
 
 
 def head_tail_sha256_of(fh: BinaryIO, size: int, span: int = HEAD_TAIL_BYTES) -> str:
-    """``head_tail_sha256`` of an open binary file ``fh`` (read from its start)."""
+    """``head_tail_sha256`` of an open binary file ``fh`` (read from its start), read ``READ_CHUNK`` bytes at a time.
+
+    NOTE: never one read of ``span`` (or ``size``) bytes: that buffer was allocated whole, so a large span held that
+    much memory (what ``MAX_HEAD_TAIL_BYTES`` bounds is time; this, memory)."""
     digest = hashlib.sha256(size.to_bytes(8, "little"))
     if size <= 2 * span:
-        digest.update(fh.read(size))
+        _hash_bytes(digest, fh, size)
     else:
-        digest.update(fh.read(span))
+        _hash_bytes(digest, fh, span)
         fh.seek(size - span)
-        digest.update(fh.read(span))
+        _hash_bytes(digest, fh, span)
     return digest.hexdigest()
+
+
+def _hash_bytes(digest: Any, fh: BinaryIO, count: int) -> None:
+    """Add the next ``count`` bytes of ``fh`` to ``digest`` (fewer at its end), ``READ_CHUNK`` at a time."""
+    while count > 0:
+        chunk = fh.read(min(count, READ_CHUNK))
+        if not chunk:
+            return
+        digest.update(chunk)
+        count -= len(chunk)
 
 
 def canonical_sha256(manifest: dict[str, Any]) -> str:

@@ -84,19 +84,20 @@ def read_index(path: Path, storage: str) -> Any:
 
 def open_parquet(path: Path, read_dictionary: list[str] | None = None) -> Any:
     """``pyarrow.parquet.ParquetFile`` over a memory map of ``path`` (the footer read, O(1)); the mapping
-    keeps the data readable after the version is pruned. Unreadable: ``BadInputError`` (65).
+    keeps the data readable after the version is pruned. A damaged footer: ``BadInputError`` (65); a map or read the
+    host fails (ENOMEM, EMFILE, EIO, out of memory): ``PetalIOError`` (74, ``read_errors.py``).
     ``read_dictionary``: string columns decoded as dictionaries (one copy of each distinct value)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from petal.pipeline.reliability.errors import BadInputError
+    from petal.pipeline.index.read_errors import read_failure
 
     try:
         # NOTE: page checksums (written by every petal writer) are verified as pages are decoded
         return pq.ParquetFile(pa.memory_map(str(path)), page_checksum_verification=True,
                               read_dictionary=read_dictionary)
-    except (OSError, pa.ArrowException) as exc:
-        raise BadInputError(f"{path}: cannot read its Parquet footer ({exc}); run petal verify") from exc
+    except (OSError, pa.ArrowException, MemoryError) as exc:
+        raise read_failure(path, "its Parquet footer", exc) from exc
 
 
 def read_index_copied(path: Path, storage: str) -> Any:

@@ -33,7 +33,8 @@ from typing import Any
 
 from petal.pipeline.index.faiss_loader import load_faiss
 from petal.pipeline.index.files import IVFDATA_FILE
-from petal.pipeline.reliability.errors import BadInputError, quote_path
+from petal.pipeline.index.read_errors import host_failure, read_failure
+from petal.pipeline.reliability.errors import BadInputError, PetalError, quote_path
 
 
 def mmap_flags(storage: str) -> int:
@@ -73,6 +74,8 @@ def read_ondisk(path: Path) -> Any:
     try:
         index = faiss.read_index(str(path), mmap_flags("ondisk"))
     except (RuntimeError, MemoryError) as exc:
+        if host_failure(exc) is not None:
+            raise read_failure(path, "it with FAISS", exc) from exc
         if _nested_ondisk(exc):
             raise _kind_mismatch(path, "on-disk inverted lists besides the index's own", "on disk") from exc
         if _probe(faiss.read_index, path, faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY) is not None:
@@ -90,6 +93,8 @@ def read_ondisk(path: Path) -> Any:
     try:
         lists.do_mmap()
     except (RuntimeError, MemoryError) as exc:
+        if host_failure(exc) is not None:  # NOTE: ENOMEM, EMFILE: the host's, not the file's
+            raise read_failure(path.parent / IVFDATA_FILE, "its inverted lists (a memory map)", exc) from exc
         raise BadInputError(f"{quote_path(path.parent / IVFDATA_FILE)}: cannot be mapped ({_message(exc)}); the "
                             "index is corrupt, run petal verify and rebuild it") from exc
     return index
@@ -109,13 +114,11 @@ def _read(path: Path, storage: str) -> Any:
         return faiss.read_index(str(path), flags)
     except (RuntimeError, MemoryError) as mapped_error:
         if not flags & getattr(faiss, "IO_FLAG_MMAP_IFC", 0):
-            raise BadInputError(f"{path}: FAISS cannot read it ({_message(mapped_error)}); the index is "
-                                "corrupt, run petal verify and rebuild it") from mapped_error
+            raise faiss_failed(path, mapped_error) from mapped_error
     try:  # an index type FAISS does not map: read it whole
         return read_index_copied(path, storage)
     except (RuntimeError, MemoryError) as exc:
-        raise BadInputError(f"{path}: FAISS cannot read it ({_message(exc)}); the index is corrupt, "
-                            "run petal verify and rebuild it") from exc
+        raise faiss_failed(path, exc) from exc
 
 
 def read_binary_index_mapped(path: Path) -> Any:
@@ -130,8 +133,7 @@ def read_binary_index_mapped(path: Path) -> Any:
             return faiss.read_index_binary(str(path), flags)
         except (RuntimeError, MemoryError) as exc:
             error = exc
-    raise BadInputError(f"{path}: FAISS cannot read it ({_message(error)}); the index is corrupt, run petal verify "
-                        "and rebuild it") from error
+    raise faiss_failed(path, error) from error
 
 
 def no_recorded_paths(read: Callable[[str, int], Any], path: Path, flags: int) -> Any:
@@ -180,6 +182,15 @@ def _probe_error(read: Callable[[str, int], Any], path: Path, flags: int) -> Bas
     except (RuntimeError, MemoryError) as exc:
         return exc
     return None
+
+
+def faiss_failed(path: Path, exc: BaseException) -> PetalError:
+    """FAISS could not read ``path``: the file is damaged (65), or the host failed it (74: a file it could not
+    open or map, ENOMEM, EMFILE; out of memory), never "the index is corrupt" then (``read_errors.py``)."""
+    if host_failure(exc) is not None:
+        return read_failure(path, "it with FAISS", exc)
+    return BadInputError(f"{path}: FAISS cannot read it ({_message(exc)}); the index is corrupt, run petal verify "
+                         "and rebuild it")
 
 
 def _nested_ondisk(exc: BaseException | None) -> bool:

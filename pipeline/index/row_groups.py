@@ -5,7 +5,8 @@ says where each row group starts. The id columns (``id``, ``shard``, ``row``) of
 decoded the first time a hit falls in it and kept (at most the whole id map, what the open used to
 decode up front); stored text and ``--keep-columns`` are decoded per call and dropped. A row group
 that cannot be decoded (a change in the body, which the open's head/tail checks do not read) is a
-``BadInputError`` (65) naming the file, never a pyarrow traceback.
+``BadInputError`` (65) naming the file, never a pyarrow traceback; a read the host fails (out of memory, a
+thread that cannot start) is 74 (``read_errors.py``), never "the version is corrupt".
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from petal.pipeline.reliability.errors import BadInputError, one_line, quote_path
+from petal.pipeline.index.read_errors import read_failure
+from petal.pipeline.reliability.errors import BadInputError, PetalError, quote_path
 
 ID_COLUMNS = ("id", "shard", "row")  # what a hit needs (faiss_id is the row number)
 PER_VALUE_HITS = 48  # IdMap.lookup: up to this many ids are read value by value, more in bulk
@@ -58,16 +60,16 @@ class RowGroups:
         # NOTE: one ParquetFile serves the search thread and petal serve's text threads: reads are serialised
         self._lock = threading.Lock()
 
-    def _failed(self, exc: Exception, what: str) -> BadInputError:
-        return BadInputError(f"{quote_path(self.path)}: cannot read {what} ({one_line(str(exc))[:200]}); the "
-                             "version is corrupt: run petal verify and rebuild it")
+    def _failed(self, exc: Exception, what: str) -> PetalError:
+        """65 for damage in the file, 74 for the host's failure (out of memory...), 66 permission denied."""
+        return read_failure(self.path, what, exc)
 
     def read_group(self, group: int, columns: list[str]) -> pa.Table:
         """Row group ``group``'s ``columns``, decoded (page checksums verified)."""
         try:
             with self._lock:
                 return self.file.read_row_group(group, columns=columns)
-        except (OSError, pa.ArrowException) as exc:
+        except (OSError, pa.ArrowException, MemoryError) as exc:
             raise self._failed(exc, f"row group {group}") from exc
 
     def read_columns(self, columns: list[str]) -> pa.Table:
@@ -75,7 +77,7 @@ class RowGroups:
         try:
             with self._lock:
                 return self.file.read(columns=columns)
-        except (OSError, pa.ArrowException) as exc:
+        except (OSError, pa.ArrowException, MemoryError) as exc:
             raise self._failed(exc, f"columns {', '.join(columns)}") from exc
 
     def groups_of(self, rows: np.ndarray) -> np.ndarray:

@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 from petal.pipeline.index.binary import open_binary_index
 from petal.pipeline.index.faiss_loader import load_faiss
 from petal.pipeline.index.files import IDS_FILE, INDEX_FILE, open_parquet, read_index
+from petal.pipeline.index.read_errors import host_failure, read_failure
 from petal.pipeline.index.row_groups import IdMap, RowGroups
 from petal.pipeline.index.tune import apply_params
 from petal.pipeline.index.verify import OpenCheck, check_on_open
@@ -147,12 +148,15 @@ class IndexReader:
             if is_denied(exc):
                 raise denied(exc.filename or self.dir) from exc
             raise PetalIOError(f"{quote_path(exc.filename or self.dir)}: {exc.strerror or exc}") from exc
+        except pa.ArrowException as exc:  # NOTE: before MemoryError and RuntimeError, which some of them are
+            raise read_failure(self.dir / IDS_FILE, "it", exc) from exc
+        except MemoryError as exc:  # NOTE: the host's (74), not "the version is corrupt"
+            raise read_failure(self.dir, "the version", exc) from exc
         except RuntimeError as exc:  # FAISS cannot parse index.faiss (its checksum matched the manifest)
+            if host_failure(exc) is not None:  # NOTE: a file the host would not open or map: 74, not "corrupt"
+                raise read_failure(self.dir / INDEX_FILE, "it", exc) from exc
             raise BadInputError(f"{quote_path(self.dir / INDEX_FILE)}: FAISS cannot read it "
                                 f"({one_line(str(exc)).strip()[:200]}); the index is corrupt: rebuild it") from exc
-        except pa.ArrowException as exc:
-            raise BadInputError(f"{quote_path(self.dir / IDS_FILE)}: cannot be read ({one_line(str(exc))[:200]}); "
-                                "the version is corrupt: rebuild it") from exc
         except (KeyError, TypeError, AttributeError, ValueError) as exc:
             raise ConfigError(f"{manifest_file}: a field is missing or malformed ({type(exc).__name__}: "
                               f"{one_line(str(exc))[:120]}); the version is damaged: rebuild it") from exc

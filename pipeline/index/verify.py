@@ -34,6 +34,7 @@ from petal.pipeline.index.checksums import (
     HEAD_TAIL_BYTES,
     INTEGRITY_KEY,
     MANIFEST_FILE,
+    MAX_HEAD_TAIL_BYTES,
     canonical_sha256,
     head_tail_sha256_of,
     sha256_file,
@@ -136,6 +137,9 @@ def checked_records(version_dir: Path, manifest: dict[str, Any], files: dict[str
     if isinstance(span, bool) or not isinstance(span, int) or span < 1:
         raise ConfigError(f"{where}.head_tail_bytes is {quote_text(repr(span), 24)}, expected a positive integer; "
                           "rebuild the index")
+    if span > MAX_HEAD_TAIL_BYTES:  # NOTE: it sizes every open's reads: 2^60 would hash whole files at each open
+        raise ConfigError(f"{where}.head_tail_bytes is {quote_text(repr(span), 24)}, expected at most "
+                          f"{MAX_HEAD_TAIL_BYTES} (petal writes {HEAD_TAIL_BYTES}); rebuild the index")
     for name, record in records.items():
         if not isinstance(record, dict):
             raise ConfigError(f"{where}.files.{_named(name)} is {type(record).__name__}, expected an object")
@@ -420,6 +424,10 @@ def index_problems(version_dir: Path, raw: dict[str, Any]) -> dict[str, str]:
     except BadInputError as exc:
         return {RESCORE_FILE if RESCORE_FILE in str(exc) and binary else INDEX_FILE: str(exc)}
     except (RuntimeError, MemoryError) as exc:
+        from petal.pipeline.index.read_errors import host_failure, read_failure
+
+        if host_failure(exc) is not None:  # NOTE: the host failed the read (74): no verdict on the file
+            raise read_failure(path, "it with FAISS", exc) from exc
         return {INDEX_FILE: f"FAISS cannot read it ({one_line(str(exc)).strip()[:200]})"}
     try:
         fresh = make_index(record.factory, manifest.dim, record.metric)

@@ -1,0 +1,193 @@
+"""Reading a published version: a failure of the host is 74, never "the version is corrupt" (65).
+
+Out of memory while a search decodes a row group of ``ids.parquet`` (pyarrow's ``ArrowMemoryError``), a memory map
+the host refuses (ENOMEM) for ``ids.parquet``'s footer or for ``index.faiss``: each was 65, "the version is corrupt:
+run petal verify and rebuild it", about an index that is whole. Reproduced for real: ``RLIMIT_AS`` set in a child
+forked from the preloaded forkserver, over a small index petal builds. The maps are refused by padding the file with a
+sparse hole (a few GiB, no disk) where its reader never looks (before a Parquet footer, after a FAISS index), the
+records signed again over it: a valid file larger than the address space left.
+
+And a manifest signed again with a huge ``integrity.head_tail_bytes`` is refused (78 naming the key): it sized each
+open's reads (whole multi-GB files hashed, read into memory in one piece); the checksums read in bounded chunks.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import resource
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tests import forkrun
+from tests._open_audit_shared import copy_index, index_vectors, resign, signed_manifest, vectors_shard
+
+ROWS, DIM, BLOB = 64, 8, 1 << 20  # ids.parquet's kept column: 64 MiB decoded, a few KiB on disk (a dictionary)
+HOLE = 4 << 30
+
+
+def _vm_size() -> int:
+    with open("/proc/self/status") as fh:
+        return next(int(line.split()[1]) * 1024 for line in fh if line.startswith("VmSize:"))
+
+
+def _limit(margin: int) -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (_vm_size() + margin, resource.RLIM_INFINITY))
+
+
+def _exit_with(exc: BaseException) -> None:
+    from petal.pipeline.reliability.errors import PetalError
+
+    if not isinstance(exc, PetalError):
+        raise exc
+    print(exc, file=sys.stderr)
+    sys.exit(exc.exit_code)
+
+
+def _search_short_of_memory(out: str) -> None:
+    """Open ``out``, then search with 16 MiB of address space to spare: the hits' row group decodes 64 MiB."""
+    import petal
+
+    pa.set_memory_pool(pa.system_memory_pool())  # NOTE: malloc: a refused allocation is refused, not retained
+    try:
+        with petal.open_index(out) as index:
+            index.reader.id_map.rows.read_group(0, ["id"])  # pyarrow's reader threads started while memory is there
+            _limit(16 << 20)
+            index.search_stored(np.ones((1, index.dim), np.float32), k=2)
+    except Exception as exc:
+        _exit_with(exc)
+
+
+def _open_short_of_address_space(out: str) -> None:
+    """``petal.open_index(out)`` with 512 MiB of address space to spare (a map of a 4 GiB file is refused)."""
+    import petal
+
+    try:
+        _limit(512 << 20)
+        with petal.open_index(out) as index:
+            index.search_stored(np.ones((1, index.dim), np.float32), k=2)
+    except Exception as exc:
+        _exit_with(exc)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("host-failures")
+    flat = np.random.default_rng(3).standard_normal((ROWS, DIM)).astype(np.float32)
+    pq.write_table(pa.table({"id": np.arange(ROWS), "blob": ["a" * BLOB] * ROWS,
+                             "emb": pa.FixedSizeListArray.from_arrays(pa.array(flat.ravel()), DIM)}),
+                   root / "v.parquet")
+    return index_vectors(root / "v.parquet", root / "out", "--keep-columns", "blob")
+
+
+def _assert_host_failure(rc: int, stderr: str, path: str) -> None:
+    assert rc == 74, stderr[-2000:]
+    last = stderr.strip().splitlines()[-1]
+    assert path in last and "corrupt" not in last and "rebuild" not in last, last
+
+
+def test_out_of_memory_decoding_a_row_group_is_74(built: Path) -> None:
+    """A search's row group decode refused memory (ArrowMemoryError): was 65, 'the version is corrupt'."""
+    rc, stderr = forkrun.call(_search_short_of_memory, (str(built),))
+    _assert_host_failure(rc, stderr, "ids.parquet: cannot read row group 0")
+
+
+def _hole_before_footer(path: Path) -> None:
+    """``path`` (Parquet) with a sparse hole of ``HOLE`` bytes before its footer: the column chunks keep their
+    offsets, the footer is found from the end, so the file reads as before."""
+    data = path.read_bytes()
+    footer = int.from_bytes(data[-8:-4], "little") + 8
+    with open(path, "r+b") as fh:
+        fh.truncate(len(data) - footer + HOLE)
+        fh.seek(len(data) - footer + HOLE)
+        fh.write(data[-footer:])
+
+
+def test_a_map_the_host_refuses_for_the_ids_is_74(built: Path, tmp_path: Path) -> None:
+    """ENOMEM mapping ids.parquet (``pa.memory_map``): was 65, 'cannot read its Parquet footer'."""
+    out, version = copy_index(built, tmp_path)
+    _hole_before_footer(version / "ids.parquet")
+    assert pq.ParquetFile(version / "ids.parquet").metadata.num_rows == ROWS  # a valid file
+    resign(version, sha256=False)
+    rc, stderr = forkrun.call(_open_short_of_address_space, (str(out),))
+    _assert_host_failure(rc, stderr, "ids.parquet: cannot read its Parquet footer")
+
+
+def _read_ondisk_without_descriptors(path: str) -> None:
+    """FAISS reads the on-disk index at ``path`` (``files.read_index``, as opening does) with no file descriptor left
+    (every one below ``RLIMIT_NOFILE`` taken): FAISS's 'could not open ... for reading: Too many open files'."""
+    import petal.pipeline.index.mmap  # imported while descriptors are there
+    import petal.pipeline.index.read_errors
+    import petal.pipeline.index.structure
+    import petal.pipeline.layout  # noqa: F401
+    from petal.pipeline.index.files import read_index
+
+    taken = []
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(int(fd) for fd in os.listdir("/proc/self/fd")) + 8,
+                                                resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    try:
+        while True:
+            taken.append(os.open(os.devnull, os.O_RDONLY))
+    except OSError:
+        pass
+    try:
+        read_index(Path(path), "ondisk")
+    except Exception as exc:
+        _exit_with(exc)
+
+
+def test_faiss_out_of_descriptors_is_74(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """EMFILE while FAISS opens an on-disk index: was 65, 'FAISS cannot read it ...; the index is corrupt'."""
+    root = tmp_path_factory.mktemp("ondisk")
+    vectors_shard(root / "v.parquet", rows=6000, dim=64, seed=5)
+    out = index_vectors(root / "v.parquet", root / "out", "--index-factory", "IVF16,Flat", "--index-memory", "1M")
+    version = out / "versions" / (out / "CURRENT").read_text().strip()
+    assert (version / "index.ivfdata").is_file()
+    rc, stderr = forkrun.call(_read_ondisk_without_descriptors, (str(version / "index.faiss"),))
+    _assert_host_failure(rc, stderr, "index.faiss: cannot read it with FAISS: Too many open files")
+
+
+def test_a_huge_head_tail_span_is_refused(built: Path, tmp_path: Path) -> None:
+    """A manifest signed again with ``head_tail_bytes`` 2^40: every open hashed (and held) whole files; now 78
+    naming the key, by opening and petal verify alike."""
+    from petal.pipeline.index.checksums import head_tail_sha256
+
+    out, version = copy_index(built, tmp_path)
+    with signed_manifest(version) as manifest:
+        manifest["integrity"]["head_tail_bytes"] = 1 << 40
+        for name, record in manifest["integrity"]["files"].items():
+            record["head_tail_sha256"] = head_tail_sha256(version / name, record["size"], 1 << 40)
+    rc, stderr = forkrun.call(_open_short_of_address_space, (str(out),))
+    assert rc == 78 and "integrity.head_tail_bytes" in stderr and "at most" in stderr, stderr[-2000:]
+    done = forkrun.petal(["verify", str(out)])
+    assert done.rc == 78 and "integrity.head_tail_bytes" in done.stderr, done.stderr[-2000:]
+
+
+class _Reads(io.BytesIO):
+    """A file whose largest read is recorded."""
+
+    largest = 0
+
+    def read(self, size: int | None = -1) -> bytes:
+        self.largest = max(self.largest, size if size is not None and size >= 0 else len(self.getvalue()))
+        return super().read(size)
+
+
+def test_head_tail_checksum_reads_in_bounded_chunks() -> None:
+    """Same checksum as one read, never a read larger than ``READ_CHUNK`` (a 64 MiB span held 128 MiB at once)."""
+    import hashlib
+
+    from petal.pipeline.index.checksums import READ_CHUNK, head_tail_sha256_of
+
+    data = np.random.default_rng(0).bytes(3 * READ_CHUNK + 5)
+    for span in (READ_CHUNK + 3, len(data)):
+        fh = _Reads(data)
+        got = head_tail_sha256_of(fh, len(data), span)
+        expected = hashlib.sha256(len(data).to_bytes(8, "little"))
+        expected.update(data if len(data) <= 2 * span else data[:span] + data[-span:])
+        assert got == expected.hexdigest() and fh.largest <= READ_CHUNK
