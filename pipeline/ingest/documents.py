@@ -2,8 +2,9 @@
 
 A row is skipped (never embedded, never silently lost) when its text is null, has nothing visible
 (empty, whitespace, control and zero-width characters only), is bytes that are not UTF-8 (a UTF-8
-encoded lone surrogate is named apart), or when its id is null or repeats an id seen earlier in the
-same shard. Each skip carries its shard, row and reason to the run report and rejects file.
+encoded lone surrogate is named apart), or when its id is null, is bytes that are not UTF-8 (a string id
+column: ``invalid_utf8_id``, a lone surrogate's encoding too) or repeats an id seen earlier in the same
+shard. Each skip carries its shard, row and reason to the run report and rejects file.
 
 Texts are embedded as given: petal does not normalise Unicode, so an NFC and an NFD spelling of one
 text are two documents (the model's tokenizer may still map them to the same tokens, as
@@ -21,8 +22,8 @@ from petal.pipeline.ingest.parquet import ReadStats, RowBatch, ShardInfo, read_r
 from petal.pipeline.ingest.text_rule import VISIBLE
 from petal.pipeline.ingest.text_rule import undecodable_reason as _undecodable
 
-REJECT_REASONS = ("null_text", "empty_text", "invalid_utf8", "lone_surrogate", "null_id", "duplicate_id",
-                  "non_finite_embedding")
+REJECT_REASONS = ("null_text", "empty_text", "invalid_utf8", "lone_surrogate", "null_id", "invalid_utf8_id",
+                  "duplicate_id", "non_finite_embedding")
 
 
 @dataclass
@@ -44,6 +45,9 @@ def to_documents(batch: RowBatch, seen_ids: set) -> Documents:
         row = batch.row_start + offset
         if doc_id is None:
             docs.rejects.append((row, "null_id"))
+            continue
+        if isinstance(doc_id, bytes):  # a string id whose bytes are not UTF-8 (``read_ids``): no text to key it by
+            docs.rejects.append((row, "invalid_utf8_id"))
             continue
         if text is None:
             docs.rejects.append((row, "null_text"))

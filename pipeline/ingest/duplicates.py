@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from petal.pipeline.config import ReadConfig
-from petal.pipeline.ingest.parquet import ReadStats, ShardInfo, integer_ids, stream_batches
+from petal.pipeline.ingest.parquet import ReadStats, ShardInfo, integer_ids, stream_batches, without_undecodable_ids
 from petal.pipeline.reliability.errors import BadInputError, quote_path, quote_text
 
 
@@ -27,7 +27,8 @@ def check_cross_shard_duplicates(shards: list[ShardInfo], read: ReadConfig, stat
     id_type = pa.string() if any(not integer_ids(s.id_type) for _, s in with_ids) else pa.int64()
 
     def distinct(_row: int, batch: pa.RecordBatch) -> pa.Array:
-        return pc.unique(batch.column(0).drop_null().cast(id_type))
+        # NOTE: an id that is not UTF-8 is a bad row of its shard (``invalid_utf8_id``), never a duplicate
+        return pc.unique(without_undecodable_ids(batch.column(0).drop_null()).cast(id_type))
 
     parts = []
     for i, shard in with_ids:

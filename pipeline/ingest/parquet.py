@@ -41,6 +41,7 @@ from petal.pipeline.ingest.remote import (
     stat_remote,
     storage_error,
 )
+from petal.pipeline.ingest.text_rule import utf8_or_bytes
 from petal.pipeline.reliability.errors import (
     BadInputError,
     NoInputError,
@@ -557,6 +558,12 @@ def _decoded(batch: pa.RecordBatch, max_bytes: int) -> Iterator[pa.RecordBatch]:
         start = stop
 
 
+def _as_binary(column: pa.Array) -> pa.Array:
+    """A string column's values as the bytes they are (no copy)."""
+    binary = {pa.large_string(): pa.large_binary(), pa.string_view(): pa.binary_view()}.get(column.type, pa.binary())
+    return column.view(binary)
+
+
 def _texts(column: pa.Array) -> list:
     """The text column as Python values; bytes for every row of a batch holding invalid UTF-8."""
     try:
@@ -564,9 +571,39 @@ def _texts(column: pa.Array) -> list:
     except UnicodeDecodeError:
         # NOTE: pyarrow does not validate UTF-8 when it reads a string column; the rows are checked
         # (and the bad ones rejected) one by one in pipeline/ingest/documents.py.
-        binary = {pa.large_string(): pa.large_binary(), pa.string_view(): pa.binary_view()}.get(column.type,
-                                                                                               pa.binary())
-        return column.view(binary).to_pylist()
+        return _as_binary(column).to_pylist()
+
+
+def read_ids(column: pa.Array) -> list:
+    """The id column (integers or strings) as Python values; an id whose bytes are not UTF-8 (a lone surrogate's
+    encoding included) as those bytes, every other id as its ``str``: the readers reject such a row
+    (``invalid_utf8_id``: pipeline/ingest/documents.py, vectors.py) or refuse the file (``first_undecodable``).
+
+    NOTE: pyarrow validates no UTF-8 when it reads a string column: ``to_pylist`` raises ``UnicodeDecodeError`` on
+    the first bad value (a traceback, exit 1), and such an id could be neither stored as text nor deleted."""
+    try:
+        return column.to_pylist()
+    except UnicodeDecodeError:
+        return [None if raw is None else utf8_or_bytes(raw) for raw in _as_binary(column).to_pylist()]
+
+
+def without_undecodable_ids(column: pa.Array) -> pa.Array:
+    """A string id column without its ids that are not UTF-8 (``read_ids``), nulls kept; others as they are.
+
+    NOTE: Arrow's full validation checks UTF-8 as Python decodes it (a lone surrogate's encoding is refused too);
+    only a batch that fails it is filtered value by value."""
+    if pa.types.is_integer(column.type):
+        return column
+    try:
+        column.validate(full=True)
+        return column
+    except pa.ArrowInvalid:
+        return column.filter(pa.array([not isinstance(v, bytes) for v in read_ids(column)]))
+
+
+def first_undecodable(ids: list) -> int | None:
+    """The position of the first id of ``read_ids`` that is not UTF-8, or ``None``."""
+    return next((i for i, doc_id in enumerate(ids) if isinstance(doc_id, bytes)), None)
 
 
 def read_rows(shard_index: int, info: ShardInfo, read: ReadConfig, stats: ReadStats | None = None,
@@ -580,7 +617,7 @@ def read_rows(shard_index: int, info: ShardInfo, read: ReadConfig, stats: ReadSt
     def decode(row: int, record_batch: pa.RecordBatch) -> RowBatch:
         texts = _texts(record_batch.column(0))
         if info.has_id_column:
-            ids = record_batch.column(1).to_pylist()
+            ids = read_ids(record_batch.column(1))  # an id that is not UTF-8 as bytes: documents.py rejects it
         else:
             ids = [f"{info.path}:{r}" for r in range(row, row + len(texts))]
         return RowBatch(shard_index, row, ids, texts)

@@ -72,7 +72,17 @@ def _parquet_texts(path: Path, text_column: str, id_column: str | None, read: Re
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from petal.pipeline.ingest.parquet import ShardInfo, _is_text, _texts, plain_type, read_retrying, stream_batches
+    from petal.pipeline.ingest.parquet import (
+        ShardInfo,
+        _is_id,
+        _is_text,
+        _texts,
+        first_undecodable,
+        plain_type,
+        read_ids,
+        read_retrying,
+        stream_batches,
+    )
 
     def footer() -> tuple[Any, pq.FileMetaData]:
         fault("read_footer", str(path))
@@ -93,17 +103,24 @@ def _parquet_texts(path: Path, text_column: str, id_column: str | None, read: Re
     column_type = plain_type(schema.field(text_column).type)  # a dictionary (categorical): its values
     if not _is_text(column_type):
         raise BadInputError(f"{quote_path(path)}: text column {text_column!r} has type {column_type}, not text")
+    id_type = plain_type(schema.field(id_column).type) if id_column else None
+    if id_type is not None and not _is_id(id_type):  # NOTE: as petal index's ids: bytes were echoed as "b'\\xff'"
+        raise BadInputError(f"{quote_path(path)}: id column {id_column!r} has type {id_type}, expected an integer or "
+                            "string")
     info = ShardInfo(path=path, abs_path=str(path.resolve()), size=stat.st_size, mtime_ns=stat.st_mtime_ns,
                      num_rows=meta.num_rows, num_row_groups=meta.num_row_groups, has_id_column=bool(id_column),
-                     id_type=str(plain_type(schema.field(id_column).type)) if id_column else "",
-                     text_type=str(column_type), schema=schema)
+                     id_type=str(id_type or ""), text_type=str(column_type), schema=schema)
 
     def decode(_row: int, batch: pa.RecordBatch) -> tuple[list[Any], list[Any]]:
-        return _texts(batch.column(0)), batch.column(1).to_pylist() if id_column else []
+        return _texts(batch.column(0)), read_ids(batch.column(1)) if id_column else []
 
     texts: list[Any] = []
     ids: list[Any] = []
     for batch_texts, batch_ids in stream_batches(info, columns, read, decode, stats):
+        bad = first_undecodable(batch_ids)
+        if bad is not None:  # NOTE: an id is echoed with its embedding: one that is no text cannot be
+            raise BadInputError(f"{quote_path(path)}: id column {id_column!r} holds bytes that are not UTF-8 at row "
+                                f"{len(ids) + bad}; ids are text or integers")
         texts.extend(batch_texts)
         ids.extend(batch_ids)
     return texts, ids if id_column else None

@@ -6,7 +6,7 @@ Every shard's schema is checked before any work (the column, its type, one dimen
 a fixed-size list's size, else the first non-null vector's length). Rows are streamed one record
 batch at a time; a bad vector is a counted skip like a bad text row: ``null_vector``,
 ``wrong_dim`` (another length), ``non_finite_vector`` (NaN, inf); ids as for text (``null_id``,
-``duplicate_id`` within a shard).
+``invalid_utf8_id``, ``duplicate_id`` within a shard).
 
 Every read goes through the text run's reader (pipeline/ingest/parquet.py): footers through
 ``_retrying``/``_read_error``, rows through ``stream_batches`` (pages streamed, checksums verified).
@@ -34,12 +34,13 @@ from petal.pipeline.ingest.parquet import (
     _retrying,
     plain_type,
     raise_problems,
+    read_ids,
     stream_batches,
 )
 from petal.pipeline.reliability.errors import BadInputError, NoInputError
 from petal.pipeline.reliability.faults import fault
 
-VECTOR_REJECTS = ("null_vector", "wrong_dim", "non_finite_vector", "null_id", "duplicate_id")
+VECTOR_REJECTS = ("null_vector", "wrong_dim", "non_finite_vector", "null_id", "invalid_utf8_id", "duplicate_id")
 
 
 def _is_vector(t: pa.DataType) -> bool:
@@ -140,7 +141,7 @@ def read_vectors(info: ShardInfo, read: ReadConfig, column: str, dim: int,
     def decode(start: int, batch: pa.RecordBatch) -> tuple[int, list, np.ndarray, np.ndarray, np.ndarray]:
         # NOTE: arrow and numpy only, no state: a retry after a read error decodes the batch again
         n = batch.num_rows
-        ids = (batch.column(1).to_pylist() if info.has_id_column
+        ids = (read_ids(batch.column(1)) if info.has_id_column  # an id that is not UTF-8 as bytes: rejected
                else [f"{info.path}:{r}" for r in range(start, start + n)])
         values = batch.column(0)
         lengths = pc.list_value_length(values).to_numpy(zero_copy_only=False)
@@ -161,7 +162,8 @@ def read_vectors(info: ShardInfo, read: ReadConfig, column: str, dim: int,
         keep = []
         for i in range(len(ids)):
             row = start + i
-            reason = ("null_id" if ids[i] is None else "null_vector" if null[i] else "wrong_dim" if not ok_len[i]
+            reason = ("null_id" if ids[i] is None else "invalid_utf8_id" if isinstance(ids[i], bytes)
+                      else "null_vector" if null[i] else "wrong_dim" if not ok_len[i]
                       else "non_finite_vector" if not finite[i] else "duplicate_id" if ids[i] in seen else None)
             if reason is not None:
                 out.rejects.append((row, reason))
