@@ -34,7 +34,7 @@ from petal.pipeline.reliability.faults import fault
 from petal.pipeline.reliability.safe_files import check_output_dir
 from petal.pipeline.reliability.signals import StopSignals
 from petal.pipeline.store.changes import live_manifest, shard_changes
-from petal.pipeline.store.columns import ColumnsNeed, ensure_columns
+from petal.pipeline.store.columns import ColumnsNeed, check_stored_text, ensure_columns
 from petal.pipeline.store.embeddings import EmbeddingStore, StoreEntry, settings_fingerprint, sha256_file
 from petal.pipeline.store.outputs import OutputTransform
 from petal.pipeline.store.tombstones import read_delete_ids, settle_tombstones
@@ -79,6 +79,8 @@ def _run(job: IndexJob, column: str, report: RunReport, stop: StopSignals, start
     # the schemas preflight read (no second read of a source)
     text = job.read.text_column if all(s.schema is not None and job.read.text_column in s.schema.names
                                        for s in shards) else None
+    if text is not None:
+        check_stored_text(shards, text)
     check_keep_columns(shards, job.keep_columns, (column, job.read.id_column))
     need = ColumnsNeed(text, job.keep_columns)
     delete_ids = read_delete_ids(job.delete, job.read.id_column, job.read, reads) if job.delete is not None else None

@@ -31,7 +31,7 @@ from petal.pipeline.config import ReadConfig
 from petal.pipeline.ingest.parquet import ReadStats, ShardInfo, plain_type, read_retrying, stream_batches
 from petal.pipeline.ingest.remote import RemotePath
 from petal.pipeline.reliability.durable import fsync_dir
-from petal.pipeline.reliability.errors import BadInputError, ConfigError, writing
+from petal.pipeline.reliability.errors import BadInputError, ConfigError, quote_path, writing
 from petal.pipeline.reliability.faults import fault
 from petal.pipeline.reliability.safe_files import UnsafeFileError, check_regular
 from petal.pipeline.store.embeddings import EmbeddingStore, StoreEntry
@@ -188,8 +188,8 @@ def _write_columns(info: ShardInfo, entry: StoreEntry, need: ColumnsNeed, path: 
             return None
         take = pa.array(rows[lo:hi] - start)
         values = [batch.column(i).take(take) for i in range(len(source_columns))]
-        if text:  # binary holding UTF-8 (rows that were not are rejects) is stored as a string
-            values[0] = values[0].cast(pa.string())
+        if text:
+            values[0] = stored_text(values[0])
         return pa.table([pa.array(rows[lo:hi], pa.int64()), *values], schema=schema)
 
     tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
@@ -217,6 +217,36 @@ def _write_columns(info: ShardInfo, entry: StoreEntry, need: ColumnsNeed, path: 
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
         raise
+
+
+def stored_text(values: pa.Array) -> pa.Array:
+    """A text column's values as the ``string`` they are stored as: a text run's are text (its rows that were not
+    UTF-8 are rejects, never stored); a ``--vectors-column`` run's are stored as the shard holds them, its bytes that
+    are not UTF-8 kept as they are, as a string column's (read back with U+FFFD: ``lenient_pylist``), numbers and
+    dates as Arrow's text of them.
+
+    NOTE: Arrow's cast of binary to string checks UTF-8: one bad value failed the run as 'corrupt data' (65)."""
+    if pa.types.is_fixed_size_binary(values.type) or str(values.type) == "binary_view":
+        values = values.cast(pa.binary())
+    unchecked = {pa.binary(): pa.string(), pa.large_binary(): pa.large_string()}.get(values.type)
+    return (values.view(unchecked) if unchecked is not None else values).cast(pa.string())
+
+
+def check_stored_text(shards: list[ShardInfo], column: str) -> None:
+    """The text column a ``--vectors-column`` run stores beside the vectors can be stored as text in every shard
+    (``stored_text``): a nested one (list, struct, map) is 65 naming the shard, column and type, before any work.
+
+    NOTE: its rows were read only after the vectors were stored, where Arrow's 'Unsupported cast' read as 'corrupt
+    data' (65) naming a row of a sound file."""
+    for info in shards:
+        assert info.schema is not None, "preflight records every named shard's schema"
+        type_ = plain_type(info.schema.field(column).type)
+        try:
+            stored_text(pa.array([], type_))
+        except (pa.ArrowNotImplementedError, pa.ArrowInvalid) as exc:
+            raise BadInputError(f"{quote_path(info.path)}: text column {column!r} has type {type_}, which cannot be "
+                                "stored as text beside the vectors; give --text-column another column (one no shard "
+                                "has: no text is stored)") from exc
 
 
 def entry_columns(entry: StoreEntry, positions: np.ndarray, names: list[str]) -> Iterator[pa.Table]:
