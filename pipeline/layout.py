@@ -173,7 +173,11 @@ class OutputDir:
         except OSError as exc:
             if is_denied(exc):
                 raise denied(self.current_file) from exc
-            raise ConfigError(f"cannot read {quote_path(self.current_file)}: {exc.strerror or exc}") from exc
+            from petal.pipeline.index.read_errors import host_os_error
+
+            # NOTE: EIO, EMFILE, ENOMEM... are the host's (74): 78 said the output directory was damaged
+            raise host_os_error(self.current_file, exc) or ConfigError(
+                f"cannot read {quote_path(self.current_file)}: {exc.strerror or exc}") from exc
         name = raw.decode("utf-8", "replace").strip()
         if not VERSION_RE.match(name):
             raise ConfigError(f"{quote_path(self.current_file)} holds {quote_text(name, 24)}, which is not a petal "
@@ -610,6 +614,13 @@ def manifest_data(manifest_file: Path, root: Path) -> dict[str, Any]:
     except (OSError, ValueError) as exc:  # NOTE: JSONDecodeError and UnicodeDecodeError are ValueErrors
         if is_denied(exc):
             raise denied(manifest_file if os.access(manifest_file.parent, os.X_OK) else manifest_file.parent) from exc
+        if isinstance(exc, OSError):
+            from petal.pipeline.index.read_errors import host_os_error
+
+            # NOTE: EIO, EMFILE, ENOMEM... are the host's (74), not a damaged version to roll back from (78)
+            failed = host_os_error(manifest_file, exc)
+            if failed is not None:
+                raise failed from exc
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
         raise ConfigError(f"cannot read the manifest {quote_path(manifest_file)} ({reason})") from exc
     if data is None:

@@ -7,6 +7,9 @@ forked from the preloaded forkserver, over a small index petal builds. The maps 
 sparse hole (a few GiB, no disk) where its reader never looks (before a Parquet footer, after a FAISS index), the
 records signed again over it: a valid file larger than the address space left.
 
+Reading ``CURRENT`` or ``manifest.json`` failed by the host (EMFILE, EIO) was 78, a damaged output directory ("point
+CURRENT at a complete version"): now 74 too; and a manifest read no longer allocates its 64 MiB limit up front.
+
 And a manifest signed again with a huge ``integrity.head_tail_bytes`` is refused (78 naming the key): it sized each
 open's reads (whole multi-GB files hashed, read into memory in one piece); the checksums read in bounded chunks.
 """
@@ -127,14 +130,7 @@ def _read_ondisk_without_descriptors(path: str) -> None:
     import petal.pipeline.layout  # noqa: F401
     from petal.pipeline.index.files import read_index
 
-    taken = []
-    resource.setrlimit(resource.RLIMIT_NOFILE, (max(int(fd) for fd in os.listdir("/proc/self/fd")) + 8,
-                                                resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
-    try:
-        while True:
-            taken.append(os.open(os.devnull, os.O_RDONLY))
-    except OSError:
-        pass
+    _take_descriptors()
     try:
         read_index(Path(path), "ondisk")
     except Exception as exc:
@@ -191,3 +187,52 @@ def test_head_tail_checksum_reads_in_bounded_chunks() -> None:
         expected = hashlib.sha256(len(data).to_bytes(8, "little"))
         expected.update(data if len(data) <= 2 * span else data[:span] + data[-span:])
         assert got == expected.hexdigest() and fh.largest <= READ_CHUNK
+
+
+def _take_descriptors() -> list[int]:
+    """Every file descriptor this process may still open (``RLIMIT_NOFILE`` lowered to just above those open)."""
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(int(fd) for fd in os.listdir("/proc/self/fd")) + 8,
+                                                resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    taken = []
+    try:
+        while True:
+            taken.append(os.open(os.devnull, os.O_RDONLY))
+    except OSError:
+        return taken
+
+
+def _open_without_descriptors(path: str) -> None:
+    import petal
+    import petal.pipeline.index.read_errors
+    import petal.pipeline.jobs.searcher
+
+    _take_descriptors()
+    try:
+        petal.open_index(path)
+    except Exception as exc:
+        _exit_with(exc)
+
+
+@pytest.mark.parametrize("target", ["out", "version"])
+def test_pointer_or_manifest_the_host_cannot_read_is_74(built: Path, target: str) -> None:
+    """EMFILE reading ``CURRENT`` (an output directory) or ``manifest.json`` (a version directory): was 78, 'cannot
+    read ...' (a version directory: 'the version is damaged: rebuild it')."""
+    version = built / "versions" / (built / "CURRENT").read_text().strip()
+    rc, stderr = forkrun.call(_open_without_descriptors, (str(built if target == "out" else version),))
+    _assert_host_failure(rc, stderr, "CURRENT: Too many open files" if target == "out"
+                         else "manifest.json: Too many open files")
+
+
+def _open_with_little_address_space(out: str) -> None:
+    import petal
+
+    _limit(32 << 20)
+    with petal.open_index(out):
+        pass
+
+
+def test_opening_reads_the_manifest_without_a_buffer_of_its_limit(built: Path) -> None:
+    """The manifest was read with ``read(64 MiB)``, a 64 MiB allocation for a file of a few KiB: an open with 32 MiB
+    of address space to spare was a MemoryError traceback (exit 1)."""
+    rc, stderr = forkrun.call(_open_with_little_address_space, (str(built),))
+    assert rc == 0, stderr[-2000:]

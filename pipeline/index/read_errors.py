@@ -33,6 +33,15 @@ HOST_STRERRORS = tuple(os.strerror(code) for code in _HOST_ERRNOS)
 FAISS_SYSTEM_CALLS = ("could not open", "could not mmap", "read error in")
 
 
+def host_os_error(path: Path, exc: OSError) -> PetalIOError | None:
+    """74 naming ``path`` when ``exc`` is one of the host's errors (EIO, EMFILE, ENOMEM...), else ``None``: for a read
+    whose other errors say what the file is (missing, not a regular file: 78 for a pointer or a manifest)."""
+    if exc.errno not in _HOST_ERRNOS:
+        return None
+    return PetalIOError(f"cannot read {quote_path(path)}: {exc.strerror or os.strerror(exc.errno)}; the host failed, "
+                        "not the file: free memory or file descriptors, or fix the disk, then retry")
+
+
 def host_failure(exc: BaseException) -> str | None:
     """What failed on the host when ``exc`` is no sign of damage to the file read (out of memory, the system's
     error), else ``None``."""

@@ -91,7 +91,10 @@ def read_raw_manifest(version_dir: Path) -> dict[str, Any]:
     except UnsafeFileError:
         raise
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:  # NOTE: '[[[[...' too deep
-        raise ConfigError(f"cannot read {quote_path(path)}: {one_line(str(exc))}") from exc
+        from petal.pipeline.index.read_errors import host_os_error
+
+        failed = host_os_error(path, exc) if isinstance(exc, OSError) else None  # NOTE: EIO, EMFILE...: 74, not 78
+        raise failed or ConfigError(f"cannot read {quote_path(path)}: {one_line(str(exc))}") from exc
     if not isinstance(data, dict):
         raise ConfigError(f"{quote_path(path)}: the manifest is {type(data).__name__}, expected an object")
     return data

@@ -27,6 +27,8 @@ from petal.pipeline.reliability.errors import ConfigError, NoInputError, OutputE
 KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
          stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a directory", stat.S_IFLNK: "a symlink"}
 
+READ_CHUNK = 1 << 20  # read_regular: bytes read at a time
+
 
 class UnsafeFileError(ConfigError):
     """A file inside OUT that petal will not open: outside its root, or not a regular file (exit 78)."""
@@ -77,11 +79,21 @@ def open_regular(path: Path, root: Path, flags: int = os.O_RDONLY) -> int:
 
 
 def read_regular(path: Path, root: Path, max_bytes: int | None = None) -> bytes:
-    """The bytes of ``path`` (at most ``max_bytes``), refused like ``check_regular``."""
+    """The bytes of ``path`` (at most ``max_bytes``), refused like ``check_regular``.
+
+    NOTE: read a chunk at a time, never ``read(max_bytes)``: that allocates ``max_bytes`` up front, 64 MiB for every
+    manifest of a few KiB (an open under a memory limit failed there, a MemoryError traceback)."""
     fd = open_regular(path, root)
     try:
         with os.fdopen(fd, "rb", closefd=False) as fh:
-            return fh.read() if max_bytes is None else fh.read(max_bytes)
+            if max_bytes is None:
+                return fh.read()
+            chunks: list[bytes] = []
+            left = max_bytes
+            while left > 0 and (chunk := fh.read(min(left, READ_CHUNK))):
+                chunks.append(chunk)
+                left -= len(chunk)
+            return b"".join(chunks)
     finally:
         os.close(fd)
 
