@@ -262,7 +262,7 @@ def _rendered(index: Index, labels: list[str], results: list[list[Hit]], as_json
                         row["text_missing"] = f"shard {why}"
                 rows.append(row)
             _warn_missing(index)
-            lines.append(json.dumps({"query": text, "hits": rows}, ensure_ascii=False, default=str))
+            lines.append(_json_line({"query": text, "hits": rows}))
             continue
         _warn_missing(index)
         lines.append(f"query: {one_line(text)}")
@@ -281,6 +281,19 @@ def _rendered(index: Index, labels: list[str], results: list[list[Hit]], as_json
                 "the index is empty" if index.reader.ntotal == 0 else "none found"
             lines.append(f"   (no hits: {why})")
     return lines
+
+
+def _json_line(answer: dict[str, Any]) -> str:
+    """One query's ``--json`` line: a ``--keep-columns`` float that is NaN or infinite as ``null``, as ``petal serve``
+    answers it; other values JSON has no type for (dates, decimals) as ``str()``.
+
+    NOTE: ``json.dumps`` writes NaN and Infinity, which no strict JSON reader takes (jq, JSON.parse, orjson)."""
+    try:
+        return json.dumps(answer, ensure_ascii=False, default=str, allow_nan=False)
+    except ValueError:
+        from petal.pipeline.serve.encoding import _finite
+
+        return json.dumps(_finite(answer), ensure_ascii=False, default=str)
 
 
 def _followed(index: Index, where: str | None) -> Index:
