@@ -236,3 +236,34 @@ def test_opening_reads_the_manifest_without_a_buffer_of_its_limit(built: Path) -
     of address space to spare was a MemoryError traceback (exit 1)."""
     rc, stderr = forkrun.call(_open_with_little_address_space, (str(built),))
     assert rc == 0, stderr[-2000:]
+
+
+def _search_hnsw_with_a_gigabyte(out: str) -> None:
+    """Open ``out`` and search it with 1 GiB of address space to spare; the hits' ids on stderr."""
+    import petal
+
+    try:
+        _limit(1 << 30)
+        with petal.open_index(out) as index:
+            hits = index.reader.search(np.load(Path(out).parent / "q.npy"), k=5)
+        print(" ".join(str(h.id) for h in hits[0]), file=sys.stderr)
+    except Exception as exc:
+        _exit_with(exc)
+
+
+def test_a_huge_efsearch_does_not_size_every_search(tmp_path: Path) -> None:
+    """A manifest signed again with ``index.search_params.efSearch`` 2^31-1 (opening takes 1 to 2^31-1): FAISS sized
+    each search's heaps by it, 16 GiB and 34 s a query of a 300-vector index (under a 1 GiB limit: out of memory).
+    Bounded by the vectors the graph holds, which changes no result: the hits are those of efSearch 300."""
+    from tests._open_audit_shared import vectors_index
+
+    out = vectors_index(tmp_path, "--index-factory", "HNSW16", rows=300, dim=16, seed=9)
+    version = out / "versions" / (out / "CURRENT").read_text().strip()
+    answers = {}
+    for ef in (300, (1 << 31) - 1):
+        with signed_manifest(version) as manifest:
+            manifest["index"]["search_params"] = {"efSearch": ef}
+        rc, stderr = forkrun.call(_search_hnsw_with_a_gigabyte, (str(out),))
+        assert rc == 0, stderr[-2000:]
+        answers[ef] = stderr.strip().splitlines()[-1]
+    assert answers[300] == answers[(1 << 31) - 1], answers

@@ -41,6 +41,7 @@ STORAGES = ("memory", "ondisk")
 # NOTE: `where` expressions are a server's clients' to choose: a selector is a mask over every vector, so the
 # cache keeps the most recently used few, not one per expression ever seen
 MAX_SELECTORS = 32
+EF_FLOOR = 1 << 16  # bounded_params: an efSearch up to this is applied as the manifest says (heaps of ~1 MiB)
 _SELECTORS_LOCK = threading.Lock()
 
 
@@ -78,6 +79,23 @@ def ignored_overrides(manifest: Manifest, nprobe: int | None, rescore: int | Non
         notes.append(f"--rescore {rescore} is ignored: the index is {factory or 'not binary'}, only binary indexes "
                      "rescore")
     return notes
+
+
+def bounded_params(params: dict[str, int], ntotal: int, ivf: Any) -> dict[str, int]:
+    """``params`` with an HNSW's ``efSearch`` at most the vectors it holds (``ntotal``) and an IVF's HNSW quantizer's
+    ``quantizer_efSearch`` at most its lists (``ivf.nlist``), or ``EF_FLOOR`` where that is more (the values the
+    tuner writes, up to 4096, stay as the manifest says).
+
+    NOTE: FAISS sizes each search's candidate heaps by efSearch: a manifest signed again with efSearch 2^31-1 (which
+    opening takes: 1 to 2^31-1) made every query of a 300-vector index allocate 16 GiB for 34 s, and --nprobe N set
+    quantizer_efSearch to 2N. Past a graph's node count a larger efSearch finds nothing more (every node fits in the
+    heaps; FAISS searches at least k, and k and nprobe are at most ntotal and nlist), so the bound changes no result."""
+    bounded = dict(params)
+    if "efSearch" in bounded:
+        bounded["efSearch"] = min(bounded["efSearch"], max(EF_FLOOR, ntotal))
+    if "quantizer_efSearch" in bounded and ivf is not None:
+        bounded["quantizer_efSearch"] = min(bounded["quantizer_efSearch"], max(EF_FLOOR, int(ivf.nlist)))
+    return bounded
 
 
 def current_pointer(path: Path) -> str | None:
@@ -205,6 +223,7 @@ class IndexReader:
             params["nprobe"] = nprobe
             if "quantizer_efSearch" in params:
                 params["quantizer_efSearch"] = max(params["quantizer_efSearch"], 2 * nprobe)
+        params = bounded_params(params, int(self.index.ntotal), self._ivf)
         try:
             apply_params(self.index, params)
         except RuntimeError as exc:  # NOTE: not index.faiss's fault: the manifest names a parameter it has not
