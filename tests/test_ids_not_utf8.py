@@ -5,13 +5,14 @@ for ``string``, ``large_string`` and dictionary-encoded columns alike, and never
 across shards; ``petal embed --input X.parquet --id-column`` refuses the file (65 naming it, the column and the
 row: it echoes ids, and such an id is no text) and takes ids of the types ``petal index`` takes (integers,
 strings: a binary id was echoed as ``"b'\\\\xff'"``). Before: ``UnicodeDecodeError``, a traceback (exit 1), in
-every one of these.
+every one of these. And ``petal embed``'s ``--id-column`` may name the text column (an ``IndexError`` traceback).
 
 Real ``petal`` processes (the packaged MiniLM, real Parquet and FAISS).
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -92,3 +93,13 @@ def test_embed_refuses_ids_that_are_not_text(tmp_path):
     assert binary.returncode == 65, binary.stderr[-3000:]
     assert "binary.parquet: id column 'id' has type binary, expected an integer or string" in binary.stderr
     assert not (tmp_path / "e.jsonl").exists()
+
+
+def test_embed_id_column_may_name_the_text_column(tmp_path):
+    """The text is then each input's id, as a .jsonl's "text" key may be (it was an IndexError traceback, exit 1)."""
+    pq.write_table(pa.table({"text": ["first document", "second document"]}), tmp_path / "t.parquet")
+    done = petal("embed", "--input", tmp_path / "t.parquet", "--id-column", "text", "--output", tmp_path / "e.jsonl")
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [json.loads(line) for line in (tmp_path / "e.jsonl").read_text().splitlines()]
+    assert [(line["index"], line["id"], len(line["embedding"])) for line in lines] == [
+        (0, "first document", 384), (1, "second document", 384)]

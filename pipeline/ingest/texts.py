@@ -94,10 +94,11 @@ def _parquet_texts(path: Path, text_column: str, id_column: str | None, read: Re
     except (pa.ArrowException, ValueError) as exc:
         raise BadInputError(f"{quote_path(path)}: not a readable Parquet file ({exc})") from exc
     names = schema.names
-    columns = [text_column] + ([id_column] if id_column else [])
+    # NOTE: ``--id-column`` may name the text column (the text is the id, as a .jsonl's "text" key may be): read once
+    columns = [text_column] + ([id_column] if id_column and id_column != text_column else [])
     missing = [name for name in columns if name not in names]
     if missing:
-        flags = {text_column: "--text-column", id_column: "--id-column"}
+        flags = {id_column: "--id-column", text_column: "--text-column"}
         said = ", ".join(f"{name!r} ({flags[name]})" for name in missing)
         raise BadInputError(f"{quote_path(path)}: no column {said}; it has {', '.join(map(repr, names))}")
     column_type = plain_type(schema.field(text_column).type)  # a dictionary (categorical): its values
@@ -112,7 +113,7 @@ def _parquet_texts(path: Path, text_column: str, id_column: str | None, read: Re
                      id_type=str(id_type or ""), text_type=str(column_type), schema=schema)
 
     def decode(_row: int, batch: pa.RecordBatch) -> tuple[list[Any], list[Any]]:
-        return _texts(batch.column(0)), read_ids(batch.column(1)) if id_column else []
+        return _texts(batch.column(0)), read_ids(batch.column(len(columns) - 1)) if id_column else []
 
     texts: list[Any] = []
     ids: list[Any] = []
