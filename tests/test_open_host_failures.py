@@ -267,3 +267,43 @@ def test_a_huge_efsearch_does_not_size_every_search(tmp_path: Path) -> None:
         assert rc == 0, stderr[-2000:]
         answers[ef] = stderr.strip().splitlines()[-1]
     assert answers[300] == answers[(1 << 31) - 1], answers
+
+
+def _reopen_after_a_host_failure(out: str, old: str, new: str) -> None:
+    """An ``Index`` on version ``old``; CURRENT then names ``new`` (as a publish does); ``reopened()`` with 512 MiB of
+    address space to spare (``new``'s ids.parquet cannot be mapped), then again without the limit. Prints the first
+    call's exit code and the second call's version."""
+    import petal
+    from petal.pipeline.reliability.errors import PetalError
+
+    index = petal.open_index(out)
+    assert index.reader.dir.name == old, index.reader.dir
+    tmp = Path(out) / "CURRENT.tmp"
+    tmp.write_text(new + "\n")
+    os.replace(tmp, Path(out) / "CURRENT")
+    _limit(512 << 20)
+    try:
+        index.reopened()
+    except PetalError as exc:
+        code = exc.exit_code
+    else:
+        code = 0
+    resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    fresh = index.reopened()
+    print(code, "none" if fresh is None else fresh.reader.dir.name, file=sys.stderr)
+
+
+def test_reopened_tries_a_version_again_after_the_host_failed_it(built: Path, tmp_path: Path) -> None:
+    """``Index.reopened()`` marked a version it could not open as refused for good, whatever the reason: one the
+    host failed (a memory map refused: 74) was never tried again by a long-lived ``Index`` (``petal query
+    --stdin``). Now only a version found damaged is."""
+    out, version = copy_index(built, tmp_path)
+    done = forkrun.petal(["rebuild", str(out)])
+    assert done.rc == 0, done.stderr[-2000:]
+    new = (out / "CURRENT").read_text().strip()
+    assert new != version.name and version.is_dir()
+    _hole_before_footer(out / "versions" / new / "ids.parquet")  # a valid file larger than the address space left
+    resign(out / "versions" / new, sha256=False)
+    (out / "CURRENT").write_text(version.name + "\n")  # NOTE: the documented way back, so the child opens the old
+    rc, stderr = forkrun.call(_reopen_after_a_host_failure, (str(out), version.name, new))
+    assert rc == 0 and stderr.strip().splitlines()[-1] == f"74 {new}", stderr[-2000:]

@@ -148,7 +148,8 @@ class Index:
         (``None`` when it is the same, when ``path`` is a version directory or when that version was refused
         before): same settings, its model loaded when this one's is (kept when the new version was built with the
         same model and settings), ``where`` checked against its columns. A version that cannot be opened, or
-        searched so, raises as ``open_index``, ``query_model`` and ``check_where`` do, and is not tried again."""
+        searched so, raises as ``open_index``, ``query_model`` and ``check_where`` do, and is not tried again (one the
+        host failed, 74, 75 or out of memory, is)."""
         if where is not None:
             _where_text(where)  # NOTE: before the new version is tried: a wrong argument does not refuse it
         pointer = current_pointer(self._root)
@@ -161,8 +162,13 @@ class Index:
             if self._service is not None:
                 fresh._service = self._service.on(fresh.reader)
                 fresh.query_model()
-        except Exception:
-            self._refused = pointer
+        except Exception as exc:
+            from petal.pipeline.reliability.errors import PetalIOError, TemporaryFailure
+
+            # NOTE: a failure of the host (74: out of memory, no file descriptor left, EIO) says nothing of the
+            # version: it is tried again at the next call, not refused for the life of this Index
+            if not isinstance(exc, (PetalIOError, TemporaryFailure, MemoryError)):
+                self._refused = pointer
             raise
         return fresh
 
