@@ -17,15 +17,14 @@ from typing import Any
 from petal.pipeline.index.faiss_loader import load_faiss
 from petal.pipeline.index.files import INDEX_FILE, IVFDATA_FILE, faiss_stdout, write_index
 from petal.pipeline.index.gpu import to_cpu, to_gpu
+from petal.pipeline.index.plan import lists_hold_everything, takes_ids
 from petal.pipeline.index.source import StoreVectors
 
 
 def _add(index: Any, ids: Any, vectors: Any) -> None:
-    faiss = load_faiss()
-
-    if faiss.try_extract_index_ivf(index) is not None:
+    if takes_ids(index):  # IVF, IDMap/IDMap2 (bare or under pre-transforms): the FAISS ids go with the vectors
         index.add_with_ids(vectors, ids)
-    else:  # Flat, HNSW, PQ: ids are implicit, 0..ntotal-1 in insertion order
+    else:  # Flat, HNSW, PQ, a refine wrapper (which refuses ids): ids are implicit, 0..ntotal-1 in insertion order
         assert index.ntotal == ids[0], f"sequential ids expected: ntotal {index.ntotal}, next id {ids[0]}"
         index.add(vectors)
 
@@ -54,10 +53,9 @@ def parts(trained: Any, source: StoreVectors, part_rows: int, chunk_rows: int,
 
 def add_in_memory(index: Any, source: StoreVectors, part_rows: int, chunk_rows: int, use_gpu: bool) -> str:
     """Add every vector of ``source`` to ``index`` (in place). Returns where the adding ran."""
-    faiss = load_faiss()
-
-    ivf = faiss.try_extract_index_ivf(index)
-    if not use_gpu or ivf is None:
+    # NOTE: parts merged into ``index`` merge only inverted lists: an id map's ids or a refine wrapper's codes would
+    # be left behind, so those (and non-IVF indexes) are filled in place on the CPU
+    if not use_gpu or not lists_hold_everything(index):
         for ids, vectors in source.chunks(chunk_rows):
             _add(index, ids, vectors)
         return "cpu"

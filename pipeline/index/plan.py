@@ -99,7 +99,8 @@ def ivf_lists(num_vectors: int) -> int:
 
 
 def make_index(factory: str, dim: int, metric: str) -> Any:
-    """An empty FAISS index (binary for ``B`` factories); a string FAISS rejects is a ``ValueError`` naming it."""
+    """An empty FAISS index (binary for ``B`` factories); a string FAISS rejects is a ``FlagError`` naming it (one
+    FAISS builds only for L2 distance, under ``--metric ip``, says to give ``--metric l2``)."""
     faiss = load_faiss()
     metric_type = faiss.METRIC_INNER_PRODUCT if metric == "ip" else faiss.METRIC_L2
     try:
@@ -110,36 +111,104 @@ def make_index(factory: str, dim: int, metric: str) -> Any:
         message = str(exc).strip().splitlines()[-1] if str(exc).strip() else repr(exc)
         # FAISS prefixes its C++ function and source line ("Error in ... at .../index_factory.cpp:1228: ")
         message = re.sub(r"^Error in .*? at \S+:\d+: (Error: )?", "", message) or message
+        if metric == "ip" and not is_binary(factory) and _builds(faiss, dim, factory, faiss.METRIC_L2):
+            raise FlagError(f"--index-factory {factory!r} is an L2-only FAISS index ({message}): give --metric l2, "
+                            "or another factory for --metric ip") from exc
         raise FlagError(f"--index-factory {factory!r} is not a valid FAISS factory string for dim {dim}: "
                         f"{message}") from exc
 
 
+def _builds(faiss: Any, dim: int, factory: str, metric_type: int) -> bool:
+    try:
+        faiss.index_factory(dim, factory, metric_type)
+    except RuntimeError:
+        return False
+    return True
+
+
+# where FAISS keeps an index's inner indexes: id maps and pre-transforms (``index``), refine wrappers
+# (``base_index``, ``refine_index``), graph indexes (``storage``), IVF (``quantizer``)
+INNER_INDEXES = ("index", "base_index", "refine_index", "storage", "quantizer")
+
+
+def index_nodes(index: Any) -> list[Any]:
+    """Every float index inside ``index``, itself first, each downcast to its FAISS class (each C++ index once)."""
+    faiss = load_faiss()
+    found: list[Any] = []
+    seen: set[int] = set()
+    pending = [index]
+    while pending:
+        node = faiss.downcast_index(pending.pop(0))
+        if int(node.this) in seen:  # NOTE: another Python wrapper of the same C++ index: compare the pointers
+            continue
+        seen.add(int(node.this))
+        found.append(node)
+        pending.extend(inner for name in INNER_INDEXES if (inner := getattr(node, name, None)) is not None)
+    return found
+
+
+def _under_transforms(index: Any) -> Any:
+    """``index`` without the pre-transforms (PCA, OPQ, ITQ...) around it, downcast."""
+    faiss = load_faiss()
+    node = faiss.downcast_index(index)
+    while isinstance(node, faiss.IndexPreTransform):
+        node = faiss.downcast_index(node.index)
+    return node
+
+
+def takes_ids(index: Any) -> bool:
+    """True when vectors go into ``index`` with their FAISS ids (``add_with_ids``): an IVF or an id map (IDMap,
+    IDMap2), bare or under pre-transforms. The others (Flat, HNSW, PQ, a refine wrapper...) number their vectors in
+    the order they are added, and most refuse ids."""
+    faiss = load_faiss()
+    return isinstance(_under_transforms(index), (faiss.IndexIVF, faiss.IndexIDMap))
+
+
+def lists_hold_everything(index: Any) -> bool:
+    """True when the inverted lists of ``index`` hold all it stores per vector: an IVF bare or under pre-transforms.
+    Only such an index can be filled in parts whose lists are merged afterwards (on disk, from a GPU): an id map or a
+    refine wrapper (and IVFPQR's refinement codes) keep per-vector data beside the lists, which a merge of the lists
+    would leave empty."""
+    faiss = load_faiss()
+    node = _under_transforms(index)
+    return isinstance(node, faiss.IndexIVF) and not isinstance(node, faiss.IndexIVFPQR)
+
+
 def estimate_bytes(index: Any, num_vectors: int) -> tuple[int, int]:
-    """``(bytes per vector, fixed bytes)`` of ``index`` once it holds ``num_vectors`` vectors."""
+    """``(bytes per vector, fixed bytes)`` of ``index`` once it holds ``num_vectors`` vectors (through its wrappers:
+    an id map adds its ids, a refine wrapper its refinement codes, a pre-transform its matrices)."""
     faiss = load_faiss()
     if isinstance(index, faiss.IndexBinary):
         if isinstance(index, faiss.IndexBinaryIVF):
             return int(index.code_size) + ID_BYTES, index.nlist * index.code_size
         return int(index.code_size), 0
-    fixed = 0
-    while isinstance(index, faiss.IndexPreTransform):
+    index = faiss.downcast_index(index)
+    if isinstance(index, faiss.IndexPreTransform):
+        fixed = 0
         for i in range(index.chain.size()):  # e.g. the OPQ rotation: d_in x d_out floats
             transform = index.chain.at(i)
             fixed += transform.d_in * transform.d_out * 4
-        index = faiss.downcast_index(index.index)
+        per_vector, inner_fixed = estimate_bytes(index.index, num_vectors)
+        return per_vector, fixed + inner_fixed
+    if isinstance(index, faiss.IndexIDMap):  # its ids (IDMap2: and the reverse map, a hash table entry each)
+        per_vector, fixed = estimate_bytes(index.index, num_vectors)
+        return per_vector + ID_BYTES * (4 if isinstance(index, faiss.IndexIDMap2) else 1), fixed
+    if isinstance(index, faiss.IndexRefine):  # the base index's codes and the refinement codes
+        base, base_fixed = estimate_bytes(index.base_index, num_vectors)
+        refine, refine_fixed = estimate_bytes(index.refine_index, num_vectors)
+        return base + refine, base_fixed + refine_fixed
     ivf = faiss.try_extract_index_ivf(index)
     if ivf is not None:
         quantizer = faiss.downcast_index(ivf.quantizer)
         per_centroid = ivf.d * 4 + (2 * 4 * quantizer.hnsw.nb_neighbors(1) if hasattr(quantizer, "hnsw") else 0)
-        return int(ivf.code_size) + ID_BYTES, fixed + ivf.nlist * per_centroid
-    index = faiss.downcast_index(index)
+        return int(ivf.code_size) + ID_BYTES, ivf.nlist * per_centroid
     if hasattr(index, "hnsw"):
         storage = faiss.downcast_index(index.storage)
         code = int(getattr(storage, "code_size", index.d * 4))
-        return code + 2 * 4 * index.hnsw.nb_neighbors(1), fixed
+        return code + 2 * 4 * index.hnsw.nb_neighbors(1), 0
     if hasattr(index, "code_size"):
-        return int(index.code_size), fixed
-    return index.d * 4, fixed
+        return int(index.code_size), 0
+    return index.d * 4, 0
 
 
 def _nlist(index: Any) -> int:
@@ -176,12 +245,13 @@ def plan_index(num_vectors: int, dim: int, settings: IndexSettings, kind: str = 
         plan = _plan(settings.factory, "memory", num_vectors, dim, settings.metric, "asked for")
         if plan.estimated_bytes <= budget:
             return plan
-        if plan.nlist and "IVFPQR" not in type(make_index(settings.factory, dim, settings.metric)).__name__:
+        if plan.nlist and lists_hold_everything(make_index(settings.factory, dim, settings.metric)):
             return _plan(settings.factory, "ondisk", num_vectors, dim, settings.metric,
                          f"asked for; {_size(plan.estimated_bytes)} > --index-memory {_size(budget)}: "
                          "inverted lists on disk")
-        return IndexPlan(**{**plan.as_dict(), "reason": f"asked for; {_size(plan.estimated_bytes)} > --index-memory "
-                                                        f"{_size(budget)}, but only IVF indexes can live on disk"})
+        why = (f"asked for; {_size(plan.estimated_bytes)} > --index-memory {_size(budget)}, but only IVF indexes "
+               "(bare or under pre-transforms: no id map, no refine wrapper) can live on disk")
+        return IndexPlan(**{**plan.as_dict(), "reason": why})
     codes = KINDS[kind]
     flat = _plan(codes.exact, "memory", num_vectors, dim, settings.metric, "")
     if num_vectors <= settings.flat_max_vectors and flat.estimated_bytes <= budget:
@@ -215,8 +285,10 @@ IVF_RE = re.compile(r"IVF(\d+)")
 
 
 def vectors_to_train(index: Any, factory: str) -> tuple[int, str]:
-    """``(vectors, why)``: the fewest vectors FAISS can train ``index`` on (1 and "" for none): one per
-    IVF list, ``2**nbits`` per product quantizer (k-means needs at least as many points as centroids)."""
+    """``(vectors, why)``: the fewest vectors FAISS can train ``index`` on (1 and "" for none), at any depth of it
+    (under id maps, pre-transforms, refine wrappers, graph indexes): one per IVF list, ``2**nbits`` per product or
+    residual quantizer and per OPQ rotation's (k-means needs at least as many points as centroids), ``d_out`` per
+    PCA; an NSG graph is built over more than 100 vectors."""
     faiss = load_faiss()
     needs = [(1, "")]
     if isinstance(index, faiss.IndexBinary):
@@ -225,12 +297,61 @@ def vectors_to_train(index: Any, factory: str) -> tuple[int, str]:
     ivf = faiss.try_extract_index_ivf(index)
     if ivf is not None:
         needs.append((int(ivf.nlist), f"{ivf.nlist} IVF lists"))
-    for candidate in (index, ivf):
-        pq = getattr(faiss.downcast_index(candidate), "pq", None) if candidate is not None else None
-        if pq is not None:
-            needs.append((int(pq.ksub), f"{pq.ksub} centroids per PQ sub-quantizer ({pq.nbits} bits)"))
-            break
+    nodes = index_nodes(index)
+    if ivf is None and any(isinstance(node, faiss.IndexNSG) for node in nodes):
+        needs.append((NSG_MIN_NODES, f"NSG graphs of at least {NSG_MIN_NODES} nodes"))
+    for node in nodes:
+        for name in ("pq", "refine_pq"):
+            if (pq := getattr(node, name, None)) is not None:
+                needs.append((int(pq.ksub), f"{pq.ksub} centroids per PQ sub-quantizer ({pq.nbits} bits)"))
+        for name in ("rq", "prq"):
+            if (aq := getattr(node, name, None)) is not None and aq.nbits.size():
+                bits = int(max(faiss.vector_to_array(aq.nbits)))
+                needs.append((1 << bits, f"{1 << bits} centroids per residual quantizer step ({bits} bits)"))
+        if isinstance(node, faiss.IndexPreTransform):
+            for i in range(node.chain.size()):
+                transform = faiss.downcast_VectorTransform(node.chain.at(i))
+                if isinstance(transform, faiss.OPQMatrix):
+                    needs.append((256, "256 centroids per sub-quantizer of the OPQ rotation's training"))
+                elif isinstance(transform, faiss.PCAMatrix):
+                    needs.append((int(transform.d_out), f"a PCA to {transform.d_out} dimensions"))
     return max(needs)
+
+
+NSG_MIN_NODES = 101  # NOTE: FAISS's NNDescent builds no graph of 100 nodes or fewer ('n > NUM_EVAL_POINTS')
+
+
+def unusable(index: Any, metric: str) -> str | None:
+    """Why petal cannot build, publish or search ``index`` (a fresh one from ``make_index``), or ``None``. Judged
+    before any work: FAISS itself would only fail once the vectors are embedded and trained (78), or publish an index
+    its own manifest contradicts."""
+    faiss = load_faiss()
+    if isinstance(index, faiss.IndexBinary):
+        return None
+    for node in index_nodes(index):
+        if isinstance(node, faiss.IndexRowwiseMinMaxBase):
+            return ("MinMax/MinMaxFP16 indexes only encode and decode (FAISS implements no add or search for them); "
+                    "pick another factory")
+        if isinstance(node, faiss.IndexLattice):
+            return ("ZnLattice indexes are not supported (FAISS writes no standard header for them); pick another "
+                    "factory")
+        if isinstance(node, faiss.IndexPreTransform):
+            for i in range(node.chain.size()):
+                transform = faiss.downcast_VectorTransform(node.chain.at(i))
+                if isinstance(transform, faiss.PCAMatrix) and transform.d_out > transform.d_in:
+                    return (f"a PCA cannot output more dimensions ({transform.d_out}) than it is given "
+                            f"({transform.d_in}); ask for at most {transform.d_in}")
+    wanted = faiss.METRIC_INNER_PRODUCT if metric == "ip" else faiss.METRIC_L2
+    if index.metric_type != wanted:  # NOTE: HNSW/NSG over PQ, IVF spectral hash, HNSW 2-level: FAISS makes them L2
+        return (f"FAISS builds this index for L2 distance whatever the metric asked (--metric {metric}): give "
+                "--metric l2, or another factory")
+    ivf = faiss.try_extract_index_ivf(index)
+    if ivf is not None and isinstance(faiss.downcast_index(ivf.quantizer), faiss.IndexNSG) \
+            and ivf.nlist < NSG_MIN_NODES:
+        return (f"an NSG coarse quantizer is a graph over the {ivf.nlist} list centroids, and FAISS builds no NSG "
+                f"graph of fewer than {NSG_MIN_NODES} nodes: ask for at least {NSG_MIN_NODES} lists, or another "
+                "quantizer (IVFn_HNSW32, or a flat one)")
+    return None
 
 
 def check_index_factory(settings: IndexSettings, kind: str = "float32", dim: int | None = None,
@@ -252,12 +373,20 @@ def check_index_factory(settings: IndexSettings, kind: str = "float32", dim: int
     if zero is not None:  # NOTE: FAISS builds them, then fails, hangs (NSG0) or asserts only when trained or searched
         raise FlagError(f"--index-factory {factory!r}: {zero.group(0)} asks for zero (lists, neighbours, codes or "
                         "bits); give a positive number")
-    for match in PQ_RE.finditer(factory):
-        m = int(match.group(1))
-        if m < 1 or dim % m:
-            raise FlagError(f"--index-factory {factory!r}: PQ{m} splits vectors into {m} sub-quantizers, "
-                            f"which must divide the dimension {dim}")
-    index = make_index(factory, dim, settings.metric)
+    try:
+        index = make_index(factory, dim, settings.metric)
+    except FlagError:
+        # NOTE: said in petal's words only where FAISS failed: after a PCA or OPQ rotation (PCA384,PQ96 of 1024
+        # dims) the PQ splits the transform's output, not the input dimension
+        for match in PQ_RE.finditer(factory):
+            m = int(match.group(1))
+            if m < 1 or dim % m:
+                raise FlagError(f"--index-factory {factory!r}: PQ{m} splits vectors into {m} sub-quantizers, "
+                                f"which must divide the dimension {dim}") from None
+        raise
+    problem = unusable(index, settings.metric)
+    if problem is not None:
+        raise FlagError(f"--index-factory {factory!r}: {problem}")
     if num_vectors is None:
         return
     needed, why = vectors_to_train(index, factory)

@@ -79,25 +79,49 @@ def _geometric(low: int, high: int) -> list[int]:
     return sorted(values | {high})
 
 
+REFINE_K_FACTORS = (1, 2, 4, 8, 16, 32, 64)  # a refine wrapper re-ranks k_factor x k candidates of its base index
+
+
 def search_grid(index: Any) -> list[dict[str, int]]:
-    """The settings to try for ``index``, cheapest first ([{}] when it has none)."""
+    """The settings to try for ``index``, cheapest first ([{}] when it has none), found through its wrappers (id
+    maps, pre-transforms, refine): an IVF's ``nprobe`` (and its HNSW quantizer's ``quantizer_efSearch``), an HNSW's
+    ``efSearch``; a refine wrapper's ``k_factor_rf`` (FAISS's default 1 re-ranks only the k hits it returns, so the
+    refinement never finds what the base index missed) in blocks, each over the base settings."""
     faiss = load_faiss()
 
     if isinstance(index, BinaryIndex):  # Hamming candidates + float rescoring: only nprobe to choose
         return [{"nprobe": n} for n in _geometric(1, index.nlist)] if index.nlist else [{}]
+    base: list[dict[str, int]] = [{}]
     ivf = faiss.try_extract_index_ivf(index)
+    searched = searched_nodes(index)
     if ivf is not None:
         hnsw_quantizer = hasattr(faiss.downcast_index(ivf.quantizer), "hnsw")
-        grid = []
+        base = []
         for nprobe in _geometric(1, int(ivf.nlist)):
             params = {"nprobe": nprobe}
             if hnsw_quantizer:
                 params["quantizer_efSearch"] = max(16, 2 * nprobe)
-            grid.append(params)
-        return grid
-    if hasattr(faiss.downcast_index(index), "hnsw"):
-        return [{"efSearch": ef} for ef in _geometric(16, 4096)]
-    return [{}]
+            base.append(params)
+    elif any(isinstance(node, faiss.IndexHNSW) for node in searched):
+        base = [{"efSearch": ef} for ef in _geometric(16, 4096)]
+    if not any(isinstance(node, faiss.IndexRefine) for node in searched):
+        return base
+    return [{**params, "k_factor_rf": k_factor} for k_factor in REFINE_K_FACTORS for params in base]
+
+
+def searched_nodes(index: Any) -> list[Any]:
+    """``index`` and the indexes its search goes through to find candidates, downcast: through id maps and
+    pre-transforms (``index``) and refine wrappers (``base_index``), not a refine wrapper's own codes nor an IVF's
+    quantizer."""
+    faiss = load_faiss()
+    nodes = [faiss.downcast_index(index)]
+    for _ in range(16):  # wrappers nest a few deep at most
+        inner = getattr(nodes[-1], "index", None)
+        inner = getattr(nodes[-1], "base_index", None) if inner is None else inner
+        if inner is None:
+            break
+        nodes.append(faiss.downcast_index(inner))
+    return nodes
 
 
 def is_exact(index: Any) -> bool:
@@ -122,7 +146,20 @@ def exact_tuning(index: Any, queries: np.ndarray, target: float, k: int = TUNE_K
                   ms_per_query=p50, single_query_ms_p50=p50, queries=len(single), curve=[])
 
 
-def _plateau(curve: list[dict[str, Any]], steps: int = 4, gain: float = 0.002) -> bool:
+PLATEAU_GAIN = 0.002
+
+
+def _blocks(grid: list[dict[str, int]]) -> list[list[dict[str, int]]]:
+    """``grid`` in runs of the same refine ``k_factor_rf`` (one run when there is none)."""
+    blocks: list[list[dict[str, int]]] = []
+    for params in grid:
+        if not blocks or blocks[-1][-1].get("k_factor_rf") != params.get("k_factor_rf"):
+            blocks.append([])
+        blocks[-1].append(params)
+    return blocks
+
+
+def _plateau(curve: list[dict[str, Any]], steps: int = 4, gain: float = PLATEAU_GAIN) -> bool:
     """True when the last ``steps`` settings raised recall by less than ``gain`` in all: the codes,
     not the search breadth, limit recall (PQ), and wider searches only cost time."""
     return len(curve) > steps and curve[-1]["recall_at_10"] - curve[-1 - steps]["recall_at_10"] < gain
@@ -210,23 +247,32 @@ def tune(index: Any, queries: np.ndarray, query_ids: np.ndarray, truth: np.ndarr
     (``predicted_recalls``: no search per setting); the measured sweep goes on from there until the
     measured recall holds, so ties the prediction cannot see only cost more settings, never the target.
     """
-    curve: list[dict[str, Any]] = []
     best: tuple[float, dict[str, int], np.ndarray, float] | None = None
     grid = search_grid(index)
     start, curve = _first_setting(index, grid, queries, query_ids, truth, target, k)
-    for params in grid[start:]:
-        apply_params(index, params)
-        started = time.perf_counter()
-        _, found = index.search(queries, k + 1)
-        ms_per_query = 1000 * (time.perf_counter() - started) / len(queries)
-        recalls = recall_per_query(found, truth, query_ids, k)
-        low = _low(recalls)
-        curve.append({"params": params, "recall_at_10": round(float(recalls.mean()), 4),
-                      "ms_per_query": round(ms_per_query, 4)})
-        if best is None or low > best[0]:
-            best = (low, params, recalls, ms_per_query)
-        if low >= target or _plateau(curve):
+    previous = -np.inf
+    for block in _blocks(grid[start:]):
+        block_start = len(curve) if previous > -np.inf else 0  # NOTE: the first block's plateau counts predictions
+        block_best, reached = -np.inf, False
+        for params in block:
+            apply_params(index, params)
+            started = time.perf_counter()
+            _, found = index.search(queries, k + 1)
+            ms_per_query = 1000 * (time.perf_counter() - started) / len(queries)
+            recalls = recall_per_query(found, truth, query_ids, k)
+            low = _low(recalls)
+            curve.append({"params": params, "recall_at_10": round(float(recalls.mean()), 4),
+                          "ms_per_query": round(ms_per_query, 4)})
+            block_best = max(block_best, low)
+            if best is None or low > best[0]:
+                best = (low, params, recalls, ms_per_query)
+            reached = low >= target
+            if reached or _plateau(curve[block_start:]):
+                break
+        # a refine wrapper's next k_factor_rf block only while the last one still raised recall
+        if reached or block_best < previous + PLATEAU_GAIN:
             break
+        previous = block_best
     assert best is not None
     low, params, recalls, ms_per_query = best
     apply_params(index, params)

@@ -34,6 +34,7 @@ from petal.pipeline.index.plan import (
     check_index_factory,
     faiss_failure,
     index_kind,
+    index_nodes,
     make_index,
     plan_index,
 )
@@ -152,28 +153,16 @@ def _train(index: Any, sample: np.ndarray, plan: IndexPlan, seed: int, ngpu: int
 
 
 def no_polysemous_training(index: Any) -> None:
-    """Switch off the polysemous training of every PQ in ``index``: the top level or under an IVF, an id map, a
-    pre-transform (OPQ) or a refine wrapper.
+    """Switch off the polysemous training of every PQ in ``index``: the top level or at any depth (under an IVF, an
+    id map, a pre-transform (OPQ), a refine wrapper, or as an HNSW or NSG graph's storage: ``plan.index_nodes``).
 
     NOTE: on by default for IVF-PQ and a plain ``PQ8`` (``IndexPQ``): annealing per sub-quantizer that took 12 s
     for 2,000 vectors of 32 dims, minutes at scale, and only polysemous search (the ``ht`` parameter, never set
     here) uses it.
     """
-    faiss = load_faiss()
-    pending = [index]
-    for _ in range(16):  # wrappers nest a few deep at most
-        if not pending:
-            return
-        node = faiss.downcast_index(pending.pop())
+    for node in index_nodes(index):
         if getattr(node, "do_polysemous_training", False):
             node.do_polysemous_training = False
-        ivf = faiss.try_extract_index_ivf(node)
-        if ivf is not None and int(ivf.this) != int(node.this):  # NOTE: a new wrapper of the same C++ index: compare
-            pending.append(ivf)
-        for name in ("index", "base_index"):  # IndexIDMap / IndexPreTransform, IndexRefine
-            inner = getattr(node, name, None)
-            if inner is not None:
-                pending.append(inner)
 
 
 def output_codes(index: Any, plan: IndexPlan, output: OutputTransform | None) -> bool:
