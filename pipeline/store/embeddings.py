@@ -278,8 +278,12 @@ class EmbeddingStore:
             meta = _entry_json(read_regular(meta_file, self.root, ENTRY_MAX_BYTES))
             rows = int(meta["counts"]["rows"])
             dim = int(meta["dim"])
-            int(meta["counts"]["embedded"])
-            str(meta["source"]["sha256"]), str(meta["source"]["path"])
+            int(meta["counts"]["embedded"]), int(meta["counts"]["truncated"])
+            if not isinstance(meta["counts"]["skipped"], dict):  # NOTE: a run sums its counts (BadRowGate)
+                raise TypeError("counts.skipped is not an object of reasons and counts")
+            [int(count) for count in meta["counts"]["skipped"].values()]
+            str(meta["source"]["sha256"]), str(meta["source"]["path"]), str(meta["source"]["abs_path"])
+            int(meta["source"]["size"]), int(meta["source"]["mtime_ns"])
             check_npy(path / "embeddings.npy", self.root, (rows, dim))
             for name in ("rows.parquet", "rejects.parquet"):
                 check_regular(path / name, self.root)
