@@ -307,3 +307,24 @@ def test_reopened_tries_a_version_again_after_the_host_failed_it(built: Path, tm
     (out / "CURRENT").write_text(version.name + "\n")  # NOTE: the documented way back, so the child opens the old
     rc, stderr = forkrun.call(_reopen_after_a_host_failure, (str(out), version.name, new))
     assert rc == 0 and stderr.strip().splitlines()[-1] == f"74 {new}", stderr[-2000:]
+
+
+def test_a_requests_nprobe_does_not_size_the_quantizer_search(tmp_path: Path) -> None:
+    """``petal serve``'s per-request ``nprobe`` (up to 2^31-1) set an HNSW quantizer's efSearch to 2 x nprobe: a
+    request with nprobe 10^9 made FAISS size its heaps for 2 x 10^9 entries (16 GiB). Now bounded by the lists (or
+    65536), and the answer is the one of nprobe = every list."""
+    from petal.pipeline.index.faiss_loader import load_faiss
+    from petal.pipeline.index.search import EF_FLOOR, IndexReader
+    from petal.pipeline.serve.searching import search_params
+    from tests._open_audit_shared import vectors_index
+
+    out = vectors_index(tmp_path, "--index-factory", "IVF8_HNSW8,Flat", rows=300, dim=16, seed=4)
+    reader = IndexReader(out)
+    queries = np.load(tmp_path / "q.npy")
+    faiss = load_faiss()
+    quantizer = faiss.downcast_index(faiss.extract_index_ivf(reader.index).quantizer)
+    with search_params(reader, 8, None):
+        every_list = reader.search(queries, k=5)
+    with search_params(reader, 10**9, None):
+        assert quantizer.hnsw.efSearch <= EF_FLOOR, quantizer.hnsw.efSearch
+        assert reader.search(queries, k=5) == every_list

@@ -12,7 +12,7 @@ import threading
 from collections.abc import Iterator
 
 from petal.pipeline.index.faiss_loader import load_faiss
-from petal.pipeline.index.search import IndexReader
+from petal.pipeline.index.search import IndexReader, bounded_params
 from petal.pipeline.index.tune import apply_params
 
 
@@ -85,6 +85,9 @@ def search_params(reader: IndexReader, nprobe: int | None, rescore: int | None) 
     params = {**tuned, "nprobe": nprobe}
     if "quantizer_efSearch" in params:
         params["quantizer_efSearch"] = max(params["quantizer_efSearch"], 2 * nprobe)
+    # NOTE: a request's nprobe (up to 2^31-1) set quantizer_efSearch to 2 x nprobe: FAISS sized that search's heaps by
+    # it (16 GiB for nprobe 10^9); bounded by the quantizer's lists, which changes no result
+    params = bounded_params(params, int(index.ntotal), load_faiss().try_extract_index_ivf(index))
     apply_params(index, params)
     # NOTE: the reader's own record too: a filtered search (`where`) passes FAISS parameters of its own, built
     # from reader.search_params, which would otherwise probe the tuned nprobe, not the request's
