@@ -5,7 +5,7 @@ A literal compares with a column of its own kind, never through a cast that chan
 strings with string (and binary) columns, numbers with integer, floating-point and decimal columns, ``true``
 and ``false`` with boolean columns, and a quoted ISO date or time with date, time and timestamp columns. Any
 other pair (``topic = 5`` on a string column, ``year = '2001'`` on an integer one, ``flag = 1`` on a boolean
-one, an ``IN`` list that mixes them) is a ``ValueError`` naming the column, its stored type and the literal's
+one, an ``IN`` list that mixes them) is a ``FilterError`` naming the column, its stored type and the literal's
 type. Numbers compare by value: ``2001.0`` is ``2001``; a number the column's type cannot hold (``2001.5`` or
 ``70000`` for an ``int16`` column) matches no row, as it equals none.
 """
@@ -15,6 +15,8 @@ from __future__ import annotations
 import math
 from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING, Any
+
+from petal.pipeline.index.filters import FilterError
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -70,15 +72,15 @@ def value_set(column: str, dtype: pa.DataType, values: tuple[Any, ...]) -> pa.Ar
         dtype = dtype.value_type
     kind = column_kind(dtype)
     if kind is None:
-        raise ValueError(f"--where: column {column!r} is {dtype}: only string, number, boolean, date and time "
-                         "columns can be filtered")
+        raise FilterError(f"--where: column {column!r} is {dtype}: only string, number, boolean, date and time "
+                          "columns can be filtered")
     if kind == "null":  # every stored value is null: no literal equals one
         return pa.array([], type=pa.null())
     want = {"string": ("string",), "number": ("integer", "number"), "boolean": ("boolean",),
             "temporal": ("string",)}[kind]
     for value in values:
         if literal_kind(value) not in want:
-            raise ValueError(_mismatch(column, dtype, kind, value))
+            raise FilterError(_mismatch(column, dtype, kind, value))
     if kind == "number":
         return _numbers(dtype, values)
     if kind == "temporal":
@@ -86,8 +88,8 @@ def value_set(column: str, dtype: pa.DataType, values: tuple[Any, ...]) -> pa.Ar
             return pa.array(list(values), type=pa.string()).cast(dtype)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
             said = ", ".join(map(literal_text, values))
-            raise ValueError(f"--where: column {column!r} is {dtype}; {said} is not a date or time it can hold "
-                             f"({exc})") from exc
+            raise FilterError(f"--where: column {column!r} is {dtype}; {said} is not a date or time it can hold "
+                              f"({exc})") from exc
     if pa.types.is_binary(dtype) or pa.types.is_large_binary(dtype) or str(dtype) == "binary_view":
         return pa.array([str(v).encode() for v in values], type=dtype)
     return pa.array(list(values), type=dtype)

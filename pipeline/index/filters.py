@@ -22,6 +22,13 @@ TOKEN_RE = re.compile(r"\s*(?:(?P<str>'(?:[^']|'')*')|(?P<num>-?\d+(?:\.\d+)?(?:
                       r"(?P<name>[A-Za-z_][A-Za-z0-9_.]*|\"[^\"]+\")|(?P<op>[=(),]))")
 
 
+class FilterError(ValueError):
+    """A ``where`` filter the index cannot apply, named: it does not parse, names a column the index does not keep,
+    compares a column with a literal of another kind (``filter_values.py``), or the index cannot filter at all. The
+    user's or client's mistake (``petal query --where``: exit 2; ``petal serve``'s ``where``: 422), where any other
+    ``ValueError`` raised by a search is petal's own (exit 1, 500). A ``ValueError``, as these always were."""
+
+
 @dataclass(frozen=True)
 class Clause:
     column: str
@@ -47,7 +54,7 @@ def _tokens(text: str) -> list[tuple[str, Any]]:
             break
         match = TOKEN_RE.match(text, pos)
         if match is None:
-            raise ValueError(f"--where {text!r}: cannot read {text[pos:].strip()[:20]!r} (at character {pos})")
+            raise FilterError(f"--where {text!r}: cannot read {text[pos:].strip()[:20]!r} (at character {pos})")
         pos = match.end()
         kind = match.lastgroup
         value = match.group(kind)  # type: ignore[arg-type]  # every alternative of TOKEN_RE is a named group
@@ -68,7 +75,7 @@ def _tokens(text: str) -> list[tuple[str, Any]]:
 
 def _number(text: str, value: str) -> int | float:
     """A number literal of ``text``; an integer of more digits than Python converts (4300: the largest a column holds,
-    decimal256, has 76) is a ``ValueError`` naming the filter, not Python's bare message about
+    decimal256, has 76) is a ``FilterError`` naming the filter, not Python's bare message about
     ``sys.set_int_max_str_digits``."""
     if any(c in value for c in ".eE"):
         return float(value)
@@ -76,12 +83,12 @@ def _number(text: str, value: str) -> int | float:
         return int(value)
     except ValueError:
         digits = len(value.lstrip("-"))
-        raise ValueError(f"--where {text[:80]!r}{'...' if len(text) > 80 else ''}: the number {value[:12]}... has "
-                         f"{digits} digits, more than any column's value") from None
+        raise FilterError(f"--where {text[:80]!r}{'...' if len(text) > 80 else ''}: the number {value[:12]}... has "
+                          f"{digits} digits, more than any column's value") from None
 
 
 def parse_filter(text: str) -> Filter:
-    """``ValueError`` naming what is wrong in ``text``."""
+    """``FilterError`` naming what is wrong in ``text``."""
     tokens = _tokens(text)
     clauses, i = [], 0
 
@@ -91,8 +98,8 @@ def parse_filter(text: str) -> Filter:
             got = repr(tokens[i][1]) if i < len(tokens) else "the end"
             want = value if value is not None else {"lit": "a 'string' or a number (or true, false)",
                                                     "name": "a column"}[kind]
-            raise ValueError(f"--where {text!r}: expected {want}, got {got}; the form is "
-                             "\"col = 'x' AND col IN ('a', 'b')\"")
+            raise FilterError(f"--where {text!r}: expected {want}, got {got}; the form is "
+                              "\"col = 'x' AND col IN ('a', 'b')\"")
         i += 1
         return tokens[i - 1][1]
 
@@ -139,10 +146,10 @@ def filter_mask(flt: Filter, table: pa.Table, available: list[str]) -> np.ndarra
     mask = np.ones(table.num_rows, dtype=bool)
     for clause in flt.clauses:
         if clause.column not in available:
-            raise ValueError(f"--where: unknown column {clause.column!r}; filterable columns (petal index "
-                             f"--keep-columns): {', '.join(available) or 'none'}")
+            raise FilterError(f"--where: unknown column {clause.column!r}; filterable columns (petal index "
+                              f"--keep-columns): {', '.join(available) or 'none'}")
         column = table.column(clause.column)
-        values = value_set(clause.column, column.type, clause.values)  # ValueError: a literal of another kind
+        values = value_set(clause.column, column.type, clause.values)  # FilterError: a literal of another kind
         hit = pc.is_in(column, value_set=values)
         mask &= hit.to_numpy(zero_copy_only=False).astype(bool)  # nulls never match
     return mask

@@ -252,7 +252,7 @@ class IndexReader:
         """Top ``k`` hits per query row of ``vectors [num_queries, dim]`` (fewer if the index is smaller).
 
         ``where``: a filter on kept columns (``pipeline/index/filters.py``), applied inside the FAISS search;
-        a bad expression or an unknown column is a ``ValueError`` naming it.
+        a bad expression or an unknown column is a ``FilterError`` (a ``ValueError``) naming it.
         """
         if vectors.ndim != 2 or vectors.shape[1] != self.dim:
             raise ConfigError(f"query vectors have shape {vectors.shape}, the index holds dim {self.dim}")
@@ -271,10 +271,12 @@ class IndexReader:
                 # `params` keyword that its Python wrapper of Index.search takes: hence the ignore.)
                 scores, ids = self.index.search(queries, k_eff, params=params)  # type: ignore[call-arg]
             except RuntimeError as exc:  # an index type whose search takes no selector (LSH, NSG, fast scan...)
+                from petal.pipeline.index.filters import FilterError
+
                 reason = one_line(str(exc)).strip().rsplit("failed: ", 1)[-1][-100:]
-                raise ValueError(f"--where: a {self.manifest.index.factory or 'FAISS'} index cannot filter in its "
-                                 f"search (FAISS: {reason}); rebuild it with a Flat, IVF or HNSW --index-factory "
-                                 "(petal rebuild OUT --index-factory ...)") from exc
+                raise FilterError(f"--where: a {self.manifest.index.factory or 'FAISS'} index cannot filter in its "
+                                  f"search (FAISS: {reason}); rebuild it with a Flat, IVF or HNSW --index-factory "
+                                  "(petal rebuild OUT --index-factory ...)") from exc
         valid = ids >= 0  # NOTE: FAISS pads with -1 when fewer than k results exist
         flat = ids[valid]
         if len(flat) and int(flat.max()) >= self.num_ids:
@@ -326,19 +328,20 @@ class IndexReader:
             self._ivf.parallel_mode = mode
 
     def selector(self, where: str) -> Any:
-        """The FAISS id selector of ``where`` (the ``MAX_SELECTORS`` most recently used are cached)."""
+        """The FAISS id selector of ``where`` (the ``MAX_SELECTORS`` most recently used are cached); ``FilterError``
+        naming what is wrong with it (its text, a column, a literal, an index that cannot filter)."""
         with _SELECTORS_LOCK:
             cache: OrderedDict[str, Any] = self.__dict__.setdefault("_selectors", OrderedDict())
             if where in cache:
                 cache.move_to_end(where)
                 return cache[where]
-        from petal.pipeline.index.filters import IdSelector, columns_problem, filter_mask, parse_filter
+        from petal.pipeline.index.filters import FilterError, IdSelector, columns_problem, filter_mask, parse_filter
 
         flt = parse_filter(where)
         names = self.kept_columns
         problem = columns_problem(flt, names, self.columns is not None, is_binary_manifest(self.manifest))
         if problem is not None:
-            raise ValueError(problem)
+            raise FilterError(problem)
         # NOTE: from the file opened with the version, not by path: a version a server still searches may have
         # been pruned since (a newer one was refused)
         table = self.columns.read(flt.columns)

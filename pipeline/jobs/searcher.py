@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from petal.pipeline.index.bounds import MAX_NPROBE
+from petal.pipeline.index.filters import FilterError
 from petal.pipeline.index.search import Hit, IndexReader, current_pointer
 from petal.pipeline.ingest.text_rule import skip_reason
 from petal.pipeline.jobs.settings import (
@@ -124,8 +125,8 @@ class Index:
         _where_text(where)
         try:
             self.reader.selector(where)
-        except ValueError as exc:
-            raise petal_error(exc) from exc
+        except FilterError as exc:  # NOTE: only the filter's fault is the user's (2); anything else goes up as it is
+            raise UsageError(str(exc)) from exc
 
     def query_model(self) -> QueryService:
         """The index's model, loaded once (gone or different weights: ``ConfigError``, exit 78; an index of
@@ -264,10 +265,12 @@ class Index:
 
     @staticmethod
     def _searched(work: Any) -> list[list[Hit]]:
+        """``work()``; a ``where`` the index cannot apply is a ``UsageError`` (2) naming it. NOTE: only that: another
+        ``ValueError`` raised by a search is petal's bug (1, with its traceback), never blamed on the user."""
         try:
             result: list[list[Hit]] = work()
-        except ValueError as exc:
-            raise petal_error(exc) from exc
+        except FilterError as exc:
+            raise UsageError(str(exc)) from exc
         return result
 
     def texts(self, hits: list[Hit]) -> list[str | None]:

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from petal.pipeline.index.filters import FilterError
 from petal.pipeline.index.search import Hit, IndexReader, ignored_overrides
 from petal.pipeline.jobs.query import QueryModel, SearchIndex, precomputed_message
 from petal.pipeline.manifest import Manifest, PrecomputedRecord
@@ -51,6 +52,13 @@ def _l2_in_range(vectors: np.ndarray) -> None:
     if len(over):
         raise RequestError(422, f"'vectors' row {int(over[0])}: its distances to this index's vectors are beyond "
                                 "float32 (its squared norm is); scale the row down")
+
+
+def _where_refused(exc: FilterError) -> RequestError:
+    """The 422 of a ``where`` the index cannot apply (its message names the request's field, not the flag).
+    NOTE: only a ``FilterError``: another ``ValueError`` raised by a search is the server's fault (500), not the
+    client's."""
+    return RequestError(422, str(exc).replace("--where", "'where'", 1))
 
 
 def _vectors_column(manifest: Manifest) -> tuple[str, ...]:
@@ -226,8 +234,8 @@ class ServeState:
         if req.texts is not None and req.where is not None:
             try:  # NOTE: a bad filter is 422 before its texts are embedded (the selector is cached for the search)
                 await self._in_thread(index.reader.selector, req.where)
-            except ValueError as exc:
-                raise RequestError(422, str(exc).replace("--where", "'where'", 1)) from exc
+            except FilterError as exc:
+                raise _where_refused(exc) from exc
         if req.texts is not None:
             # NOTE: admitted to the search queue first (a 503 costs no embedding); the engine thread queues the
             # search itself as soon as the step's rows are read (the model vectors go through the index-time
@@ -256,8 +264,9 @@ class ServeState:
         try:
             with span("search"):
                 found = await pending
-        except ValueError as exc:  # a bad filter or an unknown column, named (as the request's field)
-            raise RequestError(422, str(exc).replace("--where", "'where'", 1)) from exc
+        except FilterError as exc:  # a bad filter or an unknown column, named (as the request's field)
+            raise _where_refused(exc) from exc
+        # NOTE: any other error (a ValueError too) is the server's: 500, logged
         if req.vectors is not None:
             _finite_scores(found)
         if req.include:  # reads stored text or the shards: off the event loop
