@@ -352,9 +352,10 @@ def test_unknown_routes_and_methods_answer_json_and_are_counted(served):
     assert 'petal_requests_total{route="unmatched",status="404"}' in metrics
     assert 'petal_requests_total{route="/search",status="405"}' in metrics
 
-    # a client that hangs up halfway through its body: counted as its mistake (400), not a server error
+    # a client that hangs up halfway through its body: counted as such (499, "client closed request"), neither a
+    # server error nor a bad request (400, before)
     def count() -> float:
-        found = re.search(r'^petal_requests_total\{route="/v1/embeddings",status="400"\} ([\d.e+]+)',
+        found = re.search(r'^petal_requests_total\{route="/v1/embeddings",status="499"\} ([\d.e+]+)',
                           c.get("/metrics").text, re.M)
         return float(found.group(1)) if found else 0.0
 

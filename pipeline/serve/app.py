@@ -14,7 +14,8 @@ or missing key, 404 unknown model or route, 405 a method the route does not take
 limit, 415 a body declared as something else than JSON (``curl -d``'s form encoding), 501 a body in a transfer
 coding other than chunked, 422 wrong fields or
 types (or a text that the model embeds to NaN or infinity, by its item), 503 queue full or still loading
-(with Retry-After).
+(with Retry-After). A request whose client closed the connection before its answer is counted as 499 (nginx's
+"client closed request"; nothing is sent): what it had queued for the engine or a search is taken out of the queue.
 
 The app answers from the first second: while the model and index load (``Startup``), ``/health`` is 200,
 ``/ready`` and the API answer 503.
@@ -28,7 +29,7 @@ import hmac
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -48,7 +49,9 @@ from petal.pipeline.serve.timing import header as timing_header
 
 log = logging.getLogger("petal.serve")
 Handler = Callable[[ServeState, Request], Awaitable[Any]]
+T = TypeVar("T")
 UNMATCHED = "unmatched"  # the route label of requests no route takes (a fixed label: paths would be unbounded)
+CLIENT_CLOSED = 499  # the status counted for a request whose client closed the connection first (nginx's)
 
 
 def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -107,6 +110,55 @@ def require_json(request: Request) -> None:
                             f"send 'Content-Type: application/json'{hint}", headers={"Accept-Post": "application/json"})
 
 
+class ClientGone(Exception):
+    """The client closed the connection before its answer (``CLIENT_CLOSED``): nobody reads one."""
+
+
+def _uncancel() -> None:
+    """Take back one ``cancel()`` of the running task, once its ``CancelledError`` is handled (Python 3.11+: a task
+    still counted as cancelling is cancelled again by ``asyncio.timeout`` and the like)."""
+    uncancel = getattr(asyncio.current_task(), "uncancel", None)
+    if uncancel is not None:
+        uncancel()
+
+
+async def unless_gone(request: Request, work: Awaitable[T]) -> T:
+    """``work`` (the request's handling, once its body is read), cancelled as soon as the client closes the connection:
+    ``ClientGone``. The cancellation reaches what ``work`` awaits (``TokenBatcher``, ``SearchBatcher``): what it
+    queued and no thread has started leaves the queue; an engine step or a search already running finishes, and its
+    answer is dropped. Without it a request whose client had gone (a short timeout, then a retry: overload) was still
+    embedded and searched, and counted 200.
+
+    NOTE: not uvicorn's cancellation at the end of the drain (``--drain-timeout-s``): that ``CancelledError`` goes up
+    as it is, and is answered 503 (``cut off``)."""
+    task = asyncio.current_task()
+    assert task is not None
+    gone = False
+
+    async def watch() -> None:
+        nonlocal gone
+        try:
+            # NOTE: the body has been read: the server's next message is http.disconnect, when the connection is
+            # lost (or once the answer is complete, when this watcher is cancelled already)
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+        except Exception:  # NOTE: a receive that fails says nothing of the client: the request runs on
+            return
+        gone = True
+        task.cancel()
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        return await work
+    except asyncio.CancelledError:
+        if not gone:
+            raise  # the drain's (503), or both: the client is gone either way
+        _uncancel()
+        raise ClientGone() from None
+    finally:
+        watcher.cancel()
+
+
 async def read_body(request: Request, limit: int) -> bytes:
     """The body, refused with 413 past ``limit`` bytes (by Content-Length, or while streaming)."""
     declared = request.headers.get("content-length")
@@ -120,8 +172,8 @@ async def read_body(request: Request, limit: int) -> bytes:
             if size > limit:
                 raise RequestError(413, f"the body is over the limit of {limit} bytes (--max-body-bytes)")
             chunks.append(chunk)
-    except ClientDisconnect as exc:  # NOTE: the client's doing, not a server error (no 500, no traceback)
-        raise RequestError(400, f"the client closed the connection after {size} bytes of the body") from exc
+    except ClientDisconnect as exc:  # NOTE: the client's doing, not a server error (no 500, no traceback), nor a 400
+        raise ClientGone() from exc
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
@@ -187,12 +239,13 @@ def build_app(startup: Startup | ServeState) -> ASGIApp:
                         response = result if isinstance(result, Response) else _json(result)
             except RequestError as exc:
                 response = _error(exc.status, exc.message, exc.kind, exc.headers)
+            except ClientGone:  # NOTE: counted as such, logged nowhere: the client's doing, and nobody reads this
+                response = _error(CLIENT_CLOSED, "the client closed the connection before its answer",
+                                  "client_closed_request")
             except asyncio.CancelledError:
                 # NOTE: uvicorn cancels the requests still running when --drain-timeout-s passes (or at a second
                 # stop signal): an answer a client can act on (retry elsewhere), not a 500 and a traceback
-                uncancel = getattr(asyncio.current_task(), "uncancel", None)  # (Python 3.11+)
-                if uncancel is not None:
-                    uncancel()
+                _uncancel()
                 response = cut_off()
             except ShuttingDown:  # queued when the threads stopped (after the drain)
                 response = cut_off()
@@ -212,13 +265,13 @@ def build_app(startup: Startup | ServeState) -> ASGIApp:
         state.require_model()  # an index of precomputed vectors served without --model: 404, the body unread
         require_json(request)  # NOTE: before the body is read: a form-encoded one is refused whatever its size
         req = parse_embeddings(parse_json(await read_body(request, limits.max_body_bytes)), limits)
-        return await state.embeddings(req)
+        return await unless_gone(request, state.embeddings(req))
 
     async def search(state: ServeState, request: Request) -> Any:
         state.require_index()
         require_json(request)
         req = parse_search(parse_json(await read_body(request, limits.max_body_bytes)), limits)
-        return await state.search(req)
+        return await unless_gone(request, state.search(req))
 
     def model_card(state: ServeState) -> dict[str, Any]:
         assert state.model is not None

@@ -61,7 +61,8 @@ class _Job:
     ``side``/``truncate``/``name``: texts to tokenize on the engine thread (``name`` is the request's field,
     for limit messages); ``tokens`` and ``tokenize_s`` are known once they are tokenized."""
 
-    __slots__ = ("future", "loop", "name", "out", "remaining", "side", "then", "tokenize_s", "tokens", "truncate")
+    __slots__ = ("cancelled", "estimate", "future", "loop", "name", "out", "remaining", "side", "then", "tokenize_s",
+                 "tokens", "truncate")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, rows: int, dim: int, side: str = "query",
                  truncate: bool = False, name: str = "input",
@@ -76,6 +77,8 @@ class _Job:
         self.tokens = 0
         self.tokenize_s = 0.0
         self.then = then  # called on the engine thread with the rows (and `lone`), before the future resolves
+        self.estimate = 0  # its tokens as counted in the queue's budget (_queue)
+        self.cancelled = False  # its request was cancelled (the client went away): not embedded unless launched
 
 
 class _Item:
@@ -184,7 +187,7 @@ class TokenBatcher:
         now = time.perf_counter()
         self._queue(job, [_Item(job, row, ids, now) for row, ids in enumerate(token_ids)],
                     sum(len(ids) for ids in token_ids))
-        return await job.future
+        return await self._answer(job)
 
     async def embed_texts(self, texts: tuple[str, ...] | list[str], side: str, truncate: bool,
                           name: str = "input", then: Callable[[np.ndarray, bool], None] | None = None) -> Embedded:
@@ -206,10 +209,36 @@ class TokenBatcher:
         now = time.perf_counter()
         self._queue(job, [_Item(job, row, None, now, text) for row, text in enumerate(texts)],
                     sum(len(t) for t in texts) // CHARS_PER_TOKEN + len(texts))
-        rows = await job.future
+        rows = await self._answer(job)
         return Embedded(rows, job.tokens, job.tokenize_s)
 
+    async def _answer(self, job: _Job) -> np.ndarray:
+        """``job``'s rows; a cancelled wait (its client closed the connection) withdraws it (``_withdraw``)."""
+        try:
+            return await job.future
+        except asyncio.CancelledError:
+            self._withdraw(job)
+            raise
+
+    def _withdraw(self, job: _Job) -> None:
+        """(event loop) ``job``'s request was cancelled: its texts leave the queue (their place in
+        ``--max-queue-texts`` given back) if the engine thread has not taken them yet; taken, they are skipped unless
+        their step is launched already (that step runs, its rows are dropped)."""
+        job.cancelled = True  # NOTE: read by the engine thread without the lock: at worst it embeds the texts
+        with self._cond:
+            kept = [item for item in self._pending if item.job is not job]
+            removed = len(self._pending) - len(kept)
+            if not removed:  # NOTE: a job's texts are queued and taken together: all of them are here, or none
+                return
+            self._pending.clear()
+            self._pending.extend(kept)
+            self._pending_tokens -= job.estimate
+            self._outstanding -= removed
+            self.metrics.queue_texts.set(self._outstanding)
+            self._cond.notify()  # a partial batch held for --max-wait-ms may be empty now
+
     def _queue(self, job: _Job, items: list[_Item], tokens: int) -> None:
+        job.estimate = tokens
         with self._cond:
             if self._closed:
                 raise ShuttingDown()
@@ -259,9 +288,10 @@ class TokenBatcher:
             if not self._pending:
                 return None if self._closed else []
             if self.max_wait_s > 0:
-                deadline = self._pending[0].arrived + self.max_wait_s
-                while self._pending_tokens < self.pack_config.token_budget and not self._closed:
-                    left = deadline - time.perf_counter()
+                # NOTE: the oldest text's deadline, read again after each wake-up: a request withdrawn meanwhile
+                # (_withdraw) may have left another one first, or nothing to wait for
+                while self._pending and self._pending_tokens < self.pack_config.token_budget and not self._closed:
+                    left = self._pending[0].arrived + self.max_wait_s - time.perf_counter()
                     if left <= 0:
                         break
                     self._cond.wait(left)
@@ -287,7 +317,7 @@ class TokenBatcher:
 
     def _pack(self, items: list[_Item], in_flight: deque[tuple[Any, LazyTensor, float]], depth: int) -> None:
         """Tokenize ``items``, pack and launch their steps, and deliver what is due (its locals end here)."""
-        items = self._tokenize(items)
+        items = self._tokenize(self._live(items))
         packer = Packer(self.pack_config)
         for done, item in enumerate(items):
             if self._closed:  # NOTE: shutting down: what is not launched yet has nobody waiting for it
@@ -307,6 +337,15 @@ class TokenBatcher:
         # steps in flight so the device runs one while the host packs the next.
         while in_flight and (len(in_flight) > depth or not self._pending):
             self._deliver(*in_flight.popleft())
+
+    def _live(self, items: list[_Item]) -> list[_Item]:
+        """``items`` less those of requests cancelled since they were queued (``_withdraw``: the client went away),
+        whose place in the queue is given back."""
+        if not any(item.job.cancelled for item in items):
+            return items
+        live = [item for item in items if not item.job.cancelled]
+        self._answered(len(items) - len(live))
+        return live
 
     def _tokenize(self, items: list[_Item]) -> list[_Item]:
         """Token ids for the texts among ``items`` (one tokenizer call per side); the requests refused by a
@@ -414,7 +453,7 @@ class TokenBatcher:
                 if refusal is not None:  # NOTE: this request only: the others of the step are answered
                     call_soon(job.loop, _resolve, job, refusal)
                     continue
-                if job.then is not None:
+                if job.then is not None and not job.cancelled:  # (a cancelled /search gave its search place back)
                     # NOTE: a racy read of the queue is enough: a request queued just after waits one short
                     # continuation at most. A request's texts are queued together and packed in order, so a step
                     # holding as many items as this request has rows, first and last its own, holds only it

@@ -67,7 +67,7 @@ class SearchTicket:
 
     ``submit(rows)`` queues it (the engine thread calls it as soon as the step's rows are read);
     ``cancel()`` gives its place in the queue back if it will never be submitted (the embedding failed).
-    Await ``future`` for the hits."""
+    Await ``hits()`` (or ``future``) for the hits."""
 
     __slots__ = ("_batcher", "_item", "_state", "future")
 
@@ -90,6 +90,11 @@ class SearchTicket:
 
     def cancel(self) -> None:
         self._batcher._cancel(self)
+
+    async def hits(self) -> list[list[Hit]]:
+        """The hits; a cancelled wait (the client closed the connection) takes the search out of the queue if it
+        has not started."""
+        return await self._batcher._answer(self._item)
 
 
 def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
@@ -144,14 +149,31 @@ class SearchBatcher:
                      rescore: int | None = None) -> list[list[Hit]]:
         """Hits of ``rows`` ``[n, dim]``: the model's vectors (``model_vectors``: they go through the index-time
         transform first, as ``SearchIndex.search``) or vectors in the index's space (``search_stored``).
-        ``ValueError`` for a bad ``where``."""
+        ``FilterError`` for a bad ``where``."""
         key = SearchKey(id(index), model_vectors, k, where, nprobe, rescore)
         item = _Pending(asyncio.get_running_loop(), index, key, np.ascontiguousarray(rows, dtype=np.float32))
         with self._cond:
             self._admit(len(item.rows))
             self._pending.append(item)
             self._cond.notify()
-        return await item.future
+        return await self._answer(item)
+
+    async def _answer(self, item: _Pending) -> list[list[Hit]]:
+        try:
+            return await item.future
+        except asyncio.CancelledError:
+            self._withdraw(item)
+            raise
+
+    def _withdraw(self, item: _Pending) -> None:
+        """(event loop) ``item``'s request was cancelled (its client closed the connection): out of the queue, its
+        rows' place given back, if the search thread has not taken it (taken, it is searched and its hits dropped)."""
+        with self._cond:
+            try:
+                self._pending.remove(item)  # NOTE: by identity (no __eq__)
+            except ValueError:  # being searched, searched, or never queued (a reserved ticket: cancel())
+                return
+            self._outstanding -= len(item.rows)
 
     def reserve(self, index: SearchIndex, num_rows: int, k: int, where: str | None = None,
                 nprobe: int | None = None, rescore: int | None = None) -> SearchTicket:
@@ -264,7 +286,7 @@ class SearchBatcher:
             if key.model_vectors:  # the query path of `petal query`: model vectors -> the index-time transform
                 rows = index.transform.stored(rows)
             found = self._search_rows(index, rows, key)
-        except Exception as exc:  # a bad filter (ValueError: 422), or a bug: these requests fail, the thread lives
+        except Exception as exc:  # a bad filter (FilterError: 422) or a bug (500): they fail, the thread lives
             return [(item, None, exc) for item in group]
         out: list[tuple[_Pending, Any, BaseException | None]] = []
         cursor = 0
@@ -276,7 +298,7 @@ class SearchBatcher:
     def _search_rows(self, index: SearchIndex, rows: np.ndarray, key: SearchKey) -> list[list[Hit]]:
         reader = index.reader
         if key.where:
-            reader.selector(key.where)  # a bad expression or unknown column: ValueError naming it
+            reader.selector(key.where)  # a bad expression or unknown column: FilterError naming it
         gpu = self._gpu_reader(reader, key)
         if gpu is not None:  # (only binary indexes rescore, and they have no GPU copy)
             return gpu.search(rows, key.k)

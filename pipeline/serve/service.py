@@ -250,7 +250,7 @@ class ServeState:
             if ticket.inline_s:  # NOTE: that search ran inside the engine span: moved to its own span
                 record("engine", -ticket.inline_s)
                 record("search", ticket.inline_s)
-            pending: Awaitable[list[list[Hit]]] = ticket.future
+            pending: Awaitable[list[list[Hit]]] = ticket.hits()
         else:
             assert req.vectors is not None
             vectors = np.asarray(req.vectors, dtype=np.float32)
