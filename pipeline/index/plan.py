@@ -345,13 +345,32 @@ def unusable(index: Any, metric: str) -> str | None:
     if index.metric_type != wanted:  # NOTE: HNSW/NSG over PQ, IVF spectral hash, HNSW 2-level: FAISS makes them L2
         return (f"FAISS builds this index for L2 distance whatever the metric asked (--metric {metric}): give "
                 "--metric l2, or another factory")
+    if any(isinstance(node, faiss.Index2Layer) for node in searched_nodes(index)):  # NOTE: as an HNSW's storage it is
+        return "Residual... indexes (FAISS's Index2Layer) cannot be searched; pick another factory"  # not searched
     ivf = faiss.try_extract_index_ivf(index)
-    if ivf is not None and isinstance(faiss.downcast_index(ivf.quantizer), faiss.IndexNSG) \
-            and ivf.nlist < NSG_MIN_NODES:
-        return (f"an NSG coarse quantizer is a graph over the {ivf.nlist} list centroids, and FAISS builds no NSG "
-                f"graph of fewer than {NSG_MIN_NODES} nodes: ask for at least {NSG_MIN_NODES} lists, or another "
-                "quantizer (IVFn_HNSW32, or a flat one)")
+    trains_alone = getattr(ivf, "quantizer_trains_alone", 0)  # NOTE: a C char: SWIG gives a 1-character str
+    if ivf is not None and (ord(trains_alone) if isinstance(trains_alone, str) else trains_alone) == 2:
+        # NOTE: FAISS trains such a coarse quantizer (NSG, PQ, SQ: not flat) on the k-means centroids of the lists
+        needed, why = vectors_to_train(ivf.quantizer, "")
+        if needed > ivf.nlist:
+            return (f"its coarse quantizer is built from the {ivf.nlist} list centroids, and {why} need at least "
+                    f"{needed}: ask for at least {needed} lists, or a flat or HNSW quantizer (IVFn, IVFn_HNSW32)")
     return None
+
+
+def searched_nodes(index: Any) -> list[Any]:
+    """``index`` and the indexes its search goes through to find candidates, downcast: through id maps and
+    pre-transforms (``index``) and refine wrappers (``base_index``), not a refine wrapper's own codes, an IVF's
+    quantizer nor a graph's storage."""
+    faiss = load_faiss()
+    nodes = [faiss.downcast_index(index)]
+    for _ in range(16):  # wrappers nest a few deep at most
+        inner = getattr(nodes[-1], "index", None)
+        inner = getattr(nodes[-1], "base_index", None) if inner is None else inner
+        if inner is None:
+            break
+        nodes.append(faiss.downcast_index(inner))
+    return nodes
 
 
 def check_index_factory(settings: IndexSettings, kind: str = "float32", dim: int | None = None,

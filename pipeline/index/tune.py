@@ -24,6 +24,7 @@ import numpy as np
 
 from petal.pipeline.index.binary import BinaryIndex
 from petal.pipeline.index.faiss_loader import load_faiss
+from petal.pipeline.index.plan import searched_nodes
 from petal.pipeline.index.source import StoreVectors
 
 TUNE_K = 10
@@ -107,21 +108,6 @@ def search_grid(index: Any) -> list[dict[str, int]]:
     if not any(isinstance(node, faiss.IndexRefine) for node in searched):
         return base
     return [{**params, "k_factor_rf": k_factor} for k_factor in REFINE_K_FACTORS for params in base]
-
-
-def searched_nodes(index: Any) -> list[Any]:
-    """``index`` and the indexes its search goes through to find candidates, downcast: through id maps and
-    pre-transforms (``index``) and refine wrappers (``base_index``), not a refine wrapper's own codes nor an IVF's
-    quantizer."""
-    faiss = load_faiss()
-    nodes = [faiss.downcast_index(index)]
-    for _ in range(16):  # wrappers nest a few deep at most
-        inner = getattr(nodes[-1], "index", None)
-        inner = getattr(nodes[-1], "base_index", None) if inner is None else inner
-        if inner is None:
-            break
-        nodes.append(faiss.downcast_index(inner))
-    return nodes
 
 
 def is_exact(index: Any) -> bool:
