@@ -172,3 +172,25 @@ def test_a_graph_index_pq_storage_skips_polysemous_training(factory):
         stack += [inner for name in ("index", "base_index", "refine_index", "storage")
                   if (inner := getattr(node, name, None)) is not None]
     assert len(flags) > 1 and not any(flags), factory
+
+
+@pytest.mark.parametrize("factory", ["IVF8,Flat,RFlat", "IDMap2,IVF8,PQ4,RFlat", "HNSW16,Refine(SQ8)"])
+def test_where_filters_inside_a_refine_wrapper(tmp_path, factory):
+    """FAISS's refine search takes only its own parameters (the base index's inside them): ``--where`` on a refine
+    wrapper was refused (2) as an index that cannot filter."""
+    vectors = _vectors(ROWS)
+    source = tmp_path / "data"
+    source.mkdir()
+    langs = ["en" if i % 2 else "fr" for i in range(ROWS)]
+    pq.write_table(pa.table({"id": [f"d{i}" for i in range(ROWS)], "lang": langs,
+                             "emb": pa.array(list(vectors), pa.list_(pa.float32()))}), source / "a.parquet")
+    np.save(tmp_path / "q.npy", vectors[[2, 3]])
+    out = tmp_path / "out"
+    done = index(source, out, factory, "--keep-columns", "lang")
+    assert done.returncode == 0, done.stderr
+    found = petal("query", str(out), "--vector-file", str(tmp_path / "q.npy"), "--json", "-k", "3", "--where",
+                  "lang = 'en'")
+    assert found.returncode == 0, found.stderr
+    hits = [json.loads(line)["hits"] for line in found.stdout.splitlines()]
+    assert [len(h) for h in hits] == [3, 3] and all(h["fields"]["lang"] == "en" for row in hits for h in row), hits
+    assert hits[1][0]["id"] == "d3"  # an "en" query vector finds itself

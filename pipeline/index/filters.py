@@ -167,9 +167,19 @@ class IdSelector:
         self.selector = faiss.IDSelectorBitmap(len(mask), faiss.swig_ptr(self.bits))
 
     def params(self, index: Any, search_params: dict[str, int]) -> Any:
-        """Search parameters carrying the selector (IVF: with its nprobe; HNSW: with its efSearch)."""
+        """Search parameters carrying the selector (IVF: with its nprobe; HNSW: with its efSearch; a refine wrapper:
+        its k_factor around its base index's)."""
         import faiss
 
+        from petal.pipeline.index.plan import searched_nodes
+
+        refine = next((n for n in searched_nodes(index) if isinstance(n, faiss.IndexRefine)), None)
+        if refine is not None:  # NOTE: FAISS's refine search takes only its own parameters, the base's inside them
+            base = self.params(refine.base_index, search_params)
+            params = faiss.IndexRefineSearchParameters(  # type: ignore[call-arg]  # SWIG stubs: no kwargs
+                k_factor=float(search_params.get("k_factor_rf", refine.k_factor)), base_index_params=base)
+            params.referenced_objects = [base]  # type: ignore[attr-defined]  # NOTE: FAISS holds a bare pointer
+            return params
         ivf = faiss.try_extract_index_ivf(index)  # NOTE: through wrappers (OPQ): they pass parameters on
         if ivf is not None:
             return faiss.SearchParametersIVF(sel=self.selector,  # type: ignore[call-arg]  # SWIG stubs: no kwargs
