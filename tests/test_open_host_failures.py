@@ -269,6 +269,24 @@ def test_a_huge_efsearch_does_not_size_every_search(tmp_path: Path) -> None:
     assert answers[300] == answers[(1 << 31) - 1], answers
 
 
+def test_a_huge_refine_k_factor_does_not_size_every_search(tmp_path: Path) -> None:
+    """A manifest signed again with a refine wrapper's ``k_factor_rf`` 2^31-1: FAISS asks the base index for k x that
+    many candidates a query (gigabytes; under a 1 GiB limit out of memory). Bounded by the vectors held, which changes
+    no result: the hits are those of a factor that re-ranks every vector."""
+    from tests._open_audit_shared import vectors_index
+
+    out = vectors_index(tmp_path, "--index-factory", "IVF4,PQ4,RFlat", rows=300, dim=16, seed=9)
+    version = out / "versions" / (out / "CURRENT").read_text().strip()
+    answers = {}
+    for factor in (300, (1 << 31) - 1):
+        with signed_manifest(version) as manifest:
+            manifest["index"]["search_params"] = {**manifest["index"]["search_params"], "k_factor_rf": factor}
+        rc, stderr = forkrun.call(_search_hnsw_with_a_gigabyte, (str(out),))
+        assert rc == 0, stderr[-2000:]
+        answers[factor] = stderr.strip().splitlines()[-1]
+    assert answers[300] == answers[(1 << 31) - 1], answers
+
+
 def _reopen_after_a_host_failure(out: str, old: str, new: str) -> None:
     """An ``Index`` on version ``old``; CURRENT then names ``new`` (as a publish does); ``reopened()`` with 512 MiB of
     address space to spare (``new``'s ids.parquet cannot be mapped), then again without the limit. Prints the first

@@ -42,6 +42,7 @@ STORAGES = ("memory", "ondisk")
 # cache keeps the most recently used few, not one per expression ever seen
 MAX_SELECTORS = 32
 EF_FLOOR = 1 << 16  # bounded_params: an efSearch up to this is applied as the manifest says (heaps of ~1 MiB)
+K_FACTOR_CAP = 1024  # bounded_params: a refine's k_factor_rf (candidates k x this a query; the tuner writes <= 64)
 _SELECTORS_LOCK = threading.Lock()
 
 
@@ -84,7 +85,8 @@ def ignored_overrides(manifest: Manifest, nprobe: int | None, rescore: int | Non
 def bounded_params(params: dict[str, int], ntotal: int, ivf: Any) -> dict[str, int]:
     """``params`` with an HNSW's ``efSearch`` at most the vectors it holds (``ntotal``) and an IVF's HNSW quantizer's
     ``quantizer_efSearch`` at most its lists (``ivf.nlist``), or ``EF_FLOOR`` where that is more (the values the
-    tuner writes, up to 4096, stay as the manifest says).
+    tuner writes, up to 4096, stay as the manifest says); a refine wrapper's ``k_factor_rf`` at most ``ntotal`` and
+    ``K_FACTOR_CAP`` (the tuner writes up to 64).
 
     NOTE: FAISS sizes each search's candidate heaps by efSearch: a manifest signed again with efSearch 2^31-1 (which
     opening takes: 1 to 2^31-1) made every query of a 300-vector index allocate 16 GiB for 34 s, and --nprobe N set
@@ -95,6 +97,11 @@ def bounded_params(params: dict[str, int], ntotal: int, ivf: Any) -> dict[str, i
         bounded["efSearch"] = min(bounded["efSearch"], max(EF_FLOOR, ntotal))
     if "quantizer_efSearch" in bounded and ivf is not None:
         bounded["quantizer_efSearch"] = min(bounded["quantizer_efSearch"], max(EF_FLOOR, int(ivf.nlist)))
+    if "k_factor_rf" in bounded:
+        # NOTE: a refine wrapper asks its base index for k x k_factor_rf candidates of every query (FAISS allocates
+        # them): 2^31-1 from a manifest signed again was gigabytes a query. The tuner writes at most 64; past
+        # ntotal / k a larger factor finds nothing more, so a factor up to the vectors held, at most K_FACTOR_CAP
+        bounded["k_factor_rf"] = max(1, min(bounded["k_factor_rf"], K_FACTOR_CAP, max(ntotal, 1)))
     return bounded
 
 
