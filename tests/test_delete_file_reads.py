@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -88,3 +89,19 @@ def test_a_read_error_on_the_delete_file_that_persists_is_74(indexed, tmp_path):
     assert last.startswith(f"petal: error: --delete {tmp_path / 'del.parquet'}: read error after 3 retries"), last
     assert "not corrupt" in last and report["exit_code"] == 74 and report["retries"]["read"] == 3
     assert live_ids(tmp_path / "out") == ["a", "b", "c"]
+
+
+@pytest.mark.parametrize("kind", ["string", "large_string", "dictionary"])
+def test_delete_ids_that_are_not_utf8_are_65_naming_the_row(indexed, tmp_path, kind):
+    """pyarrow reads a string column's bytes unchecked: a --delete id that is not UTF-8 was a UnicodeDecodeError
+    traceback (exit 1). Now 65 naming the file, column and row; nothing is deleted."""
+    text = pa.large_string() if kind == "large_string" else pa.string()
+    offsets = np.array([0, 1, 3], dtype=np.int64 if kind == "large_string" else np.int32)
+    bad = pa.Array.from_buffers(text, 2, [None, pa.py_buffer(offsets.tobytes()), pa.py_buffer(b"b\xff\xfe")])
+    if kind == "dictionary":
+        bad = pa.DictionaryArray.from_arrays(pa.array([0, 1], pa.int32()), bad)
+    pq.write_table(pa.table({"id": bad}), tmp_path / "bad.parquet")
+    done, report = petal_index(tmp_path, *indexed, "--delete", tmp_path / "bad.parquet")
+    assert done.returncode == 65, done.stderr
+    assert "column 'id' row 1 holds bytes that are not UTF-8" in done.stderr.splitlines()[-1]
+    assert report["exit_code"] == 65 and live_ids(tmp_path / "out") == ["a", "b", "c"]

@@ -40,7 +40,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from petal.pipeline.config import ReadConfig
-from petal.pipeline.ingest.parquet import ReadStats, read_retrying
+from petal.pipeline.ingest.parquet import ReadStats, first_undecodable, read_ids, read_retrying
 from petal.pipeline.layout import OutputDir
 from petal.pipeline.reliability.durable import fsync_dir
 from petal.pipeline.reliability.errors import (
@@ -226,6 +226,11 @@ def read_delete_ids(path: Path, id_column: str, read: ReadConfig | None = None,
             or pa.types.is_large_string(values.type)):
         raise BadInputError(f"--delete {quote_path(path)}: column {column!r} is {values.type}, not integer "
                             "or string ids")
+    if not pa.types.is_integer(values.type):  # NOTE: pyarrow reads a string column's bytes unchecked
+        bad = first_undecodable(read_ids(values))
+        if bad is not None:
+            raise BadInputError(f"{where}: column {column!r} row {bad} holds bytes that are not UTF-8; ids are text "
+                                "(petal index skips such an id's row as a bad row, invalid_utf8_id: none is indexed)")
     return DeleteIds(Path(path), column, values)
 
 
