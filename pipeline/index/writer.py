@@ -106,6 +106,17 @@ class BuildResult:
                            tuning=TuningRecord.of(self.tuning) if self.tuning is not None else None,
                            device=self.device, timings_s=dict(self.timings_s), build_seconds=round(self.seconds, 3))
 
+    def recall_warning(self) -> str | None:
+        """What a run says on stderr when the tuning could not reach the recall target (the index's codes cap
+        it, at its best search setting), else ``None``: the manifest and the report record it too, but a job that
+        reads neither would serve an index that finds few of the true neighbours without a word."""
+        tuning = self.tuning
+        if tuning is None or tuning.reached or self.num_vectors == 0:
+            return None
+        return (f"warning: the {self.factory!r} index reaches recall@10 {tuning.recall_at_10:.2f} at its best search "
+                f"setting, below --target-recall {tuning.target_recall_at_10:g}; for more recall give finer codes or "
+                "a refine step (--index-factory ...,RFlat), or a lower --target-recall")
+
     def report(self) -> dict[str, Any]:
         """What ``petal index``/``rebuild`` report about the index (the run report's ``index``)."""
         return {"factory": self.factory, "metric": self.metric, "num_vectors": self.num_vectors,

@@ -358,6 +358,7 @@ def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory
         report.timings_s["index"] = round(time.perf_counter() - index_started, 3)
         report.version = version
         report.index = {**result.report(), "deleted": sum(tombstoned(e) for e in committed)}
+        say_recall(result)
         report.index["timings_s"]["publish"] = round(published_s, 3)  # fsync, rename, pointer swap
         report.rejects_file = str(out.version_dir(version) / "rejects.parquet")
         t0 = time.perf_counter()
@@ -452,6 +453,13 @@ def _reraise(exc: BaseException) -> NoReturn:
 
 def _say(message: str) -> None:
     print(f"petal: {one_line(message)}", file=sys.stderr, flush=True)
+
+
+def say_recall(result: BuildResult) -> None:
+    """A published index whose tuning missed the recall target: said on stderr (``recall_warning``)."""
+    warning = result.recall_warning()
+    if warning is not None:
+        _say(warning)
 
 
 def content_fingerprint(store: EmbeddingStore, info: ShardInfo, settings_fp: str, read: ReadConfig | None = None,

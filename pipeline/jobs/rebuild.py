@@ -121,6 +121,9 @@ def run_rebuild(out_path: Path, settings: IndexSettings, report: RunReport, wait
             _say(f"warning: pruning old versions of {quote_path(out.root)} failed ({exc.strerror or exc})")
     report.version = version
     report.index = {**result.report(), "deleted": sum(len(deleted_rows(e)) for e in entries)}  # as petal index's
+    warning = result.recall_warning()
+    if warning is not None:
+        _say(warning)
     if (out.version_dir(version) / "rejects.parquet").is_file():
         report.rejects_file = str(out.version_dir(version) / "rejects.parquet")
     report.timings_s["index"] = round(result.seconds, 3)

@@ -177,6 +177,7 @@ def _run(job: IndexJob, column: str, report: RunReport, stop: StopSignals, start
         committed_tombstones = run.commit_tombstones(out, deletion)
         report.version = version
         report.index = {**result.report(), "deleted": sum(run.tombstoned(e) for e in committed)}
+        run.say_recall(result)
         report.rejects_file = str(out.version_dir(version) / "rejects.parquet")
         if committed_tombstones:  # NOTE: else clean-up would prune the staged tombstones the live version holds to
             run.clean_up(out, store, committed, job, report)
