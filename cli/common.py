@@ -139,7 +139,7 @@ def user_errors(func: None = None, *, outputs: tuple[str, ...] | None = None) ->
 def user_errors(func: F | None = None, *, outputs: tuple[str, ...] | None = None) -> F | Callable[[F], F]:
     """Turn ``PetalError`` (and a model's ``ModelError``) into a clean message and its exit code;
     ``UsageError`` (a bad setting) into click's usage error (exit 2); an ``OSError`` nothing mapped on its
-    way up (a failing disk) is exit 74 naming the file.
+    way up (a failing disk) is exit 74 naming the file, a host ``MemoryError`` 74 too.
 
     ``outputs``: the names of the command's parameters that hold the paths it writes (``("output",)``; ``()``: a
     command that writes nothing). Permission denied that nothing mapped is then no I/O error: on a path inside one
@@ -152,7 +152,14 @@ def user_errors(func: F | None = None, *, outputs: tuple[str, ...] | None = None
         @functools.wraps(command)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             from petal.engine.errors import ModelError
-            from petal.pipeline.reliability.errors import EXIT_CONFIG, FlagError, PetalError, UsageError, io_error
+            from petal.pipeline.reliability.errors import (
+                EXIT_CONFIG,
+                FlagError,
+                PetalError,
+                UsageError,
+                io_error,
+                out_of_memory,
+            )
 
             try:
                 return command(*args, **kwargs)
@@ -170,6 +177,9 @@ def user_errors(func: F | None = None, *, outputs: tuple[str, ...] | None = None
                 written = None if outputs is None else [kwargs[name] for name in outputs
                                                         if kwargs.get(name) is not None]
                 error = io_error(exc, written)
+                raise PetalClickError(str(error), error.exit_code) from exc
+            except MemoryError as exc:  # the host ran short where no read path named its file: 74, not a bug
+                error = out_of_memory(exc)
                 raise PetalClickError(str(error), error.exit_code) from exc
 
         return cast(F, wrapper)

@@ -32,6 +32,7 @@ from petal.pipeline.reliability.errors import (
     UsageError,
     io_error,
     one_line,
+    out_of_memory,
     quote_path,
 )
 
@@ -167,6 +168,8 @@ def _run(work: Callable[[], RunReport], report: RunReport, json_report: Path | s
             raise  # stdout's reader went away: the CLI ends quietly (141)
         except OSError as exc:  # one nothing mapped on its way up: 74 naming the file (73/66: permission denied)
             raise io_error(exc, [path for path in outputs if path is not None and str(path) != "-"]) from exc
+        except MemoryError as exc:  # one no read path named (a build, a merge): the host's 74, not a bug
+            raise out_of_memory(exc) from exc
         except ValueError as exc:
             # NOTE: no ValueError inside a run becomes a usage error: flags are judged by their parsing and
             # by FlagError (2); a model's error is a configuration error (78); any other is a bug (1).

@@ -178,6 +178,15 @@ def io_error(exc: OSError, outputs: Iterable[Path | str] | None = None) -> Petal
     return PetalIOError(f"I/O error on {where}: {exc.strerror or exc}")
 
 
+def out_of_memory(exc: MemoryError) -> PetalIOError:
+    """A host ``MemoryError`` nothing mapped on its way up (a read path names its file itself: read_errors.py), as
+    the contract's 74: the host ran short, which is no bug (1) and no damage to the input."""
+    detail = one_line(str(exc)).strip()[:160]
+    return PetalIOError(f"out of host memory{f' ({detail})' if detail else ''}; free memory or ask for less (a "
+                        "lower --token-budget or --index-memory, fewer workers), then run again: an index run resumes "
+                        "from the shards it finished")
+
+
 def inside(path: object, root: Path | str) -> bool:
     """``path`` is ``root`` or below it, as given or with symlinks resolved (an OUT given through a link)."""
     try:
