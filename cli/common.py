@@ -216,6 +216,15 @@ class PetalGroup(click.Group):
         except BrokenPipeError:
             quiet_stdout()
             ctx.exit(141)
+        except KeyboardInterrupt:
+            # NOTE: SIGINT that no run's own handling turned into ``Interrupted`` (``petal query --stdin`` waiting for
+            # a line, ``petal embed`` reading stdin or loading its model): click would say "Aborted!" and exit 1, the
+            # code of a bug; the contract's is 130
+            from petal.pipeline.reliability.errors import EXIT_SIGINT
+
+            with contextlib.suppress(OSError, ValueError):
+                click.echo("petal: interrupted by SIGINT", err=True)
+            ctx.exit(EXIT_SIGINT)
 
 
 def quiet_stdout() -> None:
