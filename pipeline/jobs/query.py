@@ -23,7 +23,7 @@ import numpy as np
 
 from petal.engine.config import AttentionMaskName, EngineConfig, ModelOptions, pooling_mode
 from petal.engine.errors import ModelError
-from petal.engine.loader import ModelSpec, inspect_model
+from petal.engine.loader import MaxLengthError, ModelSpec, inspect_model
 from petal.pipeline.index.search import Hit, IndexReader
 from petal.pipeline.ingest.tokens import Encoded, TextTokenizer, tokenizer_for
 from petal.pipeline.jobs.embed import encode_texts
@@ -56,15 +56,32 @@ def model_for_index(manifest: Manifest, model: str | None, allow_pickle_weights:
                            query_prompt=query_prompt if query_prompt is not None else recorded.query_prompt,
                            allow_pickle_weights=allow_pickle_weights)
     try:
-        spec = inspect_model(model or recorded.locator, options, max_length=manifest.max_length)
-    except ModelError as exc:
-        hint = "" if model or recorded.locator is None else \
-            " (the index's model is gone from where it was built; pass --model DIR)"
-        raise ConfigError(f"{exc}{hint}") from exc
+        spec = _inspected(model, recorded, options, manifest.max_length)
+    except MaxLengthError:
+        # NOTE: the index embeds more tokens than this model has positions for: it is not the index's model (the
+        # run that built the index took that length). Said as the mismatch it is, never as a --max-length the user
+        # never gave
+        spec = _inspected(model, recorded, options, None)
+        mismatch = ", ".join(filter(None, [model_mismatch(manifest, spec), f"max_length: index {manifest.max_length}, "
+                                           f"model {spec.model_max_length}"]))
+        raise ConfigError(f"model {spec.path} does not match the index ({mismatch})") from None
     mismatch = model_mismatch(manifest, spec)
     if mismatch:
         raise ConfigError(f"model {spec.path} does not match the index ({mismatch})")
     return spec
+
+
+def _inspected(model: str | None, recorded: ModelRecord, options: ModelOptions, max_length: int | None) -> ModelSpec:
+    """``model`` (else the index's, ``recorded``) inspected; its ``ModelError`` a ``ConfigError`` (78), except a
+    ``MaxLengthError`` (``max_length`` past the model's positions), which the caller judges."""
+    try:
+        return inspect_model(model or recorded.locator, options, max_length=max_length)
+    except MaxLengthError:
+        raise
+    except ModelError as exc:
+        hint = "" if model or recorded.locator is None else \
+            " (the index's model is gone from where it was built; pass --model DIR)"
+        raise ConfigError(f"{exc}{hint}") from exc
 
 
 def precomputed_message(manifest: Manifest) -> str:
