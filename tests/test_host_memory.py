@@ -5,8 +5,6 @@ resumes from it."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -14,21 +12,14 @@ import pytest
 import petal
 from petal.pipeline.layout import OutputDir
 from tests import forkrun
-from tests.fake_engine import fake_engine_factory, make_fake_model_dir
+from tests import test_reliability as reliability
+from tests.fake_engine import fake_engine_factory
 from tests.invariants import assert_clean, live, tree_digest
-from tests.test_reliability import Job, write_shards
+from tests.test_reliability import write_shards
 
-
-@pytest.fixture(scope="module")
-def fake_model(tmp_path_factory) -> Path:
-    return make_fake_model_dir(tmp_path_factory.mktemp("model"))
-
-
-@pytest.fixture
-def job(tmp_path, fake_model) -> Job:
-    write_shards(tmp_path / "data")
-    return Job(tmp_path, fake_model)
-
+# the fixtures of test_reliability.py: a fake model (module scope) and a job over shards a, b, c
+fake_model = reliability.fake_model
+job = reliability.job
 
 POINTS = ["read_batch", "after_batch", "before_index_build", "after_index_build", "before_current_swap"]
 
