@@ -48,6 +48,17 @@ _SELECTORS_LOCK = threading.Lock()
 
 @dataclass(frozen=True)
 class Hit:
+    """One hit of a search, best first (``rank`` 1).
+
+    ``score``: FAISS's score of the document for the query, under the index's metric: with ``--metric ip`` (the
+    default) the inner product of the stored vectors (cosine for normalised ones; larger is closer), with ``l2``
+    the squared L2 distance (smaller is closer). A binary index (``--quantize binary``) scores as its float
+    vectors do after rescoring (``rescore`` > 0, the default); without it, ``1 - 2 * hamming / dim`` for ``ip``
+    and the Hamming distance for ``l2``. ``faiss_id``: the vector's position in this version's index (what
+    ``Index.texts`` checks). ``id``, ``shard``, ``row``: the document's id and where it was read. ``fields``: its
+    ``--keep-columns`` values by column name (empty when none were kept).
+    """
+
     rank: int
     score: float
     faiss_id: int

@@ -17,6 +17,10 @@ def _now() -> str:
 
 @dataclass
 class RunReport:
+    """What a ``petal index`` or ``petal rebuild`` run did, as ``--json`` prints it (``as_dict``): ``status``
+    (success, nothing-to-do, failed, interrupted) and ``exit_code``, the ``version`` published, counts of shards,
+    rows (embedded, skipped by reason, truncated) and tokens, the model, engine and index settings, and timings."""
+
     command: str = "index"
     status: str = "running"  # success | nothing-to-do | failed | interrupted
     exit_code: int | None = None
@@ -47,15 +51,18 @@ class RunReport:
     _t0: float = field(default_factory=time.perf_counter, repr=False)
 
     def skip(self, reason: str, count: int = 1) -> None:
+        """Count ``count`` rows skipped for ``reason`` (``rows["skipped"]``)."""
         skipped = self.rows["skipped"]
         skipped[reason] = skipped.get(reason, 0) + count
 
     def finish(self, status: str, exit_code: int, message: str = "") -> None:
+        """End the run: its status, exit code and message, the time it finished and its seconds."""
         self.status, self.exit_code, self.message = status, exit_code, message
         self.finished_at = _now()
         self.seconds = round(time.perf_counter() - self._t0, 3)
 
     def as_dict(self) -> dict[str, Any]:
+        """The report as JSON-ready data (``--json``, ``json_report``), with the embed phase's throughput."""
         data = asdict(self)
         data.pop("_t0", None)
         if not self.ranges:  # NOTE: the key only when a shard was cut into ranges (the report's shape is a contract)
@@ -74,6 +81,7 @@ class RunReport:
         write_report_to(path, self.as_dict())
 
     def summary(self) -> str:
+        """The one line ``petal index`` and ``petal rebuild`` print on stderr."""
         skipped = sum(self.rows["skipped"].values())
         parts = [f"petal {self.command}: {self.status}"]
         if self.command == "index":

@@ -103,10 +103,13 @@ class Index:
 
     @property
     def dim(self) -> int:
+        """Dimensions of the stored vectors (after ``--dim``), the width ``search_stored`` takes; binary indexes
+        count bits."""
         return self.reader.dim
 
     @property
     def num_vectors(self) -> int:
+        """Vectors (documents) the version holds: the most hits a query can get."""
         return self.reader.ntotal
 
     @property

@@ -109,14 +109,20 @@ class UsageError(PetalError, ValueError):
 
 
 class BadInputError(PetalError):
+    """Bad input data: a corrupt shard or file, a column of the wrong type, too many bad rows (exit 65)."""
+
     exit_code = EXIT_DATAERR
 
 
 class NoInputError(PetalError):
+    """No input: no shards, no rows, nothing to embed or query, a file that is missing or unreadable (exit 66)."""
+
     exit_code = EXIT_NOINPUT
 
 
 class OutputError(PetalError):
+    """An output that cannot be created: a directory petal may not write, a path that is not one (exit 73)."""
+
     exit_code = EXIT_CANTCREAT
 
 
@@ -127,10 +133,16 @@ class PetalIOError(PetalError):
 
 
 class TemporaryFailure(PetalError):
+    """A failure a retry can cure: the output locked by another writer, a version pruned while opened, a CUDA
+    error that needs a new process (exit 75)."""
+
     exit_code = EXIT_TEMPFAIL
 
 
 class ConfigError(PetalError):
+    """A configuration error: a model missing, unsafe or not the index's, settings that differ from the index
+    being resumed, a path that holds no index, a damaged manifest (exit 78)."""
+
     exit_code = EXIT_CONFIG
 
 
