@@ -66,13 +66,31 @@ LINGER_S = 1.0
 NOT_HTTP = ("the request is not valid HTTP/1.1 (a malformed request line, header, Content-Length or chunked body); "
             "the connection is closed")
 
+# A request head (request line and headers) is held by the parser until it ends: one over MAX_HEAD_BYTES is refused
+# as it arrives (431; 414 when the request line's URL is what is too long), the connection closed. Without a bound a
+# client's endless header or URL grew one bytes object (httptools and uvicorn append each piece: quadratic copying on
+# the event loop) for as long as it sent: 300 MB of one header took 370 MB of memory and minutes of the loop's CPU.
+# NOTE: nginx holds 32 KiB of headers by default, uvicorn's h11 parser 16 KiB; a head is fed in HEAD_SLICE pieces,
+# counted from the first piece after the one it begins in, so a head up to the limit is never refused
+MAX_HEAD_BYTES = 64 << 10
+HEAD_SLICE = 4096
+
+
+def raw_error(status: int, reason: bytes, message: str, default_headers: list[tuple[bytes, bytes]]) -> bytes:
+    """The server's JSON error answer as raw HTTP/1.1 bytes (``Connection: close``), for what the parser refuses
+    before any request reaches the app."""
+    body = dumps({"error": {"message": message, "type": "invalid_request_error", "code": status}})
+    head = [b"HTTP/1.1 %d %s\r\n" % (status, reason)]
+    head += [name + b": " + value + b"\r\n" for name, value in default_headers]
+    head.append(b"content-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n" % len(body))
+    return b"".join(head) + body
+
 
 def http_protocol(metrics: ServeMetrics) -> type[asyncio.Protocol]:
     """uvicorn's HTTP protocol (httptools, else h11) whose answer to a request its parser refuses (a bad
     Content-Length or chunk, a forbidden character in a header, a broken request line) is the server's JSON
     error, counted in ``/metrics`` as route ``unmatched``, instead of uvicorn's text/plain "Invalid HTTP request
     received." (such a request never reaches the app, so the app cannot answer it)."""
-    body = dumps({"error": {"message": NOT_HTTP, "type": "invalid_request_error", "code": 400}})
     counter = metrics.requests.labels(route=UNMATCHED, status="400")
 
     class JsonErrorProtocol(AutoHTTPProtocol):  # type: ignore[valid-type,misc]  # httptools' or h11's, at import
@@ -84,13 +102,22 @@ def http_protocol(metrics: ServeMetrics) -> type[asyncio.Protocol]:
             _held: Any = None  # the cycle whose keep-alive waits for its request's body
 
             _replaying = False  # a request head fed to a fresh parser only to frame a body (_ignore_upgrade)
+            _in_body = False  # between a request's head and its end (its body is fed as it comes, unsliced)
+            _head_open = False  # a request head has begun and not ended
+            _head_begun = False  # ... in the piece being fed (not counted: part of that piece came before it)
+            _head_bytes = 0  # the head's bytes counted so far (MAX_HEAD_BYTES)
+            _url_in_piece = False  # the piece being fed held URL bytes (the head is still in its request line)
+            _head_refused = False  # a head over MAX_HEAD_BYTES was answered: the connection only lingers
 
             def on_message_begin(self) -> None:
                 if not self._replaying:
+                    self._head_open = self._head_begun = True
+                    self._head_bytes = 0
                     super().on_message_begin()
 
             def on_url(self, url: bytes) -> None:
                 if not self._replaying:
+                    self._url_in_piece = True
                     super().on_url(url)
 
             def on_header(self, name: bytes, value: bytes) -> None:
@@ -98,6 +125,9 @@ def http_protocol(metrics: ServeMetrics) -> type[asyncio.Protocol]:
                     super().on_header(name, value)
 
             def on_headers_complete(self) -> None:
+                if not self._replaying:
+                    self._head_open = False
+                    self._in_body = True
                 before = self.cycle
                 if self._lingering or self._replaying:  # (lingering: a request pipelined behind the discarded body:
                     return                              # not served, close said)
@@ -111,6 +141,7 @@ def http_protocol(metrics: ServeMetrics) -> type[asyncio.Protocol]:
                     self._held = cycle
 
             def on_message_complete(self) -> None:
+                self._in_body = False
                 super().on_message_complete()
                 cycle = self.cycle
                 if cycle is self._held:
@@ -123,8 +154,23 @@ def http_protocol(metrics: ServeMetrics) -> type[asyncio.Protocol]:
             def data_received(self, data: bytes) -> None:
                 if not self._lingering:
                     self._unset_keepalive_if_required()
+                    done = 0  # how much of `data` the parser has been fed
                     try:
-                        self.parser.feed_data(data)
+                        # NOTE: outside a body (where a head may begin or goes on) in pieces, the head's bytes counted
+                        # as they come; a body (the rest of the data) at once
+                        while not self._in_body:
+                            piece = data[done:done + HEAD_SLICE]
+                            self._head_begun = self._url_in_piece = False
+                            self.parser.feed_data(piece)
+                            done += len(piece)
+                            if self._head_open and not self._head_begun:
+                                self._head_bytes += len(piece)
+                                if self._head_bytes > MAX_HEAD_BYTES:
+                                    self._refuse_head()
+                                    return
+                            if done >= len(data) or self.transport.is_closing():
+                                return
+                        self.parser.feed_data(data[done:] if done else data)
                     except httptools.HttpParserError:
                         self.logger.warning("Invalid HTTP request received.")
                         self.send_400_response("Invalid HTTP request received.")
@@ -132,11 +178,14 @@ def http_protocol(metrics: ServeMetrics) -> type[asyncio.Protocol]:
                         if self._should_upgrade():  # a WebSocket, a WebSocket library installed: uvicorn's way
                             self.handle_websocket_upgrade()
                         else:
-                            self._ignore_upgrade(data[int(exc.args[0]) if exc.args else len(data):])
+                            end = len(data) if not exc.args else min(len(data), done + int(exc.args[0]))
+                            self._ignore_upgrade(data[end:])
                     return
                 self._lingered += len(data)
                 if self._lingered > LINGER_BYTES:
                     self.end_linger()
+                    return
+                if self._head_refused:  # a head over MAX_HEAD_BYTES: nothing after it is parsed
                     return
                 try:
                     self.parser.feed_data(data)  # only to see where the body ends (on_body discards it)
@@ -155,7 +204,9 @@ def http_protocol(metrics: ServeMetrics) -> type[asyncio.Protocol]:
                 self.parser = httptools.HttpRequestParser(self)
                 framing = [(name, value) for name, value in self.headers
                            if name in (b"content-length", b"transfer-encoding")]
+                self._in_body = False  # NOTE: what comes next is a new request's head (counted), or this one's body
                 if framing and cycle is not None and not cycle.response_started:
+                    self._in_body = True
                     cycle.more_body = True  # NOTE: llhttp said the message was complete: it is not, yet
                     cycle.message_event.clear()
                     if cycle.keep_alive:  # until its body has arrived, an answer says close (on_message_complete)
@@ -208,13 +259,32 @@ def http_protocol(metrics: ServeMetrics) -> type[asyncio.Protocol]:
                 self._stopping = True
                 super().shutdown()
 
+            def _refuse_head(self) -> None:
+                """A request head over ``MAX_HEAD_BYTES`` so far: 414 when the URL is what is still arriving, else
+                431; counted as route ``unmatched``; what was held of it is dropped, the rest discarded unparsed while
+                the connection lingers, then closes."""
+                if self._url_in_piece:  # NOTE: the parser is still in the request line
+                    status, reason = 414, b"URI Too Long"
+                    what = "the URL (send the request's fields in its JSON body)"
+                else:
+                    status, reason = 431, b"Request Header Fields Too Large"
+                    what = "the headers (a header too large, or too many)"
+                message = (f"the request line and headers are over the limit of {MAX_HEAD_BYTES} bytes: {what}; the "
+                           "connection is closed")
+                self.logger.warning("Request head over %d bytes: %d answered.", MAX_HEAD_BYTES, status)
+                self.transport.write(raw_error(status, reason, message, self.server_state.default_headers))
+                metrics.requests.labels(route=UNMATCHED, status=str(status)).inc()
+                self.url = b""
+                self.headers: list[tuple[bytes, bytes]] = []
+                self.parser = httptools.HttpRequestParser(self)  # NOTE: drops the part of the head it held
+                self._head_refused = True  # the rest of the head is discarded unparsed
+                # NOTE: a close at once, with the head still arriving, resets the connection: a client still sending
+                # may see the reset, not the answer
+                self.linger()
+
         def send_400_response(self, msg: str) -> None:
             # NOTE: raw bytes for both parsers (h11's state does not matter: the connection closes right after)
-            head = [b"HTTP/1.1 400 Bad Request\r\n"]
-            head += [name + b": " + value + b"\r\n" for name, value in self.server_state.default_headers]
-            head.append(b"content-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
-                        % len(body))
-            self.transport.write(b"".join(head) + body)
+            self.transport.write(raw_error(400, b"Bad Request", NOT_HTTP, self.server_state.default_headers))
             self.transport.close()
             counter.inc()
 

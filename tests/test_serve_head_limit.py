@@ -1,0 +1,104 @@
+"""A request head (request line and headers) is bounded: one over 64 KiB (``MAX_HEAD_BYTES``) is answered 431 (414
+when it is the URL) in the server's JSON error shape as it arrives, counted in ``/metrics`` as route ``unmatched``, the
+connection closed; the server keeps serving. Before, the parser held a head of any size until it ended: a client
+streaming one endless header (or URL) grew one bytes object for as long as it sent (300 MB of header: 370 MB of the
+server's memory and minutes of its event loop copying it), and a 1 MiB header was served.
+
+Real components: the vectors-only server of ``tests/test_serve_upgrade_ignored.py`` (``petal serve`` in a child
+process on a loopback port), raw sockets."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+
+import pytest
+
+from tests.test_serve_audit_http import read_answer
+from tests.test_serve_upgrade_ignored import served  # noqa: F401  (the fixture)
+
+pytest.importorskip("httpx")
+
+MIB = 1 << 20
+
+
+def _count(server, status: int) -> float:
+    found = re.search(rf'^petal_requests_total\{{route="unmatched",status="{status}"\}} ([\d.e+]+)',
+                      server.client.get("/metrics").text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def _send_head(server, start: bytes, filler: bytes, size: int, end: bytes) -> tuple[int, dict[str, str], bytes]:
+    """Send ``start``, ``size`` bytes of ``filler`` in 64 KiB writes and ``end`` on one connection (the server may stop
+    reading), then read its answer."""
+    host, port = server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        try:
+            sock.sendall(start)
+            piece = (filler * (65536 // len(filler) + 1))[:65536]
+            for _ in range(size // len(piece)):
+                sock.sendall(piece)
+            sock.sendall(end)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        return read_answer(sock)
+
+
+def _search(body: bytes) -> bytes:
+    return (b"POST /search HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+            % len(body) + body)
+
+
+CASES = {  # (start, filler, end): the head grows past the limit in its filler
+    "one huge header": (b"POST /search HTTP/1.1\r\nHost: x\r\nX-Huge: ", b"a", b"\r\n\r\n"),
+    "many small headers": (b"POST /search HTTP/1.1\r\nHost: x\r\n", b"X-Small: abcdefgh\r\n", b"\r\n"),
+    "a huge cookie": (b"GET /health HTTP/1.1\r\nHost: x\r\nCookie: ", b"k=v; ", b"\r\n\r\n"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_headers_over_the_limit_are_431_as_they_arrive(served, case):  # noqa: F811
+    server, body, expected = served
+    start, filler, end = CASES[case]
+    before = _count(server, 431)
+    status, headers, answer = _send_head(server, start, filler, MIB, end)
+    assert status == 431, (case, status, answer)
+    assert headers["content-type"] == "application/json" and headers.get("connection") == "close"
+    error = json.loads(answer)["error"]
+    assert error["code"] == 431 and "65536 bytes" in error["message"] and "headers" in error["message"], error
+    assert _count(server, 431) == before + 1
+    answer = server.client.post("/search", content=body, headers={"Content-Type": "application/json"})
+    assert answer.status_code == 200 and answer.json() == expected
+
+
+def test_a_url_over_the_limit_is_414(served):  # noqa: F811
+    server = served[0]
+    before = _count(server, 414)
+    status, headers, answer = _send_head(server, b"GET /health?q=", b"x", MIB, b" HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert status == 414, (status, answer)
+    error = json.loads(answer)["error"]
+    assert error["code"] == 414 and "URL" in error["message"] and "65536 bytes" in error["message"], error
+    assert headers.get("connection") == "close"
+    assert _count(server, 414) == before + 1
+    assert server.client.get("/health").status_code == 200
+
+
+@pytest.mark.parametrize("pieces", [1, 16])
+def test_a_head_within_the_limit_is_served(served, pieces):  # noqa: F811
+    """60 KiB of headers, in one write or in 16: served as before, on a connection kept for the next request."""
+    server, body, expected = served
+    headers = b"".join(b"X-Pad-%d: %s\r\n" % (i, b"p" * 3000) for i in range(20))  # ~60 KiB
+    request = _search(body).replace(b"Host: x\r\n", b"Host: x\r\n" + headers, 1)
+    assert 58000 < request.index(b"\r\n\r\n") < 65536
+    host, port = server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        size = -(-len(request) // pieces)
+        for i in range(0, len(request), size):
+            sock.sendall(request[i:i + size])
+        status, headers_got, answer = read_answer(sock)
+        assert status == 200 and json.loads(answer) == expected, answer
+        assert headers_got.get("connection") != "close"
+        sock.sendall(_search(body))  # the same connection serves the next request
+        status, _, answer = read_answer(sock)
+        assert status == 200 and json.loads(answer) == expected
