@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 
 from petal.pipeline.index.binary import open_binary_index
 from petal.pipeline.index.faiss_loader import load_faiss
-from petal.pipeline.index.files import IDS_FILE, INDEX_FILE, open_parquet, read_index
+from petal.pipeline.index.files import IDS_FILE, INDEX_FILE, IVFDATA_FILE, open_parquet, read_index
 from petal.pipeline.index.read_errors import host_failure, read_failure
 from petal.pipeline.index.row_groups import IdMap, RowGroups
 from petal.pipeline.index.tune import apply_params
@@ -297,9 +297,12 @@ class IndexReader:
                                   "(petal rebuild OUT --index-factory ...)") from exc
         valid = ids >= 0  # NOTE: FAISS pads with -1 when fewer than k results exist
         flat = ids[valid]
-        if len(flat) and int(flat.max()) >= self.num_ids:
-            # NOTE: only a damaged index body returns such an id (the open checks read heads and tails)
-            raise BadInputError(f"{self.dir / INDEX_FILE} returned vector id {int(flat.max())} of {self.num_ids}: "
+        wrong = ids[(ids < -1) | (ids >= self.num_ids)]
+        if len(wrong):
+            # NOTE: only a damaged index body returns such an id (the open checks read heads and tails); one below
+            # -1 is no padding either: dropped, its hit would be lost without a word
+            held_in = IVFDATA_FILE if self.storage == "ondisk" else INDEX_FILE  # the file whose lists hold the ids
+            raise BadInputError(f"{self.dir / held_in} returned vector id {int(wrong[0])} of {self.num_ids}: "
                                 "the index is corrupt; run petal verify and rebuild it")
         return self._hits(scores, ids, valid, flat)
 
