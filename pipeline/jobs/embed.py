@@ -180,10 +180,30 @@ class Embedder:
             config = EngineConfig(device=dev, dtype=resolve_dtype(dtype, dev), attention=attention_backend(attention),
                                   cuda_graphs=cuda_graphs, max_seqs=max_seqs,
                                   token_budget=token_budget or default_token_budget(dev, self.spec.pooling.max_length))
-            self.engine = (engine_factory or Engine)(self.spec, config)
+            self._engine: Engine | None = (engine_factory or Engine)(self.spec, config)
         except ValueError as exc:
             raise petal_error(exc) from exc
         self._tokenizers: dict[str, TextTokenizer] = {}
+
+    @property
+    def engine(self) -> Engine:
+        """The model's engine (``UsageError`` after ``close()``)."""
+        if self._engine is None:
+            raise UsageError("this Embedder was closed: make a new one (petal.Embedder(...))")
+        return self._engine
+
+    def close(self) -> None:
+        """Let the model go: its engine (weights, CUDA graphs, pinned buffers) is freed once nothing else holds it.
+        Encoding afterwards raises ``UsageError``; closing again does nothing. Also the end of a
+        ``with petal.Embedder(...) as embedder:`` block."""
+        self._engine = None
+        self._tokenizers.clear()
+
+    def __enter__(self) -> Embedder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     @property
     def dim(self) -> int:
@@ -221,6 +241,7 @@ class Embedder:
 
         if not isinstance(query, (bool, np.bool_)):
             raise UsageError(f"query={query!r} is {kind_of(query)}, not True or False")
+        engine = self.engine  # NOTE: a closed Embedder refuses before any text is judged
         items = text_items(texts, "texts")
         # NOTE: the rule of petal index: null, undecodable and invisible texts are skipped and counted; rows keep
         # input positions (NaN rows, zeros for codes)
@@ -230,13 +251,13 @@ class Embedder:
             raise NoInputError(f"nothing to embed: {describe_skips(skipped)}")
         kept = [i for i in range(len(items)) if i not in skipped]
         texts_in = [t.decode("utf-8") if isinstance(t, bytes) else t for t in (items[i] for i in kept)]
-        budget = self.engine.config.token_budget
+        budget = engine.config.token_budget
         if batch_tokens is not None:
             batch_tokens = whole_number(batch_tokens, "batch_tokens")
         if batch_tokens is not None and not self.max_length <= batch_tokens <= budget:
             raise UsageError(f"batch_tokens {batch_tokens} is outside {self.max_length} (the max length) .. {budget} "
                              "(the engine's token budget: pass token_budget= to Embedder for more)")
-        vectors, truncated = encode_texts(self.engine, self._tokenizer("query" if query else "document"), texts_in,
+        vectors, truncated = encode_texts(engine, self._tokenizer("query" if query else "document"), texts_in,
                                           batch_tokens)
         finite = np.isfinite(vectors).all(axis=1)
         if not finite.all():

@@ -1,0 +1,33 @@
+"""``petal.Embedder`` closes as ``petal.Index`` does: ``close()`` (or the end of ``with petal.Embedder(...) as
+embedder:``) lets its engine go (weights, CUDA graphs, pinned buffers: freed once nothing else holds them, without
+waiting for a garbage collection), and a closed one raises ``UsageError``, never an ``AttributeError``. Real tiny
+BERT."""
+
+from __future__ import annotations
+
+import weakref
+
+import numpy as np
+import pytest
+
+import petal
+
+
+def test_an_embedder_is_a_context_manager_that_lets_its_engine_go(tiny_bert_dir):
+    with petal.Embedder(tiny_bert_dir, device="cpu") as embedder:
+        rows = embedder.encode(["glaciers move", "bread rises"])
+        engine = weakref.ref(embedder.engine)
+    assert rows.shape == (2, embedder.dim) and rows.dtype == np.float32
+    assert engine() is None  # freed by the close itself (no gc.collect())
+    for call in (lambda: embedder.encode("again"), lambda: embedder.embed(["again"]), lambda: embedder.engine):
+        with pytest.raises(petal.UsageError, match="closed"):
+            call()
+    assert embedder.dim == rows.shape[1] and embedder.max_length > 0  # settings stay readable
+    embedder.close()  # closing again does nothing
+
+
+def test_close_without_with(tiny_bert_dir):
+    embedder = petal.Embedder(tiny_bert_dir, device="cpu")
+    embedder.close()
+    with pytest.raises(petal.UsageError, match="closed"):
+        embedder.encode(["x"])
