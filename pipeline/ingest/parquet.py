@@ -47,6 +47,7 @@ from petal.pipeline.reliability.errors import (
     NoInputError,
     PetalError,
     PetalIOError,
+    TemporaryFailure,
     one_line,
     quote_path,
 )
@@ -500,27 +501,58 @@ def _record_batches(info: ShardInfo, columns: list[str], read: ReadConfig, start
                     stop_row: int | None = None) -> Iterator[pa.RecordBatch]:
     """The shard's record batches from row ``start_row`` on (a retry resumes where it failed), up to the row
     group that holds row ``stop_row`` (``None``: the end; a row-group range ends on a row-group boundary)."""
-    source = info.path.open() if isinstance(info.path, RemotePath) else info.path  # ranged reads, never a download
+    # NOTE: a local shard is read through one descriptor, checked against preflight's stat when opened and after
+    # every record batch (``check_unchanged``): a shard replaced or rewritten since preflight (whose footer, rows and
+    # content hash the run recorded) is never embedded or stored as if it were the file preflight saw.
+    source = info.path.open() if isinstance(info.path, RemotePath) else pa.OSFile(os.fspath(info.path))
+    fd = None if isinstance(info.path, RemotePath) else source.fileno()
+    if fd is not None:
+        check_unchanged(info, os.fstat(fd))
     # NOTE: page CRCs are verified where a writer stored them (a corrupt page is 65, never embedded)
-    with contextlib.closing(cast(Any, source)) if isinstance(info.path, RemotePath) else contextlib.nullcontext(), \
+    with contextlib.closing(cast(Any, source)), \
             pq.ParquetFile(source, buffer_size=read.read_buffer_bytes, pre_buffer=False,
                            page_checksum_verification=True) as pf:
-        meta = pf.metadata
-        starts = [0]
-        for g in range(meta.num_row_groups):
-            starts.append(starts[-1] + meta.row_group(g).num_rows)
-        first = bisect.bisect_right(starts, start_row) - 1
-        if first >= meta.num_row_groups:
-            return
-        skip = start_row - starts[first]
-        size = batch_rows(pf, columns[0], read)
-        stop = meta.num_row_groups if stop_row is None else bisect.bisect_left(starts, stop_row)
-        for batch in pf.iter_batches(batch_size=size, columns=columns, row_groups=range(first, stop)):
-            if skip >= batch.num_rows:
-                skip -= batch.num_rows
-                continue
-            yield from _decoded(batch.slice(skip) if skip else batch, read.max_batch_bytes)
-            skip = 0
+        try:
+            meta = pf.metadata
+            starts = [0]
+            for g in range(meta.num_row_groups):
+                starts.append(starts[-1] + meta.row_group(g).num_rows)
+            first = bisect.bisect_right(starts, start_row) - 1
+            if first >= meta.num_row_groups:
+                return
+            skip = start_row - starts[first]
+            size = batch_rows(pf, columns[0], read)
+            stop = meta.num_row_groups if stop_row is None else bisect.bisect_left(starts, stop_row)
+            for batch in pf.iter_batches(batch_size=size, columns=columns, row_groups=range(first, stop)):
+                if fd is not None:
+                    check_unchanged(info, os.fstat(fd))  # the batch's pages are read: they are preflight's file's
+                if skip >= batch.num_rows:
+                    skip -= batch.num_rows
+                    continue
+                yield from _decoded(batch.slice(skip) if skip else batch, read.max_batch_bytes)
+                skip = 0
+        except (OSError, pa.ArrowException):
+            if fd is not None:  # a file cut or rewritten under the reader fails to decode: it changed, not corrupt
+                check_unchanged(info, os.fstat(fd))
+            raise
+
+
+class ShardChangedError(TemporaryFailure):
+    """A source shard changed (rewritten in place, replaced, cut) after preflight read its footer and stat: what
+    the run read of it is not what it recorded. Nothing of it is committed; a rerun reads its new content (75)."""
+
+
+def check_unchanged(info: ShardInfo, stat: os.stat_result) -> None:
+    """Raise ``ShardChangedError`` when ``stat`` (of the open shard) is not the file ``info`` describes: size and
+    mtime, and the inode and its change time where ``info`` has them (a ``touch -d``/``cp -p`` puts the mtime back,
+    never the change time)."""
+    seen = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "inode": stat.st_ino, "ctime_ns": stat.st_ctime_ns}
+    known = {"size": info.size, "mtime_ns": info.mtime_ns, "inode": info.inode, "ctime_ns": info.ctime_ns}
+    differ = [key for key, value in known.items() if (value or key in ("size", "mtime_ns")) and seen[key] != value]
+    if differ:
+        raise ShardChangedError(f"{quote_path(info.path)} changed while petal was indexing it ({', '.join(differ)} "
+                                "differ from when the run began): nothing of it is indexed; rerun once it is "
+                                "written (finished shards are kept)")
 
 
 def _decoded(batch: pa.RecordBatch, max_bytes: int) -> Iterator[pa.RecordBatch]:

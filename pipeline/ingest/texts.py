@@ -110,7 +110,8 @@ def _parquet_texts(path: Path, text_column: str, id_column: str | None, read: Re
                             "string")
     info = ShardInfo(path=path, abs_path=str(path.resolve()), size=stat.st_size, mtime_ns=stat.st_mtime_ns,
                      num_rows=meta.num_rows, num_row_groups=meta.num_row_groups, has_id_column=bool(id_column),
-                     id_type=str(id_type or ""), text_type=str(column_type), schema=schema)
+                     id_type=str(id_type or ""), text_type=str(column_type), schema=schema, ctime_ns=stat.st_ctime_ns,
+                     inode=stat.st_ino)
 
     def decode(_row: int, batch: pa.RecordBatch) -> tuple[list[Any], list[Any]]:
         return _texts(batch.column(0)), read_ids(batch.column(len(columns) - 1)) if id_column else []

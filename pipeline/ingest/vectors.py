@@ -75,7 +75,8 @@ def inspect_vector_shard(path: Path, read: ReadConfig, column: str,
         raise BadInputError(f"{path}: id column {read.id_column!r} has type {id_type}, expected an integer or string")
     info = ShardInfo(path=path, abs_path=str(path.resolve()), size=stat.st_size, mtime_ns=stat.st_mtime_ns,
                      num_rows=meta.num_rows, num_row_groups=meta.num_row_groups, has_id_column=has_id,
-                     id_type=str(id_type) if id_type is not None else "", text_type=str(vtype), schema=schema)
+                     id_type=str(id_type) if id_type is not None else "", text_type=str(vtype), schema=schema,
+                     ctime_ns=stat.st_ctime_ns, inode=stat.st_ino)
     return info, (vtype.list_size if pa.types.is_fixed_size_list(vtype) else None)
 
 

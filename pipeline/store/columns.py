@@ -123,9 +123,8 @@ def ensure_columns(store: EmbeddingStore, entries: list[StoreEntry], need: Colum
         check()
         source = entry.meta["source"]
         shard = read_now.get(str(source["abs_path"]))
-        if shard is None and "://" not in str(source["abs_path"]) and _same_content(Path(source["abs_path"]),
-                                                                                    source, read, stats):
-            shard = _source_info(Path(source["abs_path"]), source)
+        if shard is None and "://" not in str(source["abs_path"]):
+            shard = _same_content(Path(source["abs_path"]), source, read, stats)
         if shard is None:
             if need.keep:
                 raise ConfigError(f"{source['path']} is gone or changed since it was embedded, so its columns "
@@ -140,29 +139,28 @@ def _no_check() -> None:
     return None
 
 
-def _same_content(shard: Path, source: dict, read: ReadConfig, stats: ReadStats | None) -> bool:
+def _same_content(shard: Path, source: dict, read: ReadConfig, stats: ReadStats | None) -> ShardInfo | None:
+    """A kept shard's file when it holds what its entry was made from (same size, and same mtime or same sha256),
+    described by the stat taken before that check (the reader refuses a file changed since: ``check_unchanged``);
+    else ``None``."""
     try:
         stat = shard.stat()
     except OSError:
-        return False
+        return None
     if stat.st_size != source["size"]:
-        return False
-    if stat.st_mtime_ns == source["mtime_ns"]:
-        return True
-    from petal.pipeline.store.embeddings import sha256_file
+        return None
+    if stat.st_mtime_ns != source["mtime_ns"]:
+        from petal.pipeline.store.embeddings import sha256_file
 
-    def content() -> str:
-        fault("read_content", str(shard))
-        return sha256_file(shard)
+        def content() -> str:
+            fault("read_content", str(shard))
+            return sha256_file(shard)
 
-    return read_retrying(shard, content, read, stats, "cannot read it to fingerprint it") == source["sha256"]
-
-
-def _source_info(shard: Path, source: dict) -> ShardInfo:
-    """A kept shard's file, unchanged since its entry was made, for the shared reader (its schema not read yet)."""
-    return ShardInfo(path=shard, abs_path=str(source["abs_path"]), size=int(source["size"]),
-                     mtime_ns=int(source["mtime_ns"]), num_rows=int(source.get("rows", 0)), num_row_groups=0,
-                     has_id_column=False, id_type="", text_type="")
+        if read_retrying(shard, content, read, stats, "cannot read it to fingerprint it") != source["sha256"]:
+            return None
+    return ShardInfo(path=shard, abs_path=str(source["abs_path"]), size=stat.st_size, mtime_ns=stat.st_mtime_ns,
+                     num_rows=int(source.get("rows", 0)), num_row_groups=0, has_id_column=False, id_type="",
+                     text_type="", ctime_ns=stat.st_ctime_ns, inode=stat.st_ino)
 
 
 def _write_columns(info: ShardInfo, entry: StoreEntry, need: ColumnsNeed, path: Path, read: ReadConfig,
