@@ -8,8 +8,10 @@ dataclass refuses is a ``UsageError`` (exit 2, also a ``ValueError``).
 
 from __future__ import annotations
 
+import math
 import operator
 import os
+import sys
 from collections.abc import Callable, ItemsView, Iterable, KeysView
 from collections.abc import Set as AbstractSet
 from dataclasses import fields
@@ -78,15 +80,20 @@ def kind_of(value: Any) -> str:
 
 
 def text_items(texts: Any, name: str, hint: str = "") -> list[Any]:
-    """One text (str or UTF-8 bytes) or an ordered iterable (list, tuple, generator, ``dict.keys()``) or numpy
-    array of them, as a list (``None`` kept: the caller's text rule skips it); anything else (a dict, a set, a
-    bytearray, an item that is not a str) is a ``UsageError`` naming ``name`` and the type (``hint`` appended)."""
+    """One text (str or UTF-8 bytes) or an ordered iterable (list, tuple, generator, ``dict.keys()``), numpy array,
+    pandas column or pyarrow ``Array``/``ChunkedArray`` of them, as a list; a missing text (``None``, a float NaN,
+    ``pandas.NA``: how pandas and numpy hold a null) is ``None``, which the caller's text rule skips. Anything else
+    (a dict, a set, a bytearray, an item that is not a str) is a ``UsageError`` naming ``name`` and the type
+    (``hint`` appended)."""
     if isinstance(texts, (str, bytes)):
         return [texts]  # one text, never its characters (or bytes)
     if isinstance(texts, (bytearray, memoryview)):  # NOTE: iterated, their bytes are ints
         raise UsageError(f"{name}: {kind_of(texts)} is not a text (str or UTF-8 bytes) or a list of them{hint}")
-    if hasattr(texts, "tolist") and hasattr(texts, "ndim"):  # a numpy array of texts
-        items: list[Any] = [texts.item()] if texts.ndim == 0 else texts.tolist()
+    arrow = sys.modules.get("pyarrow")  # NOTE: loaded wherever a pyarrow array exists; never imported for this
+    if arrow is not None and isinstance(texts, (arrow.Array, arrow.ChunkedArray)):
+        items: list[Any] = texts.to_pylist()  # str, bytes and None (iterated: StringScalar objects)
+    elif hasattr(texts, "tolist") and hasattr(texts, "ndim"):  # a numpy array of texts, a pandas column
+        items = [texts.item()] if texts.ndim == 0 else texts.tolist()
     elif hasattr(texts, "keys") or (isinstance(texts, AbstractSet) and not isinstance(texts, (KeysView, ItemsView))):
         # NOTE: a dict (or a DataFrame) iterates its keys, a set in no order the caller can match rows to: the
         # rows would silently be of other texts, or in another order
@@ -98,6 +105,8 @@ def text_items(texts: Any, name: str, hint: str = "") -> list[Any]:
             items = list(texts)
         except TypeError:
             raise UsageError(f"{name}: {kind_of(texts)} is not a text (str) or a list of them{hint}") from None
+    pandas_na = getattr(sys.modules.get("pandas"), "NA", None)
+    items = [None if text is pandas_na or (isinstance(text, float) and math.isnan(text)) else text for text in items]
     bad = next((i for i, text in enumerate(items) if text is not None and not isinstance(text, (str, bytes))), None)
     if bad is not None:
         raise UsageError(f"{name}[{bad}] is {kind_of(items[bad])}, not a str{hint}")
