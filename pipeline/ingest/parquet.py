@@ -461,13 +461,37 @@ def preflight(paths: list[Path | RemotePath], read: ReadConfig, stats: ReadStats
         except NoInputError as exc:  # permission denied (an object that is gone: 66 too)
             unreadable.append(str(exc))
     raise_problems(unreadable, problems)
-    id_kinds = {("int" if integer_ids(s.id_type) else "str") for s in infos if s.has_id_column}
-    if len(id_kinds) > 1:
-        raise BadInputError(
-            f"id column {read.id_column!r} is an integer in some shards and a string in others: "
-            + ", ".join(f"{quote_path(s.path)} ({s.id_type})" for s in infos if s.has_id_column)
-        )
+    check_id_kinds(infos, read.id_column)
     return infos
+
+
+def _id_kind(info: ShardInfo) -> str | None:
+    """``"int"`` or ``"str"``: the kind of the ids a shard gives the index (a shard preflight read without an id
+    column: ``<shard>:<row>`` strings); ``None`` when unknown (a kept shard whose store entry predates ``id_type``)."""
+    if info.id_type:
+        return "int" if integer_ids(info.id_type) else "str"
+    return "str" if info.schema is not None and not info.has_id_column else None
+
+
+def check_id_kinds(infos: list[ShardInfo], id_column: str) -> None:
+    """One kind of id in every shard of an index: the shards a run names and (under the lock) the live version's
+    shards it keeps (no schema: ``kept``), for text and ``--vectors-column`` runs alike. A mix is 65 naming them.
+
+    NOTE: the index stores one id type: integer ids beside string ones were stored as strings (``7`` became
+    ``"7"``, and the same as a string id ``"7"`` of another shard), silently, from one run to the next."""
+    kinds = {kind for s in infos if (kind := _id_kind(s)) is not None}
+    if len(kinds) <= 1:
+        return
+
+    def said(info: ShardInfo) -> str:
+        what = info.id_type or "no id column: ids are '<shard>:<row>' strings"
+        return f"{quote_path(info.path)} ({what}{'' if info.schema is not None else ', kept from the live version'})"
+
+    kept = any(s.schema is None for s in infos if _id_kind(s) is not None)
+    raise BadInputError(f"id column {id_column!r} is an integer in some shards and a string in others: "
+                        + ", ".join(said(s) for s in infos if _id_kind(s) is not None)
+                        + ("; to change the kind of ids of the whole index, name every shard with --sync" if kept
+                           else ""))
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from petal.pipeline.ingest.parquet import (
     _is_id,
     _read_error,
     _retrying,
+    check_id_kinds,
     plain_type,
     raise_problems,
     read_ids,
@@ -113,6 +114,7 @@ def preflight_vectors(paths: list[Path], read: ReadConfig, column: str, stats: R
     if len(set(sizes.values())) > 1:
         raise BadInputError(f"vectors column {column!r} has different sizes: "
                             + ", ".join(f"{p} ({n})" for p, n in sizes.items()))
+    check_id_kinds(infos, read.id_column)
     dim = next(iter(sizes.values()), None)
     for info in infos:
         if dim is not None:

@@ -35,7 +35,15 @@ from petal.pipeline.index.writer import BuildResult, build_version_index
 from petal.pipeline.ingest.documents import read_ranges
 from petal.pipeline.ingest.duplicates import check_cross_shard_duplicates
 from petal.pipeline.ingest.pack import PackConfig, Packer
-from petal.pipeline.ingest.parquet import ReadStats, ShardInfo, integer_ids, preflight, read_retrying, resolve_sources
+from petal.pipeline.ingest.parquet import (
+    ReadStats,
+    ShardInfo,
+    check_id_kinds,
+    integer_ids,
+    preflight,
+    read_retrying,
+    resolve_sources,
+)
 from petal.pipeline.ingest.prefetch import Prefetcher
 from petal.pipeline.ingest.rejects import BadRowGate, rejects_table
 from petal.pipeline.ingest.remote import RemotePath
@@ -228,6 +236,7 @@ def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory
         kept_recs = kept_records(previous, shards, job.sync)  # additive: the live shards not named (by abs path)
         kept = kept_entries(store, kept_recs, out.root)
         kept_infos = [kept_shard(r, e) for r, e in zip(kept_recs, kept)]
+        check_id_kinds([*shards, *kept_infos], job.read.id_column)  # 65: kept shards' ids of another kind
         if used_sha is None and (job.scale is not None or (not job.full and stored_any(store, shards))):
             used_sha = weights.result()  # store entries to look up (a resumed run), or workers that pickle the spec
         sha = {}

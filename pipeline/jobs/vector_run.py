@@ -20,7 +20,7 @@ from petal.pipeline.index.columns_file import add_stored_columns
 from petal.pipeline.index.files import IDS_FILE
 from petal.pipeline.index.plan import check_index_factory
 from petal.pipeline.index.writer import build_version_index
-from petal.pipeline.ingest.parquet import ReadStats, ShardInfo, resolve_sources
+from petal.pipeline.ingest.parquet import ReadStats, ShardInfo, check_id_kinds, resolve_sources
 from petal.pipeline.ingest.rejects import rejects_table
 from petal.pipeline.ingest.vectors import preflight_vectors, read_vectors
 from petal.pipeline.jobs import index_run as run
@@ -105,6 +105,7 @@ def _run(job: IndexJob, column: str, report: RunReport, stop: StopSignals, start
         kept_recs = kept_records(previous, shards, job.sync)
         kept = kept_entries(store, kept_recs, out.root)
         kept_infos = [kept_shard(r, e) for r, e in zip(kept_recs, kept)]
+        check_id_kinds([*shards, *kept_infos], job.read.id_column)  # 65: kept shards' ids of another kind
         fp = settings_fingerprint(settings.to_dict())
         fingerprints = [run.content_fingerprint(store, info, fp, job.read, reads) for info in shards]
         all_shards = sorted([*shards, *kept_infos], key=lambda info: info.abs_path)
