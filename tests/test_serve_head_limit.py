@@ -1,8 +1,13 @@
-"""A request head (request line and headers) is bounded: one over 64 KiB (``MAX_HEAD_BYTES``) is answered 431 (414
-when it is the URL) in the server's JSON error shape as it arrives, counted in ``/metrics`` as route ``unmatched``, the
-connection closed; the server keeps serving. Before, the parser held a head of any size until it ended: a client
-streaming one endless header (or URL) grew one bytes object for as long as it sent (300 MB of header: 370 MB of the
-server's memory and minutes of its event loop copying it), and a 1 MiB header was served.
+"""A request head (request line and headers) is bounded in size and time. One over 64 KiB (``MAX_HEAD_BYTES``) is
+answered 431 (414 when it is the URL) in the server's JSON error shape as it arrives, counted in ``/metrics`` as route
+``unmatched``, the connection closed; the server keeps serving. Before, the parser held a head of any size until it
+ended: a client streaming one endless header (or URL) grew one bytes object for as long as it sent (300 MB of header:
+370 MB of the server's memory and minutes of its event loop copying it), and a 1 MiB header was served.
+
+One not complete ``--header-timeout-s`` after it began is answered 408 the same way, and a connection that sends
+nothing is closed after 5 s (uvicorn's keep-alive timeout, as an idle keep-alive connection); before, both held their
+connection (a file descriptor and its state) for ever, however slowly the head came: enough of them and the server
+accepted no one.
 
 Real components: the vectors-only server of ``tests/test_serve_upgrade_ignored.py`` (``petal serve`` in a child
 process on a loopback port), raw sockets."""
@@ -12,11 +17,12 @@ from __future__ import annotations
 import json
 import re
 import socket
+import time
 
 import pytest
 
 from tests.test_serve_audit_http import read_answer
-from tests.test_serve_upgrade_ignored import served  # noqa: F401  (the fixture)
+from tests.test_serve_upgrade_ignored import serve_vectors, served  # noqa: F401  (the fixture)
 
 pytest.importorskip("httpx")
 
@@ -102,3 +108,69 @@ def test_a_head_within_the_limit_is_served(served, pieces):  # noqa: F811
         sock.sendall(_search(body))  # the same connection serves the next request
         status, _, answer = read_answer(sock)
         assert status == 200 and json.loads(answer) == expected
+
+
+@pytest.fixture(scope="module")
+def impatient(tmp_path_factory):
+    running = serve_vectors(tmp_path_factory.mktemp("serve-head-timeout"), "--header-timeout-s", "1")
+    yield running
+    running[0].stop()
+
+
+def _connect(server) -> socket.socket:
+    host, port = server.url.removeprefix("http://").split(":")
+    return socket.create_connection((host, int(port)), timeout=30)
+
+
+def _closed_within(sock: socket.socket, seconds: float) -> bool:
+    """Whether the server closes ``sock`` (nothing more to read) within ``seconds``."""
+    sock.settimeout(seconds)
+    try:
+        return sock.recv(1) == b""
+    except TimeoutError:
+        return False
+    except ConnectionResetError:
+        return True
+
+
+def test_a_head_not_complete_in_time_is_408_and_a_silent_connection_is_closed(impatient):
+    server, body, expected = impatient
+    before = _count(server, 408)
+    silent = _connect(server)  # says nothing at all
+    started = time.monotonic()
+    with _connect(server) as stalled, _connect(server) as dribbling:
+        stalled.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # the head, less its last line
+        head = b"POST /search HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"s" * 100
+        for i in range(0, len(head), 8):  # a byte or so every 20 ms: active, never complete in time
+            dribbling.sendall(head[i:i + 8])
+            time.sleep(0.02)
+        for sock in (stalled, dribbling):
+            status, headers, answer = read_answer(sock)
+            assert status == 408, answer
+            assert headers["content-type"] == "application/json" and headers.get("connection") == "close"
+            error = json.loads(answer)["error"]
+            assert error["code"] == 408 and "--header-timeout-s" in error["message"], error
+            assert _closed_within(sock, 5)
+        assert time.monotonic() - started < 4
+    assert _count(server, 408) == before + 2
+    with silent:
+        assert _closed_within(silent, 10)
+        assert 4 < time.monotonic() - started < 10  # uvicorn's keep-alive timeout: 5 s
+    answer = server.client.post("/search", content=body, headers={"Content-Type": "application/json"})
+    assert answer.status_code == 200 and answer.json() == expected
+
+
+def test_a_keep_alive_connection_idle_between_requests_is_not_timed_as_a_head(impatient):
+    """The head's time starts at its first byte: a keep-alive client that waits longer than --header-timeout-s
+    (less than the keep-alive timeout) between requests is served; and a head sent in pieces within the time."""
+    server, body, expected = impatient
+    request = _search(body)
+    with _connect(server) as sock:
+        for pause in (0, 1.5):
+            time.sleep(pause)
+            sock.sendall(request[:20])
+            time.sleep(0.3)
+            sock.sendall(request[20:])
+            status, headers, answer = read_answer(sock)
+            assert status == 200 and json.loads(answer) == expected, answer
+            assert headers.get("connection") != "close"

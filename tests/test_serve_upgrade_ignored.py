@@ -29,9 +29,9 @@ DIM = 8
 UPGRADE = b"Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n"
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    root = tmp_path_factory.mktemp("serve-upgrade")
+def serve_vectors(root, *flags: object):
+    """``petal serve`` (with ``flags``) on an index of 12 precomputed vectors built in ``root`` (no model: ready in a
+    second); with a ``/search`` body and its answer: ``(server, body, expected)``."""
     vectors = np.random.default_rng(0).standard_normal((12, DIM)).astype(np.float32)
     (root / "data").mkdir()
     pq.write_table(pa.table({"doc": np.arange(12), "body": [f"document {i}" for i in range(12)],
@@ -39,12 +39,18 @@ def served(tmp_path_factory):
                    root / "data" / "a.parquet")
     cli_run("index", root / "data", "--out", root / "out", "-q", "--vectors-column", "vec", "--id-column", "doc",
             "--text-column", "body", "--index-factory", "Flat")
-    server = Server(root / "server.log", root / "out")
+    server = Server(root / "server.log", root / "out", *flags)
     body = json.dumps({"vectors": vectors[[3]].tolist(), "k": 2}).encode()
     expected = server.client.post("/search", content=body, headers={"Content-Type": "application/json"})
     assert expected.status_code == 200, expected.text
-    yield server, body, expected.json()
-    server.stop()
+    return server, body, expected.json()
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    running = serve_vectors(tmp_path_factory.mktemp("serve-upgrade"))
+    yield running
+    running[0].stop()
 
 
 def _conversation(server: Server, parts: list[bytes], answers: int) -> list[tuple[int, bytes]]:

@@ -86,11 +86,17 @@ def raw_error(status: int, reason: bytes, message: str, default_headers: list[tu
     return b"".join(head) + body
 
 
-def http_protocol(metrics: ServeMetrics) -> type[asyncio.Protocol]:
+def http_protocol(metrics: ServeMetrics, header_timeout_s: float = 30.0) -> type[asyncio.Protocol]:
     """uvicorn's HTTP protocol (httptools, else h11) whose answer to a request its parser refuses (a bad
     Content-Length or chunk, a forbidden character in a header, a broken request line) is the server's JSON
     error, counted in ``/metrics`` as route ``unmatched``, instead of uvicorn's text/plain "Invalid HTTP request
-    received." (such a request never reaches the app, so the app cannot answer it)."""
+    received." (such a request never reaches the app, so the app cannot answer it).
+
+    A connection is held only while it makes progress: a new one that sends nothing is closed after uvicorn's
+    keep-alive timeout (5 s), as an idle keep-alive one is, and a request head (line and headers) not complete
+    ``header_timeout_s`` after it began is answered 408 (``--header-timeout-s``). NOTE: without them a client that
+    connected and sent nothing, or a head a byte at a time, held its connection (a file descriptor and its state)
+    for ever: enough of them and the server accepted no one."""
     counter = metrics.requests.labels(route=UNMATCHED, status="400")
 
     class JsonErrorProtocol(AutoHTTPProtocol):  # type: ignore[valid-type,misc]  # httptools' or h11's, at import
@@ -109,11 +115,39 @@ def http_protocol(metrics: ServeMetrics) -> type[asyncio.Protocol]:
             _url_in_piece = False  # the piece being fed held URL bytes (the head is still in its request line)
             _head_refused = False  # a head over MAX_HEAD_BYTES was answered: the connection only lingers
 
+            _head_timer: asyncio.TimerHandle | None = None  # --header-timeout-s of the head begun
+
+            def connection_made(self, transport: asyncio.Transport) -> None:
+                super().connection_made(transport)
+                # NOTE: silent from the start: closed as an idle keep-alive connection is (the first byte stops it)
+                self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive,
+                                                                    self.timeout_keep_alive_handler)
+
             def on_message_begin(self) -> None:
                 if not self._replaying:
                     self._head_open = self._head_begun = True
                     self._head_bytes = 0
+                    self._stop_head_timer()
+                    self._head_timer = self.loop.call_later(header_timeout_s, self._head_too_slow)
                     super().on_message_begin()
+
+            def _stop_head_timer(self) -> None:
+                if self._head_timer is not None:
+                    self._head_timer.cancel()
+                    self._head_timer = None
+
+            def _head_too_slow(self) -> None:
+                self._head_timer = None
+                if not self._head_open or self._lingering or self.transport.is_closing():
+                    return
+                if self.cycle is not None and not self.cycle.response_complete:
+                    # NOTE: a head pipelined behind a request still answering: an answer now would come before that
+                    # one's; its time is counted again
+                    self._head_timer = self.loop.call_later(header_timeout_s, self._head_too_slow)
+                    return
+                self._refuse_head(408, b"Request Timeout", f"the request line and headers did not arrive within "
+                                  f"{header_timeout_s:g} s of their start (--header-timeout-s); the connection is "
+                                  "closed")
 
             def on_url(self, url: bytes) -> None:
                 if not self._replaying:
@@ -128,6 +162,7 @@ def http_protocol(metrics: ServeMetrics) -> type[asyncio.Protocol]:
                 if not self._replaying:
                     self._head_open = False
                     self._in_body = True
+                    self._stop_head_timer()
                 before = self.cycle
                 if self._lingering or self._replaying:  # (lingering: a request pipelined behind the discarded body:
                     return                              # not served, close said)
@@ -166,7 +201,7 @@ def http_protocol(metrics: ServeMetrics) -> type[asyncio.Protocol]:
                             if self._head_open and not self._head_begun:
                                 self._head_bytes += len(piece)
                                 if self._head_bytes > MAX_HEAD_BYTES:
-                                    self._refuse_head()
+                                    self._refuse_big_head()
                                     return
                             if done >= len(data) or self.transport.is_closing():
                                 return
@@ -250,6 +285,7 @@ def http_protocol(metrics: ServeMetrics) -> type[asyncio.Protocol]:
                 super().eof_received()
 
             def connection_lost(self, exc: Exception | None) -> None:
+                self._stop_head_timer()
                 if self._linger_timer is not None:
                     self._linger_timer.cancel()
                     self._linger_timer = None
@@ -259,19 +295,25 @@ def http_protocol(metrics: ServeMetrics) -> type[asyncio.Protocol]:
                 self._stopping = True
                 super().shutdown()
 
-            def _refuse_head(self) -> None:
+            def _refuse_big_head(self) -> None:
                 """A request head over ``MAX_HEAD_BYTES`` so far: 414 when the URL is what is still arriving, else
-                431; counted as route ``unmatched``; what was held of it is dropped, the rest discarded unparsed while
-                the connection lingers, then closes."""
+                431."""
                 if self._url_in_piece:  # NOTE: the parser is still in the request line
                     status, reason = 414, b"URI Too Long"
                     what = "the URL (send the request's fields in its JSON body)"
                 else:
                     status, reason = 431, b"Request Header Fields Too Large"
                     what = "the headers (a header too large, or too many)"
-                message = (f"the request line and headers are over the limit of {MAX_HEAD_BYTES} bytes: {what}; the "
-                           "connection is closed")
-                self.logger.warning("Request head over %d bytes: %d answered.", MAX_HEAD_BYTES, status)
+                self._refuse_head(status, reason, f"the request line and headers are over the limit of "
+                                  f"{MAX_HEAD_BYTES} bytes: {what}; the connection is closed")
+
+            def _refuse_head(self, status: int, reason: bytes, message: str) -> None:
+                """Answer a request head that is not taken (too large, too slow) with the JSON error ``status``,
+                counted as route ``unmatched``; what was held of it is dropped, the rest discarded unparsed while the
+                connection lingers, then closes."""
+                self._stop_head_timer()
+                self._head_open = False
+                self.logger.warning("Request head refused: %d %s.", status, reason.decode())
                 self.transport.write(raw_error(status, reason, message, self.server_state.default_headers))
                 metrics.requests.labels(route=UNMATCHED, status=str(status)).inc()
                 self.url = b""
@@ -317,7 +359,7 @@ class _LingeringClose:
 def server_for(startup: Startup, host: str, port: int, log_level: str = "warning",
                access_log: bool = False) -> DrainingServer:
     config = uvicorn.Config(build_app(startup), host=host, port=port, log_level=log_level, access_log=access_log,
-                            http=http_protocol(startup.metrics),
+                            http=http_protocol(startup.metrics, startup.settings.header_timeout_s),
                             timeout_graceful_shutdown=startup.settings.drain_timeout_s,  # type: ignore[arg-type]  # uvicorn annotates int; any number of seconds works
                             lifespan="on")
     return DrainingServer(config)
