@@ -61,7 +61,7 @@ def embed(texts: tuple[str, ...], model: str | None, from_stdin: bool, input_pat
     lines only, every text skipped. An --input that is missing, not a regular file or unreadable is 66
     too; one that cannot be read as its format is 65.
     """
-    from petal.pipeline.ingest.text_rule import utf8_or_bytes
+    from petal.pipeline.ingest.text_rule import input_lines, utf8_or_bytes
     from petal.pipeline.reliability.errors import NoInputError, UsageError, quote_path
 
     if output is not None and output.suffix.lower() not in (".npy", ".jsonl"):
@@ -80,7 +80,7 @@ def embed(texts: tuple[str, ...], model: str | None, from_stdin: bool, input_pat
         raise click.UsageError("--id-column goes with --input FILE.parquet or FILE.jsonl")
     if from_stdin:
         # NOTE: bytes, decoded line by line; a line that is not UTF-8 stays bytes
-        items += [utf8_or_bytes(raw.rstrip(b"\r\n")) for raw in sys.stdin.buffer]
+        items += [utf8_or_bytes(raw) for raw in input_lines(sys.stdin.buffer)]
     # NOTE: every input, one rule (petal index's, Embedder's): a text that is not UTF-8 (bytes; a TEXT argument that
     # Python read with surrogates for its bad bytes) is skipped in its place as invalid_utf8 or lone_surrogate, as a
     # null or blank one, and counted on the last line of stderr: never embedded as U+FFFD, never a shifted row

@@ -109,7 +109,7 @@ def query(index_path: Path, texts: tuple[str, ...], k: int, from_stdin: bool, as
         index.check_where(where)  # an unknown column: exit 2, before the model loads
     if index.manifest.precomputed:
         index.query_model()  # NOTE: raises: a text query on an index without a model is a usage error (2)
-    from petal.pipeline.ingest.text_rule import skip_reason, valid_text
+    from petal.pipeline.ingest.text_rule import input_lines, skip_reason, valid_text
     from petal.pipeline.reliability.errors import NoInputError
 
     # NOTE: the rule of petal index and petal embed: an invisible query (empty, blank) is skipped and said;
@@ -140,8 +140,7 @@ def query(index_path: Path, texts: tuple[str, ...], k: int, from_stdin: bool, as
     if from_stdin:
         from petal.pipeline.jobs.query import NonFiniteQueryError
 
-        for raw in sys.stdin.buffer:  # one query at a time: answers stream as lines arrive
-            raw = raw.rstrip(b"\r\n")
+        for raw in input_lines(sys.stdin.buffer):  # one query at a time: answers stream as lines arrive
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError:

@@ -7,11 +7,25 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 # NOTE: no pyarrow here (``petal embed`` and ``petal query`` apply the rule): ``documents.py`` imports from this.
 # A character a reader can see: not whitespace, not a C0/C1 control, not a zero-width or bidi format mark.
 VISIBLE = re.compile(r"[^\s\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202f\u2060-\u206f\ufeff]")
+# NOTE: what Notepad, PowerShell's Out-File and Excel's "CSV UTF-8" write before the first line of a text file: it
+# marks the encoding and is no part of the first text (a .jsonl line starting with it is no JSON to json.loads)
+UTF8_BOM = b"\xef\xbb\xbf"
+
+
+def input_lines(lines: Iterable[bytes]) -> Iterator[bytes]:
+    """``--stdin``'s lines as they arrive (``petal query``, ``petal embed``): the line end (``\\n``, ``\\r\\n``)
+    dropped, and a UTF-8 byte order mark that starts the input (``UTF8_BOM``)."""
+    first = True
+    for raw in lines:
+        if first:
+            raw, first = raw.removeprefix(UTF8_BOM), False
+        yield raw.rstrip(b"\r\n")
 
 
 def undecodable_reason(text: bytes) -> str:

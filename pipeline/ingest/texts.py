@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from petal.pipeline.config import ReadConfig
-from petal.pipeline.ingest.text_rule import utf8_or_bytes
+from petal.pipeline.ingest.text_rule import UTF8_BOM, utf8_or_bytes
 from petal.pipeline.reliability.errors import BadInputError, NoInputError, UsageError, quote_path
 from petal.pipeline.reliability.faults import fault
 
@@ -49,8 +49,9 @@ def read_texts(path: Path, text_column: str = "text", id_column: str | None = No
 def _lines(data: bytes) -> list[bytes]:
     """The lines of a file, split at ``\\n`` only (a ``\\r`` before it dropped), as ``--stdin`` is read: never at
     the other line boundaries of ``str.splitlines`` (U+2028, U+0085, form feed, ...), which a text or a JSON string
-    may hold, so one line is one input and no row after it shifts."""
-    lines = data.split(b"\n")
+    may hold, so one line is one input and no row after it shifts. A UTF-8 byte order mark that starts the file is
+    dropped (``UTF8_BOM``)."""
+    lines = data.removeprefix(UTF8_BOM).split(b"\n")
     if lines[-1] == b"":  # the newline that ends the last line
         lines.pop()
     return [line[:-1] if line.endswith(b"\r") else line for line in lines]
