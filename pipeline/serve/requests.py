@@ -22,7 +22,7 @@ from petal.pipeline.serve.settings import Limits
 SIDES = ("query", "document")
 ENCODINGS = ("float", "base64")
 INCLUDES = ("text", "metadata")
-DEFAULT_K = 10  # /search without "k"
+DEFAULT_K = 10  # /search without "k" (or --max-k, when lower)
 
 
 class RequestError(Exception):
@@ -214,7 +214,8 @@ def parse_search(body: dict[str, Any], limits: Limits) -> SearchRequest:
         include = []
     if not isinstance(include, list) or any(not isinstance(x, str) or x not in INCLUDES for x in include):
         raise RequestError(422, f"'include' must be a list of {', '.join(map(repr, INCLUDES))}")
-    k = _int(body, "k", DEFAULT_K, 1, limits.max_k, "--max-k")
+    # NOTE: the default within --max-k too: a server started with --max-k 5 answered 10 hits to a request without k
+    k = _int(body, "k", min(DEFAULT_K, limits.max_k), 1, limits.max_k, "--max-k")
     assert k is not None
     return SearchRequest(texts=texts, vectors=vectors, k=k,
                          nprobe=_int(body, "nprobe", None, 1, MAX_NPROBE),
