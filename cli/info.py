@@ -12,6 +12,7 @@ from petal.cli.common import PATH, user_errors
 from petal.pipeline.reliability.errors import quote_path
 
 if TYPE_CHECKING:
+    from petal.pipeline.layout import VersionLease
     from petal.pipeline.manifest import Manifest
 
 
@@ -47,7 +48,7 @@ def info(index_path: Path, as_json: bool) -> None:
     from petal.pipeline.reliability.errors import PetalError
 
     try:
-        version_dir, manifest = _open(index_path=index_path)
+        version_dir, manifest, lease = _open(index_path=index_path)
     except click.ClickException as exc:  # NOTE: --json promises one object on stdout, as petal verify's does
         if as_json:
             echo_json_failure(exc.format_message(), exc.exit_code)
@@ -55,7 +56,8 @@ def info(index_path: Path, as_json: bool) -> None:
     from petal.pipeline.index.verify import check_on_open
 
     try:
-        checked, damage = check_on_open(version_dir, full_fallback=False), None
+        with lease:  # NOTE: a publish meanwhile must not prune the version under the check
+            checked, damage = check_on_open(version_dir, full_fallback=False), None
     except PetalError as exc:
         checked, damage = None, exc
     if as_json:
@@ -74,12 +76,13 @@ def info(index_path: Path, as_json: bool) -> None:
 
 
 @user_errors(outputs=())
-def _open(index_path: Path) -> tuple[Path, Manifest]:
-    """INDEX's version directory and manifest; every failure (``PetalError``, an ``OSError`` nothing mapped) as the
-    ``click.ClickException`` with the exit code and message the command ends with."""
-    from petal.pipeline.layout import resolve_index_dir
+def _open(index_path: Path) -> tuple[Path, Manifest, VersionLease]:
+    """INDEX's version directory and manifest, the version leased (``verify.open_leased``); every failure
+    (``PetalError``, an ``OSError`` nothing mapped) as the ``click.ClickException`` with the exit code and message
+    the command ends with."""
+    from petal.pipeline.index.verify import open_leased
 
-    return resolve_index_dir(index_path)
+    return open_leased(index_path)
 
 
 def echo_json_failure(message: str, exit_code: int) -> None:

@@ -33,8 +33,8 @@ def verify(out: Path, version: str | None, as_json: bool) -> None:
     Opening an index (petal query) checks sizes, head/tail checksums and index.faiss's header only, so
     that it costs O(1) in the index size; this command reads every byte.
     """
-    from petal.pipeline.index.verify import verify_version
-    from petal.pipeline.layout import OutputDir, resolve_index_dir
+    from petal.pipeline.index.verify import open_leased, verify_version
+    from petal.pipeline.layout import OutputDir
     from petal.pipeline.reliability.errors import ConfigError, PetalError, io_error, quote_path
 
     try:
@@ -44,8 +44,9 @@ def verify(out: Path, version: str | None, as_json: bool) -> None:
         # refused by resolve_index_dir naming what it is, not said to be missing
         if target != out and not os.path.lexists(target / "manifest.json"):
             raise ConfigError(f"--version {version}: {target} is not a version of {out} (no manifest.json)")
-        version_dir, _ = resolve_index_dir(target)
-        report = verify_version(version_dir, read_index=True)
+        version_dir, _, lease = open_leased(target)
+        with lease:  # NOTE: a publish meanwhile must not prune the version under the check
+            report = verify_version(version_dir, read_index=True)
     except (PetalError, OSError) as exc:
         if as_json:  # NOTE: --json promises one object on stdout, whatever the verdict
             error = exc if isinstance(exc, PetalError) else io_error(exc, [])  # an OSError as user_errors maps it

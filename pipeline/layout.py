@@ -590,6 +590,17 @@ def resolve_index_dir(path: Path) -> tuple[Path, Manifest]:
     return version_dir, read_manifest(version_dir / MANIFEST_FILE, root)
 
 
+def current_pointer(path: Path) -> str | None:
+    """The version name ``path/CURRENT`` holds now (``None`` for a version directory, no pointer or an empty one).
+
+    NOTE: never through a symlink out of ``path``, never from a FIFO (it would block the reader for good), at most
+    256 bytes."""
+    try:
+        return read_regular(Path(path) / "CURRENT", Path(path), 256).decode("utf-8", "replace").strip() or None
+    except (OSError, PetalError):
+        return None
+
+
 def read_manifest(manifest_file: Path, root: Path) -> Manifest:
     """A version's manifest, read inside ``root`` (never a FIFO or a symlink out); anything else is a
     ``ConfigError`` (78)."""

@@ -21,7 +21,7 @@ from petal.pipeline.index.read_errors import host_failure, read_failure
 from petal.pipeline.index.row_groups import IdMap, RowGroups
 from petal.pipeline.index.tune import apply_params
 from petal.pipeline.index.verify import OpenCheck, check_on_open
-from petal.pipeline.layout import VersionLease, denied, is_denied, resolve_index_dir
+from petal.pipeline.layout import VersionLease, current_pointer, denied, is_denied, resolve_index_dir
 from petal.pipeline.manifest import Manifest
 from petal.pipeline.reliability.errors import (
     BadInputError,
@@ -34,7 +34,6 @@ from petal.pipeline.reliability.errors import (
     quote_text,
 )
 from petal.pipeline.reliability.faults import fault
-from petal.pipeline.reliability.safe_files import read_regular
 
 OPEN_ATTEMPTS = 3
 STORAGES = ("memory", "ondisk")
@@ -114,17 +113,6 @@ def bounded_params(params: dict[str, int], ntotal: int, ivf: Any) -> dict[str, i
         # ntotal / k a larger factor finds nothing more, so a factor up to the vectors held, at most K_FACTOR_CAP
         bounded["k_factor_rf"] = max(1, min(bounded["k_factor_rf"], K_FACTOR_CAP, max(ntotal, 1)))
     return bounded
-
-
-def current_pointer(path: Path) -> str | None:
-    """The version name ``path/CURRENT`` holds now (``None`` for a version directory, no pointer or an empty one).
-
-    NOTE: never through a symlink out of ``path``, never from a FIFO (it would block the reader for good), at most
-    256 bytes."""
-    try:
-        return read_regular(Path(path) / "CURRENT", Path(path), 256).decode("utf-8", "replace").strip() or None
-    except (OSError, PetalError):
-        return None
 
 
 class IndexReader:

@@ -39,18 +39,21 @@ from petal.pipeline.index.checksums import (
     head_tail_sha256_of,
     sha256_file,
 )
-from petal.pipeline.layout import denied, is_denied
-from petal.pipeline.manifest import raw_checksum, raw_index_files, raw_integrity
+from petal.pipeline.layout import VersionLease, current_pointer, denied, is_denied, resolve_index_dir
+from petal.pipeline.manifest import Manifest, raw_checksum, raw_index_files, raw_integrity
 from petal.pipeline.reliability.errors import (
     EXIT_CONFIG,
     EXIT_DATAERR,
     EXIT_OK,
     BadInputError,
     ConfigError,
+    PetalError,
+    TemporaryFailure,
     one_line,
     quote_path,
     quote_text,
 )
+from petal.pipeline.reliability.faults import fault
 from petal.pipeline.reliability.safe_files import UnsafeFileError, check_regular, open_regular, read_regular
 
 REQUIRED_FILES = ("index.faiss", "ids.parquet")
@@ -81,6 +84,34 @@ class OpenCheck:
             return None
         return (f"{self.version_dir} was written before head/tail checksums existed: {', '.join(self.read_in_full)} "
                 "read in full to check them (O(size) per open); petal rebuild writes a version that opens in O(1)")
+
+
+OPEN_ATTEMPTS = 3
+
+
+def open_leased(path: Path) -> tuple[Path, Manifest, VersionLease]:
+    """``resolve_index_dir(path)`` (OUT: the version CURRENT names; or a version directory) with a lease on the
+    version (``VersionLease``) for the caller to release once it has read the files (``petal verify``, ``petal
+    info``): a publish that prunes it meanwhile (``--keep-versions``) leaves it on disk, as it does under a query.
+    Pruned between reading CURRENT and taking the lease: the version CURRENT names now; gone for good (a version
+    directory given, or CURRENT unchanged): ``TemporaryFailure`` (75)."""
+    for attempt in range(1, OPEN_ATTEMPTS + 1):
+        pointer = current_pointer(path)
+        try:
+            version_dir, manifest = resolve_index_dir(path)
+            try:
+                lease = VersionLease(version_dir)
+            except FileNotFoundError as exc:
+                raise TemporaryFailure(f"{quote_path(version_dir)} was deleted while it was opened (re-indexing?); "
+                                       "retry") from exc
+        except (OSError, PetalError):
+            # NOTE: a writer can publish a new version and prune this one between our reading CURRENT and its files
+            if attempt == OPEN_ATTEMPTS or current_pointer(path) == pointer:
+                raise
+            continue
+        fault("query_open", version_dir)  # NOTE: leased: a sleep here lets a writer publish and prune meanwhile
+        return version_dir, manifest, lease
+    raise AssertionError("unreachable")
 
 
 def read_raw_manifest(version_dir: Path) -> dict[str, Any]:

@@ -52,7 +52,7 @@ FAULT_POINTS: dict[str, str] = {
     "store_prune": "deleting a store entry no version uses",
     "version_prune": "deleting a superseded version",
 }
-# Reached by readers (``petal query``/``info``), not by ``petal index``: a sleep here widens the window in
+# Reached by readers (``petal query``/``info``/``verify``), not by ``petal index``: a sleep here widens the window in
 # which a writer can publish and prune the version a reader has just resolved.
 QUERY_FAULT_POINTS: dict[str, str] = {
     "query_open": "CURRENT resolved to a version; its files not yet opened",
