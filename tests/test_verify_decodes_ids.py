@@ -35,9 +35,19 @@ def no_row_column(path: Path) -> None:
     pq.write_table(pq.read_table(path).drop_columns(["row"]), path, write_page_checksum=True)
 
 
+def last_byte_of(path: Path, column: str) -> int:
+    """The offset of the last byte of ``column``'s chunk: inside its last page's body, which the page's CRC covers.
+    NOTE: not a fraction of the file: the file's layout moves with the shard path it stores (the test's temporary
+    directory), and a byte in a page header's statistics changes nothing decoded."""
+    meta = pq.ParquetFile(path).metadata.row_group(0)
+    [chunk] = [meta.column(i) for i in range(meta.num_columns) if meta.column(i).path_in_schema == column]
+    start = chunk.dictionary_page_offset if chunk.has_dictionary_page else chunk.data_page_offset
+    return int(start + chunk.total_compressed_size - 1)
+
+
 DAMAGE = {
     "page header": lambda p: flip(p, 10),  # faiss_id's first page header: no search reads that column
-    "page body": lambda p: flip(p, 0.5),
+    "page body": lambda p: flip(p, last_byte_of(p, "id")),
     "no row column": no_row_column,
 }
 
