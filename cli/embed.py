@@ -81,6 +81,8 @@ def embed(texts: tuple[str, ...], model: str | None, from_stdin: bool, input_pat
     if from_stdin:
         # NOTE: bytes, decoded line by line; a line that is not UTF-8 stays bytes
         items += [utf8_or_bytes(raw) for raw in input_lines(sys.stdin.buffer)]
+    if ids is not None:  # NOTE: a --stdin line has no id, as a TEXT argument: null, each row keeping its own
+        ids += [None] * (len(items) - len(ids))
     # NOTE: every input, one rule (petal index's, Embedder's): a text that is not UTF-8 (bytes; a TEXT argument that
     # Python read with surrogates for its bad bytes) is skipped in its place as invalid_utf8 or lone_surrogate, as a
     # null or blank one, and counted on the last line of stderr: never embedded as U+FFFD, never a shifted row
