@@ -30,7 +30,9 @@ from petal.pipeline.index.bounds import MAX_NPROBE, MAX_RESCORE
 from petal.pipeline.reliability.signals import HeldSignals
 from petal.pipeline.serve.settings import API_KEY_ENV
 
-SERVE_MODULES = ("starlette", "uvicorn", "prometheus_client")
+# NOTE: every module the server imports unconditionally (httptools: its HTTP parser, pipeline/serve/server.py); uvloop
+# and orjson are used when installed
+SERVE_MODULES = ("starlette", "uvicorn", "prometheus_client", "httptools")
 # NOTE: flags that set a part of the server it may not have: refused when given explicitly (a default is no request),
 # never silently ignored
 MODEL_FLAGS = ("max_tokens_per_text", "token_budget", "max_seqs", "max_wait_ms", "engine_spin_ms", "served_model_name",

@@ -776,21 +776,25 @@ def test_api_key_from_a_file_or_an_empty_env_var():
         assert result.exit_code == 2 and "is empty" in result.output, result.output
 
 
-def test_without_the_serve_extra_a_clear_message(tmp_path):
+@pytest.mark.parametrize("missing", [("starlette", "uvicorn", "prometheus_client"), ("httptools",)])
+def test_without_the_serve_extra_a_clear_message(tmp_path, missing):
+    """Any module of the extra the server imports missing: 78 naming it (httptools alone was a ModuleNotFoundError
+    traceback, exit 1, from the server's HTTP protocol)."""
     blocker = (
         "import sys\n"
         "class Block:\n"
         "    def find_spec(self, name, path=None, target=None):\n"
-        "        if name.split('.')[0] in ('starlette', 'uvicorn', 'prometheus_client'):\n"
+        f"        if name.split('.')[0] in {missing!r}:\n"
         "            raise ModuleNotFoundError(name)\n"
         "sys.meta_path.insert(0, Block())\n"
         "from petal.cli.main import main\n"
-        "sys.argv = ['petal', 'serve', '--model', 'anything']\n"
+        f"sys.argv = ['petal', 'serve', '--model', {_packaged_model_dir()!r}, '--port', '0']\n"
         "main()\n"
     )
     result = subprocess.run([sys.executable, "-c", blocker], capture_output=True, text=True, timeout=120)
     assert result.returncode == 78, result.stderr
     assert "pip install 'petal[serve]'" in result.stderr and "Traceback" not in result.stderr
+    assert all(name in result.stderr for name in missing), result.stderr
 
 
 def test_texts_tokenized_together_on_the_engine_thread(minilm_spec):
