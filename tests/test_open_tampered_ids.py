@@ -27,13 +27,14 @@ def built(tmp_path_factory) -> dict[str, Path]:
     """Real IVF indexes of precomputed vectors, the lists in index.faiss (memory) and in index.ivfdata (ondisk)."""
     root = tmp_path_factory.mktemp("tampered_ids")
     vectors = np.random.default_rng(0).standard_normal((ROWS, DIM), dtype=np.float32)
-    table = pa.table({"id": np.arange(ROWS), "emb": pa.FixedSizeListArray.from_arrays(pa.array(vectors.ravel()), DIM)})
+    table = pa.table({"id": np.arange(ROWS), "emb": pa.FixedSizeListArray.from_arrays(pa.array(vectors.ravel()), DIM),
+                      "lang": ["en"] * ROWS})
     pq.write_table(table, root / "vectors.parquet")
     outs = {}
     for storage, flags in (("memory", []), ("ondisk", ["--index-memory", "1M"])):
         out = root / storage
         run = forkrun.petal(["index", str(root / "vectors.parquet"), "--out", str(out), "-q", "--vectors-column", "emb",
-                             "--index-factory", "IVF4,Flat", *flags], timeout=300)
+                             "--index-factory", "IVF4,Flat", "--keep-columns", "lang", *flags], timeout=300)
         assert run.rc == 0, run.stderr[-2000:]
         version = OutputDir(out).version_dir(OutputDir(out).current_version())
         assert json.loads((version / "manifest.json").read_text())["index"]["storage"] == storage
@@ -87,9 +88,38 @@ def test_an_id_no_vector_has_is_refused_naming_the_file(built, storage, bad_id, 
     with open(path, "r+b") as fh:
         fh.seek(id_at)
         fh.write(struct.pack("<q", bad_id))
-    run = forkrun.petal(["query", str(out), "--vector-file", str(tmp_path / "q.npy"), "-k", "3", "--nprobe", "4",
-                         "--json"], timeout=300)
+    query = ["query", str(out), "--vector-file", str(tmp_path / "q.npy"), "-k", "3", "--nprobe", "4", "--json"]
+    run = forkrun.petal(query, timeout=300)
     assert run.rc == 65, (run.rc, run.stdout[:500], run.stderr[-2000:])
     assert "Traceback" not in run.stderr
     assert f"{path.name} returned vector id {bad_id} of {ROWS}" in run.stderr, run.stderr[-2000:]
+    # filtered: an id past the vectors is no member of the filter's bitmap (never read past it), so the damaged
+    # entry is not a hit; the others are
+    run = forkrun.petal([*query, "--where", "lang = 'en'"], timeout=300)
+    assert run.rc == 0 and "Traceback" not in run.stderr, (run.rc, run.stderr[-2000:])
+    assert len(json.loads(run.stdout)["hits"]) == 3
     assert forkrun.petal(["verify", str(out)], timeout=300).rc == 65
+
+
+def test_faiss_bounds_a_bitmap_selectors_ids_by_byte():
+    """What IdSelector relies on: FAISS's IDSelectorBitmap(n, bits) takes an id when ``id >> 3 < n`` (n counts the
+    bitmap's bytes), reading ``bits[id >> 3]``."""
+    from petal.pipeline.index.faiss_loader import load_faiss
+
+    faiss = load_faiss()
+    bits = np.full(16, 0xFF, np.uint8)
+    selector = faiss.IDSelectorBitmap(8, faiss.swig_ptr(bits))
+    assert selector.is_member(63) and not selector.is_member(64)
+
+
+@pytest.mark.parametrize("num_vectors", [1, 7, 8, 1000, 100_003])
+def test_a_filters_bitmap_bounds_ids_within_itself(num_vectors):
+    """A filter's selector reads no byte past its bitmap, whatever id a damaged index returns: it was given the
+    vectors' count, FAISS's bound is in bytes, so ids up to 8x the vectors read past the array."""
+    from petal.pipeline.index.filters import IdSelector
+
+    mask = np.ones(num_vectors, bool)
+    ids = IdSelector(mask)
+    assert int(ids.selector.n) == len(ids.bits) == (num_vectors + 7) // 8
+    assert all(ids.selector.is_member(i) for i in (0, num_vectors - 1))
+    assert not any(ids.selector.is_member(i) for i in (num_vectors, 8 * len(ids.bits), 8 * num_vectors - 1, -2, 2**40))

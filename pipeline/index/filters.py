@@ -164,7 +164,10 @@ class IdSelector:
 
         self.count = int(mask.sum())
         self.bits = np.packbits(mask.astype(np.uint8), bitorder="little")
-        self.selector = faiss.IDSelectorBitmap(len(mask), faiss.swig_ptr(self.bits))
+        # NOTE: FAISS bounds an id by its byte, ``id >> 3 < n`` (1.15: not ``id < n`` as its docstring says): n is the
+        # bitmap's bytes. The vectors' count let an id past them (a damaged index body) read up to 7/8 of it beyond
+        # this array, out of bounds; an id past the bytes is no member, the padding bits are 0
+        self.selector = faiss.IDSelectorBitmap(len(self.bits), faiss.swig_ptr(self.bits))
 
     def params(self, index: Any, search_params: dict[str, int]) -> Any:
         """Search parameters carrying the selector (IVF: with its nprobe; HNSW: with its efSearch; a refine wrapper:
