@@ -65,6 +65,7 @@ from petal.pipeline.jobs.removals import (
     removed_documents,
 )
 from petal.pipeline.jobs.report import RunReport
+from petal.pipeline.jobs.report_file import check_report_path
 from petal.pipeline.jobs.weights_hash import FileStat, WeightsHash, with_weights_sha256
 from petal.pipeline.layout import OutputDir, check_not_inside_output
 from petal.pipeline.manifest import (
@@ -174,6 +175,8 @@ def run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory | 
 def _run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory, stop: StopSignals,
                reads: ReadStats) -> RunReport:
     started = time.perf_counter()
+    report.out = str(job.out)  # NOTE: before any check: the report is never written over a file of OUT
+    check_report_path(job.json_report, job.out)  # 2: --json-report OUT/CURRENT would break the index it reports on
     check_output_dir("--out", job.out)  # 73 before anything is read: one petal cannot create, read or write
     check_not_inside_output("--out", job.out)  # 73: not inside another index's versions/ or store/
     # [0] preflight: every footer and schema, the model's files, the settings, the output directory

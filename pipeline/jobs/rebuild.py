@@ -77,6 +77,7 @@ def run_rebuild(out_path: Path, settings: IndexSettings, report: RunReport, wait
     tombstones a ``--delete`` run killed around its publish left are settled first, as ``petal index``
     does (committed if the live version was built with them, else removed).
     """
+    report.out = str(out_path)  # NOTE: before any check: the report is never written over a file of OUT
     check_output_dir("OUT", out_path, create=False)  # 73 before any work: one petal cannot read or write
     out = OutputDir(out_path)
     if out.current_version() is None:

@@ -78,7 +78,7 @@ class RunReport:
         """``path``: a file (replaced atomically), ``-`` (stdout), or a FIFO/device (written in place)."""
         from petal.pipeline.jobs.report_file import write_report_to
 
-        write_report_to(path, self.as_dict())
+        write_report_to(path, self.as_dict(), self.out or None)
 
     def summary(self) -> str:
         """The one line ``petal index`` and ``petal rebuild`` print on stderr."""

@@ -1,6 +1,8 @@
 """Where ``--json-report`` goes: ``-`` is stdout; a regular file (or a path not there yet) is replaced
 atomically; anything else (a FIFO, a character device such as ``/dev/stdout``, a symlink to one) is
-written in place, never renamed over.
+written in place, never renamed over. Never over a file of a petal output directory (``CURRENT``, ``.lock``,
+``.last-version``, anything under ``versions/`` or ``store/``): the run refuses such a path before any work (2),
+and the writer never writes there (a warning).
 """
 
 from __future__ import annotations
@@ -13,16 +15,51 @@ from pathlib import Path
 from typing import Any
 
 from petal.pipeline.reliability.durable import write_bytes_atomic
+from petal.pipeline.reliability.errors import UsageError, quote_path
 
 STDOUT = "-"
+# NOTE: what petal keeps at the top of an output directory (pipeline/layout.py): a report written over one of them
+# (``--json-report OUT/CURRENT``) broke the index, one under ``store/tmp`` was deleted by the next run's clean-up
+INDEX_NAMES = ("CURRENT", ".lock", ".last-version", "versions", "store")
+
+
+def index_file_of(path: Path | str, out: Path | str | None = None) -> Path | None:
+    """The petal output directory (``out``, or any directory the path lies in that is one) of which ``path`` names
+    one of its own files (``INDEX_NAMES`` and below, or a temp file of its ``CURRENT``), where the path leads
+    (symlinks resolved); ``None`` otherwise."""
+    from petal.pipeline.layout import is_output_dir
+
+    if str(path) == STDOUT:
+        return None
+    real = Path(os.path.realpath(path))
+    given = [Path(os.path.realpath(out))] if out else []
+    for root in [*given, *real.parents]:
+        try:
+            first = real.relative_to(root).parts[0]
+        except (ValueError, IndexError):
+            continue
+        if (first in INDEX_NAMES or first.startswith(".CURRENT")) and (root in given or is_output_dir(root)):
+            return root
+    return None
+
+
+def check_report_path(path: Path | str | None, out: Path | str) -> None:
+    """``--json-report`` names no file of the output directory ``out`` (or of another index): ``UsageError``."""
+    root = None if path is None else index_file_of(path, out)
+    if root is not None:
+        raise UsageError(f"--json-report {quote_path(path)} is a file of the petal output directory "
+                         f"{quote_path(root)} ({', '.join(INDEX_NAMES[:3])}, versions/ and store/ are its own); "
+                         "write the report outside them")
 
 
 def report_bytes(obj: Any) -> bytes:
     return (json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n").encode()
 
 
-def write_report_to(path: Path | str, obj: Any) -> None:
-    """Write ``obj`` as JSON to ``path`` (see the module docstring)."""
+def write_report_to(path: Path | str, obj: Any, out: Path | str | None = None) -> None:
+    """Write ``obj`` as JSON to ``path`` (see the module docstring). ``out``: the run's output directory. A path
+    that is a file of an output directory is a ``UsageError`` (a ``ValueError``: the caller warns), nothing written."""
+    check_report_path(path, out or "")
     data = report_bytes(obj)
     if str(path) == STDOUT:
         sys.stdout.flush()

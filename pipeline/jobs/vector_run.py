@@ -27,6 +27,7 @@ from petal.pipeline.jobs import index_run as run
 from petal.pipeline.jobs.keep_columns import check_keep_columns
 from petal.pipeline.jobs.removals import kept_entries, kept_records, kept_shard, kept_vectors
 from petal.pipeline.jobs.report import RunReport
+from petal.pipeline.jobs.report_file import check_report_path
 from petal.pipeline.layout import OutputDir, check_not_inside_output
 from petal.pipeline.manifest import MANIFEST_FILE, PrecomputedSettings, StoredColumns
 from petal.pipeline.reliability.errors import NoInputError, writing
@@ -49,6 +50,8 @@ def run_vector_index(job: IndexJob, column: str, report: RunReport, stop: StopSi
     """Index the vectors of ``column`` in ``job.sources`` into ``job.out`` (no model)."""
     stop = stop or StopSignals()
     started = time.perf_counter()
+    report.out = str(job.out)  # NOTE: as a text run: the report is never written over a file of OUT
+    check_report_path(job.json_report, job.out)
     if any("://" in s and not s.lower().startswith("file://") for s in job.sources):
         raise NoInputError("--vectors-column reads local Parquet files for now; copy or mount the shards locally")
     check_output_dir("--out", job.out)  # 73 before anything is read: one petal cannot create, read or write
