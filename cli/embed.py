@@ -13,7 +13,7 @@ from typing import IO
 
 import click
 
-from petal.cli.common import MODEL_DIR, PATH, device_options, startup_done, user_errors
+from petal.cli.common import MODEL_DIR, PATH, device_options, given_flags, startup_done, user_errors
 from petal.cli.options import model_options, output_options
 
 
@@ -25,7 +25,8 @@ from petal.cli.options import model_options, output_options
 @click.option("--stdin", "from_stdin", is_flag=True, help="Read one text per line from stdin.")
 @click.option("--input", "input_path", type=PATH, default=None,
               help="Read texts from a .parquet, .txt or .jsonl file.")
-@click.option("--text-column", default="text", show_default=True, help="Text column of a .parquet --input.")
+@click.option("--text-column", default="text", show_default=True,
+              help="Text column of a .parquet --input (or key of a .jsonl one).")
 @click.option("--id-column", default=None,
               help="Id column of a .parquet --input (or key of a .jsonl one): each output line carries its id.")
 @click.option("--output", "output", type=PATH, default=None,
@@ -70,6 +71,9 @@ def embed(texts: tuple[str, ...], model: str | None, from_stdin: bool, input_pat
         check_output(output)  # before the model loads and the texts are embedded, not after
     if calibration_index is not None and quantize != "int8":
         raise click.UsageError("--calibration goes with --quantize int8")
+    # NOTE: --text-column names a .parquet column or a .jsonl key; anywhere else it would set nothing, silently
+    if given_flags(("text_column",)) and (input_path is None or input_path.suffix.lower() == ".txt"):
+        raise click.UsageError("--text-column goes with --input FILE.parquet or FILE.jsonl")
     items: list = list(texts)
     ids: list | None = None
     if input_path is not None:

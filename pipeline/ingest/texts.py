@@ -26,8 +26,9 @@ def read_texts(path: Path, text_column: str = "text", id_column: str | None = No
                read: ReadConfig | None = None, stats: ReadStats | None = None) -> tuple[list[Any], list[Any] | None]:
     """Texts (``None`` for a null; bytes from a binary column) from ``.parquet`` (``text_column``, ids from
     ``id_column``), ``.txt`` (one per ``\\n``-ended line; a line that is not UTF-8 as bytes) or ``.jsonl``
-    (``{"text": ..., "<id_column>": ...}``, one per line), and their ids (``None`` without ``id_column``). Null,
-    blank and undecodable texts are kept here, in their places: the caller's text rule skips them.
+    (``{"<text_column>": ..., "<id_column>": ...}``, one per line), and their ids (``None`` without
+    ``id_column``). Null, blank and undecodable texts are kept here, in their places: the caller's text rule skips
+    them.
     ``read``: retries (OS read errors are counted in ``stats``) and batch sizes, as ``petal index`` reads."""
     path = Path(path)
     if not path.is_file():
@@ -42,7 +43,7 @@ def read_texts(path: Path, text_column: str = "text", id_column: str | None = No
         # NOTE: a line that is not UTF-8 stays bytes, as a binary column's value: the caller's text rule skips it
         return [utf8_or_bytes(line) for line in _lines(_read_bytes(path, read, stats))], None
     if suffix == ".jsonl":
-        return _jsonl_texts(path, id_column, read, stats)
+        return _jsonl_texts(path, text_column, id_column, read, stats)
     raise UsageError(f"--input {quote_path(path)}: expected a .parquet, .txt or .jsonl file")
 
 
@@ -129,7 +130,7 @@ def _parquet_texts(path: Path, text_column: str, id_column: str | None, read: Re
     return texts, ids if id_column else None
 
 
-def _jsonl_texts(path: Path, id_column: str | None, read: ReadConfig,
+def _jsonl_texts(path: Path, text_column: str, id_column: str | None, read: ReadConfig,
                  stats: ReadStats | None) -> tuple[list[Any], list[Any] | None]:
     texts: list[Any] = []
     ids: list[Any] = []
@@ -140,11 +141,12 @@ def _jsonl_texts(path: Path, id_column: str | None, read: ReadConfig,
             continue
         try:
             record = json.loads(line)
-            value = record["text"]
+            value = record[text_column]
         except (json.JSONDecodeError, KeyError, TypeError, RecursionError) as exc:  # NOTE: '[[[[...': RecursionError
-            raise BadInputError(f"{quote_path(path)}:{lineno}: expected a JSON object with a \"text\" field") from exc
+            raise BadInputError(f"{quote_path(path)}:{lineno}: expected a JSON object with a {json.dumps(text_column)} "
+                                "field (--text-column)") from exc
         if value is not None and not isinstance(value, str):
-            raise BadInputError(f"{quote_path(path)}:{lineno}: \"text\" is not a string")
+            raise BadInputError(f"{quote_path(path)}:{lineno}: {json.dumps(text_column)} is not a string")
         if id_column and id_column not in record:  # NOTE: never a silent null id: that row's output would lose it
             raise BadInputError(f"{quote_path(path)}:{lineno}: no {id_column!r} field (--id-column)")
         texts.append(value)
