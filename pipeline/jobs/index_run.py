@@ -48,7 +48,7 @@ from petal.pipeline.ingest.prefetch import Prefetcher
 from petal.pipeline.ingest.rejects import BadRowGate, rejects_table
 from petal.pipeline.ingest.remote import RemotePath
 from petal.pipeline.ingest.tokens import TokenizedDocs, tokenize_documents, tokenizer_for
-from petal.pipeline.jobs.keep_columns import check_keep_columns
+from petal.pipeline.jobs.keep_columns import check_column_types, check_keep_columns
 from petal.pipeline.jobs.live_check import live_damage
 from petal.pipeline.jobs.model import model_spec
 from petal.pipeline.jobs.removals import (
@@ -240,6 +240,7 @@ def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory
         kept = kept_entries(store, kept_recs, out.root)
         kept_infos = [kept_shard(r, e) for r, e in zip(kept_recs, kept)]
         check_id_kinds([*shards, *kept_infos], job.read.id_column)  # 65: kept shards' ids of another kind
+        check_column_types(shards, job.keep_columns, kept)  # 65: a kept shard's --keep-columns of another type
         if used_sha is None and (job.scale is not None or (not job.full and stored_any(store, shards))):
             used_sha = weights.result()  # store entries to look up (a resumed run), or workers that pickle the spec
         sha = {}

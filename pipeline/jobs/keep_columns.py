@@ -7,11 +7,14 @@ error of its own.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pyarrow as pa
 
 from petal.pipeline.ingest.parquet import ShardInfo
 from petal.pipeline.reliability.errors import BadInputError, UsageError, quote_path
-from petal.pipeline.store.columns import kept_type
+from petal.pipeline.store.columns import kept_type, stored_column_type
+from petal.pipeline.store.embeddings import StoreEntry
 
 STORED_NAMES = ("faiss_id", "id", "shard", "row", "text")  # what a version's ids.parquet holds itself
 
@@ -23,7 +26,6 @@ def check_keep_columns(shards: list[ShardInfo], columns: tuple[str, ...], reserv
         if name in reserved or name in STORED_NAMES:
             raise UsageError(f"--keep-columns {name!r}: that name is taken (the id or text column, or one of "
                              f"{', '.join(STORED_NAMES)} that petal stores with the ids)")
-    types: dict[str, list[tuple[str, pa.DataType]]] = {name: [] for name in columns}
     for info in shards:
         assert info.schema is not None, "preflight records every named shard's schema"
         names = info.schema.names
@@ -31,7 +33,19 @@ def check_keep_columns(shards: list[ShardInfo], columns: tuple[str, ...], reserv
         if missing:
             raise BadInputError(f"{quote_path(info.path)}: no column {missing[0]!r} (--keep-columns); it has: "
                                 f"{', '.join(sorted(names))}")
-        for name in columns:
-            types[name].append((str(info.path), info.schema.field(name).type))
-    for name, typed in types.items():
-        kept_type(name, typed)
+    check_column_types(shards, columns)
+
+
+def check_column_types(shards: list[ShardInfo], columns: tuple[str, ...], kept: Sequence[StoreEntry] = ()) -> None:
+    """A kept column's types across the named shards (their footers) and the shards a run keeps from the live version
+    (``kept``: the types their stored side files hold) widen to one (``kept_type``), else 65 naming the column, two
+    shards and their types. Under the lock with ``kept``, before any embedding.
+
+    NOTE: a kept shard's type was met only when the version's columns were merged: after every new shard was
+    embedded (README: checked before any work)."""
+    for name in columns:
+        typed: list[tuple[str, pa.DataType]] = [(str(i.path), i.schema.field(name).type) for i in shards
+                                                if i.schema is not None and name in i.schema.names]
+        typed += [(str(e.meta["source"]["path"]), t) for e in kept if (t := stored_column_type(e, name)) is not None]
+        if typed:
+            kept_type(name, typed)

@@ -24,7 +24,7 @@ from petal.pipeline.ingest.parquet import ReadStats, ShardInfo, check_id_kinds, 
 from petal.pipeline.ingest.rejects import rejects_table
 from petal.pipeline.ingest.vectors import preflight_vectors, read_vectors
 from petal.pipeline.jobs import index_run as run
-from petal.pipeline.jobs.keep_columns import check_keep_columns
+from petal.pipeline.jobs.keep_columns import check_column_types, check_keep_columns
 from petal.pipeline.jobs.removals import kept_entries, kept_records, kept_shard, kept_vectors
 from petal.pipeline.jobs.report import RunReport
 from petal.pipeline.jobs.report_file import check_report_path
@@ -109,6 +109,7 @@ def _run(job: IndexJob, column: str, report: RunReport, stop: StopSignals, start
         kept = kept_entries(store, kept_recs, out.root)
         kept_infos = [kept_shard(r, e) for r, e in zip(kept_recs, kept)]
         check_id_kinds([*shards, *kept_infos], job.read.id_column)  # 65: kept shards' ids of another kind
+        check_column_types(shards, job.keep_columns, kept)  # 65: a kept shard's --keep-columns of another type
         fp = settings_fingerprint(settings.to_dict())
         fingerprints = [run.content_fingerprint(store, info, fp, job.read, reads) for info in shards]
         all_shards = sorted([*shards, *kept_infos], key=lambda info: info.abs_path)

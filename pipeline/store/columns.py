@@ -75,6 +75,13 @@ class ColumnsNeed:
         return (["text"] if self.text_column else []) + list(self.keep)
 
 
+def stored_column_type(entry: StoreEntry, name: str) -> pa.DataType | None:
+    """The type ``entry``'s side file stores column ``name`` as; ``None`` when it has no such column (or no side
+    file it can read: the column is then read from the shard, as before)."""
+    schema = _stored_schema(columns_path(entry.path))
+    return schema.field(name).type if schema is not None and name in schema.names else None
+
+
 def _stored_names(path: Path) -> set[str]:
     """The columns side file ``path`` holds (see ``_stored_schema``)."""
     schema = _stored_schema(path)
