@@ -67,6 +67,10 @@ def embed(texts: tuple[str, ...], model: str | None, from_stdin: bool, input_pat
 
     if output is not None and output.suffix.lower() not in (".npy", ".jsonl"):
         raise click.UsageError(f"--output {quote_path(output)}: expected a .npy or .jsonl file")
+    if output is not None and id_column is not None and output.suffix.lower() == ".npy":
+        raise click.UsageError(f"--id-column: --output {quote_path(output)} holds the rows only, so the ids would "
+                               "go nowhere: write --output FILE.jsonl (each line carries its id), or leave --id-column "
+                               "out")
     if output is not None:
         check_output(output)  # before the model loads and the texts are embedded, not after
     if calibration_index is not None and quantize != "int8":

@@ -30,3 +30,13 @@ def test_ids_of_input_rows_with_text_arguments_and_stdin(tmp_path, tiny_bert_dir
     assert rows[4]["skipped"] == "empty_text" and all(r["embedding"] for i, r in enumerate(rows) if i != 4)
     alone = CliRunner().invoke(cli, ["embed", "last stdin line", "--model", str(tiny_bert_dir)])
     np.testing.assert_array_equal(json.loads(alone.stdout)["embedding"], rows[5]["embedding"])
+
+
+def test_ids_with_a_npy_output_are_a_usage_error(tmp_path, tiny_bert_dir):
+    """A .npy holds the rows only: --id-column there would set nothing (the ids were dropped, silently, exit 0)."""
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"text": "from the file", "id": 7}\n')
+    result = CliRunner().invoke(cli, ["embed", "--input", str(source), "--id-column", "id", "--output",
+                                      str(tmp_path / "out.npy"), "--model", str(tiny_bert_dir)])
+    assert result.exit_code == 2 and "--id-column" in result.stderr and ".jsonl" in result.stderr, result.output
+    assert not (tmp_path / "out.npy").exists()
