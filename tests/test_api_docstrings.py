@@ -39,3 +39,8 @@ def test_every_public_name_has_a_docstring():
 def test_hit_says_what_its_score_means():
     doc = _own_doc(petal.Hit, "Hit")
     assert doc is not None and "--metric ip" in doc and "l2" in doc and "binary" in doc, doc
+
+
+def test_encode_states_the_shape_of_every_output_format():
+    doc = inspect.getdoc(petal.Embedder.encode)
+    assert doc is not None and "[len(texts), dim]" in doc and "dim // 8" in doc, doc

@@ -217,9 +217,10 @@ class Embedder:
 
     def encode(self, texts: str | Iterable[str | None], *, query: bool = False,
                batch_tokens: int | None = None) -> np.ndarray:
-        """``[len(texts), dim]`` rows in input order (one text: ``[1, dim]``). A null, undecodable (bytes that are
-        not UTF-8, a str holding surrogates) or blank text, or one the model turns into NaN or infinity, is skipped
-        (the rule of ``petal index``): its row is NaN (zeros for int8 codes and sign bits).
+        """``[len(texts), dim]`` rows in input order (one text: ``[1, dim]``; packed sign bits: ``[len(texts),
+        dim // 8]``; ``dim`` is ``self.dim``: the ``dim`` setting, else the model's width). A null, undecodable
+        (bytes that are not UTF-8, a str holding surrogates) or blank text, or one the model turns into NaN or
+        infinity, is skipped (the rule of ``petal index``): its row is NaN (zeros for int8 codes and sign bits).
 
         ``query=True`` embeds the texts as queries (the model's or ``query_prompt``'s prompt in front).
         ``batch_tokens`` caps the tokens of one packed batch (from the model's max length up to the
