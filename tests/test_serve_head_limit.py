@@ -7,7 +7,8 @@ ended: a client streaming one endless header (or URL) grew one bytes object for 
 One not complete ``--header-timeout-s`` after it began is answered 408 the same way, and a connection that sends
 nothing is closed after 5 s (uvicorn's keep-alive timeout, as an idle keep-alive connection); before, both held their
 connection (a file descriptor and its state) for ever, however slowly the head came: enough of them and the server
-accepted no one.
+accepted no one. A body not all arrived ``--body-timeout-s`` after its request's handler began reading it (stalled, or a
+byte at a time) is answered 408 by its route, for the same reason.
 
 Real components: the vectors-only server of ``tests/test_serve_upgrade_ignored.py`` (``petal serve`` in a child
 process on a loopback port), raw sockets."""
@@ -112,7 +113,8 @@ def test_a_head_within_the_limit_is_served(served, pieces):  # noqa: F811
 
 @pytest.fixture(scope="module")
 def impatient(tmp_path_factory):
-    running = serve_vectors(tmp_path_factory.mktemp("serve-head-timeout"), "--header-timeout-s", "1")
+    running = serve_vectors(tmp_path_factory.mktemp("serve-head-timeout"), "--header-timeout-s", "1",
+                            "--body-timeout-s", "1")
     yield running
     running[0].stop()
 
@@ -174,3 +176,35 @@ def test_a_keep_alive_connection_idle_between_requests_is_not_timed_as_a_head(im
             status, headers, answer = read_answer(sock)
             assert status == 200 and json.loads(answer) == expected, answer
             assert headers.get("connection") != "close"
+
+
+def _route_count(server, route: str, status: int) -> float:
+    found = re.search(rf'^petal_requests_total\{{route="{re.escape(route)}",status="{status}"\}} ([\d.e+]+)',
+                      server.client.get("/metrics").text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def test_a_body_not_all_arrived_in_time_is_408(impatient):
+    """(/v1/embeddings reads its body the same way: ``read_body``)"""
+    server, body, expected = impatient
+    route = "/search"
+    before = _route_count(server, route, 408)
+    head = (b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+            % (route.encode(), len(body)))
+    started = time.monotonic()
+    with _connect(server) as stalled, _connect(server) as dribbling:
+        stalled.sendall(head + body[:10])  # then nothing
+        dribbling.sendall(head)
+        for i in range(12):  # a byte every 0.15 s: active, never complete in time
+            dribbling.sendall(body[i:i + 1])
+            time.sleep(0.15)
+        for sock in (stalled, dribbling):
+            status, headers, answer = read_answer(sock)
+            assert status == 408, answer
+            assert headers.get("connection") == "close"
+            error = json.loads(answer)["error"]
+            assert error["code"] == 408 and "--body-timeout-s" in error["message"], error
+    assert time.monotonic() - started < 5
+    assert _route_count(server, route, 408) == before + 2
+    answer = server.client.post("/search", content=body, headers={"Content-Type": "application/json"})
+    assert answer.status_code == 200 and answer.json() == expected

@@ -159,13 +159,27 @@ async def unless_gone(request: Request, work: Awaitable[T]) -> T:
         watcher.cancel()
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The body, refused with 413 past ``limit`` bytes (by Content-Length, or while streaming)."""
+async def read_body(request: Request, limit: int, timeout_s: float = 60.0) -> bytes:
+    """The body, refused with 413 past ``limit`` bytes (by Content-Length, or while streaming), and with 408 when it
+    has not all arrived ``timeout_s`` after the handler began reading it (``--body-timeout-s``).
+
+    NOTE: without a time bound a client that sent a head and then its body a byte at a time (or not at all) held its
+    connection and the request's task for ever: enough of them and the server accepted no one."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise RequestError(413, f"the body has {declared} bytes, over the limit of {limit} (--max-body-bytes)")
     chunks: list[bytes] = []
     size = 0
+    task = asyncio.current_task()
+    assert task is not None
+    expired = False
+
+    def expire() -> None:
+        nonlocal expired
+        expired = True
+        task.cancel()
+
+    timer = asyncio.get_running_loop().call_later(timeout_s, expire)  # NOTE: a timer, not a task: the hot path
     try:
         async for chunk in request.stream():
             size += len(chunk)
@@ -174,6 +188,14 @@ async def read_body(request: Request, limit: int) -> bytes:
             chunks.append(chunk)
     except ClientDisconnect as exc:  # NOTE: the client's doing, not a server error (no 500, no traceback), nor a 400
         raise ClientGone() from exc
+    except asyncio.CancelledError:
+        if not expired:
+            raise  # the drain's (503)
+        _uncancel()
+        raise RequestError(408, f"the body did not all arrive within {timeout_s:g} s (--body-timeout-s; {size} "
+                                "bytes came); send it at once", kind="request_timeout") from None
+    finally:
+        timer.cancel()
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
@@ -260,17 +282,18 @@ def build_app(startup: Startup | ServeState) -> ASGIApp:
         return handle
 
     limits = settings.limits
+    body_timeout_s = settings.body_timeout_s
 
     async def embeddings(state: ServeState, request: Request) -> Any:
         state.require_model()  # an index of precomputed vectors served without --model: 404, the body unread
         require_json(request)  # NOTE: before the body is read: a form-encoded one is refused whatever its size
-        req = parse_embeddings(parse_json(await read_body(request, limits.max_body_bytes)), limits)
+        req = parse_embeddings(parse_json(await read_body(request, limits.max_body_bytes, body_timeout_s)), limits)
         return await unless_gone(request, state.embeddings(req))
 
     async def search(state: ServeState, request: Request) -> Any:
         state.require_index()
         require_json(request)
-        req = parse_search(parse_json(await read_body(request, limits.max_body_bytes)), limits)
+        req = parse_search(parse_json(await read_body(request, limits.max_body_bytes, body_timeout_s)), limits)
         return await unless_gone(request, state.search(req))
 
     def model_card(state: ServeState) -> dict[str, Any]:

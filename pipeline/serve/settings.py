@@ -50,6 +50,7 @@ class ServeSettings:
     reload_interval_s: float = 1.0  # how often OUT/CURRENT is checked for a new version
     drain_timeout_s: float = 30.0  # SIGTERM: how long in-flight requests may take to finish
     header_timeout_s: float = 30.0  # how long a request line and headers may take to arrive once begun (then 408)
+    body_timeout_s: float = 60.0  # how long a request's body may take to arrive once its handler reads it (then 408)
     search_threads: int = 4  # reading stored text and metadata (include) runs in this many threads
     api_key: str | None = None
     served_model_name: str | None = None  # the `model` id of /v1/models (default: the model directory's name)
@@ -71,8 +72,9 @@ class ServeSettings:
             raise ValueError(f"--engine-spin-ms {self.engine_spin_ms}: from 0 to 1000")
         if self.switch_interval_ms <= 0:
             raise ValueError(f"--switch-interval-ms {self.switch_interval_ms} must be > 0")
-        if self.header_timeout_s <= 0:
-            raise ValueError(f"--header-timeout-s {self.header_timeout_s} must be > 0")
+        if self.header_timeout_s <= 0 or self.body_timeout_s <= 0:
+            raise ValueError(f"--header-timeout-s {self.header_timeout_s} / --body-timeout-s {self.body_timeout_s} "
+                             "must be > 0")
         if self.reload_interval_s <= 0 or self.drain_timeout_s < 0 or self.search_threads < 1:
             raise ValueError("--reload-interval-s must be > 0, --drain-timeout-s >= 0, threads >= 1")
         if self.search_device not in ("cpu", "cuda") or self.search_dtype not in ("float16", "float32"):
