@@ -6,11 +6,11 @@ import os
 import threading
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, SupportsIndex
 
 import numpy as np
 
@@ -20,6 +20,7 @@ from petal.pipeline.ingest.pack import PackConfig, pack
 from petal.pipeline.ingest.text_rule import undecodable_text_reason, valid_text
 from petal.pipeline.ingest.tokens import TextTokenizer, tokenizer_for
 from petal.pipeline.jobs.settings import (
+    Texts,
     build,
     kind_of,
     model_options,
@@ -215,8 +216,7 @@ class Embedder:
         """Tokens per text; longer texts are truncated."""
         return self.spec.pooling.max_length
 
-    def encode(self, texts: str | Iterable[str | None], *, query: bool = False,
-               batch_tokens: int | None = None) -> np.ndarray:
+    def encode(self, texts: Texts, *, query: bool = False, batch_tokens: SupportsIndex | None = None) -> np.ndarray:
         """``[len(texts), dim]`` rows in input order (one text: ``[1, dim]``; packed sign bits: ``[len(texts),
         dim // 8]``; ``dim`` is ``self.dim``: the ``dim`` setting, else the model's width). A null, undecodable
         (bytes that are not UTF-8, a str holding surrogates) or blank text, or one the model turns into NaN or
@@ -229,7 +229,7 @@ class Embedder:
         """
         return self.embed(texts, query=query, batch_tokens=batch_tokens).rows
 
-    def embed(self, texts: str | Iterable[Any], *, query: bool = False, batch_tokens: int | None = None) -> Embedded:
+    def embed(self, texts: Texts, *, query: bool = False, batch_tokens: SupportsIndex | None = None) -> Embedded:
         """``encode``, with the number of truncated texts, the skipped ones and the output format used.
 
         ``texts``: one text (a str or UTF-8 bytes: ``[1, dim]``) or an ordered collection of them (a list, tuple,

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, SupportsIndex
 
 import numpy as np
 
@@ -19,6 +18,7 @@ from petal.pipeline.index.filters import FilterError
 from petal.pipeline.index.search import Hit, IndexReader, current_pointer
 from petal.pipeline.ingest.text_rule import skip_reason
 from petal.pipeline.jobs.settings import (
+    Texts,
     check_model_settings,
     kind_of,
     not_empty_path,
@@ -176,7 +176,7 @@ class Index:
             raise
         return fresh
 
-    def search(self, queries: str | Iterable[str] | np.ndarray, k: int = 10,
+    def search(self, queries: Texts | np.ndarray, k: SupportsIndex = 10,
                where: str | None = None) -> list[list[Hit]]:
         """The top ``k`` hits of each query, best first (fewer when the index holds fewer vectors, or fewer
         documents match ``where``); each hit carries the kept columns (``--keep-columns``) as ``Hit.fields``.
@@ -213,7 +213,7 @@ class Index:
             hits[i] = answer
         return hits
 
-    def search_stored(self, vectors: np.ndarray, k: int = 10, where: str | None = None) -> list[list[Hit]]:
+    def search_stored(self, vectors: np.ndarray, k: SupportsIndex = 10, where: str | None = None) -> list[list[Hit]]:
         """Search by vectors as the index stores them (``[num_queries, dim]`` or ``[dim]``, after ``--dim`` and
         normalisation; an index built with ``--vectors-column``: vectors like that column's). No model.
 

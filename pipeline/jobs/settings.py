@@ -79,6 +79,11 @@ def kind_of(value: Any) -> str:
     return f"{'an' if name[:1] in 'aeiou' else 'a'} {name}"
 
 
+# What ``Embedder.encode`` and ``Index.search`` take as texts (``text_items`` judges it at run time): one text, or an
+# ordered collection of texts and nulls (a list, tuple, generator, numpy array, pandas column, pyarrow array)
+Texts = str | bytes | Iterable[str | bytes | None]
+
+
 def text_items(texts: Any, name: str, hint: str = "") -> list[Any]:
     """One text (str or UTF-8 bytes) or an ordered iterable (list, tuple, generator, ``dict.keys()``), numpy array,
     pandas column or pyarrow ``Array``/``ChunkedArray`` of them, as a list; a missing text (``None``, a float NaN,
