@@ -197,8 +197,7 @@ class Embedder:
         """Let the model go: its engine (weights, CUDA graphs, pinned buffers) is freed once nothing else holds it.
         Encoding afterwards raises ``UsageError``; closing again does nothing. Also the end of a
         ``with petal.Embedder(...) as embedder:`` block."""
-        self._engine = None
-        self._tokenizers.clear()
+        self._engine = None  # NOTE: the tokenizers stay (small): a thread inside embed() may be reading them
 
     def __enter__(self) -> Embedder:
         return self
