@@ -98,6 +98,12 @@ def open_parquet(path: Path, read_dictionary: list[str] | None = None) -> Any:
                               read_dictionary=read_dictionary)
     except (OSError, pa.ArrowException, MemoryError) as exc:
         raise read_failure(path, "its Parquet footer", exc) from exc
+    except KeyError as exc:  # NOTE: a footer without a column ``read_dictionary`` names (pyarrow's own KeyError)
+        name = exc.args[0] if exc.args else ""
+        shown = name.decode("utf-8", "replace") if isinstance(name, bytes) else str(name)
+        raise read_failure(path, "its Parquet footer", ValueError(f"no column {shown!r}")) from exc
+    except UnicodeDecodeError as exc:  # NOTE: a column name that is not UTF-8 (pyarrow decodes the footer's names)
+        raise read_failure(path, "its Parquet footer", ValueError(f"a column name is not UTF-8: {exc}")) from exc
 
 
 def read_index_copied(path: Path, storage: str) -> Any:
