@@ -8,7 +8,7 @@ import gc
 import inspect
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar, cast, overload
@@ -225,6 +225,23 @@ class PetalGroup(click.Group):
             with contextlib.suppress(OSError, ValueError):
                 click.echo("petal: interrupted by SIGINT", err=True)
             ctx.exit(EXIT_SIGINT)
+
+
+def write_stdout(lines: Iterable[str], flush: bool = False) -> None:
+    """``lines`` to stdout, one each (``click.echo``). A stdout that fails (a full disk or a failing one under
+    ``> FILE``, ``/dev/full``) is 74 naming stdout: the ``OSError`` carries no file name, and was said as "I/O error
+    on a file". A closed pipe stays a ``BrokenPipeError`` (``PetalGroup``: 141, quietly)."""
+    from petal.pipeline.reliability.errors import PetalIOError
+
+    try:
+        for line in lines:
+            click.echo(line)
+        if flush:
+            sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        raise PetalIOError(f"cannot write the output to stdout: {exc.strerror or exc}") from exc
 
 
 def quiet_stdout() -> None:

@@ -13,7 +13,7 @@ from typing import IO
 
 import click
 
-from petal.cli.common import MODEL_DIR, PATH, device_options, given_flags, startup_done, user_errors
+from petal.cli.common import MODEL_DIR, PATH, device_options, given_flags, startup_done, user_errors, write_stdout
 from petal.cli.options import model_options, output_options
 
 
@@ -138,8 +138,7 @@ def embed(texts: tuple[str, ...], model: str | None, from_stdin: bool, input_pat
                 for line in lines:
                     fh.write(line.encode("utf-8") + b"\n")
         else:
-            for line in lines:
-                click.echo(line)
+            write_stdout(lines)
     note = f", {embedded.truncated} truncated at {embedder.max_length} tokens" if embedded.truncated else ""
     kind = {"none": f"{transform.output_dtype} vectors", "int8": f"int8 codes ({transform.int8_scheme})",
             "binary": "sign bits"}[transform.quantize]

@@ -19,6 +19,7 @@ from petal.cli.common import (
     unused_flags,
     usage,
     user_errors,
+    write_stdout,
 )
 from petal.cli.options import loading_options
 from petal.pipeline.index.bounds import MAX_K, MAX_NPROBE, MAX_RESCORE
@@ -157,7 +158,6 @@ def query(index_path: Path, texts: tuple[str, ...], k: int, from_stdin: bool, as
                     click.echo(f"petal query: skipped --stdin line {quote_text(line)}: it embeds to NaN or infinite "
                                "values with this model (non_finite_embedding)", err=True)
                     continue
-                sys.stdout.flush()
                 answered += 1
             else:
                 skipped += 1
@@ -226,8 +226,7 @@ def _answer(index: Index, queries: list[str], k: int, as_json: bool, show_text: 
 
 
 def _write(lines: list[str]) -> None:
-    for line in lines:
-        click.echo(line)
+    write_stdout(lines, flush=True)
 
 
 def _rendered(index: Index, labels: list[str], results: list[list[Hit]], as_json: bool, show_text: bool,
