@@ -190,6 +190,8 @@ def _judged_by_manifest(index_path: Path, where: str | None, by_text: bool) -> N
     ``--where`` on a column it does not keep or on a binary index): exit 2 before FAISS, Arrow or torch load (they
     came after the index opened). A manifest that cannot be read is left to the open, which says why and retries a
     version pruned meanwhile; the open judges the same again (the version it opens may be a newer one)."""
+    import os
+
     from petal.pipeline.index.filters import columns_problem, parse_filter
     from petal.pipeline.layout import resolve_index_dir
     from petal.pipeline.reliability.errors import PetalError, UsageError
@@ -197,6 +199,8 @@ def _judged_by_manifest(index_path: Path, where: str | None, by_text: bool) -> N
     try:
         version_dir, manifest = resolve_index_dir(index_path)
     except (PetalError, OSError):
+        if not os.path.lexists(index_path):  # NOTE: nothing there to retry (a typo): said before Arrow loads
+            raise
         return
     refusal = manifest.text_query_refusal(version_dir) if by_text else None
     if where and refusal is None:
