@@ -120,6 +120,8 @@ def missing_serve_extra() -> list[str]:
                    "closed); a new connection that sends nothing is closed after 5 s, as an idle keep-alive one.")
 @click.option("--body-timeout-s", type=click.FloatRange(min=0.1), default=60.0, show_default=True,
               help="How long a request's body may take to arrive (then 408, the connection closed).")
+@click.option("--send-timeout-s", type=click.FloatRange(min=0.1), default=60.0, show_default=True,
+              help="How long an answer may wait for its client to read any of it (then the connection is aborted).")
 @click.option("--threads", "search_threads", type=click.IntRange(min=1), default=4, show_default=True,
               help="Threads for reading stored text and metadata (include), off the event loop.")
 @click.option("--search-device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
@@ -148,7 +150,7 @@ def serve(index_path: Path | None, model: str | None, host: str, port: int, api_
           max_texts: int, max_tokens_per_text: int | None, max_k: int, max_body_bytes: int, max_queue_texts: int,
           token_budget: int | None, max_seqs: int | None, nprobe: int | None, rescore: int | None,
           reload_interval_s: float, drain_timeout_s: float, header_timeout_s: float, body_timeout_s: float,
-          search_threads: int,
+          send_timeout_s: float, search_threads: int,
           search_device: str, search_dtype: str, search_exact: bool, switch_interval_ms: float,
           engine_spin_ms: float | None, served_model_name: str | None,
           log_level: str, access_log: bool, device: str, dtype: str, attention: str, query_prompt: str | None,
@@ -182,7 +184,7 @@ def serve(index_path: Path | None, model: str | None, host: str, port: int, api_
                       max_body_bytes=max_body_bytes),
         max_wait_ms=max_wait_ms, max_queue_texts=max_queue_texts, reload_interval_s=reload_interval_s,
         drain_timeout_s=drain_timeout_s, header_timeout_s=header_timeout_s, body_timeout_s=body_timeout_s,
-        search_threads=search_threads, api_key=api_key,
+        send_timeout_s=send_timeout_s, search_threads=search_threads, api_key=api_key,
         served_model_name=served_model_name, search_dtype=search_dtype, search_exact=search_exact,
         switch_interval_ms=switch_interval_ms, engine_spin_ms=engine_spin_ms))
     # not an index (a typo): said at once, before any port or model; the version served first, leased now so that

@@ -208,3 +208,74 @@ def test_a_body_not_all_arrived_in_time_is_408(impatient):
     assert _route_count(server, route, 408) == before + 2
     answer = server.client.post("/search", content=body, headers={"Content-Type": "application/json"})
     assert answer.status_code == 200 and answer.json() == expected
+
+
+@pytest.fixture(scope="module")
+def long_texts(tmp_path_factory):
+    """``petal serve --send-timeout-s 1`` on an index of 12 vectors whose stored texts are 8 KB each: a /search of
+    64 rows, k 12, with text, is an answer of ~6 MB."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tests.test_serve import Server, cli_run
+
+    root = tmp_path_factory.mktemp("serve-send-timeout")
+    vectors = np.random.default_rng(1).standard_normal((12, 8)).astype(np.float32)
+    (root / "data").mkdir()
+    pq.write_table(pa.table({"doc": np.arange(12), "body": [f"{i} " + "long text " * 800 for i in range(12)],
+                             "vec": pa.FixedSizeListArray.from_arrays(pa.array(vectors.ravel()), 8)}),
+                   root / "data" / "a.parquet")
+    cli_run("index", root / "data", "--out", root / "out", "-q", "--vectors-column", "vec", "--id-column", "doc",
+            "--text-column", "body", "--index-factory", "Flat")
+    server = Server(root / "server.log", root / "out", "--send-timeout-s", "1")
+    body = json.dumps({"vectors": np.repeat(vectors[:4], 16, axis=0).tolist(), "k": 12,
+                       "include": ["text"]}).encode()
+    yield server, _search(body)
+    server.stop()
+
+
+def _read_all(sock: socket.socket) -> tuple[int, int]:
+    """Read ``sock`` to its end: (the answer's Content-Length, the bytes of its body that came)."""
+    data = b""
+    try:
+        while True:
+            chunk = sock.recv(1 << 20)
+            if not chunk:
+                break
+            data += chunk
+            head, sep, rest = data.partition(b"\r\n\r\n")
+            length = re.search(rb"(?im)^content-length: *(\d+)", head) if sep else None
+            if length is not None and len(rest) >= int(length.group(1)):
+                break
+    except ConnectionResetError:
+        pass
+    head, _, rest = data.partition(b"\r\n\r\n")
+    length = re.search(rb"(?im)^content-length: *(\d+)", head)
+    return (int(length.group(1)) if length else -1), len(rest)
+
+
+def _small_window(server, size: int) -> socket.socket:
+    host, port = server.url.removeprefix("http://").split(":")
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, size)  # NOTE: before connecting (the window scale)
+    sock.settimeout(30)
+    sock.connect((host, int(port)))
+    return sock
+
+
+def test_an_answer_the_client_does_not_read_is_dropped_after_send_timeout(long_texts):
+    server, request = long_texts
+    started = time.monotonic()
+    with _small_window(server, 1 << 16) as sock:  # reads after a pause shorter than the timeout, then steadily
+        sock.sendall(request)  # through a small window (seconds): the whole answer
+        time.sleep(0.5)
+        length, got = _read_all(sock)
+        assert length > 5 << 20 and got == length, (length, got)
+    assert time.monotonic() - started < 30
+    with _small_window(server, 4096) as sock:  # reads nothing for 4 s: the connection is aborted, its buffer dropped
+        sock.sendall(request)
+        time.sleep(4)
+        length, got = _read_all(sock)
+        assert got < length, (length, got)
+    assert server.client.get("/ready").status_code == 200

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import signal
 import socket
+import struct
 import sys
 import threading
 from collections.abc import Iterator
@@ -24,6 +25,12 @@ from petal.pipeline.serve.encoding import dumps
 from petal.pipeline.serve.metrics import ServeMetrics
 from petal.pipeline.serve.service import ServeState
 from petal.pipeline.serve.startup import Startup
+
+try:  # NOTE: the socket's send queue (SIOCOUTQ): Unix only; elsewhere the transport's buffer alone
+    import fcntl
+    import termios
+except ImportError:  # pragma: no cover - depends on the platform
+    fcntl = termios = None  # type: ignore[assignment]
 
 
 class DrainingServer(uvicorn.Server):
@@ -86,7 +93,14 @@ def raw_error(status: int, reason: bytes, message: str, default_headers: list[tu
     return b"".join(head) + body
 
 
-def http_protocol(metrics: ServeMetrics, header_timeout_s: float = 30.0) -> type[asyncio.Protocol]:
+def cancel(timer: asyncio.TimerHandle | None) -> None:
+    """Cancel ``timer`` if there is one."""
+    if timer is not None:
+        timer.cancel()
+
+
+def http_protocol(metrics: ServeMetrics, header_timeout_s: float = 30.0,
+                  send_timeout_s: float = 60.0) -> type[asyncio.Protocol]:
     """uvicorn's HTTP protocol (httptools, else h11) whose answer to a request its parser refuses (a bad
     Content-Length or chunk, a forbidden character in a header, a broken request line) is the server's JSON
     error, counted in ``/metrics`` as route ``unmatched``, instead of uvicorn's text/plain "Invalid HTTP request
@@ -96,7 +110,10 @@ def http_protocol(metrics: ServeMetrics, header_timeout_s: float = 30.0) -> type
     keep-alive timeout (5 s), as an idle keep-alive one is, and a request head (line and headers) not complete
     ``header_timeout_s`` after it began is answered 408 (``--header-timeout-s``). NOTE: without them a client that
     connected and sent nothing, or a head a byte at a time, held its connection (a file descriptor and its state)
-    for ever: enough of them and the server accepted no one."""
+    for ever: enough of them and the server accepted no one. Likewise an answer the client stops reading: once the
+    connection's send buffer is full, the connection is aborted if the client takes nothing for ``send_timeout_s``
+    (``--send-timeout-s``); before, its request held the whole answer (tens of MB for 256 queries of k 1000 with
+    text) and the connection for ever."""
     counter = metrics.requests.labels(route=UNMATCHED, status="400")
 
     class JsonErrorProtocol(AutoHTTPProtocol):  # type: ignore[valid-type,misc]  # httptools' or h11's, at import
@@ -132,9 +149,8 @@ def http_protocol(metrics: ServeMetrics, header_timeout_s: float = 30.0) -> type
                     super().on_message_begin()
 
             def _stop_head_timer(self) -> None:
-                if self._head_timer is not None:
-                    self._head_timer.cancel()
-                    self._head_timer = None
+                cancel(self._head_timer)
+                self._head_timer = None
 
             def _head_too_slow(self) -> None:
                 self._head_timer = None
@@ -286,6 +302,7 @@ def http_protocol(metrics: ServeMetrics, header_timeout_s: float = 30.0) -> type
 
             def connection_lost(self, exc: Exception | None) -> None:
                 self._stop_head_timer()
+                self._stop_send_timer()
                 if self._linger_timer is not None:
                     self._linger_timer.cancel()
                     self._linger_timer = None
@@ -324,6 +341,47 @@ def http_protocol(metrics: ServeMetrics, header_timeout_s: float = 30.0) -> type
                 # may see the reset, not the answer
                 self.linger()
 
+        _send_stalled: asyncio.TimerHandle | None = None  # --send-timeout-s, while the send buffer is full
+        _send_left = 0  # bytes buffered for the client when the timer was set
+
+        def pause_writing(self) -> None:
+            super().pause_writing()
+            if self._send_stalled is None:
+                self._send_left = self._unsent()
+                self._send_stalled = self.loop.call_later(send_timeout_s, self._client_not_reading)
+
+        def _unsent(self) -> int:
+            """Bytes written for the client and not yet taken by it: the transport's buffer and, where the system says
+            (Linux: SIOCOUTQ), the socket's send queue (a client reading slowly drains it long before the kernel asks
+            the transport for more)."""
+            left = self.transport.get_write_buffer_size()
+            sock = self.transport.get_extra_info("socket")
+            if sock is not None and fcntl is not None and hasattr(termios, "TIOCOUTQ"):
+                with contextlib.suppress(OSError, ValueError):
+                    left += struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]
+            return left
+
+        def resume_writing(self) -> None:
+            self._stop_send_timer()
+            super().resume_writing()
+
+        def _stop_send_timer(self) -> None:
+            cancel(self._send_stalled)
+            self._send_stalled = None
+
+        def _client_not_reading(self) -> None:
+            """``send_timeout_s`` since the send buffer filled (or since the client last took some of it): if it took
+            nothing, the connection is aborted (what was buffered for it dropped, also after a close that waits for
+            it) and its request sees the client gone."""
+            self._send_stalled = None
+            left = self._unsent()
+            if left < self._send_left:  # NOTE: it took some (nothing is added while writing is paused)
+                self._send_left = left
+                self._send_stalled = self.loop.call_later(send_timeout_s, self._client_not_reading)
+                return
+            self.logger.warning("The client read nothing of its answer for %g s: connection aborted.", send_timeout_s)
+            self.transport.abort()
+
         def send_400_response(self, msg: str) -> None:
             # NOTE: raw bytes for both parsers (h11's state does not matter: the connection closes right after)
             self.transport.write(raw_error(400, b"Bad Request", NOT_HTTP, self.server_state.default_headers))
@@ -359,7 +417,8 @@ class _LingeringClose:
 def server_for(startup: Startup, host: str, port: int, log_level: str = "warning",
                access_log: bool = False) -> DrainingServer:
     config = uvicorn.Config(build_app(startup), host=host, port=port, log_level=log_level, access_log=access_log,
-                            http=http_protocol(startup.metrics, startup.settings.header_timeout_s),
+                            http=http_protocol(startup.metrics, startup.settings.header_timeout_s,
+                                               startup.settings.send_timeout_s),
                             timeout_graceful_shutdown=startup.settings.drain_timeout_s,  # type: ignore[arg-type]  # uvicorn annotates int; any number of seconds works
                             lifespan="on")
     return DrainingServer(config)

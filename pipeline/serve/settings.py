@@ -51,6 +51,7 @@ class ServeSettings:
     drain_timeout_s: float = 30.0  # SIGTERM: how long in-flight requests may take to finish
     header_timeout_s: float = 30.0  # how long a request line and headers may take to arrive once begun (then 408)
     body_timeout_s: float = 60.0  # how long a request's body may take to arrive once its handler reads it (then 408)
+    send_timeout_s: float = 60.0  # how long an answer may wait for its client to read (then the connection is aborted)
     search_threads: int = 4  # reading stored text and metadata (include) runs in this many threads
     api_key: str | None = None
     served_model_name: str | None = None  # the `model` id of /v1/models (default: the model directory's name)
@@ -72,9 +73,8 @@ class ServeSettings:
             raise ValueError(f"--engine-spin-ms {self.engine_spin_ms}: from 0 to 1000")
         if self.switch_interval_ms <= 0:
             raise ValueError(f"--switch-interval-ms {self.switch_interval_ms} must be > 0")
-        if self.header_timeout_s <= 0 or self.body_timeout_s <= 0:
-            raise ValueError(f"--header-timeout-s {self.header_timeout_s} / --body-timeout-s {self.body_timeout_s} "
-                             "must be > 0")
+        if min(self.header_timeout_s, self.body_timeout_s, self.send_timeout_s) <= 0:
+            raise ValueError("--header-timeout-s, --body-timeout-s and --send-timeout-s must be > 0")
         if self.reload_interval_s <= 0 or self.drain_timeout_s < 0 or self.search_threads < 1:
             raise ValueError("--reload-interval-s must be > 0, --drain-timeout-s >= 0, threads >= 1")
         if self.search_device not in ("cpu", "cuda") or self.search_dtype not in ("float16", "float32"):
