@@ -56,6 +56,7 @@ from petal.pipeline.jobs.removals import (
     check_removal,
     dropped_entries,
     kept_entries,
+    kept_ids,
     kept_records,
     kept_shard,
     kept_vectors,
@@ -231,8 +232,6 @@ def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory
         if previous is not None:
             used_sha = used_sha or weights.result()
             check_drift(previous, embedding_settings(with_weights_sha256(spec, used_sha), config, job), out.root)
-        if job.strict:  # an id in two shards is a bad row too (without --strict the last shard wins)
-            check_cross_shard_duplicates(shards, job.read, reads)
         store = EmbeddingStore(out.store_dir)
         with writing(out.store_dir):
             store.open()
@@ -241,6 +240,8 @@ def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory
         kept_infos = [kept_shard(r, e) for r, e in zip(kept_recs, kept)]
         check_id_kinds([*shards, *kept_infos], job.read.id_column)  # 65: kept shards' ids of another kind
         check_column_types(shards, job.keep_columns, kept)  # 65: a kept shard's --keep-columns of another type
+        if job.strict:  # an id in two shards is a bad row too (without --strict the last shard wins), kept ones too
+            check_cross_shard_duplicates(shards, job.read, reads, kept_ids(kept))
         if used_sha is None and (job.scale is not None or (not job.full and stored_any(store, shards))):
             used_sha = weights.result()  # store entries to look up (a resumed run), or workers that pickle the spec
         sha = {}

@@ -74,6 +74,11 @@ def kept_entries(store: EmbeddingStore, records: list[ShardRecord], out: Path) -
     return entries
 
 
+def kept_ids(kept: list[StoreEntry]) -> list[tuple[str, pa.ChunkedArray]]:
+    """Each kept shard's path and the ids it gives the version (its embedded rows, less ``--delete``'s; as text)."""
+    return [(str(entry.meta["source"]["path"]), live_ids([entry])) for entry in kept]
+
+
 @dataclass
 class Removal:
     """Documents of the live version the new one would not hold."""

@@ -20,12 +20,13 @@ from petal.pipeline.index.columns_file import add_stored_columns
 from petal.pipeline.index.files import IDS_FILE
 from petal.pipeline.index.plan import check_index_factory
 from petal.pipeline.index.writer import build_version_index
+from petal.pipeline.ingest.duplicates import check_cross_shard_duplicates
 from petal.pipeline.ingest.parquet import ReadStats, ShardInfo, check_id_kinds, resolve_sources
 from petal.pipeline.ingest.rejects import rejects_table
 from petal.pipeline.ingest.vectors import preflight_vectors, read_vectors
 from petal.pipeline.jobs import index_run as run
 from petal.pipeline.jobs.keep_columns import check_column_types, check_keep_columns
-from petal.pipeline.jobs.removals import kept_entries, kept_records, kept_shard, kept_vectors
+from petal.pipeline.jobs.removals import kept_entries, kept_ids, kept_records, kept_shard, kept_vectors
 from petal.pipeline.jobs.report import RunReport
 from petal.pipeline.jobs.report_file import check_report_path
 from petal.pipeline.layout import OutputDir, check_not_inside_output
@@ -110,6 +111,8 @@ def _run(job: IndexJob, column: str, report: RunReport, stop: StopSignals, start
         kept_infos = [kept_shard(r, e) for r, e in zip(kept_recs, kept)]
         check_id_kinds([*shards, *kept_infos], job.read.id_column)  # 65: kept shards' ids of another kind
         check_column_types(shards, job.keep_columns, kept)  # 65: a kept shard's --keep-columns of another type
+        if job.strict:  # an id in two shards is a bad row too (without --strict the last shard wins), kept ones too
+            check_cross_shard_duplicates(shards, job.read, reads, kept_ids(kept))
         fp = settings_fingerprint(settings.to_dict())
         fingerprints = [run.content_fingerprint(store, info, fp, job.read, reads) for info in shards]
         all_shards = sorted([*shards, *kept_infos], key=lambda info: info.abs_path)
