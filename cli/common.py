@@ -8,7 +8,7 @@ import gc
 import inspect
 import os
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar, cast, overload
@@ -225,6 +225,21 @@ class PetalGroup(click.Group):
             with contextlib.suppress(OSError, ValueError):
                 click.echo("petal: interrupted by SIGINT", err=True)
             ctx.exit(EXIT_SIGINT)
+
+
+def stdin_lines() -> Iterator[bytes]:
+    """``--stdin``'s lines as they arrive (``text_rule.input_lines``: line ends and a leading byte order mark
+    dropped). A closed stdin (``<&-``: Python sets ``sys.stdin`` to ``None``) is no input (66); one that fails to
+    read is 74 naming stdin (its ``OSError`` carries no file name)."""
+    from petal.pipeline.ingest.text_rule import input_lines
+    from petal.pipeline.reliability.errors import NoInputError, PetalIOError
+
+    if sys.stdin is None:
+        raise NoInputError("--stdin: stdin is closed (no file descriptor 0); give it input (< FILE, or a pipe)")
+    try:
+        yield from input_lines(sys.stdin.buffer)
+    except OSError as exc:  # NOTE: only the reads: what the caller does with a line is not inside this generator
+        raise PetalIOError(f"cannot read --stdin: {exc.strerror or exc}") from exc
 
 
 def write_stdout(lines: Iterable[str], flush: bool = False) -> None:

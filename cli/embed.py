@@ -6,14 +6,22 @@ import contextlib
 import json
 import os
 import stat
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
 import click
 
-from petal.cli.common import MODEL_DIR, PATH, device_options, given_flags, startup_done, user_errors, write_stdout
+from petal.cli.common import (
+    MODEL_DIR,
+    PATH,
+    device_options,
+    given_flags,
+    startup_done,
+    stdin_lines,
+    user_errors,
+    write_stdout,
+)
 from petal.cli.options import model_options, output_options
 
 
@@ -62,7 +70,7 @@ def embed(texts: tuple[str, ...], model: str | None, from_stdin: bool, input_pat
     lines only, every text skipped. An --input that is missing, not a regular file or unreadable is 66
     too; one that cannot be read as its format is 65.
     """
-    from petal.pipeline.ingest.text_rule import input_lines, utf8_or_bytes
+    from petal.pipeline.ingest.text_rule import utf8_or_bytes
     from petal.pipeline.reliability.errors import NoInputError, UsageError, quote_path
 
     if output is not None and output.suffix.lower() not in (".npy", ".jsonl"):
@@ -88,7 +96,7 @@ def embed(texts: tuple[str, ...], model: str | None, from_stdin: bool, input_pat
         raise click.UsageError("--id-column goes with --input FILE.parquet or FILE.jsonl")
     if from_stdin:
         # NOTE: bytes, decoded line by line; a line that is not UTF-8 stays bytes
-        items += [utf8_or_bytes(raw) for raw in input_lines(sys.stdin.buffer)]
+        items += [utf8_or_bytes(raw) for raw in stdin_lines()]
     if ids is not None:  # NOTE: a --stdin line has no id, as a TEXT argument: null, each row keeping its own
         ids += [None] * (len(items) - len(ids))
     # NOTE: every input, one rule (petal index's, Embedder's): a text that is not UTF-8 (bytes; a TEXT argument that

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +15,7 @@ from petal.cli.common import (
     device_options,
     given_flags,
     startup_done,
+    stdin_lines,
     unused_flags,
     usage,
     user_errors,
@@ -110,7 +110,7 @@ def query(index_path: Path, texts: tuple[str, ...], k: int, from_stdin: bool, as
         index.check_where(where)  # an unknown column: exit 2, before the model loads
     if index.manifest.precomputed:
         index.query_model()  # NOTE: raises: a text query on an index without a model is a usage error (2)
-    from petal.pipeline.ingest.text_rule import input_lines, skip_reason, valid_text
+    from petal.pipeline.ingest.text_rule import skip_reason, valid_text
     from petal.pipeline.reliability.errors import NoInputError
 
     # NOTE: the rule of petal index and petal embed: an invisible query (empty, blank) is skipped and said;
@@ -141,7 +141,7 @@ def query(index_path: Path, texts: tuple[str, ...], k: int, from_stdin: bool, as
     if from_stdin:
         from petal.pipeline.jobs.query import NonFiniteQueryError
 
-        for raw in input_lines(sys.stdin.buffer):  # one query at a time: answers stream as lines arrive
+        for raw in stdin_lines():  # one query at a time: answers stream as lines arrive
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError:

@@ -1,6 +1,7 @@
 """SIGINT (Ctrl-C) to a command that no run's own signal handling covers (``petal query --stdin`` waiting for a
 line, ``petal embed --stdin`` reading its input, a model loading) ends it with the contract's 130 and one line on
-stderr, never click's "Aborted!" with exit 1 (the code of a bug). Real processes, real tiny BERT, real FAISS."""
+stderr, never click's "Aborted!" with exit 1 (the code of a bug); a --stdin that is closed (``<&-``) is no input
+(66). Real processes, real tiny BERT, real FAISS."""
 
 from __future__ import annotations
 
@@ -60,3 +61,20 @@ def test_sigint_while_reading_stdin_is_130_without_a_traceback(small_index, comm
     assert child.returncode == 130, err.decode()
     assert b"Traceback" not in err and b"Aborted!" not in err, err.decode()
     assert err.decode().strip().splitlines()[-1] == "petal: interrupted by SIGINT"
+
+
+def _closed_stdin() -> None:
+    os.close(0)  # `<&-`: Python starts with sys.stdin None
+
+
+@pytest.mark.parametrize("command", ["query", "embed"])
+def test_a_closed_stdin_is_no_input(small_index, command):
+    """--stdin with fd 0 closed was an AttributeError traceback (exit 1: 'NoneType' object has no attribute
+    'buffer')."""
+    index, model = small_index
+    args = {"query": ["query", str(index), "--stdin"], "embed": ["embed", "--stdin", "--model", str(model)]}[command]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PETAL_")}
+    result = subprocess.run([sys.executable, "-m", "petal.cli.main", *args], capture_output=True, cwd=REPO, env=env,
+                            timeout=300, preexec_fn=_closed_stdin)
+    err = result.stderr.decode()
+    assert result.returncode == 66 and "stdin is closed" in err and "Traceback" not in err, err
