@@ -13,8 +13,7 @@ import pyarrow as pa
 
 from petal.pipeline.ingest.parquet import ShardInfo
 from petal.pipeline.reliability.errors import BadInputError, UsageError, quote_path
-from petal.pipeline.store.columns import kept_type, stored_column_type
-from petal.pipeline.store.embeddings import StoreEntry
+from petal.pipeline.store.columns import kept_type
 
 STORED_NAMES = ("faiss_id", "id", "shard", "row", "text")  # what a version's ids.parquet holds itself
 
@@ -36,16 +35,18 @@ def check_keep_columns(shards: list[ShardInfo], columns: tuple[str, ...], reserv
     check_column_types(shards, columns)
 
 
-def check_column_types(shards: list[ShardInfo], columns: tuple[str, ...], kept: Sequence[StoreEntry] = ()) -> None:
+def check_column_types(shards: list[ShardInfo], columns: tuple[str, ...],
+                       kept: Sequence[tuple[str, pa.Schema]] = ()) -> None:
     """A kept column's types across the named shards (their footers) and the shards a run keeps from the live version
-    (``kept``: the types their stored side files hold) widen to one (``kept_type``), else 65 naming the column, two
-    shards and their types. Under the lock with ``kept``, before any embedding.
+    (``kept``: each one's path and the schema its columns are stored from, ``kept_schemas``) widen to one
+    (``kept_type``), else 65 naming the column, two shards and their types. Under the lock with ``kept``, before any
+    embedding.
 
     NOTE: a kept shard's type was met only when the version's columns were merged: after every new shard was
     embedded (README: checked before any work)."""
     for name in columns:
         typed: list[tuple[str, pa.DataType]] = [(str(i.path), i.schema.field(name).type) for i in shards
                                                 if i.schema is not None and name in i.schema.names]
-        typed += [(str(e.meta["source"]["path"]), t) for e in kept if (t := stored_column_type(e, name)) is not None]
+        typed += [(path, schema.field(name).type) for path, schema in kept if name in schema.names]
         if typed:
             kept_type(name, typed)

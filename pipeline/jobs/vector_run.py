@@ -36,7 +36,7 @@ from petal.pipeline.reliability.faults import fault
 from petal.pipeline.reliability.safe_files import check_output_dir
 from petal.pipeline.reliability.signals import StopSignals
 from petal.pipeline.store.changes import live_manifest, shard_changes
-from petal.pipeline.store.columns import ColumnsNeed, check_stored_text, ensure_columns
+from petal.pipeline.store.columns import ColumnsNeed, check_stored_text, ensure_columns, kept_schemas
 from petal.pipeline.store.embeddings import EmbeddingStore, StoreEntry, settings_fingerprint, sha256_file
 from petal.pipeline.store.outputs import OutputTransform
 from petal.pipeline.store.tombstones import read_delete_ids, settle_tombstones
@@ -110,7 +110,9 @@ def _run(job: IndexJob, column: str, report: RunReport, stop: StopSignals, start
         kept = kept_entries(store, kept_recs, out.root)
         kept_infos = [kept_shard(r, e) for r, e in zip(kept_recs, kept)]
         check_id_kinds([*shards, *kept_infos], job.read.id_column)  # 65: kept shards' ids of another kind
-        check_column_types(shards, job.keep_columns, kept)  # 65: a kept shard's --keep-columns of another type
+        # --keep-columns in the kept shards: there (65), of a type that widens with the named shards' (65), their
+        # files still there where the store lacks them (78)
+        check_column_types(shards, job.keep_columns, kept_schemas(kept, job.keep_columns, job.read, reads))
         if job.strict:  # an id in two shards is a bad row too (without --strict the last shard wins), kept ones too
             check_cross_shard_duplicates(shards, job.read, reads, kept_ids(kept))
         fp = settings_fingerprint(settings.to_dict())

@@ -75,11 +75,40 @@ class ColumnsNeed:
         return (["text"] if self.text_column else []) + list(self.keep)
 
 
-def stored_column_type(entry: StoreEntry, name: str) -> pa.DataType | None:
-    """The type ``entry``'s side file stores column ``name`` as; ``None`` when it has no such column (or no side
-    file it can read: the column is then read from the shard, as before)."""
-    schema = _stored_schema(columns_path(entry.path))
-    return schema.field(name).type if schema is not None and name in schema.names else None
+def kept_schemas(entries: list[StoreEntry], keep: tuple[str, ...], read: ReadConfig,
+                 stats: ReadStats | None = None) -> list[tuple[str, pa.Schema]]:
+    """Each kept shard's path (``entries``: the live version's shards a run keeps) and the schema its ``keep``
+    columns will be stored from: its side file's when that holds them all, else its file's footer. Under the lock,
+    before any embedding: a file gone or changed since it was embedded is 78 (``ensure_columns`` would say so after
+    the embedding), a footer without one of the columns 65 naming the shard and the column.
+
+    NOTE: a kept shard embedded before ``--keep-columns`` named a column its file lacks was a ``KeyError``
+    traceback (exit 1) once the new shards were embedded."""
+    found: list[tuple[str, pa.Schema]] = []
+    if not keep:
+        return found
+    for entry in entries:
+        source = entry.meta["source"]
+        schema = _stored_schema(columns_path(entry.path))
+        if schema is None or not set(keep) <= set(schema.names):
+            shard = None if "://" in str(source["abs_path"]) else _same_content(Path(source["abs_path"]), source,
+                                                                                 read, stats)
+            if shard is None:
+                raise _gone(source, keep)
+            path = shard.path
+            schema = read_retrying(path, lambda: _read_schema(path), read, stats,  # noqa: B023 (called at once)
+                                   "not a readable Parquet file")
+            missing = [c for c in keep if c not in schema.names]
+            if missing:
+                raise BadInputError(f"{quote_path(source['path'])} (kept from the live version): no column "
+                                    f"{missing[0]!r} (--keep-columns); it has: {', '.join(sorted(schema.names))}")
+        found.append((str(source["path"]), schema))
+    return found
+
+
+def _gone(source: dict, keep: tuple[str, ...]) -> ConfigError:
+    return ConfigError(f"{source['path']} is gone or changed since it was embedded, so its columns "
+                       f"{', '.join(keep)} cannot be stored; name it as a SOURCE again or pass --sync")
 
 
 def _stored_names(path: Path) -> set[str]:
@@ -134,8 +163,7 @@ def ensure_columns(store: EmbeddingStore, entries: list[StoreEntry], need: Colum
             shard = _same_content(Path(source["abs_path"]), source, read, stats)
         if shard is None:
             if need.keep:
-                raise ConfigError(f"{source['path']} is gone or changed since it was embedded, so its columns "
-                                  f"{', '.join(need.keep)} cannot be stored; name it as a SOURCE again or pass --sync")
+                raise _gone(source, need.keep)
             missing_text.append(str(source["path"]))
             continue
         _write_columns(shard, entry, need, path, read, stats, check)
