@@ -31,3 +31,14 @@ def test_close_without_with(tiny_bert_dir):
     embedder.close()
     with pytest.raises(petal.UsageError, match="closed"):
         embedder.encode(["x"])
+
+
+@pytest.mark.parametrize("settings", [{}, {"dim": 16}, {"output_dtype": "float16"}, {"quantize": "binary"},
+                                      {"quantize": "int8"}, {"quantize": "int8", "dim": 32}])
+def test_no_texts_is_an_empty_array_in_every_output_format(tiny_bert_dir, settings):
+    """``encode([])`` is ``[0, dim]`` (``[0, dim // 8]`` sign bits) of the format's dtype; with int8 ranges learned
+    from each call's texts it was a UsageError (no ranges from 0 vectors), unlike every other format."""
+    with petal.Embedder(tiny_bert_dir, device="cpu", **settings) as embedder:
+        one = embedder.encode(["glaciers move", "bread rises"])
+        empty = embedder.encode([])
+    assert empty.shape == (0, *one.shape[1:]) and empty.dtype == one.dtype

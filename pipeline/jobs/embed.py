@@ -270,6 +270,10 @@ class Embedder:
             kept = [i for i, ok in zip(kept, finite) if ok]
             vectors = vectors[finite]
         transform, learned = self.transform, False
+        if not items and transform.int8_scheme == "calibrated" and transform.calibration is None:
+            # NOTE: no texts, no rows, as in every other output format (no ranges to learn from nothing: was a
+            # UsageError "calibrating int8 ranges needs at least 2 vectors, got 0")
+            return Embedded(np.zeros((0, transform.dim), dtype=np.int8), 0, transform, False)
         if transform.int8_scheme == "calibrated" and transform.calibration is None:
             transform, learned = build(transform.calibrate, transform.stored(vectors)), True
         embedded = transform.output(vectors)
