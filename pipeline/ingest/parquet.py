@@ -34,6 +34,7 @@ import pyarrow.parquet as pq
 from petal.pipeline.config import ReadConfig
 from petal.pipeline.ingest.remote import (
     RemotePath,
+    hidden_below,
     is_denied,
     is_storage_error,
     is_uri,
@@ -217,9 +218,9 @@ def _walk(root: Path, out: Path | None, problems: list[str], unreadable: list[st
         if (out is not None and _inside(here, out)) or is_output_dir(here):
             subdirs[:] = []  # petal's own output (store entries, versions, rejects) is never input
             continue
-        subdirs.sort()
+        subdirs[:] = sorted(d for d in subdirs if not hidden_below((d,)))  # _temporary/, _delta_log/, .git/
         for name in sorted(files):
-            if not name.endswith(".parquet"):
+            if not name.endswith(".parquet") or hidden_below((name,)):
                 continue
             path = here / name
             try:

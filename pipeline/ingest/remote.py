@@ -92,6 +92,17 @@ def _short(message: str) -> str:
     return message.split(". (Request ID")[0].strip()[:300]
 
 
+HIDDEN_PREFIXES = (".", "_")
+
+
+def hidden_below(parts: list[str] | tuple[str, ...]) -> bool:
+    """A file whose path below a directory SOURCE (``parts``: the names of each directory under it, then its own)
+    has a part that starts with ``.`` or ``_``: not a shard, as for pyarrow's datasets, Spark and Hive (Spark's
+    ``_temporary/`` attempts of a job still writing, Delta's ``_delta_log/*.checkpoint.parquet``, editors' and
+    copies' ``.name.parquet`` files). A file or glob the user names is read whatever its name."""
+    return any(part.startswith(HIDDEN_PREFIXES) for part in parts)
+
+
 def list_remote(source: str, empty_ok: bool = False, held: frozenset[str] = frozenset()) -> list[RemotePath]:
     """The objects a URI names: itself, or every ``*.parquet`` below it (a prefix), sorted.
 
@@ -117,7 +128,8 @@ def list_remote(source: str, empty_ok: bool = False, held: frozenset[str] = froz
             raise NoInputError(f"source {shown} does not exist (no such bucket, object or prefix)")
         selector = fs.FileSelector(path, recursive=True)
         found = [i.path for i in filesystem.get_file_info(selector)
-                 if i.type == fs.FileType.File and i.path.endswith(".parquet")]
+                 if i.type == fs.FileType.File and i.path.endswith(".parquet")
+                 and not hidden_below(i.path[len(path.rstrip("/")):].split("/"))]
     except PetalError:
         raise
     except OSError as exc:

@@ -1,0 +1,82 @@
+"""A directory SOURCE (or object-store prefix) names the ``*.parquet`` files below it whose path there has no part
+starting with ``.`` or ``_``, as pyarrow's datasets, Spark and Hive read a table directory. Before: every
+``*.parquet`` below was a shard, so a cron run over a Spark table indexed the ``_temporary/`` attempt files of a job
+still writing (kept forever by later additive runs once the job moved them), and a Delta table directory failed
+(65) on ``_delta_log/*.checkpoint.parquet``, which has no text column. A file or glob the user names is still read
+whatever its name."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tests.fake_cli import invoke
+from tests.fake_engine import embedded_ids, make_fake_model_dir
+
+
+def table(ids: list[str]) -> pa.Table:
+    return pa.table({"id": ids, "text": [f"document {i}" for i in ids]})
+
+
+def write(path: Path, t: pa.Table) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(t, path)
+    return path
+
+
+def spark_table(root: Path) -> None:
+    write(root / "part-0.parquet", table(["a", "b"]))
+    write(root / "_temporary" / "0" / "_temporary" / "attempt_1" / "part-1.parquet", table(["c"]))
+    write(root / "_delta_log" / "00000000000000000010.checkpoint.parquet", pa.table({"add": [1]}))
+    write(root / ".part-0.parquet", table(["d"]))  # a copy or an editor's file beside it
+    write(root / "nested" / "part-2.parquet", table(["e"]))
+    (root / "_SUCCESS").write_bytes(b"")
+
+
+def index(tmp_path: Path, *sources: str | Path, env: dict | None = None):
+    log = tmp_path / "fake.log"
+    return invoke(["index", *map(str, sources), "--out", str(tmp_path / "out"), "-q",
+                   "--model", str(make_fake_model_dir(tmp_path / "model"))],
+                  env={**(env or {}), "PETAL_TEST_FAKE_ENGINE": str(log)}), log
+
+
+def test_a_directory_source_skips_hidden_and_underscore_paths(tmp_path):
+    spark_table(tmp_path / "table")
+    result, log = index(tmp_path, tmp_path / "table")
+    assert result.exit_code == 0, result.output
+    assert sorted(embedded_ids(log)) == ["a", "b", "e"]
+
+
+def test_a_file_or_glob_named_is_read_whatever_its_name(tmp_path):
+    spark_table(tmp_path / "table")
+    attempt = tmp_path / "table" / "_temporary" / "0" / "_temporary" / "attempt_1" / "part-1.parquet"
+    result, log = index(tmp_path, attempt, tmp_path / "table" / ".part-0.parquet")
+    assert result.exit_code == 0, result.output
+    assert sorted(embedded_ids(log)) == ["c", "d"]
+
+
+def test_an_object_store_prefix_skips_them_too(tmp_path):
+    pytest.importorskip("moto")
+    from tests.s3_server import start_s3
+
+    server = start_s3(tmp_path / "moto.log")
+    try:
+        client = server.client()
+        client.create_bucket(Bucket="corpus")
+        for key, ids in (("t/part-0.parquet", ["a"]), ("t/_temporary/0/part-1.parquet", ["c"]),
+                         ("t/.hidden/part-2.parquet", ["d"]), ("t/x/part-3.parquet", ["e"])):
+            buffer = io.BytesIO()
+            pq.write_table(table(ids), buffer)
+            client.put_object(Bucket="corpus", Key=key, Body=buffer.getvalue())
+        result, log = index(tmp_path, "s3://corpus/t", env=server.env())
+        assert result.exit_code == 0, result.output
+        assert sorted(embedded_ids(log)) == ["a", "e"]
+        manifest = json.loads(next((tmp_path / "out" / "versions").glob("*/manifest.json")).read_text())
+        assert [s["path"] for s in manifest["shards"]] == ["s3://corpus/t/part-0.parquet", "s3://corpus/t/x/part-3.parquet"]
+    finally:
+        server.stop()
