@@ -501,6 +501,27 @@ def vectors_index(tmp_path_factory):
 
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("max_k", [3, 10, 1000])
+def test_the_gpu_copy_captures_the_default_k_under_max_k(vectors_index, max_k):
+    """A /search that leaves k out asks for 10, or --max-k when lower: the lists copy captures that k's graphs
+    before the version serves (it captured k=10 whatever --max-k said, so under --max-k 3 every default request
+    met a graph capture on its path)."""
+    from petal.pipeline.index.search import IndexReader
+    from petal.pipeline.serve.gpu_ivf import GRAPH_QUERIES
+    from petal.pipeline.serve.gpu_search import GpuReaders
+    from petal.pipeline.serve.requests import default_k
+
+    out, _ = vectors_index
+    reader = IndexReader(out, nprobe=3)
+    readers = GpuReaders("cuda", "float32", warm_k=default_k(max_k))
+    readers.prepare(reader)
+    copy = readers._readers[id(reader)]
+    assert copy is not None
+    captured = {k for _queries, k, _probes in copy.index._graphs}
+    assert captured == {min(10, max_k)} and len(copy.index._graphs) == len(GRAPH_QUERIES)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
 @pytest.mark.parametrize("exact", [False, True])

@@ -350,7 +350,7 @@ class _nothing:
 
 
 def gpu_reader(reader: IndexReader, device: str = "cuda", dtype: str = "float16",
-               exact: bool = False) -> IndexReader | None:
+               exact: bool = False, warm_k: int | None = None) -> IndexReader | None:
     """A copy of ``reader`` that searches a GPU copy of its vectors (``None``: a binary index, or not
     enough free GPU memory; the FAISS path then serves, as said in the log).
 
@@ -387,7 +387,8 @@ def gpu_reader(reader: IndexReader, device: str = "cuda", dtype: str = "float16"
                 log.warning("petal serve: --search-device cuda: the lists of %s are not copied (%s): searching "
                             "every vector on the GPU instead", reader.dir.name, str(exc).strip()[:200])
             else:
-                lists_copy.warm_up(DEFAULT_K)  # the graphs of default requests, captured before the version serves
+                # the graphs of default requests (k left out: 10, or --max-k when lower), before the version serves
+                lists_copy.warm_up(DEFAULT_K if warm_k is None else warm_k)
                 log.info("petal serve: the GPU copy of %s: %s; %s", reader.dir.name, lists_copy.describe(),
                          lists_copy.describe_dtype())
                 out.index = lists_copy  # type: ignore[assignment]  # FAISS duck type
@@ -408,17 +409,18 @@ class GpuReaders:
     """The GPU copy of each served version, built when the version loads (before it serves) and freed
     with it."""
 
-    def __init__(self, device: str, dtype: str, exact: bool = False) -> None:
+    def __init__(self, device: str, dtype: str, exact: bool = False, warm_k: int | None = None) -> None:
         self.device = device
         self.dtype = dtype
         self.exact = exact
+        self.warm_k = warm_k  # the k of a /search that leaves it out (the graphs captured before a version serves)
         self._readers: dict[int, IndexReader | None] = {}
 
     def prepare(self, reader: IndexReader) -> None:
         key = id(reader)
         if key in self._readers:
             return
-        self._readers[key] = gpu_reader(reader, self.device, self.dtype, self.exact)
+        self._readers[key] = gpu_reader(reader, self.device, self.dtype, self.exact, self.warm_k)
         weakref.finalize(reader, self._readers.pop, key, None)
 
     def describe(self, reader: IndexReader) -> dict[str, Any]:

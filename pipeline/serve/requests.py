@@ -25,6 +25,11 @@ INCLUDES = ("text", "metadata")
 DEFAULT_K = 10  # /search without "k" (or --max-k, when lower)
 
 
+def default_k(max_k: int) -> int:
+    """The ``k`` of a ``/search`` that leaves it out: ``DEFAULT_K``, or ``--max-k`` when that is lower."""
+    return min(DEFAULT_K, max_k)
+
+
 class RequestError(Exception):
     """A client mistake: ``status`` (4xx), an OpenAI-style ``kind`` and a message naming the field."""
 
@@ -215,7 +220,7 @@ def parse_search(body: dict[str, Any], limits: Limits) -> SearchRequest:
     if not isinstance(include, list) or any(not isinstance(x, str) or x not in INCLUDES for x in include):
         raise RequestError(422, f"'include' must be a list of {', '.join(map(repr, INCLUDES))}")
     # NOTE: the default within --max-k too: a server started with --max-k 5 answered 10 hits to a request without k
-    k = _int(body, "k", min(DEFAULT_K, limits.max_k), 1, limits.max_k, "--max-k")
+    k = _int(body, "k", default_k(limits.max_k), 1, limits.max_k, "--max-k")
     assert k is not None
     return SearchRequest(texts=texts, vectors=vectors, k=k,
                          nprobe=_int(body, "nprobe", None, 1, MAX_NPROBE),

@@ -23,7 +23,7 @@ from petal.pipeline.serve.encoding import embeddings_body
 from petal.pipeline.serve.follower import IndexFollower
 from petal.pipeline.serve.gpu_search import GpuReaders
 from petal.pipeline.serve.metrics import ServeMetrics
-from petal.pipeline.serve.requests import EmbeddingsRequest, RequestError, SearchRequest, limit_message
+from petal.pipeline.serve.requests import EmbeddingsRequest, RequestError, SearchRequest, default_k, limit_message
 from petal.pipeline.serve.search_batcher import SearchBatcher
 from petal.pipeline.serve.searching import SharedExclusiveLock
 from petal.pipeline.serve.settings import ServeSettings, model_name
@@ -101,7 +101,7 @@ class ServeState:
             tokenizers=dict(model.tokenizers), spin_ms=settings.engine_spin_ms)
         # the GPU copy of each version (--search-device cuda), made before the version serves
         self.gpu = None if settings.search_device == "cpu" else GpuReaders(
-            settings.search_device, settings.search_dtype, settings.search_exact)
+            settings.search_device, settings.search_dtype, settings.search_exact, default_k(settings.limits.max_k))
         if index is not None:
             self._prepare(index.reader)
         # NOTE: an index of vectors is followed by its own rules (dim, metric, stored format), whatever model is loaded
