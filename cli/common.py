@@ -378,6 +378,23 @@ def eprint(message: str) -> None:
 EXPLICIT = (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT, ParameterSource.PROMPT)
 
 
+def once_option(*decls: str, join: str, **kwargs: Any) -> Callable[[F], F]:
+    """``click.option`` for a flag whose values a reader adds up (``--delete A --delete B``, ``--keep-columns``,
+    ``--where``): click keeps the last value of a repeated flag and drops the others without a word (the first file's
+    ids stay indexed, a column is not kept, a filter is lost), so a second one is a usage error (2) naming the flag
+    and every value, and ``join``: how to give them at once."""
+
+    def given_once(ctx: click.Context, param: click.Parameter, values: tuple[Any, ...]) -> Any:
+        if len(values) > 1:
+            from petal.pipeline.reliability.errors import quote_path
+
+            raise click.BadParameter(f"given {len(values)} times ({', '.join(quote_path(v) for v in values)}): "
+                                     f"click would keep only the last; {join}", ctx=ctx, param=param)
+        return values[0] if values else None
+
+    return click.option(*decls, multiple=True, callback=given_once, **kwargs)
+
+
 def given_flags(names: tuple[str, ...]) -> list[str]:
     """The flags among ``names`` (parameter names) that the user gave (not defaults), as typed: ``--max-seqs``."""
     ctx = click.get_current_context()

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from petal.cli.common import MODEL_DIR, PATH, ReportingCommand, device_options, hooks, run_with_report
+from petal.cli.common import MODEL_DIR, PATH, ReportingCommand, device_options, hooks, once_option, run_with_report
 from petal.cli.index_options import index_options
 from petal.cli.options import model_options, output_options
 from petal.cli.scale_options import RAY_LOCAL, scale_options
@@ -26,7 +26,7 @@ from petal.cli.scale_options import RAY_LOCAL, scale_options
 @click.option("--vectors-column", default=None, metavar="COLUMN",
               help="Index the precomputed embeddings of this column (list<float> or fixed_size_list<float>): "
                    "no model is loaded.")
-@click.option("--keep-columns", default=None, metavar="A,B",
+@once_option("--keep-columns", join="name every column in one: --keep-columns A,B", metavar="A,B",
               help="Columns stored with the ids: returned with every hit (petal query, the API) and usable in "
                    "petal query --where. Distinct names, comma-separated; leave the flag out to keep none.")
 @device_options
@@ -44,8 +44,7 @@ from petal.cli.scale_options import RAY_LOCAL, scale_options
 @click.option("--max-removed", default=None, metavar="N|F",
               help="Fail (exit 65, nothing published) when more documents of the live version would be removed: "
                    "a count or a fraction (0.1, 10%) [default: 0; 10% with --sync].")
-@click.option("--delete", "delete", type=PATH, default=None,
-              metavar="IDS.parquet",
+@once_option("--delete", "delete", type=PATH, join="put every id to remove in one file", metavar="IDS.parquet",
               help="Remove these ids (the id column, or the file's only column) in the version this run publishes; "
                    "read as the index's ids: integer ids by value (007 is 7; 7.0 is exit 65), string ids by exact "
                    "text.")

@@ -14,6 +14,7 @@ from petal.cli.common import (
     PATH,
     device_options,
     given_flags,
+    once_option,
     startup_done,
     stdin_lines,
     unused_flags,
@@ -50,7 +51,7 @@ MODEL_FLAGS = ("model", "device", "dtype", "attention", "query_prompt", "allow_p
 @click.option("--vector-file", type=PATH, default=None, metavar="Q.npy",
               help="Query by vectors ([n, dim] or [dim] .npy) instead of text: no model (any index; the way to "
                    "query one built with --vectors-column).")
-@click.option("--where", default=None, metavar="EXPR",
+@once_option("--where", join="join the conditions with AND", metavar="EXPR",
               help="Only documents matching EXPR, on --keep-columns: \"lang = 'en' AND year IN (2020, 2021)\" "
                    "(applied inside the FAISS search). Literals: 'strings', numbers, true, false; each of its "
                    "column's kind (topic = 5 on a string column is an error).")
