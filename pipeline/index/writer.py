@@ -155,10 +155,14 @@ def _train(index: Any, sample: np.ndarray, plan: IndexPlan, seed: int, ngpu: int
     if isinstance(index, faiss.IndexBinary):
         if isinstance(index, faiss.IndexBinaryIVF):
             index.cp.seed = seed  # NOTE: seeded k-means on a seeded sample: same input, same index
+            index.cp.min_points_per_centroid = MIN_TRAIN_POINTS_PER_CENTROID  # as below
         return train(index, np.packbits(sample >= 0, axis=1), ngpu, seed)
     ivf = faiss.try_extract_index_ivf(index)
     if ivf is not None:
         ivf.cp.seed = seed  # NOTE: seeded k-means on a seeded sample: same input, same index
+        # NOTE: FAISS's k-means warns on stderr below 39 points a list ("WARNING clustering 15360 points to 512
+        # centroids"), a stray line in an unattended job's log; training_size never gives fewer than petal's floor
+        ivf.cp.min_points_per_centroid = MIN_TRAIN_POINTS_PER_CENTROID
     no_polysemous_training(index)
     return train(index, sample, ngpu, seed)
 

@@ -1,0 +1,36 @@
+"""An IVF trained on fewer than FAISS's 39 points a list (a memory budget caps the sample at petal's floor of 30:
+``writer.training_size``) built without FAISS's k-means printing "WARNING clustering N points to K centroids" on
+stderr: a stray line no "petal:" prefix names, in every unattended run's log. A sample below petal's own floor
+still warns (nothing hides a training that bad)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from petal.cli.main import cli
+
+
+def _vectors(path, rows: int, dim: int) -> None:
+    data = np.random.default_rng(0).standard_normal((rows, dim)).astype(np.float32)
+    pq.write_table(pa.table({"id": np.arange(rows), "emb": pa.FixedSizeListArray.from_arrays(pa.array(data.ravel()),
+                                                                                                dim)}), path)
+
+
+@pytest.mark.parametrize("extra", [[], ["--index-factory", "IVF512,Flat"]])
+def test_an_ivf_trained_at_petals_floor_prints_no_faiss_warning(tmp_path, capfd, extra):
+    _vectors(tmp_path / "v.parquet", 20000, 64)
+    argv = ["index", str(tmp_path / "v.parquet"), "--vectors-column", "emb", "--out", str(tmp_path / "out"), "-q",
+            "--index-memory", "2M", "--json-report", str(tmp_path / "report.json"), *extra]
+    result = CliRunner().invoke(cli, argv)
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "report.json").read_text())
+    factory = report["index"]["factory"]
+    assert "IVF" in factory, factory
+    captured = capfd.readouterr()
+    assert "WARNING clustering" not in captured.err + captured.out, factory
