@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -26,8 +28,8 @@ from petal.pipeline.config import ScaleConfig
 from petal.pipeline.ingest.parquet import ReadStats
 from petal.pipeline.jobs.report import RunReport
 from petal.pipeline.jobs.worker import WorkerPlan, claimed_documents, entry_written_since, unit_entry_path
-from petal.pipeline.reliability.errors import ConfigError, PetalError, TemporaryFailure
-from petal.pipeline.reliability.signals import StopSignals
+from petal.pipeline.reliability.errors import ConfigError, Interrupted, PetalError, TemporaryFailure
+from petal.pipeline.reliability.signals import STOP_SIGNALS, StopSignals
 from petal.pipeline.store.embeddings import EmbeddingStore, StoreEntry
 from petal.pipeline.store.ranges import RangeAssembly
 
@@ -44,16 +46,60 @@ def import_ray() -> Any:
     return ray
 
 
+CONNECT_TIMEOUT_S = 5.0  # a cluster address that does not answer a TCP connect in this long is refused (75)
+
+
 def connect(scale: ScaleConfig) -> Any:
-    """``ray``, connected: to ``scale.ray_address``, else ``RAY_ADDRESS``, else a new local instance."""
+    """``ray``, connected: to ``scale.ray_address``, else ``RAY_ADDRESS``, else a new local instance.
+
+    An address ``host:port`` where nothing answers is a ``TemporaryFailure`` (75) in seconds (``ray.init`` would
+    retry it for minutes, then for ever). ``ray.init`` replaces the process's SIGTERM handler with one that raises
+    ``SystemExit``: petal's stop signals (pipeline/reliability/signals.py) are put back, and a SIGTERM that came
+    during ``ray.init`` is the run's clean stop (143), not an internal error."""
     ray = import_ray()
     if not ray.is_initialized():
+        where = _address(scale)
+        if where is not None:
+            _check_reachable(*where)
+        handlers = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
         try:
             ray.init(address=scale.ray_address, log_to_driver=False)
+        except SystemExit as exc:  # Ray's own SIGTERM handler: sys.exit(SIGTERM)
+            if exc.code == signal.SIGTERM:
+                raise Interrupted(signal.SIGTERM) from None
+            raise
         except (ConnectionError, RuntimeError, ValueError) as exc:
-            where = scale.ray_address or "RAY_ADDRESS/local"
-            raise TemporaryFailure(f"cannot connect to Ray at {where}: {exc}") from exc
+            shown = where[0] if where is not None else scale.ray_address or "RAY_ADDRESS/local"
+            raise TemporaryFailure(f"cannot connect to Ray at {shown}: {exc}") from exc
+        finally:
+            if threading.current_thread() is threading.main_thread():
+                for sig, handler in handlers.items():
+                    if handler is not None:
+                        signal.signal(sig, handler)
     return ray
+
+
+def _address(scale: ScaleConfig) -> tuple[str, str, int] | None:
+    """``(as shown, host, port)`` of the cluster ``ray.init`` will connect to by GCS address (``--ray ADDRESS``, else
+    ``RAY_ADDRESS``); ``None`` for a new local instance, ``auto``, ``ray://`` (Ray Client checks its own) and an
+    address without a port (Ray's to judge)."""
+    flag = scale.ray_address
+    address = flag if flag not in (None, "auto") else os.environ.get("RAY_ADDRESS") or flag
+    if not address or address in ("auto", "local") or "://" in address:
+        return None
+    shown = f"{address} (RAY_ADDRESS)" if address != flag else address
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        return None
+    return shown, host.strip("[]"), int(port)
+
+
+def _check_reachable(shown: str, host: str, port: int) -> None:
+    try:
+        socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as exc:
+        raise TemporaryFailure(f"cannot connect to Ray at {shown}: nothing answers there ({exc.strerror or exc}); "
+                               "start the cluster or fix the address") from exc
 
 
 def ray_device(device: str, scale: ScaleConfig) -> str:
@@ -138,8 +184,12 @@ def embed_on_ray(plan: WorkerPlan, scale: ScaleConfig, report: RunReport, stop: 
     reported: set[int] = set()
     try:
         yield from assembly.ready()  # shards whose every range an earlier run committed
-        for row in results.iter_rows():
-            stop.check()
+        rows = iter(results.iter_rows())
+        while True:
+            with stop.interruptible():  # a stop signal ends the wait for the next unit at once, not after it
+                row = next(rows, None)
+            if row is None:
+                break
             unit = int(row["position"])
             reported.add(unit)
             part = plan.ranges[unit]

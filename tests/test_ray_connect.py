@@ -1,0 +1,76 @@
+"""``petal index --ray``: connecting to the cluster and stopping the driver, in real processes (``python -m
+tests.fake_cli``, the fake engine seam): an address where nothing answers is 75 in seconds, and a SIGTERM while Ray's
+actors embed is the run's clean stop (143), as without Ray."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import REPO
+from tests.fake_engine import make_fake_model_dir
+from tests.test_scale_workers import write_shards
+
+pytest.importorskip("ray")
+
+
+def _petal(args: list[str], env: dict[str, str]) -> subprocess.Popen:
+    full = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
+    full.update({"PYTHONPATH": str(REPO), "TOKENIZERS_PARALLELISM": "false", **env})
+    return subprocess.Popen([sys.executable, "-m", "tests.fake_cli", "index", *args, "-q"], env=full, cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])  # closed when the block ends: nothing listens there
+
+
+@pytest.mark.parametrize("where", ["env", "flag"])
+def test_a_ray_address_where_nothing_answers_is_75_in_seconds(tmp_path, where):
+    """Before: ``ray.init`` retried the address for minutes (for ever from cron: no exit code at all)."""
+    write_shards(tmp_path / "data", 1, 5)
+    model = make_fake_model_dir(tmp_path / "model")
+    address = f"127.0.0.1:{_closed_port()}"
+    flag = ["--ray"] if where == "env" else ["--ray", address]
+    env = {"RAY_ADDRESS": address} if where == "env" else {}
+    process = _petal([str(tmp_path / "data"), "--out", str(tmp_path / "out"), "--model", str(model), *flag],
+                     {"PETAL_TEST_FAKE_ENGINE": str(tmp_path / "log.jsonl"), **env})
+    try:
+        _, stderr = process.communicate(timeout=30)
+    finally:
+        process.kill()
+    assert process.returncode == 75, stderr
+    assert f"cannot connect to Ray at {address}" in stderr and "Traceback" not in stderr, stderr
+    assert ("(RAY_ADDRESS)" in stderr) == (where == "env"), stderr
+
+
+@pytest.mark.slow
+def test_sigterm_while_ray_actors_embed_is_143(tmp_path):
+    """Before: ``ray.init`` had replaced petal's SIGTERM handler with its own ``sys.exit(15)``: the run ended as
+    'internal error: SystemExit(15)' (exit 1 or 75), not as interrupted (143)."""
+    write_shards(tmp_path / "data", 2, 5)
+    model = make_fake_model_dir(tmp_path / "model")
+    trace = tmp_path / "trace"
+    process = _petal([str(tmp_path / "data"), "--out", str(tmp_path / "out"), "--model", str(model), "--ray",
+                      "--workers", "1"],
+                     {"PETAL_TEST_FAKE_ENGINE": str(tmp_path / "log.jsonl"), "PETAL_FAULT": "engine_step:1+:sleep=60",
+                      "PETAL_FAULT_TRACE": str(trace)})
+    try:
+        deadline = time.monotonic() + 60
+        while not (trace.exists() and "engine_step" in trace.read_text()):  # an actor is inside a step
+            assert process.poll() is None and time.monotonic() < deadline, process.stderr.read()  # type: ignore[union-attr]
+            time.sleep(0.1)
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=20)
+    finally:
+        process.kill()
+    assert process.returncode == 143, stderr
+    assert "interrupted by SIGTERM" in stderr and "SystemExit" not in stderr, stderr
