@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from petal.pipeline.jobs.report import RunReport
+from petal.pipeline.jobs.report_file import check_report_path
 from petal.pipeline.jobs.settings import (
     ALIASES,
     check_vectors_flags,
@@ -105,6 +106,8 @@ def rebuild(out: str | os.PathLike[str], *, json_report: str | os.PathLike[str] 
             raise UsageError(f"petal.rebuild(): wait={wait!r} is {kind_of(wait)}, not bool")
         not_empty_path(out, "out")
         out = out_path(out)
+        report.out = str(out)  # NOTE: the report is never written over a file of OUT (report_file.py)
+        check_report_path(target, out)  # 2: --json-report OUT/CURRENT would break the index it rebuilds
         chosen = index_settings(**settings)
         given = frozenset(ALIASES.get(key, key) for key in settings)
     except UsageError as exc:

@@ -1,9 +1,9 @@
 """``--json-report`` never lands on a file of a petal output directory. Before: ``--json-report OUT/CURRENT``
 replaced the pointer with the report (every later command: 78, 'CURRENT holds "{\\n  \\"command\\"..." which is not
 a petal version id'), ``OUT/.lock`` swapped the writer lock's inode under its holder, ``OUT/store/tmp/r.json`` was
-deleted by the next run's clean-up. Now ``petal index`` (text and ``--vectors-column``) refuses such a path before
-any work (2, naming the flag), its refusal's report is not written there either, and any run (``petal rebuild``
-too) only warns that it did not write the report there; a report beside them (``OUT/report.json``) is written."""
+deleted by the next run's clean-up. Now ``petal index`` (text and ``--vectors-column``) and ``petal rebuild``
+refuse such a path before any work (2, naming the flag), the refusal's report is not written there either (the
+writer only warns); a report beside them (``OUT/report.json``) is written."""
 
 from __future__ import annotations
 
@@ -79,14 +79,20 @@ def test_a_fresh_out_and_a_symlink_to_current_are_refused_too(tmp_path, setup):
     assert (out / "CURRENT").read_bytes() == current
 
 
-def test_rebuild_warns_and_leaves_current_as_it_publishes_it(tmp_path, setup):
+@pytest.mark.parametrize("name", ["CURRENT", ".lock", "store/tmp/r.json", "versions/VERSION/manifest.json"])
+def test_rebuild_refuses_a_report_path_that_is_a_file_of_out_before_any_work(tmp_path, setup, name):
+    """petal rebuild as petal index: 2 naming the flag, nothing rebuilt or written (it published a version, then
+    only warned that the report was not written)."""
     src, out, model = setup
     assert index(tmp_path, src, out, model).exit_code == 0
-    result = petal(tmp_path, "rebuild", out, "--index-factory", "HNSW8", "--json-report", out / "CURRENT")
-    assert result.exit_code == 0, result.output
-    assert "is a file of the petal output directory" in result.output
     version = (out / "CURRENT").read_text().strip()
-    assert (out / "versions" / version / "manifest.json").is_file()
+    before = snapshot(out)
+    result = petal(tmp_path, "rebuild", out, "--index-factory", "HNSW8", "--json-report",
+                   out / name.replace("VERSION", version))
+    assert result.exit_code == 2, result.output
+    assert "--json-report" in result.output and "is a file of the petal output directory" in result.output
+    assert snapshot(out) == before
+    assert petal(tmp_path, "rebuild", out, "--index-factory", "HNSW8").exit_code == 0
     assert index(tmp_path, src, out, model).exit_code == 0
 
 
