@@ -257,11 +257,8 @@ def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory
         all_shards = sorted([*shards, *kept_infos], key=lambda info: info.abs_path)
         sha.update({r.abs_path: r.sha256 for r in kept_recs})
         report.shard_changes = shard_changes(previous if not job.full else live_manifest(out), all_shards,
-                                             [sha[info.abs_path] for info in all_shards])
-        if kept_infos:  # NOTE: the key is there only when shards were kept (the report's shape is a contract)
-            report.shard_changes["kept"] = [str(info.path) for info in kept_infos]
-            report.shard_changes["unchanged"] = [p for p in report.shard_changes["unchanged"]
-                                                 if p not in set(report.shard_changes["kept"])]
+                                             [sha[info.abs_path] for info in all_shards],
+                                             frozenset(info.abs_path for info in kept_infos))
         report.shards["total"] = len(all_shards)
         entries: list[StoreEntry | None] = [None] * len(shards) if job.full or fingerprints is None else \
             [store.lookup(info, fp) for info, fp in zip(shards, fingerprints)]

@@ -121,11 +121,8 @@ def _run(job: IndexJob, column: str, report: RunReport, stop: StopSignals, start
         sha = {info.abs_path: store.content_sha256(info) for info in shards}
         sha.update({r.abs_path: r.sha256 for r in kept_recs})
         report.shard_changes = shard_changes(previous if not job.full else live_manifest(out), all_shards,
-                                             [sha[i.abs_path] for i in all_shards])
-        if kept_infos:
-            report.shard_changes["kept"] = [str(i.path) for i in kept_infos]
-            report.shard_changes["unchanged"] = [p for p in report.shard_changes["unchanged"]
-                                                 if p not in set(report.shard_changes["kept"])]
+                                             [sha[i.abs_path] for i in all_shards],
+                                             frozenset(i.abs_path for i in kept_infos))
         report.shards["total"] = len(all_shards)
         entries: list[StoreEntry | None] = [None if job.full else store.lookup(info, f)
                                             for info, f in zip(shards, fingerprints)]

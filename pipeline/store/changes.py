@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 from petal.pipeline.ingest.parquet import ShardInfo
 from petal.pipeline.layout import OutputDir
 from petal.pipeline.manifest import Manifest
@@ -16,14 +18,28 @@ def live_manifest(out: OutputDir) -> Manifest | None:
         return None
 
 
-def shard_changes(previous: Manifest | None, shards: list[ShardInfo], sha256: list[str]) -> dict[str, list[str]]:
+def shard_changes(previous: Manifest | None, shards: list[ShardInfo], sha256: list[str],
+                  kept: frozenset[str] = frozenset()) -> dict[str, list[str]]:
     """Compare the shards of this run (``sha256[i]`` is the content hash of ``shards[i]``) with the
-    previous manifest's shard list, by absolute path and content. Paths as the user gave them."""
+    previous manifest's shard list, by absolute path and content; the shards whose absolute path is in ``kept``
+    (kept from the live version, not named) are listed under ``kept`` (the key only when there are some) rather than
+    ``unchanged``. Paths as the user gave them, but a given path that stands for two of these shards (a symbolic
+    link switched to another file since a run read it) is said as each one's absolute path."""
     before = {s.abs_path: s for s in (previous.shards if previous is not None else ())}
+    named = {info.abs_path for info in shards}
+    given = Counter([*(str(info.path) for info in shards),
+                     *(s.path for s in before.values() if s.abs_path not in named)])
+
+    def name(path: str, abs_path: str) -> str:
+        return path if given[path] < 2 else abs_path
+
     changes: dict[str, list[str]] = {"added": [], "changed": [], "removed": [], "unchanged": []}
+    if kept:  # NOTE: the key is there only when shards were kept (the report's shape is a contract)
+        changes["kept"] = []
     for info, digest in zip(shards, sha256):
         old = before.pop(info.abs_path, None)
-        kind = "added" if old is None else "unchanged" if old.sha256 == digest else "changed"
-        changes[kind].append(str(info.path))
-    changes["removed"] = [s.path for s in before.values()]
+        kind = "kept" if info.abs_path in kept else "added" if old is None else \
+            "unchanged" if old.sha256 == digest else "changed"
+        changes[kind].append(name(str(info.path), info.abs_path))
+    changes["removed"] = [name(s.path, s.abs_path) for s in before.values()]
     return changes
