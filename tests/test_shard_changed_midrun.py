@@ -66,6 +66,23 @@ def test_a_shard_changed_while_it_is_read_is_refused_at_the_next_batch(tmp_path,
         list(rows)
 
 
+@pytest.mark.parametrize("gone", ["removed", "renamed"])
+def test_a_shard_removed_after_preflight_is_75_not_a_failing_disk(tmp_path, gone):
+    """Removed or renamed (a producer's job moving its output) between preflight and its read: still gone after the
+    retries, it is 75 as a changed shard (a rerun settles it), not 74 'rerun when the storage recovers'."""
+    path = write(tmp_path / "a.parquet", 0, 100, "old")
+    read = ReadConfig(batch_rows=10, read_retries=1, retry_delay_s=0.0)
+    info = inspect_shard(path, read)
+    if gone == "removed":
+        path.unlink()
+    else:
+        path.rename(tmp_path / "b.parquet")
+    with pytest.raises(ShardChangedError, match=r"a\.parquet was removed or renamed while petal was indexing it") \
+            as caught:
+        list(read_rows(0, info, read))
+    assert caught.value.exit_code == 75
+
+
 def test_an_unchanged_shard_reads_whole(tmp_path):
     path = write(tmp_path / "a.parquet", 0, 100, "old")
     read = ReadConfig(batch_rows=10)

@@ -306,6 +306,11 @@ def _read_error(path: Path | RemotePath, exc: BaseException, retries: int, corru
         return storage_error(f"cannot read {path}", exc)
     if is_permission_denied(exc):  # a retry fails the same way: no input, at once
         return NoInputError(cannot_read(path, cast(OSError, exc)))
+    if isinstance(path, Path) and isinstance(exc, OSError) and exc.errno == errno.ENOENT and not path.exists():
+        # NOTE: still gone after the retries: removed or renamed since preflight listed it (a producer's job), which
+        # a rerun settles (75, as a shard that changed: ``check_unchanged``), not a failing disk (74)
+        return ShardChangedError(f"{quote_path(path)} was removed or renamed while petal was indexing it: nothing "
+                                 "of it is indexed; rerun (finished shards are kept)")
     if _transient(exc):
         return PetalIOError(f"{quote_path(path)}: read error after {retries} retries ({exc}); "
                             "the file is unreadable now, not corrupt: rerun when the storage recovers")
