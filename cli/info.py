@@ -127,7 +127,9 @@ def _describe(version_dir: Path, manifest: Manifest) -> str:
         lines.append(f"stored       {', '.join(map(quote_path, stored)) or 'nothing'} (beside the ids, by FAISS id)")
     lines += [
         f"rows         {counts.rows} read, {counts.embedded} embedded, {counts.truncated} truncated, "
-        f"{counts.deleted} deleted, skipped: {skipped}",
+        f"{counts.deleted} deleted, "
+        + (f"{index.superseded} superseded (ids also in a shard that sorts later), " if index.superseded else "")
+        + f"skipped: {skipped}",
         f"shards       {len(manifest.shards)}",
     ]
     lines += [f"  {quote_path(s.path)}  {s.rows} rows, {s.embedded} embedded"

@@ -3,7 +3,8 @@ named shards by the path the user gave. A name given as a symbolic link that was
 (``data/a.parquet -> ext/v1.parquet``, then ``-> ext/v2.parquet``: the way a job publishes a new edition) names two
 shards, and before, both were called ``data/a.parquet``: ``--sync`` refused 'shards not named with --sync
 (data/a.parquet)' while the user named it, the report said it was added and removed, and an additive run said it
-was added and kept. Now a name that stands for more than one shard of the comparison is said as the resolved path."""
+was added and kept. Now a name that stands for more than one shard of the comparison is said as the resolved path.
+And ``petal info``'s rows add up to its vectors with the superseded rows said."""
 
 from __future__ import annotations
 
@@ -73,3 +74,17 @@ def test_an_additive_run_names_the_kept_and_the_added_shard_apart(switched):
     assert changes["unchanged"] == [str(switched / "data" / "b.parquet")]
     assert changes["removed"] == [] and changes["changed"] == []
     assert live_ids(switched / "out") == ["b-0", "v1-0", "v1-1", "v1-2", "v1-3", "v2-0", "v2-1"]
+
+
+def test_info_text_counts_add_up_to_the_vectors(switched):
+    """``petal info`` (text) said '5 read, 5 embedded, 0 deleted' over 4 vectors after an additive run whose two
+    shards held the same ids: the superseded rows (the JSON's ``index.superseded``) were not said."""
+    pq.write_table(pa.table({"id": ["b-0"], "text": ["b text again"]}), switched / "data" / "c.parquet")
+    result = forkrun.petal(["index", switched / "data" / "b.parquet", switched / "data" / "c.parquet", "--out",
+                            switched / "out", "--model", switched / "model", "-q"],
+                           {"PETAL_TEST_FAKE_ENGINE": str(switched / "fake.jsonl")})
+    assert result.rc == 0, result.stderr
+    info = forkrun.petal(["info", switched / "out"])
+    assert info.rc == 0, info.stderr
+    assert "vectors      5 x" in info.stdout, info.stdout
+    assert "6 read, 6 embedded, 0 truncated, 0 deleted, 1 superseded (" in info.stdout, info.stdout
