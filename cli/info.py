@@ -91,6 +91,8 @@ def echo_json_failure(message: str, exit_code: int) -> None:
 
 
 def _describe(version_dir: Path, manifest: Manifest) -> str:
+    from petal.pipeline.manifest import shard_names
+
     index, counts = manifest.index, manifest.counts
     skipped = ", ".join(f"{k} {v}" for k, v in sorted(counts.skipped.items())) or "none"
     lines = [
@@ -132,8 +134,10 @@ def _describe(version_dir: Path, manifest: Manifest) -> str:
         + f"skipped: {skipped}",
         f"shards       {len(manifest.shards)}",
     ]
-    lines += [f"  {quote_path(s.path)}  {s.rows} rows, {s.embedded} embedded"
-              + (f", {s.deleted} deleted" if s.deleted else "") + f", sha256 {s.sha256[:12]}" for s in manifest.shards]
+    names = shard_names([(s.path, s.abs_path) for s in manifest.shards])
+    lines += [f"  {quote_path(name)}  {s.rows} rows, {s.embedded} embedded"
+              + (f", {s.deleted} deleted" if s.deleted else "") + f", sha256 {s.sha256[:12]}"
+              for s, name in zip(manifest.shards, names)]
     return "\n".join(lines)
 
 

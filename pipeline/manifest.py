@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
@@ -724,6 +725,13 @@ def _search_params(s: _Section) -> dict[str, int]:
             raise ConfigError(f"{key} is {value}, expected an integer from 1 to {MAX_NPROBE}; the index is damaged, "
                               "rebuild it")
     return params
+
+
+def shard_names(shards: list[tuple[str, str]]) -> list[str]:
+    """How messages name shards given as ``(path as the user gave it, absolute path)``: by the path given, or by the
+    absolute path where one given path stands for two of them (a symbolic link switched to another file)."""
+    given = Counter(path for path, _ in shards)
+    return [path if given[path] < 2 else abs_path for path, abs_path in shards]
 
 
 @dataclass(frozen=True)

@@ -88,3 +88,12 @@ def test_info_text_counts_add_up_to_the_vectors(switched):
     assert info.rc == 0, info.stderr
     assert "vectors      5 x" in info.stdout, info.stdout
     assert "6 read, 6 embedded, 0 truncated, 0 deleted, 1 superseded (" in info.stdout, info.stdout
+
+
+def test_info_lists_two_shards_of_one_given_path_apart(switched):
+    assert index(switched).rc == 0  # ext/v1.parquet kept, ext/v2.parquet added: both given as data/a.parquet
+    info = forkrun.petal(["info", switched / "out"])
+    assert info.rc == 0, info.stderr
+    listed = [line.split()[0] for line in info.stdout.splitlines() if line.startswith("  /")]
+    assert listed == [str(switched / "data" / "b.parquet"), str(switched / "ext" / "v1.parquet"),
+                      str(switched / "ext" / "v2.parquet")], info.stdout

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from collections import Counter
-
 from petal.pipeline.ingest.parquet import ShardInfo
 from petal.pipeline.layout import OutputDir
-from petal.pipeline.manifest import Manifest
+from petal.pipeline.manifest import Manifest, shard_names
 from petal.pipeline.reliability.errors import PetalError
 
 
@@ -27,19 +25,15 @@ def shard_changes(previous: Manifest | None, shards: list[ShardInfo], sha256: li
     link switched to another file since a run read it) is said as each one's absolute path."""
     before = {s.abs_path: s for s in (previous.shards if previous is not None else ())}
     named = {info.abs_path for info in shards}
-    given = Counter([*(str(info.path) for info in shards),
-                     *(s.path for s in before.values() if s.abs_path not in named)])
-
-    def name(path: str, abs_path: str) -> str:
-        return path if given[path] < 2 else abs_path
-
-    changes: dict[str, list[str]] = {"added": [], "changed": [], "removed": [], "unchanged": []}
+    removed = [s for s in before.values() if s.abs_path not in named]
+    names = shard_names([*((str(info.path), info.abs_path) for info in shards),
+                         *((s.path, s.abs_path) for s in removed)])
+    changes: dict[str, list[str]] = {"added": [], "changed": [], "removed": names[len(shards):], "unchanged": []}
     if kept:  # NOTE: the key is there only when shards were kept (the report's shape is a contract)
         changes["kept"] = []
-    for info, digest in zip(shards, sha256):
-        old = before.pop(info.abs_path, None)
+    for info, digest, name in zip(shards, sha256, names):
+        old = before.get(info.abs_path)
         kind = "kept" if info.abs_path in kept else "added" if old is None else \
             "unchanged" if old.sha256 == digest else "changed"
-        changes[kind].append(name(str(info.path), info.abs_path))
-    changes["removed"] = [name(s.path, s.abs_path) for s in before.values()]
+        changes[kind].append(name)
     return changes
