@@ -209,3 +209,20 @@ def test_sigterm_of_the_coordinator_stops_every_worker_then_resumes(fake_model, 
     assert rc == 0 and report["shards"] == {"total": 8, "embedded": 8 - done, "reused": done}, stderr
     rows, _ = contents(out)
     assert sorted(r["id"] for r in rows) == sorted(ids)
+
+
+def test_every_worker_gets_units_when_the_first_could_read_them_all_ahead(fake_model, tmp_path):
+    """6 small shards, 2 workers: a worker claims a unit only while fewer than 2 it claimed are not yet taken by its
+    embed loop. Before, the first worker to start claimed every shard for its 16-chunk read-ahead (while the other
+    still loaded), so the other embedded nothing and --workers 2 ran as one worker."""
+    data, out = tmp_path / "data", tmp_path / "out"
+    ids = write_shards(data, count=6, rows=20)
+    argv = ["index", str(data), "--out", str(out), "--model", str(fake_model), "-q", "--max-seqs", "4",
+            "--workers", "2"]
+    env = {"PETAL_TEST_FAKE_ENGINE": str(tmp_path / "log.jsonl"), "PETAL_FAULT": "after_batch:1+:sleep=0.3"}
+    rc, stderr, report = Petal(argv, env, tmp_path / "report.json").wait()
+    assert rc == 0, stderr
+    assert sorted(w["shards"] for w in report["workers"])[0] >= 1, report["workers"]
+    assert sum(w["shards"] for w in report["workers"]) == 6
+    rows, _ = contents(out)
+    assert sorted(r["id"] for r in rows) == sorted(ids)

@@ -84,6 +84,11 @@ class Prefetcher(Iterator[T]):
         except BaseException as exc:
             self._put(exc)
 
+    @property
+    def empty(self) -> bool:
+        """Nothing produced waits to be taken: the next ``next()`` blocks (unless the producer is quick)."""
+        return self._queue.empty()
+
     def __next__(self) -> T:
         if self._finished:
             raise StopIteration

@@ -46,6 +46,7 @@ from petal.pipeline.store.embeddings import DamagedEntry, EmbeddingStore, StoreE
 from petal.pipeline.store.ranges import part_dir
 
 PROGRESS_EVERY_S = 0.25
+UNITS_AHEAD = 2  # units a worker holds claimed that its embed loop has not finished taking: the one it embeds, the next
 PARENT_POLL_S = 0.2  # how often a worker checks that its coordinator is alive
 ORPHANED_EXIT = 75  # a worker whose coordinator is gone (no one reads it: a temporary failure, as a killed worker)
 
@@ -193,7 +194,8 @@ def _run(plan: WorkerPlan, slot: WorkerSlot, events: Channel, stop: Any) -> dict
     report = RunReport(command="index-worker")
     closing = threading.Event()
     stats = ReadStats()
-    documents = claimed_documents(plan, events, closing, stats)
+    ahead = ReadAhead(UNITS_AHEAD)
+    documents = claimed_documents(plan, events, closing, stats, ahead)
     chunks = Prefetcher(tokenize_documents(documents, tokenizer_for(plan.spec), plan.job.tokenize_workers or 1),
                         depth=16)
     try:
@@ -207,8 +209,9 @@ def _run(plan: WorkerPlan, slot: WorkerSlot, events: Channel, stop: Any) -> dict
         committed = ranges = rows = 0
         job = replace(plan.job, quiet=True)
         # the sink stores plan.transform.stored() vectors (the output transform is applied at the store)
-        with contextlib.closing(embed_shards(chunks, plan.shards, plan.fingerprints, store, plan.settings, progress,
-                                             plan.transform, job, report, stop, None, plan.ranges)) as commits:
+        with contextlib.closing(embed_shards(ahead.taken(chunks), plan.shards, plan.fingerprints, store, plan.settings,
+                                             progress, plan.transform, job, report, stop, None,
+                                             plan.ranges)) as commits:
             for unit, entry in commits:
                 progress.flush()
                 events.put(("commit", slot.index, unit, str(entry.path)))
@@ -253,13 +256,63 @@ def entry_written_since(plan: WorkerPlan, store: EmbeddingStore, unit: int, sinc
         return None
 
 
+class ReadAhead:
+    """How far a worker claims ahead of its embed loop, in units (not in chunks: the tokenized read-ahead is 16
+    chunks deep, which is every unit of a small corpus, all claimed by the first worker to start while the
+    others still load their engines).
+
+    A unit is claimed only while fewer than ``units`` claimed ones have not been taken whole (their ``final``
+    chunk) by the embed loop, or while the embed loop waits on an empty read-ahead (so the tokenizer's own
+    window, which holds chunks until its source yields, can never wait on the loop that waits on it)."""
+
+    def __init__(self, units: int) -> None:
+        self.units = units
+        self._changed = threading.Condition()
+        self._claimed = 0
+        self._taken = 0
+        self._starving = False
+
+    def wait_turn(self, closing: threading.Event) -> None:
+        with self._changed:
+            while self._claimed - self._taken >= self.units and not self._starving and not closing.is_set():
+                self._changed.wait(0.1)
+            self._claimed += 1
+
+    def taken(self, chunks: Any) -> Any:
+        """``chunks`` (a ``Prefetcher`` of tokenized units), counting each unit the consumer has taken whole: an
+        iterator with ``close()``, as ``embed_shards`` takes."""
+        return self._taken_from(chunks)
+
+    def _taken_from(self, chunks: Any) -> Iterator[Any]:
+        while True:
+            starving = chunks.empty
+            if starving:
+                with self._changed:
+                    self._starving = True
+                    self._changed.notify_all()
+            try:
+                chunk = next(chunks, None)
+            finally:
+                if starving:
+                    with self._changed:
+                        self._starving = False
+            if chunk is None:
+                return
+            if chunk.final:
+                with self._changed:
+                    self._taken += 1
+                    self._changed.notify_all()
+            yield chunk
+
+
 def claimed_documents(plan: WorkerPlan, events: Any, closing: threading.Event,
-                      stats: ReadStats) -> Iterator[Any]:
+                      stats: ReadStats, ahead: ReadAhead | None = None) -> Iterator[Any]:
     """The checked rows of every unit (a shard, or a row-group range of one) this worker claims, unit by unit
     (``Documents`` numbered by unit, ``final`` last).
 
-    A unit is claimed when the previous one is read (the consumer pulls: claiming is as lazy as
-    the read-ahead). The coordinator's ``None`` (nothing left, or stop) ends the claiming.
+    A unit is claimed when the previous one is read and, with ``ahead``, when the embed loop has taken all
+    but ``ahead.units`` of those claimed before. The coordinator's ``None`` (nothing left, or stop) ends the
+    claiming.
 
     NOTE: never wait for a commit before claiming: the packer holds a shard's last rows until the
     next shard's rows fill its batch, so that wait would never end.
@@ -267,6 +320,8 @@ def claimed_documents(plan: WorkerPlan, events: Any, closing: threading.Event,
     from petal.pipeline.ingest.documents import range_documents
 
     while True:
+        if ahead is not None:
+            ahead.wait_turn(closing)
         unit = events.claim(closing)
         if unit is None:
             return
