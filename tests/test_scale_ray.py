@@ -147,3 +147,29 @@ def test_without_ray_a_clear_message(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="pip install") as caught:
         import_ray()
     assert caught.value.exit_code == 78 and "petal[ray]" in RAY_MISSING
+
+
+def test_an_actors_bad_input_keeps_its_exit_code(local_ray, tmp_path):
+    """A shard whose row group is corrupt (its footer fine) is 65 naming the shard, as in one process. Before: Ray
+    Data wrapped the actor's error in a UserCodeException that lost it on the way (its cause is not pickled), so
+    the run ended 75 'the Ray run failed (ray::MapWorker...)' and Airflow retried bad data."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    local_ray()
+    model = make_fake_model_dir(tmp_path / "model")
+    data = tmp_path / "data"
+    data.mkdir()
+    shard = data / "bad.parquet"
+    pq.write_table(pa.table({"id": [f"k{i}" for i in range(60)], "text": [f"text {i} " * 3 for i in range(60)]}),
+                   shard, row_group_size=20)
+    page = pq.ParquetFile(shard).metadata.row_group(1).column(1).data_page_offset
+    raw = bytearray(shard.read_bytes())
+    raw[page:page + 12] = b"\xab" * 12  # the page header of row group 1's text column
+    shard.write_bytes(bytes(raw))
+    result = index(str(data), "--out", str(tmp_path / "out"), "--model", str(model), "--ray", "--workers", "1",
+                   env={"PETAL_TEST_FAKE_ENGINE": str(tmp_path / "log.jsonl")})
+    assert result.exit_code == 65, result.output
+    last = result.output.strip().splitlines()[-1]
+    assert "bad.parquet" in last and "row group 1" in last and "Ray run failed" not in last, last
+    assert "\x1b[" not in last and "Failed to apply UDF" not in last, last

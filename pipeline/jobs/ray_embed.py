@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import socket
 import threading
@@ -171,6 +172,9 @@ def embed_on_ray(plan: WorkerPlan, scale: ScaleConfig, report: RunReport, stop: 
     ray = connect(scale)
     context = ray.data.DataContext.get_current()
     context.enable_progress_bars = not plan.job.quiet
+    # an actor's PetalError reaches the driver as itself (its exit code, its message), not as a UserCodeException
+    # that lost it on the way (the exception's cause does not survive pickling)
+    context.raise_original_map_exception = True
     gpu = plan.config.device == "cuda"
     actors = scale.workers or (max(1, int(ray.cluster_resources().get("GPU", 0))) if gpu else 1)
     units = len(plan.ranges)
@@ -205,9 +209,9 @@ def embed_on_ray(plan: WorkerPlan, scale: ScaleConfig, report: RunReport, stop: 
             for position, shard_entry in assembly.commit(unit, entry):
                 committed += 1
                 yield position, shard_entry
-    except PetalError:
-        raise
     except Exception as exc:
+        if isinstance(exc, PetalError) and not isinstance(exc, ray.exceptions.RayError):
+            raise  # the driver's own (a stop signal, a damaged entry)
         for unit, entry in _unreported_commits(plan, store, reported, started):
             for position, shard_entry in assembly.commit(unit, entry):
                 committed += 1
@@ -241,12 +245,16 @@ def _ray_failure(exc: BaseException, committed: int, total: int) -> PetalError:
     cause: BaseException | None = exc
     seen = 0
     while cause is not None and seen < 10:  # RayTaskError wraps the actor's exception (``cause``)
-        if isinstance(cause, PetalError):
+        inner = getattr(cause, "cause", None) or cause.__cause__
+        # NOTE: a RayTaskError(PetalError) is a PetalError too, whose text is Ray's traceback: the actor's own is inside
+        if isinstance(cause, PetalError) and not isinstance(inner, PetalError):
             from petal.pipeline.jobs.workers import WorkerFailed
 
-            return WorkerFailed(f"{cause} ({committed} of {total} shards committed)", cause.exit_code, cause.status)
-        cause = getattr(cause, "cause", None) or cause.__cause__
+            message = (str(cause).strip().splitlines() or [type(cause).__name__])[0]  # Ray appends its retry notes
+            return WorkerFailed(f"{message} ({committed} of {total} shards committed)", cause.exit_code, cause.status)
+        cause = inner
         seen += 1
-    first_line = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip()  # Ray colours its task names
+    first_line = text.splitlines()[0][:300] if text else type(exc).__name__
     return TemporaryFailure(f"the Ray run failed ({first_line}); {committed} of {total} shards committed, "
                             f"{total - committed} not: rerun to embed only those")
