@@ -712,16 +712,17 @@ def stream_batches(info: ShardInfo, columns: list[str], read: ReadConfig, decode
         except (OSError, pa.ArrowException) as exc:
             if not _transient(exc) or retry >= read.read_retries:
                 corrupt = not (_transient(exc) or is_permission_denied(exc) or is_denied(exc))
-                where = _locate(info, columns, read, row) if corrupt else ""
-                raise _read_error(info.path, exc, retry, f"cannot read rows from row {row}{where}: corrupt data"
+                where, first = _locate(info, columns, read, row) if corrupt else ("", row)
+                raise _read_error(info.path, exc, retry, f"cannot read rows from row {first}{where}: corrupt data"
                                   ) from exc
             retry += 1
             _backoff(read, retry, stats)
 
 
-def _locate(info: ShardInfo, columns: list[str], read: ReadConfig, row: int) -> str:
-    """Where a batch from ``row`` failed to decode: `` (row group G, column 'C')`` found by reading the row groups
-    that batch spans one column at a time (the error path only: at most one batch's bytes), else ``""``."""
+def _locate(info: ShardInfo, columns: list[str], read: ReadConfig, row: int) -> tuple[str, int]:
+    """Where a batch from ``row`` failed to decode: `` (row group G, column 'C')`` and the group's first row (a batch
+    can span several row groups: the rows before that group read), found by reading the row groups that batch spans
+    one column at a time (the error path only: at most one batch's bytes); else ``("", row)``."""
     try:
         with contextlib.closing(cast(Any, info.path.open())) if isinstance(info.path, RemotePath) else \
                 contextlib.nullcontext(info.path) as source, \
@@ -740,7 +741,7 @@ def _locate(info: ShardInfo, columns: list[str], read: ReadConfig, row: int) -> 
                         for _ in pf.iter_batches(batch_size=read.batch_rows, columns=[column], row_groups=[g]):
                             pass
                     except (OSError, pa.ArrowException):
-                        return f" (row group {g}, column {column!r})"
+                        return f" (row group {g}, column {column!r})", max(first, row)
     except (OSError, pa.ArrowException):
         pass
-    return ""
+    return "", row
