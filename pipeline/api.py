@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from petal.pipeline.jobs.report import RunReport
-from petal.pipeline.jobs.report_file import check_report_path
 from petal.pipeline.jobs.settings import (
     ALIASES,
     check_vectors_flags,
@@ -106,16 +105,14 @@ def rebuild(out: str | os.PathLike[str], *, json_report: str | os.PathLike[str] 
             raise UsageError(f"petal.rebuild(): wait={wait!r} is {kind_of(wait)}, not bool")
         not_empty_path(out, "out")
         out = out_path(out)
-        report.out = str(out)  # NOTE: the report is never written over a file of OUT (report_file.py)
-        check_report_path(target, out)  # 2: --json-report OUT/CURRENT would break the index it rebuilds
         chosen = index_settings(**settings)
         given = frozenset(ALIASES.get(key, key) for key in settings)
     except UsageError as exc:
         _fail(report, exc, 2, f"usage error: {exc}", target)
         raise
     from petal.pipeline.jobs.rebuild import run_rebuild  # NOTE: after the flags: a usage error loads no FAISS or Arrow
-    return _run(lambda: run_rebuild(out, chosen, report, wait=wait, stop=stop, given=given), report, target,
-                (out, target))
+    return _run(lambda: run_rebuild(out, chosen, report, wait=wait, stop=stop, given=given, json_report=target),
+                report, target, (out, target))
 
 
 def open_index(path: str | os.PathLike[str], **settings: Any) -> Index:

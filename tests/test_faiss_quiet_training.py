@@ -7,24 +7,16 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
 from petal.cli.main import cli
-
-
-def _vectors(path, rows: int, dim: int) -> None:
-    data = np.random.default_rng(0).standard_normal((rows, dim)).astype(np.float32)
-    pq.write_table(pa.table({"id": np.arange(rows), "emb": pa.FixedSizeListArray.from_arrays(pa.array(data.ravel()),
-                                                                                                dim)}), path)
+from tests._open_audit_shared import vectors_shard
 
 
 @pytest.mark.parametrize("extra", [[], ["--index-factory", "IVF512,Flat"]])
 def test_an_ivf_trained_at_petals_floor_prints_no_faiss_warning(tmp_path, capfd, extra):
-    _vectors(tmp_path / "v.parquet", 20000, 64)
+    vectors_shard(tmp_path / "v.parquet", rows=20000, dim=64, seed=0)
     argv = ["index", str(tmp_path / "v.parquet"), "--vectors-column", "emb", "--out", str(tmp_path / "out"), "-q",
             "--index-memory", "2M", "--json-report", str(tmp_path / "report.json"), *extra]
     result = CliRunner().invoke(cli, argv)

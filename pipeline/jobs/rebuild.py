@@ -22,6 +22,7 @@ from petal.pipeline.index.files import IDS_FILE
 from petal.pipeline.index.plan import check_index_factory, index_kind
 from petal.pipeline.index.writer import BuildResult, build_version_index
 from petal.pipeline.jobs.report import RunReport
+from petal.pipeline.jobs.report_file import check_report_path
 from petal.pipeline.layout import OutputDir, denied, is_denied
 from petal.pipeline.manifest import MANIFEST_FILE, Manifest
 from petal.pipeline.reliability.errors import (
@@ -65,19 +66,22 @@ def store_entries(out: OutputDir, manifest: Manifest) -> list[StoreEntry]:
 
 
 def run_rebuild(out_path: Path, settings: IndexSettings, report: RunReport, wait: bool = False,
-                stop: StopSignals | None = None, given: frozenset[str] | None = None) -> RunReport:
+                stop: StopSignals | None = None, given: frozenset[str] | None = None,
+                json_report: Path | None = None) -> RunReport:
     """Rebuild the live version of ``out_path`` with ``settings`` and publish it.
 
     ``given``: the ``IndexSettings`` fields the caller chose (``None``: all of them); every other one keeps the live
     version's (``kept_settings``): a rebuild without ``--index-factory`` builds the factory the user asked for.
 
-    ``wait`` queues behind another writer (else exit 75); ``stop`` (the caller's active ``StopSignals``)
+    ``json_report``: where the caller writes the report (a file of the output directory: ``UsageError``, before
+    any work). ``wait`` queues behind another writer (else exit 75); ``stop`` (the caller's active ``StopSignals``)
     ends the run between phases and ends a wait for the lock; a failure at any point (disk full: 74)
     removes the staging directory and leaves the live version as it was. Under the lock, the staged
     tombstones a ``--delete`` run killed around its publish left are settled first, as ``petal index``
     does (committed if the live version was built with them, else removed).
     """
     report.out = str(out_path)  # NOTE: before any check: the report is never written over a file of OUT
+    check_report_path(json_report, out_path)  # 2: --json-report OUT/CURRENT would break the index it rebuilds
     check_output_dir("OUT", out_path, create=False)  # 73 before any work: one petal cannot read or write
     out = OutputDir(out_path)
     if out.current_version() is None:
