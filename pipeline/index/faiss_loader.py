@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 from types import ModuleType
 
 SKYLAKEX_FLAGS = {"avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl"}
@@ -27,9 +28,20 @@ def _cpu_flags() -> set[str]:
     return set()
 
 
+_LOADING = threading.Lock()
+
+
 @functools.cache
 def load_faiss() -> ModuleType:
-    """``import faiss`` (heavy: call it inside the functions that need it)."""
+    """``import faiss`` (heavy: call it inside the functions that need it).
+
+    NOTE: one thread at a time (``functools.cache`` does not hold back a second first call): two threads opening
+    indexes at once both set and both removed the variable below, and the second removal was a KeyError."""
+    with _LOADING:
+        return _import_faiss()
+
+
+def _import_faiss() -> ModuleType:
     chosen = "OPENBLAS_CORETYPE" not in os.environ and _cpu_flags() >= SKYLAKEX_FLAGS
     if chosen:
         # NOTE: OpenBLAS reads the variable once, when the library loads; it is removed again right
