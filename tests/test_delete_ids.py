@@ -217,3 +217,22 @@ def test_a_delete_refused_by_the_guard_deletes_nothing_later(tmp_path, index):
     assert rc == 0 and report["status"] == "nothing-to-do" and live_ids(tmp_path / "out") == set(range(40)), stderr
     rc, stderr, report, _ = index(a, b, "--delete", tmp_path / "d.parquet")  # asked again, it holds
     assert rc == 0 and live_ids(tmp_path / "out") == set(range(40)) - {1, 2, 3} and "3 deleted" in stderr
+
+
+def test_a_delete_run_again_counts_what_it_removes_now_not_what_an_earlier_run_did(tmp_path, index):
+    # the same --delete in every cron run: once the ids are gone, a rerun removes nothing and must not say "1 deleted"
+    a = int_shard(tmp_path / "a.parquet", list(range(10)))
+    rc, stderr, report, _ = index(a, "--delete", deletes(tmp_path / "d.parquet", [3]))
+    assert rc == 0 and report["deletes"]["deleted"] == 1 and "1 deleted" in stderr, stderr
+    rc, stderr, report, _ = index(a, "--delete", tmp_path / "d.parquet")
+    assert rc == 0 and report["status"] == "nothing-to-do", stderr
+    assert report["rows"]["deleted"] == report["deletes"]["deleted"] == report["deletes"]["rows"] == 0
+    assert report["deletes"]["already_deleted"] == 1 and report["deletes"]["not_found"] == 0
+    assert "0 deleted (1 already deleted)" in stderr.splitlines()[-1], stderr
+    # one id deleted before, one new, one nowhere: each counted once, where it went
+    rc, stderr, report, _ = index(a, "--delete", deletes(tmp_path / "d2.parquet", [3, 4, 999]))
+    assert rc == 0 and report["status"] == "success", stderr
+    assert (report["deletes"]["deleted"], report["deletes"]["already_deleted"], report["deletes"]["not_found"]) \
+        == (1, 1, 1) and report["deletes"]["requested"] == 3 and report["deletes"]["rows"] == 1
+    assert "1 deleted (1 already deleted)" in stderr.splitlines()[-1], stderr
+    assert live_ids(tmp_path / "out") == set(range(10)) - {3, 4}

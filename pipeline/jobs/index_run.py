@@ -833,7 +833,8 @@ def record_deletion(out: OutputDir, committed: list[StoreEntry], delete_ids: Del
     if deletion.not_found:
         deletion.gone_with_shards(live_version_ids(out))
     report.rows["deleted"] = deletion.deleted
-    report.deletes = {"requested": deletion.requested, "deleted": deletion.deleted, "not_found": deletion.not_found,
+    report.deletes = {"requested": deletion.requested, "deleted": deletion.deleted,
+                      "already_deleted": deletion.already_deleted, "not_found": deletion.not_found,
                       "sample_not_found": deletion.sample_not_found, "rows": deletion.rows}
     if deletion.not_found:
         _say(f"warning: --delete: {deletion.not_found} of {deletion.requested} ids are not in the index "

@@ -90,6 +90,8 @@ class RunReport:
             kept_rows = f", {self.rows['kept']} kept" if self.rows.get("kept") else ""  # the kept shards' rows
             done = self.status in ("success", "nothing-to-do")  # else what was planned did not happen
             deleted = f", {self.rows['deleted']} deleted" if "deleted" in self.rows and done else ""
+            if deleted and self.deletes.get("already_deleted"):  # asked again: removed by an earlier run, not this one
+                deleted += f" ({self.deletes['already_deleted']} already deleted)"
             parts.append(
                 f"{self.shards['total']} shards ({self.shards['embedded']} embedded, {self.shards['reused']} reused"
                 f"{kept}), {self.rows['embedded']} rows embedded{reused}{kept_rows}, {skipped} skipped, "

@@ -303,10 +303,11 @@ def deleted_as_text(entries: list[StoreEntry], asked: DeleteIds) -> bool:
 
 @dataclass
 class Deletion:
-    """What ``--delete`` did: ids asked for, found (now deleted), not found."""
+    """What ``--delete`` did: ids asked for, deleted now, deleted by an earlier run already, not found."""
 
     requested: int = 0
-    deleted: int = 0
+    deleted: int = 0  # ids with rows this run removes
+    already_deleted: int = 0  # ids found only in rows an earlier --delete removed: nothing to do for them
     not_found: int = 0
     rows: int = 0  # store rows newly tombstoned (an id in several shards counts in each)
     missing: pa.Array = field(default_factory=lambda: pa.array([], pa.string()))  # the ids not found, as text
@@ -385,20 +386,26 @@ def apply_deletes(entries: list[StoreEntry], asked: DeleteIds) -> Deletion:
     id_type = pa.string() if as_text else pa.int64()
     result = Deletion(requested=len(ids))
     found = np.zeros(len(ids), dtype=bool)
+    fresh = np.zeros(len(ids), dtype=bool)  # ids with a row this run removes (not only rows deleted already)
     for entry in entries:
         rows = entry.rows()
         entry_ids = rows.column("id").cast(id_type)
         hit = pc.is_in(entry_ids, value_set=ids).to_numpy(zero_copy_only=False)
         if not hit.any():
             continue
-        found |= pc.is_in(ids, value_set=pc.unique(pc.filter(entry_ids, pa.array(hit)))).to_numpy(zero_copy_only=False)
+        hit_ids = pc.filter(entry_ids, pa.array(hit))
+        found |= pc.is_in(ids, value_set=pc.unique(hit_ids)).to_numpy(zero_copy_only=False)
         old = deleted_rows(entry)
-        new = np.union1d(old, rows.column("row").to_numpy()[hit].astype(np.int64))
-        if len(new) > len(old):
+        hit_rows = rows.column("row").to_numpy()[hit].astype(np.int64)
+        now = ~np.isin(hit_rows, old)
+        if now.any():
+            fresh |= pc.is_in(ids, value_set=pc.unique(hit_ids.filter(pa.array(now)))).to_numpy(zero_copy_only=False)
+            new = np.union1d(old, hit_rows)
             result.pending.append((entry, new))
             result.rows += len(new) - len(old)
-    result.deleted = int(found.sum())
-    result.not_found = len(ids) - result.deleted
+    result.deleted = int(fresh.sum())
+    result.already_deleted = int(found.sum()) - result.deleted
+    result.not_found = len(ids) - int(found.sum())
     result.missing = ids.filter(pa.array(~found)).cast(pa.string())
     return result
 
