@@ -158,6 +158,33 @@ def test_pipelined_and_keep_alive_requests_are_answered_in_order(held):
         _metric(before, "petal_requests_total", route="/search", status="200") + 4
 
 
+def test_pipelined_requests_whose_client_closes_are_each_499_and_none_is_embedded(held):
+    """Requests pipelined on one connection whose client closes while the first is queued: before, only uvicorn's
+    newest request (one never started) was told the client had gone, so the first stayed queued, was embedded and
+    searched and counted 200, and the ones behind it were counted nowhere. Now each of them is 499 by its route and
+    the first's text leaves the queue."""
+    server = held
+    before = server.client.get("/metrics").text
+    host, port = server.url.removeprefix("http://").split(":")
+    requests = b""
+    for query in ("volcano eruption", "espresso and coffee", "sourdough bread starter"):
+        data = json.dumps({"query": query}).encode()
+        requests += (f"POST /search HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     f"Content-Length: {len(data)}\r\n\r\n").encode() + data
+    requests += b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+    with socket.create_connection((host, int(port)), timeout=HANG_S) as sock:
+        sock.sendall(requests)
+        _wait_for(server, "the first query queued", lambda t: _metric(t, "petal_queue_texts") == 1)
+    searched = _metric(before, "petal_requests_total", route="/search", status="499") + 3
+    text = _wait_for(server, "every pipelined request counted 499",
+                     lambda t: _metric(t, "petal_requests_total", route="/search", status="499") == searched)
+    assert _metric(text, "petal_requests_total", route="/health", status="499") == 1, text
+    assert _metric(text, "petal_queue_texts") == 0, text
+    assert _metric(text, "petal_batch_texts_count") == _metric(before, "petal_batch_texts_count"), text
+    assert _metric(text, "petal_requests_total", route="/search", status="200") == \
+        _metric(before, "petal_requests_total", route="/search", status="200")
+
+
 def test_the_server_log_holds_nothing_alarming_and_the_drain_waits_for_nobody_gone(held):
     """A request whose client went away neither logs a traceback nor holds the drain: the server stops at once
     (before: the gone request's batch waited --max-wait-ms, the drain its 30 s, then it was counted cut off)."""

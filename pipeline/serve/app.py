@@ -51,7 +51,15 @@ log = logging.getLogger("petal.serve")
 Handler = Callable[[ServeState, Request], Awaitable[Any]]
 T = TypeVar("T")
 UNMATCHED = "unmatched"  # the route label of requests no route takes (a fixed label: paths would be unbounded)
+ROUTES = ("/v1/embeddings", "/search", "/v1/models", "/health", "/ready", "/metrics")  # and /v1/models/{model}
 CLIENT_CLOSED = 499  # the status counted for a request whose client closed the connection first (nginx's)
+
+
+def route_label(path: str) -> str:
+    """The ``route`` label ``/metrics`` counts a request to ``path`` under (as its endpoint or Starlette's 404/405)."""
+    if path in ROUTES:
+        return path
+    return "/v1/models/{model}" if path.startswith("/v1/models/") else UNMATCHED
 
 
 def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -359,7 +367,7 @@ def build_app(startup: Startup | ServeState) -> ASGIApp:
             await boot.stop()
 
     posts = {"/v1/embeddings": endpoint("/v1/embeddings", embeddings), "/search": endpoint("/search", search)}
-    paths = {*posts, "/v1/models", "/health", "/ready", "/metrics"}
+    paths = set(ROUTES)
     routes = [
         *(Route(path, handle, methods=["POST"]) for path, handle in posts.items()),
         Route("/v1/models", endpoint("/v1/models", models), methods=["GET"]),

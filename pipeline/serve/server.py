@@ -20,7 +20,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from petal.pipeline.reliability.errors import ConfigError
 from petal.pipeline.reliability.signals import STOP_SIGNALS, HeldSignals
-from petal.pipeline.serve.app import UNMATCHED, build_app
+from petal.pipeline.serve.app import CLIENT_CLOSED, UNMATCHED, build_app, route_label
 from petal.pipeline.serve.encoding import dumps
 from petal.pipeline.serve.metrics import ServeMetrics
 from petal.pipeline.serve.service import ServeState
@@ -134,11 +134,18 @@ def http_protocol(metrics: ServeMetrics, header_timeout_s: float = 30.0,
 
             _head_timer: asyncio.TimerHandle | None = None  # --header-timeout-s of the head begun
 
+            _running: Any = None  # the cycle whose task was started last (pipelined ones wait in self.pipeline)
+            _peer_closed = False  # the client closed its side (or reset the connection)
+
             def connection_made(self, transport: asyncio.Transport) -> None:
                 super().connection_made(transport)
                 # NOTE: silent from the start: closed as an idle keep-alive connection is (the first byte stops it)
                 self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive,
                                                                     self.timeout_keep_alive_handler)
+
+            def _start_asgi_task(self, cycle: Any, app: Any) -> None:
+                self._running = cycle
+                super()._start_asgi_task(cycle, app)
 
             def on_message_begin(self) -> None:
                 if not self._replaying:
@@ -296,17 +303,36 @@ def http_protocol(metrics: ServeMetrics, header_timeout_s: float = 30.0,
                     self._unset_keepalive_if_required()  # NOTE: the linger's own bounds close it
 
             def eof_received(self) -> None:
+                self._peer_closed = True
                 if self._lingering:  # the client closed its side
                     self.end_linger()
                 super().eof_received()
 
             def connection_lost(self, exc: Exception | None) -> None:
+                self._drop_pipelined(exc is not None or self._peer_closed)
                 self._stop_head_timer()
                 self._stop_send_timer()
                 if self._linger_timer is not None:
                     self._linger_timer.cancel()
                     self._linger_timer = None
                 super().connection_lost(exc)
+
+            def _drop_pipelined(self, client_closed: bool) -> None:
+                """The connection is lost: the request running and those pipelined behind it are answered to nobody.
+                NOTE: uvicorn tells only its newest request (``self.cycle``) that the client went away: with requests
+                pipelined, that is one never started, so the running one was still embedded and searched (counted
+                200) and those behind it were never counted at all. Now the running one sees the disconnect
+                (``unless_gone``: 499, its queued work dropped) and each never started is counted 499 by its route
+                when the client closed (not when the server closed after an answer that said ``Connection: close``)."""
+                running = self._running
+                if running is not None and not running.response_complete:
+                    running.disconnected = True
+                    running.message_event.set()
+                while self.pipeline:
+                    cycle, _ = self.pipeline.pop()
+                    cycle.disconnected = True
+                    if client_closed:
+                        metrics.requests.labels(route=route_label(cycle.scope["path"]), status=str(CLIENT_CLOSED)).inc()
 
             def shutdown(self) -> None:
                 self._stopping = True
