@@ -385,9 +385,10 @@ class OutputDir:
             raise
         return final
 
-    def prune_versions(self, keep: int, in_use: list[str] | None = None) -> list[str]:
+    def prune_versions(self, keep: int, in_use: list[str] | None = None,
+                       stopping: Callable[[], bool] | None = None) -> list[str]:
         """Delete all but the live version and the ``keep - 1`` versions before it (rollback targets); returns
-        the versions deleted.
+        the versions deleted. ``stopping``: true once a stop signal came (the rest is left to the next run).
 
         A version a reader holds open (``VersionLease``: the one a ``petal serve`` serves, which may be an older
         one when it refused the live one) is kept: named on stderr and appended to ``in_use``; a run after the
@@ -400,6 +401,8 @@ class OutputDir:
         removed: list[str] = []
         kept: list[str] = []
         for version in doomed:
+            if stopping is not None and stopping():
+                break
             fault("version_prune", self.versions_dir / version)
             with _unless_in_use(self.versions_dir / version) as free:
                 if not free:

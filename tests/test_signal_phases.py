@@ -4,8 +4,8 @@ Two phases read whole shards without looking at the stop flag: the content hash 
 changed (before any embedding), and the stored text's second read of each embedded shard (after embedding). A
 SIGTERM in either waited until every shard had been read (on a large corpus, minutes); now each stops before the
 next shard (and the text read before the next record batch). A signal that arrives while a version is being
-published (past the last stop) ends the run as a success, the version being live: it used to go on to prune old
-versions and store entries as if nothing had happened; now it says so and leaves the clean-up to the next run.
+published or old versions pruned (past the last stop) ends the run with the signal's exit code (130/143), saying the
+version is live and leaving the clean-up to the next run: it used to go on pruning and exit 0.
 """
 
 from __future__ import annotations
@@ -36,10 +36,12 @@ def reached(trace: Path, point: str) -> int:
     return trace.read_text().count(f"{point}") if trace.exists() else 0
 
 
-def stop_at(job: Job, point: str, hit: int, *extra: str, signals: int = 1, sig: signal.Signals = signal.SIGTERM):
-    """Run with ``point``'s ``hit``-th pass sleeping 3 s; send ``sig`` (``signals`` times) once it is reached."""
+def stop_at(job: Job, point: str, hit: int, *extra: str, signals: int = 1, sig: signal.Signals = signal.SIGTERM,
+            argv: list[str] | None = None):
+    """Run with ``point``'s ``hit``-th pass sleeping 3 s; send ``sig`` (``signals`` times) once it is reached.
+    ``argv``: another command than the job's ``petal index``."""
     trace = job.root / f"trace-{job.count + 1}"
-    argv = job.argv(*extra)
+    argv = argv or job.argv(*extra)
     from tests import forkrun
 
     child = forkrun.start(argv, {**job.env(f"{point}:{hit}:sleep=3"), "PETAL_FAULT_TRACE": str(trace)})
@@ -77,21 +79,46 @@ def test_a_signal_while_shards_are_hashed_stops_before_the_next_shard(job):
     assert job.run().rc == 0
 
 
-def test_a_signal_while_publishing_ends_in_success_and_leaves_the_clean_up_to_the_next_run(job):
+@pytest.mark.parametrize("point, sig", [("before_current_swap", signal.SIGTERM), ("version_prune", signal.SIGINT),
+                                        ("version_prune", signal.SIGTERM)])
+def test_a_signal_once_the_version_is_published_exits_with_its_code_and_leaves_the_clean_up(job, point, sig):
+    # past the last stop (the pointer swap, pruning old versions): the version is live, the exit code is the
+    # signal's (a person's Ctrl-C is 130, never 0) and the message says the version is live; nothing more is pruned
     assert job.run().rc == 0
-    old = OutputDir(job.out).current_version()
     write_shards(job.data, names="d")
-    result, _ = stop_at(job, "before_current_swap", 1, "--keep-versions", "1")
-    assert result.rc == 0, result.stderr
+    assert job.run("--keep-versions", "3").rc == 0
+    first, old = OutputDir(job.out).versions()
+    write_shards(job.data, names="e")
+    result, _ = stop_at(job, point, 1, "--keep-versions", "1", sig=sig)
+    assert result.rc == 128 + sig, result.stderr
     new = OutputDir(job.out).current_version()
-    assert new != old and result.report["status"] == "success" and result.report["version"] == new
-    assert f"SIGTERM arrived while version {new} was being published; it is live" in result.stderr
-    assert "left to the next run" in result.stderr
-    assert old in OutputDir(job.out).versions()  # not pruned after the signal
-    assert result.report["pruned"]["versions"] == []
+    assert new not in (first, old) and result.report["status"] == "interrupted" and result.report["version"] == new
+    summary, last = result.stderr.strip().splitlines()[-2:]
+    assert f"interrupted by {sig.name} after version {new} went live" in last and "left to the next run" in last
+    assert f"version {new}" in summary and "vectors in" in summary  # the summary says what was published
+    assert old in OutputDir(job.out).versions()  # pruning stopped: the newer old version is still there
+    assert lock_is_free(job.out)
     rerun = job.run("--keep-versions", "1")
     assert rerun.rc == 0 and rerun.report["status"] == "nothing-to-do", rerun.stderr
-    assert rerun.report["pruned"]["versions"] == [old] and OutputDir(job.out).versions() == [new]
+    assert old in rerun.report["pruned"]["versions"] and OutputDir(job.out).versions() == [new]
+
+
+def test_a_signal_while_a_rebuild_prunes_exits_with_its_code_and_the_rebuilt_version_live(job):
+    for salt in range(3):  # three versions: a rebuild keeps 2, so it prunes two
+        write_shards(job.data, names="a", salt=salt + 1)
+        assert job.run("--keep-versions", "3").rc == 0
+    first, second, third = OutputDir(job.out).versions()
+    report = job.root / "rebuild.json"
+    result, _ = stop_at(job, "version_prune", 1, sig=signal.SIGINT,
+                        argv=["rebuild", str(job.out), "--index-factory", "Flat", "--json-report", str(report)])
+    assert result.rc == 130, result.stderr
+    new = OutputDir(job.out).current_version()
+    assert new not in (first, second, third) and result.report["status"] == "interrupted"
+    assert result.report["version"] == new and result.report["exit_code"] == 130
+    assert f"interrupted by SIGINT after version {new} went live" in result.stderr.strip().splitlines()[-1]
+    assert second in OutputDir(job.out).versions()  # the prune stopped after the one it was deleting
+    rerun = job.run("--keep-versions", "2")  # publishes again (the rebuild's factory is not the run's auto)
+    assert rerun.rc == 0 and second in rerun.report["pruned"]["versions"], rerun.stderr
 
 
 def test_a_second_signal_while_stopping_kills_and_the_rerun_resumes(job):

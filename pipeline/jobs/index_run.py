@@ -84,6 +84,7 @@ from petal.pipeline.manifest import (
 from petal.pipeline.reliability.errors import (
     ConfigError,
     FlagError,
+    Interrupted,
     NoInputError,
     PetalIOError,
     flag_errors,
@@ -322,7 +323,8 @@ def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory
             report.version = out.current_version()
             assert report.version is not None
             report.rejects_file = str(out.version_dir(report.version) / "rejects.parquet")
-            clean_up(out, store, committed, job, report)
+            clean_up(out, store, committed, job, report, stop)
+            stop.check()  # a signal while cleaning up: the live version stays, the exit code is the signal's
             report.finish("nothing-to-do", 0, "no shard or setting changed; the live version stays")
             return report
         guard_removals(out, job, shards, committed, delete_ids, report)  # exit 65 before anything is published
@@ -375,24 +377,20 @@ def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory
         report.index["timings_s"]["publish"] = round(published_s, 3)  # fsync, rename, pointer swap
         report.rejects_file = str(out.version_dir(version) / "rejects.parquet")
         t0 = time.perf_counter()
-        # NOTE: else clean-up would prune the staged tombstones the live version holds to
-        if committed_tombstones and not signalled_after_publish(stop, version):
-            clean_up(out, store, committed, job, report)
+        if committed_tombstones:  # NOTE: else clean-up would prune the staged tombstones the live version holds to
+            clean_up(out, store, committed, job, report, stop)
         report.timings_s["clean_up"] = round(time.perf_counter() - t0, 3)
+    stopped_after_publish(stop, version)
     report.finish("success", 0)
     return report
 
 
-def signalled_after_publish(stop: StopSignals, version: str) -> bool:
-    """A stop signal that arrived once the run was past its last stop (while the version was being published): the
-    version is live and the run ends as a success, but without its clean-up (the next run prunes). Says so."""
-    if stop.signum is None:
-        return False
-    import signal
-
-    _say(f"note: {signal.Signals(stop.signum).name} arrived while version {version} was being published; it is live. "
-         "Clean-up (pruning old versions and store entries) is left to the next run")
-    return True
+def stopped_after_publish(stop: StopSignals, version: str) -> None:
+    """A stop signal that arrived once the run was past its last stop (while the version was published or old ones
+    pruned): ``Interrupted`` (130/143, as any stop) whose message says the version is live and the clean-up is left
+    to the next run (``clean_up`` stops at its next step)."""
+    if stop.signum is not None:
+        raise Interrupted(stop.signum, live_version=version)
 
 
 def embed_in_process(shards: list[ShardInfo], identity: RunIdentity, store: EmbeddingStore, spec: ModelSpec,
@@ -557,11 +555,17 @@ def bad_row_gate(job: IndexJob, report: RunReport, out: OutputDir) -> BadRowGate
 
 
 def clean_up(out: OutputDir, store: EmbeddingStore, committed: list[StoreEntry], job: IndexJob,
-             report: RunReport) -> None:
+             report: RunReport, stop: StopSignals) -> None:
     """After the live version is settled: drop superseded versions, then the store entries no version left on disk
-    uses (a kept or leased version stays rebuildable and updatable: store/retention.py)."""
+    uses (a kept or leased version stays rebuildable and updatable: store/retention.py). A stop signal skips what is
+    left (the next run prunes it); the caller ends the run as interrupted."""
     try:
-        report.pruned["versions"] = out.prune_versions(job.keep_versions, report.pruned.setdefault("in_use", []))
+        if stop.requested:
+            return
+        report.pruned["versions"] = out.prune_versions(job.keep_versions, report.pruned.setdefault("in_use", []),
+                                                       lambda: stop.requested)
+        if stop.requested:
+            return
         report.pruned["store_entries"] = prune_unused(out, store, {e.path for e in committed})
         out.rejects_file.unlink(missing_ok=True)  # a refused run's rejects are stale once one succeeds
     except OSError as exc:  # the index is published; what is left is removed by the next run

@@ -29,6 +29,7 @@ from petal.pipeline.reliability.errors import (
     BadInputError,
     ConfigError,
     FlagError,
+    Interrupted,
     PetalError,
     inside,
     one_line,
@@ -120,11 +121,13 @@ def run_rebuild(out_path: Path, settings: IndexSettings, report: RunReport, wait
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)  # a full disk gets its space back at once
             raise
+        report.version = version
         try:
-            report.pruned["versions"] = out.prune_versions(KEEP_VERSIONS, report.pruned.setdefault("in_use", []))
+            if not active.requested:  # a stop signal once the version is live: pruning is left to the next run
+                report.pruned["versions"] = out.prune_versions(KEEP_VERSIONS, report.pruned.setdefault("in_use", []),
+                                                               lambda: active.requested)
         except OSError as exc:  # published: what is left is removed by the next run
             _say(f"warning: pruning old versions of {quote_path(out.root)} failed ({exc.strerror or exc})")
-    report.version = version
     report.index = {**result.report(), "deleted": sum(len(deleted_rows(e)) for e in entries)}  # as petal index's
     warning = result.recall_warning()
     if warning is not None:
@@ -132,6 +135,8 @@ def run_rebuild(out_path: Path, settings: IndexSettings, report: RunReport, wait
     if (out.version_dir(version) / "rejects.parquet").is_file():
         report.rejects_file = str(out.version_dir(version) / "rejects.parquet")
     report.timings_s["index"] = round(result.seconds, 3)
+    if active.signum is not None:  # NOTE: past the last stop: the version is live, the exit code is the signal's
+        raise Interrupted(active.signum, live_version=version)
     report.finish("success", 0, f"{result.num_vectors} vectors in {result.factory} ({result.storage}), "
                                 f"version {version}")
     return report

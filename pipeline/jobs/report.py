@@ -88,7 +88,8 @@ class RunReport:
             kept = f", {len(self.shard_changes['kept'])} kept" if self.shard_changes.get("kept") else ""
             reused = f", {self.rows['reused']} reused" if self.rows.get("reused") else ""
             kept_rows = f", {self.rows['kept']} kept" if self.rows.get("kept") else ""  # the kept shards' rows
-            done = self.status in ("success", "nothing-to-do")  # else what was planned did not happen
+            # else what was planned did not happen (a stop once the version went live: it did)
+            done = self.status in ("success", "nothing-to-do") or (self.status == "interrupted" and bool(self.version))
             deleted = f", {self.rows['deleted']} deleted" if "deleted" in self.rows and done else ""
             if deleted and self.deletes.get("already_deleted"):  # asked again: removed by an earlier run, not this one
                 deleted += f" ({self.deletes['already_deleted']} already deleted)"

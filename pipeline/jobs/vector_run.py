@@ -152,7 +152,8 @@ def _run(job: IndexJob, column: str, report: RunReport, stop: StopSignals, start
         same = previous is not None and run.unchanged(previous, all_shards, committed, job, pending)
         if run.nothing_to_publish(out, previous, same, report, stop):  # a damaged live version: rebuilt from the store
             report.version = out.current_version()
-            run.clean_up(out, store, committed, job, report)
+            run.clean_up(out, store, committed, job, report, stop)
+            stop.check()  # a signal while cleaning up: the live version stays, the exit code is the signal's
             report.finish("nothing-to-do", 0, "no shard or setting changed; the live version stays")
             return report
         run.guard_removals(out, job, all_shards, committed, delete_ids, report)  # exit 65 before anything is published
@@ -187,7 +188,8 @@ def _run(job: IndexJob, column: str, report: RunReport, stop: StopSignals, start
         run.say_recall(result)
         report.rejects_file = str(out.version_dir(version) / "rejects.parquet")
         if committed_tombstones:  # NOTE: else clean-up would prune the staged tombstones the live version holds to
-            run.clean_up(out, store, committed, job, report)
+            run.clean_up(out, store, committed, job, report, stop)
+    run.stopped_after_publish(stop, version)
     report.finish("success", 0)
     return report
 

@@ -214,11 +214,16 @@ class Interrupted(PetalError):
 
     status = "interrupted"
 
-    def __init__(self, signum: int) -> None:
+    def __init__(self, signum: int, live_version: str | None = None) -> None:
+        """``live_version``: the signal came once the run had published it (it is live; the clean-up was cut)."""
         import signal
 
         name = signal.Signals(signum).name
-        super().__init__(f"interrupted by {name}; finished shards are committed, rerun to resume")
+        if live_version is None:
+            super().__init__(f"interrupted by {name}; finished shards are committed, rerun to resume")
+        else:
+            super().__init__(f"interrupted by {name} after version {live_version} went live (queries use it); "
+                             "pruning old versions and store entries is left to the next run")
         self.signum = signum
         self.exit_code = EXIT_SIGNAL_BASE + signum
 
