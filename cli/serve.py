@@ -100,7 +100,11 @@ def missing_serve_extra() -> list[str]:
 @click.option("--max-tokens-per-text", type=click.IntRange(min=2), default=None,
               help="Tokens per text, prompt included (default: the model's max length).")
 @click.option("--max-k", type=click.IntRange(min=1), default=1000, show_default=True, help="Largest k of /search.")
-@click.option("--max-body-bytes", type=click.IntRange(min=1024), default=4 << 20, show_default=True)
+@click.option("--max-body-bytes", type=click.IntRange(min=1024), default=4 << 20, show_default=True,
+              help="Bytes of one request's body (then 413).")
+@click.option("--max-body-bytes-in-flight", type=click.IntRange(min=1024), default=64 << 20, show_default=True,
+              help="Request body bytes held at once by all requests together (being read, parsed or served); "
+                   "beyond it a request gets 503 with Retry-After, so memory stays bounded. At least --max-body-bytes.")
 @click.option("--max-queue-texts", type=click.IntRange(min=1), default=4096, show_default=True,
               help="Texts waiting for the engine; beyond it requests get 503 with Retry-After.")
 @click.option("--token-budget", type=click.IntRange(min=64), default=None,
@@ -147,7 +151,8 @@ def missing_serve_extra() -> list[str]:
 @loading_options
 @user_errors(outputs=())  # NOTE: serve writes no file: permission denied on any path is one it reads (66), not 74
 def serve(index_path: Path | None, model: str | None, host: str, port: int, api_key: str | None, max_wait_ms: float,
-          max_texts: int, max_tokens_per_text: int | None, max_k: int, max_body_bytes: int, max_queue_texts: int,
+          max_texts: int, max_tokens_per_text: int | None, max_k: int, max_body_bytes: int,
+          max_body_bytes_in_flight: int, max_queue_texts: int,
           token_budget: int | None, max_seqs: int | None, nprobe: int | None, rescore: int | None,
           reload_interval_s: float, drain_timeout_s: float, header_timeout_s: float, body_timeout_s: float,
           send_timeout_s: float, search_threads: int,
@@ -182,7 +187,8 @@ def serve(index_path: Path | None, model: str | None, host: str, port: int, api_
     settings = usage(lambda: ServeSettings(
         limits=Limits(max_texts=max_texts, max_tokens_per_text=max_tokens_per_text, max_k=max_k,
                       max_body_bytes=max_body_bytes),
-        max_wait_ms=max_wait_ms, max_queue_texts=max_queue_texts, reload_interval_s=reload_interval_s,
+        max_wait_ms=max_wait_ms, max_queue_texts=max_queue_texts, max_body_bytes_in_flight=max_body_bytes_in_flight,
+        reload_interval_s=reload_interval_s,
         drain_timeout_s=drain_timeout_s, header_timeout_s=header_timeout_s, body_timeout_s=body_timeout_s,
         send_timeout_s=send_timeout_s, search_threads=search_threads, api_key=api_key,
         served_model_name=served_model_name, search_dtype=search_dtype, search_exact=search_exact,

@@ -28,9 +28,10 @@ import contextlib
 import hmac
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
+from prometheus_client import Gauge
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
@@ -167,15 +168,55 @@ async def unless_gone(request: Request, work: Awaitable[T]) -> T:
         watcher.cancel()
 
 
-async def read_body(request: Request, limit: int, timeout_s: float = 60.0) -> bytes:
+class BodyBudget:
+    """The bytes of request bodies held at once by every request together (``--max-body-bytes-in-flight``): a body
+    being read, parsed or served counts until its request is answered. One that would take the total past the limit
+    is refused, 503 with Retry-After (``Overloaded``), before it is read (by its Content-Length) or as it streams.
+
+    NOTE: ``--max-body-bytes`` bounds one request only: before, N connections sending large bodies (slowly, or queued
+    behind a busy engine) held N bodies, memory without bound under load. One event loop takes and gives: no lock."""
+
+    def __init__(self, limit: int, gauge: Gauge) -> None:
+        self.limit = limit
+        self.held = 0
+        self.gauge = gauge  # petal_body_bytes
+
+    @contextlib.contextmanager
+    def claim(self) -> Iterator[Callable[[int], None]]:
+        """``take(n)`` for one request's body, ``n`` bytes more each call; all it took is given back at the end."""
+        taken = 0
+
+        def take(n: int) -> None:
+            nonlocal taken
+            if self.held + n > self.limit:
+                raise Overloaded(f"request bodies of {self.held} bytes are held by requests in flight and this one "
+                                 f"needs {n} more (limit {self.limit} bytes, --max-body-bytes-in-flight)")
+            self.held += n
+            taken += n
+            self.gauge.set(self.held)
+
+        try:
+            yield take
+        finally:
+            if taken:
+                self.held -= taken
+                self.gauge.set(self.held)
+
+
+async def read_body(request: Request, limit: int, timeout_s: float = 60.0,
+                    take: Callable[[int], None] | None = None) -> bytes:
     """The body, refused with 413 past ``limit`` bytes (by Content-Length, or while streaming), and with 408 when it
-    has not all arrived ``timeout_s`` after the handler began reading it (``--body-timeout-s``).
+    has not all arrived ``timeout_s`` after the handler began reading it (``--body-timeout-s``). ``take(n)``
+    (``BodyBudget.claim``) is told each byte before it is held: its declared length at once, else as it streams.
 
     NOTE: without a time bound a client that sent a head and then its body a byte at a time (or not at all) held its
     connection and the request's task for ever: enough of them and the server accepted no one."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise RequestError(413, f"the body has {declared} bytes, over the limit of {limit} (--max-body-bytes)")
+    take = take or (lambda n: None)
+    reserved = int(declared) if declared is not None and declared.isdigit() else 0
+    take(reserved)
     chunks: list[bytes] = []
     size = 0
     task = asyncio.current_task()
@@ -193,6 +234,9 @@ async def read_body(request: Request, limit: int, timeout_s: float = 60.0) -> by
             size += len(chunk)
             if size > limit:
                 raise RequestError(413, f"the body is over the limit of {limit} bytes (--max-body-bytes)")
+            if size > reserved:  # NOTE: chunked (no length declared): taken as it comes
+                take(size - reserved)
+                reserved = size
             chunks.append(chunk)
     except ClientDisconnect as exc:  # NOTE: the client's doing, not a server error (no 500, no traceback), nor a 400
         raise ClientGone() from exc
@@ -291,18 +335,25 @@ def build_app(startup: Startup | ServeState) -> ASGIApp:
 
     limits = settings.limits
     body_timeout_s = settings.body_timeout_s
+    bodies = BodyBudget(settings.max_body_bytes_in_flight, metrics.body_bytes)
 
     async def embeddings(state: ServeState, request: Request) -> Any:
         state.require_model()  # an index of precomputed vectors served without --model: 404, the body unread
         require_json(request)  # NOTE: before the body is read: a form-encoded one is refused whatever its size
-        req = parse_embeddings(parse_json(await read_body(request, limits.max_body_bytes, body_timeout_s)), limits)
-        return await unless_gone(request, state.embeddings(req))
+        with bodies.claim() as take:
+            body = await read_body(request, limits.max_body_bytes, body_timeout_s, take)
+            req = parse_embeddings(parse_json(body), limits)
+            del body
+            return await unless_gone(request, state.embeddings(req))
 
     async def search(state: ServeState, request: Request) -> Any:
         state.require_index()
         require_json(request)
-        req = parse_search(parse_json(await read_body(request, limits.max_body_bytes, body_timeout_s)), limits)
-        return await unless_gone(request, state.search(req))
+        with bodies.claim() as take:
+            body = await read_body(request, limits.max_body_bytes, body_timeout_s, take)
+            req = parse_search(parse_json(body), limits)
+            del body
+            return await unless_gone(request, state.search(req))
 
     def model_card(state: ServeState) -> dict[str, Any]:
         assert state.model is not None

@@ -46,6 +46,7 @@ class ServeSettings:
     limits: Limits = Limits()
     max_wait_ms: float = 0.0  # hold a partial batch this long for more requests (0: launch at once)
     max_queue_texts: int = 4096  # sequences waiting for the engine; beyond it: 503 + Retry-After
+    max_body_bytes_in_flight: int = 64 << 20  # body bytes all requests hold at once; beyond it: 503 + Retry-After
     retry_after_s: int = 1
     reload_interval_s: float = 1.0  # how often OUT/CURRENT is checked for a new version
     drain_timeout_s: float = 30.0  # SIGTERM: how long in-flight requests may take to finish
@@ -69,6 +70,9 @@ class ServeSettings:
         if self.max_queue_texts < self.limits.max_texts:
             raise ValueError(f"--max-queue-texts {self.max_queue_texts} is below --max-texts {self.limits.max_texts}: "
                              "a full request could never be queued")
+        if self.max_body_bytes_in_flight < self.limits.max_body_bytes:
+            raise ValueError(f"--max-body-bytes-in-flight {self.max_body_bytes_in_flight} is below --max-body-bytes "
+                             f"{self.limits.max_body_bytes}: a body of the largest size could never be read")
         if self.engine_spin_ms is not None and not 0 <= self.engine_spin_ms <= 1000:
             raise ValueError(f"--engine-spin-ms {self.engine_spin_ms}: from 0 to 1000")
         if self.switch_interval_ms <= 0:
