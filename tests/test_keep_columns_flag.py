@@ -107,3 +107,30 @@ def test_a_kept_column_whose_type_changes_between_shards(tmp_path, tiny_bert_dir
     result = run(c)  # a and b are kept from the store
     assert result.exit_code == 65, result.output
     assert "'year'" in result.stderr and "c.parquet" in result.stderr and "string" in result.stderr
+
+
+@pytest.mark.parametrize("type_, values", [
+    (pa.binary(), [b"\x00\xff", b"ab", None]),
+    (pa.large_binary(), [b"a", b"b", b"c"]),
+    (pa.binary(2), [b"ab", b"cd", b"ef"]),
+    (pa.binary_view(), [b"a", b"b", b"c"]),
+    (pa.dictionary(pa.int32(), pa.binary()), [b"a", b"a", b"b"]),
+    (pa.list_(pa.binary()), [[b"q"], [], None]),
+    (pa.struct([("x", pa.int64()), ("y", pa.binary())]), [{"x": 1, "y": b"z"}] * 3),
+])
+def test_a_kept_column_of_bytes_is_refused_before_any_work_naming_shard_column_and_type(tmp_path, tiny_bert_dir,
+                                                                                        type_, values):
+    # bytes came out as Python's b'...' in petal query (text and --json), serve and the API: no JSON-safe form
+    data = tmp_path / "data"
+    data.mkdir()
+    pq.write_table(pa.table({"id": ["a", "b", "c"], "text": ["x", "y", "z"], "lang": ["en", "fr", "de"]}),
+                   data / "fine.parquet")
+    pq.write_table(pa.table({"id": ["d", "e", "f"], "text": ["x", "y", "z"], "lang": ["en", "fr", "de"],
+                             "blob": pa.array(values, type_)}), data / "with bytes.parquet")
+    result, out = index(data / "with bytes.parquet", tiny_bert_dir, "lang,blob")
+    assert result.exit_code == 65, result.output
+    said = result.stderr.splitlines()[-1]  # the type as the shard's footer gives it (Parquet names list items)
+    assert 'with bytes.parquet": --keep-columns \'blob\' is ' in said and ", which holds bytes" in said, said
+    assert "Traceback" not in result.output and not (out / "CURRENT").exists() and not (out / "store").exists()
+    result, _ = index(data / "fine.parquet", tiny_bert_dir, "lang")  # a string column is kept as before
+    assert result.exit_code == 0, result.output

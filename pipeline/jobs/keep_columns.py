@@ -32,7 +32,26 @@ def check_keep_columns(shards: list[ShardInfo], columns: tuple[str, ...], reserv
         if missing:
             raise BadInputError(f"{quote_path(info.path)}: no column {missing[0]!r} (--keep-columns); it has: "
                                 f"{', '.join(sorted(names))}")
+        for name in columns:
+            type_ = info.schema.field(name).type
+            if holds_bytes(type_):
+                raise BadInputError(f"{quote_path(info.path)}: --keep-columns {name!r} is {type_}, which holds bytes: "
+                                    "kept columns come out as text (petal query, petal serve, JSON), where bytes have "
+                                    "no faithful form; store it as a string column (e.g. base64 or hex) or leave it "
+                                    "out of --keep-columns")
     check_column_types(shards, columns)
+
+
+def holds_bytes(type_: pa.DataType) -> bool:
+    """``type_`` is binary (any width or layout), or a nested, dictionary or extension type holding binary."""
+    if (pa.types.is_binary(type_) or pa.types.is_large_binary(type_) or pa.types.is_fixed_size_binary(type_)
+            or pa.types.is_binary_view(type_)):
+        return True
+    if pa.types.is_dictionary(type_):
+        return holds_bytes(type_.value_type)
+    if isinstance(type_, pa.ExtensionType):
+        return holds_bytes(type_.storage_type)
+    return any(holds_bytes(type_.field(i).type) for i in range(type_.num_fields))
 
 
 def check_column_types(shards: list[ShardInfo], columns: tuple[str, ...],
