@@ -275,7 +275,9 @@ def _rendered(index: Index, labels: list[str], results: list[list[Hit]], as_json
             if hit.fields:
                 line += "  " + one_line(" ".join(f"{k}={v}" for k, v in hit.fields.items()))
             if show_text and hit_text is not None:
-                snippet = " ".join(hit_text.split())
+                # NOTE: a shard's text is untrusted: its control characters (terminal escapes, NUL) are escaped as the
+                # id's and the kept columns' are, never written to a terminal as they are
+                snippet = one_line(" ".join(hit_text.split()))
                 room = max(20, width - len(line) - 4)
                 line += "  " + (snippet[: room - 1] + "…" if len(snippet) > room else snippet)
             lines.append(line)
