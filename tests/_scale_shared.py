@@ -15,11 +15,38 @@ import json
 import os
 import signal
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 from tests import forkrun
 from tests.conftest import REPO
+
+
+def worker_processes(pid: int) -> list[int]:
+    """The worker processes of coordinator ``pid`` now (its spawned children, not its resource tracker)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == pid and b"spawn_main" in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie has ended: its new parent reaps it)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
 
 
 class Coordinator:
@@ -53,6 +80,15 @@ class Coordinator:
 
     def stderr(self) -> str:
         return Path(self.err).read_text(errors="replace")
+
+    def workers_until_exit(self, timeout: float = 240) -> list[int]:
+        """Every worker process seen while it runs (polled), until it exits or ``timeout`` passes."""
+        seen: set[int] = set()
+        deadline = time.monotonic() + timeout
+        while self.poll() is None and time.monotonic() < deadline:
+            seen.update(worker_processes(self.pid))
+            time.sleep(0.05)
+        return sorted(seen)
 
     def wait(self, timeout: float = 240) -> tuple[int, str]:
         """``(exit status, stderr)``; the process is killed (and the test fails) when it outlives ``timeout``."""

@@ -23,7 +23,7 @@ from click.testing import CliRunner
 
 from petal.cli.main import cli
 from petal.pipeline.config import ScaleConfig
-from tests._scale_shared import Petal
+from tests._scale_shared import Petal, alive
 from tests.fake_engine import embedded_ids, make_fake_model_dir, read_log
 from tests.test_incremental import contents
 
@@ -226,3 +226,44 @@ def test_every_worker_gets_units_when_the_first_could_read_them_all_ahead(fake_m
     assert sum(w["shards"] for w in report["workers"]) == 6
     rows, _ = contents(out)
     assert sorted(r["id"] for r in rows) == sorted(ids)
+
+
+def test_a_worker_whose_engine_load_hangs_is_killed_and_the_run_exits_75(fake_model, tmp_path):
+    """Every worker's engine load hangs (a sleep of 10 minutes at its after_model_load point, before its "ready"):
+    with PETAL_WORKER_START_TIMEOUT=3 the coordinator kills each one 3 s after its spawn and exits 75 naming the
+    worker and the limit, no worker left running; the rerun embeds everything. Before, it waited for ever."""
+    data, out = tmp_path / "data", tmp_path / "out"
+    ids = write_shards(data, count=3, rows=10)
+    argv = ["index", str(data), "--out", str(out), "--model", str(fake_model), "-q", "--workers", "2"]
+    log = tmp_path / "first.jsonl"
+    env = {"PETAL_TEST_FAKE_ENGINE": str(log), "PETAL_FAULT": "after_model_load:1:sleep=600",
+           "PETAL_WORKER_START_TIMEOUT": "3"}
+    started = time.monotonic()
+    child = Petal(argv, env, tmp_path / "first.json")
+    workers = child.workers_until_exit(timeout=90)  # NOTE: killed 3 s after its spawn, loaded or not (a busy host)
+    rc, stderr, report = child.wait(timeout=10)
+    assert rc == 75 and report["exit_code"] == 75, stderr
+    assert time.monotonic() - started < 60
+    last = stderr.strip().splitlines()[-1]
+    assert "did not load its engine within 3 s" in last and "PETAL_WORKER_START_TIMEOUT" in last, last
+    assert "0 of 3 shards committed" in last and "rerun" in last, last
+    assert "Traceback" not in stderr
+    assert sorted(w["status"] for w in report["workers"]) == ["lost", "lost"], report["workers"]
+    assert len(workers) == 2 and not any(alive(pid) for pid in workers), workers  # every worker killed
+    rc, stderr, report = Petal(argv, {"PETAL_TEST_FAKE_ENGINE": str(tmp_path / "second.jsonl")},
+                               tmp_path / "second.json").wait()
+    assert rc == 0 and report["shards"]["embedded"] == 3, stderr
+    rows, _ = contents(out)
+    assert sorted(r["id"] for r in rows) == sorted(ids)
+
+
+def test_a_bad_worker_start_timeout_is_a_configuration_error(fake_model, tmp_path):
+    data = tmp_path / "data"
+    write_shards(data, count=1, rows=3)
+    for bad in ("0", "-5", "soon", "inf"):
+        result = CliRunner().invoke(cli, ["index", str(data), "--out", str(tmp_path / "out"), "--model",
+                                          str(fake_model), "-q", "--workers", "2"],
+                                    env={"PETAL_TEST_FAKE_ENGINE": str(tmp_path / "log.jsonl"),
+                                         "PETAL_WORKER_START_TIMEOUT": bad})
+        assert result.exit_code == 78, result.output
+        assert f"PETAL_WORKER_START_TIMEOUT={bad!r} is not a number" in result.output.strip().splitlines()[-1]

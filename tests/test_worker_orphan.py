@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests._scale_shared import Coordinator, Petal
+from tests._scale_shared import Coordinator, Petal, alive, worker_processes
 from tests.fake_engine import make_fake_model_dir
 from tests.test_incremental import contents
 
@@ -26,31 +26,6 @@ pytestmark = pytest.mark.slow
 
 SHARDS, ROWS = 16, 40
 TRACEBACK_WORDS = ("Traceback", "BrokenPipeError", "EOFError", "ConnectionResetError", "Exception ignored")
-
-
-def _children(pid: int) -> list[int]:
-    """The worker processes of ``pid`` (multiprocessing's spawned children, not its resource tracker)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            cmdline = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if ppid == pid and b"spawn_main" in cmdline:
-            found.append(int(entry.name))
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"  # a zombie has ended (its new parent reaps it)
 
 
 def _committed(out: Path) -> int:
@@ -78,7 +53,7 @@ def test_workers_of_a_killed_coordinator_exit_quietly_and_the_rerun_completes(tm
     try:
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and coordinator.poll() is None:
-            workers = sorted(set(workers) | set(_children(coordinator.pid)))
+            workers = sorted(set(workers) | set(worker_processes(coordinator.pid)))
             if len(workers) == 2 and _committed(out) >= 1:
                 break
             time.sleep(0.1)
@@ -89,13 +64,13 @@ def test_workers_of_a_killed_coordinator_exit_quietly_and_the_rerun_completes(tm
         coordinator.wait()
         # prompt: a worker notices at its next word on the pipe, or by its parent's pid (a watchdog)
         deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and any(_alive(pid) for pid in workers):
+        while time.monotonic() < deadline and any(alive(pid) for pid in workers):
             time.sleep(0.1)
-        survivors = [pid for pid in workers if _alive(pid)]
+        survivors = [pid for pid in workers if alive(pid)]
     finally:
         coordinator.kill()
         for pid in workers:
-            if _alive(pid):
+            if alive(pid):
                 os.kill(pid, signal.SIGKILL)
     assert not survivors, f"workers {survivors} outlived their coordinator"
     time.sleep(0.5)  # anything the workers' last moments wrote is in the file

@@ -182,6 +182,7 @@ def _run(plan: WorkerPlan, slot: WorkerSlot, events: Channel, stop: Any) -> dict
     from petal.pipeline.ingest.tokens import tokenize_documents, tokenizer_for
     from petal.pipeline.jobs.index_run import _reraise, embed_shards
     from petal.pipeline.jobs.report import RunReport
+    from petal.pipeline.reliability.faults import fault
     from petal.pipeline.store.embeddings import EmbeddingStore
 
     started = time.perf_counter()
@@ -201,6 +202,7 @@ def _run(plan: WorkerPlan, slot: WorkerSlot, events: Channel, stop: Any) -> dict
     try:
         try:
             engine = plan.engine_factory(plan.spec, plan.config)
+            fault("after_model_load")  # NOTE: a sleep here is a load that hangs (the coordinator's start timeout)
         except BaseException as exc:
             _reraise(exc)
         progress = ProgressEngine(engine, events, slot.index)

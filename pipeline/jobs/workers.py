@@ -10,7 +10,9 @@ Each worker has its own pipe to the coordinator (claims, progress, commits), so 
 shared between workers that a killed one could leave locked. Failure: a worker that dies
 (SIGKILL, OOM killer, segfault) is an EOF on its pipe, noticed at once; the others get no new
 shard, commit the shards they hold, and the run ends with exit 75 (rerun: only the missing shards
-are embedded). A worker's ``PetalError`` (bad input 65, disk 74, ...) stops the run the same way
+are embedded). A worker that has not reported its engine loaded within ``PETAL_WORKER_START_TIMEOUT`` seconds
+of its start (a hung model load, a driver that never answers) is killed and counts as lost the same way. A
+worker's ``PetalError`` (bad input 65, disk 74, ...) stops the run the same way
 with that error's exit code. SIGINT/SIGTERM of the coordinator are passed on to the workers, which
 stop at their next batch boundary. A coordinator that dies (SIGKILL, a second SIGTERM) leaves no
 worker behind: each ends at once, quietly, as if killed (``worker.exit_orphaned``).
@@ -38,6 +40,8 @@ from petal.pipeline.store.embeddings import StoreEntry
 from petal.pipeline.store.ranges import RangeAssembly
 
 SHUTDOWN_GRACE_S = 30.0  # a worker told to stop gets this long to reach a batch boundary, then SIGKILL
+START_TIMEOUT_ENV = "PETAL_WORKER_START_TIMEOUT"
+DEFAULT_START_TIMEOUT_S = 600.0  # from a worker's spawn to its "ready" (imports, engine load, CUDA init)
 
 
 class WorkerFailed(PetalError):
@@ -81,6 +85,22 @@ def _physical(device_id: int) -> str:
     return str(device_id)
 
 
+def start_timeout_s() -> float:
+    """How long a worker may take from its spawn to its "ready": ``PETAL_WORKER_START_TIMEOUT`` seconds, else
+    ``DEFAULT_START_TIMEOUT_S``. Raises ``ConfigError`` (78) for a value that is not a positive number."""
+    text = os.environ.get(START_TIMEOUT_ENV, "").strip()
+    if not text:
+        return DEFAULT_START_TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise ConfigError(f"{START_TIMEOUT_ENV}={text[:40]!r} is not a number of seconds above 0 "
+                          f"(unset: {DEFAULT_START_TIMEOUT_S:g})")
+    return value
+
+
 def check_picklable(plan: WorkerPlan) -> None:
     """The plan crosses to the workers as multiprocessing sends it (between petal's own processes only)."""
     from multiprocessing.reduction import ForkingPickler
@@ -108,7 +128,7 @@ def embed_in_pool(plan: WorkerPlan, slots: list[WorkerSlot], report: RunReport, 
         raise ConfigError("--devices/--workers start worker processes, and this process is a daemonic "
                           "multiprocessing child, which may not have any: run petal in its own process")
     context = multiprocessing.get_context("spawn")
-    pool = _Pool(plan, slots, report, reads, assembly)
+    pool = _Pool(plan, slots, report, reads, assembly, start_timeout_s())
     progress = tqdm(total=sum(r.num_rows for r in plan.ranges), unit="doc", file=sys.stderr,
                     disable=plan.job.quiet, desc=f"embedding ({len(slots)} workers)", dynamic_ncols=True,
                     mininterval=0.5)
@@ -130,6 +150,7 @@ def embed_in_pool(plan: WorkerPlan, slots: list[WorkerSlot], report: RunReport, 
                 forwarded = True
             for ready in wait(pool.waitables(), timeout=0.2):
                 pool.serve(ready, progress)
+            pool.kill_unstarted()
             yield from pool.take_commits()
     finally:
         pool.stopping = True
@@ -144,8 +165,9 @@ class _Pool:
     """The coordinator's view of its workers: what each reported, which are gone, and how."""
 
     def __init__(self, plan: WorkerPlan, slots: list[WorkerSlot], report: RunReport, reads: ReadStats,
-                 assembly: RangeAssembly) -> None:
+                 assembly: RangeAssembly, start_timeout_s: float = DEFAULT_START_TIMEOUT_S) -> None:
         self.plan = plan
+        self.start_timeout_s = start_timeout_s
         self.assembly = assembly
         self.slots = slots
         self.report = report
@@ -162,10 +184,31 @@ class _Pool:
         self.units_done = 0
         self.commits: list[tuple[int, StoreEntry]] = []  # handled, not yet handed to the run
         self.handed: dict[int, tuple[int, float]] = {}  # unit -> (worker, time.time() when handed), until committed
+        self.started: dict[int, float] = {}  # worker -> time.monotonic() at its spawn
 
     def add(self, slot: WorkerSlot, process: Any, conn: Any) -> None:
         self.processes.append(process)
         self.conns[slot.index] = conn
+        self.started[slot.index] = time.monotonic()
+
+    def kill_unstarted(self) -> None:
+        """Kill each worker that has not said "ready" within ``start_timeout_s`` of its spawn (a model load or a
+        device init that hangs would keep an unattended run waiting for ever): lost, as a worker that died."""
+        now = time.monotonic()
+        for worker, started in self.started.items():
+            if worker in self.ended or worker in self.engines or now - started < self.start_timeout_s:
+                continue
+            if self.conns[worker].poll():  # its "ready" (or its end) is here already: served at the next turn
+                continue
+            slot, process = self.slots[worker], self.processes[worker]
+            process.kill()
+            process.join(5)
+            self.ended[worker] = "lost"
+            self.failures.append((worker, 75, "failed",
+                                  f"worker {worker} (pid {process.pid}, {slot.label}) did not load its engine within "
+                                  f"{self.start_timeout_s:g} s of its start, killed ({START_TIMEOUT_ENV}=SECONDS "
+                                  "allows longer)"))
+            self._recover(worker)
 
     def waitables(self) -> list[Any]:
         return [conn for worker, conn in self.conns.items() if worker not in self.ended]

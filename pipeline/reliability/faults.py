@@ -33,7 +33,7 @@ FAULT_POINTS: dict[str, str] = {
     "after_preflight": "footers, model config and output directory checked; no lock yet",
     "after_lock": "writer lock held; nothing cleaned or written yet",
     "read_content": "about to read a whole shard to hash its content (its fingerprint in the store)",
-    "after_model_load": "engine created, before the first shard is read",
+    "after_model_load": "engine created, before the first shard is read (a worker's: before it reports ready)",
     "read_batch": "about to decode a record batch of a shard",
     "engine_step": "about to run one engine step",
     "after_batch": "a step's results handed to the store (a batch boundary)",
