@@ -5,7 +5,7 @@ OUT/store/shards/<shard key>/<fingerprint>/   a committed entry (never modified 
     embeddings.npy   float32 [num_rows, dim]; rows that were not embedded are zero
     rows.parquet     row int64, id (the embedded rows, ascending)
     rejects.parquet  row int64, reason string
-    entry.json       the shard's identity (path, size, mtime, sha256), settings, counts
+    entry.json       the shard's identity (path, size, mtime, sha256), settings, counts, the sha256 of the files above
 OUT/store/tmp/                                entries being written (removed at the next run)
 ```
 
@@ -13,6 +13,11 @@ The fingerprint hashes the shard's content and every setting that shapes its vec
 weights and tokenizer hashes, pooling, normalisation, max length, dim, dtype, columns). An entry is
 written under ``tmp/`` and made visible by one ``os.replace``, so a crash never leaves a partial
 entry: a rerun re-embeds exactly the shards without a committed entry.
+
+An entry a run would reuse (``lookup``, a committed range) is checked against the sha256 of its files recorded in
+``entry.json`` (``checksums``): vectors changed on disk since the commit (bit rot, a bad copy, an edit) are a damaged
+entry, embedded again (``petal rebuild``: 65 naming it), never mixed into a new version. An entry of an older petal,
+without the record, is trusted as before.
 """
 
 from __future__ import annotations
@@ -57,6 +62,8 @@ if TYPE_CHECKING:
     from petal.pipeline.store.ranges import RowRange
 
 STORE_FORMAT = 1
+CHECKSUMS_KEY = "checksums"  # entry.json: {file name: sha256} of DATA_FILES, taken at the commit
+DATA_FILES = ("embeddings.npy", "rows.parquet", "rejects.parquet")
 ENTRY_MAX_BYTES = 16 << 20
 RACY_NS = 2_000_000_000  # a file changed this close to its hashing may change again unseen: never cached
 PYARROW_PATH = re.compile(r"local file '(.+?)'")  # pyarrow's OSError carries no filename: its message quotes it
@@ -255,13 +262,14 @@ class EmbeddingStore:
                 continue  # a damaged entry is no cache: its shard is hashed (and embedded) again
         return entries
 
-    def read_entry(self, path: Path) -> StoreEntry:
+    def read_entry(self, path: Path, verify: bool = False) -> StoreEntry:
         """The committed entry at ``path``, checked: ``entry.json`` readable with its fields, the files
         regular and inside the store, ``embeddings.npy`` as large as its header says, the Parquet
-        footers readable. ``FileNotFoundError`` without ``entry.json``; ``DamagedEntry`` otherwise; a file (or a
+        footers readable; with ``verify`` (an entry a run reuses), every byte of its files against the sha256
+        recorded at the commit. ``FileNotFoundError`` without ``entry.json``; ``DamagedEntry`` otherwise; a file (or a
         directory on the way to it) petal may not read: ``NoInputError`` (66) naming it (``store_denied``)."""
         try:
-            return self._read_entry(path)
+            return self._read_entry(path, verify)
         except (OSError, DamagedEntry) as exc:
             if isinstance(exc, FileNotFoundError):
                 raise
@@ -270,7 +278,7 @@ class EmbeddingStore:
                 raise
             raise refused from exc
 
-    def _read_entry(self, path: Path) -> StoreEntry:
+    def _read_entry(self, path: Path, verify: bool) -> StoreEntry:
         meta_file = path / "entry.json"
         if not meta_file.exists() and not meta_file.is_symlink():
             raise FileNotFoundError(meta_file)
@@ -288,6 +296,8 @@ class EmbeddingStore:
             for name in ("rows.parquet", "rejects.parquet"):
                 check_regular(path / name, self.root)
                 pq.read_metadata(path / name)
+            if verify:
+                check_checksums(path, meta)
         except (OSError, ValueError, KeyError, TypeError, pa.ArrowException, PetalError) as exc:
             raise DamagedEntry(path, exc) from exc
         return StoreEntry(path, meta)
@@ -329,7 +339,7 @@ class EmbeddingStore:
         raises ``BadInputError`` (65) naming the file (``petal rebuild`` has no sources to re-embed)."""
         path = self.shards_dir / shard_key(info) / fingerprint
         try:
-            return self.read_entry(path)
+            return self.read_entry(path, verify=True)
         except FileNotFoundError:
             return None
         except DamagedEntry as exc:
@@ -498,8 +508,9 @@ def commit_entry(store: EmbeddingStore, tmp: Path, final: Path, info: ShardInfo,
         "counts": {"rows": num_rows, "embedded": len(rows), "skipped": reasons, "truncated": num_truncated},
         **extra,
     }
+    meta[CHECKSUMS_KEY] = {name: sha256_file(tmp / name) for name in DATA_FILES}
     write_json_atomic(tmp / "entry.json", meta)
-    for name in ("embeddings.npy", "rows.parquet", "rejects.parquet"):
+    for name in DATA_FILES:
         with open(tmp / name, "rb+") as fh:
             os.fsync(fh.fileno())
     fsync_dir(tmp)
@@ -511,6 +522,19 @@ def commit_entry(store: EmbeddingStore, tmp: Path, final: Path, info: ShardInfo,
     fsync_dir(final.parent)
     fault("store_committed", final)  # NOTE: committed, not yet reported (a worker's "commit" event comes after)
     return StoreEntry(final, meta)
+
+
+def check_checksums(path: Path, meta: dict[str, Any]) -> None:
+    """The entry's files at ``path`` hash to what ``entry.json`` recorded at the commit (``ValueError`` naming the
+    first that does not); an entry without the record (an older petal's) is not checked."""
+    recorded = meta.get(CHECKSUMS_KEY)
+    if recorded is None:
+        return
+    if not isinstance(recorded, dict):
+        raise TypeError(f"{CHECKSUMS_KEY} is not an object of file names and sha256")
+    for name in DATA_FILES:
+        if sha256_file(path / name) != recorded.get(name):
+            raise ValueError(f"{name} does not match the sha256 recorded when it was committed")
 
 
 def _allocate(path: Path) -> None:

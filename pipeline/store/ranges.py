@@ -115,7 +115,7 @@ def committed_parts(store: EmbeddingStore, info: ShardInfo, fingerprint: str) ->
         if match is None:
             continue
         try:
-            found[(int(match[1]), int(match[2]))] = store.read_entry(path)
+            found[(int(match[1]), int(match[2]))] = store.read_entry(path, verify=True)
         except FileNotFoundError:
             continue
         except DamagedEntry as exc:
