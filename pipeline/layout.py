@@ -51,6 +51,7 @@ from petal.pipeline.reliability.errors import (
     NoInputError,
     OutputError,
     PetalError,
+    PetalIOError,
     TemporaryFailure,
     one_line,
     quote_path,
@@ -114,7 +115,8 @@ class OutputDir:
             probe.write_bytes(b"")
             probe.unlink(missing_ok=True)  # NOTE: a writer's clean_orphans may have removed it already
         except OSError as exc:
-            raise OutputError(f"cannot create output directory {quote_path(self.root)}: {exc.strerror or exc}") from exc
+            raise _cannot_create(exc, self.root, f"cannot create output directory {quote_path(self.root)}: "
+                                 f"{exc.strerror or exc}") from exc
         # NOTE: as OUT itself (check_output_dir): a directory of OUT that petal may not read, enter or write is 73
         # naming it, before the lock; else the first file written under it (a store entry, a tombstone) was named
         for sub in (self.versions_dir, self.store_dir, self.store_dir / "shards"):
@@ -132,8 +134,8 @@ class OutputDir:
             # O_NONBLOCK: a FIFO planted as .lock must not block the open.
             fd = os.open(self.lock_file, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
         except OSError as exc:
-            raise OutputError(f"cannot open the lock file {quote_path(self.lock_file)}: {exc.strerror or exc}; "
-                              "it must be a regular file: remove it") from exc
+            raise _cannot_create(exc, self.lock_file, f"cannot open the lock file {quote_path(self.lock_file)}: "
+                                 f"{exc.strerror or exc}; it must be a regular file: remove it") from exc
         try:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 raise OutputError(f"the lock file {quote_path(self.lock_file)} is not a regular file (a FIFO, a "
@@ -514,6 +516,18 @@ def _unless_in_use(version_dir: Path) -> Iterator[bool]:
         yield free
     finally:
         os.close(fd)
+
+
+# A write that fails for the disk, not for what OUT is: full (blocks or inodes), over quota, failing
+DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EIO)
+
+
+def _cannot_create(exc: OSError, path: Path, message: str) -> PetalError:
+    """``message``, cannot create output (73), for an OUT petal may not use as it is; a full or failing disk
+    (``DISK_ERRNOS``) is 74 naming the path, as every later write of the run says it (``errors.writing``)."""
+    if exc.errno in DISK_ERRNOS:
+        return PetalIOError(f"cannot write {quote_path(exc.filename or path)}: {exc.strerror or exc}")
+    return OutputError(message)
 
 
 def _check_usable(path: Path) -> None:

@@ -318,27 +318,51 @@ def _can_mount_tmpfs() -> bool:
     return probe.returncode == 0
 
 
-@pytest.mark.skipif(not _can_mount_tmpfs(), reason="cannot mount a tmpfs in a user namespace here")
-def test_real_full_disk_on_a_small_tmpfs(tmp_path, fake_model):
-    """A real ENOSPC: OUT on a 1.5 MB tmpfs; a run whose store or index no longer fits exits 74."""
-    data = tmp_path / "data"
+@pytest.fixture(scope="module")
+def full_disks(tmp_path_factory, fake_model) -> tuple[Path, Path, list, dict]:
+    """Both tmpfs scenarios (tests/tmpfs_scenario.py) in one mount namespace: ``(mount, inodes mount, the small
+    tmpfs's steps, the few-inodes tmpfs's steps)``."""
+    if not _can_mount_tmpfs():
+        pytest.skip("cannot mount a tmpfs in a user namespace here")
+    tmp_path = tmp_path_factory.mktemp("full")
+    data, data2 = tmp_path / "data", tmp_path / "inodes" / "data"
     write_shards(data, "a", rows=50)
+    data2.mkdir(parents=True)
     script = REPO / "tests" / "tmpfs_scenario.py"
-    mount = tmp_path / "small"
+    mount, mount2 = tmp_path / "small", tmp_path / "few-inodes"
     mount.mkdir()
-    cmd = (f"mount -t tmpfs -o size=1536k tmpfs {mount} && "
-           f"{sys.executable} {script} {data} {mount / 'out'} {fake_model} {tmp_path / 'result.json'}")
+    mount2.mkdir()
+    cmd = (f"mount -t tmpfs -o size=1536k tmpfs {mount} && mount -t tmpfs -o size=16m,nr_inodes=400 tmpfs {mount2} && "
+           f"{sys.executable} {script} {data} {mount / 'out'} {fake_model} {tmp_path / 'result.json'} "
+           f"{data2} {mount2} {tmp_path / 'result2.json'}")
     proc = subprocess.run([UNSHARE, "--user", "--map-root-user", "--mount", "sh", "-c", cmd],
-                          capture_output=True, text=True, timeout=240, cwd=REPO,
+                          capture_output=True, text=True, timeout=300, cwd=REPO,
                           env={**os.environ, "PYTHONPATH": str(REPO)})
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    steps = json.loads((tmp_path / "result.json").read_text())
+    return mount, mount2, json.loads((tmp_path / "result.json").read_text()), \
+        json.loads((tmp_path / "result2.json").read_text())
+
+
+def test_real_full_disk_on_a_small_tmpfs(full_disks):
+    """A real ENOSPC: OUT on a 1.5 MB tmpfs; a run whose store or index no longer fits exits 74."""
+    mount, _, steps, _ = full_disks
     assert [s["rc"] for s in steps] == [0, 74, 74, 0], steps
     for step in steps[1:3]:
         assert "No space left on device" in step["last_line"] and str(mount) in step["last_line"], step
         assert step["live_intact"] and step["status"] == "failed" and step["leftovers"] == [], step
     assert steps[1]["failed_in"] == "store" and steps[2]["failed_in"] == "index"
     assert steps[3]["clean"]
+
+
+def test_no_inode_left_is_a_full_disk_74_naming_the_path(full_disks):
+    """A disk full of files, not bytes: the first file a run creates in OUT (the write probe; mkdir of a new OUT)
+    fails with ENOSPC. Was 73 'cannot create output directory ...'; a full disk is 74 naming the path."""
+    _, mount, _, steps = full_disks
+    assert steps["first"]["rc"] == 0 and steps["freed"]["rc"] == 0, steps
+    for name, where in (("changed", mount / "out"), ("new_out", mount / "new")):
+        assert steps[name]["rc"] == 74, steps
+        assert "No space left on device" in steps[name]["last_line"] and str(where) in steps[name]["last_line"], steps
+    assert steps["intact"], steps
 
 
 # --- device failures -----------------------------------------------------------------------------------

@@ -1,14 +1,15 @@
 """A real full disk, run by tests/test_reliability.py inside a mount namespace with OUT on a small tmpfs.
 
-``python tests/tmpfs_scenario.py DATA OUT MODEL RESULT.json``: index a small shard (fits); add a shard
-whose store entry cannot fit (fails in the store); swap it for one whose entry fits but whose index
-cannot (fails writing the index); drop it and rerun (succeeds, cleans up). Writes one JSON record
-per run to RESULT.json.
+``python tests/tmpfs_scenario.py DATA OUT MODEL RESULT.json [DATA2 MOUNT2 RESULT2.json]``: index a small shard
+(fits); add a shard whose store entry cannot fit (fails in the store); swap it for one whose entry fits but whose
+index cannot (fails writing the index); drop it and rerun (succeeds, cleans up). Writes one JSON record per run to
+RESULT.json. With MOUNT2, a tmpfs with few inodes: ``no_inodes``, a disk full of files rather than of bytes.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -64,5 +65,46 @@ def main(data: Path, out: Path, model: Path, result_path: Path) -> None:
     result_path.write_text(json.dumps(steps, indent=1))
 
 
+def no_inodes(data: Path, mount: Path, model: Path, result_path: Path) -> None:
+    """OUT on ``mount``: index DATA, take every inode left, then a run with a changed shard and one to a new OUT
+    there (both must fail as a full disk), then free the inodes and rerun. Writes each run's exit status and last
+    line, and whether the live version stayed intact, to RESULT.json."""
+    from petal.pipeline.layout import OutputDir
+    from tests import forkrun
+    from tests.invariants import assert_clean, live, tree_digest
+
+    out = mount / "out"
+    steps: dict[str, object] = {}
+
+    def run(name: str, target: Path) -> None:
+        result = forkrun.petal(["index", str(data), "--out", str(target), "--model", str(model), "-q"],
+                               {"PETAL_TEST_FAKE_ENGINE": str(data.parent / "log")})
+        steps[name] = {"rc": result.rc, "last_line": result.last_line}
+
+    shard(data / "a.parquet", "a", 8)
+    run("first", out)
+    version = OutputDir(out).current_version()
+    digest = tree_digest(out / "versions" / str(version))
+    filler = mount / "filler"
+    filler.mkdir()
+    try:
+        for i in range(100_000):
+            (filler / str(i)).touch()
+    except OSError as exc:
+        assert exc.errno == 28, exc  # ENOSPC: no inode left
+    shard(data / "b.parquet", "b", 8)
+    run("changed", out)
+    run("new_out", mount / "new")
+    steps["intact"] = OutputDir(out).current_version() == version and tree_digest(out / "versions" / str(version)) \
+        == digest
+    live(out)
+    shutil.rmtree(filler)
+    run("freed", out)
+    assert_clean(out)
+    result_path.write_text(json.dumps(steps))
+
+
 if __name__ == "__main__":
     main(*(Path(a) for a in sys.argv[1:5]))
+    if len(sys.argv) > 5:
+        no_inodes(*(Path(a) for a in (*sys.argv[5:7], sys.argv[3], sys.argv[7])))
