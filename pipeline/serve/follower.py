@@ -126,10 +126,16 @@ class IndexFollower:
         self._retry_at: float | None = None  # when the refused version named by CURRENT is tried again
         metrics.serving(live.version, live.reader.ntotal)
 
-    def status(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"version": self.live.version, "vectors": self.live.reader.ntotal}
-        if self.refused is not None:
-            out["refused"] = self.refused.as_dict()
+    def status(self, live: SearchIndex | None = None) -> dict[str, Any]:
+        """``/ready``'s version, vectors and refusal, of ``live`` (the live version, read once by the caller).
+
+        NOTE: a version is swapped in on the reload thread: ``self.live`` read twice could give one version's name
+        and the next one's vector count"""
+        live = self.live if live is None else live
+        refused = self.refused
+        out: dict[str, Any] = {"version": live.version, "vectors": live.reader.ntotal}
+        if refused is not None:
+            out["refused"] = refused.as_dict()
         return out
 
     def due(self) -> bool:
@@ -201,10 +207,9 @@ class IndexFollower:
                     return False
             release_with(candidate, held)
             old = self.live.version
+            self.refused = None  # NOTE: before the swap: /ready never says the version it serves was refused
             self.live = candidate  # NOTE: the swap; searches holding the old object finish on it
-            self.refused = None
-            self.metrics.index_refused.clear()
-            self.metrics.serving(candidate.version, candidate.reader.ntotal)
+            self.metrics.serving(candidate.version, candidate.reader.ntotal)  # (the refusal's series cleared too)
             self.metrics.index_reloads.labels(result="loaded").inc()
             log.info("petal serve: now serving %s (%d vectors), was %s", candidate.version,
                      candidate.reader.ntotal, old)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from petal.pipeline.serve import gc_clock
@@ -41,21 +43,31 @@ class ServeMetrics:
         self.search_copy = Gauge("petal_search_copy", "1 for how the served version is searched: device (cpu: FAISS), "
                                  "copy (lists, exact, none) and the GPU copy's dtype",
                                  ["version", "device", "copy", "dtype"], registry=r)
+        # NOTE: a version is swapped in on the follower's thread while /metrics renders on the event loop: a scrape
+        # between a gauge's clear() and its set() saw no petal_index_version at all, or the new version beside the
+        # old petal_index_vectors; the series of the version served change and are read under this lock
+        self._swap = threading.Lock()
         gc_clock.install()  # NOTE: the process's collections (one hook however many servers)
         r.register(gc_clock.GcCollector())
 
     def serving(self, version: str, vectors: int) -> None:
-        self.index_version.clear()
-        self.index_version.labels(version=version).set(1)
-        self.index_vectors.set(vectors)
+        """``version`` (of ``vectors`` vectors) is served now: a refusal before it is over."""
+        with self._swap:
+            self.index_refused.clear()
+            self.index_version.clear()
+            self.index_version.labels(version=version).set(1)
+            self.index_vectors.set(vectors)
 
     def refused(self, version: str, reason: str) -> None:
-        self.index_refused.clear()
-        self.index_refused.labels(version=version, reason=reason).set(1)
+        with self._swap:
+            self.index_refused.clear()
+            self.index_refused.labels(version=version, reason=reason).set(1)
 
     def searching(self, version: str, device: str, copy: str, dtype: str) -> None:
-        self.search_copy.clear()
-        self.search_copy.labels(version=version, device=device, copy=copy, dtype=dtype).set(1)
+        with self._swap:
+            self.search_copy.clear()
+            self.search_copy.labels(version=version, device=device, copy=copy, dtype=dtype).set(1)
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        with self._swap:
+            return generate_latest(self.registry)

@@ -325,12 +325,13 @@ class ServeState:
             results.append(result)
         return results
 
-    def search_copy(self) -> dict[str, Any] | None:
-        """How the live version is searched (``None``: no index): FAISS on the CPU, or a GPU copy and its dtype
-        (``dtype_reason``: why it is float32 where float16 was asked for). Also set as ``petal_search_copy``."""
+    def search_copy(self, live: SearchIndex | None = None) -> dict[str, Any] | None:
+        """How ``live`` (default: the live version) is searched (``None``: no index): FAISS on the CPU, or a GPU copy
+        and its dtype (``dtype_reason``: why it is float32 where float16 was asked for). Also set as
+        ``petal_search_copy``."""
         if self.follower is None:
             return None
-        live = self.follower.live
+        live = self.follower.live if live is None else live
         found = self.gpu.describe(live.reader) if self.gpu is not None else {"device": "cpu", "copy": None}
         self.metrics.searching(live.version, str(found["device"]), str(found["copy"] or "none"),
                                str(found.get("dtype", "none")))
@@ -342,9 +343,9 @@ class ServeState:
         out: dict[str, Any] = {"status": "ready", "model": self.model_id,
                                "device": None if self.model is None else str(self.model.engine.device)}
         if self.follower is not None:
-            live = self.follower.live
-            out.update(self.follower.status())
-            out["search"] = self.search_copy()
+            live = self.follower.live  # NOTE: read once: a swap on the reload thread must not mix two versions
+            out.update(self.follower.status(live))
+            out["search"] = self.search_copy(live)
             out["search_by"] = ["vectors"] if live.precomputed else ["query", "queries", "vectors"]
             recorded = live.reader.manifest.model
             if live.precomputed:
