@@ -59,8 +59,19 @@ def kept_type(name: str, typed: list[tuple[str, pa.DataType]]) -> pa.DataType:
     return common
 
 
+# NOTE: Arrow has no take (nor filter) kernel for the view layouts: their values are stored in the large layout
+_UNVIEWED = {pa.string_view(): pa.large_string(), pa.binary_view(): pa.large_binary()}
+
+
 def _plain(type_: pa.DataType) -> pa.DataType:
-    return type_.value_type if pa.types.is_dictionary(type_) else type_
+    """The type a kept column's values are stored as: a dictionary's values, a view layout's large one."""
+    type_ = plain_type(type_)
+    return _UNVIEWED.get(type_, type_)
+
+
+def _unviewed(values: pa.Array) -> pa.Array:
+    stored = _UNVIEWED.get(values.type)
+    return values if stored is None else values.cast(stored)
 
 
 @dataclass(frozen=True)
@@ -212,7 +223,7 @@ def _write_columns(info: ShardInfo, entry: StoreEntry, need: ColumnsNeed, path: 
         source = info.path
         arrow = read_retrying(source, lambda: _read_schema(source), read, stats, "not a readable Parquet file")
     schema = pa.schema([("row", pa.int64()), *[("text", pa.string()) for _ in text],
-                        *[(c, plain_type(arrow.field(c).type)) for c in need.keep]])
+                        *[(c, _plain(arrow.field(c).type)) for c in need.keep]])
 
     def decode(start: int, batch: pa.RecordBatch) -> pa.Table | None:
         # NOTE: arrow only, no state: a retry after a read error decodes the batch again
@@ -220,7 +231,7 @@ def _write_columns(info: ShardInfo, entry: StoreEntry, need: ColumnsNeed, path: 
         if hi <= lo:
             return None
         take = pa.array(rows[lo:hi] - start)
-        values = [batch.column(i).take(take) for i in range(len(source_columns))]
+        values = [_unviewed(batch.column(i)).take(take) for i in range(len(source_columns))]
         if text:
             values[0] = stored_text(values[0])
         return pa.table([pa.array(rows[lo:hi], pa.int64()), *values], schema=schema)
