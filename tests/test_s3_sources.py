@@ -164,3 +164,56 @@ def test_sync_over_an_emptied_prefix_is_judged_by_the_guard_and_a_typo_stays_66(
     assert mirrored.exit_code == 0, mirrored.output
     reader = IndexReader(out)
     assert reader.manifest.shards == () and reader.index.ntotal == 0
+
+
+@pytest.mark.parametrize("change", ["replaced", "removed"])
+def test_an_object_replaced_or_removed_mid_read_is_75_and_the_rerun_indexes_what_is_there(s3, fake_model, tmp_path,
+                                                                                          change):
+    """b.parquet is replaced (a new edition) or deleted while petal reads it (its rows read, the run paused at the
+    fault point after them): exit 75 naming it, nothing of it stored; the rerun indexes what the bucket holds then.
+    Before, a replaced object was indexed as a success with the old rows' vectors under texts read from the new
+    object, and a removed one was 74, a storage failure after retries."""
+    import threading
+    import time
+
+    client = s3.client()
+    bucket = f"midread-{change}"
+    client.create_bucket(Bucket=bucket)
+    ids = {name: put_shard(s3, bucket, f"docs/{name}.parquet", name, 6) for name in "abc"}
+    out, trace = tmp_path / "out", tmp_path / "trace.txt"
+    argv = ["index", f"s3://{bucket}/docs", "--out", str(out), "--model", str(fake_model), "-q"]
+
+    def change_b() -> None:  # once b's rows are read (the 2nd record batch: a's, then b's), while the run sleeps
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if trace.exists() and trace.read_text().split().count("read_batch") >= 2:
+                break
+            time.sleep(0.02)
+        if change == "replaced":
+            time.sleep(1.1)  # NOTE: S3's Last-Modified counts whole seconds; the new edition is the same size
+            put_shard(s3, bucket, "docs/b.parquet", "b", 6, edition=1)
+        else:
+            client.delete_object(Bucket=bucket, Key="docs/b.parquet")
+
+    changer = threading.Thread(target=change_b)
+    changer.start()
+    env = {**s3.env(), "PETAL_TEST_FAKE_ENGINE": str(tmp_path / "one.jsonl"), "PETAL_FAULT_TRACE": str(trace),
+           "PETAL_FAULT": "read_batch:2:sleep=3"}
+    first = run(argv, env)
+    changer.join()
+    assert first.exit_code == 75, first.output
+    last = first.output.strip().splitlines()[-1]
+    word = "changed (a new" if change == "replaced" else "was removed"
+    assert f"s3://{bucket}/docs/b.parquet {word}" in last and "rerun" in last, last
+    assert not (out / "CURRENT").exists()
+
+    second = run(argv, {**s3.env(), "PETAL_TEST_FAKE_ENGINE": str(tmp_path / "two.jsonl")})
+    assert second.exit_code == 0, second.output
+    reader = IndexReader(out)
+    rows, _ = contents(out)
+    expected = ids["a"] + ids["c"] + (ids["b"] if change == "replaced" else [])
+    assert sorted(r["id"] for r in rows) == sorted(expected)
+    if change == "replaced":  # every stored text of b is the new edition's
+        hits = reader.search(reader.index.reconstruct_n(0, reader.ntotal), 1)
+        texts = reader.texts([h for row in hits for h in row], "text")
+        assert sorted(t for t in texts if t.startswith("b ")) == sorted(f"b document {i} edition 1" for i in range(6))

@@ -39,6 +39,7 @@ from petal.pipeline.ingest.remote import (
     is_storage_error,
     is_uri,
     list_remote,
+    object_change,
     stat_remote,
     storage_error,
 )
@@ -534,8 +535,13 @@ def _record_batches(info: ShardInfo, columns: list[str], read: ReadConfig, start
     # NOTE: a local shard is read through one descriptor, checked against preflight's stat when opened and after
     # every record batch (``check_unchanged``): a shard replaced or rewritten since preflight (whose footer, rows and
     # content hash the run recorded) is never embedded or stored as if it were the file preflight saw.
+    # An object is checked (a request for its size and Last-Modified) before it is opened and after its last batch:
+    # any write in between gives it a new Last-Modified, so no row of an object replaced mid-read is committed.
+    remote = info.path if isinstance(info.path, RemotePath) else None
+    if remote is not None:
+        check_object_unchanged(info, remote)
     source = info.path.open() if isinstance(info.path, RemotePath) else pa.OSFile(os.fspath(info.path))
-    fd = None if isinstance(info.path, RemotePath) else source.fileno()
+    fd = None if remote is not None else source.fileno()
     if fd is not None:
         check_unchanged(info, os.fstat(fd))
     # NOTE: page CRCs are verified where a writer stored them (a corrupt page is 65, never embedded)
@@ -561,15 +567,29 @@ def _record_batches(info: ShardInfo, columns: list[str], read: ReadConfig, start
                     continue
                 yield from _decoded(batch.slice(skip) if skip else batch, read.max_batch_bytes)
                 skip = 0
+            if remote is not None:
+                check_object_unchanged(info, remote)
         except (OSError, pa.ArrowException):
             if fd is not None:  # a file cut or rewritten under the reader fails to decode: it changed, not corrupt
                 check_unchanged(info, os.fstat(fd))
+            elif remote is not None:
+                with contextlib.suppress(OSError):  # the storage does not answer: the read's own error stands
+                    check_object_unchanged(info, remote)
             raise
 
 
 class ShardChangedError(TemporaryFailure):
     """A source shard changed (rewritten in place, replaced, cut) after preflight read its footer and stat: what
     the run read of it is not what it recorded. Nothing of it is committed; a rerun reads its new content (75)."""
+
+
+def check_object_unchanged(info: ShardInfo, remote: RemotePath) -> None:
+    """Raise ``ShardChangedError`` when the object ``remote`` (``info.path``) is not the one ``info`` describes:
+    removed, or another size or Last-Modified. Raises ``OSError`` when the storage does not answer."""
+    change = object_change(remote, info.size, info.mtime_ns)
+    if change is not None:
+        raise ShardChangedError(f"{remote} {change} while petal was indexing it: nothing of it is indexed; rerun "
+                                "once it is written (finished shards are kept)")
 
 
 def check_unchanged(info: ShardInfo, stat: os.stat_result) -> None:

@@ -160,6 +160,21 @@ def stat_remote(remote: RemotePath) -> RemoteStat:
     return RemoteStat(int(info.size or 0), int(info.mtime_ns or 0))
 
 
+def object_change(remote: RemotePath, size: int, mtime_ns: int) -> str | None:
+    """How the object now differs from the one of ``size`` bytes modified at ``mtime_ns`` (preflight's): ``"was
+    removed or renamed"``, ``"changed (a new size ...)"``, or ``None``: the same object (S3 gives every write a new
+    Last-Modified, so one that is the same before and after a read saw no write in between). Raises ``OSError``
+    when the storage does not answer."""
+    from pyarrow import fs
+
+    info = remote.filesystem.get_file_info(remote.path)
+    if info.type != fs.FileType.File:
+        return "was removed or renamed"
+    differ = [name for name, seen, known in (("size", int(info.size or 0), size),
+                                             ("modification time", int(info.mtime_ns or 0), mtime_ns)) if seen != known]
+    return f"changed (a new {' and '.join(differ)} since the run began)" if differ else None
+
+
 def remote_sha256(remote: RemotePath, size: int, mtime_ns: int) -> str:
     """The content identity of an object: sha256 of its size, mtime and Parquet footer (two ranged reads)."""
     with remote.open() as fh:
