@@ -16,7 +16,7 @@ import numpy as np
 from petal.pipeline.index.bounds import MAX_NPROBE
 from petal.pipeline.index.filters import FilterError
 from petal.pipeline.index.search import Hit, IndexReader, current_pointer
-from petal.pipeline.ingest.text_rule import skip_reason
+from petal.pipeline.ingest.text_rule import skip_reason, valid_text
 from petal.pipeline.jobs.settings import (
     Texts,
     check_model_settings,
@@ -183,7 +183,8 @@ class Index:
 
         ``queries``: one text or many (str or UTF-8 bytes: a list, tuple, generator or numpy array of them),
         embedded as queries with the index's model, prompt and output settings; a ``None`` or blank one (which
-        ``petal query`` skips) gets no hits, in its place; one the model embeds to NaN or infinity is a
+        ``petal query`` skips) gets no hits, in its place; bytes that are not UTF-8 are read as U+FFFD (as ``petal
+        query`` reads them) and answered; one the model embeds to NaN or infinity is a
         ``BadInputError`` (``NonFiniteQueryError``, 65) naming it, before any search. Or the model's float
         vectors ``[num_queries, model dim]`` or ``[model dim]`` (``Embedder(model).encode(texts, query=True)``),
         which get the index's output transform (``--dim``, normalisation, quantization); a NaN or infinite value
@@ -197,15 +198,19 @@ class Index:
         if isinstance(queries, np.ndarray) and queries.dtype.kind not in "USO":
             stored = _in_range(self._stored(queries), self.manifest.metric)
             return _finite_scores(self._searched(lambda: self.reader.search(stored, k, where=where)))
-        texts = text_items(queries, "queries", " (vectors go as one numpy float array [num_queries, dim])")
+        # NOTE: petal query's rule (TEXT, --stdin): bytes that are not UTF-8 (bytes, or a str holding them as lone
+        # surrogates) are read as U+FFFD and answered; petal embed skips such a text, a query has no row to keep
+        texts = [_readable(text) for text in
+                 text_items(queries, "queries", " (vectors go as one numpy float array [num_queries, dim])")]
         asked = [i for i, text in enumerate(texts) if skip_reason(text) is None]
+        queried = [text for text in texts if text is not None and skip_reason(text) is None]
         if not texts or (not asked and not self.manifest.precomputed):  # an index without a model refuses texts
             return [[] for _ in texts]
         service = self.query_model()
         from petal.pipeline.jobs.query import NonFiniteQueryError
 
         try:
-            found = self._searched(lambda: service.search([_decoded(texts[i]) for i in asked], k, where=where))
+            found = self._searched(lambda: service.search(queried, k, where=where))
         except NonFiniteQueryError as exc:  # NOTE: named by its place in ``queries``, not among the texts asked
             raise NonFiniteQueryError(asked[exc.row], exc.text) from None
         hits: list[list[Hit]] = [[] for _ in texts]
@@ -377,8 +382,11 @@ def _finite_scores(found: list[list[Hit]]) -> list[list[Hit]]:
     return found
 
 
-def _decoded(text: str | bytes) -> str:
-    return text.decode("utf-8") if isinstance(text, bytes) else text
+def _readable(text: str | bytes | None) -> str | None:
+    """A query as valid Unicode, its bytes that are not UTF-8 as U+FFFD (``petal query``'s ``valid_text``)."""
+    if isinstance(text, bytes):
+        return text.decode("utf-8", "replace")
+    return None if text is None else valid_text(text)[0]
 
 
 def _array(vectors: Any) -> np.ndarray:
