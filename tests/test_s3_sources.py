@@ -217,3 +217,30 @@ def test_an_object_replaced_or_removed_mid_read_is_75_and_the_rerun_indexes_what
         hits = reader.search(reader.index.reconstruct_n(0, reader.ntotal), 1)
         texts = reader.texts([h for row in hits for h in row], "text")
         assert sorted(t for t in texts if t.startswith("b ")) == sorted(f"b document {i} edition 1" for i in range(6))
+
+
+def test_a_glob_names_the_objects_it_matches_as_a_local_glob_does(s3, fake_model, tmp_path):
+    """``s3://bucket/docs/*.parquet``, ``**``: the objects matched (``*`` within a name, never a hidden one), where a
+    glob was looked up as one object and failed with 66 'does not exist'. One that matches nothing is 66 saying so."""
+    s3.client().create_bucket(Bucket="globbed")
+    ids = {}
+    for key in ("docs/a.parquet", "docs/b.parquet", "docs/day=2/c.parquet", "docs/.tmp/d.parquet", "other/e.parquet"):
+        ids[key] = put_shard(s3, "globbed", key, key.replace("/", "_"), 3)
+    s3.client().put_object(Bucket="globbed", Key="docs/notes.txt", Body=b"not a shard")
+    env = {**s3.env(), "PETAL_TEST_FAKE_ENGINE": str(tmp_path / "log.jsonl")}
+
+    def indexed(source: str) -> list[str]:
+        out = tmp_path / f"out-{len(list(tmp_path.iterdir()))}"
+        result = run(["index", source, "--out", str(out), "--model", str(fake_model), "-q"], env)
+        assert result.exit_code == 0, result.output
+        return sorted(r["id"] for r in contents(out)[0])
+
+    def expected(*keys: str) -> list[str]:
+        return sorted(i for key in keys for i in ids[key])
+
+    assert indexed("s3://globbed/docs/*.parquet") == expected("docs/a.parquet", "docs/b.parquet")
+    assert indexed("s3://globbed/docs/**/*.parquet") == expected("docs/a.parquet", "docs/b.parquet",
+                                                                 "docs/day=2/c.parquet")
+    assert indexed(s3.uri("globbed/*/day=*/*.parquet")) == expected("docs/day=2/c.parquet")
+    none = run(["index", "s3://globbed/docs/*.csv", "--out", str(tmp_path / "none"), "--model", str(fake_model)], env)
+    assert none.exit_code == 66 and "glob s3://globbed/docs/*.csv matches no objects" in none.output, none.output

@@ -1,6 +1,7 @@
 """Shards in object storage: ``s3://``, ``gs://``, ``hdfs://`` or any URI ``pyarrow.fs.FileSystem.from_uri`` opens.
 
-A source URI names one object or a prefix (a "directory": every ``*.parquet`` below it, sorted).
+A source URI names one object, a prefix (a "directory": every ``*.parquet`` below it, sorted) or a glob (``*`` and
+``**`` as for local files: ``s3://bucket/day=*/*.parquet``).
 Credentials come from each filesystem's standard chain (for S3: ``AWS_ACCESS_KEY_ID`` /
 ``AWS_SECRET_ACCESS_KEY``, ``AWS_PROFILE``, instance roles; ``AWS_ENDPOINT_URL`` or the URI's
 ``?endpoint_override=host:port&scheme=http`` for S3-compatible servers). Footers and rows are read
@@ -118,6 +119,8 @@ def list_remote(source: str, empty_ok: bool = False, held: frozenset[str] = froz
     except Exception as exc:  # unknown scheme, a bad query parameter, a filesystem not built into pyarrow
         raise ConfigError(f"cannot open {shown}: {exc}") from exc
     scheme = scheme_of(source)
+    if "*" in path:
+        return _glob_remote(filesystem, scheme, path, shown, empty_ok)
     try:
         info = filesystem.get_file_info(path)
         if info.type == fs.FileType.File:
@@ -137,6 +140,41 @@ def list_remote(source: str, empty_ok: bool = False, held: frozenset[str] = froz
     if not found and not empty_ok:
         raise NoInputError(f"no *.parquet objects under {shown}")
     return [RemotePath(filesystem, p, f"{scheme}://{p}") for p in sorted(found)]
+
+
+def _glob_remote(filesystem: Any, scheme: str, pattern: str, shown: str, empty_ok: bool) -> list[RemotePath]:
+    """The objects ``pattern`` matches, sorted, as a local glob's files: ``*`` within one name, ``**`` any number of
+    them, a wildcard never matching a name that starts with ``.`` (URIs do not parse ``[...]``; ``?`` starts the
+    query string). Only the prefix before the first wildcard is listed."""
+    from pyarrow import fs
+
+    parts = pattern.split("/")
+    fixed = next(i for i, part in enumerate(parts) if "*" in part)
+    base = "/".join(parts[:fixed])
+    try:
+        listed = filesystem.get_file_info(fs.FileSelector(base, recursive=True, allow_not_found=True))
+    except OSError as exc:
+        raise storage_error(f"cannot list {shown}", exc) from exc
+    found = [i.path for i in listed
+             if i.type == fs.FileType.File and _glob_match(i.path.split("/")[fixed:], parts[fixed:])]
+    if not found and not empty_ok:
+        raise NoInputError(f"glob {shown} matches no objects")
+    return [RemotePath(filesystem, p, f"{scheme}://{p}") for p in sorted(found)]
+
+
+def _glob_match(names: list[str], patterns: list[str]) -> bool:
+    """Whether the path ``names`` (its parts) matches ``patterns`` part by part (``**``: zero or more parts)."""
+    import fnmatch
+
+    if not patterns:
+        return not names
+    head, rest = patterns[0], patterns[1:]
+    if head == "**":
+        return _glob_match(names, rest) or (bool(names) and not names[0].startswith(".")
+                                            and _glob_match(names[1:], patterns))
+    if not names or ("*" in head and names[0].startswith(".") and not head.startswith(".")):
+        return False
+    return fnmatch.fnmatchcase(names[0], head) and _glob_match(names[1:], rest)
 
 
 def _held_under(uri: str, held: frozenset[str]) -> bool:
