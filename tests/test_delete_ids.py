@@ -236,3 +236,14 @@ def test_a_delete_run_again_counts_what_it_removes_now_not_what_an_earlier_run_d
         == (1, 1, 1) and report["deletes"]["requested"] == 3 and report["deletes"]["rows"] == 1
     assert "1 deleted (1 already deleted)" in stderr.splitlines()[-1], stderr
     assert live_ids(tmp_path / "out") == set(range(10)) - {3, 4}
+
+
+def test_the_summary_counts_each_shard_once(tmp_path, index):
+    # an additive run: one shard embedded, one reused, one kept from the live version: '3 shards (1 embedded,
+    # 1 reused, 1 kept)', not '(1 embedded, 2 reused, 1 kept)' (the kept one counted as reused too)
+    a, b = int_shard(tmp_path / "a.parquet", [1, 2]), int_shard(tmp_path / "b.parquet", [3, 4])
+    assert index(a, b)[0] == 0
+    rc, stderr, report, _ = index(a, int_shard(tmp_path / "c.parquet", [5]))
+    assert rc == 0, stderr
+    assert "3 shards (1 embedded, 1 reused, 1 kept)" in stderr.splitlines()[-1], stderr
+    assert report["shards"] == {"total": 3, "embedded": 1, "reused": 2}  # the report's shape stays: kept are reused

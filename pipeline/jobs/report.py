@@ -85,7 +85,10 @@ class RunReport:
         skipped = sum(self.rows["skipped"].values())
         parts = [f"petal {self.command}: {self.status}"]
         if self.command == "index":
-            kept = f", {len(self.shard_changes['kept'])} kept" if self.shard_changes.get("kept") else ""
+            # NOTE: shards["reused"] counts the kept shards too (their vectors come from the store); the line splits
+            # them out, so its three numbers add up to the total
+            num_kept = len(self.shard_changes.get("kept", ()))
+            kept = f", {num_kept} kept" if num_kept else ""
             reused = f", {self.rows['reused']} reused" if self.rows.get("reused") else ""
             kept_rows = f", {self.rows['kept']} kept" if self.rows.get("kept") else ""  # the kept shards' rows
             # else what was planned did not happen (a stop once the version went live: it did)
@@ -94,7 +97,8 @@ class RunReport:
             if deleted and self.deletes.get("already_deleted"):  # asked again: removed by an earlier run, not this one
                 deleted += f" ({self.deletes['already_deleted']} already deleted)"
             parts.append(
-                f"{self.shards['total']} shards ({self.shards['embedded']} embedded, {self.shards['reused']} reused"
+                f"{self.shards['total']} shards ({self.shards['embedded']} embedded, "
+                f"{self.shards['reused'] - num_kept} reused"
                 f"{kept}), {self.rows['embedded']} rows embedded{reused}{kept_rows}, {skipped} skipped, "
                 f"{self.rows['truncated']} truncated{deleted}"
             )
