@@ -170,11 +170,14 @@ async def unless_gone(request: Request, work: Awaitable[T]) -> T:
 
 class BodyBudget:
     """The bytes of request bodies held at once by every request together (``--max-body-bytes-in-flight``): a body
-    being read, parsed or served counts until its request is answered. One that would take the total past the limit
-    is refused, 503 with Retry-After (``Overloaded``), before it is read (by its Content-Length) or as it streams.
+    counts from its first byte until its request is answered (read, parsed, served). A body that would take the total
+    past the limit is refused, 503 with Retry-After (``Overloaded``): before it is read when its Content-Length would
+    not fit now, else as it streams.
 
     NOTE: ``--max-body-bytes`` bounds one request only: before, N connections sending large bodies (slowly, or queued
-    behind a busy engine) held N bodies, memory without bound under load. One event loop takes and gives: no lock."""
+    behind a busy engine) held N bodies, memory without bound under load. Bytes are counted as they arrive, never by
+    the length a client declares: connections that declare large bodies and send nothing hold nothing, so they cannot
+    keep other requests out. One event loop takes and gives: no lock."""
 
     def __init__(self, limit: int, gauge: Gauge) -> None:
         self.limit = limit
@@ -182,15 +185,16 @@ class BodyBudget:
         self.gauge = gauge  # petal_body_bytes
 
     @contextlib.contextmanager
-    def claim(self) -> Iterator[Callable[[int], None]]:
-        """``take(n)`` for one request's body, ``n`` bytes more each call; all it took is given back at the end."""
+    def claim(self) -> Iterator[Callable[[int, int], None]]:
+        """``take(n, coming)`` for one request's body: ``n`` bytes more are held, ``coming`` more are declared (refused
+        now if they would not fit); all it took is given back at the end."""
         taken = 0
 
-        def take(n: int) -> None:
+        def take(n: int, coming: int = 0) -> None:
             nonlocal taken
-            if self.held + n > self.limit:
+            if self.held + n + coming > self.limit:
                 raise Overloaded(f"request bodies of {self.held} bytes are held by requests in flight and this one "
-                                 f"needs {n} more (limit {self.limit} bytes, --max-body-bytes-in-flight)")
+                                 f"needs {n + coming} more (limit {self.limit} bytes, --max-body-bytes-in-flight)")
             self.held += n
             taken += n
             self.gauge.set(self.held)
@@ -204,19 +208,19 @@ class BodyBudget:
 
 
 async def read_body(request: Request, limit: int, timeout_s: float = 60.0,
-                    take: Callable[[int], None] | None = None) -> bytes:
+                    take: Callable[[int, int], None] | None = None) -> bytes:
     """The body, refused with 413 past ``limit`` bytes (by Content-Length, or while streaming), and with 408 when it
-    has not all arrived ``timeout_s`` after the handler began reading it (``--body-timeout-s``). ``take(n)``
-    (``BodyBudget.claim``) is told each byte before it is held: its declared length at once, else as it streams.
+    has not all arrived ``timeout_s`` after the handler began reading it (``--body-timeout-s``). ``take(n, coming)``
+    (``BodyBudget.claim``) is told of each byte before it is held, and of the declared length first.
 
     NOTE: without a time bound a client that sent a head and then its body a byte at a time (or not at all) held its
     connection and the request's task for ever: enough of them and the server accepted no one."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise RequestError(413, f"the body has {declared} bytes, over the limit of {limit} (--max-body-bytes)")
-    take = take or (lambda n: None)
-    reserved = int(declared) if declared is not None and declared.isdigit() else 0
-    take(reserved)
+    take = take or (lambda n, coming: None)
+    expected = int(declared) if declared is not None and declared.isdigit() else 0
+    take(0, expected)
     chunks: list[bytes] = []
     size = 0
     task = asyncio.current_task()
@@ -234,9 +238,7 @@ async def read_body(request: Request, limit: int, timeout_s: float = 60.0,
             size += len(chunk)
             if size > limit:
                 raise RequestError(413, f"the body is over the limit of {limit} bytes (--max-body-bytes)")
-            if size > reserved:  # NOTE: chunked (no length declared): taken as it comes
-                take(size - reserved)
-                reserved = size
+            take(len(chunk), 0)
             chunks.append(chunk)
     except ClientDisconnect as exc:  # NOTE: the client's doing, not a server error (no 500, no traceback), nor a 400
         raise ClientGone() from exc
