@@ -60,6 +60,7 @@ from petal.pipeline.reliability.errors import (
 )
 from petal.pipeline.reliability.faults import fault
 from petal.pipeline.reliability.safe_files import UnsafeFileError, inside, read_regular
+from petal.pipeline.store.side_files import KEY_TREES
 
 VERSION_RE = re.compile(r"^v\d{6}-\d{8}T\d{6}Z$")
 LOCK_POLL_S = 0.2
@@ -121,6 +122,8 @@ class OutputDir:
         # naming it, before the lock; else the first file written under it (a store entry, a tombstone) was named
         for sub in (self.versions_dir, self.store_dir, self.store_dir / "shards"):
             _check_usable(sub)
+        for tree in KEY_TREES:
+            _check_key_tree(self.store_dir / tree, self.root)
 
     @contextlib.contextmanager
     def lock(self, wait: bool = False, on_wait: Callable[[str], None] | None = None,
@@ -528,6 +531,28 @@ def _cannot_create(exc: OSError, path: Path, message: str) -> PetalError:
     if exc.errno in DISK_ERRNOS:
         return PetalIOError(f"cannot write {quote_path(exc.filename or path)}: {exc.strerror or exc}")
     return OutputError(message)
+
+
+def _check_key_tree(tree: Path, root: Path) -> None:
+    """A tree of the store that holds one directory per shard key (``store/shards``, ``parts``, ``deleted``,
+    ``columns``) holds real directories only: a symbolic link or a file there is 73 naming it, before the lock. A run
+    would write through a link or delete what its target holds, wherever that is (petal never follows one out of
+    OUT), and never deletes it itself: it is not petal's. One petal may not list is left to the checks that name it."""
+    try:
+        if not os.path.lexists(tree):
+            return
+        if tree.is_symlink() or not tree.is_dir():
+            raise OutputError(f"{quote_path(tree)} is a symlink or not a directory; petal keeps its store inside "
+                              f"{quote_path(root)}: remove it")
+        with os.scandir(tree) as found:
+            odd = sorted(Path(e.path) for e in found if not e.is_dir(follow_symlinks=False))
+    except OSError:
+        return
+    if odd:
+        kind = "a symbolic link" if odd[0].is_symlink() else "not a directory"
+        more = f" (and {len(odd) - 1} more)" if len(odd) > 1 else ""
+        raise OutputError(f"{quote_path(odd[0])}{more} is {kind}, where petal keeps a directory of its store (one per "
+                          "shard key); petal never follows a link out of the output directory: remove it")
 
 
 def _check_usable(path: Path) -> None:

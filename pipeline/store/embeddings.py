@@ -54,6 +54,7 @@ from petal.pipeline.reliability.errors import (
 )
 from petal.pipeline.reliability.faults import fault
 from petal.pipeline.reliability.safe_files import check_regular, open_regular, read_regular
+from petal.pipeline.store.side_files import real_dirs
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -367,14 +368,10 @@ class EmbeddingStore:
     def prune(self, keep: set[Path]) -> int:
         """Delete committed entries not in ``keep`` (after a successful publish), and every committed range
         (``parts/``: those of a shard the run assembled, or of one it did not name). Returns how many entries."""
-        parts = self.root / "parts"
-        if parts.is_dir():
-            for key_dir in list(parts.iterdir()):
-                self.discard(key_dir)
+        for key_dir in real_dirs(self.root / "parts"):
+            self.discard(key_dir)
         removed = 0
-        if not self.shards_dir.is_dir():
-            return 0
-        for key_dir in self.shards_dir.iterdir():
+        for key_dir in real_dirs(self.shards_dir):  # NOTE: never through a link: its target may lie outside OUT
             for entry_dir in list(key_dir.iterdir()):
                 if entry_dir not in keep:
                     fault("store_prune", entry_dir)

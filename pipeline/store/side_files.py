@@ -14,6 +14,15 @@ import shutil
 from pathlib import Path
 
 SIDE_TREES = ("deleted", "columns")
+KEY_TREES = ("shards", "parts", *SIDE_TREES)  # the store's directories that hold one directory per shard key
+
+
+def real_dirs(root: Path) -> list[Path]:
+    """The directories in ``root`` a walk of the store may enter and delete under, sorted: never a symbolic link (its
+    target may lie anywhere, outside OUT too) nor a file; none when ``root`` itself is not a real directory."""
+    if root.is_symlink() or not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink())
 
 
 def side_file(entry_dir: Path, tree: str) -> Path:
@@ -27,17 +36,14 @@ def prune_side_files(store_root: Path, keep: set[Path]) -> int:
     wanted = {side_file(entry, tree) for entry in keep for tree in SIDE_TREES}
     removed = 0
     for tree in SIDE_TREES:
-        root = store_root / tree
-        if not root.is_dir():
-            continue
-        for key_dir in list(root.iterdir()):
-            for path in list(key_dir.iterdir()) if key_dir.is_dir() else [key_dir]:
+        for key_dir in real_dirs(store_root / tree):
+            for path in list(key_dir.iterdir()):
                 if path not in wanted:
-                    if path.is_dir():
+                    if path.is_dir() and not path.is_symlink():
                         shutil.rmtree(path, ignore_errors=True)
                     else:
                         path.unlink(missing_ok=True)
                     removed += 1
-            if key_dir.is_dir() and not any(key_dir.iterdir()):
+            if not any(key_dir.iterdir()):
                 key_dir.rmdir()
     return removed

@@ -57,7 +57,7 @@ from petal.pipeline.reliability.errors import (
 from petal.pipeline.reliability.faults import fault
 from petal.pipeline.reliability.safe_files import input_file_size
 from petal.pipeline.store.embeddings import DamagedEntry, EmbeddingStore, StoreEntry, shard_key
-from petal.pipeline.store.side_files import side_file
+from petal.pipeline.store.side_files import real_dirs, side_file
 
 if TYPE_CHECKING:
     from petal.pipeline.manifest import Manifest
@@ -150,7 +150,7 @@ def settle_staged(out: OutputDir) -> tuple[int, int]:
     root = out.store_dir / "deleted"
     if not root.is_dir():
         return 0, 0
-    staged = sorted(root.glob(f"*/*{STAGED}*.parquet"))
+    staged = sorted(path for key_dir in real_dirs(root) for path in key_dir.glob(f"*{STAGED}*.parquet"))
     if not staged:
         return 0, 0
     live = live_deletions(out)
