@@ -158,3 +158,15 @@ def test_verify_json_is_one_object_on_a_usage_or_io_error_too(argv, code):
     assert proc.rc == code and "Traceback" not in proc.stderr, proc.stderr
     said = proc.last_line.removeprefix("Error: ").removeprefix("petal: error: ")
     assert json.loads(proc.stdout) == {"ok": False, "error": said, "exit_code": code}
+
+
+def test_the_api_info_is_what_info_json_prints(built):
+    """``Index.info`` is "the manifest as ``petal info --json`` prints it" (README): the same object, ``path`` (the
+    version directory) included, whether the index is opened by OUT or by its version directory. It lacked ``path``."""
+    import petal as api
+
+    for given in (built, live(built)):
+        printed = json.loads(petal(["info", given, "--json"]).stdout)
+        assert printed["path"] == str(live(built))
+        with api.open_index(given) as index:
+            assert index.info == printed

@@ -98,8 +98,9 @@ class Index:
 
     @property
     def info(self) -> dict[str, Any]:
-        """The version's manifest as ``petal info --json`` prints it: model, dim, metric, index, counts, shards."""
-        return self.reader.manifest.to_dict()
+        """The version's manifest as ``petal info --json`` prints it: ``path`` (the version directory), model, dim,
+        metric, index, counts, shards."""
+        return {"path": str(self.reader.dir), **self.reader.manifest.to_dict()}
 
     @property
     def dim(self) -> int:
