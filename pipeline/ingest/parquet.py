@@ -369,6 +369,16 @@ def footer_sha256(path: Path) -> str:
         return hashlib.sha256(fh.read(size - start)).hexdigest()
 
 
+def check_unique_columns(path: Path | RemotePath, schema: pa.Schema, names: list[str]) -> None:
+    """Each of ``names`` (the columns a run reads) is at most one column of ``schema``: Parquet allows two columns of
+    one name, and then no reader can tell which is meant (65 naming the file and the column)."""
+    for name in dict.fromkeys(names):
+        count = len(schema.get_all_field_indices(name))
+        if count > 1:
+            raise BadInputError(f"{quote_path(path)}: {count} columns are named {name!r}; petal reads columns by name "
+                                "and cannot tell which one is meant: rename or drop the others")
+
+
 def inspect_shard(path: Path | RemotePath, read: ReadConfig, stats: ReadStats | None = None) -> ShardInfo:
     """Read one footer and check the schema. Raises ``BadInputError`` naming file, column and type."""
     try:
@@ -377,6 +387,7 @@ def inspect_shard(path: Path | RemotePath, read: ReadConfig, stats: ReadStats | 
     except (OSError, pa.ArrowException) as exc:
         raise _read_error(path, exc, read.read_retries, "not a readable Parquet file") from exc
     names = schema.names
+    check_unique_columns(path, schema, [read.text_column, read.id_column])
     if read.text_column not in names:
         raise BadInputError(
             f"{quote_path(path)}: text column {read.text_column!r} is missing (columns: {', '.join(names) or 'none'}); "

@@ -33,6 +33,7 @@ from petal.pipeline.ingest.parquet import (
     _read_error,
     _retrying,
     check_id_kinds,
+    check_unique_columns,
     plain_type,
     raise_problems,
     read_ids,
@@ -62,6 +63,7 @@ def inspect_vector_shard(path: Path, read: ReadConfig, column: str,
         schema = meta.schema.to_arrow_schema()
     except (OSError, pa.ArrowException) as exc:
         raise _read_error(path, exc, read.read_retries, "not a readable Parquet file") from exc
+    check_unique_columns(path, schema, [column, read.id_column, read.text_column])
     if column not in schema.names:
         raise BadInputError(f"{path}: vectors column {column!r} is missing (columns: {', '.join(schema.names)})")
     vtype = schema.field(column).type

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import pyarrow as pa
 
-from petal.pipeline.ingest.parquet import ShardInfo
+from petal.pipeline.ingest.parquet import ShardInfo, check_unique_columns
 from petal.pipeline.reliability.errors import BadInputError, UsageError, quote_path
 from petal.pipeline.store.columns import kept_type
 
@@ -28,6 +28,7 @@ def check_keep_columns(shards: list[ShardInfo], columns: tuple[str, ...], reserv
     for info in shards:
         assert info.schema is not None, "preflight records every named shard's schema"
         names = info.schema.names
+        check_unique_columns(info.path, info.schema, list(columns))
         missing = [c for c in columns if c not in names]
         if missing:
             raise BadInputError(f"{quote_path(info.path)}: no column {missing[0]!r} (--keep-columns); it has: "

@@ -40,7 +40,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from petal.pipeline.config import ReadConfig
-from petal.pipeline.ingest.parquet import ReadStats, first_undecodable, read_ids, read_retrying
+from petal.pipeline.ingest.parquet import ReadStats, check_unique_columns, first_undecodable, read_ids, read_retrying
 from petal.pipeline.layout import OutputDir
 from petal.pipeline.reliability.durable import fsync_dir
 from petal.pipeline.reliability.errors import (
@@ -204,8 +204,11 @@ def read_delete_ids(path: Path, id_column: str, read: ReadConfig | None = None,
 
     def load() -> tuple[list[str], str | None, pa.Array | None]:
         fault("read_footer", str(path))
-        names = pq.read_schema(path).names
+        schema = pq.read_schema(path)
+        names = schema.names
         name = id_column if id_column in names else names[0] if len(names) == 1 else None
+        if name is not None:
+            check_unique_columns(path, schema, [name])  # 65: two columns named like the id column
         if name is None:
             return names, None, None
         table = pq.read_table(path, columns=[name], page_checksum_verification=True)
@@ -220,6 +223,8 @@ def read_delete_ids(path: Path, id_column: str, read: ReadConfig | None = None,
                             "with the id column, or a single column")
     if pa.types.is_dictionary(values.type):  # a categorical column: its values
         values = values.dictionary_decode()
+    if str(values.type) == "string_view":  # as a shard's string_view ids: their text
+        values = values.cast(pa.large_string())
     if pa.types.is_null(values.type):  # no values at all
         values = pa.array([None] * len(values), pa.string())
     if not (pa.types.is_integer(values.type) or pa.types.is_string(values.type)
