@@ -173,3 +173,18 @@ def test_an_actors_bad_input_keeps_its_exit_code(local_ray, tmp_path):
     last = result.output.strip().splitlines()[-1]
     assert "bad.parquet" in last and "row group 1" in last and "Ray run failed" not in last, last
     assert "\x1b[" not in last and "Failed to apply UDF" not in last, last
+
+
+def test_no_more_actors_start_than_there_are_units(local_ray, tmp_path):
+    """--ray --workers 3 over 1 shard starts 1 actor (one engine loaded), not 3 that load theirs for nothing."""
+    local_ray()
+    model = make_fake_model_dir(tmp_path / "model")
+    data, log = tmp_path / "data", tmp_path / "log.jsonl"
+    ids = write_shards(data, count=1, rows=10)
+    result = index(str(data), "--out", str(tmp_path / "out"), "--model", str(model), "--ray", "--workers", "3",
+                   "--json-report", str(tmp_path / "r.json"), env={"PETAL_TEST_FAKE_ENGINE": str(log)})
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "r.json").read_text())["engine"]["actors"] == 1
+    assert len({r["pid"] for r in read_log(log) if r.get("load")}) == 1
+    rows, _ = contents(tmp_path / "out")
+    assert sorted(r["id"] for r in rows) == sorted(ids)

@@ -267,3 +267,19 @@ def test_a_bad_worker_start_timeout_is_a_configuration_error(fake_model, tmp_pat
                                          "PETAL_WORKER_START_TIMEOUT": bad})
         assert result.exit_code == 78, result.output
         assert f"PETAL_WORKER_START_TIMEOUT={bad!r} is not a number" in result.output.strip().splitlines()[-1]
+
+
+def test_no_more_workers_start_than_there_are_units(fake_model, tmp_path):
+    """--workers 4 over 2 shards starts 2 workers: each loads its engine (a GPU's memory, seconds to minutes), and the
+    2 more would have loaded theirs for nothing. Before, 4 started and 2 or 3 embedded nothing."""
+    data, out = tmp_path / "data", tmp_path / "out"
+    ids = write_shards(data, count=2, rows=10)
+    log = tmp_path / "log.jsonl"
+    child = Petal(["index", str(data), "--out", str(out), "--model", str(fake_model), "-q", "--workers", "4"],
+                  {"PETAL_TEST_FAKE_ENGINE": str(log)}, tmp_path / "report.json")
+    rc, stderr, report = child.wait()
+    assert rc == 0, stderr
+    assert [w["worker"] for w in report["workers"]] == [0, 1] and report["engine"]["workers"] == 2, report["workers"]
+    assert len(worker_pids(log, child.pid)) == 2  # engines loaded
+    rows, _ = contents(out)
+    assert sorted(r["id"] for r in rows) == sorted(ids)

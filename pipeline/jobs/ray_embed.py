@@ -176,8 +176,9 @@ def embed_on_ray(plan: WorkerPlan, scale: ScaleConfig, report: RunReport, stop: 
     # that lost it on the way (the exception's cause does not survive pickling)
     context.raise_original_map_exception = True
     gpu = plan.config.device == "cuda"
-    actors = scale.workers or (max(1, int(ray.cluster_resources().get("GPU", 0))) if gpu else 1)
     units = len(plan.ranges)
+    # never more actors than units: one more would load its engine (a GPU's memory) for nothing
+    actors = min(units, scale.workers or (max(1, int(ray.cluster_resources().get("GPU", 0))) if gpu else 1))
     dataset = ray.data.from_items([{"position": i} for i in range(units)], override_num_blocks=max(1, units))
     results = dataset.map_batches(ShardEmbedder, fn_constructor_args=(plan,), batch_size=1, concurrency=actors,
                                   num_gpus=1 if gpu else 0, num_cpus=1, zero_copy_batch=True)

@@ -43,7 +43,8 @@ def embed_scaled(job: IndexJob, shards: list[ShardInfo], fingerprints: list[str]
     else:
         from petal.pipeline.jobs.workers import embed_in_pool, worker_slots
 
-        commits = embed_in_pool(plan, worker_slots(job.scale, config.device), report, stop, reads, assembly)
+        commits = embed_in_pool(plan, worker_slots(job.scale, config.device, len(units.ranges)), report, stop, reads,
+                                assembly)
     return _with_ranges_report(commits, assembly, report, job.scale.split_rows)
 
 

@@ -53,11 +53,12 @@ class WorkerFailed(PetalError):
         self.status = status
 
 
-def worker_slots(scale: ScaleConfig, device: str) -> list[WorkerSlot]:
-    """One slot per worker: ``--devices`` picks CUDA devices, ``--workers`` how many processes (round-robin)."""
+def worker_slots(scale: ScaleConfig, device: str, units: int | None = None) -> list[WorkerSlot]:
+    """One slot per worker: ``--devices`` picks CUDA devices, ``--workers`` how many processes (round-robin); never
+    more than ``units`` (the units of work to hand out: a worker more would load its engine for nothing)."""
     cpu_count = os.cpu_count() or 1
     if scale.devices is None:
-        count = scale.workers or 1
+        count = _at_most(scale.workers or 1, units)
         if device == "cuda":
             return [WorkerSlot(i, _physical(0), None) for i in range(count)]
         return [WorkerSlot(i, None, max(1, cpu_count // count)) for i in range(count)]
@@ -71,8 +72,12 @@ def worker_slots(scale: ScaleConfig, device: str) -> list[WorkerSlot]:
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
     assert ids is not None
-    count = scale.workers or len(ids)
+    count = _at_most(scale.workers or len(ids), units)
     return [WorkerSlot(i, _physical(ids[i % len(ids)]), None) for i in range(count)]
+
+
+def _at_most(count: int, units: int | None) -> int:
+    return count if units is None else max(1, min(count, units))
 
 
 def _physical(device_id: int) -> str:
