@@ -34,3 +34,17 @@ def test_string_view_text_and_kept_columns_index_like_strings(tmp_path):
     hits = json.loads(found.stdout)["hits"]
     assert {h["id"] for h in hits} == {"a", "d"} and all(h["fields"] == {"lang": "en"} for h in hits)
     assert {h["text"] for h in hits} == {TEXTS[0], "glaciers and ice"}
+
+
+def test_nested_string_views_are_kept_as_their_values(tmp_path):
+    # a view inside a list or a struct met the same missing kernel: 65 'corrupt data' after the embedding
+    pq.write_table(pa.table({"id": [1, 2], "text": ["glaciers", "bread"],
+                             "tags": pa.array([["ice"], ["food", "baking"]], pa.list_(pa.string_view())),
+                             "meta": pa.array([{"lang": "en"}, {"lang": "fr"}],
+                                              pa.struct([("lang", pa.string_view())]))}),
+                   tmp_path / "nested.parquet")
+    done, _ = index(tmp_path, tmp_path / "nested.parquet", "--keep-columns", "tags,meta")
+    assert done.returncode == 0, done.stderr
+    stored = version_ids(tmp_path / "out")
+    assert stored.column("tags").to_pylist() == [["ice"], ["food", "baking"]]
+    assert stored.column("meta").to_pylist() == [{"lang": "en"}, {"lang": "fr"}]

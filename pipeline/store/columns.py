@@ -64,14 +64,32 @@ _UNVIEWED = {pa.string_view(): pa.large_string(), pa.binary_view(): pa.large_bin
 
 
 def _plain(type_: pa.DataType) -> pa.DataType:
-    """The type a kept column's values are stored as: a dictionary's values, a view layout's large one."""
-    type_ = plain_type(type_)
-    return _UNVIEWED.get(type_, type_)
+    """The type a kept column's values are stored as: a dictionary's values, a view layout's large one (nested
+    ones too: ``list<string_view>`` is stored as ``list<large_string>``)."""
+    return _no_views(plain_type(type_))
+
+
+def _no_views(type_: pa.DataType) -> pa.DataType:
+    if type_ in _UNVIEWED:
+        return _UNVIEWED[type_]
+    if pa.types.is_struct(type_):
+        return pa.struct([f.with_type(_no_views(f.type)) for f in type_])
+    if pa.types.is_map(type_):
+        return pa.map_(type_.key_field.with_type(_no_views(type_.key_type)),
+                       type_.item_field.with_type(_no_views(type_.item_type)), type_.keys_sorted)
+    lists = {pa.types.is_list: pa.list_, pa.types.is_large_list: pa.large_list,
+             pa.types.is_list_view: pa.list_view, pa.types.is_large_list_view: pa.large_list_view}
+    for is_kind, make in lists.items():
+        if is_kind(type_):
+            return make(type_.value_field.with_type(_no_views(type_.value_type)))
+    if pa.types.is_fixed_size_list(type_):
+        return pa.list_(type_.value_field.with_type(_no_views(type_.value_type)), type_.list_size)
+    return type_
 
 
 def _unviewed(values: pa.Array) -> pa.Array:
-    stored = _UNVIEWED.get(values.type)
-    return values if stored is None else values.cast(stored)
+    stored = _no_views(values.type)
+    return values if stored == values.type else values.cast(stored)
 
 
 @dataclass(frozen=True)
