@@ -170,25 +170,33 @@ class IdSelector:
         self.selector = faiss.IDSelectorBitmap(len(self.bits), faiss.swig_ptr(self.bits))
 
     def params(self, index: Any, search_params: dict[str, int]) -> Any:
-        """Search parameters carrying the selector (IVF: with its nprobe; HNSW: with its efSearch; a refine wrapper:
-        its k_factor around its base index's)."""
-        import faiss
+        """Search parameters carrying the selector (``search_parameters``)."""
+        return search_parameters(index, search_params, self.selector)
 
-        from petal.pipeline.index.plan import searched_nodes
 
-        refine = next((n for n in searched_nodes(index) if isinstance(n, faiss.IndexRefine)), None)
-        if refine is not None:  # NOTE: FAISS's refine search takes only its own parameters, the base's inside them
-            base = self.params(refine.base_index, search_params)
-            params = faiss.IndexRefineSearchParameters(  # type: ignore[call-arg]  # SWIG stubs: no kwargs
-                k_factor=float(search_params.get("k_factor_rf", refine.k_factor)), base_index_params=base)
-            params.referenced_objects = [base]  # type: ignore[attr-defined]  # NOTE: FAISS holds a bare pointer
-            return params
-        ivf = faiss.try_extract_index_ivf(index)  # NOTE: through wrappers (OPQ): they pass parameters on
-        if ivf is not None:
-            return faiss.SearchParametersIVF(sel=self.selector,  # type: ignore[call-arg]  # SWIG stubs: no kwargs
-                                             nprobe=int(search_params.get("nprobe", ivf.nprobe)))
-        inner = faiss.downcast_index(index)
-        if isinstance(inner, faiss.IndexHNSW):
-            return faiss.SearchParametersHNSW(sel=self.selector,  # type: ignore[attr-defined]  # not in the stubs
-                                              efSearch=int(search_params.get("efSearch", inner.hnsw.efSearch)))
-        return faiss.SearchParameters(sel=self.selector)  # type: ignore[call-arg]  # SWIG stubs: no kwargs
+def search_parameters(index: Any, search_params: dict[str, int], selector: Any = None) -> Any:
+    """FAISS search parameters for ``index`` (IVF: with its nprobe; HNSW, through id maps and pre-transforms: with
+    its efSearch; a refine wrapper: its k_factor around its base index's), carrying ``selector`` (a FAISS id selector)
+    when there is one."""
+    import faiss
+
+    from petal.pipeline.index.plan import searched_nodes
+
+    sel = {} if selector is None else {"sel": selector}
+    nodes = searched_nodes(index)
+    refine = next((n for n in nodes if isinstance(n, faiss.IndexRefine)), None)
+    if refine is not None:  # NOTE: FAISS's refine search takes only its own parameters, the base's inside them
+        base = search_parameters(refine.base_index, search_params, selector)
+        params = faiss.IndexRefineSearchParameters(  # type: ignore[call-arg]  # SWIG stubs: no kwargs
+            k_factor=float(search_params.get("k_factor_rf", refine.k_factor)), base_index_params=base)
+        params.referenced_objects = [base]  # type: ignore[attr-defined]  # NOTE: FAISS holds a bare pointer
+        return params
+    ivf = faiss.try_extract_index_ivf(index)  # NOTE: through wrappers (OPQ): they pass parameters on
+    if ivf is not None:
+        return faiss.SearchParametersIVF(nprobe=int(search_params.get("nprobe", ivf.nprobe)),  # type: ignore[call-arg]
+                                         **sel)
+    hnsw = next((n for n in nodes if isinstance(n, faiss.IndexHNSW)), None)  # NOTE: id maps pass parameters on
+    if hnsw is not None:
+        return faiss.SearchParametersHNSW(  # type: ignore[attr-defined]  # not in the stubs
+            efSearch=int(search_params.get("efSearch", hnsw.hnsw.efSearch)), **sel)
+    return faiss.SearchParameters(**sel)
