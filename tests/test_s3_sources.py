@@ -166,27 +166,29 @@ def test_sync_over_an_emptied_prefix_is_judged_by_the_guard_and_a_typo_stays_66(
     assert reader.manifest.shards == () and reader.index.ntotal == 0
 
 
-@pytest.mark.parametrize("change", ["replaced", "removed"])
+@pytest.mark.parametrize(("change", "point", "hit"), [("replaced", "read_batch", 2), ("removed", "read_batch", 2),
+                                                    ("removed", "read_content", 1)])
 def test_an_object_replaced_or_removed_mid_read_is_75_and_the_rerun_indexes_what_is_there(s3, fake_model, tmp_path,
-                                                                                          change):
+                                                                                          change, point, hit):
     """b.parquet is replaced (a new edition) or deleted while petal reads it (its rows read, the run paused at the
-    fault point after them): exit 75 naming it, nothing of it stored; the rerun indexes what the bucket holds then.
-    Before, a replaced object was indexed as a success with the old rows' vectors under texts read from the new
-    object, and a removed one was 74, a storage failure after retries."""
+    fault point after them), or deleted before its content is hashed (the run paused at a's): exit 75 naming it,
+    nothing of it stored; the rerun indexes what the bucket holds then. Before, a replaced object was indexed as a
+    success with the old rows' vectors under texts read from the new object, and a removed one was 74, a storage
+    failure after retries."""
     import threading
     import time
 
     client = s3.client()
-    bucket = f"midread-{change}"
+    bucket = f"midread-{change}-{point.replace('_', '-')}"
     client.create_bucket(Bucket=bucket)
     ids = {name: put_shard(s3, bucket, f"docs/{name}.parquet", name, 6) for name in "abc"}
     out, trace = tmp_path / "out", tmp_path / "trace.txt"
     argv = ["index", f"s3://{bucket}/docs", "--out", str(out), "--model", str(fake_model), "-q"]
 
-    def change_b() -> None:  # once b's rows are read (the 2nd record batch: a's, then b's), while the run sleeps
+    def change_b() -> None:  # once the run sleeps at the point: b's rows read (a's batch, then b's), or a's hash
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            if trace.exists() and trace.read_text().split().count("read_batch") >= 2:
+            if trace.exists() and trace.read_text().split().count(point) >= hit:
                 break
             time.sleep(0.02)
         if change == "replaced":
@@ -198,7 +200,7 @@ def test_an_object_replaced_or_removed_mid_read_is_75_and_the_rerun_indexes_what
     changer = threading.Thread(target=change_b)
     changer.start()
     env = {**s3.env(), "PETAL_TEST_FAKE_ENGINE": str(tmp_path / "one.jsonl"), "PETAL_FAULT_TRACE": str(trace),
-           "PETAL_FAULT": "read_batch:2:sleep=3"}
+           "PETAL_FAULT": f"{point}:{hit}:sleep=3"}
     first = run(argv, env)
     changer.join()
     assert first.exit_code == 75, first.output

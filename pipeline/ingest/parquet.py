@@ -307,15 +307,28 @@ def _read_error(path: Path | RemotePath, exc: BaseException, retries: int, corru
         return storage_error(f"cannot read {path}", exc)
     if is_permission_denied(exc):  # a retry fails the same way: no input, at once
         return NoInputError(cannot_read(path, cast(OSError, exc)))
-    if isinstance(path, Path) and isinstance(exc, OSError) and exc.errno == errno.ENOENT and not path.exists():
+    if isinstance(exc, OSError) and exc.errno == errno.ENOENT and _gone(path):
         # NOTE: still gone after the retries: removed or renamed since preflight listed it (a producer's job), which
-        # a rerun settles (75, as a shard that changed: ``check_unchanged``), not a failing disk (74)
+        # a rerun settles (75, as a shard that changed: ``check_unchanged``), not a failing disk or storage (74)
         return ShardChangedError(f"{quote_path(path)} was removed or renamed while petal was indexing it: nothing "
                                  "of it is indexed; rerun (finished shards are kept)")
     if _transient(exc):
         return PetalIOError(f"{quote_path(path)}: read error after {retries} retries ({exc}); "
                             "the file is unreadable now, not corrupt: rerun when the storage recovers")
     return BadInputError(f"{quote_path(path)}: {corrupt} ({one_line(str(exc))})")
+
+
+def _gone(path: Path | RemotePath) -> bool:
+    """Whether the shard ``path`` is not there now (``False`` where the storage does not answer)."""
+    if isinstance(path, RemotePath):
+        try:
+            stat_remote(path)
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False
+        return False
+    return not path.exists()
 
 
 def _backoff(read: ReadConfig, retry: int, stats: ReadStats | None) -> None:
