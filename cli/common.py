@@ -323,6 +323,7 @@ class ReportingCommand(click.Command):
             return super().parse_args(ctx, args)
         except click.UsageError as exc:
             path, as_json = self._report_flags(ctx, given)
+            path = path or None  # NOTE: "" is no path (the usage error names it), never "." to write into
             if path is not None or as_json:
                 from petal.pipeline.api import write_report
                 from petal.pipeline.jobs.report import RunReport

@@ -81,6 +81,7 @@ def test_an_empty_path_on_the_command_line_is_a_usage_error(case, cwd_index, sha
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 2, (case, result.output)
     assert "an empty path" in result.output, result.output
+    assert "warning" not in result.output  # --json-report "": no report written there, nor said to fail
     if named is not None:
         assert f"'{named}'" in result.output, result.output
     assert _listing(cwd_index) == before  # nothing written into the working directory
