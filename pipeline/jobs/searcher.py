@@ -312,11 +312,28 @@ class Index:
         transform = self.manifest.output
         width = transform.model_dim if transform is not None else self.reader.dim
         if rows.ndim != 2 or rows.shape[1] != width or rows.dtype.kind != "f":
+            # NOTE: an Embedder's output with the index's own --dim or --quantize (int8 codes, sign bits) is in the
+            # index's space already: it goes to search_stored, which the error names
+            own = self._stored_form(rows)
             raise UsageError(f"query vectors of shape {vectors.shape} and type {vectors.dtype}: this index takes "
-                             f"the model's float vectors, [num_queries, {width}]")
+                             f"the model's float vectors, [num_queries, {width}]"
+                             + (f"; these look like {own}: search them with Index.search_stored" if own else ""))
         with np.errstate(over="ignore"):  # float64 beyond float32's range: inf, refused by _finite
             rows = _finite(np.asarray(rows, dtype=np.float32))
         return transform.stored(rows) if transform is not None else rows
+
+
+    def _stored_form(self, rows: np.ndarray) -> str | None:
+        """What ``rows`` look like when they are in the index's own space (``search_stored`` takes them), else
+        ``None``."""
+        if rows.ndim != 2:
+            return None
+        try:
+            self.query_vectors(rows)
+        except UsageError:
+            return None
+        kind = {"f": "vectors", "i": "int8 codes"}.get(rows.dtype.kind, "sign bits")
+        return f"the index's stored {kind} (dim {self.reader.dim})"
 
 
 def _where_text(where: Any) -> None:

@@ -1,0 +1,32 @@
+"""``Index.search`` takes the model's float vectors; an ``Embedder`` made with the index's own ``dim=`` or
+``quantize=`` gives vectors already in the index's space (what ``petal embed --dim/--quantize`` writes), which
+``Index.search_stored`` takes. Passed to ``search``, the ``UsageError`` said only the shape it wanted; it now names
+``search_stored``, and stays as it was for vectors of no form the index takes. Real tiny BERT, Parquet and FAISS."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import petal
+
+TEXTS = ["glaciers flow downhill", "bread dough rises", "cats purr softly", "rivers carve valleys"] * 4
+
+
+@pytest.mark.parametrize("settings", [{"dim": 16}, {"quantize": "binary"}, {"quantize": "int8"}])
+def test_vectors_of_the_index_space_passed_to_search_name_search_stored(tmp_path, tiny_bert_dir, settings):
+    pq.write_table(pa.table({"id": list(range(len(TEXTS))), "text": [f"{t} {i}" for i, t in enumerate(TEXTS)]}),
+                   tmp_path / "s.parquet")
+    petal.index(tmp_path / "s.parquet", tmp_path / "out", model=str(tiny_bert_dir), quiet=True, **settings)
+    calibration = {"calibration": str(tmp_path / "out")} if settings.get("quantize") == "int8" else {}
+    with petal.open_index(tmp_path / "out", device="cpu") as index, \
+            petal.Embedder(str(tiny_bert_dir), "cpu", **settings, **calibration) as embedder:
+        own = embedder.encode(["glaciers"], query=True)
+        with pytest.raises(petal.UsageError, match=r"these look like the index's stored .*Index\.search_stored"):
+            index.search(own, k=2)
+        assert len(index.search_stored(own, k=2)[0]) == 2  # (sign bits rescore as +-1: not the text's own order)
+        with pytest.raises(petal.UsageError) as refused:  # no form this index takes: no hint
+            index.search(np.ones((1, 7), np.float32), k=2)
+        assert "search_stored" not in str(refused.value)
