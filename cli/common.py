@@ -261,6 +261,8 @@ def write_stdout(lines: Iterable[str], flush: bool = False) -> None:
 
 def quiet_stdout() -> None:
     """Point fd 1 at /dev/null, so the interpreter's final flush of a closed pipe says nothing."""
+    if sys.stdout is None:  # fd 1 was closed from the start: nothing buffered, nothing to flush
+        return
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gc
+import os
+import sys
 
 import click
 
@@ -50,8 +52,27 @@ cli.add_command(verify)
 cli.add_command(bench)
 
 
+def open_closed_outputs() -> None:
+    """A process started with fd 1 or 2 closed (``>&-``, ``2>&-``, a supervisor that gives none) has them on
+    ``/dev/null``, and ``sys.stdout``/``sys.stderr`` (``None`` then) write there.
+
+    NOTE: else the next file petal opens takes fd 1 or 2, and what C code prints there (FAISS) lands inside it; and
+    ``print(..., file=sys.stderr)`` with ``sys.stderr`` None writes to stdout, into the JSON a reader parses."""
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        try:
+            os.fstat(fd)
+        except OSError:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            if devnull != fd:
+                os.dup2(devnull, fd)
+                os.close(devnull)
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(fd, "w", closefd=False))  # noqa: SIM115 (the process's stream, never closed)
+
+
 def main() -> None:
     """The ``petal`` script: one command, then the process ends."""
+    open_closed_outputs()
     defer_gc_for_startup()
     try:
         cli()

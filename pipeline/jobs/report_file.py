@@ -7,6 +7,7 @@ and the writer never writes there (a warning).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
@@ -62,6 +63,8 @@ def write_report_to(path: Path | str, obj: Any, out: Path | str | None = None) -
     check_report_path(path, out or "")
     data = report_bytes(obj)
     if str(path) == STDOUT:
+        if sys.stdout is None:  # NOTE: started with fd 1 closed (>&-, a supervisor that gives none): nowhere to write
+            raise OSError(errno.EBADF, "stdout is closed")
         sys.stdout.flush()
         sys.stdout.write(data.decode())
         sys.stdout.flush()
