@@ -169,7 +169,11 @@ class ServeState:
         for i, ids in enumerate(lists):
             bad = [t for t in ids if not 0 <= t < vocab]
             if bad:
-                raise RequestError(422, f"input item {i}: token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
+                # NOTE: the usual cause is another tokenizer's ids: LangChain's OpenAIEmbeddings sends tiktoken's
+                raise RequestError(422, f"input item {i}: token id {bad[0]} is outside the vocabulary (0..{vocab - 1}) "
+                                        f"of {self.model_id}: token ids are its own tokenizer's; send the text instead "
+                                        "(LangChain's OpenAIEmbeddings sends tiktoken's ids unless "
+                                        "check_embedding_ctx_length=False)")
             if len(ids) > self.model.max_tokens:
                 if not truncate:
                     raise RequestError(413, limit_message("input", i, self.model.max_tokens))
