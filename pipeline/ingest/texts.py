@@ -150,5 +150,20 @@ def _jsonl_texts(path: Path, text_column: str, id_column: str | None, read: Read
         if id_column and id_column not in record:  # NOTE: never a silent null id: that row's output would lose it
             raise BadInputError(f"{quote_path(path)}:{lineno}: no {id_column!r} field (--id-column)")
         texts.append(value)
-        ids.append(record[id_column] if id_column else None)
+        ids.append(_jsonl_id(record[id_column], path, lineno, id_column) if id_column else None)
     return texts, ids if id_column else None
+
+
+def _jsonl_id(value: Any, path: Path, lineno: int, id_column: str) -> Any:
+    """A ``.jsonl`` id as a ``.parquet`` id column holds them: an integer, a string (valid UTF-8: JSON's ``\\ud800``
+    escape gives a lone surrogate) or null; anything else is ``BadInputError`` naming the file, line and key."""
+    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+        return value
+    where = f"{quote_path(path)}:{lineno}: {id_column!r} (--id-column)"
+    if not isinstance(value, str):
+        raise BadInputError(f"{where} is a {type(value).__name__}, expected an integer or string")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise BadInputError(f"{where} is not UTF-8 (it holds a lone surrogate, {json.dumps(value)[:80]})") from None
+    return value
