@@ -7,6 +7,7 @@ request waited meanwhile. The answers stay ``json.loads``'s."""
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import numpy as np
@@ -49,3 +50,24 @@ def test_numbers_read_as_the_standard_library_reads_them(body):
     assert got == want and type(got) is type(want), (got, want)
     if isinstance(want, dict) and isinstance(want.get("k"), int):
         assert type(got["k"]) is int
+
+
+def test_vectors_are_checked_and_converted_without_a_python_loop_per_value():
+    """``/search``'s ``vectors`` were checked and converted one value at a time in Python (~20-30 ms of the event loop
+    for 256 rows of 384, 24x numpy's conversion of the same rows); now with C loops, the answers the same."""
+    from petal.pipeline.serve.requests import RequestError, parse_search
+    from petal.pipeline.serve.settings import Limits
+
+    rows = (np.random.default_rng(0).standard_normal((256, 384)) / 20).tolist()
+    got = parse_search({"vectors": [list(r) for r in rows]}, Limits()).vectors
+    assert got is not None and got.dtype == np.float32
+    np.testing.assert_array_equal(got, np.array(rows, dtype=np.float32))
+    copied = _fastest(lambda _: [list(r) for r in rows], b"")
+    ours = _fastest(lambda _: parse_search({"vectors": [list(r) for r in rows]}, Limits()), b"") - copied
+    numpys = _fastest(lambda _: np.array([list(r) for r in rows], dtype=np.float64), b"") - copied
+    assert ours < 12 * numpys, (ours, numpys)  # ~6x (a set of each row's types, abs, astype); before ~24x
+    for bad, said in (([[1.0, True]], "non-empty lists of numbers"), ([["1.5"]], "non-empty lists of numbers"),
+                      ([[1.0], [10**400]], "row 1 holds a value that is not a finite float32"),
+                      ([[1.0], [3.5e38]], "row 1 holds"), ([[1, 2], [1]], "same length, got [1, 2]")):
+        with pytest.raises(RequestError, match=re.escape(said)):
+            parse_search({"vectors": bad}, Limits())

@@ -14,6 +14,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from petal.pipeline.index.bounds import MAX_NPROBE, MAX_RESCORE
 from petal.pipeline.ingest.text_rule import decoded_json_text, skip_reason
 from petal.pipeline.serve.encoding import duplicate_key, loads
@@ -62,7 +64,7 @@ class EmbeddingsRequest:
 @dataclass(frozen=True)
 class SearchRequest:
     texts: tuple[str, ...] | None
-    vectors: tuple[tuple[float, ...], ...] | None
+    vectors: np.ndarray | None  # [n, dim] float32, every value finite
     k: int
     nprobe: int | None
     rescore: int | None
@@ -203,7 +205,7 @@ def parse_search(body: dict[str, Any], limits: Limits) -> SearchRequest:
         raise RequestError(422, "give exactly one of 'query' (a text), 'queries' (texts) or 'vectors'"
                            + (f" (got {', '.join(given)})" if given else ""))
     texts: tuple[str, ...] | None = None
-    vectors: tuple[tuple[float, ...], ...] | None = None
+    vectors: np.ndarray | None = None
     if given[0] == "query":
         if not isinstance(body["query"], str):
             raise RequestError(422, "'query' must be a string (use 'queries' for a list)")
@@ -232,28 +234,39 @@ def parse_search(body: dict[str, Any], limits: Limits) -> SearchRequest:
 FLOAT32_MAX = 3.4028234663852886e38
 
 
-def _vectors(rows: Any, limits: Limits) -> tuple[tuple[float, ...], ...]:
+_NUMBERS = frozenset((int, float))  # what a JSON number reads as (a bool is no number here)
+
+
+def _vectors(rows: Any, limits: Limits) -> np.ndarray:
     """Rows of one length, each value a finite number that float32 holds (NaN, Infinity or 1e39 would
-    search as NaN: no hits, or FAISS's garbage)."""
-    ok = isinstance(rows, list) and all(
-        isinstance(r, list) and r and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in r)
-        for r in rows)
+    search as NaN: no hits, or FAISS's garbage), as float32 ``[n, dim]``.
+
+    NOTE: checked and converted with C loops (a set of each row's types, one numpy conversion): a value at a time in
+    Python cost ~20 ms of the event loop for 256 rows of 384."""
+    ok = isinstance(rows, list) and all(isinstance(r, list) and r and set(map(type, r)) <= _NUMBERS for r in rows)
     if not ok:
         raise RequestError(422, "'vectors' must be a list of non-empty lists of numbers")
     _count(len(rows), "vectors", limits)
     lengths = {len(r) for r in rows}
     if len(lengths) > 1:
         raise RequestError(422, f"'vectors' rows must all have the same length, got {sorted(lengths)[:4]}")
-    for i, row in enumerate(rows):
-        try:
-            values = tuple(float(x) for x in row)
-        except OverflowError:  # an integer beyond any float
-            values = (float("inf"),)
-        if not all(abs(x) <= FLOAT32_MAX for x in values):  # NOTE: False for NaN too
-            raise RequestError(422, f"'vectors' row {i} holds a value that is not a finite float32 number "
-                                    "(NaN, Infinity or beyond 3.4e38)")
-        rows[i] = values
-    return tuple(rows)
+    try:
+        values = np.array(rows, dtype=np.float64)
+        finite = (np.abs(values) <= FLOAT32_MAX).all(axis=1)  # NOTE: False for NaN too
+    except OverflowError:  # an integer beyond any float
+        finite = np.array([_float_row(row) for row in rows])
+    if not finite.all():
+        raise RequestError(422, f"'vectors' row {int(np.argmin(finite))} holds a value that is not a finite float32 "
+                                "number (NaN, Infinity or beyond 3.4e38)")
+    return values.astype(np.float32)
+
+
+def _float_row(row: list[int | float]) -> bool:
+    """Whether every value of ``row`` is a float32 number (an integer beyond any float is not)."""
+    try:
+        return bool((np.abs(np.array(row, dtype=np.float64)) <= FLOAT32_MAX).all())
+    except OverflowError:
+        return False
 
 
 def _where(body: dict[str, Any]) -> str | None:

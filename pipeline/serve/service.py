@@ -257,10 +257,10 @@ class ServeState:
             pending: Awaitable[list[list[Hit]]] = ticket.hits()
         else:
             assert req.vectors is not None
-            vectors = np.asarray(req.vectors, dtype=np.float32)
+            vectors = req.vectors
             if vectors.ndim != 2 or vectors.shape[1] != index.reader.dim:
                 raise RequestError(422, f"'vectors' rows must have {index.reader.dim} values (the index's dim), "
-                                        f"got {[len(v) for v in req.vectors][:4]}")
+                                        f"got [{vectors.shape[-1]}]")
             if index.reader.manifest.metric == "l2":
                 _l2_in_range(vectors)
             pending = self.searcher.search(index, vectors, False, req.k, where=req.where, nprobe=req.nprobe,
