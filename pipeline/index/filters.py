@@ -193,8 +193,15 @@ def search_parameters(index: Any, search_params: dict[str, int], selector: Any =
         return params
     ivf = faiss.try_extract_index_ivf(index)  # NOTE: through wrappers (OPQ): they pass parameters on
     if ivf is not None:
-        return faiss.SearchParametersIVF(nprobe=int(search_params.get("nprobe", ivf.nprobe)),  # type: ignore[call-arg]
-                                         **sel)
+        probing = faiss.SearchParametersIVF(nprobe=int(search_params.get("nprobe", ivf.nprobe)),  # type: ignore[call-arg]
+                                            **sel)
+        quantizer = faiss.downcast_index(ivf.quantizer)
+        if "quantizer_efSearch" in search_params and isinstance(quantizer, faiss.IndexHNSW):
+            # NOTE: the quantizer's own efSearch was set when the index opened; these parameters carry the one asked
+            inner = faiss.SearchParametersHNSW(efSearch=int(search_params["quantizer_efSearch"]))  # type: ignore[attr-defined]
+            probing.quantizer_params = inner
+            probing.referenced_objects = [inner]  # type: ignore[attr-defined]  # NOTE: FAISS holds a bare pointer
+        return probing
     hnsw = next((n for n in nodes if isinstance(n, faiss.IndexHNSW)), None)  # NOTE: id maps pass parameters on
     if hnsw is not None:
         return faiss.SearchParametersHNSW(  # type: ignore[attr-defined]  # not in the stubs
