@@ -10,28 +10,16 @@ import itertools
 import json
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
 import petal
 from petal.cli.main import cli
-
-NUM, DIM = 400, 16
-
-
-@pytest.fixture(scope="module")
-def shard(tmp_path_factory):
-    root = tmp_path_factory.mktemp("ivf-k")
-    flat = np.random.default_rng(0).standard_normal((NUM, DIM)).astype(np.float32).ravel()
-    pq.write_table(pa.table({"id": list(range(NUM)), "lang": ["en", "fr"] * (NUM // 2),
-                             "emb": pa.FixedSizeListArray.from_arrays(pa.array(flat), DIM)}), root / "a.parquet")
-    return root
+from tests.test_query_hnsw_k import DIM, NUM, shard  # noqa: F401  (a fixture: the same 400 vectors)
 
 
 @pytest.mark.parametrize("factory", ["IVF16,Flat", "IDMap2,IVF16,Flat", "IVF16_HNSW8,Flat", "IVF16,SQ8"])
-def test_k_past_the_probed_lists_returns_k_hits(shard, factory):
+def test_k_past_the_probed_lists_returns_k_hits(shard, factory):  # noqa: F811
     out = shard / factory.replace(",", "_")
     petal.index(shard / "a.parquet", out, vectors_column="emb", index_factory=factory, keep_columns="lang",
                 quiet=True)
