@@ -198,9 +198,11 @@ class OutputDir:
         except OSError:
             present = []
         listed = f"versions: {', '.join(present[-5:]) or 'none'}"
-        # NOTE: a pointer that is no version id stops petal index --full too (it reads CURRENT): it goes first
-        rebuild = ("rebuild with petal index --full" if broken is not None else
-                   f"remove {quote_path(self.current_file)} and rebuild with petal index --full")
+        # NOTE: without CURRENT, petal index builds from the store: only shards without a committed entry are
+        # embedded. --full embeds every shard again (hours on a corpus the store holds whole), and a pointer that is
+        # no version id stops it too (it reads CURRENT)
+        rebuild = (f"remove {quote_path(self.current_file)} and rebuild with petal index, which reuses the "
+                   "embeddings in the store (petal index --full embeds every shard again)")
         pick = next((v for v in reversed(present) if v != broken and self.opens(v)), None)
         if pick is None:
             return f"nothing was deleted; no other version passes the checks opening makes ({listed}): {rebuild}"

@@ -115,6 +115,24 @@ def test_a_bad_pointer_deletes_nothing_and_says_how_to_recover(job, pointer):
     assert again.rc == 0 and again.report["status"] == "nothing-to-do"
 
 
+@pytest.mark.parametrize("pointer", ["v000009-20000101T000000Z", "garbage"])
+def test_the_rebuild_the_hint_names_reuses_the_store(job, pointer):
+    """No version left that opens (versions/ lost, the store kept): the hint's rebuild embeds nothing again. It said
+    'rebuild with petal index --full', which embeds every shard again though the store holds them all."""
+    before = IndexReader(job.out).ids.column("id").to_pylist()
+    shutil.rmtree(job.out / "versions")
+    (job.out / "versions").mkdir()
+    (job.out / "CURRENT").write_text(pointer + "\n")
+    refused = job.run()
+    hint = f"remove {job.out / 'CURRENT'} and rebuild with petal index, which reuses the embeddings in the store"
+    assert refused.rc == 78 and hint in refused.last_line, refused.last_line
+    (job.out / "CURRENT").unlink()  # as the hint says
+    result = job.run()
+    assert result.rc == 0 and result.report["status"] == "success", result.stderr
+    assert embedded_ids(job.log) == []
+    assert IndexReader(job.out).ids.column("id").to_pylist() == before
+
+
 def test_the_recovery_hint_names_a_complete_version_not_the_broken_one(job):
     """CURRENT names an entry of versions/ that is no version directory (a plain file): the hint's ``echo``
     names the newest complete version, never the broken entry."""
