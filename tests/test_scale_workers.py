@@ -283,3 +283,25 @@ def test_no_more_workers_start_than_there_are_units(fake_model, tmp_path):
     assert len(worker_pids(log, child.pid)) == 2  # engines loaded
     rows, _ = contents(out)
     assert sorted(r["id"] for r in rows) == sorted(ids)
+
+
+def test_sigterm_ends_the_run_in_bounded_time_when_a_worker_never_reaches_a_batch_boundary(fake_model, tmp_path):
+    """SIGTERM while every worker's engine load hangs (a 10-minute sleep before its "ready"): the workers get the
+    signal, cannot act on it, and are killed once the shutdown grace (30 s) is over; the run ends 143 with no worker
+    left. Before, the coordinator waited for them to end on their own: until the start timeout killed them (600 s by
+    default; before that timeout existed, for ever)."""
+    data, out = tmp_path / "data", tmp_path / "out"
+    write_shards(data, count=3, rows=10)
+    argv = ["index", str(data), "--out", str(out), "--model", str(fake_model), "-q", "--workers", "2"]
+    log = tmp_path / "log.jsonl"
+    child = Petal(argv, {"PETAL_TEST_FAKE_ENGINE": str(log), "PETAL_FAULT": "after_model_load:1:sleep=600"},
+                  tmp_path / "report.json")
+    wait_for(lambda: len(worker_pids(log, child.pid)) == 2)  # both engines created, both loads now hanging
+    workers = worker_pids(log, child.pid)
+    started = time.monotonic()
+    child.send_signal(signal.SIGTERM)
+    rc, stderr, report = child.wait(timeout=150)
+    assert rc == 143 and report["status"] == "interrupted", stderr
+    assert time.monotonic() - started < 90
+    assert not any(alive(pid) for pid in workers), workers
+    assert "Traceback" not in stderr

@@ -14,7 +14,8 @@ are embedded). A worker that has not reported its engine loaded within ``PETAL_W
 of its start (a hung model load, a driver that never answers) is killed and counts as lost the same way. A
 worker's ``PetalError`` (bad input 65, disk 74, ...) stops the run the same way
 with that error's exit code. SIGINT/SIGTERM of the coordinator are passed on to the workers, which
-stop at their next batch boundary. A coordinator that dies (SIGKILL, a second SIGTERM) leaves no
+stop at their next batch boundary; one that has not ended ``SHUTDOWN_GRACE_S`` later (a hung model load or step) is
+killed, so the run ends 130/143 in bounded time. A coordinator that dies (SIGKILL, a second SIGTERM) leaves no
 worker behind: each ends at once, quietly, as if killed (``worker.exit_orphaned``).
 """
 
@@ -39,7 +40,7 @@ from petal.pipeline.reliability.signals import StopSignals
 from petal.pipeline.store.embeddings import StoreEntry
 from petal.pipeline.store.ranges import RangeAssembly
 
-SHUTDOWN_GRACE_S = 30.0  # a worker told to stop gets this long to reach a batch boundary, then SIGKILL
+SHUTDOWN_GRACE_S = 30.0  # a worker told to stop (a signal, the run's end) gets this long to end, then SIGKILL
 START_TIMEOUT_ENV = "PETAL_WORKER_START_TIMEOUT"
 DEFAULT_START_TIMEOUT_S = 600.0  # from a worker's spawn to its "ready" (imports, engine load, CUDA init)
 
@@ -146,13 +147,14 @@ def embed_in_pool(plan: WorkerPlan, slots: list[WorkerSlot], report: RunReport, 
                 process.start()
             theirs.close()  # NOTE: only the child holds it now, so its death is an EOF here
             pool.add(slot, process, ours)
-        forwarded = False
         yield from assembly.ready()  # shards whose every range an earlier run committed
         while not pool.finished:
-            if stop.requested and not forwarded:  # pass the signal on: workers stop at a batch boundary
+            if stop.requested and pool.stop_deadline is None:  # pass the signal on: workers stop at a batch boundary
                 pool.stopping = True
                 pool.signal_all(stop.signum)  # type: ignore[arg-type]  # set: stop.requested says so
-                forwarded = True
+                pool.stop_deadline = time.monotonic() + SHUTDOWN_GRACE_S
+            elif pool.stop_deadline is not None and time.monotonic() > pool.stop_deadline:
+                break  # a worker that has not stopped by now (a hung load or step) is killed: shut_down
             for ready in wait(pool.waitables(), timeout=0.2):
                 pool.serve(ready, progress)
             pool.kill_unstarted()
@@ -190,6 +192,7 @@ class _Pool:
         self.commits: list[tuple[int, StoreEntry]] = []  # handled, not yet handed to the run
         self.handed: dict[int, tuple[int, float]] = {}  # unit -> (worker, time.time() when handed), until committed
         self.started: dict[int, float] = {}  # worker -> time.monotonic() at its spawn
+        self.stop_deadline: float | None = None  # time.monotonic() by which workers told to stop are killed
 
     def add(self, slot: WorkerSlot, process: Any, conn: Any) -> None:
         self.processes.append(process)
@@ -310,9 +313,9 @@ class _Pool:
 
     def shut_down(self) -> None:
         """Every worker ends: asked with SIGTERM (it stops at a batch boundary), killed after a grace period."""
-        if any(p.is_alive() for p in self.processes) and not self.finished:
+        if any(p.is_alive() for p in self.processes) and not self.finished and self.stop_deadline is None:
             self.signal_all(signal.SIGTERM)
-        deadline = time.monotonic() + SHUTDOWN_GRACE_S
+        deadline = self.stop_deadline if self.stop_deadline is not None else time.monotonic() + SHUTDOWN_GRACE_S
         for process in self.processes:
             process.join(max(0.0, deadline - time.monotonic()))
             if process.is_alive():
