@@ -7,6 +7,7 @@ import math
 import threading
 import weakref
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -251,16 +252,21 @@ class IndexReader:
             if refine is not None:
                 self._candidates_per_hit = max(1, math.ceil(params.get("k_factor_rf", refine.k_factor)))
 
-    def _params_for(self, k: int) -> dict[str, int]:
+    def _params_for(self, k: int, matches: int | None = None) -> dict[str, int]:
         """The search parameters of a search for ``k`` hits: an HNSW's efSearch raised to the candidates the search
-        must return (``k``, times a refine wrapper's ``k_factor_rf``; at most the vectors held) where the tuned one
-        is less.
+        must return (``k``, times a refine wrapper's ``k_factor_rf``; for a filter that ``matches`` that many
+        vectors, times the vectors walked past for each match, ``ntotal / matches``; at most the vectors held) where
+        the tuned one is less.
 
         NOTE: FAISS's HNSW search returns at most about efSearch candidates, not ``k``: with the tuned efSearch 16, a
-        400-vector index answered k=400 with ~125 hits (and a ``--where`` search the same)."""
+        400-vector index answered k=400 with ~125 hits. A filtered one walks through the rows the filter rejects
+        (``_widened`` searches again the queries left short)."""
         if self._hnsw_ef is None:
             return self.search_params
-        needed = min(k * self._candidates_per_hit, self.ntotal)
+        needed = k * self._candidates_per_hit
+        if matches:  # NOTE: none: FAISS finds nothing at any efSearch (and says whether the index filters)
+            needed = math.ceil(needed * self.ntotal / matches)
+        needed = min(needed, self.ntotal)
         return self.search_params if needed <= self._hnsw_ef else {**self.search_params, "efSearch": needed}
 
     @property
@@ -291,7 +297,7 @@ class IndexReader:
         selector = self.selector(where) if where else None
         self._parallel_for(len(vectors))
         queries = np.ascontiguousarray(vectors, dtype=np.float32)
-        search_params = self._params_for(k_eff)
+        search_params = self._params_for(k_eff, None if selector is None else min(selector.count, self.ntotal))
         if selector is not None:
             params = selector.params(self.index, search_params)
         elif search_params is self.search_params:
@@ -328,30 +334,45 @@ class IndexReader:
 
     def _widened(self, queries: np.ndarray, k: int, scores: np.ndarray, ids: np.ndarray,
                  search_params: dict[str, int], selector: Any) -> tuple[np.ndarray, np.ndarray]:
-        """An IVF search's answers, the queries answered with fewer than ``k`` hits (or than the documents
-        ``selector`` matches) searched again with 4x the lists probed, up to every list: k hits, as an exact index
-        gives them.
+        """An IVF or HNSW search's answers, the queries answered with fewer than ``k`` hits (or than the documents
+        ``selector`` matches) searched again with wider parameters (``_wider``) until they have them or the
+        parameters reach every vector: k hits, as an exact index gives them.
 
         NOTE: FAISS's IVF search looks only in the nprobe lists nearest the query: a 400-vector IVF16 index at
-        nprobe 1 answered k=400 with the ~30 vectors of one list (and a ``--where`` search with the matches in it)."""
-        if self._ivf is None:
-            return scores, ids
+        nprobe 1 answered k=400 with the ~30 vectors of one list (and a ``--where`` search with the matches in it).
+        Its filtered HNSW search walks through the rows the filter rejects and stops after about efSearch candidates
+        of any kind: at efSearch 16, a filter matching one row of 300 found it for 2 queries of 5."""
         from petal.pipeline.index.filters import search_parameters
 
         want = k if selector is None else min(k, selector.count)
-        nlist = int(self._ivf.nlist)
-        nprobe = int(search_params.get("nprobe", self._ivf.nprobe))
         short = np.flatnonzero((ids >= 0).sum(axis=1) < want)
-        while len(short) and nprobe < nlist:
-            nprobe = min(nlist, 4 * nprobe)
-            wider = {**search_params, "nprobe": nprobe}
-            if "quantizer_efSearch" in wider:  # an HNSW quantizer finds at most about efSearch lists
-                wider["quantizer_efSearch"] = max(wider["quantizer_efSearch"], 2 * nprobe)
+        for wider in self._wider(search_params):
+            if not len(short):
+                break
             params = search_parameters(self.index, wider, None if selector is None else selector.selector)
             found_scores, found_ids = self.index.search(queries[short], k, params=params)  # type: ignore[call-arg]
             scores[short], ids[short] = found_scores, found_ids
             short = short[(found_ids >= 0).sum(axis=1) < want]
         return scores, ids
+
+    def _wider(self, search_params: dict[str, int]) -> Iterator[dict[str, int]]:
+        """``search_params`` widened 4x a step until they reach every vector: an IVF's lists probed (its HNSW
+        quantizer's efSearch with them), up to every list; an HNSW's efSearch, up to the vectors held (every node
+        its graph reaches); nothing for other indexes, which search every vector they hold."""
+        if self._ivf is not None:
+            nlist = int(self._ivf.nlist)
+            nprobe = int(search_params.get("nprobe", self._ivf.nprobe))
+            while nprobe < nlist:
+                nprobe = min(nlist, 4 * nprobe)
+                wider = {**search_params, "nprobe": nprobe}
+                if "quantizer_efSearch" in wider:  # an HNSW quantizer finds at most about efSearch lists
+                    wider["quantizer_efSearch"] = max(wider["quantizer_efSearch"], 2 * nprobe)
+                yield wider
+        elif self._hnsw_ef is not None:
+            ef = max(1, int(search_params.get("efSearch", self._hnsw_ef)))
+            while ef < self.ntotal:
+                ef = min(self.ntotal, 4 * ef)
+                yield {**search_params, "efSearch": ef}
 
     def _hits(self, scores: np.ndarray, ids: np.ndarray, valid: np.ndarray, flat: np.ndarray) -> list[list[Hit]]:
         """The hits of a search (``ids [nq, k]``, -1 where FAISS found none; ``flat``: the valid ones, row by row),
