@@ -19,10 +19,14 @@ KEY_TREES = ("shards", "parts", *SIDE_TREES)  # the store's directories that hol
 
 def real_dirs(root: Path) -> list[Path]:
     """The directories in ``root`` a walk of the store may enter and delete under, sorted: never a symbolic link (its
-    target may lie anywhere, outside OUT too) nor a file; none when ``root`` itself is not a real directory."""
+    target may lie anywhere, outside OUT too) nor a file; none when ``root`` itself is not a real directory, or one
+    petal may not list (as a glob skips it: the reads that need it name it)."""
     if root.is_symlink() or not root.is_dir():
         return []
-    return sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink())
+    try:
+        return sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink())
+    except OSError:
+        return []
 
 
 def side_file(entry_dir: Path, tree: str) -> Path:
