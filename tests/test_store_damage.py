@@ -132,3 +132,35 @@ def test_an_entry_of_an_older_petal_without_checksums_is_still_reused(job):
     result, log = job.run()
     assert result.rc == 0 and "damaged" not in result.stderr, result.stderr
     assert {doc[0] for doc in embedded_ids(log)} == {"b"}  # a reused: no re-embedding storm after an upgrade
+
+
+def _lookup_without_file_descriptors(store_root: str, source: str, fingerprint: str) -> None:
+    """``lookup`` of a whole entry in a process that has no file descriptor left (RLIMIT_NOFILE at the lowest free
+    one): every open fails with EMFILE, the host's failure. Exit 0 when that is 74 naming it, the entry in place."""
+    import errno as errnos
+    import os
+    import resource
+
+    from petal.pipeline.reliability.errors import PetalIOError
+    from petal.pipeline.store.embeddings import EmbeddingStore
+
+    store = EmbeddingStore(Path(store_root))
+    lowest_free = os.open(os.devnull, os.O_RDONLY)
+    os.close(lowest_free)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (lowest_free, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    try:
+        store.lookup(source, fingerprint)
+    except PetalIOError as exc:
+        os._exit(0 if os.strerror(errnos.EMFILE) in str(exc) else 3)
+    os._exit(4)  # taken as damaged (moved out, embedded again) or read whole: not what the test is about
+
+
+def test_a_read_of_an_entry_the_host_fails_is_74_and_the_entry_is_kept(job):
+    """EIO, EMFILE, ENOMEM reading a store entry are the host's (promise 11), not damage: the entry was moved out of
+    the store and embedded again (lost for good for a shard an additive run keeps, whose source is gone)."""
+    entry = job.entry_of("a")
+    source = json.loads((entry / "entry.json").read_text())["source"]["abs_path"]
+    before = sorted(p.name for p in entry.iterdir())
+    rc, stderr = forkrun.call(_lookup_without_file_descriptors, (str(job.out / "store"), source, entry.name))
+    assert rc == 0, stderr
+    assert sorted(p.name for p in entry.iterdir()) == before

@@ -48,6 +48,7 @@ from petal.pipeline.reliability.errors import (
     NoInputError,
     OutputError,
     PetalError,
+    PetalIOError,
     one_line,
     quote_path,
     writing,
@@ -115,6 +116,36 @@ def store_denied(exc: BaseException, root: Path, near: Path) -> NoInputError | N
                                                                                 effective_ids=effective):
             return denied(parent)
     return denied(path)
+
+
+def host_failed(exc: BaseException, near: Path) -> PetalIOError | None:
+    """A read of a store entry that failed for the host, not the entry (in ``exc`` or what it was raised from: EIO,
+    EMFILE, ENOMEM... as ``read_errors`` tells them apart, out of memory): 74 naming the file (``near`` when the error
+    names none). Not damage: a good entry moved out of the store on a passing error was embedded again, or lost for
+    good when its source is gone (a shard an additive run keeps). ``None`` for any other error."""
+    from petal.pipeline.index.read_errors import HOST_STRERRORS, host_os_error
+
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, MemoryError):
+            return PetalIOError(f"cannot read the store entry {quote_path(near)}: out of memory; free memory, then "
+                                "retry")
+        if isinstance(cause, OSError):
+            filename = getattr(cause, "filename", None)
+            path = Path(os.fsdecode(filename)) if filename else near
+            if cause.errno is not None:
+                failed = host_os_error(path, cause)
+                if failed is not None:
+                    return failed
+            else:  # NOTE: pyarrow's errors carry no errno, only the system's message
+                reason = next((r for r in HOST_STRERRORS if r in str(cause)), None)
+                if reason is not None:
+                    return PetalIOError(f"cannot read {quote_path(path)}: {reason}; the host failed, not the file: "
+                                        "free memory or file descriptors, or fix the disk, then retry")
+        cause = cause.__cause__ or cause.__context__
+    return None
 
 
 def store_listing(directory: Path, root: Path) -> list[Path]:
@@ -274,7 +305,7 @@ class EmbeddingStore:
         except (OSError, DamagedEntry) as exc:
             if isinstance(exc, FileNotFoundError):
                 raise
-            refused = store_denied(exc, self.root, path)
+            refused = store_denied(exc, self.root, path) or host_failed(exc, path)
             if refused is None:
                 raise
             raise refused from exc
