@@ -79,9 +79,12 @@ def bench() -> None:
 @bench.command("cpu")
 @click.option("--corpus", type=PATH, default=Path("sample_data"), show_default=True,
               help="Parquet files whose sentences build the benchmark texts.")
-@click.option("--texts", "num_texts", type=click.IntRange(min=16), default=2000, show_default=True)
-@click.option("--rounds", type=click.IntRange(min=1), default=3, show_default=True)
-@click.option("--token-budget", type=click.IntRange(min=256), default=4096, show_default=True)
+@click.option("--texts", "num_texts", type=click.IntRange(min=16), default=2000, show_default=True,
+              help="Texts embedded per system and round (lengths lognormal, median 150 tokens).")
+@click.option("--rounds", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Interleaved rounds per system; the median is reported.")
+@click.option("--token-budget", type=click.IntRange(min=256), default=4096, show_default=True,
+              help="petal's tokens per engine step (as petal index --token-budget).")
 @click.option("--model", type=MODEL_DIR, default=None,
               help="Model directory (default: the packaged all-MiniLM-L6-v2).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
@@ -101,15 +104,20 @@ def bench_cpu(corpus: Path, num_texts: int, rounds: int, token_budget: int, mode
               show_default=True, help="Model shape (random weights).")
 @click.option("--scenario", "scenarios", default="t1,t2,l1,ceiling", show_default=True,
               help="Comma-separated: t1, t2, l1, ceiling.")
-@click.option("--token-budget", type=click.IntRange(min=512), default=16384, show_default=True)
-@click.option("--max-seqs", type=click.IntRange(min=1), default=256, show_default=True)
+@click.option("--token-budget", type=click.IntRange(min=512), default=16384, show_default=True,
+              help="Tokens per engine step (as petal index --token-budget).")
+@click.option("--max-seqs", type=click.IntRange(min=1), default=256, show_default=True,
+              help="Sequences per engine step (as petal index --max-seqs).")
 @click.option("--attention", type=click.Choice(["auto", "flashinfer", "torch", "sdpa"]), default="auto",
-              show_default=True)
-@click.option("--no-cuda-graphs", is_flag=True)
+              show_default=True, help="Attention kernel (as petal index --attention).")
+@click.option("--no-cuda-graphs", is_flag=True, help="Run the engine eagerly (as petal index --no-cuda-graphs).")
 @click.option("--no-baseline", is_flag=True, help="Skip Hugging Face transformers.")
-@click.option("--t1-docs", type=click.IntRange(min=64), default=2048, show_default=True)
-@click.option("--t2-docs", type=click.IntRange(min=64), default=8192, show_default=True)
-@click.option("--latency-calls", type=click.IntRange(min=10), default=1000, show_default=True)
+@click.option("--t1-docs", type=click.IntRange(min=64), default=2048, show_default=True,
+              help="T1: documents embedded, each of 512 tokens (the model's limit when lower).")
+@click.option("--t2-docs", type=click.IntRange(min=64), default=8192, show_default=True,
+              help="T2: documents of lognormal length (median 150 tokens) embedded.")
+@click.option("--latency-calls", type=click.IntRange(min=10), default=1000, show_default=True,
+              help="L1: one-query steps timed at 16 and at 128 tokens (p50 and p99 reported).")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON lines.")
 @bench_errors(writes=False)
 def bench_gpu(shapes: tuple[str, ...], scenarios: str, token_budget: int, max_seqs: int, attention: str,
@@ -142,11 +150,13 @@ def bench_gpu(shapes: tuple[str, ...], scenarios: str, token_budget: int, max_se
               help="Instead of --model: random weights in this shape, saved to a temp dir.")
 @click.option("--tokenizer-dir", type=PATH, default=None,
               help="With --shape: where tokenizer.json (and vocab) come from (default: the packaged MiniLM's).")
-@click.option("--corpus", type=PATH, default=Path("sample_data"), show_default=True)
+@click.option("--corpus", type=PATH, default=Path("sample_data"), show_default=True,
+              help="Parquet files whose sentences build the benchmark documents.")
 @click.option("--docs", "num_docs", default="50000", show_default=True,
               help="Documents in the generated corpus; comma-separated for one run per size (one model, one "
                    "engine-T2 measure) and a side-by-side table.")
-@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+              help="Where the model runs (as petal index --device).")
 @click.option("--no-baseline", is_flag=True, help="Skip sentence-transformers.")
 @click.option("--tokenize-workers", default="2", show_default=True,
               help="Comma-separated: one petal run (after its own tokenizer-only run) per value.")
@@ -158,7 +168,7 @@ def bench_gpu(shapes: tuple[str, ...], scenarios: str, token_budget: int, max_se
               help="petal's --index-factory (auto: the planner and tuner, as petal index runs by default).")
 @click.option("--engine-t2/--no-engine-t2", default=None,
               help="Also time the engine alone on T2 lengths [default: on with CUDA].")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON lines.")
 @bench_errors(writes=True)
 def bench_e2e(model: str | None, shape: str | None, tokenizer_dir: Path | None, corpus: Path, num_docs: str,
               device: str, no_baseline: bool, tokenize_workers: str, devices: str | None, workers: int | None,
@@ -225,13 +235,18 @@ def bench_e2e(model: str | None, shape: str | None, tokenizer_dir: Path | None, 
 
 
 @bench.command("index")
-@click.option("--vectors", "num_vectors", type=click.IntRange(min=1000), default=1_000_000, show_default=True)
-@click.option("--dim", "dims", type=click.IntRange(min=8), multiple=True, default=[384, 1024], show_default=True)
-@click.option("--queries", "num_queries", type=click.IntRange(min=10), default=1000, show_default=True)
+@click.option("--vectors", "num_vectors", type=click.IntRange(min=1000), default=1_000_000, show_default=True,
+              help="Clustered random vectors indexed per scenario.")
+@click.option("--dim", "dims", type=click.IntRange(min=8), multiple=True, default=[384, 1024], show_default=True,
+              help="Vector dimension; repeat for one scenario per dimension.")
+@click.option("--queries", "num_queries", type=click.IntRange(min=10), default=1000, show_default=True,
+              help="Held-out query vectors searched (recall@10 against exact search, queries/s).")
 @click.option("--index-memory", "memories", multiple=True, default=["8G"], show_default=True,
               help="petal's memory budget; repeat for one petal row per budget.")
-@click.option("--target-recall", type=click.FloatRange(0.0, 1.0, min_open=True), default=0.95, show_default=True)
-@click.option("--shards", "num_shards", type=click.IntRange(min=1), default=10, show_default=True)
+@click.option("--target-recall", type=click.FloatRange(0.0, 1.0, min_open=True), default=0.95, show_default=True,
+              help="petal's --target-recall.")
+@click.option("--shards", "num_shards", type=click.IntRange(min=1), default=10, show_default=True,
+              help="Store entries the vectors are split into (as shards of petal index).")
 @click.option("--factory", default="auto", show_default=True, help="petal's --index-factory.")
 @click.option("--no-baseline", is_flag=True, help="Skip the IVF4096,Flat baseline (IndexFlatIP always runs: "
               "it is the ground truth).")
@@ -275,8 +290,10 @@ def bench_index(num_vectors: int, dims: tuple[int, ...], num_queries: int, memor
 @bench.command("outputs")
 @click.option("--corpus", type=PATH, default=Path("sample_data"), show_default=True,
               help="Parquet files whose sentences build the documents and queries.")
-@click.option("--docs", "num_docs", type=click.IntRange(min=100), default=3000, show_default=True)
-@click.option("--queries", "num_queries", type=click.IntRange(min=10), default=200, show_default=True)
+@click.option("--docs", "num_docs", type=click.IntRange(min=100), default=3000, show_default=True,
+              help="Texts embedded and indexed in each format.")
+@click.option("--queries", "num_queries", type=click.IntRange(min=10), default=200, show_default=True,
+              help="Further texts searched as queries (recall@10 against exact float32 search).")
 @click.option("--dims", default="384,128", show_default=True, help="Comma-separated --dim values to measure.")
 @click.option("--model", type=MODEL_DIR, default=None,
               help="Model directory (default: the packaged all-MiniLM-L6-v2).")
@@ -361,7 +378,8 @@ def _int_list(value: str, name: str) -> tuple[int, ...]:
               help="With --index-docs: median tokens per text (shorter texts build a large index sooner).")
 @click.option("--workdir", type=PATH, default=None,
               help="Where a built index goes (reused when it holds one) and the server log.")
-@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+              help="Where the server's model runs (petal serve --device).")
 @click.option("--endpoints", default="embeddings,search", show_default=True, help="Comma-separated.")
 @click.option("--tokens", default="16,128", show_default=True, help="Query lengths (tokens), comma-separated.")
 @click.option("--concurrency", default="1,16,64", show_default=True, help="Clients at once, comma-separated.")
@@ -369,7 +387,7 @@ def _int_list(value: str, name: str) -> tuple[int, ...]:
               help="Requests per scenario, at most.")
 @click.option("--seconds", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
               help="Seconds per scenario, at most.")
-@click.option("-k", "k", type=click.IntRange(min=1), default=10, show_default=True)
+@click.option("-k", "k", type=click.IntRange(min=1), default=10, show_default=True, help="Hits per /search request.")
 @click.option("--client-processes", type=click.IntRange(min=1), default=None,
               help="Load-generator processes (default: cores / 4, at most 8).")
 @click.option("--serve-arg", "serve_args", multiple=True,
@@ -451,7 +469,8 @@ def _serve_outputs(workdir: Path, shape: str | None, build: bool, docs: bool) ->
 @click.option("--text", default="how do glaciers move", show_default=True, help="What petal embed embeds.")
 @click.option("--vectors", "num_vectors", type=click.IntRange(min=1000), default=200_000, show_default=True,
               help="Open + query: vectors in the index (1000000 with --dim 1024 for the issue's 4 GB case).")
-@click.option("--dim", type=click.IntRange(min=8), default=384, show_default=True)
+@click.option("--dim", type=click.IntRange(min=8), default=384, show_default=True,
+              help="Open + query: the dimension of the index's vectors.")
 @click.option("--index-factory", "factory", default="auto", show_default=True,
               help="FAISS factory of the opened index (auto: petal's rule, Flat up to 50k vectors, IVF above).")
 @click.option("--shape", "shape_name", type=click.Choice(SHAPE_NAMES), default="minilm",

@@ -76,8 +76,8 @@ def index(sources: tuple[str, ...], out: Path, model: str | None, id_column: str
 
     Shards already embedded with the same content and settings are reused; a run with nothing
     changed publishes nothing new. The last line on stderr says what happened; the exit code is
-    the contract of the README (0 ok, 65 bad input, 66 no input, 73/74 output, 75 retry,
-    78 configuration, 130/143 interrupted).
+    the contract of the README (0 ok, 2 usage, 65 bad input, 66 no input, 73 cannot create output,
+    74 I/O error, 75 retry, 78 configuration, 129/130/143 interrupted).
     """
     from petal.pipeline.jobs.report import RunReport
     from petal.pipeline.reliability.signals import StopSignals

@@ -55,8 +55,9 @@ MODEL_FLAGS = ("model", "device", "dtype", "attention", "query_prompt", "allow_p
               help="Only documents matching EXPR, on --keep-columns: \"lang = 'en' AND year IN (2020, 2021)\" "
                    "(applied inside the FAISS search). Literals: 'strings', numbers, true, false; each of its "
                    "column's kind (topic = 5 on a string column is an error).")
-@click.option("--model", type=MODEL_DIR, default=None,
-              help="Model directory, if it moved since indexing (weights must match).")
+@click.option("--model", type=MODEL_DIR, default=None, metavar="PATH|HF_ID",
+              help="The index's model, if it moved since indexing (weights must match): a local model directory, "
+                   "or a Hugging Face model id already in the local cache.")
 @click.option("--nprobe", type=click.IntRange(min=1, max=MAX_NPROBE), default=None,
               help="Override the tuned IVF nprobe.")
 @click.option("--rescore", type=click.IntRange(min=0, max=MAX_RESCORE), default=None,

@@ -84,9 +84,9 @@ def missing_serve_extra() -> list[str]:
 @click.command()
 # NOTE: readable=False: click's own check made an unreadable OUT a usage error (2); the run judges it (66)
 @click.argument("index_path", metavar="[OUT]", required=False, type=PATH)
-@click.option("--model", type=MODEL_DIR, default=None,
-              help="Model directory: alone, embeddings only; with OUT, if the index's "
-              "model moved (the weights must match).")
+@click.option("--model", type=MODEL_DIR, default=None, metavar="PATH|HF_ID",
+              help="A local model directory, or a Hugging Face model id already in the local cache: alone, "
+                   "embeddings only; with OUT, the index's model if it moved (the weights must match).")
 @click.option("--host", type=NON_EMPTY, default="127.0.0.1", show_default=True,
               help="Address to listen on (0.0.0.0: all).")
 @click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True, help="Port (0: any free).")
@@ -101,10 +101,11 @@ def missing_serve_extra() -> list[str]:
               help="Tokens per text, prompt included (default: the model's max length).")
 @click.option("--max-k", type=click.IntRange(min=1), default=1000, show_default=True, help="Largest k of /search.")
 @click.option("--max-body-bytes", type=click.IntRange(min=1024), default=4 << 20, show_default=True,
-              help="Bytes of one request's body (then 413).")
+              help="Bytes of one request's body (then 413); the default is 4 MiB.")
 @click.option("--max-body-bytes-in-flight", type=click.IntRange(min=1024), default=64 << 20, show_default=True,
               help="Request body bytes held at once by all requests together (being read, parsed or served); "
-                   "beyond it a request gets 503 with Retry-After, so memory stays bounded. At least --max-body-bytes.")
+                   "beyond it a request gets 503 with Retry-After, so memory stays bounded. At least --max-body-bytes; "
+                   "the default is 64 MiB.")
 @click.option("--max-queue-texts", type=click.IntRange(min=1), default=4096, show_default=True,
               help="Texts waiting for the engine; beyond it requests get 503 with Retry-After.")
 @click.option("--token-budget", type=click.IntRange(min=64), default=None,
@@ -114,7 +115,8 @@ def missing_serve_extra() -> list[str]:
 @click.option("--nprobe", type=click.IntRange(min=1, max=MAX_NPROBE), default=None,
               help="Override the tuned IVF nprobe.")
 @click.option("--rescore", type=click.IntRange(min=0, max=MAX_RESCORE), default=None,
-              help="Binary indexes: rescoring factor.")
+              help="Binary indexes: re-rank N x k Hamming candidates with float vectors (default 10; 0: Hamming "
+                   "only).")
 @click.option("--reload-interval-s", type=click.FloatRange(min=0.05), default=1.0, show_default=True,
               help="How often OUT/CURRENT is checked for a new version.")
 @click.option("--drain-timeout-s", type=click.FloatRange(min=0), default=30.0, show_default=True,
@@ -145,7 +147,7 @@ def missing_serve_extra() -> list[str]:
 @click.option("--served-model-name", type=NON_EMPTY, default=None,
               help="The model id of /v1/models (default: the directory name).")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
-              show_default=True)
+              show_default=True, help="Which of the server's own log lines (and uvicorn's) are printed.")
 @click.option("--access-log", is_flag=True, help="Log every request (uvicorn's access log).")
 @device_options
 @loading_options

@@ -7,8 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import click
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+README = Path(__file__).resolve().parents[1] / "README.md"
 
 
 def _petal(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -57,3 +60,104 @@ def test_an_index_memory_that_is_no_size_names_the_flag(tmp_path: Path) -> None:
         assert done.returncode == 2, done.stderr
         assert "--index-memory" in done.stderr and "'12Q'" in done.stderr, done.stderr
         assert "Traceback" not in done.stderr, done.stderr
+
+
+def _commands() -> dict[str, click.Command]:
+    """Every petal command by its name as typed (``index``, ``bench serve``)."""
+    from petal.cli.main import cli
+
+    found: dict[str, click.Command] = {}
+
+    def walk(command: click.Command, name: str) -> None:
+        if isinstance(command, click.Group):
+            for sub_name, sub in command.commands.items():
+                walk(sub, f"{name} {sub_name}".strip())
+        else:
+            found[name] = command
+
+    walk(cli, "")
+    return found
+
+
+def _options(command: click.Command) -> list[click.Option]:
+    return [param for param in command.params if isinstance(param, click.Option) and not param.hidden]
+
+
+def _synopses() -> dict[str, str]:
+    """The README's synopsis of each command: the Commands block, and petal serve's in Serving."""
+    readme = README.read_text()
+    blocks = [readme.split("## Commands\n\n```\n", 1)[1].split("```", 1)[0],
+              re.findall(r"```\n(petal serve \[OUT\] \[--model.*?)```", readme, re.S)[-1]]
+    synopses: dict[str, str] = {}
+    for block in blocks:
+        name = None
+        for line in block.splitlines():
+            match = re.match(r"petal (\w+)", line)
+            if match:
+                name = match.group(1)
+            if name is not None:
+                synopses[name] = synopses.get(name, "") + line + "\n"
+    return synopses
+
+
+def test_every_option_says_what_it_does_in_help() -> None:
+    """`petal index --help` showed `--metric [ip|l2]` with no word of what either does, `petal serve --help` a bare
+    `--log-level`, and 23 `petal bench` flags (`--texts`, `--rounds`, `--queries`, `--shards`, `--t1-docs`, ...) only
+    their defaults: every option of every command has a help text."""
+    bare = [f"petal {name} {option.opts[-1]}" for name, command in _commands().items() for option in _options(command)
+            if not (option.help or "").strip()]
+    assert not bare, bare
+
+
+def test_every_flag_in_help_is_described_in_the_readme() -> None:
+    """`petal bench cpu --texts/--rounds`, `index --queries/--shards`, `outputs --queries`, `e2e --engine-t2/
+    --tokenize-workers` and `serve --concurrency/--endpoints/--index-doc-tokens/--serve-arg` were in --help and
+    nowhere in the README."""
+    readme = README.read_text()
+    missing = [f"petal {name} {option.opts[-1]}" for name, command in _commands().items()
+               for option in _options(command)
+               if not any(re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", readme)
+                          for flag in (*option.opts, *option.secondary_opts))]
+    assert not missing, missing
+
+
+def _placeholder(word: str) -> bool:
+    """A synopsis value that names what to give (``N``, ``PATH|HF_ID``, ``FILE|-``, ``...``), not a default."""
+    return not re.search(r"[a-z0-9]", re.sub(r"[A-Z][\w.]*", "", word)) or " " in word or word.startswith("[")
+
+
+def test_readme_synopses_name_real_flags_with_their_defaults_and_choices() -> None:
+    """Every `[--flag VALUE]` of the README's synopses is a flag of that command; a choice list is the flag's choices,
+    a literal value its default (`--max-texts 256`, `-k 10`), and a placeholder its metavar where --help shows one
+    (`--model PATH|HF_ID`: `petal query --help` and `petal serve --help` said DIRECTORY, though both take a Hugging
+    Face id, as the README's synopsis says)."""
+    commands = _commands()
+    wrong: list[str] = []
+    for name, synopsis in _synopses().items():
+        command = commands.get(name)
+        if command is None:  # petal bench: its subcommands have sections of their own
+            continue
+        by_flag = {opt: option for option in _options(command) for opt in (*option.opts, *option.secondary_opts)}
+        for flag, value in re.findall(r"\[(--?[\w-]+)(?: ((?:[^\[\]]|\[[^\]]*\])+))?\]", synopsis):
+            option = by_flag.get(flag)
+            if option is None:
+                wrong.append(f"petal {name} {flag}: no such flag")
+                continue
+            if not value or value == "...":
+                continue
+            if isinstance(option.type, click.Choice) and "|" in value:
+                if set(value.split("|")) != set(option.type.choices):
+                    wrong.append(f"petal {name} {flag} {value}: choices are {'|'.join(option.type.choices)}")
+            elif _placeholder(value):
+                if option.metavar is not None and value != option.metavar:
+                    wrong.append(f"petal {name} {flag} {value}: --help shows {option.metavar}")
+                if flag == "--model" and value != option.metavar:
+                    wrong.append(f"petal {name} --model {value}: --help shows {option.metavar or option.type.name}")
+            elif "|" not in value:
+                default = option.default
+                same = (str(default) == value or (isinstance(default, (int, float)) and not isinstance(default, bool)
+                                                  and float(default) == float(value))
+                        or f"default: {value}" in (option.help or ""))
+                if not same:
+                    wrong.append(f"petal {name} {flag} {value}: default {default!r}")
+    assert not wrong, wrong
