@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from petal.cli.common import PATH, user_errors
+from petal.cli.common import PATH, user_errors, write_stdout
 from petal.pipeline.reliability.errors import quote_path
 
 if TYPE_CHECKING:
@@ -62,9 +62,10 @@ def info(index_path: Path, as_json: bool) -> None:
         checked, damage = None, exc
     if as_json:
         failure = {} if damage is None else {"ok": False, "error": str(damage), "exit_code": damage.exit_code}
-        click.echo(json.dumps({"path": str(version_dir), **manifest.to_dict(), **failure}, ensure_ascii=False))
+        write_stdout([json.dumps({"path": str(version_dir), **manifest.to_dict(), **failure}, ensure_ascii=False)],
+                     flush=True)
     else:
-        click.echo(_describe(version_dir, manifest))
+        write_stdout([_describe(version_dir, manifest)], flush=True)  # NOTE: a full stdout is 74 naming stdout
     if damage is not None:
         raise damage
     assert checked is not None

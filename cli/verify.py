@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from petal.cli.common import PATH, PetalClickError, user_errors
+from petal.cli.common import PATH, PetalClickError, user_errors, write_stdout
 from petal.cli.info import JsonFailureCommand, echo_json_failure
 
 if TYPE_CHECKING:
@@ -53,14 +53,15 @@ def verify(out: Path, version: str | None, as_json: bool) -> None:
             echo_json_failure(str(error), error.exit_code)
         raise
     if as_json:
-        click.echo(json.dumps(report.as_dict(), ensure_ascii=False))
+        lines = [json.dumps(report.as_dict(), ensure_ascii=False)]
     else:
         state = {"ok": "ok", "absent": "none recorded (written before petal verify existed)"}
-        click.echo(f"version   {quote_path(version_dir)}")
-        click.echo(f"manifest  own checksum: {state.get(report.manifest_checksum, 'MISMATCH')}")
+        lines = [f"version   {quote_path(version_dir)}",
+                 f"manifest  own checksum: {state.get(report.manifest_checksum, 'MISMATCH')}"]
         for f in report.files:
             label = "ok      " if f.ok else "REFUSED " if f.refused else "MISMATCH"
-            click.echo(f"  {label}  {f.name}" + (f"  {f.problem}" if f.problem else ""))
+            lines.append(f"  {label}  {f.name}" + (f"  {f.problem}" if f.problem else ""))
+    write_stdout(lines, flush=True)  # NOTE: a full stdout is 74 naming stdout
     if not report.ok:
         bad = [f"{f.name} ({f.problem})" for f in report.files if not f.ok]
         if report.manifest_checksum not in ("ok", "absent"):

@@ -29,11 +29,15 @@ def small_index(tmp_path_factory, tiny_bert_dir):
     return root / "out"
 
 
-@pytest.mark.parametrize("command", ["query", "query --stdin", "embed"])
+@pytest.mark.parametrize("command", ["query", "query --stdin", "embed", "info", "info --json", "verify",
+                                     "verify --json"])
 def test_a_full_stdout_is_74_naming_stdout(small_index, tiny_bert_dir, command):
+    """(petal info and petal verify, text and --json, said "I/O error on a file" too.)"""
     args = {"query": ["query", str(small_index), "document", "--json"],
             "query --stdin": ["query", str(small_index), "--stdin"],
-            "embed": ["embed", "document", "--model", str(tiny_bert_dir)]}[command]
+            "embed": ["embed", "document", "--model", str(tiny_bert_dir)],
+            "info": ["info", str(small_index)], "info --json": ["info", str(small_index), "--json"],
+            "verify": ["verify", str(small_index)], "verify --json": ["verify", str(small_index), "--json"]}[command]
     env = {k: v for k, v in os.environ.items() if not k.startswith("PETAL_")}
     with open("/dev/full", "wb") as full:
         result = subprocess.run([sys.executable, "-m", "petal.cli.main", *args], input=b"document\n", stdout=full,
