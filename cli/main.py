@@ -36,8 +36,8 @@ def cli() -> None:
     petal serve /tmp/idx --port 8080
 
     Exit codes: 0 ok, 1 bug, 2 usage, 65 bad input, 66 no input, 73 cannot create output,
-    74 I/O error, 75 temporary (retry), 78 configuration, 129/130/143 interrupted by SIGHUP/SIGINT/SIGTERM,
-    141 stdout closed by its reader.
+    74 I/O error, 75 temporary (retry), 78 configuration, 129/130/143 interrupted by SIGHUP/SIGINT/SIGTERM
+    (138/140: SIGUSR1/SIGUSR2), 141 stdout closed by its reader.
     """
     offline()
 
