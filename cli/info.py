@@ -87,8 +87,15 @@ def _open(index_path: Path) -> tuple[Path, Manifest, VersionLease]:
 
 
 def echo_json_failure(message: str, exit_code: int) -> None:
-    """What ``--json`` prints when there is no manifest to print: petal verify --json's failure object."""
-    click.echo(json.dumps({"ok": False, "error": message, "exit_code": exit_code}, ensure_ascii=False))
+    """What ``--json`` prints when there is no manifest to print: petal verify --json's failure object. A stdout that
+    cannot take it is said on stderr; the failure itself keeps its message and exit code (its caller raises it)."""
+    from petal.pipeline.reliability.errors import PetalIOError, one_line
+
+    try:
+        write_stdout([json.dumps({"ok": False, "error": message, "exit_code": exit_code}, ensure_ascii=False)],
+                     flush=True)
+    except PetalIOError as exc:
+        click.echo(f"petal: warning: {one_line(str(exc))} (the --json failure object)", err=True)
 
 
 def _describe(version_dir: Path, manifest: Manifest) -> str:

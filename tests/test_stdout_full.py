@@ -45,3 +45,17 @@ def test_a_full_stdout_is_74_naming_stdout(small_index, tiny_bert_dir, command):
     err = result.stderr.decode()
     assert result.returncode == 74, err
     assert "stdout" in err and "No space left on device" in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("command", ["info", "verify"])
+def test_a_json_failure_object_stdout_cannot_take_keeps_the_failure(tmp_path, command):
+    """``--json`` on a path that holds no index, stdout full: the failure's own message and exit code (78) on
+    stderr, and the object that could not be written said there; it was 74 'I/O error on a file' alone, the
+    reason (not an index) lost."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PETAL_")}
+    with open("/dev/full", "wb") as full:
+        result = subprocess.run([sys.executable, "-m", "petal.cli.main", command, str(tmp_path / "none"), "--json"],
+                                stdout=full, stderr=subprocess.PIPE, cwd=REPO, env=env, timeout=300)
+    err = result.stderr.decode()
+    assert result.returncode == 78, err
+    assert "is not a petal index" in err and "stdout" in err and "Traceback" not in err, err
