@@ -158,6 +158,8 @@ def test_sigint_is_130_and_signals_at_any_phase_write_a_report(job):
     result = job.run(fault="after_shard_commit:1:int")
     assert result.rc == 130 and result.report["status"] == "interrupted" and result.report["exit_code"] == 130
     assert result.report["shards"]["embedded"] == 1 and lock_is_free(job.out)
+    assert result.report["rows"]["embedded"] == ROWS  # the committed shard's rows, not 0
+    assert f"(1 embedded, 0 reused), {ROWS} rows embedded" in result.stderr
     result = job.run(fault="after_preflight:1:term")  # before the lock: nothing touched
     assert result.rc == 143 and result.report["status"] == "interrupted" and read_log(job.log) == []
     result = job.run(fault="after_index_build:1:term")  # the index is built but never published

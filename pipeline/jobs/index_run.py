@@ -294,6 +294,7 @@ def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory
                     entries[todo[position]] = entry
                     embedded_now.add(todo[position])
                     report.shards["embedded"] += 1
+                    tally_commit(entry, report)  # NOTE: a run stopped here reports the rows it did embed
                     fault("after_shard_commit", entry.path)
                     if gate is not None:
                         gate.commit(position, entry)
@@ -669,6 +670,15 @@ class WaitClock:
             finally:
                 self.seconds += time.perf_counter() - started
             yield item
+
+
+def tally_commit(entry: StoreEntry, report: RunReport) -> None:
+    """Count a shard this run committed as it commits (a stopped or failed run's report and summary line say the
+    rows of the shards it did embed); ``tally_rows`` counts every named shard once the run goes on."""
+    report.rows["embedded"] += entry.num_embedded
+    report.rows["truncated"] += entry.num_truncated
+    for reason, count in entry.skipped.items():
+        report.skip(reason, count)
 
 
 def tally_rows(entries: list[StoreEntry], report: RunReport, embedded_now: set[int], kept: list[StoreEntry]) -> None:

@@ -136,9 +136,11 @@ def _run(job: IndexJob, column: str, report: RunReport, stop: StopSignals, start
                 report.shards["reused"] += 1
                 continue
             stop.check()
-            entries[i] = _store_shard(store, info, fingerprints[i], settings, column, dim, job, gate, i, reads)
+            entry = _store_shard(store, info, fingerprints[i], settings, column, dim, job, gate, i, reads)
+            entries[i] = entry
             embedded_now.add(i)
             report.shards["embedded"] += 1
+            run.tally_commit(entry, report)  # NOTE: a run stopped here reports the rows it did store
         report.shards["reused"] += len(kept)
         named = [e for e in entries if e is not None]
         run.tally_rows(named, report, embedded_now, kept)
