@@ -117,7 +117,8 @@ def test_a_lone_query_scans_its_lists_on_every_thread(corpus, tmp_path, where, m
     noise = np.random.default_rng(5).standard_normal((80, reader.dim)).astype(np.float32)
     queries = all_vectors(reader)[: len(noise)] + 0.2 * noise
     if where:
-        params = reader.selector(where).params(reader.index, reader.search_params)
+        selector = reader.selector(where)  # NOTE: a filter's search probes more lists, ntotal / matches times more
+        params = selector.params(reader.index, reader._params_for(10, selector.count))
         ref_scores, ref_ids = reader.index.search(queries, 10, params=params)
     else:
         ref_scores, ref_ids = reader.index.search(queries, 10)

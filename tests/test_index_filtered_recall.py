@@ -1,0 +1,51 @@
+"""A ``where`` search of an IVF or HNSW index that matches few documents reaches the recall of an unfiltered one: the
+filtered top 10 as brute force finds them. The tuned nprobe (efSearch) finds enough candidates for k among every
+vector; with a filter matching 1% of them it found ~1% of that, and the search, widened only until it had k hits,
+answered a 20k-vector IVF256 index's 1% filter with recall@10 0.8 (one query 0.3) against 0.99 unfiltered. The
+probed lists (candidates) now grow with the vectors a match stands for, ``ntotal / matches``. Real Parquet, real
+FAISS, the API."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import petal
+
+NUM, DIM, NUM_CLUSTERS = 20000, 16, 100
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("filtered-recall")
+    rng = np.random.default_rng(0)
+    centers = rng.standard_normal((NUM_CLUSTERS, DIM)).astype(np.float32)
+    vectors = (centers[rng.integers(0, NUM_CLUSTERS, NUM)] + 0.5 * rng.standard_normal((NUM, DIM))).astype(np.float32)
+    bucket = rng.integers(0, 100, NUM)
+    pq.write_table(pa.table({"id": list(range(NUM)), "bucket": bucket,
+                             "emb": pa.FixedSizeListArray.from_arrays(pa.array(vectors.ravel()), DIM)}),
+                   root / "a.parquet")
+    queries = (centers[rng.integers(0, NUM_CLUSTERS, 20)] + 0.5 * rng.standard_normal((20, DIM))).astype(np.float32)
+    return root, vectors, bucket, queries
+
+
+@pytest.mark.parametrize("factory", ["IVF256,Flat", "IVF256,SQ8", "HNSW16"])
+def test_a_filter_matching_one_percent_finds_its_top_10(corpus, factory):
+    root, vectors, bucket, queries = corpus
+    out = root / factory.replace(",", "_")
+    petal.index(root / "a.parquet", out, vectors_column="emb", index_factory=factory, metric="l2",
+                keep_columns="bucket", quiet=True)
+    distances = ((queries[:, None] - vectors[None]) ** 2).sum(-1)
+    with petal.open_index(out) as index:
+        for where, mask in [("bucket = 7", bucket == 7), ("bucket IN (1, 2, 3, 4, 5)", (bucket >= 1) & (bucket <= 5)),
+                            (None, np.ones(NUM, bool))]:
+            found = index.search_stored(queries, k=10, where=where)
+            rows = np.flatnonzero(mask)
+            recalls = []
+            for hits, row_distances in zip(found, distances):
+                wanted = rows[np.argsort(row_distances[rows], kind="stable")[:10]]
+                assert all(mask[h.id] for h in hits) and len(hits) == 10
+                recalls.append(len({h.id for h in hits} & set(wanted.tolist())) / 10)
+            assert np.mean(recalls) >= 0.95 and min(recalls) >= 0.7, (where, np.mean(recalls), min(recalls))
