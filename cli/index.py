@@ -21,7 +21,9 @@ from petal.cli.scale_options import RAY_LOCAL, scale_options
 @click.option("--model", type=MODEL_DIR, default=None, metavar="PATH|HF_ID",
               help="Local model directory, or a Hugging Face model id already in the local cache (default: the "
                    "packaged all-MiniLM-L6-v2).")
-@click.option("--id-column", default=None, help="Id column [default: id; absent -> '<shard>:<row>'].")
+@click.option("--id-column", default=None,
+              help="Id column [default: id; a shard without it gets '<shard>:<row>' ids]. A column named here must be "
+                   "in every shard (else exit 65).")
 @click.option("--text-column", default="text", show_default=True, help="Text column.")
 @click.option("--vectors-column", default=None, metavar="COLUMN",
               help="Index the precomputed embeddings of this column (list<float> or fixed_size_list<float>): "
