@@ -706,3 +706,30 @@ def test_a_body_of_many_keys_is_checked_for_repeats_in_linear_time():
     assert time.monotonic() - started < 5, "quadratic in the keys"  # ~0.2 s; was ~30 s, 2 min on a busy host
     repeated = body[:-1] + b', "field7": 2}'
     assert duplicate_key(repeated, loads(repeated)) == "field7"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("request_nprobe", [None, 2])
+def test_a_gpu_copy_left_short_of_k_probes_more_lists_as_faiss_does(vectors_index, device, request_nprobe):
+    """k more than the probed lists hold (a 4000-vector IVF16 at nprobe 1 holds ~250 a list): the copy of the lists
+    searches the queries left short again with more lists, as the FAISS reader does, and answers k hits equal to
+    FAISS's (the copy's search took FAISS's search parameters there: a TypeError, so a 500 from petal serve)."""
+    from petal.pipeline.index.search import IndexReader
+    from petal.pipeline.serve.gpu_search import GpuReaders
+
+    out, data = vectors_index
+    reader = IndexReader(out, nprobe=1)
+    readers = GpuReaders(device, "float32")
+    readers.prepare(reader)
+    copy = readers.get(reader, request_nprobe)
+    assert copy is not None and type(copy.index).__name__ == "TorchIvfIndex"
+    queries = data[:3] + 0.1 * np.random.default_rng(7).standard_normal((3, 48)).astype(np.float32)
+    for k in (5, 900, 4000):
+        got = copy.search(queries, k)
+        with search_params(reader, request_nprobe, None):
+            want = reader.search(queries, k)
+        assert [len(hs) for hs in got] == [k] * 3 == [len(hs) for hs in want], k
+        assert all(len({h.id for h in hs}) == k for hs in got)
+        assert np.mean([a.id == b.id for hs, ws in zip(got, want) for a, b in zip(hs, ws)]) > 0.99
+        np.testing.assert_allclose([h.score for hs in got for h in hs], [h.score for hs in want for h in hs],
+                                   atol=1e-5)

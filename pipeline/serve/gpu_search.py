@@ -349,6 +349,29 @@ class _nothing:
         return None
 
 
+class GpuCopyReader(IndexReader):
+    """An ``IndexReader`` whose ``index`` is a GPU copy (``gpu_reader``): a search left short of ``k`` by the lists
+    it probed is searched again on the copy, with 4x the lists, up to every list, as ``IndexReader`` does with
+    FAISS's parameters (which the copy does not take); an exact copy is never short."""
+
+    def _widened(self, queries: np.ndarray, k: int, scores: np.ndarray, ids: np.ndarray,
+                 search_params: dict[str, int], selector: Any) -> tuple[np.ndarray, np.ndarray]:
+        from petal.pipeline.serve.gpu_ivf import TorchIvfIndex
+
+        index = self.index
+        if not isinstance(index, TorchIvfIndex):
+            return scores, ids
+        assert selector is None  # NOTE: a filtered search keeps the FAISS reader (GpuReaders.get's callers)
+        short = np.flatnonzero((ids >= 0).sum(axis=1) < k)
+        nprobe = index.nprobe  # NOTE: a request's own nprobe is the view's (GpuReaders.get), not search_params'
+        while len(short) and nprobe < index.nlist:
+            nprobe = min(index.nlist, 4 * nprobe)
+            found_scores, found_ids = index.with_nprobe(nprobe).search(queries[short], k)
+            scores[short], ids[short] = found_scores, found_ids
+            short = short[(found_ids >= 0).sum(axis=1) < k]
+        return scores, ids
+
+
 def gpu_reader(reader: IndexReader, device: str = "cuda", dtype: str = "float16",
                exact: bool = False, warm_k: int | None = None) -> IndexReader | None:
     """A copy of ``reader`` that searches a GPU copy of its vectors (``None``: a binary index, or not
@@ -378,6 +401,7 @@ def gpu_reader(reader: IndexReader, device: str = "cuda", dtype: str = "float16"
                         "searching with FAISS on the CPU", free >> 20, need >> 20)
             return None
     out = copy.copy(reader)  # NOTE: shares the ids, columns and manifest; only `index` differs
+    out.__class__ = GpuCopyReader  # NOTE: its searches left short widen on the copy, not through FAISS parameters
     try:
         if lists:
             nprobe = int(reader.search_params.get("nprobe", 1))
