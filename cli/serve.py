@@ -145,7 +145,8 @@ def missing_serve_extra() -> list[str]:
               help="With nothing queued, the engine thread polls this long before it sleeps: a step launched by a "
                    "sleeping thread is ~60 us slower [default: 2 on CUDA, 0 on the CPU].")
 @click.option("--served-model-name", type=NON_EMPTY, default=None,
-              help="The model id of /v1/models (default: the directory name).")
+              help="The model id of /v1/models (default: the model directory's name; a cached Hugging Face "
+                   "model's id, org/name).")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
               show_default=True, help="Which of the server's own log lines (and uvicorn's) are printed.")
 @click.option("--access-log", is_flag=True, help="Log every request (uvicorn's access log).")

@@ -30,6 +30,15 @@ def hf_cache_dirs() -> list[Path]:
     return out
 
 
+def cached_model_id(path: Path) -> str | None:
+    """The model id whose cached snapshot ``path`` is (``.../models--org--name/snapshots/REV`` -> ``org/name``), or
+    ``None`` for any other directory."""
+    repo = path.parent.parent.name
+    if path.parent.name != "snapshots" or not repo.startswith("models--") or len(repo) == len("models--"):
+        return None
+    return repo[len("models--"):].replace("--", "/")
+
+
 def cached_snapshot(model_id: str, cache_dirs: list[Path]) -> tuple[Path | None, list[str]]:
     """The cached snapshot of ``model_id`` (``None`` if absent) and what was looked at (for the error)."""
     looked: list[str] = []

@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -158,3 +159,28 @@ def test_readme_synopses_name_real_flags_with_their_defaults_and_choices() -> No
                 if not same:
                     wrong.append(f"petal {name} {flag} {value}: default {default!r}")
     assert not wrong, wrong
+
+
+def test_a_cached_hugging_face_model_is_served_under_its_id(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`petal serve --model acme/mini-embed` (a model id in the Hugging Face cache, as the README's PATH|HF_ID says)
+    listed the snapshot's commit hash as its /v1/models id, the cache directory's name, and answered a client that
+    sent model="acme/mini-embed" 404 'is not served here': a cached model is served under its id."""
+    from petal.engine.loader import default_model_dir, resolve_model_dir
+    from petal.pipeline.serve.settings import model_name
+
+    repo = tmp_path / "hub" / "models--acme--mini-embed"
+    snapshot = repo / "snapshots" / "0123456789abcdef0123456789abcdef01234567"
+    snapshot.mkdir(parents=True)
+    for file in default_model_dir().iterdir():  # NOTE: the cache's layout: a snapshot's files link to its blobs
+        (snapshot / file.name).symlink_to(file)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(snapshot.name)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    found = resolve_model_dir("acme/mini-embed")
+    assert found == snapshot
+    assert model_name(found) == "acme/mini-embed"
+    assert model_name(resolve_model_dir(str(snapshot))) == "acme/mini-embed"  # the snapshot directory given itself
+    assert model_name(default_model_dir()) == "all-MiniLM-L6-v2"
+    plain = tmp_path / "bge-small"
+    plain.mkdir()
+    assert model_name(plain) == "bge-small"

@@ -12,15 +12,17 @@ PACKAGED_MODEL_NAME = "all-MiniLM-L6-v2"
 
 
 def model_name(path: Path) -> str:
-    """The default model id: the directory's name (the packaged MiniLM's is ``all-MiniLM-L6-v2``)."""
+    """The default model id: the directory's name (the packaged MiniLM's is ``all-MiniLM-L6-v2``; a snapshot of the
+    Hugging Face cache's, its model id, never the revision hash that names the directory)."""
     from petal.engine.loader import default_model_dir
+    from petal.engine.resolve import cached_model_id
 
     try:
         if path.resolve() == default_model_dir().resolve():
             return PACKAGED_MODEL_NAME
     except Exception:  # no packaged model: the directory name
         pass
-    return path.name
+    return cached_model_id(path) or path.name
 
 
 @dataclass(frozen=True)
