@@ -242,6 +242,19 @@ def stdin_lines() -> Iterator[bytes]:
         raise PetalIOError(f"cannot read --stdin: {exc.strerror or exc}") from exc
 
 
+# NOTE: line boundaries of str.splitlines() (and of Java's, and many log shippers' line readers) that json.dumps with
+# ensure_ascii=False writes raw inside strings: escaped, each JSON line stays one line for every reader
+_LINE_BREAKS = {ord("\u2028"): "\\u2028", ord("\u2029"): "\\u2029", ord("\x85"): "\\u0085"}
+
+
+def json_text(value: Any, **options: Any) -> str:
+    """``json.dumps(value, ensure_ascii=False, **options)`` on one line for every line reader: U+2028, U+2029 and NEL
+    inside its strings written as JSON escapes (the rest of its text as it is)."""
+    import json
+
+    return json.dumps(value, ensure_ascii=False, **options).translate(_LINE_BREAKS)
+
+
 def write_stdout(lines: Iterable[str], flush: bool = False) -> None:
     """``lines`` to stdout, one each (``click.echo``). A stdout that fails (a full disk or a failing one under
     ``> FILE``, ``/dev/full``) is 74 naming stdout: the ``OSError`` carries no file name, and was said as "I/O error

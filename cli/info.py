@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
-from petal.cli.common import PATH, user_errors, write_stdout
+from petal.cli.common import PATH, json_text, user_errors, write_stdout
 from petal.pipeline.reliability.errors import quote_path
 
 if TYPE_CHECKING:
@@ -62,8 +61,7 @@ def info(index_path: Path, as_json: bool) -> None:
         checked, damage = None, exc
     if as_json:
         failure = {} if damage is None else {"ok": False, "error": str(damage), "exit_code": damage.exit_code}
-        write_stdout([json.dumps({"path": str(version_dir), **manifest.to_dict(), **failure}, ensure_ascii=False)],
-                     flush=True)
+        write_stdout([json_text({"path": str(version_dir), **manifest.to_dict(), **failure})], flush=True)
     else:
         write_stdout([_describe(version_dir, manifest)], flush=True)  # NOTE: a full stdout is 74 naming stdout
     if damage is not None:
@@ -92,8 +90,7 @@ def echo_json_failure(message: str, exit_code: int) -> None:
     from petal.pipeline.reliability.errors import PetalIOError, one_line
 
     try:
-        write_stdout([json.dumps({"ok": False, "error": message, "exit_code": exit_code}, ensure_ascii=False)],
-                     flush=True)
+        write_stdout([json_text({"ok": False, "error": message, "exit_code": exit_code})], flush=True)
     except PetalIOError as exc:
         click.echo(f"petal: warning: {one_line(str(exc))} (the --json failure object)", err=True)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -14,6 +13,7 @@ from petal.cli.common import (
     PATH,
     device_options,
     given_flags,
+    json_text,
     once_option,
     startup_done,
     stdin_lines,
@@ -295,11 +295,11 @@ def _json_line(answer: dict[str, Any]) -> str:
 
     NOTE: ``json.dumps`` writes NaN and Infinity, which no strict JSON reader takes (jq, JSON.parse, orjson)."""
     try:
-        return json.dumps(answer, ensure_ascii=False, default=str, allow_nan=False)
+        return json_text(answer, default=str, allow_nan=False)
     except ValueError:
         from petal.pipeline.serve.encoding import _finite
 
-        return json.dumps(_finite(answer), ensure_ascii=False, default=str)
+        return json_text(_finite(answer), default=str)
 
 
 def _followed(index: Index, where: str | None) -> Index:

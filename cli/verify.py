@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
 
-from petal.cli.common import PATH, PetalClickError, user_errors, write_stdout
+from petal.cli.common import PATH, PetalClickError, json_text, user_errors, write_stdout
 from petal.cli.info import JsonFailureCommand, echo_json_failure
 
 if TYPE_CHECKING:
@@ -53,7 +52,7 @@ def verify(out: Path, version: str | None, as_json: bool) -> None:
             echo_json_failure(str(error), error.exit_code)
         raise
     if as_json:
-        lines = [json.dumps(report.as_dict(), ensure_ascii=False)]
+        lines = [json_text(report.as_dict())]
     else:
         state = {"ok": "ok", "absent": "none recorded (written before petal verify existed)"}
         lines = [f"version   {quote_path(version_dir)}",
