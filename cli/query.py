@@ -53,8 +53,9 @@ MODEL_FLAGS = ("model", "device", "dtype", "attention", "query_prompt", "allow_p
                    "query one built with --vectors-column).")
 @once_option("--where", join="join the conditions with AND", metavar="EXPR",
               help="Only documents matching EXPR, on --keep-columns: \"lang = 'en' AND year IN (2020, 2021)\" "
-                   "(applied inside the FAISS search). Literals: 'strings', numbers, true, false; each of its "
-                   "column's kind (topic = 5 on a string column is an error).")
+                   "(applied inside the FAISS search). Literals: 'strings', numbers, true, false, a quoted ISO "
+                   "date or time ('2024-01-31') for date, time and timestamp columns; each of its column's kind "
+                   "(topic = 5 on a string column is an error).")
 @click.option("--model", type=MODEL_DIR, default=None, metavar="PATH|HF_ID",
               help="The index's model, if it moved since indexing (weights must match): a local model directory, "
                    "or a Hugging Face model id already in the local cache.")
