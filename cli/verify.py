@@ -27,7 +27,7 @@ def verify(out: Path, version: str | None, as_json: bool) -> None:
     (its header's dim, vectors and metric, its index kind against the manifest's factory), and ids.parquet
     decoded as searches read it, as many ids as vectors. Exit 0 when all match, 65 naming each file that
     does not, 78 (as opening the version) when a listed file is missing or not a regular file inside the
-    version.
+    version, or when OUT holds no index or V no version; 66 when petal may not read a file of it.
 
     Opening an index (petal query) checks sizes, head/tail checksums and index.faiss's header only, so
     that it costs O(1) in the index size; this command reads every byte.
