@@ -24,6 +24,7 @@ from petal.pipeline.index.read_errors import host_failure, read_failure
 from petal.pipeline.index.row_groups import IdMap, RowGroups
 from petal.pipeline.index.tune import apply_params
 from petal.pipeline.index.verify import OpenCheck, check_on_open
+from petal.pipeline.index.widen import searched_again
 from petal.pipeline.layout import VersionLease, current_pointer, denied, is_denied, resolve_index_dir
 from petal.pipeline.manifest import Manifest
 from petal.pipeline.reliability.errors import (
@@ -370,16 +371,12 @@ class IndexReader:
         of any kind: at efSearch 16, a filter matching one row of 300 found it for 2 queries of 5."""
         from petal.pipeline.index.filters import search_parameters
 
-        want = k if selector is None else min(k, selector.count)
-        short = np.flatnonzero((ids >= 0).sum(axis=1) < want)
-        for wider in self._wider(search_params):
-            if not len(short):
-                break
+        def search(rows: np.ndarray, wider: dict[str, int]) -> tuple[np.ndarray, np.ndarray]:
             params = search_parameters(self.index, wider, None if selector is None else selector.selector)
-            found_scores, found_ids = self.index.search(queries[short], k, params=params)  # type: ignore[call-arg]
-            scores[short], ids[short] = found_scores, found_ids
-            short = short[(found_ids >= 0).sum(axis=1) < want]
-        return scores, ids
+            return self.index.search(rows, k, params=params)  # type: ignore[call-arg]
+
+        want = k if selector is None else min(k, selector.count)
+        return searched_again(search, queries, want, scores, ids, self._wider(search_params))
 
     def _wider(self, search_params: dict[str, int]) -> Iterator[dict[str, int]]:
         """``search_params`` widened 4x a step until they reach every vector: an IVF's lists probed (its HNSW
