@@ -75,8 +75,9 @@ class BinaryIndex:
     def _search_codes(self, queries: np.ndarray, codes: np.ndarray, k: int,
                       wanted: int) -> tuple[np.ndarray, np.ndarray]:
         hamming, ids = self.index.search(codes, wanted)
-        if self.nlist:  # NOTE: an IVF finds candidates only in the lists it probes: nprobe 1 of 32 gave ~80 of 500
-            hamming, ids = searched_again(self._probing(wanted), codes, wanted, hamming, ids, self._wider_probes())
+        # NOTE: an IVF finds candidates only in the lists it probes (nprobe 1 of 32 gave ~80 of 500), an HNSW about
+        # efSearch of them (16: ~600 of 2000)
+        hamming, ids = searched_again(self._widening(wanted), codes, wanted, hamming, ids, self._wider(wanted))
         if not self.rescore:
             scores = hamming.astype(np.float32)
             return (1.0 - 2.0 * scores / self.d if self.metric == "ip" else scores)[:, :k], ids[:, :k]
@@ -88,23 +89,29 @@ class BinaryIndex:
             out_ids[q, : len(found)] = found
         return out_scores, out_ids
 
-    def _probing(self, wanted: int) -> Callable[[np.ndarray, int], tuple[np.ndarray, np.ndarray]]:
-        """A search of ``wanted`` candidates for query codes, probing the lists given (the index's own nprobe is
-        shared by every thread: left as it is)."""
-        faiss = load_faiss()
+    def _widening(self, wanted: int) -> Callable[[np.ndarray, Any], tuple[np.ndarray, np.ndarray]]:
+        """A search of ``wanted`` candidates for query codes with the FAISS search parameters given (the index's own
+        nprobe or efSearch is shared by every thread: left as it is)."""
 
-        def search(codes: np.ndarray, nprobe: int) -> tuple[np.ndarray, np.ndarray]:
-            params = faiss.SearchParametersIVF(nprobe=nprobe)  # type: ignore[call-arg]  # SWIG stubs: no kwargs
+        def search(codes: np.ndarray, params: Any) -> tuple[np.ndarray, np.ndarray]:
             return self.index.search(codes, wanted, params=params)
 
         return search
 
-    def _wider_probes(self) -> Iterator[int]:
-        """The lists to probe a search left short of its candidates again: 4x a step, up to every list."""
-        nprobe = max(1, int(self.index.nprobe))
-        while nprobe < self.nlist:
-            nprobe = min(self.nlist, 4 * nprobe)
-            yield nprobe
+    def _wider(self, wanted: int) -> Iterator[Any]:
+        """FAISS search parameters for a search left short of its ``wanted`` candidates, 4x wider a step: an IVF's
+        lists probed, up to every list; an HNSW's efSearch, from ``wanted`` up to the vectors held."""
+        faiss = load_faiss()
+        if self.nlist:
+            nprobe = max(1, int(self.index.nprobe))
+            while nprobe < self.nlist:
+                nprobe = min(self.nlist, 4 * nprobe)
+                yield faiss.SearchParametersIVF(nprobe=nprobe)
+        elif isinstance(self.index, faiss.IndexBinaryHNSW):
+            ef = max(1, int(self.index.hnsw.efSearch))
+            while ef < self.ntotal:
+                ef = min(self.ntotal, max(4 * ef, wanted))
+                yield faiss.SearchParametersHNSW(efSearch=ef)
 
     def _rescored(self, query: np.ndarray, candidates: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """The best ``k`` of ``candidates`` (ascending ids) by float similarity: ``(scores, ids)``, best first; ties

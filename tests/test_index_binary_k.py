@@ -1,8 +1,8 @@
-"""``k`` more than a binary IVF index's probed lists hold: the search returns k hits (every vector, when k is more
-than the index holds), as a float IVF does (README: "more than the index holds returns what there is"). FAISS's
-binary IVF search finds Hamming candidates only in the nprobe lists nearest the query: a 2000-vector BIVF32 index at
-nprobe 1 answered k=500 with the ~80 vectors of one list, rescored or not. Real Parquet, real FAISS, the API and the
-CLI."""
+"""``k`` more than a binary IVF index's probed lists hold, or than a binary HNSW's efSearch finds: the search returns
+k hits (every vector, when k is more than the index holds), as a float IVF or HNSW does (README: "more than the index
+holds returns what there is"). FAISS's binary IVF search finds Hamming candidates only in the nprobe lists nearest
+the query: a 2000-vector BIVF32 index at nprobe 1 answered k=500 with the ~80 vectors of one list, rescored or not;
+a BHNSW16 at efSearch 16 answered k=2000 with ~600. Real Parquet, real FAISS, the API and the CLI."""
 
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ def index(tmp_path_factory):
                              "emb": pa.FixedSizeListArray.from_arrays(pa.array(vectors.ravel()), DIM)}),
                    root / "a.parquet")
     petal.index(root / "a.parquet", root / "out", vectors_column="emb", index_factory="BIVF32", quiet=True)
+    petal.index(root / "a.parquet", root / "graph", vectors_column="emb", index_factory="BHNSW16", quiet=True)
     return root, vectors
 
 
@@ -53,3 +54,14 @@ def test_k_past_the_probed_lists_returns_k_hits(index, rescore):
                                       "--nprobe", "1", "--rescore", str(rescore), "--json"])
     assert result.exit_code == 0, result.output
     assert [len(json.loads(line)["hits"]) for line in result.stdout.splitlines()] == [600] * 3
+
+
+@pytest.mark.parametrize("rescore", [0, 10])
+def test_k_past_a_binary_graphs_ef_search_returns_k_hits(index, rescore):
+    root, _ = index
+    queries = np.random.default_rng(2).standard_normal((3, 32)).astype(np.float32)
+    with petal.open_index(root / "graph", rescore=rescore) as graph:
+        for k in (10, 500, NUM, NUM + 10):
+            found = graph.search_stored(queries, k=k)
+            assert [len(hits) for hits in found] == [min(k, NUM)] * 3, (rescore, k)
+            assert all(len({h.id for h in hits}) == len(hits) for hits in found)
