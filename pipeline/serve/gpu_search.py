@@ -39,7 +39,7 @@ import logging
 import math
 import threading
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +47,7 @@ import numpy as np
 
 from petal.pipeline.index.faiss_loader import load_faiss
 from petal.pipeline.index.search import IndexReader, is_binary_manifest
+from petal.pipeline.index.widen import searched_again
 
 log = logging.getLogger("petal.serve")
 UPLOAD_ROWS = 65536  # rows decoded and copied to the GPU at a time (256 MiB of float32 at dim 1024)
@@ -362,14 +363,15 @@ class GpuCopyReader(IndexReader):
         if not isinstance(index, TorchIvfIndex):
             return scores, ids
         assert selector is None  # NOTE: a filtered search keeps the FAISS reader (GpuReaders.get's callers)
-        short = np.flatnonzero((ids >= 0).sum(axis=1) < k)
-        nprobe = index.nprobe  # NOTE: a request's own nprobe is the view's (GpuReaders.get), not search_params'
-        while len(short) and nprobe < index.nlist:
-            nprobe = min(index.nlist, 4 * nprobe)
-            found_scores, found_ids = index.with_nprobe(nprobe).search(queries[short], k)
-            scores[short], ids[short] = found_scores, found_ids
-            short = short[(found_ids >= 0).sum(axis=1) < k]
-        return scores, ids
+
+        def wider() -> Iterator[int]:  # NOTE: from the view's nprobe (a request's, GpuReaders.get), not search_params'
+            nprobe = index.nprobe
+            while nprobe < index.nlist:
+                nprobe = min(index.nlist, 4 * nprobe)
+                yield nprobe
+
+        return searched_again(lambda rows, nprobe: index.with_nprobe(nprobe).search(rows, k), queries, k, scores, ids,
+                              wider())
 
 
 def gpu_reader(reader: IndexReader, device: str = "cuda", dtype: str = "float16",
