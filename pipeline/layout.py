@@ -150,8 +150,7 @@ class OutputDir:
                 except BlockingIOError as exc:
                     holder = _holder(os.pread(fd, 4096, 0))
                     if not wait:
-                        raise TemporaryFailure(f"{quote_path(self.root)} is being written by another petal ({holder}); "
-                                               "retry later, or pass --wait to queue") from exc
+                        raise self._locked(holder) from exc
                     if on_wait is not None:
                         on_wait(f"waiting for the writer lock of {quote_path(self.root)}, held by {holder}")
                         on_wait = None
@@ -165,6 +164,32 @@ class OutputDir:
             yield
         finally:
             os.close(fd)  # releases the flock
+
+    def check_unlocked(self) -> None:
+        """Exit 75 at once naming the holder when another petal holds the writer lock: called before a run reads
+        its sources (preflight may read thousands of footers, over the network), as ``lock`` would say it later.
+
+        Creates nothing and takes no lock: ``lock`` does, after preflight. A lock file that is missing (a fresh
+        OUT) or odd (a FIFO, a symlink, unreadable) is left to ``lock``, which refuses it with its own message.
+        """
+        try:
+            fd = os.open(self.lock_file, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            return
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return
+            try:
+                # NOTE: shared: two runs probing at once do not refuse each other; released at once by the close
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError as exc:
+                raise self._locked(_holder(os.pread(fd, 4096, 0))) from exc
+        finally:
+            os.close(fd)
+
+    def _locked(self, holder: str) -> TemporaryFailure:
+        return TemporaryFailure(f"{quote_path(self.root)} is being written by another petal ({holder}); "
+                                "retry later, or pass --wait to queue")
 
     # --- versions -------------------------------------------------------------------------------
 

@@ -195,6 +195,22 @@ def test_second_writer_exits_75_at_once_naming_the_holder_or_waits(job):
     assert f"waiting for the writer lock of {job.out}, held by" in queued.stderr
 
 
+def test_second_writer_exits_75_before_reading_any_source(job):
+    """Promise 5's "at once": the lock is probed before preflight, which reads every footer (3,000 shards, or
+    shards on S3, took seconds to minutes before the 75). A shard preflight would refuse (65) proves no source
+    was read; so does a --vectors-column run over a column the shards lack."""
+    holder = job.start(fault="after_lock:1:sleep=4")
+    wait_for(lambda: holds_lock(job.out, holder))
+    with holder.paused():
+        (job.data / "zz.parquet").write_bytes(b"not parquet at all")
+        vectors = ["index", str(job.data), "--out", str(job.out), "--vectors-column", "emb", "-q"]
+        for second in (job.run(), job.run("--full"), forkrun.start(vectors).wait()):
+            assert second.rc == 75, second.stderr
+            assert f'"pid": {holder.pid}' in second.stderr and "zz.parquet" not in second.stderr, second.stderr
+        assert embedded_ids(job.log) == []
+    assert holder.wait().rc == 0
+
+
 def test_sigterm_while_waiting_for_the_lock(job):
     holder = job.start(fault="after_lock:1:sleep=5")
     wait_for(lambda: holds_lock(job.out, holder))

@@ -181,6 +181,8 @@ def _run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory, 
     check_report_path(job.json_report, job.out)  # 2: --json-report OUT/CURRENT would break the index it reports on
     check_output_dir("--out", job.out)  # 73 before anything is read: one petal cannot create, read or write
     check_not_inside_output("--out", job.out)  # 73: not inside another index's versions/ or store/
+    if not job.wait:  # 75 naming the holder before any source is read (the lock itself is taken after preflight)
+        OutputDir(job.out).check_unlocked()
     # [0] preflight: every footer and schema, the model's files, the settings, the output directory
     live = peek_live_manifest(job.out)  # read-only here; re-read under the lock
     shards = preflight(named_sources(job, live), job.read, reads, check=stop.check)

@@ -57,6 +57,8 @@ def run_vector_index(job: IndexJob, column: str, report: RunReport, stop: StopSi
         raise NoInputError("--vectors-column reads local Parquet files for now; copy or mount the shards locally")
     check_output_dir("--out", job.out)  # 73 before anything is read: one petal cannot create, read or write
     check_not_inside_output("--out", job.out)  # 73: not inside another index's versions/ or store/
+    if not job.wait:  # 75 naming the holder before any source is read, as a text run
+        OutputDir(job.out).check_unlocked()
     live = run.peek_live_manifest(job.out)
     # a file named inside --out is refused and output directories are never read, as in a text run
     # --sync over a live version mirrors SOURCES that now hold no shard (the removal guard judges it), as a text run
