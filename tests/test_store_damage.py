@@ -123,6 +123,26 @@ def test_an_entry_changed_since_its_commit_is_embedded_again_and_refused_by_rebu
     assert again.rc == 0 and embedded_ids(log) == [] and "damaged" not in again.stderr  # the new entry is whole
 
 
+@pytest.mark.parametrize("damage", [one_bit_flipped, an_id_changed])
+def test_a_damaged_entry_of_a_kept_shard_is_65_naming_it_and_left_in_place(job, damage):
+    """An additive run over b keeps a (not named): its damaged entry cannot be embedded again from a source the
+    run does not read. It said 'embedding the shard again', moved the entry out, then exited 78 'the store has
+    no embeddings'; now 65 naming the entry and what to do, the entry and the live version as they were."""
+    entry = job.entry_of("a")
+    damage(entry)
+    current = (job.out / "CURRENT").read_text()
+    write(job.data, "b", salt=1)
+    result, log = job.run("index", str(job.data / "b.parquet"), "--out", str(job.out), "--model", str(job.model), "-q")
+    assert result.rc == 65 and str(entry) in result.last_line and "damaged" in result.last_line, result.stderr
+    assert "a.parquet" in result.last_line and "name it as a SOURCE" in result.last_line
+    assert "embedding the shard again" not in result.stderr and embedded_ids(log) == []
+    assert (entry / "entry.json").is_file() and (job.out / "CURRENT").read_text() == current
+    named, log = job.run("index", str(job.data / "a.parquet"), "--out", str(job.out), "--model", str(job.model),
+                         "-q")  # what the message says: naming it embeds it again (b's change waits for its run)
+    assert named.rc == 0 and "embedding the shard again" in named.stderr, named.stderr
+    assert sorted(embedded_ids(log)) == sorted(f"a-0-{i}" for i in range(ROWS) if i != 2)
+
+
 def test_an_entry_of_an_older_petal_without_checksums_is_still_reused(job):
     meta_file = job.entry_of("a") / "entry.json"
     meta = json.loads(meta_file.read_text())

@@ -62,14 +62,19 @@ def kept_shard(record: ShardRecord, entry: StoreEntry) -> ShardInfo:
 
 
 def kept_entries(store: EmbeddingStore, records: list[ShardRecord], out: Path) -> list[StoreEntry]:
-    """The committed store entries of kept shards; a missing one is a ``ConfigError`` (78)."""
+    """The committed store entries of kept shards; a missing one is a ``ConfigError`` (78), a damaged one a
+    ``BadInputError`` (65) naming it, as ``petal rebuild`` says it: this run has no source to embed the shard
+    again from, so the entry is left where it is (moved out, the next run said it was missing)."""
     entries = []
     for record in records:
-        entry = store.lookup(record.abs_path, record.entry)
+        keeps = (f"{record.path}, which the live version holds and this run keeps (additive); name it as a SOURCE "
+                 "to embed it again, or pass --sync to drop what is not named")
+        try:
+            entry = store.lookup(record.abs_path, record.entry, repair=False)
+        except BadInputError as exc:
+            raise BadInputError(f"{exc}: it holds the embeddings of {keeps}") from exc
         if entry is None:
-            raise ConfigError(f"{out}: the store has no embeddings for {record.path}, which the live version "
-                              "holds and this run keeps (additive); name it as a SOURCE to embed it again, "
-                              "or pass --sync to drop what is not named")
+            raise ConfigError(f"{out}: the store has no embeddings for {keeps}")
         entries.append(entry)
     return entries
 
