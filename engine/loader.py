@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -124,6 +124,14 @@ class ModelSpec:
         digest = sha256_files(self.hashed_weight_files)
         assert digest is not None  # never cancelled
         return digest
+
+    @property
+    def config_record(self) -> dict[str, Any]:
+        """config.json as the engine builds the model from it (``ModelConfig``: sizes, activation, norm epsilon,
+        RoPE base, positions, attention mask): what of it shapes vectors. A key petal does not read
+        (``_name_or_path``, ``transformers_version``, ``architectures``) is not in it, so changes nothing."""
+        out = {f.name: getattr(self.config, f.name) for f in fields(self.config) if f.name != "extra"}
+        return {**out, **dict(self.config.extra)}
 
     @cached_property
     def tokenizer_sha256(self) -> str:

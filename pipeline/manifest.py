@@ -461,6 +461,9 @@ class EmbeddingSettings:
     eos_token_id: int | None = None
     weights_format: str | None = None
     output: StoredFormat | None = None
+    # config.json as the model is built from it (``ModelSpec.config_record``); None: an index built before petal
+    # recorded it, whose runs keep leaving it out (same fingerprints) until a --full rebuild records it
+    model_config: tuple[tuple[str, Any], ...] | None = None
 
     @classmethod
     def for_run(cls, spec: ModelSpec, dtype: str, text_column: str, id_column: str,
@@ -473,7 +476,12 @@ class EmbeddingSettings:
                    dense=_dense_of(spec) or None, document_prompt=spec.prompts.document or None,
                    eos_token_id=spec.eos_token_id,
                    weights_format=spec.weights_format if spec.weights_format != "safetensors" else None,
-                   output=None if transform.is_identity else StoredFormat.of(transform))
+                   output=None if transform.is_identity else StoredFormat.of(transform),
+                   model_config=tuple(sorted(spec.config_record.items())))
+
+    def without_model_config(self) -> EmbeddingSettings:
+        """These settings as a petal that did not record the model's config wrote them (an older index's)."""
+        return replace(self, model_config=None)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -486,7 +494,8 @@ class EmbeddingSettings:
                     "dense": None if self.dense is None else [d.to_dict() for d in self.dense],
                     "document_prompt": self.document_prompt, "eos_token_id": self.eos_token_id,
                     "weights_format": self.weights_format,
-                    "output": None if self.output is None else self.output.to_dict()}
+                    "output": None if self.output is None else self.output.to_dict(),
+                    "model_config": None if self.model_config is None else dict(self.model_config)}
         return {**out, **{k: v for k, v in optional.items() if v is not None}}
 
     def differences(self, other: EmbeddingSettings | PrecomputedSettings) -> list[str]:
@@ -504,7 +513,12 @@ class EmbeddingSettings:
                    document_prompt=s.get("document_prompt", OptStr, None),
                    eos_token_id=s.get("eos_token_id", OptInt, None),
                    weights_format=s.get("weights_format", OptStr, None),
-                   output=StoredFormat.from_section(s.section("output")) if s.has("output") else None)
+                   output=StoredFormat.from_section(s.section("output")) if s.has("output") else None,
+                   model_config=_model_config(s.get("model_config", (dict, type(None)), None)))
+
+
+def _model_config(value: dict[str, Any] | None) -> tuple[tuple[str, Any], ...] | None:
+    return None if value is None else tuple(sorted(value.items()))
 
 
 @dataclass(frozen=True)

@@ -150,10 +150,17 @@ def engine_config(job: IndexJob, spec: ModelSpec) -> EngineConfig:
                         token_budget=budget, max_seqs=job.max_seqs)
 
 
-def embedding_settings(spec: ModelSpec, config: EngineConfig, job: IndexJob) -> EmbeddingSettings:
-    """Everything that shapes a shard's vectors (the store fingerprint; drift is checked on it)."""
-    return EmbeddingSettings.for_run(spec, config.dtype, job.read.text_column, job.read.id_column,
-                                     OutputTransform.for_model(spec, job.output))
+def embedding_settings(spec: ModelSpec, config: EngineConfig, job: IndexJob,
+                       previous: Manifest | None = None) -> EmbeddingSettings:
+    """Everything that shapes a shard's vectors (the store fingerprint; drift is checked on it). Updating an index
+    built before petal recorded the model's config leaves it out, as that index did (its store entries keep their
+    fingerprints); a --full rebuild or a new output records it."""
+    settings = EmbeddingSettings.for_run(spec, config.dtype, job.read.text_column, job.read.id_column,
+                                         OutputTransform.for_model(spec, job.output))
+    if previous is not None and isinstance(previous.embedding, EmbeddingSettings) \
+            and previous.embedding.model_config is None:
+        return settings.without_model_config()
+    return settings
 
 
 def run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory | None = None,
@@ -234,7 +241,8 @@ def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory
         used_sha = known_weights_sha256(weights, previous)
         if previous is not None:
             used_sha = used_sha or weights.result()
-            check_drift(previous, embedding_settings(with_weights_sha256(spec, used_sha), config, job), out.root)
+            check_drift(previous, embedding_settings(with_weights_sha256(spec, used_sha), config, job, previous),
+                        out.root)
         store = EmbeddingStore(out.store_dir)
         with writing(out.store_dir):
             store.open()
@@ -253,7 +261,7 @@ def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory
         for info in shards:  # each shard whose stat changed is read whole: a stop signal ends the phase between two
             stop.check()
             sha[info.abs_path] = content_sha256(store, info, job.read, reads)
-        identity = RunIdentity(spec, config, job, weights, used_sha)
+        identity = RunIdentity(spec, config, job, weights, used_sha, previous)
         if used_sha is not None:  # else once the model is loaded (a fresh output: the hash runs beside the load)
             report.model = identity.spec().describe()
         fingerprints = identity.fingerprints(store, shards) if used_sha is not None else None
@@ -519,8 +527,9 @@ class RunIdentity:
     the background hash is joined), and everything derived from it."""
 
     def __init__(self, spec: ModelSpec, config: EngineConfig, job: IndexJob, weights: WeightsHash,
-                 used: str | None) -> None:
+                 used: str | None, previous: Manifest | None = None) -> None:
         self._spec, self._config, self._job, self._weights, self._used = spec, config, job, weights, used
+        self._previous = previous
         self._verified = False
 
     def verify(self) -> None:
@@ -540,7 +549,7 @@ class RunIdentity:
         return with_weights_sha256(self._spec, self._used)
 
     def settings(self) -> EmbeddingSettings:
-        return embedding_settings(self.spec(), self._config, self._job)
+        return embedding_settings(self.spec(), self._config, self._job, self._previous)
 
     def fingerprints(self, store: EmbeddingStore, shards: list[ShardInfo]) -> list[str]:
         settings_fp = settings_fingerprint(self.settings().to_dict())

@@ -97,7 +97,19 @@ def model_mismatch(manifest: Manifest, spec: ModelSpec) -> str:
     recorded = manifest.model
     if not isinstance(recorded, ModelRecord):
         return "the index holds precomputed vectors, not a model's"
-    return ", ".join(recorded.mismatches(ModelRecord.from_spec(spec)))
+    return ", ".join([*recorded.mismatches(ModelRecord.from_spec(spec)), *config_mismatches(manifest, spec)])
+
+
+def config_mismatches(manifest: Manifest, spec: ModelSpec) -> list[str]:
+    """``config.KEY: index A, model B`` for each key of the model's config.json (as the engine builds the model)
+    that differs from what the index's vectors were made with (none for an index that did not record it)."""
+    embedding = manifest.embedding
+    recorded = getattr(embedding, "model_config", None)
+    if recorded is None:
+        return []
+    mine, theirs = dict(recorded), spec.config_record
+    return [f"config.{k}: index {mine.get(k)!r}, model {theirs.get(k)!r}"
+            for k in sorted(set(mine) | set(theirs)) if mine.get(k) != theirs.get(k)]
 
 
 def engine_config(spec: ModelSpec, device: str = "auto", dtype: str = "auto", attention: str = "auto",
