@@ -15,6 +15,9 @@ from petal.pipeline.store.embeddings import shard_key
 from petal.pipeline.store.side_files import SIDE_TREES
 
 VERSION_FILES = {"manifest.json", "index.faiss", "ids.parquet", "rejects.parquet"}
+# index files a version has as its index needs them (an on-disk IVF's lists, a binary index's rescore vectors),
+# each listed with its sha256 in the manifest
+OPTIONAL_VERSION_FILES = {"index.ivfdata", "rescore.npy"}
 ENTRY_FILES = {"embeddings.npy", "rows.parquet", "rejects.parquet", "entry.json"}
 
 
@@ -60,7 +63,10 @@ def assert_clean(out: Path, keep_versions: int = 2) -> None:
     assert all(VERSION_RE.match(v) for v in versions), versions
     assert version in versions and len(versions) <= keep_versions and max(versions) == version, versions
     for v in versions:
-        assert {p.name for p in (layout.versions_dir / v).iterdir()} == VERSION_FILES, v
+        names = {p.name for p in (layout.versions_dir / v).iterdir()}
+        listed = set(json.loads((layout.versions_dir / v / "manifest.json").read_text())["index"]["files"])
+        extra = names - VERSION_FILES
+        assert names >= VERSION_FILES and extra <= OPTIONAL_VERSION_FILES and extra <= listed, (v, sorted(names))
     store = layout.store_dir
     assert {p.name for p in store.iterdir()} <= {"shards", "tmp", "parts", *SIDE_TREES}, list(store.iterdir())
     assert not any(store.joinpath("tmp").iterdir()), list(store.joinpath("tmp").iterdir())

@@ -169,6 +169,35 @@ def test_sigint_is_130_and_signals_at_any_phase_write_a_report(job):
     assert result.rc == 0 and result.report["shards"]["reused"] == 3 and embedded_ids(job.log) == []
 
 
+def write_vector_shards(data: Path, names: str, salt: int, rows: int = 3000, dim: int = 64) -> None:
+    data.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        flat = np.random.default_rng([salt, ord(name)]).standard_normal(rows * dim).astype(np.float32)
+        vectors = pa.FixedSizeListArray.from_arrays(pa.array(flat), dim)
+        pq.write_table(pa.table({"id": [f"{name}-{salt}-{i}" for i in range(rows)], "emb": vectors}),
+                       data / f"{name}.parquet")
+
+
+@pytest.mark.parametrize("point", ["store_commit_rename", "before_version_rename", "before_current_swap",
+                                   "after_publish"])
+def test_a_killed_run_over_an_on_disk_ivf_version_reruns_clean(tmp_path, point):
+    """The invariants hold for on-disk IVF versions (index.ivfdata beside index.faiss) around a kill: 9,000
+    vectors of 64 floats are over --index-memory 1M, so the IVF lists go on disk."""
+    data, out = tmp_path / "data", tmp_path / "out"
+    argv = ["index", str(data), "--out", str(out), "--vectors-column", "emb", "-q", "--index-factory", "IVF4,Flat",
+            "--index-memory", "1M"]
+    write_vector_shards(data, "abc", salt=0)
+    assert forkrun.petal(argv).rc == 0
+    write_vector_shards(data, "c", salt=1)
+    assert forkrun.petal(argv, {"PETAL_FAULT": f"{point}:1:kill"}).rc == -signal.SIGKILL
+    result = forkrun.petal(argv)
+    assert result.rc == 0, result.stderr
+    assert_clean(out)
+    assert all((v / "index.ivfdata").is_file() for v in (out / "versions").iterdir())
+    ids, _ = live(out)
+    assert sorted(ids) == sorted(f"{name}-{int(name == 'c')}-{i}" for name in "abc" for i in range(3000))
+
+
 # --- the writer lock -----------------------------------------------------------------------------------
 
 def test_second_writer_exits_75_at_once_naming_the_holder_or_waits(job):
