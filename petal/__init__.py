@@ -14,6 +14,13 @@ Heavy modules (torch, FAISS, pyarrow) load on first use, so ``import petal`` is 
 
 from __future__ import annotations
 
+import sys as _sys
+
+if _sys.argv and _sys.argv[0].rpartition("/")[2] == "petal":  # the `petal` script: a quiet Ctrl-C from here on
+    from petal._startup import quiet_sigint as _quiet_sigint
+
+    _quiet_sigint()
+
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 

@@ -185,6 +185,7 @@ def _run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory, 
                reads: ReadStats) -> RunReport:
     started = time.perf_counter()
     report.out = str(job.out)  # NOTE: before any check: the report is never written over a file of OUT
+    stop.check()  # a signal that arrived while petal started (its imports) stops the run before any check
     check_report_path(job.json_report, job.out)  # 2: --json-report OUT/CURRENT would break the index it reports on
     check_output_dir("--out", job.out)  # 73 before anything is read: one petal cannot create, read or write
     check_not_inside_output("--out", job.out)  # 73: not inside another index's versions/ or store/

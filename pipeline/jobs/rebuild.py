@@ -82,6 +82,8 @@ def run_rebuild(out_path: Path, settings: IndexSettings, report: RunReport, wait
     does (committed if the live version was built with them, else removed).
     """
     report.out = str(out_path)  # NOTE: before any check: the report is never written over a file of OUT
+    if stop is not None:
+        stop.check()  # a signal that arrived while petal started (its imports) stops the run before any check
     check_report_path(json_report, out_path)  # 2: --json-report OUT/CURRENT would break the index it rebuilds
     check_output_dir("OUT", out_path, create=False)  # 73 before any work: one petal cannot read or write
     out = OutputDir(out_path)

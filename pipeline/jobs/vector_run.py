@@ -52,6 +52,7 @@ def run_vector_index(job: IndexJob, column: str, report: RunReport, stop: StopSi
     stop = stop or StopSignals()
     started = time.perf_counter()
     report.out = str(job.out)  # NOTE: as a text run: the report is never written over a file of OUT
+    stop.check()  # as a text run: a signal that arrived while petal started stops the run before any check
     check_report_path(job.json_report, job.out)
     if any("://" in s and not s.lower().startswith("file://") for s in job.sources):
         raise NoInputError("--vectors-column reads local Parquet files for now; copy or mount the shards locally")

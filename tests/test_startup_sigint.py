@@ -1,0 +1,96 @@
+"""Ctrl-C while ``petal`` starts (imports, flag parsing) exits 130 with one line, never a traceback, for every
+command (RELIABILITY.md promises 10 and 19). Real ``petal`` script processes: SIGINT at each module import of
+start-up (a meta path hook sends it to the process itself, so every moment is reached, not a lucky few), and
+from outside at a few times after the start."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import petal
+
+MESSAGE = "petal: interrupted by SIGINT"
+RUNS = ("index", "rebuild")  # StopSignals from their first line: a stop that arrived is the run's
+COMMANDS = [["info", "/nonexistent"], ["index", "/nonexistent", "--out", "/nonexistent-out"],
+            ["rebuild", "/nonexistent"], ["query", "/nonexistent", "q"], ["embed", "--help"],
+            ["verify", "/nonexistent"], ["--version"]]
+
+# Runs the `petal` script as its console entry point does, after sending SIGINT to itself when the Nth module is
+# imported once petal's first line has run (petal._startup imported): Python runs the handler there, mid-import.
+AT_IMPORT = r"""
+import os, runpy, signal, sys
+at, seen = int(os.environ["AT_IMPORT"]), []
+class Hook:
+    def find_spec(self, name, path=None, target=None):
+        if "petal._startup" in sys.modules:
+            seen.append(name)
+            if len(seen) == at:
+                os.kill(os.getpid(), signal.SIGINT)
+        return None
+sys.meta_path.insert(0, Hook())
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def petal_script() -> str:
+    script = shutil.which("petal", path=os.path.dirname(sys.executable))
+    if script is None:
+        pytest.skip("no petal script beside this interpreter")
+    return script
+
+
+def petal_frames(err: str) -> list[str]:
+    """The traceback lines of ``err`` in petal's own code (the checkout, not its virtual environment)."""
+    root = Path(petal.__file__).resolve().parent.parent
+    return [line for line in err.splitlines() if line.strip().startswith(f'File "{root}/')
+            and not line.strip().startswith(f'File "{root}/.venv/')]
+
+
+def imports_at_startup(argv: list[str]) -> int:
+    """How many imports the hook sees for ``argv`` (SIGINT never sent)."""
+    code = AT_IMPORT.replace("sys.meta_path.insert", "import atexit; atexit.register(lambda: "
+                             "os.write(2, f'IMPORTS {len(seen)}'.encode())); sys.meta_path.insert")
+    done = subprocess.run([sys.executable, "-c", code, petal_script(), *argv], capture_output=True, text=True,
+                          env={**os.environ, "AT_IMPORT": "0"}, timeout=120)
+    return int(done.stderr.rsplit("IMPORTS ", 1)[1])
+
+
+@pytest.mark.parametrize("argv", COMMANDS, ids=lambda a: a[0])
+def test_sigint_at_any_import_of_startup_is_130_and_one_line(argv):
+    total = imports_at_startup(argv)
+    assert total > 20, total
+    for at in sorted({1, 2, 3, *range(1, total + 1, max(1, total // 12)), total}):
+        done = subprocess.run([sys.executable, "-c", AT_IMPORT, petal_script(), *argv], capture_output=True,
+                              text=True, env={**os.environ, "AT_IMPORT": str(at)}, timeout=120)
+        assert done.returncode == 130 and "Traceback" not in done.stderr, (at, total, done.stderr)
+        # before the command runs: one line; once a run's own stop handling has it: the run's report line, then why
+        assert done.stderr.strip() == MESSAGE or (argv[0] in RUNS and done.stderr.count("\n") == 2 and \
+            done.stderr.startswith(f"petal {argv[0]}: interrupted;") and "interrupted by SIGINT" in done.stderr), \
+            (at, total, done.stderr)
+
+
+def test_sigint_from_outside_soon_after_start_is_never_a_traceback():
+    """The real script, signalled from outside at a few early times. Before petal's first line runs (the
+    interpreter's own start, its site module, finding the petal package) Python's default answer is all there is:
+    killed by SIGINT, or the interpreter's traceback of that import alone, never inside petal's code."""
+    script = petal_script()
+    for argv in (["info", "/nonexistent"], ["query", "/nonexistent", "q"]):
+        for delay in (0.0, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3):
+            process = subprocess.Popen([script, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            time.sleep(delay)
+            process.send_signal(signal.SIGINT)
+            _, err = process.communicate(timeout=120)
+            if "Traceback" in err or "Fatal Python error" in err:
+                assert not petal_frames(err), err
+                continue
+            assert (process.returncode, err.strip()) in ((-signal.SIGINT, ""), (130, MESSAGE)) or \
+                process.returncode == 78, (delay, argv, process.returncode, err)
