@@ -211,8 +211,11 @@ class PetalGroup(click.Group):
             sys.exit(141)
 
     def invoke(self, ctx: click.Context) -> Any:
+        from petal.pipeline.reliability.errors import cli_names
+
         try:
-            return super().invoke(ctx)
+            with cli_names():  # NOTE: the API a command calls names its flags (--dim), not their keywords (dim)
+                return super().invoke(ctx)
         except BrokenPipeError:
             quiet_stdout()
             ctx.exit(141)

@@ -26,11 +26,13 @@ from petal.pipeline.jobs.settings import (
     out_path,
 )
 from petal.pipeline.reliability.errors import (
+    ArgumentTypeError,
     ConfigError,
     FlagError,
     PetalError,
     UsageError,
     io_error,
+    keyword_named,
     one_line,
     out_of_memory,
     quote_path,
@@ -65,12 +67,13 @@ def index(sources: Sources, out: str | os.PathLike[str], *, engine_factory: Call
             not_empty_path("", "sources")
         if vectors_column is not None:
             if not isinstance(vectors_column, str):
-                raise UsageError(f"petal.index(): vectors_column={vectors_column!r} is {kind_of(vectors_column)}, "
-                                 "not str")
+                raise ArgumentTypeError(f"petal.index(): vectors_column={vectors_column!r} is "
+                                        f"{kind_of(vectors_column)}, not str")
             if not vectors_column:  # NOTE: as --text-column "": no column has that name
                 raise UsageError("--vectors-column must not be empty")
             check_vectors_flags(settings)
     except UsageError as exc:
+        keyword_named(exc)  # NOTE: dim 0 < 1, not --dim: the caller passed keywords (the CLI keeps its flags)
         _fail(report, exc, 2, f"usage error: {exc}", _report_path(settings.get("json_report")))
         raise
     if vectors_column is not None:
@@ -102,12 +105,13 @@ def rebuild(out: str | os.PathLike[str], *, json_report: str | os.PathLike[str] 
         if json_report is not None:
             out_path(json_report, "json_report")
         if not isinstance(wait, bool):
-            raise UsageError(f"petal.rebuild(): wait={wait!r} is {kind_of(wait)}, not bool")
+            raise ArgumentTypeError(f"petal.rebuild(): wait={wait!r} is {kind_of(wait)}, not bool")
         not_empty_path(out, "out")
         out = out_path(out)
         chosen = index_settings(**settings)
         given = frozenset(ALIASES.get(key, key) for key in settings)
     except UsageError as exc:
+        keyword_named(exc)
         _fail(report, exc, 2, f"usage error: {exc}", target)
         raise
     from petal.pipeline.jobs.rebuild import run_rebuild  # NOTE: after the flags: a usage error loads no FAISS or Arrow
@@ -137,15 +141,16 @@ def _check_hooks(caller: str, report: Any, stop: Any, engine_factory: Any = None
     ``AttributeError``, ``'str' object has no attribute 'finish'``, or a ``TypeError`` from inside the run, once
     ``OUT`` was made)."""
     if report is not None and not isinstance(report, RunReport):
-        raise UsageError(f"{caller}: report={report!r} is {kind_of(report)}, not a petal.RunReport (or None)")
+        raise ArgumentTypeError(f"{caller}: report={report!r} is {kind_of(report)}, not a petal.RunReport (or None)")
     if stop is not None:
         from petal.pipeline.reliability.signals import StopSignals
 
         if not isinstance(stop, StopSignals):
-            raise UsageError(f"{caller}: stop={stop!r} is {kind_of(stop)}, not a StopSignals "
+            raise ArgumentTypeError(f"{caller}: stop={stop!r} is {kind_of(stop)}, not a StopSignals "
                              "(petal.pipeline.reliability.signals) or None")
     if engine_factory is not None and not callable(engine_factory):
-        raise UsageError(f"{caller}: engine_factory={engine_factory!r} is {kind_of(engine_factory)}, not callable")
+        raise ArgumentTypeError(f"{caller}: engine_factory={engine_factory!r} is {kind_of(engine_factory)}, "
+                                "not callable")
 
 
 def _report_path(json_report: Any) -> Path | None:
@@ -179,6 +184,7 @@ def _run(work: Callable[[], RunReport], report: RunReport, json_report: Path | s
                 raise
             raise ConfigError(str(exc)) from exc
     except PetalError as exc:
+        keyword_named(exc)
         _fail(report, exc, exc.exit_code,
               f"usage error: {exc}" if isinstance(exc, UsageError) and not isinstance(exc, FlagError) else str(exc),
               json_report, exc.status)

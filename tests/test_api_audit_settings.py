@@ -23,7 +23,7 @@ def shards(tmp_path) -> Path:
 
 @pytest.mark.parametrize(("settings", "named"), [
     ({"delete": 5}, r"delete: 5 is an int, not a path"),
-    ({"keep_columns": 5}, r"--keep-columns .*: column names are strings, not 5"),
+    ({"keep_columns": 5}, r"keep_columns .*: column names are strings, not 5"),
 ])
 def test_index_path_and_column_settings_of_the_wrong_type(shards, tmp_path, settings, named):
     """``delete=5`` was a TypeError from pathlib, ``keep_columns=5`` "'int' object is not iterable"."""

@@ -22,6 +22,7 @@ from petal.pipeline.ingest.tokens import TextTokenizer, tokenizer_for
 from petal.pipeline.jobs.settings import (
     Texts,
     build,
+    check_model_settings,
     kind_of,
     model_options,
     model_path,
@@ -31,7 +32,7 @@ from petal.pipeline.jobs.settings import (
     typed,
     whole_number,
 )
-from petal.pipeline.reliability.errors import BadInputError, UsageError, quote_text
+from petal.pipeline.reliability.errors import ArgumentTypeError, BadInputError, UsageError, keyword_names, quote_text
 from petal.pipeline.store.outputs import OutputConfig, OutputTransform
 
 if TYPE_CHECKING:
@@ -143,6 +144,7 @@ class Embedder:
     unsafe ``petal.ConfigError``; the model loads here, once.
     """
 
+    @keyword_names()
     def __init__(self, model: str | Path | None = None, device: str = "auto", dtype: str = "auto", *,
                  attention: str = "auto", max_length: int | None = None, token_budget: int | None = None,
                  max_seqs: int = 256, cuda_graphs: bool = True, pooling: str | None = None,
@@ -152,9 +154,12 @@ class Embedder:
                  engine_factory: EngineFactory | None = None) -> None:
         caller = "petal.Embedder()"
         if engine_factory is not None and not callable(engine_factory):  # NOTE: else a TypeError once the model loads
-            raise UsageError(f"{caller}: engine_factory={engine_factory!r} is {kind_of(engine_factory)}, not callable")
+            raise ArgumentTypeError(f"{caller}: engine_factory={engine_factory!r} is {kind_of(engine_factory)}, "
+                                    "not callable")
         if model is not None:
             model_path(model, f"{caller}: model")
+        # NOTE: before torch: device=1 was 'device 1 is not one of ...' from the engine, a ValueError, not a TypeError
+        check_model_settings({"device": device, "dtype": dtype, "attention": attention}, caller)
         if calibration is not None:
             out_path(calibration, f"{caller}: calibration")
         options = model_options(**typed(ModelOptions, {
@@ -199,6 +204,12 @@ class Embedder:
         ``with petal.Embedder(...) as embedder:`` block."""
         self._engine = None  # NOTE: the tokenizers stay (small): a thread inside embed() may be reading them
 
+    def __repr__(self) -> str:
+        engine = self._engine
+        where = "closed" if engine is None else f"device={engine.config.device!r} dtype={engine.config.dtype!r}"
+        return (f"<petal.Embedder model={str(self.spec.path)!r} dim={self.dim} quantize={self.transform.quantize!r} "
+                f"max_length={self.max_length} {where}>")
+
     def __enter__(self) -> Embedder:
         return self
 
@@ -228,11 +239,14 @@ class Embedder:
         """
         return self.embed(texts, query=query, batch_tokens=batch_tokens).rows
 
+    @keyword_names()
     def embed(self, texts: Texts, *, query: bool = False, batch_tokens: SupportsIndex | None = None) -> Embedded:
         """``encode``, with the number of truncated texts, the skipped ones and the output format used.
 
         ``texts``: one text (a str or UTF-8 bytes: ``[1, dim]``) or an ordered collection of them (a list, tuple,
-        generator or numpy array; a dict or a set is a ``UsageError``). ``None``, undecodable and invisible texts,
+        generator, numpy array, pandas Series, pyarrow array); anything else (a dict, a set, numbers such as a
+        torch tensor, an item that is not a str) is a ``TypeError`` (also a ``UsageError``) naming ``texts`` and
+        what it takes. ``None``, undecodable and invisible texts,
         and texts the model turns into NaN or infinity, are skipped and said in ``skipped`` by reason
         (``null_text``, ``invalid_utf8``, ``lone_surrogate``, ``empty_text``, ``non_finite_embedding``); every text
         skipped: ``NoInputError``, exit 66."""
@@ -240,7 +254,7 @@ class Embedder:
         from petal.pipeline.reliability.errors import NoInputError
 
         if not isinstance(query, (bool, np.bool_)):
-            raise UsageError(f"query={query!r} is {kind_of(query)}, not True or False")
+            raise ArgumentTypeError(f"query={query!r} is {kind_of(query)}, not True or False")
         engine = self.engine  # NOTE: a closed Embedder refuses before any text is judged
         items = text_items(texts, "texts")
         # NOTE: the rule of petal index: null, undecodable and invisible texts are skipped and counted; rows keep

@@ -20,6 +20,7 @@ from petal.pipeline.ingest.text_rule import skip_reason, valid_text
 from petal.pipeline.jobs.settings import (
     Texts,
     check_model_settings,
+    is_tensor,
     kind_of,
     not_empty_path,
     petal_error,
@@ -27,7 +28,7 @@ from petal.pipeline.jobs.settings import (
     whole_number,
 )
 from petal.pipeline.manifest import Manifest
-from petal.pipeline.reliability.errors import UsageError
+from petal.pipeline.reliability.errors import ArgumentTypeError, UsageError, keyword_names
 
 if TYPE_CHECKING:
     # NOTE: imported where the model is first needed: searching by vectors never loads torch or tokenizers
@@ -37,20 +38,20 @@ if TYPE_CHECKING:
 class Index:
     """A published index (an output directory, following CURRENT, or a version directory)."""
 
+    @keyword_names()
     def __init__(self, path: str | os.PathLike[str], *, model: str | None = None, device: str = "auto",
                  dtype: str = "auto", attention: str = "auto", nprobe: int | None = None, rescore: int | None = None,
                  query_prompt: str | None = None, allow_pickle_weights: bool = False,
                  _caller: str = "petal.Index()") -> None:
         if not isinstance(path, (str, os.PathLike)):
-            raise UsageError(f"path {path!r} is {kind_of(path)}, not a path to an index")
+            raise ArgumentTypeError(f"path {path!r} is {kind_of(path)}, not a path to an index")
         not_empty_path(path, "path")
         # NOTE: judged here, not only in open_index: petal.Index(...) is public and constructed directly too
         check_model_settings({"model": model, "device": device, "dtype": dtype, "attention": attention,
                               "query_prompt": query_prompt, "allow_pickle_weights": allow_pickle_weights}, _caller)
         nprobe = None if nprobe is None else whole_number(nprobe, "nprobe", 1)
         if nprobe is not None and nprobe > MAX_NPROBE:  # NOTE: FAISS raised at the first search (a C int)
-            raise UsageError(f"nprobe {nprobe} > {MAX_NPROBE}: FAISS takes it as a C int (petal query --nprobe's "
-                             "bound)")
+            raise UsageError(f"--nprobe {nprobe} > {MAX_NPROBE}: FAISS takes it as a C int")
         rescore = None if rescore is None else whole_number(rescore, "rescore", 0)
         self._reader: IndexReader | None = IndexReader(Path(path), nprobe=nprobe, rescore=rescore)
         self._root, self._nprobe, self._rescore = Path(path), nprobe, rescore
@@ -79,6 +80,15 @@ class Index:
         self._service = None
         if reader is not None:
             reader.close()
+
+    def __repr__(self) -> str:
+        reader = self._reader
+        if reader is None:
+            return f"<petal.Index {str(self._root)!r} (closed)>"
+        manifest = reader.manifest
+        return (f"<petal.Index {str(self._root)!r} version={reader.dir.name!r} vectors={reader.ntotal} "
+                f"dim={reader.dim} metric={manifest.metric!r} index={manifest.index.factory!r} "
+                f"model={manifest.model.display!r}>")
 
     def __enter__(self) -> Index:
         return self
@@ -123,6 +133,7 @@ class Index:
         """Settings given that do nothing for this index (``nprobe`` without IVF, ``rescore`` without binary codes)."""
         return list(self.reader.ignored)
 
+    @keyword_names()
     def check_where(self, where: str) -> None:
         """A ``where`` filter this index can apply (``UsageError`` naming a bad expression or unknown column, or a
         ``where`` that is no str)."""
@@ -132,6 +143,7 @@ class Index:
         except FilterError as exc:  # NOTE: only the filter's fault is the user's (2); anything else goes up as it is
             raise UsageError(str(exc)) from exc
 
+    @keyword_names()
     def query_model(self) -> QueryService:
         """The index's model, loaded once (gone or different weights: ``ConfigError``, exit 78; an index of
         precomputed vectors has none: ``UsageError``)."""
@@ -148,6 +160,7 @@ class Index:
                     raise petal_error(exc) from exc
             return self._service
 
+    @keyword_names()
     def reopened(self, where: str | None = None) -> Index | None:
         """The index again, on the version ``CURRENT`` names now, when that is another one than the version open
         (``None`` when it is the same, when ``path`` is a version directory or when that version was refused
@@ -177,32 +190,36 @@ class Index:
             raise
         return fresh
 
+    @keyword_names()
     def search(self, queries: Texts | np.ndarray, k: SupportsIndex = 10,
                where: str | None = None) -> list[list[Hit]]:
         """The top ``k`` hits of each query, best first (fewer when the index holds fewer vectors, or fewer
         documents match ``where``); each hit carries the kept columns (``--keep-columns``) as ``Hit.fields``.
 
-        ``queries``: one text or many (str or UTF-8 bytes: a list, tuple, generator or numpy array of them),
+        ``queries``: one text or many (str or UTF-8 bytes: any iterable of them: a list, tuple, generator, numpy
+        array, pandas Series, pyarrow array),
         embedded as queries with the index's model, prompt and output settings; a ``None`` or blank one (which
         ``petal query`` skips) gets no hits, in its place; bytes that are not UTF-8 are read as U+FFFD (as ``petal
         query`` reads them) and answered; one the model embeds to NaN or infinity is a
         ``BadInputError`` (``NonFiniteQueryError``, 65) naming it, before any search. Or the model's float
-        vectors ``[num_queries, model dim]`` or ``[model dim]`` (``Embedder(model).encode(texts, query=True)``),
-        which get the index's output transform (``--dim``, normalisation, quantization); a NaN or infinite value
-        is a ``UsageError``.
+        vectors ``[num_queries, model dim]`` or ``[model dim]`` as one numpy array or torch tensor
+        (``Embedder(model).encode(texts, query=True)``), which get the index's output transform (``--dim``,
+        normalisation, quantization); a NaN or infinite value is a ``UsageError``. Anything else (a number, a dict,
+        a list of arrays) is a ``TypeError`` (also a ``UsageError``) naming ``queries`` and what it takes.
         ``k``: an integer >= 1 (more than the index holds returns what there is).
         ``where``: only documents matching it, on kept columns (``"lang = 'en' AND year IN (2020, 2021)"``),
         applied inside the FAISS search.
         """
         k = whole_number(k, "k", 1)
         self._check_where(where)
+        queries = tensor_array(queries)
         if isinstance(queries, np.ndarray) and queries.dtype.kind not in "USO":
             stored = _in_range(self._stored(queries), self.manifest.metric)
             return _finite_scores(self._searched(lambda: self.reader.search(stored, k, where=where)))
         # NOTE: petal query's rule (TEXT, --stdin): bytes that are not UTF-8 (bytes, or a str holding them as lone
         # surrogates) are read as U+FFFD and answered; petal embed skips such a text, a query has no row to keep
         texts = [_readable(text) for text in
-                 text_items(queries, "queries", " (vectors go as one numpy float array [num_queries, dim])")]
+                 text_items(queries, "queries", "; or vectors: one numpy array or torch tensor [num_queries, dim]")]
         asked = [i for i, text in enumerate(texts) if skip_reason(text) is None]
         queried = [text for text in texts if text is not None and skip_reason(text) is None]
         if not texts or (not asked and not self.manifest.precomputed):  # an index without a model refuses texts
@@ -219,9 +236,12 @@ class Index:
             hits[i] = answer
         return hits
 
+    @keyword_names()
     def search_stored(self, vectors: np.ndarray, k: SupportsIndex = 10, where: str | None = None) -> list[list[Hit]]:
         """Search by vectors as the index stores them (``[num_queries, dim]`` or ``[dim]``, after ``--dim`` and
         normalisation; an index built with ``--vectors-column``: vectors like that column's). No model.
+        ``vectors``: a numpy array, a torch tensor (any device or float dtype) or a list of rows; texts are a
+        ``TypeError`` (also a ``UsageError``) pointing to ``search``.
 
         Floats or integers are values. A quantized index also takes its own codes, as ``petal embed --quantize``
         writes them: an ``--quantize int8`` index int8 codes ``[n, dim]`` (decoded by its scheme and ranges), a
@@ -234,6 +254,7 @@ class Index:
         stored = _in_range(rows, self.manifest.metric)
         return _finite_scores(self._searched(lambda: self.reader.search(stored, k, where=where)))
 
+    @keyword_names()
     def query_vectors(self, vectors: Any) -> np.ndarray:
         """``vectors`` (see ``search_stored``) as the float32 ``[n, dim]`` rows the index searches with."""
         vectors = _array(vectors)
@@ -282,6 +303,7 @@ class Index:
             raise UsageError(str(exc)) from exc
         return result
 
+    @keyword_names()
     def texts(self, hits: list[Hit]) -> list[str | None]:
         """Each hit's text, read back from its shard (``None`` when the shard or row is gone).
 
@@ -293,11 +315,11 @@ class Index:
     def _check_hits(self, hits: Any) -> None:
         """Every hit a ``Hit`` of this version: its FAISS id maps to the same id, shard and row here."""
         if isinstance(hits, Hit) or not isinstance(hits, (list, tuple)):
-            raise UsageError(f"hits: a list of Hit (one query's, search(...)[0]), not {kind_of(hits)}")
+            raise ArgumentTypeError(f"hits: a list of Hit (one query's, search(...)[0]), not {kind_of(hits)}")
         bad = next((i for i, hit in enumerate(hits) if not isinstance(hit, Hit)), None)
         if bad is not None:
-            raise UsageError(f"hits[{bad}] is {kind_of(hits[bad])}, not a Hit (search() returns one list of hits per "
-                             "query: pass one of them, search(...)[0])")
+            raise ArgumentTypeError(f"hits[{bad}] is {kind_of(hits[bad])}, not a Hit (search() returns one list of "
+                                    "hits per query: pass one of them, search(...)[0])")
         outside = next((hit for hit in hits if not 0 <= hit.faiss_id < self.reader.ntotal), None)
         if outside is None and hits:
             ids, shards, rows = self.reader.id_map.lookup(np.array([hit.faiss_id for hit in hits], dtype=np.int64))
@@ -339,7 +361,7 @@ class Index:
 def _where_text(where: Any) -> None:
     """``UsageError`` for a ``where`` that is no str (``None``, bytes, a number): the filter parser takes text only."""
     if not isinstance(where, str):
-        raise UsageError(f"where {where!r} is {kind_of(where)}, not a filter expression (a str)")
+        raise ArgumentTypeError(f"where {where!r} is {kind_of(where)}, not a filter expression (a str)")
 
 
 class QueryVectorsError(UsageError):
@@ -407,13 +429,34 @@ def _readable(text: str | bytes | None) -> str | None:
     return None if text is None else valid_text(text)[0]
 
 
+def tensor_array(value: Any) -> Any:
+    """A torch tensor (on any device, bfloat16 included, requiring grad or not) as a numpy array; anything else as it
+    is. NOTE: np.asarray of a CUDA or grad tensor raises from inside torch, and numpy has no bfloat16."""
+    if not is_tensor(value):
+        return value
+    tensor = value.detach().cpu()
+    if tensor.is_floating_point() and tensor.element_size() < 4:  # float16, bfloat16: float32 (their values exactly)
+        tensor = tensor.float()
+    return tensor.numpy()
+
+
+VECTORS_TAKEN = "a numpy array, a torch tensor or a list of rows of numbers, [num_queries, dim] or [dim]"
+
+
 def _array(vectors: Any) -> np.ndarray:
-    if isinstance(vectors, np.ndarray):
-        return vectors
-    try:
-        return np.asarray(vectors)
-    except ValueError as exc:  # ragged lists
-        raise UsageError(f"query vectors: not an array of [num_queries, dim] floats ({exc})") from None
+    vectors = tensor_array(vectors)
+    if isinstance(vectors, (str, bytes)) or vectors is None:
+        raise ArgumentTypeError(f"vectors: {kind_of(vectors)} is not vectors: vectors takes {VECTORS_TAKEN} (texts "
+                                "go to Index.search)")
+    if not isinstance(vectors, np.ndarray):
+        try:
+            vectors = np.asarray(vectors)
+        except ValueError as exc:  # ragged lists
+            raise UsageError(f"vectors: not an array of [num_queries, dim] numbers ({exc})") from None
+    if vectors.dtype.kind in "USO":
+        raise ArgumentTypeError(f"vectors: an array of {vectors.dtype} is not vectors: vectors takes {VECTORS_TAKEN} "
+                                "(texts go to Index.search)")
+    return vectors
 
 
 def _finite(rows: np.ndarray) -> np.ndarray:

@@ -30,7 +30,7 @@ from petal.pipeline.config import (
     parse_keep_columns,
     parse_size,
 )
-from petal.pipeline.reliability.errors import ConfigError, PetalError, UsageError, quote_text
+from petal.pipeline.reliability.errors import ArgumentTypeError, ConfigError, PetalError, UsageError, quote_text
 from petal.pipeline.store.outputs import OutputConfig
 
 T = TypeVar("T")
@@ -67,7 +67,7 @@ def whole_number(value: Any, name: str, minimum: int | None = None) -> int:
     """An integer argument (an ``int`` or a numpy integer; never a bool, float or str): ``UsageError`` naming
     ``name`` otherwise, or when below ``minimum``."""
     if isinstance(value, bool) or not hasattr(type(value), "__index__"):
-        raise UsageError(f"{name} {value!r} is {kind_of(value)}, not an integer")
+        raise ArgumentTypeError(f"{name} {value!r} is {kind_of(value)}, not an integer")
     number = operator.index(value)
     if minimum is not None and number < minimum:
         raise UsageError(f"{name} {number} < {minimum}")
@@ -84,6 +84,16 @@ def kind_of(value: Any) -> str:
 Texts = str | bytes | Iterable[str | bytes | None]
 
 
+TEXTS_TAKEN = ("one str (or UTF-8 bytes) or an iterable of them (a list, tuple, generator, numpy array of str, pandas "
+               "Series, pyarrow array; None for a missing text)")
+
+
+def is_tensor(value: Any) -> bool:
+    """``value`` is a torch tensor (told without importing torch: one exists only once torch is loaded)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.Tensor)
+
+
 def text_items(texts: Any, name: str, hint: str = "") -> list[Any]:
     """One text (str or UTF-8 bytes) or an ordered iterable (list, tuple, generator, ``dict.keys()``), numpy array,
     pandas column or pyarrow ``Array``/``ChunkedArray`` of them, as a list; a missing text (``None``, a float NaN,
@@ -93,28 +103,33 @@ def text_items(texts: Any, name: str, hint: str = "") -> list[Any]:
     if isinstance(texts, (str, bytes)):
         return [texts]  # one text, never its characters (or bytes)
     if isinstance(texts, (bytearray, memoryview)):  # NOTE: iterated, their bytes are ints
-        raise UsageError(f"{name}: {kind_of(texts)} is not a text (str or UTF-8 bytes) or a list of them{hint}")
+        raise ArgumentTypeError(f"{name}: {kind_of(texts)} is not a text (str or UTF-8 bytes) or a list of them{hint}")
     arrow = sys.modules.get("pyarrow")  # NOTE: loaded wherever a pyarrow array exists; never imported for this
     if arrow is not None and isinstance(texts, (arrow.Array, arrow.ChunkedArray)):
         items: list[Any] = texts.to_pylist()  # str, bytes and None (iterated: StringScalar objects)
     elif hasattr(texts, "tolist") and hasattr(texts, "ndim"):  # a numpy array of texts, a pandas column
+        if is_tensor(texts) or getattr(getattr(texts, "dtype", None), "kind", "O") in "biufcmM":
+            # NOTE: numbers (a torch tensor, a float array): never texts; each was 'texts[0] is a float, not a str'
+            raise ArgumentTypeError(f"{name}: {kind_of(texts)} of {texts.dtype} numbers is not texts: {name} takes "
+                                    f"{TEXTS_TAKEN}{hint}")
         items = [texts.item()] if texts.ndim == 0 else texts.tolist()
     elif hasattr(texts, "keys") or (isinstance(texts, AbstractSet) and not isinstance(texts, (KeysView, ItemsView))):
         # NOTE: a dict (or a DataFrame) iterates its keys, a set in no order the caller can match rows to: the
         # rows would silently be of other texts, or in another order
         what = "iterating it gives its keys, not its values" if hasattr(texts, "keys") else "it has no order"
-        raise UsageError(f"{name}: {kind_of(texts)} is not a list of texts ({what}): pass a list or tuple of "
+        raise ArgumentTypeError(f"{name}: {kind_of(texts)} is not a list of texts ({what}): pass a list or tuple of "
                          f"str{hint}")
     else:
         try:
             items = list(texts)
         except TypeError:
-            raise UsageError(f"{name}: {kind_of(texts)} is not a text (str) or a list of them{hint}") from None
+            raise ArgumentTypeError(f"{name}: {kind_of(texts)} is not a text (str) or a list of them{hint}") from None
     pandas_na = getattr(sys.modules.get("pandas"), "NA", None)
     items = [None if text is pandas_na or (isinstance(text, float) and math.isnan(text)) else text for text in items]
     bad = next((i for i, text in enumerate(items) if text is not None and not isinstance(text, (str, bytes))), None)
     if bad is not None:
-        raise UsageError(f"{name}[{bad}] is {kind_of(items[bad])}, not a str{hint}")
+        raise ArgumentTypeError(f"{name}[{bad}] is {kind_of(items[bad])}, not a str: {name} takes {TEXTS_TAKEN}"
+                                f"{hint}")
     return items
 
 
@@ -136,7 +151,7 @@ def typed(cls: type, values: dict[str, Any], caller: str) -> dict[str, Any]:
         elif not any(isinstance(value, t) and (t is not int or not isinstance(value, bool)) for t in allowed):
             spelled = " or ".join("None" if t is type(None) else t.__name__ for t in allowed)
             keyword = next((key for key, field_name in ALIASES.items() if field_name == name), name)
-            raise UsageError(f"{caller}: {keyword}={value!r} is {kind_of(value)}, not {spelled}")
+            raise ArgumentTypeError(f"{caller}: {keyword}={value!r} is {kind_of(value)}, not {spelled}")
     return checked
 
 
@@ -199,21 +214,21 @@ def sources_tuple(sources: str | os.PathLike[str] | Iterable[str | os.PathLike[s
     if isinstance(sources, (str, os.PathLike)):
         return (os.fspath(sources),)
     if isinstance(sources, (bytes, bytearray, memoryview)):  # NOTE: iterable, but not of paths (b"/x" -> 47, ...)
-        raise UsageError(f"sources: {sources!r} is {kind_of(sources)}, not a path, a glob or a list of them")
+        raise ArgumentTypeError(f"sources: {sources!r} is {kind_of(sources)}, not a path, a glob or a list of them")
     try:
         given = list(sources)
     except TypeError:
-        raise UsageError(f"sources: {kind_of(sources)} is not a path, a glob or a list of them") from None
+        raise ArgumentTypeError(f"sources: {kind_of(sources)} is not a path, a glob or a list of them") from None
     bad = next((i for i, s in enumerate(given) if not isinstance(s, (str, os.PathLike))), None)
     if bad is not None:  # NOTE: an index: the item found may be None itself
-        raise UsageError(f"sources: {given[bad]!r} is {kind_of(given[bad])}, not a path or a glob")
+        raise ArgumentTypeError(f"sources: {given[bad]!r} is {kind_of(given[bad])}, not a path or a glob")
     return tuple(os.fspath(s) for s in given)
 
 
 def out_path(out: Any, name: str = "out") -> Path:
     """A path argument as a ``Path`` (``UsageError`` naming ``name`` when it is not a path, or an empty one)."""
     if not isinstance(out, (str, os.PathLike)):
-        raise UsageError(f"{name}: {out!r} is {kind_of(out)}, not a path")
+        raise ArgumentTypeError(f"{name}: {out!r} is {kind_of(out)}, not a path")
     not_empty_path(out, name)
     return Path(out)
 
@@ -331,7 +346,7 @@ def check_model_settings(settings: dict[str, Any], caller: str) -> None:
     a bool (else a ``UsageError`` naming it). Judged without loading torch or the model."""
     model = settings.get("model")
     if model is not None and not isinstance(model, (str, os.PathLike)):
-        raise UsageError(f"{caller}: model={model!r} is {kind_of(model)}, not str or a path")
+        raise ArgumentTypeError(f"{caller}: model={model!r} is {kind_of(model)}, not str or a path")
     if model is not None:
         model_path(model, f"{caller}: model")
     typed(ModelOptions, {key: settings[key] for key in ("query_prompt", "allow_pickle_weights") if key in settings},
@@ -341,7 +356,7 @@ def check_model_settings(settings: dict[str, Any], caller: str) -> None:
             continue
         value = settings[name]
         if not isinstance(value, str):
-            raise UsageError(f"{caller}: {name}={value!r} is {kind_of(value)}, not str")
+            raise ArgumentTypeError(f"{caller}: {name}={value!r} is {kind_of(value)}, not str")
         if value not in choices:
             raise UsageError(f"{caller}: {name}={value!r} is not one of {', '.join(choices)}")
 
@@ -351,7 +366,7 @@ def model_path(model: Any, name: str) -> str:
     is a ``UsageError`` naming ``name``: ``model=""`` (an unset variable) is not the packaged default, which ``None``
     (or leaving it out) asks for."""
     if not isinstance(model, (str, os.PathLike)):
-        raise UsageError(f"{name}: {model!r} is {kind_of(model)}, not a path")
+        raise ArgumentTypeError(f"{name}: {model!r} is {kind_of(model)}, not a path")
     path = os.fspath(model)
     if not path:
         raise UsageError(f"{name}: an empty path; leave it out (None) for the packaged model")

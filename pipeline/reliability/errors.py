@@ -26,6 +26,7 @@ import errno
 import os
 import re
 from collections.abc import Iterable, Iterator
+from contextvars import ContextVar
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -153,6 +154,61 @@ class FlagError(UsageError):
 
     A ``UsageError`` for Python callers (``except petal.UsageError`` catches ``dim=`` above the model's
     width); the CLI prints it as a run's error (``petal: ...``), not with click's usage banner."""
+
+
+
+class ArgumentTypeError(UsageError, TypeError):
+    """An argument of the wrong type (``k="3"``, ``queries=5``, a torch tensor of numbers as ``texts``): a
+    ``UsageError`` (exit 2) and a ``TypeError``, as Python callers expect of one; the message names the argument
+    and the types it takes."""
+
+# NOTE: messages are written with the CLI's flags (--dim, -k, --where); a Python caller passed keywords (dim=, k=,
+# where=), so the API's entry points rename them (``keyword_names``) unless a CLI command runs them (``cli_names``)
+_CLI_NAMES: ContextVar[bool] = ContextVar("petal_cli_names", default=False)
+_FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*|-k|-q)(?![\w-])")
+_CLI_HINT = re.compile(r"\bpetal [a-z]+ (?:\S+ )?\(?$")  # "petal index --keep-columns": the command's own flag
+_FLAG_KEYWORDS = {"-k": "k", "-q": "quiet=True", "--quiet": "quiet=True", "--full": "full=True", "--sync": "sync=True",
+                  "--wait": "wait=True", "--ray": "ray=True", "--allow-pickle-weights": "allow_pickle_weights=True",
+                  "--no-cuda-graphs": "cuda_graphs=False", "--index-factory": "index_factory"}
+
+
+@contextlib.contextmanager
+def cli_names() -> Iterator[None]:
+    """Around a CLI command: the API it calls keeps naming the command's flags."""
+    token = _CLI_NAMES.set(True)
+    try:
+        yield
+    finally:
+        _CLI_NAMES.reset(token)
+
+
+def keyword_message(message: str) -> str:
+    """``message`` with each CLI flag it names as the Python API's keyword (``--dim 0 < 1``: ``dim 0 < 1``, ``-k``:
+    ``k``, ``--full``: ``full=True``); a flag in a CLI hint (``petal index --keep-columns``) stays."""
+    def keyword(match: re.Match[str]) -> str:
+        flag = match.group()
+        if _CLI_HINT.search(message, 0, match.start()):
+            return flag
+        return _FLAG_KEYWORDS.get(flag, flag[2:].replace("-", "_"))
+
+    return _FLAG.sub(keyword, message)
+
+
+def keyword_named(exc: BaseException) -> None:
+    """``exc`` (a ``PetalError`` raised to a Python caller) renamed in place by ``keyword_message``; under
+    ``cli_names`` (a CLI command) nothing changes."""
+    if isinstance(exc, PetalError) and not _CLI_NAMES.get() and exc.args and isinstance(exc.args[0], str):
+        exc.args = (keyword_message(exc.args[0]), *exc.args[1:])
+
+
+@contextlib.contextmanager
+def keyword_names() -> Iterator[None]:
+    """Around a public API method: its ``PetalError`` names keywords, not flags (``keyword_named``)."""
+    try:
+        yield
+    except PetalError as exc:
+        keyword_named(exc)
+        raise
 
 
 @contextlib.contextmanager
