@@ -9,6 +9,7 @@ command would end with; a run that raises still finishes its ``RunReport`` (and 
 
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 from collections.abc import Callable, Iterable
@@ -128,6 +129,11 @@ def open_index(path: str | os.PathLike[str], **settings: Any) -> Index:
     """
     from petal.pipeline.jobs.searcher import Index
 
+    # NOTE: named as the caller called it: a typo (nprob=3) was "Index.__init__() got an unexpected keyword argument"
+    taken = {name for name in inspect.signature(Index).parameters if name != "path" and not name.startswith("_")}
+    unknown = next((key for key in settings if key not in taken), None)
+    if unknown is not None:
+        raise TypeError(f"petal.open_index() got an unexpected keyword argument {unknown!r}")
     return Index(path, _caller="petal.open_index()", **settings)
 
 

@@ -159,3 +159,11 @@ def test_repr_says_what_it_is(out):
     assert text.startswith("<petal.Embedder ") and "dim=384" in text and "device='cpu'" in text
     embedder.close()
     assert repr(embedder).endswith(" closed>")
+
+
+@pytest.mark.parametrize("settings", [{"nprob": 3}, {"devic": "cpu"}, {"_caller": "x"}])
+def test_a_keyword_typo_in_open_index_is_named_by_open_index(out, settings):
+    """Was "Index.__init__() got an unexpected keyword argument 'nprob'" (or "got multiple values for '_caller'")."""
+    keyword = next(iter(settings))
+    with pytest.raises(TypeError, match=rf"^petal\.open_index\(\) got an unexpected keyword argument '{keyword}'$"):
+        petal.open_index(out, **settings)
