@@ -2,7 +2,8 @@
 
 ``encode_batch_fast`` runs on all cores (Rust threads, GIL released); the pipeline runs this stage
 in a background thread so the device never waits on it. Truncation at the model's max length is
-exact and counted per row; a character pre-cap keeps a multi-megabyte row from stalling it.
+exact and counted per row; a character pre-cap keeps a multi-megabyte row from stalling it (a row whose
+prefix does not fill max_length is encoded from longer prefixes, up to the whole text).
 
 sentence-transformers conventions: a prompt (``Instruct: ...\nQuery:`` for Qwen3-Embedding
 queries) is put in front of each text and truncated with it; last-token pooling needs the EOS
@@ -49,7 +50,8 @@ class TextTokenizer:
 
         self.max_length = max_length
         self.prompt = prompt
-        # NOTE: the cap is generous (64 characters a token); a capped text is counted as truncated.
+        # NOTE: the cap is generous (64 characters a token); a capped text is encoded whole where its prefix
+        # does not fill max_length (``encode``), so the cap changes no text's ids.
         self.max_chars = max_chars if max_chars is not None else max(max_length * 64, 4096)
         try:
             self._tokenizer = Tokenizer.from_str(read_text(tokenizer_file))
@@ -82,25 +84,42 @@ class TextTokenizer:
 
     def encode(self, texts: list[str]) -> Encoded:
         capped = np.fromiter((len(t) > self.max_chars for t in texts), dtype=bool, count=len(texts))
-        if capped.any():
-            texts = [t[: self.max_chars] if c else t for t, c in zip(texts, capped)]
-        if self.prompt:
-            texts = [self.prompt + t for t in texts]
-        # NOTE: one text alone: the single-text encoder is about twice as fast as a batch of one (no
-        # thread-pool dispatch); the same ids and overflow either way (tests/test_parquet.py)
-        if len(texts) == 1:
-            ids, over = self._encode_one(texts[0])
-            token_ids, overflowed = [np.array(ids, dtype=np.int32)], np.array([over])
+        if not capped.any():
+            token_ids, overflowed = self._encode_prompted(texts)
         else:
-            encodings = self._encode(texts)
-            token_ids = [np.array(e.ids, dtype=np.int32) for e in encodings]
-            overflowed = np.fromiter((bool(e.overflowing) for e in encodings), dtype=bool, count=len(encodings))
+            token_ids, overflowed = self._encode_prompted([t[: self.max_chars] if c else t
+                                                           for t, c in zip(texts, capped)])
+            # NOTE: the cap can cut tokens the whole text has within max_length: characters the tokenizer drops
+            # or folds (a run of spaces, newlines or zero-width characters; a long word that is one unknown
+            # token). A capped text that did not fill max_length is encoded again from a 4x longer prefix, up
+            # to the whole text, so its ids are the whole text's (at most ~4/3 of encoding it whole).
+            limit = self.max_chars
+            short = [i for i in np.flatnonzero(capped) if not overflowed[i]]
+            while short:
+                limit *= 4
+                again, again_over = self._encode_prompted([texts[i][:limit] for i in short])
+                for i, ids, over in zip(short, again, again_over):
+                    token_ids[i], overflowed[i], capped[i] = ids, over, len(texts[i]) > limit
+                short = [i for i in short if capped[i] and not overflowed[i]]
         if self.appends_eos:
             eos = np.array([self.eos_token_id], dtype=np.int32)
             token_ids = [np.concatenate([ids, eos]) if len(ids) else ids for ids in token_ids]
         if self._vocab_size is not None:
             self._check_vocabulary(token_ids)
         return Encoded(token_ids, overflowed | capped)
+
+    def _encode_prompted(self, texts: list[str]) -> tuple[list[np.ndarray], np.ndarray]:
+        """``prompt + text``'s ids (int32, truncated at max_length, no EOS appended yet) and whether each overflowed."""
+        if self.prompt:
+            texts = [self.prompt + t for t in texts]
+        # NOTE: one text alone: the single-text encoder is about twice as fast as a batch of one (no
+        # thread-pool dispatch); the same ids and overflow either way (tests/test_parquet.py)
+        if len(texts) == 1:
+            ids, over = self._encode_one(texts[0])
+            return [np.array(ids, dtype=np.int32)], np.array([over])
+        encodings = self._encode(texts)
+        return ([np.array(e.ids, dtype=np.int32) for e in encodings],
+                np.fromiter((bool(e.overflowing) for e in encodings), dtype=bool, count=len(encodings)))
 
     def _check_vocabulary(self, token_ids: list[np.ndarray]) -> None:
         assert self._vocab_size is not None

@@ -1,0 +1,64 @@
+"""The character pre-cap of tokenization (pipeline/ingest/tokens.py) never changes a text's ids: a text longer
+than the cap whose prefix does not fill max_length (a run of spaces, newlines or zero-width characters, a long
+word that is one unknown token, before the words) is tokenized as Hugging Face tokenizes the whole text, and is
+counted as truncated only when it is; vectors equal sentence-transformers'. The real MiniLM tokenizer and model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from petal.pipeline.ingest.tokens import TextTokenizer
+
+TAIL = " how do glaciers move? they flow by internal deformation of the ice"
+PADDED = [
+    " " * 40_000 + TAIL,  # whitespace the normaliser drops
+    "\n" * 20_000 + "\t" * 20_000 + TAIL,
+    "\u200b" * 40_000 + TAIL,  # zero-width characters, removed
+    "x" * 40_000 + TAIL,  # one word past max_input_chars_per_word: a single [UNK]
+    "x" * 3_000 + " " * 9_000 + "y" * 30_000 + TAIL * 40,  # fills max_length only past several caps
+]
+
+
+def hf_ids(minilm_dir, texts: list[str], max_length: int) -> list[list[int]]:
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(str(minilm_dir))
+    return hf(texts, truncation=True, max_length=max_length)["input_ids"]
+
+
+@pytest.mark.parametrize("max_length", [16, 256])
+def test_a_long_prefix_that_tokenizes_to_little_keeps_the_words_after_it(minilm_dir, minilm_spec, max_length):
+    tokenizer = TextTokenizer(minilm_spec.tokenizer_file, max_length)
+    assert all(len(t) > tokenizer.max_chars for t in PADDED)
+    expected = hf_ids(minilm_dir, PADDED, max_length)
+    batch = tokenizer.encode(PADDED)
+    for i, text in enumerate(PADDED):
+        np.testing.assert_array_equal(batch.token_ids[i], expected[i])
+        alone = tokenizer.encode([text])  # the single-text encoder: the same
+        np.testing.assert_array_equal(alone.token_ids[0], expected[i])
+        assert alone.truncated[0] == batch.truncated[i]
+    whole = [len(hf_ids(minilm_dir, [t], 100_000)[0]) for t in PADDED]
+    assert batch.truncated.tolist() == [n > max_length for n in whole]
+
+
+def test_a_capped_prefix_with_a_prompt_and_a_short_text_beside_it(minilm_dir, minilm_spec):
+    tokenizer = TextTokenizer(minilm_spec.tokenizer_file, 128, max_chars=300, prompt="query: ")
+    texts = ["short", " " * 1000 + "glaciers", "word " * 400, "a " * 100]
+    expected = hf_ids(minilm_dir, ["query: " + t for t in texts], 128)
+    out = tokenizer.encode(texts)
+    for ids, ref in zip(out.token_ids, expected):
+        np.testing.assert_array_equal(ids, ref)
+    assert out.truncated.tolist() == [False, False, True, False]
+
+
+def test_embedder_vectors_of_padded_texts_match_sentence_transformers(minilm_dir):
+    from sentence_transformers import SentenceTransformer
+
+    import petal
+
+    reference = SentenceTransformer(str(minilm_dir), device="cpu").encode(PADDED[:4], convert_to_numpy=True)
+    with petal.Embedder(str(minilm_dir), device="cpu") as embedder:
+        ours = np.asarray(embedder.encode(PADDED[:4]))
+    cosine = (ours * reference).sum(1) / np.linalg.norm(ours, axis=1) / np.linalg.norm(reference, axis=1)
+    assert cosine.min() >= 0.9999, cosine
