@@ -83,3 +83,27 @@ def test_a_filter_of_a_few_rows_scans_them_instead_of_walking_the_whole_graph(co
         else:
             assert np.mean([len({h.id for h in hits} & set(w)) / 10 for hits, w in zip(found, wanted)]) >= 0.95
         assert per_query < 0.008, f"{factory}: {per_query * 1000:.1f} ms a query"  # ~1 ms; the walk ~30
+
+
+def test_a_filtered_hnsw_search_widens_the_tuned_ef_search_not_k(corpus):
+    """A filtered HNSW search for few hits (k 1, 3) keeps the recall of an unfiltered one. The tuned efSearch finds
+    the top k among every vector; the filtered search asked for k x ntotal / matches candidates instead, fewer than
+    the tuned efSearch x ntotal / matches whenever k is below it: a 1% filter had recall@1 0.945 where the unfiltered
+    search had 0.985 (recall@3 0.91 against 0.99). Real Parquet, real FAISS, the API."""
+    root, vectors, bucket, _ = corpus
+    rng = np.random.default_rng(5)
+    queries = vectors[rng.integers(0, NUM, 200)] + 0.5 * rng.standard_normal((200, DIM)).astype(np.float32)
+    out = root / "tuned-ef"
+    petal.index(root / "a.parquet", out, vectors_column="emb", index_factory="HNSW16", metric="l2",
+                keep_columns="bucket", quiet=True)
+    distances = ((queries[:, None] - vectors[None]) ** 2).sum(-1)
+    with petal.open_index(out) as index:
+        for k in (1, 3):
+            recall = {}
+            for where, mask in [("bucket = 7", bucket == 7), (None, np.ones(NUM, bool))]:
+                rows = np.flatnonzero(mask)
+                found = index.search_stored(queries, k=k, where=where)
+                recall[where] = np.mean([len({h.id for h in hits} & set(rows[np.argsort(d[rows], kind="stable")[:k]]
+                                                                         .tolist())) / k
+                                         for hits, d in zip(found, distances)])
+            assert recall["bucket = 7"] >= min(recall[None], 0.99), (k, recall)
