@@ -219,15 +219,17 @@ class PetalGroup(click.Group):
         except BrokenPipeError:
             quiet_stdout()
             ctx.exit(141)
-        except KeyboardInterrupt:
-            # NOTE: SIGINT that no run's own handling turned into ``Interrupted`` (``petal query --stdin`` waiting for
-            # a line, ``petal embed`` reading stdin or loading its model): click would say "Aborted!" and exit 1, the
-            # code of a bug; the contract's is 130
+        except KeyboardInterrupt as exc:
+            # NOTE: a stop signal that no run's own handling turned into ``Interrupted`` (``petal query --stdin``
+            # waiting for a line, ``petal embed`` reading stdin or loading its model): click would say "Aborted!" and
+            # exit 1, the code of a bug; the contract's is 128 + the signal's number (SIGINT 130, SIGTERM 143, ...)
+            from petal._startup import StopSignal, message
             from petal.pipeline.reliability.errors import EXIT_SIGINT
 
+            signum = exc.signum if isinstance(exc, StopSignal) else EXIT_SIGINT - 128
             with contextlib.suppress(OSError, ValueError):
-                click.echo("petal: interrupted by SIGINT", err=True)
-            ctx.exit(EXIT_SIGINT)
+                click.echo(message(signum), err=True)
+            ctx.exit(128 + signum)
 
 
 def stdin_lines() -> Iterator[bytes]:

@@ -9,7 +9,7 @@ import sys
 import click
 
 from petal import __version__
-from petal._startup import quiet_sigint, sigint_to_python
+from petal._startup import quiet_signals, signals_to_python
 from petal.cli.bench import bench
 from petal.cli.common import PetalGroup, defer_gc_for_startup, offline
 from petal.cli.embed import embed
@@ -40,7 +40,7 @@ def cli() -> None:
     74 I/O error, 75 temporary (retry), 78 configuration, 129/130/143 interrupted by SIGHUP/SIGINT/SIGTERM
     (138/140: SIGUSR1/SIGUSR2), 141 stdout closed by its reader.
     """
-    sigint_to_python()  # the command answers Ctrl-C from here (PetalGroup.invoke, a run's StopSignals)
+    signals_to_python()  # the command answers Ctrl-C and SIGTERM from here (PetalGroup.invoke, a run's StopSignals)
     offline()
 
 
@@ -74,13 +74,13 @@ def open_closed_outputs() -> None:
 
 def main() -> None:
     """The ``petal`` script: one command, then the process ends."""
-    quiet_sigint()  # NOTE: the `petal` script took it in petal/__init__.py; `python -m petal.cli.main` from here
+    quiet_signals()  # NOTE: the `petal` script took them in petal/__init__.py; `python -m petal.cli.main` from here
     open_closed_outputs()
     defer_gc_for_startup()
     try:
         cli()
     finally:
-        quiet_sigint()  # the command has returned (or is exiting): Ctrl-C now ends the process quietly
+        quiet_signals()  # the command has returned (or is exiting): a stop signal now ends the process quietly
         # NOTE: the process ends here: the interpreter's last collections would walk every object torch and the
         # model made (0.1-0.5 s on the 2-core machine) to free memory the OS takes back anyway. Frozen, they are
         # skipped; atexit handlers still run, stdout and stderr are still flushed, files were closed by their

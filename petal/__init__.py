@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import sys as _sys
 
-if _sys.argv and _sys.argv[0].rpartition("/")[2] == "petal":  # the `petal` script: a quiet Ctrl-C from here on
-    from petal._startup import quiet_sigint as _quiet_sigint
+if _sys.argv and _sys.argv[0].rpartition("/")[2] == "petal":  # the `petal` script: a quiet stop signal from here on
+    from petal._startup import quiet_signals as _quiet_signals
 
-    _quiet_sigint()
+    _quiet_signals()
 
 from importlib import import_module
 from typing import TYPE_CHECKING, Any

@@ -1,10 +1,14 @@
-"""Ctrl-C while the ``petal`` script starts: one line on stderr and exit 130, never a traceback.
+"""A stop signal while the ``petal`` script starts: one line on stderr and exit 128 + its number, never a traceback
+and never a death by the signal (SIGINT 130, SIGTERM 143, SIGHUP 129, SIGUSR1/SIGUSR2 138/140: the stop signals of
+``pipeline/reliability/signals.py``).
 
 Installed by ``petal/__init__.py`` (the first of petal's code the script runs, before ``typing``, click and the
-commands are imported) when the process is the ``petal`` script; ``petal.cli.main``'s group callback hands SIGINT
-back to Python (``KeyboardInterrupt``: ``PetalGroup.invoke`` and each run's ``StopSignals`` answer it) once a
-command is about to run, and ``main`` takes it again when the command has returned. Only ``os``, ``sys`` and the
-interpreter's own ``_signal``: nothing here may run much Python code before the handler is in place.
+commands are imported) when the process is the ``petal`` script; ``petal.cli.main``'s group callback hands the
+signals back to Python once a command is about to run (SIGINT raises ``KeyboardInterrupt``, the others
+``StopSignal``, a ``KeyboardInterrupt`` too: ``PetalGroup.invoke`` and each run's ``StopSignals`` answer them), and
+``main`` takes them again when the command has returned. A signal the process was started ignoring (``nohup``'s
+SIGHUP, a background job's SIGINT) stays ignored. Only ``os``, ``sys`` and the interpreter's own ``_signal``: nothing
+here may run much Python code before the handlers are in place.
 """
 
 from __future__ import annotations
@@ -19,31 +23,54 @@ if TYPE_CHECKING:
 # NOTE: `_signal`, which the interpreter loaded at its start, not `signal`: importing `signal` runs Python code (its
 # enum conversion, ~1 ms) that a SIGINT could interrupt before the handler below is in place, a traceback
 _signal: Any = sys.modules.get("_signal") or __import__("signal")
-MESSAGE = b"petal: interrupted by SIGINT\n"
-EXIT_SIGINT = 130  # NOTE: pipeline/reliability/errors.py's EXIT_SIGINT (not imported: too heavy this early)
+# signal number -> name; the numbers differ between systems (SIGUSR1 is 10 on Linux, 30 on macOS)
+NAMES = {getattr(_signal, name): name for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGUSR1", "SIGUSR2")}
+
+
+class StopSignal(KeyboardInterrupt):
+    """A stop signal other than SIGINT while a command runs: unwinds as Ctrl-C does, and says which (``signum``)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def message(signum: int) -> str:
+    return f"petal: interrupted by {NAMES.get(signum, signum)}"
 
 
 def _interrupted(signum: int, frame: Any) -> None:
-    """Exit 130 now: nothing was started that needs an ending (no lock, no file written, nothing on stdout that
-    click.echo did not flush)."""
+    """Exit 128 + ``signum`` now: nothing was started that needs an ending (no lock, no file written, nothing on
+    stdout that click.echo did not flush)."""
     try:  # noqa: SIM105  # NOTE: plain statements, no contextlib: this runs as early as the interpreter allows
-        os.write(2, MESSAGE)
+        os.write(2, (message(signum) + "\n").encode())
     except OSError:
         pass
-    os._exit(EXIT_SIGINT)
+    os._exit(128 + signum)
 
 
-def quiet_sigint() -> None:
-    """SIGINT ends the process quietly (130) from now on (main thread only; a handler the host set is kept)."""
-    if _signal.getsignal(_signal.SIGINT) in (_signal.default_int_handler, _interrupted):
-        try:  # noqa: SIM105
-            _signal.signal(_signal.SIGINT, _interrupted)
-        except ValueError:  # not the main thread: its signals are not this code's
-            pass
+def _raise(signum: int, frame: Any) -> None:
+    raise StopSignal(signum)
 
 
-def sigint_to_python() -> None:
-    """SIGINT raises ``KeyboardInterrupt`` again (a command is about to run and answers it itself)."""
-    if _signal.getsignal(_signal.SIGINT) is _interrupted:
-        _signal.signal(_signal.SIGINT, _signal.default_int_handler)
+def _python_default(signum: int) -> Any:
+    return _signal.default_int_handler if signum == _signal.SIGINT else _signal.SIG_DFL
 
+
+def quiet_signals() -> None:
+    """Each stop signal ends the process quietly (128 + its number) from now on (main thread only; a handler the
+    host set, or an ignored signal, is kept)."""
+    for signum in NAMES:
+        if _signal.getsignal(signum) in (_python_default(signum), _interrupted, _raise):
+            try:
+                _signal.signal(signum, _interrupted)
+            except ValueError:  # not the main thread: its signals are not this code's
+                return
+
+
+def signals_to_python() -> None:
+    """SIGINT raises ``KeyboardInterrupt`` again, the other stop signals ``StopSignal`` (a command is about to run
+    and answers them itself)."""
+    for signum in NAMES:
+        if _signal.getsignal(signum) is _interrupted:
+            _signal.signal(signum, _signal.default_int_handler if signum == _signal.SIGINT else _raise)

@@ -1,7 +1,8 @@
 """Ctrl-C while ``petal`` starts (imports, flag parsing) exits 130 with one line, never a traceback, for every
-command (RELIABILITY.md promises 10 and 19). Real ``petal`` script processes: SIGINT at each module import of
-start-up (a meta path hook sends it to the process itself, so every moment is reached, not a lucky few), and
-from outside at a few times after the start."""
+command (RELIABILITY.md promises 10 and 19), and so does every other stop signal (SIGTERM 143, SIGHUP 129, SIGUSR1
+138), never a death by the signal. Real ``petal`` script processes: the signal at each module import of start-up (a
+meta path hook sends it to the process itself, so every moment is reached, not a lucky few), and from outside at a
+few times after the start."""
 
 from __future__ import annotations
 
@@ -27,13 +28,13 @@ COMMANDS = [["info", "/nonexistent"], ["index", "/nonexistent", "--out", "/nonex
 # imported once petal's first line has run (petal._startup imported): Python runs the handler there, mid-import.
 AT_IMPORT = r"""
 import os, runpy, signal, sys
-at, seen = int(os.environ["AT_IMPORT"]), []
+at, seen, sig = int(os.environ["AT_IMPORT"]), [], getattr(signal, os.environ.get("AT_SIGNAL", "SIGINT"))
 class Hook:
     def find_spec(self, name, path=None, target=None):
         if "petal._startup" in sys.modules:
             seen.append(name)
             if len(seen) == at:
-                os.kill(os.getpid(), signal.SIGINT)
+                os.kill(os.getpid(), sig)
         return None
 sys.meta_path.insert(0, Hook())
 sys.argv = sys.argv[1:]
@@ -64,11 +65,15 @@ def imports_at_startup(argv: list[str]) -> int:
     return int(done.stderr.rsplit("IMPORTS ", 1)[1])
 
 
+def import_points(total: int, num_points: int) -> list[int]:
+    return sorted({1, 2, 3, *range(1, total + 1, max(1, total // num_points)), total})
+
+
 @pytest.mark.parametrize("argv", COMMANDS, ids=lambda a: a[0])
 def test_sigint_at_any_import_of_startup_is_130_and_one_line(argv):
     total = imports_at_startup(argv)
     assert total > 20, total
-    for at in sorted({1, 2, 3, *range(1, total + 1, max(1, total // 12)), total}):
+    for at in import_points(total, 12):
         done = subprocess.run([sys.executable, "-c", AT_IMPORT, petal_script(), *argv], capture_output=True,
                               text=True, env={**os.environ, "AT_IMPORT": str(at)}, timeout=120)
         assert done.returncode == 130 and "Traceback" not in done.stderr, (at, total, done.stderr)
@@ -76,6 +81,49 @@ def test_sigint_at_any_import_of_startup_is_130_and_one_line(argv):
         assert done.stderr.strip() == MESSAGE or (argv[0] in RUNS and done.stderr.count("\n") == 2 and \
             done.stderr.startswith(f"petal {argv[0]}: interrupted;") and "interrupted by SIGINT" in done.stderr), \
             (at, total, done.stderr)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1], ids=lambda s: s.name)
+@pytest.mark.parametrize("argv", [["info", "/nonexistent"], ["index", "/nonexistent", "--out", "/nonexistent-out"],
+                                  ["query", "/nonexistent", "q"]], ids=lambda a: a[0])
+def test_every_stop_signal_at_start_up_is_128_plus_its_number_and_one_line(argv, sig):
+    """SIGTERM (a scheduler's stop or timeout), SIGHUP and SIGUSR1 while petal starts were deaths by the signal
+    (-15 for a Python caller, Airflow's "returned -15"; no line saying why): now as SIGINT, one line and exit
+    128 + the signal's number, during the imports, the flag parsing and the command's own start alike."""
+    message = f"petal: interrupted by {sig.name}"
+    total = imports_at_startup(argv)
+    for at in import_points(total, 6):
+        done = subprocess.run([sys.executable, "-c", AT_IMPORT, petal_script(), *argv], capture_output=True,
+                              text=True, env={**os.environ, "AT_IMPORT": str(at), "AT_SIGNAL": sig.name}, timeout=120)
+        assert done.returncode == 128 + sig and "Traceback" not in done.stderr, (at, total, done.returncode,
+                                                                                  done.stderr)
+        assert done.stderr.strip() == message or (argv[0] in RUNS and done.stderr.count("\n") == 2 and
+            done.stderr.startswith(f"petal {argv[0]}: interrupted;") and message[7:] in done.stderr), \
+            (at, total, done.stderr)
+
+
+def test_a_stop_signal_while_a_command_waits_is_its_exit_code_and_one_line():
+    """``petal embed --stdin`` waiting for its input (no run's ``StopSignals`` there): SIGTERM was a death by the
+    signal, SIGHUP too; each is now one line and 128 + its number, as Ctrl-C's 130."""
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        process = subprocess.Popen([petal_script(), "embed", "--stdin"], stdin=subprocess.PIPE,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(3)  # NOTE: past start-up: the command reads its stdin (or loads its model)
+        process.send_signal(sig)
+        out, err = process.communicate(timeout=120)
+        assert (process.returncode, err.strip(), out) == (128 + sig, f"petal: interrupted by {sig.name}", ""), sig
+
+
+def test_a_signal_the_process_was_started_ignoring_stays_ignored():
+    """``nohup petal ...`` (SIGHUP ignored from the start): petal's start-up leaves it ignored."""
+    process = subprocess.Popen([petal_script(), "embed", "--stdin"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    for delay in (0.05, 0.1, 0.2, 0.4, 2.0):
+        time.sleep(delay)
+        process.send_signal(signal.SIGHUP)
+    out, err = process.communicate("a text\n", timeout=120)
+    assert process.returncode == 0 and out.startswith('{"index": 0, "embedding": ['), (process.returncode, err)
 
 
 EARLIEST = tuple(f'File "{Path(petal.__file__).resolve().parent}/{name}"' for name in ("__init__.py", "_startup.py"))
