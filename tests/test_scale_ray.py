@@ -51,6 +51,29 @@ def index(*args: str, env: dict[str, str] | None = None):
     return fake_invoke(["index", *args, "-q"], env=env)
 
 
+def test_an_actor_whose_engine_load_hangs_is_killed_after_the_start_timeout(local_ray, tmp_path):
+    """Every actor's engine load hangs (a sleep at its after_model_load point): with PETAL_WORKER_START_TIMEOUT=2 the
+    driver kills each 2 s after it began loading and exits 75 naming the setting, as the local worker pool does, and
+    the actors' CPUs are free again. Before, Ray waited for the constructors without a limit: the run ended only when
+    the load did (here after 40 s, exit 0; a real hung load, never)."""
+    local_ray("after_model_load:1:sleep=40")
+    model = make_fake_model_dir(tmp_path / "model")
+    data = tmp_path / "data"
+    write_shards(data, count=3, rows=5)
+    started = time.monotonic()
+    result = index(str(data), "--out", str(tmp_path / "out"), "--model", str(model), "--ray", "--workers", "2",
+                   env={"PETAL_TEST_FAKE_ENGINE": str(tmp_path / "log.jsonl"), "PETAL_WORKER_START_TIMEOUT": "2"})
+    took = time.monotonic() - started
+    assert result.exit_code == 75, result.output
+    last = result.output.strip().splitlines()[-1]
+    assert "did not load" in last and "within 2 s" in last and "PETAL_WORKER_START_TIMEOUT" in last, last
+    assert "0 of 3 shards committed" in last and took < 35, (took, last)
+    deadline = time.monotonic() + 20
+    while ray.available_resources().get("CPU", 0) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert ray.available_resources().get("CPU", 0) == 2  # the hung actors are gone, not holding the cluster
+
+
 def test_an_actor_failing_between_its_commit_and_its_row_counts_the_commit(local_ray, tmp_path):
     """An actor's second shard is renamed into the store, then its batch fails before the row reaches the
     driver (fault ``store_committed``; later shards fail before committing): the exit message counts

@@ -9,7 +9,8 @@ receives the commits as they stream back and then builds and publishes the index
 
 Resume is unchanged: committed shards are not in the dataset. A killed actor is restarted by Ray and
 its shard retried (a half-written entry stays in ``store/tmp``, removed by the next run); a run that
-fails anyway ends with exit 75 and the rerun embeds only what is missing.
+fails anyway ends with exit 75 and the rerun embeds only what is missing. An actor that has not loaded its engine
+within ``PETAL_WORKER_START_TIMEOUT`` seconds of beginning to (as for the local worker pool) is killed: exit 75.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from petal.pipeline.config import ScaleConfig
 from petal.pipeline.ingest.parquet import ReadStats
 from petal.pipeline.jobs.report import RunReport
 from petal.pipeline.jobs.worker import WorkerPlan, claimed_documents, entry_written_since, unit_entry_path
+from petal.pipeline.jobs.workers import START_TIMEOUT_ENV, start_timeout_s
 from petal.pipeline.reliability.errors import ConfigError, Interrupted, PetalError, TemporaryFailure
 from petal.pipeline.reliability.signals import STOP_SIGNALS, StopSignals
 from petal.pipeline.store.embeddings import EmbeddingStore, StoreEntry
@@ -126,13 +128,19 @@ class _Positions:
 class ShardEmbedder:
     """A Ray actor: one engine, loaded once; each call embeds and commits the batch's units (shards, ranges)."""
 
-    def __init__(self, plan: WorkerPlan) -> None:
+    def __init__(self, plan: WorkerPlan, starts: Any) -> None:
+        import ray
         from tqdm import tqdm
 
+        from petal.pipeline.reliability.faults import fault
 
+        me = ray.get_runtime_context().current_actor
+        ray.get(starts.loading.remote(me, os.getpid(), ray.util.get_node_ip_address()))
         tqdm.set_lock(threading.RLock())  # no multiprocessing semaphore per actor
         self.plan = plan
         self.engine = plan.engine_factory(plan.spec, plan.config)
+        fault("after_model_load")  # NOTE: a sleep here is a load that hangs (the driver's start timeout)
+        starts.loaded.remote(os.getpid(), ray.util.get_node_ip_address())
         self.store = EmbeddingStore(plan.store_root)  # NOTE: never ``open()``: others write in its tmp/
         self.store.remember_sha256(plan.shards, plan.sha256)
 
@@ -165,6 +173,66 @@ class ShardEmbedder:
         return out
 
 
+class _ActorStarts:
+    """A Ray actor of the driver's (no CPU): each ``ShardEmbedder`` says when it begins loading its engine and when
+    it has, so the driver can tell an actor whose load hangs from one that embeds a long shard."""
+
+    def __init__(self) -> None:
+        self._loading: dict[tuple[str, int], tuple[float, Any]] = {}  # (node, pid) -> (monotonic here, handle)
+
+    def loading(self, actor: Any, pid: int, node: str) -> None:
+        self._loading[(node, pid)] = (time.monotonic(), actor)
+
+    def loaded(self, pid: int, node: str) -> None:
+        self._loading.pop((node, pid), None)
+
+    def overdue(self, seconds: float) -> list[tuple[str, int, Any]]:
+        """``(node, pid, handle)`` of each actor loading for ``seconds`` or more; forgotten once told."""
+        now = time.monotonic()
+        late = [key for key, (since, _) in self._loading.items() if now - since >= seconds]
+        return [(node, pid, self._loading.pop((node, pid))[1]) for node, pid in late]
+
+
+class _StartWatch:
+    """Kills each actor that has not loaded its engine within ``timeout_s`` of beginning to (a model load or a device
+    init that hangs would keep an unattended run waiting for ever, as Ray waits for an actor's constructor without a
+    limit); Ray Data then fails the run, which ``failure`` explains (``PETAL_WORKER_START_TIMEOUT``)."""
+
+    def __init__(self, ray: Any, timeout_s: float) -> None:
+        self._ray = ray
+        self.timeout_s = timeout_s
+        self.starts = ray.remote(num_cpus=0)(_ActorStarts).remote()
+        self.killed: list[str] = []
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="petal-ray-starts", daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._done.wait(min(0.5, self.timeout_s / 4)):
+            try:
+                overdue = self._ray.get(self.starts.overdue.remote(self.timeout_s))
+            except Exception:  # Ray going down with the run: nothing left to watch
+                return
+            for node, pid, handle in overdue:
+                with contextlib.suppress(Exception):
+                    self._ray.kill(handle, no_restart=True)
+                self.killed.append(f"pid {pid} on {node}")
+
+    @property
+    def failure(self) -> str | None:
+        if not self.killed:
+            return None
+        return (f"the Ray actor{'s' if len(self.killed) > 1 else ''} {', '.join(self.killed)} did not load "
+                f"{'their engines' if len(self.killed) > 1 else 'its engine'} within {self.timeout_s:g} s of "
+                f"starting to, killed ({START_TIMEOUT_ENV}=SECONDS allows longer)")
+
+    def close(self) -> None:
+        self._done.set()
+        self._thread.join(5)
+        with contextlib.suppress(Exception):
+            self._ray.kill(self.starts)
+
+
 def embed_on_ray(plan: WorkerPlan, scale: ScaleConfig, report: RunReport, stop: StopSignals,
                  reads: ReadStats, assembly: RangeAssembly) -> Iterator[tuple[int, StoreEntry]]:
     """Embed ``plan.ranges`` (whole shards, row-group ranges) through a Ray Data actor pool; yields
@@ -180,8 +248,9 @@ def embed_on_ray(plan: WorkerPlan, scale: ScaleConfig, report: RunReport, stop: 
     # never more actors than units: one more would load its engine (a GPU's memory) for nothing
     actors = min(units, scale.workers or (max(1, int(ray.cluster_resources().get("GPU", 0))) if gpu else 1))
     dataset = ray.data.from_items([{"position": i} for i in range(units)], override_num_blocks=max(1, units))
-    results = dataset.map_batches(ShardEmbedder, fn_constructor_args=(plan,), batch_size=1, concurrency=actors,
-                                  num_gpus=1 if gpu else 0, num_cpus=1, zero_copy_batch=True)
+    watch = _StartWatch(ray, start_timeout_s())
+    results = dataset.map_batches(ShardEmbedder, fn_constructor_args=(plan, watch.starts), batch_size=1,
+                                  concurrency=actors, num_gpus=1 if gpu else 0, num_cpus=1, zero_copy_batch=True)
     store = assembly.store
     per_actor: dict[int, dict[str, int]] = {}
     committed = 0
@@ -217,8 +286,9 @@ def embed_on_ray(plan: WorkerPlan, scale: ScaleConfig, report: RunReport, stop: 
             for position, shard_entry in assembly.commit(unit, entry):
                 committed += 1
                 yield position, shard_entry  # the run counts it (report, exit message) as the store holds it
-        raise _ray_failure(exc, committed, len(plan.shards)) from exc
+        raise _ray_failure(exc, committed, len(plan.shards), watch.failure) from exc
     finally:
+        watch.close()
         report.workers = [{"worker": i, "pid": pid, "device": "cuda" if gpu else "cpu", **counts, "status": "done"}
                           for i, (pid, counts) in enumerate(sorted(per_actor.items()))]
         report.tokens += sum(w["tokens"] for w in report.workers)
@@ -241,8 +311,12 @@ def _unreported_commits(plan: WorkerPlan, store: EmbeddingStore, reported: set[i
     return found
 
 
-def _ray_failure(exc: BaseException, committed: int, total: int) -> PetalError:
-    """A Ray error as the exit-code contract has it: an actor's ``PetalError`` keeps its code; the rest is 75."""
+def _ray_failure(exc: BaseException, committed: int, total: int, reason: str | None = None) -> PetalError:
+    """A Ray error as the exit-code contract has it: an actor's ``PetalError`` keeps its code; the rest is 75
+    (``reason``: what petal knows failed, an actor it killed, in place of Ray's words)."""
+    if reason is not None:
+        return TemporaryFailure(f"{reason}; {committed} of {total} shards committed, {total - committed} not: "
+                                "rerun to embed only those")
     cause: BaseException | None = exc
     seen = 0
     while cause is not None and seen < 10:  # RayTaskError wraps the actor's exception (``cause``)
