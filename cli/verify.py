@@ -17,8 +17,8 @@ if TYPE_CHECKING:
 
 @click.command(cls=JsonFailureCommand)  # a usage error with --json: the object too
 @click.argument("out", metavar="OUT", type=PATH)
-@click.option("--version", "version", default=None, metavar="V",
-              help="Check version V (an id under OUT/versions; default: the live one).")
+@click.option("--version", "version", default=None, metavar="V", callback=lambda ctx, param, value: _version_id(value),
+              help="Check version V (an id under OUT/versions, vNNNNNN-YYYYMMDDTHHMMSSZ; default: the live one).")
 @click.option("--json", "as_json", is_flag=True, help="The result as one JSON object on stdout.")
 @user_errors(outputs=())
 def verify(out: Path, version: str | None, as_json: bool) -> None:
@@ -27,7 +27,8 @@ def verify(out: Path, version: str | None, as_json: bool) -> None:
     (its header's dim, vectors and metric, its index kind against the manifest's factory), and ids.parquet
     decoded as searches read it, as many ids as vectors. Exit 0 when all match, 65 naming each file that
     does not, 78 (as opening the version) when a listed file is missing or not a regular file inside the
-    version, or when OUT holds no index or V no version; 66 when petal may not read a file of it.
+    version, or when OUT holds no index or V no version; 66 when petal may not read a file of it; 2 when V
+    is not a version id.
 
     Opening an index (petal query) checks sizes, head/tail checksums and index.faiss's header only, so
     that it costs O(1) in the index size; this command reads every byte.
@@ -67,6 +68,20 @@ def verify(out: Path, version: str | None, as_json: bool) -> None:
             bad.insert(0, f"manifest.json ({report.manifest_checksum})")
         what = "missing, refused or not matching" if any(f.refused for f in report.files) else "do not match"
         raise PetalClickError(f"{version_dir}: {len(bad)} file(s) {what}: " + "; ".join(bad), report.exit_code)
+
+
+def _version_id(value: str | None) -> str | None:
+    """``--version``'s value: a version id, else a usage error (2) saying what it takes; a path to a version directory
+    (``OUT/versions/v...``, what ``ls`` shows) names the id to give instead."""
+    from petal.pipeline.layout import VERSION_RE
+    from petal.pipeline.reliability.errors import quote_text
+
+    if value is None or VERSION_RE.match(value):
+        return value
+    name = os.path.basename(value.rstrip("/"))
+    hint = f"; give its id: --version {name}" if VERSION_RE.match(name) else ""
+    raise click.BadParameter(f"{quote_text(value, 80)} is not a version id (vNNNNNN-YYYYMMDDTHHMMSSZ, a directory "
+                             f"name under OUT/versions){hint}")
 
 
 def _live(out: OutputDir) -> str | None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -85,14 +87,27 @@ def test_a_new_version_is_sealed_and_verifies(built):
     report = json.loads(result.stdout)
     assert result.exit_code == 0 and report["ok"] and report["manifest_checksum"] == "ok"
     assert sorted(f["name"] for f in report["files"]) == on_disk
-    result = runner.invoke(cli, ["verify", str(built), "--version", "../../etc"])
-    assert result.exit_code == 78 and "not a petal version id" in result.stderr
+    result = runner.invoke(cli, ["verify", str(built), "--version", "../../etc"])  # not an id: a bad flag value
+    assert result.exit_code == 2 and "is not a version id" in result.stderr
     result = runner.invoke(cli, ["verify", str(built), "--version", "v000009-20200101T000000Z"])
     assert result.exit_code == 78 and "is not a version of" in result.stderr
-    for args in (["--version", "../../etc"], ["--version", "v000009-20200101T000000Z"]):  # --json: one object still
-        result = runner.invoke(cli, ["verify", str(built), *args, "--json"])
+    for args, code in ((["--version", "../../etc"], 2), (["--version", "v000009-20200101T000000Z"], 78)):
+        result = runner.invoke(cli, ["verify", str(built), *args, "--json"])  # --json: one object still
         answer = json.loads(result.stdout)
-        assert result.exit_code == 78 and answer["ok"] is False and answer["exit_code"] == 78 and answer["error"]
+        assert result.exit_code == code and answer["ok"] is False and answer["exit_code"] == code and answer["error"]
+
+
+def test_verify_version_given_a_path_or_no_id_is_a_usage_error_naming_the_id(built, tmp_path):
+    """``petal verify OUT --version OUT/versions/v...`` (the path ``ls`` shows) was exit 78, a configuration error,
+    for a mistyped flag value; now 2 naming the id to give, as every flag value that is not what it takes (an empty
+    value, a relative path too). A well-formed id OUT has no version of stays 78."""
+    version_dir = next((built / "versions").iterdir())
+    for value in (str(version_dir), f"{version_dir}/", "", "versions/" + version_dir.name, "v1", "../../etc"):
+        done = subprocess.run([sys.executable, "-m", "petal.cli.main", "verify", str(built), "--version", value],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2 and "is not a version id" in done.stderr, (value, done.returncode, done.stderr)
+        if value.rstrip("/").endswith(version_dir.name):
+            assert f"give its id: --version {version_dir.name}" in done.stderr, done.stderr
 
 
 def test_the_index_is_memory_mapped_not_read(built):
