@@ -36,10 +36,13 @@ class BertEmbeddings(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         # every token is segment 0 (single-text inputs): add token type row 0 as a bias
         h = self.word_embeddings(input_ids) + self.token_type_embeddings.weight[0]
-        pos = positions if self.position_offset == 0 else positions + self.position_offset
-        h = h + self.position_embeddings(pos)
+        h = h + self.position_embeddings(self.position_ids(input_ids, positions))
         out: torch.Tensor = self.LayerNorm(h)  # [num_tokens, hidden]
         return out
+
+    def position_ids(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """The row of ``position_embeddings`` of each token (BERT: its position in its sequence)."""
+        return positions if self.position_offset == 0 else positions + self.position_offset
 
 
 class BertSelfAttention(nn.Module):
@@ -129,10 +132,12 @@ class BertModel(EncoderModel):
     weight_prefixes: tuple[str, ...] = ("", "bert.", "model.")
     fused_weights = ((".qkv.", (".query.", ".key.", ".value.")),)
 
+    embeddings_class: ClassVar[type[BertEmbeddings]] = BertEmbeddings
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.config = cfg
-        self.embeddings = BertEmbeddings(cfg)
+        self.embeddings = self.embeddings_class(cfg)
         self.encoder = BertEncoder(cfg)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
