@@ -7,6 +7,7 @@ GET  /v1/models      the served model (and /v1/models/{id}; none for an index of
 GET  /health         the process is alive
 GET  /ready          model and index loaded: version, refusals
 GET  /metrics        Prometheus text
+OPTIONS              any route, and ``OPTIONS *``: 204 with ``Allow`` (no key)
 ```
 
 Errors are JSON ``{"error": {"message", "type", "code"}}`` (OpenAI's shape): 400 bad JSON, 401 wrong
@@ -54,6 +55,17 @@ T = TypeVar("T")
 UNMATCHED = "unmatched"  # the route label of requests no route takes (a fixed label: paths would be unbounded)
 ROUTES = ("/v1/embeddings", "/search", "/v1/models", "/health", "/ready", "/metrics")  # and /v1/models/{model}
 CLIENT_CLOSED = 499  # the status counted for a request whose client closed the connection first (nginx's)
+# the status counted for a request pipelined behind an answer that closed the connection (nginx's "no response"): read,
+# never served nor answered (RFC 9112 §9.6), the client retries it on a new connection
+NOT_ANSWERED = 444
+ASTERISK = "*"  # the route label (and path) of ``OPTIONS *``: the server as a whole (RFC 9110 §9.3.7)
+
+
+def allow_header(methods: set[str] | None) -> str:
+    """The ``Allow`` value of a route taking ``methods`` (Starlette adds HEAD to GET): they and OPTIONS, in a fixed
+    order."""
+    taken = (methods or set()) | {"OPTIONS"}
+    return ", ".join(m for m in ("GET", "HEAD", "POST", "OPTIONS") if m in taken)
 
 
 def route_label(path: str) -> str:
@@ -402,14 +414,17 @@ def build_app(startup: Startup | ServeState) -> ASGIApp:
         label = getattr(route, "path", UNMATCHED) if route is not None else UNMATCHED
         label = label.replace("{model:path}", "{model}")  # as its endpoint counts it
         kind = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "invalid_request_error")
-        path = request.url.path
+        path = request.scope["path"]  # NOTE: as sent ("*" of a GET *; request.url.path says "/*")
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:  # NOTE: Starlette's Allow lacks OPTIONS, which every route answers
+            headers["Allow"] = allow_header(getattr(route, "methods", None))
         if exc.status_code == 404:
             near = path.rstrip("/")  # NOTE: "/search/": no redirect (see below), a hint
             message = f"no route {path!r}" + (f" (did you mean {near!r}?)" if near != path and near in paths else "")
         else:
             message = f"{request.method} is not allowed on {path}" + (
-                f" (allowed: {exc.headers['Allow']})" if exc.headers and "Allow" in exc.headers else "")
-        return finish(label, _error(exc.status_code, message, kind, dict(exc.headers or {})), time.perf_counter())
+                f" (allowed: {headers['Allow']})" if "Allow" in headers else "")
+        return finish(label, _error(exc.status_code, message, kind, headers), time.perf_counter())
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -434,14 +449,31 @@ def build_app(startup: Startup | ServeState) -> ASGIApp:
     # most clients do not follow for a POST)
     routed.router.redirect_slashes = False
 
+    # NOTE: OPTIONS (RFC 9110 §9.3.7) was 405 on every route and `OPTIONS *` a 404 "no route '/*'": a client or proxy
+    # asking what the server takes got an error. Each route (and `*`: the server as a whole) answers 204 with its
+    # Allow, no key needed (it says nothing a 405 would not), counted by its route; an unknown path stays 404
+    allowed = {route_label(route.path.replace("{model:path}", "x")): allow_header(route.methods) for route in routes}
+    allowed[ASTERISK] = allow_header({"GET", "HEAD", "POST"})
+
+    async def options(state: ServeState | None, request: Request) -> Response:
+        return Response(status_code=204, headers={"Allow": allowed[option_label(request.scope["path"])]})
+
+    def option_label(path: str) -> str:
+        return ASTERISK if path == ASTERISK else route_label(path)
+
+    answers = {label: endpoint(label, options, auth=False, loaded=False) for label in allowed}
+
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
-        """POST /v1/embeddings and /search straight to their handler; everything else through Starlette.
+        """POST /v1/embeddings and /search, and OPTIONS of a route or of `*`, straight to their handler; everything
+        else through Starlette.
 
         The handlers answer every error themselves, so Starlette's middleware and router (for these two
         routes: error pages they never raise, matching every route) only cost time: about a tenth of the
         event loop's CPU of a lone request."""
-        if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path"):
-            handle = posts.get(scope["path"])
+        if scope["type"] == "http" and not scope.get("root_path"):
+            method = scope["method"]
+            handle = (posts.get(scope["path"]) if method == "POST"
+                      else answers.get(option_label(scope["path"])) if method == "OPTIONS" else None)
             if handle is not None:
                 response = await handle(Request(scope, receive))
                 await response(scope, receive, send)

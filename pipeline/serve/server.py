@@ -10,6 +10,7 @@ import socket
 import struct
 import sys
 import threading
+import urllib.parse
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,7 +21,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from petal.pipeline.reliability.errors import ConfigError
 from petal.pipeline.reliability.signals import STOP_SIGNALS, HeldSignals
-from petal.pipeline.serve.app import CLIENT_CLOSED, UNMATCHED, build_app, route_label
+from petal.pipeline.serve.app import CLIENT_CLOSED, NOT_ANSWERED, UNMATCHED, build_app, route_label
 from petal.pipeline.serve.encoding import dumps
 from petal.pipeline.serve.metrics import ServeMetrics
 from petal.pipeline.serve.service import ServeState
@@ -93,6 +94,15 @@ def raw_error(status: int, reason: bytes, message: str, default_headers: list[tu
     return b"".join(head) + body
 
 
+def url_route(url: bytes) -> str:
+    """The route label of a request to ``url`` (its path as uvicorn reads it) that never reaches the app."""
+    try:
+        path = httptools.parse_url(url).path.decode("latin-1")
+    except httptools.HttpParserInvalidURLError:
+        return UNMATCHED
+    return route_label(urllib.parse.unquote(path) if "%" in path else path)
+
+
 def cancel(timer: asyncio.TimerHandle | None) -> None:
     """Cancel ``timer`` if there is one."""
     if timer is not None:
@@ -135,13 +145,25 @@ def http_protocol(metrics: ServeMetrics, header_timeout_s: float = 30.0,
             _head_timer: asyncio.TimerHandle | None = None  # --header-timeout-s of the head begun
 
             _running: Any = None  # the cycle whose task was started last (pipelined ones wait in self.pipeline)
+            _closing = False  # a request that closes the connection (Connection: close, HTTP/1.0) has been read
+            _ignored = False  # the request being read came after it: never served (NOT_ANSWERED)
             _peer_closed = False  # the client closed its side (or reset the connection)
 
             def connection_made(self, transport: asyncio.Transport) -> None:
                 super().connection_made(transport)
+                self.parser = self._new_parser()
                 # NOTE: silent from the start: closed as an idle keep-alive connection is (the first byte stops it)
                 self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive,
                                                                     self.timeout_keep_alive_handler)
+
+            def _new_parser(self) -> httptools.HttpRequestParser:
+                """A parser of this connection. NOTE: uvicorn's skips, unparsed, whatever follows a request that
+                closes the connection (lenient_data_after_close): requests pipelined behind it were counted nowhere.
+                This one reads them on (lenient_keep_alive), to count each (``on_headers_complete``), never to serve
+                it (RFC 9112 §9.6)."""
+                parser = httptools.HttpRequestParser(self)
+                parser.set_dangerous_leniencies(lenient_data_after_close=True, lenient_keep_alive=True)
+                return parser
 
             def _start_asgi_task(self, cycle: Any, app: Any) -> None:
                 self._running = cycle
@@ -187,8 +209,15 @@ def http_protocol(metrics: ServeMetrics, header_timeout_s: float = 30.0,
                     self._in_body = True
                     self._stop_head_timer()
                 before = self.cycle
-                if self._lingering or self._replaying:  # (lingering: a request pipelined behind the discarded body:
-                    return                              # not served, close said)
+                if not self._replaying and (self._lingering or self._closing):
+                    # NOTE: a request pipelined behind one whose answer closes the connection (the discarded body of a
+                    # lingering close, or a request that said close): not served, counted; nothing more is read
+                    self._ignored = True
+                    metrics.requests.labels(route=url_route(self.url), status=str(NOT_ANSWERED)).inc()
+                    if not self._lingering:
+                        self.flow.pause_reading()
+                if self._lingering or self._replaying or self._ignored:
+                    return
                 super().on_headers_complete()
                 cycle = self.cycle
                 if cycle is before:  # an upgrade: no cycle
@@ -198,8 +227,18 @@ def http_protocol(metrics: ServeMetrics, header_timeout_s: float = 30.0,
                     cycle.keep_alive = False
                     self._held = cycle
 
+            def on_body(self, body: bytes) -> None:
+                if not self._ignored:
+                    super().on_body(body)
+
             def on_message_complete(self) -> None:
                 self._in_body = False
+                if self._ignored:
+                    self._ignored = False
+                    return
+                if not self._replaying and (self.parser.get_http_version() == "1.0" or
+                                            not self.parser.should_keep_alive()):
+                    self._closing = True  # (uvicorn's rule for closing after the answer)
                 super().on_message_complete()
                 cycle = self.cycle
                 if cycle is self._held:
@@ -259,7 +298,7 @@ def http_protocol(metrics: ServeMetrics, header_timeout_s: float = 30.0,
                 Transfer-Encoding; its callbacks skipped: the request is already under way, its task not started
                 yet), and fed the rest: its body reaches the request, the next requests parse as usual."""
                 cycle = self.cycle
-                self.parser = httptools.HttpRequestParser(self)
+                self.parser = self._new_parser()
                 framing = [(name, value) for name, value in self.headers
                            if name in (b"content-length", b"transfer-encoding")]
                 self._in_body = False  # NOTE: what comes next is a new request's head (counted), or this one's body
@@ -322,17 +361,19 @@ def http_protocol(metrics: ServeMetrics, header_timeout_s: float = 30.0,
                 NOTE: uvicorn tells only its newest request (``self.cycle``) that the client went away: with requests
                 pipelined, that is one never started, so the running one was still embedded and searched (counted
                 200) and those behind it were never counted at all. Now the running one sees the disconnect
-                (``unless_gone``: 499, its queued work dropped) and each never started is counted 499 by its route
-                when the client closed (not when the server closed after an answer that said ``Connection: close``)."""
+                (``unless_gone``: 499, its queued work dropped) and each never started is counted by its route: 499
+                when the client closed, 444 when the server did (after an answer that said ``Connection: close``, the
+                client's own ``Connection: close`` or HTTP/1.0 included; such a request is never served, RFC 9112
+                §9.6). NOTE: the 444s were counted nowhere before."""
                 running = self._running
                 if running is not None and not running.response_complete:
                     running.disconnected = True
                     running.message_event.set()
+                status = str(CLIENT_CLOSED if client_closed else NOT_ANSWERED)
                 while self.pipeline:
                     cycle, _ = self.pipeline.pop()
                     cycle.disconnected = True
-                    if client_closed:
-                        metrics.requests.labels(route=route_label(cycle.scope["path"]), status=str(CLIENT_CLOSED)).inc()
+                    metrics.requests.labels(route=route_label(cycle.scope["path"]), status=status).inc()
 
             def shutdown(self) -> None:
                 self._stopping = True
@@ -361,7 +402,7 @@ def http_protocol(metrics: ServeMetrics, header_timeout_s: float = 30.0,
                 metrics.requests.labels(route=UNMATCHED, status=str(status)).inc()
                 self.url = b""
                 self.headers: list[tuple[bytes, bytes]] = []
-                self.parser = httptools.HttpRequestParser(self)  # NOTE: drops the part of the head it held
+                self.parser = self._new_parser()  # NOTE: drops the part of the head it held
                 self._head_refused = True  # the rest of the head is discarded unparsed
                 # NOTE: a close at once, with the head still arriving, resets the connection: a client still sending
                 # may see the reset, not the answer
