@@ -62,10 +62,23 @@ def resolve_device(device: str) -> DeviceName:
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda was asked for, but torch sees no CUDA device")
+        raise ValueError(f"--device cuda was asked for, but torch sees no CUDA device ({_why_no_cuda()}); give "
+                         "--device cpu, or --device auto to use CUDA where there is one")
     if device in ("cpu", "cuda"):
         return cast(DeviceName, device)
     raise ValueError(f"device {device!r} is not one of auto, cpu, cuda")
+
+
+def _why_no_cuda() -> str:
+    """Why ``torch.cuda.is_available()`` is false, in the user's terms."""
+    import os
+
+    if torch.version.cuda is None:
+        return f"torch {torch.__version__} is a build without CUDA"
+    hidden = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if hidden is not None and not hidden.strip(" ,"):
+        return "CUDA_VISIBLE_DEVICES is empty"
+    return f"torch {torch.__version__} is built for CUDA {torch.version.cuda}, but finds no GPU or driver"
 
 
 def resolve_dtype(dtype: str, device: str) -> DTypeName:

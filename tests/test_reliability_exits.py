@@ -161,13 +161,19 @@ def test_out_of_range_query_flags_are_usage_errors(real_index, flags):
 
 
 def test_device_flags_this_host_cannot_run_are_usage_errors(real_index, tmp_path):
+    """``--device cuda`` without CUDA is a flag this host cannot run (2, README's exit codes), and the message says
+    why torch sees none (here: a CPU build) and what to give instead; ``petal index`` creates nothing."""
     import torch
 
     if torch.cuda.is_available():
         pytest.skip("this host has CUDA")
-    for argv in (["query", str(real_index), "x", "--device", "cuda"], ["embed", "x", "--device", "cuda"]):
+    sample = Path(__file__).resolve().parent.parent / "sample_data"
+    for argv in (["query", str(real_index), "x", "--device", "cuda"], ["embed", "x", "--device", "cuda"],
+                 ["index", str(sample), "--out", str(tmp_path / "out"), "--device", "cuda", "-q"]):
         result = CliRunner().invoke(cli, argv)
-        assert result.exit_code == 2 and "CUDA" in result.output, result.output
+        assert result.exit_code == 2 and "torch sees no CUDA device" in result.output, result.output
+        assert "a build without CUDA" in result.output and "give --device cpu" in result.output, result.output
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_models_own_error_under_device_flags_is_a_configuration_error():
