@@ -246,3 +246,45 @@ def test_a_glob_names_the_objects_it_matches_as_a_local_glob_does(s3, fake_model
     assert indexed(s3.uri("globbed/*/day=*/*.parquet")) == expected("docs/day=2/c.parquet")
     none = run(["index", "s3://globbed/docs/*.csv", "--out", str(tmp_path / "none"), "--model", str(fake_model)], env)
     assert none.exit_code == 66 and "glob s3://globbed/docs/*.csv matches no objects" in none.output, none.output
+
+
+def test_an_endpoint_that_accepts_but_never_answers_is_74_in_bounded_time(fake_model, tmp_path):
+    """A loopback server that accepts every connection and never sends a byte (a hung S3 gateway, a stopped MinIO
+    whose kernel still accepts): exit 74 naming the source in about 10 s (each request: 3 tries of 3 s without a
+    byte). Before, FileSystem.from_uri's client retried 10 times with backoff: 74 only after ~100 s."""
+    import socket
+    import threading
+    import time
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+    closing = threading.Event()
+
+    def accept() -> None:
+        listener.settimeout(0.2)
+        while not closing.is_set():
+            try:
+                held.append(listener.accept()[0])
+            except OSError:
+                continue
+
+    acceptor = threading.Thread(target=accept, daemon=True)
+    acceptor.start()
+    port = listener.getsockname()[1]
+    env = {"AWS_ACCESS_KEY_ID": "AKIAEXAMPLE", "AWS_SECRET_ACCESS_KEY": "secret", "AWS_DEFAULT_REGION": "us-east-1",
+           "AWS_EC2_METADATA_DISABLED": "true", "PETAL_TEST_FAKE_ENGINE": str(tmp_path / "log.jsonl")}
+    try:
+        started = time.monotonic()
+        result = run(["index", f"s3://corpus/shards?endpoint_override=127.0.0.1:{port}&scheme=http", "--out",
+                      str(tmp_path / "out"), "--model", str(fake_model), "-q"], env)
+        took = time.monotonic() - started
+    finally:
+        closing.set()
+        acceptor.join()
+        for conn in held:
+            conn.close()
+        listener.close()
+    assert result.exit_code == 74, result.output
+    last = result.output.strip().splitlines()[-1]
+    assert "s3://corpus/shards" in last and "storage error" in last and "endpoint_override" not in last, last
+    assert took < 30, took

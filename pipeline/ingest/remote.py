@@ -118,6 +118,7 @@ def list_remote(source: str, empty_ok: bool = False, held: frozenset[str] = froz
         filesystem, path = fs.FileSystem.from_uri(source)
     except Exception as exc:  # unknown scheme, a bad query parameter, a filesystem not built into pyarrow
         raise ConfigError(f"cannot open {shown}: {exc}") from exc
+    filesystem = bounded(filesystem)
     scheme = scheme_of(source)
     if "*" in path:
         return _glob_remote(filesystem, scheme, path, shown, empty_ok)
@@ -140,6 +141,23 @@ def list_remote(source: str, empty_ok: bool = False, held: frozenset[str] = froz
     if not found and not empty_ok:
         raise NoInputError(f"no *.parquet objects under {shown}")
     return [RemotePath(filesystem, p, f"{scheme}://{p}") for p in sorted(found)]
+
+
+S3_ATTEMPTS = 3  # tries of one S3 request, each given up after the SDK's 3 s without a byte (1 s to connect)
+
+
+def bounded(filesystem: Any) -> Any:
+    """``filesystem`` with a bounded retry of each request. ``FileSystem.from_uri`` gives an S3 filesystem the AWS
+    SDK's default strategy (10 retries, backing off), so an endpoint that accepts connections but never answers cost
+    ~100 s per request (a listing, a footer, each ranged read, and petal's own read retries on top) before 74. The
+    same filesystem built by ``S3FileSystem`` (as a worker process or Ray actor unpickles it) makes ``S3_ATTEMPTS``
+    tries: one process and its workers now wait alike, ~10 s a request."""
+    from pyarrow import fs
+
+    if not isinstance(filesystem, fs.S3FileSystem):
+        return filesystem
+    _, (options,) = filesystem.__reduce__()  # its settings as the constructor takes them (credentials included)
+    return fs.S3FileSystem(**options, retry_strategy=fs.AwsStandardS3RetryStrategy(max_attempts=S3_ATTEMPTS))
 
 
 def _glob_remote(filesystem: Any, scheme: str, pattern: str, shown: str, empty_ok: bool) -> list[RemotePath]:
