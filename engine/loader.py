@@ -251,7 +251,8 @@ def inspect_model(
     if max_length is not None and max_length > limit:
         raise MaxLengthError(f"--max-length {max_length} exceeds the model's limit of {limit} tokens")
     # NOTE: 0 is a value (refused by PoolingConfig), not "the default"
-    length = min(max_length if max_length is not None else (st.max_seq_length or limit), limit)
+    default_length = st.max_seq_length or min(limit, _tokenizer_max_length(model_dir) or limit)
+    length = min(max_length if max_length is not None else default_length, limit)
     eos_token_id = _eos_token_id(hf, model_dir) if mode == "last" else None
     if eos_token_id is not None and eos_token_id >= config.vocab_size:
         raise ModelError(f"{model_dir}: the end-of-sequence token {eos_token_id} is outside the model's vocabulary "
@@ -324,6 +325,21 @@ def _check_dense(dense: tuple[DenseConfig, ...], hidden_size: int, model_dir: Pa
             raise ModelError(f"{layer.weight_file.parent}: Dense takes {layer.in_features} features, the model "
                              f"gives {width} ({model_dir})")
         width = layer.out_features
+
+
+def _tokenizer_max_length(model_dir: Path) -> int | None:
+    """tokenizer_config.json's ``model_max_length`` where it is a usable limit (a whole number >= 2), else ``None``.
+
+    sentence-transformers truncates a model without ``max_seq_length`` (no sentence_bert_config.json, or one
+    without the key) at ``min(max_position_embeddings, model_max_length)``, as the tokenizer itself does with
+    ``truncation=True``; transformers' "no limit" is a huge value (``int(1e30)``), which the minimum ignores."""
+    tok_config = model_dir / "tokenizer_config.json"
+    if not _present(tok_config):
+        return None
+    value = _read_json(tok_config).get("model_max_length")
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return value if type(value) is int and value >= 2 else None
 
 
 def _eos_token_id(hf: dict[str, Any], model_dir: Path) -> int | None:
