@@ -184,7 +184,7 @@ class _Section:
 
 STORAGES = ("memory", "ondisk")  # where the inverted lists are: in index.faiss, or in index.ivfdata beside it
 # the search parameters the tuner writes (pipeline/index/tune.py: search_grid), each a count FAISS takes as a C int
-SEARCH_PARAMS = ("nprobe", "efSearch", "quantizer_efSearch", "k_factor_rf")
+SEARCH_PARAMS = ("nprobe", "efSearch", "quantizer_efSearch", "k_factor_rf", "nflip")
 OptStr = (str, type(None))
 OptInt = (int, type(None))
 

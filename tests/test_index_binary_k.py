@@ -65,3 +65,28 @@ def test_k_past_a_binary_graphs_ef_search_returns_k_hits(index, rescore):
             found = graph.search_stored(queries, k=k)
             assert [len(hits) for hits in found] == [min(k, NUM)] * 3, (rescore, k)
             assert all(len({h.id for h in hits}) == len(hits) for hits in found)
+
+
+@pytest.mark.parametrize("factory", ["BHash8", "BHash2x8"])
+@pytest.mark.parametrize("rescore", [0, 10])
+def test_a_binary_hash_index_returns_k_hits_past_its_buckets(index, factory, rescore):
+    """A hash index (BHash..., BHashNxB) looks up only the buckets within nflip flips of the query's hash (FAISS's
+    nflip 0: its own bucket): 2000 vectors in BHash8 answered k=10 with 4 hits and k=2000 with ~10, rescored or not.
+    A query left short now gets every vector's Hamming distance: k hits, every vector's when k is past them, the
+    Hamming distances a BFlat index gives."""
+    root, _ = index
+    out = root / factory
+    if not out.exists():
+        petal.index(root / "a.parquet", out, vectors_column="emb", index_factory=factory, quiet=True)
+        petal.index(root / "a.parquet", root / "flat", vectors_column="emb", index_factory="BFlat", quiet=True)
+    queries = np.random.default_rng(3).standard_normal((5, DIM)).astype(np.float32)
+    with petal.open_index(out, rescore=rescore) as hashed, petal.open_index(root / "flat", rescore=rescore) as flat:
+        for k in (1, 10, 500, NUM, NUM + 10):
+            found = hashed.search_stored(queries, k=k)
+            assert [len(hits) for hits in found] == [min(k, NUM)] * 5, (k, [len(hits) for hits in found])
+            assert all(len({h.id for h in hits}) == len(hits) for hits in found)
+            if k >= NUM:  # every vector: scored as the flat index scores them
+                for hits, exact in zip(found, flat.search_stored(queries, k=k)):
+                    assert sorted(h.id for h in hits) == list(range(NUM))
+                    np.testing.assert_allclose(sorted(h.score for h in hits), sorted(h.score for h in exact),
+                                               rtol=1e-5)

@@ -8,6 +8,7 @@ tuner (``pipeline/index/tune.py``) measures this whole search against exact floa
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,14 @@ DEFAULT_RESCORE = 10  # Hamming candidates per wanted hit, re-ranked with float 
 CANDIDATES_PER_CALL = 1 << 22
 RESCORE_ROWS = 1 << 16
 RESCORE_FILE = "rescore.npy"
+# NOTE: a hash index (BHash...) looks up every bucket within nflip bit flips of the query's b-bit hash, sum of
+# C(b, i) for i <= nflip of them a query: nflip is kept where that is at most this many (b 64: nflip 3)
+MAX_FLIP_BUCKETS = 1 << 20
+
+
+def flip_buckets(bits: int, nflip: int) -> int:
+    """Buckets a hash index of ``bits``-bit hashes looks up for one query (and hash table) at ``nflip``."""
+    return sum(math.comb(bits, i) for i in range(nflip + 1))
 
 
 class BinaryIndex:
@@ -52,10 +61,27 @@ class BinaryIndex:
         """Inverted lists (0: exhaustive Hamming search)."""
         return int(getattr(self.index, "nlist", 0))
 
+    @property
+    def hash_bits(self) -> int:
+        """The bits of a hash index's (``BHash...``) bucket keys (0: not a hash index)."""
+        faiss = load_faiss()
+        return int(self.index.b) if isinstance(self.index, (faiss.IndexBinaryHash, faiss.IndexBinaryMultiHash)) else 0
+
+    @property
+    def max_nflip(self) -> int:
+        """The largest nflip a hash index searches with (``MAX_FLIP_BUCKETS``)."""
+        bits, nflip = self.hash_bits, 0
+        while nflip < bits and flip_buckets(bits, nflip + 1) <= MAX_FLIP_BUCKETS:
+            nflip += 1
+        return nflip
+
     def set_params(self, params: dict[str, int]) -> None:
-        """Search parameters by name (binary indexes are outside FAISS's ``ParameterSpace``)."""
+        """Search parameters by name (binary indexes are outside FAISS's ``ParameterSpace``): an IVF's nprobe, a hash
+        index's nflip (0 where not given; at most ``max_nflip``)."""
         if "nprobe" in params and self.nlist:
             self.index.nprobe = int(params["nprobe"])
+        if self.hash_bits:
+            self.index.nflip = min(int(params.get("nflip", 0)), self.max_nflip)
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """``queries [n, dim]`` float32 (stored space) -> ``(scores [n, k], ids [n, k])``; ids -1 pad.
@@ -78,6 +104,12 @@ class BinaryIndex:
         # NOTE: an IVF finds candidates only in the lists it probes (nprobe 1 of 32 gave ~80 of 500), an HNSW about
         # efSearch of them (16: ~600 of 2000)
         hamming, ids = searched_again(self._widening(wanted), codes, wanted, hamming, ids, self._wider(wanted))
+        short = np.flatnonzero((ids >= 0).sum(axis=1) < wanted)
+        if len(short) and self.hash_bits and self.rescore_vectors is not None:
+            # NOTE: a hash index finds candidates only in the buckets within nflip flips of the query's hash (nflip 0,
+            # FAISS's default: its own bucket, which answered k=10 of 3000 vectors with 4 hits): those it left short
+            # get every vector's Hamming distance
+            hamming[short], ids[short] = self._hamming_scan(codes[short], wanted)
         if not self.rescore:
             scores = hamming.astype(np.float32)
             return (1.0 - 2.0 * scores / self.d if self.metric == "ip" else scores)[:, :k], ids[:, :k]
@@ -112,6 +144,26 @@ class BinaryIndex:
             while ef < self.ntotal:
                 ef = min(self.ntotal, max(4 * ef, wanted))
                 yield faiss.SearchParametersHNSW(efSearch=ef)
+
+    def _hamming_scan(self, codes: np.ndarray, wanted: int) -> tuple[np.ndarray, np.ndarray]:
+        """The ``wanted`` nearest of every vector by Hamming distance to ``codes`` (``(hamming, ids)``, ties on the
+        lower id), from the sign bits of ``rescore.npy``'s rows, ``RESCORE_ROWS`` at a time.
+
+        NOTE: signbit, not ``>= 0``: a float below ~3e-8 in magnitude is a signed 0 in float16, whose sign is still the
+        float32 vector's (only an exact -0.0 in the float32 vector, whose index bit is 1, reads as 0 here)."""
+        faiss = load_faiss()
+        assert self.rescore_vectors is not None
+        best = np.empty((len(codes), 0), dtype=np.int32)
+        best_ids = np.empty((len(codes), 0), dtype=np.int64)
+        for start in range(0, self.ntotal, RESCORE_ROWS):
+            rows = np.asarray(self.rescore_vectors[start:start + RESCORE_ROWS])
+            flat = faiss.IndexBinaryFlat(self.d)
+            flat.add(np.packbits(~np.signbit(rows), axis=1))
+            hamming, ids = flat.search(codes, min(wanted, len(rows)))
+            hamming, ids = np.concatenate([best, hamming], axis=1), np.concatenate([best_ids, ids + start], axis=1)
+            order = np.lexsort((ids, hamming), axis=1)[:, :wanted]
+            best, best_ids = np.take_along_axis(hamming, order, axis=1), np.take_along_axis(ids, order, axis=1)
+        return best, best_ids
 
     def _rescored(self, query: np.ndarray, candidates: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """The best ``k`` of ``candidates`` (ascending ids) by float similarity: ``(scores, ids)``, best first; ties

@@ -1,4 +1,4 @@
-"""Tuning search parameters (nprobe, quantizer_efSearch, efSearch) to a recall target.
+"""Tuning search parameters (nprobe, quantizer_efSearch, efSearch; a binary hash index's nflip) to a recall target.
 
 Queries are held-out vectors of the corpus (not used for training). The ground truth is exact
 search over every indexed vector, streamed from the store in chunks (FAISS ``knn_ground_truth``),
@@ -90,7 +90,9 @@ def search_grid(index: Any) -> list[dict[str, int]]:
     refinement never finds what the base index missed) in blocks, each over the base settings."""
     faiss = load_faiss()
 
-    if isinstance(index, BinaryIndex):  # Hamming candidates + float rescoring: only nprobe to choose
+    if isinstance(index, BinaryIndex):  # Hamming candidates + float rescoring: an IVF's nprobe, a hash's nflip
+        if index.hash_bits:
+            return [{}, *({"nflip": n} for n in range(1, index.max_nflip + 1))]
         return [{"nprobe": n} for n in _geometric(1, index.nlist)] if index.nlist else [{}]
     base: list[dict[str, int]] = [{}]
     ivf = faiss.try_extract_index_ivf(index)
