@@ -34,6 +34,7 @@ from petal.pipeline.ingest.parquet import (
     _retrying,
     check_id_kinds,
     check_unique_columns,
+    footer_sha256,
     plain_type,
     raise_problems,
     read_ids,
@@ -54,12 +55,14 @@ def inspect_vector_shard(path: Path, read: ReadConfig, column: str,
                          stats: ReadStats | None = None) -> tuple[ShardInfo, int | None]:
     """One footer: ``(info, fixed size or None)``; ``BadInputError`` naming file, column and type. A read error is
     judged as a text run's (pipeline/ingest/parquet.py): permission denied 66, an OS error retried then 74."""
-    def footer() -> tuple[os.stat_result, pq.FileMetaData]:
+    def footer() -> tuple[os.stat_result, pq.FileMetaData, str]:
         fault("read_footer", str(path))
-        return path.stat(), pq.read_metadata(path)  # NOTE: no file object is left open
+        # NOTE: no file object is left open; the footer's hash, as a text run's: a rerun reuses the shard's sha256
+        # from its store entry (``same_file``) instead of reading every byte of it again
+        return path.stat(), pq.read_metadata(path), footer_sha256(path)
 
     try:
-        stat, meta = _retrying(footer, read, stats)
+        stat, meta, footer_hash = _retrying(footer, read, stats)
         schema = meta.schema.to_arrow_schema()
     except (OSError, pa.ArrowException) as exc:
         raise _read_error(path, exc, read.read_retries, "not a readable Parquet file") from exc
@@ -79,7 +82,7 @@ def inspect_vector_shard(path: Path, read: ReadConfig, column: str,
     info = ShardInfo(path=path, abs_path=str(path.resolve()), size=stat.st_size, mtime_ns=stat.st_mtime_ns,
                      num_rows=meta.num_rows, num_row_groups=meta.num_row_groups, has_id_column=has_id,
                      id_type=str(id_type) if id_type is not None else "", text_type=str(vtype), schema=schema,
-                     ctime_ns=stat.st_ctime_ns, inode=stat.st_ino)
+                     ctime_ns=stat.st_ctime_ns, inode=stat.st_ino, footer_sha256=footer_hash)
     return info, (vtype.list_size if pa.types.is_fixed_size_list(vtype) else None)
 
 
