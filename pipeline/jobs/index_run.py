@@ -272,8 +272,9 @@ def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory
                                              [sha[info.abs_path] for info in all_shards],
                                              frozenset(info.abs_path for info in kept_infos))
         report.shards["total"] = len(all_shards)
+        live_checked = live_before_lookup(out, previous, shards, fingerprints, kept_recs, job, delete_ids, report, stop)
         entries: list[StoreEntry | None] = [None] * len(shards) if job.full or fingerprints is None else \
-            [store.lookup(info, fp) for info, fp in zip(shards, fingerprints)]
+            [store.lookup(info, fp, verify=not live_checked) for info, fp in zip(shards, fingerprints)]
         todo = [i for i, entry in enumerate(entries) if entry is None]
         report.shards["reused"] = len(shards) - len(todo) + len(kept)
         gate = bad_row_gate(job, report, out)
@@ -331,7 +332,7 @@ def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory
                  f"e.g. {no_text[0]}: --show-text has none for their hits")
         check_rows_to_index(out, job, committed, report)
         same = previous is not None and unchanged(previous, shards, committed, job, pending)
-        if nothing_to_publish(out, previous, same, report, stop):
+        if published_nothing(out, previous, same, report, stop, live_checked, store, named, embedded_now):
             report.version = out.current_version()
             assert report.version is not None
             report.rejects_file = str(out.version_dir(report.version) / "rejects.parquet")
@@ -689,6 +690,10 @@ def tally_commit(entry: StoreEntry, report: RunReport) -> None:
     rows of the shards it did embed); ``tally_rows`` counts every named shard once the run goes on."""
     report.rows["embedded"] += entry.num_embedded
     report.rows["truncated"] += entry.num_truncated
+    _tally_skipped(entry, report)
+
+
+def _tally_skipped(entry: StoreEntry, report: RunReport) -> None:
     for reason, count in entry.skipped.items():
         report.skip(reason, count)
 
@@ -704,8 +709,7 @@ def tally_rows(entries: list[StoreEntry], report: RunReport, embedded_now: set[i
     report.rows["truncated"] = sum(e.num_truncated for e in entries)
     report.rows["skipped"] = {}
     for entry in entries:
-        for reason, count in entry.skipped.items():
-            report.skip(reason, count)
+        _tally_skipped(entry, report)
 
 
 def check_drift(previous: Manifest, settings: EmbeddingSettings | PrecomputedSettings, out: Path) -> None:
@@ -726,6 +730,44 @@ def unchanged(previous: Manifest, shards: list[ShardInfo], entries: list[StoreEn
     now = [(s.abs_path, e.fingerprint, deleted.get(e.path, tombstoned(e))) for s, e in zip(shards, entries)]
     same_columns = previous.kept_columns == tuple(job.keep_columns)
     return before == now and same_columns and previous.index.settings == job.index
+
+
+def live_before_lookup(out: OutputDir, previous: Manifest | None, shards: list[ShardInfo],
+                       fingerprints: list[str] | None, kept: list[ShardRecord], job: IndexJob,
+                       delete_ids: DeleteIds | None, report: RunReport, stop: StopSignals | None = None) -> bool | None:
+    """The live version checked before any store entry is read, when the run looks to have nothing to publish: the
+    live version names these shards with these ``fingerprints`` (and the ``kept`` ones), the same index settings
+    and kept columns, and nothing is deleted. True: its files are whole (``nothing_to_publish``'s check, every
+    byte), so the entries the run reuses go into no version: only their files whose stat changed since the commit
+    are hashed (``lookup(verify=False)``; a nothing-to-do run over a large store read every vector of it). False: it
+    was damaged (said; rebuilt from entries checked in full). None: not checked (``published_nothing`` checks it)."""
+    if previous is None or fingerprints is None or job.full or delete_ids is not None:
+        return None
+    recorded = {s.abs_path: s.entry for s in previous.shards}
+    if len(recorded) != len(shards) + len(kept) or \
+            any(recorded.get(info.abs_path) != fp for info, fp in zip(shards, fingerprints)) or \
+            previous.kept_columns != tuple(job.keep_columns) or previous.index.settings != job.index:
+        return None
+    return nothing_to_publish(out, previous, True, report, stop)
+
+
+def published_nothing(out: OutputDir, previous: Manifest | None, same: bool, report: RunReport,
+                      stop: StopSignals | None, live_checked: bool | None, store: EmbeddingStore,
+                      named: list[StoreEntry], embedded_now: set[int]) -> bool:
+    """``nothing_to_publish``, the live version checked once (``live_before_lookup``). A run that goes on to publish
+    after its entries were looked up without the sha256 of their bytes checks them first (``check_bytes``: a damaged
+    one is 75, run again): a version is never built from bytes changed since their commit."""
+    if live_checked is None:
+        return nothing_to_publish(out, previous, same, report, stop)
+    if live_checked and same:
+        return True
+    if live_checked:
+        for i, entry in enumerate(named):
+            if i not in embedded_now:
+                if stop is not None:
+                    stop.check()
+                store.check_bytes(entry)
+    return False
 
 
 def nothing_to_publish(out: OutputDir, previous: Manifest | None, same: bool, report: RunReport,

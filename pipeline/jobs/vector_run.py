@@ -127,7 +127,9 @@ def _run(job: IndexJob, column: str, report: RunReport, stop: StopSignals, start
                                              [sha[i.abs_path] for i in all_shards],
                                              frozenset(i.abs_path for i in kept_infos))
         report.shards["total"] = len(all_shards)
-        entries: list[StoreEntry | None] = [None if job.full else store.lookup(info, f)
+        live_checked = run.live_before_lookup(out, previous, shards, fingerprints, kept_recs, job, delete_ids, report,
+                                              stop)
+        entries: list[StoreEntry | None] = [None if job.full else store.lookup(info, f, verify=not live_checked)
                                             for info, f in zip(shards, fingerprints)]
         gate = run.bad_row_gate(job, report, out)
         for entry in entries:
@@ -155,7 +157,8 @@ def _run(job: IndexJob, column: str, report: RunReport, stop: StopSignals, start
         ensure_columns(store, committed, need, {i.abs_path: i for i in shards}, job.read, reads)
         run.check_rows_to_index(out, job, committed, report)  # 66, or --sync mirroring no rows (the guard judges)
         same = previous is not None and run.unchanged(previous, all_shards, committed, job, pending)
-        if run.nothing_to_publish(out, previous, same, report, stop):  # a damaged live version: rebuilt from the store
+        # a damaged live version: rebuilt from the store
+        if run.published_nothing(out, previous, same, report, stop, live_checked, store, named, embedded_now):
             report.version = out.current_version()
             run.clean_up(out, store, committed, job, report, stop)
             stop.check()  # a signal while cleaning up: the live version stays, the exit code is the signal's

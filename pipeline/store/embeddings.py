@@ -14,10 +14,11 @@ weights and tokenizer hashes, pooling, normalisation, max length, dim, dtype, co
 written under ``tmp/`` and made visible by one ``os.replace``, so a crash never leaves a partial
 entry: a rerun re-embeds exactly the shards without a committed entry.
 
-An entry a run would reuse (``lookup``, a committed range) is checked against the sha256 of its files recorded in
-``entry.json`` (``checksums``): vectors changed on disk since the commit (bit rot, a bad copy, an edit) are a damaged
-entry, embedded again (``petal rebuild``: 65 naming it), never mixed into a new version. An entry of an older petal,
-without the record, is trusted as before.
+An entry a run would build a version from (``lookup``, a committed range) is checked against the sha256 of its files
+recorded in ``entry.json`` (``checksums``): vectors changed on disk since the commit (bit rot, a bad copy, an edit) are
+a damaged entry, embedded again (``petal rebuild``: 65 naming it), never mixed into a new version. A run with nothing
+to publish reads no entry's vectors: it hashes only the files whose stat (size, mtime, ctime, inode: ``stat``) is no
+longer the commit's (``lookup(verify=False)``). An entry of an older petal, without the record, is trusted as before.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from petal.pipeline.reliability.errors import (
     OutputError,
     PetalError,
     PetalIOError,
+    TemporaryFailure,
     one_line,
     quote_path,
     writing,
@@ -65,6 +67,7 @@ if TYPE_CHECKING:
 
 STORE_FORMAT = 1
 CHECKSUMS_KEY = "checksums"  # entry.json: {file name: sha256} of DATA_FILES, taken at the commit
+STAT_KEY = "stat"  # entry.json: {file name: [size, mtime_ns, ctime_ns, inode]} of DATA_FILES at the commit
 DATA_FILES = ("embeddings.npy", "rows.parquet", "rejects.parquet")
 ENTRY_MAX_BYTES = 16 << 20
 RACY_NS = 2_000_000_000  # a file changed this close to its hashing may change again unseen: never cached
@@ -328,8 +331,7 @@ class EmbeddingStore:
             for name in ("rows.parquet", "rejects.parquet"):
                 check_regular(path / name, self.root)
                 pq.read_metadata(path / name)
-            if verify:
-                check_checksums(path, meta)
+            check_checksums(path, meta, full=verify)
         except (OSError, ValueError, KeyError, TypeError, pa.ArrowException, PetalError) as exc:
             raise DamagedEntry(path, exc) from exc
         return StoreEntry(path, meta)
@@ -365,13 +367,16 @@ class EmbeddingStore:
         blob = f"{settings_fp}:{self.content_sha256(info)}".encode()
         return hashlib.sha256(blob).hexdigest()[:24]
 
-    def lookup(self, info: ShardInfo | str, fingerprint: str, repair: bool = True) -> StoreEntry | None:
+    def lookup(self, info: ShardInfo | str, fingerprint: str, repair: bool = True,
+               verify: bool = True) -> StoreEntry | None:
         """The committed entry of ``info`` with ``fingerprint``, or ``None``. A damaged entry is moved out
         of sight and ``None`` returned (its shard is embedded again), unless ``repair`` is off: then it
-        raises ``BadInputError`` (65) naming the file (``petal rebuild`` has no sources to re-embed)."""
+        raises ``BadInputError`` (65) naming the file (``petal rebuild`` has no sources to re-embed).
+        ``verify`` off (a run whose reused entries go into no version; ``check_bytes`` before they do): the sha256 of
+        the files changed since the commit alone (``check_checksums``)."""
         path = self.shards_dir / shard_key(info) / fingerprint
         try:
-            return self.read_entry(path, verify=True)
+            return self.read_entry(path, verify=verify)
         except FileNotFoundError:
             return None
         except DamagedEntry as exc:
@@ -380,6 +385,17 @@ class EmbeddingStore:
             warn(f"{exc}; embedding the shard again")
             self.discard(path)
             return None
+
+    def check_bytes(self, entry: StoreEntry) -> None:
+        """Every byte of ``entry``'s files against the sha256 recorded at its commit (of an entry looked up without
+        ``verify``). A damaged one is moved out of sight and raises ``TemporaryFailure`` (75): the next run embeds
+        its shard again, as it would have had it been checked at the lookup; a file petal may not read: 66."""
+        try:
+            self.read_entry(entry.path, verify=True)
+        except DamagedEntry as exc:
+            self.discard(entry.path)
+            raise TemporaryFailure(f"{exc}; it is moved out of the store: run again to embed the shard again") \
+                from exc
 
     def writer(self, info: ShardInfo, fingerprint: str, settings: dict[str, Any], dim: int,
                part: RowRange | None = None) -> ShardWriter:
@@ -537,6 +553,7 @@ def commit_entry(store: EmbeddingStore, tmp: Path, final: Path, info: ShardInfo,
         **extra,
     }
     meta[CHECKSUMS_KEY] = {name: sha256_file(tmp / name) for name in DATA_FILES}
+    meta[STAT_KEY] = {name: file_stat(tmp / name) for name in DATA_FILES}  # NOTE: the files are not written again
     write_json_atomic(tmp / "entry.json", meta)
     for name in DATA_FILES:
         with open(tmp / name, "rb+") as fh:
@@ -552,15 +569,26 @@ def commit_entry(store: EmbeddingStore, tmp: Path, final: Path, info: ShardInfo,
     return StoreEntry(final, meta)
 
 
-def check_checksums(path: Path, meta: dict[str, Any]) -> None:
+def file_stat(path: Path) -> list[int]:
+    """What a write, a replacement or a copy of the file changes (``st_ctime_ns`` cannot be set back by hand)."""
+    st = os.stat(path)
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+
+
+def check_checksums(path: Path, meta: dict[str, Any], full: bool = True) -> None:
     """The entry's files at ``path`` hash to what ``entry.json`` recorded at the commit (``ValueError`` naming the
-    first that does not); an entry without the record (an older petal's) is not checked."""
+    first that does not); an entry without the record (an older petal's) is not checked. Not ``full`` (a run whose
+    entries go into no version): a file whose size, mtime, ctime and inode are still those of the commit is not read
+    (bit rot under an unchanged stat is found by the run that builds from it)."""
     recorded = meta.get(CHECKSUMS_KEY)
     if recorded is None:
         return
     if not isinstance(recorded, dict):
         raise TypeError(f"{CHECKSUMS_KEY} is not an object of file names and sha256")
+    stats = meta.get(STAT_KEY)
     for name in DATA_FILES:
+        if not full and isinstance(stats, dict) and stats.get(name) == file_stat(path / name):
+            continue
         if sha256_file(path / name) != recorded.get(name):
             raise ValueError(f"{name} does not match the sha256 recorded when it was committed")
 
