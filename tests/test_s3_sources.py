@@ -288,3 +288,29 @@ def test_an_endpoint_that_accepts_but_never_answers_is_74_in_bounded_time(fake_m
     last = result.output.strip().splitlines()[-1]
     assert "s3://corpus/shards" in last and "storage error" in last and "endpoint_override" not in last, last
     assert took < 30, took
+
+
+def test_uri_credentials_with_an_unescaped_slash_are_refused_without_showing_them(s3, fake_model, tmp_path):
+    """An AWS secret key often holds '/' and '+'. Written into the URI unescaped (s3://KEY:ab/cd@bucket/key), the URI
+    parser took the key for the bucket and the rest of the secret for a path: the run failed with 74 'storage error'
+    and printed the key and secret, in the URI shown and in the storage's message. Now: 78 saying to percent-encode
+    them, nothing of them shown; the percent-encoded URI reads the objects."""
+    from urllib.parse import quote
+
+    s3.client().create_bucket(Bucket="slashed")
+    ids = put_shard(s3, "slashed", "docs/a.parquet", "a", 4)
+    env = {k: v for k, v in s3.env().items() if not k.startswith("AWS_ACCESS") and not k.startswith("AWS_SECRET")}
+    env["PETAL_TEST_FAKE_ENGINE"] = str(tmp_path / "log.jsonl")
+    secret = "wJalrXUtnFEMI/K7MDENG+bPxRfiCYzEXAMPLEKEY"
+    for source in (f"s3://AKIASLASHED:{secret}@slashed/docs", f"s3://AKIASLASHED:{secret}@slashed/docs?scheme=http"):
+        result = run(["index", source, "--out", str(tmp_path / "out"), "--model", str(fake_model), "-q"], env)
+        assert result.exit_code == 78, result.output
+        last = result.output.strip().splitlines()[-1]
+        assert "cannot open s3://slashed/docs" in last and "%2F" in last, last
+        assert all(part not in result.output for part in ("AKIASLASHED", "wJalrXUtnFEMI", "K7MDENG", "bPxRfiCYz")), \
+            result.output
+    encoded = f"s3://{s3.access_key}:{quote(s3.secret_key, safe='')}@slashed/docs"
+    result = run(["index", encoded, "--out", str(tmp_path / "out"), "--model", str(fake_model), "-q"], env)
+    assert result.exit_code == 0, result.output
+    assert sorted(r["id"] for r in contents(tmp_path / "out")[0]) == sorted(ids)
+    assert s3.secret_key not in result.output and quote(s3.secret_key, safe="") not in result.output

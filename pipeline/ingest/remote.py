@@ -45,8 +45,35 @@ def display_uri(source: str) -> str:
     """``source`` without user info or query string: safe to show and store."""
     scheme, _, rest = source.partition("://")
     rest = rest.split("?", 1)[0].split("#", 1)[0]
-    authority, slash, path = rest.partition("/")
-    return f"{scheme.lower()}://{authority.rsplit('@', 1)[-1]}{slash}{path}"
+    info = user_info(source)
+    if info:
+        rest = rest[len(info) + 1:]
+    return f"{scheme.lower()}://{rest}"
+
+
+def user_info(source: str) -> str:
+    """The user info of URI ``source`` (``KEY:SECRET`` of ``s3://KEY:SECRET@bucket/key``), ``""`` when it has none.
+
+    NOTE: an AWS secret key often holds a ``/``, which a URI must escape (``%2F``); unescaped, it ends the authority
+    early (``s3://KEY:ab/cd@bucket/key``) and a URI parser takes the key for a host, the rest of the secret for a
+    path. Such text counts as user info too: a first segment holding a ``:`` not followed by a port, then an ``@``."""
+    rest = source.partition("://")[2].split("?", 1)[0].split("#", 1)[0]
+    authority = rest.split("/", 1)[0]
+    if "@" in authority:
+        return authority.rpartition("@")[0]
+    _, colon, port = authority.partition(":")
+    if colon and not port.isdigit() and "@" in rest:
+        return rest.rpartition("@")[0]
+    return ""
+
+
+def _scrubbed(message: str, source: str) -> str:
+    """``message`` (a URI parser's, which may quote the whole URI) without ``source``'s user info or query string."""
+    message = message.replace(source, display_uri(source))
+    for secret in (user_info(source), source.partition("://")[2].partition("?")[2]):
+        if secret:
+            message = message.replace(secret, "***")
+    return message
 
 
 @dataclass(frozen=True)
@@ -114,10 +141,14 @@ def list_remote(source: str, empty_ok: bool = False, held: frozenset[str] = froz
     from pyarrow import fs
 
     shown = display_uri(source)
+    if "/" in user_info(source):
+        raise ConfigError(f"cannot open {shown}: the credentials in the URI hold a '/', which a URI must escape: "
+                          "percent-encode them ('/' as %2F, '+' as %2B), or leave them out of the URI for the "
+                          "storage's standard chain (for S3: AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE)")
     try:
         filesystem, path = fs.FileSystem.from_uri(source)
     except Exception as exc:  # unknown scheme, a bad query parameter, a filesystem not built into pyarrow
-        raise ConfigError(f"cannot open {shown}: {exc}") from exc
+        raise ConfigError(f"cannot open {shown}: {_scrubbed(str(exc), source)}") from exc
     filesystem = bounded(filesystem)
     scheme = scheme_of(source)
     if "*" in path:
