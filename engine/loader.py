@@ -243,6 +243,11 @@ def inspect_model(
         raise ModelError(f"{model_dir}/1_Pooling/config.json has include_prompt false; petal pools over prompt "
                          "tokens too, so it cannot reproduce this model with prompts")
     _check_dense(st.dense, config.hidden_size, model_dir)
+    if st.do_lower_case and not _tokenizer_lowercases(tokenizer_file):
+        raise ModelError(f"{model_dir}/sentence_bert_config.json has do_lower_case true, but {tokenizer_file} does "
+                         "not lower-case: sentence-transformers lower-cases texts for this model and petal does not, "
+                         "so it cannot reproduce its vectors (add a Lowercase normalizer to tokenizer.json, or set "
+                         "do_lower_case false if the model was trained on cased text)")
 
     limit = config.max_position_embeddings - config.position_offset
     if limit < 2:
@@ -342,6 +347,26 @@ def _tokenizer_max_length(model_dir: Path) -> int | None:
     return value if type(value) is int and value >= 2 else None
 
 
+def _load_tokenizer(tokenizer_file: Path) -> Any:
+    """``tokenizer.json`` as a ``tokenizers.Tokenizer`` (``ModelError`` naming it when the library cannot use it)."""
+    from tokenizers import Tokenizer
+
+    try:
+        return Tokenizer.from_str(read_text(tokenizer_file))
+    except OSError:
+        raise  # NOTE: named by read_text: permission denied 66, a read error 74; no bad model (78)
+    except Exception as exc:  # NOTE: the tokenizers library raises a bare Exception for a file it cannot use
+        reason = next(iter(str(exc).splitlines()), "") or type(exc).__name__
+        raise ModelError(f"cannot read {tokenizer_file} as a tokenizer: {reason}") from exc
+
+
+def _tokenizer_lowercases(tokenizer_file: Path) -> bool:
+    """Whether the tokenizer's normaliser lower-cases (Lowercase, BertNormalizer(lowercase=True), ...): then
+    sentence-transformers' ``do_lower_case`` changes nothing petal does not do."""
+    normalizer = _load_tokenizer(tokenizer_file).normalizer
+    return normalizer is not None and not any(c.isupper() for c in normalizer.normalize_str("AZ ÀÉ ΣΩ ДЯ"))
+
+
 def _eos_token_id(hf: dict[str, Any], model_dir: Path) -> int | None:
     """The model's end-of-sequence token: config.json's ``eos_token_id``, else tokenizer_config.json's."""
     eos = hf.get("eos_token_id")
@@ -360,17 +385,7 @@ def _eos_token_id(hf: dict[str, Any], model_dir: Path) -> int | None:
         name = name.get("content")
     if not isinstance(name, str):
         return None
-    from tokenizers import Tokenizer
-
-    tokenizer_file = model_dir / "tokenizer.json"
-    try:
-        tokenizer = Tokenizer.from_str(read_text(tokenizer_file))
-    except OSError:
-        raise  # NOTE: named by read_text: permission denied 66, a read error 74; no bad model (78)
-    except Exception as exc:  # NOTE: the tokenizers library raises a bare Exception for a file it cannot use
-        reason = next(iter(str(exc).splitlines()), "") or type(exc).__name__
-        raise ModelError(f"cannot read {tokenizer_file} as a tokenizer: {reason}") from exc
-    token_id: int | None = tokenizer.token_to_id(name)
+    token_id: int | None = _load_tokenizer(model_dir / "tokenizer.json").token_to_id(name)
     return token_id
 
 

@@ -42,6 +42,7 @@ class StFiles:
     normalize: bool | None = None  # None without modules.json
     int8_scheme: str | None = None  # "tanh" when the last module is pplx-embed's FlexibleQuantizer
     max_seq_length: int | None = None
+    do_lower_case: bool = False  # sentence_bert_config.json: lower-case texts before the tokenizer
     prompts: PromptConfig = field(default_factory=PromptConfig)
     similarity: str | None = None
     pickle_dense: tuple[Path, ...] = ()  # Dense weights stored only as pickle
@@ -139,6 +140,7 @@ def read_st_files(model_dir: Path) -> StFiles:
             config = read_json(st_config)
             zero = type(config.get("max_seq_length")) is int and config["max_seq_length"] == 0
             values["max_seq_length"] = None if zero else config_int(config, "max_seq_length", None, minimum=2)
+            values["do_lower_case"] = config_bool(config, "do_lower_case", False)
     values.update(_prompts_and_similarity(model_dir))
     return StFiles(**values)
 
