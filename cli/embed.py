@@ -255,21 +255,21 @@ def _stop_signals_raise(output: Path) -> Iterator[None]:
     import threading
 
     from petal.pipeline.reliability.errors import Interrupted, quote_path
-    from petal.pipeline.reliability.signals import STOP_SIGNALS
+    from petal.pipeline.reliability.signals import not_ignored
 
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def stop(signum: int, frame: object) -> None:
-        for sig in STOP_SIGNALS:  # NOTE: a second signal ends the process at once (the kernel's default)
+        for sig in previous:  # NOTE: a second signal ends the process at once (the kernel's default)
             signal.signal(sig, signal.SIG_DFL)
         interrupted = Interrupted(signum)
         interrupted.args = (f"interrupted by {signal.Signals(signum).name} while writing --output "
                             f"{quote_path(output)}; nothing was written to it",)
         raise interrupted
 
-    previous = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
+    previous = {sig: signal.signal(sig, stop) for sig in not_ignored()}
     try:
         yield
     finally:

@@ -9,6 +9,8 @@ import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -400,6 +402,25 @@ def test_hup_and_usr_signals_stop_cleanly_with_the_report(tmp_path, fake_model, 
     result = child.wait(60)
     assert result.rc == code and result.report["status"] == "interrupted" and result.report["exit_code"] == code
     assert f"interrupted by {sig.name}" in result.last_line
+
+
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGINT])
+def test_a_signal_the_run_was_started_ignoring_stays_ignored(tmp_path, fake_model, sig):
+    """``nohup petal index ... &`` (SIGHUP ignored from the start; a background job's SIGINT alike): the run's stop
+    handling took the signal over, so the end of the ssh session stopped the run (129) that nohup was to keep going.
+    Now an ignored signal stays ignored: the run publishes. A real process (``preexec_fn``: ignored before exec)."""
+    job = Job(tmp_path, fake_model)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tests.fake_cli", "index", str(job.data), "--out", str(job.out), "--model",
+         str(fake_model), "-q"], cwd=Path(__file__).resolve().parent.parent, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PETAL_TEST_FAKE_ENGINE": str(tmp_path / "log"), "PETAL_FAULT": "after_lock:1:sleep=2"},
+        preexec_fn=lambda: signal.signal(sig, signal.SIG_IGN))
+    deadline = time.monotonic() + 60
+    while process.poll() is None and time.monotonic() < deadline:  # NOTE: at start-up, under the lock and after
+        process.send_signal(sig)
+        time.sleep(0.1)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 0 and err.strip().splitlines()[-1].startswith("petal index: success"), err
 
 
 def test_a_second_signal_kills_at_once(tmp_path, fake_model):

@@ -12,6 +12,7 @@ dropped, committed ones kept, the lock released, the report written) and exits 1
 number. It also ends a blocking wait at once (the writer lock, the next tokenized chunk): those
 run inside ``interruptible()``. From the first signal on, the kernel's default action is restored
 for every stop signal, so a second signal kills the process at once, even inside a long C call.
+A signal the process was told to ignore (``nohup``'s SIGHUP, a background job's SIGINT) stays ignored.
 """
 
 from __future__ import annotations
@@ -26,6 +27,12 @@ from typing import Any
 from petal.pipeline.reliability.errors import Interrupted
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+
+
+def not_ignored() -> list[int]:
+    """The stop signals this process does not ignore: one it was started ignoring is the caller's word (``nohup petal
+    index ... &``'s SIGHUP: the run outlives the session; a background job's SIGINT) and stays ignored."""
+    return [sig for sig in STOP_SIGNALS if signal.getsignal(sig) is not signal.SIG_IGN]
 
 
 class StopSignals:
@@ -74,7 +81,7 @@ class StopSignals:
         # NOTE: Python runs handlers in the main thread only; elsewhere (a library caller's worker
         # thread) the process keeps its handlers and the flag never sets.
         if threading.current_thread() is threading.main_thread():
-            for sig in STOP_SIGNALS:
+            for sig in not_ignored():
                 self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
