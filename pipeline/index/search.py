@@ -120,6 +120,20 @@ def bounded_params(params: dict[str, int], ntotal: int, ivf: Any) -> dict[str, i
     return bounded
 
 
+def ties_by_id(scores: np.ndarray, ids: np.ndarray, metric: str) -> tuple[np.ndarray, np.ndarray]:
+    """``scores``, ``ids`` (``[num_queries, k]``, best first, -1 pad last) with hits of equal score in ascending id, as
+    a binary index's rescoring orders them; every other order is FAISS's. A row with a NaN score is left as it is.
+
+    NOTE: FAISS's result heaps leave ties in either order: a Flat index of a duplicated document answered the later
+    copy first under ``ip`` and the earlier under ``l2``, and a query scoring every vector 0 got ids 3, 2, 1, 0."""
+    better = -scores if metric == "ip" else scores
+    pad = (ids < 0) | np.isnan(scores)
+    order = np.lexsort((ids, np.where(pad, 0, better), pad), axis=1)
+    keep = np.isnan(scores).any(axis=1)
+    order[keep] = np.arange(ids.shape[1])
+    return np.take_along_axis(scores, order, axis=1), np.take_along_axis(ids, order, axis=1)
+
+
 def probing(params: dict[str, int], nprobe: int) -> dict[str, int]:
     """``params`` of an IVF index with ``nprobe`` lists probed, and its HNSW quantizer's ``quantizer_efSearch`` (where
     it has one) at least ``2 * nprobe``: the quantizer finds at most about efSearch lists."""
@@ -352,6 +366,7 @@ class IndexReader:
                                   f"search (FAISS: {reason}); rebuild it with a Flat, IVF or HNSW --index-factory "
                                   "(petal rebuild OUT --index-factory ...)") from exc
         scores, ids = self._widened(queries, k_eff, scores, ids, search_params, selector)
+        scores, ids = ties_by_id(scores, ids, self.manifest.metric)
         valid = ids >= 0  # NOTE: FAISS pads with -1 when fewer than k results exist
         flat = ids[valid]
         wrong = ids[(ids < -1) | (ids >= self.num_ids)]
