@@ -129,3 +129,33 @@ def test_requests_pipelined_behind_a_closing_answer_are_each_counted_444(server)
     answer = exchange(server, get("/health") * 2 + last)
     assert answer.count(b"HTTP/1.1 200 ") == 3, answer
     assert counted_since(server, before) == {"/health 200": 3}
+
+
+def statuses(answer: bytes) -> list[int]:
+    return [int(code) for code in re.findall(rb"(?:^|\r\n\r\n|\})HTTP/1\.1 (\d{3}) ", answer)]
+
+
+def test_a_refusal_pipelined_behind_a_running_request_comes_after_its_answer(server):
+    """A malformed request (400) or a head over the limit (431) pipelined behind a valid /search still running was
+    refused at once: the client read that refusal as its /search's answer, and the /search was cut off (counted 499),
+    its answer never sent. Now each answer comes in order, then the refusal, then the close."""
+    search = post("/search", {"query": "how do glaciers move", "k": 1})
+    bad_chunk = b"POST /search HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nZZ\r\n"
+    for tail, expected, counted in (
+            (b"BLAH\x01 / HTTP/1.1\r\n\r\n", [200, 400], {"/search 200": 1, "unmatched 400": 1}),
+            (b"POST /search HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n", [200, 400],
+             {"/search 200": 1, "unmatched 400": 1}),
+            (search + bad_chunk, [200, 200, 400], {"/search 200": 2, "unmatched 400": 1}),
+            (b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (100 << 10) + b"\r\n\r\n", [200, 431],
+             {"/search 200": 1, "unmatched 431": 1})):
+        before = counts(server)
+        answer = exchange(server, search + tail)
+        assert statuses(answer) == expected, answer[:2000]
+        assert answer.endswith(b"}") and b'"results"' in answer.split(b"\r\n\r\n")[1], answer[:2000]
+        assert counted_since(server, before) == counted, tail[:80]
+    # behind a request that said close, nothing is answered but its own; the refused one is counted not answered
+    before = counts(server)
+    closing = post("/search", {"query": "ice", "k": 1}, "Connection: close\r\n")
+    answer = exchange(server, closing + b"BLAH\x01 /\r\n\r\n")
+    assert statuses(answer) == [200], answer
+    assert counted_since(server, before) == {"/search 200": 1, "unmatched 444": 1}

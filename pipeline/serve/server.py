@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import signal
 import socket
 import struct
 import sys
 import threading
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httptools
@@ -146,6 +147,7 @@ def http_protocol(metrics: ServeMetrics, header_timeout_s: float = 30.0,
 
             _running: Any = None  # the cycle whose task was started last (pipelined ones wait in self.pipeline)
             _closing = False  # a request that closes the connection (Connection: close, HTTP/1.0) has been read
+            _refusal: Callable[[], None] | None = None  # a refusal (400, 414, 431) waiting for the answers before it
             _ignored = False  # the request being read came after it: never served (NOT_ANSWERED)
             _peer_closed = False  # the client closed its side (or reset the connection)
 
@@ -249,6 +251,8 @@ def http_protocol(metrics: ServeMetrics, header_timeout_s: float = 30.0,
                     self.end_linger()
 
             def data_received(self, data: bytes) -> None:
+                if self._refusal is not None:  # nothing after what is refused is read
+                    return
                 if not self._lingering:
                     self._unset_keepalive_if_required()
                     done = 0  # how much of `data` the parser has been fed
@@ -263,14 +267,14 @@ def http_protocol(metrics: ServeMetrics, header_timeout_s: float = 30.0,
                             if self._head_open and not self._head_begun:
                                 self._head_bytes += len(piece)
                                 if self._head_bytes > MAX_HEAD_BYTES:
-                                    self._refuse_big_head()
+                                    self._after_answers(self._big_head_refusal())
                                     return
                             if done >= len(data) or self.transport.is_closing():
                                 return
                         self.parser.feed_data(data[done:] if done else data)
                     except httptools.HttpParserError:
                         self.logger.warning("Invalid HTTP request received.")
-                        self.send_400_response("Invalid HTTP request received.")
+                        self._refuse_not_http()
                     except httptools.HttpParserUpgrade as exc:
                         if self._should_upgrade():  # a WebSocket, a WebSocket library installed: uvicorn's way
                             self.handle_websocket_upgrade()
@@ -340,6 +344,37 @@ def http_protocol(metrics: ServeMetrics, header_timeout_s: float = 30.0,
                 super().on_response_complete()
                 if self._lingering:
                     self._unset_keepalive_if_required()  # NOTE: the linger's own bounds close it
+                refusal = self._refusal
+                if refusal is not None and not self.transport.is_closing() and not self._answering():
+                    self._refusal = None
+                    refusal()
+
+            def _answering(self) -> bool:
+                """A request of this connection is running or waits to (pipelined)."""
+                return bool(self.pipeline) or (self._running is not None and not self._running.response_complete)
+
+            def _after_answers(self, refusal: Callable[[], None]) -> None:
+                """``refusal`` (an answer that closes the connection: what came is not taken) now, or once the
+                requests before it are answered; nothing more is read meanwhile. NOTE: before, a malformed request
+                (400) or a head over the limit (414, 431) pipelined behind a valid request still running was refused
+                at once: the client took that answer as its valid request's, whose own never came (its work cut off,
+                counted 499). When an answer before it closes the connection, the refusal is never sent and is
+                counted as not answered (444; 499 when the client closed)."""
+                if not self._answering():
+                    refusal()
+                    return
+                self._refusal = refusal
+                self.flow.pause_reading()
+
+            def _refuse_not_http(self) -> None:
+                """The parser refused what came: 400 (``NOT_HTTP``), the connection closed, after the answers before
+                it (``_after_answers``)."""
+                if self._in_body and self.cycle is not None and self.cycle is self._running:
+                    self.send_400_response(NOT_HTTP)  # the running request's own body is what is refused: its answer
+                    return
+                if self._in_body and self.pipeline and self.pipeline[0][0] is self.cycle:
+                    self.pipeline.popleft()  # a pipelined request's own body: it is never started; the 400 answers it
+                self._after_answers(lambda: self.send_400_response(NOT_HTTP))
 
             def eof_received(self) -> None:
                 self._peer_closed = True
@@ -349,6 +384,9 @@ def http_protocol(metrics: ServeMetrics, header_timeout_s: float = 30.0,
 
             def connection_lost(self, exc: Exception | None) -> None:
                 self._drop_pipelined(exc is not None or self._peer_closed)
+                if self._refusal is not None:
+                    status = CLIENT_CLOSED if exc is not None or self._peer_closed else NOT_ANSWERED
+                    metrics.requests.labels(route=UNMATCHED, status=str(status)).inc()
                 self._stop_head_timer()
                 self._stop_send_timer()
                 if self._linger_timer is not None:
@@ -379,17 +417,17 @@ def http_protocol(metrics: ServeMetrics, header_timeout_s: float = 30.0,
                 self._stopping = True
                 super().shutdown()
 
-            def _refuse_big_head(self) -> None:
-                """A request head over ``MAX_HEAD_BYTES`` so far: 414 when the URL is what is still arriving, else
-                431."""
+            def _big_head_refusal(self) -> Callable[[], None]:
+                """The refusal of a request head over ``MAX_HEAD_BYTES`` so far: 414 when the URL is what is still
+                arriving, else 431."""
                 if self._url_in_piece:  # NOTE: the parser is still in the request line
                     status, reason = 414, b"URI Too Long"
                     what = "the URL (send the request's fields in its JSON body)"
                 else:
                     status, reason = 431, b"Request Header Fields Too Large"
                     what = "the headers (a header too large, or too many)"
-                self._refuse_head(status, reason, f"the request line and headers are over the limit of "
-                                  f"{MAX_HEAD_BYTES} bytes: {what}; the connection is closed")
+                return functools.partial(self._refuse_head, status, reason, f"the request line and headers are over "
+                                         f"the limit of {MAX_HEAD_BYTES} bytes: {what}; the connection is closed")
 
             def _refuse_head(self, status: int, reason: bytes, message: str) -> None:
                 """Answer a request head that is not taken (too large, too slow) with the JSON error ``status``,
