@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from tqdm import tqdm
 
 from petal import __version__
 from petal.engine.config import DeviceName, EngineConfig
@@ -51,6 +50,7 @@ from petal.pipeline.ingest.tokens import TokenizedDocs, tokenize_documents, toke
 from petal.pipeline.jobs.keep_columns import check_column_types, check_keep_columns
 from petal.pipeline.jobs.live_check import live_damage
 from petal.pipeline.jobs.model import model_spec
+from petal.pipeline.jobs.progress import progress_bar
 from petal.pipeline.jobs.removals import (
     RemovalLimit,
     check_removal,
@@ -612,8 +612,7 @@ def embed_shards(chunks: Prefetcher[TokenizedDocs], shards: list[ShardInfo],
     flight = InFlight(engine.config.steps_in_flight)
     guard = StepGuard(engine)  # splits a batch the device has no memory for
     total = sum(r.num_rows for r in ranges) if ranges is not None else sum(s.num_rows for s in shards)
-    progress = tqdm(total=total, unit="doc", file=sys.stderr, disable=job.quiet,
-                    desc="embedding", dynamic_ncols=True, mininterval=0.5)
+    progress = progress_bar(total, disable=job.quiet, desc="embedding")
     tokens = [0]  # tokens embedded (results back from the engine): the progress bar's tok/s
 
     def show_rate() -> None:  # after every result, the flush and the drain included (the bar's last line too)

@@ -53,15 +53,17 @@ def check_report_path(path: Path | str | None, out: Path | str) -> None:
                          "write the report outside them")
 
 
-def report_bytes(obj: Any) -> bytes:
-    return (json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n").encode()
+def report_bytes(obj: Any, one_line: bool = False) -> bytes:
+    """The report as JSON (ASCII: other characters as escapes); indented for a file, one line for stdout (``--json``,
+    ``--json-report -``: one object a line, as every petal command's machine output; Airflow's XCom takes the last)."""
+    return (json.dumps(obj, indent=None if one_line else 2, sort_keys=True, default=str) + "\n").encode()
 
 
 def write_report_to(path: Path | str, obj: Any, out: Path | str | None = None) -> None:
     """Write ``obj`` as JSON to ``path`` (see the module docstring). ``out``: the run's output directory. A path
     that is a file of an output directory is a ``UsageError`` (a ``ValueError``: the caller warns), nothing written."""
     check_report_path(path, out or "")
-    data = report_bytes(obj)
+    data = report_bytes(obj, one_line=str(path) == STDOUT)
     if str(path) == STDOUT:
         if sys.stdout is None:  # NOTE: started with fd 1 closed (>&-, a supervisor that gives none): nowhere to write
             raise OSError(errno.EBADF, "stdout is closed")
