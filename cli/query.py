@@ -259,7 +259,7 @@ def _rendered(index: Index, labels: list[str], results: list[list[Hit]], as_json
             for hit, hit_text in zip(hits, texts):
                 row = {"rank": hit.rank, "score": round(hit.score, 6), "id": hit.id, "shard": hit.shard, "row": hit.row}
                 if hit.fields:
-                    row["fields"] = hit.fields
+                    row["fields"] = {k: _field_value(v) for k, v in hit.fields.items()}
                 if show_text:
                     row["text"] = hit_text
                     why = _missing(index, hit.shard) if hit_text is None else None
@@ -275,7 +275,7 @@ def _rendered(index: Index, labels: list[str], results: list[list[Hit]], as_json
         for hit, hit_text in zip(hits, texts):
             line = f"{hit.rank:>4}  {hit.score:>8.4f}  {one_line(str(hit.id))}"
             if hit.fields:
-                line += "  " + one_line(" ".join(f"{k}={v}" for k, v in hit.fields.items()))
+                line += "  " + one_line(" ".join(f"{k}={_field_value(v)}" for k, v in hit.fields.items()))
             if show_text and hit_text is not None:
                 # NOTE: a shard's text is untrusted: its control characters (terminal escapes, NUL) are escaped as the
                 # id's and the kept columns' are, never written to a terminal as they are
@@ -288,6 +288,29 @@ def _rendered(index: Index, labels: list[str], results: list[list[Hit]], as_json
                 "the index is empty" if index.reader.ntotal == 0 else "none found"
             lines.append(f"   (no hits: {why})")
     return lines
+
+
+def _field_value(value: Any) -> Any:
+    """A kept column's value as ``petal query`` shows it: a duration as ISO 8601 (``P1D``, ``PT1M30S``, ``-PT5S``,
+    ``PT0.0015S``), never Python's ``1 day, 0:00:00`` or ``-1 day, 23:59:55`` (that is -5 s); the rest as it is."""
+    import datetime as dt
+
+    if not isinstance(value, dt.timedelta):
+        return value
+    total_ns = getattr(value, "value", None)  # NOTE: pandas' Timedelta (pyarrow's duration('ns') with pandas) keeps ns
+    if not isinstance(total_ns, int):
+        total_ns = value // dt.timedelta(microseconds=1) * 1000
+    sign, total_ns = ("-" if total_ns < 0 else ""), abs(total_ns)
+    days, rest = divmod(total_ns, 86_400 * 10**9)
+    hours, rest = divmod(rest, 3_600 * 10**9)
+    minutes, rest = divmod(rest, 60 * 10**9)
+    seconds, fraction = divmod(rest, 10**9)
+    second_text = f"{seconds}.{fraction:09d}".rstrip("0") if fraction else str(seconds)
+    clock = (f"{hours}H" if hours else "") + (f"{minutes}M" if minutes else "") + \
+        (f"{second_text}S" if seconds or fraction else "")
+    if not days and not clock:
+        return "PT0S"
+    return f"{sign}P" + (f"{days}D" if days else "") + (f"T{clock}" if clock else "")
 
 
 def _json_line(answer: dict[str, Any]) -> str:
