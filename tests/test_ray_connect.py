@@ -52,6 +52,50 @@ def test_a_ray_address_where_nothing_answers_is_75_in_seconds(tmp_path, where):
     assert ("(RAY_ADDRESS)" in stderr) == (where == "env"), stderr
 
 
+@pytest.mark.parametrize("server", ["silent", "not_grpc"])
+def test_a_ray_address_that_accepts_but_is_no_ray_cluster_is_75_in_seconds(tmp_path, server):
+    """A loopback server that accepts connections and never answers (a hung head, a wrong port behind a proxy), or
+    answers as something else (an HTTP/1 server: the dashboard's port given for the GCS's): 75 in seconds naming the
+    address. Before, the TCP connect succeeded and ``ray.init`` waited on it for ever or for minutes."""
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.2)
+    held: list[socket.socket] = []
+    closing = threading.Event()
+
+    def serve() -> None:
+        while not closing.is_set():
+            try:
+                conn = listener.accept()[0]
+            except OSError:
+                continue
+            held.append(conn)
+            if server == "not_grpc":
+                conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    write_shards(tmp_path / "data", 1, 5)
+    model = make_fake_model_dir(tmp_path / "model")
+    address = f"127.0.0.1:{listener.getsockname()[1]}"
+    process = _petal([str(tmp_path / "data"), "--out", str(tmp_path / "out"), "--model", str(model), "--ray", address],
+                     {"PETAL_TEST_FAKE_ENGINE": str(tmp_path / "log.jsonl")})
+    try:
+        _, stderr = process.communicate(timeout=40)
+    finally:
+        process.kill()
+        closing.set()
+        thread.join()
+        for conn in held:
+            conn.close()
+        listener.close()
+    assert process.returncode == 75, stderr
+    last = stderr.strip().splitlines()[-1]
+    assert f"cannot connect to Ray at {address}" in last and "Traceback" not in stderr, stderr
+    assert ("does not answer within" if server == "silent" else "not a Ray cluster's GCS") in last, last
+
+
 @pytest.mark.slow
 def test_sigterm_while_ray_actors_embed_is_143(tmp_path):
     """Before: ``ray.init`` had replaced petal's SIGTERM handler with its own ``sys.exit(15)``: the run ended as

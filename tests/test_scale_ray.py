@@ -153,6 +153,16 @@ def test_killing_an_actor_mid_run_then_rerunning_completes(local_ray, tmp_path):
     assert sorted(r["id"] for r in rows) == sorted(ids)  # nothing lost, nothing twice
 
 
+def test_a_real_clusters_gcs_passes_the_address_check(local_ray):
+    """The check that refuses an address where no gRPC server answers (tests/test_ray_connect.py) lets a real head's
+    GCS through: it answers petal's HTTP/2 preface with its SETTINGS frame."""
+    from petal.pipeline.jobs.ray_embed import _check_reachable
+
+    local_ray()
+    host, _, port = ray.get_runtime_context().gcs_address.rpartition(":")
+    _check_reachable(f"{host}:{port}", host, int(port))  # raises TemporaryFailure when refused
+
+
 def test_without_ray_a_clear_message(tmp_path, monkeypatch):
     import builtins
 

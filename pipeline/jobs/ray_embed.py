@@ -16,6 +16,7 @@ within ``PETAL_WORKER_START_TIMEOUT`` seconds of beginning to (as for the local 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import signal
@@ -97,12 +98,37 @@ def _address(scale: ScaleConfig) -> tuple[str, str, int] | None:
     return shown, host.strip("[]"), int(port)
 
 
+# an HTTP/2 client's connection preface and an empty SETTINGS frame: a gRPC server (a Ray GCS) answers with its own
+# SETTINGS frame at once (RFC 9113 3.4)
+_HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+
+
 def _check_reachable(shown: str, host: str, port: int) -> None:
+    """A ``TemporaryFailure`` (75) in at most ~2 x ``CONNECT_TIMEOUT_S`` unless a gRPC server answers at the address:
+    ``ray.init`` waits for ever on one that accepts connections and never answers (a wrong port, a hung GCS)."""
     try:
-        socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S).close()
+        sock = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S)
     except OSError as exc:
         raise TemporaryFailure(f"cannot connect to Ray at {shown}: nothing answers there ({exc.strerror or exc}); "
                                "start the cluster or fix the address") from exc
+    if os.environ.get("RAY_USE_TLS", "").lower() in ("1", "true"):  # a TLS handshake first: Ray's to judge
+        sock.close()
+        return
+    with sock:
+        try:
+            sock.sendall(_HTTP2_PREFACE)
+            answer = sock.recv(9)  # a frame header: length (3), type (1), flags (1), stream (4)
+        except TimeoutError:
+            raise TemporaryFailure(f"cannot connect to Ray at {shown}: it accepts connections but does not answer "
+                                   f"within {CONNECT_TIMEOUT_S:g} s (a hung cluster, or not the port of a Ray head's "
+                                   "GCS: 6379 unless set); check the cluster or fix the address") from None
+        except OSError as exc:
+            answer = b""
+            if exc.errno not in (errno.ECONNRESET, errno.EPIPE):
+                raise TemporaryFailure(f"cannot connect to Ray at {shown}: {exc.strerror or exc}") from exc
+    if len(answer) < 4 or answer[3] != 0x04:  # not a SETTINGS frame: not a gRPC server
+        raise TemporaryFailure(f"cannot connect to Ray at {shown}: what answers there is not a Ray cluster's GCS "
+                               "(gRPC); fix the address (a Ray head's GCS port: 6379 unless set)")
 
 
 def ray_device(device: str, scale: ScaleConfig) -> str:
