@@ -55,3 +55,22 @@ def test_k_past_the_tuned_ef_search_returns_k_hits(shard, factory):
                                       "--json"])
     assert result.exit_code == 0, result.output
     assert [len(json.loads(line)["hits"]) for line in result.stdout.splitlines()] == [NUM] * 3
+
+
+@pytest.mark.parametrize("factory", ["HNSW4", "HNSW8", "HNSW8,SQ8", "HNSW8,PQ4"])
+def test_k_past_the_nodes_a_graph_reaches_returns_every_vector(tmp_path, factory):
+    """A node no other node links to is reached by no walk, at any efSearch: 500 vectors in HNSW8 under l2 answered
+    k=600 with 497 hits (HNSW4: 482), filtered by a column every row matches too. A query still short once efSearch
+    reaches every vector scans the graph's vectors: every vector."""
+    vectors = np.random.default_rng(5).standard_normal((500, DIM)).astype(np.float32)
+    pq.write_table(pa.table({"id": list(range(500)), "lang": ["en"] * 500,
+                             "emb": pa.FixedSizeListArray.from_arrays(pa.array(vectors.ravel()), DIM)}),
+                   tmp_path / "a.parquet")
+    petal.index(tmp_path / "a.parquet", tmp_path / "out", vectors_column="emb", index_factory=factory, metric="l2",
+                keep_columns="lang", quiet=True)
+    queries = np.random.default_rng(6).standard_normal((10, DIM)).astype(np.float32)
+    wheres = [None] if factory.endswith("PQ4") else [None, "lang = 'en'"]  # FAISS's PQ scan takes no selector
+    with petal.open_index(tmp_path / "out") as index:
+        for where in wheres:
+            for hits in index.search_stored(queries, k=600, where=where):
+                assert sorted(h.id for h in hits) == list(range(500)), (where, len(hits))

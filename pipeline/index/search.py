@@ -251,6 +251,7 @@ class IndexReader:
         self._hnsw_ef: int | None = None  # the efSearch of the HNSW a float index searches through (else None)
         self._candidates_per_hit = 1  # a refine wrapper's k_factor_rf: its base index returns this many per hit
         self._graph_codes: Any = None  # a bare HNSW's vectors, where a filtered search may scan them (Flat, SQ)
+        self._graph_storage: Any = None  # a bare HNSW's vectors, whatever their codes (PQ too)
         params = dict(record.search_params)
         if binary:  # the binary index set its own nprobe
             self.search_params = params if nprobe is None else {**params, "nprobe": nprobe}
@@ -273,8 +274,10 @@ class IndexReader:
         if hnsw is not None:
             self._hnsw_ef = int(hnsw.hnsw.efSearch)
             codes = faiss.downcast_index(hnsw.storage)
-            if hnsw is nodes[0] and isinstance(codes, (faiss.IndexFlat, faiss.IndexScalarQuantizer)):
-                self._graph_codes = codes  # NOTE: FAISS's PQ search takes no id selector
+            if hnsw is nodes[0]:
+                self._graph_storage = codes
+                if isinstance(codes, (faiss.IndexFlat, faiss.IndexScalarQuantizer)):
+                    self._graph_codes = codes  # NOTE: FAISS's PQ search takes no id selector
             refine = next((n for n in nodes if isinstance(n, faiss.IndexRefine)), None)
             if refine is not None:
                 self._candidates_per_hit = max(1, math.ceil(params.get("k_factor_rf", refine.k_factor)))
@@ -395,7 +398,15 @@ class IndexReader:
             return self.index.search(rows, k, params=params)  # type: ignore[call-arg]
 
         want = k if selector is None else min(k, selector.count)
-        return searched_again(search, queries, want, scores, ids, self._wider(search_params))
+        scores, ids = searched_again(search, queries, want, scores, ids, self._wider(search_params))
+        storage = self._graph_storage if selector is None else self._graph_codes
+        short = np.flatnonzero((ids >= 0).sum(axis=1) < want)
+        if storage is not None and len(short):
+            # NOTE: a node no other node links to is reached by no walk, at any efSearch: 500 vectors in HNSW8 under
+            # l2 answered k=500 with 497 hits (HNSW4: 482); those still short scan the graph's vectors (exact top k)
+            params = None if selector is None else selector.params(storage, {})
+            scores[short], ids[short] = storage.search(queries[short], k, params=params)
+        return scores, ids
 
     def _wider(self, search_params: dict[str, int]) -> Iterator[dict[str, int]]:
         """``search_params`` widened 4x a step until they reach every vector: an IVF's lists probed (its HNSW
