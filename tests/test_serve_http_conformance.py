@@ -153,6 +153,10 @@ def test_a_refusal_pipelined_behind_a_running_request_comes_after_its_answer(ser
         assert statuses(answer) == expected, answer[:2000]
         assert answer.endswith(b"}") and b'"results"' in answer.split(b"\r\n\r\n")[1], answer[:2000]
         assert counted_since(server, before) == counted, tail[:80]
+    # the running request's own body refused: its answer, counted once (it was also counted 499 by its route)
+    before = counts(server)
+    assert statuses(exchange(server, bad_chunk)) == [400]
+    assert counted_since(server, before) == {"unmatched 400": 1}
     # behind a request that said close, nothing is answered but its own; the refused one is counted not answered
     before = counts(server)
     closing = post("/search", {"query": "ice", "k": 1}, "Connection: close\r\n")

@@ -58,6 +58,9 @@ CLIENT_CLOSED = 499  # the status counted for a request whose client closed the 
 # the status counted for a request pipelined behind an answer that closed the connection (nginx's "no response"): read,
 # never served nor answered (RFC 9112 §9.6), the client retries it on a new connection
 NOT_ANSWERED = 444
+# a scope key the server sets on a request it has answered itself (its body refused by the HTTP parser: 400, counted
+# there): the handler's own ending (the disconnect it then sees) is not counted again, as a 499
+ANSWERED_BY_SERVER = "petal.answered_by_server"
 ASTERISK = "*"  # the route label (and path) of ``OPTIONS *``: the server as a whole (RFC 9110 §9.3.7)
 
 
@@ -343,6 +346,8 @@ def build_app(startup: Startup | ServeState) -> ASGIApp:
             except Exception as exc:  # a bug: answer 500, keep serving
                 log.exception("petal serve: %s failed", route)
                 response = _error(500, f"internal error: {type(exc).__name__}: {exc}", "server_error")
+            if request.scope.get(ANSWERED_BY_SERVER):
+                return response
             return finish(route, response, started, spans)
 
         return handle

@@ -22,7 +22,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from petal.pipeline.reliability.errors import ConfigError
 from petal.pipeline.reliability.signals import STOP_SIGNALS, HeldSignals
-from petal.pipeline.serve.app import CLIENT_CLOSED, NOT_ANSWERED, UNMATCHED, build_app, route_label
+from petal.pipeline.serve.app import ANSWERED_BY_SERVER, CLIENT_CLOSED, NOT_ANSWERED, UNMATCHED, build_app, route_label
 from petal.pipeline.serve.encoding import dumps
 from petal.pipeline.serve.metrics import ServeMetrics
 from petal.pipeline.serve.service import ServeState
@@ -370,7 +370,10 @@ def http_protocol(metrics: ServeMetrics, header_timeout_s: float = 30.0,
                 """The parser refused what came: 400 (``NOT_HTTP``), the connection closed, after the answers before
                 it (``_after_answers``)."""
                 if self._in_body and self.cycle is not None and self.cycle is self._running:
-                    self.send_400_response(NOT_HTTP)  # the running request's own body is what is refused: its answer
+                    # NOTE: the running request's own body is what is refused: this is its answer, counted here (its
+                    # handler then sees the connection lost: counted 499 too, before)
+                    self.cycle.scope[ANSWERED_BY_SERVER] = True
+                    self.send_400_response(NOT_HTTP)
                     return
                 if self._in_body and self.pipeline and self.pipeline[0][0] is self.cycle:
                     self.pipeline.popleft()  # a pipelined request's own body: it is never started; the 400 answers it
