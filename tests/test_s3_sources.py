@@ -314,3 +314,17 @@ def test_uri_credentials_with_an_unescaped_slash_are_refused_without_showing_the
     assert result.exit_code == 0, result.output
     assert sorted(r["id"] for r in contents(tmp_path / "out")[0]) == sorted(ids)
     assert s3.secret_key not in result.output and quote(s3.secret_key, safe="") not in result.output
+
+
+def test_a_request_refused_as_bad_is_78_not_a_storage_error_to_rerun(s3, fake_model, tmp_path):
+    """An invalid or expired session token (AWS_SESSION_TOKEN, as an Airflow connection's expired STS credentials
+    leave it): S3 answers a HEAD with a bare 400. Before, that was 74 'storage error ... rerun when the storage
+    recovers', though every rerun is refused the same way; now 78 naming the session token and region."""
+    s3.client().create_bucket(Bucket="refused")
+    put_shard(s3, "refused", "docs/a.parquet", "a", 4)
+    env = {**s3.env(), "AWS_SESSION_TOKEN": "not-a-token", "PETAL_TEST_FAKE_ENGINE": str(tmp_path / "log.jsonl")}
+    result = run(["index", "s3://refused/docs", "--out", str(tmp_path / "out"), "--model", str(fake_model), "-q"], env)
+    assert result.exit_code == 78, result.output
+    last = result.output.strip().splitlines()[-1]
+    assert "s3://refused/docs" in last and "refused the request" in last and "AWS_SESSION_TOKEN" in last, last
+    assert "not-a-token" not in result.output

@@ -29,6 +29,9 @@ from petal.pipeline.reliability.errors import ConfigError, NoInputError, PetalEr
 URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 DENIED = ("ACCESS_DENIED", "INVALID_ACCESS_KEY_ID", "SIGNATURE_DOES_NOT_MATCH", "AccessDenied", "Forbidden",
           "PermissionDenied", "Permission denied", "403")
+# a request the storage refuses as malformed: an expired or invalid session token (S3 answers a HEAD's with a bare
+# 400), a request signed for another region; a retry is refused the same way
+REFUSED = ("HTTP status 400", "ExpiredToken", "EXPIRED_TOKEN", "InvalidToken", "AuthorizationHeaderMalformed")
 MISSING = ("NO_SUCH_BUCKET", "NoSuchBucket", "NO_SUCH_KEY", "NoSuchKey", "does not exist")
 
 
@@ -97,8 +100,12 @@ class RemotePath:
 
 
 def storage_error(where: str, exc: BaseException) -> PetalError:
-    """A filesystem error as the exit-code contract has it: denied 78, missing 66, anything else 74."""
+    """A filesystem error as the exit-code contract has it: denied or refused 78, missing 66, anything else 74."""
     message = str(exc)
+    if any(m in message for m in REFUSED):
+        return ConfigError(f"{where}: the storage refused the request ({_short(message)}); an expired or invalid "
+                           "session token (for S3: AWS_SESSION_TOKEN, AWS_PROFILE) or a wrong region (AWS_REGION) is "
+                           "the usual cause: fix the credentials or settings, a rerun as it is fails the same way")
     if any(m in message for m in DENIED) or isinstance(exc, PermissionError):
         return ConfigError(f"{where}: access denied ({_short(message)}); check the credentials the storage's "
                            "standard chain provides (for S3: AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE)")
@@ -113,7 +120,8 @@ def is_storage_error(exc: BaseException) -> bool:
 
 
 def is_denied(exc: BaseException) -> bool:
-    return is_storage_error(exc) and any(m in str(exc) for m in DENIED)
+    """A storage error a retry cannot cure: access denied, a request refused (``storage_error`` says which)."""
+    return is_storage_error(exc) and any(m in str(exc) for m in (*DENIED, *REFUSED))
 
 
 def _short(message: str) -> str:
