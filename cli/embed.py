@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import stat
@@ -155,15 +156,19 @@ def embed(texts: tuple[str, ...], model: str | None, from_stdin: bool, input_pat
 
 
 def check_output(output: Path) -> None:
-    """``--output`` can be created: not a directory, in a directory that exists (``OutputError``, exit 73, naming
-    it); a disk that fails while it is written is still exit 74 then."""
+    """``--output`` can be created: not a directory, in a directory that exists, a name its file system takes
+    (``OutputError``, exit 73, naming it); a disk that fails while it is written is still exit 74 then."""
     from petal.pipeline.reliability.errors import OutputError, quote_path
 
-    if output.is_dir():
-        raise OutputError(f"cannot create --output {quote_path(output)}: it is a directory")
     parent = output.parent
     if not parent.is_dir():
         raise OutputError(f"cannot create --output {quote_path(output)}: {quote_path(parent)} is not a directory")
+    size, name_max = len(os.fsencode(output.name)), _name_max(parent)
+    if size > name_max:  # NOTE: said now, not as ENAMETOOLONG (74) after every text was embedded
+        raise OutputError(f"cannot create --output {quote_path(output)}: its name is {size} bytes, longer than the "
+                          f"{name_max} its file system takes; give a shorter name")
+    if output.is_dir():
+        raise OutputError(f"cannot create --output {quote_path(output)}: it is a directory")
 
 
 def _input_texts(path: Path, text_column: str, id_column: str | None) -> tuple[list, list | None]:
@@ -209,7 +214,7 @@ def replacing(output: Path) -> Iterator[IO[bytes]]:
             raise write_error(output, exc) from exc
         return
     target = output.resolve() if output.is_symlink() else output
-    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    tmp = _temporary_beside(target)
     with _stop_signals_raise(output):
         try:
             # NOTE: a leftover (or planted) temporary file is removed first and the new one created exclusively,
@@ -233,6 +238,25 @@ def replacing(output: Path) -> Iterator[IO[bytes]]:
             raise
     with contextlib.suppress(OSError):  # NOTE: the file is in place; a directory that cannot be fsynced is no failure
         fsync_dir(target.parent)
+
+
+def _name_max(directory: Path) -> int:
+    """The longest file name (bytes) ``directory``'s file system takes (255 where it cannot say)."""
+    try:
+        return os.pathconf(directory, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        return 255
+
+
+def _temporary_beside(target: Path) -> Path:
+    """``target``'s temporary file: ``.NAME.tmp-PID`` in its directory, or, where that name would be longer than the
+    file system takes (a NAME of 244 bytes or more: ENAMETOOLONG after every text was embedded), ``.petal-HASH.tmp-PID``
+    (HASH: of NAME, so a later run of the same process id still finds and removes a leftover)."""
+    pid = os.getpid()
+    name = f".{target.name}.tmp-{pid}"
+    if len(os.fsencode(name)) > _name_max(target.parent):
+        name = f".petal-{hashlib.sha256(os.fsencode(target.name)).hexdigest()[:16]}.tmp-{pid}"
+    return target.with_name(name)
 
 
 def write_error(output: Path, exc: OSError) -> Exception:

@@ -127,3 +127,29 @@ def test_a_run_that_fails_before_writing_leaves_the_output_untouched(tmp_path, m
     _, stderr = proc.communicate(timeout=600)
     assert proc.returncode == 66, stderr[-2000:]
     assert target.read_bytes() == OLD and leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("suffix", [".npy", ".jsonl"])
+def test_an_output_name_near_the_file_systems_limit_is_written(tmp_path, suffix, minilm_dir):
+    """A name the file system takes (here 250 bytes, NAME_MAX 255) but ``.NAME.tmp-PID`` would not: was 74 'File name
+    too long' after every text was embedded, the old file kept; a shell's ``> NAME`` writes it."""
+    target = tmp_path / ("v" * (250 - len(suffix)) + suffix)
+    target.write_bytes(OLD)
+    proc = petal(["embed", "one text", "two texts", "--output", str(target)], tmp_path)
+    _, stderr = proc.communicate(timeout=600)
+    assert proc.returncode == 0, stderr[-2000:]
+    if suffix == ".npy":
+        assert np.load(target).shape == (2, 384)
+    else:
+        assert [json.loads(line)["index"] for line in target.read_text().splitlines()] == [0, 1]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [target.name]  # no temporary file left
+
+
+def test_an_output_name_longer_than_the_file_system_takes_is_73_before_the_model_loads(tmp_path):
+    target = tmp_path / ("w" * 252 + ".npy")  # 256 bytes
+    proc = petal(["embed", "one text", "--model", str(tmp_path / "no-model-here"), "--output", str(target)],
+                 tmp_path)
+    _, stderr = proc.communicate(timeout=600)
+    assert proc.returncode == 73, stderr[-2000:]  # was: 78 for the model (and, with one, 74 after embedding)
+    assert "its name is 256 bytes, longer than the 255 its file system takes" in stderr
+    assert list(tmp_path.iterdir()) == []
