@@ -25,6 +25,9 @@ if TYPE_CHECKING:
 _signal: Any = sys.modules.get("_signal") or __import__("signal")
 # signal number -> name; the numbers differ between systems (SIGUSR1 is 10 on Linux, 30 on macOS)
 NAMES = {getattr(_signal, name): name for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGUSR1", "SIGUSR2")}
+# NOTE: `petal serve` (the group takes no option before the command): a stop signal before it serves ends it with 0,
+# as its HeldSignals do from its callback's first line on (cli/serve.py says the same words)
+SERVE = sys.argv[1:2] == ["serve"]
 
 
 class StopSignal(KeyboardInterrupt):
@@ -40,13 +43,15 @@ def message(signum: int) -> str:
 
 
 def _interrupted(signum: int, frame: Any) -> None:
-    """Exit 128 + ``signum`` now: nothing was started that needs an ending (no lock, no file written, nothing on
-    stdout that click.echo did not flush)."""
+    """Exit 128 + ``signum`` now (``petal serve``: 0): nothing was started that needs an ending (no lock, no file
+    written, nothing on stdout that click.echo did not flush)."""
+    said = f"petal serve: stopped ({NAMES.get(signum, signum)} before the server started)" if SERVE else \
+        message(signum)
     try:  # noqa: SIM105  # NOTE: plain statements, no contextlib: this runs as early as the interpreter allows
-        os.write(2, (message(signum) + "\n").encode())
+        os.write(2, (said + "\n").encode())
     except OSError:
         pass
-    os._exit(128 + signum)
+    os._exit(0 if SERVE else 128 + signum)
 
 
 def _raise(signum: int, frame: Any) -> None:
@@ -70,7 +75,9 @@ def quiet_signals() -> None:
 
 def signals_to_python() -> None:
     """SIGINT raises ``KeyboardInterrupt`` again, the other stop signals ``StopSignal`` (a command is about to run
-    and answers them itself)."""
+    and answers them itself). ``petal serve`` keeps them until its HeldSignals take them over."""
+    if SERVE:
+        return
     for signum in NAMES:
         if _signal.getsignal(signum) is _interrupted:
             _signal.signal(signum, _signal.default_int_handler if signum == _signal.SIGINT else _raise)

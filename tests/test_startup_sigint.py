@@ -102,6 +102,21 @@ def test_every_stop_signal_at_start_up_is_128_plus_its_number_and_one_line(argv,
             (at, total, done.stderr)
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
+def test_a_stop_signal_while_petal_serve_starts_is_its_held_stop(sig):
+    """``petal serve``: a stop signal before the server runs ends it with 0 ('stopped (SIGTERM before the server
+    started)', its HeldSignals' answer), from the script's first line on, not only from its callback's: the
+    start-up's quiet exit must not make it 143 or 130 there."""
+    from petal.engine.loader import default_model_dir
+
+    argv = ["serve", "--port", "0", "--model", str(default_model_dir())]
+    for at in (1, 3, 10, 30, 60):
+        done = subprocess.run([sys.executable, "-c", AT_IMPORT, petal_script(), *argv], capture_output=True,
+                              text=True, env={**os.environ, "AT_IMPORT": str(at), "AT_SIGNAL": sig.name}, timeout=120)
+        assert done.returncode == 0 and "Traceback" not in done.stderr, (at, done.returncode, done.stderr)
+        assert done.stderr.strip().splitlines()[-1] == f"petal serve: stopped ({sig.name} before the server started)"
+
+
 def test_a_stop_signal_while_a_command_waits_is_its_exit_code_and_one_line():
     """``petal embed --stdin`` waiting for its input (no run's ``StopSignals`` there): SIGTERM was a death by the
     signal, SIGHUP too; each is now one line and 128 + its number, as Ctrl-C's 130."""
