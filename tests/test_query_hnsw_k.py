@@ -57,11 +57,12 @@ def test_k_past_the_tuned_ef_search_returns_k_hits(shard, factory):
     assert [len(json.loads(line)["hits"]) for line in result.stdout.splitlines()] == [NUM] * 3
 
 
-@pytest.mark.parametrize("factory", ["HNSW4", "HNSW8", "HNSW8,SQ8", "HNSW8,PQ4"])
+@pytest.mark.parametrize("factory", ["HNSW4", "HNSW8", "HNSW8,SQ8", "HNSW8,PQ4", "HNSW8,RFlat"])
 def test_k_past_the_nodes_a_graph_reaches_returns_every_vector(tmp_path, factory):
     """A node no other node links to is reached by no walk, at any efSearch: 500 vectors in HNSW8 under l2 answered
-    k=600 with 497 hits (HNSW4: 482), filtered by a column every row matches too. A query still short once efSearch
-    reaches every vector scans the graph's vectors: every vector."""
+    k=600 with 497 hits (HNSW4: 482; HNSW8,RFlat of 3000 vectors: 2990 of k=5000), filtered by a column every row
+    matches too. A query still short once efSearch reaches every vector scans the graph's vectors (a refine
+    wrapper's own codes): every vector."""
     vectors = np.random.default_rng(5).standard_normal((500, DIM)).astype(np.float32)
     pq.write_table(pa.table({"id": list(range(500)), "lang": ["en"] * 500,
                              "emb": pa.FixedSizeListArray.from_arrays(pa.array(vectors.ravel()), DIM)}),

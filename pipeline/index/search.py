@@ -273,8 +273,9 @@ class IndexReader:
         hnsw = next((n for n in nodes if isinstance(n, faiss.IndexHNSW)), None)
         if hnsw is not None:
             self._hnsw_ef = int(hnsw.hnsw.efSearch)
-            codes = faiss.downcast_index(hnsw.storage)
-            if hnsw is nodes[0]:
+            refined = isinstance(nodes[0], faiss.IndexRefine) and len(nodes) > 1 and hnsw is nodes[1]
+            if hnsw is nodes[0] or refined:  # NOTE: a refine wrapper's own codes hold every vector too (RFlat: exact)
+                codes = faiss.downcast_index(nodes[0].refine_index if refined else hnsw.storage)
                 self._graph_storage = codes
                 if isinstance(codes, (faiss.IndexFlat, faiss.IndexScalarQuantizer)):
                     self._graph_codes = codes  # NOTE: FAISS's PQ search takes no id selector
