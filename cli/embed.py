@@ -156,19 +156,41 @@ def embed(texts: tuple[str, ...], model: str | None, from_stdin: bool, input_pat
 
 
 def check_output(output: Path) -> None:
-    """``--output`` can be created: not a directory, in a directory that exists, a name its file system takes
-    (``OutputError``, exit 73, naming it); a disk that fails while it is written is still exit 74 then."""
+    """``--output`` can be created, before the model loads (``OutputError``, exit 73, naming it): not a directory, in
+    a directory that exists, a name its file system takes; a symbolic link there neither loops nor names a file in
+    a directory that is missing. A disk that fails while it is written is still exit 74 then."""
+    import errno
+
     from petal.pipeline.reliability.errors import OutputError, quote_path
 
-    parent = output.parent
+    said = f"cannot create --output {quote_path(output)}"
+    _check_creatable(output, said)
+    try:
+        mode: int | None = os.stat(output).st_mode  # follows symlinks: what replacing() writes
+    except FileNotFoundError:
+        mode = None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # NOTE: was 74 'Too many levels of symbolic links' after every text was embedded
+            raise OutputError(f"{said}: it is a loop of symbolic links") from exc
+        raise write_error(output, exc) from exc
+    if mode is not None and stat.S_ISDIR(mode):
+        raise OutputError(f"{said}: it is a directory")
+    if mode is None and output.is_symlink():  # NOTE: a dangling link: replacing() creates the file it names
+        target = output.resolve()
+        _check_creatable(target, f"{said}: it is a symbolic link to {quote_path(target)}, which cannot be created")
+
+
+def _check_creatable(path: Path, said: str) -> None:
+    """``path``'s directory exists and its file system takes ``path``'s name (``OutputError`` starting ``said``)."""
+    from petal.pipeline.reliability.errors import OutputError, quote_path
+
+    parent = path.parent
     if not parent.is_dir():
-        raise OutputError(f"cannot create --output {quote_path(output)}: {quote_path(parent)} is not a directory")
-    size, name_max = len(os.fsencode(output.name)), _name_max(parent)
+        raise OutputError(f"{said}: {quote_path(parent)} is not a directory")
+    size, name_max = len(os.fsencode(path.name)), _name_max(parent)
     if size > name_max:  # NOTE: said now, not as ENAMETOOLONG (74) after every text was embedded
-        raise OutputError(f"cannot create --output {quote_path(output)}: its name is {size} bytes, longer than the "
-                          f"{name_max} its file system takes; give a shorter name")
-    if output.is_dir():
-        raise OutputError(f"cannot create --output {quote_path(output)}: it is a directory")
+        raise OutputError(f"{said}: its name is {size} bytes, longer than the {name_max} its file system takes; give "
+                          "a shorter name")
 
 
 def _input_texts(path: Path, text_column: str, id_column: str | None) -> tuple[list, list | None]:

@@ -153,3 +153,37 @@ def test_an_output_name_longer_than_the_file_system_takes_is_73_before_the_model
     assert proc.returncode == 73, stderr[-2000:]  # was: 78 for the model (and, with one, 74 after embedding)
     assert "its name is 256 bytes, longer than the 255 its file system takes" in stderr
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("kind", ["dangling into a missing directory", "loop", "to a directory"])
+def test_an_output_symlink_that_cannot_be_written_through_is_73_before_the_model_loads(tmp_path, kind):
+    """Was 74 'No such file or directory' / 'Too many levels of symbolic links' after every text was embedded (the
+    checks before the model looked at the link's directory only)."""
+    link = tmp_path / "out.npy"
+    if kind == "loop":
+        (tmp_path / "other.npy").symlink_to(link.name)
+        link.symlink_to("other.npy")
+        said = "it is a loop of symbolic links"
+    elif kind == "to a directory":
+        (tmp_path / "dir").mkdir()
+        link.symlink_to("dir")
+        said = "it is a directory"
+    else:
+        link.symlink_to(tmp_path / "missing" / "real.npy")
+        said = f"it is a symbolic link to {tmp_path / 'missing' / 'real.npy'}, which cannot be created"
+    before = sorted(p.name for p in tmp_path.iterdir())
+    proc = petal(["embed", "one text", "--model", str(tmp_path / "no-model-here"), "--output", str(link)], tmp_path)
+    _, stderr = proc.communicate(timeout=600)
+    assert proc.returncode == 73, stderr[-2000:]
+    assert f"cannot create --output {link}: {said}" in stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_a_dangling_output_symlink_creates_the_file_it_names(tmp_path, minilm_dir):
+    link = tmp_path / "out.jsonl"
+    link.symlink_to("real.jsonl")
+    proc = petal(["embed", "one text", "--output", str(link)], tmp_path)
+    _, stderr = proc.communicate(timeout=600)
+    assert proc.returncode == 0, stderr[-2000:]
+    assert link.is_symlink() and json.loads((tmp_path / "real.jsonl").read_text())["index"] == 0
+    assert leftovers(tmp_path) == []
