@@ -1,9 +1,12 @@
 """Tuning search parameters (nprobe, quantizer_efSearch, efSearch; a binary hash index's nflip) to a recall target.
 
-Queries are held-out vectors of the corpus (not used for training). The ground truth is exact
-search over every indexed vector, streamed from the store in chunks (FAISS ``knn_ground_truth``),
-so it never holds the corpus in memory. A query's own vector is dropped from both result lists:
-real queries are not in the corpus, and keeping it would lift recall for free.
+Queries are held-out vectors of the corpus (not used for training). An HNSW graph is tuned before
+its last vectors are added, on those vectors (``split_tail``): a query that is a node of the graph
+walks straight to its neighbours and lifts recall for free. The ground truth is exact search over
+every indexed vector (every one in the graph while it is tuned), streamed from the store in chunks
+(FAISS ``knn_ground_truth``), so it never holds the corpus in memory. A query's own vector is
+dropped from both result lists: real queries are not in the corpus, and keeping it would lift
+recall for free.
 
 Binary indexes are tuned the same way, as ``petal query`` searches them: Hamming candidates
 re-ranked with the float vectors (``pipeline/index/binary.py``), against exact float search.
@@ -110,6 +113,15 @@ def search_grid(index: Any) -> list[dict[str, int]]:
     if not any(isinstance(node, faiss.IndexRefine) for node in searched):
         return base
     return [{**params, "k_factor_rf": k_factor} for k_factor in REFINE_K_FACTORS for params in base]
+
+
+def walks_a_graph(index: Any) -> bool:
+    """True when ``index``'s search walks an HNSW graph over the indexed vectors themselves (HNSW over Flat, SQ or
+    PQ codes; under id maps, pre-transforms, refine): not an IVF, whose graph, if any, is over the centroids."""
+    faiss = load_faiss()
+    if isinstance(index, BinaryIndex) or faiss.try_extract_index_ivf(index) is not None:
+        return False
+    return any(isinstance(node, faiss.IndexHNSW) for node in searched_nodes(index))
 
 
 def is_exact(index: Any) -> bool:

@@ -38,7 +38,7 @@ from petal.pipeline.index.plan import (
     make_index,
     plan_index,
 )
-from petal.pipeline.index.source import StoreVectors, split_sample
+from petal.pipeline.index.source import StoreVectors, split_sample, split_tail
 from petal.pipeline.index.tune import (
     SINGLE_QUERY_SAMPLES,
     TUNE_K,
@@ -47,6 +47,7 @@ from petal.pipeline.index.tune import (
     exact_tuning,
     is_exact,
     tune,
+    walks_a_graph,
 )
 from petal.pipeline.manifest import DeviceRecord, IndexRecord, PlanRecord, TuningRecord
 from petal.pipeline.reliability.errors import FAISS_WRITE_ERRORS, FlagError, PetalError
@@ -254,7 +255,10 @@ def _build_index(entries: list[StoreEntry], dim: int, settings: IndexSettings, s
     rows = chunk_rows(dim, settings)
     num_train = 0 if index.is_trained or empty else training_size(plan, dim, settings)
     num_queries = settings.tune_queries if source.total > 1 else 0
-    query_ids, train_ids = split_sample(source.total, num_queries, num_train, settings.seed)
+    graph = walks_a_graph(index) and not empty
+    query_ids, train_ids = (split_tail if graph else split_sample)(source.total, num_queries, num_train, settings.seed)
+    # NOTE: a graph is tuned before its held-out last vectors (the queries) are added: they are not nodes yet
+    held_out = len(query_ids) if graph else 0
     trained_on, train_points = None, None
 
     if not index.is_trained and not empty:
@@ -273,7 +277,8 @@ def _build_index(entries: list[StoreEntry], dim: int, settings: IndexSettings, s
     elif plan.storage == "ondisk":
         index, added_on = build_on_disk(index, source, staging, part_rows(plan, settings), rows, ngpu > 0)
     else:
-        added_on = add_in_memory(index, source, part_rows(plan, settings), rows, ngpu > 0)
+        added_on = add_in_memory(index, source.window(0, source.total - held_out), part_rows(plan, settings), rows,
+                                 ngpu > 0)
     timings["add"] = round(time.perf_counter() - t0, 3)
     device = DeviceRecord(gpus=ngpu, train=trained_on, add=added_on, train_points=train_points)
 
@@ -286,10 +291,16 @@ def _build_index(entries: list[StoreEntry], dim: int, settings: IndexSettings, s
         if is_exact(searched):  # NOTE: exhaustive search: no ground truth to compute, nothing to tune
             tuning = exact_tuning(searched, queries[:SINGLE_QUERY_SAMPLES], settings.target_recall)
         else:
-            truth = exact_neighbours(queries, source, TUNE_K + 1, settings.metric, rows)
+            truth = exact_neighbours(queries, source.window(0, source.total - held_out), TUNE_K + 1, settings.metric,
+                                     rows)
             tuning = tune(searched, queries, query_ids, truth, settings.target_recall)
         timings["tune"] = round(time.perf_counter() - t0, 3)
     del searched
+    if held_out:
+        t0 = time.perf_counter()
+        add_in_memory(index, source.window(source.total - held_out, source.total), part_rows(plan, settings), rows,
+                      ngpu > 0)
+        timings["add"] = round(timings["add"] + time.perf_counter() - t0, 3)
 
     t0 = time.perf_counter()
     if binary:
