@@ -27,12 +27,14 @@ def fake_model(tmp_path_factory) -> Path:
     return make_fake_model_dir(tmp_path_factory.mktemp("model"))
 
 
-def run_index(tmp_path: Path, fake_model: Path, stderr: int) -> int:
+def run_index(tmp_path: Path, fake_model: Path, stderr: int, *more: str) -> int:
     write_shards(tmp_path / "data")  # a, b, c: 12 rows each
+    # NOTE: PYTHONPATH: spawned workers import tests.fake_engine (the pickled engine factory)
     return subprocess.run([sys.executable, "-m", "tests.fake_cli", "index", str(tmp_path / "data"), "--out",
-                           str(tmp_path / "out"), "--model", str(fake_model)], cwd=ROOT, stderr=stderr,
+                           str(tmp_path / "out"), "--model", str(fake_model), *more], cwd=ROOT, stderr=stderr,
                           stdout=subprocess.DEVNULL, timeout=120,
-                          env={**os.environ, "PETAL_TEST_FAKE_ENGINE": str(tmp_path / "log")}).returncode
+                          env={**os.environ, "PETAL_TEST_FAKE_ENGINE": str(tmp_path / "log"),
+                               "PYTHONPATH": str(ROOT)}).returncode
 
 
 def test_progress_in_a_log_is_plain_lines(tmp_path, fake_model):
@@ -47,6 +49,18 @@ def test_progress_in_a_log_is_plain_lines(tmp_path, fake_model):
     lines = text.splitlines()
     assert any(line.startswith("embedding: 100%|###") and "| 36/36 [" in line for line in lines), lines
     assert all(line.startswith(("embedding:", "petal index: ")) for line in lines), lines
+    assert lines[-1].startswith("petal index: success;"), lines
+
+
+def test_progress_of_worker_processes_in_a_log_is_plain_lines(tmp_path, fake_model):
+    """--workers: the coordinator's bar was tqdm's carriage-return redraws in a log too."""
+    log = tmp_path / "index.log"
+    with open(log, "w") as stream:
+        assert run_index(tmp_path, fake_model, stream.fileno(), "--workers", "2") == 0
+    text = log.read_text()
+    assert "\r" not in text and text.isascii(), repr(text)
+    lines = text.splitlines()
+    assert any(line.startswith("embedding (2 workers): 100%|###") and "| 36/36 [" in line for line in lines), lines
     assert lines[-1].startswith("petal index: success;"), lines
 
 

@@ -24,15 +24,13 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import sys
 import time
 from collections.abc import Iterator
 from typing import Any
 
-from tqdm import tqdm
-
 from petal.pipeline.config import ScaleConfig
 from petal.pipeline.ingest.parquet import ReadStats
+from petal.pipeline.jobs.progress import progress_bar
 from petal.pipeline.jobs.report import RunReport
 from petal.pipeline.jobs.worker import WorkerPlan, WorkerSlot, entry_written_since, unit_entry_path, worker_main
 from petal.pipeline.reliability.errors import ConfigError, PetalError, TemporaryFailure
@@ -135,9 +133,8 @@ def embed_in_pool(plan: WorkerPlan, slots: list[WorkerSlot], report: RunReport, 
                           "multiprocessing child, which may not have any: run petal in its own process")
     context = multiprocessing.get_context("spawn")
     pool = _Pool(plan, slots, report, reads, assembly, start_timeout_s())
-    progress = tqdm(total=sum(r.num_rows for r in plan.ranges), unit="doc", file=sys.stderr,
-                    disable=plan.job.quiet, desc=f"embedding ({len(slots)} workers)", dynamic_ncols=True,
-                    mininterval=0.5)
+    progress = progress_bar(sum(r.num_rows for r in plan.ranges), disable=plan.job.quiet,
+                            desc=f"embedding ({len(slots)} workers)")
     try:
         for slot in slots:
             ours, theirs = context.Pipe(duplex=True)
