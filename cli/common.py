@@ -235,16 +235,51 @@ class PetalGroup(click.Group):
 def stdin_lines() -> Iterator[bytes]:
     """``--stdin``'s lines as they arrive (``text_rule.input_lines``: line ends and a leading byte order mark
     dropped). A closed stdin (``<&-``: Python sets ``sys.stdin`` to ``None``) is no input (66); one that fails to
-    read is 74 naming stdin (its ``OSError`` carries no file name)."""
+    read is 74 naming stdin (its ``OSError`` carries no file name). A non-blocking stdin is waited on as a blocking
+    one (``_waited_lines``)."""
     from petal.pipeline.ingest.text_rule import input_lines
     from petal.pipeline.reliability.errors import NoInputError, PetalIOError
 
     if sys.stdin is None:
         raise NoInputError("--stdin: stdin is closed (no file descriptor 0); give it input (< FILE, or a pipe)")
     try:
-        yield from input_lines(sys.stdin.buffer)
+        try:
+            fd: int | None = sys.stdin.fileno()
+        except (OSError, ValueError):  # NOTE: no file descriptor (a stream put in its place: CliRunner)
+            fd = None
+        lines = sys.stdin.buffer if fd is None or os.get_blocking(fd) else _waited_lines(fd)
+        yield from input_lines(lines)
     except OSError as exc:  # NOTE: only the reads: what the caller does with a line is not inside this generator
         raise PetalIOError(f"cannot read --stdin: {exc.strerror or exc}") from exc
+
+
+def _waited_lines(fd: int) -> Iterator[bytes]:
+    """The lines of ``fd``, a file descriptor opened O_NONBLOCK (a terminal a program such as node left so, a
+    parent's pipe; shared with others, so never switched back), each line with its ``\n``: waited for with
+    ``select`` until they arrive.
+
+    NOTE: Python's buffered reader returns ``b""`` from such a descriptor when no byte is there yet, which reading by
+    lines takes for the end of the input: petal query --stdin and petal embed --stdin ended at once with 'nothing to
+    query: --stdin is empty' (66) while the writer was still on its way."""
+    import select
+
+    pending = bytearray()
+    while True:
+        select.select([fd], [], [])
+        try:
+            chunk = os.read(fd, 1 << 16)
+        except BlockingIOError:  # another reader of the same pipe took the bytes first
+            continue
+        if not chunk:
+            break
+        start, searched = 0, len(pending)
+        pending += chunk
+        while (end := pending.find(b"\n", searched)) >= 0:
+            yield bytes(pending[start:end + 1])
+            start = searched = end + 1
+        del pending[:start]
+    if pending:
+        yield bytes(pending)
 
 
 # NOTE: line boundaries of str.splitlines() (and of Java's, and many log shippers' line readers) that json.dumps with
