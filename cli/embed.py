@@ -178,6 +178,17 @@ def check_output(output: Path) -> None:
     if mode is None and output.is_symlink():  # NOTE: a dangling link: replacing() creates the file it names
         target = output.resolve()
         _check_creatable(target, f"{said}: it is a symbolic link to {quote_path(target)}, which cannot be created")
+    if mode is None or stat.S_ISREG(mode):
+        # NOTE: replacing()'s temporary file, created and removed now: a read-only file system, a directory petal may
+        # not write, no inode left are said before the model loads, not after every text was embedded
+        tmp = _temporary_beside(output.resolve() if output.is_symlink() else output)
+        try:
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
+            os.unlink(tmp)
+        except FileExistsError:  # a leftover of an earlier run of this process id: replacing() removes it
+            pass
+        except OSError as exc:
+            raise write_error(output, exc) from exc
 
 
 def _check_creatable(path: Path, said: str) -> None:
@@ -282,10 +293,15 @@ def _temporary_beside(target: Path) -> Path:
 
 
 def write_error(output: Path, exc: OSError) -> Exception:
-    """A failed write of ``--output``: 73 when petal may not write there (permission denied: a retry fails the same
-    way), else an I/O error (74), naming it."""
+    """A failed write of ``--output``: 73 when petal may not write there (permission denied, a read-only file system:
+    a retry fails the same way), else an I/O error (74), naming it."""
+    import errno
+
     from petal.pipeline.reliability.errors import DENIED, OutputError, PetalIOError, quote_path
 
+    if exc.errno == errno.EROFS:
+        return OutputError(f"cannot create --output {quote_path(output)}: its file system is read-only; write it "
+                           "elsewhere")
     if exc.errno in DENIED:
         return OutputError(f"cannot create --output {quote_path(output)}: petal may not write it (permission denied); "
                            "run as a user who may write it, or fix its permissions")

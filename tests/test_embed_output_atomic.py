@@ -187,3 +187,38 @@ def test_a_dangling_output_symlink_creates_the_file_it_names(tmp_path, minilm_di
     assert proc.returncode == 0, stderr[-2000:]
     assert link.is_symlink() and json.loads((tmp_path / "real.jsonl").read_text())["index"] == 0
     assert leftovers(tmp_path) == []
+
+
+def _read_only_mount_script(mount: Path, args: list[str]) -> str:
+    """A shell line for a user and mount namespace: a tmpfs on ``mount`` holding ``out.npy`` (OLD), remounted read-only,
+    then ``petal ARGS``, its exit code written to ``mount``'s sibling ``rc``."""
+    import shlex
+
+    petal_line = " ".join(shlex.quote(a) for a in [sys.executable, "-m", "petal.cli.main", *args])
+    return (f"mount -t tmpfs tmpfs {mount} && printf %s {shlex.quote(OLD.decode())} > {mount}/out.npy && "
+            f"mount -o remount,ro {mount} && {{ {petal_line}; echo $? > {mount.parent}/rc; "
+            f"cat {mount}/out.npy > {mount.parent}/kept; ls -a {mount} > {mount.parent}/listing; }}")
+
+
+@pytest.mark.parametrize("name", ["out.npy", "new.jsonl"])
+def test_an_output_on_a_read_only_file_system_is_73_before_the_model_loads(tmp_path, name):
+    """Was 74 'Read-only file system' (an I/O error, as if a retry could help) after every text was embedded."""
+    import shutil
+
+    unshare = shutil.which("unshare")
+    probe = unshare and subprocess.run([unshare, "--user", "--map-root-user", "--mount", "sh", "-c",
+                                        "d=$(mktemp -d) && mount -t tmpfs tmpfs $d"], capture_output=True)
+    if not probe or probe.returncode != 0:
+        pytest.skip("cannot mount a tmpfs in a user namespace here")
+    mount = tmp_path / "ro"
+    mount.mkdir()
+    target = mount / name
+    script = _read_only_mount_script(mount, ["embed", "one text", "--model", str(tmp_path / "no-model-here"),
+                                             "--output", str(target)])
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONDONTWRITEBYTECODE": "1"}
+    proc = subprocess.run([unshare, "--user", "--map-root-user", "--mount", "sh", "-c", script], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert (tmp_path / "rc").read_text().strip() == "73", proc.stderr[-2000:]  # was 78 (the model), then 74
+    assert f"cannot create --output {target}: its file system is read-only" in proc.stderr
+    assert (tmp_path / "kept").read_bytes() == OLD
+    assert (tmp_path / "listing").read_text().split() == [".", "..", "out.npy"]
