@@ -158,7 +158,8 @@ def embed(texts: tuple[str, ...], model: str | None, from_stdin: bool, input_pat
 def check_output(output: Path) -> None:
     """``--output`` can be created, before the model loads (``OutputError``, exit 73, naming it): not a directory, in
     a directory that exists, a name its file system takes; a symbolic link there neither loops nor names a file in
-    a directory that is missing. A disk that fails while it is written is still exit 74 then."""
+    a directory that is missing; the temporary file beside it can be created (a read-only file system: 73,
+    ``write_error``). A disk that fails while it is written is still exit 74 then."""
     import errno
 
     from petal.pipeline.reliability.errors import OutputError, quote_path
