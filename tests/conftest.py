@@ -13,6 +13,22 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
 
+
+
+def _stop_signals_as_a_shell_gives_them() -> None:
+    """NOTE: a suite started in the background (a non-interactive shell's ``cmd &`` ignores SIGINT and SIGQUIT,
+    ``nohup`` SIGHUP) hands those ignored signals to every process it starts, and petal keeps a signal its process
+    was started ignoring (``nohup petal index &``): the signal tests' petal processes would never stop. They get
+    the dispositions a foreground shell gives; a test that wants one ignored sets it itself."""
+    import signal
+
+    for number in (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):
+        if signal.getsignal(number) == signal.SIG_IGN:
+            signal.signal(number, signal.default_int_handler if number == signal.SIGINT else signal.SIG_DFL)
+
+
+_stop_signals_as_a_shell_gives_them()
+
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE_DATA = REPO / "sample_data"
 
