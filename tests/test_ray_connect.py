@@ -118,3 +118,24 @@ def test_sigterm_while_ray_actors_embed_is_143(tmp_path):
         process.kill()
     assert process.returncode == 143, stderr
     assert "interrupted by SIGTERM" in stderr and "SystemExit" not in stderr, stderr
+
+
+@pytest.mark.parametrize("scale", [["--ray"], ["--workers", "2"]])
+def test_a_bad_start_timeout_is_78_before_ray_or_any_worker_starts(tmp_path, scale):
+    """PETAL_WORKER_START_TIMEOUT=abc: 78 naming it in seconds, no local Ray started, no engine loaded. Before, --ray
+    started a local Ray instance (and its actor pool's driver) first and refused the setting only then (~20 s)."""
+    write_shards(tmp_path / "data", 2, 5)
+    model = make_fake_model_dir(tmp_path / "model")
+    log = tmp_path / "log.jsonl"
+    started = time.monotonic()
+    process = _petal([str(tmp_path / "data"), "--out", str(tmp_path / "out"), "--model", str(model), *scale],
+                     {"PETAL_TEST_FAKE_ENGINE": str(log), "PETAL_WORKER_START_TIMEOUT": "abc",
+                      "RAY_TMPDIR": str(tmp_path / "ray")})  # where a local Ray would put its session
+    try:
+        _, stderr = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 78, stderr
+    last = stderr.strip().splitlines()[-1]
+    assert "PETAL_WORKER_START_TIMEOUT='abc'" in last and "Traceback" not in stderr, stderr
+    assert not (tmp_path / "ray").exists() and not log.exists() and time.monotonic() - started < 15, stderr

@@ -135,6 +135,10 @@ def default_engine(spec: ModelSpec, config: EngineConfig) -> Engine:
 def engine_config(job: IndexJob, spec: ModelSpec) -> EngineConfig:
     from petal.engine.engine import attention_backend, resolve_device, resolve_dtype
 
+    if job.scale is not None:  # NOTE: the scale-out settings of the environment, 78 before Ray or any worker starts
+        from petal.pipeline.jobs.workers import start_timeout_s
+
+        start_timeout_s()
     if job.scale is not None and job.scale.ray:  # the actors' device: the Ray cluster's GPUs, not this process's
         from petal.pipeline.jobs.ray_embed import ray_device
 
