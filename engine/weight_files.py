@@ -89,6 +89,14 @@ def check_readable(files: list[Path]) -> None:
                 raise
 
 
+def _inside(shard: str) -> bool:
+    """Whether a shard file name of an index stays in the index's folder: relative, no ``..`` part, no NUL (a
+    symbolic link inside the folder is the user's choice and is followed; a name that leaves it is refused)."""
+    parts = shard.replace("\\", "/").split("/")
+    return not (shard.startswith(("/", "\\")) or os.path.isabs(shard) or ".." in parts or "\0" in shard
+                or (len(shard) > 1 and shard[1] == ":"))
+
+
 def _indexed_shards(index: Path) -> list[Path]:
     """The shard files a ``*.index.json`` names (its ``weight_map`` values), all of which must exist."""
     try:
@@ -101,6 +109,10 @@ def _indexed_shards(index: Path) -> list[Path]:
             not all(isinstance(s, str) and s for s in weight_map.values()):
         raise WeightFilesError(f"{index}: weight_map must be an object of tensor names and shard file names, "
                                f"not {str(weight_map)[:80]!r}")
+    outside = [f"{name!r}: {shard!r}" for name, shard in weight_map.items() if not _inside(shard)]
+    if outside:
+        raise WeightFilesError(f"{index}: weight_map names shard files outside the model directory "
+                               f"({', '.join(outside[:4])}); shard files must lie in {index.parent}")
     files = [index.parent / s for s in sorted(set(weight_map.values()))]
     missing = [str(f) for f in files if not model_file(f)]
     if missing:

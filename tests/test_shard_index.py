@@ -1,0 +1,68 @@
+"""A checkpoint index (``model.safetensors.index.json``) is read as transformers reads it: its shard names stay in
+the model directory (78 naming the entry otherwise), ``model.safetensors`` beside it wins (transformers' order),
+and a tensor two shards hold is the one its ``weight_map`` names. Real safetensors files of a tiny random BERT
+saved by transformers, its real word-level tokenizer, transformers for the reference weights."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import petal
+from tests.tiny_models import TEXTS, make_model
+
+WORD = "embeddings.word_embeddings.weight"
+
+
+def embed(model: Path) -> np.ndarray:
+    return np.asarray(petal.Embedder(str(model), "cpu").encode(TEXTS[:3]))
+
+
+def shard(model: Path, shards: dict[str, dict[str, torch.Tensor]], weight_map: dict[str, str]) -> None:
+    """``model``'s weights replaced by ``shards`` (file name -> tensors) and an index of ``weight_map``."""
+    (model / "model.safetensors").unlink(missing_ok=True)
+    for name, tensors in shards.items():
+        save_file(tensors, str(model / name), metadata={"format": "pt"})
+    (model / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+
+
+@pytest.fixture
+def bert(tmp_path: Path) -> Path:
+    make_model("bert", tmp_path / "bert")
+    return tmp_path / "bert"
+
+
+@pytest.mark.parametrize("where", ["../elsewhere/model.safetensors", "absolute",
+                                   "sub/../../elsewhere/model.safetensors"])
+def test_an_index_naming_a_shard_outside_the_model_directory_is_refused(bert, tmp_path, where):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    tensors = load_file(str(bert / "model.safetensors"))
+    save_file(tensors, str(elsewhere / "model.safetensors"), metadata={"format": "pt"})
+    model = tmp_path / "m"
+    shutil.copytree(bert, model)
+    name = str(elsewhere / "model.safetensors") if where == "absolute" else where
+    shard(model, {}, {key: name for key in tensors})
+    with pytest.raises(petal.ConfigError) as info:
+        embed(model)
+    assert info.value.exit_code == 78
+    assert "outside the model directory" in str(info.value) and name in str(info.value), str(info.value)
+
+
+def test_a_shard_in_a_subfolder_or_a_link_inside_the_directory_still_loads(bert, tmp_path):
+    tensors = load_file(str(bert / "model.safetensors"))
+    expected = embed(bert)
+    model = tmp_path / "m"
+    shutil.copytree(bert, model)
+    (model / "sub").mkdir()
+    shard(model, {"sub/a.safetensors": tensors}, {key: "sub/a.safetensors" for key in tensors})
+    np.testing.assert_allclose(embed(model), expected, atol=1e-6)
+    (model / "b.safetensors").symlink_to(model / "sub" / "a.safetensors")  # a link: the user's choice
+    shard(model, {}, {key: "b.safetensors" for key in tensors})
+    np.testing.assert_allclose(embed(model), expected, atol=1e-6)
