@@ -121,22 +121,25 @@ def _indexed_shards(index: Path) -> list[Path]:
 
 
 def safetensors_files(model_dir: Path) -> list[Path]:
-    """The checkpoint's safetensors files: a single file or the shards an index names."""
-    index = model_dir / "model.safetensors.index.json"
-    if model_file(index):
-        return _indexed_shards(index)
+    """The checkpoint's safetensors files: the single file, else the shards an index names (the order of
+    transformers' ``from_pretrained``: a directory with both loads ``model.safetensors``)."""
     single = model_dir / "model.safetensors"
     if model_file(single):
         return [single]
+    index = model_dir / "model.safetensors.index.json"
+    if model_file(index):
+        return _indexed_shards(index)
     return [f for f in sorted(model_dir.glob("*.safetensors")) if model_file(f)]
 
 
 def pickle_files(model_dir: Path) -> list[Path]:
     """The checkpoint's pickle files (``pytorch_model.bin``, or the shards its index names)."""
+    if model_file(model_dir / "pytorch_model.bin"):  # NOTE: before its index, as transformers loads them
+        return [model_dir / "pytorch_model.bin"]
     index = model_dir / "pytorch_model.bin.index.json"
     if model_file(index):
         return _indexed_shards(index)
-    for name in ("pytorch_model.bin", "model.pt", "model.pth"):
+    for name in ("model.pt", "model.pth"):
         if model_file(model_dir / name):
             return [model_dir / name]
     return []

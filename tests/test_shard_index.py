@@ -66,3 +66,20 @@ def test_a_shard_in_a_subfolder_or_a_link_inside_the_directory_still_loads(bert,
     (model / "b.safetensors").symlink_to(model / "sub" / "a.safetensors")  # a link: the user's choice
     shard(model, {}, {key: "b.safetensors" for key in tensors})
     np.testing.assert_allclose(embed(model), expected, atol=1e-6)
+
+
+def test_model_safetensors_beside_an_index_wins_as_in_transformers(bert, tmp_path):
+    import transformers
+
+    expected = embed(bert)
+    other = tmp_path / "other"
+    make_model("bert", other, seed=7)
+    tensors = load_file(str(other / "model.safetensors"))
+    one = "model-00001-of-00001.safetensors"
+    shard(other, {one: tensors}, dict.fromkeys(tensors, one))
+    shutil.copy(bert / "model.safetensors", other / "model.safetensors")  # both now: the single file and the index
+    got = embed(other)
+    np.testing.assert_allclose(got, expected, atol=1e-6)
+    reference = transformers.AutoModel.from_pretrained(str(other)).state_dict()
+    for key, tensor in load_file(str(bert / "model.safetensors")).items():
+        assert torch.equal(reference[key], tensor), key  # transformers loaded the single file too
