@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import gc
+import io
 import os
+import select
 import sys
 
 import click
@@ -72,10 +74,58 @@ def open_closed_outputs() -> None:
             setattr(sys, name, open(fd, "w", closefd=False))  # noqa: SIM115 (the process's stream, never closed)
 
 
+class _Diagnostics(io.RawIOBase):
+    """fd 2 under ``sys.stderr``: a write the file refuses (``2>/dev/full``, a failing disk under ``2>>LOG``, a
+    closed pipe) drops that message. NOTE: stderr holds petal's diagnostics (progress, notes, the summary line, an
+    error's message), never output the user asked for, so its failure is no failure of the command: the command's
+    own exit code stands (0 for work done and written; 74 only for its output, stdout or a file, that failed).
+    Was: the summary line's ``OSError`` became an error whose message failed too, and the process ended 1."""
+
+    def __init__(self, fd: int) -> None:
+        super().__init__()
+        self._fd = fd
+
+    def writable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def isatty(self) -> bool:
+        try:
+            return os.isatty(self._fd)
+        except OSError:
+            return False
+
+    def write(self, data: bytes) -> int:  # type: ignore[override]
+        while True:
+            try:
+                return os.write(self._fd, data)
+            except BlockingIOError:  # a stderr left non-blocking by another program: wait, as a blocking one would
+                select.select([], [self._fd], [])
+            except OSError:
+                return len(data)
+
+
+def tolerant_stderr() -> None:
+    """``sys.stderr`` on ``_Diagnostics``: same encoding, errors and buffering as the interpreter's."""
+    old = sys.stderr
+    if not isinstance(old, io.TextIOWrapper):
+        return
+    try:
+        fd = old.fileno()
+    except (OSError, ValueError):
+        return
+    old.flush()
+    sys.stderr = io.TextIOWrapper(io.BufferedWriter(_Diagnostics(fd)), encoding=old.encoding, errors=old.errors,
+                                  line_buffering=old.line_buffering, write_through=old.write_through)
+
+
 def main() -> None:
     """The ``petal`` script: one command, then the process ends."""
     quiet_signals()  # NOTE: the `petal` script took them in petal/__init__.py; `python -m petal.cli.main` from here
     open_closed_outputs()
+    tolerant_stderr()
     defer_gc_for_startup()
     try:
         cli()
