@@ -35,6 +35,7 @@ from petal.engine.weight_files import (
     pickle_files,
     read_text,
     safetensors_files,
+    tensor_homes,
 )
 
 # NOTE: torch and the model classes are imported where a model is built, never where one is inspected: a model
@@ -517,10 +518,8 @@ def _non_finite_message(name: str, tensor: torch.Tensor, bad: torch.Tensor, file
     count, in_checkpoint = int(bad.sum()), True
     if all(f.suffix == ".safetensors" for f in files):
         try:
-            entries: dict[str, tuple[Path, Any]] = {}
-            for file in files:
-                for key, entry in read_header(file).items():
-                    entries.setdefault(key, (file, entry))
+            entries = {key: (files[i], entry)
+                       for key, (i, entry) in tensor_homes(files, [read_header(f) for f in files]).items()}
             start = 0
             for part in parts:
                 file, entry = next(entries[p + part] for p in prefixes if p + part in entries)

@@ -7,10 +7,14 @@ import errno
 import json
 import os
 import stat
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 DENIED = (errno.EACCES, errno.EPERM)  # permission denied (pipeline/reliability/errors.py's DENIED; the engine
 # imports no pipeline code)
+INDEX_NAMES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+T = TypeVar("T")
 PICKLE_WEIGHT_NAMES = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.pt", "model.pth")
 
 
@@ -99,6 +103,11 @@ def _inside(shard: str) -> bool:
 
 def _indexed_shards(index: Path) -> list[Path]:
     """The shard files a ``*.index.json`` names (its ``weight_map`` values), all of which must exist."""
+    return sorted(set(_weight_map(index).values()))
+
+
+def _weight_map(index: Path) -> dict[str, Path]:
+    """A ``*.index.json``'s ``weight_map``: tensor name -> its shard file (in the index's folder, which exists)."""
     try:
         # NOTE: an OSError goes up naming the file: permission denied 66, a read error 74, no bad checkpoint (78)
         content = json.loads(read_text(index))
@@ -117,7 +126,27 @@ def _indexed_shards(index: Path) -> list[Path]:
     missing = [str(f) for f in files if not model_file(f)]
     if missing:
         raise WeightFilesError(f"{index} names shards that are missing: {', '.join(missing)}")
-    return files
+    return {name: index.parent / shard for name, shard in weight_map.items()}
+
+
+def tensor_homes(files: Sequence[Path], contents: Sequence[Mapping[str, T]]) -> dict[str, tuple[int, T]]:
+    """Each tensor name of ``contents`` (one mapping per file of ``files``) -> (its file's index, its entry): the
+    shard the checkpoint index's ``weight_map`` names for it when ``files`` are that index's shards (as
+    transformers reads them: a tensor two shards hold is the one the index names), else the first file holding it."""
+    owners: dict[str, Path] = {}
+    for name in INDEX_NAMES if files else ():
+        index = files[0].parent / name
+        if model_file(index):
+            weight_map = _weight_map(index)
+            if sorted(set(weight_map.values())) == sorted(files):
+                owners = weight_map
+                break
+    homes: dict[str, tuple[int, T]] = {}
+    for i, (file, content) in enumerate(zip(files, contents)):
+        for key, value in content.items():
+            if key not in homes or owners.get(key) == file:
+                homes[key] = (i, value)
+    return homes
 
 
 def safetensors_files(model_dir: Path) -> list[Path]:

@@ -83,3 +83,19 @@ def test_model_safetensors_beside_an_index_wins_as_in_transformers(bert, tmp_pat
     reference = transformers.AutoModel.from_pretrained(str(other)).state_dict()
     for key, tensor in load_file(str(bert / "model.safetensors")).items():
         assert torch.equal(reference[key], tensor), key  # transformers loaded the single file too
+
+
+def test_a_tensor_two_shards_hold_is_the_one_the_weight_map_names(bert, tmp_path):
+    import transformers
+
+    expected = embed(bert)
+    tensors = load_file(str(bert / "model.safetensors"))
+    stale = dict(tensors, **{WORD: torch.randn_like(tensors[WORD])})  # the first shard's copy is another tensor
+    model = tmp_path / "m"
+    shutil.copytree(bert, model)
+    weight_map = dict.fromkeys(tensors, "model-00001-of-00002.safetensors") | {WORD: "model-00002-of-00002.safetensors"}
+    shard(model, {"model-00001-of-00002.safetensors": stale, "model-00002-of-00002.safetensors": {WORD: tensors[WORD]}},
+          weight_map)
+    np.testing.assert_allclose(embed(model), expected, atol=1e-6)
+    reference = transformers.AutoModel.from_pretrained(str(model)).state_dict()
+    assert torch.equal(reference[WORD], tensors[WORD])  # transformers follows the weight_map too

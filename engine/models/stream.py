@@ -40,7 +40,7 @@ import torch
 
 from petal.engine.models.safetensors_header import SafetensorsError, TensorEntry, read_header
 from petal.engine.models.weights import describe_unread, unread_model_tensors
-from petal.engine.weight_files import named
+from petal.engine.weight_files import named, tensor_homes
 
 
 @dataclass(frozen=True)
@@ -134,10 +134,7 @@ def stream_tensors(files: Sequence[Path], plan: Mapping[str, tuple[str, ...]], s
     with spans.span("headers"):
         headers = [read_header(f) for f in files]
     with spans.span("plan"):
-        where: dict[str, tuple[int, TensorEntry]] = {}
-        for i, header in enumerate(headers):
-            for key, entry in header.items():
-                where.setdefault(key, (i, entry))
+        where: dict[str, tuple[int, TensorEntry]] = tensor_homes(files, headers)
         layouts = {name: _layout(name, parts, shapes[name], prefixes, where, files) for name, parts in plan.items()}
         unread = unread_model_tensors(where, plan, prefixes)
         if unread:

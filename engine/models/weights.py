@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from petal.engine.weight_files import named
+from petal.engine.weight_files import named, tensor_homes
 
 
 class WeightSource:
@@ -82,7 +82,7 @@ class TensorWeights(WeightSource):
 def open_pickle_weights(files: list[Path], device: torch.device, dtype: torch.dtype) -> TensorWeights:
     """A ``WeightSource`` over pickle files (only when the caller allowed them); a file that does not load as a
     state dict of tensors is a ``ValueError`` naming it."""
-    tensors: dict[str, torch.Tensor] = {}
+    states: list[dict[str, torch.Tensor]] = []
     for f in files:
         state = _torch_load(f)
         if not isinstance(state, dict):
@@ -91,7 +91,8 @@ def open_pickle_weights(files: list[Path], device: torch.device, dtype: torch.dt
                    None)
         if odd is not None:
             raise ValueError(f"{f}: {odd[0]!r} is {type(odd[1]).__name__}, not a tensor: not a state dict")
-        tensors.update(state)
+        states.append(state)
+    tensors = {name: tensor for name, (_, tensor) in tensor_homes(files, states).items()}
     weights = TensorWeights(tensors, device, dtype)
     weights.files = files
     return weights
