@@ -17,7 +17,7 @@ import numpy as np
 
 from petal.pipeline.index.faiss_loader import load_faiss
 from petal.pipeline.index.files import INDEX_FILE
-from petal.pipeline.index.widen import searched_again
+from petal.pipeline.index.widen import EF_FLOOR, searched_again
 from petal.pipeline.manifest import Manifest
 from petal.pipeline.reliability.errors import BadInputError, ConfigError, one_line, quote_path
 
@@ -62,6 +62,11 @@ class BinaryIndex:
         return int(getattr(self.index, "nlist", 0))
 
     @property
+    def is_graph(self) -> bool:
+        """True for a binary HNSW (``BHNSW...``): its search walks a graph over the codes, as wide as ``efSearch``."""
+        return isinstance(self.index, load_faiss().IndexBinaryHNSW)
+
+    @property
     def hash_bits(self) -> int:
         """The bits of a hash index's (``BHash...``) bucket keys (0: not a hash index)."""
         faiss = load_faiss()
@@ -76,10 +81,14 @@ class BinaryIndex:
         return nflip
 
     def set_params(self, params: dict[str, int]) -> None:
-        """Search parameters by name (binary indexes are outside FAISS's ``ParameterSpace``): an IVF's nprobe, a hash
-        index's nflip (0 where not given; at most ``max_nflip``)."""
+        """Search parameters by name (binary indexes are outside FAISS's ``ParameterSpace``): an IVF's nprobe, an HNSW's
+        efSearch (at most ``EF_FLOOR`` or the vectors held, whichever is more), a hash index's nflip (0 where not
+        given; at most ``max_nflip``)."""
         if "nprobe" in params and self.nlist:
             self.index.nprobe = int(params["nprobe"])
+        if "efSearch" in params and self.is_graph:
+            # NOTE: FAISS sizes each search's heaps by efSearch: a manifest signed again with 2^31-1 must not
+            self.index.hnsw.efSearch = min(int(params["efSearch"]), max(EF_FLOOR, self.ntotal))
         if self.hash_bits:
             self.index.nflip = min(int(params.get("nflip", 0)), self.max_nflip)
 

@@ -24,7 +24,7 @@ from petal.pipeline.index.read_errors import host_failure, read_failure
 from petal.pipeline.index.row_groups import IdMap, RowGroups
 from petal.pipeline.index.tune import apply_params
 from petal.pipeline.index.verify import OpenCheck, check_on_open
-from petal.pipeline.index.widen import searched_again
+from petal.pipeline.index.widen import EF_FLOOR, searched_again
 from petal.pipeline.layout import VersionLease, current_pointer, denied, is_denied, resolve_index_dir
 from petal.pipeline.manifest import Manifest
 from petal.pipeline.reliability.errors import (
@@ -44,7 +44,6 @@ STORAGES = ("memory", "ondisk")
 # NOTE: `where` expressions are a server's clients' to choose: a selector is a mask over every vector, so the
 # cache keeps the most recently used few, not one per expression ever seen
 MAX_SELECTORS = 32
-EF_FLOOR = 1 << 16  # bounded_params: an efSearch up to this is applied as the manifest says (heaps of ~1 MiB)
 SCAN_PAST_EF = 8  # a filtered HNSW search whose efSearch is over 1/8 of its vectors scans them instead (search())
 K_FACTOR_CAP = 1024  # bounded_params: a refine's k_factor_rf (candidates k x this a query; the tuner writes <= 64)
 _SELECTORS_LOCK = threading.Lock()

@@ -7,6 +7,10 @@ from typing import Any
 
 import numpy as np
 
+# an HNSW's efSearch up to this is applied as the manifest says (heaps of ~1 MiB); past it and past the vectors held a
+# larger one finds nothing more (every node fits in the heaps), and FAISS would size each search's heaps by it
+EF_FLOOR = 1 << 16
+
 
 def searched_again(search: Callable[[np.ndarray, Any], tuple[np.ndarray, np.ndarray]], queries: np.ndarray,
                    want: int, scores: np.ndarray, ids: np.ndarray,

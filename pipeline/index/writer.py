@@ -197,17 +197,25 @@ def output_codes(index: Any, plan: IndexPlan, output: OutputTransform | None) ->
     return True
 
 
-def _add_binary(index: Any, source: StoreVectors, staging: Path, rows: int) -> str:
-    """Sign bits into ``index``; the float vectors as float16 into ``rescore.npy`` (FAISS id order)."""
+def _add_binary(index: Any, source: StoreVectors, staging: Path, rows: int, held_out: int = 0) -> str:
+    """Sign bits into ``index`` (all but the last ``held_out`` vectors: a graph's tuning queries, ``add_sign_bits``
+    adds them once it is tuned); every float vector as float16 into ``rescore.npy`` (FAISS id order)."""
     # NOTE: memory-mapped at query time: rescoring reads only the candidates' rows.
     rescore = np.lib.format.open_memmap(staging / RESCORE_FILE, mode="w+", dtype=np.float16,
                                         shape=(source.total, source.dim))
     for ids, vectors in source.chunks(rows):
-        index.add(np.packbits(vectors >= 0, axis=1))
+        if ids[0] < source.total - held_out:
+            index.add(np.packbits(vectors[: source.total - held_out - ids[0]] >= 0, axis=1))
         rescore[ids[0] : ids[-1] + 1] = vectors
     rescore.flush()
     del rescore
     return "cpu"
+
+
+def add_sign_bits(index: Any, source: StoreVectors, rows: int) -> None:
+    """The sign bits of ``source``'s vectors (a ``window``) into the binary ``index``."""
+    for _, vectors in source.chunks(rows):
+        index.add(np.packbits(vectors >= 0, axis=1))
 
 
 def build_index(entries: list[StoreEntry], dim: int, settings: IndexSettings, staging: Path,
@@ -273,7 +281,7 @@ def _build_index(entries: list[StoreEntry], dim: int, settings: IndexSettings, s
 
     t0 = time.perf_counter()
     if binary:
-        added_on = _add_binary(index, source, staging, rows)
+        added_on = _add_binary(index, source, staging, rows, held_out)
     elif plan.storage == "ondisk":
         index, added_on = build_on_disk(index, source, staging, part_rows(plan, settings), rows, ngpu > 0)
     else:
@@ -282,8 +290,11 @@ def _build_index(entries: list[StoreEntry], dim: int, settings: IndexSettings, s
     timings["add"] = round(time.perf_counter() - t0, 3)
     device = DeviceRecord(gpus=ngpu, train=trained_on, add=added_on, train_points=train_points)
 
-    searched = BinaryIndex(index, np.load(staging / RESCORE_FILE, mmap_mode="r", allow_pickle=False), settings.metric,
-                           DEFAULT_RESCORE) if binary else index
+    # NOTE: the rescoring rows of the vectors in the index only (a graph's held-out tail is not in it yet)
+    searched = index
+    if binary:
+        rescored = np.load(staging / RESCORE_FILE, mmap_mode="r", allow_pickle=False)[: int(index.ntotal)]
+        searched = BinaryIndex(index, rescored, settings.metric, DEFAULT_RESCORE)
     tuning = None
     if len(query_ids):
         t0 = time.perf_counter()
@@ -298,8 +309,11 @@ def _build_index(entries: list[StoreEntry], dim: int, settings: IndexSettings, s
     del searched
     if held_out:
         t0 = time.perf_counter()
-        add_in_memory(index, source.window(source.total - held_out, source.total), part_rows(plan, settings), rows,
-                      ngpu > 0)
+        tail = source.window(source.total - held_out, source.total)
+        if binary:
+            add_sign_bits(index, tail, rows)
+        else:
+            add_in_memory(index, tail, part_rows(plan, settings), rows, ngpu > 0)
         timings["add"] = round(timings["add"] + time.perf_counter() - t0, 3)
 
     t0 = time.perf_counter()
