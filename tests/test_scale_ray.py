@@ -9,6 +9,7 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -89,6 +90,11 @@ def test_an_actor_failing_between_its_commit_and_its_row_counts_the_commit(local
     stored = len(list((out / "store" / "shards").glob("*/*/entry.json")))
     assert stored == 2, stored
     assert "2 of 8 shards committed" in first.output, first.output
+    # petal's line, naming the actor's error and where Ray's own diagnostics went, not Ray Data's traceback on stderr
+    last = first.output.strip().splitlines()[-1]
+    assert "Traceback" not in first.output and "Ray's logs: " in last and "InjectedFault: " in last, first.output
+    logs = Path(last.split("Ray's logs: ")[1].split(")")[0])
+    assert any("Traceback" in log.read_text() for log in logs.glob("*.log")), logs
     assert json.loads((tmp_path / "first.json").read_text())["shards"]["embedded"] == 2
     local_ray()
     rerun = index(str(data), "--out", str(out), "--model", str(model), "--ray", "--json-report",
@@ -206,6 +212,7 @@ def test_an_actors_bad_input_keeps_its_exit_code(local_ray, tmp_path):
     last = result.output.strip().splitlines()[-1]
     assert "bad.parquet" in last and "row group 1" in last and "Ray run failed" not in last, last
     assert "\x1b[" not in last and "Failed to apply UDF" not in last, last
+    assert "Traceback" not in result.output and "ERROR" not in result.output, result.output  # Ray Data's own log
 
 
 def test_no_more_actors_start_than_there_are_units(local_ray, tmp_path):

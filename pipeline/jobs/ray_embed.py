@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import re
 import signal
@@ -50,6 +51,38 @@ def import_ray() -> Any:
     return ray
 
 
+_RAY_LOGGERS = ("ray", "ray.data")  # NOTE: each has its own console handler and does not propagate
+
+
+@contextlib.contextmanager
+def ray_console_quiet() -> Iterator[None]:
+    """Ray's loggers silent on stderr for the block: Ray Data logs a task's failure as a full traceback of its own
+    internals (and INFO lines on its plans and progress) before petal's one-line message, which a cron or Airflow log
+    should end with alone. Ray Data's records, the tracebacks too, are still written to its session's log files
+    (``ray_log_directory``), which petal's failure message names; the handlers are as they were after the block."""
+    muted: list[tuple[logging.Handler, int]] = []
+    for name in _RAY_LOGGERS:
+        for handler in logging.getLogger(name).handlers:
+            if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
+                muted.append((handler, handler.level))
+                handler.setLevel(logging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        for handler, level in muted:
+            handler.setLevel(level)
+
+
+def ray_log_directory() -> str | None:
+    """Where Ray Data writes this session's logs (``None`` before ``ray.init``, or where Ray does not say)."""
+    try:
+        from ray.data._internal.logging import get_log_directory
+
+        return get_log_directory()
+    except Exception:  # NOTE: a private helper of Ray's: a version without it names no directory
+        return None
+
+
 CONNECT_TIMEOUT_S = 5.0  # a cluster address that does not answer a TCP connect in this long is refused (75)
 
 
@@ -67,7 +100,8 @@ def connect(scale: ScaleConfig) -> Any:
             _check_reachable(*where)
         handlers = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
         try:
-            ray.init(address=scale.ray_address, log_to_driver=False)
+            with ray_console_quiet():
+                ray.init(address=scale.ray_address, log_to_driver=False)
         except SystemExit as exc:  # Ray's own SIGTERM handler: sys.exit(SIGTERM)
             if exc.code == signal.SIGTERM:
                 raise Interrupted(signal.SIGTERM) from None
@@ -263,6 +297,12 @@ def embed_on_ray(plan: WorkerPlan, scale: ScaleConfig, report: RunReport, stop: 
                  reads: ReadStats, assembly: RangeAssembly) -> Iterator[tuple[int, StoreEntry]]:
     """Embed ``plan.ranges`` (whole shards, row-group ranges) through a Ray Data actor pool; yields
     ``(position, entry)`` as each shard's entry commits (a split shard's once its last range is assembled)."""
+    with ray_console_quiet():  # NOTE: Ray's loggers run in its executor threads, while this generator is suspended too
+        yield from _embed_on_ray(plan, scale, report, stop, reads, assembly)
+
+
+def _embed_on_ray(plan: WorkerPlan, scale: ScaleConfig, report: RunReport, stop: StopSignals,
+                  reads: ReadStats, assembly: RangeAssembly) -> Iterator[tuple[int, StoreEntry]]:
     ray = connect(scale)
     context = ray.data.DataContext.get_current()
     context.enable_progress_bars = not plan.job.quiet
@@ -355,7 +395,18 @@ def _ray_failure(exc: BaseException, committed: int, total: int, reason: str | N
             return WorkerFailed(f"{message} ({committed} of {total} shards committed)", cause.exit_code, cause.status)
         cause = inner
         seen += 1
-    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip()  # Ray colours its task names
-    first_line = text.splitlines()[0][:300] if text else type(exc).__name__
-    return TemporaryFailure(f"the Ray run failed ({first_line}); {committed} of {total} shards committed, "
+    from ray.exceptions import RayError
+
+    failed = _first_line(exc)
+    inner = getattr(exc, "cause", None)  # a task's own exception, under Ray's "ray::MapWorker(...).submit()" line
+    if isinstance(inner, BaseException) and not isinstance(inner, RayError):
+        failed = f"{type(inner).__name__}: {_first_line(inner)}"
+    where = ray_log_directory()
+    logs = f" (Ray's logs: {where})" if where else ""
+    return TemporaryFailure(f"the Ray run failed ({failed}){logs}; {committed} of {total} shards committed, "
                             f"{total - committed} not: rerun to embed only those")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip()  # Ray colours its task names
+    return text.splitlines()[0][:300] if text else type(exc).__name__
