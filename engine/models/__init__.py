@@ -24,6 +24,10 @@ MODEL_REGISTRY: dict[str, Family] = {
     "bidirectional_pplx_qwen3": QWEN3,
     "XLMRobertaModel": XLM_ROBERTA,
     "xlm-roberta": XLM_ROBERTA,
+    # NOTE: RoBERTa (all-roberta-large-v1, all-distilroberta-v1) is XLM-RoBERTa's layout: the same weight names,
+    # positions from pad_token_id + 1 and one token type; transformers' XLM-R modeling is a copy of RoBERTa's
+    "RobertaModel": XLM_ROBERTA,
+    "roberta": XLM_ROBERTA,
 }
 
 
