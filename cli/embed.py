@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import stat
@@ -162,6 +161,7 @@ def check_output(output: Path) -> None:
     ``write_error``). A disk that fails while it is written is still exit 74 then."""
     import errno
 
+    from petal.pipeline.reliability.durable import temporary_beside
     from petal.pipeline.reliability.errors import OutputError, quote_path
 
     said = f"cannot create --output {quote_path(output)}"
@@ -182,7 +182,7 @@ def check_output(output: Path) -> None:
     if mode is None or stat.S_ISREG(mode):
         # NOTE: replacing()'s temporary file, created and removed now: a read-only file system, a directory petal may
         # not write, no inode left are said before the model loads, not after every text was embedded
-        tmp = _temporary_beside(output.resolve() if output.is_symlink() else output)
+        tmp = temporary_beside(output.resolve() if output.is_symlink() else output)
         try:
             os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
             os.unlink(tmp)
@@ -194,14 +194,15 @@ def check_output(output: Path) -> None:
 
 def _check_creatable(path: Path, said: str) -> None:
     """``path``'s directory exists and its file system takes ``path``'s name (``OutputError`` starting ``said``)."""
+    from petal.pipeline.reliability.durable import name_max
     from petal.pipeline.reliability.errors import OutputError, quote_path
 
     parent = path.parent
     if not parent.is_dir():
         raise OutputError(f"{said}: {quote_path(parent)} is not a directory")
-    size, name_max = len(os.fsencode(path.name)), _name_max(parent)
-    if size > name_max:  # NOTE: said now, not as ENAMETOOLONG (74) after every text was embedded
-        raise OutputError(f"{said}: its name is {size} bytes, longer than the {name_max} its file system takes; give "
+    size, most = len(os.fsencode(path.name)), name_max(parent)
+    if size > most:  # NOTE: said now, not as ENAMETOOLONG (74) after every text was embedded
+        raise OutputError(f"{said}: its name is {size} bytes, longer than the {most} its file system takes; give "
                           "a shorter name")
 
 
@@ -232,7 +233,7 @@ def replacing(output: Path) -> Iterator[IO[bytes]]:
     128 + its number. A symlink to a regular file has the file it names replaced; a path that is not a regular
     file (a FIFO, a device) is written in place, never renamed over. Only a SIGKILL (or a crash of the machine)
     can leave the temporary file behind; a later run of the same process id removes it."""
-    from petal.pipeline.reliability.durable import fsync_dir
+    from petal.pipeline.reliability.durable import fsync_dir, temporary_beside
 
     try:
         mode: int | None = os.stat(output).st_mode  # follows symlinks: what the path leads to
@@ -248,7 +249,7 @@ def replacing(output: Path) -> Iterator[IO[bytes]]:
             raise write_error(output, exc) from exc
         return
     target = output.resolve() if output.is_symlink() else output
-    tmp = _temporary_beside(target)
+    tmp = temporary_beside(target)
     with _stop_signals_raise(output):
         try:
             # NOTE: a leftover (or planted) temporary file is removed first and the new one created exclusively,
@@ -272,25 +273,6 @@ def replacing(output: Path) -> Iterator[IO[bytes]]:
             raise
     with contextlib.suppress(OSError):  # NOTE: the file is in place; a directory that cannot be fsynced is no failure
         fsync_dir(target.parent)
-
-
-def _name_max(directory: Path) -> int:
-    """The longest file name (bytes) ``directory``'s file system takes (255 where it cannot say)."""
-    try:
-        return os.pathconf(directory, "PC_NAME_MAX")
-    except (OSError, ValueError):
-        return 255
-
-
-def _temporary_beside(target: Path) -> Path:
-    """``target``'s temporary file: ``.NAME.tmp-PID`` in its directory, or, where that name would be longer than the
-    file system takes (a NAME of 244 bytes or more: ENAMETOOLONG after every text was embedded), ``.petal-HASH.tmp-PID``
-    (HASH: of NAME, so a later run of the same process id still finds and removes a leftover)."""
-    pid = os.getpid()
-    name = f".{target.name}.tmp-{pid}"
-    if len(os.fsencode(name)) > _name_max(target.parent):
-        name = f".petal-{hashlib.sha256(os.fsencode(target.name)).hexdigest()[:16]}.tmp-{pid}"
-    return target.with_name(name)
 
 
 def write_error(output: Path, exc: OSError) -> Exception:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -17,11 +18,31 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def name_max(directory: Path) -> int:
+    """The longest file name (bytes) ``directory``'s file system takes (255 where it cannot say)."""
+    try:
+        return os.pathconf(directory, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        return 255
+
+
+def temporary_beside(target: Path) -> Path:
+    """``target``'s temporary file: ``.NAME.tmp-PID`` in its directory, or, where that name would be longer than the
+    file system takes (a NAME of 244 bytes or more, which the file system takes: ENAMETOOLONG after the work was
+    done), ``.petal-HASH.tmp-PID`` (HASH: of NAME, so a later run of the same process id still finds and removes a
+    leftover). Every file petal writes beside its target and renames over it takes its temporary name here."""
+    pid = os.getpid()
+    name = f".{target.name}.tmp-{pid}"
+    if len(os.fsencode(name)) > name_max(target.parent):
+        name = f".petal-{hashlib.sha256(os.fsencode(target.name)).hexdigest()[:16]}.tmp-{pid}"
+    return target.with_name(name)
+
+
 def write_bytes_atomic(path: Path, data: bytes) -> None:
     """``path`` holds either its old content or ``data``, never a mix, even after a crash. A write that fails (a full
     disk, a quota) removes its temp file before the error goes up: it would stay beside ``path`` (a report, a pointer)
     for good, taking the space a full disk lacks."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = temporary_beside(path)
     # NOTE: a leftover (or planted) temp file is removed first and the new one created exclusively,
     # never through a symlink: a FIFO or a link planted under the temp name cannot block or redirect us.
     with contextlib.suppress(FileNotFoundError):
