@@ -228,3 +228,21 @@ def test_no_more_actors_start_than_there_are_units(local_ray, tmp_path):
     assert len({r["pid"] for r in read_log(log) if r.get("load")}) == 1
     rows, _ = contents(tmp_path / "out")
     assert sorted(r["id"] for r in rows) == sorted(ids)
+
+
+def test_progress_in_a_log_is_petals_plain_lines(local_ray, tmp_path):
+    """--ray with stderr not a terminal (cron's 2>>index.log): the progress was Ray Data's (an INFO table of its
+    operators every few seconds, its own bars on a terminal), not the bar one process and --workers draw; now it is
+    petal's: plain ASCII lines, the last line still the run's summary."""
+    local_ray()
+    model = make_fake_model_dir(tmp_path / "model")
+    write_shards(tmp_path / "data", count=3, rows=5)
+    result = fake_invoke(["index", str(tmp_path / "data"), "--out", str(tmp_path / "out"), "--model", str(model),
+                          "--ray", "--workers", "2"], env={"PETAL_TEST_FAKE_ENGINE": str(tmp_path / "log.jsonl")})
+    assert result.exit_code == 0, result.output
+    text = result.output
+    assert "\r" not in text and text.isascii(), repr(text)
+    lines = text.splitlines()
+    assert any(line.startswith("embedding (2 Ray actors): 100%|###") and "| 15/15 [" in line for line in lines), lines
+    assert all(line.startswith(("embedding (2 Ray actors):", "petal index: ")) for line in lines), lines
+    assert lines[-1].startswith("petal index: success;"), lines

@@ -30,6 +30,7 @@ from typing import Any
 
 from petal.pipeline.config import ScaleConfig
 from petal.pipeline.ingest.parquet import ReadStats
+from petal.pipeline.jobs.progress import progress_bar
 from petal.pipeline.jobs.report import RunReport
 from petal.pipeline.jobs.worker import WorkerPlan, claimed_documents, entry_written_since, unit_entry_path
 from petal.pipeline.jobs.workers import START_TIMEOUT_ENV, start_timeout_s
@@ -305,7 +306,9 @@ def _embed_on_ray(plan: WorkerPlan, scale: ScaleConfig, report: RunReport, stop:
                   reads: ReadStats, assembly: RangeAssembly) -> Iterator[tuple[int, StoreEntry]]:
     ray = connect(scale)
     context = ray.data.DataContext.get_current()
-    context.enable_progress_bars = not plan.job.quiet
+    # NOTE: petal's own bar (pipeline/jobs/progress.py), as without Ray: Ray Data's bars redraw on a terminal and log
+    # an operator table every few seconds in a log, and its log lines are silenced (ray_console_quiet) anyway
+    context.enable_progress_bars = False
     # an actor's PetalError reaches the driver as itself (its exit code, its message), not as a UserCodeException
     # that lost it on the way (the exception's cause does not survive pickling)
     context.raise_original_map_exception = True
@@ -322,6 +325,8 @@ def _embed_on_ray(plan: WorkerPlan, scale: ScaleConfig, report: RunReport, stop:
     committed = 0
     started = time.time()  # an entry written from now on is this run's
     reported: set[int] = set()
+    progress = progress_bar(sum(r.num_rows for r in plan.ranges), disable=plan.job.quiet,
+                            desc=f"embedding ({actors} Ray actor{'s' if actors > 1 else ''})")
     try:
         yield from assembly.ready()  # shards whose every range an earlier run committed
         rows = iter(results.iter_rows())
@@ -336,6 +341,7 @@ def _embed_on_ray(plan: WorkerPlan, scale: ScaleConfig, report: RunReport, stop:
             expected = unit_entry_path(plan, store, unit)
             assert str(expected) == row["entry"], row
             entry = store.read_entry(expected)
+            progress.update(part.num_rows)  # the unit's rows, embedded or skipped: an actor says when it is done
             actor = per_actor.setdefault(int(row["pid"]), {"shards": 0, "ranges": 0, "rows": 0, "tokens": 0,
                                                            "read_retries": 0})
             actor["shards" if part.whole else "ranges"] += 1
@@ -354,6 +360,7 @@ def _embed_on_ray(plan: WorkerPlan, scale: ScaleConfig, report: RunReport, stop:
                 yield position, shard_entry  # the run counts it (report, exit message) as the store holds it
         raise _ray_failure(exc, committed, len(plan.shards), watch.failure) from exc
     finally:
+        progress.close()
         watch.close()
         report.workers = [{"worker": i, "pid": pid, "device": "cuda" if gpu else "cpu", **counts, "status": "done"}
                           for i, (pid, counts) in enumerate(sorted(per_actor.items()))]
