@@ -169,6 +169,15 @@ class IdSelector:
         # this array, out of bounds; an id past the bytes is no member, the padding bits are 0
         self.selector = faiss.IDSelectorBitmap(len(self.bits), faiss.swig_ptr(self.bits))
 
+    def member(self, ids: np.ndarray) -> np.ndarray:
+        """``[n]`` bool: which FAISS ``ids`` (int64, none negative) the filter matches."""
+        import numpy as np
+
+        inside = (ids >> 3) < len(self.bits)
+        out = np.zeros(len(ids), dtype=bool)
+        out[inside] = (self.bits[ids[inside] >> 3] >> (ids[inside] & 7)) & 1 == 1
+        return out
+
     def params(self, index: Any, search_params: dict[str, int]) -> Any:
         """Search parameters carrying the selector (``search_parameters``)."""
         return search_parameters(index, search_params, self.selector)
