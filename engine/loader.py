@@ -256,6 +256,7 @@ def inspect_model(
                          "positions for a text; at least 2 are needed")
     if max_length is not None and max_length > limit:
         raise MaxLengthError(f"--max-length {max_length} exceeds the model's limit of {limit} tokens")
+    _check_truncation_side(model_dir)
     # NOTE: 0 is a value (refused by PoolingConfig), not "the default"
     default_length = st.max_seq_length or min(limit, _tokenizer_max_length(model_dir) or limit)
     length = min(max_length if max_length is not None else default_length, limit)
@@ -346,6 +347,23 @@ def _tokenizer_max_length(model_dir: Path) -> int | None:
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     return value if type(value) is int and value >= 2 else None
+
+
+def _check_truncation_side(model_dir: Path) -> None:
+    """tokenizer_config.json's ``truncation_side`` is ``right`` (or absent): transformers' tokenizers, and so
+    sentence-transformers, cut a long text from the side it names, while petal always keeps a text's beginning.
+    ``left`` (keep the end) or a value transformers refuses is a ``ModelError`` (78) naming the file and key."""
+    tok_config = model_dir / "tokenizer_config.json"
+    if not _present(tok_config):
+        return
+    side = _read_json(tok_config).get("truncation_side", "right")
+    if side != "left" and side != "right":
+        raise ModelError(f"{tok_config}: truncation_side is {side!r}; transformers takes 'right' or 'left'")
+    if side == "left":
+        raise ModelError(f"{tok_config}: truncation_side is {side!r}; petal cuts texts longer than the model's "
+                         "limit from the right (keeps their beginning) only, so it cannot reproduce this model's "
+                         "vectors of long texts (sentence-transformers keeps their end). Set truncation_side to "
+                         "\"right\" if keeping the beginning is what you want.")
 
 
 def _load_tokenizer(tokenizer_file: Path) -> Any:
