@@ -75,6 +75,27 @@ def test_an_actor_whose_engine_load_hangs_is_killed_after_the_start_timeout(loca
     assert ray.available_resources().get("CPU", 0) == 2  # the hung actors are gone, not holding the cluster
 
 
+def test_the_report_has_each_actors_oom_splits_and_engine_as_for_workers(local_ray, tmp_path):
+    """--ray --json-report: an actor's first step runs out of device memory and is split (fault engine_step:1:oom).
+    The report counts the split (retries.oom_splits, the summary's 'oom splits') and has each actor's engine, stats
+    and load time, as --workers has each worker's. Before, the actor's split was dropped on the way (0, a run's
+    device trouble silent) and the actors had only counts."""
+    local_ray("engine_step:1:oom")
+    model = make_fake_model_dir(tmp_path / "model")
+    write_shards(tmp_path / "data", count=3, rows=5)
+    result = index(str(tmp_path / "data"), "--out", str(tmp_path / "out"), "--model", str(model), "--ray",
+                   "--workers", "1", "--json-report", str(tmp_path / "r.json"),
+                   env={"PETAL_TEST_FAKE_ENGINE": str(tmp_path / "log.jsonl")})
+    assert result.exit_code == 0, result.output
+    assert "1 oom splits" in result.output.strip().splitlines()[-1], result.output
+    report = json.loads((tmp_path / "r.json").read_text())
+    [actor] = report["workers"]
+    assert report["retries"]["oom_splits"] == 1 and actor["oom_splits"] == 1, report
+    assert actor["engine"]["device"] == "cpu" and actor["stats"]["steps"] >= 1 and "start" in actor["timings_s"], actor
+    assert report["engine"]["workers"] == 1 and report["engine"]["engines"][0]["pid"] == actor["pid"], report
+    assert "model_load" in report["timings_s"], report
+
+
 def test_an_actor_failing_between_its_commit_and_its_row_counts_the_commit(local_ray, tmp_path):
     """An actor's second shard is renamed into the store, then its batch fails before the row reaches the
     driver (fault ``store_committed``; later shards fail before committing): the exit message counts

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import logging
 import os
 import re
@@ -195,6 +196,7 @@ class ShardEmbedder:
 
         from petal.pipeline.reliability.faults import fault
 
+        loading = time.perf_counter()
         me = ray.get_runtime_context().current_actor
         ray.get(starts.loading.remote(me, os.getpid(), ray.util.get_node_ip_address()))
         tqdm.set_lock(threading.RLock())  # no multiprocessing semaphore per actor
@@ -202,6 +204,7 @@ class ShardEmbedder:
         self.engine = plan.engine_factory(plan.spec, plan.config)
         fault("after_model_load")  # NOTE: a sleep here is a load that hangs (the driver's start timeout)
         starts.loaded.remote(os.getpid(), ray.util.get_node_ip_address())
+        self.load_s = round(time.perf_counter() - loading, 3)
         self.store = EmbeddingStore(plan.store_root)  # NOTE: never ``open()``: others write in its tmp/
         self.store.remember_sha256(plan.shards, plan.sha256)
 
@@ -215,7 +218,7 @@ class ShardEmbedder:
         documents = claimed_documents(plan, _Positions([int(p) for p in batch["position"]]), closing, stats)
         chunks = Prefetcher(tokenize_documents(documents, tokenizer_for(plan.spec), plan.job.tokenize_workers or 1),
                             depth=16)
-        out: dict[str, list] = {"position": [], "entry": [], "rows": [], "tokens": [], "pid": [], "read_retries": []}
+        out: dict[str, list] = {"position": [], "entry": [], "rows": []}
         try:
             with contextlib.closing(embed_shards(chunks, plan.shards, plan.fingerprints, self.store, plan.settings,
                                                  self.engine, plan.transform, replace(plan.job, quiet=True), report,
@@ -228,9 +231,13 @@ class ShardEmbedder:
             closing.set()
             chunks.close()
         n = len(out["position"])
-        out["tokens"] = [report.tokens if i == 0 else 0 for i in range(n)]  # the batch's tokens, counted once
+        for name, count in (("tokens", report.tokens), ("read_retries", stats.retries),
+                            ("oom_splits", report.retries["oom_splits"])):
+            out[name] = [count if i == 0 else 0 for i in range(n)]  # the batch's, counted once
         out["pid"] = [os.getpid()] * n
-        out["read_retries"] = [stats.retries if i == 0 else 0 for i in range(n)]
+        # the actor's engine and its counters so far, as a worker process reports them (pipeline/jobs/worker.py)
+        out["actor"] = [json.dumps({"engine": self.engine.describe(), "stats": self.engine.stats.as_dict(),
+                                    "timings_s": {"start": self.load_s}})] * n
         return out
 
 
@@ -322,6 +329,7 @@ def _embed_on_ray(plan: WorkerPlan, scale: ScaleConfig, report: RunReport, stop:
                                   concurrency=actors, num_gpus=1 if gpu else 0, num_cpus=1, zero_copy_batch=True)
     store = assembly.store
     per_actor: dict[int, dict[str, int]] = {}
+    described: dict[int, dict[str, Any]] = {}  # pid -> the actor's engine, stats and load time, as last told
     committed = 0
     started = time.time()  # an entry written from now on is this run's
     reported: set[int] = set()
@@ -343,11 +351,11 @@ def _embed_on_ray(plan: WorkerPlan, scale: ScaleConfig, report: RunReport, stop:
             entry = store.read_entry(expected)
             progress.update(part.num_rows)  # the unit's rows, embedded or skipped: an actor says when it is done
             actor = per_actor.setdefault(int(row["pid"]), {"shards": 0, "ranges": 0, "rows": 0, "tokens": 0,
-                                                           "read_retries": 0})
+                                                           "read_retries": 0, "oom_splits": 0})
             actor["shards" if part.whole else "ranges"] += 1
-            actor["rows"] += int(row["rows"])
-            actor["tokens"] += int(row["tokens"])
-            actor["read_retries"] += int(row["read_retries"])
+            for name in ("rows", "tokens", "read_retries", "oom_splits"):
+                actor[name] += int(row[name])
+            described[int(row["pid"])] = json.loads(row["actor"])
             for position, shard_entry in assembly.commit(unit, entry):
                 committed += 1
                 yield position, shard_entry
@@ -362,11 +370,17 @@ def _embed_on_ray(plan: WorkerPlan, scale: ScaleConfig, report: RunReport, stop:
     finally:
         progress.close()
         watch.close()
-        report.workers = [{"worker": i, "pid": pid, "device": "cuda" if gpu else "cpu", **counts, "status": "done"}
+        report.workers = [{"worker": i, "pid": pid, "device": "cuda" if gpu else "cpu", **counts,
+                           **described.get(pid, {}), "status": "done"}
                           for i, (pid, counts) in enumerate(sorted(per_actor.items()))]
         report.tokens += sum(w["tokens"] for w in report.workers)
+        report.retries["oom_splits"] += sum(w["oom_splits"] for w in report.workers)
         reads.retries += sum(w["read_retries"] for w in report.workers)
-        report.engine = {"ray": True, "actors": actors, "address": scale.ray_address or "local"}
+        starts = [w["timings_s"]["start"] for w in report.workers if "timings_s" in w]
+        if starts:
+            report.timings_s["model_load"] = max(starts)
+        report.engine = {"ray": True, "actors": actors, "address": scale.ray_address or "local", "workers": actors,
+                         "engines": [{"pid": w["pid"], **w["engine"]} for w in report.workers if "engine" in w]}
 
 
 def _unreported_commits(plan: WorkerPlan, store: EmbeddingStore, reported: set[int],
