@@ -8,7 +8,7 @@ import os
 import stat
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import click
 
@@ -117,7 +117,9 @@ def embed(texts: tuple[str, ...], model: str | None, from_stdin: bool, input_pat
     embedder = Embedder(model, device, dtype, attention=attention, max_length=max_length, pooling=pooling,
                         attention_mask=attention_mask, query_prompt=query_prompt,
                         allow_pickle_weights=allow_pickle_weights, dim=dim, quantize=quantize,
-                        output_dtype=output_dtype, calibration=calibration_index)
+                        output_dtype=output_dtype, calibration=calibration_index,
+                        engine_factory=_calibration_checked(items) if quantize == "int8" and calibration_index is None
+                        else None)
     startup_done()  # the model is loaded: from here a long --input collects garbage as usual
     embedded = embedder.embed(items, query=as_query or query_prompt is not None)
     transform, rows, skipped = embedded.transform, embedded.rows, embedded.skipped
@@ -152,6 +154,26 @@ def embed(texts: tuple[str, ...], model: str | None, from_stdin: bool, input_pat
             "binary": "sign bits"}[transform.quantize]
     click.echo(f"petal embed: {len(items)} texts -> {len(items) - len(skipped)} {transform.dim}-dim {kind}, "
                f"{describe_skips(skipped)}{note}", err=True)
+
+
+def _calibration_checked(items: list) -> Any:
+    """The engine factory of ``--quantize int8`` without ``--calibration``: where the model has no int8 scheme of its
+    own (its ranges are learned from the texts embedded), fewer than 2 texts to embed is a usage error (2) once the
+    model's configuration is read and before its weights load. Was: said after the model had loaded and embedded the
+    one text (``calibrating int8 ranges needs at least 2 vectors, got 1``)."""
+    from petal.pipeline.ingest.text_rule import skip_reason
+
+    def make(spec: Any, config: Any) -> Any:
+        kept = sum(skip_reason(text) is None for text in items)
+        if spec.int8_scheme is None and kept < 2:
+            raise click.UsageError(f"--quantize int8 learns its ranges from the texts embedded and needs at least 2, "
+                                   f"got {kept}: embed more texts at once, or take the ranges of an index built with "
+                                   "this model (--calibration INDEX)")
+        from petal.engine.engine import Engine
+
+        return Engine(spec, config)
+
+    return make
 
 
 def check_output(output: Path) -> None:
