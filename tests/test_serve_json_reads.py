@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import re
-import time
+import sys
 
 import numpy as np
 import pytest
@@ -16,13 +16,23 @@ import pytest
 orjson = pytest.importorskip("orjson")
 
 
-def _fastest(fn, body: bytes) -> float:
-    times = []
-    for _ in range(7):
-        started = time.perf_counter()
-        fn(body)
-        times.append(time.perf_counter() - started)
-    return min(times)
+def _python_calls(fn, *args) -> list[str]:
+    """Each Python function entered and each C function called while ``fn(*args)`` runs (a profile hook: counts,
+    not clocks, so a loaded machine cannot fail it)."""
+    seen: list[str] = []
+
+    def hook(frame, event, arg):
+        if event == "call":
+            seen.append(f"{frame.f_code.co_filename}:{frame.f_code.co_name}")
+        elif event == "c_call":
+            seen.append(f"C:{getattr(arg, '__qualname__', arg)}")
+
+    sys.setprofile(hook)
+    try:
+        fn(*args)
+    finally:
+        sys.setprofile(None)
+    return seen
 
 
 def test_a_body_of_vectors_is_read_about_as_fast_as_orjson_reads_it():
@@ -33,8 +43,10 @@ def test_a_body_of_vectors_is_read_about_as_fast_as_orjson_reads_it():
     body = json.dumps({"vectors": rows.tolist(), "k": 10}).encode()
     assert b"0.000" in body  # floats in [1e-4, 1e-3): 19 digits and more after the point
     assert loads(body) == json.loads(body)
-    ours, orjsons = _fastest(loads, body), _fastest(orjson.loads, body)
-    assert ours < 2 * orjsons + 0.005, (ours, orjsons)  # before: ~4x (the stdlib), plus the scan
+    # orjson reads it, not the standard library's decoder (3-4x slower: its Python frames show), in a few calls
+    calls = _python_calls(loads, body)
+    assert not [c for c in calls if "/json/" in c], calls
+    assert len(calls) < 20, calls
 
 
 @pytest.mark.parametrize("body", [
@@ -62,10 +74,9 @@ def test_vectors_are_checked_and_converted_without_a_python_loop_per_value():
     got = parse_search({"vectors": [list(r) for r in rows]}, Limits()).vectors
     assert got is not None and got.dtype == np.float32
     np.testing.assert_array_equal(got, np.array(rows, dtype=np.float32))
-    copied = _fastest(lambda _: [list(r) for r in rows], b"")
-    ours = _fastest(lambda _: parse_search({"vectors": [list(r) for r in rows]}, Limits()), b"") - copied
-    numpys = _fastest(lambda _: np.array([list(r) for r in rows], dtype=np.float64), b"") - copied
-    assert ours < 12 * numpys, (ours, numpys)  # ~6x (a set of each row's types, abs, astype); before ~24x
+    # no Python step per value (98,304 of them): a few calls a row at most (a set of each row's types)
+    calls = _python_calls(parse_search, {"vectors": [list(r) for r in rows]}, Limits())
+    assert len(calls) < 8 * len(rows), (len(calls), calls[:50])
     for bad, said in (([[1.0, True]], "non-empty lists of numbers"), ([["1.5"]], "non-empty lists of numbers"),
                       ([[1.0], [10**400]], "row 1 holds a value that is not a finite float32"),
                       ([[1.0], [3.5e38]], "row 1 holds"), ([[1, 2], [1]], "same length, got [1, 2]")):
