@@ -99,3 +99,20 @@ def test_a_tensor_two_shards_hold_is_the_one_the_weight_map_names(bert, tmp_path
     np.testing.assert_allclose(embed(model), expected, atol=1e-6)
     reference = transformers.AutoModel.from_pretrained(str(model)).state_dict()
     assert torch.equal(reference[WORD], tensors[WORD])  # transformers follows the weight_map too
+
+
+def test_a_tensor_two_pickle_shards_hold_is_the_one_the_weight_map_names(bert, tmp_path):
+    expected = embed(bert)
+    tensors = load_file(str(bert / "model.safetensors"))
+    model = tmp_path / "m"
+    shutil.copytree(bert, model)
+    (model / "model.safetensors").unlink()
+    stale = dict(tensors, **{WORD: torch.randn_like(tensors[WORD])})
+    first, second = "pytorch_model-00001-of-00002.bin", "pytorch_model-00002-of-00002.bin"
+    torch.save(tensors, model / first)
+    norm = "embeddings.LayerNorm.weight"
+    torch.save({WORD: stale[WORD], norm: tensors[norm]}, model / second)  # its stale copy overwrote the first's
+    (model / "pytorch_model.bin.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": dict.fromkeys(tensors, first) | {norm: second}}))
+    got = np.asarray(petal.Embedder(str(model), "cpu", allow_pickle_weights=True).encode(TEXTS[:3]))
+    np.testing.assert_allclose(got, expected, atol=1e-6)

@@ -23,14 +23,20 @@ def set_side(path, side):
     config_file.write_text(json.dumps(config))
 
 
-def test_left_truncation_is_refused_since_sentence_transformers_keeps_the_end(tmp_path):
+def model_and_reference(path, side):
+    """A tiny BERT in ``path`` whose tokenizer_config.json says ``side``; sentence-transformers on it at 8 tokens."""
     from sentence_transformers import SentenceTransformer
 
-    path = tmp_path / "bert"
     make_model("bert", path)
-    set_side(path, "left")
+    set_side(path, side)
     st = SentenceTransformer(str(path), device="cpu")
     st.max_seq_length = 8
+    return st
+
+
+def test_left_truncation_is_refused_since_sentence_transformers_keeps_the_end(tmp_path):
+    path = tmp_path / "bert"
+    st = model_and_reference(path, "left")
     ids = st.tokenize([LONG])["input_ids"][0].tolist()
     words = st.tokenizer.convert_ids_to_tokens(ids)
     assert words[-4:-1] == ["bread", "dough", "rises"], words  # the end kept: cut from the left
@@ -51,13 +57,8 @@ def test_a_truncation_side_transformers_does_not_know_is_refused(tmp_path, side)
 
 
 def test_right_truncation_embeds_as_sentence_transformers_does(tmp_path):
-    from sentence_transformers import SentenceTransformer
-
     path = tmp_path / "bert"
-    make_model("bert", path)
-    set_side(path, "right")
-    st = SentenceTransformer(str(path), device="cpu")
-    st.max_seq_length = 8
+    st = model_and_reference(path, "right")
     reference = st.encode([LONG], convert_to_numpy=True)
     ours = np.asarray(petal.Embedder(str(path), "cpu", max_length=8).encode([LONG]))
     np.testing.assert_allclose(ours, reference, atol=2e-5)
