@@ -70,3 +70,20 @@ def test_the_tuned_efsearch_is_what_a_reopened_index_searches_with(corpus):
     assert grid[0] == {"efSearch": 110} and grid[-1]["efSearch"] >= 4096  # (k + 1) x rescore candidates and up
     searched.set_params({"efSearch": 2**31 - 1})  # a manifest signed again: heaps bounded all the same
     assert graph.hnsw.efSearch == 1 << 16
+
+
+def test_a_binary_graph_search_returns_every_vector_it_asks_for(tmp_path):
+    """A node of the graph no other node links to is reached by no walk, at any efSearch: 500 vectors in BHNSW4
+    answered k=500 with 499 hits. Those left short get every vector's Hamming distance, as a hash index's do."""
+    rng = np.random.default_rng(0)
+    vectors = rng.standard_normal((500, 16)).astype(np.float32)
+    pq.write_table(pa.table({"id": list(range(500)),
+                             "emb": pa.FixedSizeListArray.from_arrays(pa.array(vectors.ravel()), 16)}),
+                   tmp_path / "a.parquet")
+    petal.index(tmp_path / "a.parquet", tmp_path / "out", vectors_column="emb", index_factory="BHNSW4", metric="l2",
+                target_recall=0.5, quiet=True)
+    queries = rng.standard_normal((20, 16)).astype(np.float32)
+    for rescore in (0, 10):
+        with petal.open_index(tmp_path / "out", rescore=rescore) as index:
+            found = index.search_stored(queries, k=500)
+        assert all(sorted(h.id for h in hits) == list(range(500)) for hits in found), rescore
