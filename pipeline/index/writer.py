@@ -35,6 +35,7 @@ from petal.pipeline.index.plan import (
     faiss_failure,
     index_kind,
     index_nodes,
+    is_binary,
     make_index,
     plan_index,
 )
@@ -114,9 +115,14 @@ class BuildResult:
         tuning = self.tuning
         if tuning is None or tuning.reached or self.num_vectors == 0:
             return None
+        # NOTE: a binary index takes no refine step (a binary factory with ,RFlat is refused): its sign bits cap it,
+        # and petal query re-ranks more of their candidates with the float vectors at a larger --rescore
+        remedy = ("query with a larger --rescore (default 10), or index without --quantize binary and a binary "
+                  "--index-factory" if is_binary(self.factory) else
+                  "give finer codes or a refine step (--index-factory ...,RFlat)")
         return (f"warning: the {self.factory!r} index reaches recall@10 {tuning.recall_at_10:.2f} at its best search "
-                f"setting, below --target-recall {tuning.target_recall_at_10:g}; for more recall give finer codes or "
-                "a refine step (--index-factory ...,RFlat), or a lower --target-recall")
+                f"setting, below --target-recall {tuning.target_recall_at_10:g}; for more recall {remedy}, or a lower "
+                "--target-recall")
 
     def report(self) -> dict[str, Any]:
         """What ``petal index``/``rebuild`` report about the index (the run report's ``index``)."""
