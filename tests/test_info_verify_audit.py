@@ -139,3 +139,27 @@ def test_report_lines_quote_a_path_with_a_newline(built: Path, tmp_path: Path) -
         line = next(x for x in proc.stdout.splitlines() if x.startswith(prefix))
         assert '"' in line and "\\n" in line and line.rstrip(")").endswith(
             (out / "versions" / (out / "CURRENT").read_text().strip()).name + '"'), line
+
+
+@pytest.mark.parametrize("kind", ["file", "directory", "link"])
+def test_verify_names_an_entry_the_manifest_does_not_list(built: Path, tmp_path: Path, kind: str) -> None:
+    """A sealed version holds its listed files and manifest.json only: anything else put there (a file, a directory, a
+    link to a listed file) is a change petal verify reports, 65 naming it (before: exit 0, the version said whole)."""
+    out = tmp_path / "out"
+    shutil.copytree(built / "out", out)
+    version = out / "versions" / (out / "CURRENT").read_text().strip()
+    extra = version / "stray.bin"
+    if kind == "file":
+        extra.write_bytes(b"not petal's")
+    elif kind == "directory":
+        extra.mkdir()
+    else:
+        extra.symlink_to("index.faiss")
+    proc = petal_run("verify", out)
+    assert proc.returncode == 65, proc.stderr[-2000:]
+    assert "stray.bin" in proc.stderr.strip().splitlines()[-1] and "Traceback" not in proc.stderr
+    report = json.loads(petal_run("verify", out, "--json").stdout)
+    assert report["exit_code"] == 65
+    assert [f["name"] for f in report["files"] if not f["ok"]] == ["stray.bin"]
+    extra.rmdir() if kind == "directory" else extra.unlink()
+    assert petal_run("verify", out).returncode == 0

@@ -412,7 +412,8 @@ def verify_version(version_dir: Path, manifest: dict[str, Any] | None = None, *,
                    read_index: bool = False) -> VerifyReport:
     """Check the manifest's checksum, the full sha256 (and size) of every file it lists and ``index.faiss``'s header
     against the manifest (``manifest``: the raw manifest, default: read from ``version_dir``). ``read_index``
-    (``petal verify``): when every file matches, also read the index as opening does (``index_problems``)."""
+    (``petal verify``): when every file matches, also read the index as opening does (``index_problems``), and a
+    sealed version's entries that the manifest does not list (a file, directory or link put there) are 65 by name."""
     manifest = read_raw_manifest(version_dir) if manifest is None else manifest
     try:
         manifest_state = "ok" if check_manifest_checksum(version_dir, manifest) else "absent"
@@ -435,7 +436,17 @@ def verify_version(version_dir: Path, manifest: dict[str, Any] | None = None, *,
         problems = {INDEX_FILE: problem} if (problem := header_problem(version_dir, manifest)) is not None \
             else index_problems(version_dir, manifest) if read_index else {}
         verdicts = [FileVerdict(f.name, False, problems[f.name]) if f.name in problems else f for f in verdicts]
+    if read_index and span is not None:  # NOTE: a sealed version holds its listed files and manifest.json, no other
+        verdicts += [FileVerdict(_named(name), False, "not written by petal: the manifest does not list it")
+                     for name in _unlisted(version_dir, expected)]
     return VerifyReport(version_dir, manifest_state, tuple(verdicts))
+
+
+def _unlisted(version_dir: Path, expected: dict[str, str]) -> list[str]:
+    """The entries of ``version_dir`` (files, directories, links: never followed) other than ``manifest.json`` and
+    the files the manifest lists, sorted."""
+    names = _readable(os.listdir, version_dir)
+    return sorted(name for name in names if name != MANIFEST_FILE and name not in expected)
 
 
 def index_problems(version_dir: Path, raw: dict[str, Any]) -> dict[str, str]:
