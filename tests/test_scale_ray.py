@@ -267,3 +267,32 @@ def test_progress_in_a_log_is_petals_plain_lines(local_ray, tmp_path):
     assert any(line.startswith("embedding (2 Ray actors): 100%|###") and "| 15/15 [" in line for line in lines), lines
     assert all(line.startswith(("embedding (2 Ray actors):", "petal index: ")) for line in lines), lines
     assert lines[-1].startswith("petal index: success;"), lines
+
+
+def test_sigterm_leaves_no_actor_embedding(local_ray, tmp_path):
+    """SIGTERM while both actors are inside a step (fault engine_step: a 30 s sleep): the run ends 143 with nothing
+    published, and the actors are gone at once, their CPUs free. Before, they went on for the rest of their step
+    and took new units (the pool was stopped only when Python collected Ray Data's iterator)."""
+    local_ray("engine_step:1+:sleep=30")
+    model = make_fake_model_dir(tmp_path / "model")
+    log = tmp_path / "log.jsonl"
+    write_shards(tmp_path / "data", count=4, rows=5)
+
+    def terminate() -> None:
+        deadline = time.monotonic() + 60
+        while len([r for r in read_log(log) if r.get("load")]) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(1)  # both actors are in their first step's sleep
+        os.kill(os.getpid(), signal.SIGTERM)  # NOTE: the CLI's stop signals are petal's own here (CliRunner)
+
+    killer = threading.Thread(target=terminate)
+    killer.start()
+    result = index(str(tmp_path / "data"), "--out", str(tmp_path / "out"), "--model", str(model), "--ray",
+                   "--workers", "2", env={"PETAL_TEST_FAKE_ENGINE": str(log)})
+    killer.join()
+    assert result.exit_code == 143, result.output
+    assert not list((tmp_path / "out" / "versions").iterdir()), "published"
+    deadline = time.monotonic() + 5
+    while ray.available_resources().get("CPU", 0) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert ray.available_resources().get("CPU", 0) == 2  # no actor left embedding

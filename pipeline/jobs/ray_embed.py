@@ -243,13 +243,19 @@ class ShardEmbedder:
 
 class _ActorStarts:
     """A Ray actor of the driver's (no CPU): each ``ShardEmbedder`` says when it begins loading its engine and when
-    it has, so the driver can tell an actor whose load hangs from one that embeds a long shard."""
+    it has, so the driver can tell an actor whose load hangs from one that embeds a long shard; and which actors the
+    run started, so that none outlives it."""
 
     def __init__(self) -> None:
         self._loading: dict[tuple[str, int], tuple[float, Any]] = {}  # (node, pid) -> (monotonic here, handle)
+        self._started: list[Any] = []
 
     def loading(self, actor: Any, pid: int, node: str) -> None:
         self._loading[(node, pid)] = (time.monotonic(), actor)
+        self._started.append(actor)
+
+    def started(self) -> list[Any]:
+        return list(self._started)
 
     def loaded(self, pid: int, node: str) -> None:
         self._loading.pop((node, pid), None)
@@ -294,9 +300,16 @@ class _StartWatch:
                 f"{'their engines' if len(self.killed) > 1 else 'its engine'} within {self.timeout_s:g} s of "
                 f"starting to, killed ({START_TIMEOUT_ENV}=SECONDS allows longer)")
 
-    def close(self) -> None:
+    def close(self, early: bool) -> None:
+        """The watch ends; ``early`` (a stop signal, a failed unit, the driver's own error): with every actor the run
+        started, so that none embeds on, holding the cluster's GPUs (Ray Data stops its pool only when its iterator is
+        collected; a finished run's actors are gone already)."""
         self._done.set()
         self._thread.join(5)
+        with contextlib.suppress(Exception):
+            for actor in self._ray.get(self.starts.started.remote(), timeout=10) if early else []:
+                with contextlib.suppress(Exception):
+                    self._ray.kill(actor, no_restart=True)
         with contextlib.suppress(Exception):
             self._ray.kill(self.starts)
 
@@ -335,13 +348,15 @@ def _embed_on_ray(plan: WorkerPlan, scale: ScaleConfig, report: RunReport, stop:
     reported: set[int] = set()
     progress = progress_bar(sum(r.num_rows for r in plan.ranges), disable=plan.job.quiet,
                             desc=f"embedding ({actors} Ray actor{'s' if actors > 1 else ''})")
+    rows = iter(results.iter_rows())
+    finished = False
     try:
         yield from assembly.ready()  # shards whose every range an earlier run committed
-        rows = iter(results.iter_rows())
         while True:
             with stop.interruptible():  # a stop signal ends the wait for the next unit at once, not after it
                 row = next(rows, None)
             if row is None:
+                finished = True
                 break
             unit = int(row["position"])
             reported.add(unit)
@@ -369,7 +384,11 @@ def _embed_on_ray(plan: WorkerPlan, scale: ScaleConfig, report: RunReport, stop:
         raise _ray_failure(exc, committed, len(plan.shards), watch.failure) from exc
     finally:
         progress.close()
-        watch.close()
+        close = getattr(rows, "close", None)  # NOTE: Ray Data's executor stops (no unit is handed out any more)
+        if close is not None:
+            with contextlib.suppress(Exception):
+                close()
+        watch.close(early=not finished)
         report.workers = [{"worker": i, "pid": pid, "device": "cuda" if gpu else "cpu", **counts,
                            **described.get(pid, {}), "status": "done"}
                           for i, (pid, counts) in enumerate(sorted(per_actor.items()))]
