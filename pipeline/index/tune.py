@@ -1,16 +1,16 @@
 """Tuning search parameters (nprobe, quantizer_efSearch, efSearch; a binary hash index's nflip) to a recall target.
 
-Queries are held-out vectors of the corpus (not used for training). An HNSW graph is tuned before
-its last vectors are added, on those vectors (``split_tail``): a query that is a node of the graph
-walks straight to its neighbours and lifts recall for free. The ground truth is exact search over
-every indexed vector (every one in the graph while it is tuned), streamed from the store in chunks
+Queries are held-out vectors of the corpus (not used for training). An HNSW graph is tuned with
+its queries' nodes unlinked (``graph_holdout.py``): a query that is a node of the graph walks
+straight to its neighbours and lifts recall for free. The ground truth is exact search over every
+indexed vector (for a graph, every one but the queries), streamed from the store in chunks
 (FAISS ``knn_ground_truth``), so it never holds the corpus in memory. A query's own vector is
 dropped from both result lists: real queries are not in the corpus, and keeping it would lift
 recall for free.
 
 Binary indexes are tuned the same way, as ``petal query`` searches them: Hamming candidates
 re-ranked with the float vectors (``pipeline/index/binary.py``), against exact float search; a
-binary HNSW (``BHNSW...``) on its held-out last vectors too, its efSearch.
+binary HNSW (``BHNSW...``) with its queries unlinked too, its efSearch.
 
 Settings are tried from cheapest to most expensive; the first whose recall is above the target
 with two standard errors to spare wins (so the target holds for new queries, not just these).
@@ -62,6 +62,19 @@ def exact_neighbours(queries: np.ndarray, source: StoreVectors, k: int, metric: 
     # NOTE: knn_ground_truth numbers the vectors in iteration order: that is the FAISS id order.
     _, ids = knn_ground_truth(queries, (vectors for _, vectors in source.chunks(chunk_rows)), k, metric_type)
     return ids
+
+
+GRAPH_TRUTH_EXTRA = 32  # neighbours past k + 1 that a graph's truth computes, for the other queries it drops
+
+
+def without_ids(truth: np.ndarray, dropped: np.ndarray, k: int) -> np.ndarray:
+    """``[num_queries, k]``: each row of ``truth`` without the ids in ``dropped``, in order, -1 past what is left."""
+    keep = ~np.isin(truth, dropped)
+    out = np.full((len(truth), k), -1, dtype=truth.dtype)
+    for q, (row, kept) in enumerate(zip(truth, keep)):
+        left = row[kept][:k]
+        out[q, : len(left)] = left
+    return out
 
 
 def recall_per_query(found: np.ndarray, truth: np.ndarray, self_ids: np.ndarray, k: int) -> np.ndarray:

@@ -29,6 +29,7 @@ from petal.pipeline.index.build import add_in_memory, build_on_disk
 from petal.pipeline.index.faiss_loader import load_faiss
 from petal.pipeline.index.files import IDS_FILE, INDEX_FILE, write_index
 from petal.pipeline.index.gpu import num_gpus, train
+from petal.pipeline.index.graph_holdout import queries_unlinked
 from petal.pipeline.index.plan import (
     IndexPlan,
     check_index_factory,
@@ -39,8 +40,9 @@ from petal.pipeline.index.plan import (
     make_index,
     plan_index,
 )
-from petal.pipeline.index.source import StoreVectors, split_sample, split_tail
+from petal.pipeline.index.source import StoreVectors, split_sample
 from petal.pipeline.index.tune import (
+    GRAPH_TRUTH_EXTRA,
     SINGLE_QUERY_SAMPLES,
     TUNE_K,
     Tuning,
@@ -49,6 +51,7 @@ from petal.pipeline.index.tune import (
     is_exact,
     tune,
     walks_a_graph,
+    without_ids,
 )
 from petal.pipeline.manifest import DeviceRecord, IndexRecord, PlanRecord, TuningRecord
 from petal.pipeline.reliability.errors import FAISS_WRITE_ERRORS, FlagError, PetalError
@@ -203,25 +206,17 @@ def output_codes(index: Any, plan: IndexPlan, output: OutputTransform | None) ->
     return True
 
 
-def _add_binary(index: Any, source: StoreVectors, staging: Path, rows: int, held_out: int = 0) -> str:
-    """Sign bits into ``index`` (all but the last ``held_out`` vectors: a graph's tuning queries, ``add_sign_bits``
-    adds them once it is tuned); every float vector as float16 into ``rescore.npy`` (FAISS id order)."""
+def _add_binary(index: Any, source: StoreVectors, staging: Path, rows: int) -> str:
+    """Sign bits into ``index``; the float vectors as float16 into ``rescore.npy`` (FAISS id order)."""
     # NOTE: memory-mapped at query time: rescoring reads only the candidates' rows.
     rescore = np.lib.format.open_memmap(staging / RESCORE_FILE, mode="w+", dtype=np.float16,
                                         shape=(source.total, source.dim))
     for ids, vectors in source.chunks(rows):
-        if ids[0] < source.total - held_out:
-            index.add(np.packbits(vectors[: source.total - held_out - ids[0]] >= 0, axis=1))
+        index.add(np.packbits(vectors >= 0, axis=1))
         rescore[ids[0] : ids[-1] + 1] = vectors
     rescore.flush()
     del rescore
     return "cpu"
-
-
-def add_sign_bits(index: Any, source: StoreVectors, rows: int) -> None:
-    """The sign bits of ``source``'s vectors (a ``window``) into the binary ``index``."""
-    for _, vectors in source.chunks(rows):
-        index.add(np.packbits(vectors >= 0, axis=1))
 
 
 def build_index(entries: list[StoreEntry], dim: int, settings: IndexSettings, staging: Path,
@@ -269,10 +264,7 @@ def _build_index(entries: list[StoreEntry], dim: int, settings: IndexSettings, s
     rows = chunk_rows(dim, settings)
     num_train = 0 if index.is_trained or empty else training_size(plan, dim, settings)
     num_queries = settings.tune_queries if source.total > 1 else 0
-    graph = walks_a_graph(index) and not empty
-    query_ids, train_ids = (split_tail if graph else split_sample)(source.total, num_queries, num_train, settings.seed)
-    # NOTE: a graph is tuned before its held-out last vectors (the queries) are added: they are not nodes yet
-    held_out = len(query_ids) if graph else 0
+    query_ids, train_ids = split_sample(source.total, num_queries, num_train, settings.seed)
     trained_on, train_points = None, None
 
     if not index.is_trained and not empty:
@@ -287,20 +279,16 @@ def _build_index(entries: list[StoreEntry], dim: int, settings: IndexSettings, s
 
     t0 = time.perf_counter()
     if binary:
-        added_on = _add_binary(index, source, staging, rows, held_out)
+        added_on = _add_binary(index, source, staging, rows)
     elif plan.storage == "ondisk":
         index, added_on = build_on_disk(index, source, staging, part_rows(plan, settings), rows, ngpu > 0)
     else:
-        added_on = add_in_memory(index, source.window(0, source.total - held_out), part_rows(plan, settings), rows,
-                                 ngpu > 0)
+        added_on = add_in_memory(index, source, part_rows(plan, settings), rows, ngpu > 0)
     timings["add"] = round(time.perf_counter() - t0, 3)
     device = DeviceRecord(gpus=ngpu, train=trained_on, add=added_on, train_points=train_points)
 
-    # NOTE: the rescoring rows of the vectors in the index only (a graph's held-out tail is not in it yet)
-    searched = index
-    if binary:
-        rescored = np.load(staging / RESCORE_FILE, mmap_mode="r", allow_pickle=False)[: int(index.ntotal)]
-        searched = BinaryIndex(index, rescored, settings.metric, DEFAULT_RESCORE)
+    searched = BinaryIndex(index, np.load(staging / RESCORE_FILE, mmap_mode="r", allow_pickle=False), settings.metric,
+                           DEFAULT_RESCORE) if binary else index
     tuning = None
     if len(query_ids):
         t0 = time.perf_counter()
@@ -308,19 +296,17 @@ def _build_index(entries: list[StoreEntry], dim: int, settings: IndexSettings, s
         if is_exact(searched):  # NOTE: exhaustive search: no ground truth to compute, nothing to tune
             tuning = exact_tuning(searched, queries[:SINGLE_QUERY_SAMPLES], settings.target_recall)
         else:
-            truth = exact_neighbours(queries, source.window(0, source.total - held_out), TUNE_K + 1, settings.metric,
-                                     rows)
-            tuning = tune(searched, queries, query_ids, truth, settings.target_recall)
+            graph = walks_a_graph(searched)
+            # NOTE: the queries' nodes are unlinked while a graph is tuned (graph_holdout.py), so no hit can be
+            # another query: the truth is the nearest of the other vectors
+            extra = GRAPH_TRUTH_EXTRA if graph else 0
+            truth = exact_neighbours(queries, source, TUNE_K + 1 + extra, settings.metric, rows)
+            if graph:
+                truth = without_ids(truth, query_ids, TUNE_K + 1)
+            with queries_unlinked(searched, query_ids):
+                tuning = tune(searched, queries, query_ids, truth, settings.target_recall)
         timings["tune"] = round(time.perf_counter() - t0, 3)
     del searched
-    if held_out:
-        t0 = time.perf_counter()
-        tail = source.window(source.total - held_out, source.total)
-        if binary:
-            add_sign_bits(index, tail, rows)
-        else:
-            add_in_memory(index, tail, part_rows(plan, settings), rows, ngpu > 0)
-        timings["add"] = round(timings["add"] + time.perf_counter() - t0, 3)
 
     t0 = time.perf_counter()
     if binary:
