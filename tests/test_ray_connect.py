@@ -139,3 +139,20 @@ def test_a_bad_start_timeout_is_78_before_ray_or_any_worker_starts(tmp_path, sca
     last = stderr.strip().splitlines()[-1]
     assert "PETAL_WORKER_START_TIMEOUT='abc'" in last and "Traceback" not in stderr, stderr
     assert not (tmp_path / "ray").exists() and not log.exists() and time.monotonic() - started < 15, stderr
+
+
+def test_a_local_ray_that_cannot_start_is_78_not_bad_input(tmp_path):
+    """RAY_TMPDIR so long that a local Ray's sockets cannot live there: Ray refuses with an OSError of its own (no
+    errno), which was taken for a file petal could not read: 65 'cannot read a file', bad input data. Now 78 naming
+    Ray and the setting."""
+    write_shards(tmp_path / "data", 1, 5)
+    model = make_fake_model_dir(tmp_path / "model")
+    process = _petal([str(tmp_path / "data"), "--out", str(tmp_path / "out"), "--model", str(model), "--ray"],
+                     {"PETAL_TEST_FAKE_ENGINE": str(tmp_path / "log.jsonl"), "RAY_TMPDIR": str(tmp_path / ("r" * 90))})
+    try:
+        _, stderr = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 78, stderr
+    last = stderr.strip().splitlines()[-1]
+    assert "cannot start Ray" in last and "RAY_TMPDIR" in last and "Traceback" not in stderr, stderr

@@ -111,6 +111,11 @@ def connect(scale: ScaleConfig) -> Any:
         except (ConnectionError, RuntimeError, ValueError) as exc:
             shown = where[0] if where is not None else scale.ray_address or "RAY_ADDRESS/local"
             raise TemporaryFailure(f"cannot connect to Ray at {shown}: {exc}") from exc
+        except OSError as exc:
+            if exc.errno is not None:
+                raise  # a file system's error (a full or read-only temp dir): 74/73 naming it, as petal's own
+            # NOTE: Ray's own checks of its setup (a RAY_TMPDIR too long for its sockets) say so without an errno
+            raise ConfigError(f"cannot start Ray: {exc} (RAY_TMPDIR sets where a local Ray keeps its files)") from exc
         finally:
             if threading.current_thread() is threading.main_thread():
                 for sig, handler in handlers.items():
