@@ -27,6 +27,20 @@ def _petal(args: list[str], env: dict[str, str]) -> subprocess.Popen:
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
+def _index_ends(tmp_path, flags: list[str], env: dict[str, str]) -> tuple[int, str, str]:
+    """``petal index`` of 2 small shards with the fake engine (its log: ``tmp_path/log.jsonl``) and ``flags``, run to
+    its end: ``(exit code, stderr, its last line)``."""
+    write_shards(tmp_path / "data", 2, 5)
+    model = make_fake_model_dir(tmp_path / "model")
+    process = _petal([str(tmp_path / "data"), "--out", str(tmp_path / "out"), "--model", str(model), *flags],
+                     {"PETAL_TEST_FAKE_ENGINE": str(tmp_path / "log.jsonl"), **env})
+    try:
+        _, stderr = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    return process.returncode, stderr, (stderr.strip().splitlines() or [""])[-1]
+
+
 def _closed_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -124,19 +138,11 @@ def test_sigterm_while_ray_actors_embed_is_143(tmp_path):
 def test_a_bad_start_timeout_is_78_before_ray_or_any_worker_starts(tmp_path, scale):
     """PETAL_WORKER_START_TIMEOUT=abc: 78 naming it in seconds, no local Ray started, no engine loaded. Before, --ray
     started a local Ray instance (and its actor pool's driver) first and refused the setting only then (~20 s)."""
-    write_shards(tmp_path / "data", 2, 5)
-    model = make_fake_model_dir(tmp_path / "model")
-    log = tmp_path / "log.jsonl"
     started = time.monotonic()
-    process = _petal([str(tmp_path / "data"), "--out", str(tmp_path / "out"), "--model", str(model), *scale],
-                     {"PETAL_TEST_FAKE_ENGINE": str(log), "PETAL_WORKER_START_TIMEOUT": "abc",
-                      "RAY_TMPDIR": str(tmp_path / "ray")})  # where a local Ray would put its session
-    try:
-        _, stderr = process.communicate(timeout=60)
-    finally:
-        process.kill()
-    assert process.returncode == 78, stderr
-    last = stderr.strip().splitlines()[-1]
+    code, stderr, last = _index_ends(tmp_path, scale, {"PETAL_WORKER_START_TIMEOUT": "abc",
+                                                       "RAY_TMPDIR": str(tmp_path / "ray")})  # a local Ray's files
+    log = tmp_path / "log.jsonl"
+    assert code == 78, stderr
     assert "PETAL_WORKER_START_TIMEOUT='abc'" in last and "Traceback" not in stderr, stderr
     assert not (tmp_path / "ray").exists() and not log.exists() and time.monotonic() - started < 15, stderr
 
@@ -145,14 +151,6 @@ def test_a_local_ray_that_cannot_start_is_78_not_bad_input(tmp_path):
     """RAY_TMPDIR so long that a local Ray's sockets cannot live there: Ray refuses with an OSError of its own (no
     errno), which was taken for a file petal could not read: 65 'cannot read a file', bad input data. Now 78 naming
     Ray and the setting."""
-    write_shards(tmp_path / "data", 1, 5)
-    model = make_fake_model_dir(tmp_path / "model")
-    process = _petal([str(tmp_path / "data"), "--out", str(tmp_path / "out"), "--model", str(model), "--ray"],
-                     {"PETAL_TEST_FAKE_ENGINE": str(tmp_path / "log.jsonl"), "RAY_TMPDIR": str(tmp_path / ("r" * 90))})
-    try:
-        _, stderr = process.communicate(timeout=60)
-    finally:
-        process.kill()
-    assert process.returncode == 78, stderr
-    last = stderr.strip().splitlines()[-1]
+    code, stderr, last = _index_ends(tmp_path, ["--ray"], {"RAY_TMPDIR": str(tmp_path / ("r" * 90))})
+    assert code == 78, stderr
     assert "cannot start Ray" in last and "RAY_TMPDIR" in last and "Traceback" not in stderr, stderr
