@@ -56,8 +56,8 @@ def test_an_actor_whose_engine_load_hangs_is_killed_after_the_start_timeout(loca
     """Every actor's engine load hangs (a sleep at its after_model_load point): with PETAL_WORKER_START_TIMEOUT=2 the
     driver kills each 2 s after it began loading and exits 75 naming the setting, as the local worker pool does, and
     the actors' CPUs are free again. Before, Ray waited for the constructors without a limit: the run ended only when
-    the load did (here after 40 s, exit 0; a real hung load, never)."""
-    local_ray("after_model_load:1:sleep=40")
+    the load did (here after 120 s, exit 0; a real hung load, never)."""
+    local_ray("after_model_load:1:sleep=120")
     model = make_fake_model_dir(tmp_path / "model")
     data = tmp_path / "data"
     write_shards(data, count=3, rows=5)
@@ -68,7 +68,7 @@ def test_an_actor_whose_engine_load_hangs_is_killed_after_the_start_timeout(loca
     assert result.exit_code == 75, result.output
     last = result.output.strip().splitlines()[-1]
     assert "did not load" in last and "within 2 s" in last and "PETAL_WORKER_START_TIMEOUT" in last, last
-    assert "0 of 3 shards committed" in last and took < 35, (took, last)
+    assert "0 of 3 shards committed" in last and took < 90, (took, last)  # NOTE: far from 120 on a busy machine
     deadline = time.monotonic() + 20
     while ray.available_resources().get("CPU", 0) < 2 and time.monotonic() < deadline:
         time.sleep(0.2)
