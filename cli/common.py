@@ -256,16 +256,18 @@ def stdin_lines() -> Iterator[bytes]:
 def _waited_lines(fd: int) -> Iterator[bytes]:
     """The lines of ``fd``, a file descriptor opened O_NONBLOCK (a terminal a program such as node left so, a
     parent's pipe; shared with others, so never switched back), each line with its ``\n``: waited for with
-    ``select`` until they arrive.
+    ``poll`` until they arrive (not ``select``, which refuses a descriptor over 1023).
 
     NOTE: Python's buffered reader returns ``b""`` from such a descriptor when no byte is there yet, which reading by
     lines takes for the end of the input: petal query --stdin and petal embed --stdin ended at once with 'nothing to
     query: --stdin is empty' (66) while the writer was still on its way."""
     import select
 
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
     pending = bytearray()
     while True:
-        select.select([fd], [], [])
+        poller.poll()
         try:
             chunk = os.read(fd, 1 << 16)
         except BlockingIOError:  # another reader of the same pipe took the bytes first
