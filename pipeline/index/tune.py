@@ -28,6 +28,7 @@ import numpy as np
 
 from petal.pipeline.index.binary import BinaryIndex
 from petal.pipeline.index.faiss_loader import load_faiss
+from petal.pipeline.index.graph_holdout import hnsw_graph
 from petal.pipeline.index.plan import searched_nodes
 from petal.pipeline.index.source import StoreVectors
 
@@ -138,14 +139,7 @@ def walks_a_graph(index: Any) -> bool:
     """True when ``index``'s search walks an HNSW graph over the indexed vectors themselves (HNSW over Flat, SQ or
     PQ codes; under id maps, pre-transforms, refine; a binary ``BHNSW``, bare FAISS or a ``BinaryIndex``): not an
     IVF, whose graph, if any, is over the centroids."""
-    faiss = load_faiss()
-    if isinstance(index, BinaryIndex):
-        return index.is_graph
-    if isinstance(index, faiss.IndexBinary):  # NOTE: FAISS's float helpers (try_extract_index_ivf) refuse it
-        return isinstance(index, faiss.IndexBinaryHNSW)
-    if faiss.try_extract_index_ivf(index) is not None:
-        return False
-    return any(isinstance(node, faiss.IndexHNSW) for node in searched_nodes(index))
+    return hnsw_graph(index) is not None
 
 
 def is_exact(index: Any) -> bool:
