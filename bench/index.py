@@ -26,12 +26,13 @@ import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from petal.bench.vectors import ClusteredVectors, commit_shard
+from petal.bench.vectors import ClusteredVectors, SphereVectors, commit_shard
 from petal.pipeline.config import IndexSettings
 from petal.pipeline.index.faiss_loader import load_faiss
 from petal.pipeline.store.embeddings import EmbeddingStore, StoreEntry
@@ -75,14 +76,40 @@ class PeakMemory:
         return (self.peak_kib - self.start_kib) / 1024
 
 
-def synthetic_store(root: Path, num_vectors: int, dim: int, num_shards: int, seed: int) -> list[StoreEntry]:
-    """``num_vectors`` clustered vectors as ``num_shards`` committed store entries (ids 0..n-1)."""
+DATA_KINDS = ("clustered", "sphere")
+ORDERS = ("shuffled", "by-cluster")
+
+
+def vector_source(data: str, dim: int, seed: int) -> ClusteredVectors | SphereVectors:
+    """The corpus's distribution: ``clustered`` (1024 Gaussian clusters) or ``sphere`` (uniform, no structure)."""
+    return SphereVectors(dim, seed) if data == "sphere" else ClusteredVectors(dim, seed, num_clusters=1024)
+
+
+def _taken(stream: Iterator[np.ndarray], pending: list[np.ndarray], n: int) -> Iterator[np.ndarray]:
+    """The next ``n`` rows of ``stream`` (rows drawn past them wait in ``pending`` for the next call)."""
+    while n > 0:
+        chunk = pending.pop() if pending else next(stream)
+        if len(chunk) > n:
+            pending.append(chunk[n:])
+            chunk = chunk[:n]
+        n -= len(chunk)
+        yield chunk
+
+
+def synthetic_store(root: Path, num_vectors: int, dim: int, num_shards: int, seed: int, data: str = "clustered",
+                    order: str = "shuffled") -> list[StoreEntry]:
+    """``num_vectors`` synthetic vectors as ``num_shards`` committed store entries (ids 0..n-1). ``order``
+    ``by-cluster`` draws the clusters one after another, so each shard holds a few topics (data appended by topic:
+    an index tuned on its last shard alone misjudges the rest)."""
     store = EmbeddingStore(root / "store")
     store.open()
-    source = ClusteredVectors(dim, seed, num_clusters=1024)
+    source = vector_source(data, dim, seed)
     bounds = np.linspace(0, num_vectors, num_shards + 1).astype(int)
+    stream = source.by_cluster(num_vectors) if isinstance(source, ClusteredVectors) and order == "by-cluster" \
+        else None
+    pending: list[np.ndarray] = []
     return [commit_shard(store, root / "data", f"part-{i:04d}.parquet", list(range(lo, hi)),
-                         source.chunks(hi - lo))
+                         _taken(stream, pending, hi - lo) if stream is not None else source.chunks(hi - lo))
             for i, (lo, hi) in enumerate(itertools.pairwise(bounds))]
 
 
@@ -168,8 +195,10 @@ def run_baseline(name: str, factory: str, vectors: np.ndarray, queries: np.ndarr
 
 def run_index_bench(num_vectors: int, dim: int, num_queries: int = 1000, memories: tuple[str, ...] = ("8G",),
                     target_recall: float = 0.95, num_shards: int = 10, seed: int = 0, baselines: bool = True,
-                    factory: str = "auto", workdir: Path | None = None) -> dict[str, Any]:
-    """One scenario: ``num_vectors`` x ``dim``; petal (``factory``) once per ``--index-memory`` in ``memories``."""
+                    factory: str = "auto", workdir: Path | None = None, data: str = "clustered",
+                    order: str = "shuffled") -> dict[str, Any]:
+    """One scenario: ``num_vectors`` x ``dim`` of ``data`` in ``order``; petal (``factory``) once per
+    ``--index-memory`` in ``memories``."""
     # NOTE: only what this run made is removed after it: a --workdir (or its d<dim>) that already held files
     # keeps them; the run writes into a new directory inside it (was: the whole directory removed)
     made_workdir = workdir is not None and not Path(workdir).exists()
@@ -178,7 +207,7 @@ def run_index_bench(num_vectors: int, dim: int, num_queries: int = 1000, memorie
     work = Path(tempfile.mkdtemp(prefix="petal-bench-index-", dir=workdir))
     try:
         return _index_bench(work, num_vectors, dim, num_queries, memories, target_recall, num_shards, seed,
-                            baselines, factory)
+                            baselines, factory, data, order)
     finally:
         shutil.rmtree(work, ignore_errors=True)
         if made_workdir:
@@ -187,14 +216,15 @@ def run_index_bench(num_vectors: int, dim: int, num_queries: int = 1000, memorie
 
 
 def _index_bench(work: Path, num_vectors: int, dim: int, num_queries: int, memories: tuple[str, ...],
-                 target_recall: float, num_shards: int, seed: int, baselines: bool, factory: str) -> dict[str, Any]:
+                 target_recall: float, num_shards: int, seed: int, baselines: bool, factory: str, data: str,
+                 order: str) -> dict[str, Any]:
     from petal.pipeline.config import parse_size
 
     faiss = load_faiss()
     started = time.perf_counter()
-    entries = synthetic_store(work, num_vectors, dim, num_shards, seed)
+    entries = synthetic_store(work, num_vectors, dim, num_shards, seed, data, order)
     store_s = time.perf_counter() - started
-    xq = ClusteredVectors(dim, seed, num_clusters=1024).reseeded(seed + 1).draw(num_queries)  # not in the corpus
+    xq = vector_source(data, dim, seed).reseeded(seed + 1).draw(num_queries)  # not in the corpus
     rows: list[dict[str, Any]] = []
     found: list[np.ndarray] = []
     for memory in memories:
@@ -215,7 +245,9 @@ def _index_bench(work: Path, num_vectors: int, dim: int, num_queries: int, memor
     for row, ids in zip(rows, found):
         row["recall_at_10"] = round(recall_at_10(ids, truth), 4)
     return {"scenario": "index", "vectors": num_vectors, "dim": dim, "queries": num_queries,
-            "data": "clustered (1024 Gaussian clusters, spread 0.6), unit norm, inner product",
+            "data": (f"uniform on the sphere, {num_shards} shards" if data == "sphere" else
+                     f"clustered (1024 Gaussian clusters, spread 0.6), {num_shards} shards {order}")
+            + ", unit norm, inner product",
             "target_recall_at_10": target_recall, "store_write_s": round(store_s, 1),
             "threads": faiss.omp_get_max_threads(), "cpus": os.cpu_count(), "machine": platform.processor() or
             platform.machine(), "date": time.strftime("%Y-%m-%d"), "results": rows}
@@ -224,12 +256,13 @@ def _index_bench(work: Path, num_vectors: int, dim: int, num_queries: int, memor
 def format_index_table(result: dict[str, Any]) -> str:
     lines = [f"index: {result['vectors']:,} x {result['dim']} {result['data']}; {result['queries']} fresh queries, "
              f"{result['threads']} threads, {result['date']}",
-             f"{'system':<40}{'index':<22}{'search':<14}{'build s':>9}{'recall@10':>10}{'q/s':>10}"
+             f"{'system':<40}{'index':<22}{'search':<14}{'build s':>9}{'recall@10':>10}{'tuned':>8}{'q/s':>10}"
              f"{'p50 ms':>8}{'MiB':>8}{'peak MiB':>9}"]
     for r in result["results"]:
         search = ",".join(f"{k}={v}" for k, v in r["search"].items()) or "-"
         peak = f"{r['build_peak_anon_mib']:>9.0f}" if "build_peak_anon_mib" in r else f"{'':>9}"
         factory = r["factory"] + (" disk" if r["storage"] == "ondisk" else "")
-        lines.append(f"{r['system']:<40}{factory:<22}{search:<14}{r['build_s']:>9.1f}{r['recall_at_10']:>10.4f}"
+        tuned = f"{r['tuned_recall_at_10']:>8.4f}" if r.get("tuned_recall_at_10") is not None else f"{'-':>8}"
+        lines.append(f"{r['system']:<40}{factory:<22}{search:<14}{r['build_s']:>9.1f}{r['recall_at_10']:>10.4f}{tuned}"
                      f"{r['queries_per_s']:>10,.0f}{r['single_query_ms_p50']:>8.2f}{r['index_mib']:>8.0f}{peak}")
     return "\n".join(lines)
