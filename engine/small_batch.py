@@ -43,6 +43,7 @@ from petal.engine.layers.small_attention import SMALL_ATTENTION_HEAD_DIMS
 from petal.engine.layers.tma_mlp import fits as tma_mlp_fits
 from petal.engine.layers.tma_mlp import tma_available
 from petal.engine.layers.triton_kernels import triton_available
+from petal.engine.models.families import BERT_LAYOUT
 
 TANH_GELUS = frozenset({"gelu_new", "gelu_pytorch_tanh", "gelu_fast"})  # hidden_act names of the tanh GELU
 
@@ -64,7 +65,7 @@ class SmallBatchKernels:
         """What this engine may use: CUDA, Triton, a 16-bit activation dtype, a supported head dim."""
         if device.type != "cuda" or dtype not in (torch.bfloat16, torch.float16):
             return cls(0, 0)
-        bert = model.architecture in ("bert", "xlm-roberta")
+        bert = model.architecture in BERT_LAYOUT
         gelu = config.gemm_epilogues and bert and (
             model.hidden_act in TANH_GELUS or (model.hidden_act == "gelu" and dtype == torch.bfloat16))
         qwen3_plain = model.architecture == "qwen3" and not dict(model.extra).get("attention_bias", False)

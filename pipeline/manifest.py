@@ -483,6 +483,13 @@ class EmbeddingSettings:
         """These settings as a petal that did not record the model's config wrote them (an older index's)."""
         return replace(self, model_config=None)
 
+    def named(self, architecture: str) -> EmbeddingSettings:
+        """These settings with the architecture (and its config record's) under the name an older index recorded
+        for the same model (``families.same_architecture``), so its fingerprints stay the same."""
+        config = None if self.model_config is None else \
+            tuple((k, architecture if k == "architecture" else v) for k, v in self.model_config)
+        return replace(self, architecture=architecture, model_config=config)
+
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "architecture": self.architecture, "weights_sha256": self.weights_sha256,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from petal.engine.models.families import BERT, QWEN3, XLM_ROBERTA, Family
+from petal.engine.models.families import BERT, QWEN3, ROBERTA, XLM_ROBERTA, Family
 
 if TYPE_CHECKING:
     from petal.engine.models.base import EncoderModel
@@ -26,8 +26,8 @@ MODEL_REGISTRY: dict[str, Family] = {
     "xlm-roberta": XLM_ROBERTA,
     # NOTE: RoBERTa (all-roberta-large-v1, all-distilroberta-v1) is XLM-RoBERTa's layout: the same weight names,
     # positions from pad_token_id + 1 and one token type; transformers' XLM-R modeling is a copy of RoBERTa's
-    "RobertaModel": XLM_ROBERTA,
-    "roberta": XLM_ROBERTA,
+    "RobertaModel": ROBERTA,
+    "roberta": ROBERTA,
 }
 
 

@@ -81,14 +81,33 @@ BERT = Family("bert", bert_config, encoder_causal, ("bidirectional",), "mean", "
 
 # --- XLM-RoBERTa (xlm_roberta.py): BGE-M3 dense, multilingual-e5
 
-def xlm_roberta_config(hf: dict[str, Any]) -> ModelConfig:
+def xlm_roberta_config(hf: dict[str, Any], architecture: str = "xlm-roberta") -> ModelConfig:
     """BERT's config; positions numbered from ``pad_token_id + 1`` as Hugging Face's RoBERTa does."""
-    cfg = bert_config(hf, architecture="xlm-roberta")
+    cfg = bert_config(hf, architecture=architecture)
     return replace(cfg, position_offset=config_int(hf, "pad_token_id", 1, minimum=0) + 1)
+
+
+def roberta_config(hf: dict[str, Any]) -> ModelConfig:
+    """XLM-RoBERTa's config under RoBERTa's name: the same layout (transformers' XLM-R is a copy of RoBERTa)."""
+    return xlm_roberta_config(hf, architecture="roberta")
 
 
 XLM_ROBERTA = Family("xlm-roberta", xlm_roberta_config, encoder_causal, ("bidirectional",), "mean",
                      "petal.engine.models.xlm_roberta", "XLMRobertaModel")
+# RoBERTa (all-roberta-large-v1, all-distilroberta-v1): XLM-RoBERTa's model, recorded as what it is
+ROBERTA = Family("roberta", roberta_config, encoder_causal, ("bidirectional",), "mean",
+                 "petal.engine.models.xlm_roberta", "RobertaModel")
+# the architecture name a petal before ROBERTA wrote into manifests for these models: an index that recorded it
+# holds the same vectors (``same_architecture``)
+RECORDED_BEFORE = {"roberta": "xlm-roberta"}
+# the architectures on BERT's layers (the engine's BERT-family kernels apply to each)
+BERT_LAYOUT = ("bert", "xlm-roberta", "roberta")
+
+
+def same_architecture(recorded: object, current: str) -> bool:
+    """Whether an index that recorded architecture ``recorded`` was embedded by the architecture ``current`` names
+    (equal, or the name an earlier petal recorded for it: a RoBERTa index of before ``ROBERTA`` says xlm-roberta)."""
+    return recorded == current or recorded == RECORDED_BEFORE.get(current)
 
 
 # --- Qwen3 (qwen3.py): pplx-embed-v1 (bidirectional + mean), Qwen3-Embedding (causal + last token)

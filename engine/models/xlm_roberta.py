@@ -1,4 +1,5 @@
-"""XLM-RoBERTa encoders (BGE-M3 dense, multilingual-e5): BERT layers, RoBERTa position ids.
+"""XLM-RoBERTa and RoBERTa encoders (BGE-M3 dense, multilingual-e5, all-roberta-large-v1): BERT layers, RoBERTa
+position ids.
 
 Hugging Face numbers positions from ``padding_idx + 1`` (``create_position_ids_from_input_ids``), counting
 only the tokens that are not the padding token: packed sequences have no padding, so position ``i`` of a
@@ -14,7 +15,7 @@ from typing import ClassVar
 import torch
 
 from petal.engine.models.bert import BertEmbeddings, BertModel
-from petal.engine.models.families import XLM_ROBERTA, Family
+from petal.engine.models.families import ROBERTA, XLM_ROBERTA, Family
 
 
 class XLMRobertaEmbeddings(BertEmbeddings):
@@ -33,3 +34,9 @@ class XLMRobertaModel(BertModel):
     family: ClassVar[Family] = XLM_ROBERTA
     weight_prefixes: tuple[str, ...] = ("", "roberta.", "model.")
     embeddings_class: ClassVar[type[BertEmbeddings]] = XLMRobertaEmbeddings
+
+
+class RobertaModel(XLMRobertaModel):
+    """RoBERTa (``model_type: roberta``): XLM-RoBERTa's model, recorded under its own name."""
+
+    family: ClassVar[Family] = ROBERTA

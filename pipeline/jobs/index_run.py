@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 from petal import __version__
 from petal.engine.config import DeviceName, EngineConfig
 from petal.engine.loader import ModelSpec
+from petal.engine.models.families import same_architecture
 from petal.pipeline.config import IndexJob, ReadConfig, default_token_budget
 from petal.pipeline.index.columns_file import add_stored_columns
 from petal.pipeline.index.files import IDS_FILE
@@ -157,14 +158,17 @@ def engine_config(job: IndexJob, spec: ModelSpec) -> EngineConfig:
 def embedding_settings(spec: ModelSpec, config: EngineConfig, job: IndexJob,
                        previous: Manifest | None = None) -> EmbeddingSettings:
     """Everything that shapes a shard's vectors (the store fingerprint; drift is checked on it). Updating an index
-    built before petal recorded the model's config leaves it out, as that index did (its store entries keep their
-    fingerprints); a --full rebuild or a new output records it."""
+    built before petal recorded the model's config leaves it out, as that index did, and one that recorded an older
+    name of the model's architecture (a RoBERTa index's xlm-roberta) keeps that name (its store entries keep their
+    fingerprints); a --full rebuild or a new output records them as they are."""
     settings = EmbeddingSettings.for_run(spec, config.dtype, job.read.text_column, job.read.id_column,
                                          OutputTransform.for_model(spec, job.output))
-    if previous is not None and isinstance(previous.embedding, EmbeddingSettings) \
-            and previous.embedding.model_config is None:
-        return settings.without_model_config()
-    return settings
+    if previous is None or not isinstance(previous.embedding, EmbeddingSettings):
+        return settings
+    recorded = previous.embedding.architecture
+    if recorded != settings.architecture and same_architecture(recorded, settings.architecture):
+        settings = settings.named(recorded)
+    return settings.without_model_config() if previous.embedding.model_config is None else settings
 
 
 def run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory | None = None,

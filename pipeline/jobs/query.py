@@ -24,6 +24,7 @@ import numpy as np
 from petal.engine.config import AttentionMaskName, EngineConfig, ModelOptions, pooling_mode
 from petal.engine.errors import ModelError
 from petal.engine.loader import MaxLengthError, ModelSpec, inspect_model
+from petal.engine.models.families import same_architecture
 from petal.pipeline.index.search import Hit, IndexReader
 from petal.pipeline.ingest.tokens import Encoded, TextTokenizer, tokenizer_for
 from petal.pipeline.jobs.embed import encode_texts
@@ -109,7 +110,8 @@ def config_mismatches(manifest: Manifest, spec: ModelSpec) -> list[str]:
         return []
     mine, theirs = dict(recorded), spec.config_record
     return [f"config.{k}: index {mine.get(k)!r}, model {theirs.get(k)!r}"
-            for k in sorted(set(mine) | set(theirs)) if mine.get(k) != theirs.get(k)]
+            for k in sorted(set(mine) | set(theirs)) if mine.get(k) != theirs.get(k)
+            and not (k == "architecture" and same_architecture(mine.get(k), theirs[k]))]
 
 
 def engine_config(spec: ModelSpec, device: str = "auto", dtype: str = "auto", attention: str = "auto",
