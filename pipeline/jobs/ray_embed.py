@@ -343,8 +343,10 @@ def _embed_on_ray(plan: WorkerPlan, scale: ScaleConfig, report: RunReport, stop:
     actors = min(units, scale.workers or (max(1, int(ray.cluster_resources().get("GPU", 0))) if gpu else 1))
     dataset = ray.data.from_items([{"position": i} for i in range(units)], override_num_blocks=max(1, units))
     watch = _StartWatch(ray, start_timeout_s())
+    # NOTE: a fixed pool through compute=: map_batches' concurrency= is deprecated (removed in Ray 2.64)
     results = dataset.map_batches(ShardEmbedder, fn_constructor_args=(plan, watch.starts), batch_size=1,
-                                  concurrency=actors, num_gpus=1 if gpu else 0, num_cpus=1, zero_copy_batch=True)
+                                  compute=ray.data.ActorPoolStrategy(size=actors), num_gpus=1 if gpu else 0,
+                                  num_cpus=1, zero_copy_batch=True)
     store = assembly.store
     per_actor: dict[int, dict[str, int]] = {}
     described: dict[int, dict[str, Any]] = {}  # pid -> the actor's engine, stats and load time, as last told
