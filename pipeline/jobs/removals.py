@@ -64,13 +64,16 @@ def kept_shard(record: ShardRecord, entry: StoreEntry) -> ShardInfo:
 def kept_entries(store: EmbeddingStore, records: list[ShardRecord], out: Path) -> list[StoreEntry]:
     """The committed store entries of kept shards; a missing one is a ``ConfigError`` (78), a damaged one a
     ``BadInputError`` (65) naming it, as ``petal rebuild`` says it: this run has no source to embed the shard
-    again from, so the entry is left where it is (moved out, the next run said it was missing)."""
+    again from, so the entry is left where it is (moved out, the next run said it was missing). Checked as a run with
+    nothing to publish checks its entries (``lookup(verify=False)``): only the files whose stat changed since the
+    commit (or the last full check) are hashed. NOTE: hashed whole, adding one small shard to a large store read every
+    byte of the store on top of the build, and did so again on every idle run over a part of the sources."""
     entries = []
     for record in records:
         keeps = (f"{record.path}, which the live version holds and this run keeps (additive); name it as a SOURCE "
                  "to embed it again, or pass --sync to drop what is not named")
         try:
-            entry = store.lookup(record.abs_path, record.entry, repair=False)
+            entry = store.lookup(record.abs_path, record.entry, repair=False, verify=False)
         except BadInputError as exc:
             raise BadInputError(f"{exc}: it holds the embeddings of {keeps}") from exc
         if entry is None:

@@ -17,8 +17,10 @@ entry: a rerun re-embeds exactly the shards without a committed entry.
 An entry a run would build a version from (``lookup``, a committed range) is checked against the sha256 of its files
 recorded in ``entry.json`` (``checksums``): vectors changed on disk since the commit (bit rot, a bad copy, an edit) are
 a damaged entry, embedded again (``petal rebuild``: 65 naming it), never mixed into a new version. A run with nothing
-to publish reads no entry's vectors: it hashes only the files whose stat (size, mtime, ctime, inode: ``stat``) is no
-longer the commit's (``lookup(verify=False)``). An entry of an older petal, without the record, is trusted as before.
+to publish reads no entry's vectors, nor does any run read a kept shard's (an additive run's): it hashes only the files
+whose stat (size, mtime, ctime, inode: ``stat``) is no longer the recorded one (``lookup(verify=False)``). A file hashed
+whole and found intact under a new stat (a store copied or restored) has that stat recorded, so later runs skip it
+again. An entry of an older petal, without the record, is trusted as before.
 """
 
 from __future__ import annotations
@@ -331,9 +333,11 @@ class EmbeddingStore:
             for name in ("rows.parquet", "rejects.parquet"):
                 check_regular(path / name, self.root)
                 pq.read_metadata(path / name)
-            check_checksums(path, meta, full=verify)
+            fresh = check_checksums(path, meta, full=verify)
         except (OSError, ValueError, KeyError, TypeError, pa.ArrowException, PetalError) as exc:
             raise DamagedEntry(path, exc) from exc
+        if fresh:
+            record_stat(path, meta, fresh)
         return StoreEntry(path, meta)
 
     def content_sha256(self, info: ShardInfo) -> str:
@@ -575,22 +579,49 @@ def file_stat(path: Path) -> list[int]:
     return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
 
 
-def check_checksums(path: Path, meta: dict[str, Any], full: bool = True) -> None:
+def check_checksums(path: Path, meta: dict[str, Any], full: bool = True) -> dict[str, list[int]]:
     """The entry's files at ``path`` hash to what ``entry.json`` recorded at the commit (``ValueError`` naming the
     first that does not); an entry without the record (an older petal's) is not checked. Not ``full`` (a run whose
-    entries go into no version): a file whose size, mtime, ctime and inode are still those of the commit is not read
-    (bit rot under an unchanged stat is found by the run that builds from it)."""
+    entries go into no version, a kept shard's): a file whose size, mtime, ctime and inode are still the recorded
+    ones is not read. Returns the stat of each file that was hashed whole and matched, whose stat is not the
+    recorded one (a copy, a restore: new inodes and times), unchanged while it was hashed and older than ``RACY_NS``
+    (a write in the same clock tick could change it unseen): ``_read_entry`` records it, so the next run reads only
+    what changed since this check. NOTE: without that, a store copied with ``cp -r`` was hashed in full by every
+    later run."""
     recorded = meta.get(CHECKSUMS_KEY)
     if recorded is None:
-        return
+        return {}
     if not isinstance(recorded, dict):
         raise TypeError(f"{CHECKSUMS_KEY} is not an object of file names and sha256")
     stats = meta.get(STAT_KEY)
+    known = stats if isinstance(stats, dict) else {}
+    fresh = {}
     for name in DATA_FILES:
-        if not full and isinstance(stats, dict) and stats.get(name) == file_stat(path / name):
+        before = file_stat(path / name)
+        if not full and known.get(name) == before:
             continue
+        started = time.time_ns()
         if sha256_file(path / name) != recorded.get(name):
             raise ValueError(f"{name} does not match the sha256 recorded when it was committed")
+        if known.get(name) != before and file_stat(path / name) == before and \
+                started - max(before[1], before[2]) > RACY_NS:
+            fresh[name] = before
+    return fresh
+
+
+def record_stat(path: Path, meta: dict[str, Any], fresh: dict[str, list[int]]) -> None:
+    """``entry.json`` at ``path`` rewritten (atomically) with the ``fresh`` stat of files just hashed whole and found
+    intact, its mtime kept (a worker's recovery reads it as the commit's time: ``entry_written_since``). Best effort:
+    a store petal may read but not write keeps its record, and is hashed again next time."""
+    known = meta.get(STAT_KEY)
+    meta[STAT_KEY] = {**(known if isinstance(known, dict) else {}), **fresh}
+    meta_file = path / "entry.json"
+    try:
+        st = os.stat(meta_file, follow_symlinks=False)
+        write_json_atomic(meta_file, meta)
+        os.utime(meta_file, ns=(st.st_atime_ns, st.st_mtime_ns), follow_symlinks=False)
+    except OSError:
+        return
 
 
 def _allocate(path: Path) -> None:

@@ -1,0 +1,109 @@
+"""How much of the store a run reads: its work counted (every sha256 taken of a store file), not timed.
+
+A store copied with ``cp -r`` (new inodes, times) was hashed in full by every later run with nothing to do: the stat
+the store records for each file was never brought up to date after a full check found the files intact. And an
+additive run (one new shard, the others kept) hashed every kept shard's entry in full: adding a small shard to a large
+store cost a read of the whole store on top of the build. Real Parquet, real FAISS, ``petal index --vectors-column``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from petal.cli.main import cli
+from petal.pipeline.store import embeddings
+from petal.pipeline.store.embeddings import RACY_NS
+
+DIM = 8
+
+
+def shard(data: Path, n: int) -> Path:
+    flat = np.random.default_rng(n).standard_normal((20, DIM)).astype(np.float32).ravel()
+    path = data / f"v{n}.parquet"
+    pq.write_table(pa.table({"id": np.arange(20) + 100 * n,
+                             "emb": pa.FixedSizeListArray.from_arrays(pa.array(flat), DIM)}), path)
+    return path
+
+
+@pytest.fixture
+def hashed(monkeypatch) -> list[Path]:
+    """Every store file a run hashes (``sha256_file`` as the store calls it)."""
+    seen: list[Path] = []
+    real = embeddings.sha256_file
+
+    def counting(path):
+        seen.append(Path(path))
+        return real(path)
+
+    monkeypatch.setattr(embeddings, "sha256_file", counting)
+    return seen
+
+
+def index(*argv: str) -> str:
+    result = CliRunner().invoke(cli, ["index", *argv, "-q", "--vectors-column", "emb"])
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def in_store(paths: list[Path], out: Path) -> list[Path]:
+    return [p for p in paths if (out / "store" / "shards") in p.parents]
+
+
+def settle() -> None:
+    """Wait out the racy window: a file changed this close to its hashing is never recorded as checked."""
+    time.sleep(RACY_NS / 1e9 + 0.2)
+
+
+def test_a_copied_store_is_hashed_once_then_skipped_and_a_change_is_still_caught(tmp_path, hashed):
+    data = tmp_path / "data"
+    data.mkdir()
+    for n in range(3):
+        shard(data, n)
+    index(str(data), "--out", str(tmp_path / "first"))
+    out = tmp_path / "out"
+    shutil.copytree(tmp_path / "first", out)  # cp -r: new inodes, times
+    settle()
+    hashed.clear()
+    assert "nothing-to-do" in index(str(data), "--out", str(out))
+    assert len(in_store(hashed, out)) == 9  # the copy: every file of the 3 entries checked once
+    for _ in range(2):
+        hashed.clear()
+        assert "nothing-to-do" in index(str(data), "--out", str(out))
+        assert in_store(hashed, out) == []  # checked, recorded: skipped again
+    (vectors,) = [p for p in (out / "store" / "shards").glob("*/*/embeddings.npy")
+                  if "v1" in (p.parent / "entry.json").read_text()]
+    array = np.load(vectors, mmap_mode="r+")
+    array[0, 0] += 1.0  # an edit through the file system (new mtime/ctime)
+    array.flush()
+    del array
+    hashed.clear()
+    result = CliRunner().invoke(cli, ["index", str(data), "--out", str(out), "-q", "--vectors-column", "emb"])
+    assert result.exit_code == 0, result.output
+    assert "damaged" in result.output and str(vectors.parent) in result.output
+    assert vectors.parent / "embeddings.npy" in hashed
+
+
+def test_an_additive_run_does_not_hash_the_kept_entries(tmp_path, hashed):
+    data = tmp_path / "data"
+    data.mkdir()
+    kept = [shard(data, n) for n in range(4)]
+    out = tmp_path / "out"
+    index(*map(str, kept), "--out", str(out))
+    settle()
+    new = tmp_path / "new"
+    new.mkdir()
+    added = shard(new, 9)
+    hashed.clear()
+    output = index(str(added), "--out", str(out))
+    assert "success" in output
+    assert in_store(hashed, out) == []  # the new shard's entry is hashed as it is written (in store/tmp), no other
+    assert any(p.name == "embeddings.npy" for p in hashed)  # (the counter sees the store's hashing)
+    assert len(list((out / "store" / "shards").glob("*/*/entry.json"))) == 5
