@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import hmac
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, TypeVar
@@ -132,6 +133,35 @@ def require_json(request: Request) -> None:
             "curl --json)") if media == "application/x-www-form-urlencoded" else ""
     raise RequestError(415, f"the body is declared as Content-Type {quote_text(declared, 80)}; this route takes JSON: "
                             f"send 'Content-Type: application/json'{hint}", headers={"Accept-Post": "application/json"})
+
+
+# RFC 9112 §3.2, RFC 3986 §3.2.2: Host is uri-host [":" port]: an IP literal in brackets, or a reg-name (maybe empty)
+HOST_VALUE = re.compile(rb"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9\-._~!$&'()*+,;=%]*)(?::[0-9]*)?")
+
+
+def refused_head(scope: Scope) -> tuple[int, str, str] | None:
+    """``(status, message, kind)`` for a request head the server refuses whatever its route, else ``None``: 505 for an
+    HTTP major version other than 1 (RFC 9110 §15.6.6: ``HTTP/2.0``, ``HTTP/3.0`` or ``HTTP/0.9`` on an HTTP/1.1
+    connection was served as HTTP/1.1); 400 for an HTTP/1.1 request without a Host header, with more than one, or with
+    one that is not ``host[:port]`` (RFC 9112 §3.2: the server MUST). NOTE: HTTP/1.0 needs no Host; an HTTP/1.x of a
+    higher minor (1.2) is served as 1.1 (RFC 9110 §2.5)."""
+    version = scope.get("http_version", "1.1")
+    if not version.startswith("1."):
+        return (505, f"HTTP/{version} is not supported: this server speaks HTTP/1.1 (and HTTP/1.0) on this port; "
+                     "send the request as HTTP/1.1", "http_version_not_supported")
+    hosts = [value for name, value in scope["headers"] if name == b"host"]
+    if len(hosts) > 1:
+        return (400, f"the request has {len(hosts)} Host headers: send exactly one (RFC 9112 §3.2)",
+                "invalid_request_error")
+    if not hosts:
+        if version == "1.0":
+            return None
+        return (400, f"an HTTP/{version} request must carry a Host header (RFC 9112 §3.2): add 'Host: HOST[:PORT]'",
+                "invalid_request_error")
+    if HOST_VALUE.fullmatch(hosts[0]) is None:
+        return (400, f"the Host header {quote_text(hosts[0].decode('latin-1'), 80)} is not HOST[:PORT] "
+                     "(RFC 9112 §3.2)", "invalid_request_error")
+    return None
 
 
 class ClientGone(Exception):
@@ -475,6 +505,13 @@ def build_app(startup: Startup | ServeState) -> ASGIApp:
         The handlers answer every error themselves, so Starlette's middleware and router (for these two
         routes: error pages they never raise, matching every route) only cost time: about a tenth of the
         event loop's CPU of a lone request."""
+        if scope["type"] == "http" and (refused := refused_head(scope)) is not None:
+            # NOTE: the connection is closed after it (an unknown version's framing, a request no one addressed)
+            status, message, kind = refused
+            response = finish(option_label(scope["path"]), _error(status, message, kind, {"Connection": "close"}),
+                              time.perf_counter())
+            await response(scope, receive, send)
+            return
         if scope["type"] == "http" and not scope.get("root_path"):
             method = scope["method"]
             handle = (posts.get(scope["path"]) if method == "POST"

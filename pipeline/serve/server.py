@@ -164,7 +164,10 @@ def http_protocol(metrics: ServeMetrics, header_timeout_s: float = 30.0,
                 This one reads them on (lenient_keep_alive), to count each (``on_headers_complete``), never to serve
                 it (RFC 9112 §9.6)."""
                 parser = httptools.HttpRequestParser(self)
-                parser.set_dangerous_leniencies(lenient_data_after_close=True, lenient_keep_alive=True)
+                # NOTE: lenient_version: any HTTP/D.D reaches the app, which answers an unsupported version 505
+                # (``refused_head``); llhttp refused 1.2 or 3.0 as malformed (400) and served 2.0 or 0.9 as HTTP/1.1
+                parser.set_dangerous_leniencies(lenient_data_after_close=True, lenient_keep_alive=True,
+                                                lenient_version=True)
                 return parser
 
             def _start_asgi_task(self, cycle: Any, app: Any) -> None:

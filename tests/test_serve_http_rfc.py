@@ -1,0 +1,78 @@
+"""``petal serve`` against RFC 9110 / 9112 at the request head, probed with raw sockets on loopback.
+
+HTTP versions: a request line of ``HTTP/2.0``, ``HTTP/3.0``, ``HTTP/0.9`` (or the bare ``GET /path`` of HTTP/0.9) was
+served as HTTP/1.1, or refused as malformed (400: ``HTTP/3.0``, ``HTTP/9.9``); an HTTP major version other than 1 is
+now 505 (RFC 9110 §15.6.6), and a higher minor of 1 (``HTTP/1.2``, which was a 400) is served as HTTP/1.1 (RFC 9110
+§2.5). Host: an HTTP/1.1 request without one, with two, or with one that is not ``host[:port]`` was served; it is now
+400 (RFC 9112 §3.2: the server MUST). Each such answer closes the connection, is counted by its route, and the server
+serves on.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests._serve_shared import default_server
+from tests.test_serve_http_conformance import counted_since, counts, exchange, post, statuses
+
+
+@pytest.fixture(scope="module")
+def server(request, tmp_path_factory):
+    return default_server(request, tmp_path_factory)
+
+
+def answer_of(raw: bytes) -> tuple[int, dict[str, str], dict]:
+    """Status, headers and JSON body of the one answer in ``raw``."""
+    head, _, body = raw.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    assert lines[0].startswith("HTTP/1.1 "), raw[:300]
+    headers = {name.strip().lower(): value.strip() for name, _, value in (line.partition(":") for line in lines[1:])}
+    return int(lines[0].split()[1]), headers, json.loads(body) if body else {}
+
+
+def test_http_versions_other_than_1_are_505_and_higher_minors_are_served(server):
+    before = counts(server)
+    for version in ("2.0", "3.0", "0.9", "9.9"):
+        status, headers, body = answer_of(exchange(server, f"GET /health HTTP/{version}\r\nHost: x\r\n\r\n".encode()))
+        assert status == 505 and headers["connection"] == "close", (version, status, body)
+        assert body["error"]["code"] == 505 and f"HTTP/{version} is not supported" in body["error"]["message"], body
+    # HTTP/0.9's request line has no version at all; a POST with its body, as HTTP/2.0
+    assert answer_of(exchange(server, b"GET /ready\r\n\r\n"))[0] == 505
+    assert answer_of(exchange(server, post("/search", {"query": "ice", "k": 1}).replace(b"HTTP/1.1", b"HTTP/2.0")))[0] \
+        == 505
+    # a higher minor of HTTP/1 is HTTP/1.1 (was a 400 "not valid HTTP/1.1"), kept alive; 1.0 as before
+    raw = exchange(server, b"GET /health HTTP/1.2\r\nHost: x\r\n\r\nGET /health HTTP/1.0\r\n\r\n")
+    assert statuses(raw) == [200, 200] and raw.count(b'{"status":"ok"}') == 2, raw
+    assert counted_since(server, before) == {"/health 505": 4, "/ready 505": 1, "/search 505": 1, "/health 200": 2}
+
+
+@pytest.mark.parametrize("head, said", [
+    (b"GET /health HTTP/1.1\r\n", "must carry a Host header"),
+    (b"GET /health HTTP/1.1\r\nHost: a\r\nHost: a\r\n", "2 Host headers"),
+    (b"GET /health HTTP/1.1\r\nHost: a\r\nX: y\r\nhOsT: b:80\r\n", "2 Host headers"),
+    (b"GET /health HTTP/1.1\r\nHost: a, b\r\n", "is not HOST[:PORT]"),
+    (b"GET /health HTTP/1.1\r\nHost: a/b\r\n", "is not HOST[:PORT]"),
+    (b"GET /health HTTP/1.1\r\nHost: a:b\r\n", "is not HOST[:PORT]"),
+    (b"GET http://a.example/health HTTP/1.1\r\n", "must carry a Host header"),
+])
+def test_a_missing_repeated_or_malformed_host_is_400_and_the_server_serves_on(server, head, said):
+    before = counts(server)
+    # pipelined behind it, a valid request: never served (the 400 closes the connection), counted 444
+    raw = exchange(server, head + b"\r\n" + b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    status, headers, body = answer_of(raw)
+    assert status == 400 and headers["connection"] == "close" and said in body["error"]["message"], raw
+    assert statuses(raw) == [400], raw
+    assert counted_since(server, before) == {"/health 400": 1, "/health 444": 1}
+    assert server.client.get("/health").status_code == 200
+
+
+def test_hosts_that_are_valid_are_served(server):
+    for host in (b"x", b"127.0.0.1:8080", b"[::1]:80", b"my-host.example.com", b""):
+        raw = exchange(server, b"GET /health HTTP/1.1\r\nHost: " + host + b"\r\nConnection: close\r\n\r\n")
+        assert answer_of(raw)[0] == 200, (host, raw)
+    # HTTP/1.0 needs no Host; a POST with its body through the check
+    assert answer_of(exchange(server, b"GET /health HTTP/1.0\r\n\r\n"))[0] == 200
+    status, _, body = answer_of(exchange(server, post("/search", {"query": "ice", "k": 1}, "Connection: close\r\n")))
+    assert status == 200 and body["results"][0]["hits"], body
