@@ -24,6 +24,10 @@ from petal.engine.weight_files import PICKLE_WEIGHT_NAMES, ModelFileError, model
 POOLING_FLAGS = {"pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mean", "pooling_mode_lasttoken": "last"}
 UNSUPPORTED_POOLING_FLAGS = ("pooling_mode_max_tokens", "pooling_mode_mean_sqrt_len_tokens",
                              "pooling_mode_weightedmean_tokens")
+# sentence-transformers 5+'s ``pooling_mode`` (one name, or a list of them concatenated) -> petal's modes
+POOLING_MODE_NAMES = {"cls": "cls", "mean": "mean", "lasttoken": "last"}
+# where sentence-transformers' Dense and Normalize read and write by default: the pooled vector petal transforms
+SENTENCE_EMBEDDING = "sentence_embedding"
 DOCUMENT_PROMPT_NAMES = ("document", "passage", "corpus")  # sentence-transformers' encode_document order
 
 
@@ -185,6 +189,8 @@ def _modules(model_dir: Path, modules: list[dict[str, Any]]) -> dict[str, Any]:
             if pickled:
                 pickle_dense.append(config.weight_file)
         elif kind == "Normalize":
+            _on_sentence_embedding(folder / "config.json", read_json(folder / "config.json")
+                                   if model_file(folder / "config.json") else {})
             out["normalize"] = True
         elif kind == "FlexibleQuantizer":
             out["int8_scheme"] = "tanh"
@@ -201,8 +207,11 @@ def _pooling(folder: Path) -> tuple[str, bool]:
     path = folder / "config.json"
     config = read_json(path)
     with in_file(path):
-        flags = {key: config_bool(config, key, False) for key in (*POOLING_FLAGS, *UNSUPPORTED_POOLING_FLAGS)}
         include_prompt = config_bool(config, "include_prompt", True)
+    if config.get("pooling_mode") is not None:  # NOTE: sentence-transformers 5+; it drops the old flags then
+        return _pooling_mode(path, config["pooling_mode"]), include_prompt
+    with in_file(path):
+        flags = {key: config_bool(config, key, False) for key in (*POOLING_FLAGS, *UNSUPPORTED_POOLING_FLAGS)}
     modes = [mode for key, mode in POOLING_FLAGS.items() if flags[key]]
     others = [key for key in UNSUPPORTED_POOLING_FLAGS if flags[key]]
     if others or len(modes) != 1:
@@ -212,10 +221,37 @@ def _pooling(folder: Path) -> tuple[str, bool]:
     return modes[0], include_prompt
 
 
+def _pooling_mode(path: Path, given: Any) -> str:
+    """petal's pooling mode for sentence-transformers' ``pooling_mode``: one name, or a list of one."""
+    names = [given] if isinstance(given, str) else given
+    if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
+        raise StFilesError(f"{path}: pooling_mode {given!r} is {json_kind(given)}, not a name or a list of names")
+    if len(names) != 1 or names[0] not in POOLING_MODE_NAMES:
+        raise StFilesError(f"{path} asks for pooling_mode {given!r}; petal supports exactly one of "
+                           f"{', '.join(repr(n) for n in POOLING_MODE_NAMES)}")
+    return POOLING_MODE_NAMES[names[0]]
+
+
+def _on_sentence_embedding(path: Path, config: dict[str, Any]) -> None:
+    """Refuse a Dense or Normalize module that does not turn the pooled vector into the pooled vector, as petal
+    applies it (sentence-transformers' ``module_input_name`` / ``module_output_name``: ``token_embeddings`` in,
+    or its output kept under another name while the embedding goes on unchanged)."""
+    with in_file(path):
+        source = config_str(config, "module_input_name", SENTENCE_EMBEDDING)
+        target = config_str(config, "module_output_name", source)
+    if (source, target) != (SENTENCE_EMBEDDING, SENTENCE_EMBEDDING):
+        raise StFilesError(f"{path}: module_input_name {source!r}, module_output_name {target!r}; petal applies "
+                           f"this module only from and to {SENTENCE_EMBEDDING!r} (the pooled vector)")
+
+
 def _dense(folder: Path) -> tuple[DenseConfig, bool]:
     config = read_json(folder / "config.json")
+    _on_sentence_embedding(folder / "config.json", config)
     with in_file(folder / "config.json"):
         name = config_str(config, "activation_function", "") or "torch.nn.modules.linear.Identity"
+        if config_bool(config, "use_residual", False):
+            raise ValueError("use_residual is true: the layer adds its input (or a projection of it) to its "
+                             "output, which petal does not apply")
     if name not in DENSE_ACTIVATIONS:
         raise StFilesError(f"{folder / 'config.json'}: activation {name!r} is not supported "
                            f"(known: {', '.join(sorted(DENSE_ACTIVATIONS))})")

@@ -1,0 +1,86 @@
+"""Model directories as the installed sentence-transformers saves them (5+: ``1_Pooling/config.json`` says
+``"pooling_mode": "mean"`` where older releases wrote ``pooling_mode_mean_tokens`` flags; Dense and Normalize say
+where they read and write, ``module_input_name`` / ``module_output_name``, and a Dense may add its input,
+``use_residual``). What petal applies embeds as sentence-transformers does (API and ``petal embed``); what it cannot
+apply is refused naming the file and the key (ConfigError, exit 78), never ignored.
+
+A random 2-layer BERT (``tiny_bert_dir``) under real sentence-transformers modules, saved by sentence-transformers.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+import petal
+from petal.cli.main import cli
+from tests.tiny_models import TEXTS
+
+
+def st_save(path: Path, bert: Path, pooling: str | list[str], dense: dict | None = None,
+            normalize: dict | None = None) -> Path:
+    """``bert`` under Pooling, a Dense 64 -> 16 (tanh; ``dense``: its other arguments) and Normalize, saved by
+    sentence-transformers to ``path``."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Dense, Normalize, Pooling, Transformer
+
+    torch.manual_seed(1)
+    modules = [Transformer(str(bert)), Pooling(64, pooling),
+               Dense(64, 16, activation_function=torch.nn.Tanh(), **(dense or {})), Normalize(**(normalize or {}))]
+    SentenceTransformer(modules=modules, device="cpu").save(str(path))
+    return path
+
+
+def st_vectors(path: Path, texts: list[str]) -> np.ndarray:
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(str(path), device="cpu").encode(texts, convert_to_numpy=True)
+
+
+@pytest.mark.parametrize("pooling", ["mean", "cls", ["mean"]])
+def test_a_model_saved_with_pooling_mode_embeds_as_sentence_transformers_does(tmp_path, tiny_bert_dir, pooling):
+    path = st_save(tmp_path / "st", tiny_bert_dir, pooling)
+    assert "pooling_mode" in json.loads((path / "1_Pooling" / "config.json").read_text())
+    reference = st_vectors(path, TEXTS)
+    with petal.Embedder(str(path), device="cpu") as embedder:
+        np.testing.assert_allclose(embedder.encode(TEXTS), reference, atol=2e-5)
+    result = CliRunner().invoke(cli, ["embed", *TEXTS, "--model", str(path), "--device", "cpu",
+                                      "--output", str(tmp_path / "v.npy")])
+    assert result.exit_code == 0, result.output
+    np.testing.assert_allclose(np.load(tmp_path / "v.npy"), reference, atol=2e-5)
+
+
+@pytest.mark.parametrize("pooling", ["max", "weightedmean", ["mean", "cls"]])
+def test_a_pooling_mode_petal_does_not_run_is_refused_naming_it(tmp_path, tiny_bert_dir, pooling):
+    path = st_save(tmp_path / "st", tiny_bert_dir, pooling)
+    with pytest.raises(petal.ConfigError, match=r"1_Pooling/config.json asks for pooling_mode .*'cls', 'mean'"):
+        petal.Embedder(str(path), device="cpu")
+
+
+@pytest.mark.parametrize(("module", "arguments", "key"), [
+    ("Dense", {"use_residual": True}, "use_residual is true"),
+    ("Dense", {"module_output_name": "projected"}, "module_output_name 'projected'"),
+    ("Dense", {"module_input_name": "token_embeddings", "module_output_name": "sentence_embedding"},
+     "module_input_name 'token_embeddings'"),
+    ("Normalize", {"module_output_name": "normalized"}, "module_output_name 'normalized'"),
+])
+def test_a_module_petal_cannot_apply_as_saved_is_refused_naming_the_key(tmp_path, tiny_bert_dir, module, arguments,
+                                                                        key):
+    """sentence-transformers applies these otherwise than to the pooled vector (a residual added; the output kept
+    under another name, the embedding left as it was): petal refused none and applied a plain layer."""
+    path = st_save(tmp_path / "st", tiny_bert_dir, "mean", **{module.lower(): arguments})
+    # the Pooling flags of older releases, so only the module's keys are new here
+    (path / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 64,
+                                                                "pooling_mode_mean_tokens": True}))
+    folder = "2_Dense" if module == "Dense" else "3_Normalize"
+    assert (path / folder / "config.json").is_file()
+    with pytest.raises(petal.ConfigError, match=f"{folder}/config.json: .*{key}"):
+        petal.Embedder(str(path), device="cpu")
+    result = CliRunner().invoke(cli, ["embed", "a text", "--model", str(path), "--device", "cpu"])
+    assert result.exit_code == 78, result.output
+    assert key in result.output and "Traceback" not in result.output
