@@ -385,7 +385,7 @@ def test_the_two_post_routes_taken_straight_keep_every_answer(served):
         assert slash.status_code == 404 and f"did you mean {path!r}?" in slash.json()["error"]["message"]
         assert c.request("HEAD", path, headers=AUTH).status_code == 405
     metrics = c.get("/metrics").text
-    assert re.search(r'^petal_request_seconds_count\{route="/v1/embeddings"\} [1-9]', metrics, re.M)
+    assert re.search(r'^petal_request_seconds_count\{route="/v1/embeddings",status="200"\} [1-9]', metrics, re.M)
     assert 'petal_requests_total{route="/search",status="401"}' in metrics
 
 

@@ -11,11 +11,13 @@ serves on.
 from __future__ import annotations
 
 import json
+import re
+import time
 
 import pytest
 
 from tests._serve_shared import default_server
-from tests.test_serve_http_conformance import counted_since, counts, exchange, post, statuses
+from tests.test_serve_http_conformance import connect, counted_since, counts, exchange, get, post, statuses
 
 
 @pytest.fixture(scope="module")
@@ -76,3 +78,38 @@ def test_hosts_that_are_valid_are_served(server):
     assert answer_of(exchange(server, b"GET /health HTTP/1.0\r\n\r\n"))[0] == 200
     status, _, body = answer_of(exchange(server, post("/search", {"query": "ice", "k": 1}, "Connection: close\r\n")))
     assert status == 200 and body["results"][0]["hits"], body
+
+
+def series(server) -> tuple[dict[str, float], dict[str, float]]:
+    """``petal_requests_total`` and ``petal_request_seconds_count`` by "route status"."""
+    text = server.client.get("/metrics").text
+    found = []
+    for name in ("petal_requests_total", "petal_request_seconds_count"):
+        found.append({f"{route} {status}": float(value) for route, status, value in
+                      re.findall(rf'^{name}\{{route="(.*?)",status="(\d+)"\}} (\S+)$', text, re.M)})
+    return found[0], found[1]
+
+
+def test_every_request_counted_has_its_latency_under_the_same_route_and_status(server):
+    """A request the HTTP layer answers or drops itself (the parser's 400, a 431, a 444 behind a closing answer, a 499
+    never started) was counted in petal_requests_total with no petal_request_seconds at all (and that histogram had no
+    status): the two now agree by route and status, whatever answered."""
+    search = post("/search", {"query": "how do glaciers move", "k": 1})
+    closing = post("/search", {"query": "ice", "k": 1}, "Connection: close\r\n")
+    exchange(server, closing + get("/health") + post("/v1/embeddings", {"input": "x"}) + b"BLAH\x01 /\r\n\r\n")  # 444s
+    exchange(server, search + b"POST /search HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n")  # the parser's 400
+    exchange(server, search + b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (100 << 10) + b"\r\n\r\n")  # 431
+    exchange(server, get("/health", "2.0") + get("/nope") + get("/v1/models/x"))  # 505, then 444s
+    with connect(server) as sock:  # requests pipelined behind a running search, the client gone: 499 (or answered)
+        sock.sendall(search * 3 + get("/ready"))
+    exchange(server, get("/nope").replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n"))  # the app's own 404
+    requests, seconds = series(server)
+    for status in ("444", "400", "431", "505", "404", "200"):
+        assert any(key.endswith(" " + status) for key in seconds), (status, seconds)
+    deadline = time.monotonic() + 30  # the 499s are counted as their connection's loss is seen
+    while requests != seconds and time.monotonic() < deadline:
+        time.sleep(0.05)
+        requests, seconds = series(server)
+    assert requests == seconds
+    assert requests["/health 444"] >= 1 and requests["unmatched 400"] >= 1 and requests["unmatched 431"] >= 1
+

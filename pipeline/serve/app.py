@@ -317,20 +317,12 @@ def build_app(startup: Startup | ServeState) -> ASGIApp:
         given = token.strip().encode("latin-1") if scheme.lower() == "bearer" else b""
         return hmac.compare_digest(given, key)  # NOTE: constant time, whatever the length of `given`
 
-    counted: dict[tuple[str, int], tuple[Any, Any]] = {}  # (route, status) -> its labelled metrics
-
     def finish(route: str, response: Response, started: float, spans: dict[str, float] | None = None) -> Response:
         elapsed = time.perf_counter() - started
         if spans:
             spans["app"] = elapsed
             response.headers["server-timing"] = timing_header(spans)
-        children = counted.get((route, response.status_code))
-        if children is None:  # NOTE: routes and statuses are a few fixed labels (never a request's path)
-            children = counted[route, response.status_code] = (
-                metrics.requests.labels(route=route, status=str(response.status_code)),
-                metrics.request_seconds.labels(route=route))
-        children[0].inc()
-        children[1].observe(elapsed)
+        metrics.count(route, response.status_code, elapsed)
         return response
 
     def cut_off() -> Response:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -18,8 +19,10 @@ class ServeMetrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
         self.requests = Counter("petal_requests", "HTTP requests by route and status", ["route", "status"], registry=r)
-        self.request_seconds = Histogram("petal_request_seconds", "Request latency (body read to response)",
-                                         ["route"], buckets=LATENCY_BUCKETS_S, registry=r)
+        self.request_seconds = Histogram("petal_request_seconds", "Request latency by route and status (handler start "
+                                         "to answer; a request the HTTP layer answers or drops itself: from its first "
+                                         "byte)", ["route", "status"], buckets=LATENCY_BUCKETS_S, registry=r)
+        self._counted: dict[tuple[str, int], tuple[Any, Any]] = {}  # (route, status) -> its labelled children
         self.queue_seconds = Histogram("petal_queue_seconds", "Time a text waited for its engine step",
                                        buckets=LATENCY_BUCKETS_S, registry=r)
         self.batch_tokens = Histogram("petal_batch_tokens", "Tokens per engine step", buckets=TOKEN_BUCKETS,
@@ -49,6 +52,19 @@ class ServeMetrics:
         self._swap = threading.Lock()
         gc_clock.install()  # NOTE: the process's collections (one hook however many servers)
         r.register(gc_clock.GcCollector())
+
+    def count(self, route: str, status: int, seconds: float) -> None:
+        """One request, answered or not (444, 499), counted in ``petal_requests_total`` and its time observed in
+        ``petal_request_seconds`` under the same route and status. NOTE: every request is counted here, so the two
+        agree by route and status; before, what the HTTP layer answered or dropped itself (a parser's 400, a 431, a
+        444 behind a closing answer) was counted with no latency at all. Routes and statuses are a few fixed labels."""
+        children = self._counted.get((route, status))
+        if children is None:
+            children = self._counted[route, status] = (
+                self.requests.labels(route=route, status=str(status)),
+                self.request_seconds.labels(route=route, status=str(status)))
+        children[0].inc()
+        children[1].observe(seconds)
 
     def serving(self, version: str, vectors: int) -> None:
         """``version`` (of ``vectors`` vectors) is served now: a refusal before it is over."""

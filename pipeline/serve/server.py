@@ -11,6 +11,7 @@ import socket
 import struct
 import sys
 import threading
+import time
 import urllib.parse
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -70,6 +71,7 @@ class DrainingServer(uvicorn.Server):
 # it the server read and discarded a body of any size to keep the connection; a close at once instead resets a
 # connection with unread bytes (RST), and a client still sending (httpx, requests) may see the reset, not the answer.
 LINGER_BYTES = 1 << 20
+HEAD_STARTED = "petal.head_started"  # a scope key: when the request's first byte was read (perf_counter)
 LINGER_S = 1.0
 
 NOT_HTTP = ("the request is not valid HTTP/1.1 (a malformed request line, header, Content-Length or chunked body); "
@@ -125,9 +127,15 @@ def http_protocol(metrics: ServeMetrics, header_timeout_s: float = 30.0,
     connection's send buffer is full, the connection is aborted if the client takes nothing for ``send_timeout_s``
     (``--send-timeout-s``); before, its request held the whole answer (tens of MB for 256 queries of k 1000 with
     text) and the connection for ever."""
-    counter = metrics.requests.labels(route=UNMATCHED, status="400")
-
     class JsonErrorProtocol(AutoHTTPProtocol):  # type: ignore[valid-type,misc]  # httptools' or h11's, at import
+        _head_started: float | None = None  # when the request being read began (its first byte), for its latency
+
+        def _count(self, route: str, status: int, started: float | None = None) -> None:
+            """A request the HTTP layer answers or drops itself, counted as the app counts its own
+            (``ServeMetrics.count``), its time from its first byte (``started``, else the request being read's)."""
+            started = self._head_started if started is None else started
+            metrics.count(route, status, 0.0 if started is None else time.perf_counter() - started)
+
         if issubclass(AutoHTTPProtocol, HttpToolsProtocol):  # NOTE: serve needs httptools; h11 keeps uvicorn's way
             _lingering = False
             _linger_timer: asyncio.TimerHandle | None = None
@@ -178,6 +186,7 @@ def http_protocol(metrics: ServeMetrics, header_timeout_s: float = 30.0,
                 if not self._replaying:
                     self._head_open = self._head_begun = True
                     self._head_bytes = 0
+                    self._head_started = time.perf_counter()
                     self._stop_head_timer()
                     self._head_timer = self.loop.call_later(header_timeout_s, self._head_too_slow)
                     super().on_message_begin()
@@ -218,7 +227,7 @@ def http_protocol(metrics: ServeMetrics, header_timeout_s: float = 30.0,
                     # NOTE: a request pipelined behind one whose answer closes the connection (the discarded body of a
                     # lingering close, or a request that said close): not served, counted; nothing more is read
                     self._ignored = True
-                    metrics.requests.labels(route=url_route(self.url), status=str(NOT_ANSWERED)).inc()
+                    self._count(url_route(self.url), NOT_ANSWERED)
                     if not self._lingering:
                         self.flow.pause_reading()
                 if self._lingering or self._replaying or self._ignored:
@@ -228,6 +237,7 @@ def http_protocol(metrics: ServeMetrics, header_timeout_s: float = 30.0,
                 if cycle is before:  # an upgrade: no cycle
                     return
                 cycle.transport = _LingeringClose(self.transport, self, cycle)
+                cycle.scope[HEAD_STARTED] = self._head_started
                 if cycle.keep_alive:  # NOTE: until the body has arrived, an answer says close (restored below)
                     cycle.keep_alive = False
                     self._held = cycle
@@ -392,7 +402,7 @@ def http_protocol(metrics: ServeMetrics, header_timeout_s: float = 30.0,
                 self._drop_pipelined(exc is not None or self._peer_closed)
                 if self._refusal is not None:
                     status = CLIENT_CLOSED if exc is not None or self._peer_closed else NOT_ANSWERED
-                    metrics.requests.labels(route=UNMATCHED, status=str(status)).inc()
+                    self._count(UNMATCHED, status)
                 self._stop_head_timer()
                 self._stop_send_timer()
                 if self._linger_timer is not None:
@@ -413,11 +423,11 @@ def http_protocol(metrics: ServeMetrics, header_timeout_s: float = 30.0,
                 if running is not None and not running.response_complete:
                     running.disconnected = True
                     running.message_event.set()
-                status = str(CLIENT_CLOSED if client_closed else NOT_ANSWERED)
+                status = CLIENT_CLOSED if client_closed else NOT_ANSWERED
                 while self.pipeline:
                     cycle, _ = self.pipeline.pop()
                     cycle.disconnected = True
-                    metrics.requests.labels(route=route_label(cycle.scope["path"]), status=status).inc()
+                    self._count(route_label(cycle.scope["path"]), status, cycle.scope.get(HEAD_STARTED))
 
             def shutdown(self) -> None:
                 self._stopping = True
@@ -443,7 +453,7 @@ def http_protocol(metrics: ServeMetrics, header_timeout_s: float = 30.0,
                 self._head_open = False
                 self.logger.warning("Request head refused: %d %s.", status, reason.decode())
                 self.transport.write(raw_error(status, reason, message, self.server_state.default_headers))
-                metrics.requests.labels(route=UNMATCHED, status=str(status)).inc()
+                self._count(UNMATCHED, status)
                 self.url = b""
                 self.headers: list[tuple[bytes, bytes]] = []
                 self.parser = self._new_parser()  # NOTE: drops the part of the head it held
@@ -497,7 +507,7 @@ def http_protocol(metrics: ServeMetrics, header_timeout_s: float = 30.0,
             # NOTE: raw bytes for both parsers (h11's state does not matter: the connection closes right after)
             self.transport.write(raw_error(400, b"Bad Request", NOT_HTTP, self.server_state.default_headers))
             self.transport.close()
-            counter.inc()
+            self._count(UNMATCHED, 400)
 
     return JsonErrorProtocol
 
