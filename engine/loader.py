@@ -190,6 +190,18 @@ def _read_json(path: Path) -> dict[str, Any]:
     return value
 
 
+SLOW_TOKENIZER_FILES = ("vocab.txt", "sentencepiece.bpe.model", "spiece.model", "tokenizer.model", "vocab.json")
+
+
+def _slow_hint(model_dir: Path) -> str:
+    """How to make the ``tokenizer.json`` a directory with only a slow tokenizer's files lacks ("" without any)."""
+    found = [name for name in SLOW_TOKENIZER_FILES if _present(model_dir / name)]
+    if not found:
+        return ""
+    return (f"; it has {', '.join(found)}, a slow tokenizer's: write tokenizer.json beside it with transformers, "
+            f"AutoTokenizer.from_pretrained({str(model_dir)!r}).save_pretrained({str(model_dir)!r})")
+
+
 def _present(path: Path) -> bool:
     """Whether a file of the model directory is there (``model_file``): one there that is no file (a directory, a
     FIFO, a broken link) is a ``ModelError`` naming it, never taken for absent."""
@@ -231,7 +243,8 @@ def inspect_model(
     weight_files, weights_format = _weight_files(model_dir, st, options)
     tokenizer_file = model_dir / "tokenizer.json"
     if not _present(tokenizer_file):
-        raise ModelError(f"{model_dir} has no tokenizer.json (a fast tokenizer file is required)")
+        raise ModelError(f"{model_dir} has no tokenizer.json (a fast tokenizer file is required)"
+                         f"{_slow_hint(model_dir)}")
     # NOTE: a file petal may not read is its PermissionError naming it (66), before a library reads it as damaged
     check_readable([tokenizer_file, *weight_files, *(layer.weight_file for layer in st.dense), *st.pickle_dense])
 

@@ -228,3 +228,32 @@ def test_petal_index_refuses_a_tokenizer_it_cannot_use(minilm_dir, tmp_path, tok
     assert "Traceback" not in run.stderr and "tokenizer.json" in run.stderr.strip().splitlines()[-1]
     assert json.loads(report.read_text())["exit_code"] == 78
     assert not (out / "CURRENT").exists()
+
+
+def test_a_directory_with_vocab_txt_and_no_tokenizer_json_says_how_to_write_one(minilm_dir, tmp_path):
+    """A BERT saved with a slow tokenizer only (vocab.txt): refused (petal tokenizes with tokenizer.json), saying
+    which file it has and how to write tokenizer.json; following that gives the packaged model's vectors."""
+    from transformers import AutoTokenizer
+
+    model = copy_model(minilm_dir, tmp_path / "slow")
+    (model / "tokenizer.json").unlink()
+    message = refused(model, "no tokenizer.json", "it has vocab.txt",
+                      f"AutoTokenizer.from_pretrained({str(model)!r}).save_pretrained({str(model)!r})")
+    result = petal_embed("glaciers", "--model", str(model))
+    assert result.rc == 78 and "save_pretrained" in result.last_line, result.stderr
+    AutoTokenizer.from_pretrained(str(model)).save_pretrained(str(model))
+    with petal.Embedder(str(model), "cpu") as slow, petal.Embedder(device="cpu") as packaged:
+        assert slow.encode(TEXTS_FEW).tolist() == packaged.encode(TEXTS_FEW).tolist()
+    assert message.count("vocab.txt") == 1
+
+
+def test_tokenizer_json_only_and_config_keys_petal_does_not_read_embed_as_the_packaged_model(minilm_dir, tmp_path):
+    model = copy_model(minilm_dir, tmp_path / "fast")
+    (model / "vocab.txt").unlink()
+    edit_json(model / "config.json", lambda c: c.update(
+        id2label={"0": "a"}, label2id={"a": 0}, torch_dtype="float16", problem_type=None, note={"nested": [1]}))
+    with petal.Embedder(str(model), "cpu") as fast, petal.Embedder(device="cpu") as packaged:
+        assert fast.encode(TEXTS_FEW).tolist() == packaged.encode(TEXTS_FEW).tolist()
+
+
+TEXTS_FEW = ["glaciers move slowly", "a cat on a mat", "x"]
