@@ -23,6 +23,8 @@ from petal.cli.common import (
     write_stdout,
 )
 from petal.cli.options import model_options, output_options
+from petal.pipeline.reliability.output_file import check_output_file as check_output
+from petal.pipeline.reliability.output_file import write_error
 
 
 @click.command()
@@ -176,58 +178,6 @@ def _calibration_checked(items: list) -> Any:
     return make
 
 
-def check_output(output: Path) -> None:
-    """``--output`` can be created, before the model loads (``OutputError``, exit 73, naming it): not a directory, in
-    a directory that exists, a name its file system takes; a symbolic link there neither loops nor names a file in
-    a directory that is missing; the temporary file beside it can be created (a read-only file system: 73,
-    ``write_error``). A disk that fails while it is written is still exit 74 then."""
-    import errno
-
-    from petal.pipeline.reliability.durable import temporary_beside
-    from petal.pipeline.reliability.errors import OutputError, quote_path
-
-    said = f"cannot create --output {quote_path(output)}"
-    _check_creatable(output, said)
-    try:
-        mode: int | None = os.stat(output).st_mode  # follows symlinks: what replacing() writes
-    except FileNotFoundError:
-        mode = None
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:  # NOTE: was 74 'Too many levels of symbolic links' after every text was embedded
-            raise OutputError(f"{said}: it is a loop of symbolic links") from exc
-        raise write_error(output, exc) from exc
-    if mode is not None and stat.S_ISDIR(mode):
-        raise OutputError(f"{said}: it is a directory")
-    if mode is None and output.is_symlink():  # NOTE: a dangling link: replacing() creates the file it names
-        target = output.resolve()
-        _check_creatable(target, f"{said}: it is a symbolic link to {quote_path(target)}, which cannot be created")
-    if mode is None or stat.S_ISREG(mode):
-        # NOTE: replacing()'s temporary file, created and removed now: a read-only file system, a directory petal may
-        # not write, no inode left are said before the model loads, not after every text was embedded
-        tmp = temporary_beside(output.resolve() if output.is_symlink() else output)
-        try:
-            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
-            os.unlink(tmp)
-        except FileExistsError:  # a leftover of an earlier run of this process id: replacing() removes it
-            pass
-        except OSError as exc:
-            raise write_error(output, exc) from exc
-
-
-def _check_creatable(path: Path, said: str) -> None:
-    """``path``'s directory exists and its file system takes ``path``'s name (``OutputError`` starting ``said``)."""
-    from petal.pipeline.reliability.durable import name_max
-    from petal.pipeline.reliability.errors import OutputError, quote_path
-
-    parent = path.parent
-    if not parent.is_dir():
-        raise OutputError(f"{said}: {quote_path(parent)} is not a directory")
-    size, most = len(os.fsencode(path.name)), name_max(parent)
-    if size > most:  # NOTE: said now, not as ENAMETOOLONG (74) after every text was embedded
-        raise OutputError(f"{said}: its name is {size} bytes, longer than the {most} its file system takes; give "
-                          "a shorter name")
-
-
 def _input_texts(path: Path, text_column: str, id_column: str | None) -> tuple[list, list | None]:
     """``--input``'s texts and ids (``read_texts``), after what the flag alone decides (its suffix, exit 2) and
     what every input file is checked for (missing, not a regular file, unreadable: 66, naming it). An empty file
@@ -295,22 +245,6 @@ def replacing(output: Path) -> Iterator[IO[bytes]]:
             raise
     with contextlib.suppress(OSError):  # NOTE: the file is in place; a directory that cannot be fsynced is no failure
         fsync_dir(target.parent)
-
-
-def write_error(output: Path, exc: OSError) -> Exception:
-    """A failed write of ``--output``: 73 when petal may not write there (permission denied, a read-only file system:
-    a retry fails the same way), else an I/O error (74), naming it."""
-    import errno
-
-    from petal.pipeline.reliability.errors import DENIED, OutputError, PetalIOError, quote_path
-
-    if exc.errno == errno.EROFS:
-        return OutputError(f"cannot create --output {quote_path(output)}: its file system is read-only; write it "
-                           "elsewhere")
-    if exc.errno in DENIED:
-        return OutputError(f"cannot create --output {quote_path(output)}: petal may not write it (permission denied); "
-                           "run as a user who may write it, or fix its permissions")
-    return PetalIOError(f"cannot write --output {quote_path(output)}: {exc.strerror or exc}")
 
 
 @contextlib.contextmanager

@@ -30,6 +30,7 @@ from petal.pipeline.reliability.errors import (
     ArgumentTypeError,
     ConfigError,
     FlagError,
+    OutputError,
     PetalError,
     UsageError,
     io_error,
@@ -198,7 +199,14 @@ def _run(work: Callable[[], RunReport], report: RunReport, json_report: Path | s
     except BaseException as exc:
         _fail(report, exc, 1, f"internal error: {exc!r}", json_report)
         raise
-    write_report(report, json_report)
+    unwritten = report_error(report, json_report)
+    if unwritten is not None:  # NOTE: was a warning and exit 0: a cron job lost its report without a sign
+        done = (f"version {report.version} is published and live" if report.version and report.status == "success"
+                else f"the live version {report.version} stays" if report.version else "nothing was published")
+        late = type(unwritten)(f"{unwritten}; {done}, only the report is missing")
+        report.finish(report.status, late.exit_code, str(late))
+        late.report = report
+        raise late
     return report
 
 
@@ -211,7 +219,8 @@ def _fail(report: RunReport, exc: BaseException, exit_code: int, message: str, j
 
 
 def write_report(report: RunReport, json_report: Path | str | None) -> None:
-    """Write the report if asked; a report that cannot be written is a warning, not a failure."""
+    """Write the report if asked, for a run that failed already: a report that cannot be written is a warning (the
+    exit code stays the run's)."""
     if json_report is None:
         return
     try:
@@ -220,3 +229,20 @@ def write_report(report: RunReport, json_report: Path | str | None) -> None:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
         print(one_line(f"petal: warning: cannot write the report to {quote_path(json_report)}: {reason}"),
               file=sys.stderr, flush=True)
+
+
+def report_error(report: RunReport, json_report: Path | str | None) -> PetalError | None:
+    """Write the report of a run that did its work, if asked; the error when it could not be written (checked before
+    the run, ``check_report_file``; what only shows now: a full disk, a directory removed or made read-only): 73 when
+    petal may not write there, else 74, naming the path (``write_error``)."""
+    from petal.pipeline.reliability.output_file import write_error
+
+    if json_report is None:
+        return None
+    try:
+        report.write(Path(json_report))
+    except OSError as exc:
+        return write_error(Path(json_report), exc, "--json-report")
+    except ValueError as exc:  # a file of an output directory (refused before the run; made one since)
+        return OutputError(f"cannot create --json-report {quote_path(json_report)}: {one_line(str(exc))}")
+    return None

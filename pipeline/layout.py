@@ -626,6 +626,13 @@ def _not_a_version(version_dir: Path) -> str:
     return f"but {quote_path(version_dir)} is {kind}"
 
 
+def not_an_index(path: Path) -> ConfigError:
+    """78 for a path that holds no petal index (missing, a plain file, a directory without ``CURRENT``): one wording
+    for every command that reads one (``query``, ``info``, ``verify``, ``rebuild``)."""
+    return ConfigError(f"{quote_path(path)} is not a petal index (no CURRENT or manifest.json); build one with "
+                       "petal index")
+
+
 def resolve_index_dir(path: Path) -> tuple[Path, Manifest]:
     """A version directory and its manifest, from ``OUT`` (follows CURRENT) or a version directory."""
     path = Path(path)
@@ -641,8 +648,7 @@ def resolve_index_dir(path: Path) -> tuple[Path, Manifest]:
         out = OutputDir(path)
         version = out.current_version() if path.is_dir() else None
         if version is None:
-            raise ConfigError(f"{quote_path(path)} is not a petal index (no CURRENT or manifest.json); build one "
-                              "with petal index")
+            raise not_an_index(path)
         version_dir, root = out.version_dir(version), path
         if not version_dir.is_dir():
             raise ConfigError(f"{quote_path(out.current_file)} names {version}, {_not_a_version(version_dir)}; "

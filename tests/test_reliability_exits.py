@@ -107,14 +107,16 @@ def test_rebuild_on_a_full_disk_is_74_and_leaves_no_staging(built, point):
     assert [p.name for p in (built / "versions").iterdir()] == [live]  # no .staging-*, no never-live version
 
 
-def test_an_unwritable_report_after_a_publish_is_a_warning(built, tmp_path):
+def test_an_unwritable_report_is_73_before_the_rebuild(built, tmp_path):
+    """Was a warning after the publish, exit 0: a cron job lost its report silently (tests/test_report_preflight.py
+    has the other commands and the failure that only shows at the end)."""
     bad = tmp_path / "a-directory"
     bad.mkdir()
-    for argv in (["rebuild", str(built), f"--json-report={bad}"],
-                 ["rebuild", str(built), f"--json-report={tmp_path / 'missing' / 'r.json'}"]):
-        result = forkrun.petal(argv)
-        assert result.rc == 0 and "warning: cannot write the report" in result.stderr, result.stderr
-        assert result.last_line.startswith("petal rebuild: success")
+    live = OutputDir(built).current_version()
+    for path, why in ((bad, "it is a directory"), (tmp_path / "missing" / "r.json", "is not a directory")):
+        result = forkrun.petal(["rebuild", str(built), f"--json-report={path}"])
+        assert result.rc == 73 and str(path) in result.last_line and why in result.last_line, result.stderr
+        assert OutputDir(built).current_version() == live
 
 
 # --- item 12: bytes that are not UTF-8 ------------------------------------------------------------------

@@ -67,7 +67,7 @@ from petal.pipeline.jobs.removals import (
     removed_documents,
 )
 from petal.pipeline.jobs.report import RunReport
-from petal.pipeline.jobs.report_file import check_report_path
+from petal.pipeline.jobs.report_file import check_report_file, check_report_path
 from petal.pipeline.jobs.weights_hash import FileStat, WeightsHash, with_weights_sha256
 from petal.pipeline.layout import OutputDir, check_not_inside_output
 from petal.pipeline.manifest import (
@@ -196,6 +196,7 @@ def _run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory, 
     stop.check()  # a signal that arrived while petal started (its imports) stops the run before any check
     check_report_path(job.json_report, job.out)  # 2: --json-report OUT/CURRENT would break the index it reports on
     check_output_dir("--out", job.out)  # 73 before anything is read: one petal cannot create, read or write
+    check_report_file(job.json_report, job.out)  # 73: a report that cannot be written, said before any work
     check_not_inside_output("--out", job.out)  # 73: not inside another index's versions/ or store/
     if not job.wait:  # 75 naming the holder before any source is read (the lock itself is taken after preflight)
         OutputDir(job.out).check_unlocked()

@@ -22,8 +22,8 @@ from petal.pipeline.index.files import IDS_FILE
 from petal.pipeline.index.plan import check_index_factory, index_kind
 from petal.pipeline.index.writer import BuildResult, build_version_index
 from petal.pipeline.jobs.report import RunReport
-from petal.pipeline.jobs.report_file import check_report_path
-from petal.pipeline.layout import OutputDir, denied, is_denied
+from petal.pipeline.jobs.report_file import check_report_file, check_report_path
+from petal.pipeline.layout import OutputDir, denied, is_denied, not_an_index
 from petal.pipeline.manifest import MANIFEST_FILE, Manifest
 from petal.pipeline.reliability.errors import (
     BadInputError,
@@ -86,9 +86,15 @@ def run_rebuild(out_path: Path, settings: IndexSettings, report: RunReport, wait
         stop.check()  # a signal that arrived while petal started (its imports) stops the run before any check
     check_report_path(json_report, out_path)  # 2: --json-report OUT/CURRENT would break the index it rebuilds
     check_output_dir("OUT", out_path, create=False)  # 73 before any work: one petal cannot read or write
+    check_report_file(json_report, out_path)  # 73: a report that cannot be written, said before any work
     out = OutputDir(out_path)
-    if out.current_version() is None:
-        raise ConfigError(f"{quote_path(out_path)} has no published index to rebuild; build one with petal index")
+    # NOTE: a plain file (a FIFO, a shard) was 'cannot read FILE/CURRENT: Not a directory', a missing or empty
+    # directory 'has no published index to rebuild', where query, info and verify say the same thing one way
+    if not out_path.is_dir() or out.current_version() is None:
+        if (out_path / MANIFEST_FILE).is_file():
+            raise ConfigError(f"{quote_path(out_path)} is a version directory; petal rebuild takes the output "
+                              "directory that holds it (the one with CURRENT), and publishes a new version there")
+        raise not_an_index(out_path)
     report.out = str(out.root)
     active = stop if stop is not None else StopSignals()
     with contextlib.nullcontext(active) if stop is not None else active, \

@@ -2,7 +2,8 @@
 atomically; anything else (a FIFO, a character device such as ``/dev/stdout``, a symlink to one) is
 written in place, never renamed over. Never over a file of a petal output directory (``CURRENT``, ``.lock``,
 ``.last-version``, anything under ``versions/`` or ``store/``): the run refuses such a path before any work (2),
-and the writer never writes there (a warning).
+and the writer never writes there (a warning). A path the report cannot be written to (its directory missing, not
+writable, a directory there) is refused before any work too (73, ``check_report_file``).
 """
 
 from __future__ import annotations
@@ -51,6 +52,21 @@ def check_report_path(path: Path | str | None, out: Path | str) -> None:
         raise UsageError(f"--json-report {quote_path(path)} is a file of the petal output directory "
                          f"{quote_path(root)} ({', '.join(INDEX_NAMES[:3])}, versions/ and store/ are its own); "
                          "write the report outside them")
+
+
+def check_report_file(path: Path | str | None, out: Path | str) -> None:
+    """Before any work: the report can be written where ``--json-report`` says (``check_output_file``: its directory
+    there, not a directory itself, the temporary file beside it creatable): else ``OutputError`` (73) naming it. A
+    report inside the output directory ``out``, not created yet, is judged with it (``--out``'s own check).
+    NOTE: a report that could not be written was a warning after the whole run, exit 0: a cron job lost it silently."""
+    from petal.pipeline.reliability.output_file import check_output_file
+
+    if path is None or str(path) == STDOUT:
+        return
+    target = Path(path)
+    if not target.parent.exists() and os.path.realpath(target.parent) == os.path.realpath(out):
+        return
+    check_output_file(target, "--json-report")
 
 
 def report_bytes(obj: Any, one_line: bool = False) -> bytes:

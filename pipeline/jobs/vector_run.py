@@ -28,7 +28,7 @@ from petal.pipeline.jobs import index_run as run
 from petal.pipeline.jobs.keep_columns import check_column_types, check_keep_columns
 from petal.pipeline.jobs.removals import kept_entries, kept_ids, kept_records, kept_shard, kept_vectors
 from petal.pipeline.jobs.report import RunReport
-from petal.pipeline.jobs.report_file import check_report_path
+from petal.pipeline.jobs.report_file import check_report_file, check_report_path
 from petal.pipeline.layout import OutputDir, check_not_inside_output
 from petal.pipeline.manifest import MANIFEST_FILE, PrecomputedSettings, StoredColumns
 from petal.pipeline.reliability.errors import NoInputError, writing
@@ -57,6 +57,7 @@ def run_vector_index(job: IndexJob, column: str, report: RunReport, stop: StopSi
     if any("://" in s and not s.lower().startswith("file://") for s in job.sources):
         raise NoInputError("--vectors-column reads local Parquet files for now; copy or mount the shards locally")
     check_output_dir("--out", job.out)  # 73 before anything is read: one petal cannot create, read or write
+    check_report_file(job.json_report, job.out)
     check_not_inside_output("--out", job.out)  # 73: not inside another index's versions/ or store/
     if not job.wait:  # 75 naming the holder before any source is read, as a text run
         OutputDir(job.out).check_unlocked()
