@@ -113,3 +113,27 @@ def test_every_request_counted_has_its_latency_under_the_same_route_and_status(s
     assert requests == seconds
     assert requests["/health 444"] >= 1 and requests["unmatched 400"] >= 1 and requests["unmatched 431"] >= 1
 
+
+FORMS = "'input' must be a string, a list of strings, a list of token ids (integers) or a list of such lists"
+
+
+@pytest.mark.parametrize("given, said", [
+    ([1.0, 2], "'input' item 0 is 1.0, not a string, a token id (an integer) or a list of token ids"),
+    ([True, 5], "'input' item 0 is a boolean, not a string, a token id"),
+    ([101, 2.5, 102], "'input' item 1 is 2.5, not a token id (an integer), in a list of token ids"),
+    ([101, True], "'input' item 1 is a boolean, not a token id (an integer)"),
+    ([101, "x"], "'input' item 1 is a string, not a token id (an integer)"),
+    (["a", "b", 7], "'input' item 2 is an integer, in a list of strings"),
+    (["a", None], "'input' item 1 is null, in a list of strings"),
+    ([[101, 102], [103, 1.5]], "'input' item 1 position 1 is 1.5, not a token id (an integer)"),
+    ([[101], []], "'input' item 1 is an empty list of token ids"),
+    ([[101], "x"], "'input' item 1 is a string, not a list of token ids"),
+    ([None], "'input' item 0 is null"),
+    ({"text": "x"}, "not an object"),
+    (5, "not an integer"),
+    ([], "'input' is empty"),
+])
+def test_each_malformed_input_says_what_is_taken_and_where_it_is_not(server, given, said):
+    answer = server.client.post("/v1/embeddings", json={"input": given})
+    message = answer.json()["error"]["message"]
+    assert answer.status_code == 422 and said in message and FORMS in message, (given, message)

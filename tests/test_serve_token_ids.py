@@ -85,9 +85,9 @@ def test_token_id_lists_are_taken_and_refused_by_item(server):
             ({"input": [ids, [5, 10**30]]}, 422, "input item 1: token id 1000000000000000000000000000000 is outside"),
             ({"input": [ids, [5, -3]]}, 422, "input item 1: token id -3 is outside the vocabulary (0..30521)"),
             ({"input": [10**30]}, 422, "input item 0: token id 1000000000000000000000000000000 is outside"),
-            ({"input": [ids, [5, True]]}, 422, "'input' token-id lists must be non-empty lists of integers"),
-            ({"input": [ids, []]}, 422, "'input' token-id lists must be non-empty lists of integers"),
-            ({"input": [ids, [5, 2.0]]}, 422, "'input' token-id lists must be non-empty lists of integers"),
+            ({"input": [ids, [5, True]]}, 422, "'input' item 1 position 1 is a boolean, not a token id (an integer)"),
+            ({"input": [ids, []]}, 422, "'input' item 1 is an empty list of token ids"),
+            ({"input": [ids, [5, 2.0]]}, 422, "'input' item 1 position 1 is 2.0, not a token id (an integer)"),
             ({"input": [ids, [7] * 300]}, 413, "input item 1 has more than 256 tokens")):
         answer = c.post("/v1/embeddings", json=body)
         assert answer.status_code == status and text in answer.json()["error"]["message"], (body, answer.text)

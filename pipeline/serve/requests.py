@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -153,11 +154,23 @@ def _count(n: int, name: str, limits: Limits) -> None:
                                 "(--max-texts)")
 
 
+def _first(values: list[Any], ok: Callable[[Any], bool]) -> int:
+    """The index of the first of ``values`` that is not ``ok`` (one exists: the caller's check of them all failed)."""
+    return next(i for i, v in enumerate(values) if not ok(v))
+
+
+def _is_token_id(value: Any) -> bool:
+    return type(value) is int  # NOTE: not a bool (an int to Python), not 2.0
+
+
 def _texts(value: Any, name: str, limits: Limits) -> tuple[str, ...]:
     if isinstance(value, str):
         value = [value]
     if not isinstance(value, list) or not all(isinstance(t, str) for t in value):
-        raise RequestError(422, f"{name!r} must be a string or a list of strings")
+        if isinstance(value, list):
+            i = _first(value, lambda t: isinstance(t, str))
+            raise RequestError(422, f"{name!r} must be a string or a list of strings: item {i} is {_kind(value[i])}")
+        raise RequestError(422, f"{name!r} must be a string or a list of strings, not {_kind(value)}")
     _count(len(value), name, limits)
     # NOTE: the rule of petal query: a lone surrogate (JSON "\ud800") is U+FFFD, which the tokenizer takes
     texts = tuple(decoded_json_text(t) for t in value)
@@ -185,10 +198,43 @@ def _token_arrays(lists: list[list[int]]) -> tuple[np.ndarray, ...]:
     return tuple(np.split(flat, np.cumsum(lengths[:-1]))) if len(lists) > 1 else (flat,)
 
 
+INPUT_FORMS = "a string, a list of strings, a list of token ids (integers) or a list of such lists"
+
+
+def _input_error(value: Any) -> RequestError:
+    """The 422 of an ``input`` of no accepted form: what it must be, and where it is not (the item, and the position
+    in a token-id list). NOTE: before, ``[1.0, 2]`` or ``[1, true]`` was told "must be a string or a list of strings",
+    not a word of token ids, nor of which item."""
+    if not isinstance(value, list):
+        return RequestError(422, f"'input' must be {INPUT_FORMS}, not {_kind(value)}")
+    if not value:
+        return RequestError(422, f"'input' is empty (an empty list): 'input' must be {INPUT_FORMS}")
+    first = value[0]
+    if isinstance(first, str):
+        i = _first(value, lambda t: isinstance(t, str))
+        where = f"item {i} is {_kind(value[i])}, in a list of strings (item 0 is a string)"
+    elif _is_token_id(first):
+        i = _first(value, _is_token_id)
+        where = f"item {i} is {_kind(value[i])}, not a token id (an integer), in a list of token ids (item 0 is one)"
+    elif isinstance(first, list):
+        i = _first(value, lambda ids: isinstance(ids, list) and bool(ids) and all(map(_is_token_id, ids)))
+        ids = value[i]
+        if not isinstance(ids, list):
+            where = f"item {i} is {_kind(ids)}, not a list of token ids (item 0 is a list)"
+        elif not ids:
+            where = f"item {i} is an empty list of token ids"
+        else:
+            j = _first(ids, _is_token_id)
+            where = f"item {i} position {j} is {_kind(ids[j])}, not a token id (an integer)"
+    else:
+        where = f"item 0 is {_kind(first)}, not a string, a token id (an integer) or a list of token ids"
+    return RequestError(422, f"'input' {where}: 'input' must be {INPUT_FORMS}")
+
+
 def parse_embeddings(body: dict[str, Any], limits: Limits) -> EmbeddingsRequest:
     _unknown(body, ("input", "model", "dimensions", "encoding_format", "input_type", "truncate", "user"))
     if body.get("input") is None:
-        raise RequestError(422, "'input' is required (a string, a list of strings, or token-id lists)")
+        raise RequestError(422, f"'input' is required: {INPUT_FORMS}")
     value = body["input"]
     model = body.get("model")
     if model is not None and not isinstance(model, str):
@@ -201,11 +247,13 @@ def parse_embeddings(body: dict[str, Any], limits: Limits) -> EmbeddingsRequest:
         token_ids = _token_arrays([value])  # one text as token ids
     elif isinstance(value, list) and value and all(isinstance(x, list) for x in value):
         if not all(value) or not _all_ints(itertools.chain.from_iterable(value)):
-            raise RequestError(422, "'input' token-id lists must be non-empty lists of integers")
+            raise _input_error(value)
         _count(len(value), "input", limits)
         token_ids = _token_arrays(value)
-    else:
+    elif isinstance(value, str) or (isinstance(value, list) and value and all(isinstance(t, str) for t in value)):
         texts = _texts(value, "input", limits)
+    else:
+        raise _input_error(value)
     return EmbeddingsRequest(texts=texts, token_ids=token_ids, model=model,
                              dimensions=_int(body, "dimensions", None, 1),
                              encoding_format=_choice(body, "encoding_format", "float", ENCODINGS),
@@ -258,9 +306,9 @@ def _vectors(rows: Any, limits: Limits) -> np.ndarray:
 
     NOTE: checked and converted with C loops (a set of each row's types, one numpy conversion): a value at a time in
     Python cost ~20 ms of the event loop for 256 rows of 384."""
-    ok = isinstance(rows, list) and all(isinstance(r, list) and r and set(map(type, r)) <= _NUMBERS for r in rows)
+    ok = isinstance(rows, list) and all(_vector_row(r) for r in rows)
     if not ok:
-        raise RequestError(422, "'vectors' must be a list of non-empty lists of numbers")
+        raise RequestError(422, f"'vectors' must be a list of non-empty lists of numbers: {_vectors_where(rows)}")
     _count(len(rows), "vectors", limits)
     lengths = {len(r) for r in rows}
     if len(lengths) > 1:
@@ -274,6 +322,25 @@ def _vectors(rows: Any, limits: Limits) -> np.ndarray:
         raise RequestError(422, f"'vectors' row {int(np.argmin(finite))} holds a value that is not a finite float32 "
                                 "number (NaN, Infinity or beyond 3.4e38)")
     return values.astype(np.float32)
+
+
+def _vector_row(row: Any) -> bool:
+    return isinstance(row, list) and bool(row) and set(map(type, row)) <= _NUMBERS
+
+
+def _vectors_where(rows: Any) -> str:
+    """Where ``rows`` (refused by ``_vectors``) is not a list of non-empty lists of numbers."""
+    if not isinstance(rows, list):
+        return f"it is {_kind(rows)}"
+    i = _first(rows, _vector_row)
+    row = rows[i]
+    if not isinstance(row, list):
+        hint = " (one vector is sent as [[...]])" if type(row) in _NUMBERS else ""
+        return f"row {i} is {_kind(row)}{hint}"
+    if not row:
+        return f"row {i} is an empty list"
+    j = _first(row, lambda v: type(v) in _NUMBERS)
+    return f"row {i} position {j} is {_kind(row[j])}"
 
 
 def _float_row(row: list[int | float]) -> bool:
