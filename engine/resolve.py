@@ -15,12 +15,14 @@ HF_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?$")
 
 
 def hf_cache_dirs() -> list[Path]:
-    """The Hugging Face hub cache directories to look in, in order, without duplicates."""
-    candidates = []
-    if os.environ.get("HF_HUB_CACHE"):
-        candidates.append(Path(os.environ["HF_HUB_CACHE"]))
-    if os.environ.get("HF_HOME"):
-        candidates.append(Path(os.environ["HF_HOME"]) / "hub")
+    """The Hugging Face hub cache directories to look in, in order, without duplicates: the one ``huggingface_hub``
+    writes first (``$HF_HUB_CACHE``, the older ``$HUGGINGFACE_HUB_CACHE``, ``$HF_HOME/hub``,
+    ``$XDG_CACHE_HOME/huggingface/hub``), then ``~/.cache/huggingface/hub``; ``~`` and ``$VARS`` expanded as it does."""
+    env = {name: os.path.expandvars(os.environ.get(name, "")) for name in
+           ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HOME", "XDG_CACHE_HOME")}
+    candidates = [Path(env[name]) for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE") if env[name]]
+    candidates += [Path(env["HF_HOME"]) / "hub"] if env["HF_HOME"] else []
+    candidates += [Path(env["XDG_CACHE_HOME"]) / "huggingface" / "hub"] if env["XDG_CACHE_HOME"] else []
     candidates.append(Path.home() / ".cache" / "huggingface" / "hub")
     out: list[Path] = []
     for path in candidates:

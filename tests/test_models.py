@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -216,6 +217,34 @@ def test_model_id_resolves_from_the_local_hf_cache(tmp_path, monkeypatch, checkp
     with pytest.raises(ModelError) as info:
         inspect_model("acme/not-there")
     assert str(cache / "models--acme--not-there") in str(info.value) and "never downloads" in str(info.value)
+
+
+@pytest.mark.parametrize("where", ["XDG_CACHE_HOME", "HUGGINGFACE_HUB_CACHE", "HF_HOME with $VAR"])
+def test_model_id_resolves_where_huggingface_hub_keeps_its_cache(tmp_path, monkeypatch, checkpoints, where):
+    """A model id is found in the cache huggingface_hub writes to: before, $XDG_CACHE_HOME/huggingface/hub and
+    $HUGGINGFACE_HUB_CACHE were not looked in, nor a $VAR in $HF_HOME expanded (78 'never downloads')."""
+    import subprocess
+    import sys
+
+    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HOME", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    if where == "XDG_CACHE_HOME":
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    elif where == "HUGGINGFACE_HUB_CACHE":
+        monkeypatch.setenv("HUGGINGFACE_HUB_CACHE", str(tmp_path / "old-hub"))
+    else:
+        monkeypatch.setenv("PETAL_TEST_ROOT", str(tmp_path))
+        monkeypatch.setenv("HF_HOME", "$PETAL_TEST_ROOT/hf")
+    cache = Path(subprocess.run([sys.executable, "-c", "import huggingface_hub.constants as c; print(c.HF_HUB_CACHE)"],
+                                capture_output=True, text=True, check=True).stdout.strip())
+    assert str(cache).startswith(str(tmp_path)) and cache != tmp_path / "home" / ".cache" / "huggingface" / "hub"
+    source, _ = checkpoints["bert"]
+    repo = cache / "models--acme--tiny-bert"
+    shutil.copytree(source, repo / "snapshots" / "0123abcd")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0123abcd")
+    assert inspect_model("acme/tiny-bert").path == repo / "snapshots" / "0123abcd"
 
 
 @pytest.mark.parametrize("bidirectional", [False, True])
