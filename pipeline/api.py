@@ -213,7 +213,9 @@ def _run(work: Callable[[], RunReport], report: RunReport, json_report: Path | s
 def _fail(report: RunReport, exc: BaseException, exit_code: int, message: str, json_report: Any,
           status: str = "failed") -> None:
     report.finish(status, exit_code, message)
-    write_report(report, json_report)
+    from petal.pipeline.jobs.report_file import ReportOverInput
+
+    write_report(report, None if isinstance(exc, ReportOverInput) else json_report)  # NOTE: never over an input
     if isinstance(exc, PetalError):
         exc.report = report
 

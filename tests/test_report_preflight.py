@@ -136,3 +136,35 @@ def test_rebuild_of_what_is_not_an_index_says_it_as_query_info_and_verify_do(hom
             said[argv[0]] = result.stderr.strip().splitlines()[-1]
         assert f"{target} is not a petal index" in said["query"]
         assert said["rebuild"] == said["query"] == said["info"] == said["verify"], said
+
+
+@pytest.mark.parametrize("command", ["index", "vectors"])
+def test_a_report_path_that_is_an_input_of_the_run_is_2_and_the_input_is_untouched(home, command):
+    """``petal index --json-report data/*.parquet --out OUT`` (the shell expands the glob: the first shard is the
+    report's path) wrote the report over that shard, exit 0: its rows were gone and the next run refused it (65).
+    A SOURCE shard, the same file by a symbolic link or a hard link, a shard the live version keeps, the --delete
+    file: refused before any work (2), the file as it was, and the failed run's report is not written there either."""
+    data, out = home / "data", home / "out"
+    argv = commands(home, out)[command]
+    env = {"PETAL_TEST_FAKE_ENGINE": str(home / "fake.jsonl")}
+    built = forkrun.petal(argv, env)
+    assert built.rc == 0, built.stderr
+    shard = data / "a.parquet"
+    (home / "link.parquet").symlink_to(shard)
+    os.link(shard, home / "hard.parquet")
+    other = home / "other"
+    other.mkdir()
+    shutil.copy(shard, other / "b.parquet")
+    deletes = home / "delete.parquet"
+    pq.write_table(pa.table({"id": [3]}), deletes)
+    named = [str(other / "b.parquet") if a == str(data) else a for a in argv]  # a.parquet kept (additive)
+    cases = [(argv, shard), (argv, home / "link.parquet"), (argv, home / "hard.parquet"), (named, shard),
+             ([*argv, "--delete", str(deletes)], deletes)]
+    for run_argv, path in cases:
+        before = Path(path).read_bytes()
+        result = forkrun.petal([*run_argv, f"--json-report={path}"], env)
+        assert result.rc == 2, (path, result.stderr)
+        assert f"--json-report {path} is an input of this run" in result.stderr, result.stderr
+        assert Path(path).read_bytes() == before
+    again = forkrun.petal(argv, env)
+    assert again.rc == 0 and "nothing-to-do" in again.last_line, again.stderr

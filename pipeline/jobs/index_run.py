@@ -67,7 +67,7 @@ from petal.pipeline.jobs.removals import (
     removed_documents,
 )
 from petal.pipeline.jobs.report import RunReport
-from petal.pipeline.jobs.report_file import check_report_file, check_report_path
+from petal.pipeline.jobs.report_file import check_report_file, check_report_not_input, check_report_path
 from petal.pipeline.jobs.weights_hash import FileStat, WeightsHash, with_weights_sha256
 from petal.pipeline.layout import OutputDir, check_not_inside_output
 from petal.pipeline.manifest import (
@@ -202,7 +202,9 @@ def _run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory, 
         OutputDir(job.out).check_unlocked()
     # [0] preflight: every footer and schema, the model's files, the settings, the output directory
     live = peek_live_manifest(job.out)  # read-only here; re-read under the lock
-    shards = preflight(named_sources(job, live), job.read, reads, check=stop.check)
+    named = named_sources(job, live)
+    check_report_not_input(job.json_report, [*named, *live_inputs(live), job.delete])  # 2: never over an input
+    shards = preflight(named, job.read, reads, check=stop.check)
     if job.full and not job.sync:  # --full re-embeds the shards an additive run keeps, from their files
         extra = full_rerun_sources(live, shards)
         if extra:
@@ -971,6 +973,11 @@ def peek_live_manifest(out: Path) -> Manifest | None:
         return live_manifest(OutputDir(out))  # NOTE: a malformed one is None here, refused (78) under the lock
     except OSError:  # not a directory, unreadable: the output checks name that
         return None
+
+
+def live_inputs(live: Manifest | None) -> list[str]:
+    """The shards of the live version (an additive run keeps those it does not name: still the user's inputs)."""
+    return [record.abs_path for record in live.shards] if live is not None else []
 
 
 def named_sources(job: IndexJob, live: Manifest | None) -> list[Path | RemotePath]:

@@ -13,6 +13,7 @@ import json
 import os
 import stat
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +68,36 @@ def check_report_file(path: Path | str | None, out: Path | str) -> None:
     if not target.parent.exists() and os.path.realpath(target.parent) == os.path.realpath(out):
         return
     check_output_file(target, "--json-report")
+
+
+class ReportOverInput(UsageError):
+    """``--json-report`` names an input of the run: the failed run's report is not written there either."""
+
+
+def check_report_not_input(path: Path | str | None, inputs: Iterable[Any]) -> None:
+    """``--json-report`` names none of the run's ``inputs`` (a SOURCE shard, a shard the live version keeps, the
+    ``--delete`` file; the same file by any path: symlinks, hard links): ``UsageError`` (2) naming it. NOTE: the report
+    was written over it after the run (``petal index --json-report data/*.parquet ...`` takes the first shard): the
+    input's rows were gone, and the next run refused the shard as corrupt (65)."""
+    if path is None or str(path) == STDOUT:
+        return
+    try:
+        report = os.stat(path)
+    except OSError:
+        return  # not there: no input
+    if not stat.S_ISREG(report.st_mode):
+        return  # a FIFO or a device is written in place, never an input's bytes
+    for given in inputs:
+        if not isinstance(given, (str, Path)) or "://" in str(given):
+            continue  # an object-store shard: never the local report
+        try:
+            found = os.stat(given)
+        except OSError:
+            continue
+        if (found.st_dev, found.st_ino) == (report.st_dev, report.st_ino):
+            same = "" if os.path.abspath(path) == os.path.abspath(given) else f" (the same file as {quote_path(given)})"
+            raise ReportOverInput(f"--json-report {quote_path(path)} is an input of this run{same}; the report would "
+                                  "be written over it: write the report elsewhere")
 
 
 def report_bytes(obj: Any, one_line: bool = False) -> bytes:

@@ -28,7 +28,7 @@ from petal.pipeline.jobs import index_run as run
 from petal.pipeline.jobs.keep_columns import check_column_types, check_keep_columns
 from petal.pipeline.jobs.removals import kept_entries, kept_ids, kept_records, kept_shard, kept_vectors
 from petal.pipeline.jobs.report import RunReport
-from petal.pipeline.jobs.report_file import check_report_file, check_report_path
+from petal.pipeline.jobs.report_file import check_report_file, check_report_not_input, check_report_path
 from petal.pipeline.layout import OutputDir, check_not_inside_output
 from petal.pipeline.manifest import MANIFEST_FILE, PrecomputedSettings, StoredColumns
 from petal.pipeline.reliability.errors import NoInputError, writing
@@ -66,6 +66,7 @@ def run_vector_index(job: IndexJob, column: str, report: RunReport, stop: StopSi
     # --sync over a live version mirrors SOURCES that now hold no shard (the removal guard judges it), as a text run
     local = [p for p in resolve_sources(job.sources, out=job.out, empty_ok=job.sync and live is not None)
              if isinstance(p, Path)]  # remote: refused above
+    check_report_not_input(job.json_report, [*local, *run.live_inputs(live), job.delete])  # 2: never over an input
     reads = ReadStats()  # OS read errors of footers and rows, retried as a text run's
     try:
         return _run(job, column, report, stop, started, live, local, reads)
