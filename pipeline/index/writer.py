@@ -30,6 +30,7 @@ from petal.pipeline.index.faiss_loader import load_faiss
 from petal.pipeline.index.files import IDS_FILE, INDEX_FILE, write_index
 from petal.pipeline.index.gpu import num_gpus, train
 from petal.pipeline.index.graph_holdout import queries_unlinked
+from petal.pipeline.index.graph_repair import link_unreachable
 from petal.pipeline.index.plan import (
     IndexPlan,
     check_index_factory,
@@ -284,6 +285,7 @@ def _build_index(entries: list[StoreEntry], dim: int, settings: IndexSettings, s
         index, added_on = build_on_disk(index, source, staging, part_rows(plan, settings), rows, ngpu > 0)
     else:
         added_on = add_in_memory(index, source, part_rows(plan, settings), rows, ngpu > 0)
+    link_unreachable(index)  # NOTE: before tuning: the graph tuned is the graph written
     timings["add"] = round(time.perf_counter() - t0, 3)
     device = DeviceRecord(gpus=ngpu, train=trained_on, add=added_on, train_points=train_points)
 
