@@ -449,7 +449,7 @@ def load_model(spec: ModelSpec, device: torch.device, dtype: torch.dtype, *,
         for cfg in spec.dense:
             layer = build_empty(Dense, cfg)
             _fill(layer, [cfg.weight_file], {name: (name,) for name in layer.state_dict()}, ("",), device,
-                  torch.float32, stream, spans, cfg.weight_file)
+                  torch.float32, stream, spans, cfg.weight_file, whole=True)
             head.append(layer)
         model.dense_head = head
     try:
@@ -460,8 +460,12 @@ def load_model(spec: ModelSpec, device: torch.device, dtype: torch.dtype, *,
 
 
 def _fill(module: nn.Module, files: list[Path], plan: dict[str, tuple[str, ...]], prefixes: tuple[str, ...],
-          device: torch.device, dtype: torch.dtype, stream: StreamSettings | None, spans: Spans, where: Path) -> None:
-    """Read ``module``'s tensors (``plan``) from ``files`` and assign them (``ModelError`` naming what is wrong)."""
+          device: torch.device, dtype: torch.dtype, stream: StreamSettings | None, spans: Spans, where: Path,
+          whole: bool = False) -> None:
+    """Read ``module``'s tensors (``plan``) from ``files`` and assign them (``ModelError`` naming what is wrong).
+    ``whole``: every tensor of ``files`` is the module's (a Dense layer's folder), so one it does not read is refused
+    (a ``linear.bias`` under ``bias: false``: sentence-transformers' strict load refuses it too), never dropped."""
+    from petal.engine.models.safetensors_header import read_header
     from petal.engine.models.stream import stream_tensors
     from petal.engine.models.weights import (
         describe_unread,
@@ -472,12 +476,17 @@ def _fill(module: nn.Module, files: list[Path], plan: dict[str, tuple[str, ...]]
 
     params = module.state_dict()
     shapes = {name: tuple(t.shape) for name, t in params.items()}
+    read = {prefix + part for group in plan.values() for part in group for prefix in prefixes}
     try:
         if all(f.suffix == ".safetensors" for f in files):
+            if whole:
+                _refuse_unread([name for f in files for name in read_header(f)], read, where)
             state = stream_tensors(files, plan, shapes, prefixes, device, dtype, stream, spans)
         else:
             with spans.span("pickle"):
                 weights = open_pickle_weights(files, device, dtype)
+                if whole:
+                    _refuse_unread(weights.names(), read, where)
                 unread = unread_model_tensors(weights.names(), plan, prefixes)
                 if unread:
                     raise ValueError(f"{', '.join(str(f) for f in files)}: {describe_unread(unread)}")
@@ -497,6 +506,14 @@ def _fill(module: nn.Module, files: list[Path], plan: dict[str, tuple[str, ...]]
         check_finite(state, files, plan, prefixes)
     with spans.span("assign"):
         module.load_state_dict(state, strict=True, assign=True)
+
+
+def _refuse_unread(names: list[str], read: set[str], where: Path) -> None:
+    unread = sorted(set(names) - read)
+    if unread:
+        shown = ", ".join(unread[:4]) + (f" and {len(unread) - 4} more" if len(unread) > 4 else "")
+        raise ModelError(f"{where}: tensors the layer would not read: {shown} (does its config.json say bias false, "
+                         "or other sizes, than the weights hold?)")
 
 
 def check_finite(state: dict[str, torch.Tensor], files: list[Path], plan: dict[str, tuple[str, ...]],

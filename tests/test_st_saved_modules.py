@@ -84,3 +84,22 @@ def test_a_module_petal_cannot_apply_as_saved_is_refused_naming_the_key(tmp_path
     result = CliRunner().invoke(cli, ["embed", "a text", "--model", str(path), "--device", "cpu"])
     assert result.exit_code == 78, result.output
     assert key in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("safe", [True, False])
+def test_a_dense_bias_its_config_does_not_take_is_refused_not_dropped(tmp_path, tiny_bert_dir, safe):
+    """2_Dense/config.json says bias false over weights that hold linear.bias (sentence-transformers' strict load
+    refuses it): petal dropped the bias and embedded otherwise. Safetensors and pickle weights alike."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Dense, Normalize, Pooling, Transformer
+
+    path = tmp_path / "st"
+    modules = [Transformer(str(tiny_bert_dir)), Pooling(64, "mean"), Dense(64, 16), Normalize()]
+    SentenceTransformer(modules=modules, device="cpu").save(str(path), safe_serialization=safe)
+    config = json.loads((path / "2_Dense" / "config.json").read_text())
+    (path / "2_Dense" / "config.json").write_text(json.dumps({**config, "bias": False}))
+    with pytest.raises(RuntimeError, match=r"linear\.bias"):
+        st_vectors(path, TEXTS)
+    with pytest.raises(petal.ConfigError, match=r"2_Dense/(model.safetensors|pytorch_model.bin): tensors the layer "
+                                                r"would not read: linear.bias"):
+        petal.Embedder(str(path), device="cpu", allow_pickle_weights=not safe).encode(TEXTS)
