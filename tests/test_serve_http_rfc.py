@@ -50,6 +50,20 @@ def test_http_versions_other_than_1_are_505_and_higher_minors_are_served(server)
     assert counted_since(server, before) == {"/health 505": 4, "/ready 505": 1, "/search 505": 1, "/health 200": 2}
 
 
+def test_the_http2_connection_preface_is_505_after_the_answers_before_it(server):
+    """``PRI * HTTP/2.0`` (HTTP/2 with prior knowledge: ``curl --http2-prior-knowledge``, gRPC) was a 400 "not valid
+    HTTP/1.1": it is an HTTP/2.0 request line, 505 as any other."""
+    preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+    before = counts(server)
+    raw = exchange(server, get("/health") + preface)
+    assert statuses(raw) == [200, 505], raw
+    body = json.loads(raw.rpartition(b"\r\n\r\n")[2])
+    assert body["error"]["type"] == "http_version_not_supported" and "HTTP/2.0 is not supported" in \
+        body["error"]["message"], body
+    assert counted_since(server, before) == {"/health 200": 1, "unmatched 505": 1}
+    assert server.client.get("/health").status_code == 200
+
+
 @pytest.mark.parametrize("head, said", [
     (b"GET /health HTTP/1.1\r\n", "must carry a Host header"),
     (b"GET /health HTTP/1.1\r\nHost: a\r\nHost: a\r\n", "2 Host headers"),
@@ -58,6 +72,11 @@ def test_http_versions_other_than_1_are_505_and_higher_minors_are_served(server)
     (b"GET /health HTTP/1.1\r\nHost: a/b\r\n", "is not HOST[:PORT]"),
     (b"GET /health HTTP/1.1\r\nHost: a:b\r\n", "is not HOST[:PORT]"),
     (b"GET http://a.example/health HTTP/1.1\r\n", "must carry a Host header"),
+    # the other headers read as one value: the first was taken, where a proxy in front may check the last
+    (b"GET /health HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer a\r\nAuthorization: Bearer b\r\n",
+     "2 Authorization headers"),
+    (b"GET /health HTTP/1.1\r\nHost: a\r\nContent-Type: application/json\r\ncontent-type: text/plain\r\n",
+     "2 Content-Type headers"),
 ])
 def test_a_missing_repeated_or_malformed_host_is_400_and_the_server_serves_on(server, head, said):
     before = counts(server)

@@ -139,27 +139,42 @@ def require_json(request: Request) -> None:
 HOST_VALUE = re.compile(rb"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9\-._~!$&'()*+,;=%]*)(?::[0-9]*)?")
 
 
+# request headers that the server reads and that are one value each (RFC 9110 §5.3: never repeated): two of them are
+# 400, whichever a proxy in front would have taken (its check of one, petal's use of the other)
+SINGLE_HEADERS = (b"host", b"content-type", b"authorization")
+
+
+def version_refusal(version: str) -> str:
+    """The 505 message of a request in ``HTTP/{version}``."""
+    return (f"HTTP/{version} is not supported: this server speaks HTTP/1.1 (and HTTP/1.0) on this port; send the "
+            "request as HTTP/1.1")
+
+
 def refused_head(scope: Scope) -> tuple[int, str, str] | None:
     """``(status, message, kind)`` for a request head the server refuses whatever its route, else ``None``: 505 for an
     HTTP major version other than 1 (RFC 9110 §15.6.6: ``HTTP/2.0``, ``HTTP/3.0`` or ``HTTP/0.9`` on an HTTP/1.1
     connection was served as HTTP/1.1); 400 for an HTTP/1.1 request without a Host header, with more than one, or with
-    one that is not ``host[:port]`` (RFC 9112 §3.2: the server MUST). NOTE: HTTP/1.0 needs no Host; an HTTP/1.x of a
-    higher minor (1.2) is served as 1.1 (RFC 9110 §2.5)."""
+    one that is not ``host[:port]`` (RFC 9112 §3.2: the server MUST), and for a repeated Content-Type or Authorization
+    (``SINGLE_HEADERS``: the first was taken, where a proxy may check the last). NOTE: HTTP/1.0 needs no Host; an
+    HTTP/1.x of a higher minor (1.2) is served as 1.1 (RFC 9110 §2.5)."""
     version = scope.get("http_version", "1.1")
     if not version.startswith("1."):
-        return (505, f"HTTP/{version} is not supported: this server speaks HTTP/1.1 (and HTTP/1.0) on this port; "
-                     "send the request as HTTP/1.1", "http_version_not_supported")
-    hosts = [value for name, value in scope["headers"] if name == b"host"]
-    if len(hosts) > 1:
-        return (400, f"the request has {len(hosts)} Host headers: send exactly one (RFC 9112 §3.2)",
-                "invalid_request_error")
-    if not hosts:
+        return 505, version_refusal(version), "http_version_not_supported"
+    headers = scope["headers"]
+    single = [(name, value) for name, value in headers if name in SINGLE_HEADERS]
+    names = [name for name, _ in single]
+    if len(set(names)) < len(names):
+        name = next(name for name in SINGLE_HEADERS if names.count(name) > 1)
+        return (400, f"the request has {names.count(name)} {name.decode().title()} headers: send exactly one "
+                     "(RFC 9110 §5.3, RFC 9112 §3.2)", "invalid_request_error")
+    host = dict(single).get(b"host")
+    if host is None:
         if version == "1.0":
             return None
         return (400, f"an HTTP/{version} request must carry a Host header (RFC 9112 §3.2): add 'Host: HOST[:PORT]'",
                 "invalid_request_error")
-    if HOST_VALUE.fullmatch(hosts[0]) is None:
-        return (400, f"the Host header {quote_text(hosts[0].decode('latin-1'), 80)} is not HOST[:PORT] "
+    if HOST_VALUE.fullmatch(host) is None:
+        return (400, f"the Host header {quote_text(host.decode('latin-1'), 80)} is not HOST[:PORT] "
                      "(RFC 9112 §3.2)", "invalid_request_error")
     return None
 

@@ -23,7 +23,15 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from petal.pipeline.reliability.errors import ConfigError
 from petal.pipeline.reliability.signals import STOP_SIGNALS, HeldSignals
-from petal.pipeline.serve.app import ANSWERED_BY_SERVER, CLIENT_CLOSED, NOT_ANSWERED, UNMATCHED, build_app, route_label
+from petal.pipeline.serve.app import (
+    ANSWERED_BY_SERVER,
+    CLIENT_CLOSED,
+    NOT_ANSWERED,
+    UNMATCHED,
+    build_app,
+    route_label,
+    version_refusal,
+)
 from petal.pipeline.serve.encoding import dumps
 from petal.pipeline.serve.metrics import ServeMetrics
 from petal.pipeline.serve.service import ServeState
@@ -87,10 +95,11 @@ MAX_HEAD_BYTES = 64 << 10
 HEAD_SLICE = 4096
 
 
-def raw_error(status: int, reason: bytes, message: str, default_headers: list[tuple[bytes, bytes]]) -> bytes:
+def raw_error(status: int, reason: bytes, message: str, default_headers: list[tuple[bytes, bytes]],
+              kind: str = "invalid_request_error") -> bytes:
     """The server's JSON error answer as raw HTTP/1.1 bytes (``Connection: close``), for what the parser refuses
     before any request reaches the app."""
-    body = dumps({"error": {"message": message, "type": "invalid_request_error", "code": status}})
+    body = dumps({"error": {"message": message, "type": kind, "code": status}})
     head = [b"HTTP/1.1 %d %s\r\n" % (status, reason)]
     head += [name + b": " + value + b"\r\n" for name, value in default_headers]
     head.append(b"content-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n" % len(body))
@@ -287,7 +296,12 @@ def http_protocol(metrics: ServeMetrics, header_timeout_s: float = 30.0,
                         self.parser.feed_data(data[done:] if done else data)
                     except httptools.HttpParserError:
                         self.logger.warning("Invalid HTTP request received.")
-                        self._refuse_not_http()
+                        if self._http2_preface():
+                            self._after_answers(functools.partial(
+                                self._send_closing, 505, b"HTTP Version Not Supported", version_refusal("2.0"),
+                                "http_version_not_supported"))
+                        else:
+                            self._refuse_not_http()
                     except httptools.HttpParserUpgrade as exc:
                         if self._should_upgrade():  # a WebSocket, a WebSocket library installed: uvicorn's way
                             self.handle_websocket_upgrade()
@@ -305,6 +319,15 @@ def http_protocol(metrics: ServeMetrics, header_timeout_s: float = 30.0,
                     self.parser.feed_data(data)  # only to see where the body ends (on_body discards it)
                 except Exception:  # anything the parser refuses now (httptools errors): stop reading
                     self.end_linger()
+
+            def _http2_preface(self) -> bool:
+                """The parser stopped at HTTP/2's connection preface (``PRI * HTTP/2.0``: prior knowledge, as ``curl
+                --http2-prior-knowledge`` or gRPC send): an HTTP/2.0 request line, 505 as any (``refused_head``), not a
+                400 "not valid HTTP/1.1"."""
+                try:
+                    return self.parser.get_method() == b"PRI" and self.parser.get_http_version() == "2.0"
+                except Exception:  # NOTE: nothing parsed yet (llhttp's state): not the preface
+                    return False
 
             def _ignore_upgrade(self, rest: bytes) -> None:
                 """A request asking to switch protocols (``Connection: Upgrade``; ``curl --http2`` sends ``Upgrade:
@@ -504,10 +527,14 @@ def http_protocol(metrics: ServeMetrics, header_timeout_s: float = 30.0,
             self.transport.abort()
 
         def send_400_response(self, msg: str) -> None:
-            # NOTE: raw bytes for both parsers (h11's state does not matter: the connection closes right after)
-            self.transport.write(raw_error(400, b"Bad Request", NOT_HTTP, self.server_state.default_headers))
+            self._send_closing(400, b"Bad Request", NOT_HTTP)
+
+        def _send_closing(self, status: int, reason: bytes, message: str, kind: str = "invalid_request_error") -> None:
+            """The JSON error ``status`` for what the parser refuses, counted as route ``unmatched``; the connection
+            closed. NOTE: raw bytes for both parsers (h11's state does not matter: the connection closes right after)"""
+            self.transport.write(raw_error(status, reason, message, self.server_state.default_headers, kind))
             self.transport.close()
-            self._count(UNMATCHED, 400)
+            self._count(UNMATCHED, status)
 
     return JsonErrorProtocol
 
