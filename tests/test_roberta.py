@@ -119,3 +119,5 @@ def test_a_roberta_index_written_as_xlm_roberta_is_searched_and_updated_without_
     assert _recorded(out) == {"model": "roberta", "embedding": "xlm-roberta", "config": "xlm-roberta"}
     with petal.open_index(out, device="cpu") as index:
         assert {h.id for h in index.search([TEXTS[2]], k=2)[0]} == {2, 102}  # the same text in both shards
+    petal.index([str(tmp_path / "data")], out, **settings, full=True)  # re-embedded: recorded as it is
+    assert _recorded(out) == {"model": "roberta", "embedding": "roberta", "config": "roberta"}
