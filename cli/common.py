@@ -233,55 +233,107 @@ class PetalGroup(click.Group):
 
 
 def stdin_lines() -> Iterator[bytes]:
-    """``--stdin``'s lines as they arrive (``text_rule.input_lines``: line ends and a leading byte order mark
-    dropped). A closed stdin (``<&-``: Python sets ``sys.stdin`` to ``None``) is no input (66); one that fails to
-    read is 74 naming stdin (its ``OSError`` carries no file name). A non-blocking stdin is waited on as a blocking
-    one (``_waited_lines``)."""
-    from petal.pipeline.ingest.text_rule import input_lines
-    from petal.pipeline.reliability.errors import NoInputError, PetalIOError
+    """``--stdin``'s lines one by one as they arrive (``stdin_chunks``)."""
+    for lines, _ in stdin_chunks():
+        yield from lines
+
+
+# --stdin: a chunk of lines is cut once it holds this many bytes (the rest is read for the next one)
+STDIN_CHUNK_BYTES = 1 << 20
+
+
+def stdin_chunks(max_bytes: int = STDIN_CHUNK_BYTES) -> Iterator[tuple[list[bytes], bool]]:
+    """``--stdin``'s lines as they arrive, in chunks: each holds every whole line there to read without waiting (at
+    least one; about ``max_bytes`` at most), with whether more is ready at once (``(lines, more)``). Line ends and
+    a leading byte order mark are dropped (``text_rule.input_lines``); the last line needs no line end.
+
+    A closed stdin (``<&-``: Python sets ``sys.stdin`` to ``None``) is no input (66); one that fails to read is 74
+    naming stdin (its ``OSError`` carries no file name). A non-blocking stdin is waited on as a blocking one.
+    The closed stdin is said by this call, before the first chunk is asked for (before a model loads)."""
+    from petal.pipeline.reliability.errors import NoInputError
 
     if sys.stdin is None:
         raise NoInputError("--stdin: stdin is closed (no file descriptor 0); give it input (< FILE, or a pipe)")
+    return _stdin_chunks(max_bytes)
+
+
+def _stdin_chunks(max_bytes: int) -> Iterator[tuple[list[bytes], bool]]:
+    from petal.pipeline.ingest.text_rule import input_lines
+    from petal.pipeline.reliability.errors import PetalIOError
+
+    assert sys.stdin is not None
     try:
         try:
             fd: int | None = sys.stdin.fileno()
         except (OSError, ValueError):  # NOTE: no file descriptor (a stream put in its place: CliRunner)
             fd = None
-        lines = sys.stdin.buffer if fd is None or os.get_blocking(fd) else _waited_lines(fd)
-        yield from input_lines(lines)
+        chunks = _stream_chunks(sys.stdin.buffer, max_bytes) if fd is None else _fd_chunks(fd, max_bytes)
+        first = True
+        for lines, more in chunks:
+            yield list(input_lines(lines, starts_input=first)), more
+            first = False
     except OSError as exc:  # NOTE: only the reads: what the caller does with a line is not inside this generator
         raise PetalIOError(f"cannot read --stdin: {exc.strerror or exc}") from exc
 
 
-def _waited_lines(fd: int) -> Iterator[bytes]:
-    """The lines of ``fd``, a file descriptor opened O_NONBLOCK (a terminal a program such as node left so, a
-    parent's pipe; shared with others, so never switched back), each line with its ``\n``: waited for with
-    ``poll`` until they arrive (not ``select``, which refuses a descriptor over 1023).
+def _stream_chunks(stream: Any, max_bytes: int) -> Iterator[tuple[list[bytes], bool]]:
+    """The lines of a stream without a file descriptor (``CliRunner``'s), ``max_bytes`` at a time: all of it is there
+    to read, so a chunk cut at ``max_bytes`` says more is ready."""
+    lines: list[bytes] = []
+    size = 0
+    for line in stream:
+        lines.append(line)
+        size += len(line)
+        if size >= max_bytes:
+            yield lines, True
+            lines, size = [], 0
+    if lines:
+        yield lines, False
 
-    NOTE: Python's buffered reader returns ``b""`` from such a descriptor when no byte is there yet, which reading by
-    lines takes for the end of the input: petal query --stdin and petal embed --stdin ended at once with 'nothing to
-    query: --stdin is empty' (66) while the writer was still on its way."""
+
+def _fd_chunks(fd: int, max_bytes: int) -> Iterator[tuple[list[bytes], bool]]:
+    """The lines of ``fd`` (each with its ``\n``) in chunks of what has arrived: waited for with ``poll`` until the
+    first whole line is there (a line arriving in pieces is joined), then every line there to read without waiting
+    joins the chunk, up to ``max_bytes``. Read with ``os.read``, so a pipe's lines are answered as they come, never
+    held for a buffer to fill.
+
+    NOTE: ``poll``, not ``select``, which refuses a descriptor over 1023. A descriptor opened O_NONBLOCK (a terminal
+    a program such as node left so, a parent's pipe; shared with others, so never switched back) is waited on as a
+    blocking one: Python's buffered reader returns ``b""`` from it when no byte is there yet, which reading by lines
+    took for the end of the input (petal query --stdin and petal embed --stdin ended at once with 'nothing to ...:
+    --stdin is empty', 66, while the writer was still on its way)."""
     import select
 
     poller = select.poll()
     poller.register(fd, select.POLLIN)
     pending = bytearray()
-    while True:
-        poller.poll()
-        try:
-            chunk = os.read(fd, 1 << 16)
-        except BlockingIOError:  # another reader of the same pipe took the bytes first
-            continue
-        if not chunk:
-            break
-        start, searched = 0, len(pending)
-        pending += chunk
-        while (end := pending.find(b"\n", searched)) >= 0:
-            yield bytes(pending[start:end + 1])
-            start = searched = end + 1
-        del pending[:start]
-    if pending:
-        yield bytes(pending)
+    ended = False
+    while not ended:
+        lines: list[bytes] = []
+        size = 0
+        while size < max_bytes or not lines:
+            if not poller.poll(0 if lines else -1):
+                break  # NOTE: nothing more to read now: answer what is here, never wait to fill the chunk
+            try:
+                read = os.read(fd, 1 << 16)
+            except BlockingIOError:  # another reader of the same pipe took the bytes first
+                if lines:
+                    break
+                continue
+            if not read:
+                ended = True
+                break
+            size += len(read)
+            start, searched = 0, len(pending)
+            pending += read
+            while (end := pending.find(b"\n", searched)) >= 0:
+                lines.append(bytes(pending[start:end + 1]))
+                start = searched = end + 1
+            del pending[:start]
+        if ended and pending:
+            lines.append(bytes(pending))
+        if lines:
+            yield lines, not ended and bool(poller.poll(0))
 
 
 # NOTE: line boundaries of str.splitlines() (and of Java's, and many log shippers' line readers) that json.dumps with

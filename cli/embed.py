@@ -8,7 +8,7 @@ import os
 import stat
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import click
 
@@ -18,7 +18,7 @@ from petal.cli.common import (
     device_options,
     given_flags,
     startup_done,
-    stdin_lines,
+    stdin_chunks,
     user_errors,
     write_stdout,
 )
@@ -26,13 +26,20 @@ from petal.cli.options import model_options, output_options
 from petal.pipeline.reliability.output_file import check_output_file as check_output
 from petal.pipeline.reliability.output_file import write_error
 
+if TYPE_CHECKING:
+    from petal.pipeline.jobs.embed import Embedded, Embedder
+
 
 @click.command()
 @click.argument("texts", nargs=-1)
 @click.option("--model", type=MODEL_DIR, default=None, metavar="PATH|HF_ID",
               help="Local model directory, or a Hugging Face model id already in the local cache (default: the "
                    "packaged all-MiniLM-L6-v2).")
-@click.option("--stdin", "from_stdin", is_flag=True, help="Read one text per line from stdin.")
+@click.option("--stdin", "from_stdin", is_flag=True,
+              help="Read one text per line from stdin. Alone (no TEXT, --input, --output, or --quantize int8 without "
+                   "--calibration), each JSON line is written and flushed as soon as its line is embedded, with the "
+                   "lines that had arrived with it (a coprocess, tail -f); blank lines before the first text embedded "
+                   "are answered with it. With any of those, all of stdin is read first.")
 @click.option("--input", "input_path", type=PATH, default=None,
               help="Read texts from a .parquet, .txt or .jsonl file.")
 @click.option("--text-column", default="text", show_default=True,
@@ -96,15 +103,21 @@ def embed(texts: tuple[str, ...], model: str | None, from_stdin: bool, input_pat
         items += read
     elif id_column is not None:
         raise click.UsageError("--id-column goes with --input FILE.parquet or FILE.jsonl")
-    if from_stdin:
+    # NOTE: --stdin alone streams: each line answered as it arrives (a coprocess writes a line and waits for its
+    # vector). --output is written whole or not at all, learned int8 ranges need every text, and TEXT and --input
+    # rows come first: those read all of stdin first
+    streamed = from_stdin and not items and input_path is None and output is None and not (
+        quantize == "int8" and calibration_index is None)
+    chunks = stdin_chunks() if streamed else None  # NOTE: a closed stdin is 66 before the model loads
+    if from_stdin and not streamed:
         # NOTE: bytes, decoded line by line; a line that is not UTF-8 stays bytes
-        items += [utf8_or_bytes(raw) for raw in stdin_lines()]
+        items += [utf8_or_bytes(raw) for lines, _ in stdin_chunks() for raw in lines]
     if ids is not None:  # NOTE: a --stdin line has no id, as a TEXT argument: null, each row keeping its own
         ids += [None] * (len(items) - len(ids))
     # NOTE: every input, one rule (petal index's, Embedder's): a text that is not UTF-8 (bytes; a TEXT argument that
     # Python read with surrogates for its bad bytes) is skipped in its place as invalid_utf8 or lone_surrogate, as a
     # null or blank one, and counted on the last line of stderr: never embedded as U+FFFD, never a shifted row
-    if not items:
+    if not items and not streamed:
         if input_path is None and not from_stdin:
             raise UsageError("nothing to embed: give TEXT, --stdin or --input")
         # NOTE: an input was given and held nothing: no input (66), as one of blank lines only; not a usage error
@@ -113,7 +126,6 @@ def embed(texts: tuple[str, ...], model: str | None, from_stdin: bool, input_pat
 
     import numpy as np
 
-    from petal.pipeline.ingest.text_rule import describe_skips
     from petal.pipeline.jobs.embed import Embedder
 
     embedder = Embedder(model, device, dtype, attention=attention, max_length=max_length, pooling=pooling,
@@ -123,8 +135,11 @@ def embed(texts: tuple[str, ...], model: str | None, from_stdin: bool, input_pat
                         engine_factory=_calibration_checked(items) if quantize == "int8" and calibration_index is None
                         else None)
     startup_done()  # the model is loaded: from here a long --input collects garbage as usual
+    if chunks is not None:
+        _streamed(embedder, chunks, as_query or query_prompt is not None)
+        return
     embedded = embedder.embed(items, query=as_query or query_prompt is not None)
-    transform, rows, skipped = embedded.transform, embedded.rows, embedded.skipped
+    rows, skipped = embedded.rows, embedded.skipped
     if embedded.learned_ranges:
         click.echo(f"petal embed: int8 ranges learned from these {len(items) - len(skipped)} texts (pass "
                    "--calibration INDEX to use an index's)", err=True)
@@ -132,29 +147,62 @@ def embed(texts: tuple[str, ...], model: str | None, from_stdin: bool, input_pat
         with replacing(output) as fh:
             np.save(fh, rows, allow_pickle=False)
     else:
-        as_number = int if rows.dtype.kind in "iu" else (lambda x: round(float(x), 7))
-
-        def json_line(i: int) -> str:
-            record: dict = {"index": i}
-            if ids is not None:
-                record["id"] = ids[i]
-            if i in skipped:
-                record.update(embedding=None, skipped=skipped[i])
-            else:
-                record["embedding"] = [as_number(x) for x in rows[i]]
-            return json.dumps(record, default=str)
-
-        lines = (json_line(i) for i in range(len(items)))
+        lines = (_json_line(embedded, i, ids) for i in range(len(items)))
         if output is not None:
             with replacing(output) as fh:
                 for line in lines:
                     fh.write(line.encode("utf-8") + b"\n")
         else:
             write_stdout(lines)
-    note = f", {embedded.truncated} truncated at {embedder.max_length} tokens" if embedded.truncated else ""
+    _summary(embedder, len(items), skipped, embedded.truncated)
+
+
+def _json_line(embedded: Embedded, i: int, ids: list | None = None) -> str:
+    """The JSON line of input position ``i`` (row ``i - embedded.start``), with its id where ids were read."""
+    record: dict = {"index": i}
+    if ids is not None:
+        record["id"] = ids[i]
+    if i in embedded.skipped:
+        record.update(embedding=None, skipped=embedded.skipped[i])
+    else:
+        row = embedded.rows[i - embedded.start]
+        record["embedding"] = row.tolist() if row.dtype.kind in "iu" else [round(float(x), 7) for x in row]
+    return json.dumps(record, default=str)
+
+
+def _streamed(embedder: Embedder, chunks: Iterator[tuple[list[bytes], bool]], query: bool) -> None:
+    """``--stdin`` alone: each line's JSON line written and flushed as soon as it is embedded
+    (``Embedder.embed_stream``), in input order; the lines before the first text embedded are held until it is, so
+    an input with nothing to embed (empty, blank lines only) writes nothing and is no input (66), as ever."""
+    from petal.pipeline.ingest.text_rule import describe_skips, utf8_or_bytes
+    from petal.pipeline.reliability.errors import NoInputError
+
+    count = truncated = 0
+    skipped: dict[int, str] = {}
+    held: list[str] = []
+    texts = (([utf8_or_bytes(raw) for raw in lines], more) for lines, more in chunks)
+    for answer in embedder.embed_stream(texts, query=query):
+        count += len(answer.rows)
+        truncated += answer.truncated
+        skipped.update(answer.skipped)
+        held += (_json_line(answer, i) for i in range(answer.start, count))
+        if len(skipped) < count:
+            write_stdout(held, flush=True)
+            held = []
+    if len(skipped) == count:
+        raise NoInputError(f"nothing to embed: {describe_skips(skipped) if count else '--stdin is empty'}")
+    _summary(embedder, count, skipped, truncated)
+
+
+def _summary(embedder: Embedder, count: int, skipped: dict[int, str], truncated: int) -> None:
+    """The last line on stderr: texts in, rows out, skips by reason, truncations."""
+    from petal.pipeline.ingest.text_rule import describe_skips
+
+    transform = embedder.transform
+    note = f", {truncated} truncated at {embedder.max_length} tokens" if truncated else ""
     kind = {"none": f"{transform.output_dtype} vectors", "int8": f"int8 codes ({transform.int8_scheme})",
             "binary": "sign bits"}[transform.quantize]
-    click.echo(f"petal embed: {len(items)} texts -> {len(items) - len(skipped)} {transform.dim}-dim {kind}, "
+    click.echo(f"petal embed: {count} texts -> {count - len(skipped)} {transform.dim}-dim {kind}, "
                f"{describe_skips(skipped)}{note}", err=True)
 
 

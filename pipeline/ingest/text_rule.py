@@ -18,10 +18,11 @@ VISIBLE = re.compile(r"[^\s\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202f\u2060-\u
 UTF8_BOM = b"\xef\xbb\xbf"
 
 
-def input_lines(lines: Iterable[bytes]) -> Iterator[bytes]:
+def input_lines(lines: Iterable[bytes], starts_input: bool = True) -> Iterator[bytes]:
     """``--stdin``'s lines as they arrive (``petal query``, ``petal embed``): the line end (``\\n``, ``\\r\\n``)
-    dropped, and a UTF-8 byte order mark that starts the input (``UTF8_BOM``)."""
-    first = True
+    dropped, and a UTF-8 byte order mark that starts the input (``UTF8_BOM``; ``starts_input``: ``lines`` are the
+    first of the input)."""
+    first = starts_input
     for raw in lines:
         if first:
             raw, first = raw.removeprefix(UTF8_BOM), False

@@ -6,7 +6,7 @@ import os
 import threading
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -16,9 +16,9 @@ import numpy as np
 
 from petal.engine.config import EngineConfig, ModelOptions
 from petal.pipeline.config import IndexJob, check_lengths, default_token_budget
-from petal.pipeline.ingest.pack import PackConfig, pack
-from petal.pipeline.ingest.text_rule import undecodable_text_reason, valid_text
-from petal.pipeline.ingest.tokens import TextTokenizer, tokenizer_for
+from petal.pipeline.ingest.pack import PackConfig, pack, plan_batches
+from petal.pipeline.ingest.text_rule import skip_reason, undecodable_text_reason, valid_text
+from petal.pipeline.ingest.tokens import Encoded, TextTokenizer, tokenizer_for
 from petal.pipeline.jobs.settings import (
     Texts,
     build,
@@ -76,12 +76,19 @@ def encode_texts(engine: Engine, tokenizer: TextTokenizer, texts: list[str],
     """
     if not texts:
         return np.zeros((0, engine.dim), dtype=np.float32), 0
-    texts = [valid_text(t)[0] for t in texts]
+    encoded = _tokenized(tokenizer, [valid_text(t)[0] for t in texts])
+    return embed_token_ids(engine, encoded.token_ids, batch_tokens), int(encoded.truncated.sum())
+
+
+def _tokenized(tokenizer: TextTokenizer, texts: list[str], positions: list[int] | None = None) -> Encoded:
+    """``texts``' token ids; a text that yields none is bad input, named by its place (``positions``: each text's
+    place in the caller's input; default: its index in ``texts``)."""
     encoded = tokenizer.encode(texts)
     empty = [i for i, ids in enumerate(encoded.token_ids) if len(ids) == 0]
     if empty:
-        raise BadInputError(f"text {empty[0]} ({quote_text(texts[empty[0]])}) yields no tokens")
-    return embed_token_ids(engine, encoded.token_ids, batch_tokens), int(encoded.truncated.sum())
+        place = empty[0] if positions is None else positions[empty[0]]
+        raise BadInputError(f"text {place} ({quote_text(texts[empty[0]])}) yields no tokens")
+    return encoded
 
 
 def embed_token_ids(engine: Engine, token_ids: list[np.ndarray], batch_tokens: int | None = None) -> np.ndarray:
@@ -131,6 +138,7 @@ class Embedded:
     transform: OutputTransform  # the output format the rows are in (with the int8 ranges used)
     learned_ranges: bool  # calibrated int8 ranges were learned from these very texts
     skipped: dict[int, str] = field(default_factory=dict)  # input position -> why it was not embedded (null_text, ...)
+    start: int = 0  # the input position of rows[0] (``Embedder.embed_stream``'s answers; 0 for ``embed``)
 
 
 class Embedder:
@@ -250,7 +258,7 @@ class Embedder:
         and texts the model turns into NaN or infinity, are skipped and said in ``skipped`` by reason
         (``null_text``, ``invalid_utf8``, ``lone_surrogate``, ``empty_text``, ``non_finite_embedding``); every text
         skipped: ``NoInputError``, exit 66."""
-        from petal.pipeline.ingest.text_rule import describe_skips, skip_reason
+        from petal.pipeline.ingest.text_rule import describe_skips
         from petal.pipeline.reliability.errors import NoInputError
 
         if not isinstance(query, (bool, np.bool_)):
@@ -290,18 +298,79 @@ class Embedder:
             return Embedded(np.zeros((0, transform.dim), dtype=np.int8), 0, transform, False)
         if transform.int8_scheme == "calibrated" and transform.calibration is None:
             transform, learned = build(transform.calibrate, transform.stored(vectors)), True
-        embedded = transform.output(vectors)
-        if not skipped:
-            return Embedded(embedded, truncated, transform, learned)
-        rows = np.full((len(items), *embedded.shape[1:]), np.nan if embedded.dtype.kind == "f" else 0, embedded.dtype)
-        rows[kept] = embedded
-        return Embedded(rows, truncated, transform, learned, skipped)
+        return Embedded(_placed(transform.output(vectors), len(items), kept), truncated, transform, learned, skipped)
+
+    def embed_stream(self, chunks: Iterable[tuple[Sequence[Any], bool]], *, query: bool = False) -> Iterator[Embedded]:
+        """``embed`` over texts that arrive in chunks (``petal embed --stdin``): each answer (an ``Embedded`` whose
+        ``start`` is the input position of its first row, ``skipped`` keyed by input position) follows the last, in
+        input order, as soon as its texts are embedded.
+
+        ``chunks``: ``(texts, more)`` pairs; ``more`` says that further texts are ready at once, so the texts of the
+        last packed batch wait for them. Texts are packed exactly as one ``embed`` call over all of them packs them
+        (first come first served: each batch closes where the next text does not fit), so the rows are the same;
+        only a batch closed early because nothing more had arrived yet differs from it. Texts are skipped by
+        ``embed``'s rule; no answer raises ``NoInputError`` (a chunk of blank lines is answered with skips). int8
+        ranges learned from the texts need all of them at once: ``UsageError`` (use ``embed``)."""
+        engine, transform = self.engine, self.transform
+        if transform.int8_scheme == "calibrated" and transform.calibration is None:
+            raise UsageError("int8 ranges learned from the texts embedded need every text at once: call embed(), "
+                             "or pass calibration=INDEX")
+        if not isinstance(query, (bool, np.bool_)):
+            raise ArgumentTypeError(f"query={query!r} is {kind_of(query)}, not True or False")
+        tokenizer = self._tokenizer("query" if query else "document")
+        config = PackConfig(engine.config.token_budget, engine.config.max_seqs)
+        start, held = 0, 0  # input position of the first text not answered yet, and how many texts are held
+        skipped: dict[int, str] = {}
+        kept: list[tuple[int, np.ndarray, bool]] = []  # held texts to embed: (input position, token ids, truncated)
+        for texts, more in _with_last(chunks):
+            base = start + held
+            fresh = [(base + i, text) for i, text in enumerate(texts)]
+            skipped.update((place, why) for place, text in fresh
+                           if (why := undecodable_text_reason(text) or skip_reason(text)))
+            to_embed = [(place, text.decode("utf-8") if isinstance(text, bytes) else text)
+                        for place, text in fresh if place not in skipped]
+            held += len(fresh)
+            if to_embed:
+                encoded = _tokenized(tokenizer, [text for _, text in to_embed], [place for place, _ in to_embed])
+                kept += zip([place for place, _ in to_embed], encoded.token_ids, encoded.truncated.tolist())
+            # NOTE: while more texts are ready, the last batch planned may grow with them: it waits, so every batch
+            # is the one a single embed() over the whole input packs (its rows are the same to the last bit)
+            batches = plan_batches([len(ids) for _, ids, _ in kept], config) if more and kept else []
+            cut = batches[-1].start if batches else len(kept)
+            end = kept[cut][0] if cut < len(kept) else start + held
+            if end == start:
+                continue
+            now, kept = kept[:cut], kept[cut:]
+            vectors = embed_token_ids(engine, [ids for _, ids, _ in now])
+            finite = np.isfinite(vectors).all(axis=1)
+            skipped.update((place, "non_finite_embedding") for (place, _, _), ok in zip(now, finite) if not ok)
+            rows = _placed(transform.output(vectors[finite]), end - start,
+                           [place - start for (place, _, _), ok in zip(now, finite) if ok])
+            answered = {place: skipped.pop(place) for place in sorted(skipped) if place < end}
+            yield Embedded(rows, sum(flag for _, _, flag in now), transform, False, answered, start)
+            held -= end - start
+            start = end
 
     def _tokenizer(self, side: str) -> TextTokenizer:
         if side not in self._tokenizers:
             # NOTE: a tokenizer.json petal cannot use (unreadable, ids past the model's table): ConfigError there
             self._tokenizers[side] = tokenizer_for(self.spec, "query" if side == "query" else "document")
         return self._tokenizers[side]
+
+
+def _with_last(chunks: Iterable[tuple[Sequence[Any], bool]]) -> Iterator[tuple[Sequence[Any], bool]]:
+    """``chunks``, then an empty one that says nothing more is coming (what is held is answered)."""
+    yield from chunks
+    yield [], False
+
+
+def _placed(embedded: np.ndarray, count: int, kept: list[int]) -> np.ndarray:
+    """``count`` rows with ``embedded``'s rows at the positions ``kept`` and NaN (zeros for codes) at the others."""
+    if len(kept) == count:
+        return embedded
+    rows = np.full((count, *embedded.shape[1:]), np.nan if embedded.dtype.kind == "f" else 0, embedded.dtype)
+    rows[kept] = embedded
+    return rows
 
 
 def index_calibration(transform: OutputTransform, index_path: Path) -> OutputTransform:

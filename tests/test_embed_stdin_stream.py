@@ -1,0 +1,109 @@
+"""``petal embed --stdin`` answers each line as it arrives: it read all of stdin before answering anything, so a
+producer that writes a line and waits for its vector (a coprocess, ``tail -f``, another program's pipe) waited until
+it closed stdin. Lines that arrive together are embedded together, packed exactly as one run over the whole input
+packs them, so the rows are the same to the last bit. Real processes, the packaged MiniLM."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import select
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests.conftest import REPO
+
+
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("PETAL_")}
+
+
+def _petal(*args: str, stdin: bytes = b"") -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "petal.cli.main", *args], input=stdin, capture_output=True,
+                          cwd=REPO, env=_env(), timeout=300)
+
+
+def _answer(proc: subprocess.Popen, seconds: float = 120) -> dict:
+    """The next JSON line of ``proc``'s stdout, read before its stdin is closed (fails after ``seconds``)."""
+    assert proc.stdout is not None
+    poller = select.poll()  # NOTE: poll, not select: the suite's process holds over 1023 descriptors
+    poller.register(proc.stdout, select.POLLIN)
+    assert poller.poll(seconds * 1000), "no answer while stdin stays open"
+    return json.loads(proc.stdout.readline())
+
+
+def test_each_line_is_answered_before_stdin_closes():
+    proc = subprocess.Popen([sys.executable, "-m", "petal.cli.main", "embed", "--stdin"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO, env=_env())
+    try:
+        assert proc.stdin is not None
+        answers = []
+        # a line, a blank line with the start of the next (its rest comes later), the rest: an answer each
+        for line in (b"glaciers flow downhill\n", b"\r\nbread rises", b" overnight\r\n"):
+            proc.stdin.write(line)
+            proc.stdin.flush()
+            answers.append(_answer(proc))
+        proc.stdin.close()
+        proc.wait(timeout=120)
+        assert proc.stdout is not None and proc.stderr is not None
+        rest, err = proc.stdout.read(), proc.stderr.read()
+    finally:
+        proc.kill()
+    assert proc.returncode == 0 and rest == b"", err.decode()[-2000:]
+    assert [a["index"] for a in answers] == [0, 1, 2] and answers[1] == {"index": 1, "embedding": None,
+                                                                          "skipped": "empty_text"}
+    assert "3 texts -> 2 384-dim float32 vectors" in err.decode()
+    # each answer is the row of the text embedded alone (as it was embedded: alone in its batch)
+    for answer, text in zip(answers[::2], ("glaciers flow downhill", "bread rises overnight")):
+        alone = _petal("embed", text)
+        assert alone.returncode == 0, alone.stderr.decode()
+        assert answer["embedding"] == json.loads(alone.stdout)["embedding"]
+    # and the batch run of both lines gives the same vectors (up to the float noise of another batch)
+    batch = _petal("embed", "--stdin", stdin=b"glaciers flow downhill\n\nbread rises overnight\n")
+    rows = [json.loads(line) for line in batch.stdout.splitlines()]
+    assert [r["index"] for r in rows] == [0, 1, 2] and rows[1] == answers[1]
+    for streamed, batched in zip(answers[::2], rows[::2]):
+        np.testing.assert_allclose(streamed["embedding"], batched["embedding"], atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def small_embedder():
+    from petal.pipeline.jobs.embed import Embedder
+
+    # NOTE: a small token budget, so that an input of a few dozen texts makes many packed batches
+    return Embedder(device="cpu", max_length=32, token_budget=64, max_seqs=5)
+
+
+def test_lines_arriving_in_any_chunks_get_the_rows_of_one_run(small_embedder):
+    rng = random.Random(7)
+    texts: list = [" ".join(rng.choice(["ice", "lava", "bread", "stock", "river", "x" * 40]) for _ in range(n))
+                   for n in rng.choices(range(1, 30), k=80)]
+    texts[3] = texts[40] = ""
+    texts[11] = b"caf\xe9"
+    texts[60] = "   "
+    whole = small_embedder.embed(texts)
+    for trial in range(6):
+        cuts = sorted(rng.sample(range(1, len(texts)), trial * 4 + 1))
+        pieces = [texts[a:b] for a, b in zip([0, *cuts], [*cuts, len(texts)])]
+        # more: whether the next piece was ready at once (the last one: the end of the input)
+        chunks = [(piece, trial % 2 == 0 and i + 1 < len(pieces)) for i, piece in enumerate(pieces)]
+        answers = list(small_embedder.embed_stream(chunks))
+        assert [a.start for a in answers] == list(np.cumsum([0, *[len(a.rows) for a in answers]])[:-1])
+        rows = np.concatenate([a.rows for a in answers])
+        skipped = {k: v for a in answers for k, v in a.skipped.items()}
+        assert skipped == whole.skipped == {3: "empty_text", 11: "invalid_utf8", 40: "empty_text", 60: "empty_text"}
+        assert sum(a.truncated for a in answers) == whole.truncated > 0
+        if trial % 2 == 0:  # every piece was ready at once: packed as one run, the same rows to the last bit
+            np.testing.assert_array_equal(rows, whole.rows)
+        else:  # each piece answered as it came: batches closed early, float noise only
+            np.testing.assert_allclose(rows, whole.rows, atol=1e-6)
+
+
+def test_blank_lines_only_write_nothing_and_are_no_input():
+    result = _petal("embed", "--stdin", stdin=b"\n \r\n\t\n")
+    assert (result.returncode, result.stdout) == (66, b""), result.stderr.decode()
+    assert "nothing to embed: 3 skipped (empty_text 3" in result.stderr.decode()
