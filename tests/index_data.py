@@ -28,6 +28,15 @@ def random_vectors(n: int, dim: int, seed: int) -> np.ndarray:
     return unit(np.random.default_rng(seed).standard_normal((n, dim), dtype=np.float32))
 
 
+def vector_shard(data: Path, n: int, rows: int = 20, dim: int = 8) -> Path:
+    """``data/v{n}.parquet``: ids ``100 n + i`` and a seeded ``emb`` column of ``dim`` floats (``--vectors-column``)."""
+    flat = np.random.default_rng(n).standard_normal((rows, dim)).astype(np.float32).ravel()
+    path = data / f"v{n}.parquet"
+    pq.write_table(pa.table({"id": np.arange(rows) + 100 * n,
+                             "emb": pa.FixedSizeListArray.from_arrays(pa.array(flat), dim)}), path)
+    return path
+
+
 def clustered_vectors(n: int, dim: int, seed: int, num_clusters: int = 256, spread: float = 0.6) -> np.ndarray:
     """``[n, dim]`` unit vectors around ``num_clusters`` random unit centers (Dirichlet-drawn sizes);
     ``spread``: the noise norm relative to the center."""

@@ -13,24 +13,13 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
 from petal.cli.main import cli
 from petal.pipeline.store import embeddings
 from petal.pipeline.store.embeddings import RACY_NS
-
-DIM = 8
-
-
-def shard(data: Path, n: int) -> Path:
-    flat = np.random.default_rng(n).standard_normal((20, DIM)).astype(np.float32).ravel()
-    path = data / f"v{n}.parquet"
-    pq.write_table(pa.table({"id": np.arange(20) + 100 * n,
-                             "emb": pa.FixedSizeListArray.from_arrays(pa.array(flat), DIM)}), path)
-    return path
+from tests.index_data import vector_shard
 
 
 @pytest.fixture
@@ -66,7 +55,7 @@ def test_a_copied_store_is_hashed_once_then_skipped_and_a_change_is_still_caught
     data = tmp_path / "data"
     data.mkdir()
     for n in range(3):
-        shard(data, n)
+        vector_shard(data, n)
     index(str(data), "--out", str(tmp_path / "first"))
     out = tmp_path / "out"
     shutil.copytree(tmp_path / "first", out)  # cp -r: new inodes, times
@@ -94,13 +83,13 @@ def test_a_copied_store_is_hashed_once_then_skipped_and_a_change_is_still_caught
 def test_an_additive_run_does_not_hash_the_kept_entries(tmp_path, hashed):
     data = tmp_path / "data"
     data.mkdir()
-    kept = [shard(data, n) for n in range(4)]
+    kept = [vector_shard(data, n) for n in range(4)]
     out = tmp_path / "out"
     index(*map(str, kept), "--out", str(out))
     settle()
     new = tmp_path / "new"
     new.mkdir()
-    added = shard(new, 9)
+    added = vector_shard(new, 9)
     hashed.clear()
     output = index(str(added), "--out", str(out))
     assert "success" in output

@@ -861,11 +861,11 @@ def guard_removals(out: OutputDir, job: IndexJob, shards: list[ShardInfo], entri
     store = EmbeddingStore(out.store_dir)
     dropped_shards = report.shard_changes.get("removed", [])
     before = live_version_documents(out, previous, store)
+    dropped = dropped_entries(store, previous, shards) if before is not None else None
     removal = None
-    if before is not None:
+    if before is not None and dropped is not None:
         try:
-            removal = removed_documents(before, entries, delete_ids, dropped_entries(store, previous, shards),
-                                        dropped_shards)
+            removal = removed_documents(before, entries, delete_ids, dropped, dropped_shards)
         except (OSError, pa.ArrowException):  # a damaged store file: counted from the manifest instead
             removal = None
     if removal is None:

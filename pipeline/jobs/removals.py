@@ -115,13 +115,30 @@ def live_ids(entries: list[StoreEntry]) -> pa.ChunkedArray:
     return pa.chunked_array(columns, pa.string())
 
 
-def dropped_entries(store: EmbeddingStore, previous: Manifest | None, kept: list[ShardInfo]) -> list[StoreEntry]:
+def read_ids_entry(store: EmbeddingStore, record: ShardRecord, what: str) -> StoreEntry | None:
+    """A live shard's store entry read for its ids only (the removal guard): its files checked by their stat, as a
+    kept shard's (``lookup(verify=False)``); a damaged one is said (``what``) and ``None``, left where it is (nothing
+    embeds it again here; pruning after the publish removes what no version holds). NOTE: was ``lookup``'s repair:
+    every dropped shard's vectors hashed, and a damaged entry warned 'embedding the shard again' in a run that
+    embedded nothing, and was moved out of the store."""
+    try:
+        return store.lookup(record.abs_path, record.entry, repair=False, verify=False)
+    except BadInputError as exc:
+        from petal.pipeline.store.embeddings import warn
+
+        warn(f"{exc}: it holds the embeddings of {record.path}, {what}")
+        return None
+
+
+def dropped_entries(store: EmbeddingStore, previous: Manifest | None,
+                    kept: list[ShardInfo]) -> list[StoreEntry] | None:
     """Store entries of the live version's shards the new version does not hold (still in the store: pruning
-    comes after the publish)."""
+    comes after the publish); ``None`` when one is missing or damaged: the guard then counts from the manifest
+    (``removed_by_counts``: a shard whose ids cannot be read never lowers the count)."""
     held = {info.abs_path for info in kept}
-    found = (store.lookup(s.abs_path, s.entry) for s in (previous.shards if previous is not None else ())
-             if s.abs_path not in held)
-    return [entry for entry in found if entry is not None]
+    found = [read_ids_entry(store, s, "which this run drops; the removal guard counts from the manifest instead")
+             for s in (previous.shards if previous is not None else ()) if s.abs_path not in held]
+    return None if any(entry is None for entry in found) else [e for e in found if e is not None]
 
 
 def live_version_ids(out: OutputDir) -> pa.ChunkedArray | None:
@@ -146,7 +163,8 @@ def live_version_documents(out: OutputDir, previous: Manifest | None,
     ids = live_version_ids(out)
     if ids is not None or previous is None:
         return ids
-    entries = [store.lookup(s.abs_path, s.entry) for s in previous.shards]
+    entries = [read_ids_entry(store, s, "which the live version holds; the removal guard counts from the manifest "
+                              "instead") for s in previous.shards]
     if any(entry is None for entry in entries):
         return None
     try:
