@@ -230,6 +230,11 @@ def inspect_model(
     model_dir = resolve_model_dir(model)
     config_file = model_dir / "config.json"
     if not _present(config_file):
+        if _present(model_dir / "modules.json"):  # an older sentence-transformers layout: its error says the fix
+            try:
+                read_st_files(model_dir)
+            except ValueError as exc:
+                raise ModelError(str(exc)) from exc
         raise ModelError(f"{model_dir} has no config.json; is it a Hugging Face model directory?")
     hf = _read_json(config_file)
     try:

@@ -178,7 +178,10 @@ def _modules(model_dir: Path, modules: list[dict[str, Any]]) -> dict[str, Any]:
             raise StFilesError(f"{where} comes before Pooling; petal runs these on pooled vectors only")
         if kind == "Transformer":
             if folder != model_dir and model_file(folder / "config.json"):
-                raise StFilesError(f"{where} keeps the transformer in {folder}; pass --model {folder}")
+                # NOTE: --model FOLDER alone would run without this modules.json: its Pooling, Dense, Normalize
+                raise StFilesError(f"{where} keeps the transformer in {folder}; petal reads the transformer's files "
+                                   f"beside modules.json: move the files of {folder} up into {model_dir} and set "
+                                   "the module's \"path\" to \"\" (the layout sentence-transformers writes now)")
         elif kind == "Pooling":
             out["pooling"], out["include_prompt"] = _pooling(folder)
         elif kind == "Dense":

@@ -103,3 +103,34 @@ def test_a_dense_bias_its_config_does_not_take_is_refused_not_dropped(tmp_path, 
     with pytest.raises(petal.ConfigError, match=r"2_Dense/(model.safetensors|pytorch_model.bin): tensors the layer "
                                                 r"would not read: linear.bias"):
         petal.Embedder(str(path), device="cpu", allow_pickle_weights=not safe).encode(TEXTS)
+
+
+def test_a_transformer_in_a_sub_folder_is_refused_with_the_move_that_keeps_its_modules(tmp_path, tiny_bert_dir):
+    """An older sentence-transformers layout (the transformer's files in 0_Transformer/, modules.json beside it, here
+    with cls pooling and a Dense): petal said '... has no config.json; is it a Hugging Face model directory?' (and,
+    with a config.json above too, 'pass --model .../0_Transformer', which embeds without this modules.json: mean
+    pooling, no Dense, other vectors). It now says to move the files up; done, petal embeds as sentence-transformers
+    embeds the original."""
+    import shutil
+
+    path = st_save(tmp_path / "st", tiny_bert_dir, "cls")
+    sub = path / "0_Transformer"
+    sub.mkdir()
+    kept = ("modules.json", "config_sentence_transformers.json")
+    top = [f for f in path.iterdir() if f.is_file() and f.name not in kept]
+    for f in top:
+        shutil.move(f, sub / f.name)
+    modules = json.loads((path / "modules.json").read_text())
+    modules[0]["path"] = "0_Transformer"
+    (path / "modules.json").write_text(json.dumps(modules))
+    reference = st_vectors(path, TEXTS)
+    with pytest.raises(petal.ConfigError, match=r"keeps the transformer in .*0_Transformer; .* move the files of "):
+        petal.Embedder(str(path), device="cpu")
+    with petal.Embedder(str(sub), device="cpu") as what_was_advised:
+        assert what_was_advised.encode(TEXTS).shape == (len(TEXTS), 64)  # no Dense: not the model's 16 dims
+    for f in top:
+        shutil.move(sub / f.name, path / f.name)
+    modules[0]["path"] = ""
+    (path / "modules.json").write_text(json.dumps(modules))
+    with petal.Embedder(str(path), device="cpu") as embedder:
+        np.testing.assert_allclose(embedder.encode(TEXTS), reference, atol=2e-5)
