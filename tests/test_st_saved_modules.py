@@ -42,7 +42,7 @@ def st_vectors(path: Path, texts: list[str]) -> np.ndarray:
     return SentenceTransformer(str(path), device="cpu").encode(texts, convert_to_numpy=True)
 
 
-@pytest.mark.parametrize("pooling", ["mean", "cls", ["mean"]])
+@pytest.mark.parametrize("pooling", ["mean", "cls", "lasttoken", ["mean"]])
 def test_a_model_saved_with_pooling_mode_embeds_as_sentence_transformers_does(tmp_path, tiny_bert_dir, pooling):
     path = st_save(tmp_path / "st", tiny_bert_dir, pooling)
     assert "pooling_mode" in json.loads((path / "1_Pooling" / "config.json").read_text())
