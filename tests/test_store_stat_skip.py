@@ -96,3 +96,20 @@ def test_an_additive_run_does_not_hash_the_kept_entries(tmp_path, hashed):
     assert in_store(hashed, out) == []  # the new shard's entry is hashed as it is written (in store/tmp), no other
     assert any(p.name == "embeddings.npy" for p in hashed)  # (the counter sees the store's hashing)
     assert len(list((out / "store" / "shards").glob("*/*/entry.json"))) == 5
+
+
+def test_a_vectors_run_with_nothing_to_do_reports_the_live_rejects_file(tmp_path):
+    """``--json-report`` of a ``--vectors-column`` run with nothing to do said ``rejects_file: null`` where a text
+    run's names the live version's (an Airflow task reading it got nothing)."""
+    import json
+
+    data = tmp_path / "data"
+    data.mkdir()
+    vector_shard(data, 0)
+    out, report = tmp_path / "out", tmp_path / "r.json"
+    index(str(data), "--out", str(out), "--json-report", str(report))
+    first = json.loads(report.read_text())
+    assert "nothing-to-do" in index(str(data), "--out", str(out), "--json-report", str(report))
+    again = json.loads(report.read_text())
+    assert again["status"] == "nothing-to-do" and again["version"] == first["version"]
+    assert again["rejects_file"] == first["rejects_file"] and Path(again["rejects_file"]).is_file()

@@ -344,9 +344,7 @@ def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory
         check_rows_to_index(out, job, committed, report)
         same = previous is not None and unchanged(previous, shards, committed, job, pending)
         if published_nothing(out, previous, same, report, stop, live_checked, store, named, embedded_now):
-            report.version = out.current_version()
-            assert report.version is not None
-            report.rejects_file = str(out.version_dir(report.version) / "rejects.parquet")
+            report_live_version(out, report)
             clean_up(out, store, committed, job, report, stop)
             stop.check()  # a signal while cleaning up: the live version stays, the exit code is the signal's
             report.finish("nothing-to-do", 0, "no shard or setting changed; the live version stays")
@@ -759,6 +757,14 @@ def live_before_lookup(out: OutputDir, previous: Manifest | None, shards: list[S
             previous.kept_columns != tuple(job.keep_columns) or previous.index.settings != job.index:
         return None
     return nothing_to_publish(out, previous, True, report, stop)
+
+
+def report_live_version(out: OutputDir, report: RunReport) -> None:
+    """A run with nothing to publish reports the live version and its rejects file, as a run that published does
+    (NOTE: ``--vectors-column`` runs reported ``rejects_file: null`` then)."""
+    report.version = out.current_version()
+    assert report.version is not None
+    report.rejects_file = str(out.version_dir(report.version) / "rejects.parquet")
 
 
 def published_nothing(out: OutputDir, previous: Manifest | None, same: bool, report: RunReport,

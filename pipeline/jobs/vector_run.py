@@ -161,7 +161,7 @@ def _run(job: IndexJob, column: str, report: RunReport, stop: StopSignals, start
         same = previous is not None and run.unchanged(previous, all_shards, committed, job, pending)
         # a damaged live version: rebuilt from the store
         if run.published_nothing(out, previous, same, report, stop, live_checked, store, named, embedded_now):
-            report.version = out.current_version()
+            run.report_live_version(out, report)
             run.clean_up(out, store, committed, job, report, stop)
             stop.check()  # a signal while cleaning up: the live version stays, the exit code is the signal's
             report.finish("nothing-to-do", 0, "no shard or setting changed; the live version stays")
