@@ -145,6 +145,7 @@ def read_st_files(model_dir: Path) -> StFiles:
             zero = type(config.get("max_seq_length")) is int and config["max_seq_length"] == 0
             values["max_seq_length"] = None if zero else config_int(config, "max_seq_length", None, minimum=2)
             values["do_lower_case"] = config_bool(config, "do_lower_case", False)
+        _token_embeddings(st_config, config)
     values.update(_prompts_and_similarity(model_dir))
     return StFiles(**values)
 
@@ -222,6 +223,26 @@ def _pooling(folder: Path) -> tuple[str, bool]:
         raise StFilesError(f"{path} asks for pooling {asked or 'none'}; petal supports exactly one "
                            "of pooling_mode_cls_token, pooling_mode_mean_tokens, pooling_mode_lasttoken")
     return modes[0], include_prompt
+
+
+def _token_embeddings(path: Path, config: dict[str, Any]) -> None:
+    """Refuse a Transformer module (sentence-transformers 5+'s ``sentence_bert_config.json``) that gives other than
+    the last hidden states as its token embeddings, which is what petal computes: another ``transformer_task``
+    (logits of a masked or causal LM, a classifier's scores) or another text output or output name."""
+    with in_file(path):
+        task = config_str(config, "transformer_task", "feature-extraction")
+        modality = config.get("modality_config") or {}
+        text = modality.get("text") if isinstance(modality, dict) else None
+        text = text if isinstance(text, dict) else {}
+        given = {"transformer_task": task, "modality_config.text.method": config_str(text, "method", "forward"),
+                 "modality_config.text.method_output_name": text.get("method_output_name", "last_hidden_state"),
+                 "module_output_name": config_str(config, "module_output_name", "token_embeddings")}
+    runs = {"transformer_task": "feature-extraction", "modality_config.text.method": "forward",
+            "modality_config.text.method_output_name": "last_hidden_state", "module_output_name": "token_embeddings"}
+    other = [f"{key} {value!r}" for key, value in given.items() if value != runs[key]]
+    if other:
+        raise StFilesError(f"{path}: {', '.join(other)}; petal runs the transformer for its last hidden states as "
+                           f"token embeddings ({', '.join(f'{k} {v!r}' for k, v in runs.items())})")
 
 
 def _pooling_mode(path: Path, given: Any) -> str:

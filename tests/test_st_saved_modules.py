@@ -134,3 +134,22 @@ def test_a_transformer_in_a_sub_folder_is_refused_with_the_move_that_keeps_its_m
     (path / "modules.json").write_text(json.dumps(modules))
     with petal.Embedder(str(path), device="cpu") as embedder:
         np.testing.assert_allclose(embedder.encode(TEXTS), reference, atol=2e-5)
+
+
+@pytest.mark.parametrize(("change", "key"), [
+    ({"transformer_task": "fill-mask"}, "transformer_task 'fill-mask'"),
+    ({"modality_config": {"text": {"method": "forward", "method_output_name": "pooler_output"}}},
+     "modality_config.text.method_output_name 'pooler_output'"),
+    ({"module_output_name": "sentence_embedding"}, "module_output_name 'sentence_embedding'"),
+])
+def test_a_transformer_that_gives_other_token_embeddings_is_refused_naming_the_key(tmp_path, tiny_bert_dir, change,
+                                                                                  key):
+    """sentence-transformers 5+'s sentence_bert_config.json says what the Transformer module outputs (a masked LM's
+    logits, the pooler's output, written straight as the sentence embedding); petal ignored it and pooled the last
+    hidden states."""
+    path = st_save(tmp_path / "st", tiny_bert_dir, "mean")
+    config = json.loads((path / "sentence_bert_config.json").read_text())
+    assert config["transformer_task"] == "feature-extraction"  # as saved: runs (the tests above)
+    (path / "sentence_bert_config.json").write_text(json.dumps({**config, **change}))
+    with pytest.raises(petal.ConfigError, match=f"sentence_bert_config.json: {key}; petal runs the transformer"):
+        petal.Embedder(str(path), device="cpu")
