@@ -17,7 +17,7 @@ import time
 import pytest
 
 from tests._serve_shared import default_server
-from tests.test_serve_http_conformance import connect, counted_since, counts, exchange, get, post, statuses
+from tests.test_serve_http_conformance import connect, counted_since, counts, exchange, get, post, read_all, statuses
 
 
 @pytest.fixture(scope="module")
@@ -156,3 +156,24 @@ def test_each_malformed_input_says_what_is_taken_and_where_it_is_not(server, giv
     answer = server.client.post("/v1/embeddings", json={"input": given})
     message = answer.json()["error"]["message"]
     assert answer.status_code == 422 and said in message and FORMS in message, (given, message)
+
+
+def test_an_http_1_0_expect_100_continue_is_ignored_and_1_1_still_gets_it(server):
+    """RFC 9110 §10.1.1: a server MUST ignore an HTTP/1.0 request's ``Expect: 100-continue``. It was sent ``HTTP/1.1 100
+    Continue``, which an HTTP/1.0 client takes for its answer; now it gets only the answer once its body is sent. An
+    HTTP/1.1 request still gets its 100 Continue before the body, as before."""
+    body = json.dumps({"query": "ice", "k": 1}).encode()
+    for version, interim in (("1.0", b""), ("1.1", b"HTTP/1.1 100 Continue\r\n\r\n")):
+        with connect(server) as sock:
+            sock.sendall(f"POST /search HTTP/{version}\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "
+                         f"{len(body)}\r\nExpect: 100-continue\r\nConnection: close\r\n\r\n".encode())
+            sock.settimeout(1.0)
+            try:
+                first = sock.recv(65536)
+            except TimeoutError:
+                first = b""  # NOTE: nothing before the body: as it should be for HTTP/1.0
+            assert first == interim, (version, first)
+            sock.settimeout(30)
+            sock.sendall(body)
+            raw = read_all(sock)
+        assert statuses(raw) == [200] and b'"hits"' in raw, (version, raw)

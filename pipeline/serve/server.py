@@ -167,6 +167,7 @@ def http_protocol(metrics: ServeMetrics, header_timeout_s: float = 30.0,
             _refusal: Callable[[], None] | None = None  # a refusal (400, 414, 431) waiting for the answers before it
             _ignored = False  # the request being read came after it: never served (NOT_ANSWERED)
             _peer_closed = False  # the client closed its side (or reset the connection)
+            expect_100_continue: bool  # uvicorn's: the request being read said "Expect: 100-continue"
 
             def connection_made(self, transport: asyncio.Transport) -> None:
                 super().connection_made(transport)
@@ -241,6 +242,10 @@ def http_protocol(metrics: ServeMetrics, header_timeout_s: float = 30.0,
                         self.flow.pause_reading()
                 if self._lingering or self._replaying or self._ignored:
                     return
+                if self.expect_100_continue and self.parser.get_http_version() < "1.1":
+                    # NOTE: an HTTP/1.0 client's "Expect: 100-continue" MUST be ignored (RFC 9110 §10.1.1): uvicorn sent
+                    # it "HTTP/1.1 100 Continue", which such a client takes for its answer (the real one then trails)
+                    self.expect_100_continue = False
                 super().on_headers_complete()
                 cycle = self.cycle
                 if cycle is before:  # an upgrade: no cycle
