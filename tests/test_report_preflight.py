@@ -168,3 +168,28 @@ def test_a_report_path_that_is_an_input_of_the_run_is_2_and_the_input_is_untouch
         assert Path(path).read_bytes() == before
     again = forkrun.petal(argv, env)
     assert again.rc == 0 and "nothing-to-do" in again.last_line, again.stderr
+
+
+def test_a_report_is_never_written_over_a_file_that_is_not_one(home):
+    """A usage error found while the flags are parsed writes its report before any SOURCE is known: ``petal index
+    DATA --out OUT --bogus --json-report DATA/a.parquet`` replaced the shard with the report. The writer now replaces
+    only a report (a file starting with ``{``, or empty); a run names any other file before any work."""
+    shard = home / "data" / "a.parquet"
+    before = shard.read_bytes()
+    out = str(home / "out")
+    for argv in (["index", str(home / "data"), "--out", out, "--bogus"],
+                 ["index", str(home / "data"), "--out", out, "--max-bad-rows", "xyz"],
+                 ["rebuild", out, "--bogus"]):
+        result = forkrun.petal([*argv, f"--json-report={shard}"])
+        assert result.rc == 2, result.stderr
+        assert f"--json-report {shard} holds Parquet data, not a petal report" in result.stderr, result.stderr
+        assert shard.read_bytes() == before
+    other = home / "elsewhere.parquet"
+    shutil.copy(shard, other)  # a file no flag of the run names
+    result = forkrun.petal([*commands(home, home / "out")["vectors"], f"--json-report={other}"])
+    assert result.rc == 2 and "holds Parquet data" in result.last_line, result.stderr
+    assert other.read_bytes() == before and not (home / "out").exists()
+    earlier = home / "r.json"
+    earlier.write_text('{"an": "earlier report"}')
+    result = forkrun.petal([*commands(home, home / "out")["vectors"], f"--json-report={earlier}"])
+    assert result.rc == 0 and '"status": "success"' in earlier.read_text(), result.stderr  # an earlier report: replaced

@@ -98,6 +98,35 @@ def check_report_not_input(path: Path | str | None, inputs: Iterable[Any]) -> No
             same = "" if os.path.abspath(path) == os.path.abspath(given) else f" (the same file as {quote_path(given)})"
             raise ReportOverInput(f"--json-report {quote_path(path)} is an input of this run{same}; the report would "
                                   "be written over it: write the report elsewhere")
+    holds = not_a_report(path)
+    if holds is not None:  # NOTE: a file of the user's that no flag of this run names (a shard of another corpus)
+        raise ReportOverInput(refused_over(path, holds))
+
+
+def not_a_report(path: Path | str) -> str | None:
+    """What the regular file at ``path`` holds when it is not a report petal may replace (an earlier report starts
+    with ``{``; an empty file holds nothing): ``Parquet data`` or ``other data``; ``None`` otherwise (not there, not a
+    regular file, empty, JSON). Opened without blocking, never through a FIFO."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        head = os.read(fd, 4096)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if not head.strip() or head.lstrip()[:1] == b"{":
+        return None
+    return "Parquet data" if head.startswith(b"PAR1") else "other data"
+
+
+def refused_over(path: Path | str, holds: str) -> str:
+    return (f"--json-report {quote_path(path)} holds {holds}, not a petal report; the report is not written over it: "
+            "write it elsewhere")
 
 
 def report_bytes(obj: Any, one_line: bool = False) -> bytes:
@@ -129,4 +158,7 @@ def write_report_to(path: Path | str, obj: Any, out: Path | str | None = None) -
         return
     if target.is_symlink():  # a symlink to a regular file (or to nothing yet): replace the file it names
         target = target.resolve()
+    holds = not_a_report(target)
+    if holds is not None:  # NOTE: a usage error's report, written before any input is known, replaced a shard
+        raise ValueError(refused_over(path, holds))
     write_bytes_atomic(target, data)
