@@ -244,8 +244,9 @@ STDIN_CHUNK_BYTES = 1 << 20
 
 def stdin_chunks(max_bytes: int = STDIN_CHUNK_BYTES) -> Iterator[tuple[list[bytes], bool]]:
     """``--stdin``'s lines as they arrive, in chunks: each holds every whole line there to read without waiting (at
-    least one; about ``max_bytes`` at most), with whether more is ready at once (``(lines, more)``). Line ends and
-    a leading byte order mark are dropped (``text_rule.input_lines``); the last line needs no line end.
+    least one; about ``max_bytes`` at most), with whether more is ready at once (``(lines, more)``; where no whole
+    line came of that more, an empty chunk ``([], False)`` says so before the wait). Line ends and a leading byte
+    order mark are dropped (``text_rule.input_lines``); the last line needs no line end.
 
     A closed stdin (``<&-``: Python sets ``sys.stdin`` to ``None``) is no input (66); one that fails to read is 74
     naming stdin (its ``OSError`` carries no file name). A non-blocking stdin is waited on as a blocking one.
@@ -271,7 +272,7 @@ def _stdin_chunks(max_bytes: int) -> Iterator[tuple[list[bytes], bool]]:
         first = True
         for lines, more in chunks:
             yield list(input_lines(lines, starts_input=first)), more
-            first = False
+            first = first and not lines
     except OSError as exc:  # NOTE: only the reads: what the caller does with a line is not inside this generator
         raise PetalIOError(f"cannot read --stdin: {exc.strerror or exc}") from exc
 
@@ -307,11 +308,16 @@ def _fd_chunks(fd: int, max_bytes: int) -> Iterator[tuple[list[bytes], bool]]:
     poller = select.poll()
     poller.register(fd, select.POLLIN)
     pending = bytearray()
-    ended = False
+    ended = promised = False  # promised: the last chunk said more was ready
     while not ended:
         lines: list[bytes] = []
         size = 0
         while size < max_bytes or not lines:
+            if not lines and promised and not poller.poll(0):
+                # NOTE: more was ready, but no whole line came of it (the start of a line whose writer now waits for
+                # the answers): say so before waiting, so that what the caller holds for it is answered first
+                yield [], False
+                promised = False
             if not poller.poll(0 if lines else -1):
                 break  # NOTE: nothing more to read now: answer what is here, never wait to fill the chunk
             try:
@@ -333,7 +339,8 @@ def _fd_chunks(fd: int, max_bytes: int) -> Iterator[tuple[list[bytes], bool]]:
         if ended and pending:
             lines.append(bytes(pending))
         if lines:
-            yield lines, not ended and bool(poller.poll(0))
+            promised = not ended and bool(poller.poll(0))
+            yield lines, promised
 
 
 # NOTE: line boundaries of str.splitlines() (and of Java's, and many log shippers' line readers) that json.dumps with

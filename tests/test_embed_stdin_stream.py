@@ -5,12 +5,14 @@ packs them, so the rows are the same to the last bit. Real processes, the packag
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import random
 import select
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -107,3 +109,28 @@ def test_blank_lines_only_write_nothing_and_are_no_input():
     result = _petal("embed", "--stdin", stdin=b"\n \r\n\t\n")
     assert (result.returncode, result.stdout) == (66, b""), result.stderr.decode()
     assert "nothing to embed: 3 skipped (empty_text 3" in result.stderr.decode()
+
+
+def test_a_promise_of_more_that_brings_no_whole_line_is_taken_back_before_waiting():
+    """A chunk said more was ready, and that was only the start of a line whose writer then waits for the answers:
+    the reader says so (an empty chunk) before it waits, so the texts held for more are answered; it waited with
+    them held, for a line end that never came."""
+    from petal.cli.common import _fd_chunks
+
+    read_end, write_end = os.pipe()
+    fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, 1 << 20)  # room for all of it: the write never blocks
+    try:
+        os.write(write_end, b"a\n" * 32768 + b"the start of a line")  # one os.read (64 KiB) of whole lines, then more
+        chunks = _fd_chunks(read_end, max_bytes=4)
+        lines, more = next(chunks)
+        assert (len(lines), more) == (32768, True)
+        got: list = []
+        reader = threading.Thread(target=lambda: got.append(next(chunks)), daemon=True)
+        reader.start()
+        reader.join(30)
+        assert got == [([], False)], "waited for the rest of the line with the promise of more standing"
+        os.write(write_end, b", and its end\n")
+        assert next(chunks) == ([b"the start of a line, and its end\n"], False)
+    finally:
+        os.close(write_end)
+        os.close(read_end)
