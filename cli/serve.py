@@ -69,6 +69,44 @@ def log_to_stderr(level: str) -> None:
         logger.addHandler(_StderrLog())
 
 
+def argv_without_api_key(argv: list[str], api_key: str) -> list[str] | None:
+    """``argv`` (the process's own command line) without its ``--api-key KEY`` and ``--api-key=KEY`` options, or
+    ``None`` when it holds none with ``api_key`` as the value (the key came from PETAL_API_KEY, or the command was
+    invoked from Python)."""
+    kept: list[str] = []
+    found = False
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":  # NOTE: what follows is positional
+            kept += argv[i:]
+            break
+        if arg == "--api-key" and i + 1 < len(argv) and argv[i + 1] == api_key:
+            found = True
+            i += 2
+            continue
+        if arg == f"--api-key={api_key}":
+            found = True
+        else:
+            kept.append(arg)
+        i += 1
+    return kept if found else None
+
+
+def exec_without_api_key(api_key: str) -> None:
+    """Start this process again (the same pid) with the key of ``--api-key KEY`` in PETAL_API_KEY instead of on its
+    command line. NOTE: a process's command line is readable by every user of the machine (``ps``,
+    /proc/PID/cmdline, for its whole life), its environment only by its owner: ``petal serve --api-key "$(cat
+    KEYFILE)"`` showed the key to anyone who ran ``ps`` while it served. The command line wins over PETAL_API_KEY, so
+    the key given there replaces the variable's."""
+    argv = argv_without_api_key(list(getattr(sys, "orig_argv", ())), api_key)
+    if argv is None or os.name != "posix" or api_key in argv:
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, argv, {**os.environ, API_KEY_ENV: api_key})
+
+
 def missing_serve_extra() -> list[str]:
     """The modules of the ``serve`` extra that cannot be imported here."""
     missing = []
@@ -91,7 +129,9 @@ def missing_serve_extra() -> list[str]:
               help="Address to listen on (0.0.0.0: all).")
 @click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True, help="Port (0: any free).")
 @click.option("--api-key", envvar=API_KEY_ENV, default=None,
-              help="Require 'Authorization: Bearer KEY' on /v1/* and /search (or set PETAL_API_KEY).")
+              help="Require 'Authorization: Bearer KEY' on /v1/* and /search (or set PETAL_API_KEY; this flag wins). "
+                   "Given here, the server starts itself again with the key in PETAL_API_KEY, so that ps no "
+                   "longer shows it.")
 @click.option("--max-wait-ms", type=click.FloatRange(min=0), default=0.0, show_default=True,
               help="Hold a partial batch this long for more requests (0: launch at once; batches still form "
                    "from requests that arrive while a step runs).")
@@ -169,6 +209,8 @@ def serve(index_path: Path | None, model: str | None, host: str, port: int, api_
     version that `petal index`/`rebuild` publishes in OUT. `--model DIR` without OUT: embeddings only.
     SIGTERM drains in-flight requests, then exits 0.
     """
+    if api_key is not None:
+        exec_without_api_key(api_key)  # NOTE: first: nothing has started yet
     # NOTE: first: a stop signal during the imports and checks below (~2 s) must not kill the process (143)
     held = HeldSignals().install()
     log_to_stderr(log_level)
