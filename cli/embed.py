@@ -90,6 +90,7 @@ def embed(texts: tuple[str, ...], model: str | None, from_stdin: bool, input_pat
                                "out")
     if output is not None:
         check_output(output)  # before the model loads and the texts are embedded, not after
+        _check_not_input(output, input_path)
     if calibration_index is not None and quantize != "int8":
         raise click.UsageError("--calibration goes with --quantize int8")
     # NOTE: --text-column names a .parquet column or a .jsonl key; anywhere else it would set nothing, silently
@@ -224,6 +225,25 @@ def _calibration_checked(items: list) -> Any:
         return Engine(spec, config)
 
     return make
+
+
+def _check_not_input(output: Path, input_path: Path | None) -> None:
+    """``--output`` is not ``--input``'s file, by any path (a symbolic or hard link too): ``UsageError`` (2). NOTE: the
+    output replaced the input once every text was embedded (``--input t.jsonl --output t.jsonl``): the texts were
+    gone, exit 0."""
+    from petal.pipeline.reliability.errors import quote_path
+
+    if input_path is None:
+        return
+    try:
+        written, read = os.stat(output), os.stat(input_path)
+    except OSError:
+        return  # one of them is not there: nothing to write over (a missing --input is said as 66 after this)
+    if (written.st_dev, written.st_ino) == (read.st_dev, read.st_ino):
+        same = "" if os.path.abspath(output) == os.path.abspath(input_path) else \
+            f" (the same file as --input {quote_path(input_path)})"
+        raise click.UsageError(f"--output {quote_path(output)} is the --input file{same}; the vectors would be "
+                               "written over the texts: write them elsewhere")
 
 
 def _input_texts(path: Path, text_column: str, id_column: str | None) -> tuple[list, list | None]:
