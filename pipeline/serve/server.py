@@ -32,6 +32,7 @@ from petal.pipeline.serve.app import (
     route_label,
     version_refusal,
 )
+from petal.pipeline.serve.batcher import SHUTTING_DOWN
 from petal.pipeline.serve.encoding import dumps
 from petal.pipeline.serve.metrics import ServeMetrics
 from petal.pipeline.serve.service import ServeState
@@ -122,7 +123,7 @@ def cancel(timer: asyncio.TimerHandle | None) -> None:
 
 
 def http_protocol(metrics: ServeMetrics, header_timeout_s: float = 30.0,
-                  send_timeout_s: float = 60.0) -> type[asyncio.Protocol]:
+                  send_timeout_s: float = 60.0, retry_after_s: int = 1) -> type[asyncio.Protocol]:
     """uvicorn's HTTP protocol (httptools, else h11) whose answer to a request its parser refuses (a bad
     Content-Length or chunk, a forbidden character in a header, a broken request line) is the server's JSON
     error, counted in ``/metrics`` as route ``unmatched``, instead of uvicorn's text/plain "Invalid HTTP request
@@ -459,6 +460,15 @@ def http_protocol(metrics: ServeMetrics, header_timeout_s: float = 30.0,
 
             def shutdown(self) -> None:
                 self._stopping = True
+                if self._head_open and not self._lingering and not self.transport.is_closing() and (
+                        self.cycle is None or self.cycle.response_complete):
+                    # NOTE: a request arriving as the drain begins (its head begun, not complete; none before it
+                    # unanswered): uvicorn closed its connection with no answer, which a client cannot tell from a
+                    # crash; it is answered 503 with Retry-After, its connection closed (lingering: no reset)
+                    self._refuse_head(503, b"Service Unavailable", f"{SHUTTING_DOWN}: this request arrived after it "
+                                      "began draining the requests in flight and is not served; retry",
+                                      "shutting_down", [(b"retry-after", str(retry_after_s).encode())])
+                    return
                 super().shutdown()
 
             def _big_head_refusal(self) -> Callable[[], None]:
@@ -473,14 +483,16 @@ def http_protocol(metrics: ServeMetrics, header_timeout_s: float = 30.0,
                 return functools.partial(self._refuse_head, status, reason, f"the request line and headers are over "
                                          f"the limit of {MAX_HEAD_BYTES} bytes: {what}; the connection is closed")
 
-            def _refuse_head(self, status: int, reason: bytes, message: str) -> None:
+            def _refuse_head(self, status: int, reason: bytes, message: str, kind: str = "invalid_request_error",
+                             headers: list[tuple[bytes, bytes]] | None = None) -> None:
                 """Answer a request head that is not taken (too large, too slow) with the JSON error ``status``,
                 counted as route ``unmatched``; what was held of it is dropped, the rest discarded unparsed while the
                 connection lingers, then closes."""
                 self._stop_head_timer()
                 self._head_open = False
                 self.logger.warning("Request head refused: %d %s.", status, reason.decode())
-                self.transport.write(raw_error(status, reason, message, self.server_state.default_headers))
+                self.transport.write(raw_error(status, reason, message,
+                                               [*self.server_state.default_headers, *(headers or [])], kind))
                 self._count(UNMATCHED, status)
                 self.url = b""
                 self.headers: list[tuple[bytes, bytes]] = []
@@ -571,7 +583,7 @@ def server_for(startup: Startup, host: str, port: int, log_level: str = "warning
                access_log: bool = False) -> DrainingServer:
     config = uvicorn.Config(build_app(startup), host=host, port=port, log_level=log_level, access_log=access_log,
                             http=http_protocol(startup.metrics, startup.settings.header_timeout_s,
-                                               startup.settings.send_timeout_s),
+                                               startup.settings.send_timeout_s, startup.settings.retry_after_s),
                             timeout_graceful_shutdown=startup.settings.drain_timeout_s,  # type: ignore[arg-type]  # uvicorn annotates int; any number of seconds works
                             lifespan="on")
     return DrainingServer(config)
