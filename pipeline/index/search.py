@@ -24,7 +24,7 @@ from petal.pipeline.index.read_errors import host_failure, read_failure
 from petal.pipeline.index.row_groups import IdMap, RowGroups
 from petal.pipeline.index.tune import apply_params
 from petal.pipeline.index.verify import OpenCheck, check_on_open
-from petal.pipeline.index.widen import EF_FLOOR, GraphScan, searched_again
+from petal.pipeline.index.widen import EF_FLOOR, CodeScan, searched_again
 from petal.pipeline.layout import VersionLease, current_pointer, denied, is_denied, resolve_index_dir
 from petal.pipeline.manifest import Manifest
 from petal.pipeline.reliability.errors import (
@@ -250,7 +250,7 @@ class IndexReader:
         self._hnsw_ef: int | None = None  # the efSearch of the HNSW a float index searches through (else None)
         self._candidates_per_hit = 1  # a refine wrapper's k_factor_rf: its base index returns this many per hit
         self._graph_codes: Any = None  # a bare HNSW's vectors, where a filtered search may scan them (Flat, SQ)
-        self._graph_scan: GraphScan | None = None  # an HNSW's vectors under any wrappers, whatever their codes
+        self._scan: CodeScan | None = None  # every vector under any wrappers, whatever their codes (_code_scan)
         params = dict(record.search_params)
         if binary:  # the binary index set its own nprobe
             self.search_params = params if nprobe is None else {**params, "nprobe": nprobe}
@@ -273,7 +273,6 @@ class IndexReader:
         if hnsw is not None:
             self._hnsw_ef = int(hnsw.hnsw.efSearch)
             refined = isinstance(nodes[0], faiss.IndexRefine) and len(nodes) > 1 and hnsw is nodes[1]
-            self._graph_scan = GraphScan(self.index)
             if hnsw is nodes[0] or refined:  # NOTE: a refine wrapper's own codes hold every vector too (RFlat: exact)
                 codes = faiss.downcast_index(nodes[0].refine_index if refined else hnsw.storage)
                 if isinstance(codes, (faiss.IndexFlat, faiss.IndexScalarQuantizer)):
@@ -400,14 +399,26 @@ class IndexReader:
         want = k if selector is None else min(k, selector.count)
         scores, ids = searched_again(search, queries, want, scores, ids, self._wider(search_params))
         short = np.flatnonzero((ids >= 0).sum(axis=1) < want)
-        if self._graph_scan is not None and len(short):
+        if len(short) and not is_binary_manifest(self.manifest):
             # NOTE: a node no other node links to is reached by no walk, at any efSearch: 500 vectors in HNSW8 under
-            # l2 answered k=500 with 497 hits (HNSW4: 482); those still short scan the graph's vectors (exact top k
-            # of its codes), under id maps, pre-transforms and refine wrappers, PQ codes too (FAISS's PQ scan takes
-            # no filter: HNSW4,PQ8 answered a filter matching 244 rows with 238 hits, IDMap2,HNSW4 k=500 with 485)
-            scores[short], ids[short] = self._graph_scan.search(queries[short], k,
-                                                                None if selector is None else selector.member)
+            # l2 answered k=500 with 497 hits (HNSW4: 482), HNSW4,PQ8 a filter matching 244 rows with 238; an IVF
+            # whose quantizer is such a graph never probes a list no walk reaches (IVF256_HNSW4,PQ8 under l2: k=3000
+            # of 3000 gave 2997, and a filter whose matches lie in such lists, fewer than k or none); a fast-scan
+            # index answers a zero query under ip with NaN and no ids. Those still short scan every vector
+            # (CodeScan: an IVF's every list, else the codes decoded), under id maps, pre-transforms, refine wrappers
+            found_scores, found_ids = self._code_scan().search(queries[short], k,
+                                                               None if selector is None else selector.member)
+            # NOTE: only where it finds more: FAISS's fast scan of every list may drop hits its search kept
+            more = short[(found_ids >= 0).sum(axis=1) > (ids[short] >= 0).sum(axis=1)]
+            better = np.isin(short, more)
+            scores[more], ids[more] = found_scores[better], found_ids[better]
         return scores, ids
+
+    def _code_scan(self) -> CodeScan:
+        """The index's ``CodeScan``, made at its first use (it reads an id map's ids: O(ids), not at opening)."""
+        if self._scan is None:
+            self._scan = CodeScan(self.index)
+        return self._scan
 
     def _wider(self, search_params: dict[str, int]) -> Iterator[dict[str, int]]:
         """``search_params`` widened 4x a step until they reach every vector: an IVF's lists probed (its HNSW

@@ -28,15 +28,21 @@ def searched_again(search: Callable[[np.ndarray, Any], tuple[np.ndarray, np.ndar
     return scores, ids
 
 
-SCAN_CELLS = 1 << 24  # query x vector scores a graph scan computes at a time (64 MiB of float32)
+SCAN_CELLS = 1 << 24  # query x vector scores, or vector values, a scan holds at a time (64 MiB of float32)
 
 
-class GraphScan:
-    """Every vector an HNSW index holds, scored as its search scores them, for the queries a walk leaves short at any
-    efSearch (a node no other node links to is reached by none). Found through the index's wrappers: id maps (their
-    ids are what it returns and what a filter names), pre-transforms (OPQ, PCA: applied to the queries), a refine
-    wrapper (its own codes give the final scores: those are scanned), else the graph's storage, whatever its codes
-    (Flat, SQ, PQ: FAISS's PQ scan takes no id selector, so the scan decodes them and applies the filter itself)."""
+class CodeScan:
+    """Every vector an index holds, scored as its search scores them, for the queries its search leaves short at its
+    widest parameters: an HNSW walk reaches no node that no other node links to, at any efSearch; an IVF whose
+    quantizer is such a graph (``IVF256_HNSW4``) probes no list whose centroid no walk reaches, at any nprobe; FAISS's
+    fast-scan search answers a query whose lookup table is flat (a zero query under ``ip``) with NaN and no ids.
+    Found through the index's wrappers: id maps (their ids are what it returns and what a filter names),
+    pre-transforms (OPQ, PCA: applied to the queries), a refine wrapper (its own codes give the final scores: those
+    are scanned), else the index under them, whatever its codes.
+
+    An IVF's lists are searched by FAISS itself, every list assigned to every query (its quantizer left out), with
+    the filter as an id selector; other codes (Flat, SQ, PQ: FAISS's PQ scan takes no id selector) are decoded a
+    chunk at a time and scored here, the filter applied to their ids (exact top k of the codes)."""
 
     def __init__(self, index: Any) -> None:
         from petal.pipeline.index.faiss_loader import load_faiss
@@ -45,33 +51,103 @@ class GraphScan:
         self.id_maps: list[np.ndarray] = []  # outermost first: a node's id -> its wrapper's
         self.transforms: list[Any] = []
         node = faiss.downcast_index(index)
-        while not isinstance(node, (faiss.IndexRefine, faiss.IndexHNSW)):
+        while isinstance(node, (faiss.IndexIDMap, faiss.IndexPreTransform)):
             if isinstance(node, faiss.IndexIDMap):
                 self.id_maps.append(faiss.vector_to_array(node.id_map))
-            elif isinstance(node, faiss.IndexPreTransform):
+            else:
                 chain = node.chain
                 self.transforms.extend(faiss.downcast_VectorTransform(chain.at(i)) for i in range(chain.size()))
-            else:
-                raise ValueError(f"no HNSW graph under {type(node).__name__}")
             node = faiss.downcast_index(node.index)
-        self.codes = faiss.downcast_index(node.refine_index if isinstance(node, faiss.IndexRefine) else node.storage)
-        self.ip = self.codes.metric_type == faiss.METRIC_INNER_PRODUCT
+        if isinstance(node, faiss.IndexRefine):
+            node = faiss.downcast_index(node.refine_index)
+        elif isinstance(node, faiss.IndexHNSW):
+            node = faiss.downcast_index(node.storage)
+        self.codes = node
+        self.ivf: Any = node if isinstance(node, faiss.IndexIVF) else None
+        self.fast_scan = isinstance(node, faiss.IndexIVFFastScan)
+        self.ip = node.metric_type == faiss.METRIC_INNER_PRODUCT
 
     def search(self, queries: np.ndarray, k: int, member: Callable[[np.ndarray], np.ndarray] | None = None
                ) -> tuple[np.ndarray, np.ndarray]:
-        """``(scores [n, k], ids [n, k])`` of the exact top ``k`` over the decoded codes (ties on the lower id; -1 pad),
-        among the ids ``member(ids) -> bool mask`` accepts (every one without it)."""
+        """``(scores [n, k], ids [n, k])`` of the top ``k`` of every vector (ties on the lower id; -1 pad), among the
+        ids ``member(ids) -> bool mask`` accepts (every one without it)."""
         for transform in self.transforms:
             queries = transform.apply(np.ascontiguousarray(queries, dtype=np.float32))
+        queries = np.ascontiguousarray(queries, dtype=np.float32)
+        if self.ivf is None:
+            return self._decoded(queries, k, member)
+        scores, ids = self._every_list(queries, k, member)
+        short = np.flatnonzero((ids >= 0).sum(axis=1) < min(k, int(self.ivf.ntotal)))
+        if not len(short):
+            return scores, ids
+        if not self.fast_scan:
+            scores[short], ids[short] = self._decoded(queries[short], k, member)
+        elif self.ip:
+            # NOTE: FAISS segfaults decoding a fast-scan IVF read from a file; the rows it leaves short are those
+            # whose lookup table is flat, a zero query under ip, which scores every vector 0: the lowest ids
+            zero = short[~queries[short].any(axis=1)]
+            scores[zero], ids[zero] = 0.0, self._lowest(k, member)
+        return scores, ids
+
+    def _lowest(self, k: int, member: Callable[[np.ndarray], np.ndarray] | None) -> np.ndarray:
+        """``[k]``: the ``k`` lowest ids ``member`` accepts (-1 pad)."""
+        ids = np.sort(self._outer(np.arange(int(self.codes.ntotal), dtype=np.int64)))
+        if member is not None:
+            ids = ids[member(ids)]
+        return np.pad(ids[:k], (0, max(0, k - len(ids))), constant_values=-1)
+
+    def _outer(self, ids: np.ndarray) -> np.ndarray:
+        """The ids the index returns for its codes' ``ids`` (none negative): through the id maps, innermost first."""
+        for id_map in reversed(self.id_maps):
+            ids = id_map[ids]
+        return ids
+
+    def _every_list(self, queries: np.ndarray, k: int, member: Callable[[np.ndarray], np.ndarray] | None
+                    ) -> tuple[np.ndarray, np.ndarray]:
+        """FAISS's IVF search with every list probed: ``search_preassigned`` given each list and its centroid's
+        distance to the query (what the quantizer would give), the filter as a bitmap over the IVF's own ids."""
+        from petal.pipeline.index.faiss_loader import load_faiss
+
+        faiss = load_faiss()
+        ivf = self.ivf
+        nlist = int(ivf.nlist)
+        centroids = ivf.quantizer.reconstruct_n(0, nlist)
+        params = None
+        if member is not None:
+            keep = member(self._outer(np.arange(int(ivf.ntotal), dtype=np.int64)))
+            bits = np.packbits(keep.astype(np.uint8), bitorder="little")  # NOTE: FAISS holds a bare pointer: kept here
+            params = faiss.SearchParametersIVF(sel=faiss.IDSelectorBitmap(len(bits), faiss.swig_ptr(bits)),
+                                               nprobe=nlist)
+        scores = np.empty((len(queries), k), dtype=np.float32)
+        ids = np.empty((len(queries), k), dtype=np.int64)
+        rows = max(1, SCAN_CELLS // nlist)
+        for start in range(0, len(queries), rows):
+            part = queries[start:start + rows]
+            if self.ip:
+                coarse = part @ centroids.T
+            else:
+                coarse = (part**2).sum(1)[:, None] + (centroids**2).sum(1)[None, :] - 2 * part @ centroids.T
+            assign = np.broadcast_to(np.arange(nlist, dtype=np.int64), coarse.shape).copy()
+            coarse = np.ascontiguousarray(coarse, dtype=np.float32)
+            # NOTE: FAISS's Python wrapper of search_preassigned refuses parameters (the filter): its C++ method
+            ivf.search_preassigned_c(len(part), faiss.swig_ptr(part), k, faiss.swig_ptr(assign), faiss.swig_ptr(coarse),
+                                     faiss.swig_ptr(scores[start:]), faiss.swig_ptr(ids[start:]), False, params)
+        found = ids >= 0
+        ids[found] = self._outer(ids[found])
+        return scores, ids
+
+    def _decoded(self, queries: np.ndarray, k: int, member: Callable[[np.ndarray], np.ndarray] | None
+                 ) -> tuple[np.ndarray, np.ndarray]:
+        """The exact top ``k`` of the decoded codes, ``rows`` of them at a time."""
         worst = -np.inf if self.ip else np.inf
         best = np.full((len(queries), 0), worst, dtype=np.float32)
         best_ids = np.empty((len(queries), 0), dtype=np.int64)
         total = int(self.codes.ntotal)
-        rows = max(1024, SCAN_CELLS // max(1, len(queries)))
+        # NOTE: bounded by the scores and by the decoded vectors held (a lone query of a 1M x 384 index decoded it
+        # whole: 1.5 GB)
+        rows = max(1024, SCAN_CELLS // max(1, len(queries), int(self.codes.d)))
         for start in range(0, total, rows):
-            ids = np.arange(start, min(start + rows, total), dtype=np.int64)
-            for id_map in reversed(self.id_maps):  # NOTE: the innermost map first
-                ids = id_map[ids]
+            ids = self._outer(np.arange(start, min(start + rows, total), dtype=np.int64))
             keep = np.ones(len(ids), dtype=bool) if member is None else member(ids)
             if not keep.any():
                 continue
