@@ -27,7 +27,7 @@ from petal.cli.common import (
 )
 from petal.cli.options import loading_options
 from petal.pipeline.index.bounds import MAX_NPROBE, MAX_RESCORE
-from petal.pipeline.reliability.signals import HeldSignals
+from petal.pipeline.reliability.signals import STOP_SIGNALS, HeldSignals
 from petal.pipeline.serve.settings import API_KEY_ENV
 
 # NOTE: every module the server imports unconditionally (httptools: its HTTP parser, pipeline/serve/server.py); uvloop
@@ -104,7 +104,15 @@ def exec_without_api_key(api_key: str) -> None:
         return
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(sys.executable, argv, {**os.environ, API_KEY_ENV: api_key})
+    # NOTE: a stop signal while the new interpreter starts would kill it (143): blocked across the exec (a signal mask
+    # is kept by execve), it waits until serve's HeldSignals takes it over and unblocks it (exit 0, as without a key)
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        os.execve(sys.executable, argv, {**os.environ, API_KEY_ENV: api_key})
+    except OSError as exc:  # the key stays on the command line; the server runs
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+        eprint(f"petal serve: note: could not start again without --api-key on the command line ({exc}); ps shows "
+               f"it: set {API_KEY_ENV} instead")
 
 
 def missing_serve_extra() -> list[str]:
@@ -213,6 +221,8 @@ def serve(index_path: Path | None, model: str | None, host: str, port: int, api_
         exec_without_api_key(api_key)  # NOTE: first: nothing has started yet
     # NOTE: first: a stop signal during the imports and checks below (~2 s) must not kill the process (143)
     held = HeldSignals().install()
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # blocked across exec_without_api_key's exec
     log_to_stderr(log_level)
     if index_path is None and model is None:
         raise click.UsageError("give OUT (an index directory) or --model DIR (embeddings only)")

@@ -48,3 +48,35 @@ def test_a_key_on_the_command_line_is_not_shown_by_ps_and_wins_over_the_variable
     finally:
         server.stop()
     assert server.proc.returncode == 0
+
+
+@pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="reads /proc")
+def test_a_stop_signal_while_it_starts_again_without_the_key_exits_0(tmp_path):
+    """SIGTERM just after the server started itself again without the key (the new interpreter still importing)
+    is held, as in a server started without a key: exit 0, not killed (143)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from petal.engine.loader import default_model_dir
+
+    log = tmp_path / "log"
+    env = {k: v for k, v in os.environ.items() if k != "PETAL_API_KEY"}
+    with open(log, "wb") as stderr:
+        proc = subprocess.Popen([sys.executable, "-m", "petal.cli.main", "serve", "--port", "0", "--model",
+                                 str(default_model_dir()), "--api-key", "k-0123456789"],
+                                stdout=subprocess.DEVNULL, stderr=stderr, env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while b"--api-key" in Path(f"/proc/{proc.pid}/cmdline").read_bytes():
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.001)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, log.read_text()
+        assert "petal serve: stopped (SIGTERM before the server started)" in log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
