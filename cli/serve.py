@@ -71,7 +71,7 @@ def log_to_stderr(level: str) -> None:
 
 def argv_without_api_key(argv: list[str], api_key: str) -> list[str] | None:
     """``argv`` (the process's own command line) without its ``--api-key KEY`` and ``--api-key=KEY`` options, or
-    ``None`` when it holds none with ``api_key`` as the value (the key came from PETAL_API_KEY, or the command was
+    ``None`` when none of them has ``api_key`` as its value (the key came from PETAL_API_KEY, or the command was
     invoked from Python)."""
     kept: list[str] = []
     found = False
@@ -81,12 +81,13 @@ def argv_without_api_key(argv: list[str], api_key: str) -> list[str] | None:
         if arg == "--":  # NOTE: what follows is positional
             kept += argv[i:]
             break
-        if arg == "--api-key" and i + 1 < len(argv) and argv[i + 1] == api_key:
-            found = True
+        # NOTE: every --api-key goes (click takes the last one given): one left behind would be the key after the exec
+        if arg == "--api-key" and i + 1 < len(argv):
+            found = found or argv[i + 1] == api_key
             i += 2
             continue
-        if arg == f"--api-key={api_key}":
-            found = True
+        if arg.startswith("--api-key="):
+            found = found or arg == f"--api-key={api_key}"
         else:
             kept.append(arg)
         i += 1
