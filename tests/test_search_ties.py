@@ -42,3 +42,26 @@ def test_hits_of_equal_score_come_in_ascending_id(shards, factory, metric):
                 assert keys == sorted(keys), [(h.faiss_id, h.score) for h in hits]
         first = index.search_stored(vectors[:5], k=2)
         assert [[h.id for h in hits] for hits in first] == [[i, NUM + i] for i in range(5)]
+
+
+@pytest.mark.parametrize("factory", ["Flat", "IVF2,Flat", "HNSW8", "SQ8", "BFlat", "BHNSW8"])
+@pytest.mark.parametrize("metric", ["ip", "l2"])
+def test_a_tie_across_the_kth_hit_keeps_the_lower_ids(shards, factory, metric):
+    """Of the vectors tied at the k-th score, the lowest ids come back: FAISS kept any of them, so k=1 answered a
+    document's later copy (HNSW8: 43 for 3), and k=3 the later copy of the pair tied third."""
+    root, vectors = shards
+    out = root / f"boundary-{factory.replace(',', '_')}-{metric}"
+    petal.index([root / "a.parquet", root / "b.parquet"], out, vectors_column="emb", index_factory=factory,
+                metric=metric, quiet=True)
+    with petal.open_index(out) as index:
+        for rescore in ((0, 10) if factory.startswith("B") else (None,)):
+            if rescore is not None:
+                index.close()
+                index = petal.open_index(out, rescore=rescore)
+            for k in (1, 3):
+                for hits in index.search_stored(vectors, k=k):
+                    got = {h.id for h in hits}  # a copy (b's id NUM + i) only beside its twin (a's i)
+                    assert all(h.id - NUM in got for h in hits if h.id >= NUM), (k, [(h.id, h.score) for h in hits])
+            if metric == "ip" and not factory.startswith("B"):  # (sign bits of a zero query are no zero query)
+                assert [h.id for h in index.search_stored(np.zeros(DIM, np.float32), k=3)[0]] == [0, 1, 2]
+        index.close()

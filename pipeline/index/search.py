@@ -46,6 +46,8 @@ STORAGES = ("memory", "ondisk")
 MAX_SELECTORS = 32
 SCAN_PAST_EF = 8  # a filtered HNSW search whose efSearch is over 1/8 of its vectors scans them instead (search())
 K_FACTOR_CAP = 1024  # bounded_params: a refine's k_factor_rf (candidates k x this a query; the tuner writes <= 64)
+# candidates (12 bytes each) a search again for a tie across the k-th hit asks of FAISS at a time (_ties_settled)
+TIE_CANDIDATES = 1 << 22
 _SELECTORS_LOCK = threading.Lock()
 
 
@@ -133,6 +135,14 @@ def ties_by_id(scores: np.ndarray, ids: np.ndarray, metric: str) -> tuple[np.nda
     return np.take_along_axis(scores, order, axis=1), np.take_along_axis(ids, order, axis=1)
 
 
+def tied_past(scores: np.ndarray, ids: np.ndarray, k: int) -> np.ndarray:
+    """``[num_queries]`` bool: rows (``ties_by_id``'s order) wider than ``k`` whose last hit scores as their k-th: more
+    vectors of that score may lie past them."""
+    if scores.shape[1] <= k:
+        return np.zeros(len(scores), dtype=bool)
+    return (ids[:, -1] >= 0) & (scores[:, k - 1] == scores[:, -1])
+
+
 def probing(params: dict[str, int], nprobe: int) -> dict[str, int]:
     """``params`` of an IVF index with ``nprobe`` lists probed, and its HNSW quantizer's ``quantizer_efSearch`` (where
     it has one) at least ``2 * nprobe``: the quantizer finds at most about efSearch lists."""
@@ -149,6 +159,8 @@ class IndexReader:
     Search parameters come from the manifest (tuned at build time); ``nprobe`` overrides.
     On-disk indexes are memory-mapped read-only.
     """
+
+    TIE_PROBE = 1  # hits searched past k, where a tie across the k-th shows (_ties_settled)
 
     def __init__(self, path: Path, nprobe: int | None = None, rescore: int | None = None) -> None:
         for attempt in range(1, OPEN_ATTEMPTS + 1):
@@ -337,7 +349,25 @@ class IndexReader:
         selector = self.selector(where) if where else None
         self._parallel_for(len(vectors))
         queries = np.ascontiguousarray(vectors, dtype=np.float32)
-        search_params = self._params_for(k_eff, None if selector is None else min(selector.count, self.ntotal))
+        # NOTE: one hit past k, so that a tie across the k-th shows (_ties_settled)
+        width = min(k_eff + self.TIE_PROBE, self.ntotal)
+        scores, ids = ties_by_id(*self._found(queries, width, selector), self.manifest.metric)
+        scores, ids = self._ties_settled(queries, k_eff, scores, ids, selector)
+        valid = ids >= 0  # NOTE: FAISS pads with -1 when fewer than k results exist
+        flat = ids[valid]
+        wrong = ids[(ids < -1) | (ids >= self.num_ids)]
+        if len(wrong):
+            # NOTE: only a damaged index body returns such an id (the open checks read heads and tails); one below
+            # -1 is no padding either: dropped, its hit would be lost without a word
+            held_in = IVFDATA_FILE if self.storage == "ondisk" else INDEX_FILE  # the file whose lists hold the ids
+            raise BadInputError(f"{self.dir / held_in} returned vector id {int(wrong[0])} of {self.num_ids}: "
+                                "the index is corrupt; run petal verify and rebuild it")
+        return self._hits(scores, ids, valid, flat)
+
+    def _found(self, queries: np.ndarray, k: int, selector: Any) -> tuple[np.ndarray, np.ndarray]:
+        """FAISS's ``(scores, ids)`` (``[num_queries, k]``, -1 pad) for ``queries``, filtered by ``selector`` (an
+        ``IdSelector``) when there is one, the queries left short searched again (``_widened``)."""
+        search_params = self._params_for(k, None if selector is None else min(selector.count, self.ntotal))
         if selector is not None:
             params = selector.params(self.index, search_params)
         elif search_params is self.search_params:
@@ -352,14 +382,14 @@ class IndexReader:
             # ms a query for 60 matches of 60k vectors); FAISS's scan of its vectors with the same selector computes
             # them for the matches alone: the exact top k, with the graph's distances, in ~1 ms
             codes = self._graph_codes
-            scores, ids = codes.search(queries, k_eff, params=selector.params(codes, {}))
+            scores, ids = codes.search(queries, k, params=selector.params(codes, {}))
         elif params is None:
-            scores, ids = self.index.search(queries, k_eff)
+            scores, ids = self.index.search(queries, k)
         else:
             try:
                 # NOTE: binary indexes never get here: selector() refuses them. (FAISS's SWIG stubs omit the
                 # `params` keyword that its Python wrapper of Index.search takes: hence the ignore.)
-                scores, ids = self.index.search(queries, k_eff, params=params)  # type: ignore[call-arg]
+                scores, ids = self.index.search(queries, k, params=params)  # type: ignore[call-arg]
             except RuntimeError as exc:  # an index type whose search takes no selector (LSH, NSG, fast scan...)
                 from petal.pipeline.index.filters import FilterError
 
@@ -367,18 +397,30 @@ class IndexReader:
                 raise FilterError(f"--where: a {self.manifest.index.factory or 'FAISS'} index cannot filter in its "
                                   f"search (FAISS: {reason}); rebuild it with a Flat, IVF or HNSW --index-factory "
                                   "(petal rebuild OUT --index-factory ...)") from exc
-        scores, ids = self._widened(queries, k_eff, scores, ids, search_params, selector)
-        scores, ids = ties_by_id(scores, ids, self.manifest.metric)
-        valid = ids >= 0  # NOTE: FAISS pads with -1 when fewer than k results exist
-        flat = ids[valid]
-        wrong = ids[(ids < -1) | (ids >= self.num_ids)]
-        if len(wrong):
-            # NOTE: only a damaged index body returns such an id (the open checks read heads and tails); one below
-            # -1 is no padding either: dropped, its hit would be lost without a word
-            held_in = IVFDATA_FILE if self.storage == "ondisk" else INDEX_FILE  # the file whose lists hold the ids
-            raise BadInputError(f"{self.dir / held_in} returned vector id {int(wrong[0])} of {self.num_ids}: "
-                                "the index is corrupt; run petal verify and rebuild it")
-        return self._hits(scores, ids, valid, flat)
+        return self._widened(queries, k, scores, ids, search_params, selector)
+
+    def _ties_settled(self, queries: np.ndarray, k: int, scores: np.ndarray, ids: np.ndarray,
+                      selector: Any) -> tuple[np.ndarray, np.ndarray]:
+        """``scores``, ``ids`` (ordered by ``ties_by_id``, at least ``k`` wide) cut to ``k``, the rows whose hits past
+        the k-th tie with it searched again, 4x wider a step, until the tie ends inside them or they hold every vector:
+        of hits tied across the k-th, the lowest ids are kept.
+
+        NOTE: FAISS keeps any of the vectors tied at its k-th score: with a document in two shards, k=1 answered the
+        later copy (HNSW8), and a Flat or IVF search at k=5 kept the later copy of a pair tied at the 5th score."""
+        out_scores, out_ids = scores[:, :k].copy(), ids[:, :k].copy()
+        rows = np.flatnonzero(tied_past(scores, ids, k))
+        width = scores.shape[1]
+        while len(rows) and width < self.ntotal:
+            width = min(self.ntotal, 4 * width)
+            per_call = max(1, TIE_CANDIDATES // width)  # NOTE: a zero query ties every vector under ip
+            still = []
+            for start in range(0, len(rows), per_call):
+                part = rows[start:start + per_call]
+                found_scores, found_ids = ties_by_id(*self._found(queries[part], width, selector), self.manifest.metric)
+                out_scores[part], out_ids[part] = found_scores[:, :k], found_ids[:, :k]
+                still.append(part[tied_past(found_scores, found_ids, k)])
+            rows = np.concatenate(still)
+        return out_scores, out_ids
 
     def _widened(self, queries: np.ndarray, k: int, scores: np.ndarray, ids: np.ndarray,
                  search_params: dict[str, int], selector: Any) -> tuple[np.ndarray, np.ndarray]:

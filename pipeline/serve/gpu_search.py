@@ -355,6 +355,10 @@ class GpuCopyReader(IndexReader):
     it probed is searched again on the copy, with 4x the lists, up to every list, as ``IndexReader`` does with
     FAISS's parameters (which the copy does not take); an exact copy is never short."""
 
+    # NOTE: no hit past k: the copy's CUDA graphs are captured for the k it serves (warm_up); a tie across the k-th
+    # keeps whichever the copy's top k keeps
+    TIE_PROBE = 0
+
     def _widened(self, queries: np.ndarray, k: int, scores: np.ndarray, ids: np.ndarray,
                  search_params: dict[str, int], selector: Any) -> tuple[np.ndarray, np.ndarray]:
         from petal.pipeline.serve.gpu_ivf import TorchIvfIndex
