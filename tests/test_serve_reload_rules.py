@@ -173,3 +173,45 @@ def test_a_server_starting_on_a_current_that_names_no_version_exits_78(tmp_path,
     assert last.startswith("petal: error: ") and f"{out / 'CURRENT'}" in last, last
     if case != "fifo":
         assert f"echo {live} >" in last, last  # the version to point it back at
+
+
+def test_a_version_its_manifest_refuses_is_never_loaded(tmp_path, vectors_copy, monkeypatch):
+    """A new version is loaded beside the live one; one of another metric (or model, or output transform) was loaded
+    whole (its index.faiss read, an unsealed one hashed) before its manifest refused it. So a large one that does not
+    fit beside the live version (a MemoryError opening it: injected with PETAL_FAULT nomem at every open after the
+    start's) was refused 'open ... out of memory' and loaded again every 1, 2 ... 60 s, never saying the metric. Its
+    manifest is read first now: refused 'metric' at once, never opened (PETAL_FAULT_TRACE: the start's open only),
+    not tried again. And CURRENT set back to the live version was loaded again beside itself to learn that (here:
+    'cannot open V1: out of memory (it is loaded beside the live version, V1 ...)'); now the refusal just clears."""
+    _, out, vectors = vectors_copy
+    live = (out / "CURRENT").read_text().strip()
+    trace = tmp_path / "trace"
+    with monkeypatch.context() as env:
+        env.setenv("PETAL_FAULT", "query_open:2+:nomem")
+        env.setenv("PETAL_FAULT_TRACE", str(trace))
+        server = Server(tmp_path / "server.log", out, "--reload-interval-s", "0.05")
+    try:
+        opened = trace.read_text().split().count("query_open")
+        cli_run("rebuild", out, "--metric", "l2", "--index-factory", "Flat")
+        new = (out / "CURRENT").read_text().strip()
+        seen = []  # each refusal /ready said, in turn
+        deadline = time.monotonic() + 10
+        while not seen or seen[-1]["reason"] != "metric":
+            refused = server.client.get("/ready").json().get("refused")
+            if refused is not None and (not seen or seen[-1]["reason"] != refused["reason"]):
+                seen.append(refused)
+            assert time.monotonic() < deadline, seen
+            time.sleep(0.02)
+        assert [(r["version"], r["reason"]) for r in seen] == [(new, "metric")], seen
+        assert "retry_in_s" not in seen[0] and "out of memory" not in (tmp_path / "server.log").read_text()
+        time.sleep(1.5)  # past a transient refusal's first retry
+        assert trace.read_text().split().count("query_open") == opened  # never opened
+        assert server.client.get("/ready").json()["refused"] == seen[0]
+        found = server.client.post("/search", json={"vectors": vectors[:1].tolist(), "k": 1})
+        assert found.status_code == 200 and found.json()["version"] == live
+        _point(out, live + "\n")  # a rollback: the refusal clears
+        _wait_ready(server, lambda r: "refused" not in r and r["version"] == live, "the refusal cleared")
+        assert trace.read_text().split().count("query_open") == opened
+    finally:
+        server.stop()
+    assert server.proc.returncode == 0

@@ -2,10 +2,13 @@
 changes), load it beside the live one, check it, and swap.
 
 ```
-poll OUT/CURRENT (every --reload-interval-s) -> changed (or written again): open it in a thread (the
-cheap checks of every file, FAISS, ids) -> same model and output transform? -> swap `live` (one reference
-assignment)
+poll OUT/CURRENT (every --reload-interval-s) -> changed (or written again): in a thread, its manifest: same
+model, metric and output transform? -> open it (the cheap checks of every file, FAISS, ids) -> the same checks on
+what opened -> swap `live` (one reference assignment)
 ```
+
+A version its manifest refuses is never loaded (one of another model may not fit beside the live one), and CURRENT
+set back to the live version is not loaded again either.
 
 A search takes ``live`` once and keeps that object to the end, so in-flight searches finish on the
 version they started on and every answer comes from exactly one version; the old version's memory
@@ -41,11 +44,12 @@ from typing import Any
 from petal.engine.loader import ModelSpec
 from petal.pipeline.index.search import IndexReader, current_pointer
 from petal.pipeline.jobs.query import SearchIndex, model_mismatch
-from petal.pipeline.layout import VERSION_RE, OutputDir
+from petal.pipeline.layout import VERSION_RE, OutputDir, resolve_index_dir
 from petal.pipeline.manifest import Manifest, ModelRecord, StoredFormat
 from petal.pipeline.reliability.errors import ConfigError, PetalError, one_line, quote_text
 from petal.pipeline.serve.leases import lease, release_with
 from petal.pipeline.serve.metrics import ServeMetrics
+from petal.pipeline.store.outputs import OutputTransform
 
 log = logging.getLogger("petal.serve")
 
@@ -168,6 +172,18 @@ class IndexFollower:
                 if why is not None:  # (None: CURRENT was written again meanwhile: the next check reads it)
                     self._refuse(shown(pointer), "current", why)
                 return False
+            published = _published_manifest(self.root)
+            if published is not None and published.version == self.live.version:  # CURRENT went back to it
+                self._back_to_live()  # NOTE: not loaded again beside itself to learn that
+                return False
+            if published is not None:
+                # NOTE: refused on its manifest before it is loaded: a version of another model, metric or transform
+                # was read whole (an unsealed one hashed) beside the live one first, and one too large for that was
+                # an 'open' refusal (out of memory) tried again every minute, never saying why it could not serve
+                early = self._refusal(published, None)
+                if early is not None:
+                    self._refuse(published.version, *early)
+                    return False
             try:
                 reader = IndexReader(self.root, nprobe=self.nprobe, rescore=self.rescore)
             except MemoryError:
@@ -179,8 +195,7 @@ class IndexFollower:
                 self._refuse(shown(pointer), "open", f"cannot open {shown(pointer)}: {exc}", retry=True)
                 return False
             if reader.manifest.version == self.live.version:  # CURRENT went back to the live version
-                self.refused = None
-                self.metrics.index_refused.clear()
+                self._back_to_live()
                 return False
             try:
                 candidate_or_why = self._compatible(reader)
@@ -215,6 +230,11 @@ class IndexFollower:
                      candidate.reader.ntotal, old)
             return True
 
+    def _back_to_live(self) -> None:
+        """CURRENT names the live version again: a refusal before is over."""
+        self.refused = None
+        self.metrics.index_refused.clear()
+
     def _out_of_memory(self, version: str) -> None:
         """A version that does not fit in memory beside the live one: refused, tried again (memory may free up).
 
@@ -224,80 +244,92 @@ class IndexFollower:
                                       f"{self.live.version}, until it replaces it)", retry=True)
 
     def _compatible(self, reader: IndexReader) -> SearchIndex | tuple[str, str]:
-        """``reader`` as a ``SearchIndex`` for the served model, or why not: (reason, message), never retried.
-
-        NOTE: the model is compared before ``SearchIndex.from_reader`` checks the dims: a version of another
-        model of another dim (a re-index with --model) is a "model" refusal, not an "open" error tried again
-        every minute"""
-        version = reader.manifest.version
+        """``reader`` as a ``SearchIndex`` for the served model, or why not: (reason, message), never retried."""
+        why = self._refusal(reader.manifest, reader.dim)  # (again: CURRENT may have moved since it was read)
+        if why is not None:
+            return why
         if self.spec is None:
-            return self._vectors_compatible(reader)
-        if reader.manifest.precomputed:
+            candidate = SearchIndex.from_reader(reader, None)
+            return self._format_change(candidate.version, candidate.transform) or candidate
+        try:
+            return SearchIndex.from_reader(reader, self.spec)
+        except ConfigError as exc:  # the same model: its vectors went through another transform
+            return "output", f"{reader.manifest.version} was built with another output transform ({exc})"
+
+    def _refusal(self, manifest: Manifest, dim: int | None) -> tuple[str, str] | None:
+        """Why the version of ``manifest`` cannot replace the live one, (reason, message), from what its manifest
+        records; ``dim``: the width of its opened index (``None``: not opened yet, checked once it is).
+
+        NOTE: the model is compared before the dims: a version of another model of another dim (a re-index with
+        --model) is a "model" refusal, not an "open" error tried again every minute"""
+        if self.spec is None:
+            return self._vectors_refusal(manifest, dim)
+        version = manifest.version
+        if manifest.precomputed:
             return "model", (f"{version} was built from precomputed vectors (--vectors-column), without a model; the "
                              f"server embeds text queries with {self.live.version}'s model (serve that index with a "
                              "server of its own)")
-        mismatch = model_mismatch(reader.manifest, self.spec)
+        mismatch = model_mismatch(manifest, self.spec)
         if mismatch:
             return "model", f"{version} was built with another model ({mismatch})"
-        metric = self._metric_change(reader)
+        metric = self._metric_change(manifest)
         if metric is not None:
             return "metric", metric
-        try:
-            candidate = SearchIndex.from_reader(reader, self.spec)
-        except ConfigError as exc:  # the same model: its vectors went through another transform
-            return "output", f"{version} was built with another output transform ({exc})"
-        return self._incompatible(candidate) or candidate
+        if manifest.max_length != self.spec.pooling.max_length:
+            return "max_length", (f"{version} was built with max length {manifest.max_length}, "
+                                  f"the server embeds at {self.spec.pooling.max_length}")
+        # calibration may differ: each version keeps its own
+        output = self._format_change(version, manifest.transform(self.spec))
+        if output is not None:
+            return output
+        recorded = _query_prompt(manifest)
+        # NOTE: a prompt given to the server (--query-prompt) is used whatever a version records, as it was for
+        # the first version; without one the server uses the prompt the first version recorded
+        if not self.query_prompt_fixed and recorded is not None and recorded != self.spec.prompts.query:
+            return "prompt", (f"{version} records query prompt {recorded!r}, the server embeds queries "
+                              f"with {self.spec.prompts.query!r} (the prompt of the version it started on; "
+                              "restart it, or give it --query-prompt)")
+        return None
 
-    def _vectors_compatible(self, reader: IndexReader) -> SearchIndex | tuple[str, str]:
+    def _vectors_refusal(self, manifest: Manifest, dim: int | None) -> tuple[str, str] | None:
         """A new version of an index of precomputed vectors: clients send rows in its space, so it must be of
         precomputed vectors too (no model), of the same dim, metric and stored format (quantization, ...)."""
-        manifest, live = reader.manifest, self.live.reader.manifest
+        live = self.live.reader.manifest
         version = manifest.version
         if not manifest.precomputed:
             return "model", (f"{version} was built with a model ({manifest.model.display}); the server serves "
                              f"{live.version}, an index of precomputed vectors, to clients that send vectors (restart "
                              "it to serve this version and its text queries)")
-        if reader.dim != self.live.reader.dim:
-            return "output", (f"{version} holds vectors of dim {reader.dim}, the server serves dim "
-                              f"{self.live.reader.dim} ({live.version}): its clients' vectors would not fit")
-        metric = self._metric_change(reader)
+        # (the widths the manifests record until the index is open, then the index's own)
+        width, served = (manifest.dim, live.dim) if dim is None else (dim, self.live.reader.dim)
+        if width != served:
+            return "output", (f"{version} holds vectors of dim {width}, the server serves dim {served} "
+                              f"({live.version}): its clients' vectors would not fit")
+        metric = self._metric_change(manifest)
         if metric is not None:
             return "metric", metric
-        candidate = SearchIndex.from_reader(reader, None)
-        new, old = StoredFormat.of(candidate.transform), StoredFormat.of(self.live.transform)
-        if (candidate.transform.model_dim, new) != (self.live.transform.model_dim, old):
-            return "output", (f"{version} stores its vectors in another format ({new.to_dict()} vs "
-                              f"{old.to_dict()})")
-        return candidate
+        if manifest.output is not None:  # (else the stored format is known once the index is open)
+            return self._format_change(version, manifest.output)
+        return None
 
-    def _metric_change(self, reader: IndexReader) -> str | None:
+    def _format_change(self, version: str, transform: OutputTransform) -> tuple[str, str] | None:
+        """Why a version whose vectors went through ``transform`` (how they are stored) is refused (``None``: the
+        live version's format)."""
+        new, live = StoredFormat.of(transform), StoredFormat.of(self.live.transform)
+        if (transform.model_dim, new) == (self.live.transform.model_dim, live):
+            return None
+        if self.spec is None:
+            return "output", f"{version} stores its vectors in another format ({new.to_dict()} vs {live.to_dict()})"
+        return "output", f"{version} was built with another output transform ({new.to_dict()} vs {live.to_dict()})"
+
+    def _metric_change(self, manifest: Manifest) -> str | None:
         """Why a new version searched by another metric is refused (``None``: the same metric), for every kind of
         index: clients read its scores (and ``petal rebuild --metric`` changes nothing else)."""
-        manifest, live = reader.manifest, self.live.reader.manifest
+        live = self.live.reader.manifest
         if manifest.metric == live.metric:
             return None
         return (f"{manifest.version} is searched by metric {manifest.metric}, the server serves {live.metric} "
                 f"({live.version}): scores would change meaning (restart the server to serve it)")
-
-    def _incompatible(self, candidate: SearchIndex) -> tuple[str, str] | None:
-        assert self.spec is not None
-        manifest = candidate.reader.manifest
-        if manifest.max_length != self.spec.pooling.max_length:
-            return "max_length", (f"{candidate.version} was built with max length {manifest.max_length}, "
-                                  f"the server embeds at {self.spec.pooling.max_length}")
-        # calibration may differ: each version keeps its own
-        new, live = StoredFormat.of(candidate.transform), StoredFormat.of(self.live.transform)
-        if (candidate.transform.model_dim, new) != (self.live.transform.model_dim, live):
-            return "output", (f"{candidate.version} was built with another output transform "
-                              f"({new.to_dict()} vs {live.to_dict()})")
-        recorded = _query_prompt(manifest)
-        # NOTE: a prompt given to the server (--query-prompt) is used whatever a version records, as it was for
-        # the first version; without one the server uses the prompt the first version recorded
-        if not self.query_prompt_fixed and recorded is not None and recorded != self.spec.prompts.query:
-            return "prompt", (f"{candidate.version} records query prompt {recorded!r}, the server embeds queries "
-                              f"with {self.spec.prompts.query!r} (the prompt of the version it started on; "
-                              "restart it, or give it --query-prompt)")
-        return None
 
     def _refuse(self, version: str, reason: str, message: str, retry: bool = False) -> None:
         retry_in_s = None
@@ -349,6 +381,15 @@ async def _in_daemon_thread(fn: Callable[[], Any]) -> Any:
 
     threading.Thread(target=run, name="petal-reload", daemon=True).start()
     return await future
+
+
+def _published_manifest(root: Path) -> Manifest | None:
+    """The manifest of the version ``root``'s CURRENT names (a small file), or ``None`` where it cannot be read
+    (opening the version says why)."""
+    try:
+        return resolve_index_dir(root)[1]
+    except (PetalError, OSError, ValueError, KeyError, TypeError, MemoryError):
+        return None
 
 
 def _not_a_version(root: Path) -> str | None:
