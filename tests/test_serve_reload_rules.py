@@ -215,3 +215,29 @@ def test_a_version_its_manifest_refuses_is_never_loaded(tmp_path, vectors_copy, 
     finally:
         server.stop()
     assert server.proc.returncode == 0
+
+
+def test_a_server_flag_a_new_version_ignores_is_said(tmp_path, vectors_copy):
+    """The server's --nprobe that the first version's index has no use for is said at the start ('note: --nprobe 2 is
+    ignored: the index is Flat ...'); a re-index that turned IVF into HNSW (--index-factory auto picks by size) was
+    followed with --nprobe dropped in silence. It is said for each version swapped in that ignores it."""
+    _, out, vectors = vectors_copy
+    log = tmp_path / "server.log"
+    server = Server(log, out, "--reload-interval-s", "0.05", "--nprobe", "2")
+    try:
+        assert "note: --nprobe 2 is ignored: the index is Flat" in log.read_text()
+        for factory, ignored in (("IVF4,Flat", False), ("HNSW8", True)):
+            cli_run("rebuild", out, "--index-factory", factory)
+            new = (out / "CURRENT").read_text().strip()
+            _wait_ready(server, lambda r, new=new: r["version"] == new, f"the swap to {factory}")
+            said = f"note: --nprobe 2 is ignored: the index is {factory} (no inverted lists to probe) ({new})"
+            deadline = time.monotonic() + (10 if ignored else 0.5)
+            while said not in log.read_text() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert (said in log.read_text()) is ignored, log.read_text()
+            found = server.client.post("/search", json={"vectors": vectors[:1].tolist(), "k": 1})
+            assert found.status_code == 200 and found.json()["version"] == new
+            assert [r["hits"][0]["id"] for r in found.json()["results"]] == [0]
+    finally:
+        server.stop()
+    assert server.proc.returncode == 0

@@ -228,6 +228,10 @@ class IndexFollower:
             self.metrics.index_reloads.labels(result="loaded").inc()
             log.info("petal serve: now serving %s (%d vectors), was %s", candidate.version,
                      candidate.reader.ntotal, old)
+            # NOTE: the server's --nprobe/--rescore that this version's index has no use for (a re-index turned IVF
+            # into HNSW or Flat), said as the start says them for the first version; they were dropped in silence
+            for note in candidate.reader.ignored:
+                log.warning("petal serve: note: %s (%s)", note, candidate.version)
             return True
 
     def _back_to_live(self) -> None:
