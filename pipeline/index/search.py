@@ -354,15 +354,20 @@ class IndexReader:
         scores, ids = ties_by_id(*self._found(queries, width, selector), self.manifest.metric)
         scores, ids = self._ties_settled(queries, k_eff, scores, ids, selector)
         valid = ids >= 0  # NOTE: FAISS pads with -1 when fewer than k results exist
-        flat = ids[valid]
+        self._check_ids(ids)
+        return self._hits(scores, ids, valid, ids[valid])
+
+    def _check_ids(self, ids: np.ndarray) -> None:
+        """Every id FAISS returned is a vector of the index or its -1 padding, else ``BadInputError`` naming the file
+        that holds the ids. NOTE: only a damaged index body returns such an id (the open checks read heads and
+        tails); one below -1 is no padding either: dropped, its hit would be lost without a word. Checked on every
+        answer FAISS gives, before a row that looks short is searched again (a wider search or a scan that leaves
+        the damaged entry out would hide it)."""
         wrong = ids[(ids < -1) | (ids >= self.num_ids)]
         if len(wrong):
-            # NOTE: only a damaged index body returns such an id (the open checks read heads and tails); one below
-            # -1 is no padding either: dropped, its hit would be lost without a word
             held_in = IVFDATA_FILE if self.storage == "ondisk" else INDEX_FILE  # the file whose lists hold the ids
             raise BadInputError(f"{self.dir / held_in} returned vector id {int(wrong[0])} of {self.num_ids}: "
                                 "the index is corrupt; run petal verify and rebuild it")
-        return self._hits(scores, ids, valid, flat)
 
     def _found(self, queries: np.ndarray, k: int, selector: Any) -> tuple[np.ndarray, np.ndarray]:
         """FAISS's ``(scores, ids)`` (``[num_queries, k]``, -1 pad) for ``queries``, filtered by ``selector`` (an
@@ -439,7 +444,9 @@ class IndexReader:
             return self.index.search(rows, k, params=params)  # type: ignore[call-arg]
 
         want = k if selector is None else min(k, selector.count)
+        self._check_ids(ids)
         scores, ids = searched_again(search, queries, want, scores, ids, self._wider(search_params))
+        self._check_ids(ids)
         short = np.flatnonzero((ids >= 0).sum(axis=1) < want)
         if len(short) and not is_binary_manifest(self.manifest):
             # NOTE: a node no other node links to is reached by no walk, at any efSearch: 500 vectors in HNSW8 under
