@@ -74,7 +74,9 @@ def query(index_path: Path, texts: tuple[str, ...], k: int, from_stdin: bool, as
 
     Queries get the index's model, pooling, attention, output transform (--dim, --quantize) and query
     prompt, as recorded in its manifest. Bytes that are not UTF-8 (in TEXT or a --stdin line) are read
-    as U+FFFD, counted on stderr, and the query is answered; blank --stdin lines are skipped.
+    as U+FFFD, counted on stderr, and the query is answered; a blank --stdin line is skipped, answered in
+    its place as skipped ({"query": "", "hits": [], "skipped": "empty_text"} with --json), so the answers
+    line up with the lines (those before the first query answered are written with its answer).
 
     No query to answer is no input, exit 66 (as petal embed): an empty --stdin, one of blank lines
     only, blank TEXT only, or a --vector-file without rows. A --vector-file that is missing, not a
@@ -144,6 +146,10 @@ def query(index_path: Path, texts: tuple[str, ...], k: int, from_stdin: bool, as
     if from_stdin:
         from petal.pipeline.jobs.query import NonFiniteQueryError
 
+        # NOTE: a skipped line gets an answer that says so, in its place (a coprocess that writes a line and waits
+        # for its answer waited forever on a blank one, and answers no longer lined up with the lines); those
+        # before the first answer are held and written with it, so input that holds no query writes nothing (66)
+        held: list[str] = []
         for raw in stdin_lines():  # one query at a time: answers stream as lines arrive
             try:
                 line = raw.decode("utf-8")
@@ -153,17 +159,22 @@ def query(index_path: Path, texts: tuple[str, ...], k: int, from_stdin: bool, as
             if skip_reason(line) is None:
                 index = _followed(index, where)
                 try:
-                    _answer(index, [line], k, as_json, show_text, where)
+                    rendered = _rendered(index, [line], index.search([line], k, where=where), as_json, show_text,
+                                         where)
                 except NonFiniteQueryError:
                     # NOTE: a stream: one line the model cannot embed is skipped and said, as a blank one; the
                     # session goes on (the lines before it were answered as they came)
                     non_finite += 1
                     click.echo(f"petal query: skipped --stdin line {quote_text(line)}: it embeds to NaN or infinite "
                                "values with this model (non_finite_embedding)", err=True)
+                    held = _skipped_answer(held, line, "non_finite_embedding", as_json, answered > 0)
                     continue
+                _write(held + rendered)
+                held = []
                 answered += 1
             else:
                 skipped += 1
+                held = _skipped_answer(held, line, "empty_text", as_json, answered > 0)
         if skipped:
             click.echo(f"petal: {skipped} stdin lines skipped (empty_text: blank lines are not queries)", err=True)
         if non_finite:
@@ -234,6 +245,17 @@ def _answer(index: Index, queries: list[str], k: int, as_json: bool, show_text: 
 
 def _write(lines: list[str]) -> None:
     write_stdout(lines, flush=True)
+
+
+def _skipped_answer(held: list[str], line: str, reason: str, as_json: bool, answered: bool) -> list[str]:
+    """A skipped ``--stdin`` line's answer (JSON: ``{"query": ..., "hits": [], "skipped": reason}``): written now once
+    a query was answered, else added to ``held`` (returned: what is still held)."""
+    lines = [_json_line({"query": line, "hits": [], "skipped": reason})] if as_json else \
+        [f"query: {one_line(line)}", f"   (skipped: {reason})"]
+    if answered:
+        _write(lines)
+        return held
+    return held + lines
 
 
 def _rendered(index: Index, labels: list[str], results: list[list[Hit]], as_json: bool, show_text: bool,

@@ -65,8 +65,9 @@ def test_query_stdin_answers_each_line(built_index):
                                 input="volcano eruption\n\nsourdough bread\n")
     assert result.exit_code == 0
     lines = [json.loads(x) for x in result.stdout.splitlines()]
-    assert [x["query"] for x in lines] == ["volcano eruption", "sourdough bread"]
-    assert len(result.stdout.splitlines()) == 2
+    # the blank line answered in its place, as skipped
+    assert [x["query"] for x in lines] == ["volcano eruption", "", "sourdough bread"]
+    assert [x.get("skipped") for x in lines] == [None, "empty_text", None] and lines[1]["hits"] == []
 
 
 def test_query_longer_than_the_model_limit_is_answered_and_counted(built_index):

@@ -222,7 +222,9 @@ def test_a_stdin_stream_skips_such_a_line_and_goes_on(poison_index):
     proc = petal_cli("query", str(poison_index), "--stdin", "--json", "-k", "1",
                      stdin="glaciers\nbread rises\nvector search\n")
     assert proc.returncode == 0, proc.stderr
-    assert [json.loads(line)["query"] for line in proc.stdout.splitlines()] == ["glaciers", "vector search"]
+    answers = [json.loads(line) for line in proc.stdout.splitlines()]  # each line answered in its place
+    assert [a["query"] for a in answers] == ["glaciers", "bread rises", "vector search"]
+    assert answers[1] == {"query": "bread rises", "hits": [], "skipped": "non_finite_embedding"}
     assert 'skipped --stdin line "bread rises"' in proc.stderr and "1 stdin line skipped (non_finite_embedding)" \
         in proc.stderr
     only = petal_cli("query", str(poison_index), "--stdin", stdin="bread\n")

@@ -148,7 +148,10 @@ def test_one_rule_for_null_and_blank_texts_in_embed_and_query(tmp_path, tiny_ber
 
     idx, _ = corpus_index
     result = CliRunner().invoke(cli, ["query", str(idx), "--stdin", "--json"], input="topic\n\n  \ntext 3\n")
-    assert result.exit_code == 0 and len(result.stdout.splitlines()) == 2
+    answers = [json.loads(line) for line in result.stdout.splitlines()]
+    assert result.exit_code == 0 and [a["query"] for a in answers] == ["topic", "", "  ", "text 3"]  # one a line
+    assert [a.get("skipped") for a in answers] == [None, "empty_text", "empty_text", None]
+    assert answers[1]["hits"] == [] and answers[0]["hits"] and answers[3]["hits"]
     assert "2 stdin lines skipped" in result.stderr
 
 

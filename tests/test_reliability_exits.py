@@ -126,8 +126,8 @@ def test_query_stdin_answers_every_line_even_one_that_is_not_utf8(real_index):
     result = petal_process("query", real_index, "--stdin", "--json", "-k", "1", stdin=lines)
     assert result.returncode == 0, result.stderr.decode()
     answers = [json.loads(line) for line in result.stdout.decode().splitlines()]
-    assert [a["query"] for a in answers] == ["glaciers moving", "\ufffd\ufffd broken \ufffd", "baking bread"]
-    assert answers[0]["hits"][0]["id"] == 0 and answers[2]["hits"][0]["id"] == 1
+    assert [a["query"] for a in answers] == ["glaciers moving", "\ufffd\ufffd broken \ufffd", "", "baking bread"]
+    assert answers[0]["hits"][0]["id"] == 0 and answers[3]["hits"][0]["id"] == 1 and answers[2]["skipped"]
     assert b"1 query held bytes that are not UTF-8" in result.stderr
 
 

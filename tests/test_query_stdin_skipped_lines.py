@@ -1,0 +1,88 @@
+"""``petal query --stdin`` answers every line in its place, a skipped one (blank) as skipped: it wrote nothing for a
+blank line, so a coprocess that writes a line and waits for its answer waited forever, and the answers of a file of
+queries no longer lined up with its lines. Lines skipped before the first answer are written with it, so a stdin of
+blank lines only still writes nothing and exits 66. A real process, the packaged MiniLM, a real index."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import sys
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tests.conftest import REPO
+
+
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("PETAL_")}
+
+
+def _petal(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "petal.cli.main", *map(str, args)], input=stdin,
+                          capture_output=True, cwd=REPO, env=_env(), timeout=300)
+
+
+@pytest.fixture(scope="module")
+def index_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("stdin-skipped")
+    pq.write_table(pa.table({"id": [1, 2, 3], "text": ["glaciers flow downhill", "bread needs yeast", "lava"]}),
+                   root / "docs.parquet")
+    done = _petal("index", root / "docs.parquet", "--out", root / "out", "-q")
+    assert done.returncode == 0, done.stderr.decode()
+    return root / "out"
+
+
+def _line(proc: subprocess.Popen, seconds: float = 120) -> bytes:
+    """The next line of ``proc``'s stdout, read while its stdin stays open (fails after ``seconds``)."""
+    assert proc.stdout is not None
+    poller = select.poll()  # NOTE: poll, not select: the suite's process holds over 1023 descriptors
+    poller.register(proc.stdout, select.POLLIN)
+    assert poller.poll(seconds * 1000), "no answer while stdin stays open"
+    return proc.stdout.readline()
+
+
+def test_a_blank_line_after_an_answer_is_answered_at_once_as_skipped(index_dir):
+    proc = subprocess.Popen([sys.executable, "-m", "petal.cli.main", "query", str(index_dir), "--stdin", "--json",
+                             "-k", "1"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            cwd=REPO, env=_env())
+    try:
+        assert proc.stdin is not None
+        answers = []
+        for line in (b"glaciers\n", b"   \n", b"bread\n", b"\n"):
+            proc.stdin.write(line)
+            proc.stdin.flush()
+            answers.append(json.loads(_line(proc)))
+        proc.stdin.close()
+        proc.wait(timeout=120)
+        assert proc.stderr is not None
+        err = proc.stderr.read().decode()
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert [a["query"] for a in answers] == ["glaciers", "   ", "bread", ""]
+    assert [a.get("skipped") for a in answers] == [None, "empty_text", None, "empty_text"]
+    assert answers[0]["hits"][0]["id"] == 1 and answers[2]["hits"][0]["id"] == 2
+    assert answers[1]["hits"] == [] == answers[3]["hits"]
+    assert "2 stdin lines skipped" in err
+
+
+@pytest.mark.parametrize("as_json", [True, False])
+def test_answers_line_up_with_the_lines_and_blank_only_input_writes_nothing(index_dir, as_json):
+    flags = ["--json"] if as_json else []
+    done = _petal("query", index_dir, "--stdin", "-k", "1", *flags, stdin=b"\n\nlava\n\t\nglaciers\n")
+    assert done.returncode == 0, done.stderr.decode()
+    out = done.stdout.decode().splitlines()
+    if as_json:
+        answers = [json.loads(line) for line in out]
+        assert [a["query"] for a in answers] == ["", "", "lava", "\t", "glaciers"]
+        assert [bool(a["hits"]) for a in answers] == [False, False, True, False, True]
+    else:
+        queries = [line for line in out if line.startswith("query:")]
+        assert len(queries) == 5 and out.count("   (skipped: empty_text)") == 3
+    blank = _petal("query", index_dir, "--stdin", *flags, stdin=b"\n \n")
+    assert blank.returncode == 66 and blank.stdout == b"", blank.stderr.decode()
