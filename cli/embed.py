@@ -232,17 +232,11 @@ def _check_not_input(output: Path, input_path: Path | None) -> None:
     output replaced the input once every text was embedded (``--input t.jsonl --output t.jsonl``): the texts were
     gone, exit 0."""
     from petal.pipeline.reliability.errors import quote_path
+    from petal.pipeline.reliability.output_file import input_written_over
 
-    if input_path is None:
-        return
-    try:
-        written, read = os.stat(output), os.stat(input_path)
-    except OSError:
-        return  # one of them is not there: nothing to write over (a missing --input is said as 66 after this)
-    if (written.st_dev, written.st_ino) == (read.st_dev, read.st_ino):
-        same = "" if os.path.abspath(output) == os.path.abspath(input_path) else \
-            f" (the same file as --input {quote_path(input_path)})"
-        raise click.UsageError(f"--output {quote_path(output)} is the --input file{same}; the vectors would be "
+    over = input_written_over(output, [input_path] if input_path is not None else [])
+    if over is not None:  # NOTE: a missing --input is said as 66 after this
+        raise click.UsageError(f"--output {quote_path(output)} is the --input file{over[1]}; the vectors would be "
                                "written over the texts: write them elsewhere")
 
 

@@ -79,25 +79,14 @@ def check_report_not_input(path: Path | str | None, inputs: Iterable[Any]) -> No
     ``--delete`` file; the same file by any path: symlinks, hard links): ``UsageError`` (2) naming it. NOTE: the report
     was written over it after the run (``petal index --json-report data/*.parquet ...`` takes the first shard): the
     input's rows were gone, and the next run refused the shard as corrupt (65)."""
+    from petal.pipeline.reliability.output_file import input_written_over
+
     if path is None or str(path) == STDOUT:
         return
-    try:
-        report = os.stat(path)
-    except OSError:
-        return  # not there: no input
-    if not stat.S_ISREG(report.st_mode):
-        return  # a FIFO or a device is written in place, never an input's bytes
-    for given in inputs:
-        if not isinstance(given, (str, Path)) or "://" in str(given):
-            continue  # an object-store shard: never the local report
-        try:
-            found = os.stat(given)
-        except OSError:
-            continue
-        if (found.st_dev, found.st_ino) == (report.st_dev, report.st_ino):
-            same = "" if os.path.abspath(path) == os.path.abspath(given) else f" (the same file as {quote_path(given)})"
-            raise ReportOverInput(f"--json-report {quote_path(path)} is an input of this run{same}; the report would "
-                                  "be written over it: write the report elsewhere")
+    over = input_written_over(path, inputs)
+    if over is not None:
+        raise ReportOverInput(f"--json-report {quote_path(path)} is an input of this run{over[1]}; the report would "
+                              "be written over it: write the report elsewhere")
     holds = not_a_report(path)
     if holds is not None:  # NOTE: a file of the user's that no flag of this run names (a shard of another corpus)
         raise ReportOverInput(refused_over(path, holds))

@@ -9,7 +9,9 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from petal.pipeline.reliability.durable import name_max, temporary_beside
 from petal.pipeline.reliability.errors import DENIED, OutputError, PetalIOError, quote_path
@@ -70,3 +72,26 @@ def write_error(output: Path, exc: OSError, flag: str = "--output") -> OutputErr
         return OutputError(f"cannot create {flag} {quote_path(output)}: petal may not write it (permission denied); "
                            "run as a user who may write it, or fix its permissions")
     return PetalIOError(f"cannot write {flag} {quote_path(output)}: {exc.strerror or exc}")
+
+
+def input_written_over(output: Path | str, inputs: Iterable[Any]) -> tuple[Any, str] | None:
+    """The first of ``inputs`` (local paths; object-store URIs and other objects are passed over) that is the regular
+    file ``output`` names, by any path (symbolic and hard links too), and how to say so: ``""`` when both are the
+    same path, else `` (the same file as INPUT)``; ``None`` when ``output`` is not there, is no regular file (a FIFO
+    or a device is written in place, never an input's bytes) or is none of them."""
+    try:
+        written = os.stat(output)
+    except OSError:
+        return None
+    if not stat.S_ISREG(written.st_mode):
+        return None
+    for given in inputs:
+        if not isinstance(given, (str, Path)) or "://" in str(given):
+            continue
+        try:
+            if os.path.samestat(os.stat(given), written):
+                same = os.path.abspath(output) == os.path.abspath(given)
+                return given, "" if same else f" (the same file as {quote_path(given)})"
+        except OSError:
+            continue
+    return None
