@@ -1,5 +1,5 @@
 """Every document of an HNSW index can be reached by a search. FAISS's pruning leaves some nodes that no walk from
-the entry point reaches at level 0 (no link leads to them, or only links from nodes no walk reaches: 5,000 uniform
+the entry point reaches at level 0 (no link leads to them, or only links from nodes no walk reaches: 5,000 Gaussian
 32-dim vectors under HNSW8 left about 100), so their documents were in no search's hits, even searched for with their
 own vectors at any efSearch. Each build now links every such node from the nearest node a walk reaches
 (pipeline/index/graph_repair.py) before the graph is tuned. Real Parquet, real FAISS, the API."""
