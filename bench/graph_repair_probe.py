@@ -4,9 +4,9 @@ which ``petal index`` runs on every HNSW it builds) changes. CPU, seconds.
     python3 bench/graph_repair_probe.py [NUM_VECTORS] [DIM] [M ...]        (default: 20000 32 8 16 32)
 
 Gaussian vectors (standard normal, not normalized: no structure), seed 0, l2. Per M, the same graph before and
-after the repair: nodes a level-0 walk from the entry point does not reach, the links made, the seconds it took, how many of the first
-5,000 vectors a search for their own vector at efSearch 512 does not return first, and recall@10 of 500 fresh queries
-at efSearch 16/32/64 against exact search.
+after the repair: nodes a level-0 walk from the entry point does not reach, the links made, the seconds it took,
+how many of the first 5,000 vectors a search for their own vector at efSearch 512 does not return first, and
+recall@10 of 500 fresh queries at efSearch 16/32/64 against exact search.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ entry point, so its documents show in no search's hits, whatever the query and `
 vectors left about 700 such nodes under HNSW8 and 60 under HNSW16 (``bench/graph_repair_probe.py``).
 ``link_unreachable`` links each of them from the nearest node a walk reaches (its own nearest neighbours first):
 into a free level-0 slot of that node where it has one, else in place of that node's last link (a node's links are
-kept nearest first) whose target another link still reaches. A replaced link can cut a few nodes off in turn, so it repeats until a walk reaches every node.
+kept nearest first) whose target another link still reaches. A replaced link can cut a few nodes off in turn, so
+it repeats until a walk reaches every node.
 """
 
 from __future__ import annotations
