@@ -11,8 +11,14 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 # NOTE: no pyarrow here (``petal embed`` and ``petal query`` apply the rule): ``documents.py`` imports from this.
-# A character a reader can see: not whitespace, not a C0/C1 control, not a zero-width or bidi format mark.
-VISIBLE = re.compile(r"[^\s\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202f\u2060-\u206f\ufeff]")
+# A character a reader can see: not whitespace, not a C0/C1 control, and not one of Unicode's
+# Default_Ignorable_Code_Point characters (DerivedCoreProperties.txt: zero-width and bidi marks, the soft hyphen,
+# variation selectors, tag characters, Hangul fillers, ...), which render as nothing.
+# NOTE: a text of only those is no text: MiniLM's tokenizer drops or [UNK]s them, so every such row got one and the same
+# [CLS] [SEP] vector, which outranked real documents for any query.
+VISIBLE = re.compile(r"[^\s\x00-\x1f\x7f-\x9f\xad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180b-\u180f\u200b-\u200f"
+                     r"\u2028-\u202f\u2060-\u206f\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufff8\U0001bca0-\U0001bca3"
+                     r"\U0001d173-\U0001d17a\U000e0000-\U000e0fff]")
 # NOTE: what Notepad, PowerShell's Out-File and Excel's "CSV UTF-8" write before the first line of a text file: it
 # marks the encoding and is no part of the first text (a .jsonl line starting with it is no JSON to json.loads)
 UTF8_BOM = b"\xef\xbb\xbf"
