@@ -47,6 +47,7 @@ from typing import Any
 from petal.pipeline.manifest import MANIFEST_FILE, Manifest
 from petal.pipeline.reliability.durable import fsync_dir, write_bytes_atomic
 from petal.pipeline.reliability.errors import (
+    BadInputError,
     ConfigError,
     NoInputError,
     OutputError,
@@ -242,7 +243,7 @@ class OutputDir:
 
         try:
             version_dir = self.version_dir(version)
-            read_manifest(version_dir / MANIFEST_FILE, self.root)
+            check_version_name(version_dir, read_manifest(version_dir / MANIFEST_FILE, self.root))
             check_on_open(version_dir)
         except (PetalError, OSError, ValueError, KeyError, TypeError, AttributeError):
             return False
@@ -661,8 +662,44 @@ def resolve_index_dir(path: Path) -> tuple[Path, Manifest]:
             # like a pointer to a missing version: the way back is the same, a complete older version
             raise ConfigError(f"{quote_path(out.current_file)} names {version}, a damaged version: {exc}; "
                               f"{out.recovery_hint(version)}") from exc
-        return version_dir, Manifest.from_dict(data, quote_path(manifest_file))
-    return version_dir, read_manifest(version_dir / MANIFEST_FILE, root)
+        manifest = Manifest.from_dict(data, quote_path(manifest_file))
+        if manifest.version != version:
+            # NOTE: the version its manifest records was served, queried and verified under CURRENT's name (a
+            # version directory copied or renamed: v3 holding v2's index)
+            why = _mislabeled(version_dir, manifest.version)
+            raise MislabeledVersion(version_dir, manifest.version, f"{quote_path(out.current_file)} names {version}, "
+                                                                   f"but {why}; {out.recovery_hint(version)}")
+        return version_dir, manifest
+    manifest = read_manifest(version_dir / MANIFEST_FILE, root)
+    check_version_name(version_dir, manifest)
+    return version_dir, manifest
+
+
+class MislabeledVersion(BadInputError):
+    """A version directory whose manifest records another version id (65): copied or renamed by hand. A version id
+    names one index for the life of OUT, so it is never taken for the one its manifest names."""
+
+    def __init__(self, version_dir: Path, recorded: str, message: str) -> None:
+        super().__init__(message)
+        self.version_dir = version_dir
+        self.recorded = recorded
+
+
+def check_version_name(version_dir: Path, manifest: Manifest) -> None:
+    """``MislabeledVersion`` (65) when ``version_dir`` is named as a version id (a directory of ``versions/``, or one
+    copied out under its name) and its manifest records another; a directory of another name (a version copied to
+    ``/srv/index``) is not compared."""
+    name = Path(version_dir).name
+    if VERSION_RE.match(name) and manifest.version != name:
+        why = _mislabeled(version_dir, manifest.version)
+        raise MislabeledVersion(Path(version_dir), manifest.version, why)
+
+
+def _mislabeled(version_dir: Path, recorded: str) -> str:
+    """Why a version directory whose manifest records ``recorded`` is refused, naming the file and both ids."""
+    return (f"{quote_path(Path(version_dir) / MANIFEST_FILE)} records version {quote_text(recorded, 40)}, not "
+            f"{Path(version_dir).name} (its directory's name): the directory was copied or renamed, and a version id "
+            "names one index; refusing to take it for either version")
 
 
 def current_pointer(path: Path) -> str | None:

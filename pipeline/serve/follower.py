@@ -21,7 +21,9 @@ A version that fails to open (not there yet, a file missing or short, an I/O err
 copy cannot be made is tried again while CURRENT names it, after 1, 2, 4 ... s (at most 60 s apart): a
 version copied in by hand (``cp -a``, ``rsync``: CURRENT sorts before ``versions/``) may still be arriving.
 One built with another model, metric or transform waits for CURRENT to change, and so does a CURRENT that names
-no version (missing, empty, or not a version id: "current", said once; the live version keeps serving). An index
+no version (missing, empty, or not a version id: "current", said once; the live version keeps serving), and so does
+a version directory whose manifest records another version id ("version": copied or renamed by hand; it was taken for
+the version it records, or for a return to the live one). An index
 of precomputed vectors (``--vectors-column``, no model) is followed by its own rules: a new version must be of
 precomputed vectors too, of the same dim, metric and stored format (its clients send rows in its space); a version
 built with a model replacing it, or one of precomputed vectors replacing a model's, is refused ("model"). CURRENT
@@ -44,7 +46,7 @@ from typing import Any
 from petal.engine.loader import ModelSpec
 from petal.pipeline.index.search import IndexReader, current_pointer
 from petal.pipeline.jobs.query import SearchIndex, model_mismatch
-from petal.pipeline.layout import VERSION_RE, OutputDir, resolve_index_dir
+from petal.pipeline.layout import VERSION_RE, MislabeledVersion, OutputDir, resolve_index_dir
 from petal.pipeline.manifest import Manifest, ModelRecord, StoredFormat
 from petal.pipeline.reliability.errors import ConfigError, PetalError, one_line, quote_text
 from petal.pipeline.serve.leases import lease, release_with
@@ -61,7 +63,7 @@ RETRY_MAX_S = 60.0
 @dataclass(frozen=True)
 class Refusal:
     version: str
-    reason: str  # short: model, output, metric, max_length, prompt, open, prepare, current
+    reason: str  # short: model, output, metric, max_length, prompt, open, prepare, current, version
     message: str
     retry_in_s: float | None = None  # tried again after this many seconds (None: when CURRENT changes)
 
@@ -172,7 +174,11 @@ class IndexFollower:
                 if why is not None:  # (None: CURRENT was written again meanwhile: the next check reads it)
                     self._refuse(shown(pointer), "current", why)
                 return False
-            published = _published_manifest(self.root)
+            try:
+                published = _published_manifest(self.root)
+            except MislabeledVersion as exc:  # NOTE: was taken for the version its manifest names (v3 served as v2)
+                self._refuse(pointer, "version", str(exc))
+                return False
             if published is not None and published.version == self.live.version:  # CURRENT went back to it
                 self._back_to_live()  # NOTE: not loaded again beside itself to learn that
                 return False
@@ -188,6 +194,9 @@ class IndexFollower:
                 reader = IndexReader(self.root, nprobe=self.nprobe, rescore=self.rescore)
             except MemoryError:
                 self._out_of_memory(shown(pointer))
+                return False
+            except MislabeledVersion as exc:  # (the directory replaced since its manifest was read)
+                self._refuse(pointer, "version", str(exc))
                 return False
             except (PetalError, OSError, RuntimeError, KeyError, ValueError) as exc:
                 # NOTE: tried again, whatever the error: a version copied in by hand may still be arriving, a
@@ -389,9 +398,11 @@ async def _in_daemon_thread(fn: Callable[[], Any]) -> Any:
 
 def _published_manifest(root: Path) -> Manifest | None:
     """The manifest of the version ``root``'s CURRENT names (a small file), or ``None`` where it cannot be read
-    (opening the version says why)."""
+    (opening the version says why); one whose directory's manifest records another version: ``MislabeledVersion``."""
     try:
         return resolve_index_dir(root)[1]
+    except MislabeledVersion:
+        raise
     except (PetalError, OSError, ValueError, KeyError, TypeError, MemoryError):
         return None
 
