@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -35,14 +36,17 @@ class CodeScan:
     """Every vector an index holds, scored as its search scores them, for the queries its search leaves short at its
     widest parameters: an HNSW walk reaches no node that no other node links to, at any efSearch; an IVF whose
     quantizer is such a graph (``IVF256_HNSW4``) probes no list whose centroid no walk reaches, at any nprobe; FAISS's
-    fast-scan search answers a query whose lookup table is flat (a zero query under ``ip``) with NaN and no ids.
+    fast-scan search answers a query whose lookup table is flat (a zero query under ``ip``) with NaN and no ids, and
+    drops a vector whose quantized score saturates, at every nprobe.
     Found through the index's wrappers: id maps (their ids are what it returns and what a filter names),
     pre-transforms (OPQ, PCA: applied to the queries), a refine wrapper (its own codes give the final scores: those
     are scanned), else the index under them, whatever its codes.
 
     An IVF's lists are searched by FAISS itself, every list assigned to every query (its quantizer left out), with
     the filter as an id selector; other codes (Flat, SQ, PQ: FAISS's PQ scan takes no id selector) are decoded a
-    chunk at a time and scored here, the filter applied to their ids (exact top k of the codes)."""
+    chunk at a time and scored here, the filter applied to their ids (exact top k of the codes); so are the rows an
+    IVF's search of every list leaves short (a fast-scan IVF's codes unpacked here: FAISS's decoding of one read from
+    a file segfaults)."""
 
     def __init__(self, index: Any) -> None:
         from petal.pipeline.index.faiss_loader import load_faiss
@@ -80,21 +84,11 @@ class CodeScan:
         short = np.flatnonzero((ids >= 0).sum(axis=1) < min(k, int(self.ivf.ntotal)))
         if not len(short):
             return scores, ids
-        if not self.fast_scan:
-            scores[short], ids[short] = self._decoded(queries[short], k, member)
-        elif self.ip:
-            # NOTE: FAISS segfaults decoding a fast-scan IVF read from a file; the rows it leaves short are those
-            # whose lookup table is flat, a zero query under ip, which scores every vector 0: the lowest ids
-            zero = short[~queries[short].any(axis=1)]
-            scores[zero], ids[zero] = 0.0, self._lowest(k, member)
+        # NOTE: FAISS's fast scan drops vectors even with every list probed: a vector whose quantized score saturates
+        # its 16-bit accumulator never passes the heap's threshold (1000 vectors in IVF16,PQ4x4fs under ip: k=1000
+        # answered 999), and a query whose lookup table is flat (a zero query under ip) gets NaN and no ids
+        scores[short], ids[short] = self._decoded(queries[short], k, member)
         return scores, ids
-
-    def _lowest(self, k: int, member: Callable[[np.ndarray], np.ndarray] | None) -> np.ndarray:
-        """``[k]``: the ``k`` lowest ids ``member`` accepts (-1 pad)."""
-        ids = np.sort(self._outer(np.arange(int(self.codes.ntotal), dtype=np.int64)))
-        if member is not None:
-            ids = ids[member(ids)]
-        return np.pad(ids[:k], (0, max(0, k - len(ids))), constant_values=-1)
 
     def _outer(self, ids: np.ndarray) -> np.ndarray:
         """The ids the index returns for its codes' ``ids`` (none negative): through the id maps, innermost first."""
@@ -142,16 +136,15 @@ class CodeScan:
         worst = -np.inf if self.ip else np.inf
         best = np.full((len(queries), 0), worst, dtype=np.float32)
         best_ids = np.empty((len(queries), 0), dtype=np.int64)
-        total = int(self.codes.ntotal)
         # NOTE: bounded by the scores and by the decoded vectors held (a lone query of a 1M x 384 index decoded it
         # whole: 1.5 GB)
         rows = max(1024, SCAN_CELLS // max(1, len(queries), int(self.codes.d)))
-        for start in range(0, total, rows):
-            ids = self._outer(np.arange(start, min(start + rows, total), dtype=np.int64))
+        for inner, decode in self._chunks(rows):
+            ids = self._outer(inner)
             keep = np.ones(len(ids), dtype=bool) if member is None else member(ids)
             if not keep.any():
                 continue
-            vectors = self.codes.reconstruct_n(start, len(ids))[keep]
+            vectors = decode()[keep]
             if self.ip:
                 scores = queries @ vectors.T
             else:
@@ -166,3 +159,64 @@ class CodeScan:
             best = np.pad(best, ((0, 0), (0, pad)), constant_values=worst)
             best_ids = np.pad(best_ids, ((0, 0), (0, pad)), constant_values=-1)
         return best, best_ids
+
+    def _chunks(self, rows: int) -> Iterator[tuple[np.ndarray, Callable[[], np.ndarray]]]:
+        """Every vector of the codes, at most ``rows`` at a time: ``(their ids in the codes, decode() -> [n, d] float32
+        vectors)``. A fast-scan IVF's list by list, its packed codes unpacked and decoded here (``_fast_scan_decoded``);
+        other codes by FAISS's ``reconstruct_n`` (an IVF through its lists, as they hold the ids)."""
+        if self.fast_scan:
+            yield from self._fast_scan_lists(rows)
+            return
+        total = int(self.codes.ntotal)
+        for start in range(0, total, rows):
+            count = min(rows, total - start)
+            yield np.arange(start, start + count, dtype=np.int64), partial(self.codes.reconstruct_n, start, count)
+
+    def _fast_scan_lists(self, rows: int) -> Iterator[tuple[np.ndarray, Callable[[], np.ndarray]]]:
+        """``_chunks`` of a fast-scan IVF: each list's ids and its codes, ``rows`` (whole blocks) at a time.
+
+        NOTE: FAISS segfaults decoding a fast-scan IVF read from a file (``reconstruct``, ``reconstruct_n``,
+        ``reconstruct_from_offset``, ``sa_decode``: every index petal opens): its codes are unpacked from their blocks
+        by the index's code packer and decoded by its product (or additive) quantizer, plus the list's centroid
+        where the codes are residuals: the vectors ``reconstruct`` gives an index still in memory."""
+        from petal.pipeline.index.faiss_loader import load_faiss
+
+        faiss = load_faiss()
+        ivf = self.ivf
+        per_block = int(ivf.get_CodePacker().nvec)
+        rows = max(per_block, rows // per_block * per_block)
+        invlists = ivf.invlists
+        for list_no in range(int(ivf.nlist)):
+            size = int(invlists.list_size(list_no))
+            if not size:
+                continue
+            pointer = invlists.get_ids(list_no)
+            try:
+                ids = faiss.rev_swig_ptr(pointer, size).copy()
+            finally:
+                invlists.release_ids(list_no, pointer)
+            for start in range(0, size, rows):
+                count = min(rows, size - start)
+                yield ids[start:start + count], partial(self._fast_scan_decoded, list_no, start, count)
+
+    def _fast_scan_decoded(self, list_no: int, start: int, count: int) -> np.ndarray:
+        """``[count, d]``: the vectors ``start`` (a block's first) to ``start + count`` of a fast-scan IVF's list."""
+        from petal.pipeline.index.faiss_loader import load_faiss
+
+        faiss = load_faiss()
+        ivf, packer = self.ivf, self.ivf.get_CodePacker()
+        per_block, block_bytes = int(packer.nvec), int(packer.block_size)
+        first, blocks = start // per_block, -(-count // per_block)
+        pointer = ivf.invlists.get_codes(list_no)
+        try:
+            packed = faiss.rev_swig_ptr(pointer, (first + blocks) * block_bytes)[first * block_bytes:].copy()
+        finally:
+            ivf.invlists.release_codes(list_no, pointer)
+        codes = np.empty((blocks * per_block, int(packer.code_size)), dtype=np.uint8)
+        for block in range(blocks):
+            packer.unpack_all(faiss.swig_ptr(packed[block * block_bytes:]), faiss.swig_ptr(codes[block * per_block:]))
+        quantizer = ivf.pq if hasattr(ivf, "pq") else ivf.aq
+        vectors = quantizer.decode(np.ascontiguousarray(codes[:count]))
+        if ivf.by_residual:
+            vectors += ivf.quantizer.reconstruct(list_no)
+        return np.asarray(vectors, dtype=np.float32)
