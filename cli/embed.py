@@ -79,8 +79,8 @@ def embed(texts: tuple[str, ...], model: str | None, from_stdin: bool, input_pat
     lines only, every text skipped. An --input that is missing, not a regular file or unreadable is 66
     too; one that cannot be read as its format is 65.
     """
-    from petal.pipeline.ingest.text_rule import utf8_or_bytes
-    from petal.pipeline.reliability.errors import NoInputError, UsageError, quote_path
+    from petal.pipeline.ingest.text_rule import describe_skips, utf8_or_bytes
+    from petal.pipeline.reliability.errors import Interrupted, NoInputError, PetalError, UsageError, quote_path
 
     if output is not None and output.suffix.lower() not in (".npy", ".jsonl"):
         raise click.UsageError(f"--output {quote_path(output)}: expected a .npy or .jsonl file")
@@ -127,14 +127,28 @@ def embed(texts: tuple[str, ...], model: str | None, from_stdin: bool, input_pat
 
     import numpy as np
 
-    from petal.pipeline.jobs.embed import Embedder
+    from petal.pipeline.jobs.embed import Embedder, skipped_texts
 
-    embedder = Embedder(model, device, dtype, attention=attention, max_length=max_length, pooling=pooling,
-                        attention_mask=attention_mask, query_prompt=query_prompt,
-                        allow_pickle_weights=allow_pickle_weights, dim=dim, quantize=quantize,
-                        output_dtype=output_dtype, calibration=calibration_index,
-                        engine_factory=_calibration_checked(items) if quantize == "int8" and calibration_index is None
-                        else None)
+    # NOTE: no input (66) outranks what the model's loading says (a missing or bad --model: 78, an unreadable model
+    # file: 66, --dim too wide: 2), as petal index judges its sources and petal query its TEXT before the model: an
+    # input of blank, null or undecodable texts only is judged here, before the model loads
+    if items and len(skipped := skipped_texts(items)) == len(items):
+        raise NoInputError(f"nothing to embed: {describe_skips(skipped)}")
+    try:
+        embedder = Embedder(model, device, dtype, attention=attention, max_length=max_length, pooling=pooling,
+                            attention_mask=attention_mask, query_prompt=query_prompt,
+                            allow_pickle_weights=allow_pickle_weights, dim=dim, quantize=quantize,
+                            output_dtype=output_dtype, calibration=calibration_index,
+                            engine_factory=_calibration_checked(items)
+                            if quantize == "int8" and calibration_index is None else None)
+    except (PetalError, click.ClickException) as exc:
+        if chunks is None or isinstance(exc, Interrupted):
+            raise
+        # NOTE: a streamed --stdin loads the model before its first line (a coprocess's first answer does not wait
+        # for the load): the model's error stands only once a text to embed arrives; an input that ends without one
+        # is no input (66), as the same input read whole. Was: 78 for an empty stdin and a missing --model
+        _text_arrives(chunks)
+        raise
     startup_done()  # the model is loaded: from here a long --input collects garbage as usual
     if chunks is not None:
         _streamed(embedder, chunks, as_query or query_prompt is not None)
@@ -193,6 +207,22 @@ def _streamed(embedder: Embedder, chunks: Iterator[tuple[list[bytes], bool]], qu
     if len(skipped) == count:
         raise NoInputError(f"nothing to embed: {describe_skips(skipped) if count else '--stdin is empty'}")
     _summary(embedder, count, skipped, truncated)
+
+
+def _text_arrives(chunks: Iterator[tuple[list[bytes], bool]]) -> None:
+    """Reads ``--stdin`` until a text to embed arrives, or raises ``NoInputError`` (66) at its end: nothing held one
+    (empty; blank, null or undecodable lines only, said by reason as ``_streamed`` says them)."""
+    from petal.pipeline.ingest.text_rule import describe_skips, utf8_or_bytes
+    from petal.pipeline.jobs.embed import skipped_texts
+    from petal.pipeline.reliability.errors import NoInputError
+
+    skipped: dict[int, str] = {}
+    for lines, _ in chunks:
+        found = skipped_texts([utf8_or_bytes(raw) for raw in lines], len(skipped))
+        if len(found) < len(lines):
+            return
+        skipped.update(found)
+    raise NoInputError(f"nothing to embed: {describe_skips(skipped) if skipped else '--stdin is empty'}")
 
 
 def _summary(embedder: Embedder, count: int, skipped: dict[int, str], truncated: int) -> None:

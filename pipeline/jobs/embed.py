@@ -267,8 +267,7 @@ class Embedder:
         items = text_items(texts, "texts")
         # NOTE: the rule of petal index: null, undecodable and invisible texts are skipped and counted; rows keep
         # input positions (NaN rows, zeros for codes)
-        skipped = {i: why for i, text in enumerate(items)
-                   if (why := undecodable_text_reason(text) or skip_reason(text))}
+        skipped = skipped_texts(items)
         if items and len(skipped) == len(items):
             raise NoInputError(f"nothing to embed: {describe_skips(skipped)}")
         kept = [i for i in range(len(items)) if i not in skipped]
@@ -325,8 +324,7 @@ class Embedder:
         for texts, more in _with_last(chunks):
             base = start + held
             fresh = [(base + i, text) for i, text in enumerate(texts)]
-            skipped.update((place, why) for place, text in fresh
-                           if (why := undecodable_text_reason(text) or skip_reason(text)))
+            skipped.update(skipped_texts(texts, base))
             to_embed = [(place, text.decode("utf-8") if isinstance(text, bytes) else text)
                         for place, text in fresh if place not in skipped]
             held += len(fresh)
@@ -356,6 +354,14 @@ class Embedder:
             # NOTE: a tokenizer.json petal cannot use (unreadable, ids past the model's table): ConfigError there
             self._tokenizers[side] = tokenizer_for(self.spec, "query" if side == "query" else "document")
         return self._tokenizers[side]
+
+
+def skipped_texts(texts: Sequence[Any], start: int = 0) -> dict[int, str]:
+    """The texts skipped before any model sees them (petal index's rule: null, not UTF-8, nothing visible), by input
+    position (the first at ``start``), with the reason. ``petal embed`` judges its input by it before the model
+    loads: an input that holds no text to embed is no input (66) whatever the model."""
+    return {start + i: why for i, text in enumerate(texts)
+            if (why := undecodable_text_reason(text) or skip_reason(text))}
 
 
 def _with_last(chunks: Iterable[tuple[Sequence[Any], bool]]) -> Iterator[tuple[Sequence[Any], bool]]:
