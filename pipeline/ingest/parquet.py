@@ -65,7 +65,8 @@ def resolve_sources(sources: tuple[str, ...] | list[str], out: Path | None = Non
     """Files, directories (every ``*.parquet`` below, sorted), globs and object-storage URIs (an object or
     a prefix: pipeline/ingest/remote.py) -> sorted unique shard paths.
 
-    Directories are walked following symlinked subdirectories (each real directory once: a loop is
+    A directory a glob matches is read as a directory SOURCE is (``data/*.parquet`` matching Spark's
+    ``data/t.parquet/``). Directories are walked following symlinked subdirectories (each real directory once: a loop is
     walked once, not forever). The output directory ``out`` and every other petal output directory
     (``CURRENT`` + ``versions/``, or ``store/shards/``) are left out of directory and glob discovery;
     a file named explicitly inside ``out`` is refused (65). A ``*.parquet`` that is not a regular file
@@ -115,7 +116,11 @@ def resolve_sources(sources: tuple[str, ...] | list[str], out: Path | None = Non
                     continue
                 if match.is_file():
                     matches.append(match)
-                elif not match.is_dir():
+                elif match.is_dir():
+                    # NOTE: Spark and pandas write a table as a directory named like a file (``t.parquet/part-*``):
+                    # a glob matching it names what a directory SOURCE names, never nothing (its rows were dropped)
+                    matches.extend(_walk(match, out, problems, unreadable))
+                else:
                     problems.append(_not_regular(match))
             if not matches and not problems and not empty_ok:
                 raise NoInputError(f"glob {quote_path(source)} matches no files"

@@ -202,7 +202,8 @@ def bounded(filesystem: Any) -> Any:
 def _glob_remote(filesystem: Any, scheme: str, pattern: str, shown: str, empty_ok: bool) -> list[RemotePath]:
     """The objects ``pattern`` matches, sorted, as a local glob's files: ``*`` within one name, ``**`` any number of
     them, a wildcard never matching a name that starts with ``.`` (URIs do not parse ``[...]``; ``?`` starts the
-    query string). Only the prefix before the first wildcard is listed."""
+    query string); a prefix it matches names every ``*.parquet`` below it, as a prefix SOURCE. Only the prefix
+    before the first wildcard is listed."""
     from pyarrow import fs
 
     parts = pattern.split("/")
@@ -212,8 +213,16 @@ def _glob_remote(filesystem: Any, scheme: str, pattern: str, shown: str, empty_o
         listed = filesystem.get_file_info(fs.FileSelector(base, recursive=True, allow_not_found=True))
     except OSError as exc:
         raise storage_error(f"cannot list {shown}", exc) from exc
-    found = [i.path for i in listed
-             if i.type == fs.FileType.File and _glob_match(i.path.split("/")[fixed:], parts[fixed:])]
+    matched = [i for i in listed if _glob_match(i.path.split("/")[fixed:], parts[fixed:])]
+    # NOTE: a prefix the pattern matches (Spark's ``t.parquet/part-*``) names what a prefix SOURCE names, never nothing
+    prefixes = {i.path.rstrip("/") for i in matched if i.type == fs.FileType.Directory}
+
+    def below_a_match(names: list[str]) -> bool:
+        return names[-1].endswith(".parquet") and any(
+            "/".join(names[:n]) in prefixes and not hidden_below(names[n:]) for n in range(fixed + 1, len(names)))
+
+    found = {i.path for i in matched if i.type == fs.FileType.File}
+    found.update(i.path for i in listed if i.type == fs.FileType.File and below_a_match(i.path.split("/")))
     if not found and not empty_ok:
         raise NoInputError(f"glob {shown} matches no objects")
     return [RemotePath(filesystem, p, f"{scheme}://{p}") for p in sorted(found)]
