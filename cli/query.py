@@ -74,9 +74,10 @@ def query(index_path: Path, texts: tuple[str, ...], k: int, from_stdin: bool, as
 
     Queries get the index's model, pooling, attention, output transform (--dim, --quantize) and query
     prompt, as recorded in its manifest. Bytes that are not UTF-8 (in TEXT or a --stdin line) are read
-    as U+FFFD, counted on stderr, and the query is answered; a blank --stdin line is skipped, answered in
-    its place as skipped ({"query": "", "hits": [], "skipped": "empty_text"} with --json), so the answers
-    line up with the lines (those before the first query answered are written with its answer).
+    as U+FFFD, counted on stderr, and the query is answered; a blank TEXT or --stdin line is skipped,
+    answered in its place as skipped ({"query": "", "hits": [], "skipped": "empty_text"} with --json), so
+    the answers line up with the arguments and lines (those before the first query answered are written
+    with its answer).
 
     No query to answer is no input, exit 66 (as petal embed): an empty --stdin, one of blank lines
     only, blank TEXT only, or a --vector-file without rows. A --vector-file that is missing, not a
@@ -133,14 +134,17 @@ def query(index_path: Path, texts: tuple[str, ...], k: int, from_stdin: bool, as
     for note in index.notes:
         click.echo(f"petal: note: {note}", err=True)
     _say_skipped(texts)
+    # NOTE: every TEXT gets its answer in its place, a blank one as skipped (the answers no longer lined up with the
+    # arguments); those of blank TEXT only, before a --stdin stream, are held and written with its first answer
+    held: list[str] = []
     if asked:
-        from petal.pipeline.jobs.query import NonFiniteQueryError
-
-        try:  # NOTE: every TEXT is embedded and searched before the first answer is written (_answer)
-            _answer(index, asked, k, as_json, show_text, where)
-        except NonFiniteQueryError as exc:  # named by its place among the TEXT arguments, as skipped ones are
-            positions = [i for i, t in enumerate(texts) if skip_reason(t) is None]
-            raise NonFiniteQueryError(positions[exc.row], exc.text) from None
+        # NOTE: every TEXT is embedded and searched before the first answer is written; a query the model embeds to
+        # NaN is named by its place among the TEXT arguments (Index.search), nothing written
+        _write(_rendered(index, list(texts), index.search(list(texts), k, where=where), as_json, show_text, where,
+                         skipped=[skip_reason(t) for t in texts]))
+    else:
+        for text in texts:
+            held = _skipped_answer(held, text, "empty_text", as_json, False)
     answered = len(asked)
     skipped = non_finite = 0
     if from_stdin:
@@ -149,7 +153,6 @@ def query(index_path: Path, texts: tuple[str, ...], k: int, from_stdin: bool, as
         # NOTE: a skipped line gets an answer that says so, in its place (a coprocess that writes a line and waits
         # for its answer waited forever on a blank one, and answers no longer lined up with the lines); those
         # before the first answer are held and written with it, so input that holds no query writes nothing (66)
-        held: list[str] = []
         for raw in stdin_lines():  # one query at a time: answers stream as lines arrive
             try:
                 line = raw.decode("utf-8")
@@ -236,31 +239,31 @@ def _blank_texts(count: int) -> str:
     return "the query TEXT is blank" if count == 1 else f"all {count} query TEXTs are blank"
 
 
-def _answer(index: Index, queries: list[str], k: int, as_json: bool, show_text: bool,
-            where: str | None = None) -> None:
-    """Search every query, render every answer (reading texts back for --show-text), then write them: a query
-    refused (a model vector that is not finite: 65) or a failed read prints nothing of the batch."""
-    _write(_rendered(index, queries, index.search(queries, k, where=where), as_json, show_text, where))
-
-
 def _write(lines: list[str]) -> None:
     write_stdout(lines, flush=True)
 
 
 def _skipped_answer(held: list[str], line: str, reason: str, as_json: bool, answered: bool) -> list[str]:
-    """A skipped ``--stdin`` line's answer (JSON: ``{"query": ..., "hits": [], "skipped": reason}``): written now once
-    a query was answered, else added to ``held`` (returned: what is still held)."""
-    lines = [_json_line({"query": line, "hits": [], "skipped": reason})] if as_json else \
-        [f"query: {one_line(line)}", f"   (skipped: {reason})"]
+    """A skipped ``--stdin`` line's (or TEXT's) answer: written now once a query was answered, else added to ``held``
+    (returned: what is still held)."""
+    lines = _skipped_lines(line, reason, as_json)
     if answered:
         _write(lines)
         return held
     return held + lines
 
 
+def _skipped_lines(query: str, reason: str, as_json: bool) -> list[str]:
+    """A skipped query's answer: JSON ``{"query": ..., "hits": [], "skipped": reason}``, text ``(skipped: reason)``."""
+    if as_json:
+        return [_json_line({"query": query, "hits": [], "skipped": reason})]
+    return [f"query: {one_line(query)}", f"   (skipped: {reason})"]
+
+
 def _rendered(index: Index, labels: list[str], results: list[list[Hit]], as_json: bool, show_text: bool,
-              where: str | None) -> list[str]:
-    """The lines of each query's answer (``labels``: the query as said, its text or "vector N"), plain or JSON."""
+              where: str | None, skipped: list[str | None] | None = None) -> list[str]:
+    """The lines of each query's answer (``labels``: the query as said, its text or "vector N"), plain or JSON;
+    ``skipped``: each query's skip reason (``None``: answered), a skipped one answered as such in its place."""
     width = shutil.get_terminal_size((100, 20)).columns
     lines: list[str] = []
     stored = None
@@ -271,7 +274,11 @@ def _rendered(index: Index, labels: list[str], results: list[list[Hit]], as_json
         # so gone shards are found, and warned about, in the order they always were
         every = index.texts([hit for hits in results for hit in hits])
         stored = iter(every)
-    for text, hits in zip(labels, results):
+    for i, (text, hits) in enumerate(zip(labels, results)):
+        reason = None if skipped is None else skipped[i]
+        if reason is not None:
+            lines.extend(_skipped_lines(text, reason, as_json))
+            continue
         if stored is not None:
             texts: list[str | None] = [next(stored) for _ in hits]
         else:

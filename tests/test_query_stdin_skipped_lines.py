@@ -86,3 +86,34 @@ def test_answers_line_up_with_the_lines_and_blank_only_input_writes_nothing(inde
         assert len(queries) == 5 and out.count("   (skipped: empty_text)") == 3
     blank = _petal("query", index_dir, "--stdin", *flags, stdin=b"\n \n")
     assert blank.returncode == 66 and blank.stdout == b"", blank.stderr.decode()
+
+
+@pytest.mark.parametrize("as_json", [True, False])
+def test_every_query_text_argument_gets_its_answer_in_its_place(index_dir, as_json):
+    """A blank TEXT argument got no answer at all (only a stderr line), so the answers of ``petal query OUT "" "real
+    query"`` no longer lined up with the arguments; each is now answered as skipped in its place, as a blank --stdin
+    line is."""
+    flags = ["--json"] if as_json else []
+    done = _petal("query", index_dir, "", "glaciers", "   ", "bread", "-k", "1", *flags)
+    assert done.returncode == 0, done.stderr.decode()
+    out = done.stdout.decode().splitlines()
+    if as_json:
+        answers = [json.loads(line) for line in out]
+        assert [a["query"] for a in answers] == ["", "glaciers", "   ", "bread"]
+        assert [a.get("skipped") for a in answers] == ["empty_text", None, "empty_text", None]
+        assert [[h["id"] for h in a["hits"]] for a in answers] == [[], [1], [], [2]]
+    else:
+        assert [line for line in out if line.startswith("query:")] == ["query: ", "query: glaciers", "query:    ",
+                                                                        "query: bread"]
+        assert out[1] == out[6] == "   (skipped: empty_text)" and out[7] == "query: bread"
+    err = done.stderr.decode()
+    assert "skipped query 0 (empty_text)" in err and "skipped query 2 (empty_text)" in err
+
+
+def test_blank_text_arguments_before_stdin_are_answered_with_its_first_answer(index_dir):
+    done = _petal("query", index_dir, " ", "--stdin", "--json", "-k", "1", stdin=b"lava\n")
+    assert done.returncode == 0, done.stderr.decode()
+    answers = [json.loads(line) for line in done.stdout.decode().splitlines()]
+    assert [(a["query"], a.get("skipped")) for a in answers] == [(" ", "empty_text"), ("lava", None)]
+    blank = _petal("query", index_dir, " ", "--stdin", "--json", stdin=b"\n")
+    assert blank.returncode == 66 and blank.stdout == b"", blank.stderr.decode()
