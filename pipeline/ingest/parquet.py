@@ -274,8 +274,10 @@ def plain_type(t: pa.DataType) -> pa.DataType:
 
 
 def _is_text(t: pa.DataType) -> bool:
+    """A text column's type; ``null`` too: pandas writes a column whose values are all None (a shard or partition with
+    no text at all) as Arrow ``null``, whose rows are null texts (``null_text``), as in a string column."""
     t = plain_type(t)
-    return (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t)
+    return (pa.types.is_null(t) or pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t)
             or pa.types.is_large_binary(t) or str(t) in ("string_view", "binary_view"))
 
 
