@@ -48,7 +48,7 @@ from petal.pipeline.index.search import IndexReader, current_pointer
 from petal.pipeline.jobs.query import SearchIndex, model_mismatch
 from petal.pipeline.layout import VERSION_RE, MislabeledVersion, OutputDir, resolve_index_dir
 from petal.pipeline.manifest import Manifest, ModelRecord, StoredFormat
-from petal.pipeline.reliability.errors import ConfigError, PetalError, one_line, quote_text
+from petal.pipeline.reliability.errors import ConfigError, PetalError, one_line, quote_path, quote_text
 from petal.pipeline.serve.leases import lease, release_with
 from petal.pipeline.serve.metrics import ServeMetrics
 from petal.pipeline.store.outputs import OutputTransform
@@ -164,8 +164,7 @@ class IndexFollower:
             self._retry_at = None
             pointer = state[0]
             if pointer is None:
-                self._refuse("", "current", f"{self.root / 'CURRENT'} is missing, empty or cannot be read "
-                                            "(it should name a version)")
+                self._refuse("", "current", _no_pointer(self.root))
                 return False
             if not VERSION_RE.match(pointer):
                 # NOTE: no version to open, now or later: said once, not tried again (a retry reads the same bytes);
@@ -415,6 +414,24 @@ def _not_a_version(root: Path) -> str | None:
     except PetalError as exc:
         return str(exc)
     return None
+
+
+def _no_pointer(root: Path) -> str:
+    """Why ``root``'s CURRENT names nothing, as ``petal query OUT`` says it: a symbolic link out of OUT or to nothing, a
+    directory or FIFO, empty, unreadable, or missing.
+
+    NOTE: every such CURRENT was 'missing, empty or cannot be read' in /ready, where the CLI names what it is"""
+    current = root / "CURRENT"
+    why = _not_a_version(root)
+    if why is not None:
+        return why
+    if os.path.islink(current):
+        try:
+            target = quote_text(os.readlink(current), SHOWN_POINTER_CHARS)
+        except OSError:
+            target = "?"
+        return f"{quote_path(current)} is a symbolic link to nothing ({target}); it should name a version"
+    return f"{quote_path(current)} is missing (it should name a version)"
 
 
 def _query_prompt(manifest: Manifest) -> str | None:
