@@ -10,10 +10,11 @@ GET  /metrics        Prometheus text
 OPTIONS              any route, and ``OPTIONS *``: 204 with ``Allow`` (no key)
 ```
 
-Errors are JSON ``{"error": {"message", "type", "code"}}`` (OpenAI's shape): 400 bad JSON, 401 wrong
-or missing key, 404 unknown model or route, 405 a method the route does not take, 413 body or a per-request
-limit, 415 a body declared as something else than JSON (``curl -d``'s form encoding), 501 a body in a transfer
-coding other than chunked, 422 wrong fields or
+Errors are JSON ``{"error": {"message", "type", "code"}}`` (OpenAI's shape): 400 bad JSON or a query string
+(no route takes one), 401 wrong or missing key, 404 unknown model or route (a path with an encoded slash, ``%2F``, where
+a route has a ``/``, included), 405 a standard method the route does not take, 413 body or a per-request limit, 415 a
+body declared as something else than JSON (``curl -d``'s form encoding) or in another charset than UTF-8, 501 a method
+the server does not implement or a body in a transfer coding other than chunked, 422 wrong fields or
 types (or a text that the model embeds to NaN or infinity, by its item), 503 queue full or still loading
 (with Retry-After). A request whose client closed the connection before its answer is counted as 499 (nginx's
 "client closed request"; nothing is sent): what it had queued for the engine or a search is taken out of the queue.
@@ -30,6 +31,7 @@ import hmac
 import logging
 import re
 import time
+import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
@@ -55,6 +57,7 @@ Handler = Callable[[ServeState, Request], Awaitable[Any]]
 T = TypeVar("T")
 UNMATCHED = "unmatched"  # the route label of requests no route takes (a fixed label: paths would be unbounded)
 ROUTES = ("/v1/embeddings", "/search", "/v1/models", "/health", "/ready", "/metrics")  # and /v1/models/{model}
+POST_ROUTES = ROUTES[:2]
 CLIENT_CLOSED = 499  # the status counted for a request whose client closed the connection first (nginx's)
 # the status counted for a request pipelined behind an answer that closed the connection (nginx's "no response"): read,
 # never served nor answered (RFC 9112 §9.6), the client retries it on a new connection
@@ -77,6 +80,54 @@ def route_label(path: str) -> str:
     if path in ROUTES:
         return path
     return "/v1/models/{model}" if path.startswith("/v1/models/") else UNMATCHED
+
+
+# RFC 9110 §9: the standard methods (and PATCH, RFC 5789): on a route that does not take one, 405 with Allow; any other
+# method (WebDAV's PROPFIND, BREW, a lower-case "post": methods are case-sensitive) is one the server does not implement
+STANDARD_METHODS = frozenset(("GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH"))
+SERVER_ALLOW = "GET, HEAD, POST, OPTIONS"  # the methods some route takes: the Allow of ``OPTIONS *``
+
+
+def method_refusal(method: str) -> str:
+    """The 501 message of a request whose method the server does not implement."""
+    return (f"the method {quote_text(method, 40)} is not implemented by this server (it takes {SERVER_ALLOW}; "
+            "methods are case-sensitive)")
+
+
+def routed_path(raw_path: bytes, path: str) -> str | None:
+    """The path a request is routed by: ``path`` (uvicorn's decoding of ``raw_path``, every ``%XX`` undone), or
+    ``None`` (no route: 404) when ``raw_path`` holds an encoded slash (``%2F``) that the decoding made a separator.
+
+    NOTE: ``/v1%2Fembeddings`` was served as ``/v1/embeddings`` (RFC 3986 §2.2: an encoded reserved character is data,
+    not a delimiter). Within the model id of ``/v1/models/{id}`` it is the id's own slash, as the openai client sends
+    ``BAAI/bge-small`` (``/v1/models/BAAI%2Fbge-small``): taken."""
+    if b"%2f" not in raw_path.lower():
+        return path
+    parts = raw_path.split(b"/", 3)  # NOTE: b"", b"v1", b"models", the id (its slashes, encoded or not)
+    model = len(parts) == 4 and [urllib.parse.unquote_to_bytes(part) for part in parts[:3]] == [b"", b"v1", b"models"]
+    return path if model else None
+
+
+def scope_route(scope: Scope) -> str:
+    """The ``route`` label of the request of ``scope`` (``route_label`` of the path it is routed by)."""
+    path = routed_path(scope.get("raw_path") or scope["path"].encode(), scope["path"])
+    return UNMATCHED if path is None else route_label(path)
+
+
+def query_refusal(scope: Scope, route: str) -> str | None:
+    """The 400 message of a request to ``route`` with a query string, else ``None``. No route reads one: its fields
+    are the JSON body's (``/search``, ``/v1/embeddings``), and the other routes take none. NOTE: ``POST /search?k=5``
+    was answered with the default ``k`` (10), the parameter silently ignored; an empty query (``/search?``) is none."""
+    query = scope.get("query_string", b"")
+    if not query:
+        return None
+    text = query.decode("latin-1")
+    names = list(dict.fromkeys(name for name, _ in urllib.parse.parse_qsl(text, keep_blank_values=True)))
+    given = (f"the query parameter(s) {', '.join(quote_text(n, 40) for n in names)}" if names
+             else f"the query string {quote_text(text, 80)}")
+    where = (f"{route} reads its fields from the JSON body only, never from the URL" if route in POST_ROUTES
+             else f"{route} takes no query parameters")
+    return f"{given} cannot be taken: {where}; send the URL without '?...'"
 
 
 def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -104,10 +155,13 @@ def _error(status: int, message: str, kind: str, headers: dict[str, str] | None 
     return _json({"error": {"message": bounded(message), "type": kind, "code": status}}, status, headers)
 
 
+JSON_CHARSETS = ("utf-8", "utf8", "us-ascii")  # a charset a JSON body may declare: UTF-8, or ASCII (its subset)
+
+
 def require_json(request: Request) -> None:
-    """415 for a body declared as something else than JSON: ``application/json`` (any parameters: RFC 8259 JSON
-    is UTF-8 whatever a ``charset`` says) and ``application/*+json`` are taken, and so is a body without a
-    Content-Type (raw HTTP clients; read as JSON, as before). ``curl -d`` declares
+    """415 for a body declared as something else than JSON: ``application/json`` and ``application/*+json`` are
+    taken (with any parameters but a ``charset`` other than UTF-8, ``JSON_CHARSETS``: 415 naming it), and so is a body
+    without a Content-Type (raw HTTP clients; read as JSON, as before). ``curl -d`` declares
     ``application/x-www-form-urlencoded`` (and Python's ``urllib`` too): the message says what to send. A
     ``Content-Encoding`` other than ``identity`` (gzip, ...) is 415 too, with ``Accept-Encoding: identity``; a
     ``Transfer-Encoding`` other than chunked is 501 (RFC 9112 §6.1)."""
@@ -126,8 +180,18 @@ def require_json(request: Request) -> None:
                                 "decodes no content coding: send the JSON uncompressed (no Content-Encoding)",
                            headers={"Accept-Encoding": "identity"})
     declared = request.headers.get("content-type", "").strip()
-    media = declared.split(";", 1)[0].strip().lower()
+    media, *params = declared.split(";")
+    media = media.strip().lower()
     if not declared or media == "application/json" or (media.startswith("application/") and media.endswith("+json")):
+        # NOTE: a body declared in another charset (requests' data=text.encode("latin-1") with its charset said) was
+        # read as UTF-8: a misleading 400 "not valid JSON (UTF-8)", or, where its bytes happen to be UTF-8, another text
+        charset = next((value.strip().strip('"') for name, _, value in (p.partition("=") for p in params)
+                        if name.strip().lower() == "charset"), None)
+        if charset is not None and charset.lower() not in JSON_CHARSETS:
+            raise RequestError(415, f"the body is declared in charset {quote_text(charset, 40)}; this server reads "
+                                    "JSON as UTF-8 only (RFC 8259): send it UTF-8 encoded, as 'Content-Type: "
+                                    "application/json' (or '; charset=utf-8')",
+                               headers={"Accept-Post": "application/json"})
         return
     hint = (" (curl -d sends application/x-www-form-urlencoded: add -H 'Content-Type: application/json', or use "
             "curl --json)") if media == "application/x-www-form-urlencoded" else ""
@@ -176,6 +240,22 @@ def refused_head(scope: Scope) -> tuple[int, str, str] | None:
     if HOST_VALUE.fullmatch(host) is None:
         return (400, f"the Host header {quote_text(host.decode('latin-1'), 80)} is not HOST[:PORT] "
                      "(RFC 9112 §3.2)", "invalid_request_error")
+    return None
+
+
+def refused_request(scope: Scope) -> tuple[int, str, str, dict[str, str]] | None:
+    """``(status, message, kind, headers)`` for a request no route takes whatever its path matches, else ``None``:
+    501 for a method the server does not implement (``STANDARD_METHODS``: RFC 9110 §9.1; it was a 405, or a 400 "not
+    valid HTTP/1.1" where the HTTP parser knows no such method, ``JsonErrorProtocol``); 404 for a path whose encoded
+    slash a route would take for a separator (``routed_path``)."""
+    method = scope["method"]
+    if method not in STANDARD_METHODS:
+        return 501, method_refusal(method), "not_implemented", {}
+    raw = scope.get("raw_path") or scope["path"].encode()
+    if routed_path(raw, scope["path"]) is None:
+        sent = raw.decode("latin-1")
+        return (404, f"no route {sent!r} (an encoded slash, %2F, is part of a path segment, never a separator)",
+                "not_found", {})
     return None
 
 
@@ -359,6 +439,8 @@ def build_app(startup: Startup | ServeState) -> ASGIApp:
                 if auth and not authorized(request):
                     response = _error(401, "missing or wrong API key (send 'Authorization: Bearer KEY')",
                                       "authentication_error", {"WWW-Authenticate": "Bearer"})
+                elif (refusal := query_refusal(request.scope, route)) is not None:
+                    response = _error(400, refusal, "invalid_request_error")
                 elif loaded and state is None:
                     response = _error(503, f"not ready: {boot.phase()}; retry later", "not_ready", retry_after)
                 else:
@@ -495,7 +577,7 @@ def build_app(startup: Startup | ServeState) -> ASGIApp:
     # asking what the server takes got an error. Each route (and `*`: the server as a whole) answers 204 with its
     # Allow, no key needed (it says nothing a 405 would not), counted by its route; an unknown path stays 404
     allowed = {route_label(route.path.replace("{model:path}", "x")): allow_header(route.methods) for route in routes}
-    allowed[ASTERISK] = allow_header({"GET", "HEAD", "POST"})
+    allowed[ASTERISK] = SERVER_ALLOW
 
     async def options(state: ServeState | None, request: Request) -> Response:
         return Response(status_code=204, headers={"Allow": allowed[option_label(request.scope["path"])]})
@@ -517,6 +599,13 @@ def build_app(startup: Startup | ServeState) -> ASGIApp:
             status, message, kind = refused
             response = finish(option_label(scope["path"]), _error(status, message, kind, {"Connection": "close"}),
                               time.perf_counter())
+            await response(scope, receive, send)
+            return
+        if scope["type"] == "http" and (unrouted := refused_request(scope)) is not None:
+            # NOTE: before the router: a method no route implements is 501 whatever the path; an encoded slash is
+            # no route's (``routed_path``), where Starlette's router would match the decoded path
+            status, message, kind, headers = unrouted
+            response = finish(UNMATCHED, _error(status, message, kind, headers), time.perf_counter())
             await response(scope, receive, send)
             return
         if scope["type"] == "http" and not scope.get("root_path"):

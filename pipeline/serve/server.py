@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import re
 import signal
 import socket
 import struct
@@ -18,6 +19,7 @@ from typing import Any
 
 import httptools
 import uvicorn
+from starlette.types import Receive, Scope, Send
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -29,7 +31,8 @@ from petal.pipeline.serve.app import (
     NOT_ANSWERED,
     UNMATCHED,
     build_app,
-    route_label,
+    method_refusal,
+    scope_route,
     version_refusal,
 )
 from petal.pipeline.serve.batcher import SHUTTING_DOWN
@@ -94,6 +97,7 @@ NOT_HTTP = ("the request is not valid HTTP/1.1 (a malformed request line, header
 # counted from the first piece after the one it begins in, so a head up to the limit is never refused
 MAX_HEAD_BYTES = 64 << 10
 HEAD_SLICE = 4096
+TAIL_BYTES = 32
 
 
 def raw_error(status: int, reason: bytes, message: str, default_headers: list[tuple[bytes, bytes]],
@@ -110,10 +114,30 @@ def raw_error(status: int, reason: bytes, message: str, default_headers: list[tu
 def url_route(url: bytes) -> str:
     """The route label of a request to ``url`` (its path as uvicorn reads it) that never reaches the app."""
     try:
-        path = httptools.parse_url(url).path.decode("latin-1")
+        raw = httptools.parse_url(url).path
     except httptools.HttpParserInvalidURLError:
         return UNMATCHED
-    return route_label(urllib.parse.unquote(path) if "%" in path else path)
+    path = raw.decode("latin-1")
+    return scope_route({"raw_path": raw, "path": urllib.parse.unquote(path) if "%" in path else path})
+
+
+# RFC 9110 §5.6.2: a method is a token; one followed by a space and a request line's target and version
+REQUEST_LINE = re.compile(rb"([!#$%&'*+.^_`|~0-9A-Za-z-]+) [^ \r\n]+ HTTP/\d")
+
+
+def unknown_method(data: bytes) -> str | None:
+    """The method of the first request line in ``data`` that the HTTP parser (llhttp: a fixed list of methods) does
+    not know, if ``data`` holds one whole, else ``None`` (not HTTP: a TLS handshake, a broken line, or too little of
+    it yet)."""
+    for found in REQUEST_LINE.finditer(data):
+        method = found.group(1)
+        try:
+            httptools.HttpRequestParser(None).feed_data(method + b" / HTTP/1.1\r\n")
+        except httptools.HttpParserInvalidMethodError:
+            return method.decode("ascii")
+        except httptools.HttpParserError:
+            continue
+    return None
 
 
 def cancel(timer: asyncio.TimerHandle | None) -> None:
@@ -137,6 +161,19 @@ def http_protocol(metrics: ServeMetrics, header_timeout_s: float = 30.0,
     connection's send buffer is full, the connection is aborted if the client takes nothing for ``send_timeout_s``
     (``--send-timeout-s``); before, its request held the whole answer (tens of MB for 256 queries of k 1000 with
     text) and the connection for ever."""
+    async def refuse_draining(scope: Scope, receive: Receive, send: Send) -> None:
+        """The answer of a request whose head came after the drain began, behind one still answering: 503 with
+        Retry-After, counted by its route; its connection closes after it (``JsonErrorProtocol._refuse_draining``)."""
+        body = dumps({"error": {"message": f"{SHUTTING_DOWN}: this request arrived after it began draining the "
+                                           "requests in flight and is not served; retry", "type": "shutting_down",
+                                "code": 503}})
+        await send({"type": "http.response.start", "status": 503,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)),
+                                (b"retry-after", str(retry_after_s).encode())]})
+        await send({"type": "http.response.body", "body": body})
+        started = scope.get(HEAD_STARTED)
+        metrics.count(scope_route(scope), 503, 0.0 if started is None else time.perf_counter() - started)
+
     class JsonErrorProtocol(AutoHTTPProtocol):  # type: ignore[valid-type,misc]  # httptools' or h11's, at import
         _head_started: float | None = None  # when the request being read began (its first byte), for its latency
 
@@ -168,6 +205,7 @@ def http_protocol(metrics: ServeMetrics, header_timeout_s: float = 30.0,
             _refusal: Callable[[], None] | None = None  # a refusal (400, 414, 431) waiting for the answers before it
             _ignored = False  # the request being read came after it: never served (NOT_ANSWERED)
             _peer_closed = False  # the client closed its side (or reset the connection)
+            _tail = b""  # the last TAIL_BYTES received: a request line's method begun in them (``unknown_method``)
             expect_100_continue: bool  # uvicorn's: the request being read said "Expect: 100-continue"
 
             def connection_made(self, transport: asyncio.Transport) -> None:
@@ -256,6 +294,8 @@ def http_protocol(metrics: ServeMetrics, header_timeout_s: float = 30.0,
                 if cycle.keep_alive:  # NOTE: until the body has arrived, an answer says close (restored below)
                     cycle.keep_alive = False
                     self._held = cycle
+                if self._stopping and before is not None and not before.response_complete:
+                    self._refuse_draining(cycle, before)
 
             def on_body(self, body: bytes) -> None:
                 if not self._ignored:
@@ -283,6 +323,7 @@ def http_protocol(metrics: ServeMetrics, header_timeout_s: float = 30.0,
                     return
                 if not self._lingering:
                     self._unset_keepalive_if_required()
+                    before, self._tail = self._tail, data[-TAIL_BYTES:]
                     done = 0  # how much of `data` the parser has been fed
                     try:
                         # NOTE: outside a body (where a head may begin or goes on) in pieces, the head's bytes counted
@@ -300,9 +341,17 @@ def http_protocol(metrics: ServeMetrics, header_timeout_s: float = 30.0,
                             if done >= len(data) or self.transport.is_closing():
                                 return
                         self.parser.feed_data(data[done:] if done else data)
-                    except httptools.HttpParserError:
+                    except httptools.HttpParserError as exc:
                         self.logger.warning("Invalid HTTP request received.")
-                        if self._http2_preface():
+                        method = (unknown_method(before + data[:MAX_HEAD_BYTES])
+                                  if isinstance(exc, httptools.HttpParserInvalidMethodError) else None)
+                        if method is not None:
+                            # NOTE: a method llhttp does not know (BREW, a lower-case "post") was a 400 "not valid
+                            # HTTP/1.1"; RFC 9110 §9.1: 501, as the app answers one llhttp knows (PROPFIND)
+                            self._after_answers(functools.partial(
+                                self._send_closing, 501, b"Not Implemented",
+                                method_refusal(method) + "; the connection is closed", "not_implemented"))
+                        elif self._http2_preface():
                             self._after_answers(functools.partial(
                                 self._send_closing, 505, b"HTTP Version Not Supported", version_refusal("2.0"),
                                 "http_version_not_supported"))
@@ -456,20 +505,34 @@ def http_protocol(metrics: ServeMetrics, header_timeout_s: float = 30.0,
                 while self.pipeline:
                     cycle, _ = self.pipeline.pop()
                     cycle.disconnected = True
-                    self._count(route_label(cycle.scope["path"]), status, cycle.scope.get(HEAD_STARTED))
+                    self._count(scope_route(cycle.scope), status, cycle.scope.get(HEAD_STARTED))
 
             def shutdown(self) -> None:
                 self._stopping = True
-                if self._head_open and not self._lingering and not self.transport.is_closing() and (
-                        self.cycle is None or self.cycle.response_complete):
-                    # NOTE: a request arriving as the drain begins (its head begun, not complete; none before it
-                    # unanswered): uvicorn closed its connection with no answer, which a client cannot tell from a
-                    # crash; it is answered 503 with Retry-After, its connection closed (lingering: no reset)
-                    self._refuse_head(503, b"Service Unavailable", f"{SHUTTING_DOWN}: this request arrived after it "
-                                      "began draining the requests in flight and is not served; retry",
-                                      "shutting_down", [(b"retry-after", str(retry_after_s).encode())])
+                if self._head_open and not self._lingering and not self.transport.is_closing():
+                    # NOTE: a request arriving as the drain begins (its head begun, not complete): uvicorn closed its
+                    # connection with no answer (behind a request still answering: after that answer, which said
+                    # close), which a client cannot tell from a crash; it is answered 503 with Retry-After, after the
+                    # answers before it (they keep the connection for it), its connection closed (lingering: no reset)
+                    self._after_answers(functools.partial(
+                        self._refuse_head, 503, b"Service Unavailable", f"{SHUTTING_DOWN}: this request arrived "
+                        "after it began draining the requests in flight and is not served; retry", "shutting_down",
+                        [(b"retry-after", str(retry_after_s).encode())]))
                     return
                 super().shutdown()
+
+            def _refuse_draining(self, cycle: Any, before: Any) -> None:
+                """``cycle``, a request whose head came after the drain began, behind ``before`` (still answering), is
+                answered 503 (``refuse_draining``) after it, its connection closed then; ``before`` keeps the
+                connection for it. NOTE: ``before``'s answer said close (``shutdown``) and this request was dropped
+                unanswered (counted 444): a client that had sent it before that answer came saw its connection
+                closed with no answer. Once ``before``'s answer has begun (saying close) it is too late: this one is
+                not answered (RFC 9112 §9.6), as before."""
+                if before.response_started:
+                    return
+                before.keep_alive = True  # NOTE: False only by ``shutdown`` (a client's close never gets here)
+                assert self.pipeline and self.pipeline[0][0] is cycle
+                self.pipeline[0] = (cycle, refuse_draining)
 
             def _big_head_refusal(self) -> Callable[[], None]:
                 """The refusal of a request head over ``MAX_HEAD_BYTES`` so far: 414 when the URL is what is still
