@@ -443,19 +443,21 @@ def inspect_shard(path: Path | RemotePath, read: ReadConfig, stats: ReadStats | 
         schema=schema,
         group_rows=tuple(meta.row_group(g).num_rows for g in range(meta.num_row_groups)),
     )
-    if id_type is not None and pa.types.is_uint64(id_type):
-        _check_id_range(info, meta, read, stats)
+    check_id_range(info, meta, read, stats)
     return info
 
 
 INT64_MAX = 2**63 - 1
 
 
-def _check_id_range(info: ShardInfo, meta: pq.FileMetaData, read: ReadConfig, stats: ReadStats | None) -> None:
-    """uint64 ids must fit the store's int64 ids: the footer's statistics when complete, else the column, streamed
-    by the rows' reader (an OS read error retried then 74, permission denied 66, a corrupt page 65 naming the row
-    group and column)."""
+def check_id_range(info: ShardInfo, meta: pq.FileMetaData, read: ReadConfig, stats: ReadStats | None) -> None:
+    """uint64 ids must fit the store's int64 ids (text and ``--vectors-column`` shards alike): the footer's statistics
+    when complete, else the column, streamed by the rows' reader (an OS read error retried then 74, permission denied
+    66, a corrupt page 65 naming the row group and column). Other id types pass at once."""
     import pyarrow.compute as pc
+
+    if info.id_type != "uint64":
+        return
 
     # NOTE: by the leaf's path: a nested column's leaf may have the id column's name (``meta.id``)
     column = next((i for i in range(len(meta.schema)) if meta.schema.column(i).path == read.id_column), -1)

@@ -33,6 +33,7 @@ from petal.pipeline.ingest.parquet import (
     _read_error,
     _retrying,
     check_id_kinds,
+    check_id_range,
     check_unique_columns,
     footer_sha256,
     plain_type,
@@ -47,8 +48,15 @@ VECTOR_REJECTS = ("null_vector", "wrong_dim", "non_finite_vector", "null_id", "i
 
 
 def _is_vector(t: pa.DataType) -> bool:
+    """A vectors column's type; ``null`` too: pandas writes a column whose values are all None so (every row
+    ``null_vector``, as in a list column of nulls)."""
     listish = pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
-    return listish and pa.types.is_floating(t.value_type)
+    return pa.types.is_null(t) or (listish and pa.types.is_floating(t.value_type))
+
+
+def _lengths(values: pa.Array) -> pa.Array:
+    """Each vector's length, null for a null vector (every one of a ``null``-typed column)."""
+    return pa.nulls(len(values), pa.int32()) if pa.types.is_null(values.type) else pc.list_value_length(values)
 
 
 def inspect_vector_shard(path: Path, read: ReadConfig, column: str,
@@ -83,12 +91,13 @@ def inspect_vector_shard(path: Path, read: ReadConfig, column: str,
                      num_rows=meta.num_rows, num_row_groups=meta.num_row_groups, has_id_column=has_id,
                      id_type=str(id_type) if id_type is not None else "", text_type=str(vtype), schema=schema,
                      ctime_ns=stat.st_ctime_ns, inode=stat.st_ino, footer_sha256=footer_hash)
+    check_id_range(info, meta, read, stats)  # NOTE: a uint64 id above 2^63-1 was a traceback (1) when stored
     return info, (vtype.list_size if pa.types.is_fixed_size_list(vtype) else None)
 
 
 def _first_length(info: ShardInfo, read: ReadConfig, column: str, stats: ReadStats | None) -> int | None:
     def lengths(_row: int, batch: pa.RecordBatch) -> pa.Array:
-        return pc.drop_null(pc.list_value_length(batch.column(0)))
+        return pc.drop_null(_lengths(batch.column(0)))
 
     for found in stream_batches(info, [column], read, lengths, stats):
         if len(found):
@@ -152,7 +161,7 @@ def read_vectors(info: ShardInfo, read: ReadConfig, column: str, dim: int,
         ids = (read_ids(batch.column(1)) if info.has_id_column  # an id that is not UTF-8 as bytes: rejected
                else [f"{info.path}:{r}" for r in range(start, start + n)])
         values = batch.column(0)
-        lengths = pc.list_value_length(values).to_numpy(zero_copy_only=False)
+        lengths = _lengths(values).to_numpy(zero_copy_only=False)
         null = pc.is_null(values).to_numpy(zero_copy_only=False)
         ok_len = ~null & (np.nan_to_num(lengths.astype(float), nan=-1) == dim)
         vectors = np.zeros((n, dim), dtype=np.float32)
