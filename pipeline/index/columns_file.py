@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 from petal.pipeline.index.files import IDS_FILE, IDS_GROUP_ROWS
 from petal.pipeline.index.row_groups import RowGroups
 from petal.pipeline.index.source import StoreVectors
+from petal.pipeline.layout import is_denied
 from petal.pipeline.reliability.errors import BadInputError
 from petal.pipeline.store.columns import ColumnsNeed, columns_path, entry_columns, version_schema
 from petal.pipeline.store.embeddings import StoreEntry
@@ -74,8 +75,19 @@ def _lenient_value(cells: pa.Array, i: int) -> Any:
 
 
 def _has(entry: StoreEntry, need: ColumnsNeed) -> bool:
+    """Whether ``entry``'s side file holds ``need``'s columns: not when it is gone, not a regular file, or has no
+    footer to read (cut, emptied, garbage), as ``ensure_columns`` judges it. NOTE: such a footer was a pyarrow
+    traceback in petal rebuild (exit 1), where a side file that is gone is copied from the previous version."""
     path = columns_path(entry.path)
-    return path.is_file() and set(need.names) <= set(pq.read_schema(path).names)
+    if not path.is_file():  # NOTE: never opened when it is not a regular file (a FIFO would block)
+        return False
+    try:
+        names = pq.read_schema(path).names
+    except (OSError, pa.ArrowException) as exc:
+        if isinstance(exc, OSError) and is_denied(exc):
+            raise  # NOTE: not damaged: petal may not read it (petal rebuild: 66 naming it)
+        return False
+    return set(need.names) <= set(names)
 
 
 def _stored_parts(entries: list[StoreEntry], dim: int, need: ColumnsNeed, schema: pa.Schema) -> Any:

@@ -236,18 +236,21 @@ def _build(out: OutputDir, previous: Manifest, entries: list[StoreEntry], settin
     if previous.stored is not None:  # stored text and kept columns, from the entries' side files
         need = ColumnsNeed(previous.columns.text_column if previous.stored.text else None, previous.stored.keep)
         missing = missing_side_files(entries, need)
-        # NOTE: a side file gone from the store (removed by hand, a restore without it) must not drop the
-        # version's text or kept columns: the previous version holds the same rows, in the same order
-        if missing and restore_stored_columns(out.version_dir(previous.version) / IDS_FILE, staging, need.names):
-            _say(f"{len(missing)} store entries have no stored-columns file (first: "
-                 f"{quote_path(columns_path(missing[0].path))}); their {', '.join(need.names)} were copied from "
-                 f"version {previous.version}")
+        # NOTE: a side file gone from the store (removed by hand, a restore without it) or without a footer must not
+        # drop the version's text or kept columns: the previous version holds the same rows, in the same order
+        gone = (f"{len(missing)} store entries have no readable stored-columns file (gone or damaged; first: "
+                f"{quote_path(columns_path(missing[0].path))})") if missing else ""
+        try:
+            restored = bool(missing) and restore_stored_columns(out.version_dir(previous.version) / IDS_FILE,
+                                                                 staging, need.names)
+        except BadInputError as exc:  # NOTE: said with the side file it stands in for, not only its own name
+            raise BadInputError(f"{gone}, and the copy of the previous version is unusable: {exc}") from exc
+        if restored:
+            _say(f"{gone}; their {', '.join(need.names)} were copied from version {previous.version}")
             result.files[IDS_FILE] = sha256_file(staging / IDS_FILE)
         elif missing:
-            raise BadInputError(f"{len(missing)} store entries have no stored-columns file (first: "
-                                f"{quote_path(columns_path(missing[0].path))}), so the rebuilt version would lose "
-                                f"their {', '.join(need.names)}; run petal index --full on the sources to write "
-                                "them again")
+            raise BadInputError(f"{gone}, so the rebuilt version would lose their {', '.join(need.names)}; run "
+                                "petal index --full on the sources to write them again")
         elif add_stored_columns(entries, previous.dim, need, staging):
             result.files[IDS_FILE] = sha256_file(staging / IDS_FILE)
     version = out.new_version_id()
