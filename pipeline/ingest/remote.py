@@ -154,7 +154,7 @@ def list_remote(source: str, empty_ok: bool = False, held: frozenset[str] = froz
                           "percent-encode them ('/' as %2F, '+' as %2B), or leave them out of the URI for the "
                           "storage's standard chain (for S3: AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE)")
     try:
-        filesystem, path = fs.FileSystem.from_uri(source)
+        filesystem, path = fs.FileSystem.from_uri(uri_encoded(source))
     except Exception as exc:  # unknown scheme, a bad query parameter, a filesystem not built into pyarrow
         raise ConfigError(f"cannot open {shown}: {_scrubbed(str(exc), source)}") from exc
     filesystem = bounded(filesystem)
@@ -180,6 +180,18 @@ def list_remote(source: str, empty_ok: bool = False, held: frozenset[str] = froz
     if not found and not empty_ok:
         raise NoInputError(f"no *.parquet objects under {shown}")
     return [RemotePath(filesystem, p, f"{scheme}://{p}") for p in sorted(found)]
+
+
+def uri_encoded(source: str) -> str:
+    """``source`` with each character a URI cannot hold in its path percent-encoded (a space, a non-ASCII letter,
+    ``[``, ``{``, ...; UTF-8, as ``from_uri`` decodes it): petal shows and stores an object's URI as its key reads
+    (``s3://corpus/données/a b.parquet``), which ``from_uri`` refused (78 'Cannot parse URI'). ``%`` is kept, so an
+    encoded URI is the same URI; ``?`` still starts the query string and ``#`` a fragment (encode them: %3F, %23)."""
+    from urllib.parse import quote
+
+    scheme, sep, rest = source.partition("://")
+    path, mark, query = rest.partition("?")
+    return scheme + sep + quote(path, safe="/:@!$&'()*+,;=%~#") + mark + query
 
 
 S3_ATTEMPTS = 3  # tries of one S3 request, each given up after the SDK's 3 s without a byte (1 s to connect)
