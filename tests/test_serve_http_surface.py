@@ -6,6 +6,8 @@
   (the openai client sends ``/v1/models/BAAI%2Fbge-small``).
 - A body declared in another charset than UTF-8 (``application/json; charset=latin-1``) was read as UTF-8 (200, or
   400 "not valid JSON"): 415 naming it.
+- A body declared ``application/json; charset`` (a parameter without a value) was 415 (charset ""): taken.
+- ``//search`` (a base URL ending in "/" joined to a route) is a 404 that names the route, as ``/search/`` is.
 - A method the server does not implement was 400 "not valid HTTP/1.1" (BREW, a lower-case ``post``: llhttp knows no
   such method) or 405 (PROPFIND): 501, counted ``unmatched``; a standard method a route does not take stays 405.
 - A request that came behind one still answering after the drain began was dropped unanswered (the answer before it
@@ -69,6 +71,14 @@ def test_an_encoded_slash_is_no_path_separator(server):
     assert counted_since(server, before) == {"unmatched 404": 5, "/search 200": 1}
 
 
+def test_a_doubled_slash_is_a_404_naming_the_route(server):
+    """A base URL ending in "/" joined to "/search" sends "//search": a 404 with a hint, as for a trailing slash (it was
+    a 404 without one)."""
+    for request, near in ((post("//search", {"query": "x"}), "/search"), (get("//v1//models/"), "/v1/models")):
+        status, _, body = answer_of(exchange(server, closing(request)))
+        assert status == 404 and f"did you mean '{near}'?" in body["error"]["message"], body
+
+
 @pytest.mark.parametrize("charset", ["latin-1", "ISO-8859-1", '"utf-16"', "windows-1252"])
 def test_a_body_in_another_charset_than_utf8_is_415_naming_it(server, charset):
     data = json.dumps({"query": "café glacé"}, ensure_ascii=False).encode("latin-1")
@@ -80,10 +90,11 @@ def test_a_body_in_another_charset_than_utf8_is_415_naming_it(server, charset):
         assert "UTF-8" in body["error"]["message"] and headers["accept-post"] == "application/json", headers
 
 
-@pytest.mark.parametrize("charset", ["utf-8", "UTF-8", '"utf-8"', "utf8", "us-ascii"])
-def test_a_body_declared_utf8_or_ascii_is_taken(server, charset):
+@pytest.mark.parametrize("parameter", ["charset=utf-8", "charset=UTF-8", 'charset="utf-8"', "charset=utf8",
+                                       "charset=us-ascii", "charset", "v=1"])
+def test_a_body_declared_utf8_or_ascii_is_taken(server, parameter):
     data = json.dumps({"query": "glaciers", "k": 1}).encode()
-    request = (f"POST /search HTTP/1.1\r\nHost: x\r\nContent-Type: application/json;charset={charset}\r\n"
+    request = (f"POST /search HTTP/1.1\r\nHost: x\r\nContent-Type: application/json;{parameter}\r\n"
                f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n").encode() + data
     status, _, body = answer_of(exchange(server, request))
     assert status == 200, body

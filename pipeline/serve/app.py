@@ -185,8 +185,8 @@ def require_json(request: Request) -> None:
     if not declared or media == "application/json" or (media.startswith("application/") and media.endswith("+json")):
         # NOTE: a body declared in another charset (requests' data=text.encode("latin-1") with its charset said) was
         # read as UTF-8: a misleading 400 "not valid JSON (UTF-8)", or, where its bytes happen to be UTF-8, another text
-        charset = next((value.strip().strip('"') for name, _, value in (p.partition("=") for p in params)
-                        if name.strip().lower() == "charset"), None)
+        charset = next((value.strip().strip('"') for name, is_, value in (p.partition("=") for p in params)
+                        if is_ and name.strip().lower() == "charset"), None)
         if charset is not None and charset.lower() not in JSON_CHARSETS:
             raise RequestError(415, f"the body is declared in charset {quote_text(charset, 40)}; this server reads "
                                     "JSON as UTF-8 only (RFC 8259): send it UTF-8 encoded, as 'Content-Type: "
@@ -543,8 +543,11 @@ def build_app(startup: Startup | ServeState) -> ASGIApp:
         if exc.status_code == 405:  # NOTE: Starlette's Allow lacks OPTIONS, which every route answers
             headers["Allow"] = allow_header(getattr(route, "methods", None))
         if exc.status_code == 404:
-            near = path.rstrip("/")  # NOTE: "/search/": no redirect (see below), a hint
-            message = f"no route {path!r}" + (f" (did you mean {near!r}?)" if near != path and near in paths else "")
+            # NOTE: "/search/", or "//search" (a base URL ending in "/" joined to "/search"): no redirect (see
+            # below), a hint
+            near = re.sub("//+", "/", path).rstrip("/")
+            message = f"no route {path!r}" + (f" (did you mean {near!r}?)" if near != path and
+                                               route_label(near) != UNMATCHED else "")
         else:
             message = f"{request.method} is not allowed on {path}" + (
                 f" (allowed: {headers['Allow']})" if "Allow" in headers else "")
@@ -559,7 +562,6 @@ def build_app(startup: Startup | ServeState) -> ASGIApp:
             await boot.stop()
 
     posts = {"/v1/embeddings": endpoint("/v1/embeddings", embeddings), "/search": endpoint("/search", search)}
-    paths = set(ROUTES)
     routes = [
         *(Route(path, handle, methods=["POST"]) for path, handle in posts.items()),
         Route("/v1/models", endpoint("/v1/models", models), methods=["GET"]),
