@@ -102,7 +102,7 @@ def bounded_params(params: dict[str, int], ntotal: int, ivf: Any) -> dict[str, i
     """``params`` with an HNSW's ``efSearch`` at most the vectors it holds (``ntotal``) and an IVF's HNSW quantizer's
     ``quantizer_efSearch`` at most its lists (``ivf.nlist``), or ``EF_FLOOR`` where that is more (the values the
     tuner writes, up to 4096, stay as the manifest says); a refine wrapper's ``k_factor_rf`` at most ``ntotal`` and
-    ``K_FACTOR_CAP`` (the tuner writes up to 64).
+    ``K_FACTOR_CAP`` (the tuner writes up to 64); an IVF's ``nprobe`` at most its lists.
 
     NOTE: FAISS sizes each search's candidate heaps by efSearch: a manifest signed again with efSearch 2^31-1 (which
     opening takes: 1 to 2^31-1) made every query of a 300-vector index allocate 16 GiB for 34 s, and --nprobe N set
@@ -113,6 +113,11 @@ def bounded_params(params: dict[str, int], ntotal: int, ivf: Any) -> dict[str, i
         bounded["efSearch"] = min(bounded["efSearch"], max(EF_FLOOR, ntotal))
     if "quantizer_efSearch" in bounded and ivf is not None:
         bounded["quantizer_efSearch"] = min(bounded["quantizer_efSearch"], max(EF_FLOOR, int(ivf.nlist)))
+    if "nprobe" in bounded and ivf is not None:
+        # NOTE: FAISS's fast-scan IVF search sizes its coarse results by nprobe, not by the lists there are: --nprobe
+        # 10^8 on an IVF4,PQ8x4fs of 342 vectors took 3.9 GB, 2^31-1 was killed out of memory. Past nlist every list
+        # is probed already
+        bounded["nprobe"] = max(1, min(bounded["nprobe"], int(ivf.nlist)))
     if "k_factor_rf" in bounded:
         # NOTE: a refine wrapper asks its base index for k x k_factor_rf candidates of every query (FAISS allocates
         # them): 2^31-1 from a manifest signed again was gigabytes a query. The tuner writes at most 64; past
