@@ -18,12 +18,15 @@ from petal.cli.index_options import index_options
 @click.option("--index-factory", default=None, show_default="the live version's",
               help="FAISS index factory string, or auto (Flat when small, IVF above).")
 @functools.partial(index_options, kept=True)
+@click.option("--keep-versions", type=click.IntRange(min=1), default=2, show_default=True,
+              help="Versions kept after the publish: the live one and N-1 before it (rollback), as petal index's.")
 @click.option("--wait", is_flag=True, help="If another petal writes to OUT, wait for it instead of exiting 75.")
 @click.option("--json-report", type=PATH, default=None,
               help="Write the run report here (every run not killed by SIGKILL writes one; - is stdout).")
 @click.option("--json", "as_json", is_flag=True, help="Print the run report (JSON) on stdout.")
 def rebuild(out: Path, index_factory: str | None, metric: str | None, index_memory: str | None,
-            target_recall: float | None, wait: bool, json_report: Path | None, as_json: bool) -> None:
+            target_recall: float | None, keep_versions: int, wait: bool, json_report: Path | None,
+            as_json: bool) -> None:
     """Build a new version of OUT's index from its stored embeddings: no model, no re-embedding.
 
     The shards, ids and vectors are those of the live version; only the index settings given change (one not
@@ -42,4 +45,4 @@ def rebuild(out: Path, index_factory: str | None, metric: str | None, index_memo
     report = RunReport(command="rebuild")
     with StopSignals() as stop:
         run_with_report(report, lambda: run_rebuild(out, json_report=json_report, report=report, wait=wait, stop=stop,
-                                                    **flags), as_json=as_json)
+                                                    keep_versions=keep_versions, **flags), as_json=as_json)

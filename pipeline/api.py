@@ -25,6 +25,7 @@ from petal.pipeline.jobs.settings import (
     kind_of,
     not_empty_path,
     out_path,
+    whole_number,
 )
 from petal.pipeline.reliability.errors import (
     ArgumentTypeError,
@@ -92,13 +93,14 @@ def index(sources: Sources, out: str | os.PathLike[str], *, engine_factory: Call
 
 def rebuild(out: str | os.PathLike[str], *, json_report: str | os.PathLike[str] | None = None,
             report: RunReport | None = None, wait: bool = False, stop: StopSignals | None = None,
-            **settings: Any) -> RunReport:
+            keep_versions: int = 2, **settings: Any) -> RunReport:
     """A new version of ``out``'s index from its stored embeddings with other index settings (no model).
 
     ``settings``: ``index_factory``, ``metric``, ``index_memory``, ``target_recall``; one not given keeps the live
     version's (its manifest's: an ``IVF4096,Flat`` asked for stays one, ``index_factory="auto"`` chooses by size
     again). ``wait``: queue behind another writer of ``out`` (else exit 75); ``stop``: an active ``StopSignals`` of
-    the caller's.
+    the caller's; ``keep_versions``: the versions left after the publish (the live one and N-1 before it, as
+    ``index``'s).
     """
     given_report, report = report, _own_report(report, "rebuild")
     target = _report_path(json_report)
@@ -108,6 +110,7 @@ def rebuild(out: str | os.PathLike[str], *, json_report: str | os.PathLike[str] 
             out_path(json_report, "json_report")
         if not isinstance(wait, bool):
             raise ArgumentTypeError(f"petal.rebuild(): wait={wait!r} is {kind_of(wait)}, not bool")
+        keep_versions = whole_number(keep_versions, "keep_versions", 1)
         not_empty_path(out, "out")
         out = out_path(out)
         chosen = index_settings(**settings)
@@ -117,8 +120,8 @@ def rebuild(out: str | os.PathLike[str], *, json_report: str | os.PathLike[str] 
         _fail(report, exc, 2, f"usage error: {exc}", target)
         raise
     from petal.pipeline.jobs.rebuild import run_rebuild  # NOTE: after the flags: a usage error loads no FAISS or Arrow
-    return _run(lambda: run_rebuild(out, chosen, report, wait=wait, stop=stop, given=given, json_report=target),
-                report, target, (out, target))
+    return _run(lambda: run_rebuild(out, chosen, report, wait=wait, stop=stop, given=given, json_report=target,
+                                    keep_versions=keep_versions), report, target, (out, target))
 
 
 def open_index(path: str | os.PathLike[str], **settings: Any) -> Index:

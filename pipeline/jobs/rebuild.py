@@ -68,11 +68,15 @@ def store_entries(out: OutputDir, manifest: Manifest) -> list[StoreEntry]:
 
 def run_rebuild(out_path: Path, settings: IndexSettings, report: RunReport, wait: bool = False,
                 stop: StopSignals | None = None, given: frozenset[str] | None = None,
-                json_report: Path | None = None) -> RunReport:
+                json_report: Path | None = None, keep_versions: int = KEEP_VERSIONS) -> RunReport:
     """Rebuild the live version of ``out_path`` with ``settings`` and publish it.
 
     ``given``: the ``IndexSettings`` fields the caller chose (``None``: all of them); every other one keeps the live
     version's (``kept_settings``): a rebuild without ``--index-factory`` builds the factory the user asked for.
+
+    ``keep_versions``: the versions left after the publish, the live one and ``keep_versions - 1`` before it (as
+    ``petal index --keep-versions``; NOTE: was always 2, so a rebuild removed the rollback versions an index run had
+    kept with a larger ``--keep-versions``).
 
     ``json_report``: where the caller writes the report (a file of the output directory: ``UsageError``, before
     any work). ``wait`` queues behind another writer (else exit 75); ``stop`` (the caller's active ``StopSignals``)
@@ -132,7 +136,7 @@ def run_rebuild(out_path: Path, settings: IndexSettings, report: RunReport, wait
         report.version = version
         try:
             if not active.requested:  # a stop signal once the version is live: pruning is left to the next run
-                report.pruned["versions"] = out.prune_versions(KEEP_VERSIONS, report.pruned.setdefault("in_use", []),
+                report.pruned["versions"] = out.prune_versions(keep_versions, report.pruned.setdefault("in_use", []),
                                                                lambda: active.requested)
         except OSError as exc:  # published: what is left is removed by the next run
             _say(f"warning: pruning old versions of {quote_path(out.root)} failed ({exc.strerror or exc})")
