@@ -27,7 +27,8 @@ the version it records, or for a return to the live one). An index
 of precomputed vectors (``--vectors-column``, no model) is followed by its own rules: a new version must be of
 precomputed vectors too, of the same dim, metric and stored format (its clients send rows in its space); a version
 built with a model replacing it, or one of precomputed vectors replacing a model's, is refused ("model"). CURRENT
-written again with the same name (``echo V > OUT/CURRENT``, a new mtime) is a new publish: tried at once.
+written again with the same name (``echo V > OUT/CURRENT``: a new ctime, whatever its mtime; or the file a link
+CURRENT names) is a new publish: tried at once.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -74,7 +76,7 @@ class Refusal:
         return out
 
 
-Pointer = tuple[str | None, tuple[int, int, int] | None]
+Pointer = tuple[str | None, tuple[int, ...] | None]
 SHOWN_POINTER_CHARS = 64  # the most of a CURRENT that is no version id shown (it holds up to 256 bytes)
 
 
@@ -85,13 +87,21 @@ def shown(pointer: str) -> str:
 
 
 def _pointer_state(root: Path) -> Pointer:
-    """CURRENT's name and its file's identity (inode, mtime, size): written again with the same name, it is a
-    new publish (a repaired version: ``echo V > OUT/CURRENT``)."""
-    try:
-        st = os.stat(root / "CURRENT", follow_symlinks=False)
-        stamp: tuple[int, int, int] | None = (st.st_ino, st.st_mtime_ns, st.st_size)
-    except OSError:
-        stamp = None
+    """CURRENT's name and its file's identity (inode, mtime, ctime, size; of a symbolic link's target too): written
+    again with the same name, it is a new publish (a repaired version: ``echo V > OUT/CURRENT``).
+
+    NOTE: the ctime and the link's target: a CURRENT written again in place with its old mtime put back (``cp -p``,
+    ``rsync -t --inplace``, ``touch -d``), or a link whose target file was written again, was not seen"""
+    stamp: tuple[int, ...] | None = ()
+    for follow in (False, True):
+        try:
+            st = os.stat(root / "CURRENT", follow_symlinks=follow)
+        except OSError:
+            stamp = None if not follow else stamp
+            break
+        stamp = (*(stamp or ()), st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size)
+        if not stat.S_ISLNK(st.st_mode):
+            break
     return current_pointer(root), stamp
 
 
