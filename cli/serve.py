@@ -172,7 +172,12 @@ def missing_serve_extra() -> list[str]:
               help="On SIGTERM, how long in-flight requests may take before the server exits.")
 @click.option("--header-timeout-s", type=click.FloatRange(min=0.1), default=30.0, show_default=True,
               help="How long a request's line and headers may take to arrive once begun (then 408, the connection "
-                   "closed); a new connection that sends nothing is closed after 5 s, as an idle keep-alive one.")
+                   "closed); a new connection that sends nothing is closed after --keep-alive-s, as an idle "
+                   "keep-alive one.")
+@click.option("--keep-alive-s", type=click.FloatRange(min=0.1), default=5.0, show_default=True,
+              help="How long an idle keep-alive connection (or a new one that sends nothing) is kept. Behind a load "
+                   "balancer, set it above the balancer's idle timeout (AWS ALB: 60 s), or a request it sends on a "
+                   "connection the server is closing gets a 502.")
 @click.option("--body-timeout-s", type=click.FloatRange(min=0.1), default=60.0, show_default=True,
               help="How long a request's body may take to arrive (then 408, the connection closed).")
 @click.option("--send-timeout-s", type=click.FloatRange(min=0.1), default=60.0, show_default=True,
@@ -206,8 +211,8 @@ def serve(index_path: Path | None, model: str | None, host: str, port: int, api_
           max_texts: int, max_tokens_per_text: int | None, max_k: int, max_body_bytes: int,
           max_body_bytes_in_flight: int, max_queue_texts: int,
           token_budget: int | None, max_seqs: int | None, nprobe: int | None, rescore: int | None,
-          reload_interval_s: float, drain_timeout_s: float, header_timeout_s: float, body_timeout_s: float,
-          send_timeout_s: float, search_threads: int,
+          reload_interval_s: float, drain_timeout_s: float, header_timeout_s: float, keep_alive_s: float,
+          body_timeout_s: float, send_timeout_s: float, search_threads: int,
           search_device: str, search_dtype: str, search_exact: bool, switch_interval_ms: float,
           engine_spin_ms: float | None, served_model_name: str | None,
           log_level: str, access_log: bool, device: str, dtype: str, attention: str, query_prompt: str | None,
@@ -245,7 +250,8 @@ def serve(index_path: Path | None, model: str | None, host: str, port: int, api_
                       max_body_bytes=max_body_bytes),
         max_wait_ms=max_wait_ms, max_queue_texts=max_queue_texts, max_body_bytes_in_flight=max_body_bytes_in_flight,
         reload_interval_s=reload_interval_s,
-        drain_timeout_s=drain_timeout_s, header_timeout_s=header_timeout_s, body_timeout_s=body_timeout_s,
+        drain_timeout_s=drain_timeout_s, header_timeout_s=header_timeout_s, keep_alive_s=keep_alive_s,
+        body_timeout_s=body_timeout_s,
         send_timeout_s=send_timeout_s, search_threads=search_threads, api_key=api_key,
         served_model_name=served_model_name, search_dtype=search_dtype, search_exact=search_exact,
         switch_interval_ms=switch_interval_ms, engine_spin_ms=engine_spin_ms))

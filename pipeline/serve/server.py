@@ -648,6 +648,7 @@ def server_for(startup: Startup, host: str, port: int, log_level: str = "warning
                             http=http_protocol(startup.metrics, startup.settings.header_timeout_s,
                                                startup.settings.send_timeout_s, startup.settings.retry_after_s),
                             timeout_graceful_shutdown=startup.settings.drain_timeout_s,  # type: ignore[arg-type]  # uvicorn annotates int; any number of seconds works
+                            timeout_keep_alive=startup.settings.keep_alive_s,  # type: ignore[arg-type]  # the same
                             lifespan="on")
     return DrainingServer(config)
 

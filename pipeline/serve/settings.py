@@ -53,6 +53,7 @@ class ServeSettings:
     reload_interval_s: float = 1.0  # how often OUT/CURRENT is checked for a new version
     drain_timeout_s: float = 30.0  # SIGTERM: how long in-flight requests may take to finish
     header_timeout_s: float = 30.0  # how long a request line and headers may take to arrive once begun (then 408)
+    keep_alive_s: float = 5.0  # how long an idle keep-alive connection (or a new one that sends nothing) is kept
     body_timeout_s: float = 60.0  # how long a request's body may take to arrive once its handler reads it (then 408)
     send_timeout_s: float = 60.0  # how long an answer may wait for its client to read (then the connection is aborted)
     search_threads: int = 4  # reading stored text and metadata (include) runs in this many threads
@@ -79,8 +80,8 @@ class ServeSettings:
             raise ValueError(f"--engine-spin-ms {self.engine_spin_ms}: from 0 to 1000")
         if self.switch_interval_ms <= 0:
             raise ValueError(f"--switch-interval-ms {self.switch_interval_ms} must be > 0")
-        if min(self.header_timeout_s, self.body_timeout_s, self.send_timeout_s) <= 0:
-            raise ValueError("--header-timeout-s, --body-timeout-s and --send-timeout-s must be > 0")
+        if min(self.header_timeout_s, self.keep_alive_s, self.body_timeout_s, self.send_timeout_s) <= 0:
+            raise ValueError("--header-timeout-s, --keep-alive-s, --body-timeout-s and --send-timeout-s must be > 0")
         if self.reload_interval_s <= 0 or self.drain_timeout_s < 0 or self.search_threads < 1:
             raise ValueError("--reload-interval-s must be > 0, --drain-timeout-s >= 0, threads >= 1")
         if self.search_device not in ("cpu", "cuda") or self.search_dtype not in ("float16", "float32"):

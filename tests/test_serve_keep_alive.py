@@ -1,0 +1,85 @@
+"""``petal serve --keep-alive-s``: how long an idle keep-alive connection (or a new one that sends nothing) is kept.
+It was uvicorn's fixed 5 s, below a load balancer's idle timeout (AWS ALB: 60 s), so a balancer reusing a connection
+the server had just closed answered its client 502 now and then.
+
+Real components: ``petal index --vectors-column`` over real Parquet, ``petal serve`` on a loopback port, raw sockets."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import pytest
+from click.testing import CliRunner
+
+from petal.cli.main import cli
+from tests.test_serve_audit_http import read_answer
+from tests.test_serve_upgrade_ignored import serve_vectors
+
+pytest.importorskip("httpx")
+pytest.importorskip("uvicorn")
+
+
+def _search(body: bytes) -> bytes:
+    return (b"POST /search HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+            % len(body) + body)
+
+
+def _closed_within(sock: socket.socket, seconds: float) -> bool:
+    sock.settimeout(seconds)
+    try:
+        return sock.recv(1) == b""
+    except TimeoutError:
+        return False
+    except ConnectionResetError:
+        return True
+
+
+def _connect(server) -> socket.socket:
+    host, port = server.url.removeprefix("http://").split(":")
+    return socket.create_connection((host, int(port)), timeout=30)
+
+
+def test_a_longer_keep_alive_keeps_an_idle_connection_past_the_old_5_s(tmp_path):
+    server, body, expected = serve_vectors(tmp_path, "--keep-alive-s", "9")
+    try:
+        with _connect(server) as sock, _connect(server) as silent:
+            sock.sendall(_search(body))
+            status, headers, answer = read_answer(sock)
+            assert status == 200 and json.loads(answer) == expected
+            assert headers.get("connection") != "close"
+            assert not _closed_within(sock, 6.5)  # idle longer than uvicorn's 5 s
+            sock.sendall(_search(body))  # the same connection serves the next request
+            status, _, answer = read_answer(sock)
+            assert status == 200 and json.loads(answer) == expected
+            silent.sendall(_search(body))  # a new connection silent for 6.5 s is kept too
+            status, _, answer = read_answer(silent)
+            assert status == 200 and json.loads(answer) == expected
+    finally:
+        server.stop()
+    assert server.proc.returncode == 0
+
+
+def test_a_shorter_keep_alive_closes_idle_connections_sooner(tmp_path):
+    server, body, expected = serve_vectors(tmp_path, "--keep-alive-s", "0.5")
+    try:
+        with _connect(server) as sock, _connect(server) as silent:
+            started = time.monotonic()
+            sock.sendall(_search(body))
+            status, _, answer = read_answer(sock)
+            assert status == 200 and json.loads(answer) == expected
+            assert _closed_within(sock, 4)
+            assert _closed_within(silent, 4)
+            assert time.monotonic() - started < 4.5  # not uvicorn's 5 s
+        assert server.client.post("/search", content=body,
+                                  headers={"Content-Type": "application/json"}).json() == expected
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "soon"])
+def test_a_keep_alive_that_is_no_time_is_a_usage_error(tmp_path, value):
+    result = CliRunner().invoke(cli, ["serve", "--model", str(tmp_path), "--keep-alive-s", value])
+    assert result.exit_code == 2, result.output
+    assert "--keep-alive-s" in result.output
