@@ -80,7 +80,9 @@ def test_a_copied_store_is_hashed_once_then_skipped_and_a_change_is_still_caught
     assert vectors.parent / "embeddings.npy" in hashed
 
 
-def test_an_additive_run_does_not_hash_the_kept_entries(tmp_path, hashed):
+def test_an_additive_run_does_not_read_the_kept_vectors_twice(tmp_path, hashed):
+    """The kept entries' vectors are hashed as the build reads them (``VectorReader``: test_store_kept_rot.py), never
+    in a pass of their own; their small files (rows, rejects) are hashed whole."""
     data = tmp_path / "data"
     data.mkdir()
     kept = [vector_shard(data, n) for n in range(4)]
@@ -93,7 +95,8 @@ def test_an_additive_run_does_not_hash_the_kept_entries(tmp_path, hashed):
     hashed.clear()
     output = index(str(added), "--out", str(out))
     assert "success" in output
-    assert in_store(hashed, out) == []  # the new shard's entry is hashed as it is written (in store/tmp), no other
+    # the new shard's entry is hashed as it is written (in store/tmp); of the kept ones, only the small files
+    assert sorted({p.name for p in in_store(hashed, out)}) == ["rejects.parquet", "rows.parquet"]
     assert any(p.name == "embeddings.npy" for p in hashed)  # (the counter sees the store's hashing)
     assert len(list((out / "store" / "shards").glob("*/*/entry.json"))) == 5
 

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from petal.pipeline.index.files import IDS_GROUP_ROWS
-from petal.pipeline.store.embeddings import StoreEntry
+from petal.pipeline.store.embeddings import StoreEntry, VectorReader
 from petal.pipeline.store.tombstones import deleted_rows
 
 
@@ -53,6 +53,7 @@ class StoreVectors:
         self.starts = np.cumsum([0] + [len(k) for k in self._keep])  # [num_entries + 1] first FAISS id per entry
         self.total = int(self.starts[-1])
         self.superseded = len(kept) - self.deleted - self.total  # vectors dropped: a later shard has the same id
+        self._checked: set[int] = set()  # unchecked entries whose every byte ``chunks`` has read and checked
 
     def _rows(self, i: int) -> np.ndarray:
         """Store rows (ascending) of entry ``i``'s indexed vectors."""
@@ -60,11 +61,24 @@ class StoreVectors:
         return rows.to_numpy()[self._keep[i]]
 
     def chunks(self, max_rows: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """``(faiss_ids [n] int64, vectors [n, dim] float32)``, n <= ``max_rows``, in FAISS id order."""
+        """``(faiss_ids [n] int64, vectors [n, dim] float32)``, n <= ``max_rows``, in FAISS id order. An entry this
+        process has not checked whole (a kept shard's) is read through ``VectorReader`` the first time: its bytes
+        hashed as they are read, a damaged one 65 once read (every pass of a build reads every entry: the add)."""
         for i, (entry, start) in enumerate(zip(self.entries, self.starts)):
             if len(self._keep[i]) == 0:
                 continue
             rows = self._rows(i)
+            if not entry.checked and i not in self._checked:
+                reader = VectorReader(entry)
+                try:
+                    for lo in range(0, len(rows), max_rows):
+                        hi = min(lo + max_rows, len(rows))
+                        yield np.arange(start + lo, start + hi, dtype=np.int64), reader.take(rows[lo:hi])
+                    reader.finish()
+                finally:
+                    reader.close()
+                self._checked.add(i)
+                continue
             vectors = entry.embeddings()
             for lo in range(0, len(rows), max_rows):
                 hi = min(lo + max_rows, len(rows))

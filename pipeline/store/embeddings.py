@@ -17,10 +17,11 @@ entry: a rerun re-embeds exactly the shards without a committed entry.
 An entry a run would build a version from (``lookup``, a committed range) is checked against the sha256 of its files
 recorded in ``entry.json`` (``checksums``): vectors changed on disk since the commit (bit rot, a bad copy, an edit) are
 a damaged entry, embedded again (``petal rebuild``: 65 naming it), never mixed into a new version. A run with nothing
-to publish reads no entry's vectors, nor does any run read a kept shard's (an additive run's): it hashes only the files
-whose stat (size, mtime, ctime, inode: ``stat``) is no longer the recorded one (``lookup(verify=False)``). A file hashed
-whole and found intact under a new stat (a store copied or restored) has that stat recorded, so later runs skip it
-again. An entry of an older petal, without the record, is trusted as before.
+to publish reads no entry's vectors, nor does a run read a kept shard's (an additive run's) before its build: it
+hashes only the files whose stat (size, mtime, ctime, inode: ``stat``) is no longer the recorded one
+(``lookup(verify=False)``); the build hashes such an entry's vectors as it reads them (``VectorReader``: 65 naming
+it, nothing published). A file hashed whole and found intact under a new stat (a store copied or restored) has that
+stat recorded, so later runs skip it again. An entry of an older petal, without the record, is trusted as before.
 """
 
 from __future__ import annotations
@@ -28,15 +29,16 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import mmap
 import os
 import re
 import shutil
 import sys
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 import pyarrow as pa
@@ -227,10 +229,13 @@ def settings_fingerprint(settings: dict[str, Any]) -> str:
 
 @dataclass(frozen=True)
 class StoreEntry:
-    """A committed shard: its vectors, the rows they belong to, and how it was made."""
+    """A committed shard: its vectors, the rows they belong to, and how it was made. ``checked``: every byte of its
+    files was found to be what was committed, by this process (written by it, or read with ``verify``); a version is
+    built from an unchecked entry only through ``VectorReader``, which hashes the bytes as the build reads them."""
 
     path: Path
     meta: dict[str, Any]
+    checked: bool = field(default=False, compare=False, kw_only=True)  # NOTE: a subclass adds positional fields
 
     @property
     def fingerprint(self) -> str:
@@ -338,7 +343,7 @@ class EmbeddingStore:
             raise DamagedEntry(path, exc) from exc
         if fresh:
             record_stat(path, meta, fresh)
-        return StoreEntry(path, meta)
+        return StoreEntry(path, meta, checked=verify)
 
     def content_sha256(self, info: ShardInfo) -> str:
         """The shard's sha256: reused from an entry whose source had the same identity (see
@@ -570,7 +575,91 @@ def commit_entry(store: EmbeddingStore, tmp: Path, final: Path, info: ShardInfo,
     os.replace(tmp, final)
     fsync_dir(final.parent)
     fault("store_committed", final)  # NOTE: committed, not yet reported (a worker's "commit" event comes after)
-    return StoreEntry(final, meta)
+    return StoreEntry(final, meta, checked=True)
+
+
+class VectorReader:
+    """An unchecked entry's ``embeddings.npy`` for a build, every byte hashed as the build reads it: ``take`` gives
+    rows (ascending, past those taken before) from the same mapped pages it hashes, a step at a time (the bytes still
+    in the CPU's cache when they are copied out), ``finish`` hashes the rest and compares the whole file, and
+    ``rows.parquet`` and ``rejects.parquet`` (small), with the sha256 recorded at the commit; a mismatch, a short file:
+    ``BadInputError`` (65) naming the entry, the file and the shard, before anything is published.
+
+    NOTE: an additive run hashes no kept entry up front (``lookup(verify=False)``: only files whose stat changed),
+    so rot that changes no stat (the disk's, not a write) went into the new version. Hashed here, the bytes the index
+    is built from are the bytes checked, and the check costs no read the build does not make anyway."""
+
+    STEP_BYTES = 1 << 20  # hashed, then copied out, at a time
+
+    def __init__(self, entry: StoreEntry) -> None:
+        self.entry = entry
+        self.path = entry.path / "embeddings.npy"
+        self._digest = hashlib.sha256()
+        with open(self.path, "rb") as fh:
+            try:
+                version = np.lib.format.read_magic(fh)
+                read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
+                    np.lib.format.read_array_header_2_0
+                shape, _, _ = read_header(fh, max_header_size=10000)
+            except ValueError as exc:  # NOTE: not a FAISS failure (78): the header's bytes changed
+                self._damaged(f"embeddings.npy: {one_line(str(exc))[:200]}")
+            self._header = fh.tell()
+            self._map = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        self._map.madvise(mmap.MADV_SEQUENTIAL)  # read ahead: every page is hashed, in order
+        num_rows, dim = (int(shape[0]), int(shape[1])) if len(shape) == 2 else (0, 0)
+        self._row_bytes = dim * 4
+        if len(self._map) < self._header + num_rows * self._row_bytes:
+            self.close()
+            self._damaged(f"embeddings.npy is truncated ({len(self._map)} of "
+                          f"{self._header + num_rows * self._row_bytes} bytes)")
+        self._vectors: np.ndarray | None = np.frombuffer(self._map, np.float32, num_rows * dim,
+                                                         self._header).reshape(num_rows, dim)
+        self._hashed = 0  # bytes of the file hashed so far
+
+    def _hash_to(self, end: int) -> None:
+        if end > self._hashed:
+            with memoryview(self._map) as view:
+                self._digest.update(view[self._hashed : end])
+            self._hashed = end
+
+    def take(self, rows: np.ndarray) -> np.ndarray:
+        """``[len(rows), dim]`` float32 of ``rows`` (ascending, each at or past the rows taken before)."""
+        assert self._vectors is not None
+        out = np.empty((len(rows), self._vectors.shape[1]), dtype=np.float32)
+        step = max(1, self.STEP_BYTES // max(1, self._row_bytes))
+        done = 0
+        while done < len(rows):
+            first = (self._hashed - self._header) // self._row_bytes if self._hashed > self._header else 0
+            stop = max(first + step, int(rows[done]) + 1)
+            self._hash_to(self._header + stop * self._row_bytes)
+            end = done + int(np.searchsorted(rows[done:], stop))
+            out[done:end] = self._vectors[rows[done:end]]
+            done = end
+        return out
+
+    def finish(self) -> None:
+        """Hash the rest of the file, and check the entry's files against the sha256 recorded at its commit."""
+        self._hash_to(len(self._map))
+        self.close()
+        recorded = self.entry.meta.get(CHECKSUMS_KEY)
+        if not isinstance(recorded, dict):
+            return  # NOTE: an older petal's entry, without the record: trusted as before
+        if self._digest.hexdigest() != recorded.get("embeddings.npy"):
+            self._damaged("embeddings.npy does not match the sha256 recorded when it was committed")
+        for name in DATA_FILES[1:]:
+            if sha256_file(self.entry.path / name) != recorded.get(name):
+                self._damaged(f"{name} does not match the sha256 recorded when it was committed")
+
+    def close(self) -> None:
+        self._vectors = None  # NOTE: the array holds the map's buffer: a map with views cannot close
+        if not self._map.closed:
+            self._map.close()
+
+    def _damaged(self, reason: str) -> NoReturn:
+        source = self.entry.meta.get("source", {}).get("path", "?")
+        raise BadInputError(f"{DamagedEntry(self.entry.path, ValueError(reason))}: it holds the embeddings of "
+                            f"{quote_path(Path(str(source)))}; nothing was published: name that shard as a SOURCE to "
+                            "embed it again")
 
 
 def file_stat(path: Path) -> list[int]:

@@ -328,7 +328,8 @@ class Deletion:
         """``entries`` with the pending tombstones in memory (``PlannedEntry``): what the build leaves out and the
         manifest counts. Nothing is written: the tombstones are staged at the publish (``stage``)."""
         planned = {entry.path: rows for entry, rows in self.pending}
-        return [PlannedEntry(e.path, e.meta, planned[e.path]) if e.path in planned else e for e in entries]
+        return [PlannedEntry(e.path, e.meta, planned[e.path], checked=e.checked) if e.path in planned else e
+                for e in entries]
 
     def stage(self, version: str) -> None:
         """Write the pending tombstones beside the store, each fsynced, to be published as ``version``: in force
