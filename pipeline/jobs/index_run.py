@@ -283,11 +283,12 @@ def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory
                                              [sha[info.abs_path] for info in all_shards],
                                              frozenset(info.abs_path for info in kept_infos))
         report.shards["total"] = len(all_shards)
+        report.shards["reused"] = len(kept)  # NOTE: with shard_changes["kept"]: a failed run said "-1 reused"
         live_checked = live_before_lookup(out, previous, shards, fingerprints, kept_recs, job, delete_ids, report, stop)
         entries: list[StoreEntry | None] = [None] * len(shards) if job.full or fingerprints is None else \
             [store.lookup(info, fp, verify=not live_checked) for info, fp in zip(shards, fingerprints)]
         todo = [i for i, entry in enumerate(entries) if entry is None]
-        report.shards["reused"] = len(shards) - len(todo) + len(kept)
+        report.shards["reused"] += len(shards) - len(todo)
         gate = bad_row_gate(job, report, out)
         if gate is not None:
             for entry in entries:

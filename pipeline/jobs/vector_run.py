@@ -129,6 +129,7 @@ def _run(job: IndexJob, column: str, report: RunReport, stop: StopSignals, start
                                              [sha[i.abs_path] for i in all_shards],
                                              frozenset(i.abs_path for i in kept_infos))
         report.shards["total"] = len(all_shards)
+        report.shards["reused"] = len(kept)  # NOTE: with shard_changes["kept"]: a failed run said "-1 reused"
         live_checked = run.live_before_lookup(out, previous, shards, fingerprints, kept_recs, job, delete_ids, report,
                                               stop)
         entries: list[StoreEntry | None] = [None if job.full else store.lookup(info, f, verify=not live_checked)
@@ -148,7 +149,6 @@ def _run(job: IndexJob, column: str, report: RunReport, stop: StopSignals, start
             embedded_now.add(i)
             report.shards["embedded"] += 1
             run.tally_commit(entry, report)  # NOTE: a run stopped here reports the rows it did store
-        report.shards["reused"] += len(kept)
         named = [e for e in entries if e is not None]
         run.tally_rows(named, report, embedded_now, kept)
         by_path = {i.abs_path: e for i, e in zip([*shards, *kept_infos], [*named, *kept])}
