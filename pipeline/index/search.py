@@ -24,7 +24,7 @@ from petal.pipeline.index.read_errors import host_failure, read_failure
 from petal.pipeline.index.row_groups import IdMap, RowGroups
 from petal.pipeline.index.tune import apply_params
 from petal.pipeline.index.verify import OpenCheck, check_on_open
-from petal.pipeline.index.widen import EF_FLOOR, CodeScan, searched_again
+from petal.pipeline.index.widen import EF_FLOOR, CodeScan, decodable, searched_again
 from petal.pipeline.layout import VersionLease, current_pointer, denied, is_denied, resolve_index_dir
 from petal.pipeline.manifest import Manifest
 from petal.pipeline.reliability.errors import (
@@ -245,6 +245,7 @@ class IndexReader:
             self.index = open_binary_index(self.dir, self.manifest, nprobe=nprobe, rescore=rescore)
         else:
             self.index = read_index(self.dir / INDEX_FILE, self.storage)
+            decodable(self.index)  # NOTE: a fast-scan IVF read from a file segfaults FAISS's decoding without it
         # NOTE: only the footer is read here: a count that does not fit reads nothing, and the rows are decoded
         # per row group as hits fall in them (row_groups.py), so the open is O(1) in the number of ids (1M x 1024:
         # the whole id map took 0.15 s). ``shard`` repeats a few paths over every row: decoded as a dictionary.

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
-from functools import partial
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -29,6 +28,25 @@ def searched_again(search: Callable[[np.ndarray, Any], tuple[np.ndarray, np.ndar
     return scores, ids
 
 
+def decodable(index: Any) -> None:
+    """Let FAISS decode the codes of a fast-scan IVF inside ``index`` (under id maps, pre-transforms, a refine
+    wrapper): ``reconstruct``, ``reconstruct_n``, ``sa_decode`` and the direct map's ``reconstruct_batch``.
+
+    NOTE: FAISS decodes a fast-scan IVF's codes through its ``fine_quantizer``, a pointer to its own product (or
+    additive) quantizer that ``read_index`` leaves null: every decoding of an index read from a file segfaulted (the
+    scan of a search left short, ``petal serve``'s upload of the vectors to its GPU copy). It is pointed at that
+    quantizer again, as ``index_factory`` sets it; nothing else changes."""
+    from petal.pipeline.index.faiss_loader import load_faiss
+
+    faiss = load_faiss()
+    ivf = faiss.try_extract_index_ivf(index)
+    if ivf is None:
+        return
+    ivf = faiss.downcast_index(ivf)
+    if isinstance(ivf, faiss.IndexIVFFastScan) and ivf.fine_quantizer is None:
+        ivf.fine_quantizer = ivf.pq if isinstance(ivf, faiss.IndexIVFPQFastScan) else ivf.aq
+
+
 SCAN_CELLS = 1 << 24  # query x vector scores, or vector values, a scan holds at a time (64 MiB of float32)
 
 
@@ -45,13 +63,13 @@ class CodeScan:
     An IVF's lists are searched by FAISS itself, every list assigned to every query (its quantizer left out), with
     the filter as an id selector; other codes (Flat, SQ, PQ: FAISS's PQ scan takes no id selector) are decoded a
     chunk at a time and scored here, the filter applied to their ids (exact top k of the codes); so are the rows an
-    IVF's search of every list leaves short (a fast-scan IVF's codes unpacked here: FAISS's decoding of one read from
-    a file segfaults)."""
+    IVF's search of every list leaves short (a fast-scan IVF made ``decodable`` first)."""
 
     def __init__(self, index: Any) -> None:
         from petal.pipeline.index.faiss_loader import load_faiss
 
         faiss = load_faiss()
+        decodable(index)
         self.id_maps: list[np.ndarray] = []  # outermost first: a node's id -> its wrapper's
         self.transforms: list[Any] = []
         node = faiss.downcast_index(index)
@@ -139,12 +157,13 @@ class CodeScan:
         # NOTE: bounded by the scores and by the decoded vectors held (a lone query of a 1M x 384 index decoded it
         # whole: 1.5 GB)
         rows = max(1024, SCAN_CELLS // max(1, len(queries), int(self.codes.d)))
-        for inner, decode in self._chunks(rows):
-            ids = self._outer(inner)
+        total = int(self.codes.ntotal)
+        for start in range(0, total, rows):
+            ids = self._outer(np.arange(start, min(start + rows, total), dtype=np.int64))
             keep = np.ones(len(ids), dtype=bool) if member is None else member(ids)
             if not keep.any():
                 continue
-            vectors = decode()[keep]
+            vectors = self.codes.reconstruct_n(start, len(ids))[keep]
             if self.ip:
                 scores = queries @ vectors.T
             else:
@@ -159,64 +178,3 @@ class CodeScan:
             best = np.pad(best, ((0, 0), (0, pad)), constant_values=worst)
             best_ids = np.pad(best_ids, ((0, 0), (0, pad)), constant_values=-1)
         return best, best_ids
-
-    def _chunks(self, rows: int) -> Iterator[tuple[np.ndarray, Callable[[], np.ndarray]]]:
-        """Every vector of the codes, at most ``rows`` at a time: ``(their ids in the codes, decode() -> [n, d] float32
-        vectors)``. A fast-scan IVF's list by list, its packed codes unpacked and decoded here (``_fast_scan_decoded``);
-        other codes by FAISS's ``reconstruct_n`` (an IVF through its lists, as they hold the ids)."""
-        if self.fast_scan:
-            yield from self._fast_scan_lists(rows)
-            return
-        total = int(self.codes.ntotal)
-        for start in range(0, total, rows):
-            count = min(rows, total - start)
-            yield np.arange(start, start + count, dtype=np.int64), partial(self.codes.reconstruct_n, start, count)
-
-    def _fast_scan_lists(self, rows: int) -> Iterator[tuple[np.ndarray, Callable[[], np.ndarray]]]:
-        """``_chunks`` of a fast-scan IVF: each list's ids and its codes, ``rows`` (whole blocks) at a time.
-
-        NOTE: FAISS segfaults decoding a fast-scan IVF read from a file (``reconstruct``, ``reconstruct_n``,
-        ``reconstruct_from_offset``, ``sa_decode``: every index petal opens): its codes are unpacked from their blocks
-        by the index's code packer and decoded by its product (or additive) quantizer, plus the list's centroid
-        where the codes are residuals: the vectors ``reconstruct`` gives an index still in memory."""
-        from petal.pipeline.index.faiss_loader import load_faiss
-
-        faiss = load_faiss()
-        ivf = self.ivf
-        per_block = int(ivf.get_CodePacker().nvec)
-        rows = max(per_block, rows // per_block * per_block)
-        invlists = ivf.invlists
-        for list_no in range(int(ivf.nlist)):
-            size = int(invlists.list_size(list_no))
-            if not size:
-                continue
-            pointer = invlists.get_ids(list_no)
-            try:
-                ids = faiss.rev_swig_ptr(pointer, size).copy()
-            finally:
-                invlists.release_ids(list_no, pointer)
-            for start in range(0, size, rows):
-                count = min(rows, size - start)
-                yield ids[start:start + count], partial(self._fast_scan_decoded, list_no, start, count)
-
-    def _fast_scan_decoded(self, list_no: int, start: int, count: int) -> np.ndarray:
-        """``[count, d]``: the vectors ``start`` (a block's first) to ``start + count`` of a fast-scan IVF's list."""
-        from petal.pipeline.index.faiss_loader import load_faiss
-
-        faiss = load_faiss()
-        ivf, packer = self.ivf, self.ivf.get_CodePacker()
-        per_block, block_bytes = int(packer.nvec), int(packer.block_size)
-        first, blocks = start // per_block, -(-count // per_block)
-        pointer = ivf.invlists.get_codes(list_no)
-        try:
-            packed = faiss.rev_swig_ptr(pointer, (first + blocks) * block_bytes)[first * block_bytes:].copy()
-        finally:
-            ivf.invlists.release_codes(list_no, pointer)
-        codes = np.empty((blocks * per_block, int(packer.code_size)), dtype=np.uint8)
-        for block in range(blocks):
-            packer.unpack_all(faiss.swig_ptr(packed[block * block_bytes:]), faiss.swig_ptr(codes[block * per_block:]))
-        quantizer = ivf.pq if hasattr(ivf, "pq") else ivf.aq
-        vectors = quantizer.decode(np.ascontiguousarray(codes[:count]))
-        if ivf.by_residual:
-            vectors += ivf.quantizer.reconstruct(list_no)
-        return np.asarray(vectors, dtype=np.float32)
