@@ -14,11 +14,35 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from petal.pipeline.index.faiss_loader import load_faiss
 from petal.pipeline.index.files import INDEX_FILE, IVFDATA_FILE, faiss_stdout, write_index
 from petal.pipeline.index.gpu import to_cpu, to_gpu
 from petal.pipeline.index.plan import lists_hold_everything, takes_ids
 from petal.pipeline.index.source import StoreVectors
+
+
+def _built_by_one_add(index: Any) -> bool:
+    """Whether the vectors go into an NSG graph (bare, or under an id map, a pre-transform or a refine wrapper; not
+    an IVF's quantizer, which is trained on the list centroids): FAISS builds such a graph in its first ``add`` and
+    refuses any other ('NSG does not support incremental addition')."""
+    faiss = load_faiss()
+    node = faiss.downcast_index(index)
+    while not isinstance(node, faiss.IndexNSG):
+        inner = next((inner for name in ("index", "base_index") if (inner := getattr(node, name, None)) is not None),
+                     None)
+        if inner is None:
+            return False
+        node = faiss.downcast_index(inner)
+    return True
+
+
+def _in_one(chunks: Iterator[tuple[np.ndarray, np.ndarray]]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """``chunks`` as one chunk (none when there are none)."""
+    held = list(chunks)
+    if held:
+        yield np.concatenate([ids for ids, _ in held]), np.concatenate([vectors for _, vectors in held])
 
 
 def _add(index: Any, ids: Any, vectors: Any) -> None:
@@ -56,7 +80,10 @@ def add_in_memory(index: Any, source: StoreVectors, part_rows: int, chunk_rows: 
     # NOTE: parts merged into ``index`` merge only inverted lists: an id map's ids or a refine wrapper's codes would
     # be left behind, so those (and non-IVF indexes) are filled in place on the CPU
     if not use_gpu or not lists_hold_everything(index):
-        for ids, vectors in source.chunks(chunk_rows):
+        chunks = source.chunks(chunk_rows)
+        # NOTE: an NSG graph takes its vectors in one add: was 78 'FAISS cannot build index NSG16' from a second chunk
+        # (an index of two shards, or a rebuild of one)
+        for ids, vectors in _in_one(chunks) if _built_by_one_add(index) else chunks:
             _add(index, ids, vectors)
         return "cpu"
     places = set()
