@@ -139,6 +139,7 @@ def columns_problem(flt: Filter, kept: tuple[str, ...] | list[str], stored: bool
 def filter_mask(flt: Filter, table: pa.Table, available: list[str]) -> np.ndarray:
     """``[num_rows]`` bool: rows of ``table`` (the version's stored columns, FAISS id order) that match."""
     import numpy as np
+    import pyarrow as pa
     import pyarrow.compute as pc
 
     from petal.pipeline.index.filter_values import value_set
@@ -150,6 +151,13 @@ def filter_mask(flt: Filter, table: pa.Table, available: list[str]) -> np.ndarra
                               f"--keep-columns): {', '.join(available) or 'none'}")
         column = table.column(clause.column)
         values = value_set(clause.column, column.type, clause.values)  # FilterError: a literal of another kind
+        if pa.types.is_floating(column.type):
+            # NOTE: is_in matches by hash, bit for bit: -0.0 was not 0.0 (f = 0 missed a row holding -0.0, f = -0.0 one
+            # holding 0.0), where every comparison of numbers finds them equal; x + 0.0 is +0.0 for either zero. A
+            # float16 column goes as float32 (exact): Arrow has no is_in (nor add) for it, a traceback
+            wide = pa.float32() if pa.types.is_float16(column.type) else column.type
+            zero = pa.scalar(0.0, wide)
+            column, values = pc.add(column.cast(wide), zero), pc.add(values.cast(wide), zero)
         hit = pc.is_in(column, value_set=values)
         mask &= hit.to_numpy(zero_copy_only=False).astype(bool)  # nulls never match
     return mask
