@@ -3,11 +3,13 @@ atomically; anything else (a FIFO, a character device such as ``/dev/stdout``, a
 written in place, never renamed over. Never over a file of a petal output directory (``CURRENT``, ``.lock``,
 ``.last-version``, anything under ``versions/`` or ``store/``): the run refuses such a path before any work (2),
 and the writer never writes there (a warning). A path the report cannot be written to (its directory missing, not
-writable, a directory there) is refused before any work too (73, ``check_report_file``).
+writable, a directory there) is refused before any work too (73, ``check_report_file``); a report that cannot be
+written at the end (a full disk) removes the earlier run's report there, never left to be read as this run's.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -150,4 +152,14 @@ def write_report_to(path: Path | str, obj: Any, out: Path | str | None = None) -
     holds = not_a_report(target)
     if holds is not None:  # NOTE: a usage error's report, written before any input is known, replaced a shard
         raise ValueError(refused_over(path, holds))
-    write_bytes_atomic(target, data)
+    try:
+        write_bytes_atomic(target, data)
+    except OSError:
+        # NOTE: the report there is an earlier run's (``not_a_report`` passed it): left in place (a full disk), a
+        # task reading it after this run took the last success's report, exit 0, for this run's. Removed, best effort
+        with contextlib.suppress(OSError):
+            with open(target, "rb") as fh:
+                earlier = fh.read(1) == b"{"
+            if earlier:
+                os.unlink(target)
+        raise
