@@ -888,9 +888,12 @@ class Manifest:
                        dim=output.dim if output is not None else self.dim)
 
     @classmethod
-    def bare(cls, index: IndexRecord, dim: int, output: OutputTransform | None = None) -> Manifest:
+    def bare(cls, index: IndexRecord, dim: int, output: OutputTransform | None = None,
+             version: str = "v000000-00000000T000000Z") -> Manifest:
         """The manifest of an index built straight from vectors, outside ``petal index`` (benchmarks,
-        tests): no model (an empty path) and no shards; ``IndexReader`` opens it like any version."""
+        tests): no model (an empty path) and no shards; ``IndexReader`` opens it like any version. ``version``: the
+        id it is published under (``OutputDir.publish``), which opening checks against the directory's name; the
+        default suits a directory opened by its path, whose name is no version id."""
         model = ModelRecord(name=None, path="", architecture=BARE_ARCHITECTURE, weights_sha256="",
                             tokenizer_sha256="", weights_format="none", attention=BARE_ARCHITECTURE,
                             pooling=BARE_ARCHITECTURE, normalize=False, dense=(),
@@ -899,7 +902,7 @@ class Manifest:
         embedding = EmbeddingSettings(architecture="none", weights_sha256="", tokenizer_sha256="", pooling="none",
                                       normalize=False, max_length=0, dim=dim, dtype="float32", text_column="text",
                                       id_column="id")
-        return cls(version="v000000-00000000T000000Z", created_at=cls.now(), petal_version=__version__, model=model,
+        return cls(version=version, created_at=cls.now(), petal_version=__version__, model=model,
                    embedding=embedding, columns=ReadRecord("text", "id"), dim=dim, normalize=False,
                    metric=index.metric, max_length=0, index=index, shards=(),
                    counts=Counts(0, index.num_vectors, {}, 0, index.num_vectors), output=output)

@@ -43,8 +43,9 @@ def publish(entries, dim, settings, out_root):
     out.prepare()
     staging = out.staging_dir()
     result = build_index(entries, dim, settings, staging)
-    Manifest.bare(result.record(settings), dim).write(staging / MANIFEST_FILE)
-    out.publish(staging, out.new_version_id())
+    version = out.new_version_id()
+    Manifest.bare(result.record(settings), dim, version=version).write(staging / MANIFEST_FILE)
+    out.publish(staging, version)
     return result, IndexReader(out.root)
 
 

@@ -85,8 +85,9 @@ def build(store, shard_writer, tmp_path, shards, settings=None):
     out.prepare()
     staging = out.staging_dir()
     result = build_index(entries, entries[0].meta["dim"], settings, staging)
-    Manifest.bare(result.record(settings), entries[0].meta["dim"]).write(staging / MANIFEST_FILE)
-    out.publish(staging, out.new_version_id())
+    version = out.new_version_id()
+    Manifest.bare(result.record(settings), entries[0].meta["dim"], version=version).write(staging / MANIFEST_FILE)
+    out.publish(staging, version)
     return result, IndexReader(out.root)
 
 
