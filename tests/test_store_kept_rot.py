@@ -101,3 +101,28 @@ def test_vectors_hashed_while_read_are_the_vectors_read_from_the_map(tmp_path, m
         assert np.array_equal(ids, ids2) and np.array_equal(vectors, vectors2)
     assert list(unchecked.chunks(max_rows))[-1][1].tobytes() == read[-1][1].tobytes()  # a second pass: the map
 
+
+
+@pytest.mark.parametrize("flags", [(), ("--strict",)])
+def test_a_kept_entry_whose_rows_rotted_is_65_naming_it(tmp_path, flags):
+    """A kept entry's ``rows.parquet`` rotted under an unchanged stat was read unchecked (the build's ids, --strict's
+    duplicate check): pyarrow's 'Invalid page header' or 'Corrupt snappy compressed data', reported as 74 'cannot
+    write' the version being staged (or a traceback)."""
+    data = tmp_path / "data"
+    data.mkdir()
+    kept = [vector_shard(data, n, rows=40) for n in range(2)]
+    out = tmp_path / "out"
+    assert petal(*map(str, kept), "--out", str(out)).returncode == 0
+    time.sleep(RACY_NS / 1e9 + 0.2)
+    rows = entry_of(out, kept[0]) / "rows.parquet"
+    with open(rows, "r+b") as fh:
+        fh.seek(10)  # a data page's header
+        byte = fh.read(1)[0]
+        fh.seek(10)
+        fh.write(bytes([byte ^ 0xFF]))
+    meta = json.loads((rows.parent / "entry.json").read_text())
+    meta[STAT_KEY]["rows.parquet"] = file_stat(rows)
+    (rows.parent / "entry.json").write_text(json.dumps(meta))
+    run = petal(str(vector_shard(tmp_path, 9, rows=40)), "--out", str(out), *flags)
+    last = run.stderr.strip().splitlines()[-1]
+    assert run.returncode == 65 and str(rows.parent) in last and "rows.parquet" in last, run.stderr

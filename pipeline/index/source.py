@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from petal.pipeline.index.files import IDS_GROUP_ROWS
-from petal.pipeline.store.embeddings import StoreEntry, VectorReader
+from petal.pipeline.store.embeddings import StoreEntry, VectorReader, check_row_files
 from petal.pipeline.store.tombstones import deleted_rows
 
 
@@ -27,6 +27,8 @@ class StoreVectors:
         self.entries = entries
         self.dim = dim
         self.id_type = pa.string() if any(e.meta.get("id_type") == "string" for e in entries) else pa.int64()
+        for entry in entries:
+            check_row_files(entry)  # an unchecked entry's (a kept shard's) rows: 65 when changed since the commit
         # NOTE: de-duplication needs every id at once (transient, O(num documents)); what stays is
         # one int32 position per indexed vector. Arrow's allocator keeps freed pages until released.
         ids = [pq.read_table(e.path / "rows.parquet", columns=["id"]).column("id").cast(self.id_type)

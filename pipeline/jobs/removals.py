@@ -31,7 +31,7 @@ from petal.pipeline.layout import OutputDir
 from petal.pipeline.manifest import Manifest, ShardRecord
 from petal.pipeline.reliability.errors import BadInputError, ConfigError, PetalError
 from petal.pipeline.reliability.safe_files import check_regular
-from petal.pipeline.store.embeddings import EmbeddingStore, StoreEntry
+from petal.pipeline.store.embeddings import EmbeddingStore, StoreEntry, check_row_files
 from petal.pipeline.store.tombstones import DeleteIds, deleted_as_text, deleted_rows
 
 SAMPLE_IDS = 5
@@ -78,6 +78,7 @@ def kept_entries(store: EmbeddingStore, records: list[ShardRecord], out: Path) -
             raise BadInputError(f"{exc}: it holds the embeddings of {keeps}") from exc
         if entry is None:
             raise ConfigError(f"{out}: the store has no embeddings for {keeps}")
+        check_row_files(entry)  # NOTE: read before the build (--strict, --delete, the guard): 65, not a pyarrow error
         entries.append(entry)
     return entries
 

@@ -581,9 +581,9 @@ def commit_entry(store: EmbeddingStore, tmp: Path, final: Path, info: ShardInfo,
 class VectorReader:
     """An unchecked entry's ``embeddings.npy`` for a build, every byte hashed as the build reads it: ``take`` gives
     rows (ascending, past those taken before) from the same mapped pages it hashes, a step at a time (the bytes still
-    in the CPU's cache when they are copied out), ``finish`` hashes the rest and compares the whole file, and
-    ``rows.parquet`` and ``rejects.parquet`` (small), with the sha256 recorded at the commit; a mismatch, a short file:
-    ``BadInputError`` (65) naming the entry, the file and the shard, before anything is published.
+    in the CPU's cache when they are copied out), ``finish`` hashes the rest and compares the whole file with the
+    sha256 recorded at the commit (its small files: ``check_row_files``); a mismatch, a short file: ``BadInputError``
+    (65) naming the entry, the file and the shard, before anything is published.
 
     NOTE: an additive run hashes no kept entry up front (``lookup(verify=False)``: only files whose stat changed),
     so rot that changes no stat (the disk's, not a write) went into the new version. Hashed here, the bytes the index
@@ -646,9 +646,6 @@ class VectorReader:
             return  # NOTE: an older petal's entry, without the record: trusted as before
         if self._digest.hexdigest() != recorded.get("embeddings.npy"):
             self._damaged("embeddings.npy does not match the sha256 recorded when it was committed")
-        for name in DATA_FILES[1:]:
-            if sha256_file(self.entry.path / name) != recorded.get(name):
-                self._damaged(f"{name} does not match the sha256 recorded when it was committed")
 
     def close(self) -> None:
         self._vectors = None  # NOTE: the array holds the map's buffer: a map with views cannot close
@@ -656,10 +653,28 @@ class VectorReader:
             self._map.close()
 
     def _damaged(self, reason: str) -> NoReturn:
-        source = self.entry.meta.get("source", {}).get("path", "?")
-        raise BadInputError(f"{DamagedEntry(self.entry.path, ValueError(reason))}: it holds the embeddings of "
-                            f"{quote_path(Path(str(source)))}; nothing was published: name that shard as a SOURCE to "
-                            "embed it again")
+        raise unusable_entry(self.entry, reason)
+
+
+def unusable_entry(entry: StoreEntry, reason: str) -> BadInputError:
+    """65 for an entry a build found damaged, naming it and its shard."""
+    source = entry.meta.get("source", {}).get("path", "?")
+    return BadInputError(f"{DamagedEntry(entry.path, ValueError(reason))}: it holds the embeddings of "
+                         f"{quote_path(Path(str(source)))}; nothing was published: name that shard as a SOURCE to "
+                         "embed it again")
+
+
+def check_row_files(entry: StoreEntry) -> None:
+    """An unchecked entry's ``rows.parquet`` and ``rejects.parquet`` (small) against the sha256 recorded at its
+    commit, before a build reads them: 65 naming the entry (``unusable_entry``). NOTE: read unchecked, a page rotted
+    under an unchanged stat failed in pyarrow ('Invalid page header', 'Corrupt snappy compressed data') and was
+    reported as 74 'cannot write' the version being staged."""
+    recorded = entry.meta.get(CHECKSUMS_KEY)
+    if entry.checked or not isinstance(recorded, dict):
+        return
+    for name in DATA_FILES[1:]:
+        if sha256_file(entry.path / name) != recorded.get(name):
+            raise unusable_entry(entry, f"{name} does not match the sha256 recorded when it was committed")
 
 
 def file_stat(path: Path) -> list[int]:
