@@ -117,7 +117,7 @@ def query(index_path: Path, texts: tuple[str, ...], k: int, from_stdin: bool, as
     if index.manifest.precomputed:
         index.query_model()  # NOTE: raises: a text query on an index without a model is a usage error (2)
     from petal.pipeline.ingest.text_rule import skip_reason, valid_text
-    from petal.pipeline.reliability.errors import NoInputError
+    from petal.pipeline.reliability.errors import Interrupted, NoInputError, PetalError
 
     # NOTE: the rule of petal index and petal embed: an invisible query (empty, blank) is skipped and said;
     # bytes that are not UTF-8 (argv, stdin) are read as U+FFFD and counted: one bad line never ends the stream
@@ -129,7 +129,15 @@ def query(index_path: Path, texts: tuple[str, ...], k: int, from_stdin: bool, as
     if not asked and not from_stdin:  # NOTE: every query given is blank: no input (66), before the model loads
         _say_skipped(texts)
         raise NoInputError(f"nothing to query: {_blank_texts(len(texts))}")
-    index.query_model()  # loaded before the first query: a model that is gone fails at once
+    try:
+        index.query_model()  # loaded before the first query: a model that is gone fails at once
+    except (PetalError, click.ClickException) as exc:
+        if asked or not from_stdin or isinstance(exc, Interrupted):
+            raise
+        # NOTE: the rule of petal embed --stdin: the model's error stands only once a query arrives; a stdin that ends
+        # without one is no input (66), whatever the model (was: 78 for an empty stdin and a missing --model)
+        _query_arrives(texts)
+        raise
     startup_done()  # index and model loaded: what follows (a --stdin stream) collects garbage as usual
     for note in index.notes:
         click.echo(f"petal: note: {note}", err=True)
@@ -200,6 +208,22 @@ def query(index_path: Path, texts: tuple[str, ...], k: int, from_stdin: bool, as
         if texts:
             said.append(_blank_texts(len(texts)))
         raise NoInputError(f"nothing to query: {'; '.join(said)}")
+
+
+def _query_arrives(texts: tuple[str, ...]) -> None:
+    """Reads ``--stdin`` until a query (a line not blank) arrives, or raises ``NoInputError`` (66) at its end."""
+    from petal.pipeline.ingest.text_rule import skip_reason
+    from petal.pipeline.reliability.errors import NoInputError
+
+    blank = 0
+    for raw in stdin_lines():
+        if skip_reason(raw.decode("utf-8", "replace")) is None:
+            return
+        blank += 1
+    said = [f"--stdin held only blank lines ({blank})" if blank else "--stdin is empty"]
+    if texts:
+        said.append(_blank_texts(len(texts)))
+    raise NoInputError(f"nothing to query: {'; '.join(said)}")
 
 
 def _judged_by_manifest(index_path: Path, where: str | None, by_text: bool) -> None:

@@ -113,8 +113,6 @@ def test_index_and_query_text_rank_no_input_first_too(tmp_path, bad_model, input
     assert proc.returncode == 66, proc.stderr.decode()[-2000:]
 
 
-@pytest.mark.xfail(strict=True, reason="cli/query.py loads the model (index.query_model()) before it reads --stdin: "
-                                       "78 for a stdin without a query; another helper's file")
 @pytest.mark.parametrize("stdin", [b"", b"\n \n"], ids=["empty", "blank"])
 def test_query_stdin_without_a_query_is_66_whatever_the_model(tmp_path, bad_model, stdin):
     shard = tmp_path / "s.parquet"
@@ -123,3 +121,15 @@ def test_query_stdin_without_a_query_is_66_whatever_the_model(tmp_path, bad_mode
     assert built.returncode == 0, built.stderr.decode()[-2000:]
     proc = petal(["query", str(tmp_path / "idx"), "--stdin", "--model", str(bad_model)], tmp_path, stdin)
     assert proc.returncode == 66, proc.stderr.decode()[-2000:]
+
+
+def test_query_stdin_with_a_query_after_blank_lines_still_names_the_model(tmp_path, bad_model):
+    """The held model error stands once a query arrives: 78, nothing written."""
+    shard = tmp_path / "s.parquet"
+    pq.write_table(pa.table({"id": [1, 2, 3], "text": ["glaciers melt", "bread rises", "tides turn"]}), shard)
+    built = petal(["index", str(shard), "--out", str(tmp_path / "idx"), "-q"], tmp_path)
+    assert built.returncode == 0, built.stderr.decode()[-2000:]
+    proc = petal(["query", str(tmp_path / "idx"), "--stdin", "--model", str(bad_model)], tmp_path,
+                 b"\n  \nglaciers\n")
+    assert proc.returncode == 78, proc.stderr.decode()[-2000:]
+    assert proc.stdout == b""
