@@ -9,7 +9,6 @@ text the way the pipeline does, nothing else): the pipeline is doing well when i
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from petal.bench.corpus import load_sentences, lognormal_lengths, make_texts
+from petal.bench.runs import temporary_workdir
 from petal.pipeline.ingest.tokens import TextTokenizer
 
 
@@ -85,9 +85,13 @@ def run_e2e_bench(model_dir: Path, corpus: Path, num_docs: int, device: str, tok
     from petal.pipeline.jobs.index_run import run_index
     from petal.pipeline.jobs.report import RunReport
 
+    if workdir is None:  # NOTE: a temporary one, removed at the end (was left behind: the corpus, every index)
+        with temporary_workdir("petal-e2e-") as temporary:
+            return run_e2e_bench(model_dir, corpus, num_docs, device, token_budget, baseline, temporary,
+                                 tokenize_workers, scale, index_factory, engine_t2, engine_t2_tokens_per_s)
     spec = inspect_model(model_dir)
     tokenizer = TextTokenizer(spec.tokenizer_file, spec.pooling.max_length)
-    work = Path(workdir or tempfile.mkdtemp(prefix="petal-e2e-"))
+    work = Path(workdir)
     paths, tokens = write_corpus(load_sentences(corpus), tokenizer, num_docs, work / "corpus")
     engine_tokens_per_s = engine_t2_tokens_per_s or (engine_t2_throughput(spec, device, token_budget)
                                                      if engine_t2 else None)

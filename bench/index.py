@@ -37,6 +37,9 @@ from petal.pipeline.config import IndexSettings
 from petal.pipeline.index.faiss_loader import load_faiss
 from petal.pipeline.store.embeddings import EmbeddingStore, StoreEntry
 
+IVF_BASELINE = "IVF4096,Flat"  # the plain FAISS index a user would write, nprobe left at 1
+IVF_BASELINE_LISTS = 4096  # its lists: FAISS trains it on at least as many vectors
+
 SINGLE_QUERIES = 200
 
 
@@ -238,7 +241,7 @@ def _index_bench(work: Path, num_vectors: int, dim: int, num_queries: int, memor
     rows.insert(0, flat)
     found.insert(0, truth)
     if baselines:
-        ivf, ids = run_baseline("FAISS IVF4096,Flat nprobe=1", "IVF4096,Flat", vectors, xq, 1)
+        ivf, ids = run_baseline(f"FAISS {IVF_BASELINE} nprobe=1", IVF_BASELINE, vectors, xq, 1)
         rows.insert(1, ivf)
         found.insert(1, ids)
     del vectors

@@ -13,7 +13,6 @@ import re
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -21,8 +20,10 @@ from typing import Any
 import numpy as np
 
 from petal.bench.corpus import load_sentences
+from petal.bench.runs import ChildFailed, temporary_workdir
 from petal.bench.serve_load import json_bodies, run_load, slowest
 from petal.pipeline.ingest.tokens import TextTokenizer
+from petal.pipeline.reliability.errors import TemporaryFailure, quote_path
 
 ENDPOINTS = {"embeddings": "/v1/embeddings", "search": "/search"}
 STARTUP_S = 900
@@ -85,7 +86,10 @@ def build_index(model_dir: Path | None, corpus: Path, num_docs: int | None, work
     cmd = [sys.executable, "-m", "petal.cli.main", "index", str(source), "--out", str(out), "-q", "--device", device]
     if model_dir is not None:
         cmd += ["--model", str(model_dir)]
-    subprocess.run(cmd, check=True)
+    code = subprocess.run(cmd).returncode  # its stderr is the benchmark's: its error is said there
+    if code:
+        raise ChildFailed(f"petal index of the benchmark's documents ({quote_path(source)})", code,
+                          where="its error is above")
     return out
 
 
@@ -98,21 +102,37 @@ class ServerProcess:
             self.proc = subprocess.Popen([sys.executable, "-m", "petal.cli.main", "serve", "--port", "0",
                                           "--log-level", "warning", *args], stdout=subprocess.DEVNULL, stderr=stderr)
         deadline = time.monotonic() + STARTUP_S
-        while True:
-            found = re.search(r"listening on (http://[\d.]+:\d+)", log.read_text(errors="replace"))
-            if found:
-                self.url = found.group(1)
-                return
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"petal serve did not start:\n{log.read_text(errors='replace')[-4000:]}")
-            time.sleep(0.2)
+        try:  # NOTE: a stop signal while it starts (a model loads for minutes) stops it too: was left running
+            while True:
+                found = re.search(r"listening on (http://[\d.]+:\d+)", log.read_text(errors="replace"))
+                if found:
+                    self.url = found.group(1)
+                    return
+                self.alive()  # NOTE: an exit was a RuntimeError traceback (exit 1) whatever the server said
+                if time.monotonic() > deadline:
+                    raise TemporaryFailure(f"petal serve did not listen within {STARTUP_S} s")
+                time.sleep(0.2)
+        except BaseException:
+            self.stop()
+            raise
+
+    def alive(self) -> None:
+        """``ChildFailed`` when the server has exited (its code and the last line of its log)."""
+        code = self.proc.poll()
+        if code is not None:
+            raise ChildFailed("petal serve", code, self.log.read_text(errors="replace"))
 
     def metrics(self) -> dict[str, float]:
         import urllib.request
 
-        with urllib.request.urlopen(f"{self.url}/metrics", timeout=30) as response:
-            text = response.read().decode()
+        self.alive()  # NOTE: a server gone under load (killed, crashed) was an I/O error (74) or a traceback
+        try:
+            with urllib.request.urlopen(f"{self.url}/metrics", timeout=30) as response:
+                text = response.read().decode()
+        except OSError:
+            time.sleep(0.5)  # gone meanwhile: said as such once it has exited
+            self.alive()
+            raise
         out = {m.group(1): float(m.group(2)) for m in re.finditer(r"^(petal_(?:batch|step)_\w+_(?:sum|count)) (\S+)$",
                                                                    text, re.M)}
         # the server process's garbage collections: time in them, the full ones (generation 2), and the longest
@@ -141,12 +161,16 @@ class ServerProcess:
         return out
 
     def stop(self) -> int:
+        """SIGTERM, then SIGKILL after 60 s or when the wait is interrupted (a second Ctrl-C): never left running."""
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
             try:
+                self.proc.send_signal(signal.SIGTERM)
                 return self.proc.wait(60)
-            except subprocess.TimeoutExpired:
+            except BaseException as exc:
                 self.proc.kill()
+                self.proc.wait()
+                if not isinstance(exc, subprocess.TimeoutExpired):
+                    raise
         return self.proc.wait()
 
 
@@ -164,14 +188,22 @@ def run_serve_bench(index: Path | None = None, model: Path | None = None, corpus
                     endpoints: tuple[str, ...] = ("embeddings", "search"), tokens: tuple[int, ...] = (16, 128),
                     concurrency: tuple[int, ...] = (1, 16, 64), max_requests: int = 2000, seconds: float = 10.0,
                     k: int = 10, processes: int | None = None, serve_args: tuple[str, ...] = ()) -> dict[str, Any]:
-    """Start a server, run every scenario, stop it (SIGTERM; its exit status is reported)."""
+    """Start a server, run every scenario, stop it (SIGTERM; its exit status is reported). Without
+    ``workdir``, the index and the server log go to a temporary directory, removed at the end."""
     from petal.engine.loader import inspect_model
     from petal.pipeline.ingest.tokens import tokenizer_for
 
-    workdir = Path(workdir or tempfile.mkdtemp(prefix="petal-bench-serve-"))
+    if workdir is None:  # NOTE: was left behind (the index, its documents and the server's log)
+        with temporary_workdir("petal-bench-serve-") as temporary:
+            return run_serve_bench(index, model, corpus, num_docs, doc_tokens, temporary, device, endpoints, tokens,
+                                   concurrency, max_requests, seconds, k, processes, serve_args)
     workdir.mkdir(parents=True, exist_ok=True)
     if index is None and "search" in endpoints:
         index = build_index(model, corpus, num_docs, workdir, device, doc_tokens)
+    if index is None and model is None:  # NOTE: petal serve needs OUT or --model (was: exit 2 'give OUT ...')
+        from petal.engine.loader import default_model_dir
+
+        model = default_model_dir()
     args = [str(index)] if index is not None else []
     if model is not None:
         args += ["--model", str(model)]

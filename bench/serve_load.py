@@ -99,7 +99,6 @@ def _client(host: str, port: int, path: str, bodies: list[bytes], headers: dict[
             quota: itertools.count, max_requests: int, deadline: float, out: LoadResult,
             lock: threading.Lock) -> None:
     requests = [request_bytes(host, port, path, body, headers) for body in bodies]
-    sock = _connect(host, port)
     buffer = bytearray()
     latencies: list[float] = []
     server: list[float] = []
@@ -108,7 +107,12 @@ def _client(host: str, port: int, path: str, bodies: list[bytes], headers: dict[
     errors: dict[str, int] = {}
     i = start
     cpu_started = time.thread_time()
-    while time.perf_counter() < deadline and next(quota) < max_requests:
+    sock: socket.socket | None = None
+    try:  # NOTE: a server that is gone ends this client, counted (was: the thread died with a traceback)
+        sock = _connect(host, port)
+    except OSError as exc:
+        errors[type(exc).__name__] = 1
+    while sock is not None and time.perf_counter() < deadline and next(quota) < max_requests:
         request = requests[i % len(requests)]
         i += 1
         sent = time.time()
@@ -121,7 +125,10 @@ def _client(host: str, port: int, path: str, bodies: list[bytes], headers: dict[
         except (OSError, ProtocolError, ValueError) as exc:
             status = type(exc).__name__
             sock.close()
-            sock, buffer = _connect(host, port), bytearray()
+            try:
+                sock, buffer = _connect(host, port), bytearray()
+            except OSError:
+                sock = None
         elapsed = time.perf_counter() - started
         if status == 200:
             latencies.append(elapsed)
@@ -134,7 +141,8 @@ def _client(host: str, port: int, path: str, bodies: list[bytes], headers: dict[
         else:
             errors[str(status)] = errors.get(str(status), 0) + 1
     cpu_s = time.thread_time() - cpu_started
-    sock.close()
+    if sock is not None:
+        sock.close()
     with lock:
         out.latencies_s += latencies
         out.client_cpu_s += cpu_s
@@ -176,8 +184,12 @@ def run_load(url: str, path: str, bodies: list[bytes], concurrency: int, max_req
     if processes == 1:
         return run_threads(url, path, bodies, concurrency, max_requests, seconds, headers)
     shares = [concurrency // processes + (1 if p < concurrency % processes else 0) for p in range(processes)]
-    args = [(url, path, bodies, share, -(-max_requests * share // concurrency), seconds, headers, p * 104729)
-            for p, share in enumerate(shares)]
+    # NOTE: each process's part of max_requests, in proportion to its clients, the parts summing to it (each was
+    # rounded up: --requests 5 over 4 processes sent 8)
+    ends = [max_requests * sum(shares[: p + 1]) // concurrency for p in range(processes)]
+    quotas = [end - start for start, end in zip([0, *ends], ends)]
+    args = [(url, path, bodies, share, quota, seconds, headers, p * 104729)
+            for p, (share, quota) in enumerate(zip(shares, quotas))]
     out = LoadResult()
     with mp.get_context("spawn").Pool(processes) as pool:
         for part in pool.map(_process, args):

@@ -34,6 +34,9 @@ from typing import Any
 
 import numpy as np
 
+from petal.bench.runs import ChildFailed
+from petal.pipeline.reliability.errors import quote_path
+
 EMBED_TEXT = "how do glaciers move"
 TARGET_EMBED_OVER_TORCH_S = 0.6
 TARGET_EMBED_VS_ST = 0.45
@@ -102,8 +105,9 @@ def _run(argv: list[str], cwd: Path | None = None) -> tuple[float, str]:
     started = time.perf_counter()
     proc = subprocess.run(argv, capture_output=True, text=True, cwd=cwd)
     elapsed = time.perf_counter() - started
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv[:4])}... exited {proc.returncode}: {proc.stderr[-2000:]}")
+    if proc.returncode != 0:  # NOTE: was a RuntimeError traceback (exit 1)
+        shown = " ".join("SCRIPT" if "\n" in a else quote_path(a) for a in argv)  # a -c script: its name only
+        raise ChildFailed(shown, proc.returncode, proc.stderr)
     return elapsed, proc.stdout
 
 

@@ -93,6 +93,7 @@ def bench_cpu(corpus: Path, num_texts: int, rounds: int, token_budget: int, mode
     """MiniLM on the CPU: petal (fp32, and bf16 GEMMs) vs sentence-transformers encode()."""
     paths({"--corpus": corpus})
     judge_model(model)  # before torch and sentence-transformers load
+    require_modules("cpu", "sentence_transformers")  # its baseline: the table's every ratio is to it
     from petal.bench.cpu import format_cpu_table, run_cpu_bench
 
     result = run_cpu_bench(corpus, num_texts=num_texts, rounds=rounds, token_budget=token_budget, model=model)
@@ -132,6 +133,7 @@ def bench_gpu(shapes: tuple[str, ...], scenarios: str, token_budget: int, max_se
 
     if not torch.cuda.is_available():
         raise click.UsageError("petal bench gpu needs a CUDA device")
+    require_modules("gpu", "transformers")  # the shapes' random-weight models are built with it
     from petal.bench.gpu import format_gpu_table, run_gpu_bench
     from petal.bench.shapes import shape
 
@@ -191,6 +193,8 @@ def bench_e2e(model: str | None, shape: str | None, tokenizer_dir: Path | None, 
                                  param_hint="--tokenize-workers") from None
     if shape is not None and model is not None:  # NOTE: was --model ignored without a word
         raise click.UsageError("--shape and --model exclude each other")
+    if shape is not None:
+        require_modules("e2e --shape", "transformers")
     from petal.cli.scale_options import scale_config
 
     scale = usage(lambda: scale_config(devices, workers, None))
@@ -199,15 +203,16 @@ def bench_e2e(model: str | None, shape: str | None, tokenizer_dir: Path | None, 
 
     if shape is None:  # NOTE: a --shape model's dim is known once it is made (below), still before the runs
         check_factory(IndexSettings(factory=index_factory), judge_model(model).dim, min(sizes))
-    import tempfile
-
     from petal.bench.e2e import format_e2e_summary, format_e2e_table, run_e2e_bench
+    from petal.bench.runs import temporary_workdir
     from petal.engine.engine import resolve_device
     from petal.engine.loader import default_model_dir
 
     dev = usage(lambda: resolve_device(device))
     if engine_t2 and dev != "cuda":
         raise click.UsageError("--engine-t2 times the CUDA engine (petal bench gpu's T2); the device is the CPU")
+    skipped: dict[str, str] = {}
+    baseline = st_baseline(not no_baseline, skipped)
     if shape is None:
         model_dir = Path(model) if model else default_model_dir()
     else:
@@ -218,18 +223,20 @@ def bench_e2e(model: str | None, shape: str | None, tokenizer_dir: Path | None, 
 
         s = get_shape(shape)
         hf = hf_model(s, torch.device("cpu"), torch.float32)
+        # NOTE: removed when the command ends (was left behind: the model's weights, 2.4 GB for pplx-embed-0.6b)
         model_dir = save_model_dir(s, hf, tokenizer_dir or default_model_dir(),
-                                   Path(tempfile.mkdtemp(prefix=f"petal-{shape}-")))
+                                   click.get_current_context().with_resource(temporary_workdir(f"petal-{shape}-")))
         del hf
         check_factory(IndexSettings(factory=index_factory), judge_model(model_dir).dim, min(sizes))
     results: list[dict] = []
     for size in sizes:
-        result = run_e2e_bench(model_dir, corpus, size, dev, baseline=not no_baseline,
+        result = run_e2e_bench(model_dir, corpus, size, dev, baseline=baseline,
                                tokenize_workers=tokenizers or [2], scale=scale, index_factory=index_factory,
                                engine_t2=dev == "cuda" if engine_t2 is None else engine_t2,
                                engine_t2_tokens_per_s=results[0].get("engine_t2_tokens_per_s") if results else None)
         results.append(result)
-        click.echo(json.dumps(result) if as_json else format_e2e_table(result))
+        result = with_skipped(result, skipped)
+        click.echo(json.dumps(result) if as_json else format_e2e_table(result) + skipped_lines(result))
     if len(results) > 1 and not as_json:
         click.echo(format_e2e_summary(results))
 
@@ -287,14 +294,19 @@ def bench_index(num_vectors: int, dims: tuple[int, ...], num_queries: int, memor
 
         for dim in dims:
             check_output_dir("--workdir", workdir / f"d{dim}")
-    from petal.bench.index import format_index_table, run_index_bench
+    from petal.bench.index import IVF_BASELINE, IVF_BASELINE_LISTS, format_index_table, run_index_bench
 
+    skipped: dict[str, str] = {}
+    if not no_baseline and num_vectors < IVF_BASELINE_LISTS:  # NOTE: was a FAISS traceback once the store was written
+        skipped[f"FAISS {IVF_BASELINE}"] = f"it trains on {IVF_BASELINE_LISTS} vectors or more, --vectors {num_vectors}"
     for dim in dims:
         result = run_index_bench(num_vectors, dim, num_queries=num_queries, memories=memories,
-                                 target_recall=target_recall, num_shards=num_shards, baselines=not no_baseline,
+                                 target_recall=target_recall, num_shards=num_shards,
+                                 baselines=not no_baseline and not skipped,
                                  factory=factory, data=data, order=order,
                                  workdir=workdir / f"d{dim}" if workdir else None)
-        click.echo(json.dumps(result) if as_json else format_index_table(result))
+        result = with_skipped(result, skipped)
+        click.echo(json.dumps(result) if as_json else format_index_table(result) + skipped_lines(result))
 
 
 @bench.command("outputs")
@@ -361,6 +373,58 @@ def check_factory(settings: Any, dim: int, num_vectors: int, flag: str = "--inde
         raise FlagError(str(exc).replace("--index-factory ", f"{flag} ", 1)) from None
 
 
+BENCH_EXTRA = "pip install 'petal[bench]'"
+ST_BASELINE = "sentence-transformers"
+
+
+def missing_modules(*names: str) -> list[str]:
+    """The modules of ``names`` that cannot be imported here (judged without importing them)."""
+    return [name for name in names if not _importable(name)]
+
+
+def _importable(name: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def require_modules(command: str, *names: str) -> None:
+    """What ``petal bench COMMAND`` cannot run without (the ``bench`` extra's ``transformers``, ...): missing, a
+    configuration error (78) naming them, before torch loads. Was a ModuleNotFoundError traceback (exit 1)."""
+    from petal.pipeline.reliability.errors import ConfigError
+
+    missing = missing_modules(*names)
+    if missing:
+        raise ConfigError(f"petal bench {command} needs {', '.join(missing)}, not installed here: {BENCH_EXTRA}")
+
+
+def st_baseline(wanted: bool, skipped: dict[str, str]) -> bool:
+    """Whether the sentence-transformers baseline runs: asked for (no ``--no-baseline``) and installed. Asked for and
+    not installed, it is skipped, said on stderr and in ``skipped`` (the result's table and JSON say so too); was a
+    traceback (exit 1) after the runs before it."""
+    if not wanted:
+        return False
+    if missing_modules("sentence_transformers"):
+        skipped[ST_BASELINE] = f"not installed ({BENCH_EXTRA})"
+        click.echo(f"petal bench: note: {ST_BASELINE} is not installed: its baseline is skipped ({BENCH_EXTRA})",
+                   err=True)
+        return False
+    return True
+
+
+def with_skipped(result: dict[str, Any], skipped: dict[str, str]) -> dict[str, Any]:
+    """``result`` with the baselines that were asked for and skipped (``skipped``, when any)."""
+    return {**result, "skipped": skipped} if skipped else result
+
+
+def skipped_lines(result: dict[str, Any]) -> str:
+    """The table's lines for ``result``'s skipped baselines (``with_skipped``)."""
+    return "".join(f"\n{name}: skipped, {why}" for name, why in result.get("skipped", {}).items())
+
+
 def _int_list(value: str, name: str) -> tuple[int, ...]:
     try:
         out = tuple(int(x) for x in value.split(",") if x.strip())
@@ -421,6 +485,16 @@ def bench_serve(index_path: Path | None, model: str | None, shape: str | None, t
     if shape is not None and model is not None:
         raise click.UsageError("--shape and --model exclude each other")
     lengths, clients = _int_list(tokens, "--tokens"), _int_list(concurrency, "--concurrency")
+    from petal.cli.serve import missing_serve_extra
+
+    missing = missing_serve_extra()  # NOTE: was said by the server's log in a traceback, after the index was built
+    if missing:
+        from petal.pipeline.reliability.errors import ConfigError
+
+        raise ConfigError(f"petal bench serve runs petal serve, which needs the optional 'serve' dependencies "
+                          f"({', '.join(missing)} missing): pip install 'petal[serve]'")
+    if shape is not None:
+        require_modules("serve --shape", "transformers")
     paths({"--index": index_path, "--tokenizer-dir": tokenizer_dir,
            "--corpus": corpus if index_path is None else None}, workdir)  # --index: the corpus is not read
     if model is not None:
@@ -433,16 +507,17 @@ def bench_serve(index_path: Path | None, model: str | None, shape: str | None, t
         _serve_outputs(workdir, shape, build=index_path is None and "search" in chosen, docs=index_docs is not None)
     model_dir = Path(model) if model else None
     if shape is not None:
-        import tempfile
-
         import torch
 
+        from petal.bench.runs import temporary_workdir
         from petal.bench.shapes import hf_model, save_model_dir
         from petal.bench.shapes import shape as get_shape
         from petal.engine.loader import default_model_dir
 
         s = get_shape(shape)
-        target = workdir / f"model-{shape}" if workdir else Path(tempfile.mkdtemp(prefix=f"petal-{shape}-"))
+        # NOTE: without --workdir, removed when the command ends (was left behind)
+        target = workdir / f"model-{shape}" if workdir else \
+            click.get_current_context().with_resource(temporary_workdir(f"petal-{shape}-"))
         if not (target / "sentence_bert_config.json").is_file():  # written last: a complete directory
             hf = hf_model(s, torch.device("cpu"), torch.float32)
             save_model_dir(s, hf, tokenizer_dir or default_model_dir(), target)
@@ -510,10 +585,13 @@ def bench_startup(runs: int, text: str, num_vectors: int, dim: int, factory: str
     if workdir is not None:
         check_outputs(workdir, num_vectors, dim, factory, shape_name)
     default_model_dir()  # petal embed's model: 78 when the packaged model is not installed
+    require_modules("startup", "transformers")  # its model-load scenario's random-weight model is built with it
     from petal.engine.engine import resolve_device
 
+    skipped: dict[str, str] = {}
     result = run_startup_bench(runs=runs, text=text, num_vectors=num_vectors, dim=dim, factory=factory,
                                shape_name=shape_name, device=usage(lambda: resolve_device(device)),
-                               baseline=not no_baseline,
+                               baseline=st_baseline(not no_baseline, skipped),
                                workdir=workdir)
-    click.echo(json.dumps(result) if as_json else format_startup_table(result))
+    result = with_skipped(result, skipped)
+    click.echo(json.dumps(result) if as_json else format_startup_table(result) + skipped_lines(result))

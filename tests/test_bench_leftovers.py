@@ -1,0 +1,268 @@
+"""``petal bench`` leaves nothing behind and ends clearly, however it ends: no server or other child still running,
+no ``$TMPDIR/petal-*`` directory, and a missing optional dependency or a child that failed is a message with an exit
+code of the contract, never a traceback.
+
+Before: ``bench serve`` and ``bench e2e`` left their temporary work directory (the index, its documents, the server
+log, every run's output) and a ``--shape`` model's directory in ``$TMPDIR``; a stop signal while ``bench serve``'s
+server started left the server running; a server that exited before it listened (the serve extra missing, a bad
+``--serve-arg``) was a RuntimeError traceback (exit 1), and the missing extra was found only after the index was
+built; sentence-transformers not installed was a traceback (``startup`` after its timed runs, ``e2e`` after its petal
+runs, ``cpu`` after torch loaded); ``bench index --vectors`` under 4096 a FAISS traceback from its IVF4096 baseline;
+a timed one-shot child of ``bench startup`` that failed a RuntimeError traceback; ``bench serve --endpoints embeddings``
+without ``--model`` started petal serve with neither OUT nor a model (exit 2 from it, a traceback from the bench); a
+server killed under load was a traceback in every client thread and an I/O error; ``--requests`` over several
+``--client-processes`` was exceeded (each process's share rounded up); transformers not installed was a traceback
+(``startup``'s after its timed runs).
+
+Each case runs the real CLI (``python -m petal.cli.main bench ...``) in a fresh interpreter with its own ``TMPDIR``
+and a marker in its environment: a process still carrying the marker after the bench ended is one it left running.
+A module is made missing by a ``sitecustomize`` on ``PYTHONPATH`` (every child process of the bench gets it too).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+BLOCKER = """import sys
+class _Missing:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {names!r}:
+            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+sys.meta_path.insert(0, _Missing())
+"""
+
+
+def environment(tmp_path: Path, missing: tuple[str, ...] = ()) -> dict[str, str]:
+    """The bench's environment: its own ``TMPDIR``, a marker, and ``missing`` modules made unimportable."""
+    env = {**os.environ, "TMPDIR": str(tmp_path / "tmp"), "PETAL_TEST_MARK": uuid.uuid4().hex,
+           "PYTHONPATH": str(REPO)}
+    (tmp_path / "tmp").mkdir(exist_ok=True)
+    if missing:
+        shim = tmp_path / "shim"
+        shim.mkdir(exist_ok=True)
+        (shim / "sitecustomize.py").write_text(BLOCKER.format(names=missing))
+        env["PYTHONPATH"] = f"{shim}{os.pathsep}{REPO}"
+    return env
+
+
+def marked(env: dict[str, str]) -> dict[int, str]:
+    """The processes running with ``env``'s marker: their command lines by pid (zombies left out)."""
+    found = {}
+    needle = f"PETAL_TEST_MARK={env['PETAL_TEST_MARK']}".encode()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if needle in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                line = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+                found[int(pid)] = line.decode(errors="replace")
+        except OSError:
+            continue
+    return found
+
+
+def server_pid(env: dict[str, str], bench_proc: subprocess.Popen[str], timeout: float = 120) -> int:
+    """The pid of the petal serve that ``bench_proc`` started, once it runs."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = [pid for pid, line in marked(env).items() if " serve --port 0 " in line]
+        if found:
+            return found[0]
+        assert bench_proc.poll() is None and time.monotonic() < deadline, bench_proc.communicate()
+        time.sleep(0.05)
+
+
+def assert_nothing_left(env: dict[str, str]) -> None:
+    deadline = time.monotonic() + 10  # a process that was sent its signal may take a moment to go
+    while marked(env) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not marked(env), marked(env)
+    left = [p.name for p in Path(env["TMPDIR"]).iterdir() if p.name.startswith("petal-")]
+    assert not left, left
+
+
+def bench(env: dict[str, str], *argv: object, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([sys.executable, "-m", "petal.cli.main", "bench", *map(str, argv)], capture_output=True,
+                          text=True, cwd=REPO, env=env, timeout=timeout, stdin=subprocess.DEVNULL)
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    return proc
+
+
+SERVE = ("serve", "--endpoints", "embeddings", "--tokens", "16", "--concurrency", "1", "--requests", "5",
+         "--seconds", "1")
+
+
+def test_serve_with_a_shape_leaves_no_server_and_no_temporary_directory(tmp_path):
+    """A --shape model and the work directory (server log) in $TMPDIR, removed; the row within its bounds."""
+    env = environment(tmp_path)
+    proc = bench(env, *SERVE, "--shape", "minilm", "--device", "cpu", "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout)
+    assert result["server_exit_code"] == 0
+    [row] = result["results"]
+    assert 1 <= row["requests"] <= 5 and not row["errors"], row
+    assert_nothing_left(env)
+
+
+def test_serve_of_embeddings_alone_serves_the_packaged_model(tmp_path):
+    """No index and no --model: the packaged model, as documented (petal serve was started with neither: exit 2)."""
+    env = environment(tmp_path)
+    proc = bench(env, *SERVE)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "all-MiniLM-L6-v2" in proc.stdout and "/v1/embeddings" in proc.stdout, proc.stdout
+    assert "server exit status after SIGTERM: 0" in proc.stdout
+    assert_nothing_left(env)
+
+
+def test_a_stop_signal_while_the_server_starts_stops_it(tmp_path):
+    """SIGTERM to the bench alone (systemd, kill PID) while its server loads: the server goes too, 143."""
+    env = environment(tmp_path)
+    bench_proc = subprocess.Popen([sys.executable, "-m", "petal.cli.main", "bench", *SERVE], cwd=REPO, env=env,
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True)
+    try:
+        server_pid(env, bench_proc)
+        bench_proc.send_signal(signal.SIGTERM)
+        _, stderr = bench_proc.communicate(timeout=120)
+    finally:
+        bench_proc.kill()
+    assert bench_proc.returncode == 143, stderr[-2000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    assert_nothing_left(env)
+
+
+def test_a_server_killed_under_load_ends_the_bench_saying_so(tmp_path):
+    """The server gone mid-run (OOM killer, kill -9): 137 naming it, at once; was a traceback in each client thread
+    and an I/O error (74) from its /metrics."""
+    env = environment(tmp_path)
+    log = tmp_path / "w" / "serve.log"
+    bench_proc = subprocess.Popen([sys.executable, "-m", "petal.cli.main", "bench", *SERVE[:-4], "--requests",
+                                   "1000000", "--seconds", "60", "--workdir", str(tmp_path / "w")], cwd=REPO, env=env,
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        pid = server_pid(env, bench_proc)
+        deadline = time.monotonic() + 120
+        while "listening on" not in log.read_text():
+            assert bench_proc.poll() is None and time.monotonic() < deadline, bench_proc.communicate()
+            time.sleep(0.1)
+        time.sleep(1)
+        os.kill(pid, signal.SIGKILL)
+        _, stderr = bench_proc.communicate(timeout=30)  # not the row's 60 s
+    finally:
+        bench_proc.kill()
+    assert bench_proc.returncode == 137, stderr[-2000:]
+    assert "Traceback" not in stderr and "Exception in thread" not in stderr, stderr[-3000:]
+    assert "petal serve was killed by SIGKILL" in stderr.strip().splitlines()[-1], stderr[-2000:]
+    assert_nothing_left(env)
+
+
+def test_serve_sends_at_most_requests_over_client_processes(tmp_path):
+    """--requests is the row's bound over every client process (each process's share was rounded up: 3 over two
+    processes sent 4)."""
+    env = environment(tmp_path)
+    proc = bench(env, *SERVE[:-6], "--concurrency", "2", "--client-processes", "2", "--requests", "3",
+                 "--seconds", "30", "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    [row] = json.loads(proc.stdout)["results"]
+    assert row["requests"] + sum(row["errors"].values()) == 3, row
+    assert_nothing_left(env)
+
+
+@pytest.mark.parametrize("case", ["serve extra missing", "bad --serve-arg"])
+def test_a_server_that_cannot_start_is_its_exit_code_not_a_traceback(tmp_path, case):
+    """The serve extra missing: 78 before any index is built (as petal serve says it); a server that exits before
+    it listens: its exit code and its error."""
+    if case == "serve extra missing":
+        env = environment(tmp_path, ("starlette", "uvicorn"))
+        proc = bench(env, "serve", "--requests", "5", "--seconds", "1", "--concurrency", "1")
+        assert proc.returncode == 78 and "pip install 'petal[serve]'" in proc.stderr, proc.stderr
+        assert "starlette" in proc.stderr and "uvicorn" in proc.stderr
+    else:
+        env = environment(tmp_path)
+        proc = bench(env, *SERVE, "--serve-arg=--max-wait-ms=-5")
+        assert proc.returncode == 2, proc.stderr
+        assert "petal serve exited 2" in proc.stderr and "--max-wait-ms" in proc.stderr, proc.stderr
+    assert proc.stdout == ""
+    assert_nothing_left(env)
+
+
+def test_cpu_without_sentence_transformers_is_78_naming_it(tmp_path):
+    """Its every ratio is to sentence-transformers: 78 naming it and the extra, before torch loads."""
+    env = environment(tmp_path, ("sentence_transformers",))
+    proc = bench(env, "cpu", "--texts", "16", "--rounds", "1", timeout=60)
+    assert proc.returncode == 78, proc.stderr
+    assert "sentence_transformers" in proc.stderr and "pip install 'petal[bench]'" in proc.stderr
+    assert proc.stdout == ""
+
+
+@pytest.mark.parametrize("argv", [("e2e", "--shape", "minilm", "--docs", "100"), ("serve", "--shape", "minilm"),
+                                  ("startup", "--runs", "1", "--vectors", "1000", "--dim", "8")])
+def test_without_transformers_a_random_weight_model_is_78_naming_it(tmp_path, argv):
+    """A --shape model (startup's model-load scenario always makes one) is built with transformers: 78 naming it and
+    the extra before any run (was a traceback: startup's after its timed runs)."""
+    env = environment(tmp_path, ("transformers",))
+    proc = bench(env, *argv, timeout=60)
+    assert proc.returncode == 78, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "transformers" in last and "pip install 'petal[bench]'" in last, last
+    assert proc.stdout == ""
+    assert_nothing_left(env)
+
+
+def test_startup_without_sentence_transformers_skips_its_baseline(tmp_path):
+    """The script's row and its target are left out, said on stderr, in the table and in --json."""
+    env = environment(tmp_path, ("sentence_transformers",))
+    common = ("startup", "--runs", "1", "--vectors", "1000", "--dim", "8", "--device", "cpu")
+    proc = bench(env, *common, "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout)
+    assert "sentence_transformers" not in result
+    assert "sentence-transformers" in result["skipped"], result.get("skipped")
+    assert not any("sentence-transformers" in row["scenario"] for row in result["targets"])
+    assert "baseline is skipped" in proc.stderr
+    assert_nothing_left(env)
+
+
+def test_a_timed_child_that_fails_is_its_exit_code_and_error_not_a_traceback(tmp_path):
+    """petal embed failing in startup's timed runs (here its tokenizer module missing): its exit code and last line."""
+    env = environment(tmp_path, ("tokenizers",))
+    proc = bench(env, "startup", "--runs", "1", "--vectors", "1000", "--dim", "8", "--no-baseline", timeout=120)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "petal.cli.main embed --device cpu" in last and "exited 1: ModuleNotFoundError" in last, last
+    assert_nothing_left(env)
+
+
+def test_e2e_with_a_shape_without_sentence_transformers_skips_its_baseline_and_leaves_nothing(tmp_path):
+    """The --shape model's directory and the run's work directory (corpus, index) removed; the baseline skipped."""
+    env = environment(tmp_path, ("sentence_transformers",))
+    proc = bench(env, "e2e", "--shape", "minilm", "--docs", "100", "--device", "cpu", "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout)
+    assert result["docs"] == 100 and "sentence_transformers_tokens_per_s" not in result
+    assert "sentence-transformers" in result["skipped"]
+    assert_nothing_left(env)
+
+
+def test_index_under_4096_vectors_skips_the_ivf4096_baseline(tmp_path):
+    """FAISS cannot train IVF4096 on fewer vectors: the row is skipped, the table and --json say why."""
+    env = environment(tmp_path)
+    common = ("index", "--vectors", "1000", "--dim", "8", "--queries", "10", "--shards", "2")
+    table = bench(env, *common)
+    assert table.returncode == 0, table.stderr[-2000:]
+    assert "FAISS IVF4096,Flat: skipped" in table.stdout
+    proc = bench(env, *common, "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout)
+    assert [row["system"] for row in result["results"]] == ["FAISS IndexFlatIP", "petal (auto, --index-memory 8G)"]
+    assert "4096" in result["skipped"]["FAISS IVF4096,Flat"]
+    assert_nothing_left(env)
