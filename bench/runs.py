@@ -10,12 +10,13 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from petal.pipeline.reliability.errors import EXIT_SIGNAL_BASE, PetalError, one_line
+from petal.pipeline.reliability.errors import EXIT_SIGNAL_BASE, EXIT_TEMPFAIL, PetalError, one_line
 
 
 class ChildFailed(PetalError):
-    """``what`` exited ``returncode`` (killed by signal N: 128 + N): the benchmark exits with that code, naming the
-    child and the last line of ``stderr`` (its error), or ``where`` its error was written."""
+    """``what`` exited ``returncode`` (killed by signal N: 128 + N; stopped with 0 while it was needed: 75, safe to
+    retry): the benchmark exits with that code, naming the child and the last line of ``stderr`` (its error), or
+    ``where`` its error was written."""
 
     def __init__(self, what: str, returncode: int, stderr: str = "", where: str = "") -> None:
         last = next((line.strip() for line in reversed(stderr.splitlines()) if line.strip()), "")
@@ -24,8 +25,11 @@ class ChildFailed(PetalError):
         if returncode < 0:
             with contextlib.suppress(ValueError):
                 how = f"was killed by {signal.Signals(-returncode).name}"
+        elif returncode == 0:  # NOTE: stopped by someone else (petal serve drains on SIGTERM): was exit 128
+            how = "stopped (exit 0) before the benchmark ended"
         super().__init__(f"{what} {how}{said}" + (f" ({where})" if where else ""))
-        self.exit_code = returncode if returncode > 0 else EXIT_SIGNAL_BASE - returncode
+        self.exit_code = (returncode if returncode > 0 else EXIT_TEMPFAIL if returncode == 0
+                          else EXIT_SIGNAL_BASE - returncode)
 
 
 @contextlib.contextmanager
