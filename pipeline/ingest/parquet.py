@@ -40,6 +40,7 @@ from petal.pipeline.ingest.remote import (
     is_uri,
     list_remote,
     object_change,
+    parquet_name,
     stat_remote,
     storage_error,
 )
@@ -226,7 +227,7 @@ def _walk(root: Path, out: Path | None, problems: list[str], unreadable: list[st
             continue
         subdirs[:] = sorted(d for d in subdirs if not hidden_below((d,)))  # _temporary/, _delta_log/, .git/
         for name in sorted(files):
-            if not name.endswith(".parquet") or hidden_below((name,)):
+            if not parquet_name(name) or hidden_below((name,)):
                 continue
             path = here / name
             try:

@@ -139,6 +139,12 @@ def hidden_below(parts: list[str] | tuple[str, ...]) -> bool:
     return any(part.startswith(HIDDEN_PREFIXES) for part in parts)
 
 
+def parquet_name(name: str) -> bool:
+    """A file a directory or prefix SOURCE reads: ``*.parquet`` in any case (``PART-0.PARQUET`` from tools that write
+    upper-case names was skipped without a word)."""
+    return name.lower().endswith(".parquet")
+
+
 def list_remote(source: str, empty_ok: bool = False, held: frozenset[str] = frozenset()) -> list[RemotePath]:
     """The objects a URI names: itself, or every ``*.parquet`` below it (a prefix), sorted.
 
@@ -171,7 +177,7 @@ def list_remote(source: str, empty_ok: bool = False, held: frozenset[str] = froz
             raise NoInputError(f"source {shown} does not exist (no such bucket, object or prefix)")
         selector = fs.FileSelector(path, recursive=True)
         found = [i.path for i in filesystem.get_file_info(selector)
-                 if i.type == fs.FileType.File and i.path.endswith(".parquet")
+                 if i.type == fs.FileType.File and parquet_name(i.path)
                  and not hidden_below(i.path[len(path.rstrip("/")):].split("/"))]
     except PetalError:
         raise
@@ -230,7 +236,7 @@ def _glob_remote(filesystem: Any, scheme: str, pattern: str, shown: str, empty_o
     prefixes = {i.path.rstrip("/") for i in matched if i.type == fs.FileType.Directory}
 
     def below_a_match(names: list[str]) -> bool:
-        return names[-1].endswith(".parquet") and any(
+        return parquet_name(names[-1]) and any(
             "/".join(names[:n]) in prefixes and not hidden_below(names[n:]) for n in range(fixed + 1, len(names)))
 
     found = {i.path for i in matched if i.type == fs.FileType.File}
