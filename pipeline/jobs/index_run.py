@@ -87,6 +87,7 @@ from petal.pipeline.reliability.errors import (
     FlagError,
     Interrupted,
     NoInputError,
+    PetalError,
     PetalIOError,
     flag_errors,
     one_line,
@@ -639,8 +640,9 @@ def embed_shards(chunks: Prefetcher[TokenizedDocs], shards: list[ShardInfo],
         stop.check()  # a batch boundary
 
     waited = WaitClock()
+    failed: list[PetalError] = []  # a read error of a later shard: the shards read before it still commit
     try:
-        for chunk in waited.iterate(chunks, stop.interruptible):
+        for chunk in waited.iterate(until_read_error(chunks, failed), stop.interruptible):
             stop.check()
             if gate is not None:
                 position = shard_of(chunk.shard_index)
@@ -660,6 +662,8 @@ def embed_shards(chunks: Prefetcher[TokenizedDocs], shards: list[ShardInfo],
             progress.update(done.num_seqs)
             tokens[0] += done.num_tokens
             show_rate()
+        if failed:  # the shards wholly read before it are committed by now; the one it spoiled is not (abort)
+            raise failed[0]
     except Exception as exc:
         _reraise(exc)
     finally:
@@ -671,6 +675,19 @@ def embed_shards(chunks: Prefetcher[TokenizedDocs], shards: list[ShardInfo],
         # where the embed loop blocked: on tokenization (the CPU was behind) or on results (the device was)
         report.timings_s["embed_wait_tokens"] = round(waited.seconds, 3)
         report.timings_s["embed_wait_device"] = round(flight.wait_s, 3)
+
+
+def until_read_error(chunks: Iterator[TokenizedDocs], failed: list[PetalError]) -> Iterator[TokenizedDocs]:
+    """``chunks`` up to a ``PetalError`` raised while reading them (a shard's rows corrupt or unreadable: 65, 74,
+    66), which is put in ``failed`` and ends them as their end would: the embed loop then flushes and drains as it
+    does at the end, so every shard read whole before the failure is embedded and committed (good data a rerun
+    reuses), then raises it. A stop signal (``Interrupted``) and any other exception end the loop at once."""
+    try:
+        yield from chunks
+    except Interrupted:
+        raise
+    except PetalError as exc:
+        failed.append(exc)
 
 
 class WaitClock:
