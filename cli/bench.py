@@ -460,7 +460,8 @@ def _int_list(value: str, name: str) -> tuple[int, ...]:
 @click.option("--requests", "max_requests", type=click.IntRange(min=1), default=2000, show_default=True,
               help="Requests per scenario, at most.")
 @click.option("--seconds", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
-              help="Seconds per scenario, at most.")
+              help="Seconds per scenario in which requests are sent, at most (the answers then in flight are "
+                   "awaited: a row of C clients lasts at least as long as C requests take).")
 @click.option("-k", "k", type=click.IntRange(min=1), default=10, show_default=True, help="Hits per /search request.")
 @click.option("--client-processes", type=click.IntRange(min=1), default=None,
               help="Load-generator processes (default: cores / 4, at most 8).")
