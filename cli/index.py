@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from petal.cli.common import MODEL_DIR, PATH, ReportingCommand, device_options, hooks, once_option, run_with_report
-from petal.cli.index_options import index_options
+from petal.cli.index_options import given_index_flags, index_options, kept_default
 from petal.cli.options import model_options, output_options
 from petal.cli.scale_options import RAY_LOCAL, scale_options
 
@@ -37,7 +37,7 @@ from petal.cli.scale_options import RAY_LOCAL, scale_options
               help="Tokens per engine step (default: 16384 on CUDA, 4096 on the CPU).")
 @click.option("--max-seqs", type=int, default=256, show_default=True, help="Sequences per engine step.")
 @click.option("--no-cuda-graphs", is_flag=True, help="Run the model eagerly on CUDA.")
-@click.option("--index-factory", default="auto", show_default=True,
+@click.option("--index-factory", default=None, show_default=kept_default("auto"),
               help="FAISS index factory string, or auto (Flat when small, IVF above).")
 @index_options
 @click.option("--sync", is_flag=True,
@@ -67,7 +67,8 @@ from petal.cli.scale_options import RAY_LOCAL, scale_options
 def index(sources: tuple[str, ...], out: Path, model: str | None, id_column: str | None, text_column: str,
           vectors_column: str | None, keep_columns: str | None,
           device: str, dtype: str, attention: str, max_length: int | None, token_budget: int | None, max_seqs: int,
-          no_cuda_graphs: bool, index_factory: str, metric: str, index_memory: str, target_recall: float,
+          no_cuda_graphs: bool, index_factory: str | None, metric: str | None, index_memory: str | None,
+          target_recall: float | None,
           sync: bool, max_removed: str | None, delete: Path | None, full: bool, strict: bool,
           max_bad_rows: str | None, keep_versions: int, wait: bool,
           json_report: Path | None, as_json: bool, quiet: bool, pooling: str | None, attention_mask: str | None,
@@ -77,7 +78,9 @@ def index(sources: tuple[str, ...], out: Path, model: str | None, id_column: str
     """Embed SOURCE Parquet files, directories or globs and publish a FAISS index in --out.
 
     Shards already embedded with the same content and settings are reused; a run with nothing
-    changed publishes nothing new. The last line on stderr says what happened; the exit code is
+    changed publishes nothing new. An index flag not given keeps the live version's setting (the factory it
+    asked for, its metric, memory budget and target recall; `--full` too), as `petal rebuild` does. The last
+    line on stderr says what happened; the exit code is
     the contract of the README (0 ok, 2 usage, 65 bad input, 66 no input, 73 cannot create output,
     74 I/O error, 75 retry, 78 configuration, 129/130/143 interrupted).
     """
@@ -85,6 +88,7 @@ def index(sources: tuple[str, ...], out: Path, model: str | None, id_column: str
     from petal.pipeline.reliability.signals import StopSignals
 
     report = RunReport(command="index")
+    flags = given_index_flags(index_factory, metric, index_memory, target_recall)  # the others: the live version's
     # NOTE: signals are caught from here on (before the heavy imports), so a SIGTERM at any moment
     # ends in a clean stop with a report; the run checks the flag at every batch boundary.
     with StopSignals() as stop:
@@ -93,9 +97,9 @@ def index(sources: tuple[str, ...], out: Path, model: str | None, id_column: str
         run_with_report(report, lambda: run_index(
             sources, out, engine_factory=hooks().engine_factory, report=report, stop=stop,
             model=model, text_column=text_column, id_column=id_column, vectors_column=vectors_column,
-            keep_columns=keep_columns, sync=sync, max_removed=max_removed, delete=delete, index_factory=index_factory,
-            metric=metric, index_memory=index_memory, target_recall=target_recall, device=device, dtype=dtype,
-            attention=attention, cuda_graphs=not no_cuda_graphs, max_length=max_length, token_budget=token_budget,
+            keep_columns=keep_columns, sync=sync, max_removed=max_removed, delete=delete, **flags,
+            device=device, dtype=dtype, attention=attention, cuda_graphs=not no_cuda_graphs, max_length=max_length,
+            token_budget=token_budget,
             max_seqs=max_seqs, full=full, strict=strict, quiet=quiet, json_report=json_report,
             keep_versions=keep_versions, wait=wait, max_bad_rows=max_bad_rows, pooling=pooling,
             attention_mask=attention_mask, query_prompt=query_prompt,

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from petal.cli.common import PATH, ReportingCommand, run_with_report
-from petal.cli.index_options import index_options
+from petal.cli.index_options import given_index_flags, index_options
 
 
 @click.command(cls=ReportingCommand)
@@ -17,7 +17,7 @@ from petal.cli.index_options import index_options
 @click.argument("out", type=PATH)
 @click.option("--index-factory", default=None, show_default="the live version's",
               help="FAISS index factory string, or auto (Flat when small, IVF above).")
-@functools.partial(index_options, kept=True)
+@functools.partial(index_options, first_run=False)
 @click.option("--keep-versions", type=click.IntRange(min=1), default=2, show_default=True,
               help="Versions kept after the publish: the live one and N-1 before it (rollback), as petal index's.")
 @click.option("--wait", is_flag=True, help="If another petal writes to OUT, wait for it instead of exiting 75.")
@@ -31,7 +31,7 @@ def rebuild(out: Path, index_factory: str | None, metric: str | None, index_memo
 
     The shards, ids and vectors are those of the live version; only the index settings given change (one not
     given keeps the live version's: the factory it asked for, its metric, memory budget and target recall).
-    A later `petal index` run builds with its own index flags again. Exit codes and signals are
+    A later `petal index` run keeps them too. Exit codes and signals are
     those of `petal index` (75 locked, 74 disk full with nothing left behind, 130/143/129 on
     SIGINT/SIGTERM/SIGHUP).
     """
@@ -39,9 +39,7 @@ def rebuild(out: Path, index_factory: str | None, metric: str | None, index_memo
     from petal.pipeline.jobs.report import RunReport
     from petal.pipeline.reliability.signals import StopSignals
 
-    flags = {name: value for name, value in (("index_factory", index_factory), ("metric", metric),
-                                             ("index_memory", index_memory), ("target_recall", target_recall))
-             if value is not None}
+    flags = given_index_flags(index_factory, metric, index_memory, target_recall)  # the others: the live version's
     report = RunReport(command="rebuild")
     with StopSignals() as stop:
         run_with_report(report, lambda: run_rebuild(out, json_report=json_report, report=report, wait=wait, stop=stop,

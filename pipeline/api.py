@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from petal.pipeline.jobs.report import RunReport
 from petal.pipeline.jobs.settings import (
-    ALIASES,
     check_vectors_flags,
+    given_index_settings,
     index_job,
     index_settings,
     kind_of,
@@ -57,6 +57,8 @@ def index(sources: Sources, out: str | os.PathLike[str], *, engine_factory: Call
     ``dim``, ``quantize``, ``index_memory="4G"``, ``max_bad_rows="1%"``, ``full``, ``sync``,
     ``max_removed="10%"``, ``delete="ids.parquet"``, ``keep_columns=["lang", "url"]``, ``json_report``,
     ``quiet``, ...). ``vectors_column``: index the precomputed embeddings of that column (no model).
+    An index setting not given (``index_factory``, ``metric``, ``index_memory``, ``target_recall``) keeps the live
+    version's, as ``rebuild``'s: ``"auto"``, ``"ip"``, ``"8G"``, ``0.95`` for a first run.
     Returns the finished ``RunReport`` (``status`` success or nothing-to-do).
     ``engine_factory(spec, engine_config)`` replaces the engine (tests); ``stop``: an active
     ``StopSignals`` of the caller's (else SIGINT/SIGTERM are caught for the run, in the main thread).
@@ -66,6 +68,7 @@ def index(sources: Sources, out: str | os.PathLike[str], *, engine_factory: Call
         _check_hooks("petal.index()", given_report, stop, engine_factory)
         not_empty_path(out, "out")
         job = index_job(sources, out, **settings)
+        given = given_index_settings(settings)  # the others keep the live version's (first run: the defaults)
         if "" in job.sources:
             not_empty_path("", "sources")
         if vectors_column is not None:
@@ -83,12 +86,13 @@ def index(sources: Sources, out: str | os.PathLike[str], *, engine_factory: Call
         from petal.pipeline.jobs.vector_run import run_vector_index
 
         column = vectors_column
-        return _run(lambda: run_vector_index(job, column, report, stop=stop), report, job.json_report,
+        return _run(lambda: run_vector_index(job, column, report, stop=stop, given=given), report, job.json_report,
                     (job.out, job.json_report))
     from petal.pipeline.jobs.index_run import run_index
 
-    return _run(lambda: run_index(job, report, engine_factory, stop=stop) if engine_factory is not None
-                else run_index(job, report, stop=stop), report, job.json_report, (job.out, job.json_report))
+    hooks = {"engine_factory": engine_factory} if engine_factory is not None else {}
+    return _run(lambda: run_index(job, report, stop=stop, given=given, **hooks), report, job.json_report,
+                (job.out, job.json_report))
 
 
 def rebuild(out: str | os.PathLike[str], *, json_report: str | os.PathLike[str] | None = None,
@@ -114,7 +118,7 @@ def rebuild(out: str | os.PathLike[str], *, json_report: str | os.PathLike[str] 
         not_empty_path(out, "out")
         out = out_path(out)
         chosen = index_settings(**settings)
-        given = frozenset(ALIASES.get(key, key) for key in settings)
+        given = given_index_settings(settings)
     except UsageError as exc:
         keyword_named(exc)
         _fail(report, exc, 2, f"usage error: {exc}", target)

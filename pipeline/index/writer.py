@@ -128,9 +128,11 @@ class BuildResult:
                 f"setting, below --target-recall {tuning.target_recall_at_10:g}; for more recall {remedy}, or a lower "
                 "--target-recall")
 
-    def report(self) -> dict[str, Any]:
-        """What ``petal index``/``rebuild`` report about the index (the run report's ``index``)."""
-        return {"factory": self.factory, "metric": self.metric, "num_vectors": self.num_vectors,
+    def report(self, settings: IndexSettings) -> dict[str, Any]:
+        """What ``petal index``/``rebuild`` report about the index (the run report's ``index``): with the ``settings``
+        it was built with (those given, the live version's kept for the others), as its manifest records them."""
+        return {"factory": self.factory, "requested_factory": settings.factory, "settings": settings.as_dict(),
+                "metric": self.metric, "num_vectors": self.num_vectors,
                 "superseded": self.superseded, "search_params": self.search_params,
                 "tuning": self.tuning.as_dict() if self.tuning is not None else {}, "storage": self.storage,
                 "device": asdict(self.device) if self.device is not None else {}, "timings_s": dict(self.timings_s)}

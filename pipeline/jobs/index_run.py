@@ -17,6 +17,7 @@ import shutil
 import sys
 import time
 from collections.abc import Callable, Generator, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, cast
 
@@ -27,10 +28,10 @@ from petal import __version__
 from petal.engine.config import DeviceName, EngineConfig
 from petal.engine.loader import ModelSpec
 from petal.engine.models.families import same_architecture
-from petal.pipeline.config import IndexJob, ReadConfig, default_token_budget
+from petal.pipeline.config import IndexJob, IndexSettings, ReadConfig, default_token_budget
 from petal.pipeline.index.columns_file import add_stored_columns
 from petal.pipeline.index.files import IDS_FILE
-from petal.pipeline.index.plan import check_index_factory, index_kind
+from petal.pipeline.index.plan import index_kind
 from petal.pipeline.index.writer import BuildResult, build_version_index
 from petal.pipeline.ingest.documents import read_ranges
 from petal.pipeline.ingest.duplicates import check_cross_shard_duplicates
@@ -68,6 +69,7 @@ from petal.pipeline.jobs.removals import (
 )
 from petal.pipeline.jobs.report import RunReport
 from petal.pipeline.jobs.report_file import check_report_file, check_report_not_input, check_report_path
+from petal.pipeline.jobs.settings import check_kept_factory, kept_settings
 from petal.pipeline.jobs.weights_hash import FileStat, WeightsHash, with_weights_sha256
 from petal.pipeline.layout import OutputDir, check_not_inside_output
 from petal.pipeline.manifest import (
@@ -173,8 +175,13 @@ def embedding_settings(spec: ModelSpec, config: EngineConfig, job: IndexJob,
 
 
 def run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory | None = None,
-              stop: StopSignals | None = None) -> RunReport:
+              stop: StopSignals | None = None, given: frozenset[str] | None = None) -> RunReport:
     """Index ``job.sources`` into ``job.out``. Raises ``PetalError`` subclasses for the user's mistakes.
+
+    ``given``: the ``job.index`` fields the caller chose (``None``: all of them); every other one keeps the live
+    version's (``kept_settings``, as ``petal rebuild``: a ``--metric l2`` rebuild stays l2 under the next cron run),
+    ``--full`` too while the live manifest is readable (NOTE: it re-embeds, it does not forget the index the user
+    chose; an unreadable one gives the defaults, as a first run).
 
     ``stop``: the caller's active ``StopSignals`` (the CLI catches signals from its first line);
     without one, SIGINT/SIGTERM are caught for the length of the run. ``engine_factory``: the ``Engine``
@@ -185,13 +192,13 @@ def run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory | 
     reads = ReadStats()
     try:
         with contextlib.nullcontext(stop) if stop is not None else StopSignals() as active:
-            return _run_index(job, report, engine_factory, active, reads)
+            return _run_index(job, report, engine_factory, active, reads, given)
     finally:
         report.retries["read"] = reads.retries
 
 
 def _run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory, stop: StopSignals,
-               reads: ReadStats) -> RunReport:
+               reads: ReadStats, given: frozenset[str] | None) -> RunReport:
     started = time.perf_counter()
     report.out = str(job.out)  # NOTE: before any check: the report is never written over a file of OUT
     stop.check()  # a signal that arrived while petal started (its imports) stops the run before any check
@@ -220,18 +227,22 @@ def _run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory, 
     weights = start_weights_hash(spec)  # [0a] sha256 of the weights in the background (joined before it is used)
     try:
         return _checked_run(job, report, engine_factory, stop, reads, started, live, shards, need, delete_ids,
-                            spec, weights)
+                            spec, weights, given)
     finally:
         weights.cancel()  # NOTE: a run that ended early stops reading the weights; a finished hash is kept
 
 
 def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory, stop: StopSignals,
                  reads: ReadStats, started: float, live: Manifest | None, shards: list[ShardInfo], need: ColumnsNeed,
-                 delete_ids: DeleteIds | None, spec: ModelSpec, weights: WeightsHash) -> RunReport:
+                 delete_ids: DeleteIds | None, spec: ModelSpec, weights: WeightsHash,
+                 given: frozenset[str] | None) -> RunReport:
     transform = OutputTransform.for_model(spec, job.output)  # --dim, --quantize, --output-dtype
-    # the index factory against the output format, the dimension and (at most) the rows read + the kept shards'
-    check_index_factory(job.index, index_kind(transform.quantize, transform.output_dtype), transform.dim,
-                        report.rows["total"] + kept_vectors(kept_records(live, shards, job.sync or job.full)))
+    # the index settings kept from the live version; the factory against the output format, the dimension and (at
+    # most) the rows read + the kept shards'
+    index_settings = IndexSettingsCheck(job.index, given, index_kind(transform.quantize, transform.output_dtype),
+                                        transform.dim, report.rows["total"] + kept_vectors(
+                                            kept_records(live, shards, job.sync or job.full)))
+    job = index_settings.of(job, live)
     with flag_errors():  # --device, --dtype, --attention, --token-budget against this host and model (imports torch)
         config = engine_config(job, spec)
     out = OutputDir(job.out)
@@ -249,6 +260,7 @@ def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory
         out.clean_orphans()
         settle_tombstones(out, _say)  # what a run killed around its publish left: its deletion holds iff it published
         previous = None if job.full else live_or_refuse(out)  # --full: even an unreadable live version
+        job = index_settings.of(job, live_manifest(out) if job.full else previous)  # another writer may have published
         # the weights' sha256: recorded beside the same stat (verified later), or hashed by now (the drift check
         # needs it before the model loads); None: nothing to compare or look up, it is needed once the model is loaded
         used_sha = known_weights_sha256(weights, previous)
@@ -396,7 +408,7 @@ def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory
         committed_tombstones = commit_tombstones(out, deletion)
         report.timings_s["index"] = round(time.perf_counter() - index_started, 3)
         report.version = version
-        report.index = {**result.report(), "deleted": sum(tombstoned(e) for e in committed)}
+        report.index = {**result.report(job.index), "deleted": sum(tombstoned(e) for e in committed)}
         say_recall(result)
         report.index["timings_s"]["publish"] = round(published_s, 3)  # fsync, rename, pointer swap
         report.rejects_file = str(out.version_dir(version) / "rejects.parquet")
@@ -978,6 +990,24 @@ def commit_tombstones(out: OutputDir, deletion: Deletion | None) -> bool:
              "published and holds, the next run commits them")
         return False
     return True
+
+
+class IndexSettingsCheck:
+    """The index settings of a run: those asked for (``asked``; ``given``: the fields the caller chose, ``None``:
+    all), the live version's elsewhere (``kept_settings``), checked against the output ``kind``, ``dim`` and (an
+    upper bound of) ``num_vectors``: a factory given that cannot be built is 2, one kept from the live version 78."""
+
+    def __init__(self, asked: IndexSettings, given: frozenset[str] | None, kind: str, dim: int | None,
+                 num_vectors: int) -> None:
+        self.asked, self.given, self.kind, self.dim, self.num_vectors = asked, given, kind, dim, num_vectors
+
+    def of(self, job: IndexJob, live: Manifest | None) -> IndexJob:
+        """``job`` with the settings kept over ``live`` (``None``: a first run or an unreadable live version: the
+        ones asked for, defaults included), checked before any work."""
+        settings = kept_settings(live, self.asked, self.given)
+        manifest = OutputDir(job.out).version_dir(live.version) / MANIFEST_FILE if live is not None else job.out
+        check_kept_factory(settings, self.kind, self.dim, self.num_vectors, self.given, manifest)
+        return replace(job, index=settings)
 
 
 def live_or_refuse(out: OutputDir) -> Manifest | None:

@@ -13,22 +13,21 @@ import re
 import shutil
 import sys
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 
 from petal.pipeline.config import IndexSettings
 from petal.pipeline.index.columns_file import add_stored_columns, missing_side_files, restore_stored_columns
 from petal.pipeline.index.files import IDS_FILE
-from petal.pipeline.index.plan import check_index_factory, index_kind
+from petal.pipeline.index.plan import index_kind
 from petal.pipeline.index.writer import BuildResult, build_version_index
 from petal.pipeline.jobs.report import RunReport
 from petal.pipeline.jobs.report_file import check_report_file, check_report_path
+from petal.pipeline.jobs.settings import check_kept_factory, kept_settings
 from petal.pipeline.layout import OutputDir, denied, is_denied, not_an_index
 from petal.pipeline.manifest import MANIFEST_FILE, Manifest
 from petal.pipeline.reliability.errors import (
     BadInputError,
     ConfigError,
-    FlagError,
     Interrupted,
     PetalError,
     inside,
@@ -114,14 +113,9 @@ def run_rebuild(out_path: Path, settings: IndexSettings, report: RunReport, wait
         transform = previous.output
         kind = index_kind(transform.quantize, transform.output_dtype) if transform is not None else "float32"
         settings = kept_settings(previous, settings, given)
-        try:
-            check_index_factory(settings, kind, previous.dim, report.rows["reused"])  # exit 2, before any work
-        except FlagError as exc:
-            if given is None or "factory" in given:
-                raise
-            raise ConfigError(f"{quote_path(out.version_dir(previous.version) / MANIFEST_FILE)}: the live version's "
-                              f"index factory {quote_text(settings.factory)}, kept as no --index-factory was given, "
-                              f"cannot be built again: {exc}; give --index-factory") from exc
+        # exit 2 for a factory given, 78 for the live version's kept (before any work)
+        check_kept_factory(settings, kind, previous.dim, report.rows["reused"], given,
+                           out.version_dir(previous.version) / MANIFEST_FILE)
         active.check()
         with writing(out.versions_dir):
             staging = out.staging_dir()
@@ -140,7 +134,8 @@ def run_rebuild(out_path: Path, settings: IndexSettings, report: RunReport, wait
                                                                lambda: active.requested)
         except OSError as exc:  # published: what is left is removed by the next run
             _say(f"warning: pruning old versions of {quote_path(out.root)} failed ({exc.strerror or exc})")
-    report.index = {**result.report(), "deleted": sum(len(deleted_rows(e)) for e in entries)}  # as petal index's
+    # as petal index's
+    report.index = {**result.report(settings), "deleted": sum(len(deleted_rows(e)) for e in entries)}
     warning = result.recall_warning()
     if warning is not None:
         _say(warning)
@@ -152,14 +147,6 @@ def run_rebuild(out_path: Path, settings: IndexSettings, report: RunReport, wait
     report.finish("success", 0, f"{result.num_vectors} vectors in {result.factory} ({result.storage}), "
                                 f"version {version}")
     return report
-
-
-def kept_settings(previous: Manifest, settings: IndexSettings, given: frozenset[str] | None) -> IndexSettings:
-    """``settings`` where the caller chose them (``given``; ``None``: all), the live version's elsewhere: its factory
-    as asked for (``auto`` stays ``auto``: the size decides), metric, memory budget, target recall, seed..."""
-    if given is None:
-        return settings
-    return replace(previous.index.settings, **{name: getattr(settings, name) for name in given})
 
 
 def tally_store_rows(entries: list[StoreEntry], report: RunReport) -> None:

@@ -12,11 +12,11 @@ import math
 import operator
 import os
 import sys
-from collections.abc import Callable, ItemsView, Iterable, KeysView
+from collections.abc import Callable, ItemsView, Iterable, KeysView, Mapping
 from collections.abc import Set as AbstractSet
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from petal.engine.config import ATTENTION_BACKENDS, DTYPE_NAMES, ModelOptions
 from petal.engine.errors import ModelError
@@ -30,8 +30,19 @@ from petal.pipeline.config import (
     parse_keep_columns,
     parse_size,
 )
-from petal.pipeline.reliability.errors import ArgumentTypeError, ConfigError, PetalError, UsageError, quote_text
+from petal.pipeline.reliability.errors import (
+    ArgumentTypeError,
+    ConfigError,
+    FlagError,
+    PetalError,
+    UsageError,
+    quote_path,
+    quote_text,
+)
 from petal.pipeline.store.outputs import OutputConfig
+
+if TYPE_CHECKING:
+    from petal.pipeline.manifest import Manifest
 
 T = TypeVar("T")
 
@@ -319,6 +330,41 @@ def index_settings(caller: str = "petal.rebuild()", **settings: Any) -> IndexSet
             raise TypeError(f"{caller} got an unexpected keyword argument {key!r}")
         values[name] = _convert(name, value)
     return build(IndexSettings, **typed(IndexSettings, values, caller))
+
+
+def given_index_settings(settings: Mapping[str, Any]) -> frozenset[str] | None:
+    """The ``IndexSettings`` fields among keyword ``settings`` (``index_factory``, ``metric``, ...: the CLI passes only
+    the flags given); ``None`` (all of them) when the whole section is given (``index=IndexSettings(...)``)."""
+    if "index" in settings:
+        return None
+    known = _field_names(IndexSettings)
+    return frozenset(name for name in (ALIASES.get(key, key) for key in settings) if name in known)
+
+
+def kept_settings(previous: Manifest | None, settings: IndexSettings, given: frozenset[str] | None) -> IndexSettings:
+    """``settings`` where the caller chose them (``given``; ``None``: all), the live version's (``previous``; ``None``:
+    a first run, ``settings`` as they are) elsewhere: its factory as asked for (``auto`` stays ``auto``: the size
+    decides), metric, memory budget, target recall, seed... (``petal index`` and ``petal rebuild`` alike)."""
+    if given is None or previous is None:
+        return settings
+    return replace(previous.index.settings, **{name: getattr(settings, name) for name in given})
+
+
+def check_kept_factory(settings: IndexSettings, kind: str, dim: int | None, num_vectors: int | None,
+                       given: frozenset[str] | None, manifest: Path) -> None:
+    """``check_index_factory`` of ``settings`` (``kept_settings``): an ``--index-factory`` given is a usage error (2)
+    as ever; one kept from the live version (``manifest``: its file) that cannot be built now is a ``ConfigError``
+    (78) naming it and the way out, never a usage error of a flag the user did not give."""
+    from petal.pipeline.index.plan import check_index_factory
+
+    try:
+        check_index_factory(settings, kind, dim, num_vectors)
+    except FlagError as exc:
+        if given is None or "factory" in given:
+            raise
+        raise ConfigError(f"{quote_path(manifest)}: the live version's index factory {quote_text(settings.factory)}, "
+                          f"kept as no --index-factory was given, cannot be built again: {exc}; give "
+                          "--index-factory") from exc
 
 
 def not_empty_path(path: Any, name: str) -> None:

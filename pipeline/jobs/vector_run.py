@@ -18,7 +18,6 @@ import pyarrow.parquet as pq
 from petal.pipeline.config import IndexJob
 from petal.pipeline.index.columns_file import add_stored_columns
 from petal.pipeline.index.files import IDS_FILE
-from petal.pipeline.index.plan import check_index_factory
 from petal.pipeline.index.writer import build_version_index
 from petal.pipeline.ingest.duplicates import check_cross_shard_duplicates
 from petal.pipeline.ingest.parquet import ReadStats, ShardInfo, check_id_kinds, resolve_sources
@@ -47,8 +46,10 @@ def vector_settings(column: str, dim: int, job: IndexJob) -> PrecomputedSettings
     return PrecomputedSettings(vectors_column=column, dim=dim, id_column=job.read.id_column)
 
 
-def run_vector_index(job: IndexJob, column: str, report: RunReport, stop: StopSignals | None = None) -> RunReport:
-    """Index the vectors of ``column`` in ``job.sources`` into ``job.out`` (no model)."""
+def run_vector_index(job: IndexJob, column: str, report: RunReport, stop: StopSignals | None = None,
+                     given: frozenset[str] | None = None) -> RunReport:
+    """Index the vectors of ``column`` in ``job.sources`` into ``job.out`` (no model). ``given``: the ``job.index``
+    fields the caller chose (``None``: all); the others keep the live version's, as a text run's (``run_index``)."""
     stop = stop or StopSignals()
     started = time.perf_counter()
     report.out = str(job.out)  # NOTE: as a text run: the report is never written over a file of OUT
@@ -69,13 +70,13 @@ def run_vector_index(job: IndexJob, column: str, report: RunReport, stop: StopSi
     check_report_not_input(job.json_report, [*local, *run.live_inputs(live), job.delete])  # 2: never over an input
     reads = ReadStats()  # OS read errors of footers and rows, retried as a text run's
     try:
-        return _run(job, column, report, stop, started, live, local, reads)
+        return _run(job, column, report, stop, started, live, local, reads, given)
     finally:
         report.retries["read"] = reads.retries
 
 
 def _run(job: IndexJob, column: str, report: RunReport, stop: StopSignals, started: float, live: Any,
-         local: list[Path], reads: ReadStats) -> RunReport:
+         local: list[Path], reads: ReadStats, given: frozenset[str] | None) -> RunReport:
     # NOTE: SOURCES without a vector (none left, or only empty shards) under --sync keep the live version's width
     mirrored_dim = live.dim if job.sync and live is not None else None
     shards, dim = preflight_vectors(local, job.read, column, reads, dim_if_none=mirrored_dim, check=stop.check)
@@ -94,7 +95,9 @@ def _run(job: IndexJob, column: str, report: RunReport, stop: StopSignals, start
     need = ColumnsNeed(text, job.keep_columns)
     delete_ids = read_delete_ids(job.delete, job.read.id_column, job.read, reads) if job.delete is not None else None
     kept_before = kept_records(live, shards, job.sync)
-    check_index_factory(job.index, "float32", dim, report.rows["total"] + kept_vectors(kept_before))
+    index_settings = run.IndexSettingsCheck(job.index, given, "float32", dim,
+                                            report.rows["total"] + kept_vectors(kept_before))
+    job = index_settings.of(job, live)  # the live version's where not given, the factory checked
     settings = vector_settings(column, dim, job)
     report.model = {"source": "precomputed", "vectors_column": column, "dim": dim}
     out = OutputDir(job.out)
@@ -106,6 +109,7 @@ def _run(job: IndexJob, column: str, report: RunReport, stop: StopSignals, start
         out.clean_orphans()
         settle_tombstones(out, run._say)  # what a run killed around its publish left: its deletion holds iff published
         previous = None if job.full else out.current_manifest()
+        job = index_settings.of(job, live_manifest(out) if job.full else previous)  # another writer may have published
         if previous is not None:
             run.check_drift(previous, settings, out.root)
         store = EmbeddingStore(out.store_dir)
@@ -194,7 +198,7 @@ def _run(job: IndexJob, column: str, report: RunReport, stop: StopSignals, start
         fault("after_publish")
         committed_tombstones = run.commit_tombstones(out, deletion)
         report.version = version
-        report.index = {**result.report(), "deleted": sum(run.tombstoned(e) for e in committed)}
+        report.index = {**result.report(job.index), "deleted": sum(run.tombstoned(e) for e in committed)}
         run.say_recall(result)
         report.rejects_file = str(out.version_dir(version) / "rejects.parquet")
         if committed_tombstones:  # NOTE: else clean-up would prune the staged tombstones the live version holds to
