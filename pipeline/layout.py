@@ -629,7 +629,19 @@ def _not_a_version(version_dir: Path) -> str:
 
 def not_an_index(path: Path) -> ConfigError:
     """78 for a path that holds no petal index (missing, a plain file, a directory without ``CURRENT``): one wording
-    for every command that reads one (``query``, ``info``, ``verify``, ``rebuild``)."""
+    for every command that reads one (``query``, ``info``, ``verify``, ``rebuild``, ``serve``). An output directory
+    a first ``petal index`` run has begun (its lock file, store or versions) but not yet published into is said so:
+    'not a petal index; build one' misled while that run was still embedding."""
+    path = Path(path)
+    try:
+        begun = not (path / "CURRENT").exists() and any(
+            (path / name).exists() for name in (".lock", "store", "versions"))
+    except OSError:
+        begun = False
+    if begun:
+        return ConfigError(f"{quote_path(path)} holds no published version yet: a petal index run into it has not "
+                           "published one (it may still be running, or it stopped before publishing); wait for it "
+                           "to finish, or run petal index again")
     return ConfigError(f"{quote_path(path)} is not a petal index (no CURRENT or manifest.json); build one with "
                        "petal index")
 
