@@ -102,6 +102,7 @@ class OutputDir:
         self.last_version_file = self.root / LAST_VERSION_FILE
         self.lock_file = self.root / ".lock"
         self.rejects_file = self.root / "rejects.parquet"
+        self._copies_said: set[str] = set()  # NOTE: clean-up and pruning each meet them: said once a run
 
     def prepare(self) -> None:
         """Create the directory tree; ``OutputError`` (exit 73) when that is impossible."""
@@ -273,16 +274,44 @@ class OutputDir:
         if not version_dir.is_dir():
             raise ConfigError(f"{quote_path(self.current_file)} names {version}, {_not_a_version(version_dir)}; "
                               f"{self.recovery_hint(version)}")
-        return read_manifest(version_dir / MANIFEST_FILE, self.root)
+        manifest = read_manifest(version_dir / MANIFEST_FILE, self.root)
+        self.check_live_name(version, manifest)
+        return manifest
+
+    def check_live_name(self, version: str, manifest: Manifest) -> None:
+        """``MislabeledVersion`` (65) naming ``CURRENT`` and the way back when the live version's ``manifest`` records
+        another version id (``check_version_name``): never built on, rebuilt or queried as the version it records."""
+        try:
+            check_version_name(self.versions_dir / version, manifest)
+        except MislabeledVersion as exc:
+            # NOTE: petal index and rebuild took it for the version it records (rebuilt_from, its shards), and their
+            # pruning kept it as a rollback version while it deleted the real one
+            why = f"{quote_path(self.current_file)} names {version}, but {exc}; {self.recovery_hint(version)}"
+            raise MislabeledVersion(exc.version_dir, exc.recorded, why) from None
 
     def live_is_valid(self) -> bool:
-        """True when ``CURRENT`` names an existing version directory with a manifest (checked before
-        anything is deleted on the pointer's word)."""
+        """True when ``CURRENT`` names an existing version directory with a manifest that does not record another
+        version id (``mislabeled``; checked before anything is deleted on the pointer's word)."""
         try:
             version = self.current_version()
-            return version is not None and (self.version_dir(version) / "manifest.json").is_file()
+            return version is not None and (self.version_dir(version) / "manifest.json").is_file() \
+                and self.mislabeled(version) is None
         except (ConfigError, OSError):
             return False
+
+    def mislabeled(self, version: str) -> MislabeledVersion | None:
+        """Why ``versions/<version>`` holds another version (its manifest records another id: copied or renamed by
+        hand, ``check_version_name``), else ``None``, also when its manifest cannot be read (what the other checks
+        judge). Such a directory is no version of this OUT's: never counted as a rollback version, never deleted as
+        a superseded or leftover one (it may hold the only copy of the version it records)."""
+        try:
+            version_dir = self.version_dir(version)
+            check_version_name(version_dir, read_manifest(version_dir / MANIFEST_FILE, self.root))
+        except MislabeledVersion as exc:
+            return exc
+        except (PetalError, OSError, ValueError, KeyError, TypeError, AttributeError):
+            return None
+        return None
 
     def versions(self) -> list[str]:
         if not self.versions_dir.is_dir():
@@ -367,9 +396,11 @@ class OutputDir:
             newer = [v for v in self.versions() if live is not None and v > live]
             if newer:  # NOTE: their numbers stay taken once they are gone (a mark missing or behind: raised first)
                 self._cover(newer[-1])
+            # NOTE: a copy made by hand is no leftover of a run: a 'mv versions/V1 versions/V9' holds V1's only copy
+            copies = self._copies(newer)
             in_use: list[str] = []
             for path in self.versions_dir.iterdir():
-                never_live = live is not None and VERSION_RE.match(path.name) and path.name > live
+                never_live = live is not None and path.name in newer and path.name not in copies
                 if path.name.startswith((".staging-", ".deleting-")):
                     shutil.rmtree(path, ignore_errors=True)
                     removed.append(path)
@@ -391,6 +422,21 @@ class OutputDir:
             tmp.unlink(missing_ok=True)
             removed.append(tmp)
         return removed
+
+    def _copies(self, versions: list[str]) -> set[str]:
+        """Those of ``versions`` that hold another version (``mislabeled``), each said on stderr: kept on disk, never
+        counted as a rollback version nor removed (the user renames or removes them)."""
+        copies = set()
+        for version in versions:
+            why = self.mislabeled(version)
+            if why is None:
+                continue
+            if version not in self._copies_said:
+                _note(f"{why}; kept it: not counted as a rollback version and not removed (remove it, or rename it "
+                      "under a name that is no version id, by hand)")
+                self._copies_said.add(version)
+            copies.add(version)
+        return copies
 
     def publish(self, staging: Path, version: str) -> Path:
         """Make a fully written staging directory the live version (atomic for readers).
@@ -430,6 +476,8 @@ class OutputDir:
         """
         live = self.current_version() if self.live_is_valid() else None
         older = [v for v in self.versions() if live is not None and v < live]
+        copies = self._copies(older)  # NOTE: counted, they took the place of the real versions they copy
+        older = [v for v in older if v not in copies]
         doomed = older[: max(0, len(older) - (keep - 1))] if keep >= 1 else []
         removed: list[str] = []
         kept: list[str] = []
@@ -675,12 +723,9 @@ def resolve_index_dir(path: Path) -> tuple[Path, Manifest]:
             raise ConfigError(f"{quote_path(out.current_file)} names {version}, a damaged version: {exc}; "
                               f"{out.recovery_hint(version)}") from exc
         manifest = Manifest.from_dict(data, quote_path(manifest_file))
-        if manifest.version != version:
-            # NOTE: the version its manifest records was served, queried and verified under CURRENT's name (a
-            # version directory copied or renamed: v3 holding v2's index)
-            why = _mislabeled(version_dir, manifest.version)
-            raise MislabeledVersion(version_dir, manifest.version, f"{quote_path(out.current_file)} names {version}, "
-                                                                   f"but {why}; {out.recovery_hint(version)}")
+        # NOTE: the version its manifest records was served, queried and verified under CURRENT's name (a version
+        # directory copied or renamed: v3 holding v2's index)
+        out.check_live_name(version, manifest)
         return version_dir, manifest
     manifest = read_manifest(version_dir / MANIFEST_FILE, root)
     check_version_name(version_dir, manifest)
