@@ -283,20 +283,29 @@ def run_serve_bench(index: Path | None = None, model: Path | None = None, corpus
             "seconds_limit": seconds, "k": k, "server_exit_code": exit_code, "results": rows}
 
 
+SERVE_COLUMNS = (15, 6, 5, 9, 9, 9, 9, 11, 8, 8, 8, 8, 8, 7)  # widths; a space before each column but the first
+
+
+def _cells(values: list[Any], widths: tuple[int, ...] = SERVE_COLUMNS) -> str:
+    """One table line: the first value left-aligned, the others right-aligned, one space at least between any two
+    (a value wider than its column ran into the next one: '12.8010,012.72')."""
+    first, *rest = values
+    return f"{first!s:<{widths[0]}}" + "".join(f" {v!s:>{w}}" for v, w in zip(rest, widths[1:]))
+
+
 def format_serve_table(result: dict[str, Any]) -> str:
     lines = [f"petal serve: {result.get('model_id') or Path(result['model']).name} on {result['cuda'] or 'cpu'}, "
              f"index {result['index'] or '(none)'}; bounds {result['max_requests']} requests / "
              f"{result['seconds_limit']} s per row; {result['client_processes']} client process(es)",
-             f"{'endpoint':<16}{'tokens':>7}{'conc':>6}{'requests':>10}{'p50 ms':>10}{'p99 ms':>10}{'req/s':>10}"
-             f"{'texts/step':>12}{'step ms':>9}{'app p50':>9}{'loop µs':>9}{'srv µs':>9}{'cli µs':>9}{'errors':>8}"]
+             _cells(["endpoint", "tokens", "conc", "requests", "p50 ms", "p99 ms", "req/s", "texts/step", "step ms",
+                     "app p50", "loop µs", "srv µs", "cli µs", "errors"])]
     for r in result["results"]:
         fmt = lambda x: "-" if x is None else f"{x:,.2f}"
         fmt0 = lambda x: "-" if x is None else f"{x:,.0f}"
-        lines.append(f"{r['endpoint']:<16}{r['tokens']:>7}{r['concurrency']:>6}{r['requests']:>10}"
-                     f"{fmt(r['p50_ms']):>10}{fmt(r['p99_ms']):>10}{fmt(r['requests_per_s']):>10}"
-                     f"{fmt(r['texts_per_step']):>12}{fmt(r.get('step_ms')):>9}{fmt(r.get('server_p50_ms')):>9}"
-                     f"{fmt0(r.get('loop_cpu_us')):>9}"
-                     f"{fmt0(r.get('server_cpu_us')):>9}{fmt0(r.get('client_cpu_us')):>9}{sum(r['errors'].values()):>8}")
+        lines.append(_cells([r["endpoint"], r["tokens"], r["concurrency"], r["requests"], fmt(r["p50_ms"]),
+                             fmt(r["p99_ms"]), fmt(r["requests_per_s"]), fmt(r["texts_per_step"]),
+                             fmt(r.get("step_ms")), fmt(r.get("server_p50_ms")), fmt0(r.get("loop_cpu_us")),
+                             fmt0(r.get("server_cpu_us")), fmt0(r.get("client_cpu_us")), sum(r["errors"].values())]))
     lines.append("step ms: mean engine step (server); app p50: the server's own time (Server-Timing); loop/srv/cli "
                  "µs: CPU per request of the server's event-loop thread, the whole server, the load generator")
     for r in result["results"]:
