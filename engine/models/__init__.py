@@ -45,11 +45,37 @@ def family_for(hf_config: dict[str, Any]) -> Family:
     names = [*architectures, model_type]
     for name in names:
         if name in MODEL_REGISTRY:
+            _refuse_custom_code(hf_config, architectures, model_type)
             return MODEL_REGISTRY[name]
     found = ", ".join(repr(n) for n in names if n) or "nothing"
     raise ValueError(
         f"unsupported model architecture ({found} in config.json); supported: {', '.join(supported_architectures())}"
     )
+
+
+def _refuse_custom_code(hf_config: dict[str, Any], architectures: list[str], model_type: str) -> None:
+    """A config.json whose ``auto_map`` names its own model code (``trust_remote_code``, which petal never runs) for
+    a class petal does not know is refused (``ValueError``): its ``model_type`` (jina-embeddings-v2 says ``bert``)
+    and even its ``architectures`` name what the code extends, not the computation it does (ALiBi in place of
+    position embeddings), so building the registered family would embed with other math, silently. The class
+    ``AutoModel`` names (else, with no such key, one of ``architectures``) must be one petal reproduces
+    (pplx-embed's ``PPLXQwen3Model``)."""
+    auto_map = hf_config.get("auto_map")
+    code = {str(key): value for key, value in auto_map.items() if str(key).startswith("AutoModel")} \
+        if isinstance(auto_map, dict) else {}
+    if not code:
+        return
+    if "AutoModel" in code:
+        model_class = code["AutoModel"]
+        if isinstance(model_class, str) and model_class.rsplit(".", 1)[-1] in MODEL_REGISTRY:
+            return
+    elif any(name in MODEL_REGISTRY for name in architectures):
+        return
+    shown = ", ".join(f"{key}: {value!r}" for key, value in list(code.items())[:3])
+    raise ValueError(
+        f"auto_map names custom model code ({shown}; architectures {architectures!r}, model_type {model_type!r}), "
+        "which petal does not run (no trust_remote_code) and cannot reproduce: the names say what the code extends, "
+        f"not what it computes. Supported architectures: {', '.join(supported_architectures())}")
 
 
 def model_class_for(hf_config: dict[str, Any]) -> type[EncoderModel]:
