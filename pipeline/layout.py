@@ -107,11 +107,7 @@ class OutputDir:
     def prepare(self) -> None:
         """Create the directory tree; ``OutputError`` (exit 73) when that is impossible."""
         try:
-            for sub in (self.versions_dir, self.store_dir):
-                # NOTE: inside the try: a stat refused (an OUT that cannot be entered) is 73 too, not an I/O error
-                if sub.is_symlink() or (sub.exists() and not sub.is_dir()):
-                    raise OutputError(f"{quote_path(sub)} is a symlink or not a directory; petal keeps its files "
-                                      f"inside {quote_path(self.root)}: remove it")
+            self._check_tops()  # NOTE: inside the try: a stat refused (an OUT that cannot be entered) is 73 too
             self.versions_dir.mkdir(parents=True, exist_ok=True)
             self.store_dir.mkdir(parents=True, exist_ok=True)
             probe = self.root / f".write-probe-{os.getpid()}"
@@ -124,6 +120,24 @@ class OutputDir:
         # naming it, before the lock; else the first file written under it (a store entry, a tombstone) was named
         for sub in (self.versions_dir, self.store_dir, self.store_dir / "shards"):
             _check_usable(sub)
+        self._check_key_trees()
+
+    def check_tree(self) -> None:
+        """What ``prepare`` checks of the tree, for a writer that creates nothing (``petal rebuild``): ``versions/``,
+        ``store/`` and each shard key's directory of the store's trees are real directories of OUT. A symbolic link
+        or a file in their place is 73 naming it, before the lock: the run would read the embeddings it publishes
+        (or delete) through the link, wherever it leads. A directory petal may not read is left to the reads that
+        name it (66)."""
+        self._check_tops()
+        self._check_key_trees()
+
+    def _check_tops(self) -> None:
+        for sub in (self.versions_dir, self.store_dir):
+            if sub.is_symlink() or (sub.exists() and not sub.is_dir()):
+                raise OutputError(f"{quote_path(sub)} is a symlink or not a directory; petal keeps its files "
+                                  f"inside {quote_path(self.root)}: remove it")
+
+    def _check_key_trees(self) -> None:
         for tree in KEY_TREES:
             _check_key_tree(self.store_dir / tree, self.root)
 
@@ -423,6 +437,30 @@ class OutputDir:
             removed.append(tmp)
         return removed
 
+    def _first_kept(self, older: list[str], rollbacks: int) -> int:
+        """Where the ``rollbacks`` newest of ``older`` (sorted) that a rollback could go to begin: a version whose
+        manifest cannot be read is none, so it is not counted (it took the place of a good one, which was deleted
+        in its stead); such a version newer than that is kept, one older goes with the rest."""
+        if rollbacks <= 0:
+            return len(older)
+        counted = 0
+        for i in range(len(older) - 1, -1, -1):
+            if self._readable(older[i]):
+                counted += 1
+                if counted == rollbacks:
+                    return i
+        return 0
+
+    def _readable(self, version: str) -> bool:
+        try:
+            read_manifest(self.version_dir(version) / MANIFEST_FILE, self.root)
+        except (PetalError, OSError, ValueError, KeyError, TypeError, AttributeError):
+            if version not in self._copies_said:
+                _note(f"version {version}'s manifest cannot be read: not counted as a rollback version")
+                self._copies_said.add(version)
+            return False
+        return True
+
     def _copies(self, versions: list[str]) -> set[str]:
         """Those of ``versions`` that hold another version (``mislabeled``), each said on stderr: kept on disk, never
         counted as a rollback version nor removed (the user renames or removes them)."""
@@ -478,7 +516,7 @@ class OutputDir:
         older = [v for v in self.versions() if live is not None and v < live]
         copies = self._copies(older)  # NOTE: counted, they took the place of the real versions they copy
         older = [v for v in older if v not in copies]
-        doomed = older[: max(0, len(older) - (keep - 1))] if keep >= 1 else []
+        doomed = older[: self._first_kept(older, keep - 1)] if keep >= 1 else []
         removed: list[str] = []
         kept: list[str] = []
         for version in doomed:
