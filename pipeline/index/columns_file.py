@@ -22,7 +22,14 @@ from petal.pipeline.index.row_groups import RowGroups
 from petal.pipeline.index.source import StoreVectors
 from petal.pipeline.layout import is_denied
 from petal.pipeline.reliability.errors import BadInputError
-from petal.pipeline.store.columns import ColumnsNeed, columns_path, entry_columns, version_schema
+from petal.pipeline.store.columns import (
+    ColumnsNeed,
+    bounded_batches,
+    columns_path,
+    entry_columns,
+    stored_writer,
+    version_schema,
+)
 from petal.pipeline.store.embeddings import StoreEntry
 
 ID_COLUMNS = ["faiss_id", "id", "shard", "row"]
@@ -116,7 +123,7 @@ def add_stored_columns(entries: list[StoreEntry], dim: int, need: ColumnsNeed, s
     merged = pa.schema([*ids.schema, *schema])
     tmp = staging / f".{IDS_FILE}.tmp"
     offset = 0
-    with pq.ParquetWriter(tmp, merged, write_page_checksum=True) as writer:
+    with stored_writer(tmp, merged) as writer:
         for part in _stored_parts(entries, dim, need, schema):
             head = ids.slice(offset, part.num_rows)
             writer.write_table(pa.table([*head.columns, *part.columns], schema=merged), row_group_size=IDS_GROUP_ROWS)
@@ -151,8 +158,8 @@ def restore_stored_columns(previous_ids: Path, staging: Path, names: list[str]) 
         merged = pa.schema([*ids.schema, *schema])
         tmp = staging / f".{IDS_FILE}.tmp"
         offset = 0
-        with pq.ParquetWriter(tmp, merged, write_page_checksum=True) as writer:
-            for batch in source.iter_batches(batch_size=IDS_GROUP_ROWS, columns=names):
+        with stored_writer(tmp, merged) as writer:
+            for batch in bounded_batches(source, names, IDS_GROUP_ROWS):
                 head = ids.slice(offset, batch.num_rows)
                 writer.write_table(pa.table([*head.columns, *batch.columns], schema=merged),
                                    row_group_size=IDS_GROUP_ROWS)

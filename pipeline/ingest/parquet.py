@@ -545,21 +545,32 @@ class RowBatch:
     texts: list  # str, bytes or None
 
 
-def batch_rows(pf: pq.ParquetFile, column: str, read: ReadConfig) -> int:
+def batch_rows(pf: pq.ParquetFile, columns: list[str], read: ReadConfig) -> int:
     """Rows per record batch: ``read.batch_rows``, fewer when the footer says rows are large.
 
-    NOTE: sized from each row group's average text bytes per row; one huge row among small ones
+    ``columns``: every column the batches hold (a row's bytes are the sum of theirs: a ``--keep-columns`` column of
+    large values beside a short text counts).
+
+    NOTE: sized from each row group's average bytes per row; one huge row among small ones
     can still make a batch larger than ``read.max_batch_bytes`` (never larger than its row group).
     """
-    meta = pf.metadata
+    return rows_within(pf.metadata, columns, read.batch_rows, read.max_batch_bytes)
+
+
+def rows_within(meta: pq.FileMetaData, columns: list[str], most_rows: int, max_bytes: int) -> int:
+    """At most ``most_rows``, fewer where the footer's uncompressed bytes per row of ``columns`` (summed, the largest
+    of any row group) would put more than ``max_bytes`` in one record batch; at least 1."""
+    wanted = set(columns)  # a nested column's chunks are named 'name.list.element' and the like
     per_row = 1
     for g in range(meta.num_row_groups):
         group = meta.row_group(g)
-        for c in range(group.num_columns):
-            chunk = group.column(c)
-            if chunk.path_in_schema == column and group.num_rows:
-                per_row = max(per_row, chunk.total_uncompressed_size // group.num_rows)
-    return max(1, min(read.batch_rows, read.max_batch_bytes // per_row))
+        if not group.num_rows:
+            continue
+        size = sum(chunk.total_uncompressed_size for chunk in map(group.column, range(group.num_columns))
+                   if any(chunk.path_in_schema == name or chunk.path_in_schema.startswith(f"{name}.")
+                          for name in wanted))
+        per_row = max(per_row, size // group.num_rows)
+    return max(1, min(most_rows, max_bytes // per_row))
 
 
 def _record_batches(info: ShardInfo, columns: list[str], read: ReadConfig, start_row: int,
@@ -591,7 +602,7 @@ def _record_batches(info: ShardInfo, columns: list[str], read: ReadConfig, start
             if first >= meta.num_row_groups:
                 return
             skip = start_row - starts[first]
-            size = batch_rows(pf, columns[0], read)
+            size = batch_rows(pf, columns, read)
             stop = meta.num_row_groups if stop_row is None else bisect.bisect_left(starts, stop_row)
             for batch in pf.iter_batches(batch_size=size, columns=columns, row_groups=range(first, stop)):
                 if fd is not None:
@@ -782,7 +793,7 @@ def _locate(info: ShardInfo, columns: list[str], read: ReadConfig, row: int) -> 
                 contextlib.nullcontext(info.path) as source, \
                 pq.ParquetFile(source, buffer_size=read.read_buffer_bytes, pre_buffer=False,
                                page_checksum_verification=True) as pf:
-            meta, stop = pf.metadata, row + batch_rows(pf, columns[0], read)
+            meta, stop = pf.metadata, row + batch_rows(pf, columns, read)
             first, end = 0, 0
             for g in range(meta.num_row_groups):
                 first, end = end, end + meta.row_group(g).num_rows

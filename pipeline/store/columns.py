@@ -28,7 +28,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from petal.pipeline.config import ReadConfig
-from petal.pipeline.ingest.parquet import ReadStats, ShardInfo, plain_type, read_retrying, stream_batches
+from petal.pipeline.ingest.parquet import (
+    ReadStats,
+    ShardInfo,
+    plain_type,
+    read_retrying,
+    rows_within,
+    stream_batches,
+)
 from petal.pipeline.ingest.remote import RemotePath
 from petal.pipeline.reliability.durable import fsync_dir
 from petal.pipeline.reliability.errors import BadInputError, ConfigError, quote_path, writing
@@ -38,6 +45,23 @@ from petal.pipeline.store.embeddings import EmbeddingStore, StoreEntry
 from petal.pipeline.store.side_files import side_file
 
 READ_BATCH_ROWS = 8192
+# NOTE: Parquet's writer checks a page's size (1 MB) every write_batch_size values, 1024 by default: 1024 texts of
+# 100 KB made one 100 MB page, which the write held ~6 times over (454 MB of Arrow memory for a 67 MB batch) and every
+# later read (the version's columns, a query's row group of hits) had to decode whole. 16 costs nothing measurable.
+PAGE_CHECK_ROWS = 16
+
+
+def stored_writer(path: Path, schema: pa.Schema) -> pq.ParquetWriter:
+    """A writer of stored text and kept columns (page checksums; pages of ~1 MB, or 16 values where they are larger)."""
+    return pq.ParquetWriter(path, schema, write_page_checksum=True, write_batch_size=PAGE_CHECK_ROWS)
+
+
+def bounded_batches(pf: pq.ParquetFile, names: list[str], most_rows: int = READ_BATCH_ROWS) -> Iterator[pa.RecordBatch]:
+    """``pf``'s ``names`` in record batches of at most ``most_rows`` rows, fewer where its footer says the rows are
+    large: about ``ReadConfig.max_batch_bytes`` of them at a time, as the source reads are (a kept column of 100 KB
+    values read 8192 rows at a time was an 800 MB batch)."""
+    size = rows_within(pf.metadata, names, most_rows, ReadConfig.max_batch_bytes)
+    return pf.iter_batches(batch_size=size, columns=names)
 
 
 def columns_path(entry_dir: Path) -> Path:
@@ -257,7 +281,7 @@ def _write_columns(info: ShardInfo, entry: StoreEntry, need: ColumnsNeed, path: 
     tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
     with writing(path):
         path.parent.mkdir(parents=True, exist_ok=True)
-        writer = pq.ParquetWriter(tmp, schema, write_page_checksum=True)
+        writer = stored_writer(tmp, schema)
     try:
         with contextlib.closing(stream_batches(info, source_columns, read, decode, stats)) as tables:
             for table in tables:  # a read error here names the source
@@ -317,7 +341,7 @@ def entry_columns(entry: StoreEntry, positions: np.ndarray, names: list[str]) ->
     try:
         pf = pq.ParquetFile(path, page_checksum_verification=True)
         start = 0
-        for batch in pf.iter_batches(batch_size=READ_BATCH_ROWS, columns=names):
+        for batch in bounded_batches(pf, names):
             lo, hi = np.searchsorted(positions, [start, start + batch.num_rows])
             if hi > lo:
                 yield pa.Table.from_batches([batch]).take(pa.array(positions[lo:hi] - start))
