@@ -98,6 +98,9 @@ def run_rebuild(out_path: Path, settings: IndexSettings, report: RunReport, wait
             raise ConfigError(f"{quote_path(out_path)} is a version directory; petal rebuild takes the output "
                               "directory that holds it (the one with CURRENT), and publishes a new version there")
         raise not_an_index(out_path)
+    # NOTE: as petal index: store/, versions/ and the store's key trees are real directories of OUT (73 naming a
+    # link); a store linked elsewhere was read (and its embeddings published) from outside OUT
+    out.check_tree()
     report.out = str(out.root)
     active = stop if stop is not None else StopSignals()
     with contextlib.nullcontext(active) if stop is not None else active, \
