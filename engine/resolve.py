@@ -53,7 +53,7 @@ def cached_snapshot(model_id: str, cache_dirs: list[Path]) -> tuple[Path | None,
             continue
         ref = repo / "refs" / "main"
         if ref.is_file():
-            snapshot = snapshots / ref.read_text(encoding="utf-8").strip()
+            snapshot = snapshots / _snapshot_name(ref, snapshots)
             if snapshot.is_dir():
                 return snapshot, looked
         found = sorted(p for p in snapshots.iterdir() if p.is_dir())
@@ -64,3 +64,25 @@ def cached_snapshot(model_id: str, cache_dirs: list[Path]) -> tuple[Path | None,
             raise LookupError(f"{repo} holds several snapshots ({names}) and no refs/main; pass the snapshot "
                               "directory you want as --model")
     return None, looked
+
+
+REF_BYTES = 1024  # a ref holds a commit hash (40 characters): more is no ref, and is never read whole
+
+
+def _snapshot_name(ref: Path, snapshots: Path) -> str:
+    """The snapshot ``ref`` (``refs/main``) names: one directory name of ``snapshots``, read without taking more
+    than ``REF_BYTES`` (non-blocking: a FIFO swapped in after ``is_file`` is never waited on). A name that leaves
+    the cache (``../..``, an absolute path: that directory was loaded), that is not text or that is too long (a
+    1 GB file was read whole) is a ``LookupError`` naming the file (78)."""
+    fd = os.open(ref, os.O_RDONLY | os.O_NONBLOCK)  # NOTE: an OSError goes up naming it (denied 66, EIO 74)
+    with os.fdopen(fd, "rb") as fh:
+        raw = fh.read(REF_BYTES + 1)
+    try:
+        name = raw.decode("utf-8").strip()
+    except UnicodeDecodeError as exc:
+        raise LookupError(f"{ref} is not text ({exc}); huggingface_hub writes a commit hash there") from exc
+    if len(raw) > REF_BYTES or not name or name in (".", "..") or any(c in name for c in "/\\\0"):
+        shown = repr(name[:60]) + ("..." if len(name) > 60 else "")
+        raise LookupError(f"{ref} holds {shown}, which is not the name of a snapshot in {snapshots} (huggingface_hub "
+                          "writes a commit hash there); fix or remove it, or pass the snapshot directory as --model")
+    return name
