@@ -54,10 +54,11 @@ NON_EMPTY = NonEmptyText("text", "must not be empty")
 
 
 def offline() -> None:
-    """No network at run time: set before any Hugging Face import."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    """No network at run time: set before any Hugging Face import, whatever the environment says (a shell's
+    ``HF_HUB_OFFLINE=0`` exported for other tools, an ``HF_ENDPOINT``, were kept: the libraries, and every worker
+    process petal starts, ran online)."""
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
+        os.environ[name] = "1"
 
 
 # NOTE: set by ``main()``, the ``petal`` script, whose process ends with its command: cyclic GC is off while

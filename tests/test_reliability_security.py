@@ -66,6 +66,22 @@ def test_every_command_is_offline_before_any_hugging_face_import(tmp_path):
     assert json.loads(report.read_text())["status"] == "success"
 
 
+def test_offline_even_when_the_environment_says_online(tmp_path):
+    """``HF_HUB_OFFLINE=0`` (and the other two) exported for other tools, and an ``HF_ENDPOINT``, do not turn the
+    network back on: before, the values the user had were kept (``setdefault``) and every library saw ``0``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PETAL_")}
+    env.update(HF_HUB_OFFLINE="0", TRANSFORMERS_OFFLINE="0", HF_DATASETS_OFFLINE="false",
+               HF_ENDPOINT="http://127.0.0.1:9", PYTHONPATH=str(REPO))
+    probe = subprocess.run([sys.executable, "-c", f"HF_MODULES = {HF_MODULES!r}\n{OFFLINE_PROBE}"
+                            "\nprint(json.dumps({k: os.environ[k] for k in ('TRANSFORMERS_OFFLINE', "
+                            "'HF_DATASETS_OFFLINE')}))", json.dumps([["embed", "a query"]])],
+                           capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
+    assert probe.returncode == 0, probe.stderr[-3000:]
+    lines = probe.stdout.strip().splitlines()
+    assert "tokenizers" in json.loads(lines[-2]) and set(json.loads(lines[-2]).values()) == {"1"}, lines[-2]
+    assert json.loads(lines[-1]) == {"TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+
+
 SOURCES = sorted(p for d in ("pipeline", "engine", "cli") for p in (REPO / d).rglob("*.py"))
 
 
