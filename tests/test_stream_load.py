@@ -165,6 +165,13 @@ def damaged(source: Path, tmp_path: Path, how: str) -> Path:
         header[name]["dtype"] = "F8_E9M9"
     elif how == "offsets":
         header[name]["data_offsets"] = [len(data) - 10, len(data) + 4086]
+    elif how == "overlap":  # key.weight read from query.weight's bytes (or half of them): forged, not two weights
+        header[name.replace("query", "key")]["data_offsets"] = list(header[name]["data_offsets"])
+    elif how == "half-overlap":
+        begin, end = header[name]["data_offsets"]
+        other = header[name.replace("query", "key")]["data_offsets"]
+        shift = (end - begin) // 2 - (other[0] - begin)
+        header[name.replace("query", "key")]["data_offsets"] = [other[0] + shift, other[1] + shift]
     elif how == "shape":  # the same number of bytes in another shape: not what the model takes
         rows, cols = header[name]["shape"]
         header[name]["shape"] = [rows * 2, cols // 2]
@@ -175,7 +182,9 @@ def damaged(source: Path, tmp_path: Path, how: str) -> Path:
 
 DAMAGE = {"truncated": r"inside the file", "header-length": r"header length \d+ does not fit",
           "not-json": r"header is not JSON", "dtype": r"dtype 'F8_E9M9' is not supported",
-          "offsets": r"data_offsets .* inside the file", "shape": r"query\.weight \[.*\] .*cannot fill"}
+          "offsets": r"data_offsets .* inside the file", "shape": r"query\.weight \[.*\] .*cannot fill",
+          "overlap": r"(key|query)\.weight.* and .*(key|query)\.weight.* overlap: the header is damaged or forged",
+          "half-overlap": r"(key|query)\.weight.* and .*(key|query)\.weight.* overlap"}
 
 
 @pytest.mark.parametrize("how", list(DAMAGE))

@@ -8,6 +8,7 @@ refused here, by name, before anything is read or allocated.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -77,7 +78,19 @@ def read_header(path: Path) -> dict[str, TensorEntry]:
         if name == "__metadata__":
             continue
         entries[name] = _entry(path, name, info, data_start, size)
+    _refuse_overlaps(path, entries)
     return entries
+
+
+def _refuse_overlaps(path: Path, entries: dict[str, TensorEntry]) -> None:
+    """Two tensors whose bytes overlap are a forged header (the safetensors package refuses it too, InvalidOffset):
+    before, such a file loaded, one weight read as another's bytes, and the model embedded with it, exit 0."""
+    spans = sorted((e for e in entries.values() if e.nbytes), key=lambda e: (e.begin, e.end))
+    for before, after in itertools.pairwise(spans):
+        if after.begin < before.end:
+            raise SafetensorsError(f"{path}: tensors {before.name!r} (bytes {before.begin}-{before.end}) and "
+                                   f"{after.name!r} (bytes {after.begin}-{after.end}) overlap: the header is "
+                                   "damaged or forged")
 
 
 def _entry(path: Path, name: str, info: object, data_start: int, size: int) -> TensorEntry:
