@@ -506,8 +506,19 @@ class ShardWriter:
 
     def commit(self) -> StoreEntry:
         """Flush, fsync and make the entry visible with one rename (exit 74 naming the path on an I/O error)."""
+        self._check_all_rows_read()
         with writing(self.tmp):
             return self._commit()
+
+    def _check_all_rows_read(self) -> None:
+        """Every row the footer counts was read (embedded or skipped with a reason), else ``BadInputError`` (65)
+        naming the shard: a footer that claims more rows than its pages hold (an edited or damaged file) was
+        committed as it was, the rows it lacks in no count, the index published, exit 0."""
+        read = len(self._rows) + len(self._rejects)
+        if read < self.num_rows:
+            where = f" (rows {self.first_row}-{self.first_row + self.num_rows - 1})" if self.part is not None else ""
+            raise BadInputError(f"{quote_path(self.info.path)}: its footer counts {self.num_rows:,} rows{where}, its "
+                                f"pages hold {read:,}: the file is damaged; write it again")
 
     def _commit(self) -> StoreEntry:
         fault("store_commit_begin", self.tmp / "embeddings.npy")
