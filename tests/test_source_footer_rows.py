@@ -122,3 +122,21 @@ def test_a_footer_counting_rows_its_pages_lack_is_65_naming_the_shard(tmp_path, 
     assert not (out / "CURRENT").exists()
     assert not list((out / "store" / "shards").glob("*/*"))
     assert not list((out / "store" / "tmp").iterdir())
+
+
+def test_a_footer_counting_more_rows_than_the_disk_holds_names_the_shard_and_the_count(tmp_path):
+    """The store entry's space is reserved from the footer's count before a page is read: a footer that claims
+    2**40 rows is 74 as a full disk is, but says what was asked for and whose footer asked (before: 'cannot write
+    .../embeddings.npy: Invalid argument', no word of the shard); nothing is left in the store."""
+    flat = np.random.default_rng(0).standard_normal(3 * 8).astype(np.float32)
+    shard = tmp_path / "src" / "shard.parquet"
+    shard.parent.mkdir()
+    pq.write_table(pa.table({"id": [1, 2, 3], "emb": pa.FixedSizeListArray.from_arrays(pa.array(flat), 8)}), shard)
+    claim_rows(shard, 1 << 40)
+    out = tmp_path / "out"
+    proc = petal("index", shard.parent, "--out", out, "-q", "--vectors-column", "emb")
+    assert proc.returncode == 74, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert f"the {1 << 40:,} rows the footer of {shard} counts" in last, last
+    assert "Traceback" not in proc.stderr and not (out / "CURRENT").exists()
+    assert not list((out / "store" / "tmp").iterdir())

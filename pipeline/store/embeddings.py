@@ -465,8 +465,15 @@ class ShardWriter:
                 fault("store_entry_open", embeddings)
                 self.tmp.mkdir(parents=True)
                 if self.num_rows > 0:
-                    self._vectors = np.lib.format.open_memmap(embeddings, mode="w+", dtype=np.float32, shape=shape)
-                    _allocate(embeddings)
+                    try:
+                        self._vectors = np.lib.format.open_memmap(embeddings, mode="w+", dtype=np.float32,
+                                                                  shape=shape)
+                        _allocate(embeddings)
+                    except OSError as exc:  # NOTE: the size comes from the shard's footer, which may not be true
+                        exc.strerror = (f"{exc.strerror or exc} (reserving {4 * dim * self.num_rows / 2**30:,.1f} "
+                                        f"GiB for the {self.num_rows:,} rows the footer of "
+                                        f"{quote_path(info.path)} counts)")
+                        raise
                 else:
                     np.save(embeddings, np.zeros(shape, dtype=np.float32), allow_pickle=False)
         except BaseException:
