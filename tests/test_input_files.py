@@ -219,8 +219,8 @@ def test_no_query_to_answer_is_no_input_as_in_petal_embed(text_index):
         assert code == 66 and said in stderr and stdout == "", (args, code, stderr)
         embed_code, _, embed_stderr = invoke("embed", *args, stdin=stdin)
         assert embed_code == 66 and "nothing to embed" in embed_stderr, (args, embed_stderr)
-    # a blank --stdin line is answered in its place as skipped (those before the first answer, with it)
-    for args, stdin, lines in [(["--stdin"], "\nglaciers\n\n", 3), ([" ", "glaciers"], None, 1),
+    # a blank --stdin line or TEXT is answered in its place as skipped (those before the first answer, with it)
+    for args, stdin, lines in [(["--stdin"], "\nglaciers\n\n", 3), ([" ", "glaciers"], None, 2),
                                (["glaciers", "--stdin"], "", 1)]:
         code, stdout, stderr = invoke("query", text_index, *args, "-k", "1", "--json", stdin=stdin)
         assert code == 0 and len(stdout.splitlines()) == lines, (args, stderr)
