@@ -16,7 +16,8 @@ import pytest
 
 from petal.engine.errors import ModelError
 from petal.engine.loader import inspect_model
-from tests.test_model_dir_audit import copy_model, petal_embed
+from tests import forkrun
+from tests.test_model_dir_audit import copy_model
 
 MODEL_ID = "acme/mini"
 
@@ -59,7 +60,11 @@ def test_a_ref_that_is_no_snapshot_name_is_refused_naming_it(cache: Path, case: 
 
 def test_the_cli_exits_78_naming_the_ref(cache: Path) -> None:
     REFS["relative escape"](cache)
-    result = petal_embed("--model", MODEL_ID, "glaciers move")
+    # NOTE: the forked child takes its environment from the forkserver, started by an earlier test: the cache's
+    # variables are given, not inherited from this process's monkeypatch (passed alone, failed in the suite)
+    env: dict[str, str | None] = {name: None for name in ("HUGGINGFACE_HUB_CACHE", "HF_HOME", "XDG_CACHE_HOME")}
+    env["HF_HUB_CACHE"] = str(cache.parents[2])
+    result = forkrun.petal(["embed", "--device", "cpu", "--model", MODEL_ID, "glaciers move"], env=env, timeout=300)
     assert result.rc == 78, result.stderr
     assert f"{cache} holds '../../../elsewhere', which is not the name of a snapshot" in result.stderr
     assert "Traceback" not in result.stderr and result.stdout == ""
