@@ -7,7 +7,6 @@ Real components: ``petal index --vectors-column`` over real Parquet, ``petal ser
 from __future__ import annotations
 
 import json
-import socket
 import time
 
 import pytest
@@ -15,30 +14,11 @@ from click.testing import CliRunner
 
 from petal.cli.main import cli
 from tests.test_serve_audit_http import read_answer
+from tests.test_serve_head_limit import _closed_within, _connect, _search
 from tests.test_serve_upgrade_ignored import serve_vectors
 
 pytest.importorskip("httpx")
 pytest.importorskip("uvicorn")
-
-
-def _search(body: bytes) -> bytes:
-    return (b"POST /search HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
-            % len(body) + body)
-
-
-def _closed_within(sock: socket.socket, seconds: float) -> bool:
-    sock.settimeout(seconds)
-    try:
-        return sock.recv(1) == b""
-    except TimeoutError:
-        return False
-    except ConnectionResetError:
-        return True
-
-
-def _connect(server) -> socket.socket:
-    host, port = server.url.removeprefix("http://").split(":")
-    return socket.create_connection((host, int(port)), timeout=30)
 
 
 def test_a_longer_keep_alive_keeps_an_idle_connection_past_the_old_5_s(tmp_path):
