@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from petal.pipeline.config import ReadConfig
-from petal.pipeline.ingest.parquet import ReadStats, ShardInfo, integer_ids, stream_batches, without_undecodable_ids
+from petal.pipeline.ingest.parquet import ReadStats, ShardInfo, stream_batches, string_ids, without_undecodable_ids
 from petal.pipeline.reliability.errors import BadInputError, quote_path, quote_text
 
 
@@ -30,7 +30,7 @@ def check_cross_shard_duplicates(shards: list[ShardInfo], read: ReadConfig, stat
     with_ids = [(i, s) for i, s in enumerate(shards) if s.has_id_column]
     if len(with_ids) + len(kept) < 2:
         return
-    strings = any(not integer_ids(s.id_type) for _, s in with_ids) or any(
+    strings = any(string_ids(s.id_type) for _, s in with_ids) or any(
         not pa.types.is_integer(ids.type) for _, ids in kept)
     id_type = pa.string() if strings else pa.int64()
     names = [str(s.path) for s in shards] + [path for path, _ in kept]

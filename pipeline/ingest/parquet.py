@@ -283,8 +283,24 @@ def _is_text(t: pa.DataType) -> bool:
 
 
 def _is_id(t: pa.DataType) -> bool:
+    """An id column's type; ``null`` too: pandas writes a column whose values are all None as Arrow ``null``, whose
+    rows are null ids (``null_id``), as in an integer or string column (``no_ids``)."""
     t = plain_type(t)
-    return pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_large_string(t) or str(t) == "string_view"
+    return (pa.types.is_null(t) or pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_large_string(t)
+            or str(t) == "string_view")
+
+
+def no_ids(id_type: str) -> bool:
+    """``ShardInfo.id_type`` of an id column of Arrow type ``null``: every row is a null id, so the shard gives the
+    index no id and no kind of id (integer or string).
+
+    NOTE: counted as a string column, one such shard turned an index of integer ids into one of strings."""
+    return id_type == "null"
+
+
+def string_ids(id_type: str) -> bool:
+    """The shard gives the index string ids: a string id column, or none (``<shard>:<row>``); not ``no_ids``."""
+    return not integer_ids(id_type) and not no_ids(id_type)
 
 
 def integer_ids(id_type: str) -> bool:
@@ -508,7 +524,10 @@ def preflight(paths: list[Path | RemotePath], read: ReadConfig, stats: ReadStats
 
 def _id_kind(info: ShardInfo) -> str | None:
     """``"int"`` or ``"str"``: the kind of the ids a shard gives the index (a shard preflight read without an id
-    column: ``<shard>:<row>`` strings); ``None`` when unknown (a kept shard whose store entry predates ``id_type``)."""
+    column: ``<shard>:<row>`` strings); ``None`` when unknown (a kept shard whose store entry predates ``id_type``) or
+    none (``no_ids``)."""
+    if no_ids(info.id_type):
+        return None
     if info.id_type:
         return "int" if integer_ids(info.id_type) else "str"
     return "str" if info.schema is not None and not info.has_id_column else None

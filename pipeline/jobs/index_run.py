@@ -40,10 +40,10 @@ from petal.pipeline.ingest.parquet import (
     ReadStats,
     ShardInfo,
     check_id_kinds,
-    integer_ids,
     preflight,
     read_retrying,
     resolve_sources,
+    string_ids,
 )
 from petal.pipeline.ingest.prefetch import Prefetcher
 from petal.pipeline.ingest.rejects import BadRowGate, rejects_table
@@ -916,7 +916,7 @@ def check_delete_ids(delete_ids: DeleteIds, shards: list[ShardInfo], kept: list[
     """Read ``--delete``'s ids as the index's ids will be, before the model loads, where the shards named settle
     it (a shard of string ids, or no shard kept): a value that is not an id of that type is 65 now, not later. No
     shard at all (``--sync`` over sources that hold none) settles nothing, and leaves nothing to delete from."""
-    string = any(not integer_ids(s.id_type) for s in shards)  # no id column: '<shard>:<row>', a string
+    string = any(string_ids(s.id_type) for s in shards)  # no id column: '<shard>:<row>', a string
     if shards and (string or not kept):
         delete_ids.typed(string)
 

@@ -45,7 +45,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from petal.pipeline.index.checksums import sha256_file
-from petal.pipeline.ingest.parquet import ShardInfo, integer_ids
+from petal.pipeline.ingest.parquet import ShardInfo, integer_ids, no_ids
 from petal.pipeline.layout import denied, is_denied
 from petal.pipeline.reliability.durable import fsync_dir, write_json_atomic
 from petal.pipeline.reliability.errors import (
@@ -555,7 +555,7 @@ def commit_entry(store: EmbeddingStore, tmp: Path, final: Path, info: ShardInfo,
                  extra: dict[str, Any]) -> StoreEntry:
     """Write ``rows.parquet``, ``rejects.parquet`` and ``entry.json`` beside ``tmp/embeddings.npy`` (``num_rows``
     rows), fsync them, and make ``tmp`` visible as ``final`` with one rename (a committed entry is replaced)."""
-    id_type = pa.int64() if integer_ids(info.id_type) else pa.string()
+    id_type = pa.int64() if integer_ids(info.id_type) else pa.null() if no_ids(info.id_type) else pa.string()
     pq.write_table(pa.table({"row": pa.array(rows, pa.int64()), "id": pa.array(ids, id_type)}), tmp / "rows.parquet",
                    write_page_checksum=True)
     fault("store_commit_mid", tmp / "rejects.parquet")
@@ -575,7 +575,7 @@ def commit_entry(store: EmbeddingStore, tmp: Path, final: Path, info: ShardInfo,
         "settings": settings,
         "dim": dim,
         "dtype": "float32",
-        "id_type": "int64" if id_type == pa.int64() else "string",
+        "id_type": "int64" if id_type == pa.int64() else "null" if id_type == pa.null() else "string",
         "counts": {"rows": num_rows, "embedded": len(rows), "skipped": reasons, "truncated": num_truncated},
         **extra,
     }
