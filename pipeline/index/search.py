@@ -61,7 +61,8 @@ class Hit:
     vectors do after rescoring (``rescore`` > 0, the default); without it, ``1 - 2 * hamming / dim`` for ``ip``
     and the Hamming distance for ``l2``. ``faiss_id``: the vector's position in this version's index (what
     ``Index.texts`` checks). ``id``, ``shard``, ``row``: the document's id and where it was read. ``fields``: its
-    ``--keep-columns`` values by column name (empty when none were kept).
+    ``--keep-columns`` values by column name (empty when none were kept). Hits compare equal when every field does,
+    and hash by all but ``fields`` (a dict), so a set or dict of hits works (hits of several queries merged).
     """
 
     rank: int
@@ -70,7 +71,8 @@ class Hit:
     id: Any
     shard: str
     row: int
-    fields: dict[str, Any] = field(default_factory=dict)  # --keep-columns stored with the index
+    # NOTE: hash=False: a frozen dataclass hashes every field, and a dict has no hash (set(hits) raised TypeError)
+    fields: dict[str, Any] = field(default_factory=dict, hash=False)  # --keep-columns stored with the index
 
 
 def verify_files(version_dir: Path) -> OpenCheck:
