@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import shutil
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -63,17 +65,18 @@ class Scenario:
         shutil.copytree(self.template, self.work)
 
 
-@pytest.fixture(scope="module")
-def scenario(tmp_path_factory):
-    s = Scenario(tmp_path_factory.mktemp("sweep"))
+def reference_run(s: Scenario, write: Callable[[Path, str, int], None]) -> tuple[forkrun.Result, Path]:
+    """v1 (shards a, b, c), v2 (c edited), then c edited again and d new: the template every crash starts from; then
+    the never-interrupted run over it, traced, its live version the reference. Shared with the --vectors-column
+    sweep (tests/test_reliability_sweep_vectors.py)."""
     s.data.mkdir(parents=True)
     for name in "abc":
-        write_shard(s.data / f"{name}.parquet", name, 1)
+        write(s.data / f"{name}.parquet", name, 1)
     assert s.petal()[0].rc == 0  # v1
-    write_shard(s.data / "c.parquet", "c", 2)
+    write(s.data / "c.parquet", "c", 2)
     assert s.petal()[0].rc == 0  # v2
-    write_shard(s.data / "c.parquet", "c", 3)
-    write_shard(s.data / "d.parquet", "d", 3)
+    write(s.data / "c.parquet", "c", 3)
+    write(s.data / "d.parquet", "d", 3)
     shutil.copytree(s.work, s.template)
     s.v2 = OutputDir(s.out).current_version()
     s.v2_digest = tree_digest(s.out / "versions" / s.v2)
@@ -83,10 +86,17 @@ def scenario(tmp_path_factory):
     assert result.rc == 0 and result.report["status"] == "success", result.stderr
     s.reached = Counter(trace.read_text().split())
     s.ref_ids, s.ref_vectors = live(s.out)
-    s.ref_embedded = Counter(embedded_ids(log))
-    assert set(s.ref_embedded.values()) == {1} and len(s.ref_embedded) == 2 * (ROWS - 2)  # c and d, once each
     s.entries = {sh.path: sh.entry for sh in OutputDir(s.out).current_manifest().shards}
     assert_clean(s.out)
+    return result, log
+
+
+@pytest.fixture(scope="module")
+def scenario(tmp_path_factory):
+    s = Scenario(tmp_path_factory.mktemp("sweep"))
+    _, log = reference_run(s, write_shard)
+    s.ref_embedded = Counter(embedded_ids(log))
+    assert set(s.ref_embedded.values()) == {1} and len(s.ref_embedded) == 2 * (ROWS - 2)  # c and d, once each
     again, log = s.petal()  # after a success, a rerun embeds nothing
     assert again.report["status"] == "nothing-to-do" and embedded_ids(log) == [] and read_log(log) == []
     return s
@@ -110,31 +120,39 @@ def committed_after_crash(s: Scenario) -> set[str]:
 def test_crash_then_rerun(scenario, point, action):
     s = scenario
     s.restore()
-    crashed, _ = s.petal(f"{point}:{HIT.get(point, 1)}:{action}")
+    committed = check_crash(s, s.petal(f"{point}:{HIT.get(point, 1)}:{action}")[0], point, action)
+    rerun, log = s.petal()
+    check_rerun(s, rerun, point)
+    # re-embedded: exactly the documents of the shards the crash left uncommitted, once each
+    expected = Counter({doc: n for doc, n in s.ref_embedded.items() if doc[0] not in committed})
+    assert Counter(embedded_ids(log)) == expected
+    assert rerun.report["shards"]["embedded"] == 2 - len(committed)
+
+
+def check_crash(s: Any, crashed: forkrun.Result, point: str, action: str) -> set[str]:
+    """The faulted run died as armed and the live version is complete; before the swap it is v2, untouched. Which
+    shards the run committed before it died (``committed_after_crash``). Shared with the --vectors-column sweep."""
     if action == "kill":
         assert crashed.rc == -9 and crashed.report is None, crashed.stderr
     else:
         assert crashed.rc == 1 and "injected fault" in crashed.stderr, crashed.stderr
         assert crashed.report["status"] == "failed" and crashed.report["exit_code"] == 1
-
-    # the live version is complete whatever happened; before the swap it is v2, untouched
     layout = OutputDir(s.out)
-    ids, vectors = live(s.out)
+    ids, _ = live(s.out)
     if point in AFTER_SWAP:
         assert layout.current_version() != s.v2 and ids == s.ref_ids
     else:
         assert layout.current_version() == s.v2 and tree_digest(s.out / "versions" / s.v2) == s.v2_digest
-    committed = committed_after_crash(s)
+    return committed_after_crash(s)
 
-    rerun, log = s.petal()
+
+def check_rerun(s: Any, rerun: forkrun.Result, point: str) -> None:
+    """One rerun after the crash ends equal to the never-interrupted run, the output clean, v2 the rollback."""
     assert rerun.rc == 0, rerun.stderr
     assert rerun.report["status"] == ("nothing-to-do" if point in AFTER_SWAP else "success")
     ids, vectors = live(s.out)
     assert ids == s.ref_ids
     np.testing.assert_array_equal(vectors, s.ref_vectors)
     assert_clean(s.out)
+    layout = OutputDir(s.out)
     assert layout.versions() == [s.v2, layout.current_version()]  # the rollback target is the last live one
-    # re-embedded: exactly the documents of the shards the crash left uncommitted, once each
-    expected = Counter({doc: n for doc, n in s.ref_embedded.items() if doc[0] not in committed})
-    assert Counter(embedded_ids(log)) == expected
-    assert rerun.report["shards"]["embedded"] == 2 - len(committed)

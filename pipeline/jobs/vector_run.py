@@ -104,8 +104,10 @@ def _run(job: IndexJob, column: str, report: RunReport, stop: StopSignals, start
     out.prepare()
     report.out = str(out.root)
     report.timings_s["preflight"] = round(time.perf_counter() - started, 3)
+    fault("after_preflight")  # NOTE: the text run's fault points at the same steps (the crash-point sweep's)
 
     with out.lock(wait=job.wait, on_wait=run._say, check=stop.check):
+        fault("after_lock")
         out.clean_orphans()
         settle_tombstones(out, run._say)  # what a run killed around its publish left: its deletion holds iff published
         previous = None if job.full else out.current_manifest()
@@ -153,6 +155,7 @@ def _run(job: IndexJob, column: str, report: RunReport, stop: StopSignals, start
             embedded_now.add(i)
             report.shards["embedded"] += 1
             run.tally_commit(entry, report)  # NOTE: a run stopped here reports the rows it did store
+            fault("after_shard_commit", entry.path)
         named = [e for e in entries if e is not None]
         run.tally_rows(named, report, embedded_now, kept)
         by_path = {i.abs_path: e for i, e in zip([*shards, *kept_infos], [*named, *kept])}
@@ -179,7 +182,9 @@ def _run(job: IndexJob, column: str, report: RunReport, stop: StopSignals, start
             staging = out.staging_dir()
         try:
             with writing(staging):
+                fault("before_index_build", staging / "index.faiss")
                 result = build_version_index(committed, dim, job.index, staging, transform)  # FAISS errors: 78
+                fault("after_index_build", staging / MANIFEST_FILE)
                 pq.write_table(rejects_table(committed), staging / "rejects.parquet", write_page_checksum=True)
                 stored = add_stored_columns(committed, dim, need, staging)
                 if stored:
