@@ -81,6 +81,10 @@ class TextTokenizer:
         self._ascii = None if self._wordpiece is not None else AsciiBertNormalizer.for_tokenizer(self._tokenizer)
         self._bare: Any = None
         self._lone_texts = 0
+        # NOTE: what an empty text encodes to (the prompt and the special tokens: MiniLM's [CLS] [SEP]): a text whose
+        # ids are these is empty to the model (every character dropped by the normaliser: combining marks under
+        # accent stripping, U+FFFD under BERT's cleaning), and gives the same vector as every other such text
+        self._empty_ids = np.array(self._tokenizer.encode(prompt).ids, dtype=np.int32)
 
     def encode(self, texts: list[str]) -> Encoded:
         capped = np.fromiter((len(t) > self.max_chars for t in texts), dtype=bool, count=len(texts))
@@ -107,6 +111,12 @@ class TextTokenizer:
         if self._vocab_size is not None:
             self._check_vocabulary(token_ids)
         return Encoded(token_ids, overflowed | capped)
+
+    def sees_nothing(self, token_ids: np.ndarray) -> bool:
+        """``token_ids`` (of ``encode``) are an empty text's: no token of the text itself, only the prompt's and the
+        special tokens (and the EOS appended)."""
+        ids = token_ids[:-1] if self.appends_eos and len(token_ids) else token_ids
+        return len(ids) == len(self._empty_ids) and bool(np.array_equal(ids, self._empty_ids))
 
     def _encode_prompted(self, texts: list[str]) -> tuple[list[np.ndarray], np.ndarray]:
         """``prompt + text``'s ids (int32, truncated at max_length, no EOS appended yet) and whether each overflowed."""
@@ -197,7 +207,8 @@ class TokenizedDocs:
 
 def tokenize_documents(docs: Iterable[Documents], tokenizer: TextTokenizer,
                        workers: int = 1) -> Iterator[TokenizedDocs]:
-    """Tokenize each ``Documents`` batch, in order; a text that yields no tokens becomes an ``empty_text`` reject.
+    """Tokenize each ``Documents`` batch, in order; a text that yields no tokens of its own (``sees_nothing``)
+    becomes an ``empty_text`` reject.
 
     ``workers`` > 1 tokenizes that many batches at once (the Rust encoder releases the GIL), so the
     reading and checking of the next batches and the Python side of each batch overlap the encoding.
@@ -209,7 +220,7 @@ def tokenize_batch(batch: Documents, tokenizer: TextTokenizer) -> TokenizedDocs:
     encoded = encode_or_empty(tokenizer, batch.texts)
     out = TokenizedDocs(batch.shard_index, [], [], [], [], list(batch.rejects), batch.final)
     for row, doc_id, ids, truncated in zip(batch.rows, batch.ids, encoded.token_ids, encoded.truncated):
-        if len(ids) == 0:
+        if len(ids) == 0 or tokenizer.sees_nothing(ids):  # nothing the model sees: as a blank text
             out.rejects.append((row, "empty_text"))
             continue
         out.rows.append(row)

@@ -1,0 +1,48 @@
+"""A row whose characters the tokenizer drops, every one, is empty to the model: MiniLM's BERT normaliser strips
+combining marks (accent stripping) and U+FFFD (its text cleaning), so a row of only those encodes to [CLS] [SEP],
+an empty text's ids, and every such row got that one vector, as rows of invisible characters did before
+tests/test_invisible_texts.py. ``petal index`` skips and counts it (``empty_text``) as it does a blank row. Visible
+characters are not the test: the ids are (``TextTokenizer.sees_nothing``), with a prompt in front too."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from click.testing import CliRunner
+
+from petal.cli.main import cli
+from tests.invariants import live
+
+DROPPED = ["\u0301\u0301", "\u0300 \u0308", "\ufffd\ufffd\ufffd", "\u0301\ufffd"]
+
+
+def test_the_tokenizer_sees_nothing_of_them_with_or_without_a_prompt(minilm_spec):
+    from petal.pipeline.ingest.tokens import TextTokenizer
+
+    for prompt in ("", "query: "):
+        tokenizer = TextTokenizer(minilm_spec.tokenizer_file, 32, prompt=prompt)
+        encoded = tokenizer.encode([*DROPPED, "e\u0301te\u0301", "\ufffd word", "a"]).token_ids
+        assert [tokenizer.sees_nothing(ids) for ids in encoded] == [True] * len(DROPPED) + [False] * 3
+        assert len({tuple(ids) for ids in encoded[: len(DROPPED)]}) == 1  # one and the same input for all of them
+        lone = [tokenizer.encode([text]).token_ids[0] for text in DROPPED]  # the one-text path: the same ids
+        assert all(np.array_equal(a, b) for a, b in zip(lone, encoded))
+
+
+def test_petal_index_skips_and_counts_rows_the_model_sees_as_empty(tmp_path: Path, minilm_dir: Path):
+    shard = tmp_path / "a.parquet"
+    texts = [*DROPPED, "real words about glaciers", "caf\u00e9 au lait", "\ufffd mojibake and words"]
+    pq.write_table(pa.table({"id": pa.array(range(len(texts)), pa.int64()), "text": texts}), shard)
+    report = tmp_path / "report.json"
+    result = CliRunner().invoke(cli, ["index", str(shard), "--out", str(tmp_path / "out"), "--model", str(minilm_dir),
+                                      "--device", "cpu", "-q", "--json-report", str(report)])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(report.read_text())["rows"]
+    assert rows["skipped"] == {"empty_text": len(DROPPED)} and rows["embedded"] == 3
+    assert sorted(live(tmp_path / "out")[0]) == [4, 5, 6]
+    strict = CliRunner().invoke(cli, ["index", str(shard), "--out", str(tmp_path / "strict"), "--model",
+                                      str(minilm_dir), "--device", "cpu", "-q", "--strict"])
+    assert strict.exit_code == 65 and "empty_text" in strict.output
