@@ -14,7 +14,8 @@ Errors are JSON ``{"error": {"message", "type", "code"}}`` (OpenAI's shape): 400
 (no route takes one), 401 wrong or missing key, 404 unknown model or route (a path with an encoded slash, ``%2F``, where
 a route has a ``/``, included), 405 a standard method the route does not take, 413 body or a per-request limit, 415 a
 body declared as something else than JSON (``curl -d``'s form encoding) or in another charset than UTF-8, 501 a method
-the server does not implement or a body in a transfer coding other than chunked, 422 wrong fields or
+the server does not implement or a body in a transfer coding other than chunked, 417 an ``Expect`` other than
+``100-continue``, 422 wrong fields or
 types (or a text that the model embeds to NaN or infinity, by its item), 503 queue full or still loading
 (with Retry-After). A request whose client closed the connection before its answer is counted as 499 (nginx's
 "client closed request"; nothing is sent): what it had queued for the engine or a search is taken out of the queue.
@@ -214,13 +215,31 @@ def version_refusal(version: str) -> str:
             "request as HTTP/1.1")
 
 
+def expectation_refusal(scope: Scope) -> str | None:
+    """The 417 message of an HTTP/1.1 request whose ``Expect`` holds an expectation other than ``100-continue`` (the
+    only one HTTP defines, in any case), else ``None``. NOTE: such a request (``Expect: 200-ok``, ``Expect:
+    100-continue, x-foo``) was served as if the header were not there, and one that waits for the expectation before
+    sending its body waited until a timeout; RFC 9110 §10.1.1: 417. HTTP/1.0 predates ``Expect``: ignored there, as
+    its ``100-continue`` must be."""
+    if scope.get("http_version") == "1.0":
+        return None
+    members = [member.strip() for name, value in scope["headers"] if name == b"expect"
+               for member in value.decode("latin-1").split(",") if member.strip()]
+    unmet = list(dict.fromkeys(m for m in members if m.lower() != "100-continue"))
+    if not unmet:
+        return None
+    return (f"the expectation(s) {', '.join(quote_text(m, 40) for m in unmet)} of the Expect header cannot be met: "
+            "this server meets only 'Expect: 100-continue' (RFC 9110 §10.1.1); send the request without the others")
+
+
 def refused_head(scope: Scope) -> tuple[int, str, str] | None:
     """``(status, message, kind)`` for a request head the server refuses whatever its route, else ``None``: 505 for an
     HTTP major version other than 1 (RFC 9110 §15.6.6: ``HTTP/2.0``, ``HTTP/3.0`` or ``HTTP/0.9`` on an HTTP/1.1
     connection was served as HTTP/1.1); 400 for an HTTP/1.1 request without a Host header, with more than one, or with
     one that is not ``host[:port]`` (RFC 9112 §3.2: the server MUST), and for a repeated Content-Type or Authorization
-    (``SINGLE_HEADERS``: the first was taken, where a proxy may check the last). NOTE: HTTP/1.0 needs no Host; an
-    HTTP/1.x of a higher minor (1.2) is served as 1.1 (RFC 9110 §2.5)."""
+    (``SINGLE_HEADERS``: the first was taken, where a proxy may check the last); 417 for an expectation other than
+    ``100-continue`` (``expectation_refusal``). NOTE: HTTP/1.0 needs no Host; an HTTP/1.x of a higher minor (1.2) is
+    served as 1.1 (RFC 9110 §2.5)."""
     version = scope.get("http_version", "1.1")
     if not version.startswith("1."):
         return 505, version_refusal(version), "http_version_not_supported"
@@ -240,6 +259,9 @@ def refused_head(scope: Scope) -> tuple[int, str, str] | None:
     if HOST_VALUE.fullmatch(host) is None:
         return (400, f"the Host header {quote_text(host.decode('latin-1'), 80)} is not HOST[:PORT] "
                      "(RFC 9112 §3.2)", "invalid_request_error")
+    unmet = expectation_refusal(scope)
+    if unmet is not None:
+        return 417, unmet, "expectation_failed"
     return None
 
 
