@@ -110,11 +110,11 @@ def _run(job: IndexJob, column: str, report: RunReport, stop: StopSignals, start
         fault("after_lock")
         out.clean_orphans()
         settle_tombstones(out, run._say)  # what a run killed around its publish left: its deletion holds iff published
-        previous = None if job.full else out.current_manifest()
+        previous = None if job.full else run.live_or_refuse(out)  # damaged: 78 with the way out (--full)
         job = index_settings.of(job, live_manifest(out) if job.full else previous)  # another writer may have published
         if previous is not None:
             run.check_drift(previous, settings, out.root)
-        store = EmbeddingStore(out.store_dir)
+        store = EmbeddingStore(out.store_dir, report.damaged_entries)  # a damaged entry embedded again is reported
         with writing(out.store_dir):
             store.open()
         kept_recs = kept_records(previous, shards, job.sync)
