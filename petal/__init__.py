@@ -7,6 +7,7 @@ The Python API (the CLI is written on it)::
     report = petal.index(["shards/"], "idx")                 # -> petal.RunReport
     hits = petal.open_index("idx").search(["a query"], k=5)  # -> list[list[petal.Hit]]
     vectors = petal.Embedder().encode(["a text"])            # -> np.ndarray [num_texts, dim] float32
+    petal.verify("idx")                                       # -> petal.VerifyReport (every byte checked)
 
 Failures raise ``petal.PetalError`` subclasses, each with the ``exit_code`` of the CLI's contract.
 Heavy modules (torch, FAISS, pyarrow) load on first use, so ``import petal`` is instant.
@@ -41,6 +42,8 @@ _EXPORTS = {
     "index": "petal.pipeline.api",
     "rebuild": "petal.pipeline.api",
     "open_index": "petal.pipeline.api",
+    "verify": "petal.pipeline.api",
+    "VerifyReport": "petal.pipeline.index.verify",
     "Embedder": "petal.pipeline.jobs.embed",
     "Index": "petal.pipeline.jobs.searcher",
     "Hit": "petal.pipeline.index.search",
@@ -50,13 +53,14 @@ _EXPORTS = {
 }
 __all__ = [
     "BadInputError", "ConfigError", "Embedder", "Hit", "Index", "Interrupted", "NoInputError", "OutputError",
-    "PetalError", "PetalIOError", "RunReport", "TemporaryFailure", "UsageError", "__version__", "index", "open_index",
-    "rebuild",
+    "PetalError", "PetalIOError", "RunReport", "TemporaryFailure", "UsageError", "VerifyReport", "__version__", "index",
+    "open_index", "rebuild", "verify",
 ]
 
 if TYPE_CHECKING:
-    from petal.pipeline.api import index, open_index, rebuild
+    from petal.pipeline.api import index, open_index, rebuild, verify
     from petal.pipeline.index.search import Hit
+    from petal.pipeline.index.verify import VerifyReport
     from petal.pipeline.jobs.embed import Embedder
     from petal.pipeline.jobs.report import RunReport
     from petal.pipeline.jobs.searcher import Index

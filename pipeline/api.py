@@ -1,4 +1,4 @@
-"""petal's Python API: ``index``, ``rebuild``, ``open_index`` (and ``Embedder``, in ``jobs/embed.py``).
+"""petal's Python API: ``index``, ``rebuild``, ``open_index``, ``verify`` (and ``Embedder``, in ``jobs/embed.py``).
 
 The CLI is written on these: each command parses its flags and calls one of them. Settings are
 keyword arguments named like the CLI's flags (``pipeline/jobs/settings.py``). Failures raise the
@@ -42,6 +42,7 @@ from petal.pipeline.reliability.errors import (
 )
 
 if TYPE_CHECKING:
+    from petal.pipeline.index.verify import VerifyReport
     from petal.pipeline.jobs.searcher import Index
     from petal.pipeline.reliability.signals import StopSignals
 
@@ -143,6 +144,86 @@ def open_index(path: str | os.PathLike[str], **settings: Any) -> Index:
     if unknown is not None:
         raise TypeError(f"petal.open_index() got an unexpected keyword argument {unknown!r}")
     return Index(path, _caller="petal.open_index()", **settings)
+
+
+def verify(out: str | os.PathLike[str], *, version: str | None = None) -> VerifyReport:
+    """``petal verify OUT [--version V]``: every byte of ``out``'s live version (``version``: the version of that id
+    under ``out/versions``) against the sha256 its manifest records, the manifest's own checksum, then ``index.faiss``
+    and ``ids.parquet`` read as opening and searches read them. Reads only; the version is leased while it is read
+    (a publish meanwhile does not prune it).
+
+    Returns the ``VerifyReport`` (``ok``, ``version_dir``, ``files``: one ``FileVerdict`` per file) when every file
+    matches. A version that does not raises ``BadInputError`` (65) naming each file, or ``ConfigError`` (78) when a
+    listed file is missing or refused, as the command exits; the exception carries the report as
+    ``.verify_report``. ``out`` holding no index, or no version ``version``: ``ConfigError`` (78); a file petal may
+    not read: ``NoInputError`` (66); ``version`` not a version id (``vNNNNNN-YYYYMMDDTHHMMSSZ``): ``UsageError``.
+    """
+    from petal.pipeline.layout import OutputDir
+    from petal.pipeline.reliability.errors import BadInputError, ConfigError, io_error, out_of_memory
+
+    not_empty_path(out, "out")
+    out = out_path(out)
+    if version is not None:
+        if not isinstance(version, str):
+            raise ArgumentTypeError(f"petal.verify(): version={version!r} is {kind_of(version)}, not str")
+        problem = version_id_problem(version)
+        if problem is not None:
+            refused = UsageError(f"version {problem}")
+            keyword_named(refused)  # NOTE: its hint names the keyword (version=...), not --version
+            raise refused
+    from petal.pipeline.index.verify import open_leased, verify_version
+
+    try:
+        # NOTE: the live version named by version is checked as OUT is: a damaged one says how to go back
+        target = out if version is None or version == _live(OutputDir(out)) else OutputDir(out).version_dir(version)
+        # NOTE: lexists: a manifest.json that is there but no regular file (a directory, a FIFO, a link out) is
+        # refused by resolve_index_dir naming what it is, not said to be missing
+        if target != out and not os.path.lexists(target / "manifest.json"):
+            raise ConfigError(f"--version {version}: {target} is not a version of {out} (no manifest.json)")
+        version_dir, _, lease = open_leased(target)
+        with lease:  # NOTE: a publish meanwhile must not prune the version under the check
+            report = verify_version(version_dir, read_index=True)
+    except PetalError as exc:
+        keyword_named(exc)
+        raise
+    except OSError as exc:  # as petal verify maps it: it writes nothing, so permission denied is 66
+        raise io_error(exc, []) from exc
+    except MemoryError as exc:
+        raise out_of_memory(exc) from exc
+    if report.ok:
+        return report
+    bad = [f"{f.name} ({f.problem})" for f in report.files if not f.ok]
+    if report.manifest_checksum not in ("ok", "absent"):
+        bad.insert(0, f"manifest.json ({report.manifest_checksum})")
+    what = "missing, refused or not matching" if any(f.refused for f in report.files) else "do not match"
+    message = f"{version_dir}: {len(bad)} file(s) {what}: " + "; ".join(bad)
+    error = ConfigError(message) if report.exit_code == ConfigError.exit_code else BadInputError(message)
+    error.verify_report = report
+    raise error
+
+
+def version_id_problem(value: str) -> str | None:
+    """What is wrong with ``value`` as a version id (``None``: it is one); a path to a version directory
+    (``OUT/versions/v...``, what ``ls`` shows) names the id to give instead."""
+    from petal.pipeline.layout import VERSION_RE
+    from petal.pipeline.reliability.errors import quote_text
+
+    if VERSION_RE.match(value):
+        return None
+    name = os.path.basename(value.rstrip("/"))
+    hint = f"; give its id: --version {name}" if VERSION_RE.match(name) else ""
+    return (f"{quote_text(value, 80)} is not a version id (vNNNNNN-YYYYMMDDTHHMMSSZ, a directory name under "
+            f"OUT/versions){hint}")
+
+
+def _live(out: Any) -> str | None:
+    """The version CURRENT names (``None`` without a readable pointer: a ``version`` given is then checked by
+    itself)."""
+    try:
+        live: str | None = out.current_version()
+    except PetalError:
+        return None
+    return live
 
 
 def _own_report(report: Any, command: str) -> RunReport:

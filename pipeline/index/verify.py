@@ -375,6 +375,8 @@ def _mapping(value: Any) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class FileVerdict:
+    """One file of a version, as ``petal verify`` (``petal.verify``) found it."""
+
     name: str
     ok: bool
     problem: str = ""  # what is wrong: missing, size, sha256
@@ -383,7 +385,8 @@ class FileVerdict:
 
 @dataclass(frozen=True)
 class VerifyReport:
-    """``petal verify``: every byte of every listed file against its recorded sha256."""
+    """``petal verify`` (``petal.verify``): every byte of every listed file against its recorded sha256. ``ok``: the
+    whole version matches; ``exit_code``: the command's (0, 65, 78); ``files``: a ``FileVerdict`` per file."""
 
     version_dir: Path
     manifest_checksum: str  # "ok", "absent" (an old version) or the problem
@@ -391,6 +394,7 @@ class VerifyReport:
 
     @property
     def ok(self) -> bool:
+        """Every file and the manifest's own checksum match (a manifest older than its checksum: ``absent``)."""
         return self.manifest_checksum in ("ok", "absent") and all(f.ok for f in self.files)
 
     @property
@@ -402,6 +406,7 @@ class VerifyReport:
         return EXIT_CONFIG if any(f.refused for f in self.files) else EXIT_DATAERR
 
     def as_dict(self) -> dict[str, Any]:
+        """The report as ``petal verify --json`` prints it (plain JSON types)."""
         return {"version_dir": str(self.version_dir), "ok": self.ok, "exit_code": self.exit_code,
                 "manifest_checksum": self.manifest_checksum,
                 "files": [{"name": f.name, "ok": f.ok, **({"problem": f.problem} if f.problem else {})}

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from petal.pipeline.index.verify import VerifyReport
     from petal.pipeline.jobs.report import RunReport
 
 EXIT_OK = 0
@@ -101,6 +102,7 @@ class PetalError(Exception):
     exit_code = EXIT_INTERNAL
     status = "failed"
     report: RunReport | None = None  # the finished report of the run it ended (Python API: index, rebuild)
+    verify_report: VerifyReport | None = None  # petal.verify()'s report of the version it found damaged
 
 
 class UsageError(PetalError, ValueError):
