@@ -53,3 +53,22 @@ def test_100_continue_in_any_case_is_still_met(server):
     body = json.dumps({"query": "ice", "k": 1}).encode()
     raw = exchange(server, _head("/search", body, "Expect: 100-Continue\r\nConnection: close\r\n") + body)
     assert raw.startswith(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 "), raw[:200]
+
+
+@pytest.mark.parametrize("target", ["example.com:443", "127.0.0.1:8080", "/search", "/"])
+def test_connect_is_405_with_allow_whatever_its_target(server, target):
+    """A CONNECT (a client that takes this server for its proxy: ``curl -p``, ``https_proxy=``) to ``host:port`` was a
+    400 "not valid HTTP/1.1", and to a path a 404 "no route": 405 with the server's Allow (the method is standard, this
+    server is no proxy), after the answers before it, the tunnel bytes after it discarded, the connection closed;
+    counted as route "unmatched"; the server serves on."""
+    before = counts(server)
+    connect_head = f"CONNECT {target} HTTP/1.1\r\nHost: {target.strip('/') or 'x'}\r\n\r\n".encode()
+    raw = exchange(server, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n" + connect_head + b"\x16\x03\x01 tunnel bytes")
+    assert statuses(raw) == [200, 405], raw
+    body = raw.rpartition(b"HTTP/1.1 405 ")[2]
+    _, headers, error = answer_of(b"HTTP/1.1 405 " + body)
+    assert headers["allow"] == "GET, HEAD, POST, OPTIONS" and headers["connection"] == "close", raw
+    assert error["error"]["type"] == "method_not_allowed" and f'CONNECT "{target}" is not allowed' in \
+        error["error"]["message"] and "no proxy" in error["error"]["message"], error
+    assert counted_since(server, before) == {"/health 200": 1, "unmatched 405": 1}
+    assert server.client.get("/health").status_code == 200

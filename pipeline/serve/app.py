@@ -95,6 +95,13 @@ def method_refusal(method: str) -> str:
             "methods are case-sensitive)")
 
 
+def connect_refusal(target: str) -> str:
+    """The 405 message of a ``CONNECT`` (to ``target``): a method this server knows and no route takes, whatever the
+    target (RFC 9110 §9.3.6: asks for a tunnel; this server is no proxy)."""
+    return (f"CONNECT {quote_text(target, 80)} is not allowed: this server is no proxy and opens no tunnel (it takes "
+            f"{SERVER_ALLOW}); the connection is closed")
+
+
 def routed_path(raw_path: bytes, path: str) -> str | None:
     """The path a request is routed by: ``path`` (uvicorn's decoding of ``raw_path``, every ``%XX`` undone), or
     ``None`` (no route: 404) when ``raw_path`` holds an encoded slash (``%2F``) that the decoding made a separator.
@@ -268,11 +275,15 @@ def refused_head(scope: Scope) -> tuple[int, str, str] | None:
 def refused_request(scope: Scope) -> tuple[int, str, str, dict[str, str]] | None:
     """``(status, message, kind, headers)`` for a request no route takes whatever its path matches, else ``None``:
     501 for a method the server does not implement (``STANDARD_METHODS``: RFC 9110 §9.1; it was a 405, or a 400 "not
-    valid HTTP/1.1" where the HTTP parser knows no such method, ``JsonErrorProtocol``); 404 for a path whose encoded
+    valid HTTP/1.1" where the HTTP parser knows no such method, ``JsonErrorProtocol``); 405 for ``CONNECT``
+    (``connect_refusal``: was a 404 "no route", or a 400 "not valid HTTP/1.1" for its usual target, ``host:port``);
+    404 for a path whose encoded
     slash a route would take for a separator (``routed_path``)."""
     method = scope["method"]
     if method not in STANDARD_METHODS:
         return 501, method_refusal(method), "not_implemented", {}
+    if method == "CONNECT":  # NOTE: the HTTP layer answers it first (``JsonErrorProtocol``): here for any other server
+        return 405, connect_refusal(scope["path"]), "method_not_allowed", {"Allow": SERVER_ALLOW, "Connection": "close"}
     raw = scope.get("raw_path") or scope["path"].encode()
     if routed_path(raw, scope["path"]) is None:
         sent = raw.decode("latin-1")

@@ -29,8 +29,10 @@ from petal.pipeline.serve.app import (
     ANSWERED_BY_SERVER,
     CLIENT_CLOSED,
     NOT_ANSWERED,
+    SERVER_ALLOW,
     UNMATCHED,
     build_app,
+    connect_refusal,
     method_refusal,
     scope_route,
     version_refusal,
@@ -191,6 +193,7 @@ def http_protocol(metrics: ServeMetrics, header_timeout_s: float = 30.0,
             _held: Any = None  # the cycle whose keep-alive waits for its request's body
 
             _replaying = False  # a request head fed to a fresh parser only to frame a body (_ignore_upgrade)
+            _connect = False  # the head just parsed is a CONNECT's (answered 405 where llhttp stops at its end)
             _in_body = False  # between a request's head and its end (its body is fed as it comes, unsliced)
             _head_open = False  # a request head has begun and not ended
             _head_begun = False  # ... in the piece being fed (not counted: part of that piece came before it)
@@ -281,6 +284,13 @@ def http_protocol(metrics: ServeMetrics, header_timeout_s: float = 30.0,
                         self.flow.pause_reading()
                 if self._lingering or self._replaying or self._ignored:
                     return
+                if self.parser.get_method() == b"CONNECT":
+                    # NOTE: a CONNECT (to host:port, as a client configured to use this server as a proxy sends) was a
+                    # 400 "not valid HTTP/1.1" (uvicorn cannot parse its target as a URL); what follows its head is a
+                    # tunnel's bytes to llhttp (HttpParserUpgrade, below): 405 with the server's Allow, once the
+                    # answers before it are out, the rest discarded (a lingering close)
+                    self._connect = True
+                    return
                 if self.expect_100_continue and self.parser.get_http_version() < "1.1":
                     # NOTE: an HTTP/1.0 client's "Expect: 100-continue" MUST be ignored (RFC 9110 §10.1.1): uvicorn sent
                     # it "HTTP/1.1 100 Continue", which such a client takes for its answer (the real one then trails)
@@ -358,7 +368,13 @@ def http_protocol(metrics: ServeMetrics, header_timeout_s: float = 30.0,
                         else:
                             self._refuse_not_http()
                     except httptools.HttpParserUpgrade as exc:
-                        if self._should_upgrade():  # a WebSocket, a WebSocket library installed: uvicorn's way
+                        if self._connect:
+                            self._connect = False
+                            self._after_answers(functools.partial(
+                                self._refuse_head, 405, b"Method Not Allowed",
+                                connect_refusal(self.url.decode("latin-1")), "method_not_allowed",
+                                [(b"allow", SERVER_ALLOW.encode())]))
+                        elif self._should_upgrade():  # a WebSocket, a WebSocket library installed: uvicorn's way
                             self.handle_websocket_upgrade()
                         else:
                             end = len(data) if not exc.args else min(len(data), done + int(exc.args[0]))
