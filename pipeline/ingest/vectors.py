@@ -3,7 +3,8 @@
 running a model.
 
 Every shard's schema is checked before any work (the column, its type, one dimension for all:
-a fixed-size list's size, else the first non-null vector's length). Rows are streamed one record
+a fixed-size list's size, else the most common length in the shard's first record batch holding a vector;
+shards of different dimensions are 65 naming one of each). Rows are streamed one record
 batch at a time; a bad vector is a counted skip like a bad text row: ``null_vector``,
 ``wrong_dim`` (another length), ``non_finite_vector`` (NaN, inf); ids as for text (``null_id``,
 ``invalid_utf8_id``, ``duplicate_id`` within a shard).
@@ -95,14 +96,32 @@ def inspect_vector_shard(path: Path, read: ReadConfig, column: str,
     return info, (vtype.list_size if pa.types.is_fixed_size_list(vtype) else None)
 
 
-def _first_length(info: ShardInfo, read: ReadConfig, column: str, stats: ReadStats | None) -> int | None:
-    def lengths(_row: int, batch: pa.RecordBatch) -> pa.Array:
-        return pc.drop_null(_lengths(batch.column(0)))
+def _shard_dim(info: ShardInfo, read: ReadConfig, column: str, stats: ReadStats | None) -> int | None:
+    """A list column's dimension in one shard: the most common length among the vectors of its first record batch
+    that holds any (ties: the first seen). An empty vector is no dimension and a stray length in the first row is
+    not the shard's: both are ``wrong_dim`` rows. ``None``: the shard holds no vector."""
+    def lengths(_row: int, batch: pa.RecordBatch) -> np.ndarray:
+        found = pc.drop_null(_lengths(batch.column(0))).to_numpy(zero_copy_only=False)
+        return found[found > 0]
 
     for found in stream_batches(info, [column], read, lengths, stats):
         if len(found):
-            return int(found[0].as_py())
+            values, first, counts = np.unique(found, return_index=True, return_counts=True)
+            return int(values[min(np.flatnonzero(counts == counts.max()), key=lambda i: first[i])])
     return None
+
+
+def check_one_dim(column: str, dims: dict[str, int]) -> None:
+    """65 naming a shard of each dimension when the shards' vectors have more than one (``dims``: by shard path):
+    the vectors of one index have one dimension, and the shards of another were all ``wrong_dim`` skips before."""
+    by_dim: dict[int, list[str]] = {}
+    for path, dim in dims.items():
+        by_dim.setdefault(dim, []).append(path)
+    if len(by_dim) > 1:
+        said = "; ".join(f"{dim} in {paths[0]}" + (f" and {len(paths) - 1} more shards" if len(paths) > 1 else "")
+                         for dim, paths in by_dim.items())
+        raise BadInputError(f"vectors column {column!r} has vectors of different dimensions: {said}; index the shards "
+                            "of one dimension (another index for the others)")
 
 
 def preflight_vectors(paths: list[Path], read: ReadConfig, column: str, stats: ReadStats | None = None,
@@ -125,17 +144,17 @@ def preflight_vectors(paths: list[Path], read: ReadConfig, column: str, stats: R
         except NoInputError as exc:  # permission denied
             unreadable.append(str(exc))
     raise_problems(unreadable, problems)
-    if len(set(sizes.values())) > 1:
-        raise BadInputError(f"vectors column {column!r} has different sizes: "
-                            + ", ".join(f"{p} ({n})" for p, n in sizes.items()))
+    check_one_dim(column, sizes)  # fixed sizes: before any row is read
     check_id_kinds(infos, read.id_column)
-    dim = next(iter(sizes.values()), None)
-    for info in infos:
-        if dim is not None:
-            break
-        dim = _first_length(info, read, column, stats)
-    if not dim:
-        dim = dim_if_none
+    for info in infos:  # NOTE: each shard's, not the first shard's alone: a shard of another dimension is 65
+        if str(info.path) not in sizes:
+            if check is not None:
+                check()
+            found = _shard_dim(info, read, column, stats)
+            if found is not None:
+                sizes[str(info.path)] = found
+    check_one_dim(column, sizes)
+    dim = next(iter(sizes.values()), None) or dim_if_none
     if not dim:
         raise NoInputError(f"vectors column {column!r} holds no vector in any shard")
     return infos, dim
