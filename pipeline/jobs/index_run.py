@@ -268,7 +268,7 @@ def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory
             used_sha = used_sha or weights.result()
             check_drift(previous, embedding_settings(with_weights_sha256(spec, used_sha), config, job, previous),
                         out.root)
-        store = EmbeddingStore(out.store_dir)
+        store = EmbeddingStore(out.store_dir, report.damaged_entries)  # a damaged entry embedded again is reported
         with writing(out.store_dir):
             store.open()
         kept_recs = kept_records(previous, shards, job.sync)  # additive: the live shards not named (by abs path)

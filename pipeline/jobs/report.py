@@ -48,6 +48,8 @@ class RunReport:
     removed: dict[str, Any] = field(default_factory=dict)  # documents of the live version not in the new one
     deletes: dict[str, Any] = field(default_factory=dict)  # --delete: requested, deleted, not_found
     repaired: str | None = None  # why the live version was rebuilt from the store (its files were damaged)
+    # store entries (or committed ranges) found damaged and embedded again from their shard: entry, shard, reason
+    damaged_entries: list[dict[str, str]] = field(default_factory=list)
     _t0: float = field(default_factory=time.perf_counter, repr=False)
 
     def skip(self, reason: str, count: int = 1) -> None:
@@ -115,6 +117,9 @@ class RunReport:
                 parts.append(f"{self.index['superseded']} superseded (ids also in a shard that sorts later)")
             if self.repaired:
                 parts.append("the damaged live version was rebuilt from the store")
+            if self.damaged_entries:
+                damaged = len(self.damaged_entries)
+                parts.append(f"{damaged} damaged store {'entry' if damaged == 1 else 'entries'} embedded again")
             if self.version:
                 parts.append(f"version {self.version}")
             recovered = ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in self.retries.items() if n)

@@ -114,7 +114,7 @@ def _run(job: IndexJob, column: str, report: RunReport, stop: StopSignals, start
         job = index_settings.of(job, live_manifest(out) if job.full else previous)  # another writer may have published
         if previous is not None:
             run.check_drift(previous, settings, out.root)
-        store = EmbeddingStore(out.store_dir)
+        store = EmbeddingStore(out.store_dir, report.damaged_entries)  # a damaged entry embedded again is reported
         with writing(out.store_dir):
             store.open()
         kept_recs = kept_records(previous, shards, job.sync)

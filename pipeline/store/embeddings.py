@@ -83,11 +83,27 @@ def warn(message: str) -> None:
 
 
 class DamagedEntry(Exception):
-    """A store entry whose files are missing, truncated, garbage or not regular files."""
+    """A store entry whose files are missing, truncated, garbage or not regular files; ``name``: the file of the entry
+    being checked when ``cause`` was raised (``damage_reason``)."""
 
-    def __init__(self, path: Path, cause: BaseException) -> None:
-        reason = cause.strerror if isinstance(cause, OSError) and cause.strerror else one_line(str(cause))[:200]
-        super().__init__(f"the store entry {quote_path(path)} is damaged ({reason})")
+    def __init__(self, path: Path, cause: BaseException, name: str | None = None) -> None:
+        self.path = path
+        self.reason = damage_reason(path, cause, name)
+        super().__init__(f"the store entry {quote_path(path)} is damaged ({self.reason})")
+
+
+def damage_reason(path: Path, cause: BaseException, name: str | None = None) -> str:
+    """Why the entry at ``path`` is damaged, naming its file: the one an OS error names (relative to the entry), else
+    ``name``. NOTE: the error's text alone said 'damaged (No such file or directory)' or 'damaged (Expecting value:
+    line 1 column 1 (char 0))', naming no file of the entry."""
+    filename = getattr(cause, "filename", None) if isinstance(cause, OSError) else None
+    if filename:
+        file = Path(os.fsdecode(filename))
+        name = file.relative_to(path).as_posix() if path in file.parents else quote_path(file)
+    if isinstance(cause, FileNotFoundError) and name:
+        return f"{name} is missing"
+    reason = cause.strerror if isinstance(cause, OSError) and cause.strerror else one_line(str(cause))[:200]
+    return f"{name}: {reason}" if name and name not in reason else reason
 
 
 def _entry_json(raw: bytes) -> Any:
@@ -275,8 +291,12 @@ class StoreEntry:
 
 
 class EmbeddingStore:
-    def __init__(self, root: Path) -> None:
+    """``damaged``: the entries (and committed ranges) found damaged and moved out of sight so their shard is embedded
+    again (``repaired``), a run's report's ``damaged_entries`` when it passes its list."""
+
+    def __init__(self, root: Path, damaged: list[dict[str, str]] | None = None) -> None:
         self.root = root
+        self.damaged = damaged if damaged is not None else []
         self.shards_dir = root / "shards"
         self.tmp_dir = root / "tmp"
         self._sha256: dict[tuple[str, int, int, int, int, str], str] = {}
@@ -323,7 +343,13 @@ class EmbeddingStore:
     def _read_entry(self, path: Path, verify: bool) -> StoreEntry:
         meta_file = path / "entry.json"
         if not meta_file.exists() and not meta_file.is_symlink():
-            raise FileNotFoundError(meta_file)
+            if not os.path.lexists(path):
+                raise FileNotFoundError(meta_file)  # no entry: its shard is embedded (a rebuild: 78, none stored)
+            # NOTE: an entry is committed whole (one rename): its directory without entry.json is damaged, as one
+            # without embeddings.npy is (65 where nothing can embed it again). Was taken for no entry: embedded again
+            # without a word, and a kept shard's or a rebuild's 78 'the store has no embeddings'
+            raise DamagedEntry(path, FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(meta_file)))
+        name: str | None = "entry.json"  # the file being checked, named by the damage (``damage_reason``)
         try:
             meta = _entry_json(read_regular(meta_file, self.root, ENTRY_MAX_BYTES))
             rows = int(meta["counts"]["rows"])
@@ -334,13 +360,15 @@ class EmbeddingStore:
             [int(count) for count in meta["counts"]["skipped"].values()]
             str(meta["source"]["sha256"]), str(meta["source"]["path"]), str(meta["source"]["abs_path"])
             int(meta["source"]["size"]), int(meta["source"]["mtime_ns"])
-            check_npy(path / "embeddings.npy", self.root, (rows, dim))
-            for name in ("rows.parquet", "rejects.parquet"):
+            name = "embeddings.npy"
+            check_npy(path / name, self.root, (rows, dim))
+            for name in DATA_FILES[1:]:
                 check_regular(path / name, self.root)
                 pq.read_metadata(path / name)
+            name = None  # NOTE: its errors name the file
             fresh = check_checksums(path, meta, full=verify)
         except (OSError, ValueError, KeyError, TypeError, pa.ArrowException, PetalError) as exc:
-            raise DamagedEntry(path, exc) from exc
+            raise DamagedEntry(path, exc, name) from exc
         if fresh:
             record_stat(path, meta, fresh)
         return StoreEntry(path, meta, checked=verify)
@@ -391,9 +419,16 @@ class EmbeddingStore:
         except DamagedEntry as exc:
             if not repair:
                 raise BadInputError(str(exc)) from exc
-            warn(f"{exc}; embedding the shard again")
-            self.discard(path)
+            self.repaired(exc, info)
             return None
+
+    def repaired(self, damage: DamagedEntry, info: ShardInfo | str, what: str = "the shard") -> None:
+        """A damaged entry (or committed range: ``what``) of the shard ``info`` moved out of sight, to be embedded
+        again from its source: said on stderr and counted (``damaged``)."""
+        warn(f"{damage}; embedding {what} again")
+        shard = info if isinstance(info, str) else str(info.path)
+        self.damaged.append({"entry": str(damage.path), "shard": shard, "reason": damage.reason})
+        self.discard(damage.path)
 
     def check_bytes(self, entry: StoreEntry) -> None:
         """Every byte of ``entry``'s files against the sha256 recorded at its commit (of an entry looked up without

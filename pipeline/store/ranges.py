@@ -47,7 +47,6 @@ from petal.pipeline.store.embeddings import (
     commit_entry,
     shard_key,
     store_listing,
-    warn,
 )
 
 PART_NAME = re.compile(r"^g(\d{6,})-(\d{6,})$")
@@ -119,8 +118,7 @@ def committed_parts(store: EmbeddingStore, info: ShardInfo, fingerprint: str) ->
         except FileNotFoundError:
             continue
         except DamagedEntry as exc:
-            warn(f"{exc}; embedding the range again")
-            store.discard(path)
+            store.repaired(exc, info, "the range")
     return found
 
 

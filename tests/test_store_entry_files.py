@@ -1,0 +1,134 @@
+"""Every file of a store entry, every way it can be damaged (missing, empty, cut short, garbage, a directory in its
+place), on each path a run takes through the store (RELIABILITY.md promise 17): a shard the run names and would
+reuse is embedded again from its source, said on stderr and counted in the report (``damaged_entries``); the entry
+of a shard an additive run keeps without naming it, and ``petal rebuild`` (no source read), are 65 naming the entry
+and the file, nothing published. Real processes, real Parquet files, the fake engine."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tests import forkrun
+from tests.fake_engine import embedded_ids, make_fake_model_dir
+
+ROWS = 5
+FILES = ("embeddings.npy", "rows.parquet", "rejects.parquet", "entry.json")
+
+
+def write(data: Path, name: str, salt: int = 0) -> None:
+    pq.write_table(pa.table({"id": [f"{name}-{salt}-{i}" for i in range(ROWS)],
+                             "text": [f"{name} words {i} edition {salt}" for i in range(ROWS)]}),
+                   data / f"{name}.parquet")
+
+
+def removed(path: Path) -> None:
+    path.unlink()
+
+
+def emptied(path: Path) -> None:
+    path.write_bytes(b"")
+
+
+def cut_short(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def garbage(path: Path) -> None:
+    path.write_bytes(b"not what petal wrote\n" * 4)
+
+
+def a_directory(path: Path) -> None:
+    path.unlink()
+    path.mkdir()
+    (path / "x").write_text("x")
+
+
+DAMAGES = [removed, emptied, cut_short, garbage, a_directory]
+CASES = [pytest.param(name, damage, id=f"{name}-{damage.__name__}") for name in FILES for damage in DAMAGES]
+
+
+class Job:
+    def __init__(self, root: Path, model: Path) -> None:
+        self.root, self.model, self.data, self.out = root, model, root / "data", root / "out"
+        self.count = 0
+
+    def run(self, *argv: str) -> tuple[forkrun.Result, Path]:
+        self.count += 1
+        log = self.root / f"fake-{self.count}.jsonl"
+        report = self.root / f"report-{self.count}.json"
+        command = list(argv) if argv[:1] == ("rebuild",) else \
+            ["index", *(argv or (str(self.data),)), "--out", str(self.out), "--model", str(self.model), "-q"]
+        result = forkrun.petal([*command, "--json-report", str(report)], {"PETAL_TEST_FAKE_ENGINE": str(log)})
+        assert "Traceback" not in result.stderr, result.stderr
+        return result, log
+
+    def entry_of(self, name: str) -> Path:
+        return next(e.parent for e in (self.out / "store" / "shards").glob("*/*/entry.json")
+                    if json.loads(e.read_text())["source"]["path"].endswith(f"{name}.parquet"))
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("entry-files") / "home"
+    (root / "data").mkdir(parents=True)
+    for name in "ab":
+        write(root / "data", name)
+    job = Job(root, make_fake_model_dir(root.parent / "model"))
+    assert job.run()[0].rc == 0
+    return root
+
+
+@pytest.fixture
+def job(pristine, tmp_path) -> Job:
+    home = pristine  # the store records the shards' absolute paths: DATA stays where the first run read it
+    shutil.copytree(home, tmp_path / "copy", symlinks=True)
+    job = Job(home, pristine.parent / "model")
+    job.count = 1
+    yield job
+    shutil.rmtree(home)
+    shutil.copytree(tmp_path / "copy", home, symlinks=True)
+
+
+@pytest.mark.parametrize(("name", "damage"), CASES)
+def test_a_damaged_entry_of_a_named_shard_is_embedded_again_said_and_counted(job, name, damage):
+    """entry.json removed was taken for no entry at all: the shard embedded again without a word; a missing file
+    was said as 'damaged (No such file or directory)', garbage as 'damaged (Expecting value: ...)', naming no file."""
+    entry = job.entry_of("a")
+    damage(entry / name)
+    write(job.data, "b", salt=1)  # a change: the run builds a new version, a's entry reused
+    result, log = job.run()
+    assert result.rc == 0, result.stderr
+    warning = next(line for line in result.stderr.splitlines() if str(entry) in line)
+    assert "is damaged (" in warning and name in warning and "embedding the shard again" in warning, warning
+    assert sorted(embedded_ids(log)) == sorted([f"a-0-{i}" for i in range(ROWS)] + [f"b-1-{i}" for i in range(ROWS)])
+    assert result.report is not None
+    assert [(d["entry"], d["shard"].endswith("a.parquet"), name in d["reason"])
+            for d in result.report["damaged_entries"]] == [(str(entry), True, True)]
+    assert "1 damaged store entry embedded again" in result.stderr
+    again, log = job.run()
+    assert again.rc == 0 and embedded_ids(log) == [] and "damaged" not in again.stderr  # the new entry is whole
+
+
+@pytest.mark.parametrize(("name", "damage"), CASES)
+def test_a_damaged_entry_of_a_kept_shard_or_a_rebuild_is_65_naming_the_entry_and_the_file(job, name, damage):
+    """entry.json removed was 78 'the store has no embeddings' where every other file was 65."""
+    entry = job.entry_of("a")
+    damage(entry / name)
+    current = (job.out / "CURRENT").read_text()
+    write(job.data, "b", salt=1)
+    kept, log = job.run(str(job.data / "b.parquet"))  # additive: a is kept, its source not read
+    assert kept.rc == 65, kept.stderr
+    assert str(entry) in kept.last_line and "damaged (" in kept.last_line and name in kept.last_line
+    assert "a.parquet" in kept.last_line and "name it as a SOURCE" in kept.last_line
+    assert embedded_ids(log) == [] and (job.out / "CURRENT").read_text() == current
+    rebuilt, _ = job.run("rebuild", str(job.out))
+    assert rebuilt.rc == 65, rebuilt.stderr
+    assert str(entry) in rebuilt.last_line and name in rebuilt.last_line and "damaged (" in rebuilt.last_line
+    assert (job.out / "CURRENT").read_text() == current
