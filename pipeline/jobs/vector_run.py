@@ -9,6 +9,7 @@ and published as a version. Bad vectors are counted skips (``pipeline/ingest/vec
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 from typing import Any
@@ -49,8 +50,18 @@ def vector_settings(column: str, dim: int, job: IndexJob) -> PrecomputedSettings
 def run_vector_index(job: IndexJob, column: str, report: RunReport, stop: StopSignals | None = None,
                      given: frozenset[str] | None = None) -> RunReport:
     """Index the vectors of ``column`` in ``job.sources`` into ``job.out`` (no model). ``given``: the ``job.index``
-    fields the caller chose (``None``: all); the others keep the live version's, as a text run's (``run_index``)."""
-    stop = stop or StopSignals()
+    fields the caller chose (``None``: all); the others keep the live version's, as a text run's (``run_index``).
+    ``stop``: the caller's active ``StopSignals`` (the CLI's); without one, the stop signals are caught for the length
+    of the run, as ``run_index`` catches them.
+
+    NOTE: the StopSignals made here was never entered: a Python caller's run in the main thread was killed by SIGTERM
+    outright and SIGINT was a KeyboardInterrupt (exit 1), where a text run stops cleanly (Interrupted, 143/130)."""
+    with contextlib.nullcontext(stop) if stop is not None else StopSignals() as active:
+        return _checked_run(job, column, report, active, given)
+
+
+def _checked_run(job: IndexJob, column: str, report: RunReport, stop: StopSignals,
+                 given: frozenset[str] | None) -> RunReport:
     started = time.perf_counter()
     report.out = str(job.out)  # NOTE: as a text run: the report is never written over a file of OUT
     stop.check()  # as a text run: a signal that arrived while petal started stops the run before any check
@@ -114,7 +125,7 @@ def _run(job: IndexJob, column: str, report: RunReport, stop: StopSignals, start
         job = index_settings.of(job, live_manifest(out) if job.full else previous)  # another writer may have published
         if previous is not None:
             run.check_drift(previous, settings, out.root)
-        store = EmbeddingStore(out.store_dir, report.damaged_entries)  # a damaged entry embedded again is reported
+        store = EmbeddingStore(out.store_dir)
         with writing(out.store_dir):
             store.open()
         kept_recs = kept_records(previous, shards, job.sync)
