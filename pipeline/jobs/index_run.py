@@ -754,9 +754,22 @@ def check_drift(previous: Manifest, settings: EmbeddingSettings | PrecomputedSet
     """Refuse to mix vectors made with other settings into an existing index (exit 78), saying in words
     which settings differ."""
     differ = previous.embedding.differences(settings)
+    was, now = _vectors_kind(previous.embedding), _vectors_kind(settings)
+    if differ and was != now:  # NOTE: every model setting differs then: the list buried what did (text vs vectors)
+        raise ConfigError(f"{quote_path(out)} holds {was}; this run indexes {now}: one index holds one kind of "
+                          "vectors. Index them into another --out, or replace the live version's shards with "
+                          "--full --sync --max-removed 100%")
     if differ:
         raise ConfigError(f"{quote_path(out)} was built with other settings ({one_line(', '.join(differ))}); pass "
                           "--full to rebuild it")
+
+
+def _vectors_kind(settings: EmbeddingSettings | PrecomputedSettings) -> str:
+    """What made an index's vectors, in words: a model from text, or a column of precomputed vectors."""
+    if isinstance(settings, PrecomputedSettings):
+        return f"the precomputed vectors of column {settings.vectors_column!r} ({settings.dim} dimensions)"
+    return f"a model's vectors ({settings.architecture}, {settings.dim} dimensions) of text column " \
+           f"{settings.text_column!r}"
 
 
 def unchanged(previous: Manifest, shards: list[ShardInfo], entries: list[StoreEntry], job: IndexJob,
