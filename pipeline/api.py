@@ -29,16 +29,14 @@ from petal.pipeline.jobs.settings import (
 )
 from petal.pipeline.reliability.errors import (
     ArgumentTypeError,
-    ConfigError,
     FlagError,
     OutputError,
     PetalError,
     UsageError,
-    io_error,
     keyword_named,
     one_line,
-    out_of_memory,
     quote_path,
+    unmapped_error,
 )
 
 if TYPE_CHECKING:
@@ -266,18 +264,15 @@ def _run(work: Callable[[], RunReport], report: RunReport, json_report: Path | s
             work()
         except BrokenPipeError:
             raise  # stdout's reader went away: the CLI ends quietly (141)
-        except OSError as exc:  # one nothing mapped on its way up: 74 naming the file (73/66: permission denied)
-            raise io_error(exc, [path for path in outputs if path is not None and str(path) != "-"]) from exc
-        except MemoryError as exc:  # one no read path named (a build, a merge): the host's 74, not a bug
-            raise out_of_memory(exc) from exc
-        except ValueError as exc:
+        except (OSError, MemoryError, ValueError) as exc:
+            # an OSError nothing mapped: 74 naming the file (73/66: permission denied); a host MemoryError no read
+            # path named (a build, a merge): 74, not a bug; a model's error: 78.
             # NOTE: no ValueError inside a run becomes a usage error: flags are judged by their parsing and
-            # by FlagError (2); a model's error is a configuration error (78); any other is a bug (1).
-            from petal.engine.errors import ModelError
-
-            if isinstance(exc, PetalError) or not isinstance(exc, ModelError):
+            # by FlagError (2); any ValueError but a model's is a bug (1).
+            mapped = unmapped_error(exc, [path for path in outputs if path is not None and str(path) != "-"])
+            if mapped is None or mapped is exc:
                 raise
-            raise ConfigError(str(exc)) from exc
+            raise mapped from exc
     except PetalError as exc:
         keyword_named(exc)
         _fail(report, exc, exc.exit_code,

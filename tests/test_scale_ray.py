@@ -19,7 +19,7 @@ from tests.fake_cli import invoke as fake_invoke
 from tests.fake_engine import make_fake_model_dir, read_log
 from tests.test_incremental import contents
 from tests.test_scale_ranges import write_big_shard
-from tests.test_scale_workers import write_shards
+from tests.test_scale_workers import broken_copy, write_shards
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.slow
@@ -234,6 +234,22 @@ def test_an_actors_bad_input_keeps_its_exit_code(local_ray, tmp_path):
     assert "bad.parquet" in last and "row group 1" in last and "Ray run failed" not in last, last
     assert "\x1b[" not in last and "Failed to apply UDF" not in last, last
     assert "Traceback" not in result.output and "ERROR" not in result.output, result.output  # Ray Data's own log
+
+
+def test_an_actor_whose_model_fails_to_load_is_a_configuration_error(local_ray, tiny_bert_dir, tmp_path):
+    """Weights cut in half (a copy that did not finish) fail every actor's engine load: exit 78 naming the weights
+    file, as in one process and with --workers. Before: Ray's ActorDiedError had lost the actor's exception, so the
+    run ended 75 'the Ray run failed (The actor died because of an error raised in its creation task, ...)', which
+    Airflow retries (each retry a minute of Ray start and load, for a model that never loads)."""
+    local_ray()
+    data = tmp_path / "data"
+    write_shards(data, count=2, rows=5)
+    model = broken_copy(tiny_bert_dir, tmp_path / "model")
+    result = index(str(data), "--out", str(tmp_path / "out"), "--model", str(model), "--device", "cpu", "--ray",
+                   "--workers", "1")
+    assert result.exit_code == 78, result.output
+    last = result.output.strip().splitlines()[-1]
+    assert "model.safetensors" in last and "Ray run failed" not in last, last
 
 
 def test_no_more_actors_start_than_there_are_units(local_ray, tmp_path):

@@ -33,9 +33,9 @@ from petal.pipeline.config import ScaleConfig
 from petal.pipeline.ingest.parquet import ReadStats
 from petal.pipeline.jobs.progress import progress_bar
 from petal.pipeline.jobs.report import RunReport
-from petal.pipeline.jobs.worker import WorkerPlan, claimed_documents, entry_written_since, unit_entry_path
+from petal.pipeline.jobs.worker import WorkerPlan, claimed_documents, entry_written_since, load_engine, unit_entry_path
 from petal.pipeline.jobs.workers import START_TIMEOUT_ENV, start_timeout_s
-from petal.pipeline.reliability.errors import ConfigError, Interrupted, PetalError, TemporaryFailure
+from petal.pipeline.reliability.errors import ConfigError, Interrupted, PetalError, TemporaryFailure, unmapped_error
 from petal.pipeline.reliability.signals import STOP_SIGNALS, StopSignals
 from petal.pipeline.store.embeddings import EmbeddingStore, StoreEntry
 from petal.pipeline.store.ranges import RangeAssembly
@@ -199,15 +199,19 @@ class ShardEmbedder:
         import ray
         from tqdm import tqdm
 
-        from petal.pipeline.reliability.faults import fault
-
         loading = time.perf_counter()
         me = ray.get_runtime_context().current_actor
         ray.get(starts.loading.remote(me, os.getpid(), ray.util.get_node_ip_address()))
         tqdm.set_lock(threading.RLock())  # no multiprocessing semaphore per actor
         self.plan = plan
-        self.engine = plan.engine_factory(plan.spec, plan.config)
-        fault("after_model_load")  # NOTE: a sleep here is a load that hangs (the driver's start timeout)
+        try:
+            self.engine = load_engine(plan)  # NOTE: a sleep at its fault point is a load that hangs (the start timeout)
+        except BaseException as exc:
+            error = _contract_error(plan, exc)
+            # NOTE: Ray hands the driver an ActorDiedError that has lost this exception (and its exit code): say it here
+            with contextlib.suppress(Exception):
+                ray.get(starts.failed.remote(error.exit_code, error.status, str(error)), timeout=10)
+            raise error from exc
         starts.loaded.remote(os.getpid(), ray.util.get_node_ip_address())
         self.load_s = round(time.perf_counter() - loading, 3)
         self.store = EmbeddingStore(plan.store_root)  # NOTE: never ``open()``: others write in its tmp/
@@ -232,6 +236,11 @@ class ShardEmbedder:
                     out["position"].append(position)
                     out["entry"].append(str(entry.path))
                     out["rows"].append(entry.num_embedded)
+        except BaseException as exc:
+            error = _contract_error(plan, exc)
+            if error is exc:
+                raise
+            raise error from exc
         finally:
             closing.set()
             chunks.close()
@@ -246,6 +255,13 @@ class ShardEmbedder:
         return out
 
 
+def _contract_error(plan: WorkerPlan, exc: BaseException) -> Any:
+    """``exc`` as the driver's exit-code contract has it (``unmapped_error``: a disk's 74, a model's 78, ...); a bug
+    stays itself (exit 1 at the driver is Ray's 75: the run failed)."""
+    error = unmapped_error(exc, [plan.store_root.parent])
+    return exc if error is None else error
+
+
 class _ActorStarts:
     """A Ray actor of the driver's (no CPU): each ``ShardEmbedder`` says when it begins loading its engine and when
     it has, so the driver can tell an actor whose load hangs from one that embeds a long shard; and which actors the
@@ -254,6 +270,7 @@ class _ActorStarts:
     def __init__(self) -> None:
         self._loading: dict[tuple[str, int], tuple[float, Any]] = {}  # (node, pid) -> (monotonic here, handle)
         self._started: list[Any] = []
+        self._failures: list[tuple[int, str, str]] = []  # (exit code, status, message) of an engine that did not load
 
     def loading(self, actor: Any, pid: int, node: str) -> None:
         self._loading[(node, pid)] = (time.monotonic(), actor)
@@ -264,6 +281,12 @@ class _ActorStarts:
 
     def loaded(self, pid: int, node: str) -> None:
         self._loading.pop((node, pid), None)
+
+    def failed(self, exit_code: int, status: str, message: str) -> None:
+        self._failures.append((exit_code, status, message))
+
+    def failures(self) -> list[tuple[int, str, str]]:
+        return list(self._failures)
 
     def overdue(self, seconds: float) -> list[tuple[str, int, Any]]:
         """``(node, pid, handle)`` of each actor loading for ``seconds`` or more; forgotten once told."""
@@ -304,6 +327,15 @@ class _StartWatch:
         return (f"the Ray actor{'s' if len(self.killed) > 1 else ''} {', '.join(self.killed)} did not load "
                 f"{'their engines' if len(self.killed) > 1 else 'its engine'} within {self.timeout_s:g} s of "
                 f"starting to, killed ({START_TIMEOUT_ENV}=SECONDS allows longer)")
+
+    def load_error(self) -> tuple[int, str, str] | None:
+        """``(exit code, status, message)`` of the first actor whose engine failed to load (a model's error, 78), as
+        that actor said it; ``None`` if none did."""
+        try:
+            failures = self._ray.get(self.starts.failures.remote(), timeout=10)
+        except Exception:  # NOTE: the helper actor gone with the cluster: Ray's own words are all there is
+            return None
+        return failures[0] if failures else None
 
     def close(self, early: bool) -> None:
         """The watch ends; ``early`` (a stop signal, a failed unit, the driver's own error): with every actor the run
@@ -388,7 +420,7 @@ def _embed_on_ray(plan: WorkerPlan, scale: ScaleConfig, report: RunReport, stop:
             for position, shard_entry in assembly.commit(unit, entry):
                 committed += 1
                 yield position, shard_entry  # the run counts it (report, exit message) as the store holds it
-        raise _ray_failure(exc, committed, len(plan.shards), watch.failure) from exc
+        raise _ray_failure(exc, committed, len(plan.shards), watch.failure, watch.load_error()) from exc
     finally:
         progress.close()
         close = getattr(rows, "close", None)  # NOTE: Ray Data's executor stops (no unit is handed out any more)
@@ -424,9 +456,16 @@ def _unreported_commits(plan: WorkerPlan, store: EmbeddingStore, reported: set[i
     return found
 
 
-def _ray_failure(exc: BaseException, committed: int, total: int, reason: str | None = None) -> PetalError:
+def _ray_failure(exc: BaseException, committed: int, total: int, reason: str | None = None,
+                 load_error: tuple[int, str, str] | None = None) -> PetalError:
     """A Ray error as the exit-code contract has it: an actor's ``PetalError`` keeps its code; the rest is 75
-    (``reason``: what petal knows failed, an actor it killed, in place of Ray's words)."""
+    (``reason``: what petal knows failed, an actor it killed, in place of Ray's words; ``load_error``: the
+    ``(exit code, status, message)`` an actor whose engine did not load said, which Ray's error has lost)."""
+    from petal.pipeline.jobs.workers import WorkerFailed
+
+    if load_error is not None:
+        code, status, message = load_error
+        return WorkerFailed(f"{message} ({committed} of {total} shards committed)", code, status)
     if reason is not None:
         return TemporaryFailure(f"{reason}; {committed} of {total} shards committed, {total - committed} not: "
                                 "rerun to embed only those")
@@ -436,8 +475,6 @@ def _ray_failure(exc: BaseException, committed: int, total: int, reason: str | N
         inner = getattr(cause, "cause", None) or cause.__cause__
         # NOTE: a RayTaskError(PetalError) is a PetalError too, whose text is Ray's traceback: the actor's own is inside
         if isinstance(cause, PetalError) and not isinstance(inner, PetalError):
-            from petal.pipeline.jobs.workers import WorkerFailed
-
             message = (str(cause).strip().splitlines() or [type(cause).__name__])[0]  # Ray appends its retry notes
             return WorkerFailed(f"{message} ({committed} of {total} shards committed)", cause.exit_code, cause.status)
         cause = inner

@@ -149,7 +149,7 @@ def worker_main(plan: WorkerPlan, slot: WorkerSlot, conn: Any, coordinator: int 
         os.environ["CUDA_VISIBLE_DEVICES"] = slot.cuda_device  # NOTE: before the first torch import
     from tqdm import tqdm
 
-    from petal.pipeline.reliability.errors import PetalError
+    from petal.pipeline.reliability.errors import unmapped_error
     from petal.pipeline.reliability.signals import StopSignals
 
     # NOTE: tqdm's default lock is a multiprocessing semaphore, registered with the coordinator's resource
@@ -161,15 +161,15 @@ def worker_main(plan: WorkerPlan, slot: WorkerSlot, conn: Any, coordinator: int 
         with StopSignals(second_kills=False) as stop:  # the coordinator forwards signals: a repeat must not kill
             try:
                 summary = _run(plan, slot, events, stop)
-            except PetalError as exc:
+            except BaseException as exc:
                 if events.gone:  # NOTE: whatever the pipe's failure became on its way up (a thread, a wrapper)
                     exit_orphaned()
-                events.put(("error", slot.index, exc.exit_code, exc.status, str(exc)))
-                return
-            except BaseException as exc:  # a bug: the traceback goes to stderr, the coordinator exits 1
-                if events.gone:
-                    exit_orphaned()
-                traceback.print_exc(file=sys.stderr)
+                # as the CLI maps it in one process: a disk's OSError 74, a model's error 78, ...
+                error = unmapped_error(exc, [plan.store_root.parent])
+                if error is not None:
+                    events.put(("error", slot.index, error.exit_code, error.status, str(error)))
+                    return
+                traceback.print_exc(file=sys.stderr)  # a bug: the traceback goes to stderr, the coordinator exits 1
                 events.put(("error", slot.index, 1, "failed", f"internal error in worker {slot.index}: {exc!r}"))
                 return
         events.put(("done", slot.index, summary))
@@ -180,9 +180,8 @@ def worker_main(plan: WorkerPlan, slot: WorkerSlot, conn: Any, coordinator: int 
 def _run(plan: WorkerPlan, slot: WorkerSlot, events: Channel, stop: Any) -> dict[str, Any]:
     from petal.pipeline.ingest.prefetch import Prefetcher
     from petal.pipeline.ingest.tokens import tokenize_documents, tokenizer_for
-    from petal.pipeline.jobs.index_run import _reraise, embed_shards
+    from petal.pipeline.jobs.index_run import embed_shards
     from petal.pipeline.jobs.report import RunReport
-    from petal.pipeline.reliability.faults import fault
     from petal.pipeline.store.embeddings import EmbeddingStore
 
     started = time.perf_counter()
@@ -200,11 +199,7 @@ def _run(plan: WorkerPlan, slot: WorkerSlot, events: Channel, stop: Any) -> dict
     chunks = Prefetcher(tokenize_documents(documents, tokenizer_for(plan.spec), plan.job.tokenize_workers or 1),
                         depth=16)
     try:
-        try:
-            engine = plan.engine_factory(plan.spec, plan.config)
-            fault("after_model_load")  # NOTE: a sleep here is a load that hangs (the coordinator's start timeout)
-        except BaseException as exc:
-            _reraise(exc)
+        engine = load_engine(plan)
         progress = ProgressEngine(engine, events, slot.index)
         events.put(("ready", slot.index, os.getpid(), engine.describe()))
         load_s = time.perf_counter() - started
@@ -234,6 +229,23 @@ def _run(plan: WorkerPlan, slot: WorkerSlot, events: Channel, stop: Any) -> dict
                           "embed_wait_device": report.timings_s.get("embed_wait_device", 0.0)},
             "engine": engine.describe(), "stats": engine.stats.as_dict(),
             "oom_splits": report.retries["oom_splits"]}
+
+
+def load_engine(plan: WorkerPlan) -> Any:
+    """The worker's (or Ray actor's) engine, its errors as the run's in one process: a model's error (weights gone or
+    wrong) is a ``ConfigError`` (78), a device or kernel the flags asked for and this host lacks a ``FlagError`` (2),
+    a device that cannot go on a ``TemporaryFailure`` (75)."""
+    from petal.pipeline.jobs.index_run import _reraise
+    from petal.pipeline.reliability.errors import flag_errors
+    from petal.pipeline.reliability.faults import fault
+
+    try:
+        with flag_errors():
+            engine = plan.engine_factory(plan.spec, plan.config)
+        fault("after_model_load")  # NOTE: a sleep here is a load that hangs (the coordinator's start timeout)
+    except BaseException as exc:
+        _reraise(exc)
+    return engine
 
 
 def unit_entry_path(plan: WorkerPlan, store: EmbeddingStore, unit: int) -> Path:

@@ -257,6 +257,24 @@ def out_of_memory(exc: MemoryError) -> PetalIOError:
                         "from the shards it finished")
 
 
+def unmapped_error(exc: BaseException, outputs: Iterable[Path | str] | None = None) -> PetalError | None:
+    """The contract's ``PetalError`` of ``exc``, an exception nothing mapped on its way up: ``exc`` itself when it is
+    one; an ``OSError`` as ``io_error`` (``outputs`` as there); a host ``MemoryError`` as ``out_of_memory``; a model's
+    ``ModelError`` (weights gone or wrong) as a ``ConfigError`` (78). ``None`` for anything else: a bug (exit 1).
+    Where the run goes on in another process (a worker, a Ray actor) this maps its error as the CLI would."""
+    if isinstance(exc, PetalError):
+        return exc
+    if isinstance(exc, OSError):
+        return io_error(exc, outputs)
+    if isinstance(exc, MemoryError):
+        return out_of_memory(exc)
+    from petal.engine.errors import ModelError
+
+    if isinstance(exc, ModelError):
+        return ConfigError(one_line(str(exc)))
+    return None
+
+
 def inside(path: object, root: Path | str) -> bool:
     """``path`` is ``root`` or below it, as given or with symlinks resolved (an OUT given through a link)."""
     try:
