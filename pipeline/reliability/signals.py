@@ -31,8 +31,13 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, si
 
 def not_ignored() -> list[int]:
     """The stop signals this process does not ignore: one it was started ignoring is the caller's word (``nohup petal
-    index ... &``'s SIGHUP: the run outlives the session; a background job's SIGINT) and stays ignored."""
-    return [sig for sig in STOP_SIGNALS if signal.getsignal(sig) is not signal.SIG_IGN]
+    index ... &``'s SIGHUP: the run outlives the session; a background job's SIGINT) and stays ignored.
+
+    NOTE: nor one whose handler was installed outside Python (a program embedding the interpreter: uWSGI, a C host;
+    ``getsignal`` says None): it cannot be put back (``signal.signal(sig, None)`` is a TypeError), so it is left to
+    that handler. Taken, a Python caller's run ended in that TypeError after it published, with petal's handler left
+    installed for good (a SIGTERM then set the flag of a finished run and no longer stopped the process)."""
+    return [sig for sig in STOP_SIGNALS if signal.getsignal(sig) not in (signal.SIG_IGN, None)]
 
 
 class StopSignals:
