@@ -4,7 +4,10 @@ bodies the ``openai`` client reads, against a real server on loopback (the packa
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
+import numpy as np
 import pytest
 
 from tests._serve_shared import default_server
@@ -72,3 +75,65 @@ def test_connect_is_405_with_allow_whatever_its_target(server, target):
         error["error"]["message"] and "no proxy" in error["error"]["message"], error
     assert counted_since(server, before) == {"/health 200": 1, "unmatched 405": 1}
     assert server.client.get("/health").status_code == 200
+
+
+def _openai(server):
+    openai = pytest.importorskip("openai")
+    return openai, openai.OpenAI(base_url=server.url + "/v1", api_key="any", max_retries=0)
+
+
+@pytest.mark.parametrize("call, exception, param, said", [
+    (dict(input="ice", dimensions=0), "UnprocessableEntityError", "dimensions", "'dimensions' must be >= 1"),
+    (dict(input="ice", dimensions=100000), "UnprocessableEntityError", "dimensions", "the model has 384"),
+    (dict(input="ice", encoding_format="float32"), "UnprocessableEntityError", "encoding_format", "float, base64"),
+    (dict(input=[]), "UnprocessableEntityError", "input", "'input' is empty"),
+    (dict(input=["ice", 5]), "UnprocessableEntityError", "input", "item 1 is an integer"),
+    (dict(input=[[101, 30000000]]), "UnprocessableEntityError", "input", "outside the vocabulary"),
+    (dict(input="ice", user=5), "UnprocessableEntityError", "user", "'user' must be a string"),
+    (dict(input="ice", model="text-embedding-3-small"), "NotFoundError", "model", "is not served here"),
+    (dict(input="ice", extra_body={"stream": True}), "UnprocessableEntityError", None, "unknown field(s) 'stream'"),
+])
+def test_the_openai_client_reads_each_error_with_its_param(server, call, exception, param, said):
+    """The error body lacked OpenAI's ``param``: the ``openai`` client's exception had ``param`` None whatever field
+    was wrong. Every error now carries it (the field, or null), and the client raises the class of its status with
+    the server's message."""
+    openai, client = _openai(server)
+    with pytest.raises(getattr(openai, exception)) as caught:
+        client.embeddings.create(**{"model": "all-MiniLM-L6-v2", **call})
+    assert caught.value.param == param and said in caught.value.message, (caught.value.param, caught.value.message)
+    assert set(caught.value.body) == {"message", "type", "param", "code"}, caught.value.body
+
+
+def test_every_error_body_has_openai_s_four_fields(server):
+    """Errors of the app (401-free server: 404, 405, 400 query string, 422) and of the HTTP layer (the parser's 400, a
+    CONNECT's 405, a 505) alike."""
+    answers = [server.client.get("/nope"), server.client.get("/search"), server.client.get("/health?x=1"),
+               server.client.post("/search", json={"query": "ice", "k": 0})]
+    bodies = [answer.json() for answer in answers]
+    for raw in (b"POST /search HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n",
+                b"CONNECT a:1 HTTP/1.1\r\nHost: a:1\r\n\r\n", b"GET /health HTTP/2.0\r\nHost: x\r\n\r\n"):
+        bodies.append(answer_of(exchange(server, raw))[2])
+    for body in bodies:
+        assert list(body) == ["error"] and list(body["error"]) == ["message", "type", "param", "code"], body
+    assert [body["error"]["param"] for body in bodies] == [None, None, None, "k", None, None, None]
+
+
+def test_the_openai_client_s_default_base64_equals_the_float_answer_and_petal_embed(server, tmp_path):
+    """The ``openai`` client asks for base64 unless told (``encoding_format`` left out): the vectors it decodes equal
+    the float answer's and ``petal embed``'s, with ``dimensions`` too (the first N values, renormalised)."""
+    _, client = _openai(server)
+    texts = ["how do glaciers move", "a cat on a mat"]
+    out = tmp_path / "embedded.npy"
+    subprocess.run([sys.executable, "-m", "petal.cli.main", "embed", *texts, "--output", str(out)], check=True,
+                   capture_output=True, timeout=600)
+    embedded = np.load(out)
+    for dimensions in (None, 64):
+        extra = {} if dimensions is None else {"dimensions": dimensions}
+        decoded = client.embeddings.create(model="all-MiniLM-L6-v2", input=texts, **extra)
+        floats = server.client.post("/v1/embeddings", json={"input": texts, "encoding_format": "float", **extra}).json()
+        got = np.array([row.embedding for row in decoded.data], dtype=np.float32)
+        assert np.array_equal(got, np.array([row["embedding"] for row in floats["data"]], dtype=np.float32))
+        want = embedded[:, :dimensions]
+        want = want / np.linalg.norm(want, axis=1, keepdims=True)
+        assert got.shape == (2, dimensions or 384) and np.allclose(got, want, atol=1e-6), np.abs(got - want).max()
+        assert decoded.usage.prompt_tokens == floats["usage"]["prompt_tokens"] > 0

@@ -10,7 +10,8 @@ GET  /metrics        Prometheus text
 OPTIONS              any route, and ``OPTIONS *``: 204 with ``Allow`` (no key)
 ```
 
-Errors are JSON ``{"error": {"message", "type", "code"}}`` (OpenAI's shape): 400 bad JSON or a query string
+Errors are JSON ``{"error": {"message", "type", "param", "code"}}`` (OpenAI's shape; ``param``: the request field the
+error is about, or null; ``code``: the HTTP status): 400 bad JSON or a query string
 (no route takes one), 401 wrong or missing key, 404 unknown model or route (a path with an encoded slash, ``%2F``, where
 a route has a ``/``, included), 405 a standard method the route does not take, 413 body or a per-request limit, 415 a
 body declared as something else than JSON (``curl -d``'s form encoding) or in another charset than UTF-8, 501 a method
@@ -159,8 +160,16 @@ def bounded(message: str, limit: int = MESSAGE_CHARS) -> str:
     return f"{message[:head]} ... ({len(message) - head - tail} characters cut) ... {message[len(message) - tail:]}"
 
 
-def _error(status: int, message: str, kind: str, headers: dict[str, str] | None = None) -> Response:
-    return _json({"error": {"message": bounded(message), "type": kind, "code": status}}, status, headers)
+def error_body(status: int, message: str, kind: str, param: str | None = None) -> dict[str, Any]:
+    """The JSON error of every answer that is one, in OpenAI's shape (what the ``openai`` client reads into its
+    exception's ``message``, ``type``, ``param`` and ``code``). NOTE: ``param`` was missing: a client that reads
+    ``exc.param`` (or checks the shape) got nothing to say which field was wrong."""
+    return {"error": {"message": bounded(message), "type": kind, "param": param, "code": status}}
+
+
+def _error(status: int, message: str, kind: str, headers: dict[str, str] | None = None,
+           param: str | None = None) -> Response:
+    return _json(error_body(status, message, kind, param), status, headers)
 
 
 JSON_CHARSETS = ("utf-8", "utf8", "us-ascii")  # a charset a JSON body may declare: UTF-8, or ASCII (its subset)
@@ -481,7 +490,7 @@ def build_app(startup: Startup | ServeState) -> ASGIApp:
                     with span("encode"):  # bytes: JSON already
                         response = result if isinstance(result, Response) else _json(result)
             except RequestError as exc:
-                response = _error(exc.status, exc.message, exc.kind, exc.headers)
+                response = _error(exc.status, exc.message, exc.kind, exc.headers, exc.param)
             except ClientGone:  # NOTE: counted as such, logged nowhere: the client's doing, and nobody reads this
                 response = _error(CLIENT_CLOSED, "the client closed the connection before its answer",
                                   "client_closed_request")

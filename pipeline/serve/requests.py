@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -34,16 +35,24 @@ def default_k(max_k: int) -> int:
     return min(DEFAULT_K, max_k)
 
 
+# a message that begins with the field it is about: "'dimensions' must be ...", "input item 3 has ...", "'k' is ..."
+FIELD_FIRST = re.compile(r"'(\w+)'|(\w+) item \d")
+
+
 class RequestError(Exception):
-    """A client mistake: ``status`` (4xx), an OpenAI-style ``kind`` and a message naming the field."""
+    """A client mistake: ``status`` (4xx), an OpenAI-style ``kind`` and a message naming the field; ``param`` (OpenAI's
+    error ``param``): the request field it is about, given, else the one the message begins with (``FIELD_FIRST``),
+    else ``None``."""
 
     def __init__(self, status: int, message: str, kind: str = "invalid_request_error",
-                 headers: dict[str, str] | None = None) -> None:
+                 headers: dict[str, str] | None = None, param: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.kind = kind
         self.headers = headers or {}
+        first = FIELD_FIRST.match(message)
+        self.param = param if param is not None or first is None else first.group(1) or first.group(2)
 
 
 def limit_message(name: str, item: int, max_tokens: int) -> str:
@@ -88,7 +97,7 @@ def parse_json(body: bytes) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise RequestError(400, f"the body must be a JSON object, not {_kind(value)}")
     if repeated is not None:
-        raise RequestError(422, f"field {repeated!r} is given more than once")
+        raise RequestError(422, f"field {repeated!r} is given more than once", param=repeated)
     return value
 
 

@@ -33,6 +33,7 @@ from petal.pipeline.serve.app import (
     UNMATCHED,
     build_app,
     connect_refusal,
+    error_body,
     method_refusal,
     scope_route,
     version_refusal,
@@ -106,7 +107,7 @@ def raw_error(status: int, reason: bytes, message: str, default_headers: list[tu
               kind: str = "invalid_request_error") -> bytes:
     """The server's JSON error answer as raw HTTP/1.1 bytes (``Connection: close``), for what the parser refuses
     before any request reaches the app."""
-    body = dumps({"error": {"message": message, "type": kind, "code": status}})
+    body = dumps(error_body(status, message, kind))
     head = [b"HTTP/1.1 %d %s\r\n" % (status, reason)]
     head += [name + b": " + value + b"\r\n" for name, value in default_headers]
     head.append(b"content-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n" % len(body))
@@ -166,9 +167,8 @@ def http_protocol(metrics: ServeMetrics, header_timeout_s: float = 30.0,
     async def refuse_draining(scope: Scope, receive: Receive, send: Send) -> None:
         """The answer of a request whose head came after the drain began, behind one still answering: 503 with
         Retry-After, counted by its route; its connection closes after it (``JsonErrorProtocol._refuse_draining``)."""
-        body = dumps({"error": {"message": f"{SHUTTING_DOWN}: this request arrived after it began draining the "
-                                           "requests in flight and is not served; retry", "type": "shutting_down",
-                                "code": 503}})
+        body = dumps(error_body(503, f"{SHUTTING_DOWN}: this request arrived after it began draining the requests in "
+                                     "flight and is not served; retry", "shutting_down"))
         await send({"type": "http.response.start", "status": 503,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)),
                                 (b"retry-after", str(retry_after_s).encode())]})

@@ -58,7 +58,7 @@ def _where_refused(exc: FilterError) -> RequestError:
     """The 422 of a ``where`` the index cannot apply (its message names the request's field, not the flag).
     NOTE: only a ``FilterError``: another ``ValueError`` raised by a search is the server's fault (500), not the
     client's."""
-    return RequestError(422, str(exc).replace("--where", "'where'", 1))
+    return RequestError(422, str(exc).replace("--where", "'where'", 1), param="where")
 
 
 def _vectors_column(manifest: Manifest) -> tuple[str, ...]:
@@ -215,7 +215,7 @@ class ServeState:
         assert self.model is not None and self.batcher is not None and self.model_id is not None
         if req.model is not None and req.model != self.model_id:
             raise RequestError(404, f"model {req.model!r} is not served here (this server serves {self.model_id!r})",
-                               kind="model_not_found")
+                               kind="model_not_found", param="model")
         transform = self._transform(req.dimensions)
         if req.texts is not None:
             embedded = await self.embed_texts(req.texts, req.input_type, req.truncate, "input")
