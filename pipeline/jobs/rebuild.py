@@ -40,7 +40,7 @@ from petal.pipeline.reliability.safe_files import check_output_dir, check_regula
 from petal.pipeline.reliability.signals import StopSignals
 from petal.pipeline.store.columns import ColumnsNeed, columns_path
 from petal.pipeline.store.embeddings import EmbeddingStore, StoreEntry, sha256_file
-from petal.pipeline.store.tombstones import deleted_rows, settle_tombstones
+from petal.pipeline.store.tombstones import deleted_rows, held_rows, settle_tombstones, tombstone_path
 
 KEEP_VERSIONS = 2  # NOTE: as pipeline/jobs/index_run.py (not imported: it pulls in torch and the engine)
 FINGERPRINT_RE = re.compile(r"^[0-9a-f]{16,64}$")
@@ -61,8 +61,24 @@ def store_entries(out: OutputDir, manifest: Manifest) -> list[StoreEntry]:
         if entry is None:
             raise ConfigError(f"{quote_path(out.store_dir)} has no committed embeddings for {quote_path(shard.path)} "
                               f"(entry {shard.entry}); run petal index on the sources to embed it again")
+        check_tombstone(entry, shard.deleted, shard.path)
         entries.append(entry)
     return entries
+
+
+def check_tombstone(entry: StoreEntry, deleted: int, source: str) -> None:
+    """The entry's ``--delete`` tombstone holds at least the ``deleted`` rows the live version left out of ``source``:
+    else 65 naming it (a rebuild publishes the live version's documents, never some it deleted); one that is no
+    tombstone (garbage, cut short): 65 naming it, an OS error 74 (``held_rows``). NOTE: a tombstone removed (or a
+    directory in its place) was read as none, and the rebuild published the deleted documents again without a word;
+    a garbled one was 78 'FAISS cannot build index' from the build's read of it."""
+    with reading():
+        held = len(held_rows(entry.path))
+    if held < deleted:
+        raise BadInputError(f"{quote_path(tombstone_path(entry.path))} (a --delete tombstone) holds {held} deleted "
+                            f"rows of {quote_path(source)}, the live version {deleted}: a rebuild would index the "
+                            "documents it lost again; restore it, or run petal index on the sources to index them "
+                            "again")
 
 
 def run_rebuild(out_path: Path, settings: IndexSettings, report: RunReport, wait: bool = False,

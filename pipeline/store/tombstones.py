@@ -432,13 +432,13 @@ def carry_deletions(store: EmbeddingStore, entries: list[StoreEntry], live: Mani
     held = {shard_key(s.abs_path): s for s in live.shards} if live is not None else {}
     result = Deletion()
     for entry in entries:
-        key, own = entry.path.parent.name, _held_rows(entry.path)
+        key, own = entry.path.parent.name, held_rows(entry.path)
         carried = own
         if live is not None:
             record = held.get(key)
             if record is not None and record.deleted and record.sha256 == entry.source_sha256:
                 same = record.entry == entry.fingerprint
-                rows = own if same else _held_rows(entry.path.parent / record.entry)
+                rows = own if same else held_rows(entry.path.parent / record.entry)
                 if len(rows) < record.deleted:  # NOTE: a lost tombstone; said, not silent (also the entry's own)
                     say(f"warning: {quote_path(tombstone_path(entry.path.parent / record.entry))} holds "
                         f"{len(rows)} deleted rows of {quote_path(record.path)}, the live version {record.deleted}: "
@@ -446,13 +446,13 @@ def carry_deletions(store: EmbeddingStore, entries: list[StoreEntry], live: Mani
                 carried = np.union1d(carried, rows)
         elif live_exists:
             for fingerprint in _same_content_tombstones(store, entry):
-                carried = np.union1d(carried, _held_rows(entry.path.parent / fingerprint))
+                carried = np.union1d(carried, held_rows(entry.path.parent / fingerprint))
         if len(carried) > len(own):
             result.pending.append((entry, carried.astype(np.int64)))
     return result
 
 
-def _held_rows(entry_dir: Path) -> np.ndarray:
+def held_rows(entry_dir: Path) -> np.ndarray:
     """The deleted rows of the (older) entry in ``entry_dir``: an OS error is 74 (66 denied), a file that is
     no tombstone 65, each naming it."""
     path = tombstone_path(entry_dir)
