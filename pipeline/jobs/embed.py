@@ -321,7 +321,10 @@ class Embedder:
         start, held = 0, 0  # input position of the first text not answered yet, and how many texts are held
         skipped: dict[int, str] = {}
         kept: list[tuple[int, np.ndarray, bool]] = []  # held texts to embed: (input position, token ids, truncated)
-        for texts, more in _with_last(chunks):
+        if not isinstance(chunks, Iterable):
+            raise ArgumentTypeError(f"embed_stream(): chunks {kind_of(chunks)} is not an iterable of (texts, more) "
+                                    "pairs")
+        for texts, more in _with_last(_chunk(chunk, number) for number, chunk in enumerate(chunks)):
             base = start + held
             fresh = [(base + i, text) for i, text in enumerate(texts)]
             skipped.update(skipped_texts(texts, base))
@@ -362,6 +365,21 @@ def skipped_texts(texts: Sequence[Any], start: int = 0) -> dict[int, str]:
     loads: an input that holds no text to embed is no input (66) whatever the model."""
     return {start + i: why for i, text in enumerate(texts)
             if (why := undecodable_text_reason(text) or skip_reason(text))}
+
+
+def _chunk(chunk: Any, number: int) -> tuple[Sequence[Any], bool]:
+    """One of ``embed_stream``'s ``(texts, more)`` pairs, its texts judged as ``embed`` judges its own
+    (``text_items``: one str or bytes is one text). NOTE: iterated as it came, a str gave one text per character
+    (``("a text", False)``: six rows, no word) and an int item was skipped as ``not_text`` where ``embed`` refuses it;
+    a chunk that is no pair, or a ``more`` that is no bool, was a ValueError from unpacking or went unseen. Each is a
+    ``TypeError`` (also a ``UsageError``) naming the chunk."""
+    where = f"embed_stream(): chunks[{number}]"
+    if not isinstance(chunk, (tuple, list)) or len(chunk) != 2:
+        raise ArgumentTypeError(f"{where} is {kind_of(chunk)}, not a (texts, more) pair")
+    texts, more = chunk
+    if not isinstance(more, (bool, np.bool_)):
+        raise ArgumentTypeError(f"{where}: more={more!r} is {kind_of(more)}, not True or False")
+    return text_items(texts, f"{where}: texts"), bool(more)
 
 
 def _with_last(chunks: Iterable[tuple[Sequence[Any], bool]]) -> Iterator[tuple[Sequence[Any], bool]]:
