@@ -132,3 +132,41 @@ def test_a_damaged_entry_of_a_kept_shard_or_a_rebuild_is_65_naming_the_entry_and
     assert rebuilt.rc == 65, rebuilt.stderr
     assert str(entry) in rebuilt.last_line and name in rebuilt.last_line and "damaged (" in rebuilt.last_line
     assert (job.out / "CURRENT").read_text() == current
+
+
+@pytest.mark.parametrize(("name", "damage"), [pytest.param(n, d, id=f"{n}-{d.__name__}") for n in FILES
+                                              for d in (removed, garbage)])
+def test_a_damaged_committed_range_is_embedded_again_said_and_counted(tmp_path, capsys, name, damage):
+    """A committed row-group range (``OUT/store/parts``, a resumed ``--workers --range-rows`` run) without its
+    entry.json was skipped without a word (its range embedded again, its directory left behind); any damage is now
+    said naming the file and counted (the report's ``damaged_entries``), the range planned again."""
+    import numpy as np
+
+    from petal.pipeline.config import ReadConfig
+    from petal.pipeline.ingest.parquet import preflight
+    from petal.pipeline.store.embeddings import EmbeddingStore
+    from petal.pipeline.store.ranges import RowRange, part_dir, plan_ranges
+
+    shard = tmp_path / "big.parquet"
+    pq.write_table(pa.table({"id": [f"big-{i}" for i in range(40)], "text": [f"words {i}" for i in range(40)]}),
+                   shard, row_group_size=10)
+    [info] = preflight([shard], ReadConfig())
+    store = EmbeddingStore(tmp_path / "store")
+    store.open()
+    store.remember_sha256([info], ["0" * 64])
+    for first, stop in ((0, 2), (2, 4)):
+        part = RowRange(0, first, stop, first * 10, (stop - first) * 10)
+        writer = store.writer(info, "fp", {}, 4, part)
+        rows = list(range(part.first_row, part.stop_row))
+        writer.add(rows, [f"big-{r}" for r in rows], np.ones((len(rows), 4), np.float32))
+        writer.input_done = True
+        writer.commit()
+    damaged = part_dir(store, info, "fp", RowRange(0, 2, 4, 20, 20))
+    damage(damaged / name)
+    plan = plan_ranges(store, [info], ["fp"], 20)
+    assert [(r.first_group, r.stop_group) for r, _ in plan.reused[0]] == [(0, 2)]
+    assert [(r.first_group, r.stop_group) for r in plan.ranges] == [(2, 4)]
+    warning = capsys.readouterr().err
+    assert str(damaged) in warning and name in warning and "embedding the range again" in warning, warning
+    assert [(d["entry"], d["shard"], name in d["reason"]) for d in store.damaged] == [(str(damaged), str(shard), True)]
+    assert not damaged.exists()
