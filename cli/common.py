@@ -211,15 +211,19 @@ class PetalGroup(click.Group):
             quiet_stdout()
             sys.exit(141)
 
+    def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None,
+                     **extra: Any) -> click.Context:
+        # NOTE: ``petal --help``/``--version`` print while the arguments are parsed, before any command's mapping:
+        # click's main took a closed pipe for exit 1 and a full stdout for a traceback
+        with stdout_failures():
+            return super().make_context(info_name, args, parent, **extra)
+
     def invoke(self, ctx: click.Context) -> Any:
         from petal.pipeline.reliability.errors import cli_names
 
         try:
-            with cli_names():  # NOTE: the API a command calls names its flags (--dim), not their keywords (dim)
+            with stdout_failures(), cli_names():  # NOTE: the API a command calls names its flags, not their keywords
                 return super().invoke(ctx)
-        except BrokenPipeError:
-            quiet_stdout()
-            ctx.exit(141)
         except KeyboardInterrupt as exc:
             # NOTE: a stop signal that no run's own handling turned into ``Interrupted`` (``petal query --stdin``
             # waiting for a line, ``petal embed`` reading stdin or loading its model): click would say "Aborted!" and
@@ -231,6 +235,24 @@ class PetalGroup(click.Group):
             with contextlib.suppress(OSError, ValueError):
                 click.echo(message(signum), err=True)
             ctx.exit(128 + signum)
+
+
+@contextlib.contextmanager
+def stdout_failures() -> Iterator[None]:
+    """A stdout that fails where no command's error mapping runs (``--help``, ``--version``, a command's own help):
+    a closed pipe ends quietly, 141 (128 + SIGPIPE, as a Unix tool killed by it); any other failure (``StdoutError``:
+    a full disk, ``/dev/full``) is 74 naming stdout."""
+    from petal.pipeline.reliability.errors import StdoutError, io_error
+
+    try:
+        yield
+    except BrokenPipeError:
+        quiet_stdout()
+        raise click.exceptions.Exit(141) from None
+    except StdoutError as exc:
+        quiet_stdout()
+        error = io_error(exc)
+        raise PetalClickError(str(error), error.exit_code) from None
 
 
 def stdin_lines() -> Iterator[bytes]:
@@ -400,16 +422,30 @@ def run_with_report(report: Any, work: Callable[[], Any], as_json: bool = False)
     into the exit code."""
     from petal.pipeline.reliability.errors import FlagError, PetalError, UsageError
 
-    def finish() -> None:
+    def finish(done: bool = False) -> None:
+        """``done``: the run did its work, so a stdout that refuses its report is the command's failure (74 naming
+        stdout, as ``--json-report FILE``; a closed pipe 141, quietly); after a failure the run's code stays."""
+        unwritten: PetalError | None = None
         if as_json:
+            from petal.pipeline.api import report_missing, stdout_report_error
             from petal.pipeline.jobs.report_file import STDOUT
 
             try:
                 report.write(STDOUT)
-            except OSError as exc:  # a closed stdout: a warning, the exit code stays the run's
+            except BrokenPipeError:
                 quiet_stdout()
-                eprint(f"petal: warning: cannot write the report to stdout: {exc.strerror or exc}")
+                if done:
+                    eprint(report.summary())
+                    raise
+            except OSError as exc:
+                quiet_stdout()
+                if done:
+                    unwritten = report_missing(report, stdout_report_error(exc))
+                else:
+                    eprint(f"petal: warning: cannot write the report to stdout: {exc.strerror or exc}")
         eprint(report.summary())
+        if unwritten is not None:
+            raise PetalClickError(str(unwritten), unwritten.exit_code)
 
     try:
         work()
@@ -425,7 +461,7 @@ def run_with_report(report: Any, work: Callable[[], Any], as_json: bool = False)
         if report.exit_code is not None:
             finish()
         raise
-    finish()
+    finish(done=True)
 
 
 class ReportingCommand(click.Command):

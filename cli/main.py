@@ -13,7 +13,7 @@ import click
 from petal import __version__
 from petal._startup import quiet_signals, signals_to_python
 from petal.cli.bench import bench
-from petal.cli.common import PetalGroup, defer_gc_for_startup, offline
+from petal.cli.common import PetalGroup, defer_gc_for_startup, offline, quiet_stdout
 from petal.cli.embed import embed
 from petal.cli.index import index
 from petal.cli.info import info
@@ -74,12 +74,9 @@ def open_closed_outputs() -> None:
             setattr(sys, name, open(fd, "w", closefd=False))  # noqa: SIM115 (the process's stream, never closed)
 
 
-class _Diagnostics(io.RawIOBase):
-    """fd 2 under ``sys.stderr``: a write the file refuses (``2>/dev/full``, a failing disk under ``2>>LOG``, a
-    closed pipe) drops that message. NOTE: stderr holds petal's diagnostics (progress, notes, the summary line, an
-    error's message), never output the user asked for, so its failure is no failure of the command: the command's
-    own exit code stands (0 for work done and written; 74 only for its output, stdout or a file, that failed).
-    Was: the summary line's ``OSError`` became an error whose message failed too, and the process ended 1."""
+class _Stream(io.RawIOBase):
+    """fd 1 or 2 under ``sys.stdout``/``sys.stderr``; a descriptor another program left non-blocking is waited on as a
+    blocking one (its ``BlockingIOError`` was a failed write of output or message alike)."""
 
     def __init__(self, fd: int) -> None:
         super().__init__()
@@ -97,19 +94,50 @@ class _Diagnostics(io.RawIOBase):
         except OSError:
             return False
 
-    def write(self, data: bytes) -> int:  # type: ignore[override]
+    def _write_some(self, data: bytes) -> int:
         while True:
             try:
                 return os.write(self._fd, data)
-            except BlockingIOError:  # a stderr left non-blocking by another program: wait, as a blocking one would
+            except BlockingIOError:
                 select.select([], [self._fd], [])
-            except OSError:
-                return len(data)
 
 
-def tolerant_stderr() -> None:
-    """``sys.stderr`` on ``_Diagnostics``: same encoding, errors and buffering as the interpreter's."""
-    old = sys.stderr
+class _Diagnostics(_Stream):
+    """fd 2 under ``sys.stderr``: a write the file refuses (``2>/dev/full``, a failing disk under ``2>>LOG``, a
+    closed pipe) drops that message. NOTE: stderr holds petal's diagnostics (progress, notes, the summary line, an
+    error's message), never output the user asked for, so its failure is no failure of the command: the command's
+    own exit code stands (0 for work done and written; 74 only for its output, stdout or a file, that failed).
+    Was: the summary line's ``OSError`` became an error whose message failed too, and the process ended 1."""
+
+    def write(self, data: bytes) -> int:  # type: ignore[override]
+        try:
+            return self._write_some(data)
+        except OSError:
+            return len(data)
+
+
+class _Output(_Stream):
+    """fd 1 under ``sys.stdout``: a write the file refuses is ``StdoutError`` (74 naming stdout wherever it surfaces:
+    --help, --version, a benchmark's table, a run's --json report); a closed pipe stays ``BrokenPipeError`` (141,
+    quietly). Was: "I/O error on a file", or a traceback and exit 1 where no command's error mapping ran (--help)."""
+
+    failed = False  # NOTE: a write failed: what it could not write stays buffered, for the interpreter's last flush
+
+    def write(self, data: bytes) -> int:  # type: ignore[override]
+        from petal.pipeline.reliability.errors import StdoutError
+
+        try:
+            return self._write_some(data)
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            _Output.failed = True
+            raise StdoutError(exc.errno, exc.strerror) from None
+
+
+def _rewrap(name: str, raw: type[_Stream]) -> None:
+    """``sys.<name>`` on ``raw``: same encoding, errors and buffering as the interpreter's."""
+    old = getattr(sys, name)
     if not isinstance(old, io.TextIOWrapper):
         return
     try:
@@ -117,8 +145,18 @@ def tolerant_stderr() -> None:
     except (OSError, ValueError):
         return
     old.flush()
-    sys.stderr = io.TextIOWrapper(io.BufferedWriter(_Diagnostics(fd)), encoding=old.encoding, errors=old.errors,
-                                  line_buffering=old.line_buffering, write_through=old.write_through)
+    setattr(sys, name, io.TextIOWrapper(io.BufferedWriter(raw(fd)), encoding=old.encoding, errors=old.errors,
+                                        line_buffering=old.line_buffering, write_through=old.write_through))
+
+
+def tolerant_stderr() -> None:
+    """``sys.stderr`` on ``_Diagnostics``."""
+    _rewrap("stderr", _Diagnostics)
+
+
+def named_stdout() -> None:
+    """``sys.stdout`` on ``_Output``."""
+    _rewrap("stdout", _Output)
 
 
 def main() -> None:
@@ -126,11 +164,14 @@ def main() -> None:
     quiet_signals()  # NOTE: the `petal` script took them in petal/__init__.py; `python -m petal.cli.main` from here
     open_closed_outputs()
     tolerant_stderr()
+    named_stdout()
     defer_gc_for_startup()
     try:
         cli()
     finally:
         quiet_signals()  # the command has returned (or is exiting): a stop signal now ends the process quietly
+        if _Output.failed:  # said already (74): the interpreter's last flush of what stdout refused says nothing
+            quiet_stdout()
         # NOTE: the process ends here: the interpreter's last collections would walk every object torch and the
         # model made (0.1-0.5 s on the 2-core machine) to free memory the OS takes back anyway. Frozen, they are
         # skipped; atexit handlers still run, stdout and stderr are still flushed, files were closed by their

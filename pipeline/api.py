@@ -32,6 +32,7 @@ from petal.pipeline.reliability.errors import (
     FlagError,
     OutputError,
     PetalError,
+    PetalIOError,
     UsageError,
     keyword_named,
     one_line,
@@ -284,13 +285,19 @@ def _run(work: Callable[[], RunReport], report: RunReport, json_report: Path | s
         raise
     unwritten = report_error(report, json_report)
     if unwritten is not None:  # NOTE: was a warning and exit 0: a cron job lost its report without a sign
-        done = (f"version {report.version} is published and live" if report.version and report.status == "success"
-                else f"the live version {report.version} stays" if report.version else "nothing was published")
-        late = type(unwritten)(f"{unwritten}; {done}, only the report is missing")
-        report.finish(report.status, late.exit_code, str(late))
-        late.report = report
-        raise late
+        raise report_missing(report, unwritten)
     return report
+
+
+def report_missing(report: RunReport, unwritten: PetalError) -> PetalError:
+    """``unwritten`` (the report of a run that did its work could not be written: to a file, to stdout) saying what
+    the run did, and ``report`` finished with its code."""
+    done = (f"version {report.version} is published and live" if report.version and report.status == "success"
+            else f"the live version {report.version} stays" if report.version else "nothing was published")
+    late = type(unwritten)(f"{unwritten}; {done}, only the report is missing")
+    report.finish(report.status, late.exit_code, str(late))
+    late.report = report
+    return late
 
 
 def _fail(report: RunReport, exc: BaseException, exit_code: int, message: str, json_report: Any,
@@ -316,17 +323,28 @@ def write_report(report: RunReport, json_report: Path | str | None) -> None:
               file=sys.stderr, flush=True)
 
 
+def stdout_report_error(exc: OSError) -> PetalIOError:
+    """The report (``--json``, ``--json-report -``) that stdout refused (a full disk, ``/dev/full``): 74, naming
+    stdout."""
+    return PetalIOError(f"cannot write the report to stdout: {exc.strerror or exc}")
+
+
 def report_error(report: RunReport, json_report: Path | str | None) -> PetalError | None:
     """Write the report of a run that did its work, if asked; the error when it could not be written (checked before
     the run, ``check_report_file``; what only shows now: a full disk, a directory removed or made read-only): 73 when
     petal may not write there, else 74, naming the path (``write_error``)."""
+    from petal.pipeline.jobs.report_file import STDOUT
     from petal.pipeline.reliability.output_file import write_error
 
     if json_report is None:
         return None
     try:
         report.write(Path(json_report))
+    except BrokenPipeError:
+        raise  # --json-report -: stdout's reader went away (the CLI ends quietly, 141)
     except OSError as exc:
+        if str(json_report) == STDOUT:  # NOTE: its OSError names no file: '-' is stdout
+            return stdout_report_error(exc)
         return write_error(Path(json_report), exc, "--json-report")
     except ValueError as exc:  # a file of an output directory (refused before the run; made one since)
         return OutputError(f"cannot create --json-report {quote_path(json_report)}: {one_line(str(exc))}")

@@ -135,6 +135,12 @@ class PetalIOError(PetalError):
     exit_code = EXIT_IOERR
 
 
+class StdoutError(OSError):
+    """A write to stdout that failed for another reason than a closed pipe (``> FILE`` on a full or failing disk,
+    ``/dev/full``): the ``OSError`` of fd 1 carries no file name, so the ``petal`` script's stdout raises this one
+    (``cli/main.py``), said as "cannot write the output to stdout" wherever it surfaces (``io_error``)."""
+
+
 class TemporaryFailure(PetalError):
     """A failure a retry can cure: the output locked by another writer, a version pruned while opened, a CUDA
     error that needs a new process (exit 75)."""
@@ -235,6 +241,8 @@ def io_error(exc: OSError, outputs: Iterable[Path | str] | None = None) -> Petal
     path inside one it is 73, cannot create output, on any other path (one petal reads) 66, no input. Without
     ``outputs``, or without the path (pyarrow's errors carry none) when the command has outputs, the role is
     unknown and it stays 74 (an output's must never become 66)."""
+    if isinstance(exc, StdoutError):
+        return PetalIOError(f"cannot write the output to stdout: {exc.strerror or exc}")
     where = quote_path(exc.filename) if exc.filename else "a file"
     if exc.errno is None:
         return BadInputError(f"cannot read {where}: {one_line(str(exc))[:300]}")

@@ -1,0 +1,106 @@
+"""stdout that fails where no command's own output code ran: ``petal --help``, ``--version`` and a command's help,
+and the run report of ``petal index``/``petal rebuild`` with ``--json`` or ``--json-report -``. Through the real
+``petal`` entry point in a fresh interpreter, stdout on ``/dev/full`` (a full disk under ``> FILE``) or a pipe whose
+reader has gone (``| head -0``).
+
+Before: help and version on a full stdout were a traceback and exit 1, on a closed pipe exit 1 (click's); a run's
+``--json`` report that stdout refused was a warning and exit 0 (a cron job redirecting it to a file on a full disk
+kept an empty file and a success), and ``--json-report -`` into a closed pipe was 74 "Broken pipe". Now a full
+stdout is 74 naming stdout, a closed pipe 141 and nothing said, as for every command's own output."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+from tests.index_data import vector_shard
+
+pytestmark = pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+
+
+def _env() -> dict[str, str]:
+    # NOTE: PYTHONPATH: this checkout's petal, whatever the working directory (a run's is its temporary one)
+    return {**{k: v for k, v in os.environ.items() if not k.startswith("PETAL_")}, "PYTHONPATH": str(REPO)}
+
+
+def full_stdout(args: list[str], cwd: Path = REPO) -> tuple[int, str]:
+    with open("/dev/full", "wb") as full:
+        done = subprocess.run([sys.executable, "-m", "petal.cli.main", *args], stdout=full, stderr=subprocess.PIPE,
+                              stdin=subprocess.DEVNULL, cwd=cwd, env=_env(), timeout=300)
+    return done.returncode, done.stderr.decode()
+
+
+def closed_stdout(args: list[str], cwd: Path = REPO) -> tuple[int, str]:
+    child = subprocess.Popen([sys.executable, "-m", "petal.cli.main", *args], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, cwd=cwd, env=_env())
+    assert child.stdout is not None
+    child.stdout.close()  # the reader is gone before the first byte is written
+    _, err = child.communicate(timeout=300)
+    return child.returncode, err.decode()
+
+
+HELP = [["--help"], ["--version"], ["query", "--help"], ["index", "-h"], ["bench", "startup", "--help"]]
+
+
+@pytest.mark.parametrize("args", HELP, ids=" ".join)
+def test_help_and_version_on_a_full_stdout_are_74_naming_stdout(args):
+    code, err = full_stdout(args)
+    assert code == 74, err
+    assert err.strip().splitlines()[-1] == "petal: error: cannot write the output to stdout: No space left on device"
+    assert "Traceback" not in err and "Exception ignored" not in err, err
+
+
+@pytest.mark.parametrize("args", HELP, ids=" ".join)
+def test_help_and_version_into_a_closed_pipe_end_quietly_with_141(args):
+    code, err = closed_stdout(args)
+    assert (code, err) == (141, "")
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("stdout-failures")
+    (root / "data").mkdir()
+    done = subprocess.run([sys.executable, "-m", "petal.cli.main", "index", str(vector_shard(root / "data", 0)),
+                           "--out", "out", "--vectors-column", "emb", "-q"], capture_output=True, text=True,
+                          cwd=root, env=_env(), timeout=300)
+    assert done.returncode == 0, done.stderr
+    return root
+
+
+def _current(root: Path) -> str:
+    return (root / "out" / "CURRENT").read_text().strip()
+
+
+@pytest.mark.parametrize("command", ["rebuild", "index"])
+@pytest.mark.parametrize("flag", [["--json"], ["--json-report", "-"]], ids=" ".join)
+def test_a_run_report_a_full_stdout_refuses_is_74_naming_stdout_and_the_published_version(built, command, flag):
+    args = ["rebuild", "out"] if command == "rebuild" else \
+        ["index", "data", "--out", "out", "--vectors-column", "emb", "--full", "-q"]
+    before = _current(built)
+    code, err = full_stdout([*args, *flag], built)
+    assert code == 74, err
+    after = _current(built)
+    assert after != before  # the run did its work: only its report is lost, and the error says so
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("petal: error: cannot write the report to stdout: No space left on device"), err
+    assert f"version {after} is published and live, only the report is missing" in last, err
+    assert "Traceback" not in err and "Exception ignored" not in err, err
+
+
+@pytest.mark.parametrize("flag", [["--json"], ["--json-report", "-"]], ids=" ".join)
+def test_a_run_report_into_a_closed_pipe_ends_quietly_with_141(built, flag):
+    code, err = closed_stdout(["rebuild", "out", *flag], built)
+    assert code == 141, err
+    assert err.strip().splitlines()[-1].startswith("petal rebuild: success;"), err  # what happened, and nothing else
+    assert "warning" not in err and "error" not in err and "Traceback" not in err, err
+
+
+def test_a_failed_run_keeps_its_code_when_stdout_refuses_its_report(tmp_path):
+    code, err = full_stdout(["rebuild", str(tmp_path / "none"), "--json"])
+    assert code == 78, err
+    assert "cannot write the report to stdout" in err and "is not a petal index" in err.strip().splitlines()[-1]
