@@ -532,8 +532,11 @@ class OutputDir:
                 shutil.rmtree(trash, ignore_errors=True)  # NOTE: under the exclusive lock: no lease taken meanwhile
             removed.append(version)
         if kept:
-            _note(f"kept {', '.join(kept)}, which --keep-versions would remove: in use by a reader (a petal serve "
-                  "that serves it, having refused the live version?); removed by a run after that reader lets it go")
+            # NOTE: named every reader that leases a version: it said only 'a petal serve ... having refused the live
+            # version?', which sent an operator after a server when a Python program's open Index held it
+            _note(f"kept {', '.join(kept)}, which --keep-versions would remove: in use by a reader (a petal.Index "
+                  "still open on it, petal query --stdin, petal verify or info reading it, or a petal serve that "
+                  "refused the live version); removed by a run after that reader lets it go")
             if in_use is not None:
                 in_use.extend(kept)
         return removed
