@@ -19,6 +19,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 RECV_BYTES = 1 << 16
+# NOTE: how long past a row's deadline an answer still in flight is waited for; a server that hung (alive, never
+# answering) held a row for the socket's fixed 120 s timeout, its clients blocked in recv
+LATE_S = 10.0
 
 
 @dataclass
@@ -33,8 +36,8 @@ class LoadResult:
     answers: list[tuple[float, float, dict[str, float]]] = field(default_factory=list)
 
 
-def _connect(host: str, port: int) -> socket.socket:
-    sock = socket.create_connection((host, port), timeout=120)
+def _connect(host: str, port: int, timeout_s: float) -> socket.socket:
+    sock = socket.create_connection((host, port), timeout=timeout_s)
     # NOTE: without TCP_NODELAY, Nagle may hold a request behind the server's delayed ACK (40 ms)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return sock
@@ -108,8 +111,11 @@ def _client(host: str, port: int, path: str, bodies: list[bytes], headers: dict[
     i = start
     cpu_started = time.thread_time()
     sock: socket.socket | None = None
+    def late() -> float:  # the time left to the deadline, and LATE_S past it
+        return max(deadline - time.perf_counter(), 0.0) + LATE_S
+
     try:  # NOTE: a server that is gone ends this client, counted (was: the thread died with a traceback)
-        sock = _connect(host, port)
+        sock = _connect(host, port, late())
     except OSError as exc:
         errors[type(exc).__name__] = 1
     while sock is not None and time.perf_counter() < deadline and next(quota) < max_requests:
@@ -120,13 +126,14 @@ def _client(host: str, port: int, path: str, bodies: list[bytes], headers: dict[
         status: int | str  # the HTTP status, or the name of the connection error
         timing = None
         try:
+            sock.settimeout(late())  # a hung server: TimeoutError, counted, soon after the deadline
             sock.sendall(request)
             status, timing = read_response(sock, buffer)
         except (OSError, ProtocolError, ValueError) as exc:
             status = type(exc).__name__
             sock.close()
             try:
-                sock, buffer = _connect(host, port), bytearray()
+                sock, buffer = _connect(host, port, late()), bytearray()
             except OSError:
                 sock = None
         elapsed = time.perf_counter() - started
