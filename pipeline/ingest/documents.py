@@ -14,13 +14,19 @@ MiniLM's lower-casing, accent-stripping one does).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from petal.pipeline.config import ReadConfig
 from petal.pipeline.ingest.parquet import ReadStats, RowBatch, ShardInfo, read_rows
 from petal.pipeline.ingest.text_rule import VISIBLE
 from petal.pipeline.ingest.text_rule import undecodable_reason as _undecodable
+
+# NOTE: the read and tokenize stages hold up to this many record batches' text at once: the batch being read
+# (Arrow's buffers of it, about 2.5 times its bytes, and its Python strings), up to ``TOKENIZE_WINDOW`` batches being
+# tokenized (pipeline/ingest/tokens.py) and the one the next stage takes; each batch is read at
+# ``read.max_batch_bytes / READ_WINDOW_BATCHES``, so ``read.max_batch_bytes`` bounds the window as a whole.
+READ_WINDOW_BATCHES = 8
 
 REJECT_REASONS = ("null_text", "empty_text", "invalid_utf8", "lone_surrogate", "null_id", "invalid_utf8_id",
                   "duplicate_id", "non_finite_embedding")
@@ -71,8 +77,15 @@ def to_documents(batch: RowBatch, seen_ids: set) -> Documents:
     return docs
 
 
+def window_read(read: ReadConfig) -> ReadConfig:
+    """``read`` with record batches of ``read.max_batch_bytes / READ_WINDOW_BATCHES``: what the read and tokenize
+    window holds (``READ_WINDOW_BATCHES`` batches at most) stays within ``read.max_batch_bytes``."""
+    return replace(read, max_batch_bytes=max(1, read.max_batch_bytes // READ_WINDOW_BATCHES))
+
+
 def read_documents(shards: list[ShardInfo], read: ReadConfig, stats: ReadStats | None = None) -> Iterator[Documents]:
     """Every shard's rows as checked ``Documents``, each shard closed by a ``final`` marker."""
+    read = window_read(read)
     for shard_index, info in enumerate(shards):
         seen_ids: set = set()
         for batch in read_rows(shard_index, info, read, stats):
@@ -93,6 +106,6 @@ def range_documents(unit: int, info: ShardInfo, part: Any, read: ReadConfig,
                     stats: ReadStats | None = None) -> Iterator[Documents]:
     """One unit's checked rows (``Documents`` numbered ``unit``), then its ``final`` marker."""
     seen_ids: set = set()
-    for batch in read_rows(unit, info, read, stats, part.first_row, None if part.whole else part.stop_row):
+    for batch in read_rows(unit, info, window_read(read), stats, part.first_row, None if part.whole else part.stop_row):
         yield to_documents(batch, seen_ids)
     yield Documents(unit, [], [], [], final=True)

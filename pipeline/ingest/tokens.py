@@ -205,15 +205,23 @@ class TokenizedDocs:
         return sum(len(t) for t in self.token_ids)
 
 
+# NOTE: batches read and not yet tokenized, whatever ``workers``: part of the read window that
+# ``ReadConfig.max_batch_bytes`` bounds (pipeline/ingest/documents.py READ_WINDOW_BATCHES)
+TOKENIZE_WINDOW = 4
+
+
 def tokenize_documents(docs: Iterable[Documents], tokenizer: TextTokenizer,
                        workers: int = 1) -> Iterator[TokenizedDocs]:
     """Tokenize each ``Documents`` batch, in order; a text that yields no tokens of its own (``sees_nothing``)
     becomes an ``empty_text`` reject.
 
     ``workers`` > 1 tokenizes that many batches at once (the Rust encoder releases the GIL), so the
-    reading and checking of the next batches and the Python side of each batch overlap the encoding.
+    reading and checking of the next batches and the Python side of each batch overlap the encoding;
+    at most ``TOKENIZE_WINDOW`` batches are in flight (host memory).
     """
-    return ordered_map(lambda batch: tokenize_batch(batch, tokenizer), docs, workers)
+    workers = min(workers, TOKENIZE_WINDOW)
+    return ordered_map(lambda batch: tokenize_batch(batch, tokenizer), docs, workers,
+                       window=max(workers, min(2 * workers, TOKENIZE_WINDOW)))
 
 
 def tokenize_batch(batch: Documents, tokenizer: TextTokenizer) -> TokenizedDocs:
