@@ -754,8 +754,9 @@ def check_drift(previous: Manifest, settings: EmbeddingSettings | PrecomputedSet
     """Refuse to mix vectors made with other settings into an existing index (exit 78), saying in words
     which settings differ."""
     differ = previous.embedding.differences(settings)
-    was, now = _vectors_kind(previous.embedding), _vectors_kind(settings)
-    if differ and was != now:  # NOTE: every model setting differs then: the list buried what did (text vs vectors)
+    if differ and isinstance(previous.embedding, PrecomputedSettings) != isinstance(settings, PrecomputedSettings):
+        # NOTE: every model setting differs then: the list of them buried what did (text vs precomputed vectors)
+        was, now = _vectors_kind(previous.embedding), _vectors_kind(settings)
         raise ConfigError(f"{quote_path(out)} holds {was}; this run indexes {now}: one index holds one kind of "
                           "vectors. Index them into another --out, or replace the live version's shards with "
                           "--full --sync --max-removed 100%")
