@@ -26,7 +26,8 @@ from petal.cli.scale_options import RAY_LOCAL, scale_options
                    "in every shard (else exit 65).")
 @click.option("--text-column", default="text", show_default=True, help="Text column.")
 @click.option("--vectors-column", default=None, metavar="COLUMN",
-              help="Index the precomputed embeddings of this column (list<float> or fixed_size_list<float>): "
+              help="Index the precomputed embeddings of this column (list<float> or fixed_size_list<float>; "
+                   "integer values are read as float32): "
                    "no model is loaded.")
 @once_option("--keep-columns", join="name every column in one: --keep-columns A,B", metavar="A,B",
               help="Columns stored with the ids: returned with every hit (petal query, the API) and usable in "

@@ -1,5 +1,5 @@
 """Precomputed embeddings (``petal index SOURCE --vectors-column emb``): a Parquet column of vectors
-(``list<float>``, ``large_list<float>`` or ``fixed_size_list<float>``, float16/32/64) read instead of
+(``list<float>``, ``large_list<float>`` or ``fixed_size_list<float>``, float16/32/64 or integers) read instead of
 running a model.
 
 Every shard's schema is checked before any work (the column, its type, one dimension for all:
@@ -50,9 +50,11 @@ VECTOR_REJECTS = ("null_vector", "wrong_dim", "non_finite_vector", "null_id", "i
 
 def _is_vector(t: pa.DataType) -> bool:
     """A vectors column's type; ``null`` too: pandas writes a column whose values are all None so (every row
-    ``null_vector``, as in a list column of nulls)."""
+    ``null_vector``, as in a list column of nulls). Integer values (int8 embeddings) are read as float32, as
+    ``petal query --vector-file`` reads an integer array."""
     listish = pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
-    return pa.types.is_null(t) or (listish and pa.types.is_floating(t.value_type))
+    return pa.types.is_null(t) or (listish and (pa.types.is_floating(t.value_type)
+                                                or pa.types.is_integer(t.value_type)))
 
 
 def _lengths(values: pa.Array) -> pa.Array:
@@ -81,7 +83,8 @@ def inspect_vector_shard(path: Path, read: ReadConfig, column: str,
     vtype = schema.field(column).type
     if not _is_vector(vtype):
         raise BadInputError(f"{path}: vectors column {column!r} has type {vtype}, expected list<float> or "
-                            "fixed_size_list<float> (float16, float32 or float64)")
+                            "fixed_size_list<float> (float16, float32, float64 or integers; raw bytes are not read: "
+                            "write the vectors as a list column)")
     has_id = read.id_column in schema.names
     if not has_id and read.id_column_required:
         raise BadInputError(f"{path}: id column {read.id_column!r} is missing (columns: {', '.join(schema.names)})")
