@@ -170,3 +170,18 @@ def test_a_damaged_committed_range_is_embedded_again_said_and_counted(tmp_path, 
     assert str(damaged) in warning and name in warning and "embedding the range again" in warning, warning
     assert [(d["entry"], d["shard"], name in d["reason"]) for d in store.damaged] == [(str(damaged), str(shard), True)]
     assert not damaged.exists()
+
+
+def test_a_directory_in_place_of_a_stored_columns_file_is_replaced(job):
+    """OUT/store/columns/<key>/<entry>.parquet, the stored text of a shard: a directory in its place stopped the run
+    with 74 'cannot write .../.<entry>.parquet.tmp-...: Is a directory', nothing published."""
+    entry = job.entry_of("a")
+    side = job.out / "store" / "columns" / entry.parent.name / f"{entry.name}.parquet"
+    side.unlink()
+    side.mkdir()
+    (side / "x").write_text("x")
+    write(job.data, "b", salt=1)
+    result, _ = job.run()
+    assert result.rc == 0, result.stderr
+    assert str(side) in result.stderr and "is a directory" in result.stderr
+    assert pq.read_table(side).column("text").to_pylist() == [f"a words {i} edition 0" for i in range(ROWS)]

@@ -41,7 +41,7 @@ from petal.pipeline.reliability.durable import fsync_dir
 from petal.pipeline.reliability.errors import BadInputError, ConfigError, quote_path, writing
 from petal.pipeline.reliability.faults import fault
 from petal.pipeline.reliability.safe_files import UnsafeFileError, check_regular
-from petal.pipeline.store.embeddings import EmbeddingStore, StoreEntry
+from petal.pipeline.store.embeddings import EmbeddingStore, StoreEntry, warn
 from petal.pipeline.store.side_files import side_file
 
 READ_BATCH_ROWS = 8192
@@ -219,6 +219,13 @@ def ensure_columns(store: EmbeddingStore, entries: list[StoreEntry], need: Colum
                 raise _gone(source, need.keep)
             missing_text.append(str(source["path"]))
             continue
+        if path.is_dir() and not path.is_symlink():
+            # NOTE: a directory in the side file's place (petal's path: ``prune_side_files`` removes one too) is moved
+            # out of the way; the write over it was 74 'cannot write .../.<fp>.parquet.tmp-...: Is a directory'
+            warn(f"{quote_path(path)} is a directory, not the stored columns of {quote_path(Path(source['path']))}; "
+                 "removing it and storing them again")
+            with writing(path):
+                store.discard(path)
         _write_columns(shard, entry, need, path, read, stats, check)
     return missing_text
 
