@@ -13,6 +13,8 @@ import pytest
 from tests._serve_shared import default_server
 from tests.test_serve_http_conformance import connect, counted_since, counts, exchange, read_all, statuses
 from tests.test_serve_http_rfc import answer_of
+from tests.test_serve_vectors_only import AUTH
+from tests.test_serve_vectors_only import served as vectors_served  # noqa: F401  (the fixture)
 
 
 @pytest.fixture(scope="module")
@@ -137,3 +139,12 @@ def test_the_openai_client_s_default_base64_equals_the_float_answer_and_petal_em
         want = want / np.linalg.norm(want, axis=1, keepdims=True)
         assert got.shape == (2, dimensions or 384) and np.allclose(got, want, atol=1e-6), np.abs(got - want).max()
         assert decoded.usage.prompt_tokens == floats["usage"]["prompt_tokens"] > 0
+
+
+def test_texts_on_an_index_of_vectors_name_their_field_as_param(vectors_served):  # noqa: F811
+    """The 422 of texts sent to an index of precomputed vectors begins with the index, not the field: its param was
+    null; it names the field sent."""
+    server = vectors_served[0]
+    for body, field in (({"query": "glaciers"}, "query"), ({"queries": ["glaciers", "coffee"]}, "queries")):
+        answer = server.client.post("/search", json=body, headers=AUTH)
+        assert answer.status_code == 422 and answer.json()["error"]["param"] == field, answer.text

@@ -242,7 +242,8 @@ class ServeState:
         assert self.follower is not None
         index = self.follower.live  # NOTE: taken once: the whole answer comes from this version
         if req.texts is not None and index.precomputed:
-            raise RequestError(422, self.texts_refused(index, "'query'" if len(req.texts) == 1 else "'queries'"))
+            field = "query" if len(req.texts) == 1 else "queries"
+            raise RequestError(422, self.texts_refused(index, f"'{field}'"), param=field)
         if req.texts is not None and req.where is not None:
             try:  # NOTE: a bad filter is 422 before its texts are embedded (the selector is cached for the search)
                 await self._in_thread(index.reader.selector, req.where)
