@@ -16,6 +16,7 @@ An OS read error is retried then 74, a corrupt page 65 naming the file, permissi
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -45,6 +46,7 @@ from petal.pipeline.ingest.parquet import (
 from petal.pipeline.reliability.errors import BadInputError, NoInputError
 from petal.pipeline.reliability.faults import fault
 
+PROBE_ROWS = 256  # rows of a shard read in preflight to find its dimension (a list column)
 VECTOR_REJECTS = ("null_vector", "wrong_dim", "non_finite_vector", "null_id", "invalid_utf8_id", "duplicate_id")
 
 
@@ -100,14 +102,17 @@ def inspect_vector_shard(path: Path, read: ReadConfig, column: str,
 
 
 def _shard_dim(info: ShardInfo, read: ReadConfig, column: str, stats: ReadStats | None) -> int | None:
-    """A list column's dimension in one shard: the most common length among the vectors of its first record batch
-    that holds any (ties: the first seen). An empty vector is no dimension and a stray length in the first row is
-    not the shard's: both are ``wrong_dim`` rows. ``None``: the shard holds no vector."""
+    """A list column's dimension in one shard: the most common length among the vectors of its first batch of
+    ``PROBE_ROWS`` rows that holds any (ties: the first seen). An empty vector is no dimension and a stray length in
+    the first row is not the shard's: both are ``wrong_dim`` rows. ``None``: the shard holds no vector."""
     def lengths(_row: int, batch: pa.RecordBatch) -> np.ndarray:
         found = pc.drop_null(_lengths(batch.column(0))).to_numpy(zero_copy_only=False)
         return found[found > 0]
 
-    for found in stream_batches(info, [column], read, lengths, stats):
+    # NOTE: a small batch: only the first pages of each shard are read and decoded (a shard's first full batch, 16 MB
+    # of 1024-d vectors, for every shard of a large corpus, before any work)
+    probe = dataclasses.replace(read, batch_rows=min(read.batch_rows, PROBE_ROWS))
+    for found in stream_batches(info, [column], probe, lengths, stats):
         if len(found):
             values, first, counts = np.unique(found, return_index=True, return_counts=True)
             return int(values[min(np.flatnonzero(counts == counts.max()), key=lambda i: first[i])])
