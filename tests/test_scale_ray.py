@@ -252,6 +252,22 @@ def test_an_actor_whose_model_fails_to_load_is_a_configuration_error(local_ray, 
     assert "model.safetensors" in last and "Ray run failed" not in last, last
 
 
+def test_json_on_stdout_is_the_report_alone_when_ray_pushes_errors(local_ray, tiny_bert_dir, tmp_path):
+    """--json's stdout is the run report, one JSON document, however the actors fail. Before: Ray's driver printed
+    the errors its cluster pushed to it (here 'Task MapWorker(...).get_location failed ... will be retried' with the
+    actor's traceback) on stdout too, ahead of the report, so a job that parsed petal's stdout failed on it."""
+    local_ray()
+    data = tmp_path / "data"
+    write_shards(data, count=2, rows=5)
+    model = broken_copy(tiny_bert_dir, tmp_path / "model")
+    result = index(str(data), "--out", str(tmp_path / "out"), "--model", str(model), "--device", "cpu", "--ray",
+                   "--workers", "1", "--json")
+    assert result.exit_code == 78, result.output
+    report = json.loads(result.stdout)  # the report alone
+    assert report["exit_code"] == 78 and "model.safetensors" in report["message"]
+    assert "Traceback" not in result.stdout and "(raylet)" not in result.stdout, result.stdout
+
+
 def test_no_more_actors_start_than_there_are_units(local_ray, tmp_path):
     """--ray --workers 3 over 1 shard starts 1 actor (one engine loaded), not 3 that load theirs for nothing."""
     local_ray()

@@ -23,6 +23,7 @@ import os
 import re
 import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -54,6 +55,7 @@ def import_ray() -> Any:
 
 
 _RAY_LOGGERS = ("ray", "ray.data")  # NOTE: each has its own console handler and does not propagate
+_QUIET = [0]  # how many ray_console_quiet blocks are open (Ray's pushed errors are dropped while any is)
 
 
 @contextlib.contextmanager
@@ -68,11 +70,32 @@ def ray_console_quiet() -> Iterator[None]:
             if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
                 muted.append((handler, handler.level))
                 handler.setLevel(logging.CRITICAL + 1)
+    _QUIET[0] += 1
     try:
         yield
     finally:
+        _QUIET[0] -= 1
         for handler, level in muted:
             handler.setLevel(level)
+
+
+def ray_errors_off_stdout() -> None:
+    """Ray's driver prints each error its cluster pushes to it (an actor whose constructor failed, a task to be
+    retried: a traceback each) on stdout, from a thread of its own (``ray._private.worker.listen_error_messages``),
+    where ``--json`` writes the report. They go to stderr instead, and nowhere while a petal run keeps Ray's console
+    quiet (``ray_console_quiet``; Ray's session logs have them). Once per process; the listener looks the function up
+    at each message, so a Ray already initialized is covered too."""
+    module = sys.modules.get("ray._private.worker")
+    printer = getattr(module, "print_to_stdstream", None)
+    if printer is None or getattr(printer, "petal_stderr", False):  # NOTE: a private function of Ray's: else as is
+        return
+
+    def to_stderr(data: dict[str, Any], ignore_prefix: bool) -> None:
+        if not _QUIET[0]:
+            printer({**data, "is_err": True}, ignore_prefix)
+
+    to_stderr.petal_stderr = True  # type: ignore[attr-defined]
+    module.print_to_stdstream = to_stderr  # type: ignore[union-attr]
 
 
 def ray_log_directory() -> str | None:
@@ -96,6 +119,7 @@ def connect(scale: ScaleConfig) -> Any:
     ``SystemExit``: petal's stop signals (pipeline/reliability/signals.py) are put back, and a SIGTERM that came
     during ``ray.init`` is the run's clean stop (143), not an internal error."""
     ray = import_ray()
+    ray_errors_off_stdout()
     if not ray.is_initialized():
         where = _address(scale)
         if where is not None:
