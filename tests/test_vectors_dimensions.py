@@ -52,10 +52,10 @@ def test_a_shard_of_another_dimension_than_the_live_version_is_78_saying_full(tm
     write(tmp_path / "a.parquet", 8)
     out = tmp_path / "out"
     assert index(tmp_path / "a.parquet", "--out", out)[0] == 0
-    write(tmp_path / "b.parquet", 4)
-    rc, stderr, _ = index(tmp_path / "b.parquet", "--out", out)
+    write(tmp_path / "a.parquet", 4)  # the same shard, written again with 4-d vectors
+    rc, stderr, _ = index(tmp_path / "a.parquet", "--out", out)
     assert rc == 78 and "dim: 8 -> 4" in stderr and "--full" in stderr, stderr
-    rc, stderr, _ = index(tmp_path / "b.parquet", "--out", out, "--sync", "--full", "--max-removed", "100%")
+    rc, stderr, _ = index(tmp_path / "a.parquet", "--out", out, "--full")
     assert rc == 0, stderr
 
 
@@ -70,3 +70,19 @@ def test_an_odd_first_vector_is_a_wrong_dim_row_not_the_dimension(tmp_path, odd)
     rejects = pq.read_table(report["rejects_file"]).to_pylist()
     assert rejects == [{"shard": str(tmp_path / "a.parquet"), "row": 0, "reason": "null_vector"},
                        {"shard": str(tmp_path / "a.parquet"), "row": 1, "reason": "wrong_dim"}]
+
+
+def test_another_dimension_beside_kept_shards_is_78_with_a_way_out_that_works(tmp_path):
+    """Live a (8-d); b (4-d) indexed additively: '--full' alone read a again (65, two dimensions), so the 78 says
+    --sync, and that publishes b alone."""
+    (tmp_path / "a").mkdir()
+    write(tmp_path / "a" / "a.parquet", 8)
+    out = tmp_path / "out"
+    assert index(tmp_path / "a" / "a.parquet", "--out", out)[0] == 0
+    write(tmp_path / "b.parquet", 4)
+    rc, stderr, _ = index(tmp_path / "b.parquet", "--out", out)
+    said = stderr.strip().splitlines()[-1]
+    assert rc == 78 and f"other shards ({tmp_path / 'a' / 'a.parquet'}) hold 8" in said, said
+    assert "--full --sync --max-removed 100%" in said
+    rc, stderr, report = index(tmp_path / "b.parquet", "--out", out, "--full", "--sync", "--max-removed", "100%")
+    assert rc == 0 and report["model"]["dim"] == 4 and report["index"]["num_vectors"] == 6, stderr

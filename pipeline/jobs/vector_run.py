@@ -30,8 +30,8 @@ from petal.pipeline.jobs.removals import kept_entries, kept_ids, kept_records, k
 from petal.pipeline.jobs.report import RunReport
 from petal.pipeline.jobs.report_file import check_report_file, check_report_not_input, check_report_path
 from petal.pipeline.layout import OutputDir, check_not_inside_output
-from petal.pipeline.manifest import MANIFEST_FILE, PrecomputedSettings, StoredColumns
-from petal.pipeline.reliability.errors import NoInputError, writing
+from petal.pipeline.manifest import MANIFEST_FILE, Manifest, PrecomputedSettings, StoredColumns
+from petal.pipeline.reliability.errors import ConfigError, NoInputError, quote_path, writing
 from petal.pipeline.reliability.faults import fault
 from petal.pipeline.reliability.safe_files import check_output_dir
 from petal.pipeline.reliability.signals import StopSignals
@@ -124,6 +124,7 @@ def _run(job: IndexJob, column: str, report: RunReport, stop: StopSignals, start
         previous = None if job.full else run.live_or_refuse(out)  # damaged: 78 with the way out (--full)
         job = index_settings.of(job, live_manifest(out) if job.full else previous)  # another writer may have published
         if previous is not None:
+            check_kept_dim(previous, dim, shards, job.sync, out.root)
             run.check_drift(previous, settings, out.root)
         store = EmbeddingStore(out.store_dir)
         with writing(out.store_dir):
@@ -222,6 +223,20 @@ def _run(job: IndexJob, column: str, report: RunReport, stop: StopSignals, start
     run.stopped_after_publish(stop, version)
     report.finish("success", 0)
     return report
+
+
+def check_kept_dim(previous: Manifest, dim: int, shards: list[ShardInfo], sync: bool, out: Path) -> None:
+    """78 when the run's vectors have another dimension than the live version's and an additive run would keep live
+    shards it does not name: ``--full`` alone reads those again (65: two dimensions), so the way out says ``--sync``."""
+    was = previous.embedding
+    kept = kept_records(previous, shards, sync)
+    if not isinstance(was, PrecomputedSettings) or was.dim == dim or not kept:
+        return
+    more = f" and {len(kept) - 1} more" if len(kept) > 1 else ""
+    raise ConfigError(f"{quote_path(out)} holds vectors of {was.dim} dimensions and these shards {dim}; the live "
+                      f"version's other shards ({quote_path(kept[0].abs_path)}{more}) hold {was.dim} and an additive "
+                      "run keeps them (--full reads them again): pass --full --sync --max-removed 100% to index these "
+                      "shards alone, or index them into another --out")
 
 
 def _store_shard(store: EmbeddingStore, info: ShardInfo, fingerprint: str, settings: PrecomputedSettings,
