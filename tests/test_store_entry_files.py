@@ -131,6 +131,7 @@ def test_a_damaged_entry_of_a_kept_shard_or_a_rebuild_is_65_naming_the_entry_and
     rebuilt, _ = job.run("rebuild", str(job.out))
     assert rebuilt.rc == 65, rebuilt.stderr
     assert str(entry) in rebuilt.last_line and name in rebuilt.last_line and "damaged (" in rebuilt.last_line
+    assert "a.parquet" in rebuilt.last_line and "run petal index on the sources" in rebuilt.last_line  # whose, and how
     assert (job.out / "CURRENT").read_text() == current
 
 

@@ -56,8 +56,12 @@ def store_entries(out: OutputDir, manifest: Manifest) -> list[StoreEntry]:
         if not FINGERPRINT_RE.match(shard.entry):  # NOTE: a path component read from a file
             raise ConfigError(f"{quote_path(out.root)}: the manifest names store entry {quote_text(shard.entry)} for "
                               f"{quote_path(shard.path)}")
-        with reading():
-            entry = store.lookup(shard.abs_path, shard.entry, repair=False)
+        try:
+            with reading():
+                entry = store.lookup(shard.abs_path, shard.entry, repair=False)
+        except BadInputError as exc:  # NOTE: named the entry and its file only: not whose it is, nor what to do
+            raise BadInputError(f"{exc}: it holds the embeddings of {quote_path(shard.path)}; nothing was published: "
+                                "run petal index on the sources to embed it again") from exc
         if entry is None:
             raise ConfigError(f"{quote_path(out.store_dir)} has no committed embeddings for {quote_path(shard.path)} "
                               f"(entry {shard.entry}); run petal index on the sources to embed it again")
