@@ -76,6 +76,10 @@ def test_connect_is_405_with_allow_whatever_its_target(server, target):
     assert error["error"]["type"] == "method_not_allowed" and f'CONNECT "{target}" is not allowed' in \
         error["error"]["message"] and "no proxy" in error["error"]["message"], error
     assert counted_since(server, before) == {"/health 200": 1, "unmatched 405": 1}
+    # the first request of its connection, HTTP/1.1 or HTTP/1.0 (no Host): the same (it was a 400 there too)
+    for alone in (connect_head, f"CONNECT {target} HTTP/1.0\r\n\r\n".encode()):
+        status, headers, error = answer_of(exchange(server, alone))
+        assert status == 405 and headers["allow"] == "GET, HEAD, POST, OPTIONS", (alone, error)
     assert server.client.get("/health").status_code == 200
 
 

@@ -316,6 +316,8 @@ def http_protocol(metrics: ServeMetrics, header_timeout_s: float = 30.0,
                 if self._ignored:
                     self._ignored = False
                     return
+                if self._connect:  # NOTE: no cycle (uvicorn's would fail on None: a 400); answered in data_received
+                    return
                 if not self._replaying and (self.parser.get_http_version() == "1.0" or
                                             not self.parser.should_keep_alive()):
                     self._closing = True  # (uvicorn's rule for closing after the answer)
