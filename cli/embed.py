@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -27,6 +28,8 @@ from petal.pipeline.reliability.output_file import check_output_file as check_ou
 from petal.pipeline.reliability.output_file import write_error
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from petal.pipeline.jobs.embed import Embedded, Embedder
 
 
@@ -98,7 +101,14 @@ def embed(texts: tuple[str, ...], model: str | None, from_stdin: bool, input_pat
         raise click.UsageError("--text-column goes with --input FILE.parquet or FILE.jsonl")
     items: list = list(texts)
     ids: list | None = None
-    if input_path is not None:
+    # NOTE: a .parquet --input to FILE.npy (TEXT, --stdin and learned int8 ranges aside) is read, embedded and written
+    # a record batch at a time: host memory does not grow with the input (RELIABILITY.md promise 9)
+    pieces = _input_pieces(input_path, text_column) if input_path is not None and not items and not from_stdin \
+        and output is not None and output.suffix.lower() == ".npy" and input_path.suffix.lower() == ".parquet" \
+        and not (quantize == "int8" and calibration_index is None) else None
+    if pieces is not None:
+        input_batches = _judged(pieces, f"--input {quote_path(input_path)} is empty")  # no input (66) before the model
+    elif input_path is not None:
         read, ids = _input_texts(input_path, text_column, id_column)
         ids = [None] * len(items) + ids if ids is not None else None
         items += read
@@ -118,7 +128,7 @@ def embed(texts: tuple[str, ...], model: str | None, from_stdin: bool, input_pat
     # NOTE: every input, one rule (petal index's, Embedder's): a text that is not UTF-8 (bytes; a TEXT argument that
     # Python read with surrogates for its bad bytes) is skipped in its place as invalid_utf8 or lone_surrogate, as a
     # null or blank one, and counted on the last line of stderr: never embedded as U+FFFD, never a shifted row
-    if not items and not streamed:
+    if not items and not streamed and pieces is None:
         if input_path is None and not from_stdin:
             raise UsageError("nothing to embed: give TEXT, --stdin or --input")
         # NOTE: an input was given and held nothing: no input (66), as one of blank lines only; not a usage error
@@ -147,11 +157,19 @@ def embed(texts: tuple[str, ...], model: str | None, from_stdin: bool, input_pat
         # NOTE: a streamed --stdin loads the model before its first line (a coprocess's first answer does not wait
         # for the load): the model's error stands only once a text to embed arrives; an input that ends without one
         # is no input (66), as the same input read whole. Was: 78 for an empty stdin and a missing --model
-        _text_arrives(chunks)
+        _text_arrives(([utf8_or_bytes(raw) for raw in lines] for lines, _ in chunks), "--stdin is empty")
         raise
     startup_done()  # the model is loaded: from here a long --input collects garbage as usual
     if chunks is not None:
-        _streamed(embedder, chunks, as_query or query_prompt is not None)
+        stdin_texts = (([utf8_or_bytes(raw) for raw in lines], more) for lines, more in chunks)
+        _streamed(embedder, stdin_texts, as_query or query_prompt is not None, "--stdin is empty")
+        return
+    if pieces is not None and output is not None:
+        with replacing(output) as fh:
+            npy = NpyRows(fh)
+            _streamed(embedder, ((texts, True) for texts in input_batches), as_query or query_prompt is not None,
+                      f"--input {quote_path(input_path)} is empty", npy.add)
+            npy.finish()
         return
     embedded = embedder.embed(items, query=as_query or query_prompt is not None)
     rows, skipped = embedded.rows, embedded.skipped
@@ -185,44 +203,109 @@ def _json_line(embedded: Embedded, i: int, ids: list | None = None) -> str:
     return json.dumps(record, default=str)
 
 
-def _streamed(embedder: Embedder, chunks: Iterator[tuple[list[bytes], bool]], query: bool) -> None:
-    """``--stdin`` alone: each line's JSON line written and flushed as soon as it is embedded
-    (``Embedder.embed_stream``), in input order; the lines before the first text embedded are held until it is, so
-    an input with nothing to embed (empty, blank lines only) writes nothing and is no input (66), as ever."""
-    from petal.pipeline.ingest.text_rule import describe_skips, utf8_or_bytes
+def _streamed(embedder: Embedder, chunks: Iterator[tuple[list, bool]], query: bool, empty: str,
+              write_rows: Callable[[np.ndarray], None] | None = None) -> None:
+    """Texts that arrive in chunks, embedded as they come (``Embedder.embed_stream``), in input order: ``--stdin``
+    alone writes and flushes each line's JSON line as soon as it is embedded (the lines before the first text
+    embedded are held until it is, so an input with nothing to embed writes nothing); ``write_rows`` takes each
+    answer's rows instead (a .parquet ``--input`` to FILE.npy). Nothing embedded (empty: ``empty`` says it; blank,
+    null or undecodable texts only) is no input (66), as ever."""
+    from petal.pipeline.ingest.text_rule import describe_skips
     from petal.pipeline.reliability.errors import NoInputError
 
     count = truncated = 0
     skipped: dict[int, str] = {}
     held: list[str] = []
-    texts = (([utf8_or_bytes(raw) for raw in lines], more) for lines, more in chunks)
-    for answer in embedder.embed_stream(texts, query=query):
+    for answer in embedder.embed_stream(chunks, query=query):
         count += len(answer.rows)
         truncated += answer.truncated
         skipped.update(answer.skipped)
+        if write_rows is not None:
+            write_rows(answer.rows)
+            continue
         held += (_json_line(answer, i) for i in range(answer.start, count))
         if len(skipped) < count:
             write_stdout(held, flush=True)
             held = []
     if len(skipped) == count:
-        raise NoInputError(f"nothing to embed: {describe_skips(skipped) if count else '--stdin is empty'}")
+        raise NoInputError(f"nothing to embed: {describe_skips(skipped) if count else empty}")
     _summary(embedder, count, skipped, truncated)
 
 
-def _text_arrives(chunks: Iterator[tuple[list[bytes], bool]]) -> None:
-    """Reads ``--stdin`` until a text to embed arrives, or raises ``NoInputError`` (66) at its end: nothing held one
-    (empty; blank, null or undecodable lines only, said by reason as ``_streamed`` says them)."""
-    from petal.pipeline.ingest.text_rule import describe_skips, utf8_or_bytes
+def _text_arrives(chunks: Iterator[list], empty: str) -> None:
+    """Reads ``chunks`` (lists of texts: ``--stdin``'s lines, an ``--input``'s record batches) until a text to embed
+    arrives, or raises ``NoInputError`` (66) at their end: nothing held one (empty: ``empty`` says it; blank, null
+    or undecodable texts only, said by reason as ``_streamed`` says them)."""
+    from petal.pipeline.ingest.text_rule import describe_skips
     from petal.pipeline.jobs.embed import skipped_texts
     from petal.pipeline.reliability.errors import NoInputError
 
     skipped: dict[int, str] = {}
-    for lines, _ in chunks:
-        found = skipped_texts([utf8_or_bytes(raw) for raw in lines], len(skipped))
-        if len(found) < len(lines):
+    for texts in chunks:
+        found = skipped_texts(texts, len(skipped))
+        if len(found) < len(texts):
             return
         skipped.update(found)
-    raise NoInputError(f"nothing to embed: {describe_skips(skipped) if skipped else '--stdin is empty'}")
+    raise NoInputError(f"nothing to embed: {describe_skips(skipped) if skipped else empty}")
+
+
+def _judged(pieces: Callable[[], Iterator[list]], empty: str, most_held: int = 4) -> Iterator[list]:
+    """The batches of ``pieces()``, once ``_text_arrives`` found a text to embed among them (else ``NoInputError``,
+    before the model loads): read once where one comes within the first ``most_held`` batches (those are held,
+    then given first), else read again from the start (the batches before it are not held)."""
+    from petal.pipeline.jobs.embed import skipped_texts
+
+    source = pieces()
+    held: list[list] = []
+    for texts in source:
+        held.append(texts)
+        if len(skipped_texts(texts)) < len(texts):
+
+            def replay() -> Iterator[list]:
+                while held:
+                    yield held.pop(0)  # NOTE: let each held batch go once it is given
+                yield from source
+
+            return replay()
+        if len(held) == most_held:
+            break
+    _text_arrives(itertools.chain(held, source), empty)
+    return pieces()
+
+
+class NpyRows:
+    """Rows written to an open ``.npy`` file as they come, the header's row count set by ``finish()``: the same
+    bytes as ``np.save`` of all of them (numpy pads a header so that its first dimension can grow in place)."""
+
+    def __init__(self, fh: IO[bytes]) -> None:
+        self.fh = fh
+        self.count = 0
+        self.rows: np.ndarray | None = None  # an empty array of the rows' dtype and width, once one came
+        self.data_start = 0  # where the rows begin, after the header
+
+    def _header(self) -> None:
+        import numpy as np
+
+        assert self.rows is not None
+        np.lib.format.write_array_header_1_0(self.fh, {"descr": np.lib.format.dtype_to_descr(self.rows.dtype),
+                                                       "fortran_order": False,
+                                                       "shape": (self.count, *self.rows.shape[1:])})
+
+    def add(self, rows: np.ndarray) -> None:
+        if self.rows is None:
+            self.rows = rows[:0]
+            self._header()
+            self.data_start = self.fh.tell()
+        self.fh.write(rows.tobytes())  # C order, as np.save writes an array
+        self.count += len(rows)
+
+    def finish(self) -> None:
+        assert self.rows is not None  # NOTE: nothing embedded is no input (66), raised before
+        end = self.fh.tell()
+        self.fh.seek(0)
+        self._header()
+        assert self.fh.tell() == self.data_start, "the .npy header changed its length"
+        self.fh.seek(end)
 
 
 def _summary(embedder: Embedder, count: int, skipped: dict[int, str], truncated: int) -> None:
@@ -268,6 +351,21 @@ def _check_not_input(output: Path, input_path: Path | None) -> None:
     if over is not None:  # NOTE: a missing --input is said as 66 after this
         raise click.UsageError(f"--output {quote_path(output)} is the --input file{over[1]}; the vectors would be "
                                "written over the texts: write them elsewhere")
+
+
+def _input_pieces(path: Path, text_column: str) -> Callable[[], Iterator[list]]:
+    """A .parquet ``--input``'s texts a record batch at a time (each call reads them from the start), after what every
+    input file is checked for, as ``_input_texts``; a 0-byte file holds no texts. Batches are read as ``petal
+    index`` reads its record batches for tokenizing (``window_read``), so what is held stays a few batches."""
+    from petal.pipeline.config import ReadConfig
+    from petal.pipeline.ingest.documents import window_read
+    from petal.pipeline.ingest.texts import parquet_text_batches
+    from petal.pipeline.reliability.safe_files import input_file_size
+
+    if input_file_size("--input", path) == 0:
+        return lambda: iter(())
+    read = window_read(ReadConfig())
+    return lambda: (texts for texts, _ in parquet_text_batches(path, text_column, None, read))
 
 
 def _input_texts(path: Path, text_column: str, id_column: str | None) -> tuple[list, list | None]:

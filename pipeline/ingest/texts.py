@@ -8,6 +8,7 @@ a damaged page the row its batch starts at, the row group and the column), never
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -71,6 +72,18 @@ def _read_bytes(path: Path, read: ReadConfig, stats: ReadStats | None) -> bytes:
 
 def _parquet_texts(path: Path, text_column: str, id_column: str | None, read: ReadConfig,
                    stats: ReadStats | None) -> tuple[list[Any], list[Any] | None]:
+    texts: list[Any] = []
+    ids: list[Any] = []
+    for batch_texts, batch_ids in parquet_text_batches(path, text_column, id_column, read, stats):
+        texts.extend(batch_texts)
+        ids.extend(batch_ids)
+    return texts, ids if id_column else None
+
+
+def parquet_text_batches(path: Path, text_column: str, id_column: str | None, read: ReadConfig | None = None,
+                         stats: ReadStats | None = None) -> Iterator[tuple[list[Any], list[Any]]]:
+    """A ``.parquet`` ``--input``'s texts and ids (``[]`` without ``id_column``) a record batch at a time (batches
+    of ``read``), checked as ``read_texts`` checks them; nothing is read before the first ``next()``."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -90,6 +103,7 @@ def _parquet_texts(path: Path, text_column: str, id_column: str | None, read: Re
         fault("read_footer", str(path))
         return path.stat(), pq.read_metadata(path)
 
+    read = read or ReadConfig()
     stat, meta = read_retrying(path, footer, read, stats, "not a readable Parquet file")
     try:
         schema = meta.schema.to_arrow_schema()
@@ -118,16 +132,14 @@ def _parquet_texts(path: Path, text_column: str, id_column: str | None, read: Re
     def decode(_row: int, batch: pa.RecordBatch) -> tuple[list[Any], list[Any]]:
         return _texts(batch.column(0)), read_ids(batch.column(len(columns) - 1)) if id_column else []
 
-    texts: list[Any] = []
-    ids: list[Any] = []
+    row = 0
     for batch_texts, batch_ids in stream_batches(info, columns, read, decode, stats):
         bad = first_undecodable(batch_ids)
         if bad is not None:  # NOTE: an id is echoed with its embedding: one that is no text cannot be
             raise BadInputError(f"{quote_path(path)}: id column {id_column!r} holds bytes that are not UTF-8 at row "
-                                f"{len(ids) + bad}; ids are text or integers")
-        texts.extend(batch_texts)
-        ids.extend(batch_ids)
-    return texts, ids if id_column else None
+                                f"{row + bad}; ids are text or integers")
+        row += len(batch_texts)
+        yield batch_texts, batch_ids
 
 
 def _jsonl_texts(path: Path, text_column: str, id_column: str | None, read: ReadConfig,

