@@ -186,3 +186,15 @@ def test_a_directory_in_place_of_a_stored_columns_file_is_replaced(job):
     assert result.rc == 0, result.stderr
     assert str(side) in result.stderr and "is a directory" in result.stderr
     assert pq.read_table(side).column("text").to_pylist() == [f"a words {i} edition 0" for i in range(ROWS)]
+
+
+def test_a_file_in_place_of_an_entry_is_a_damaged_entry_saying_so(job):
+    """A file where the entry's directory belongs was said as 'damaged (entry.json is missing)'."""
+    entry = job.entry_of("a")
+    shutil.rmtree(entry)
+    entry.write_text("x")
+    rebuilt, _ = job.run("rebuild", str(job.out))
+    assert rebuilt.rc == 65 and f"{entry} is damaged (it is not a directory)" in rebuilt.last_line, rebuilt.stderr
+    result, log = job.run()
+    assert result.rc == 0 and f"{entry} is damaged (it is not a directory)" in result.stderr, result.stderr
+    assert sorted(embedded_ids(log)) == sorted(f"a-0-{i}" for i in range(ROWS)) and (entry / "entry.json").is_file()

@@ -345,6 +345,8 @@ class EmbeddingStore:
         if not meta_file.exists() and not meta_file.is_symlink():
             if not os.path.lexists(path):
                 raise FileNotFoundError(meta_file)  # no entry: its shard is embedded (a rebuild: 78, none stored)
+            if path.is_symlink() or not path.is_dir():
+                raise DamagedEntry(path, ValueError("it is not a directory"))
             # NOTE: an entry is committed whole (one rename): its directory without entry.json is damaged, as one
             # without embeddings.npy is (65 where nothing can embed it again). Was taken for no entry: embedded again
             # without a word, and a kept shard's or a rebuild's 78 'the store has no embeddings'
