@@ -11,7 +11,7 @@ import sys
 import click
 
 from petal import __version__
-from petal._startup import quiet_signals, signals_to_python
+from petal._startup import NAMES, quiet_signals, signals_to_python
 from petal.cli.bench import bench
 from petal.cli.common import PetalGroup, defer_gc_for_startup, offline, quiet_stdout
 from petal.cli.embed import embed
@@ -21,6 +21,8 @@ from petal.cli.query import query
 from petal.cli.rebuild import rebuild
 from petal.cli.serve import serve
 from petal.cli.verify import verify
+
+STOPPED = frozenset(128 + signum for signum in NAMES)  # the exit codes of a command a stop signal ended
 
 
 class Petal(PetalGroup):
@@ -166,11 +168,19 @@ def main() -> None:
     tolerant_stderr()
     named_stdout()
     defer_gc_for_startup()
+    stopped = False
     try:
         cli()
+    except SystemExit as exc:
+        stopped = exc.code in STOPPED
+        raise
     finally:
         quiet_signals()  # the command has returned (or is exiting): a stop signal now ends the process quietly
-        if _Output.failed:  # said already (74): the interpreter's last flush of what stdout refused says nothing
+        # NOTE: what stdout still buffers is dropped when it refused a write (74, said already: its last flush would
+        # fail again, "Exception ignored", exit 120) and when a stop signal ended the command: a signal that came
+        # while stdout's reader was not reading (a full pipe) left the line being written buffered, and the last
+        # flush waited for that reader, past the signal, for as long as it did not read (then, reader gone, 120)
+        if _Output.failed or stopped:
             quiet_stdout()
         # NOTE: the process ends here: the interpreter's last collections would walk every object torch and the
         # model made (0.1-0.5 s on the 2-core machine) to free memory the OS takes back anyway. Frozen, they are

@@ -11,6 +11,8 @@ stdout is 74 naming stdout, a closed pipe 141 and nothing said, as for every com
 from __future__ import annotations
 
 import os
+import select
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -104,3 +106,42 @@ def test_a_failed_run_keeps_its_code_when_stdout_refuses_its_report(tmp_path):
     code, err = full_stdout(["rebuild", str(tmp_path / "none"), "--json"])
     assert code == 78, err
     assert "cannot write the report to stdout" in err and "is not a petal index" in err.strip().splitlines()[-1]
+
+
+def _pipe_full(read_end: int) -> bool:
+    """The pipe holds what it can take (Linux: 64 KiB): its writer is, or will be at its next line, blocked."""
+    import fcntl
+    import struct
+    import termios
+
+    return struct.unpack("i", fcntl.ioctl(read_end, termios.FIONREAD, b"\0\0\0\0"))[0] >= 60_000
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP], ids=lambda s: s.name)
+def test_a_stop_signal_while_stdout_s_reader_does_not_read_ends_the_command(tmp_path, tiny_bert_dir, sig):
+    """``petal embed --stdin`` writing into a pipe whose reader has stopped reading (a stalled consumer, a scheduler's
+    stop of the whole pipeline): the signal ends it with its code at once. Was: 'interrupted' said, then the
+    interpreter's last flush of the line being written waited for the reader, past the signal, as long as it did not
+    read; once the reader went away, 'Exception ignored ... BrokenPipeError' and exit 120."""
+    (tmp_path / "in.txt").write_text("".join(f"text number {i}\n" for i in range(2_000)))
+    read_end, write_end = os.pipe()
+    with open(tmp_path / "in.txt", "rb") as stdin:
+        child = subprocess.Popen([sys.executable, "-m", "petal.cli.main", "embed", "--stdin", "--model",
+                                  str(tiny_bert_dir)], stdin=stdin, stdout=write_end, stderr=subprocess.PIPE,
+                                 cwd=REPO, env=_env())
+    os.close(write_end)
+    try:
+        while not _pipe_full(read_end):  # nobody reads: the pipe fills, then petal blocks writing
+            assert child.poll() is None, child.communicate()[1].decode()[-2000:]
+            select.select([], [], [], 0.05)
+        child.send_signal(sig)
+        try:
+            _, err = child.communicate(timeout=120)  # the reader still does not read
+        except subprocess.TimeoutExpired:
+            child.kill()
+            raise AssertionError(f"still running after {sig.name}, blocked on stdout") from None
+    finally:
+        os.close(read_end)
+    assert child.returncode == 128 + sig, err.decode()[-2000:]
+    assert err.decode().strip().splitlines()[-1] == f"petal: interrupted by {sig.name}"
+    assert b"Traceback" not in err and b"Exception ignored" not in err
