@@ -2,7 +2,8 @@
 combining marks (accent stripping) and U+FFFD (its text cleaning), so a row of only those encodes to [CLS] [SEP],
 an empty text's ids, and every such row got that one vector, as rows of invisible characters did before
 tests/test_invisible_texts.py. ``petal index`` skips and counts it (``empty_text``) as it does a blank row. Visible
-characters are not the test: the ids are (``TextTokenizer.sees_nothing``), with a prompt in front too."""
+characters are not the test: the ids are (``TextTokenizer.sees_nothing``), with a prompt in front too. ``petal embed``
+answers such a text as skipped in its place. ``petal query`` still embeds it (an empty query)."""
 
 from __future__ import annotations
 
@@ -46,3 +47,32 @@ def test_petal_index_skips_and_counts_rows_the_model_sees_as_empty(tmp_path: Pat
     strict = CliRunner().invoke(cli, ["index", str(shard), "--out", str(tmp_path / "strict"), "--model",
                                       str(minilm_dir), "--device", "cpu", "-q", "--strict"])
     assert strict.exit_code == 65 and "empty_text" in strict.output
+
+
+def test_petal_embed_skips_them_as_petal_index_does(tmp_path: Path, minilm_dir: Path):
+    """``petal embed`` (one call, ``--stdin`` streamed and ``--input``) answers such a text as skipped
+    (``empty_text``), in its place, as a blank one; before, it wrote the [CLS] [SEP] vector for it."""
+    args = ["embed", "--model", str(minilm_dir), "--device", "cpu"]
+    result = CliRunner().invoke(cli, [*args, "real words", DROPPED[0], "more words"])
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [line["index"] for line in lines if line["embedding"] is not None] == [0, 2]
+    assert [line.get("skipped") for line in lines if line["index"] == 1] == ["empty_text"]
+    streamed = CliRunner().invoke(cli, [*args, "--stdin"], input="real words\n" + "\n".join(DROPPED) + "\nmore words\n")
+    assert streamed.exit_code == 0, streamed.output
+    assert [json.loads(line) for line in streamed.stdout.splitlines()] == [
+        json.loads(line) for line in CliRunner().invoke(cli, [*args, "real words", *DROPPED, "more words"]).stdout
+        .splitlines()]
+    every = CliRunner().invoke(cli, [*args, *DROPPED])
+    assert every.exit_code == 66 and "nothing to embed" in every.output  # as an input of blank texts only
+
+
+def test_the_embedder_places_them_as_skipped(minilm_dir: Path):
+    from petal import Embedder
+
+    with Embedder(minilm_dir, device="cpu") as embedder:
+        embedded = embedder.embed(["real words", *DROPPED, "more words"])
+        alone = embedder.encode(["real words", "more words"])
+    assert embedded.skipped == {i + 1: "empty_text" for i in range(len(DROPPED))}
+    assert np.isnan(embedded.rows[1: 1 + len(DROPPED)]).all()
+    np.testing.assert_array_equal(embedded.rows[[0, -1]], alone)

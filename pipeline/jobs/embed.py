@@ -80,15 +80,21 @@ def encode_texts(engine: Engine, tokenizer: TextTokenizer, texts: list[str],
     return embed_token_ids(engine, encoded.token_ids, batch_tokens), int(encoded.truncated.sum())
 
 
-def _tokenized(tokenizer: TextTokenizer, texts: list[str], positions: list[int] | None = None) -> Encoded:
-    """``texts``' token ids; a text that yields none is bad input, named by its place (``positions``: each text's
-    place in the caller's input; default: its index in ``texts``)."""
+def _tokenized(tokenizer: TextTokenizer, texts: list[str]) -> Encoded:
+    """``texts``' token ids; a text that yields none is bad input, named by its index in ``texts``."""
     encoded = tokenizer.encode(texts)
     empty = [i for i, ids in enumerate(encoded.token_ids) if len(ids) == 0]
     if empty:
-        place = empty[0] if positions is None else positions[empty[0]]
+        place = empty[0]
         raise BadInputError(f"text {place} ({quote_text(texts[empty[0]])}) yields no tokens")
     return encoded
+
+
+def seen_texts(tokenizer: TextTokenizer, texts: list[str]) -> tuple[Encoded, list[int]]:
+    """``texts``' token ids, and the positions of those the model sees as empty (no ids, or an empty text's:
+    ``TextTokenizer.sees_nothing``), which ``petal index`` skips as ``empty_text`` and so ``petal embed`` does."""
+    encoded = tokenizer.encode(texts) if texts else Encoded([], np.zeros(0, dtype=bool))
+    return encoded, [i for i, ids in enumerate(encoded.token_ids) if len(ids) == 0 or tokenizer.sees_nothing(ids)]
 
 
 def embed_token_ids(engine: Engine, token_ids: list[np.ndarray], batch_tokens: int | None = None) -> np.ndarray:
@@ -278,8 +284,16 @@ class Embedder:
         if batch_tokens is not None and not self.max_length <= batch_tokens <= budget:
             raise UsageError(f"batch_tokens {batch_tokens} is outside {self.max_length} (the max length) .. {budget} "
                              "(the engine's token budget: pass token_budget= to Embedder for more)")
-        vectors, truncated = encode_texts(engine, self._tokenizer("query" if query else "document"), texts_in,
-                                          batch_tokens)
+        encoded, unseen = seen_texts(self._tokenizer("query" if query else "document"), texts_in)
+        if unseen:  # NOTE: petal index's empty_text: characters the tokenizer drops, every one (combining marks)
+            skipped = dict(sorted({**skipped, **{kept[i]: "empty_text" for i in unseen}}.items()))
+            if len(skipped) == len(items):
+                raise NoInputError(f"nothing to embed: {describe_skips(skipped)}")
+        dropped = set(unseen)
+        seen = [i for i in range(len(texts_in)) if i not in dropped]
+        kept = [kept[i] for i in seen]
+        vectors = embed_token_ids(engine, [encoded.token_ids[i] for i in seen], batch_tokens)
+        truncated = int(encoded.truncated[seen].sum())
         finite = np.isfinite(vectors).all(axis=1)
         if not finite.all():
             # NOTE: the rule of petal index (non_finite_embedding): a text the model turns into NaN or infinity (an
@@ -332,8 +346,11 @@ class Embedder:
                         for place, text in fresh if place not in skipped]
             held += len(fresh)
             if to_embed:
-                encoded = _tokenized(tokenizer, [text for _, text in to_embed], [place for place, _ in to_embed])
-                kept += zip([place for place, _ in to_embed], encoded.token_ids, encoded.truncated.tolist())
+                encoded, unseen = seen_texts(tokenizer, [text for _, text in to_embed])
+                skipped.update((to_embed[i][0], "empty_text") for i in unseen)  # as embed()
+                dropped = set(unseen)
+                kept += [(place, ids, flag) for i, ((place, _), ids, flag)
+                         in enumerate(zip(to_embed, encoded.token_ids, encoded.truncated.tolist())) if i not in dropped]
             # NOTE: while more texts are ready, the last batch planned may grow with them: it waits, so every batch
             # is the one a single embed() over the whole input packs (its rows are the same to the last bit)
             batches = plan_batches([len(ids) for _, ids, _ in kept], config) if more and kept else []
