@@ -126,7 +126,7 @@ def _run(job: IndexJob, column: str, report: RunReport, stop: StopSignals, start
         if previous is not None:
             check_kept_dim(previous, dim, shards, job.sync, out.root)
             run.check_drift(previous, settings, out.root)
-        store = EmbeddingStore(out.store_dir)
+        store = EmbeddingStore(out.store_dir, report.damaged_entries)  # a damaged entry embedded again is reported
         with writing(out.store_dir):
             store.open()
         kept_recs = kept_records(previous, shards, job.sync)
