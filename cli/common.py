@@ -263,6 +263,10 @@ def stdin_lines() -> Iterator[bytes]:
 
 # --stdin: a chunk of lines is cut once it holds this many bytes (the rest is read for the next one)
 STDIN_CHUNK_BYTES = 1 << 20
+# NOTE: --stdin: a line over this many bytes is read up to it and the rest of it dropped, said on stderr: an input
+# without line ends (a binary file, `< /dev/zero`) grew one line until the kernel killed the process. A model reads at
+# most a few thousand tokens of a text; the tokenizer's own cap is 64 characters a token (pipeline/ingest/tokens.py)
+MAX_LINE_BYTES = 16 << 20
 
 
 def stdin_chunks(max_bytes: int = STDIN_CHUNK_BYTES) -> Iterator[tuple[list[bytes], bool]]:
@@ -305,7 +309,11 @@ def _stream_chunks(stream: Any, max_bytes: int) -> Iterator[tuple[list[bytes], b
     to read, so a chunk cut at ``max_bytes`` says more is ready."""
     lines: list[bytes] = []
     size = 0
-    for line in stream:
+    for number, line in enumerate(iter(lambda: stream.readline(MAX_LINE_BYTES + 1), b""), 1):
+        if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
+            line = _cut_line(line, number)
+            while (rest := stream.readline(MAX_LINE_BYTES)) and not rest.endswith(b"\n"):
+                pass  # the rest of the line, dropped
         lines.append(line)
         size += len(line)
         if size >= max_bytes:
@@ -332,6 +340,8 @@ def _fd_chunks(fd: int, max_bytes: int) -> Iterator[tuple[list[bytes], bool]]:
     poller.register(fd, select.POLLIN)
     pending = bytearray()
     ended = promised = False  # promised: the last chunk said more was ready
+    dropping = False  # the rest of a line over MAX_LINE_BYTES is being read and dropped, up to its line end
+    number = 0  # lines read
     while not ended:
         lines: list[bytes] = []
         size = 0
@@ -355,15 +365,42 @@ def _fd_chunks(fd: int, max_bytes: int) -> Iterator[tuple[list[bytes], bool]]:
             size += len(read)
             start, searched = 0, len(pending)
             pending += read
+            if dropping:
+                if (end := pending.find(b"\n")) < 0:
+                    pending.clear()
+                    continue
+                start = searched = end + 1
+                dropping = False
             while (end := pending.find(b"\n", searched)) >= 0:
                 lines.append(bytes(pending[start:end + 1]))
+                number += 1
                 start = searched = end + 1
             del pending[:start]
+            if len(pending) > MAX_LINE_BYTES:
+                number += 1
+                lines.append(_cut_line(bytes(pending), number))
+                pending.clear()
+                dropping = True
         if ended and pending:
             lines.append(bytes(pending))
         if lines:
             promised = not ended and bool(poller.poll(0))
             yield lines, promised
+
+
+def _cut_line(line: bytes, number: int) -> bytes:
+    """``line`` (over ``MAX_LINE_BYTES`` with no line end yet) cut to its first ``MAX_LINE_BYTES`` bytes, not inside a
+    UTF-8 character, said on stderr; the caller drops the rest of it."""
+    end = MAX_LINE_BYTES
+    start = end  # the last character that begins before the cut: kept whole or left out
+    while start > end - 4 and line[start - 1] & 0xC0 == 0x80:
+        start -= 1
+    lead = line[start - 1]
+    if lead >= 0xC0 and end - start + 1 < (2 if lead < 0xE0 else 3 if lead < 0xF0 else 4):
+        end = start - 1
+    eprint(f"petal: warning: --stdin line {number} holds more than {MAX_LINE_BYTES >> 20} MiB before its line end: "
+           f"its first {MAX_LINE_BYTES >> 20} MiB are read as the line, the rest of it is dropped")
+    return line[:end] + b"\n"
 
 
 # NOTE: line boundaries of str.splitlines() (and of Java's, and many log shippers' line readers) that json.dumps with
