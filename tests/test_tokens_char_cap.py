@@ -62,3 +62,39 @@ def test_embedder_vectors_of_padded_texts_match_sentence_transformers(minilm_dir
         ours = np.asarray(embedder.encode(PADDED[:4]))
     cosine = (ours * reference).sum(1) / np.linalg.norm(ours, axis=1) / np.linalg.norm(reference, axis=1)
     assert cosine.min() >= 0.9999, cosine
+
+
+def test_a_text_is_tokenized_from_its_first_max_text_chars_at_most(minilm_spec):
+    """A text whose first ``MAX_TEXT_CHARS`` characters do not fill max_length (here one unknown word of 1 Mi
+    accented letters before its words) is tokenized from them and counted as truncated: the longer prefixes stop
+    there. Before, it was tokenized whole, whatever its length."""
+    from petal.pipeline.ingest.tokens import MAX_TEXT_CHARS
+
+    tokenizer = TextTokenizer(minilm_spec.tokenizer_file, 256)
+    text = "\u00e9" * (MAX_TEXT_CHARS + 1000) + TAIL
+    out = tokenizer.encode([text, "short"])
+    assert out.truncated.tolist() == [True, False]
+    np.testing.assert_array_equal(out.token_ids[0], tokenizer.encode([text[:MAX_TEXT_CHARS]]).token_ids[0])
+    np.testing.assert_array_equal(tokenizer.encode([text]).token_ids[0], out.token_ids[0])  # the one-text path
+
+
+# the child says its own high-water mark (VmHWM), after tokenizing one text of ``sys.argv[2]`` characters
+ENCODE = ("import sys\n"
+          "from pathlib import Path\n"
+          "from petal.pipeline.ingest.tokens import TextTokenizer\n"
+          "tokenizer = TextTokenizer(Path(sys.argv[1]), 256)\n"
+          "tokenizer.encode(['\\u00e9' * int(sys.argv[2]), 'short'])\n"
+          "print(open('/proc/self/status').read().split('VmHWM:')[1].split()[0])\n")
+
+
+def test_a_10_mb_row_of_one_unknown_word_takes_bounded_memory(minilm_spec):
+    import subprocess
+    import sys
+
+    def peak_bytes(chars: int) -> int:
+        done = subprocess.run([sys.executable, "-c", ENCODE, str(minilm_spec.tokenizer_file), str(chars)],
+                              capture_output=True, text=True, timeout=300, check=True)
+        return int(done.stdout.split()[-1]) * 1024
+
+    over = peak_bytes(5_000_000) - peak_bytes(10)  # 10 MB of UTF-8; the text itself is 10 MB as a Python str
+    assert over < 250 * (1 << 20), over / (1 << 20)  # was ~580 MiB: the tokenizer's copy and alignments of it all

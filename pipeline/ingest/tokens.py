@@ -3,7 +3,7 @@
 ``encode_batch_fast`` runs on all cores (Rust threads, GIL released); the pipeline runs this stage
 in a background thread so the device never waits on it. Truncation at the model's max length is
 exact and counted per row; a character pre-cap keeps a multi-megabyte row from stalling it (a row whose
-prefix does not fill max_length is encoded from longer prefixes, up to the whole text).
+prefix does not fill max_length is encoded from longer prefixes, up to ``MAX_TEXT_CHARS`` characters).
 
 sentence-transformers conventions: a prompt (``Instruct: ...\nQuery:`` for Qwen3-Embedding
 queries) is put in front of each text and truncated with it; last-token pooling needs the EOS
@@ -27,6 +27,9 @@ from petal.pipeline.reliability.errors import ConfigError, one_line
 if TYPE_CHECKING:
     from petal.engine.loader import ModelSpec
     from petal.pipeline.ingest.documents import Documents  # NOTE: types only: it imports pyarrow (0.1 s)
+
+
+MAX_TEXT_CHARS = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,11 @@ class TextTokenizer:
         # NOTE: the cap is generous (64 characters a token); a capped text is encoded whole where its prefix
         # does not fill max_length (``encode``), so the cap changes no text's ids.
         self.max_chars = max_chars if max_chars is not None else max(max_length * 64, 4096)
+        # NOTE: the longest prefix encoded: a text whose first MAX_TEXT_CHARS characters hold fewer tokens than
+        # max_length (one giant word, a run of characters the tokenizer drops) is encoded from them and counted as
+        # truncated. Encoded whole, a 10 MB row of one non-ASCII word took ~600 MB in the tokenizer (~116 bytes a
+        # character: its normalised copy and alignments), four such rows at once four times that.
+        self.max_text_chars = max(MAX_TEXT_CHARS, self.max_chars)
         try:
             self._tokenizer = Tokenizer.from_str(read_text(tokenizer_file))
         except OSError:
@@ -99,8 +107,8 @@ class TextTokenizer:
             # to the whole text, so its ids are the whole text's (at most ~4/3 of encoding it whole).
             limit = self.max_chars
             short = [i for i in np.flatnonzero(capped) if not overflowed[i]]
-            while short:
-                limit *= 4
+            while short and limit < self.max_text_chars:
+                limit = min(limit * 4, self.max_text_chars)
                 again, again_over = self._encode_prompted([texts[i][:limit] for i in short])
                 for i, ids, over in zip(short, again, again_over):
                     token_ids[i], overflowed[i], capped[i] = ids, over, len(texts[i]) > limit
