@@ -86,13 +86,14 @@ def index(sources: tuple[str, ...], out: Path, model: str | None, id_column: str
     74 I/O error, 75 retry, 78 configuration, 129/130/143 interrupted).
     """
     from petal.pipeline.jobs.report import RunReport
+    from petal.pipeline.reliability.notes import notes_on_stderr
     from petal.pipeline.reliability.signals import StopSignals
 
     report = RunReport(command="index")
     flags = given_index_flags(index_factory, metric, index_memory, target_recall)  # the others: the live version's
     # NOTE: signals are caught from here on (before the heavy imports), so a SIGTERM at any moment
     # ends in a clean stop with a report; the run checks the flag at every batch boundary.
-    with StopSignals() as stop:
+    with StopSignals() as stop, notes_on_stderr():  # NOTE: -q hides the progress bar only (the API's quiet: notes too)
         from petal.pipeline.api import index as run_index
 
         run_with_report(report, lambda: run_index(

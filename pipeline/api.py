@@ -9,12 +9,12 @@ command would end with; a run that raises still finishes its ``RunReport`` (and 
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
-import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from petal.pipeline.jobs.report import RunReport
 from petal.pipeline.jobs.settings import (
@@ -39,6 +39,7 @@ from petal.pipeline.reliability.errors import (
     quote_path,
     unmapped_error,
 )
+from petal.pipeline.reliability.notes import quiet_notes, say
 
 if TYPE_CHECKING:
     from petal.pipeline.index.verify import VerifyReport
@@ -46,7 +47,21 @@ if TYPE_CHECKING:
     from petal.pipeline.reliability.signals import StopSignals
 
 Sources = str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
+
+def _quiet_when_asked(call: Callable[_P, _R]) -> Callable[_P, _R]:
+    """``call`` with its notes and warnings sent to the ``petal`` logger, not stderr, when it is given ``quiet=True``
+    (``notes.quiet_notes``; the CLI keeps them on stderr, ``notes_on_stderr``)."""
+    @functools.wraps(call)
+    def quietly(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        with quiet_notes(kwargs.get("quiet") is True):
+            return call(*args, **kwargs)
+    return quietly
+
+
+@_quiet_when_asked
 
 def index(sources: Sources, out: str | os.PathLike[str], *, engine_factory: Callable[..., Any] | None = None,
           report: RunReport | None = None, stop: StopSignals | None = None, vectors_column: str | None = None,
@@ -56,7 +71,8 @@ def index(sources: Sources, out: str | os.PathLike[str], *, engine_factory: Call
     ``settings`` are ``petal index``'s flags as keywords (``model``, ``text_column``, ``id_column``,
     ``dim``, ``quantize``, ``index_memory="4G"``, ``max_bad_rows="1%"``, ``full``, ``sync``,
     ``max_removed="10%"``, ``delete="ids.parquet"``, ``keep_columns=["lang", "url"]``, ``json_report``,
-    ``quiet``, ...). ``vectors_column``: index the precomputed embeddings of that column (no model).
+    ``quiet``: no progress bar and nothing on stderr, the notes and warnings go to the ``petal`` logger, ...).
+    ``vectors_column``: index the precomputed embeddings of that column (no model).
     An index setting not given (``index_factory``, ``metric``, ``index_memory``, ``target_recall``) keeps the live
     version's, as ``rebuild``'s: ``"auto"``, ``"ip"``, ``"8G"``, ``0.95`` for a first run.
     Returns the finished ``RunReport`` (``status`` success or nothing-to-do).
@@ -95,16 +111,17 @@ def index(sources: Sources, out: str | os.PathLike[str], *, engine_factory: Call
                 (job.out, job.json_report))
 
 
+@_quiet_when_asked
 def rebuild(out: str | os.PathLike[str], *, json_report: str | os.PathLike[str] | None = None,
             report: RunReport | None = None, wait: bool = False, stop: StopSignals | None = None,
-            keep_versions: int = 2, **settings: Any) -> RunReport:
+            keep_versions: int = 2, quiet: bool = False, **settings: Any) -> RunReport:
     """A new version of ``out``'s index from its stored embeddings with other index settings (no model).
 
     ``settings``: ``index_factory``, ``metric``, ``index_memory``, ``target_recall``; one not given keeps the live
     version's (its manifest's: an ``IVF4096,Flat`` asked for stays one, ``index_factory="auto"`` chooses by size
     again). ``wait``: queue behind another writer of ``out`` (else exit 75); ``stop``: an active ``StopSignals`` of
     the caller's; ``keep_versions``: the versions left after the publish (the live one and N-1 before it, as
-    ``index``'s).
+    ``index``'s); ``quiet``: its notes and warnings go to the ``petal`` logger, not stderr (as ``index``'s).
     """
     given_report, report = report, _own_report(report, "rebuild")
     target = _report_path(json_report)
@@ -112,8 +129,9 @@ def rebuild(out: str | os.PathLike[str], *, json_report: str | os.PathLike[str] 
         _check_hooks("petal.rebuild()", given_report, stop)
         if json_report is not None:
             out_path(json_report, "json_report")
-        if not isinstance(wait, bool):
-            raise ArgumentTypeError(f"petal.rebuild(): wait={wait!r} is {kind_of(wait)}, not bool")
+        for name, flag in (("wait", wait), ("quiet", quiet)):
+            if not isinstance(flag, bool):
+                raise ArgumentTypeError(f"petal.rebuild(): {name}={flag!r} is {kind_of(flag)}, not bool")
         keep_versions = whole_number(keep_versions, "keep_versions", 1)
         not_empty_path(out, "out")
         out = out_path(out)
@@ -319,8 +337,7 @@ def write_report(report: RunReport, json_report: Path | str | None) -> None:
         report.write(Path(json_report))
     except (OSError, ValueError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
-        print(one_line(f"petal: warning: cannot write the report to {quote_path(json_report)}: {reason}"),
-              file=sys.stderr, flush=True)
+        say(f"warning: cannot write the report to {quote_path(json_report)}: {reason}")
 
 
 def stdout_report_error(exc: OSError) -> PetalIOError:

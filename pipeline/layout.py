@@ -37,7 +37,6 @@ import re
 import shutil
 import socket
 import stat
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -60,6 +59,7 @@ from petal.pipeline.reliability.errors import (
     writing,
 )
 from petal.pipeline.reliability.faults import fault
+from petal.pipeline.reliability.notes import say
 from petal.pipeline.reliability.safe_files import UnsafeFileError, inside, read_regular
 from petal.pipeline.store.side_files import KEY_TREES
 
@@ -691,7 +691,7 @@ def _next_second() -> None:
 
 
 def _note(message: str) -> None:
-    print(f"petal: note: {one_line(message)}", file=sys.stderr, flush=True)
+    say(f"note: {message}")
 
 
 def is_denied(exc: BaseException) -> bool:

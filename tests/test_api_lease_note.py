@@ -23,8 +23,8 @@ def test_the_note_names_an_open_index_as_a_reader(tmp_path, capfd):
             capfd.readouterr()
         else:
             with held:
-                report = petal.index(tmp_path / "s.parquet", tmp_path / "out", vectors_column="vec", quiet=True,
-                                     keep_versions=1)
+                report = petal.index(tmp_path / "s.parquet", tmp_path / "out", vectors_column="vec",
+                                     keep_versions=1)  # NOTE: not quiet=True, whose notes go to the petal logger
     assert report.pruned["in_use"] == [first]
     said = capfd.readouterr().err
     assert f"kept {first}" in said and "in use by a reader (a petal.Index still open on it" in said, said

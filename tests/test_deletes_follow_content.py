@@ -148,7 +148,7 @@ def test_lost_tombstone_is_said(deleted, tmp_path, capfd):
         [tombstone] = [p for p in (fresh / "store" / "deleted").rglob("*.parquet")]
         tombstone.unlink()
         capfd.readouterr()
-        petal.index(str(source), str(fresh), quiet=True, full=full, **({"max_length": 64} if full else {}))
+        petal.index(str(source), str(fresh), full=full, **({"max_length": 64} if full else {}))  # not quiet: stderr
         said = capfd.readouterr().err
         assert tombstone.name in said and "indexed again" in said, said
         assert live(fresh)[0] == [1, 2, 3, 4]

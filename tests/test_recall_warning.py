@@ -25,7 +25,7 @@ def shard(tmp_path_factory):
 
 
 def test_an_index_that_misses_the_target_is_said(shard, tmp_path, capfd):
-    report = petal.index(str(shard), str(tmp_path / "out"), quiet=True, vectors_column="emb",
+    report = petal.index(str(shard), str(tmp_path / "out"), vectors_column="emb",  # not quiet: said on stderr
                          index_factory="SQ8_direct")
     err = capfd.readouterr().err
     assert report.index["tuning"]["reached"] is False
@@ -46,7 +46,7 @@ def test_an_index_that_reaches_it_says_nothing(shard, tmp_path, capfd, factory):
 def test_a_binary_index_that_misses_it_is_told_what_a_binary_index_takes(shard, tmp_path, capfd, factory):
     """A binary index's sign bits cap its recall (16 dims: 0.4); the warning told it to add a refine step
     (--index-factory ...,RFlat), which a binary factory refuses: it now names --rescore and a float index."""
-    report = petal.index(str(shard), str(tmp_path / "out"), quiet=True, vectors_column="emb", index_factory=factory)
+    report = petal.index(str(shard), str(tmp_path / "out"), vectors_column="emb", index_factory=factory)
     err = capfd.readouterr().err
     assert report.index["tuning"]["reached"] is False
     assert f"warning: the {factory!r} index reaches recall@10" in err and "larger --rescore" in err, err

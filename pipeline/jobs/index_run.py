@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import sys
 import time
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import replace
@@ -97,6 +96,7 @@ from petal.pipeline.reliability.errors import (
     writing,
 )
 from petal.pipeline.reliability.faults import fault
+from petal.pipeline.reliability.notes import say
 from petal.pipeline.reliability.safe_files import check_output_dir
 from petal.pipeline.reliability.signals import StopSignals
 from petal.pipeline.store.changes import live_manifest, shard_changes
@@ -253,12 +253,12 @@ def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory
     stop.check()
 
     locking = time.perf_counter()
-    with out.lock(wait=job.wait, on_wait=_say, check=stop.check):
+    with out.lock(wait=job.wait, on_wait=say, check=stop.check):
         checks_started = time.perf_counter()
         report.timings_s["lock_wait"] = round(checks_started - locking, 3)
         fault("after_lock")
         out.clean_orphans()
-        settle_tombstones(out, _say)  # what a run killed around its publish left: its deletion holds iff it published
+        settle_tombstones(out, say)  # what a run killed around its publish left: its deletion holds iff it published
         previous = None if job.full else live_or_refuse(out)  # --full: even an unreadable live version
         job = index_settings.of(job, live_manifest(out) if job.full else previous)  # another writer may have published
         # the weights' sha256: recorded beside the same stat (verified later), or hashed by now (the drift check
@@ -353,7 +353,7 @@ def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory
         no_text = ensure_columns(store, committed, need, {i.abs_path: i for i in all_shards if i.schema is not None},
                                  job.read, reads, stop.check)  # the shards preflight read (kept ones: no schema here)
         if no_text:
-            _say(f"warning: the text of {len(no_text)} kept shards is not stored (their files are gone or changed), "
+            say(f"warning: the text of {len(no_text)} kept shards is not stored (their files are gone or changed), "
                  f"e.g. {no_text[0]}: --show-text has none for their hits")
         check_rows_to_index(out, job, committed, report)
         same = previous is not None and unchanged(previous, shards, committed, job, pending)
@@ -498,15 +498,11 @@ def _reraise(exc: BaseException) -> NoReturn:
     raise failure from exc
 
 
-def _say(message: str) -> None:
-    print(f"petal: {one_line(message)}", file=sys.stderr, flush=True)
-
-
 def say_recall(result: BuildResult) -> None:
     """A published index whose tuning missed the recall target: said on stderr (``recall_warning``)."""
     warning = result.recall_warning()
     if warning is not None:
-        _say(warning)
+        say(warning)
 
 
 def content_fingerprint(store: EmbeddingStore, info: ShardInfo, settings_fp: str, read: ReadConfig | None = None,
@@ -606,7 +602,7 @@ def clean_up(out: OutputDir, store: EmbeddingStore, committed: list[StoreEntry],
         report.pruned["store_entries"] = prune_unused(out, store, {e.path for e in committed})
         out.rejects_file.unlink(missing_ok=True)  # a refused run's rejects are stale once one succeeds
     except OSError as exc:  # the index is published; what is left is removed by the next run
-        _say(f"warning: cleaning up {quote_path(out.root)} failed ({exc.strerror or exc}); the next run retries")
+        say(f"warning: cleaning up {quote_path(out.root)} failed ({exc.strerror or exc}); the next run retries")
 
 
 def _settle(identity: RunIdentity, store: EmbeddingStore, shards: list[ShardInfo],
@@ -843,7 +839,7 @@ def nothing_to_publish(out: OutputDir, previous: Manifest | None, same: bool, re
         damage = live_damage(out, previous)
     if damage is None:
         return True
-    _say(f"warning: the live version is damaged ({damage}); publishing a new one built from the store")
+    say(f"warning: the live version is damaged ({damage}); publishing a new one built from the store")
     report.repaired = damage
     return False
 
@@ -945,7 +941,7 @@ def plan_deletions(out: OutputDir, store: EmbeddingStore, committed: list[StoreE
         live_exists = out.current_version() is not None
     except ConfigError:
         live_exists = True  # NOTE: a damaged pointer still means a live version whose deletions must hold
-    carried = carry_deletions(store, committed, live_manifest(out), live_exists, _say)
+    carried = carry_deletions(store, committed, live_manifest(out), live_exists, say)
     committed = carried.apply(committed)
     if delete_ids is None:
         return committed, carried if carried.pending else None
@@ -965,7 +961,7 @@ def record_deletion(out: OutputDir, committed: list[StoreEntry], delete_ids: Del
                       "already_deleted": deletion.already_deleted, "not_found": deletion.not_found,
                       "sample_not_found": deletion.sample_not_found, "rows": deletion.rows}
     if deletion.not_found:
-        _say(f"warning: --delete: {deletion.not_found} of {deletion.requested} ids are not in the index "
+        say(f"warning: --delete: {deletion.not_found} of {deletion.requested} ids are not in the index "
              f"(e.g. {', '.join(map(str, deletion.sample_not_found))})")
     return deletion
 
@@ -1000,7 +996,7 @@ def commit_tombstones(out: OutputDir, deletion: Deletion | None) -> bool:
     try:
         deletion.commit()
     except (OSError, PetalIOError) as exc:
-        _say(f"warning: committing the tombstones of {quote_path(out.root)} failed ({exc}); the deletion is "
+        say(f"warning: committing the tombstones of {quote_path(out.root)} failed ({exc}); the deletion is "
              "published and holds, the next run commits them")
         return False
     return True

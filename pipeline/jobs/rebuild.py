@@ -11,7 +11,6 @@ import contextlib
 import os
 import re
 import shutil
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,11 +30,11 @@ from petal.pipeline.reliability.errors import (
     Interrupted,
     PetalError,
     inside,
-    one_line,
     quote_path,
     quote_text,
     writing,
 )
+from petal.pipeline.reliability.notes import say
 from petal.pipeline.reliability.safe_files import check_output_dir, check_regular
 from petal.pipeline.reliability.signals import StopSignals
 from petal.pipeline.store.columns import ColumnsNeed, columns_path
@@ -124,9 +123,9 @@ def run_rebuild(out_path: Path, settings: IndexSettings, report: RunReport, wait
     report.out = str(out.root)
     active = stop if stop is not None else StopSignals()
     with contextlib.nullcontext(active) if stop is not None else active, \
-            out.lock(wait=wait, on_wait=_say, check=active.check):
+            out.lock(wait=wait, on_wait=say, check=active.check):
         out.clean_orphans()
-        settle_tombstones(out, _say)  # as petal index: what a --delete run killed around its publish left
+        settle_tombstones(out, say)  # as petal index: what a --delete run killed around its publish left
         previous = out.current_manifest()
         if previous is None:
             raise ConfigError(f"{quote_path(out_path)} has no published index to rebuild; build one with petal index")
@@ -156,12 +155,12 @@ def run_rebuild(out_path: Path, settings: IndexSettings, report: RunReport, wait
                 report.pruned["versions"] = out.prune_versions(keep_versions, report.pruned.setdefault("in_use", []),
                                                                lambda: active.requested)
         except OSError as exc:  # published: what is left is removed by the next run
-            _say(f"warning: pruning old versions of {quote_path(out.root)} failed ({exc.strerror or exc})")
+            say(f"warning: pruning old versions of {quote_path(out.root)} failed ({exc.strerror or exc})")
     # as petal index's
     report.index = {**result.report(settings), "deleted": sum(len(deleted_rows(e)) for e in entries)}
     warning = result.recall_warning()
     if warning is not None:
-        _say(warning)
+        say(warning)
     if (out.version_dir(version) / "rejects.parquet").is_file():
         report.rejects_file = str(out.version_dir(version) / "rejects.parquet")
     report.timings_s["index"] = round(result.seconds, 3)
@@ -232,10 +231,6 @@ def _blocked(path: Path) -> Path:
     return path
 
 
-def _say(message: str) -> None:
-    print(f"petal: {one_line(message)}", file=sys.stderr, flush=True)
-
-
 def _build(out: OutputDir, previous: Manifest, entries: list[StoreEntry], settings: IndexSettings,
            staging: Path) -> tuple[BuildResult, str]:
     """Build into ``staging`` (published by the caller); a FAISS error is a ``ConfigError`` (78) naming the factory."""
@@ -260,7 +255,7 @@ def _build(out: OutputDir, previous: Manifest, entries: list[StoreEntry], settin
         except BadInputError as exc:  # NOTE: said with the side file it stands in for, not only its own name
             raise BadInputError(f"{gone}, and the copy of the previous version is unusable: {exc}") from exc
         if restored:
-            _say(f"{gone}; their {', '.join(need.names)} were copied from version {previous.version}")
+            say(f"{gone}; their {', '.join(need.names)} were copied from version {previous.version}")
             result.files[IDS_FILE] = sha256_file(staging / IDS_FILE)
         elif missing:
             raise BadInputError(f"{gone}, so the rebuilt version would lose their {', '.join(need.names)}; run "

@@ -33,6 +33,7 @@ from petal.pipeline.layout import OutputDir, check_not_inside_output
 from petal.pipeline.manifest import MANIFEST_FILE, Manifest, PrecomputedSettings, StoredColumns
 from petal.pipeline.reliability.errors import ConfigError, NoInputError, quote_path, writing
 from petal.pipeline.reliability.faults import fault
+from petal.pipeline.reliability.notes import say
 from petal.pipeline.reliability.safe_files import check_output_dir
 from petal.pipeline.reliability.signals import StopSignals
 from petal.pipeline.store.changes import live_manifest, shard_changes
@@ -117,10 +118,10 @@ def _run(job: IndexJob, column: str, report: RunReport, stop: StopSignals, start
     report.timings_s["preflight"] = round(time.perf_counter() - started, 3)
     fault("after_preflight")  # NOTE: the text run's fault points at the same steps (the crash-point sweep's)
 
-    with out.lock(wait=job.wait, on_wait=run._say, check=stop.check):
+    with out.lock(wait=job.wait, on_wait=say, check=stop.check):
         fault("after_lock")
         out.clean_orphans()
-        settle_tombstones(out, run._say)  # what a run killed around its publish left: its deletion holds iff published
+        settle_tombstones(out, say)  # what a run killed around its publish left: its deletion holds iff published
         previous = None if job.full else run.live_or_refuse(out)  # damaged: 78 with the way out (--full)
         job = index_settings.of(job, live_manifest(out) if job.full else previous)  # another writer may have published
         if previous is not None:

@@ -33,7 +33,6 @@ import mmap
 import os
 import re
 import shutil
-import sys
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -60,6 +59,7 @@ from petal.pipeline.reliability.errors import (
     writing,
 )
 from petal.pipeline.reliability.faults import fault
+from petal.pipeline.reliability.notes import say
 from petal.pipeline.reliability.safe_files import check_regular, open_regular, read_regular
 from petal.pipeline.store.side_files import real_dirs
 
@@ -79,7 +79,7 @@ PYARROW_PATH = re.compile(r"local file '(.+?)'")  # pyarrow's OSError carries no
 
 
 def warn(message: str) -> None:
-    print(f"petal: warning: {one_line(message)}", file=sys.stderr, flush=True)
+    say(f"warning: {message}")
 
 
 class DamagedEntry(Exception):
