@@ -25,7 +25,9 @@ class ReadConfig:
     id_column: str = DEFAULT_ID_COLUMN
     id_column_required: bool = False  # True when the user named it: absent is then an error
     batch_rows: int = 4096  # rows per Arrow record batch read (fewer when rows are large)
-    max_batch_bytes: int = 64 << 20  # bound on the text bytes of one record batch (host memory)
+    # host memory budget of the rows read at once: the read and tokenize window as a whole, and the stored text and
+    # kept columns as they are written; record batches are read at max_batch_bytes / READ_WINDOW_BATCHES (8)
+    max_batch_bytes: int = 64 << 20
     read_buffer_bytes: int = 1 << 20  # pages are streamed through a buffer this big, never a whole row group
     read_retries: int = 3  # an OS read error is retried this many times (backoff from retry_delay_s)
     retry_delay_s: float = 0.1

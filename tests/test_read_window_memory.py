@@ -51,14 +51,19 @@ CLI = ("import atexit, sys\n"
        "main(sys.argv[1:])\n")
 
 
-def peak_rss(data: Path, out: Path, model: Path) -> int:
-    """Peak RSS (bytes) of ``petal index data`` stopped after its first shard commit."""
-    env = {**os.environ, "PETAL_TEST_FAKE_ENGINE": str(out.parent / f"{out.name}.log"),
-           "PETAL_FAULT": "after_shard_commit:1:raise", "PETAL_TOKENIZE_WORKERS": "2"}
+def peak_rss(data: Path, out: Path, model: Path, stop: bool = True) -> int:
+    """Peak RSS (bytes) of ``petal index data`` stopped after its first shard commit (``stop``), else run whole."""
+    env = {**os.environ, "PETAL_TEST_FAKE_ENGINE": str(out.parent / f"{out.name}.log"), "PETAL_TOKENIZE_WORKERS": "2"}
+    env.pop("PETAL_FAULT", None)
+    if stop:
+        env["PETAL_FAULT"] = "after_shard_commit:1:raise"
     done = subprocess.run([sys.executable, "-c", CLI, "index", str(data), "--out", str(out), "--model", str(model),
                            "-q"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert "after_shard_commit" in done.stderr, done.stderr  # stopped where the test stops it, after the embedding
-    assert (out / "store").exists(), done.stderr
+    if stop:
+        assert "after_shard_commit" in done.stderr, done.stderr  # stopped where the test stops it, after embedding
+        assert (out / "store").exists(), done.stderr
+    else:
+        assert done.returncode == 0 and (out / "CURRENT").exists(), done.stderr  # published
     return int(done.stderr.rsplit("VmHWM", 1)[1].split()[0]) * 1024
 
 

@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from petal.pipeline.config import ReadConfig
+from petal.pipeline.ingest.documents import window_read
 from petal.pipeline.ingest.parquet import (
     ReadStats,
     ShardInfo,
@@ -58,9 +59,13 @@ def stored_writer(path: Path, schema: pa.Schema) -> pq.ParquetWriter:
 
 def bounded_batches(pf: pq.ParquetFile, names: list[str], most_rows: int = READ_BATCH_ROWS) -> Iterator[pa.RecordBatch]:
     """``pf``'s ``names`` in record batches of at most ``most_rows`` rows, fewer where its footer says the rows are
-    large: about ``ReadConfig.max_batch_bytes`` of them at a time, as the source reads are (a kept column of 100 KB
-    values read 8192 rows at a time was an 800 MB batch)."""
-    size = rows_within(pf.metadata, names, most_rows, ReadConfig.max_batch_bytes)
+    large: the bytes of one batch of the read window (``window_read``: ``ReadConfig.max_batch_bytes / 8``), since
+    the stored-columns phase holds a few batches at once (the batch read, the rows taken from it, the next one
+    decoded while the writer still holds the last).
+
+    NOTE: a kept column of 100 KB values read 8192 rows at a time was an 800 MB batch; read in batches of the whole
+    budget (64 MB), a shard of 2000 x 100 KB texts took ~580 MB over the embedding's baseline to store its text."""
+    size = rows_within(pf.metadata, names, most_rows, window_read(ReadConfig()).max_batch_bytes)
     return pf.iter_batches(batch_size=size, columns=names)
 
 
@@ -290,7 +295,8 @@ def _write_columns(info: ShardInfo, entry: StoreEntry, need: ColumnsNeed, path: 
         path.parent.mkdir(parents=True, exist_ok=True)
         writer = stored_writer(tmp, schema)
     try:
-        with contextlib.closing(stream_batches(info, source_columns, read, decode, stats)) as tables:
+        # NOTE: batches of the read window's size (bounded_batches says why)
+        with contextlib.closing(stream_batches(info, source_columns, window_read(read), decode, stats)) as tables:
             for table in tables:  # a read error here names the source
                 check()
                 if table is not None:
