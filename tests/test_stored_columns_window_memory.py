@@ -70,3 +70,21 @@ def test_the_stored_columns_are_the_shard_s_values(tmp_path, model):
         assert stored.column("row").to_pylist() == list(range(len(sizes)))
         assert stored.select(["text", "meta", "n"]).cast(expected.select(["text", "meta", "n"]).schema).equals(
             expected.select(["text", "meta", "n"])), name
+
+
+def test_the_stored_columns_are_read_within_the_run_s_own_budget(tmp_path, model):
+    """``max_batch_bytes=`` of the call bounds the stored-columns phase too: the version's ids.parquet is written a
+    batch of the side file at a time (one row group each), each an eighth of the budget (at least one row).
+
+    NOTE: the side files were read for ids.parquet in batches of the default budget's, whatever the call's."""
+    (tmp_path / "data").mkdir()
+    pq.write_table(long_documents(200, 100_000), tmp_path / "data" / "a.parquet", write_batch_size=16)  # 20 MB
+    budget = 8 * MB
+    petal.index([tmp_path / "data"], out=tmp_path / "out", model=model, quiet=True, max_batch_bytes=budget,
+                engine_factory=fake_engine_factory(None))
+    version = tmp_path / "out" / "versions" / (tmp_path / "out" / "CURRENT").read_text().strip()
+    for path in (version / "ids.parquet", *(tmp_path / "out" / "store" / "columns").rglob("*.parquet")):
+        meta = pq.ParquetFile(path).metadata
+        text = meta.schema.names.index("text")
+        largest = max(meta.row_group(g).column(text).total_uncompressed_size for g in range(meta.num_row_groups))
+        assert largest <= budget // 8 + 100_000, f"{path.name}: a row group of {largest / MB:.1f} MB of text"

@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from petal.pipeline.config import ReadConfig
 from petal.pipeline.index.files import IDS_FILE, IDS_GROUP_ROWS
 from petal.pipeline.index.row_groups import RowGroups
 from petal.pipeline.index.source import StoreVectors
@@ -97,13 +98,14 @@ def _has(entry: StoreEntry, need: ColumnsNeed) -> bool:
     return set(need.names) <= set(names)
 
 
-def _stored_parts(entries: list[StoreEntry], dim: int, need: ColumnsNeed, schema: pa.Schema) -> Any:
+def _stored_parts(entries: list[StoreEntry], dim: int, need: ColumnsNeed, schema: pa.Schema,
+                  read: ReadConfig | None) -> Any:
     source = StoreVectors(entries, dim)  # the same selection (de-duplication, --delete) as the index
     for entry, keep in zip(source.entries, source._keep):
         if len(keep) == 0:
             continue
         if _has(entry, need):
-            for part in entry_columns(entry, keep.astype(np.int64), need.names):
+            for part in entry_columns(entry, keep.astype(np.int64), need.names, read):
                 try:
                     yield part.cast(schema)
                 except pa.ArrowInvalid as exc:  # a value the common type cannot hold (a uint64 past int64)
@@ -113,8 +115,10 @@ def _stored_parts(entries: list[StoreEntry], dim: int, need: ColumnsNeed, schema
             yield pa.table({f.name: pa.nulls(len(keep), f.type) for f in schema}, schema=schema)
 
 
-def add_stored_columns(entries: list[StoreEntry], dim: int, need: ColumnsNeed, staging: Path) -> bool:
-    """Append ``need``'s columns to ``staging/ids.parquet``; ``False`` (unchanged) when no entry stores them."""
+def add_stored_columns(entries: list[StoreEntry], dim: int, need: ColumnsNeed, staging: Path,
+                       read: ReadConfig | None = None) -> bool:
+    """Append ``need``'s columns to ``staging/ids.parquet``; ``False`` (unchanged) when no entry stores them. The side
+    files are read in batches of ``read``'s budget (the run's ``max_batch_bytes``; else the default)."""
     schema = version_schema(entries, need)
     if schema is None:
         return False
@@ -124,7 +128,7 @@ def add_stored_columns(entries: list[StoreEntry], dim: int, need: ColumnsNeed, s
     tmp = staging / f".{IDS_FILE}.tmp"
     offset = 0
     with stored_writer(tmp, merged) as writer:
-        for part in _stored_parts(entries, dim, need, schema):
+        for part in _stored_parts(entries, dim, need, schema, read):
             head = ids.slice(offset, part.num_rows)
             writer.write_table(pa.table([*head.columns, *part.columns], schema=merged), row_group_size=IDS_GROUP_ROWS)
             offset += part.num_rows

@@ -384,7 +384,7 @@ def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory
                 fault("after_index_build", staging / MANIFEST_FILE)
                 t0 = time.perf_counter()
                 pq.write_table(rejects_table(committed), staging / "rejects.parquet", write_page_checksum=True)
-                stored = add_stored_columns(committed, transform.dim, need, staging)  # text, --keep-columns
+                stored = add_stored_columns(committed, transform.dim, need, staging, job.read)  # text, kept
                 if stored and result.pending is not None:
                     result.pending.add(staging / IDS_FILE)  # rewritten with the stored columns
                 result.timings_s["columns"] = round(time.perf_counter() - t0, 3)

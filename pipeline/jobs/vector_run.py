@@ -199,7 +199,7 @@ def _run(job: IndexJob, column: str, report: RunReport, stop: StopSignals, start
                 result = build_version_index(committed, dim, job.index, staging, transform)  # FAISS errors: 78
                 fault("after_index_build", staging / MANIFEST_FILE)
                 pq.write_table(rejects_table(committed), staging / "rejects.parquet", write_page_checksum=True)
-                stored = add_stored_columns(committed, dim, need, staging)
+                stored = add_stored_columns(committed, dim, need, staging, job.read)
                 if stored:
                     result.files[IDS_FILE] = sha256_file(staging / IDS_FILE)
                 version = out.new_version_id()

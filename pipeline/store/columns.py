@@ -57,15 +57,16 @@ def stored_writer(path: Path, schema: pa.Schema) -> pq.ParquetWriter:
     return pq.ParquetWriter(path, schema, write_page_checksum=True, write_batch_size=PAGE_CHECK_ROWS)
 
 
-def bounded_batches(pf: pq.ParquetFile, names: list[str], most_rows: int = READ_BATCH_ROWS) -> Iterator[pa.RecordBatch]:
+def bounded_batches(pf: pq.ParquetFile, names: list[str], most_rows: int = READ_BATCH_ROWS,
+                    read: ReadConfig | None = None) -> Iterator[pa.RecordBatch]:
     """``pf``'s ``names`` in record batches of at most ``most_rows`` rows, fewer where its footer says the rows are
-    large: the bytes of one batch of the read window (``window_read``: ``ReadConfig.max_batch_bytes / 8``), since
+    large: the bytes of one batch of the read window (``window_read``: ``read.max_batch_bytes / 8``), since
     the stored-columns phase holds a few batches at once (the batch read, the rows taken from it, the next one
     decoded while the writer still holds the last).
 
     NOTE: a kept column of 100 KB values read 8192 rows at a time was an 800 MB batch; read in batches of the whole
     budget (64 MB), a shard of 2000 x 100 KB texts took ~580 MB over the embedding's baseline to store its text."""
-    size = rows_within(pf.metadata, names, most_rows, window_read(ReadConfig()).max_batch_bytes)
+    size = rows_within(pf.metadata, names, most_rows, window_read(read or ReadConfig()).max_batch_bytes)
     return pf.iter_batches(batch_size=size, columns=names)
 
 
@@ -348,13 +349,15 @@ def check_stored_text(shards: list[ShardInfo], column: str) -> None:
                                 "has: no text is stored)") from exc
 
 
-def entry_columns(entry: StoreEntry, positions: np.ndarray, names: list[str]) -> Iterator[pa.Table]:
-    """The side file's ``names`` at ``positions`` (ascending positions into rows.parquet), streamed."""
+def entry_columns(entry: StoreEntry, positions: np.ndarray, names: list[str],
+                  read: ReadConfig | None = None) -> Iterator[pa.Table]:
+    """The side file's ``names`` at ``positions`` (ascending positions into rows.parquet), streamed in batches of
+    ``read``'s budget (``bounded_batches``)."""
     path = columns_path(entry.path)
     try:
         pf = pq.ParquetFile(path, page_checksum_verification=True)
         start = 0
-        for batch in bounded_batches(pf, names):
+        for batch in bounded_batches(pf, names, read=read):
             lo, hi = np.searchsorted(positions, [start, start + batch.num_rows])
             if hi > lo:
                 yield pa.Table.from_batches([batch]).take(pa.array(positions[lo:hi] - start))
