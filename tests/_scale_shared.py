@@ -114,3 +114,18 @@ class Petal(Coordinator):
     def wait(self, timeout: float = 240) -> tuple[int, str, dict[str, Any]]:  # type: ignore[override]
         rc, stderr = super().wait(timeout)
         return rc, stderr, json.loads(self.report.read_text())
+
+
+def commit_part(store: Any, info: Any, first_group: int, stop_group: int, group_rows: int = 10) -> None:
+    """Commit row groups ``[first_group, stop_group)`` of shard ``info`` (``group_rows`` rows each, ids
+    ``big-<row>``) to ``store`` as a range part of 4-d vectors, as a worker's range commits."""
+    import numpy as np
+
+    from petal.pipeline.store.ranges import RowRange
+
+    part = RowRange(0, first_group, stop_group, first_group * group_rows, (stop_group - first_group) * group_rows)
+    writer = store.writer(info, "fp", {}, 4, part)
+    rows = list(range(part.first_row, part.stop_row))
+    writer.add(rows, [f"big-{r}" for r in rows], np.ones((len(rows), 4), np.float32))
+    writer.input_done = True
+    writer.commit()

@@ -47,16 +47,21 @@ def test_minilm_gives_them_no_token(minilm_spec):
     assert {tuple(ids) for ids in encoded} == {tuple(encoded[0])} and len(encoded[0]) == 2
 
 
-def test_petal_index_skips_and_counts_rows_of_them(tmp_path: Path, minilm_dir: Path):
+def index_rows(tmp_path: Path, minilm_dir: Path, texts: list[str]) -> dict:
+    """``petal index`` of one shard of ``texts`` (ids 0, 1, ...) into ``tmp_path/out``: its report's row counts."""
     shard = tmp_path / "a.parquet"
-    texts = ["\u00ad", "\ufe0f\ufe0f", "\U000e0041\U000e0042", "\u3164 \u115f", "real words about glaciers",
-             "\u00adsoft\u00adhyphen\u00ad"]
     pq.write_table(pa.table({"id": pa.array(range(len(texts)), pa.int64()), "text": texts}), shard)
     report = tmp_path / "report.json"
     result = CliRunner().invoke(cli, ["index", str(shard), "--out", str(tmp_path / "out"), "--model", str(minilm_dir),
                                       "--device", "cpu", "-q", "--json-report", str(report)])
     assert result.exit_code == 0, result.output
-    rows = json.loads(report.read_text())["rows"]
+    return json.loads(report.read_text())["rows"]
+
+
+def test_petal_index_skips_and_counts_rows_of_them(tmp_path: Path, minilm_dir: Path):
+    texts = ["\u00ad", "\ufe0f\ufe0f", "\U000e0041\U000e0042", "\u3164 \u115f", "real words about glaciers",
+             "\u00adsoft\u00adhyphen\u00ad"]
+    rows = index_rows(tmp_path, minilm_dir, texts)
     assert rows["skipped"] == {"empty_text": 4} and rows["embedded"] == 2
     ids, _ = live(tmp_path / "out")
     assert sorted(ids) == [4, 5]

@@ -24,7 +24,7 @@ from click.testing import CliRunner
 
 from petal.cli.main import cli
 from petal.pipeline.index.search import IndexReader
-from tests._scale_shared import Petal
+from tests._scale_shared import Petal, commit_part
 from tests.fake_engine import embedded_ids, make_fake_model_dir, read_log
 from tests.test_incremental import contents
 from tests.test_scale_workers import embedding_worker, wait_for, worker_pids, write_shards
@@ -203,7 +203,7 @@ def test_plan_fills_the_gaps_between_committed_ranges_of_another_split(tmp_path)
     from petal.pipeline.ingest.documents import read_ranges
     from petal.pipeline.ingest.parquet import preflight
     from petal.pipeline.store.embeddings import EmbeddingStore
-    from petal.pipeline.store.ranges import RowRange, plan_ranges
+    from petal.pipeline.store.ranges import plan_ranges
 
     shard = tmp_path / "big.parquet"
     write_big_shard(shard, rows=100, group_rows=10)  # 10 row groups
@@ -214,16 +214,8 @@ def test_plan_fills_the_gaps_between_committed_ranges_of_another_split(tmp_path)
     whole = plan_ranges(store, [info], ["fp"], 0)
     assert [(r.first_row, r.num_rows, r.whole) for r in whole.ranges] == [(0, 100, True)] and not whole.split
 
-    def commit(first: int, stop: int) -> None:
-        part = RowRange(0, first, stop, first * 10, (stop - first) * 10)
-        writer = store.writer(info, "fp", {}, 4, part)
-        rows = list(range(part.first_row, part.stop_row))
-        writer.add(rows, [f"big-{r}" for r in rows], np.ones((len(rows), 4), np.float32))
-        writer.input_done = True
-        writer.commit()
-
     for first, stop in ((0, 3), (2, 4), (6, 7)):  # (2, 4) overlaps (0, 3): not reused
-        commit(first, stop)
+        commit_part(store, info, first, stop)
     plan = plan_ranges(store, [info], ["fp"], 20)
     assert [(r.first_group, r.stop_group) for r, _ in plan.reused[0]] == [(0, 3), (6, 7)]
     assert [(r.first_group, r.stop_group) for r in plan.ranges] == [(3, 5), (5, 6), (7, 9), (9, 10)]

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +15,8 @@ import pytest
 
 from petal.pipeline.index.search import IndexReader
 from tests import forkrun
-from tests.fake_engine import embedded_ids, make_fake_model_dir
+from tests.fake_engine import embedded_ids
+from tests.store_homes import HomeJob, home_fixtures
 
 ROWS = 6
 
@@ -28,53 +28,14 @@ def write(data: Path, name: str, salt: int = 0) -> None:
                    data / f"{name}.parquet")
 
 
-class Job:
-    def __init__(self, root: Path, model: Path) -> None:
-        self.root, self.model, self.data, self.out = root, model, root / "data", root / "out"
-        self.count = 0
-
-    def run(self, *argv: str) -> tuple[forkrun.Result, Path]:
-        self.count += 1
-        log = self.root / f"fake-{self.count}.jsonl"
-        argv = argv or ("index", str(self.data), "--out", str(self.out), "--model", str(self.model), "-q")
-        result = forkrun.petal(list(argv), {"PETAL_TEST_FAKE_ENGINE": str(log)})
-        assert "Traceback" not in result.stderr, result.stderr
-        return result, log
-
-    def entry_of(self, name: str) -> Path:
-        return next(e.parent for e in (self.out / "store" / "shards").glob("*/*/entry.json")
-                    if json.loads(e.read_text())["source"]["path"].endswith(f"{name}.parquet"))
-
+class Job(HomeJob):
     def vectors(self) -> dict[str, bytes]:
         reader = IndexReader(self.out)
         vectors = reader.index.reconstruct_n(0, reader.ntotal)
         return {doc: vectors[i].tobytes() for i, doc in enumerate(reader.ids.column("id").to_pylist())}
 
 
-@pytest.fixture(scope="module")
-def pristine(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("damage") / "home"
-    (root / "data").mkdir(parents=True)
-    for name in "ab":
-        write(root / "data", name)
-    job = Job(root, make_fake_model_dir(root.parent / "model"))
-    assert job.run()[0].rc == 0
-    return root
-
-
-@pytest.fixture
-def job(pristine, tmp_path) -> Job:
-    home = pristine  # the store records the shards' absolute paths: DATA stays where the first run read it
-    shutil.copytree(home, tmp_path / "copy", symlinks=True)
-    job = Job(home, pristine.parent / "model")
-    job.count = 1  # fake-1.jsonl is the first run's log
-
-    def restore() -> None:
-        shutil.rmtree(home)
-        shutil.copytree(tmp_path / "copy", home, symlinks=True)
-
-    yield job
-    restore()
+pristine, job = home_fixtures("damage", write, Job)
 
 
 def nan_in_a_vector(entry: Path) -> None:

@@ -6,7 +6,6 @@ and the file, nothing published. Real processes, real Parquet files, the fake en
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
@@ -14,8 +13,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests import forkrun
-from tests.fake_engine import embedded_ids, make_fake_model_dir
+from tests._scale_shared import commit_part
+from tests.fake_engine import embedded_ids
+from tests.store_homes import HomeJob, home_fixtures
 
 ROWS = 5
 FILES = ("embeddings.npy", "rows.parquet", "rejects.parquet", "entry.json")
@@ -54,46 +54,16 @@ DAMAGES = [removed, emptied, cut_short, garbage, a_directory]
 CASES = [pytest.param(name, damage, id=f"{name}-{damage.__name__}") for name in FILES for damage in DAMAGES]
 
 
-class Job:
-    def __init__(self, root: Path, model: Path) -> None:
-        self.root, self.model, self.data, self.out = root, model, root / "data", root / "out"
-        self.count = 0
-
-    def run(self, *argv: str) -> tuple[forkrun.Result, Path]:
-        self.count += 1
-        log = self.root / f"fake-{self.count}.jsonl"
+class Job(HomeJob):
+    def command(self, argv: tuple[str, ...]) -> list[str]:
+        """``petal index`` over ``argv`` (default DATA) or ``petal rebuild ...``, each writing report-N.json."""
         report = self.root / f"report-{self.count}.json"
         command = list(argv) if argv[:1] == ("rebuild",) else \
             ["index", *(argv or (str(self.data),)), "--out", str(self.out), "--model", str(self.model), "-q"]
-        result = forkrun.petal([*command, "--json-report", str(report)], {"PETAL_TEST_FAKE_ENGINE": str(log)})
-        assert "Traceback" not in result.stderr, result.stderr
-        return result, log
-
-    def entry_of(self, name: str) -> Path:
-        return next(e.parent for e in (self.out / "store" / "shards").glob("*/*/entry.json")
-                    if json.loads(e.read_text())["source"]["path"].endswith(f"{name}.parquet"))
+        return [*command, "--json-report", str(report)]
 
 
-@pytest.fixture(scope="module")
-def pristine(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("entry-files") / "home"
-    (root / "data").mkdir(parents=True)
-    for name in "ab":
-        write(root / "data", name)
-    job = Job(root, make_fake_model_dir(root.parent / "model"))
-    assert job.run()[0].rc == 0
-    return root
-
-
-@pytest.fixture
-def job(pristine, tmp_path) -> Job:
-    home = pristine  # the store records the shards' absolute paths: DATA stays where the first run read it
-    shutil.copytree(home, tmp_path / "copy", symlinks=True)
-    job = Job(home, pristine.parent / "model")
-    job.count = 1
-    yield job
-    shutil.rmtree(home)
-    shutil.copytree(tmp_path / "copy", home, symlinks=True)
+pristine, job = home_fixtures("entry-files", write, Job)
 
 
 @pytest.mark.parametrize(("name", "damage"), CASES)
@@ -141,8 +111,6 @@ def test_a_damaged_committed_range_is_embedded_again_said_and_counted(tmp_path, 
     """A committed row-group range (``OUT/store/parts``, a resumed ``--workers --range-rows`` run) without its
     entry.json was skipped without a word (its range embedded again, its directory left behind); any damage is now
     said naming the file and counted (the report's ``damaged_entries``), the range planned again."""
-    import numpy as np
-
     from petal.pipeline.config import ReadConfig
     from petal.pipeline.ingest.parquet import preflight
     from petal.pipeline.store.embeddings import EmbeddingStore
@@ -156,12 +124,7 @@ def test_a_damaged_committed_range_is_embedded_again_said_and_counted(tmp_path, 
     store.open()
     store.remember_sha256([info], ["0" * 64])
     for first, stop in ((0, 2), (2, 4)):
-        part = RowRange(0, first, stop, first * 10, (stop - first) * 10)
-        writer = store.writer(info, "fp", {}, 4, part)
-        rows = list(range(part.first_row, part.stop_row))
-        writer.add(rows, [f"big-{r}" for r in rows], np.ones((len(rows), 4), np.float32))
-        writer.input_done = True
-        writer.commit()
+        commit_part(store, info, first, stop)
     damaged = part_dir(store, info, "fp", RowRange(0, 2, 4, 20, 20))
     damage(damaged / name)
     plan = plan_ranges(store, [info], ["fp"], 20)

@@ -11,12 +11,11 @@ import json
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 from click.testing import CliRunner
 
 from petal.cli.main import cli
 from tests.invariants import live
+from tests.test_invisible_texts import index_rows
 
 DROPPED = ["\u0301\u0301", "\u0300 \u0308", "\ufffd\ufffd\ufffd", "\u0301\ufffd"]
 
@@ -34,18 +33,12 @@ def test_the_tokenizer_sees_nothing_of_them_with_or_without_a_prompt(minilm_spec
 
 
 def test_petal_index_skips_and_counts_rows_the_model_sees_as_empty(tmp_path: Path, minilm_dir: Path):
-    shard = tmp_path / "a.parquet"
     texts = [*DROPPED, "real words about glaciers", "caf\u00e9 au lait", "\ufffd mojibake and words"]
-    pq.write_table(pa.table({"id": pa.array(range(len(texts)), pa.int64()), "text": texts}), shard)
-    report = tmp_path / "report.json"
-    result = CliRunner().invoke(cli, ["index", str(shard), "--out", str(tmp_path / "out"), "--model", str(minilm_dir),
-                                      "--device", "cpu", "-q", "--json-report", str(report)])
-    assert result.exit_code == 0, result.output
-    rows = json.loads(report.read_text())["rows"]
+    rows = index_rows(tmp_path, minilm_dir, texts)
     assert rows["skipped"] == {"empty_text": len(DROPPED)} and rows["embedded"] == 3
     assert sorted(live(tmp_path / "out")[0]) == [4, 5, 6]
-    strict = CliRunner().invoke(cli, ["index", str(shard), "--out", str(tmp_path / "strict"), "--model",
-                                      str(minilm_dir), "--device", "cpu", "-q", "--strict"])
+    strict = CliRunner().invoke(cli, ["index", str(tmp_path / "a.parquet"), "--out", str(tmp_path / "strict"),
+                                      "--model", str(minilm_dir), "--device", "cpu", "-q", "--strict"])
     assert strict.exit_code == 65 and "empty_text" in strict.output
 
 
