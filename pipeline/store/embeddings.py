@@ -516,8 +516,13 @@ class ShardWriter:
         except BaseException:
             shutil.rmtree(self.tmp, ignore_errors=True)  # a full disk gets its space back at once
             raise
-        self._rows: list[int] = []
-        self._ids: list = []
+        # NOTE: the rows and ids of each batch added, as arrays (8 bytes a row; a string id its bytes and an offset):
+        # as Python lists (an int object per row, every id's str kept alive) they took ~100 bytes a row, 200 MB for
+        # a shard of 2M rows, on top of the bounded read window
+        self._id_type = entry_id_type(info)
+        self._row_chunks: list[np.ndarray] = []
+        self._id_chunks: list[pa.Array] = []
+        self._num_added = 0
         self._rejects: list[tuple[int, str]] = []
         self.num_truncated = 0
         self.pending = 0  # documents handed to the engine whose vectors have not come back
@@ -538,8 +543,9 @@ class ShardWriter:
                 self._vectors[index[0] : index[-1] + 1] = vectors
             else:  # rows with gaps (skips, a split batch)
                 self._vectors[index] = vectors
-            self._rows.extend(rows)
-            self._ids.extend(ids)
+            self._row_chunks.append(index + self.first_row)
+            self._id_chunks.append(pa.array(ids, self._id_type))
+            self._num_added += len(index)
 
     def reject(self, rejects: list[tuple[int, str]]) -> None:
         self._rejects.extend(rejects)
@@ -558,7 +564,7 @@ class ShardWriter:
         """Every row the footer counts was read (embedded or skipped with a reason), else ``BadInputError`` (65)
         naming the shard: a footer that claims more rows than its pages hold (an edited or damaged file) was
         committed as it was, the rows it lacks in no count, the index published, exit 0."""
-        read = len(self._rows) + len(self._rejects)
+        read = self._num_added + len(self._rejects)
         if read < self.num_rows:
             where = f" (rows {self.first_row}-{self.first_row + self.num_rows - 1})" if self.part is not None else ""
             raise BadInputError(f"{quote_path(self.info.path)}: its footer counts {self.num_rows:,} rows{where}, its "
@@ -570,9 +576,12 @@ class ShardWriter:
             self._vectors.flush()
             del self._vectors
             self._vectors = None
-        order = np.argsort(np.asarray(self._rows, dtype=np.int64), kind="stable")
-        rows = np.asarray(self._rows, dtype=np.int64)[order]
-        ids = [self._ids[i] for i in order]
+        added = np.concatenate(self._row_chunks) if self._row_chunks else np.zeros(0, dtype=np.int64)
+        order = np.argsort(added, kind="stable")
+        rows = added[order]
+        ids = pa.concat_arrays(self._id_chunks).take(pa.array(order)) if self._id_chunks else \
+            pa.array([], self._id_type)
+        self._row_chunks, self._id_chunks = [], []
         if self.part is not None:
             from petal.pipeline.store.ranges import part_dir
 
@@ -587,13 +596,20 @@ class ShardWriter:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
+def entry_id_type(info: ShardInfo) -> pa.DataType:
+    """The type of a store entry's ids (``rows.parquet``'s ``id``): int64 for integer ids, null for an id column of
+    type null (no ids), else string (string ids, or ``<shard>:<row>`` where there is no id column)."""
+    return pa.int64() if integer_ids(info.id_type) else pa.null() if no_ids(info.id_type) else pa.string()
+
+
 def commit_entry(store: EmbeddingStore, tmp: Path, final: Path, info: ShardInfo, settings: dict[str, Any], dim: int,
-                 rows: np.ndarray, ids: list, rejects: list[tuple[int, str]], num_rows: int, num_truncated: int,
-                 extra: dict[str, Any]) -> StoreEntry:
+                 rows: np.ndarray, ids: list | pa.Array, rejects: list[tuple[int, str]], num_rows: int,
+                 num_truncated: int, extra: dict[str, Any]) -> StoreEntry:
     """Write ``rows.parquet``, ``rejects.parquet`` and ``entry.json`` beside ``tmp/embeddings.npy`` (``num_rows``
     rows), fsync them, and make ``tmp`` visible as ``final`` with one rename (a committed entry is replaced)."""
-    id_type = pa.int64() if integer_ids(info.id_type) else pa.null() if no_ids(info.id_type) else pa.string()
-    pq.write_table(pa.table({"row": pa.array(rows, pa.int64()), "id": pa.array(ids, id_type)}), tmp / "rows.parquet",
+    id_type = entry_id_type(info)
+    id_column = ids if isinstance(ids, pa.Array) else pa.array(ids, id_type)
+    pq.write_table(pa.table({"row": pa.array(rows, pa.int64()), "id": id_column}), tmp / "rows.parquet",
                    write_page_checksum=True)
     fault("store_commit_mid", tmp / "rejects.parquet")
     pq.write_table(pa.table({"row": pa.array([r for r, _ in rejects], pa.int64()),
