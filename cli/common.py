@@ -453,10 +453,12 @@ def usage(fn: Callable[[], Any]) -> Any:
         raise click.UsageError(str(exc)) from exc
 
 
-def run_with_report(report: Any, work: Callable[[], Any], as_json: bool = False) -> None:
+def run_with_report(report: Any, work: Callable[[], Any], as_json: bool = False,
+                    json_report: Path | None = None) -> None:
     """Run an API call that finishes ``report`` (``petal.index``, ``petal.rebuild``), print the report
     (JSON on stdout with ``as_json``) and its summary as the last stderr line, and turn the call's error
-    into the exit code."""
+    into the exit code. ``json_report``: the file the call wrote the report to, written again when stdout then
+    refuses the report (it said exit 0; the command exits 74)."""
     from petal.pipeline.reliability.errors import FlagError, PetalError, UsageError
 
     def finish(done: bool = False) -> None:
@@ -478,6 +480,10 @@ def run_with_report(report: Any, work: Callable[[], Any], as_json: bool = False)
                 quiet_stdout()
                 if done:
                     unwritten = report_missing(report, stdout_report_error(exc))
+                    if json_report is not None and str(json_report) != "-":
+                        from petal.pipeline.api import write_report
+
+                        write_report(report, json_report)  # NOTE: the file said success, exit 0
                 else:
                     eprint(f"petal: warning: cannot write the report to stdout: {exc.strerror or exc}")
         eprint(report.summary())

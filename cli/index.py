@@ -108,4 +108,4 @@ def index(sources: tuple[str, ...], out: Path, model: str | None, id_column: str
             allow_pickle_weights=allow_pickle_weights, dim=dim, quantize=quantize, output_dtype=output_dtype,
             devices=devices, workers=workers, ray=ray is not None,
             ray_address=None if ray in (None, RAY_LOCAL) else ray, range_rows=range_rows,
-        ), as_json=as_json)
+        ), as_json=as_json, json_report=json_report)

@@ -43,4 +43,5 @@ def rebuild(out: Path, index_factory: str | None, metric: str | None, index_memo
     report = RunReport(command="rebuild")
     with StopSignals() as stop:
         run_with_report(report, lambda: run_rebuild(out, json_report=json_report, report=report, wait=wait, stop=stop,
-                                                    keep_versions=keep_versions, **flags), as_json=as_json)
+                                                    keep_versions=keep_versions, **flags), as_json=as_json,
+                        json_report=json_report)

@@ -94,6 +94,21 @@ def test_a_run_report_a_full_stdout_refuses_is_74_naming_stdout_and_the_publishe
     assert "Traceback" not in err and "Exception ignored" not in err, err
 
 
+@pytest.mark.parametrize("command", ["rebuild", "index"])
+def test_the_report_file_says_the_code_of_the_stdout_that_refused_the_report(built, command, tmp_path):
+    """``--json`` with ``--json-report FILE``: the run wrote FILE (success, exit 0), then stdout refused the report and
+    the command exits 74; FILE says so too (it said exit 0 while the process exited 74)."""
+    import json
+
+    report = tmp_path / "report.json"
+    args = ["rebuild", "out"] if command == "rebuild" else \
+        ["index", "data", "--out", "out", "--vectors-column", "emb", "--full", "-q"]
+    code, err = full_stdout([*args, "--json", "--json-report", str(report)], built)
+    assert code == 74, err
+    said = json.loads(report.read_text())
+    assert said["exit_code"] == 74 and "cannot write the report to stdout" in said["message"], said
+
+
 @pytest.mark.parametrize("flag", [["--json"], ["--json-report", "-"]], ids=" ".join)
 def test_a_run_report_into_a_closed_pipe_ends_quietly_with_141(built, flag):
     code, err = closed_stdout(["rebuild", "out", *flag], built)
