@@ -199,6 +199,8 @@ def test_sigterm_of_the_coordinator_stops_every_worker_then_resumes(fake_model, 
     child.send_signal(signal.SIGTERM)
     rc, stderr, report = child.wait()
     assert rc == 143 and report["status"] == "interrupted", stderr
+    # each worker stopped by the signal says so (was "error", as a worker that failed)
+    assert {w["status"] for w in report["workers"]} <= {"interrupted", "done"}, report["workers"]
     for pid in workers:  # no worker outlives the run
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)

@@ -180,7 +180,7 @@ class _Pool:
         self.conns: dict[int, Any] = {}  # worker -> the coordinator's end of its pipe
         self.queue = list(range(len(plan.ranges)))[::-1]  # units not handed out yet (pop from the end)
         self.stopping = False  # a worker failed or a signal came: hand out no more units
-        self.ended: dict[int, str] = {}  # worker -> "done" | "error" | "lost"
+        self.ended: dict[int, str] = {}  # worker -> "done" | "interrupted" | "error" | "lost"
         self.summaries: dict[int, dict[str, Any]] = {}
         self.engines: dict[int, dict[str, Any]] = {}
         self.failures: list[tuple[int, int, str, str]] = []  # (worker, exit code, status, message)
@@ -283,8 +283,8 @@ class _Pool:
         elif kind == "done":
             self.summaries[worker] = event[2]
             self.ended[worker] = "done"
-        elif kind == "error":
-            self.ended[worker] = "error"
+        elif kind == "error":  # NOTE: a worker stopped by the run's stop signal is no failure of its own
+            self.ended[worker] = "interrupted" if event[3] == "interrupted" else "error"
             self.failures.append((worker, event[2], event[3], event[4]))
 
     def _committed(self, unit: int, entry: StoreEntry, progress: Any) -> None:
