@@ -53,14 +53,15 @@ def _exit_with(exc: BaseException) -> None:
 
 
 def _search_short_of_memory(out: str) -> None:
-    """Open ``out``, then search with 16 MiB of address space to spare: the hits' row group decodes 64 MiB."""
+    """Open ``out``, then search with 4 MiB of address space to spare: the hits' row group decodes more (a row group of
+    ids.parquet holds up to max_batch_bytes / 8, 8 MiB, since fc70623; with 16 MiB to spare it could fit)."""
     import petal
 
     pa.set_memory_pool(pa.system_memory_pool())  # NOTE: malloc: a refused allocation is refused, not retained
     try:
         with petal.open_index(out) as index:
             index.reader.id_map.rows.read_group(0, ["id"])  # pyarrow's reader threads started while memory is there
-            _limit(16 << 20)
+            _limit(4 << 20)
             index.search_stored(np.ones((1, index.dim), np.float32), k=2)
     except Exception as exc:
         _exit_with(exc)
@@ -97,7 +98,11 @@ def _assert_host_failure(rc: int, stderr: str, path: str) -> None:
 def test_out_of_memory_decoding_a_row_group_is_74(built: Path) -> None:
     """A search's row group decode refused memory (ArrowMemoryError): was 65, 'the version is corrupt'."""
     rc, stderr = forkrun.call(_search_short_of_memory, (str(built),))
-    _assert_host_failure(rc, stderr, "ids.parquet: cannot read row group 0")
+    # NOTE: whichever allocation is refused: a row group's decode, or the hits' rows taken out of it (ids.parquet is
+    # written in row groups of max_batch_bytes / 8 since fc70623: a group may decode within what is left)
+    _assert_host_failure(rc, stderr, "ids.parquet: cannot read ")
+    last = stderr.strip().splitlines()[-1]
+    assert "out of memory" in last or "the host failed, not the file" in last, last  # a thread's stack: the latter
 
 
 def _hole_before_footer(path: Path) -> None:
@@ -346,3 +351,25 @@ def test_a_requests_nprobe_does_not_size_the_quantizer_search(tmp_path: Path) ->
     with search_params(reader, 10**9, None):
         assert quantizer.hnsw.efSearch <= EF_FLOOR, quantizer.hnsw.efSearch
         assert reader.search(queries, k=5) == every_list
+
+
+def test_out_of_memory_taking_the_hits_rows_is_74(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rows taken out of decoded row groups are allocations too: a refused one (ArrowMemoryError, injected here
+    where the parts are joined) is the host's failure, 74 naming the file. Was a raw ArrowMemoryError traceback (exit
+    1), once ids.parquet's row groups were small enough to decode within the memory left (fc70623)."""
+    from petal.pipeline.index import row_groups
+    from petal.pipeline.reliability.errors import PetalError
+
+    path = tmp_path / "ids.parquet"
+    pq.write_table(pa.table({"id": np.arange(100), "text": [f"t{i}" for i in range(100)]}), path, row_group_size=10)
+    rows = row_groups.RowGroups(pq.ParquetFile(path), path)
+    assert rows.take(np.array([55, 3, 55]), ["id"]).column("id").to_pylist() == [55, 3, 55]
+
+    def refused(*_: object, **__: object) -> None:
+        raise pa.ArrowMemoryError("malloc of size 2097152 failed")
+
+    monkeypatch.setattr(row_groups.pa, "concat_tables", refused)
+    with pytest.raises(PetalError) as failed:
+        rows.take(np.array([55, 3]), ["id", "text"])
+    assert failed.value.exit_code == 74 and "ids.parquet" in str(failed.value), str(failed.value)
+    assert "out of memory" in str(failed.value) and "corrupt" not in str(failed.value)

@@ -89,17 +89,23 @@ class RowGroups:
         rows = np.asarray(rows, dtype=np.int64)
         groups = self.groups_of(rows)
         parts, positions = [], []
-        for group in np.unique(groups):
-            at = np.flatnonzero(groups == group)
-            table = self.read_group(int(group), columns)
-            parts.append(table.take(int64_array(rows[at] - int(self.starts[group]))))
-            positions.append(at)
-        if not parts:
-            return pa.schema([self.file.schema_arrow.field(c) for c in columns]).empty_table()
-        found = pa.concat_tables(parts)
-        order = np.empty(len(rows), dtype=np.int64)
-        order[np.concatenate(positions)] = np.arange(len(rows))
-        return found.take(int64_array(order))
+        # NOTE: the rows taken out of each decoded group are new allocations too: out of memory there is the host's
+        # failure (74 naming the file), as in the decode (a raw ArrowMemoryError traceback, exit 1, once row groups
+        # were small enough to decode within the memory left)
+        try:
+            for group in np.unique(groups):
+                at = np.flatnonzero(groups == group)
+                table = self.read_group(int(group), columns)
+                parts.append(table.take(int64_array(rows[at] - int(self.starts[group]))))
+                positions.append(at)
+            if not parts:
+                return pa.schema([self.file.schema_arrow.field(c) for c in columns]).empty_table()
+            found = pa.concat_tables(parts)
+            order = np.empty(len(rows), dtype=np.int64)
+            order[np.concatenate(positions)] = np.arange(len(rows))
+            return found.take(int64_array(order))
+        except MemoryError as exc:
+            raise self._failed(exc, f"rows of columns {', '.join(columns)}") from exc
 
 
 class IdMap:
