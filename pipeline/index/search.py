@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from petal.pipeline.index.binary import open_binary_index
+from petal.pipeline.index.binary import RESCORE_FILE, open_binary_index
 from petal.pipeline.index.faiss_loader import load_faiss
 from petal.pipeline.index.files import IDS_FILE, INDEX_FILE, IVFDATA_FILE, open_parquet, read_index
 from petal.pipeline.index.plan import searched_nodes
@@ -40,6 +40,8 @@ from petal.pipeline.reliability.errors import (
 from petal.pipeline.reliability.faults import fault
 
 OPEN_ATTEMPTS = 3
+# hits scored NaN or infinite whose stored vectors are looked at (_check_scores)
+NONFINITE_CHECKED = 16
 STORAGES = ("memory", "ondisk")
 # NOTE: `where` expressions are a server's clients' to choose: a selector is a mask over every vector, so the
 # cache keeps the most recently used few, not one per expression ever seen
@@ -363,6 +365,7 @@ class IndexReader:
         scores, ids = self._ties_settled(queries, k_eff, scores, ids, selector)
         valid = ids >= 0  # NOTE: FAISS pads with -1 when fewer than k results exist
         self._check_ids(ids)
+        self._check_scores(queries, scores, ids)
         return self._hits(scores, ids, valid, ids[valid])
 
     def _check_ids(self, ids: np.ndarray) -> None:
@@ -376,6 +379,55 @@ class IndexReader:
             held_in = IVFDATA_FILE if self.storage == "ondisk" else INDEX_FILE  # the file whose lists hold the ids
             raise BadInputError(f"{self.dir / held_in} returned vector id {int(wrong[0])} of {self.num_ids}: "
                                 "the index is corrupt; run petal verify and rebuild it")
+
+    def _check_scores(self, queries: np.ndarray, scores: np.ndarray, ids: np.ndarray) -> None:
+        """A hit scored NaN or infinite for a finite query whose stored vector holds NaN or infinite values:
+        ``BadInputError`` naming the file that holds it. NOTE: petal never stores such a vector (a run refuses it),
+        so only a damaged index body holds one (the open checks read heads and tails); its score was a query's
+        fault (``ScoresOverflowError``: 'scale it down', exit 2 from the Python API) or, for a text query, printed
+        as nan. A non-finite score of a finite stored vector (a query too large for it) is left to the caller."""
+        bad = np.argwhere(~np.isfinite(scores) & (ids >= 0))
+        for row, col in bad[:NONFINITE_CHECKED]:
+            if not np.isfinite(queries[row]).all():
+                continue
+            vector_id = int(ids[row, col])
+            vector, held_in = self._stored_vector(vector_id)
+            if vector is not None and not np.isfinite(vector).all():
+                raise BadInputError(f"{self.dir / held_in}: vector {vector_id} holds NaN or infinite values (it "
+                                    f"scored {float(scores[row, col])}): the index is corrupt; run petal verify and "
+                                    "rebuild it")
+
+    def _stored_vector(self, vector_id: int) -> tuple[np.ndarray | None, str]:
+        """The vector ``vector_id`` as the index scores it (decoded; a binary index's rescoring row), and the file
+        that holds it; ``None`` where the index cannot give it back. An IVF index without a direct map is looked up
+        in its lists (O(vectors): only for a hit that scored NaN or infinite)."""
+        if is_binary_manifest(self.manifest):
+            rows = getattr(self.index, "rescore_vectors", None)
+            return (None if rows is None else np.asarray(rows[vector_id], np.float32)), RESCORE_FILE
+        held_in = IVFDATA_FILE if self.storage == "ondisk" else INDEX_FILE
+        index: Any = self.index  # a FAISS index here (binary ones returned above)
+        try:
+            return index.reconstruct(vector_id), held_in
+        except RuntimeError:  # an IVF index keeps no direct map
+            pass
+        ivf = self._ivf
+        if ivf is None:
+            return None, held_in
+        faiss = load_faiss()
+        lists = ivf.invlists
+        for number in range(int(ivf.nlist)):
+            size = int(lists.list_size(number))
+            if not size:
+                continue
+            at = np.flatnonzero(faiss.rev_swig_ptr(lists.get_ids(number), size) == vector_id)
+            if len(at):
+                vector = np.empty(int(ivf.d), np.float32)
+                try:
+                    ivf.reconstruct_from_offset(number, int(at[0]), faiss.swig_ptr(vector))
+                except RuntimeError:
+                    return None, held_in
+                return vector, held_in
+        return None, held_in
 
     def _found(self, queries: np.ndarray, k: int, selector: Any) -> tuple[np.ndarray, np.ndarray]:
         """FAISS's ``(scores, ids)`` (``[num_queries, k]``, -1 pad) for ``queries``, filtered by ``selector`` (an

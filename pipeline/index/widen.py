@@ -164,11 +164,14 @@ class CodeScan:
             if not keep.any():
                 continue
             vectors = self.codes.reconstruct_n(start, len(ids))[keep]
-            if self.ip:
-                scores = queries @ vectors.T
-            else:
-                square = (queries**2).sum(1)[:, None] + (vectors**2).sum(1)[None, :]
-                scores = np.maximum(square - 2 * queries @ vectors.T, 0)
+            # NOTE: a damaged vector (NaN, infinite) scores NaN or inf, as FAISS scores it: said by the reader's
+            # _check_scores, not as numpy's RuntimeWarning on stderr
+            with np.errstate(invalid="ignore", over="ignore"):
+                if self.ip:
+                    scores = queries @ vectors.T
+                else:
+                    square = (queries**2).sum(1)[:, None] + (vectors**2).sum(1)[None, :]
+                    scores = np.maximum(square - 2 * queries @ vectors.T, 0)
             scores = np.concatenate([best, scores.astype(np.float32)], axis=1)
             found = np.concatenate([best_ids, np.broadcast_to(ids[keep], (len(queries), int(keep.sum())))], axis=1)
             order = np.lexsort((found, -scores if self.ip else scores), axis=1)[:, :k]
