@@ -74,13 +74,14 @@ def query(index_path: Path, texts: tuple[str, ...], k: int, from_stdin: bool, as
 
     Queries get the index's model, pooling, attention, output transform (--dim, --quantize) and query
     prompt, as recorded in its manifest. Bytes that are not UTF-8 (in TEXT or a --stdin line) are read
-    as U+FFFD, counted on stderr, and the query is answered; a blank TEXT or --stdin line is skipped,
+    as U+FFFD, counted on stderr, and the query is answered; a blank TEXT or --stdin line, or one whose
+    every character the model's tokenizer drops (combining marks, U+FFFD under MiniLM), is skipped,
     answered in its place as skipped ({"query": "", "hits": [], "skipped": "empty_text"} with --json), so
     the answers line up with the arguments and lines (those before the first query answered are written
     with its answer).
 
-    No query to answer is no input, exit 66 (as petal embed): an empty --stdin, one of blank lines
-    only, blank TEXT only, or a --vector-file without rows. A --vector-file that is missing, not a
+    No query to answer is no input, exit 66 (as petal embed): an empty --stdin, one of skipped lines
+    only, skipped TEXT only, or a --vector-file without rows. A --vector-file that is missing, not a
     regular file or unreadable is 66 too; one that is not [n, dim] finite numbers is 65.
 
     A --vector-file query runs no model: the model's flags (--model, --device, --dtype, --attention,
@@ -145,16 +146,28 @@ def query(index_path: Path, texts: tuple[str, ...], k: int, from_stdin: bool, as
     # NOTE: every TEXT gets its answer in its place, a blank one as skipped (the answers no longer lined up with the
     # arguments); those of blank TEXT only, before a --stdin stream, are held and written with its first answer
     held: list[str] = []
+    answered = 0
     if asked:
         # NOTE: every TEXT is embedded and searched before the first answer is written; a query the model embeds to
         # NaN is named by its place among the TEXT arguments (Index.search), nothing written
-        _write(_rendered(index, list(texts), index.search(list(texts), k, where=where), as_json, show_text, where,
-                         skipped=[skip_reason(t) for t in texts]))
+        results = index.search(list(texts), k, where=where)
+        unseen = _unseen(index, list(texts), results)
+        for i in sorted(unseen):
+            click.echo(f"petal: skipped query {i} ({UNSEEN})", err=True)
+        answered = len(asked) - len(unseen)
+        if not answered and not from_stdin:  # NOTE: no query left to answer: no input (66), as blank TEXT only
+            raise NoInputError(f"nothing to query: {_blank_texts(len(texts), len(unseen))}")
+        reasons = [skip_reason(t) or ("empty_text" if i in unseen else None) for i, t in enumerate(texts)]
+        rendered = _rendered(index, list(texts), results, as_json, show_text, where, skipped=reasons)
+        if answered:
+            _write(rendered)
+        else:
+            held = rendered
     else:
         for text in texts:
             held = _skipped_answer(held, text, "empty_text", as_json, False)
-    answered = len(asked)
-    skipped = non_finite = 0
+    unseen_texts = len(asked) - answered
+    skipped = non_finite = unseen_lines = 0
     if from_stdin:
         from petal.pipeline.jobs.query import NonFiniteQueryError
 
@@ -170,8 +183,15 @@ def query(index_path: Path, texts: tuple[str, ...], k: int, from_stdin: bool, as
             if skip_reason(line) is None:
                 index = _followed(index, where)
                 try:
-                    rendered = _rendered(index, [line], index.search([line], k, where=where), as_json, show_text,
-                                         where)
+                    results = index.search([line], k, where=where)
+                    if _unseen(index, [line], results):
+                        # NOTE: the rule of petal index and petal embed (empty_text): a line the model sees as empty
+                        # is skipped and said, as a blank one; its hits would be an empty text's, whatever it holds
+                        unseen_lines += 1
+                        click.echo(f"petal query: skipped --stdin line {quote_text(line)} ({UNSEEN})", err=True)
+                        held = _skipped_answer(held, line, "empty_text", as_json, answered > 0)
+                        continue
+                    rendered = _rendered(index, [line], results, as_json, show_text, where)
                 except NonFiniteQueryError:
                     # NOTE: a stream: one line the model cannot embed is skipped and said, as a blank one; the
                     # session goes on (the lines before it were answered as they came)
@@ -188,6 +208,9 @@ def query(index_path: Path, texts: tuple[str, ...], k: int, from_stdin: bool, as
                 held = _skipped_answer(held, line, "empty_text", as_json, answered > 0)
         if skipped:
             click.echo(f"petal: {skipped} stdin lines skipped (empty_text: blank lines are not queries)", err=True)
+        if unseen_lines:
+            click.echo(f"petal: {unseen_lines} stdin line{'s' if unseen_lines > 1 else ''} skipped ({UNSEEN})",
+                       err=True)
         if non_finite:
             click.echo(f"petal: {non_finite} stdin line{'s' if non_finite > 1 else ''} skipped (non_finite_embedding)",
                        err=True)
@@ -202,11 +225,13 @@ def query(index_path: Path, texts: tuple[str, ...], k: int, from_stdin: bool, as
     if not answered:
         # NOTE: the rule of petal embed (and of a --vector-file without rows): an input given that holds no query
         # is no input (66), so a cron job or an Airflow task whose upstream wrote nothing fails, not succeeds
-        said = ["--stdin is empty" if not skipped + non_finite else
-                f"--stdin held only lines skipped (blank {skipped}, non_finite_embedding {non_finite})" if non_finite
-                else f"--stdin held only blank lines ({skipped})"]
+        said = ["--stdin is empty" if not skipped + non_finite + unseen_lines else
+                f"--stdin held only blank lines ({skipped})" if not non_finite + unseen_lines else
+                "--stdin held only lines skipped (" + ", ".join(f"{name} {count}" for name, count in (
+                    ("blank", skipped), ("nothing the model sees", unseen_lines),
+                    ("non_finite_embedding", non_finite)) if count) + ")"]
         if texts:
-            said.append(_blank_texts(len(texts)))
+            said.append(_blank_texts(len(texts), unseen_texts))
         raise NoInputError(f"nothing to query: {'; '.join(said)}")
 
 
@@ -259,8 +284,31 @@ def _say_skipped(texts: tuple[str, ...]) -> None:
             click.echo(f"petal: skipped query {i} ({skip_reason(text)})", err=True)
 
 
-def _blank_texts(count: int) -> str:
-    return "the query TEXT is blank" if count == 1 else f"all {count} query TEXTs are blank"
+# why a query the model sees as empty is skipped: its ids are an empty text's (TextTokenizer.sees_nothing)
+UNSEEN = "empty_text: the model's tokenizer drops every character of it, so it holds nothing to search for"
+
+
+def _blank_texts(count: int, unseen: int = 0) -> str:
+    """Why no TEXT is a query: ``count`` of them, ``unseen`` of which hold only characters the model drops."""
+    if not unseen:
+        return "the query TEXT is blank" if count == 1 else f"all {count} query TEXTs are blank"
+    if count == 1:
+        return "the query TEXT holds only characters the model's tokenizer drops"
+    if unseen == count:
+        return f"all {count} query TEXTs hold only characters the model's tokenizer drops"
+    return (f"all {count} query TEXTs are blank ({count - unseen}) or hold only characters the model's tokenizer "
+            f"drops ({unseen})")
+
+
+def _unseen(index: Index, texts: list[str], results: list[list[Hit]]) -> set[int]:
+    """The places of the queries (not blank) that ``Index.search`` answered with no hits because the model sees them
+    as empty (``QueryService.unseen``), not for want of a match; asked of the hitless ones only."""
+    from petal.pipeline.ingest.text_rule import skip_reason
+
+    hitless = [i for i, hits in enumerate(results) if not hits and skip_reason(texts[i]) is None]
+    if not hitless:
+        return set()
+    return {hitless[j] for j in index.query_model().unseen([texts[i] for i in hitless])}
 
 
 def _write(lines: list[str]) -> None:

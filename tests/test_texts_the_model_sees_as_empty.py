@@ -3,7 +3,9 @@ combining marks (accent stripping) and U+FFFD (its text cleaning), so a row of o
 an empty text's ids, and every such row got that one vector, as rows of invisible characters did before
 tests/test_invisible_texts.py. ``petal index`` skips and counts it (``empty_text``) as it does a blank row. Visible
 characters are not the test: the ids are (``TextTokenizer.sees_nothing``), with a prompt in front too. ``petal embed``
-answers such a text as skipped in its place. ``petal query`` still embeds it (an empty query)."""
+answers such a text as skipped in its place; ``petal query`` (TEXT, ``--stdin``), ``petal.Index.search`` and ``petal
+serve`` treat such a query as a blank one: skipped in its place and said, no hits (the API), 422 (serve). Before, the
+query was embedded as an empty text and answered with that vector's neighbours, the same for every such query."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 from click.testing import CliRunner
 
 from petal.cli.main import cli
@@ -69,3 +72,67 @@ def test_the_embedder_places_them_as_skipped(minilm_dir: Path):
     assert embedded.skipped == {i + 1: "empty_text" for i in range(len(DROPPED))}
     assert np.isnan(embedded.rows[1: 1 + len(DROPPED)]).all()
     np.testing.assert_array_equal(embedded.rows[[0, -1]], alone)
+
+
+@pytest.fixture(scope="module")
+def sample_index(tmp_path_factory) -> Path:
+    from tests._serve_shared import copy_sample_out
+
+    return copy_sample_out(tmp_path_factory, tmp_path_factory.mktemp("unseen-queries") / "out")
+
+
+def query(index: Path, *args: str, stdin: str | None = None):
+    return CliRunner().invoke(cli, ["query", str(index), "--device", "cpu", "--json", *args], input=stdin)
+
+
+def test_petal_query_skips_them_as_blank_queries(sample_index: Path):
+    """TEXT and ``--stdin``: such a query is answered as skipped (``empty_text``) in its place and named on stderr,
+    the others as usual; nothing but such queries is no input (66), as blank ones only."""
+    given = query(sample_index, "how do glaciers move", DROPPED[0], "espresso")
+    assert given.exit_code == 0, given.output
+    answers = [json.loads(line) for line in given.stdout.splitlines()]
+    assert [a["query"] for a in answers] == ["how do glaciers move", DROPPED[0], "espresso"]
+    assert answers[1] == {"query": DROPPED[0], "hits": [], "skipped": "empty_text"}
+    assert answers[0]["hits"] and answers[2]["hits"] and "skipped" not in answers[0]
+    assert "petal: skipped query 1 (empty_text: the model's tokenizer drops every character" in given.stderr
+    only = query(sample_index, *DROPPED)
+    assert only.exit_code == 66 and only.stdout == "", only.output
+    assert f"nothing to query: all {len(DROPPED)} query TEXTs hold only characters the model's tokenizer drops" \
+        in only.stderr
+    lines = ["how do glaciers move", DROPPED[1], "", DROPPED[2], "espresso"]
+    streamed = query(sample_index, "--stdin", stdin="\n".join(lines) + "\n")
+    assert streamed.exit_code == 0, streamed.output
+    answers = [json.loads(line) for line in streamed.stdout.splitlines()]
+    assert [a.get("skipped") for a in answers] == [None, "empty_text", "empty_text", "empty_text", None]
+    assert answers[0]["hits"] and answers[4]["hits"] and not any(a["hits"] for a in answers[1:4])
+    assert f'skipped --stdin line "{DROPPED[2]}" (empty_text: the model' in streamed.stderr, streamed.stderr
+    assert "petal: 2 stdin lines skipped (empty_text: the model's tokenizer drops" in streamed.stderr
+    nothing = query(sample_index, "--stdin", DROPPED[3], stdin=DROPPED[0] + "\n\n")
+    assert nothing.exit_code == 66 and nothing.stdout == "", nothing.output
+    assert "--stdin held only lines skipped (blank 1, nothing the model sees 1)" in nothing.stderr
+    assert "the query TEXT holds only characters the model's tokenizer drops" in nothing.stderr
+
+
+def test_the_api_answers_them_with_no_hits(sample_index: Path):
+    import petal
+
+    with petal.open_index(sample_index, device="cpu") as index:
+        found = index.search(["how do glaciers move", *DROPPED, " ", "espresso"], k=3)
+        assert [len(hits) for hits in found] == [3] + [0] * len(DROPPED) + [0, 3]
+        assert index.query_model().unseen(["how do glaciers move", DROPPED[0]]) == [1]
+
+
+def test_petal_serve_refuses_them_as_empty(request, tmp_path_factory):
+    pytest.importorskip("httpx")
+    pytest.importorskip("uvicorn")
+    from tests._serve_shared import default_server
+
+    server = default_server(request, tmp_path_factory)
+    for path, body, field, item in [("/search", {"query": DROPPED[0]}, "query", 0),
+                                    ("/search", {"queries": ["glaciers", DROPPED[1]]}, "query", 1),
+                                    ("/v1/embeddings", {"input": ["ok", "fine", DROPPED[2]]}, "input", 2)]:
+        response = server.client.post(path, json=body)
+        assert response.status_code == 422, (path, response.text)
+        message = response.json()["error"]["message"]
+        assert message.startswith(f"{field} item {item} is empty to the model") and "empty_text" in message, message
+    assert server.client.post("/search", json={"query": "glaciers"}).status_code == 200

@@ -27,7 +27,7 @@ from petal.engine.loader import MaxLengthError, ModelSpec, inspect_model
 from petal.engine.models.families import same_architecture
 from petal.pipeline.index.search import Hit, IndexReader
 from petal.pipeline.ingest.tokens import Encoded, TextTokenizer, tokenizer_for
-from petal.pipeline.jobs.embed import encode_texts
+from petal.pipeline.jobs.embed import embed_token_ids, encode_texts, seen_texts
 from petal.pipeline.layout import resolve_index_dir
 from petal.pipeline.manifest import Manifest, ModelRecord
 from petal.pipeline.reliability.errors import BadInputError, ConfigError, UsageError, flag_errors, quote_text
@@ -152,10 +152,27 @@ class QueryModel:
         return self.tokenizers[side].encode(texts)
 
     def embed(self, texts: list[str], side: Side = "query") -> np.ndarray:
-        """``[len(texts), model_dim]`` float32 model vectors, in order (one caller thread at a time)."""
+        """``[len(texts), model_dim]`` float32 model vectors, in order, every text embedded (one caller thread at a
+        time); ``embed_seen`` leaves out those the model sees as empty."""
         vectors, truncated = encode_texts(self.engine, self.tokenizers[side], texts)
         self.num_truncated += truncated
         return vectors
+
+    def embed_seen(self, texts: list[str], side: Side = "query") -> tuple[np.ndarray, list[int]]:
+        """The float32 model vectors of the texts the model sees, ``[len(texts) - len(unseen), model_dim]`` in order,
+        and ``unseen``: the places of those it sees as empty, not embedded (every character dropped by its tokenizer,
+        such as combining marks or U+FFFD under MiniLM, or no token at all: ``seen_texts``, which ``petal index``
+        skips as ``empty_text``; embedded, each would be the one vector of an empty text). One caller thread at a
+        time."""
+        encoded, unseen = seen_texts(self.tokenizers[side], texts)
+        dropped = set(unseen)
+        seen = [i for i in range(len(texts)) if i not in dropped]
+        self.num_truncated += int(encoded.truncated[seen].sum())
+        return embed_token_ids(self.engine, [encoded.token_ids[i] for i in seen]), unseen
+
+    def unseen(self, texts: list[str], side: Side = "query") -> list[int]:
+        """The places of ``texts`` the model sees as empty (see ``embed_seen``), without embedding any."""
+        return seen_texts(self.tokenizers[side], texts)[1]
 
 
 @dataclass(frozen=True)
@@ -270,15 +287,29 @@ class QueryService:
         return self.index.text_column
 
     def search(self, texts: list[str], k: int, where: str | None = None) -> list[list[Hit]]:
-        """Top ``k`` hits per text; a text the model embeds to NaN or infinity is a ``NonFiniteQueryError`` (65),
-        before any search: FAISS would answer it with no hits or arbitrary ones (``petal index`` and ``petal embed``
-        skip such a text as ``non_finite_embedding``; a query cannot be answered without its vector)."""
-        vectors = self.model.embed(texts)
+        """Top ``k`` hits per text. A text the model sees as empty (its tokenizer drops every character: ``unseen``)
+        gets no hits, in its place, neither embedded nor searched, as a blank query: its vector would be an empty
+        text's, the same for every such text, and its hits meaningless (``petal index`` and ``petal embed`` skip
+        such a text as ``empty_text``). A text the model embeds to NaN or infinity is a ``NonFiniteQueryError``
+        (65), before any search: FAISS would answer it with no hits or arbitrary ones (``petal index`` and ``petal
+        embed`` skip such a text as ``non_finite_embedding``; a query cannot be answered without its vector)."""
+        vectors, unseen = self.model.embed_seen(texts)
+        dropped = set(unseen)
+        seen = [i for i in range(len(texts)) if i not in dropped]
         finite = np.isfinite(vectors).all(axis=1)
         if not finite.all():
-            row = int(np.argmin(finite))
+            row = seen[int(np.argmin(finite))]
             raise NonFiniteQueryError(row, texts[row])
-        return self.index.search(vectors, k, where=where)
+        hits: list[list[Hit]] = [[] for _ in texts]
+        if seen:
+            for i, found in zip(seen, self.index.search(vectors, k, where=where)):
+                hits[i] = found
+        return hits
+
+    def unseen(self, texts: list[str]) -> list[int]:
+        """The places of ``texts`` that ``search`` answers with no hits because the model sees them as empty (its
+        tokenizer drops every character: ``empty_text``), not for want of a match."""
+        return self.model.unseen(texts)
 
     def on(self, reader: IndexReader) -> QueryService | None:
         """This warm model searching ``reader``, another version of the index, when that version was built with the

@@ -198,9 +198,11 @@ class Index:
 
         ``queries``: one text or many (str or UTF-8 bytes: any iterable of them: a list, tuple, generator, numpy
         array, pandas Series, pyarrow array),
-        embedded as queries with the index's model, prompt and output settings; a ``None`` or blank one (which
-        ``petal query`` skips) gets no hits, in its place; bytes that are not UTF-8 are read as U+FFFD (as ``petal
-        query`` reads them) and answered; one the model embeds to NaN or infinity is a
+        embedded as queries with the index's model, prompt and output settings; a ``None`` or blank one, or one the
+        model sees as empty (its tokenizer drops every character, such as combining marks or U+FFFD under MiniLM:
+        ``query_model().unseen(texts)`` tells which), gets no hits, in its place, as ``petal query`` skips it
+        (``empty_text``), never the hits of an empty text's vector; bytes that are not UTF-8 are read as U+FFFD (as
+        ``petal query`` reads them) and answered; one the model embeds to NaN or infinity is a
         ``BadInputError`` (``NonFiniteQueryError``, 65) naming it, before any search. Or the model's float
         vectors ``[num_queries, model dim]`` or ``[model dim]`` as one numpy array or torch tensor
         (``Embedder(model).encode(texts, query=True)``), which get the index's output transform (``--dim``,

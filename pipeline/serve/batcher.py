@@ -382,6 +382,9 @@ class TokenBatcher:
                     refusal = (413, item.row, limit_message(job.name, item.row, tokenizer.max_length))
                 elif len(ids) == 0:
                     refusal = (422, item.row, f"{job.name} item {item.row} yields no tokens")
+                elif tokenizer.sees_nothing(ids):  # NOTE: an empty text's ids: petal index's empty_text, as blank
+                    refusal = (422, item.row, f"{job.name} item {item.row} is empty to the model: its tokenizer "
+                                              "drops every character of it (empty_text)")
                 if refusal is not None:
                     errors[id(job)] = min(errors.get(id(job), refusal), refusal)
             for key, (status, _, message) in errors.items():
