@@ -279,15 +279,20 @@ def bench_index(num_vectors: int, dims: tuple[int, ...], num_queries: int, memor
     # NOTE: before the store is written and anything is built (was: a ValueError traceback after the store)
     def budget(text: str) -> int:
         try:
-            return parse_size(text)
+            size = parse_size(text)
         except ValueError as exc:  # naming the flag, as petal index does
             raise ValueError(f"--index-memory: {exc}") from exc
+        IndexSettings(memory_bytes=size)  # NOTE: under 1M refused here, as petal index refuses it (was a traceback)
+        return size
 
     if order == "by-cluster" and data != "clustered":
         raise click.UsageError("--order by-cluster needs --data clustered (uniform vectors have no clusters)")
     budgets = [usage(functools.partial(budget, m)) for m in memories]
+    if not factory:  # NOTE: was IndexSettings' ValueError traceback
+        raise click.UsageError("--factory must not be empty (auto, or a FAISS index factory string)")
+    settings = IndexSettings(factory=factory, memory_bytes=budgets[0])
     for dim in dims:
-        check_factory(IndexSettings(factory=factory, memory_bytes=budgets[0]), dim, num_vectors, "--factory")
+        check_factory(settings, dim, num_vectors, "--factory")
     paths({}, workdir)
     if workdir is not None:
         from petal.pipeline.reliability.safe_files import check_output_dir

@@ -134,6 +134,19 @@ def test_index_judges_its_flags_and_paths_before_the_store_is_written(tmp_path):
     refused(tmp_path, 73, f"{work / 'd64'} is a file, not a directory", *args)
 
 
+def test_index_refuses_a_budget_under_1m_and_an_empty_factory_as_usage_errors(tmp_path):
+    """An --index-memory under petal's 1M floor (any of the repeated ones: each is a petal row) and an empty
+    --factory are usage errors, as petal index's; they were IndexSettings' ValueError traceback (exit 1), the one
+    under 1M past the first only once the benchmark had run with the first."""
+    work = tmp_path / "work"
+    work.mkdir()
+    args = ["index", "--workdir", work, "--vectors", 1000, "--dim", 64, "--queries", 10, "--no-baseline"]
+    refused(tmp_path, 2, "--index-memory 0 bytes < 1M: give at least 1M", *args, "--index-memory", "0")
+    refused(tmp_path, 2, "--index-memory 524288 bytes < 1M", *args, "--index-memory", "1M", "--index-memory", "512K")
+    refused(tmp_path, 2, "--factory must not be empty", *args, "--factory", "")
+    assert list(work.iterdir()) == []
+
+
 def test_startup_without_the_packaged_model_is_78_before_its_timed_runs(tmp_path):
     """The packaged model petal embed runs (--no-baseline: the baseline's lookup said it first) not installed: 78,
     was a RuntimeError traceback (exit 1) from the first petal embed child. Runs where the model is not installed."""
