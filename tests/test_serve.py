@@ -297,6 +297,11 @@ HOSTILE = [  # (route, raw body, status, in the message): each once found answer
     ("/v1/embeddings", '{"input": ["ok", "\u200b"]}'.encode(), 422, "'input' item 1 is empty"),
     ("/v1/embeddings", b'{"input": "x", "input": "y"}', 422, "'input' is given more than once"),
     ("/v1/embeddings", b'{"input": "x", "encoding_format": ["float"]}', 422, "float, base64"),
+    # nested 1000 deep (orjson reads up to 1024): its repr in the message was a RecursionError, a 500
+    ("/v1/embeddings", b'{"input": "x", "encoding_format": ' + b"[" * 1000 + b"]" * 1000 + b"}", 422,
+     "got an array"),
+    ("/v1/embeddings", b'{"input": "x", "input_type": ' + b'{"a":' * 1000 + b"1" + b"}" * 1000 + b"}", 422,
+     "got an object"),
 ]
 
 

@@ -142,8 +142,17 @@ def _choice(body: dict[str, Any], name: str, default: str, choices: tuple[str, .
     if value is None:
         return default
     if not isinstance(value, str) or value not in choices:
-        raise RequestError(422, f"{name!r} must be one of {', '.join(choices)}, got {value!r}")
+        raise RequestError(422, f"{name!r} must be one of {', '.join(choices)}, got {_shown(value)}")
     return value
+
+
+def _shown(value: Any) -> str:
+    """A client's value for a message: a string or a number as written, an array or an object by its kind.
+    NOTE: never the repr of an array or object: one nested 1000 deep (orjson reads up to 1024) has none, its
+    RecursionError was a 500 with a traceback (``"encoding_format": [[[...]]]``)."""
+    if isinstance(value, str) or (isinstance(value, (int, float)) and not isinstance(value, bool)):
+        return repr(value)
+    return _kind(value)
 
 
 def _bool(body: dict[str, Any], name: str) -> bool:
