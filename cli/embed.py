@@ -101,10 +101,12 @@ def embed(texts: tuple[str, ...], model: str | None, from_stdin: bool, input_pat
         raise click.UsageError("--text-column goes with --input FILE.parquet or FILE.jsonl")
     items: list = list(texts)
     ids: list | None = None
-    # NOTE: a .parquet --input to FILE.npy (TEXT, --stdin and learned int8 ranges aside) is read, embedded and written
-    # a record batch at a time: host memory does not grow with the input (RELIABILITY.md promise 9)
+    # NOTE: an --input (.parquet, .txt, .jsonl) to FILE.npy (TEXT, --stdin and learned int8 ranges aside) is read,
+    # embedded and written a window at a time (a record batch, the lines of a piece of the file): host memory does
+    # not grow with the input (RELIABILITY.md promise 9)
     pieces = _input_pieces(input_path, text_column) if input_path is not None and not items and not from_stdin \
-        and output is not None and output.suffix.lower() == ".npy" and input_path.suffix.lower() == ".parquet" \
+        and output is not None and output.suffix.lower() == ".npy" \
+        and input_path.suffix.lower() in (".parquet", ".txt", ".jsonl") \
         and not (quantize == "int8" and calibration_index is None) else None
     if pieces is not None:
         input_batches = _judged(pieces, f"--input {quote_path(input_path)} is empty")  # no input (66) before the model
@@ -354,18 +356,19 @@ def _check_not_input(output: Path, input_path: Path | None) -> None:
 
 
 def _input_pieces(path: Path, text_column: str) -> Callable[[], Iterator[list]]:
-    """A .parquet ``--input``'s texts a record batch at a time (each call reads them from the start), after what every
-    input file is checked for, as ``_input_texts``; a 0-byte file holds no texts. Batches are read as ``petal
-    index`` reads its record batches for tokenizing (``window_read``), so what is held stays a few batches."""
+    """An ``--input``'s texts a window at a time (each call reads them from the start): a .parquet's record batches,
+    a .txt's or .jsonl's lines a piece of the file at a time (``text_file_batches``), after what every input file is
+    checked for, as ``_input_texts``; a 0-byte file holds no texts. Windows are of the size ``petal index`` reads
+    its record batches in for tokenizing (``window_read``), so what is held stays a few windows."""
     from petal.pipeline.config import ReadConfig
     from petal.pipeline.ingest.documents import window_read
-    from petal.pipeline.ingest.texts import parquet_text_batches
+    from petal.pipeline.ingest.texts import text_file_batches
     from petal.pipeline.reliability.safe_files import input_file_size
 
     if input_file_size("--input", path) == 0:
         return lambda: iter(())
     read = window_read(ReadConfig())
-    return lambda: (texts for texts, _ in parquet_text_batches(path, text_column, None, read))
+    return lambda: (texts for texts, _ in text_file_batches(path, text_column, None, read))
 
 
 def _input_texts(path: Path, text_column: str, id_column: str | None) -> tuple[list, list | None]:

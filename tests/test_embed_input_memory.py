@@ -10,6 +10,7 @@ writes of ``Embedder.embed`` over all the texts at once (what ``petal embed`` wr
 from __future__ import annotations
 
 import io
+import json
 import os
 import subprocess
 import sys
@@ -51,6 +52,31 @@ def embed_npy(source: Path, output: Path, *flags: str) -> int:
     return int(done.stderr.rsplit("VmHWM", 1)[1].split()[0]) * 1024
 
 
+def write_input(path: Path, items: list, **parquet: object) -> Path:
+    """``items`` as ``path``: a .parquet text column, .txt lines (a ``None`` a blank line) or .jsonl objects."""
+    if path.suffix == ".parquet":
+        pq.write_table(pa.table({"text": items}), path, **parquet)
+    elif path.suffix == ".txt":
+        path.write_text("".join(f"{text or ''}\n" for text in items))
+    else:
+        path.write_text("".join(json.dumps({"text": text}) + "\n" for text in items))
+    return path
+
+
+@pytest.mark.parametrize("suffix", [".txt", ".jsonl"])
+def test_a_large_text_or_jsonl_input_is_embedded_within_the_budget(tmp_path, suffix):
+    """As a .parquet input (200 MB: the growth before was the input's size and more, after it is ~40 MB whatever the
+    size). Before, the whole file was read, split into lines and decoded, and every text held until the end."""
+    baseline = embed_npy(write_input(tmp_path / f"tiny{suffix}", texts(4, 1000)), tmp_path / "tiny.npy",
+                         "--max-length", "4")
+    peak = embed_npy(write_input(tmp_path / f"big{suffix}", texts(200, 1 << 20)), tmp_path / "big.npy",
+                     "--max-length", "4")
+    grown = peak - baseline
+    assert grown < 2 * BUDGET, (f"petal embed took {grown / MB:.0f} MB over the baseline ({baseline / MB:.0f} MB) "
+                                f"for 200 MB of {suffix} text, more than 2 x the {BUDGET / MB:.0f} MB budget")
+    assert np.load(tmp_path / "big.npy").shape == (200, 384)
+
+
 def test_a_large_parquet_input_is_embedded_within_the_budget(tmp_path):
     pq.write_table(pa.table({"text": texts(4, 1000)}), tmp_path / "tiny.parquet")
     pq.write_table(pa.table({"text": texts(100, 1 << 20)}), tmp_path / "big.parquet", write_batch_size=4)
@@ -62,15 +88,16 @@ def test_a_large_parquet_input_is_embedded_within_the_budget(tmp_path):
     assert np.load(tmp_path / "big.npy").shape == (100, 384)
 
 
-@pytest.mark.parametrize("flags", [(), ("--output-dtype", "float16"), ("--quantize", "binary")])
-def test_the_rows_are_those_written_before(tmp_path, flags):
+@pytest.mark.parametrize(("suffix", "flags"), [(".parquet", ()), (".parquet", ("--output-dtype", "float16")),
+                                               (".parquet", ("--quantize", "binary")), (".txt", ()), (".jsonl", ())])
+def test_the_rows_are_those_written_before(tmp_path, suffix, flags):
     import petal
 
-    items: list = texts(24, 1 << 20)  # 3 record batches of 8 MiB, short and skipped texts among them
+    items: list = texts(24, 1 << 20)  # 3 record batches (pieces of a text file) of 8 MiB, short and skipped texts
     items[1], items[5], items[9], items[17] = None, "   ", "short one", ""
     items += [f"short {i}" for i in range(40)]
-    pq.write_table(pa.table({"text": items}), tmp_path / "in.parquet", write_batch_size=4)
-    embed_npy(tmp_path / "in.parquet", tmp_path / "out.npy", "--max-length", "8", *flags)
+    source = write_input(tmp_path / f"in{suffix}", items, write_batch_size=4)
+    embed_npy(source, tmp_path / "out.npy", "--max-length", "8", *flags)
     settings = dict(zip(flags[::2], flags[1::2]))
     with petal.Embedder(max_length=8, output_dtype=settings.get("--output-dtype", "float32"),
                         quantize=settings.get("--quantize", "none")) as embedder:
@@ -100,3 +127,22 @@ def test_the_input_is_judged_before_the_model_and_read_once_where_a_text_comes_e
         _judged(pieces([[" "]] * 6), "empty")
     with pytest.raises(NoInputError, match="nothing to embed: empty"):
         _judged(pieces([]), "empty")
+
+
+def test_a_bad_line_past_the_first_windows_is_65_naming_the_file_and_line(tmp_path):
+    """A .jsonl line found bad once embedding began (past the windows read before the model loads) is still 65 naming
+    the file and line, and nothing is written; a .txt line that is not UTF-8 is skipped in its place."""
+    source = tmp_path / "in.jsonl"
+    lines = [json.dumps({"text": text}) for text in texts(40, 1 << 20)]  # 5 windows of 8 MiB
+    lines[37] = '{"text": 5}'
+    source.write_text("\n".join(lines) + "\n")
+    done = subprocess.run([sys.executable, "-m", "petal.cli.main", "embed", "--input", str(source), "--output",
+                           str(tmp_path / "out.npy"), "--max-length", "4"], cwd=REPO,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 65 and f'{source}:38: "text" is not a string' in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and not (tmp_path / "out.npy").exists()
+    txt = tmp_path / "in.txt"
+    txt.write_bytes(b"first line\nbad \xff byte\nlast line")
+    embed_npy(txt, tmp_path / "txt.npy", "--max-length", "4")
+    rows = np.load(tmp_path / "txt.npy")
+    assert rows.shape == (3, 384) and np.isnan(rows[1]).all() and np.isfinite(rows[[0, 2]]).all()

@@ -8,6 +8,7 @@ a damaged page the row its batch starts at, the row group and the column), never
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,48 +37,78 @@ def read_texts(path: Path, text_column: str = "text", id_column: str | None = No
         raise NoInputError(f"--input {quote_path(path)} does not exist or is not a regular file")
     read = read or ReadConfig()
     suffix = path.suffix.lower()
-    if suffix == ".parquet":
-        return _parquet_texts(path, text_column, id_column, read, stats)
-    if suffix == ".txt":
-        if id_column is not None:
-            raise UsageError("--id-column goes with --input FILE.parquet or FILE.jsonl")
-        # NOTE: a line that is not UTF-8 stays bytes, as a binary column's value: the caller's text rule skips it
-        return [utf8_or_bytes(line) for line in _lines(_read_bytes(path, read, stats))], None
-    if suffix == ".jsonl":
-        return _jsonl_texts(path, text_column, id_column, read, stats)
-    raise UsageError(f"--input {quote_path(path)}: expected a .parquet, .txt or .jsonl file")
-
-
-def _lines(data: bytes) -> list[bytes]:
-    """The lines of a file, split at ``\\n`` only (a ``\\r`` before it dropped), as ``--stdin`` is read: never at
-    the other line boundaries of ``str.splitlines`` (U+2028, U+0085, form feed, ...), which a text or a JSON string
-    may hold, so one line is one input and no row after it shifts. A UTF-8 byte order mark that starts the file is
-    dropped (``UTF8_BOM``)."""
-    lines = data.removeprefix(UTF8_BOM).split(b"\n")
-    if lines[-1] == b"":  # the newline that ends the last line
-        lines.pop()
-    return [line[:-1] if line.endswith(b"\r") else line for line in lines]
-
-
-def _read_bytes(path: Path, read: ReadConfig, stats: ReadStats | None) -> bytes:
-    """The whole file, an OS read error retried then 74 (permission denied 66), as every source read."""
-    from petal.pipeline.ingest.parquet import read_retrying
-
-    def whole() -> bytes:
-        fault("read_batch", str(path))
-        return path.read_bytes()
-
-    return read_retrying(path, whole, read, stats, "cannot read it")
-
-
-def _parquet_texts(path: Path, text_column: str, id_column: str | None, read: ReadConfig,
-                   stats: ReadStats | None) -> tuple[list[Any], list[Any] | None]:
+    if suffix not in TEXT_FILE_SUFFIXES:
+        raise UsageError(f"--input {quote_path(path)}: expected a .parquet, .txt or .jsonl file")
+    if suffix == ".txt" and id_column is not None:
+        raise UsageError("--id-column goes with --input FILE.parquet or FILE.jsonl")
     texts: list[Any] = []
     ids: list[Any] = []
-    for batch_texts, batch_ids in parquet_text_batches(path, text_column, id_column, read, stats):
+    for batch_texts, batch_ids in text_file_batches(path, text_column, id_column, read, stats):
         texts.extend(batch_texts)
         ids.extend(batch_ids)
     return texts, ids if id_column else None
+
+
+def text_file_batches(path: Path, text_column: str = "text", id_column: str | None = None,
+                      read: ReadConfig | None = None, stats: ReadStats | None = None) -> Iterator[tuple[list, list]]:
+    """An ``--input``'s texts and ids (``[]`` without ``id_column``) a window at a time, read and checked as
+    ``read_texts`` does: a ``.parquet`` a record batch at a time (``parquet_text_batches``), a ``.txt`` or ``.jsonl``
+    the lines that end in each piece of ``read.max_batch_bytes`` (``_line_windows``; a longer line is held whole, as
+    a Parquet value is), so what is held does not grow with the file. A bad ``.jsonl`` line is 65 naming the file
+    and line once its window is read. Nothing is read before the first ``next()``."""
+    read = read or ReadConfig()
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        yield from parquet_text_batches(path, text_column, id_column, read, stats)
+        return
+    for lineno, lines in _line_windows(path, read, stats):
+        if suffix == ".txt":
+            # NOTE: a line that is not UTF-8 stays bytes, as a binary column's value: the caller's text rule skips it
+            yield [utf8_or_bytes(line) for line in lines], []
+        else:
+            yield _jsonl_records(path, lines, lineno, text_column, id_column)
+
+
+def _line_windows(path: Path, read: ReadConfig, stats: ReadStats | None) -> Iterator[tuple[int, list[bytes]]]:
+    """The lines of a file, with the number of the first, those that end in each piece of ``read.max_batch_bytes``
+    read. Lines are split at ``\\n`` only (a ``\\r`` before it dropped), as ``--stdin`` is read: never at the other
+    line boundaries of ``str.splitlines`` (U+2028, U+0085, form feed, ...), which a text or a JSON string may hold,
+    so one line is one input and no row after it shifts; a last line without ``\\n`` is a line. A UTF-8 byte order
+    mark that starts the file is dropped (``UTF8_BOM``). Each piece is read at its offset, an OS read error retried
+    then 74 (permission denied 66), as every source read."""
+    from petal.pipeline.ingest.parquet import read_retrying
+
+    size = max(1, read.max_batch_bytes)
+    fd = read_retrying(path, lambda: os.open(path, os.O_RDONLY | os.O_CLOEXEC), read, stats, "cannot read it")
+    try:
+        offset, lineno, first = 0, 1, True
+        held: list[bytes] = []  # NOTE: the start of a line that no piece read so far ends
+        while True:
+
+            def piece(at: int = offset) -> bytes:
+                fault("read_batch", str(path))
+                return os.pread(fd, size, at)
+
+            chunk = read_retrying(path, piece, read, stats, "cannot read it")
+            end = chunk.rfind(b"\n") if chunk else len(chunk)
+            if end < 0:
+                held.append(chunk)
+                offset += len(chunk)
+                continue
+            data = b"".join([*held, chunk[:end]])
+            held = [chunk[end + 1:]] if end + 1 < len(chunk) else []
+            if first:
+                data, first = data.removeprefix(UTF8_BOM), False
+            if chunk or data:  # NOTE: at the end, the last line when it has no "\n"
+                lines = [line[:-1] if line.endswith(b"\r") else line for line in data.split(b"\n")]
+                del data
+                yield lineno, lines
+                lineno += len(lines)
+            if not chunk:
+                return
+            offset += len(chunk)
+    finally:
+        os.close(fd)
 
 
 def parquet_text_batches(path: Path, text_column: str, id_column: str | None, read: ReadConfig | None = None,
@@ -142,13 +173,15 @@ def parquet_text_batches(path: Path, text_column: str, id_column: str | None, re
         yield batch_texts, batch_ids
 
 
-def _jsonl_texts(path: Path, text_column: str, id_column: str | None, read: ReadConfig,
-                 stats: ReadStats | None) -> tuple[list[Any], list[Any] | None]:
+def _jsonl_records(path: Path, raw_lines: list[bytes], first_lineno: int, text_column: str,
+                   id_column: str | None) -> tuple[list[Any], list[Any]]:
+    """The texts and ids (``[]`` without ``id_column``) of ``.jsonl`` lines, the first being line ``first_lineno``
+    of ``path``: a blank line holds none; a bad one is ``BadInputError`` naming the file and line."""
     texts: list[Any] = []
     ids: list[Any] = []
-    # NOTE: bytes that are not UTF-8 are kept (surrogateescape): the caller's text rule skips such a text
-    lines = [line.decode("utf-8", "surrogateescape") for line in _lines(_read_bytes(path, read, stats))]
-    for lineno, line in enumerate(lines, start=1):
+    for lineno, raw in enumerate(raw_lines, start=first_lineno):
+        # NOTE: bytes that are not UTF-8 are kept (surrogateescape): the caller's text rule skips such a text
+        line = raw.decode("utf-8", "surrogateescape")
         if not line.strip():
             continue
         try:
@@ -162,8 +195,9 @@ def _jsonl_texts(path: Path, text_column: str, id_column: str | None, read: Read
         if id_column and id_column not in record:  # NOTE: never a silent null id: that row's output would lose it
             raise BadInputError(f"{quote_path(path)}:{lineno}: no {id_column!r} field (--id-column)")
         texts.append(value)
-        ids.append(_jsonl_id(record[id_column], path, lineno, id_column) if id_column else None)
-    return texts, ids if id_column else None
+        if id_column:
+            ids.append(_jsonl_id(record[id_column], path, lineno, id_column))
+    return texts, ids
 
 
 def _jsonl_id(value: Any, path: Path, lineno: int, id_column: str) -> Any:
