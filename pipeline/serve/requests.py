@@ -312,7 +312,11 @@ def parse_search(body: dict[str, Any], limits: Limits) -> SearchRequest:
                          where=_where(body))
 
 
-FLOAT32_MAX = 3.4028234663852886e38
+# NOTE: the numbers float32 holds are those below 2**128 - 2**103 in magnitude, halfway between its largest value
+# (3.4028234663852886e38) and 2**128: float32 rounds them to a finite value; from there on it rounds to infinity. So
+# "3.4028235e38", float32's largest value as numpy, orjson or any shortest float32 writer prints it (a little above it
+# as a float64), is that value, not beyond float32
+FLOAT32_ROUNDS_TO_INF = 2.0**128 - 2.0**103
 
 
 _NUMBERS = frozenset((int, float))  # what a JSON number reads as (a bool is no number here)
@@ -333,7 +337,7 @@ def _vectors(rows: Any, limits: Limits) -> np.ndarray:
         raise RequestError(422, f"'vectors' rows must all have the same length, got {sorted(lengths)[:4]}")
     try:
         values = np.array(rows, dtype=np.float64)
-        finite = (np.abs(values) <= FLOAT32_MAX).all(axis=1)  # NOTE: False for NaN too
+        finite = (np.abs(values) < FLOAT32_ROUNDS_TO_INF).all(axis=1)  # NOTE: False for NaN too
     except OverflowError:  # an integer beyond any float
         finite = np.array([_float_row(row) for row in rows])
     if not finite.all():
@@ -364,7 +368,7 @@ def _vectors_where(rows: Any) -> str:
 def _float_row(row: list[int | float]) -> bool:
     """Whether every value of ``row`` is a float32 number (an integer beyond any float is not)."""
     try:
-        return bool((np.abs(np.array(row, dtype=np.float64)) <= FLOAT32_MAX).all())
+        return bool((np.abs(np.array(row, dtype=np.float64)) < FLOAT32_ROUNDS_TO_INF).all())
     except OverflowError:
         return False
 
