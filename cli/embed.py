@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 import json
 import os
 import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 import click
 
@@ -31,6 +32,9 @@ if TYPE_CHECKING:
     import numpy as np
 
     from petal.pipeline.jobs.embed import Embedded, Embedder
+
+
+TextsT = TypeVar("TextsT", bound=list)
 
 
 @click.command()
@@ -101,12 +105,13 @@ def embed(texts: tuple[str, ...], model: str | None, from_stdin: bool, input_pat
         raise click.UsageError("--text-column goes with --input FILE.parquet or FILE.jsonl")
     items: list = list(texts)
     ids: list | None = None
-    # NOTE: an --input (.parquet, .txt, .jsonl) to FILE.npy (TEXT, --stdin and learned int8 ranges aside) is read,
-    # embedded and written a window at a time (a record batch, the lines of a piece of the file): host memory does
-    # not grow with the input (RELIABILITY.md promise 9)
-    pieces = _input_pieces(input_path, text_column) if input_path is not None and not items and not from_stdin \
-        and output is not None and output.suffix.lower() == ".npy" \
+    # NOTE: an --input (.parquet, .txt, .jsonl; TEXT, --stdin and learned int8 ranges aside) is read, embedded and
+    # written a window at a time (a record batch, the lines of a piece of the file), to FILE.npy, FILE.jsonl or
+    # stdout: host memory does not grow with the input (RELIABILITY.md promise 9)
+    pieces = _input_pieces(input_path, text_column, id_column) \
+        if input_path is not None and not items and not from_stdin \
         and input_path.suffix.lower() in (".parquet", ".txt", ".jsonl") \
+        and not (input_path.suffix.lower() == ".txt" and id_column is not None) \
         and not (quantize == "int8" and calibration_index is None) else None
     if pieces is not None:
         input_batches = _judged(pieces, f"--input {quote_path(input_path)} is empty")  # no input (66) before the model
@@ -166,12 +171,28 @@ def embed(texts: tuple[str, ...], model: str | None, from_stdin: bool, input_pat
         stdin_texts = (([utf8_or_bytes(raw) for raw in lines], more) for lines, more in chunks)
         _streamed(embedder, stdin_texts, as_query or query_prompt is not None, "--stdin is empty")
         return
-    if pieces is not None and output is not None:
+    if pieces is not None:
+        query, empty = as_query or query_prompt is not None, f"--input {quote_path(input_path)} is empty"
+        if output is not None and output.suffix.lower() == ".npy":
+            with replacing(output) as fh:
+                npy = NpyRows(fh)
+                _streamed(embedder, ((texts, True) for texts in input_batches), query, empty, npy.add)
+                npy.finish()
+            return
+        window_ids: collections.deque | None = collections.deque() if id_column is not None else None
+
+        def windows() -> Iterator[tuple[list, bool]]:
+            for window in input_batches:
+                if window_ids is not None:
+                    window_ids.extend(window.ids)  # NOTE: taken off as their lines are written
+                yield window, True
+
+        if output is None:
+            _streamed(embedder, windows(), query, empty, ids=window_ids, write_lines=write_stdout)
+            return
         with replacing(output) as fh:
-            npy = NpyRows(fh)
-            _streamed(embedder, ((texts, True) for texts in input_batches), as_query or query_prompt is not None,
-                      f"--input {quote_path(input_path)} is empty", npy.add)
-            npy.finish()
+            _streamed(embedder, windows(), query, empty, ids=window_ids,
+                      write_lines=lambda lines: fh.writelines(line.encode("utf-8") + b"\n" for line in lines))
         return
     embedded = embedder.embed(items, query=as_query or query_prompt is not None)
     rows, skipped = embedded.rows, embedded.skipped
@@ -192,7 +213,7 @@ def embed(texts: tuple[str, ...], model: str | None, from_stdin: bool, input_pat
     _summary(embedder, len(items), skipped, embedded.truncated)
 
 
-def _json_line(embedded: Embedded, i: int, ids: list | None = None) -> str:
+def _json_line(embedded: Embedded, i: int, ids: Sequence | Mapping[int, Any] | None = None) -> str:
     """The JSON line of input position ``i`` (row ``i - embedded.start``), with its id where ids were read."""
     record: dict = {"index": i}
     if ids is not None:
@@ -206,11 +227,13 @@ def _json_line(embedded: Embedded, i: int, ids: list | None = None) -> str:
 
 
 def _streamed(embedder: Embedder, chunks: Iterator[tuple[list, bool]], query: bool, empty: str,
-              write_rows: Callable[[np.ndarray], None] | None = None) -> None:
-    """Texts that arrive in chunks, embedded as they come (``Embedder.embed_stream``), in input order: ``--stdin``
-    alone writes and flushes each line's JSON line as soon as it is embedded (the lines before the first text
-    embedded are held until it is, so an input with nothing to embed writes nothing); ``write_rows`` takes each
-    answer's rows instead (a .parquet ``--input`` to FILE.npy). Nothing embedded (empty: ``empty`` says it; blank,
+              write_rows: Callable[[np.ndarray], None] | None = None, ids: collections.deque | None = None,
+              write_lines: Callable[[list[str]], None] | None = None) -> None:
+    """Texts that arrive in chunks, embedded as they come (``Embedder.embed_stream``), in input order: each text's
+    JSON line (with its id, taken off the front of ``ids``, where ids are read) is written as soon as it is
+    embedded (``write_lines``; default: stdout, flushed, as ``--stdin`` alone answers; the lines before the first
+    text embedded are held until it is, so an input with nothing to embed writes nothing); ``write_rows`` takes
+    each answer's rows instead (an ``--input`` to FILE.npy). Nothing embedded (empty: ``empty`` says it; blank,
     null or undecodable texts only) is no input (66), as ever."""
     from petal.pipeline.ingest.text_rule import describe_skips
     from petal.pipeline.reliability.errors import NoInputError
@@ -225,9 +248,13 @@ def _streamed(embedder: Embedder, chunks: Iterator[tuple[list, bool]], query: bo
         if write_rows is not None:
             write_rows(answer.rows)
             continue
-        held += (_json_line(answer, i) for i in range(answer.start, count))
+        answer_ids = None if ids is None else {i: ids.popleft() for i in range(answer.start, count)}
+        held += (_json_line(answer, i, answer_ids) for i in range(answer.start, count))
         if len(skipped) < count:
-            write_stdout(held, flush=True)
+            if write_lines is None:
+                write_stdout(held, flush=True)
+            else:
+                write_lines(held)
             held = []
     if len(skipped) == count:
         raise NoInputError(f"nothing to embed: {describe_skips(skipped) if count else empty}")
@@ -251,19 +278,19 @@ def _text_arrives(chunks: Iterator[list], empty: str) -> None:
     raise NoInputError(f"nothing to embed: {describe_skips(skipped) if skipped else empty}")
 
 
-def _judged(pieces: Callable[[], Iterator[list]], empty: str, most_held: int = 4) -> Iterator[list]:
+def _judged(pieces: Callable[[], Iterator[TextsT]], empty: str, most_held: int = 4) -> Iterator[TextsT]:
     """The batches of ``pieces()``, once ``_text_arrives`` found a text to embed among them (else ``NoInputError``,
     before the model loads): read once where one comes within the first ``most_held`` batches (those are held,
     then given first), else read again from the start (the batches before it are not held)."""
     from petal.pipeline.jobs.embed import skipped_texts
 
     source = pieces()
-    held: list[list] = []
+    held: list[TextsT] = []
     for texts in source:
         held.append(texts)
         if len(skipped_texts(texts)) < len(texts):
 
-            def replay() -> Iterator[list]:
+            def replay() -> Iterator[TextsT]:
                 while held:
                     yield held.pop(0)  # NOTE: let each held batch go once it is given
                 yield from source
@@ -355,11 +382,20 @@ def _check_not_input(output: Path, input_path: Path | None) -> None:
                                "written over the texts: write them elsewhere")
 
 
-def _input_pieces(path: Path, text_column: str) -> Callable[[], Iterator[list]]:
-    """An ``--input``'s texts a window at a time (each call reads them from the start): a .parquet's record batches,
-    a .txt's or .jsonl's lines a piece of the file at a time (``text_file_batches``), after what every input file is
-    checked for, as ``_input_texts``; a 0-byte file holds no texts. Windows are of the size ``petal index`` reads
-    its record batches in for tokenizing (``window_read``), so what is held stays a few windows."""
+class _Window(list):
+    """A window of an ``--input``'s texts (a list, as ``_judged`` takes them), and their ``ids`` (``[]`` without
+    ``--id-column``)."""
+
+    def __init__(self, texts: list, ids: list) -> None:
+        super().__init__(texts)
+        self.ids = ids
+
+
+def _input_pieces(path: Path, text_column: str, id_column: str | None = None) -> Callable[[], Iterator[_Window]]:
+    """An ``--input``'s texts and ids a window at a time (each call reads them from the start): a .parquet's record
+    batches, a .txt's or .jsonl's lines a piece of the file at a time (``text_file_batches``), after what every input
+    file is checked for, as ``_input_texts``; a 0-byte file holds no texts. Windows are of the size ``petal index``
+    reads its record batches in for tokenizing (``window_read``), so what is held stays a few windows."""
     from petal.pipeline.config import ReadConfig
     from petal.pipeline.ingest.documents import window_read
     from petal.pipeline.ingest.texts import text_file_batches
@@ -368,7 +404,7 @@ def _input_pieces(path: Path, text_column: str) -> Callable[[], Iterator[list]]:
     if input_file_size("--input", path) == 0:
         return lambda: iter(())
     read = window_read(ReadConfig())
-    return lambda: (texts for texts, _ in text_file_batches(path, text_column, None, read))
+    return lambda: (_Window(texts, ids) for texts, ids in text_file_batches(path, text_column, id_column, read))
 
 
 def _input_texts(path: Path, text_column: str, id_column: str | None) -> tuple[list, list | None]:

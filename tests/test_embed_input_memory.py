@@ -43,38 +43,54 @@ def texts(rows: int, size: int) -> list:
     return [(f"text {i} " + base[i % 991:])[:size] for i in range(rows)]
 
 
-def embed_npy(source: Path, output: Path, *flags: str) -> int:
-    """``petal embed --input source --output output``; its peak RSS in bytes."""
-    done = subprocess.run([sys.executable, "-c", CLI, "embed", "--input", str(source), "--output", str(output),
-                           *flags], cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True,
-                          text=True, timeout=300)
+def embed_npy(source: Path, output: Path | None, *flags: str) -> int:
+    """``petal embed --input source --output output`` (``None``: to stdout); its peak RSS in bytes."""
+    return embed_out(source, output, *flags)[0]
+
+
+def embed_out(source: Path, output: Path | None, *flags: str) -> tuple[int, str]:
+    """``petal embed --input source --output output`` (``None``: to stdout); its peak RSS in bytes, and its stdout."""
+    to = ["--output", str(output)] if output is not None else []
+    done = subprocess.run([sys.executable, "-c", CLI, "embed", "--input", str(source), *to, *flags], cwd=REPO,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    return int(done.stderr.rsplit("VmHWM", 1)[1].split()[0]) * 1024
+    return int(done.stderr.rsplit("VmHWM", 1)[1].split()[0]) * 1024, done.stdout
 
 
-def write_input(path: Path, items: list, **parquet: object) -> Path:
-    """``items`` as ``path``: a .parquet text column, .txt lines (a ``None`` a blank line) or .jsonl objects."""
+def write_input(path: Path, items: list, ids: list | None = None, **parquet: object) -> Path:
+    """``items`` as ``path``: a .parquet text column, .txt lines (a ``None`` a blank line) or .jsonl objects; with
+    ``ids``, an "id" column or key."""
+    keyed = {"text": items} if ids is None else {"id": ids, "text": items}
     if path.suffix == ".parquet":
-        pq.write_table(pa.table({"text": items}), path, **parquet)
+        pq.write_table(pa.table(keyed), path, **parquet)
     elif path.suffix == ".txt":
         path.write_text("".join(f"{text or ''}\n" for text in items))
     else:
-        path.write_text("".join(json.dumps({"text": text}) + "\n" for text in items))
+        path.write_text("".join(json.dumps(dict(zip(keyed, values))) + "\n" for values in zip(*keyed.values())))
     return path
 
 
-@pytest.mark.parametrize("suffix", [".txt", ".jsonl"])
-def test_a_large_text_or_jsonl_input_is_embedded_within_the_budget(tmp_path, suffix):
-    """As a .parquet input (200 MB: the growth before was the input's size and more, after it is ~40 MB whatever the
-    size). Before, the whole file was read, split into lines and decoded, and every text held until the end."""
-    baseline = embed_npy(write_input(tmp_path / f"tiny{suffix}", texts(4, 1000)), tmp_path / "tiny.npy",
-                         "--max-length", "4")
-    peak = embed_npy(write_input(tmp_path / f"big{suffix}", texts(200, 1 << 20)), tmp_path / "big.npy",
-                     "--max-length", "4")
+@pytest.mark.parametrize(("suffix", "output"), [(".txt", ".npy"), (".jsonl", ".npy"), (".parquet", ".jsonl"),
+                                                (".jsonl", None)])
+def test_a_large_input_is_embedded_within_the_budget_whatever_the_formats(tmp_path, suffix, output):
+    """As a .parquet input to a .npy (200 MB: the growth before was the input's size and more, after it is ~40 MB
+    whatever the size). Before, a .txt or .jsonl file was read whole, split into lines and decoded, and every text
+    held until the end, as was any input to a .jsonl output or stdout."""
+    def out(name: str) -> Path | None:
+        return None if output is None else tmp_path / f"{name}{output}"
+
+    baseline = embed_npy(write_input(tmp_path / f"tiny{suffix}", texts(4, 1000)), out("tiny"), "--max-length", "4")
+    big = write_input(tmp_path / f"big{suffix}", texts(200, 1 << 20), write_batch_size=4)  # pages of 4 MB
+    peak, stdout = embed_out(big, out("big"), "--max-length", "4")
     grown = peak - baseline
     assert grown < 2 * BUDGET, (f"petal embed took {grown / MB:.0f} MB over the baseline ({baseline / MB:.0f} MB) "
-                                f"for 200 MB of {suffix} text, more than 2 x the {BUDGET / MB:.0f} MB budget")
-    assert np.load(tmp_path / "big.npy").shape == (200, 384)
+                                f"for 200 MB of {suffix} text to {output or 'stdout'}, more than 2 x the "
+                                f"{BUDGET / MB:.0f} MB budget")
+    if output == ".npy":
+        assert np.load(tmp_path / "big.npy").shape == (200, 384)
+    else:
+        lines = (stdout if output is None else (tmp_path / "big.jsonl").read_text()).splitlines()
+        assert [json.loads(line)["index"] for line in lines] == list(range(200))
 
 
 def test_a_large_parquet_input_is_embedded_within_the_budget(tmp_path):
@@ -146,3 +162,26 @@ def test_a_bad_line_past_the_first_windows_is_65_naming_the_file_and_line(tmp_pa
     embed_npy(txt, tmp_path / "txt.npy", "--max-length", "4")
     rows = np.load(tmp_path / "txt.npy")
     assert rows.shape == (3, 384) and np.isnan(rows[1]).all() and np.isfinite(rows[[0, 2]]).all()
+
+
+@pytest.mark.parametrize(("suffix", "ids", "output"), [(".parquet", list(range(64)), ".jsonl"),
+                                                       (".jsonl", [f"doc-{i}" for i in range(64)], None),
+                                                       (".txt", None, ".jsonl")])
+def test_the_json_lines_are_those_written_before(tmp_path, suffix, ids, output):
+    """A streamed --input to a .jsonl output or stdout writes the lines one embed() over every text gave (ids
+    included, skipped texts in their places), over several windows."""
+    import petal
+    from petal.cli.embed import _json_line
+
+    items: list = texts(24, 1 << 20)  # 3 windows of 8 MiB, short and skipped texts among them
+    items[1], items[5], items[9], items[17] = None, "   ", "short one", ""
+    items += [f"short {i}" for i in range(40)]
+    if suffix == ".txt":
+        items[1] = ""  # a .txt has no null: a blank line
+    source = write_input(tmp_path / f"in{suffix}", items, ids, write_batch_size=4)
+    flags = ("--id-column", "id") if ids is not None else ()
+    _, stdout = embed_out(source, None if output is None else tmp_path / "out.jsonl", "--max-length", "8", *flags)
+    got = stdout if output is None else (tmp_path / "out.jsonl").read_text()
+    with petal.Embedder(max_length=8) as embedder:
+        embedded = embedder.embed(items)
+    assert got.splitlines() == [_json_line(embedded, i, ids) for i in range(len(items))]
