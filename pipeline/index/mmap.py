@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from petal.pipeline.index.faiss_layout import check_lengths
 from petal.pipeline.index.faiss_loader import load_faiss
 from petal.pipeline.index.files import IVFDATA_FILE
 from petal.pipeline.index.read_errors import host_failure, read_failure
@@ -71,6 +72,7 @@ def read_ondisk(path: Path) -> Any:
     (an IVF quantizer, a wrapped index) are refused: nothing would map them.
     """
     faiss = load_faiss()
+    check_lengths(path)
     try:
         index = faiss.read_index(str(path), mmap_flags("ondisk"))
     except (RuntimeError, MemoryError) as exc:
@@ -106,6 +108,7 @@ def _read(path: Path, storage: str) -> Any:
     faiss = load_faiss()
     if storage == "ondisk":
         return read_ondisk(path)
+    check_lengths(path)  # NOTE: before any read FAISS would allocate by a damaged length in
     flags = mmap_flags(storage)
     probed = no_recorded_paths(faiss.read_index, path, flags)
     if probed is not None:
@@ -124,6 +127,7 @@ def _read(path: Path, storage: str) -> Any:
 def read_binary_index_mapped(path: Path) -> Any:
     """``faiss.read_index_binary`` memory-mapped (Hamming codes used in place); unreadable: ``BadInputError``."""
     faiss = load_faiss()
+    check_lengths(path)
     mapped = getattr(faiss, "IO_FLAG_MMAP_IFC", 0) | faiss.IO_FLAG_READ_ONLY
     probed = no_recorded_paths(faiss.read_index_binary, path, mapped)
     if probed is not None:
