@@ -396,13 +396,14 @@ def _input_pieces(path: Path, text_column: str, id_column: str | None = None) ->
     batches, a .txt's or .jsonl's lines a piece of the file at a time (``text_file_batches``), after what every input
     file is checked for, as ``_input_texts``; a 0-byte file holds no texts. Windows are of the size ``petal index``
     reads its record batches in for tokenizing (``window_read``), so what is held stays a few windows."""
+    from petal.pipeline.reliability.safe_files import input_file_size
+
+    if input_file_size("--input", path) == 0:  # NOTE: a missing or unreadable file (66) before Arrow is imported
+        return lambda: iter(())
     from petal.pipeline.config import ReadConfig
     from petal.pipeline.ingest.documents import window_read
     from petal.pipeline.ingest.texts import text_file_batches
-    from petal.pipeline.reliability.safe_files import input_file_size
 
-    if input_file_size("--input", path) == 0:
-        return lambda: iter(())
     read = window_read(ReadConfig())
     return lambda: (_Window(texts, ids) for texts, ids in text_file_batches(path, text_column, id_column, read))
 
