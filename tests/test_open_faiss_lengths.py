@@ -9,6 +9,9 @@ are damaged in small indexes and the manifest's size and head/tail records signe
 change in the body of a large file looks like to an open); each command runs under a 4 GiB address-space limit, so
 before the fix it ended in an allocation refused (or the limit), not 65 naming the file.
 
+Also an id past the index in a binary IVF index's lists (the same audit's byte sweep found it): 65, as a float
+index's is, not rescoring's IndexError traceback.
+
 Real FAISS and Parquet, indexes petal builds from precomputed vectors; every command in a fresh interpreter.
 """
 
@@ -124,3 +127,36 @@ def test_the_walk_reads_every_kind_petal_builds_to_its_end(built: dict[str, Path
         version = out / "versions" / (out / "CURRENT").read_text().strip()
         path = version / "index.faiss"
         assert walked(path) == path.stat().st_size, name
+
+
+def test_a_binary_ivf_list_id_past_the_index_is_65_not_a_traceback(built: dict[str, Path], tmp_path: Path) -> None:
+    """An id in a binary IVF index's list changed to one past the index (re-signed: a body change): rescoring took
+    that row of rescore.npy, an IndexError traceback (exit 1); a float index's such id is 65 since IndexReader
+    checks the ids FAISS returns, and so is a binary one's now, before rescoring."""
+    import faiss
+
+    out, version = copy_index(built["bivf"], tmp_path)
+    path = version / "index.faiss"
+    index = faiss.read_index_binary(str(path))
+    lists = faiss.extract_index_binary_ivf(index).invlists if hasattr(faiss, "extract_index_binary_ivf") else \
+        faiss.downcast_IndexBinary(index).invlists
+    start = _list_size(path, BINARY_HEADER) + 8 * lists.nlist  # the lists' codes and ids, one list after another
+    blob = bytearray(path.read_bytes())
+    for number in range(lists.nlist):
+        size = lists.list_size(number)
+        if size:
+            ids_at = start + size * lists.code_size
+            (first,) = struct.unpack_from("<q", blob, ids_at)
+            assert 0 <= first < index.ntotal
+            struct.pack_into("<q", blob, ids_at, 65427)
+            # the query: that entry's own sign bits (Hamming distance 0: it is the first candidate)
+            bits = np.unpackbits(np.frombuffer(bytes(blob[start:start + lists.code_size]), np.uint8))
+            np.save(tmp_path / "q.npy", np.where(bits, 1.0, -1.0).astype(np.float32)[None, :])
+            break
+        start += size * (lists.code_size + 8)
+    path.write_bytes(bytes(blob))
+    resign(version, sha256=False)
+    done = petal("query", str(out), "--vector-file", str(tmp_path / "q.npy"), "-k", "3", "--nprobe", "8")
+    assert done.returncode == 65, (done.returncode, done.stderr[-2000:])
+    assert "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert "index.faiss returned vector id 65427 of 1000: the index is corrupt" in done.stderr, done.stderr[-2000:]

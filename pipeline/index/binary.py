@@ -45,12 +45,14 @@ class BinaryIndex:
     ``1 - 2 hamming / dim`` without rescoring; for ``l2``: squared distance or Hamming distance).
     """
 
-    def __init__(self, index: Any, rescore_vectors: np.ndarray | None, metric: str, rescore: int) -> None:
+    def __init__(self, index: Any, rescore_vectors: np.ndarray | None, metric: str, rescore: int,
+                 source: Path | None = None) -> None:
         self.index = index
         self.rescore_vectors = rescore_vectors
         self.metric = metric
         self.rescore = rescore if rescore_vectors is not None else 0
         self.d = int(index.d)
+        self.source = source  # the index.faiss it was read from: named when its body turns out damaged
 
     @property
     def ntotal(self) -> int:
@@ -120,6 +122,7 @@ class BinaryIndex:
             # no other node links to, at any efSearch (BHNSW4 answered k=500 of 500 with 499): those left short get
             # every vector's Hamming distance
             hamming[short], ids[short] = self._hamming_scan(codes[short], wanted)
+        self._check_ids(ids)
         if not self.rescore:
             scores = hamming.astype(np.float32)
             return (1.0 - 2.0 * scores / self.d if self.metric == "ip" else scores)[:, :k], ids[:, :k]
@@ -130,6 +133,16 @@ class BinaryIndex:
             out_scores[q, : len(found)] = scores
             out_ids[q, : len(found)] = found
         return out_scores, out_ids
+
+    def _check_ids(self, ids: np.ndarray) -> None:
+        """Every candidate FAISS returned is a vector of the index or its -1 padding, else ``BadInputError`` naming the
+        file, as ``IndexReader._check_ids`` says it. NOTE: only a damaged index body (an IVF list's ids, past the
+        head/tail checks) returns another; rescoring took its row of rescore.npy: an IndexError traceback (exit 1)."""
+        wrong = ids[(ids < -1) | (ids >= self.ntotal)]
+        if len(wrong):
+            where = quote_path(self.source) if self.source is not None else INDEX_FILE
+            raise BadInputError(f"{where} returned vector id {int(wrong[0])} of {self.ntotal}: the index is corrupt; "
+                                "run petal verify and rebuild it")
 
     def _widening(self, wanted: int) -> Callable[[np.ndarray, Any], tuple[np.ndarray, np.ndarray]]:
         """A search of ``wanted`` candidates for query codes with the FAISS search parameters given (the index's own
@@ -212,7 +225,8 @@ def open_binary_index(version_dir: Path, manifest: Manifest, nprobe: int | None 
     # petal verify checks every byte.
     index = read_binary_index_mapped(version_dir / INDEX_FILE)
     vectors = _rescore_vectors(rescore_path, int(index.ntotal), int(index.d))
-    out = BinaryIndex(index, vectors, manifest.metric, DEFAULT_RESCORE if rescore is None else rescore)
+    out = BinaryIndex(index, vectors, manifest.metric, DEFAULT_RESCORE if rescore is None else rescore,
+                      source=version_dir / INDEX_FILE)
     params = dict(manifest.index.search_params)
     out.set_params(params if nprobe is None else {**params, "nprobe": nprobe})
     return out
