@@ -4,7 +4,7 @@ count, an IVF list's size) is 65 naming the file, found before FAISS reads it, n
 FAISS reads most arrays as a length, then ``resize(length)``, then the items; a length up to 2^40 items passes its
 own check. So a byte changed in such a length made the open allocate, and zero-fill, what the file cannot hold: a
 single byte of the HNSW neighbour count in the body of a 17 MB index of 100k vectors (past the first MiB the open
-checks; not re-signed) made ``petal query`` grow past 12 GB in 24 s, then the kernel's OOM kill. Here the lengths
+checks; not re-signed) made ``petal query`` grow to 12 GB in 24 s, still growing when it was killed. Here the lengths
 are damaged in small indexes and the manifest's size and head/tail records signed again over the change (what a
 change in the body of a large file looks like to an open); each command runs under a 4 GiB address-space limit, so
 before the fix it ended in an allocation refused (or the limit), not 65 naming the file.

@@ -4,7 +4,7 @@ FAISS reads most arrays of an index as a length, then ``resize(length)``, then t
 length up to 2^40 items passes its own check), so a damaged length makes it allocate, and zero-fill, what the file
 cannot hold before the read fails. The open checks (size, head/tail checksums) see the first and last MiB only:
 a byte changed in the body of an index of ~100k vectors or more, where an HNSW graph's neighbour count or an IVF
-index's list sizes lie, made one ``petal query`` grow past 12 GB of memory in 24 s, then the kernel's OOM kill,
+index's list sizes lie, made one ``petal query`` grow to 12 GB of memory in 24 s, still growing when it was killed,
 where it should be 65 naming the file. Memory-mapped reads (``IO_FLAG_MMAP_IFC``: codes, lists) are bounded by the
 file; the plain ``READVECTOR``s are not.
 
