@@ -28,7 +28,7 @@ from petal.cli.common import (
 from petal.cli.options import loading_options
 from petal.pipeline.index.bounds import MAX_NPROBE, MAX_RESCORE
 from petal.pipeline.reliability.signals import STOP_SIGNALS, HeldSignals
-from petal.pipeline.serve.settings import API_KEY_ENV
+from petal.pipeline.serve.settings import API_KEY_ENV, MAX_WAIT_MS
 
 # NOTE: every module the server imports unconditionally (httptools: its HTTP parser, pipeline/serve/server.py); uvloop
 # and orjson are used when installed
@@ -141,9 +141,9 @@ def missing_serve_extra() -> list[str]:
               help="Require 'Authorization: Bearer KEY' on /v1/* and /search (or set PETAL_API_KEY; this flag wins). "
                    "Given here, the server starts itself again with the key in PETAL_API_KEY, so that ps no "
                    "longer shows it.")
-@click.option("--max-wait-ms", type=click.FloatRange(min=0), default=0.0, show_default=True,
+@click.option("--max-wait-ms", type=click.FloatRange(min=0, max=MAX_WAIT_MS), default=0.0, show_default=True,
               help="Hold a partial batch this long for more requests (0: launch at once; batches still form "
-                   "from requests that arrive while a step runs).")
+                   "from requests that arrive while a step runs; at most 60000).")
 @click.option("--max-texts", type=click.IntRange(min=1), default=256, show_default=True,
               help="Texts (or vectors) per request.")
 @click.option("--max-tokens-per-text", type=click.IntRange(min=2), default=None,

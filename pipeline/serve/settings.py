@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -9,6 +10,10 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
 API_KEY_ENV = "PETAL_API_KEY"
 PACKAGED_MODEL_NAME = "all-MiniLM-L6-v2"
+# NOTE: the engine thread waits out --max-wait-ms in a condition's wait, which raises past the platform's time_t
+# (inf, 1e308): the engine thread died and every request hung unanswered while /ready said ready. A partial batch
+# held for more than a minute helps no client (theirs time out first)
+MAX_WAIT_MS = 60_000.0
 
 
 def model_name(path: Path) -> str:
@@ -68,8 +73,19 @@ class ServeSettings:
     engine_spin_ms: float | None = None  # the engine thread's spin before it sleeps (None: 2 ms on CUDA, 0 on CPU)
 
     def __post_init__(self) -> None:
-        if self.max_wait_ms < 0:
-            raise ValueError(f"--max-wait-ms {self.max_wait_ms} < 0")
+        # NOTE: first: NaN passes every comparison below (and click's FloatRange): --drain-timeout-s nan exited 1 with
+        # a traceback at the stop, --header-timeout-s nan answered every request 400, --keep-alive-s nan hung every
+        # connection, --body-timeout-s nan answered 500, --switch-interval-ms nan aborted the process
+        durations = {"--max-wait-ms": self.max_wait_ms, "--reload-interval-s": self.reload_interval_s,
+                     "--drain-timeout-s": self.drain_timeout_s, "--header-timeout-s": self.header_timeout_s,
+                     "--keep-alive-s": self.keep_alive_s, "--body-timeout-s": self.body_timeout_s,
+                     "--send-timeout-s": self.send_timeout_s, "--switch-interval-ms": self.switch_interval_ms,
+                     "--engine-spin-ms": self.engine_spin_ms}
+        for flag, value in durations.items():
+            if value is not None and math.isnan(value):
+                raise ValueError(f"{flag} {value} is not a number")
+        if not 0 <= self.max_wait_ms <= MAX_WAIT_MS:
+            raise ValueError(f"--max-wait-ms {self.max_wait_ms:g}: from 0 to {MAX_WAIT_MS:g}")
         if self.max_queue_texts < self.limits.max_texts:
             raise ValueError(f"--max-queue-texts {self.max_queue_texts} is below --max-texts {self.limits.max_texts}: "
                              "a full request could never be queued")
