@@ -149,3 +149,23 @@ def test_a_version_that_does_not_fit_in_memory_is_refused_and_tried_again(tmp_pa
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0, log.read_text(errors="replace")
+
+
+FAILING = [({"vectors": [[0.05] * 384], "k": 3, "where": "no_such_column = 1"}, 422),  # fails on the search thread
+           ({"query": "glacier " * 600, "k": 3}, 413)]  # over the model's 256 tokens: fails on the engine thread
+
+
+def test_the_old_version_is_released_after_a_request_that_failed_on_it(served):
+    """A request that failed on the version swapped out since (a 'where' naming no column, a text over the token
+    limit): the error's traceback kept the frames that searched, and they the request and its version, in a reference
+    cycle that only a full garbage collection frees: an idle server kept the old version loaded and leased (a
+    ``petal index --keep-versions 1`` run kept it on disk) indefinitely."""
+    server, out = served
+    for body, status in FAILING:
+        v1 = current(out)
+        answer = server.client.post("/search", json=body)
+        assert answer.status_code == status, answer.text
+        v2 = rebuild(out, "--index-factory", "Flat")
+        wait_for(lambda v2=v2: server.client.get("/ready").json()["version"] == v2, "the swap to the rebuilt version")
+        wait_for(lambda v1=v1: not leased(out / "versions" / v1), f"the lease on {v1} to be released after a {status}",
+                 timeout_s=30)

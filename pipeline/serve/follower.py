@@ -35,11 +35,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import stat
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,6 +62,7 @@ log = logging.getLogger("petal.serve")
 
 RETRY_FIRST_S = 1.0  # a transient refusal is tried again after this, then twice as long each time
 RETRY_MAX_S = 60.0
+COLLECT_FIRST_S = 1.0  # a version swapped out and still alive is collected for after this, then twice as long each time
 
 
 @dataclass(frozen=True)
@@ -140,6 +143,10 @@ class IndexFollower:
         self.retry_first_s = retry_first_s
         self._retry_delay_s = retry_first_s  # the wait before the next try of a transient refusal
         self._retry_at: float | None = None  # when the refused version named by CURRENT is tried again
+        self._retired: list[weakref.ref[SearchIndex]] = []  # versions swapped out, until they are freed
+        self._retired_lock = threading.Lock()  # (appended on the reload thread, read on the event loop)
+        self._collect_delay_s = COLLECT_FIRST_S
+        self._collect_at = 0.0
         metrics.serving(live.version, live.reader.ntotal)
 
     def status(self, live: SearchIndex | None = None) -> dict[str, Any]:
@@ -240,6 +247,10 @@ class IndexFollower:
                     return False
             release_with(candidate, held)
             old = self.live.version
+            with self._retired_lock:
+                self._retired.append(weakref.ref(self.live))
+                self._collect_delay_s = COLLECT_FIRST_S
+                self._collect_at = time.monotonic() + COLLECT_FIRST_S
             self.refused = None  # NOTE: before the swap: /ready never says the version it serves was refused
             self.live = candidate  # NOTE: the swap; searches holding the old object finish on it
             self.metrics.serving(candidate.version, candidate.reader.ntotal)  # (the refusal's series cleared too)
@@ -367,10 +378,29 @@ class IndexFollower:
         log.warning("petal serve: refused %s, still serving %s: %s%s", version or "CURRENT", self.live.version,
                     message, again)
 
+    def collect_retired(self) -> None:
+        """Free the versions swapped out that only a reference cycle still holds, 1, 2, 4 ... s (at most 60 s apart)
+        after the swap while one is alive (one a long search still holds is freed when it ends, as any other).
+
+        NOTE: a request that failed on a version (a 'where' naming no column, refused on the search thread; a text over
+        the token limit, on the engine thread) left its error's traceback, whose frames hold the request and its
+        version, in a cycle with the future that carried it: freed by a full collection only, which an idle server
+        may never run, so the old version stayed loaded and leased (a --keep-versions 1 run kept it) indefinitely"""
+        with self._retired_lock:
+            self._retired = [ref for ref in self._retired if ref() is not None]
+            if not self._retired or time.monotonic() < self._collect_at:
+                return
+        gc.collect()
+        with self._retired_lock:
+            self._retired = [ref for ref in self._retired if ref() is not None]
+            self._collect_delay_s = min(RETRY_MAX_S, 2 * self._collect_delay_s)
+            self._collect_at = time.monotonic() + self._collect_delay_s
+
     async def follow(self, interval_s: float) -> None:
         """Poll forever (cancel to stop); loading runs in a thread, off the event loop."""
         while True:
             await asyncio.sleep(interval_s)
+            self.collect_retired()
             if self.due():
                 try:
                     await _in_daemon_thread(self.check_once)
