@@ -57,6 +57,13 @@ FAULT_POINTS: dict[str, str] = {
 QUERY_FAULT_POINTS: dict[str, str] = {
     "query_open": "CURRENT resolved to a version; its files not yet opened",
 }
+# Reached by ``petal serve``'s engine and search threads: a ``raise`` here is a bug past every per-request guard,
+# which must stop the server (exit 1) rather than leave a dead thread behind an open port.
+SERVE_FAULT_POINTS: dict[str, str] = {
+    "serve_engine_batch": "the engine thread took queued texts off the queue; not yet tokenized",
+    "serve_search_batch": "the search thread took queued searches off the queue; not yet searched",
+}
+_KNOWN = (*FAULT_POINTS, *QUERY_FAULT_POINTS, *SERVE_FAULT_POINTS)
 ACTIONS = ("kill", "term", "int", "raise", "sleep", "enospc", "eio", "oom", "nomem", "cuda")
 
 
@@ -86,9 +93,8 @@ def parse(spec: str) -> list[Arm]:
         except ValueError as exc:
             raise ValueError(f"{FAULT_ENV} item {item!r} is not point:N[+]:action") from exc
         name, _, arg = action.partition("=")
-        if point not in FAULT_POINTS and point not in QUERY_FAULT_POINTS:
-            raise ValueError(f"{FAULT_ENV}: unknown fault point {point!r} "
-                             f"(known: {', '.join([*FAULT_POINTS, *QUERY_FAULT_POINTS])})")
+        if point not in _KNOWN:
+            raise ValueError(f"{FAULT_ENV}: unknown fault point {point!r} (known: {', '.join(_KNOWN)})")
         if name not in ACTIONS or (name == "sleep") != bool(arg) or first < 1:
             raise ValueError(f"{FAULT_ENV}: bad action or hit in {item!r} (actions: {', '.join(ACTIONS)}; sleep=S)")
         arms.append(Arm(point, first, when.endswith("+"), name, float(arg or 0)))
@@ -114,7 +120,7 @@ _ARMED = _Armed()
 
 def fault(point: str, path: Path | str | None = None) -> None:
     """Reach fault point ``point`` (about to touch ``path``, if any); fires when the environment arms it."""
-    assert point in FAULT_POINTS or point in QUERY_FAULT_POINTS, point
+    assert point in _KNOWN, point
     trace = os.environ.get(TRACE_ENV)
     if trace:
         fd = os.open(trace, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)

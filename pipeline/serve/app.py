@@ -46,7 +46,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from petal.pipeline.reliability.errors import quote_text
-from petal.pipeline.serve.batcher import SHUTTING_DOWN, Overloaded, ShuttingDown
+from petal.pipeline.serve.batcher import SHUTTING_DOWN, Overloaded, ShuttingDown, ThreadStopped
 from petal.pipeline.serve.encoding import dumps
 from petal.pipeline.serve.requests import RequestError, parse_embeddings, parse_json, parse_search
 from petal.pipeline.serve.service import ServeState
@@ -504,6 +504,8 @@ def build_app(startup: Startup | ServeState) -> ASGIApp:
             except Overloaded as exc:
                 metrics.overloaded.inc()
                 response = _error(503, f"overloaded: {exc}; retry later", "overloaded", retry_after)
+            except ThreadStopped as exc:  # a bug that stopped a serving thread (logged there): the server stops
+                response = _error(500, str(exc), "server_error")
             except Exception as exc:  # a bug: answer 500, keep serving
                 log.exception("petal serve: %s failed", route)
                 response = _error(500, f"internal error: {type(exc).__name__}: {exc}", "server_error")

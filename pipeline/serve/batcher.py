@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import threading
 import time
@@ -40,8 +41,12 @@ import numpy as np
 
 from petal.pipeline.ingest.pack import PackConfig, Packer
 from petal.pipeline.ingest.tokens import Encoded, TextTokenizer
+from petal.pipeline.reliability.errors import PetalError
+from petal.pipeline.reliability.faults import fault
 from petal.pipeline.serve.metrics import ServeMetrics
 from petal.pipeline.serve.requests import RequestError, limit_message
+
+log = logging.getLogger("petal.serve")
 
 if TYPE_CHECKING:  # NOTE: torch; the server of an index of precomputed vectors imports this module without it
     from petal.engine.engine import Engine
@@ -53,6 +58,28 @@ CUDA_SPIN_MS = 2.0  # the engine thread's spin before it sleeps, when the engine
 
 class Overloaded(Exception):
     """The queue holds ``max_queue_texts`` texts already: answer 503 with Retry-After."""
+
+
+class ThreadStopped(PetalError):
+    """A serving thread (the engine's, the search's) ended on an unexpected error (a bug past
+    every per-request guard). The requests waiting on it are answered 500 with this, and the server stops: the
+    process exits 1 (so a supervisor starts a new one) instead of hanging every later request while ``/ready``
+    still says ready."""
+
+    def __init__(self, what: str, error: BaseException) -> None:
+        super().__init__(f"internal error: the {what} stopped on {type(error).__name__}: {error}; the requests "
+                         "waiting on it were answered 500 and the server stops (exit 1: a bug, its traceback is in "
+                         "the log)")
+        self.error = error
+
+
+def thread_died(what: str, error: BaseException, on_death: Callable[[ThreadStopped], None]) -> ThreadStopped:
+    """(the dying thread) Log ``error`` with its traceback, then tell the server (``on_death``); the error to answer
+    the requests still waiting with."""
+    stopped = ThreadStopped(what, error)
+    log.error("petal serve: %s", stopped, exc_info=error)
+    on_death(stopped)
+    return stopped
 
 
 class _Job:
@@ -170,6 +197,9 @@ class TokenBatcher:
         self._closed = False
         self._in_flight: deque[tuple[Any, LazyTensor, float]] = deque()  # launched steps (engine thread)
         self._replays = engine.stats.graph_replays  # warm-up replays are not counted
+        self._taken: list[_Item] | None = None  # what the engine thread took off the queue and works on now
+        # set by the server: this thread ended on an unexpected error (the server stops)
+        self.on_death: Callable[[ThreadStopped], None] = lambda stopped: None
         self._thread = threading.Thread(target=self._run, name="petal-engine", daemon=True)
 
     def start(self) -> None:
@@ -301,19 +331,43 @@ class TokenBatcher:
             return items
 
     def _run(self) -> None:
+        try:
+            self._serve()
+        except BaseException as exc:  # NOTE: never a silent dead thread: every later request would wait forever
+            self._died(exc)
+
+    def _serve(self) -> None:
         in_flight = self._in_flight
         depth = self.engine.config.steps_in_flight
         while True:
             items = self._take(block=not in_flight)
             if items is None:
                 break
+            self._taken = items
+            if items:
+                fault("serve_engine_batch")
             self._pack(items, in_flight, depth)
             # NOTE: nothing of the last requests may stay referenced while _take sleeps: a job's continuation holds
             # its search ticket and so the index version it searches, whose memory and lease (a re-index may prune
             # it) would stay until the next request after a swap
+            self._taken = None
             del items
         while in_flight:
             self._deliver(*in_flight.popleft())
+
+    def _died(self, error: BaseException) -> None:
+        """(the engine thread, ending) An unexpected error outside the per-request guards: every text taken, queued
+        or in a step is answered ``ThreadStopped`` (500), later ones ``ShuttingDown``, and the server stops."""
+        stopped = thread_died("engine thread", error, self.on_death)
+        with self._cond:
+            self._closed = True
+            left = [*(self._taken or ()), *self._pending]
+            left += [item for keys, _, _ in self._in_flight for item in keys]
+            self._pending.clear()
+            self._pending_tokens = 0
+            self._in_flight.clear()
+        self._taken = None
+        self._fail(left, stopped)
 
     def _pack(self, items: list[_Item], in_flight: deque[tuple[Any, LazyTensor, float]], depth: int) -> None:
         """Tokenize ``items``, pack and launch their steps, and deliver what is due (its locals end here)."""

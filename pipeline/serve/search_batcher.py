@@ -24,6 +24,7 @@ import asyncio
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +32,8 @@ import numpy as np
 
 from petal.pipeline.index.search import Hit
 from petal.pipeline.jobs.query import SearchIndex
-from petal.pipeline.serve.batcher import Overloaded, ShuttingDown, call_soon
+from petal.pipeline.reliability.faults import fault
+from petal.pipeline.serve.batcher import Overloaded, ShuttingDown, ThreadStopped, call_soon, thread_died
 from petal.pipeline.serve.gpu_search import GpuReaders
 from petal.pipeline.serve.searching import SharedExclusiveLock, overrides, search_params
 
@@ -124,6 +126,9 @@ class SearchBatcher:
         self._pending: deque[_Pending] = deque()
         self._cond = threading.Condition()
         self._closed = False
+        self._taken: list[_Pending] | None = None  # what the search thread took off the queue and searches now
+        # set by the server: this thread ended on an unexpected error (the server stops)
+        self.on_death: Callable[[ThreadStopped], None] = lambda stopped: None
         self._thread = threading.Thread(target=self._run, name="petal-search", daemon=True)
 
     def start(self) -> None:
@@ -248,19 +253,40 @@ class SearchBatcher:
         return self._outstanding
 
     def _run(self) -> None:
+        try:
+            self._serve()
+        except BaseException as exc:  # NOTE: never a silent dead thread: every later search would wait forever
+            self._died(exc)
+
+    def _serve(self) -> None:
         while True:
             with self._cond:
                 while not self._pending and not self._closed:
                     self._cond.wait()
                 if not self._pending:
                     return
-                items = list(self._pending)
+                items = self._taken = list(self._pending)
                 self._pending.clear()
                 self._searching += 1
+            fault("serve_search_batch")
             self._search_all(items)
             # NOTE: nothing of the last batch may stay referenced while the thread waits: its requests hold their
             # index version, whose memory and lease (a re-index may prune it) would stay until the next search
+            self._taken = None
             del items
+
+    def _died(self, error: BaseException) -> None:
+        """(the search thread, ending) An unexpected error outside the per-search guards: every search taken or
+        queued is answered ``ThreadStopped`` (500), later ones ``ShuttingDown``, and the server stops."""
+        stopped = thread_died("search thread", error, self.on_death)
+        with self._cond:
+            self._closed = True
+            left = [*(self._taken or ()), *self._pending]
+            self._pending.clear()
+            self._outstanding = 0
+        self._taken = None
+        for item in left:
+            call_soon(item.loop, _settle, item.future, None, stopped)
 
     def _search_all(self, items: list[_Pending]) -> None:
         """Search ``items`` in as few calls as their keys allow and settle their futures (its locals end here)."""

@@ -18,7 +18,7 @@ from petal.pipeline.index.filters import FilterError
 from petal.pipeline.index.search import Hit, IndexReader, ignored_overrides
 from petal.pipeline.jobs.query import QueryModel, SearchIndex, precomputed_message
 from petal.pipeline.manifest import Manifest, PrecomputedRecord
-from petal.pipeline.serve.batcher import Embedded, TokenBatcher
+from petal.pipeline.serve.batcher import Embedded, ThreadStopped, TokenBatcher
 from petal.pipeline.serve.encoding import embeddings_body
 from petal.pipeline.serve.follower import IndexFollower
 from petal.pipeline.serve.gpu_search import GpuReaders
@@ -136,6 +136,8 @@ class ServeState:
         self.searcher = SearchBatcher(self.params_lock, self.gpu, max_queue_rows=settings.max_queue_texts)
         self._follow_task: asyncio.Task[None] | None = None
         self._transforms: dict[int | None, OutputTransform] = {}
+        # set by the server before start(): the engine or search thread ended on an unexpected error (stop serving)
+        self.on_failure: Callable[[ThreadStopped], None] = lambda stopped: None
 
     def _prepare(self, reader: IndexReader) -> None:
         """A version's warm state, made before it serves: its id map decoded (no search pays a row group's
@@ -146,10 +148,15 @@ class ServeState:
 
     async def start(self) -> None:
         if self.batcher is not None:
+            self.batcher.on_death = self._thread_stopped
             self.batcher.start()
+        self.searcher.on_death = self._thread_stopped
         self.searcher.start()
         if self.follower is not None:
             self._follow_task = asyncio.create_task(self.follower.follow(self.settings.reload_interval_s))
+
+    def _thread_stopped(self, stopped: ThreadStopped) -> None:
+        self.on_failure(stopped)  # NOTE: read when it happens: the server sets it once the state is made
 
     async def stop(self) -> None:
         """(the event loop, after the last request) Stop following and stop the threads."""

@@ -45,6 +45,7 @@ class Startup:
         self._loaded = state
         self._on_ready = on_ready
         self._closing = False
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.cut_off = 0  # requests still running when the drain timeout passed (answered 503)
         self.forced = False  # a second stop signal ended the drain
 
@@ -54,6 +55,7 @@ class Startup:
 
     async def start(self) -> None:
         """The app's startup: the loaded state starts now, a load begins in its thread."""
+        self._loop = asyncio.get_running_loop()
         if self._loaded is not None:
             await self._activate(self._loaded)
             return
@@ -77,6 +79,7 @@ class Startup:
     async def _activate(self, state: ServeState) -> None:
         if self._closing:
             return
+        state.on_failure = self._serving_failed
         try:
             await state.start()
         except Exception as exc:  # re-raised by the server's caller
@@ -90,6 +93,15 @@ class Startup:
         gc_clock.restart_longest()  # the longest pause from here on is one a request can meet (not the load's)
         if self._on_ready is not None:
             self._on_ready(state)
+
+    def _serving_failed(self, stopped: BaseException) -> None:
+        """(a serving thread, ending) It stopped on an unexpected error (``ThreadStopped``): the server stops, and
+        ``serve`` raises the error once it has (exit 1)."""
+        if self.error is None:
+            self.error = stopped
+        if self._loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: the server stopped meanwhile
+                self._loop.call_soon_threadsafe(self.request_exit)
 
     async def stop(self) -> None:
         """The app's shutdown (after in-flight requests drained)."""
