@@ -368,6 +368,9 @@ class TokenBatcher:
             self._in_flight.clear()
         self._taken = None
         self._fail(left, stopped)
+        with self._cond:  # NOTE: what was taken may hold texts answered already: nothing is outstanding now
+            self._outstanding = 0
+            self.metrics.queue_texts.set(0)
 
     def _pack(self, items: list[_Item], in_flight: deque[tuple[Any, LazyTensor, float]], depth: int) -> None:
         """Tokenize ``items``, pack and launch their steps, and deliver what is due (its locals end here)."""
