@@ -13,6 +13,8 @@ from typing import Any, TypeVar, cast
 import click
 
 from petal.cli.common import MODEL_DIR, PATH, usage, user_errors
+from petal.cli.options import FiniteFloatRange
+from petal.pipeline.index.bounds import MAX_K
 
 F = TypeVar("F", bound=Callable[..., Any])
 INPUTS = ("corpus", "tokenizer_dir", "index_path", "model")  # the parameters of the paths a benchmark reads
@@ -70,6 +72,22 @@ def bench_errors(writes: bool) -> Callable[[F], F]:
 SHAPE_NAMES = ("pplx-embed-0.6b", "qwen3-embedding-0.6b", "bge-m3", "minilm")
 GPU_SCENARIOS = ("t1", "t2", "l1", "ceiling")  # what bench/gpu.py's run_gpu_bench runs
 
+# NOTE: upper bounds of the number flags (there were none: --vectors 1e20 was a numpy casting traceback once the
+# store was started, --dim or --queries 1e11 "out of host memory" after the work began), far above any run worth
+# timing and below the C ints FAISS and the kernels take; a float flag is finite (FiniteFloatRange: click's
+# FloatRange let --seconds nan and --target-recall nan through, to a traceback)
+MAX_COUNT = (1 << 31) - 1  # vectors, documents, texts, requests, calls, rounds, tokens per step
+MAX_DIM = 1 << 16  # a vector's dimension (embedding models have up to a few thousand)
+MAX_QUERIES = 1 << 20  # held-out queries whose exact neighbours are computed
+MAX_TEXT_TOKENS = 1 << 16  # tokens of one generated text
+MAX_PARALLEL = 1 << 12  # processes, workers, clients at once, shards
+MAX_SECONDS = 86_400.0  # a day per scenario
+
+
+def count(low: int, high: int = MAX_COUNT) -> click.IntRange:
+    """A whole-number flag from ``low`` to ``high``."""
+    return click.IntRange(min=low, max=high)
+
 
 @click.group()
 def bench() -> None:
@@ -79,11 +97,11 @@ def bench() -> None:
 @bench.command("cpu")
 @click.option("--corpus", type=PATH, default=Path("sample_data"), show_default=True,
               help="Parquet files whose sentences build the benchmark texts.")
-@click.option("--texts", "num_texts", type=click.IntRange(min=16), default=2000, show_default=True,
+@click.option("--texts", "num_texts", type=count(16), default=2000, show_default=True,
               help="Texts embedded per system and round (lengths lognormal, median 150 tokens).")
-@click.option("--rounds", type=click.IntRange(min=1), default=3, show_default=True,
+@click.option("--rounds", type=count(1), default=3, show_default=True,
               help="Interleaved rounds per system; the median is reported.")
-@click.option("--token-budget", type=click.IntRange(min=256), default=4096, show_default=True,
+@click.option("--token-budget", type=count(256), default=4096, show_default=True,
               help="petal's tokens per engine step (as petal index --token-budget).")
 @click.option("--model", type=MODEL_DIR, default=None,
               help="Model directory (default: the packaged all-MiniLM-L6-v2).")
@@ -105,19 +123,19 @@ def bench_cpu(corpus: Path, num_texts: int, rounds: int, token_budget: int, mode
               show_default=True, help="Model shape (random weights).")
 @click.option("--scenario", "scenarios", default="t1,t2,l1,ceiling", show_default=True,
               help="Comma-separated: t1, t2, l1, ceiling.")
-@click.option("--token-budget", type=click.IntRange(min=512), default=16384, show_default=True,
+@click.option("--token-budget", type=count(512), default=16384, show_default=True,
               help="Tokens per engine step (as petal index --token-budget).")
-@click.option("--max-seqs", type=click.IntRange(min=1), default=256, show_default=True,
+@click.option("--max-seqs", type=count(1), default=256, show_default=True,
               help="Sequences per engine step (as petal index --max-seqs).")
 @click.option("--attention", type=click.Choice(["auto", "flashinfer", "torch", "sdpa"]), default="auto",
               show_default=True, help="Attention kernel (as petal index --attention).")
 @click.option("--no-cuda-graphs", is_flag=True, help="Run the engine eagerly (as petal index --no-cuda-graphs).")
 @click.option("--no-baseline", is_flag=True, help="Skip Hugging Face transformers.")
-@click.option("--t1-docs", type=click.IntRange(min=64), default=2048, show_default=True,
+@click.option("--t1-docs", type=count(64), default=2048, show_default=True,
               help="T1: documents embedded, each of 512 tokens (the model's limit when lower).")
-@click.option("--t2-docs", type=click.IntRange(min=64), default=8192, show_default=True,
+@click.option("--t2-docs", type=count(64), default=8192, show_default=True,
               help="T2: documents of lognormal length (median 150 tokens) embedded.")
-@click.option("--latency-calls", type=click.IntRange(min=10), default=1000, show_default=True,
+@click.option("--latency-calls", type=count(10), default=1000, show_default=True,
               help="L1: one-query steps timed at 16 and at 128 tokens (p50 and p99 reported).")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON lines.")
 @bench_errors(writes=False)
@@ -164,7 +182,7 @@ def bench_gpu(shapes: tuple[str, ...], scenarios: str, token_budget: int, max_se
               help="Comma-separated: one petal run (after its own tokenizer-only run) per value.")
 @click.option("--devices", default=None, metavar="all|N|0,1",
               help="Embed through worker processes, one per CUDA device (as petal index --devices).")
-@click.option("--workers", type=click.IntRange(min=1), default=None,
+@click.option("--workers", type=count(1, MAX_PARALLEL), default=None,
               help="Embed through this many worker processes (as petal index --workers).")
 @click.option("--index-factory", default="Flat", show_default=True,
               help="petal's --index-factory (auto: the planner and tuner, as petal index runs by default).")
@@ -179,18 +197,18 @@ def bench_e2e(model: str | None, shape: str | None, tokenizer_dir: Path | None, 
     # NOTE: every flag and path is judged before torch loads and a --shape model is made (was: after)
     try:
         sizes = [int(n) for n in num_docs.split(",") if n.strip()]
-        if not sizes or any(n < 100 for n in sizes):
+        if not sizes or any(not 100 <= n <= MAX_COUNT for n in sizes):
             raise ValueError
     except ValueError:
-        raise click.BadParameter(f"{num_docs!r} is not a comma-separated list of whole numbers >= 100",
-                                 param_hint="--docs") from None
+        raise click.BadParameter(f"{num_docs!r} is not a comma-separated list of whole numbers from 100 to "
+                                 f"{MAX_COUNT}", param_hint="--docs") from None
     try:
         tokenizers = [int(w) for w in tokenize_workers.split(",") if w.strip()]
-        if any(w < 1 for w in tokenizers):
+        if any(not 1 <= w <= MAX_PARALLEL for w in tokenizers):
             raise ValueError
     except ValueError:
-        raise click.BadParameter(f"{tokenize_workers!r} is not a comma-separated list of whole numbers >= 1",
-                                 param_hint="--tokenize-workers") from None
+        raise click.BadParameter(f"{tokenize_workers!r} is not a comma-separated list of whole numbers from 1 to "
+                                 f"{MAX_PARALLEL}", param_hint="--tokenize-workers") from None
     if shape is not None and model is not None:  # NOTE: was --model ignored without a word
         raise click.UsageError("--shape and --model exclude each other")
     if shape is not None:
@@ -242,17 +260,17 @@ def bench_e2e(model: str | None, shape: str | None, tokenizer_dir: Path | None, 
 
 
 @bench.command("index")
-@click.option("--vectors", "num_vectors", type=click.IntRange(min=1000), default=1_000_000, show_default=True,
+@click.option("--vectors", "num_vectors", type=count(1000), default=1_000_000, show_default=True,
               help="Clustered random vectors indexed per scenario.")
-@click.option("--dim", "dims", type=click.IntRange(min=8), multiple=True, default=[384, 1024], show_default=True,
+@click.option("--dim", "dims", type=count(8, MAX_DIM), multiple=True, default=[384, 1024], show_default=True,
               help="Vector dimension; repeat for one scenario per dimension.")
-@click.option("--queries", "num_queries", type=click.IntRange(min=10), default=1000, show_default=True,
+@click.option("--queries", "num_queries", type=count(10, MAX_QUERIES), default=1000, show_default=True,
               help="Held-out query vectors searched (recall@10 against exact search, queries/s).")
 @click.option("--index-memory", "memories", multiple=True, default=["8G"], show_default=True,
               help="petal's memory budget; repeat for one petal row per budget.")
-@click.option("--target-recall", type=click.FloatRange(0.0, 1.0, min_open=True), default=0.95, show_default=True,
+@click.option("--target-recall", type=FiniteFloatRange(0.0, 1.0, min_open=True), default=0.95, show_default=True,
               help="petal's --target-recall.")
-@click.option("--shards", "num_shards", type=click.IntRange(min=1), default=10, show_default=True,
+@click.option("--shards", "num_shards", type=count(1, MAX_PARALLEL), default=10, show_default=True,
               help="Store entries the vectors are split into (as shards of petal index).")
 @click.option("--factory", default="auto", show_default=True, help="petal's --index-factory.")
 @click.option("--no-baseline", is_flag=True, help="Skip the IVF4096,Flat baseline (IndexFlatIP always runs: "
@@ -317,9 +335,9 @@ def bench_index(num_vectors: int, dims: tuple[int, ...], num_queries: int, memor
 @bench.command("outputs")
 @click.option("--corpus", type=PATH, default=Path("sample_data"), show_default=True,
               help="Parquet files whose sentences build the documents and queries.")
-@click.option("--docs", "num_docs", type=click.IntRange(min=100), default=3000, show_default=True,
+@click.option("--docs", "num_docs", type=count(100), default=3000, show_default=True,
               help="Texts embedded and indexed in each format.")
-@click.option("--queries", "num_queries", type=click.IntRange(min=10), default=200, show_default=True,
+@click.option("--queries", "num_queries", type=count(10, MAX_QUERIES), default=200, show_default=True,
               help="Further texts searched as queries (recall@10 against exact float32 search).")
 @click.option("--dims", default="384,128", show_default=True, help="Comma-separated --dim values to measure.")
 @click.option("--model", type=MODEL_DIR, default=None,
@@ -430,13 +448,14 @@ def skipped_lines(result: dict[str, Any]) -> str:
     return "".join(f"\n{name}: skipped, {why}" for name, why in result.get("skipped", {}).items())
 
 
-def _int_list(value: str, name: str) -> tuple[int, ...]:
+def _int_list(value: str, name: str, high: int) -> tuple[int, ...]:
     try:
         out = tuple(int(x) for x in value.split(",") if x.strip())
     except ValueError:
         out = ()
-    if not out or min(out) < 1:
-        raise click.BadParameter(f"{value!r} is not a comma-separated list of whole numbers >= 1", param_hint=name)
+    if not out or min(out) < 1 or max(out) > high:
+        raise click.BadParameter(f"{value!r} is not a comma-separated list of whole numbers from 1 to {high}",
+                                 param_hint=name)
     return out
 
 
@@ -451,9 +470,9 @@ def _int_list(value: str, name: str) -> tuple[int, ...]:
               help="With --shape: where tokenizer.json comes from (default: the packaged MiniLM's).")
 @click.option("--corpus", type=PATH, default=Path("sample_data"), show_default=True,
               help="Parquet files: the index's documents (without --index) and the queries' sentences.")
-@click.option("--index-docs", type=click.IntRange(min=100), default=None,
+@click.option("--index-docs", type=count(100), default=None,
               help="Build the index from N texts made of --corpus sentences (e.g. 1000000) instead of --corpus.")
-@click.option("--index-doc-tokens", type=click.IntRange(min=8), default=64, show_default=True,
+@click.option("--index-doc-tokens", type=count(8, MAX_TEXT_TOKENS), default=64, show_default=True,
               help="With --index-docs: median tokens per text (shorter texts build a large index sooner).")
 @click.option("--workdir", type=PATH, default=None,
               help="Where a built index goes (reused when it holds one) and the server log.")
@@ -462,13 +481,13 @@ def _int_list(value: str, name: str) -> tuple[int, ...]:
 @click.option("--endpoints", default="embeddings,search", show_default=True, help="Comma-separated.")
 @click.option("--tokens", default="16,128", show_default=True, help="Query lengths (tokens), comma-separated.")
 @click.option("--concurrency", default="1,16,64", show_default=True, help="Clients at once, comma-separated.")
-@click.option("--requests", "max_requests", type=click.IntRange(min=1), default=2000, show_default=True,
+@click.option("--requests", "max_requests", type=count(1), default=2000, show_default=True,
               help="Requests per scenario, at most.")
-@click.option("--seconds", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
+@click.option("--seconds", type=FiniteFloatRange(min=0.1, max=MAX_SECONDS), default=10.0, show_default=True,
               help="Seconds per scenario in which requests are sent, at most (the answers then in flight are "
                    "awaited: a row of C clients lasts at least as long as C requests take).")
-@click.option("-k", "k", type=click.IntRange(min=1), default=10, show_default=True, help="Hits per /search request.")
-@click.option("--client-processes", type=click.IntRange(min=1), default=None,
+@click.option("-k", "k", type=count(1, MAX_K), default=10, show_default=True, help="Hits per /search request.")
+@click.option("--client-processes", type=count(1, MAX_PARALLEL), default=None,
               help="Load-generator processes (default: cores / 4, at most 8).")
 @click.option("--serve-arg", "serve_args", multiple=True,
               help="Extra petal serve flag (repeat), e.g. --serve-arg=--max-wait-ms=1.")
@@ -490,7 +509,8 @@ def bench_serve(index_path: Path | None, model: str | None, shape: str | None, t
         raise click.BadParameter(f"{endpoints!r}: choose from {', '.join(ENDPOINTS)}", param_hint="--endpoints")
     if shape is not None and model is not None:
         raise click.UsageError("--shape and --model exclude each other")
-    lengths, clients = _int_list(tokens, "--tokens"), _int_list(concurrency, "--concurrency")
+    lengths = _int_list(tokens, "--tokens", MAX_TEXT_TOKENS)
+    clients = _int_list(concurrency, "--concurrency", MAX_PARALLEL)
     from petal.cli.serve import missing_serve_extra
 
     missing = missing_serve_extra()  # NOTE: was said by the server's log in a traceback, after the index was built
@@ -555,12 +575,12 @@ def _serve_outputs(workdir: Path, shape: str | None, build: bool, docs: bool) ->
 
 
 @bench.command("startup")
-@click.option("--runs", type=click.IntRange(min=1), default=5, show_default=True,
+@click.option("--runs", type=count(1), default=5, show_default=True,
               help="Timed child processes per measurement (median reported).")
 @click.option("--text", default="how do glaciers move", show_default=True, help="What petal embed embeds.")
-@click.option("--vectors", "num_vectors", type=click.IntRange(min=1000), default=200_000, show_default=True,
+@click.option("--vectors", "num_vectors", type=count(1000), default=200_000, show_default=True,
               help="Open + query: vectors in the index (1000000 with --dim 1024 for the issue's 4 GB case).")
-@click.option("--dim", type=click.IntRange(min=8), default=384, show_default=True,
+@click.option("--dim", type=count(8, MAX_DIM), default=384, show_default=True,
               help="Open + query: the dimension of the index's vectors.")
 @click.option("--index-factory", "factory", default="auto", show_default=True,
               help="FAISS factory of the opened index (auto: petal's rule, Flat up to 50k vectors, IVF above).")

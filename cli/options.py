@@ -2,12 +2,26 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+class FiniteFloatRange(click.FloatRange):
+    """click's ``FloatRange`` that refuses NaN and infinity (a usage error naming the flag, exit 2). ``FloatRange``
+    lets NaN through (it fails no comparison) and infinity wherever no ``max`` is given."""
+
+    name = "finite float range"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        rv = super().convert(value, param, ctx)
+        if not math.isfinite(rv):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return rv
 
 
 def loading_options(func: F) -> F:

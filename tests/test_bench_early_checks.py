@@ -175,3 +175,76 @@ def test_outputs_judges_dims_against_the_model_before_torch_loads(tmp_path, dims
     (was: found after torch loaded and the documents were embedded, or never)."""
     refused(tmp_path, 2, f"--dims {dims!r}: expected comma-separated integers from 1 to the model's dim 384", "outputs",
             "--dims", dims, "--corpus", SAMPLE_DATA)
+
+
+# one interpreter judges every case: petal bench ARGV, its exit code and last stderr line each
+MANY_RUNNER = """
+import contextlib, io, json, sys
+from petal.cli.main import cli
+out = []
+for argv in json.loads(sys.argv[1]):
+    err = io.StringIO()
+    code = 0
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            cli.main(argv, prog_name="petal")
+        except SystemExit as exc:
+            code = exc.code
+    lines = err.getvalue().strip().splitlines()
+    out.append([code, lines[-1] if lines else ""])
+heavy = [m for m in ("torch", "sentence_transformers", "transformers") if m in sys.modules]
+json.dump({"results": out, "heavy": heavy}, open(sys.argv[2], "w"))
+"""
+HUGE = str(10 ** 20)  # past int64: --vectors of it was a numpy casting traceback
+
+
+def test_every_number_flag_is_bounded_and_finite(tmp_path):
+    """Every number flag of every bench command: NaN, infinity and enormous values are usage errors naming the flag
+    (exit 2), judged at parsing. Was: click's FloatRange let --seconds nan and --target-recall nan through (the latter
+    a ValueError traceback), whole-number flags had no upper bound (bench index --vectors 1e20 a numpy traceback,
+    --dim or --queries 1e11 'out of host memory' after the work began). A path no command can read (or a --workdir
+    that is a file) makes a command that took the value stop at once, 66 or 73, instead of running."""
+    nowhere = tmp_path / "nowhere"
+    file = tmp_path / "file"
+    file.write_text("x")
+    corpus = ["--corpus", str(nowhere)]
+    cases = {
+        "--seconds": [["serve", "--seconds", v, *corpus] for v in ("nan", "inf", "1e9")],
+        "--target-recall": [["index", "--target-recall", "nan", "--workdir", str(file)]],
+        "--vectors": [["index", "--vectors", HUGE, "--workdir", str(file)],
+                      ["startup", "--vectors", HUGE, "--workdir", str(file)]],
+        "--dim": [["index", "--dim", str(10 ** 11), "--workdir", str(file)],
+                  ["startup", "--dim", str(10 ** 11), "--workdir", str(file)]],
+        "--queries": [["index", "--queries", str(10 ** 15), "--workdir", str(file)],
+                      ["outputs", "--queries", HUGE, *corpus]],
+        "--shards": [["index", "--shards", str(10 ** 9), "--workdir", str(file)]],
+        "--runs": [["startup", "--runs", HUGE, "--workdir", str(file)]],
+        "--texts": [["cpu", "--texts", HUGE, *corpus]],
+        "--rounds": [["cpu", "--rounds", HUGE, *corpus]],
+        "--token-budget": [["cpu", "--token-budget", HUGE, *corpus], ["gpu", "--token-budget", HUGE]],
+        "--max-seqs": [["gpu", "--max-seqs", HUGE]],
+        "--t1-docs": [["gpu", "--t1-docs", HUGE]],
+        "--t2-docs": [["gpu", "--t2-docs", HUGE]],
+        "--latency-calls": [["gpu", "--latency-calls", HUGE]],
+        "--docs": [["outputs", "--docs", HUGE, *corpus], ["e2e", "--docs", f"1000,{HUGE}", *corpus]],
+        "--tokenize-workers": [["e2e", "--tokenize-workers", str(10 ** 9), *corpus]],
+        "--workers": [["e2e", "--workers", str(10 ** 9), *corpus]],
+        "--index-docs": [["serve", "--index-docs", HUGE, *corpus]],
+        "--index-doc-tokens": [["serve", "--index-doc-tokens", str(10 ** 9), *corpus]],
+        "--requests": [["serve", "--requests", HUGE, *corpus]],
+        "-k": [["serve", "-k", str(10 ** 9), *corpus]],
+        "--client-processes": [["serve", "--client-processes", str(10 ** 9), *corpus]],
+        "--tokens": [["serve", "--tokens", f"16,{10 ** 9}", *corpus]],
+        "--concurrency": [["serve", "--concurrency", f"1,{10 ** 9}", *corpus]],
+    }
+    argvs = [["bench", *argv] for runs in cases.values() for argv in runs]
+    result = tmp_path / "result.json"
+    proc = subprocess.run([sys.executable, "-c", MANY_RUNNER, json.dumps(argvs), str(result)], capture_output=True,
+                          text=True, cwd=REPO, timeout=600, stdin=subprocess.DEVNULL, env=dict(os.environ))
+    assert result.is_file(), proc.stderr[-3000:]
+    found = json.loads(result.read_text())
+    flags = [flag for flag, runs in cases.items() for _ in runs]
+    wrong = [(argv[1:], code, last) for flag, argv, (code, last) in zip(flags, argvs, found["results"])
+             if code != 2 or not (f"Invalid value for '{flag}'" in last or f"Invalid value for {flag}:" in last)]
+    assert not wrong, wrong
+    assert not found["heavy"], found["heavy"]  # refused before torch loads
