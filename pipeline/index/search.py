@@ -624,11 +624,13 @@ class IndexReader:
             return [row["text"] for row in self.columns.rows([h.faiss_id for h in hits], ["text"])]
         return [None if r is None else r.get(text_column) for r in self.records(hits, [text_column])]
 
-    def records(self, hits: list[Hit], columns: list[str] | None = None) -> list[dict[str, Any] | None]:
-        """Each hit's row of its shard (``columns``, or every column), ``None`` where the row is gone. Shards
-        are found by the absolute path the manifest records; gone or unreadable ones land in ``missing_shards``, and
-        so do shards whose row no longer holds the hit's id (rewritten since indexing: the row is another document's),
-        each with why."""
+    def records(self, hits: list[Hit], columns: list[str] | None = None,
+                exclude: tuple[str, ...] = ()) -> list[dict[str, Any] | None]:
+        """Each hit's row of its shard (``columns``, or every column but ``exclude``), ``None`` where the row is gone.
+        Only the row groups holding hits are read, and of them only those columns (and the id column, for the check
+        below): a shard's vectors or text column, left out, is never decoded. Shards are found by the absolute path
+        the manifest records; gone or unreadable ones land in ``missing_shards``, and so do shards whose row no
+        longer holds the hit's id (rewritten since indexing: the row is another document's), each with why."""
         by_shard: dict[str, list[Hit]] = {}
         located = shard_locations(self.manifest)
         for hit in hits:
@@ -640,8 +642,13 @@ class IndexReader:
                 if not Path(shard).is_file():  # NOTE: gone, or a FIFO now: never opened (it would block)
                     raise FileNotFoundError(shard)
                 pf = pq.ParquetFile(shard, page_checksum_verification=True)
-                checked = id_column in pf.schema_arrow.names  # else positional ids (<shard>:<row>): nothing to check
-                read = columns if columns is None or not checked or id_column in columns else [*columns, id_column]
+                names = pf.schema_arrow.names
+                checked = id_column in names  # else positional ids (<shard>:<row>): nothing to check
+                wanted = [i for i, name in enumerate(names)
+                          if (name in columns if columns is not None else name not in exclude)]
+                returned = {names[i] for i in wanted}
+                read = wanted if not checked or id_column in returned else sorted(
+                    [*wanted, *(i for i, name in enumerate(names) if name == id_column)])
                 starts = np.cumsum([0] + [pf.metadata.row_group(g).num_rows for g in range(pf.num_row_groups)])
                 groups: dict[int, pa.Table] = {}
                 for hit in shard_hits:
@@ -652,7 +659,7 @@ class IndexReader:
                         self.missing_shards.setdefault(shard, "changed")
                         continue
                     if group not in groups:  # read only the row groups holding hits
-                        groups[group] = pf.read_row_group(group, columns=read)
+                        groups[group] = _read_fields(pf, group, read)
                     record = _record(groups[group].slice(row - int(starts[group]), 1))
                     # NOTE: the shard may have been rewritten since indexing (rows reordered, removed, added): the
                     # row the index recorded is then another document's, whose text or metadata must not be given
@@ -661,7 +668,7 @@ class IndexReader:
                         found[(shard, row)] = None
                         self.missing_shards.setdefault(shard, "changed")
                         continue
-                    if read is not columns:  # the id column, read for the check only
+                    if id_column not in returned:  # the id column, read for the check only
                         record.pop(id_column, None)
                     found[(shard, row)] = record
             except (OSError, pa.ArrowException, KeyError) as exc:
@@ -670,6 +677,21 @@ class IndexReader:
                 for hit in shard_hits:
                     found[(shard, hit.row)] = None
         return [found.get((located.get(h.shard, h.shard), h.row)) for h in hits]
+
+
+def _read_fields(pf: pq.ParquetFile, group: int, fields: list[int]) -> pa.Table:
+    """Row group ``group`` of ``pf`` with only its top-level fields at ``fields`` (positions in ``schema_arrow``)
+    decoded. NOTE: pyarrow selects columns by name, a dotted name also matching a struct's child (a top-level
+    ``a.b`` beside a struct ``a`` holding ``b``): where the names read so give other fields than asked, the row group
+    is read whole and the fields taken by position, as before this selection."""
+    schema = pf.schema_arrow
+    if len(fields) == len(schema):
+        return pf.read_row_group(group)
+    expected = pa.schema([schema.field(i) for i in fields])
+    table = pf.read_row_group(group, columns=list(dict.fromkeys(expected.names)))
+    if table.schema.equals(expected, check_metadata=False):
+        return table
+    return pf.read_row_group(group).select(fields)
 
 
 def _record(row: pa.Table) -> dict[str, Any]:

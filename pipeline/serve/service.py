@@ -329,8 +329,12 @@ class ServeState:
                 inputs = {text_column, *_vectors_column(reader.manifest)}
                 # the text stored with the index (any index built with text): no source shard needed
                 stored = reader.columns is not None and "text" in reader.columns.names
-                records = (reader.records(hits, None if "metadata" in req.include else [text_column])
-                           if "metadata" in req.include or not stored else [None] * len(hits))
+                from_shard = "text" in req.include and not stored  # the text read with the metadata, if asked
+                # NOTE: only the columns returned are read (and the id, checked): a shard's vectors column, a list
+                # of dim floats a row, decoded for its row group, held the row group's vectors in memory at once
+                records = (reader.records(hits, exclude=tuple(inputs - {text_column} if from_shard else inputs))
+                           if "metadata" in req.include else reader.records(hits, [text_column]) if not stored
+                           else [None] * len(hits))
                 texts = reader.texts(hits, text_column) if stored and "text" in req.include else None
                 for i, (row, record) in enumerate(zip(rows, records)):
                     if "text" in req.include:
