@@ -36,6 +36,9 @@ MAX_TEXT_CHARS = 1 << 20
 class Encoded:
     token_ids: list[np.ndarray]  # one int32 array per text
     truncated: np.ndarray  # [num_texts] bool
+    # [num_texts] bool, None: none. Of the truncated texts, those cut at ``max_text_chars`` characters (the most
+    # petal reads of a text) with fewer tokens than the limit in them: not over the token limit, over the characters
+    over_chars: np.ndarray | None = None
 
 
 class TextTokenizer:
@@ -118,7 +121,7 @@ class TextTokenizer:
             token_ids = [np.concatenate([ids, eos]) if len(ids) else ids for ids in token_ids]
         if self._vocab_size is not None:
             self._check_vocabulary(token_ids)
-        return Encoded(token_ids, overflowed | capped)
+        return Encoded(token_ids, overflowed | capped, capped & ~overflowed)
 
     def sees_nothing(self, token_ids: np.ndarray) -> bool:
         """``token_ids`` (of ``encode``) are an empty text's: no token of the text itself, only the prompt's and the

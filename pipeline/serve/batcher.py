@@ -44,7 +44,7 @@ from petal.pipeline.ingest.tokens import Encoded, TextTokenizer
 from petal.pipeline.reliability.errors import PetalError
 from petal.pipeline.reliability.faults import fault
 from petal.pipeline.serve.metrics import ServeMetrics
-from petal.pipeline.serve.requests import RequestError, limit_message
+from petal.pipeline.serve.requests import RequestError, chars_message, limit_message
 
 log = logging.getLogger("petal.serve")
 
@@ -428,15 +428,18 @@ class TokenBatcher:
             # a request answers its first refusal: a text over the limit (413) before one without tokens (422)
             errors: dict[int, tuple[int, int, str]] = {}  # id(job) -> (status, row, message), the least
             jobs: dict[int, list[_Item]] = {}
-            for item, ids, cut in zip(todo, encoded.token_ids, encoded.truncated):
+            over_chars = encoded.over_chars if encoded.over_chars is not None else np.zeros(len(todo), dtype=bool)
+            for item, ids, cut, long in zip(todo, encoded.token_ids, encoded.truncated, over_chars):
                 job = item.job
                 item.token_ids = ids
                 job.tokens += len(ids)
                 job.tokenize_s = elapsed
                 jobs.setdefault(id(job), []).append(item)
                 refusal = None
-                if cut and not job.truncate:
-                    refusal = (413, item.row, limit_message(job.name, item.row, tokenizer.max_length))
+                if cut and not job.truncate:  # NOTE: cut at the characters petal reads, not at the token limit
+                    refusal = (413, item.row, chars_message(job.name, item.row, len(item.text),
+                                                            tokenizer.max_text_chars) if long else
+                               limit_message(job.name, item.row, tokenizer.max_length))
                 elif len(ids) == 0:
                     refusal = (422, item.row, f"{job.name} item {item.row} yields no tokens")
                 elif tokenizer.sees_nothing(ids):  # NOTE: an empty text's ids: petal index's empty_text, as blank
@@ -461,6 +464,7 @@ class TokenBatcher:
         kept: list[_Item] = []
         token_ids: list[np.ndarray] = []
         truncated: list[bool] = []
+        over_chars: list[bool] = []
         for key, items in jobs.items():
             try:
                 encoded = tokenizer.encode([item.text for item in items])
@@ -471,7 +475,8 @@ class TokenBatcher:
             kept.extend(items)
             token_ids.extend(encoded.token_ids)
             truncated.extend(encoded.truncated)
-        return kept, Encoded(token_ids, np.asarray(truncated, dtype=bool))
+            over_chars.extend(encoded.over_chars if encoded.over_chars is not None else [False] * len(items))
+        return kept, Encoded(token_ids, np.asarray(truncated, dtype=bool), np.asarray(over_chars, dtype=bool))
 
     def _launch(self, batch: Any, in_flight: deque[tuple[Any, LazyTensor, float]]) -> None:
         started = time.perf_counter()

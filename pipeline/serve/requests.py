@@ -61,6 +61,14 @@ def limit_message(name: str, item: int, max_tokens: int) -> str:
             f"(--max-tokens-per-text / the model's max length); shorten it or send \"truncate\": true")
 
 
+def chars_message(name: str, item: int, chars: int, max_chars: int) -> str:
+    """The 413 message of a text over the characters petal reads of a text (``TextTokenizer.max_text_chars``), whose
+    first ``max_chars`` characters hold fewer tokens than the limit (one huge unknown word, a long run of spaces):
+    cut there, it is truncated, though not at the token limit."""
+    return (f"{name} item {item} has {chars} characters, over the {max_chars} petal reads of a text (they hold "
+            f"fewer tokens than the limit per text); shorten it or send \"truncate\": true")
+
+
 @dataclass(frozen=True)
 class EmbeddingsRequest:
     texts: tuple[str, ...] | None  # or token ids
