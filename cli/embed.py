@@ -210,7 +210,7 @@ def embed(texts: tuple[str, ...], model: str | None, from_stdin: bool, input_pat
                     fh.write(line.encode("utf-8") + b"\n")
         else:
             write_stdout(lines)
-    _summary(embedder, len(items), skipped, embedded.truncated)
+    _summary(embedder, len(items), skipped, embedded.truncated, embedded.over_chars)
 
 
 def _json_line(embedded: Embedded, i: int, ids: Sequence | Mapping[int, Any] | None = None) -> str:
@@ -238,12 +238,13 @@ def _streamed(embedder: Embedder, chunks: Iterator[tuple[list, bool]], query: bo
     from petal.pipeline.ingest.text_rule import describe_skips
     from petal.pipeline.reliability.errors import NoInputError
 
-    count = truncated = 0
+    count = truncated = over_chars = 0
     skipped: dict[int, str] = {}
     held: list[str] = []
     for answer in embedder.embed_stream(chunks, query=query):
         count += len(answer.rows)
         truncated += answer.truncated
+        over_chars += answer.over_chars
         skipped.update(answer.skipped)
         if write_rows is not None:
             write_rows(answer.rows)
@@ -258,7 +259,7 @@ def _streamed(embedder: Embedder, chunks: Iterator[tuple[list, bool]], query: bo
             held = []
     if len(skipped) == count:
         raise NoInputError(f"nothing to embed: {describe_skips(skipped) if count else empty}")
-    _summary(embedder, count, skipped, truncated)
+    _summary(embedder, count, skipped, truncated, over_chars)
 
 
 def _text_arrives(chunks: Iterator[list], empty: str) -> None:
@@ -337,12 +338,15 @@ class NpyRows:
         self.fh.seek(end)
 
 
-def _summary(embedder: Embedder, count: int, skipped: dict[int, str], truncated: int) -> None:
-    """The last line on stderr: texts in, rows out, skips by reason, truncations."""
+def _summary(embedder: Embedder, count: int, skipped: dict[int, str], truncated: int, over_chars: int) -> None:
+    """The last line on stderr: texts in, rows out, skips by reason, truncations (``over_chars`` of them at the
+    characters petal reads of a text, not at the max length)."""
     from petal.pipeline.ingest.text_rule import describe_skips
 
     transform = embedder.transform
-    note = f", {truncated} truncated at {embedder.max_length} tokens" if truncated else ""
+    at_tokens = truncated - over_chars
+    note = f", {at_tokens} truncated at {embedder.max_length} tokens" if at_tokens else ""
+    note += f", {over_chars} truncated at {embedder.max_text_chars} characters" if over_chars else ""
     kind = {"none": f"{transform.output_dtype} vectors", "int8": f"int8 codes ({transform.int8_scheme})",
             "binary": "sign bits"}[transform.quantize]
     click.echo(f"petal embed: {count} texts -> {count - len(skipped)} {transform.dim}-dim {kind}, "

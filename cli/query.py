@@ -219,9 +219,16 @@ def query(index_path: Path, texts: tuple[str, ...], k: int, from_stdin: bool, as
                    "read as U+FFFD", err=True)
     truncated = index.num_truncated  # NOTE: never loads the model again
     if truncated:  # the rule of petal index and petal embed: a truncated text is counted and said
-        max_tokens = index.query_model().model.max_tokens
-        click.echo(f"petal query: {truncated} quer{'y' if truncated == 1 else 'ies'} longer than {max_tokens} tokens, "
-                   "truncated", err=True)
+        warm = index.query_model().model
+        # NOTE: a text cut at the characters petal reads (one huge unknown word) is not longer than max_tokens
+        long, at_tokens = index.num_over_chars, truncated - index.num_over_chars
+        if at_tokens:
+            click.echo(f"petal query: {at_tokens} quer{'y' if at_tokens == 1 else 'ies'} longer than "
+                       f"{warm.max_tokens} tokens, truncated", err=True)
+        if long:
+            click.echo(f"petal query: {long} quer{'y' if long == 1 else 'ies'} longer than the "
+                       f"{warm.tokenizers['query'].max_text_chars} characters petal reads of a text, truncated",
+                       err=True)
     if not answered:
         # NOTE: the rule of petal embed (and of a --vector-file without rows): an input given that holds no query
         # is no input (66), so a cron job or an Airflow task whose upstream wrote nothing fails, not succeeds

@@ -40,6 +40,10 @@ class Encoded:
     # petal reads of a text) with fewer tokens than the limit in them: not over the token limit, over the characters
     over_chars: np.ndarray | None = None
 
+    def cut_at_chars(self) -> np.ndarray:
+        """``over_chars``, all False when None."""
+        return self.over_chars if self.over_chars is not None else np.zeros(len(self.token_ids), dtype=bool)
+
 
 class TextTokenizer:
     """A model's tokenizer, truncating at ``max_length`` tokens (special tokens included).

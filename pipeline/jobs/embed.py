@@ -140,11 +140,14 @@ class Embedded:
     """One ``Embedder.embed`` call: the rows, and what a caller may want to report about them."""
 
     rows: np.ndarray  # float32/float16 vectors, int8 codes or packed sign bits, in input order
-    truncated: int  # texts cut at the model's max length
+    truncated: int  # texts cut at the model's max length (or, ``over_chars`` of them, at the characters petal reads)
     transform: OutputTransform  # the output format the rows are in (with the int8 ranges used)
     learned_ranges: bool  # calibrated int8 ranges were learned from these very texts
     skipped: dict[int, str] = field(default_factory=dict)  # input position -> why it was not embedded (null_text, ...)
     start: int = 0  # the input position of rows[0] (``Embedder.embed_stream``'s answers; 0 for ``embed``)
+    # of ``truncated``, the texts cut at ``Embedder.max_text_chars`` characters, which hold fewer tokens than the
+    # max length (one huge unknown word): not at the max length
+    over_chars: int = 0
 
 
 class Embedder:
@@ -240,6 +243,12 @@ class Embedder:
         """Tokens per text; longer texts are truncated."""
         return self.spec.pooling.max_length
 
+    @property
+    def max_text_chars(self) -> int:
+        """Characters petal reads of a text: a longer one whose first ``max_text_chars`` characters hold fewer
+        tokens than ``max_length`` is embedded from them (``Embedded.over_chars``)."""
+        return self._tokenizer("document").max_text_chars
+
     def encode(self, texts: Texts, *, query: bool = False, batch_tokens: SupportsIndex | None = None) -> np.ndarray:
         """``[len(texts), dim]`` rows in input order (one text: ``[1, dim]``; packed sign bits: ``[len(texts),
         dim // 8]``; ``dim`` is ``self.dim``: the ``dim`` setting, else the model's width). A null, undecodable
@@ -294,6 +303,7 @@ class Embedder:
         kept = [kept[i] for i in seen]
         vectors = embed_token_ids(engine, [encoded.token_ids[i] for i in seen], batch_tokens)
         truncated = int(encoded.truncated[seen].sum())
+        over_chars = int(encoded.cut_at_chars()[seen].sum())
         finite = np.isfinite(vectors).all(axis=1)
         if not finite.all():
             # NOTE: the rule of petal index (non_finite_embedding): a text the model turns into NaN or infinity (an
@@ -311,7 +321,8 @@ class Embedder:
             return Embedded(np.zeros((0, transform.dim), dtype=np.int8), 0, transform, False)
         if transform.int8_scheme == "calibrated" and transform.calibration is None:
             transform, learned = build(transform.calibrate, transform.stored(vectors)), True
-        return Embedded(_placed(transform.output(vectors), len(items), kept), truncated, transform, learned, skipped)
+        return Embedded(_placed(transform.output(vectors), len(items), kept), truncated, transform, learned, skipped,
+                        over_chars=over_chars)
 
     def embed_stream(self, chunks: Iterable[tuple[Sequence[Any], bool]], *, query: bool = False) -> Iterator[Embedded]:
         """``embed`` over texts that arrive in chunks (``petal embed --stdin``): each answer (an ``Embedded`` whose
@@ -334,7 +345,8 @@ class Embedder:
         config = PackConfig(engine.config.token_budget, engine.config.max_seqs)
         start, held = 0, 0  # input position of the first text not answered yet, and how many texts are held
         skipped: dict[int, str] = {}
-        kept: list[tuple[int, np.ndarray, bool]] = []  # held texts to embed: (input position, token ids, truncated)
+        # held texts to embed: (input position, token ids, truncated, cut at the characters petal reads)
+        kept: list[tuple[int, np.ndarray, bool, bool]] = []
         if not isinstance(chunks, Iterable):
             raise ArgumentTypeError(f"embed_stream(): chunks {kind_of(chunks)} is not an iterable of (texts, more) "
                                     "pairs")
@@ -349,23 +361,25 @@ class Embedder:
                 encoded, unseen = seen_texts(tokenizer, [text for _, text in to_embed])
                 skipped.update((to_embed[i][0], "empty_text") for i in unseen)  # as embed()
                 dropped = set(unseen)
-                kept += [(place, ids, flag) for i, ((place, _), ids, flag)
-                         in enumerate(zip(to_embed, encoded.token_ids, encoded.truncated.tolist())) if i not in dropped]
+                kept += [(place, ids, flag, long) for i, ((place, _), ids, flag, long)
+                         in enumerate(zip(to_embed, encoded.token_ids, encoded.truncated.tolist(),
+                                          encoded.cut_at_chars().tolist())) if i not in dropped]
             # NOTE: while more texts are ready, the last batch planned may grow with them: it waits, so every batch
             # is the one a single embed() over the whole input packs (its rows are the same to the last bit)
-            batches = plan_batches([len(ids) for _, ids, _ in kept], config) if more and kept else []
+            batches = plan_batches([len(ids) for _, ids, _, _ in kept], config) if more and kept else []
             cut = batches[-1].start if batches else len(kept)
             end = kept[cut][0] if cut < len(kept) else start + held
             if end == start:
                 continue
             now, kept = kept[:cut], kept[cut:]
-            vectors = embed_token_ids(engine, [ids for _, ids, _ in now])
+            vectors = embed_token_ids(engine, [ids for _, ids, _, _ in now])
             finite = np.isfinite(vectors).all(axis=1)
-            skipped.update((place, "non_finite_embedding") for (place, _, _), ok in zip(now, finite) if not ok)
+            skipped.update((place, "non_finite_embedding") for (place, _, _, _), ok in zip(now, finite) if not ok)
             rows = _placed(transform.output(vectors[finite]), end - start,
-                           [place - start for (place, _, _), ok in zip(now, finite) if ok])
+                           [place - start for (place, _, _, _), ok in zip(now, finite) if ok])
             answered = {place: skipped.pop(place) for place in sorted(skipped) if place < end}
-            yield Embedded(rows, sum(flag for _, _, flag in now), transform, False, answered, start)
+            yield Embedded(rows, sum(flag for _, _, flag, _ in now), transform, False, answered, start,
+                           over_chars=sum(long for _, _, _, long in now))
             held -= end - start
             start = end
 

@@ -138,6 +138,8 @@ class QueryModel:
                                                      "document": tokenizer_for(spec, "document")}
         self.max_tokens = min(max_tokens or spec.pooling.max_length, spec.pooling.max_length)
         self.num_truncated = 0  # texts ``embed`` cut at ``max_tokens`` (petal query says how many)
+        # of them, those ``embed_seen`` cut at the characters petal reads (``TextTokenizer.max_text_chars``)
+        self.num_over_chars = 0
         if self.max_tokens < spec.pooling.max_length:  # a tighter limit (petal serve --max-tokens-per-text)
             self.tokenizers = {side: TextTokenizer(spec.tokenizer_file, self.max_tokens, prompt=t.prompt,
                                                    eos_token_id=spec.eos_token_id, vocab_size=spec.config.vocab_size)
@@ -168,6 +170,7 @@ class QueryModel:
         dropped = set(unseen)
         seen = [i for i in range(len(texts)) if i not in dropped]
         self.num_truncated += int(encoded.truncated[seen].sum())
+        self.num_over_chars += int(encoded.cut_at_chars()[seen].sum())
         return embed_token_ids(self.engine, [encoded.token_ids[i] for i in seen]), unseen
 
     def unseen(self, texts: list[str], side: Side = "query") -> list[int]:

@@ -129,6 +129,11 @@ class Index:
         return 0 if self._service is None else self._service.model.num_truncated
 
     @property
+    def num_over_chars(self) -> int:
+        """Of ``num_truncated``, the texts cut at the characters petal reads of a text, not at the token limit."""
+        return 0 if self._service is None else self._service.model.num_over_chars
+
+    @property
     def notes(self) -> list[str]:
         """Settings given that do nothing for this index (``nprobe`` without IVF, ``rescore`` without binary codes)."""
         return list(self.reader.ignored)
