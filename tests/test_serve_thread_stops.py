@@ -1,8 +1,9 @@
-"""``petal serve`` whose engine or search thread ends on an unexpected error (a bug past every per-request guard,
-injected with ``PETAL_FAULT=serve_engine_batch:1:raise`` / ``serve_search_batch``): the request waiting on it is
-answered 500 naming the thread, the log holds the traceback, and the server stops with exit 1 (a supervisor starts a
-new one), rather than leaving a dead thread behind an open port: every later request waiting forever while ``/ready``
-still said ready.
+"""``petal serve`` whose engine or search thread or version follower ends on an unexpected error (a bug past every
+guard, injected with ``PETAL_FAULT=serve_engine_batch:1:raise`` / ``serve_search_batch`` / ``serve_follow``): the
+request waiting on it is answered 500 naming the thread, the log holds the traceback, and the server stops with exit 1
+(a supervisor starts a new one), rather than leaving a dead thread behind an open port: every later request waiting
+forever (or, the follower gone, the version served forever, whatever a re-index publishes) while ``/ready`` still
+said ready.
 
 Real server on loopback, the packaged MiniLM, the session's copy of the sample index."""
 
@@ -61,5 +62,18 @@ def test_the_search_thread_stopping_answers_500_and_stops_the_server_with_exit_1
         assert response.status_code == 500, response.text
         assert "the search thread stopped on InjectedFault" in response.json()["error"]["message"]
         _stops_with_exit_1(server, "search thread")
+    finally:
+        server.stop()
+
+
+def test_the_version_follower_stopping_stops_the_server_with_exit_1(tmp_path, tmp_path_factory, monkeypatch):
+    """A follower that no longer looks at CURRENT would serve its version forever, whatever a re-index publishes."""
+    from tests._serve_shared import copy_sample_out
+
+    out = copy_sample_out(tmp_path_factory, tmp_path / "out")
+    monkeypatch.setenv("PETAL_FAULT", "serve_follow:3:raise")
+    server = Server(tmp_path / "log", out, "--reload-interval-s", "0.1")
+    try:
+        _stops_with_exit_1(server, "version follower")
     finally:
         server.stop()

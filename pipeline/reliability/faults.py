@@ -57,11 +57,12 @@ FAULT_POINTS: dict[str, str] = {
 QUERY_FAULT_POINTS: dict[str, str] = {
     "query_open": "CURRENT resolved to a version; its files not yet opened",
 }
-# Reached by ``petal serve``'s engine and search threads: a ``raise`` here is a bug past every per-request guard,
-# which must stop the server (exit 1) rather than leave a dead thread behind an open port.
+# Reached by ``petal serve``'s engine and search threads and its version follower: a ``raise`` here is a bug past
+# every per-request guard, which must stop the server (exit 1) rather than leave a dead thread behind an open port.
 SERVE_FAULT_POINTS: dict[str, str] = {
     "serve_engine_batch": "the engine thread took queued texts off the queue; not yet tokenized",
     "serve_search_batch": "the search thread took queued searches off the queue; not yet searched",
+    "serve_follow": "the version follower woke to look at CURRENT (each --reload-interval-s)",
 }
 _KNOWN = (*FAULT_POINTS, *QUERY_FAULT_POINTS, *SERVE_FAULT_POINTS)
 ACTIONS = ("kill", "term", "int", "raise", "sleep", "enospc", "eio", "oom", "nomem", "cuda")

@@ -61,7 +61,7 @@ class Overloaded(Exception):
 
 
 class ThreadStopped(PetalError):
-    """A serving thread (the engine's, the search's) ended on an unexpected error (a bug past
+    """A serving thread (the engine's, the search's) or the version follower ended on an unexpected error (a bug past
     every per-request guard). The requests waiting on it are answered 500 with this, and the server stops: the
     process exits 1 (so a supervisor starts a new one) instead of hanging every later request while ``/ready``
     still says ready."""

@@ -53,6 +53,7 @@ from petal.pipeline.jobs.query import SearchIndex, model_mismatch
 from petal.pipeline.layout import VERSION_RE, MislabeledVersion, OutputDir, resolve_index_dir
 from petal.pipeline.manifest import Manifest, ModelRecord, StoredFormat
 from petal.pipeline.reliability.errors import ConfigError, PetalError, one_line, quote_path, quote_text
+from petal.pipeline.reliability.faults import fault
 from petal.pipeline.serve.leases import lease, release_with
 from petal.pipeline.serve.metrics import ServeMetrics
 from petal.pipeline.store.outputs import OutputTransform
@@ -400,6 +401,7 @@ class IndexFollower:
         """Poll forever (cancel to stop); loading runs in a thread, off the event loop."""
         while True:
             await asyncio.sleep(interval_s)
+            fault("serve_follow")
             self.collect_retired()
             if self.due():
                 try:

@@ -18,7 +18,7 @@ from petal.pipeline.index.filters import FilterError
 from petal.pipeline.index.search import Hit, IndexReader, ignored_overrides
 from petal.pipeline.jobs.query import QueryModel, SearchIndex, precomputed_message
 from petal.pipeline.manifest import Manifest, PrecomputedRecord
-from petal.pipeline.serve.batcher import Embedded, ThreadStopped, TokenBatcher
+from petal.pipeline.serve.batcher import Embedded, ThreadStopped, TokenBatcher, thread_died
 from petal.pipeline.serve.encoding import embeddings_body
 from petal.pipeline.serve.follower import IndexFollower
 from petal.pipeline.serve.gpu_search import GpuReaders
@@ -153,7 +153,15 @@ class ServeState:
         self.searcher.on_death = self._thread_stopped
         self.searcher.start()
         if self.follower is not None:
-            self._follow_task = asyncio.create_task(self.follower.follow(self.settings.reload_interval_s))
+            self._follow_task = asyncio.create_task(self._follow(self.follower))
+
+    async def _follow(self, follower: IndexFollower) -> None:
+        """The follower's polling; an unexpected error that ends it (past its per-check guard) stops the server, as
+        the engine and search threads' do: a server that no longer follows would serve its version forever."""
+        try:
+            await follower.follow(self.settings.reload_interval_s)
+        except Exception as exc:  # NOTE: a cancel (the server stopping) is not caught
+            thread_died("version follower", exc, self._thread_stopped)
 
     def _thread_stopped(self, stopped: ThreadStopped) -> None:
         self.on_failure(stopped)  # NOTE: read when it happens: the server sets it once the state is made
