@@ -8,7 +8,12 @@ index) for the modules that only send it requests; stopped when the session ends
 
 from __future__ import annotations
 
+import contextlib
 import shutil
+import sys
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -52,3 +57,36 @@ def default_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.Temp
         _BUILT["server"] = server
     assert server.proc.poll() is None, f"the shared server exited:\n{server.log.read_text(errors='replace')}"
     return server
+
+
+@contextlib.contextmanager
+def served_in_process(state: Any) -> Iterator[str]:
+    """``petal serve``'s app for ``state`` (a ``ServeState``) on uvicorn in a thread of this process, on a loopback
+    port, until the block ends; yields its base url once ``/ready`` answers 200. Python's thread switch interval, which
+    the server sets, is put back."""
+    import httpx
+
+    from petal.pipeline.serve.server import bind, serve
+    from petal.pipeline.serve.startup import Startup
+
+    startup = Startup(state.settings, state.metrics, state=state)
+    sock = bind("127.0.0.1", 0)
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    interval = sys.getswitchinterval()
+    thread = threading.Thread(target=serve, args=(startup, sock), daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{url}/ready", timeout=5).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline and thread.is_alive()
+            time.sleep(0.02)
+        yield url
+    finally:
+        startup.request_exit()
+        thread.join(60)
+        sys.setswitchinterval(interval)

@@ -10,9 +10,6 @@ Real tiny BERT, real Parquet and FAISS, the CLI, the API and an in-process ``pet
 from __future__ import annotations
 
 import datetime
-import sys
-import threading
-import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -99,40 +96,20 @@ def test_petal_query_exits_2_for_a_bad_filter_and_1_for_a_bug(typed_index, monke
 def in_process_server(typed_index, tiny_bert_dir):
     """``petal serve``'s app on uvicorn in a thread of this process (so that one reader can be patched), on a
     loopback port; yields (base url, the served reader)."""
-    httpx = pytest.importorskip("httpx")
+    pytest.importorskip("httpx")
     pytest.importorskip("uvicorn")
     from petal.engine.loader import inspect_model
     from petal.pipeline.jobs.query import QueryModel, SearchIndex, engine_config
-    from petal.pipeline.serve.server import bind, serve
     from petal.pipeline.serve.service import ServeState
     from petal.pipeline.serve.settings import ServeSettings
-    from petal.pipeline.serve.startup import Startup
+    from tests._serve_shared import served_in_process
 
     spec = inspect_model(tiny_bert_dir)
     index = SearchIndex.open(typed_index, spec)
     settings = ServeSettings(reload_interval_s=60.0)
     state = ServeState(QueryModel(spec, engine_config(spec, "cpu")), settings, index_root=typed_index, index=index)
-    startup = Startup(settings, state.metrics, state=state)
-    sock = bind("127.0.0.1", 0)
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    interval = sys.getswitchinterval()
-    thread = threading.Thread(target=serve, args=(startup, sock), daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{url}/ready", timeout=5).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline and thread.is_alive()
-            time.sleep(0.02)
+    with served_in_process(state) as url:
         yield url, index.reader
-    finally:
-        startup.request_exit()
-        thread.join(60)
-        sys.setswitchinterval(interval)
 
 
 def test_serve_answers_a_bad_filter_422_and_another_error_500(in_process_server, monkeypatch):

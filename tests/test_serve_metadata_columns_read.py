@@ -12,15 +12,12 @@ a thread of this process (so that its Arrow allocations are this process's), on 
 
 from __future__ import annotations
 
-import sys
-import threading
-import time
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from tests._serve_shared import served_in_process
 from tests.test_serve import cli_run
 
 httpx = pytest.importorskip("httpx")
@@ -42,10 +39,8 @@ def server(tmp_path_factory: pytest.TempPathFactory):
     """A vectors-only index of one shard (one row group: vectors, a text column, two small metadata columns), served
     in this process; yields (base url, the shard's vectors, its rows without the vectors)."""
     from petal.pipeline.jobs.query import SearchIndex
-    from petal.pipeline.serve.server import bind, serve
     from petal.pipeline.serve.service import ServeState
     from petal.pipeline.serve.settings import ServeSettings
-    from petal.pipeline.serve.startup import Startup
 
     root = tmp_path_factory.mktemp("metadata_read")
     data = root / "data"
@@ -63,28 +58,9 @@ def server(tmp_path_factory: pytest.TempPathFactory):
     index = SearchIndex.open(out, None)
     settings = ServeSettings(reload_interval_s=60.0)
     state = ServeState(None, settings, index_root=out, index=index)
-    startup = Startup(settings, state.metrics, state=state)
-    sock = bind("127.0.0.1", 0)
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    interval = sys.getswitchinterval()
-    thread = threading.Thread(target=serve, args=(startup, sock), daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{url}/ready", timeout=5).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline and thread.is_alive()
-            time.sleep(0.02)
+    with served_in_process(state) as url:
         rows = {r["doc"]: r for r in table.drop_columns(["emb"]).to_pylist()}
         yield url, vectors, rows
-    finally:
-        startup.request_exit()
-        thread.join(60)
-        sys.setswitchinterval(interval)
 
 
 @pytest.fixture
