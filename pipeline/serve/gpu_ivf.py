@@ -152,6 +152,17 @@ class TorchIvfIndex(GpuCopy):
         self.fused = self.stream is not None and triton_available()  # gathered rows scored by serve/gather_dots.py
         self._upload(lambda: _rows_in_list_order(index, order))
 
+    def vector_id(self, position: int) -> int:
+        return int(self.ids[position])  # rows in list order
+
+    def position(self, vector_id: int) -> int:
+        import torch
+
+        found = torch.nonzero(self.ids == vector_id)
+        if not len(found):
+            raise RuntimeError(f"vector {vector_id} is in none of the copy's lists")
+        return int(found[0, 0])
+
     def describe(self) -> str:
         """One line for the log: the lists, and what a search at this copy's nprobe reads."""
         probes = min(self.nprobe, self.nlist)

@@ -46,8 +46,10 @@ from typing import Any
 import numpy as np
 
 from petal.pipeline.index.faiss_loader import load_faiss
+from petal.pipeline.index.files import INDEX_FILE, IVFDATA_FILE
 from petal.pipeline.index.search import IndexReader, is_binary_manifest
 from petal.pipeline.index.widen import searched_again
+from petal.pipeline.reliability.errors import BadInputError
 
 log = logging.getLogger("petal.serve")
 UPLOAD_ROWS = 65536  # rows decoded and copied to the GPU at a time (256 MiB of float32 at dim 1024)
@@ -67,6 +69,15 @@ SMALL_PRODUCT = 2.0 ** -10
 class NoRoom(Exception):
     """The GPU has no room for the copy (raised before it is made, or before a float32 copy replaces a float16
     one): the version is searched with FAISS on the CPU."""
+
+
+class StoredNotFinite(Exception):
+    """A stored vector holds NaN or infinite values (met while the copy uploads every row): the index is damaged,
+    since petal never stores such a vector. ``gpu_reader`` says it as ``BadInputError`` naming the file."""
+
+    def __init__(self, vector_id: int) -> None:
+        super().__init__(f"vector {vector_id} holds NaN or infinite values")
+        self.vector_id = vector_id
 
 
 @dataclass(frozen=True)
@@ -228,11 +239,33 @@ class GpuCopy:
             norms[lo : lo + len(rows)] = squares
             lo += len(rows)
             peaks = rows.abs().amax(dim=1).cpu().numpy()
+            damaged = np.flatnonzero(~np.isfinite(peaks))
+            if len(damaged):  # NOTE: NaN scores no row and torch ranks it first: a search would drop or return it
+                raise StoredNotFinite(self.vector_id(lo - len(rows) + int(damaged[0])))
             stored = stored.merge(StoredRange.of(peaks, squares.double().sqrt().cpu().numpy()))
             if stop_early and half_value_problem(stored) is not None:
                 return stored
         self.norms = None if self.inner_product else norms
         return stored
+
+    def vector_id(self, position: int) -> int:
+        """The FAISS id of the copy's row ``position`` (rows in id order here; a subclass may keep another)."""
+        return position
+
+    def reconstruct(self, vector_id: int) -> np.ndarray:
+        """The stored vector ``vector_id`` as the copy holds it (float32 ``[d]``), as FAISS's ``reconstruct``
+        (``IndexReader`` looks at the vector of a hit scored NaN or infinite)."""
+        import torch
+
+        if not 0 <= vector_id < self.ntotal:
+            raise RuntimeError(f"vector {vector_id} is not in the copy of {self.ntotal} vectors")
+        with torch.inference_mode():
+            row = self.vectors[self.position(vector_id)].float()
+        return row.cpu().numpy()
+
+    def position(self, vector_id: int) -> int:
+        """The copy's row holding ``vector_id`` (the inverse of ``vector_id``)."""
+        return vector_id
 
     def describe_dtype(self) -> str:
         """The copy's dtype for the log, and why it is not the one asked for."""
@@ -387,8 +420,7 @@ def gpu_reader(reader: IndexReader, device: str = "cuda", dtype: str = "float16"
     ``nprobe``) unless ``exact``; any other searches every vector (the exact top k)."""
     import torch
 
-    from petal.pipeline.serve.gpu_ivf import TorchIvfIndex, coarse_problem, is_plain_ivf
-    from petal.pipeline.serve.requests import DEFAULT_K
+    from petal.pipeline.serve.gpu_ivf import coarse_problem, is_plain_ivf
 
     if is_binary_manifest(reader.manifest):
         log.warning("petal serve: --search-device cuda: a binary index searches with FAISS on the CPU")
@@ -408,6 +440,23 @@ def gpu_reader(reader: IndexReader, device: str = "cuda", dtype: str = "float16"
             return None
     out = copy.copy(reader)  # NOTE: shares the ids, columns and manifest; only `index` differs
     out.__class__ = GpuCopyReader  # NOTE: its searches left short widen on the copy, not through FAISS parameters
+    try:
+        return _with_copy(reader, out, lists, device, dtype, warm_k)
+    except StoredNotFinite as exc:
+        # NOTE: the copy reads every stored vector, past the head/tail records an open checks: damage in the body
+        # of the file is found here, before the version serves (FAISS on the CPU finds it only when a search meets
+        # it), and refused as IndexReader refuses it then (_check_scores)
+        held_in = IVFDATA_FILE if reader.storage == "ondisk" else INDEX_FILE
+        raise BadInputError(f"{reader.dir / held_in}: {exc}: the index is corrupt; run petal verify and rebuild "
+                            "it") from None
+
+
+def _with_copy(reader: IndexReader, out: IndexReader, lists: bool, device: str, dtype: str,
+               warm_k: int | None) -> IndexReader | None:
+    """``out`` (a copy of ``reader``) searching the copy ``gpu_reader`` chose: the lists, or every vector."""
+    from petal.pipeline.serve.gpu_ivf import TorchIvfIndex
+    from petal.pipeline.serve.requests import DEFAULT_K
+
     try:
         if lists:
             nprobe = int(reader.search_params.get("nprobe", 1))
