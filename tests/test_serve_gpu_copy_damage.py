@@ -7,7 +7,8 @@ the vector: 'the index is corrupt; run petal verify and rebuild it'). Before, a 
 or ``--search-exact``) raised ``AttributeError`` ('TorchExactIndex' object has no attribute 'reconstruct': a 500 with
 a traceback) on the first search that met it, and a copy of an IVF index's lists dropped it from every answer (fewer
 hits than ``k``, 200). A finite stored vector whose score overflows (values near float32's largest) is no damage:
-the copy answers as FAISS on the CPU does (the ``reconstruct`` that the reader's check calls was missing).
+the copy answers as FAISS on the CPU does (a copy of every vector lacked the ``reconstruct`` that the reader's check
+calls; a copy of the lists dropped the +inf hit as padding).
 
 Real FAISS indexes built by ``petal index --vectors-column``, damaged in their body and signed again in sizes and
 head/tail checksums; the copies run through torch on the CPU here and on CUDA when there is one; the server test
@@ -133,12 +134,13 @@ def test_damage_past_the_first_upload_chunk_is_found(tmp_path: Path, device: str
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize(("factory", "exact"), [("Flat", False), ("IVF4,Flat", True)])
+@pytest.mark.parametrize(("factory", "exact"), [("Flat", False), ("IVF4,Flat", False), ("IVF4,Flat", True)])
 def test_a_finite_vector_whose_score_overflows_is_answered_as_faiss_answers(tmp_path: Path, factory: str,
                                                                             exact: bool, device: str) -> None:
     """A stored row of 1e37s (finite; float32 copy) under a query of 100s: its inner product is beyond float32
     (inf). The reader looks at the stored vector of a hit scored inf (finite: the query's to scale down, said by
-    the caller); the copy's answer had no ``reconstruct`` for that look (AttributeError)."""
+    the caller: ``petal serve`` answers 422 'scale the row down'); a copy of every vector had no ``reconstruct`` for
+    that look (AttributeError), a copy of the lists took the +inf score for padding and dropped the hit (2 of 3)."""
     from petal.pipeline.index.search import IndexReader
     from petal.pipeline.serve.gpu_search import GpuReaders
 

@@ -266,11 +266,11 @@ class TorchIvfIndex(GpuCopy):
         else:
             scores, ids = self._scanned(q, k, lists)
         worst = -torch.finfo(torch.float32).max
-        finite = torch.isfinite(scores)
+        found = scores > float("-inf")  # NOTE: not padding (-inf) nor NaN; +inf is a hit, as FAISS answers it
         if self.norms is not None:  # back to FAISS's squared L2 distance (padding: FLT_MAX, as FAISS pads)
             # (never below 0: the expansion's float32 rounding; FAISS clamps it too)
-            return torch.where(finite, ((q * q).sum(dim=1, keepdim=True) - scores).clamp(min=0), -worst), ids
-        return torch.where(finite, scores, worst), ids
+            return torch.where(found, ((q * q).sum(dim=1, keepdim=True) - scores).clamp(min=0), -worst), ids
+        return torch.where(found, scores, worst), ids
 
     def _gathered(self, q: Any, k: int, lists: Any) -> tuple[Any, Any]:
         """The probed lists' rows gathered, in windows of segments: (higher-is-better scores, ids)."""
@@ -304,7 +304,7 @@ class TorchIvfIndex(GpuCopy):
                 dots = torch.bmm(self.vectors[rows], scaled[:, :, None])[:, :, 0]  # [n, w * S]
                 top, top_rows = self._best(q, k, dots, rows, valid, back)
             best_scores.append(top)
-            best_ids.append(torch.where(torch.isfinite(top), self.ids[top_rows], -1))
+            best_ids.append(torch.where(top > float("-inf"), self.ids[top_rows], -1))  # (see _top)
         scores = torch.cat(best_scores, dim=1)
         ids = torch.cat(best_ids, dim=1)
         if len(best_scores) > 1:
@@ -323,7 +323,7 @@ class TorchIvfIndex(GpuCopy):
         dots = torch.mm(scaled, self.vectors.T)  # [n, ntotal]
         rows = self.row_numbers.expand(n, -1)
         top, top_rows = self._best(q, k, dots, rows, valid, back)
-        return top, torch.where(torch.isfinite(top), self.ids[top_rows], -1)
+        return top, torch.where(top > float("-inf"), self.ids[top_rows], -1)  # (see _top)
 
     def _best(self, q: Any, k: int, dots: Any, rows: Any, valid: Any, back: Any = None) -> tuple[Any, Any]:
         """The top ``k`` of candidate ``rows`` ``[n, m]`` by their ``dots`` with ``q`` (in the storage dtype, of
