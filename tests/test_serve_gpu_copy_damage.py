@@ -18,7 +18,9 @@ head/tail checksums; the copies run through torch on the CPU here and on CUDA wh
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -159,6 +161,64 @@ def test_a_finite_vector_whose_score_overflows_is_answered_as_faiss_answers(tmp_
     assert np.isfinite([h.score for h in on_copy[1:]]).all()
 
 
+def _damaged_later_version(src: Path, root: Path) -> Path:
+    """A version of other rows built over a copy of ``src`` under ``root``, damaged (a NaN vector) before any server
+    can see it; returns its directory, to publish into a served OUT."""
+    shutil.copytree(src, root / "out")
+    rows = np.abs(np.random.default_rng(6).standard_normal((ROWS, DIM))).astype(np.float32)
+    _index(root, "IVF4,Flat", "ip", rows)
+    _damage(root / "out", DAMAGED, np.nan)
+    return _version(root / "out")
+
+
+def _publish_and_wait_for_refusal(client: Any, live: Path, version: Path) -> dict[str, Any]:
+    """``version`` copied into ``live`` and named by its CURRENT; ``/ready`` once it says a refusal (or after 60 s)."""
+    shutil.copytree(version, live / "versions" / version.name)
+    (live / "CURRENT").write_text(version.name + "\n")
+    deadline = time.monotonic() + 60
+    while True:
+        ready: dict[str, Any] = client.get("/ready").json()
+        if ready.get("refused") or time.monotonic() > deadline:
+            return ready
+        time.sleep(0.1)
+
+
+def test_a_server_searching_a_copy_refuses_a_damaged_new_version_and_keeps_serving(tmp_path: Path) -> None:
+    """A real server (in this process, on a loopback port) whose versions are searched on a copy made by torch on the
+    CPU (what ``--search-device cuda`` makes on the GPU): a damaged version published is refused as 'prepare' naming
+    the vector, tried again; the live version keeps serving from its copy."""
+    import httpx
+
+    pytest.importorskip("uvicorn")
+    from petal.pipeline.jobs.query import SearchIndex
+    from petal.pipeline.serve.gpu_search import GpuReaders
+    from petal.pipeline.serve.service import ServeState
+    from petal.pipeline.serve.settings import ServeSettings
+    from tests._serve_shared import served_in_process
+
+    src = _index(tmp_path / "src", "IVF4,Flat", "ip")
+    later = _damaged_later_version(src, tmp_path / "later")
+    live = tmp_path / "live" / "out"
+    shutil.copytree(src, live)
+    index = SearchIndex.open(live, None)
+    state = ServeState(None, ServeSettings(reload_interval_s=0.1), index_root=live, index=index)
+    state.gpu = state.searcher.gpu = GpuReaders("cpu", "float16")  # NOTE: the copy on the CPU, standing in for CUDA
+    state.gpu.prepare(index.reader)
+    with served_in_process(state) as url, httpx.Client(base_url=url, timeout=60) as client:
+        before = client.get("/ready").json()
+        assert before["search"] == {"device": "cpu", "copy": "lists", "dtype": "float16"}, before
+        ready = _publish_and_wait_for_refusal(client, live, later)
+        assert ready["version"] == before["version"] and ready["search"]["copy"] == "lists", ready
+        refused = ready["refused"]
+        assert (refused["version"], refused["reason"]) == (later.name, "prepare") and "retry_in_s" in refused, refused
+        assert refused["message"] == (f"cannot prepare {later.name}: {live / 'versions' / later.name / 'index.faiss'}: "
+                                      f"vector {DAMAGED} holds NaN or infinite values: the index is corrupt; run "
+                                      "petal verify and rebuild it"), refused
+        answer = client.post("/search", json={"vectors": [[1.0] * DIM], "k": 3})
+        assert answer.status_code == 200 and len(answer.json()["results"][0]["hits"]) == 3, answer.text
+        assert answer.json()["version"] == before["version"]
+
+
 @CUDA
 def test_serve_refuses_a_damaged_index_at_start_and_a_damaged_new_version(tmp_path: Path) -> None:
     """``petal serve OUT --search-device cuda`` on an index whose body holds a NaN vector: exit 65 naming the file and
@@ -166,7 +226,6 @@ def test_serve_refuses_a_damaged_index_at_start_and_a_damaged_new_version(tmp_pa
     the sound one keeps serving and answers."""
     import subprocess
     import sys
-    import time
 
     pytest.importorskip("httpx")
     pytest.importorskip("uvicorn")
@@ -182,30 +241,16 @@ def test_serve_refuses_a_damaged_index_at_start_and_a_damaged_new_version(tmp_pa
     assert "Traceback" not in done.stderr, done.stderr
     assert f"{path}: vector {DAMAGED} holds NaN or infinite values" in done.stderr, done.stderr
 
-    # a second version of other rows, damaged before the server can see it, then published into the served OUT
-    later = tmp_path / "later"
-    shutil.copytree(src, later / "out")
-    rows = np.abs(np.random.default_rng(6).standard_normal((ROWS, DIM))).astype(np.float32)
-    _index(later, "IVF4,Flat", "ip", rows)
-    _damage(later / "out", DAMAGED, np.nan)
-    published = _version(later / "out").name
+    later = _damaged_later_version(src, tmp_path / "later")
     live = tmp_path / "live" / "out"
     shutil.copytree(src, live)
     server = Server(tmp_path / "server.log", live, "--search-device", "cuda", "--reload-interval-s", "0.1")
     try:
         sound = server.client.get("/ready").json()["version"]
-        assert sound != published
-        shutil.copytree(_version(later / "out"), live / "versions" / published)
-        (live / "CURRENT").write_text(published + "\n")
-        deadline = time.monotonic() + 60
-        while True:
-            ready = server.client.get("/ready").json()
-            if ready.get("refused") or time.monotonic() > deadline:
-                break
-            time.sleep(0.1)
+        ready = _publish_and_wait_for_refusal(server.client, live, later)
         assert ready["version"] == sound, ready
         refused = ready["refused"]
-        assert (refused["version"], refused["reason"]) == (published, "prepare"), refused
+        assert (refused["version"], refused["reason"]) == (later.name, "prepare"), refused
         assert f"vector {DAMAGED} holds NaN or infinite values" in refused["message"], refused
         answer = server.client.post("/search", json={"vectors": [[1.0] * DIM], "k": 3})
         assert answer.status_code == 200 and len(answer.json()["results"][0]["hits"]) == 3, answer.text
