@@ -77,7 +77,6 @@ class StoredNotFinite(Exception):
 
     def __init__(self, vector_id: int) -> None:
         super().__init__(f"vector {vector_id} holds NaN or infinite values")
-        self.vector_id = vector_id
 
 
 @dataclass(frozen=True)
@@ -420,7 +419,8 @@ def gpu_reader(reader: IndexReader, device: str = "cuda", dtype: str = "float16"
     ``nprobe``) unless ``exact``; any other searches every vector (the exact top k)."""
     import torch
 
-    from petal.pipeline.serve.gpu_ivf import coarse_problem, is_plain_ivf
+    from petal.pipeline.serve.gpu_ivf import TorchIvfIndex, coarse_problem, is_plain_ivf
+    from petal.pipeline.serve.requests import DEFAULT_K
 
     if is_binary_manifest(reader.manifest):
         log.warning("petal serve: --search-device cuda: a binary index searches with FAISS on the CPU")
@@ -441,23 +441,6 @@ def gpu_reader(reader: IndexReader, device: str = "cuda", dtype: str = "float16"
     out = copy.copy(reader)  # NOTE: shares the ids, columns and manifest; only `index` differs
     out.__class__ = GpuCopyReader  # NOTE: its searches left short widen on the copy, not through FAISS parameters
     try:
-        return _with_copy(reader, out, lists, device, dtype, warm_k)
-    except StoredNotFinite as exc:
-        # NOTE: the copy reads every stored vector, past the head/tail records an open checks: damage in the body
-        # of the file is found here, before the version serves (FAISS on the CPU finds it only when a search meets
-        # it), and refused as IndexReader refuses it then (_check_scores)
-        held_in = IVFDATA_FILE if reader.storage == "ondisk" else INDEX_FILE
-        raise BadInputError(f"{reader.dir / held_in}: {exc}: the index is corrupt; run petal verify and rebuild "
-                            "it") from None
-
-
-def _with_copy(reader: IndexReader, out: IndexReader, lists: bool, device: str, dtype: str,
-               warm_k: int | None) -> IndexReader | None:
-    """``out`` (a copy of ``reader``) searching the copy ``gpu_reader`` chose: the lists, or every vector."""
-    from petal.pipeline.serve.gpu_ivf import TorchIvfIndex
-    from petal.pipeline.serve.requests import DEFAULT_K
-
-    try:
         if lists:
             nprobe = int(reader.search_params.get("nprobe", 1))
             try:
@@ -477,6 +460,13 @@ def _with_copy(reader: IndexReader, out: IndexReader, lists: bool, device: str, 
         log.warning("petal serve: --search-device cuda: the GPU copy of %s is not made (%s): searching with FAISS "
                     "on the CPU", reader.dir.name, exc)
         return None
+    except StoredNotFinite as exc:
+        # NOTE: the copy reads every stored vector, past the head/tail records an open checks: damage in the body
+        # of the file is found here, before the version serves (FAISS on the CPU finds it only when a search meets
+        # it), and refused as IndexReader refuses it then (_check_scores)
+        held_in = IVFDATA_FILE if reader.storage == "ondisk" else INDEX_FILE
+        raise BadInputError(f"{reader.dir / held_in}: {exc}: the index is corrupt; run petal verify and rebuild "
+                            "it") from None
     if exact_copy.dtype_reason is not None:
         log.info("petal serve: the GPU copy of %s: every vector scored; %s", reader.dir.name,
                  exact_copy.describe_dtype())
