@@ -222,6 +222,28 @@ def test_lone_wordpiece_splits_new_words_itself_and_bounds_its_work(minilm_spec,
     check(set(texts[3:]))
 
 
+def test_lone_wordpiece_cache_is_left_out_of_garbage_collections(minilm_spec):
+    """The word cache of a server's lone-text path (up to MAX_CACHED_WORDS words) holds nothing the cyclic
+    collector walks once a collection has met it: every full collection of a long-running server walked each
+    cached word's list of ids (lists are always tracked), a pause that stalls every request in flight. Words learnt
+    from the tokenizer's own encoding and words split here both; the ids are the tokenizer's."""
+    import gc
+
+    tokenizer = TextTokenizer(minilm_spec.tokenizer_file, 512)
+    wordpiece = tokenizer._wordpiece
+    assert wordpiece is not None
+    texts = ["a first query about glaciers", "unaffable xyzzyq tokenization of words",
+             "the second text splits new words here", "glaciers move slowly downhill under their own weight"]
+    got = [tokenizer.encode([text]).token_ids[0] for text in texts]  # one at a time: the lone path
+    assert wordpiece._split is not None and {"first", "unaffable", "downhill"} <= set(wordpiece._cache)
+    batch = tokenizer.encode([*texts, "pad"])  # the tokenizer's own batch encoding
+    for mine, theirs in zip(got, batch.token_ids):
+        np.testing.assert_array_equal(mine, theirs)
+    gc.collect()
+    tracked = [word for word, ids in wordpiece._cache.items() if gc.is_tracked(ids)]
+    assert not tracked, tracked
+
+
 @pytest.mark.parametrize("continuing", ["##", ""])
 def test_wordpiece_split_matches_the_model_or_is_not_made(continuing):
     """The Python split of a small WordPiece model (with the "##" continuing prefix, and with none) gives the

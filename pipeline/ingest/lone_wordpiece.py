@@ -145,7 +145,10 @@ class LoneWordPiece:
         self._prefix = prefix
         self._suffix = suffix
         self._max_content = max_content  # ids of the text's words kept under truncation
-        self._cache: dict[str, list[int]] = {}
+        # NOTE: tuples, not lists: a tuple of ints is untracked by the cyclic collector at the first collection that
+        # meets it, where every cached list (up to MAX_CACHED_WORDS) stayed tracked and was walked by each full
+        # collection of a long-running server, a pause that stalls every request in flight
+        self._cache: dict[str, tuple[int, ...]] = {}
 
     @classmethod
     def for_tokenizer(cls, tokenizer: Any, max_length: int,
@@ -194,10 +197,11 @@ class LoneWordPiece:
                 split = self._split if self._split is not None else self._make_split()
                 if split is None:  # NOTE: the tokenizer encodes the text, the cache learns its words
                     return self._learn(text, words)
-                got, used = split(word, budget)
-                if got is None:  # NOTE: a pathological text (long words of rare pieces): the tokenizer's own
+                pieces, used = split(word, budget)
+                if pieces is None:  # NOTE: a pathological text (long words of rare pieces): the tokenizer's own
                     return None
                 budget -= used
+                got = tuple(pieces)
                 if len(cache) < MAX_CACHED_WORDS:
                     cache[word] = got
             ids += got
@@ -239,5 +243,5 @@ class LoneWordPiece:
             for i in range(reached):
                 if len(cache) >= MAX_CACHED_WORDS:
                     break
-                cache.setdefault(words[i], by_word[i])
+                cache.setdefault(words[i], tuple(by_word[i]))
         return encoding.ids, truncated
