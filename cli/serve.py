@@ -282,7 +282,7 @@ def serve(index_path: Path | None, model: str | None, host: str, port: int, api_
     from dataclasses import replace
 
     from petal.engine.config import ModelOptions
-    from petal.pipeline.index.search import IndexReader
+    from petal.pipeline.index.search import IndexReader, import_for_serving
     from petal.pipeline.jobs.index_run import model_spec
     from petal.pipeline.jobs.query import QueryModel, SearchIndex, engine_config, model_for_index
     from petal.pipeline.serve.metrics import ServeMetrics
@@ -345,6 +345,10 @@ def serve(index_path: Path | None, model: str | None, host: str, port: int, api_
             warm_up(query_model.engine)
             for tokenizer in query_model.tokenizers.values():
                 tokenizer.prepare_lone()
+        if first_version is not None:  # NOTE: modules a version's open imports, frozen below with the model
+            import_for_serving()
+            if settings.search_device == "cuda":
+                import petal.pipeline.serve.gpu_ivf  # noqa: F401  (and gpu_search: the GPU copy)
         freeze_long_lived()
         if first_version is not None:
             # NOTE: opened after the freeze, so a version's objects stay collectable once it is replaced; the

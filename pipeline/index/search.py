@@ -77,6 +77,24 @@ class Hit:
     fields: dict[str, Any] = field(default_factory=dict, hash=False)  # --keep-columns stored with the index
 
 
+def import_for_serving() -> None:
+    """Import now what opening and searching a version import at their first use: FAISS and its wrappers, the
+    memory-mapped reader and its structure checks, filters, stored columns.
+
+    A server calls it before it freezes what lives as long as the process (``cli/common.py``'s
+    ``freeze_long_lived``), so these modules are frozen with the rest. Imported later, by the first version's open,
+    they stayed in the oldest generation, walked by every full collection (FAISS alone: ~12k objects, 90% of what a
+    CPU server of the packaged MiniLM left unfrozen; pandas, imported by pyarrow at a first filtered search, ~34k).
+    """
+    import numpy.ma  # noqa: F401  (numpy imports it at the first np.unique, which reading stored rows calls)
+
+    # NOTE: pyarrow's first conversion of a Python value (a filter's literals, pc.is_in's answer to numpy, ...) asks
+    # pandas whether the value is one of its own, importing pandas where it is installed (~34k objects, 0.1-0.2 s)
+    pa.scalar(0)
+    load_faiss()
+    from petal.pipeline.index import columns_file, filter_values, filters, mmap, structure  # noqa: F401
+
+
 def verify_files(version_dir: Path) -> OpenCheck:
     """The cheap checks of ``pipeline/index/verify.py`` before FAISS reads any file (O(1) in the index size):
     every listed file stays inside the version and is a regular file, opened without blocking."""
