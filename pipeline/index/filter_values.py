@@ -13,6 +13,7 @@ type. Numbers compare by value: ``2001.0`` is ``2001``; a number the column's ty
 from __future__ import annotations
 
 import math
+import re
 from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +22,9 @@ from petal.pipeline.index.filters import FilterError
 if TYPE_CHECKING:
     import pyarrow as pa
 
+_TIME = re.compile(r"(\d{1,2}):(\d{2})(?::(\d{2})(?:\.(\d{1,9}))?)?")
+# a literal's UTC offset after its time: Z, +01:00, -0530, +01 (a bare date's "-31" is none)
+_OFFSET = re.compile(r"\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)? ?(?:Z|[+-]\d{2}(?::?\d{2})?)$")
 HINTS = {"number": "give a number (unquoted)", "boolean": "write true or false",
          "temporal": "give a quoted date or time, e.g. '2024-01-31' or '2024-01-31 12:00:00'"}
 
@@ -84,6 +88,13 @@ def value_set(column: str, dtype: pa.DataType, values: tuple[Any, ...]) -> pa.Ar
     if kind == "number":
         return _numbers(dtype, values)
     if kind == "temporal":
+        if pa.types.is_time(dtype):  # NOTE: Arrow casts no string to a time of day: read here
+            return _times(column, dtype, values)
+        zoned = pa.types.is_timestamp(dtype) and dtype.tz is not None
+        naive = [value for value in values if zoned and not _OFFSET.search(value.strip())]
+        if naive:  # NOTE: Arrow's own message tells of casts and assume_timezone, nothing a filter can do
+            raise FilterError(f"--where: column {column!r} is {dtype}; {literal_text(naive[0])} has no UTC offset, "
+                              f"which a time with a time zone needs: write one, e.g. '2024-01-31 12:00:00+00:00'")
         try:
             return pa.array(list(values), type=pa.string()).cast(dtype)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
@@ -93,6 +104,29 @@ def value_set(column: str, dtype: pa.DataType, values: tuple[Any, ...]) -> pa.Ar
     if pa.types.is_binary(dtype) or pa.types.is_large_binary(dtype) or str(dtype) == "binary_view":
         return pa.array([str(v).encode() for v in values], type=dtype)
     return pa.array(list(values), type=dtype)
+
+
+def _times(column: str, dtype: pa.DataType, values: tuple[Any, ...]) -> pa.Array:
+    """ISO times of day (``HH:MM``, ``HH:MM:SS``, ``HH:MM:SS.fraction``, up to nanoseconds) as ``dtype`` (time32/64
+    of ``s``, ``ms``, ``us`` or ``ns``); one it cannot hold (a bad time, or finer than its unit, as for timestamps) is a
+    ``FilterError``."""
+    import pyarrow as pa
+
+    unit_ns = {"s": 10**9, "ms": 10**6, "us": 10**3, "ns": 1}[dtype.unit]
+    counts = []
+    for value in values:
+        found = _TIME.fullmatch(value.strip())
+        hours, minutes, seconds = (int(found.group(i) or 0) for i in (1, 2, 3)) if found else (24, 0, 0)
+        if hours > 23 or minutes > 59 or seconds > 59:
+            raise FilterError(f"--where: column {column!r} is {dtype}; {literal_text(value)} is not a time of day it "
+                              "can hold: write it as '13:45', '13:45:30' or '13:45:30.25'")
+        assert found is not None
+        ns = ((hours * 60 + minutes) * 60 + seconds) * 10**9 + int((found.group(4) or "").ljust(9, "0"))
+        if ns % unit_ns:
+            raise FilterError(f"--where: column {column!r} is {dtype}; {literal_text(value)} is finer than the "
+                              f"column's unit ({dtype.unit}): no stored time equals it")
+        counts.append(ns // unit_ns)
+    return pa.array(counts, type=pa.int32() if dtype.bit_width == 32 else pa.int64()).cast(dtype)
 
 
 def _mismatch(column: str, dtype: pa.DataType, kind: str, value: Any) -> str:
@@ -128,6 +162,8 @@ def _numbers(dtype: pa.DataType, values: tuple[Any, ...]) -> pa.Array:
         return pa.array([v for v in whole if info.min <= v <= info.max], type=dtype)
     kept = []  # decimal: exact, from the literal's own digits
     for v in values:
+        if isinstance(v, float) and not math.isfinite(v):  # 1e999: no decimal equals it (pa.array: a TypeError)
+            continue
         try:
             kept.append(pa.array([Decimal(repr(v))]).cast(dtype))
         except (InvalidOperation, pa.ArrowInvalid):  # more digits than the column's scale or precision holds

@@ -1,0 +1,99 @@
+"""``--where`` on the kept columns whose literals went wrong: a decimal column against a number no decimal holds
+(``price = 1e999``: a raw TypeError traceback, now no row), a time-of-day column (every literal was refused: Arrow
+casts no string to a time; now ``'13:45:30'`` matches), and a timestamp column with a time zone given a literal
+without a UTC offset (Arrow's message of casts and ``assume_timezone``; now one that says to write the offset).
+Real Parquet, ``petal index --vectors-column`` (no model), FAISS, the CLI and the Python API."""
+
+from __future__ import annotations
+
+import datetime
+import re
+from decimal import Decimal
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from petal.cli.main import cli
+from petal.pipeline.index.search import IndexReader
+
+ROWS = 40
+DIM = 8
+UTC = datetime.timezone.utc
+
+
+@pytest.fixture(scope="module")
+def typed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("filter-time-decimal")
+    vectors = np.random.default_rng(0).standard_normal((ROWS, DIM)).astype(np.float32)
+    pq.write_table(pa.table({
+        "id": np.arange(ROWS), "text": [f"document {i}" for i in range(ROWS)],
+        "price": pa.array([Decimal(f"{i % 4}.25") for i in range(ROWS)], pa.decimal128(10, 2)),
+        "at_s": pa.array([datetime.time(12, 0, i % 4) for i in range(ROWS)], pa.time32("s")),
+        "at_us": pa.array([datetime.time(7, 5, 0, 250000 * (i % 2)) for i in range(ROWS)], pa.time64("us")),
+        "when": pa.array([datetime.datetime(2024, 1, 31, 12 + i % 2, tzinfo=UTC) for i in range(ROWS)],
+                         pa.timestamp("ms", "UTC")),
+        "emb": pa.FixedSizeListArray.from_arrays(pa.array(vectors.ravel()), DIM)}), root / "docs.parquet")
+    out = root / "idx"
+    result = CliRunner().invoke(cli, ["index", str(root / "docs.parquet"), "--out", str(out), "-q", "--vectors-column",
+                                      "emb", "--keep-columns", "price,at_s,at_us,when", "--index-factory", "Flat"])
+    assert result.exit_code == 0, result.output
+    np.save(root / "q.npy", vectors[:1])
+    return out, root / "q.npy"
+
+
+def fields(out: Path, where: str) -> list[dict]:
+    reader = IndexReader(out)
+    (hits,) = reader.search(reader.index.reconstruct_n(0, 1), ROWS, where=where)
+    return [h.fields for h in hits]
+
+
+@pytest.mark.parametrize("where,count", [("price = 1e999", 0), ("price = -1e999", 0), ("price IN (1e400, 3.25)", 10),
+                                         ("price = 3.25", 10), ("price = 3.251", 0)])
+def test_a_number_no_decimal_holds_matches_no_row(typed, where, count):
+    out, query = typed
+    result = CliRunner().invoke(cli, ["query", str(out), "--vector-file", str(query), "-k", str(ROWS), "--where",
+                                      where, "--json"])
+    assert result.exit_code == 0, result.output
+    assert "Traceback" not in result.output
+    assert len(fields(out, where)) == count
+    assert all(f["price"] == Decimal("3.25") for f in fields(out, where))
+
+
+def test_a_time_of_day_column_takes_iso_times(typed):
+    out, _ = typed
+    assert {f["at_s"] for f in fields(out, "at_s = '12:00:03'")} == {datetime.time(12, 0, 3)}
+    assert len(fields(out, "at_s IN ('12:00:01', '12:00:02')")) == ROWS // 2
+    assert len(fields(out, "at_us = '07:05:00.25'")) == ROWS // 2
+    assert len(fields(out, "at_us = '7:05'")) == ROWS // 2  # 07:05:00.000000
+    assert fields(out, "at_s = '13:00'") == [] and fields(out, "at_s = '12:00:01.5'") == []
+
+
+# NOTE: Parquet has no time of seconds: a time32[s] column is stored, kept and filtered as time32[ms]
+@pytest.mark.parametrize("where,said", [("at_s = '12:00:01.0005'", "finer than the column's unit (ms)"),
+                                        ("at_us = '07:05:00.0000001'", "finer than the column's unit (us)"),
+                                        ("at_s = '24:00'", "not a time of day it can hold"),
+                                        ("at_us = 'noon'", "not a time of day it can hold"),
+                                        ("when = '2024-01-31 12:00:00'", "has no UTC offset"),
+                                        ("when = '2024-01-31'", "has no UTC offset")])
+def test_a_time_a_column_cannot_hold_is_a_usage_error_naming_it(typed, where, said):
+    out, query = typed
+    result = CliRunner().invoke(cli, ["query", str(out), "--vector-file", str(query), "--where", where])
+    assert result.exit_code == 2, result.output
+    column = where.split()[0]
+    assert f"--where: column {column!r} is" in result.stderr and said in result.stderr, result.stderr
+    assert "assume_timezone" not in result.stderr and "Traceback" not in result.output
+    with pytest.raises(ValueError, match=re.escape(said)):
+        fields(out, where)
+
+
+def test_a_timestamp_with_a_time_zone_takes_literals_with_their_offset(typed):
+    out, _ = typed
+    noon = datetime.datetime(2024, 1, 31, 12, tzinfo=UTC)
+    for where in ("when = '2024-01-31 12:00:00Z'", "when = '2024-01-31T13:00:00+01:00'",
+                  "when = '2024-01-31 07:00:00-0500'"):
+        got = fields(out, where)
+        assert len(got) == ROWS // 2 and {f["when"] for f in got} == {noon}, where
