@@ -97,3 +97,16 @@ def test_a_timestamp_with_a_time_zone_takes_literals_with_their_offset(typed):
                   "when = '2024-01-31 07:00:00-0500'"):
         got = fields(out, where)
         assert len(got) == ROWS // 2 and {f["when"] for f in got} == {noon}, where
+
+
+@pytest.mark.parametrize("where", ["at_s = '\udcff'", "price IN (1, '\ud800')", "\udcff = 'x'"])
+def test_a_filter_holding_what_is_not_text_is_a_usage_error(typed, where):
+    """A command-line byte that is not UTF-8 (read by surrogateescape) or JSON's lone "\\ud800" in a filter: a raw
+    UnicodeEncodeError from Arrow (exit 1, a traceback), now exit 2 naming the character."""
+    out, query = typed
+    result = CliRunner().invoke(cli, ["query", str(out), "--vector-file", str(query), "--where", where])
+    assert result.exit_code == 2, result.output
+    at = next(i for i, char in enumerate(where) if "\ud800" <= char <= "\udfff") + 1
+    assert f"character {at} is not text" in result.stderr and "Traceback" not in result.output, result.output
+    with pytest.raises(ValueError, match=f"character {at} is not text"):
+        fields(out, where)

@@ -5,6 +5,7 @@ cast. Real tiny BERT, real Parquet and FAISS, the CLI, the API and a real ``peta
 from __future__ import annotations
 
 import datetime
+import json
 from pathlib import Path
 
 import pyarrow as pa
@@ -103,8 +104,11 @@ def test_serve_search_gives_the_same_rule_as_a_422(typed_index, tmp_path):
     server = Server(tmp_path / "server.log", typed_index)
     try:
         for where, said in [("topic = 5", "'where': column 'topic' is string; 5 is an integer"),
-                            ("year IN (2001, '2002')", "'where': column 'year' is int16; '2002' is a string")]:
-            response = server.client.post("/search", json={"query": "document", "k": 3, "where": where})
+                            ("year IN (2001, '2002')", "'where': column 'year' is int16; '2002' is a string"),
+                            # JSON's lone surrogate: was a 500 (Arrow's UnicodeEncodeError)
+                            ("topic = '\ud800'", "character 10 is not text")]:
+            body = json.dumps({"query": "document", "k": 3, "where": where}).encode()  # NOTE: escapes the surrogate
+            response = server.client.post("/search", content=body, headers={"Content-Type": "application/json"})
             assert response.status_code == 422, response.text
             assert said in response.json()["error"]["message"], response.text
         good = server.client.post("/search", json={"query": "document", "k": 3, "where": "topic = '5'"})

@@ -89,6 +89,12 @@ def _number(text: str, value: str) -> int | float:
 
 def parse_filter(text: str) -> Filter:
     """``FilterError`` naming what is wrong in ``text``."""
+    # NOTE: a lone surrogate (a command-line byte that is not UTF-8, read by surrogateescape; JSON's "\ud800") can
+    # be no stored value nor column name, and Arrow cannot encode it (a raw UnicodeEncodeError)
+    bad = next((at for at, char in enumerate(text) if "\ud800" <= char <= "\udfff"), None)
+    if bad is not None:
+        raise FilterError(f"--where {text!r}: character {bad + 1} is not text (a byte that is not UTF-8, or a lone "
+                          "surrogate)")
     tokens = _tokens(text)
     clauses, i = [], 0
 
