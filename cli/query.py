@@ -399,39 +399,28 @@ def _rendered(index: Index, labels: list[str], results: list[list[Hit]], as_json
 
 
 def _field_value(value: Any) -> Any:
-    """A kept column's value as ``petal query`` shows it: a duration as ISO 8601 (``P1D``, ``PT1M30S``, ``-PT5S``,
-    ``PT0.0015S``), never Python's ``1 day, 0:00:00`` or ``-1 day, 23:59:55`` (that is -5 s); the rest as it is."""
+    """A kept column's value as ``petal query`` shows it: a duration as ISO 8601 (``iso_duration``), the rest as it
+    is."""
     import datetime as dt
 
-    if not isinstance(value, dt.timedelta):
-        return value
-    total_ns = getattr(value, "value", None)  # NOTE: pandas' Timedelta (pyarrow's duration('ns') with pandas) keeps ns
-    if not isinstance(total_ns, int):
-        total_ns = value // dt.timedelta(microseconds=1) * 1000
-    sign, total_ns = ("-" if total_ns < 0 else ""), abs(total_ns)
-    days, rest = divmod(total_ns, 86_400 * 10**9)
-    hours, rest = divmod(rest, 3_600 * 10**9)
-    minutes, rest = divmod(rest, 60 * 10**9)
-    seconds, fraction = divmod(rest, 10**9)
-    second_text = f"{seconds}.{fraction:09d}".rstrip("0") if fraction else str(seconds)
-    clock = (f"{hours}H" if hours else "") + (f"{minutes}M" if minutes else "") + \
-        (f"{second_text}S" if seconds or fraction else "")
-    if not days and not clock:
-        return "PT0S"
-    return f"{sign}P" + (f"{days}D" if days else "") + (f"T{clock}" if clock else "")
+    from petal.pipeline.serve.encoding import iso_duration
+
+    return iso_duration(value) if isinstance(value, dt.timedelta) else value
 
 
 def _json_line(answer: dict[str, Any]) -> str:
     """One query's ``--json`` line: a ``--keep-columns`` float that is NaN or infinite as ``null``, as ``petal serve``
-    answers it; other values JSON has no type for (dates, decimals) as ``str()``.
+    answers it; other values JSON has no type for as ``petal serve`` writes them (``json_default``).
 
     NOTE: ``json.dumps`` writes NaN and Infinity, which no strict JSON reader takes (jq, JSON.parse, orjson)."""
     try:
-        return json_text(answer, default=str, allow_nan=False)
+        from petal.pipeline.serve.encoding import json_default
+
+        return json_text(answer, default=json_default, allow_nan=False)
     except ValueError:
         from petal.pipeline.serve.encoding import _finite
 
-        return json_text(_finite(answer), default=str)
+        return json_text(_finite(answer), default=json_default)
 
 
 def _followed(index: Index, where: str | None) -> Index:

@@ -11,6 +11,7 @@ for by default) is little-endian float32 bytes, a few microseconds a row either 
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import json
 import math
 from typing import Any
@@ -92,24 +93,49 @@ def duplicate_key(body: bytes, value: dict[str, Any]) -> str | None:
     return None
 
 
+def iso_duration(value: dt.timedelta) -> str:
+    """A duration as ISO 8601 (``P1D``, ``PT1M30S``, ``-PT5S``, ``PT0.0015S``), never Python's ``1 day, 0:00:00`` or
+    ``-1 day, 23:59:55`` (that is -5 s)."""
+    total_ns = getattr(value, "value", None)  # NOTE: pandas' Timedelta (pyarrow's duration('ns') with pandas) keeps ns
+    if not isinstance(total_ns, int):
+        total_ns = value // dt.timedelta(microseconds=1) * 1000
+    sign, total_ns = ("-" if total_ns < 0 else ""), abs(total_ns)
+    days, rest = divmod(total_ns, 86_400 * 10**9)
+    hours, rest = divmod(rest, 3_600 * 10**9)
+    minutes, rest = divmod(rest, 60 * 10**9)
+    seconds, fraction = divmod(rest, 10**9)
+    second_text = f"{seconds}.{fraction:09d}".rstrip("0") if fraction else str(seconds)
+    clock = (f"{hours}H" if hours else "") + (f"{minutes}M" if minutes else "") + \
+        (f"{second_text}S" if seconds or fraction else "")
+    if not days and not clock:
+        return "PT0S"
+    return f"{sign}P" + (f"{days}D" if days else "") + (f"T{clock}" if clock else "")
+
+
+def json_default(value: Any) -> str:
+    """A value JSON has no type for (a kept or stored column's date, time, decimal, duration): a duration as ISO
+    8601 (``iso_duration``, as ``petal query`` shows it), anything else as ``str()``."""
+    return iso_duration(value) if isinstance(value, dt.timedelta) else str(value)
+
+
 def dumps(body: Any, use_orjson: bool = True) -> bytes:
-    """UTF-8 JSON of ``body``; values JSON has no type for (dates, decimals) as ``str()``, like
-    ``json.dumps(default=str)``."""
+    """UTF-8 JSON of ``body``; values JSON has no type for (dates, decimals, durations) as ``json_default`` writes
+    them."""
     if use_orjson and orjson is not None:
         try:
-            return orjson.dumps(body, default=str, option=_ORJSON_OPTIONS)
+            return orjson.dumps(body, default=json_default, option=_ORJSON_OPTIONS)
         except (TypeError, orjson.JSONEncodeError):  # an integer over 64 bits, a cycle...: the stdlib decides
             pass
     try:
         # NOTE: allow_nan=False: the standard library writes NaN and Infinity (a metadata column's NaN), which no
         # JSON reader takes; orjson writes null for them, and so does this path
-        return json.dumps(body, ensure_ascii=False, default=str, allow_nan=False).encode()
+        return json.dumps(body, ensure_ascii=False, default=json_default, allow_nan=False).encode()
     except ValueError:
         body = _finite(body)
     try:
-        return json.dumps(body, ensure_ascii=False, default=str).encode()
+        return json.dumps(body, ensure_ascii=False, default=json_default).encode()
     except UnicodeEncodeError:  # a lone surrogate (a shard's or a request's text): escaped, still valid JSON
-        return json.dumps(body, default=str).encode()
+        return json.dumps(body, default=json_default).encode()
 
 
 def _finite(value: Any) -> Any:
