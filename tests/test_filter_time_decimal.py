@@ -36,10 +36,13 @@ def typed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
         "at_us": pa.array([datetime.time(7, 5, 0, 250000 * (i % 2)) for i in range(ROWS)], pa.time64("us")),
         "when": pa.array([datetime.datetime(2024, 1, 31, 12 + i % 2, tzinfo=UTC) for i in range(ROWS)],
                          pa.timestamp("ms", "UTC")),
+        "topic": [str(i % 3) for i in range(ROWS)], "score": pa.array([i / 4 for i in range(ROWS)], pa.float32()),
+        "flag": [i % 2 == 0 for i in range(ROWS)], "year": pa.array([2000 + i % 3 for i in range(ROWS)], pa.int16()),
         "emb": pa.FixedSizeListArray.from_arrays(pa.array(vectors.ravel()), DIM)}), root / "docs.parquet")
     out = root / "idx"
     result = CliRunner().invoke(cli, ["index", str(root / "docs.parquet"), "--out", str(out), "-q", "--vectors-column",
-                                      "emb", "--keep-columns", "price,at_s,at_us,when", "--index-factory", "Flat"])
+                                      "emb", "--keep-columns", "price,at_s,at_us,when,topic,score,flag,year",
+                                      "--index-factory", "Flat"])
     assert result.exit_code == 0, result.output
     np.save(root / "q.npy", vectors[:1])
     return out, root / "q.npy"
@@ -110,3 +113,51 @@ def test_a_filter_holding_what_is_not_text_is_a_usage_error(typed, where):
     assert f"character {at} is not text" in result.stderr and "Traceback" not in result.output, result.output
     with pytest.raises(ValueError, match=f"character {at} is not text"):
         fields(out, where)
+
+
+WHERES = ["topic IN ('1', '2')", "score = 2.5", "flag = true", "year IN (2001, 2001.5)", "price = 3.25",
+          "at_s = '12:00:01'", "when = '2024-01-31 12:00:00Z'", "topic = '1' AND score IN (0.25, 1.75)"]
+
+
+def test_a_filter_does_not_import_pandas(typed):
+    """pyarrow's first conversion of a Python value (a filter's literals, its matches read into numpy) asks pandas
+    whether the value is pandas', importing it where installed: ~0.1-0.2 s of a one-shot ``petal query --where``.
+    A filter's values are now built from buffers and its matches read from their bitmaps: making the selector of
+    each filter (a fresh interpreter) imports no pandas, and each matches the rows Python's comparisons find."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("pandas")  # (where it is not installed there is nothing to import)
+    out, _ = typed
+    script = ("import sys; from petal.pipeline.index.search import IndexReader; reader = IndexReader(sys.argv[1]); "
+              "[reader.selector(where) for where in sys.argv[2:]]; print('pandas' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", script, str(out), *WHERES], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "False", (done.stdout, done.stderr)
+    reader = IndexReader(out)
+    for where in WHERES:
+        (hits,) = reader.search(reader.index.reconstruct_n(0, 1), ROWS, where=where)
+        assert sorted(h.id for h in hits) == sorted(_brute_force(out, where)), where
+
+
+def _brute_force(out: Path, where: str) -> list[int]:
+    """The ids whose stored columns match ``where``, by Python comparisons (the clauses of WHERES)."""
+    from petal.pipeline.index.filters import parse_filter
+
+    table = pq.read_table(next(out.glob("versions/*/ids.parquet"))).to_pylist()
+    wanted = []
+    for row in table:
+        ok = True
+        for clause in parse_filter(where).clauses:
+            value = row[clause.column]
+            if isinstance(value, Decimal):
+                ok &= any(value == Decimal(repr(v)) for v in clause.values)
+            elif isinstance(value, datetime.time):
+                ok &= any(value == datetime.time.fromisoformat(v) for v in clause.values)
+            elif isinstance(value, datetime.datetime):
+                ok &= any(value == datetime.datetime.fromisoformat(v.replace("Z", "+00:00")) for v in clause.values)
+            else:
+                ok &= value in clause.values
+        if ok:
+            wanted.append(row["id"])
+    return wanted

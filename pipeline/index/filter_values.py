@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING, Any
 
@@ -79,7 +80,7 @@ def value_set(column: str, dtype: pa.DataType, values: tuple[Any, ...]) -> pa.Ar
         raise FilterError(f"--where: column {column!r} is {dtype}: only string, number, boolean, date and time "
                           "columns can be filtered")
     if kind == "null":  # every stored value is null: no literal equals one
-        return pa.array([], type=pa.null())
+        return pa.nulls(0)
     want = {"string": ("string",), "number": ("integer", "number"), "boolean": ("boolean",),
             "temporal": ("string",)}[kind]
     for value in values:
@@ -96,14 +97,55 @@ def value_set(column: str, dtype: pa.DataType, values: tuple[Any, ...]) -> pa.Ar
             raise FilterError(f"--where: column {column!r} is {dtype}; {literal_text(naive[0])} has no UTC offset, "
                               f"which a time with a time zone needs: write one, e.g. '2024-01-31 12:00:00+00:00'")
         try:
-            return pa.array(list(values), type=pa.string()).cast(dtype)
+            return from_python(values, pa.string()).cast(dtype)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
             said = ", ".join(map(literal_text, values))
             raise FilterError(f"--where: column {column!r} is {dtype}; {said} is not a date or time it can hold "
                               f"({exc})") from exc
     if pa.types.is_binary(dtype) or pa.types.is_large_binary(dtype) or str(dtype) == "binary_view":
-        return pa.array([str(v).encode() for v in values], type=dtype)
-    return pa.array(list(values), type=dtype)
+        return from_python([str(v).encode() for v in values], dtype)
+    return from_python(values, dtype)
+
+
+def from_python(values: Sequence[Any], dtype: pa.DataType) -> pa.Array:
+    """``pa.array(values, type=dtype)`` of a filter's literals (str for string, temporal and decimal columns, bytes,
+    int, float, bool), built from buffers: the same values, without importing pandas.
+
+    NOTE: pyarrow's first conversion of Python values (``pa.array`` of a list or an ndarray, ``pa.scalar``,
+    ``Array.to_numpy``) asks pandas whether they are one of its own, importing pandas where it is installed (petal
+    does not need it): ~0.1-0.2 s of a one-shot ``petal query --where`` and ~34k more objects in its process.
+    Strings, bytes and decimals go through a UTF-8 array and Arrow's own cast (a decimal the type cannot hold:
+    ``ArrowInvalid``, as ``pa.array`` raised; a lone surrogate: ``UnicodeEncodeError``).
+    """
+    import numpy as np
+    import pyarrow as pa
+
+    t = pa.types
+    if t.is_null(dtype):
+        return pa.nulls(len(values))
+    if t.is_boolean(dtype):
+        bits = np.packbits(np.array([bool(v) for v in values], dtype=bool), bitorder="little")
+        return pa.Array.from_buffers(dtype, len(values), [None, pa.py_buffer(bits.tobytes())])
+    if t.is_integer(dtype) or t.is_floating(dtype):
+        numbers = np.array(values, dtype=np.dtype(dtype.to_pandas_dtype()))
+        return pa.Array.from_buffers(dtype, len(values), [None, pa.py_buffer(numbers.tobytes())])
+    if t.is_decimal(dtype):
+        return _bytes_array([str(v).encode() for v in values], pa.string()).cast(dtype)
+    if t.is_binary(dtype) or t.is_large_binary(dtype) or str(dtype) == "binary_view":
+        return _bytes_array([bytes(v) for v in values], pa.binary()).cast(dtype)
+    strings = _bytes_array([str(v).encode() for v in values], pa.string())
+    return strings if strings.type == dtype else strings.cast(dtype)
+
+
+def _bytes_array(items: list[bytes], dtype: pa.DataType) -> pa.Array:
+    """A ``string`` or ``binary`` array of ``items`` (32-bit offsets)."""
+    import numpy as np
+    import pyarrow as pa
+
+    offsets = np.zeros(len(items) + 1, dtype=np.int32)
+    np.cumsum([len(item) for item in items], out=offsets[1:])
+    return pa.Array.from_buffers(dtype, len(items), [None, pa.py_buffer(offsets.tobytes()),
+                                                     pa.py_buffer(b"".join(items))])
 
 
 def _times(column: str, dtype: pa.DataType, values: tuple[Any, ...]) -> pa.Array:
@@ -126,7 +168,7 @@ def _times(column: str, dtype: pa.DataType, values: tuple[Any, ...]) -> pa.Array
             raise FilterError(f"--where: column {column!r} is {dtype}; {literal_text(value)} is finer than the "
                               f"column's unit ({dtype.unit}): no stored time equals it")
         counts.append(ns // unit_ns)
-    return pa.array(counts, type=pa.int32() if dtype.bit_width == 32 else pa.int64()).cast(dtype)
+    return from_python(counts, pa.int32() if dtype.bit_width == 32 else pa.int64()).cast(dtype)
 
 
 def _mismatch(column: str, dtype: pa.DataType, kind: str, value: Any) -> str:
@@ -155,17 +197,17 @@ def _numbers(dtype: pa.DataType, values: tuple[Any, ...]) -> pa.Array:
     import pyarrow as pa
 
     if pa.types.is_floating(dtype):
-        return pa.array([float(v) for v in values], type=pa.float64()).cast(dtype, safe=False)
+        return from_python([float(v) for v in values], pa.float64()).cast(dtype, safe=False)
     if pa.types.is_integer(dtype):
         info = np.iinfo(dtype.to_pandas_dtype())
         whole = [int(v) for v in values if not isinstance(v, float) or v.is_integer()]
-        return pa.array([v for v in whole if info.min <= v <= info.max], type=dtype)
+        return from_python([v for v in whole if info.min <= v <= info.max], dtype)
     kept = []  # decimal: exact, from the literal's own digits
     for v in values:
-        if isinstance(v, float) and not math.isfinite(v):  # 1e999: no decimal equals it (pa.array: a TypeError)
+        if isinstance(v, float) and not math.isfinite(v):  # 1e999: no decimal equals it (Arrow: a TypeError)
             continue
         try:
-            kept.append(pa.array([Decimal(repr(v))]).cast(dtype))
+            kept.append(from_python([Decimal(repr(v))], dtype))
         except (InvalidOperation, pa.ArrowInvalid):  # more digits than the column's scale or precision holds
             continue
-    return pa.concat_arrays(kept) if kept else pa.array([], type=dtype)
+    return pa.concat_arrays(kept) if kept else from_python([], dtype)

@@ -148,7 +148,7 @@ def filter_mask(flt: Filter, table: pa.Table, available: list[str]) -> np.ndarra
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from petal.pipeline.index.filter_values import value_set
+    from petal.pipeline.index.filter_values import from_python, value_set
 
     mask = np.ones(table.num_rows, dtype=bool)
     for clause in flt.clauses:
@@ -162,11 +162,26 @@ def filter_mask(flt: Filter, table: pa.Table, available: list[str]) -> np.ndarra
             # holding 0.0), where every comparison of numbers finds them equal; x + 0.0 is +0.0 for either zero. A
             # float16 column goes as float32 (exact): Arrow has no is_in (nor add) for it, a traceback
             wide = pa.float32() if pa.types.is_float16(column.type) else column.type
-            zero = pa.scalar(0.0, wide)
+            zero = from_python([0.0], wide)[0]  # NOTE: not pa.scalar, which imports pandas (from_python)
             column, values = pc.add(column.cast(wide), zero), pc.add(values.cast(wide), zero)
-        hit = pc.is_in(column, value_set=values)
-        mask &= hit.to_numpy(zero_copy_only=False).astype(bool)  # nulls never match
+        mask &= true_rows(pc.is_in(column, value_set=values))
     return mask
+
+
+def true_rows(flags: pa.ChunkedArray) -> np.ndarray:
+    """``[len(flags)]`` bool: the rows of a boolean column that are true (null: false), read from its bitmaps.
+    NOTE: not ``to_numpy``, which imports pandas where it is installed (``filter_values.from_python``)."""
+    import numpy as np
+
+    parts = [np.zeros(0, dtype=bool)]
+    for chunk in flags.chunks:
+        validity, values = chunk.buffers()[:2]
+        start, stop = chunk.offset, chunk.offset + len(chunk)
+        bits = np.unpackbits(np.frombuffer(values, np.uint8), count=stop, bitorder="little")[start:].astype(bool)
+        if validity is not None and chunk.null_count:
+            bits &= np.unpackbits(np.frombuffer(validity, np.uint8), count=stop, bitorder="little")[start:].astype(bool)
+        parts.append(bits)
+    return np.concatenate(parts)
 
 
 class IdSelector:
