@@ -161,3 +161,21 @@ def test_a_float_column_compares_as_numbers(tmp_path, float_type):
         assert matched("f = 0") == matched("f = -0.0") == matched("f = 0.0") == [0, 1]
         assert matched("f IN (-0.0, 1.5)") == [0, 1, 2]
         assert matched("f = 0.25") == [4] and matched("f = -2") == [5]
+
+
+def test_true_rows_reads_a_boolean_column_from_its_bitmaps():
+    """``true_rows`` (a filter's matches, read without ``to_numpy``, which imports pandas): chunked, sliced at any
+    offset, with nulls (never a match), against Python's reading of the same values."""
+    from petal.pipeline.index.filters import true_rows
+
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        chunks = []
+        for _ in range(int(rng.integers(0, 4))):
+            n = int(rng.integers(0, 40))
+            column = pa.array(rng.random(n) < 0.5, mask=rng.random(n) < 0.3)
+            start = int(rng.integers(0, n + 1))
+            chunks.append(column.slice(start, int(rng.integers(0, n - start + 1))))
+        flags = pa.chunked_array(chunks, pa.bool_())
+        got = true_rows(flags)
+        assert got.dtype == bool and got.tolist() == [value is True for value in flags.to_pylist()]
