@@ -348,7 +348,11 @@ def serve(index_path: Path | None, model: str | None, host: str, port: int, api_
         if first_version is not None:  # NOTE: modules a version's open imports, frozen below with the model
             import_for_serving()
             if settings.search_device == "cuda":
-                import petal.pipeline.serve.gpu_ivf  # noqa: F401  (and gpu_search: the GPU copy)
+                from petal.engine.layers.triton_kernels import triton_available
+                from petal.pipeline.serve import gather_dots, gpu_ivf  # noqa: F401  (and gpu_search: the GPU copy)
+
+                if triton_available():  # NOTE: the lists copy scores its gathered rows with a Triton kernel
+                    gather_dots.prepare(first_version[1].dim, "cuda")
         freeze_long_lived()
         if first_version is not None:
             # NOTE: opened after the freeze, so a version's objects stay collectable once it is replaced; the

@@ -58,3 +58,21 @@ def gather_dots(vectors: Any, rows: Any, q: Any) -> Any:
     _kernel()[grid](vectors, rows.contiguous(), q.contiguous(), out, num_rows, DIM=vectors.shape[1],
                     BLOCK_M=BLOCK_ROWS, BLOCK_D=BLOCK_DIM)
     return out
+
+
+def prepare(dim: int, device: str) -> None:
+    """Compile the kernel now for stored vectors of ``dim`` values (float16 and float32; a row count of 1, a multiple
+    of 16 and any other: Triton's integer specialisations) on ``device``.
+
+    A server (``petal serve --search-device cuda``) calls it before it freezes what lives as long as the process: the
+    Triton modules, driver utilities and launchers a first compile imports (114 modules for a server of an index of
+    vectors, which has no model to import Triton first) are frozen with the rest, and the GPU copy's warm-up finds the
+    kernel compiled, instead of leaving them for every full collection to walk."""
+    import torch
+
+    q = torch.zeros((1, dim), dtype=torch.float32, device=device)
+    for dtype in (torch.float16, torch.float32):
+        vectors = torch.zeros((1, dim), dtype=dtype, device=device)
+        for num_rows in (1, 16, 17):
+            gather_dots(vectors, torch.zeros((1, num_rows), dtype=torch.int64, device=device), q)
+    torch.cuda.synchronize(device)
