@@ -413,13 +413,11 @@ def _json_line(answer: dict[str, Any]) -> str:
     answers it; other values JSON has no type for as ``petal serve`` writes them (``json_default``).
 
     NOTE: ``json.dumps`` writes NaN and Infinity, which no strict JSON reader takes (jq, JSON.parse, orjson)."""
-    try:
-        from petal.pipeline.serve.encoding import json_default
+    from petal.pipeline.serve.encoding import _finite, json_default
 
+    try:
         return json_text(answer, default=json_default, allow_nan=False)
     except ValueError:
-        from petal.pipeline.serve.encoding import _finite
-
         return json_text(_finite(answer), default=json_default)
 
 

@@ -92,7 +92,7 @@ def value_set(column: str, dtype: pa.DataType, values: tuple[Any, ...]) -> pa.Ar
         if pa.types.is_time(dtype):  # NOTE: Arrow casts no string to a time of day: read here
             return _times(column, dtype, values)
         zoned = pa.types.is_timestamp(dtype) and dtype.tz is not None
-        naive = [value for value in values if zoned and not _OFFSET.search(value.strip())]
+        naive = [value for value in values if not _OFFSET.search(value.strip())] if zoned else []
         if naive:  # NOTE: Arrow's own message tells of casts and assume_timezone, nothing a filter can do
             raise FilterError(f"--where: column {column!r} is {dtype}; {literal_text(naive[0])} has no UTC offset, "
                               f"which a time with a time zone needs: write one, e.g. '2024-01-31 12:00:00+00:00'")
@@ -157,18 +157,26 @@ def _times(column: str, dtype: pa.DataType, values: tuple[Any, ...]) -> pa.Array
     unit_ns = {"s": 10**9, "ms": 10**6, "us": 10**3, "ns": 1}[dtype.unit]
     counts = []
     for value in values:
-        found = _TIME.fullmatch(value.strip())
-        hours, minutes, seconds = (int(found.group(i) or 0) for i in (1, 2, 3)) if found else (24, 0, 0)
-        if hours > 23 or minutes > 59 or seconds > 59:
+        ns = _time_ns(value)
+        if ns is None:
             raise FilterError(f"--where: column {column!r} is {dtype}; {literal_text(value)} is not a time of day it "
                               "can hold: write it as '13:45', '13:45:30' or '13:45:30.25'")
-        assert found is not None
-        ns = ((hours * 60 + minutes) * 60 + seconds) * 10**9 + int((found.group(4) or "").ljust(9, "0"))
         if ns % unit_ns:
             raise FilterError(f"--where: column {column!r} is {dtype}; {literal_text(value)} is finer than the "
                               f"column's unit ({dtype.unit}): no stored time equals it")
         counts.append(ns // unit_ns)
     return from_python(counts, pa.int32() if dtype.bit_width == 32 else pa.int64()).cast(dtype)
+
+
+def _time_ns(text: str) -> int | None:
+    """Nanoseconds since midnight of an ISO time of day (``None``: not one)."""
+    found = _TIME.fullmatch(text.strip())
+    if found is None:
+        return None
+    hours, minutes, seconds = (int(found.group(i) or 0) for i in (1, 2, 3))
+    if hours > 23 or minutes > 59 or seconds > 59:
+        return None
+    return ((hours * 60 + minutes) * 60 + seconds) * 10**9 + int((found.group(4) or "").ljust(9, "0"))
 
 
 def _mismatch(column: str, dtype: pa.DataType, kind: str, value: Any) -> str:

@@ -88,8 +88,9 @@ def import_for_serving() -> None:
     """
     import numpy.ma  # noqa: F401  (numpy imports it at the first np.unique, which reading stored rows calls)
 
-    # NOTE: pyarrow's first conversion of a Python value (a filter's literals, pc.is_in's answer to numpy, ...) asks
-    # pandas whether the value is one of its own, importing pandas where it is installed (~34k objects, 0.1-0.2 s)
+    # NOTE: pyarrow's first conversion of some values (to_pylist of a zoned timestamp, kept or read as metadata;
+    # pa.array, pa.scalar) asks pandas whether they are its own, importing pandas where it is installed (~34k
+    # objects, ~0.17 s on the 2-core machine): a server pays it here, once, rather than at a request, unfrozen
     pa.scalar(0)
     load_faiss()
     from petal.pipeline.index import columns_file, filter_values, filters, mmap, structure  # noqa: F401
