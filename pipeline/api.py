@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
+from petal.pipeline.config import check_column_name
 from petal.pipeline.jobs.report import RunReport
 from petal.pipeline.jobs.settings import (
     check_vectors_flags,
@@ -93,6 +94,10 @@ def index(sources: Sources, out: str | os.PathLike[str], *, engine_factory: Call
                                         f"{kind_of(vectors_column)}, not str")
             if not vectors_column:  # NOTE: as --text-column "": no column has that name
                 raise UsageError("--vectors-column must not be empty")
+            try:
+                check_column_name("--vectors-column", vectors_column)
+            except ValueError as exc:
+                raise UsageError(str(exc)) from None
             check_vectors_flags(settings)
     except UsageError as exc:
         keyword_named(exc)  # NOTE: dim 0 < 1, not --dim: the caller passed keywords (the CLI keeps its flags)

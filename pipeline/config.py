@@ -10,11 +10,20 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 from petal.engine.config import ModelOptions
+from petal.pipeline.ingest.text_rule import first_surrogate
 from petal.pipeline.store.outputs import OutputConfig
 
 METRICS = ("ip", "l2")
 DEFAULT_ID_COLUMN = "id"
 DEFAULT_TEXT_COLUMN = "text"
+
+
+def check_column_name(flag: str, name: str) -> None:
+    """``ValueError`` naming ``flag`` for a column name no Parquet file can hold (a lone surrogate)."""
+    at = first_surrogate(name)
+    if at is not None:
+        raise ValueError(f"{flag} {name!r}: character {at + 1} is not text (a byte that is not UTF-8): no Parquet "
+                         "column has that name")
 
 
 @dataclass(frozen=True)
@@ -37,6 +46,8 @@ class ReadConfig:
             raise ValueError("--text-column and --id-column must not be empty")
         if self.text_column == self.id_column:
             raise ValueError(f"--text-column and --id-column are both {self.text_column!r}")
+        check_column_name("--text-column", self.text_column)
+        check_column_name("--id-column", self.id_column)
         if self.batch_rows < 1:
             raise ValueError(f"batch_rows {self.batch_rows} < 1")
         if self.max_batch_bytes < 1 or self.read_buffer_bytes < 1 or self.read_retries < 0:
@@ -299,6 +310,8 @@ def check_keep_names(names: tuple[str, ...], given: object) -> None:
     if any(not name.strip() for name in names):
         raise ValueError(f"--keep-columns {given!r}: an empty column name; give column names separated by commas "
                          "(lang,url)")
+    for name in names:
+        check_column_name("--keep-columns", name)
     repeated = sorted({name for name in names if names.count(name) > 1})
     if repeated:
         raise ValueError(f"--keep-columns {given!r} names {repeated[0]!r} twice; give each column once")

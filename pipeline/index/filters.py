@@ -14,6 +14,8 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from petal.pipeline.ingest.text_rule import first_surrogate
+
 if TYPE_CHECKING:  # NOTE: parsing is light (petal query checks --where before anything heavy loads)
     import numpy as np
     import pyarrow as pa
@@ -89,9 +91,7 @@ def _number(text: str, value: str) -> int | float:
 
 def parse_filter(text: str) -> Filter:
     """``FilterError`` naming what is wrong in ``text``."""
-    # NOTE: a lone surrogate (a command-line byte that is not UTF-8, read by surrogateescape; JSON's "\ud800") can
-    # be no stored value nor column name, and Arrow cannot encode it (a raw UnicodeEncodeError)
-    bad = next((at for at, char in enumerate(text) if "\ud800" <= char <= "\udfff"), None)
+    bad = first_surrogate(text)  # NOTE: no stored value nor column name holds one, and Arrow cannot encode it
     if bad is not None:
         raise FilterError(f"--where {text!r}: character {bad + 1} is not text (a byte that is not UTF-8, or a lone "
                           "surrogate)")

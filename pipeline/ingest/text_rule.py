@@ -97,6 +97,14 @@ def describe_skips(skipped: dict[int, str], limit: int = 5) -> str:
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
+def first_surrogate(text: str) -> int | None:
+    """Where ``text`` holds its first surrogate code point (``None``: nowhere): a command-line byte that is not
+    UTF-8, read by surrogateescape, or JSON's ``"\\ud800"``. No Parquet column name nor stored string holds one, and
+    Arrow cannot encode it (a raw ``UnicodeEncodeError``)."""
+    found = _SURROGATE.search(text)
+    return None if found is None else found.start()
+
+
 def decoded_json_text(text: str) -> str:
     """A text read from JSON as valid Unicode: each lone surrogate (``"\\ud800"``, a code point, not a byte)
     becomes one U+FFFD. (``valid_text`` is for argv and stdin, where a surrogate stands for a byte.)"""
