@@ -61,3 +61,42 @@ def test_metadata_of_a_rewritten_shard_is_never_another_documents(tmp_path, stri
         assert metadata(7)[1] == before
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("case", ["positional-ids", "id-column-dropped"])
+def test_metadata_of_a_shard_without_its_id_column_comes_only_from_the_file_indexed(tmp_path, case):
+    """Where the shard holds no id column, a row cannot show whose it is. Ids by place (``<shard>:<row>``: the shard
+    had no id column when indexed): metadata only while the file is the one indexed (its size and time, or its
+    sha256 once only touched); ids from a column the shard has lost since: ``null``. Both answered another
+    document's columns as the hit's before."""
+    data = tmp_path / "data"
+    data.mkdir()
+    table, vectors = _table(30, True)
+    indexed = table.drop_columns(["doc"]) if case == "positional-ids" else table
+    pq.write_table(indexed, data / "a.parquet")
+    out = tmp_path / "out"
+    ids = () if case == "positional-ids" else ("--id-column", "doc")  # the default id column, absent: ids by place
+    cli_run("index", data, "--out", out, "-q", "--vectors-column", "vec", "--text-column", "body",
+            "--index-factory", "Flat", *ids)
+    server = Server(tmp_path / "server.log", out)
+    try:
+        def metadata(row: int) -> tuple[object, object]:
+            answer = server.client.post("/search", json={"vectors": [vectors[row].tolist()], "k": 1,
+                                                         "include": ["metadata"]})
+            assert answer.status_code == 200, answer.text
+            (hit,) = answer.json()["results"][0]["hits"]
+            return hit["id"], hit["metadata"]
+
+        hit_id, before = metadata(7)
+        assert before is not None and before["title"] == "title 7"
+        if case == "positional-ids":
+            assert str(hit_id).endswith("a.parquet:7"), hit_id
+            pq.write_table(indexed.take(list(range(29, -1, -1))), data / "a.parquet")  # same size, rows reversed
+            assert metadata(7) == (hit_id, None)  # row 7 holds document 22 now
+            pq.write_table(indexed, data / "a.parquet")  # the same bytes again, a new modification time
+            assert metadata(7) == (hit_id, before)
+        else:
+            pq.write_table(table.drop_columns(["doc"]), data / "a.parquet")  # the rows in place, their ids gone
+            assert metadata(7) == (hit_id, None)
+    finally:
+        server.stop()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import threading
 import weakref
 from collections import OrderedDict
@@ -17,6 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from petal.pipeline.index.binary import RESCORE_FILE, open_binary_index
+from petal.pipeline.index.checksums import sha256_file
 from petal.pipeline.index.faiss_loader import load_faiss
 from petal.pipeline.index.files import IDS_FILE, INDEX_FILE, IVFDATA_FILE, open_parquet, read_index
 from petal.pipeline.index.plan import searched_nodes
@@ -635,6 +637,19 @@ class IndexReader:
     def kept_columns(self) -> list[str]:
         return list(self.manifest.kept_columns)
 
+    def _shard_unchanged(self, abs_path: str) -> bool:
+        """The shard at ``abs_path`` is the file this version indexed: its size and modification time as the manifest
+        records them, or (touched or copied since: another time) its sha256. Remembered per file state, so a shard
+        is hashed at most once while it stays as it is."""
+        st = os.stat(abs_path)
+        key = (abs_path, st.st_size, st.st_mtime_ns)
+        known: dict[tuple[str, int, int], bool] = self.__dict__.setdefault("_unchanged_shards", {})
+        if key not in known:
+            record = next((s for s in self.manifest.shards if s.abs_path == abs_path), None)
+            known[key] = record is not None and st.st_size == record.size and (
+                st.st_mtime_ns == record.mtime_ns or sha256_file(abs_path) == record.sha256)
+        return known[key]
+
     def texts(self, hits: list[Hit], text_column: str) -> list[str | None]:
         """The text of each hit: stored with the index, or (an index without stored text) read back from its
         shard by the absolute path the manifest records; ``None`` where the shard is gone, changed or unreadable
@@ -662,7 +677,15 @@ class IndexReader:
                     raise FileNotFoundError(shard)
                 pf = pq.ParquetFile(shard, page_checksum_verification=True)
                 names = pf.schema_arrow.names
-                checked = id_column in names  # else positional ids (<shard>:<row>): nothing to check
+                # NOTE: without the id column now, a row cannot show whose it is: a hit whose id came from that
+                # column (the shard has lost it since) is "changed"; a positional id (<shard>:<row>, the shard had
+                # no id column) is given only while the file is the one indexed (_shard_unchanged)
+                checked = id_column in names
+                if not checked and not all(_positional(hit) and self._shard_unchanged(shard) for hit in shard_hits):
+                    self.missing_shards.setdefault(shard, "changed")
+                    for hit in shard_hits:
+                        found[(shard, hit.row)] = None
+                    continue
                 wanted = [i for i, name in enumerate(names)
                           if (name in columns if columns is not None else name not in exclude)]
                 returned = {names[i] for i in wanted}
@@ -719,6 +742,11 @@ def _record(row: pa.Table) -> dict[str, Any]:
     from petal.pipeline.index.columns_file import lenient_pylist
 
     return {k: v.decode("utf-8", "replace") if isinstance(v, bytes) else v for k, v in lenient_pylist(row)[0].items()}
+
+
+def _positional(hit: Hit) -> bool:
+    """``hit``'s id is its place (``<shard>:<row>``: its shard had no id column when it was indexed)."""
+    return isinstance(hit.id, str) and hit.id == f"{hit.shard}:{hit.row}"
 
 
 def _same_id(value: Any, hit_id: Any) -> bool:
