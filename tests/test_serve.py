@@ -315,6 +315,21 @@ def test_hostile_bodies_get_4xx_naming_the_field(served):
     assert search(server, query="glaciers", k=1)["results"][0]["hits"]
 
 
+@pytest.mark.parametrize("field", ["query", "queries"])
+def test_texts_refused_after_tokenizing_name_their_field(served, field):
+    """A text refused once tokenized (empty to the model: 422; over --max-tokens-per-text 64: 413) names the
+    request's own field, in the message and ``param``: ``queries`` was answered as ``query``."""
+    server, _, _ = served
+    for text, status, said in [("\u0301\u0301", 422, "is empty to the model"), ("ice " * 100, 413, "more than 64")]:
+        body = {"query": text} if field == "query" else {"queries": ["glaciers", text]}
+        response = server.client.post("/search", json=body, headers=AUTH)
+        assert response.status_code == status, response.text
+        error = response.json()["error"]
+        row = 0 if field == "query" else 1
+        assert error["message"].startswith(f"{field} item {row} ") and said in error["message"], error
+        assert error["param"] == field, error
+
+
 def test_null_means_absent_and_texts_follow_the_query_rule(served):
     """null for an optional field is its default; a lone surrogate is read as U+FFFD (as petal query reads
     bytes that are not UTF-8), never a 500 for its request and the others batched with it."""

@@ -90,6 +90,7 @@ class SearchRequest:
     include: tuple[str, ...]
     truncate: bool
     where: str | None = None  # a filter on kept columns (pipeline/index/filters.py), inside the FAISS search
+    field: str = "query"  # the request's field holding ``texts`` ("query" or "queries"): its errors name it
 
 
 def parse_json(body: bytes) -> dict[str, Any]:
@@ -317,7 +318,7 @@ def parse_search(body: dict[str, Any], limits: Limits) -> SearchRequest:
                          nprobe=_int(body, "nprobe", None, 1, MAX_NPROBE),
                          rescore=_int(body, "rescore", None, 0, MAX_RESCORE),
                          include=tuple(dict.fromkeys(include)), truncate=_bool(body, "truncate"),
-                         where=_where(body))
+                         where=_where(body), field=given[0])
 
 
 # NOTE: the numbers float32 holds are those below 2**128 - 2**103 in magnitude, halfway between its largest value

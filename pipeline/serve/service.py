@@ -257,8 +257,7 @@ class ServeState:
         assert self.follower is not None
         index = self.follower.live  # NOTE: taken once: the whole answer comes from this version
         if req.texts is not None and index.precomputed:
-            field = "query" if len(req.texts) == 1 else "queries"
-            raise RequestError(422, self.texts_refused(index, f"'{field}'"), param=field)
+            raise RequestError(422, self.texts_refused(index, f"'{req.field}'"), param=req.field)
         if req.texts is not None and req.where is not None:
             try:  # NOTE: a bad filter is 422 before its texts are embedded (the selector is cached for the search)
                 await self._in_thread(index.reader.selector, req.where)
@@ -272,7 +271,7 @@ class ServeState:
                                            rescore=req.rescore)
             # a lone one on a GPU copy is searched right there, on the engine thread (SearchTicket.submit)
             try:
-                await self.embed_texts(req.texts, "query", req.truncate, "query", then=ticket.submit)
+                await self.embed_texts(req.texts, "query", req.truncate, req.field, then=ticket.submit)
             finally:
                 ticket.cancel()  # NOTE: a no-op once submitted; a failed or cancelled embedding frees its place
             if ticket.inline_s:  # NOTE: that search ran inside the engine span: moved to its own span
