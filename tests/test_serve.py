@@ -368,6 +368,15 @@ def test_unknown_routes_and_methods_answer_json_and_are_counted(served):
         assert response.status_code == 405, (method, path, response.text)
         assert response.json()["error"]["type"] == "method_not_allowed"
         assert method in response.json()["error"]["message"] and "allow" in response.headers
+    def count(route: str) -> float:
+        found = re.search(rf'^petal_requests_total\{{route="{re.escape(route)}",status="404"\}} (\S+)',
+                          c.get("/metrics").text, re.M)
+        return float(found.group(1)) if found else 0.0
+
+    before = count("unmatched"), count("/v1/models/{model}")
+    for path in ("/v1/models/", "/v1/models//"):  # names no model: no route, counted as such
+        assert c.get(path, headers=AUTH).status_code == 404
+    assert (count("unmatched"), count("/v1/models/{model}")) == (before[0] + 2, before[1])
     metrics = c.get("/metrics").text
     assert 'petal_requests_total{route="unmatched",status="404"}' in metrics
     assert 'petal_requests_total{route="/search",status="405"}' in metrics
@@ -400,7 +409,10 @@ def test_the_two_post_routes_taken_straight_keep_every_answer(served):
         assert answer.status_code == 200 and answer.headers["content-type"] == "application/json"
         spans = dict(part.strip().split(";dur=") for part in answer.headers["server-timing"].split(","))
         assert {"engine", "encode", "app"} <= set(spans) and float(spans["app"]) > 0
-        assert c.post(path, json=body).status_code == 401  # no key
+        refused = c.post(path, json=body)  # no key
+        assert refused.status_code == 401 and "app;dur=" in refused.headers["server-timing"]  # a refusal's too
+        bad = c.post(path, json={**body, "k": "x"}, headers=AUTH)
+        assert bad.status_code == 422 and "app;dur=" in bad.headers["server-timing"]
         slash = c.post(path + "/", json=body, headers=AUTH)  # Starlette's 404 (no redirect), in the JSON shape
         assert slash.status_code == 404 and f"did you mean {path!r}?" in slash.json()["error"]["message"]
         assert c.request("HEAD", path, headers=AUTH).status_code == 405

@@ -77,11 +77,17 @@ def allow_header(methods: set[str] | None) -> str:
     return ", ".join(m for m in ("GET", "HEAD", "POST", "OPTIONS") if m in taken)
 
 
+class NoRoute(RequestError):
+    """A 404 for a path that a route's pattern matched but that names nothing it serves (``/v1/models/``): counted as
+    ``unmatched``, as a path no route takes."""
+
+
 def route_label(path: str) -> str:
     """The ``route`` label ``/metrics`` counts a request to ``path`` under (as its endpoint or Starlette's 404/405)."""
     if path in ROUTES:
         return path
-    return "/v1/models/{model}" if path.startswith("/v1/models/") else UNMATCHED
+    # NOTE: "/v1/models/" (and "//"...) names no model: a path no route takes, answered 404 "no route" as such
+    return "/v1/models/{model}" if path.startswith("/v1/models/") and path[11:].strip("/") else UNMATCHED
 
 
 # RFC 9110 §9: the standard methods (and PATCH, RFC 5789): on a route that does not take one, 405 with Allow; any other
@@ -456,7 +462,8 @@ def build_app(startup: Startup | ServeState) -> ASGIApp:
 
     def finish(route: str, response: Response, started: float, spans: dict[str, float] | None = None) -> Response:
         elapsed = time.perf_counter() - started
-        if spans:
+        # NOTE: every answer of the embeddings and search routes, a refusal's included (its only span: app)
+        if spans or (spans is not None and route in POST_ROUTES):
             spans["app"] = elapsed
             response.headers["server-timing"] = timing_header(spans)
         metrics.count(route, response.status_code, elapsed)
@@ -491,6 +498,8 @@ def build_app(startup: Startup | ServeState) -> ASGIApp:
                         response = result if isinstance(result, Response) else _json(result)
             except RequestError as exc:
                 response = _error(exc.status, exc.message, exc.kind, exc.headers, exc.param)
+                if isinstance(exc, NoRoute):  # NOTE: a path this route matched but that names nothing it serves
+                    return finish(UNMATCHED, response, started, None)
             except ClientGone:  # NOTE: counted as such, logged nowhere: the client's doing, and nobody reads this
                 response = _error(CLIENT_CLOSED, "the client closed the connection before its answer",
                                   "client_closed_request")
@@ -552,7 +561,7 @@ def build_app(startup: Startup | ServeState) -> ASGIApp:
         # NOTE: "/v1/models/" asks for no model named '': a trailing slash, as on every other route
         if not near or (near != name and near == state.model_id):
             wanted = "/v1/models" + (f"/{near}" if near else "")
-            raise RequestError(404, f"no route {request.url.path!r} (did you mean {wanted!r}?)", kind="not_found")
+            raise NoRoute(404, f"no route {request.url.path!r} (did you mean {wanted!r}?)", kind="not_found")
         if state.model is None:
             raise RequestError(404, f"model {request.path_params['model']!r} is not served here (this server has no "
                                     "model: it serves an index of precomputed vectors, /search by 'vectors')",
