@@ -129,15 +129,19 @@ def read_binary_index_mapped(path: Path) -> Any:
     faiss = load_faiss()
     check_lengths(path)
     mapped = getattr(faiss, "IO_FLAG_MMAP_IFC", 0) | faiss.IO_FLAG_READ_ONLY
-    probed = no_recorded_paths(faiss.read_index_binary, path, mapped)
-    if probed is not None:
-        return probed
-    for flags in (mapped, 0):
+    index = no_recorded_paths(faiss.read_index_binary, path, mapped)
+    for flags in (mapped, 0) if index is None else ():
         try:
-            return faiss.read_index_binary(str(path), flags)
+            index = faiss.read_index_binary(str(path), flags)
+            break
         except (RuntimeError, MemoryError) as exc:
             error = exc
-    raise faiss_failed(path, error) from error
+    if index is None:
+        raise faiss_failed(path, error) from error
+    from petal.pipeline.index.structure import check_parts
+
+    check_parts(index, path)
+    return index
 
 
 def no_recorded_paths(read: Callable[[str, int], Any], path: Path, flags: int) -> Any:

@@ -23,6 +23,7 @@ def check_structure(index: Any, path: Path) -> None:
     """Raise ``BadInputError`` (65) naming ``path`` when an IVF index's quantizer graph or list table is
     inconsistent. Top-level HNSW indexes are not checked (their graph is O(vectors): ``petal verify``)."""
     faiss = load_faiss()
+    check_parts(index, path)
     ivf = faiss.try_extract_index_ivf(index)
     if ivf is None:
         return
@@ -38,6 +39,44 @@ def check_structure(index: Any, path: Path) -> None:
     total = sum(int(invlists.list_size(i)) for i in range(ivf.nlist))
     if total != ivf.ntotal:
         _bad(path, f"its lists hold {total} vectors, its header says {ivf.ntotal}")
+
+
+def check_parts(index: Any, path: Path) -> None:
+    """Raise ``BadInputError`` (65) naming ``path`` when ``index`` (float or binary) lacks a part (``missing_part``)."""
+    missing = missing_part(load_faiss(), index)
+    if missing is not None:
+        _bad(path, missing)
+
+
+# the indexes a FAISS index holds (an IVF's quantizer, a graph's storage, a wrapped or refine index): none may be null
+REQUIRED_PARTS = ("quantizer", "index", "base_index", "refine_index", "storage")
+
+
+def missing_part(faiss: Any, index: Any) -> str | None:
+    """What ``index`` (float or binary) lacks that FAISS dereferences at search time, else ``None``: an index inside
+    it, or an IVF's inverted lists. NOTE: FAISS reads a ``null`` tag where a part's tag belongs (and ``il00`` for the
+    lists) as no part at all, which parses: a damaged byte there was a crash at open (a NULL downcast, SystemError) or
+    at the first search (HNSW without storage), where its neighbours' damage is a clear 65."""
+    seen: set[int] = set()
+    stack = [index]
+    while stack:
+        part = stack.pop()
+        part = faiss.downcast_IndexBinary(part) if isinstance(part, faiss.IndexBinary) else faiss.downcast_index(part)
+        if int(part.this) in seen:
+            continue
+        seen.add(int(part.this))
+        kind = type(part).__name__
+        for name in REQUIRED_PARTS:
+            if not isinstance(getattr(type(part), name, None), property):
+                continue
+            value = getattr(part, name)
+            if value is None:
+                return f"its {kind} has no {name} index (a null part where the file should hold one)"
+            if isinstance(value, (faiss.Index, faiss.IndexBinary)):
+                stack.append(value)
+        if isinstance(part, (faiss.IndexIVF, faiss.IndexBinaryIVF)) and part.invlists is None:
+            return f"its {kind} has no inverted lists (a null list table where the file should hold one)"
+    return None
 
 
 def _check_hnsw(faiss: Any, hnsw: Any, ntotal: int, path: Path) -> None:
