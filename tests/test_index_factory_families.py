@@ -194,3 +194,23 @@ def test_where_filters_inside_a_refine_wrapper(tmp_path, factory):
     hits = [json.loads(line)["hits"] for line in found.stdout.splitlines()]
     assert [len(h) for h in hits] == [3, 3] and all(h["fields"]["lang"] == "en" for row in hits for h in row), hits
     assert hits[1][0]["id"] == "d3"  # an "en" query vector finds itself
+
+
+@pytest.mark.parametrize("factory", ["IVF100000000,Flat", "IMI2x16,Flat"])
+def test_more_lists_than_vectors_is_refused_before_faiss_allocates_them(tmp_path, factory):
+    """A list count beyond the vectors is told from the factory's text: FAISS allocated the empty list table first
+    (IVF100000000: 20 s and 15.7 GB before the usage error; IMI2x16, 2**32 lists: 'out of host memory', 74). Under a
+    3 GB address-space limit, the usage error (2) all the same, with the count."""
+    import resource
+
+    _write(tmp_path / "few", _vectors(90))
+
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+
+    done = subprocess.run([PETAL, "index", str(tmp_path / "few"), "--out", str(tmp_path / "out"), "--vectors-column",
+                           "emb", "-q", "--index-factory", factory, "--metric", "l2"], capture_output=True, text=True,
+                          timeout=300, preexec_fn=limited)
+    last = done.stderr.strip().splitlines()[-1]
+    lists = 100_000_000 if factory.startswith("IVF") else 1 << 32
+    assert done.returncode == 2 and f"needs at least {lists} vectors" in last and "at most 90 vectors" in last, last

@@ -282,6 +282,14 @@ PQ_RE = re.compile(r"(?:^|,|_)O?PQ(\d+)")
 # a number of zeros right after a letter: IVF0, HNSW0, NSG0, PQ8x0, BIVF0 (no valid factory has one)
 ZERO_RE = re.compile(r"[A-Za-z]+0+(?![0-9])")
 IVF_RE = re.compile(r"IVF(\d+)")
+IMI_RE = re.compile(r"IMI(\d+)x(\d+)")  # a multi-index quantizer: 2 ** (M * nbits) lists
+
+
+def factory_lists(factory: str) -> int:
+    """The most inverted lists ``factory`` names (``IVF65536``, ``IMI2x10``: 2 ** 20), 0 for none; read from the text,
+    so a count too large to build is told before FAISS allocates its list table (16 GB for ``IVF100000000``)."""
+    return max([int(m.group(1)) for m in IVF_RE.finditer(factory)]
+               + [1 << min(int(m.group(1)) * int(m.group(2)), 64) for m in IMI_RE.finditer(factory)], default=0)
 
 
 def vectors_to_train(index: Any, factory: str) -> tuple[int, str]:
@@ -392,6 +400,11 @@ def check_index_factory(settings: IndexSettings, kind: str = "float32", dim: int
     if zero is not None:  # NOTE: FAISS builds them, then fails, hangs (NSG0) or asserts only when trained or searched
         raise FlagError(f"--index-factory {factory!r}: {zero.group(0)} asks for zero (lists, neighbours, codes or "
                         "bits); give a positive number")
+    lists = factory_lists(factory)
+    if num_vectors is not None and lists > num_vectors:  # NOTE: before FAISS builds it (memory in proportion)
+        raise FlagError(f"--index-factory {factory!r} needs at least {lists} vectors of dim {dim} to train: {lists} "
+                        f"IVF lists need at least {lists} vectors; this run can index at most {num_vectors} vectors "
+                        "(the rows read and the kept shards'): pick a smaller factory or leave --index-factory auto")
     try:
         index = make_index(factory, dim, settings.metric)
     except FlagError:
