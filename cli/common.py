@@ -554,6 +554,24 @@ class ReportingCommand(click.Command):
 
 
 def device_options(func: F) -> F:
+    """``--device``, ``--dtype``, ``--attention``; with ``--device cpu``, a combination the engine refuses is a usage
+    error (2) before the command imports torch (``engine/config.device_problem``). A ``--vector-file`` query runs no
+    model: its model flags are not checked."""
+    command = func
+
+    @functools.wraps(command)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        from petal.engine.config import device_problem
+
+        device, dtype, attention = (kwargs.get(name) for name in ("device", "dtype", "attention"))
+        if kwargs.get("vector_file") is None and isinstance(device, str) and isinstance(dtype, str) \
+                and isinstance(attention, str):
+            problem = device_problem(device, dtype, attention)
+            if problem is not None:
+                raise click.UsageError(problem)
+        return command(*args, **kwargs)
+
+    func = cast(F, checked)
     func = click.option("--attention", type=click.Choice(["auto", "flashinfer", "torch", "sdpa"]), default="auto",
                         show_default=True, help="Attention kernel (auto: FlashInfer on CUDA when it fits).")(func)
     func = click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto",

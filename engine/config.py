@@ -130,6 +130,18 @@ class ModelOptions:
             raise ValueError(f"--attention-mask {self.attention_mask!r} is not one of {', '.join(ATTENTION_MASKS)}")
 
 
+def device_problem(device: str, dtype: str, attention: str) -> str | None:
+    """What the engine refuses of ``--dtype``/``--attention`` on ``device`` (``cpu`` or ``cuda``; ``auto`` is not
+    known yet: ``None``), in the flags' words: told before torch is imported where ``--device cpu`` is given."""
+    if device != "cpu":
+        return None
+    if dtype == "float16":
+        return "--dtype float16 is not supported on the CPU; use bfloat16 or float32"
+    if attention not in ("auto", "sdpa"):
+        return f"--attention {attention} needs CUDA; on the CPU use sdpa (or auto)"
+    return None
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """How the engine runs a model: where, in what precision, with which kernels."""
@@ -155,6 +167,9 @@ class EngineConfig:
     tma_mlp_tokens: int = 2048
 
     def __post_init__(self) -> None:
+        problem = device_problem(self.device, self.dtype, self.attention)
+        if problem is not None:
+            raise ValueError(problem)
         if self.dtype not in DTYPE_NAMES:
             raise ValueError(f"dtype {self.dtype!r} is not one of {', '.join(DTYPE_NAMES)}")
         if self.attention not in ATTENTION_BACKENDS:

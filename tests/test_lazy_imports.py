@@ -90,6 +90,14 @@ LIGHT = [
     (["index", "data", "--out", "o", "--keep-columns", ""], 2),
     (["index", "data", "--out", "o", "--output-dtype", "float16", "--quantize", "int8"], 2),
     (["rebuild", "OUT", "--index-memory", "lots"], 2),
+    # --device cpu with what the CPU engine refuses: judged from the flags (they imported torch, petal serve's
+    # load thread ended in a traceback, exit 1)
+    (["embed", "--device", "cpu", "--dtype", "float16", "x"], 2),
+    (["embed", "--device", "cpu", "--attention", "flashinfer", "x"], 2),
+    (["query", "OUT", "x", "--device", "cpu", "--attention", "torch"], 2),
+    (["index", "data", "--out", "o", "--device", "cpu", "--dtype", "float16"], 2),
+    (["serve", "OUT", "--device", "cpu", "--dtype", "float16"], 2),
+    (["serve", "OUT", "--device", "cpu", "--attention", "flashinfer"], 2),
 ]
 
 
