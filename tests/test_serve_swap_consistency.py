@@ -111,3 +111,50 @@ def test_ready_during_swaps_names_one_version_and_its_vectors(tmp_path: Path, fa
         thread.join(60)
         state.executor.shutdown()
     assert not bad, f"{len(bad)} of {ROUNDS} /ready answers mixed two versions: {bad[:5]}"
+
+
+def test_metrics_during_swaps_name_one_version_for_the_index_and_its_search_copy(tmp_path: Path, fast_switches):
+    """A swap sets the live version, then its gauges (follower.py); /metrics sets petal_search_copy from the live
+    version and renders: a scrape between the two steps named one version in petal_index_version and the other in
+    petal_search_copy (3 in 10,000 scrapes of a real server whose CURRENT flipped every 30 ms)."""
+    from petal.cli.main import cli  # noqa: F401  (the CLI's imports, as a server has them)
+    from petal.pipeline.index.search import IndexReader
+    from petal.pipeline.jobs.query import SearchIndex
+    from petal.pipeline.serve.service import ServeState
+    from petal.pipeline.serve.settings import ServeSettings
+    from tests.test_serve import cli_run
+
+    data = tmp_path / "data"
+    data.mkdir()
+    write_shard(data / "a.parquet", 0, ROWS_PER_SHARD, seed=1)
+    out = tmp_path / "out"
+    readers = []
+    for extra in (0, 1):
+        if extra:
+            write_shard(data / "b.parquet", ROWS_PER_SHARD, 50, seed=2)
+        cli_run("index", data, "--out", out, "-q", "--vectors-column", "emb", "--index-factory", "Flat")
+        readers.append(IndexReader(out))
+    first, second = (SearchIndex.from_reader(reader, None) for reader in readers)
+    state = ServeState(None, ServeSettings(reload_interval_s=60.0), index_root=out, index=first)
+    follower = state.follower
+    assert follower is not None
+
+    def swap(n: int) -> None:  # as the follower swaps: the live version, then its gauges
+        live = second if n % 2 else first
+        follower.live = live
+        state.metrics.serving(live.version, live.reader.ntotal)
+
+    stop, thread = _flipping(swap)
+    bad = []
+    try:
+        for _ in range(ROUNDS):
+            text = state.metrics_body().decode()
+            served, _ = _scrape(text)
+            searched = re.findall(r'^petal_search_copy\{[^}]*version="([^"]*)"[^}]*\} 1\.0$', text, re.M)
+            if len(served) != 1 or searched != served:
+                bad.append((served, searched))
+    finally:
+        stop.set()
+        thread.join(60)
+        state.executor.shutdown()
+    assert not bad, f"{len(bad)} of {ROUNDS} scrapes named two versions: {bad[:5]}"

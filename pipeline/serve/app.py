@@ -580,9 +580,8 @@ def build_app(startup: Startup | ServeState) -> ASGIApp:
         return state.ready()
 
     async def metrics_text(state: ServeState | None, request: Request) -> Any:
-        if state is not None:
-            state.search_copy()  # NOTE: petal_search_copy of the version live now
-        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+        body = metrics.render() if state is None else state.metrics_body()  # NOTE: one version's series
+        return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def http_error(request: Request, exc: Exception) -> Response:
         """Starlette's own 404 (no route) and 405 (a method the route does not take), in the JSON error shape."""
