@@ -169,3 +169,38 @@ def test_the_old_version_is_released_after_a_request_that_failed_on_it(served):
         wait_for(lambda v2=v2: server.client.get("/ready").json()["version"] == v2, "the swap to the rebuilt version")
         wait_for(lambda v1=v1: not leased(out / "versions" / v1), f"the lease on {v1} to be released after a {status}",
                  timeout_s=30)
+
+
+def test_a_new_version_whose_ids_are_damaged_past_the_open_checks_is_refused_as_open(served, tmp_path):
+    """A published version whose ``ids.parquet`` is damaged inside its body (its head/tail checksums signed over the
+    damage: what a change past the first and last MiB of a large file looks like to an open) is found when the
+    server decodes its id map before serving it. README: a file "short or corrupt" is refused as ``open``; it was
+    ``prepare``, the reason of a GPU copy that cannot be made, which alerts keyed on ``open`` missed."""
+    from tests._open_audit_shared import resign
+
+    server, out = served
+    v1 = current(out)
+    staged = tmp_path / "staged"
+    shutil.copytree(out, staged, ignore=shutil.ignore_patterns(".lock", "*.lease*"))
+    v2 = rebuild(staged, "--index-factory", "Flat")
+    ids = staged / "versions" / v2 / "ids.parquet"
+    import pyarrow.parquet as pq
+
+    chunk = pq.ParquetFile(ids).metadata.row_group(0)
+    chunk = next(chunk.column(i) for i in range(chunk.num_columns) if chunk.column(i).path_in_schema == "id")
+    end = (chunk.dictionary_page_offset or chunk.data_page_offset) + chunk.total_compressed_size
+    middle = (chunk.data_page_offset + end) // 2  # inside the id column's first data page
+    data = bytearray(ids.read_bytes())
+    data[middle:middle + 8] = bytes(b ^ 0xFF for b in data[middle:middle + 8])
+    ids.write_bytes(bytes(data))
+    resign(staged / "versions" / v2, sha256=False)
+    shutil.copytree(staged / "versions" / v2, out / "versions" / v2)
+    (out / "CURRENT.tmp").write_text(v2 + "\n")
+    os.replace(out / "CURRENT.tmp", out / "CURRENT")
+    refused = wait_for(lambda: server.client.get("/ready").json().get("refused"), "the refusal")
+    assert (refused["version"], refused["reason"]) == (v2, "open"), refused
+    assert "ids.parquet" in refused["message"], refused
+    metrics = server.client.get("/metrics").text
+    assert re.search(rf'^petal_index_refused\{{reason="open",version="{v2}"\}} 1\.0$', metrics, re.M), metrics
+    answer = server.client.post("/search", json={"query": "glaciers", "k": 2})
+    assert answer.status_code == 200 and answer.json()["version"] == v1, answer.text

@@ -66,6 +66,12 @@ RETRY_MAX_S = 60.0
 COLLECT_FIRST_S = 1.0  # a version swapped out and still alive is collected for after this, then twice as long each time
 
 
+class OpenFailed(Exception):
+    """Raised by a ``prepare`` hook for what opening finds, only later: a file of the version short or corrupt where
+    the hook reads it in full (its id map). The version is refused as ``open``, as such a file found by the open; what
+    the hook itself cannot make (a GPU copy) is ``prepare``."""
+
+
 @dataclass(frozen=True)
 class Refusal:
     version: str
@@ -243,8 +249,11 @@ class IndexFollower:
                     self.prepare(candidate.reader)
                 except Exception as exc:  # e.g. out of GPU memory: the old version keeps serving; tried again
                     held.release()
-                    self._refuse(candidate.version, "prepare", f"cannot prepare {candidate.version}: {exc}",
-                                 retry=True)
+                    if isinstance(exc, OpenFailed):  # a file of the version found damaged when read in full
+                        self._refuse(candidate.version, "open", f"cannot open {candidate.version}: {exc}", retry=True)
+                    else:
+                        self._refuse(candidate.version, "prepare", f"cannot prepare {candidate.version}: {exc}",
+                                     retry=True)
                     return False
             release_with(candidate, held)
             old = self.live.version

@@ -18,9 +18,10 @@ from petal.pipeline.index.filters import FilterError
 from petal.pipeline.index.search import Hit, IndexReader, ignored_overrides
 from petal.pipeline.jobs.query import QueryModel, SearchIndex, precomputed_message
 from petal.pipeline.manifest import Manifest, PrecomputedRecord
+from petal.pipeline.reliability.errors import PetalError
 from petal.pipeline.serve.batcher import Embedded, ThreadStopped, TokenBatcher, thread_died
 from petal.pipeline.serve.encoding import embeddings_body
-from petal.pipeline.serve.follower import IndexFollower
+from petal.pipeline.serve.follower import IndexFollower, OpenFailed
 from petal.pipeline.serve.gpu_search import GpuReaders
 from petal.pipeline.serve.metrics import ServeMetrics
 from petal.pipeline.serve.requests import EmbeddingsRequest, RequestError, SearchRequest, default_k, limit_message
@@ -124,8 +125,10 @@ class ServeState:
         # the GPU copy of each version (--search-device cuda), made before the version serves
         self.gpu = None if settings.search_device == "cpu" else GpuReaders(
             settings.search_device, settings.search_dtype, settings.search_exact, default_k(settings.limits.max_k))
-        if index is not None:
-            self._prepare(index.reader)
+        if index is not None:  # NOTE: the first version's errors as they are: 65 for a damaged file, at start
+            index.reader.id_map.decode_all()
+            if self.gpu is not None:
+                self.gpu.prepare(index.reader)
         # NOTE: an index of vectors is followed by its own rules (dim, metric, stored format), whatever model is loaded
         spec = None if model is None or index is None or index.precomputed else model.spec
         self.follower = None if index is None or index_root is None else IndexFollower(
@@ -140,9 +143,12 @@ class ServeState:
         self.on_failure: Callable[[ThreadStopped], None] = lambda stopped: None
 
     def _prepare(self, reader: IndexReader) -> None:
-        """A version's warm state, made before it serves: its id map decoded (no search pays a row group's
-        first decode) and, with --search-device cuda, its GPU copy."""
-        reader.id_map.decode_all()
+        """A new version's warm state, made before it serves (the follower's hook): its id map decoded (no search pays
+        a row group's first decode; a damaged one is ``OpenFailed``) and, with --search-device cuda, its GPU copy."""
+        try:
+            reader.id_map.decode_all()
+        except PetalError as exc:  # NOTE: ids.parquet damaged past its head/tail checksums: the version's file
+            raise OpenFailed(str(exc)) from exc
         if self.gpu is not None:
             self.gpu.prepare(reader)
 
