@@ -90,3 +90,38 @@ def test_verify_of_an_edited_manifest_with_a_record_that_is_no_object_is_65(buil
     np.save(tmp_path / "q.npy", np.ones((1, 16), np.float32))
     result = CliRunner().invoke(cli, ["query", str(out), "--vector-file", str(tmp_path / "q.npy"), "-k", "2"])
     assert result.exit_code == 0, result.output
+
+
+def _resigned(built: Path, tmp_path: Path, edit) -> Path:
+    out = tmp_path / "out"
+    shutil.copytree(built, out)
+    path = out / "versions" / str(OutputDir(out).current_version()) / "manifest.json"
+    manifest = json.loads(path.read_text())
+    edit(manifest)
+    manifest.pop(CHECKSUM_KEY)
+    manifest[CHECKSUM_KEY] = canonical_sha256(manifest)
+    path.write_text(json.dumps(manifest))
+    np.save(tmp_path / "q.npy", np.ones((1, 16), np.float32))
+    return out
+
+
+@pytest.mark.parametrize("name", ["index.faiss", "ids.parquet"])
+def test_verify_agrees_with_the_open_on_an_index_file_left_out_of_index_files(built, tmp_path, name):
+    """A manifest re-signed without an index file in index.files (its integrity record kept): every open refuses it
+    (78, not listed); petal verify read the record as the listing and said OK (exit 0, "ok": true)."""
+    out = _resigned(built, tmp_path, lambda m: m["index"]["files"].pop(name))
+    for argv in (["verify", str(out)], ["query", str(out), "--vector-file", str(tmp_path / "q.npy")]):
+        result = CliRunner().invoke(cli, argv)
+        assert result.exit_code == 78, (argv, result.output, result.exception)
+        assert name in result.output and "not listed in the manifest" in result.output, result.output
+    result = CliRunner().invoke(cli, ["verify", str(out), "--json"])
+    assert result.exit_code == 78 and json.loads(result.stdout.splitlines()[0])["ok"] is False, result.output
+
+
+def test_verify_checks_index_files_own_sha256(built, tmp_path):
+    """index.files naming another sha256 than the file's (re-signed; the integrity record still right): the open
+    lists files by index.files; petal verify checked the record's value instead and said OK."""
+    out = _resigned(built, tmp_path, lambda m: m["index"]["files"].update({"ids.parquet": "0" * 64}))
+    result = CliRunner().invoke(cli, ["verify", str(out)])
+    assert result.exit_code == 65, (result.output, result.exception)
+    assert "ids.parquet" in result.output, result.output

@@ -431,11 +431,17 @@ def verify_version(version_dir: Path, manifest: dict[str, Any] | None = None, *,
     span: int | None = None  # the head/tail records are checked only where opening checks them: a sealed manifest's
     if manifest_state == "ok":
         span = checked_records(version_dir, manifest, files, records)  # NOTE: what opening refuses (78), verify too
-    expected = {name: str(sha) for name, sha in files.items()}
-    expected.update({name: str(r.get("sha256")) for name, r in records.items() if r.get("sha256")})
-    verdicts = [FileVerdict(name, False, "not listed in the manifest", refused=True) for name in REQUIRED_FILES
-                if name not in expected]
+    # NOTE: index.files' sha256 over the record's where both name a file, as the open lists them: a manifest re-signed
+    # with another value there (the records' right) said OK
+    expected = {name: str(r.get("sha256")) for name, r in records.items() if r.get("sha256")}
+    expected.update({name: str(sha) for name, sha in files.items()})
+    # NOTE: listed in index.files, as the open requires (78): a sealed version's integrity records alone do not list
+    # an index file (a manifest re-signed without it: every open refused it, verify said OK)
+    unlisted = [name for name in REQUIRED_FILES if name not in files]
+    verdicts = [FileVerdict(name, False, "not listed in the manifest", refused=True) for name in unlisted]
     for name, sha in sorted(expected.items()):
+        if name in unlisted:
+            continue
         verdicts.append(_verify_file(version_dir, name, sha, records.get(name), span))
     if all(f.ok for f in verdicts):  # NOTE: every file is the one the manifest signs: does it hold what it says?
         problems = {INDEX_FILE: problem} if (problem := header_problem(version_dir, manifest)) is not None \
