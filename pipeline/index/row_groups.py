@@ -108,6 +108,48 @@ class RowGroups:
             raise self._failed(exc, f"rows of columns {', '.join(columns)}") from exc
 
 
+# what petal writes in each column of ids.parquet: "int" (an integer type), "text" (a string type)
+ID_KINDS = {"faiss_id": ("int",), "id": ("int", "text"), "shard": ("text",), "row": ("int",)}
+
+
+def _kind(value_type: pa.DataType) -> str:
+    if pa.types.is_dictionary(value_type):
+        value_type = value_type.value_type
+    if pa.types.is_integer(value_type):
+        return "int"
+    if pa.types.is_string(value_type) or pa.types.is_large_string(value_type):
+        return "text"
+    return str(value_type)
+
+
+def column_problem(rows: RowGroups, kinds: dict[str, tuple[str, ...]], nullable: tuple[str, ...] = ()) -> str | None:
+    """What is wrong with the columns ``kinds`` names in ``rows`` (those it holds), from the footer alone: a type
+    petal never writes there (an integer text, a string row), or nulls that its statistics count where petal writes
+    none (the columns not in ``nullable``); ``None`` when nothing is. NOTE: such a file (a manifest signed again over
+    it) passed the open and verify, then a search printed null ids or --show-text crashed on an integer text."""
+    schema = rows.file.schema_arrow
+    for name, allowed in kinds.items():
+        if name not in rows.names:
+            continue
+        kind = _kind(schema.field(name).type)
+        if kind not in allowed:
+            wanted = " or ".join("an integer" if k == "int" else "a string" for k in allowed)
+            return f"{quote_path(rows.path)}: column {name!r} is {kind}, where petal writes {wanted}"
+    meta = rows.file.metadata
+    for group in range(meta.num_row_groups):
+        chunk = meta.row_group(group)
+        for i in range(chunk.num_columns):
+            column = chunk.column(i)
+            name = column.path_in_schema
+            if name not in kinds or name in nullable:
+                continue
+            stats = column.statistics
+            if stats is not None and stats.has_null_count and stats.null_count > 0:
+                return (f"{quote_path(rows.path)}: column {name!r} holds nulls (row group {group}), where petal "
+                        "writes none")
+    return None
+
+
 class IdMap:
     """FAISS id -> document id, shard, row (``ids.parquet``), decoded per row group on first use."""
 
@@ -117,6 +159,9 @@ class IdMap:
         if missing:
             raise BadInputError(f"{quote_path(rows.path)} has no column {', '.join(missing)}; the version is "
                                 "corrupt: rebuild it")
+        problem = column_problem(rows, ID_KINDS)
+        if problem is not None:
+            raise BadInputError(f"{problem}; the version is corrupt: rebuild it")
         self._columns: dict[int, tuple[Any, ...]] = {}  # row group -> its decoded id columns, one chunk each
 
     def __len__(self) -> int:

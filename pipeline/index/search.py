@@ -23,7 +23,7 @@ from petal.pipeline.index.faiss_loader import load_faiss
 from petal.pipeline.index.files import IDS_FILE, INDEX_FILE, IVFDATA_FILE, open_parquet, read_index
 from petal.pipeline.index.plan import searched_nodes
 from petal.pipeline.index.read_errors import host_failure, read_failure
-from petal.pipeline.index.row_groups import IdMap, RowGroups
+from petal.pipeline.index.row_groups import IdMap, RowGroups, column_problem
 from petal.pipeline.index.tune import apply_params
 from petal.pipeline.index.verify import OpenCheck, check_on_open
 from petal.pipeline.index.widen import EF_FLOOR, CodeScan, decodable, searched_again
@@ -794,7 +794,8 @@ def stored_columns_missing(rows: RowGroups, manifest: Manifest) -> str | None:
         return None
     missing = [n for n in (["text"] if recorded.text else []) + list(recorded.keep) if n not in rows.names]
     if not missing:
-        return None
+        problem = column_problem(rows, {"text": ("text",)}, nullable=("text",)) if recorded.text else None
+        return None if problem is None else f"{problem}: the file does not match its manifest; rebuild the version"
     return (f"{quote_path(rows.path)} has no column {', '.join(map(quote_path, missing))}, which the manifest's "
             "columns record lists: the file does not match its manifest; the version is damaged, rebuild it")
 
