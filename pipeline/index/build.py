@@ -116,7 +116,7 @@ def build_on_disk(trained: Any, source: StoreVectors, staging: Path, part_rows: 
             # NOTE: merge_ondisk keeps the parts mmapped until the process exits (FAISS leaks their
             # inverted lists by design); their disk space is freed then, after the rmtree below.
             merge_ondisk(trained, names, str(staging / IVFDATA_FILE))
-        write_index(trained, staging / INDEX_FILE)
+        write_index(trained, staging / INDEX_FILE, catch_stdout=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)  # the version directory holds no build leftovers
     return trained, ",".join(sorted(places)) or "cpu"

@@ -67,9 +67,14 @@ def faiss_stdout() -> Iterator[None]:
                 sys.stderr.flush()
 
 
-def write_index(index: Any, path: Path) -> None:
+def write_index(index: Any, path: Path, catch_stdout: bool = False) -> None:
+    """``faiss.write_index``; ``catch_stdout``: inside ``faiss_stdout`` (the on-disk build's index, whose lists FAISS
+    may talk about). NOTE: not by default: it swaps fd 1 process-wide, so every in-memory build (``petal.index`` and
+    ``petal.rebuild`` in a caller's process) sent the caller's other threads' stdout to stderr meanwhile."""
     faiss = load_faiss()
-
+    if not catch_stdout:
+        faiss.write_index(index, str(path))
+        return
     with faiss_stdout():
         faiss.write_index(index, str(path))
 
