@@ -241,6 +241,9 @@ class ScaleConfig:
             raise ValueError(f"--workers {self.workers} < 1")
         if self.range_rows is not None and self.range_rows < 0:
             raise ValueError(f"--range-rows {self.range_rows} < 0")
+        if self.ray_address is not None and not self.ray:  # NOTE: was dropped, and the run went to worker processes
+            raise ValueError(f"ray_address {self.ray_address!r} goes with ray=True (--ray ADDRESS): give both, or "
+                             "neither")
         if self.ray and self.devices is not None:
             raise ValueError("--ray places its actors on the cluster's GPUs itself: drop --devices")
         if self.devices is not None:

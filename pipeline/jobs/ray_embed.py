@@ -36,7 +36,14 @@ from petal.pipeline.jobs.progress import progress_bar
 from petal.pipeline.jobs.report import RunReport
 from petal.pipeline.jobs.worker import WorkerPlan, claimed_documents, entry_written_since, load_engine, unit_entry_path
 from petal.pipeline.jobs.workers import START_TIMEOUT_ENV, start_timeout_s
-from petal.pipeline.reliability.errors import ConfigError, Interrupted, PetalError, TemporaryFailure, unmapped_error
+from petal.pipeline.reliability.errors import (
+    ConfigError,
+    Interrupted,
+    PetalError,
+    TemporaryFailure,
+    UsageError,
+    unmapped_error,
+)
 from petal.pipeline.reliability.signals import STOP_SIGNALS, StopSignals
 from petal.pipeline.store.embeddings import EmbeddingStore, StoreEntry
 from petal.pipeline.store.ranges import RangeAssembly
@@ -120,7 +127,9 @@ def connect(scale: ScaleConfig) -> Any:
     during ``ray.init`` is the run's clean stop (143), not an internal error."""
     ray = import_ray()
     ray_errors_off_stdout()
-    if not ray.is_initialized():
+    if ray.is_initialized():
+        _same_cluster(ray, scale)
+    else:
         where = _address(scale)
         if where is not None:
             _check_reachable(*where)
@@ -146,6 +155,32 @@ def connect(scale: ScaleConfig) -> Any:
                     if handler is not None:
                         signal.signal(sig, handler)
     return ray
+
+
+def _same_cluster(ray: Any, scale: ScaleConfig) -> None:
+    """Ray is connected already in this process (an earlier run, or the caller's own ``ray.init``): a ``ray_address``
+    (``--ray ADDRESS``) naming another GCS is a ``UsageError``, never a run on the cluster connected (it was taken
+    silently). NOTE: only a ``host:port`` is compared; ``auto``, ``ray://`` and none take the cluster connected."""
+    where = _address(scale) if scale.ray_address not in (None, "auto") else None
+    if where is None:
+        return
+    try:
+        connected = str(ray.get_runtime_context().gcs_address)
+    except Exception:  # NOTE: a Ray without it (Ray Client): nothing to compare
+        return
+    host, _, port = connected.rpartition(":")
+    if (_host_ip(host.strip("[]")), port) != (_host_ip(where[1]), str(where[2])):
+        raise UsageError(f"ray_address {scale.ray_address!r}: this process is connected to the Ray cluster at "
+                         f"{connected} already (ray.init earlier); one process talks to one cluster: run in another "
+                         "process, or ray.shutdown() first")
+
+
+def _host_ip(host: str) -> str:
+    """``host``'s address (``localhost`` and ``127.0.0.1`` name one host), or ``host`` where it does not resolve."""
+    try:
+        return socket.gethostbyname(host)
+    except OSError:
+        return host
 
 
 def _address(scale: ScaleConfig) -> tuple[str, str, int] | None:

@@ -53,8 +53,11 @@ class Index:
         if nprobe is not None and nprobe > MAX_NPROBE:  # NOTE: FAISS raised at the first search (a C int)
             raise UsageError(f"--nprobe {nprobe} > {MAX_NPROBE}: FAISS takes it as a C int")
         rescore = None if rescore is None else whole_number(rescore, "rescore", 0)
-        self._reader: IndexReader | None = IndexReader(Path(path), nprobe=nprobe, rescore=rescore)
-        self._root, self._nprobe, self._rescore = Path(path), nprobe, rescore
+        # NOTE: absolute: a caller's later chdir must not move the index (reopened() read CURRENT, and path named
+        # the version, relative to whatever the working directory had become)
+        root = Path(path).absolute()
+        self._reader: IndexReader | None = IndexReader(root, nprobe=nprobe, rescore=rescore)
+        self._root, self._nprobe, self._rescore = root, nprobe, rescore
         self._refused: str | None = None  # the version CURRENT named that ``reopened`` could not open
         self._model_settings: dict[str, Any] = {"model": model, "device": device, "dtype": dtype,
                                                 "attention": attention, "query_prompt": query_prompt,
@@ -91,6 +94,7 @@ class Index:
                 f"model={manifest.model.display!r}>")
 
     def __enter__(self) -> Index:
+        self.reader  # noqa: B018  (a closed index: UsageError, as every other use)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -126,11 +130,13 @@ class Index:
     @property
     def num_truncated(self) -> int:
         """Query texts cut at the model's limit by this index's searches so far (0 before its model loads)."""
+        self.reader  # noqa: B018  (a closed index: UsageError)
         return 0 if self._service is None else self._service.model.num_truncated
 
     @property
     def num_over_chars(self) -> int:
         """Of ``num_truncated``, the texts cut at the characters petal reads of a text, not at the token limit."""
+        self.reader  # noqa: B018  (a closed index: UsageError)
         return 0 if self._service is None else self._service.model.num_over_chars
 
     @property

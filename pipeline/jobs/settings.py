@@ -79,7 +79,10 @@ def whole_number(value: Any, name: str, minimum: int | None = None) -> int:
     ``name`` otherwise, or when below ``minimum``."""
     if isinstance(value, bool) or not hasattr(type(value), "__index__"):
         raise ArgumentTypeError(f"{name} {value!r} is {kind_of(value)}, not an integer")
-    number = operator.index(value)
+    try:
+        number = operator.index(value)
+    except TypeError:  # NOTE: a numpy array has __index__ (only a 0-d integer one answers it): no integer
+        raise ArgumentTypeError(f"{name} {value!r} is {kind_of(value)}, not an integer") from None
     if minimum is not None and number < minimum:
         raise UsageError(f"{name} {number} < {minimum}")
     return number
