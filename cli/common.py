@@ -553,6 +553,19 @@ class ReportingCommand(click.Command):
         return path, "--json" in words
 
 
+CLOSED_AT_START: set[str] = set()  # "stdout", "stderr": closed when the process started (cli/main.py puts /dev/null)
+
+
+def require_stdout(command: str) -> None:
+    """``PetalIOError`` (74) when the process started with stdout closed (``>&-``) and ``command`` writes its results
+    there: they would go to /dev/null and the run exit 0, every answer lost in silence."""
+    if "stdout" in CLOSED_AT_START:
+        from petal.pipeline.reliability.errors import PetalIOError
+
+        raise PetalIOError(f"stdout is closed (the process started without fd 1): {command} writes its results there; "
+                           "give it a stdout (a file, a pipe)")
+
+
 def device_options(func: F) -> F:
     """``--device``, ``--dtype``, ``--attention``; with ``--device cpu``, a combination the engine refuses is a usage
     error (2) before the command imports torch (``engine/config.device_problem``). A ``--vector-file`` query runs no

@@ -19,6 +19,7 @@ from petal.cli.common import (
     PATH,
     device_options,
     given_flags,
+    require_stdout,
     startup_done,
     stdin_chunks,
     user_errors,
@@ -95,6 +96,8 @@ def embed(texts: tuple[str, ...], model: str | None, from_stdin: bool, input_pat
         raise click.UsageError(f"--id-column: --output {quote_path(output)} holds the rows only, so the ids would "
                                "go nowhere: write --output FILE.jsonl (each line carries its id), or leave --id-column "
                                "out")
+    if output is None:
+        require_stdout("petal embed without --output")  # NOTE: the vectors' only way out (74, not exit 0)
     if output is not None:
         check_output(output)  # before the model loads and the texts are embedded, not after
         _check_not_input(output, input_path)

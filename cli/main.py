@@ -13,7 +13,7 @@ import click
 from petal import __version__
 from petal._startup import NAMES, quiet_signals, signals_to_python
 from petal.cli.bench import bench
-from petal.cli.common import PetalGroup, defer_gc_for_startup, offline, quiet_stdout
+from petal.cli.common import CLOSED_AT_START, PetalGroup, defer_gc_for_startup, offline, quiet_stdout
 from petal.cli.embed import embed
 from petal.cli.index import index
 from petal.cli.info import info
@@ -68,6 +68,7 @@ def open_closed_outputs() -> None:
         try:
             os.fstat(fd)
         except OSError:
+            CLOSED_AT_START.add(name)  # NOTE: a command whose results go to stdout refuses to run (require_stdout)
             devnull = os.open(os.devnull, os.O_WRONLY)
             if devnull != fd:
                 os.dup2(devnull, fd)

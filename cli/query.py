@@ -15,6 +15,7 @@ from petal.cli.common import (
     given_flags,
     json_text,
     once_option,
+    require_stdout,
     startup_done,
     stdin_lines,
     unused_flags,
@@ -100,6 +101,7 @@ def query(index_path: Path, texts: tuple[str, ...], k: int, from_stdin: bool, as
         from petal.pipeline.index.filters import parse_filter
 
         usage(lambda: parse_filter(where))  # a malformed expression; unknown columns are known once the index opens
+    require_stdout("petal query")  # NOTE: stdout closed at start: 74, not answers to /dev/null and exit 0
     # NOTE: then the input file (missing, unreadable, empty: 66; not vectors: 65), still before the index opens
     vectors = read_vector_file(vector_file) if vector_file is not None else None
     _judged_by_manifest(index_path, where, by_text=vector_file is None)

@@ -61,3 +61,23 @@ def test_the_api_report_to_a_closed_stdout_is_an_os_error_the_run_warns_about(mo
     with pytest.raises(OSError) as caught:
         write_report_to("-", {"status": "success"})
     assert caught.value.errno == errno.EBADF and "stdout is closed" in str(caught.value)
+
+
+def test_query_and_embed_with_stdout_closed_are_74_not_answers_lost_with_exit_0(tmp_path):
+    """Their results go to stdout only: with fd 1 closed at start they went to /dev/null and the command exited 0
+    (the embed summary on stderr even counted the vectors). Now 74 naming stdout, before anything loads; ``petal
+    embed --output FILE`` needs no stdout and runs."""
+    pq.write_table(pa.table({"id": [1, 2], "text": ["glaciers move", "bread rises"]}), tmp_path / "a.parquet")
+    done = petal(["index", str(tmp_path / "a.parquet"), "--out", str(tmp_path / "out"), "-q"], close=())
+    assert done.returncode == 0, done.stderr
+    err = tmp_path / "err.txt"
+    for args in (["query", str(tmp_path / "out"), "glaciers", "-k", "1"], ["embed", "glaciers"],
+                 ["embed", "--stdin"]):
+        with err.open("w") as stderr:
+            code = subprocess.run([sys.executable, "-c", "from petal.cli.main import main; main()", *args],
+                                  cwd=REPO, stderr=stderr, stdin=subprocess.DEVNULL, preexec_fn=lambda: os.close(1),
+                                  timeout=300).returncode
+        said = err.read_text()
+        assert code == 74 and "stdout is closed" in said and "Traceback" not in said, (args, code, said)
+    done = petal(["embed", "glaciers", "--output", str(tmp_path / "v.npy")], close=(1,))
+    assert done.returncode == 0 and (tmp_path / "v.npy").is_file()
