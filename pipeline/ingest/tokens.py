@@ -22,7 +22,7 @@ import numpy as np
 from petal.pipeline.ingest.ascii_normalize import AsciiBertNormalizer
 from petal.pipeline.ingest.lone_wordpiece import LoneWordPiece, added_tokens_pattern, holds_added_token
 from petal.pipeline.ingest.prefetch import ordered_map
-from petal.pipeline.reliability.errors import ConfigError, one_line
+from petal.pipeline.reliability.errors import ConfigError, FlagError, one_line
 
 if TYPE_CHECKING:
     from petal.engine.loader import ModelSpec
@@ -100,6 +100,11 @@ class TextTokenizer:
         # ids are these is empty to the model (every character dropped by the normaliser: combining marks under
         # accent stripping, U+FFFD under BERT's cleaning), and gives the same vector as every other such text
         self._empty_ids = np.array(self._tokenizer.encode(prompt).ids, dtype=np.int32)
+        taken = len(self._empty_ids) + (1 if self.appends_eos else 0)
+        if max_length <= taken:  # NOTE: else every text was cut to the special tokens: skipped as empty_text (66)
+            what = "special tokens and prompt" if prompt else "special tokens"
+            raise FlagError(f"--max-length {max_length} leaves no token for the text: the model's {what} take "
+                            f"{taken}; give at least {taken + 1}")
 
     def encode(self, texts: list[str]) -> Encoded:
         capped = np.fromiter((len(t) > self.max_chars for t in texts), dtype=bool, count=len(texts))
