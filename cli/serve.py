@@ -387,6 +387,10 @@ def serve(index_path: Path | None, model: str | None, host: str, port: int, api_
         return
     startup = Startup(settings, ServeMetrics(), load, on_ready=ready)
     stopped = run_server(startup, sock, log_level=log_level, access_log=access_log, held=held)
+    # NOTE: drained: a stop signal from here on changes nothing (Python's finalisation puts the default handlers back:
+    # one in the last moments killed the process, 143, after a clean stop)
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
     if startup.cut_off or startup.forced:
         why = "a second stop signal came" if startup.forced else \
             f"the drain timeout ({drain_timeout_s:g} s, --drain-timeout-s) passed"
@@ -394,9 +398,11 @@ def serve(index_path: Path | None, model: str | None, host: str, port: int, api_
                "running were answered 503")
     else:
         eprint("petal serve: stopped (in-flight requests drained)")
-    if not stopped:
-        # NOTE: a step still runs (a hung device?): ending the interpreter under it would abort (exit 134)
-        eprint(f"petal serve: the engine did not finish its step within {THREAD_STOP_S:g} s; exiting without it")
+    if not stopped or startup.still_loading:
+        # NOTE: a step still runs (a hung device?), or the model still loads (stopped while loading): ending the
+        # interpreter under it would abort (SIGABRT, exit 134)
+        if not stopped:
+            eprint(f"petal serve: the engine did not finish its step within {THREAD_STOP_S:g} s; exiting without it")
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)

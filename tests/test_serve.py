@@ -636,9 +636,12 @@ def _held_in_queue(server: Server, count: int, texts: int) -> list[dict]:
     return answers
 
 
-@pytest.mark.parametrize("signals", [[signal.SIGTERM], [signal.SIGINT, signal.SIGINT]], ids=["timeout", "second"])
+@pytest.mark.parametrize("signals", [[signal.SIGTERM], [signal.SIGINT, signal.SIGINT], [signal.SIGTERM, signal.SIGTERM],
+                                     [signal.SIGINT, signal.SIGTERM], [signal.SIGTERM, signal.SIGHUP]],
+                         ids=["timeout", "second", "term-term", "int-term", "term-hup"])
 def test_requests_past_the_drain_are_answered_503_and_the_server_exits_0(tmp_path, signals):
-    """Requests still running when --drain-timeout-s passes (or when a second signal cuts the drain short) get
+    """Requests still running when --drain-timeout-s passes (or when a second signal of any stop kind cuts the drain
+    short: only a second SIGINT did, a scheduler's SIGTERM, SIGTERM waited out the drain) get
     a JSON 503 with Retry-After, not a 500; what was queued is dropped, the engine thread stops before the
     process ends (no abort, exit 134), no traceback, and the last line says how many were cut off."""
     from petal.engine.loader import default_model_dir

@@ -448,7 +448,9 @@ def build_app(startup: Startup | ServeState) -> ASGIApp:
         startup = Startup(startup.settings, startup.metrics, state=startup)
     boot = startup
     settings, metrics = boot.settings, boot.metrics
-    key = settings.api_key.encode() if settings.api_key else None
+    # NOTE: the key's own bytes: a command-line or environment byte that is not UTF-8 (a lone surrogate after
+    # surrogateescape) is that byte, as a client sends it (it was a UnicodeEncodeError traceback after the bind)
+    key = settings.api_key.encode("utf-8", "surrogateescape") if settings.api_key else None
     retry_after = {"Retry-After": str(settings.retry_after_s)}
 
     def authorized(request: Request) -> bool:

@@ -72,6 +72,14 @@ class DrainingServer(uvicorn.Server):
             for sig, handler in original.items():
                 signal.signal(sig, handler)
 
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        # NOTE: a second stop signal of any kind cuts the drain short (uvicorn's own: only a second SIGINT), as a
+        # scheduler escalates: SIGTERM, then SIGTERM or SIGKILL; the first one of any kind drains
+        if self.should_exit and sig in STOP_SIGNALS:
+            self.force_exit = True
+            return
+        super().handle_exit(sig, frame)
+
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         await super().shutdown(sockets)
         if self.force_exit:

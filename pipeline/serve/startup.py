@@ -60,8 +60,17 @@ class Startup:
             await self._activate(self._loaded)
             return
         loop = asyncio.get_running_loop()
-        # NOTE: a daemon thread: a SIGTERM while loading stops the server without waiting for the load
-        threading.Thread(target=self._run, args=(loop,), name="petal-load", daemon=True).start()
+        # NOTE: a daemon thread: a SIGTERM while loading stops the server without waiting for the load (the process
+        # then ends with os._exit: ``still_loading``)
+        self._loader = threading.Thread(target=self._run, args=(loop,), name="petal-load", daemon=True)
+        self._loader.start()
+
+    @property
+    def still_loading(self) -> bool:
+        """The load's thread still runs (the server stopped before it finished): ending the interpreter under it
+        (torch, a tokenizer mid-call) aborts the process (SIGABRT, exit 134)."""
+        loader = getattr(self, "_loader", None)
+        return loader is not None and loader.is_alive()
 
     def _run(self, loop: asyncio.AbstractEventLoop) -> None:
         assert self._load is not None
