@@ -79,7 +79,7 @@ ray.shutdown()
 """
 
 
-def test_ray_address_of_another_cluster_than_the_one_connected_is_a_usage_error(tmp_path):
+def test_ray_address_of_another_cluster_than_the_one_connected_is_a_usage_error(tmp_path, minilm_dir):
     pytest.importorskip("ray")
     done = subprocess.run([sys.executable, "-c", RAY_SCRIPT, str(tmp_path)], capture_output=True, text=True,
                           timeout=600)

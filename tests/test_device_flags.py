@@ -7,24 +7,20 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-
-PETAL = str(Path(sys.executable).parent / "petal")
 
 
 @pytest.mark.parametrize(("flag", "value", "said"), [
     ("--dtype", "float16", "--dtype float16 is not supported on the CPU"),
     ("--attention", "flashinfer", "--attention flashinfer needs CUDA")])
 @pytest.mark.parametrize("device", ["cpu", "auto"])
-def test_serve_refuses_what_the_cpu_engine_cannot_run_as_a_usage_error(tmp_path, flag, value, said, device):
+def test_serve_refuses_what_the_cpu_engine_cannot_run_as_a_usage_error(minilm_dir, flag, value, said, device):
     torch = pytest.importorskip("torch")
     if device == "auto" and torch.cuda.is_available():
         pytest.skip("auto runs on CUDA here")
-    from petal.engine.loader import default_model_dir
-
-    argv = [PETAL, "serve", "--model", str(default_model_dir()), "--port", "0", "--device", device, flag, value]
+    argv = [sys.executable, "-m", "petal.cli.main", "serve", "--model", str(minilm_dir), "--port", "0", "--device",
+            device, flag, value]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     assert done.returncode == 2, done.stderr[-3000:]
     assert said in done.stderr and "Traceback" not in done.stderr, done.stderr[-3000:]

@@ -19,7 +19,7 @@ from petal.pipeline.reliability.errors import FlagError
 PETAL = str(Path(sys.executable).parent / "petal")
 
 
-def test_embed_with_room_for_no_token_of_text_is_a_usage_error():
+def test_embed_with_room_for_no_token_of_text_is_a_usage_error(minilm_dir):
     done = subprocess.run([PETAL, "embed", "hello world", "--max-length", "2"], capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 2, done.stderr

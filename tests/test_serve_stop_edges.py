@@ -22,11 +22,9 @@ pytest.importorskip("uvicorn")
 
 
 @pytest.mark.parametrize("attempt", range(3))
-def test_sigterm_while_the_model_loads_exits_0(tmp_path, attempt):
-    from petal.engine.loader import default_model_dir
-
+def test_sigterm_while_the_model_loads_exits_0(tmp_path, minilm_dir, attempt):
     log = tmp_path / "log"
-    proc, url = _start(log, "--model", default_model_dir())  # as soon as the port answers, the model loading
+    proc, url = _start(log, "--model", minilm_dir)  # as soon as the port answers, the model loading
     try:
         with httpx.Client(base_url=url, timeout=10) as client:
             ready = client.get("/ready")
@@ -43,11 +41,9 @@ def test_sigterm_while_the_model_loads_exits_0(tmp_path, attempt):
             proc.wait()
 
 
-def test_a_stop_signal_right_after_the_drain_changes_nothing(tmp_path):
-    from petal.engine.loader import default_model_dir
-
+def test_a_stop_signal_right_after_the_drain_changes_nothing(tmp_path, minilm_dir):
     log = tmp_path / "log"
-    server = Server(log, "--model", default_model_dir())
+    server = Server(log, "--model", minilm_dir)
     try:
         deadline = time.monotonic() + 120
         while server.client.get("/ready").status_code != 200:
@@ -68,15 +64,13 @@ def test_a_stop_signal_right_after_the_drain_changes_nothing(tmp_path):
 
 
 @pytest.mark.parametrize("where", ["flag", "env"])
-def test_an_api_key_byte_that_is_not_utf8_is_that_byte(tmp_path, where):
+def test_an_api_key_byte_that_is_not_utf8_is_that_byte(tmp_path, minilm_dir, where):
     """``--api-key $'\\xff'`` (or PETAL_API_KEY): Python reads the byte as a lone surrogate; encoding the key for the
     comparison raised UnicodeEncodeError after the port was bound (a traceback, exit 1). The key is its bytes, as a
     client sends them in its header."""
-    from petal.engine.loader import default_model_dir
-
     key = b"k\xff".decode("utf-8", "surrogateescape")
     args = ("--api-key", key) if where == "flag" else ()
-    server = Server(tmp_path / "log", "--model", default_model_dir(), *args,
+    server = Server(tmp_path / "log", "--model", minilm_dir, *args,
                     api_key_env=key if where == "env" else None)
     try:
         assert server.client.get("/v1/models", headers={"Authorization": b"Bearer k\xff"}).status_code == 200
