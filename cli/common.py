@@ -569,8 +569,13 @@ def require_stdout(command: str) -> None:
 def device_options(func: F) -> F:
     """``--device``, ``--dtype``, ``--attention``; with ``--device cpu``, a combination the engine refuses is a usage
     error (2) before the command imports torch (``engine/config.device_problem``). A ``--vector-file`` query runs no
-    model: its model flags are not checked."""
-    command = func
+    model: its model flags are not checked. (``petal index`` judges them in its job, which writes the run's report;
+    ``petal serve`` after its unused-flag check: ``device_flags``.)"""
+    return device_flags(_device_checked(func))
+
+
+def _device_checked(command: F) -> F:
+    """``command``, refusing what ``device_problem`` refuses of its flags before it runs."""
 
     @functools.wraps(command)
     def checked(*args: Any, **kwargs: Any) -> Any:
@@ -584,7 +589,11 @@ def device_options(func: F) -> F:
                 raise click.UsageError(problem)
         return command(*args, **kwargs)
 
-    func = cast(F, checked)
+    return cast(F, checked)
+
+
+def device_flags(func: F) -> F:
+    """``--device``, ``--dtype``, ``--attention``, unchecked (the command judges them)."""
     func = click.option("--attention", type=click.Choice(["auto", "flashinfer", "torch", "sdpa"]), default="auto",
                         show_default=True, help="Attention kernel (auto: FlashInfer on CUDA when it fits).")(func)
     func = click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto",

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from petal.cli.common import MODEL_DIR, PATH, ReportingCommand, device_options, hooks, once_option, run_with_report
+from petal.cli.common import MODEL_DIR, PATH, ReportingCommand, device_flags, hooks, once_option, run_with_report
 from petal.cli.index_options import given_index_flags, index_options, kept_default
 from petal.cli.options import model_options, output_options
 from petal.cli.scale_options import RAY_LOCAL, scale_options
@@ -32,7 +32,7 @@ from petal.cli.scale_options import RAY_LOCAL, scale_options
 @once_option("--keep-columns", join="name every column in one: --keep-columns A,B", metavar="A,B",
               help="Columns stored with the ids: returned with every hit (petal query, the API) and usable in "
                    "petal query --where. Distinct names, comma-separated; leave the flag out to keep none.")
-@device_options
+@device_flags
 @click.option("--max-length", type=int, default=None, help="Truncate texts to N tokens (default: the model's).")
 @click.option("--token-budget", type=int, default=None,
               help="Tokens per engine step (default: 16384 on CUDA, 4096 on the CPU).")

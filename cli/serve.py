@@ -17,7 +17,7 @@ from petal.cli.common import (
     NON_EMPTY,
     PATH,
     PetalClickError,
-    device_options,
+    device_flags,
     eprint,
     freeze_long_lived,
     given_flags,
@@ -204,7 +204,7 @@ def missing_serve_extra() -> list[str]:
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
               show_default=True, help="Which of the server's own log lines (and uvicorn's) are printed.")
 @click.option("--access-log", is_flag=True, help="Log every request (uvicorn's access log).")
-@device_options
+@device_flags
 @loading_options
 @user_errors(outputs=())  # NOTE: serve writes no file: permission denied on any path is one it reads (66), not 74
 def serve(index_path: Path | None, model: str | None, host: str, port: int, api_key: str | None, max_wait_ms: float,
@@ -269,6 +269,11 @@ def serve(index_path: Path | None, model: str | None, host: str, port: int, api_
         raise unused_flags(flags, f"the index has no model ({first_version[1].version} holds "
                            f"{first_version[1].model.display}) and no --model DIR was given",
                            "leave {them} out, or give --model DIR to serve /v1/embeddings with a model" + hint)
+    from petal.engine.config import device_problem
+
+    problem = device_problem(device, dtype, attention)  # NOTE: --device cpu: before torch (auto: EngineConfig's)
+    if problem is not None:
+        raise click.UsageError(problem)
     # NOTE: the GPU copy of a text index is searched with the query vectors the model makes on its device (a lone
     # query on the engine thread); an index of vectors is searched with the client's rows: its copy needs CUDA only
     if search_device == "cuda" and device == "cpu" and not vectors_only:

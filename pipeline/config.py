@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
-from petal.engine.config import ModelOptions
+from petal.engine.config import ModelOptions, device_problem
 from petal.pipeline.ingest.text_rule import first_surrogate
 from petal.pipeline.store.outputs import OutputConfig
 
@@ -210,6 +210,9 @@ class IndexJob:
         if workers < 1:
             raise ValueError(f"tokenize workers {workers} < 1")
         check_lengths(self.max_length, self.token_budget, self.max_seqs)
+        problem = device_problem(self.device, self.dtype, self.attention)  # NOTE: --device cpu: before any shard
+        if problem is not None:
+            raise ValueError(problem)
         if self.keep_versions < 1:
             raise ValueError(f"--keep-versions {self.keep_versions} < 1: the live version is always kept")
         check_keep_names(self.keep_columns, list(self.keep_columns))  # the API's list is taken as it is

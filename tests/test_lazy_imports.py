@@ -96,8 +96,8 @@ LIGHT = [
     (["embed", "--device", "cpu", "--attention", "flashinfer", "x"], 2),
     (["query", "OUT", "x", "--device", "cpu", "--attention", "torch"], 2),
     (["index", "data", "--out", "o", "--device", "cpu", "--dtype", "float16"], 2),
-    (["serve", "OUT", "--device", "cpu", "--dtype", "float16"], 2),
-    (["serve", "OUT", "--device", "cpu", "--attention", "flashinfer"], 2),
+    (["serve", "--model", "m", "--device", "cpu", "--dtype", "float16"], 2),
+    (["serve", "--model", "m", "--device", "cpu", "--attention", "flashinfer"], 2),
 ]
 
 

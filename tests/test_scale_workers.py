@@ -347,4 +347,7 @@ def test_a_workers_engine_load_error_has_the_exit_code_of_one_process(broken_mod
     last = stderr.strip().splitlines()[-1]
     assert named in last and "internal error" not in last, stderr
     assert "Traceback" not in stderr, stderr
-    assert report["exit_code"] == code and [w["status"] for w in report["workers"]] == ["error", "error"]
+    if named == "flashinfer":  # judged from the flags (--device cpu) before any worker starts: its report says so
+        assert report["exit_code"] == code and not report.get("workers"), report
+    else:
+        assert report["exit_code"] == code and [w["status"] for w in report["workers"]] == ["error", "error"]

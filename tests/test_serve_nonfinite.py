@@ -98,7 +98,7 @@ def test_embeddings_refuse_a_text_that_embeds_to_nan(served):
 def test_search_refuses_a_query_that_embeds_to_nan(served):
     client = served.client
     refused_item(client.post("/search", json={"query": "bread rises", "k": 2}), "query", 0)
-    refused_item(client.post("/search", json={"queries": ["glaciers", "vector search", "bread"], "k": 2}), "query", 2)
+    refused_item(client.post("/search", json={"queries": ["glaciers", "vector search", "bread"], "k": 2}), "queries", 2)
     answer = client.post("/search", json={"queries": ["glaciers", "vector search"], "k": 1})
     assert answer.status_code == 200, answer.text
     assert [r["hits"][0]["id"] for r in answer.json()["results"]] == [1, 3]
@@ -141,7 +141,7 @@ def test_the_other_requests_of_the_same_step_are_answered(held):
     finite_rows(responses[0], 2)
     refused_item(responses[1], "input", 1)
     assert responses[2].status_code == 200 and responses[2].json()["results"][0]["hits"][0]["id"] == 1
-    refused_item(responses[3], "query", 1)
+    refused_item(responses[3], "queries", 1)
     finite_rows(responses[4], 1)
     # and the next request is answered
     started = time.monotonic()

@@ -140,9 +140,7 @@ def test_metrics_during_swaps_name_one_version_for_the_index_and_its_search_copy
     assert follower is not None
 
     def swap(n: int) -> None:  # as the follower swaps: the live version, then its gauges
-        live = second if n % 2 else first
-        follower.live = live
-        state.metrics.serving(live.version, live.reader.ntotal)
+        follower.swap_to(second if n % 2 else first)
 
     stop, thread = _flipping(swap)
     bad = []

@@ -129,7 +129,7 @@ def test_petal_serve_refuses_them_as_empty(request, tmp_path_factory):
 
     server = default_server(request, tmp_path_factory)
     for path, body, field, item in [("/search", {"query": DROPPED[0]}, "query", 0),
-                                    ("/search", {"queries": ["glaciers", DROPPED[1]]}, "query", 1),
+                                    ("/search", {"queries": ["glaciers", DROPPED[1]]}, "queries", 1),
                                     ("/v1/embeddings", {"input": ["ok", "fine", DROPPED[2]]}, "input", 2)]:
         response = server.client.post(path, json=body)
         assert response.status_code == 422, (path, response.text)

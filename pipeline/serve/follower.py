@@ -262,8 +262,7 @@ class IndexFollower:
                 self._collect_delay_s = COLLECT_FIRST_S
                 self._collect_at = time.monotonic() + COLLECT_FIRST_S
             self.refused = None  # NOTE: before the swap: /ready never says the version it serves was refused
-            self.live = candidate  # NOTE: the swap; searches holding the old object finish on it
-            self.metrics.serving(candidate.version, candidate.reader.ntotal)  # (the refusal's series cleared too)
+            self.swap_to(candidate)  # NOTE: the swap; searches holding the old object finish on it
             self.metrics.index_reloads.labels(result="loaded").inc()
             log.info("petal serve: now serving %s (%d vectors), was %s", candidate.version,
                      candidate.reader.ntotal, old)
@@ -272,6 +271,13 @@ class IndexFollower:
             for note in candidate.reader.ignored:
                 log.warning("petal serve: note: %s (%s)", note, candidate.version)
             return True
+
+    def swap_to(self, candidate: SearchIndex) -> None:
+        """Serve ``candidate`` from now on: the live version and its gauges (the refusal's series cleared too) set
+        together, under the metrics' swap lock, so a scrape (``ServeState.metrics_body``) sees the one or the other."""
+        with self.metrics.swapping():
+            self.live = candidate
+            self.metrics.serving(candidate.version, candidate.reader.ntotal)
 
     def _back_to_live(self) -> None:
         """CURRENT names the live version again: a refusal before is over."""

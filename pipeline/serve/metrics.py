@@ -49,9 +49,7 @@ class ServeMetrics:
         # NOTE: a version is swapped in on the follower's thread while /metrics renders on the event loop: a scrape
         # between a gauge's clear() and its set() saw no petal_index_version at all, or the new version beside the
         # old petal_index_vectors; the series of the version served change and are read under this lock
-        self._swap = threading.Lock()
-        self._served: str | None = None  # the version petal_index_version names
-        self._searched: str | None = None  # the version petal_search_copy names
+        self._swap = threading.RLock()
         gc_clock.install()  # NOTE: the process's collections (one hook however many servers)
         r.register(gc_clock.GcCollector())
 
@@ -75,7 +73,6 @@ class ServeMetrics:
             self.index_version.clear()
             self.index_version.labels(version=version).set(1)
             self.index_vectors.set(vectors)
-            self._served = version
 
     def refused(self, version: str, reason: str) -> None:
         with self._swap:
@@ -86,16 +83,13 @@ class ServeMetrics:
         with self._swap:
             self.search_copy.clear()
             self.search_copy.labels(version=version, device=device, copy=copy, dtype=dtype).set(1)
-            self._searched = version
 
     def render(self) -> bytes:
         with self._swap:
             return generate_latest(self.registry)
 
-    def render_served(self) -> bytes | None:
-        """``render()``, or ``None`` when ``petal_search_copy`` names another version than ``petal_index_version``
-        (set from the live version just before or after a swap): the caller sets it again and retries."""
-        with self._swap:
-            if self._searched is not None and self._served is not None and self._searched != self._served:
-                return None
-            return generate_latest(self.registry)
+    def swapping(self) -> threading.RLock:
+        """Held around a version swap (the live version and its gauges set together) and around a scrape that sets
+        ``petal_search_copy`` from the live version and renders: no scrape sees one version's series beside the
+        other's."""
+        return self._swap

@@ -377,14 +377,10 @@ class ServeState:
     def metrics_body(self) -> bytes:
         """``/metrics``: ``petal_search_copy`` set from the live version, rendered with the same version's
         ``petal_index_version``. NOTE: a swap sets the live version, then its gauges (the follower's thread): a scrape
-        in between read one version's search copy beside the other's version; it takes the live version again."""
-        for _ in range(20):
+        in between read one version's search copy beside the other's version."""
+        with self.metrics.swapping():  # NOTE: a swap (follower.swap_to) waits for this scrape, and it for a swap
             self.search_copy()
-            body = self.metrics.render_served()
-            if body is not None:
-                return body
-            time.sleep(0.001)  # NOTE: the follower is between its two steps: let it finish
-        return self.metrics.render()
+            return self.metrics.render()
 
     def ready(self) -> dict[str, Any]:
         """``/ready``: the model (``null``: none loaded), the version served, how it is searched, and what
