@@ -31,6 +31,14 @@ def _table(rows: int, string_ids: bool) -> tuple[pa.Table, np.ndarray]:
     return table, data
 
 
+def _metadata(server: Server, vector: np.ndarray) -> tuple[object, object]:
+    """The id and the ``metadata`` of the one hit of a search by ``vector`` (k 1, ``include: ["metadata"]``)."""
+    answer = server.client.post("/search", json={"vectors": [vector.tolist()], "k": 1, "include": ["metadata"]})
+    assert answer.status_code == 200, answer.text
+    (hit,) = answer.json()["results"][0]["hits"]
+    return hit["id"], hit["metadata"]
+
+
 @pytest.mark.parametrize("string_ids", [False, True], ids=["integer-ids", "string-ids"])
 def test_metadata_of_a_rewritten_shard_is_never_another_documents(tmp_path, string_ids):
     data = tmp_path / "data"
@@ -43,11 +51,7 @@ def test_metadata_of_a_rewritten_shard_is_never_another_documents(tmp_path, stri
     server = Server(tmp_path / "server.log", out)
     try:
         def metadata(row: int) -> tuple[object, object]:
-            answer = server.client.post("/search", json={"vectors": [vectors[row].tolist()], "k": 1,
-                                                         "include": ["metadata"]})
-            assert answer.status_code == 200, answer.text
-            (hit,) = answer.json()["results"][0]["hits"]
-            return hit["id"], hit["metadata"]
+            return _metadata(server, vectors[row])
 
         hit_id, before = metadata(7)
         assert before == {"doc": hit_id, "title": "title 7"}
@@ -81,11 +85,7 @@ def test_metadata_of_a_shard_without_its_id_column_comes_only_from_the_file_inde
     server = Server(tmp_path / "server.log", out)
     try:
         def metadata(row: int) -> tuple[object, object]:
-            answer = server.client.post("/search", json={"vectors": [vectors[row].tolist()], "k": 1,
-                                                         "include": ["metadata"]})
-            assert answer.status_code == 200, answer.text
-            (hit,) = answer.json()["results"][0]["hits"]
-            return hit["id"], hit["metadata"]
+            return _metadata(server, vectors[row])
 
         hit_id, before = metadata(7)
         assert before is not None and before["title"] == "title 7"

@@ -13,6 +13,7 @@ import re
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -71,7 +72,9 @@ def test_metrics_scraped_during_swaps_name_one_version_and_its_vectors(fast_swit
     assert not bad, f"{len(bad)} of {ROUNDS} scrapes mixed or lacked versions: {bad[:5]}"
 
 
-def test_ready_during_swaps_names_one_version_and_its_vectors(tmp_path: Path, fast_switches):
+def _two_versions(tmp_path: Path) -> tuple[Any, Any, Any]:
+    """Two published versions of an index of vectors (the second 50 vectors more), opened, and a server's state
+    serving the first: ``(state, first, second)``."""
     from petal.cli.main import cli  # noqa: F401  (the CLI's imports, as a server has them)
     from petal.pipeline.index.search import IndexReader
     from petal.pipeline.jobs.query import SearchIndex
@@ -90,8 +93,12 @@ def test_ready_during_swaps_names_one_version_and_its_vectors(tmp_path: Path, fa
         cli_run("index", data, "--out", out, "-q", "--vectors-column", "emb", "--index-factory", "Flat")
         readers.append(IndexReader(out))
     first, second = (SearchIndex.from_reader(reader, None) for reader in readers)
+    return ServeState(None, ServeSettings(reload_interval_s=60.0), index_root=out, index=first), first, second
+
+
+def test_ready_during_swaps_names_one_version_and_its_vectors(tmp_path: Path, fast_switches):
+    state, first, second = _two_versions(tmp_path)
     assert (first.reader.ntotal, second.reader.ntotal) == (ROWS_PER_SHARD, ROWS_PER_SHARD + 50)
-    state = ServeState(None, ServeSettings(reload_interval_s=60.0), index_root=out, index=first)
     follower = state.follower
     assert follower is not None
     expected = {first.version: first.reader.ntotal, second.version: second.reader.ntotal}
@@ -117,25 +124,7 @@ def test_metrics_during_swaps_name_one_version_for_the_index_and_its_search_copy
     """A swap sets the live version, then its gauges (follower.py); /metrics sets petal_search_copy from the live
     version and renders: a scrape between the two steps named one version in petal_index_version and the other in
     petal_search_copy (3 in 10,000 scrapes of a real server whose CURRENT flipped every 30 ms)."""
-    from petal.cli.main import cli  # noqa: F401  (the CLI's imports, as a server has them)
-    from petal.pipeline.index.search import IndexReader
-    from petal.pipeline.jobs.query import SearchIndex
-    from petal.pipeline.serve.service import ServeState
-    from petal.pipeline.serve.settings import ServeSettings
-    from tests.test_serve import cli_run
-
-    data = tmp_path / "data"
-    data.mkdir()
-    write_shard(data / "a.parquet", 0, ROWS_PER_SHARD, seed=1)
-    out = tmp_path / "out"
-    readers = []
-    for extra in (0, 1):
-        if extra:
-            write_shard(data / "b.parquet", ROWS_PER_SHARD, 50, seed=2)
-        cli_run("index", data, "--out", out, "-q", "--vectors-column", "emb", "--index-factory", "Flat")
-        readers.append(IndexReader(out))
-    first, second = (SearchIndex.from_reader(reader, None) for reader in readers)
-    state = ServeState(None, ServeSettings(reload_interval_s=60.0), index_root=out, index=first)
+    state, first, second = _two_versions(tmp_path)
     follower = state.follower
     assert follower is not None
 

@@ -289,6 +289,7 @@ class IndexReader:
         # shards --show-text found without the hits' rows (said by petal query), each with why: "gone" (no file
         # there), "changed" (rewritten since indexing: the row holds another id, or is past its end), "unreadable"
         self.missing_shards: dict[str, str] = {}
+        self._unchanged_shards: dict[tuple[str, int, int], bool] = {}  # (path, size, mtime_ns) -> the file indexed
         self._ivf: Any = None  # the IVF inside a float index (its parallel_mode is set per search)
         self._hnsw_ef: int | None = None  # the efSearch of the HNSW a float index searches through (else None)
         self._candidates_per_hit = 1  # a refine wrapper's k_factor_rf: its base index returns this many per hit
@@ -643,7 +644,7 @@ class IndexReader:
         is hashed at most once while it stays as it is."""
         st = os.stat(abs_path)
         key = (abs_path, st.st_size, st.st_mtime_ns)
-        known: dict[tuple[str, int, int], bool] = self.__dict__.setdefault("_unchanged_shards", {})
+        known = self._unchanged_shards
         if key not in known:
             record = next((s for s in self.manifest.shards if s.abs_path == abs_path), None)
             known[key] = record is not None and st.st_size == record.size and (
@@ -681,7 +682,7 @@ class IndexReader:
                 # column (the shard has lost it since) is "changed"; a positional id (<shard>:<row>, the shard had
                 # no id column) is given only while the file is the one indexed (_shard_unchanged)
                 checked = id_column in names
-                if not checked and not all(_positional(hit) and self._shard_unchanged(shard) for hit in shard_hits):
+                if not checked and not (all(_positional(hit) for hit in shard_hits) and self._shard_unchanged(shard)):
                     self.missing_shards.setdefault(shard, "changed")
                     for hit in shard_hits:
                         found[(shard, hit.row)] = None

@@ -57,23 +57,13 @@ def missing_part(faiss: Any, index: Any) -> str | None:
     it, or an IVF's inverted lists. NOTE: FAISS reads a ``null`` tag where a part's tag belongs (and ``il00`` for the
     lists) as no part at all, which parses: a damaged byte there was a crash at open (a NULL downcast, SystemError) or
     at the first search (HNSW without storage), where its neighbours' damage is a clear 65."""
-    seen: set[int] = set()
-    stack = [index]
-    while stack:
-        part = stack.pop()
-        part = faiss.downcast_IndexBinary(part) if isinstance(part, faiss.IndexBinary) else faiss.downcast_index(part)
-        if int(part.this) in seen:
-            continue
-        seen.add(int(part.this))
+    from petal.pipeline.index.mmap import index_parts  # NOTE: every part present; a null one is looked for here
+
+    for part in index_parts(faiss, index):
         kind = type(part).__name__
         for name in REQUIRED_PARTS:
-            if not isinstance(getattr(type(part), name, None), property):
-                continue
-            value = getattr(part, name)
-            if value is None:
+            if isinstance(getattr(type(part), name, None), property) and getattr(part, name) is None:
                 return f"its {kind} has no {name} index (a null part where the file should hold one)"
-            if isinstance(value, (faiss.Index, faiss.IndexBinary)):
-                stack.append(value)
         if isinstance(part, (faiss.IndexIVF, faiss.IndexBinaryIVF)) and part.invlists is None:
             return f"its {kind} has no inverted lists (a null list table where the file should hold one)"
     return None

@@ -46,6 +46,7 @@ class Startup:
         self._on_ready = on_ready
         self._closing = False
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._loader: threading.Thread | None = None  # the load's thread (start(), when there is a load)
         self.cut_off = 0  # requests still running when the drain timeout passed (answered 503)
         self.forced = False  # a second stop signal ended the drain
 
@@ -69,8 +70,7 @@ class Startup:
     def still_loading(self) -> bool:
         """The load's thread still runs (the server stopped before it finished): ending the interpreter under it
         (torch, a tokenizer mid-call) aborts the process (SIGABRT, exit 134)."""
-        loader = getattr(self, "_loader", None)
-        return loader is not None and loader.is_alive()
+        return self._loader is not None and self._loader.is_alive()
 
     def _run(self, loop: asyncio.AbstractEventLoop) -> None:
         assert self._load is not None
