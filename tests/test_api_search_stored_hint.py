@@ -15,8 +15,9 @@ import petal
 TEXTS = ["glaciers flow downhill", "bread dough rises", "cats purr softly", "rivers carve valleys"] * 4
 
 
-@pytest.mark.parametrize("settings", [{"dim": 16}, {"quantize": "binary"}, {"quantize": "int8"}])
-def test_vectors_of_the_index_space_passed_to_search_name_search_stored(tmp_path, tiny_bert_dir, settings):
+@pytest.mark.parametrize(("settings", "kind"), [({"dim": 16}, "vectors"), ({"quantize": "binary"}, "sign bits"),
+                                               ({"quantize": "int8"}, "int8 codes")])
+def test_vectors_of_the_index_space_passed_to_search_name_search_stored(tmp_path, tiny_bert_dir, settings, kind):
     pq.write_table(pa.table({"id": list(range(len(TEXTS))), "text": [f"{t} {i}" for i, t in enumerate(TEXTS)]}),
                    tmp_path / "s.parquet")
     petal.index(tmp_path / "s.parquet", tmp_path / "out", model=str(tiny_bert_dir), quiet=True, **settings)
@@ -24,8 +25,12 @@ def test_vectors_of_the_index_space_passed_to_search_name_search_stored(tmp_path
     with petal.open_index(tmp_path / "out", device="cpu") as index, \
             petal.Embedder(str(tiny_bert_dir), "cpu", **settings, **calibration) as embedder:
         own = embedder.encode(["glaciers"], query=True)
-        with pytest.raises(petal.UsageError, match=r"these look like the index's stored .*Index\.search_stored"):
+        hint = rf"these look like the index's stored {kind} .*Index\.search_stored"
+        with pytest.raises(petal.UsageError, match=hint):
             index.search(own, k=2)
+        if "dim" in settings:  # integers of the index's width are its vectors too: never called int8 codes
+            with pytest.raises(petal.UsageError, match=r"these look like the index's stored vectors \(dim 16\)"):
+                index.search(np.ones((1, 16), np.int64), k=2)
         assert len(index.search_stored(own, k=2)[0]) == 2  # (sign bits rescore as +-1: not the text's own order)
         with pytest.raises(petal.UsageError) as refused:  # no form this index takes: no hint
             index.search(np.ones((1, 7), np.float32), k=2)

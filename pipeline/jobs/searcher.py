@@ -367,7 +367,14 @@ class Index:
             self.query_vectors(rows)
         except UsageError:
             return None
-        kind = {"f": "vectors", "i": "int8 codes"}.get(rows.dtype.kind, "sign bits")
+        transform = self.manifest.output
+        quantize = transform.quantize if transform is not None else "none"
+        if quantize == "int8" and rows.dtype == np.int8:
+            kind = "int8 codes"
+        elif quantize == "binary" and rows.dtype.kind in "bu":
+            kind = "sign bits"
+        else:  # floats or integers of the index's width: its stored vectors' space
+            kind = "vectors"
         return f"the index's stored {kind} (dim {self.reader.dim})"
 
 
