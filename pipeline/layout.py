@@ -226,8 +226,9 @@ class OutputDir:
                 f"cannot read {quote_path(self.current_file)}: {exc.strerror or exc}") from exc
         name = raw.decode("utf-8", "replace").strip()
         if not VERSION_RE.match(name):
-            raise ConfigError(f"{quote_path(self.current_file)} holds {quote_text(name, 24)}, which is not a petal "
-                              f"version id; {self.recovery_hint()}")
+            held = (f"holds {quote_text(name, 24)}, which is not a petal version id" if name
+                    else "is empty (or only blank): it names no petal version id")
+            raise ConfigError(f"{quote_path(self.current_file)} {held}; {self.recovery_hint()}")
         return name
 
     def recovery_hint(self, broken: str | None = None) -> str:

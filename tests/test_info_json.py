@@ -69,6 +69,8 @@ CASES: dict[str, tuple[Callable[[Path], None], Callable[[Path], object], int, st
     "a file": (lambda out: None, lambda out: out / "CURRENT", 78, "is not a petal index"),
     "CURRENT not a version id": (lambda out: (out / "CURRENT").write_text("../../etc\n"), lambda out: out, 78,
                                  "which is not a petal version id"),
+    "CURRENT empty": (lambda out: (out / "CURRENT").write_text(" \n"), lambda out: out, 78,
+                      "CURRENT is empty (or only blank): it names no petal version id"),
     "CURRENT names a missing version": (lambda out: (out / "CURRENT").write_text("v999999-20990101T000000Z\n"),
                                         lambda out: out, 78, "names v999999-20990101T000000Z, which is not in"),
     "CURRENT a directory": (lambda out: ((out / "CURRENT").unlink(), (out / "CURRENT").mkdir()), lambda out: out, 78,
