@@ -25,6 +25,7 @@ from petal.pipeline.jobs.settings import (
     index_settings,
     kind_of,
     not_empty_path,
+    numpy_bool,
     out_path,
     whole_number,
 )
@@ -135,8 +136,9 @@ def rebuild(out: str | os.PathLike[str], *, json_report: str | os.PathLike[str] 
         if json_report is not None:
             out_path(json_report, "json_report")
         for name, flag in (("wait", wait), ("quiet", quiet)):
-            if not isinstance(flag, bool):
+            if not isinstance(flag, bool) and not numpy_bool(flag):
                 raise ArgumentTypeError(f"petal.rebuild(): {name}={flag!r} is {kind_of(flag)}, not bool")
+        wait, quiet = bool(wait), bool(quiet)
         keep_versions = whole_number(keep_versions, "keep_versions", 1)
         not_empty_path(out, "out")
         out = out_path(out)

@@ -121,7 +121,7 @@ def test_a_torch_tensor_of_vectors_searches_as_its_numpy_array(index, embedder):
     (lambda ix, emb: emb.encode(np.zeros(3)), "texts", "iterable of"),
     (lambda ix, emb: emb.encode([["a"]]), "texts[0] is a list", "iterable of"),
     (lambda ix, emb: emb.encode(5), "texts", "list of them"),
-    (lambda ix, emb: ix.search([np.zeros(384, np.float32)]), "queries[0] is a ndarray", "torch tensor"),
+    (lambda ix, emb: ix.search([np.zeros(384, np.float32)]), "queries[0] is a numpy.ndarray", "torch tensor"),
     (lambda ix, emb: ix.search(5), "queries", "torch tensor"),
     (lambda ix, emb: ix.search("tides", k="3"), "k '3'", "integer"),
     (lambda ix, emb: ix.search("tides", where=5), "where 5", "a str"),

@@ -131,3 +131,20 @@ def test_an_empty_path_is_not_the_current_directory(small, tmp_path, monkeypatch
     result = CliRunner().invoke(cli, ["index", "", "--out", str(tmp_path / "o")])
     assert result.exit_code == 2 and "sources: an empty path" in result.output
     assert petal.open_index(".").num_vectors == 3 and petal.open_index(out).num_vectors == 3
+
+
+def test_numpy_scalars_are_taken_as_their_python_values(vectors_shard, tmp_path):
+    """A setting read from a numpy array (``np.True_``, ``np.float32(0.9)``) is the bool or float it holds:
+    ``wait=np.True_`` was refused as 'is a bool, not bool' (numpy's bool is no ``bool``), ``target_recall=np.float32``
+    as not a float; a value of the wrong kind is still refused, its type named with its package."""
+    flags = np.array([True, False])
+    out = tmp_path / "idx"
+    petal.index(vectors_shard, out, vectors_column="emb", strict=flags[0], wait=flags[1],
+                target_recall=np.float32(0.9), quiet=np.True_)
+    with petal.open_index(out) as index:
+        assert index.num_vectors == 20
+    petal.rebuild(out, wait=np.False_, quiet=np.True_)
+    with pytest.raises(petal.UsageError, match=r"strict=np\.int64\(1\) is a numpy\.int64, not bool"):
+        petal.index(vectors_shard, tmp_path / "o2", vectors_column="emb", strict=np.int64(1))
+    with pytest.raises(petal.UsageError, match=r"target_recall=np\.True_ is a numpy\.bool, not float"):
+        petal.index(vectors_shard, tmp_path / "o3", vectors_column="emb", target_recall=np.True_)

@@ -68,5 +68,5 @@ def test_search_takes_a_column_with_missing_queries_as_nulls(index, kind):
 
 def test_other_items_are_still_refused(embedder):
     for texts in (pd.Series([1.5, 2.5]), pa.array([1, 2]), [TEXTS[0], 3]):
-        with pytest.raises(petal.UsageError, match=r"texts(\[\d\] is|: a Series of float64 numbers is not texts)"):
+        with pytest.raises(petal.UsageError, match=r"texts(\[\d\] is|: a pandas\.Series of float64 numbers is not)"):
             embedder.encode(texts)

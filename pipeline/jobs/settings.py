@@ -9,6 +9,7 @@ dataclass refuses is a ``UsageError`` (exit 2, also a ``ValueError``).
 from __future__ import annotations
 
 import math
+import numbers
 import operator
 import os
 import sys
@@ -88,8 +89,19 @@ def whole_number(value: Any, name: str, minimum: int | None = None) -> int:
     return number
 
 
+def numpy_bool(value: Any) -> bool:
+    """``value`` is numpy's bool (``np.True_``, an element of a bool array), which is no ``bool`` subclass: taken where
+    a ``bool`` is (told without importing numpy)."""
+    kind = type(value)
+    return kind.__module__ == "numpy" and kind.__name__ in ("bool", "bool_")
+
+
 def kind_of(value: Any) -> str:
-    name = type(value).__name__
+    """``value``'s type for a message: "a str", "an int"; a type from a library with its package ("a numpy.bool", not
+    "a bool": ``wait=np.True_`` was refused as 'a bool, not bool')."""
+    kind = type(value)
+    package = kind.__module__.split(".")[0]
+    name = kind.__name__ if package == "builtins" else f"{package}.{kind.__name__}"
     return f"{'an' if name[:1] in 'aeiou' else 'a'} {name}"
 
 
@@ -158,10 +170,14 @@ def typed(cls: type, values: dict[str, Any], caller: str) -> dict[str, Any]:
         allowed = _plain_types(hints.get(name))
         if allowed is None or (value is None and type(None) in allowed):
             continue
-        if int in allowed and not isinstance(value, bool) and hasattr(type(value), "__index__"):
+        if bool in allowed and numpy_bool(value):
+            checked[name] = bool(value)
+        elif int in allowed and not isinstance(value, bool) and hasattr(type(value), "__index__") \
+                and not numpy_bool(value):
             checked[name] = operator.index(value)
-        elif float in allowed and isinstance(value, (int, float)) and not isinstance(value, bool):
-            checked[name] = value
+        elif float in allowed and isinstance(value, numbers.Real) and not isinstance(value, bool) \
+                and not numpy_bool(value):
+            checked[name] = value if isinstance(value, (int, float)) else float(value)  # numpy.float32: a float
         elif not any(isinstance(value, t) and (t is not int or not isinstance(value, bool)) for t in allowed):
             spelled = " or ".join("None" if t is type(None) else t.__name__ for t in allowed)
             keyword = next((key for key, field_name in ALIASES.items() if field_name == name), name)
