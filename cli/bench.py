@@ -14,6 +14,7 @@ import click
 
 from petal.cli.common import MODEL_DIR, PATH, usage, user_errors
 from petal.cli.options import FiniteFloatRange
+from petal.engine.config import MAX_SEQS, MAX_TOKEN_BUDGET
 from petal.pipeline.index.bounds import MAX_K
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -101,7 +102,7 @@ def bench() -> None:
               help="Texts embedded per system and round (lengths lognormal, median 150 tokens).")
 @click.option("--rounds", type=count(1), default=3, show_default=True,
               help="Interleaved rounds per system; the median is reported.")
-@click.option("--token-budget", type=count(256), default=4096, show_default=True,
+@click.option("--token-budget", type=count(256, MAX_TOKEN_BUDGET), default=4096, show_default=True,
               help="petal's tokens per engine step (as petal index --token-budget).")
 @click.option("--model", type=MODEL_DIR, default=None,
               help="Model directory (default: the packaged all-MiniLM-L6-v2).")
@@ -123,9 +124,9 @@ def bench_cpu(corpus: Path, num_texts: int, rounds: int, token_budget: int, mode
               show_default=True, help="Model shape (random weights).")
 @click.option("--scenario", "scenarios", default="t1,t2,l1,ceiling", show_default=True,
               help="Comma-separated: t1, t2, l1, ceiling.")
-@click.option("--token-budget", type=count(512), default=16384, show_default=True,
+@click.option("--token-budget", type=count(512, MAX_TOKEN_BUDGET), default=16384, show_default=True,
               help="Tokens per engine step (as petal index --token-budget).")
-@click.option("--max-seqs", type=count(1), default=256, show_default=True,
+@click.option("--max-seqs", type=count(1, MAX_SEQS), default=256, show_default=True,
               help="Sequences per engine step (as petal index --max-seqs).")
 @click.option("--attention", type=click.Choice(["auto", "flashinfer", "torch", "sdpa"]), default="auto",
               show_default=True, help="Attention kernel (as petal index --attention).")

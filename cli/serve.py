@@ -26,6 +26,7 @@ from petal.cli.common import (
     user_errors,
 )
 from petal.cli.options import loading_options
+from petal.engine.config import MAX_SEQS, MAX_TOKEN_BUDGET
 from petal.pipeline.index.bounds import MAX_NPROBE, MAX_RESCORE
 from petal.pipeline.reliability.signals import STOP_SIGNALS, HeldSignals
 from petal.pipeline.serve.settings import API_KEY_ENV, MAX_WAIT_MS
@@ -157,9 +158,9 @@ def missing_serve_extra() -> list[str]:
                    "the default is 64 MiB.")
 @click.option("--max-queue-texts", type=click.IntRange(min=1), default=4096, show_default=True,
               help="Texts waiting for the engine; beyond it requests get 503 with Retry-After.")
-@click.option("--token-budget", type=click.IntRange(min=64), default=None,
+@click.option("--token-budget", type=click.IntRange(min=64, max=MAX_TOKEN_BUDGET), default=None,
               help="Tokens per engine step (default: 8192 on CUDA, 2048 on the CPU).")
-@click.option("--max-seqs", type=click.IntRange(min=1), default=None,
+@click.option("--max-seqs", type=click.IntRange(min=1, max=MAX_SEQS), default=None,
               help="Texts per engine step (default: 256 on CUDA, 64 on the CPU).")
 @click.option("--nprobe", type=click.IntRange(min=1, max=MAX_NPROBE), default=None,
               help="Override the tuned IVF nprobe.")

@@ -142,6 +142,13 @@ def device_problem(device: str, dtype: str, attention: str) -> str | None:
     return None
 
 
+# The most tokens and sequences one engine step may hold (--token-budget, --max-seqs). The engine sizes its buffers
+# (and CUDA graphs) by them when it is built: without a bound, --max-seqs 10^20 ended in an OverflowError, 2^40 in an
+# allocation failure, each a traceback after the model loaded. 2^20 tokens is 64x the CUDA default, 256x the CPU's.
+MAX_TOKEN_BUDGET = 1 << 20
+MAX_SEQS = 1 << 16
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """How the engine runs a model: where, in what precision, with which kernels."""
@@ -176,8 +183,9 @@ class EngineConfig:
             raise ValueError(
                 f"attention backend {self.attention!r} is not one of {', '.join(ATTENTION_BACKENDS)}"
             )
-        if self.token_budget < 1 or self.max_seqs < 1:
-            raise ValueError(f"token_budget {self.token_budget} and max_seqs {self.max_seqs} must be >= 1")
+        if not (1 <= self.token_budget <= MAX_TOKEN_BUDGET and 1 <= self.max_seqs <= MAX_SEQS):
+            raise ValueError(f"token_budget {self.token_budget} and max_seqs {self.max_seqs} must be in "
+                             f"1..{MAX_TOKEN_BUDGET} and 1..{MAX_SEQS}")
         if self.steps_in_flight < 1:
             raise ValueError(f"steps_in_flight {self.steps_in_flight} < 1")
         if min(self.small_attention_tokens, self.fused_mlp_tokens, self.skinny_layer_tokens, self.tma_mlp_tokens) < 0:

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
-from petal.engine.config import ModelOptions, device_problem
+from petal.engine.config import MAX_SEQS, MAX_TOKEN_BUDGET, ModelOptions, device_problem
 from petal.pipeline.ingest.text_rule import first_surrogate
 from petal.pipeline.store.outputs import OutputConfig
 
@@ -328,10 +328,10 @@ def check_lengths(max_length: int | None = None, token_budget: int | None = None
     checked before anything loads; ``ValueError`` naming the flag."""
     if max_length is not None and max_length < 2:
         raise ValueError(f"--max-length {max_length} < 2")
-    if token_budget is not None and token_budget < 2:
-        raise ValueError(f"--token-budget {token_budget} < 2")
-    if max_seqs < 1:
-        raise ValueError(f"--max-seqs {max_seqs} < 1")
+    if token_budget is not None and not 2 <= token_budget <= MAX_TOKEN_BUDGET:
+        raise ValueError(f"--token-budget {token_budget} is not in 2..{MAX_TOKEN_BUDGET} (tokens in one engine step)")
+    if not 1 <= max_seqs <= MAX_SEQS:
+        raise ValueError(f"--max-seqs {max_seqs} is not in 1..{MAX_SEQS} (sequences in one engine step)")
 
 
 def default_token_budget(device: str, max_length: int) -> int:
