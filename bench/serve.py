@@ -104,7 +104,7 @@ class ServerProcess:
         deadline = time.monotonic() + STARTUP_S
         try:  # NOTE: a stop signal while it starts (a model loads for minutes) stops it too: was left running
             while True:
-                found = re.search(r"listening on (http://[\d.]+:\d+)", log.read_text(errors="replace"))
+                found = re.search(r"listening on (http://\S+:\d+)", log.read_text(errors="replace"))  # an IPv6 one too
                 if found:
                     self.url = found.group(1)
                     return

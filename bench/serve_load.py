@@ -45,7 +45,8 @@ def _connect(host: str, port: int, timeout_s: float) -> socket.socket:
 
 def request_bytes(host: str, port: int, path: str, body: bytes, headers: dict[str, str]) -> bytes:
     """One whole HTTP/1.1 POST (keep-alive), headers and body."""
-    lines = [f"POST {path} HTTP/1.1", f"Host: {host}:{port}", f"Content-Length: {len(body)}",
+    shown = f"[{host}]" if ":" in host else host  # NOTE: an IPv6 address in brackets (a bare ::1 is a 400)
+    lines = [f"POST {path} HTTP/1.1", f"Host: {shown}:{port}", f"Content-Length: {len(body)}",
              *(f"{k}: {v}" for k, v in headers.items())]
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
 

@@ -221,7 +221,7 @@ def bench_e2e(model: str | None, shape: str | None, tokenizer_dir: Path | None, 
     from petal.pipeline.config import IndexSettings
 
     if shape is None:  # NOTE: a --shape model's dim is known once it is made (below), still before the runs
-        check_factory(IndexSettings(factory=index_factory), judge_model(model).dim, min(sizes))
+        check_factory(usage(lambda: IndexSettings(factory=index_factory)), judge_model(model).dim, min(sizes))
     from petal.bench.e2e import format_e2e_summary, format_e2e_table, run_e2e_bench
     from petal.bench.runs import temporary_workdir
     from petal.engine.engine import resolve_device
@@ -246,7 +246,7 @@ def bench_e2e(model: str | None, shape: str | None, tokenizer_dir: Path | None, 
         model_dir = save_model_dir(s, hf, tokenizer_dir or default_model_dir(),
                                    click.get_current_context().with_resource(temporary_workdir(f"petal-{shape}-")))
         del hf
-        check_factory(IndexSettings(factory=index_factory), judge_model(model_dir).dim, min(sizes))
+        check_factory(usage(lambda: IndexSettings(factory=index_factory)), judge_model(model_dir).dim, min(sizes))
     results: list[dict] = []
     for size in sizes:
         result = run_e2e_bench(model_dir, corpus, size, dev, baseline=baseline,
@@ -604,7 +604,7 @@ def bench_startup(runs: int, text: str, num_vectors: int, dim: int, factory: str
         raise click.BadParameter("is blank: petal embed has nothing to embed", param_hint="--text")
     from petal.pipeline.config import IndexSettings
 
-    check_factory(IndexSettings(factory=factory), dim, num_vectors)
+    check_factory(usage(lambda: IndexSettings(factory=factory)), dim, num_vectors)
     paths({}, workdir)
     from petal.bench.startup import check_outputs, format_startup_table, run_startup_bench
     from petal.engine.loader import default_model_dir

@@ -75,6 +75,7 @@ def test_startup_judges_its_flags_before_its_timed_runs(tmp_path):
             *startup(work, "--index-factory", "IVF4096,Flat"))
     refused(tmp_path, 2, "--index-factory 'PQ7': PQ7 splits vectors into 7 sub-quantizers",
             *startup(work, "--index-factory", "PQ7"))
+    refused(tmp_path, 2, "--index-factory must not be empty", *startup(work, "--index-factory", ""))  # (a traceback)
     assert list(work.iterdir()) == []
 
 
@@ -167,6 +168,8 @@ def test_e2e_judges_its_index_factory_before_embedding(tmp_path):
     refused(tmp_path, 2, "--index-factory 'IVF4096,Flat' needs at least 4096 vectors of dim 384", "e2e",
             "--index-factory", "IVF4096,Flat", "--docs", 200, "--device", "cpu", "--no-baseline", "--corpus",
             SAMPLE_DATA)
+    refused(tmp_path, 2, "--index-factory must not be empty", "e2e", "--index-factory", "", "--docs", 200,
+            "--device", "cpu", "--no-baseline", "--corpus", SAMPLE_DATA)  # (was a ValueError traceback)
 
 
 @pytest.mark.parametrize("dims", ["0", "384,99999", ","])

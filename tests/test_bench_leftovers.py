@@ -113,6 +113,30 @@ def test_serve_with_a_shape_leaves_no_server_and_no_temporary_directory(tmp_path
     assert_nothing_left(env)
 
 
+def _ipv6_loopback() -> bool:
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET6) as sock:
+            sock.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+def test_serve_of_a_server_on_ipv6_loopback(tmp_path):
+    """``--serve-arg=--host=::1``: the bench waited its whole start-up limit (900 s) for a server listening on
+    ``http://[::1]:PORT`` (it read only an IPv4 address in the server's line)."""
+    if not _ipv6_loopback():
+        pytest.skip("no IPv6 loopback here")
+    env = environment(tmp_path)
+    proc = bench(env, *SERVE, "--serve-arg=--host=::1", "--json", timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    [row] = json.loads(proc.stdout)["results"]
+    assert 1 <= row["requests"] <= 5 and not row["errors"], row
+    assert_nothing_left(env)
+
+
 def test_serve_of_embeddings_alone_serves_the_packaged_model(tmp_path):
     """No index and no --model: the packaged model, as documented (petal serve was started with neither: exit 2)."""
     env = environment(tmp_path)
