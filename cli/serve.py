@@ -298,8 +298,23 @@ def serve(index_path: Path | None, model: str | None, host: str, port: int, api_
     from petal.pipeline.serve.startup import Startup
     from petal.pipeline.serve.warmup import warm_up
 
+    # NOTE: the model is found (and judged, where that is cheap) before torch loads and the port is bound: a missing
+    # or unsupported --model bound the port, said '/health answers now' and imported torch, then exited 78
+    given_spec = None  # --model alone (or beside an index of vectors): its spec; an index's model is judged in load()
+    if model is not None and (first_version is None or vectors_only):
+        options = usage(lambda: ModelOptions(query_prompt=query_prompt, allow_pickle_weights=allow_pickle_weights))
+        given_spec = model_spec(model, None, options)
+    elif model is not None:  # the index's model at another path: found now; its weights' sha256 is checked in load()
+        from petal.engine.errors import ModelError
+        from petal.engine.loader import resolve_model_dir
+        from petal.pipeline.reliability.errors import ConfigError
+
+        try:
+            resolve_model_dir(model)
+        except ModelError as exc:
+            raise ConfigError(str(exc)) from exc
     cuda = False  # the model runs on CUDA
-    if with_model:
+    if with_model and device != "cpu":  # NOTE: --device cpu: no torch to ask (it loads with the model)
         from petal.engine.engine import resolve_device
 
         cuda = usage(lambda: resolve_device(device)) == "cuda"
@@ -335,10 +350,8 @@ def serve(index_path: Path | None, model: str | None, host: str, port: int, api_
             version_dir, manifest, held = first_version
         if first_version is not None and not vectors_only:
             spec = model_for_index(manifest, model, allow_pickle_weights, query_prompt)
-        elif model is not None:  # --model alone, or beside an index of vectors: /v1/embeddings
-            options = usage(lambda: ModelOptions(query_prompt=query_prompt,
-                                                 allow_pickle_weights=allow_pickle_weights))
-            spec = model_spec(model, None, options)
+        else:  # --model alone, or beside an index of vectors: /v1/embeddings (judged before the bind)
+            spec = given_spec
         if spec is not None:
             config = usage(lambda: engine_config(spec, device, dtype, attention,
                                                  token_budget or (8192 if cuda else 2048),

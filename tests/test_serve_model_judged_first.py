@@ -1,0 +1,39 @@
+"""``petal serve --model DIR``: a DIR that is no model (missing, not a Hugging Face directory) bound the port, said
+"/health answers now", imported torch (1-2 s), then exited 78. Now 78 naming it before torch loads and before the
+bind, as ``petal embed``/``petal query`` refuse it; beside an index, a ``--model`` that is not there too (its
+weights' hash is still checked while the port answers). Real ``petal serve`` processes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests._serve_shared import sample_out
+
+pytest.importorskip("uvicorn")
+
+
+def _serve(*argv: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-X", "importtime", "-m", "petal.cli.main", "serve", "--port", "0",
+                           *map(str, argv)], capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def _imported(stderr: str) -> set[str]:
+    return {line.rsplit("|", 1)[1].strip() for line in stderr.splitlines() if line.startswith("import time:")}
+
+
+@pytest.mark.parametrize("device", ["cpu", "auto"])
+@pytest.mark.parametrize("what", ["missing", "not a model", "missing, beside an index"])
+def test_a_model_that_is_not_there_is_78_before_the_bind_and_torch(tmp_path, tmp_path_factory, what, device):
+    index = [sample_out(tmp_path_factory)] if "index" in what else []
+    model = tmp_path if what == "not a model" else tmp_path / "nowhere"
+    done = _serve(*index, "--model", model, "--device", device)
+    said = [line for line in done.stderr.splitlines() if not line.startswith("import time:")]
+    assert done.returncode == 78, said
+    assert str(model) in said[-1] and "Traceback" not in done.stderr, said
+    assert not any("answers now" in line for line in said), said  # refused before the port was bound
+    assert "torch" not in _imported(done.stderr)
