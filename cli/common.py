@@ -413,7 +413,20 @@ def json_text(value: Any, **options: Any) -> str:
     inside its strings written as JSON escapes (the rest of its text as it is)."""
     import json
 
-    return json.dumps(value, ensure_ascii=False, **options).translate(_LINE_BREAKS)
+    # NOTE: a stdout that cannot hold every character (PYTHONIOENCODING=latin-1, a cp1252 console): JSON escapes,
+    # the same JSON to a reader, where a character it cannot encode was a UnicodeEncodeError traceback
+    return json.dumps(value, ensure_ascii=not stdout_takes_unicode(), **options).translate(_LINE_BREAKS)
+
+
+def stdout_takes_unicode() -> bool:
+    """stdout's encoding is a UTF one (it can hold every character)."""
+    import codecs
+
+    encoding = getattr(sys.stdout, "encoding", None) or "utf-8"
+    try:
+        return codecs.lookup(encoding).name.startswith("utf")
+    except LookupError:
+        return False
 
 
 def write_stdout(lines: Iterable[str], flush: bool = False) -> None:
@@ -424,7 +437,11 @@ def write_stdout(lines: Iterable[str], flush: bool = False) -> None:
 
     try:
         for line in lines:
-            click.echo(line)
+            try:
+                click.echo(line)
+            except UnicodeEncodeError:  # NOTE: a stdout that cannot hold a character (latin-1): its escape instead
+                encoding = sys.stdout.encoding
+                click.echo(line.encode(encoding, "backslashreplace").decode(encoding))
         if flush:
             sys.stdout.flush()
     except BrokenPipeError:
