@@ -21,10 +21,11 @@ import httptools
 import uvicorn
 from starlette.types import Receive, Scope, Send
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
+from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from petal.pipeline.reliability.errors import ConfigError
-from petal.pipeline.reliability.signals import STOP_SIGNALS, HeldSignals
+from petal.pipeline.reliability.signals import STOP_SIGNALS, HeldSignals, not_ignored
 from petal.pipeline.serve.app import (
     ANSWERED_BY_SERVER,
     CLIENT_CLOSED,
@@ -63,7 +64,8 @@ class DrainingServer(uvicorn.Server):
             yield
             return
         # NOTE: SIGHUP (the terminal went away) and SIGUSR1/2 drain too, as every other command stops on them
-        original = {sig: signal.signal(sig, self.handle_exit) for sig in STOP_SIGNALS}
+        # NOTE: not one the process was started ignoring (nohup's SIGHUP): HeldSignals left it ignored too
+        original = {sig: signal.signal(sig, self.handle_exit) for sig in not_ignored()}
         if self.held is not None and self.held.signum is not None:
             self.handle_exit(self.held.signum, None)
         try:
@@ -86,6 +88,31 @@ class DrainingServer(uvicorn.Server):
             # NOTE: a second signal: uvicorn stops waiting for requests and skips the app's shutdown, whose task
             # would then be cancelled (a traceback); the app's shutdown stops the threads (bounded by a step)
             await self.lifespan.shutdown()
+
+
+# Requests pipelined on one connection (sent back to back, the answers not read yet): while one of them waits for its
+# turn, what arrives after it is held unparsed, up to PIPELINE_BACKLOG_BYTES (then the connection is read no further),
+# and parsed PIPELINE_PIECE_BYTES at a time once the queue has emptied. NOTE: uvicorn pauses reading when it queues
+# such a request but resumes it after every answer: a client that sent requests without reading the answers had a
+# whole socket read (up to 256 KiB: thousands of small requests, or bodies counted by no --max-body-bytes-in-flight)
+# parsed and queued per answer, without limit (600,000 pipelined GET /health: the server from 406 MB to 1.7 GB).
+# Reading on up to the backlog's bound (rather than pausing) keeps a client's close seen while its requests wait.
+PIPELINE_BACKLOG_BYTES = 256 << 10
+PIPELINE_PIECE_BYTES = 16 << 10
+
+
+class _PipelineFlow(FlowControl):
+    """uvicorn's read flow control, which does not resume reading while the connection's unparsed backlog is full
+    (``PIPELINE_BACKLOG_BYTES``): uvicorn resumes it after every answer and at every ``receive``."""
+
+    def __init__(self, transport: asyncio.Transport, protocol: Any) -> None:
+        super().__init__(transport)
+        self._protocol = protocol
+
+    def resume_reading(self) -> None:
+        if len(self._protocol._backlog) > PIPELINE_BACKLOG_BYTES:
+            return
+        super().resume_reading()
 
 
 # An answer given before the request's body has all arrived (413 by Content-Length or while streaming, 401, 415,
@@ -216,11 +243,13 @@ def http_protocol(metrics: ServeMetrics, header_timeout_s: float = 30.0,
             _refusal: Callable[[], None] | None = None  # a refusal (400, 414, 431) waiting for the answers before it
             _ignored = False  # the request being read came after it: never served (NOT_ANSWERED)
             _peer_closed = False  # the client closed its side (or reset the connection)
+            _backlog = b""  # what arrived while a pipelined request waited its turn, unparsed (PIPELINE_BACKLOG_BYTES)
             _tail = b""  # the last TAIL_BYTES received: a request line's method begun in them (``unknown_method``)
             expect_100_continue: bool  # uvicorn's: the request being read said "Expect: 100-continue"
 
             def connection_made(self, transport: asyncio.Transport) -> None:
                 super().connection_made(transport)
+                self.flow = _PipelineFlow(transport, self)
                 self.parser = self._new_parser()
                 # NOTE: silent from the start: closed as an idle keep-alive connection is (the first byte stops it)
                 self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive,
@@ -338,9 +367,28 @@ def http_protocol(metrics: ServeMetrics, header_timeout_s: float = 30.0,
                 if self._lingering:  # the body has ended: nothing unread, a clean close
                     self.end_linger()
 
+            def _parse_backlog(self) -> None:
+                """What arrived while a pipelined request waited (``PIPELINE_BACKLOG_BYTES``), parsed a piece at a
+                time while no request waits for its turn; reading resumes once the backlog is within its bound."""
+                while self._backlog and not self.pipeline and self._refusal is None \
+                        and not self.transport.is_closing():
+                    piece = self._backlog[:PIPELINE_PIECE_BYTES]
+                    self._backlog = self._backlog[PIPELINE_PIECE_BYTES:]
+                    self._parse(piece)
+                if len(self._backlog) <= PIPELINE_BACKLOG_BYTES and not self.transport.is_closing():
+                    self.flow.resume_reading()
+
             def data_received(self, data: bytes) -> None:
                 if self._refusal is not None:  # nothing after what is refused is read
                     return
+                if not self._lingering and (self._backlog or self.pipeline):
+                    self._backlog += data  # NOTE: a request waits its turn: parsed after it (_parse_backlog)
+                    if len(self._backlog) > PIPELINE_BACKLOG_BYTES:
+                        self.flow.pause_reading()
+                    return
+                self._parse(data)
+
+            def _parse(self, data: bytes) -> None:
                 if not self._lingering:
                     self._unset_keepalive_if_required()
                     before, self._tail = self._tail, data[-TAIL_BYTES:]
@@ -459,6 +507,7 @@ def http_protocol(metrics: ServeMetrics, header_timeout_s: float = 30.0,
 
             def on_response_complete(self) -> None:
                 super().on_response_complete()
+                self._parse_backlog()
                 if self._lingering:
                     self._unset_keepalive_if_required()  # NOTE: the linger's own bounds close it
                 refusal = self._refusal

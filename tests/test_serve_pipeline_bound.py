@@ -1,0 +1,109 @@
+"""``petal serve``: requests pipelined on one connection by a client that does not read the answers. uvicorn resumes
+reading after every answer, so such a client had a whole socket read (thousands of small requests, or bodies that
+no ``--max-body-bytes-in-flight`` counted) parsed and queued per answer, without limit: 300,000 pipelined
+``GET /health`` took the server from ~460 MB to ~1.2 GB, and another client's ``/health`` waited 0.7 s. Now what
+arrives while a pipelined request waits its turn is held unparsed up to a bound, then the connection is read no
+further (``PIPELINE_BACKLOG_BYTES``). A real server on loopback; memory from ``/proc``."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from tests._serve_shared import copy_sample_out
+
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("uvicorn")
+
+HANG_S = 60
+# before the bound: +590-750 MB for the 300,000 bodiless requests below, +85-170 MB for the 6,000 bodies (measured)
+GROWTH_LIMIT_MB = {"bodiless": 150, "bodies": 40}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    from tests.test_serve import Server
+
+    root = tmp_path_factory.mktemp("serve-pipeline")
+    server = Server(root / "server.log", copy_sample_out(tmp_path_factory, root / "out"))
+    yield server
+    server.stop()
+
+
+def _rss_mb(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line for line in status.splitlines() if line.startswith("VmRSS")).split()[1]) >> 10
+
+
+def _push(server, data: bytes) -> tuple[socket.socket, int]:
+    """A connection that sent as much of ``data`` as the server took within 3 s of no progress (answers unread)."""
+    host, port = server.url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)), timeout=3)
+    sent = 0
+    try:
+        while sent < len(data):
+            sent += sock.send(data[sent:sent + 65536])
+    except TimeoutError:
+        pass
+    return sock, sent
+
+
+@pytest.mark.parametrize("kind", ["bodiless", "bodies"])
+def test_a_client_that_pipelines_without_reading_holds_bounded_memory(server, kind):
+    if kind == "bodiless":
+        data = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n" * 300_000
+    else:  # bodies under --max-body-bytes, each read and refused (422: an unknown field)
+        body = json.dumps({"input": "a", "padding": "x" * 60_000}).encode()
+        data = (b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\n\r\n" % len(body) + body) * 6000
+    before = _rss_mb(server.proc.pid)
+    sock, sent = _push(server, data)
+    try:
+        time.sleep(1.0)
+        grown = _rss_mb(server.proc.pid) - before
+        assert grown < GROWTH_LIMIT_MB[kind], f"server RSS grew {grown} MB taking {sent >> 20} of {len(data) >> 20} MB"
+        if kind == "bodiless":  # (answers the client's buffers cannot hold: the server stopped reading)
+            assert sent < len(data)
+        assert server.client.get("/health").status_code == 200  # another client is served meanwhile
+    finally:
+        sock.close()
+    assert server.client.get("/health").status_code == 200
+
+
+def test_pipelined_requests_beyond_the_backlog_are_all_answered_in_order(server):
+    """The bound holds requests back, never drops one: 5,000 pipelined requests (more than the backlog holds), every
+    answer read in order."""
+    host, port = server.url.removeprefix("http://").split(":")
+    requests = []
+    for n in range(5000):
+        if n % 2:
+            requests.append(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        else:  # a refusal carrying its request's own words: answers in order
+            body = json.dumps({"vectors": [[0.0] * 384], "k": -n - 1}).encode()
+            requests.append(b"POST /search HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                            b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    with socket.create_connection((host, int(port)), timeout=HANG_S) as sock:
+        sock.sendall(b"".join(requests))
+        data, answers = b"", []
+        while len(answers) < len(requests):
+            end = data.find(b"\r\n\r\n")
+            if end >= 0:
+                head = data[:end].decode("latin-1")
+                length = int(next(line.split(":")[1] for line in head.split("\r\n")
+                                  if line.lower().startswith("content-length")))
+                if len(data) >= end + 4 + length:
+                    answers.append((int(head.split()[1]), data[end + 4:end + 4 + length]))
+                    data = data[end + 4 + length:]
+                    continue
+            chunk = sock.recv(1 << 20)
+            assert chunk, f"closed after {len(answers)} answers"
+            data += chunk
+    for n, (status, body) in enumerate(answers):
+        if n % 2:
+            assert status == 200 and json.loads(body) == {"status": "ok"}, (n, status, body)
+        else:
+            assert status == 422 and f"{-n - 1}" in json.loads(body)["error"]["message"], (n, status, body)
