@@ -78,3 +78,51 @@ def test_an_api_key_byte_that_is_not_utf8_is_that_byte(tmp_path, minilm_dir, whe
     finally:
         server.stop()
     assert server.proc.returncode == 0 and "Traceback" not in (tmp_path / "log").read_text(errors="replace")
+
+
+def test_a_stop_signal_the_server_was_started_ignoring_stays_ignored(tmp_path):
+    """``nohup petal serve OUT &``: the terminal's SIGHUP when the session ends must not stop the server (nohup set
+    it ignored; petal's own handler replaced that), nor a script's Ctrl-C its background server (SIGINT ignored);
+    SIGTERM still drains and exits 0. An index of vectors (no model to load)."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    import petal
+
+    rows = np.random.default_rng(0).standard_normal((50, 8)).astype(np.float32)
+    pq.write_table(pa.table({"id": [str(i) for i in range(50)], "emb": list(rows)}), tmp_path / "v.parquet")
+    petal.index(tmp_path / "v.parquet", tmp_path / "out", vectors_column="emb", quiet=True)
+
+    def ignored() -> None:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    log = tmp_path / "log"
+    with open(log, "wb") as stderr:
+        proc = subprocess.Popen([sys.executable, "-m", "petal.cli.main", "serve", str(tmp_path / "out"), "--port",
+                                 "0"], stdout=subprocess.DEVNULL, stderr=stderr, preexec_fn=ignored,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        deadline = time.monotonic() + 120
+        while not (found := re.search(r"listening on (http://[\d.]+:\d+)", log.read_text(errors="replace"))):
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text(errors="replace")
+            time.sleep(0.02)
+        url = found.group(1)
+        for sig in (signal.SIGHUP, signal.SIGINT):
+            proc.send_signal(sig)
+            time.sleep(0.5)
+            assert proc.poll() is None, log.read_text(errors="replace")
+            with httpx.Client(base_url=url, timeout=10) as client:
+                assert client.get("/ready").status_code == 200
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, log.read_text(errors="replace")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -105,8 +105,10 @@ class HeldSignals:
         self.signum: int | None = None
 
     def install(self) -> HeldSignals:
+        """NOTE: a stop signal the server was started ignoring stays ignored (``not_ignored``): ``nohup petal serve
+        &`` then a closed terminal's SIGHUP stopped the server, as did a script's Ctrl-C its background server."""
         if threading.current_thread() is threading.main_thread():
-            for sig in STOP_SIGNALS:
+            for sig in not_ignored():
                 signal.signal(sig, self._handle)
         return self
 
