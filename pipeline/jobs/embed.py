@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, SupportsIndex
 
 import numpy as np
 
-from petal.engine.config import EngineConfig, ModelOptions
+from petal.engine.config import EngineConfig, ModelOptions, device_problem
 from petal.pipeline.config import IndexJob, check_lengths, default_token_budget
 from petal.pipeline.ingest.pack import PackConfig, pack, plan_batches
 from petal.pipeline.ingest.text_rule import skip_reason, undecodable_text_reason, valid_text
@@ -196,6 +196,10 @@ class Embedder:
         if calibration is not None and transform.int8_scheme == "calibrated":
             transform = index_calibration(transform, Path(calibration))
         self.transform = transform
+        # NOTE: device="cpu" with a dtype or attention only CUDA runs: refused before torch loads, as the CLI does
+        problem = device_problem(device, dtype, attention) if isinstance(device, str) else None
+        if problem is not None:
+            raise UsageError(problem.replace("--dtype ", "dtype ").replace("--attention ", "attention "))
         # NOTE: torch is imported once the model's files and the output settings were judged
         from petal.engine.engine import Engine, attention_backend, resolve_device, resolve_dtype
         try:
