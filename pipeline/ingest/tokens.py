@@ -81,6 +81,7 @@ class TextTokenizer:
             self._tokenizer.get_vocab_size(with_added_tokens=True) > vocab_size else None
         self._tokenizer.no_padding()
         self._tokenizer.no_truncation()
+        prompt_ids = len(self._tokenizer.encode(prompt).ids)  # an empty text's ids, uncut (the room check below)
         self.eos_token_id = eos_token_id
         self.appends_eos = eos_token_id is not None and self._tokenizer.encode("a").ids[-1:] != [eos_token_id]
         self._truncate_at = max_length - 1 if self.appends_eos else max_length
@@ -100,11 +101,16 @@ class TextTokenizer:
         # ids are these is empty to the model (every character dropped by the normaliser: combining marks under
         # accent stripping, U+FFFD under BERT's cleaning), and gives the same vector as every other such text
         self._empty_ids = np.array(self._tokenizer.encode(prompt).ids, dtype=np.int32)
-        taken = len(self._empty_ids) + (1 if self.appends_eos else 0)
+        taken = prompt_ids + (1 if self.appends_eos else 0)
         if max_length <= taken:  # NOTE: else every text was cut to the special tokens: skipped as empty_text (66)
-            what = "special tokens and prompt" if prompt else "special tokens"
-            raise FlagError(f"--max-length {max_length} leaves no token for the text: the model's {what} take "
-                            f"{taken}; give at least {taken + 1}")
+            if not prompt:
+                raise FlagError(f"--max-length {max_length} leaves no token for the text: the model's special tokens "
+                                f"take {taken}; give at least {taken + 1}")
+            # NOTE: a prompt that fills the length (petal query has no --max-length: a long --query-prompt was told to
+            # give one)
+            raise FlagError(f"the max length {max_length} leaves no token for the text: the model's special tokens "
+                            f"and prompt take {taken}; give at least {taken + 1} (--max-length, where the command "
+                            "takes it) or a shorter prompt (--query-prompt)")
 
     def encode(self, texts: list[str]) -> Encoded:
         capped = np.fromiter((len(t) > self.max_chars for t in texts), dtype=bool, count=len(texts))

@@ -196,6 +196,12 @@ class Embedder:
         if calibration is not None and transform.int8_scheme == "calibrated":
             transform = index_calibration(transform, Path(calibration))
         self.transform = transform
+        self._tokenizers: dict[str, TextTokenizer] = {}
+        if max_length is not None or query_prompt is not None:
+            # NOTE: the room a max_length or prompt leaves for text (FlagError, 2) before torch and the model load
+            # (was found at the first encode, the model loaded); the tokenizers are kept for it
+            for side in ("query", "document"):
+                self._tokenizer(side)
         # NOTE: device="cpu" with a dtype or attention only CUDA runs: refused before torch loads, as the CLI does
         problem = device_problem(device, dtype, attention) if isinstance(device, str) else None
         if problem is not None:
@@ -210,7 +216,6 @@ class Embedder:
             self._engine: Engine | None = (engine_factory or Engine)(self.spec, config)
         except ValueError as exc:
             raise petal_error(exc) from exc
-        self._tokenizers: dict[str, TextTokenizer] = {}
 
     @property
     def engine(self) -> Engine:

@@ -136,6 +136,17 @@ def default_engine(spec: ModelSpec, config: EngineConfig) -> Engine:
     return Engine(spec, config)
 
 
+def check_lengths_for(job: IndexJob, spec: ModelSpec) -> None:
+    """``--max-length`` and ``--token-budget`` against the model, before torch loads and before OUT is created or
+    locked (``FlagError``, 2): a budget under the max length, a max length its special tokens and prompt fill (were
+    found once the engine was configured, torch imported, or at the first batch, OUT created and locked)."""
+    if job.token_budget is not None and job.token_budget < spec.pooling.max_length:
+        raise FlagError(f"token budget {job.token_budget} < max length {spec.pooling.max_length}: "
+                        "raise --token-budget or lower --max-length")
+    if job.max_length is not None:
+        tokenizer_for(spec)  # NOTE: its room check (TextTokenizer): the document prompt and special tokens
+
+
 def engine_config(job: IndexJob, spec: ModelSpec) -> EngineConfig:
     from petal.engine.engine import attention_backend, resolve_device, resolve_dtype
 
@@ -224,6 +235,7 @@ def _run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory, 
     if delete_ids is not None:
         check_delete_ids(delete_ids, shards, kept_records(live, shards, job.sync))  # 65 before the model loads
     spec = model_spec(job.model, job.max_length, job.model_options)
+    check_lengths_for(job, spec)
     weights = start_weights_hash(spec)  # [0a] sha256 of the weights in the background (joined before it is used)
     try:
         return _checked_run(job, report, engine_factory, stop, reads, started, live, shards, need, delete_ids,
