@@ -92,9 +92,14 @@ def test_options_answers_204_with_allow_on_every_route_and_on_asterisk(server):
     assert "(allowed: GET, HEAD, OPTIONS)" in refused.json()["error"]["message"]
     star = exchange(server, b"GET * HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
     assert star.startswith(b"HTTP/1.1 404 ") and b"no route '*'" in star, star
+    # "/v1/models/" names no model: no route's path whatever the method (OPTIONS and DELETE were a 405 whose Allow
+    # listed OPTIONS; GET was a 404)
+    for method in ("OPTIONS", "DELETE", "GET", "PATCH"):
+        bare = exchange(server, f"{method} /v1/models/ HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+        assert bare.startswith(b"HTTP/1.1 404 ") and b"no route '/v1/models/'" in bare, (method, bare)
     counted = counted_since(server, before)
     assert counted["* 204"] == 1 and counted["/search 204"] == 1 and counted["/v1/models/{model} 204"] == 1, counted
-    assert counted["unmatched 404"] == 2 and counted["/health 405"] == 1, counted
+    assert counted["unmatched 404"] == 6 and counted["/health 405"] == 1, counted
 
 
 def test_requests_pipelined_behind_a_closing_answer_are_each_counted_444(server):

@@ -591,12 +591,17 @@ def build_app(startup: Startup | ServeState) -> ASGIApp:
         route = request.scope.get("route")
         label = getattr(route, "path", UNMATCHED) if route is not None else UNMATCHED
         label = label.replace("{model:path}", "{model}")  # as its endpoint counts it
-        kind = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "invalid_request_error")
         path = request.scope["path"]  # NOTE: as sent ("*" of a GET *; request.url.path says "/*")
-        headers = dict(exc.headers or {})
-        if exc.status_code == 405:  # NOTE: Starlette's Allow lacks OPTIONS, which every route answers
+        status = exc.status_code
+        if status == 405 and route_label(path) == UNMATCHED:
+            # NOTE: "/v1/models/" (no model named) matches Starlette's model route: a DELETE or an OPTIONS of it was a
+            # 405 whose Allow listed the method refused; it is no route's path, 404 as a GET of it
+            status, label = 404, UNMATCHED
+        kind = {404: "not_found", 405: "method_not_allowed"}.get(status, "invalid_request_error")
+        headers = dict(exc.headers or {}) if status == exc.status_code else {}
+        if status == 405:  # NOTE: Starlette's Allow lacks OPTIONS, which every route answers
             headers["Allow"] = allow_header(getattr(route, "methods", None))
-        if exc.status_code == 404:
+        if status == 404:
             # NOTE: "/search/", or "//search" (a base URL ending in "/" joined to "/search"): no redirect (see
             # below), a hint
             near = re.sub("//+", "/", path).rstrip("/")
@@ -605,7 +610,7 @@ def build_app(startup: Startup | ServeState) -> ASGIApp:
         else:
             message = f"{request.method} is not allowed on {path}" + (
                 f" (allowed: {headers['Allow']})" if "Allow" in headers else "")
-        return finish(label, _error(exc.status_code, message, kind, headers), time.perf_counter())
+        return finish(label, _error(status, message, kind, headers), time.perf_counter())
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
