@@ -97,7 +97,7 @@ def _openai(server):
     (dict(input=[[101, 30000000]]), "UnprocessableEntityError", "input", "outside the vocabulary"),
     (dict(input="ice", user=5), "UnprocessableEntityError", "user", "'user' must be a string"),
     (dict(input="ice", model="text-embedding-3-small"), "NotFoundError", "model", "is not served here"),
-    (dict(input="ice", extra_body={"stream": True}), "UnprocessableEntityError", None, "unknown field(s) 'stream'"),
+    (dict(input="ice", extra_body={"stream": True}), "UnprocessableEntityError", "stream", "unknown field(s) 'stream'"),
 ])
 def test_the_openai_client_reads_each_error_with_its_param(server, call, exception, param, said):
     """The error body lacked OpenAI's ``param``: the ``openai`` client's exception had ``param`` None whatever field

@@ -128,7 +128,8 @@ def _kind(value: Any) -> str:
 def _unknown(body: dict[str, Any], allowed: tuple[str, ...]) -> None:
     extra = sorted(set(body) - set(allowed))
     if extra:
-        raise RequestError(422, f"unknown field(s) {', '.join(map(repr, extra))}; allowed: {', '.join(allowed)}")
+        raise RequestError(422, f"unknown field(s) {', '.join(map(repr, extra))}; allowed: {', '.join(allowed)}",
+                           param=extra[0][:100])  # NOTE: OpenAI's error.param: the (first) field named, cut
 
 
 def _int(body: dict[str, Any], name: str, default: int | None, low: int, high: int | None = None,
