@@ -279,3 +279,17 @@ def test_an_answer_the_client_does_not_read_is_dropped_after_send_timeout(long_t
         length, got = _read_all(sock)
         assert got < length, (length, got)
     assert server.client.get("/ready").status_code == 200
+
+
+@pytest.mark.parametrize("url_bytes", [65_536, 66_000, 69_000])
+def test_a_url_the_parser_cannot_take_within_the_head_limit_is_414(served, url_bytes):  # noqa: F811
+    """A URL of 64 KiB to ~68 KiB (the head's count starts with its second 4 KiB piece): the HTTP layer cannot parse
+    it, and it was a 400 'not valid HTTP/1.1'; it is the same 414 as a longer one."""
+    server = served[0]
+    before = _count(server, 414)
+    head = b"GET /health?q=" + b"x" * (url_bytes - len(b"/health?q=")) + b" HTTP/1.1\r\nHost: x\r\n\r\n"
+    status, headers, answer = _send_head(server, head, b"x", 0, b"")
+    assert status == 414, (status, answer)
+    assert "URL" in json.loads(answer)["error"]["message"] and headers.get("connection") == "close"
+    assert _count(server, 414) == before + 1
+    assert server.client.get("/health").status_code == 200

@@ -134,6 +134,7 @@ NOT_HTTP = ("the request is not valid HTTP/1.1 (a malformed request line, header
 # NOTE: nginx holds 32 KiB of headers by default, uvicorn's h11 parser 16 KiB; a head is fed in HEAD_SLICE pieces,
 # counted from the first piece after the one it begins in, so a head up to the limit is never refused
 MAX_HEAD_BYTES = 64 << 10
+MAX_URL_BYTES = (64 << 10) - 1  # httptools' URL parser refuses a longer one
 HEAD_SLICE = 4096
 TAIL_BYTES = 32
 
@@ -419,6 +420,13 @@ def http_protocol(metrics: ServeMetrics, header_timeout_s: float = 30.0,
                             self._after_answers(functools.partial(
                                 self._send_closing, 501, b"Not Implemented",
                                 method_refusal(method) + "; the connection is closed", "not_implemented"))
+                        elif len(getattr(self, "url", b"")) > MAX_URL_BYTES:
+                            # NOTE: a URL the HTTP layer cannot parse for its length (64 KiB), whose head is still
+                            # under MAX_HEAD_BYTES as counted: 414 as one over it, not a 400 "not valid HTTP/1.1"
+                            self._after_answers(functools.partial(
+                                self._refuse_head, 414, b"URI Too Long", f"the URL is over the limit of "
+                                f"{MAX_URL_BYTES} bytes (send the request's fields in its JSON body); the connection "
+                                "is closed"))
                         elif self._http2_preface():
                             self._after_answers(functools.partial(
                                 self._send_closing, 505, b"HTTP Version Not Supported", version_refusal("2.0"),
