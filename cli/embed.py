@@ -453,7 +453,19 @@ def replacing(output: Path) -> Iterator[IO[bytes]]:
     if mode is not None and not stat.S_ISREG(mode):  # NOTE: a FIFO or a device: no temporary file, no rename
         try:
             with open(output, "wb") as fh:
-                yield fh
+                if output.suffix.lower() != ".npy":
+                    yield fh
+                    return
+                # NOTE: a .npy is written with a file position (numpy's tofile; the streamed rows' header rewritten
+                # with their count at the end): on a pipe that was 'Illegal seek' (74) after the header alone. It is
+                # made in an unnamed temporary file, then copied into the FIFO or device whole
+                import shutil
+                import tempfile
+
+                with tempfile.TemporaryFile() as spool:
+                    yield spool
+                    spool.seek(0)
+                    shutil.copyfileobj(spool, fh, 1 << 20)
         except OSError as exc:
             raise write_error(output, exc) from exc
         return
