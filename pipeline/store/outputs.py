@@ -67,8 +67,18 @@ class Calibration:
 
 
 def l2_normalize(x: np.ndarray) -> np.ndarray:
-    norms = np.linalg.norm(x, axis=1, keepdims=True)
-    return (x / np.maximum(norms, 1e-12)).astype(np.float32, copy=False)
+    """Rows scaled to unit length (a zero row stays zero).
+
+    NOTE: a row's norm is taken in float64 where float32's overflows or underflows (a finite row of values near 1e30,
+    or 1e-25): it was inf (the row became all zeros: a search on it gave score 0 for every hit) or 0 (not unit
+    length)."""
+    with np.errstate(over="ignore", under="ignore"):  # (taken again in float64 below)
+        norms = np.linalg.norm(x, axis=1, keepdims=True)
+    odd = np.flatnonzero(~np.isfinite(norms[:, 0]) | (norms[:, 0] < 1e-18))
+    if len(odd):
+        norms = norms.astype(np.float64)
+        norms[odd] = np.linalg.norm(x[odd].astype(np.float64), axis=1, keepdims=True)
+    return (x / np.maximum(norms, 1e-30)).astype(np.float32, copy=False)
 
 
 def tanh_int8(x: np.ndarray) -> np.ndarray:
