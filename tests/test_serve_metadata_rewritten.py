@@ -7,6 +7,9 @@ Real components: ``petal index --vectors-column`` over real Parquet (no model: t
 
 from __future__ import annotations
 
+import os
+import time
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -95,6 +98,27 @@ def test_metadata_of_a_shard_without_its_id_column_comes_only_from_the_file_inde
             assert metadata(7) == (hit_id, None)  # row 7 holds document 22 now
             pq.write_table(indexed, data / "a.parquet")  # the same bytes again, a new modification time
             assert metadata(7) == (hit_id, before)
+            # rewritten again with its old modification time put back (cp -p, rsync -t, tar): same size, same mtime,
+            # only its ctime says it changed (was: trusted on size and mtime, document 22's columns for row 7)
+            # (uncompressed, no dictionary: rows 7 and 8 swapped, the file keeps its size byte for byte)
+            shard = data / "a.parquet"
+            plain = {"compression": "none", "use_dictionary": False}
+            pq.write_table(indexed, shard, **plain)
+            plain_at = os.stat(shard).st_mtime_ns
+            size = os.stat(shard).st_size
+            assert metadata(7) == (hit_id, None)  # (another size than the file indexed: unknown)
+            server.stop()
+            cli_run("index", data, "--out", out, "-q", "--vectors-column", "vec", "--text-column", "body",
+                    "--index-factory", "Flat", "--full")
+            server = Server(tmp_path / "server2.log", out)
+            assert metadata(7) == (hit_id, before)
+            time.sleep(2.1)  # past CTIME_SLACK_NS
+            order = list(range(30))
+            order[7], order[8] = 8, 7
+            pq.write_table(indexed.take(order), shard, **plain)
+            os.utime(shard, ns=(plain_at, plain_at))
+            assert os.stat(shard).st_size == size
+            assert metadata(7) == (hit_id, None)  # row 7 holds document 8 now
         else:
             pq.write_table(table.drop_columns(["doc"]), data / "a.parquet")  # the rows in place, their ids gone
             assert metadata(7) == (hit_id, None)

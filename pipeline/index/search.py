@@ -53,6 +53,7 @@ K_FACTOR_CAP = 1024  # bounded_params: a refine's k_factor_rf (candidates k x th
 # candidates (12 bytes each) a search again for a tie across the k-th hit asks of FAISS at a time (_ties_settled)
 TIE_CANDIDATES = 1 << 22
 _SELECTORS_LOCK = threading.Lock()
+CTIME_SLACK_NS = 2_000_000_000  # _shard_unchanged: a ctime this far past the mtime is a change after the write
 
 
 @dataclass(frozen=True)
@@ -643,12 +644,16 @@ class IndexReader:
         records them, or (touched or copied since: another time) its sha256. Remembered per file state, so a shard
         is hashed at most once while it stays as it is."""
         st = os.stat(abs_path)
-        key = (abs_path, st.st_size, st.st_mtime_ns)
+        key = (abs_path, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
         known = self._unchanged_shards
         if key not in known:
             record = next((s for s in self.manifest.shards if s.abs_path == abs_path), None)
+            # NOTE: size and mtime are trusted only for a file last changed when it was last written (ctime within
+            # CTIME_SLACK_NS of mtime): one rewritten with its old mtime put back (cp -p, rsync -t, tar, touch -d)
+            # has a later ctime, and gave another document's columns as a hit's metadata; such a file is hashed
+            written_then = st.st_ctime_ns - st.st_mtime_ns <= CTIME_SLACK_NS
             known[key] = record is not None and st.st_size == record.size and (
-                st.st_mtime_ns == record.mtime_ns or sha256_file(abs_path) == record.sha256)
+                (st.st_mtime_ns == record.mtime_ns and written_then) or sha256_file(abs_path) == record.sha256)
         return known[key]
 
     def texts(self, hits: list[Hit], text_column: str) -> list[str | None]:
