@@ -290,7 +290,7 @@ class IndexReader:
         # shards --show-text found without the hits' rows (said by petal query), each with why: "gone" (no file
         # there), "changed" (rewritten since indexing: the row holds another id, or is past its end), "unreadable"
         self.missing_shards: dict[str, str] = {}
-        self._unchanged_shards: dict[tuple[str, int, int], bool] = {}  # (path, size, mtime_ns) -> the file indexed
+        self._unchanged_shards: dict[tuple[str, int, int, int, int], bool] = {}  # path, size, mtime, ctime, inode
         self._ivf: Any = None  # the IVF inside a float index (its parallel_mode is set per search)
         self._hnsw_ef: int | None = None  # the efSearch of the HNSW a float index searches through (else None)
         self._candidates_per_hit = 1  # a refine wrapper's k_factor_rf: its base index returns this many per hit
