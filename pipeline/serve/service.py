@@ -62,6 +62,31 @@ def _where_refused(exc: FilterError) -> RequestError:
     return RequestError(422, str(exc).replace("--where", "'where'", 1), param="where")
 
 
+def _not_codes(vectors: np.ndarray, manifest: Manifest) -> None:
+    """``RequestError`` 422 for a ``vectors`` row of a quantized index that holds its codes, not vectors: whole numbers
+    past 1 on an int8 index (its int8 codes, what ``petal embed --quantize int8`` writes) or only 0s and 1s on a
+    binary index (unpacked sign bits). JSON numbers are taken as floats in the index's space, so such a row was
+    searched as a vector: other hits, scores in the hundreds, no error (``petal query --vector-file`` and
+    ``Index.search_stored`` decode codes by their dtype, which JSON has not)."""
+    quantize = manifest.output.quantize if manifest.output is not None else "none"
+    if quantize not in ("int8", "binary") or not len(vectors):
+        return
+    whole = np.all(vectors == np.rint(vectors), axis=1)
+    if quantize == "int8":
+        largest = np.abs(vectors).max(axis=1)
+        codes = whole & (largest > 1) & (largest <= 128)
+        what = "this int8 index's codes (whole numbers from -128 to 127)"
+    else:
+        codes = np.all((vectors == 0) | (vectors == 1), axis=1) & np.any(vectors == 0, axis=1)
+        what = "this binary index's sign bits as 0s and 1s"
+    if codes.any():
+        row = int(np.argmax(codes))
+        raise RequestError(422, f"'vectors' row {row} looks like {what}: /search takes float vectors in the "
+                                "index's space, before quantization (what /v1/embeddings returns with dimensions "
+                                "the index's dim); search codes or bits with petal query --vector-file or "
+                                "Index.search_stored")
+
+
 def _vectors_column(manifest: Manifest) -> tuple[str, ...]:
     """The column an index of precomputed vectors (``--vectors-column``) read its vectors from (none for a text
     index)."""
@@ -290,6 +315,7 @@ class ServeState:
             if vectors.ndim != 2 or vectors.shape[1] != index.reader.dim:
                 raise RequestError(422, f"'vectors' rows must have {index.reader.dim} values (the index's dim), "
                                         f"got [{vectors.shape[-1]}]")
+            _not_codes(vectors, index.reader.manifest)
             if index.reader.manifest.metric == "l2":
                 _l2_in_range(vectors)
             pending = self.searcher.search(index, vectors, False, req.k, where=req.where, nprobe=req.nprobe,
