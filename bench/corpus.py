@@ -13,17 +13,33 @@ from petal.pipeline.ingest.tokens import TextTokenizer
 
 def load_sentences(source: Path, text_column: str = "text") -> list[str]:
     """Sentences of every text in the Parquet files under ``source``."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     from petal.pipeline.ingest.parquet import resolve_sources
+    from petal.pipeline.reliability.errors import BadInputError, NoInputError
 
     sentences: list[str] = []
     for path in resolve_sources([str(source)]):
-        for text in pq.read_table(path, columns=[text_column]).column(0).to_pylist():
+        # NOTE: a file that is no Parquet, or lacks the text column, was a pyarrow traceback (exit 1)
+        try:
+            schema = pq.read_schema(path)
+            if text_column not in schema.names:
+                raise BadInputError(f"--corpus {path}: no {text_column!r} column (columns: "
+                                    f"{', '.join(schema.names[:10])}): the benchmark's texts come from it")
+            if not (pa.types.is_string(schema.field(text_column).type) or
+                    pa.types.is_large_string(schema.field(text_column).type)):
+                raise BadInputError(f"--corpus {path}: column {text_column!r} is "
+                                    f"{schema.field(text_column).type}, not text")
+            texts = pq.read_table(path, columns=[text_column]).column(0).to_pylist()
+        except (pa.ArrowException, OSError) as exc:
+            raise BadInputError(f"--corpus {path}: cannot read it as Parquet: {exc}") from exc
+        for text in texts:
             if isinstance(text, str) and text.strip():
                 sentences += [s.strip() for s in re.split(r"(?<=[.!?])\s+", text) if len(s.strip()) > 3]
     if not sentences:
-        raise ValueError(f"no text found under {source}")
+        raise NoInputError(f"--corpus {source}: no sentence of more than 3 characters in its {text_column!r} column: "
+                           "the benchmark makes its texts of them")
     return sentences
 
 

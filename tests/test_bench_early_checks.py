@@ -251,3 +251,25 @@ def test_every_number_flag_is_bounded_and_finite(tmp_path):
              if code != 2 or not (f"Invalid value for '{flag}'" in last or f"Invalid value for {flag}:" in last)]
     assert not wrong, wrong
     assert not found["heavy"], found["heavy"]  # refused before torch loads
+
+
+@pytest.mark.parametrize(("table", "code", "words"), [
+    ({"id": [1, 2], "vec": [[1.0], [2.0]]}, 65, "no 'text' column (columns: id, vec)"),
+    ({"text": [1, 2]}, 65, "column 'text' is int64, not text"),
+    ({"text": ["", "  ", None]}, 66, "no sentence of more than 3 characters"),
+    (None, 65, "cannot read it as Parquet"),
+])
+def test_a_corpus_without_sentences_is_its_exit_code_naming_it(tmp_path, table, code, words):
+    """A --corpus whose Parquet has no usable text column, no sentence, or is no Parquet: a pyarrow traceback or a
+    ValueError (exit 1) in bench cpu, outputs, e2e and serve; now 65/66 naming --corpus and the file."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    corpus = tmp_path / "corpus.parquet"
+    if table is None:
+        corpus.write_text("a,b\n")
+    else:
+        pq.write_table(pa.table(table), corpus)
+    rc, stdout, last, _ = bench(tmp_path, "cpu", "--corpus", corpus, "--texts", 16, "--rounds", 1)
+    assert rc == code and "--corpus" in last and words in last, (rc, last)
+    assert stdout == ""
