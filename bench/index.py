@@ -160,7 +160,15 @@ def run_petal(entries: list[StoreEntry], dim: int, settings: IndexSettings, stag
     child = context.Process(target=_build_child, args=([str(e.path) for e in entries], dim, settings.as_dict(),
                                                         str(staging), queue))
     child.start()
-    built = queue.get()
+    try:
+        built = queue.get()
+    except BaseException:
+        # NOTE: a stop signal (or any error) while the child builds: it is stopped here, before the caller removes its
+        # directory; left running, the interpreter waited for it at exit (minutes at 1M vectors), then it failed
+        # on the files removed under it with a traceback of its own
+        child.kill()  # NOTE: its work is thrown away with its directory (SIGTERM: its own interrupted line)
+        child.join()
+        raise
     child.join()
     index = IndexRecord.from_dict(built["index"])
     Manifest.bare(index, dim).write(staging / MANIFEST_FILE)

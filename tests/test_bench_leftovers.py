@@ -293,3 +293,30 @@ def test_index_under_4096_vectors_skips_the_ivf4096_baseline(tmp_path):
     assert [row["system"] for row in result["results"]] == ["FAISS IndexFlatIP", "petal (auto, --index-memory 8G)"]
     assert "4096" in result["skipped"]["FAISS IVF4096,Flat"]
     assert_nothing_left(env)
+
+
+def test_index_stopped_while_its_build_child_runs_stops_it_at_once(tmp_path):
+    """SIGTERM to ``bench index`` while its build child ran: the bench removed the child's directory and then waited
+    for the child at exit (minutes at 1M vectors), which then failed on the files gone with a traceback of its own.
+    Now the child is stopped with the bench: 143 at once, no traceback, nothing left."""
+    env = environment(tmp_path)
+    proc = subprocess.Popen([sys.executable, "-m", "petal.cli.main", "bench", "index", "--vectors", "400000", "--dim",
+                             "64", "--queries", "10", "--shards", "2", "--no-baseline"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=REPO, env=env, stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 180
+        while not any("multiprocessing" in line for pid, line in marked(env).items() if pid != proc.pid):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        time.sleep(0.5)  # the child under way
+        proc.send_signal(signal.SIGTERM)
+        stopped = time.monotonic()
+        _, stderr = proc.communicate(timeout=60)
+        assert time.monotonic() - stopped < 20, stderr
+        assert proc.returncode == 143, stderr
+        assert "Traceback" not in stderr, stderr
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert_nothing_left(env)
