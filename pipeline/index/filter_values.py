@@ -199,6 +199,12 @@ def _parses_as_number(text: str) -> bool:
         return False
 
 
+def _exact(value: Any) -> Decimal:
+    """A number literal's exact value: its own digits where it has a decimal point or exponent (``ExactNumber``)."""
+    exact = getattr(value, "exact", None)
+    return exact if isinstance(exact, Decimal) else Decimal(value) if isinstance(value, int) else Decimal(repr(value))
+
+
 def _numbers(dtype: pa.DataType, values: tuple[Any, ...]) -> pa.Array:
     """The numbers ``dtype`` can hold, as ``dtype``; the others equal no stored value and are left out."""
     import numpy as np
@@ -208,14 +214,14 @@ def _numbers(dtype: pa.DataType, values: tuple[Any, ...]) -> pa.Array:
         return from_python([float(v) for v in values], pa.float64()).cast(dtype, safe=False)
     if pa.types.is_integer(dtype):
         info = np.iinfo(dtype.to_pandas_dtype())
-        whole = [int(v) for v in values if not isinstance(v, float) or v.is_integer()]
+        whole = [int(exact) for v in values if (exact := _exact(v)).is_finite() and exact == exact.to_integral_value()]
         return from_python([v for v in whole if info.min <= v <= info.max], dtype)
     kept = []  # decimal: exact, from the literal's own digits
     for v in values:
-        if isinstance(v, float) and not math.isfinite(v):  # 1e999: no decimal equals it (Arrow: a TypeError)
+        if not _exact(v).is_finite():  # 1e999 as a float: no decimal equals it (Arrow: a TypeError)
             continue
         try:
-            kept.append(from_python([Decimal(repr(v))], dtype))
+            kept.append(from_python([_exact(v)], dtype))
         except (InvalidOperation, pa.ArrowInvalid):  # more digits than the column's scale or precision holds
             continue
     return pa.concat_arrays(kept) if kept else from_python([], dtype)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from petal.pipeline.ingest.text_rule import first_surrogate
@@ -75,12 +76,28 @@ def _tokens(text: str) -> list[tuple[str, Any]]:
     return tokens
 
 
+class ExactNumber(float):
+    """A number literal with a decimal point or exponent: its float value (compared with float columns) and its exact
+    digits (``exact``), with which integer and decimal columns compare it. NOTE: through float64 alone,
+    ``big = 4611686018427387904.5`` matched 2^62 and ``dec = 2.5000000000000001`` matched 2.50."""
+
+    exact: Decimal
+
+    def __new__(cls, text: str) -> ExactNumber:
+        number = super().__new__(cls, text)
+        number.exact = Decimal(text)
+        return number
+
+    def __repr__(self) -> str:
+        return str(self.exact)
+
+
 def _number(text: str, value: str) -> int | float:
     """A number literal of ``text``; an integer of more digits than Python converts (4300: the largest a column holds,
     decimal256, has 76) is a ``FilterError`` naming the filter, not Python's bare message about
     ``sys.set_int_max_str_digits``."""
     if any(c in value for c in ".eE"):
-        return float(value)
+        return ExactNumber(value)
     try:
         return int(value)
     except ValueError:

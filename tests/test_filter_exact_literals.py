@@ -1,0 +1,44 @@
+"""A ``--where`` number literal with a decimal point or exponent compares by its exact value with integer and decimal
+columns (README: "by value"; ``2001.5`` on an integer column matches nothing). It went through float64 first:
+``big = 4611686018427387904.5`` and ``= 4611686018427387905.0`` matched 2^62, ``i8 = 127.0000000000000001``
+matched 127, ``dec = 2.5000000000000001`` matched 2.50. Float columns still compare with the literal's float value.
+Real pyarrow tables through petal's filter (parse_filter, filter_mask)."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pyarrow as pa
+import pytest
+
+from petal.pipeline.index.filters import filter_mask, parse_filter
+
+TABLE = pa.table({
+    "big": pa.array([2**62, -(2**62), 0], pa.int64()),
+    "i8": pa.array([127, -128, 0], pa.int8()),
+    "dec": pa.array([Decimal("2.50"), Decimal("0.10"), Decimal("-1.00")], pa.decimal128(5, 2)),
+    "f": pa.array([2.5, 0.1, -1.0], pa.float64()),
+})
+
+
+@pytest.mark.parametrize(("where", "rows"), [
+    ("big = 4611686018427387904.5", []),
+    ("big = 4611686018427387905.0", []),
+    ("big = 4611686018427387904.0", [0]),
+    ("big = 4.611686018427387904e18", [0]),
+    ("i8 = 127.0000000000000001", []),
+    ("i8 = 126.99999999999999999", []),
+    ("i8 = 127.0", [0]),
+    ("i8 = 1.27e2", [0]),
+    ("dec = 2.5000000000000001", []),
+    ("dec = 0.1000000000000000001", []),
+    ("dec = 2.5", [0]),
+    ("dec = 2.50", [0]),
+    ("dec IN (0.1, -1)", [1, 2]),
+    ("dec = 1e999", []),
+    ("f = 2.5", [0]),
+    ("f = 0.1", [1]),
+])
+def test_a_number_literal_compares_by_its_exact_value(where, rows):
+    mask = filter_mask(parse_filter(where), TABLE, TABLE.column_names)
+    assert mask.nonzero()[0].tolist() == rows, where
