@@ -556,6 +556,18 @@ def bench_serve(index_path: Path | None, model: str | None, shape: str | None, t
                              concurrency=clients, max_requests=max_requests,
                              seconds=seconds, k=k, processes=client_processes, serve_args=serve_args)
     click.echo(json.dumps(result) if as_json else format_serve_table(result))
+    # NOTE: a row whose every request the server refused measured nothing (--tokens past the model's length: 413s,
+    # -k past the server's --max-k: 422s, a --serve-arg=--api-key: 401s): it exited 0 with an empty row
+    failed = [row for row in result["results"] if not row["requests"] and row["errors"]]
+    if failed:
+        from petal.pipeline.reliability.errors import FlagError
+
+        row = failed[0]
+        errors = ", ".join(f"{name}: {count}" for name, count in row["errors"].items())
+        raise FlagError(f"{len(failed)} row(s) measured nothing: no request succeeded ({row['endpoint']}, "
+                        f"{row['tokens']} tokens, {row['concurrency']} clients: {errors}); the server refused them: "
+                        "check --tokens against the model's max length, -k against the server's --max-k and the "
+                        "--serve-arg flags")
 
 
 def _serve_outputs(workdir: Path, shape: str | None, build: bool, docs: bool) -> None:

@@ -320,3 +320,16 @@ def test_index_stopped_while_its_build_child_runs_stops_it_at_once(tmp_path):
             proc.kill()
             proc.communicate()
     assert_nothing_left(env)
+
+
+def test_serve_whose_every_request_was_refused_exits_2_saying_so(tmp_path):
+    """--tokens past the model's max length: every request answered 413, and the bench printed an empty row and
+    exited 0 (likewise -k past the server's --max-k, a --serve-arg=--api-key). Now the table, then 2 naming the row."""
+    env = environment(tmp_path)
+    proc = bench(env, "serve", "--endpoints", "embeddings", "--tokens", "300", "--concurrency", "1", "--requests", "3",
+                 "--seconds", "1")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "/v1/embeddings" in proc.stdout  # the table is still printed
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "measured nothing" in last and "413: " in last and "--tokens" in last, last
+    assert_nothing_left(env)
