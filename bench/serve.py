@@ -8,8 +8,10 @@ batching across requests shows.
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -62,6 +64,8 @@ def write_docs(sentences: list[str], tokenizer: TextTokenizer, num_docs: int, me
     lengths = lognormal_lengths(num_docs, median_tokens, 0.5, 8, tokenizer.max_length)
     texts = make_texts(sentences, tokenizer, lengths)
     out_dir.mkdir(parents=True, exist_ok=True)
+    for stale in out_dir.glob("part-*.parquet"):  # NOTE: an earlier (or stopped) run's shards: not this corpus
+        stale.unlink()
     for shard, start in enumerate(range(0, num_docs, docs_per_shard)):
         rows = range(start, min(start + docs_per_shard, num_docs))
         pq.write_table(pa.table({"id": pa.array(rows, pa.int64()), "text": texts[rows.start : rows.stop]}),
@@ -73,8 +77,23 @@ def build_index(model_dir: Path | None, corpus: Path, num_docs: int | None, work
     """An index of ``corpus`` (or of ``num_docs`` texts made from its sentences) built by ``petal index``;
     reused when ``workdir/out`` already holds one."""
     out = workdir / "out"
+    built = workdir / "built.json"
+    asked = {"corpus": str(corpus.resolve()), "index_docs": num_docs,
+             "index_doc_tokens": doc_tokens if num_docs is not None else None,
+             "model": str(model_dir.resolve()) if model_dir is not None else None}
     if (out / "CURRENT").is_file():
-        return out
+        try:
+            recorded = json.loads(built.read_text())
+        except (OSError, ValueError):
+            recorded = None
+        if recorded == asked:
+            return out
+        # NOTE: an index built for other flags (another --index-docs, corpus or model, or by a run before this
+        # record): it was served whatever the flags asked, the table not saying so; rebuilt
+        print(f"petal bench serve: {quote_path(out)} was built for other settings ({recorded or 'not recorded'}); "
+              "building it again", file=sys.stderr)
+        shutil.rmtree(out)
+    built.unlink(missing_ok=True)
     source = corpus
     if num_docs is not None:
         from petal.engine.loader import inspect_model
@@ -90,6 +109,7 @@ def build_index(model_dir: Path | None, corpus: Path, num_docs: int | None, work
     if code:
         raise ChildFailed(f"petal index of the benchmark's documents ({quote_path(source)})", code,
                           where="its error is above")
+    built.write_text(json.dumps(asked))
     return out
 
 

@@ -333,3 +333,25 @@ def test_serve_whose_every_request_was_refused_exits_2_saying_so(tmp_path):
     last = proc.stderr.strip().splitlines()[-1]
     assert "measured nothing" in last and "413: " in last and "--tokens" in last, last
     assert_nothing_left(env)
+
+
+def test_serve_workdir_index_is_rebuilt_for_other_index_docs(tmp_path):
+    """--workdir's index was reused whatever --index-docs (or the corpus, the model) asked: a 100-document run after
+    a 3000-document one served the 3000 documents, the table not saying so, and a stopped run's document shards
+    leaked into the next index. Now the build's settings are recorded with it, and another set rebuilds it."""
+    import petal
+
+    env = environment(tmp_path)
+    work = tmp_path / "work"
+    common = ("serve", "--endpoints", "search", "--tokens", "16", "--concurrency", "1", "--requests", "3",
+              "--seconds", "1", "--workdir", work, "--index-doc-tokens", "8", "--corpus", REPO / "sample_data")
+    (work / "docs").mkdir(parents=True)
+    for stale in ("part-0001.parquet", "part-0002.parquet"):  # a stopped run's shards of another corpus
+        (work / "docs" / stale).write_bytes(b"PAR1 not this run's PAR1")
+    for docs in (100, 150, 150):
+        proc = bench(env, *common, "--index-docs", docs)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        with petal.open_index(work / "out") as index:
+            assert index.num_vectors == docs
+    assert proc.stderr.count("building it again") == 0  # the same settings: reused
+    assert_nothing_left(env)
