@@ -172,6 +172,18 @@ def write_vector_shards(folder: Path, num_vectors: int, dim: int, shards: int = 
         path.with_suffix(".tmp").rename(path)
 
 
+def _complete_shards(vectors: Path, num_vectors: int) -> bool:
+    """``vectors`` holds Parquet shards of ``num_vectors`` rows in all, and nothing half-written."""
+    import pyarrow.parquet as pq
+
+    if not vectors.is_dir() or any(p.suffix != ".parquet" for p in vectors.iterdir()):
+        return False
+    try:
+        return sum(pq.read_metadata(p).num_rows for p in vectors.glob("*.parquet")) == num_vectors
+    except (OSError, ValueError):  # a shard cut short (pyarrow's ArrowInvalid is a ValueError)
+        return False
+
+
 def write_index_version(root: Path, num_vectors: int, dim: int, factory: str) -> tuple[Path, str, float]:
     """``root/out``: an index of ``num_vectors x dim`` clustered vectors built by ``petal index --vectors-column``
     (petal's own planner, tuner and writer: ``--index-factory auto`` is what a real run picks), reused when
@@ -187,7 +199,10 @@ def write_index_version(root: Path, num_vectors: int, dim: int, factory: str) ->
         shutil.rmtree(out)
     started = time.perf_counter()
     vectors = root / f"vectors-{num_vectors}x{dim}"
-    if not vectors.is_dir() or not any(vectors.glob("*.parquet")):
+    if not _complete_shards(vectors, num_vectors):
+        # NOTE: a run stopped while writing them left some: the index was built of those (150,000 of 400,000
+        # vectors) and reported as the size asked, on every later run
+        shutil.rmtree(vectors, ignore_errors=True)
         write_vector_shards(vectors, num_vectors, dim)
     _run([sys.executable, "-m", "petal.cli.main", "index", str(vectors), "--out", str(out), "--vectors-column",
           "vector", "--index-factory", factory, "--quiet"])
