@@ -233,7 +233,7 @@ def model_load(shape_name: str, device: str, runs: int, workdir: Path) -> dict[s
 
     s = shape(shape_name)
     model_dir = model_root(workdir, shape_name)
-    if not (model_dir / "model.safetensors").is_file():  # reused from an earlier run with the same --workdir
+    if not (model_dir / "sentence_bert_config.json").is_file():  # reused (written last: a whole directory)
         hf = hf_model(s, torch.device("cpu"), torch.float32)
         save_model_dir(s, hf, default_model_dir(), model_dir)
         del hf
@@ -265,7 +265,7 @@ def check_outputs(work: Path, num_vectors: int, dim: int, factory: str, shape_na
         for folder in (root, root / "out", root / f"vectors-{num_vectors}x{dim}"):
             check_output_dir(name, folder)
     model_dir = model_root(work, shape_name)
-    if not (model_dir / "model.safetensors").is_file():  # reused from an earlier run with the same --workdir
+    if not (model_dir / "sentence_bert_config.json").is_file():  # reused (written last: a whole directory)
         check_output_dir(name, model_dir)
     query = work / "query.npy"
     if query.is_dir() or (query.exists() and not query.is_file()):

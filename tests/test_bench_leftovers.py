@@ -378,3 +378,23 @@ with petal.open_index(out) as index:
                           timeout=300, cwd=REPO, env=environment(tmp_path))
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["2000"], done.stdout
+
+
+def test_startup_saves_again_a_model_directory_a_stopped_run_left_half_written(tmp_path):
+    """bench startup reused --workdir's model directory once its model.safetensors existed: a run stopped while
+    saving it (weights cut, sentence-transformers files not yet written) failed every later run (exit 1, after the
+    timed runs). The directory is reused only once its last file is written."""
+    script = """
+import sys
+from pathlib import Path
+from petal.bench.startup import model_load, model_root
+work = Path(sys.argv[1])
+model_dir = model_root(work, "minilm")
+model_dir.mkdir(parents=True)
+(model_dir / "model.safetensors").write_bytes(b"cut short")  # a save stopped in its first file
+print(model_load("minilm", "cpu", 1, work)["shape"])
+"""
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True,
+                          timeout=600, cwd=REPO, env=environment(tmp_path))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[-1] == "minilm", done.stdout
