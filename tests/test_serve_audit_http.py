@@ -130,3 +130,15 @@ def test_a_body_with_a_content_coding_is_refused_with_415_not_read_as_json(serve
         ok = server.client.post("/v1/embeddings", content=BODY,
                                 headers={"Content-Type": "application/json", "Content-Encoding": plain})
         assert ok.status_code == 200, (plain, ok.text)
+
+
+def test_a_content_coding_in_a_second_header_is_refused_too(server):
+    """``Content-Encoding: identity`` then ``Content-Encoding: gzip`` (two headers): the first alone was judged, the
+    gzip body read as JSON, a misleading 400 "not valid JSON"; every such header counts: 415."""
+    import gzip
+
+    answer = server.client.post("/v1/embeddings", content=gzip.compress(BODY),
+                                headers=[("Content-Type", "application/json"), ("Content-Encoding", "identity"),
+                                         ("Content-Encoding", "gzip")])
+    assert answer.status_code == 415, answer.text
+    assert "identity, gzip" in answer.json()["error"]["message"]

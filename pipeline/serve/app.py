@@ -197,8 +197,11 @@ def require_json(request: Request) -> None:
     if unknown:
         raise RequestError(501, f"the body is sent with Transfer-Encoding {quote_text(', '.join(transfer), 80)}; this "
                                 "server decodes only chunked: send the JSON uncompressed", kind="not_implemented")
-    coding = request.headers.get("content-encoding", "").strip()
-    if coding and coding.lower() != "identity":
+    # NOTE: every Content-Encoding header (two of them, identity then gzip, were judged by the first: the gzip body a
+    # misleading 400 "not valid JSON")
+    codings = [c.strip() for header in request.headers.getlist("content-encoding") for c in header.split(",")]
+    coding = ", ".join(c for c in codings if c)
+    if any(c.lower() != "identity" for c in codings if c):
         raise RequestError(415, f"the body is declared as Content-Encoding {quote_text(coding, 80)}; this server "
                                 "decodes no content coding: send the JSON uncompressed (no Content-Encoding)",
                            headers={"Accept-Encoding": "identity"})
