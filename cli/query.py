@@ -131,6 +131,7 @@ def query(index_path: Path, texts: tuple[str, ...], k: int, from_stdin: bool, as
     asked = [t for t in texts if skip_reason(t) is None]
     if not asked and not from_stdin:  # NOTE: every query given is blank: no input (66), before the model loads
         _say_skipped(texts)
+        _say_replaced(replaced)
         raise NoInputError(f"nothing to query: {_blank_texts(len(texts))}")
     try:
         index.query_model()  # loaded before the first query: a model that is gone fails at once
@@ -158,6 +159,7 @@ def query(index_path: Path, texts: tuple[str, ...], k: int, from_stdin: bool, as
             click.echo(f"petal: skipped query {i} ({UNSEEN})", err=True)
         answered = len(asked) - len(unseen)
         if not answered and not from_stdin:  # NOTE: no query left to answer: no input (66), as blank TEXT only
+            _say_replaced(replaced)  # (the count was said only after answers: missing from this exit)
             raise NoInputError(f"nothing to query: {_blank_texts(len(texts), len(unseen))}")
         reasons = [skip_reason(t) or ("empty_text" if i in unseen else None) for i, t in enumerate(texts)]
         rendered = _rendered(index, list(texts), results, as_json, show_text, where, skipped=reasons)
@@ -216,9 +218,7 @@ def query(index_path: Path, texts: tuple[str, ...], k: int, from_stdin: bool, as
         if non_finite:
             click.echo(f"petal: {non_finite} stdin line{'s' if non_finite > 1 else ''} skipped (non_finite_embedding)",
                        err=True)
-    if replaced:
-        click.echo(f"petal query: {replaced} quer{'y' if replaced == 1 else 'ies'} held bytes that are not UTF-8, "
-                   "read as U+FFFD", err=True)
+    _say_replaced(replaced)
     truncated = index.num_truncated  # NOTE: never loads the model again
     if truncated:  # the rule of petal index and petal embed: a truncated text is counted and said
         warm = index.query_model().model
@@ -242,6 +242,13 @@ def query(index_path: Path, texts: tuple[str, ...], k: int, from_stdin: bool, as
         if texts:
             said.append(_blank_texts(len(texts), unseen_texts))
         raise NoInputError(f"nothing to query: {'; '.join(said)}")
+
+
+def _say_replaced(replaced: int) -> None:
+    """The count of queries whose bytes were not UTF-8 (read as U+FFFD), on stderr."""
+    if replaced:
+        click.echo(f"petal query: {replaced} quer{'y' if replaced == 1 else 'ies'} held bytes that are not UTF-8, "
+                   "read as U+FFFD", err=True)
 
 
 def _query_arrives(texts: tuple[str, ...]) -> None:

@@ -36,3 +36,12 @@ def test_query_output_to_a_narrow_stdout_is_escaped_not_a_traceback(tmp_path_fac
                                                                                                       "ignore"))
     assert stdin.returncode == 0, stdin.stderr.decode(errors="replace")
     assert json.loads(stdin.stdout.decode(encoding))["query"] == "caf\ufffd "
+
+
+def test_a_query_of_bytes_that_are_not_utf8_only_says_its_count_when_nothing_is_answered(tmp_path_factory):
+    """``petal query OUT $'\\xff'``: U+FFFD, which the packaged model's tokenizer drops: no input (66), and the count
+    of queries that held such bytes is said (it was said only after answers, so this exit left it out)."""
+    done = subprocess.run([sys.executable, "-m", "petal.cli.main", "query", str(sample_out(tmp_path_factory)),
+                           b"\xff"], capture_output=True, timeout=120)
+    assert done.returncode == 66, done.stderr.decode(errors="replace")
+    assert b"1 query held bytes that are not UTF-8" in done.stderr, done.stderr.decode(errors="replace")
