@@ -38,7 +38,22 @@ TABLE = pa.table({
     ("dec = 1e999", []),
     ("f = 2.5", [0]),
     ("f = 0.1", [1]),
+    # exponents past what Decimal holds (a traceback, a 500 on /search) or huge (int() of a million digits)
+    ("big = 1e999999999999999999999", []),
+    ("dec = 1e-999999999999999999999", []),
+    ("f = 1e999999999999999999999", []),
+    ("big IN (1e1000000, 4611686018427387904)", [0]),
+    ("dec = 1e1000000", []),
+    ("i8 = -1.28e2", [1]),
 ])
 def test_a_number_literal_compares_by_its_exact_value(where, rows):
     mask = filter_mask(parse_filter(where), TABLE, TABLE.column_names)
     assert mask.nonzero()[0].tolist() == rows, where
+
+
+def test_a_literal_is_named_as_written():
+    from petal.pipeline.index.filters import FilterError
+
+    table = pa.table({"s": pa.array(["a"], pa.string())})
+    with pytest.raises(FilterError, match=r"1e5"):
+        filter_mask(parse_filter("s = 1e5"), table, table.column_names)

@@ -214,14 +214,17 @@ def _numbers(dtype: pa.DataType, values: tuple[Any, ...]) -> pa.Array:
         return from_python([float(v) for v in values], pa.float64()).cast(dtype, safe=False)
     if pa.types.is_integer(dtype):
         info = np.iinfo(dtype.to_pandas_dtype())
-        whole = [int(exact) for v in values if (exact := _exact(v)).is_finite() and exact == exact.to_integral_value()]
+        # NOTE: the magnitude first: int() of 1e1000000 built a million-digit int (24 s on the event loop)
+        whole = [int(exact) for v in values if (exact := _exact(v)).is_finite() and exact.adjusted() < 40
+                 and exact == exact.to_integral_value()]
         return from_python([v for v in whole if info.min <= v <= info.max], dtype)
     kept = []  # decimal: exact, from the literal's own digits
     for v in values:
-        if not _exact(v).is_finite():  # 1e999 as a float: no decimal equals it (Arrow: a TypeError)
+        exact = _exact(v)
+        if not exact.is_finite() or not -80 < exact.adjusted() < 80:  # NOTE: past decimal256's 76 digits: none
             continue
         try:
-            kept.append(from_python([_exact(v)], dtype))
+            kept.append(from_python([exact], dtype))
         except (InvalidOperation, pa.ArrowInvalid):  # more digits than the column's scale or precision holds
             continue
     return pa.concat_arrays(kept) if kept else from_python([], dtype)

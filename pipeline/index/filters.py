@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from decimal import Decimal
+from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING, Any
 
 from petal.pipeline.ingest.text_rule import first_surrogate
@@ -82,14 +82,19 @@ class ExactNumber(float):
     ``big = 4611686018427387904.5`` matched 2^62 and ``dec = 2.5000000000000001`` matched 2.50."""
 
     exact: Decimal
+    text: str
 
     def __new__(cls, text: str) -> ExactNumber:
         number = super().__new__(cls, text)
-        number.exact = Decimal(text)
+        try:
+            number.exact = Decimal(text)
+        except InvalidOperation:  # NOTE: an exponent past what Decimal holds (1e999999999999999999999): equals none
+            number.exact = Decimal("NaN")
+        number.text = text
         return number
 
     def __repr__(self) -> str:
-        return str(self.exact)
+        return self.text
 
 
 def _number(text: str, value: str) -> int | float:
