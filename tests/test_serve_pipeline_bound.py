@@ -8,6 +8,8 @@ further (``PIPELINE_BACKLOG_BYTES``). A real server on loopback; memory from ``/
 from __future__ import annotations
 
 import json
+import re
+import signal
 import socket
 import time
 from pathlib import Path
@@ -107,3 +109,55 @@ def test_pipelined_requests_beyond_the_backlog_are_all_answered_in_order(server)
             assert status == 200 and json.loads(body) == {"status": "ok"}, (n, status, body)
         else:
             assert status == 422 and f"{-n - 1}" in json.loads(body)["error"]["message"], (n, status, body)
+
+
+def _slow_then(sock: socket.socket, *rest: bytes) -> None:
+    """A slow embedding request (150 long texts: seconds on the CPU) and ``GET /nope-A`` pipelined behind it, then,
+    once they are read, each of ``rest`` (what arrives while /nope-A waits: held in the backlog)."""
+    body = json.dumps({"input": ["word " * 200] * 150}).encode()
+    sock.sendall(b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n" % len(body) + body + b"GET /nope-A HTTP/1.1\r\nHost: x\r\n\r\n")
+    for data in rest:
+        time.sleep(0.3)
+        sock.sendall(data)
+
+
+def _read_all(sock: socket.socket) -> bytes:
+    data = b""
+    while chunk := sock.recv(1 << 16):
+        data += chunk
+    return data
+
+
+def test_an_upgrade_request_in_the_backlog_keeps_the_order(server):
+    """A request asking to switch protocols (``Upgrade: h2c``, served in HTTP/1.1) among what the backlog held: the
+    rest of its piece was handed back to the parser after the bytes that came later; answers were lost (a 400)."""
+    host, port = server.url.removeprefix("http://").split(":")
+    blob = b"GET /nope-U HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n"
+    blob += b"".join(b"GET /nope-%d HTTP/1.1\r\nHost: x\r\n\r\n" % i for i in range(1000))
+    blob += b"GET /nope-LAST HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    with socket.create_connection((host, int(port)), timeout=HANG_S) as sock:
+        _slow_then(sock, blob)
+        data = _read_all(sock)
+    names = [name.decode() for name in re.findall(rb"no route '/nope-([^']*)'", data)]
+    assert names == ["A", "U", *map(str, range(1000)), "LAST"], names[:5]
+    assert data.startswith(b"HTTP/1.1 200 ") and b" 400 " not in data
+
+
+def test_requests_held_when_the_drain_begins_are_served(tmp_path, tmp_path_factory):
+    """Requests that came before the drain began, held unparsed behind a pipelined one, were parsed after it and
+    refused 503 'arrived after it began draining'; they are served as pipelined requests are."""
+    from tests.test_serve import Server
+
+    own = Server(tmp_path / "server.log", copy_sample_out(tmp_path_factory, tmp_path / "out"))
+    try:
+        host, port = own.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=HANG_S) as sock:
+            _slow_then(sock, b"".join(b"GET /nope-%d HTTP/1.1\r\nHost: x\r\n\r\n" % i for i in range(5)))
+            time.sleep(0.3)
+            own.proc.send_signal(signal.SIGTERM)
+            data = _read_all(sock)
+        assert re.findall(rb"HTTP/1.1 (\d+)", data) == [b"200"] + [b"404"] * 6, data[-600:]
+        assert own.proc.wait(60) == 0
+    finally:
+        own.stop()

@@ -245,6 +245,7 @@ def http_protocol(metrics: ServeMetrics, header_timeout_s: float = 30.0,
             _ignored = False  # the request being read came after it: never served (NOT_ANSWERED)
             _peer_closed = False  # the client closed its side (or reset the connection)
             _backlog = b""  # what arrived while a pipelined request waited its turn, unparsed (PIPELINE_BACKLOG_BYTES)
+            _feeding = False  # the backlog is being parsed (_parse_backlog, shutdown)
             _tail = b""  # the last TAIL_BYTES received: a request line's method begun in them (``unknown_method``)
             expect_100_continue: bool  # uvicorn's: the request being read said "Expect: 100-continue"
 
@@ -375,12 +376,21 @@ def http_protocol(metrics: ServeMetrics, header_timeout_s: float = 30.0,
                         and not self.transport.is_closing():
                     piece = self._backlog[:PIPELINE_PIECE_BYTES]
                     self._backlog = self._backlog[PIPELINE_PIECE_BYTES:]
-                    self._parse(piece)
+                    self._feeding = True
+                    try:
+                        self._parse(piece)
+                    finally:
+                        self._feeding = False
                 if len(self._backlog) <= PIPELINE_BACKLOG_BYTES and not self.transport.is_closing():
                     self.flow.resume_reading()
 
             def data_received(self, data: bytes) -> None:
                 if self._refusal is not None:  # nothing after what is refused is read
+                    return
+                if self._feeding:
+                    # NOTE: the rest of a backlog piece handed back by the parser (_ignore_upgrade): before what came
+                    # after it (appended, it was parsed out of order)
+                    self._backlog = data + self._backlog
                     return
                 if not self._lingering and (self._backlog or self.pipeline):
                     self._backlog += data  # NOTE: a request waits its turn: parsed after it (_parse_backlog)
@@ -591,6 +601,16 @@ def http_protocol(metrics: ServeMetrics, header_timeout_s: float = 30.0,
                     self._count(scope_route(cycle.scope), status, cycle.scope.get(HEAD_STARTED))
 
             def shutdown(self) -> None:
+                if self._backlog and not self._lingering and self._refusal is None and not self.transport.is_closing():
+                    # NOTE: requests that came before the drain, held unparsed behind a pipelined one, are queued now
+                    # (bounded: the backlog's size) and served as pipelined ones are; parsed after the drain began,
+                    # they were refused 503 as having arrived after it
+                    held, self._backlog = self._backlog, b""
+                    self._feeding = True
+                    try:
+                        self._parse(held)
+                    finally:
+                        self._feeding = False
                 self._stopping = True
                 if self._head_open and not self._lingering and not self.transport.is_closing():
                     # NOTE: a request arriving as the drain begins (its head begun, not complete): uvicorn closed its
