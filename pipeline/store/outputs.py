@@ -72,13 +72,15 @@ def l2_normalize(x: np.ndarray) -> np.ndarray:
     NOTE: a row's norm is taken in float64 where float32's overflows or underflows (a finite row of values near 1e30,
     or 1e-25): it was inf (the row became all zeros: a search on it gave score 0 for every hit) or 0 (not unit
     length)."""
-    with np.errstate(over="ignore", under="ignore"):  # (taken again in float64 below)
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):  # (those rows taken again below)
         norms = np.linalg.norm(x, axis=1, keepdims=True)
+        unit = (x / np.maximum(norms, 1e-12)).astype(np.float32, copy=False)
     odd = np.flatnonzero(~np.isfinite(norms[:, 0]) | (norms[:, 0] < 1e-18))
-    if len(odd):
-        norms = norms.astype(np.float64)
-        norms[odd] = np.linalg.norm(x[odd].astype(np.float64), axis=1, keepdims=True)
-    return (x / np.maximum(norms, 1e-30)).astype(np.float32, copy=False)
+    if len(odd):  # NOTE: only those rows in float64 (a zero or NaN row made the whole batch's division float64)
+        rows = x[odd].astype(np.float64)
+        with np.errstate(invalid="ignore"):
+            unit[odd] = rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-300)
+    return unit
 
 
 def tanh_int8(x: np.ndarray) -> np.ndarray:
