@@ -310,7 +310,8 @@ def serve(index_path: Path | None, model: str | None, host: str, port: int, api_
         from petal.pipeline.reliability.errors import ConfigError
 
         try:
-            resolve_model_dir(model)
+            if not (resolve_model_dir(model) / "config.json").is_file():  # no model directory at all
+                model_spec(model, None, ModelOptions(allow_pickle_weights=allow_pickle_weights))  # (its error)
         except ModelError as exc:
             raise ConfigError(str(exc)) from exc
     cuda = False  # the model runs on CUDA

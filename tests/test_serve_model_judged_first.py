@@ -27,10 +27,10 @@ def _imported(stderr: str) -> set[str]:
 
 
 @pytest.mark.parametrize("device", ["cpu", "auto"])
-@pytest.mark.parametrize("what", ["missing", "not a model", "missing, beside an index"])
+@pytest.mark.parametrize("what", ["missing", "not a model", "missing, beside an index", "not a model, beside an index"])
 def test_a_model_that_is_not_there_is_78_before_the_bind_and_torch(tmp_path, tmp_path_factory, what, device):
     index = [sample_out(tmp_path_factory)] if "index" in what else []
-    model = tmp_path if what == "not a model" else tmp_path / "nowhere"
+    model = tmp_path if what.startswith("not a model") else tmp_path / "nowhere"
     done = _serve(*index, "--model", model, "--device", device)
     said = [line for line in done.stderr.splitlines() if not line.startswith("import time:")]
     assert done.returncode == 78, said
