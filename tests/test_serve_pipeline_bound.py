@@ -144,20 +144,26 @@ def test_an_upgrade_request_in_the_backlog_keeps_the_order(server):
     assert data.startswith(b"HTTP/1.1 200 ") and b" 400 " not in data
 
 
-def test_requests_held_when_the_drain_begins_are_served(tmp_path, tmp_path_factory):
+@pytest.mark.parametrize("upgrade_at", [None, 0, 2])
+def test_requests_held_when_the_drain_begins_are_served(tmp_path, tmp_path_factory, upgrade_at):
     """Requests that came before the drain began, held unparsed behind a pipelined one, were parsed after it and
-    refused 503 'arrived after it began draining'; they are served as pipelined requests are."""
+    refused 503 'arrived after it began draining'; they are served as pipelined requests are. With a request asking
+    to switch protocols among them, those after it were still refused (the parser handed them back to the backlog,
+    which was parsed after the drain began)."""
     from tests.test_serve import Server
 
     own = Server(tmp_path / "server.log", copy_sample_out(tmp_path_factory, tmp_path / "out"))
     try:
         host, port = own.url.removeprefix("http://").split(":")
+        heads = [b"GET /nope-%d HTTP/1.1\r\nHost: x\r\n%s\r\n"
+                 % (i, b"Connection: Upgrade\r\nUpgrade: h2c\r\n" if i == upgrade_at else b"") for i in range(5)]
         with socket.create_connection((host, int(port)), timeout=HANG_S) as sock:
-            _slow_then(sock, b"".join(b"GET /nope-%d HTTP/1.1\r\nHost: x\r\n\r\n" % i for i in range(5)))
+            _slow_then(sock, b"".join(heads))
             time.sleep(0.3)
             own.proc.send_signal(signal.SIGTERM)
             data = _read_all(sock)
         assert re.findall(rb"HTTP/1.1 (\d+)", data) == [b"200"] + [b"404"] * 6, data[-600:]
+        assert re.findall(rb"no route '/nope-([^']*)'", data) == [b"A", b"0", b"1", b"2", b"3", b"4"]
         assert own.proc.wait(60) == 0
     finally:
         own.stop()

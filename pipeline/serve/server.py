@@ -605,12 +605,15 @@ def http_protocol(metrics: ServeMetrics, header_timeout_s: float = 30.0,
                     # NOTE: requests that came before the drain, held unparsed behind a pipelined one, are queued now
                     # (bounded: the backlog's size) and served as pipelined ones are; parsed after the drain began,
                     # they were refused 503 as having arrived after it
-                    held, self._backlog = self._backlog, b""
-                    self._feeding = True
-                    try:
-                        self._parse(held)
-                    finally:
-                        self._feeding = False
+                    # NOTE: the parser hands the rest of what it was fed back to the backlog's front after a request
+                    # asking to switch protocols (_ignore_upgrade): that rest came before the drain too
+                    while self._backlog and self._refusal is None and not self.transport.is_closing():
+                        held, self._backlog = self._backlog, b""
+                        self._feeding = True
+                        try:
+                            self._parse(held)
+                        finally:
+                            self._feeding = False
                 self._stopping = True
                 if self._head_open and not self._lingering and not self.transport.is_closing():
                     # NOTE: a request arriving as the drain begins (its head begun, not complete): uvicorn closed its
