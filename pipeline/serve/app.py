@@ -192,7 +192,9 @@ def require_json(request: Request) -> None:
     # and a plain body labelled gzip was taken; 415 with Accept-Encoding (RFC 7694), the body unread
     # NOTE: the HTTP parser undoes chunked only: a body in another transfer coding (gzip, chunked) reached the JSON
     # reader still compressed (a misleading 400 "can't decode byte 0x8b"); RFC 9112 §6.1: 501 for a coding not known
-    transfer = [c.strip().lower() for c in request.headers.get("transfer-encoding", "").split(",") if c.strip()]
+    # NOTE: every Transfer-Encoding header (identity, then "gzip, chunked": the first alone was judged)
+    transfer = [c.strip().lower() for header in request.headers.getlist("transfer-encoding")
+                for c in header.split(",") if c.strip()]
     unknown = [c for c in transfer if c not in ("chunked", "identity")]
     if unknown:
         raise RequestError(501, f"the body is sent with Transfer-Encoding {quote_text(', '.join(transfer), 80)}; this "
