@@ -289,8 +289,9 @@ def serve(index_path: Path | None, model: str | None, host: str, port: int, api_
 
     from petal.engine.config import ModelOptions
     from petal.pipeline.index.search import IndexReader, import_for_serving
+    from petal.pipeline.ingest.tokens import tokenizer_for
     from petal.pipeline.jobs.index_run import model_spec
-    from petal.pipeline.jobs.query import QueryModel, SearchIndex, engine_config, model_for_index
+    from petal.pipeline.jobs.query import QueryModel, SearchIndex, check_query_model, engine_config, model_for_index
     from petal.pipeline.serve.metrics import ServeMetrics
     from petal.pipeline.serve.server import bind
     from petal.pipeline.serve.server import serve as run_server
@@ -304,16 +305,14 @@ def serve(index_path: Path | None, model: str | None, host: str, port: int, api_
     if model is not None and (first_version is None or vectors_only):
         options = usage(lambda: ModelOptions(query_prompt=query_prompt, allow_pickle_weights=allow_pickle_weights))
         given_spec = model_spec(model, None, options)
-    elif model is not None:  # the index's model at another path: found now; its weights' sha256 is checked in load()
-        from petal.engine.errors import ModelError
-        from petal.engine.loader import resolve_model_dir
-        from petal.pipeline.reliability.errors import ConfigError
-
-        try:
-            if not (resolve_model_dir(model) / "config.json").is_file():  # no model directory at all
-                model_spec(model, None, ModelOptions(allow_pickle_weights=allow_pickle_weights))  # (its error)
-        except ModelError as exc:
-            raise ConfigError(str(exc)) from exc
+        if query_prompt is not None:
+            tokenizer_for(given_spec, "query")  # NOTE: the room the prompt leaves for text (2), before the bind
+    elif first_version is not None and (model is not None or query_prompt is not None):
+        # NOTE: the index's model (at another path: --model) judged now, as far as that is cheap: a directory that
+        # is no usable model (no weights, a config.json that is not JSON or names no supported architecture) and a
+        # --query-prompt with no room for text beside it bound the port and said '/health answers now', then exited
+        # 78 or 2; whether the weights are the index's (their sha256) is checked in load()
+        check_query_model(first_version[1], model, allow_pickle_weights, query_prompt)
     cuda = False  # the model runs on CUDA
     if with_model and device != "cpu":  # NOTE: --device cpu: no torch to ask (it loads with the model)
         from petal.engine.engine import resolve_device

@@ -37,3 +37,53 @@ def test_a_model_that_is_not_there_is_78_before_the_bind_and_torch(tmp_path, tmp
     assert str(model) in said[-1] and "Traceback" not in done.stderr, said
     assert not any("answers now" in line for line in said), said  # refused before the port was bound
     assert "torch" not in _imported(done.stderr)
+
+
+def _broken_model(root, how: str):
+    """A copy of the packaged model's directory with one part of it broken."""
+    import shutil
+
+    from petal.engine.loader import resolve_model_dir
+
+    model = root / f"model-{how.replace(' ', '-')}"
+    shutil.copytree(resolve_model_dir(None), model)
+    if how == "no weights":
+        (model / "model.safetensors").unlink()
+    elif how == "config not json":
+        (model / "config.json").write_text("not json")
+    elif how == "config names nothing":
+        (model / "config.json").write_text("{}")
+    return model
+
+
+@pytest.mark.parametrize("how", ["no weights", "config not json", "config names nothing"])
+@pytest.mark.parametrize("beside", [False, True])
+def test_a_directory_with_a_config_that_is_no_usable_model_is_78_before_the_bind(tmp_path, tmp_path_factory, how,
+                                                                                beside):
+    """A --model with a config.json beside an index was judged only in the load (after the bind, '/health answers
+    now'); --model alone was judged first. Both are now."""
+    model = _broken_model(tmp_path, how)
+    index = [sample_out(tmp_path_factory)] if beside else []
+    done = _serve(*index, "--model", model, "--device", "cpu")
+    said = [line for line in done.stderr.splitlines() if not line.startswith("import time:")]
+    assert done.returncode == 78, said
+    assert str(model) in said[-1] and "Traceback" not in done.stderr, said
+    assert not any("answers now" in line for line in said), said
+    assert "torch" not in _imported(done.stderr)
+
+
+@pytest.mark.parametrize("beside", ["index", "index, --model", "--model alone"])
+def test_a_query_prompt_with_no_room_for_text_is_2_before_the_bind(tmp_path_factory, beside):
+    """--query-prompt longer than the model's max length bound the port and answered /health, then exited 2 once
+    the model loaded."""
+    from petal.engine.loader import resolve_model_dir
+
+    argv: list[object] = [] if beside == "--model alone" else [sample_out(tmp_path_factory)]
+    if "--model" in beside:
+        argv += ["--model", resolve_model_dir(None)]
+    done = _serve(*argv, "--device", "cpu", "--query-prompt", "word " * 300)
+    said = [line for line in done.stderr.splitlines() if not line.startswith("import time:")]
+    assert done.returncode == 2, said
+    assert "leaves no token for the text" in said[-1] and "Traceback" not in done.stderr, said
+    assert not any("answers now" in line for line in said), said
+    assert "torch" not in _imported(done.stderr)

@@ -72,6 +72,27 @@ def model_for_index(manifest: Manifest, model: str | None, allow_pickle_weights:
     return spec
 
 
+def check_query_model(manifest: Manifest, model: str | None, allow_pickle_weights: bool = False,
+                      query_prompt: str | None = None) -> None:
+    """What ``model_for_index`` would refuse that is cheap to find: ``model`` (or the index's own) not a usable
+    model directory (``ConfigError``, 78), ``query_prompt`` leaving no room for text at the index's max length
+    (``FlagError``, 2). Not the weights' sha256 (read in full) nor the match with the index, which
+    ``model_for_index`` judges."""
+    recorded = manifest.model
+    if not isinstance(recorded, ModelRecord):
+        return
+    options = ModelOptions(pooling=pooling_mode(recorded.pooling),
+                           attention_mask=cast("AttentionMaskName | None", recorded.attention),
+                           query_prompt=query_prompt if query_prompt is not None else recorded.query_prompt,
+                           allow_pickle_weights=allow_pickle_weights)
+    try:
+        spec = _inspected(model, recorded, options, manifest.max_length)
+    except MaxLengthError:  # NOTE: not the index's model: model_for_index says so, as a mismatch
+        return
+    if query_prompt is not None:
+        tokenizer_for(spec, "query")  # NOTE: its room check (TextTokenizer)
+
+
 def _inspected(model: str | None, recorded: ModelRecord, options: ModelOptions, max_length: int | None) -> ModelSpec:
     """``model`` (else the index's, ``recorded``) inspected; its ``ModelError`` a ``ConfigError`` (78), except a
     ``MaxLengthError`` (``max_length`` past the model's positions), which the caller judges."""
