@@ -57,3 +57,34 @@ def test_the_api_and_petal_index_judge_the_room_before_the_model_loads(tmp_path)
                           timeout=120)
     assert done.returncode == 2 and "--max-length 2 leaves no token" in done.stderr, done.stderr
     assert not out.exists()
+
+
+def test_petal_index_judges_the_query_prompt_it_keeps_for_the_index(tmp_path):
+    """``petal index --query-prompt P`` with no room for text beside P: published (exit 0) an index whose every query
+    then failed (2). Now 2 before OUT is made; with --max-length, the index's query side (the model's own query
+    prompt) is judged too."""
+    data = str(Path(__file__).resolve().parent.parent / "sample_data")
+    for extra in (["--query-prompt", "word " * 300], ["--query-prompt", "word " * 20, "--max-length", "16"]):
+        out = tmp_path / f"out{len(extra)}"
+        done = subprocess.run([PETAL, "index", data, "--out", str(out), "--device", "cpu", *extra],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2 and "leaves no token for the text" in done.stderr, done.stderr
+        assert "prompt take" in done.stderr and not out.exists(), done.stderr
+
+
+def test_the_api_judges_a_token_budget_and_a_cpu_dtype_before_torch(tmp_path):
+    """``petal.Embedder(token_budget=64)`` (under the max length, 256) and ``petal.open_index(..., device='cpu',
+    dtype='float16')`` were refused only after torch loaded (the engine's own check; the index at its first search
+    by text, the model loaded)."""
+    code = ("import sys, petal\n"
+            "for make in (lambda: petal.Embedder(device='cpu', token_budget=64),\n"
+            "             lambda: petal.Embedder(device='cpu', token_budget=100, max_length=128),\n"
+            "             lambda: petal.open_index(sys.argv[1], device='cpu', dtype='float16'),\n"
+            "             lambda: petal.open_index(sys.argv[1], device='cpu', attention='flashinfer')):\n"
+            "    try:\n        make()\n    except petal.UsageError as e:\n        print(e)\n"
+            "print('torch' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=120)
+    lines = done.stdout.splitlines()
+    assert done.returncode == 0 and lines[-1] == "False" and len(lines) == 5, done.stdout + done.stderr
+    assert "token budget 64 < max length 256" in lines[0] and "token budget 100 < max length 128" in lines[1]
+    assert "dtype float16 is not supported on the CPU" in lines[2] and "attention" in lines[3]

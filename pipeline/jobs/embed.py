@@ -196,6 +196,10 @@ class Embedder:
         if calibration is not None and transform.int8_scheme == "calibrated":
             transform = index_calibration(transform, Path(calibration))
         self.transform = transform
+        if token_budget is not None and token_budget < self.spec.pooling.max_length:
+            # NOTE: before torch (was the engine's refusal, the model's weights loading first)
+            raise UsageError(f"token budget {token_budget} < max length {self.spec.pooling.max_length}: raise "
+                             "token_budget or lower max_length")
         self._tokenizers: dict[str, TextTokenizer] = {}
         if max_length is not None or query_prompt is not None:
             # NOTE: the room a max_length or prompt leaves for text (FlagError, 2) before torch and the model load

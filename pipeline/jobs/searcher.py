@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, SupportsIndex
 
 import numpy as np
 
+from petal.engine.config import device_problem
 from petal.pipeline.index.bounds import MAX_NPROBE
 from petal.pipeline.index.filters import FilterError
 from petal.pipeline.index.search import Hit, IndexReader, current_pointer
@@ -49,6 +50,11 @@ class Index:
         # NOTE: judged here, not only in open_index: petal.Index(...) is public and constructed directly too
         check_model_settings({"model": model, "device": device, "dtype": dtype, "attention": attention,
                               "query_prompt": query_prompt, "allow_pickle_weights": allow_pickle_weights}, _caller)
+        # NOTE: device="cpu" with a dtype or attention only CUDA runs: refused here, as petal.Embedder and the CLI do
+        # (was found at the first search by text, after torch and the model loaded)
+        problem = device_problem(device, dtype, attention) if isinstance(device, str) else None
+        if problem is not None:
+            raise UsageError(problem.replace("--dtype ", "dtype ").replace("--attention ", "attention "))
         nprobe = None if nprobe is None else whole_number(nprobe, "nprobe", 1)
         if nprobe is not None and nprobe > MAX_NPROBE:  # NOTE: FAISS raised at the first search (a C int)
             raise UsageError(f"--nprobe {nprobe} > {MAX_NPROBE}: FAISS takes it as a C int")
