@@ -28,7 +28,7 @@ def test_serve_refuses_what_the_cpu_engine_cannot_run_as_a_usage_error(minilm_di
 
 @pytest.mark.parametrize(("setting", "said"), [({"dtype": "float16"}, "dtype float16 is not supported on the CPU"),
                                                ({"attention": "flashinfer"}, "attention flashinfer needs CUDA")])
-def test_the_api_refuses_them_on_the_cpu_before_torch_loads(setting, said):
+def test_the_api_refuses_them_on_the_cpu_before_torch_loads(setting, said, minilm_dir):
     """``petal.Embedder(device="cpu", dtype="float16")``: the same refusal, before torch is imported (it was imported,
     ~2 s, only to refuse)."""
     code = (f"import sys, petal\ntry:\n    petal.Embedder(device='cpu', **{setting!r})\nexcept petal.UsageError as e:\n"

@@ -97,10 +97,8 @@ def test_flags_that_apply_and_defaults_still_start_a_server(vectors_out, tmp_pat
         server.stop()
 
 
-def test_with_model_dir_the_model_flags_set_that_model(vectors_out, tmp_path):
-    from petal.engine.loader import default_model_dir
-
-    server = Server(tmp_path / "server.log", vectors_out, "--model", default_model_dir(), "--device", "cpu",
+def test_with_model_dir_the_model_flags_set_that_model(vectors_out, tmp_path, minilm_dir):
+    server = Server(tmp_path / "server.log", vectors_out, "--model", minilm_dir, "--device", "cpu",
                     "--served-model-name", "mine", "--max-tokens-per-text", "8", "--max-seqs", "4")
     try:
         assert server.client.get("/ready").json()["model"] == "mine"
@@ -111,10 +109,8 @@ def test_with_model_dir_the_model_flags_set_that_model(vectors_out, tmp_path):
         server.stop()
 
 
-def test_index_flags_without_an_index_are_refused():
-    from petal.engine.loader import default_model_dir
-
-    line = refused(serve("--model", default_model_dir(), *_argv(INDEX_FLAGS)))
+def test_index_flags_without_an_index_are_refused(minilm_dir):
+    line = refused(serve("--model", minilm_dir, *_argv(INDEX_FLAGS)))
     for flag in INDEX_FLAGS:
         assert flag in line, (flag, line)
     assert "no index is served" in line and "give OUT" in line, line
@@ -127,11 +123,9 @@ def test_search_device_cuda_with_device_cpu_on_an_index_without_a_model(vectors_
     assert "model on CUDA" not in line and "--search-device cuda alone searches a GPU copy" in line, line
 
 
-def test_search_device_cuda_with_a_model_on_the_cpu_beside_an_index_of_vectors(vectors_out, tmp_path):
+def test_search_device_cuda_with_a_model_on_the_cpu_beside_an_index_of_vectors(vectors_out, tmp_path, minilm_dir):
     """With --model DIR on the CPU (/v1/embeddings), the index of vectors' GPU copy needs CUDA only."""
-    from petal.engine.loader import default_model_dir
-
-    args = (vectors_out, "--model", default_model_dir(), "--device", "cpu", "--search-device", "cuda")
+    args = (vectors_out, "--model", minilm_dir, "--device", "cpu", "--search-device", "cuda")
     if not _cuda():
         line = refused(serve(*args))
         assert "CUDA device for the GPU copy" in line and "model on CUDA" not in line, line
