@@ -75,7 +75,8 @@ def l2_normalize(x: np.ndarray) -> np.ndarray:
     with np.errstate(over="ignore", under="ignore", invalid="ignore"):  # (those rows taken again below)
         norms = np.linalg.norm(x, axis=1, keepdims=True)
         unit = (x / np.maximum(norms, 1e-12)).astype(np.float32, copy=False)
-    odd = np.flatnonzero(~np.isfinite(norms[:, 0]) | (norms[:, 0] < 1e-18))
+    # NOTE: every row the division's floor (1e-12) held back (was under 1e-18: a row of norm 1e-14 came out 0.2 long)
+    odd = np.flatnonzero(~np.isfinite(norms[:, 0]) | (norms[:, 0] < 1e-12))
     if len(odd):  # NOTE: only those rows in float64 (a zero or NaN row made the whole batch's division float64)
         rows = x[odd].astype(np.float64)
         with np.errstate(invalid="ignore"):
