@@ -15,6 +15,7 @@ from petal.pipeline.index.filters import filter_mask, parse_filter
 
 TABLE = pa.table({
     "big": pa.array([2**62, -(2**62), 0], pa.int64()),
+    "zero": pa.array([Decimal("0.00"), Decimal("1.00"), Decimal("2.00")], pa.decimal128(5, 2)),
     "i8": pa.array([127, -128, 0], pa.int8()),
     "dec": pa.array([Decimal("2.50"), Decimal("0.10"), Decimal("-1.00")], pa.decimal128(5, 2)),
     "f": pa.array([2.5, 0.1, -1.0], pa.float64()),
@@ -45,6 +46,20 @@ TABLE = pa.table({
     ("big IN (1e1000000, 4611686018427387904)", [0]),
     ("dec = 1e1000000", []),
     ("i8 = -1.28e2", [1]),
+    # more digits than decimal128 holds, or a zero with an exponent: equal to a stored value all the same
+    ("dec = 2.5" + "0" * 45, [0]),
+    ("dec = -1." + "0" * 88, [2]),
+    ("dec = 0.1" + "0" * 60 + "1", []),
+    ("big = 0e40", [2]),
+    ("big = 0e50", [2]),
+    ("i8 = -0.0e99", [2]),
+    ("dec = 0e39", []),
+    ("dec IN (0e40, 2.5)", [0]),
+    ("zero = 0e40", [0]),
+    ("zero IN (0e99, 2)", [0, 2]),
+    ("big = 4611686018427387904." + "0" * 50, [0]),
+    ("i8 = 1.27" + "0" * 40 + "e2", [0]),
+    ("dec = 25" + "0" * 50 + "e-51", [0]),
 ])
 def test_a_number_literal_compares_by_its_exact_value(where, rows):
     mask = filter_mask(parse_filter(where), TABLE, TABLE.column_names)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
-from decimal import Decimal, InvalidOperation
+from decimal import MAX_EMAX, MIN_EMIN, Context, Decimal, InvalidOperation
 from typing import TYPE_CHECKING, Any
 
 from petal.pipeline.index.filters import FilterError
@@ -200,9 +200,20 @@ def _parses_as_number(text: str) -> bool:
 
 
 def _exact(value: Any) -> Decimal:
-    """A number literal's exact value: its own digits where it has a decimal point or exponent (``ExactNumber``)."""
+    """A number literal's exact value: its own digits where it has a decimal point or exponent (``ExactNumber``),
+    without trailing zeros. NOTE: reduced, exactly (a precision of its own digit count: nothing rounds): ``3.000...``
+    with 45 zeros had more digits than decimal128 holds (Arrow refused it: it matched no row), and a zero's exponent
+    read as its magnitude (``0e40`` past every bound: ``i = 0e40`` matched no row)."""
     exact = getattr(value, "exact", None)
-    return exact if isinstance(exact, Decimal) else Decimal(value) if isinstance(value, int) else Decimal(repr(value))
+    exact = exact if isinstance(exact, Decimal) else Decimal(value) if isinstance(value, int) else Decimal(repr(value))
+    if not exact.is_finite():
+        return exact
+    if exact.is_zero():
+        return Decimal(0)
+    try:
+        return exact.normalize(Context(prec=len(exact.as_tuple().digits), Emax=MAX_EMAX, Emin=MIN_EMIN))
+    except ArithmeticError:  # NOTE: an exponent past what Decimal holds: kept as it is (past every bound below)
+        return exact
 
 
 def _numbers(dtype: pa.DataType, values: tuple[Any, ...]) -> pa.Array:
