@@ -124,3 +124,35 @@ def test_metadata_of_a_shard_without_its_id_column_comes_only_from_the_file_inde
             assert metadata(7) == (hit_id, None)
     finally:
         server.stop()
+
+
+def test_a_shard_with_a_modification_time_in_the_future_is_not_trusted_on_it(tmp_path):
+    """The ctime rule looked one way only: a shard whose mtime is set ahead of its ctime (touch -d tomorrow, a clock
+    skewed NFS server) was trusted on size and mtime after a rewrite with that mtime put back: another document's
+    columns as the hit's. Such a file's sha256 decides, as for an mtime put back into the past."""
+    data = tmp_path / "data"
+    data.mkdir()
+    table, vectors = _table(30, True)
+    indexed = table.drop_columns(["doc"])
+    shard = data / "a.parquet"
+    plain = {"compression": "none", "use_dictionary": False}
+    pq.write_table(indexed, shard, **plain)
+    future = time.time_ns() + 86_400 * 10**9
+    os.utime(shard, ns=(future, future))
+    out = tmp_path / "out"
+    cli_run("index", data, "--out", out, "-q", "--vectors-column", "vec", "--text-column", "body",
+            "--index-factory", "Flat")
+    server = Server(tmp_path / "server.log", out)
+    try:
+        hit_id, before = _metadata(server, vectors[7])
+        assert before is not None and before["title"] == "title 7"
+        order = list(range(30))
+        order[7], order[8] = 8, 7
+        pq.write_table(indexed.take(order), shard, **plain)
+        os.utime(shard, ns=(future, future))
+        assert _metadata(server, vectors[7]) == (hit_id, None)  # row 7 holds document 8 now
+        pq.write_table(indexed, shard, **plain)  # the file indexed again, byte for byte: its sha256 says so
+        os.utime(shard, ns=(future, future))
+        assert _metadata(server, vectors[7]) == (hit_id, before)
+    finally:
+        server.stop()

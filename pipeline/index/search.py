@@ -650,8 +650,9 @@ class IndexReader:
             record = next((s for s in self.manifest.shards if s.abs_path == abs_path), None)
             # NOTE: size and mtime are trusted only for a file last changed when it was last written (ctime within
             # CTIME_SLACK_NS of mtime): one rewritten with its old mtime put back (cp -p, rsync -t, tar, touch -d)
-            # has a later ctime, and gave another document's columns as a hit's metadata; such a file is hashed
-            written_then = st.st_ctime_ns - st.st_mtime_ns <= CTIME_SLACK_NS
+            # has a later ctime, and gave another document's columns as a hit's metadata; such a file is hashed.
+            # Both ways: an mtime set ahead of the ctime (touch -d tomorrow, a skewed clock) was trusted
+            written_then = abs(st.st_ctime_ns - st.st_mtime_ns) <= CTIME_SLACK_NS
             known[key] = record is not None and st.st_size == record.size and (
                 (st.st_mtime_ns == record.mtime_ns and written_then) or sha256_file(abs_path) == record.sha256)
         return known[key]
