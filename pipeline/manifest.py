@@ -963,10 +963,17 @@ class Manifest:
             # blaming flags nobody gave
             raise ConfigError(f"{source}: manifest key max_length is {max_length}, expected at least 2 tokens; the "
                               "index is damaged, rebuild it")
+        metric, index = s.choice("metric", METRICS), IndexRecord.from_section(s.section("index"))
+        if metric != index.metric:
+            # NOTE: petal writes both from one setting; searching ranks by the first, the index's header is checked
+            # against the second: a manifest saying l2 over an inner-product index passed petal verify and ranked
+            # every query's hits backwards
+            raise ConfigError(f"{source}: manifest keys metric ({metric}) and index.metric ({index.metric}) disagree; "
+                              "petal writes them alike: the manifest is not petal's or was edited, rebuild the index")
         return cls(schema=SCHEMA, version=s.get("version", str), created_at=s.get("created_at", str),
                    petal_version=s.get("petal_version", str), model=model, embedding=embedding, columns=columns,
-                   dim=s.get("dim", int), normalize=s.get("normalize", bool), metric=s.choice("metric", METRICS),
-                   max_length=max_length, index=IndexRecord.from_section(s.section("index")),
+                   dim=s.get("dim", int), normalize=s.get("normalize", bool), metric=metric,
+                   max_length=max_length, index=index,
                    shards=tuple(ShardRecord.from_section(x) for x in s.sections("shards")),
                    counts=Counts.from_section(s.section("counts")),
                    output=output_from_section(s.section("output")) if s.has("output") else None,

@@ -25,6 +25,7 @@ import pytest
 
 from petal.pipeline.index.faiss_loader import load_faiss
 from petal.pipeline.layout import OutputDir
+from tests._open_audit_shared import signed_manifest
 from tests.conftest import REPO
 from tests.test_open_audit_tamper import resign
 
@@ -133,3 +134,18 @@ def test_verify_compares_the_ids_with_the_vectors(built, tmp_path):
     proc = petal("verify", out)
     assert proc.returncode == 65, proc.stderr[-2000:]
     assert "ids.parquet (maps 39 ids for the 40 vectors of index.faiss)" in proc.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize(("name", "metric"), [("flat", "l2"), ("l2", "ip"), ("ondisk", "l2")])
+def test_a_manifest_whose_metrics_disagree_is_refused_78(built, tmp_path, name, metric):
+    """The top-level metric (what searching ranks by) edited against index.metric (what the header is checked
+    against), signed again: verify passed and queries ranked hits backwards."""
+    out = tmp_path / "out"
+    shutil.copytree(built / name, out)
+    version = out / "versions" / str(OutputDir(out).current_version())
+    with signed_manifest(version) as manifest:
+        manifest["metric"] = metric
+    for argv in (["verify", out], ["info", out], ["query", out, "--vector-file", built / "q.npy"]):
+        proc = petal(*argv)
+        assert proc.returncode == 78, (argv, proc.returncode, proc.stderr[-2000:])
+        assert "metric" in proc.stderr.strip().splitlines()[-1] and "disagree" in proc.stderr, proc.stderr[-2000:]

@@ -20,7 +20,7 @@ import pytest
 
 from petal.pipeline.layout import OutputDir
 from tests import forkrun
-from tests._open_audit_shared import api, copy_index, index_vectors, resign, vectors_shard
+from tests._open_audit_shared import api, copy_index, index_vectors, resign, signed_manifest, vectors_shard
 from tests.conftest import SAMPLE_DATA
 from tests.fake_engine import make_fake_model_dir
 
@@ -146,3 +146,16 @@ def test_where_on_an_index_type_that_cannot_filter_is_a_usage_error(unfilterable
             "--where", "cannot filter", factory)
     refused(api(out, "lang = 'en'"), 2, "cannot filter")
     assert petal("query", str(out), "--vector-file", str(tmp_path / "q.npy"), "-k", "2").returncode == 0
+
+
+@pytest.mark.parametrize("factory", ["Flat", "HNSW32", "IVF4,Flat"])
+def test_verify_of_a_binary_index_under_a_float_factory_is_65(binary, tmp_path, factory):
+    """A binary index whose manifest (signed again) names a float factory: petal verify ended in a traceback (exit 1:
+    FAISS's binary writer refused the float index the factory made), --json printed nothing."""
+    out, version = copy_index(binary, tmp_path)
+    with signed_manifest(version) as manifest:
+        manifest["index"]["factory"] = factory
+    for argv in (["verify", out], ["verify", out, "--json"]):
+        proc = petal(*map(str, argv))
+        assert proc.returncode == 65, (argv, proc.stderr[-2000:])
+        assert f'the manifest\'s index.factory "{factory}" makes' in proc.stderr + proc.stdout, proc.stderr[-2000:]
