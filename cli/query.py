@@ -97,7 +97,7 @@ def query(index_path: Path, texts: tuple[str, ...], k: int, from_stdin: bool, as
     if unused:
         raise unused_flags(unused, "--vector-file searches with the file's vectors and runs no model",
                            "leave {them} out")
-    if where:
+    if where is not None:
         from petal.pipeline.index.filters import parse_filter
 
         usage(lambda: parse_filter(where))  # a malformed expression; unknown columns are known once the index opens
@@ -115,7 +115,7 @@ def query(index_path: Path, texts: tuple[str, ...], k: int, from_stdin: bool, as
         startup_done()  # the index is open: what follows collects garbage as usual
         _by_vectors(index, vectors, quote_path(vector_file), k, as_json, show_text, where)
         return
-    if where:
+    if where is not None:
         index.check_where(where)  # an unknown column: exit 2, before the model loads
     if index.manifest.precomputed:
         index.query_model()  # NOTE: raises: a text query on an index without a model is a usage error (2)
@@ -285,7 +285,7 @@ def _judged_by_manifest(index_path: Path, where: str | None, by_text: bool) -> N
             raise
         return
     refusal = manifest.text_query_refusal(version_dir) if by_text else None
-    if where and refusal is None:
+    if where is not None and refusal is None:
         refusal = columns_problem(parse_filter(where), manifest.kept_columns, manifest.stored is not None,
                                   manifest.binary_index)
     if refusal is not None:
@@ -538,7 +538,7 @@ def _by_vectors(index: Index, vectors: Any, vector_file: str, k: int, as_json: b
         raise BadInputError(f"--vector-file {vector_file}: {exc}") from exc
     for note in index.notes:
         click.echo(f"petal: note: {note}", err=True)
-    if where:
+    if where is not None:
         index.check_where(where)
     step = max(1, VECTOR_CHUNK_HITS // max(1, min(k, index.num_vectors)))
     starts = range(0, len(vectors), step)

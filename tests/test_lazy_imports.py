@@ -73,6 +73,7 @@ LIGHT = [
     # flags the command can judge before anything loads: no index opened, no model, no Arrow
     (["query", "OUT"], 2), (["query", "OUT", "x", "--vector-file", "q.npy"], 2),
     (["query", "OUT", "--stdin", "--vector-file", "q.npy"], 2), (["query", "OUT", "x", "--where", "lang ==="], 2),
+    (["query", "OUT", "x", "--where", ""], 2),  # NOTE: an empty expression was judged after the model loaded
     # an index that is not there (a typo): 78 before Arrow, FAISS or a model loads
     (["query", "no-such-index", "x"], 78), (["query", "no-such-index", "x", "--where", "lang = 'en'"], 78),
     (["info", "no-such-index"], 78), (["verify", "no-such-index"], 78), (["verify", "no-such-index", "--json"], 78),
