@@ -224,7 +224,7 @@ class OutputDir:
             # NOTE: EIO, EMFILE, ENOMEM... are the host's (74): 78 said the output directory was damaged
             raise host_os_error(self.current_file, exc) or ConfigError(
                 f"cannot read {quote_path(self.current_file)}: {exc.strerror or exc}") from exc
-        name = raw.decode("utf-8", "replace").strip()
+        name = raw.decode("utf-8", "surrogateescape").strip()
         if not VERSION_RE.match(name):
             held = (f"holds {quote_text(name, 24)}, which is not a petal version id" if name
                     else "is empty (or only blank): it names no petal version id")
@@ -389,7 +389,7 @@ class OutputDir:
         except (OSError, ConfigError) as exc:  # NOTE: UnsafeFileError (a FIFO, a link out) is a ConfigError
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else one_line(str(exc))
             return 0, f"cannot read {quote_path(path)} (the last version id handed out): {reason}"
-        name = raw.decode("utf-8", "replace").strip()
+        name = raw.decode("utf-8", "surrogateescape").strip()
         if not VERSION_RE.match(name):
             return 0, (f"{quote_path(path)} (the last version id handed out) holds {quote_text(name, 24)}, which is "
                        "not a version id")
@@ -860,4 +860,4 @@ def _holder(raw: bytes) -> str:
         return json.dumps({"pid": int(info["pid"]), "host": str(info["host"])[:64],
                            "started": str(info["started"])[:32]})
     except (ValueError, KeyError, TypeError, RecursionError):
-        return quote_text(raw.decode("utf-8", "replace").strip(), 80) if raw.strip() else "unknown holder"
+        return quote_text(raw.decode("utf-8", "surrogateescape").strip(), 80) if raw.strip() else "unknown holder"

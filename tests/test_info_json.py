@@ -69,6 +69,9 @@ CASES: dict[str, tuple[Callable[[Path], None], Callable[[Path], object], int, st
     "a file": (lambda out: None, lambda out: out / "CURRENT", 78, "is not a petal index"),
     "CURRENT not a version id": (lambda out: (out / "CURRENT").write_text("../../etc\n"), lambda out: out, 78,
                                  "which is not a petal version id"),
+    # NOTE: bytes that are not UTF-8 quoted as escapes (were U+FFFD: the bytes lost)
+    "CURRENT not UTF-8": (lambda out: (out / "CURRENT").write_bytes(b"\xff\xfe" * 4 + b"\n"), lambda out: out, 78,
+                          'holds "\\xff\\xfe\\xff\\xfe\\xff\\xfe\\xff\\xfe", which is not a petal version id'),
     "CURRENT empty": (lambda out: (out / "CURRENT").write_text(" \n"), lambda out: out, 78,
                       "CURRENT is empty (or only blank): it names no petal version id"),
     "CURRENT names a missing version": (lambda out: (out / "CURRENT").write_text("v999999-20990101T000000Z\n"),
