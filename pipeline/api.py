@@ -58,7 +58,9 @@ def _quiet_when_asked(call: Callable[_P, _R]) -> Callable[_P, _R]:
     (``notes.quiet_notes``; the CLI keeps them on stderr, ``notes_on_stderr``)."""
     @functools.wraps(call)
     def quietly(*args: _P.args, **kwargs: _P.kwargs) -> _R:
-        with quiet_notes(kwargs.get("quiet") is True):
+        quiet = kwargs.get("quiet")
+        # NOTE: numpy's True too (taken as a bool by the settings since e41f336; its notes still went to stderr)
+        with quiet_notes(quiet is True or (numpy_bool(quiet) and bool(quiet))):
             return call(*args, **kwargs)
     return quietly
 

@@ -44,18 +44,20 @@ def _petal_records(caplog) -> str:
     return "\n".join(f"{r.levelname} {r.getMessage()}" for r in caplog.records if r.name == "petal")
 
 
-def test_index_and_rebuild_quiet_write_nothing_and_log_their_notes(held, capfd, caplog):
+@pytest.mark.parametrize("quiet", [True, np.True_], ids=["True", "np.True_"])
+def test_index_and_rebuild_quiet_write_nothing_and_log_their_notes(held, capfd, caplog, quiet):
+    """NOTE: numpy's True (taken as a bool by the settings) kept the notes on stderr."""
     shard, out, first, _ = held
     caplog.set_level(logging.INFO, logger="petal")
     capfd.readouterr()
-    report = petal.index(shard, out, vectors_column="emb", index_factory="SQ8_direct", keep_versions=1, quiet=True)
+    report = petal.index(shard, out, vectors_column="emb", index_factory="SQ8_direct", keep_versions=1, quiet=quiet)
     assert capfd.readouterr() == ("", "")
     assert report.pruned["in_use"] == [first] and report.index["tuning"]["reached"] is False
     logged = _petal_records(caplog)
     assert f"INFO note: kept {first}" in logged, logged
     assert "WARNING warning: the 'SQ8_direct' index reaches recall@10" in logged, logged
     caplog.clear()
-    rebuilt = petal.rebuild(out, index_factory="SQ8_direct", target_recall=0.5, keep_versions=1, quiet=True)
+    rebuilt = petal.rebuild(out, index_factory="SQ8_direct", target_recall=0.5, keep_versions=1, quiet=quiet)
     assert capfd.readouterr() == ("", "")
     assert rebuilt.index["tuning"]["reached"] is False
     logged = _petal_records(caplog)
