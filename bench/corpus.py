@@ -27,8 +27,11 @@ def load_sentences(source: Path, text_column: str = "text") -> list[str]:
             if text_column not in schema.names:
                 raise BadInputError(f"--corpus {path}: no {text_column!r} column (columns: "
                                     f"{', '.join(schema.names[:10])}): the benchmark's texts come from it")
-            if not (pa.types.is_string(schema.field(text_column).type) or
-                    pa.types.is_large_string(schema.field(text_column).type)):
+            kind = schema.field(text_column).type
+            if pa.types.is_dictionary(kind):  # NOTE: a pandas category column: its values are the texts (was 65)
+                kind = kind.value_type
+            if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)
+                    or getattr(pa.types, "is_string_view", lambda _: False)(kind)):
                 raise BadInputError(f"--corpus {path}: column {text_column!r} is "
                                     f"{schema.field(text_column).type}, not text")
             texts = pq.read_table(path, columns=[text_column]).column(0).to_pylist()

@@ -23,6 +23,7 @@ import multiprocessing
 import os
 import platform
 import shutil
+import signal
 import tempfile
 import threading
 import time
@@ -35,6 +36,7 @@ import numpy as np
 from petal.bench.vectors import ClusteredVectors, SphereVectors, commit_shard
 from petal.pipeline.config import IndexSettings
 from petal.pipeline.index.faiss_loader import load_faiss
+from petal.pipeline.reliability.errors import EXIT_INTERNAL, PetalError, one_line
 from petal.pipeline.store.embeddings import EmbeddingStore, StoreEntry
 
 IVF_BASELINE = "IVF4096,Flat"  # the plain FAISS index a user would write, nprobe left at 1
@@ -138,14 +140,55 @@ def _build_child(entry_dirs: list[str], dim: int, settings: dict[str, Any], stag
     """In a fresh process (spawn), so the memory numbers are this build's alone."""
     from petal.pipeline.index.writer import build_index
 
-    entries = [StoreEntry(Path(d), json.loads((Path(d) / "entry.json").read_text())) for d in entry_dirs]
-    index_settings = IndexSettings(**settings)
-    load_faiss()
-    started = time.perf_counter()
-    with PeakMemory() as memory:
-        result = build_index(entries, dim, index_settings, Path(staging))
+    try:
+        entries = [StoreEntry(Path(d), json.loads((Path(d) / "entry.json").read_text())) for d in entry_dirs]
+        index_settings = IndexSettings(**settings)
+        load_faiss()
+        started = time.perf_counter()
+        with PeakMemory() as memory:
+            result = build_index(entries, dim, index_settings, Path(staging))
+    except Exception as exc:  # NOTE: said to the parent, which waited for an answer that never came
+        out.put({"error": one_line(str(exc)) or type(exc).__name__,
+                 "exit_code": exc.exit_code if isinstance(exc, PetalError) else EXIT_INTERNAL})
+        return
     out.put({"seconds": time.perf_counter() - started, "index": result.record(index_settings).to_dict(),
              "peak_anon_mib": memory.anon_delta_mib, "peak_rss_mib": PeakMemory._field("VmHWM") / 1024})
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def _built(child: Any, answers: Any) -> dict[str, Any]:
+    """The build child's answer; an error it reported, or its end without one (killed: the OOM killer), raised as a
+    ``PetalError``. NOTE: the wait had no end: a child killed while it built left the benchmark waiting for good."""
+    import queue
+
+    while True:
+        try:
+            built: dict[str, Any] = answers.get(timeout=1.0)
+            break
+        except queue.Empty:
+            if child.is_alive():
+                continue
+            try:  # NOTE: its answer may have come just before it ended
+                built = answers.get(timeout=1.0)
+                break
+            except queue.Empty:
+                code = child.exitcode
+                how = f"was killed by {_signal_name(-code)}" if code is not None and code < 0 else \
+                    f"exited with status {code}"
+                error = PetalError(f"the index build (a child process) {how} before it finished"
+                                   + (" (out of memory? the OOM killer sends SIGKILL)" if code == -9 else ""))
+                raise error from None
+    if "error" in built:
+        error = PetalError(f"the index build failed: {built['error']}")
+        error.exit_code = int(built["exit_code"])
+        raise error
+    return built
 
 
 def run_petal(entries: list[StoreEntry], dim: int, settings: IndexSettings, staging: Path, label: str,
@@ -161,7 +204,7 @@ def run_petal(entries: list[StoreEntry], dim: int, settings: IndexSettings, stag
                                                         str(staging), queue))
     child.start()
     try:
-        built = queue.get()
+        built = _built(child, queue)
     except BaseException:
         # NOTE: a stop signal (or any error) while the child builds: it is stopped here, before the caller removes its
         # directory; left running, the interpreter waited for it at exit (minutes at 1M vectors), then it failed

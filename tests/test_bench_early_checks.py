@@ -273,3 +273,19 @@ def test_a_corpus_without_sentences_is_its_exit_code_naming_it(tmp_path, table, 
     rc, stdout, last, _ = bench(tmp_path, "cpu", "--corpus", corpus, "--texts", 16, "--rounds", 1)
     assert rc == code and "--corpus" in last and words in last, (rc, last)
     assert stdout == ""
+
+
+@pytest.mark.parametrize("kind", ["dictionary", "large_string"])
+def test_a_corpus_whose_text_column_is_a_category_or_large_string_is_read(tmp_path, kind):
+    """A dictionary-encoded text column (a pandas category) was refused as 'not text' (65), though petal embed and
+    petal index read it; its values are the texts."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    texts = [f"Sentence number {i} is here. And another one follows it." for i in range(30)]
+    column = pa.array(texts).dictionary_encode() if kind == "dictionary" else pa.array(texts, pa.large_string())
+    corpus = tmp_path / "corpus.parquet"
+    pq.write_table(pa.table({"text": column}), corpus)
+    rc, stdout, last, _ = bench(tmp_path, "cpu", "--corpus", corpus, "--texts", 16, "--rounds", 1)
+    assert rc == 0, last
+    assert stdout

@@ -322,6 +322,32 @@ def test_index_stopped_while_its_build_child_runs_stops_it_at_once(tmp_path):
     assert_nothing_left(env)
 
 
+def test_index_whose_build_child_is_killed_says_so_and_exits(tmp_path):
+    """The build child killed while it built (the OOM killer's SIGKILL): the bench waited for its answer for good (a
+    queue read without an end). Now it says the child was killed and exits, nothing left."""
+    env = environment(tmp_path)
+    proc = subprocess.Popen([sys.executable, "-m", "petal.cli.main", "bench", "index", "--vectors", "400000", "--dim",
+                             "64", "--queries", "10", "--shards", "2", "--no-baseline"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=REPO, env=env, stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 180
+        while not (children := [pid for pid, line in marked(env).items() if pid != proc.pid and "spawn_main" in line]):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        time.sleep(0.5)  # the child under way
+        os.kill(children[0], signal.SIGKILL)
+        _, stderr = proc.communicate(timeout=60)
+        assert proc.returncode == 1, stderr
+        last = stderr.strip().splitlines()[-1]
+        assert "the index build (a child process) was killed by SIGKILL before it finished" in last, last
+        assert "Traceback" not in stderr, stderr
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert_nothing_left(env)
+
+
 def test_serve_whose_every_request_was_refused_exits_2_saying_so(tmp_path):
     """--tokens past the model's max length: every request answered 413, and the bench printed an empty row and
     exited 0 (likewise -k past the server's --max-k, a --serve-arg=--api-key). Now the table, then 2 naming the row."""
