@@ -97,9 +97,15 @@ def test_options_answers_204_with_allow_on_every_route_and_on_asterisk(server):
     for method in ("OPTIONS", "DELETE", "GET", "PATCH"):
         bare = exchange(server, f"{method} /v1/models/ HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
         assert bare.startswith(b"HTTP/1.1 404 ") and b"no route '/v1/models/'" in bare, (method, bare)
+    # a model's path with a trailing slash (the served model's or another's) is no route either, whatever the method:
+    # its GET was "no route", its OPTIONS a 204 with an Allow of GET, its DELETE a 405
+    for path in ("/v1/models/all-MiniLM-L6-v2/", "/v1/models/other/"):
+        for method in ("OPTIONS", "DELETE", "GET", "PUT"):
+            slash = exchange(server, f"{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+            assert slash.startswith(b"HTTP/1.1 404 ") and f"no route '{path}'".encode() in slash, (method, slash)
     counted = counted_since(server, before)
     assert counted["* 204"] == 1 and counted["/search 204"] == 1 and counted["/v1/models/{model} 204"] == 1, counted
-    assert counted["unmatched 404"] == 6 and counted["/health 405"] == 1, counted
+    assert counted["unmatched 404"] == 14 and counted["/health 405"] == 1, counted
 
 
 def test_requests_pipelined_behind_a_closing_answer_are_each_counted_444(server):

@@ -86,8 +86,11 @@ def route_label(path: str) -> str:
     """The ``route`` label ``/metrics`` counts a request to ``path`` under (as its endpoint or Starlette's 404/405)."""
     if path in ROUTES:
         return path
-    # NOTE: "/v1/models/" (and "//"...) names no model: a path no route takes, answered 404 "no route" as such
-    return "/v1/models/{model}" if path.startswith("/v1/models/") and path[11:].strip("/") else UNMATCHED
+    # NOTE: "/v1/models/" (and "//"...) names no model: a path no route takes, answered 404 "no route" as such; so
+    # does "/v1/models/ID/" (a trailing slash, as on every other route: its GET was "no route", its OPTIONS 204 with
+    # an Allow of GET, its DELETE 405)
+    model_path = path.startswith("/v1/models/") and path[11:].strip("/") and not path.endswith("/")
+    return "/v1/models/{model}" if model_path else UNMATCHED
 
 
 # RFC 9110 §9: the standard methods (and PATCH, RFC 5789): on a route that does not take one, 405 with Allow; any other
@@ -565,8 +568,9 @@ def build_app(startup: Startup | ServeState) -> ASGIApp:
     async def model(state: ServeState, request: Request) -> Any:
         name = request.path_params["model"]
         near = name.rstrip("/")
-        # NOTE: "/v1/models/" asks for no model named '': a trailing slash, as on every other route
-        if not near or (near != name and near == state.model_id):
+        # NOTE: "/v1/models/" asks for no model named '': a trailing slash, as on every other route (any model's:
+        # route_label counts it unmatched)
+        if not near or near != name:
             wanted = "/v1/models" + (f"/{near}" if near else "")
             raise NoRoute(404, f"no route {request.url.path!r} (did you mean {wanted!r}?)", kind="not_found")
         if state.model is None:
