@@ -152,3 +152,14 @@ def test_texts_on_an_index_of_vectors_name_their_field_as_param(vectors_served):
     for body, field in (({"query": "glaciers"}, "query"), ({"queries": ["glaciers", "coffee"]}, "queries")):
         answer = server.client.post("/search", json=body, headers=AUTH)
         assert answer.status_code == 422 and answer.json()["error"]["param"] == field, answer.text
+
+
+@pytest.mark.parametrize("route", ["/v1/embeddings", "/search"])
+def test_a_huge_field_name_is_cut_in_param_however_it_is_refused(server, route):
+    """error.param of a repeated field held the whole name (a 200,000-character key: a 200 KB answer); an unknown
+    field's was cut at 100 characters. Every param is cut alike, and the answer stays small."""
+    key = "x" * 200_000
+    for body in (f'{{"{key}": 1, "{key}": 2}}', f'{{"{key}": 1}}'):
+        answer = server.client.post(route, content=body.encode(), headers={"content-type": "application/json"})
+        assert answer.status_code == 422, answer.text[:500]
+        assert answer.json()["error"]["param"] == key[:100] and len(answer.content) < 4096, len(answer.content)

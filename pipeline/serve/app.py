@@ -173,7 +173,13 @@ def error_body(status: int, message: str, kind: str, param: str | None = None) -
     """The JSON error of every answer that is one, in OpenAI's shape (what the ``openai`` client reads into its
     exception's ``message``, ``type``, ``param`` and ``code``). NOTE: ``param`` was missing: a client that reads
     ``exc.param`` (or checks the shape) got nothing to say which field was wrong."""
-    return {"error": {"message": bounded(message), "type": kind, "param": param, "code": status}}
+    # NOTE: a field's name is the client's: cut as the message is bounded (a repeated 200,000-character key was
+    # echoed whole, a 200 KB answer)
+    return {"error": {"message": bounded(message), "type": kind, "param": None if param is None else param[:MAX_PARAM],
+                      "code": status}}
+
+
+MAX_PARAM = 100  # characters of error.param: a field's name, as the client sent it
 
 
 def _error(status: int, message: str, kind: str, headers: dict[str, str] | None = None,
