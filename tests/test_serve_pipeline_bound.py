@@ -167,3 +167,50 @@ def test_requests_held_when_the_drain_begins_are_served(tmp_path, tmp_path_facto
         assert own.proc.wait(60) == 0
     finally:
         own.stop()
+
+
+def _answers(sock: socket.socket, count: int, data: bytes = b"") -> tuple[list[tuple[int, bytes]], bytes]:
+    """``count`` answers read off ``sock`` (status, body), and what came after them."""
+    answers = []
+    while len(answers) < count:
+        end = data.find(b"\r\n\r\n")
+        if end >= 0:
+            head = data[:end].decode("latin-1")
+            length = int(next(line.split(":")[1] for line in head.split("\r\n")
+                              if line.lower().startswith("content-length")))
+            if len(data) >= end + 4 + length:
+                answers.append((int(head.split()[1]), data[end + 4:end + 4 + length]))
+                data = data[end + 4 + length:]
+                continue
+        chunk = sock.recv(1 << 16)
+        assert chunk, f"closed after {len(answers)} answers"
+        data += chunk
+    return answers, data
+
+
+@pytest.mark.parametrize("pipelined", [False, True])
+def test_a_head_begun_while_an_answer_was_made_outlives_the_keep_alive_timeout(tmp_path, tmp_path_factory,
+                                                                               pipelined):
+    """A request head begun while the request before it was answering (sent in part, read at once or held in the
+    backlog): once that answer was out, uvicorn's keep-alive timer (--keep-alive-s) closed the connection with no
+    answer for it. The head's own bound is --header-timeout-s (408)."""
+    from tests.test_serve import Server
+
+    own = Server(tmp_path / "server.log", copy_sample_out(tmp_path_factory, tmp_path / "out"), "--keep-alive-s", "1")
+    try:
+        host, port = own.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=HANG_S) as sock:
+            body = json.dumps({"input": ["word " * 200] * 150}).encode()
+            sock.sendall(b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: %d\r\n\r\n" % len(body) + body
+                         + (b"GET /nope-A HTTP/1.1\r\nHost: x\r\n\r\n" if pipelined else b""))
+            time.sleep(0.3)
+            sock.sendall(b"GET /nope-C HTTP/1.1\r\nHo")
+            answers, rest = _answers(sock, 2 if pipelined else 1)
+            assert [status for status, _ in answers] == [200] + [404] * pipelined
+            time.sleep(2.5)  # past --keep-alive-s
+            sock.sendall(b"st: x\r\nConnection: close\r\n\r\n")
+            (last,), _ = _answers(sock, 1, rest)
+        assert last[0] == 404 and b"/nope-C" in last[1], last
+    finally:
+        own.stop()

@@ -526,6 +526,11 @@ def http_protocol(metrics: ServeMetrics, header_timeout_s: float = 30.0,
             def on_response_complete(self) -> None:
                 super().on_response_complete()
                 self._parse_backlog()
+                if self._head_open:
+                    # NOTE: a head begun while the answer before it was being made (sent in part, or from the
+                    # backlog): uvicorn armed its keep-alive timer (the pipeline empty), which closed the connection
+                    # with no answer once it passed; the head's own timer (--header-timeout-s, 408) bounds it
+                    self._unset_keepalive_if_required()
                 if self._lingering:
                     self._unset_keepalive_if_required()  # NOTE: the linger's own bounds close it
                 refusal = self._refusal
