@@ -56,3 +56,19 @@ def test_a_text_over_the_token_limit_still_says_tokens(server, words):
     response = server.client.post("/v1/embeddings", json={"input": "glacier " * words})
     assert response.status_code == 413, response.text
     assert "input item 0 has more than 256 tokens" in response.json()["error"]["message"], response.text
+
+
+@pytest.mark.parametrize("filler", [" ", "\u0301"], ids=["blank", "combining marks"])
+def test_a_text_whose_read_characters_hold_nothing_is_not_told_to_truncate(server, filler):
+    """2^20 characters the model sees nothing in (spaces, or marks MiniLM's tokenizer drops), then words: the 413
+    said 'send "truncate": true', and following it got 422 'empty to the model'. It says truncate would leave an empty
+    text, and where the text begins."""
+    text = filler * (CHARS + 5) + " hello"
+    for route, field in (("/v1/embeddings", "input"), ("/search", "query")):
+        response = server.client.post(route, json={field: text})
+        assert response.status_code == 413, response.text
+        message = response.json()["error"]["message"]
+        assert "would leave an empty text" in message and f"after character {CHARS}" in message, message
+        assert 'send "truncate"' not in message, message
+        truncated = server.client.post(route, json={field: text, "truncate": True})
+        assert truncated.status_code == 422 and "empty" in truncated.text, truncated.text

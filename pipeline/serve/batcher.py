@@ -438,7 +438,8 @@ class TokenBatcher:
                 refusal = None
                 if cut and not job.truncate:  # NOTE: cut at the characters petal reads, not at the token limit
                     refusal = (413, item.row, chars_message(job.name, item.row, len(item.text),
-                                                            tokenizer.max_text_chars) if long else
+                                                            tokenizer.max_text_chars,
+                                                            len(ids) == 0 or tokenizer.sees_nothing(ids)) if long else
                                limit_message(job.name, item.row, tokenizer.max_length))
                 elif len(ids) == 0:
                     refusal = (422, item.row, f"{job.name} item {item.row} yields no tokens")

@@ -61,10 +61,16 @@ def limit_message(name: str, item: int, max_tokens: int) -> str:
             f"(--max-tokens-per-text / the model's max length); shorten it or send \"truncate\": true")
 
 
-def chars_message(name: str, item: int, chars: int, max_chars: int) -> str:
+def chars_message(name: str, item: int, chars: int, max_chars: int, empty: bool = False) -> str:
     """The 413 message of a text over the characters petal reads of a text (``TextTokenizer.max_text_chars``), whose
     first ``max_chars`` characters hold fewer tokens than the limit (one huge unknown word, a long run of spaces):
-    cut there, it is truncated, though not at the token limit."""
+    cut there, it is truncated, though not at the token limit. ``empty``: those characters hold nothing the model
+    sees (blank): truncated, the text is empty (422), so ``truncate`` is not offered. NOTE: it was, and following
+    the advice got the 422."""
+    if empty:
+        return (f"{name} item {item} has {chars} characters, over the {max_chars} petal reads of a text, and those "
+                f"hold nothing the model sees (blank, or characters its tokenizer drops): \"truncate\" would leave "
+                f"an empty text; shorten it (its text begins after character {max_chars})")
     return (f"{name} item {item} has {chars} characters, over the {max_chars} petal reads of a text (they hold "
             f"fewer tokens than the limit per text); shorten it or send \"truncate\": true")
 
