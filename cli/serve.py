@@ -289,9 +289,15 @@ def serve(index_path: Path | None, model: str | None, host: str, port: int, api_
 
     from petal.engine.config import ModelOptions
     from petal.pipeline.index.search import IndexReader, import_for_serving
-    from petal.pipeline.ingest.tokens import tokenizer_for
     from petal.pipeline.jobs.index_run import model_spec
-    from petal.pipeline.jobs.query import QueryModel, SearchIndex, check_query_model, engine_config, model_for_index
+    from petal.pipeline.jobs.query import (
+        QueryModel,
+        SearchIndex,
+        check_query_model,
+        engine_config,
+        model_for_index,
+        query_tokenizers,
+    )
     from petal.pipeline.serve.metrics import ServeMetrics
     from petal.pipeline.serve.server import bind
     from petal.pipeline.serve.server import serve as run_server
@@ -305,14 +311,15 @@ def serve(index_path: Path | None, model: str | None, host: str, port: int, api_
     if model is not None and (first_version is None or vectors_only):
         options = usage(lambda: ModelOptions(query_prompt=query_prompt, allow_pickle_weights=allow_pickle_weights))
         given_spec = model_spec(model, None, options)
-        if query_prompt is not None:
-            tokenizer_for(given_spec, "query")  # NOTE: the room the prompt leaves for text (2), before the bind
-    elif first_version is not None and (model is not None or query_prompt is not None):
-        # NOTE: the index's model (at another path: --model) judged now, as far as that is cheap: a directory that
-        # is no usable model (no weights, a config.json that is not JSON or names no supported architecture) and a
-        # --query-prompt with no room for text beside it bound the port and said '/health answers now', then exited
-        # 78 or 2; whether the weights are the index's (their sha256) is checked in load()
-        check_query_model(first_version[1], model, allow_pickle_weights, query_prompt)
+        if query_prompt is not None or max_tokens_per_text is not None:
+            query_tokenizers(given_spec, max_tokens_per_text)  # NOTE: the room left for text (2), before the bind
+    elif first_version is not None:
+        # NOTE: the index's model (at another path: --model; or gone from where it was built) judged now, as far as
+        # that is cheap: a directory that is no usable model (no weights, a config.json that is not JSON or names no
+        # supported architecture) and a --query-prompt or --max-tokens-per-text leaving no room for text bound the
+        # port and said '/health answers now', then exited 78 or 2; whether the weights are the index's (their
+        # sha256) is checked in load()
+        check_query_model(first_version[1], model, allow_pickle_weights, query_prompt, max_tokens_per_text)
     cuda = False  # the model runs on CUDA
     if with_model and device != "cpu":  # NOTE: --device cpu: no torch to ask (it loads with the model)
         from petal.engine.engine import resolve_device

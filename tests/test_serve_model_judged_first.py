@@ -87,3 +87,57 @@ def test_a_query_prompt_with_no_room_for_text_is_2_before_the_bind(tmp_path_fact
     assert "leaves no token for the text" in said[-1] and "Traceback" not in done.stderr, said
     assert not any("answers now" in line for line in said), said
     assert "torch" not in _imported(done.stderr)
+
+
+def test_an_index_whose_model_moved_is_78_before_the_bind(tmp_path):
+    """The index's own model gone from where it was built, no --model given: the port was bound ('/health answers
+    now') before the load found it gone."""
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from petal.engine.loader import resolve_model_dir
+
+    model = tmp_path / "model"
+    shutil.copytree(resolve_model_dir(None), model)
+    data = tmp_path / "data"
+    data.mkdir()
+    pq.write_table(pa.table({"id": [1, 2], "text": ["glaciers move", "coffee brews"]}), data / "a.parquet")
+    built = subprocess.run([sys.executable, "-m", "petal.cli.main", "index", str(data), "--out", str(tmp_path / "out"),
+                            "--model", str(model), "-q", "--device", "cpu"], capture_output=True, text=True,
+                           timeout=300)
+    assert built.returncode == 0, built.stderr
+    model.rename(tmp_path / "moved")
+    done = _serve(tmp_path / "out", "--device", "cpu")
+    said = [line for line in done.stderr.splitlines() if not line.startswith("import time:")]
+    assert done.returncode == 78, said
+    assert "the index's model is gone from where it was built" in said[-1], said
+    assert not any("answers now" in line for line in said), said
+    assert "torch" not in _imported(done.stderr)
+
+
+@pytest.mark.parametrize("beside", ["index", "--model alone"])
+def test_max_tokens_per_text_with_no_room_beside_the_prompt_is_2_naming_it_before_the_bind(tmp_path_factory,
+                                                                                           beside):
+    """--max-tokens-per-text under what the prompt and special tokens take: the port was bound, then 2 with a hint
+    to give --max-length, which petal serve has not."""
+    from petal.engine.loader import resolve_model_dir
+
+    argv: list[object] = ["--model", resolve_model_dir(None)] if beside == "--model alone" \
+        else [sample_out(tmp_path_factory)]
+    done = _serve(*argv, "--device", "cpu", "--query-prompt", "one two three four five six", "--max-tokens-per-text",
+                  "5")
+    said = [line for line in done.stderr.splitlines() if not line.startswith("import time:")]
+    assert done.returncode == 2, said
+    assert "leaves no token for the text" in said[-1] and "(--max-tokens-per-text)" in said[-1], said
+    assert "--max-length" not in said[-1] and not any("answers now" in line for line in said), said
+    assert "torch" not in _imported(done.stderr)
+
+
+@pytest.mark.parametrize("name", ["foo/", "/foo", "org//name"])
+def test_a_served_model_name_no_path_can_fetch_is_a_usage_error(tmp_path_factory, name):
+    """An id ending in '/' was listed by /v1/models, and /v1/models/ID/ (a trailing slash) is no route."""
+    done = _serve(sample_out(tmp_path_factory), "--device", "cpu", "--served-model-name", name)
+    said = [line for line in done.stderr.splitlines() if not line.startswith("import time:")]
+    assert done.returncode == 2 and "--served-model-name" in said[-1], said

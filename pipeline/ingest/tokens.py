@@ -53,7 +53,10 @@ class TextTokenizer:
     """
 
     def __init__(self, tokenizer_file: Path, max_length: int, max_chars: int | None = None, *, prompt: str = "",
-                 eos_token_id: int | None = None, vocab_size: int | None = None) -> None:
+                 eos_token_id: int | None = None, vocab_size: int | None = None,
+                 length_flag: str | None = None) -> None:
+        """``length_flag``: the flag that set ``max_length`` below the model's, named where it leaves no room for text
+        (``petal serve --max-tokens-per-text``; else ``--max-length``, where the command takes it)."""
         from tokenizers import Tokenizer
 
         from petal.engine.weight_files import read_text
@@ -104,13 +107,14 @@ class TextTokenizer:
         taken = prompt_ids + (1 if self.appends_eos else 0)
         if max_length <= taken:  # NOTE: else every text was cut to the special tokens: skipped as empty_text (66)
             if not prompt:
-                raise FlagError(f"--max-length {max_length} leaves no token for the text: the model's special tokens "
-                                f"take {taken}; give at least {taken + 1}")
+                raise FlagError(f"{length_flag or '--max-length'} {max_length} leaves no token for the text: the "
+                                f"model's special tokens take {taken}; give at least {taken + 1}")
             # NOTE: a prompt that fills the length (petal query has no --max-length: a long --query-prompt was told to
             # give one)
+            where = f"({length_flag})" if length_flag else "(--max-length, where the command takes it)"
             raise FlagError(f"the max length {max_length} leaves no token for the text: the model's special tokens "
-                            f"and prompt take {taken}; give at least {taken + 1} (--max-length, where the command "
-                            "takes it) or a shorter prompt (--query-prompt)")
+                            f"and prompt take {taken}; give at least {taken + 1} {where} or a shorter prompt "
+                            "(--query-prompt)")
 
     def encode(self, texts: list[str]) -> Encoded:
         capped = np.fromiter((len(t) > self.max_chars for t in texts), dtype=bool, count=len(texts))

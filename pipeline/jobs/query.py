@@ -72,11 +72,24 @@ def model_for_index(manifest: Manifest, model: str | None, allow_pickle_weights:
     return spec
 
 
+def query_tokenizers(spec: ModelSpec, max_tokens: int | None = None) -> dict[str, TextTokenizer]:
+    """The tokenizers of a warm model, by side: the query prompt (EOS for last-token pooling), the document side as
+    ``petal index`` embeds; cut at ``max_tokens`` where that is under the model's max length (``petal serve
+    --max-tokens-per-text``). ``FlagError`` (2) naming the flag where a prompt leaves no room for text."""
+    tokenizers = {"query": tokenizer_for(spec, "query"), "document": tokenizer_for(spec, "document")}
+    if max_tokens is not None and max_tokens < spec.pooling.max_length:
+        tokenizers = {side: TextTokenizer(spec.tokenizer_file, max_tokens, prompt=t.prompt,
+                                          eos_token_id=spec.eos_token_id, vocab_size=spec.config.vocab_size,
+                                          length_flag="--max-tokens-per-text")
+                      for side, t in tokenizers.items()}
+    return tokenizers
+
+
 def check_query_model(manifest: Manifest, model: str | None, allow_pickle_weights: bool = False,
-                      query_prompt: str | None = None) -> None:
+                      query_prompt: str | None = None, max_tokens: int | None = None) -> None:
     """What ``model_for_index`` would refuse that is cheap to find: ``model`` (or the index's own) not a usable
-    model directory (``ConfigError``, 78), ``query_prompt`` leaving no room for text at the index's max length
-    (``FlagError``, 2). Not the weights' sha256 (read in full) nor the match with the index, which
+    model directory (``ConfigError``, 78), ``query_prompt`` leaving no room for text at the index's max length or at
+    ``max_tokens`` (``FlagError``, 2). Not the weights' sha256 (read in full) nor the match with the index, which
     ``model_for_index`` judges."""
     recorded = manifest.model
     if not isinstance(recorded, ModelRecord):
@@ -89,8 +102,8 @@ def check_query_model(manifest: Manifest, model: str | None, allow_pickle_weight
         spec = _inspected(model, recorded, options, manifest.max_length)
     except MaxLengthError:  # NOTE: not the index's model: model_for_index says so, as a mismatch
         return
-    if query_prompt is not None:
-        tokenizer_for(spec, "query")  # NOTE: its room check (TextTokenizer)
+    if query_prompt is not None or max_tokens is not None:
+        query_tokenizers(spec, max_tokens)  # NOTE: their room checks (TextTokenizer)
 
 
 def _inspected(model: str | None, recorded: ModelRecord, options: ModelOptions, max_length: int | None) -> ModelSpec:
@@ -153,18 +166,12 @@ class QueryModel:
         from petal.engine.engine import Engine  # NOTE: torch: only where a model runs (petal serve of vectors: none)
 
         self.spec = spec
+        self.tokenizers = query_tokenizers(spec, max_tokens)  # NOTE: before the engine: their room checks are cheap
         self.engine = Engine(spec, config)
-        # the query prompt, EOS for last-token pooling; the document side as `petal index` embeds
-        self.tokenizers: dict[str, TextTokenizer] = {"query": tokenizer_for(spec, "query"),
-                                                     "document": tokenizer_for(spec, "document")}
         self.max_tokens = min(max_tokens or spec.pooling.max_length, spec.pooling.max_length)
         self.num_truncated = 0  # texts ``embed`` cut at ``max_tokens`` (petal query says how many)
         # of them, those ``embed_seen`` cut at the characters petal reads (``TextTokenizer.max_text_chars``)
         self.num_over_chars = 0
-        if self.max_tokens < spec.pooling.max_length:  # a tighter limit (petal serve --max-tokens-per-text)
-            self.tokenizers = {side: TextTokenizer(spec.tokenizer_file, self.max_tokens, prompt=t.prompt,
-                                                   eos_token_id=spec.eos_token_id, vocab_size=spec.config.vocab_size)
-                               for side, t in self.tokenizers.items()}
 
     @property
     def dim(self) -> int:

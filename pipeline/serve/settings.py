@@ -84,6 +84,11 @@ class ServeSettings:
         for flag, value in durations.items():
             if value is not None and math.isnan(value):
                 raise ValueError(f"{flag} {value} is not a number")
+        name = self.served_model_name
+        if name is not None and (name.startswith("/") or name.endswith("/") or "//" in name):
+            # NOTE: /v1/models listed it, and its own path (/v1/models/ID/, a trailing slash) was no route (404)
+            raise ValueError(f"--served-model-name {name!r}: a model id may not begin or end with '/' or hold '//' "
+                             "(its path /v1/models/ID would be no route); give it as 'org/name'")
         if not 0 <= self.max_wait_ms <= MAX_WAIT_MS:
             raise ValueError(f"--max-wait-ms {self.max_wait_ms:g}: from 0 to {MAX_WAIT_MS:g}")
         if self.max_queue_texts < self.limits.max_texts:
