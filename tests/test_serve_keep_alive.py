@@ -63,3 +63,27 @@ def test_a_keep_alive_that_is_no_time_is_a_usage_error(tmp_path, value):
     result = CliRunner().invoke(cli, ["serve", "--model", str(tmp_path), "--keep-alive-s", value])
     assert result.exit_code == 2, result.output
     assert "--keep-alive-s" in result.output
+
+
+@pytest.mark.parametrize("after_request", [False, True])
+def test_blank_lines_that_begin_no_request_do_not_hold_the_connection(tmp_path, after_request):
+    """A bare CRLF (which the parser skips before a request line) stopped the keep-alive timer and started no head
+    timer: two bytes held a connection for good, on a new connection or after an answer. It is closed after
+    --keep-alive-s as any idle one; a request sent after blank lines is still served."""
+    server, body, expected = serve_vectors(tmp_path, "--keep-alive-s", "1", "--header-timeout-s", "2")
+    try:
+        with _connect(server) as sock:
+            if after_request:
+                sock.sendall(_search(body))
+                status, _, answer = read_answer(sock)
+                assert status == 200 and json.loads(answer) == expected
+            sock.sendall(b"\r\n")
+            time.sleep(0.3)
+            sock.sendall(b"\r\n\r\n")
+            assert _closed_within(sock, 6)
+        with _connect(server) as served:
+            served.sendall(b"\r\n\r\n" + _search(body))
+            status, _, answer = read_answer(served)
+            assert status == 200 and json.loads(answer) == expected
+    finally:
+        server.stop()

@@ -70,7 +70,8 @@ def chars_message(name: str, item: int, chars: int, max_chars: int, empty: bool 
     if empty:
         return (f"{name} item {item} has {chars} characters, over the {max_chars} petal reads of a text, and those "
                 f"hold nothing the model sees (blank, or characters its tokenizer drops): \"truncate\" would leave "
-                f"an empty text; shorten it (its text begins after character {max_chars})")
+                f"an empty text; shorten it (what the model would see of it, if anything, comes after character "
+                f"{max_chars})")
     return (f"{name} item {item} has {chars} characters, over the {max_chars} petal reads of a text (they hold "
             f"fewer tokens than the limit per text); shorten it or send \"truncate\": true")
 

@@ -400,6 +400,16 @@ def http_protocol(metrics: ServeMetrics, header_timeout_s: float = 30.0,
                 self._parse(data)
 
             def _parse(self, data: bytes) -> None:
+                self._parse_data(data)
+                if not self._lingering and not self._head_open and not self._in_body and not self._answering() \
+                        and self._refusal is None and self.timeout_keep_alive_task is None \
+                        and not self.transport.is_closing():
+                    # NOTE: bytes that began no request (blank lines, which the parser skips before a request line)
+                    # stopped the keep-alive timer and started no head timer: two bytes held a connection for good
+                    self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive,
+                                                                        self.timeout_keep_alive_handler)
+
+            def _parse_data(self, data: bytes) -> None:
                 if not self._lingering:
                     self._unset_keepalive_if_required()
                     before, self._tail = self._tail, data[-TAIL_BYTES:]
