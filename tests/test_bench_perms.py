@@ -54,7 +54,9 @@ def test_an_output_inside_the_workdir_is_73(tmp_path):
     (work / "model-minilm").mkdir()
     with closed(work / "model-minilm"):
         proc = bench(tmp_path, "startup", "--workdir", work, "--runs", 1, "--vectors", 1000, "--no-baseline")
-    refused(proc, 73, work / "model-minilm" / "model.safetensors")
+    # NOTE: the file named is the one whose check met the denial first (sentence_bert_config.json since fe34519, which
+    # reuses a directory once it is whole): what is judged is that it lies inside the model directory
+    refused(proc, 73, work / "model-minilm")
 
 
 @pytest.fixture(scope="module")
