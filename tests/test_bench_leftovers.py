@@ -295,20 +295,32 @@ def test_index_under_4096_vectors_skips_the_ivf4096_baseline(tmp_path):
     assert_nothing_left(env)
 
 
-def test_index_stopped_while_its_build_child_runs_stops_it_at_once(tmp_path):
-    """SIGTERM to ``bench index`` while its build child ran: the bench removed the child's directory and then waited
-    for the child at exit (minutes at 1M vectors), which then failed on the files gone with a traceback of its own.
-    Now the child is stopped with the bench: 143 at once, no traceback, nothing left."""
-    env = environment(tmp_path)
+def _index_with_its_build_child(env: dict[str, str]) -> tuple[subprocess.Popen[str], int]:
+    """``bench index`` of 400k vectors started, once its build child (a spawned process) has been under way 0.5 s:
+    the bench and the child's pid."""
     proc = subprocess.Popen([sys.executable, "-m", "petal.cli.main", "bench", "index", "--vectors", "400000", "--dim",
                              "64", "--queries", "10", "--shards", "2", "--no-baseline"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, cwd=REPO, env=env, stdin=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 180
-        while not any("multiprocessing" in line for pid, line in marked(env).items() if pid != proc.pid):
+        while not (children := [pid for pid, line in marked(env).items() if pid != proc.pid and "spawn_main" in line]):
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
             time.sleep(0.05)
-        time.sleep(0.5)  # the child under way
+    except BaseException:
+        proc.kill()
+        proc.communicate()
+        raise
+    time.sleep(0.5)  # the child under way
+    return proc, children[0]
+
+
+def test_index_stopped_while_its_build_child_runs_stops_it_at_once(tmp_path):
+    """SIGTERM to ``bench index`` while its build child ran: the bench removed the child's directory and then waited
+    for the child at exit (minutes at 1M vectors), which then failed on the files gone with a traceback of its own.
+    Now the child is stopped with the bench: 143 at once, no traceback, nothing left."""
+    env = environment(tmp_path)
+    proc, _ = _index_with_its_build_child(env)
+    try:
         proc.send_signal(signal.SIGTERM)
         stopped = time.monotonic()
         _, stderr = proc.communicate(timeout=60)
@@ -326,16 +338,9 @@ def test_index_whose_build_child_is_killed_says_so_and_exits(tmp_path):
     """The build child killed while it built (the OOM killer's SIGKILL): the bench waited for its answer for good (a
     queue read without an end). Now it says the child was killed and exits, nothing left."""
     env = environment(tmp_path)
-    proc = subprocess.Popen([sys.executable, "-m", "petal.cli.main", "bench", "index", "--vectors", "400000", "--dim",
-                             "64", "--queries", "10", "--shards", "2", "--no-baseline"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=REPO, env=env, stdin=subprocess.DEVNULL)
+    proc, child = _index_with_its_build_child(env)
     try:
-        deadline = time.monotonic() + 180
-        while not (children := [pid for pid, line in marked(env).items() if pid != proc.pid and "spawn_main" in line]):
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-            time.sleep(0.05)
-        time.sleep(0.5)  # the child under way
-        os.kill(children[0], signal.SIGKILL)
+        os.kill(child, signal.SIGKILL)
         _, stderr = proc.communicate(timeout=60)
         assert proc.returncode == 1, stderr
         last = stderr.strip().splitlines()[-1]

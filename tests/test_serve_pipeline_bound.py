@@ -90,20 +90,7 @@ def test_pipelined_requests_beyond_the_backlog_are_all_answered_in_order(server)
                             b"Content-Length: %d\r\n\r\n" % len(body) + body)
     with socket.create_connection((host, int(port)), timeout=HANG_S) as sock:
         sock.sendall(b"".join(requests))
-        data, answers = b"", []
-        while len(answers) < len(requests):
-            end = data.find(b"\r\n\r\n")
-            if end >= 0:
-                head = data[:end].decode("latin-1")
-                length = int(next(line.split(":")[1] for line in head.split("\r\n")
-                                  if line.lower().startswith("content-length")))
-                if len(data) >= end + 4 + length:
-                    answers.append((int(head.split()[1]), data[end + 4:end + 4 + length]))
-                    data = data[end + 4 + length:]
-                    continue
-            chunk = sock.recv(1 << 20)
-            assert chunk, f"closed after {len(answers)} answers"
-            data += chunk
+        answers, _ = _answers(sock, len(requests))
     for n, (status, body) in enumerate(answers):
         if n % 2:
             assert status == 200 and json.loads(body) == {"status": "ok"}, (n, status, body)

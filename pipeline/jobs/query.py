@@ -52,10 +52,7 @@ def model_for_index(manifest: Manifest, model: str | None, allow_pickle_weights:
     if not isinstance(recorded, ModelRecord):  # --vectors-column: no model to embed a text query with
         raise UsageError("the index was built from precomputed vectors (--vectors-column): query it by vectors "
                          "(petal query --vector-file Q.npy)")
-    options = ModelOptions(pooling=pooling_mode(recorded.pooling),
-                           attention_mask=cast("AttentionMaskName | None", recorded.attention),
-                           query_prompt=query_prompt if query_prompt is not None else recorded.query_prompt,
-                           allow_pickle_weights=allow_pickle_weights)
+    options = _recorded_options(recorded, allow_pickle_weights, query_prompt)
     try:
         spec = _inspected(model, recorded, options, manifest.max_length)
     except MaxLengthError:
@@ -70,6 +67,15 @@ def model_for_index(manifest: Manifest, model: str | None, allow_pickle_weights:
     if mismatch:
         raise ConfigError(f"model {spec.path} does not match the index ({mismatch})")
     return spec
+
+
+def _recorded_options(recorded: ModelRecord, allow_pickle_weights: bool, query_prompt: str | None) -> ModelOptions:
+    """The options an index's model is inspected with: its pooling, attention and query prompt as recorded at index
+    time (``query_prompt`` overrides the last)."""
+    return ModelOptions(pooling=pooling_mode(recorded.pooling),
+                        attention_mask=cast("AttentionMaskName | None", recorded.attention),
+                        query_prompt=query_prompt if query_prompt is not None else recorded.query_prompt,
+                        allow_pickle_weights=allow_pickle_weights)
 
 
 def query_tokenizers(spec: ModelSpec, max_tokens: int | None = None) -> dict[str, TextTokenizer]:
@@ -94,10 +100,7 @@ def check_query_model(manifest: Manifest, model: str | None, allow_pickle_weight
     recorded = manifest.model
     if not isinstance(recorded, ModelRecord):
         return
-    options = ModelOptions(pooling=pooling_mode(recorded.pooling),
-                           attention_mask=cast("AttentionMaskName | None", recorded.attention),
-                           query_prompt=query_prompt if query_prompt is not None else recorded.query_prompt,
-                           allow_pickle_weights=allow_pickle_weights)
+    options = _recorded_options(recorded, allow_pickle_weights, query_prompt)
     try:
         spec = _inspected(model, recorded, options, manifest.max_length)
     except MaxLengthError:  # NOTE: not the index's model: model_for_index says so, as a mismatch
