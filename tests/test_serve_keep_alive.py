@@ -87,3 +87,30 @@ def test_blank_lines_that_begin_no_request_do_not_hold_the_connection(tmp_path, 
             assert status == 200 and json.loads(answer) == expected
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("after_request", [False, True])
+def test_a_trickle_of_blank_lines_does_not_extend_the_keep_alive(tmp_path, after_request):
+    """Each blank line cancelled the keep-alive timer and a new one of a whole --keep-alive-s was armed: a CRLF a
+    little more often than that held the connection for good. Bytes that begin no request keep the deadline the
+    connection had (from its start or its last answer)."""
+    server, body, expected = serve_vectors(tmp_path, "--keep-alive-s", "1.5", "--header-timeout-s", "3")
+    try:
+        with _connect(server) as sock:
+            if after_request:
+                sock.sendall(_search(body))
+                status, _, answer = read_answer(sock)
+                assert status == 200 and json.loads(answer) == expected
+            started = time.monotonic()
+            closed = False
+            while not closed and time.monotonic() - started < 8:
+                try:
+                    sock.sendall(b"\r\n")
+                except OSError:  # closed (reset) between two checks
+                    closed = True
+                    break
+                closed = _closed_within(sock, 0.5)
+            assert closed, "blank lines every 0.5 s held the connection for 8 s (--keep-alive-s 1.5)"
+            assert time.monotonic() - started < 3.5
+    finally:
+        server.stop()

@@ -400,14 +400,19 @@ def http_protocol(metrics: ServeMetrics, header_timeout_s: float = 30.0,
                 self._parse(data)
 
             def _parse(self, data: bytes) -> None:
+                idle = self.timeout_keep_alive_task
+                deadline = idle.when() if idle is not None else None  # (cancelled by the read: _parse_data)
                 self._parse_data(data)
                 if not self._lingering and not self._head_open and not self._in_body and not self._answering() \
                         and self._refusal is None and self.timeout_keep_alive_task is None \
                         and not self.transport.is_closing():
                     # NOTE: bytes that began no request (blank lines, which the parser skips before a request line)
-                    # stopped the keep-alive timer and started no head timer: two bytes held a connection for good
-                    self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive,
-                                                                        self.timeout_keep_alive_handler)
+                    # stopped the keep-alive timer and started no head timer: two bytes held a connection for good.
+                    # The idle deadline is the one the connection had: re-armed for a whole --keep-alive-s, a CRLF
+                    # sent a little more often held it just the same
+                    self.timeout_keep_alive_task = (
+                        self.loop.call_later(self.timeout_keep_alive, self.timeout_keep_alive_handler)
+                        if deadline is None else self.loop.call_at(deadline, self.timeout_keep_alive_handler))
 
             def _parse_data(self, data: bytes) -> None:
                 if not self._lingering:
