@@ -135,9 +135,29 @@ def test_max_tokens_per_text_with_no_room_beside_the_prompt_is_2_naming_it_befor
     assert "torch" not in _imported(done.stderr)
 
 
-@pytest.mark.parametrize("name", ["foo/", "/foo", "org//name"])
+@pytest.mark.parametrize("name", ["foo/", "org/name/", "/"])
 def test_a_served_model_name_no_path_can_fetch_is_a_usage_error(tmp_path_factory, name):
     """An id ending in '/' was listed by /v1/models, and /v1/models/ID/ (a trailing slash) is no route."""
     done = _serve(sample_out(tmp_path_factory), "--device", "cpu", "--served-model-name", name)
     said = [line for line in done.stderr.splitlines() if not line.startswith("import time:")]
-    assert done.returncode == 2 and "--served-model-name" in said[-1], said
+    assert done.returncode == 2 and "--served-model-name" in said[-1] and "end with '/'" in said[-1], said
+
+
+def test_a_served_model_name_with_a_leading_or_double_slash_is_served(tmp_path):
+    """'/x' and 'a//b' were refused with the same usage error (3eea81f) though their paths (/v1/models//x,
+    /v1/models/a//b) reach the model's route: each is listed, fetched by its path and answers embeddings."""
+    from petal.engine.loader import default_model_dir
+    from tests.test_serve import Server
+
+    for number, name in enumerate(["/x", "a//b"]):
+        server = Server(tmp_path / f"log{number}", "--model", default_model_dir(), "--device", "cpu",
+                        "--served-model-name", name)
+        try:
+            assert [m["id"] for m in server.client.get("/v1/models").json()["data"]] == [name]
+            fetched = server.client.get(f"/v1/models/{name}")
+            assert fetched.status_code == 200 and fetched.json()["id"] == name, fetched.text
+            answer = server.client.post("/v1/embeddings", json={"model": name, "input": "a text"})
+            assert answer.status_code == 200 and answer.json()["model"] == name, answer.text
+        finally:
+            server.stop()
+        assert server.proc.returncode == 0

@@ -85,10 +85,11 @@ class ServeSettings:
             if value is not None and math.isnan(value):
                 raise ValueError(f"{flag} {value} is not a number")
         name = self.served_model_name
-        if name is not None and (name.startswith("/") or name.endswith("/") or "//" in name):
-            # NOTE: /v1/models listed it, and its own path (/v1/models/ID/, a trailing slash) was no route (404)
-            raise ValueError(f"--served-model-name {name!r}: a model id may not begin or end with '/' or hold '//' "
-                             "(its path /v1/models/ID would be no route); give it as 'org/name'")
+        if name is not None and name.endswith("/"):
+            # NOTE: /v1/models listed it, and its own path (/v1/models/ID/, a trailing slash) was no route (404).
+            # A leading '/' or a '//' inside is served (/v1/models//x, /v1/models/a//b reach the model's route)
+            raise ValueError(f"--served-model-name {name!r}: a model id may not end with '/' (its path "
+                             "/v1/models/ID/ is no route, as every path with a trailing slash); give it as 'org/name'")
         if not 0 <= self.max_wait_ms <= MAX_WAIT_MS:
             raise ValueError(f"--max-wait-ms {self.max_wait_ms:g}: from 0 to {MAX_WAIT_MS:g}")
         if self.max_queue_texts < self.limits.max_texts:
