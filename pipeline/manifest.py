@@ -986,6 +986,6 @@ class Manifest:
         try:
             # NOTE: inside its directory, a regular file opened non-blocking (never a FIFO or a symlink out)
             data = json.loads(read_regular(Path(path), Path(path).parent).decode("utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:  # NOTE: '[[[[...' too deep
+        except (OSError, ValueError, RecursionError) as exc:  # NOTE: '[[[[...' too deep; a 4,301-digit int
             raise ConfigError(f"cannot read {path}: {exc}") from exc
         return cls.from_dict(data, str(path))

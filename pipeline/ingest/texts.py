@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -187,7 +188,14 @@ def _jsonl_records(path: Path, raw_lines: list[bytes], first_lineno: int, text_c
         try:
             record = json.loads(line)
             value = record[text_column]
-        except (json.JSONDecodeError, KeyError, TypeError, RecursionError) as exc:  # NOTE: '[[[[...': RecursionError
+        except ValueError as exc:
+            if isinstance(exc, json.JSONDecodeError):
+                raise BadInputError(f"{quote_path(path)}:{lineno}: expected a JSON object with a "
+                                    f"{json.dumps(text_column)} field (--text-column)") from exc
+            # NOTE: an integer of over 4,300 digits (sys.int_max_str_digits) is a plain ValueError: a traceback
+            raise BadInputError(f"{quote_path(path)}:{lineno}: a number of more than {sys.get_int_max_str_digits()} "
+                                "digits, more than an integer read from JSON may have") from exc
+        except (KeyError, TypeError, RecursionError) as exc:  # NOTE: '[[[[...': RecursionError
             raise BadInputError(f"{quote_path(path)}:{lineno}: expected a JSON object with a {json.dumps(text_column)} "
                                 "field (--text-column)") from exc
         if value is not None and not isinstance(value, str):
