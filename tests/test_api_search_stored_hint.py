@@ -35,3 +35,23 @@ def test_vectors_of_the_index_space_passed_to_search_name_search_stored(tmp_path
         with pytest.raises(petal.UsageError) as refused:  # no form this index takes: no hint
             index.search(np.ones((1, 7), np.float32), k=2)
         assert "search_stored" not in str(refused.value)
+
+
+@pytest.mark.parametrize("settings", [{}, {"dim": 16}, {"quantize": "binary"}, {"quantize": "int8"}])
+def test_no_rows_search_to_no_answers_on_every_index_kind(tmp_path, tiny_bert_dir, settings):
+    """Zero query rows gave ``[]`` on float and int8 indexes but a raw ``ValueError`` ("need at least one array to
+    concatenate") on a binary one, for ``search`` and ``search_stored`` alike: what an ``Embedder``'s
+    ``encode([])`` (0 rows, the index's own space) hands to ``search_stored``."""
+    pq.write_table(pa.table({"id": list(range(len(TEXTS))), "text": [f"{t} {i}" for i, t in enumerate(TEXTS)]}),
+                   tmp_path / "s.parquet")
+    petal.index(tmp_path / "s.parquet", tmp_path / "out", model=str(tiny_bert_dir), quiet=True, **settings)
+    calibration = {"calibration": str(tmp_path / "out")} if settings.get("quantize") == "int8" else {}
+    with petal.open_index(tmp_path / "out", device="cpu") as index, \
+            petal.Embedder(str(tiny_bert_dir), "cpu", **settings, **calibration) as embedder:
+        none_stored = embedder.encode([], query=True)
+        assert len(none_stored) == 0
+        assert index.search_stored(none_stored, k=2) == []
+        with petal.Embedder(str(tiny_bert_dir), "cpu") as plain:
+            model_dim = plain.encode(["a"]).shape[1]
+        assert index.search(np.zeros((0, model_dim), np.float32), k=2) == []
+        assert index.search([], k=2) == []

@@ -100,6 +100,8 @@ class BinaryIndex:
         Memory is bounded whatever ``k * rescore`` asks for (up to the whole index): FAISS returns at most
         ``CANDIDATES_PER_CALL`` candidates a call (one query's at least), and a query's candidates are read and
         scored ``RESCORE_ROWS`` rows at a time."""
+        if not len(queries):  # NOTE: no parts to concatenate (np.concatenate([]) raised ValueError)
+            return np.empty((0, k), dtype=np.float32), np.full((0, k), -1, dtype=np.int64)
         codes = np.packbits(queries >= 0, axis=1)
         wanted = min(self.ntotal, k * max(self.rescore, 1))
         per_call = max(1, CANDIDATES_PER_CALL // max(wanted, 1))  # queries a FAISS call
