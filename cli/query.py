@@ -211,7 +211,8 @@ def query(index_path: Path, texts: tuple[str, ...], k: int, from_stdin: bool, as
                 skipped += 1
                 held = _skipped_answer(held, line, "empty_text", as_json, answered > 0)
         if skipped:
-            click.echo(f"petal: {skipped} stdin lines skipped (empty_text: blank lines are not queries)", err=True)
+            click.echo(f"petal: {skipped} stdin line{'s' if skipped > 1 else ''} skipped (empty_text: blank lines "
+                       "are not queries)", err=True)
         if unseen_lines:
             click.echo(f"petal: {unseen_lines} stdin line{'s' if unseen_lines > 1 else ''} skipped ({UNSEEN})",
                        err=True)
@@ -506,6 +507,7 @@ def read_vector_file(path: Path) -> Any:
                                     "[n, dim])")
     except (OSError, ValueError, EOFError) as exc:  # NOTE: a truncated header is an EOFError
         raise BadInputError(f"{where}: not a readable .npy file ({one_line(str(exc))[:200]})") from exc
+    shape = vectors.shape  # NOTE: as the file holds it (a [dim] vector is read as [1, dim] below)
     if vectors.ndim == 1:
         vectors = vectors[None, :]
     if vectors.ndim == 2 and vectors.shape[0] == 0:
@@ -513,7 +515,7 @@ def read_vector_file(path: Path) -> Any:
         raise NoInputError(f"{where} holds no vectors (shape {vectors.shape})")
     if vectors.ndim != 2 or vectors.dtype.kind not in "iufb":
         raise BadInputError(f"{where}: expected real numbers (integers or floats) of shape [n, dim] or [dim], got "
-                            f"{vectors.shape} {vectors.dtype}")
+                            f"{shape} {vectors.dtype}")
     if vectors.dtype.kind in "iub":
         # NOTE: integers and booleans go as they are: a quantized index takes its own codes (int8 codes, packed or
         # bool sign bits) and a binary one refuses unsigned values; the index, open next, decides

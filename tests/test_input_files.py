@@ -198,6 +198,9 @@ def test_vector_file_contents_that_are_not_vectors_are_bad_input_not_usage(tmp_p
     for name in (*cases, "strings.npy", "nan.npy", "dim.npy", "cube.npy"):
         code, _, stderr = invoke("query", text_index, "--vector-file", tmp_path / name, "-k", "1")
         assert code == 65 and f"--vector-file {tmp_path / name}" in stderr, (name, code, stderr)
+    np.save(tmp_path / "records.npy", np.zeros(2, dtype=[("a", "f4", (384,))]))  # a 1-D array of records
+    code, _, stderr = invoke("query", text_index, "--vector-file", tmp_path / "records.npy", "-k", "1")
+    assert code == 65 and "got (2,) [('a', '<f4', (384,))]" in stderr, stderr  # its shape as saved, not (1, 2)
     np.save(tmp_path / "rows0.npy", np.zeros((0, 384), np.float32))
     code, _, stderr = invoke("query", text_index, "--vector-file", tmp_path / "rows0.npy")
     assert code == 66 and "holds no vectors" in stderr

@@ -117,3 +117,9 @@ def test_blank_text_arguments_before_stdin_are_answered_with_its_first_answer(in
     assert [(a["query"], a.get("skipped")) for a in answers] == [(" ", "empty_text"), ("lava", None)]
     blank = _petal("query", index_dir, " ", "--stdin", "--json", stdin=b"\n")
     assert blank.returncode == 66 and blank.stdout == b"", blank.stderr.decode()
+
+
+def test_one_skipped_line_is_counted_in_the_singular(index_dir):
+    done = _petal("query", index_dir, "--stdin", "-k", "1", stdin=b"glaciers\n\n")
+    assert done.returncode == 0, done.stderr.decode()
+    assert "petal: 1 stdin line skipped (empty_text: blank lines are not queries)" in done.stderr.decode()
