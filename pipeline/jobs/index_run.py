@@ -297,7 +297,11 @@ def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory
         check_column_types(shards, job.keep_columns, kept_schemas(kept, job.keep_columns, job.read, reads))
         if job.strict:  # an id in two shards is a bad row too (without --strict the last shard wins), kept ones too
             check_cross_shard_duplicates(shards, job.read, reads, kept_ids(kept))
-        if used_sha is None and (job.scale is not None or (not job.full and stored_any(store, shards))):
+        if job.full:  # NOTE: its commits are stamped, so that a rerun after a stop resumes it (RELIABILITY 3)
+            with writing(out.store_dir):
+                store.begin_full_run()
+        if used_sha is None and (job.scale is not None or ((not job.full or store.full_run_resumed)
+                                                           and stored_any(store, shards))):
             used_sha = weights.result()  # store entries to look up (a resumed run), or workers that pickle the spec
         sha = {}
         for info in shards:  # each shard whose stat changed is read whole: a stop signal ends the phase between two
@@ -315,8 +319,12 @@ def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory
         report.shards["total"] = len(all_shards)
         report.shards["reused"] = len(kept)  # NOTE: with shard_changes["kept"]: a failed run said "-1 reused"
         live_checked = live_before_lookup(out, previous, shards, fingerprints, kept_recs, job, delete_ids, report, stop)
-        entries: list[StoreEntry | None] = [None] * len(shards) if job.full or fingerprints is None else \
-            [store.lookup(info, fp, verify=not live_checked) for info, fp in zip(shards, fingerprints)]
+        entries: list[StoreEntry | None] = [None] * len(shards)
+        if fingerprints is not None and (not job.full or store.full_run_resumed):
+            # NOTE: --full embeds every shard again, but for what the stopped --full run it resumes committed
+            entries = [store.lookup(info, fp, verify=not live_checked) for info, fp in zip(shards, fingerprints)]
+            if job.full:
+                entries = [store.own_commit(entry) for entry in entries]
         todo = [i for i, entry in enumerate(entries) if entry is None]
         report.shards["reused"] += len(shards) - len(todo)
         gate = bad_row_gate(job, report, out)
@@ -422,6 +430,7 @@ def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory
             shutil.rmtree(staging, ignore_errors=True)  # gone by now if the rename happened
             raise
         fault("after_publish")
+        store.end_full_run()  # a version is live: no --full run is left to resume
         committed_tombstones = commit_tombstones(out, deletion)
         report.timings_s["index"] = round(time.perf_counter() - index_started, 3)
         report.version = version
@@ -458,7 +467,8 @@ def embed_in_process(shards: list[ShardInfo], identity: RunIdentity, store: Embe
     # whole shards; a shard is cut in this process only where an earlier scaled run committed ranges of it
     # NOTE: committed ranges are found by fingerprint; a run whose sha256 is not settled yet has none to find
     # (run_index settles it up front when the store holds entries or ranges of these shards).
-    plan = plan_ranges(store, shards, identity.fingerprints(store, shards), 0, job.read, reads, reuse=not job.full) \
+    plan = plan_ranges(store, shards, identity.fingerprints(store, shards), 0, job.read, reads,
+                       reuse=not job.full or store.full_run_resumed, full_run=job.full) \
         if identity.settled else whole_shards(shards)
     documents = read_ranges(shards, plan.ranges, job.read, reads)  # [1] read (streamed)
     # [2] tokenize in the background; it starts now, so it overlaps the model load and CUDA init

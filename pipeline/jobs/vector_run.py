@@ -130,6 +130,8 @@ def _run(job: IndexJob, column: str, report: RunReport, stop: StopSignals, start
         store = EmbeddingStore(out.store_dir, report.damaged_entries)  # a damaged entry embedded again is reported
         with writing(out.store_dir):
             store.open()
+            if job.full:  # NOTE: its commits are stamped, so that a rerun after a stop resumes it (RELIABILITY 3)
+                store.begin_full_run()
         kept_recs = kept_records(previous, shards, job.sync)
         kept = kept_entries(store, kept_recs, out.root)
         kept_infos = [kept_shard(r, e) for r, e in zip(kept_recs, kept)]
@@ -151,8 +153,12 @@ def _run(job: IndexJob, column: str, report: RunReport, stop: StopSignals, start
         report.shards["reused"] = len(kept)  # NOTE: with shard_changes["kept"]: a failed run said "-1 reused"
         live_checked = run.live_before_lookup(out, previous, shards, fingerprints, kept_recs, job, delete_ids, report,
                                               stop)
-        entries: list[StoreEntry | None] = [None if job.full else store.lookup(info, f, verify=not live_checked)
-                                            for info, f in zip(shards, fingerprints)]
+        # NOTE: --full reads every shard again, but for what the stopped --full run it resumes committed
+        entries: list[StoreEntry | None] = [
+            None if job.full and not store.full_run_resumed else store.lookup(info, f, verify=not live_checked)
+            for info, f in zip(shards, fingerprints)]
+        if job.full:
+            entries = [store.own_commit(entry) for entry in entries]
         gate = run.bad_row_gate(job, report, out)
         for entry in entries:
             if entry is not None and gate is not None:
@@ -214,6 +220,7 @@ def _run(job: IndexJob, column: str, report: RunReport, stop: StopSignals, start
             shutil.rmtree(staging, ignore_errors=True)
             raise
         fault("after_publish")
+        store.end_full_run()  # a version is live: no --full run is left to resume
         committed_tombstones = run.commit_tombstones(out, deletion)
         report.version = version
         report.index = {**result.report(job.index), "deleted": sum(run.tombstoned(e) for e in committed)}

@@ -26,6 +26,7 @@ stat recorded, so later runs skip it again. An entry of an older petal, without 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -73,6 +74,8 @@ STORE_FORMAT = 1
 CHECKSUMS_KEY = "checksums"  # entry.json: {file name: sha256} of DATA_FILES, taken at the commit
 STAT_KEY = "stat"  # entry.json: {file name: [size, mtime_ns, ctime_ns, inode]} of DATA_FILES at the commit
 DATA_FILES = ("embeddings.npy", "rows.parquet", "rejects.parquet")
+FULL_RUN_FILE = "full-run.json"  # OUT/store/: the --full run not yet published (EmbeddingStore.begin_full_run)
+FULL_RUN_KEY = "full_run"  # entry.json: the token of the --full run that committed it
 ENTRY_MAX_BYTES = 16 << 20
 RACY_NS = 2_000_000_000  # a file changed this close to its hashing may change again unseen: never cached
 PYARROW_PATH = re.compile(r"local file '(.+?)'")  # pyarrow's OSError carries no filename: its message quotes it
@@ -301,6 +304,9 @@ class EmbeddingStore:
         self.tmp_dir = root / "tmp"
         self._sha256: dict[tuple[str, int, int, int, int, str], str] = {}
         self._hashed_at_ns: dict[tuple[str, int, int, int, int, str], int] = {}
+        # the --full run whose commits are stamped with it (``begin_full_run``); a worker's store reads it
+        self.full_run = _pending_full_run(root)
+        self.full_run_resumed = False  # this --full run resumes a stopped one: its commits are looked up
 
     def open(self) -> None:
         """Create the store's directories and empty ``tmp/``; a symlink or a file in their place is refused (73)."""
@@ -312,6 +318,30 @@ class EmbeddingStore:
         if self.tmp_dir.exists():
             shutil.rmtree(self.tmp_dir)  # entries a crashed run was writing
         self.tmp_dir.mkdir(parents=True)
+
+    def begin_full_run(self) -> bool:
+        """A ``--full`` run begins: its commits are stamped with a token (``full-run.json``, kept until a version is
+        published), so that its rerun after a stop reuses what it committed (``own_commit``) instead of embedding every
+        shard again. Returns whether it resumes such a run (the file was there)."""
+        self.full_run_resumed = self.full_run is not None
+        if self.full_run is None:
+            token = uuid.uuid4().hex
+            write_json_atomic(self.root / FULL_RUN_FILE, {"token": token, "started_ns": time.time_ns()})
+            self.full_run = token
+        return self.full_run_resumed
+
+    def end_full_run(self) -> None:
+        """A version was published: no ``--full`` run is left to resume (a failure to remove the file is left to the
+        next publish)."""
+        self.full_run = None
+        with contextlib.suppress(OSError):
+            (self.root / FULL_RUN_FILE).unlink(missing_ok=True)
+
+    def own_commit(self, entry: StoreEntry | None) -> StoreEntry | None:
+        """``entry`` when this ``--full`` run (or the stopped one it resumes) committed it, else ``None``."""
+        if entry is None or self.full_run is None or entry.meta.get(FULL_RUN_KEY) != self.full_run:
+            return None
+        return entry
 
     def _entries_for(self, key: str) -> list[StoreEntry]:
         """The committed entries of a shard key (any settings); one petal may not read: 66 naming it
@@ -602,6 +632,17 @@ def entry_id_type(info: ShardInfo) -> pa.DataType:
     return pa.int64() if integer_ids(info.id_type) else pa.null() if no_ids(info.id_type) else pa.string()
 
 
+def _pending_full_run(root: Path) -> str | None:
+    """The token of a ``--full`` run that has not published (``full-run.json``), or ``None`` (none, or a file that is
+    no such record: then the run embeds every shard, as ``--full`` always did)."""
+    try:
+        data = json.loads(read_regular(root / FULL_RUN_FILE, root, 4096))
+    except (OSError, ValueError, RecursionError, PetalError):
+        return None
+    token = data.get("token") if isinstance(data, dict) else None
+    return token if isinstance(token, str) and re.fullmatch(r"[0-9a-f]{32}", token) else None
+
+
 def commit_entry(store: EmbeddingStore, tmp: Path, final: Path, info: ShardInfo, settings: dict[str, Any], dim: int,
                  rows: np.ndarray, ids: list | pa.Array, rejects: list[tuple[int, str]], num_rows: int,
                  num_truncated: int, extra: dict[str, Any]) -> StoreEntry:
@@ -632,6 +673,8 @@ def commit_entry(store: EmbeddingStore, tmp: Path, final: Path, info: ShardInfo,
         "counts": {"rows": num_rows, "embedded": len(rows), "skipped": reasons, "truncated": num_truncated},
         **extra,
     }
+    if store.full_run is not None:
+        meta[FULL_RUN_KEY] = store.full_run
     meta[CHECKSUMS_KEY] = {name: sha256_file(tmp / name) for name in DATA_FILES}
     meta[STAT_KEY] = {name: file_stat(tmp / name) for name in DATA_FILES}  # NOTE: the files are not written again
     write_json_atomic(tmp / "entry.json", meta)
