@@ -23,9 +23,10 @@ from petal.pipeline.store.tombstones import deleted_rows
 class StoreVectors:
     """The de-duplicated vectors of ``entries`` (in shard order), addressed by FAISS id."""
 
-    def __init__(self, entries: list[StoreEntry], dim: int) -> None:
+    def __init__(self, entries: list[StoreEntry], dim: int, shard_paths: dict[str, str] | None = None) -> None:
         self.entries = entries
         self.dim = dim
+        self.shard_paths = shard_paths or {}  # abs path -> the path the version's manifest records (write_ids)
         self.id_type = pa.string() if any(e.meta.get("id_type") == "string" for e in entries) else pa.int64()
         for entry in entries:
             check_row_files(entry)  # an unchecked entry's (a kept shard's) rows: 65 when changed since the commit
@@ -106,7 +107,8 @@ class StoreVectors:
         return self.take(np.sort(picks))
 
     def write_ids(self, path: Path) -> None:
-        """``ids.parquet``: faiss_id int64, id, shard (as given), row int64, in FAISS id order."""
+        """``ids.parquet``: faiss_id int64, id, shard (as given: the path the version's manifest records, else the
+        one the entry was committed with), row int64, in FAISS id order."""
         schema = pa.schema([("faiss_id", pa.int64()), ("id", self.id_type), ("shard", pa.string()),
                             ("row", pa.int64())])
         with pq.ParquetWriter(path, schema, write_page_checksum=True) as writer:
@@ -118,7 +120,10 @@ class StoreVectors:
                 writer.write_table(pa.table({
                     "faiss_id": pa.array(np.arange(start, start + n, dtype=np.int64)),
                     "id": part.column("id").cast(self.id_type),
-                    "shard": pa.array([entry.meta["source"]["path"]] * n, pa.string()),
+                    # NOTE: not the entry's own path alone: a shard first indexed as src/a.parquet (or through a
+                    # link since removed) kept it in every later version, beside the path the manifest records
+                    "shard": pa.array([self.shard_paths.get(entry.meta["source"]["abs_path"],
+                                                            entry.meta["source"]["path"])] * n, pa.string()),
                     "row": part.column("row"),
                 }, schema=schema), row_group_size=IDS_GROUP_ROWS)
             if self.total == 0:

@@ -223,12 +223,14 @@ def _add_binary(index: Any, source: StoreVectors, staging: Path, rows: int) -> s
 
 
 def build_index(entries: list[StoreEntry], dim: int, settings: IndexSettings, staging: Path,
-                output: OutputTransform | None = None, wait: bool = True) -> BuildResult:
+                output: OutputTransform | None = None, wait: bool = True,
+                shard_paths: dict[str, str] | None = None) -> BuildResult:
     """Write the index of ``entries`` (store entries in shard order; vectors ``[rows, dim]``) into
     ``staging``: ``index.faiss`` (+ ``index.ivfdata`` on disk, + ``rescore.npy`` for binary) and
     ``ids.parquet``. Every output format goes through the same planner, training, adding and tuner;
     ``output`` (the stored vectors' transform) picks the codes, and ``result.output`` is it with the
-    int8 calibration the index learned.
+    int8 calibration the index learned. ``shard_paths``: each shard's path as the version's manifest records it (by
+    absolute path), written in ``ids.parquet``'s ``shard``.
 
     Every file is hashed (and fsynced) in the background once written; ``wait=False`` returns with
     ``result.pending`` still running, for the caller to ``join_checksums()`` after writing the rest.
@@ -237,7 +239,7 @@ def build_index(entries: list[StoreEntry], dim: int, settings: IndexSettings, st
     """
     checksums = BackgroundChecksums()
     try:
-        result = _build_index(entries, dim, settings, staging, output, checksums)
+        result = _build_index(entries, dim, settings, staging, output, checksums, shard_paths)
     except BaseException:
         checksums.cancel()
         raise
@@ -248,11 +250,12 @@ def build_index(entries: list[StoreEntry], dim: int, settings: IndexSettings, st
 
 
 def _build_index(entries: list[StoreEntry], dim: int, settings: IndexSettings, staging: Path,
-                 output: OutputTransform | None, checksums: BackgroundChecksums) -> BuildResult:
+                 output: OutputTransform | None, checksums: BackgroundChecksums,
+                 shard_paths: dict[str, str] | None = None) -> BuildResult:
     faiss = load_faiss()
     started = time.perf_counter()
     timings: dict[str, float] = {}
-    source = StoreVectors(entries, dim)
+    source = StoreVectors(entries, dim, shard_paths)
     kind = index_kind(output.quantize, output.output_dtype) if output is not None else "float32"
     # NOTE: no vectors (every document deleted, every shard dropped): an empty index of the factory asked, as
     # trained as FAISS makes it without data; nothing to train, calibrate or tune, and searches answer no hits
@@ -337,13 +340,14 @@ def _build_index(entries: list[StoreEntry], dim: int, settings: IndexSettings, s
 
 
 def build_version_index(entries: list[StoreEntry], dim: int, settings: IndexSettings, staging: Path,
-                        output: OutputTransform | None = None, wait: bool = True) -> BuildResult:
+                        output: OutputTransform | None = None, wait: bool = True,
+                        shard_paths: dict[str, str] | None = None) -> BuildResult:
     """``build_index`` for a version being published (``petal index``, ``--vectors-column``, ``petal
     rebuild``): a FAISS error or a factory the stored vectors cannot train is a ``ConfigError`` (78)
     naming the factory (the embeddings stay in the store); write errors go on to ``writing()`` (74).
     The caller removes ``staging`` when this raises."""
     try:
-        return build_index(entries, dim, settings, staging, output, wait)
+        return build_index(entries, dim, settings, staging, output, wait, shard_paths)
     except (RuntimeError, ValueError) as exc:
         # NOTE: a FlagError here is the factory check run again at build time, against the stored vectors:
         # after embedding it is the contract's FAISS failure (78, embeddings kept), not a usage error

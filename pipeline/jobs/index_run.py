@@ -404,7 +404,8 @@ def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory
                 # the index type follows the output format; int8 learns its calibration here. A FAISS
                 # error is 78 (the embeddings stay in the store); write errors go on to writing() (74)
                 # the files' checksums run in the background while the rest of the version is written
-                result = build_version_index(committed, transform.dim, job.index, staging, transform, wait=False)
+                result = build_version_index(committed, transform.dim, job.index, staging, transform, wait=False,
+                                             shard_paths={info.abs_path: str(info.path) for info in shards})
                 transform = result.output or transform
                 fault("after_index_build", staging / MANIFEST_FILE)
                 t0 = time.perf_counter()

@@ -235,7 +235,8 @@ def _build(out: OutputDir, previous: Manifest, entries: list[StoreEntry], settin
            staging: Path) -> tuple[BuildResult, str]:
     """Build into ``staging`` (published by the caller); a FAISS error is a ``ConfigError`` (78) naming the factory."""
     # the index type follows the output format (int8 learns its calibration again)
-    result = build_version_index(entries, previous.dim, settings, staging, previous.output)
+    result = build_version_index(entries, previous.dim, settings, staging, previous.output,
+                                 shard_paths={shard.abs_path: shard.path for shard in previous.shards})
     rejects = out.version_dir(previous.version) / "rejects.parquet"
     try:
         check_regular(rejects, out.root)  # NOTE: never a FIFO (copying it would block), never a link out

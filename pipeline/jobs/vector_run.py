@@ -202,7 +202,8 @@ def _run(job: IndexJob, column: str, report: RunReport, stop: StopSignals, start
         try:
             with writing(staging):
                 fault("before_index_build", staging / "index.faiss")
-                result = build_version_index(committed, dim, job.index, staging, transform)  # FAISS errors: 78
+                result = build_version_index(committed, dim, job.index, staging, transform,  # FAISS errors: 78
+                                             shard_paths={info.abs_path: str(info.path) for info in all_shards})
                 fault("after_index_build", staging / MANIFEST_FILE)
                 pq.write_table(rejects_table(committed), staging / "rejects.parquet", write_page_checksum=True)
                 stored = add_stored_columns(committed, dim, need, staging, job.read)
