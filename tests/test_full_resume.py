@@ -116,3 +116,29 @@ def test_a_stopped_full_run_of_a_vectors_column_resumes_with_full(tmp_path):
     assert_clean(out)
     again = forkrun.petal([*argv, "--full"])
     assert again.rc == 0 and json.loads((tmp_path / "report.json").read_text())["shards"]["embedded"] == 4
+
+
+@pytest.mark.parametrize("between", ["killed after its publish", "a rebuild", "a run with nothing to do"])
+def test_once_a_version_is_live_the_next_full_embeds_everything(tmp_path, fake_model, between):
+    """The stopped --full run is resumed only while nothing else succeeded since: a --full killed right after its
+    pointer swap (before it could say it was done), a petal rebuild publishing, or a plain run ending with nothing to
+    do end it, and the marker does not outlive a successful run."""
+    write_shards(tmp_path / "data", names="abc")
+    job = Job(tmp_path, fake_model)
+    assert job.run().rc == 0
+    if between == "killed after its publish":
+        assert job.run("--full", fault="after_publish:1:kill").rc == -signal.SIGKILL
+    else:
+        assert job.run("--full", fault="after_shard_commit:1:term").rc == 143
+        if between == "a rebuild":
+            done = forkrun.petal(["rebuild", str(job.out), "--metric", "l2"])
+            assert done.rc == 0, done.stderr
+        else:
+            done = job.run()
+            assert done.rc == 0 and done.report["status"] == "nothing-to-do", done.stderr
+        assert not (job.out / "store" / FULL_RUN_FILE).exists()
+        assert_clean(job.out)
+    again = job.run("--full")
+    assert again.rc == 0 and again.report["shards"] == {"total": 3, "embedded": 3, "reused": 0}, again.stderr
+    assert _shards_of(job.log) == set("abc")
+    assert_clean(job.out)

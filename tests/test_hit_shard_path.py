@@ -35,13 +35,14 @@ def _petal(cwd: Path, *argv: object) -> subprocess.CompletedProcess[str]:
 
 
 def _write(path: Path, name: str, rows: int = 4) -> None:
+    """``rows`` documents, the last with a null text (a bad row: in rejects.parquet)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.table({"id": [f"{name}{i}" for i in range(rows)],
-                             "text": [f"{name} text number {i}" for i in range(rows)]}), path)
+                             "text": [f"{name} text number {i}" for i in range(rows - 1)] + [None]}), path)
 
 
-def _hit_shards(out: Path) -> set[str]:
-    return set(pq.read_table(out / "versions" / (out / "CURRENT").read_text().strip() / "ids.parquet",
+def _hit_shards(out: Path, name: str = "ids.parquet") -> set[str]:
+    return set(pq.read_table(out / "versions" / (out / "CURRENT").read_text().strip() / name,
                              columns=["shard"]).column("shard").to_pylist())
 
 
@@ -54,11 +55,13 @@ def test_a_shard_named_by_another_spelling_later_shows_that_spelling(tmp_path, f
     _write(tmp_path / "src" / "a.parquet", "a")
     _petal(tmp_path, "index", "src", "--out", "out", "--model", fake_model, "-q")
     assert _hit_shards(tmp_path / "out") == {"src/a.parquet"} == _manifest_paths(tmp_path / "out")
+    assert _hit_shards(tmp_path / "out", "rejects.parquet") == {"src/a.parquet"}
     _write(tmp_path / "src" / "b.parquet", "b")
     _petal(tmp_path, "index", tmp_path / "src", "--out", tmp_path / "out", "--model", fake_model, "-q")
     expected = {str(tmp_path / "src" / "a.parquet"), str(tmp_path / "src" / "b.parquet")}
     assert _manifest_paths(tmp_path / "out") == expected
     assert _hit_shards(tmp_path / "out") == expected  # a.parquet's entry (reused) was committed as src/a.parquet
+    assert _hit_shards(tmp_path / "out", "rejects.parquet") == expected  # its bad row too
     version = (tmp_path / "out" / "CURRENT").read_text().strip()
     dim = json.loads((tmp_path / "out" / "versions" / version / "manifest.json").read_text())["dim"]
     np.save(tmp_path / "q.npy", np.ones((1, dim), np.float32))
@@ -67,4 +70,20 @@ def test_a_shard_named_by_another_spelling_later_shows_that_spelling(tmp_path, f
     assert {hit["shard"] for answer in hits for hit in answer["hits"]} == expected
     _petal(tmp_path, "rebuild", "out", "--index-factory", "HNSW8")  # a rebuild writes the manifest's paths too
     assert _hit_shards(tmp_path / "out") == expected == _manifest_paths(tmp_path / "out")
+    assert _hit_shards(tmp_path / "out", "rejects.parquet") == expected
+
+
+def test_a_refused_run_names_kept_bad_rows_by_the_path_of_this_run(tmp_path, fake_model):
+    """--strict refused: OUT/rejects.parquet named a reused shard's bad row by its first run's spelling."""
+    _write(tmp_path / "src" / "a.parquet", "a")
+    _petal(tmp_path, "index", "src", "--out", "out", "--model", fake_model, "-q")
+    _write(tmp_path / "src" / "b.parquet", "b")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PETAL_TEST_FAKE_ENGINE": str(tmp_path / "fake.jsonl")}
+    env.pop("PETAL_FAULT", None)
+    refused = subprocess.run([sys.executable, "-m", "tests.fake_cli", "index", str(tmp_path / "src"), "--out", "out",
+                              "--model", str(fake_model), "-q", "--strict"], env=env, cwd=tmp_path,
+                             capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 65, refused.stderr
+    shards = set(pq.read_table(tmp_path / "out" / "rejects.parquet").column("shard").to_pylist())
+    assert shards <= {str(tmp_path / "src" / "a.parquet"), str(tmp_path / "src" / "b.parquet")}, shards
 

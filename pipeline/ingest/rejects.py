@@ -21,13 +21,17 @@ from petal.pipeline.store.embeddings import StoreEntry
 REJECTS_SCHEMA = pa.schema([("shard", pa.string()), ("row", pa.int64()), ("reason", pa.string())])
 
 
-def rejects_table(entries: list[StoreEntry], pending: list[tuple[str, int, str]] | None = None) -> pa.Table:
-    """The rejects of committed ``entries`` plus ``pending`` ``(shard, row, reason)`` rows, by shard and row."""
+def rejects_table(entries: list[StoreEntry], pending: list[tuple[str, int, str]] | None = None,
+                  shard_paths: dict[str, str] | None = None) -> pa.Table:
+    """The rejects of committed ``entries`` plus ``pending`` ``(shard, row, reason)`` rows, by shard and row; a
+    shard named by ``shard_paths`` (abs path -> the path this run's version records), else by its entry's path."""
+    paths = shard_paths or {}
     tables = []
     for entry in entries:
         rejects = entry.rejects()
         if rejects.num_rows:
-            shard = pa.array([entry.meta["source"]["path"]] * rejects.num_rows, pa.string())
+            source = entry.meta["source"]
+            shard = pa.array([paths.get(source["abs_path"], source["path"])] * rejects.num_rows, pa.string())
             tables.append(pa.table({"shard": shard, "row": rejects.column("row"), "reason": rejects.column("reason")},
                                    schema=REJECTS_SCHEMA))
     if pending:
@@ -65,6 +69,7 @@ class BadRowGate:
         self.num_committed = 0  # bad rows in ``committed``
         self.pending: dict[int, list[tuple[str, int, str]]] = {}  # by shard position in this run
         self.num_pending = 0
+        self.shard_paths: dict[str, str] = {}  # abs path -> the path this run names the shard by (rejects_table)
 
     @property
     def total(self) -> int:
@@ -91,7 +96,7 @@ class BadRowGate:
         total = self.total
         if total <= self.limit:
             return
-        table = rejects_table(self.committed, [r for rows in self.pending.values() for r in rows])
+        table = rejects_table(self.committed, [r for rows in self.pending.values() for r in rows], self.shard_paths)
         write_rejects(table, self.out_file)
         self.report.rejects_file = str(self.out_file)
         counts = Counter(table.column("reason").to_pylist())

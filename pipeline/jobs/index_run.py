@@ -70,7 +70,7 @@ from petal.pipeline.jobs.report import RunReport
 from petal.pipeline.jobs.report_file import check_report_file, check_report_not_input, check_report_path
 from petal.pipeline.jobs.settings import check_kept_factory, kept_settings
 from petal.pipeline.jobs.weights_hash import FileStat, WeightsHash, with_weights_sha256
-from petal.pipeline.layout import OutputDir, check_not_inside_output
+from petal.pipeline.layout import OutputDir, check_not_inside_output, current_pointer
 from petal.pipeline.manifest import (
     MANIFEST_FILE,
     Counts,
@@ -299,7 +299,7 @@ def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory
             check_cross_shard_duplicates(shards, job.read, reads, kept_ids(kept))
         if job.full:  # NOTE: its commits are stamped, so that a rerun after a stop resumes it (RELIABILITY 3)
             with writing(out.store_dir):
-                store.begin_full_run()
+                store.begin_full_run(current_pointer(out.root))
         if used_sha is None and (job.scale is not None or ((not job.full or store.full_run_resumed)
                                                            and stored_any(store, shards))):
             used_sha = weights.result()  # store entries to look up (a resumed run), or workers that pickle the spec
@@ -329,6 +329,7 @@ def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory
         report.shards["reused"] += len(shards) - len(todo)
         gate = bad_row_gate(job, report, out)
         if gate is not None:
+            gate.shard_paths = {info.abs_path: str(info.path) for info in all_shards}
             for entry in entries:
                 if entry is not None:
                     gate.reuse(entry)  # refused before the model loads when reused shards are over already
@@ -385,6 +386,7 @@ def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory
         if published_nothing(out, previous, same, report, stop, live_checked, store, named, embedded_now):
             report_live_version(out, report)
             clean_up(out, store, committed, job, report, stop)
+            store.end_full_run()  # a run succeeded with the live version: a stopped --full is not resumed after it
             stop.check()  # a signal while cleaning up: the live version stays, the exit code is the signal's
             report.finish("nothing-to-do", 0, "no shard or setting changed; the live version stays")
             return report
@@ -409,7 +411,8 @@ def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory
                 transform = result.output or transform
                 fault("after_index_build", staging / MANIFEST_FILE)
                 t0 = time.perf_counter()
-                pq.write_table(rejects_table(committed), staging / "rejects.parquet", write_page_checksum=True)
+                pq.write_table(rejects_table(committed, shard_paths={i.abs_path: str(i.path) for i in shards}),
+                               staging / "rejects.parquet", write_page_checksum=True)
                 stored = add_stored_columns(committed, transform.dim, need, staging, job.read)  # text, kept
                 if stored and result.pending is not None:
                     result.pending.add(staging / IDS_FILE)  # rewritten with the stored columns

@@ -274,6 +274,8 @@ class ShardEmbedder:
         starts.loaded.remote(os.getpid(), ray.util.get_node_ip_address())
         self.load_s = round(time.perf_counter() - loading, 3)
         self.store = EmbeddingStore(plan.store_root)  # NOTE: never ``open()``: others write in its tmp/
+        if plan.job.full:
+            self.store.join_full_run()  # its commits are the --full run's (resumed after a stop)
         self.store.remember_sha256(plan.shards, plan.sha256)
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, list]:

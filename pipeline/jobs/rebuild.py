@@ -146,6 +146,7 @@ def run_rebuild(out_path: Path, settings: IndexSettings, report: RunReport, wait
                 result, version = _build(out, previous, entries, settings, staging)
             active.check()  # NOTE: the last stop: once the pointer swaps, the rebuild is done
             out.publish(staging, version)
+            EmbeddingStore(out.store_dir).end_full_run()  # NOTE: published: a stopped --full run is not resumed
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)  # a full disk gets its space back at once
             raise

@@ -29,7 +29,7 @@ from petal.pipeline.jobs.keep_columns import check_column_types, check_keep_colu
 from petal.pipeline.jobs.removals import kept_entries, kept_ids, kept_records, kept_shard, kept_vectors
 from petal.pipeline.jobs.report import RunReport
 from petal.pipeline.jobs.report_file import check_report_file, check_report_not_input, check_report_path
-from petal.pipeline.layout import OutputDir, check_not_inside_output
+from petal.pipeline.layout import OutputDir, check_not_inside_output, current_pointer
 from petal.pipeline.manifest import MANIFEST_FILE, Manifest, PrecomputedSettings, StoredColumns
 from petal.pipeline.reliability.errors import ConfigError, NoInputError, quote_path, writing
 from petal.pipeline.reliability.faults import fault
@@ -131,7 +131,7 @@ def _run(job: IndexJob, column: str, report: RunReport, stop: StopSignals, start
         with writing(out.store_dir):
             store.open()
             if job.full:  # NOTE: its commits are stamped, so that a rerun after a stop resumes it (RELIABILITY 3)
-                store.begin_full_run()
+                store.begin_full_run(current_pointer(out.root))
         kept_recs = kept_records(previous, shards, job.sync)
         kept = kept_entries(store, kept_recs, out.root)
         kept_infos = [kept_shard(r, e) for r, e in zip(kept_recs, kept)]
@@ -160,6 +160,8 @@ def _run(job: IndexJob, column: str, report: RunReport, stop: StopSignals, start
         if job.full:
             entries = [store.own_commit(entry) for entry in entries]
         gate = run.bad_row_gate(job, report, out)
+        if gate is not None:
+            gate.shard_paths = {info.abs_path: str(info.path) for info in all_shards}
         for entry in entries:
             if entry is not None and gate is not None:
                 gate.reuse(entry)
@@ -189,6 +191,7 @@ def _run(job: IndexJob, column: str, report: RunReport, stop: StopSignals, start
         if run.published_nothing(out, previous, same, report, stop, live_checked, store, named, embedded_now):
             run.report_live_version(out, report)
             run.clean_up(out, store, committed, job, report, stop)
+            store.end_full_run()  # a run succeeded with the live version: a stopped --full is not resumed after it
             stop.check()  # a signal while cleaning up: the live version stays, the exit code is the signal's
             report.finish("nothing-to-do", 0, "no shard or setting changed; the live version stays")
             return report
@@ -205,7 +208,8 @@ def _run(job: IndexJob, column: str, report: RunReport, stop: StopSignals, start
                 result = build_version_index(committed, dim, job.index, staging, transform,  # FAISS errors: 78
                                              shard_paths={info.abs_path: str(info.path) for info in all_shards})
                 fault("after_index_build", staging / MANIFEST_FILE)
-                pq.write_table(rejects_table(committed), staging / "rejects.parquet", write_page_checksum=True)
+                pq.write_table(rejects_table(committed, shard_paths={i.abs_path: str(i.path) for i in all_shards}),
+                               staging / "rejects.parquet", write_page_checksum=True)
                 stored = add_stored_columns(committed, dim, need, staging, job.read)
                 if stored:
                     result.files[IDS_FILE] = sha256_file(staging / IDS_FILE)

@@ -190,6 +190,8 @@ def _run(plan: WorkerPlan, slot: WorkerSlot, events: Channel, stop: Any) -> dict
 
         torch.set_num_threads(slot.torch_threads)
     store = EmbeddingStore(plan.store_root)  # NOTE: never ``open()``: that empties tmp/, where others write
+    if plan.job.full:
+        store.join_full_run()  # its commits are the --full run's (resumed after a stop)
     store.remember_sha256(plan.shards, plan.sha256)
     report = RunReport(command="index-worker")
     closing = threading.Event()

@@ -304,8 +304,8 @@ class EmbeddingStore:
         self.tmp_dir = root / "tmp"
         self._sha256: dict[tuple[str, int, int, int, int, str], str] = {}
         self._hashed_at_ns: dict[tuple[str, int, int, int, int, str], int] = {}
-        # the --full run whose commits are stamped with it (``begin_full_run``); a worker's store reads it
-        self.full_run = _pending_full_run(root)
+        # the --full run whose commits are stamped with it (``begin_full_run``; a worker's: ``join_full_run``)
+        self.full_run: str | None = None
         self.full_run_resumed = False  # this --full run resumes a stopped one: its commits are looked up
 
     def open(self) -> None:
@@ -319,20 +319,30 @@ class EmbeddingStore:
             shutil.rmtree(self.tmp_dir)  # entries a crashed run was writing
         self.tmp_dir.mkdir(parents=True)
 
-    def begin_full_run(self) -> bool:
-        """A ``--full`` run begins: its commits are stamped with a token (``full-run.json``, kept until a version is
-        published), so that its rerun after a stop reuses what it committed (``own_commit``) instead of embedding every
-        shard again. Returns whether it resumes such a run (the file was there)."""
-        self.full_run_resumed = self.full_run is not None
-        if self.full_run is None:
-            token = uuid.uuid4().hex
-            write_json_atomic(self.root / FULL_RUN_FILE, {"token": token, "started_ns": time.time_ns()})
-            self.full_run = token
+    def begin_full_run(self, live_version: str | None) -> bool:
+        """A ``--full`` run begins over the live version ``live_version``: its commits are stamped with a token
+        (``full-run.json``), so that its rerun after a stop reuses what it committed (``own_commit``) instead of
+        embedding every shard again. The token of a stopped ``--full`` run is taken over only while the version it
+        began over is still the live one: once any run (a rebuild, a run killed right after its swap) published, a
+        ``--full`` embeds everything again. Returns whether it resumes a stopped run."""
+        pending = _pending_full_run(self.root)
+        self.full_run_resumed = pending is not None and pending[1] == live_version
+        if self.full_run_resumed:
+            self.full_run = pending[0] if pending is not None else None
+        else:
+            self.full_run = uuid.uuid4().hex
+            write_json_atomic(self.root / FULL_RUN_FILE, {"token": self.full_run, "live_version": live_version,
+                                                          "started_ns": time.time_ns()})
         return self.full_run_resumed
 
+    def join_full_run(self) -> None:
+        """(a worker of a ``--full`` run) Stamp this store's commits with the run's token (``begin_full_run``)."""
+        pending = _pending_full_run(self.root)
+        self.full_run = pending[0] if pending is not None else None
+
     def end_full_run(self) -> None:
-        """A version was published: no ``--full`` run is left to resume (a failure to remove the file is left to the
-        next publish)."""
+        """A run ended with a version live (published, or nothing to do): no ``--full`` run is left to resume (a
+        failure to remove the file is harmless: the next ``--full`` sees the live version has changed, or is told)."""
         self.full_run = None
         with contextlib.suppress(OSError):
             (self.root / FULL_RUN_FILE).unlink(missing_ok=True)
@@ -632,15 +642,20 @@ def entry_id_type(info: ShardInfo) -> pa.DataType:
     return pa.int64() if integer_ids(info.id_type) else pa.null() if no_ids(info.id_type) else pa.string()
 
 
-def _pending_full_run(root: Path) -> str | None:
-    """The token of a ``--full`` run that has not published (``full-run.json``), or ``None`` (none, or a file that is
-    no such record: then the run embeds every shard, as ``--full`` always did)."""
+def _pending_full_run(root: Path) -> tuple[str, str | None] | None:
+    """``(token, live version it began over)`` of a ``--full`` run that has not published (``full-run.json``), or
+    ``None`` (none, or a file that is no such record: then the run embeds every shard, as ``--full`` always did)."""
     try:
         data = json.loads(read_regular(root / FULL_RUN_FILE, root, 4096))
     except (OSError, ValueError, RecursionError, PetalError):
         return None
-    token = data.get("token") if isinstance(data, dict) else None
-    return token if isinstance(token, str) and re.fullmatch(r"[0-9a-f]{32}", token) else None
+    if not isinstance(data, dict):
+        return None
+    token, live = data.get("token"), data.get("live_version")
+    if not isinstance(token, str) or not re.fullmatch(r"[0-9a-f]{32}", token) or not (live is None or
+                                                                                   isinstance(live, str)):
+        return None
+    return token, live
 
 
 def commit_entry(store: EmbeddingStore, tmp: Path, final: Path, info: ShardInfo, settings: dict[str, Any], dim: int,
