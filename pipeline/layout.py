@@ -395,6 +395,12 @@ class OutputDir:
                        "not a version id")
         return int(name[1:7]), None
 
+    def publish_mark(self) -> str:
+        """What any publish changes: the live pointer and the last version id handed out (a rollback by hand puts the
+        pointer back, not the mark). A stopped --full run is resumed only while it is the same
+        (``EmbeddingStore.begin_full_run``)."""
+        return f"{current_pointer(self.root) or ''}#{self._last_version()[0]}"
+
     def staging_dir(self) -> Path:
         path = self.versions_dir / f".staging-{uuid.uuid4().hex[:12]}"
         path.mkdir(parents=True)

@@ -43,6 +43,8 @@ def test_a_stopped_full_run_resumes_with_full(tmp_path, fake_model, settings, st
     assert job.run().rc == 0
     stopped = job.run("--full", *settings, fault=f"after_shard_commit:2:{stop}")
     assert stopped.rc == (143 if stop == "term" else -signal.SIGKILL), stopped.stderr
+    if stop == "term":  # a plain rerun would end the stopped --full run, not resume it: the message says so
+        assert "rerun with --full (and its other flags) to resume" in stopped.stderr.splitlines()[-1]
     assert {"a", "b"} <= _shards_of(job.log)  # committed two (the engine may have begun the third)
     if settings:  # the live version has the old settings: only --full goes on
         assert job.run(*settings).rc == 78
@@ -142,3 +144,30 @@ def test_once_a_version_is_live_the_next_full_embeds_everything(tmp_path, fake_m
     assert again.rc == 0 and again.report["shards"] == {"total": 3, "embedded": 3, "reused": 0}, again.stderr
     assert _shards_of(job.log) == set("abc")
     assert_clean(job.out)
+
+
+def test_a_rollback_by_hand_after_a_publish_does_not_bring_the_stopped_full_run_back(tmp_path, fake_model):
+    """The live version the stopped --full began over can be live again (a rollback by hand after another run
+    published, killed before it could end the --full run): the versions handed out say a publish happened."""
+    write_shards(tmp_path / "data", names="abcd")
+    job = Job(tmp_path, fake_model)
+    assert job.run().rc == 0
+    first = (job.out / "CURRENT").read_text()
+    assert job.run("--full", fault="after_shard_commit:1:kill").rc == -signal.SIGKILL
+    write_shards(tmp_path / "data", names="e")
+    assert job.run(fault="after_publish:1:kill").rc == -signal.SIGKILL
+    assert (job.out / "CURRENT").read_text() != first
+    (tmp_path / "data" / "e.parquet").unlink()
+    (job.out / "CURRENT").write_text(first)  # README's rollback
+    again = job.run("--full")
+    assert again.rc == 0 and again.report["shards"] == {"total": 4, "embedded": 4, "reused": 0}, again.stderr
+
+
+def test_a_marker_that_cannot_be_written_is_said_and_the_run_embeds_everything(tmp_path, fake_model):
+    write_shards(tmp_path / "data", names="abc")
+    job = Job(tmp_path, fake_model)
+    assert job.run().rc == 0
+    (job.out / "store" / FULL_RUN_FILE).mkdir()
+    done = job.run("--full")
+    assert done.rc == 0 and done.report["shards"]["embedded"] == 3, done.stderr
+    assert f"cannot record this --full run in {job.out / 'store' / FULL_RUN_FILE}" in done.stderr

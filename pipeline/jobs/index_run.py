@@ -70,7 +70,7 @@ from petal.pipeline.jobs.report import RunReport
 from petal.pipeline.jobs.report_file import check_report_file, check_report_not_input, check_report_path
 from petal.pipeline.jobs.settings import check_kept_factory, kept_settings
 from petal.pipeline.jobs.weights_hash import FileStat, WeightsHash, with_weights_sha256
-from petal.pipeline.layout import OutputDir, check_not_inside_output, current_pointer
+from petal.pipeline.layout import OutputDir, check_not_inside_output
 from petal.pipeline.manifest import (
     MANIFEST_FILE,
     Counts,
@@ -209,6 +209,8 @@ def run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory | 
     try:
         with contextlib.nullcontext(stop) if stop is not None else StopSignals() as active:
             return _run_index(job, report, engine_factory, active, reads, given)
+    except Interrupted as exc:
+        raise full_rerun_hint(exc, job) from None
     finally:
         report.retries["read"] = reads.retries
 
@@ -299,7 +301,7 @@ def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory
             check_cross_shard_duplicates(shards, job.read, reads, kept_ids(kept))
         if job.full:  # NOTE: its commits are stamped, so that a rerun after a stop resumes it (RELIABILITY 3)
             with writing(out.store_dir):
-                store.begin_full_run(current_pointer(out.root))
+                store.begin_full_run(out.publish_mark())
         if used_sha is None and (job.scale is not None or ((not job.full or store.full_run_resumed)
                                                            and stored_any(store, shards))):
             used_sha = weights.result()  # store entries to look up (a resumed run), or workers that pickle the spec
@@ -1095,6 +1097,14 @@ def check_rows_to_index(out: OutputDir, job: IndexJob, committed: list[StoreEntr
         return
     raise NoInputError(f"no rows to index: {report.rows['total']} rows read, all skipped "
                        f"({report.rows['skipped'] or 'no rows'})")
+
+
+def full_rerun_hint(exc: Interrupted, job: IndexJob) -> Interrupted:
+    """A --full run stopped before its publish says to rerun it with --full: a plain rerun does not resume it (it
+    ends it, and the next --full embeds everything again)."""
+    if not job.full or exc.live_version is not None:
+        return exc
+    return Interrupted(exc.signum, rerun="rerun with --full (and its other flags)")
 
 
 def full_rerun_sources(live: Manifest | None, named: list[ShardInfo]) -> list[str]:

@@ -29,9 +29,9 @@ from petal.pipeline.jobs.keep_columns import check_column_types, check_keep_colu
 from petal.pipeline.jobs.removals import kept_entries, kept_ids, kept_records, kept_shard, kept_vectors
 from petal.pipeline.jobs.report import RunReport
 from petal.pipeline.jobs.report_file import check_report_file, check_report_not_input, check_report_path
-from petal.pipeline.layout import OutputDir, check_not_inside_output, current_pointer
+from petal.pipeline.layout import OutputDir, check_not_inside_output
 from petal.pipeline.manifest import MANIFEST_FILE, Manifest, PrecomputedSettings, StoredColumns
-from petal.pipeline.reliability.errors import ConfigError, NoInputError, quote_path, writing
+from petal.pipeline.reliability.errors import ConfigError, Interrupted, NoInputError, quote_path, writing
 from petal.pipeline.reliability.faults import fault
 from petal.pipeline.reliability.notes import say
 from petal.pipeline.reliability.safe_files import check_output_dir
@@ -57,8 +57,11 @@ def run_vector_index(job: IndexJob, column: str, report: RunReport, stop: StopSi
 
     NOTE: the StopSignals made here was never entered: a Python caller's run in the main thread was killed by SIGTERM
     outright and SIGINT was a KeyboardInterrupt (exit 1), where a text run stops cleanly (Interrupted, 143/130)."""
-    with contextlib.nullcontext(stop) if stop is not None else StopSignals() as active:
-        return _checked_run(job, column, report, active, given)
+    try:
+        with contextlib.nullcontext(stop) if stop is not None else StopSignals() as active:
+            return _checked_run(job, column, report, active, given)
+    except Interrupted as exc:
+        raise run.full_rerun_hint(exc, job) from None
 
 
 def _checked_run(job: IndexJob, column: str, report: RunReport, stop: StopSignals,
@@ -131,7 +134,7 @@ def _run(job: IndexJob, column: str, report: RunReport, stop: StopSignals, start
         with writing(out.store_dir):
             store.open()
             if job.full:  # NOTE: its commits are stamped, so that a rerun after a stop resumes it (RELIABILITY 3)
-                store.begin_full_run(current_pointer(out.root))
+                store.begin_full_run(out.publish_mark())
         kept_recs = kept_records(previous, shards, job.sync)
         kept = kept_entries(store, kept_recs, out.root)
         kept_infos = [kept_shard(r, e) for r, e in zip(kept_recs, kept)]

@@ -298,13 +298,15 @@ class Interrupted(PetalError):
 
     status = "interrupted"
 
-    def __init__(self, signum: int, live_version: str | None = None) -> None:
-        """``live_version``: the signal came once the run had published it (it is live; the clean-up was cut)."""
+    def __init__(self, signum: int, live_version: str | None = None, rerun: str = "rerun") -> None:
+        """``live_version``: the signal came once the run had published it (it is live; the clean-up was cut).
+        ``rerun``: what resumes it (``rerun with --full`` for a --full run: a plain rerun ends that run instead)."""
         import signal
 
         name = signal.Signals(signum).name
+        self.live_version = live_version
         if live_version is None:
-            super().__init__(f"interrupted by {name}; finished shards are committed, rerun to resume")
+            super().__init__(f"interrupted by {name}; finished shards are committed, {rerun} to resume")
         else:
             super().__init__(f"interrupted by {name} after version {live_version} went live (queries use it); "
                              "pruning old versions and store entries is left to the next run")

@@ -319,21 +319,29 @@ class EmbeddingStore:
             shutil.rmtree(self.tmp_dir)  # entries a crashed run was writing
         self.tmp_dir.mkdir(parents=True)
 
-    def begin_full_run(self, live_version: str | None) -> bool:
-        """A ``--full`` run begins over the live version ``live_version``: its commits are stamped with a token
+    def begin_full_run(self, publish_mark: str) -> bool:
+        """A ``--full`` run begins (``publish_mark``: ``OutputDir.publish_mark``): its commits are stamped with a token
         (``full-run.json``), so that its rerun after a stop reuses what it committed (``own_commit``) instead of
-        embedding every shard again. The token of a stopped ``--full`` run is taken over only while the version it
-        began over is still the live one: once any run (a rebuild, a run killed right after its swap) published, a
-        ``--full`` embeds everything again. Returns whether it resumes a stopped run."""
+        embedding every shard again. The token of a stopped ``--full`` run is taken over only while nothing was
+        published since it began (a rebuild, a run killed right after its swap, a rollback by hand after one): then a
+        ``--full`` embeds everything again. Returns whether it resumes a stopped run. A marker that cannot be written
+        (a directory in its place, a read-only store) is said: the run embeds every shard, as ``--full`` did."""
         pending = _pending_full_run(self.root)
-        self.full_run_resumed = pending is not None and pending[1] == live_version
-        if self.full_run_resumed:
-            self.full_run = pending[0] if pending is not None else None
-        else:
-            self.full_run = uuid.uuid4().hex
-            write_json_atomic(self.root / FULL_RUN_FILE, {"token": self.full_run, "live_version": live_version,
+        self.full_run_resumed = pending is not None and pending[1] == publish_mark
+        if self.full_run_resumed and pending is not None:
+            self.full_run = pending[0]
+            return True
+        token = uuid.uuid4().hex
+        try:
+            write_json_atomic(self.root / FULL_RUN_FILE, {"token": token, "began_over": publish_mark,
                                                           "started_ns": time.time_ns()})
-        return self.full_run_resumed
+        except OSError as exc:
+            warn(f"cannot record this --full run in {quote_path(self.root / FULL_RUN_FILE)} "
+                 f"({exc.strerror or exc}); a stop will not be resumed (its rerun embeds every shard again)")
+            self.full_run = None
+            return False
+        self.full_run = token
+        return False
 
     def join_full_run(self) -> None:
         """(a worker of a ``--full`` run) Stamp this store's commits with the run's token (``begin_full_run``)."""
@@ -642,8 +650,8 @@ def entry_id_type(info: ShardInfo) -> pa.DataType:
     return pa.int64() if integer_ids(info.id_type) else pa.null() if no_ids(info.id_type) else pa.string()
 
 
-def _pending_full_run(root: Path) -> tuple[str, str | None] | None:
-    """``(token, live version it began over)`` of a ``--full`` run that has not published (``full-run.json``), or
+def _pending_full_run(root: Path) -> tuple[str, str] | None:
+    """``(token, the publish mark it began over)`` of a ``--full`` run that has not published (``full-run.json``), or
     ``None`` (none, or a file that is no such record: then the run embeds every shard, as ``--full`` always did)."""
     try:
         data = json.loads(read_regular(root / FULL_RUN_FILE, root, 4096))
@@ -651,11 +659,10 @@ def _pending_full_run(root: Path) -> tuple[str, str | None] | None:
         return None
     if not isinstance(data, dict):
         return None
-    token, live = data.get("token"), data.get("live_version")
-    if not isinstance(token, str) or not re.fullmatch(r"[0-9a-f]{32}", token) or not (live is None or
-                                                                                   isinstance(live, str)):
+    token, mark = data.get("token"), data.get("began_over")
+    if not isinstance(token, str) or not re.fullmatch(r"[0-9a-f]{32}", token) or not isinstance(mark, str):
         return None
-    return token, live
+    return token, mark
 
 
 def commit_entry(store: EmbeddingStore, tmp: Path, final: Path, info: ShardInfo, settings: dict[str, Any], dim: int,
