@@ -133,6 +133,26 @@ def test_too_few_vectors_for_a_wrapped_quantizer_is_refused_before_any_work(tmp_
     assert not (out / "store").exists()
 
 
+def test_an_opq_rotation_needs_a_vector_per_output_dimension(tmp_path):
+    """FAISS's OPQ training over fewer vectors than the rotation's output dimensions (OPQ8 at d 384 on 300) aborted
+    the process (exit 134 or 139: no message, no report, the lock and a staging directory left behind), for petal
+    index and petal rebuild alike; 256 vectors was all petal asked for. Refused before any work (2); with enough
+    vectors it builds."""
+    _write(tmp_path / "few", _vectors(300, 384))
+    out = tmp_path / "out"
+    done = index(tmp_path / "few", out, "OPQ8,PQ8")
+    last = done.stderr.strip().splitlines()[-1]
+    assert done.returncode == 2 and "needs at least 384" in last and "OPQ rotation to 384 dimensions" in last, last
+    assert not (out / "store").exists()
+    assert index(tmp_path / "few", out, "Flat").returncode == 0
+    rebuilt = petal("rebuild", str(out), "--index-factory", "OPQ8,PQ8")
+    assert rebuilt.returncode == 2 and "OPQ rotation to 384 dimensions" in rebuilt.stderr, rebuilt.stderr[-2000:]
+    assert not [p.name for p in (out / "versions").iterdir() if p.name.startswith(".")]  # no staging left
+    assert index(tmp_path / "few", tmp_path / "out2", "OPQ8_128,PQ8").returncode == 0  # 300 >= 256 and 128
+    _write(tmp_path / "enough", _vectors(400, 384))
+    assert index(tmp_path / "enough", tmp_path / "out3", "OPQ8,PQ8").returncode == 0
+
+
 def test_an_id_mapped_ivf_over_the_memory_budget_is_built_in_memory_and_answers(tmp_path):
     vectors = _vectors(8000, 32)
     _write(tmp_path / "big", vectors)

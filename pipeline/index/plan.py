@@ -296,7 +296,7 @@ def vectors_to_train(index: Any, factory: str) -> tuple[int, str]:
     """``(vectors, why)``: the fewest vectors FAISS can train ``index`` on (1 and "" for none), at any depth of it
     (under id maps, pre-transforms, refine wrappers, graph indexes): one per IVF list, ``2**nbits`` per product or
     residual quantizer and per OPQ rotation's (k-means needs at least as many points as centroids), ``d_out`` per
-    PCA; an NSG graph is built over more than 100 vectors."""
+    PCA and per OPQ rotation; an NSG graph is built over more than 100 vectors."""
     faiss = load_faiss()
     needs = [(1, "")]
     if isinstance(index, faiss.IndexBinary):
@@ -321,6 +321,9 @@ def vectors_to_train(index: Any, factory: str) -> tuple[int, str]:
                 transform = faiss.downcast_VectorTransform(node.chain.at(i))
                 if isinstance(transform, faiss.OPQMatrix):
                     needs.append((256, "256 centroids per sub-quantizer of the OPQ rotation's training"))
+                    # NOTE: and one vector per output dimension: FAISS's OPQ training over fewer (OPQ8 at d 384 on
+                    # 342 vectors) aborted the process (a C++ exception thrown while one unwinds: exit 134, or 139)
+                    needs.append((int(transform.d_out), f"an OPQ rotation to {transform.d_out} dimensions"))
                 elif isinstance(transform, faiss.PCAMatrix):
                     needs.append((int(transform.d_out), f"a PCA to {transform.d_out} dimensions"))
     return max(needs)
