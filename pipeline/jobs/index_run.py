@@ -314,6 +314,7 @@ def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory
             report.model = identity.spec().describe()
         fingerprints = identity.fingerprints(store, shards) if used_sha is not None else None
         all_shards = sorted([*shards, *kept_infos], key=lambda info: info.abs_path)
+        shard_paths = recorded_paths(all_shards)  # the shard column of ids.parquet and the rejects
         sha.update({r.abs_path: r.sha256 for r in kept_recs})
         report.shard_changes = shard_changes(previous if not job.full else live_manifest(out), all_shards,
                                              [sha[info.abs_path] for info in all_shards],
@@ -321,17 +322,14 @@ def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory
         report.shards["total"] = len(all_shards)
         report.shards["reused"] = len(kept)  # NOTE: with shard_changes["kept"]: a failed run said "-1 reused"
         live_checked = live_before_lookup(out, previous, shards, fingerprints, kept_recs, job, delete_ids, report, stop)
-        entries: list[StoreEntry | None] = [None] * len(shards)
-        if fingerprints is not None and (not job.full or store.full_run_resumed):
-            # NOTE: --full embeds every shard again, but for what the stopped --full run it resumes committed
-            entries = [store.lookup(info, fp, verify=not live_checked) for info, fp in zip(shards, fingerprints)]
-            if job.full:
-                entries = [store.own_commit(entry) for entry in entries]
+        # NOTE: --full embeds every shard again, but for what the stopped --full run it resumes committed
+        entries: list[StoreEntry | None] = [None] * len(shards) if fingerprints is None else \
+            store.lookup_all(shards, fingerprints, job.full, verify=not live_checked)
         todo = [i for i, entry in enumerate(entries) if entry is None]
         report.shards["reused"] += len(shards) - len(todo)
         gate = bad_row_gate(job, report, out)
         if gate is not None:
-            gate.shard_paths = {info.abs_path: str(info.path) for info in all_shards}
+            gate.shard_paths = shard_paths
             for entry in entries:
                 if entry is not None:
                     gate.reuse(entry)  # refused before the model loads when reused shards are over already
@@ -409,12 +407,12 @@ def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory
                 # error is 78 (the embeddings stay in the store); write errors go on to writing() (74)
                 # the files' checksums run in the background while the rest of the version is written
                 result = build_version_index(committed, transform.dim, job.index, staging, transform, wait=False,
-                                             shard_paths={info.abs_path: str(info.path) for info in shards})
+                                             shard_paths=shard_paths)
                 transform = result.output or transform
                 fault("after_index_build", staging / MANIFEST_FILE)
                 t0 = time.perf_counter()
-                pq.write_table(rejects_table(committed, shard_paths={i.abs_path: str(i.path) for i in shards}),
-                               staging / "rejects.parquet", write_page_checksum=True)
+                pq.write_table(rejects_table(committed, shard_paths=shard_paths), staging / "rejects.parquet",
+                               write_page_checksum=True)
                 stored = add_stored_columns(committed, transform.dim, need, staging, job.read)  # text, kept
                 if stored and result.pending is not None:
                     result.pending.add(staging / IDS_FILE)  # rewritten with the stored columns
@@ -473,8 +471,7 @@ def embed_in_process(shards: list[ShardInfo], identity: RunIdentity, store: Embe
     # whole shards; a shard is cut in this process only where an earlier scaled run committed ranges of it
     # NOTE: committed ranges are found by fingerprint; a run whose sha256 is not settled yet has none to find
     # (run_index settles it up front when the store holds entries or ranges of these shards).
-    plan = plan_ranges(store, shards, identity.fingerprints(store, shards), 0, job.read, reads,
-                       reuse=not job.full or store.full_run_resumed, full_run=job.full) \
+    plan = plan_ranges(store, shards, identity.fingerprints(store, shards), 0, job.read, reads, full=job.full) \
         if identity.settled else whole_shards(shards)
     documents = read_ranges(shards, plan.ranges, job.read, reads)  # [1] read (streamed)
     # [2] tokenize in the background; it starts now, so it overlaps the model load and CUDA init
@@ -1097,6 +1094,12 @@ def check_rows_to_index(out: OutputDir, job: IndexJob, committed: list[StoreEntr
         return
     raise NoInputError(f"no rows to index: {report.rows['total']} rows read, all skipped "
                        f"({report.rows['skipped'] or 'no rows'})")
+
+
+def recorded_paths(shards: list[ShardInfo]) -> dict[str, str]:
+    """Each shard's path as the version's manifest records it (``shard_records``), by absolute path: what
+    ``ids.parquet`` and the rejects name it by, whichever run committed its store entry."""
+    return {info.abs_path: str(info.path) for info in shards}
 
 
 def full_rerun_hint(exc: Interrupted, job: IndexJob) -> Interrupted:

@@ -30,8 +30,7 @@ def embed_scaled(job: IndexJob, shards: list[ShardInfo], fingerprints: list[str]
     spec.weights_sha256, spec.tokenizer_sha256  # noqa: B018  (computed once here, pickled to every worker)
     # large shards: row-group ranges; --full embeds every row again (committed ranges are not reused, but for those
     # of the stopped --full run it resumes)
-    units = plan_ranges(store, shards, fingerprints, job.scale.split_rows, job.read, reads,
-                        reuse=not job.full or store.full_run_resumed, full_run=job.full)
+    units = plan_ranges(store, shards, fingerprints, job.scale.split_rows, job.read, reads, full=job.full)
     assembly = RangeAssembly(store, shards, fingerprints, settings, transform.dim, units)
     plan = WorkerPlan(job=job, spec=spec, config=config, transform=transform, engine_factory=engine_factory,
                       settings=settings, store_root=store.root, shards=shards, fingerprints=fingerprints,

@@ -147,6 +147,7 @@ def _run(job: IndexJob, column: str, report: RunReport, stop: StopSignals, start
         fp = settings_fingerprint(settings.to_dict())
         fingerprints = [run.content_fingerprint(store, info, fp, job.read, reads) for info in shards]
         all_shards = sorted([*shards, *kept_infos], key=lambda info: info.abs_path)
+        shard_paths = run.recorded_paths(all_shards)  # the shard column of ids.parquet and the rejects
         sha = {info.abs_path: store.content_sha256(info) for info in shards}
         sha.update({r.abs_path: r.sha256 for r in kept_recs})
         report.shard_changes = shard_changes(previous if not job.full else live_manifest(out), all_shards,
@@ -157,14 +158,10 @@ def _run(job: IndexJob, column: str, report: RunReport, stop: StopSignals, start
         live_checked = run.live_before_lookup(out, previous, shards, fingerprints, kept_recs, job, delete_ids, report,
                                               stop)
         # NOTE: --full reads every shard again, but for what the stopped --full run it resumes committed
-        entries: list[StoreEntry | None] = [
-            None if job.full and not store.full_run_resumed else store.lookup(info, f, verify=not live_checked)
-            for info, f in zip(shards, fingerprints)]
-        if job.full:
-            entries = [store.own_commit(entry) for entry in entries]
+        entries = store.lookup_all(shards, fingerprints, job.full, verify=not live_checked)
         gate = run.bad_row_gate(job, report, out)
         if gate is not None:
-            gate.shard_paths = {info.abs_path: str(info.path) for info in all_shards}
+            gate.shard_paths = shard_paths
         for entry in entries:
             if entry is not None and gate is not None:
                 gate.reuse(entry)
@@ -209,10 +206,10 @@ def _run(job: IndexJob, column: str, report: RunReport, stop: StopSignals, start
             with writing(staging):
                 fault("before_index_build", staging / "index.faiss")
                 result = build_version_index(committed, dim, job.index, staging, transform,  # FAISS errors: 78
-                                             shard_paths={info.abs_path: str(info.path) for info in all_shards})
+                                             shard_paths=shard_paths)
                 fault("after_index_build", staging / MANIFEST_FILE)
-                pq.write_table(rejects_table(committed, shard_paths={i.abs_path: str(i.path) for i in all_shards}),
-                               staging / "rejects.parquet", write_page_checksum=True)
+                pq.write_table(rejects_table(committed, shard_paths=shard_paths), staging / "rejects.parquet",
+                               write_page_checksum=True)
                 stored = add_stored_columns(committed, dim, need, staging, job.read)
                 if stored:
                     result.files[IDS_FILE] = sha256_file(staging / IDS_FILE)

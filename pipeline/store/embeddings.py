@@ -355,6 +355,15 @@ class EmbeddingStore:
         with contextlib.suppress(OSError):
             (self.root / FULL_RUN_FILE).unlink(missing_ok=True)
 
+    def lookup_all(self, shards: list[ShardInfo], fingerprints: list[str], full: bool,
+                   verify: bool = True) -> list[StoreEntry | None]:
+        """``lookup`` of each shard: the committed entries a run reuses. ``full`` (``--full``): only those the stopped
+        ``--full`` run it resumes committed (none unless it resumes one: not even looked up)."""
+        if full and not self.full_run_resumed:
+            return [None] * len(shards)
+        entries = [self.lookup(info, fingerprint, verify=verify) for info, fingerprint in zip(shards, fingerprints)]
+        return [self.own_commit(entry) for entry in entries] if full else entries
+
     def own_commit(self, entry: StoreEntry | None) -> StoreEntry | None:
         """``entry`` when this ``--full`` run (or the stopped one it resumes) committed it, else ``None``."""
         if entry is None or self.full_run is None or entry.meta.get(FULL_RUN_KEY) != self.full_run:

@@ -142,18 +142,18 @@ def whole_shards(shards: list[ShardInfo]) -> RangePlan:
 
 def plan_ranges(store: EmbeddingStore, shards: list[ShardInfo], fingerprints: list[str],
                 split_rows: int, read: ReadConfig | None = None, stats: ReadStats | None = None,
-                reuse: bool = True, full_run: bool = False) -> RangePlan:
+                full: bool = False) -> RangePlan:
     """Cut each shard into units: the whole shard, or (more than ``split_rows`` rows in several row groups, or
     ranges committed already) the row-group ranges it still lacks, of about ``split_rows`` rows each
     (``split_rows`` 0: never cut a shard; the gaps of one with committed ranges are one unit each).
-    ``reuse`` False (``--full``: every row is embedded again): committed ranges are ignored (a new commit of the
-    same range replaces one; the rest go when the shard is assembled, or with the next prune). ``full_run``: only
-    the ranges this ``--full`` run (or the stopped one it resumes) committed are reused."""
+    ``full`` (``--full``: every row is embedded again): committed ranges are ignored (a new commit of the same range
+    replaces one; the rest go when the shard is assembled, or with the next prune), but for those the stopped
+    ``--full`` run it resumes committed (``EmbeddingStore.own_commit``)."""
     ranges: list[RowRange] = []
     reused: dict[int, list[tuple[RowRange, StoreEntry]]] = {}
     for position, (info, fingerprint) in enumerate(zip(shards, fingerprints)):
-        parts = committed_parts(store, info, fingerprint) if reuse else {}
-        if full_run:
+        parts = committed_parts(store, info, fingerprint) if not full or store.full_run_resumed else {}
+        if full:
             parts = {key: entry for key, entry in parts.items() if store.own_commit(entry) is not None}
         big = 0 < split_rows < info.num_rows and info.num_row_groups > 1
         if not parts and not big:
