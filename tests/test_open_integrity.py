@@ -22,6 +22,7 @@ from petal.pipeline.index.search import IndexReader
 from petal.pipeline.layout import OutputDir
 from tests import forkrun
 from tests._open_integrity_shared import probe
+from tests._parquet_pages import skip_page
 from tests.fake_cli import invoke as fake_invoke
 from tests.fake_engine import make_fake_model_dir
 
@@ -522,6 +523,58 @@ def test_a_body_change_in_stored_text_is_a_clear_error_never_wrong_text(large, t
         index.texts(hits[0])
     assert caught.value.exit_code == 65
     assert fake_invoke(["verify", str(out)]).exit_code == 65
+
+
+def query_into(out: Path, first: int, end: int, tmp_path: Path, last: bool = False) -> Path:
+    """A ``--vector-file`` whose best hit's FAISS id is in ``[first, end)`` (near ``end`` when ``last``), found by
+    FAISS searches alone (no column of ``ids.parquet`` read)."""
+    index = IndexReader(out).index
+    candidates = range(end - 1, first, -97) if last else range(first, end, 97)
+    vector = next(v for v in (index.reconstruct_n(i, 1) for i in candidates)
+                  if first <= index.search(v, 1)[1][0, 0] < end)
+    np.save(tmp_path / "q.npy", vector)
+    return tmp_path / "q.npy"
+
+
+@pytest.mark.parametrize("row", ["first", "last"])
+def test_a_page_skipped_in_stored_text_is_65_never_another_rows_text(large, tmp_path, row):
+    """A flipped bit in a text page's header, past the head/tail spans: pyarrow skips the page without an error,
+    so the column decodes short and every later row's text shifts. A hit's text is exit 65 naming ids.parquet
+    (it was another document's text at exit 0, or a raw ArrowIndexError past the short column's end)."""
+    out, version_dir = copy(large, tmp_path)
+    ids = version_dir / "ids.parquet"
+    meta = pq.ParquetFile(ids).metadata
+    group = meta.num_row_groups // 2
+    skip_page(ids, group, "text")
+    first = int(sum(meta.row_group(g).num_rows for g in range(group)))
+    query = query_into(out, first, first + meta.row_group(group).num_rows, tmp_path, last=row == "last")
+    argv = ["query", str(out), "--vector-file", str(query), "-k", "1"]
+    assert fake_invoke(argv).exit_code == 0  # the ids are whole
+    shown = fake_invoke([*argv, "--show-text"])
+    assert shown.exit_code == 65 and "ids.parquet" in shown.output and "footer counts" in shown.output, shown.output
+    import petal
+
+    index = petal.open_index(out)
+    hits = index.search_stored(np.load(query), 1)
+    with pytest.raises(petal.PetalError, match=r"ids\.parquet: cannot read row group") as caught:
+        index.texts(hits[0])
+    assert caught.value.exit_code == 65
+
+
+def test_a_page_skipped_in_a_kept_column_is_65_for_a_filter_and_a_hits_fields(large, tmp_path):
+    """The same in a ``--keep-columns`` column: ``--where`` decodes the whole column, whose mask shifted against
+    the vectors returned documents that do not match at exit 0; a hit's fields read the same page."""
+    out, version_dir = copy(large, tmp_path)
+    ids = version_dir / "ids.parquet"
+    meta = pq.ParquetFile(ids).metadata
+    group = meta.num_row_groups // 2
+    skip_page(ids, group, "lang")
+    first = int(sum(meta.row_group(g).num_rows for g in range(group)))
+    query = query_into(out, first, first + meta.row_group(group).num_rows, tmp_path)
+    for extra in (["--where", "lang = 'en'"], []):
+        result = fake_invoke(["query", str(out), "--vector-file", str(query), "-k", "5", "--json", *extra])
+        assert result.exit_code == 65 and "ids.parquet" in result.output, (extra, result.output)
+        assert "Traceback" not in result.output
 
 
 def test_a_damaged_store_columns_file_is_never_copied_into_a_version_nor_blocks(large, tmp_path):

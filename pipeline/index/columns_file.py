@@ -23,6 +23,7 @@ from petal.pipeline.index.row_groups import RowGroups
 from petal.pipeline.index.source import StoreVectors
 from petal.pipeline.layout import is_denied
 from petal.pipeline.reliability.errors import BadInputError
+from petal.pipeline.reliability.parquet_rows import check_rows
 from petal.pipeline.store.columns import (
     ColumnsNeed,
     bounded_batches,
@@ -168,6 +169,7 @@ def restore_stored_columns(previous_ids: Path, staging: Path, names: list[str]) 
                 writer.write_table(pa.table([*head.columns, *batch.columns], schema=merged),
                                    row_group_size=IDS_GROUP_ROWS)
                 offset += batch.num_rows
+            check_rows(offset, ids.num_rows)  # NOTE: a skipped page shifts every later row (parquet_rows)
             if offset == 0:
                 writer.write_table(merged.empty_table())
     except (OSError, pa.ArrowException) as exc:

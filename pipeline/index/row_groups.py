@@ -4,9 +4,10 @@ The file is opened once (memory-mapped, page checksums verified: ``files.open_pa
 says where each row group starts. The id columns (``id``, ``shard``, ``row``) of a row group are
 decoded the first time a hit falls in it and kept (at most the whole id map, what the open used to
 decode up front); stored text and ``--keep-columns`` are decoded per call and dropped. A row group
-that cannot be decoded (a change in the body, which the open's head/tail checks do not read) is a
-``BadInputError`` (65) naming the file, never a pyarrow traceback; a read the host fails (out of memory, a
-thread that cannot start) is 74 (``read_errors.py``), never "the version is corrupt".
+that cannot be decoded (a change in the body, which the open's head/tail checks do not read), or that decodes to
+fewer rows than the footer counts (``parquet_rows``: a page pyarrow skipped), is a ``BadInputError`` (65) naming
+the file, never a pyarrow traceback or another row's text; a read the host fails (out of memory, a thread that
+cannot start) is 74 (``read_errors.py``), never "the version is corrupt".
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import pyarrow as pa
 
 from petal.pipeline.index.read_errors import read_failure
 from petal.pipeline.reliability.errors import BadInputError, PetalError, quote_path
+from petal.pipeline.reliability.parquet_rows import read_group, read_whole
 
 ID_COLUMNS = ("id", "shard", "row")  # what a hit needs (faiss_id is the row number)
 PER_VALUE_HITS = 48  # IdMap.lookup: up to this many ids are read value by value, more in bulk
@@ -68,7 +70,7 @@ class RowGroups:
         """Row group ``group``'s ``columns``, decoded (page checksums verified)."""
         try:
             with self._lock:
-                return self.file.read_row_group(group, columns=columns)
+                return read_group(self.file, group, columns)
         except (OSError, pa.ArrowException, MemoryError) as exc:
             raise self._failed(exc, f"row group {group}") from exc
 
@@ -76,7 +78,7 @@ class RowGroups:
         """Every row of ``columns`` (``--where`` filters over kept columns)."""
         try:
             with self._lock:
-                return self.file.read(columns=columns)
+                return read_whole(self.file, columns)
         except (OSError, pa.ArrowException, MemoryError) as exc:
             raise self._failed(exc, f"columns {', '.join(columns)}") from exc
 

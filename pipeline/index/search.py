@@ -40,6 +40,7 @@ from petal.pipeline.reliability.errors import (
     quote_text,
 )
 from petal.pipeline.reliability.faults import fault
+from petal.pipeline.reliability.parquet_rows import read_group
 
 OPEN_ATTEMPTS = 3
 # hits scored NaN or infinite whose stored vectors are looked at (_check_scores)
@@ -735,12 +736,12 @@ def _read_fields(pf: pq.ParquetFile, group: int, fields: list[int]) -> pa.Table:
     is read whole and the fields taken by position, as before this selection."""
     schema = pf.schema_arrow
     if len(fields) == len(schema):
-        return pf.read_row_group(group)
+        return read_group(pf, group)
     expected = pa.schema([schema.field(i) for i in fields])
-    table = pf.read_row_group(group, columns=list(dict.fromkeys(expected.names)))
+    table = read_group(pf, group, list(dict.fromkeys(expected.names)))
     if table.schema.equals(expected, check_metadata=False):
         return table
-    return pf.read_row_group(group).select(fields)
+    return read_group(pf, group).select(fields)
 
 
 def _record(row: pa.Table) -> dict[str, Any]:

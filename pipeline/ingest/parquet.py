@@ -55,6 +55,7 @@ from petal.pipeline.reliability.errors import (
     quote_path,
 )
 from petal.pipeline.reliability.faults import fault
+from petal.pipeline.reliability.parquet_rows import MissingRows
 
 T = TypeVar("T")
 
@@ -623,14 +624,18 @@ def _record_batches(info: ShardInfo, columns: list[str], read: ReadConfig, start
             skip = start_row - starts[first]
             size = batch_rows(pf, columns, read)
             stop = meta.num_row_groups if stop_row is None else bisect.bisect_left(starts, stop_row)
+            got = 0
             for batch in pf.iter_batches(batch_size=size, columns=columns, row_groups=range(first, stop)):
                 if fd is not None:
                     check_unchanged(info, os.fstat(fd))  # the batch's pages are read: they are preflight's file's
+                got += batch.num_rows
                 if skip >= batch.num_rows:
                     skip -= batch.num_rows
                     continue
                 yield from _decoded(batch.slice(skip) if skip else batch, read.max_batch_bytes)
                 skip = 0
+            if got != starts[stop] - starts[first]:  # NOTE: a page pyarrow skipped (parquet_rows): rows shifted
+                raise _short_group(pf, columns, range(first, stop), starts, got)
             if remote is not None:
                 check_object_unchanged(info, remote)
         except (OSError, pa.ArrowException):
@@ -796,11 +801,34 @@ def stream_batches(info: ShardInfo, columns: list[str], read: ReadConfig, decode
         except (OSError, pa.ArrowException) as exc:
             if not _transient(exc) or retry >= read.read_retries:
                 corrupt = not (_transient(exc) or is_permission_denied(exc) or is_denied(exc))
-                where, first = _locate(info, columns, read, row) if corrupt else ("", row)
+                if isinstance(exc, ShortRowGroup):  # located where it was found
+                    where, first = "", exc.first_row
+                else:
+                    where, first = _locate(info, columns, read, row) if corrupt else ("", row)
                 raise _read_error(info.path, exc, retry, f"cannot read rows from row {first}{where}: corrupt data"
                                   ) from exc
             retry += 1
             _backoff(read, retry, stats)
+
+
+class ShortRowGroup(MissingRows):
+    """A row group of a source shard whose column decodes to fewer rows than the footer counts, located."""
+
+    def __init__(self, got: int, expected: int, group: int, column: str, first_row: int) -> None:
+        super().__init__(got, expected, f"row group {group}, column {column!r}")
+        self.first_row = first_row
+
+
+def _short_group(pf: pq.ParquetFile, columns: list[str], groups: range, starts: list[int], got: int) -> MissingRows:
+    """The error of a read of ``groups`` that gave other than the footer's row count: the first row group and
+    column whose pages hold other than their count (each read alone: the error path only), else the whole count."""
+    for g in groups:
+        expected = pf.metadata.row_group(g).num_rows
+        for column in columns:
+            held = sum(batch.num_rows for batch in pf.iter_batches(columns=[column], row_groups=[g]))
+            if held != expected:
+                return ShortRowGroup(held, expected, g, column, starts[g])
+    return MissingRows(got, starts[groups.stop] - starts[groups.start])
 
 
 def _locate(info: ShardInfo, columns: list[str], read: ReadConfig, row: int) -> tuple[str, int]:

@@ -30,6 +30,7 @@ from petal.pipeline.ingest.remote import RemotePath
 from petal.pipeline.layout import OutputDir
 from petal.pipeline.manifest import Manifest, ShardRecord
 from petal.pipeline.reliability.errors import BadInputError, ConfigError, PetalError
+from petal.pipeline.reliability.parquet_rows import read_table
 from petal.pipeline.reliability.safe_files import check_regular
 from petal.pipeline.store.embeddings import EmbeddingStore, StoreEntry, check_row_files
 from petal.pipeline.store.tombstones import DeleteIds, deleted_as_text, deleted_rows
@@ -151,7 +152,7 @@ def live_version_ids(out: OutputDir) -> pa.ChunkedArray | None:
     ids_file = out.version_dir(version) / "ids.parquet"
     try:
         check_regular(ids_file, out.root)  # NOTE: never a FIFO, never a symlink out of OUT
-        return pq.read_table(ids_file, columns=["id"]).column("id").cast(pa.string())
+        return read_table(ids_file, columns=["id"]).column("id").cast(pa.string())  # every row (parquet_rows)
     except (OSError, PetalError, pa.ArrowException):
         return None
 

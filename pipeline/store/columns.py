@@ -41,6 +41,7 @@ from petal.pipeline.ingest.remote import RemotePath
 from petal.pipeline.reliability.durable import fsync_dir
 from petal.pipeline.reliability.errors import BadInputError, ConfigError, quote_path, writing
 from petal.pipeline.reliability.faults import fault
+from petal.pipeline.reliability.parquet_rows import check_rows
 from petal.pipeline.reliability.safe_files import UnsafeFileError, check_regular
 from petal.pipeline.store.embeddings import EmbeddingStore, StoreEntry, warn
 from petal.pipeline.store.side_files import side_file
@@ -362,6 +363,7 @@ def entry_columns(entry: StoreEntry, positions: np.ndarray, names: list[str],
             if hi > lo:
                 yield pa.Table.from_batches([batch]).take(pa.array(positions[lo:hi] - start))
             start += batch.num_rows
+        check_rows(start, pf.metadata.num_rows)  # NOTE: a skipped page shifts every later row (parquet_rows)
     except (OSError, pa.ArrowException) as exc:
         # NOTE: never copied into a version: a damaged page (its checksum) or a cut file is refused, named
         raise BadInputError(f"{path}: cannot read the stored columns ({exc}); remove it and rerun: petal index "

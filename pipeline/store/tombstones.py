@@ -55,6 +55,7 @@ from petal.pipeline.reliability.errors import (
     writing,
 )
 from petal.pipeline.reliability.faults import fault
+from petal.pipeline.reliability.parquet_rows import read_table
 from petal.pipeline.reliability.safe_files import input_file_size
 from petal.pipeline.store.embeddings import DamagedEntry, EmbeddingStore, StoreEntry, shard_key
 from petal.pipeline.store.side_files import real_dirs, side_file
@@ -211,7 +212,7 @@ def read_delete_ids(path: Path, id_column: str, read: ReadConfig | None = None,
             check_unique_columns(path, schema, [name])  # 65: two columns named like the id column
         if name is None:
             return names, None, None
-        table = pq.read_table(path, columns=[name], page_checksum_verification=True)
+        table = read_table(path, columns=[name], page_checksum_verification=True)  # every row (parquet_rows)
         return names, name, table.column(name).combine_chunks()
 
     try:
