@@ -214,11 +214,18 @@ class OutputDir:
         a short escaped prefix: a pointer that is not a version id, a symlink out of OUT, a FIFO."""
         try:
             raw = read_regular(self.current_file, self.root, POINTER_MAX_BYTES)
-        except FileNotFoundError:
-            return None
+        except FileNotFoundError as exc:
+            if not os.path.islink(self.current_file):
+                return None
+            # NOTE: a link to nothing is not "no version published yet" (which said to wait for a run that is not
+            # there): it is a pointer that names nothing, refused as one
+            raise ConfigError(f"{quote_path(self.current_file)} is a symbolic link to nothing "
+                              f"({quote_text(os.readlink(self.current_file), 64)}); {self.recovery_hint()}") from exc
         except OSError as exc:
             if is_denied(exc):
-                raise denied(self.current_file) from exc
+                # NOTE: OUT itself unreadable (a chmod of the directory while serving) was blamed on CURRENT, whose
+                # permissions are fine: name what petal may not read, as `petal info OUT` does
+                raise denied(self.root if _denied_dir(self.root) else self.current_file) from exc
             from petal.pipeline.index.read_errors import host_os_error
 
             # NOTE: EIO, EMFILE, ENOMEM... are the host's (74): 78 said the output directory was damaged
@@ -711,6 +718,15 @@ def denied(path: object) -> NoInputError:
     not read is; not 74 (a retry fails the same way) nor 78 (a damaged version: nothing is wrong with it)."""
     return NoInputError(f"{quote_path(path)}: petal may not read it (permission denied); run as a user who may "
                         "read the index, or fix its permissions")
+
+
+def _denied_dir(path: Path) -> bool:
+    """Whether listing the directory ``path`` is refused (permission denied)."""
+    try:
+        os.listdir(path)
+    except OSError as exc:
+        return is_denied(exc)
+    return False
 
 
 def _not_a_version(version_dir: Path) -> str:

@@ -48,3 +48,22 @@ def test_a_version_that_is_a_link_inside_versions_says_so(built: Path, tmp_path:
     for done in (forkrun.petal(["query", str(out), "--vector-file", str(built.parent / "q.npy")]),
                  forkrun.petal(["info", str(out)]), forkrun.petal(["verify", str(out)])):
         assert done.rc == 78 and "is a symbolic link, not a version directory" in done.last_line, done.stderr
+
+
+@pytest.mark.parametrize("target", ["v000009-gone", "versions/v000009-gone", "gone/CURRENT"])
+def test_a_current_that_links_to_nothing_says_so_not_wait_for_a_run(built: Path, tmp_path: Path, target: str) -> None:
+    """CURRENT a symbolic link to nothing: refused (78) as a link to nothing, naming its target, by every command
+    that reads OUT and the API; it said OUT 'holds no published version yet ... wait for it to finish', sending an
+    operator to wait for a run that is not there. (A link out of OUT is refused as one.)"""
+    out, _ = copy_index(built, tmp_path)
+    (out / "CURRENT").unlink()
+    (out / "CURRENT").symlink_to(target)
+    said = f'is a symbolic link to nothing ("{target}")'
+    for argv in (["query", str(out), "--vector-file", str(built.parent / "q.npy")], ["info", str(out)],
+                 ["verify", str(out)]):
+        done = forkrun.petal(argv)
+        assert done.rc == 78 and said in done.last_line and "no published version" not in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr
+    opened = api(out)
+    assert opened.returncode == 78 and said in opened.stderr, opened.stderr
+    assert (out / "CURRENT").is_symlink()  # left as it was
