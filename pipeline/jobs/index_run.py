@@ -382,7 +382,8 @@ def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory
             say(f"warning: the text of {len(no_text)} kept shards is not stored (their files are gone or changed), "
                  f"e.g. {no_text[0]}: --show-text has none for their hits")
         check_rows_to_index(out, job, committed, report)
-        same = previous is not None and unchanged(previous, shards, committed, job, pending)
+        same = previous is not None and unchanged(previous, shards, committed, job, pending) and \
+            same_query_prompt(previous, spec)
         if published_nothing(out, previous, same, report, stop, live_checked, store, named, embedded_now):
             report_live_version(out, report)
             clean_up(out, store, committed, job, report, stop)
@@ -808,6 +809,13 @@ def unchanged(previous: Manifest, shards: list[ShardInfo], entries: list[StoreEn
     now = [(s.abs_path, e.fingerprint, deleted.get(e.path, tombstoned(e))) for s, e in zip(shards, entries)]
     same_columns = previous.kept_columns == tuple(job.keep_columns)
     return before == now and same_columns and previous.index.settings == job.index
+
+
+def same_query_prompt(previous: Manifest, spec: ModelSpec) -> bool:
+    """Whether the live version records the query prompt this run's model has (``--query-prompt``, else the model's).
+    NOTE: no stored vector depends on it (queries only), so ``unchanged`` never looked: a run that changed only the
+    prompt was "nothing-to-do ... no setting changed" at exit 0, the flag dropped; it publishes a version now."""
+    return not isinstance(previous.model, ModelRecord) or previous.model.query_prompt == spec.prompts.query
 
 
 def live_before_lookup(out: OutputDir, previous: Manifest | None, shards: list[ShardInfo],
