@@ -51,3 +51,24 @@ def test_delete_files_with_a_doubled_id_column_or_string_view_ids(tmp_path):
     done, report = index(tmp_path, tmp_path / "a.parquet", "--delete", tmp_path / "view.parquet")
     assert done.returncode == 0 and report["deletes"]["deleted"] == 1, done.stderr
     assert report["index"]["num_vectors"] == 2
+
+
+@pytest.mark.parametrize("names, flags, column", [
+    (["id", "text", "text"], [], "text"),
+    (["id", "id", "text"], ["--id-column", "id"], "id"),
+])
+def test_embed_input_with_a_column_named_twice_is_65_naming_file_and_column(tmp_path, names, flags, column):
+    """``petal embed --input`` reads its file as a shard: it was a KeyError traceback (exit 1)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    values = {"id": [1, 2], "text": ["glaciers", "bread"]}
+    shard(tmp_path / "two.parquet", names, [values[n] for n in names])
+    petal = str(Path(sys.executable).parent / "petal")
+    output = tmp_path / ("e.jsonl" if flags else "e.npy")
+    done = subprocess.run([petal, "embed", "--input", str(tmp_path / "two.parquet"), "--output", str(output),
+                           *flags], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 65, done.stderr
+    assert f"two.parquet: 2 columns are named {column!r}" in done.stderr and "Traceback" not in done.stderr
+    assert not output.exists()

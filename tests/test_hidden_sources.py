@@ -80,3 +80,35 @@ def test_an_object_store_prefix_skips_them_too(tmp_path):
         assert [s["path"] for s in manifest["shards"]] == ["s3://corpus/t/part-0.parquet", "s3://corpus/t/x/part-3.parquet"]
     finally:
         server.stop()
+
+
+def test_a_directory_whose_only_shards_are_skipped_says_where_they_are(tmp_path):
+    """A directory SOURCE whose ``*.parquet`` files all lie under ``.``/``_`` paths (a Spark job still writing: only
+    ``_temporary/``) is still 66, saying how many were skipped and one of them (it said only 'no *.parquet files
+    under directory', which sent a user looking for files that are there)."""
+    root = tmp_path / "job"
+    write(root / "_temporary" / "0" / "part-0.parquet", table(["a"]))
+    write(root / "sub" / ".part-1.parquet", table(["b"]))
+    result, _ = index(tmp_path, root)
+    assert result.exit_code == 66, result.output
+    assert "no *.parquet files under directory" in result.output
+    assert "2 *.parquet files are under paths starting with '.' or '_'" in result.output, result.output
+    assert "_temporary/0/part-0.parquet" in result.output
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    result, _ = index(tmp_path, empty)
+    assert result.exit_code == 66 and "starting with" not in result.output, result.output
+
+
+def test_a_file_url_source_is_the_local_path(tmp_path):
+    """``file:///abs/dir`` (and ``file://localhost/...``, percent-escapes decoded) is the local path it names; it was
+    66 'URL schemes are not supported'. A ``file://`` URL of another host is 66 saying so."""
+    write(tmp_path / "my data" / "part-0.parquet", table(["a", "b"]))
+    url = "file://" + str(tmp_path / "my data").replace(" ", "%20")
+    result, log = index(tmp_path, url)
+    assert result.exit_code == 0, result.output
+    assert sorted(embedded_ids(log)) == ["a", "b"]
+    result, _ = index(tmp_path, "file://localhost" + str(tmp_path / "my data" / "part-0.parquet"))
+    assert result.exit_code == 0, result.output
+    result, _ = index(tmp_path, "file://elsewhere/data")
+    assert result.exit_code == 66 and "another host" in result.output, result.output

@@ -34,6 +34,7 @@ import pyarrow.parquet as pq
 from petal.pipeline.config import ReadConfig
 from petal.pipeline.ingest.remote import (
     RemotePath,
+    file_url_path,
     hidden_below,
     is_denied,
     is_storage_error,
@@ -87,7 +88,8 @@ def resolve_sources(sources: tuple[str, ...] | list[str], out: Path | None = Non
             for remote in list_remote(source, empty_ok, held):
                 found.setdefault(remote.uri, remote)
             continue
-        path = Path(source).expanduser()
+        source = file_url_path(source)  # NOTE: file:///data/x is the local /data/x (it was 'URL schemes are not
+        path = Path(source).expanduser()  # supported')
         try:
             path.is_dir()  # NOTE: raises only what is not "not there" (ENOENT, ENOTDIR): a parent denied
         except OSError as exc:
@@ -101,7 +103,7 @@ def resolve_sources(sources: tuple[str, ...] | list[str], out: Path | None = Non
             matches = [] if _in_output_dir(path, None) else _walk(path, out, problems, unreadable)
             if not matches and not problems and not unreadable and not empty_ok:
                 raise NoInputError(f"no *.parquet files under directory {quote_path(source)}"
-                                   + _own_output(path, out))
+                                   + (_own_output(path, out) or _hidden_only(path)))
         elif path.is_file():
             if out is not None and _inside(path, out):
                 problems.append(f"{quote_path(source)} is inside the output directory {quote_path(out)}; petal does "
@@ -202,6 +204,30 @@ def _in_output_dir(path: Path, out: Path | None) -> bool:
     from petal.pipeline.layout import is_output_dir
 
     return any(is_output_dir(parent) for parent in Path(os.path.abspath(path)).parents)
+
+
+def _hidden_only(root: Path) -> str:
+    """What a directory SOURCE with no shard holds under its skipped paths (``hidden_below``), for its error: ``""``
+    or "; N files ... are skipped". NOTE: 'no *.parquet files' alone sent a user looking for files that are there
+    (a Spark job still writing has only ``_temporary/``). The error path only: one more walk."""
+    skipped: list[Path] = []
+    seen: set[tuple[int, int]] = set()
+    for directory, subdirs, files in os.walk(root, followlinks=True):
+        st = os.stat(directory)
+        if (st.st_dev, st.st_ino) in seen:
+            subdirs[:] = []
+            continue
+        seen.add((st.st_dev, st.st_ino))
+        below = Path(directory).relative_to(root).parts
+        skipped.extend(Path(directory) / name for name in sorted(files)
+                       if parquet_name(name) and hidden_below((*below, name)))
+        subdirs.sort()
+    if not skipped:
+        return ""
+    files = "1 *.parquet file is" if len(skipped) == 1 else f"{len(skipped):,} *.parquet files are"
+    return (f"; {files} under paths starting with '.' or '_', which a directory SOURCE "
+            f"skips (Spark's _temporary/ of a job still writing, editors' copies), e.g. {quote_path(skipped[0])}: "
+            "name such a file (or a glob) to read it")
 
 
 def _walk(root: Path, out: Path | None, problems: list[str], unreadable: list[str]) -> list[Path]:

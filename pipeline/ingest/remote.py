@@ -40,6 +40,21 @@ def is_uri(source: str) -> bool:
     return bool(URI.match(source)) and not source.lower().startswith("file://")
 
 
+def file_url_path(source: str) -> str:
+    """A ``file://`` URL as the local path it names (``file:///data/x``, ``file://localhost/data/x``; percent-escapes
+    decoded); any other source as it is. A ``file://`` URL of another host is ``NoInputError`` (66)."""
+    if not source.lower().startswith("file://"):
+        return source
+    from urllib.parse import unquote, urlsplit
+
+    parts = urlsplit(source)
+    if parts.netloc not in ("", "localhost"):
+        raise NoInputError(f"source {source!r}: a file:// URL of another host ({parts.netloc!r}); give a local path")
+    if not parts.path:
+        raise NoInputError(f"source {source!r}: a file:// URL without a path")
+    return unquote(parts.path)
+
+
 def scheme_of(source: str) -> str:
     return source.split("://", 1)[0].lower()
 

@@ -124,6 +124,7 @@ def parquet_text_batches(path: Path, text_column: str, id_column: str | None, re
         _is_id,
         _is_text,
         _texts,
+        check_unique_columns,
         first_undecodable,
         plain_type,
         read_ids,
@@ -149,6 +150,7 @@ def parquet_text_batches(path: Path, text_column: str, id_column: str | None, re
         flags = {id_column: "--id-column", text_column: "--text-column"}
         said = ", ".join(f"{name!r} ({flags[name]})" for name in missing)
         raise BadInputError(f"{quote_path(path)}: no column {said}; it has {', '.join(map(repr, names))}")
+    check_unique_columns(path, schema, columns)  # NOTE: two columns of one name were a KeyError traceback
     column_type = plain_type(schema.field(text_column).type)  # a dictionary (categorical): its values
     if not _is_text(column_type):
         raise BadInputError(f"{quote_path(path)}: text column {text_column!r} has type {column_type}, not text")
