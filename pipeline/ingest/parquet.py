@@ -224,8 +224,8 @@ def _hidden_only(root: Path) -> str:
         subdirs.sort()
     if not skipped:
         return ""
-    files = "1 *.parquet file is" if len(skipped) == 1 else f"{len(skipped):,} *.parquet files are"
-    return (f"; {files} under paths starting with '.' or '_', which a directory SOURCE "
+    said = "1 *.parquet file is" if len(skipped) == 1 else f"{len(skipped):,} *.parquet files are"
+    return (f"; {said} under paths starting with '.' or '_', which a directory SOURCE "
             f"skips (Spark's _temporary/ of a job still writing, editors' copies), e.g. {quote_path(skipped[0])}: "
             "name such a file (or a glob) to read it")
 
