@@ -20,8 +20,9 @@ import numpy as np
 import pyarrow as pa
 
 from petal.pipeline.index.read_errors import read_failure
+from petal.pipeline.ingest.exact_columns import read_columns, read_group_columns
 from petal.pipeline.reliability.errors import BadInputError, PetalError, quote_path
-from petal.pipeline.reliability.parquet_rows import read_group, read_whole
+from petal.pipeline.reliability.parquet_rows import check_rows
 
 ID_COLUMNS = ("id", "shard", "row")  # what a hit needs (faiss_id is the row number)
 PER_VALUE_HITS = 48  # IdMap.lookup: up to this many ids are read value by value, more in bulk
@@ -70,7 +71,9 @@ class RowGroups:
         """Row group ``group``'s ``columns``, decoded (page checksums verified)."""
         try:
             with self._lock:
-                return read_group(self.file, group, columns)
+                table = read_group_columns(self.file, group, columns)  # exact names: a kept 'a.b' and 'a'{b}
+            check_rows(table.num_rows, int(self.starts[group + 1] - self.starts[group]))  # NOTE: parquet_rows
+            return table
         except (OSError, pa.ArrowException, MemoryError) as exc:
             raise self._failed(exc, f"row group {group}") from exc
 
@@ -78,7 +81,9 @@ class RowGroups:
         """Every row of ``columns`` (``--where`` filters over kept columns)."""
         try:
             with self._lock:
-                return read_whole(self.file, columns)
+                table = read_columns(self.file, columns)
+            check_rows(table.num_rows, self.num_rows)  # NOTE: a page pyarrow skipped (parquet_rows)
+            return table
         except (OSError, pa.ArrowException, MemoryError) as exc:
             raise self._failed(exc, f"columns {', '.join(columns)}") from exc
 

@@ -27,6 +27,7 @@ from petal.pipeline.index.row_groups import IdMap, RowGroups, column_problem
 from petal.pipeline.index.tune import apply_params
 from petal.pipeline.index.verify import OpenCheck, check_on_open
 from petal.pipeline.index.widen import EF_FLOOR, CodeScan, decodable, searched_again
+from petal.pipeline.ingest.exact_columns import read_group_fields
 from petal.pipeline.layout import VersionLease, current_pointer, denied, is_denied, resolve_index_dir
 from petal.pipeline.manifest import Manifest
 from petal.pipeline.reliability.errors import (
@@ -40,7 +41,7 @@ from petal.pipeline.reliability.errors import (
     quote_text,
 )
 from petal.pipeline.reliability.faults import fault
-from petal.pipeline.reliability.parquet_rows import read_group
+from petal.pipeline.reliability.parquet_rows import check_rows
 
 OPEN_ATTEMPTS = 3
 # hits scored NaN or infinite whose stored vectors are looked at (_check_scores)
@@ -731,17 +732,11 @@ class IndexReader:
 
 def _read_fields(pf: pq.ParquetFile, group: int, fields: list[int]) -> pa.Table:
     """Row group ``group`` of ``pf`` with only its top-level fields at ``fields`` (positions in ``schema_arrow``)
-    decoded. NOTE: pyarrow selects columns by name, a dotted name also matching a struct's child (a top-level
-    ``a.b`` beside a struct ``a`` holding ``b``): where the names read so give other fields than asked, the row group
-    is read whole and the fields taken by position, as before this selection."""
-    schema = pf.schema_arrow
-    if len(fields) == len(schema):
-        return read_group(pf, group)
-    expected = pa.schema([schema.field(i) for i in fields])
-    table = read_group(pf, group, list(dict.fromkeys(expected.names)))
-    if table.schema.equals(expected, check_metadata=False):
-        return table
-    return read_group(pf, group).select(fields)
+    decoded: by position, never by name (``read_group_fields``: a dotted name is also a struct child's path), every
+    row the footer counts (``parquet_rows``)."""
+    table = read_group_fields(pf, group, fields)
+    check_rows(table.num_rows, pf.metadata.row_group(group).num_rows)
+    return table
 
 
 def _record(row: pa.Table) -> dict[str, Any]:

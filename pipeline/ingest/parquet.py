@@ -1,8 +1,9 @@
 """Finding Parquet shards, checking every footer and schema up front, streaming their rows.
 
 Rows are read with ``ParquetFile.iter_batches`` (never a whole shard), only the id and text
-columns, pages streamed through a small buffer (never a whole row group) and record batches sized
-from the footer's byte counts, so host memory grows neither with shard size nor row-group size.
+columns (by their exact top-level names: ``exact_columns.py``), pages streamed through a small buffer
+(never a whole row group) and record batches sized from the footer's byte counts, so host memory grows
+neither with shard size nor row-group size.
 NOTE: it does grow with the largest data page: Parquet cannot read less than a page, and a writer
 may put many large values in one page. A dictionary-encoded column (a pandas categorical) is read as
 the values it holds, decoded a slice of each record batch at a time (``_decoded``).
@@ -32,6 +33,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from petal.pipeline.config import ReadConfig
+from petal.pipeline.ingest.exact_columns import field_leaves, iter_columns
 from petal.pipeline.ingest.remote import (
     RemotePath,
     file_url_path,
@@ -503,8 +505,9 @@ def check_id_range(info: ShardInfo, meta: pq.FileMetaData, read: ReadConfig, sta
     if info.id_type != "uint64":
         return
 
-    # NOTE: by the leaf's path: a nested column's leaf may have the id column's name (``meta.id``)
-    column = next((i for i in range(len(meta.schema)) if meta.schema.column(i).path == read.id_column), -1)
+    # NOTE: by the field's position: a struct's leaf may have the id column's name (``meta.id`` beside ``meta{id}``)
+    leaves = field_leaves(meta, [read.id_column])
+    column = leaves[0][0] if leaves is not None and len(leaves[0]) == 1 else -1
     highest = 0
     for g in range(meta.num_row_groups):
         group_stats = meta.row_group(g).column(column).statistics if column >= 0 else None
@@ -606,15 +609,18 @@ def batch_rows(pf: pq.ParquetFile, columns: list[str], read: ReadConfig) -> int:
 def rows_within(meta: pq.FileMetaData, columns: list[str], most_rows: int, max_bytes: int) -> int:
     """At most ``most_rows``, fewer where the footer's uncompressed bytes per row of ``columns`` (summed, the largest
     of any row group) would put more than ``max_bytes`` in one record batch; at least 1."""
-    wanted = set(columns)  # a nested column's chunks are named 'name.list.element' and the like
+    leaves = field_leaves(meta, list(dict.fromkeys(columns)))
+    if leaves is None:  # a nested column's chunks are named 'name.list.element' and the like
+        paths = [meta.schema.column(i).path for i in range(meta.num_columns)]
+        chunks = [i for i, path in enumerate(paths) if any(path == n or path.startswith(f"{n}.") for n in columns)]
+    else:  # NOTE: by position: a dotted name ('body.en') is also the path of a struct's child
+        chunks = sorted({i for field in leaves for i in field})
     per_row = 1
     for g in range(meta.num_row_groups):
         group = meta.row_group(g)
         if not group.num_rows:
             continue
-        size = sum(chunk.total_uncompressed_size for chunk in map(group.column, range(group.num_columns))
-                   if any(chunk.path_in_schema == name or chunk.path_in_schema.startswith(f"{name}.")
-                          for name in wanted))
+        size = sum(group.column(i).total_uncompressed_size for i in chunks)
         per_row = max(per_row, size // group.num_rows)
     return max(1, min(most_rows, max_bytes // per_row))
 
@@ -651,7 +657,7 @@ def _record_batches(info: ShardInfo, columns: list[str], read: ReadConfig, start
             size = batch_rows(pf, columns, read)
             stop = meta.num_row_groups if stop_row is None else bisect.bisect_left(starts, stop_row)
             got = 0
-            for batch in pf.iter_batches(batch_size=size, columns=columns, row_groups=range(first, stop)):
+            for batch in iter_columns(pf, columns, size, range(first, stop)):
                 if fd is not None:
                     check_unchanged(info, os.fstat(fd))  # the batch's pages are read: they are preflight's file's
                 got += batch.num_rows
@@ -851,7 +857,7 @@ def _short_group(pf: pq.ParquetFile, columns: list[str], groups: range, starts: 
     for g in groups:
         expected = pf.metadata.row_group(g).num_rows
         for column in columns:
-            held = sum(batch.num_rows for batch in pf.iter_batches(columns=[column], row_groups=[g]))
+            held = sum(batch.num_rows for batch in iter_columns(pf, [column], 65_536, [g]))
             if held != expected:
                 return ShortRowGroup(held, expected, g, column, starts[g])
     return MissingRows(got, starts[groups.stop] - starts[groups.start])
@@ -876,7 +882,7 @@ def _locate(info: ShardInfo, columns: list[str], read: ReadConfig, row: int) -> 
                     break
                 for column in columns:
                     try:
-                        for _ in pf.iter_batches(batch_size=read.batch_rows, columns=[column], row_groups=[g]):
+                        for _ in iter_columns(pf, [column], read.batch_rows, [g]):
                             pass
                     except (OSError, pa.ArrowException):
                         return f" (row group {g}, column {column!r})", max(first, row)

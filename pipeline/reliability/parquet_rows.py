@@ -34,13 +34,6 @@ def check_rows(got: int, expected: int, what: str = "") -> None:
         raise MissingRows(got, expected, what)
 
 
-def read_group(pf: pq.ParquetFile, group: int, columns: list[str] | None = None) -> pa.Table:
-    """Row group ``group`` of ``pf`` (``columns``: all when ``None``), every row its footer counts."""
-    table = pf.read_row_group(group, columns=columns)
-    check_rows(table.num_rows, pf.metadata.row_group(group).num_rows)
-    return table
-
-
 def read_whole(pf: pq.ParquetFile, columns: list[str] | None = None) -> pa.Table:
     """Every row group of ``pf`` (``columns``: all when ``None``), every row its footer counts."""
     table = pf.read(columns=columns)

@@ -29,6 +29,7 @@ import pyarrow.parquet as pq
 
 from petal.pipeline.config import ReadConfig
 from petal.pipeline.ingest.documents import window_read
+from petal.pipeline.ingest.exact_columns import iter_columns
 from petal.pipeline.ingest.parquet import (
     ReadStats,
     ShardInfo,
@@ -68,7 +69,7 @@ def bounded_batches(pf: pq.ParquetFile, names: list[str], most_rows: int = READ_
     NOTE: a kept column of 100 KB values read 8192 rows at a time was an 800 MB batch; read in batches of the whole
     budget (64 MB), a shard of 2000 x 100 KB texts took ~580 MB over the embedding's baseline to store its text."""
     size = rows_within(pf.metadata, names, most_rows, window_read(read or ReadConfig()).max_batch_bytes)
-    return pf.iter_batches(batch_size=size, columns=names)
+    return iter_columns(pf, names, size)  # NOTE: exact names: a kept 'a.b' beside a kept struct 'a'
 
 
 def columns_path(entry_dir: Path) -> Path:
