@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 
 from petal.pipeline.config import ReadConfig
 from petal.pipeline.index.files import IDS_FILE, IDS_GROUP_ROWS
+from petal.pipeline.index.nanoseconds import holds_nanoseconds, nanosecond_values
 from petal.pipeline.index.row_groups import RowGroups
 from petal.pipeline.index.source import StoreVectors
 from petal.pipeline.layout import is_denied
@@ -43,21 +44,24 @@ _BINARY_VIEWS = {pa.string(): pa.binary(), pa.large_string(): pa.large_binary(),
 def lenient_pylist(table: pa.Table) -> list[dict[str, Any]]:
     """``table.to_pylist()``, with what Python cannot hold read another way: a string column's bytes that are not
     UTF-8 decoded with U+FFFD, a date or time beyond Python's (year 10000 on) as Arrow's text of it, a nested value
-    holding such text ``None``.
+    holding such text ``None``; nanoseconds kept (``nanoseconds.py``: a ``time64[ns]`` as a ``NanoTime``).
 
     NOTE: pyarrow validates no UTF-8 when it reads or writes a string column, and ``to_pylist`` raises on the first
     bad value: a ``--keep-columns`` column stored from a shard as it was made every search hitting that row fail
     ('utf-8' codec can't decode: petal query exit 2, petal serve 422; a timestamp far in the future: OverflowError,
     a traceback), and a shard's metadata column a 500."""
-    try:
-        return table.to_pylist()
-    except (UnicodeDecodeError, OverflowError):
-        pass
+    if not any(holds_nanoseconds(f.type) for f in table.schema):
+        try:
+            return table.to_pylist()
+        except (UnicodeDecodeError, OverflowError):
+            pass
     columns = {name: _lenient_values(column) for name, column in zip(table.column_names, table.columns)}
     return [dict(zip(columns, values)) for values in zip(*columns.values())]
 
 
 def _lenient_values(column: pa.ChunkedArray) -> list[Any]:
+    if holds_nanoseconds(column.type):
+        return nanosecond_values(column.combine_chunks())
     try:
         return column.to_pylist()
     except (UnicodeDecodeError, OverflowError):
