@@ -114,10 +114,25 @@ def _stored_parts(entries: list[StoreEntry], dim: int, need: ColumnsNeed, schema
                 try:
                     yield part.cast(schema)
                 except pa.ArrowInvalid as exc:  # a value the common type cannot hold (a uint64 past int64)
-                    raise BadInputError(f"--keep-columns: {entry.meta['source']['path']}: a value does not fit the "
-                                        f"type the column is stored as ({exc})") from exc
+                    raise BadInputError(_misfit(entry, part, schema, exc)) from exc
         else:
             yield pa.table({f.name: pa.nulls(len(keep), f.type) for f in schema}, schema=schema)
+
+
+def _misfit(entry: StoreEntry, part: pa.Table, schema: pa.Schema, exc: Exception) -> str:
+    """What a part of ``entry``'s stored columns holds that ``schema`` cannot: the column, the value, both types.
+    NOTE: the run's checks refuse such a shard before any work (``kept_values.py``); a side file changed since is
+    met here."""
+    from petal.pipeline.store.kept_values import first_misfit
+
+    shard = entry.meta["source"]["path"]
+    for name in part.column_names:
+        found = first_misfit(part.column(name).combine_chunks(), schema.field(name).type)
+        if found is not None:
+            return (f"--keep-columns {name!r}: {shard} holds {found[1]!r} as {part.schema.field(name).type}, which "
+                    f"{schema.field(name).type}, the type the column is stored as, cannot hold; give the column one "
+                    "type in every shard, or leave it out of --keep-columns")
+    return f"--keep-columns: {shard}: a value does not fit the type the column is stored as ({exc})"
 
 
 def add_stored_columns(entries: list[StoreEntry], dim: int, need: ColumnsNeed, staging: Path,

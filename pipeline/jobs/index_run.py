@@ -236,7 +236,7 @@ def _run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory, 
         if extra:
             shards = preflight(resolve_sources([*job.sources, *extra], out=job.out), job.read, reads, check=stop.check)
     report.rows["total"] = sum(s.num_rows for s in shards)
-    check_keep_columns(shards, job.keep_columns, (job.read.text_column, job.read.id_column))
+    check_keep_columns(shards, job.keep_columns, (job.read.text_column, job.read.id_column), job.read, reads)
     need = ColumnsNeed(job.read.text_column, job.keep_columns)
     delete_ids = read_delete_ids(job.delete, job.read.id_column, job.read, reads) if job.delete is not None else None
     if delete_ids is not None:
@@ -296,7 +296,8 @@ def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory
         check_id_kinds([*shards, *kept_infos], job.read.id_column)  # 65: kept shards' ids of another kind
         # --keep-columns in the kept shards: there (65), of a type that widens with the named shards' (65), their
         # files still there where the store lacks them (78)
-        check_column_types(shards, job.keep_columns, kept_schemas(kept, job.keep_columns, job.read, reads))
+        check_column_types(shards, job.keep_columns, kept_schemas(kept, job.keep_columns, job.read, reads), job.read,
+                           reads)
         if job.strict:  # an id in two shards is a bad row too (without --strict the last shard wins), kept ones too
             check_cross_shard_duplicates(shards, job.read, reads, kept_ids(kept))
         if job.full:  # NOTE: its commits are stamped, so that a rerun after a stop resumes it (RELIABILITY 3)

@@ -1,26 +1,31 @@
 """``--keep-columns`` against the shards a run names, before any work, from the schemas preflight read.
 
-NOTE: no second read of a source: each shard's footer was read once by preflight (``ShardInfo.schema``), with the
-retries and the 65/66/74 rules of every source read (pipeline/ingest/parquet.py), so the check cannot meet an I/O
-error of its own.
+NOTE: the types come from the footers preflight read (``ShardInfo.schema``); a shard is read again only where its
+type widens to one that may not hold its values (``kept_values.py``: its footer's statistics, else the column), with
+the retries and the 65/66/74 rules of every source read (pipeline/ingest/parquet.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import pyarrow as pa
 
-from petal.pipeline.ingest.parquet import ShardInfo, check_unique_columns
+from petal.pipeline.config import ReadConfig
+from petal.pipeline.ingest.parquet import ReadStats, ShardInfo, check_unique_columns
 from petal.pipeline.reliability.errors import BadInputError, UsageError, quote_path
 from petal.pipeline.store.columns import kept_type
+from petal.pipeline.store.kept_values import KeptSource, check_kept_values
 
 STORED_NAMES = ("faiss_id", "id", "shard", "row", "text")  # what a version's ids.parquet holds itself
 
 
-def check_keep_columns(shards: list[ShardInfo], columns: tuple[str, ...], reserved: tuple[str, ...]) -> None:
+def check_keep_columns(shards: list[ShardInfo], columns: tuple[str, ...], reserved: tuple[str, ...],
+                       read: ReadConfig | None = None, stats: ReadStats | None = None) -> None:
     """No kept column takes a name petal stores (``UsageError``, exit 2); every shard has every kept column (65
-    naming shard and column); a column's types across the shards widen to one (``kept_type``, else 65)."""
+    naming shard and column); a column's types across the shards widen to one (``kept_type``, else 65) that holds
+    every value (``check_kept_values``, else 65)."""
     for name in columns:
         if name in reserved or name in STORED_NAMES:
             raise UsageError(f"--keep-columns {name!r}: that name is taken (the id or text column, or one of "
@@ -40,7 +45,7 @@ def check_keep_columns(shards: list[ShardInfo], columns: tuple[str, ...], reserv
                                     "kept columns come out as text (petal query, petal serve, JSON), where bytes have "
                                     "no faithful form; store it as a string column (e.g. base64 or hex) or leave it "
                                     "out of --keep-columns")
-    check_column_types(shards, columns)
+    check_column_types(shards, columns, read=read, stats=stats)
 
 
 def holds_bytes(type_: pa.DataType) -> bool:
@@ -56,17 +61,22 @@ def holds_bytes(type_: pa.DataType) -> bool:
 
 
 def check_column_types(shards: list[ShardInfo], columns: tuple[str, ...],
-                       kept: Sequence[tuple[str, pa.Schema]] = ()) -> None:
+                       kept: Sequence[tuple[str, pa.Schema, Path]] = (), read: ReadConfig | None = None,
+                       stats: ReadStats | None = None) -> None:
     """A kept column's types across the named shards (their footers) and the shards a run keeps from the live version
-    (``kept``: each one's path and the schema its columns are stored from, ``kept_schemas``) widen to one
-    (``kept_type``), else 65 naming the column, two shards and their types. Under the lock with ``kept``, before any
-    embedding.
+    (``kept``: each one's path, the schema its columns are stored from and that file, ``kept_schemas``) widen to one
+    (``kept_type``), else 65 naming the column, two shards and their types; that type holds every value of theirs
+    (``check_kept_values``), else 65 naming the column, the shard, the value and where, and the types. Under the lock
+    with ``kept``, before any embedding.
 
-    NOTE: a kept shard's type was met only when the version's columns were merged: after every new shard was
-    embedded (README: checked before any work)."""
+    NOTE: a kept shard's type, and a value the widest type cannot hold (an int64 above 2^53 beside a float64), were
+    met only when the version's columns were merged: after every new shard was embedded (README: checked before any
+    work)."""
     for name in columns:
-        typed: list[tuple[str, pa.DataType]] = [(str(i.path), i.schema.field(name).type) for i in shards
-                                                if i.schema is not None and name in i.schema.names]
-        typed += [(path, schema.field(name).type) for path, schema in kept if name in schema.names]
-        if typed:
-            kept_type(name, typed)
+        sources = [KeptSource(str(i.path), i.schema.field(name).type, shard=i) for i in shards
+                   if i.schema is not None and name in i.schema.names]
+        sources += [KeptSource(path, schema.field(name).type, file=file) for path, schema, file in kept
+                    if name in schema.names]
+        if sources:
+            stored = kept_type(name, [(s.path, s.type) for s in sources])
+            check_kept_values(name, stored, sources, read or ReadConfig(), stats)

@@ -106,7 +106,7 @@ def _run(job: IndexJob, column: str, report: RunReport, stop: StopSignals, start
                                        for s in shards) else None
     if text is not None:
         check_stored_text(shards, text)
-    check_keep_columns(shards, job.keep_columns, (column, job.read.id_column))
+    check_keep_columns(shards, job.keep_columns, (column, job.read.id_column), job.read, reads)
     need = ColumnsNeed(text, job.keep_columns)
     delete_ids = read_delete_ids(job.delete, job.read.id_column, job.read, reads) if job.delete is not None else None
     kept_before = kept_records(live, shards, job.sync)
@@ -141,7 +141,8 @@ def _run(job: IndexJob, column: str, report: RunReport, stop: StopSignals, start
         check_id_kinds([*shards, *kept_infos], job.read.id_column)  # 65: kept shards' ids of another kind
         # --keep-columns in the kept shards: there (65), of a type that widens with the named shards' (65), their
         # files still there where the store lacks them (78)
-        check_column_types(shards, job.keep_columns, kept_schemas(kept, job.keep_columns, job.read, reads))
+        check_column_types(shards, job.keep_columns, kept_schemas(kept, job.keep_columns, job.read, reads), job.read,
+                           reads)
         if job.strict:  # an id in two shards is a bad row too (without --strict the last shard wins), kept ones too
             check_cross_shard_duplicates(shards, job.read, reads, kept_ids(kept))
         fp = settings_fingerprint(settings.to_dict())

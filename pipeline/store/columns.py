@@ -137,25 +137,28 @@ class ColumnsNeed:
 
 
 def kept_schemas(entries: list[StoreEntry], keep: tuple[str, ...], read: ReadConfig,
-                 stats: ReadStats | None = None) -> list[tuple[str, pa.Schema]]:
-    """Each kept shard's path (``entries``: the live version's shards a run keeps) and the schema its ``keep``
-    columns will be stored from: its side file's when that holds them all, else its file's footer. Under the lock,
-    before any embedding: a file gone or changed since it was embedded is 78 (``ensure_columns`` would say so after
-    the embedding), a footer without one of the columns 65 naming the shard and the column.
+                 stats: ReadStats | None = None) -> list[tuple[str, pa.Schema, Path]]:
+    """Each kept shard's path (``entries``: the live version's shards a run keeps), the schema its ``keep``
+    columns will be stored from and the file that holds them: its side file when that holds them all, else its
+    file. Under the lock, before any embedding: a file gone or changed since it was embedded is 78
+    (``ensure_columns`` would say so after the embedding), a footer without one of the columns 65 naming the shard
+    and the column.
 
     NOTE: a kept shard embedded before ``--keep-columns`` named a column its file lacks was a ``KeyError``
     traceback (exit 1) once the new shards were embedded."""
-    found: list[tuple[str, pa.Schema]] = []
+    found: list[tuple[str, pa.Schema, Path]] = []
     if not keep:
         return found
     for entry in entries:
         source = entry.meta["source"]
-        schema = _stored_schema(columns_path(entry.path))
+        path = columns_path(entry.path)
+        schema = _stored_schema(path)
         if schema is None or not set(keep) <= set(schema.names):
             shard = None if "://" in str(source["abs_path"]) else _same_content(Path(source["abs_path"]), source,
                                                                                  read, stats)
             if shard is None:
                 raise _gone(source, keep)
+            assert isinstance(shard.path, Path), "a kept shard read here is a local file"
             path = shard.path
             schema = read_retrying(path, lambda: _read_schema(path), read, stats,  # noqa: B023 (called at once)
                                    "not a readable Parquet file")
@@ -163,7 +166,7 @@ def kept_schemas(entries: list[StoreEntry], keep: tuple[str, ...], read: ReadCon
             if missing:
                 raise BadInputError(f"{quote_path(source['path'])} (kept from the live version): no column "
                                     f"{missing[0]!r} (--keep-columns); it has: {', '.join(sorted(schema.names))}")
-        found.append((str(source["path"]), schema))
+        found.append((str(source["path"]), schema, path))
     return found
 
 

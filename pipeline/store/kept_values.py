@@ -1,0 +1,172 @@
+"""A kept column's values against the one type it is stored as (``kept_type``), before any work.
+
+Types that widen do not always hold every value of the narrower one: an int64 above 2^53 as float64 (float32:
+2^24), a uint64 above 2^63 - 1 as int64, a time in seconds past year 2262 in nanoseconds. Such a shard is refused
+before any embedding (65 naming the column, the value, where it is, every shard's type and the type stored): from
+its footer's statistics (each row group's min and max) where they are complete, else its column streamed as every
+source read (``stream_batches``: an OS read error retried then 74, a corrupt page 65), as ``check_id_range`` reads
+a uint64 id column.
+
+NOTE: the version's columns were cast to the stored type only once every shard was embedded: 65 'a value does not
+fit the type the column is stored as (Integer value 9007199254740993 not in range ...)', naming neither the type,
+the shard that forced it nor the row.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from petal.pipeline.config import ReadConfig
+from petal.pipeline.ingest.exact_columns import field_leaves, iter_columns
+from petal.pipeline.ingest.parquet import ReadStats, ShardInfo, plain_type, read_retrying, stream_batches
+from petal.pipeline.ingest.remote import RemotePath
+from petal.pipeline.reliability.errors import BadInputError, quote_path
+from petal.pipeline.reliability.faults import fault
+
+_MANTISSA = {16: 11, 32: 24, 64: 53}  # a float of each width holds every integer of at most this many bits
+_UNITS = {"s": 0, "ms": 1, "us": 2, "ns": 3}
+
+
+@dataclass(frozen=True)
+class KeptSource:
+    """One shard's kept column: the path said, its type, and how to read it (a named shard, or a kept shard's
+    side file or file, local)."""
+
+    path: str
+    type: pa.DataType
+    shard: ShardInfo | None = None
+    file: Path | None = None
+
+
+def _int_bits(t: pa.DataType) -> tuple[int, bool]:
+    return t.bit_width, pa.types.is_signed_integer(t)
+
+
+def may_not_fit(source: pa.DataType, stored: pa.DataType) -> bool:
+    """Some value of type ``source`` cannot be cast to ``stored`` (a widening ``kept_type`` chose) exactly."""
+    if source == stored:
+        return False
+    if pa.types.is_integer(source) and pa.types.is_floating(stored):
+        bits, signed = _int_bits(source)
+        return bits - signed > _MANTISSA[stored.bit_width]
+    if pa.types.is_integer(source) and pa.types.is_integer(stored):
+        (bits, signed), (to_bits, to_signed) = _int_bits(source), _int_bits(stored)
+        return (signed and not to_signed) or bits - signed > to_bits - to_signed
+    temporal = (pa.types.is_timestamp, pa.types.is_duration, pa.types.is_time)
+    if any(is_kind(source) and is_kind(stored) for is_kind in temporal):
+        return _UNITS[stored.unit] > _UNITS[source.unit]
+    if source.num_fields and source.num_fields == stored.num_fields:  # lists, structs, maps: by their values
+        return any(may_not_fit(source.field(i).type, stored.field(i).type) for i in range(source.num_fields))
+    return False
+
+
+def first_misfit(values: pa.Array, stored: pa.DataType) -> tuple[int, Any] | None:
+    """The first position of ``values`` whose value ``stored`` cannot hold, and that value; ``None`` when all fit."""
+    # NOTE: a nested part is taken (a copy): a slice of a list keeps all its values, which a cast casts too
+    nested = bool(values.type.num_fields)
+    if nested:
+        values = values.take(pa.array(range(len(values)), pa.int64()))
+    try:
+        values.cast(stored)
+        return None
+    except pa.ArrowInvalid:  # NOTE: not ArrowNotImplementedError: a cast Arrow lacks says nothing of a value
+        pass
+    lo, hi = 0, len(values)  # bisect on casts of parts: log2(n) casts, no Python loop over the values
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        try:
+            (values.take(pa.array(range(lo, mid), pa.int64())) if nested else values.slice(lo, mid - lo)).cast(stored)
+            lo = mid
+        except pa.ArrowInvalid:
+            hi = mid
+    return lo, values[lo].as_py()
+
+
+def check_kept_values(name: str, stored: pa.DataType, sources: Sequence[KeptSource], read: ReadConfig,
+                      stats: ReadStats | None = None) -> None:
+    """65 (``BadInputError``) when one of ``sources`` holds a ``name`` value that ``stored`` cannot hold."""
+    for source in sources:
+        plain = plain_type(source.type)
+        if not may_not_fit(plain, stored):
+            continue
+        found = _by_statistics(source, name, plain, stored, read, stats)
+        if found is None:
+            found = _by_reading(source, name, stored, read, stats)
+        if found:
+            assert isinstance(found, tuple)
+            said = ", ".join(f"{s.path} {plain_type(s.type)}" for s in sources[:6]) + \
+                (f" and {len(sources) - 6} more shards" if len(sources) > 6 else "")
+            raise BadInputError(
+                f"--keep-columns {name!r}: {quote_path(source.path)} holds {found[1]!r} ({found[0]}), which {stored} "
+                f"cannot hold, and {stored} is the type the column is stored as: its types widen to it ({said}); "
+                f"give the column one type in every shard ({plain} here), or leave it out of --keep-columns")
+
+
+def _by_statistics(source: KeptSource, name: str, plain: pa.DataType, stored: pa.DataType, read: ReadConfig,
+                   stats: ReadStats | None) -> tuple[str, Any] | bool | None:
+    """From the footer: ``False`` all fit, ``(where, value)`` one does not, ``None`` its statistics cannot say."""
+    if plain.num_fields:
+        return None  # NOTE: a nested column's leaves are not its values: read
+    path = source.file if source.file is not None else source.shard.path if source.shard is not None else None
+    assert path is not None, "a kept source is a named shard or a file"
+    meta = read_retrying(path, lambda: _read_metadata(path), read, stats, "not a readable Parquet file")
+    leaves = field_leaves(meta, [name])
+    if leaves is None or len(leaves[0]) != 1:
+        return None
+    for g in range(meta.num_row_groups):
+        group = meta.row_group(g)
+        if not group.num_rows:
+            continue
+        column_stats = group.column(leaves[0][0]).statistics
+        if column_stats is None or not column_stats.has_min_max:
+            return None
+        try:
+            bounds = pa.array([column_stats.min, column_stats.max], plain)
+        except (pa.ArrowException, TypeError, ValueError, OverflowError):
+            return None
+        misfit = first_misfit(bounds, stored)
+        if misfit is not None:
+            return f"row group {g}'s {'smallest' if misfit[0] == 0 else 'largest'}, from its footer", misfit[1]
+    return False
+
+
+def _read_metadata(path: Path | RemotePath) -> pq.FileMetaData:
+    fault("read_footer", str(path))
+    with contextlib.closing(path.open()) if isinstance(path, RemotePath) else contextlib.nullcontext(path) as file:
+        return pq.read_metadata(file)
+
+
+def _by_reading(source: KeptSource, name: str, stored: pa.DataType, read: ReadConfig,
+                stats: ReadStats | None) -> tuple[str, Any] | None:
+    """The column read, a record batch at a time: ``(where, value)`` of the first value that does not fit."""
+    def misfit(row: int, batch: pa.RecordBatch) -> tuple[str, Any] | None:
+        column = batch.column(0)
+        found = first_misfit(column.dictionary_decode() if pa.types.is_dictionary(column.type) else column, stored)
+        return None if found is None else (f"row {row + found[0]}", found[1])
+
+    if source.shard is not None:
+        with contextlib.closing(stream_batches(source.shard, [name], read, misfit, stats)) as found:
+            return next((hit for hit in found if hit is not None), None)
+    assert source.file is not None
+    try:
+        row = 0
+        for batch in _file_batches(source.file, name, read):
+            hit = misfit(row, batch)
+            if hit is not None:
+                return hit
+            row += batch.num_rows
+    except (OSError, pa.ArrowException) as exc:
+        raise BadInputError(f"{quote_path(source.file)}: cannot read column {name!r} ({exc})") from exc
+    return None
+
+
+def _file_batches(path: Path, name: str, read: ReadConfig) -> Iterator[pa.RecordBatch]:
+    with pq.ParquetFile(path, page_checksum_verification=True) as pf:
+        yield from iter_columns(pf, [name], read.batch_rows)

@@ -1,0 +1,89 @@
+"""A ``--keep-columns`` column whose types widen to one that cannot hold a value is refused before any work.
+
+Before: int64 ``m = [2**53 + 1, 5]`` in one shard and float64 ``m = [0.5]`` in another passed preflight (int and
+float widen), then once every shard was embedded the run failed 65 'a value does not fit the type the column is
+stored as (Integer value 9007199254740993 not in range ...)', naming neither the stored type, the shard that forced
+it nor the row; int64 beside uint64 2**64 - 1 the same. Now 65 before the model loads, naming the column, the shard,
+the value and where (the footer's statistics, else the row read), every shard's type and the type stored; from the
+shards a run keeps from the live version too. Real Parquet, the CLI with the tests' fake engine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tests.fake_cli import invoke
+from tests.fake_engine import make_fake_model_dir, read_log
+
+FAKE = "PETAL_TEST_FAKE_ENGINE"
+BIG = 2**53 + 1
+
+
+def shard(path: Path, first_id: int, m: pa.Array, statistics: bool = True) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    n = len(m)
+    pq.write_table(pa.table({"id": list(range(first_id, first_id + n)), "text": [f"text {i}" for i in range(n)],
+                             "m": m, "emb": pa.array([[1.0, float(i)] for i in range(n)], pa.list_(pa.float32()))}),
+                   path, write_statistics=statistics)
+    return path
+
+
+def index(tmp_path: Path, *sources: Path, vectors: bool = False):
+    flags = ["--vectors-column", "emb"] if vectors else ["--model", str(make_fake_model_dir(tmp_path / "model"))]
+    return invoke(["index", *map(str, sources), "--out", str(tmp_path / "out"), "-q", "--keep-columns", "m", *flags],
+                  env={FAKE: str(tmp_path / "fake.log")})
+
+
+def nothing_done(tmp_path: Path) -> bool:
+    return not (tmp_path / "fake.log").exists() or read_log(tmp_path / "fake.log") == []
+
+
+@pytest.mark.parametrize("statistics, where", [(True, "row group 0's largest, from its footer"), (False, "row 0")])
+@pytest.mark.parametrize("vectors", [False, True], ids=["text", "vectors-column"])
+def test_an_int64_beyond_float64_beside_a_float64_shard_is_refused_before_any_work(tmp_path, statistics, where,
+                                                                                  vectors):
+    a = shard(tmp_path / "src" / "a.parquet", 0, pa.array([BIG, 5], pa.int64()), statistics)
+    shard(tmp_path / "src" / "b.parquet", 10, pa.array([0.5], pa.float64()), statistics)
+    result = index(tmp_path, a.parent, vectors=vectors)
+    assert result.exit_code == 65, result.output
+    assert f"--keep-columns 'm': {a} holds {BIG} ({where}), which double cannot hold" in result.output, \
+        result.output
+    assert "a.parquet int64, " in result.output and "b.parquet double" in result.output
+    assert nothing_done(tmp_path) and not (tmp_path / "out" / "CURRENT").exists()
+
+
+def test_a_uint64_beyond_int64_beside_an_int64_shard_is_refused_before_any_work(tmp_path):
+    shard(tmp_path / "src" / "a.parquet", 0, pa.array([1, 2], pa.int64()))
+    b = shard(tmp_path / "src" / "b.parquet", 10, pa.array([5, 2**64 - 1], pa.uint64()), statistics=False)
+    result = index(tmp_path, b.parent)
+    assert result.exit_code == 65, result.output
+    assert f"holds {2**64 - 1} (row 1), which int64 cannot hold" in result.output, result.output
+    assert nothing_done(tmp_path)
+
+
+@pytest.mark.parametrize("first, second", [("int", "float"), ("float", "int")])
+def test_a_kept_shards_values_are_checked_against_a_named_shards_type(tmp_path, first, second):
+    values = {"int": pa.array([BIG], pa.int64()), "float": pa.array([0.5], pa.float64())}
+    a = shard(tmp_path / "src" / "a.parquet", 0, values[first])
+    assert index(tmp_path, a).exit_code == 0
+    current = (tmp_path / "out" / "CURRENT").read_text()
+    (tmp_path / "fake.log").unlink()
+    b = shard(tmp_path / "src" / "b.parquet", 10, values[second])
+    result = index(tmp_path, b)  # additive: a is kept from the live version
+    assert result.exit_code == 65, result.output
+    assert f"holds {BIG} (" in result.output and "which double cannot hold" in result.output, result.output
+    assert "a.parquet" in result.output and "b.parquet" in result.output
+    assert nothing_done(tmp_path) and (tmp_path / "out" / "CURRENT").read_text() == current
+
+
+def test_widened_values_that_fit_still_index(tmp_path):
+    shard(tmp_path / "src" / "a.parquet", 0, pa.array([2**53, -5], pa.int64()), statistics=False)
+    shard(tmp_path / "src" / "b.parquet", 10, pa.array([0.5], pa.float64()))
+    result = index(tmp_path, tmp_path / "src")
+    assert result.exit_code == 0, result.output
+    version = (tmp_path / "out" / "CURRENT").read_text().strip()
+    m = pq.read_table(tmp_path / "out" / "versions" / version / "ids.parquet", columns=["m"]).column("m")
+    assert m.type == pa.float64() and sorted(m.to_pylist()) == [-5.0, 0.5, float(2**53)]
