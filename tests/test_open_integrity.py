@@ -17,6 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from petal.cli.main import cli
+from petal.pipeline.index import row_groups as row_groups_module
 from petal.pipeline.index.checksums import CHECKSUM_KEY, HEAD_TAIL_BYTES, INTEGRITY_KEY, canonical_sha256
 from petal.pipeline.index.search import IndexReader
 from petal.pipeline.layout import OutputDir
@@ -457,6 +458,15 @@ def test_the_open_decodes_no_ids_and_a_search_only_the_row_groups_of_its_hits(la
             return out
 
         monkeypatch.setattr(pq.ParquetFile, name, spy)
+    for name in ("read_group_columns", "read_columns"):  # the exact-name reads (exact_columns.py), by position
+        real = getattr(row_groups_module, name)
+
+        def exact_spy(*args, _real=real, **kwargs):
+            out = _real(*args, **kwargs)
+            decoded.append(out.num_rows)
+            return out
+
+        monkeypatch.setattr(row_groups_module, name, exact_spy)
     reader = IndexReader(large)
     assert decoded == [], f"the open decoded {decoded} rows"
     groups = reader.id_map.rows.file.metadata.num_row_groups
@@ -482,13 +492,13 @@ def test_a_served_version_decodes_its_id_map_before_it_serves(large, monkeypatch
     groups = reader.id_map.rows.file.metadata.num_row_groups
     assert groups >= 3 and sorted(reader.id_map._columns) == list(range(groups))
     decoded: list[int] = []
-    real = pq.ParquetFile.read_row_group
+    real = row_groups_module.read_group_columns
 
-    def spy(self, *args, **kwargs):
-        decoded.append(args[0] if args else -1)
-        return real(self, *args, **kwargs)
+    def spy(pf, group, *args, **kwargs):
+        decoded.append(group)
+        return real(pf, group, *args, **kwargs)
 
-    monkeypatch.setattr(pq.ParquetFile, "read_row_group", spy)
+    monkeypatch.setattr(row_groups_module, "read_group_columns", spy)
     for faiss_id in (1, LARGE_ROWS // 2, LARGE_ROWS - 1):
         hit = reader.search(reader.index.reconstruct_n(faiss_id, 1), 1)[0][0]
         assert hit.id == hit.row == hit.faiss_id  # its own document (or an identical vector's), mapped right
