@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 
 from petal.pipeline.index.read_errors import read_failure
-from petal.pipeline.ingest.exact_columns import read_columns, read_group_columns
+from petal.pipeline.ingest.exact_columns import LeafIndex, read_columns, read_group_columns
 from petal.pipeline.reliability.errors import BadInputError, PetalError, quote_path
 from petal.pipeline.reliability.parquet_rows import check_rows
 
@@ -60,6 +60,7 @@ class RowGroups:
         self.num_rows = int(meta.num_rows)
         self.names: list[str] = list(parquet_file.schema_arrow.names)
         self.starts = np.cumsum([0, *(meta.row_group(g).num_rows for g in range(meta.num_row_groups))])
+        self._leaves = LeafIndex(meta)  # each column list's leaf positions, found once
         # NOTE: one ParquetFile serves the search thread and petal serve's text threads: reads are serialised
         self._lock = threading.Lock()
 
@@ -71,7 +72,7 @@ class RowGroups:
         """Row group ``group``'s ``columns``, decoded (page checksums verified)."""
         try:
             with self._lock:
-                table = read_group_columns(self.file, group, columns)  # exact names: a kept 'a.b' and 'a'{b}
+                table = read_group_columns(self.file, group, columns, self._leaves)  # exact: a kept 'a.b', 'a'{b}
             check_rows(table.num_rows, int(self.starts[group + 1] - self.starts[group]))  # NOTE: parquet_rows
             return table
         except (OSError, pa.ArrowException, MemoryError) as exc:
@@ -81,7 +82,7 @@ class RowGroups:
         """Every row of ``columns`` (``--where`` filters over kept columns)."""
         try:
             with self._lock:
-                table = read_columns(self.file, columns)
+                table = read_columns(self.file, columns, self._leaves)
             check_rows(table.num_rows, self.num_rows)  # NOTE: a page pyarrow skipped (parquet_rows)
             return table
         except (OSError, pa.ArrowException, MemoryError) as exc:
