@@ -221,6 +221,22 @@ class IndexJob:
 DEFAULT_RANGE_ROWS = 100_000  # rows of a row-group range of a large shard (--range-rows)
 
 
+def ray_address_problem(address: str) -> str | None:
+    """What is wrong with a ``--ray ADDRESS`` (``None``: nothing petal can tell): ``auto``, ``local``, a URL
+    (``ray://host:10001``: Ray Client judges it) or ``HOST:PORT`` of a cluster's GCS."""
+    if address in ("auto", "local") or "://" in address:
+        return None
+    if not address.strip():
+        return ("an empty address; give HOST:PORT, ray://HOST:PORT or auto, or --ray alone (RAY_ADDRESS, else a local "
+                "Ray)")
+    host, colon, port = address.rpartition(":")
+    if not colon or not host.strip("[]"):
+        return "not HOST:PORT, ray://HOST:PORT or auto"
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        return f"port {port!r} is not a number from 1 to 65535"
+    return None
+
+
 @dataclass(frozen=True)
 class ScaleConfig:
     """``--devices``/``--workers``/``--ray``: how many processes embed, and on which devices.
@@ -249,6 +265,10 @@ class ScaleConfig:
                              "neither")
         if self.ray and self.devices is not None:
             raise ValueError("--ray places its actors on the cluster's GPUs itself: drop --devices")
+        if self.ray_address is not None:
+            problem = ray_address_problem(self.ray_address)
+            if problem is not None:  # NOTE: was Ray's ValueError at ray.init, reported 75 'retry' (it never works)
+                raise ValueError(f"--ray {self.ray_address!r}: {problem}")
         if self.devices is not None:
             parse_devices(self.devices)  # a malformed list is a usage error now
 

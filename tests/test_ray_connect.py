@@ -154,3 +154,25 @@ def test_a_local_ray_that_cannot_start_is_78_not_bad_input(tmp_path):
     code, stderr, last = _index_ends(tmp_path, ["--ray"], {"RAY_TMPDIR": str(tmp_path / ("r" * 90))})
     assert code == 78, stderr
     assert "cannot start Ray" in last and "RAY_TMPDIR" in last and "Traceback" not in stderr, stderr
+
+
+@pytest.mark.parametrize("address, said", [
+    ("", "an empty address"), ("bogus", "not HOST:PORT"), ("localhost:notaport", "port 'notaport'"),
+    ("localhost:0", "port '0'"), ("127.0.0.1:70000", "port '70000'"),
+])
+def test_a_malformed_ray_address_is_a_usage_error_never_retry(tmp_path, address, said):
+    """A --ray ADDRESS Ray cannot parse was 75 ('retry': Airflow and cron retried a flag that never works), the empty
+    one shown as 'RAY_ADDRESS/local'; now 2 naming the flag, before Ray starts. The API's ScaleConfig says the same."""
+    from petal.pipeline.config import ScaleConfig
+
+    code, stderr, _ = _index_ends(tmp_path, ["--workers", "2", "--ray", address], {})
+    assert code == 2 and f"--ray {address!r}: {said}" in stderr and "Traceback" not in stderr, stderr
+    with pytest.raises(ValueError, match=said):
+        ScaleConfig(ray=True, ray_address=address)
+
+
+@pytest.mark.parametrize("address", ["bogus", "localhost:notaport"])
+def test_a_malformed_ray_address_env_is_78_naming_it(tmp_path, address):
+    """The same address from RAY_ADDRESS (no flag to judge): 78, a setting of the environment, naming it."""
+    code, stderr, last = _index_ends(tmp_path, ["--workers", "2", "--ray"], {"RAY_ADDRESS": address})
+    assert code == 78 and f"{address} (RAY_ADDRESS)" in last and "Traceback" not in stderr, stderr

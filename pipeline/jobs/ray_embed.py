@@ -141,8 +141,11 @@ def connect(scale: ScaleConfig) -> Any:
             if exc.code == signal.SIGTERM:
                 raise Interrupted(signal.SIGTERM) from None
             raise
-        except (ConnectionError, RuntimeError, ValueError) as exc:
-            shown = where[0] if where is not None else scale.ray_address or "RAY_ADDRESS/local"
+        except ValueError as exc:  # NOTE: an address Ray cannot parse (RAY_ADDRESS: --ray's are judged as flags)
+            shown = where[0] if where is not None else scale.ray_address or _env_address() or "RAY_ADDRESS/local"
+            raise ConfigError(f"cannot connect to Ray at {shown}: {exc}") from exc
+        except (ConnectionError, RuntimeError) as exc:
+            shown = where[0] if where is not None else scale.ray_address or _env_address() or "RAY_ADDRESS/local"
             raise TemporaryFailure(f"cannot connect to Ray at {shown}: {exc}") from exc
         except OSError as exc:
             if exc.errno is not None:
@@ -181,6 +184,12 @@ def _host_ip(host: str) -> str:
         return socket.gethostbyname(host)
     except OSError:
         return host
+
+
+def _env_address() -> str | None:
+    """``RAY_ADDRESS`` as shown in a message (``None`` when unset or empty)."""
+    address = os.environ.get("RAY_ADDRESS")
+    return f"{address} (RAY_ADDRESS)" if address else None
 
 
 def _address(scale: ScaleConfig) -> tuple[str, str, int] | None:
