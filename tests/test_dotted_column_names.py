@@ -131,3 +131,21 @@ def test_every_field_of_a_nested_schema_is_read_by_its_leaves(tmp_path):
         assert read_group_columns(pf, 0, names).to_pylist() == want
         assert read_columns(pf, names).to_pylist() == want
         assert pa.Table.from_batches(list(iter_columns(pf, names, 1))).to_pylist() == want
+
+
+def test_no_fields_asked_reads_the_row_count_alone(tmp_path, monkeypatch):
+    """``read_group_fields`` with no positions (a hit's metadata on a shard without metadata columns: petal serve's
+    ``include: ["metadata"]``) gives the row group's row count without decoding a column; it read the whole group,
+    text and every vector (39 -> 331 ms a search at 40k x 768)."""
+    from petal.pipeline.ingest.exact_columns import read_group_fields
+
+    path = tmp_path / "a.parquet"
+    pq.write_table(pa.table({"text": ["a", "b", "c"], "n": [1, 2, 3]}), path)
+    pf = pq.ParquetFile(path)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a whole row group decoded")
+
+    monkeypatch.setattr(pq.ParquetFile, "read_row_group", refuse)
+    table = read_group_fields(pf, 0, [])
+    assert (table.num_rows, table.num_columns) == (3, 0)

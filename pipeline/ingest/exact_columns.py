@@ -111,8 +111,10 @@ def read_columns(pf: pq.ParquetFile, names: Sequence[str], leaves: LeafIndex | N
 def read_group_fields(pf: pq.ParquetFile, group: int, positions: Sequence[int]) -> pa.Table:
     """Row group ``group``'s top-level fields at ``positions`` (ascending, in ``pf.schema_arrow``), where a schema
     may name two fields alike (a shard's metadata columns: by position, not name); its row count even with none."""
+    if not positions:  # NOTE: the row count alone: a whole read decoded the text and every vector of the group
+        return pf.reader.read_row_group(group, column_indices=[], use_threads=True)
     starts = _leaf_starts(pf.metadata)
-    if starts is None or not positions:
+    if starts is None:
         return pf.read_row_group(group).select(list(positions))
     indices = [i for p in positions for i in range(starts[p], starts[p + 1])]
     return pf.reader.read_row_group(group, column_indices=indices, use_threads=True)
