@@ -255,8 +255,12 @@ class OutputDir:
         pick = next((v for v in reversed(present) if v != broken and self.opens(v)), None)
         if pick is None:
             return f"nothing was deleted; no other version passes the checks opening makes ({listed}): {rebuild}"
-        return (f"nothing was deleted; to recover, point it at a complete version (echo {pick} > "
-                f"{quote_path(self.current_file)}; {listed}) or {rebuild}")
+        pointer = quote_path(self.current_file)
+        # NOTE: a symbolic link CURRENT is removed first: 'echo V > CURRENT' wrote through it, leaving a stray file
+        # where it pointed (under versions/: a 'damaged version' that turned store cleanup off) and the link in place
+        write = f"rm {pointer} && echo {pick} > {pointer}" if os.path.islink(self.current_file) else \
+            f"echo {pick} > {pointer}"
+        return f"nothing was deleted; to recover, point it at a complete version ({write}; {listed}) or {rebuild}"
 
     def opens(self, version: str) -> bool:
         """True when ``versions/<version>`` passes the checks opening it makes before FAISS reads it (its manifest

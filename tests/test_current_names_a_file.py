@@ -67,3 +67,13 @@ def test_a_current_that_links_to_nothing_says_so_not_wait_for_a_run(built: Path,
     opened = api(out)
     assert opened.returncode == 78 and said in opened.stderr, opened.stderr
     assert (out / "CURRENT").is_symlink()  # left as it was
+    # the hint's command removes the link first: 'echo V > CURRENT' wrote through it, leaving a stray file where
+    # it pointed (under versions/: a damaged version to every later run) and the link in place
+    import re
+    import subprocess
+
+    hint = re.search(r"\((rm .+? && echo .+?); versions:", done.last_line)
+    assert hint, done.last_line
+    subprocess.run(["sh", "-c", hint.group(1)], check=True)
+    assert not (out / "CURRENT").is_symlink() and not (out / "versions" / "v000009-gone").exists()
+    assert forkrun.petal(["info", str(out)]).rc == 0
