@@ -31,6 +31,15 @@ class PathParam(click.Path):
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         if isinstance(value, str) and not value:
             self.fail(f"{value!r} is an empty path; give a path ('.' for the current directory)", param, ctx)
+        if isinstance(value, str) and value[:7].lower() == "file://":
+            # NOTE: the local path a file:// URL names (as a SOURCE's): it was Path('file:/...'), 'no such file'
+            from petal.pipeline.ingest.remote import file_url_path
+            from petal.pipeline.reliability.errors import PetalError
+
+            try:
+                value = file_url_path(value)
+            except PetalError as exc:
+                self.fail(str(exc), param, ctx)
         return super().convert(value, param, ctx)
 
 

@@ -112,3 +112,20 @@ def test_a_file_url_source_is_the_local_path(tmp_path):
     assert result.exit_code == 0, result.output
     result, _ = index(tmp_path, "file://elsewhere/data")
     assert result.exit_code == 66 and "another host" in result.output, result.output
+
+
+def test_a_file_url_is_the_local_path_for_every_path_flag(tmp_path):
+    """``--delete file:///...`` and ``petal embed --input file:///...`` (any path flag or argument) name the local file,
+    as a SOURCE does; they were 'file:/...: no such file' (66). Another host's URL is a usage error (2)."""
+    write(tmp_path / "data" / "part-0.parquet", table(["a", "b"]))
+    pq.write_table(pa.table({"id": ["a"]}), tmp_path / "del me.parquet")
+    url = "file://" + str(tmp_path / "del me.parquet").replace(" ", "%20")
+    result, _ = index(tmp_path, tmp_path / "data")
+    assert result.exit_code == 0, result.output
+    result, _ = index(tmp_path, tmp_path / "data", "--delete", url)
+    assert result.exit_code == 0, result.output
+    from petal.pipeline.index.search import IndexReader
+
+    assert IndexReader(tmp_path / "out").ids.column("id").to_pylist() == ["b"]
+    result, _ = index(tmp_path, tmp_path / "data", "--delete", "file://elsewhere/d.parquet")
+    assert result.exit_code == 2 and "another host" in result.output, result.output

@@ -49,9 +49,9 @@ def file_url_path(source: str) -> str:
 
     parts = urlsplit(source)
     if parts.netloc not in ("", "localhost"):
-        raise NoInputError(f"source {source!r}: a file:// URL of another host ({parts.netloc!r}); give a local path")
+        raise NoInputError(f"{source!r}: a file:// URL of another host ({parts.netloc!r}); give a local path")
     if not parts.path:
-        raise NoInputError(f"source {source!r}: a file:// URL without a path")
+        raise NoInputError(f"{source!r}: a file:// URL without a path")
     return unquote(parts.path)
 
 
