@@ -28,6 +28,9 @@ NAMES = {getattr(_signal, name): name for name in ("SIGINT", "SIGTERM", "SIGHUP"
 # NOTE: `petal serve` (the group takes no option before the command): a stop signal before it serves ends it with 0,
 # as its HeldSignals do from its callback's first line on (cli/serve.py says the same words)
 SERVE = sys.argv[1:2] == ["serve"]
+# NOTE: a worker process of `--workers`/`--devices` (multiprocessing's spawn gives it the script's argv): a stop signal
+# the coordinator passes on while it starts ends it quietly; the coordinator says it once (a line per worker, before)
+CHILD = "multiprocessing.spawn" in sys.modules
 
 
 class StopSignal(KeyboardInterrupt):
@@ -47,10 +50,11 @@ def _interrupted(signum: int, frame: Any) -> None:
     written, nothing on stdout that click.echo did not flush)."""
     said = f"petal serve: stopped ({NAMES.get(signum, signum)} before the server started)" if SERVE else \
         message(signum)
-    try:  # noqa: SIM105  # NOTE: plain statements, no contextlib: this runs as early as the interpreter allows
-        os.write(2, (said + "\n").encode())
-    except OSError:
-        pass
+    if not CHILD:
+        try:  # noqa: SIM105  # NOTE: plain statements, no contextlib: this runs as early as the interpreter allows
+            os.write(2, (said + "\n").encode())
+        except OSError:
+            pass
     os._exit(0 if SERVE else 128 + signum)
 
 

@@ -351,3 +351,33 @@ def test_a_workers_engine_load_error_has_the_exit_code_of_one_process(broken_mod
         assert report["exit_code"] == code and not report.get("workers"), report
     else:
         assert report["exit_code"] == code and [w["status"] for w in report["workers"]] == ["error", "error"]
+
+
+def test_sigterm_while_workers_start_is_interrupted_said_once(tmp_path):
+    """SIGTERM to a real ``petal index --workers 2`` (the ``petal`` script, the packaged model) while both workers are
+    still starting (held at ``worker_start``, before their stop signals are their own): exit 143, each worker
+    ``interrupted`` in the report and the coordinator's message alone. Before, the workers (which multiprocessing's
+    spawn gives the script's argv, so petal's quiet start-up handler) each printed the line too and exited before
+    saying anything, and the coordinator reported them 'lost' (a death: kill -9, OOM)."""
+    import subprocess
+    import sys
+
+    data = tmp_path / "data"
+    write_shards(data, count=2, rows=5)
+    trace, report = tmp_path / "trace.txt", tmp_path / "report.json"
+    env = {**os.environ, "PETAL_FAULT": "worker_start:1:sleep=120", "PETAL_FAULT_TRACE": str(trace),
+           "HF_HUB_OFFLINE": "1"}
+    child = subprocess.Popen([str(Path(sys.executable).parent / "petal"), "index", str(data), "--out",
+                              str(tmp_path / "out"), "-q", "--workers", "2", "--json-report", str(report)],
+                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: trace.exists() and trace.read_text().count("worker_start") == 2, timeout=240)
+        child.send_signal(signal.SIGTERM)
+        _, stderr = child.communicate(timeout=120)
+    finally:
+        child.kill()
+    assert child.returncode == 143, stderr
+    assert "petal: error: interrupted by SIGTERM" in stderr and "Traceback" not in stderr, stderr
+    assert "petal: interrupted by SIGTERM" not in stderr, stderr  # a starting worker's line (one each)
+    workers = json.loads(report.read_text())["workers"]
+    assert [w["status"] for w in workers] == ["interrupted", "interrupted"], workers

@@ -150,7 +150,10 @@ def worker_main(plan: WorkerPlan, slot: WorkerSlot, conn: Any, coordinator: int 
     from tqdm import tqdm
 
     from petal.pipeline.reliability.errors import unmapped_error
+    from petal.pipeline.reliability.faults import fault
     from petal.pipeline.reliability.signals import StopSignals
+
+    fault("worker_start")  # NOTE: a sleep here is a worker still starting when a stop signal comes
 
     # NOTE: tqdm's default lock is a multiprocessing semaphore, registered with the coordinator's resource
     # tracker; a killed worker would leave it behind (a warning at exit). A worker's bars are disabled anyway.

@@ -34,7 +34,7 @@ from petal.pipeline.jobs.progress import progress_bar
 from petal.pipeline.jobs.report import RunReport
 from petal.pipeline.jobs.worker import WorkerPlan, WorkerSlot, entry_written_since, unit_entry_path, worker_main
 from petal.pipeline.reliability.errors import ConfigError, PetalError, TemporaryFailure
-from petal.pipeline.reliability.signals import StopSignals
+from petal.pipeline.reliability.signals import STOP_SIGNALS, StopSignals
 from petal.pipeline.store.embeddings import StoreEntry
 from petal.pipeline.store.ranges import RangeAssembly
 
@@ -165,6 +165,9 @@ def embed_in_pool(plan: WorkerPlan, slots: list[WorkerSlot], report: RunReport, 
     pool.raise_failure()
 
 
+_STOP_EXITS = frozenset({*(int(sig) for sig in STOP_SIGNALS), *(128 + int(sig) for sig in STOP_SIGNALS)})
+
+
 class _Pool:
     """The coordinator's view of its workers: what each reported, which are gone, and how."""
 
@@ -246,8 +249,14 @@ class _Pool:
     def _lost(self, worker: int) -> None:
         slot, process = self.slots[worker], self.processes[worker]
         process.join(5)
-        self.ended[worker] = "lost"
         code = process.exitcode
+        if self.stopping and code is not None and abs(code) in _STOP_EXITS:
+            # NOTE: a worker still starting when the stop signal was passed on ends by it (128 + its number, or the
+            # signal itself) before it can say so: interrupted, as the run is, not 'lost' (a death: kill -9, OOM)
+            self.ended[worker] = "interrupted"
+            self._recover(worker)
+            return
+        self.ended[worker] = "lost"
         how = f"killed by {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit {code}"
         self.failures.append((worker, 75, "failed", f"worker {worker} (pid {process.pid}, {slot.label}) died ({how})"))
         self._recover(worker)

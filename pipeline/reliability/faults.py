@@ -64,7 +64,11 @@ SERVE_FAULT_POINTS: dict[str, str] = {
     "serve_search_batch": "the search thread took queued searches off the queue; not yet searched",
     "serve_follow": "the version follower woke to look at CURRENT (each --reload-interval-s)",
 }
-_KNOWN = (*FAULT_POINTS, *QUERY_FAULT_POINTS, *SERVE_FAULT_POINTS)
+# Reached by the worker processes of ``--workers``/``--devices`` only (a run in one process has none).
+WORKER_FAULT_POINTS: dict[str, str] = {
+    "worker_start": "a worker process began, before its stop signals are its own",
+}
+_KNOWN = (*FAULT_POINTS, *QUERY_FAULT_POINTS, *SERVE_FAULT_POINTS, *WORKER_FAULT_POINTS)
 ACTIONS = ("kill", "term", "int", "raise", "sleep", "enospc", "eio", "oom", "nomem", "cuda")
 
 
