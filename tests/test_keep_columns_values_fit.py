@@ -87,3 +87,48 @@ def test_widened_values_that_fit_still_index(tmp_path):
     version = (tmp_path / "out" / "CURRENT").read_text().strip()
     m = pq.read_table(tmp_path / "out" / "versions" / version / "ids.parquet", columns=["m"]).column("m")
     assert m.type == pa.float64() and sorted(m.to_pylist()) == [-5.0, 0.5, float(2**53)]
+
+
+def _spy(monkeypatch) -> dict[str, list[str]]:
+    """The files whose kept values were checked: from their footers (``statistics``) or read (``reading``)."""
+    from petal.pipeline.store import kept_values
+
+    seen: dict[str, list[str]] = {"statistics": [], "reading": []}
+    for what, name in (("statistics", "_by_statistics"), ("reading", "_by_reading")):
+        real = getattr(kept_values, name)
+
+        def spy(source, *args, real=real, what=what):
+            seen[what].append(Path(source.path).name)
+            return real(source, *args)
+        monkeypatch.setattr(kept_values, name, spy)
+    return seen
+
+
+def nested_shards(tmp_path: Path, statistics: bool, big: int = 7) -> tuple[Path, Path]:
+    a = shard(tmp_path / "src" / "a.parquet", 0, pa.array([[1, big], [], None], pa.list_(pa.int64())), statistics)
+    b = shard(tmp_path / "src" / "b.parquet", 10, pa.array([[0.5]], pa.list_(pa.float64())), statistics)
+    return a, b
+
+
+def test_a_nested_columns_values_are_checked_from_its_footers_leaves(tmp_path, monkeypatch):
+    """Before: a list<int64> beside a list<double> was read whole twice on every run, a nothing-to-do rerun too."""
+    seen = _spy(monkeypatch)
+    a, b = nested_shards(tmp_path, statistics=True)
+    assert index(tmp_path, a, b, vectors=True).exit_code == 0
+    assert index(tmp_path, a, b, vectors=True).exit_code == 0  # nothing to do
+    assert seen["reading"] == [] and seen["statistics"].count("a.parquet") == 2, seen
+    a, b = nested_shards(tmp_path / "big", statistics=True, big=BIG)
+    result = index(tmp_path / "big", a, b, vectors=True)
+    assert result.exit_code == 65, result.output
+    assert f"holds {BIG} (row group 0's largest m.list.element, from its footer)" in result.output, result.output
+
+
+def test_a_shard_is_read_once_a_run_and_a_kept_one_stored_as_the_same_type_not_again(tmp_path, monkeypatch):
+    seen = _spy(monkeypatch)
+    a, b = nested_shards(tmp_path, statistics=False)
+    assert index(tmp_path, a, b, vectors=True).exit_code == 0
+    assert seen["reading"] == ["a.parquet"], seen  # preflight; not again under the lock
+    seen["reading"].clear()
+    seen["statistics"].clear()
+    assert index(tmp_path, b, vectors=True).exit_code == 0  # a kept: the live version stores it as list<double>
+    assert seen == {"statistics": [], "reading": []}, seen

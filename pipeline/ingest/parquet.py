@@ -341,9 +341,12 @@ def integer_ids(id_type: str) -> bool:
 
 @dataclass
 class ReadStats:
-    """What the reader recovered from: OS read errors that succeeded on a retry."""
+    """What the reader recovered from: OS read errors that succeeded on a retry; and what a run's checks found
+    of the files they read (``values_fit``: a kept column's values checked against the type it is stored as,
+    ``pipeline/store/kept_values.py``), so that a second check (under the lock) does not read them again."""
 
     retries: int = 0
+    values_fit: set[tuple[str, ...]] = field(default_factory=set)
 
 
 def _transient(exc: BaseException) -> bool:

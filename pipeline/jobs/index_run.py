@@ -48,7 +48,7 @@ from petal.pipeline.ingest.prefetch import Prefetcher
 from petal.pipeline.ingest.rejects import BadRowGate, rejects_table
 from petal.pipeline.ingest.remote import RemotePath
 from petal.pipeline.ingest.tokens import TokenizedDocs, tokenize_documents, tokenizer_for
-from petal.pipeline.jobs.keep_columns import check_column_types, check_keep_columns
+from petal.pipeline.jobs.keep_columns import check_column_types, check_keep_columns, stored_schema
 from petal.pipeline.jobs.live_check import live_damage
 from petal.pipeline.jobs.model import model_spec
 from petal.pipeline.jobs.progress import progress_bar
@@ -297,7 +297,7 @@ def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory
         # --keep-columns in the kept shards: there (65), of a type that widens with the named shards' (65), their
         # files still there where the store lacks them (78)
         check_column_types(shards, job.keep_columns, kept_schemas(kept, job.keep_columns, job.read, reads), job.read,
-                           reads)
+                           reads, stored_schema(out.version_dir(previous.version) / IDS_FILE if previous else None))
         if job.strict:  # an id in two shards is a bad row too (without --strict the last shard wins), kept ones too
             check_cross_shard_duplicates(shards, job.read, reads, kept_ids(kept))
         if job.full:  # NOTE: its commits are stamped, so that a rerun after a stop resumes it (RELIABILITY 3)

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from petal.pipeline.config import ReadConfig
 from petal.pipeline.ingest.parquet import ReadStats, ShardInfo, check_unique_columns
@@ -62,12 +63,13 @@ def holds_bytes(type_: pa.DataType) -> bool:
 
 def check_column_types(shards: list[ShardInfo], columns: tuple[str, ...],
                        kept: Sequence[tuple[str, pa.Schema, Path]] = (), read: ReadConfig | None = None,
-                       stats: ReadStats | None = None) -> None:
+                       stats: ReadStats | None = None, live: pa.Schema | None = None) -> None:
     """A kept column's types across the named shards (their footers) and the shards a run keeps from the live version
     (``kept``: each one's path, the schema its columns are stored from and that file, ``kept_schemas``) widen to one
     (``kept_type``), else 65 naming the column, two shards and their types; that type holds every value of theirs
     (``check_kept_values``), else 65 naming the column, the shard, the value and where, and the types. Under the lock
-    with ``kept``, before any embedding.
+    with ``kept``, before any embedding; ``live``: the live version's ``ids.parquet`` schema (``stored_schema``), the
+    types the kept shards' values are stored as already (not read again where that is the type).
 
     NOTE: a kept shard's type, and a value the widest type cannot hold (an int64 above 2^53 beside a float64), were
     met only when the version's columns were merged: after every new shard was embedded (README: checked before any
@@ -75,8 +77,20 @@ def check_column_types(shards: list[ShardInfo], columns: tuple[str, ...],
     for name in columns:
         sources = [KeptSource(str(i.path), i.schema.field(name).type, shard=i) for i in shards
                    if i.schema is not None and name in i.schema.names]
-        sources += [KeptSource(path, schema.field(name).type, file=file) for path, schema, file in kept
-                    if name in schema.names]
+        live_type = live.field(name).type if live is not None and name in live.names else None
+        sources += [KeptSource(path, schema.field(name).type, file=file, live_type=live_type)
+                    for path, schema, file in kept if name in schema.names]
         if sources:
             stored = kept_type(name, [(s.path, s.type) for s in sources])
             check_kept_values(name, stored, sources, read or ReadConfig(), stats)
+
+
+def stored_schema(ids_file: Path | None) -> pa.Schema | None:
+    """The schema of a version's ``ids.parquet`` (``ids_file``): the types its kept columns are stored as; ``None``
+    where there is none or it cannot be read (the kept shards are then checked from their files)."""
+    if ids_file is None:
+        return None
+    try:
+        return pq.read_schema(ids_file)
+    except (OSError, pa.ArrowException):
+        return None

@@ -25,7 +25,7 @@ from petal.pipeline.ingest.parquet import ReadStats, ShardInfo, check_id_kinds, 
 from petal.pipeline.ingest.rejects import rejects_table
 from petal.pipeline.ingest.vectors import preflight_vectors, read_vectors
 from petal.pipeline.jobs import index_run as run
-from petal.pipeline.jobs.keep_columns import check_column_types, check_keep_columns
+from petal.pipeline.jobs.keep_columns import check_column_types, check_keep_columns, stored_schema
 from petal.pipeline.jobs.removals import kept_entries, kept_ids, kept_records, kept_shard, kept_vectors
 from petal.pipeline.jobs.report import RunReport
 from petal.pipeline.jobs.report_file import check_report_file, check_report_not_input, check_report_path
@@ -142,7 +142,7 @@ def _run(job: IndexJob, column: str, report: RunReport, stop: StopSignals, start
         # --keep-columns in the kept shards: there (65), of a type that widens with the named shards' (65), their
         # files still there where the store lacks them (78)
         check_column_types(shards, job.keep_columns, kept_schemas(kept, job.keep_columns, job.read, reads), job.read,
-                           reads)
+                           reads, stored_schema(out.version_dir(previous.version) / IDS_FILE if previous else None))
         if job.strict:  # an id in two shards is a bad row too (without --strict the last shard wins), kept ones too
             check_cross_shard_duplicates(shards, job.read, reads, kept_ids(kept))
         fp = settings_fingerprint(settings.to_dict())

@@ -43,6 +43,12 @@ class KeptSource:
     type: pa.DataType
     shard: ShardInfo | None = None
     file: Path | None = None
+    live_type: pa.DataType | None = None  # a kept shard's: the type the live version stores its values as
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """What identifies the file read (``ReadStats.values_fit``)."""
+        return ("file", str(self.file)) if self.file is not None else ("shard", str(self.shard and self.shard.abs_path))
 
 
 def _int_bits(t: pa.DataType) -> tuple[int, bool]:
@@ -91,14 +97,22 @@ def first_misfit(values: pa.Array, stored: pa.DataType) -> tuple[int, Any] | Non
 
 def check_kept_values(name: str, stored: pa.DataType, sources: Sequence[KeptSource], read: ReadConfig,
                       stats: ReadStats | None = None) -> None:
-    """65 (``BadInputError``) when one of ``sources`` holds a ``name`` value that ``stored`` cannot hold."""
+    """65 (``BadInputError``) when one of ``sources`` holds a ``name`` value that ``stored`` cannot hold.
+
+    NOTE: a kept shard whose values the live version already stores as ``stored`` (``live_type``), and a file this run
+    found to fit ``stored`` before (``stats.values_fit``: preflight, then under the lock), are not read again: a
+    nothing-to-do rerun read a nested column's values twice (~0.17 s of its 0.24 s for 200k rows)."""
     for source in sources:
         plain = plain_type(source.type)
-        if not may_not_fit(plain, stored):
+        checked = (*source.key, name, str(plain), str(stored))
+        if (not may_not_fit(plain, stored) or source.live_type == stored
+                or (stats is not None and checked in stats.values_fit)):
             continue
         found = _by_statistics(source, name, plain, stored, read, stats)
         if found is None:
             found = _by_reading(source, name, stored, read, stats)
+        if not found and stats is not None:
+            stats.values_fit.add(checked)
         if found:
             assert isinstance(found, tuple)
             said = ", ".join(f"{s.path} {plain_type(s.type)}" for s in sources[:6]) + \
@@ -111,30 +125,71 @@ def check_kept_values(name: str, stored: pa.DataType, sources: Sequence[KeptSour
 
 def _by_statistics(source: KeptSource, name: str, plain: pa.DataType, stored: pa.DataType, read: ReadConfig,
                    stats: ReadStats | None) -> tuple[str, Any] | bool | None:
-    """From the footer: ``False`` all fit, ``(where, value)`` one does not, ``None`` its statistics cannot say."""
-    if plain.num_fields:
-        return None  # NOTE: a nested column's leaves are not its values: read
+    """From the footer: ``False`` all fit, ``(where, value)`` one does not, ``None`` its statistics cannot say.
+
+    A nested column by its leaves (a ``list<int64>``'s elements, a struct's fields): each leaf's min and max against
+    the type that leaf is stored as."""
+    pairs = leaf_types(plain, stored)
+    if pairs is None:
+        return None
     path = source.file if source.file is not None else source.shard.path if source.shard is not None else None
     assert path is not None, "a kept source is a named shard or a file"
     meta = read_retrying(path, lambda: _read_metadata(path), read, stats, "not a readable Parquet file")
     leaves = field_leaves(meta, [name])
-    if leaves is None or len(leaves[0]) != 1:
+    if leaves is None or len(leaves[0]) != len(pairs):
         return None
     for g in range(meta.num_row_groups):
         group = meta.row_group(g)
         if not group.num_rows:
             continue
-        column_stats = group.column(leaves[0][0]).statistics
-        if column_stats is None or not column_stats.has_min_max:
-            return None
-        try:
-            bounds = pa.array([column_stats.min, column_stats.max], plain)
-        except (pa.ArrowException, TypeError, ValueError, OverflowError):
-            return None
-        misfit = first_misfit(bounds, stored)
-        if misfit is not None:
-            return f"row group {g}'s {'smallest' if misfit[0] == 0 else 'largest'}, from its footer", misfit[1]
+        for leaf, (leaf_type, leaf_stored) in zip(leaves[0], pairs):
+            if not may_not_fit(leaf_type, leaf_stored):
+                continue
+            column_stats = group.column(leaf).statistics
+            if column_stats is None or not column_stats.has_min_max:
+                return None
+            try:
+                bounds = pa.array([column_stats.min, column_stats.max], leaf_type)
+            except (pa.ArrowException, TypeError, ValueError, OverflowError):
+                return None
+            misfit = first_misfit(bounds, leaf_stored)
+            if misfit is not None:
+                nested = f" {group.column(leaf).path_in_schema}" if plain.num_fields else ""
+                return (f"row group {g}'s {'smallest' if misfit[0] == 0 else 'largest'}{nested}, from its footer",
+                        misfit[1])
     return False
+
+
+def leaf_types(source: pa.DataType, stored: pa.DataType) -> list[tuple[pa.DataType, pa.DataType]] | None:
+    """Each Parquet leaf of a column of type ``source``, in the footer's order, with the type its values are stored
+    as (a leaf of ``stored``, a struct's field by name); ``None`` where they do not pair up (a union, a dictionary
+    inside)."""
+    if pa.types.is_struct(source):
+        if not pa.types.is_struct(stored):
+            return None
+        pairs: list[tuple[pa.DataType, pa.DataType]] = []
+        for f in source:
+            at = stored.get_field_index(f.name)
+            inner = leaf_types(f.type, stored.field(at).type) if at >= 0 else None
+            if inner is None:
+                return None
+            pairs += inner
+        return pairs
+    if pa.types.is_map(source):
+        if not pa.types.is_map(stored):
+            return None
+        keys, items = leaf_types(source.key_type, stored.key_type), leaf_types(source.item_type, stored.item_type)
+        return None if keys is None or items is None else keys + items
+    if _is_list(source):
+        return leaf_types(source.value_type, stored.value_type) if _is_list(stored) else None
+    if source.num_fields or pa.types.is_dictionary(source):
+        return None
+    return [(source, stored)]
+
+
+def _is_list(t: pa.DataType) -> bool:
+    return (pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+            or pa.types.is_list_view(t) or pa.types.is_large_list_view(t))
 
 
 def _read_metadata(path: Path | RemotePath) -> pq.FileMetaData:
