@@ -89,3 +89,25 @@ def test_nanosecond_values_without_pandas_keep_their_nanoseconds(tmp_path):
                      "at": "1970-01-01 12:34:56.123456789"}
     assert second["t"] == SHOWN[1] and second["d"] == "PT0.000000001S"
     assert second["at"] == "1970-01-01 00:00:00.000000001"
+
+
+def test_a_list_view_of_time64_ns_keeps_its_nanoseconds(tmp_path):
+    """Before: a list_view or large_list_view of time64[ns] showed 1 ns as "00:00:00" (its cells were not shadowed)."""
+    vectors = np.eye(2, 8, dtype=np.float32)
+    pq.write_table(pa.table({
+        "id": ["d0", "d1"],
+        "emb": pa.FixedSizeListArray.from_arrays(pa.array(vectors.ravel()), 8),
+        "lv": pa.array([[1], [NS[0], None]], pa.list_view(pa.time64("ns"))),
+        "llv": pa.array([[1], None], pa.large_list_view(pa.time64("ns"))),
+        "slv": pa.array([{"l": [1]}, {"l": []}], pa.struct([("l", pa.list_view(pa.time64("ns")))])),
+    }), tmp_path / "a.parquet")
+    np.save(tmp_path / "q.npy", vectors)
+    built = invoke(["index", str(tmp_path / "a.parquet"), "--out", str(tmp_path / "out"), "--vectors-column", "emb",
+                    "--keep-columns", "lv,llv,slv", "-q"])
+    assert built.exit_code == 0, built.output
+    answer = invoke(["query", str(tmp_path / "out"), "--vector-file", str(tmp_path / "q.npy"), "-k", "1", "--json"])
+    assert answer.exit_code == 0, answer.output
+    fields = [json.loads(line)["hits"][0]["fields"] for line in answer.stdout.splitlines()]
+    one = ["00:00:00.000000001"]
+    assert fields == [{"lv": one, "llv": one, "slv": {"l": one}},
+                      {"lv": [SHOWN[0], None], "llv": None, "slv": {"l": []}}]

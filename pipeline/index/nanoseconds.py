@@ -134,6 +134,42 @@ def _shadow(type_: pa.DataType) -> pa.DataType:
     return type_
 
 
+def _is_view(type_: pa.DataType) -> bool:
+    return pa.types.is_list_view(type_) or pa.types.is_large_list_view(type_)
+
+
+def _holds_view(type_: pa.DataType) -> bool:
+    return _is_view(type_) or any(_holds_view(type_.field(i).type) for i in range(type_.num_fields))
+
+
+def _shadowed(cells: pa.Array) -> pa.Array:
+    """``cells`` as ``_shadow`` of its type; a list view kept a list view, its values shadowed.
+
+    NOTE: Arrow casts no list view to another (ArrowNotImplementedError), and its cast of a list view to a list
+    drops values where an empty or null cell sits at the offset of a full one (pyarrow 26: offsets [0, 0], sizes
+    [1, 0] cast to [[], None]), as Parquet's reader lays them out: the view is rebuilt around its values instead."""
+    type_ = cells.type
+    if not _holds_view(type_):
+        return cells.cast(_shadow(type_))
+    mask = cells.is_null() if cells.null_count else None
+    if _is_view(type_):
+        view = pa.ListViewArray if pa.types.is_list_view(type_) else pa.LargeListViewArray
+        return view.from_arrays(_unsliced(cells.offsets), _unsliced(cells.sizes), _shadowed(cells.values), mask=mask)
+    if pa.types.is_struct(type_):
+        children = [_shadowed(f) for f in cells.flatten()]
+        return pa.StructArray.from_arrays(children, fields=[f.with_type(c.type) for f, c in zip(type_, children)],
+                                          mask=mask)
+    if pa.types.is_list(type_) or pa.types.is_large_list(type_):
+        array = pa.ListArray if pa.types.is_list(type_) else pa.LargeListArray
+        return array.from_arrays(_unsliced(cells.offsets), _shadowed(cells.values), mask=mask)
+    return cells.cast(_shadow(type_))  # a map or fixed-size list around a view: Arrow's cast
+
+
+def _unsliced(positions: pa.Array) -> pa.Array:
+    """A copy of a sliced array's offsets or sizes (Arrow builds no list with a validity map on a slice of them)."""
+    return pa.array(positions.to_numpy(), positions.type)
+
+
 def _restore(value: Any, type_: pa.DataType) -> Any:
     """A value of the ``_shadow`` of ``type_``, as Python, as ``type_``'s with its nanoseconds."""
     if value is None:
@@ -149,7 +185,8 @@ def _restore(value: Any, type_: pa.DataType) -> Any:
         return {f.name: _restore(value.get(f.name), f.type) for f in type_}
     if pa.types.is_map(type_):
         return [(_restore(k, type_.key_type), _restore(v, type_.item_type)) for k, v in value]
-    if pa.types.is_list(type_) or pa.types.is_large_list(type_) or pa.types.is_fixed_size_list(type_):
+    if (pa.types.is_list(type_) or pa.types.is_large_list(type_) or pa.types.is_fixed_size_list(type_)
+            or _is_view(type_)):
         return [_restore(v, type_.value_type) for v in value]
     return value
 
@@ -159,7 +196,7 @@ def nanosecond_values(cells: pa.Array) -> list[Any]:
     cannot be converted otherwise (text that is not UTF-8 inside it, a date past year 9999) ``None``."""
     if pa.types.is_dictionary(cells.type):
         cells = cells.dictionary_decode()
-    shadow = cells.cast(_shadow(cells.type))
+    shadow = _shadowed(cells)
     try:
         values = shadow.to_pylist()
     except (UnicodeDecodeError, OverflowError, ValueError):
