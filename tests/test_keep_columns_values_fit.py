@@ -132,3 +132,23 @@ def test_a_shard_is_read_once_a_run_and_a_kept_one_stored_as_the_same_type_not_a
     seen["statistics"].clear()
     assert index(tmp_path, b, vectors=True).exit_code == 0  # a kept: the live version stores it as list<double>
     assert seen == {"statistics": [], "reading": []}, seen
+
+
+@pytest.mark.parametrize("statistics, where", [(True, "row group 0's smallest s.a, from its footer"), (False, "row 0")])
+def test_a_struct_whose_fields_differ_between_shards_is_checked_by_field_name(tmp_path, statistics, where):
+    """Before: struct<a: int64> beside struct<a: double, b: int8> skipped the check (their fields differed in number)
+    and the merge refused it once every shard was embedded."""
+    a = tmp_path / "src" / "a.parquet"
+    a.parent.mkdir(parents=True)
+    pq.write_table(pa.table({"id": [0], "text": ["x"], "emb": pa.array([[1.0, 0.0]], pa.list_(pa.float32())),
+                             "s": pa.array([{"a": BIG}], pa.struct([("a", pa.int64())]))}), a,
+                   write_statistics=statistics)
+    pq.write_table(pa.table({"id": [1], "text": ["y"], "emb": pa.array([[0.0, 1.0]], pa.list_(pa.float32())),
+                             "s": pa.array([{"a": 0.5, "b": 1}], pa.struct([("a", pa.float64()), ("b", pa.int8())]))}),
+                   tmp_path / "src" / "b.parquet", write_statistics=statistics)
+    result = invoke(["index", str(a.parent), "--out", str(tmp_path / "out"), "-q", "--keep-columns", "s",
+                     "--model", str(make_fake_model_dir(tmp_path / "model"))], env={FAKE: str(tmp_path / "fake.log")})
+    assert result.exit_code == 65, result.output
+    assert f"--keep-columns 's': {a} holds " in result.output, result.output
+    assert f"({where}), which struct<a: double" in result.output, result.output
+    assert nothing_done(tmp_path) and not (tmp_path / "out" / "CURRENT").exists()

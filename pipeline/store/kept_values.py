@@ -68,7 +68,10 @@ def may_not_fit(source: pa.DataType, stored: pa.DataType) -> bool:
     temporal = (pa.types.is_timestamp, pa.types.is_duration, pa.types.is_time)
     if any(is_kind(source) and is_kind(stored) for is_kind in temporal):
         return _UNITS[stored.unit] > _UNITS[source.unit]
-    if source.num_fields and source.num_fields == stored.num_fields:  # lists, structs, maps: by their values
+    if pa.types.is_struct(source) and pa.types.is_struct(stored):  # by name: a field the source lacks is nulls
+        return any(may_not_fit(f.type, stored.field(f.name).type) for f in source
+                   if stored.get_field_index(f.name) >= 0)
+    if source.num_fields and source.num_fields == stored.num_fields:  # lists, maps: by their values
         return any(may_not_fit(source.field(i).type, stored.field(i).type) for i in range(source.num_fields))
     return False
 
