@@ -152,3 +152,34 @@ def test_a_struct_whose_fields_differ_between_shards_is_checked_by_field_name(tm
     assert f"--keep-columns 's': {a} holds " in result.output, result.output
     assert f"({where}), which struct<a: double" in result.output, result.output
     assert nothing_done(tmp_path) and not (tmp_path / "out" / "CURRENT").exists()
+
+
+@pytest.mark.parametrize("statistics, where", [(True, "row group 0's largest, from its footer"), (False, "row 1")])
+def test_a_decimal_a_float_cannot_print_back_beside_a_float64_shard_is_refused_before_any_work(tmp_path, statistics,
+                                                                                               where):
+    """Before: decimal128(20, 2) 123456789012345678.91 beside a float64 shard was stored as 1.2345678901234568e+17
+    at exit 0 (Arrow's cast of a decimal to a float rounds, never raises)."""
+    from decimal import Decimal
+
+    big = Decimal("123456789012345678.91")
+    a = shard(tmp_path / "src" / "a.parquet", 0, pa.array([Decimal("0.10"), big], pa.decimal128(20, 2)), statistics)
+    shard(tmp_path / "src" / "b.parquet", 10, pa.array([0.5], pa.float64()), statistics)
+    result = index(tmp_path, a.parent, vectors=True)
+    assert result.exit_code == 65, result.output
+    assert f"--keep-columns 'm': {a} holds {big!r} ({where}), which double cannot hold" in result.output, result.output
+    assert "a.parquet decimal128(20, 2), " in result.output and not (tmp_path / "out" / "CURRENT").exists()
+
+
+@pytest.mark.parametrize("statistics", [True, False])
+def test_decimals_a_float_prints_back_still_index(tmp_path, statistics):
+    from decimal import Decimal
+
+    values = [Decimal("0.10"), Decimal("-1234567890123.45")]
+    shard(tmp_path / "src" / "a.parquet", 0, pa.array(values[:2], pa.decimal128(20, 2)), statistics)
+    shard(tmp_path / "src" / "c.parquet", 5, pa.array([Decimal("0.5")], pa.decimal128(5, 1)), statistics)
+    shard(tmp_path / "src" / "b.parquet", 10, pa.array([0.5], pa.float64()), statistics)
+    result = index(tmp_path, tmp_path / "src", vectors=True)
+    assert result.exit_code == 0, result.output
+    version = (tmp_path / "out" / "CURRENT").read_text().strip()
+    m = pq.read_table(tmp_path / "out" / "versions" / version / "ids.parquet", columns=["m"]).column("m")
+    assert sorted(m.to_pylist()) == [-1234567890123.45, 0.1, 0.5, 0.5]

@@ -15,8 +15,10 @@ the shard that forced it nor the row.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,7 @@ from petal.pipeline.reliability.errors import BadInputError, quote_path
 from petal.pipeline.reliability.faults import fault
 
 _MANTISSA = {16: 11, 32: 24, 64: 53}  # a float of each width holds every integer of at most this many bits
+_DIGITS = {16: 3, 32: 6, 64: 15}  # ... and prints back (shortest repr) every decimal of at most this many digits
 _UNITS = {"s": 0, "ms": 1, "us": 2, "ns": 3}
 
 
@@ -65,6 +68,8 @@ def may_not_fit(source: pa.DataType, stored: pa.DataType) -> bool:
     if pa.types.is_integer(source) and pa.types.is_integer(stored):
         (bits, signed), (to_bits, to_signed) = _int_bits(source), _int_bits(stored)
         return (signed and not to_signed) or bits - signed > to_bits - to_signed
+    if pa.types.is_decimal(source) and pa.types.is_floating(stored):
+        return bool(source.precision > _DIGITS[stored.bit_width])
     temporal = (pa.types.is_timestamp, pa.types.is_duration, pa.types.is_time)
     if any(is_kind(source) and is_kind(stored) for is_kind in temporal):
         return _UNITS[stored.unit] > _UNITS[source.unit]
@@ -82,6 +87,8 @@ def first_misfit(values: pa.Array, stored: pa.DataType) -> tuple[int, Any] | Non
     nested = bool(values.type.num_fields)
     if nested:
         values = values.take(pa.array(range(len(values)), pa.int64()))
+    if _rounds_decimals(values.type, stored):
+        return _first_rounded(values, stored)
     try:
         values.cast(stored)
         return None
@@ -96,6 +103,37 @@ def first_misfit(values: pa.Array, stored: pa.DataType) -> tuple[int, Any] | Non
         except pa.ArrowInvalid:
             hi = mid
     return lo, values[lo].as_py()
+
+
+def _rounds_decimals(source: pa.DataType, stored: pa.DataType) -> bool:
+    """``source`` is, or holds, a decimal that ``stored`` holds as a float that may not print back as it."""
+    pairs = leaf_types(source, stored)
+    return pairs is not None and any(pa.types.is_decimal(s) and may_not_fit(s, t) for s, t in pairs)
+
+
+def _first_rounded(values: pa.Array, stored: pa.DataType) -> tuple[int, Any] | None:
+    """``first_misfit`` of values holding decimals stored as floats: a decimal fits when its float prints back as it
+    (``Decimal(repr(float(v))) == v``).
+
+    NOTE: Arrow's cast of a decimal to a float rounds, never raises: 123456789012345678.91 was stored as
+    1.2345678901234568e+17 at exit 0."""
+    as_float = values.cast(stored).to_pylist()
+    for i, (value, cast) in enumerate(zip(values.to_pylist(), as_float)):
+        if not _prints_back(value, cast):
+            return i, value
+    return None
+
+
+def _prints_back(value: Any, cast: Any) -> bool:
+    if isinstance(value, Decimal):
+        return cast is not None and math.isfinite(cast) and Decimal(repr(cast)) == value
+    if isinstance(value, dict):
+        return all(_prints_back(v, cast.get(k)) for k, v in value.items())
+    if isinstance(value, list):  # a list, or a map's (key, item) pairs
+        return all(_prints_back(v, c) for v, c in zip(value, cast))
+    if isinstance(value, tuple):
+        return all(_prints_back(v, c) for v, c in zip(value, cast))
+    return True
 
 
 def check_kept_values(name: str, stored: pa.DataType, sources: Sequence[KeptSource], read: ReadConfig,
@@ -156,11 +194,19 @@ def _by_statistics(source: KeptSource, name: str, plain: pa.DataType, stored: pa
             except (pa.ArrowException, TypeError, ValueError, OverflowError):
                 return None
             misfit = first_misfit(bounds, leaf_stored)
+            if misfit is None and pa.types.is_decimal(leaf_type) and not _few_digits(bounds, leaf_type, leaf_stored):
+                return None  # NOTE: a value between two that print back may not: read unless none has the digits
             if misfit is not None:
                 nested = f" {group.column(leaf).path_in_schema}" if plain.num_fields else ""
                 return (f"row group {g}'s {'smallest' if misfit[0] == 0 else 'largest'}{nested}, from its footer",
                         misfit[1])
     return False
+
+
+def _few_digits(bounds: pa.Array, source: pa.DataType, stored: pa.DataType) -> bool:
+    """Every decimal of type ``source`` between ``bounds`` has at most the digits a float ``stored`` prints back."""
+    most = max(abs(v) for v in bounds.to_pylist())
+    return bool(most < Decimal(10) ** (_DIGITS[stored.bit_width] - source.scale))
 
 
 def leaf_types(source: pa.DataType, stored: pa.DataType) -> list[tuple[pa.DataType, pa.DataType]] | None:
