@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -24,6 +23,7 @@ import numpy as np
 from petal.bench.corpus import load_sentences
 from petal.bench.runs import ChildFailed, temporary_workdir
 from petal.bench.serve_load import json_bodies, run_load, slowest
+from petal.bench.workdir import Written
 from petal.pipeline.ingest.tokens import TextTokenizer
 from petal.pipeline.reliability.errors import TemporaryFailure, quote_path
 
@@ -64,23 +64,30 @@ def write_docs(sentences: list[str], tokenizer: TextTokenizer, num_docs: int, me
     lengths = lognormal_lengths(num_docs, median_tokens, 0.5, 8, tokenizer.max_length)
     texts = make_texts(sentences, tokenizer, lengths)
     out_dir.mkdir(parents=True, exist_ok=True)
-    for stale in out_dir.glob("part-*.parquet"):  # NOTE: an earlier (or stopped) run's shards: not this corpus
-        stale.unlink()
+    written = Written(out_dir)
+    # NOTE: an earlier (or stopped) run's shards: not this corpus. Only those it recorded are removed (was: every
+    # part-*.parquet there, a user's too); anything else there would be indexed with them: refused, left as it is
+    for stale in written.names():
+        written.remove(stale)
+    written.check(*(entry.name for entry in out_dir.iterdir() if not entry.name.startswith(".petal-bench.")))
     for shard, start in enumerate(range(0, num_docs, docs_per_shard)):
         rows = range(start, min(start + docs_per_shard, num_docs))
         pq.write_table(pa.table({"id": pa.array(rows, pa.int64()), "text": texts[rows.start : rows.stop]}),
-                       out_dir / f"part-{shard:04d}.parquet", row_group_size=8192)
+                       written.claim(f"part-{shard:04d}.parquet"), row_group_size=8192)
 
 
 def build_index(model_dir: Path | None, corpus: Path, num_docs: int | None, workdir: Path, device: str,
                 doc_tokens: int = 64) -> Path:
     """An index of ``corpus`` (or of ``num_docs`` texts made from its sentences) built by ``petal index``;
     reused when ``workdir/out`` already holds one."""
+    written = Written(workdir)
     out = workdir / "out"
     built = workdir / "built.json"
     asked = {"corpus": str(corpus.resolve()), "index_docs": num_docs,
              "index_doc_tokens": doc_tokens if num_docs is not None else None,
              "model": str(model_dir.resolve()) if model_dir is not None else None}
+    # NOTE: a user's index (or file) there is never petal bench's to serve or remove (was: removed, rebuilt)
+    written.check("out", "built.json")
     if (out / "CURRENT").is_file():
         try:
             recorded = json.loads(built.read_text())
@@ -92,15 +99,17 @@ def build_index(model_dir: Path | None, corpus: Path, num_docs: int | None, work
         # record): it was served whatever the flags asked, the table not saying so; rebuilt
         print(f"petal bench serve: {quote_path(out)} was built for other settings ({recorded or 'not recorded'}); "
               "building it again", file=sys.stderr)
-        shutil.rmtree(out)
-    built.unlink(missing_ok=True)
+    for name in ("built.json", "out"):
+        if name in written.names():
+            written.remove(name)
+    written.claim("out")
     source = corpus
     if num_docs is not None:
         from petal.engine.loader import inspect_model
 
         spec = inspect_model(model_dir)
         tokenizer = TextTokenizer(spec.tokenizer_file, spec.pooling.max_length)
-        source = workdir / "docs"
+        source = written.claim("docs")
         write_docs(load_sentences(corpus), tokenizer, num_docs, doc_tokens, source)
     cmd = [sys.executable, "-m", "petal.cli.main", "index", str(source), "--out", str(out), "-q", "--device", device]
     if model_dir is not None:
@@ -109,7 +118,7 @@ def build_index(model_dir: Path | None, corpus: Path, num_docs: int | None, work
     if code:
         raise ChildFailed(f"petal index of the benchmark's documents ({quote_path(source)})", code,
                           where="its error is above")
-    built.write_text(json.dumps(asked))
+    written.claim("built.json").write_text(json.dumps(asked))
     return out
 
 
@@ -239,7 +248,7 @@ def run_serve_bench(index: Path | None = None, model: Path | None = None, corpus
     sentences = load_sentences(corpus)
     queries = {n: exact_length_texts(sentences, counter, n, 256, seed=n) for n in tokens}
     procs = processes or max(1, min(8, (os.cpu_count() or 2) // 4))
-    server = ServerProcess(args, workdir / "serve.log")
+    server = ServerProcess(args, Written(workdir).claim("serve.log"))
     rows = []
     try:
         for endpoint in endpoints:

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from petal.bench.runs import ChildFailed
+from petal.bench.workdir import Written
 from petal.pipeline.reliability.errors import quote_path
 
 EMBED_TEXT = "how do glaciers move"
@@ -190,20 +191,25 @@ def write_index_version(root: Path, num_vectors: int, dim: int, factory: str) ->
     ``root/out`` already holds one of that size and factory. Returns ``(out, factory, build seconds)``."""
     from petal.pipeline.layout import resolve_index_dir
 
+    written = Written(root)
     out = root / "out"
+    vectors = root / f"vectors-{num_vectors}x{dim}"
+    written.check(out.name, vectors.name)  # NOTE: what petal bench did not write is never reused nor removed
     if (out / "CURRENT").is_file():
         _, manifest = resolve_index_dir(out)
         if (manifest.index.num_vectors, manifest.dim) == (num_vectors, dim) \
                 and factory in ("auto", manifest.index.factory):
             return out, manifest.index.factory, 0.0
-        shutil.rmtree(out)
+    if out.name in written.names():
+        written.remove(out.name)
     started = time.perf_counter()
-    vectors = root / f"vectors-{num_vectors}x{dim}"
     if not _complete_shards(vectors, num_vectors):
         # NOTE: a run stopped while writing them left some: the index was built of those (150,000 of 400,000
         # vectors) and reported as the size asked, on every later run
-        shutil.rmtree(vectors, ignore_errors=True)
-        write_vector_shards(vectors, num_vectors, dim)
+        if vectors.name in written.names():
+            written.remove(vectors.name)
+        write_vector_shards(written.claim(vectors.name), num_vectors, dim)
+    written.claim(out.name)
     _run([sys.executable, "-m", "petal.cli.main", "index", str(vectors), "--out", str(out), "--vectors-column",
           "vector", "--index-factory", factory, "--quiet"])
     _, manifest = resolve_index_dir(out)
@@ -211,9 +217,10 @@ def write_index_version(root: Path, num_vectors: int, dim: int, factory: str) ->
 
 
 def open_and_query(num_vectors: int, dim: int, factory: str, runs: int, workdir: Path) -> dict[str, Any]:
-    out, factory, built_s = write_index_version(index_root(workdir, num_vectors, dim, factory), num_vectors, dim,
-                                                factory)
-    query_file = workdir / "query.npy"
+    written = Written(workdir)
+    root = index_root(workdir, num_vectors, dim, factory)
+    out, factory, built_s = write_index_version(written.claim(root.name), num_vectors, dim, factory)
+    query_file = written.claim("query.npy")
     from petal.bench.vectors import ClusteredVectors
 
     np.save(query_file, ClusteredVectors(dim, 0).reseeded(99).draw(1), allow_pickle=False)
@@ -233,7 +240,9 @@ def model_load(shape_name: str, device: str, runs: int, workdir: Path) -> dict[s
 
     s = shape(shape_name)
     model_dir = model_root(workdir, shape_name)
+    Written(workdir).check(model_dir.name)  # NOTE: a model petal bench did not make is never used nor written
     if not (model_dir / "sentence_bert_config.json").is_file():  # reused (written last: a whole directory)
+        Written(workdir).claim(model_dir.name)
         hf = hf_model(s, torch.device("cpu"), torch.float32)
         save_model_dir(s, hf, default_model_dir(), model_dir)
         del hf
@@ -271,6 +280,9 @@ def check_outputs(work: Path, num_vectors: int, dim: int, factory: str, shape_na
     if query.is_dir() or (query.exists() and not query.is_file()):
         raise OutputError(f"{name} {quote_path(query)} is not a regular file; petal bench startup writes the query "
                           "there")
+    # NOTE: what it would reuse, overwrite or remove there and did not write (a user's index, model, file): 73
+    Written(work, name).check(root.name, model_dir.name, query.name)
+    Written(root, name).check("out", f"vectors-{num_vectors}x{dim}")
 
 
 def one_shot_commands(text: str, baseline_model: Path | None) -> dict[str, list[str]]:

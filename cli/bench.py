@@ -546,6 +546,10 @@ def bench_serve(index_path: Path | None, model: str | None, shape: str | None, t
         target = workdir / f"model-{shape}" if workdir else \
             click.get_current_context().with_resource(temporary_workdir(f"petal-{shape}-"))
         if not (target / "sentence_bert_config.json").is_file():  # written last: a complete directory
+            if workdir:
+                from petal.bench.workdir import Written
+
+                Written(workdir).claim(target.name)
             hf = hf_model(s, torch.device("cpu"), torch.float32)
             save_model_dir(s, hf, tokenizer_dir or default_model_dir(), target)
             del hf
@@ -573,6 +577,7 @@ def bench_serve(index_path: Path | None, model: str | None, shape: str | None, t
 def _serve_outputs(workdir: Path, shape: str | None, build: bool, docs: bool) -> None:
     """What bench serve writes under ``--workdir``, judged before a model is made or an index built (73 naming it):
     ``model-<shape>`` and ``out`` (and ``docs`` with --index-docs) unless a complete one is reused, ``serve.log``."""
+    from petal.bench.workdir import Written
     from petal.pipeline.reliability.errors import OutputError, quote_path
     from petal.pipeline.reliability.safe_files import check_output_dir
 
@@ -585,6 +590,10 @@ def _serve_outputs(workdir: Path, shape: str | None, build: bool, docs: bool) ->
     if os.path.lexists(log) and not log.is_file():
         raise OutputError(f"--workdir {quote_path(log)} is not a regular file; petal bench serve writes the server's "
                           "log there")
+    # NOTE: what it would reuse, overwrite or remove there and did not write (a user's index in out): 73, untouched
+    owned = [f"model-{shape}"] if shape is not None else []
+    owned += ["out", "built.json", "docs"] if build and docs else ["out", "built.json"] if build else []
+    Written(workdir).check(*owned, "serve.log")
 
 
 @bench.command("startup")

@@ -377,8 +377,11 @@ def test_serve_workdir_index_is_rebuilt_for_other_index_docs(tmp_path):
     common = ("serve", "--endpoints", "search", "--tokens", "16", "--concurrency", "1", "--requests", "3",
               "--seconds", "1", "--workdir", work, "--index-doc-tokens", "8", "--corpus", REPO / "sample_data")
     (work / "docs").mkdir(parents=True)
-    for stale in ("part-0001.parquet", "part-0002.parquet"):  # a stopped run's shards of another corpus
-        (work / "docs" / stale).write_bytes(b"PAR1 not this run's PAR1")
+    stale = ["part-0001.parquet", "part-0002.parquet"]
+    for name in stale:  # a stopped run's shards of another corpus, recorded as the bench's own (bench/workdir.py)
+        (work / "docs" / name).write_bytes(b"PAR1 not this run's PAR1")
+    (work / ".petal-bench.json").write_text(json.dumps({"written": ["docs"]}))
+    (work / "docs" / ".petal-bench.json").write_text(json.dumps({"written": stale}))
     for docs in (100, 150, 150):
         proc = bench(env, *common, "--index-docs", docs)
         assert proc.returncode == 0, proc.stderr[-2000:]
@@ -395,8 +398,9 @@ def test_startup_rebuilds_vector_shards_a_stopped_run_left_incomplete(tmp_path):
 import shutil, sys
 from pathlib import Path
 from petal.bench.startup import write_index_version, write_vector_shards
+from petal.bench.workdir import Written
 root = Path(sys.argv[1])
-vectors = root / "vectors-2000x16"
+vectors = Written(root).claim("vectors-2000x16")  # recorded before written, as a run records them
 write_vector_shards(vectors, 2000, 16)
 (vectors / "vectors-007.parquet").unlink()  # a run stopped before its last shard
 (vectors / "vectors-006.parquet").rename(vectors / "vectors-006.tmp")  # ... while writing it
@@ -419,8 +423,9 @@ def test_startup_saves_again_a_model_directory_a_stopped_run_left_half_written(t
 import sys
 from pathlib import Path
 from petal.bench.startup import model_load, model_root
+from petal.bench.workdir import Written
 work = Path(sys.argv[1])
-model_dir = model_root(work, "minilm")
+model_dir = Written(work).claim(model_root(work, "minilm").name)  # recorded before written, as a run records it
 model_dir.mkdir(parents=True)
 (model_dir / "model.safetensors").write_bytes(b"cut short")  # a save stopped in its first file
 print(model_load("minilm", "cpu", 1, work)["shape"])

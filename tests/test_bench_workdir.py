@@ -7,6 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from tests.conftest import REPO
+
 
 def test_bench_index_keeps_what_the_workdir_held(tmp_path: Path):
     work = tmp_path / "work"
@@ -23,3 +27,59 @@ def test_bench_index_keeps_what_the_workdir_held(tmp_path: Path):
     left = sorted(str(p.relative_to(work)) for p in work.rglob("*"))
     assert left == ["d8", "d8/mine.txt", "d8/nested", "d8/nested/also-mine.bin", "other"], left
     assert (work / "d8" / "mine.txt").read_text() == "a user's file"
+
+
+def _tree(root: Path) -> dict[str, tuple[int, int]]:
+    """Every path under ``root``: (size, mtime_ns) of what it holds."""
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(root.rglob("*"))}
+
+
+def test_bench_serve_refuses_a_users_index_in_its_workdir_and_leaves_it(tmp_path: Path):
+    """``bench serve --workdir W`` with W/out a user's own index (built by ``petal index``, no bench record): it said
+    'built for other settings; building it again' and removed it (rmtree). Now 73 naming it, before a model is made
+    or anything written, the index as it was."""
+    from tests.test_bench_early_checks import refused
+
+    work = tmp_path / "work"
+    shard = REPO / "sample_data" / "shard-000.parquet"
+    built = subprocess.run([sys.executable, "-m", "petal.cli.main", "index", str(shard), "--out", str(work / "out"),
+                            "-q", "--device", "cpu"], capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stderr[-2000:]
+    before = _tree(work)
+    refused(tmp_path, 73, f"{work / 'out'} was not written by petal bench; give another --workdir or remove it",
+            "serve", "--workdir", work, "--endpoints", "search", "--corpus", REPO / "sample_data")
+    assert _tree(work) == before
+
+
+@pytest.mark.parametrize("place", ["docs/part-0000.parquet", "serve.log", "model-minilm/config.json"])
+def test_bench_serve_refuses_a_users_file_where_it_writes(tmp_path: Path, place: str):
+    """A user's file named like the bench's document shard (it unlinked every docs/part-*.parquet), its log (it
+    truncated serve.log) or its model directory: 73 naming it, untouched."""
+    from tests.test_bench_early_checks import refused
+
+    work = tmp_path / "work"
+    (work / place).parent.mkdir(parents=True)
+    (work / place).write_text("a user's file")
+    top = work / place.split("/")[0]
+    refused(tmp_path, 73, f"{top} was not written by petal bench", "serve", "--workdir", work, "--shape", "minilm",
+            "--index-docs", 100, "--corpus", REPO / "sample_data")
+    assert (work / place).read_text() == "a user's file"
+    nothing_else = [place.split("/")[0], place] if "/" in place else [place]
+    assert sorted(str(p.relative_to(work)) for p in work.rglob("*")) == nothing_else
+
+
+@pytest.mark.parametrize("place", ["index-1000x8-auto/out/CURRENT", "index-1000x8-auto/notes.txt",
+                                   "model-minilm/config.json", "query.npy"])
+def test_bench_startup_refuses_what_it_did_not_write_in_its_workdir(tmp_path: Path, place: str):
+    """``bench startup --workdir W``: a user's index where it builds one (it removed it when its size differed),
+    their model directory or query file: 73 naming it, before its timed runs, untouched."""
+    from tests.test_bench_early_checks import refused
+
+    work = tmp_path / "work"
+    (work / place).parent.mkdir(parents=True)
+    (work / place).write_text("a user's file")
+    top = work / place.split("/")[0]
+    refused(tmp_path, 73, f"{top} was not written by petal bench", "startup", "--workdir", work, "--runs", 1,
+            "--vectors", 1000, "--dim", 8, "--no-baseline", "--device", "cpu")
+    assert (work / place).read_text() == "a user's file"
+
