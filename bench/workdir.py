@@ -3,17 +3,24 @@
 Each directory a benchmark writes entries into keeps ``.petal-bench.json``, the names of the entries it wrote there,
 each recorded before it is written (a run stopped while writing one still knows it as its own). An entry a run would
 write, overwrite or remove that is there and not recorded (a user's index, a file of theirs named like a shard) is
-refused (``OutputError``, 73, naming it) and left as it is.
+refused (``OutputError``, 73, naming it) and left as it is. ``.petal-bench.lock`` in ``--workdir``: one benchmark at a
+time there (a ``flock``, released by the kernel, even after kill -9); a second is refused (75) naming the holder.
 """
 
 from __future__ import annotations
 
+import contextlib
+import datetime as dt
+import fcntl
 import json
 import os
 import shutil
+import socket
+import stat
+from collections.abc import Iterator
 from pathlib import Path
 
-from petal.pipeline.reliability.errors import OutputError, quote_path
+from petal.pipeline.reliability.errors import OutputError, TemporaryFailure, quote_path
 
 RECORD = ".petal-bench.json"
 LOCK = ".petal-bench.lock"
@@ -74,3 +81,35 @@ class Written:
 
         self.root.mkdir(parents=True, exist_ok=True)
         write_bytes_atomic(self.root / RECORD, json.dumps({"written": names}).encode())
+
+
+@contextlib.contextmanager
+def workdir_lock(workdir: Path, command: str) -> Iterator[None]:
+    """Hold ``workdir``'s bench lock while ``petal bench COMMAND`` runs (``workdir`` is made if missing); held by
+    another process: ``TemporaryFailure`` (75) at once naming it."""
+    from petal.pipeline.layout import lock_holder
+
+    Path(workdir).mkdir(parents=True, exist_ok=True)
+    path = Path(workdir) / LOCK
+    try:
+        # NOTE: O_NOFOLLOW, O_NONBLOCK: a symlink planted as the lock redirects nothing, a FIFO blocks nothing
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        raise OutputError(f"--workdir {quote_path(path)}: cannot open petal bench's lock file "
+                          f"({exc.strerror or exc}); it must be a regular file: remove it") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OutputError(f"--workdir {quote_path(path)} is not a regular file; petal bench locks it: remove it")
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise TemporaryFailure(f"--workdir {quote_path(workdir)} is in use by another petal bench "
+                                   f"({lock_holder(os.pread(fd, 4096, 0))}); wait for it to end, or give another "
+                                   "--workdir") from None
+        info = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "command": f"petal bench {command}",
+                           "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")})
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, info.encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the flock

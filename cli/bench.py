@@ -284,7 +284,7 @@ def bench_e2e(model: str | None, shape: str | None, tokenizer_dir: Path | None, 
                    "by-cluster needs --data clustered.")
 @click.option("--workdir", type=PATH, default=None,
               help="Where the store is written: a new directory under WORKDIR/d<DIM>, removed after the run "
-              "(nothing else there is touched).")
+              "(nothing else there is touched; WORKDIR/.petal-bench.lock: one benchmark there at a time).")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON lines.")
 @bench_errors(writes=True)
 def bench_index(num_vectors: int, dims: tuple[int, ...], num_queries: int, memories: tuple[str, ...],
@@ -318,6 +318,7 @@ def bench_index(num_vectors: int, dims: tuple[int, ...], num_queries: int, memor
 
         for dim in dims:
             check_output_dir("--workdir", workdir / f"d{dim}")
+        hold_workdir(workdir, "index")
     from petal.bench.index import IVF_BASELINE, IVF_BASELINE_LISTS, format_index_table, run_index_bench
 
     skipped: dict[str, str] = {}
@@ -372,6 +373,14 @@ def paths(inputs: dict[str, Path | None], workdir: Path | None = None) -> None:
             check_input_path(flag, path)
     if workdir is not None:
         check_output_dir("--workdir", workdir)
+
+
+def hold_workdir(workdir: Path, command: str) -> None:
+    """``--workdir``'s bench lock, held until the command ends: another benchmark writing there (its index rebuilt
+    under the first's server, its log truncated) is refused, 75 naming the holder (bench/workdir.py)."""
+    from petal.bench.workdir import workdir_lock
+
+    click.get_current_context().with_resource(workdir_lock(workdir, command))
 
 
 def judge_model(model: str | Path | None) -> Any:
@@ -532,6 +541,7 @@ def bench_serve(index_path: Path | None, model: str | None, shape: str | None, t
         resolve_index_dir(index_path)
     if workdir is not None:
         _serve_outputs(workdir, shape, build=index_path is None and "search" in chosen, docs=index_docs is not None)
+        hold_workdir(workdir, "serve")
     model_dir = Path(model) if model else None
     if shape is not None:
         import torch
@@ -634,6 +644,8 @@ def bench_startup(runs: int, text: str, num_vectors: int, dim: int, factory: str
         check_outputs(workdir, num_vectors, dim, factory, shape_name)
     default_model_dir()  # petal embed's model: 78 when the packaged model is not installed
     require_modules("startup", "transformers")  # its model-load scenario's random-weight model is built with it
+    if workdir is not None:
+        hold_workdir(workdir, "startup")
     from petal.engine.engine import resolve_device
 
     skipped: dict[str, str] = {}

@@ -164,7 +164,7 @@ class OutputDir:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     break
                 except BlockingIOError as exc:
-                    holder = _holder(os.pread(fd, 4096, 0))
+                    holder = lock_holder(os.pread(fd, 4096, 0))
                     if not wait:
                         raise self._locked(holder) from exc
                     if on_wait is not None:
@@ -199,7 +199,7 @@ class OutputDir:
                 # NOTE: shared: two runs probing at once do not refuse each other; released at once by the close
                 fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
             except BlockingIOError as exc:
-                raise self._locked(_holder(os.pread(fd, 4096, 0))) from exc
+                raise self._locked(lock_holder(os.pread(fd, 4096, 0))) from exc
         finally:
             os.close(fd)
 
@@ -878,7 +878,7 @@ def manifest_data(manifest_file: Path, root: Path) -> dict[str, Any]:
     return data
 
 
-def _holder(raw: bytes) -> str:
+def lock_holder(raw: bytes) -> str:
     """The lock holder recorded in ``.lock`` (pid, host, start), one short escaped line."""
     try:
         info = json.loads(raw)

@@ -25,7 +25,7 @@ def test_bench_index_keeps_what_the_workdir_held(tmp_path: Path):
     assert len(proc.stdout.strip().splitlines()) == 2  # both dimensions ran
     # what was there is kept; what the runs wrote (a store under d8, d16 made for the run) is gone
     left = sorted(str(p.relative_to(work)) for p in work.rglob("*"))
-    assert left == ["d8", "d8/mine.txt", "d8/nested", "d8/nested/also-mine.bin", "other"], left
+    assert left == [".petal-bench.lock", "d8", "d8/mine.txt", "d8/nested", "d8/nested/also-mine.bin", "other"], left
     assert (work / "d8" / "mine.txt").read_text() == "a user's file"
 
 
@@ -83,3 +83,36 @@ def test_bench_startup_refuses_what_it_did_not_write_in_its_workdir(tmp_path: Pa
             "--vectors", 1000, "--dim", 8, "--no-baseline", "--device", "cpu")
     assert (work / place).read_text() == "a user's file"
 
+
+def test_a_second_bench_on_a_workdir_in_use_is_refused_75_naming_the_holder(tmp_path: Path):
+    """Two ``bench serve --workdir W`` at once: the second rebuilt the index the first was serving and truncated its
+    server's log, both exiting 0. Now every bench command that writes a --workdir holds its lock: a second one is 75
+    naming the holder (its pid), before anything is made or written; the first runs on."""
+    import time
+
+    from tests.test_bench_early_checks import refused
+
+    work = tmp_path / "work"
+    first = subprocess.Popen([sys.executable, "-m", "petal.cli.main", "bench", "serve", "--workdir", str(work),
+                              "--endpoints", "embeddings", "--tokens", "16", "--concurrency", "1", "--requests",
+                              "1000000", "--seconds", "60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 180
+        while not (work / "serve.log").is_file() or "listening on" not in (work / "serve.log").read_text():
+            assert first.poll() is None and time.monotonic() < deadline, first.communicate()
+            time.sleep(0.2)
+        log = (work / "serve.log").read_text()
+        held = f"is in use by another petal bench ({{\"pid\": {first.pid}"
+        refused(tmp_path, 75, held, "serve", "--workdir", work, "--endpoints", "embeddings", "--tokens", 16,
+                "--concurrency", 1, "--requests", 3, "--seconds", 1)
+        refused(tmp_path, 75, held, "startup", "--workdir", work, "--runs", 1, "--vectors", 1000, "--dim", 8,
+                "--no-baseline", "--device", "cpu")
+        refused(tmp_path, 75, held, "index", "--workdir", work, "--vectors", 1000, "--dim", 8, "--queries", 10,
+                "--no-baseline")
+        assert (work / "serve.log").read_text() == log  # the first server's log, not truncated
+        assert sorted(p.name for p in work.iterdir()) == [".petal-bench.json", ".petal-bench.lock", "serve.log"]
+        assert first.poll() is None
+    finally:
+        first.terminate()
+        first.communicate(timeout=120)
