@@ -121,14 +121,21 @@ def write_st_files(model_dir: Path, pooling: str, normalize: bool, max_seq_lengt
     (model_dir / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": max_seq_length}))
 
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
+TOKENIZER_FILE = "tokenizer.json"  # NOTE: cli/bench.py's TOKENIZER_FILE (it judges --tokenizer-dir before torch)
+TOKENIZER_FILES = (TOKENIZER_FILE, "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
 
 
 def save_model_dir(s: Shape, hf: Any, tokenizer_dir: Path, out_dir: Path) -> Path:
-    """A loadable model directory (safetensors, tokenizer, sentence-transformers files) of ``hf``."""
+    """A loadable model directory (safetensors, tokenizer, sentence-transformers files) of ``hf``. Its last file,
+    ``sentence_bert_config.json``, marks it complete (a directory that has it is reused): written once every other
+    file is, ``tokenizer.json`` from ``tokenizer_dir`` included."""
     import json
     import shutil
 
+    from petal.pipeline.reliability.errors import ConfigError, quote_path
+
+    if not (tokenizer_dir / TOKENIZER_FILE).is_file():  # NOTE: the model was marked complete without a tokenizer
+        raise ConfigError(f"{quote_path(tokenizer_dir)} holds no {TOKENIZER_FILE}: the model directory needs it")
     out_dir.mkdir(parents=True, exist_ok=True)
     hf.save_pretrained(out_dir, safe_serialization=True)
     if s.hf_config.get("model_type") == "qwen3":

@@ -72,6 +72,7 @@ def bench_errors(writes: bool) -> Callable[[F], F]:
 # click before anything heavy loads. tests/test_lazy_imports.py keeps the two equal.
 SHAPE_NAMES = ("pplx-embed-0.6b", "qwen3-embedding-0.6b", "bge-m3", "minilm")
 GPU_SCENARIOS = ("t1", "t2", "l1", "ceiling")  # what bench/gpu.py's run_gpu_bench runs
+TOKENIZER_FILE = "tokenizer.json"  # what bench/shapes.py's save_model_dir needs in --tokenizer-dir (its TOKENIZER_FILE)
 
 # NOTE: upper bounds of the number flags (there were none: --vectors 1e20 was a numpy casting traceback once the
 # store was started, --dim or --queries 1e11 "out of host memory" after the work began), far above any run worth
@@ -218,6 +219,7 @@ def bench_e2e(model: str | None, shape: str | None, tokenizer_dir: Path | None, 
 
     scale = usage(lambda: scale_config(devices, workers, None))
     paths({"--corpus": corpus, "--tokenizer-dir": tokenizer_dir})
+    judge_tokenizer_dir(tokenizer_dir)
     from petal.pipeline.config import IndexSettings
 
     if shape is None:  # NOTE: a --shape model's dim is known once it is made (below), still before the runs
@@ -373,6 +375,21 @@ def paths(inputs: dict[str, Path | None], workdir: Path | None = None) -> None:
             check_input_path(flag, path)
     if workdir is not None:
         check_output_dir("--workdir", workdir)
+
+
+def judge_tokenizer_dir(tokenizer_dir: Path | None) -> None:
+    """``--tokenizer-dir`` (read: ``paths``) is a directory holding ``tokenizer.json``, before a ``--shape`` model is
+    made: else 2 naming it. Was: the model built, then 78 naming a removed temporary directory (``e2e``), or 78 with
+    ``serve --workdir``'s model directory left marked complete without a tokenizer (every later run failed)."""
+    if tokenizer_dir is None:
+        return
+    from petal.pipeline.reliability.errors import quote_path
+
+    if not tokenizer_dir.is_dir():
+        raise click.BadParameter(f"{quote_path(tokenizer_dir)} is not a directory (give the one that holds "
+                                 f"{TOKENIZER_FILE})", param_hint="--tokenizer-dir")
+    if not (tokenizer_dir / TOKENIZER_FILE).is_file():
+        raise click.BadParameter(f"{quote_path(tokenizer_dir)} holds no {TOKENIZER_FILE}", param_hint="--tokenizer-dir")
 
 
 def hold_workdir(workdir: Path, command: str) -> None:
@@ -533,6 +550,7 @@ def bench_serve(index_path: Path | None, model: str | None, shape: str | None, t
         require_modules("serve --shape", "transformers")
     paths({"--index": index_path, "--tokenizer-dir": tokenizer_dir,
            "--corpus": corpus if index_path is None else None}, workdir)  # --index: the corpus is not read
+    judge_tokenizer_dir(tokenizer_dir)
     if model is not None:
         judge_model(model)
     if index_path is not None:  # not an index (78), a damaged manifest: before a --shape model is made

@@ -289,3 +289,25 @@ def test_a_corpus_whose_text_column_is_a_category_or_large_string_is_read(tmp_pa
     rc, stdout, last, _ = bench(tmp_path, "cpu", "--corpus", corpus, "--texts", 16, "--rounds", 1)
     assert rc == 0, last
     assert stdout
+
+
+@pytest.mark.parametrize("kind", ["file", "empty directory", "no tokenizer.json"])
+def test_a_bad_tokenizer_dir_is_2_before_a_shape_model_is_made(tmp_path, kind):
+    """--tokenizer-dir that is a file, an empty directory or one without tokenizer.json: e2e built the random-weight
+    model, then 78 naming a temporary directory it had removed; serve --workdir left W/model-<shape> marked complete
+    without a tokenizer (78, and every later run in W failed). Now 2 naming the flag, before torch loads, nothing in
+    --workdir."""
+    given = tmp_path / "tok"
+    if kind == "file":
+        given.write_text("{}")
+    else:
+        given.mkdir()
+        if kind == "no tokenizer.json":
+            (given / "vocab.txt").write_text("[PAD]\n")
+    work = tmp_path / "work"
+    work.mkdir()
+    refused(tmp_path, 2, "Invalid value for --tokenizer-dir", "e2e", "--shape", "minilm", "--tokenizer-dir", given,
+            "--docs", 100, "--device", "cpu", "--no-baseline", "--corpus", SAMPLE_DATA)
+    refused(tmp_path, 2, "Invalid value for --tokenizer-dir", "serve", "--shape", "minilm", "--tokenizer-dir", given,
+            "--workdir", work, "--endpoints", "embeddings", "--corpus", SAMPLE_DATA)
+    assert list(work.iterdir()) == []
