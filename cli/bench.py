@@ -548,8 +548,9 @@ def bench_serve(index_path: Path | None, model: str | None, shape: str | None, t
                           f"({', '.join(missing)} missing): pip install 'petal[serve]'")
     if shape is not None:
         require_modules("serve --shape", "transformers")
-    paths({"--index": index_path, "--tokenizer-dir": tokenizer_dir,
-           "--corpus": corpus if index_path is None else None}, workdir)  # --index: the corpus is not read
+    # NOTE: --corpus always: the queries' sentences come from it (with --index it was skipped, then read: 66 naming
+    # "source sample_data" after torch loaded)
+    paths({"--index": index_path, "--tokenizer-dir": tokenizer_dir, "--corpus": corpus}, workdir)
     judge_tokenizer_dir(tokenizer_dir)
     if model is not None:
         judge_model(model)

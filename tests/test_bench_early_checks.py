@@ -311,3 +311,15 @@ def test_a_bad_tokenizer_dir_is_2_before_a_shape_model_is_made(tmp_path, kind):
     refused(tmp_path, 2, "Invalid value for --tokenizer-dir", "serve", "--shape", "minilm", "--tokenizer-dir", given,
             "--workdir", work, "--endpoints", "embeddings", "--corpus", SAMPLE_DATA)
     assert list(work.iterdir()) == []
+
+
+def test_serve_with_an_index_judges_the_corpus_its_queries_come_from(tmp_path):
+    """bench serve --index IDX skipped the --corpus check (the index's documents are not read), but its queries are
+    made of --corpus sentences: run where sample_data is not, it was 66 'source sample_data does not exist' (not
+    naming --corpus) after torch loaded. Now 66 naming --corpus before."""
+    built = subprocess.run([sys.executable, "-m", "petal.cli.main", "index", str(SAMPLE_DATA / "shard-000.parquet"),
+                            "--out", str(tmp_path / "idx"), "-q", "--device", "cpu"], capture_output=True, text=True,
+                           cwd=REPO, timeout=300)
+    assert built.returncode == 0, built.stderr[-2000:]
+    refused(tmp_path, 66, f"--corpus {tmp_path / 'nowhere'}: no such file or directory", "serve", "--index",
+            tmp_path / "idx", "--corpus", tmp_path / "nowhere", "--endpoints", "embeddings")
