@@ -309,6 +309,9 @@ def bench_index(num_vectors: int, dims: tuple[int, ...], num_queries: int, memor
     if order == "by-cluster" and data != "clustered":
         raise click.UsageError("--order by-cluster needs --data clustered (uniform vectors have no clusters)")
     budgets = [usage(functools.partial(budget, m)) for m in memories]
+    if num_shards > num_vectors:  # NOTE: was an AssertionError traceback once the store was being written
+        raise click.BadParameter(f"{num_shards} shards of {num_vectors} vectors: give at most --vectors",
+                                 param_hint="--shards")
     if not factory:  # NOTE: was IndexSettings' ValueError traceback
         raise click.UsageError("--factory must not be empty (auto, or a FAISS index factory string)")
     settings = IndexSettings(factory=factory, memory_bytes=budgets[0])

@@ -323,3 +323,11 @@ def test_serve_with_an_index_judges_the_corpus_its_queries_come_from(tmp_path):
     assert built.returncode == 0, built.stderr[-2000:]
     refused(tmp_path, 66, f"--corpus {tmp_path / 'nowhere'}: no such file or directory", "serve", "--index",
             tmp_path / "idx", "--corpus", tmp_path / "nowhere", "--endpoints", "embeddings")
+
+
+def test_index_refuses_more_shards_than_vectors(tmp_path):
+    """--shards past --vectors: an AssertionError traceback (bench/vectors.py) once the store was being written."""
+    work = tmp_path / "work"
+    refused(tmp_path, 2, "Invalid value for --shards: 1001 shards of 1000 vectors: give at most --vectors", "index",
+            "--workdir", work, "--vectors", 1000, "--dim", 8, "--queries", 10, "--shards", 1001, "--no-baseline")
+    assert not work.exists()
