@@ -6,7 +6,7 @@ import functools
 import json
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -86,6 +86,18 @@ MAX_PARALLEL = 1 << 12  # processes, workers, clients at once, shards
 MAX_SECONDS = 86_400.0  # a day per scenario
 
 
+def distinct(values: Sequence[object], flag: str, shown: Sequence[object] | None = None) -> None:
+    """Each of a list flag's ``values`` once (``shown``: as given, when ``values`` are parsed from them); a repeat is
+    2 naming ``flag``. NOTE: every list flag of petal bench refuses them (was: a row, a run or a size measured twice,
+    and --index-memory 8G twice exit 74 'File exists' after the store was written)."""
+    seen: dict[object, object] = {}
+    for value, text in zip(values, shown if shown is not None else values):
+        if value in seen:
+            same = f"{seen[value]!s} and {text!s}" if str(seen[value]) != str(text) else f"{text!s} twice"
+            raise click.BadParameter(f"{same}: give each value once", param_hint=flag)
+        seen[value] = text
+
+
 def count(low: int, high: int = MAX_COUNT) -> click.IntRange:
     """A whole-number flag from ``low`` to ``high``."""
     return click.IntRange(min=low, max=high)
@@ -149,6 +161,8 @@ def bench_gpu(shapes: tuple[str, ...], scenarios: str, token_budget: int, max_se
     unknown = [s for s in chosen if s not in GPU_SCENARIOS]
     if unknown or not chosen:  # NOTE: was ignored (a typo ran nothing of it), after torch had loaded
         raise click.BadParameter(f"{scenarios!r}: choose from {', '.join(GPU_SCENARIOS)}", param_hint="--scenario")
+    distinct(chosen, "--scenario")
+    distinct(shapes, "--shape")
     import torch
 
     if not torch.cuda.is_available():
@@ -211,6 +225,8 @@ def bench_e2e(model: str | None, shape: str | None, tokenizer_dir: Path | None, 
     except ValueError:
         raise click.BadParameter(f"{tokenize_workers!r} is not a comma-separated list of whole numbers from 1 to "
                                  f"{MAX_PARALLEL}", param_hint="--tokenize-workers") from None
+    distinct(sizes, "--docs")
+    distinct(tokenizers, "--tokenize-workers")
     if shape is not None and model is not None:  # NOTE: was --model ignored without a word
         raise click.UsageError("--shape and --model exclude each other")
     if shape is not None:
@@ -309,6 +325,8 @@ def bench_index(num_vectors: int, dims: tuple[int, ...], num_queries: int, memor
     if order == "by-cluster" and data != "clustered":
         raise click.UsageError("--order by-cluster needs --data clustered (uniform vectors have no clusters)")
     budgets = [usage(functools.partial(budget, m)) for m in memories]
+    distinct(budgets, "--index-memory", memories)  # by bytes: 8G and 8192M are one budget
+    distinct(dims, "--dim")
     if num_shards > num_vectors:  # NOTE: was an AssertionError traceback once the store was being written
         raise click.BadParameter(f"{num_shards} shards of {num_vectors} vectors: give at most --vectors",
                                  param_hint="--shards")
@@ -357,6 +375,7 @@ def bench_outputs(corpus: Path, num_docs: int, num_queries: int, dims: str, mode
         chosen = tuple(int(d) for d in dims.split(",") if d.strip())
     except ValueError as exc:
         raise click.UsageError(f"--dims {dims!r}: expected comma-separated integers") from exc
+    distinct(chosen, "--dims")
     paths({"--corpus": corpus})
     model_dim = judge_model(model).dim
     if not chosen or any(not 1 <= d <= model_dim for d in chosen):
@@ -539,8 +558,11 @@ def bench_serve(index_path: Path | None, model: str | None, shape: str | None, t
         raise click.BadParameter(f"{endpoints!r}: choose from {', '.join(ENDPOINTS)}", param_hint="--endpoints")
     if shape is not None and model is not None:
         raise click.UsageError("--shape and --model exclude each other")
+    distinct(chosen, "--endpoints")
     lengths = _int_list(tokens, "--tokens", MAX_TEXT_TOKENS)
     clients = _int_list(concurrency, "--concurrency", MAX_PARALLEL)
+    distinct(lengths, "--tokens")
+    distinct(clients, "--concurrency")
     from petal.cli.serve import missing_serve_extra
 
     missing = missing_serve_extra()  # NOTE: was said by the server's log in a traceback, after the index was built

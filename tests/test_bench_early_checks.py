@@ -331,3 +331,34 @@ def test_index_refuses_more_shards_than_vectors(tmp_path):
     refused(tmp_path, 2, "Invalid value for --shards: 1001 shards of 1000 vectors: give at most --vectors", "index",
             "--workdir", work, "--vectors", 1000, "--dim", 8, "--queries", 10, "--shards", 1001, "--no-baseline")
     assert not work.exists()
+
+
+def test_every_list_flag_refuses_a_repeated_value(tmp_path):
+    """A value given twice to a list flag: --index-memory 8G twice was exit 74 'File exists' once the store was
+    written (its second petal row's directory); the others measured a row, a size or a run twice. Now 2 naming the
+    flag, --index-memory compared in bytes (8G and 8192M are one budget), before anything loads."""
+    corpus = ["--corpus", str(SAMPLE_DATA)]
+    index = ["index", "--vectors", "1000", "--dim", "8", "--queries", "10", "--no-baseline"]
+    cases = [
+        (["index", *index[1:], "--index-memory", "8G", "--index-memory", "8G"], "--index-memory", "8G twice"),
+        (["index", *index[1:], "--index-memory", "8G", "--index-memory", "8192M"], "--index-memory", "8G and 8192M"),
+        (["index", *index[1:], "--dim", "8"], "--dim", "8 twice"),
+        (["serve", "--tokens", "16,16", *corpus], "--tokens", "16 twice"),
+        (["serve", "--concurrency", "1,4,1", *corpus], "--concurrency", "1 twice"),
+        (["serve", "--endpoints", "search,search", *corpus], "--endpoints", "search twice"),
+        (["e2e", "--docs", "100,100", *corpus], "--docs", "100 twice"),
+        (["e2e", "--tokenize-workers", "2,2", *corpus], "--tokenize-workers", "2 twice"),
+        (["outputs", "--dims", "8,8", *corpus], "--dims", "8 twice"),
+        (["gpu", "--scenario", "t1,t1"], "--scenario", "t1 twice"),
+        (["gpu", "--shape", "minilm", "--shape", "minilm"], "--shape", "minilm twice"),
+    ]
+    argvs = [["bench", *argv] for argv, _, _ in cases]
+    result = tmp_path / "result.json"
+    proc = subprocess.run([sys.executable, "-c", MANY_RUNNER, json.dumps(argvs), str(result)], capture_output=True,
+                          text=True, cwd=REPO, timeout=600, stdin=subprocess.DEVNULL, env=dict(os.environ))
+    assert result.is_file(), proc.stderr[-3000:]
+    found = json.loads(result.read_text())
+    wrong = [(argv, code, last) for (argv, flag, words), (code, last) in zip(cases, found["results"])
+             if code != 2 or f"Invalid value for {flag}: {words}: give each value once" not in last]
+    assert not wrong, wrong
+    assert not found["heavy"], found["heavy"]
