@@ -220,7 +220,7 @@ def bench_e2e(model: str | None, shape: str | None, tokenizer_dir: Path | None, 
                                  f"{MAX_COUNT}", param_hint="--docs") from None
     try:
         tokenizers = [int(w) for w in tokenize_workers.split(",") if w.strip()]
-        if any(not 1 <= w <= MAX_PARALLEL for w in tokenizers):
+        if not tokenizers or any(not 1 <= w <= MAX_PARALLEL for w in tokenizers):  # NOTE: "," ran with 2
             raise ValueError
     except ValueError:
         raise click.BadParameter(f"{tokenize_workers!r} is not a comma-separated list of whole numbers from 1 to "
@@ -235,7 +235,7 @@ def bench_e2e(model: str | None, shape: str | None, tokenizer_dir: Path | None, 
 
     scale = usage(lambda: scale_config(devices, workers, None))
     paths({"--corpus": corpus, "--tokenizer-dir": tokenizer_dir})
-    judge_tokenizer_dir(tokenizer_dir)
+    judge_tokenizer_dir(shape, tokenizer_dir)
     from petal.pipeline.config import IndexSettings
 
     if shape is None:  # NOTE: a --shape model's dim is known once it is made (below), still before the runs
@@ -399,12 +399,16 @@ def paths(inputs: dict[str, Path | None], workdir: Path | None = None) -> None:
         check_output_dir("--workdir", workdir)
 
 
-def judge_tokenizer_dir(tokenizer_dir: Path | None) -> None:
+def judge_tokenizer_dir(shape: str | None, tokenizer_dir: Path | None) -> None:
     """``--tokenizer-dir`` (read: ``paths``) is a directory holding ``tokenizer.json``, before a ``--shape`` model is
     made: else 2 naming it. Was: the model built, then 78 naming a removed temporary directory (``e2e``), or 78 with
-    ``serve --workdir``'s model directory left marked complete without a tokenizer (every later run failed)."""
+    ``serve --workdir``'s model directory left marked complete without a tokenizer (every later run failed). Without
+    ``--shape`` it is 2 too (it applies only to a --shape model; was ignored without a word)."""
     if tokenizer_dir is None:
         return
+    if shape is None:
+        raise click.UsageError("--tokenizer-dir applies only with --shape (the random-weight model's tokenizer); "
+                               "--model and the packaged model bring their own")
     from petal.pipeline.reliability.errors import quote_path
 
     if not tokenizer_dir.is_dir():
@@ -576,7 +580,7 @@ def bench_serve(index_path: Path | None, model: str | None, shape: str | None, t
     # NOTE: --corpus always: the queries' sentences come from it (with --index it was skipped, then read: 66 naming
     # "source sample_data" after torch loaded)
     paths({"--index": index_path, "--tokenizer-dir": tokenizer_dir, "--corpus": corpus}, workdir)
-    judge_tokenizer_dir(tokenizer_dir)
+    judge_tokenizer_dir(shape, tokenizer_dir)
     if model is not None:
         judge_model(model)
     if index_path is not None:  # not an index (78), a damaged manifest: before a --shape model is made

@@ -362,3 +362,15 @@ def test_every_list_flag_refuses_a_repeated_value(tmp_path):
              if code != 2 or f"Invalid value for {flag}: {words}: give each value once" not in last]
     assert not wrong, wrong
     assert not found["heavy"], found["heavy"]
+
+
+def test_an_empty_tokenize_workers_and_a_tokenizer_dir_without_shape_are_usage_errors(tmp_path):
+    """--tokenize-workers ',' ran (with 2 workers) while --docs ',' was refused; --tokenizer-dir without --shape was
+    ignored without a word by e2e and serve (it applies only to a --shape model). Both 2 naming the flag."""
+    (tmp_path / "tok").mkdir()
+    (tmp_path / "tok" / "tokenizer.json").write_text("{}")
+    refused(tmp_path, 2, "Invalid value for --tokenize-workers: ',' is not a comma-separated list", "e2e",
+            "--tokenize-workers", ",", "--docs", 100, "--device", "cpu", "--no-baseline", "--corpus", SAMPLE_DATA)
+    for command in ("e2e", "serve"):
+        refused(tmp_path, 2, "--tokenizer-dir applies only with --shape", command, "--tokenizer-dir", tmp_path / "tok",
+                "--corpus", SAMPLE_DATA)
