@@ -168,7 +168,8 @@ def format_e2e_summary(results: list[dict[str, Any]]) -> str:
         timings = r["petal_report"].get("timings_s", {})
         serial = not_overlapped(timings)
         index_s = timings.get("index", 0.0)
-        lines.append(f"| {r['docs']:,} | {r['tokens'] / 1e6:.1f}M | {t2 / 1e3 if t2 else float('nan'):,.0f}k | "
+        # NOTE: engine T2 not measured (the CPU, --no-engine-t2): "-" (was NaN formatted: "nank")
+        lines.append(f"| {r['docs']:,} | {r['tokens'] / 1e6:.1f}M | {f'{t2 / 1e3:,.0f}k' if t2 else '-'} | "
                      f"{embed / 1e3:,.0f}k{_of(embed, t2)} | {whole / 1e3:,.0f}k{_of(whole, t2)} | "
                      f"{index_s:.1f}s ({index_s / r['petal_seconds']:.0%}) | "
                      + ", ".join(f"{k} {v:.1f}s" for k, v in serial.items() if k != "index") + " |")

@@ -57,6 +57,8 @@ def test_e2e_bench_side_by_side_over_corpus_sizes(tiny_bert_dir: Path, tmp_path:
     rows = [line for line in table.stdout.splitlines() if line.startswith("| 1")]
     assert [row.split("|")[1].strip() for row in rows] == ["120", "150"]
     assert "weights_sha256_wait" in rows[0] and "preflight" in rows[0]  # the serial parts, side by side
+    # engine T2 not measured on the CPU: "-" (was "nank", NaN formatted as thousands)
+    assert [row.split("|")[3].strip() for row in rows] == ["-", "-"] and "nan" not in table.stdout.lower()
     assert table.stdout.count("  index stage ") == 2 and table.stdout.count("not overlapped") == 3
     bad = CliRunner().invoke(cli, ["bench", "e2e", "--docs", "120,x", "--device", "cpu"])
     assert bad.exit_code == 2 and "--docs" in bad.output
