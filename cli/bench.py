@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -266,14 +267,15 @@ def bench_e2e(model: str | None, shape: str | None, tokenizer_dir: Path | None, 
         del hf
         check_factory(usage(lambda: IndexSettings(factory=index_factory)), judge_model(model_dir).dim, min(sizes))
     results: list[dict] = []
-    for size in sizes:
-        result = run_e2e_bench(model_dir, corpus, size, dev, baseline=baseline,
-                               tokenize_workers=tokenizers or [2], scale=scale, index_factory=index_factory,
-                               engine_t2=dev == "cuda" if engine_t2 is None else engine_t2,
-                               engine_t2_tokens_per_s=results[0].get("engine_t2_tokens_per_s") if results else None)
-        results.append(result)
-        result = with_skipped(result, skipped)
-        click.echo(json.dumps(result) if as_json else format_e2e_table(result) + skipped_lines(result))
+    with work_removed_when_interrupted("e2e"):
+        for size in sizes:
+            result = run_e2e_bench(model_dir, corpus, size, dev, baseline=baseline,
+                                   tokenize_workers=tokenizers or [2], scale=scale, index_factory=index_factory,
+                                   engine_t2=dev == "cuda" if engine_t2 is None else engine_t2,
+                                   engine_t2_tokens_per_s=results[0].get("engine_t2_tokens_per_s") if results else None)
+            results.append(result)
+            result = with_skipped(result, skipped)
+            click.echo(json.dumps(result) if as_json else format_e2e_table(result) + skipped_lines(result))
     if len(results) > 1 and not as_json:
         click.echo(format_e2e_summary(results))
 
@@ -416,6 +418,24 @@ def judge_tokenizer_dir(shape: str | None, tokenizer_dir: Path | None) -> None:
                                  f"{TOKENIZER_FILE})", param_hint="--tokenizer-dir")
     if not (tokenizer_dir / TOKENIZER_FILE).is_file():
         raise click.BadParameter(f"{quote_path(tokenizer_dir)} holds no {TOKENIZER_FILE}", param_hint="--tokenizer-dir")
+
+
+@contextlib.contextmanager
+def work_removed_when_interrupted(command: str) -> Iterator[None]:
+    """A stop signal during ``petal bench COMMAND``'s in-process ``petal index`` runs: said as the benchmark's (its
+    temporary index is removed: nothing to resume), not petal index's 'finished shards are committed, rerun to
+    resume'; still 128 + the signal's number."""
+    from petal.pipeline.reliability.errors import Interrupted
+
+    try:
+        yield
+    except Interrupted as exc:
+        import signal
+
+        stopped = Interrupted(exc.signum)
+        stopped.args = (f"interrupted by {signal.Signals(exc.signum).name}; petal bench {command} removes its "
+                        "temporary work (nothing to resume)",)
+        raise stopped from None
 
 
 def hold_workdir(workdir: Path, command: str) -> None:

@@ -434,3 +434,27 @@ print(model_load("minilm", "cpu", 1, work)["shape"])
                           timeout=600, cwd=REPO, env=environment(tmp_path))
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split()[-1] == "minilm", done.stdout
+
+
+def test_e2e_stopped_while_petal_indexes_says_so_as_a_benchmark(tmp_path):
+    """SIGTERM while e2e's in-process petal index runs: it said petal index's 'finished shards are committed, rerun to
+    resume', though the benchmark removes that temporary index. Now a benchmark's line, still 143, nothing left."""
+    env = environment(tmp_path)
+    proc = subprocess.Popen([sys.executable, "-m", "petal.cli.main", "bench", "e2e", "--docs", "3000", "--device",
+                             "cpu", "--no-baseline", "--corpus", str(REPO / "sample_data")], cwd=REPO, env=env,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not list(Path(env["TMPDIR"]).glob("petal-e2e-*/petal-out-0")):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.1)
+        time.sleep(1)
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, stderr[-2000:]
+    last = stderr.strip().splitlines()[-1]
+    assert "interrupted by SIGTERM; petal bench e2e removes its temporary work" in last, last
+    assert "rerun" not in stderr and "Traceback" not in stderr, stderr[-2000:]
+    assert_nothing_left(env)
