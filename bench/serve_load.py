@@ -185,6 +185,17 @@ def _process(args: tuple[Any, ...]) -> LoadResult:
     return run_threads(*args)
 
 
+def _client_signals() -> None:
+    """A client process leaves the stop signals to the benchmark (its parent): a terminal's Ctrl-C, sent to the
+    whole process group, is ignored here, and the pool's SIGTERM when the benchmark ends it kills quietly. NOTE: each
+    process said 'petal: interrupted by SIGINT' (the petal script's handler) or a KeyboardInterrupt traceback."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for name in ("SIGTERM", "SIGHUP", "SIGUSR1", "SIGUSR2"):
+        signal.signal(getattr(signal, name), signal.SIG_DFL)
+
+
 def run_load(url: str, path: str, bodies: list[bytes], concurrency: int, max_requests: int, seconds: float,
              processes: int = 1, headers: dict[str, str] | None = None) -> LoadResult:
     """``concurrency`` clients over ``processes`` processes (spawned), ``max_requests`` / ``seconds`` bounds."""
@@ -199,7 +210,7 @@ def run_load(url: str, path: str, bodies: list[bytes], concurrency: int, max_req
     args = [(url, path, bodies, share, quota, seconds, headers, p * 104729)
             for p, (share, quota) in enumerate(zip(shares, quotas))]
     out = LoadResult()
-    with mp.get_context("spawn").Pool(processes) as pool:
+    with mp.get_context("spawn").Pool(processes, initializer=_client_signals) as pool:
         for part in pool.map(_process, args):
             out.latencies_s += part.latencies_s
             out.client_cpu_s += part.client_cpu_s

@@ -458,3 +458,28 @@ def test_e2e_stopped_while_petal_indexes_says_so_as_a_benchmark(tmp_path):
     assert "interrupted by SIGTERM; petal bench e2e removes its temporary work" in last, last
     assert "rerun" not in stderr and "Traceback" not in stderr, stderr[-2000:]
     assert_nothing_left(env)
+
+
+def test_ctrl_c_during_serve_with_client_processes_is_said_once(tmp_path):
+    """Ctrl-C (SIGINT to the whole process group) while ``bench serve --client-processes 2`` measured: 'petal:
+    interrupted by SIGINT' was printed three times, once by each client process. Now once, 130, nothing left."""
+    env = environment(tmp_path)
+    log = tmp_path / "w" / "serve.log"
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "petal"), "bench", *SERVE[:-6], "--concurrency", "2",
+                             "--client-processes", "2", "--requests", "1000000", "--seconds", "60", "--workdir",
+                             str(tmp_path / "w")], cwd=REPO, env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while len([line for line in marked(env).values() if "spawn_main" in line]) < 2:  # the client processes
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.1)
+        time.sleep(2)
+        assert "listening on" in log.read_text()
+        os.killpg(proc.pid, signal.SIGINT)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, stderr[-2000:]
+    assert stderr.count("interrupted by SIGINT") == 1 and "Traceback" not in stderr, stderr[-3000:]
+    assert_nothing_left(env)
