@@ -7,6 +7,8 @@ the retries and the 65/66/74 rules of every source read (pipeline/ingest/parquet
 
 from __future__ import annotations
 
+import os
+import stat
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -91,6 +93,9 @@ def stored_schema(ids_file: Path | None) -> pa.Schema | None:
     if ids_file is None:
         return None
     try:
+        # NOTE: a regular file only, never followed: a FIFO planted in its place blocked the run forever at open
+        if not stat.S_ISREG(os.lstat(ids_file).st_mode):
+            return None
         return pq.read_schema(ids_file)
     except (OSError, pa.ArrowException):
         return None
