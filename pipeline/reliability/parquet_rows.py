@@ -22,8 +22,8 @@ class MissingRows(pa.ArrowInvalid):
 
     def __init__(self, got: int, expected: int, what: str = "") -> None:
         where = f"{what}: " if what else ""
-        super().__init__(f"{where}its pages hold {got:,} rows where the file's footer counts {expected:,} (a page "
-                         "header is damaged)")
+        super().__init__(f"{where}its pages hold {got:,} rows where the file's footer counts {expected:,} rows (a "
+                         "damaged page header or footer)")
         self.got = got
         self.expected = expected
 
