@@ -10,12 +10,10 @@ time there (a ``flock``, released by the kernel, even after kill -9); a second i
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import fcntl
 import json
 import os
 import shutil
-import socket
 import stat
 from collections.abc import Iterator
 from pathlib import Path
@@ -87,7 +85,7 @@ class Written:
 def workdir_lock(workdir: Path, command: str) -> Iterator[None]:
     """Hold ``workdir``'s bench lock while ``petal bench COMMAND`` runs (``workdir`` is made if missing); held by
     another process: ``TemporaryFailure`` (75) at once naming it."""
-    from petal.pipeline.layout import lock_holder
+    from petal.pipeline.layout import lock_holder, record_lock_holder
 
     Path(workdir).mkdir(parents=True, exist_ok=True)
     path = Path(workdir) / LOCK
@@ -106,10 +104,7 @@ def workdir_lock(workdir: Path, command: str) -> Iterator[None]:
             raise TemporaryFailure(f"--workdir {quote_path(workdir)} is in use by another petal bench "
                                    f"({lock_holder(os.pread(fd, 4096, 0))}); wait for it to end, or give another "
                                    "--workdir") from None
-        info = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "command": f"petal bench {command}",
-                           "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")})
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, info.encode(), 0)
+        record_lock_holder(fd, command=f"petal bench {command}")
         yield
     finally:
         os.close(fd)  # releases the flock

@@ -173,10 +173,7 @@ class OutputDir:
                     if check is not None:
                         check()
                     time.sleep(LOCK_POLL_S)
-            info = json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                               "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")})
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, info.encode(), 0)
+            record_lock_holder(fd)
             yield
         finally:
             os.close(fd)  # releases the flock
@@ -876,6 +873,15 @@ def manifest_data(manifest_file: Path, root: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"the manifest {quote_path(manifest_file)} is not a JSON object")
     return data
+
+
+def record_lock_holder(fd: int, **extra: str) -> None:
+    """Write this process as the holder of the lock file open at ``fd`` (pid, host, start, ``extra``): what
+    ``lock_holder`` shows a process the lock refuses."""
+    info = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), **extra,
+                       "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")})
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, info.encode(), 0)
 
 
 def lock_holder(raw: bytes) -> str:

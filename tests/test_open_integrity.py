@@ -546,18 +546,24 @@ def query_into(out: Path, first: int, end: int, tmp_path: Path, last: bool = Fal
     return tmp_path / "q.npy"
 
 
+def page_skipped_in_middle_group(large: Path, tmp_path: Path, column: str, last: bool = False) -> tuple[Path, Path]:
+    """A copy of ``large`` whose ``ids.parquet`` has the first page of ``column`` in its middle row group skipped
+    (``skip_page``), and a ``--vector-file`` whose best hit is in that row group: ``(OUT, Q.npy)``."""
+    out, version_dir = copy(large, tmp_path)
+    ids = version_dir / "ids.parquet"
+    meta = pq.ParquetFile(ids).metadata
+    group = meta.num_row_groups // 2
+    skip_page(ids, group, column)
+    first = int(sum(meta.row_group(g).num_rows for g in range(group)))
+    return out, query_into(out, first, first + meta.row_group(group).num_rows, tmp_path, last=last)
+
+
 @pytest.mark.parametrize("row", ["first", "last"])
 def test_a_page_skipped_in_stored_text_is_65_never_another_rows_text(large, tmp_path, row):
     """A flipped bit in a text page's header, past the head/tail spans: pyarrow skips the page without an error,
     so the column decodes short and every later row's text shifts. A hit's text is exit 65 naming ids.parquet
     (it was another document's text at exit 0, or a raw ArrowIndexError past the short column's end)."""
-    out, version_dir = copy(large, tmp_path)
-    ids = version_dir / "ids.parquet"
-    meta = pq.ParquetFile(ids).metadata
-    group = meta.num_row_groups // 2
-    skip_page(ids, group, "text")
-    first = int(sum(meta.row_group(g).num_rows for g in range(group)))
-    query = query_into(out, first, first + meta.row_group(group).num_rows, tmp_path, last=row == "last")
+    out, query = page_skipped_in_middle_group(large, tmp_path, "text", last=row == "last")
     argv = ["query", str(out), "--vector-file", str(query), "-k", "1"]
     assert fake_invoke(argv).exit_code == 0  # the ids are whole
     shown = fake_invoke([*argv, "--show-text"])
@@ -574,13 +580,7 @@ def test_a_page_skipped_in_stored_text_is_65_never_another_rows_text(large, tmp_
 def test_a_page_skipped_in_a_kept_column_is_65_for_a_filter_and_a_hits_fields(large, tmp_path):
     """The same in a ``--keep-columns`` column: ``--where`` decodes the whole column, whose mask shifted against
     the vectors returned documents that do not match at exit 0; a hit's fields read the same page."""
-    out, version_dir = copy(large, tmp_path)
-    ids = version_dir / "ids.parquet"
-    meta = pq.ParquetFile(ids).metadata
-    group = meta.num_row_groups // 2
-    skip_page(ids, group, "lang")
-    first = int(sum(meta.row_group(g).num_rows for g in range(group)))
-    query = query_into(out, first, first + meta.row_group(group).num_rows, tmp_path)
+    out, query = page_skipped_in_middle_group(large, tmp_path, "lang")
     for extra in (["--where", "lang = 'en'"], []):
         result = fake_invoke(["query", str(out), "--vector-file", str(query), "-k", "5", "--json", *extra])
         assert result.exit_code == 65 and "ids.parquet" in result.output, (extra, result.output)
