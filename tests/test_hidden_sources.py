@@ -129,3 +129,25 @@ def test_a_file_url_is_the_local_path_for_every_path_flag(tmp_path):
     assert IndexReader(tmp_path / "out").ids.column("id").to_pylist() == ["b"]
     result, _ = index(tmp_path, tmp_path / "data", "--delete", "file://elsewhere/d.parquet")
     assert result.exit_code == 2 and "another host" in result.output, result.output
+
+
+def test_a_file_url_with_a_query_or_fragment_is_refused_not_cut_short(tmp_path):
+    """A ``file://`` URL's path ends at an unescaped ``#`` or ``?``: ``file:///d/my docs#1`` read ``/d/my docs``
+    (another directory) and ``--out file:///x#2`` wrote ``/x``, both at exit 0. Refused (66 as a SOURCE, 2 as a path
+    flag), saying how to escape them; ``%23`` names the directory meant; the host is case-insensitive."""
+    write(tmp_path / "my docs#1" / "part-0.parquet", table(["a", "b"]))
+    write(tmp_path / "my docs" / "part-0.parquet", table(["c"]))
+    base = "file://" + str(tmp_path).replace(" ", "%20")
+    for url in (base + "/my%20docs#1", base + "/my%20docs/?art-0.parquet", base + "/my%20docs?x=1"):
+        result, log = index(tmp_path, url)
+        escape = "%23" if "#" in url else "%3F"
+        assert result.exit_code == 66 and escape in result.output and "local path" in result.output, \
+            (url, result.output)
+        assert not (tmp_path / "out").exists()
+    result, log = index(tmp_path, base + "/my%20docs%231")
+    assert result.exit_code == 0, result.output
+    assert sorted(embedded_ids(log)) == ["a", "b"]
+    result, log = index(tmp_path, "file://LOCALHOST" + str(tmp_path / "my docs#1").replace("#", "%23"))
+    assert result.exit_code == 0, result.output
+    result, _ = index(tmp_path, tmp_path / "my docs", "--delete", base + "/d.parquet#2")
+    assert result.exit_code == 2 and "fragment" in result.output, result.output

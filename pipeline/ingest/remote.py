@@ -42,14 +42,22 @@ def is_uri(source: str) -> bool:
 
 def file_url_path(source: str) -> str:
     """A ``file://`` URL as the local path it names (``file:///data/x``, ``file://localhost/data/x``; percent-escapes
-    decoded); any other source as it is. A ``file://`` URL of another host is ``NoInputError`` (66)."""
+    decoded); any other source as it is. A ``file://`` URL of another host, or with a query or fragment (an unescaped
+    ``?`` or ``#``), is ``NoInputError`` (66)."""
     if not source.lower().startswith("file://"):
         return source
     from urllib.parse import unquote, urlsplit
 
     parts = urlsplit(source)
-    if parts.netloc not in ("", "localhost"):
+    if parts.netloc.lower() not in ("", "localhost"):  # NOTE: a URL's host is case-insensitive (RFC 3986)
         raise NoInputError(f"{source!r}: a file:// URL of another host ({parts.netloc!r}); give a local path")
+    marks = [m for m in "?#" if m in source]
+    if marks:
+        # NOTE: a URL's path ends at '?' (its query) or '#' (its fragment): file:///d/my#1 named /d/my and was read
+        # at exit 0; Path.as_uri() writes them %3F and %23
+        escapes = " and ".join(f"{m!r} as {'%3F' if m == '?' else '%23'}" for m in marks)
+        raise NoInputError(f"{source!r}: a file:// URL's path ends at {' or '.join(map(repr, marks))} (its "
+                           f"{'query' if marks[0] == '?' else 'fragment'}); write {escapes}, or give the local path")
     if not parts.path:
         raise NoInputError(f"{source!r}: a file:// URL without a path")
     return unquote(parts.path)
