@@ -183,3 +183,56 @@ def test_decimals_a_float_prints_back_still_index(tmp_path, statistics):
     version = (tmp_path / "out" / "CURRENT").read_text().strip()
     m = pq.read_table(tmp_path / "out" / "versions" / version / "ids.parquet", columns=["m"]).column("m")
     assert sorted(m.to_pylist()) == [-1234567890123.45, 0.1, 0.5, 0.5]
+
+
+@pytest.mark.parametrize("statistics", [True, False])
+@pytest.mark.parametrize("decimal_type, texts, float_type", [
+    (pa.decimal128(20, 2), ["1545.60", "2.00", "-0.07"], pa.float64()),
+    (pa.decimal128(38, 18), ["1.00", "0.03", "9.99"], pa.float64()),  # Spark's default decimal
+    (pa.decimal128(7, 2), ["0.10", "2.50", "12345.6"], pa.float32()),
+], ids=["float64", "spark", "float32"])
+def test_short_decimals_beside_a_float_shard_index_as_the_float_nearest_them(tmp_path, statistics, decimal_type,
+                                                                             texts, float_type):
+    """Before: 1545.60 as decimal128(20, 2) beside a float64 shard was refused 65 'which double cannot hold' (Arrow's
+    cast of a decimal to a float is not correctly rounded: 1545.6000000000001, which does not print back as it), and
+    before that check it was stored so; 0.10 as float32 the same. Each is stored as the float nearest it."""
+    from decimal import Decimal
+
+    import numpy as np
+
+    values = [Decimal(t) for t in texts]
+    shard(tmp_path / "src" / "a.parquet", 0, pa.array(values, decimal_type), statistics)
+    shard(tmp_path / "src" / "b.parquet", 10, pa.array([0.5], float_type), statistics)
+    result = index(tmp_path, tmp_path / "src", vectors=True)
+    assert result.exit_code == 0, result.output
+    version = (tmp_path / "out" / "CURRENT").read_text().strip()
+    stored = pq.read_table(tmp_path / "out" / "versions" / version / "ids.parquet").sort_by("id").column("m")
+    assert stored.type == float_type
+    nearest = np.array([float(v) for v in values] + [0.5], float_type.to_pandas_dtype())
+    assert stored.to_pylist() == [float(x) for x in nearest]
+
+
+def test_short_decimals_of_a_kept_shard_and_in_lists_are_stored_as_the_float_nearest_them(tmp_path):
+    """A shard kept from the live version (its side file holds decimals) and a list<decimal> beside a list<double>:
+    the same, through the version's columns file (``cast_kept``)."""
+    from decimal import Decimal
+
+    a = tmp_path / "src" / "a.parquet"
+    shard(a, 0, pa.array([Decimal("1545.60"), Decimal("0.03")], pa.decimal128(38, 18)))
+    assert index(tmp_path, tmp_path / "src", vectors=True).exit_code == 0
+    shard(tmp_path / "src" / "b.parquet", 10, pa.array([0.5], pa.float64()))
+    result = index(tmp_path, tmp_path / "src", vectors=True)
+    assert result.exit_code == 0, result.output
+    version = (tmp_path / "out" / "CURRENT").read_text().strip()
+    stored = pq.read_table(tmp_path / "out" / "versions" / version / "ids.parquet").sort_by("id").column("m")
+    assert stored.to_pylist() == [1545.6, 0.03, 0.5]
+
+    lists = tmp_path / "lists"
+    shard(lists / "a.parquet", 0, pa.array([[Decimal("0.10"), Decimal("1545.60")]], pa.list_(pa.decimal128(20, 2))))
+    shard(lists / "b.parquet", 10, pa.array([[0.5]], pa.list_(pa.float64())))
+    result = invoke(["index", str(lists), "--out", str(tmp_path / "out_lists"), "-q", "--keep-columns", "m",
+                     "--vectors-column", "emb"], env={FAKE: str(tmp_path / "fake.log")})
+    assert result.exit_code == 0, result.output
+    version = (tmp_path / "out_lists" / "CURRENT").read_text().strip()
+    stored = pq.read_table(tmp_path / "out_lists" / "versions" / version / "ids.parquet").sort_by("id").column("m")
+    assert stored.to_pylist() == [[0.1, 1545.6], [0.5]]

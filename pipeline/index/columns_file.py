@@ -105,6 +105,8 @@ def _has(entry: StoreEntry, need: ColumnsNeed) -> bool:
 
 def _stored_parts(entries: list[StoreEntry], dim: int, need: ColumnsNeed, schema: pa.Schema,
                   read: ReadConfig | None) -> Any:
+    from petal.pipeline.store.kept_values import cast_kept_table
+
     source = StoreVectors(entries, dim)  # the same selection (de-duplication, --delete) as the index
     for entry, keep in zip(source.entries, source._keep):
         if len(keep) == 0:
@@ -112,7 +114,7 @@ def _stored_parts(entries: list[StoreEntry], dim: int, need: ColumnsNeed, schema
         if _has(entry, need):
             for part in entry_columns(entry, keep.astype(np.int64), need.names, read):
                 try:
-                    yield part.cast(schema)
+                    yield cast_kept_table(part, schema)
                 except pa.ArrowInvalid as exc:  # a value the common type cannot hold (a uint64 past int64)
                     raise BadInputError(_misfit(entry, part, schema, exc)) from exc
         else:

@@ -111,29 +111,83 @@ def _rounds_decimals(source: pa.DataType, stored: pa.DataType) -> bool:
     return pairs is not None and any(pa.types.is_decimal(s) and may_not_fit(s, t) for s, t in pairs)
 
 
-def _first_rounded(values: pa.Array, stored: pa.DataType) -> tuple[int, Any] | None:
-    """``first_misfit`` of values holding decimals stored as floats: a decimal fits when its float prints back as it
-    (``Decimal(repr(float(v))) == v``).
+def cast_kept(values: pa.Array | pa.ChunkedArray, stored: pa.DataType) -> Any:
+    """``values`` cast to the type their column is stored as; a decimal stored as a float is the float nearest it.
 
-    NOTE: Arrow's cast of a decimal to a float rounds, never raises: 123456789012345678.91 was stored as
-    1.2345678901234568e+17 at exit 0."""
-    as_float = values.cast(stored).to_pylist()
+    NOTE: Arrow's cast of a decimal to a float is not correctly rounded (1545.60 became 1545.6000000000001, 0.10 as
+    float32 0.0999999940395...): such a decimal goes through its text, which Arrow parses correctly rounded."""
+    via = _decimals_as_text(values.type, stored)
+    return (values if via is None else values.cast(via)).cast(stored)
+
+
+def cast_kept_table(part: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``part`` cast to ``schema`` column by column (``cast_kept``)."""
+    if all(_decimals_as_text(part.schema.field(f.name).type, f.type) is None for f in schema):
+        return part.cast(schema)
+    return pa.table([cast_kept(part.column(f.name), f.type) for f in schema], schema=schema)
+
+
+def _decimals_as_text(source: pa.DataType, stored: pa.DataType) -> pa.DataType | None:
+    """``source`` with each decimal that ``stored`` holds as a float made a string; ``None`` where none is."""
+    if pa.types.is_decimal(source):
+        return pa.string() if pa.types.is_floating(stored) else None
+    if pa.types.is_struct(source) and pa.types.is_struct(stored):  # by name, as the cast pairs them
+        fields = [f.with_type(_decimals_as_text(f.type, stored.field(at).type) or f.type)
+                  if (at := stored.get_field_index(f.name)) >= 0 else f for f in source]
+        return pa.struct(fields) if fields != list(source) else None
+    if pa.types.is_map(source) and pa.types.is_map(stored):
+        keys = _decimals_as_text(source.key_type, stored.key_type)
+        items = _decimals_as_text(source.item_type, stored.item_type)
+        if keys is None and items is None:
+            return None
+        return pa.map_(source.key_field.with_type(keys or source.key_type),
+                       source.item_field.with_type(items or source.item_type), source.keys_sorted)
+    if _is_list(source) and _is_list(stored):
+        inner = _decimals_as_text(source.value_type, stored.value_type)
+        if inner is None:
+            return None
+        value_field = source.value_field.with_type(inner)
+        if pa.types.is_fixed_size_list(source):
+            return pa.list_(value_field, source.list_size)
+        makes = {pa.types.is_list: pa.list_, pa.types.is_large_list: pa.large_list,
+                 pa.types.is_list_view: pa.list_view, pa.types.is_large_list_view: pa.large_list_view}
+        return next(make(value_field) for is_kind, make in makes.items() if is_kind(source))
+    return None
+
+
+def _first_rounded(values: pa.Array, stored: pa.DataType) -> tuple[int, Any] | None:
+    """``first_misfit`` of values holding decimals stored as floats: a decimal fits when the float nearest it prints
+    back as it (shortest repr at the float's width: ``Decimal(repr(float(v))) == v`` for float64).
+
+    NOTE: a float rounds, never raises: 123456789012345678.91 was stored as 1.2345678901234568e+17 at exit 0."""
+    as_float = cast_kept(values, stored).to_pylist()
     for i, (value, cast) in enumerate(zip(values.to_pylist(), as_float)):
-        if not _prints_back(value, cast):
+        if not _prints_back(value, cast, stored):
             return i, value
     return None
 
 
-def _prints_back(value: Any, cast: Any) -> bool:
+def _prints_back(value: Any, cast: Any, stored: pa.DataType) -> bool:
     if isinstance(value, Decimal):
-        return cast is not None and math.isfinite(cast) and Decimal(repr(cast)) == value
-    if isinstance(value, dict):
-        return all(_prints_back(v, cast.get(k)) for k, v in value.items())
-    if isinstance(value, list):  # a list, or a map's (key, item) pairs
-        return all(_prints_back(v, c) for v, c in zip(value, cast))
-    if isinstance(value, tuple):
-        return all(_prints_back(v, c) for v, c in zip(value, cast))
+        return cast is not None and math.isfinite(cast) and Decimal(_shortest(cast, stored)) == value
+    if isinstance(value, dict):  # a struct: each field against the type it is stored as
+        return all(_prints_back(v, cast.get(k), stored.field(k).type) for k, v in value.items()
+                   if stored.get_field_index(k) >= 0)
+    if isinstance(value, list) and pa.types.is_map(stored):  # a map's (key, item) pairs
+        return all(_prints_back(k, ck, stored.key_type) and _prints_back(v, cv, stored.item_type)
+                   for (k, v), (ck, cv) in zip(value, cast))
+    if isinstance(value, list):
+        return all(_prints_back(v, c, stored.value_type) for v, c in zip(value, cast))
     return True
+
+
+def _shortest(value: float, stored: pa.DataType) -> str:
+    """The fewest digits that read back as ``value`` at ``stored``'s width (a float32's as float32)."""
+    if pa.types.is_float64(stored):
+        return repr(value)
+    import numpy as np
+
+    return str(np.float32(value) if pa.types.is_float32(stored) else np.float16(value))
 
 
 def check_kept_values(name: str, stored: pa.DataType, sources: Sequence[KeptSource], read: ReadConfig,
