@@ -51,3 +51,44 @@ def test_a_binary_index_that_misses_it_is_told_what_a_binary_index_takes(shard, 
     assert report.index["tuning"]["reached"] is False
     assert f"warning: the {factory!r} index reaches recall@10" in err and "larger --rescore" in err, err
     assert "RFlat" not in err, err
+
+
+def said_recalls(err: str) -> tuple[float, float]:
+    """The mean and the mean less two standard errors the warning prints."""
+    import re
+
+    found = re.search(r"reaches recall@10 ([0-9.]+) \(([0-9.]+) less two standard errors over \d+ held-out queries\)",
+                      err)
+    assert found, err
+    return float(found.group(1)), float(found.group(2))
+
+
+def test_the_warning_never_prints_a_recall_that_reads_as_the_target(shard, tmp_path, capfd):
+    """A mean of 0.9497 against --target-recall 0.95 printed 'reaches recall@10 0.95 ..., below --target-recall 0.95':
+    each number now has the decimals that show it below the target, and the warning says what was held against it
+    (the mean less two standard errors), which may be below the target while the mean is not."""
+    report = petal.index(str(shard), str(tmp_path / "out"), vectors_column="emb", index_factory="BFlat")
+    mean = report.index["tuning"]["recall_at_10"]
+    target = float(np.ceil(mean * 100) / 100)
+    target = target + 0.01 if target == mean else target
+    capfd.readouterr()
+    rebuilt = petal.rebuild(str(tmp_path / "out"), target_recall=target)
+    tuning = rebuilt.index["tuning"]
+    assert tuning["reached"] is False
+    said_mean, said_low = said_recalls(capfd.readouterr().err)
+    assert said_mean < target and said_low < target
+    assert abs(said_mean - tuning["recall_at_10"]) < 0.006 and abs(said_low - tuning["recall_at_10_low"]) < 0.006
+
+
+@pytest.mark.parametrize("mean, low, target, said", [
+    (0.9497, 0.93, 0.95, "0.9497 (0.93 less two standard errors over 64 held-out queries)"),
+    (0.96, 0.9499, 0.95, "0.96 (0.9499 less two standard errors over 64 held-out queries)"),
+    (0.899, 0.85, 0.9, "0.899 (0.85 less two standard errors over 64 held-out queries)"),
+    (0.97, 0.96, 0.95, "0.97"),
+])
+def test_recall_text(mean, low, target, said):
+    from petal.pipeline.manifest import TuningRecord
+
+    record = TuningRecord(params={}, target_recall_at_10=target, recall_at_10=mean, recall_at_10_low=low,
+                          reached=low >= target, ms_per_query=0.1, queries=64)
+    assert record.recall_text() == said
