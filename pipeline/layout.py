@@ -416,7 +416,8 @@ class OutputDir:
 
     def clean_orphans(self) -> list[Path]:
         """Remove what crashed runs left: staging and half-deleted versions, versions never made
-        live, temp files of the pointer. Call with the lock held. Returns what was removed."""
+        live, temp files of the pointer. Call with the lock held. Returns what was removed
+        (``removed_versions`` names the versions among it)."""
         removed: list[Path] = []
         if self.versions_dir.is_dir():
             # NOTE: versions after the live one are deleted only when the pointer names a real version: a
@@ -442,6 +443,10 @@ class OutputDir:
                             removed.append(path)
                         else:
                             in_use.append(path.name)
+            gone = sorted(p.name for p in removed if p.name in newer)
+            if gone:  # NOTE: a whole version, possibly live before CURRENT was set back: never removed silently
+                _note(f"removed {', '.join(gone)} (newer than the live version {live}: CURRENT was set back from "
+                      "it by hand, or a stopped run never made it live)")
             if in_use:
                 _note(f"kept {', '.join(sorted(in_use))} (newer than the live version {live}): in use by a reader "
                       "(a petal serve that serves it); removed by a run after that reader lets it go")
@@ -451,6 +456,11 @@ class OutputDir:
             tmp.unlink(missing_ok=True)
             removed.append(tmp)
         return removed
+
+    def removed_versions(self, removed: list[Path]) -> list[str]:
+        """The versions among ``removed`` (``clean_orphans``'s: those newer than the live version), for the report's
+        ``pruned.versions``."""
+        return sorted(p.name for p in removed if p.parent == self.versions_dir and not p.name.startswith("."))
 
     def _first_kept(self, older: list[str], rollbacks: int) -> int:
         """Where the ``rollbacks`` newest of ``older`` (sorted) that a rollback could go to begin: a version whose

@@ -105,9 +105,19 @@ def two_versions(tmp_path, fake_model) -> tuple[Out, str, str, dict[str, np.ndar
     return o, v1, v2, v1_docs
 
 
+def test_a_nothing_to_do_run_after_a_rollback_says_the_newer_version_it_removed(two_versions):
+    """Before: an additive run naming only an unchanged shard after ``echo v1 > CURRENT`` ended 'nothing-to-do ... the
+    live version stays' and had deleted v2 (the newest data) without a word: ``pruned.versions`` was empty."""
+    o, v1, v2, _ = two_versions
+    o.roll_back(v1)
+    result = o.index(o.data / "a.parquet")
+    assert result.rc == 0 and result.report["status"] == "nothing-to-do", result.stderr
+    assert OutputDir(o.out).versions() == [v1] and result.report["pruned"]["versions"] == [v2], result.report
+
+
 @pytest.mark.parametrize("after", ["rebuild", "additive index"])
 def test_a_rolled_back_version_is_rebuilt_and_updated_from_the_store(two_versions, after):
-    o, v1, _, v1_docs = two_versions
+    o, v1, v2, v1_docs = two_versions
     b1 = o.entry_of("b.parquet", v1)
     o.roll_back(v1)
     if after == "rebuild":
@@ -124,6 +134,9 @@ def test_a_rolled_back_version_is_rebuilt_and_updated_from_the_store(two_version
         same_documents({d: v for d, v in docs.items() if not d.startswith("c-")}, v1_docs)
     # NOTE: v2, newer than the live v1, went at the run's start (never live again); the new version may reuse its id
     assert o.current() == result.report["version"] != v1 and OutputDir(o.out).versions() == [v1, o.current()]
+    assert v2 in result.report["pruned"]["versions"], result.report["pruned"]  # said: it was a whole version
+    if after == "rebuild":  # not -q
+        assert f"note: removed {v2} (newer than the live version {v1}" in result.stderr, result.stderr
     assert b1.is_dir()
 
     # --keep-versions 1: the versions before the live one go, and with them the store entries only they used

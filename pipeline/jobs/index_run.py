@@ -276,7 +276,7 @@ def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory
         checks_started = time.perf_counter()
         report.timings_s["lock_wait"] = round(checks_started - locking, 3)
         fault("after_lock")
-        out.clean_orphans()
+        report.pruned["versions"] = out.removed_versions(out.clean_orphans())
         settle_tombstones(out, say)  # what a run killed around its publish left: its deletion holds iff it published
         previous = None if job.full else live_or_refuse(out)  # --full: even an unreadable live version
         job = index_settings.of(job, live_manifest(out) if job.full else previous)  # another writer may have published
@@ -627,7 +627,7 @@ def clean_up(out: OutputDir, store: EmbeddingStore, committed: list[StoreEntry],
     try:
         if stop.requested:
             return
-        report.pruned["versions"] = out.prune_versions(job.keep_versions, report.pruned.setdefault("in_use", []),
+        report.pruned["versions"] += out.prune_versions(job.keep_versions, report.pruned.setdefault("in_use", []),
                                                        lambda: stop.requested)
         if stop.requested:
             return

@@ -124,7 +124,7 @@ def run_rebuild(out_path: Path, settings: IndexSettings, report: RunReport, wait
     active = stop if stop is not None else StopSignals()
     with contextlib.nullcontext(active) if stop is not None else active, \
             out.lock(wait=wait, on_wait=say, check=active.check):
-        out.clean_orphans()
+        report.pruned["versions"] = out.removed_versions(out.clean_orphans())
         settle_tombstones(out, say)  # as petal index: what a --delete run killed around its publish left
         previous = out.current_manifest()
         if previous is None:
@@ -153,7 +153,7 @@ def run_rebuild(out_path: Path, settings: IndexSettings, report: RunReport, wait
         report.version = version
         try:
             if not active.requested:  # a stop signal once the version is live: pruning is left to the next run
-                report.pruned["versions"] = out.prune_versions(keep_versions, report.pruned.setdefault("in_use", []),
+                report.pruned["versions"] += out.prune_versions(keep_versions, report.pruned.setdefault("in_use", []),
                                                                lambda: active.requested)
         except OSError as exc:  # published: what is left is removed by the next run
             say(f"warning: pruning old versions of {quote_path(out.root)} failed ({exc.strerror or exc})")
