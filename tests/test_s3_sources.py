@@ -328,3 +328,26 @@ def test_a_request_refused_as_bad_is_78_not_a_storage_error_to_rerun(s3, fake_mo
     last = result.output.strip().splitlines()[-1]
     assert "s3://refused/docs" in last and "refused the request" in last and "AWS_SESSION_TOKEN" in last, last
     assert "not-a-token" not in result.output
+
+
+def test_a_uri_glob_has_only_star_wildcards_brackets_and_question_marks_are_the_keys_own(s3, fake_model, tmp_path):
+    """README: a URI has no ``?`` or ``[...]`` wildcards. Before, fnmatch took ``x[1]*`` for ``x1*`` (indexing
+    d/x1.parquet, not d/x[1].parquet) and ``q%3F*`` (``q?*``) for ``q`` and any character (q?.parquet and
+    qZ.parquet both)."""
+    s3.client().create_bucket(Bucket="brk")
+    ids = {key: put_shard(s3, "brk", f"d/{key}", key.replace("[", "(").replace("?", "Q"), 2)
+           for key in ("x[1].parquet", "x1.parquet", "q?.parquet", "qZ.parquet")}
+    env = {**s3.env(), "PETAL_TEST_FAKE_ENGINE": str(tmp_path / "log.jsonl")}
+
+    def indexed(source: str) -> list[str]:
+        out = tmp_path / f"out-{len(list(tmp_path.iterdir()))}"
+        result = run(["index", source, "--out", str(out), "--model", str(fake_model), "-q"], env)
+        assert result.exit_code == 0, (source, result.output)
+        return sorted(r["id"] for r in contents(out)[0])
+
+    for source in ("s3://brk/d/x[1]*", "s3://brk/d/x%5B1%5D*", "s3://brk/d/*[1].parquet"):
+        assert indexed(source) == sorted(ids["x[1].parquet"]), source
+    assert indexed("s3://brk/d/q%3F*") == sorted(ids["q?.parquet"])
+    assert indexed("s3://brk/d/*1*") == sorted(ids["x[1].parquet"] + ids["x1.parquet"])  # '*' still a wildcard
+    nothing = run(["index", "s3://brk/d/x[2]*", "--out", str(tmp_path / "none"), "--model", str(fake_model)], env)
+    assert nothing.exit_code == 66 and "matches no objects" in nothing.output, nothing.output

@@ -242,9 +242,9 @@ def bounded(filesystem: Any) -> Any:
 
 def _glob_remote(filesystem: Any, scheme: str, pattern: str, shown: str, empty_ok: bool) -> list[RemotePath]:
     """The objects ``pattern`` matches, sorted, as a local glob's files: ``*`` within one name, ``**`` any number of
-    them, a wildcard never matching a name that starts with ``.`` (URIs do not parse ``[...]``; ``?`` starts the
-    query string); a prefix it matches names every ``*.parquet`` below it, as a prefix SOURCE. Only the prefix
-    before the first wildcard is listed."""
+    them, a wildcard never matching a name that starts with ``.``; ``?`` (written ``%3F``: it starts the query string)
+    and ``[...]`` match themselves; a prefix it matches names every ``*.parquet`` below it, as a prefix SOURCE. Only
+    the prefix before the first wildcard is listed."""
     from pyarrow import fs
 
     parts = pattern.split("/")
@@ -271,8 +271,6 @@ def _glob_remote(filesystem: Any, scheme: str, pattern: str, shown: str, empty_o
 
 def _glob_match(names: list[str], patterns: list[str]) -> bool:
     """Whether the path ``names`` (its parts) matches ``patterns`` part by part (``**``: zero or more parts)."""
-    import fnmatch
-
     if not patterns:
         return not names
     head, rest = patterns[0], patterns[1:]
@@ -281,7 +279,17 @@ def _glob_match(names: list[str], patterns: list[str]) -> bool:
                                             and _glob_match(names[1:], patterns))
     if not names or ("*" in head and names[0].startswith(".") and not head.startswith(".")):
         return False
-    return fnmatch.fnmatchcase(names[0], head) and _glob_match(names[1:], rest)
+    return _name_match(names[0], head) and _glob_match(names[1:], rest)
+
+
+def _name_match(name: str, pattern: str) -> bool:
+    """Whether one name matches one part of a URI glob: ``*`` is any run of characters, every other character itself.
+
+    NOTE: a URI has no ``?`` or ``[...]`` wildcards (``?`` starts its query string; an object's key may hold ``[``):
+    ``fnmatch`` took ``s3://b/d/x[1]*`` for ``x1*`` and ``s3://b/d/q%3F*`` (``q?*``) for any ``q`` and one more
+    character, indexing other objects than the ones named."""
+    regex = ".*".join(re.escape(piece) for piece in pattern.split("*"))
+    return re.fullmatch(regex, name, re.DOTALL) is not None
 
 
 def _held_under(uri: str, held: frozenset[str]) -> bool:
