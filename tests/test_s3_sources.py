@@ -351,3 +351,40 @@ def test_a_uri_glob_has_only_star_wildcards_brackets_and_question_marks_are_the_
     assert indexed("s3://brk/d/*1*") == sorted(ids["x[1].parquet"] + ids["x1.parquet"])  # '*' still a wildcard
     nothing = run(["index", "s3://brk/d/x[2]*", "--out", str(tmp_path / "none"), "--model", str(fake_model)], env)
     assert nothing.exit_code == 66 and "matches no objects" in nothing.output, nothing.output
+
+
+def test_a_uri_ending_in_a_slash_names_the_prefix_never_an_object_of_that_name(s3, fake_model, tmp_path):
+    """An object store holds an object ``pk2`` beside objects under ``pk2/``. from_uri drops a trailing '/', and
+    ``s3://tsl/pk2/`` indexed the object pk2, ``s3://tsl/pk/a.parquet/`` only the object a.parquet, and
+    ``s3://tsl/zz/`` (a zero-byte object zz) failed 65 naming s3://tsl/zz. A URI ending in '/' names every
+    ``*.parquet`` below it, as a local directory does; without the '/' the object is still the one named."""
+    client = s3.client()
+    client.create_bucket(Bucket="tsl")
+    ids = {key: put_shard(s3, "tsl", key, key.replace("/", "_"), 2)
+           for key in ("pk2", "pk2/x.parquet", "pk/a.parquet", "pk/a.parquet/part-0.parquet", "zz/x.parquet")}
+    client.put_object(Bucket="tsl", Key="zz", Body=b"")
+    env = {**s3.env(), "PETAL_TEST_FAKE_ENGINE": str(tmp_path / "log.jsonl")}
+
+    def index(source: str):
+        out = tmp_path / f"out-{len(list(tmp_path.iterdir()))}"
+        return out, run(["index", source, "--out", str(out), "--model", str(fake_model), "-q"], env)
+
+    def indexed(source: str) -> list[str]:
+        out, result = index(source)
+        assert result.exit_code == 0, (source, result.output)
+        return sorted(r["id"] for r in contents(out)[0])
+
+    def expected(*keys: str) -> list[str]:
+        return sorted(i for key in keys for i in ids[key])
+
+    assert indexed("s3://tsl/pk2/") == expected("pk2/x.parquet")
+    assert indexed("s3://tsl/pk2") == expected("pk2")  # the object named, as before
+    assert indexed("s3://tsl/pk/a.parquet/") == expected("pk/a.parquet/part-0.parquet")
+    assert indexed("s3://tsl/zz/") == expected("zz/x.parquet")
+    assert indexed(s3.uri("tsl/zz/")) == expected("zz/x.parquet")  # a query string after the '/'
+    assert indexed("s3://tsl/pk*/") == expected("pk/a.parquet", "pk/a.parquet/part-0.parquet", "pk2/x.parquet")
+    _, missing = index("s3://tsl/nothere/")
+    assert missing.exit_code == 66, missing.output
+    assert "s3://tsl/nothere/ does not exist (no such bucket or prefix)" in missing.output, missing.output
+    _, object_only = index("s3://tsl/pk/a.parquet/part-0.parquet/")  # an object, no prefix of that name
+    assert object_only.exit_code == 66 and "does not exist" in object_only.output, object_only.output

@@ -188,19 +188,23 @@ def list_remote(source: str, empty_ok: bool = False, held: frozenset[str] = froz
         raise ConfigError(f"cannot open {shown}: {_scrubbed(str(exc), source)}") from exc
     filesystem = bounded(filesystem)
     scheme = scheme_of(source)
+    prefix_only = names_a_prefix(source)
     if "*" in path:
-        return _glob_remote(filesystem, scheme, path, shown, empty_ok)
+        return _glob_remote(filesystem, scheme, path, shown, empty_ok, prefix_only)
     try:
-        info = filesystem.get_file_info(path)
-        if info.type == fs.FileType.File:
+        # NOTE: from_uri drops a trailing '/': s3://b/pk2/ came back as the path b/pk2, which named the object pk2
+        # beside the prefix pk2/ (an object store holds both); a URI ending in '/' names the prefix only
+        info = filesystem.get_file_info(path) if not prefix_only else None
+        if info is not None and info.type == fs.FileType.File:
             return [RemotePath(filesystem, info.path, f"{scheme}://{info.path}")]
-        if info.type == fs.FileType.NotFound:
+        listed = [] if info is not None and info.type == fs.FileType.NotFound else \
+            filesystem.get_file_info(fs.FileSelector(path, recursive=True, allow_not_found=True))
+        if not listed and (info or filesystem.get_file_info(path)).type != fs.FileType.Directory:
             if empty_ok and _held_under(f"{scheme}://{path}", held):
                 return []
-            raise NoInputError(f"source {shown} does not exist (no such bucket, object or prefix)")
-        selector = fs.FileSelector(path, recursive=True)
-        found = [i.path for i in filesystem.get_file_info(selector)
-                 if i.type == fs.FileType.File and parquet_name(i.path)
+            what = "bucket or prefix" if prefix_only else "bucket, object or prefix"
+            raise NoInputError(f"source {shown} does not exist (no such {what})")
+        found = [i.path for i in listed if i.type == fs.FileType.File and parquet_name(i.path)
                  and not hidden_below(i.path[len(path.rstrip("/")):].split("/"))]
     except PetalError:
         raise
@@ -209,6 +213,11 @@ def list_remote(source: str, empty_ok: bool = False, held: frozenset[str] = froz
     if not found and not empty_ok:
         raise NoInputError(f"no *.parquet objects under {shown}")
     return [RemotePath(filesystem, p, f"{scheme}://{p}") for p in sorted(found)]
+
+
+def names_a_prefix(source: str) -> bool:
+    """Whether URI ``source``'s path ends in ``/``: it names a prefix (a "directory"), never an object of that name."""
+    return source.partition("://")[2].split("?", 1)[0].split("#", 1)[0].endswith("/")
 
 
 def uri_encoded(source: str) -> str:
@@ -240,11 +249,13 @@ def bounded(filesystem: Any) -> Any:
     return fs.S3FileSystem(**options, retry_strategy=fs.AwsStandardS3RetryStrategy(max_attempts=S3_ATTEMPTS))
 
 
-def _glob_remote(filesystem: Any, scheme: str, pattern: str, shown: str, empty_ok: bool) -> list[RemotePath]:
+def _glob_remote(filesystem: Any, scheme: str, pattern: str, shown: str, empty_ok: bool,
+                 prefix_only: bool = False) -> list[RemotePath]:
     """The objects ``pattern`` matches, sorted, as a local glob's files: ``*`` within one name, ``**`` any number of
     them, a wildcard never matching a name that starts with ``.``; ``?`` (written ``%3F``: it starts the query string)
     and ``[...]`` match themselves; a prefix it matches names every ``*.parquet`` below it, as a prefix SOURCE. Only
-    the prefix before the first wildcard is listed."""
+    the prefix before the first wildcard is listed. ``prefix_only`` (a pattern ending in ``/``, as a local glob's):
+    only the prefixes it matches, never an object."""
     from pyarrow import fs
 
     parts = pattern.split("/")
@@ -262,7 +273,7 @@ def _glob_remote(filesystem: Any, scheme: str, pattern: str, shown: str, empty_o
         return parquet_name(names[-1]) and any(
             "/".join(names[:n]) in prefixes and not hidden_below(names[n:]) for n in range(fixed + 1, len(names)))
 
-    found = {i.path for i in matched if i.type == fs.FileType.File}
+    found = {i.path for i in matched if i.type == fs.FileType.File and not prefix_only}
     found.update(i.path for i in listed if i.type == fs.FileType.File and below_a_match(i.path.split("/")))
     if not found and not empty_ok:
         raise NoInputError(f"glob {shown} matches no objects")
