@@ -388,3 +388,32 @@ def test_a_uri_ending_in_a_slash_names_the_prefix_never_an_object_of_that_name(s
     assert "s3://tsl/nothere/ does not exist (no such bucket or prefix)" in missing.output, missing.output
     _, object_only = index("s3://tsl/pk/a.parquet/part-0.parquet/")  # an object, no prefix of that name
     assert object_only.exit_code == 66 and "does not exist" in object_only.output, object_only.output
+
+
+def test_an_empty_path_component_is_a_clear_error_in_a_uri_and_in_a_listed_key(s3, fake_model, tmp_path):
+    """pyarrow's filesystems refuse a path with an empty component ('a//b'). ``s3://dsl//a`` was exit 1, an internal
+    error (ArrowInvalid) with a traceback; now 66 naming the URI (it names nothing petal can read). A key that holds
+    one (``dd//x.parquet``, which S3 lists) failed the run 65 'not a readable Parquet file' at preflight; now 65 at
+    listing naming the key, as a file whose name is not UTF-8 is, never skipped silently."""
+    s3.client().create_bucket(Bucket="dsl")
+    put_shard(s3, "dsl", "a", "a", 2)
+    put_shard(s3, "dsl", "dd/y.parquet", "y", 2)
+    put_shard(s3, "dsl", "dd//x.parquet", "x", 2)
+    put_shard(s3, "dsl", "ok/z.parquet", "z", 2)
+    env = {**s3.env(), "PETAL_TEST_FAKE_ENGINE": str(tmp_path / "log.jsonl")}
+
+    def index(source: str):
+        return run(["index", source, "--out", str(tmp_path / "out"), "--model", str(fake_model), "-q"], env)
+
+    for source in ("s3://dsl//a", "s3://dsl//a*", s3.uri("dsl/ok//z.parquet")):
+        result = index(source)
+        assert result.exit_code == 66, (source, result.output)
+        last = result.output.strip().splitlines()[-1]
+        assert "empty path component" in last and source.split("?")[0] in last, last
+        assert "endpoint_override" not in result.output
+    for source in ("s3://dsl/dd", "s3://dsl/dd/", "s3://dsl/**/*.parquet"):
+        result = index(source)
+        assert result.exit_code == 65, (source, result.output)
+        last = result.output.strip().splitlines()[-1]
+        assert "s3://dsl/dd//x.parquet: an object key with an empty path component" in last, last
+    assert index("s3://dsl/ok").exit_code == 0

@@ -24,7 +24,14 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any
 
-from petal.pipeline.reliability.errors import ConfigError, NoInputError, PetalError, PetalIOError
+from petal.pipeline.reliability.errors import (
+    BadInputError,
+    ConfigError,
+    NoInputError,
+    PetalError,
+    PetalIOError,
+    quote_path,
+)
 
 URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 DENIED = ("ACCESS_DENIED", "INVALID_ACCESS_KEY_ID", "SIGNATURE_DOES_NOT_MATCH", "AccessDenied", "Forbidden",
@@ -186,6 +193,9 @@ def list_remote(source: str, empty_ok: bool = False, held: frozenset[str] = froz
         filesystem, path = fs.FileSystem.from_uri(uri_encoded(source))
     except Exception as exc:  # unknown scheme, a bad query parameter, a filesystem not built into pyarrow
         raise ConfigError(f"cannot open {shown}: {_scrubbed(str(exc), source)}") from exc
+    if _empty_component(path):  # NOTE: s3://bkt//a was 1, an internal error (ArrowInvalid) with a traceback
+        raise NoInputError(f"source {shown} has an empty path component ('//'), which names no object pyarrow's "
+                           "filesystems can read; write the URI without it")
     filesystem = bounded(filesystem)
     scheme = scheme_of(source)
     prefix_only = names_a_prefix(source)
@@ -210,8 +220,31 @@ def list_remote(source: str, empty_ok: bool = False, held: frozenset[str] = froz
         raise
     except OSError as exc:
         raise storage_error(f"cannot list {shown}", exc) from exc
+    except ValueError as exc:  # NOTE: pyarrow.ArrowInvalid: a path its filesystem refuses to address
+        raise NoInputError(f"source {shown} names no object pyarrow's filesystems can read ({_short(str(exc))})") \
+            from exc
     if not found and not empty_ok:
         raise NoInputError(f"no *.parquet objects under {shown}")
+    return _remote_paths(filesystem, scheme, found)
+
+
+def _empty_component(path: str) -> bool:
+    """Whether ``path`` (``bucket/key``) has an empty component (``a//b``), which pyarrow's filesystems refuse
+    (``ArrowInvalid: Empty path component``) though an object store may hold such a key."""
+    return "//" in path.strip("/")  # NOTE: a leading '/' is a path's root (hdfs:///data is /data), not empty
+
+
+def _remote_paths(filesystem: Any, scheme: str, found: Any) -> list[RemotePath]:
+    """The objects ``found`` (their paths) as ``RemotePath``s, sorted; a key pyarrow cannot address is refused.
+
+    NOTE: S3 lists a key such as ``dd//x.parquet``, but every request for it is refused (``Empty path component``):
+    it failed the whole run at preflight as 'not a readable Parquet file'. It is a shard petal may not read, refused
+    (65) naming it, as a file whose name is not UTF-8 is, never skipped silently."""
+    bad = sorted(f"{scheme}://{p}" for p in found if _empty_component(p))
+    if bad:
+        more = f" (and {len(bad) - 5} more)" if len(bad) > 5 else ""
+        raise BadInputError("; ".join(quote_path(b) for b in bad[:5]) + more + ": an object key with an empty path "
+                            "component ('//'), which pyarrow's filesystems cannot read; copy it to a key without one")
     return [RemotePath(filesystem, p, f"{scheme}://{p}") for p in sorted(found)]
 
 
@@ -265,6 +298,9 @@ def _glob_remote(filesystem: Any, scheme: str, pattern: str, shown: str, empty_o
         listed = filesystem.get_file_info(fs.FileSelector(base, recursive=True, allow_not_found=True))
     except OSError as exc:
         raise storage_error(f"cannot list {shown}", exc) from exc
+    except ValueError as exc:  # NOTE: pyarrow.ArrowInvalid: a path its filesystem refuses to address
+        raise NoInputError(f"source {shown} names no object pyarrow's filesystems can read ({_short(str(exc))})") \
+            from exc
     matched = [i for i in listed if _glob_match(i.path.split("/")[fixed:], parts[fixed:])]
     # NOTE: a prefix the pattern matches (Spark's ``t.parquet/part-*``) names what a prefix SOURCE names, never nothing
     prefixes = {i.path.rstrip("/") for i in matched if i.type == fs.FileType.Directory}
@@ -277,7 +313,7 @@ def _glob_remote(filesystem: Any, scheme: str, pattern: str, shown: str, empty_o
     found.update(i.path for i in listed if i.type == fs.FileType.File and below_a_match(i.path.split("/")))
     if not found and not empty_ok:
         raise NoInputError(f"glob {shown} matches no objects")
-    return [RemotePath(filesystem, p, f"{scheme}://{p}") for p in sorted(found)]
+    return _remote_paths(filesystem, scheme, found)
 
 
 def _glob_match(names: list[str], patterns: list[str]) -> bool:
