@@ -28,6 +28,7 @@ from petal.pipeline.index.tune import apply_params
 from petal.pipeline.index.verify import OpenCheck, check_on_open
 from petal.pipeline.index.widen import EF_FLOOR, CodeScan, decodable, searched_again
 from petal.pipeline.ingest.exact_columns import read_group_fields
+from petal.pipeline.ingest.remote import is_uri, open_stored, remote_sha256, stat_remote
 from petal.pipeline.layout import VersionLease, current_pointer, denied, is_denied, resolve_index_dir
 from petal.pipeline.manifest import Manifest
 from petal.pipeline.reliability.errors import (
@@ -293,6 +294,7 @@ class IndexReader:
         # there), "changed" (rewritten since indexing: the row holds another id, or is past its end), "unreadable"
         self.missing_shards: dict[str, str] = {}
         self._unchanged_shards: dict[tuple[str, int, int, int, int], bool] = {}  # path, size, mtime, ctime, inode
+        self._filesystems: dict[str, Any] = {}  # an object store's client by bucket (open_stored), for remote shards
         self._ivf: Any = None  # the IVF inside a float index (its parallel_mode is set per search)
         self._hnsw_ef: int | None = None  # the efSearch of the HNSW a float index searches through (else None)
         self._candidates_per_hit = 1  # a refine wrapper's k_factor_rf: its base index returns this many per hit
@@ -641,10 +643,25 @@ class IndexReader:
     def kept_columns(self) -> list[str]:
         return list(self.manifest.kept_columns)
 
+    def _open_shard(self, shard: str) -> pq.ParquetFile:
+        """The shard at ``shard`` (a local path, or an object's URI: read by ranges through its filesystem, with the
+        storage's standard credentials as the index run read it); ``FileNotFoundError`` when it is gone.
+
+        NOTE: an object's URI was taken for a local path (``Path("s3://...").is_file()`` is never true), so every
+        hit of an S3 shard had no text or metadata, as if its shard were gone."""
+        if is_uri(shard):
+            remote = open_stored(shard, self._filesystems)
+            return pq.ParquetFile(remote.open(), page_checksum_verification=True)
+        if not Path(shard).is_file():  # NOTE: gone, or a FIFO now: never opened (it would block)
+            raise FileNotFoundError(shard)
+        return pq.ParquetFile(shard, page_checksum_verification=True)
+
     def _shard_unchanged(self, abs_path: str) -> bool:
         """The shard at ``abs_path`` is the file this version indexed: its size and modification time as the manifest
         records them, or (touched or copied since: another time) its sha256. Remembered per file state, so a shard
         is hashed at most once while it stays as it is."""
+        if is_uri(abs_path):
+            return self._object_unchanged(abs_path)
         st = os.stat(abs_path)
         key = (abs_path, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
         known = self._unchanged_shards
@@ -657,6 +674,19 @@ class IndexReader:
             written_then = abs(st.st_ctime_ns - st.st_mtime_ns) <= CTIME_SLACK_NS
             known[key] = record is not None and st.st_size == record.size and (
                 (st.st_mtime_ns == record.mtime_ns and written_then) or sha256_file(abs_path) == record.sha256)
+        return known[key]
+
+    def _object_unchanged(self, uri: str) -> bool:
+        """The object at ``uri`` is the one this version indexed: its size and modification time as the manifest
+        records them (a store gives every write a new one), or its content identity (``remote_sha256``)."""
+        remote = open_stored(uri, self._filesystems)
+        st = stat_remote(remote)
+        key = (uri, st.st_size, st.st_mtime_ns, 0, 0)
+        known = self._unchanged_shards
+        if key not in known:
+            record = next((s for s in self.manifest.shards if s.abs_path == uri), None)
+            known[key] = record is not None and st.st_size == record.size and (
+                st.st_mtime_ns == record.mtime_ns or remote_sha256(remote, st.st_size, st.st_mtime_ns) == record.sha256)
         return known[key]
 
     def texts(self, hits: list[Hit], text_column: str) -> list[str | None]:
@@ -682,9 +712,7 @@ class IndexReader:
         id_column = self.manifest.columns.id_column
         for shard, shard_hits in by_shard.items():
             try:
-                if not Path(shard).is_file():  # NOTE: gone, or a FIFO now: never opened (it would block)
-                    raise FileNotFoundError(shard)
-                pf = pq.ParquetFile(shard, page_checksum_verification=True)
+                pf = self._open_shard(shard)
                 names = pf.schema_arrow.names
                 # NOTE: without the id column now, a row cannot show whose it is: a hit whose id came from that
                 # column (the shard has lost it since) is "changed"; a positional id (<shard>:<row>, the shard had
@@ -723,7 +751,7 @@ class IndexReader:
                         record.pop(id_column, None)
                     found[(shard, row)] = record
             except (OSError, pa.ArrowException, KeyError) as exc:
-                gone = isinstance(exc, FileNotFoundError) or not Path(shard).exists()
+                gone = isinstance(exc, FileNotFoundError) or (not is_uri(shard) and not Path(shard).exists())
                 self.missing_shards.setdefault(shard, "gone" if gone else "unreadable")
                 for hit in shard_hits:
                     found[(shard, hit.row)] = None

@@ -265,6 +265,29 @@ def uri_encoded(source: str) -> str:
     return scheme + sep + quote(path, safe="/:@!$&'()*+,;=%~#") + mark + query
 
 
+def open_stored(uri: str, filesystems: dict[str, Any] | None = None) -> RemotePath:
+    """The object a shard URI as petal stores it names (``RemotePath.uri``: ``scheme://path``, the key as it reads,
+    no credentials or query string), read through the storage's standard chain (for S3: ``AWS_ACCESS_KEY_ID``,
+    ``AWS_ENDPOINT_URL``, ...), as the run that indexed it read it. ``FileNotFoundError`` when no object is there
+    now; ``OSError`` when the storage fails or refuses. ``filesystems`` caches one client per bucket (an S3 client
+    made from a URI may first ask for the bucket's region)."""
+    from urllib.parse import quote
+
+    from pyarrow import fs
+
+    scheme, _, path = uri.partition("://")
+    bucket = f"{scheme}://{path.split('/', 1)[0]}"
+    cache = filesystems if filesystems is not None else {}
+    if bucket not in cache:
+        # NOTE: the stored key is as it reads: a '%', '?' or '#' in it is the key's own, never an escape or a query
+        filesystem, _ = fs.FileSystem.from_uri(f"{scheme}://{quote(path, safe='/:@!$&()*+,;=~')}")
+        cache[bucket] = bounded(filesystem)
+    filesystem = cache[bucket]
+    if filesystem.get_file_info(path).type != fs.FileType.File:
+        raise FileNotFoundError(2, "object does not exist", uri)
+    return RemotePath(filesystem, path, uri)
+
+
 S3_ATTEMPTS = 3  # tries of one S3 request, each given up after the SDK's 3 s without a byte (1 s to connect)
 
 
