@@ -417,3 +417,33 @@ def test_an_empty_path_component_is_a_clear_error_in_a_uri_and_in_a_listed_key(s
         last = result.output.strip().splitlines()[-1]
         assert "s3://dsl/dd//x.parquet: an object key with an empty path component" in last, last
     assert index("s3://dsl/ok").exit_code == 0
+
+
+def test_full_with_a_kept_object_deleted_is_78_with_the_sync_hint_as_for_a_local_file(s3, fake_model, tmp_path):
+    """``--full`` re-embeds every shard of the index, kept ones too. A kept local file gone is 78 saying to pass
+    --sync; a kept object deleted from the bucket was listed again as a source and failed 66 'source
+    s3://full/p/a.parquet does not exist'. Now the same 78, naming it; one still there is embedded again."""
+    client = s3.client()
+    client.create_bucket(Bucket="full")
+    put_shard(s3, "full", "p/a.parquet", "a", 4)
+    b_ids = put_shard(s3, "full", "p/b.parquet", "b", 4)
+    put_shard(s3, "full", "q/c.parquet", "c", 4)
+    out = tmp_path / "out"
+    env = {**s3.env(), "PETAL_TEST_FAKE_ENGINE": str(tmp_path / "log.jsonl")}
+
+    def index(source: str, *flags: str):
+        return run(["index", source, "--out", str(out), "--model", str(fake_model), "-q", *flags], env)
+
+    assert index("s3://full/p").exit_code == 0
+    assert index("s3://full/q").exit_code == 0  # additive: p's shards are kept
+    kept = index("s3://full/q", "--full")  # both kept objects there: embedded again
+    assert kept.exit_code == 0, kept.output
+    client.delete_object(Bucket="full", Key="p/a.parquet")
+    for source in ("s3://full/p", "s3://full/q"):
+        gone = index(source, "--full")
+        assert gone.exit_code == 78, gone.output
+        last = gone.output.strip().splitlines()[-1]
+        assert "s3://full/p/a.parquet (kept from an earlier run) is gone; pass --sync" in last, last
+    synced = index("s3://full/p", "--full", "--sync", "--max-removed", "100%")
+    assert synced.exit_code == 0, synced.output
+    assert sorted(r["id"] for r in contents(out)[0]) == sorted(b_ids)  # q's shard, not named, dropped with a's

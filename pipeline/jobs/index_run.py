@@ -46,7 +46,7 @@ from petal.pipeline.ingest.parquet import (
 )
 from petal.pipeline.ingest.prefetch import Prefetcher
 from petal.pipeline.ingest.rejects import BadRowGate, rejects_table
-from petal.pipeline.ingest.remote import RemotePath
+from petal.pipeline.ingest.remote import RemotePath, is_uri, open_stored, storage_error
 from petal.pipeline.ingest.tokens import TokenizedDocs, tokenize_documents, tokenizer_for
 from petal.pipeline.jobs.keep_columns import check_column_types, check_keep_columns, stored_schema
 from petal.pipeline.jobs.live_check import live_damage
@@ -1122,9 +1122,27 @@ def full_rerun_hint(exc: Interrupted, job: IndexJob) -> Interrupted:
 def full_rerun_sources(live: Manifest | None, named: list[ShardInfo]) -> list[str]:
     """``--full`` in an additive run: the live version's shards not named, to embed again from their files."""
     extra = []
+    filesystems: dict[str, Any] = {}
     for record in kept_records(live, named, sync=False):
-        if "://" not in record.abs_path and not Path(record.abs_path).is_file():  # objects: listed again
-            raise ConfigError(f"--full re-embeds every shard of the index, but {record.path} (kept from an earlier "
-                              "run) is gone; pass --sync to drop the shards not named")
+        if not _kept_shard_there(record.abs_path, filesystems):
+            raise ConfigError(f"--full re-embeds every shard of the index, but {quote_path(record.path)} (kept from an "
+                              "earlier run) is gone; pass --sync to drop the shards not named")
         extra.append(record.abs_path)
     return extra
+
+
+def _kept_shard_there(abs_path: str, filesystems: dict[str, Any]) -> bool:
+    """Whether a kept shard's file or object (its URI: ``open_stored``, one client per bucket in ``filesystems``)
+    is there. A storage that fails or refuses is its exit code (``storage_error``), never "gone".
+
+    NOTE: an object was not looked at here: one deleted since was listed again as a source and failed 66 'source
+    ... does not exist', where a local file gone is 78 with the --sync hint."""
+    if not is_uri(abs_path):
+        return Path(abs_path).is_file()
+    try:
+        open_stored(abs_path, filesystems)
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise storage_error(f"cannot look up {abs_path}", exc) from exc
+    return True
