@@ -460,7 +460,8 @@ def test_a_read_error_that_persists_is_an_io_error_not_corruption(indexed_job):
     live_version = OutputDir(job.out).current_version()
     result = job.run(fault="read_batch:1+:eio")
     assert result.rc == 74 and "read error after 3 retries" in result.stderr and "b.parquet" in result.stderr
-    assert "not corrupt" in result.stderr and result.report["retries"]["read"] == 3
+    assert "not corrupt" in result.stderr and result.report["retries"]["read"] == 0
+    assert "recovered" not in result.stderr  # the 3 retries all failed (was: 'recovered: 3 read')
     assert OutputDir(job.out).current_version() == live_version
     result = job.run(fault="read_footer:1+:eio")
     assert result.rc == 74 and "a.parquet" in result.stderr and read_log(job.log) == []

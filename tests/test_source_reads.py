@@ -98,7 +98,8 @@ def test_a_read_error_in_the_id_range_check_is_retried_then_74_before_the_model_
     rc, stderr, report = run(*args, "--full", fault="read_batch:1+:eio", report=tmp_path / "r.json",
                              monkeypatch=monkeypatch, obj=fake_hooks(tmp_path / "second.jsonl"))
     assert rc == 74 and "a.parquet: read error after 3 retries" in stderr, stderr
-    assert report["exit_code"] == 74 and report["retries"]["read"] == 3
+    assert report["exit_code"] == 74 and report["retries"]["read"] == 0  # none recovered
+    assert "recovered" not in stderr.strip().splitlines()[-1], stderr
     assert read_log(tmp_path / "second.jsonl") == []  # preflight: no engine was made
 
 

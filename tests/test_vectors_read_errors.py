@@ -122,7 +122,8 @@ def test_a_read_error_that_persists_is_74_naming_the_file(vectors_index, tmp_pat
     assert rc == 74, stderr
     line = stderr.strip().splitlines()[-1]
     assert str(new) in line and "read error after 3 retries" in line and "not corrupt" in line, line
-    assert report["status"] == "failed" and report["exit_code"] == 74 and report["retries"]["read"] == 3
+    assert report["status"] == "failed" and report["exit_code"] == 74 and report["retries"]["read"] == 0
+    assert "recovered" not in stderr  # the retries all failed (was: 'recovered: 3 read')
     assert OutputDir(vectors_index.out).current_version() == live_version
 
 

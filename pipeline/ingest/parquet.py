@@ -341,7 +341,8 @@ def integer_ids(id_type: str) -> bool:
 
 @dataclass
 class ReadStats:
-    """What the reader recovered from: OS read errors that succeeded on a retry; and what a run's checks found
+    """What the reader recovered from: ``retries``, the retries of OS read errors whose read then succeeded (a read
+    that fails after its retries adds none); and what a run's checks found
     of the files they read (``values_fit``: a kept column's values checked against the type it is stored as,
     ``pipeline/store/kept_values.py``), so that a second check (under the lock) does not read them again."""
 
@@ -387,22 +388,32 @@ def _gone(path: Path | RemotePath) -> bool:
     return not path.exists()
 
 
-def _backoff(read: ReadConfig, retry: int, stats: ReadStats | None) -> None:
-    if stats is not None:
-        stats.retries += 1
+def _backoff(read: ReadConfig, retry: int) -> None:
     time.sleep(read.retry_delay_s * 2 ** (retry - 1))
+
+
+def _recovered(stats: ReadStats | None, retries: int) -> None:
+    """Count the ``retries`` of a read that then succeeded.
+
+    NOTE: every retry was counted as it was made, so a run whose read failed after all its retries (74) said
+    'recovered: 3 read' in its summary and ``retries.read`` 3 in its report."""
+    if stats is not None:
+        stats.retries += retries
 
 
 def _retrying(call: Callable[[], T], read: ReadConfig, stats: ReadStats | None) -> T:
     retry = 0
     while True:
         try:
-            return call()
+            result = call()
         except OSError as exc:
             if not _transient(exc) or retry >= read.read_retries:
                 raise
             retry += 1
-            _backoff(read, retry, stats)
+            _backoff(read, retry)
+            continue
+        _recovered(stats, retry)
+        return result
 
 
 def read_retrying(path: Path | RemotePath, call: Callable[[], T], read: ReadConfig, stats: ReadStats | None,
@@ -830,8 +841,10 @@ def stream_batches(info: ShardInfo, columns: list[str], read: ReadConfig, decode
             for record_batch in _record_batches(info, columns, read, row, stop_row):
                 fault("read_batch", str(info.path))
                 item = decode(row, record_batch)
+                _recovered(stats, retry)
                 row, retry = row + record_batch.num_rows, 0
                 yield item
+            _recovered(stats, retry)  # a retry that found no more rows succeeded too
             return
         except (OSError, pa.ArrowException) as exc:
             if not _transient(exc) or retry >= read.read_retries:
@@ -843,7 +856,7 @@ def stream_batches(info: ShardInfo, columns: list[str], read: ReadConfig, decode
                 raise _read_error(info.path, exc, retry, f"cannot read rows from row {first}{where}: corrupt data"
                                   ) from exc
             retry += 1
-            _backoff(read, retry, stats)
+            _backoff(read, retry)
 
 
 class ShortRowGroup(MissingRows):
