@@ -40,7 +40,23 @@ class PathParam(click.Path):
                 value = file_url_path(value)
             except PetalError as exc:
                 self.fail(str(exc), param, ctx)
+        elif isinstance(value, str):
+            self._refuse_url(value, param, ctx)
         return super().convert(value, param, ctx)
+
+    def _refuse_url(self, value: str, param: click.Parameter | None, ctx: click.Context | None) -> None:
+        """A URL other than ``file://`` (``s3://bucket/key``) is a usage error naming it: only a SOURCE is read from
+        object storage.
+
+        NOTE: it was taken for a local path, its '//' folded (``--delete s3://b/k`` was 66 '--delete s3:/b/k: no such
+        file'; ``--out s3://b/idx`` made a local directory ``s3:``). Shown without user info or query string."""
+        from petal.pipeline.ingest.remote import display_uri, is_uri
+        from petal.pipeline.reliability.errors import quote_path
+
+        if is_uri(value):
+            shown = quote_path(display_uri(value))
+            self.fail(f"{shown} is a URL; this takes a local path (or a file:// URL): only a SOURCE is read from "
+                      "object storage (for a local path of that name, write ./ before it)", param, ctx)
 
 
 class NonEmptyText(click.ParamType):

@@ -447,3 +447,36 @@ def test_full_with_a_kept_object_deleted_is_78_with_the_sync_hint_as_for_a_local
     synced = index("s3://full/p", "--full", "--sync", "--max-removed", "100%")
     assert synced.exit_code == 0, synced.output
     assert sorted(r["id"] for r in contents(out)[0]) == sorted(b_ids)  # q's shard, not named, dropped with a's
+
+
+def test_a_url_for_a_flag_that_takes_a_local_path_is_a_usage_error_naming_it(s3, fake_model, tmp_path):
+    """Only a SOURCE is read from object storage. A URL given to a path flag was taken for a local path with its '//'
+    folded: ``--delete s3://bkt/del/ids.parquet`` was 66 '--delete s3:/bkt/del/ids.parquet: no such file' (the
+    object there), ``--out s3://...`` a local directory 's3:'. Now 2 naming the URL as given (no credentials)."""
+    s3.client().create_bucket(Bucket="flags")
+    put_shard(s3, "flags", "a/x.parquet", "x", 2)
+    put_shard(s3, "flags", "del/ids.parquet", "x", 1)
+    env = {**s3.env(), "PETAL_TEST_FAKE_ENGINE": str(tmp_path / "log.jsonl")}
+    out, model = str(tmp_path / "out"), str(fake_model)
+    url = "s3://flags/del/ids.parquet"
+    cases = [
+        ("--delete", ["index", "s3://flags/a", "--out", out, "--model", model, "--delete", url]),
+        ("--delete", ["index", "s3://flags/a", "--out", out, "--model", model, "--delete",
+                      "s3://AKIAFLAG:sEcReT@flags/del/ids.parquet?region=us-east-1"]),
+        ("--out", ["index", "s3://flags/a", "--out", "s3://flags/del/ids.parquet", "--model", model]),
+        ("--json-report", ["index", "s3://flags/a", "--out", out, "--model", model, "--json-report", url]),
+        ("--input", ["embed", "--input", url, "--model", model]),
+        ("--vector-file", ["query", out, "--vector-file", url]),
+        ("INDEX", ["info", "gs://flags/del/ids.parquet"]),
+    ]
+    for flag, argv in cases:
+        result = run(argv, env)
+        assert result.exit_code == 2, (argv, result.output)
+        shown = "gs://flags/del/ids.parquet" if flag == "INDEX" else url
+        assert f"{shown} is a URL; this takes a local path" in result.output and flag in result.output, result.output
+        assert "s3:/flags" not in result.output and "sEcReT" not in result.output and "AKIAFLAG" not in result.output
+        assert "Traceback" not in result.output
+    assert not (tmp_path / "out").exists() and not Path("s3:").exists()
+    local = run(["index", "s3://flags/a", "--out", out, "--model", model, "-q", "--json-report",
+                 f"file://{tmp_path / 'r.json'}"], env)  # a file:// URL is the local path it names, as before
+    assert local.exit_code == 0 and (tmp_path / "r.json").is_file(), local.output
