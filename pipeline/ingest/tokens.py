@@ -22,6 +22,7 @@ import numpy as np
 from petal.pipeline.ingest.ascii_normalize import AsciiBertNormalizer
 from petal.pipeline.ingest.lone_wordpiece import LoneWordPiece, added_tokens_pattern, holds_added_token
 from petal.pipeline.ingest.prefetch import ordered_map
+from petal.pipeline.ingest.tokenizer_settings import check_tokenizer_settings
 from petal.pipeline.reliability.errors import ConfigError, FlagError, one_line
 
 if TYPE_CHECKING:
@@ -77,6 +78,7 @@ class TextTokenizer:
             raise  # NOTE: named by read_text: permission denied 66, a read error 74, no bad model (78)
         except Exception as exc:  # NOTE: the tokenizers library raises a bare Exception for a file it cannot use
             raise ConfigError(f"cannot read {tokenizer_file} as a tokenizer: {one_line(str(exc))}") from exc
+        check_tokenizer_settings(self._tokenizer, tokenizer_file)  # NOTE: before petal's own truncation replaces them
         # NOTE: the tokenizer of another model (a larger vocabulary) gives ids past the embedding table: an
         # IndexError on the CPU, a device-side assert on CUDA that ends the process's use of the GPU. Each
         # batch's largest id is checked, only when the tokenizer has ids the model's table lacks.
