@@ -1,7 +1,7 @@
 """Where a model lives: a local directory, or a Hugging Face model id already in the local cache.
 
 petal never downloads. An id (``org/name``) resolves to the snapshot the cache's ``refs/main``
-names in the first cache directory that has it: ``$HF_HUB_CACHE``, ``$HF_HOME/hub``,
+names (only that one, as huggingface_hub) in the first cache directory that has it: ``$HF_HUB_CACHE``, ``$HF_HOME/hub``,
 ``~/.cache/huggingface/hub`` (the layout ``huggingface_hub`` writes).
 """
 
@@ -51,19 +51,34 @@ def cached_snapshot(model_id: str, cache_dirs: list[Path]) -> tuple[Path | None,
         snapshots = repo / "snapshots"
         if not snapshots.is_dir():
             continue
-        ref = repo / "refs" / "main"
-        if ref.is_file():
-            snapshot = snapshots / _snapshot_name(ref, snapshots)
-            if snapshot.is_dir():
-                return snapshot, looked
-        found = sorted(p for p in snapshots.iterdir() if p.is_dir())
-        if len(found) == 1:
-            return found[0], looked
-        if found:  # several revisions and no refs/main: refuse to pick one
-            names = ", ".join(p.name[:12] for p in found)
-            raise LookupError(f"{repo} holds several snapshots ({names}) and no refs/main; pass the snapshot "
-                              "directory you want as --model")
+        snapshot = _snapshot_of(repo, snapshots)
+        if snapshot is not None:
+            return snapshot, looked
     return None, looked
+
+
+def _snapshot_of(repo: Path, snapshots: Path) -> Path | None:
+    """The snapshot ``refs/main`` names, as ``huggingface_hub`` resolves revision ``main`` offline: only that one.
+
+    A ``refs/main`` naming a snapshot that is not there, or no ``refs/main`` at all, is a ``LookupError`` (78)
+    naming it: ``huggingface_hub`` loads no other snapshot then, and neither does petal. Neither a ref nor a
+    snapshot: ``None`` (the next cache directory is looked in)."""
+    # NOTE: before, a missing refs/main target or a missing refs/main fell through to "the one snapshot present",
+    # which loaded another revision of the model than the one refs/main names, at exit 0
+    ref = repo / "refs" / "main"
+    found = sorted(p.name[:12] for p in snapshots.iterdir() if p.is_dir())
+    held = f"{snapshots} holds {', '.join(found)}" if found else f"{snapshots} is empty"
+    if not ref.is_file():
+        if not found:
+            return None
+        raise LookupError(f"{repo} has no refs/main, so huggingface_hub resolves no snapshot of it ({held}); pass "
+                          "the snapshot directory you want as --model")
+    name = _snapshot_name(ref, snapshots)
+    snapshot = snapshots / name
+    if not snapshot.is_dir():
+        raise LookupError(f"{ref} names snapshot {name!r}, which is not in {snapshots} ({held}): the cache is "
+                          "incomplete; fetch that revision again, or pass the snapshot directory you want as --model")
+    return snapshot
 
 
 REF_BYTES = 1024  # a ref holds a commit hash (40 characters): more is no ref, and is never read whole

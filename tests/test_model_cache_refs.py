@@ -68,3 +68,29 @@ def test_the_cli_exits_78_naming_the_ref(cache: Path) -> None:
     assert result.rc == 78, result.stderr
     assert f"{cache} holds '../../../elsewhere', which is not the name of a snapshot" in result.stderr
     assert "Traceback" not in result.stderr and result.stdout == ""
+
+
+def test_a_ref_naming_a_missing_snapshot_is_refused_not_another_loaded(cache: Path) -> None:
+    """Before: refs/main naming a snapshot not in the cache fell through to 'the one snapshot present' and loaded
+    that other revision (exit 0); huggingface_hub resolves only the snapshot refs/main names."""
+    cache.write_text("fedcba98")
+    with pytest.raises(ModelError) as info:
+        inspect_model(MODEL_ID)
+    assert f"{cache} names snapshot 'fedcba98', which is not in" in str(info.value), str(info.value)
+    assert "0123abcd" in str(info.value)  # what the cache holds
+
+
+def test_no_ref_is_refused_naming_it_not_a_snapshot_guessed(cache: Path) -> None:
+    cache.unlink()
+    with pytest.raises(ModelError) as info:
+        inspect_model(MODEL_ID)
+    assert f"{cache.parents[1]} has no refs/main" in str(info.value), str(info.value)
+
+
+def test_the_cli_exits_78_naming_the_missing_snapshot(cache: Path) -> None:
+    cache.write_text("fedcba98")
+    env: dict[str, str | None] = {name: None for name in ("HUGGINGFACE_HUB_CACHE", "HF_HOME", "XDG_CACHE_HOME")}
+    env["HF_HUB_CACHE"] = str(cache.parents[2])
+    result = forkrun.petal(["embed", "--device", "cpu", "--model", MODEL_ID, "glaciers move"], env=env, timeout=300)
+    assert result.rc == 78, result.stderr
+    assert "names snapshot 'fedcba98'" in result.stderr and "Traceback" not in result.stderr
