@@ -45,6 +45,7 @@ class Family:
 
 def bert_config(hf: dict[str, Any], architecture: str = "bert") -> ModelConfig:
     """Fold a Hugging Face BERT-style ``config.json`` into a ``ModelConfig`` (``ValueError`` naming a bad key)."""
+    _refuse_decoder(hf)
     position_type = config_str(hf, "position_embedding_type", "absolute")
     if position_type != "absolute":
         raise ValueError(f"position_embedding_type {position_type!r} is not supported (only 'absolute')")
@@ -69,6 +70,17 @@ def bert_config(hf: dict[str, Any], architecture: str = "bert") -> ModelConfig:
         type_vocab_size=config_int(hf, "type_vocab_size", 2, minimum=0),
         position_offset=0,
     )
+
+
+def _refuse_decoder(hf: dict[str, Any]) -> None:
+    """``is_decoder`` true: transformers builds BERT's (and RoBERTa's, XLM-R's) self-attention causal
+    (``BertAttention(is_causal=config.is_decoder)``), each token seeing only those before it; petal's encoders are
+    bidirectional, so it is refused (``ValueError`` naming the key). ``add_cross_attention`` needs it (transformers
+    refuses it without) and changes nothing without encoder states, which sentence-transformers never passes."""
+    # NOTE: before, the key was ignored: a causal checkpoint embedded bidirectionally, other vectors at exit 0
+    if config_bool(hf, "is_decoder", False):
+        raise ValueError("is_decoder is true: transformers runs this model with causal attention (each token sees "
+                         "only the tokens before it); petal runs BERT-family models bidirectionally only")
 
 
 def encoder_causal(hf: dict[str, Any]) -> bool | None:
