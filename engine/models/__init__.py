@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from petal.engine.models.families import BERT, QWEN3, ROBERTA, XLM_ROBERTA, Family
+from petal.engine.models.families import BERT, QWEN3, ROBERTA, XLM_ROBERTA, Family, same_architecture
 
 if TYPE_CHECKING:
     from petal.engine.models.base import EncoderModel
@@ -46,11 +46,33 @@ def family_for(hf_config: dict[str, Any]) -> Family:
     for name in names:
         if name in MODEL_REGISTRY:
             _refuse_custom_code(hf_config, architectures, model_type)
+            _refuse_conflict(architectures, model_type)
             return MODEL_REGISTRY[name]
     found = ", ".join(repr(n) for n in names if n) or "nothing"
     raise ValueError(
         f"unsupported model architecture ({found} in config.json); supported: {', '.join(supported_architectures())}"
     )
+
+
+def _same_model(a: Family, b: Family) -> bool:
+    """Whether two families compute the same (RoBERTa and XLM-RoBERTa: one layout, two names)."""
+    return same_architecture(a.architecture, b.architecture) or same_architecture(b.architecture, a.architecture)
+
+
+def _refuse_conflict(architectures: list[str], model_type: str) -> None:
+    """An architecture of one family beside a ``model_type`` of another (``["BertModel"]`` with ``"roberta"``) is
+    refused (``ValueError`` naming both): transformers' ``AutoModel`` builds the ``model_type``'s class, whatever
+    ``architectures`` says, so petal could follow neither name silently."""
+    # NOTE: before, the first name petal knew won: BERT's math (positions from 0) where AutoModel ran RoBERTa's
+    by_type = MODEL_REGISTRY.get(model_type)
+    if by_type is None:
+        return
+    for name in architectures:
+        family = MODEL_REGISTRY.get(name)
+        if family is not None and not _same_model(family, by_type):
+            raise ValueError(f"architectures names {name!r} ({family.architecture}) but model_type is {model_type!r} "
+                             f"({by_type.architecture}); transformers' AutoModel builds the model_type's model, so "
+                             "petal will not guess which one this checkpoint is: make the two agree")
 
 
 def _refuse_custom_code(hf_config: dict[str, Any], architectures: list[str], model_type: str) -> None:
