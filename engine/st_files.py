@@ -170,8 +170,8 @@ def _modules(model_dir: Path, modules: list[dict[str, Any]]) -> dict[str, Any]:
         with in_file(model_dir / "modules.json"):
             if not isinstance(module, dict):
                 raise ValueError(f"module {i} is {json_kind(module)}, not an object")
-            kind = config_str(module, "type", "").rsplit(".", 1)[-1]
-            folder = model_dir / config_str(module, "path", "")
+            kind = _module_kind(config_str(module, "type", ""))
+            folder = _module_folder(model_dir, config_str(module, "path", ""))
         where = f"{model_dir / 'modules.json'}: module {module.get('type')!r}"
         if seen and seen[-1] == "FlexibleQuantizer":
             raise StFilesError(f"{where} follows the quantizer; petal supports a quantizer only as the last module")
@@ -205,6 +205,32 @@ def _modules(model_dir: Path, modules: list[dict[str, Any]]) -> dict[str, Any]:
     out["dense"] = tuple(dense)
     out["pickle_dense"] = tuple(pickle_dense)
     return out
+
+
+# the module types petal runs from outside sentence-transformers' package (pplx-embed's quantizer, README)
+FOREIGN_MODULE_TYPES = ("st_quantize.FlexibleQuantizer",)
+
+
+def _module_kind(type_name: str) -> str:
+    """The class name of a module ``type`` petal may run: one of sentence-transformers' (``sentence_transformers.``
+    ...) or a known foreign one; any other (``mypkg.Normalize``: code of its own, whatever its last name) is a
+    ``ValueError`` naming it."""
+    # NOTE: before, only the last dotted name was matched, so mypkg.Normalize was run as sentence-transformers' own
+    if not type_name.startswith("sentence_transformers.") and type_name not in FOREIGN_MODULE_TYPES:
+        raise ValueError(f"module type {type_name!r} is not sentence-transformers' (sentence_transformers.*) nor "
+                         f"{', '.join(FOREIGN_MODULE_TYPES)}; petal does not run a module's own code")
+    return type_name.rsplit(".", 1)[-1]
+
+
+def _module_folder(model_dir: Path, path: str) -> Path:
+    """A module's folder, which must be inside the model directory (``ValueError`` naming the path otherwise)."""
+    # NOTE: '../other/1_Pooling' or an absolute path read another directory's configuration, as shard files
+    # outside the model directory are refused
+    folder = model_dir / path
+    if not folder.resolve().is_relative_to(model_dir.resolve()):
+        raise ValueError(f"module path {path!r} leads outside the model directory; petal reads a module's files "
+                         "only inside it")
+    return folder
 
 
 def _pooling(folder: Path) -> tuple[str, bool]:
