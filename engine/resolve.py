@@ -1,7 +1,7 @@
 """Where a model lives: a local directory, or a Hugging Face model id already in the local cache.
 
 petal never downloads. An id (``org/name``) resolves to the snapshot the cache's ``refs/main``
-names (only that one, as huggingface_hub) in the first cache directory that has it: ``$HF_HUB_CACHE``, ``$HF_HOME/hub``,
+names (only that one) in the first cache directory that has it: ``$HF_HUB_CACHE``, ``$HF_HOME/hub``,
 ``~/.cache/huggingface/hub`` (the layout ``huggingface_hub`` writes).
 """
 
@@ -60,19 +60,19 @@ def cached_snapshot(model_id: str, cache_dirs: list[Path]) -> tuple[Path | None,
 def _snapshot_of(repo: Path, snapshots: Path) -> Path | None:
     """The snapshot ``refs/main`` names, as ``huggingface_hub`` resolves revision ``main`` offline: only that one.
 
-    A ``refs/main`` naming a snapshot that is not there, or no ``refs/main`` at all, is a ``LookupError`` (78)
-    naming it: ``huggingface_hub`` loads no other snapshot then, and neither does petal. Neither a ref nor a
-    snapshot: ``None`` (the next cache directory is looked in)."""
-    # NOTE: before, a missing refs/main target or a missing refs/main fell through to "the one snapshot present",
-    # which loaded another revision of the model than the one refs/main names, at exit 0
+    A ``refs/main`` naming a snapshot that is not there is a ``LookupError`` (78) naming it. Without a ``refs/main``
+    (a revision fetched by its commit hash writes none), the one snapshot there; several: ``LookupError``, none is
+    picked. Neither a ref nor a snapshot: ``None`` (the next cache directory is looked in)."""
+    # NOTE: a refs/main naming a missing snapshot fell through to "the one snapshot present", which loaded another
+    # revision than the one refs/main names, at exit 0
     ref = repo / "refs" / "main"
-    found = sorted(p.name[:12] for p in snapshots.iterdir() if p.is_dir())
-    held = f"{snapshots} holds {', '.join(found)}" if found else f"{snapshots} is empty"
+    found = sorted(p for p in snapshots.iterdir() if p.is_dir())
+    held = f"{snapshots} holds {', '.join(p.name[:12] for p in found)}" if found else f"{snapshots} is empty"
     if not ref.is_file():
-        if not found:
-            return None
-        raise LookupError(f"{repo} has no refs/main, so huggingface_hub resolves no snapshot of it ({held}); pass "
-                          "the snapshot directory you want as --model")
+        if len(found) <= 1:
+            return found[0] if found else None
+        raise LookupError(f"{repo} has no refs/main and several snapshots ({held}); pass the snapshot directory you "
+                          "want as --model")
     name = _snapshot_name(ref, snapshots)
     snapshot = snapshots / name
     if not snapshot.is_dir():

@@ -10,6 +10,7 @@ and a real ``petal embed`` process.
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -80,11 +81,15 @@ def test_a_ref_naming_a_missing_snapshot_is_refused_not_another_loaded(cache: Pa
     assert "0123abcd" in str(info.value)  # what the cache holds
 
 
-def test_no_ref_is_refused_naming_it_not_a_snapshot_guessed(cache: Path) -> None:
+def test_no_ref_loads_the_one_snapshot_and_refuses_to_pick_among_several(cache: Path) -> None:
+    """A revision fetched by its commit hash writes no refs/main: its one snapshot loads; of several none is picked."""
     cache.unlink()
+    snapshots = cache.parents[1] / "snapshots"
+    assert inspect_model(MODEL_ID) is not None
+    shutil.copytree(snapshots / "0123abcd", snapshots / "89abcdef", symlinks=True)
     with pytest.raises(ModelError) as info:
         inspect_model(MODEL_ID)
-    assert f"{cache.parents[1]} has no refs/main" in str(info.value), str(info.value)
+    assert f"{cache.parents[1]} has no refs/main and several snapshots" in str(info.value), str(info.value)
 
 
 def test_the_cli_exits_78_naming_the_missing_snapshot(cache: Path) -> None:
