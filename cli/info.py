@@ -120,7 +120,7 @@ def _describe(version_dir: Path, manifest: Manifest) -> str:
     if index.tuning is not None:
         t = index.tuning
         reached = "" if t.reached else "  TARGET NOT REACHED"
-        lines.append(f"tuning       recall@10 {t.recall_text()} (target {t.target_recall_at_10}), "
+        lines.append(f"tuning       recall@10 {t.recall_text(3)} (target {t.target_recall_at_10}), "
                      f"{t.ms_per_query:.3f} ms/query batched"
                      + (f", {t.single_query_ms_p50:.3f} ms p50 single" if t.single_query_ms_p50 is not None else "")
                      + f" on {t.queries} held-out vectors{reached}")

@@ -614,8 +614,8 @@ class PlanRecord:
                    s.get("bytes_per_vector", int), s.get("estimated_bytes", int), s.get("reason", str))
 
 
-def _below_text(value: float, target: float) -> str:
-    for digits in (2, 3, 4):
+def _below_text(value: float, target: float, fewest: int) -> str:
+    for digits in range(fewest, max(fewest, 4) + 1):
         text = f"{value:.{digits}f}"
         if value >= target or float(text) < target:
             return text
@@ -645,14 +645,14 @@ class TuningRecord:
         values = {f.name: getattr(tuning, f.name) for f in fields(cls)}
         return cls(**{**values, "curve": tuple(values["curve"]), "params": dict(values["params"])})
 
-    def recall_text(self) -> str:
+    def recall_text(self, fewest_digits: int = 2) -> str:
         """The mean recall@10, and where the target was not reached what was held against it: '0.9497 (0.9321 less
-        two standard errors over 256 held-out queries)'. Each number has two decimals or as many more as show it
-        below the target where it is."""
-        mean = _below_text(self.recall_at_10, self.target_recall_at_10)
+        two standard errors over 256 held-out queries)'. Each number has ``fewest_digits`` decimals or as many more as
+        show it below the target where it is."""
+        mean = _below_text(self.recall_at_10, self.target_recall_at_10, fewest_digits)
         if self.reached or self.recall_at_10_low is None:
             return mean
-        low = _below_text(self.recall_at_10_low, self.target_recall_at_10)
+        low = _below_text(self.recall_at_10_low, self.target_recall_at_10, fewest_digits)
         return f"{mean} ({low} less two standard errors over {self.queries} held-out queries)"
 
     def to_dict(self) -> dict[str, Any]:

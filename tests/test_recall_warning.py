@@ -92,3 +92,17 @@ def test_recall_text(mean, low, target, said):
     record = TuningRecord(params={}, target_recall_at_10=target, recall_at_10=mean, recall_at_10_low=low,
                           reached=low >= target, ms_per_query=0.1, queries=64)
     assert record.recall_text() == said
+
+
+def test_info_keeps_three_decimals(shard, tmp_path):
+    """petal info's tuning line had three decimals (0.927, 1.000); the warning's text must not take one away."""
+    from petal.pipeline.manifest import TuningRecord
+
+    record = TuningRecord(params={}, target_recall_at_10=0.9, recall_at_10=0.927, recall_at_10_low=0.91,
+                          reached=True, ms_per_query=0.1, queries=64)
+    assert record.recall_text(3) == "0.927"
+    petal.index(str(shard), str(tmp_path / "out"), vectors_column="emb", index_factory="Flat", quiet=True)
+    from tests.fake_cli import invoke
+
+    result = invoke(["info", str(tmp_path / "out")])
+    assert result.exit_code == 0 and "recall@10 1.000 (target 0.95)" in result.output, result.output
