@@ -42,6 +42,10 @@ class PathParam(click.Path):
                 self.fail(str(exc), param, ctx)
         elif isinstance(value, str):
             self._refuse_url(value, param, ctx)
+        if isinstance(value, str):
+            from petal.pipeline.ingest.remote import local_path
+
+            value = str(local_path(value))  # NOTE: 'a:b' made absolute: pyarrow would take it for a URI
         return super().convert(value, param, ctx)
 
     def _refuse_url(self, value: str, param: click.Parameter | None, ctx: click.Context | None) -> None:
@@ -56,7 +60,7 @@ class PathParam(click.Path):
         if is_uri(value):
             shown = quote_path(display_uri(value))
             self.fail(f"{shown} is a URL; this takes a local path (or a file:// URL): only a SOURCE is read from "
-                      "object storage (for a local path of that name, write ./ before it)", param, ctx)
+                      "object storage (for a local path of that name, give it whole: $PWD/...)", param, ctx)
 
 
 class NonEmptyText(click.ParamType):

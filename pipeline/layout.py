@@ -43,6 +43,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from petal.pipeline.ingest.remote import local_path
 from petal.pipeline.manifest import MANIFEST_FILE, Manifest
 from petal.pipeline.reliability.durable import fsync_dir, write_bytes_atomic
 from petal.pipeline.reliability.errors import (
@@ -95,7 +96,7 @@ def check_not_inside_output(flag: str, out: Path) -> None:
 
 class OutputDir:
     def __init__(self, root: Path) -> None:
-        self.root = Path(root)
+        self.root = local_path(root)  # NOTE: 'a:b' would be a URI to pyarrow
         self.versions_dir = self.root / "versions"
         self.store_dir = self.root / "store"
         self.current_file = self.root / "CURRENT"

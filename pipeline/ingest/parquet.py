@@ -42,6 +42,7 @@ from petal.pipeline.ingest.remote import (
     is_storage_error,
     is_uri,
     list_remote,
+    local_path,
     object_change,
     parquet_name,
     stat_remote,
@@ -91,7 +92,7 @@ def resolve_sources(sources: tuple[str, ...] | list[str], out: Path | None = Non
                 found.setdefault(remote.uri, remote)
             continue
         source = file_url_path(source)  # NOTE: file:///data/x is the local /data/x (it was 'URL schemes are not
-        path = Path(source).expanduser()  # supported')
+        path = local_path(Path(source).expanduser())  # supported')
         try:
             path.is_dir()  # NOTE: raises only what is not "not there" (ENOENT, ENOTDIR): a parent denied
         except OSError as exc:

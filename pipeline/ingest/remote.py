@@ -19,9 +19,11 @@ and the filesystem path only. A URI's user info (``s3://KEY:SECRET@bucket``) and
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import struct
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from petal.pipeline.reliability.errors import (
@@ -68,6 +70,18 @@ def file_url_path(source: str) -> str:
     if not parts.path:
         raise NoInputError(f"{source!r}: a file:// URL without a path")
     return unquote(parts.path)
+
+
+def local_path(path: str | os.PathLike[str]) -> Path:
+    """A local path as a ``Path`` pyarrow reads as one: a relative path whose first part holds ':' (``a:b/x``) is
+    made absolute.
+
+    NOTE: pyarrow takes ``a:b/x.parquet`` for a URI of scheme ``a``: every read and write under ``--out a:b`` was
+    ArrowInvalid 'Unrecognized filesystem type in URI' (exit 1, a traceback), and ``./a:b`` is the same ``Path``."""
+    local = Path(path)
+    if not local.is_absolute() and local.parts and ":" in local.parts[0]:
+        return Path.cwd() / local
+    return local
 
 
 def scheme_of(source: str) -> str:

@@ -260,7 +260,9 @@ def out_path(out: Any, name: str = "out") -> Path:
     if not isinstance(out, (str, os.PathLike)):
         raise ArgumentTypeError(f"{name}: {out!r} is {kind_of(out)}, not a path")
     not_empty_path(out, name)
-    return Path(out)
+    from petal.pipeline.ingest.remote import local_path
+
+    return local_path(out)
 
 
 def index_job(sources: str | os.PathLike[str] | Iterable[str | os.PathLike[str]], out: str | os.PathLike[str],
