@@ -383,6 +383,11 @@ def test_a_uri_ending_in_a_slash_names_the_prefix_never_an_object_of_that_name(s
     assert indexed("s3://tsl/zz/") == expected("zz/x.parquet")
     assert indexed(s3.uri("tsl/zz/")) == expected("zz/x.parquet")  # a query string after the '/'
     assert indexed("s3://tsl/pk*/") == expected("pk/a.parquet", "pk/a.parquet/part-0.parquet", "pk2/x.parquet")
+    # '**' matches no part too, as a local glob's: the prefix before it is one of the prefixes it names
+    assert indexed("s3://tsl/pk/**/") == expected("pk/a.parquet", "pk/a.parquet/part-0.parquet")
+    assert indexed("s3://tsl/zz/**/") == expected("zz/x.parquet")
+    assert indexed("s3://tsl/**/") == expected("pk2/x.parquet", "pk/a.parquet", "pk/a.parquet/part-0.parquet",
+                                             "zz/x.parquet")
     _, missing = index("s3://tsl/nothere/")
     assert missing.exit_code == 66, missing.output
     assert "s3://tsl/nothere/ does not exist (no such bucket or prefix)" in missing.output, missing.output

@@ -341,10 +341,14 @@ def _glob_remote(filesystem: Any, scheme: str, pattern: str, shown: str, empty_o
     matched = [i for i in listed if _glob_match(i.path.split("/")[fixed:], parts[fixed:])]
     # NOTE: a prefix the pattern matches (Spark's ``t.parquet/part-*``) names what a prefix SOURCE names, never nothing
     prefixes = {i.path.rstrip("/") for i in matched if i.type == fs.FileType.Directory}
+    if _glob_match([], parts[fixed:]):
+        # NOTE: '**' matches no part too: 's3://b/sub/**/' names sub/ itself (as a local glob's), whose objects
+        # directly below it were left out (the listing holds only what is below the base)
+        prefixes.add(base)
 
     def below_a_match(names: list[str]) -> bool:
         return parquet_name(names[-1]) and any(
-            "/".join(names[:n]) in prefixes and not hidden_below(names[n:]) for n in range(fixed + 1, len(names)))
+            "/".join(names[:n]) in prefixes and not hidden_below(names[n:]) for n in range(fixed, len(names)))
 
     found = {i.path for i in matched if i.type == fs.FileType.File and not prefix_only}
     found.update(i.path for i in listed if i.type == fs.FileType.File and below_a_match(i.path.split("/")))
