@@ -454,6 +454,27 @@ def test_full_with_a_kept_object_deleted_is_78_with_the_sync_hint_as_for_a_local
     assert sorted(r["id"] for r in contents(out)[0]) == sorted(b_ids)  # q's shard, not named, dropped with a's
 
 
+def test_full_embeds_again_kept_objects_whose_keys_hold_url_characters(s3, fake_model, tmp_path):
+    """A kept object was listed again by its key as it reads: g/h#1.parquet named s3://bkt/g/h (66 'does not
+    exist'), g/q?.parquet a query string (78), g/p%41.parquet the key g/pA.parquet (66). Each is named escaped."""
+    client = s3.client()
+    client.create_bucket(Bucket="fullkeys")
+    keys = ["g/h#1.parquet", "g/q?.parquet", "g/p%41.parquet", "g/s p.parquet"]
+    kept_ids = sorted(i for key in keys for i in put_shard(s3, "fullkeys", key, key[2], 2))
+    d_ids = put_shard(s3, "fullkeys", "d/a.parquet", "d", 2)
+    out = tmp_path / "out"
+    env = {**s3.env(), "PETAL_TEST_FAKE_ENGINE": str(tmp_path / "log.jsonl")}
+
+    def index(source: str, *flags: str):
+        return run(["index", source, "--out", str(out), "--model", str(fake_model), "-q", *flags], env)
+
+    assert index("s3://fullkeys/g").exit_code == 0
+    assert index("s3://fullkeys/d").exit_code == 0
+    full = index("s3://fullkeys/d", "--full")
+    assert full.exit_code == 0, full.output
+    assert sorted(r["id"] for r in contents(out)[0]) == sorted([*kept_ids, *d_ids])
+
+
 def test_a_url_for_a_flag_that_takes_a_local_path_is_a_usage_error_naming_it(s3, fake_model, tmp_path):
     """Only a SOURCE is read from object storage. A URL given to a path flag was taken for a local path with its '//'
     folded: ``--delete s3://bkt/del/ids.parquet`` was 66 '--delete s3:/bkt/del/ids.parquet: no such file' (the

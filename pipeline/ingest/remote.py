@@ -279,14 +279,25 @@ def uri_encoded(source: str) -> str:
     return scheme + sep + quote(path, safe="/:@!$&'()*+,;=%~#") + mark + query
 
 
+def stored_source(uri: str) -> str:
+    """A shard URI as petal stores it (the key as it reads) written as a SOURCE naming that object: its ``%``, ``?``,
+    ``#`` and what a URI cannot hold percent-encoded.
+
+    NOTE: --full listed a kept object's stored URI again as it reads: the key g/h#1.parquet named s3://b/g/h (66
+    'does not exist'), q?.parquet a query string (78), p%41.parquet the key pA.parquet. A '*' in a key stays a
+    wildcard (a SOURCE has no escape for it)."""
+    from urllib.parse import quote
+
+    scheme, _, path = uri.partition("://")
+    return f"{scheme}://{quote(path, safe='/:@!$&()*+,;=~')}"
+
+
 def open_stored(uri: str, filesystems: dict[str, Any] | None = None) -> RemotePath:
     """The object a shard URI as petal stores it names (``RemotePath.uri``: ``scheme://path``, the key as it reads,
     no credentials or query string), read through the storage's standard chain (for S3: ``AWS_ACCESS_KEY_ID``,
     ``AWS_ENDPOINT_URL``, ...), as the run that indexed it read it. ``FileNotFoundError`` when no object is there
     now; ``OSError`` when the storage fails or refuses. ``filesystems`` caches one client per bucket (an S3 client
     made from a URI may first ask for the bucket's region)."""
-    from urllib.parse import quote
-
     from pyarrow import fs
 
     scheme, _, path = uri.partition("://")
@@ -294,7 +305,7 @@ def open_stored(uri: str, filesystems: dict[str, Any] | None = None) -> RemotePa
     cache = filesystems if filesystems is not None else {}
     if bucket not in cache:
         # NOTE: the stored key is as it reads: a '%', '?' or '#' in it is the key's own, never an escape or a query
-        filesystem, _ = fs.FileSystem.from_uri(f"{scheme}://{quote(path, safe='/:@!$&()*+,;=~')}")
+        filesystem, _ = fs.FileSystem.from_uri(stored_source(uri))
         cache[bucket] = bounded(filesystem)
     filesystem = cache[bucket]
     if filesystem.get_file_info(path).type != fs.FileType.File:

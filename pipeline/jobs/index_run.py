@@ -46,7 +46,7 @@ from petal.pipeline.ingest.parquet import (
 )
 from petal.pipeline.ingest.prefetch import Prefetcher
 from petal.pipeline.ingest.rejects import BadRowGate, rejects_table
-from petal.pipeline.ingest.remote import RemotePath, is_uri, open_stored, storage_error
+from petal.pipeline.ingest.remote import RemotePath, is_uri, open_stored, storage_error, stored_source
 from petal.pipeline.ingest.tokens import TokenizedDocs, tokenize_documents, tokenizer_for
 from petal.pipeline.jobs.keep_columns import check_column_types, check_keep_columns, stored_schema
 from petal.pipeline.jobs.live_check import live_damage
@@ -1127,7 +1127,7 @@ def full_rerun_sources(live: Manifest | None, named: list[ShardInfo]) -> list[st
         if not _kept_shard_there(record.abs_path, filesystems):
             raise ConfigError(f"--full re-embeds every shard of the index, but {quote_path(record.path)} (kept from an "
                               "earlier run) is gone; pass --sync to drop the shards not named")
-        extra.append(record.abs_path)
+        extra.append(stored_source(record.abs_path) if is_uri(record.abs_path) else record.abs_path)
     return extra
 
 
