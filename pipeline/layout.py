@@ -61,7 +61,7 @@ from petal.pipeline.reliability.errors import (
 )
 from petal.pipeline.reliability.faults import fault
 from petal.pipeline.reliability.notes import say
-from petal.pipeline.reliability.safe_files import UnsafeFileError, inside, read_regular
+from petal.pipeline.reliability.safe_files import READ_ONLY, UnsafeFileError, inside, read_regular, why_not_writable
 from petal.pipeline.store.side_files import KEY_TREES
 
 VERSION_RE = re.compile(r"^v\d{6}-\d{8}T\d{6}Z$")
@@ -704,10 +704,17 @@ def _check_usable(path: Path) -> None:
     if not path.is_dir() or path.is_symlink():
         return  # NOTE: missing (created later) or refused by prepare's own check
     effective = os.access in os.supports_effective_ids
-    for mode, verb in ((os.R_OK | os.X_OK, "read"), (os.W_OK, "write")):
-        if not os.access(path, mode, effective_ids=effective):
-            raise OutputError(f"cannot create output: petal may not {verb} {quote_path(path)} (permission denied); "
-                              f"run as a user who may read and write it, or fix its permissions")
+    if not os.access(path, os.R_OK | os.X_OK, effective_ids=effective):
+        raise OutputError(f"cannot create output: petal may not read {quote_path(path)} (permission denied); "
+                          "run as a user who may read and write it, or fix its permissions")
+    if not os.access(path, os.W_OK, effective_ids=effective):
+        # NOTE: a directory of OUT mounted read-only (a bind mount of OUT/versions) is EROFS, which no permission
+        # cures: named as that, as OUT itself is (check_output_dir), never as "permission denied"
+        if why_not_writable(path) == READ_ONLY:
+            raise OutputError(f"cannot create output: petal may not write {quote_path(path)} ({READ_ONLY}); remount "
+                              "it read-write, or give another --out")
+        raise OutputError(f"cannot create output: petal may not write {quote_path(path)} (permission denied); "
+                          "run as a user who may read and write it, or fix its permissions")
 
 
 def _next_second() -> None:

@@ -176,7 +176,7 @@ def check_output_dir(name: str, path: Path, create: bool = True) -> None:
         raise OutputError(f"{where}: cannot be read (Permission denied); petal reads and writes its output "
                           "directory")
     if not _can(path, os.W_OK):
-        raise OutputError(f"{where}: cannot be written ({_why_not_writable(path)}); petal reads and writes its "
+        raise OutputError(f"{where}: cannot be written ({why_not_writable(path)}); petal reads and writes its "
                           "output directory")
 
 
@@ -195,7 +195,7 @@ def _check_creatable(where: str, parent: Path) -> None:
     if not stat.S_ISDIR(info.st_mode):
         raise OutputError(f"{where}: cannot be created: {quote_path(parent)} is not a directory")
     if not _can(parent, os.W_OK | os.X_OK):
-        reason = _why_not_writable(parent) if _can(parent, os.X_OK) else "Permission denied"
+        reason = why_not_writable(parent) if _can(parent, os.X_OK) else "Permission denied"
         raise OutputError(f"{where}: cannot be created in {quote_path(parent)} ({reason})")
 
 
@@ -203,8 +203,13 @@ def _can(path: Path, mode: int) -> bool:
     return os.access(path, mode, effective_ids=os.access in os.supports_effective_ids)
 
 
-def _why_not_writable(path: Path) -> str:
+READ_ONLY = "Read-only file system"  # strerror(EROFS)
+
+
+def why_not_writable(path: Path) -> str:
+    """Why this process may not write the directory ``path``: ``Read-only file system`` where its mount is (EROFS:
+    no permission fixes it), else ``Permission denied``."""
     with contextlib.suppress(OSError):
         if os.statvfs(path).f_flag & os.ST_RDONLY:
-            return "Read-only file system"
+            return READ_ONLY
     return "Permission denied"
