@@ -275,8 +275,7 @@ def inspect_model(
     if max_length is not None and max_length > limit:
         raise MaxLengthError(f"--max-length {max_length} exceeds the model's limit of {limit} tokens")
     _check_truncation_side(model_dir)
-    # NOTE: 0 is a value (refused by PoolingConfig), not "the default"
-    default_length = st.max_seq_length or min(limit, _tokenizer_max_length(model_dir) or limit)
+    default_length = _default_length(st.max_seq_length, limit, model_dir)
     length = min(max_length if max_length is not None else default_length, limit)
     eos_token_id = _eos_token_id(hf, model_dir) if mode == "last" else None
     if eos_token_id is not None and eos_token_id >= config.vocab_size:
@@ -350,6 +349,15 @@ def _check_dense(dense: tuple[DenseConfig, ...], hidden_size: int, model_dir: Pa
             raise ModelError(f"{layer.weight_file.parent}: Dense takes {layer.in_features} features, the model "
                              f"gives {width} ({model_dir})")
         width = layer.out_features
+
+
+def _default_length(max_seq_length: int | None, limit: int, model_dir: Path) -> int:
+    """The max length without ``--max-length``: sentence_bert_config.json's ``max_seq_length``; its 0 (no limit, as
+    sentence-transformers reads it: ``st_files._max_seq_length``) the model's positions ``limit``; without one,
+    tokenizer_config.json's ``model_max_length`` below ``limit``."""
+    if max_seq_length == 0:
+        return limit  # NOTE: not tokenizer_config.json's model_max_length: sentence-transformers skips it then too
+    return max_seq_length or min(limit, _tokenizer_max_length(model_dir) or limit)
 
 
 def _tokenizer_max_length(model_dir: Path) -> int | None:

@@ -45,7 +45,7 @@ class StFiles:
     dense: tuple[DenseConfig, ...] = ()
     normalize: bool | None = None  # None without modules.json
     int8_scheme: str | None = None  # "tanh" when the last module is pplx-embed's FlexibleQuantizer
-    max_seq_length: int | None = None
+    max_seq_length: int | None = None  # 0: no limit (cut at the model's positions only)
     do_lower_case: bool = False  # sentence_bert_config.json: lower-case texts before the tokenizer
     prompts: PromptConfig = field(default_factory=PromptConfig)
     similarity: str | None = None
@@ -140,14 +140,26 @@ def read_st_files(model_dir: Path) -> StFiles:
     st_config = model_dir / "sentence_bert_config.json"
     if model_file(st_config):
         with in_file(st_config):
-            # NOTE: 2 at least: a special token on each side (a value of 0, which some files hold, is none given)
             config = read_json(st_config)
-            zero = type(config.get("max_seq_length")) is int and config["max_seq_length"] == 0
-            values["max_seq_length"] = None if zero else config_int(config, "max_seq_length", None, minimum=2)
+            values["max_seq_length"] = _max_seq_length(config)
             values["do_lower_case"] = config_bool(config, "do_lower_case", False)
         _token_embeddings(st_config, config)
     values.update(_prompts_and_similarity(model_dir))
     return StFiles(**values)
+
+
+def _max_seq_length(config: dict[str, Any]) -> int | None:
+    """sentence_bert_config.json's ``max_seq_length``: None when absent or null, 0 for no limit, else 2 at least (a
+    special token on each side).
+
+    NOTE: 0 (which some files hold) is no limit, not "none given": sentence-transformers (6.3) sets the tokenizer's
+    ``model_max_length`` to it, which transformers' truncation takes as no limit, and the cap at the model's
+    positions (or tokenizer_config.json's ``model_max_length``) is skipped once the value is given. A text is
+    then embedded whole (one past the positions fails there): the loader cuts at the positions only."""
+    value: int | None = config_int(config, "max_seq_length", None, minimum=0)
+    if value is not None and value != 0 and value < 2:
+        raise ValueError(f"max_seq_length {value} < 2 (0 is no limit)")
+    return value
 
 
 @contextlib.contextmanager

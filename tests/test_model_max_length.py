@@ -56,3 +56,31 @@ def test_max_seq_length_and_no_limit_values(tmp_path):
                             (64.0, 64), (1000, 160)):
         tokenizer_limit(path, value)
         assert inspect_model(path).pooling.max_length == expected, value
+
+
+def test_max_seq_length_0_is_no_limit_as_sentence_transformers_reads_it(tmp_path):
+    """``max_seq_length: 0`` was taken as none given: petal cut at tokenizer_config.json's ``model_max_length`` (16)
+    while sentence-transformers 6.3 sets the tokenizer's limit to 0, which transformers takes as no limit, and embeds
+    the whole text: other vectors at exit 0 (and README said a value below 2 is refused). Now 0 is no limit, cut at
+    the model's positions only; 1 and below 0 are refused (78) naming the file."""
+    from sentence_transformers import SentenceTransformer
+
+    import petal
+    from petal.engine.errors import ModelError
+
+    path = tmp_path / "bert"
+    make_model("bert", path)  # max_position_embeddings 160
+    (path / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 0, "do_lower_case": False}))
+    tokenizer_limit(path, 16)
+    assert inspect_model(path).pooling.max_length == 160
+    reference = SentenceTransformer(str(path), device="cpu")
+    assert reference.max_seq_length == 0
+    expected = reference.encode(LONG)
+    with petal.Embedder(str(path), device="cpu") as embedder:
+        ours = np.asarray(embedder.encode(LONG))
+    cosine = (ours * expected).sum(1) / np.linalg.norm(ours, axis=1) / np.linalg.norm(expected, axis=1)
+    assert cosine.min() >= 0.9999, cosine
+    for value in (1, -3):
+        (path / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": value}))
+        with pytest.raises(ModelError, match=f"sentence_bert_config.json: max_seq_length {value} < "):
+            inspect_model(path)
