@@ -115,6 +115,29 @@ class PromptConfig:
 
 
 @dataclass(frozen=True)
+class Source:
+    """Where a setting came from: a flag the user gives (``flag``; ``name`` the flag), else the model's files (or the
+    index's record; ``name`` the file and key). A setting that fails is a usage error (2) naming the flag, or a bad
+    configuration (78) naming the file: a user who gave no flag cannot fix it by changing one."""
+
+    name: str
+    flag: bool = False
+
+
+LENGTH_FLAG = Source("--max-length", flag=True)
+PROMPT_FLAG = Source("--query-prompt", flag=True)
+
+
+@dataclass(frozen=True)
+class Sources:
+    """Where a ``ModelSpec``'s max length and prompts came from (the defaults: the flags, as a spec made by hand)."""
+
+    max_length: Source = LENGTH_FLAG
+    query_prompt: Source = PROMPT_FLAG
+    document_prompt: Source = PROMPT_FLAG
+
+
+@dataclass(frozen=True)
 class ModelOptions:
     """What a user may say about a model that its directory does not (or says otherwise)."""
 

@@ -8,6 +8,7 @@ weights straight to the target device and dtype.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
@@ -15,12 +16,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from petal.engine.config import (
+    LENGTH_FLAG,
+    PROMPT_FLAG,
     DenseConfig,
     ModelConfig,
     ModelOptions,
     PoolingConfig,
     PoolingMode,
     PromptConfig,
+    Source,
+    Sources,
     pooling_mode,
 )
 from petal.engine.errors import ModelError
@@ -105,6 +110,8 @@ class ModelSpec:
     int8_scheme: str | None = None  # the model's own int8 output ("tanh": pplx-embed), if it defines one
     eos_token_id: int | None = None  # appended to every input when the tokenizer does not (last-token pooling)
     weights_format: str = "safetensors"  # or "pickle" (only with --allow-pickle-weights)
+    # where the max length and the prompts came from (a flag, or a file and key): the room check names it (2 or 78)
+    sources: Sources = field(default_factory=Sources, compare=False)
 
     @property
     def dim(self) -> int:
@@ -275,8 +282,10 @@ def inspect_model(
     if max_length is not None and max_length > limit:
         raise MaxLengthError(f"--max-length {max_length} exceeds the model's limit of {limit} tokens")
     _check_truncation_side(model_dir)
-    default_length = _default_length(st.max_seq_length, limit, model_dir)
+    default_length, length_source = _default_length(st.max_seq_length, limit, model_dir, config_file)
     length = min(max_length if max_length is not None else default_length, limit)
+    if max_length is not None:
+        length_source = LENGTH_FLAG
     eos_token_id = _eos_token_id(hf, model_dir) if mode == "last" else None
     if eos_token_id is not None and eos_token_id >= config.vocab_size:
         raise ModelError(f"{model_dir}: the end-of-sequence token {eos_token_id} is outside the model's vocabulary "
@@ -294,6 +303,10 @@ def inspect_model(
         int8_scheme=st.int8_scheme,
         eos_token_id=eos_token_id,
         weights_format=weights_format,
+        sources=Sources(max_length=length_source,
+                        query_prompt=PROMPT_FLAG if options.query_prompt is not None else
+                        _prompt_source(model_dir, st.prompt_keys[0]),
+                        document_prompt=_prompt_source(model_dir, st.prompt_keys[1])),
     )
 
 
@@ -351,13 +364,30 @@ def _check_dense(dense: tuple[DenseConfig, ...], hidden_size: int, model_dir: Pa
         width = layer.out_features
 
 
-def _default_length(max_seq_length: int | None, limit: int, model_dir: Path) -> int:
-    """The max length without ``--max-length``: sentence_bert_config.json's ``max_seq_length``; its 0 (no limit, as
-    sentence-transformers reads it: ``st_files._max_seq_length``) the model's positions ``limit``; without one,
-    tokenizer_config.json's ``model_max_length`` below ``limit``."""
+def _default_length(max_seq_length: int | None, limit: int, model_dir: Path, config_file: Path) -> tuple[int, Source]:
+    """The max length without ``--max-length``, and the file and key it came from: sentence_bert_config.json's
+    ``max_seq_length`` (at most ``limit``); its 0 (no limit, as sentence-transformers reads it:
+    ``st_files._max_seq_length``) the model's positions ``limit``; without one, tokenizer_config.json's
+    ``model_max_length`` below ``limit``."""
+    positions = (limit, Source(f"{config_file} max_position_embeddings"))
     if max_seq_length == 0:
-        return limit  # NOTE: not tokenizer_config.json's model_max_length: sentence-transformers skips it then too
-    return max_seq_length or min(limit, _tokenizer_max_length(model_dir) or limit)
+        return positions  # NOTE: not tokenizer_config.json's model_max_length: sentence-transformers skips it then too
+    if max_seq_length is not None:
+        return (max_seq_length, Source(f"{model_dir / 'sentence_bert_config.json'} max_seq_length")) \
+            if max_seq_length <= limit else positions
+    tokenizer_length = _tokenizer_max_length(model_dir)
+    if tokenizer_length is not None and tokenizer_length < limit:
+        return tokenizer_length, Source(f"{model_dir / 'tokenizer_config.json'} model_max_length")
+    return positions
+
+
+def _prompt_source(model_dir: Path, key: tuple[str, bool] | None) -> Source:
+    """The ``prompts`` key of config_sentence_transformers.json a prompt was taken from (``StFiles.prompt_keys``)."""
+    if key is None:
+        return Source("no prompt")
+    name, by_default = key
+    return Source(f"{model_dir / 'config_sentence_transformers.json'} prompts[{json.dumps(name)}]"
+                  f"{' (its default_prompt_name)' if by_default else ''}")
 
 
 def _tokenizer_max_length(model_dir: Path) -> int | None:

@@ -48,6 +48,9 @@ class StFiles:
     max_seq_length: int | None = None  # 0: no limit (cut at the model's positions only)
     do_lower_case: bool = False  # sentence_bert_config.json: lower-case texts before the tokenizer
     prompts: PromptConfig = field(default_factory=PromptConfig)
+    # the ``prompts`` keys of config_sentence_transformers.json the query and document prompts were taken from (None:
+    # no prompt), as ``(name, via default_prompt_name)``
+    prompt_keys: tuple[tuple[str, bool] | None, tuple[str, bool] | None] = (None, None)
     similarity: str | None = None
     pickle_dense: tuple[Path, ...] = ()  # Dense weights stored only as pickle
 
@@ -340,10 +343,13 @@ def _prompts_and_similarity(model_dir: Path) -> dict[str, Any]:
             raise ValueError(f"prompts is {json_kind(given)}, not an object of names and prompts")
         # NOTE: a null prompt is refused, never put in front of texts as the word "None"
         prompts = {str(k): config_str(given, k) for k in given}
-        default = prompts.get(config_str(config, "default_prompt_name", ""), "")
+        default_name = config_str(config, "default_prompt_name", "")
         similarity = config_str(config, "similarity_fn_name", None)
-    query = prompts.get("query", default)
-    document = next((prompts[name] for name in DOCUMENT_PROMPT_NAMES if name in prompts), default)
+    default = (default_name, True) if default_name in prompts else None
+    query_key = ("query", False) if "query" in prompts else default
+    document_key = next(((name, False) for name in DOCUMENT_PROMPT_NAMES if name in prompts), default)
     if similarity is not None and similarity not in SIMILARITIES:
         raise StFilesError(f"{path}: similarity_fn_name {similarity!r} is not one of {', '.join(SIMILARITIES)}")
-    return {"prompts": PromptConfig(query=query, document=document), "similarity": similarity}
+    return {"prompts": PromptConfig(query=prompts[query_key[0]] if query_key else "",
+                                    document=prompts[document_key[0]] if document_key else ""),
+            "prompt_keys": (query_key, document_key), "similarity": similarity}

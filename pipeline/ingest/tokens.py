@@ -19,11 +19,12 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from petal.engine.config import LENGTH_FLAG, PROMPT_FLAG, Source
 from petal.pipeline.ingest.ascii_normalize import AsciiBertNormalizer
 from petal.pipeline.ingest.lone_wordpiece import LoneWordPiece, added_tokens_pattern, holds_added_token
 from petal.pipeline.ingest.prefetch import ordered_map
 from petal.pipeline.ingest.tokenizer_settings import check_tokenizer_settings
-from petal.pipeline.reliability.errors import ConfigError, FlagError, one_line
+from petal.pipeline.reliability.errors import ConfigError, FlagError, PetalError, one_line
 
 if TYPE_CHECKING:
     from petal.engine.loader import ModelSpec
@@ -46,6 +47,38 @@ class Encoded:
         return self.over_chars if self.over_chars is not None else np.zeros(len(self.token_ids), dtype=bool)
 
 
+@dataclass(frozen=True)
+class RoomSources:
+    """Where a tokenizer's max length and prompt came from (``engine.config.Source``: a flag, or a file and key)."""
+
+    max_length: Source = LENGTH_FLAG
+    prompt: Source = PROMPT_FLAG
+
+
+def no_room(max_length: int, taken: int, prompted: bool, sources: RoomSources) -> PetalError:
+    """A max length that the special tokens (and the prompt, ``prompted``) fill, ``taken`` tokens: a usage error (2)
+    naming the flag where one set the length or the prompt, else a bad configuration (78) naming the model's files.
+
+    NOTE: a prompt and a max length both from the model's files (config_sentence_transformers.json's prompts,
+    sentence_bert_config.json's max_seq_length) were a usage error naming --query-prompt, a flag nobody gave."""
+    length, prompt = sources.max_length, sources.prompt
+    least = f"at least {taken + 1}"
+    if not prompted:
+        if length.flag:
+            return FlagError(f"{length.name} {max_length} leaves no token for the text: the model's special tokens "
+                             f"take {taken}; give {least}")
+        return ConfigError(f"{length.name} {max_length} leaves no token for the text: the model's special tokens "
+                           f"take {taken}; the model's files need {least} (or give --max-length, where the command "
+                           "takes it)")
+    said = (f"the max length {max_length} leaves no token for the text: the model's special tokens and prompt take "
+            f"{taken}")
+    longer = f"({length.name})" if length.flag else "(--max-length, where the command takes it)"
+    if length.flag or prompt.flag:  # NOTE: petal query has no --max-length: said as "where the command takes it"
+        return FlagError(f"{said}; give {least} {longer} or a shorter prompt ({prompt.name})")
+    return ConfigError(f"{said} (the prompt: {prompt.name}; the max length: {length.name}): the model's prompt "
+                       f"leaves no room for text; shorten it there, or give {least} {longer}")
+
+
 class TextTokenizer:
     """A model's tokenizer, truncating at ``max_length`` tokens (special tokens included).
 
@@ -55,9 +88,9 @@ class TextTokenizer:
 
     def __init__(self, tokenizer_file: Path, max_length: int, max_chars: int | None = None, *, prompt: str = "",
                  eos_token_id: int | None = None, vocab_size: int | None = None,
-                 length_flag: str | None = None) -> None:
-        """``length_flag``: the flag that set ``max_length`` below the model's, named where it leaves no room for text
-        (``petal serve --max-tokens-per-text``; else ``--max-length``, where the command takes it)."""
+                 sources: RoomSources | None = None) -> None:
+        """``sources``: where ``max_length`` and ``prompt`` came from (a flag, or the model's files), named where they
+        leave no room for text (``no_room``); None: the flags (``--max-length``, ``--query-prompt``)."""
         from tokenizers import Tokenizer
 
         from petal.engine.weight_files import read_text
@@ -108,15 +141,7 @@ class TextTokenizer:
         self._empty_ids = np.array(self._tokenizer.encode(prompt).ids, dtype=np.int32)
         taken = prompt_ids + (1 if self.appends_eos else 0)
         if max_length <= taken:  # NOTE: else every text was cut to the special tokens: skipped as empty_text (66)
-            if not prompt:
-                raise FlagError(f"{length_flag or '--max-length'} {max_length} leaves no token for the text: the "
-                                f"model's special tokens take {taken}; give at least {taken + 1}")
-            # NOTE: a prompt that fills the length (petal query has no --max-length: a long --query-prompt was told to
-            # give one)
-            where = f"({length_flag})" if length_flag else "(--max-length, where the command takes it)"
-            raise FlagError(f"the max length {max_length} leaves no token for the text: the model's special tokens "
-                            f"and prompt take {taken}; give at least {taken + 1} {where} or a shorter prompt "
-                            "(--query-prompt)")
+            raise no_room(max_length, taken, bool(prompt), sources or RoomSources())
 
     def encode(self, texts: list[str]) -> Encoded:
         capped = np.fromiter((len(t) > self.max_chars for t in texts), dtype=bool, count=len(texts))
@@ -217,7 +242,17 @@ def tokenizer_for(spec: ModelSpec, side: Literal["query", "document"] = "documen
     (``prompt`` overrides the model's)."""
     chosen = prompt if prompt is not None else (spec.prompts.query if side == "query" else spec.prompts.document)
     return TextTokenizer(spec.tokenizer_file, spec.pooling.max_length, prompt=chosen,
-                         eos_token_id=spec.eos_token_id, vocab_size=spec.config.vocab_size)
+                         eos_token_id=spec.eos_token_id, vocab_size=spec.config.vocab_size,
+                         sources=room_sources(spec, side, prompt is not None))
+
+
+def room_sources(spec: ModelSpec, side: Literal["query", "document"], prompt_given: bool = False,
+                 length: Source | None = None) -> RoomSources:
+    """Where ``spec``'s max length (``length`` where a flag set another) and ``side``'s prompt came from
+    (``prompt_given``: a prompt passed in, the --query-prompt flag's)."""
+    prompt = PROMPT_FLAG if prompt_given else \
+        spec.sources.query_prompt if side == "query" else spec.sources.document_prompt
+    return RoomSources(max_length=length or spec.sources.max_length, prompt=prompt)
 
 
 @dataclass

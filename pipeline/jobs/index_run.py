@@ -140,16 +140,16 @@ def check_lengths_for(job: IndexJob, spec: ModelSpec) -> None:
     """``--max-length``, ``--token-budget`` and ``--query-prompt`` against the model, before torch loads and before OUT
     is created or locked (``FlagError``, 2): a budget under the max length, a max length its special tokens and a
     prompt (the document's, or the query's the index keeps for its queries) fill (were
-    found once the engine was configured, torch imported, or at the first batch, OUT created and locked)."""
+    found once the engine was configured, torch imported, or at the first batch, OUT created and locked); the same
+    from the model's files alone is a ``ConfigError`` (78) naming them."""
     if job.token_budget is not None and job.token_budget < spec.pooling.max_length:
         raise FlagError(f"token budget {job.token_budget} < max length {spec.pooling.max_length}: "
                         "raise --token-budget or lower --max-length")
-    if job.max_length is not None:
-        tokenizer_for(spec)  # NOTE: its room check (TextTokenizer): the document prompt and special tokens
-    if job.max_length is not None or job.model_options.query_prompt is not None:
-        # NOTE: the query side too: a --query-prompt the max length has no room beside was published (exit 0) in an
-        # index whose every query then failed (2)
-        tokenizer_for(spec, "query")
+    # NOTE: always, flags or not: the model's own prompts (config_sentence_transformers.json) beside its own max
+    # length were judged only at the first batch, OUT created and locked (the document's), or never (the query's: an
+    # index published at exit 0 whose every query failed). 2 naming a flag that set them, else 78 naming the files
+    tokenizer_for(spec)  # NOTE: its room check (TextTokenizer): the document prompt and special tokens
+    tokenizer_for(spec, "query")
 
 
 def engine_config(job: IndexJob, spec: ModelSpec) -> EngineConfig:

@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING, Literal, cast
 
 import numpy as np
 
-from petal.engine.config import AttentionMaskName, EngineConfig, ModelOptions, pooling_mode
+from petal.engine.config import AttentionMaskName, EngineConfig, ModelOptions, Source, pooling_mode
 from petal.engine.errors import ModelError
 from petal.engine.loader import MaxLengthError, ModelSpec, inspect_model
 from petal.engine.models.families import same_architecture
 from petal.pipeline.index.search import Hit, IndexReader
-from petal.pipeline.ingest.tokens import Encoded, TextTokenizer, tokenizer_for
+from petal.pipeline.ingest.tokens import Encoded, TextTokenizer, room_sources, tokenizer_for
 from petal.pipeline.jobs.embed import embed_token_ids, encode_texts, seen_texts
 from petal.pipeline.layout import resolve_index_dir
 from petal.pipeline.manifest import Manifest, ModelRecord
@@ -38,6 +38,11 @@ if TYPE_CHECKING:
 
 QUERY_TOKEN_BUDGET = 2048
 Side = Literal["query", "document"]
+MAX_TOKENS_FLAG = Source("--max-tokens-per-text", flag=True)
+# NOTE: at query time the max length and (without --query-prompt) the query prompt are the index's, recorded when it
+# was built: no flag of the command changes them, so a prompt that leaves no room beside them is the index's (78)
+INDEX_LENGTH = Source("the index's max length (manifest.json max_length)")
+INDEX_PROMPT = Source("the index's query prompt (manifest.json model.query_prompt)")
 
 
 def model_for_index(manifest: Manifest, model: str | None, allow_pickle_weights: bool = False,
@@ -54,12 +59,12 @@ def model_for_index(manifest: Manifest, model: str | None, allow_pickle_weights:
                          "(petal query --vector-file Q.npy)")
     options = _recorded_options(recorded, allow_pickle_weights, query_prompt)
     try:
-        spec = _inspected(model, recorded, options, manifest.max_length)
+        spec = _inspected(model, recorded, options, manifest.max_length, query_prompt is not None)
     except MaxLengthError:
         # NOTE: the index embeds more tokens than this model has positions for: it is not the index's model (the
         # run that built the index took that length). Said as the mismatch it is, never as a --max-length the user
         # never gave
-        spec = _inspected(model, recorded, options, None)
+        spec = _inspected(model, recorded, options, None, query_prompt is not None)
         mismatch = ", ".join(filter(None, [model_mismatch(manifest, spec), f"max_length: index {manifest.max_length}, "
                                            f"model {spec.model_max_length}"]))
         raise ConfigError(f"model {spec.path} does not match the index ({mismatch})") from None
@@ -86,7 +91,7 @@ def query_tokenizers(spec: ModelSpec, max_tokens: int | None = None) -> dict[str
     if max_tokens is not None and max_tokens < spec.pooling.max_length:
         tokenizers = {side: TextTokenizer(spec.tokenizer_file, max_tokens, prompt=t.prompt,
                                           eos_token_id=spec.eos_token_id, vocab_size=spec.config.vocab_size,
-                                          length_flag="--max-tokens-per-text")
+                                          sources=room_sources(spec, cast(Side, side), length=MAX_TOKENS_FLAG))
                       for side, t in tokenizers.items()}
     return tokenizers
 
@@ -102,24 +107,38 @@ def check_query_model(manifest: Manifest, model: str | None, allow_pickle_weight
         return
     options = _recorded_options(recorded, allow_pickle_weights, query_prompt)
     try:
-        spec = _inspected(model, recorded, options, manifest.max_length)
+        spec = _inspected(model, recorded, options, manifest.max_length, query_prompt is not None)
     except MaxLengthError:  # NOTE: not the index's model: model_for_index says so, as a mismatch
         return
     if query_prompt is not None or max_tokens is not None:
         query_tokenizers(spec, max_tokens)  # NOTE: their room checks (TextTokenizer)
 
 
-def _inspected(model: str | None, recorded: ModelRecord, options: ModelOptions, max_length: int | None) -> ModelSpec:
+def _inspected(model: str | None, recorded: ModelRecord, options: ModelOptions, max_length: int | None,
+               query_prompt_given: bool) -> ModelSpec:
     """``model`` (else the index's, ``recorded``) inspected; its ``ModelError`` a ``ConfigError`` (78), except a
     ``MaxLengthError`` (``max_length`` past the model's positions), which the caller judges."""
     try:
-        return inspect_model(model or recorded.locator, options, max_length=max_length)
+        spec = inspect_model(model or recorded.locator, options, max_length=max_length)
     except MaxLengthError:
         raise
     except ModelError as exc:
         hint = "" if model or recorded.locator is None else \
             " (the index's model is gone from where it was built; pass --model DIR)"
         raise ConfigError(f"{exc}{hint}") from exc
+    return _index_sources(spec, recorded, max_length, query_prompt_given)
+
+
+def _index_sources(spec: ModelSpec, recorded: ModelRecord, max_length: int | None,
+                   query_prompt_given: bool) -> ModelSpec:
+    """``spec`` with the sources of what the index recorded: its max length and, unless --query-prompt gave one
+    (``query_prompt_given``), its query prompt (``INDEX_LENGTH``, ``INDEX_PROMPT``)."""
+    sources = spec.sources
+    if max_length is not None:
+        sources = replace(sources, max_length=INDEX_LENGTH)
+    if recorded.query_prompt is not None and not query_prompt_given:
+        sources = replace(sources, query_prompt=INDEX_PROMPT)
+    return replace(spec, sources=sources)
 
 
 def precomputed_message(manifest: Manifest) -> str:
