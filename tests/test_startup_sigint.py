@@ -161,6 +161,10 @@ def test_sigint_from_outside_soon_after_start_is_never_a_traceback():
                 # microseconds) Python's own answer is all there is; never in any other code of petal's
                 assert not [f for f in petal_frames(err) if not f.strip().startswith(EARLIEST)], err
                 continue
+            if (process.returncode, err.strip()) == (1, "KeyboardInterrupt"):
+                # NOTE: the interpreter's answer when the interrupt lands in its import machinery during start-up
+                # (whose frames it strips: no traceback lines at all); seen once in CI at 0.04 s under load
+                continue
             # NOTE: a SIGINT landing after the command ended (its 78 printed) and once the interpreter's finalization
             # has set SIGINT back to its default kills the process by the signal: the command's line, then nothing
             lines = err.strip().splitlines()
