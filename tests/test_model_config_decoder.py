@@ -4,22 +4,18 @@ Refused 78 naming config.json and is_decoder. Real MiniLM files, sentence-transf
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 
 import petal
-from tests.test_model_dir_audit import copy_model
+from tests.test_model_dir_audit import copy_model, edit_json
 
 TEXTS = ["glaciers move slowly", "bread dough rises"]
 
 
 def minilm_decoder(minilm_dir, tmp_path):
     path = copy_model(minilm_dir, tmp_path / "minilm")
-    config = json.loads((path / "config.json").read_text())
-    config["is_decoder"] = True
-    (path / "config.json").write_text(json.dumps(config))
+    edit_json(path / "config.json", lambda config: config.update(is_decoder=True))
     return path
 
 

@@ -5,22 +5,18 @@ names of one computation (XLMRobertaModel with roberta, Qwen3ForCausalLM with qw
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 import petal
 from petal.engine.errors import ModelError
 from petal.engine.loader import inspect_model
 from petal.engine.models import family_for
-from tests.test_model_dir_audit import copy_model
+from tests.test_model_dir_audit import copy_model, edit_json
 
 
 def minilm_typed(minilm_dir, tmp_path, model_type):
     path = copy_model(minilm_dir, tmp_path / "minilm")
-    config = json.loads((path / "config.json").read_text())
-    config["model_type"] = model_type
-    (path / "config.json").write_text(json.dumps(config))
+    edit_json(path / "config.json", lambda config: config.update(model_type=model_type))
     return path
 
 

@@ -8,7 +8,7 @@ import os
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -657,36 +657,33 @@ class IndexReader:
         return pq.ParquetFile(shard, page_checksum_verification=True)
 
     def _shard_unchanged(self, abs_path: str) -> bool:
-        """The shard at ``abs_path`` is the file this version indexed: its size and modification time as the manifest
-        records them, or (touched or copied since: another time) its sha256. Remembered per file state, so a shard
-        is hashed at most once while it stays as it is."""
+        """The shard at ``abs_path`` (a file, or an object's URI) is the one this version indexed: its size and
+        modification time as the manifest records them, or (touched or copied since: another time) its sha256 (an
+        object's content identity, ``remote_sha256``). Remembered per file state, so a shard is hashed at most once
+        while it stays as it is."""
+        content: Callable[[], str]
         if is_uri(abs_path):
-            return self._object_unchanged(abs_path)
-        st = os.stat(abs_path)
-        key = (abs_path, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
-        known = self._unchanged_shards
-        if key not in known:
-            record = next((s for s in self.manifest.shards if s.abs_path == abs_path), None)
+            remote = open_stored(abs_path, self._filesystems)
+            stored = stat_remote(remote)
+            size, mtime_ns = stored.st_size, stored.st_mtime_ns
+            key = (abs_path, size, mtime_ns, 0, 0)
+            written_then = True  # NOTE: a store gives every write of an object a new time
+            content = lambda: remote_sha256(remote, size, mtime_ns)
+        else:
+            st = os.stat(abs_path)
+            size, mtime_ns = st.st_size, st.st_mtime_ns
+            key = (abs_path, size, mtime_ns, st.st_ctime_ns, st.st_ino)
             # NOTE: size and mtime are trusted only for a file last changed when it was last written (ctime within
             # CTIME_SLACK_NS of mtime): one rewritten with its old mtime put back (cp -p, rsync -t, tar, touch -d)
             # has a later ctime, and gave another document's columns as a hit's metadata; such a file is hashed.
             # Both ways: an mtime set ahead of the ctime (touch -d tomorrow, a skewed clock) was trusted
             written_then = abs(st.st_ctime_ns - st.st_mtime_ns) <= CTIME_SLACK_NS
-            known[key] = record is not None and st.st_size == record.size and (
-                (st.st_mtime_ns == record.mtime_ns and written_then) or sha256_file(abs_path) == record.sha256)
-        return known[key]
-
-    def _object_unchanged(self, uri: str) -> bool:
-        """The object at ``uri`` is the one this version indexed: its size and modification time as the manifest
-        records them (a store gives every write a new one), or its content identity (``remote_sha256``)."""
-        remote = open_stored(uri, self._filesystems)
-        st = stat_remote(remote)
-        key = (uri, st.st_size, st.st_mtime_ns, 0, 0)
+            content = lambda: sha256_file(abs_path)
         known = self._unchanged_shards
         if key not in known:
-            record = next((s for s in self.manifest.shards if s.abs_path == uri), None)
-            known[key] = record is not None and st.st_size == record.size and (
-                st.st_mtime_ns == record.mtime_ns or remote_sha256(remote, st.st_size, st.st_mtime_ns) == record.sha256)
+            record = next((s for s in self.manifest.shards if s.abs_path == abs_path), None)
+            known[key] = record is not None and size == record.size and (
+                (mtime_ns == record.mtime_ns and written_then) or content() == record.sha256)
         return known[key]
 
     def texts(self, hits: list[Hit], text_column: str) -> list[str | None]:
