@@ -11,6 +11,7 @@ from typing import Any, ClassVar, TypeVar
 
 from petal.engine.config import MAX_SEQS, MAX_TOKEN_BUDGET, ModelOptions, device_problem
 from petal.pipeline.ingest.text_rule import first_surrogate
+from petal.pipeline.read_only import read_only
 from petal.pipeline.store.outputs import OutputConfig
 
 METRICS = ("ip", "l2")
@@ -65,6 +66,7 @@ def parse_size(text: str) -> int:
     return int(float(match.group(1)) * SIZE_UNITS[match.group(2)])
 
 
+@read_only
 @dataclass(frozen=True)
 class IndexSettings:
     """How vectors become a FAISS index (``pipeline/index/plan.py`` reads these)."""

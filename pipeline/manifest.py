@@ -35,6 +35,7 @@ from petal import __version__
 from petal.engine.config import ATTENTION_MASKS, POOLING_MODES
 from petal.pipeline.config import METRICS, IndexSettings
 from petal.pipeline.index.bounds import MAX_NPROBE
+from petal.pipeline.read_only import read_only
 from petal.pipeline.reliability.durable import write_json_atomic
 from petal.pipeline.reliability.errors import ConfigError
 from petal.pipeline.reliability.safe_files import read_regular
@@ -189,6 +190,7 @@ OptStr = (str, type(None))
 OptInt = (int, type(None))
 
 
+@read_only
 @dataclass(frozen=True)
 class DenseRecord:
     """A sentence-transformers ``Dense`` layer of the model."""
@@ -210,6 +212,7 @@ def _dense_of(spec: ModelSpec) -> tuple[DenseRecord, ...]:
     return tuple(DenseRecord(d.in_features, d.out_features, d.bias, d.activation) for d in spec.dense)
 
 
+@read_only
 @dataclass(frozen=True)
 class ModelRecord:
     """The model an index was built with: where to find it again and what it must match."""
@@ -374,6 +377,7 @@ def drift_details(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
     return [f"{k}: {_show(old.get(k))} -> {_show(new.get(k))}" for k in keys]
 
 
+@read_only
 @dataclass(frozen=True)
 class StoredFormat:
     """The part of the output transform that shapes stored vectors (no calibration, no model width)."""
@@ -437,6 +441,7 @@ def settings_differences(mine: dict[str, Any], theirs: dict[str, Any]) -> list[s
                                            for k in sorted(set(mine) | set(theirs)) if mine.get(k) != theirs.get(k)]
 
 
+@read_only
 @dataclass(frozen=True)
 class EmbeddingSettings:
     """Everything that shapes a shard's vectors: the store fingerprint, checked for drift.
@@ -528,6 +533,7 @@ def _model_config(value: dict[str, Any] | None) -> tuple[tuple[str, Any], ...] |
     return None if value is None else tuple(sorted(value.items()))
 
 
+@read_only
 @dataclass(frozen=True)
 class ReadRecord:
     text_column: str
@@ -543,6 +549,7 @@ class ReadRecord:
         return cls(s.get("text_column", str), s.get("id_column", str), s.get("vectors_column", OptStr, None))
 
 
+@read_only
 @dataclass(frozen=True)
 class PrecomputedRecord:
     """The ``model`` of an index of precomputed vectors (``petal index --vectors-column``): no model,
@@ -564,6 +571,7 @@ class PrecomputedRecord:
         return cls(s.get("vectors_column", str), s.get("dim", int))
 
 
+@read_only
 @dataclass(frozen=True)
 class PrecomputedSettings:
     """The ``embedding`` section of an index of precomputed vectors (the store fingerprint; drift is checked on it)."""
@@ -589,6 +597,7 @@ def _is_precomputed(s: _Section) -> bool:
     return bool(s.get("source", OptStr, None) == PrecomputedRecord.SOURCE)
 
 
+@read_only
 @dataclass(frozen=True)
 class PlanRecord:
     """Why the index is what it is (``pipeline/index/plan.py``'s ``IndexPlan``)."""
@@ -622,6 +631,7 @@ def _below_text(value: float, target: float, fewest: int) -> str:
     return repr(value)
 
 
+@read_only
 @dataclass(frozen=True)
 class TuningRecord:
     """The tuned search parameters and what they measured (``pipeline/index/tune.py``)."""
@@ -671,6 +681,7 @@ class TuningRecord:
                    curve=tuple(s.get("curve", list, [])))
 
 
+@read_only
 @dataclass(frozen=True)
 class DeviceRecord:
     """Where the index was trained and filled."""
@@ -689,6 +700,7 @@ class DeviceRecord:
         return cls(s.get("gpus", int), s.get("train", OptStr), s.get("add", str), s.get("train_points", OptInt, None))
 
 
+@read_only
 @dataclass(frozen=True)
 class IndexRecord:
     """The FAISS index of the version: how it was chosen, built and tuned, and its files."""
@@ -773,6 +785,7 @@ def shard_names(shards: list[tuple[str, str]]) -> list[str]:
     return [path if given[path] < 2 else abs_path for path, abs_path in shards]
 
 
+@read_only
 @dataclass(frozen=True)
 class ShardRecord:
     """One input shard of the version: where it was, its content, its store entry, its counts."""
@@ -804,6 +817,7 @@ class ShardRecord:
                    s.mapping("skipped", int), s.get("truncated", int), s.get("deleted", int, 0))
 
 
+@read_only
 @dataclass(frozen=True)
 class Counts:
     rows: int
@@ -826,6 +840,7 @@ class Counts:
                    s.get("vectors", int), s.get("deleted", int, 0))
 
 
+@read_only
 @dataclass(frozen=True)
 class StoredColumns:
     """The ``columns`` section: what ``ids.parquet`` holds beside the ids, by FAISS id (stored text as
@@ -847,6 +862,7 @@ class StoredColumns:
         return cls(s.get("text", bool, False), tuple(keep))
 
 
+@read_only
 @dataclass(frozen=True)
 class Manifest:
     """A published version's manifest (see the module docstring for the sections)."""

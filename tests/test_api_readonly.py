@@ -107,3 +107,38 @@ def test_hits_and_notes_are_the_callers_own(ivf_index):
     assert index.search_stored(vectors[:1], 3, where="lang = 'changed'") == [[]]
     index.notes.append("mine")
     assert "mine" not in index.notes
+
+
+def test_a_change_to_any_record_of_the_manifest_raises_type_error(ivf_index):
+    """README: ``Index.manifest`` is read-only all the way down and a change raises ``TypeError``. Was: assigning a
+    field of a record (``manifest.dim = 1``, ``manifest.counts.rows = 1``) raised ``dataclasses.FrozenInstanceError``,
+    an ``AttributeError`` that ``except TypeError`` let through; only the mappings inside raised ``TypeError``."""
+    out, _ = ivf_index
+    manifest = petal.open_index(out).manifest
+    records = []
+
+    def walk(value, where):
+        if dataclasses.is_dataclass(value):
+            records.append((value, where))
+            for item in dataclasses.fields(value):
+                walk(getattr(value, item.name), f"{where}.{item.name}")
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                walk(item, f"{where}[{key!r}]")
+        elif isinstance(value, (list, tuple)):
+            for i, item in enumerate(value):
+                walk(item, f"{where}[{i}]")
+
+    walk(manifest, "manifest")
+    assert {type(record).__name__ for record, _ in records} >= {"Manifest", "Counts", "IndexRecord", "ShardRecord",
+                                                                 "IndexSettings", "OutputTransform", "TuningRecord"}
+    for record, where in records:
+        for item in dataclasses.fields(record):
+            before = getattr(record, item.name)
+            with pytest.raises(TypeError, match="read-only"):
+                setattr(record, item.name, None)
+            with pytest.raises(TypeError, match="read-only"):
+                delattr(record, item.name)
+            with pytest.raises(dataclasses.FrozenInstanceError):  # code written against frozen dataclasses
+                setattr(record, item.name, None)
+            assert getattr(record, item.name) is before, f"{where}.{item.name} changed"

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from petal.pipeline.read_only import read_only
 from petal.pipeline.reliability.errors import FlagError
 
 if TYPE_CHECKING:
@@ -54,6 +55,7 @@ class OutputConfig:
                              "it sets the type of float vectors; drop one of the two")
 
 
+@read_only
 @dataclass(frozen=True)
 class Calibration:
     """Per-dimension ranges of calibrated int8, as FAISS SQ8 keeps them (``vmin``, ``vdiff``):
@@ -89,6 +91,7 @@ def tanh_int8(x: np.ndarray) -> np.ndarray:
     return np.clip(np.rint(127.0 * np.tanh(x)), -128, 127).astype(np.int8)
 
 
+@read_only
 @dataclass(frozen=True)
 class OutputTransform:
     """Model vectors -> stored vectors -> int8 codes or sign bits, as recorded in the manifest."""
