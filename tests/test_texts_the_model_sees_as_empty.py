@@ -122,6 +122,26 @@ def test_the_api_answers_them_with_no_hits(sample_index: Path):
         assert index.query_model().unseen(["how do glaciers move", DROPPED[0]]) == [1]
 
 
+def test_unseen_takes_what_search_takes_and_names_its_empty_answers(sample_index: Path):
+    """``query_model().unseen(texts)`` tells which of ``search``'s answers are empty for want of text: it takes the
+    queries ``search`` takes. Was: bytes, None, a lone surrogate, one str or a numpy array went to the tokenizer as
+    given: a raw TypeError/ValueError from inside it ('TextInputSequence must be str', 'truth value of an array')."""
+    import petal
+    from petal.pipeline.reliability.errors import UsageError
+
+    with petal.open_index(sample_index, device="cpu") as index:
+        cases = [["\udcff"], [b"glacier"], [b"\xff\xfe"], [None], ["ice", None, " "], "how do glaciers move",
+                 b"ice sheets", np.array(["ice", DROPPED[1]]), (text for text in ["ice", ""]), [DROPPED[2], "ice"]]
+        for queries in cases:
+            again = list(queries) if not isinstance(queries, (str, bytes, np.ndarray)) else queries
+            unseen = index.query_model().unseen(again)
+            found = index.search(list(again) if isinstance(again, list) else again, k=2)
+            assert unseen == [i for i, hits in enumerate(found) if not hits], (queries, unseen)
+        for wrong in ([1], [b"ok", 2.5], {"a": 1}, 7):
+            with pytest.raises(UsageError, match=r"texts"):
+                index.query_model().unseen(wrong)
+
+
 def test_petal_serve_refuses_them_as_empty(request, tmp_path_factory):
     pytest.importorskip("httpx")
     pytest.importorskip("uvicorn")

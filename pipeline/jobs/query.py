@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import numpy as np
 
@@ -26,6 +26,7 @@ from petal.engine.errors import ModelError
 from petal.engine.loader import MaxLengthError, ModelSpec, inspect_model
 from petal.engine.models.families import same_architecture
 from petal.pipeline.index.search import Hit, IndexReader
+from petal.pipeline.ingest.text_rule import skip_reason
 from petal.pipeline.ingest.tokens import Encoded, TextTokenizer, room_sources, tokenizer_for
 from petal.pipeline.jobs.embed import embed_token_ids, encode_texts, seen_texts
 from petal.pipeline.layout import resolve_index_dir
@@ -359,10 +360,21 @@ class QueryService:
                 hits[i] = found
         return hits
 
-    def unseen(self, texts: list[str]) -> list[int]:
+    def unseen(self, texts: Any) -> list[int]:
         """The places of ``texts`` that ``search`` answers with no hits because the model sees them as empty (its
-        tokenizer drops every character: ``empty_text``), not for want of a match."""
-        return self.model.unseen(texts)
+        tokenizer drops every character: ``empty_text``; a ``None`` or blank one too), not for want of a match.
+
+        ``texts`` as ``Index.search`` takes them (one str or UTF-8 bytes, or any iterable of them, ``None`` among
+        them); anything else is a ``TypeError`` (also a ``UsageError``) naming ``texts``. NOTE: they went to the
+        tokenizer as given: a bytes, ``None``, a lone surrogate or a numpy array raised a raw ``TypeError`` or
+        ``ValueError`` from inside it, for texts ``search`` answers."""
+        from petal.pipeline.jobs.searcher import query_texts
+
+        items = query_texts(texts, "texts")
+        asked = [i for i, text in enumerate(items) if skip_reason(text) is None]
+        not_asked = set(range(len(items))) - set(asked)
+        seen_empty = self.model.unseen([cast(str, items[i]) for i in asked])
+        return sorted(not_asked | {asked[j] for j in seen_empty})
 
     def on(self, reader: IndexReader) -> QueryService | None:
         """This warm model searching ``reader``, another version of the index, when that version was built with the

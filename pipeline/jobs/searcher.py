@@ -237,8 +237,7 @@ class Index:
             return _finite_scores(self._searched(lambda: self.reader.search(stored, k, where=where)))
         # NOTE: petal query's rule (TEXT, --stdin): bytes that are not UTF-8 (bytes, or a str holding them as lone
         # surrogates) are read as U+FFFD and answered; petal embed skips such a text, a query has no row to keep
-        texts = [_readable(text) for text in
-                 text_items(queries, "queries", "; or vectors: one numpy array or torch tensor [num_queries, dim]")]
+        texts = query_texts(queries, "queries", "; or vectors: one numpy array or torch tensor [num_queries, dim]")
         asked = [i for i, text in enumerate(texts) if skip_reason(text) is None]
         queried = [text for text in texts if text is not None and skip_reason(text) is None]
         if not texts or (not asked and not self.manifest.precomputed):  # an index without a model refuses texts
@@ -446,6 +445,11 @@ def _finite_scores(found: list[list[Hit]]) -> list[list[Hit]]:
         if hits and not np.isfinite([hit.score for hit in hits]).all():
             raise ScoresOverflowError(row)
     return found
+
+
+def query_texts(queries: Any, name: str, hint: str = "") -> list[str | None]:
+    """Texts to search as ``Index.search`` takes them (``text_items``), each as valid Unicode (``_readable``)."""
+    return [_readable(text) for text in text_items(queries, name, hint)]
 
 
 def _readable(text: str | bytes | None) -> str | None:
