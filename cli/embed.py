@@ -364,11 +364,12 @@ def _calibration_checked(items: list) -> Any:
     from petal.pipeline.ingest.text_rule import skip_reason
 
     def make(spec: Any, config: Any) -> Any:
-        kept = sum(skip_reason(text) is None for text in items)
-        if spec.int8_scheme is None and kept < 2:
-            raise click.UsageError(f"--quantize int8 learns its ranges from the texts embedded and needs at least 2, "
-                                   f"got {kept}: embed more texts at once, or take the ranges of an index built with "
-                                   "this model (--calibration INDEX)")
+        kept = [text for text in items if skip_reason(text) is None]
+        if spec.int8_scheme is None and len(set(kept)) < 2:
+            got = f"got {len(kept)}" if len(kept) < 2 else f"got {len(kept)} copies of one text"
+            raise click.UsageError(f"--quantize int8 learns its ranges from the texts embedded and needs at least 2 "
+                                   f"different ones, {got}: embed more texts at once, or take the ranges of an index "
+                                   "built with this model (--calibration INDEX)")
         from petal.engine.engine import Engine
 
         return Engine(spec, config)

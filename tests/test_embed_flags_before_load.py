@@ -38,8 +38,25 @@ def petal(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
 def test_int8_ranges_from_one_text_is_2_before_the_model_loads(tmp_path, weightless, texts):
     proc = petal(["embed", "--model", str(weightless), "--quantize", "int8", *texts], tmp_path)
     assert proc.returncode == 2, proc.stderr[-2000:]  # was: 78, the model's weights judged first
-    assert "needs at least 2, got 1" in proc.stderr
+    assert "needs at least 2 different ones, got 1:" in proc.stderr
     assert "--calibration INDEX" in proc.stderr
+
+
+@pytest.mark.parametrize("texts", [["glaciers", "glaciers"], ["glaciers", " ", "glaciers", "glaciers"]],
+                         ids=["one text twice", "three copies and a blank"])
+def test_int8_ranges_from_copies_of_one_text_is_2_before_the_model_loads(tmp_path, weightless, texts):
+    """Was: embedded, every code of every row -128 (each dimension's range 0), exit 0: no ranges were learned."""
+    proc = petal(["embed", "--model", str(weightless), "--quantize", "int8", *texts], tmp_path)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert f"got {texts.count('glaciers')} copies of one text" in proc.stderr
+
+
+def test_int8_ranges_from_texts_the_model_embeds_alike_is_2(tmp_path, minilm_dir):
+    """Two texts MiniLM does not tell apart (it lower-cases): one vector twice, no range: 2, not all -128 codes."""
+    proc = petal(["embed", "--model", str(minilm_dir), "--quantize", "int8", "Glaciers", "glaciers"], tmp_path)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "needs at least 2 different vectors; these 2 are one and the same" in proc.stderr
+    assert proc.stdout == ""
 
 
 def test_the_weightless_model_is_78_once_the_flags_pass(tmp_path, weightless):

@@ -174,7 +174,14 @@ class OutputTransform:
                              "texts at once, or take the ranges of an index built with this model: "
                              "--calibration INDEX)")
         low = stored.min(axis=0).astype(np.float32)
-        return self.with_calibration(low, stored.max(axis=0).astype(np.float32) - low)
+        span = stored.max(axis=0).astype(np.float32) - low
+        if not (span > 0).any():
+            # NOTE: every vector the same (the same text twice, or texts the model does not tell apart): no range to
+            # learn; each code was -128, as one vector's would be
+            raise ValueError(f"calibrating int8 ranges needs at least 2 different vectors; these {len(stored)} are "
+                             "one and the same (embed other texts with them, or take the ranges of an index built "
+                             "with this model: --calibration INDEX)")
+        return self.with_calibration(low, span)
 
     def with_calibration(self, low: np.ndarray, span: np.ndarray) -> OutputTransform:
         return replace(self, calibration=Calibration(tuple(float(v) for v in low), tuple(float(v) for v in span)))
