@@ -401,8 +401,11 @@ def _fd_chunks(fd: int, max_bytes: int) -> Iterator[tuple[list[bytes], bool]]:
                 start = searched = end + 1
                 dropping = False
             while (end := pending.find(b"\n", searched)) >= 0:
-                lines.append(bytes(pending[start:end + 1]))
                 number += 1
+                # NOTE: a line whose end came in the read that took it over the cap was answered whole, unsaid (16
+                # MiB and up to a read's 64 KiB more): only what was still pending after a read was measured
+                fits = end - start <= MAX_LINE_BYTES
+                lines.append(bytes(pending[start:end + 1]) if fits else _cut_line(bytes(pending[start:end]), number))
                 start = searched = end + 1
             del pending[:start]
             if len(pending) > MAX_LINE_BYTES:

@@ -62,3 +62,46 @@ def test_a_line_is_never_cut_inside_a_character(minilm_dir: Path):
     answers, stderr, _ = embed_stdin(minilm_dir, line + b"\nafter it\n")
     assert [a["index"] for a in answers] == [0, 1] and all(a["embedding"] for a in answers)
     assert "line 1 holds more" in stderr and "invalid_utf8" not in stderr
+
+
+def test_every_line_over_the_cap_is_cut_and_said_wherever_the_reads_fall(tmp_path: Path, capfd):
+    """The reader itself (``_fd_chunks``, the file descriptor path of ``--stdin``), over a file and a pipe. Was: a line
+    whose end came in the same 64 KiB read that took it over 16 MiB was answered whole (up to 16 MiB + 64 KiB) with
+    no warning; only a line still without its end after a read was measured."""
+    import os
+    import threading
+
+    from petal.cli.common import MAX_LINE_BYTES, STDIN_CHUNK_BYTES, _fd_chunks
+
+    for over, shift in [(0, 0), (1, 0), (40000, 0), (40000, 12345), (65535, 7), (100000, 0), (1, 65535)]:
+        long_line = b"w" * (MAX_LINE_BYTES + over)
+        data = b"s" * shift + b"\n" + long_line + b"\nafter\n"
+        for kind in ("file", "pipe"):
+            if kind == "file":
+                (tmp_path / "in").write_bytes(data)
+                fd = os.open(tmp_path / "in", os.O_RDONLY)
+                writer = None
+            else:
+                fd, write_fd = os.pipe()
+                writer = threading.Thread(target=_write_all, args=(write_fd, data))
+                writer.start()
+            try:
+                lines = [line for chunk, _ in _fd_chunks(fd, STDIN_CHUNK_BYTES) for line in chunk]
+            finally:
+                os.close(fd)
+                if writer is not None:
+                    writer.join()
+            said = capfd.readouterr().err
+            case = (over, shift, kind)
+            assert [len(line) for line in lines] == [shift + 1, min(len(long_line), MAX_LINE_BYTES) + 1, 6], case
+            assert lines[1].endswith(b"\n") and lines[2] == b"after\n", case
+            assert ("--stdin line 2 holds more than 16 MiB" in said) == (over > 0), (case, said)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    import os
+
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+    os.close(fd)
