@@ -31,36 +31,19 @@ class PathParam(click.Path):
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         if isinstance(value, str) and not value:
             self.fail(f"{value!r} is an empty path; give a path ('.' for the current directory)", param, ctx)
-        if isinstance(value, str) and value[:7].lower() == "file://":
-            # NOTE: the local path a file:// URL names (as a SOURCE's): it was Path('file:/...'), 'no such file'
-            from petal.pipeline.ingest.remote import file_url_path
-            from petal.pipeline.reliability.errors import PetalError
+        if isinstance(value, str):
+            # NOTE: a file:// URL is the local path it names (as a SOURCE's: it was Path('file:/...'), 'no such file');
+            # another URL is refused: only a SOURCE is read from object storage (--out s3://b/idx made a local
+            # directory 's3:'); 'a:b' made absolute: pyarrow would take it for a URI. The same conversion as every
+            # path argument of the Python API (remote.path_argument).
+            from petal.pipeline.ingest.remote import path_argument
+            from petal.pipeline.reliability.errors import UsageError
 
             try:
-                value = file_url_path(value)
-            except PetalError as exc:
+                value = str(path_argument(value))
+            except UsageError as exc:
                 self.fail(str(exc), param, ctx)
-        elif isinstance(value, str):
-            self._refuse_url(value, param, ctx)
-        if isinstance(value, str):
-            from petal.pipeline.ingest.remote import local_path
-
-            value = str(local_path(value))  # NOTE: 'a:b' made absolute: pyarrow would take it for a URI
         return super().convert(value, param, ctx)
-
-    def _refuse_url(self, value: str, param: click.Parameter | None, ctx: click.Context | None) -> None:
-        """A URL other than ``file://`` (``s3://bucket/key``) is a usage error naming it: only a SOURCE is read from
-        object storage.
-
-        NOTE: it was taken for a local path, its '//' folded (``--delete s3://b/k`` was 66 '--delete s3:/b/k: no such
-        file'; ``--out s3://b/idx`` made a local directory ``s3:``). Shown without user info or query string."""
-        from petal.pipeline.ingest.remote import display_uri, is_uri
-        from petal.pipeline.reliability.errors import quote_path
-
-        if is_uri(value):
-            shown = quote_path(display_uri(value))
-            self.fail(f"{shown} is a URL; this takes a local path (or a file:// URL): only a SOURCE is read from "
-                      "object storage (for a local path of that name, give it whole: $PWD/...)", param, ctx)
 
 
 class NonEmptyText(click.ParamType):

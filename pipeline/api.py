@@ -275,11 +275,17 @@ def _check_hooks(caller: str, report: Any, stop: Any, engine_factory: Any = None
 
 
 def _report_path(json_report: Any) -> Path | None:
-    """``json_report`` as the path to write the report to; ``None`` when not given or not a path (a ``UsageError``
-    names it where it is judged)."""
+    """``json_report`` as the path to write the report to (a ``file://`` URL the local path it names, as ``out_path``
+    converts it); ``None`` when not given or not a path (a ``UsageError`` names it where it is judged).
+
+    NOTE: was ``Path(json_report)``: the report of a run refused for another argument was written to ``./file:/r.json``
+    or ``./s3:/b/r.json``."""
     if not isinstance(json_report, (str, os.PathLike)) or not os.fspath(json_report):
         return None  # NOTE: "" is no path (never Path("") = "."): out_path names it
-    return Path(json_report)
+    try:
+        return out_path(json_report, "json_report")
+    except UsageError:  # NOTE: another URL (s3://b/r.json) is no path to write a report to: out_path names it
+        return None
 
 
 def _run(work: Callable[[], RunReport], report: RunReport, json_report: Path | str | None,

@@ -32,6 +32,7 @@ from petal.pipeline.reliability.errors import (
     NoInputError,
     PetalError,
     PetalIOError,
+    UsageError,
     quote_path,
 )
 
@@ -82,6 +83,35 @@ def local_path(path: str | os.PathLike[str]) -> Path:
     if not local.is_absolute() and local.parts and ":" in local.parts[0]:
         return Path.cwd() / local
     return local
+
+
+# NOTE: the CLI's words for a URL on a path argument (click adds "Invalid value for '--out': "); the API's name it
+URL_ON_A_PATH = ("is a URL; this takes a local path (or a file:// URL): only a SOURCE is read from object storage "
+                 "(for a local path of that name, give it whole: $PWD/...)")
+
+
+def _local_argument(value: str, refused: str) -> str:
+    """``value`` (an argument that names something local) with a ``file://`` URL made the local path it names; another
+    URL (``s3://bucket/key``), or a ``file://`` URL ``file_url_path`` refuses, is a ``UsageError`` (2) naming it as
+    given, without user info or query string."""
+    if value[:7].lower() == "file://":
+        try:
+            return file_url_path(value)
+        except NoInputError as exc:  # NOTE: 66 for a SOURCE; on a path argument a usage error, as the CLI's
+            raise UsageError(str(exc)) from None
+    if is_uri(value):
+        raise UsageError(f"{quote_path(display_uri(value))} {refused}")
+    return value
+
+
+def path_argument(path: str | os.PathLike[str]) -> Path:
+    """A path argument of the CLI or the API, any but a SOURCE (``--out``, ``--json-report``, ``--delete``, an INDEX,
+    ``calibration``, ...), as the local ``Path`` it names: a ``file://`` URL the local path (``file_url_path``),
+    another URL a ``UsageError`` (only a SOURCE is read from object storage), ``a:b`` made absolute (``local_path``).
+
+    NOTE: the one conversion of the CLI's ``PathParam`` and of every path argument of the Python API: the API took
+    ``"s3://b/idx"`` and ``"file:///x"`` for relative paths and wrote ``./s3:/b/idx``, ``./file:/x``."""
+    return local_path(_local_argument(os.fspath(path), URL_ON_A_PATH))
 
 
 def scheme_of(source: str) -> str:

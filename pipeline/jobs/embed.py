@@ -177,8 +177,8 @@ class Embedder:
             model_path(model, f"{caller}: model")
         # NOTE: before torch: device=1 was 'device 1 is not one of ...' from the engine, a ValueError, not a TypeError
         check_model_settings({"device": device, "dtype": dtype, "attention": attention}, caller)
-        if calibration is not None:
-            out_path(calibration, f"{caller}: calibration")
+        if calibration is not None:  # NOTE: file:// the local index, another URL a UsageError (as --calibration)
+            calibration = out_path(calibration, f"{caller}: calibration")
         options = model_options(**typed(ModelOptions, {
             "pooling": pooling, "attention_mask": attention_mask, "query_prompt": query_prompt,
             "allow_pickle_weights": allow_pickle_weights}, caller))

@@ -23,7 +23,7 @@ from petal.pipeline.jobs.settings import (
     check_model_settings,
     is_tensor,
     kind_of,
-    not_empty_path,
+    out_path,
     petal_error,
     text_items,
     whole_number,
@@ -46,7 +46,9 @@ class Index:
                  _caller: str = "petal.Index()") -> None:
         if not isinstance(path, (str, os.PathLike)):
             raise ArgumentTypeError(f"path {path!r} is {kind_of(path)}, not a path to an index")
-        not_empty_path(path, "path")
+        # NOTE: a file:// URL is the local path it names, another URL a UsageError, as petal query's INDEX (it was
+        # taken for a relative path: open_index("file:///idx") looked for /cwd/file:/idx)
+        root = out_path(path, "path").absolute()
         # NOTE: judged here, not only in open_index: petal.Index(...) is public and constructed directly too
         check_model_settings({"model": model, "device": device, "dtype": dtype, "attention": attention,
                               "query_prompt": query_prompt, "allow_pickle_weights": allow_pickle_weights}, _caller)
@@ -59,9 +61,8 @@ class Index:
         if nprobe is not None and nprobe > MAX_NPROBE:  # NOTE: FAISS raised at the first search (a C int)
             raise UsageError(f"--nprobe {nprobe} > {MAX_NPROBE}: FAISS takes it as a C int")
         rescore = None if rescore is None else whole_number(rescore, "rescore", 0)
-        # NOTE: absolute: a caller's later chdir must not move the index (reopened() read CURRENT, and path named
-        # the version, relative to whatever the working directory had become)
-        root = Path(path).absolute()
+        # NOTE: root is absolute: a caller's later chdir must not move the index (reopened() read CURRENT, and path
+        # named the version, relative to whatever the working directory had become)
         self._reader: IndexReader | None = IndexReader(root, nprobe=nprobe, rescore=rescore)
         self._root, self._nprobe, self._rescore = root, nprobe, rescore
         self._refused: str | None = None  # the version CURRENT named that ``reopened`` could not open

@@ -256,13 +256,18 @@ def sources_tuple(sources: str | os.PathLike[str] | Iterable[str | os.PathLike[s
 
 
 def out_path(out: Any, name: str = "out") -> Path:
-    """A path argument as a ``Path`` (``UsageError`` naming ``name`` when it is not a path, or an empty one)."""
+    """A path argument (any but a source) as the local ``Path`` it names, as the CLI's ``PathParam`` converts it
+    (``remote.path_argument``): a ``file://`` URL is the local path; ``UsageError`` naming ``name`` when it is not a
+    path, an empty one, or another URL (``s3://bucket/idx``: only a source is read from object storage)."""
     if not isinstance(out, (str, os.PathLike)):
         raise ArgumentTypeError(f"{name}: {out!r} is {kind_of(out)}, not a path")
     not_empty_path(out, name)
-    from petal.pipeline.ingest.remote import local_path
+    from petal.pipeline.ingest.remote import path_argument
 
-    return local_path(out)
+    try:
+        return path_argument(out)
+    except UsageError as exc:  # NOTE: was taken for a relative path: index(SRC, "s3://b/idx") wrote ./s3:/b/idx
+        raise UsageError(f"{name}: {exc}") from None
 
 
 def index_job(sources: str | os.PathLike[str] | Iterable[str | os.PathLike[str]], out: str | os.PathLike[str],
