@@ -60,8 +60,25 @@ class NonEmptyText(click.ParamType):
         return value
 
 
+class ModelParam(NonEmptyText):
+    """``--model``: a model directory or a cached Hugging Face id (``NonEmptyText``); a ``file://`` URL is the local
+    directory it names, another URL a usage error naming it (``remote.model_argument``, as the API's ``model=``)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        value = super().convert(value, param, ctx)
+        if isinstance(value, str):
+            from petal.pipeline.ingest.remote import model_argument
+            from petal.pipeline.reliability.errors import UsageError
+
+            try:
+                value = model_argument(value)
+            except UsageError as exc:
+                self.fail(str(exc), param, ctx)
+        return value
+
+
 PATH = PathParam()
-MODEL_DIR = NonEmptyText("directory", "'' is an empty path; leave --model out for the default")
+MODEL_DIR = ModelParam("directory", "'' is an empty path; leave --model out for the default")
 NON_EMPTY = NonEmptyText("text", "must not be empty")
 
 

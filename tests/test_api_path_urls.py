@@ -1,9 +1,11 @@
 """Every path argument of the Python API is converted as the CLI's: a ``file://`` URL is the local path it names,
-another URL (``s3://``, ``gs://``) a ``UsageError`` (2) naming the argument, before anything is written.
+another URL (``s3://``, ``gs://``, ``https://``) a ``UsageError`` (2) naming the argument, before anything is written.
+``model`` (API) and ``--model`` (CLI) the same, a Hugging Face id still read from the local cache.
 
 Before: only the CLI converted them (``PathParam``). ``petal.index(SRC, "s3://bucket/idx")`` succeeded and wrote the
 index to ``./s3:/bucket/idx``, ``petal.index(SRC, "file:///x")`` to ``./file:/x``; ``open_index("file:///idx")`` was 78
-'/cwd/file:/idx is not a petal index'. Real files: Parquet, FAISS, and the packaged MiniLM where a model is needed.
+'/cwd/file:/idx is not a petal index'; ``--model file:///m`` and ``model="file:///m"`` were 78 'looked at
+/cwd/file:/m'. Real files: Parquet, FAISS, and the packaged MiniLM where a model is needed.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import pyarrow.parquet as pq
 import pytest
 
 import petal
+from tests.fake_cli import invoke
+from tests.test_model_dir_audit import copy_model
 
 
 @pytest.fixture(scope="module")
@@ -71,14 +75,18 @@ REFUSED = {
                           lambda o, s: petal.index(s, o, vectors_column="emb", json_report="s3://bkt/r.json")),
     "index delete": ("delete", "s3://bkt/ids.parquet",
                      lambda o, s: petal.index(s, o, vectors_column="emb", delete="s3://bkt/ids.parquet")),
+    "index model": ("model", "s3://bkt/model", lambda o, s: petal.index(s, o, model="s3://bkt/model")),
     "open_index": ("path", "s3://bkt/idx", lambda o, s: petal.open_index("s3://bkt/idx")),
     "Index": ("path", "gs://bkt/idx", lambda o, s: petal.Index("gs://bkt/idx")),
+    "open_index model": ("model", "http://host/model", lambda o, s: petal.open_index(o, model="http://host/model")),
     "verify": ("out", "s3://bkt/idx", lambda o, s: petal.verify("s3://bkt/idx")),
     "rebuild": ("out", "s3://bkt/idx", lambda o, s: petal.rebuild("s3://bkt/idx")),
     "rebuild json_report": ("json_report", "s3://bkt/r.json",
                             lambda o, s: petal.rebuild(o, json_report="s3://bkt/r.json")),
     "Embedder calibration": ("calibration", "s3://bkt/idx",
                              lambda o, s: petal.Embedder(calibration="s3://bkt/idx", quantize="int8")),
+    "Embedder model": ("model", "https://huggingface.co/sentence-transformers/all-MiniLM-L6-v2",
+                       lambda o, s: petal.Embedder("https://huggingface.co/sentence-transformers/all-MiniLM-L6-v2")),
 }
 
 
@@ -114,17 +122,50 @@ def test_a_report_of_a_refused_run_goes_to_the_local_path_its_file_url_names(sha
     assert listing(cwd) == [] and not (tmp_path / "o").exists()
 
 
-def test_a_file_url_calibration_names_the_local_index(minilm_dir, tmp_path, cwd):
-    """``calibration="file:///..."`` is the index whose int8 ranges to take."""
+def test_a_file_url_model_and_calibration_name_the_local_directories(minilm_dir, tmp_path, cwd):
+    """``model="file:///..."`` is the model directory it names (``index``, ``open_index``, ``Embedder``), and
+    ``calibration="file:///..."`` the index whose int8 ranges to take."""
     src = tmp_path / "s.parquet"
     pq.write_table(pa.table({"id": ["a", "b", "c"], "text": ["glaciers flow", "bread rises", "cats purr"]}), src)
     out = tmp_path / "int8 idx"
-    report = petal.index(src, out, model=str(minilm_dir), quantize="int8", device="cpu", quiet=True)
+    report = petal.index(src, out, model=url(minilm_dir), quantize="int8", device="cpu", quiet=True)
     assert report.status == "success"
-    with petal.Embedder(str(minilm_dir), "cpu", quantize="int8", calibration=url(out)) as embedder, \
+    with petal.Embedder(url(minilm_dir), "cpu", quantize="int8", calibration=url(out)) as embedder, \
             petal.Embedder(str(minilm_dir), "cpu", quantize="int8", calibration=out) as plain:
+        assert embedder.spec.path == minilm_dir.resolve()
         np.testing.assert_array_equal(embedder.encode(["glaciers"]), plain.encode(["glaciers"]))
-    with petal.open_index(url(out), device="cpu") as index:
+    with petal.open_index(url(out), model=url(minilm_dir), device="cpu") as index:
         assert index.search(["glaciers flow"], k=1)[0][0].id == "a"
     assert listing(cwd) == []
 
+
+def test_model_flag_takes_a_file_url_refuses_other_urls_and_keeps_hugging_face_ids(minilm_dir, tmp_path, cwd,
+                                                                                    monkeypatch):
+    """``--model file:///m`` is the directory ``/m`` (it was 78 'looked at /cwd/file:/m'); ``--model s3://...`` or
+    ``https://...`` is 2 naming it (was 78, not found); ``--model acme/mini`` (a Hugging Face id, no ``scheme://``)
+    still loads the snapshot of the local cache."""
+    hub = tmp_path / "hub"
+    copy_model(minilm_dir, hub / "models--acme--mini" / "snapshots" / "0123abcd")
+    (hub / "models--acme--mini" / "refs").mkdir()
+    (hub / "models--acme--mini" / "refs" / "main").write_text("0123abcd\n")
+    for name in ("HUGGINGFACE_HUB_CACHE", "HF_HOME", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub))
+    vectors = {}
+    for label, model in (("url", url(minilm_dir)), ("id", "acme/mini"), ("dir", str(minilm_dir))):
+        result = invoke(["embed", "glaciers flow", "--model", model, "--device", "cpu",
+                         "--output", str(tmp_path / f"{label}.npy")])
+        assert result.exit_code == 0, (model, result.output)
+        vectors[label] = np.load(tmp_path / f"{label}.npy")
+    np.testing.assert_array_equal(vectors["url"], vectors["dir"])
+    np.testing.assert_array_equal(vectors["id"], vectors["dir"])
+    for model in ("s3://bkt/model", "https://huggingface.co/sentence-transformers/all-MiniLM-L6-v2"):
+        result = invoke(["embed", "glaciers flow", "--model", model, "--output", str(tmp_path / "x.npy")])
+        assert result.exit_code == 2, result.output
+        assert "--model" in result.output and f"{model} is a URL; this takes a local model directory" in \
+            result.output, result.output
+    result = invoke(["embed", "x", "--model", "file://elsewhere/model"])
+    assert result.exit_code == 2 and "another host" in result.output, result.output
+    result = invoke(["embed", "x", "--model", "acme/no-such-model"])
+    assert result.exit_code == 78 and "not found" in result.output, result.output  # an id: looked for, not refused
+    assert listing(cwd) == [] and not (tmp_path / "x.npy").exists()

@@ -88,6 +88,9 @@ def local_path(path: str | os.PathLike[str]) -> Path:
 # NOTE: the CLI's words for a URL on a path argument (click adds "Invalid value for '--out': "); the API's name it
 URL_ON_A_PATH = ("is a URL; this takes a local path (or a file:// URL): only a SOURCE is read from object storage "
                  "(for a local path of that name, give it whole: $PWD/...)")
+URL_ON_A_MODEL = ("is a URL; this takes a local model directory (or a file:// URL) or the id of a model in the local "
+                  "Hugging Face cache: petal never downloads (for a local directory of that name, give it whole: "
+                  "$PWD/...)")
 
 
 def _local_argument(value: str, refused: str) -> str:
@@ -112,6 +115,15 @@ def path_argument(path: str | os.PathLike[str]) -> Path:
     NOTE: the one conversion of the CLI's ``PathParam`` and of every path argument of the Python API: the API took
     ``"s3://b/idx"`` and ``"file:///x"`` for relative paths and wrote ``./s3:/b/idx``, ``./file:/x``."""
     return local_path(_local_argument(os.fspath(path), URL_ON_A_PATH))
+
+
+def model_argument(model: str) -> str:
+    """A ``--model`` (API ``model=``) as the directory or Hugging Face id to resolve: a ``file://`` URL the local
+    directory it names, another URL (``s3://``, ``https://``) a ``UsageError``; anything else (a path, an id such as
+    ``sentence-transformers/all-MiniLM-L6-v2``, which holds no ``scheme://``) as it is.
+
+    NOTE: a file:// URL was taken for a relative path ('model 'file:///m' not found: looked at /cwd/file:/m', 78)."""
+    return _local_argument(model, URL_ON_A_MODEL)
 
 
 def scheme_of(source: str) -> str:

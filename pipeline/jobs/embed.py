@@ -173,8 +173,8 @@ class Embedder:
         if engine_factory is not None and not callable(engine_factory):  # NOTE: else a TypeError once the model loads
             raise ArgumentTypeError(f"{caller}: engine_factory={engine_factory!r} is {kind_of(engine_factory)}, "
                                     "not callable")
-        if model is not None:
-            model_path(model, f"{caller}: model")
+        if model is not None:  # NOTE: a file:// URL is the local directory it names (was looked for at ./file:/...)
+            model = model_path(model, f"{caller}: model")
         # NOTE: before torch: device=1 was 'device 1 is not one of ...' from the engine, a ValueError, not a TypeError
         check_model_settings({"device": device, "dtype": dtype, "attention": attention}, caller)
         if calibration is not None:  # NOTE: file:// the local index, another URL a UsageError (as --calibration)

@@ -50,8 +50,9 @@ class Index:
         # taken for a relative path: open_index("file:///idx") looked for /cwd/file:/idx)
         root = out_path(path, "path").absolute()
         # NOTE: judged here, not only in open_index: petal.Index(...) is public and constructed directly too
-        check_model_settings({"model": model, "device": device, "dtype": dtype, "attention": attention,
-                              "query_prompt": query_prompt, "allow_pickle_weights": allow_pickle_weights}, _caller)
+        model = check_model_settings({"model": model, "device": device, "dtype": dtype, "attention": attention,
+                                      "query_prompt": query_prompt, "allow_pickle_weights": allow_pickle_weights},
+                                     _caller)  # NOTE: file:///m is the directory /m, as petal query --model's
         # NOTE: device="cpu" with a dtype or attention only CUDA runs: refused here, as petal.Embedder and the CLI do
         # (was found at the first search by text, after torch and the model loaded)
         problem = device_problem(device, dtype, attention) if isinstance(device, str) else None

@@ -412,15 +412,16 @@ def no_nul_byte(path: Any, name: str) -> None:
 _MODEL_CHOICES = {"device": ("auto", "cpu", "cuda"), "dtype": ("auto", *DTYPE_NAMES), "attention": ATTENTION_BACKENDS}
 
 
-def check_model_settings(settings: dict[str, Any], caller: str) -> None:
+def check_model_settings(settings: dict[str, Any], caller: str) -> str | None:
     """The model settings among ``settings`` as the CLI's flag parsing judges them: ``model`` a str or path,
     ``device``/``dtype``/``attention`` one of their choices, ``query_prompt`` a str or None, ``allow_pickle_weights``
-    a bool (else a ``UsageError`` naming it). Judged without loading torch or the model."""
+    a bool (else a ``UsageError`` naming it). Judged without loading torch or the model. Returns ``model`` as
+    ``model_path`` gives it (a ``file://`` URL the local directory), ``None`` when it is not given."""
     model = settings.get("model")
     if model is not None and not isinstance(model, (str, os.PathLike)):
         raise ArgumentTypeError(f"{caller}: model={model!r} is {kind_of(model)}, not str or a path")
     if model is not None:
-        model_path(model, f"{caller}: model")
+        model = model_path(model, f"{caller}: model")
     typed(ModelOptions, {key: settings[key] for key in ("query_prompt", "allow_pickle_weights") if key in settings},
           caller)
     for name, choices in _MODEL_CHOICES.items():
@@ -431,16 +432,23 @@ def check_model_settings(settings: dict[str, Any], caller: str) -> None:
             raise ArgumentTypeError(f"{caller}: {name}={value!r} is {kind_of(value)}, not str")
         if value not in choices:
             raise UsageError(f"{caller}: {name}={value!r} is not one of {', '.join(choices)}")
+    return model
 
 
 def model_path(model: Any, name: str) -> str:
-    """``model`` (a directory or a cached Hugging Face id) as a str; one that is not a str or a path, or an empty one,
-    is a ``UsageError`` naming ``name``: ``model=""`` (an unset variable) is not the packaged default, which ``None``
-    (or leaving it out) asks for."""
+    """``model`` (a directory or a cached Hugging Face id) as a str, a ``file://`` URL as the local directory it names
+    (``remote.model_argument``, as ``--model``'s); one that is not a str or a path, an empty one, or another URL is a
+    ``UsageError`` naming ``name``: ``model=""`` (an unset variable) is not the packaged default, which ``None`` (or
+    leaving it out) asks for."""
     if not isinstance(model, (str, os.PathLike)):
         raise ArgumentTypeError(f"{name}: {model!r} is {kind_of(model)}, not a path")
     path = os.fspath(model)
     if not path:
         raise UsageError(f"{name}: an empty path; leave it out (None) for the packaged model")
     no_nul_byte(path, name)
-    return path
+    from petal.pipeline.ingest.remote import model_argument
+
+    try:
+        return model_argument(path)  # NOTE: file:///m is the directory /m (was looked for at ./file:/m), as --model's
+    except UsageError as exc:
+        raise UsageError(f"{name}: {exc}") from None
