@@ -40,7 +40,8 @@ def info(index_path: Path, as_json: bool) -> None:
     """Show INDEX's model, dim, metric, index type, counts, shards and version.
 
     The version's files are checked as an open checks them (sizes and head/tail checksums, index.faiss's
-    header against the manifest: binary or float, dim, vectors, metric; O(1) in the index size): a damaged
+    header against the manifest: binary or float, dim, vectors, metric; ids.parquet's footer: as many ids as
+    vectors, the id and stored columns; a binary index's rescore.npy shape; O(1) in the index size): a damaged
     file is said on stderr after what the manifest holds, with the exit code of petal query (65 corrupt or
     not the manifest's, 78 missing or not a regular file); petal verify checks every byte and the index kind.
     """
@@ -52,11 +53,16 @@ def info(index_path: Path, as_json: bool) -> None:
         if as_json:
             echo_json_failure(exc.format_message(), exc.exit_code)
         raise
+    from petal.pipeline.index.open_checks import check_without_faiss
     from petal.pipeline.index.verify import check_on_open
 
     try:
         with lease:  # NOTE: a publish meanwhile must not prune the version under the check
             checked, damage = check_on_open(version_dir, full_fallback=False), None
+            # NOTE: then what an open checks past the checksums and the header, without FAISS: ids.parquet's footer
+            # (as many ids as vectors, the columns), a binary index's rescore.npy header (a version every query
+            # refused with 65 was shown exit 0)
+            check_without_faiss(version_dir, manifest)
     except PetalError as exc:
         checked, damage = None, exc
     if as_json:

@@ -110,10 +110,12 @@ def test_help_version_and_usage_errors_import_nothing_heavy(argv, code, tmp_path
 
 
 def test_info_and_verify_read_the_manifest_without_torch_or_faiss(index_dir, tmp_path):
+    # NOTE: petal info reads ids.parquet's footer with pyarrow, as opening does (pipeline/index/open_checks.py: a
+    # version every query refused with 65 was shown exit 0); an index that is not there loads nothing heavy
     for argv in (["info", str(index_dir)], ["info", str(index_dir), "--json"], ["info", str(tmp_path / "missing")]):
         code, loaded = run(argv, tmp_path)
         assert code == (78 if "missing" in argv[1] else 0)
-        assert not loaded, f"petal {' '.join(argv)} imported {sorted(loaded)}"
+        assert not loaded - ({"pyarrow"} if code == 0 else set()), f"petal {' '.join(argv)} imported {sorted(loaded)}"
     # petal verify reads the index as opening does (FAISS, the ids' footer) once every byte matched; no model
     code, loaded = run(["verify", str(index_dir)], tmp_path)
     assert code == 0 and not loaded - {"faiss", "pyarrow"}, loaded

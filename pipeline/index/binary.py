@@ -17,9 +17,11 @@ import numpy as np
 
 from petal.pipeline.index.faiss_loader import load_faiss
 from petal.pipeline.index.files import INDEX_FILE
+from petal.pipeline.index.open_checks import RESCORE_FILE as RESCORE_FILE  # re-exported: writer.py, search.py
+from petal.pipeline.index.open_checks import rescore_path, rescore_vectors
 from petal.pipeline.index.widen import EF_FLOOR, searched_again
 from petal.pipeline.manifest import Manifest
-from petal.pipeline.reliability.errors import BadInputError, ConfigError, one_line, quote_path
+from petal.pipeline.reliability.errors import BadInputError, quote_path
 
 DEFAULT_RESCORE = 10  # Hamming candidates per wanted hit, re-ranked with float vectors
 # NOTE: what bounds a search's memory when k x rescore reaches the whole index (petal serve takes rescore up to
@@ -27,7 +29,6 @@ DEFAULT_RESCORE = 10  # Hamming candidates per wanted hit, re-ranked with float 
 # rows read and scored at a time (float32, dim wide)
 CANDIDATES_PER_CALL = 1 << 22
 RESCORE_ROWS = 1 << 16
-RESCORE_FILE = "rescore.npy"
 # NOTE: a hash index (BHash...) looks up every bucket within nflip bit flips of the query's b-bit hash, sum of
 # C(b, i) for i <= nflip of them a query: nflip is kept where that is at most this many (b 64: nflip 3)
 MAX_FLIP_BUCKETS = 1 << 20
@@ -219,40 +220,13 @@ def open_binary_index(version_dir: Path, manifest: Manifest, nprobe: int | None 
     """Open ``version_dir``'s binary index (its files already checked by ``IndexReader``), memory-mapped."""
     from petal.pipeline.index.mmap import read_binary_index_mapped
 
-    files = manifest.index.files
-    rescore_path = version_dir / RESCORE_FILE
-    if RESCORE_FILE not in files or not rescore_path.is_file():
-        raise ConfigError(f"{quote_path(version_dir)}: {RESCORE_FILE} is missing or not listed in the manifest")
+    path = rescore_path(version_dir, manifest)  # NOTE: open_checks.py: what petal info checks too
     # NOTE: its size and head/tail checksum were checked with the other files (IndexReader, verify.py);
     # petal verify checks every byte.
     index = read_binary_index_mapped(version_dir / INDEX_FILE)
-    vectors = _rescore_vectors(rescore_path, int(index.ntotal), int(index.d))
+    vectors = rescore_vectors(path, int(index.ntotal), int(index.d))
     out = BinaryIndex(index, vectors, manifest.metric, DEFAULT_RESCORE if rescore is None else rescore,
                       source=version_dir / INDEX_FILE)
     params = dict(manifest.index.search_params)
     out.set_params(params if nprobe is None else {**params, "nprobe": nprobe})
     return out
-
-
-def _rescore_vectors(path: Path, rows: int, dim: int) -> np.ndarray:
-    """``rescore.npy`` memory-mapped: ``[rows, dim]`` floats, one row per vector of the index, or a
-    ``BadInputError`` (65) naming it. NOTE: ``np.load`` parses the header with Python's tokenizer and
-    ``ast``: a damaged one raises ``EOFError``, ``SyntaxError``, ``tokenize.TokenError``... (whatever the
-    head/tail checksum let through: a re-signed manifest, an old version), never a traceback here."""
-    import tokenize
-
-    from petal.pipeline.index.read_errors import read_failure
-
-    try:
-        vectors = np.load(path, mmap_mode="r", allow_pickle=False)
-    except MemoryError as exc:  # NOTE: the host's (74), not "the index is corrupt"
-        raise read_failure(path, "it", exc) from exc
-    except (ValueError, EOFError, SyntaxError, tokenize.TokenError, TypeError, KeyError, OverflowError) as exc:
-        raise BadInputError(f"{quote_path(path)}: cannot be read ({one_line(str(exc))[:200] or type(exc).__name__}); "
-                            "the index is corrupt, rebuild it") from exc
-    if not isinstance(vectors, np.ndarray) or vectors.ndim != 2 or vectors.dtype.kind != "f" \
-            or vectors.shape != (rows, dim):
-        shape = getattr(vectors, "shape", "?")
-        raise BadInputError(f"{quote_path(path)}: holds {getattr(vectors, 'dtype', '?')} {shape}, the index has "
-                            f"{rows} float vectors of dim {dim}; the index is corrupt, rebuild it")
-    return vectors

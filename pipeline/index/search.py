@@ -20,10 +20,11 @@ import pyarrow.parquet as pq
 from petal.pipeline.index.binary import RESCORE_FILE, open_binary_index
 from petal.pipeline.index.checksums import sha256_file
 from petal.pipeline.index.faiss_loader import load_faiss
-from petal.pipeline.index.files import IDS_FILE, INDEX_FILE, IVFDATA_FILE, open_parquet, read_index
+from petal.pipeline.index.files import IDS_FILE, INDEX_FILE, IVFDATA_FILE, read_index
+from petal.pipeline.index.open_checks import open_ids
 from petal.pipeline.index.plan import searched_nodes
 from petal.pipeline.index.read_errors import host_failure, read_failure
-from petal.pipeline.index.row_groups import IdMap, RowGroups, column_problem
+from petal.pipeline.index.row_groups import RowGroups
 from petal.pipeline.index.tune import apply_params
 from petal.pipeline.index.verify import OpenCheck, check_on_open
 from petal.pipeline.index.widen import EF_FLOOR, CodeScan, decodable, searched_again
@@ -279,12 +280,10 @@ class IndexReader:
         # per row group as hits fall in them (row_groups.py), so the open is O(1) in the number of ids (1M x 1024:
         # the whole id map took 0.15 s). ``shard`` repeats a few paths over every row: decoded as a dictionary.
         # The file is memory-mapped: a version pruned after this point still answers.
-        ids_file = open_parquet(self.dir / IDS_FILE, read_dictionary=["shard"])
-        rows = RowGroups(ids_file, self.dir / IDS_FILE)
+        # The count, the id columns and the stored ones the manifest records are checked (open_checks.py: what
+        # petal info checks too, against the manifest).
+        rows, self.id_map = open_ids(self.dir, self.manifest, int(self.index.ntotal))
         self.num_ids = rows.num_rows
-        if self.num_ids != self.index.ntotal:
-            raise BadInputError(f"{quote_path(self.dir)}: {self.num_ids} ids for {self.index.ntotal} vectors")
-        self.id_map = IdMap(rows)
         if not self.open_check.sealed:
             # NOTE: no trusted head/tail records (an old version, an edited manifest): opened as before issue 14,
             # every file hashed above and the whole id map decoded here, so damage anywhere in it is refused now
@@ -800,30 +799,11 @@ def shard_locations(manifest: Manifest) -> dict[str, str]:
 
 
 def open_columns(rows: RowGroups, manifest: Manifest) -> Any:
-    """The version's stored columns (text, --keep-columns: in ``ids.parquet``), or ``None`` (an older index); a
-    column the manifest records that the file lacks is a ``BadInputError`` (65) naming both."""
+    """The version's stored columns (text, --keep-columns: in ``ids.parquet``), or ``None`` (an older index); the
+    columns the manifest records were checked to be there by ``open_checks.open_ids``."""
     recorded = manifest.stored
     if recorded is None:
         return None
     from petal.pipeline.index.columns_file import ColumnsReader
 
-    problem = stored_columns_missing(rows, manifest)
-    if problem is not None:
-        raise BadInputError(problem)
     return ColumnsReader(rows, (["text"] if recorded.text else []) + list(recorded.keep))
-
-
-def stored_columns_missing(rows: RowGroups, manifest: Manifest) -> str | None:
-    """Why ``ids.parquet`` does not hold the stored columns its manifest records (``columns``), ``None`` when it does.
-    NOTE: a ``--where`` on a kept column the file lacked was a pyarrow KeyError traceback (exit 1); an empty
-    version's file may lack them (there were no rows to store)."""
-    recorded = manifest.stored
-    if recorded is None or not rows.num_rows:
-        return None
-    missing = [n for n in (["text"] if recorded.text else []) + list(recorded.keep) if n not in rows.names]
-    if not missing:
-        problem = column_problem(rows, {"text": ("text",)}, nullable=("text",)) if recorded.text else None
-        return None if problem is None else f"{problem}: the file does not match its manifest; rebuild the version"
-    return (f"{quote_path(rows.path)} has no column {', '.join(map(quote_path, missing))}, which the manifest's "
-            "columns record lists: the file does not match its manifest; the version is damaged, rebuild it")
-

@@ -526,15 +526,9 @@ def _decoded_ids(path: Path, manifest: Any) -> int:
     decoded, page checksums verified, one at a time: ``BadInputError`` (65) naming it otherwise.
     NOTE: its sha256 only says it is the file the manifest signs; a manifest signed again over a file whose pages
     do not decode made every query 65 ('run petal verify') while petal verify said ok."""
-    from petal.pipeline.index.files import open_parquet
-    from petal.pipeline.index.row_groups import IdMap, RowGroups
-    from petal.pipeline.index.search import stored_columns_missing
+    from petal.pipeline.index.open_checks import open_ids
 
-    rows = RowGroups(open_parquet(path, read_dictionary=["shard"]), path)
-    IdMap(rows)  # the columns a hit needs
-    problem = stored_columns_missing(rows, manifest)  # and those the manifest says are stored
-    if problem is not None:
-        raise BadInputError(problem)
+    rows, _ = open_ids(path.parent, manifest, None)  # the columns a hit needs, and those the manifest says are stored
     for group in range(len(rows.starts) - 1):
         rows.read_group(group, rows.names)
     return rows.num_rows
