@@ -69,6 +69,10 @@ LOCK_POLL_S = 0.2
 LAST_VERSION_FILE = ".last-version"
 MAX_VERSION_NUMBER = 999_999  # VERSION_RE: six digits, so that ids sort as strings in number order
 POINTER_MAX_BYTES = 256  # CURRENT holds one version id; more is not read (never echoed either)
+# NOTE: the most of a pointer that is no version id a refusal shows (petal serve's /ready too): past the 24 characters
+# of an id, so that one that starts with a valid id ('v...Z.bak', two ids on two lines) shows what is wrong with it
+# (it was cut at 24: exactly the valid id, followed by '...')
+SHOWN_POINTER_CHARS = 64
 MANIFEST_MAX_BYTES = 64 << 20
 
 
@@ -217,8 +221,9 @@ class OutputDir:
                 return None
             # NOTE: a link to nothing is not "no version published yet" (which said to wait for a run that is not
             # there): it is a pointer that names nothing, refused as one
-            raise ConfigError(f"{quote_path(self.current_file)} is a symbolic link to nothing "
-                              f"({quote_text(os.readlink(self.current_file), 64)}); {self.recovery_hint()}") from exc
+            target = quote_text(os.readlink(self.current_file), SHOWN_POINTER_CHARS)
+            raise ConfigError(f"{quote_path(self.current_file)} is a symbolic link to nothing ({target}); "
+                              f"{self.recovery_hint()}") from exc
         except OSError as exc:
             if is_denied(exc):
                 # NOTE: OUT itself unreadable (a chmod of the directory while serving) was blamed on CURRENT, whose
@@ -231,7 +236,7 @@ class OutputDir:
                 f"cannot read {quote_path(self.current_file)}: {exc.strerror or exc}") from exc
         name = raw.decode("utf-8", "surrogateescape").strip()
         if not VERSION_RE.match(name):
-            held = (f"holds {quote_text(name, 24)}, which is not a petal version id" if name
+            held = (f"holds {quote_text(name, SHOWN_POINTER_CHARS)}, which is not a petal version id" if name
                     else "is empty (or only blank): it names no petal version id")
             raise ConfigError(f"{quote_path(self.current_file)} {held}; {self.recovery_hint()}")
         return name
@@ -400,8 +405,8 @@ class OutputDir:
             return 0, f"cannot read {quote_path(path)} (the last version id handed out): {reason}"
         name = raw.decode("utf-8", "surrogateescape").strip()
         if not VERSION_RE.match(name):
-            return 0, (f"{quote_path(path)} (the last version id handed out) holds {quote_text(name, 24)}, which is "
-                       "not a version id")
+            return 0, (f"{quote_path(path)} (the last version id handed out) holds "
+                       f"{quote_text(name, SHOWN_POINTER_CHARS)}, which is not a version id")
         return int(name[1:7]), None
 
     def publish_mark(self) -> str:

@@ -72,6 +72,12 @@ CASES: dict[str, tuple[Callable[[Path], None], Callable[[Path], object], int, st
     # NOTE: bytes that are not UTF-8 quoted as escapes (were U+FFFD: the bytes lost)
     "CURRENT not UTF-8": (lambda out: (out / "CURRENT").write_bytes(b"\xff\xfe" * 4 + b"\n"), lambda out: out, 78,
                           'holds "\\xff\\xfe\\xff\\xfe\\xff\\xfe\\xff\\xfe", which is not a petal version id'),
+    # NOTE: a pointer that starts with a valid id was shown cut at 24 characters, the id alone ("v...Z"...)
+    "CURRENT an id and more": (lambda out: (out / "CURRENT").write_text("v000001-20990101T000000Z.bak\n"),
+                               lambda out: out, 78, 'holds "v000001-20990101T000000Z.bak", which is not'),
+    "CURRENT two ids": (lambda out: (out / "CURRENT").write_text("v000001-20990101T000000Z\n"
+                                                                 "v000002-20990101T000000Z\n"), lambda out: out, 78,
+                        'holds "v000001-20990101T000000Z\\nv000002-20990101T000000Z", which is not'),
     "CURRENT empty": (lambda out: (out / "CURRENT").write_text(" \n"), lambda out: out, 78,
                       "CURRENT is empty (or only blank): it names no petal version id"),
     "CURRENT names a missing version": (lambda out: (out / "CURRENT").write_text("v999999-20990101T000000Z\n"),

@@ -50,7 +50,7 @@ from typing import Any
 from petal.engine.loader import ModelSpec
 from petal.pipeline.index.search import IndexReader, current_pointer
 from petal.pipeline.jobs.query import SearchIndex, model_mismatch
-from petal.pipeline.layout import VERSION_RE, MislabeledVersion, OutputDir, resolve_index_dir
+from petal.pipeline.layout import SHOWN_POINTER_CHARS, VERSION_RE, MislabeledVersion, OutputDir, resolve_index_dir
 from petal.pipeline.manifest import Manifest, ModelRecord, StoredFormat
 from petal.pipeline.reliability.errors import ConfigError, PetalError, one_line, quote_path, quote_text
 from petal.pipeline.reliability.faults import fault
@@ -87,7 +87,6 @@ class Refusal:
 
 
 Pointer = tuple[str | None, tuple[int, ...] | None]
-SHOWN_POINTER_CHARS = 64  # the most of a CURRENT that is no version id shown (it holds up to 256 bytes)
 
 
 def shown(pointer: str) -> str:
