@@ -285,12 +285,16 @@ class OutputDir:
         if not VERSION_RE.match(version):
             raise ConfigError(f"{quote_text(version, 40)} is not a petal version id")
         path = self.versions_dir / version
+        if not inside(self.versions_dir, self.root):
+            # NOTE: versions/ itself a link out of OUT: the link is what to name ('OUT/versions/V leads out of
+            # OUT/versions' blamed the version, which lies where versions/ leads)
+            raise ConfigError(f"{quote_path(self.versions_dir)} leads out of {quote_path(self.root)} (a symlink); "
+                              "refusing to follow it (petal keeps its versions inside the output directory)")
         if path.is_symlink() and inside(path, self.versions_dir):
             # NOTE: a link within versions/ (or to itself) leads nowhere out: 'leads out of versions/' misled
             raise ConfigError(f"{quote_path(path)} is a symbolic link, not a version directory; refusing to follow "
                               "it (a version is a directory of its own under versions/)")
-        if path.is_symlink() or (path.exists() and path.resolve().parent != self.versions_dir.resolve()) \
-                or not inside(self.versions_dir, self.root):
+        if path.is_symlink() or (path.exists() and path.resolve().parent != self.versions_dir.resolve()):
             raise ConfigError(f"{quote_path(path)} leads out of {quote_path(self.versions_dir)}; refusing to follow it")
         return path
 

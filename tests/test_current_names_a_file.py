@@ -77,3 +77,29 @@ def test_a_current_that_links_to_nothing_says_so_not_wait_for_a_run(built: Path,
     subprocess.run(["sh", "-c", hint.group(1)], check=True)
     assert not (out / "CURRENT").is_symlink() and not (out / "versions" / "v000009-gone").exists()
     assert forkrun.petal(["info", str(out)]).rc == 0
+
+
+def test_versions_linked_out_of_out_names_versions_not_the_version(built: Path, tmp_path: Path) -> None:
+    """OUT/versions itself a symbolic link out of OUT: refused (78) naming OUT/versions as the link that leads out of
+    OUT; it said 'OUT/versions/V leads out of OUT/versions', blaming the version, which lies where the link leads
+    (a version entry that leads out of versions/ still says so)."""
+    out, version = copy_index(built, tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    (out / "versions").rename(elsewhere)
+    (out / "versions").symlink_to(elsewhere)
+    said = f"{out / 'versions'} leads out of {out} (a symlink)"
+    for argv in (["query", str(out), "--vector-file", str(built.parent / "q.npy")], ["info", str(out)],
+                 ["verify", str(out)], ["verify", str(out), "--version", version.name]):
+        done = forkrun.petal(argv)
+        assert done.rc == 78 and said in done.last_line and f"{version.name} leads out" not in done.stderr, \
+            (argv, done.stderr)
+    opened = api(out)
+    assert opened.returncode == 78 and said in opened.stderr, opened.stderr
+
+
+def test_a_version_linked_out_of_versions_still_says_so(built: Path, tmp_path: Path) -> None:
+    out, version = copy_index(built, tmp_path)
+    version.rename(tmp_path / "elsewhere")
+    version.symlink_to(tmp_path / "elsewhere")
+    done = forkrun.petal(["info", str(out)])
+    assert done.rc == 78 and f"{version} leads out of {out / 'versions'}" in done.last_line, done.stderr

@@ -44,12 +44,29 @@ def inside(path: Path, root: Path) -> bool:
     return real == real_root or real.startswith(real_root.rstrip(os.sep) + os.sep)
 
 
+def link_out(path: Path, root: Path) -> Path:
+    """The first of ``path``'s directories below ``root`` that leads out of ``root``, else ``path``: the link to name
+    when ``path`` leads out (``OUT/versions`` linked elsewhere, not each file reached through it)."""
+    try:
+        parts = Path(path).relative_to(root).parts
+    except ValueError:  # NOTE: not below root as written (a relative root, another spelling): the path itself
+        return Path(path)
+    here = Path(root)
+    for part in parts[:-1]:
+        here = here / part
+        if not inside(here, root):
+            return here
+    return Path(path)
+
+
 def check_regular(path: Path, root: Path) -> None:
     """Refuse ``path`` unless it stays inside ``root`` and is a regular file. ``FileNotFoundError``
     when it does not exist (a symlink whose target is missing included)."""
     path = Path(path)
     if not inside(path, root):
-        raise UnsafeFileError(f"{quote_path(path)} leads out of {quote_path(root)} (a symlink); refusing to "
+        link = link_out(path, root)
+        through = "" if link == path else f" on the way to {quote_path(path)}"
+        raise UnsafeFileError(f"{quote_path(link)} leads out of {quote_path(root)} (a symlink){through}; refusing to "
                               "follow it: remove it")
     try:
         mode = os.stat(path).st_mode  # FileNotFoundError for a missing file or a dangling symlink
