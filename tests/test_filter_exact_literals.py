@@ -1,7 +1,7 @@
 """A ``--where`` number literal with a decimal point or exponent compares by its exact value with integer and decimal
 columns (README: "by value"; ``2001.5`` on an integer column matches nothing). It went through float64 first:
 ``big = 4611686018427387904.5`` and ``= 4611686018427387905.0`` matched 2^62, ``i8 = 127.0000000000000001``
-matched 127, ``dec = 2.5000000000000001`` matched 2.50. Float columns still compare with the literal's float value.
+matched 127, ``dec = 2.5000000000000001`` matched 2.50. Float columns: test_filter_float_literals.py.
 Real pyarrow tables through petal's filter (parse_filter, filter_mask)."""
 
 from __future__ import annotations

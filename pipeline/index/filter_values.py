@@ -7,7 +7,9 @@ and ``false`` with boolean columns, and a quoted ISO date or time with date, tim
 other pair (``topic = 5`` on a string column, ``year = '2001'`` on an integer one, ``flag = 1`` on a boolean
 one, an ``IN`` list that mixes them) is a ``FilterError`` naming the column, its stored type and the literal's
 type. Numbers compare by value: ``2001.0`` is ``2001``; a number the column's type cannot hold (``2001.5`` or
-``70000`` for an ``int16`` column) matches no row, as it equals none.
+``70000`` for an ``int16`` column) matches no row, as it equals none. A float column holds a number where the float
+nearest it (of its type; in a float64 column, of float32 too) written to the number's own significant digits is the
+number (``_floats``): ``0.1`` is float64 0.1 and float32 0.1; ``16777217`` is no float32, ``1e999`` no float.
 """
 
 from __future__ import annotations
@@ -222,7 +224,7 @@ def _numbers(dtype: pa.DataType, values: tuple[Any, ...]) -> pa.Array:
     import pyarrow as pa
 
     if pa.types.is_floating(dtype):
-        return from_python([float(v) for v in values], pa.float64()).cast(dtype, safe=False)
+        return from_python([f for v in values for f in _floats(_exact(v), dtype.bit_width)], dtype)
     if pa.types.is_integer(dtype):
         info = np.iinfo(dtype.to_pandas_dtype())
         # NOTE: the magnitude first: int() of 1e1000000 built a million-digit int (24 s on the event loop)
@@ -239,3 +241,56 @@ def _numbers(dtype: pa.DataType, values: tuple[Any, ...]) -> pa.Array:
         except (InvalidOperation, pa.ArrowInvalid):  # more digits than the column's scale or precision holds
             continue
     return pa.concat_arrays(kept) if kept else from_python([], dtype)
+
+
+# NOTE: float16 as numpy's, not Arrow's (from_python builds a float16 array from these bits)
+_FLOAT_TYPES = {16: "float16", 32: "float32", 64: "float64"}
+
+
+def _floats(exact: Decimal, bits: int) -> list[float]:
+    """The floats of a column of ``bits`` width that ``exact`` (a literal's value) equals: the float of that width
+    nearest it, and in a float64 column the float32 nearest it too (a float32 widened to float64 keeps its value), each
+    only where the literal is that float written to the literal's own significant digits (``0.1`` is float64 0.1 and
+    float32 0.1, ``3.4e38`` float32's 3.4028235e38).
+
+    NOTE: the literal went through float64 and an unchecked cast: ``f64 = 1e999`` matched inf, ``f32 = 1e-50`` 0.0,
+    ``f32 = 16777217`` 16777216 and ``f64 = 9007199254740993`` 2^53: a number read as a float it is not, where the
+    literal gives more digits than the float has (or overflows, or underflows to zero), equals no stored value."""
+    if not exact.is_finite():
+        return []
+    if exact.is_zero():
+        return [0.0]
+    if not -330 < exact.adjusted() < 310:  # NOTE: past every float64: inf or zero (a Fraction of a huge power)
+        return []
+    digits = Context(prec=len(exact.as_tuple().digits), Emax=MAX_EMAX, Emin=MIN_EMIN)
+    found = []
+    for width in (bits, 32) if bits == 64 else (bits,):
+        near = _nearest(exact, width)
+        if near is not None and near not in found and digits.plus(Decimal(near)) == exact:
+            found.append(near)
+    return found
+
+
+def _nearest(exact: Decimal, bits: int) -> float | None:
+    """The float of ``bits`` width nearest ``exact`` (ties to even), as a Python float; ``None`` where it rounds to
+    infinity. NOTE: float64 then the narrower float rounds twice, which is not always the nearest."""
+    from fractions import Fraction
+
+    import numpy as np
+
+    wide = float(exact)  # NOTE: correctly rounded (Decimal's float reads its text)
+    if bits == 64:
+        return wide if math.isfinite(wide) else None
+    kind = np.dtype(_FLOAT_TYPES[bits]).type
+    top = np.finfo(kind).max
+    value = Fraction(exact)
+    if abs(value) >= Fraction(float(top)) + (Fraction(float(top)) - Fraction(float(np.nextafter(top, kind(0))))) / 2:
+        return None  # NOTE: half a step past the largest rounds to infinity (its last bit is odd)
+    with np.errstate(over="ignore"):
+        near = kind(wide)
+        if not np.isfinite(near):
+            near = kind(math.copysign(float(top), wide))
+        steps = [near, np.nextafter(near, kind(np.inf)), np.nextafter(near, kind(-np.inf))]
+    best = min((c for c in steps if np.isfinite(c)),
+               key=lambda c: (abs(Fraction(float(c)) - value), int(c.view(f"uint{bits}")) & 1))
+    return float(best)

@@ -77,9 +77,9 @@ def _tokens(text: str) -> list[tuple[str, Any]]:
 
 
 class ExactNumber(float):
-    """A number literal with a decimal point or exponent: its float value (compared with float columns) and its exact
-    digits (``exact``), with which integer and decimal columns compare it. NOTE: through float64 alone,
-    ``big = 4611686018427387904.5`` matched 2^62 and ``dec = 2.5000000000000001`` matched 2.50."""
+    """A number literal with a decimal point or exponent: a float (its kind, ``literal_kind``) and its exact digits
+    (``exact``), with which integer, decimal and float columns compare it (``filter_values._numbers``). NOTE:
+    through float64 alone, ``big = 4611686018427387904.5`` matched 2^62 and ``dec = 2.5000000000000001`` 2.50."""
 
     exact: Decimal
     text: str
