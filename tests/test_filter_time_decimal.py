@@ -36,12 +36,14 @@ def typed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
         "at_us": pa.array([datetime.time(7, 5, 0, 250000 * (i % 2)) for i in range(ROWS)], pa.time64("us")),
         "when": pa.array([datetime.datetime(2024, 1, 31, 12 + i % 2, tzinfo=UTC) for i in range(ROWS)],
                          pa.timestamp("ms", "UTC")),
+        "stamp": pa.array([datetime.datetime(2024, 1, 31, 12, 0, 0, 500000 * (i % 2)) for i in range(ROWS)],
+                          pa.timestamp("us")),
         "topic": [str(i % 3) for i in range(ROWS)], "score": pa.array([i / 4 for i in range(ROWS)], pa.float32()),
         "flag": [i % 2 == 0 for i in range(ROWS)], "year": pa.array([2000 + i % 3 for i in range(ROWS)], pa.int16()),
         "emb": pa.FixedSizeListArray.from_arrays(pa.array(vectors.ravel()), DIM)}), root / "docs.parquet")
     out = root / "idx"
     result = CliRunner().invoke(cli, ["index", str(root / "docs.parquet"), "--out", str(out), "-q", "--vectors-column",
-                                      "emb", "--keep-columns", "price,at_s,at_us,when,topic,score,flag,year",
+                                      "emb", "--keep-columns", "price,at_s,at_us,when,stamp,topic,score,flag,year",
                                       "--index-factory", "Flat"])
     assert result.exit_code == 0, result.output
     np.save(root / "q.npy", vectors[:1])
@@ -81,6 +83,11 @@ def test_a_time_of_day_column_takes_iso_times(typed):
                                         ("at_s = '24:00'", "not a time of day it can hold"),
                                         ("at_us = 'noon'", "not a time of day it can hold"),
                                         ("when = '2024-01-31 12:00:00'", "has no UTC offset"),
+                                        ("when = '2024-01-31 12:00:00.0005Z'", "finer than the column's unit (ms)"),
+                                        ("stamp = '2024-01-31 12:00:00.0000005'",
+                                         "finer than the column's unit (us)"),
+                                        ("stamp = '2024-01-31 12:00:00.0000000001'",
+                                         "finer than the column's unit (us)"),
                                         ("when = '2024-01-31'", "has no UTC offset")])
 def test_a_time_a_column_cannot_hold_is_a_usage_error_naming_it(typed, where, said):
     out, query = typed
@@ -91,6 +98,20 @@ def test_a_time_a_column_cannot_hold_is_a_usage_error_naming_it(typed, where, sa
     assert "assume_timezone" not in result.stderr and "Traceback" not in result.output
     with pytest.raises(ValueError, match=re.escape(said)):
         fields(out, where)
+
+
+def test_a_timestamp_literal_with_zeros_past_the_columns_unit_is_that_time(typed):
+    """Before: Arrow's cast refused more fractional digits than the unit holds, zeros too: '12:00:00.500000' on a
+    timestamp[ms] was 'not a date or time it can hold', and '12:00:00.0000005' on a timestamp[us] said so too where
+    a time of day says it is finer than the column's unit."""
+    out, _ = typed
+    half = datetime.datetime(2024, 1, 31, 12, 0, 0, 500000)
+    for where in ("stamp = '2024-01-31 12:00:00.5'", "stamp = '2024-01-31 12:00:00.500000000'",
+                  "stamp = '2024-01-31T12:00:00.5000000'"):
+        got = fields(out, where)
+        assert len(got) == ROWS // 2 and {f["stamp"] for f in got} == {half}, where
+    assert len(fields(out, "when = '2024-01-31 12:00:00.000000Z'")) == ROWS // 2
+    assert len(fields(out, "when = '2024-01-31T13:00:00.000+01:00'")) == ROWS // 2
 
 
 def test_a_timestamp_with_a_time_zone_takes_literals_with_their_offset(typed):

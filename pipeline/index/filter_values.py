@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 _TIME = re.compile(r"(\d{1,2}):(\d{2})(?::(\d{2})(?:\.(\d{1,9}))?)?")
 # a literal's UTC offset after its time: Z, +01:00, -0530, +01 (a bare date's "-31" is none)
 _OFFSET = re.compile(r"\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)? ?(?:Z|[+-]\d{2}(?::?\d{2})?)$")
+# a literal's fractional seconds, after its time of day
+_FRACTION = re.compile(r"(?<=\d:\d{2}:\d{2})\.(\d+)")
 HINTS = {"number": "give a number (unquoted)", "boolean": "write true or false",
          "temporal": "give a quoted date or time, e.g. '2024-01-31' or '2024-01-31 12:00:00'"}
 
@@ -98,8 +100,9 @@ def value_set(column: str, dtype: pa.DataType, values: tuple[Any, ...]) -> pa.Ar
         if naive:  # NOTE: Arrow's own message tells of casts and assume_timezone, nothing a filter can do
             raise FilterError(f"--where: column {column!r} is {dtype}; {literal_text(naive[0])} has no UTC offset, "
                               f"which a time with a time zone needs: write one, e.g. '2024-01-31 12:00:00+00:00'")
+        texts = [_to_unit(column, dtype, value) for value in values] if pa.types.is_timestamp(dtype) else values
         try:
-            return from_python(values, pa.string()).cast(dtype)
+            return from_python(texts, pa.string()).cast(dtype)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
             said = ", ".join(map(literal_text, values))
             raise FilterError(f"--where: column {column!r} is {dtype}; {said} is not a date or time it can hold "
@@ -168,6 +171,23 @@ def _times(column: str, dtype: pa.DataType, values: tuple[Any, ...]) -> pa.Array
                               f"column's unit ({dtype.unit}): no stored time equals it")
         counts.append(ns // unit_ns)
     return from_python(counts, pa.int32() if dtype.bit_width == 32 else pa.int64()).cast(dtype)
+
+
+def _to_unit(column: str, dtype: pa.DataType, text: str) -> str:
+    """A timestamp literal with no more fractional digits than ``dtype``'s unit holds (the extra ones zeros, dropped);
+    one with a nonzero digit past it is a ``FilterError``, as for a time of day (``_times``).
+
+    NOTE: Arrow's cast refused both: '2024-01-31 12:00:00.500000' on timestamp[ms] (the same instant as '.5') and
+    '...00.0000005' on timestamp[us] were 'not a date or time it can hold (Failed to parse string ...)'."""
+    found = _FRACTION.search(text)
+    digits = {"s": 0, "ms": 3, "us": 6, "ns": 9}[dtype.unit]
+    if found is None or len(found.group(1)) <= digits:
+        return text
+    if found.group(1)[digits:].strip("0"):
+        raise FilterError(f"--where: column {column!r} is {dtype}; {literal_text(text)} is finer than the column's "
+                          f"unit ({dtype.unit}): no stored time equals it")
+    kept = found.group(1)[:digits]
+    return text[:found.start()] + (f".{kept}" if kept else "") + text[found.end():]
 
 
 def _time_ns(text: str) -> int | None:
