@@ -78,17 +78,49 @@ def columns_path(entry_dir: Path) -> Path:
 
 def kept_type(name: str, typed: list[tuple[str, pa.DataType]]) -> pa.DataType:
     """The one type a kept column is stored as, from its type in each shard (``(shard, type)``): the widest when
-    they widen (int32 and int64, int and float, string and large_string; dictionaries by their values); types that
-    do not (int and string) are a data error naming the column, two shards and their types (exit 65)."""
+    they widen (int32 and int64, int and float, string and large_string, an integer and a decimal as a decimal holding
+    both, ``_int_decimals``; dictionaries by their values); types that do not (int and string) are a data error
+    naming the column, two shards and their types (exit 65)."""
     first, common = typed[0][0], _plain(typed[0][1])
     for shard, type_ in typed[1:]:
+        plain = _plain(type_)
         try:
-            common = pa.unify_schemas([pa.schema([(name, common)]), pa.schema([(name, _plain(type_))])],
+            common = pa.unify_schemas([pa.schema([(name, _int_decimals(common, plain))]),
+                                       pa.schema([(name, _int_decimals(plain, common))])],
                                       promote_options="permissive").field(name).type
         except (pa.ArrowTypeError, pa.ArrowInvalid) as exc:
             raise BadInputError(f"--keep-columns {name!r}: {shard} has it as {_plain(type_)}, {first} as {common}; "
                                 "a kept column needs one type in every shard of the index") from exc
     return common
+
+
+def _int_decimals(type_: pa.DataType, other: pa.DataType) -> pa.DataType:
+    """``type_`` with each integer that ``other`` has as a decimal (at the same place: a list's values, a struct's field
+    by name, a map's keys and items) made the decimal of scale 0 that holds every value of it (int64: decimal128(19,
+    0), uint64: decimal128(20, 0)), which Arrow then widens with the other decimal exactly.
+
+    NOTE: Arrow widened an integer with a decimal by one digit too few: int64 and decimal128(5, 2) as decimal128(20,
+    2), which holds no int64 past 10^18 (int16: decimal128(6, 2), no 10000); the cast failed once every shard was
+    embedded, 65 naming a value (1) that fits."""
+    if pa.types.is_integer(type_) and pa.types.is_decimal(other):
+        info = np.iinfo(type_.to_pandas_dtype())
+        return pa.decimal128(len(str(max(int(info.max), -int(info.min)))), 0)
+    if pa.types.is_struct(type_) and pa.types.is_struct(other):
+        return pa.struct([f.with_type(_int_decimals(f.type, other.field(at).type))
+                          if (at := other.get_field_index(f.name)) >= 0 else f for f in type_])
+    if pa.types.is_map(type_) and pa.types.is_map(other):
+        return pa.map_(type_.key_field.with_type(_int_decimals(type_.key_type, other.key_type)),
+                       type_.item_field.with_type(_int_decimals(type_.item_type, other.item_type)), type_.keys_sorted)
+    lists = {pa.types.is_list: pa.list_, pa.types.is_large_list: pa.large_list,
+             pa.types.is_list_view: pa.list_view, pa.types.is_large_list_view: pa.large_list_view}
+    if other.num_fields == 1 and not pa.types.is_struct(other):  # a list of any layout, of the other's values
+        for is_kind, make in lists.items():
+            if is_kind(type_):
+                return make(type_.value_field.with_type(_int_decimals(type_.value_type, other.value_type)))
+        if pa.types.is_fixed_size_list(type_):
+            return pa.list_(type_.value_field.with_type(_int_decimals(type_.value_type, other.value_type)),
+                            type_.list_size)
+    return type_
 
 
 # NOTE: Arrow has no take (nor filter) kernel for the view layouts: their values are stored in the large layout

@@ -70,6 +70,9 @@ def may_not_fit(source: pa.DataType, stored: pa.DataType) -> bool:
         return (signed and not to_signed) or bits - signed > to_bits - to_signed
     if pa.types.is_decimal(source) and pa.types.is_floating(stored):
         return bool(source.precision > _DIGITS[stored.bit_width])
+    if pa.types.is_integer(source) and pa.types.is_decimal(stored):  # the digits of its largest magnitude
+        bits, signed = _int_bits(source)
+        return len(str(2 ** (bits - signed))) > stored.precision - stored.scale
     temporal = (pa.types.is_timestamp, pa.types.is_duration, pa.types.is_time)
     if any(is_kind(source) and is_kind(stored) for is_kind in temporal):
         return _UNITS[stored.unit] > _UNITS[source.unit]
