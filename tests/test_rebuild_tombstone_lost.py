@@ -60,3 +60,36 @@ def test_a_rebuild_never_brings_back_what_the_live_version_deleted(tmp_path, dam
     assert rebuilt.rc == 65, rebuilt.stderr
     assert str(tombstone) in rebuilt.last_line and "tombstone" in rebuilt.last_line, rebuilt.last_line
     assert (out / "CURRENT").read_text() == current and "a-1" not in ids_of(out)
+
+
+@pytest.mark.parametrize("damage", [emptied, garbage])
+def test_a_damaged_tombstone_is_refused_with_a_way_out_for_a_rebuild(tmp_path, damage):
+    """The advice for a tombstone that cannot be read leads somewhere. Before: rebuild shared petal index's "restore
+    it, or remove it to index those rows again", and a rebuild over the tombstone removed refuses again (65, "holds 0
+    deleted rows"): only petal index indexes those rows again. Following rebuild's advice now publishes."""
+    data, out = tmp_path / "data", tmp_path / "out"
+    data.mkdir()
+    pq.write_table(pa.table({"id": [f"a-{i}" for i in range(6)], "text": [f"a words {i}" for i in range(6)]}),
+                   data / "a.parquet")
+    pq.write_table(pa.table({"id": ["a-1", "a-2"]}), tmp_path / "delete.parquet")
+    model = make_fake_model_dir(tmp_path / "model")
+    env = {"PETAL_TEST_FAKE_ENGINE": str(tmp_path / "fake.jsonl")}
+    index = ["index", str(data), "--out", str(out), "--model", str(model), "-q"]
+    assert forkrun.petal(index, env).rc == 0
+    assert forkrun.petal([*index, "--delete", str(tmp_path / "delete.parquet")], env).rc == 0
+    (tombstone,) = (out / "store" / "deleted").glob("*/*.parquet")
+    damage(tombstone)
+    rebuilt = forkrun.petal(["rebuild", str(out), "--metric", "l2"], env)
+    assert rebuilt.rc == 65, rebuilt.stderr
+    assert "cannot be read" in rebuilt.last_line and "petal index on the sources" in rebuilt.last_line, \
+        rebuilt.last_line
+    assert "remove it to index those rows again" not in rebuilt.last_line, rebuilt.last_line  # petal index's advice
+    indexed = forkrun.petal(index, env)  # petal index keeps its own advice: removing it is its way out
+    assert indexed.rc == 65 and "restore it, or remove it to index those rows again" in indexed.last_line, \
+        indexed.last_line
+    tombstone.unlink()  # rebuild's advice: remove it and run petal index on the sources
+    assert forkrun.petal(["rebuild", str(out), "--metric", "l2"], env).rc == 65  # a rebuild alone still refuses
+    indexed = forkrun.petal(index, env)
+    assert indexed.rc == 0, indexed.stderr
+    assert "a-1" in ids_of(out)  # the rows it lost are indexed again, as said
+    assert forkrun.petal(["rebuild", str(out), "--metric", "l2"], env).rc == 0

@@ -76,7 +76,9 @@ def check_tombstone(entry: StoreEntry, deleted: int, source: str) -> None:
     directory in its place) was read as none, and the rebuild published the deleted documents again without a word;
     a garbled one was 78 'FAISS cannot build index' from the build's read of it."""
     with reading():
-        held = len(held_rows(entry.path))
+        # NOTE: not petal index's "remove it to index those rows again": a rebuild over a removed tombstone refuses
+        # (below), so that advice led to a second 65; petal index is the run that indexes those rows again
+        held = len(held_rows(entry.path, "remove it and run petal index on the sources to index those rows again"))
     if held < deleted:
         raise BadInputError(f"{quote_path(tombstone_path(entry.path))} (a --delete tombstone) holds {held} deleted "
                             f"rows of {quote_path(source)}, the live version {deleted}: a rebuild would index the "

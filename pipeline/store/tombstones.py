@@ -453,9 +453,13 @@ def carry_deletions(store: EmbeddingStore, entries: list[StoreEntry], live: Mani
     return result
 
 
-def held_rows(entry_dir: Path) -> np.ndarray:
+INDEX_WAY_OUT = "remove it to index those rows again"  # what petal index does once it is gone (carry_deletions)
+
+
+def held_rows(entry_dir: Path, way_out: str = INDEX_WAY_OUT) -> np.ndarray:
     """The deleted rows of the (older) entry in ``entry_dir``: an OS error is 74 (66 denied), a file that is
-    no tombstone 65, each naming it."""
+    no tombstone 65, each naming it and, after "restore it, or", ``way_out``: the other way out for the command
+    reading it (``petal index`` indexes the rows again once it is removed; ``petal rebuild`` refuses that: its own)."""
     path = tombstone_path(entry_dir)
     try:
         return deleted_rows(StoreEntry(entry_dir, {}))
@@ -463,8 +467,7 @@ def held_rows(entry_dir: Path) -> np.ndarray:
         raise io_error(exc) from exc
     except (pa.ArrowException, KeyError) as exc:
         raise BadInputError(f"{quote_path(path)} (a --delete tombstone) cannot be read ({one_line(str(exc))}): the "
-                            "rows it deleted cannot be left out of the new version; restore it, or remove it to "
-                            "index those rows again") from exc
+                            f"rows it deleted cannot be left out of the new version; restore it, or {way_out}") from exc
 
 
 def _same_content_tombstones(store: EmbeddingStore, entry: StoreEntry) -> list[str]:
