@@ -384,13 +384,18 @@ def searched_nodes(index: Any) -> list[Any]:
     return nodes
 
 
+UPPER_BOUND = "the rows read and the kept shards'"  # what a run's check before any work counts
+LIVE_VECTORS = "its rows, less those skipped, deleted by --delete or superseded by the same id in a later shard"
+
+
 def check_index_factory(settings: IndexSettings, kind: str = "float32", dim: int | None = None,
-                        num_vectors: int | None = None) -> None:
+                        num_vectors: int | None = None, counted: str = UPPER_BOUND) -> None:
     """The one check of ``--index-factory`` (``FlagError``, exit 2, with the numbers), before any work
     and again before a build: only float32 output takes an explicit factory (the other formats pick
     their codes); with ``dim``, FAISS must build it and PQ sub-quantizers must divide the dimension;
     with ``num_vectors`` (an upper bound is enough: the rows read plus the kept shards' vectors), there
-    must be enough vectors to train it (IVF lists, PQ centroids)."""
+    must be enough vectors to train it (IVF lists, PQ centroids). ``counted``: what ``num_vectors`` counts, as
+    the message says it (``LIVE_VECTORS``: the build's exact count)."""
     factory = settings.factory
     if factory == "auto":
         return
@@ -407,7 +412,7 @@ def check_index_factory(settings: IndexSettings, kind: str = "float32", dim: int
     if num_vectors is not None and lists > num_vectors:  # NOTE: before FAISS builds it (memory in proportion)
         raise FlagError(f"--index-factory {factory!r} needs at least {lists} vectors of dim {dim} to train: {lists} "
                         f"IVF lists need at least {lists} vectors; this run can index at most {num_vectors} vectors "
-                        "(the rows read and the kept shards'): pick a smaller factory or leave --index-factory auto")
+                        f"({counted}): pick a smaller factory or leave --index-factory auto")
     try:
         index = make_index(factory, dim, settings.metric)
     except FlagError:
@@ -427,8 +432,8 @@ def check_index_factory(settings: IndexSettings, kind: str = "float32", dim: int
     needed, why = vectors_to_train(index, factory)
     if num_vectors < needed:
         raise FlagError(f"--index-factory {factory!r} needs at least {needed} vectors of dim {dim} to train: {why} "
-                        f"need at least {needed} vectors; this run can index at most {num_vectors} vectors (the "
-                        "rows read and the kept shards'): pick a smaller factory or leave --index-factory auto")
+                        f"need at least {needed} vectors; this run can index at most {num_vectors} vectors "
+                        f"({counted}): pick a smaller factory or leave --index-factory auto")
 
 
 def faiss_failure(exc: BaseException, factory: str, dim: int, num_vectors: int | None) -> ConfigError:

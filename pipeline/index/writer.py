@@ -32,6 +32,7 @@ from petal.pipeline.index.gpu import num_gpus, train
 from petal.pipeline.index.graph_holdout import queries_unlinked
 from petal.pipeline.index.graph_repair import link_unreachable
 from petal.pipeline.index.plan import (
+    LIVE_VECTORS,
     IndexPlan,
     check_index_factory,
     faiss_failure,
@@ -226,7 +227,7 @@ def _add_binary(index: Any, source: StoreVectors, staging: Path, rows: int) -> s
 
 def build_index(entries: list[StoreEntry], dim: int, settings: IndexSettings, staging: Path,
                 output: OutputTransform | None = None, wait: bool = True,
-                shard_paths: dict[str, str] | None = None) -> BuildResult:
+                shard_paths: dict[str, str] | None = None, source: StoreVectors | None = None) -> BuildResult:
     """Write the index of ``entries`` (store entries in shard order; vectors ``[rows, dim]``) into
     ``staging``: ``index.faiss`` (+ ``index.ivfdata`` on disk, + ``rescore.npy`` for binary) and
     ``ids.parquet``. Every output format goes through the same planner, training, adding and tuner;
@@ -237,11 +238,14 @@ def build_index(entries: list[StoreEntry], dim: int, settings: IndexSettings, st
     Every file is hashed (and fsynced) in the background once written; ``wait=False`` returns with
     ``result.pending`` still running, for the caller to ``join_checksums()`` after writing the rest.
 
+    ``source``: the ``StoreVectors`` of ``entries`` when the caller has made them (``petal rebuild`` checks the
+    factory against their count first); else made here.
+
     Raises ``ValueError`` for a factory string FAISS rejects or too few vectors to train it.
     """
     checksums = BackgroundChecksums()
     try:
-        result = _build_index(entries, dim, settings, staging, output, checksums, shard_paths)
+        result = _build_index(entries, dim, settings, staging, output, checksums, shard_paths, source)
     except BaseException:
         checksums.cancel()
         raise
@@ -253,16 +257,17 @@ def build_index(entries: list[StoreEntry], dim: int, settings: IndexSettings, st
 
 def _build_index(entries: list[StoreEntry], dim: int, settings: IndexSettings, staging: Path,
                  output: OutputTransform | None, checksums: BackgroundChecksums,
-                 shard_paths: dict[str, str] | None = None) -> BuildResult:
+                 shard_paths: dict[str, str] | None = None, source: StoreVectors | None = None) -> BuildResult:
     faiss = load_faiss()
     started = time.perf_counter()
     timings: dict[str, float] = {}
-    source = StoreVectors(entries, dim, shard_paths)
+    if source is None:
+        source = StoreVectors(entries, dim, shard_paths)
     kind = index_kind(output.quantize, output.output_dtype) if output is not None else "float32"
     # NOTE: no vectors (every document deleted, every shard dropped): an empty index of the factory asked, as
     # trained as FAISS makes it without data; nothing to train, calibrate or tune, and searches answer no hits
     empty = source.total == 0
-    check_index_factory(settings, kind, dim, None if empty else source.total)
+    check_index_factory(settings, kind, dim, None if empty else source.total, LIVE_VECTORS)
     plan = plan_index(source.total, dim, settings, kind)
     index = make_index(plan.factory, dim, settings.metric)
     binary = isinstance(index, faiss.IndexBinary)
@@ -341,19 +346,47 @@ def _build_index(entries: list[StoreEntry], dim: int, settings: IndexSettings, s
     return result
 
 
+def version_vectors(entries: list[StoreEntry], dim: int, settings: IndexSettings,
+                    shard_paths: dict[str, str] | None = None) -> StoreVectors:
+    """The ``StoreVectors`` ``build_version_index`` would make of ``entries``, for a caller that checks the factory
+    against their count (``total``) first; an error reading them is the one ``build_version_index`` raises."""
+    try:
+        return StoreVectors(entries, dim, shard_paths)
+    except (RuntimeError, ValueError) as exc:
+        failure = _version_failure(exc, settings, dim, None)
+        if failure is None:
+            raise
+        raise failure from exc
+
+
 def build_version_index(entries: list[StoreEntry], dim: int, settings: IndexSettings, staging: Path,
                         output: OutputTransform | None = None, wait: bool = True,
-                        shard_paths: dict[str, str] | None = None) -> BuildResult:
+                        shard_paths: dict[str, str] | None = None, source: StoreVectors | None = None) -> BuildResult:
     """``build_index`` for a version being published (``petal index``, ``--vectors-column``, ``petal
     rebuild``): a FAISS error or a factory the stored vectors cannot train is a ``ConfigError`` (78)
-    naming the factory (the embeddings stay in the store); write errors go on to ``writing()`` (74).
-    The caller removes ``staging`` when this raises."""
+    naming the factory and the vectors it was built from (the embeddings stay in the store); write errors go
+    on to ``writing()`` (74). The caller removes ``staging`` when this raises. NOTE: the count was the rows embedded,
+    rows ``--delete`` removed and those a later shard's same id supersedes included: 'FAISS cannot build index 'PQ8'
+    from 300 vectors' while the check it wrapped said 'at most 250'."""
     try:
-        return build_index(entries, dim, settings, staging, output, wait, shard_paths)
+        if source is None:
+            source = StoreVectors(entries, dim, shard_paths)
+        return build_index(entries, dim, settings, staging, output, wait, shard_paths, source)
     except (RuntimeError, ValueError) as exc:
-        # NOTE: a FlagError here is the factory check run again at build time, against the stored vectors:
-        # after embedding it is the contract's FAISS failure (78, embeddings kept), not a usage error
-        if (isinstance(exc, PetalError) and not isinstance(exc, FlagError)) \
-                or any(m in str(exc) for m in FAISS_WRITE_ERRORS):
+        failure = _version_failure(exc, settings, dim, source)
+        if failure is None:
             raise
-        raise faiss_failure(exc, settings.factory, dim, sum(e.num_embedded for e in entries)) from exc
+        raise failure from exc
+
+
+def _version_failure(exc: RuntimeError | ValueError, settings: IndexSettings, dim: int,
+                     source: StoreVectors | None) -> PetalError | None:
+    """What ``build_version_index`` raises for ``exc`` (``None``: ``exc`` itself): a ``PetalError`` or a write error
+    as it is; anything else the contract's FAISS failure (78, embeddings kept), with the count of the vectors it was
+    built from (``source``; ``None``: not counted yet)."""
+    # NOTE: a FlagError here is the factory check run again at build time, against the stored vectors:
+    # after embedding it is the contract's FAISS failure (78, embeddings kept), not a usage error
+    if (isinstance(exc, PetalError) and not isinstance(exc, FlagError)) \
+            or any(m in str(exc) for m in FAISS_WRITE_ERRORS):
+        return None
+    return faiss_failure(exc, settings.factory, dim, source.total if source is not None else None)

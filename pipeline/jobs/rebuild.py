@@ -18,7 +18,8 @@ from petal.pipeline.config import IndexSettings
 from petal.pipeline.index.columns_file import add_stored_columns, missing_side_files, restore_stored_columns
 from petal.pipeline.index.files import IDS_FILE
 from petal.pipeline.index.plan import index_kind
-from petal.pipeline.index.writer import BuildResult, build_version_index
+from petal.pipeline.index.source import StoreVectors
+from petal.pipeline.index.writer import BuildResult, build_version_index, version_vectors
 from petal.pipeline.jobs.report import RunReport
 from petal.pipeline.jobs.report_file import check_report_file, check_report_path
 from petal.pipeline.jobs.settings import check_kept_factory, kept_settings
@@ -30,6 +31,7 @@ from petal.pipeline.reliability.errors import (
     Interrupted,
     PetalError,
     inside,
+    io_error,
     quote_path,
     quote_text,
     writing,
@@ -137,15 +139,19 @@ def run_rebuild(out_path: Path, settings: IndexSettings, report: RunReport, wait
         transform = previous.output
         kind = index_kind(transform.quantize, transform.output_dtype) if transform is not None else "float32"
         settings = kept_settings(previous, settings, given)
-        # exit 2 for a factory given, 78 for the live version's kept (before any work)
-        check_kept_factory(settings, kind, previous.dim, report.rows["reused"], given,
+        source = live_vectors(out, previous, entries, settings)
+        # exit 2 for a factory given, 78 for the live version's kept (before any work), against the vectors the
+        # index will hold. NOTE: was report.rows["reused"], every row embedded, the ones --delete removed and those
+        # a later shard's same id supersedes included: a factory they could not train passed, then failed the
+        # build's own check as 78 'FAISS cannot build index ... from 300 vectors ... at most 250'
+        check_kept_factory(settings, kind, previous.dim, source.total or None, given,
                            out.version_dir(previous.version) / MANIFEST_FILE)
         active.check()
         with writing(out.versions_dir):
             staging = out.staging_dir()
         try:
             with writing(staging), reading(written=staging):  # NOTE: reads the store and the live version
-                result, version = _build(out, previous, entries, settings, staging)
+                result, version = _build(out, previous, source, settings, staging)
             active.check()  # NOTE: the last stop: once the pointer swaps, the rebuild is done
             out.publish(staging, version)
             EmbeddingStore(out.store_dir).end_full_run()  # NOTE: published: a stopped --full run is not resumed
@@ -234,12 +240,25 @@ def _blocked(path: Path) -> Path:
     return path
 
 
-def _build(out: OutputDir, previous: Manifest, entries: list[StoreEntry], settings: IndexSettings,
+def live_vectors(out: OutputDir, previous: Manifest, entries: list[StoreEntry],
+                 settings: IndexSettings) -> StoreVectors:
+    """The vectors the rebuilt index will hold (``StoreVectors``: the entries' rows less those ``--delete`` removed and
+    those a later shard's same id supersedes), read as the build reads them (its errors: ``build_version_index``'s;
+    a file petal may not read 66, another OS error 74 naming it)."""
+    try:
+        with reading():
+            return version_vectors(entries, previous.dim, settings, {s.abs_path: s.path for s in previous.shards})
+    except OSError as exc:
+        raise io_error(exc, [out.root]) from exc
+
+
+def _build(out: OutputDir, previous: Manifest, source: StoreVectors, settings: IndexSettings,
            staging: Path) -> tuple[BuildResult, str]:
     """Build into ``staging`` (published by the caller); a FAISS error is a ``ConfigError`` (78) naming the factory."""
+    entries = source.entries
     # the index type follows the output format (int8 learns its calibration again)
     result = build_version_index(entries, previous.dim, settings, staging, previous.output,
-                                 shard_paths={shard.abs_path: shard.path for shard in previous.shards})
+                                 shard_paths={shard.abs_path: shard.path for shard in previous.shards}, source=source)
     rejects = out.version_dir(previous.version) / "rejects.parquet"
     try:
         check_regular(rejects, out.root)  # NOTE: never a FIFO (copying it would block), never a link out
