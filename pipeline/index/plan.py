@@ -384,8 +384,7 @@ def searched_nodes(index: Any) -> list[Any]:
     return nodes
 
 
-# what a run's check before any work counts: each shard's rows (an unchanged one's the live version's vectors of it)
-UPPER_BOUND = "the rows read and the kept shards', less those --delete removed"
+UPPER_BOUND = "the rows read and the kept shards'"  # what a run's check before any work counts
 LIVE_VECTORS = "its rows, less those skipped, deleted by --delete or superseded by the same id in a later shard"
 
 

@@ -60,11 +60,11 @@ from petal.pipeline.jobs.removals import (
     kept_ids,
     kept_records,
     kept_shard,
+    kept_vectors,
     live_version_documents,
     live_version_ids,
     removed_by_counts,
     removed_documents,
-    vectors_at_most,
 )
 from petal.pipeline.jobs.report import RunReport
 from petal.pipeline.jobs.report_file import check_report_file, check_report_not_input, check_report_path
@@ -257,9 +257,10 @@ def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory
                  given: frozenset[str] | None) -> RunReport:
     transform = OutputTransform.for_model(spec, job.output)  # --dim, --quantize, --output-dtype
     # the index settings kept from the live version; the factory against the output format, the dimension and (at
-    # most) the vectors of the shards read and kept
+    # most) the rows read + the kept shards'
     index_settings = IndexSettingsCheck(job.index, given, index_kind(transform.quantize, transform.output_dtype),
-                                        transform.dim, vectors_at_most(live, shards, job.sync, job.full))
+                                        transform.dim, report.rows["total"] + kept_vectors(
+                                            kept_records(live, shards, job.sync or job.full)))
     job = index_settings.of(job, live)
     with flag_errors():  # --device, --dtype, --attention, --token-budget against this host and model (imports torch)
         config = engine_config(job, spec)

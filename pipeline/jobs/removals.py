@@ -47,24 +47,8 @@ def kept_records(previous: Manifest | None, named: list[ShardInfo], sync: bool) 
 
 
 def kept_vectors(records: list[ShardRecord]) -> int:
-    """The vectors kept shards can add to the index at most (their embedded rows, less those --delete removed)."""
-    return sum(r.embedded - r.deleted for r in records)
-
-
-def vectors_at_most(live: Manifest | None, named: list[ShardInfo], sync: bool, full: bool) -> int:
-    """The vectors a run's index can hold at most, known before any work: a named shard unchanged since the live
-    version (its size and modification time; not under ``--full``) the live version's of it (its embedded rows less
-    those --delete removed), another shard its rows; and the kept shards' (``kept_vectors``).
-
-    NOTE: was every named shard's rows: an --index-factory given that the vectors left after --delete could not
-    train passed the check before any work and failed the build's, 78 after the model had loaded."""
-    records = {} if live is None or full else {r.abs_path: r for r in live.shards}
-    total = 0
-    for info in named:
-        record = records.get(info.abs_path)
-        unchanged = record is not None and (record.size, record.mtime_ns) == (info.size, info.mtime_ns)
-        total += record.embedded - record.deleted if record is not None and unchanged else info.num_rows
-    return total + kept_vectors(kept_records(live, named, sync or full))
+    """The vectors kept shards can add to the index at most (their embedded rows)."""
+    return sum(r.embedded for r in records)
 
 
 def kept_shard(record: ShardRecord, entry: StoreEntry) -> ShardInfo:

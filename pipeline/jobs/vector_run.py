@@ -26,7 +26,7 @@ from petal.pipeline.ingest.rejects import rejects_table
 from petal.pipeline.ingest.vectors import preflight_vectors, read_vectors
 from petal.pipeline.jobs import index_run as run
 from petal.pipeline.jobs.keep_columns import check_column_types, check_keep_columns, stored_schema
-from petal.pipeline.jobs.removals import kept_entries, kept_ids, kept_records, kept_shard, vectors_at_most
+from petal.pipeline.jobs.removals import kept_entries, kept_ids, kept_records, kept_shard, kept_vectors
 from petal.pipeline.jobs.report import RunReport
 from petal.pipeline.jobs.report_file import check_report_file, check_report_not_input, check_report_path
 from petal.pipeline.layout import OutputDir, check_not_inside_output
@@ -109,8 +109,9 @@ def _run(job: IndexJob, column: str, report: RunReport, stop: StopSignals, start
     check_keep_columns(shards, job.keep_columns, (column, job.read.id_column), job.read, reads)
     need = ColumnsNeed(text, job.keep_columns)
     delete_ids = read_delete_ids(job.delete, job.read.id_column, job.read, reads) if job.delete is not None else None
+    kept_before = kept_records(live, shards, job.sync)
     index_settings = run.IndexSettingsCheck(job.index, given, "float32", dim,
-                                            vectors_at_most(live, shards, job.sync, job.full))
+                                            report.rows["total"] + kept_vectors(kept_before))
     job = index_settings.of(job, live)  # the live version's where not given, the factory checked
     settings = vector_settings(column, dim, job)
     report.model = {"source": "precomputed", "vectors_column": column, "dim": dim}
