@@ -63,6 +63,7 @@ def test_rebuild_judges_a_factory_given_against_the_live_vectors(live12):
     refused = petal("rebuild", out, "--index-factory", "IVF13,Flat")
     assert refused.rc == 2, refused.stderr  # was 78: 20 rows passed the check, the build's 12 vectors failed
     assert "at most 12 vectors" in refused.last_line and "20" not in refused.last_line, refused.last_line
+    assert "rows read" not in refused.last_line and "superseded" in refused.last_line, refused.last_line
     assert "FAISS cannot build" not in refused.last_line, refused.last_line
     assert (out / "CURRENT").read_text() == current
     assert not [p for p in (out / "versions").iterdir() if p.name.startswith(".")]  # no staging directory left
@@ -117,3 +118,24 @@ def test_a_text_index_run_counts_the_live_rows(tmp_path):
     refused = petal("rebuild", out, "--index-factory", "IVF9,Flat")
     assert refused.rc == 2 and "at most 8 vectors" in refused.last_line, refused.stderr
     assert petal(*index, "--index-factory", "IVF8,Flat", env=env).rc == 0
+
+
+def test_rows_a_lost_tombstone_gives_back_count_for_the_factory(tmp_path):
+    """A --delete tombstone removed (the README's way out for an unreadable one: 'remove it to index those rows
+    again'): its rows are indexed again, so the check before any work counts them. A stricter count tried this
+    session (the live version's rows less its deleted) refused PQ8 here with 2, 'at most 250', over 300 vectors."""
+    src = tmp_path / "vec.parquet"
+    vectors_shard(src, range(300), 3)
+    pq.write_table(pa.table({"id": list(range(50))}), tmp_path / "del.parquet")
+    out = tmp_path / "out"
+    index = ["index", src, "--out", out, "-q", "--vectors-column", "emb"]
+    assert petal(*index).rc == 0
+    assert petal(*index, "--delete", tmp_path / "del.parquet").rc == 0
+    tombstones = [p for p in (out / "store").rglob("*") if p.is_file() and "deleted" in p.parts]
+    assert tombstones, sorted(str(p) for p in (out / "store").rglob("*"))
+    for path in tombstones:
+        path.unlink()
+    report = tmp_path / "r.json"
+    again = petal(*index, "--index-factory", "PQ8", "--json-report", report)
+    assert again.rc == 0, again.stderr
+    assert json.loads(report.read_text())["index"]["num_vectors"] == 300

@@ -17,7 +17,7 @@ from pathlib import Path
 from petal.pipeline.config import IndexSettings
 from petal.pipeline.index.columns_file import add_stored_columns, missing_side_files, restore_stored_columns
 from petal.pipeline.index.files import IDS_FILE
-from petal.pipeline.index.plan import index_kind
+from petal.pipeline.index.plan import LIVE_VECTORS, index_kind
 from petal.pipeline.index.source import StoreVectors
 from petal.pipeline.index.writer import BuildResult, build_version_index, version_vectors
 from petal.pipeline.jobs.report import RunReport
@@ -145,7 +145,7 @@ def run_rebuild(out_path: Path, settings: IndexSettings, report: RunReport, wait
         # a later shard's same id supersedes included: a factory they could not train passed, then failed the
         # build's own check as 78 'FAISS cannot build index ... from 300 vectors ... at most 250'
         check_kept_factory(settings, kind, previous.dim, source.total or None, given,
-                           out.version_dir(previous.version) / MANIFEST_FILE)
+                           out.version_dir(previous.version) / MANIFEST_FILE, LIVE_VECTORS)
         active.check()
         with writing(out.versions_dir):
             staging = out.staging_dir()

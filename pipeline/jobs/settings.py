@@ -377,14 +377,15 @@ def kept_settings(previous: Manifest | None, settings: IndexSettings, given: fro
 
 
 def check_kept_factory(settings: IndexSettings, kind: str, dim: int | None, num_vectors: int | None,
-                       given: frozenset[str] | None, manifest: Path) -> None:
+                       given: frozenset[str] | None, manifest: Path, counted: str | None = None) -> None:
     """``check_index_factory`` of ``settings`` (``kept_settings``): an ``--index-factory`` given is a usage error (2)
     as ever; one kept from the live version (``manifest``: its file) that cannot be built now is a ``ConfigError``
-    (78) naming it and the way out, never a usage error of a flag the user did not give."""
-    from petal.pipeline.index.plan import check_index_factory
+    (78) naming it and the way out, never a usage error of a flag the user did not give. ``counted``: what
+    ``num_vectors`` counts, as the message says it (``None``: ``plan.UPPER_BOUND``, a run's before any work)."""
+    from petal.pipeline.index.plan import UPPER_BOUND, check_index_factory
 
     try:
-        check_index_factory(settings, kind, dim, num_vectors)
+        check_index_factory(settings, kind, dim, num_vectors, counted or UPPER_BOUND)
     except FlagError as exc:
         if given is None or "factory" in given:
             raise
