@@ -40,6 +40,7 @@ def read_texts(path: Path, text_column: str = "text", id_column: str | None = No
     suffix = path.suffix.lower()
     if suffix not in TEXT_FILE_SUFFIXES:
         raise UsageError(f"--input {quote_path(path)}: expected a .parquet, .txt or .jsonl file")
+    check_columns(text_column, id_column)
     if suffix == ".txt" and id_column is not None:
         raise UsageError("--id-column goes with --input FILE.parquet or FILE.jsonl")
     texts: list[Any] = []
@@ -47,7 +48,16 @@ def read_texts(path: Path, text_column: str = "text", id_column: str | None = No
     for batch_texts, batch_ids in text_file_batches(path, text_column, id_column, read, stats):
         texts.extend(batch_texts)
         ids.extend(batch_ids)
-    return texts, ids if id_column else None
+    return texts, ids if id_column is not None else None
+
+
+def check_columns(text_column: str, id_column: str | None) -> None:
+    """An empty ``text_column`` or ``id_column`` names no column: ``UsageError`` (2) naming the flag, as ``petal
+    index``'s ``ReadConfig``. NOTE: ``""`` was read as no id column where ``None`` is (``if id_column``): the ids were
+    dropped, silently, while the caller waited for them (``petal embed``: an IndexError traceback)."""
+    for flag, name in (("--text-column", text_column), ("--id-column", id_column)):
+        if name == "":
+            raise UsageError(f"{flag} must not be empty: no column or key has that name")
 
 
 def text_file_batches(path: Path, text_column: str = "text", id_column: str | None = None,
@@ -57,6 +67,7 @@ def text_file_batches(path: Path, text_column: str = "text", id_column: str | No
     the lines that end in each piece of ``read.max_batch_bytes`` (``_line_windows``; a longer line is held whole, as
     a Parquet value is), so what is held does not grow with the file. A bad ``.jsonl`` line is 65 naming the file
     and line once its window is read. Nothing is read before the first ``next()``."""
+    check_columns(text_column, id_column)
     read = read or ReadConfig()
     suffix = path.suffix.lower()
     if suffix == ".parquet":
@@ -144,7 +155,7 @@ def parquet_text_batches(path: Path, text_column: str, id_column: str | None, re
         raise BadInputError(f"{quote_path(path)}: not a readable Parquet file ({exc})") from exc
     names = schema.names
     # NOTE: ``--id-column`` may name the text column (the text is the id, as a .jsonl's "text" key may be): read once
-    columns = [text_column] + ([id_column] if id_column and id_column != text_column else [])
+    columns = [text_column] + ([id_column] if id_column is not None and id_column != text_column else [])
     missing = [name for name in columns if name not in names]
     if missing:
         flags = {id_column: "--id-column", text_column: "--text-column"}
@@ -154,17 +165,17 @@ def parquet_text_batches(path: Path, text_column: str, id_column: str | None, re
     column_type = plain_type(schema.field(text_column).type)  # a dictionary (categorical): its values
     if not _is_text(column_type):
         raise BadInputError(f"{quote_path(path)}: text column {text_column!r} has type {column_type}, not text")
-    id_type = plain_type(schema.field(id_column).type) if id_column else None
+    id_type = plain_type(schema.field(id_column).type) if id_column is not None else None
     if id_type is not None and not _is_id(id_type):  # NOTE: as petal index's ids: bytes were echoed as "b'\\xff'"
         raise BadInputError(f"{quote_path(path)}: id column {id_column!r} has type {id_type}, expected an integer or "
                             "string")
     info = ShardInfo(path=path, abs_path=str(path.resolve()), size=stat.st_size, mtime_ns=stat.st_mtime_ns,
-                     num_rows=meta.num_rows, num_row_groups=meta.num_row_groups, has_id_column=bool(id_column),
+                     num_rows=meta.num_rows, num_row_groups=meta.num_row_groups, has_id_column=id_column is not None,
                      id_type=str(id_type or ""), text_type=str(column_type), schema=schema, ctime_ns=stat.st_ctime_ns,
                      inode=stat.st_ino)
 
     def decode(_row: int, batch: pa.RecordBatch) -> tuple[list[Any], list[Any]]:
-        return _texts(batch.column(0)), read_ids(batch.column(len(columns) - 1)) if id_column else []
+        return _texts(batch.column(0)), read_ids(batch.column(len(columns) - 1)) if id_column is not None else []
 
     row = 0
     for batch_texts, batch_ids in stream_batches(info, columns, read, decode, stats):
@@ -202,10 +213,11 @@ def _jsonl_records(path: Path, raw_lines: list[bytes], first_lineno: int, text_c
                                 "field (--text-column)") from exc
         if value is not None and not isinstance(value, str):
             raise BadInputError(f"{quote_path(path)}:{lineno}: {json.dumps(text_column)} is not a string")
-        if id_column and id_column not in record:  # NOTE: never a silent null id: that row's output would lose it
+        # NOTE: never a silent null id: that row's output would lose it
+        if id_column is not None and id_column not in record:
             raise BadInputError(f"{quote_path(path)}:{lineno}: no {id_column!r} field (--id-column)")
         texts.append(value)
-        if id_column:
+        if id_column is not None:
             ids.append(_jsonl_id(record[id_column], path, lineno, id_column))
     return texts, ids
 
