@@ -31,9 +31,8 @@ def test_a_jsonl_id_that_is_not_an_integer_or_string_is_65_naming_file_line_and_
 def test_integer_string_and_null_ids_are_taken(tmp_path, tiny_bert_dir):
     source = tmp_path / "in.jsonl"
     source.write_text('{"text": "a", "id": 7}\n{"text": "b", "id": "x"}\n{"text": "c", "id": null}\n'
-                      '{"text": "d", "id": 123456789012345678901234567890}\n')
+                      '{"text": "d", "id": 9223372036854775807}\n')  # int64's largest (beyond it: 65)
     result = CliRunner().invoke(cli, ["embed", "--input", str(source), "--id-column", "id", "--model",
                                       str(tiny_bert_dir)])
     assert result.exit_code == 0, result.output
-    assert [json.loads(line)["id"] for line in result.stdout.splitlines()] == [7, "x", None,
-                                                                               123456789012345678901234567890]
+    assert [json.loads(line)["id"] for line in result.stdout.splitlines()] == [7, "x", None, 2**63 - 1]

@@ -511,17 +511,21 @@ def inspect_shard(path: Path | RemotePath, read: ReadConfig, stats: ReadStats | 
 INT64_MAX = 2**63 - 1
 
 
-def check_id_range(info: ShardInfo, meta: pq.FileMetaData, read: ReadConfig, stats: ReadStats | None) -> None:
-    """uint64 ids must fit the store's int64 ids (text and ``--vectors-column`` shards alike): the footer's statistics
-    when complete, else the column, streamed by the rows' reader (an OS read error retried then 74, permission denied
-    66, a corrupt page 65 naming the row group and column). Other id types pass at once."""
+def check_id_range(info: ShardInfo, meta: pq.FileMetaData, read: ReadConfig, stats: ReadStats | None,
+                   id_column: str | None = None) -> None:
+    """uint64 ids must fit the store's int64 ids (text and ``--vectors-column`` shards alike, and ``petal embed
+    --input``'s ids, as ``petal index`` takes them): the footer's statistics when complete, else the column, streamed
+    by the rows' reader (an OS read error retried then 74, permission denied 66, a corrupt page 65 naming the row
+    group and column). Other id types pass at once. ``id_column``: the id column's name (default
+    ``read.id_column``)."""
     import pyarrow.compute as pc
 
     if info.id_type != "uint64":
         return
+    id_column = read.id_column if id_column is None else id_column
 
     # NOTE: by the field's position: a struct's leaf may have the id column's name (``meta.id`` beside ``meta{id}``)
-    leaves = field_leaves(meta, [read.id_column])
+    leaves = field_leaves(meta, [id_column])
     column = leaves[0][0] if leaves is not None and len(leaves[0]) == 1 else -1
     highest = 0
     for g in range(meta.num_row_groups):
@@ -538,10 +542,10 @@ def check_id_range(info: ShardInfo, meta: pq.FileMetaData, read: ReadConfig, sta
         at = pc.index(pc.greater(values, pa.scalar(INT64_MAX, pa.uint64())), True).as_py()
         return None if at < 0 else (row + at, values[at].as_py())
 
-    with contextlib.closing(stream_batches(info, [read.id_column], read, first_over, stats)) as found:
+    with contextlib.closing(stream_batches(info, [id_column], read, first_over, stats)) as found:
         over = next((hit for hit in found if hit is not None), None)
     if over is not None:
-        raise BadInputError(f"{quote_path(info.path)}: id column {read.id_column!r} (uint64) holds {over[1]} at "
+        raise BadInputError(f"{quote_path(info.path)}: id column {id_column!r} (uint64) holds {over[1]} at "
                             f"row {over[0]}, above the largest id petal stores ({INT64_MAX}, int64); store the ids "
                             "as int64 or as strings")
 

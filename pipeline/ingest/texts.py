@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from petal.pipeline.ingest.parquet import ReadStats
 
 TEXT_FILE_SUFFIXES = (".parquet", ".txt", ".jsonl")
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # the ids petal stores (pipeline/ingest/parquet.py)
 
 
 def read_texts(path: Path, text_column: str = "text", id_column: str | None = None,
@@ -135,6 +136,7 @@ def parquet_text_batches(path: Path, text_column: str, id_column: str | None, re
         _is_id,
         _is_text,
         _texts,
+        check_id_range,
         check_unique_columns,
         first_undecodable,
         plain_type,
@@ -173,6 +175,8 @@ def parquet_text_batches(path: Path, text_column: str, id_column: str | None, re
                      num_rows=meta.num_rows, num_row_groups=meta.num_row_groups, has_id_column=id_column is not None,
                      id_type=str(id_type or ""), text_type=str(column_type), schema=schema, ctime_ns=stat.st_ctime_ns,
                      inode=stat.st_ino)
+    if id_column is not None:  # NOTE: a uint64 id above 2^63-1 was written out (exit 0) where petal index refuses it
+        check_id_range(info, meta, read, stats, id_column)
 
     def decode(_row: int, batch: pa.RecordBatch) -> tuple[list[Any], list[Any]]:
         return _texts(batch.column(0)), read_ids(batch.column(len(columns) - 1)) if id_column is not None else []
@@ -224,10 +228,19 @@ def _jsonl_records(path: Path, raw_lines: list[bytes], first_lineno: int, text_c
 
 def _jsonl_id(value: Any, path: Path, lineno: int, id_column: str) -> Any:
     """A ``.jsonl`` id as a ``.parquet`` id column holds them: an integer, a string (valid UTF-8: JSON's ``\\ud800``
-    escape gives a lone surrogate) or null; anything else is ``BadInputError`` naming the file, line and key."""
-    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
-        return value
+    escape gives a lone surrogate) or null; anything else is ``BadInputError`` naming the file, line and key, an
+    integer beyond int64 included (as ``petal index`` refuses a uint64 id above 2^63-1: the ids petal stores)."""
     where = f"{quote_path(path)}:{lineno}: {id_column!r} (--id-column)"
+    if value is None:
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        if INT64_MIN <= value <= INT64_MAX:
+            return value
+        # NOTE: was written out as it was (exit 0); a number of up to 4,300 digits is cut in the message
+        shown = str(value) if abs(value) < 10 ** 40 else f"{str(value)[:24]}... ({len(str(abs(value)))} digits)"
+        side, bound = ("above the largest", INT64_MAX) if value > 0 else ("below the smallest", INT64_MIN)
+        raise BadInputError(f"{where} is {shown}, {side} id petal stores ({bound}, int64); write the ids as int64 "
+                            "or as strings")
     if not isinstance(value, str):
         raise BadInputError(f"{where} is a {type(value).__name__}, expected an integer or string")
     try:
