@@ -62,8 +62,9 @@ TextsT = TypeVar("TextsT", bound=list)
 @click.option("--query", "as_query", is_flag=True, help="Embed the texts as queries (with the query prompt).")
 @click.option("--calibration", "calibration_index", type=PATH,
               default=None,
-              help="--quantize int8 without a model scheme: use the per-dimension ranges of this index "
-                   "(default: learn them from the texts being embedded).")
+              help="--quantize int8 without a model scheme: use the per-dimension ranges of this index, built "
+                   "with this model (as petal query matches it; another is exit 2) and --dim (default: learn them "
+                   "from the texts being embedded).")
 @device_options
 @model_options
 @output_options

@@ -1023,3 +1023,27 @@ class Manifest:
         except (OSError, ValueError, RecursionError) as exc:  # NOTE: '[[[[...' too deep; a 4,301-digit int
             raise ConfigError(f"cannot read {path}: {exc}") from exc
         return cls.from_dict(data, str(path))
+
+
+def model_mismatch(manifest: Manifest, spec: ModelSpec) -> str:
+    """Why ``spec`` cannot embed queries for the index of ``manifest`` ("" when it can): the one rule of the model
+    an index's vectors are matched with (``petal query``/``serve``, ``petal embed --calibration INDEX``)."""
+    recorded = manifest.model
+    if not isinstance(recorded, ModelRecord):
+        return "the index holds precomputed vectors, not a model's"
+    return ", ".join([*recorded.mismatches(ModelRecord.from_spec(spec)), *config_mismatches(manifest, spec)])
+
+
+def config_mismatches(manifest: Manifest, spec: ModelSpec) -> list[str]:
+    """``config.KEY: index A, model B`` for each key of the model's config.json (as the engine builds the model)
+    that differs from what the index's vectors were made with (none for an index that did not record it)."""
+    from petal.engine.models.families import same_architecture
+
+    embedding = manifest.embedding
+    recorded = getattr(embedding, "model_config", None)
+    if recorded is None:
+        return []
+    mine, theirs = dict(recorded), spec.config_record
+    return [f"config.{k}: index {mine.get(k)!r}, model {theirs.get(k)!r}"
+            for k in sorted(set(mine) | set(theirs)) if mine.get(k) != theirs.get(k)
+            and not (k == "architecture" and same_architecture(mine.get(k), theirs[k]))]

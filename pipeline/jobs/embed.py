@@ -194,7 +194,7 @@ class Embedder:
         self.spec = model_spec(os.fspath(model) if model is not None else None, max_length, options)
         transform: OutputTransform = build(OutputTransform.for_model, self.spec, output)
         if calibration is not None and transform.int8_scheme == "calibrated":
-            transform = index_calibration(transform, Path(calibration))
+            transform = index_calibration(self.spec, transform, Path(calibration))
         self.transform = transform
         if token_budget is not None and token_budget < self.spec.pooling.max_length:
             # NOTE: before torch (was the engine's refusal, the model's weights loading first)
@@ -441,12 +441,30 @@ def _placed(embedded: np.ndarray, count: int, kept: list[int]) -> np.ndarray:
     return rows
 
 
-def index_calibration(transform: OutputTransform, index_path: Path) -> OutputTransform:
-    """The int8 ranges of an index built with this model and output settings (``--calibration INDEX``)."""
+def index_calibration(spec: ModelSpec, transform: OutputTransform, index_path: Path) -> OutputTransform:
+    """The int8 ranges of an index built with this model and output settings (``--calibration INDEX``): the model
+    matched with the index's as ``petal query`` matches it (``model_mismatch``: weights, tokenizer, pooling, ...),
+    and the document prompt the index's vectors were embedded with, else ``UsageError`` (2) naming what differs.
+    NOTE: the output settings alone were compared: another model's ranges (other weights, pooling) were taken,
+    silently, and every code made with them was off."""
     from petal.pipeline.layout import resolve_index_dir
+    from petal.pipeline.manifest import ModelRecord, model_mismatch
 
     _, manifest = resolve_index_dir(index_path)
     recorded = manifest.output
+    if recorded is not None and recorded.calibration is not None:
+        mismatch = model_mismatch(manifest, spec)
+        model = manifest.model
+        if isinstance(model, ModelRecord) and model.document_prompt != spec.prompts.document:
+            # NOTE: the ranges are of its documents' vectors, embedded with this prompt (a query's is free, as in
+            # petal query: it is not what the ranges were learned from)
+            mismatch = ", ".join(filter(None, [mismatch, f"prompts.document: index {model.document_prompt!r}, "
+                                                         f"model {spec.prompts.document!r}"]))
+        if mismatch:
+            raise UsageError(f"--calibration {index_path}: model {spec.path} does not match the index ({mismatch}); "
+                             "its int8 ranges are of vectors this model does not make: give an index built with this "
+                             "model and its settings, or leave --calibration out to learn the ranges from the texts "
+                             "embedded")
     if recorded is None or recorded.calibration is None or \
             replace(recorded, calibration=None) != replace(transform, calibration=None):
         if recorded is None:

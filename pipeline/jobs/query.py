@@ -24,13 +24,12 @@ import numpy as np
 from petal.engine.config import AttentionMaskName, EngineConfig, ModelOptions, Source, pooling_mode
 from petal.engine.errors import ModelError
 from petal.engine.loader import MaxLengthError, ModelSpec, inspect_model
-from petal.engine.models.families import same_architecture
 from petal.pipeline.index.search import Hit, IndexReader
 from petal.pipeline.ingest.text_rule import skip_reason
 from petal.pipeline.ingest.tokens import Encoded, TextTokenizer, room_sources, tokenizer_for
 from petal.pipeline.jobs.embed import embed_token_ids, encode_texts, seen_texts
 from petal.pipeline.layout import resolve_index_dir
-from petal.pipeline.manifest import Manifest, ModelRecord
+from petal.pipeline.manifest import Manifest, ModelRecord, model_mismatch
 from petal.pipeline.reliability.errors import BadInputError, ConfigError, UsageError, flag_errors, quote_text
 from petal.pipeline.store.outputs import OutputTransform
 
@@ -148,27 +147,6 @@ def precomputed_message(manifest: Manifest) -> str:
     column = f" {recorded.vectors_column}" if not isinstance(recorded, ModelRecord) else ""
     return (f"{manifest.version} was built from precomputed vectors (--vectors-column{column}, dim "
             f"{manifest.dim}), without a model to embed a text query with")
-
-
-def model_mismatch(manifest: Manifest, spec: ModelSpec) -> str:
-    """Why ``spec`` cannot embed queries for the index of ``manifest`` ("" when it can)."""
-    recorded = manifest.model
-    if not isinstance(recorded, ModelRecord):
-        return "the index holds precomputed vectors, not a model's"
-    return ", ".join([*recorded.mismatches(ModelRecord.from_spec(spec)), *config_mismatches(manifest, spec)])
-
-
-def config_mismatches(manifest: Manifest, spec: ModelSpec) -> list[str]:
-    """``config.KEY: index A, model B`` for each key of the model's config.json (as the engine builds the model)
-    that differs from what the index's vectors were made with (none for an index that did not record it)."""
-    embedding = manifest.embedding
-    recorded = getattr(embedding, "model_config", None)
-    if recorded is None:
-        return []
-    mine, theirs = dict(recorded), spec.config_record
-    return [f"config.{k}: index {mine.get(k)!r}, model {theirs.get(k)!r}"
-            for k in sorted(set(mine) | set(theirs)) if mine.get(k) != theirs.get(k)
-            and not (k == "architecture" and same_architecture(mine.get(k), theirs[k]))]
 
 
 def engine_config(spec: ModelSpec, device: str = "auto", dtype: str = "auto", attention: str = "auto",

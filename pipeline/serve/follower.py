@@ -49,9 +49,9 @@ from typing import Any
 
 from petal.engine.loader import ModelSpec
 from petal.pipeline.index.search import IndexReader, current_pointer
-from petal.pipeline.jobs.query import SearchIndex, model_mismatch
+from petal.pipeline.jobs.query import SearchIndex
 from petal.pipeline.layout import SHOWN_POINTER_CHARS, VERSION_RE, MislabeledVersion, OutputDir, resolve_index_dir
-from petal.pipeline.manifest import Manifest, ModelRecord, StoredFormat
+from petal.pipeline.manifest import Manifest, ModelRecord, StoredFormat, model_mismatch
 from petal.pipeline.reliability.errors import ConfigError, PetalError, one_line, quote_path, quote_text
 from petal.pipeline.reliability.faults import fault
 from petal.pipeline.serve.leases import lease, release_with
