@@ -89,15 +89,16 @@ def embed(texts: tuple[str, ...], model: str | None, from_stdin: bool, input_pat
     too; one that cannot be read as its format is 65.
     """
     from petal.pipeline.ingest.text_rule import describe_skips, utf8_or_bytes
+    from petal.pipeline.ingest.texts import check_columns
     from petal.pipeline.reliability.errors import Interrupted, NoInputError, PetalError, UsageError, quote_path
 
-    # NOTE: an empty column name names no column: a usage error (2), as petal index's. Was: --id-column "" read as no
-    # id column (the ids silently dropped, or an IndexError traceback once the model had loaded), --text-column ""
-    # a 65 naming the file
-    for flag, name in (("--text-column", text_column), ("--id-column", id_column)):
-        if name == "":
-            raise click.UsageError(f"{flag} must not be empty: no column or key has that name"
-                                   + ("; leave the flag out for no ids" if flag == "--id-column" else ""))
+    # NOTE: an empty column name names no column: a usage error (2), as petal index's, before the model loads (and
+    # with TEXT arguments too). Was: --id-column "" read as no id column (the ids silently dropped, or an IndexError
+    # traceback once the model had loaded), --text-column "" a 65 naming the file
+    try:
+        check_columns(text_column, id_column)
+    except UsageError as exc:
+        raise click.UsageError(str(exc)) from None
     if output is not None and output.suffix.lower() not in (".npy", ".jsonl"):
         raise click.UsageError(f"--output {quote_path(output)}: expected a .npy or .jsonl file")
     if output is not None and id_column is not None and output.suffix.lower() == ".npy":

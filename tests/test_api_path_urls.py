@@ -19,17 +19,11 @@ import pyarrow.parquet as pq
 import pytest
 
 import petal
+from tests import test_empty_paths
 from tests.fake_cli import invoke
 from tests.test_model_dir_audit import copy_model
 
-
-@pytest.fixture(scope="module")
-def shard(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("src") / "v.parquet"
-    rows = np.random.default_rng(0).standard_normal((12, 8)).astype(np.float32)
-    pq.write_table(pa.table({"id": [str(i) for i in range(12)], "text": [f"text {i}" for i in range(12)],
-                             "emb": list(rows)}), path)
-    return path
+shard = test_empty_paths.shard  # a fixture: a shard of 12 precomputed vectors with text
 
 
 @pytest.fixture

@@ -38,8 +38,9 @@ def ids_of(out: Path) -> list[str]:
     return pq.read_table(out / "versions" / version / "ids.parquet").column("id").to_pylist()
 
 
-@pytest.mark.parametrize("damage", [removed, emptied, garbage, a_directory])
-def test_a_rebuild_never_brings_back_what_the_live_version_deleted(tmp_path, damage):
+def deleted_by_a_tombstone(tmp_path: Path) -> tuple[Path, Path, dict[str, str], list[str]]:
+    """OUT of six rows (fake engine) with a-1 and a-2 deleted by a --delete run: ``(out, its tombstone, env, the
+    petal index argv)``."""
     data, out = tmp_path / "data", tmp_path / "out"
     data.mkdir()
     pq.write_table(pa.table({"id": [f"a-{i}" for i in range(6)], "text": [f"a words {i}" for i in range(6)]}),
@@ -53,6 +54,12 @@ def test_a_rebuild_never_brings_back_what_the_live_version_deleted(tmp_path, dam
     assert deleted.rc == 0, deleted.stderr
     assert "a-1" not in ids_of(out)
     (tombstone,) = (out / "store" / "deleted").glob("*/*.parquet")
+    return out, tombstone, env, index
+
+
+@pytest.mark.parametrize("damage", [removed, emptied, garbage, a_directory])
+def test_a_rebuild_never_brings_back_what_the_live_version_deleted(tmp_path, damage):
+    out, tombstone, env, _ = deleted_by_a_tombstone(tmp_path)
     damage(tombstone)
     current = (out / "CURRENT").read_text()
     rebuilt = forkrun.petal(["rebuild", str(out), "--metric", "l2"], env)
@@ -67,17 +74,7 @@ def test_a_damaged_tombstone_is_refused_with_a_way_out_for_a_rebuild(tmp_path, d
     """The advice for a tombstone that cannot be read leads somewhere. Before: rebuild shared petal index's "restore
     it, or remove it to index those rows again", and a rebuild over the tombstone removed refuses again (65, "holds 0
     deleted rows"): only petal index indexes those rows again. Following rebuild's advice now publishes."""
-    data, out = tmp_path / "data", tmp_path / "out"
-    data.mkdir()
-    pq.write_table(pa.table({"id": [f"a-{i}" for i in range(6)], "text": [f"a words {i}" for i in range(6)]}),
-                   data / "a.parquet")
-    pq.write_table(pa.table({"id": ["a-1", "a-2"]}), tmp_path / "delete.parquet")
-    model = make_fake_model_dir(tmp_path / "model")
-    env = {"PETAL_TEST_FAKE_ENGINE": str(tmp_path / "fake.jsonl")}
-    index = ["index", str(data), "--out", str(out), "--model", str(model), "-q"]
-    assert forkrun.petal(index, env).rc == 0
-    assert forkrun.petal([*index, "--delete", str(tmp_path / "delete.parquet")], env).rc == 0
-    (tombstone,) = (out / "store" / "deleted").glob("*/*.parquet")
+    out, tombstone, env, index = deleted_by_a_tombstone(tmp_path)
     damage(tombstone)
     rebuilt = forkrun.petal(["rebuild", str(out), "--metric", "l2"], env)
     assert rebuilt.rc == 65, rebuilt.stderr

@@ -58,7 +58,8 @@ def check_columns(text_column: str, id_column: str | None) -> None:
     dropped, silently, while the caller waited for them (``petal embed``: an IndexError traceback)."""
     for flag, name in (("--text-column", text_column), ("--id-column", id_column)):
         if name == "":
-            raise UsageError(f"{flag} must not be empty: no column or key has that name")
+            raise UsageError(f"{flag} must not be empty: no column or key has that name"
+                             + ("; leave the flag out for no ids" if flag == "--id-column" else ""))
 
 
 def text_file_batches(path: Path, text_column: str = "text", id_column: str | None = None,
