@@ -100,6 +100,13 @@ def vector_job(tmp_path) -> Job:
     return job
 
 
+def check_report_deleted_nothing(report: dict) -> None:
+    """The JSON report of a ``--delete`` run that published nothing says so: 0 deleted, the 2 ids ``planned``
+    (was: ``deleted`` 2, what the run meant to do, while the next run found every row)."""
+    assert report["rows"]["deleted"] == 0 and report["version"] is None, report
+    assert report["deletes"]["deleted"] == 0 and report["deletes"]["planned"] == 2, report["deletes"]
+
+
 def check_nothing_deleted_later(job: Job, before: str) -> None:
     """After a ``--delete`` run that did not publish: the live version is the one before, and the next plain run
     publishes nothing, deletes nothing and leaves no tombstone behind; asked again, the deletion happens."""
@@ -132,6 +139,7 @@ def test_a_delete_run_that_does_not_publish_deletes_nothing_later(job, fault, rc
     assert fault.split(":")[0] in job.reached()
     if rc != -9:  # it ran its clean-up: nothing of its deletion is left (a killed run's is, out of force)
         assert failed.report["status"] in ("failed", "interrupted") and job.tombstones() == [], job.tombstones()
+        check_report_deleted_nothing(failed.report)
     check_nothing_deleted_later(job, before)
 
 
@@ -141,6 +149,7 @@ def test_a_faiss_error_in_the_build_deletes_nothing_later(job):
     failed = job.delete("--index-factory", "IVF19,Flat")
     assert failed.rc == 78 and "IVF19,Flat" in failed.last_line, failed.stderr
     assert job.tombstones() == []
+    check_report_deleted_nothing(failed.report)
     check_nothing_deleted_later(job, before)
 
 
@@ -155,7 +164,22 @@ def test_sigterm_before_the_publish_deletes_nothing_later(job):
     result = child.wait()
     assert result.rc == 143 and result.report["status"] == "interrupted", result.stderr
     assert job.tombstones() == []
+    check_report_deleted_nothing(result.report)
     check_nothing_deleted_later(job, before)
+
+
+@pytest.mark.parametrize("vectors", [False, True])
+def test_a_delete_run_stopped_once_its_version_is_live_reports_the_deletion(tmp_path, fake_model, vectors):
+    """SIGTERM right after the pointer swap: the run is interrupted, but its version (and its deletion) is live;
+    the report names the version and counts the 2 deleted (was: no version, so the summary left the deletion out)."""
+    job = Job(tmp_path, fake_model, vectors=vectors)
+    assert job.run().rc == 0
+    stopped = job.delete(fault="after_publish:1:term")
+    assert stopped.rc == 143 and stopped.report["status"] == "interrupted", stopped.stderr
+    assert stopped.report["version"] == OutputDir(job.out).current_version(), stopped.report
+    assert stopped.report["rows"]["deleted"] == stopped.report["deletes"]["deleted"] == 2
+    assert "planned" not in stopped.report["deletes"] and "2 deleted" in stopped.stderr.splitlines()[0], stopped.stderr
+    assert job.ids() == set(range(20)) - DELETED
 
 
 @pytest.mark.parametrize("point", ["after_publish", "store_prune", "version_prune"])

@@ -435,11 +435,11 @@ def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory
                 result.pending.cancel()
             shutil.rmtree(staging, ignore_errors=True)  # gone by now if the rename happened
             raise
+        report.version = version  # NOTE: live from here: a stop or failure after this still published (and deleted)
         fault("after_publish")
         store.end_full_run()  # a version is live: no --full run is left to resume
         committed_tombstones = commit_tombstones(out, deletion)
         report.timings_s["index"] = round(time.perf_counter() - index_started, 3)
-        report.version = version
         report.index = {**result.report(job.index), "deleted": sum(tombstoned(e) for e in committed)}
         say_recall(result)
         report.index["timings_s"]["publish"] = round(published_s, 3)  # fsync, rename, pointer swap

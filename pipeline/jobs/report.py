@@ -63,10 +63,21 @@ class RunReport:
         self.finished_at = _now()
         self.seconds = round(time.perf_counter() - self._t0, 3)
 
+    def took_effect(self) -> bool:
+        """Whether what the run planned happened: it ended as planned, or it stopped or failed once its version was
+        live (``version`` is set at the publish). A run refused, failed or stopped before that changed nothing."""
+        return self.status in ("success", "nothing-to-do") or bool(self.version)
+
     def as_dict(self) -> dict[str, Any]:
-        """The report as JSON-ready data (``--json``, ``json_report``), with the embed phase's throughput."""
+        """The report as JSON-ready data (``--json``, ``json_report``), with the embed phase's throughput. A run
+        that published nothing deleted nothing: its ``--delete`` counts say ``planned`` and ``deleted`` 0."""
         data = asdict(self)
         data.pop("_t0", None)
+        if "deleted" in self.rows and not self.took_effect():
+            data["rows"]["deleted"] = 0
+            if self.deletes:
+                data["deletes"]["planned"] = self.deletes.get("deleted", 0)
+                data["deletes"]["deleted"] = 0
         if not self.ranges:  # NOTE: the key only when a shard was cut into ranges (the report's shape is a contract)
             data.pop("ranges", None)
         embed_s = self.timings_s.get("embed", 0.0)
@@ -93,8 +104,7 @@ class RunReport:
             kept = f", {num_kept} kept" if num_kept else ""
             reused = f", {self.rows['reused']} reused" if self.rows.get("reused") else ""
             kept_rows = f", {self.rows['kept']} kept" if self.rows.get("kept") else ""  # the kept shards' rows
-            # else what was planned did not happen (a stop once the version went live: it did)
-            done = self.status in ("success", "nothing-to-do") or (self.status == "interrupted" and bool(self.version))
+            done = self.took_effect()  # else what was planned did not happen
             deleted = f", {self.rows['deleted']} deleted" if "deleted" in self.rows and done else ""
             if deleted and self.deletes.get("already_deleted"):  # asked again: removed by an earlier run, not this one
                 deleted += f" ({self.deletes['already_deleted']} already deleted)"

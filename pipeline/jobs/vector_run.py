@@ -225,10 +225,10 @@ def _run(job: IndexJob, column: str, report: RunReport, stop: StopSignals, start
 
             shutil.rmtree(staging, ignore_errors=True)
             raise
+        report.version = version  # NOTE: live from here: a stop or failure after this still published (and deleted)
         fault("after_publish")
         store.end_full_run()  # a version is live: no --full run is left to resume
         committed_tombstones = run.commit_tombstones(out, deletion)
-        report.version = version
         report.index = {**result.report(job.index), "deleted": sum(run.tombstoned(e) for e in committed)}
         run.say_recall(result)
         report.rejects_file = str(out.version_dir(version) / "rejects.parquet")
