@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from petal.pipeline.index.faiss_loader import load_faiss
-from petal.pipeline.index.filters import parse_filter
+from petal.pipeline.index.filters import Clause, parse_filter
 from petal.pipeline.index.search import IndexReader
 from tests.fake_cli import invoke as fake_invoke
 from tests.fake_engine import make_fake_model_dir
@@ -179,3 +179,24 @@ def test_true_rows_reads_a_boolean_column_from_its_bitmaps():
         flags = pa.chunked_array(chunks, pa.bool_())
         got = true_rows(flags)
         assert got.dtype == bool and got.tolist() == [value is True for value in flags.to_pylist()]
+
+
+class _CountingText(str):
+    """A filter text that counts the copies taken of it (slices): the tokenizer scans the text in place."""
+
+    copies = 0
+
+    def __getitem__(self, key):  # type: ignore[override]
+        type(self).copies += 1
+        return super().__getitem__(key)
+
+
+@pytest.mark.parametrize("clauses", [10, 1000])
+def test_a_filter_is_read_in_place_not_copied_per_token(clauses):
+    """Reading a filter takes a fixed number of copies of it, whatever its length (was: the rest of the text
+    copied and stripped at every token, quadratic: a 1 MB ``where`` held petal serve's search thread for 15 s)."""
+    _CountingText.copies = 0
+    text = _CountingText(" AND ".join(f"lang = 'x{i}'" for i in range(clauses)) + "  ")
+    flt = parse_filter(text)
+    assert len(flt.clauses) == clauses and flt.clauses[-1] == Clause("lang", (f"x{clauses - 1}",))
+    assert _CountingText.copies <= 2, _CountingText.copies
