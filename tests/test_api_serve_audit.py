@@ -192,7 +192,10 @@ GAPS = [  # (route, JSON body, status, in the message): mistakes no other serve 
     ("/search", {"query": "x", "k": 51}, 422, "'k' is 51, over the limit of 50 (--max-k)"),
     ("/search", {"query": ["x"]}, 422, "'query' must be a string (use 'queries' for a list)"),
     ("/search", {"queries": []}, 422, "'queries' is empty"),
-    ("/search", {"queries": [["x"]]}, 422, "'queries' must be a string or a list of strings: item 0 is an array"),
+    # NOTE: 'queries' takes a list only (a bare string is refused): the item's message says so too
+    ("/search", {"queries": [["x"]]}, 422, "'queries' must be a list of strings: item 0 is an array"),
+    ("/search", {"queries": ["ice", 5]}, 422, "'queries' must be a list of strings: item 1 is an integer"),
+    ("/search", {"queries": "ice"}, 422, "'queries' must be a list of strings"),
     ("/search", {"vectors": []}, 422, "'vectors' is empty"),
     ("/search", {"vectors": [0.05] * DIM}, 422, "lists of numbers: row 0 is 0.05 (one vector is sent as [[...]])"),
     ("/search", {"vectors": [[True] * DIM]}, 422, "lists of numbers: row 0 position 0 is a boolean"),

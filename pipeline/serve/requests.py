@@ -198,14 +198,15 @@ def _is_token_id(value: Any) -> bool:
     return type(value) is int  # NOTE: not a bool (an int to Python), not 2.0
 
 
-def _texts(value: Any, name: str, limits: Limits) -> tuple[str, ...]:
+def _texts(value: Any, name: str, limits: Limits, shape: str = "a string or a list of strings") -> tuple[str, ...]:
+    """``value`` (``shape``: what the field takes, as its errors say) as texts, counted against the limits."""
     if isinstance(value, str):
         value = [value]
     if not isinstance(value, list) or not all(isinstance(t, str) for t in value):
         if isinstance(value, list):
             i = _first(value, lambda t: isinstance(t, str))
-            raise RequestError(422, f"{name!r} must be a string or a list of strings: item {i} is {_kind(value[i])}")
-        raise RequestError(422, f"{name!r} must be a string or a list of strings, not {_kind(value)}")
+            raise RequestError(422, f"{name!r} must be {shape}: item {i} is {_kind(value[i])}")
+        raise RequestError(422, f"{name!r} must be {shape}, not {_kind(value)}")
     _count(len(value), name, limits)
     # NOTE: the rule of petal query: a lone surrogate (JSON "\ud800") is U+FFFD, which the tokenizer takes
     texts = tuple(decoded_json_text(t) for t in value)
@@ -311,7 +312,7 @@ def parse_search(body: dict[str, Any], limits: Limits) -> SearchRequest:
     elif given[0] == "queries":
         if not isinstance(body["queries"], list):
             raise RequestError(422, "'queries' must be a list of strings")
-        texts = _texts(body["queries"], "queries", limits)
+        texts = _texts(body["queries"], "queries", limits, "a list of strings")  # NOTE: a bare string is refused above
     else:
         vectors = _vectors(body["vectors"], limits)
     include = body.get("include")
