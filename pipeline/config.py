@@ -225,9 +225,18 @@ DEFAULT_RANGE_ROWS = 100_000  # rows of a row-group range of a large shard (--ra
 
 def ray_address_problem(address: str) -> str | None:
     """What is wrong with a ``--ray ADDRESS`` (``None``: nothing petal can tell): ``auto``, ``local``, a URL
-    (``ray://host:10001``: Ray Client judges it) or ``HOST:PORT`` of a cluster's GCS."""
-    if address in ("auto", "local") or "://" in address:
+    (``ray://host:10001``: Ray Client judges it) or ``HOST:PORT`` of a cluster's GCS. NOTE: another scheme was Ray's
+    error at ``ray.init``, reported 75 (retry: it never works); ``http://`` is a dashboard's address, not a cluster's
+    one."""
+    if address in ("auto", "local"):
         return None
+    scheme, sep, _ = address.partition("://")
+    if sep:
+        if scheme == "ray":
+            return None
+        dashboard = " (an http:// address is a dashboard's; the cluster's is HOST:6379 or ray://HOST:10001)" \
+            if scheme in ("http", "https") else ""
+        return f"the scheme {scheme}:// is not a Ray cluster's{dashboard}; give HOST:PORT, ray://HOST:PORT or auto"
     if not address.strip():
         return ("an empty address; give HOST:PORT, ray://HOST:PORT or auto, or --ray alone (RAY_ADDRESS, else a local "
                 "Ray)")

@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
-from petal.pipeline.config import ScaleConfig
+from petal.pipeline.config import ScaleConfig, ray_address_problem
 from petal.pipeline.ingest.parquet import ReadStats
 from petal.pipeline.jobs.progress import progress_bar
 from petal.pipeline.jobs.report import RunReport
@@ -127,6 +127,11 @@ def connect(scale: ScaleConfig) -> Any:
     during ``ray.init`` is the run's clean stop (143), not an internal error."""
     ray = import_ray()
     ray_errors_off_stdout()
+    env = os.environ.get("RAY_ADDRESS")
+    if scale.ray_address in (None, "auto") and env:  # NOTE: judged as --ray's is (Ray's own error was 75, "retry")
+        problem = ray_address_problem(env)
+        if problem is not None:
+            raise ConfigError(f"cannot connect to Ray at {env} (RAY_ADDRESS): {problem} (or unset it for a local Ray)")
     if ray.is_initialized():
         _same_cluster(ray, scale)
     else:
