@@ -240,7 +240,8 @@ def bench_e2e(model: str | None, shape: str | None, tokenizer_dir: Path | None, 
     from petal.pipeline.config import IndexSettings
 
     if shape is None:  # NOTE: a --shape model's dim is known once it is made (below), still before the runs
-        check_factory(usage(lambda: IndexSettings(factory=index_factory)), judge_model(model).dim, min(sizes))
+        check_factory(usage(lambda: IndexSettings(factory=index_factory)), judge_model(model).dim, min(sizes),
+                      "the smallest of --docs")
     from petal.bench.e2e import format_e2e_summary, format_e2e_table, run_e2e_bench
     from petal.bench.runs import temporary_workdir
     from petal.engine.engine import resolve_device
@@ -265,7 +266,8 @@ def bench_e2e(model: str | None, shape: str | None, tokenizer_dir: Path | None, 
         model_dir = save_model_dir(s, hf, tokenizer_dir or default_model_dir(),
                                    click.get_current_context().with_resource(temporary_workdir(f"petal-{shape}-")))
         del hf
-        check_factory(usage(lambda: IndexSettings(factory=index_factory)), judge_model(model_dir).dim, min(sizes))
+        check_factory(usage(lambda: IndexSettings(factory=index_factory)), judge_model(model_dir).dim, min(sizes),
+                      "the smallest of --docs")
     results: list[dict] = []
     with work_removed_when_interrupted("e2e"):
         for size in sizes:
@@ -336,7 +338,7 @@ def bench_index(num_vectors: int, dims: tuple[int, ...], num_queries: int, memor
         raise click.UsageError("--factory must not be empty (auto, or a FAISS index factory string)")
     settings = IndexSettings(factory=factory, memory_bytes=budgets[0])
     for dim in dims:
-        check_factory(settings, dim, num_vectors, "--factory")
+        check_factory(settings, dim, num_vectors, "--vectors", "--factory")
     paths({}, workdir)
     if workdir is not None:
         from petal.pipeline.reliability.safe_files import check_output_dir
@@ -349,6 +351,8 @@ def bench_index(num_vectors: int, dims: tuple[int, ...], num_queries: int, memor
     skipped: dict[str, str] = {}
     if not no_baseline and num_vectors < IVF_BASELINE_LISTS:  # NOTE: was a FAISS traceback once the store was written
         skipped[f"FAISS {IVF_BASELINE}"] = f"it trains on {IVF_BASELINE_LISTS} vectors or more, --vectors {num_vectors}"
+        click.echo(f"petal bench: note: the FAISS {IVF_BASELINE} baseline is skipped: it trains on "  # as st_baseline's
+                   f"{IVF_BASELINE_LISTS} vectors or more, --vectors {num_vectors}", err=True)
     for dim in dims:
         result = run_index_bench(num_vectors, dim, num_queries=num_queries, memories=memories,
                                  target_recall=target_recall, num_shards=num_shards,
@@ -455,18 +459,19 @@ def judge_model(model: str | Path | None) -> Any:
     return inspect_model(model)
 
 
-def check_factory(settings: Any, dim: int, num_vectors: int, flag: str = "--index-factory") -> None:
+def check_factory(settings: Any, dim: int, num_vectors: int, counted: str, flag: str = "--index-factory") -> None:
     """An explicit index factory FAISS cannot build at ``dim`` or train on ``num_vectors`` (``FlagError``, 2, naming
-    ``flag``), before any vector is made (FAISS loads; torch does not)."""
+    ``flag``), before any vector is made (FAISS loads; torch does not). ``counted``: the flag that sets
+    ``num_vectors``, as the message says it (not a run's "rows read", which a benchmark has none of)."""
     from petal.pipeline.index.plan import check_index_factory
     from petal.pipeline.reliability.errors import FlagError
 
     try:
-        check_index_factory(settings, "float32", dim, num_vectors)
+        check_index_factory(settings, "float32", dim, num_vectors, counted)
     except FlagError as exc:
         if flag == "--index-factory":
             raise
-        raise FlagError(str(exc).replace("--index-factory ", f"{flag} ", 1)) from None
+        raise FlagError(str(exc).replace("--index-factory", flag)) from None  # NOTE: every mention: the advice too
 
 
 BENCH_EXTRA = "pip install 'petal[bench]'"
@@ -610,6 +615,10 @@ def bench_serve(index_path: Path | None, model: str | None, shape: str | None, t
     if workdir is not None:
         _serve_outputs(workdir, shape, build=index_path is None and "search" in chosen, docs=index_docs is not None)
         hold_workdir(workdir, "serve")
+    if device == "cuda":  # NOTE: as e2e and startup judge it: was petal serve's refusal, after the model and index
+        from petal.engine.engine import resolve_device
+
+        usage(lambda: resolve_device(device))
     model_dir = Path(model) if model else None
     if shape is not None:
         import torch
@@ -703,7 +712,7 @@ def bench_startup(runs: int, text: str, num_vectors: int, dim: int, factory: str
         raise click.BadParameter("is blank: petal embed has nothing to embed", param_hint="--text")
     from petal.pipeline.config import IndexSettings
 
-    check_factory(usage(lambda: IndexSettings(factory=factory)), dim, num_vectors)
+    check_factory(usage(lambda: IndexSettings(factory=factory)), dim, num_vectors, "--vectors")
     paths({}, workdir)
     from petal.bench.startup import check_outputs, format_startup_table, run_startup_bench
     from petal.engine.loader import default_model_dir

@@ -130,6 +130,9 @@ def test_index_judges_its_flags_and_paths_before_the_store_is_written(tmp_path):
     args = ["index", "--workdir", work, "--vectors", 1000, "--dim", 64, "--queries", 10, "--no-baseline"]
     refused(tmp_path, 2, "size '8Q' is not a number", *args, "--index-memory", "8Q")
     refused(tmp_path, 2, "--factory 'IVF4096,Flat' needs at least 4096 vectors", *args, "--factory", "IVF4096,Flat")
+    # the advice names bench index's own flags (was: --index-factory, and a run's "rows read and kept shards")
+    refused(tmp_path, 2, "can index at most 1000 vectors (--vectors): pick a smaller factory or leave --factory auto",
+            *args, "--factory", "IVF4096,Flat")
     assert list(work.iterdir()) == []
     (work / "d64").write_text("x")
     refused(tmp_path, 73, f"{work / 'd64'} is a file, not a directory", *args)
@@ -168,6 +171,8 @@ def test_e2e_judges_its_index_factory_before_embedding(tmp_path):
     refused(tmp_path, 2, "--index-factory 'IVF4096,Flat' needs at least 4096 vectors of dim 384", "e2e",
             "--index-factory", "IVF4096,Flat", "--docs", 200, "--device", "cpu", "--no-baseline", "--corpus",
             SAMPLE_DATA)
+    refused(tmp_path, 2, "can index at most 200 vectors (the smallest of --docs)", "e2e", "--index-factory",
+            "IVF4096,Flat", "--docs", "300,200", "--device", "cpu", "--no-baseline", "--corpus", SAMPLE_DATA)
     refused(tmp_path, 2, "--index-factory must not be empty", "e2e", "--index-factory", "", "--docs", 200,
             "--device", "cpu", "--no-baseline", "--corpus", SAMPLE_DATA)  # (was a ValueError traceback)
 
@@ -374,3 +379,18 @@ def test_an_empty_tokenize_workers_and_a_tokenizer_dir_without_shape_are_usage_e
     for command in ("e2e", "serve"):
         refused(tmp_path, 2, "--tokenizer-dir applies only with --shape", command, "--tokenizer-dir", tmp_path / "tok",
                 "--corpus", SAMPLE_DATA)
+
+
+def test_serve_judges_device_cuda_before_a_model_is_made(tmp_path):
+    """bench serve --device cuda where torch sees no CUDA device: 2 naming it before a --shape model is written or
+    an index built (was: petal serve's refusal, after both), as e2e and startup judge it."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is here")
+    work = tmp_path / "work"
+    work.mkdir()
+    rc, stdout, last, _ = bench(tmp_path, "serve", "--shape", "minilm", "--workdir", work, "--device", "cuda",
+                                "--endpoints", "embeddings,search")
+    assert rc == 2 and "--device cuda was asked for, but torch sees no CUDA device" in last and stdout == "", last
+    assert [p.name for p in work.iterdir()] == [".petal-bench.lock"]  # no model, no index

@@ -292,6 +292,9 @@ def test_index_under_4096_vectors_skips_the_ivf4096_baseline(tmp_path):
     result = json.loads(proc.stdout)
     assert [row["system"] for row in result["results"]] == ["FAISS IndexFlatIP", "petal (auto, --index-memory 8G)"]
     assert "4096" in result["skipped"]["FAISS IVF4096,Flat"]
+    # said on stderr too, as the README promises of every skipped baseline (was: the table and JSON only)
+    for run in (table, proc):
+        assert "note: the FAISS IVF4096,Flat baseline is skipped: it trains on 4096 vectors or more" in run.stderr
     assert_nothing_left(env)
 
 
