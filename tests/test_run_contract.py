@@ -247,3 +247,26 @@ def built_exact_index(tmp_path_factory, tiny_bert_dir):
                          env={"PETAL_TEST_FAKE_ENGINE": str(root / "fake.jsonl")})
     assert result.exit_code == 0, result.output
     return out
+
+
+def test_tokens_are_the_committed_rows_whether_stopped_or_not(tmp_path, fake_model):
+    """The report's ``tokens`` are the tokens of the rows it says were embedded (``rows.embedded``): an interrupted
+    run's and its resume's add up to one whole run's (was: the stopped run counted the batches of the shard it
+    dropped too, so the pair counted more than the whole run)."""
+    a, b = shard(tmp_path / "a.parquet", "a", 30), shard(tmp_path / "b.parquet", "b", 30)
+
+    def run(out: str, fault: str | None = None) -> tuple[int, dict]:
+        report = tmp_path / f"{out}-{bool(fault)}.json"
+        env = {"PETAL_TEST_FAKE_ENGINE": str(tmp_path / "log"), "PETAL_FAULT": fault}
+        result = fake_invoke(["index", str(a), str(b), "--out", str(tmp_path / out), "--model", str(fake_model), "-q",
+                              "--max-seqs", "4", "--json-report", str(report)], env=env)
+        return result.exit_code, json.loads(report.read_text())
+
+    rc, stopped = run("out", "after_batch:12:int")  # 8 batches a shard: in the second shard, not committed
+    assert rc == 130 and stopped["rows"]["embedded"] == 30 and stopped["shards"]["embedded"] == 1, stopped
+    rc, resumed = run("out")
+    assert rc == 0 and resumed["rows"]["embedded"] == 30, resumed
+    rc, whole = run("whole")
+    assert rc == 0 and whole["rows"]["embedded"] == 60, whole
+    assert 0 < stopped["tokens"] < whole["tokens"] and stopped["tokens"] + resumed["tokens"] == whole["tokens"], \
+        (stopped["tokens"], resumed["tokens"], whole["tokens"])

@@ -116,6 +116,12 @@ def test_kill_9_of_a_worker_exits_75_then_the_rerun_embeds_only_what_is_missing(
     assert statuses == ["done", "lost"], report["workers"]
     done = committed(out)
     assert 1 <= done < 12 and report["shards"]["embedded"] == done
+    # the lost worker's entry names its pid and what the coordinator saw it commit (was: worker, device, status)
+    lost = next(w for w in report["workers"] if w["status"] == "lost")
+    assert lost["pid"] == victim and {"shards", "ranges", "rows", "tokens"} <= lost.keys(), lost
+    assert sum(w["shards"] for w in report["workers"]) == done, report["workers"]
+    assert sum(w["rows"] for w in report["workers"]) == report["rows"]["embedded"] == 20 * done
+    assert report["tokens"] == sum(w["tokens"] for w in report["workers"]) > 0, report["workers"]
     first_embedded = embedded_ids(first_log)
 
     second_log = tmp_path / "second.jsonl"
@@ -206,9 +212,20 @@ def test_sigterm_of_the_coordinator_stops_every_worker_then_resumes(fake_model, 
             os.kill(pid, 0)
     done = committed(out)
     assert done == report["shards"]["embedded"] < 8 and not any((out / "store" / "tmp").iterdir())
+    # an interrupted worker still reports what it committed, and the run's tokens count it (was: only worker, device
+    # and status, tokens 0)
+    assert sorted(w["pid"] for w in report["workers"]) == workers, report["workers"]
+    assert sum(w["shards"] for w in report["workers"]) == done, report["workers"]
+    assert sum(w["rows"] for w in report["workers"]) == report["rows"]["embedded"] == 20 * done
+    first_tokens = report["tokens"]
+    assert first_tokens == sum(w["tokens"] for w in report["workers"]) > 0, report["workers"]
     rc, stderr, report = Petal(argv, {"PETAL_TEST_FAKE_ENGINE": str(tmp_path / "second.jsonl")},
                                tmp_path / "second.json").wait()
     assert rc == 0 and report["shards"] == {"total": 8, "embedded": 8 - done, "reused": done}, stderr
+    # the stopped run's tokens and its resume's add up to one whole run's: tokens are the committed rows'
+    rc, stderr, whole = Petal([*argv[:3], str(tmp_path / "whole"), *argv[4:]],
+                              {"PETAL_TEST_FAKE_ENGINE": str(tmp_path / "third.jsonl")}, tmp_path / "third.json").wait()
+    assert rc == 0 and first_tokens + report["tokens"] == whole["tokens"], (first_tokens, report["tokens"], whole)
     rows, _ = contents(out)
     assert sorted(r["id"] for r in rows) == sorted(ids)
 

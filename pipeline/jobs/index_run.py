@@ -664,7 +664,9 @@ def embed_shards(chunks: Prefetcher[TokenizedDocs], shards: list[ShardInfo],
     guard = StepGuard(engine)  # splits a batch the device has no memory for
     total = sum(r.num_rows for r in ranges) if ranges is not None else sum(s.num_rows for s in shards)
     progress = progress_bar(total, disable=job.quiet, desc="embedding")
-    tokens = [0]  # tokens embedded (results back from the engine): the progress bar's tok/s
+    # tokens embedded (results back from the engine): the progress bar's tok/s. NOTE: the report's ``tokens`` are the
+    # committed entries' (tally_commit), not these: a shard dropped (a stop, a failure) or a row rejected later is not
+    tokens = [0]
 
     def show_rate() -> None:  # after every result, the flush and the drain included (the bar's last line too)
         progress.set_postfix_str(f"{tokens[0] / max(progress.format_dict['elapsed'], 1e-9):,.0f} tok/s",
@@ -672,7 +674,7 @@ def embed_shards(chunks: Prefetcher[TokenizedDocs], shards: list[ShardInfo],
 
     def step(batch: Any) -> Iterator[tuple[int, StoreEntry]]:
         for done, vectors in flight.push(batch, guard.step(batch)):  # [4] step, [5] result
-            yield from sink.add(list(done.keys), vectors)  # [6] store
+            yield from sink.add(list(done.keys), vectors, done.seqlens)  # [6] store
             progress.update(done.num_seqs)
             tokens[0] += done.num_tokens
             show_rate()
@@ -698,7 +700,7 @@ def embed_shards(chunks: Prefetcher[TokenizedDocs], shards: list[ShardInfo],
         if last is not None:
             yield from step(last)
         for done, vectors in flight.drain():
-            yield from sink.add(list(done.keys), vectors)
+            yield from sink.add(list(done.keys), vectors, done.seqlens)
             progress.update(done.num_seqs)
             tokens[0] += done.num_tokens
             show_rate()
@@ -710,7 +712,6 @@ def embed_shards(chunks: Prefetcher[TokenizedDocs], shards: list[ShardInfo],
         chunks.close()
         sink.abort()  # uncommitted shards are embedded again by the next run
         progress.close()
-        report.tokens += tokens[0]
         report.retries["oom_splits"] += guard.splits
         # where the embed loop blocked: on tokenization (the CPU was behind) or on results (the device was)
         report.timings_s["embed_wait_tokens"] = round(waited.seconds, 3)
@@ -755,6 +756,7 @@ def tally_commit(entry: StoreEntry, report: RunReport) -> None:
     """Count a shard this run committed as it commits (a stopped or failed run's report and summary line say the
     rows of the shards it did embed); ``tally_rows`` counts every named shard once the run goes on."""
     report.rows["embedded"] += entry.num_embedded
+    report.tokens += entry.num_tokens  # NOTE: the committed rows' only: the same for the same input, however run
     report.rows["truncated"] += entry.num_truncated
     _tally_skipped(entry, report)
 
@@ -767,6 +769,7 @@ def _tally_skipped(entry: StoreEntry, report: RunReport) -> None:
 def tally_rows(entries: list[StoreEntry], report: RunReport, embedded_now: set[int], kept: list[StoreEntry]) -> None:
     """Rows of the named shards: embedded by this run, reused from the store; skipped, truncated; kept shards' rows."""
     report.rows["embedded"] = sum(e.num_embedded for i, e in enumerate(entries) if i in embedded_now)
+    report.tokens = sum(e.num_tokens for i, e in enumerate(entries) if i in embedded_now)
     reused = sum(e.num_embedded for i, e in enumerate(entries) if i not in embedded_now)
     kept_rows = sum(e.num_embedded for e in kept)
     for key, count in (("reused", reused), ("kept", kept_rows)):  # NOTE: only when some: the report's shape

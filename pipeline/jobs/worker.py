@@ -13,6 +13,7 @@ a worker killed at any instant cannot block the others):
     ("rows", worker, n)                              n more documents handed to the device (progress)
     ("commit", worker, unit, entry path)             a unit committed: a shard's store entry, or a range's part
     ("done", worker, summary)                        no more work: every claimed shard committed
+    ("summary", worker, summary)                     what it committed before it stopped: sent before its "error"
     ("error", worker, exit code, status, message)    stopped by a PetalError (or a bug: exit 1)
 
 A worker whose coordinator is gone (killed with SIGKILL, or by a second SIGTERM, or crashed) has no one to
@@ -160,34 +161,74 @@ def worker_main(plan: WorkerPlan, slot: WorkerSlot, conn: Any, coordinator: int 
     tqdm.set_lock(threading.RLock())
     watch_parent(coordinator if coordinator is not None else os.getppid())
     events = Channel(conn, slot.index)
+    tally = WorkerTally(slot)
     try:
         with StopSignals(second_kills=False) as stop:  # the coordinator forwards signals: a repeat must not kill
             try:
-                summary = _run(plan, slot, events, stop)
+                _run(plan, slot, events, stop, tally)
             except BaseException as exc:
                 if events.gone:  # NOTE: whatever the pipe's failure became on its way up (a thread, a wrapper)
                     exit_orphaned()
                 # as the CLI maps it in one process: a disk's OSError 74, a model's error 78, ...
                 error = unmapped_error(exc, [plan.store_root.parent])
+                events.put(("summary", slot.index, tally.summary()))  # what it committed: the report counts it
                 if error is not None:
                     events.put(("error", slot.index, error.exit_code, error.status, str(error)))
                     return
                 traceback.print_exc(file=sys.stderr)  # a bug: the traceback goes to stderr, the coordinator exits 1
                 events.put(("error", slot.index, 1, "failed", f"internal error in worker {slot.index}: {exc!r}"))
                 return
-        events.put(("done", slot.index, summary))
+        events.put(("done", slot.index, tally.summary()))
     except CoordinatorGone:  # the last word (error, done) had no one to read it
         exit_orphaned()
 
 
-def _run(plan: WorkerPlan, slot: WorkerSlot, events: Channel, stop: Any) -> dict[str, Any]:
+class WorkerTally:
+    """What a worker has done so far, its ``summary()`` the report's ``workers`` entry (less its ``status``): complete
+    at its end, and what it committed when it stops early (a signal, an error)."""
+
+    def __init__(self, slot: WorkerSlot) -> None:
+        self.started = time.perf_counter()
+        self.head: dict[str, Any] = {"worker": slot.index, "pid": os.getpid(), "device": slot.label}
+        self.shards = self.ranges = self.rows = self.tokens = 0  # units committed, and their rows' tokens
+        self.load_s: float | None = None
+        self.report: Any = None  # the worker's RunReport (waits, OOM splits)
+        self.stats: ReadStats | None = None
+        self.engine: Any = None
+
+    def committed(self, whole: bool, entry: StoreEntry) -> None:
+        if whole:
+            self.shards += 1
+        else:
+            self.ranges += 1
+        self.rows += entry.num_embedded
+        self.tokens += entry.num_tokens
+
+    def summary(self) -> dict[str, Any]:
+        summary = {**self.head, "shards": self.shards, "ranges": self.ranges, "rows": self.rows, "tokens": self.tokens}
+        if self.stats is not None:
+            summary["read_retries"] = self.stats.retries
+        if self.load_s is not None and self.report is not None:
+            timings = self.report.timings_s
+            summary["timings_s"] = {"start": round(self.load_s, 3),
+                                    "total": round(time.perf_counter() - self.started, 3),
+                                    "embed_wait_tokens": timings.get("embed_wait_tokens", 0.0),
+                                    "embed_wait_device": timings.get("embed_wait_device", 0.0)}
+        if self.engine is not None:
+            summary["engine"], summary["stats"] = self.engine.describe(), self.engine.stats.as_dict()
+        if self.report is not None:
+            summary["oom_splits"] = self.report.retries["oom_splits"]
+        return summary
+
+
+def _run(plan: WorkerPlan, slot: WorkerSlot, events: Channel, stop: Any, tally: WorkerTally) -> None:
     from petal.pipeline.ingest.prefetch import Prefetcher
     from petal.pipeline.ingest.tokens import tokenize_documents, tokenizer_for
     from petal.pipeline.jobs.index_run import embed_shards
     from petal.pipeline.jobs.report import RunReport
     from petal.pipeline.store.embeddings import EmbeddingStore
 
-    started = time.perf_counter()
+    started = tally.started
     if slot.torch_threads is not None:
         import torch
 
@@ -196,19 +237,18 @@ def _run(plan: WorkerPlan, slot: WorkerSlot, events: Channel, stop: Any) -> dict
     if plan.job.full:
         store.join_full_run()  # its commits are the --full run's (resumed after a stop)
     store.remember_sha256(plan.shards, plan.sha256)
-    report = RunReport(command="index-worker")
+    report = tally.report = RunReport(command="index-worker")
     closing = threading.Event()
-    stats = ReadStats()
+    stats = tally.stats = ReadStats()
     ahead = ReadAhead(UNITS_AHEAD)
     documents = claimed_documents(plan, events, closing, stats, ahead)
     chunks = Prefetcher(tokenize_documents(documents, tokenizer_for(plan.spec), plan.job.tokenize_workers or 1),
                         depth=16)
     try:
-        engine = load_engine(plan)
+        engine = tally.engine = load_engine(plan)
         progress = ProgressEngine(engine, events, slot.index)
         events.put(("ready", slot.index, os.getpid(), engine.describe()))
-        load_s = time.perf_counter() - started
-        committed = ranges = rows = 0
+        tally.load_s = time.perf_counter() - started
         job = replace(plan.job, quiet=True)
         # the sink stores plan.transform.stored() vectors (the output transform is applied at the store)
         with contextlib.closing(embed_shards(ahead.taken(chunks), plan.shards, plan.fingerprints, store, plan.settings,
@@ -217,23 +257,11 @@ def _run(plan: WorkerPlan, slot: WorkerSlot, events: Channel, stop: Any) -> dict
             for unit, entry in commits:
                 progress.flush()
                 events.put(("commit", slot.index, unit, str(entry.path)))
-                if plan.ranges[unit].whole:
-                    committed += 1
-                else:
-                    ranges += 1
-                rows += entry.num_embedded
+                tally.committed(plan.ranges[unit].whole, entry)
         progress.flush()
     finally:
         closing.set()
         chunks.close()
-    return {"worker": slot.index, "pid": os.getpid(), "device": slot.label, "shards": committed,
-            "ranges": ranges, "rows": rows,
-            "tokens": report.tokens, "read_retries": stats.retries,
-            "timings_s": {"start": round(load_s, 3), "total": round(time.perf_counter() - started, 3),
-                          "embed_wait_tokens": report.timings_s.get("embed_wait_tokens", 0.0),
-                          "embed_wait_device": report.timings_s.get("embed_wait_device", 0.0)},
-            "engine": engine.describe(), "stats": engine.stats.as_dict(),
-            "oom_splits": report.retries["oom_splits"]}
 
 
 def load_engine(plan: WorkerPlan) -> Any:

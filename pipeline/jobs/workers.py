@@ -185,6 +185,10 @@ class _Pool:
         self.stopping = False  # a worker failed or a signal came: hand out no more units
         self.ended: dict[int, str] = {}  # worker -> "done" | "interrupted" | "error" | "lost"
         self.summaries: dict[int, dict[str, Any]] = {}
+        # worker -> what the coordinator saw it commit (units, rows, tokens): the report's entry of a worker that
+        # died without its summary
+        self.seen: dict[int, dict[str, int]] = {slot.index: {"shards": 0, "ranges": 0, "rows": 0, "tokens": 0}
+                                                for slot in slots}
         self.engines: dict[int, dict[str, Any]] = {}
         self.failures: list[tuple[int, int, str, str]] = []  # (worker, exit code, status, message)
         self.committed = 0  # shard entries
@@ -270,7 +274,7 @@ class _Pool:
         for unit, (owner, handed_at) in list(self.handed.items()):
             entry = entry_written_since(self.plan, self.assembly.store, unit, handed_at) if owner == worker else None
             if entry is not None:
-                self._committed(unit, entry, None)
+                self._committed(unit, entry, None, worker)
 
     @property
     def finished(self) -> bool:
@@ -288,16 +292,22 @@ class _Pool:
             self.engines[worker] = {"pid": event[2], **event[3]}
         elif kind == "commit":
             unit, path = event[2], event[3]
-            self._committed(unit, self._entry(unit, path), progress)
+            self._committed(unit, self._entry(unit, path), progress, worker)
         elif kind == "done":
             self.summaries[worker] = event[2]
             self.ended[worker] = "done"
+        elif kind == "summary":  # a worker that stops early (its "error" follows): what it committed
+            self.summaries[worker] = event[2]
         elif kind == "error":  # NOTE: a worker stopped by the run's stop signal is no failure of its own
             self.ended[worker] = "interrupted" if event[3] == "interrupted" else "error"
             self.failures.append((worker, event[2], event[3], event[4]))
 
-    def _committed(self, unit: int, entry: StoreEntry, progress: Any) -> None:
+    def _committed(self, unit: int, entry: StoreEntry, progress: Any, worker: int) -> None:
         self.handed.pop(unit, None)
+        seen = self.seen[worker]
+        seen["shards" if self.plan.ranges[unit].whole else "ranges"] += 1
+        seen["rows"] += entry.num_embedded
+        seen["tokens"] += entry.num_tokens
         self.units_done += 1
         if progress is not None:
             progress.update(sum(int(n) for n in entry.meta["counts"]["skipped"].values()))
@@ -334,10 +344,14 @@ class _Pool:
         """The run report: each worker's summary (``workers``) and the totals."""
         workers = []
         for slot in self.slots:
-            summary = self.summaries.get(slot.index, {"worker": slot.index, "device": slot.label})
+            # NOTE: a worker that died has no summary: what the coordinator saw it commit (its recovered units too)
+            process = self.processes[slot.index] if slot.index < len(self.processes) else None
+            pid = self.engines.get(slot.index, {}).get("pid", process.pid if process is not None else None)
+            summary = self.summaries.get(slot.index, {"worker": slot.index, "pid": pid, "device": slot.label,
+                                                      **self.seen[slot.index]})
             workers.append({**summary, "status": self.ended.get(slot.index, "lost")})
         self.report.workers = workers
-        self.report.tokens += sum(int(w.get("tokens", 0)) for w in workers)
+        # NOTE: no tokens from here: the report's are its committed shard entries' (index_run.tally_commit)
         self.report.retries["oom_splits"] += sum(int(w.get("oom_splits", 0)) for w in workers)
         self.reads.retries += sum(int(w.get("read_retries", 0)) for w in workers)
         starts = [w["timings_s"]["start"] for w in workers if "timings_s" in w]

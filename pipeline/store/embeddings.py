@@ -3,7 +3,7 @@
 ```
 OUT/store/shards/<shard key>/<fingerprint>/   a committed entry (never modified after commit)
     embeddings.npy   float32 [num_rows, dim]; rows that were not embedded are zero
-    rows.parquet     row int64, id (the embedded rows, ascending)
+    rows.parquet     row int64, id (the embedded rows, ascending); a range's part (store/ranges.py) also tokens int32
     rejects.parquet  row int64, reason string
     entry.json       the shard's identity (path, size, mtime, sha256), settings, counts, the sha256 of the files above
 OUT/store/tmp/                                entries being written (removed at the next run)
@@ -265,6 +265,11 @@ class StoreEntry:
         return int(self.meta["counts"]["embedded"])
 
     @property
+    def num_tokens(self) -> int:
+        """Tokens of the embedded rows (0 in an entry of an older petal, which did not count them)."""
+        return int(self.meta["counts"].get("tokens", 0))
+
+    @property
     def num_rows(self) -> int:
         """Rows of the shard the entry was made from (embedded or not)."""
         return int(self.meta["counts"]["rows"])
@@ -413,7 +418,7 @@ class EmbeddingStore:
             meta = _entry_json(read_regular(meta_file, self.root, ENTRY_MAX_BYTES))
             rows = int(meta["counts"]["rows"])
             dim = int(meta["dim"])
-            int(meta["counts"]["embedded"]), int(meta["counts"]["truncated"])
+            int(meta["counts"]["embedded"]), int(meta["counts"]["truncated"]), int(meta["counts"].get("tokens", 0))
             if not isinstance(meta["counts"]["skipped"], dict):  # NOTE: a run sums its counts (BadRowGate)
                 raise TypeError("counts.skipped is not an object of reasons and counts")
             [int(count) for count in meta["counts"]["skipped"].values()]
@@ -579,20 +584,24 @@ class ShardWriter:
         self._id_type = entry_id_type(info)
         self._row_chunks: list[np.ndarray] = []
         self._id_chunks: list[pa.Array] = []
+        self._token_chunks: list[np.ndarray] = []  # tokens of each added row (the report's ``tokens``)
         self._num_added = 0
         self._rejects: list[tuple[int, str]] = []
         self.num_truncated = 0
         self.pending = 0  # documents handed to the engine whose vectors have not come back
         self.input_done = False  # every row of the shard has been read
 
-    def add(self, rows: list[int], ids: list, vectors: np.ndarray) -> None:
-        """Vectors ``[len(rows), dim]`` for ``rows``; non-finite ones become rejects."""
+    def add(self, rows: list[int], ids: list, vectors: np.ndarray, tokens: np.ndarray | None = None) -> None:
+        """Vectors ``[len(rows), dim]`` for ``rows`` (``tokens``: each row's token count, ``[len(rows)]``; ``None``:
+        not counted); non-finite ones become rejects."""
+        tokens = np.zeros(len(rows), dtype=np.int32) if tokens is None else np.asarray(tokens, dtype=np.int32)
         finite = np.isfinite(vectors).all(axis=1)
         if not finite.all():
             self._rejects.extend((row, "non_finite_embedding") for row, ok in zip(rows, finite) if not ok)
             rows = [row for row, ok in zip(rows, finite) if ok]
             ids = [doc_id for doc_id, ok in zip(ids, finite) if ok]
             vectors = vectors[finite]
+            tokens = tokens[finite]
         if rows:
             assert self._vectors is not None  # rows exist, so the shard has some
             index = np.asarray(rows, dtype=np.int64) - self.first_row
@@ -602,6 +611,7 @@ class ShardWriter:
                 self._vectors[index] = vectors
             self._row_chunks.append(index + self.first_row)
             self._id_chunks.append(pa.array(ids, self._id_type))
+            self._token_chunks.append(tokens)
             self._num_added += len(index)
 
     def reject(self, rejects: list[tuple[int, str]]) -> None:
@@ -638,7 +648,8 @@ class ShardWriter:
         rows = added[order]
         ids = pa.concat_arrays(self._id_chunks).take(pa.array(order)) if self._id_chunks else \
             pa.array([], self._id_type)
-        self._row_chunks, self._id_chunks = [], []
+        tokens = np.concatenate(self._token_chunks)[order] if self._token_chunks else np.zeros(0, dtype=np.int32)
+        self._row_chunks, self._id_chunks, self._token_chunks = [], [], []
         if self.part is not None:
             from petal.pipeline.store.ranges import part_dir
 
@@ -646,7 +657,8 @@ class ShardWriter:
         else:
             final, extra = self.store.shards_dir / shard_key(self.info) / self.fingerprint, {}
         return commit_entry(self.store, self.tmp, final, self.info, self.settings, self.dim, rows, ids,
-                            sorted(self._rejects), self.num_rows, self.num_truncated, extra)
+                            sorted(self._rejects), self.num_rows, self.num_truncated, extra, int(tokens.sum()),
+                            tokens if self.part is not None else None)
 
     def abort(self) -> None:
         self._vectors = None
@@ -676,13 +688,18 @@ def _pending_full_run(root: Path) -> tuple[str, str] | None:
 
 def commit_entry(store: EmbeddingStore, tmp: Path, final: Path, info: ShardInfo, settings: dict[str, Any], dim: int,
                  rows: np.ndarray, ids: list | pa.Array, rejects: list[tuple[int, str]], num_rows: int,
-                 num_truncated: int, extra: dict[str, Any]) -> StoreEntry:
+                 num_truncated: int, extra: dict[str, Any], num_tokens: int = 0,
+                 row_tokens: np.ndarray | None = None) -> StoreEntry:
     """Write ``rows.parquet``, ``rejects.parquet`` and ``entry.json`` beside ``tmp/embeddings.npy`` (``num_rows``
-    rows), fsync them, and make ``tmp`` visible as ``final`` with one rename (a committed entry is replaced)."""
+    rows), fsync them, and make ``tmp`` visible as ``final`` with one rename (a committed entry is replaced).
+    ``num_tokens``: the tokens of the embedded rows; ``row_tokens``: each row's, kept in ``rows.parquet`` (a range's
+    part: its assembly drops repeated ids, and their tokens with them)."""
     id_type = entry_id_type(info)
     id_column = ids if isinstance(ids, pa.Array) else pa.array(ids, id_type)
-    pq.write_table(pa.table({"row": pa.array(rows, pa.int64()), "id": id_column}), tmp / "rows.parquet",
-                   write_page_checksum=True)
+    columns = {"row": pa.array(rows, pa.int64()), "id": id_column}
+    if row_tokens is not None:
+        columns["tokens"] = pa.array(row_tokens, pa.int32())
+    pq.write_table(pa.table(columns), tmp / "rows.parquet", write_page_checksum=True)
     fault("store_commit_mid", tmp / "rejects.parquet")
     pq.write_table(pa.table({"row": pa.array([r for r, _ in rejects], pa.int64()),
                              "reason": pa.array([why for _, why in rejects], pa.string())}),
@@ -701,7 +718,8 @@ def commit_entry(store: EmbeddingStore, tmp: Path, final: Path, info: ShardInfo,
         "dim": dim,
         "dtype": "float32",
         "id_type": "int64" if id_type == pa.int64() else "null" if id_type == pa.null() else "string",
-        "counts": {"rows": num_rows, "embedded": len(rows), "skipped": reasons, "truncated": num_truncated},
+        "counts": {"rows": num_rows, "embedded": len(rows), "skipped": reasons, "truncated": num_truncated,
+                   "tokens": int(num_tokens)},
         **extra,
     }
     if store.full_run is not None:
@@ -955,9 +973,10 @@ class StoreSink:
         writer.input_done = writer.input_done or final
         return self._commit_ready()
 
-    def add(self, keys: list[tuple[int, int, Any]], vectors: np.ndarray) -> list[tuple[int, StoreEntry]]:
+    def add(self, keys: list[tuple[int, int, Any]], vectors: np.ndarray,
+            tokens: np.ndarray | None = None) -> list[tuple[int, StoreEntry]]:
         """Vectors of one step; ``keys[i] = (shard_index, row, doc_id)`` of ``vectors[i]`` (model vectors,
-        stored as ``transform.stored(vectors)`` when the sink has a transform)."""
+        stored as ``transform.stored(vectors)`` when the sink has a transform); ``tokens[i]``: its token count."""
         if self.transform is not None:
             vectors = self.transform.stored(vectors)
         shards = [key[0] for key in keys]
@@ -969,8 +988,10 @@ class StoreSink:
                 groups.setdefault(shard_index, []).append(i)
         for shard_index, positions in groups.items():
             writer = self._writers[shard_index]
+            whole = len(positions) == len(keys)
             writer.add([keys[i][1] for i in positions], [keys[i][2] for i in positions],
-                       vectors if len(positions) == len(keys) else vectors[positions])
+                       vectors if whole else vectors[positions],
+                       None if tokens is None else tokens if whole else tokens[positions])
             writer.pending -= len(positions)
         return self._commit_ready()
 

@@ -253,13 +253,16 @@ def _assemble(store: EmbeddingStore, tmp: Path, final: Path, info: ShardInfo, se
     rows: list[np.ndarray] = []
     ids: list = []
     rejects: list[tuple[int, str]] = []
-    truncated = 0
+    truncated = tokens = 0
     for part, entry in parts:
         vectors[part.first_row : part.stop_row] = entry.embeddings()
         table = entry.rows()
         part_rows = table.column("row").to_numpy()
         part_ids = table.column("id").to_pylist()
         repeated = [i for i, doc_id in enumerate(part_ids) if doc_id in seen]  # a later range repeats an id
+        tokens += entry.num_tokens
+        if repeated and "tokens" in table.column_names:  # a repeated row was embedded, and is not now
+            tokens -= int(table.column("tokens").to_numpy()[repeated].sum())
         if repeated:
             vectors[part_rows[repeated]] = 0.0
             rejects.extend((int(part_rows[i]), "duplicate_id") for i in repeated)
@@ -277,4 +280,4 @@ def _assemble(store: EmbeddingStore, tmp: Path, final: Path, info: ShardInfo, se
     del vectors
     all_rows = np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64)
     return commit_entry(store, tmp, final, info, settings, dim, all_rows, ids, sorted(rejects), info.num_rows,
-                        truncated, {})
+                        truncated, {}, tokens)
