@@ -302,7 +302,7 @@ class ShardEmbedder:
         documents = claimed_documents(plan, _Positions([int(p) for p in batch["position"]]), closing, stats)
         chunks = Prefetcher(tokenize_documents(documents, tokenizer_for(plan.spec), plan.job.tokenize_workers or 1),
                             depth=16)
-        out: dict[str, list] = {"position": [], "entry": [], "rows": []}
+        out: dict[str, list] = {"position": [], "entry": [], "rows": [], "tokens": []}
         try:
             with contextlib.closing(embed_shards(chunks, plan.shards, plan.fingerprints, self.store, plan.settings,
                                                  self.engine, plan.transform, replace(plan.job, quiet=True), report,
@@ -311,6 +311,7 @@ class ShardEmbedder:
                     out["position"].append(position)
                     out["entry"].append(str(entry.path))
                     out["rows"].append(entry.num_embedded)
+                    out["tokens"].append(entry.num_tokens)  # the committed rows' (none of a unit dropped)
         except BaseException as exc:
             error = _contract_error(plan, exc)
             if error is exc:
@@ -320,8 +321,7 @@ class ShardEmbedder:
             closing.set()
             chunks.close()
         n = len(out["position"])
-        for name, count in (("tokens", report.tokens), ("read_retries", stats.retries),
-                            ("oom_splits", report.retries["oom_splits"])):
+        for name, count in (("read_retries", stats.retries), ("oom_splits", report.retries["oom_splits"])):
             out[name] = [count if i == 0 else 0 for i in range(n)]  # the batch's, counted once
         out["pid"] = [os.getpid()] * n
         # the actor's engine and its counters so far, as a worker process reports them (pipeline/jobs/worker.py)
@@ -490,6 +490,9 @@ def _embed_on_ray(plan: WorkerPlan, scale: ScaleConfig, report: RunReport, stop:
                 yield position, shard_entry
     except Exception as exc:
         if isinstance(exc, PetalError) and not isinstance(exc, ray.exceptions.RayError):
+            if stop.requested:  # NOTE: units committed but not reported yet (ranges too) are the store's: counted
+                for unit, entry in _unreported_commits(plan, store, reported, started, ranges=True):
+                    yield from assembly.commit(unit, entry)
             raise  # the driver's own (a stop signal, a damaged entry)
         for unit, entry in _unreported_commits(plan, store, reported, started):
             for position, shard_entry in assembly.commit(unit, entry):
@@ -503,10 +506,12 @@ def _embed_on_ray(plan: WorkerPlan, scale: ScaleConfig, report: RunReport, stop:
             with contextlib.suppress(Exception):
                 close()
         watch.close(early=not finished)
+        # NOTE: a run stopped by its signal stops its actors too (was: "done" whatever happened)
+        status = "done" if finished else "interrupted" if stop.requested else "error"
         report.workers = [{"worker": i, "pid": pid, "device": "cuda" if gpu else "cpu", **counts,
-                           **described.get(pid, {}), "status": "done"}
+                           **described.get(pid, {}), "status": status}
                           for i, (pid, counts) in enumerate(sorted(per_actor.items()))]
-        report.tokens += sum(w["tokens"] for w in report.workers)
+        # NOTE: no tokens from here: the report's are its committed shard entries' (index_run.tally_commit)
         report.retries["oom_splits"] += sum(w["oom_splits"] for w in report.workers)
         reads.retries += sum(w["read_retries"] for w in report.workers)
         starts = [w["timings_s"]["start"] for w in report.workers if "timings_s" in w]
@@ -517,14 +522,15 @@ def _embed_on_ray(plan: WorkerPlan, scale: ScaleConfig, report: RunReport, stop:
 
 
 def _unreported_commits(plan: WorkerPlan, store: EmbeddingStore, reported: set[int],
-                        since: float) -> list[tuple[int, StoreEntry]]:
+                        since: float, ranges: bool = False) -> list[tuple[int, StoreEntry]]:
     """Whole shards an actor committed to the store (the entry's rename) whose row never reached the driver:
     an actor can die, or its batch fail, between the two. They count (the exit message says what the store
     holds, which the rerun reuses) when written during this run (``entry_written_since``). A split shard's
-    ranges are assembled by the driver only, so an unreported range never makes a committed shard."""
+    ranges are assembled by the driver only, so an unreported range never makes a committed shard; ``ranges``:
+    list those too (a stopped run's report names the ranges it committed)."""
     found: list[tuple[int, StoreEntry]] = []
     for unit, part in enumerate(plan.ranges):
-        if unit not in reported and part.whole:
+        if unit not in reported and (part.whole or ranges):
             entry = entry_written_since(plan, store, unit, since)
             if entry is not None:
                 found.append((unit, entry))
