@@ -526,6 +526,17 @@ def skipped_lines(result: dict[str, Any]) -> str:
     return "".join(f"\n{name}: skipped, {why}" for name, why in result.get("skipped", {}).items())
 
 
+def _serve_arg_device(serve_args: tuple[str, ...], device: str) -> str:
+    """The device petal serve is started on: the last ``--device`` of ``serve_args`` (``--device=X`` or ``--device``
+    then ``X``, as they follow bench serve's own ``--device`` on its command line), else ``device``."""
+    for i, arg in enumerate(serve_args):
+        if arg.startswith("--device="):
+            device = arg.partition("=")[2]
+        elif arg == "--device" and i + 1 < len(serve_args):
+            device = serve_args[i + 1]
+    return device
+
+
 def _int_list(value: str, name: str, high: int) -> tuple[int, ...]:
     try:
         out = tuple(int(x) for x in value.split(",") if x.strip())
@@ -615,10 +626,11 @@ def bench_serve(index_path: Path | None, model: str | None, shape: str | None, t
     if workdir is not None:
         _serve_outputs(workdir, shape, build=index_path is None and "search" in chosen, docs=index_docs is not None)
         hold_workdir(workdir, "serve")
-    if device == "cuda":  # NOTE: as e2e and startup judge it: was petal serve's refusal, after the model and index
+    served_on = _serve_arg_device(serve_args, device)  # NOTE: a --serve-arg --device is the server's (given last)
+    if served_on == "cuda":  # NOTE: as e2e and startup judge it: was petal serve's refusal, after the model and index
         from petal.engine.engine import resolve_device
 
-        usage(lambda: resolve_device(device))
+        usage(lambda: resolve_device(served_on))
     model_dir = Path(model) if model else None
     if shape is not None:
         import torch

@@ -380,17 +380,3 @@ def test_an_empty_tokenize_workers_and_a_tokenizer_dir_without_shape_are_usage_e
         refused(tmp_path, 2, "--tokenizer-dir applies only with --shape", command, "--tokenizer-dir", tmp_path / "tok",
                 "--corpus", SAMPLE_DATA)
 
-
-def test_serve_judges_device_cuda_before_a_model_is_made(tmp_path):
-    """bench serve --device cuda where torch sees no CUDA device: 2 naming it before a --shape model is written or
-    an index built (was: petal serve's refusal, after both), as e2e and startup judge it."""
-    import torch
-
-    if torch.cuda.is_available():
-        pytest.skip("a CUDA device is here")
-    work = tmp_path / "work"
-    work.mkdir()
-    rc, stdout, last, _ = bench(tmp_path, "serve", "--shape", "minilm", "--workdir", work, "--device", "cuda",
-                                "--endpoints", "embeddings,search")
-    assert rc == 2 and "--device cuda was asked for, but torch sees no CUDA device" in last and stdout == "", last
-    assert [p.name for p in work.iterdir()] == [".petal-bench.lock"]  # no model, no index

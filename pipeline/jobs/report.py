@@ -70,14 +70,15 @@ class RunReport:
 
     def as_dict(self) -> dict[str, Any]:
         """The report as JSON-ready data (``--json``, ``json_report``), with the embed phase's throughput. A run
-        that published nothing deleted nothing: its ``--delete`` counts say ``planned`` and ``deleted`` 0."""
+        that published nothing deleted nothing: its ``--delete`` counts say ``planned``, and ``deleted`` and ``rows``
+        0."""
         data = asdict(self)
         data.pop("_t0", None)
         if "deleted" in self.rows and not self.took_effect():
             data["rows"]["deleted"] = 0
             if self.deletes:
                 data["deletes"]["planned"] = self.deletes.get("deleted", 0)
-                data["deletes"]["deleted"] = 0
+                data["deletes"]["deleted"] = data["deletes"]["rows"] = 0  # NOTE: rows: the rows they held, none gone
         if not self.ranges:  # NOTE: the key only when a shard was cut into ranges (the report's shape is a contract)
             data.pop("ranges", None)
         embed_s = self.timings_s.get("embed", 0.0)
