@@ -5,6 +5,7 @@ independent of HTTP."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -318,6 +319,11 @@ class ServeState:
             _not_codes(vectors, index.reader.manifest)
             if index.reader.manifest.metric == "l2":
                 _l2_in_range(vectors)
+            if req.where is not None:
+                # NOTE: the selector is built (and cached) here, in the work pool, not on the one search thread every
+                # request's search waits on (a long filter held them all); a bad one is 422 from the search below
+                with contextlib.suppress(FilterError):
+                    await self._in_thread(index.reader.selector, req.where)
             pending = self.searcher.search(index, vectors, False, req.k, where=req.where, nprobe=req.nprobe,
                                            rescore=req.rescore)
         try:
