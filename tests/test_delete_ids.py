@@ -247,3 +247,24 @@ def test_the_summary_counts_each_shard_once(tmp_path, index):
     assert rc == 0, stderr
     assert "3 shards (1 embedded, 1 reused, 1 kept)" in stderr.splitlines()[-1], stderr
     assert report["shards"] == {"total": 3, "embedded": 1, "reused": 2}  # the report's shape stays: kept are reused
+
+
+def test_an_int8_index_with_every_document_deleted_answers_its_codes_with_no_hits(tmp_path, index):
+    """An empty int8 version records no calibration ranges (nothing to calibrate on): int8 query codes were refused
+    (65, "codes cannot be decoded") where float vectors, and every other empty index, answer no hits."""
+    import numpy as np
+
+    a = int_shard(tmp_path / "a.parquet", list(range(6)))
+    assert index(a, "--quantize", "int8")[0] == 0
+    live = petal.open_index(tmp_path / "out")
+    codes = np.full((2, live.dim), 3, dtype=np.int8)
+    assert len(live.search_stored(codes, k=3)[0]) == 3  # the codes are good ones: the live version answers them
+    rc, stderr, report, _ = index(a, "--quantize", "int8", "--delete", deletes(tmp_path / "d.parquet", list(range(6)),
+                                                                                pa.int64()))
+    assert rc == 0 and report["index"]["num_vectors"] == 0, stderr
+    empty = petal.open_index(tmp_path / "out")
+    assert empty.search_stored(codes, k=3) == [[], []]
+    np.save(tmp_path / "codes.npy", codes)
+    result = fake_invoke(["query", str(tmp_path / "out"), "--vector-file", str(tmp_path / "codes.npy"), "--json"])
+    assert result.exit_code == 0 and [json.loads(line)["hits"] for line in result.stdout.splitlines()] == [[], []], \
+        result.output

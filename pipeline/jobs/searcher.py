@@ -302,6 +302,10 @@ class Index:
                 raise QueryVectorsError(f"{got}: unsigned integers have no sign, and this binary index compares "
                                         f"sign bits (every bit would be 1); it takes {takes}")
         if transform is not None and quantize == "int8" and rows.dtype == np.int8 and rows.shape[1] == dim:
+            if transform.int8_scheme == "calibrated" and transform.calibration is None and self.num_vectors == 0:
+                # NOTE: an empty version records no ranges (nothing to calibrate on); its answer to any query is no
+                # hits, as every other empty index's (was 65: "codes cannot be decoded")
+                return np.zeros(rows.shape, dtype=np.float32)
             return _decoded_codes(rows, transform)
         if rows.shape[1] != dim or rows.dtype.kind == "b":
             raise QueryVectorsError(f"{got}: this index takes {takes}")
