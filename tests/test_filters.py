@@ -200,3 +200,16 @@ def test_a_filter_is_read_in_place_not_copied_per_token(clauses):
     flt = parse_filter(text)
     assert len(flt.clauses) == clauses and flt.clauses[-1] == Clause("lang", (f"x{clauses - 1}",))
     assert _CountingText.copies <= 2, _CountingText.copies
+
+
+@pytest.mark.parametrize("where, column", [("my-col = 1", "my-col"), ("é = 1", "é"), ("AND = 1", "AND"),
+                                           ("true = 1", "true"), ("IN = 1", "IN")])
+def test_a_column_no_bare_name_can_name_is_double_quoted_and_the_error_says_so(where, column):
+    """--keep-columns takes any name, the grammar's bare names are letters, digits, _ and . only (and not AND, IN,
+    true, false): the error names the double quotes that read the others (was: no word of them anywhere)."""
+    with pytest.raises(ValueError, match='is written in double quotes: "my-col" = 1'):
+        parse_filter(where)
+    assert parse_filter(f'"{column}" = 1').clauses == (Clause(column, (1,)),)
+    with pytest.raises(ValueError) as caught:  # an unterminated string is no name: no hint about names
+        parse_filter("x = 'abc")
+    assert "double quotes" not in str(caught.value)

@@ -25,6 +25,11 @@ TOKEN_RE = re.compile(r"\s*(?:(?P<str>'(?:[^']|'')*')|(?P<num>-?\d+(?:\.\d+)?(?:
                       r"(?P<name>[A-Za-z_][A-Za-z0-9_.]*|\"[^\"]+\")|(?P<op>[=(),]))")
 
 
+# NOTE: a kept column may be named anything; the grammar's bare names are these only
+QUOTED_NAMES = ('a column named otherwise than letters, digits, _ and . (or AND, IN, true, false) is written in '
+                'double quotes: "my-col" = 1')
+
+
 class FilterError(ValueError):
     """A ``where`` filter the index cannot apply, named: it does not parse, names a column the index does not keep,
     compares a column with a literal of another kind (``filter_values.py``), or the index cannot filter at all. The
@@ -56,7 +61,9 @@ def _tokens(text: str) -> list[tuple[str, Any]]:
     while pos < end:  # filter held petal serve's search thread for 15 s)
         match = TOKEN_RE.match(text, pos)
         if match is None:
-            raise FilterError(f"--where {text!r}: cannot read {text[pos:].strip()[:20]!r} (at character {pos})")
+            rest = text[pos:].strip()
+            hint = "" if rest[:1] in ("'", '"') else f"; {QUOTED_NAMES}"
+            raise FilterError(f"--where {text!r}: cannot read {rest[:20]!r} (at character {pos}){hint}")
         pos = match.end()
         kind = match.lastgroup
         value = match.group(kind)  # type: ignore[arg-type]  # every alternative of TOKEN_RE is a named group
@@ -125,8 +132,10 @@ def parse_filter(text: str) -> Filter:
             got = repr(tokens[i][1]) if i < len(tokens) else "the end"
             want = value if value is not None else {"lit": "a 'string' or a number (or true, false)",
                                                     "name": "a column"}[kind]
+            keyword = kind == "name" and i < len(tokens) and tokens[i][0] in ("kw", "lit") \
+                and isinstance(tokens[i][1], (bool, str))  # AND, IN, true, false where a column belongs
             raise FilterError(f"--where {text!r}: expected {want}, got {got}; the form is "
-                              "\"col = 'x' AND col IN ('a', 'b')\"")
+                              "\"col = 'x' AND col IN ('a', 'b')\"" + (f"; {QUOTED_NAMES}" if keyword else ""))
         i += 1
         return tokens[i - 1][1]
 
