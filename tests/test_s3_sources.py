@@ -506,3 +506,29 @@ def test_a_url_for_a_flag_that_takes_a_local_path_is_a_usage_error_naming_it(s3,
     local = run(["index", "s3://flags/a", "--out", out, "--model", model, "-q", "--json-report",
                  f"file://{tmp_path / 'r.json'}"], env)  # a file:// URL is the local path it names, as before
     assert local.exit_code == 0 and (tmp_path / "r.json").is_file(), local.output
+
+
+def test_a_fragment_no_bucket_and_an_upper_case_scheme(s3, fake_model, tmp_path):
+    """``#`` ends a URI's path (its fragment): s3://b/k/h#1.parquet read the object k/h at exit 0, a glob lost its
+    tail; now 66 saying to write %23, as a file:// URL's. ``s3://`` (a bucket variable unset) listed every bucket the
+    key reaches at exit 0; now 66. ``S3://`` was 78 'Unrecognized filesystem type ... s3://'; a scheme is
+    case-insensitive."""
+    s3.client().create_bucket(Bucket="frag")
+    put_shard(s3, "frag", "k/h", "wrong", 2)
+    right = put_shard(s3, "frag", "k/h#1.parquet", "right", 2)
+    env = {**s3.env(), "PETAL_TEST_FAKE_ENGINE": str(tmp_path / "log.jsonl")}
+
+    def index(source: str, out: str = "out"):
+        return run(["index", source, "--out", str(tmp_path / out), "--model", str(fake_model), "-q"], env)
+
+    for source in ("s3://frag/k/h#1.parquet", "s3://frag/k/*#1.parquet"):
+        result = index(source)
+        last = result.output.strip().splitlines()[-1]
+        assert result.exit_code == 66 and "write '#' in a key as %23" in last, (source, result.output)
+    assert not (tmp_path / "out").exists()
+    result = index("s3://")
+    assert result.exit_code == 66 and "names no bucket" in result.output, result.output
+    assert index("s3://frag/k/h%231.parquet").exit_code == 0  # the key, escaped
+    assert IndexReader(tmp_path / "out").ids.column("id").to_pylist() == right
+    assert index("S3://frag/k/h%231.parquet", "upper").exit_code == 0
+    assert IndexReader(tmp_path / "upper").ids.column("id").to_pylist() == right

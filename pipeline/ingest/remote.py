@@ -245,10 +245,16 @@ def list_remote(source: str, empty_ok: bool = False, held: frozenset[str] = froz
         raise ConfigError(f"cannot open {shown}: the credentials in the URI hold a '/', which a URI must escape: "
                           "percent-encode them ('/' as %2F, '+' as %2B), or leave them out of the URI for the "
                           "storage's standard chain (for S3: AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE)")
+    if "#" in source:
+        # NOTE: a URI's path ends at '#' (its fragment), as a file:// URL's: s3://b/k/h#1.parquet read the object
+        # k/h at exit 0 (and a glob lost its tail)
+        raise NoInputError(f"source {shown}: a URI's path ends at '#' (its fragment); write '#' in a key as %23")
     try:
         filesystem, path = fs.FileSystem.from_uri(uri_encoded(source))
     except Exception as exc:  # unknown scheme, a bad query parameter, a filesystem not built into pyarrow
         raise ConfigError(f"cannot open {shown}: {_scrubbed(str(exc), source)}") from exc
+    if not path.strip("/"):  # NOTE: s3:// (s3://$BUCKET, unset) listed every bucket the credentials reach
+        raise NoInputError(f"source {shown} names no bucket (nor any object): give {scheme_of(source)}://BUCKET/...")
     if _empty_component(path):  # NOTE: s3://bkt//a was 1, an internal error (ArrowInvalid) with a traceback
         raise NoInputError(f"source {shown} has an empty path component ('//'), which names no object pyarrow's "
                            "filesystems can read; write the URI without it")
@@ -318,7 +324,8 @@ def uri_encoded(source: str) -> str:
 
     scheme, sep, rest = source.partition("://")
     path, mark, query = rest.partition("?")
-    return scheme + sep + quote(path, safe="/:@!$&'()*+,;=%~#") + mark + query
+    # NOTE: a scheme is case-insensitive (RFC 3986): S3://b/k was 78, "Unrecognized filesystem type in URI: s3://..."
+    return scheme.lower() + sep + quote(path, safe="/:@!$&'()*+,;=%~#") + mark + query
 
 
 def stored_source(uri: str) -> str:
