@@ -183,6 +183,19 @@ def worker_main(plan: WorkerPlan, slot: WorkerSlot, conn: Any, coordinator: int 
         exit_orphaned()
 
 
+def no_commits() -> dict[str, int]:
+    """A worker's commit counts before its first: units (whole shards, ranges), their rows and their rows' tokens."""
+    return {"shards": 0, "ranges": 0, "rows": 0, "tokens": 0}
+
+
+def count_commit(counts: dict[str, int], whole: bool, entry: StoreEntry) -> None:
+    """One committed unit (a shard's entry, ``whole``, or a range's part) added to ``counts`` (``no_commits``): the
+    worker's own tally, and the coordinator's of each worker (a worker that dies sends no summary)."""
+    counts["shards" if whole else "ranges"] += 1
+    counts["rows"] += entry.num_embedded
+    counts["tokens"] += entry.num_tokens
+
+
 class WorkerTally:
     """What a worker has done so far, its ``summary()`` the report's ``workers`` entry (less its ``status``): complete
     at its end, and what it committed when it stops early (a signal, an error)."""
@@ -190,22 +203,14 @@ class WorkerTally:
     def __init__(self, slot: WorkerSlot) -> None:
         self.started = time.perf_counter()
         self.head: dict[str, Any] = {"worker": slot.index, "pid": os.getpid(), "device": slot.label}
-        self.shards = self.ranges = self.rows = self.tokens = 0  # units committed, and their rows' tokens
+        self.counts = no_commits()
         self.load_s: float | None = None
         self.report: Any = None  # the worker's RunReport (waits, OOM splits)
         self.stats: ReadStats | None = None
         self.engine: Any = None
 
-    def committed(self, whole: bool, entry: StoreEntry) -> None:
-        if whole:
-            self.shards += 1
-        else:
-            self.ranges += 1
-        self.rows += entry.num_embedded
-        self.tokens += entry.num_tokens
-
     def summary(self) -> dict[str, Any]:
-        summary = {**self.head, "shards": self.shards, "ranges": self.ranges, "rows": self.rows, "tokens": self.tokens}
+        summary = {**self.head, **self.counts}
         if self.stats is not None:
             summary["read_retries"] = self.stats.retries
         if self.load_s is not None and self.report is not None:
@@ -257,7 +262,7 @@ def _run(plan: WorkerPlan, slot: WorkerSlot, events: Channel, stop: Any, tally: 
             for unit, entry in commits:
                 progress.flush()
                 events.put(("commit", slot.index, unit, str(entry.path)))
-                tally.committed(plan.ranges[unit].whole, entry)
+                count_commit(tally.counts, plan.ranges[unit].whole, entry)
         progress.flush()
     finally:
         closing.set()

@@ -32,7 +32,15 @@ from petal.pipeline.config import ScaleConfig
 from petal.pipeline.ingest.parquet import ReadStats
 from petal.pipeline.jobs.progress import progress_bar
 from petal.pipeline.jobs.report import RunReport
-from petal.pipeline.jobs.worker import WorkerPlan, WorkerSlot, entry_written_since, unit_entry_path, worker_main
+from petal.pipeline.jobs.worker import (
+    WorkerPlan,
+    WorkerSlot,
+    count_commit,
+    entry_written_since,
+    no_commits,
+    unit_entry_path,
+    worker_main,
+)
 from petal.pipeline.reliability.errors import ConfigError, PetalError, TemporaryFailure
 from petal.pipeline.reliability.signals import STOP_SIGNALS, StopSignals
 from petal.pipeline.store.embeddings import StoreEntry
@@ -187,8 +195,7 @@ class _Pool:
         self.summaries: dict[int, dict[str, Any]] = {}
         # worker -> what the coordinator saw it commit (units, rows, tokens): the report's entry of a worker that
         # died without its summary
-        self.seen: dict[int, dict[str, int]] = {slot.index: {"shards": 0, "ranges": 0, "rows": 0, "tokens": 0}
-                                                for slot in slots}
+        self.seen: dict[int, dict[str, int]] = {slot.index: no_commits() for slot in slots}
         self.engines: dict[int, dict[str, Any]] = {}
         self.failures: list[tuple[int, int, str, str]] = []  # (worker, exit code, status, message)
         self.committed = 0  # shard entries
@@ -304,10 +311,7 @@ class _Pool:
 
     def _committed(self, unit: int, entry: StoreEntry, progress: Any, worker: int) -> None:
         self.handed.pop(unit, None)
-        seen = self.seen[worker]
-        seen["shards" if self.plan.ranges[unit].whole else "ranges"] += 1
-        seen["rows"] += entry.num_embedded
-        seen["tokens"] += entry.num_tokens
+        count_commit(self.seen[worker], self.plan.ranges[unit].whole, entry)
         self.units_done += 1
         if progress is not None:
             progress.update(sum(int(n) for n in entry.meta["counts"]["skipped"].values()))

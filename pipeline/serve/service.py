@@ -5,7 +5,6 @@ independent of HTTP."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -284,6 +283,14 @@ class ServeState:
             raise RequestError(404, "this server has no index (started with --model only): use /v1/embeddings",
                                kind="not_found")
 
+    async def _build_selector(self, index: SearchIndex, where: str) -> None:
+        """``where``'s selector built (and cached for the search) in the work pool, or its 422. NOTE: not on the one
+        search thread every request's search waits on: a long filter held them all while it was built."""
+        try:
+            await self._in_thread(index.reader.selector, where)
+        except FilterError as exc:
+            raise _where_refused(exc) from exc
+
     async def search(self, req: SearchRequest) -> dict[str, Any]:
         self.require_index()
         assert self.follower is not None
@@ -291,10 +298,7 @@ class ServeState:
         if req.texts is not None and index.precomputed:
             raise RequestError(422, self.texts_refused(index, f"'{req.field}'"), param=req.field)
         if req.texts is not None and req.where is not None:
-            try:  # NOTE: a bad filter is 422 before its texts are embedded (the selector is cached for the search)
-                await self._in_thread(index.reader.selector, req.where)
-            except FilterError as exc:
-                raise _where_refused(exc) from exc
+            await self._build_selector(index, req.where)  # NOTE: a bad filter is 422 before its texts are embedded
         if req.texts is not None:
             # NOTE: admitted to the search queue first (a 503 costs no embedding); the engine thread queues the
             # search itself as soon as the step's rows are read (the model vectors go through the index-time
@@ -320,10 +324,7 @@ class ServeState:
             if index.reader.manifest.metric == "l2":
                 _l2_in_range(vectors)
             if req.where is not None:
-                # NOTE: the selector is built (and cached) here, in the work pool, not on the one search thread every
-                # request's search waits on (a long filter held them all); a bad one is 422 from the search below
-                with contextlib.suppress(FilterError):
-                    await self._in_thread(index.reader.selector, req.where)
+                await self._build_selector(index, req.where)
             pending = self.searcher.search(index, vectors, False, req.k, where=req.where, nprobe=req.nprobe,
                                            rescore=req.rescore)
         try:
