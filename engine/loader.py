@@ -7,8 +7,10 @@ weights straight to the target device and dtype.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
@@ -77,7 +79,12 @@ def resolve_model_dir(model: str | Path | None) -> Path:
         return default_model_dir()
     path = Path(model).expanduser()
     if path.is_dir():
+        _searchable(path)
         return path.resolve()
+    if path.is_symlink() and _link_loop(path):
+        # NOTE: Path.resolve() raised a bare RuntimeError on a loop (a traceback, exit 1), not a ModelError (78)
+        raise ModelError(f"model {str(model)!r} is a symbolic link loop (too many levels of symbolic links): pass "
+                         "the model directory")
     if path.exists():
         raise ModelError(f"model {str(model)!r} is not a directory: pass the model directory (config.json, "
                          "model.safetensors, tokenizer.json)")
@@ -92,6 +99,27 @@ def resolve_model_dir(model: str | Path | None) -> Path:
         looked += cache_paths
     raise ModelError(f"model {str(model)!r} not found: looked at {', '.join(looked)}. petal never downloads; "
                      "pass a local model directory, or fetch the model into the Hugging Face cache first")
+
+
+def _link_loop(path: Path) -> bool:
+    """Whether following ``path`` never ends (``ELOOP``)."""
+    try:
+        os.stat(path)
+    except OSError as exc:
+        return exc.errno == errno.ELOOP
+    return False
+
+
+def _searchable(model_dir: Path) -> None:
+    """Raise ``PermissionError`` naming ``model_dir`` when petal may not look up its files (no search permission).
+
+    NOTE: before, the first file read (config.json) was named instead: 'config.json: petal may not read it', of a
+    directory that may not hold one at all."""
+    try:
+        # NOTE: not Path / ".", which drops the "."; "DIR/." needs search (x) permission, as any file in DIR does
+        os.stat(os.path.join(model_dir, "."))
+    except PermissionError as exc:
+        raise PermissionError(exc.errno, exc.strerror, str(model_dir)) from None
 
 
 @dataclass(frozen=True)

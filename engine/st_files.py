@@ -242,7 +242,12 @@ def _module_folder(model_dir: Path, path: str) -> Path:
     # NOTE: '../other/1_Pooling' or an absolute path read another directory's configuration, as shard files
     # outside the model directory are refused
     folder = model_dir / path
-    if not folder.resolve().is_relative_to(model_dir.resolve()):
+    try:
+        resolved = folder.resolve()
+    except RuntimeError:  # NOTE: Python < 3.13 raises it on a link loop: a traceback (exit 1), not 78 naming it
+        raise ValueError(f"module path {path!r} ({folder}) is a symbolic link loop (too many levels of symbolic "
+                         "links)") from None
+    if not resolved.is_relative_to(model_dir.resolve()):
         raise ValueError(f"module path {path!r} leads outside the model directory; petal reads a module's files "
                          "only inside it")
     return folder
