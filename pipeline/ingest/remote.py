@@ -42,6 +42,9 @@ DENIED = ("ACCESS_DENIED", "INVALID_ACCESS_KEY_ID", "SIGNATURE_DOES_NOT_MATCH", 
 # a request the storage refuses as malformed: an expired or invalid session token (S3 answers a HEAD's with a bare
 # 400), a request signed for another region; a retry is refused the same way
 REFUSED = ("HTTP status 400", "ExpiredToken", "EXPIRED_TOKEN", "InvalidToken", "AuthorizationHeaderMalformed")
+# NOTE: GCS with no credentials anywhere in its chain: it said 'storage error ...; rerun when the storage recovers'
+# (74) after retrying the token for 15 minutes, though a rerun fails the same way
+NO_CREDENTIALS = ("Could not create a OAuth2 access token",)
 MISSING = ("NO_SUCH_BUCKET", "NoSuchBucket", "NO_SUCH_KEY", "NoSuchKey", "does not exist")
 
 
@@ -192,6 +195,10 @@ def storage_error(where: str, exc: BaseException) -> PetalError:
         return ConfigError(f"{where}: the storage refused the request ({_short(message)}); an expired or invalid "
                            "session token (for S3: AWS_SESSION_TOKEN, AWS_PROFILE) or a wrong region (AWS_REGION) is "
                            "the usual cause: fix the credentials or settings, a rerun as it is fails the same way")
+    if any(m in message for m in NO_CREDENTIALS):
+        return ConfigError(f"{where}: no credentials ({_short(message)}); the storage's standard chain found none: "
+                           "for GCS set GOOGLE_APPLICATION_CREDENTIALS to a service account key file, or run where "
+                           "the metadata server provides one")
     if any(m in message for m in DENIED) or isinstance(exc, PermissionError):
         return ConfigError(f"{where}: access denied ({_short(message)}); check the credentials the storage's "
                            "standard chain provides (for S3: AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE)")
@@ -207,7 +214,7 @@ def is_storage_error(exc: BaseException) -> bool:
 
 def is_denied(exc: BaseException) -> bool:
     """A storage error a retry cannot cure: access denied, a request refused (``storage_error`` says which)."""
-    return is_storage_error(exc) and any(m in str(exc) for m in (*DENIED, *REFUSED))
+    return is_storage_error(exc) and any(m in str(exc) for m in (*DENIED, *REFUSED, *NO_CREDENTIALS))
 
 
 def _short(message: str) -> str:
@@ -363,6 +370,7 @@ def open_stored(uri: str, filesystems: dict[str, Any] | None = None) -> RemotePa
 
 
 S3_ATTEMPTS = 3  # tries of one S3 request, each given up after the SDK's 3 s without a byte (1 s to connect)
+GCS_RETRY_SECONDS = 20  # how long the GCS client retries one request (a stalled try still takes its 2 minutes)
 
 
 def bounded(filesystem: Any) -> Any:
@@ -370,9 +378,20 @@ def bounded(filesystem: Any) -> Any:
     SDK's default strategy (10 retries, backing off), so an endpoint that accepts connections but never answers cost
     ~100 s per request (a listing, a footer, each ranged read, and petal's own read retries on top) before 74. The
     same filesystem built by ``S3FileSystem`` (as a worker process or Ray actor unpickles it) makes ``S3_ATTEMPTS``
-    tries: one process and its workers now wait alike, ~10 s a request."""
+    tries: one process and its workers now wait alike, ~10 s a request.
+
+    NOTE: a GCS filesystem retried one request for 15 minutes (the client's default), so an unreachable endpoint
+    held a run (and a SIGTERM, handled when the request returns) that long before 74; it now retries for
+    ``GCS_RETRY_SECONDS``, unless the URI set its own ``retry_limit_seconds``."""
+    from datetime import timedelta
+
     from pyarrow import fs
 
+    if isinstance(filesystem, fs.GcsFileSystem):
+        rebuild, (gcs_options,) = filesystem.__reduce__()
+        if gcs_options.get("retry_time_limit") is not None:
+            return filesystem
+        return rebuild({**gcs_options, "retry_time_limit": timedelta(seconds=GCS_RETRY_SECONDS)})
     if not isinstance(filesystem, fs.S3FileSystem):
         return filesystem
     _, (options,) = filesystem.__reduce__()  # its settings as the constructor takes them (credentials included)
