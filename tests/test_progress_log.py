@@ -112,3 +112,25 @@ def test_index_json_on_stdout_is_one_object_a_line_matching_the_report_and_the_s
         assert summary.startswith(f"petal index: {report['status']}; {report['shards']['total']} shards"), summary
         assert f"{report['rows']['embedded']} rows embedded" in summary and isinstance(report["seconds"], float)
         assert report["status"] == "nothing-to-do" or f"version {report['version']}" in summary, summary
+
+
+SCRIPT = """
+import sys, threading
+import pyarrow as pa, pyarrow.parquet as pq
+import petal
+
+data, out = sys.argv[1], sys.argv[2]
+pq.write_table(pa.table({"id": list(range(8)), "text": [f"glacier {i} moves" for i in range(8)]}), data + "/a.parquet")
+for n, quiet in enumerate((True, False)):
+    petal.index(data, out + str(n), quiet=quiet, device="cpu")
+print(sorted(t.name for t in threading.enumerate()))
+"""
+
+
+def test_a_python_callers_run_leaves_no_thread_behind(tmp_path):
+    """tqdm started its ``tqdm_monitor`` thread with petal's bar (a disabled one too) and it outlived the run."""
+    (tmp_path / "data").mkdir()
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "data"), str(tmp_path / "out")], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "['MainThread']", proc.stdout

@@ -30,6 +30,16 @@ class LogLines:
         self.stream.flush()
 
 
+class RunBar(tqdm):
+    """tqdm without its monitor thread.
+
+    NOTE: tqdm starts a ``tqdm_monitor`` thread with its first bar (even a disabled one) and it outlived the run: a
+    ``petal.index(..., quiet=True)`` caller was left with a thread waking every 10 s. petal's bars set their own
+    ``mininterval``, which is what the monitor would tune; a caller's own tqdm bars keep theirs."""
+
+    monitor_interval = 0
+
+
 def progress_bar(total: int, *, disable: bool, desc: str, unit: str = "doc") -> tqdm[Any]:
     """tqdm on stderr: a live bar on a terminal, lines every ``LOG_INTERVAL_S`` seconds elsewhere."""
     stream = sys.stderr
@@ -38,7 +48,7 @@ def progress_bar(total: int, *, disable: bool, desc: str, unit: str = "doc") -> 
     except (AttributeError, ValueError, OSError):  # NOTE: a closed or replaced stderr is no terminal
         terminal = False
     if terminal:
-        return tqdm(total=total, unit=unit, file=stream, disable=disable, desc=desc, dynamic_ncols=True,
+        return RunBar(total=total, unit=unit, file=stream, disable=disable, desc=desc, dynamic_ncols=True,
                     mininterval=0.5)
-    return tqdm(total=total, unit=unit, file=LogLines(stream), disable=disable, desc=desc, ascii=True, ncols=100,
+    return RunBar(total=total, unit=unit, file=LogLines(stream), disable=disable, desc=desc, ascii=True, ncols=100,
                 mininterval=LOG_INTERVAL_S)
