@@ -914,12 +914,20 @@ class Manifest:
     def now() -> str:
         return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
-    def rebuilt(self, version: str, index: IndexRecord, output: OutputTransform | None) -> Manifest:
-        """This manifest for a version rebuilt from the same store entries with another index."""
+    def rebuilt(self, version: str, index: IndexRecord, output: OutputTransform | None,
+                deleted: tuple[int, ...]) -> Manifest:
+        """This manifest for a version rebuilt from the same store entries with another index; ``deleted``: each
+        shard's rows (in ``shards`` order) the entries' ``--delete`` tombstones leave out of it now.
+
+        NOTE: the counts were this manifest's with only ``vectors`` replaced: after ``CURRENT`` was set back past a
+        ``--delete`` run, the rebuild left its rows out (tombstones hold for every later run) while the manifest
+        said ``deleted: 0`` and ``rows`` = ``embedded`` = ``vectors`` + 0."""
+        assert len(deleted) == len(self.shards), (len(deleted), len(self.shards))
+        shards = tuple(replace(shard, deleted=num) for shard, num in zip(self.shards, deleted))
         return replace(self, schema=SCHEMA, petal_version=__version__, version=version, created_at=self.now(),
-                       rebuilt_from=self.version, metric=index.metric, index=index,
-                       counts=replace(self.counts, vectors=index.num_vectors), output=output or self.output,
-                       dim=output.dim if output is not None else self.dim)
+                       rebuilt_from=self.version, metric=index.metric, index=index, shards=shards,
+                       counts=replace(self.counts, vectors=index.num_vectors, deleted=sum(deleted)),
+                       output=output or self.output, dim=output.dim if output is not None else self.dim)
 
     @classmethod
     def bare(cls, index: IndexRecord, dim: int, output: OutputTransform | None = None,

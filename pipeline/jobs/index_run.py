@@ -116,9 +116,9 @@ from petal.pipeline.store.tombstones import (
     Deletion,
     apply_deletes,
     carry_deletions,
-    deleted_rows,
     read_delete_ids,
     settle_tombstones,
+    tombstoned,
 )
 
 if TYPE_CHECKING:
@@ -920,11 +920,6 @@ def vector_manifest(version: str, settings: PrecomputedSettings, job: IndexJob, 
         normalize=False, metric=job.index.metric, max_length=None, index=result.record(job.index),
         shards=shard_records(shards, entries), counts=version_counts(entries, result.num_vectors), output=transform,
         stored=stored)
-
-
-def tombstoned(entry: StoreEntry) -> int:
-    """Rows of ``entry`` removed by ``--delete`` (now or by an earlier run)."""
-    return len(deleted_rows(entry))
 
 
 def version_counts(entries: list[StoreEntry], num_vectors: int) -> Counts:

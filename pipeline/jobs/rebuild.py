@@ -41,7 +41,7 @@ from petal.pipeline.reliability.safe_files import check_output_dir, check_regula
 from petal.pipeline.reliability.signals import StopSignals
 from petal.pipeline.store.columns import ColumnsNeed, columns_path
 from petal.pipeline.store.embeddings import EmbeddingStore, StoreEntry, sha256_file
-from petal.pipeline.store.tombstones import deleted_rows, held_rows, settle_tombstones, tombstone_path
+from petal.pipeline.store.tombstones import held_rows, settle_tombstones, tombstone_path, tombstoned
 
 KEEP_VERSIONS = 2  # NOTE: as pipeline/jobs/index_run.py (not imported: it pulls in torch and the engine)
 FINGERPRINT_RE = re.compile(r"^[0-9a-f]{16,64}$")
@@ -140,6 +140,7 @@ def run_rebuild(out_path: Path, settings: IndexSettings, report: RunReport, wait
         kind = index_kind(transform.quantize, transform.output_dtype) if transform is not None else "float32"
         settings = kept_settings(previous, settings, given)
         source = live_vectors(out, previous, entries, settings)
+        deleted = tuple(tombstoned(e) for e in entries)  # NOTE: the rows ``source`` leaves out, now (see ``rebuilt``)
         # exit 2 for a factory given, 78 for the live version's kept (before any work), against the vectors the
         # index will hold. NOTE: was report.rows["reused"], every row embedded, the ones --delete removed and those
         # a later shard's same id supersedes included: a factory they could not train passed, then failed the
@@ -151,7 +152,7 @@ def run_rebuild(out_path: Path, settings: IndexSettings, report: RunReport, wait
             staging = out.staging_dir()
         try:
             with writing(staging), reading(written=staging):  # NOTE: reads the store and the live version
-                result, version = _build(out, previous, source, settings, staging)
+                result, version = _build(out, previous, source, settings, staging, deleted)
             active.check()  # NOTE: the last stop: once the pointer swaps, the rebuild is done
             out.publish(staging, version)
             EmbeddingStore(out.store_dir).end_full_run()  # NOTE: published: a stopped --full run is not resumed
@@ -166,7 +167,7 @@ def run_rebuild(out_path: Path, settings: IndexSettings, report: RunReport, wait
         except OSError as exc:  # published: what is left is removed by the next run
             say(f"warning: pruning old versions of {quote_path(out.root)} failed ({exc.strerror or exc})")
     # as petal index's
-    report.index = {**result.report(settings), "deleted": sum(len(deleted_rows(e)) for e in entries)}
+    report.index = {**result.report(settings), "deleted": sum(deleted)}
     warning = result.recall_warning()
     if warning is not None:
         say(warning)
@@ -176,8 +177,16 @@ def run_rebuild(out_path: Path, settings: IndexSettings, report: RunReport, wait
     if active.signum is not None:  # NOTE: past the last stop: the version is live, the exit code is the signal's
         raise Interrupted(active.signum, live_version=version)
     report.finish("success", 0, f"{result.num_vectors} vectors in {result.factory} ({result.storage}), "
-                                f"version {version}")
+                                f"version {version}{deleted_earlier(previous, deleted)}")
     return report
+
+
+def deleted_earlier(previous: Manifest, deleted: tuple[int, ...]) -> str:
+    """What the summary adds when the rebuild leaves out rows the live version counts as indexed: ``CURRENT`` set
+    back by hand past a ``--delete`` run, whose tombstones hold for every later run (said as ``petal index`` says
+    it). NOTE: said nowhere before: the rebuilt version lost those documents without a word."""
+    earlier = sum(max(0, num - shard.deleted) for shard, num in zip(previous.shards, deleted))
+    return f"; {earlier} deleted earlier (by the --delete of an earlier run)" if earlier else ""
 
 
 def tally_store_rows(entries: list[StoreEntry], report: RunReport) -> None:
@@ -253,8 +262,9 @@ def live_vectors(out: OutputDir, previous: Manifest, entries: list[StoreEntry],
 
 
 def _build(out: OutputDir, previous: Manifest, source: StoreVectors, settings: IndexSettings,
-           staging: Path) -> tuple[BuildResult, str]:
-    """Build into ``staging`` (published by the caller); a FAISS error is a ``ConfigError`` (78) naming the factory."""
+           staging: Path, deleted: tuple[int, ...]) -> tuple[BuildResult, str]:
+    """Build into ``staging`` (published by the caller); a FAISS error is a ``ConfigError`` (78) naming the factory.
+    ``deleted``: each shard's rows the tombstones leave out, which the manifest records."""
     entries = source.entries
     # the index type follows the output format (int8 learns its calibration again)
     result = build_version_index(entries, previous.dim, settings, staging, previous.output,
@@ -287,5 +297,5 @@ def _build(out: OutputDir, previous: Manifest, source: StoreVectors, settings: I
             result.files[IDS_FILE] = sha256_file(staging / IDS_FILE)
     version = out.new_version_id()
     # with the calibration this build learned (int8)
-    previous.rebuilt(version, result.record(settings), result.output).write(staging / MANIFEST_FILE)
+    previous.rebuilt(version, result.record(settings), result.output, deleted).write(staging / MANIFEST_FILE)
     return result, version

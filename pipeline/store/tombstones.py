@@ -98,6 +98,12 @@ def deleted_rows(entry: StoreEntry) -> np.ndarray:
     return _read_rows(path)
 
 
+def tombstoned(entry: StoreEntry) -> int:
+    """Rows of ``entry`` removed by ``--delete`` (now or by an earlier run): what a version built from it leaves out
+    and its manifest counts (``ShardRecord.deleted``), ``petal index`` and ``petal rebuild`` alike."""
+    return len(deleted_rows(entry))
+
+
 def _read_rows(path: Path) -> np.ndarray:
     return np.sort(pq.read_table(path, columns=["row"]).column("row").to_numpy().astype(np.int64))
 
