@@ -1,7 +1,7 @@
 """The value types of a --vectors-column: floats (16/32/64) and integers (int8 embeddings; before: 65 'has type
 list<element: int8>', though petal query --vector-file reads integer arrays) are indexed as float32, their values
-exact; a null element is a counted non_finite_vector row; raw bytes (binary) are 65 saying to write a list column.
-Real Parquet, real FAISS."""
+exact; a null element is a counted null_element row (was non_finite_vector); raw bytes (binary) are 65 saying to write
+a list column. Real Parquet, real FAISS."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def test_integer_and_float_values_are_indexed_exactly(tmp_path, arrow_type):
                    tmp_path / "a.parquet")
     rc, stderr, report = index(tmp_path / "a.parquet", tmp_path / "out")
     assert rc == 0, stderr
-    assert report["rows"]["skipped"] == {"non_finite_vector": 1} and report["index"]["num_vectors"] == 7
+    assert report["rows"]["skipped"] == {"null_element": 1} and report["index"]["num_vectors"] == 7
     reader = IndexReader(tmp_path / "out")
     assert reader.ids.column("id").to_pylist() == [f"r{i}" for i in range(8) if i != 5]
     np.testing.assert_array_equal(reader.index.reconstruct_n(0, 7), np.delete(values, 5, axis=0).astype(np.float32))

@@ -6,8 +6,8 @@ Every shard's schema is checked before any work (the column, its type, one dimen
 a fixed-size list's size, else the most common length in the shard's first record batch holding a vector;
 shards of different dimensions are 65 naming one of each). Rows are streamed one record
 batch at a time; a bad vector is a counted skip like a bad text row: ``null_vector``,
-``wrong_dim`` (another length), ``non_finite_vector`` (NaN, inf); ids as for text (``null_id``,
-``invalid_utf8_id``, ``duplicate_id`` within a shard).
+``wrong_dim`` (another length), ``null_element`` (a null value inside it), ``non_finite_vector`` (NaN, inf, or a
+float64 value beyond float32); ids as for text (``null_id``, ``invalid_utf8_id``, ``duplicate_id`` within a shard).
 
 Every read goes through the text run's reader (pipeline/ingest/parquet.py): footers through
 ``_retrying``/``_read_error``, rows through ``stream_batches`` (pages streamed, checksums verified).
@@ -47,7 +47,8 @@ from petal.pipeline.reliability.errors import BadInputError, NoInputError
 from petal.pipeline.reliability.faults import fault
 
 PROBE_ROWS = 256  # rows of a shard read in preflight to find its dimension (a list column)
-VECTOR_REJECTS = ("null_vector", "wrong_dim", "non_finite_vector", "null_id", "invalid_utf8_id", "duplicate_id")
+VECTOR_REJECTS = ("null_vector", "wrong_dim", "null_element", "non_finite_vector", "null_id", "invalid_utf8_id",
+                  "duplicate_id")
 
 
 def _is_vector(t: pa.DataType) -> bool:
@@ -182,7 +183,7 @@ def read_vectors(info: ShardInfo, read: ReadConfig, column: str, dim: int,
     counted in ``stats``; a corrupt page 65 naming the file)."""
     columns = [column] + ([read.id_column] if info.has_id_column else [])
 
-    def decode(start: int, batch: pa.RecordBatch) -> tuple[int, list, np.ndarray, np.ndarray, np.ndarray]:
+    def decode(start: int, batch: pa.RecordBatch) -> tuple[int, list, list[str | None], np.ndarray]:
         # NOTE: arrow and numpy only, no state: a retry after a read error decodes the batch again
         n = batch.num_rows
         ids = (read_ids(batch.column(1)) if info.has_id_column  # an id that is not UTF-8 as bytes: rejected
@@ -191,24 +192,24 @@ def read_vectors(info: ShardInfo, read: ReadConfig, column: str, dim: int,
         lengths = _lengths(values).to_numpy(zero_copy_only=False)
         null = pc.is_null(values).to_numpy(zero_copy_only=False)
         ok_len = ~null & (np.nan_to_num(lengths.astype(float), nan=-1) == dim)
-        vectors = np.zeros((n, dim), dtype=np.float32)
+        vectors = np.zeros((n, dim), dtype=np.float32)  # [n, dim] float32
+        null_element = np.zeros(n, dtype=bool)
         if ok_len.any():
-            good = values.filter(pa.array(ok_len))
+            flat = pc.list_flatten(values.filter(pa.array(ok_len)))  # [ok_len.sum() * dim]
+            if flat.null_count:  # NOTE: to_numpy makes a null value NaN: such a row was a non_finite_vector
+                null_element[ok_len] = pc.is_null(flat).to_numpy(zero_copy_only=False).reshape(-1, dim).any(axis=1)
             with np.errstate(over="ignore", invalid="ignore"):  # beyond float32 -> inf: the row is rejected below
-                flat = pc.list_flatten(good).to_numpy(zero_copy_only=False).astype(np.float32)
-            vectors[ok_len] = flat.reshape(-1, dim)
-        return start, ids, null, ok_len, vectors
+                vectors[ok_len] = flat.to_numpy(zero_copy_only=False).astype(np.float32).reshape(-1, dim)
+        return start, ids, _vector_reasons(null, ok_len, null_element, vectors), vectors
 
     seen: set = set()
-    for start, ids, null, ok_len, vectors in stream_batches(info, columns, read, decode, stats):
-        finite = np.asarray(np.isfinite(vectors).all(axis=1))
+    for start, ids, vector_reasons, vectors in stream_batches(info, columns, read, decode, stats):
         out = VectorBatch([], [], vectors[:0])
         keep = []
         for i in range(len(ids)):
             row = start + i
             reason = ("null_id" if ids[i] is None else "invalid_utf8_id" if isinstance(ids[i], bytes)
-                      else "null_vector" if null[i] else "wrong_dim" if not ok_len[i]
-                      else "non_finite_vector" if not finite[i] else "duplicate_id" if ids[i] in seen else None)
+                      else vector_reasons[i] or ("duplicate_id" if ids[i] in seen else None))
             if reason is not None:
                 out.rejects.append((row, reason))
                 continue
@@ -218,3 +219,12 @@ def read_vectors(info: ShardInfo, read: ReadConfig, column: str, dim: int,
             keep.append(i)
         out.vectors = vectors[keep]
         yield out
+
+
+def _vector_reasons(null: np.ndarray, ok_len: np.ndarray, null_element: np.ndarray,
+                    vectors: np.ndarray) -> list[str | None]:
+    """Each row's reason to be skipped for its vector, ``None`` for a good one (``null``, ``ok_len``,
+    ``null_element``: ``[n]`` bool; ``vectors``: ``[n, dim]`` float32, as read)."""
+    finite = np.isfinite(vectors).all(axis=1)
+    return ["null_vector" if null[i] else "wrong_dim" if not ok_len[i] else "null_element" if null_element[i]
+            else "non_finite_vector" if not finite[i] else None for i in range(len(vectors))]
