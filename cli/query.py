@@ -548,10 +548,10 @@ def _by_vectors(index: Index, vectors: Any, vector_file: str, k: int, as_json: b
     def search(start: int) -> list[list[Hit]]:
         try:
             return index.search_stored(vectors[start:start + step], k, where)
-        except ScoresOverflowError as exc:  # NOTE: the file's data, not a flag: 65 naming the file and row
-            raise BadInputError(f"--vector-file {vector_file}: row {start + exc.row}: its scores against this index "
-                                "are beyond float32 (its values are too large for the index's vectors); scale it "
-                                "down") from exc
+        # NOTE: the file's data (or a stored vector too large to score, the index's data), not a flag: 65 naming the
+        # file and row
+        except ScoresOverflowError as exc:
+            raise BadInputError(f"--vector-file {vector_file}: row {start + exc.row}: {exc.reason}") from exc
 
     # NOTE: every row is searched, and its scores checked, before the first answer is written: a file with a row
     # refused (65) prints nothing, in every output format. The answers found are held up to HELD_HITS; the chunks

@@ -139,22 +139,23 @@ def test_damage_past_the_first_upload_chunk_is_found(tmp_path: Path, device: str
 @pytest.mark.parametrize(("factory", "exact"), [("Flat", False), ("IVF4,Flat", False), ("IVF4,Flat", True)])
 def test_a_finite_vector_whose_score_overflows_is_answered_as_faiss_answers(tmp_path: Path, factory: str,
                                                                             exact: bool, device: str) -> None:
-    """A stored row of 1e37s (finite; float32 copy) under a query of 100s: its inner product is beyond float32
-    (inf). The reader looks at the stored vector of a hit scored inf (finite: the query's to scale down, said by
-    the caller: ``petal serve`` answers 422 'scale the row down'); a copy of every vector had no ``reconstruct`` for
-    that look (AttributeError), a copy of the lists took the +inf score for padding and dropped the hit (2 of 3)."""
+    """A stored row of 4e18s (finite, its squared norm within float32: petal index stores it; a float32 copy) under a
+    query of 1e20s: its inner product is beyond float32 (inf). The reader looks at the stored vector of a hit scored
+    inf (finite: the query's to scale down, said by the caller: ``petal serve`` answers 422 'scale the row down'); a
+    copy of every vector had no ``reconstruct`` for that look (AttributeError), a copy of the lists took the +inf
+    score for padding and dropped the hit (2 of 3). (A row of 1e37s, once used here, is now ``vector_too_large``.)"""
     from petal.pipeline.index.search import IndexReader
     from petal.pipeline.serve.gpu_search import GpuReaders
 
     rows = np.abs(np.random.default_rng(5).standard_normal((ROWS, DIM))).astype(np.float32)
-    rows[DAMAGED] = np.float32(1e37)
+    rows[DAMAGED] = np.float32(4e18)
     out = _index(tmp_path, factory, "ip", rows)
     reader = IndexReader(out, nprobe=4)
     readers = GpuReaders(device, "float16", exact=exact)
     readers.prepare(reader)
     copy = readers.get(reader)
     assert copy is not None and readers.describe(reader)["dtype"] == "float32"
-    query = np.full((1, DIM), 100.0, np.float32)
+    query = np.full((1, DIM), 1e20, np.float32)
     on_copy, on_faiss = copy.search(query, 3)[0], reader.search(query, 3)[0]
     assert [h.id for h in on_copy] == [h.id for h in on_faiss] and on_copy[0].id == DAMAGED
     assert np.isinf(on_copy[0].score) and np.isinf(on_faiss[0].score)

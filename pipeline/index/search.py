@@ -44,6 +44,7 @@ from petal.pipeline.reliability.errors import (
 )
 from petal.pipeline.reliability.faults import fault
 from petal.pipeline.reliability.parquet_rows import check_rows
+from petal.pipeline.store.outputs import squared_norm_overflows
 
 OPEN_ATTEMPTS = 3
 # hits scored NaN or infinite whose stored vectors are looked at (_check_scores)
@@ -82,6 +83,25 @@ class Hit:
     row: int
     # NOTE: hash=False: a frozen dataclass hashes every field, and a dict has no hash (set(hits) raised TypeError)
     fields: dict[str, Any] = field(default_factory=dict, hash=False)  # --keep-columns stored with the index
+
+
+@dataclass(frozen=True)
+class OversizedVector:
+    """A hit scored beyond float32 because its stored vector's squared norm is (``squared_norm_overflows``): the
+    index's vector, not the query, is too large. Only an index built before ``petal index`` skipped such a row
+    (``vector_too_large``) holds one."""
+
+    hit: Hit
+    held_in: Path  # the file that holds the vector
+    squared_norm: float
+
+    def reason(self) -> str:
+        """Why the query's scores overflow, for a message that names the query first."""
+        return (f"its score against hit {quote_text(self.hit.id)} is beyond float32 because that stored vector is too "
+                f"large, not the query: vector {self.hit.faiss_id} of {self.held_in} has a squared norm of "
+                f"{self.squared_norm:.3g}, beyond float32's 3.4e38 (petal index now skips such a row, "
+                "vector_too_large, but reuses what it stored before): run petal index --full again, or remove the "
+                "id with petal index --delete IDS.parquet")
 
 
 def import_for_serving() -> None:
@@ -411,7 +431,8 @@ class IndexReader:
         ``BadInputError`` naming the file that holds it. NOTE: petal never stores such a vector (a run refuses it),
         so only a damaged index body holds one (the open checks read heads and tails); its score was a query's
         fault (``ScoresOverflowError``: 'scale it down', exit 2 from the Python API) or, for a text query, printed
-        as nan. A non-finite score of a finite stored vector (a query too large for it) is left to the caller."""
+        as nan. A non-finite score of a finite stored vector is left to the caller (``oversized_hit`` tells whether the
+        stored vector or the query is too large)."""
         bad = np.argwhere(~np.isfinite(scores) & (ids >= 0))
         for row, col in bad[:NONFINITE_CHECKED]:
             if not np.isfinite(queries[row]).all():
@@ -422,6 +443,17 @@ class IndexReader:
                 raise BadInputError(f"{self.dir / held_in}: vector {vector_id} holds NaN or infinite values (it "
                                     f"scored {float(scores[row, col])}): the index is corrupt; run petal verify and "
                                     "rebuild it")
+
+    def oversized_hit(self, hits: list[Hit]) -> OversizedVector | None:
+        """The first of one query's ``hits`` scored NaN or infinite whose stored vector is too large to score (its
+        squared norm beyond float32), else ``None`` (the query's values are what overflow). At most
+        ``NONFINITE_CHECKED`` such hits are looked at (an IVF index without a direct map: O(vectors) each)."""
+        for hit in [hit for hit in hits if not math.isfinite(hit.score)][:NONFINITE_CHECKED]:
+            vector, held_in = self._stored_vector(hit.faiss_id)
+            if vector is not None and squared_norm_overflows(vector[None, :])[0]:
+                squared = float(np.dot(vector.astype(np.float64), vector.astype(np.float64)))
+                return OversizedVector(hit, self.dir / held_in, squared)
+        return None
 
     def _stored_vector(self, vector_id: int) -> tuple[np.ndarray | None, str]:
         """The vector ``vector_id`` as the index scores it (decoded; a binary index's rescoring row), and the file

@@ -7,7 +7,8 @@ a fixed-size list's size, else the most common length in the shard's first recor
 shards of different dimensions are 65 naming one of each). Rows are streamed one record
 batch at a time; a bad vector is a counted skip like a bad text row: ``null_vector``,
 ``wrong_dim`` (another length), ``null_element`` (a null value inside it), ``non_finite_vector`` (NaN, inf, or a
-float64 value beyond float32); ids as for text (``null_id``, ``invalid_utf8_id``, ``duplicate_id`` within a shard).
+float64 value beyond float32), ``vector_too_large`` (a squared norm beyond float32: ``squared_norm_overflows``); ids
+as for text (``null_id``, ``invalid_utf8_id``, ``duplicate_id`` within a shard).
 
 Every read goes through the text run's reader (pipeline/ingest/parquet.py): footers through
 ``_retrying``/``_read_error``, rows through ``stream_batches`` (pages streamed, checksums verified).
@@ -45,10 +46,11 @@ from petal.pipeline.ingest.parquet import (
 )
 from petal.pipeline.reliability.errors import BadInputError, NoInputError
 from petal.pipeline.reliability.faults import fault
+from petal.pipeline.store.outputs import squared_norm_overflows
 
 PROBE_ROWS = 256  # rows of a shard read in preflight to find its dimension (a list column)
-VECTOR_REJECTS = ("null_vector", "wrong_dim", "null_element", "non_finite_vector", "null_id", "invalid_utf8_id",
-                  "duplicate_id")
+VECTOR_REJECTS = ("null_vector", "wrong_dim", "null_element", "non_finite_vector", "vector_too_large", "null_id",
+                  "invalid_utf8_id", "duplicate_id")
 
 
 def _is_vector(t: pa.DataType) -> bool:
@@ -224,7 +226,14 @@ def read_vectors(info: ShardInfo, read: ReadConfig, column: str, dim: int,
 def _vector_reasons(null: np.ndarray, ok_len: np.ndarray, null_element: np.ndarray,
                     vectors: np.ndarray) -> list[str | None]:
     """Each row's reason to be skipped for its vector, ``None`` for a good one (``null``, ``ok_len``,
-    ``null_element``: ``[n]`` bool; ``vectors``: ``[n, dim]`` float32, as read)."""
+    ``null_element``: ``[n]`` bool; ``vectors``: ``[n, dim]`` float32, as read). ``vector_too_large`` is one bound
+    for every metric, l2's: a store entry serves any (``petal rebuild --metric l2``, an additive run under another
+    metric reuses it), and within it inner products stay finite too (``squared_norm_overflows``).
+
+    NOTE: a finite vector whose squared norm float32 cannot hold was stored: an L2 search scored it inf and every
+    query that met it was refused as 'too large for the index's vectors; scale it down', unit-length ones too."""
     finite = np.isfinite(vectors).all(axis=1)
+    too_large = squared_norm_overflows(vectors)
     return ["null_vector" if null[i] else "wrong_dim" if not ok_len[i] else "null_element" if null_element[i]
-            else "non_finite_vector" if not finite[i] else None for i in range(len(vectors))]
+            else "non_finite_vector" if not finite[i] else "vector_too_large" if too_large[i] else None
+            for i in range(len(vectors))]

@@ -16,7 +16,7 @@ import numpy as np
 from petal.engine.config import device_problem
 from petal.pipeline.index.bounds import MAX_NPROBE
 from petal.pipeline.index.filters import FilterError
-from petal.pipeline.index.search import Hit, IndexReader, current_pointer
+from petal.pipeline.index.search import Hit, IndexReader, OversizedVector, current_pointer
 from petal.pipeline.ingest.text_rule import skip_reason, valid_text
 from petal.pipeline.jobs.settings import (
     Texts,
@@ -30,6 +30,7 @@ from petal.pipeline.jobs.settings import (
 )
 from petal.pipeline.manifest import Manifest
 from petal.pipeline.reliability.errors import ArgumentTypeError, UsageError, keyword_names
+from petal.pipeline.store.outputs import squared_norm_overflows
 
 if TYPE_CHECKING:
     # NOTE: imported where the model is first needed: searching by vectors never loads torch or tokenizers
@@ -236,7 +237,8 @@ class Index:
         queries = tensor_array(queries)
         if isinstance(queries, np.ndarray) and queries.dtype.kind not in "USO":
             stored = _in_range(self._stored(queries), self.manifest.metric)
-            return _finite_scores(self._searched(lambda: self.reader.search(stored, k, where=where)))
+            reader = self.reader
+            return _finite_scores(self._searched(lambda: reader.search(stored, k, where=where)), reader)
         # NOTE: petal query's rule (TEXT, --stdin): bytes that are not UTF-8 (bytes, or a str holding them as lone
         # surrogates) are read as U+FFFD and answered; petal embed skips such a text, a query has no row to keep
         texts = query_texts(queries, "queries", "; or vectors: one numpy array or torch tensor [num_queries, dim]")
@@ -272,7 +274,8 @@ class Index:
         rows = self.query_vectors(vectors)
         self._check_where(where)
         stored = _in_range(rows, self.manifest.metric)
-        return _finite_scores(self._searched(lambda: self.reader.search(stored, k, where=where)))
+        reader = self.reader
+        return _finite_scores(self._searched(lambda: reader.search(stored, k, where=where)), reader)
 
     @keyword_names()
     def query_vectors(self, vectors: Any) -> np.ndarray:
@@ -422,12 +425,17 @@ def _decoded_codes(codes: np.ndarray, transform: Any) -> np.ndarray:
 
 
 class ScoresOverflowError(UsageError):
-    """A query vector whose scores against the index are not finite (``row``: its number in the search)."""
+    """A query vector whose scores against the index are not finite (``row``: its number in the search). ``reason``:
+    why, without the row: the query's values are too large for the index's vectors, or ``oversized``, a stored
+    vector too large to score (an index built before ``petal index`` skipped it as ``vector_too_large``)."""
 
-    def __init__(self, row: int) -> None:
-        super().__init__(f"query vector {row}: its scores against this index are beyond float32 (its values are too "
-                         "large for the index's vectors); scale it down")
+    def __init__(self, row: int, oversized: OversizedVector | None = None) -> None:
+        self.reason = oversized.reason() if oversized is not None else (
+            "its scores against this index are beyond float32 (its values are too large for the index's vectors); "
+            "scale it down")
+        super().__init__(f"query vector {row}: {self.reason}")
         self.row = row
+        self.oversized = oversized
 
 
 def _in_range(rows: np.ndarray, metric: str) -> np.ndarray:
@@ -436,20 +444,23 @@ def _in_range(rows: np.ndarray, metric: str) -> np.ndarray:
     answer); such a row is a ``ScoresOverflowError``. An inner-product index scores such rows (+-inf), which
     ``_finite_scores`` refuses."""
     if metric == "l2":
-        squared = np.einsum("ij,ij->i", rows.astype(np.float64), rows.astype(np.float64))
-        over = np.flatnonzero(squared > float(np.finfo(np.float32).max))
+        over = np.flatnonzero(squared_norm_overflows(rows))
         if len(over):
             raise ScoresOverflowError(int(over[0]))
     return rows
 
 
-def _finite_scores(found: list[list[Hit]]) -> list[list[Hit]]:
-    """``found`` when every score is finite. A query vector whose values float32 holds (up to 3.4e38) can still
-    have products with the stored vectors that it does not: FAISS scores them +-inf or NaN (which JSON has no
-    number for) and ranks them arbitrarily, so such a row is a ``ScoresOverflowError`` (the rule of serve's 422)."""
+def _finite_scores(found: list[list[Hit]], reader: IndexReader) -> list[list[Hit]]:
+    """``found`` (``reader``'s hits) when every score is finite. A query vector whose values float32 holds (up to
+    3.4e38) can still have products with the stored vectors that it does not: FAISS scores them +-inf or NaN (which
+    JSON has no number for) and ranks them arbitrarily, so such a row is a ``ScoresOverflowError`` (the rule of
+    serve's 422), naming the stored vector where that one is too large to score.
+
+    NOTE: a stored vector too large to score (an index built before ``vector_too_large``) was blamed on the query:
+    'scale it down', for a unit-length query too."""
     for row, hits in enumerate(found):
         if hits and not np.isfinite([hit.score for hit in hits]).all():
-            raise ScoresOverflowError(row)
+            raise ScoresOverflowError(row, reader.oversized_hit(hits))
     return found
 
 

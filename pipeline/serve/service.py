@@ -29,27 +29,35 @@ from petal.pipeline.serve.search_batcher import SearchBatcher
 from petal.pipeline.serve.searching import SharedExclusiveLock
 from petal.pipeline.serve.settings import ServeSettings, model_name
 from petal.pipeline.serve.timing import record, span
-from petal.pipeline.store.outputs import OutputConfig, OutputTransform
+from petal.pipeline.store.outputs import OutputConfig, OutputTransform, squared_norm_overflows
 
 THREAD_STOP_S = 120.0  # how long stopping waits for the step or search running (a CPU step of a full budget)
 
 
-def _finite_scores(found: list[list[Hit]]) -> None:
-    """``RequestError`` 422 for a ``vectors`` row whose scores are not finite: values that float32 holds (the parser
-    takes up to 3.4e38) whose products with the stored vectors do not (FAISS scores them +-inf or NaN, which
-    JSON has no number for, and ranks them arbitrarily)."""
-    for row, hits in enumerate(found):
-        if hits and not np.isfinite([hit.score for hit in hits]).all():
-            raise RequestError(422, f"'vectors' row {row}: its scores against this index are beyond float32 (the "
-                                    "values are too large for its vectors); scale the row down")
+def _overflowing_row(found: list[list[Hit]]) -> int | None:
+    """The first ``vectors`` row whose scores are not finite, else ``None``: values that float32 holds (the parser
+    takes up to 3.4e38) whose products with the stored vectors do not (FAISS scores them +-inf or NaN, which JSON
+    has no number for, and ranks them arbitrarily)."""
+    return next((row for row, hits in enumerate(found) if hits and not np.isfinite([hit.score for hit in hits]).all()),
+                None)
+
+
+def _overflow_refused(row: int, hits: list[Hit], reader: IndexReader) -> RequestError:
+    """The 422 of ``vectors`` row ``row`` (its ``hits`` from ``reader``) whose scores are not finite: the row is too
+    large, or a stored vector is (``IndexReader.oversized_hit``: an index built before ``vector_too_large``).
+    NOTE: a stored vector too large to score was blamed on the row ('scale the row down', a unit-length one too)."""
+    oversized = reader.oversized_hit(hits)
+    if oversized is not None:
+        return RequestError(422, f"'vectors' row {row}: {oversized.reason()}")
+    return RequestError(422, f"'vectors' row {row}: its scores against this index are beyond float32 (the values "
+                             "are too large for its vectors); scale the row down")
 
 
 def _l2_in_range(vectors: np.ndarray) -> None:
     """``RequestError`` 422 for a ``vectors`` row of an L2 index whose squared norm float32 cannot hold: FAISS works
     with it in float32, every distance is inf and FAISS drops them all (an empty answer, 200, where ``petal query
     --vector-file`` refuses the row)."""
-    squared = np.einsum("ij,ij->i", vectors.astype(np.float64), vectors.astype(np.float64))
-    over = np.flatnonzero(squared > float(np.finfo(np.float32).max))
+    over = np.flatnonzero(squared_norm_overflows(vectors))
     if len(over):
         raise RequestError(422, f"'vectors' row {int(over[0])}: its distances to this index's vectors are beyond "
                                 "float32 (its squared norm is); scale the row down")
@@ -333,8 +341,9 @@ class ServeState:
         except FilterError as exc:  # a bad filter or an unknown column, named (as the request's field)
             raise _where_refused(exc) from exc
         # NOTE: any other error (a ValueError too) is the server's: 500, logged
-        if req.vectors is not None:
-            _finite_scores(found)
+        overflowing = _overflowing_row(found) if req.vectors is not None else None
+        if overflowing is not None:  # NOTE: off the event loop: an IVF index without a direct map reads its lists
+            raise await self._in_thread(_overflow_refused, overflowing, found[overflowing], index.reader)
         if req.include:  # reads stored text or the shards: off the event loop
             results = await self._in_thread(self._results, index, found, req)
         else:

@@ -86,6 +86,18 @@ def l2_normalize(x: np.ndarray) -> np.ndarray:
     return unit
 
 
+FLOAT32_MAX = float(np.finfo(np.float32).max)  # 3.4e38
+
+
+def squared_norm_overflows(rows: np.ndarray) -> np.ndarray:
+    """``[n]`` bool: the rows of ``rows [n, dim]`` whose squared L2 norm float32 cannot hold (beyond 3.4e38: a norm
+    beyond 1.8e19), taken in float64. FAISS works with squared norms in float32 (L2 distances, IVF training), so an
+    L2 distance to such a row is infinite whatever the other vector; two rows within it have inner products within
+    float32 (``|q . x| <= |q| |x| <= 3.4e38``). The one bound of a stored vector (``vector_too_large``) and of an
+    L2 index's query."""
+    return np.einsum("ij,ij->i", rows, rows, dtype=np.float64) > FLOAT32_MAX
+
+
 def tanh_int8(x: np.ndarray) -> np.ndarray:
     """pplx-embed's int8: ``clamp(round(127 tanh(x)), -128, 127)`` (half to even, as torch.round)."""
     return np.clip(np.rint(127.0 * np.tanh(x)), -128, 127).astype(np.int8)
