@@ -48,6 +48,7 @@ from petal.pipeline.ingest.prefetch import Prefetcher
 from petal.pipeline.ingest.rejects import BadRowGate, rejects_table
 from petal.pipeline.ingest.remote import RemotePath, is_uri, open_stored, storage_error, stored_source
 from petal.pipeline.ingest.tokens import TokenizedDocs, tokenize_documents, tokenizer_for
+from petal.pipeline.jobs.column_changes import KeptColumnsChange, say_kept_columns
 from petal.pipeline.jobs.keep_columns import check_column_types, check_keep_columns, stored_schema
 from petal.pipeline.jobs.live_check import live_damage
 from petal.pipeline.jobs.model import model_spec
@@ -320,6 +321,8 @@ def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory
         report.shard_changes = shard_changes(previous if not job.full else live_manifest(out), all_shards,
                                              [sha[info.abs_path] for info in all_shards],
                                              frozenset(info.abs_path for info in kept_infos))
+        columns_change = KeptColumnsChange.between(previous if not job.full else live_manifest(out), job.keep_columns)
+        report.kept_column_changes = columns_change.as_dict() if columns_change is not None else {}
         report.shards["total"] = len(all_shards)
         report.shards["reused"] = len(kept)  # NOTE: with shard_changes["kept"]: a failed run said "-1 reused"
         live_checked = live_before_lookup(out, previous, shards, fingerprints, kept_recs, job, delete_ids, report, stop)
@@ -442,6 +445,7 @@ def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory
         report.timings_s["index"] = round(time.perf_counter() - index_started, 3)
         report.index = {**result.report(job.index), "deleted": sum(tombstoned(e) for e in committed)}
         say_recall(result)
+        say_kept_columns(columns_change)
         report.index["timings_s"]["publish"] = round(published_s, 3)  # fsync, rename, pointer swap
         report.rejects_file = str(out.version_dir(version) / "rejects.parquet")
         t0 = time.perf_counter()

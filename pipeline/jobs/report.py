@@ -32,6 +32,8 @@ class RunReport:
     version: str | None = None
     shards: dict[str, int] = field(default_factory=lambda: {"total": 0, "embedded": 0, "reused": 0})
     shard_changes: dict[str, list[str]] = field(default_factory=dict)  # added/changed/removed/unchanged paths
+    # --keep-columns against the live version's: before, after, added, dropped (empty: the same, or no live version)
+    kept_column_changes: dict[str, list[str]] = field(default_factory=dict)
     rows: dict[str, Any] = field(default_factory=lambda: {"total": 0, "embedded": 0, "skipped": {}, "truncated": 0})
     tokens: int = 0
     model: dict[str, Any] = field(default_factory=dict)
@@ -94,6 +96,12 @@ class RunReport:
 
         write_report_to(path, self.as_dict(), self.out or None)
 
+    def _kept_columns_part(self) -> str:
+        """The summary's words for ``kept_column_changes``: the kept columns added and dropped (or reordered)."""
+        changes = self.kept_column_changes
+        said = [f"{', '.join(changes[key])} {key}" for key in ("added", "dropped") if changes[key]]
+        return f"kept columns changed: {'; '.join(said) or 'reordered'}"
+
     def summary(self) -> str:
         """The one line ``petal index`` and ``petal rebuild`` print on stderr."""
         skipped = sum(self.rows["skipped"].values())
@@ -117,6 +125,8 @@ class RunReport:
             )
             if self.shard_changes and done:
                 parts.append(", ".join(f"{len(v)} {k}" for k, v in self.shard_changes.items()))
+            if self.kept_column_changes and done:  # NOTE: else a version without them read as "nothing changed"
+                parts.append(self._kept_columns_part())
             if self.removed.get("documents") and done:  # refused (65): the error says what it would have removed
                 parts.append(f"{self.removed['documents']} documents removed")
             if self.index.get("num_vectors") is not None:

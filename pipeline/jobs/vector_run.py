@@ -25,6 +25,7 @@ from petal.pipeline.ingest.parquet import ReadStats, ShardInfo, check_id_kinds, 
 from petal.pipeline.ingest.rejects import rejects_table
 from petal.pipeline.ingest.vectors import preflight_vectors, read_vectors
 from petal.pipeline.jobs import index_run as run
+from petal.pipeline.jobs.column_changes import KeptColumnsChange, say_kept_columns
 from petal.pipeline.jobs.keep_columns import check_column_types, check_keep_columns, stored_schema
 from petal.pipeline.jobs.removals import kept_entries, kept_ids, kept_records, kept_shard, kept_vectors
 from petal.pipeline.jobs.report import RunReport
@@ -154,6 +155,8 @@ def _run(job: IndexJob, column: str, report: RunReport, stop: StopSignals, start
         report.shard_changes = shard_changes(previous if not job.full else live_manifest(out), all_shards,
                                              [sha[i.abs_path] for i in all_shards],
                                              frozenset(i.abs_path for i in kept_infos))
+        columns_change = KeptColumnsChange.between(previous if not job.full else live_manifest(out), job.keep_columns)
+        report.kept_column_changes = columns_change.as_dict() if columns_change is not None else {}
         report.shards["total"] = len(all_shards)
         report.shards["reused"] = len(kept)  # NOTE: with shard_changes["kept"]: a failed run said "-1 reused"
         live_checked = run.live_before_lookup(out, previous, shards, fingerprints, kept_recs, job, delete_ids, report,
@@ -231,6 +234,7 @@ def _run(job: IndexJob, column: str, report: RunReport, stop: StopSignals, start
         committed_tombstones = run.commit_tombstones(out, deletion)
         report.index = {**result.report(job.index), "deleted": sum(run.tombstoned(e) for e in committed)}
         run.say_recall(result)
+        say_kept_columns(columns_change)
         report.rejects_file = str(out.version_dir(version) / "rejects.parquet")
         if committed_tombstones:  # NOTE: else clean-up would prune the staged tombstones the live version holds to
             run.clean_up(out, store, committed, job, report, stop)
