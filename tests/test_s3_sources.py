@@ -166,6 +166,42 @@ def test_sync_over_an_emptied_prefix_is_judged_by_the_guard_and_a_typo_stays_66(
     assert reader.manifest.shards == () and reader.index.ntotal == 0
 
 
+def test_sync_with_a_glob_matching_nothing_is_66_unless_the_live_version_held_shards_it_matches(s3, fake_model,
+                                                                                                  tmp_path):
+    """An object store has no directories: a glob that matches nothing under --sync was an emptied corpus whatever it
+    named, so a typo in it (or in its prefix) removed every other shard at exit 0. Now, as a prefix SOURCE: it names
+    no shard only when the live version holds a shard it matches (the removal guard then judges it); else 66."""
+    client = s3.client()
+    client.create_bucket(Bucket="globbed")
+    for name in "ab":
+        put_shard(s3, "globbed", f"docs/{name}.parquet", name, 6)
+    put_shard(s3, "globbed", "more/t.parquet/part-0.parquet", "t", 6)  # a table written as a "directory"
+    client.put_object(Bucket="globbed", Key="notes/readme.txt", Body=b"not a shard")
+    out = tmp_path / "out"
+    env = {**s3.env(), "PETAL_TEST_FAKE_ENGINE": str(tmp_path / "log.jsonl")}
+
+    def index(*sources: str, flags: tuple[str, ...] = ("--sync", "--max-removed", "100%")):
+        return run(["index", *sources, "--out", str(out), "--model", str(fake_model), "-q", *flags], env)
+
+    assert index("s3://globbed/docs/*.parquet", "s3://globbed/more/*.parquet", flags=()).exit_code == 0
+    live = IndexReader(out).manifest.version
+    for typo in ["s3://globbed/dcos/*.parquet", "s3://globbed/nodir/**/*.parquet", "s3://globbed/notes/*.parquet",
+                 "s3://globbed/docs/*.parqeut", "s3://globbed/docs/sub/*.parquet", "s3://globbed/mor*/t.parquet/x*"]:
+        refused = index("s3://globbed/docs/a.parquet", typo)  # was 0: b's and t's documents removed
+        assert refused.exit_code == 66, (typo, refused.output)
+        assert f"glob {typo} matches no objects, nor any shard of the live version" in refused.output, refused.output
+        assert IndexReader(out).manifest.version == live
+    for name in "ab":
+        client.delete_object(Bucket="globbed", Key=f"docs/{name}.parquet")
+    client.delete_object(Bucket="globbed", Key="more/t.parquet/part-0.parquet")
+    # the live version held shards these globs match: an emptied corpus, judged by the guard
+    guarded = index("s3://globbed/docs/*.parquet", "s3://globbed/more/*.parquet", flags=("--sync",))
+    assert guarded.exit_code == 65 and "would remove 18 of the 18 documents" in guarded.output, guarded.output
+    assert index("s3://globbed/docs/*.parquet", "s3://globbed/more/*.parquet").exit_code == 0
+    reader = IndexReader(out)
+    assert reader.manifest.shards == () and reader.index.ntotal == 0
+
+
 @pytest.mark.parametrize(("change", "point", "hit"), [("replaced", "read_batch", 2), ("removed", "read_batch", 2),
                                                     ("removed", "read_content", 1)])
 def test_an_object_replaced_or_removed_mid_read_is_75_and_the_rerun_indexes_what_is_there(s3, fake_model, tmp_path,

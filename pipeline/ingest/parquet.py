@@ -129,6 +129,13 @@ def resolve_sources(sources: tuple[str, ...] | list[str], out: Path | None = Non
                     matches.extend(_walk(match, out, problems, unreadable))
                 else:
                     problems.append(_not_regular(match))
+            if not matches and not problems:
+                # NOTE: a glob whose directory is not there matched nothing, and --sync took that for an emptied
+                # corpus (every shard it named was removed at exit 0); a missing SOURCE is 66 in every run
+                denied = check_glob_directory(source)
+                if denied is not None:
+                    unreadable.append(denied)
+                    continue
             if not matches and not problems and not empty_ok:
                 raise NoInputError(f"glob {quote_path(source)} matches no files"
                                    + (_own_output(skipped, out) if skipped is not None else ""))
@@ -148,6 +155,32 @@ def resolve_sources(sources: tuple[str, ...] | list[str], out: Path | None = Non
     if not found and not empty_ok:
         raise NoInputError("no input shards")
     return [found[key] for key in sorted(found)]
+
+
+def glob_directory(source: str) -> Path:
+    """The directory glob ``source`` lists: its path before the first component holding a wildcard (``.`` when that
+    is the first)."""
+    parts = Path(os.path.expanduser(source)).parts
+    fixed = next((i for i, part in enumerate(parts) if glob.has_magic(part)), len(parts))
+    return Path(*parts[:fixed]) if fixed else Path(".")
+
+
+def check_glob_directory(source: str) -> str | None:
+    """Whether the directory glob ``source`` lists is there: ``NoInputError`` (66) naming the glob and the directory
+    when it is not (or is no directory); the problem (66, said with the sources' others) when this process may not
+    list it; ``None`` when it lists (a glob that matches nothing there names an emptied corpus)."""
+    directory = glob_directory(source)
+    try:
+        with os.scandir(directory):
+            return None
+    except (FileNotFoundError, NotADirectoryError) as exc:
+        what = "does not exist" if isinstance(exc, FileNotFoundError) else "is not a directory"
+        raise NoInputError(f"glob {quote_path(source)} matches no files: its directory {quote_path(directory)} "
+                           f"{what}") from None
+    except OSError as exc:
+        if not is_permission_denied(exc):
+            raise
+        return f"glob {quote_path(source)}: its directory {cannot_read(directory, exc)}"
 
 
 def is_permission_denied(exc: BaseException) -> bool:

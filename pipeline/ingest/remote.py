@@ -269,7 +269,7 @@ def list_remote(source: str, empty_ok: bool = False, held: frozenset[str] = froz
     scheme = scheme_of(source)
     prefix_only = names_a_prefix(source)
     if "*" in path:
-        return _glob_remote(filesystem, scheme, path, shown, empty_ok, prefix_only)
+        return _glob_remote(filesystem, scheme, path, shown, empty_ok, prefix_only, held)
     try:
         # NOTE: from_uri drops a trailing '/': s3://b/pk2/ came back as the path b/pk2, which named the object pk2
         # beside the prefix pk2/ (an object store holds both); a URI ending in '/' names the prefix only
@@ -399,12 +399,14 @@ def bounded(filesystem: Any) -> Any:
 
 
 def _glob_remote(filesystem: Any, scheme: str, pattern: str, shown: str, empty_ok: bool,
-                 prefix_only: bool = False) -> list[RemotePath]:
+                 prefix_only: bool = False, held: frozenset[str] = frozenset()) -> list[RemotePath]:
     """The objects ``pattern`` matches, sorted, as a local glob's files: ``*`` within one name, ``**`` any number of
     them, a wildcard never matching a name that starts with ``.``; ``?`` (written ``%3F``: it starts the query string)
     and ``[...]`` match themselves; a prefix it matches names every ``*.parquet`` below it, as a prefix SOURCE. Only
     the prefix before the first wildcard is listed. ``prefix_only`` (a pattern ending in ``/``, as a local glob's):
-    only the prefixes it matches, never an object."""
+    only the prefixes it matches, never an object. ``empty_ok`` (``--sync`` over a live version): a pattern that
+    matches nothing names none only when it matches one of ``held`` (the live version's shard URIs), as a prefix
+    SOURCE; otherwise 66 (a typo is not an emptied corpus)."""
     from pyarrow import fs
 
     parts = pattern.split("/")
@@ -417,23 +419,31 @@ def _glob_remote(filesystem: Any, scheme: str, pattern: str, shown: str, empty_o
     except ValueError as exc:  # NOTE: pyarrow.ArrowInvalid: a path its filesystem refuses to address
         raise NoInputError(f"source {shown} names no object pyarrow's filesystems can read ({_short(str(exc))})") \
             from exc
-    matched = [i for i in listed if _glob_match(i.path.split("/")[fixed:], parts[fixed:])]
-    # NOTE: a prefix the pattern matches (Spark's ``t.parquet/part-*``) names what a prefix SOURCE names, never nothing
-    prefixes = {i.path.rstrip("/") for i in matched if i.type == fs.FileType.Directory}
-    if _glob_match([], parts[fixed:]):
-        # NOTE: '**' matches no part too: 's3://b/sub/**/' names sub/ itself (as a local glob's), whose objects
-        # directly below it were left out (the listing holds only what is below the base)
-        prefixes.add(base)
+    found = {i.path for i in listed if i.type == fs.FileType.File and _glob_names(i.path, parts, fixed, prefix_only)}
+    if found:
+        return _remote_paths(filesystem, scheme, found)
+    # NOTE: an object store has no directories: a glob under a prefix whose last object went (or a typo) matches
+    # nothing, and --sync took that for an emptied corpus whatever it named (every other shard removed at exit 0)
+    if empty_ok and any(_glob_names(uri.partition("://")[2], parts, fixed, prefix_only)
+                        for uri in held if uri.startswith(f"{scheme}://")):
+        return []
+    raise NoInputError(f"glob {shown} matches no objects" + (
+        ", nor any shard of the live version (under --sync, a glob that matches nothing mirrors an emptied corpus "
+        "only where the live version holds shards it matches)" if empty_ok else ""))
 
-    def below_a_match(names: list[str]) -> bool:
-        return parquet_name(names[-1]) and any(
-            "/".join(names[:n]) in prefixes and not hidden_below(names[n:]) for n in range(fixed, len(names)))
 
-    found = {i.path for i in matched if i.type == fs.FileType.File and not prefix_only}
-    found.update(i.path for i in listed if i.type == fs.FileType.File and below_a_match(i.path.split("/")))
-    if not found and not empty_ok:
-        raise NoInputError(f"glob {shown} matches no objects")
-    return _remote_paths(filesystem, scheme, found)
+def _glob_names(path: str, parts: list[str], fixed: int, prefix_only: bool) -> bool:
+    """Whether the object ``path`` (``bucket/key``) is one the glob ``parts`` (its first ``fixed`` without a wildcard)
+    names: an object it matches (unless ``prefix_only``), or a ``*.parquet`` below a prefix it matches whose path
+    there is not hidden (NOTE: a prefix the pattern matches, Spark's ``t.parquet/part-*``, names what a prefix
+    SOURCE names, never nothing; and ``**`` matches no part too: ``s3://b/sub/**/`` names ``sub/`` itself)."""
+    names = path.split("/")
+    if names[:fixed] != parts[:fixed]:
+        return False
+    if not prefix_only and _glob_match(names[fixed:], parts[fixed:]):
+        return True
+    return parquet_name(names[-1]) and any(_glob_match(names[fixed:n], parts[fixed:]) and not hidden_below(names[n:])
+                                           for n in range(fixed, len(names)))
 
 
 def _glob_match(names: list[str], patterns: list[str]) -> bool:
