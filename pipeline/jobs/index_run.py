@@ -975,9 +975,10 @@ def check_delete_ids(delete_ids: DeleteIds, shards: list[ShardInfo], kept: list[
 def plan_deletions(out: OutputDir, store: EmbeddingStore, committed: list[StoreEntry], delete_ids: DeleteIds | None,
                    report: RunReport) -> tuple[list[StoreEntry], Deletion | None]:
     """The tombstones the new version is built with: the live version's, carried to the entries of the same shard
-    content made with other settings (``carry_deletions``: a deletion holds for the content), then ``--delete``'s
-    (``record_deletion``). Returns ``committed`` with the carried rows planned, and what the publish stages and
-    commits (``None``: nothing)."""
+    content made with other settings, and none for an entry the live version does not hold its shard at (a deletion
+    holds while its shard stays with that content: ``carry_deletions``), then ``--delete``'s (``record_deletion``).
+    Returns ``committed`` with the carried rows planned, and what the publish stages and commits (``None``:
+    nothing)."""
     try:
         live_exists = out.current_version() is not None
     except ConfigError:

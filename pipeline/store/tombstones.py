@@ -6,19 +6,22 @@ OUT/store/deleted/<shard key>/<fingerprint>.parquet   row int64: its rows delete
 ```
 
 A tombstone names rows of one committed entry, so a deletion holds for the shard content it was
-made against: every later run (incremental, ``--full`` on the same content, ``petal rebuild``)
-leaves those rows out, and a shard whose content changes is indexed as it now is (its new entry has
-no tombstone; the old one is pruned with its entry). An id in a shard added later is indexed.
+made against, while the shard stays in the index with that content: every later run (incremental, ``--full`` on
+the same content, ``petal rebuild``) leaves those rows out. A shard whose content changes, or that leaves the index
+(``--sync``), is indexed as it is from then on: a run that reuses an entry the live version does not hold its shard
+at (the content reverted to an older one, the shard added back) plans it no deleted rows, and its tombstone is
+replaced by an empty one with the version that publishes it (``carry_deletions``; an old entry is kept for
+rollbacks, ``--keep-versions``, so its tombstone outlives the deletion). An id in a shard added later is indexed.
 
 A deletion takes effect with the version that publishes it, never before (a run that fails, is refused or is
 killed deletes nothing), and holds once that version is live (a crash after the pointer swap loses nothing):
 
-1. planned in memory (``apply_deletes``): the build reads the planned rows from the entries it is given
-   (``Deletion.apply`` -> ``PlannedEntry``), and the version's manifest counts them (``ShardRecord.deleted``);
+1. planned in memory (``apply_deletes``, ``carry_deletions``): the build reads the planned rows from the entries it is
+   given (``Deletion.apply`` -> ``PlannedEntry``), and the version's manifest counts them (``ShardRecord.deleted``);
 2. staged just before the publish, fsynced, beside the tombstone they will replace:
    ``OUT/store/deleted/<shard key>/<fingerprint>.staged-<version>.parquet`` (the full new set of rows);
 3. the pointer swap is the commit: a staged tombstone is in force (``deleted_rows``) exactly when the live
-   manifest records its entry with that many deleted rows, i.e. the live version was built with it;
+   version is the one it was staged for and its manifest records the entry with that many deleted rows;
 4. after the publish, each staged file is renamed over the entry's tombstone (``Deletion.commit``); what a
    crash leaves is settled under the lock by the next writer, ``petal index`` or ``petal rebuild``
    (``settle_tombstones``): renamed if in force, else removed.
@@ -61,7 +64,7 @@ from petal.pipeline.store.embeddings import DamagedEntry, EmbeddingStore, StoreE
 from petal.pipeline.store.side_files import real_dirs, side_file
 
 if TYPE_CHECKING:
-    from petal.pipeline.manifest import Manifest
+    from petal.pipeline.manifest import Manifest, ShardRecord
 
 STAGED = ".staged-"  # <fingerprint>.staged-<version>.parquet: a tombstone waiting for its version's publish
 
@@ -115,38 +118,47 @@ def _staged_files(entry_dir: Path) -> list[Path]:
     return sorted(key_dir.glob(f"{entry_dir.name}{STAGED}*.parquet"))
 
 
-def staged_in_force(entry_dir: Path, live: dict[tuple[str, str], int] | None = None) -> Path | None:
-    """The staged tombstone of the entry in ``entry_dir`` that the live version was built with, if any: its
-    manifest records the entry with as many deleted rows as the file holds (a staged tombstone always adds rows
-    to the entry's, so the run that staged it published). ``live``: ``live_deletions`` of the output (read here
-    when not given)."""
-    staged = _staged_files(entry_dir)
-    if not staged:
+@dataclass(frozen=True)
+class LiveDeletions:
+    """What the live version was built with, for judging staged tombstones: its id (``None``: no live version)
+    and ``counts``: ``(shard key, entry fingerprint) -> deleted rows`` of its shards."""
+
+    version: str | None
+    counts: dict[tuple[str, str], int]
+
+
+def staged_in_force(entry_dir: Path, live: LiveDeletions | None = None) -> Path | None:
+    """The staged tombstone of the entry in ``entry_dir`` that the live version was built with, if any: the one
+    staged for the live version, holding as many rows as its manifest records deleted for the entry. ``live``:
+    ``live_deletions`` of the output (read here when not given). NOTE: a staged tombstone may hold fewer rows than
+    the entry's (one that ends a deletion holds none), so its count alone does not prove its run published: a killed
+    run's empty one matched a version rolled back by hand that records 0, and ended a deletion that holds there."""
+    if not _staged_files(entry_dir):
         return None
     if live is None:
         live = live_deletions(OutputDir(entry_dir.parent.parent.parent.parent))  # OUT/store/shards/<key>/<fp>
-    want = live.get((entry_dir.parent.name, entry_dir.name)) if live is not None else None
-    if want is None:
+    if live is None or live.version is None:
         return None
-    for path in staged:
-        try:
-            if pq.read_metadata(path).num_rows == want:
-                return path
-        except (OSError, pa.ArrowException):  # a torn file (never in force: staged files are fsynced first)
-            continue
-    return None
+    want = live.counts.get((entry_dir.parent.name, entry_dir.name))
+    path = staged_path(entry_dir, live.version)
+    if want is None or not path.is_file():
+        return None
+    try:
+        return path if pq.read_metadata(path).num_rows == want else None
+    except (OSError, pa.ArrowException):  # a torn file (never in force: staged files are fsynced first)
+        return None
 
 
-def live_deletions(out: OutputDir) -> dict[tuple[str, str], int] | None:
-    """``(shard key, entry fingerprint) -> deleted rows`` of the live version's shards; empty without a live
-    version, ``None`` when it cannot be read (no staged tombstone is in force either way)."""
+def live_deletions(out: OutputDir) -> LiveDeletions | None:
+    """The live version's id and deleted rows by store entry; no version and no counts without a live version,
+    ``None`` when it cannot be read (no staged tombstone is in force either way)."""
     try:
         manifest = out.current_manifest()
     except (OSError, PetalError):
         return None
     if manifest is None:
-        return {}
-    return {(shard_key(s.abs_path), s.entry): int(s.deleted) for s in manifest.shards}
+        return LiveDeletions(None, {})
+    return LiveDeletions(manifest.version, {(shard_key(s.abs_path), s.entry): int(s.deleted) for s in manifest.shards})
 
 
 def settle_staged(out: OutputDir) -> tuple[int, int]:
@@ -425,38 +437,60 @@ def apply_deletes(entries: list[StoreEntry], asked: DeleteIds) -> Deletion:
 
 def carry_deletions(store: EmbeddingStore, entries: list[StoreEntry], live: Manifest | None, live_exists: bool,
                     say: Callable[[str], None]) -> Deletion:
-    """A deletion holds for a shard's content, not for the settings its vectors were made with: each of ``entries``
-    (the new version's) whose shard the live version held with the same content (sha256) under another entry (a
-    ``--full`` run with another model, ``--max-length``, ``--dim``, ``--quantize``; a store format change) takes
-    over that entry's deleted rows (a store row is the shard's row: the same for the same content). Planned as
-    ``--delete``'s are (``Deletion.pending``: staged and committed with the version that publishes them, nothing
-    written here); the other counts stay 0 (nothing is deleted now). ``live``: the live manifest; when it cannot
-    be read (``live_exists`` and ``live`` is None: ``--full`` over a damaged version) the committed tombstones of
-    the shard's other entries with the same content stand in for it.
+    """The deleted rows each of ``entries`` (the new version's) holds: a deletion holds for a shard while it stays in
+    the live version with the same content, whatever its vectors are made with (``held_by_live``). Planned where they
+    differ from the entry's tombstone, as ``--delete``'s are (``Deletion.pending``: staged and committed with the
+    version that publishes them, nothing written here); the other counts stay 0 (nothing is deleted now):
+
+    - a shard the live version held with the same content (sha256) under another entry (a ``--full`` run with another
+      model, ``--max-length``, ``--dim``, ``--quantize``; a store format change) takes over that entry's deleted rows
+      (a store row is the shard's row: the same for the same content);
+    - an entry reused for a shard the live version did not hold at it (the content reverted to an earlier one, the
+      shard added back after ``--sync`` dropped it) is planned with no deleted rows: its deletion ended with the
+      content or the shard, and the entry's tombstone (kept with it for rollbacks) is replaced by an empty one.
+
+    ``live``: the live manifest; when it cannot be read (``live_exists`` and ``live`` is None: ``--full`` over a
+    damaged version) each entry keeps its tombstone and takes over those of the shard's other entries with the same
+    content; with no live version at all, each keeps its own.
 
     A tombstone that cannot be read is 65 naming it; one that holds fewer rows than the live version counts is
     carried as it is, with a warning through ``say`` (the rows it lost come back, as in any run)."""
     held = {shard_key(s.abs_path): s for s in live.shards} if live is not None else {}
     result = Deletion()
     for entry in entries:
-        key, own = entry.path.parent.name, held_rows(entry.path)
-        carried = own
+        own = held_rows(entry.path)
         if live is not None:
-            record = held.get(key)
-            if record is not None and record.deleted and record.sha256 == entry.source_sha256:
-                same = record.entry == entry.fingerprint
-                rows = own if same else held_rows(entry.path.parent / record.entry)
-                if len(rows) < record.deleted:  # NOTE: a lost tombstone; said, not silent (also the entry's own)
-                    say(f"warning: {quote_path(tombstone_path(entry.path.parent / record.entry))} holds "
-                        f"{len(rows)} deleted rows of {quote_path(record.path)}, the live version {record.deleted}: "
-                        "the rows it lost are indexed again")
-                carried = np.union1d(carried, rows)
+            rows = held_by_live(entry, own, held.get(entry.path.parent.name), say)
         elif live_exists:
+            rows = own
             for fingerprint in _same_content_tombstones(store, entry):
-                carried = np.union1d(carried, held_rows(entry.path.parent / fingerprint))
-        if len(carried) > len(own):
-            result.pending.append((entry, carried.astype(np.int64)))
+                rows = np.union1d(rows, held_rows(entry.path.parent / fingerprint))
+        else:
+            rows = own
+        if not np.array_equal(rows, own):
+            result.pending.append((entry, rows.astype(np.int64)))
     return result
+
+
+def held_by_live(entry: StoreEntry, own: np.ndarray, record: ShardRecord | None,
+                 say: Callable[[str], None]) -> np.ndarray:
+    """The deleted rows ``entry`` holds in a version built over the live one, whose shard ``record`` it is (``None``:
+    the live version lacks the shard): ``own`` (the entry's tombstone) where the live version holds the shard at this
+    entry, the rows of the entry it holds it at where the content is the same, else none. NOTE: the entry's own
+    tombstone held wherever the entry was reused, so a shard back to an earlier content, or added back, lost again the
+    documents a --delete had removed from it before the deletion ended (the old entry is kept for rollbacks)."""
+    if record is None:
+        return np.zeros(0, dtype=np.int64)
+    if record.entry == entry.fingerprint:
+        rows = own
+    elif record.sha256 == entry.source_sha256 and record.deleted:
+        rows = held_rows(entry.path.parent / record.entry)
+    else:
+        return np.zeros(0, dtype=np.int64)
+    if len(rows) < record.deleted:  # NOTE: a lost tombstone; said, not silent (also the entry's own)
+        say(f"warning: {quote_path(tombstone_path(entry.path.parent / record.entry))} holds {len(rows)} deleted rows "
+            f"of {quote_path(record.path)}, the live version {record.deleted}: the rows it lost are indexed again")
+    return rows
 
 
 INDEX_WAY_OUT = "remove it to index those rows again"  # what petal index does once it is gone (carry_deletions)
