@@ -290,8 +290,12 @@ def test_a_rollback_past_the_run_that_ended_a_deletion(tmp_path, fake_model):
     (o.out / "CURRENT").write_text(f"{deleting}\n")
     rebuilt = forkrun.petal(["rebuild", str(o.out), "--keep-versions", "9"])
     assert rebuilt.rc == 65 and "run petal index on the sources" in rebuilt.stderr, rebuilt.stderr
+    assert "a run after the live version ended its --delete of 1 rows" in rebuilt.last_line, rebuilt.last_line
+    assert "restore it" not in rebuilt.last_line
     assert o.current() == deleting and o.ids() == {2, 3, 5, 6, 7}
     indexed = o.index()
+    assert "ended its --delete of 1 rows" in indexed.stderr and "the rows it lost" not in indexed.stderr, \
+        indexed.stderr
     check_live(o, {1, 2, 3, 5, 6, 7}, {"a.parquet": 0, "b.parquet": 0}, indexed)
 
 

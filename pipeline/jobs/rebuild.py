@@ -81,6 +81,13 @@ def check_tombstone(entry: StoreEntry, deleted: int, source: str) -> None:
         # NOTE: not petal index's "remove it to index those rows again": a rebuild over a removed tombstone refuses
         # (below), so that advice led to a second 65; petal index is the run that indexes those rows again
         held = len(held_rows(entry.path, "remove it and run petal index on the sources to index those rows again"))
+    if held < deleted and held == 0 and tombstone_path(entry.path).is_file():
+        # NOTE: an empty tombstone is a deletion a later run ended (the shard changed or left the index, then came
+        # back to this content), not a lost one: 'restore it' named nothing the user could restore
+        raise BadInputError(f"{quote_path(source)}: a run after the live version ended its --delete of {deleted} "
+                            "rows (the shard's content changed or it left the index), so the store no longer says "
+                            "which rows; a rebuild would index those documents again: run petal index on the sources "
+                            "(with --delete IDS to delete them again)")
     if held < deleted:
         raise BadInputError(f"{quote_path(tombstone_path(entry.path))} (a --delete tombstone) holds {held} deleted "
                             f"rows of {quote_path(source)}, the live version {deleted}: a rebuild would index the "

@@ -487,7 +487,11 @@ def held_by_live(entry: StoreEntry, own: np.ndarray, record: ShardRecord | None,
         rows = held_rows(entry.path.parent / record.entry)
     else:
         return np.zeros(0, dtype=np.int64)
-    if len(rows) < record.deleted:  # NOTE: a lost tombstone; said, not silent (also the entry's own)
+    if not len(rows) and record.deleted and tombstone_path(entry.path.parent / record.entry).is_file():
+        say(f"warning: {quote_path(record.path)}: a run after the live version ended its --delete of "
+            f"{record.deleted} rows (the shard's content changed or it left the index): those documents are indexed "
+            "again; pass --delete IDS to delete them again")
+    elif len(rows) < record.deleted:  # NOTE: a lost tombstone; said, not silent (also the entry's own)
         say(f"warning: {quote_path(tombstone_path(entry.path.parent / record.entry))} holds {len(rows)} deleted rows "
             f"of {quote_path(record.path)}, the live version {record.deleted}: the rows it lost are indexed again")
     return rows
