@@ -321,3 +321,38 @@ def test_vectors_column_revert_indexes_every_document(tmp_path):
     index()
     assert set(live(out)[0]) == {1, 2, 3}
     assert read_manifest(out / "versions" / OutputDir(out).current_version() / "manifest.json", out).counts.deleted == 0
+
+
+def test_a_rollback_to_before_a_shard_was_added_keeps_a_later_deletion_of_it(tmp_path, fake_model):
+    """``CURRENT`` set back to a version without b.parquet, then a plain run: b's --delete, published after that
+    version, still holds (README). Before, the run saw a shard the live version lacks, indexed id 6 again without a
+    word and wrote an empty tombstone over the deletion."""
+    o = Out(tmp_path, fake_model, 9)
+    (o.src / "b.parquet").rename(tmp_path / "b.parquet")
+    o.index()
+    before = o.current()
+    (tmp_path / "b.parquet").rename(o.src / "b.parquet")
+    o.index()
+    o.delete(6)
+    (o.out / "CURRENT").write_text(f"{before}\n")
+    rolled = o.index()
+    assert "1 deleted earlier" in rolled.last_line, rolled.last_line
+    check_live(o, {1, 2, 3, 5, 7}, {"a.parquet": 0, "b.parquet": 1}, rolled)
+
+
+def test_a_rollback_to_before_a_shard_was_edited_keeps_a_later_deletion_of_it(tmp_path, fake_model):
+    """The same for a shard edited after the version set back to: the deletion made against the edited content
+    holds while the shard stays at it."""
+    o = Out(tmp_path, fake_model, 9)
+    o.index()
+    before = o.current()
+    o.write("a", EDITED)
+    o.index()
+    o.delete(1)
+    (o.out / "CURRENT").write_text(f"{before}\n")
+    rolled = o.index()
+    assert "1 deleted earlier" in rolled.last_line, rolled.last_line
+    check_live(o, {2, 3, 5, 6, 7}, {"a.parquet": 1, "b.parquet": 0}, rolled)
+    o.write("a", TEXTS)  # the content changes again: the deletion ends
+    changed = o.index()
+    check_live(o, {1, 2, 3, 5, 6, 7}, {"a.parquet": 0, "b.parquet": 0}, changed)

@@ -67,6 +67,7 @@ if TYPE_CHECKING:
     from petal.pipeline.manifest import Manifest, ShardRecord
 
 STAGED = ".staged-"  # <fingerprint>.staged-<version>.parquet: a tombstone waiting for its version's publish
+VERSION_KEY = b"petal.version"  # a tombstone's Parquet metadata: the version that published it
 
 
 def tombstone_path(entry_dir: Path) -> Path:
@@ -356,7 +357,7 @@ class Deletion:
         try:
             for entry, rows in self.pending:
                 path = staged_path(entry.path, version)
-                _write_rows(path, rows)
+                _write_rows(path, rows, version)
                 self.staged.append((path, tombstone_path(entry.path)))
         except BaseException:
             self.discard()
@@ -447,7 +448,8 @@ def carry_deletions(store: EmbeddingStore, entries: list[StoreEntry], live: Mani
       (a store row is the shard's row: the same for the same content);
     - an entry reused for a shard the live version did not hold at it (the content reverted to an earlier one, the
       shard added back after ``--sync`` dropped it) is planned with no deleted rows: its deletion ended with the
-      content or the shard, and the entry's tombstone (kept with it for rollbacks) is replaced by an empty one.
+      content or the shard, and the entry's tombstone (kept with it for rollbacks) is replaced by an empty one;
+      unless that tombstone was published after the live version (``CURRENT`` set back before the --delete: it holds).
 
     ``live``: the live manifest; when it cannot be read (``live_exists`` and ``live`` is None: ``--full`` over a
     damaged version) each entry keeps its tombstone and takes over those of the shard's other entries with the same
@@ -460,7 +462,7 @@ def carry_deletions(store: EmbeddingStore, entries: list[StoreEntry], live: Mani
     for entry in entries:
         own = held_rows(entry.path)
         if live is not None:
-            rows = held_by_live(entry, own, held.get(entry.path.parent.name), say)
+            rows = held_by_live(entry, own, held.get(entry.path.parent.name), say, live.version)
         elif live_exists:
             rows = own
             for fingerprint in _same_content_tombstones(store, entry):
@@ -473,19 +475,27 @@ def carry_deletions(store: EmbeddingStore, entries: list[StoreEntry], live: Mani
 
 
 def held_by_live(entry: StoreEntry, own: np.ndarray, record: ShardRecord | None,
-                 say: Callable[[str], None]) -> np.ndarray:
+                 say: Callable[[str], None], live_version: str | None = None) -> np.ndarray:
     """The deleted rows ``entry`` holds in a version built over the live one, whose shard ``record`` it is (``None``:
     the live version lacks the shard): ``own`` (the entry's tombstone) where the live version holds the shard at this
     entry, the rows of the entry it holds it at where the content is the same, else none. NOTE: the entry's own
     tombstone held wherever the entry was reused, so a shard back to an earlier content, or added back, lost again the
-    documents a --delete had removed from it before the deletion ended (the old entry is kept for rollbacks)."""
-    if record is None:
-        return np.zeros(0, dtype=np.int64)
-    if record.entry == entry.fingerprint:
+    documents a --delete had removed from it before the deletion ended (the old entry is kept for rollbacks).
+
+    Where the live version lacks the shard at this content, ``own`` still holds when its tombstone was published
+    after the live version (``live_version``): ``CURRENT`` was set back to before that --delete, which holds for
+    every later run (README); or when it carries no version (written before tombstones were stamped).
+    NOTE: without this, a rollback to before the shard was added or edited brought a later --delete's documents back
+    without a word, and the run's empty tombstone ended that deletion for good."""
+    if record is not None and record.entry == entry.fingerprint:
         rows = own
-    elif record.sha256 == entry.source_sha256 and record.deleted:
+    elif record is not None and record.sha256 == entry.source_sha256 and record.deleted:
         rows = held_rows(entry.path.parent / record.entry)
     else:
+        if len(own):
+            stamp = published_by(entry.path)
+            if stamp is None or live_version is None or stamp > live_version:
+                return own
         return np.zeros(0, dtype=np.int64)
     if not len(rows) and record.deleted and tombstone_path(entry.path.parent / record.entry).is_file():
         say(f"warning: {quote_path(record.path)}: a run after the live version ended its --delete of "
@@ -533,15 +543,28 @@ def _same_content_tombstones(store: EmbeddingStore, entry: StoreEntry) -> list[s
     return found
 
 
-def _write_rows(path: Path, rows: np.ndarray) -> None:
-    """``path`` (a tombstone's rows), written whole and fsynced, or not at all (its directories too)."""
+def published_by(entry_dir: Path) -> str | None:
+    """The version whose publish wrote the tombstone of the entry in ``entry_dir`` (its ``petal.version``); ``None``
+    for none there, one written before petal stamped them, or one that cannot be read (``held_rows`` says so)."""
+    try:
+        metadata = pq.read_schema(tombstone_path(entry_dir)).metadata or {}
+    except (OSError, pa.ArrowException):
+        return None
+    stamp = metadata.get(VERSION_KEY)
+    return stamp.decode("utf-8", "replace") if stamp else None
+
+
+def _write_rows(path: Path, rows: np.ndarray, version: str) -> None:
+    """``path`` (a tombstone's rows, stamped with the ``version`` that publishes them), written whole and fsynced, or
+    not at all (its directories too)."""
     tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
     with writing(path):
         for directory in (path.parent.parent, path.parent):  # store/deleted/, its <shard key>/
             if not directory.is_dir():
                 directory.mkdir(exist_ok=True)
                 fsync_dir(directory.parent)
-        pq.write_table(pa.table({"row": pa.array(rows, pa.int64())}), tmp, write_page_checksum=True)
+        table = pa.table({"row": pa.array(rows, pa.int64())}).replace_schema_metadata({VERSION_KEY: version})
+        pq.write_table(table, tmp, write_page_checksum=True)
         with open(tmp, "rb+") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp, path)
