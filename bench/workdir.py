@@ -85,7 +85,7 @@ class Written:
 def workdir_lock(workdir: Path, command: str) -> Iterator[None]:
     """Hold ``workdir``'s bench lock while ``petal bench COMMAND`` runs (``workdir`` is made if missing); held by
     another process: ``TemporaryFailure`` (75) at once naming it."""
-    from petal.pipeline.layout import lock_holder, record_lock_holder
+    from petal.pipeline.layout import lock_holder, record_lock_holder, why_no_lock
 
     Path(workdir).mkdir(parents=True, exist_ok=True)
     path = Path(workdir) / LOCK
@@ -93,8 +93,8 @@ def workdir_lock(workdir: Path, command: str) -> Iterator[None]:
         # NOTE: O_NOFOLLOW, O_NONBLOCK: a symlink planted as the lock redirects nothing, a FIFO blocks nothing
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
     except OSError as exc:
-        raise OutputError(f"--workdir {quote_path(path)}: cannot open petal bench's lock file "
-                          f"({exc.strerror or exc}); it must be a regular file: remove it") from None
+        raise OutputError(f"--workdir {quote_path(path)}: cannot open petal bench's lock file: "
+                          f"{why_no_lock(exc, path)}") from None
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise OutputError(f"--workdir {quote_path(path)} is not a regular file; petal bench locks it: remove it")

@@ -61,7 +61,14 @@ from petal.pipeline.reliability.errors import (
 )
 from petal.pipeline.reliability.faults import fault
 from petal.pipeline.reliability.notes import say
-from petal.pipeline.reliability.safe_files import READ_ONLY, UnsafeFileError, inside, read_regular, why_not_writable
+from petal.pipeline.reliability.safe_files import (
+    KINDS,
+    READ_ONLY,
+    UnsafeFileError,
+    inside,
+    read_regular,
+    why_not_writable,
+)
 from petal.pipeline.store.side_files import KEY_TREES
 
 VERSION_RE = re.compile(r"^v\d{6}-\d{8}T\d{6}Z$")
@@ -159,7 +166,7 @@ class OutputDir:
             fd = os.open(self.lock_file, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
         except OSError as exc:
             raise _cannot_create(exc, self.lock_file, f"cannot open the lock file {quote_path(self.lock_file)}: "
-                                 f"{exc.strerror or exc}; it must be a regular file: remove it") from exc
+                                 f"{why_no_lock(exc, self.lock_file)}") from exc
         try:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 raise OutputError(f"the lock file {quote_path(self.lock_file)} is not a regular file (a FIFO, a "
@@ -900,6 +907,29 @@ def manifest_data(manifest_file: Path, root: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"the manifest {quote_path(manifest_file)} is not a JSON object")
     return data
+
+
+def why_no_lock(exc: OSError, path: Path) -> str:
+    """Why the lock file ``path`` could not be opened for writing (or created) with ``exc``, and what to do: something
+    not a regular file in its place (a directory, a symlink, a FIFO...) is to be removed; permission denied is fixed
+    with permissions, a read-only file system by remounting. NOTE: every error got 'it must be a regular file: remove
+    it', permission denied on a plain file too."""
+    reason = exc.strerror or str(exc)
+    try:
+        mode: int | None = os.lstat(path).st_mode
+    except OSError:
+        mode = None  # missing (to be created), or a directory on the way that petal may not search
+    if mode is not None and not stat.S_ISREG(mode):
+        kind = KINDS.get(stat.S_IFMT(mode), "something else")
+        return f"it is {kind}, not a regular file; remove it"  # NOTE: its errno ('Too many levels...') misleads
+    if is_denied(exc):
+        if mode is None:
+            return (f"{reason}; petal may not create it in {quote_path(path.parent)}: run as a user who may write "
+                    "there, or fix its permissions")
+        return f"{reason}; petal may not write it: run as a user who may read and write it, or fix its permissions"
+    if exc.errno == errno.EROFS:
+        return f"{reason}; remount it read-write, or give another output directory"
+    return reason
 
 
 def record_lock_holder(fd: int, **extra: str) -> None:
