@@ -60,6 +60,7 @@ from petal.pipeline.reliability.errors import (
     writing,
 )
 from petal.pipeline.reliability.faults import fault
+from petal.pipeline.reliability.leftovers import leave, remove_or_leave
 from petal.pipeline.reliability.notes import say
 from petal.pipeline.reliability.safe_files import (
     KINDS,
@@ -106,7 +107,8 @@ def check_not_inside_output(flag: str, out: Path) -> None:
 
 
 class OutputDir:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, left: list[dict[str, str]] | None = None) -> None:
+        """``left``: where what its clean-up and pruning cannot remove is listed (a run report's ``pruned.left``)."""
         self.root = local_path(root)  # NOTE: 'a:b' would be a URI to pyarrow
         self.versions_dir = self.root / "versions"
         self.store_dir = self.root / "store"
@@ -115,6 +117,7 @@ class OutputDir:
         self.lock_file = self.root / ".lock"
         self.rejects_file = self.root / "rejects.parquet"
         self._copies_said: set[str] = set()  # NOTE: clean-up and pruning each meet them: said once a run
+        self.left = left if left is not None else []  # what clean-up and pruning could not remove (said on stderr)
 
     def prepare(self) -> None:
         """Create the directory tree; ``OutputError`` (exit 73) when that is impossible."""
@@ -434,7 +437,8 @@ class OutputDir:
     def clean_orphans(self) -> list[Path]:
         """Remove what crashed runs left: staging and half-deleted versions, versions never made
         live, temp files of the pointer. Call with the lock held. Returns what was removed
-        (``removed_versions`` names the versions among it)."""
+        (``removed_versions`` names the versions among it); what cannot be removed is said in a warning and left
+        (``self.left``) for the next run to try again."""
         removed: list[Path] = []
         if self.versions_dir.is_dir():
             # NOTE: versions after the live one are deleted only when the pointer names a real version: a
@@ -446,20 +450,21 @@ class OutputDir:
             # NOTE: a copy made by hand is no leftover of a run: a 'mv versions/V1 versions/V9' holds V1's only copy
             copies = self._copies(newer)
             in_use: list[str] = []
-            for path in self.versions_dir.iterdir():
+            for path in sorted(self.versions_dir.iterdir()):
                 never_live = live is not None and path.name in newer and path.name not in copies
                 if path.name.startswith((".staging-", ".deleting-")):
-                    shutil.rmtree(path, ignore_errors=True)
-                    removed.append(path)
+                    # NOTE: removed with ignore_errors, one petal could not delete stayed for good without a word
+                    if remove_or_leave(path, _leftover_kind(path.name), self.left):
+                        removed.append(path)
                 elif never_live:
                     # NOTE: a version after the live one that a reader holds was live (CURRENT was set back by
                     # hand, and a server that refused the older version still serves this one): kept
                     with _unless_in_use(path) as free:
-                        if free:
-                            shutil.rmtree(path, ignore_errors=True)
-                            removed.append(path)
-                        else:
+                        if not free:
                             in_use.append(path.name)
+                        elif self._delete_version(path.name, f"the version {path.name}, newer than the live "
+                                                             f"version {live}"):
+                            removed.append(path)
             gone = sorted(p.name for p in removed if p.name in newer)
             if gone:  # NOTE: a whole version, possibly live before CURRENT was set back: never removed silently
                 _note(f"removed {', '.join(gone)} (newer than the live version {live}: CURRENT was set back from "
@@ -552,7 +557,9 @@ class OutputDir:
         A version a reader holds open (``VersionLease``: the one a ``petal serve`` serves, which may be an older
         one when it refused the live one) is kept: named on stderr and appended to ``in_use``; a run after the
         reader lets it go removes it. A version is renamed to ``.deleting-*`` before it is deleted, so a crash
-        midway never leaves a half-deleted directory under a version name.
+        midway never leaves a half-deleted directory under a version name; one that cannot be deleted whole is not
+        among those returned: a warning names what is left and why (``self.left``), and the next run's
+        ``clean_orphans`` tries again.
         """
         live = self.current_version() if self.live_is_valid() else None
         older = [v for v in self.versions() if live is not None and v < live]
@@ -569,10 +576,10 @@ class OutputDir:
                 if not free:
                     kept.append(version)
                     continue
-                trash = self.versions_dir / f".deleting-{version}"
-                os.replace(self.versions_dir / version, trash)
-                shutil.rmtree(trash, ignore_errors=True)  # NOTE: under the exclusive lock: no lease taken meanwhile
-            removed.append(version)
+                # NOTE: under the exclusive lock: no lease taken meanwhile. One that cannot be deleted whole is said
+                # and left (it was reported as pruned and stayed as .deleting-* for good, without a word)
+                if self._delete_version(version, f"the version {version}, which --keep-versions {keep} prunes"):
+                    removed.append(version)
         if kept:
             # NOTE: named every reader that leases a version: it said only 'a petal serve ... having refused the live
             # version?', which sent an operator after a server when a Python program's open Index held it
@@ -582,6 +589,19 @@ class OutputDir:
             if in_use is not None:
                 in_use.extend(kept)
         return removed
+
+    def _delete_version(self, version: str, what: str) -> bool:
+        """Delete ``versions/<version>``: renamed to ``.deleting-<version>`` first, so that a crash or a failure midway
+        never leaves a half-deleted directory under a version name. True once it is gone; else it is said and left
+        (``self.left``) for the next run's clean-up to try again."""
+        path, trash = self.versions_dir / version, self.versions_dir / f".deleting-{version}"
+        try:
+            os.replace(path, trash)
+        except OSError as exc:
+            leave(path, what, f"cannot rename it to {trash.name}: {exc.strerror or exc}", self.left)
+            return False
+        return remove_or_leave(trash, what, self.left)
+
 
 
 class VersionLease:
@@ -741,6 +761,13 @@ def _next_second() -> None:
 
 def _note(message: str) -> None:
     say(f"note: {message}")
+
+
+def _leftover_kind(name: str) -> str:
+    """What a dot-directory of ``versions/`` a clean-up removes is, for a warning that cannot remove it."""
+    if name.startswith(".deleting-"):
+        return f"what is left of the deleted version {name[len('.deleting-'):]}"
+    return "the staging directory of a run that stopped or failed"
 
 
 def is_denied(exc: BaseException) -> bool:

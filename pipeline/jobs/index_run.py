@@ -265,7 +265,7 @@ def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory
     job = index_settings.of(job, live)
     with flag_errors():  # --device, --dtype, --attention, --token-budget against this host and model (imports torch)
         config = engine_config(job, spec)
-    out = OutputDir(job.out)
+    out = OutputDir(job.out, report.pruned["left"])
     out.prepare()
     report.out = str(out.root)
     report.timings_s["preflight"] = round(time.perf_counter() - started, 3)
@@ -288,7 +288,8 @@ def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory
             used_sha = used_sha or weights.result()
             check_drift(previous, embedding_settings(with_weights_sha256(spec, used_sha), config, job, previous),
                         out.root)
-        store = EmbeddingStore(out.store_dir, report.damaged_entries)  # a damaged entry embedded again is reported
+        # a damaged entry embedded again is reported, and so is what cannot be deleted
+        store = EmbeddingStore(out.store_dir, report.damaged_entries, out.left)
         with writing(out.store_dir):
             store.open()
         kept_recs = kept_records(previous, shards, job.sync)  # additive: the live shards not named (by abs path)

@@ -51,7 +51,7 @@ PYARROW_PATH = re.compile(r"local file '(.+?)'")  # pyarrow's OSError carries no
 def store_entries(out: OutputDir, manifest: Manifest) -> list[StoreEntry]:
     """The committed store entries the live version was built from, in its shard order; a damaged one
     is exit 65 naming its file (a rebuild has no sources to embed it again), one petal may not read 66."""
-    store = EmbeddingStore(out.store_dir)
+    store = EmbeddingStore(out.store_dir, left=out.left)  # what it cannot delete: the report's pruned.left
     entries = []
     for shard in manifest.shards:
         if not FINGERPRINT_RE.match(shard.entry):  # NOTE: a path component read from a file
@@ -120,7 +120,7 @@ def run_rebuild(out_path: Path, settings: IndexSettings, report: RunReport, wait
     check_report_path(json_report, out_path)  # 2: --json-report OUT/CURRENT would break the index it rebuilds
     check_output_dir("OUT", out_path, create=False)  # 73 before any work: one petal cannot read or write
     check_report_file(json_report, out_path)  # 73: a report that cannot be written, said before any work
-    out = OutputDir(out_path)
+    out = OutputDir(out_path, report.pruned["left"])
     # NOTE: a plain file (a FIFO, a shard) was 'cannot read FILE/CURRENT: Not a directory', a missing or empty
     # directory 'has no published index to rebuild', where query, info and verify say the same thing one way
     if not out_path.is_dir() or out.current_version() is None:

@@ -43,7 +43,8 @@ class RunReport:
     rejects_file: str | None = None  # every skipped row: shard, row, reason
     # recovered from without failing: OS read errors retried, device-OOM batches split in two
     retries: dict[str, int] = field(default_factory=lambda: {"read": 0, "oom_splits": 0})
-    pruned: dict[str, Any] = field(default_factory=lambda: {"versions": [], "store_entries": 0})
+    # left: what the clean-up could not remove (path, reason), said on stderr and tried again by the next run
+    pruned: dict[str, Any] = field(default_factory=lambda: {"versions": [], "store_entries": 0, "left": []})
     workers: list[dict[str, Any]] = field(default_factory=list)  # --devices/--workers/--ray: one summary each
     # row-group ranges of large shards (store/ranges.py): the target, ranges embedded and reused; only when any
     ranges: dict[str, Any] = field(default_factory=dict)

@@ -116,7 +116,7 @@ def _run(job: IndexJob, column: str, report: RunReport, stop: StopSignals, start
     job = index_settings.of(job, live)  # the live version's where not given, the factory checked
     settings = vector_settings(column, dim, job)
     report.model = {"source": "precomputed", "vectors_column": column, "dim": dim}
-    out = OutputDir(job.out)
+    out = OutputDir(job.out, report.pruned["left"])
     out.prepare()
     report.out = str(out.root)
     report.timings_s["preflight"] = round(time.perf_counter() - started, 3)
@@ -131,7 +131,8 @@ def _run(job: IndexJob, column: str, report: RunReport, stop: StopSignals, start
         if previous is not None:
             check_kept_dim(previous, dim, shards, job.sync, out.root)
             run.check_drift(previous, settings, out.root)
-        store = EmbeddingStore(out.store_dir, report.damaged_entries)  # a damaged entry embedded again is reported
+        # a damaged entry embedded again is reported, and so is what cannot be deleted
+        store = EmbeddingStore(out.store_dir, report.damaged_entries, out.left)
         with writing(out.store_dir):
             store.open()
             if job.full:  # NOTE: its commits are stamped, so that a rerun after a stop resumes it (RELIABILITY 3)

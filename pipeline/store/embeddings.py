@@ -60,6 +60,7 @@ from petal.pipeline.reliability.errors import (
     writing,
 )
 from petal.pipeline.reliability.faults import fault
+from petal.pipeline.reliability.leftovers import leave, remove_or_leave
 from petal.pipeline.reliability.notes import say
 from petal.pipeline.reliability.safe_files import check_regular, open_regular, read_regular
 from petal.pipeline.store.side_files import real_dirs
@@ -300,9 +301,11 @@ class StoreEntry:
 
 class EmbeddingStore:
     """``damaged``: the entries (and committed ranges) found damaged and moved out of sight so their shard is embedded
-    again (``repaired``), a run's report's ``damaged_entries`` when it passes its list."""
+    again (``repaired``), a run's report's ``damaged_entries`` when it passes its list; ``left``: what it could not
+    delete (``leftovers.leave``), the report's ``pruned.left``."""
 
-    def __init__(self, root: Path, damaged: list[dict[str, str]] | None = None) -> None:
+    def __init__(self, root: Path, damaged: list[dict[str, str]] | None = None,
+                 left: list[dict[str, str]] | None = None) -> None:
         self.root = root
         self.damaged = damaged if damaged is not None else []
         self.shards_dir = root / "shards"
@@ -312,17 +315,21 @@ class EmbeddingStore:
         # the --full run whose commits are stamped with it (``begin_full_run``; a worker's: ``join_full_run``)
         self.full_run: str | None = None
         self.full_run_resumed = False  # this --full run resumes a stopped one: its commits are looked up
+        self.left = left if left is not None else []  # what it could not delete (said on stderr; pruned.left)
 
     def open(self) -> None:
-        """Create the store's directories and empty ``tmp/``; a symlink or a file in their place is refused (73)."""
+        """Create the store's directories and empty ``tmp/``; a symlink or a file in their place is refused (73). What
+        ``tmp/`` holds that cannot be removed is said and left (``left``) for the next run to try again."""
         for sub in (self.root, self.shards_dir, self.tmp_dir):
             if sub.is_symlink() or (sub.exists() and not sub.is_dir()):
                 raise OutputError(f"{quote_path(sub)} is a symlink or not a directory; petal keeps its store inside "
                                   "the output directory: remove it")
         self.shards_dir.mkdir(parents=True, exist_ok=True)
-        if self.tmp_dir.exists():
-            shutil.rmtree(self.tmp_dir)  # entries a crashed run was writing
-        self.tmp_dir.mkdir(parents=True)
+        self.tmp_dir.mkdir(parents=True, exist_ok=True)
+        # NOTE: one by one, each said when it cannot be removed: rmtree of the whole of tmp/ made a leftover there that
+        # petal may not delete (a discarded entry) fail every later run (73 'petal may not write f')
+        for path in sorted(self.tmp_dir.iterdir()):  # entries a crashed run was writing, discarded ones
+            remove_or_leave(path, "a store entry a stopped run was writing, or one discarded", self.left)
 
     def begin_full_run(self, publish_mark: str) -> bool:
         """A ``--full`` run begins (``publish_mark``: ``OutputDir.publish_mark``): its commits are stamped with a token
@@ -518,23 +525,34 @@ class EmbeddingStore:
         """
         trash = self.tmp_dir / f"discard-{uuid.uuid4().hex[:12]}"
         os.replace(entry_dir, trash)
-        shutil.rmtree(trash, ignore_errors=True)
+        # NOTE: out of sight now; what cannot be deleted is said, and the next run's ``open`` tries again
+        remove_or_leave(trash, f"the discarded store entry {entry_dir.parent.name}/{entry_dir.name}", self.left)
 
     def prune(self, keep: set[Path]) -> int:
         """Delete committed entries not in ``keep`` (after a successful publish), and every committed range
-        (``parts/``: those of a shard the run assembled, or of one it did not name). Returns how many entries."""
+        (``parts/``: those of a shard the run assembled, or of one it did not name). Returns how many entries. One
+        that cannot be moved out of the store is said and left in place (``left``): the next clean-up tries again."""
         for key_dir in real_dirs(self.root / "parts"):
-            self.discard(key_dir)
+            self._discard_unused(key_dir, "the committed ranges of a shard")
         removed = 0
         for key_dir in real_dirs(self.shards_dir):  # NOTE: never through a link: its target may lie outside OUT
             for entry_dir in list(key_dir.iterdir()):
                 if entry_dir not in keep:
                     fault("store_prune", entry_dir)
-                    self.discard(entry_dir)
-                    removed += 1
+                    removed += self._discard_unused(entry_dir, "a store entry no version uses")
             if not any(key_dir.iterdir()):
                 key_dir.rmdir()
         return removed
+
+    def _discard_unused(self, path: Path, what: str) -> bool:
+        """``discard`` what no version uses; one that cannot be moved out of the store is said and left in place.
+        NOTE: the OSError ended the whole clean-up with a warning that named no path."""
+        try:
+            self.discard(path)
+        except OSError as exc:
+            leave(path, what, f"cannot move it into {quote_path(self.tmp_dir)}: {exc.strerror or exc}", self.left)
+            return False
+        return True
 
 
 class ShardWriter:

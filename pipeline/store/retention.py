@@ -43,5 +43,5 @@ def prune_unused(out: OutputDir, store: EmbeddingStore, also: set[Path]) -> int:
         warn(f"kept every store entry, as one may belong to a version on disk: {exc}")
         return 0
     removed = store.prune(keep)
-    prune_side_files(store.root, keep)
+    prune_side_files(store.root, keep, store.left)
     return removed

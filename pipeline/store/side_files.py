@@ -10,8 +10,9 @@ They live and go with their entry: ``prune_side_files`` removes those of entries
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
+
+from petal.pipeline.reliability.leftovers import remove_or_leave
 
 SIDE_TREES = ("deleted", "columns")
 KEY_TREES = ("shards", "parts", *SIDE_TREES)  # the store's directories that hold one directory per shard key
@@ -35,19 +36,17 @@ def side_file(entry_dir: Path, tree: str) -> Path:
     return store_root / tree / entry_dir.parent.name / f"{entry_dir.name}.parquet"
 
 
-def prune_side_files(store_root: Path, keep: set[Path]) -> int:
-    """Remove side files (and leftovers of interrupted writes) whose entry is not in ``keep``. Returns how many."""
+def prune_side_files(store_root: Path, keep: set[Path], left: list[dict[str, str]] | None = None) -> int:
+    """Remove side files (and leftovers of interrupted writes) whose entry is not in ``keep``. Returns how many. One
+    that cannot be removed is said and appended to ``left``: the next clean-up tries again."""
+    left = [] if left is None else left
     wanted = {side_file(entry, tree) for entry in keep for tree in SIDE_TREES}
     removed = 0
     for tree in SIDE_TREES:
         for key_dir in real_dirs(store_root / tree):
             for path in list(key_dir.iterdir()):
                 if path not in wanted:
-                    if path.is_dir() and not path.is_symlink():
-                        shutil.rmtree(path, ignore_errors=True)
-                    else:
-                        path.unlink(missing_ok=True)
-                    removed += 1
+                    removed += remove_or_leave(path, f"a side file ({tree}) of a store entry no version uses", left)
             if not any(key_dir.iterdir()):
                 key_dir.rmdir()
     return removed
