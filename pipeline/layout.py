@@ -3,6 +3,7 @@
 ```
 OUT/CURRENT              names the live version (replaced with os.replace: readers never see a mix)
 OUT/.last-version        the last version id handed out (high-water mark: a number is never used twice)
+OUT/.pruning             the pruning a publish owes (its version, --keep-versions) until it is done
 OUT/versions/<id>/       manifest.json, index.faiss, ids.parquet
 OUT/versions/.staging-*  a version being built (never read; removed by the next run)
 OUT/versions/.deleting-* a superseded version on its way out (removed by the next run)
@@ -23,6 +24,11 @@ A version id names one index for the life of OUT: ``.last-version`` records each
 written (``new_version_id``), and the next number is past both it and every version on disk, so an id removed
 (never live, or after a rollback) is never handed out again, and a new id sorts after every id on disk (the
 ordering ``clean_orphans`` and ``prune_versions`` rely on).
+
+Old versions are pruned after a publish, with the publishing run's ``--keep-versions``; a run that publishes nothing
+prunes none by its own. ``.pruning`` records, before the pointer swap, the pruning a publish owes; it is removed once
+that pruning is done, so one a crash, a stop signal or a reader's lease cut short is finished by the next run
+(``finish_pruning``), a run that publishes nothing included.
 """
 
 from __future__ import annotations
@@ -75,6 +81,7 @@ from petal.pipeline.store.side_files import KEY_TREES
 VERSION_RE = re.compile(r"^v\d{6}-\d{8}T\d{6}Z$")
 LOCK_POLL_S = 0.2
 LAST_VERSION_FILE = ".last-version"
+PRUNING_FILE = ".pruning"
 MAX_VERSION_NUMBER = 999_999  # VERSION_RE: six digits, so that ids sort as strings in number order
 POINTER_MAX_BYTES = 256  # CURRENT holds one version id; more is not read (never echoed either)
 # NOTE: the most of a pointer that is no version id a refusal shows (petal serve's /ready too): past the 24 characters
@@ -114,6 +121,7 @@ class OutputDir:
         self.store_dir = self.root / "store"
         self.current_file = self.root / "CURRENT"
         self.last_version_file = self.root / LAST_VERSION_FILE
+        self.pruning_file = self.root / PRUNING_FILE
         self.lock_file = self.root / ".lock"
         self.rejects_file = self.root / "rejects.parquet"
         self._copies_said: set[str] = set()  # NOTE: clean-up and pruning each meet them: said once a run
@@ -473,6 +481,7 @@ class OutputDir:
                 _note(f"kept {', '.join(sorted(in_use))} (newer than the live version {live}): in use by a reader "
                       "(a petal serve that serves it); removed by a run after that reader lets it go")
         for tmp in [*self.root.glob(".CURRENT.tmp-*"), *self.root.glob(f".{LAST_VERSION_FILE}.tmp-*"),
+                    *self.root.glob(f".{PRUNING_FILE}.tmp-*"),
                     *self.root.glob(".write-probe-*"),
                     *self.root.glob(".rejects.parquet.tmp-*")]:
             tmp.unlink(missing_ok=True)
@@ -523,12 +532,13 @@ class OutputDir:
             copies.add(version)
         return copies
 
-    def publish(self, staging: Path, version: str) -> Path:
+    def publish(self, staging: Path, version: str, keep_versions: int | None = None) -> Path:
         """Make a fully written staging directory the live version (atomic for readers).
 
         Every file and the directory are fsynced, the directory renamed to ``versions/<version>``,
         then ``CURRENT`` replaced in one ``os.replace``; an I/O error on the way exits 74 with the
-        live version untouched.
+        live version untouched. ``keep_versions``: the pruning the publish owes, recorded in ``.pruning`` before the
+        swap (``prune_versions`` removes it once done; else the next run finishes it: ``finish_pruning``).
         """
         final = self.version_dir(version)
         with writing(staging):
@@ -540,6 +550,10 @@ class OutputDir:
             os.replace(staging, final)
             fsync_dir(self.versions_dir)
         try:
+            if keep_versions is not None:  # NOTE: before the swap: a run killed right after it still owes its pruning
+                with writing(self.pruning_file):
+                    write_bytes_atomic(self.pruning_file, json.dumps({"version": version,
+                                                                      "keep_versions": keep_versions}).encode())
             with writing(self.current_file):
                 fault("before_current_swap", self.current_file)
                 write_bytes_atomic(self.current_file, f"{version}\n".encode())
@@ -549,20 +563,26 @@ class OutputDir:
             raise
         return final
 
-    def prune_versions(self, keep: int, in_use: list[str] | None = None,
-                       stopping: Callable[[], bool] | None = None) -> list[str]:
+    def prune_versions(self, keep: int, in_use: list[str] | None = None, stopping: Callable[[], bool] | None = None,
+                       why: str | None = None) -> list[str]:
         """Delete all but the live version and the ``keep - 1`` versions before it (rollback targets); returns
-        the versions deleted. ``stopping``: true once a stop signal came (the rest is left to the next run).
+        the versions deleted, which are named in a note on stderr (``why``: what asked for it, ``--keep-versions K``
+        by default). ``stopping``: true once a stop signal came (the rest is left to the next run). Call after a
+        publish only, or to finish the pruning one owes (``finish_pruning``): a run that publishes nothing prunes
+        none by its own ``--keep-versions`` (README). Once every version it would delete is gone, the pruning a
+        publish owes (``.pruning``) is done.
 
         A version a reader holds open (``VersionLease``: the one a ``petal serve`` serves, which may be an older
-        one when it refused the live one) is kept: named on stderr and appended to ``in_use``; a run after the
-        reader lets it go removes it. A version is renamed to ``.deleting-*`` before it is deleted, so a crash
-        midway never leaves a half-deleted directory under a version name; one that cannot be deleted whole is not
-        among those returned: a warning names what is left and why (``self.left``), and the next run's
-        ``clean_orphans`` tries again.
+        one when it refused the live one) is kept: named on stderr and appended to ``in_use``; a run after the reader
+        lets it go removes it (the pruning is owed still: ``finish_pruning``). A version is renamed to
+        ``.deleting-*`` before it is deleted, so a crash midway never leaves a half-deleted directory under a version
+        name; one that cannot be deleted whole is not among those returned: a warning names what is left and why
+        (``self.left``), and the next run's ``clean_orphans`` tries again.
         """
         live = self.current_version() if self.live_is_valid() else None
-        older = [v for v in self.versions() if live is not None and v < live]
+        if live is None:
+            return []
+        older = [v for v in self.versions() if v < live]
         copies = self._copies(older)  # NOTE: counted, they took the place of the real versions they copy
         older = [v for v in older if v not in copies]
         doomed = older[: self._first_kept(older, keep - 1)] if keep >= 1 else []
@@ -570,7 +590,7 @@ class OutputDir:
         kept: list[str] = []
         for version in doomed:
             if stopping is not None and stopping():
-                break
+                return self._pruned(removed, kept, keep, in_use, why)
             fault("version_prune", self.versions_dir / version)
             with _unless_in_use(self.versions_dir / version) as free:
                 if not free:
@@ -580,6 +600,16 @@ class OutputDir:
                 # and left (it was reported as pruned and stayed as .deleting-* for good, without a word)
                 if self._delete_version(version, f"the version {version}, which --keep-versions {keep} prunes"):
                     removed.append(version)
+        if not kept and all(v not in self.versions() for v in doomed):  # else what is left is owed still
+            self.pruning_file.unlink(missing_ok=True)
+        return self._pruned(removed, kept, keep, in_use, why)
+
+    def _pruned(self, removed: list[str], kept: list[str], keep: int, in_use: list[str] | None,
+                why: str | None) -> list[str]:
+        """Say what ``prune_versions`` removed and kept (``in_use`` gets the kept ones); returns ``removed``."""
+        if removed:
+            _note(f"removed {_count(len(removed), 'old version')} ({why or f'--keep-versions {keep}'}): "
+                  f"{', '.join(removed)}")
         if kept:
             # NOTE: named every reader that leases a version: it said only 'a petal serve ... having refused the live
             # version?', which sent an operator after a server when a Python program's open Index held it
@@ -589,6 +619,38 @@ class OutputDir:
             if in_use is not None:
                 in_use.extend(kept)
         return removed
+
+    def finish_pruning(self, in_use: list[str] | None = None, stopping: Callable[[], bool] | None = None) -> list[str]:
+        """For a run that publishes nothing: finish the pruning the live version's publish owes (``.pruning``: a crash,
+        a stop signal or a reader's lease cut it short), with that run's ``--keep-versions``, never this run's; as
+        ``prune_versions``. A record of a version that is not the live one (never made live, or CURRENT set back by
+        hand since) is dropped."""
+        owed = self._owed_pruning()
+        if owed is None:
+            return []
+        version, keep = owed
+        live = self.current_version() if self.live_is_valid() else None
+        if version != live:
+            self.pruning_file.unlink(missing_ok=True)
+            return []
+        why = f"--keep-versions {keep} of the run that published {version}, whose pruning was cut short"
+        return self.prune_versions(keep, in_use, stopping, why)
+
+    def _owed_pruning(self) -> tuple[str, int] | None:
+        """``.pruning``'s version and ``--keep-versions`` (``None`` without one); one that is not such a record is
+        said and removed."""
+        try:
+            data = json.loads(read_regular(self.pruning_file, self.root, POINTER_MAX_BYTES))
+            version, keep = data["version"], data["keep_versions"]
+            if VERSION_RE.match(version) and isinstance(keep, int) and not isinstance(keep, bool) and keep >= 1:
+                return version, keep
+        except FileNotFoundError:
+            return None
+        except (OSError, PetalError, ValueError, KeyError, TypeError, RecursionError):
+            pass
+        _note(f"{quote_path(self.pruning_file)} is no record of a pruning petal owes; removed it")
+        self.pruning_file.unlink(missing_ok=True)
+        return None
 
     def _delete_version(self, version: str, what: str) -> bool:
         """Delete ``versions/<version>``: renamed to ``.deleting-<version>`` first, so that a crash or a failure midway
@@ -601,7 +663,6 @@ class OutputDir:
             leave(path, what, f"cannot rename it to {trash.name}: {exc.strerror or exc}", self.left)
             return False
         return remove_or_leave(trash, what, self.left)
-
 
 
 class VersionLease:
@@ -761,6 +822,10 @@ def _next_second() -> None:
 
 def _note(message: str) -> None:
     say(f"note: {message}")
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}{'' if number == 1 else 's'}"
 
 
 def _leftover_kind(name: str) -> str:

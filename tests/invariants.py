@@ -57,8 +57,10 @@ def assert_clean(out: Path, keep_versions: int = 2) -> None:
     layout = OutputDir(out)
     version = layout.current_version()
     assert version is not None
-    allowed_top = {"CURRENT", ".lock", ".last-version", "versions", "store"}
+    allowed_top = {"CURRENT", ".lock", ".last-version", ".pruning", "versions", "store"}
     assert {p.name for p in out.iterdir()} <= allowed_top, sorted(p.name for p in out.iterdir())
+    if (out / ".pruning").exists():  # the pruning the live version's publish owes still (a reader's lease kept one)
+        assert json.loads((out / ".pruning").read_text())["version"] == version
     versions = sorted(p.name for p in layout.versions_dir.iterdir())
     assert all(VERSION_RE.match(v) for v in versions), versions
     assert version in versions and len(versions) <= keep_versions and max(versions) == version, versions

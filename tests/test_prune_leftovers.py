@@ -96,6 +96,7 @@ def test_a_version_pruning_cannot_delete_is_said_left_and_tried_again(out, tmp_p
     assert left_paths(first) == [str(trash)]
     assert "Permission denied" in first.report["pruned"]["left"][0]["reason"]
     assert f"warning: could not remove {trash} (the version {v1}, which --keep-versions 1 prunes" in first.stderr
+    assert f"note: removed 3 old versions (--keep-versions 1): {v2}, {v3}, {v4}" in first.stderr, first.stderr
 
     write_vectors(tmp_path / "b.parquet", 10)
     again = run(2)  # the next run's clean-up tries again, and says so again

@@ -190,7 +190,9 @@ def test_a_version_whose_manifest_cannot_be_read_deletes_no_entry(two_versions):
     assert run.rc == 0 and run.report["status"] == "success", run.stderr
     assert "kept every store entry" in run.stderr and "manifest.json" in run.stderr, run.stderr
     assert run.report["pruned"]["store_entries"] == 0 and b1.is_dir()
-    # once that version is pruned, what no version on disk uses goes
+    # once that version is pruned (by a publish: a run that publishes nothing prunes no version), what no version on
+    # disk uses goes
+    write_shard(o.data / "b.parquet", 4)
     after = o.index(extra=("--keep-versions", "1"))
     assert after.rc == 0 and "kept every store entry" not in after.stderr, after.stderr
     assert not b1.exists()

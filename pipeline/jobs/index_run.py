@@ -391,7 +391,7 @@ def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory
             same_query_prompt(previous, spec)
         if published_nothing(out, previous, same, report, stop, live_checked, store, named, embedded_now):
             report_live_version(out, report)
-            clean_up(out, store, committed, job, report, stop)
+            clean_up(out, store, committed, job, report, stop, published=False)
             store.end_full_run()  # a run succeeded with the live version: a stopped --full is not resumed after it
             stop.check()  # a signal while cleaning up: the live version stays, the exit code is the signal's
             report.finish("nothing-to-do", 0, "no shard or setting changed; the live version stays")
@@ -432,7 +432,8 @@ def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory
                               weights.stat_to_record()).write(staging / MANIFEST_FILE)
             stop.check()  # NOTE: the last stop: once the pointer swaps, the run is done and ends as a success
             t0 = time.perf_counter()
-            publish_version(out, staging, version, deletion)  # --delete's tombstones take effect with it
+            # --delete's tombstones take effect with it
+            publish_version(out, staging, version, deletion, job.keep_versions)
             published_s = time.perf_counter() - t0
         except BaseException:
             if result is not None and result.pending is not None:
@@ -451,7 +452,7 @@ def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory
         report.rejects_file = str(out.version_dir(version) / "rejects.parquet")
         t0 = time.perf_counter()
         if committed_tombstones:  # NOTE: else clean-up would prune the staged tombstones the live version holds to
-            clean_up(out, store, committed, job, report, stop)
+            clean_up(out, store, committed, job, report, stop, published=True)
         report.timings_s["clean_up"] = round(time.perf_counter() - t0, 3)
     stopped_after_publish(stop, version)
     report.finish("success", 0)
@@ -625,15 +626,20 @@ def bad_row_gate(job: IndexJob, report: RunReport, out: OutputDir) -> BadRowGate
 
 
 def clean_up(out: OutputDir, store: EmbeddingStore, committed: list[StoreEntry], job: IndexJob,
-             report: RunReport, stop: StopSignals) -> None:
-    """After the live version is settled: drop superseded versions, then the store entries no version left on disk
-    uses (a kept or leased version stays rebuildable and updatable: store/retention.py). A stop signal skips what is
-    left (the next run prunes it); the caller ends the run as interrupted."""
+             report: RunReport, stop: StopSignals, published: bool) -> None:
+    """After the live version is settled: drop superseded versions (the run ``published`` one: by its
+    ``--keep-versions``; else only what the live version's publish owes still), then the store entries no version
+    left on disk uses (a kept or leased version stays rebuildable and updatable: store/retention.py). A stop signal
+    skips what is left (the next run prunes it); the caller ends the run as interrupted."""
     try:
         if stop.requested:
             return
-        report.pruned["versions"] += out.prune_versions(job.keep_versions, report.pruned.setdefault("in_use", []),
-                                                       lambda: stop.requested)
+        in_use = report.pruned.setdefault("in_use", [])
+        if published:
+            report.pruned["versions"] += out.prune_versions(job.keep_versions, in_use, lambda: stop.requested)
+        else:  # NOTE: it pruned by its own --keep-versions, deleting rollback versions without a word while it said
+            # "the live version stays" (README: pruning follows a publish); what a publish owes is finished
+            report.pruned["versions"] += out.finish_pruning(in_use, lambda: stop.requested)
         if stop.requested:
             return
         report.pruned["store_entries"] = prune_unused(out, store, {e.path for e in committed})
@@ -1009,7 +1015,8 @@ def record_deletion(out: OutputDir, committed: list[StoreEntry], delete_ids: Del
     return deletion
 
 
-def publish_version(out: OutputDir, staging: Path, version: str, deletion: Deletion | None) -> None:
+def publish_version(out: OutputDir, staging: Path, version: str, deletion: Deletion | None,
+                    keep_versions: int) -> None:
     """Make ``staging`` the live version, ``--delete``'s tombstones with it: staged (fsynced) just before, they are
     in force once ``CURRENT`` names this version (pipeline/store/tombstones.py), so a run that dies or fails before
     the swap deleted nothing and one that dies after it keeps the deletion. A failure removes what was staged."""
@@ -1017,7 +1024,7 @@ def publish_version(out: OutputDir, staging: Path, version: str, deletion: Delet
         if deletion is not None:
             deletion.stage(version)
         fault("tombstones_staged", out.store_dir / "deleted")
-        out.publish(staging, version)
+        out.publish(staging, version, keep_versions)  # the pruning it owes recorded (OutputDir.finish_pruning)
     except BaseException:
         if deletion is not None and not _is_live(out, version):
             deletion.discard()

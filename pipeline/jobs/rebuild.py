@@ -161,7 +161,7 @@ def run_rebuild(out_path: Path, settings: IndexSettings, report: RunReport, wait
             with writing(staging), reading(written=staging):  # NOTE: reads the store and the live version
                 result, version = _build(out, previous, source, settings, staging, deleted)
             active.check()  # NOTE: the last stop: once the pointer swaps, the rebuild is done
-            out.publish(staging, version)
+            out.publish(staging, version, keep_versions)
             EmbeddingStore(out.store_dir).end_full_run()  # NOTE: published: a stopped --full run is not resumed
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)  # a full disk gets its space back at once

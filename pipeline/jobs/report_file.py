@@ -25,7 +25,7 @@ from petal.pipeline.reliability.errors import UsageError, quote_path
 STDOUT = "-"
 # NOTE: what petal keeps at the top of an output directory (pipeline/layout.py): a report written over one of them
 # (``--json-report OUT/CURRENT``) broke the index, one under ``store/tmp`` was deleted by the next run's clean-up
-INDEX_NAMES = ("CURRENT", ".lock", ".last-version", "versions", "store")
+INDEX_NAMES = ("CURRENT", ".lock", ".last-version", ".pruning", "versions", "store")
 
 
 def index_file_of(path: Path | str, out: Path | str | None = None) -> Path | None:

@@ -195,7 +195,7 @@ def _run(job: IndexJob, column: str, report: RunReport, stop: StopSignals, start
         # a damaged live version: rebuilt from the store
         if run.published_nothing(out, previous, same, report, stop, live_checked, store, named, embedded_now):
             run.report_live_version(out, report)
-            run.clean_up(out, store, committed, job, report, stop)
+            run.clean_up(out, store, committed, job, report, stop, published=False)
             store.end_full_run()  # a run succeeded with the live version: a stopped --full is not resumed after it
             stop.check()  # a signal while cleaning up: the live version stays, the exit code is the signal's
             report.finish("nothing-to-do", 0, "no shard or setting changed; the live version stays")
@@ -223,7 +223,8 @@ def _run(job: IndexJob, column: str, report: RunReport, stop: StopSignals, start
                                     StoredColumns(bool(text), tuple(job.keep_columns)) if stored else None
                                     ).write(staging / MANIFEST_FILE)
             stop.check()
-            run.publish_version(out, staging, version, deletion)  # --delete's tombstones take effect with it
+            # --delete's tombstones take effect with it
+            run.publish_version(out, staging, version, deletion, job.keep_versions)
         except BaseException:
             import shutil
 
@@ -238,7 +239,7 @@ def _run(job: IndexJob, column: str, report: RunReport, stop: StopSignals, start
         say_kept_columns(columns_change)
         report.rejects_file = str(out.version_dir(version) / "rejects.parquet")
         if committed_tombstones:  # NOTE: else clean-up would prune the staged tombstones the live version holds to
-            run.clean_up(out, store, committed, job, report, stop)
+            run.clean_up(out, store, committed, job, report, stop, published=True)
     run.stopped_after_publish(stop, version)
     report.finish("success", 0)
     return report
