@@ -81,10 +81,11 @@ def resolve_model_dir(model: str | Path | None) -> Path:
     if path.is_dir():
         _searchable(path)
         return path.resolve()
-    if path.is_symlink() and _link_loop(path):
-        # NOTE: Path.resolve() raised a bare RuntimeError on a loop (a traceback, exit 1), not a ModelError (78)
-        raise ModelError(f"model {str(model)!r} is a symbolic link loop (too many levels of symbolic links): pass "
-                         "the model directory")
+    if _link_loop(path):
+        # NOTE: Path.resolve() raised a bare RuntimeError on a loop (a traceback, exit 1), not a ModelError (78); a
+        # path below one (loop/sub) too, where is_symlink() and exists() are both False
+        raise ModelError(f"model {str(model)!r} leads into a symbolic link loop (too many levels of symbolic "
+                         "links): pass the model directory")
     if path.exists():
         raise ModelError(f"model {str(model)!r} is not a directory: pass the model directory (config.json, "
                          "model.safetensors, tokenizer.json)")

@@ -16,7 +16,7 @@ from tests.test_input_files import run_unprivileged
 from tests.test_model_dir_audit import copy_model, petal_embed
 
 
-@pytest.mark.parametrize("shape", ["two links", "one link to itself"])
+@pytest.mark.parametrize("shape", ["two links", "one link to itself", "a path below a loop"])
 def test_a_model_path_that_is_a_link_loop_is_refused_naming_it(tmp_path, shape):
     loop = tmp_path / "loopA"
     if shape == "two links":
@@ -24,10 +24,12 @@ def test_a_model_path_that_is_a_link_loop_is_refused_naming_it(tmp_path, shape):
         (tmp_path / "loopB").symlink_to(loop)
     else:
         loop.symlink_to(loop)
+    if shape == "a path below a loop":
+        loop = loop / "sub"
     result = petal_embed("hello", "--model", str(loop))
     assert result.rc == 78, result.stderr[-2000:]
     assert "Traceback" not in result.stderr
-    assert f"model {str(loop)!r} is a symbolic link loop" in result.last_line
+    assert f"model {str(loop)!r} leads into a symbolic link loop" in result.last_line
     with pytest.raises(petal.ConfigError, match="symbolic link loop"):
         petal.Embedder(str(loop), "cpu")
 
