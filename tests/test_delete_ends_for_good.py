@@ -248,7 +248,8 @@ def test_a_reverting_run_killed_around_its_publish(tmp_path, fake_model, fault, 
     assert o.ids() == {1, 2, 3, 5, 6, 7}  # the edited version, or the reverted one: every document either way
     assert o.manifest().counts.deleted == 0
     if published:
-        rebuilt = forkrun.petal(["rebuild", str(o.out), "--json-report", str(tmp_path / "rebuild.json")])
+        rebuilt = forkrun.petal(["rebuild", str(o.out), "--keep-versions", str(o.keep_versions), "--json-report",
+                                 str(tmp_path / "rebuild.json")])
         assert rebuilt.rc == 0 and rebuilt.report["index"]["deleted"] == 0, rebuilt.stderr
         assert o.ids() == {1, 2, 3, 5, 6, 7}
     rerun = o.index()
