@@ -600,7 +600,8 @@ class OutputDir:
                 # and left (it was reported as pruned and stayed as .deleting-* for good, without a word)
                 if self._delete_version(version, f"the version {version}, which --keep-versions {keep} prunes"):
                     removed.append(version)
-        if not kept and all(v not in self.versions() for v in doomed):  # else what is left is owed still
+        remaining = set(self.versions())  # NOTE: listed once, not once a doomed version
+        if not kept and remaining.isdisjoint(doomed):  # else what is left is owed still
             self.pruning_file.unlink(missing_ok=True)
         return self._pruned(removed, kept, keep, in_use, why)
 

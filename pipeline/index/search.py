@@ -44,7 +44,7 @@ from petal.pipeline.reliability.errors import (
 )
 from petal.pipeline.reliability.faults import fault
 from petal.pipeline.reliability.parquet_rows import check_rows
-from petal.pipeline.store.outputs import squared_norm_overflows
+from petal.pipeline.store.outputs import FLOAT32_MAX, squared_norms
 
 OPEN_ATTEMPTS = 3
 # hits scored NaN or infinite whose stored vectors are looked at (_check_scores)
@@ -450,8 +450,8 @@ class IndexReader:
         ``NONFINITE_CHECKED`` such hits are looked at (an IVF index without a direct map: O(vectors) each)."""
         for hit in [hit for hit in hits if not math.isfinite(hit.score)][:NONFINITE_CHECKED]:
             vector, held_in = self._stored_vector(hit.faiss_id)
-            if vector is not None and squared_norm_overflows(vector[None, :])[0]:
-                squared = float(np.dot(vector.astype(np.float64), vector.astype(np.float64)))
+            squared = float(squared_norms(vector[None, :])[0]) if vector is not None else 0.0
+            if squared > FLOAT32_MAX:  # as squared_norm_overflows
                 return OversizedVector(hit, self.dir / held_in, squared)
         return None
 

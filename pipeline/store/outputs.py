@@ -95,7 +95,12 @@ def squared_norm_overflows(rows: np.ndarray) -> np.ndarray:
     L2 distance to such a row is infinite whatever the other vector; two rows within it have inner products within
     float32 (``|q . x| <= |q| |x| <= 3.4e38``). The one bound of a stored vector (``vector_too_large``) and of an
     L2 index's query."""
-    return np.einsum("ij,ij->i", rows, rows, dtype=np.float64) > FLOAT32_MAX
+    return squared_norms(rows) > FLOAT32_MAX
+
+
+def squared_norms(rows: np.ndarray) -> np.ndarray:
+    """``[n]`` float64: the squared L2 norm of each of ``rows [n, dim]``, taken in float64."""
+    return np.einsum("ij,ij->i", rows, rows, dtype=np.float64)
 
 
 def tanh_int8(x: np.ndarray) -> np.ndarray:
