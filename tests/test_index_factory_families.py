@@ -153,6 +153,23 @@ def test_an_opq_rotation_needs_a_vector_per_output_dimension(tmp_path):
     assert index(tmp_path / "enough", tmp_path / "out3", "OPQ8,PQ8").returncode == 0
 
 
+@pytest.mark.parametrize("factory, dim, needs", [("RQ4x8", 384, 384), ("IVF4,RQ2x8", 384, 384),
+                                                 ("PRQ2x2x8", 600, 300), ("IDMap2,RQ1x4", 384, 384)])
+def test_a_residual_quantizer_needs_a_vector_per_dimension_it_quantizes(tmp_path, factory, dim, needs):
+    """FAISS trains a residual quantizer on a PCA of the residuals to its full dimension: over fewer vectors (RQ4x8
+    at d 384 on 300, which the 256 centroids allow) the build failed after the work, 78 naming a PCA the factory
+    never asked for. Refused before any work (2) with the numbers; with enough vectors it builds."""
+    _write(tmp_path / "few", _vectors(needs - 1, dim))
+    done = index(tmp_path / "few", tmp_path / "out", factory)
+    last = done.stderr.strip().splitlines()[-1]
+    assert done.returncode == 2, last
+    assert f"needs at least {needs}" in last and f"{needs} dimensions a residual quantizer trains over" in last, last
+    assert not (tmp_path / "out" / "store").exists()
+    _write(tmp_path / "enough", _vectors(needs, dim))
+    built = index(tmp_path / "enough", tmp_path / "out2", factory)
+    assert built.returncode == 0, built.stderr[-2000:]
+
+
 def test_an_id_mapped_ivf_over_the_memory_budget_is_built_in_memory_and_answers(tmp_path):
     vectors = _vectors(8000, 32)
     _write(tmp_path / "big", vectors)

@@ -296,7 +296,8 @@ def vectors_to_train(index: Any, factory: str) -> tuple[int, str]:
     """``(vectors, why)``: the fewest vectors FAISS can train ``index`` on (1 and "" for none), at any depth of it
     (under id maps, pre-transforms, refine wrappers, graph indexes): one per IVF list, ``2**nbits`` per product or
     residual quantizer and per OPQ rotation's (k-means needs at least as many points as centroids), ``d_out`` per
-    PCA and per OPQ rotation; an NSG graph is built over more than 100 vectors."""
+    PCA and per OPQ rotation, one per dimension a residual quantizer quantizes; an NSG graph is built over more than
+    100 vectors."""
     faiss = load_faiss()
     needs = [(1, "")]
     if isinstance(index, faiss.IndexBinary):
@@ -316,6 +317,7 @@ def vectors_to_train(index: Any, factory: str) -> tuple[int, str]:
             if (aq := getattr(node, name, None)) is not None and aq.nbits.size():
                 bits = int(max(faiss.vector_to_array(aq.nbits)))
                 needs.append((1 << bits, f"{1 << bits} centroids per residual quantizer step ({bits} bits)"))
+                needs.extend(progressive_dims(faiss, aq))
         if isinstance(node, faiss.IndexPreTransform):
             for i in range(node.chain.size()):
                 transform = faiss.downcast_VectorTransform(node.chain.at(i))
@@ -327,6 +329,19 @@ def vectors_to_train(index: Any, factory: str) -> tuple[int, str]:
                 elif isinstance(transform, faiss.PCAMatrix):
                     needs.append((int(transform.d_out), f"a PCA to {transform.d_out} dimensions"))
     return max(needs)
+
+
+def progressive_dims(faiss: Any, aq: Any) -> list[tuple[int, str]]:
+    """What a residual quantizer's progressive-dimension training needs (FAISS's default ``train_type``): one
+    vector per dimension it quantizes, for each residual quantizer of ``aq`` (itself, or a product one's parts)."""
+    parts = [faiss.downcast_AdditiveQuantizer(aq.subquantizer(i)) for i in range(aq.nsplits)] \
+        if isinstance(aq, faiss.ProductAdditiveQuantizer) else [aq]
+    # NOTE: FAISS trains each step on a PCA of the residuals to the quantizer's full dimension: over fewer vectors
+    # than that it fails inside the build, after every vector is embedded ("PCA matrix cannot output 384
+    # dimensions from 384"), naming a PCA the factory never asked for
+    return [(int(part.d), f"the {part.d} dimensions a residual quantizer trains over")
+            for part in parts if isinstance(part, faiss.ResidualQuantizer)
+            and part.train_type & faiss.ResidualQuantizer.Train_progressive_dim]
 
 
 NSG_MIN_NODES = 101  # NOTE: FAISS's NNDescent builds no graph of 100 nodes or fewer ('n > NUM_EVAL_POINTS')

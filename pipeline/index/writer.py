@@ -41,6 +41,7 @@ from petal.pipeline.index.plan import (
     is_binary,
     make_index,
     plan_index,
+    vectors_to_train,
 )
 from petal.pipeline.index.source import StoreVectors, split_sample
 from petal.pipeline.index.tune import (
@@ -151,12 +152,13 @@ def part_rows(plan: IndexPlan, settings: IndexSettings) -> int:
     return max(MIN_CHUNK_ROWS, settings.memory_bytes // 4 // max(1, plan.bytes_per_vector))
 
 
-def training_size(plan: IndexPlan, dim: int, settings: IndexSettings) -> int:
+def training_size(plan: IndexPlan, dim: int, settings: IndexSettings, needed: int = 1) -> int:
     """Points to train on: ``train_points_per_centroid`` per IVF list, capped at half the memory
-    budget but never under 30 per list; PQ codes want at least 64k."""
+    budget but never under 30 per list, nor under the ``needed`` the factory's parts need to train at all
+    (``plan.vectors_to_train``); PQ codes want at least 64k."""
     wanted = settings.train_points_per_centroid * max(plan.nlist, 1)
     affordable = settings.memory_bytes // 2 // (4 * dim)
-    size = max(min(wanted, affordable), MIN_TRAIN_POINTS_PER_CENTROID * plan.nlist)
+    size = max(min(wanted, affordable), MIN_TRAIN_POINTS_PER_CENTROID * plan.nlist, needed)
     if "PQ" in plan.factory or plan.nlist == 0:
         size = max(size, PQ_TRAIN_POINTS)
     return size
@@ -275,7 +277,10 @@ def _build_index(entries: list[StoreEntry], dim: int, settings: IndexSettings, s
         and not empty
     ngpu = num_gpus()
     rows = chunk_rows(dim, settings)
-    num_train = 0 if index.is_trained or empty else training_size(plan, dim, settings)
+    # NOTE: at least what every part of the factory needs (a residual quantizer one vector per dimension, after
+    # 64 points for each of 4 IVF lists gave it 256 of 384 vectors): the check before the work counted on it
+    num_train = 0 if index.is_trained or empty else \
+        training_size(plan, dim, settings, vectors_to_train(index, plan.factory)[0])
     num_queries = settings.tune_queries if source.total > 1 else 0
     query_ids, train_ids = split_sample(source.total, num_queries, num_train, settings.seed)
     trained_on, train_points = None, None
