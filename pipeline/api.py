@@ -9,9 +9,11 @@ command would end with; a run that raises still finishes its ``RunReport`` (and 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import os
+import signal
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
@@ -30,8 +32,10 @@ from petal.pipeline.jobs.settings import (
     whole_number,
 )
 from petal.pipeline.reliability.errors import (
+    FULL_RERUN,
     ArgumentTypeError,
     FlagError,
+    Interrupted,
     OutputError,
     PetalError,
     PetalIOError,
@@ -42,11 +46,11 @@ from petal.pipeline.reliability.errors import (
     unmapped_error,
 )
 from petal.pipeline.reliability.notes import quiet_notes, say
+from petal.pipeline.reliability.signals import StopSignals
 
 if TYPE_CHECKING:
     from petal.pipeline.index.verify import VerifyReport
     from petal.pipeline.jobs.searcher import Index
-    from petal.pipeline.reliability.signals import StopSignals
 
 Sources = str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
 _P = ParamSpec("_P")
@@ -81,42 +85,47 @@ def index(sources: Sources, out: str | os.PathLike[str], *, engine_factory: Call
     version's, as ``rebuild``'s: ``"auto"``, ``"ip"``, ``"8G"``, ``0.95`` for a first run.
     Returns the finished ``RunReport`` (``status`` success or nothing-to-do).
     ``engine_factory(spec, engine_config)`` replaces the engine (tests); ``stop``: an active
-    ``StopSignals`` of the caller's (else SIGINT/SIGTERM are caught for the run, in the main thread).
+    ``StopSignals`` of the caller's (else SIGINT/SIGTERM are taken for the call, in the main thread, from its first
+    line: the first stops the run, ``Interrupted``; the caller's handlers are back from then on, and as they were
+    once the call ends. A ``KeyboardInterrupt`` that ends the run goes on to the caller with the report,
+    ``interrupted``, as ``.report``).
     """
     given_report, report = report, _own_report(report, "index")
-    try:
-        _check_hooks("petal.index()", given_report, stop, engine_factory)
-        not_empty_path(out, "out")
-        job = index_job(sources, out, **settings)
-        given = given_index_settings(settings)  # the others keep the live version's (first run: the defaults)
-        if "" in job.sources:
-            not_empty_path("", "sources")
+    with _stop_signals(stop) as active:  # NOTE: before the heavy imports below (index_run: ~1.5 s), as the CLI's
+        try:
+            _check_hooks("petal.index()", given_report, stop, engine_factory)
+            not_empty_path(out, "out")
+            job = index_job(sources, out, **settings)
+            given = given_index_settings(settings)  # the others keep the live version's (first run: the defaults)
+            if "" in job.sources:
+                not_empty_path("", "sources")
+            if vectors_column is not None:
+                if not isinstance(vectors_column, str):
+                    raise ArgumentTypeError(f"petal.index(): vectors_column={vectors_column!r} is "
+                                            f"{kind_of(vectors_column)}, not str")
+                if not vectors_column:  # NOTE: as --text-column "": no column has that name
+                    raise UsageError("--vectors-column must not be empty")
+                try:
+                    check_column_name("--vectors-column", vectors_column)
+                except ValueError as exc:
+                    raise UsageError(str(exc)) from None
+                check_vectors_flags(settings)
+        except UsageError as exc:
+            keyword_named(exc)  # NOTE: dim 0 < 1, not --dim: the caller passed keywords (the CLI keeps its flags)
+            _fail(report, exc, 2, f"usage error: {exc}", _report_path(settings.get("json_report")))
+            raise
+        rerun = FULL_RERUN if job.full else "rerun"
         if vectors_column is not None:
-            if not isinstance(vectors_column, str):
-                raise ArgumentTypeError(f"petal.index(): vectors_column={vectors_column!r} is "
-                                        f"{kind_of(vectors_column)}, not str")
-            if not vectors_column:  # NOTE: as --text-column "": no column has that name
-                raise UsageError("--vectors-column must not be empty")
-            try:
-                check_column_name("--vectors-column", vectors_column)
-            except ValueError as exc:
-                raise UsageError(str(exc)) from None
-            check_vectors_flags(settings)
-    except UsageError as exc:
-        keyword_named(exc)  # NOTE: dim 0 < 1, not --dim: the caller passed keywords (the CLI keeps its flags)
-        _fail(report, exc, 2, f"usage error: {exc}", _report_path(settings.get("json_report")))
-        raise
-    if vectors_column is not None:
-        from petal.pipeline.jobs.vector_run import run_vector_index
+            from petal.pipeline.jobs.vector_run import run_vector_index
 
-        column = vectors_column
-        return _run(lambda: run_vector_index(job, column, report, stop=stop, given=given), report, job.json_report,
-                    (job.out, job.json_report))
-    from petal.pipeline.jobs.index_run import run_index
+            column = vectors_column
+            return _run(lambda: run_vector_index(job, column, report, stop=active, given=given), report,
+                        job.json_report, (job.out, job.json_report), active, rerun)
+        from petal.pipeline.jobs.index_run import run_index
 
-    hooks = {"engine_factory": engine_factory} if engine_factory is not None else {}
-    return _run(lambda: run_index(job, report, stop=stop, given=given, **hooks), report, job.json_report,
-                (job.out, job.json_report))
+        hooks = {"engine_factory": engine_factory} if engine_factory is not None else {}
+        return _run(lambda: run_index(job, report, stop=active, given=given, **hooks), report, job.json_report,
+                    (job.out, job.json_report), active, rerun)
 
 
 @_quiet_when_asked
@@ -128,31 +137,33 @@ def rebuild(out: str | os.PathLike[str], *, json_report: str | os.PathLike[str] 
     ``settings``: ``index_factory``, ``metric``, ``index_memory``, ``target_recall``; one not given keeps the live
     version's (its manifest's: an ``IVF4096,Flat`` asked for stays one, ``index_factory="auto"`` chooses by size
     again). ``wait``: queue behind another writer of ``out`` (else exit 75); ``stop``: an active ``StopSignals`` of
-    the caller's; ``keep_versions``: the versions left after the publish (the live one and N-1 before it, as
-    ``index``'s); ``quiet``: its notes and warnings go to the ``petal`` logger, not stderr (as ``index``'s).
+    the caller's (else SIGINT/SIGTERM are taken for the call, as ``index`` takes them); ``keep_versions``: the
+    versions left after the publish (the live one and N-1 before it, as ``index``'s); ``quiet``: its notes and
+    warnings go to the ``petal`` logger, not stderr (as ``index``'s).
     """
     given_report, report = report, _own_report(report, "rebuild")
     target = _report_path(json_report)
-    try:
-        _check_hooks("petal.rebuild()", given_report, stop)
-        if json_report is not None:
-            out_path(json_report, "json_report")
-        for name, flag in (("wait", wait), ("quiet", quiet)):
-            if not isinstance(flag, bool) and not numpy_bool(flag):
-                raise ArgumentTypeError(f"petal.rebuild(): {name}={flag!r} is {kind_of(flag)}, not bool")
-        wait, quiet = bool(wait), bool(quiet)
-        keep_versions = whole_number(keep_versions, "keep_versions", 1)
-        not_empty_path(out, "out")
-        out = out_path(out)
-        chosen = index_settings(**settings)
-        given = given_index_settings(settings)
-    except UsageError as exc:
-        keyword_named(exc)
-        _fail(report, exc, 2, f"usage error: {exc}", target)
-        raise
-    from petal.pipeline.jobs.rebuild import run_rebuild  # NOTE: after the flags: a usage error loads no FAISS or Arrow
-    return _run(lambda: run_rebuild(out, chosen, report, wait=wait, stop=stop, given=given, json_report=target,
-                                    keep_versions=keep_versions), report, target, (out, target))
+    with _stop_signals(stop) as active:  # NOTE: before the heavy import below (FAISS, Arrow: ~1 s), as the CLI's
+        try:
+            _check_hooks("petal.rebuild()", given_report, stop)
+            if json_report is not None:
+                out_path(json_report, "json_report")
+            for name, flag in (("wait", wait), ("quiet", quiet)):
+                if not isinstance(flag, bool) and not numpy_bool(flag):
+                    raise ArgumentTypeError(f"petal.rebuild(): {name}={flag!r} is {kind_of(flag)}, not bool")
+            wait, quiet = bool(wait), bool(quiet)
+            keep_versions = whole_number(keep_versions, "keep_versions", 1)
+            not_empty_path(out, "out")
+            out = out_path(out)
+            chosen = index_settings(**settings)
+            given = given_index_settings(settings)
+        except UsageError as exc:
+            keyword_named(exc)
+            _fail(report, exc, 2, f"usage error: {exc}", target)
+            raise
+        from petal.pipeline.jobs.rebuild import run_rebuild  # NOTE: after the flags: a usage error loads no FAISS/Arrow
+        return _run(lambda: run_rebuild(out, chosen, report, wait=wait, stop=active, given=given, json_report=target,
+                                        keep_versions=keep_versions), report, target, (out, target), active)
 
 
 def open_index(path: str | os.PathLike[str], **settings: Any) -> Index:
@@ -288,11 +299,35 @@ def _report_path(json_report: Any) -> Path | None:
         return None
 
 
+def _stop_signals(stop: Any) -> contextlib.AbstractContextManager[Any]:
+    """The caller's ``stop`` as it is (one of the wrong type: ``_check_hooks`` refuses it), else SIGINT and SIGTERM
+    taken for the call (``StopSignals.for_caller``: the caller's handlers are back from the first signal on, and
+    every handler is as it was when the call returns)."""
+    return contextlib.nullcontext(stop) if stop is not None else StopSignals.for_caller()
+
+
+def _stopped_by(exc: BaseException, stop: StopSignals | None) -> int | None:
+    """The signal that ``exc`` (no ``PetalError``) ending a run stands for, ``None`` for none (a bug).
+
+    A ``KeyboardInterrupt`` is SIGINT's (the caller's handler, back after petal's first signal: a second Ctrl-C; or
+    the ``petal`` script's ``StopSignal``, which names its own); another exception that is no ``Exception``
+    (``SystemExit`` from a worker framework's SIGTERM handler) raised once a stop signal came is that signal's.
+    NOTE: was 'failed', exit 1, 'internal error: KeyboardInterrupt()': a Ctrl-C is no bug, and the run left
+    what any stop leaves (committed shards kept, the lock released)."""
+    if isinstance(exc, KeyboardInterrupt):
+        signum: int = getattr(exc, "signum", None) or signal.SIGINT
+        return signum
+    if not isinstance(exc, Exception) and stop is not None:
+        return stop.signum
+    return None
+
+
 def _run(work: Callable[[], RunReport], report: RunReport, json_report: Path | str | None,
-         outputs: Iterable[Path | str | None]) -> RunReport:
+         outputs: Iterable[Path | str | None], stop: StopSignals | None = None, rerun: str = "rerun") -> RunReport:
     """``work()``, its error mapped to the contract and the report finished and written. ``outputs``: the paths the
     run writes (``OUT``, the report; ``None`` for one not given): permission denied that nothing mapped on a path
-    inside one is 73, on any other path (a source, a model file) 66."""
+    inside one is 73, on any other path (a source, a model file) 66. ``stop``: the run's ``StopSignals``; ``rerun``:
+    what resumes a stopped run (``Interrupted``'s)."""
     try:
         try:
             work()
@@ -314,7 +349,16 @@ def _run(work: Callable[[], RunReport], report: RunReport, json_report: Path | s
               json_report, exc.status)
         raise
     except BaseException as exc:
-        _fail(report, exc, 1, f"internal error: {exc!r}", json_report)
+        signum = _stopped_by(exc, stop)
+        if signum is None:
+            _fail(report, exc, 1, f"internal error: {exc!r}", json_report)
+            raise
+        # NOTE: the caller's own exception goes on (its KeyboardInterrupt stays one: an `except Exception` of its own
+        # must not swallow a second Ctrl-C); what it ended is reported as any stop, and it carries the report too
+        stopped = Interrupted(signum, live_version=report.version, rerun=rerun)
+        _fail(report, exc, stopped.exit_code, f"{stopped} ({type(exc).__name__})", json_report, stopped.status)
+        with contextlib.suppress(AttributeError):  # NOTE: an exception class with __slots__ takes no report
+            exc.report = report  # type: ignore[attr-defined]
         raise
     unwritten = report_error(report, json_report)
     if unwritten is not None:  # NOTE: was a warning and exit 0: a cron job lost its report without a sign

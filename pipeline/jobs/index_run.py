@@ -85,6 +85,7 @@ from petal.pipeline.manifest import (
     StoredColumns,
 )
 from petal.pipeline.reliability.errors import (
+    FULL_RERUN,
     ConfigError,
     FlagError,
     Interrupted,
@@ -208,7 +209,7 @@ def run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory | 
         engine_factory = default_engine
     reads = ReadStats()
     try:
-        with contextlib.nullcontext(stop) if stop is not None else StopSignals() as active:
+        with contextlib.nullcontext(stop) if stop is not None else StopSignals.for_caller() as active:
             return _run_index(job, report, engine_factory, active, reads, given)
     except Interrupted as exc:
         raise full_rerun_hint(exc, job) from None
@@ -1127,7 +1128,7 @@ def full_rerun_hint(exc: Interrupted, job: IndexJob) -> Interrupted:
     ends it, and the next --full embeds everything again)."""
     if not job.full or exc.live_version is not None:
         return exc
-    return Interrupted(exc.signum, rerun="rerun with --full (and its other flags)")
+    return Interrupted(exc.signum, rerun=FULL_RERUN)
 
 
 def full_rerun_sources(live: Manifest | None, named: list[ShardInfo]) -> list[str]:

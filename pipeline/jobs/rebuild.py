@@ -132,7 +132,7 @@ def run_rebuild(out_path: Path, settings: IndexSettings, report: RunReport, wait
     # link); a store linked elsewhere was read (and its embeddings published) from outside OUT
     out.check_tree()
     report.out = str(out.root)
-    active = stop if stop is not None else StopSignals()
+    active = stop if stop is not None else StopSignals.for_caller()
     with contextlib.nullcontext(active) if stop is not None else active, \
             out.lock(wait=wait, on_wait=say, check=active.check):
         report.pruned["versions"] = out.removed_versions(out.clean_orphans())

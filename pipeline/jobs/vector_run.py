@@ -59,7 +59,7 @@ def run_vector_index(job: IndexJob, column: str, report: RunReport, stop: StopSi
     NOTE: the StopSignals made here was never entered: a Python caller's run in the main thread was killed by SIGTERM
     outright and SIGINT was a KeyboardInterrupt (exit 1), where a text run stops cleanly (Interrupted, 143/130)."""
     try:
-        with contextlib.nullcontext(stop) if stop is not None else StopSignals() as active:
+        with contextlib.nullcontext(stop) if stop is not None else StopSignals.for_caller() as active:
             return _checked_run(job, column, report, active, given)
     except Interrupted as exc:
         raise run.full_rerun_hint(exc, job) from None

@@ -163,7 +163,7 @@ def worker_main(plan: WorkerPlan, slot: WorkerSlot, conn: Any, coordinator: int 
     events = Channel(conn, slot.index)
     tally = WorkerTally(slot)
     try:
-        with StopSignals(second_kills=False) as stop:  # the coordinator forwards signals: a repeat must not kill
+        with StopSignals(second="stop") as stop:  # the coordinator forwards signals: a repeat must not kill
             try:
                 _run(plan, slot, events, stop, tally)
             except BaseException as exc:

@@ -293,6 +293,9 @@ def inside(path: object, root: Path | str) -> bool:
     return any(t == b or t.startswith(b.rstrip(os.sep) + os.sep) for t, b in pairs)
 
 
+FULL_RERUN = "rerun with --full (and its other flags)"  # what resumes a stopped --full run (a plain rerun ends it)
+
+
 class Interrupted(PetalError):
     """A clean stop after a signal (finished shards are committed): exit 128 + the signal's number."""
 

@@ -4,14 +4,18 @@
 |---|---|---|
 | SIGINT | 130 | Ctrl-C |
 | SIGTERM | 143 | a scheduler's stop or timeout (Airflow, systemd, Kubernetes) |
-| SIGHUP | 129 | the terminal or ssh session went away: handled like SIGTERM |
-| SIGUSR1 / SIGUSR2 | 138 / 140 | handled like SIGTERM (their default would end the run without a report) |
+| SIGHUP | 129 | the terminal or ssh session went away: handled like SIGTERM (commands only) |
+| SIGUSR1 / SIGUSR2 | 138 / 140 | like SIGTERM (commands only: their default would end the run without a report) |
 
 The first signal asks for a clean stop: the run unwinds at its next check (uncommitted shards
 dropped, committed ones kept, the lock released, the report written) and exits 128 + the signal's
 number. It also ends a blocking wait at once (the writer lock, the next tokenized chunk): those
-run inside ``interruptible()``. From the first signal on, the kernel's default action is restored
-for every stop signal, so a second signal kills the process at once, even inside a long C call.
+run inside ``interruptible()``. What a second signal does depends on who owns the process (``Second``):
+a command's (``petal index``) restores the kernel's default for every stop signal, so it kills the process at
+once, even inside a long C call; a Python caller's run (``petal.index()``, ``StopSignals.for_caller()``) takes
+SIGINT and SIGTERM only and hands the second to the handlers the caller had (Python's default SIGINT handler:
+``KeyboardInterrupt`` in the caller, which the API still reports as interrupted); a worker process keeps its
+handlers (its coordinator forwards signals).
 A signal the process was told to ignore (``nohup``'s SIGHUP, a background job's SIGINT) stays ignored.
 """
 
@@ -22,14 +26,20 @@ import signal
 import threading
 from collections.abc import Callable, Iterator
 from types import FrameType
-from typing import Any
+from typing import Any, Literal
 
 from petal.pipeline.reliability.errors import Interrupted
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+# NOTE: a Python caller's run (the API) takes these only, as the README promises: SIGHUP and SIGUSR1/SIGUSR2 belong to
+# the host program (a reload, a stack dump), whose handler must still run while petal.index() does
+CALLER_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# what a stop signal after the first does: "kill" (the kernel's default, a command), "caller" (the handlers that were
+# there before the scope, a Python caller's), "stop" (the same flag again, a worker whose coordinator forwards signals)
+Second = Literal["kill", "caller", "stop"]
 
 
-def not_ignored() -> list[int]:
+def not_ignored(signals: tuple[int, ...] = STOP_SIGNALS) -> list[int]:
     """The stop signals this process does not ignore: one it was started ignoring is the caller's word (``nohup petal
     index ... &``'s SIGHUP: the run outlives the session; a background job's SIGINT) and stays ignored.
 
@@ -37,19 +47,28 @@ def not_ignored() -> list[int]:
     ``getsignal`` says None): it cannot be put back (``signal.signal(sig, None)`` is a TypeError), so it is left to
     that handler. Taken, a Python caller's run ended in that TypeError after it published, with petal's handler left
     installed for good (a SIGTERM then set the flag of a finished run and no longer stopped the process)."""
-    return [sig for sig in STOP_SIGNALS if signal.getsignal(sig) not in (signal.SIG_IGN, None)]
+    return [sig for sig in signals if signal.getsignal(sig) not in (signal.SIG_IGN, None)]
 
 
 class StopSignals:
     """While active, the stop signals set ``signum`` instead of killing the process (see module doc)."""
 
-    def __init__(self, second_kills: bool = True) -> None:
-        """``second_kills=False``: the handlers stay for the whole run (a worker process, whose coordinator
-        forwards the signal the worker may also have had from the terminal, must stop cleanly, not die)."""
-        self.second_kills = second_kills
+    def __init__(self, second: Second = "kill", signals: tuple[int, ...] = STOP_SIGNALS) -> None:
+        """``second``: what a signal after the first does (``Second``; ``"stop"``: the handlers stay for the whole
+        run, for a worker process, whose coordinator forwards the signal the worker may also have had from the
+        terminal: it must stop cleanly, not die). ``signals``: the ones taken."""
+        self.second = second
+        self.signals = signals
         self.signum: int | None = None
         self._previous: dict[int, Callable[[int, FrameType | None], Any] | int | None] = {}
         self._blocking = 0
+
+    @classmethod
+    def for_caller(cls) -> StopSignals:
+        """A Python caller's run (``petal.index()``, ``petal.rebuild()``): SIGINT and SIGTERM only, and from the first
+        one on the caller's own handlers are back (its second Ctrl-C is its ``KeyboardInterrupt``, never a death of
+        the caller's process); every handler is as it was once the scope ends."""
+        return cls(second="caller", signals=CALLER_STOP_SIGNALS)
 
     @property
     def requested(self) -> bool:
@@ -74,20 +93,26 @@ class StopSignals:
         first = self.signum is None
         if first:
             self.signum = signum
-        # NOTE: the kernel's default from now on: the next stop signal kills at once (a person who
-        # presses Ctrl-C twice, a scheduler that escalates), even while the main thread is in C code.
-        if self.second_kills:
-            for sig in self._previous:
-                signal.signal(sig, signal.SIG_DFL)
+        # NOTE: "kill": the kernel's default from now on, the next stop signal kills at once (a person who presses
+        # Ctrl-C twice, a scheduler that escalates), even while the main thread is in C code. "caller": the caller's
+        # handlers from now on (a command's kill would end a REPL, a notebook kernel or a worker framework's process).
+        self._after_first()
         if first and self._blocking:
             raise Interrupted(signum)
 
+    def _after_first(self) -> None:
+        if self.second != "stop":
+            for sig, previous in self._previous.items():
+                signal.signal(sig, signal.SIG_DFL if self.second == "kill" else previous)
+
     def __enter__(self) -> StopSignals:
-        # NOTE: Python runs handlers in the main thread only; elsewhere (a library caller's worker
-        # thread) the process keeps its handlers and the flag never sets.
+        # NOTE: Python runs handlers in the main thread only, and only it may install them (else ValueError);
+        # elsewhere (a library caller's worker thread) the process keeps its handlers and the flag never sets.
         if threading.current_thread() is threading.main_thread():
-            for sig in not_ignored():
+            for sig in not_ignored(self.signals):
                 self._previous[sig] = signal.signal(sig, self._handle)
+            if self.signum is not None:  # NOTE: one came before every handler was in: the later ones too
+                self._after_first()
         return self
 
     def __exit__(self, *exc: object) -> None:
