@@ -47,7 +47,7 @@ def _store_entries(vectors: np.ndarray, root: Path) -> list[Any]:
     store.open()
     fingerprint = store.fingerprint(info, settings_fingerprint({"bench": vectors.shape[1]}))
     sink = StoreSink(store, [info], [fingerprint], {"bench": 1}, vectors.shape[1])
-    sink.expect(0, len(vectors), [], 0, final=True)
+    sink.expect(0, len(vectors), [], [], final=True)
     return [entry for _, entry in sink.add([(0, i, i) for i in range(len(vectors))], vectors)]
 
 

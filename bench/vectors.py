@@ -120,7 +120,7 @@ def commit_shard(store: EmbeddingStore, data_dir: Path, name: str, ids: list, ch
         if sink is None:
             fp = store.fingerprint(info, settings_fingerprint(settings))
             sink = StoreSink(store, [info], [fp], settings, vectors.shape[1])
-            assert sink.expect(0, len(ids), [], 0, final=True) == []
+            assert sink.expect(0, len(ids), [], [], final=True) == []
         keys = [(0, r, ids[r]) for r in range(row, row + len(vectors))]
         committed += sink.add(keys, vectors)
         row += len(vectors)

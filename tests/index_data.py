@@ -56,7 +56,7 @@ def commit_shard(store: EmbeddingStore, data_dir: Path, name: str, ids: list, ve
     info = preflight([path], ReadConfig())[0]
     fingerprint = store.fingerprint(info, settings_fingerprint(SYNTHETIC_SETTINGS))
     sink = StoreSink(store, [info], [fingerprint], SYNTHETIC_SETTINGS, vectors.shape[1])
-    assert sink.expect(0, len(ids), [], 0, final=True) == []
+    assert sink.expect(0, len(ids), [], [], final=True) == []
     committed = []
     for lo in range(0, len(ids), 8192):
         chunk = vectors[lo : lo + 8192]

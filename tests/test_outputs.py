@@ -107,7 +107,7 @@ def store_entries(tmp_path, shard_writer, vectors: np.ndarray) -> list:
         info = preflight([path], ReadConfig())[0]
         fingerprint = store.fingerprint(info, settings_fingerprint({"test": 1}))
         sink = StoreSink(store, [info], [fingerprint], {"test": 1}, vectors.shape[1])
-        sink.expect(0, len(rows), [], 0, final=True)
+        sink.expect(0, len(rows), [], [], final=True)
         entries += [entry for _, entry in sink.add([(0, r, f"d{i}") for r, i in enumerate(rows)], vectors[rows])]
     return entries
 

@@ -228,3 +228,57 @@ def test_plan_fills_the_gaps_between_committed_ranges_of_another_split(tmp_path)
             [*d.rows, *(r for r, _ in d.rejects)]]
     assert sorted(row for unit, row in read if unit == 0) == list(range(30, 60))
     assert sorted(row for unit, row in read if unit == 1) == list(range(70, 100))
+
+
+def test_an_id_repeated_across_ranges_leaves_every_count_as_in_one_process(fake_model, tmp_path):
+    """A row a range embedded, or rejected after the read checks took its id, whose id an earlier range took, is a
+    ``duplicate_id`` at the assembly and out of every count its range gave it: the report, the summary line, the
+    manifest (``petal info --json``) and the store entry equal one process's. 40 rows in row groups of 5,
+    ``--range-rows 10`` (4 ranges): row 23 repeats row 3's id with a text past the fake model's 128 tokens (was: 1
+    truncated, where one process has 0); row 12 repeats row 2's, whose vector is not finite, and row 15 row 5's, a
+    text the tokenizer sees nothing in (was: both embedded, where one process rejects them: the index differed);
+    row 33 repeats row 7's with a long text whose vector is not finite (was: non_finite_embedding and truncated).
+    Row 36's long text is truncated in both."""
+    from tests.fake_engine import POISON_WORD
+
+    ids, texts = [f"t-{n}" for n in range(40)], [f"doc {n} about subject {n % 7}" for n in range(40)]
+    long_text = " ".join(["word"] * 300)
+    for row, first in ((23, 3), (12, 2), (15, 5), (33, 7)):
+        ids[row] = ids[first]
+    texts[2], texts[5], texts[23] = f"{POISON_WORD} text", "\u0301", long_text
+    texts[33], texts[36] = f"{POISON_WORD} {long_text}", long_text
+    data = tmp_path / "data"
+    data.mkdir()
+    pq.write_table(pa.table({"id": ids, "text": texts}), data / "t.parquet", row_group_size=5)
+    env = {"PETAL_TEST_FAKE_ENGINE": str(tmp_path / "log.jsonl")}
+
+    def run(name: str, *flags: str) -> tuple[dict, str, dict]:
+        out = tmp_path / name
+        rc, stderr, report = Petal(["index", str(data), "--out", str(out), "--model", str(fake_model), "-q",
+                                    *flags], env, tmp_path / f"{name}.json").wait()
+        assert rc == 0, stderr
+        summary = stderr.strip().splitlines()[-1].split(";")[1]  # "1 shards (...), N rows embedded, ..."
+        info = CliRunner().invoke(cli, ["info", str(out), "--json"])
+        assert info.exit_code == 0, info.output
+        return report, summary, json.loads(info.output)
+
+    one, one_summary, one_info = run("one")
+    two, two_summary, two_info = run("two", "--workers", "2", "--range-rows", "10")
+    assert [r["row_groups"] for r in two["ranges"]["embedded"]] == [[0, 2], [2, 4], [4, 6], [6, 8]]
+    assert one["rows"] == {"embedded": 34, "total": 40, "truncated": 1,
+                           "skipped": {"duplicate_id": 4, "empty_text": 1, "non_finite_embedding": 1}}, one["rows"]
+    assert two["rows"] == one["rows"] and two["tokens"] == one["tokens"] > 0, (two["rows"], two["tokens"])
+    assert two["shards"] == one["shards"] and two_summary == one_summary, (two_summary, one_summary)
+    assert two_info["counts"] == one_info["counts"], (two_info["counts"], one_info["counts"])
+    assert [(s["path"], s["embedded"], s["skipped"], s["truncated"]) for s in two_info["shards"]] == \
+        [(s["path"], s["embedded"], s["skipped"], s["truncated"]) for s in one_info["shards"]]
+    one_entry, two_entry = (next((tmp_path / name / "store" / "shards").glob("*/*/entry.json")).parent
+                            for name in ("one", "two"))
+    assert json.loads((two_entry / "entry.json").read_text())["counts"] == \
+        json.loads((one_entry / "entry.json").read_text())["counts"]
+    for table in ("rows.parquet", "rejects.parquet"):
+        assert pq.read_table(two_entry / table).equals(pq.read_table(one_entry / table)), table
+    one_rows, one_vectors = contents(tmp_path / "one")
+    two_rows, two_vectors = contents(tmp_path / "two")
+    assert two_rows == one_rows and [r["row"] for r in one_rows if r["id"] in ("t-2", "t-5")] == []
+    np.testing.assert_allclose(two_vectors, one_vectors, rtol=0, atol=1e-6)

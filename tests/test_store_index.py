@@ -26,7 +26,7 @@ def commit_shard(store, info, vectors, ids, rejects=()):
     fp = store.fingerprint(info, settings_fingerprint(SETTINGS))
     sink = StoreSink(store, [info], [fp], SETTINGS, vectors.shape[1])
     rows = [r for r in range(info.num_rows) if r not in {r for r, _ in rejects}]
-    assert sink.expect(0, len(rows), list(rejects), 0, final=True) == []
+    assert sink.expect(0, len(rows), list(rejects), [], final=True) == []
     keys = [(0, r, ids[r]) for r in rows]
     committed = sink.add(keys, vectors[rows])
     assert len(committed) == 1
@@ -61,7 +61,7 @@ def test_uncommitted_writer_leaves_no_entry(store, shard_writer):
     info = preflight([shard_writer("a.parquet", {"id": [1, 2], "text": ["a", "b"]})], ReadConfig())[0]
     fp = store.fingerprint(info, settings_fingerprint(SETTINGS))
     sink = StoreSink(store, [info], [fp], SETTINGS, 8)
-    sink.expect(0, 2, [], 0, final=False)
+    sink.expect(0, 2, [], [], final=False)
     assert sink.add([(0, 0, 1)], unit_rows(1, 8, 1)) == []  # one row still missing
     sink.abort()
     assert store.lookup(info, fp) is None and not any(store.tmp_dir.iterdir())
@@ -162,7 +162,7 @@ def test_deferred_identity_is_resolved_once_before_the_first_commit(store, shard
         return [store.fingerprint(info, settings_fingerprint(SETTINGS)) for info in infos], SETTINGS
 
     sink = StoreSink(store, infos, DeferredIdentity(resolve), None, 8)
-    assert sink.expect(0, 3, [], 0, final=True) == [] and sink.expect(1, 3, [], 0, final=True) == []
+    assert sink.expect(0, 3, [], [], final=True) == [] and sink.expect(1, 3, [], [], final=True) == []
     assert sink.add([(0, 0, "a0"), (0, 1, "a1")], vectors[:2]) == [] and calls == []  # not ready: not asked
     first = sink.add([(0, 2, "a2")], vectors[2:])
     assert calls == [1] and [p for p, _ in first] == [0]
@@ -176,7 +176,7 @@ def test_deferred_identity_is_resolved_once_before_the_first_commit(store, shard
         raise RuntimeError("the weights changed")
 
     failing = StoreSink(store, infos[:1], DeferredIdentity(refuse), None, 8)
-    failing.expect(0, 3, [], 0, final=True)
+    failing.expect(0, 3, [], [], final=True)
     with pytest.raises(RuntimeError, match="weights changed"):
         failing.add([(0, r, f"a{r}") for r in range(3)], vectors)
     failing.abort()

@@ -266,6 +266,9 @@ class TokenizedDocs:
     truncated_rows: list[int]
     rejects: list[tuple[int, str]] = field(default_factory=list)
     final: bool = False
+    # (row, id) of the rejects made here, after the read checks took their id (``to_documents``): a later row of the
+    # shard with that id is a ``duplicate_id`` all the same (a range's assembly needs them: store/ranges.py)
+    claimed: list[tuple[int, Any]] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -297,6 +300,7 @@ def tokenize_batch(batch: Documents, tokenizer: TextTokenizer) -> TokenizedDocs:
     for row, doc_id, ids, truncated in zip(batch.rows, batch.ids, encoded.token_ids, encoded.truncated):
         if len(ids) == 0 or tokenizer.sees_nothing(ids):  # nothing the model sees: as a blank text
             out.rejects.append((row, "empty_text"))
+            out.claimed.append((row, doc_id))
             continue
         out.rows.append(row)
         out.ids.append(doc_id)

@@ -701,8 +701,8 @@ def embed_shards(chunks: Prefetcher[TokenizedDocs], shards: list[ShardInfo],
             if gate is not None:
                 position = shard_of(chunk.shard_index)
                 gate.add(position, str(shards[position].path), chunk.rejects)
-            yield from sink.expect(chunk.shard_index, len(chunk.rows), chunk.rejects, len(chunk.truncated_rows),
-                                   chunk.final)
+            yield from sink.expect(chunk.shard_index, len(chunk.rows), chunk.rejects, chunk.truncated_rows,
+                                   chunk.final, chunk.claimed)
             progress.update(len(chunk.rejects))
             for row, doc_id, token_ids in zip(chunk.rows, chunk.ids, chunk.token_ids):
                 batch = packer.add((chunk.shard_index, row, doc_id), token_ids)  # [3] pack

@@ -4,7 +4,9 @@
 OUT/store/shards/<shard key>/<fingerprint>/   a committed entry (never modified after commit)
     embeddings.npy   float32 [num_rows, dim]; rows that were not embedded are zero
     rows.parquet     row int64, id (the embedded rows, ascending); a range's part (store/ranges.py) also tokens int32
-    rejects.parquet  row int64, reason string
+                     and truncated bool (each row's)
+    rejects.parquet  row int64, reason string; a range's part also id (the id a row rejected after the read checks
+                     had taken: empty to the tokenizer, a non-finite vector; else null) and truncated bool
     entry.json       the shard's identity (path, size, mtime, sha256), settings, counts, the sha256 of the files above
 OUT/store/tmp/                                entries being written (removed at the next run)
 ```
@@ -66,7 +68,7 @@ from petal.pipeline.reliability.safe_files import check_regular, open_regular, r
 from petal.pipeline.store.side_files import real_dirs
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
 
     from petal.pipeline.store.outputs import OutputTransform
     from petal.pipeline.store.ranges import RowRange
@@ -606,6 +608,10 @@ class ShardWriter:
         self._num_added = 0
         self._rejects: list[tuple[int, str]] = []
         self.num_truncated = 0
+        # a range's part only: which rows were truncated, and the ids its rejects had taken (row -> id), for its
+        # assembly (store/ranges.py: a row it rejects as a repeated id leaves every count)
+        self._truncated_chunks: list[np.ndarray] = []
+        self._claimed: dict[int, Any] = {}
         self.pending = 0  # documents handed to the engine whose vectors have not come back
         self.input_done = False  # every row of the shard has been read
 
@@ -616,6 +622,8 @@ class ShardWriter:
         finite = np.isfinite(vectors).all(axis=1)
         if not finite.all():
             self._rejects.extend((row, "non_finite_embedding") for row, ok in zip(rows, finite) if not ok)
+            if self.part is not None:  # NOTE: its id was taken at the read checks: a later range's row repeats it
+                self._claimed.update((row, doc_id) for row, doc_id, ok in zip(rows, ids, finite) if not ok)
             rows = [row for row, ok in zip(rows, finite) if ok]
             ids = [doc_id for doc_id, ok in zip(ids, finite) if ok]
             vectors = vectors[finite]
@@ -632,8 +640,18 @@ class ShardWriter:
             self._token_chunks.append(tokens)
             self._num_added += len(index)
 
-    def reject(self, rejects: list[tuple[int, str]]) -> None:
+    def reject(self, rejects: list[tuple[int, str]], claimed: Sequence[tuple[int, Any]] = ()) -> None:
+        """Rows not embedded, with their reasons; ``claimed``: ``(row, id)`` of those whose id the read checks had
+        taken (``TokenizedDocs.claimed``)."""
         self._rejects.extend(rejects)
+        if self.part is not None:
+            self._claimed.update(claimed)
+
+    def truncated(self, rows: Sequence[int]) -> None:
+        """``rows`` were cut at the model's max length (counted; a range's part keeps which)."""
+        self.num_truncated += len(rows)
+        if self.part is not None and len(rows):
+            self._truncated_chunks.append(np.asarray(rows, dtype=np.int64))
 
     @property
     def ready(self) -> bool:
@@ -668,15 +686,23 @@ class ShardWriter:
             pa.array([], self._id_type)
         tokens = np.concatenate(self._token_chunks)[order] if self._token_chunks else np.zeros(0, dtype=np.int32)
         self._row_chunks, self._id_chunks, self._token_chunks = [], [], []
+        rejects = sorted(self._rejects)
+        row_columns: dict[str, pa.Array] | None = None
+        reject_columns: dict[str, pa.Array] | None = None
         if self.part is not None:
             from petal.pipeline.store.ranges import part_dir
 
             final, extra = part_dir(self.store, self.info, self.fingerprint, self.part), {"range": self.part.record()}
+            cut = np.concatenate(self._truncated_chunks) if self._truncated_chunks else np.zeros(0, dtype=np.int64)
+            reject_rows = np.array([row for row, _ in rejects], dtype=np.int64)
+            row_columns = {"tokens": pa.array(tokens, pa.int32()), "truncated": pa.array(np.isin(rows, cut))}
+            reject_columns = {"id": pa.array([self._claimed.get(row) for row, _ in rejects], self._id_type),
+                              "truncated": pa.array(np.isin(reject_rows, cut), pa.bool_())}
         else:
             final, extra = self.store.shards_dir / shard_key(self.info) / self.fingerprint, {}
         return commit_entry(self.store, self.tmp, final, self.info, self.settings, self.dim, rows, ids,
-                            sorted(self._rejects), self.num_rows, self.num_truncated, extra, int(tokens.sum()),
-                            tokens if self.part is not None else None)
+                            rejects, self.num_rows, self.num_truncated, extra, int(tokens.sum()),
+                            row_columns, reject_columns)
 
     def abort(self) -> None:
         self._vectors = None
@@ -707,20 +733,20 @@ def _pending_full_run(root: Path) -> tuple[str, str] | None:
 def commit_entry(store: EmbeddingStore, tmp: Path, final: Path, info: ShardInfo, settings: dict[str, Any], dim: int,
                  rows: np.ndarray, ids: list | pa.Array, rejects: list[tuple[int, str]], num_rows: int,
                  num_truncated: int, extra: dict[str, Any], num_tokens: int = 0,
-                 row_tokens: np.ndarray | None = None) -> StoreEntry:
+                 row_columns: dict[str, pa.Array] | None = None,
+                 reject_columns: dict[str, pa.Array] | None = None) -> StoreEntry:
     """Write ``rows.parquet``, ``rejects.parquet`` and ``entry.json`` beside ``tmp/embeddings.npy`` (``num_rows``
     rows), fsync them, and make ``tmp`` visible as ``final`` with one rename (a committed entry is replaced).
-    ``num_tokens``: the tokens of the embedded rows; ``row_tokens``: each row's, kept in ``rows.parquet`` (a range's
-    part: its assembly drops repeated ids, and their tokens with them)."""
+    ``num_tokens``: the tokens of the embedded rows; ``row_columns``, ``reject_columns``: more per-row columns of
+    ``rows.parquet`` and ``rejects.parquet`` (a range's part: what its assembly needs to take a row it rejects as a
+    repeated id out of every count)."""
     id_type = entry_id_type(info)
     id_column = ids if isinstance(ids, pa.Array) else pa.array(ids, id_type)
-    columns = {"row": pa.array(rows, pa.int64()), "id": id_column}
-    if row_tokens is not None:
-        columns["tokens"] = pa.array(row_tokens, pa.int32())
+    columns = {"row": pa.array(rows, pa.int64()), "id": id_column, **(row_columns or {})}
     pq.write_table(pa.table(columns), tmp / "rows.parquet", write_page_checksum=True)
     fault("store_commit_mid", tmp / "rejects.parquet")
     pq.write_table(pa.table({"row": pa.array([r for r, _ in rejects], pa.int64()),
-                             "reason": pa.array([why for _, why in rejects], pa.string())}),
+                             "reason": pa.array([why for _, why in rejects], pa.string()), **(reject_columns or {})}),
                    tmp / "rejects.parquet", write_page_checksum=True)
     reasons: dict[str, int] = {}
     for _, why in rejects:
@@ -981,12 +1007,13 @@ class StoreSink:
             writer.fingerprint = self.fingerprints[self._positions[index]]
             writer.settings = self.settings
 
-    def expect(self, shard_index: int, num_docs: int, rejects: list[tuple[int, str]], num_truncated: int,
-               final: bool) -> list[tuple[int, StoreEntry]]:
-        """Note a tokenized chunk: ``num_docs`` will come back from the engine."""
+    def expect(self, shard_index: int, num_docs: int, rejects: list[tuple[int, str]], truncated_rows: Sequence[int],
+               final: bool, claimed: Sequence[tuple[int, Any]] = ()) -> list[tuple[int, StoreEntry]]:
+        """Note a tokenized chunk: ``num_docs`` will come back from the engine; ``truncated_rows``: its rows cut at
+        the model's max length; ``claimed``: ``(row, id)`` of its ``rejects`` whose id the read checks had taken."""
         writer = self._writer(shard_index)
-        writer.reject(rejects)
-        writer.num_truncated += num_truncated
+        writer.reject(rejects, claimed)
+        writer.truncated(truncated_rows)
         writer.pending += num_docs
         writer.input_done = writer.input_done or final
         return self._commit_ready()

@@ -248,6 +248,11 @@ class RangeAssembly:
 
 def _assemble(store: EmbeddingStore, tmp: Path, final: Path, info: ShardInfo, settings: dict[str, Any], dim: int,
               parts: list[tuple[RowRange, StoreEntry]]) -> StoreEntry:
+    """The shard's entry from its ``parts`` (by first row). A row whose id an earlier range took (embedded, or
+    rejected after the read checks took it: as in one process, whose reader takes an id before the tokenizer and the
+    engine see the row) is a ``duplicate_id``: its vector zeroed, and out of every count its part gave it (embedded,
+    tokens, truncated, its part's reason). NOTE: a part of an older petal, without the per-row columns, keeps its
+    counts whole (tokens, truncated) and its rejects' reasons."""
     vectors = np.lib.format.open_memmap(tmp / "embeddings.npy", mode="w+", dtype=np.float32, shape=(info.num_rows, dim))
     seen: set = set()
     rows: list[np.ndarray] = []
@@ -256,28 +261,36 @@ def _assemble(store: EmbeddingStore, tmp: Path, final: Path, info: ShardInfo, se
     truncated = tokens = 0
     for part, entry in parts:
         vectors[part.first_row : part.stop_row] = entry.embeddings()
-        table = entry.rows()
+        table, dropped = entry.rows(), entry.rejects()
         part_rows = table.column("row").to_numpy()
         part_ids = table.column("id").to_pylist()
-        repeated = [i for i, doc_id in enumerate(part_ids) if doc_id in seen]  # a later range repeats an id
-        tokens += entry.num_tokens
-        if repeated and "tokens" in table.column_names:  # a repeated row was embedded, and is not now
-            tokens -= int(table.column("tokens").to_numpy()[repeated].sum())
-        if repeated:
+        taken = dropped.column("id").to_pylist() if "id" in dropped.column_names else [None] * dropped.num_rows
+        repeated = np.array([doc_id in seen for doc_id in part_ids], dtype=bool)  # a later range repeats an id
+        again = np.array([doc_id is not None and doc_id in seen for doc_id in taken], dtype=bool)
+        tokens += entry.num_tokens - _flagged(table, "tokens", repeated)
+        truncated += entry.num_truncated - _flagged(table, "truncated", repeated) \
+            - _flagged(dropped, "truncated", again)
+        seen.update(doc_id for doc_id, r in zip(part_ids, repeated) if not r)
+        seen.update(doc_id for doc_id in taken if doc_id is not None)
+        if repeated.any():
             vectors[part_rows[repeated]] = 0.0
-            rejects.extend((int(part_rows[i]), "duplicate_id") for i in repeated)
-            keep = np.ones(len(part_ids), dtype=bool)
-            keep[repeated] = False
-            part_rows = part_rows[keep]
-            part_ids = [doc_id for doc_id, k in zip(part_ids, keep) if k]
-        seen.update(part_ids)
+            rejects.extend((int(row), "duplicate_id") for row in part_rows[repeated])
+            part_rows = part_rows[~repeated]
+            part_ids = [doc_id for doc_id, r in zip(part_ids, repeated) if not r]
         rows.append(part_rows)
         ids.extend(part_ids)
-        part_rejects = entry.rejects()
-        rejects.extend(zip(part_rejects.column("row").to_pylist(), part_rejects.column("reason").to_pylist()))
-        truncated += entry.num_truncated
+        rejects.extend((row, "duplicate_id" if a else reason) for row, reason, a in
+                       zip(dropped.column("row").to_pylist(), dropped.column("reason").to_pylist(), again.tolist()))
     vectors.flush()
     del vectors
     all_rows = np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64)
     return commit_entry(store, tmp, final, info, settings, dim, all_rows, ids, sorted(rejects), info.num_rows,
                         truncated, {}, tokens)
+
+
+def _flagged(table: Any, column: str, rows: np.ndarray) -> int:
+    """The sum of ``column`` (a part's per-row tokens or truncated flags) over ``rows`` (a mask); 0 in a part of an
+    older petal, which has no such column."""
+    if column not in table.column_names or not rows.any():
+        return 0
+    return int(table.column(column).to_numpy(zero_copy_only=False)[rows].sum())
