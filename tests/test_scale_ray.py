@@ -117,12 +117,22 @@ def test_an_actor_failing_between_its_commit_and_its_row_counts_the_commit(local
     logs = Path(last.split("Ray's logs: ")[1].split(")")[0])
     assert any("Traceback" in log.read_text() for log in logs.glob("*.log")), logs
     assert json.loads((tmp_path / "first.json").read_text())["shards"]["embedded"] == 2
+    # a rerun that fails too counts every shard of the run, the 2 it reused included (was: '2 of 6 shards committed',
+    # of the 6 it had to embed, under the summary line's '8 shards (2 embedded, 2 reused)')
+    second = index(str(data), "--out", str(out), "--model", str(model), "--ray", "--workers", "1",
+                   "--json-report", str(tmp_path / "second.json"),
+                   env={"PETAL_TEST_FAKE_ENGINE": str(tmp_path / "second.jsonl")})
+    assert second.exit_code == 75, second.output
+    held = len(list((out / "store" / "shards").glob("*/*/entry.json")))
+    shards = json.loads((tmp_path / "second.json").read_text())["shards"]
+    assert shards == {"total": 8, "embedded": held - 2, "reused": 2}, (shards, held)
+    assert f"; {held} of 8 shards committed, {8 - held} not" in second.output.strip().splitlines()[-1], second.output
     local_ray()
     rerun = index(str(data), "--out", str(out), "--model", str(model), "--ray", "--json-report",
                   str(tmp_path / "r.json"), env={"PETAL_TEST_FAKE_ENGINE": str(tmp_path / "rerun.jsonl")})
     assert rerun.exit_code == 0, rerun.output
     report = json.loads((tmp_path / "r.json").read_text())
-    assert report["shards"] == {"total": 8, "embedded": 6, "reused": 2}
+    assert report["shards"] == {"total": 8, "embedded": 8 - held, "reused": held}
 
 
 def test_ray_gives_the_single_process_index(local_ray, tiny_bert_dir, tmp_path):

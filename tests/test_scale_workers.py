@@ -158,6 +158,24 @@ def test_a_worker_killed_between_its_commit_and_its_report_counts_the_commit(fak
     assert report["shards"] == {"total": 12, "embedded": 12 - done, "reused": done}
 
 
+def test_a_worker_error_right_after_a_commit_it_did_not_report_counts_the_commit(fake_model, tmp_path):
+    """Shards of 5 rows complete two at a time (one step holds both): the first is renamed into the store, the second's
+    commit fails (an error, fault ``store_commit_begin:2:eio``), so the worker never reports the first. The coordinator
+    finds it in the store, as for a worker killed after its rename: the report, the worker's entry and the exit message
+    count what the store holds (what the rerun reuses). Before: 0 embedded, '0 of 4 shards committed', one in the
+    store."""
+    data, out = tmp_path / "data", tmp_path / "out"
+    write_shards(data, count=4, rows=5)
+    argv = ["index", str(data), "--out", str(out), "--model", str(fake_model), "-q", "--workers", "1"]
+    rc, stderr, report = Petal(argv, {"PETAL_TEST_FAKE_ENGINE": str(tmp_path / "log.jsonl"),
+                                      "PETAL_FAULT": "store_commit_begin:2:eio"}, tmp_path / "r.json").wait()
+    assert rc == 74, stderr
+    held = committed(out)
+    assert held == 1 and report["shards"]["embedded"] == held and report["rows"]["embedded"] == 5 * held, report
+    assert [w["shards"] for w in report["workers"]] == [held], report["workers"]
+    assert f"; {held} of 4 shards committed, {4 - held} not" in stderr.strip().splitlines()[-1], stderr
+
+
 def test_a_worker_error_stops_the_run_with_its_exit_code(fake_model, tmp_path):
     data, out = tmp_path / "data", tmp_path / "out"
     write_shards(data, count=3, rows=10)
@@ -166,6 +184,30 @@ def test_a_worker_error_stops_the_run_with_its_exit_code(fake_model, tmp_path):
                                                     "PETAL_FAULT": "read_batch:1+:eio"}, tmp_path / "r.json").wait()
     assert rc == 74 and report["exit_code"] == 74, stderr
     assert "read error" in stderr.strip().splitlines()[-1]
+
+
+def test_a_resumed_runs_failure_counts_every_shard_the_store_holds(fake_model, tmp_path):
+    """A run that resumes an earlier one and fails too says 'N of M shards committed' of all its shards, as its summary
+    line counts them: N the shards reused from the earlier run plus those it committed (what the store holds, what
+    the next rerun reuses), M every shard. Before: only the shards this run had to embed ('6 shards (3 embedded, 2
+    reused)' above '3 of 4 shards committed')."""
+    data, out = tmp_path / "data", tmp_path / "out"
+    write_shards(data, count=6, rows=20)
+    argv = ["index", str(data), "--out", str(out), "--model", str(fake_model), "-q", "--max-seqs", "4"]
+    env = {"PETAL_TEST_FAKE_ENGINE": str(tmp_path / "log.jsonl"),
+           "PETAL_FAULT": "store_commit_begin:2:kill,after_batch:1+:sleep=0.2"}  # each worker dies at its 2nd commit
+    rc, stderr, report = Petal([*argv, "--workers", "2"], env, tmp_path / "first.json").wait()
+    first = committed(out)
+    assert rc == 75 and 1 <= first < 6 and report["shards"]["embedded"] == first, stderr
+    assert f"; {first} of 6 shards committed, {6 - first} not: rerun to embed only what is missing" in \
+        stderr.strip().splitlines()[-1], stderr
+    rc, stderr, report = Petal([*argv, "--workers", "3"], env, tmp_path / "second.json").wait()
+    held = committed(out)
+    assert rc == 75 and report["shards"]["reused"] == first and first < held < 6, (stderr, report["shards"])
+    assert report["shards"]["embedded"] == held - first and report["shards"]["total"] == 6, report["shards"]
+    summary, last = stderr.strip().splitlines()[-2:]
+    assert f"6 shards ({held - first} embedded, {first} reused)" in summary, summary
+    assert f"; {held} of 6 shards committed, {6 - held} not: rerun to embed only what is missing" in last, last
 
 
 def test_devices_flag_checks(tmp_path, fake_model):

@@ -34,6 +34,7 @@ from petal.pipeline.config import ScaleConfig, ray_address_problem
 from petal.pipeline.ingest.parquet import ReadStats
 from petal.pipeline.jobs.progress import progress_bar
 from petal.pipeline.jobs.report import RunReport
+from petal.pipeline.jobs.scaled import unfinished
 from petal.pipeline.jobs.worker import WorkerPlan, claimed_documents, entry_written_since, load_engine, unit_entry_path
 from petal.pipeline.jobs.workers import START_TIMEOUT_ENV, start_timeout_s
 from petal.pipeline.reliability.errors import (
@@ -457,7 +458,7 @@ def _embed_on_ray(plan: WorkerPlan, scale: ScaleConfig, report: RunReport, stop:
     store = assembly.store
     per_actor: dict[int, dict[str, int]] = {}
     described: dict[int, dict[str, Any]] = {}  # pid -> the actor's engine, stats and load time, as last told
-    committed = 0
+    committed = 0  # shard entries made by this run (embedded, or assembled from an earlier run's ranges)
     started = time.time()  # an entry written from now on is this run's
     reported: set[int] = set()
     progress = progress_bar(sum(r.num_rows for r in plan.ranges), disable=plan.job.quiet,
@@ -465,7 +466,9 @@ def _embed_on_ray(plan: WorkerPlan, scale: ScaleConfig, report: RunReport, stop:
     rows = iter(results.iter_rows())
     finished = False
     try:
-        yield from assembly.ready()  # shards whose every range an earlier run committed
+        ready = assembly.ready()  # shards whose every range an earlier run committed
+        committed += len(ready)
+        yield from ready
         while True:
             with stop.interruptible():  # a stop signal ends the wait for the next unit at once, not after it
                 row = next(rows, None)
@@ -498,7 +501,7 @@ def _embed_on_ray(plan: WorkerPlan, scale: ScaleConfig, report: RunReport, stop:
             for position, shard_entry in assembly.commit(unit, entry):
                 committed += 1
                 yield position, shard_entry  # the run counts it (report, exit message) as the store holds it
-        raise _ray_failure(exc, committed, len(plan.shards), watch.failure, watch.load_error()) from exc
+        raise _ray_failure(exc, report, committed, watch.failure, watch.load_error()) from exc
     finally:
         progress.close()
         close = getattr(rows, "close", None)  # NOTE: Ray Data's executor stops (no unit is handed out any more)
@@ -537,19 +540,20 @@ def _unreported_commits(plan: WorkerPlan, store: EmbeddingStore, reported: set[i
     return found
 
 
-def _ray_failure(exc: BaseException, committed: int, total: int, reason: str | None = None,
+def _ray_failure(exc: BaseException, report: RunReport, committed: int, reason: str | None = None,
                  load_error: tuple[int, str, str] | None = None) -> PetalError:
     """A Ray error as the exit-code contract has it: an actor's ``PetalError`` keeps its code; the rest is 75
     (``reason``: what petal knows failed, an actor it killed, in place of Ray's words; ``load_error``: the
-    ``(exit code, status, message)`` an actor whose engine did not load said, which Ray's error has lost)."""
+    ``(exit code, status, message)`` an actor whose engine did not load said, which Ray's error has lost). Its message
+    ends with what the store holds of the run's shards and what a rerun does (``scaled.unfinished``; ``committed``:
+    the shard entries this run made)."""
     from petal.pipeline.jobs.workers import WorkerFailed
 
     if load_error is not None:
         code, status, message = load_error
-        return WorkerFailed(f"{message} ({committed} of {total} shards committed)", code, status)
+        return WorkerFailed(f"{message}; {unfinished(report, committed)}", code, status)
     if reason is not None:
-        return TemporaryFailure(f"{reason}; {committed} of {total} shards committed, {total - committed} not: "
-                                "rerun to embed only those")
+        return TemporaryFailure(f"{reason}; {unfinished(report, committed)}")
     cause: BaseException | None = exc
     seen = 0
     while cause is not None and seen < 10:  # RayTaskError wraps the actor's exception (``cause``)
@@ -557,7 +561,8 @@ def _ray_failure(exc: BaseException, committed: int, total: int, reason: str | N
         # NOTE: a RayTaskError(PetalError) is a PetalError too, whose text is Ray's traceback: the actor's own is inside
         if isinstance(cause, PetalError) and not isinstance(inner, PetalError):
             message = (str(cause).strip().splitlines() or [type(cause).__name__])[0]  # Ray appends its retry notes
-            return WorkerFailed(f"{message} ({committed} of {total} shards committed)", cause.exit_code, cause.status)
+            return WorkerFailed(f"{message}; {unfinished(report, committed)}", cause.exit_code,
+                                cause.status)
         cause = inner
         seen += 1
     from ray.exceptions import RayError
@@ -568,8 +573,7 @@ def _ray_failure(exc: BaseException, committed: int, total: int, reason: str | N
         failed = f"{type(inner).__name__}: {_first_line(inner)}"
     where = ray_log_directory()
     logs = f" (Ray's logs: {where})" if where else ""
-    return TemporaryFailure(f"the Ray run failed ({failed}){logs}; {committed} of {total} shards committed, "
-                            f"{total - committed} not: rerun to embed only those")
+    return TemporaryFailure(f"the Ray run failed ({failed}){logs}; {unfinished(report, committed)}")
 
 
 def _first_line(exc: BaseException) -> str:

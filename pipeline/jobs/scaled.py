@@ -57,3 +57,14 @@ def _with_ranges_report(commits: Iterator[tuple[int, StoreEntry]], assembly: Ran
     finally:
         if assembly.plan.split:
             report.ranges = assembly.report(split_rows)
+
+
+
+def unfinished(report: RunReport, committed: int, units: str = "") -> str:
+    """The end of a failed scaled run's message: ``N of M shards committed{units}, K not``. M: the run's shards
+    (``report.shards["total"]``, the summary line's); N: what the store holds of them, which a rerun reuses: those
+    reused (and kept) from earlier runs (``report.shards["reused"]``) and the ``committed`` shard entries this run made
+    (embedded, or assembled from ranges an earlier run committed)."""
+    total = report.shards["total"]
+    held = report.shards["reused"] + committed
+    return f"{held} of {total} shards committed{units}, {total - held} not: rerun to embed only what is missing"

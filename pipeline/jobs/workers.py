@@ -32,6 +32,7 @@ from petal.pipeline.config import ScaleConfig
 from petal.pipeline.ingest.parquet import ReadStats
 from petal.pipeline.jobs.progress import progress_bar
 from petal.pipeline.jobs.report import RunReport
+from petal.pipeline.jobs.scaled import unfinished
 from petal.pipeline.jobs.worker import (
     WorkerPlan,
     WorkerSlot,
@@ -152,7 +153,9 @@ def embed_in_pool(plan: WorkerPlan, slots: list[WorkerSlot], report: RunReport, 
                 process.start()
             theirs.close()  # NOTE: only the child holds it now, so its death is an EOF here
             pool.add(slot, process, ours)
-        yield from assembly.ready()  # shards whose every range an earlier run committed
+        assembled = assembly.ready()  # shards whose every range an earlier run committed
+        pool.committed += len(assembled)
+        yield from assembled
         while not pool.finished:
             if stop.requested and pool.stop_deadline is None:  # pass the signal on: workers stop at a batch boundary
                 pool.stopping = True
@@ -198,7 +201,7 @@ class _Pool:
         self.seen: dict[int, dict[str, int]] = {slot.index: no_commits() for slot in slots}
         self.engines: dict[int, dict[str, Any]] = {}
         self.failures: list[tuple[int, int, str, str]] = []  # (worker, exit code, status, message)
-        self.committed = 0  # shard entries
+        self.committed = 0  # shard entries made by this run (embedded, or assembled from an earlier run's ranges)
         self.units_done = 0
         self.commits: list[tuple[int, StoreEntry]] = []  # handled, not yet handed to the run
         self.handed: dict[int, tuple[int, float]] = {}  # unit -> (worker, time.time() when handed), until committed
@@ -273,8 +276,10 @@ class _Pool:
         self._recover(worker)
 
     def _recover(self, worker: int) -> None:
-        """The units a dead worker committed to the store but did not live to report: the commit is the
-        entry's rename, its "commit" event comes after it, and a SIGKILL can fall between the two. Such an
+        """The units a worker that died or failed committed to the store but did not report: the commit is the
+        entry's rename, its "commit" event comes after it, and a SIGKILL can fall between the two, or an error (units
+        that complete at one step commit one after the other, and a failed commit loses the report of those renamed
+        before it: ``StoreSink._commit_ready``). Such an
         entry counts (the report and the exit message say what the store holds, which is what a rerun
         reuses) when its ``entry.json`` was written after the unit was handed out (an entry of an earlier
         run, as ``--full`` replaces, does not)."""
@@ -308,6 +313,7 @@ class _Pool:
         elif kind == "error":  # NOTE: a worker stopped by the run's stop signal is no failure of its own
             self.ended[worker] = "interrupted" if event[3] == "interrupted" else "error"
             self.failures.append((worker, event[2], event[3], event[4]))
+            self._recover(worker)  # NOTE: a commit that fails after another one of the same step was renamed
 
     def _committed(self, unit: int, entry: StoreEntry, progress: Any, worker: int) -> None:
         self.handed.pop(unit, None)
@@ -348,12 +354,13 @@ class _Pool:
         """The run report: each worker's summary (``workers``) and the totals."""
         workers = []
         for slot in self.slots:
-            # NOTE: a worker that died has no summary: what the coordinator saw it commit (its recovered units too)
+            # NOTE: a worker that died has no summary: the coordinator's counts alone (its recovered units too)
             process = self.processes[slot.index] if slot.index < len(self.processes) else None
             pid = self.engines.get(slot.index, {}).get("pid", process.pid if process is not None else None)
-            summary = self.summaries.get(slot.index, {"worker": slot.index, "pid": pid, "device": slot.label,
-                                                      **self.seen[slot.index]})
-            workers.append({**summary, "status": self.ended.get(slot.index, "lost")})
+            summary = self.summaries.get(slot.index, {"worker": slot.index, "pid": pid, "device": slot.label})
+            # NOTE: the counts are what the coordinator saw committed: a failed worker's summary lacks the units it
+            # committed and did not report (``_recover``)
+            workers.append({**summary, **self.seen[slot.index], "status": self.ended.get(slot.index, "lost")})
         self.report.workers = workers
         # NOTE: no tokens from here: the report's are its committed shard entries' (index_run.tally_commit)
         self.report.retries["oom_splits"] += sum(int(w.get("oom_splits", 0)) for w in workers)
@@ -370,11 +377,9 @@ class _Pool:
         # the user's to fix first (bad input, disk, settings), then a lost worker (retry), then the rest
         rank = {75: 1, 1: 2, 130: 3, 143: 3}
         _, code, status, message = min(self.failures, key=lambda f: rank.get(f[1], 0))
-        missing = len(self.plan.shards) - self.committed
         more = "" if len(self.failures) == 1 else f" (and {len(self.failures) - 1} more worker failure(s))"
-        ranges = f" ({self.units_done} of {len(self.plan.ranges)} units)" if self.assembly.plan.split else ""
-        detail = (f"{message}{more}; {self.committed} of {len(self.plan.shards)} shards committed{ranges}, "
-                  f"{missing} not: rerun to embed only what is missing")
+        ranges = f" ({self.units_done} of this run's {len(self.plan.ranges)} units)" if self.assembly.plan.split else ""
+        detail = f"{message}{more}; {unfinished(self.report, self.committed, ranges)}"
         if code == 75:
             raise TemporaryFailure(detail)
         raise WorkerFailed(detail, code, status)
