@@ -242,6 +242,9 @@ def test_an_actors_bad_input_keeps_its_exit_code(local_ray, tmp_path):
     assert result.exit_code == 65, result.output
     last = result.output.strip().splitlines()[-1]
     assert "bad.parquet" in last and "row group 1" in last and "Ray run failed" not in last, last
+    # what the store holds and what cures it, as --workers says (a retry alone does not)
+    assert last.endswith("; 0 of 1 shards committed, 1 not: once the input is fixed, a rerun embeds only what is "
+                         "missing"), last
     assert "\x1b[" not in last and "Failed to apply UDF" not in last, last
     assert "Traceback" not in result.output and "ERROR" not in result.output, result.output  # Ray Data's own log
 

@@ -183,7 +183,68 @@ def test_a_worker_error_stops_the_run_with_its_exit_code(fake_model, tmp_path):
                                 "--workers", "2"], {"PETAL_TEST_FAKE_ENGINE": str(tmp_path / "log.jsonl"),
                                                     "PETAL_FAULT": "read_batch:1+:eio"}, tmp_path / "r.json").wait()
     assert rc == 74 and report["exit_code"] == 74, stderr
-    assert "read error" in stderr.strip().splitlines()[-1]
+    last = stderr.strip().splitlines()[-1]
+    assert "read error" in last
+    # a rerun cures a disk error only once the storage does (was: 'rerun to embed only what is missing', as for 75)
+    assert "0 of 3 shards committed, 3 not: once the storage (or the host's memory) recovers, a rerun embeds only " \
+        "what is missing" in last, last
+    assert "rerun to embed only" not in last, last
+
+
+def corrupt_page(path: Path, group: int) -> None:
+    """Overwrite 8 bytes of row group ``group``'s text page of ``path`` (its footer still reads: preflight passes, the
+    rows phase fails, 65)."""
+    meta = pq.ParquetFile(path).metadata
+    at = meta.row_group(group).column(1).data_page_offset + 20
+    data = bytearray(path.read_bytes())
+    data[at:at + 8] = b"\x7f\xff\x00\xff\x13\x80\xff\xee"
+    path.write_bytes(bytes(data))
+
+
+def write_plain_shard(path: Path, s: int) -> list[str]:
+    """Shard ``s``: 40 rows in row groups of 10, uncompressed and without dictionary pages (``corrupt_page``'s aim)."""
+    ids = [f"s{s}-{i}" for i in range(40)]
+    pq.write_table(pa.table({"id": ids, "text": [f"shard {s} document {i}" for i in range(40)]}), path,
+                   row_group_size=10, compression="none", use_dictionary=False)
+    return ids
+
+
+@pytest.mark.parametrize(("case", "code", "advice"), [
+    ("corrupt-page", 65, "the committed ones are kept: once the input is fixed, a rerun embeds only what is missing"),
+    ("bug", 1, "this is a bug in petal (the traceback is above): a rerun reuses the committed ones but may fail the "
+               "same way"),
+])
+def test_a_worker_errors_rerun_advice_fits_its_exit_code(fake_model, tmp_path, case, code, advice):
+    """A worker's error that a retry does not cure ends with what the store holds and what a rerun does for its code:
+    a shard with a corrupt data page (65) is the one-process run's message, then 'N of 5 shards committed, K not' and
+    that a rerun embeds only what is missing once the input is fixed (and it does); an internal error (1, an
+    exception no code maps) says it is a bug, which a rerun (reusing the committed shards) may meet again. Before,
+    both said 'rerun to embed only what is missing', as a lost worker (75) does, and a rerun failed the same way."""
+    data, out = tmp_path / "data", tmp_path / "out"
+    data.mkdir()
+    ids = [i for s in range(5) for i in write_plain_shard(data / f"shard-{s}.parquet", s)]
+    env = {"PETAL_TEST_FAKE_ENGINE": str(tmp_path / "log.jsonl")}
+    if case == "corrupt-page":
+        corrupt_page(data / "shard-3.parquet", 2)
+    else:
+        env["PETAL_FAULT"] = "store_commit_begin:2:raise"  # each worker's second commit raises (a bug: exit 1)
+    argv = ["index", str(data), "--model", str(fake_model), "-q"]
+    rc, stderr, report = Petal([*argv, "--out", str(out), "--workers", "2"], env, tmp_path / "two.json").wait()
+    assert rc == code and report["exit_code"] == code, stderr
+    last = stderr.strip().splitlines()[-1]
+    held = committed(out)
+    assert held == report["shards"]["embedded"] and 1 <= held < 5, (held, report["shards"])
+    assert f"; {held} of 5 shards committed, {5 - held} not: {advice}" in last, last
+    assert "rerun to embed only" not in last, last
+    if code != 65:
+        return
+    one_rc, one_stderr, _ = Petal([*argv, "--out", str(tmp_path / "one")], env, tmp_path / "one.json").wait()
+    assert one_rc == 65 and last.startswith(one_stderr.strip().splitlines()[-1] + "; "), (one_stderr, last)
+    write_plain_shard(data / "shard-3.parquet", 3)  # the input fixed: the rerun embeds only what is missing
+    rc, stderr, report = Petal([*argv, "--out", str(out), "--workers", "2"], env, tmp_path / "rerun.json").wait()
+    assert rc == 0 and report["shards"] == {"total": 5, "embedded": 5 - held, "reused": held}, stderr
+    rows, _ = contents(out)
+    assert sorted(r["id"] for r in rows) == sorted(ids)
 
 
 def test_a_resumed_runs_failure_counts_every_shard_the_store_holds(fake_model, tmp_path):
@@ -410,6 +471,9 @@ def test_a_workers_engine_load_error_has_the_exit_code_of_one_process(broken_mod
         assert report["exit_code"] == code and not report.get("workers"), report
     else:
         assert report["exit_code"] == code and [w["status"] for w in report["workers"]] == ["error", "error"]
+        # a retry does not cure it (was: 'rerun to embed only what is missing', as for a lost worker, 75)
+        assert last.endswith("; 0 of 3 shards committed, 3 not: once the configuration is fixed, a rerun embeds only "
+                             "what is missing (all of it again if the fix changes the model or an embedding setting)")
 
 
 def test_sigterm_while_workers_start_is_interrupted_said_once(tmp_path):

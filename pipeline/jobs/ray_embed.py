@@ -551,9 +551,9 @@ def _ray_failure(exc: BaseException, report: RunReport, committed: int, reason: 
 
     if load_error is not None:
         code, status, message = load_error
-        return WorkerFailed(f"{message}; {unfinished(report, committed)}", code, status)
+        return WorkerFailed(f"{message}; {unfinished(report, committed, code)}", code, status)
     if reason is not None:
-        return TemporaryFailure(f"{reason}; {unfinished(report, committed)}")
+        return TemporaryFailure(f"{reason}; {unfinished(report, committed, 75)}")
     cause: BaseException | None = exc
     seen = 0
     while cause is not None and seen < 10:  # RayTaskError wraps the actor's exception (``cause``)
@@ -561,7 +561,7 @@ def _ray_failure(exc: BaseException, report: RunReport, committed: int, reason: 
         # NOTE: a RayTaskError(PetalError) is a PetalError too, whose text is Ray's traceback: the actor's own is inside
         if isinstance(cause, PetalError) and not isinstance(inner, PetalError):
             message = (str(cause).strip().splitlines() or [type(cause).__name__])[0]  # Ray appends its retry notes
-            return WorkerFailed(f"{message}; {unfinished(report, committed)}", cause.exit_code,
+            return WorkerFailed(f"{message}; {unfinished(report, committed, cause.exit_code)}", cause.exit_code,
                                 cause.status)
         cause = inner
         seen += 1
@@ -573,7 +573,7 @@ def _ray_failure(exc: BaseException, report: RunReport, committed: int, reason: 
         failed = f"{type(inner).__name__}: {_first_line(inner)}"
     where = ray_log_directory()
     logs = f" (Ray's logs: {where})" if where else ""
-    return TemporaryFailure(f"the Ray run failed ({failed}){logs}; {unfinished(report, committed)}")
+    return TemporaryFailure(f"the Ray run failed ({failed}){logs}; {unfinished(report, committed, 75)}")
 
 
 def _first_line(exc: BaseException) -> str:

@@ -16,6 +16,17 @@ from petal.pipeline.config import IndexJob
 from petal.pipeline.ingest.parquet import ReadStats, ShardInfo
 from petal.pipeline.jobs.report import RunReport
 from petal.pipeline.jobs.worker import WorkerPlan
+from petal.pipeline.reliability.errors import (
+    EXIT_CANTCREAT,
+    EXIT_CONFIG,
+    EXIT_DATAERR,
+    EXIT_INTERNAL,
+    EXIT_IOERR,
+    EXIT_NOINPUT,
+    EXIT_SIGNAL_BASE,
+    EXIT_TEMPFAIL,
+    EXIT_USAGE,
+)
 from petal.pipeline.reliability.signals import StopSignals
 from petal.pipeline.store.embeddings import EmbeddingStore, StoreEntry
 from petal.pipeline.store.ranges import RangeAssembly, plan_ranges
@@ -60,11 +71,37 @@ def _with_ranges_report(commits: Iterator[tuple[int, StoreEntry]], assembly: Ran
 
 
 
-def unfinished(report: RunReport, committed: int, units: str = "") -> str:
-    """The end of a failed scaled run's message: ``N of M shards committed{units}, K not``. M: the run's shards
-    (``report.shards["total"]``, the summary line's); N: what the store holds of them, which a rerun reuses: those
-    reused (and kept) from earlier runs (``report.shards["reused"]``) and the ``committed`` shard entries this run made
-    (embedded, or assembled from ranges an earlier run committed)."""
+_CHANGED = " (all of it again if the fix changes the model or an embedding setting)"
+# what cures the failure of a worker (or Ray actor) that ended with this exit code, before a rerun embeds only what is
+# missing (the store keeps every shard and range committed), and what else to know; a retry alone cures only 75
+_CURES: dict[int, tuple[str, str]] = {
+    EXIT_DATAERR: ("once the input is fixed", ""),
+    EXIT_NOINPUT: ("once the input is fixed", ""),
+    EXIT_CANTCREAT: ("once petal may write the output", ""),
+    EXIT_IOERR: ("once the storage (or the host's memory) recovers", ""),
+    EXIT_CONFIG: ("once the configuration is fixed", _CHANGED),
+    EXIT_USAGE: ("once the flags are fixed", _CHANGED),
+}
+
+
+def rerun_advice(exit_code: int, kept: bool) -> str:
+    """What a rerun does after a scaled run failed with ``exit_code``; ``kept``: the store holds some of its shards."""
+    if exit_code == EXIT_TEMPFAIL:
+        return "rerun to embed only what is missing"
+    if exit_code > EXIT_SIGNAL_BASE:  # a worker stopped by a signal of its own: as an interrupted run says
+        return "rerun to resume"
+    if exit_code == EXIT_INTERNAL:
+        reuse = "reuses the committed ones but " if kept else ""
+        return f"this is a bug in petal (the traceback is above): a rerun {reuse}may fail the same way"
+    cure, caveat = _CURES.get(exit_code, ("once the cause is fixed", ""))
+    return f"{'the committed ones are kept: ' if kept else ''}{cure}, a rerun embeds only what is missing{caveat}"
+
+
+def unfinished(report: RunReport, committed: int, exit_code: int, units: str = "") -> str:
+    """The end of a failed scaled run's message: ``N of M shards committed{units}, K not: <rerun_advice>``. M: the
+    run's shards (``report.shards["total"]``, the summary line's); N: what the store holds of them, which a rerun
+    reuses: those reused (and kept) from earlier runs (``report.shards["reused"]``) and the ``committed`` shard entries
+    this run made (embedded, or assembled from ranges an earlier run committed)."""
     total = report.shards["total"]
     held = report.shards["reused"] + committed
-    return f"{held} of {total} shards committed{units}, {total - held} not: rerun to embed only what is missing"
+    return f"{held} of {total} shards committed{units}, {total - held} not: {rerun_advice(exit_code, held > 0)}"

@@ -13,7 +13,8 @@ shard, commit the shards they hold, and the run ends with exit 75 (rerun: only t
 are embedded). A worker that has not reported its engine loaded within ``PETAL_WORKER_START_TIMEOUT`` seconds
 of its start (a hung model load, a driver that never answers) is killed and counts as lost the same way. A
 worker's ``PetalError`` (bad input 65, disk 74, ...) stops the run the same way
-with that error's exit code. SIGINT/SIGTERM of the coordinator are passed on to the workers, which
+with that error's exit code, and its message says what cures it before a rerun (``scaled.rerun_advice``).
+SIGINT/SIGTERM of the coordinator are passed on to the workers, which
 stop at their next batch boundary; one that has not ended ``SHUTDOWN_GRACE_S`` later (a hung model load or step) is
 killed, so the run ends 130/143 in bounded time. A coordinator that dies (SIGKILL, a second SIGTERM) leaves no
 worker behind: each ends at once, quietly, as if killed (``worker.exit_orphaned``).
@@ -379,7 +380,7 @@ class _Pool:
         _, code, status, message = min(self.failures, key=lambda f: rank.get(f[1], 0))
         more = "" if len(self.failures) == 1 else f" (and {len(self.failures) - 1} more worker failure(s))"
         ranges = f" ({self.units_done} of this run's {len(self.plan.ranges)} units)" if self.assembly.plan.split else ""
-        detail = f"{message}{more}; {unfinished(self.report, self.committed, ranges)}"
+        detail = f"{message}{more}; {unfinished(self.report, self.committed, code, ranges)}"
         if code == 75:
             raise TemporaryFailure(detail)
         raise WorkerFailed(detail, code, status)
