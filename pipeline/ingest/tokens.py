@@ -3,7 +3,8 @@
 ``encode_batch_fast`` runs on all cores (Rust threads, GIL released); the pipeline runs this stage
 in a background thread so the device never waits on it. Truncation at the model's max length is
 exact and counted per row; a character pre-cap keeps a multi-megabyte row from stalling it (a row whose
-prefix does not fill max_length is encoded from longer prefixes, up to ``MAX_TEXT_CHARS`` characters).
+prefix does not fill max_length is encoded from longer prefixes, up to ``MAX_TEXT_CHARS`` characters from its first
+token: a leading run of characters the tokenizer drops is passed over).
 
 sentence-transformers conventions: a prompt (``Instruct: ...\nQuery:`` for Qwen3-Embedding
 queries) is put in front of each text and truncated with it; last-token pooling needs the EOS
@@ -12,6 +13,7 @@ token at the end, appended here when the tokenizer's post-processor does not add
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +34,9 @@ if TYPE_CHECKING:
 
 
 MAX_TEXT_CHARS = 1 << 20
+# characters tokenized, at most, to find where a text starts whose first MAX_TEXT_CHARS the tokenizer drops
+# (``TextTokenizer._first_token_at``): what the run holds beyond the characters seen in them
+MAX_SKIP_TOKENIZED = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -45,6 +50,19 @@ class Encoded:
     def cut_at_chars(self) -> np.ndarray:
         """``over_chars``, all False when None."""
         return self.over_chars if self.over_chars is not None else np.zeros(len(self.token_ids), dtype=bool)
+
+
+def run_of(chars: set[str]) -> re.Pattern[str]:
+    """A regular expression for a run of ``chars`` (none too): one class of their code point ranges."""
+    points = sorted(map(ord, chars))
+    ranges: list[list[int]] = []
+    for point in points:
+        if ranges and point == ranges[-1][1] + 1:
+            ranges[-1][1] = point
+        else:
+            ranges.append([point, point])
+    parts = (re.escape(chr(low)) + ("-" + re.escape(chr(high)) if high > low else "") for low, high in ranges)
+    return re.compile("[" + "".join(parts) + "]*" if ranges else "")
 
 
 @dataclass(frozen=True)
@@ -101,9 +119,10 @@ class TextTokenizer:
         # does not fill max_length (``encode``), so the cap changes no text's ids.
         self.max_chars = max_chars if max_chars is not None else max(max_length * 64, 4096)
         # NOTE: the longest prefix encoded: a text whose first MAX_TEXT_CHARS characters hold fewer tokens than
-        # max_length (one giant word, a run of characters the tokenizer drops) is encoded from them and counted as
-        # truncated. Encoded whole, a 10 MB row of one non-ASCII word took ~600 MB in the tokenizer (~116 bytes a
-        # character: its normalised copy and alignments), four such rows at once four times that.
+        # max_length (one giant word) is encoded from them and counted as truncated (from its first token where
+        # it holds none there: ``_first_token_at``). Encoded whole, a 10 MB row of one non-ASCII word took ~600 MB
+        # in the tokenizer (~116 bytes a character: its normalised copy and alignments), four such rows at once four
+        # times that.
         self.max_text_chars = max(MAX_TEXT_CHARS, self.max_chars)
         try:
             self._tokenizer = Tokenizer.from_str(read_text(tokenizer_file))
@@ -144,24 +163,23 @@ class TextTokenizer:
             raise no_room(max_length, taken, bool(prompt), sources or RoomSources())
 
     def encode(self, texts: list[str]) -> Encoded:
-        capped = np.fromiter((len(t) > self.max_chars for t in texts), dtype=bool, count=len(texts))
-        if not capped.any():
-            token_ids, overflowed = self._encode_prompted(texts)
-        else:
-            token_ids, overflowed = self._encode_prompted([t[: self.max_chars] if c else t
-                                                           for t, c in zip(texts, capped)])
-            # NOTE: the cap can cut tokens the whole text has within max_length: characters the tokenizer drops
-            # or folds (a run of spaces, newlines or zero-width characters; a long word that is one unknown
-            # token). A capped text that did not fill max_length is encoded again from a 4x longer prefix, up
-            # to the whole text, so its ids are the whole text's (at most ~4/3 of encoding it whole).
-            limit = self.max_chars
-            short = [i for i in np.flatnonzero(capped) if not overflowed[i]]
-            while short and limit < self.max_text_chars:
-                limit = min(limit * 4, self.max_text_chars)
-                again, again_over = self._encode_prompted([texts[i][:limit] for i in short])
-                for i, ids, over in zip(short, again, again_over):
-                    token_ids[i], overflowed[i], capped[i] = ids, over, len(texts[i]) > limit
-                short = [i for i in short if capped[i] and not overflowed[i]]
+        token_ids, overflowed, capped = self._encode_capped(texts)
+        # NOTE: a text whose first max_text_chars characters the tokenizer drops, every one (a run of spaces,
+        # zero-width characters or combining marks before its words), is read from its first token on: the
+        # characters petal reads of a text start there, so such a text is not an empty one. Its ids are the ids
+        # of the text from that token (the dropped run adds none), cut as any text at max_text_chars characters
+        blank = [i for i in np.flatnonzero(capped & ~overflowed) if self._is_empty(token_ids[i])]
+        found = {i: self._first_token_at(texts[i]) for i in blank}
+        for i, start in found.items():
+            if start is not None and start >= len(texts[i]):
+                capped[i] = False  # read to its end: nothing the model sees, an empty text, not a cut one
+        later = [(i, start) for i, start in found.items() if start is not None and start < len(texts[i])]
+        if later:
+            # NOTE: one character past the characters read, so a longer text is said to be cut there
+            again, again_over, again_capped = self._encode_capped([texts[i][start: start + self.max_text_chars + 1]
+                                                                   for i, start in later])
+            for (i, _), ids, over, cut in zip(later, again, again_over, again_capped):
+                token_ids[i], overflowed[i], capped[i] = ids, over, cut
         if self.appends_eos:
             eos = np.array([self.eos_token_id], dtype=np.int32)
             token_ids = [np.concatenate([ids, eos]) if len(ids) else ids for ids in token_ids]
@@ -169,11 +187,66 @@ class TextTokenizer:
             self._check_vocabulary(token_ids)
         return Encoded(token_ids, overflowed | capped, capped & ~overflowed)
 
+    def _encode_capped(self, texts: list[str]) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
+        """``_encode_prompted`` of each text's first characters (up to ``max_text_chars``), and whether each text
+        was cut at them (longer than what was read of it)."""
+        capped = np.fromiter((len(t) > self.max_chars for t in texts), dtype=bool, count=len(texts))
+        if not capped.any():
+            token_ids, overflowed = self._encode_prompted(texts)
+            return token_ids, overflowed, capped
+        token_ids, overflowed = self._encode_prompted([t[: self.max_chars] if c else t
+                                                       for t, c in zip(texts, capped)])
+        # NOTE: the cap can cut tokens the whole text has within max_length: characters the tokenizer drops
+        # or folds (a run of spaces, newlines or zero-width characters; a long word that is one unknown
+        # token). A capped text that did not fill max_length is encoded again from a 4x longer prefix, up
+        # to the whole text, so its ids are the whole text's (at most ~4/3 of encoding it whole).
+        limit = self.max_chars
+        short = [i for i in np.flatnonzero(capped) if not overflowed[i]]
+        while short and limit < self.max_text_chars:
+            limit = min(limit * 4, self.max_text_chars)
+            again, again_over = self._encode_prompted([texts[i][:limit] for i in short])
+            for i, ids, over in zip(short, again, again_over):
+                token_ids[i], overflowed[i], capped[i] = ids, over, len(texts[i]) > limit
+            short = [i for i in short if capped[i] and not overflowed[i]]
+        return token_ids, overflowed, capped
+
+    def _first_token_at(self, text: str) -> int | None:
+        """Where ``text``'s first token starts (its character), given that the tokenizer drops every one of its
+        first ``max_text_chars`` characters; ``len(text)`` where it drops them all; None where that is not found
+        within ``MAX_SKIP_TOKENIZED`` characters tokenized (a run of ever new characters the tokenizer drops).
+
+        NOTE: bounded time and memory whatever the text's length: the characters seen dropped are skipped with a
+        regular expression (a few ns a character, no copy of the text), and only what follows them is tokenized,
+        in windows from ``max_chars`` to ``max_text_chars`` characters, ``MAX_SKIP_TOKENIZED`` in all. A
+        character the tokenizer drops in a run of them is dropped wherever a run holds it (spaces, control and
+        zero-width characters, marks that accent stripping removes)."""
+        dropped = set(text[: self.max_text_chars])
+        position, window, budget = self.max_text_chars, self.max_chars, MAX_SKIP_TOKENIZED
+        while True:
+            position = run_of(dropped).match(text, position).end()  # type: ignore[union-attr]  # "*": always
+            if position >= len(text):
+                return len(text)
+            if budget <= 0:
+                return None
+            piece = text[position: position + min(window, budget)]
+            encoding = self._tokenizer.encode(piece)  # no prompt; truncated at max_length: the first tokens kept
+            first = next((start for (start, _), part in zip(encoding.offsets, encoding.sequence_ids)
+                          if part is not None), None)
+            if first is not None:
+                return position + first
+            dropped.update(piece)
+            position += len(piece)
+            budget -= len(piece)
+            window = min(window * 4, self.max_text_chars)
+
+    def _is_empty(self, token_ids: np.ndarray) -> bool:
+        """``token_ids`` (of ``_encode_prompted``: no EOS appended) are an empty text's."""
+        return len(token_ids) == len(self._empty_ids) and bool(np.array_equal(token_ids, self._empty_ids))
+
     def sees_nothing(self, token_ids: np.ndarray) -> bool:
         """``token_ids`` (of ``encode``) are an empty text's: no token of the text itself, only the prompt's and the
         special tokens (and the EOS appended)."""
-        ids = token_ids[:-1] if self.appends_eos and len(token_ids) else token_ids
-        return len(ids) == len(self._empty_ids) and bool(np.array_equal(ids, self._empty_ids))
+        return self._is_empty(token_ids[:-1] if self.appends_eos and len(token_ids) else token_ids)
 
     def _encode_prompted(self, texts: list[str]) -> tuple[list[np.ndarray], np.ndarray]:
         """``prompt + text``'s ids (int32, truncated at max_length, no EOS appended yet) and whether each overflowed."""

@@ -258,8 +258,8 @@ class Embedder:
 
     @property
     def max_text_chars(self) -> int:
-        """Characters petal reads of a text: a longer one whose first ``max_text_chars`` characters hold fewer
-        tokens than ``max_length`` is embedded from them (``Embedded.over_chars``)."""
+        """Characters petal reads of a text, from its first token: a longer one whose ``max_text_chars`` characters
+        from there hold fewer tokens than ``max_length`` is embedded from them (``Embedded.over_chars``)."""
         return self._tokenizer("document").max_text_chars
 
     def encode(self, texts: Texts, *, query: bool = False, batch_tokens: SupportsIndex | None = None) -> np.ndarray:

@@ -62,11 +62,12 @@ def limit_message(name: str, item: int, max_tokens: int) -> str:
 
 
 def chars_message(name: str, item: int, chars: int, max_chars: int, empty: bool = False) -> str:
-    """The 413 message of a text over the characters petal reads of a text (``TextTokenizer.max_text_chars``), whose
-    first ``max_chars`` characters hold fewer tokens than the limit (one huge unknown word, a long run of spaces):
-    cut there, it is truncated, though not at the token limit. ``empty``: those characters hold nothing the model
-    sees (blank): truncated, the text is empty (422), so ``truncate`` is not offered. NOTE: it was, and following
-    the advice got the 422."""
+    """The 413 message of a text over the characters petal reads of a text (``TextTokenizer.max_text_chars``, from
+    its first token), which hold fewer tokens than the limit (one huge unknown word): cut there, it is truncated,
+    though not at the token limit. ``empty``: those characters hold nothing the model sees (a leading run of
+    characters the tokenizer drops, not passed over: ``TextTokenizer._first_token_at`` found no token within its
+    bound): truncated, the text is empty (422), so ``truncate`` is not offered. NOTE: it was, and following the
+    advice got the 422."""
     if empty:
         return (f"{name} item {item} has {chars} characters, over the {max_chars} petal reads of a text, and those "
                 f"hold nothing the model sees (blank, or characters its tokenizer drops): \"truncate\" would leave "
