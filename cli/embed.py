@@ -18,6 +18,7 @@ from petal.cli.common import (
     MODEL_DIR,
     PATH,
     device_options,
+    float_row_text,
     given_flags,
     require_stdout,
     startup_done,
@@ -232,10 +233,14 @@ def _json_line(embedded: Embedded, i: int, ids: Sequence | Mapping[int, Any] | N
         record["id"] = ids[i]
     if i in embedded.skipped:
         record.update(embedding=None, skipped=embedded.skipped[i])
-    else:
-        row = embedded.rows[i - embedded.start]
-        record["embedding"] = row.tolist() if row.dtype.kind in "iu" else [round(float(x), 7) for x in row]
-    return json.dumps(record, default=str)
+        return json.dumps(record, default=str)
+    row = embedded.rows[i - embedded.start]
+    if row.dtype.kind in "iu":  # int8 codes, packed sign bits
+        record["embedding"] = row.tolist()
+        return json.dumps(record, default=str)
+    # NOTE: each float at the shortest text that reads back as the same float32 (float16): the .npy's and
+    # Embedder.encode's values exactly; the embedding goes last, as it always did
+    return json.dumps(record, default=str)[:-1] + ', "embedding": ' + float_row_text(row) + "}"
 
 
 def _streamed(embedder: Embedder, chunks: Iterator[tuple[list, bool]], query: bool, empty: str,

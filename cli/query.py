@@ -12,6 +12,7 @@ from petal.cli.common import (
     MODEL_DIR,
     PATH,
     device_options,
+    float32_value,
     given_flags,
     json_text,
     once_option,
@@ -375,7 +376,9 @@ def _rendered(index: Index, labels: list[str], results: list[list[Hit]], as_json
         if as_json:
             rows = []
             for hit, hit_text in zip(hits, texts):
-                row = {"rank": hit.rank, "score": round(hit.score, 6), "id": hit.id, "shard": hit.shard, "row": hit.row}
+                # NOTE: the score at the shortest text that reads back as FAISS's float32 (was rounded to 6 decimals)
+                row = {"rank": hit.rank, "score": float32_value(hit.score), "id": hit.id, "shard": hit.shard,
+                       "row": hit.row}
                 if hit.fields:
                     row["fields"] = {k: _field_value(v) for k, v in hit.fields.items()}
                 if show_text:

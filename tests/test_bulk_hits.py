@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from petal.cli.common import float32_value
 from petal.pipeline.index.files import IDS_GROUP_ROWS
 from petal.pipeline.index.row_groups import PER_VALUE_HITS
 from petal.pipeline.index.search import Hit, IndexReader
@@ -171,6 +172,6 @@ def test_query_vector_file_json_lines_are_the_per_hit_reference(index, tmp_path)
         expected = reference.hits(scores, labels)
         assert [line["query"] for line in lines] == [f"vector {i}" for i in range(len(queries))]
         for line, hits in zip(lines, expected):
-            assert line["hits"] == [{"rank": h.rank, "score": round(h.score, 6), "id": h.id, "shard": h.shard,
+            assert line["hits"] == [{"rank": h.rank, "score": float32_value(h.score), "id": h.id, "shard": h.shard,
                                      "row": h.row, "fields": h.fields, "text": reference.rows[h.faiss_id]["text"]}
                                     for h in hits]

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import petal
+from petal.cli.common import float32_value
 from petal.pipeline.reliability.errors import UsageError
 from tests.conftest import REPO, SAMPLE_DATA
 from tests.test_open_audit_tamper import refused
@@ -94,7 +95,7 @@ def test_packed_sign_bits_search_a_binary_index(built, rescore):
         from_packed = index.search_stored(packed, 5)
         from_bools = index.search_stored(np.unpackbits(packed, axis=1).astype(bool), 5)
     assert [[hit.id for hit in q] for q in from_packed] == [[hit.id for hit in q] for q in from_bools]
-    assert [[(hit.id, round(hit.score, 6)) for hit in q] for q in from_packed] == bits
+    assert [[(hit.id, float32_value(hit.score)) for hit in q] for q in from_packed] == bits
 
 
 @pytest.mark.parametrize(("name", "rows", "words"), [
