@@ -29,6 +29,7 @@ from petal.cli.common import (
 from petal.cli.options import model_options, output_options
 from petal.pipeline.reliability.output_file import check_output_file as check_output
 from petal.pipeline.reliability.output_file import write_error
+from petal.pipeline.reliability.safe_files import name_suffix
 
 if TYPE_CHECKING:
     import numpy as np
@@ -100,9 +101,9 @@ def embed(texts: tuple[str, ...], model: str | None, from_stdin: bool, input_pat
         check_columns(text_column, id_column)
     except UsageError as exc:
         raise click.UsageError(str(exc)) from None
-    if output is not None and output.suffix.lower() not in (".npy", ".jsonl"):
+    if output is not None and name_suffix(output) not in (".npy", ".jsonl"):
         raise click.UsageError(f"--output {quote_path(output)}: expected a .npy or .jsonl file")
-    if output is not None and id_column is not None and output.suffix.lower() == ".npy":
+    if output is not None and id_column is not None and name_suffix(output) == ".npy":
         raise click.UsageError(f"--id-column: --output {quote_path(output)} holds the rows only, so the ids would "
                                "go nowhere: write --output FILE.jsonl (each line carries its id), or leave --id-column "
                                "out")
@@ -114,7 +115,7 @@ def embed(texts: tuple[str, ...], model: str | None, from_stdin: bool, input_pat
     if calibration_index is not None and quantize != "int8":
         raise click.UsageError("--calibration goes with --quantize int8")
     # NOTE: --text-column names a .parquet column or a .jsonl key; anywhere else it would set nothing, silently
-    if given_flags(("text_column",)) and (input_path is None or input_path.suffix.lower() == ".txt"):
+    if given_flags(("text_column",)) and (input_path is None or name_suffix(input_path) == ".txt"):
         raise click.UsageError("--text-column goes with --input FILE.parquet or FILE.jsonl")
     items: list = list(texts)
     ids: list | None = None
@@ -123,8 +124,8 @@ def embed(texts: tuple[str, ...], model: str | None, from_stdin: bool, input_pat
     # stdout: host memory does not grow with the input (RELIABILITY.md promise 9)
     pieces = _input_pieces(input_path, text_column, id_column) \
         if input_path is not None and not items and not from_stdin \
-        and input_path.suffix.lower() in (".parquet", ".txt", ".jsonl") \
-        and not (input_path.suffix.lower() == ".txt" and id_column is not None) \
+        and name_suffix(input_path) in (".parquet", ".txt", ".jsonl") \
+        and not (name_suffix(input_path) == ".txt" and id_column is not None) \
         and not (quantize == "int8" and calibration_index is None) else None
     if pieces is not None:
         input_batches = _judged(pieces, f"--input {quote_path(input_path)} is empty")  # no input (66) before the model
@@ -186,7 +187,7 @@ def embed(texts: tuple[str, ...], model: str | None, from_stdin: bool, input_pat
         return
     if pieces is not None:
         query, empty = as_query or query_prompt is not None, f"--input {quote_path(input_path)} is empty"
-        if output is not None and output.suffix.lower() == ".npy":
+        if output is not None and name_suffix(output) == ".npy":
             with replacing(output) as fh:
                 npy = NpyRows(fh)
                 _streamed(embedder, ((texts, True) for texts in input_batches), query, empty, npy.add)
@@ -212,7 +213,7 @@ def embed(texts: tuple[str, ...], model: str | None, from_stdin: bool, input_pat
     if embedded.learned_ranges:
         click.echo(f"petal embed: int8 ranges learned from these {len(items) - len(skipped)} texts (pass "
                    "--calibration INDEX to use an index's)", err=True)
-    if output is not None and output.suffix.lower() == ".npy":
+    if output is not None and name_suffix(output) == ".npy":
         with replacing(output) as fh:
             np.save(fh, rows, allow_pickle=False)
     else:
@@ -438,7 +439,7 @@ def _input_texts(path: Path, text_column: str, id_column: str | None) -> tuple[l
     from petal.pipeline.reliability.errors import UsageError, quote_path
     from petal.pipeline.reliability.safe_files import input_file_size
 
-    suffix = path.suffix.lower()
+    suffix = name_suffix(path)
     if suffix not in TEXT_FILE_SUFFIXES:
         raise UsageError(f"--input {quote_path(path)}: expected a .parquet, .txt or .jsonl file")
     if suffix == ".txt" and id_column is not None:
@@ -468,7 +469,7 @@ def replacing(output: Path) -> Iterator[IO[bytes]]:
     if mode is not None and not stat.S_ISREG(mode):  # NOTE: a FIFO or a device: no temporary file, no rename
         try:
             with open(output, "wb") as fh:
-                if output.suffix.lower() != ".npy":
+                if name_suffix(output) != ".npy":
                     yield fh
                     return
                 # NOTE: a .npy is written with a file position (numpy's tofile; the streamed rows' header rewritten

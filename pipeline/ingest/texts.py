@@ -18,6 +18,7 @@ from petal.pipeline.config import ReadConfig
 from petal.pipeline.ingest.text_rule import UTF8_BOM, utf8_or_bytes
 from petal.pipeline.reliability.errors import BadInputError, NoInputError, UsageError, quote_path
 from petal.pipeline.reliability.faults import fault
+from petal.pipeline.reliability.safe_files import name_suffix
 
 if TYPE_CHECKING:
     from petal.pipeline.ingest.parquet import ReadStats
@@ -38,7 +39,7 @@ def read_texts(path: Path, text_column: str = "text", id_column: str | None = No
     if not path.is_file():
         raise NoInputError(f"--input {quote_path(path)} does not exist or is not a regular file")
     read = read or ReadConfig()
-    suffix = path.suffix.lower()
+    suffix = name_suffix(path)
     if suffix not in TEXT_FILE_SUFFIXES:
         raise UsageError(f"--input {quote_path(path)}: expected a .parquet, .txt or .jsonl file")
     check_columns(text_column, id_column)
@@ -71,7 +72,7 @@ def text_file_batches(path: Path, text_column: str = "text", id_column: str | No
     and line once its window is read. Nothing is read before the first ``next()``."""
     check_columns(text_column, id_column)
     read = read or ReadConfig()
-    suffix = path.suffix.lower()
+    suffix = name_suffix(path)
     if suffix == ".parquet":
         yield from parquet_text_batches(path, text_column, id_column, read, stats)
         return

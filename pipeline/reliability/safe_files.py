@@ -30,6 +30,17 @@ KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device", stat.S_IFBL
 READ_CHUNK = 1 << 20  # read_regular: bytes read at a time
 
 
+def name_suffix(path: Path | str) -> str:
+    """The lowercased suffix a file's name ends in, from its last dot (``.npy`` of ``Out.NPY``, ``dir/.npy`` and
+    ``.npy``; ``""`` for a name without a dot): what says an ``--input``'s or ``--output``'s format.
+
+    NOTE: ``Path.suffix`` is ``""`` for a name whose only dot starts it (a dot file): ``petal embed --output .npy``
+    was refused, "expected a .npy or .jsonl file", though its name ends in ``.npy``."""
+    name = Path(path).name
+    dot = name.rfind(".")
+    return name[dot:].lower() if dot >= 0 else ""
+
+
 class UnsafeFileError(ConfigError):
     """A file inside OUT that petal will not open: outside its root, or not a regular file (exit 78)."""
 
