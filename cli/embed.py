@@ -234,14 +234,13 @@ def _json_line(embedded: Embedded, i: int, ids: Sequence | Mapping[int, Any] | N
         record["id"] = ids[i]
     if i in embedded.skipped:
         record.update(embedding=None, skipped=embedded.skipped[i])
-        return json.dumps(record, default=str)
-    row = embedded.rows[i - embedded.start]
-    if row.dtype.kind in "iu":  # int8 codes, packed sign bits
+    elif (row := embedded.rows[i - embedded.start]).dtype.kind in "iu":  # int8 codes, packed sign bits
         record["embedding"] = row.tolist()
-        return json.dumps(record, default=str)
-    # NOTE: each float at the shortest text that reads back as the same float32 (float16): the .npy's and
-    # Embedder.encode's values exactly; the embedding goes last, as it always did
-    return json.dumps(record, default=str)[:-1] + ', "embedding": ' + float_row_text(row) + "}"
+    else:
+        # NOTE: each float at the shortest text that reads back as the same float32 (float16): the .npy's and
+        # Embedder.encode's values exactly; the embedding goes last, as it always did
+        return json.dumps(record, default=str)[:-1] + ', "embedding": ' + float_row_text(row) + "}"
+    return json.dumps(record, default=str)
 
 
 def _streamed(embedder: Embedder, chunks: Iterator[tuple[list, bool]], query: bool, empty: str,

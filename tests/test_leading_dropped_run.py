@@ -13,14 +13,13 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
 from petal.cli.main import cli
 from petal.pipeline.ingest.tokens import MAX_TEXT_CHARS, TextTokenizer
 from tests.invariants import live
+from tests.test_invisible_texts import index_rows
 
 WORDS = "glaciers move"
 LEADING = [" " * 1_100_000, "\u200b" * (MAX_TEXT_CHARS + 7), "\u0301" * (MAX_TEXT_CHARS + 3),
@@ -106,13 +105,7 @@ def test_petal_index_stores_what_petal_embed_gives(tmp_path: Path, padded: Path,
     from petal import Embedder
 
     texts = [" " * 1_100_000 + WORDS, "\u0301" * (MAX_TEXT_CHARS + 3) + WORDS, "espresso"]
-    shard = tmp_path / "a.parquet"
-    pq.write_table(pa.table({"id": pa.array(range(len(texts)), pa.int64()), "text": texts}), shard)
-    report = tmp_path / "report.json"
-    result = CliRunner().invoke(cli, ["index", str(shard), "--out", str(tmp_path / "out"), "--model", str(minilm_dir),
-                                      "--device", "cpu", "-q", "--json-report", str(report)])
-    assert result.exit_code == 0, result.output
-    rows = json.loads(report.read_text())["rows"]
+    rows = index_rows(tmp_path, minilm_dir, texts)
     assert rows["embedded"] == 3 and not rows["skipped"], rows
     ids, vectors = live(tmp_path / "out")
     with Embedder(minilm_dir, device="cpu") as embedder:
