@@ -79,7 +79,9 @@ def test_token_id_lists_are_taken_and_refused_by_item(server):
     ids = [101, 2129, 2079, 13403, 2693, 102]
     one = c.post("/v1/embeddings", json={"input": ids}).json()
     listed = c.post("/v1/embeddings", json={"input": [[101, 102], ids]}).json()
-    assert listed["data"][1]["embedding"] == one["data"][0]["embedding"]
+    # NOTE: equal up to float32 rounding: a batch of two rows runs other CPU kernel shapes than one (last-bit
+    # differences on this environment of 2026-12-06, at e7ab810 too)
+    np.testing.assert_allclose(listed["data"][1]["embedding"], one["data"][0]["embedding"], rtol=1e-5, atol=1e-7)
     assert listed["usage"]["prompt_tokens"] == 8 and one["usage"]["prompt_tokens"] == 6
     for body, status, text in (
             ({"input": [ids, [5, 10**30]]}, 422, "input item 1: token id 1000000000000000000000000000000 is outside"),
