@@ -22,6 +22,7 @@ import hashlib
 import os
 import re
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -348,22 +349,56 @@ def stored_source(uri: str) -> str:
     return f"{scheme}://{quote(path, safe='/:@!$&()*+,;=~')}"
 
 
-def open_stored(uri: str, filesystems: dict[str, Any] | None = None) -> RemotePath:
+def reached_by(uri: str, sources: Sequence[str]) -> str | None:
+    """The first of ``sources`` (a run's SOURCES) in the bucket of ``uri`` (a shard as petal stores it,
+    ``scheme://bucket/key``), whose connection options reach that object too; ``None`` when none is."""
+    from urllib.parse import unquote
+
+    scheme, _, path = uri.partition("://")
+    bucket = path.split("/", 1)[0]
+    for source in sources:
+        if is_uri(source) and scheme_of(source) == scheme and \
+                unquote(display_uri(source).partition("://")[2].split("/", 1)[0]) == bucket:
+            return source
+    return None
+
+
+def stored_with_options(uri: str, sources: Sequence[str] = ()) -> str:
+    """``uri`` (a shard as petal stores it) as a SOURCE naming that object (``stored_source``), reached as the first of
+    ``sources`` in its bucket reaches its own (``reached_by``): with that SOURCE's user info and query string
+    (``?endpoint_override=host:port&scheme=http``, ``region``, credentials). Without one, the storage's standard
+    chain reaches it (for S3: ``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ...).
+
+    NOTE: petal stores an object as ``scheme://bucket/key`` only (a query string or user info may hold credentials),
+    so an object opened again from that URI alone went to the storage's default endpoint: ``--full`` looked up the
+    kept objects of ``s3://b/q?endpoint_override=...`` at b.s3.us-east-1.amazonaws.com (74). The result holds the
+    SOURCE's secrets: it is opened, never shown or stored (``display_uri``)."""
+    named = stored_source(uri)
+    source = reached_by(uri, sources)
+    if source is None:
+        return named
+    info = user_info(source)
+    query = source.partition("://")[2].partition("?")[2]  # NOTE: the query as uri_encoded (from_uri) parses it
+    scheme, _, path = named.partition("://")
+    return f"{scheme}://{info + '@' if info else ''}{path}{'?' + query if query else ''}"
+
+
+def open_stored(uri: str, filesystems: dict[str, Any] | None = None, sources: Sequence[str] = ()) -> RemotePath:
     """The object a shard URI as petal stores it names (``RemotePath.uri``: ``scheme://path``, the key as it reads,
-    no credentials or query string), read through the storage's standard chain (for S3: ``AWS_ACCESS_KEY_ID``,
-    ``AWS_ENDPOINT_URL``, ...), as the run that indexed it read it. ``FileNotFoundError`` when no object is there
-    now; ``OSError`` when the storage fails or refuses. ``filesystems`` caches one client per bucket (an S3 client
-    made from a URI may first ask for the bucket's region)."""
+    no credentials or query string), read as a SOURCE of ``sources`` in its bucket reads its own, else through the
+    storage's standard chain (``stored_with_options``; for S3: ``AWS_ACCESS_KEY_ID``, ``AWS_ENDPOINT_URL``, ...).
+    ``FileNotFoundError`` when no object is there now; ``OSError`` when the storage fails or refuses. ``filesystems``
+    caches one client per bucket and options (an S3 client made from a URI may first ask for the bucket's region)."""
     from pyarrow import fs
 
     scheme, _, path = uri.partition("://")
-    bucket = f"{scheme}://{path.split('/', 1)[0]}"
+    client = f"{scheme}://{path.split('/', 1)[0]}?{reached_by(uri, sources) or ''}"  # the bucket, the options' SOURCE
     cache = filesystems if filesystems is not None else {}
-    if bucket not in cache:
+    if client not in cache:
         # NOTE: the stored key is as it reads: a '%', '?' or '#' in it is the key's own, never an escape or a query
-        filesystem, _ = fs.FileSystem.from_uri(stored_source(uri))
-        cache[bucket] = bounded(filesystem)
-    filesystem = cache[bucket]
+        filesystem, _ = fs.FileSystem.from_uri(uri_encoded(stored_with_options(uri, sources)))
+        cache[client] = bounded(filesystem)
+    filesystem = cache[client]
     if filesystem.get_file_info(path).type != fs.FileType.File:
         raise FileNotFoundError(2, "object does not exist", uri)
     return RemotePath(filesystem, path, uri)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 import time
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, cast
@@ -46,7 +46,14 @@ from petal.pipeline.ingest.parquet import (
 )
 from petal.pipeline.ingest.prefetch import Prefetcher
 from petal.pipeline.ingest.rejects import BadRowGate, rejects_table
-from petal.pipeline.ingest.remote import RemotePath, is_uri, open_stored, storage_error, stored_source
+from petal.pipeline.ingest.remote import (
+    RemotePath,
+    is_uri,
+    open_stored,
+    reached_by,
+    storage_error,
+    stored_with_options,
+)
 from petal.pipeline.ingest.tokens import TokenizedDocs, tokenize_documents, tokenizer_for
 from petal.pipeline.jobs.column_changes import KeptColumnsChange, say_kept_columns
 from petal.pipeline.jobs.keep_columns import check_column_types, check_keep_columns, stored_schema
@@ -234,7 +241,7 @@ def _run_index(job: IndexJob, report: RunReport, engine_factory: EngineFactory, 
     check_report_not_input(job.json_report, [*named, *live_inputs(live), job.delete])  # 2: never over an input
     shards = preflight(named, job.read, reads, check=stop.check)
     if job.full and not job.sync:  # --full re-embeds the shards an additive run keeps, from their files
-        extra = full_rerun_sources(live, shards)
+        extra = full_rerun_sources(live, shards, job.sources)
         if extra:
             shards = preflight(resolve_sources([*job.sources, *extra], out=job.out), job.read, reads, check=stop.check)
     report.rows["total"] = sum(s.num_rows for s in shards)
@@ -1131,30 +1138,43 @@ def full_rerun_hint(exc: Interrupted, job: IndexJob) -> Interrupted:
     return Interrupted(exc.signum, rerun=FULL_RERUN)
 
 
-def full_rerun_sources(live: Manifest | None, named: list[ShardInfo]) -> list[str]:
-    """``--full`` in an additive run: the live version's shards not named, to embed again from their files."""
+def full_rerun_sources(live: Manifest | None, named: list[ShardInfo], sources: Sequence[str]) -> list[str]:
+    """``--full`` in an additive run: the live version's shards not named, to embed again from their files. An object
+    is named with the connection options (user info, query string) of a SOURCE in its bucket (``sources``: the
+    run's), which its stored URI never holds (``stored_with_options``)."""
     extra = []
     filesystems: dict[str, Any] = {}
     for record in kept_records(live, named, sync=False):
-        if not _kept_shard_there(record.abs_path, filesystems):
+        if not _kept_shard_there(record.abs_path, filesystems, sources):
             raise ConfigError(f"--full re-embeds every shard of the index, but {quote_path(record.path)} (kept from an "
-                              "earlier run) is gone; pass --sync to drop the shards not named")
-        extra.append(stored_source(record.abs_path) if is_uri(record.abs_path) else record.abs_path)
+                              f"earlier run) is gone{_through_chain(record.abs_path, sources)}; pass --sync to drop "
+                              "the shards not named")
+        extra.append(stored_with_options(record.abs_path, sources) if is_uri(record.abs_path) else record.abs_path)
     return extra
 
 
-def _kept_shard_there(abs_path: str, filesystems: dict[str, Any]) -> bool:
-    """Whether a kept shard's file or object (its URI: ``open_stored``, one client per bucket in ``filesystems``)
-    is there. A storage that fails or refuses is its exit code (``storage_error``), never "gone".
+def _kept_shard_there(abs_path: str, filesystems: dict[str, Any], sources: Sequence[str]) -> bool:
+    """Whether a kept shard's file or object (its URI: ``open_stored`` as a SOURCE in its bucket reaches it, one
+    client per bucket in ``filesystems``) is there. A storage that fails or refuses is its exit code
+    (``storage_error``), never "gone".
 
     NOTE: an object was not looked at here: one deleted since was listed again as a source and failed 66 'source
     ... does not exist', where a local file gone is 78 with the --sync hint."""
     if not is_uri(abs_path):
         return Path(abs_path).is_file()
     try:
-        open_stored(abs_path, filesystems)
+        open_stored(abs_path, filesystems, sources)
     except FileNotFoundError:
         return False
     except OSError as exc:
-        raise storage_error(f"cannot look up {abs_path}", exc) from exc
+        raise storage_error(f"cannot look up {abs_path}{_through_chain(abs_path, sources)}", exc) from exc
     return True
+
+
+def _through_chain(abs_path: str, sources: Sequence[str]) -> str:
+    """Why a kept object was looked for where it was: said when no SOURCE is in its bucket (``reached_by``), so the
+    storage's standard chain chose the endpoint and credentials, not the URI options the run that indexed it had."""
+    if not is_uri(abs_path) or reached_by(abs_path, sources) is not None:
+        return ""
+    return (" (looked up through the storage's standard chain, as no SOURCE names its bucket: for S3 AWS_ENDPOINT_URL, "
+            "AWS_ACCESS_KEY_ID, ...; or name a SOURCE in its bucket with its ?endpoint_override=...)")

@@ -97,7 +97,7 @@ def _run(job: IndexJob, column: str, report: RunReport, stop: StopSignals, start
     mirrored_dim = live.dim if job.sync and live is not None else None
     shards, dim = preflight_vectors(local, job.read, column, reads, dim_if_none=mirrored_dim, check=stop.check)
     if job.full and not job.sync:  # --full reads the shards an additive run keeps again, from their files (as text)
-        extra = run.full_rerun_sources(live, shards)  # a kept shard that is gone: 78
+        extra = run.full_rerun_sources(live, shards, job.sources)  # a kept shard that is gone: 78
         if extra:
             again = [p for p in resolve_sources([*job.sources, *extra], out=job.out) if isinstance(p, Path)]
             shards, dim = preflight_vectors(again, job.read, column, reads, check=stop.check)
