@@ -51,6 +51,7 @@ from petal.pipeline.reliability.signals import StopSignals
 if TYPE_CHECKING:
     from petal.pipeline.index.verify import VerifyReport
     from petal.pipeline.jobs.searcher import Index
+    from petal.pipeline.layout import OutputDir
 
 Sources = str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
 _P = ParamSpec("_P")
@@ -189,9 +190,9 @@ def verify(out: str | os.PathLike[str], *, version: str | None = None) -> Verify
     and ``ids.parquet`` read as opening and searches read them. Reads only; the version is leased while it is read
     (a publish meanwhile does not prune it).
 
-    Returns the ``VerifyReport`` (``ok``, ``version_dir``, ``files``: one ``FileVerdict`` per file) when every file
-    matches. A version that does not raises ``BadInputError`` (65) naming each file, or ``ConfigError`` (78) when a
-    listed file is missing or refused, as the command exits; the exception carries the report as
+    Returns the ``VerifyReport`` (``ok``, ``version``, ``version_dir``, ``files``: one ``FileVerdict`` per file) when
+    every file matches. A version that does not raises ``BadInputError`` (65) naming each file, or ``ConfigError``
+    (78) when a listed file is missing or refused, as the command exits; the exception carries the report as
     ``.verify_report``. ``out`` holding no index, or no version ``version``: ``ConfigError`` (78); a file petal may
     not read: ``NoInputError`` (66); ``version`` not a version id (``vNNNNNN-YYYYMMDDTHHMMSSZ``): ``UsageError``.
     """
@@ -211,12 +212,7 @@ def verify(out: str | os.PathLike[str], *, version: str | None = None) -> Verify
     from petal.pipeline.index.verify import open_leased, verify_version
 
     try:
-        # NOTE: the live version named by version is checked as OUT is: a damaged one says how to go back
-        target = out if version is None or version == _live(OutputDir(out)) else OutputDir(out).version_dir(version)
-        # NOTE: lexists: a manifest.json that is there but no regular file (a directory, a FIFO, a link out) is
-        # refused by resolve_index_dir naming what it is, not said to be missing
-        if target != out and not os.path.lexists(target / "manifest.json"):
-            raise ConfigError(f"--version {version}: {target} is not a version of {out} (no manifest.json)")
+        target = out if version is None else _version_to_check(OutputDir(out), version)
         version_dir, _, lease = open_leased(target)
         with lease:  # NOTE: a publish meanwhile must not prune the version under the check
             report = verify_version(version_dir, read_index=True)
@@ -251,6 +247,56 @@ def version_id_problem(value: str) -> str | None:
     hint = f"; give its id: --version {name}" if VERSION_RE.match(name) else ""
     return (f"{quote_text(value, 80)} is not a version id (vNNNNNN-YYYYMMDDTHHMMSSZ, a directory name under "
             f"OUT/versions){hint}")
+
+
+def _version_to_check(out: OutputDir, version: str) -> Path:
+    """What ``petal verify OUT --version V`` opens: ``out.root`` itself when ``V`` is the live version (a damaged one
+    then says how to go back), else ``OUT/versions/V``; ``ConfigError`` (78) when that is no version of OUT, saying why.
+
+    NOTE: was one message for all, "OUT/versions/V is not a version of OUT (no manifest.json)": of a version directory
+    given as OUT (a path under it that never existed), and of a version pruned or never made (no directory at all),
+    naming none of the versions there."""
+    from petal.pipeline.layout import denied, is_denied, is_output_dir, not_an_index
+    from petal.pipeline.manifest import MANIFEST_FILE
+    from petal.pipeline.reliability.errors import ConfigError
+
+    root = out.root
+    if os.path.lexists(root / MANIFEST_FILE):  # NOTE: as resolve_index_dir tells a version directory
+        holder = root.parent.parent
+        give = (f"petal verify {quote_path(holder)} --version {version}" if root.parent.name == "versions"
+                and is_output_dir(holder) else f"the output directory that holds it (the one with CURRENT) and "
+                f"--version {version}")
+        raise ConfigError(f"{quote_path(root)} is a version directory, not an output directory: --version picks a "
+                          f"version under OUT/versions; give {give} (or petal verify {quote_path(root)} to check "
+                          "this version alone)")
+    live = _live(out)
+    if version == live:
+        return root
+    if not is_output_dir(root):
+        raise not_an_index(root)
+    target = out.version_dir(version)
+    # NOTE: lexists: a manifest.json that is there but no regular file (a directory, a FIFO, a link out) is refused by
+    # resolve_index_dir naming what it is, not said to be missing
+    if os.path.lexists(target / MANIFEST_FILE):
+        return target
+    if os.path.lexists(target):
+        raise ConfigError(f"--version {version}: {quote_path(target)} is not a version of {quote_path(root)} "
+                          "(no manifest.json)")
+    try:
+        present = out.versions()
+    except OSError as exc:
+        if is_denied(exc):
+            raise denied(out.versions_dir) from exc
+        raise
+    newest = ", ".join(present[-NEWEST_SHOWN:])
+    there = "it holds none" if not present else f"the versions there: {newest}" if len(present) <= NEWEST_SHOWN \
+        else f"the newest {NEWEST_SHOWN} of the {len(present)} there: {newest}"
+    shown_live = f"; live: {live}" if live is not None else ""
+    raise ConfigError(f"--version {version} is not in {quote_path(out.versions_dir)} (pruned, or never made); "
+                      f"{there}{shown_live}")
+
+
+NEWEST_SHOWN = 5  # versions a missing --version names (the newest), as CURRENT's recovery hint lists them
 
 
 def _live(out: Any) -> str | None:

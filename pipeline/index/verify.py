@@ -391,6 +391,8 @@ class VerifyReport:
     version_dir: Path
     manifest_checksum: str  # "ok", "absent" (an old version) or the problem
     files: tuple[FileVerdict, ...] = field(default_factory=tuple)
+    # NOTE: the id the manifest records, as petal info --json names it: a version copied out (/srv/index) keeps its id
+    version: str = ""
 
     @property
     def ok(self) -> bool:
@@ -407,8 +409,9 @@ class VerifyReport:
 
     def as_dict(self) -> dict[str, Any]:
         """The report as ``petal verify --json`` prints it (plain JSON types)."""
-        return {"version_dir": str(self.version_dir), "ok": self.ok, "exit_code": self.exit_code,
-                "manifest_checksum": self.manifest_checksum,
+        # NOTE: "version" as petal info --json has it (before: only version_dir, a path to take the id from)
+        return {"version": self.version, "version_dir": str(self.version_dir), "ok": self.ok,
+                "exit_code": self.exit_code, "manifest_checksum": self.manifest_checksum,
                 "files": [{"name": f.name, "ok": f.ok, **({"problem": f.problem} if f.problem else {})}
                           for f in self.files]}
 
@@ -450,7 +453,9 @@ def verify_version(version_dir: Path, manifest: dict[str, Any] | None = None, *,
     if read_index and span is not None:  # NOTE: a sealed version holds its listed files and manifest.json, no other
         verdicts += [FileVerdict(_named(name), False, "not written by petal: the manifest does not list it")
                      for name in _unlisted(version_dir, expected)]
-    return VerifyReport(version_dir, manifest_state, tuple(verdicts))
+    recorded = manifest.get("version") if isinstance(manifest, dict) else None
+    return VerifyReport(version_dir, manifest_state, tuple(verdicts),
+                        recorded if isinstance(recorded, str) else version_dir.name)
 
 
 def _unlisted(version_dir: Path, expected: dict[str, str]) -> list[str]:
