@@ -18,7 +18,8 @@ from petal.cli.index_options import given_index_flags, index_options
 @click.option("--index-factory", default=None, show_default="the live version's",
               help="FAISS index factory string, or auto (Flat when small, IVF above).")
 @functools.partial(index_options, first_run=False)
-@click.option("--keep-versions", type=click.IntRange(min=1), default=2, show_default=True,
+# NOTE: below 1 is refused by the run, worded as petal index words it (click's IntRange said "not in the range x>=1")
+@click.option("--keep-versions", type=int, default=2, show_default=True,
               help="Versions kept after the publish: the live one and N-1 before it (rollback), as petal index's.")
 @click.option("--wait", is_flag=True, help="If another petal writes to OUT, wait for it instead of exiting 75.")
 @click.option("--json-report", type=PATH, default=None,

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
-from petal.pipeline.config import check_column_name
+from petal.pipeline.config import check_column_name, keep_versions_problem
 from petal.pipeline.jobs.report import RunReport
 from petal.pipeline.jobs.settings import (
     check_vectors_flags,
@@ -153,7 +153,9 @@ def rebuild(out: str | os.PathLike[str], *, json_report: str | os.PathLike[str] 
                 if not isinstance(flag, bool) and not numpy_bool(flag):
                     raise ArgumentTypeError(f"petal.rebuild(): {name}={flag!r} is {kind_of(flag)}, not bool")
             wait, quiet = bool(wait), bool(quiet)
-            keep_versions = whole_number(keep_versions, "keep_versions", 1)
+            keep_versions = whole_number(keep_versions, "keep_versions")
+            if (problem := keep_versions_problem(keep_versions)) is not None:
+                raise UsageError(problem)  # NOTE: as petal index words it (keyword_named: keep_versions 0 < 1)
             not_empty_path(out, "out")
             out = out_path(out)
             chosen = index_settings(**settings)

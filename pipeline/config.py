@@ -27,6 +27,15 @@ def check_column_name(flag: str, name: str) -> None:
                          "column has that name")
 
 
+def keep_versions_problem(keep_versions: int) -> str | None:
+    """What is wrong with ``--keep-versions N`` (``None``: nothing). One wording for ``petal index`` and ``petal
+    rebuild`` (NOTE: rebuild's was click's "0 is not in the range x>=1", index's this one)."""
+    if keep_versions >= 1:
+        return None
+    return (f"--keep-versions {keep_versions} < 1: the live version is always kept and counts as one (1: only the "
+            "live version; N: it and the N-1 before it)")
+
+
 @dataclass(frozen=True)
 class ReadConfig:
     """Which columns to read and how much at a time."""
@@ -215,8 +224,9 @@ class IndexJob:
         problem = device_problem(self.device, self.dtype, self.attention)  # NOTE: --device cpu: before any shard
         if problem is not None:
             raise ValueError(problem)
-        if self.keep_versions < 1:
-            raise ValueError(f"--keep-versions {self.keep_versions} < 1: the live version is always kept")
+        problem = keep_versions_problem(self.keep_versions)
+        if problem is not None:
+            raise ValueError(problem)
         check_keep_names(self.keep_columns, list(self.keep_columns))  # the API's list is taken as it is
 
 
