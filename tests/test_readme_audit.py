@@ -184,3 +184,15 @@ def test_a_cached_hugging_face_model_is_served_under_its_id(tmp_path: Path, monk
     plain = tmp_path / "bge-small"
     plain.mkdir()
     assert model_name(plain) == "bge-small"
+
+
+def test_each_synopsis_lists_every_flag_of_its_command() -> None:
+    """`petal serve --keep-alive-s` (how long an idle connection is kept) was in --help and the prose, not in the
+    serve synopsis: a reader of the synopsis alone could not know the flag was there."""
+    commands = _commands()
+    missing: list[str] = []
+    for name, synopsis in _synopses().items():
+        listed = set(re.findall(r"(?<![\w-])(--?[\w-]+)", synopsis))
+        missing += [f"petal {name} {option.opts[-1]}" for option in _options(commands[name])
+                    if option.opts[-1] != "--help" and not listed & {*option.opts, *option.secondary_opts}]
+    assert not missing, missing
