@@ -18,7 +18,14 @@ drops the lease when the reader closes it or dies (kill -9 included), so a dead 
 
 Versions are numbered in publish order and a run makes its version live before it ends, so a
 version newer than the live one is the leftover of a run that died between the rename and the
-pointer swap (or, after a rollback by hand, one that was live): the next writer removes it.
+pointer swap, or, after a rollback by hand, one that was live. The next run that publishes a version removes it,
+after its pointer swap (``prune_versions``: newer than the live version the run started from); a run refused,
+failed, stopped or with nothing to publish leaves it (it may be the version to roll forward to again). One whose
+manifest is missing or is no manifest (no version petal wrote whole) is removed by the next writer's clean-up
+(``clean_orphans``). Neither goes while the live version's manifest does not read: the pointer may be what is wrong.
+
+A publish checks, right before its pointer swap, that ``CURRENT`` still holds what it held when the run took the
+lock (``StartedFrom``): a rollback by hand during a run is never overwritten (75, nothing published).
 
 A version id names one index for the life of OUT: ``.last-version`` records each id before its version is
 written (``new_version_id``), and the next number is past both it and every version on disk, so an id removed
@@ -26,9 +33,10 @@ written (``new_version_id``), and the next number is past both it and every vers
 ordering ``clean_orphans`` and ``prune_versions`` rely on).
 
 Old versions are pruned after a publish, with the publishing run's ``--keep-versions``; a run that publishes nothing
-prunes none by its own. ``.pruning`` records, before the pointer swap, the pruning a publish owes; it is removed once
-that pruning is done, so one a crash, a stop signal or a reader's lease cut short is finished by the next run
-(``finish_pruning``), a run that publishes nothing included.
+prunes none by its own. ``.pruning`` records, before the pointer swap, the pruning a publish owes (with the live
+version the run started from: the versions newer than it go too); it is removed once that pruning is done, so one a
+crash, a stop signal or a reader's lease cut short is finished by the next run (``finish_pruning``), a run that
+publishes nothing included.
 """
 
 from __future__ import annotations
@@ -46,6 +54,7 @@ import stat
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +120,15 @@ def check_not_inside_output(flag: str, out: Path) -> None:
             if part in ("versions", "store"):
                 raise OutputError(f"{flag} {quote_path(out)} lies inside the {part}/ of the petal output directory "
                                   f"{quote_path(parent)}; give a directory outside it")
+
+
+@dataclass(frozen=True)
+class StartedFrom:
+    """What ``CURRENT`` held when a writer took the lock (``OutputDir.started_from``)."""
+
+    pointer: str | None  # its text (None: no pointer); the publish swaps the pointer only while it holds this still
+    version: str | None  # the live version, when its manifest reads and records it (OutputDir.live_is_valid), else
+    # None: the versions newer than it are removed once the run has published (CURRENT set back from them by hand)
 
 
 class OutputDir:
@@ -341,14 +359,43 @@ class OutputDir:
             raise MislabeledVersion(exc.version_dir, exc.recorded, why) from None
 
     def live_is_valid(self) -> bool:
-        """True when ``CURRENT`` names an existing version directory with a manifest that does not record another
-        version id (``mislabeled``; checked before anything is deleted on the pointer's word)."""
+        """True when ``CURRENT`` names a version whose manifest reads and records that version id (``_complete``;
+        checked before anything is deleted on the pointer's word). NOTE: a manifest that is a file was enough, and an
+        unreadable one counted as valid: the versions newer than a damaged live one were deleted as leftovers, the
+        good one its recovery hint named among them, and then the run refused the damaged one (78)."""
         try:
             version = self.current_version()
-            return version is not None and (self.version_dir(version) / "manifest.json").is_file() \
-                and self.mislabeled(version) is None
-        except (ConfigError, OSError):
+            return version is not None and self._complete(version)
+        except (PetalError, OSError):
             return False
+
+    def _complete(self, version: str) -> bool:
+        """True when ``versions/<version>``'s manifest reads (a JSON object with every key a manifest has) and records
+        ``version`` (``check_version_name``): a version a run wrote whole, or one renamed back by hand."""
+        try:
+            version_dir = self.version_dir(version)
+            check_version_name(version_dir, read_manifest(version_dir / MANIFEST_FILE, self.root))
+        except (PetalError, OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
+            return False
+        return True
+
+    def _unfinished(self, version: str) -> bool:
+        """True when ``versions/<version>`` holds no version petal wrote whole: no manifest, or one that is none (empty,
+        not JSON, a key missing), or no directory. A manifest petal may not read, or an I/O error, proves nothing
+        (False): such a version may be whole."""
+        try:
+            read_manifest(self.version_dir(version) / MANIFEST_FILE, self.root)
+        except (NoInputError, PetalIOError, OSError):
+            return False
+        except (PetalError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
+            return True
+        return False
+
+    def started_from(self) -> StartedFrom:
+        """What ``CURRENT`` holds now, for a writer that has just taken the lock: its publish checks the pointer holds
+        it still, right before the swap (``publish``), and removes the versions newer than its live version after
+        it (``prune_versions``)."""
+        return StartedFrom(current_pointer(self.root), self.current_version() if self.live_is_valid() else None)
 
     def mislabeled(self, version: str) -> MislabeledVersion | None:
         """Why ``versions/<version>`` holds another version (its manifest records another id: copied or renamed by
@@ -443,43 +490,45 @@ class OutputDir:
         return path
 
     def clean_orphans(self) -> list[Path]:
-        """Remove what crashed runs left: staging and half-deleted versions, versions never made
-        live, temp files of the pointer. Call with the lock held. Returns what was removed
-        (``removed_versions`` names the versions among it); what cannot be removed is said in a warning and left
-        (``self.left``) for the next run to try again."""
+        """Remove what crashed runs left: staging and half-deleted versions, the directories newer than the live
+        version that hold no version (``_unfinished``), temp files of the pointer. Call with the lock held. Returns
+        what was removed (``removed_versions`` names the versions among it); what cannot be removed is said in a
+        warning and left (``self.left``) for the next run to try again.
+
+        A whole version newer than the live one (CURRENT set back from it by hand, or a run killed before its pointer
+        swap) is left: the run removes it once it has published (``prune_versions``), never before; a run refused,
+        failed, stopped or with nothing to publish leaves it."""
         removed: list[Path] = []
         if self.versions_dir.is_dir():
-            # NOTE: versions after the live one are deleted only when the pointer names a real version: a
-            # pointer to a missing or older version must never cost the newer (possibly live) data.
+            # NOTE: versions after the live one are deleted only when the pointer names a version whose manifest
+            # reads: a pointer to a missing, older or damaged version must never cost the newer (possibly live) data
             live = self.current_version() if self.live_is_valid() else None
             newer = [v for v in self.versions() if live is not None and v > live]
-            if newer:  # NOTE: their numbers stay taken once they are gone (a mark missing or behind: raised first)
-                self._cover(newer[-1])
             # NOTE: a copy made by hand is no leftover of a run: a 'mv versions/V1 versions/V9' holds V1's only copy
             copies = self._copies(newer)
+            junk = [v for v in newer if v not in copies and self._unfinished(v)]
+            if junk:  # NOTE: their numbers stay taken once they are gone (a mark missing or behind: raised first)
+                self._cover(newer[-1])
             in_use: list[str] = []
             for path in sorted(self.versions_dir.iterdir()):
-                never_live = live is not None and path.name in newer and path.name not in copies
                 if path.name.startswith((".staging-", ".deleting-")):
                     # NOTE: removed with ignore_errors, one petal could not delete stayed for good without a word
                     if remove_or_leave(path, _leftover_kind(path.name), self.left):
                         removed.append(path)
-                elif never_live:
-                    # NOTE: a version after the live one that a reader holds was live (CURRENT was set back by
-                    # hand, and a server that refused the older version still serves this one): kept
+                elif path.name in junk:
                     with _unless_in_use(path) as free:
                         if not free:
                             in_use.append(path.name)
-                        elif self._delete_version(path.name, f"the version {path.name}, newer than the live "
-                                                             f"version {live}"):
+                        elif self._delete_version(path.name, f"{path.name}, newer than the live version {live}, "
+                                                             "which holds no whole version"):
                             removed.append(path)
-            gone = sorted(p.name for p in removed if p.name in newer)
-            if gone:  # NOTE: a whole version, possibly live before CURRENT was set back: never removed silently
-                _note(f"removed {', '.join(gone)} (newer than the live version {live}: CURRENT was set back from "
-                      "it by hand, or a stopped run never made it live)")
+            gone = sorted(p.name for p in removed if p.name in junk)
+            if gone:  # NOTE: never removed silently
+                _note(f"removed {', '.join(gone)} (newer than the live version {live}, and no whole version: its "
+                      "manifest is missing or damaged)")
             if in_use:
-                _note(f"kept {', '.join(sorted(in_use))} (newer than the live version {live}): in use by a reader "
-                      "(a petal serve that serves it); removed by a run after that reader lets it go")
+                _note(f"kept {', '.join(sorted(in_use))} (newer than the live version {live}): "
+                      f"{_in_use_by('still serves it')}; removed by a run after that reader lets it go")
         for tmp in [*self.root.glob(".CURRENT.tmp-*"), *self.root.glob(f".{LAST_VERSION_FILE}.tmp-*"),
                     *self.root.glob(f".{PRUNING_FILE}.tmp-*"),
                     *self.root.glob(".write-probe-*"),
@@ -532,15 +581,22 @@ class OutputDir:
             copies.add(version)
         return copies
 
-    def publish(self, staging: Path, version: str, keep_versions: int | None = None) -> Path:
+    def publish(self, staging: Path, version: str, keep_versions: int | None = None,
+                started: StartedFrom | None = None) -> Path:
         """Make a fully written staging directory the live version (atomic for readers).
 
         Every file and the directory are fsynced, the directory renamed to ``versions/<version>``,
         then ``CURRENT`` replaced in one ``os.replace``; an I/O error on the way exits 74 with the
         live version untouched. ``keep_versions``: the pruning the publish owes, recorded in ``.pruning`` before the
-        swap (``prune_versions`` removes it once done; else the next run finishes it: ``finish_pruning``).
+        swap (``prune_versions`` removes it once done; else the next run finishes it: ``finish_pruning``), with
+        ``started.version`` (the versions newer than it go too).
+
+        ``started``: what ``CURRENT`` held when the run took the lock. Checked before the rename and again right
+        before the ``os.replace`` of the pointer: changed (a rollback by hand during the run), nothing is published,
+        the version is removed and ``TemporaryFailure`` (75) names both.
         """
         final = self.version_dir(version)
+        self._check_unchanged(started)
         with writing(staging):
             for f in staging.iterdir():
                 with open(f, "rb") as fh:
@@ -551,26 +607,45 @@ class OutputDir:
             fsync_dir(self.versions_dir)
         try:
             if keep_versions is not None:  # NOTE: before the swap: a run killed right after it still owes its pruning
+                owed = {"version": version, "keep_versions": keep_versions,
+                        **({"since": started.version} if started is not None and started.version else {})}
                 with writing(self.pruning_file):
-                    write_bytes_atomic(self.pruning_file, json.dumps({"version": version,
-                                                                      "keep_versions": keep_versions}).encode())
+                    write_bytes_atomic(self.pruning_file, json.dumps(owed).encode())
             with writing(self.current_file):
                 fault("before_current_swap", self.current_file)
-                write_bytes_atomic(self.current_file, f"{version}\n".encode())
+                # NOTE: checked once the new pointer is written and fsynced, right before the rename: the window
+                # an 'echo vOLD > CURRENT' can still fall in is the rename itself (nothing locks a shell's write)
+                write_bytes_atomic(self.current_file, f"{version}\n".encode(), lambda: self._check_unchanged(started))
         except BaseException:
-            if self.current_version() != version:  # never live: free its space now (a full disk)
+            if current_pointer(self.root) != version:  # never live: free its space now (a full disk)
                 shutil.rmtree(final, ignore_errors=True)
             raise
         return final
 
+    def _check_unchanged(self, started: StartedFrom | None) -> None:
+        """``TemporaryFailure`` (75) when ``CURRENT`` no longer holds what it held when the run took the lock (set by
+        hand meanwhile: a rollback the publish would overwrite, whose version its pruning could then remove)."""
+        if started is None:
+            return
+        now = current_pointer(self.root)
+        if now != started.pointer:
+            raise TemporaryFailure(f"{quote_path(self.current_file)} changed during the run ({_shown(started.pointer)}"
+                                   f" -> {_shown(now)}, set by hand?): nothing published; run again")
+
     def prune_versions(self, keep: int, in_use: list[str] | None = None, stopping: Callable[[], bool] | None = None,
-                       why: str | None = None) -> list[str]:
+                       why: str | None = None, published: str | None = None, since: str | None = None) -> list[str]:
         """Delete all but the live version and the ``keep - 1`` versions before it (rollback targets); returns
         the versions deleted, which are named in a note on stderr (``why``: what asked for it, ``--keep-versions K``
         by default). ``stopping``: true once a stop signal came (the rest is left to the next run). Call after a
         publish only, or to finish the pruning one owes (``finish_pruning``): a run that publishes nothing prunes
         none by its own ``--keep-versions`` (README). Once every version it would delete is gone, the pruning a
         publish owes (``.pruning``) is done.
+
+        ``published``: the version the publish made live; ``CURRENT`` naming another now (set by hand since), nothing
+        is pruned. ``since``: the live version the publishing run started from (``StartedFrom.version``): the
+        versions between it and the live one go first, and are not counted among the ``keep - 1`` (CURRENT was set
+        back from them by hand, or a run killed before its pointer swap left them: a run removes them only once it
+        has published, so a refused or failed one leaves every version on disk).
 
         A version a reader holds open (``VersionLease``: the one a ``petal serve`` serves, which may be an older
         one when it refused the live one) is kept: named on stderr and appended to ``in_use``; a run after the reader
@@ -582,7 +657,16 @@ class OutputDir:
         live = self.current_version() if self.live_is_valid() else None
         if live is None:
             return []
-        older = [v for v in self.versions() if v < live]
+        if published is not None and live != published:
+            _note(f"{quote_path(self.current_file)} names {live}, not {published} that was published (set by hand "
+                  "since?): no version pruned")
+            return []
+        # NOTE: the run removes them only now, once it has published: at its start, one refused (settings drift, a
+        # 65 check), failed or with nothing to do deleted the newest versions, the way forward from a rollback by hand
+        between = [v for v in self.versions() if since is not None and since < v < live]
+        between = [v for v in between if v not in self._copies(between)]
+        newer_gone, newer_kept = self._remove_newer(between, since, live, stopping, in_use)
+        older = [v for v in self.versions() if v < live and v not in between]
         copies = self._copies(older)  # NOTE: counted, they took the place of the real versions they copy
         older = [v for v in older if v not in copies]
         doomed = older[: self._first_kept(older, keep - 1)] if keep >= 1 else []
@@ -590,7 +674,7 @@ class OutputDir:
         kept: list[str] = []
         for version in doomed:
             if stopping is not None and stopping():
-                return self._pruned(removed, kept, keep, in_use, why)
+                return newer_gone + self._pruned(removed, kept, keep, in_use, why)
             fault("version_prune", self.versions_dir / version)
             with _unless_in_use(self.versions_dir / version) as free:
                 if not free:
@@ -601,9 +685,36 @@ class OutputDir:
                 if self._delete_version(version, f"the version {version}, which --keep-versions {keep} prunes"):
                     removed.append(version)
         remaining = set(self.versions())  # NOTE: listed once, not once a doomed version
-        if not kept and remaining.isdisjoint(doomed):  # else what is left is owed still
+        if not kept and not newer_kept and remaining.isdisjoint([*doomed, *between]):  # else it is owed still
             self.pruning_file.unlink(missing_ok=True)
-        return self._pruned(removed, kept, keep, in_use, why)
+        return newer_gone + self._pruned(removed, kept, keep, in_use, why)
+
+    def _remove_newer(self, newer: list[str], since: str | None, live: str, stopping: Callable[[], bool] | None,
+                      in_use: list[str] | None) -> tuple[list[str], list[str]]:
+        """Delete ``newer``, the versions between ``since`` (the live version a run started from) and ``live`` (the
+        one it published), each said; one a reader holds is kept (said, appended to ``in_use``). Returns (removed,
+        kept)."""
+        removed: list[str] = []
+        kept: list[str] = []
+        for version in newer:
+            if stopping is not None and stopping():
+                break
+            fault("version_prune", self.versions_dir / version)
+            with _unless_in_use(self.versions_dir / version) as free:
+                if not free:
+                    kept.append(version)
+                elif self._delete_version(version, f"the version {version}, newer than the live version {since} "
+                                                   f"that {live} was published over"):
+                    removed.append(version)
+        if removed:  # NOTE: a whole version, possibly live before CURRENT was set back: never removed silently
+            _note(f"removed {', '.join(removed)} (newer than the live version {since} that {live} was published over: "
+                  f"CURRENT was set back from {_it(removed)} by hand, or a stopped run never made {_it(removed)} live)")
+        if kept:
+            _note(f"kept {', '.join(kept)} (newer than the live version {since} that {live} was published over): "
+                  f"{_in_use_by('still serves it')}; removed by a run after that reader lets it go")
+            if in_use is not None:
+                in_use.extend(kept)
+        return removed, kept
 
     def _pruned(self, removed: list[str], kept: list[str], keep: int, in_use: list[str] | None,
                 why: str | None) -> list[str]:
@@ -614,37 +725,37 @@ class OutputDir:
         if kept:
             # NOTE: named every reader that leases a version: it said only 'a petal serve ... having refused the live
             # version?', which sent an operator after a server when a Python program's open Index held it
-            _note(f"kept {', '.join(kept)}, which --keep-versions would remove: in use by a reader (a petal.Index "
-                  "still open on it, petal query --stdin, petal verify or info reading it, or a petal serve that "
-                  "refused the live version); removed by a run after that reader lets it go")
+            _note(f"kept {', '.join(kept)}, which --keep-versions would remove: "
+                  f"{_in_use_by('refused the live version')}; removed by a run after that reader lets it go")
             if in_use is not None:
                 in_use.extend(kept)
         return removed
 
     def finish_pruning(self, in_use: list[str] | None = None, stopping: Callable[[], bool] | None = None) -> list[str]:
         """For a run that publishes nothing: finish the pruning the live version's publish owes (``.pruning``: a crash,
-        a stop signal or a reader's lease cut it short), with that run's ``--keep-versions``, never this run's; as
-        ``prune_versions``. A record of a version that is not the live one (never made live, or CURRENT set back by
-        hand since) is dropped."""
+        a stop signal or a reader's lease cut it short), with that run's ``--keep-versions``, never this run's, and
+        the versions newer than the live version that run started from; as ``prune_versions``. A record of a version
+        that is not the live one (never made live, or CURRENT set back by hand since) is dropped."""
         owed = self._owed_pruning()
         if owed is None:
             return []
-        version, keep = owed
+        version, keep, since = owed
         live = self.current_version() if self.live_is_valid() else None
         if version != live:
             self.pruning_file.unlink(missing_ok=True)
             return []
         why = f"--keep-versions {keep} of the run that published {version}, whose pruning was cut short"
-        return self.prune_versions(keep, in_use, stopping, why)
+        return self.prune_versions(keep, in_use, stopping, why, version, since)
 
-    def _owed_pruning(self) -> tuple[str, int] | None:
-        """``.pruning``'s version and ``--keep-versions`` (``None`` without one); one that is not such a record is
-        said and removed."""
+    def _owed_pruning(self) -> tuple[str, int, str | None] | None:
+        """``.pruning``'s (version, ``--keep-versions``, the live version its run started from: ``None`` where it
+        recorded none), ``None`` without a record; one that is not such a record is said and removed."""
         try:
             data = json.loads(read_regular(self.pruning_file, self.root, POINTER_MAX_BYTES))
-            version, keep = data["version"], data["keep_versions"]
-            if VERSION_RE.match(version) and isinstance(keep, int) and not isinstance(keep, bool) and keep >= 1:
-                return version, keep
+            version, keep, since = data["version"], data["keep_versions"], data.get("since")
+            if VERSION_RE.match(version) and isinstance(keep, int) and not isinstance(keep, bool) and keep >= 1 \
+                    and (since is None or (isinstance(since, str) and VERSION_RE.match(since) and since < version)):
+                return version, keep, since
         except FileNotFoundError:
             return None
         except (OSError, PetalError, ValueError, KeyError, TypeError, RecursionError):
@@ -823,6 +934,25 @@ def _next_second() -> None:
 
 def _note(message: str) -> None:
     say(f"note: {message}")
+
+
+def _in_use_by(serve: str) -> str:
+    """Why a version pruning would remove is kept: every kind of reader that leases one (``VersionLease``), the
+    petal serve one as ``serve`` says (``refused the live version``: an older version; ``still serves it``: a
+    newer one, live before CURRENT was set back by hand)."""
+    return ("in use by a reader (a petal.Index still open on it, petal query --stdin, petal verify or info reading it, "
+            f"or a petal serve that {serve})")
+
+
+def _it(names: list[str]) -> str:
+    return "it" if len(names) == 1 else "them"
+
+
+def _shown(pointer: str | None) -> str:
+    """What ``CURRENT`` held, for a message: a version id as it is, anything else quoted and cut, none said."""
+    if pointer is None:
+        return "none"
+    return pointer if VERSION_RE.match(pointer) else quote_text(pointer, SHOWN_POINTER_CHARS)
 
 
 def _count(number: int, noun: str) -> str:

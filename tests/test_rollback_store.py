@@ -105,14 +105,21 @@ def two_versions(tmp_path, fake_model) -> tuple[Out, str, str, dict[str, np.ndar
     return o, v1, v2, v1_docs
 
 
-def test_a_nothing_to_do_run_after_a_rollback_says_the_newer_version_it_removed(two_versions):
+def test_a_nothing_to_do_run_after_a_rollback_keeps_the_newer_version(two_versions):
     """Before: an additive run naming only an unchanged shard after ``echo v1 > CURRENT`` ended 'nothing-to-do ... the
-    live version stays' and had deleted v2 (the newest data) without a word: ``pruned.versions`` was empty."""
+    live version stays' and had deleted v2 (the newest data), at first without a word, then said. A run that publishes
+    nothing removes no version newer than the live one now (a publish does: README): v2 and its store entries stay,
+    and pointing CURRENT at it again rolls forward."""
     o, v1, v2, _ = two_versions
     o.roll_back(v1)
     result = o.index(o.data / "a.parquet")
     assert result.rc == 0 and result.report["status"] == "nothing-to-do", result.stderr
-    assert OutputDir(o.out).versions() == [v1] and result.report["pruned"]["versions"] == [v2], result.report
+    assert OutputDir(o.out).versions() == [v1, v2] and result.report["pruned"]["versions"] == [], result.report
+    o.roll_back(v2)
+    forward = o.index()
+    assert forward.rc == 0 and forward.report["status"] == "nothing-to-do", forward.stderr
+    assert OutputDir(o.out).versions() == [v1, v2] and o.current() == v2
+    o.documents()  # complete, its entries there
 
 
 @pytest.mark.parametrize("after", ["rebuild", "additive index"])
@@ -132,7 +139,7 @@ def test_a_rolled_back_version_is_rebuilt_and_updated_from_the_store(two_version
         docs = o.documents()
         assert sorted(docs) == sorted([*v1_docs, *(f"c-1-{i}" for i in range(ROWS))])
         same_documents({d: v for d, v in docs.items() if not d.startswith("c-")}, v1_docs)
-    # NOTE: v2, newer than the live v1, went at the run's start (never live again); the new version may reuse its id
+    # NOTE: v2, newer than the live v1, went once the run published (never before: a refused run leaves it)
     assert o.current() == result.report["version"] != v1 and OutputDir(o.out).versions() == [v1, o.current()]
     assert v2 in result.report["pruned"]["versions"], result.report["pruned"]  # said: it was a whole version
     if after == "rebuild":  # not -q

@@ -159,7 +159,7 @@ def test_the_version_a_server_moved_on_from_is_released(indexed, tmp_path):
 
 def test_a_newer_version_a_server_serves_survives_a_rollback_of_current(indexed, tmp_path, tiny_bert_dir):
     """CURRENT set back by hand to an older version the server refuses (another model): the version it still
-    serves is newer than the live one, which a run's clean-up takes for a version that never went live. Kept."""
+    serves is newer than the live one, which a publish removes (CURRENT was set back from it). Kept while served."""
     data, template = indexed
     out = tmp_path / "out"
     shutil.copytree(template, out, ignore=shutil.ignore_patterns(".lock"))
@@ -177,7 +177,11 @@ def test_a_newer_version_a_server_serves_survives_a_rollback_of_current(indexed,
         report, stderr = index(data, out, "--keep-versions", "1")
         assert report["status"] == "nothing-to-do" and current(out) == v1, report
         assert (out / "versions" / v2 / "manifest.json").is_file(), "the version served was removed"
-        assert f"kept {v2} (newer than the live version {v1})" in stderr, stderr
+        assert report["pruned"]["versions"] == [], (report, stderr)  # a run that publishes nothing removes none
+        report, stderr = rebuild_out(out, "--keep-versions", "1")  # a publish over v1: v2 would go, were it not served
+        assert (out / "versions" / v2 / "manifest.json").is_file(), "the version served was removed"
+        assert report["pruned"]["in_use"] == [v2] and v2 not in report["pruned"]["versions"], (report, stderr)
+        assert f"kept {v2} (newer than the live version {v1} that {report['version']} was published over)" in stderr
         after = search_text(server)
         assert after["version"] == v2 and all(hit["text"] for hit in after["results"][0]["hits"])
     finally:

@@ -104,7 +104,7 @@ def test_a_run_after_a_rollback_never_reuses_the_number_of_the_version_it_remove
     data, out, v1, v2 = copy(built, tmp_path)
     roll_back(out, v1)
     v3, stderr = succeeds(data, out)
-    assert OutputDir(out).versions() == [v1, v3]  # v2, newer than the live v1, went at the run's start
+    assert OutputDir(out).versions() == [v1, v3]  # v2, newer than the live v1, went once the run published
     assert number(v3) == 3 and v3 not in (v1, v2) and v3 > v2 > v1, (v1, v2, v3)
     notes = [line for line in stderr.splitlines() if "note" in line]  # only the removal, said
     assert mark(out) == v3 and len(notes) == 1 and f"note: removed {v2} (newer than" in notes[0], stderr

@@ -78,7 +78,7 @@ from petal.pipeline.jobs.report import RunReport
 from petal.pipeline.jobs.report_file import check_report_file, check_report_not_input, check_report_path
 from petal.pipeline.jobs.settings import check_kept_factory, kept_settings
 from petal.pipeline.jobs.weights_hash import FileStat, WeightsHash, with_weights_sha256
-from petal.pipeline.layout import OutputDir, check_not_inside_output
+from petal.pipeline.layout import OutputDir, StartedFrom, check_not_inside_output
 from petal.pipeline.manifest import (
     MANIFEST_FILE,
     Counts,
@@ -285,6 +285,7 @@ def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory
         checks_started = time.perf_counter()
         report.timings_s["lock_wait"] = round(checks_started - locking, 3)
         fault("after_lock")
+        started_from = out.started_from()  # NOTE: what the publish swaps CURRENT from (changed by hand since: 75)
         report.pruned["versions"] = out.removed_versions(out.clean_orphans())
         settle_tombstones(out, say)  # what a run killed around its publish left: its deletion holds iff it published
         previous = None if job.full else live_or_refuse(out)  # --full: even an unreadable live version
@@ -399,7 +400,7 @@ def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory
             same_query_prompt(previous, spec)
         if published_nothing(out, previous, same, report, stop, live_checked, store, named, embedded_now):
             report_live_version(out, report)
-            clean_up(out, store, committed, job, report, stop, published=False)
+            clean_up(out, store, committed, job, report, stop)
             store.end_full_run()  # a run succeeded with the live version: a stopped --full is not resumed after it
             stop.check()  # a signal while cleaning up: the live version stays, the exit code is the signal's
             report.finish("nothing-to-do", 0, "no shard or setting changed; the live version stays")
@@ -441,7 +442,7 @@ def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory
             stop.check()  # NOTE: the last stop: once the pointer swaps, the run is done and ends as a success
             t0 = time.perf_counter()
             # --delete's tombstones take effect with it
-            publish_version(out, staging, version, deletion, job.keep_versions)
+            publish_version(out, staging, version, deletion, job.keep_versions, started_from)
             published_s = time.perf_counter() - t0
         except BaseException:
             if result is not None and result.pending is not None:
@@ -460,7 +461,7 @@ def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory
         report.rejects_file = str(out.version_dir(version) / "rejects.parquet")
         t0 = time.perf_counter()
         if committed_tombstones:  # NOTE: else clean-up would prune the staged tombstones the live version holds to
-            clean_up(out, store, committed, job, report, stop, published=True)
+            clean_up(out, store, committed, job, report, stop, (version, started_from.version))
         report.timings_s["clean_up"] = round(time.perf_counter() - t0, 3)
     stopped_after_publish(stop, version)
     report.finish("success", 0)
@@ -634,17 +635,20 @@ def bad_row_gate(job: IndexJob, report: RunReport, out: OutputDir) -> BadRowGate
 
 
 def clean_up(out: OutputDir, store: EmbeddingStore, committed: list[StoreEntry], job: IndexJob,
-             report: RunReport, stop: StopSignals, published: bool) -> None:
-    """After the live version is settled: drop superseded versions (the run ``published`` one: by its
-    ``--keep-versions``; else only what the live version's publish owes still), then the store entries no version
-    left on disk uses (a kept or leased version stays rebuildable and updatable: store/retention.py). A stop signal
-    skips what is left (the next run prunes it); the caller ends the run as interrupted."""
+             report: RunReport, stop: StopSignals, published: tuple[str, str | None] | None = None) -> None:
+    """After the live version is settled: drop superseded versions (``published``: the version the run published and
+    the live version it started from; by its ``--keep-versions``, and the versions newer than the one it started
+    from; ``None``: only what the live version's publish owes still), then the store entries no version left on disk
+    uses (a kept or leased version stays rebuildable and updatable: store/retention.py). A stop signal skips what is
+    left (the next run prunes it); the caller ends the run as interrupted."""
     try:
         if stop.requested:
             return
         in_use = report.pruned.setdefault("in_use", [])
-        if published:
-            report.pruned["versions"] += out.prune_versions(job.keep_versions, in_use, lambda: stop.requested)
+        if published is not None:
+            version, since = published
+            report.pruned["versions"] += out.prune_versions(job.keep_versions, in_use, lambda: stop.requested,
+                                                            published=version, since=since)
         else:  # NOTE: it pruned by its own --keep-versions, deleting rollback versions without a word while it said
             # "the live version stays" (README: pruning follows a publish); what a publish owes is finished
             report.pruned["versions"] += out.finish_pruning(in_use, lambda: stop.requested)
@@ -1024,15 +1028,17 @@ def record_deletion(out: OutputDir, committed: list[StoreEntry], delete_ids: Del
 
 
 def publish_version(out: OutputDir, staging: Path, version: str, deletion: Deletion | None,
-                    keep_versions: int) -> None:
+                    keep_versions: int, started: StartedFrom) -> None:
     """Make ``staging`` the live version, ``--delete``'s tombstones with it: staged (fsynced) just before, they are
     in force once ``CURRENT`` names this version (pipeline/store/tombstones.py), so a run that dies or fails before
-    the swap deleted nothing and one that dies after it keeps the deletion. A failure removes what was staged."""
+    the swap deleted nothing and one that dies after it keeps the deletion. A failure removes what was staged.
+    ``started``: what CURRENT held when the run took the lock; changed since (by hand), nothing is published (75)."""
     try:
         if deletion is not None:
             deletion.stage(version)
         fault("tombstones_staged", out.store_dir / "deleted")
-        out.publish(staging, version, keep_versions)  # the pruning it owes recorded (OutputDir.finish_pruning)
+        # the pruning it owes recorded (OutputDir.finish_pruning); CURRENT checked right before the swap
+        out.publish(staging, version, keep_versions, started)
     except BaseException:
         if deletion is not None and not _is_live(out, version):
             deletion.discard()

@@ -135,6 +135,7 @@ def run_rebuild(out_path: Path, settings: IndexSettings, report: RunReport, wait
     active = stop if stop is not None else StopSignals.for_caller()
     with contextlib.nullcontext(active) if stop is not None else active, \
             out.lock(wait=wait, on_wait=say, check=active.check):
+        started_from = out.started_from()  # NOTE: what the publish swaps CURRENT from (changed by hand since: 75)
         report.pruned["versions"] = out.removed_versions(out.clean_orphans())
         settle_tombstones(out, say)  # as petal index: what a --delete run killed around its publish left
         previous = out.current_manifest()
@@ -161,7 +162,7 @@ def run_rebuild(out_path: Path, settings: IndexSettings, report: RunReport, wait
             with writing(staging), reading(written=staging):  # NOTE: reads the store and the live version
                 result, version = _build(out, previous, source, settings, staging, deleted)
             active.check()  # NOTE: the last stop: once the pointer swaps, the rebuild is done
-            out.publish(staging, version, keep_versions)
+            out.publish(staging, version, keep_versions, started_from)
             EmbeddingStore(out.store_dir).end_full_run()  # NOTE: published: a stopped --full run is not resumed
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)  # a full disk gets its space back at once
@@ -170,7 +171,8 @@ def run_rebuild(out_path: Path, settings: IndexSettings, report: RunReport, wait
         try:
             if not active.requested:  # a stop signal once the version is live: pruning is left to the next run
                 report.pruned["versions"] += out.prune_versions(keep_versions, report.pruned.setdefault("in_use", []),
-                                                               lambda: active.requested)
+                                                               lambda: active.requested, published=version,
+                                                               since=started_from.version)
         except OSError as exc:  # published: what is left is removed by the next run
             say(f"warning: pruning old versions of {quote_path(out.root)} failed ({exc.strerror or exc})")
     # as petal index's

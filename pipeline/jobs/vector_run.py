@@ -124,6 +124,7 @@ def _run(job: IndexJob, column: str, report: RunReport, stop: StopSignals, start
 
     with out.lock(wait=job.wait, on_wait=say, check=stop.check):
         fault("after_lock")
+        started_from = out.started_from()  # NOTE: what the publish swaps CURRENT from (changed by hand since: 75)
         report.pruned["versions"] = out.removed_versions(out.clean_orphans())
         settle_tombstones(out, say)  # what a run killed around its publish left: its deletion holds iff published
         previous = None if job.full else run.live_or_refuse(out)  # damaged: 78 with the way out (--full)
@@ -195,7 +196,7 @@ def _run(job: IndexJob, column: str, report: RunReport, stop: StopSignals, start
         # a damaged live version: rebuilt from the store
         if run.published_nothing(out, previous, same, report, stop, live_checked, store, named, embedded_now):
             run.report_live_version(out, report)
-            run.clean_up(out, store, committed, job, report, stop, published=False)
+            run.clean_up(out, store, committed, job, report, stop)
             store.end_full_run()  # a run succeeded with the live version: a stopped --full is not resumed after it
             stop.check()  # a signal while cleaning up: the live version stays, the exit code is the signal's
             report.finish("nothing-to-do", 0, "no shard or setting changed; the live version stays")
@@ -224,7 +225,7 @@ def _run(job: IndexJob, column: str, report: RunReport, stop: StopSignals, start
                                     ).write(staging / MANIFEST_FILE)
             stop.check()
             # --delete's tombstones take effect with it
-            run.publish_version(out, staging, version, deletion, job.keep_versions)
+            run.publish_version(out, staging, version, deletion, job.keep_versions, started_from)
         except BaseException:
             import shutil
 
@@ -239,7 +240,7 @@ def _run(job: IndexJob, column: str, report: RunReport, stop: StopSignals, start
         say_kept_columns(columns_change)
         report.rejects_file = str(out.version_dir(version) / "rejects.parquet")
         if committed_tombstones:  # NOTE: else clean-up would prune the staged tombstones the live version holds to
-            run.clean_up(out, store, committed, job, report, stop, published=True)
+            run.clean_up(out, store, committed, job, report, stop, (version, started_from.version))
     run.stopped_after_publish(stop, version)
     report.finish("success", 0)
     return report

@@ -6,6 +6,7 @@ import contextlib
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,10 +39,11 @@ def temporary_beside(target: Path) -> Path:
     return target.with_name(name)
 
 
-def write_bytes_atomic(path: Path, data: bytes) -> None:
+def write_bytes_atomic(path: Path, data: bytes, before_replace: Callable[[], None] | None = None) -> None:
     """``path`` holds either its old content or ``data``, never a mix, even after a crash. A write that fails (a full
     disk, a quota) removes its temp file before the error goes up: it would stay beside ``path`` (a report, a pointer)
-    for good, taking the space a full disk lacks."""
+    for good, taking the space a full disk lacks. ``before_replace`` runs once ``data`` is written and fsynced, right
+    before the rename; what it raises leaves ``path`` as it was (the temp file removed)."""
     tmp = temporary_beside(path)
     # NOTE: a leftover (or planted) temp file is removed first and the new one created exclusively,
     # never through a symlink: a FIFO or a link planted under the temp name cannot block or redirect us.
@@ -53,6 +55,8 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
+        if before_replace is not None:
+            before_replace()
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
