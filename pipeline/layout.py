@@ -93,6 +93,7 @@ LAST_VERSION_FILE = ".last-version"
 PRUNING_FILE = ".pruning"
 MAX_VERSION_NUMBER = 999_999  # VERSION_RE: six digits, so that ids sort as strings in number order
 POINTER_MAX_BYTES = 256  # CURRENT holds one version id; more is not read (never echoed either)
+PRUNING_MAX_BYTES = 1 << 16  # .pruning: a version id, --keep-versions, and the newer versions a rollback left
 # NOTE: the most of a pointer that is no version id a refusal shows (petal serve's /ready too): past the 24 characters
 # of an id, so that one that starts with a valid id ('v...Z.bak', two ids on two lines) shows what is wrong with it
 # (it was cut at 24: exactly the valid id, followed by '...')
@@ -607,8 +608,10 @@ class OutputDir:
             fsync_dir(self.versions_dir)
         try:
             if keep_versions is not None:  # NOTE: before the swap: a run killed right after it still owes its pruning
+                newer = self._newer_owed(started.version if started is not None else None)
                 owed = {"version": version, "keep_versions": keep_versions,
-                        **({"since": started.version} if started is not None and started.version else {})}
+                        **({"since": started.version} if started is not None and started.version else {}),
+                        **({"newer": newer} if newer else {})}
                 with writing(self.pruning_file):
                     write_bytes_atomic(self.pruning_file, json.dumps(owed).encode())
             with writing(self.current_file):
@@ -663,7 +666,8 @@ class OutputDir:
             return []
         # NOTE: the run removes them only now, once it has published: at its start, one refused (settings drift, a
         # 65 check), failed or with nothing to do deleted the newest versions, the way forward from a rollback by hand
-        between = [v for v in self.versions() if since is not None and since < v < live]
+        carried = set(self._carried_newer(live))
+        between = [v for v in self.versions() if (since is not None and since < v < live) or v in carried]
         between = [v for v in between if v not in self._copies(between)]
         newer_gone, newer_kept = self._remove_newer(between, since, live, stopping, in_use)
         older = [v for v in self.versions() if v < live and v not in between]
@@ -747,11 +751,34 @@ class OutputDir:
         why = f"--keep-versions {keep} of the run that published {version}, whose pruning was cut short"
         return self.prune_versions(keep, in_use, stopping, why, version, since)
 
+    def _newer_owed(self, live: str | None) -> list[str]:
+        """The versions newer than a rollback target that the pruning of ``live``'s publish still owes (``.pruning``
+        of that publish, cut short by a kill or a reader's lease): the next publish's record carries them on.
+
+        NOTE: a publish replaces the record: the versions the user had set CURRENT back from, which the killed run
+        owed, were then counted as rollback targets, and the version rolled back to was pruned in their place."""
+        owed = self._owed_pruning() if live is not None else None
+        if owed is None or owed[0] != live:
+            return []
+        carried = set(self._carried_newer(live))
+        return [v for v in self.versions() if (owed[2] is not None and owed[2] < v < live) or v in carried]
+
+    def _carried_newer(self, version: str) -> list[str]:
+        """``.pruning``'s ``newer`` (``_newer_owed``) when it records ``version``'s publish, else none."""
+        try:
+            data = json.loads(read_regular(self.pruning_file, self.root, PRUNING_MAX_BYTES))
+            newer = data.get("newer", []) if isinstance(data, dict) and data.get("version") == version else []
+        except (OSError, ValueError, PetalError):
+            return []
+        if not isinstance(newer, list):
+            return []
+        return [v for v in newer if isinstance(v, str) and VERSION_RE.match(v) and v < version]
+
     def _owed_pruning(self) -> tuple[str, int, str | None] | None:
         """``.pruning``'s (version, ``--keep-versions``, the live version its run started from: ``None`` where it
         recorded none), ``None`` without a record; one that is not such a record is said and removed."""
         try:
-            data = json.loads(read_regular(self.pruning_file, self.root, POINTER_MAX_BYTES))
+            data = json.loads(read_regular(self.pruning_file, self.root, PRUNING_MAX_BYTES))
             version, keep, since = data["version"], data["keep_versions"], data.get("since")
             if VERSION_RE.match(version) and isinstance(keep, int) and not isinstance(keep, bool) and keep >= 1 \
                     and (since is None or (isinstance(since, str) and VERSION_RE.match(since) and since < version)):

@@ -273,6 +273,27 @@ def test_a_run_killed_after_its_publish_leaves_the_newer_versions_to_the_next_ru
     assert not (o.out / ".pruning").exists()
 
 
+@pytest.mark.parametrize("command", ["index", "rebuild"])
+def test_a_publish_after_a_killed_pruning_removes_what_that_pruning_owed_not_the_rollback_target(three, command):
+    """A run killed after its publish (v4, over the rollback target v1) owes the removal of v2 and v3; the next run
+    that publishes (v5, --keep-versions 3) ends with what an unkilled v4 then v5 ends with: v1, v4, v5. Was: the new
+    publish replaced the record, counted v2 and v3 as rollback targets and pruned v1, the version rolled back to."""
+    o, v1, v2, v3 = three
+    o.roll_back(v1)
+    write_shard(o.data, "a", 4)
+    killed = o.run("index", "--keep-versions", "3", env={"PETAL_FAULT": "after_publish:1:kill"})
+    assert killed.rc in (-9, 137), killed.stderr[-2000:]
+    v4 = o.current()
+    assert o.versions() == [v1, v2, v3, v4], o.versions()
+    if command == "index":
+        write_shard(o.data, "a", 5)
+    result = o.publishes(command, "--keep-versions", "3")
+    v5 = o.current()
+    assert o.versions() == [v1, v4, v5], (o.versions(), result.stderr)
+    assert sorted(result.report["pruned"]["versions"]) == [v2, v3], result.report["pruned"]
+    assert not (o.out / ".pruning").exists()
+
+
 def test_a_newer_version_a_reader_holds_is_kept_and_said_with_every_kind_of_reader(three):
     o, v1, v2, v3 = three
     o.roll_back(v1)
