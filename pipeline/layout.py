@@ -99,6 +99,7 @@ PRUNING_MAX_BYTES = 1 << 16  # .pruning: a version id, --keep-versions, and the 
 # (it was cut at 24: exactly the valid id, followed by '...')
 SHOWN_POINTER_CHARS = 64
 MANIFEST_MAX_BYTES = 64 << 20
+MAX_LISTED_VERSIONS = 5  # the complete versions a recovery hint offers (each one checked as opening it would)
 
 
 def is_output_dir(path: Path) -> bool:
@@ -280,21 +281,29 @@ class OutputDir:
 
     def recovery_hint(self, broken: str | None = None) -> str:
         """How to repair a bad pointer by hand (nothing is deleted while it is bad): the newest version other than
-        ``broken`` (the one the pointer names) that passes the checks opening it makes (``opens``), or, when none
-        does, to rebuild."""
+        ``broken`` (the one the pointer names) that passes the checks opening it makes (``opens``), with the other
+        such versions to choose from, or, when none does, to rebuild."""
         try:
             present = self.versions()
         except OSError:
             present = []
-        listed = f"versions: {', '.join(present[-5:]) or 'none'}"
+        # NOTE: only versions that open are offered (newest first, at most 5): 'versions:' listed every directory,
+        # the damaged live one included, as a version to point CURRENT at
+        complete: list[str] = []
+        for version in reversed(present):
+            if len(complete) == MAX_LISTED_VERSIONS:
+                break
+            if version != broken and self.opens(version):
+                complete.append(version)
+        listed = f"complete versions, newest first: {', '.join(complete)}"
         # NOTE: without CURRENT, petal index builds from the store: only shards without a committed entry are
         # embedded. --full embeds every shard again (hours on a corpus the store holds whole), and a pointer that is
         # no version id stops it too (it reads CURRENT)
         rebuild = (f"remove {quote_path(self.current_file)} and rebuild with petal index, which reuses the "
                    "embeddings in the store (petal index --full embeds every shard again)")
-        pick = next((v for v in reversed(present) if v != broken and self.opens(v)), None)
-        if pick is None:
-            return f"nothing was deleted; no other version passes the checks opening makes ({listed}): {rebuild}"
+        if not complete:
+            return f"nothing was deleted; no other version passes the checks opening makes: {rebuild}"
+        pick = complete[0]
         pointer = quote_path(self.current_file)
         # NOTE: a symbolic link CURRENT is removed first: 'echo V > CURRENT' wrote through it, leaving a stray file
         # where it pointed (under versions/: a 'damaged version' that turned store cleanup off) and the link in place
@@ -340,11 +349,25 @@ class OutputDir:
         version = self.current_version()
         if version is None:
             return None
+        return self.live_manifest(version)
+
+    def live_manifest(self, version: str) -> Manifest:
+        """The manifest of ``version``, the one ``CURRENT`` names. Damaged (no directory; its manifest missing, empty,
+        not JSON, not a regular file, a key missing or of the wrong type): ``ConfigError`` (78) naming ``CURRENT``,
+        the damage and the way back (``recovery_hint``); recording another version id: ``MislabeledVersion`` (65)."""
         version_dir = self.version_dir(version)
         if not version_dir.is_dir():
             raise ConfigError(f"{quote_path(self.current_file)} names {version}, {_not_a_version(version_dir)}; "
                               f"{self.recovery_hint(version)}")
-        manifest = read_manifest(version_dir / MANIFEST_FILE, self.root)
+        manifest_file = version_dir / MANIFEST_FILE
+        try:
+            manifest = Manifest.from_dict(manifest_data(manifest_file, self.root), quote_path(manifest_file))
+        except ConfigError as exc:
+            # NOTE: every way the live manifest fails to read is a damaged version with one way back, a complete
+            # version: a key missing or of the wrong type got no hint (readers) or only 'rebuild' (petal index, petal
+            # rebuild), where not JSON got the hint
+            raise ConfigError(f"{quote_path(self.current_file)} names {version}, a damaged version: {exc}; "
+                              f"{self.recovery_hint(version)}") from exc
         self.check_live_name(version, manifest)
         return manifest
 
@@ -1053,32 +1076,16 @@ def resolve_index_dir(path: Path) -> tuple[Path, Manifest]:
             if is_denied(exc):
                 raise denied(place) from exc
     if (path / MANIFEST_FILE).exists() or (path / MANIFEST_FILE).is_symlink():
-        version_dir, root = path, path
-    else:
-        out = OutputDir(path)
-        version = out.current_version() if path.is_dir() else None
-        if version is None:
-            raise not_an_index(path)
-        version_dir, root = out.version_dir(version), path
-        if not version_dir.is_dir():
-            raise ConfigError(f"{quote_path(out.current_file)} names {version}, {_not_a_version(version_dir)}; "
-                              f"{out.recovery_hint(version)}")
-        manifest_file = version_dir / MANIFEST_FILE
-        try:
-            data = manifest_data(manifest_file, root)
-        except ConfigError as exc:
-            # NOTE: the live version without a readable manifest (missing, empty, not JSON, not a file) is damaged
-            # like a pointer to a missing version: the way back is the same, a complete older version
-            raise ConfigError(f"{quote_path(out.current_file)} names {version}, a damaged version: {exc}; "
-                              f"{out.recovery_hint(version)}") from exc
-        manifest = Manifest.from_dict(data, quote_path(manifest_file))
-        # NOTE: the version its manifest records was served, queried and verified under CURRENT's name (a version
-        # directory copied or renamed: v3 holding v2's index)
-        out.check_live_name(version, manifest)
-        return version_dir, manifest
-    manifest = read_manifest(version_dir / MANIFEST_FILE, root)
-    check_version_name(version_dir, manifest)
-    return version_dir, manifest
+        manifest = read_manifest(path / MANIFEST_FILE, path)
+        check_version_name(path, manifest)
+        return path, manifest
+    out = OutputDir(path)
+    version = out.current_version() if path.is_dir() else None
+    if version is None:
+        raise not_an_index(path)
+    # NOTE: the version its manifest records was served, queried and verified under CURRENT's name (a version
+    # directory copied or renamed: v3 holding v2's index): live_manifest refuses it
+    return out.version_dir(version), out.live_manifest(version)
 
 
 class MislabeledVersion(BadInputError):

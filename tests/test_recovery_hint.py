@@ -155,3 +155,70 @@ def test_the_servers_refusal_names_a_version_that_opens(tmp_path):
         assert f"echo {v1} > " in refused["message"] and f"echo {v2}" not in refused["message"], refused
     finally:
         server.stop()
+
+
+def offered(message: str) -> str:
+    """The part of a recovery hint that offers versions to point CURRENT at."""
+    assert "point it at a complete version (" in message, message
+    return message.split("point it at a complete version (", 1)[1].split(") or remove", 1)[0]
+
+
+LIVE_DAMAGE = {
+    "manifest not JSON": DAMAGE["manifest not JSON"],
+    "manifest a FIFO": lambda v: ((v / "manifest.json").unlink(), __import__("os").mkfifo(v / "manifest.json")),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(LIVE_DAMAGE))
+def test_the_hint_lists_no_damaged_version(three_versions, tmp_path, damage):
+    """v1 complete, v2's index.faiss truncated, CURRENT names v3 whose manifest is damaged: the versions the hint
+    offers are v1 alone. It listed every version directory ('versions: v1, v2, v3'), the damaged live one included."""
+    import shutil
+
+    out = tmp_path / "out"
+    shutil.copytree(three_versions / "out", out)
+    v1, v2, v3 = OutputDir(out).versions()
+    DAMAGE["index.faiss truncated"](out / "versions" / v2)
+    LIVE_DAMAGE[damage](out / "versions" / v3)
+    for argv in commands(out, three_versions):
+        proc = petal(*argv)
+        assert proc.rc == 78, (argv, proc.rc, proc.stderr)
+        hint = offered(proc.stderr.strip().splitlines()[-1])
+        assert v1 in hint and v2 not in hint and v3 not in hint, (argv, hint)
+    hint = offered(api_error(out))
+    assert v1 in hint and v2 not in hint and v3 not in hint, hint
+
+
+KEY_DAMAGE = {
+    "key missing": lambda manifest: manifest.pop("shards"),
+    "key of the wrong type": lambda manifest: manifest.update(dim="eight"),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(KEY_DAMAGE))
+def test_a_live_manifest_with_a_bad_key_gets_the_hint_from_every_command(three_versions, tmp_path, damage):
+    """CURRENT names v3, whose manifest is JSON with a key missing or of the wrong type: readers said the key with no
+    way back, petal index and petal rebuild said only to rebuild. Now each one (78) names the key and offers v2, the
+    newest complete version, as for a manifest that is not JSON; nothing is deleted, and following the hint opens."""
+    import shutil
+
+    out = tmp_path / "out"
+    shutil.copytree(three_versions / "out", out)
+    v1, v2, v3 = OutputDir(out).versions()
+    manifest_file = out / "versions" / v3 / "manifest.json"
+    manifest = json.loads(manifest_file.read_text())
+    KEY_DAMAGE[damage](manifest)
+    manifest_file.write_text(json.dumps(manifest))
+    key = "shards" if damage == "key missing" else "dim"
+    writers: list[list[object]] = [["index", three_versions / "s2.parquet", "--out", out, "--vectors-column", "emb"],
+                                   ["rebuild", out]]
+    for argv in [*commands(out, three_versions), *writers]:
+        proc = petal(*argv)
+        assert proc.rc == 78, (argv, proc.rc, proc.stderr)
+        last = proc.stderr.strip().splitlines()[-1]
+        assert key in last and f"names {v3}, a damaged version" in last, (argv, last)
+        assert f"echo {v2} > " in last and v3 not in offered(last), (argv, last)
+    assert f"echo {v2} > " in api_error(out)
+    assert OutputDir(out).versions() == [v1, v2, v3]
+    (out / "CURRENT").write_text(v2 + "\n")  # the hint's command
+    assert petal("query", out, "--vector-file", three_versions / "q.npy").rc == 0
