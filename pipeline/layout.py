@@ -91,7 +91,6 @@ VERSION_RE = re.compile(r"^v\d{6}-\d{8}T\d{6}Z$")
 LOCK_POLL_S = 0.2
 LAST_VERSION_FILE = ".last-version"
 PRUNING_FILE = ".pruning"
-PENDING_POINTER = ".CURRENT.pending-"  # + version: the pointer a publish has written, not swapped in yet
 MAX_VERSION_NUMBER = 999_999  # VERSION_RE: six digits, so that ids sort as strings in number order
 POINTER_MAX_BYTES = 256  # CURRENT holds one version id; more is not read (never echoed either)
 PRUNING_MAX_BYTES = 1 << 16  # .pruning: a version id, --keep-versions, and the newer versions a rollback left
@@ -516,9 +515,8 @@ class OutputDir:
 
     def clean_orphans(self) -> list[Path]:
         """Remove what crashed runs left: staging and half-deleted versions, the directories newer than the live
-        version that hold no version (``_unfinished``), temp files and pending pointers of the pointer (after
-        ``settle_tombstones``, which reads the pending ones: pipeline/store/tombstones.py). Call with the lock held.
-        Returns what was removed (``removed_versions`` names the versions among it); what cannot be removed is said in a
+        version that hold no version (``_unfinished``), temp files of the pointer. Call with the lock held. Returns
+        what was removed (``removed_versions`` names the versions among it); what cannot be removed is said in a
         warning and left (``self.left``) for the next run to try again.
 
         A whole version newer than the live one (CURRENT set back from it by hand, or a run killed before its pointer
@@ -555,8 +553,7 @@ class OutputDir:
             if in_use:
                 _note(f"kept {', '.join(sorted(in_use))} (newer than the live version {live}): "
                       f"{_in_use_by('still serves it')}; removed by a run after that reader lets it go")
-        for tmp in [*self.root.glob(".CURRENT.tmp-*"), *self.root.glob(f"{PENDING_POINTER}*"),
-                    *self.root.glob(f".{LAST_VERSION_FILE}.tmp-*"),
+        for tmp in [*self.root.glob(".CURRENT.tmp-*"), *self.root.glob(f".{LAST_VERSION_FILE}.tmp-*"),
                     *self.root.glob(f".{PRUNING_FILE}.tmp-*"),
                     *self.root.glob(".write-probe-*"),
                     *self.root.glob(".rejects.parquet.tmp-*")]:
@@ -609,40 +606,30 @@ class OutputDir:
         return copies
 
     def publish(self, staging: Path, version: str, keep_versions: int | None = None,
-                started: StartedFrom | None = None, before_rename: Callable[[], None] | None = None) -> Path:
+                started: StartedFrom | None = None) -> Path:
         """Make a fully written staging directory the live version (atomic for readers).
 
-        The new pointer is written first, fsynced, as ``.CURRENT.pending-<version>`` (``pending_pointer``), then
-        ``before_rename`` runs (``--delete`` stages its tombstones), every file and the directory are fsynced, the
-        directory renamed to ``versions/<version>``, and the pending pointer renamed over ``CURRENT``: the swap
-        consumes it, so a whole version with no pending pointer went live, even after ``CURRENT`` was set back by hand
-        (``published_since``); an I/O error on the way exits 74 with the live version untouched. ``keep_versions``:
-        the pruning the publish owes, recorded in ``.pruning`` before the swap (``prune_versions`` removes it once
-        done; else the next run finishes it: ``finish_pruning``), with ``started.version`` (the versions newer than it
-        go too).
+        Every file and the directory are fsynced, the directory renamed to ``versions/<version>``,
+        then ``CURRENT`` replaced in one ``os.replace``; an I/O error on the way exits 74 with the
+        live version untouched. ``keep_versions``: the pruning the publish owes, recorded in ``.pruning`` before the
+        swap (``prune_versions`` removes it once done; else the next run finishes it: ``finish_pruning``), with
+        ``started.version`` (the versions newer than it go too).
 
         ``started``: what ``CURRENT`` held when the run took the lock. Checked before the rename and again right
         before the ``os.replace`` of the pointer: changed (a rollback by hand during the run), nothing is published,
         the version is removed and ``TemporaryFailure`` (75) names both.
         """
         final = self.version_dir(version)
-        pending = self.pending_pointer(version)
         self._check_unchanged(started)
+        with writing(staging):
+            for f in staging.iterdir():
+                with open(f, "rb") as fh:
+                    os.fsync(fh.fileno())
+            fsync_dir(staging)
+            fault("before_version_rename", final)
+            os.replace(staging, final)
+            fsync_dir(self.versions_dir)
         try:
-            # NOTE: the pointer is written before anything the swap makes live (the version, staged tombstones): the
-            # swap renames it away, so its absence beside a whole version is the proof that version went live
-            with writing(self.current_file):
-                write_bytes_atomic(pending, f"{version}\n".encode())
-            if before_rename is not None:
-                before_rename()
-            with writing(staging):
-                for f in staging.iterdir():
-                    with open(f, "rb") as fh:
-                        os.fsync(fh.fileno())
-                fsync_dir(staging)
-                fault("before_version_rename", final)
-                os.replace(staging, final)
-                fsync_dir(self.versions_dir)
             if keep_versions is not None:  # NOTE: before the swap: a run killed right after it still owes its pruning
                 newer = self._newer_owed(started.version if started is not None else None)
                 owed = {"version": version, "keep_versions": keep_versions,
@@ -652,35 +639,14 @@ class OutputDir:
                     write_bytes_atomic(self.pruning_file, json.dumps(owed).encode())
             with writing(self.current_file):
                 fault("before_current_swap", self.current_file)
-                # NOTE: checked right before the rename: the window an 'echo vOLD > CURRENT' can still fall in is the
-                # rename itself (nothing locks a shell's write)
-                self._check_unchanged(started)
-                os.replace(pending, self.current_file)
-                fsync_dir(self.root)
+                # NOTE: checked once the new pointer is written and fsynced, right before the rename: the window
+                # an 'echo vOLD > CURRENT' can still fall in is the rename itself (nothing locks a shell's write)
+                write_bytes_atomic(self.current_file, f"{version}\n".encode(), lambda: self._check_unchanged(started))
         except BaseException:
-            with contextlib.suppress(OSError):
-                pending.unlink(missing_ok=True)
             if current_pointer(self.root) != version:  # never live: free its space now (a full disk)
                 shutil.rmtree(final, ignore_errors=True)
             raise
         return final
-
-    def pending_pointer(self, version: str) -> Path:
-        """The pointer a publish of ``version`` has written and not yet swapped in (``publish``)."""
-        return self.root / f"{PENDING_POINTER}{version}"
-
-    def published_since(self, version: str) -> Manifest | None:
-        """The manifest of ``version`` when it went live and ``CURRENT`` names another now (set back by hand): a whole
-        version whose publish swapped its pending pointer in (``publish``). ``None`` otherwise: never published (a run
-        killed before its swap leaves the pending pointer), live, gone or unreadable."""
-        if self.pending_pointer(version).exists() or current_pointer(self.root) == version:
-            return None
-        path = self.version_dir(version) / MANIFEST_FILE
-        try:
-            manifest = read_manifest(path, self.root)
-        except (PetalError, OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
-            return None
-        return manifest if manifest.version == version else None
 
     def _check_unchanged(self, started: StartedFrom | None) -> None:
         """``TemporaryFailure`` (75) when ``CURRENT`` no longer holds what it held when the run took the lock (set by

@@ -249,47 +249,6 @@ def test_petal_rebuild_settles_the_staged_tombstones_a_killed_delete_left(job, f
     assert_clean(job.out)
 
 
-@pytest.mark.parametrize("vectors", [False, True], ids=["text", "vectors-column"])
-@pytest.mark.parametrize("command", ["index", "rebuild"])
-def test_a_delete_killed_after_its_publish_holds_after_a_rollback(tmp_path, fake_model, vectors, command):
-    """Killed after its pointer swap, before its tombstones were committed, then ``echo vOLD > OUT/CURRENT``: the
-    --delete was published after vOLD, so it holds (README rollback), for ``petal index`` and ``petal rebuild`` alike.
-    Before: the next writer judged the staged tombstones against vOLD only, said 'was not published' and removed them,
-    and the deleted documents came back for good. The swap renames the pending pointer away
-    (``OutputDir.published_since``); a run killed a step before it leaves that pointer and deletes nothing (above)."""
-    job = Job(tmp_path, fake_model, vectors=vectors)
-    assert job.run().rc == 0
-    before = OutputDir(job.out).current_version()
-    killed = job.delete(fault="after_publish:1:kill")
-    assert killed.rc == -9 and OutputDir(job.out).current_version() != before, killed.stderr
-    assert all(".staged-" in name for name in job.tombstones()) and len(job.tombstones()) == 2, job.tombstones()
-    (job.out / "CURRENT").write_text(f"{before}\n")  # the rollback by hand
-    if command == "index":
-        settled = job.run()
-    else:
-        settled = forkrun.petal(["rebuild", str(job.out), "--json-report", str(job.root / "rebuild.json")])
-    assert settled.rc == 0 and "was published: its 2 staged tombstones committed" in settled.stderr, settled.stderr
-    assert job.ids() == set(range(20)) - DELETED and "2 deleted earlier" in settled.last_line, settled.last_line
-    assert len(job.tombstones()) == 2 and all(".staged-" not in n for n in job.tombstones()), job.tombstones()
-    rerun = job.run()
-    assert rerun.rc == 0 and rerun.report["status"] == "nothing-to-do", rerun.stderr
-    assert job.ids() == set(range(20)) - DELETED
-    assert_clean(job.out)
-
-
-def test_a_delete_killed_before_its_swap_leaves_its_pending_pointer(job):
-    """The other side of the same proof: killed a step before the swap, the version is whole and not live, as after a
-    rollback, but its pending pointer is there: the next run removes the staged tombstones and the pointer."""
-    killed = job.delete(fault="before_current_swap:1:kill")
-    assert killed.rc == -9
-    version = next(p.name for p in (job.out / "versions").iterdir() if p.name != OutputDir(job.out).current_version())
-    assert OutputDir(job.out).pending_pointer(version).is_file()
-    rerun = job.run()
-    assert rerun.rc == 0 and "was not published: its 2 staged tombstones removed" in rerun.stderr, rerun.stderr
-    assert job.ids() == set(range(20)) and job.tombstones() == []
-    assert not list(job.out.glob(".CURRENT.*"))
-
-
 @pytest.mark.parametrize("fault, rc", [("tombstones_staged:1:raise", 1), ("before_current_swap:1:kill", -9),
                                        ("before_version_rename:1:enospc", 74)])
 def test_vectors_column_delete_that_does_not_publish_deletes_nothing_later(vector_job, fault, rc):

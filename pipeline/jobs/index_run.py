@@ -286,9 +286,8 @@ def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory
         report.timings_s["lock_wait"] = round(checks_started - locking, 3)
         fault("after_lock")
         started_from = out.started_from()  # NOTE: what the publish swaps CURRENT from (changed by hand since: 75)
-        # NOTE: settled before the clean-up, which removes the pending pointers that tell an unpublished version
-        settle_tombstones(out, say)  # what a run killed around its publish left: its deletion holds iff it published
         report.pruned["versions"] = out.removed_versions(out.clean_orphans())
+        settle_tombstones(out, say)  # what a run killed around its publish left: its deletion holds iff it published
         previous = None if job.full else live_or_refuse(out)  # --full: even an unreadable live version
         job = index_settings.of(job, live_manifest(out) if job.full else previous)  # another writer may have published
         # the weights' sha256: recorded beside the same stat (verified later), or hashed by now (the drift check
@@ -1030,20 +1029,16 @@ def record_deletion(out: OutputDir, committed: list[StoreEntry], delete_ids: Del
 
 def publish_version(out: OutputDir, staging: Path, version: str, deletion: Deletion | None,
                     keep_versions: int, started: StartedFrom) -> None:
-    """Make ``staging`` the live version, ``--delete``'s tombstones with it: staged (fsynced) once the pending pointer
-    is written, they are in force once ``CURRENT`` names this version (pipeline/store/tombstones.py), so a run that
-    dies or fails before the swap deleted nothing and one that dies after it keeps the deletion, ``CURRENT`` set back
-    by hand since or not (``OutputDir.published_since``). A failure removes what was staged.
+    """Make ``staging`` the live version, ``--delete``'s tombstones with it: staged (fsynced) just before, they are
+    in force once ``CURRENT`` names this version (pipeline/store/tombstones.py), so a run that dies or fails before
+    the swap deleted nothing and one that dies after it keeps the deletion. A failure removes what was staged.
     ``started``: what CURRENT held when the run took the lock; changed since (by hand), nothing is published (75)."""
-
-    def stage() -> None:
+    try:
         if deletion is not None:
             deletion.stage(version)
         fault("tombstones_staged", out.store_dir / "deleted")
-
-    try:
         # the pruning it owes recorded (OutputDir.finish_pruning); CURRENT checked right before the swap
-        out.publish(staging, version, keep_versions, started, before_rename=stage)
+        out.publish(staging, version, keep_versions, started)
     except BaseException:
         if deletion is not None and not _is_live(out, version):
             deletion.discard()

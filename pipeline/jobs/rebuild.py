@@ -136,8 +136,8 @@ def run_rebuild(out_path: Path, settings: IndexSettings, report: RunReport, wait
     with contextlib.nullcontext(active) if stop is not None else active, \
             out.lock(wait=wait, on_wait=say, check=active.check):
         started_from = out.started_from()  # NOTE: what the publish swaps CURRENT from (changed by hand since: 75)
-        settle_tombstones(out, say)  # as petal index, before the clean-up: what a killed --delete run left
         report.pruned["versions"] = out.removed_versions(out.clean_orphans())
+        settle_tombstones(out, say)  # as petal index: what a --delete run killed around its publish left
         previous = out.current_manifest()
         if previous is None:
             raise ConfigError(f"{quote_path(out_path)} has no published index to rebuild; build one with petal index")

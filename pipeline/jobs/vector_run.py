@@ -125,8 +125,8 @@ def _run(job: IndexJob, column: str, report: RunReport, stop: StopSignals, start
     with out.lock(wait=job.wait, on_wait=say, check=stop.check):
         fault("after_lock")
         started_from = out.started_from()  # NOTE: what the publish swaps CURRENT from (changed by hand since: 75)
-        settle_tombstones(out, say)  # before the clean-up: what a run killed around its publish left (iff published)
         report.pruned["versions"] = out.removed_versions(out.clean_orphans())
+        settle_tombstones(out, say)  # what a run killed around its publish left: its deletion holds iff published
         previous = None if job.full else run.live_or_refuse(out)  # damaged: 78 with the way out (--full)
         job = index_settings.of(job, live_manifest(out) if job.full else previous)  # another writer may have published
         if previous is not None:

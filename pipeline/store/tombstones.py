@@ -24,8 +24,7 @@ killed deletes nothing), and holds once that version is live (a crash after the 
    version is the one it was staged for and its manifest records the entry with that many deleted rows;
 4. after the publish, each staged file is renamed over the entry's tombstone (``Deletion.commit``); what a
    crash leaves is settled under the lock by the next writer, ``petal index`` or ``petal rebuild``
-   (``settle_tombstones``): renamed if in force or if its version went live and ``CURRENT`` was set back by hand
-   since (``OutputDir.published_since``: the swap consumed that version's pending pointer), else removed.
+   (``settle_tombstones``): renamed if in force, else removed.
 """
 
 from __future__ import annotations
@@ -160,19 +159,13 @@ def live_deletions(out: OutputDir) -> LiveDeletions | None:
         return None
     if manifest is None:
         return LiveDeletions(None, {})
-    return LiveDeletions(manifest.version, _counts(manifest))
-
-
-def _counts(manifest: Manifest) -> dict[tuple[str, str], int]:
-    return {(shard_key(s.abs_path), s.entry): int(s.deleted) for s in manifest.shards}
+    return LiveDeletions(manifest.version, {(shard_key(s.abs_path), s.entry): int(s.deleted) for s in manifest.shards})
 
 
 def settle_staged(out: OutputDir) -> tuple[int, int]:
     """What a run that died between staging and committing its tombstones left (call with the writer lock
-    held, before anything reads tombstones and before ``OutputDir.clean_orphans`` removes the pending pointers): a
-    staged tombstone the live version was built with, or a version that went live and was set back by hand since
-    (``OutputDir.published_since``), becomes the entry's tombstone (the deletion was published); any other is removed
-    (its run published nothing).
+    held, before anything reads tombstones): a staged tombstone the live version was built with becomes the
+    entry's tombstone (the deletion was published); any other is removed (its run published nothing).
     Returns ``(committed, removed)``."""
     root = out.store_dir / "deleted"
     if not root.is_dir():
@@ -184,17 +177,10 @@ def settle_staged(out: OutputDir) -> tuple[int, int]:
     if live is None:
         return 0, 0  # NOTE: a live version that cannot be read decides nothing: left as they are (not in force)
     committed = removed = 0
-    rolled_back: dict[str, LiveDeletions | None] = {}
     for path in staged:
-        fingerprint, version = path.name[:-len(".parquet")].split(STAGED, 1)
+        fingerprint = path.name.split(STAGED)[0]
         entry_dir = out.store_dir / "shards" / path.parent.name / fingerprint
-        if version not in rolled_back and version != live.version:
-            published = out.published_since(version)
-            rolled_back[version] = None if published is None else LiveDeletions(version, _counts(published))
-        since = rolled_back.get(version)
-        # NOTE: a version that went live and was set back by hand (killed before this commit, then 'echo vOLD >
-        # CURRENT'): its --delete holds for every later run (README), so its tombstones are committed as if live
-        if path in (staged_in_force(entry_dir, live), since and staged_in_force(entry_dir, since)):
+        if staged_in_force(entry_dir, live) == path:
             _commit(path, tombstone_path(entry_dir))
             committed += 1
         else:
