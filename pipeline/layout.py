@@ -718,9 +718,10 @@ class OutputDir:
 
     def _remove_newer(self, newer: list[str], since: str | None, live: str, stopping: Callable[[], bool] | None,
                       in_use: list[str] | None) -> tuple[list[str], list[str]]:
-        """Delete ``newer``, the versions between ``since`` (the live version a run started from) and ``live`` (the
-        one it published), each said; one a reader holds is kept (said, appended to ``in_use``). Returns (removed,
-        kept)."""
+        """Delete ``newer``: the versions between ``since`` (the live version a run started from) and ``live`` (the
+        one it published), and those an earlier publish's pruning owed the same way (newer than the version CURRENT
+        was set back to by hand), each said; one a reader holds is kept (said, appended to ``in_use``). Returns
+        (removed, kept)."""
         removed: list[str] = []
         kept: list[str] = []
         for version in newer:
@@ -730,15 +731,18 @@ class OutputDir:
             with _unless_in_use(self.versions_dir / version) as free:
                 if not free:
                     kept.append(version)
-                elif self._delete_version(version, f"the version {version}, newer than the live version {since} "
-                                                   f"that {live} was published over"):
+                elif self._delete_version(version, f"the version {version}, which CURRENT was set back from"):
                     removed.append(version)
+        # NOTE: a version an earlier publish owed may be older than ``since`` (rolled back past, then a publish cut
+        # short): "newer than the live version the run started from" would be wrong of it
+        over = f"the live version {since} that {live} was published over" if since is not None and \
+            all(since < v for v in newer) else f"the version CURRENT was set back to before {live} was published"
         if removed:  # NOTE: a whole version, possibly live before CURRENT was set back: never removed silently
-            _note(f"removed {', '.join(removed)} (newer than the live version {since} that {live} was published over: "
-                  f"CURRENT was set back from {_it(removed)} by hand, or a stopped run never made {_it(removed)} live)")
+            _note(f"removed {', '.join(removed)} (newer than {over}: CURRENT was set back from {_it(removed)} by hand, "
+                  f"or a stopped run never made {_it(removed)} live)")
         if kept:
-            _note(f"kept {', '.join(kept)} (newer than the live version {since} that {live} was published over): "
-                  f"{_in_use_by('still serves it')}; removed by a run after that reader lets it go")
+            _note(f"kept {', '.join(kept)} (newer than {over}): {_in_use_by('still serves it')}; removed by a run "
+                  "after that reader lets it go")
             if in_use is not None:
                 in_use.extend(kept)
         return removed, kept
@@ -769,8 +773,15 @@ class OutputDir:
         version, keep, since = owed
         live = self.current_version() if self.live_is_valid() else None
         if version != live:
-            self.pruning_file.unlink(missing_ok=True)
-            return []
+            # NOTE: a publish over the live version that never went live carried on what the live one's pruning owed
+            # of the versions newer than its rollback target (``_newer_owed``): those go, the record then
+            newer = [v for v in self.versions() if v in set(self._carried_newer(version))] \
+                if live is not None and since == live else []
+            newer = [v for v in newer if v < live and v not in self._copies(newer)] if live is not None else []
+            removed, kept = self._remove_newer(newer, None, live, stopping, in_use) if newer and live else ([], [])
+            if not kept and not (stopping is not None and stopping()):
+                self.pruning_file.unlink(missing_ok=True)
+            return removed
         why = f"--keep-versions {keep} of the run that published {version}, whose pruning was cut short"
         return self.prune_versions(keep, in_use, stopping, why, version, since)
 
@@ -781,10 +792,15 @@ class OutputDir:
         NOTE: a publish replaces the record: the versions the user had set CURRENT back from, which the killed run
         owed, were then counted as rollback targets, and the version rolled back to was pruned in their place."""
         owed = self._owed_pruning() if live is not None else None
-        if owed is None or owed[0] != live:
+        if owed is None:
             return []
-        carried = set(self._carried_newer(live))
-        return [v for v in self.versions() if (owed[2] is not None and owed[2] < v < live) or v in carried]
+        version, _, since = owed
+        carried = set(self._carried_newer(version))
+        if version != live:
+            # NOTE: the record of a publish over ``live`` that never went live (killed or refused before its swap)
+            # carries what ``live``'s own pruning owed: dropped, the next publish pruned the version rolled back to
+            return [v for v in self.versions() if v in carried] if since == live else []
+        return [v for v in self.versions() if (since is not None and since < v < live) or v in carried]
 
     def _carried_newer(self, version: str) -> list[str]:
         """``.pruning``'s ``newer`` (``_newer_owed``) when it records ``version``'s publish, else none."""

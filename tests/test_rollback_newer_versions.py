@@ -294,6 +294,34 @@ def test_a_publish_after_a_killed_pruning_removes_what_that_pruning_owed_not_the
     assert not (o.out / ".pruning").exists()
 
 
+@pytest.mark.parametrize("then", ["publish", "nothing to do"])
+def test_what_a_cut_short_pruning_owed_outlives_a_publish_killed_before_its_swap(three, then):
+    """v4 published over the rollback target v1, its pruning killed (v2, v3 owed); v5's publish killed before its
+    swap (its record replaced v4's). The next run still removes v2 and v3, never v1: a publish (v6, --keep-versions
+    3) leaves v1, v4, v6; a run with nothing to do leaves v1 and v4. Was: the record of v5, never live, was dropped
+    and v6's pruning counted v2 and v3 as rollback targets, removing v1."""
+    o, v1, v2, v3 = three
+    o.roll_back(v1)
+    write_shard(o.data, "a", 4)
+    killed = o.run("index", "--keep-versions", "3", env={"PETAL_FAULT": "version_prune:1:kill"})
+    assert killed.rc in (-9, 137), killed.stderr[-2000:]
+    v4 = o.current()
+    write_shard(o.data, "a", 5)
+    killed = o.run("index", "--keep-versions", "3", env={"PETAL_FAULT": "before_current_swap:1:kill"})
+    assert killed.rc in (-9, 137), killed.stderr[-2000:]
+    assert o.current() == v4 and {v1, v2, v3} <= set(o.versions()), o.versions()
+    if then == "publish":
+        write_shard(o.data, "a", 6)
+        result = o.publishes("index", "--keep-versions", "3")
+        assert [v for v in o.versions() if v <= v4] == [v1, v4] and o.versions()[-1] == o.current(), o.versions()
+        assert len(o.versions()) == 3 and {v2, v3} <= set(result.report["pruned"]["versions"]), result.stderr
+    else:
+        write_shard(o.data, "a", 4)  # DATA as v4 was built from it: nothing to publish
+        finish = o.run("index")
+        assert finish.rc == 0 and finish.report["status"] == "nothing-to-do", finish.stderr
+        assert [v for v in o.versions() if v <= v4] == [v1, v4], o.versions()
+
+
 def test_a_newer_version_a_reader_holds_is_kept_and_said_with_every_kind_of_reader(three):
     o, v1, v2, v3 = three
     o.roll_back(v1)
