@@ -258,7 +258,7 @@ def _version_to_check(out: OutputDir, version: str) -> Path:
     NOTE: was one message for all, "OUT/versions/V is not a version of OUT (no manifest.json)": of a version directory
     given as OUT (a path under it that never existed), and of a version pruned or never made (no directory at all),
     naming none of the versions there."""
-    from petal.pipeline.layout import denied, is_denied, is_output_dir, not_an_index
+    from petal.pipeline.layout import MAX_LISTED_VERSIONS, denied, is_denied, is_output_dir, not_an_index
     from petal.pipeline.manifest import MANIFEST_FILE
     from petal.pipeline.reliability.errors import ConfigError
 
@@ -290,15 +290,15 @@ def _version_to_check(out: OutputDir, version: str) -> Path:
         if is_denied(exc):
             raise denied(out.versions_dir) from exc
         raise
-    newest = ", ".join(present[-NEWEST_SHOWN:])
-    there = "it holds none" if not present else f"the versions there: {newest}" if len(present) <= NEWEST_SHOWN \
-        else f"the newest {NEWEST_SHOWN} of the {len(present)} there: {newest}"
+    # NOTE: as many as CURRENT's recovery hint offers
+    newest = ", ".join(present[-MAX_LISTED_VERSIONS:])
+    there = "it holds none" if not present else f"the versions there: {newest}" \
+        if len(present) <= MAX_LISTED_VERSIONS else \
+        f"the newest {MAX_LISTED_VERSIONS} of the {len(present)} there: {newest}"
     shown_live = f"; live: {live}" if live is not None else ""
     raise ConfigError(f"--version {version} is not in {quote_path(out.versions_dir)} (pruned, or never made); "
                       f"{there}{shown_live}")
 
-
-NEWEST_SHOWN = 5  # versions a missing --version names (the newest), as CURRENT's recovery hint lists them
 
 
 def _live(out: Any) -> str | None:

@@ -133,6 +133,16 @@ class StartedFrom:
     # None: the versions newer than it are removed once the run has published (CURRENT set back from them by hand)
 
 
+@dataclass(frozen=True)
+class OwedPruning:
+    """``.pruning``: the pruning a publish owes (``OutputDir.publish``), until it is done."""
+
+    version: str  # the version the publish made live
+    keep_versions: int  # its run's --keep-versions
+    since: str | None  # the live version its run started from (the versions newer than it go too)
+    newer: tuple[str, ...] = ()  # versions newer than a rollback target that an earlier publish's pruning owed
+
+
 class OutputDir:
     def __init__(self, root: Path, left: list[dict[str, str]] | None = None) -> None:
         """``left``: where what its clean-up and pruning cannot remove is listed (a run report's ``pruned.left``)."""
@@ -631,7 +641,7 @@ class OutputDir:
             fsync_dir(self.versions_dir)
         try:
             if keep_versions is not None:  # NOTE: before the swap: a run killed right after it still owes its pruning
-                newer = self._newer_owed(started.version if started is not None else None)
+                newer = self._newer_owed(self._owed_pruning(), started.version if started is not None else None)
                 owed = {"version": version, "keep_versions": keep_versions,
                         **({"since": started.version} if started is not None and started.version else {}),
                         **({"newer": newer} if newer else {})}
@@ -689,28 +699,17 @@ class OutputDir:
             return []
         # NOTE: the run removes them only now, once it has published: at its start, one refused (settings drift, a
         # 65 check), failed or with nothing to do deleted the newest versions, the way forward from a rollback by hand
-        carried = set(self._carried_newer(live))
-        between = [v for v in self.versions() if (since is not None and since < v < live) or v in carried]
+        owed = set(self._newer_owed(self._owed_pruning(), live))
+        between = [v for v in self.versions() if (since is not None and since < v < live) or v in owed]
         between = [v for v in between if v not in self._copies(between)]
         newer_gone, newer_kept = self._remove_newer(between, since, live, stopping, in_use)
         older = [v for v in self.versions() if v < live and v not in between]
         copies = self._copies(older)  # NOTE: counted, they took the place of the real versions they copy
         older = [v for v in older if v not in copies]
         doomed = older[: self._first_kept(older, keep - 1)] if keep >= 1 else []
-        removed: list[str] = []
-        kept: list[str] = []
-        for version in doomed:
-            if stopping is not None and stopping():
-                return newer_gone + self._pruned(removed, kept, keep, in_use, why)
-            fault("version_prune", self.versions_dir / version)
-            with _unless_in_use(self.versions_dir / version) as free:
-                if not free:
-                    kept.append(version)
-                    continue
-                # NOTE: under the exclusive lock: no lease taken meanwhile. One that cannot be deleted whole is said
-                # and left (it was reported as pruned and stayed as .deleting-* for good, without a word)
-                if self._delete_version(version, f"the version {version}, which --keep-versions {keep} prunes"):
-                    removed.append(version)
+        removed, kept, stopped = self._delete_each(doomed, f"which --keep-versions {keep} prunes", stopping)
+        if stopped:
+            return newer_gone + self._pruned(removed, kept, keep, in_use, why)
         remaining = set(self.versions())  # NOTE: listed once, not once a doomed version
         if not kept and not newer_kept and remaining.isdisjoint([*doomed, *between]):  # else it is owed still
             self.pruning_file.unlink(missing_ok=True)
@@ -722,17 +721,7 @@ class OutputDir:
         one it published), and those an earlier publish's pruning owed the same way (newer than the version CURRENT
         was set back to by hand), each said; one a reader holds is kept (said, appended to ``in_use``). Returns
         (removed, kept)."""
-        removed: list[str] = []
-        kept: list[str] = []
-        for version in newer:
-            if stopping is not None and stopping():
-                break
-            fault("version_prune", self.versions_dir / version)
-            with _unless_in_use(self.versions_dir / version) as free:
-                if not free:
-                    kept.append(version)
-                elif self._delete_version(version, f"the version {version}, which CURRENT was set back from"):
-                    removed.append(version)
+        removed, kept, _ = self._delete_each(newer, "which CURRENT was set back from", stopping)
         # NOTE: a version an earlier publish owed may be older than ``since`` (rolled back past, then a publish cut
         # short): "newer than the live version the run started from" would be wrong of it
         over = f"the live version {since} that {live} was published over" if since is not None and \
@@ -746,6 +735,25 @@ class OutputDir:
             if in_use is not None:
                 in_use.extend(kept)
         return removed, kept
+
+    def _delete_each(self, versions: list[str], why: str,
+                     stopping: Callable[[], bool] | None) -> tuple[list[str], list[str], bool]:
+        """Delete each of ``versions`` (``_delete_version``; ``why``: what removes it, for a warning) but one a reader
+        holds. Returns (removed, kept, stopped: a stop signal came before all were tried)."""
+        removed: list[str] = []
+        kept: list[str] = []
+        for version in versions:
+            if stopping is not None and stopping():
+                return removed, kept, True
+            fault("version_prune", self.versions_dir / version)
+            with _unless_in_use(self.versions_dir / version) as free:
+                if not free:
+                    kept.append(version)
+                # NOTE: under the exclusive lock: no lease taken meanwhile. One that cannot be deleted whole is said
+                # and left (it was reported as pruned and stayed as .deleting-* for good, without a word)
+                elif self._delete_version(version, f"the version {version}, {why}"):
+                    removed.append(version)
+        return removed, kept, False
 
     def _pruned(self, removed: list[str], kept: list[str], keep: int, in_use: list[str] | None,
                 why: str | None) -> list[str]:
@@ -770,58 +778,46 @@ class OutputDir:
         owed = self._owed_pruning()
         if owed is None:
             return []
-        version, keep, since = owed
         live = self.current_version() if self.live_is_valid() else None
-        if version != live:
+        if owed.version != live:
             # NOTE: a publish over the live version that never went live carried on what the live one's pruning owed
             # of the versions newer than its rollback target (``_newer_owed``): those go, the record then
-            newer = [v for v in self.versions() if v in set(self._carried_newer(version))] \
-                if live is not None and since == live else []
-            newer = [v for v in newer if v < live and v not in self._copies(newer)] if live is not None else []
+            newer = self._newer_owed(owed, live)
+            newer = [v for v in newer if v not in self._copies(newer)]
             removed, kept = self._remove_newer(newer, None, live, stopping, in_use) if newer and live else ([], [])
             if not kept and not (stopping is not None and stopping()):
                 self.pruning_file.unlink(missing_ok=True)
             return removed
-        why = f"--keep-versions {keep} of the run that published {version}, whose pruning was cut short"
-        return self.prune_versions(keep, in_use, stopping, why, version, since)
+        why = (f"--keep-versions {owed.keep_versions} of the run that published {owed.version}, whose pruning was cut "
+               "short")
+        return self.prune_versions(owed.keep_versions, in_use, stopping, why, owed.version, owed.since)
 
-    def _newer_owed(self, live: str | None) -> list[str]:
-        """The versions newer than a rollback target that the pruning of ``live``'s publish still owes (``.pruning``
-        of that publish, cut short by a kill or a reader's lease): the next publish's record carries them on.
+    def _newer_owed(self, owed: OwedPruning | None, live: str | None) -> list[str]:
+        """The versions newer than a rollback target that ``owed`` holds for ``live``: of ``live``'s own publish, those
+        between its starting version and ``live`` and those it carries (``newer``); of a publish over ``live`` that
+        never went live (killed or refused before its swap), those it carries. The next publish's record carries
+        them on.
 
-        NOTE: a publish replaces the record: the versions the user had set CURRENT back from, which the killed run
-        owed, were then counted as rollback targets, and the version rolled back to was pruned in their place."""
-        owed = self._owed_pruning() if live is not None else None
-        if owed is None:
+        NOTE: a publish replaces the record: the versions the user had set CURRENT back from, which a run killed in
+        its pruning owed, were then counted as rollback targets, and the version rolled back to was pruned instead."""
+        if owed is None or live is None:
             return []
-        version, _, since = owed
-        carried = set(self._carried_newer(version))
-        if version != live:
-            # NOTE: the record of a publish over ``live`` that never went live (killed or refused before its swap)
-            # carries what ``live``'s own pruning owed: dropped, the next publish pruned the version rolled back to
-            return [v for v in self.versions() if v in carried] if since == live else []
-        return [v for v in self.versions() if (since is not None and since < v < live) or v in carried]
+        if owed.version != live:
+            return [v for v in self.versions() if v in owed.newer and v < live] if owed.since == live else []
+        return [v for v in self.versions() if (owed.since is not None and owed.since < v < live) or v in owed.newer]
 
-    def _carried_newer(self, version: str) -> list[str]:
-        """``.pruning``'s ``newer`` (``_newer_owed``) when it records ``version``'s publish, else none."""
-        try:
-            data = json.loads(read_regular(self.pruning_file, self.root, PRUNING_MAX_BYTES))
-            newer = data.get("newer", []) if isinstance(data, dict) and data.get("version") == version else []
-        except (OSError, ValueError, PetalError):
-            return []
-        if not isinstance(newer, list):
-            return []
-        return [v for v in newer if isinstance(v, str) and VERSION_RE.match(v) and v < version]
-
-    def _owed_pruning(self) -> tuple[str, int, str | None] | None:
-        """``.pruning``'s (version, ``--keep-versions``, the live version its run started from: ``None`` where it
-        recorded none), ``None`` without a record; one that is not such a record is said and removed."""
+    def _owed_pruning(self) -> OwedPruning | None:
+        """``.pruning``'s record, ``None`` without one; one that is not such a record is said and removed (a ``newer``
+        that is no list of version ids is taken as none)."""
         try:
             data = json.loads(read_regular(self.pruning_file, self.root, PRUNING_MAX_BYTES))
             version, keep, since = data["version"], data["keep_versions"], data.get("since")
             if VERSION_RE.match(version) and isinstance(keep, int) and not isinstance(keep, bool) and keep >= 1 \
                     and (since is None or (isinstance(since, str) and VERSION_RE.match(since) and since < version)):
-                return version, keep, since
+                newer = data.get("newer", [])
+                newer = newer if isinstance(newer, list) else []
+                return OwedPruning(version, keep, since, tuple(v for v in newer if isinstance(v, str)
+                                                               and VERSION_RE.match(v) and v < version))
         except FileNotFoundError:
             return None
         except (OSError, PetalError, ValueError, KeyError, TypeError, RecursionError):

@@ -13,23 +13,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 import petal
 from tests import forkrun
-
-DIM = 8
+from tests.index_data import vector_shard
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("keep-below-one")
-    flat = np.random.default_rng(0).standard_normal((20, DIM)).astype(np.float32).ravel()
-    pq.write_table(pa.table({"id": np.arange(20), "emb": pa.FixedSizeListArray.from_arrays(pa.array(flat), DIM)}),
-                   root / "a.parquet")
+    vector_shard(root, 0).rename(root / "a.parquet")
     run = forkrun.petal(["index", str(root / "a.parquet"), "--out", str(root / "out"), "-q", "--vectors-column",
                          "emb", "--index-factory", "Flat"], timeout=300)
     assert run.rc == 0, run.stderr[-3000:]

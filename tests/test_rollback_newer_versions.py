@@ -75,6 +75,11 @@ class Out:
         assert self.current() == result.report["version"] != before
         return result
 
+    def killed_at(self, point: str, *extra: str | Path) -> None:
+        """``petal index`` killed (SIGKILL) at fault point ``point``."""
+        killed = self.run("index", *extra, env={"PETAL_FAULT": f"{point}:1:kill"})
+        assert killed.rc in (-9, 137), killed.stderr[-2000:]
+
     def current(self) -> str:
         version = OutputDir(self.out).current_version()
         assert version is not None
@@ -261,8 +266,7 @@ def test_a_run_killed_after_its_publish_leaves_the_newer_versions_to_the_next_ru
     o, v1, v2, v3 = three
     o.roll_back(v1)
     write_shard(o.data, "a", 4)
-    killed = o.run("index", env={"PETAL_FAULT": "after_publish:1:kill"})
-    assert killed.rc in (-9, 137), killed.stderr[-2000:]
+    o.killed_at("after_publish")
     v4 = o.current()
     assert v4 not in (v1, v2, v3) and o.versions() == [v1, v2, v3, v4], o.versions()
     owed = json.loads((o.out / ".pruning").read_text())
@@ -281,8 +285,7 @@ def test_a_publish_after_a_killed_pruning_removes_what_that_pruning_owed_not_the
     o, v1, v2, v3 = three
     o.roll_back(v1)
     write_shard(o.data, "a", 4)
-    killed = o.run("index", "--keep-versions", "3", env={"PETAL_FAULT": "after_publish:1:kill"})
-    assert killed.rc in (-9, 137), killed.stderr[-2000:]
+    o.killed_at("after_publish", "--keep-versions", "3")
     v4 = o.current()
     assert o.versions() == [v1, v2, v3, v4], o.versions()
     if command == "index":
@@ -303,12 +306,10 @@ def test_what_a_cut_short_pruning_owed_outlives_a_publish_killed_before_its_swap
     o, v1, v2, v3 = three
     o.roll_back(v1)
     write_shard(o.data, "a", 4)
-    killed = o.run("index", "--keep-versions", "3", env={"PETAL_FAULT": "version_prune:1:kill"})
-    assert killed.rc in (-9, 137), killed.stderr[-2000:]
+    o.killed_at("version_prune", "--keep-versions", "3")
     v4 = o.current()
     write_shard(o.data, "a", 5)
-    killed = o.run("index", "--keep-versions", "3", env={"PETAL_FAULT": "before_current_swap:1:kill"})
-    assert killed.rc in (-9, 137), killed.stderr[-2000:]
+    o.killed_at("before_current_swap", "--keep-versions", "3")
     assert o.current() == v4 and {v1, v2, v3} <= set(o.versions()), o.versions()
     if then == "publish":
         write_shard(o.data, "a", 6)

@@ -12,19 +12,17 @@ goes through the standard chain, as before, and its error says so. Real moto_ser
 
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 from urllib.parse import quote
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from petal.pipeline.index.search import IndexReader
 from tests.fake_cli import invoke
 from tests.fake_engine import embedded_ids, make_fake_model_dir
 from tests.s3_server import S3Server, start_s3
+from tests.test_s3_sources import put_shard
 
 pytest.importorskip("moto")
 
@@ -39,16 +37,6 @@ def s3(tmp_path_factory) -> S3Server:
 @pytest.fixture(scope="module")
 def fake_model(tmp_path_factory) -> Path:
     return make_fake_model_dir(tmp_path_factory.mktemp("model"))
-
-
-def put_shard(s3: S3Server, bucket: str, key: str, rows: int, edition: int = 0) -> list[str]:
-    name = key.rsplit("/", 1)[-1].removesuffix(".parquet")
-    ids = [f"{name}-{i}" for i in range(rows)]
-    table = pa.table({"id": ids, "text": [f"{name} document {i} edition {edition}" for i in range(rows)]})
-    buffer = io.BytesIO()
-    pq.write_table(table, buffer, row_group_size=3)
-    s3.client().put_object(Bucket=bucket, Key=key, Body=buffer.getvalue())
-    return ids
 
 
 def uri_only_env(s3: S3Server, log: Path) -> dict[str, str | None]:
@@ -69,8 +57,8 @@ def source(s3: S3Server, bucket_path: str) -> str:
 def test_full_incremental_sync_and_workers_reach_kept_objects_as_the_source_does(s3, fake_model, tmp_path):
     client = s3.client()
     client.create_bucket(Bucket="opts")
-    p_ids = put_shard(s3, "opts", "p/a.parquet", 4) + put_shard(s3, "opts", "p/b.parquet", 4)
-    q_ids = put_shard(s3, "opts", "q/c.parquet", 4)
+    p_ids = put_shard(s3, "opts", "p/a.parquet", "a", 4) + put_shard(s3, "opts", "p/b.parquet", "b", 4)
+    q_ids = put_shard(s3, "opts", "q/c.parquet", "c", 4)
     out, report = tmp_path / "out", tmp_path / "report.json"
     logs = iter(tmp_path / f"log{n}.jsonl" for n in range(20))
     outputs = []
@@ -96,14 +84,14 @@ def test_full_incremental_sync_and_workers_reach_kept_objects_as_the_source_does
                                                             ("p/a.parquet", "p/b.parquet", "q/c.parquet")]
 
     # an incremental run: only the changed object is embedded, the other read by its footer through the URI
-    changed = put_shard(s3, "opts", "p/b.parquet", 4, edition=1)
+    changed = put_shard(s3, "opts", "p/b.parquet", "b", 4, edition=1)
     again, embedded = index("opts/p")
     assert again.exit_code == 0, again.output
     assert sorted(embedded) == sorted(changed)
     assert json.loads(report.read_text())["shard_changes"]["changed"] == ["s3://opts/p/b.parquet"]
 
     # worker processes read what the coordinator listed (its filesystem, options included)
-    put_shard(s3, "opts", "p/a.parquet", 4, edition=2)
+    put_shard(s3, "opts", "p/a.parquet", "a", 4, edition=2)
     workers, embedded = index("opts/p", "--workers", "2", "--full")
     assert workers.exit_code == 0, workers.output
     assert sorted(embedded) == sorted(p_ids + q_ids)
@@ -134,8 +122,8 @@ def test_a_kept_object_in_a_bucket_no_source_names_goes_through_the_standard_cha
     client = s3.client()
     for bucket in ("chain-a", "chain-b"):
         client.create_bucket(Bucket=bucket)
-    a_ids = put_shard(s3, "chain-a", "d/a.parquet", 3)
-    b_ids = put_shard(s3, "chain-b", "d/b.parquet", 3)
+    a_ids = put_shard(s3, "chain-a", "d/a.parquet", "a", 3)
+    b_ids = put_shard(s3, "chain-b", "d/b.parquet", "b", 3)
     out = tmp_path / "out"
 
     def index(*sources: str, env: dict[str, str | None], flags: tuple[str, ...] = ()):
@@ -154,7 +142,7 @@ def test_a_kept_object_in_a_bucket_no_source_names_goes_through_the_standard_cha
     # the chain reaches it (the server in the environment), or a SOURCE in its bucket does, under another prefix
     chain = {**s3.env(), "PETAL_TEST_FAKE_ENGINE": str(tmp_path / "chain.jsonl")}
     assert index(source(s3, "chain-b/d"), env=chain, flags=("--full",)).exit_code == 0
-    e_ids = put_shard(s3, "chain-a", "e/e.parquet", 3)
+    e_ids = put_shard(s3, "chain-a", "e/e.parquet", "e", 3)
     named = index(source(s3, "chain-b/d"), source(s3, "chain-a/e"), env=unreachable, flags=("--full",))
     assert named.exit_code == 0, named.output
     assert sorted(IndexReader(out).ids.column("id").to_pylist()) == sorted(a_ids + b_ids + e_ids)
