@@ -34,7 +34,10 @@ def test_a_scrape_does_not_walk_the_frozen_objects():
             text = metrics.render().decode()
             scrapes.append(time.perf_counter() - started)
         said = re.search(r"^petal_gc_frozen_objects (\S+)$", text, re.M)
-        assert said and float(said.group(1)) == frozen, said
+        assert said, text
+        # NOTE: the count said is the one taken when the server became ready; frozen objects only ever go (a thread
+        # left by an earlier test may free a few between that count and this walk), never come back
+        assert frozen <= float(said.group(1)) <= frozen + 1000, (said.group(1), frozen)
         # NOTE: a render is ~1 ms; a walk of a million objects tens of ms (before: every render walked them)
         assert min(scrapes) < walk_s / 4, (scrapes, walk_s)
     finally:
