@@ -153,7 +153,7 @@ def test_a_head_not_complete_in_time_is_408_and_a_silent_connection_is_closed(im
             error = json.loads(answer)["error"]
             assert error["code"] == 408 and "--header-timeout-s" in error["message"], error
             assert _closed_within(sock, 5)
-        assert time.monotonic() - started < 4
+        assert time.monotonic() - started < 8  # ~1.3 s; without the head timer, read_answer's 30 s socket timeout
     assert _count(server, 408) == before + 2
     with silent:
         assert _closed_within(silent, 10)
