@@ -44,14 +44,17 @@ def test_a_longer_keep_alive_keeps_an_idle_connection_past_the_old_5_s(tmp_path)
 def test_a_shorter_keep_alive_closes_idle_connections_sooner(tmp_path):
     server, body, expected = serve_vectors(tmp_path, "--keep-alive-s", "0.5")
     try:
-        with _connect(server) as sock, _connect(server) as silent:
-            started = time.monotonic()
+        with _connect(server) as sock:
             sock.sendall(_search(body))
             status, _, answer = read_answer(sock)
+            answered = time.monotonic()
             assert status == 200 and json.loads(answer) == expected
-            assert _closed_within(sock, 4)
-            assert _closed_within(silent, 4)
-            assert time.monotonic() - started < 4.5  # not uvicorn's 5 s
+            with _connect(server) as silent:
+                connected = time.monotonic()
+                assert _closed_within(sock, 4)
+                assert _closed_within(silent, 4)
+                # NOTE: each timed from its own start (not the search's): 0.5 s, not uvicorn's 5 s
+                assert time.monotonic() - answered < 4.5 and time.monotonic() - connected < 4.5
         assert server.client.post("/search", content=body,
                                   headers={"Content-Type": "application/json"}).json() == expected
     finally:
@@ -94,7 +97,7 @@ def test_a_trickle_of_blank_lines_does_not_extend_the_keep_alive(tmp_path, after
     """Each blank line cancelled the keep-alive timer and a new one of a whole --keep-alive-s was armed: a CRLF a
     little more often than that held the connection for good. Bytes that begin no request keep the deadline the
     connection had (from its start or its last answer)."""
-    server, body, expected = serve_vectors(tmp_path, "--keep-alive-s", "1.5", "--header-timeout-s", "3")
+    server, body, expected = serve_vectors(tmp_path, "--keep-alive-s", "2", "--header-timeout-s", "10")
     try:
         with _connect(server) as sock:
             if after_request:
@@ -110,7 +113,8 @@ def test_a_trickle_of_blank_lines_does_not_extend_the_keep_alive(tmp_path, after
                     closed = True
                     break
                 closed = _closed_within(sock, 0.5)
-            assert closed, "blank lines every 0.5 s held the connection for 8 s (--keep-alive-s 1.5)"
-            assert time.monotonic() - started < 3.5
+            assert closed, "blank lines every 0.5 s held the connection for 8 s (--keep-alive-s 2)"
+            # NOTE: ~2 s; below the loop's 8 s (a deadline re-armed by each line) and --header-timeout-s 10
+            assert time.monotonic() - started < 6
     finally:
         server.stop()
