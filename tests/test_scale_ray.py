@@ -4,11 +4,13 @@ extra, so CI runs these; skipped only where Ray is not installed (``pip install 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -50,6 +52,40 @@ def local_ray():
 
 def index(*args: str, env: dict[str, str] | None = None):
     return fake_invoke(["index", *args, "-q"], env=env)
+
+
+@contextlib.contextmanager
+def sigterm_while_running(ready: Callable[[], bool], settle_s: float = 1.0,
+                          within_s: float = 60.0) -> Iterator[threading.Event]:
+    """SIGTERM this process (the CLI's stop signals are petal's own here: CliRunner) from a thread, ``settle_s`` after
+    ``ready()``, while the ``with`` body (the run) still runs; the event yielded says whether it was sent.
+    NOTE: never once the body has returned, nor when ``ready()`` is not true within ``within_s`` (the test fails on
+    the event instead): a SIGTERM that no run's handler takes would stop pytest itself, the whole CI run. A handler
+    that does nothing stands in for the instant between the run's end and the thread's last look."""
+    done, sent, lock = threading.Event(), threading.Event(), threading.Lock()
+
+    def terminate() -> None:
+        deadline = time.monotonic() + within_s
+        while not ready():
+            if done.wait(0.1) or time.monotonic() > deadline:
+                return
+        if done.wait(settle_s):
+            return
+        with lock:
+            if not done.is_set():
+                os.kill(os.getpid(), signal.SIGTERM)
+                sent.set()
+
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    killer = threading.Thread(target=terminate, daemon=True)
+    killer.start()
+    try:
+        yield sent
+    finally:
+        with lock:
+            done.set()
+        killer.join()
+        signal.signal(signal.SIGTERM, previous)
 
 
 def test_an_actor_whose_engine_load_hangs_is_killed_after_the_start_timeout(local_ray, tmp_path):
@@ -166,9 +202,11 @@ def test_killing_an_actor_mid_run_then_rerunning_completes(local_ray, tmp_path):
     env = {"PETAL_TEST_FAKE_ENGINE": str(log), "PETAL_FAULT": "after_batch:1+:sleep=0.1"}
     killed: list[int] = []
 
+    done = threading.Event()
+
     def kill_an_actor() -> None:
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not done.is_set():  # NOTE: none once the run is over
             embedding = [r["pid"] for r in read_log(log) if "id" in r and r["pid"] != os.getpid()]
             if len(embedding) >= 8:
                 os.kill(embedding[-1], signal.SIGKILL)
@@ -178,9 +216,12 @@ def test_killing_an_actor_mid_run_then_rerunning_completes(local_ray, tmp_path):
 
     killer = threading.Thread(target=kill_an_actor)
     killer.start()
-    first = index(str(data), "--out", str(out), "--model", str(model), "--max-seqs", "4", "--ray", "--workers", "2",
-                  env=env)
-    killer.join()
+    try:
+        first = index(str(data), "--out", str(out), "--model", str(model), "--max-seqs", "4", "--ray", "--workers",
+                      "2", env=env)
+    finally:
+        done.set()
+        killer.join()
     assert killed, "no actor was embedding"
     assert first.exit_code in (0, 75), first.output  # Ray retried the shard on a new actor, or the run stopped
     rerun = index(str(data), "--out", str(out), "--model", str(model), "--ray",
@@ -315,29 +356,21 @@ def test_progress_in_a_log_is_petals_plain_lines(local_ray, tmp_path):
 
 
 def test_sigterm_leaves_no_actor_embedding(local_ray, tmp_path):
-    """SIGTERM while both actors are inside a step (fault engine_step: a 30 s sleep): the run ends 143 with nothing
+    """SIGTERM while both actors are inside a step (fault engine_step: a 120 s sleep): the run ends 143 with nothing
     published, and the actors are gone at once, their CPUs free. Before, they went on for the rest of their step
     and took new units (the pool was stopped only when Python collected Ray Data's iterator)."""
-    local_ray("engine_step:1+:sleep=30")
+    local_ray("engine_step:1+:sleep=120")  # NOTE: far longer than the 30 s the CPUs may take to be free
     model = make_fake_model_dir(tmp_path / "model")
     log = tmp_path / "log.jsonl"
     write_shards(tmp_path / "data", count=4, rows=5)
-
-    def terminate() -> None:
-        deadline = time.monotonic() + 60
-        while len([r for r in read_log(log) if r.get("load")]) < 2 and time.monotonic() < deadline:
-            time.sleep(0.1)
-        time.sleep(1)  # both actors are in their first step's sleep
-        os.kill(os.getpid(), signal.SIGTERM)  # NOTE: the CLI's stop signals are petal's own here (CliRunner)
-
-    killer = threading.Thread(target=terminate)
-    killer.start()
-    result = index(str(tmp_path / "data"), "--out", str(tmp_path / "out"), "--model", str(model), "--ray",
-                   "--workers", "2", env={"PETAL_TEST_FAKE_ENGINE": str(log)})
-    killer.join()
+    # (1 s after both actors loaded: both are in their first step's sleep)
+    with sigterm_while_running(lambda: len([r for r in read_log(log) if r.get("load")]) >= 2) as sent:
+        result = index(str(tmp_path / "data"), "--out", str(tmp_path / "out"), "--model", str(model), "--ray",
+                       "--workers", "2", env={"PETAL_TEST_FAKE_ENGINE": str(log)})
+    assert sent.is_set(), f"the two actors never loaded, or the run ended first: {result.output}"
     assert result.exit_code == 143, result.output
     assert not list((tmp_path / "out" / "versions").iterdir()), "published"
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30
     while ray.available_resources().get("CPU", 0) < 2 and time.monotonic() < deadline:
         time.sleep(0.2)
     assert ray.available_resources().get("CPU", 0) == 2  # no actor left embedding
@@ -352,19 +385,12 @@ def test_sigterm_after_range_commits_lists_them_and_says_interrupted(local_ray, 
     write_big_shard(tmp_path / "data" / "big.parquet", rows=40, group_rows=5)  # 8 row groups: 4 ranges of 10 rows
     out, report = tmp_path / "out", tmp_path / "report.json"
 
-    def terminate() -> None:
-        deadline = time.monotonic() + 60
-        while len(list((out / "store").glob("parts/*/*/*/entry.json"))) < 2 and time.monotonic() < deadline:
-            time.sleep(0.1)
-        time.sleep(1)  # the first range's row has reached the driver
-        os.kill(os.getpid(), signal.SIGTERM)  # NOTE: the CLI's stop signals are petal's own here (CliRunner)
-
-    killer = threading.Thread(target=terminate)
-    killer.start()
-    result = index(str(tmp_path / "data"), "--out", str(out), "--model", str(model), "--ray", "--workers", "1",
-                   "--range-rows", "10", "--json-report", str(report),
-                   env={"PETAL_TEST_FAKE_ENGINE": str(tmp_path / "log.jsonl")})
-    killer.join()
+    # (1 s after the second commit: the first range's row has reached the driver)
+    with sigterm_while_running(lambda: len(list((out / "store").glob("parts/*/*/*/entry.json"))) >= 2) as sent:
+        result = index(str(tmp_path / "data"), "--out", str(out), "--model", str(model), "--ray", "--workers", "1",
+                       "--range-rows", "10", "--json-report", str(report),
+                       env={"PETAL_TEST_FAKE_ENGINE": str(tmp_path / "log.jsonl")})
+    assert sent.is_set(), f"the second range was never committed, or the run ended first: {result.output}"
     assert result.exit_code == 143, result.output
     got = json.loads(report.read_text())
     assert [r["rows"] for r in got["ranges"]["embedded"]] == [[0, 10], [10, 20]], got["ranges"]
