@@ -33,12 +33,13 @@ def _read_all(sock: socket.socket, timeout_s: float = 30.0) -> bytes:
 def test_a_request_arriving_as_the_drain_begins_is_answered_503_and_the_one_in_flight_finishes(tmp_path, sig):
     from petal.engine.loader import default_model_dir
 
-    server = Server(tmp_path / "log", "--model", default_model_dir(), "--max-wait-ms", "4000")
+    # NOTE: the drain lasts --max-wait-ms: the signal, the port's close and the arriving request's rest must fit in it
+    server = Server(tmp_path / "log", "--model", default_model_dir(), "--max-wait-ms", "10000")
     try:
         host, port = server.url.removeprefix("http://").split(":")
         body = json.dumps({"input": "arriving during the drain"}).encode()
         request = _request(body)
-        arriving = socket.create_connection((host, int(port)))
+        arriving = socket.create_connection((host, int(port)), timeout=30)
         in_flight = _held_in_queue(server, 1, 2)  # waits --max-wait-ms in the queue: the drain lasts that long
         arriving.sendall(request[:30])  # its head has begun
         server.proc.send_signal(sig)
