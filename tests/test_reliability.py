@@ -137,7 +137,7 @@ def test_sigterm_mid_run_stops_cleanly_then_resumes(job):
     sent = time.monotonic()
     child.send(signal.SIGTERM)
     result = child.wait()
-    assert result.rc == 143 and time.monotonic() - sent < 5, result.stderr
+    assert result.rc == 143 and time.monotonic() - sent < 20, result.stderr  # ~1 s; more on a loaded machine
     report = result.report
     assert report["status"] == "interrupted" and report["exit_code"] == 143
     assert "interrupted by SIGTERM" in result.stderr.splitlines()[-1]
