@@ -27,8 +27,8 @@ OLD = b"the good output of an earlier run\n"
 
 def petal(args: list[str], cwd: Path, **kwargs) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONDONTWRITEBYTECODE": "1"}
-    return subprocess.Popen([sys.executable, "-m", "petal.cli.main", *args], cwd=cwd, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kwargs)
+    kwargs = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, **kwargs}
+    return subprocess.Popen([sys.executable, "-m", "petal.cli.main", *args], cwd=cwd, env=env, text=True, **kwargs)
 
 
 def texts(tmp_path: Path, count: int) -> Path:
@@ -81,34 +81,44 @@ def test_a_stop_signal_while_writing_leaves_the_existing_output_untouched(tmp_pa
     for count in (400, 1600, 4000):  # more rows, a longer write, if the write ended before it was seen
         target.write_bytes(OLD)
         before = target.stat()
-        proc = petal(["embed", "--input", str(texts(tmp_path, count)), "--output", str(target)], tmp_path)
-        caught = False
-        while proc.poll() is None:
-            now = target.stat()
-            if being_written(tmp_path) or (now.st_ino, now.st_size, now.st_mtime_ns) != (
-                    before.st_ino, before.st_size, before.st_mtime_ns):
-                proc.send_signal(signal.SIGSTOP)
-                caught = True
-                break
-            time.sleep(0.001)
-        if not caught:  # ended before anything was seen: a faster machine than the write needs
-            proc.communicate(timeout=60)
-            continue
-        temporary = leftovers(tmp_path)
-        if not temporary and target.stat().st_ino != before.st_ino:  # renamed already: a complete file, try again
+        err = tmp_path / f"stderr-{count}.txt"  # NOTE: a file, not a pipe: the loop below reads nothing until the end
+        with open(err, "w") as stderr_file:
+            proc = petal(["embed", "--input", str(texts(tmp_path, count)), "--output", str(target)], tmp_path,
+                         stdout=subprocess.DEVNULL, stderr=stderr_file)
+        try:
+            caught = False
+            deadline = time.monotonic() + 300
+            while proc.poll() is None:
+                assert time.monotonic() < deadline, f"petal embed still running after 300 s: {err.read_text()[-2000:]}"
+                now = target.stat()
+                if being_written(tmp_path) or (now.st_ino, now.st_size, now.st_mtime_ns) != (
+                        before.st_ino, before.st_size, before.st_mtime_ns):
+                    proc.send_signal(signal.SIGSTOP)
+                    caught = True
+                    break
+                time.sleep(0.001)
+            if not caught:  # ended before anything was seen: a faster machine than the write needs
+                continue
+            temporary = leftovers(tmp_path)
+            if not temporary and target.stat().st_ino != before.st_ino:  # renamed already: a complete file, again
+                proc.send_signal(signal.SIGCONT)
+                proc.wait(timeout=60)
+                continue
+            # NOTE: the old code wrote the target in place: it is already truncated or partly written here
+            assert target.read_bytes() == OLD, "the target was changed in place before the run ended"
+            proc.send_signal(signum)
             proc.send_signal(signal.SIGCONT)
-            proc.communicate(timeout=60)
-            continue
-        # NOTE: the old code wrote the target in place: it is already truncated or partly written here
-        assert target.read_bytes() == OLD, "the target was changed in place before the run ended"
-        proc.send_signal(signum)
-        proc.send_signal(signal.SIGCONT)
-        _, stderr = proc.communicate(timeout=60)
-        assert proc.returncode == code, stderr[-2000:]
-        assert f"interrupted by {signal.Signals(signum).name} while writing --output {target}" in stderr
-        assert target.read_bytes() == OLD
-        assert leftovers(tmp_path) == []
-        return
+            proc.wait(timeout=60)
+            stderr = err.read_text()
+            assert proc.returncode == code, stderr[-2000:]
+            assert f"interrupted by {signal.Signals(signum).name} while writing --output {target}" in stderr
+            assert target.read_bytes() == OLD
+            assert leftovers(tmp_path) == []
+            return
+        finally:
+            if proc.poll() is None:  # NOTE: a stopped (SIGSTOP) child too: SIGKILL ends it
+                proc.kill()
+                proc.wait()
     pytest.fail("the write was never caught in progress, even with 4000 rows")
 
 
