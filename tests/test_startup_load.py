@@ -214,4 +214,6 @@ def test_the_petal_script_defers_gc_while_it_loads_and_only_there(tmp_path, mini
     frozen, enabled = gc.get_freeze_count(), gc.isenabled()
     result = CliRunner().invoke(cli, ["embed", "--device", "cpu", "a query"])
     assert result.exit_code == 0, result.output
-    assert (gc.get_freeze_count(), gc.isenabled()) == (frozen, enabled)
+    # NOTE: frozen objects only ever go (a thread left by an earlier test may free a few meanwhile): what the
+    # CliRunner run must not do is freeze more, or leave collection off
+    assert gc.get_freeze_count() <= frozen and gc.isenabled() == enabled, (gc.get_freeze_count(), frozen)
