@@ -225,7 +225,9 @@ def test_a_cancelled_search_leaves_the_search_queue(tmp_path_factory, minilm_spe
     async def scenario():
         with lock.exclusive():  # the search thread takes the first search and waits here
             first = asyncio.ensure_future(searcher.search(index, rows[:1], False, 3))
+            deadline = time.monotonic() + 30
             while searcher._searching == 0:  # taken by the search thread
+                assert time.monotonic() < deadline, "the search thread never took the first search"
                 await asyncio.sleep(0.01)
             second = asyncio.ensure_future(searcher.search(index, rows, False, 3))
             await asyncio.sleep(0)  # queued
