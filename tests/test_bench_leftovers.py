@@ -70,6 +70,14 @@ def marked(env: dict[str, str]) -> dict[int, str]:
     return found
 
 
+def said(proc: subprocess.Popen[str]) -> tuple[str, str]:
+    """What ``proc`` wrote, for a failure's message: killed first if it still runs (``communicate()`` would wait for
+    it: the rest of a 60 s bench row, or for ever)."""
+    if proc.poll() is None:
+        proc.kill()
+    return proc.communicate(timeout=60)
+
+
 def server_pid(env: dict[str, str], bench_proc: subprocess.Popen[str], timeout: float = 120) -> int:
     """The pid of the petal serve that ``bench_proc`` started, once it runs."""
     deadline = time.monotonic() + timeout
@@ -77,7 +85,7 @@ def server_pid(env: dict[str, str], bench_proc: subprocess.Popen[str], timeout: 
         found = [pid for pid, line in marked(env).items() if " serve --port 0 " in line]
         if found:
             return found[0]
-        assert bench_proc.poll() is None and time.monotonic() < deadline, bench_proc.communicate()
+        assert bench_proc.poll() is None and time.monotonic() < deadline, said(bench_proc)
         time.sleep(0.05)
 
 
@@ -179,7 +187,7 @@ def test_a_server_stopped_under_load_ends_the_bench_saying_so(tmp_path, stop, co
         pid = server_pid(env, bench_proc)
         deadline = time.monotonic() + 120
         while "listening on" not in log.read_text():
-            assert bench_proc.poll() is None and time.monotonic() < deadline, bench_proc.communicate()
+            assert bench_proc.poll() is None and time.monotonic() < deadline, said(bench_proc)
             time.sleep(0.1)
         time.sleep(1)
         os.kill(pid, stop)
@@ -307,7 +315,7 @@ def _index_with_its_build_child(env: dict[str, str]) -> tuple[subprocess.Popen[s
     try:
         deadline = time.monotonic() + 180
         while not (children := [pid for pid, line in marked(env).items() if pid != proc.pid and "spawn_main" in line]):
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            assert proc.poll() is None and time.monotonic() < deadline, said(proc)
             time.sleep(0.05)
     except BaseException:
         proc.kill()
@@ -449,7 +457,7 @@ def test_e2e_stopped_while_petal_indexes_says_so_as_a_benchmark(tmp_path):
     try:
         deadline = time.monotonic() + 180
         while not list(Path(env["TMPDIR"]).glob("petal-e2e-*/petal-out-0")):
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            assert proc.poll() is None and time.monotonic() < deadline, said(proc)
             time.sleep(0.1)
         time.sleep(1)
         proc.send_signal(signal.SIGTERM)
@@ -475,7 +483,7 @@ def test_ctrl_c_during_serve_with_client_processes_is_said_once(tmp_path):
     try:
         deadline = time.monotonic() + 180
         while len([line for line in marked(env).values() if "spawn_main" in line]) < 2:  # the client processes
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            assert proc.poll() is None and time.monotonic() < deadline, said(proc)
             time.sleep(0.1)
         time.sleep(2)
         assert "listening on" in log.read_text()

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
+from tests.test_bench_leftovers import said
 
 
 def test_bench_index_keeps_what_the_workdir_held(tmp_path: Path):
@@ -100,7 +101,7 @@ def test_a_second_bench_on_a_workdir_in_use_is_refused_75_naming_the_holder(tmp_
     try:
         deadline = time.monotonic() + 180
         while not (work / "serve.log").is_file() or "listening on" not in (work / "serve.log").read_text():
-            assert first.poll() is None and time.monotonic() < deadline, first.communicate()
+            assert first.poll() is None and time.monotonic() < deadline, said(first)
             time.sleep(0.2)
         log = (work / "serve.log").read_text()
         held = f"is in use by another petal bench ({{\"pid\": {first.pid}"
