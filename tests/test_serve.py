@@ -390,7 +390,7 @@ def test_unknown_routes_and_methods_answer_json_and_are_counted(served):
 
     before = count()
     host, port = server.url.removeprefix("http://").split(":")
-    with socket.create_connection((host, int(port))) as raw:
+    with socket.create_connection((host, int(port)), timeout=30) as raw:
         raw.sendall(f"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
                     "Content-Length: 100\r\n\r\n{\"input\": ".encode())
     deadline = time.monotonic() + 30
