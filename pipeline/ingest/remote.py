@@ -11,9 +11,9 @@ Change detection without reading a whole object: its size, its modification time
 its Parquet footer (``remote_sha256``): a rewritten object gets a new mtime, and new content a new
 footer (offsets, sizes, statistics).
 
-NOTE: what is shown, stored in a manifest or a report, or logged is ``RemotePath.uri``: the scheme
-and the filesystem path only. A URI's user info (``s3://KEY:SECRET@bucket``) and query string
-(``?secret_key=...``) never leave this module.
+NOTE: what is shown, stored in a manifest or a report, or logged is ``RemotePath.uri``: the scheme,
+the authority a filesystem's paths leave out (``stored_root``: an HDFS namenode) and the filesystem path only.
+A URI's user info (``s3://KEY:SECRET@bucket``) and query string (``?secret_key=...``) never leave this module.
 """
 
 from __future__ import annotations
@@ -174,8 +174,8 @@ class RemotePath:
     """An object in a pyarrow filesystem: the filesystem (picklable), its path there, and the safe URI."""
 
     filesystem: Any = field(compare=False)  # pyarrow.fs.FileSystem (identity is the path, not the client)
-    path: str  # as the filesystem names it ("bucket/key" for S3)
-    uri: str  # scheme://path: shown, stored, the shard's identity
+    path: str  # as the filesystem names it ("bucket/key" for S3, "/data/x" for HDFS)
+    uri: str  # stored_root + path: scheme://bucket/key, scheme://namenode/data/x; shown, stored, the shard's identity
 
     def __str__(self) -> str:
         return self.uri
@@ -267,20 +267,20 @@ def list_remote(source: str, empty_ok: bool = False, held: frozenset[str] = froz
         raise NoInputError(f"source {shown} has an empty path component ('//'), which names no object pyarrow's "
                            "filesystems can read; write the URI without it")
     filesystem = bounded(filesystem)
-    scheme = scheme_of(source)
+    root = stored_root(source, path)
     prefix_only = names_a_prefix(source)
     if "*" in path:
-        return _glob_remote(filesystem, scheme, path, shown, empty_ok, prefix_only, held)
+        return _glob_remote(filesystem, root, path, shown, empty_ok, prefix_only, held)
     try:
         # NOTE: from_uri drops a trailing '/': s3://b/pk2/ came back as the path b/pk2, which named the object pk2
         # beside the prefix pk2/ (an object store holds both); a URI ending in '/' names the prefix only
         info = filesystem.get_file_info(path) if not prefix_only else None
         if info is not None and info.type == fs.FileType.File:
-            return [RemotePath(filesystem, info.path, f"{scheme}://{info.path}")]
+            return [RemotePath(filesystem, info.path, root + info.path)]
         listed = [] if info is not None and info.type == fs.FileType.NotFound else \
             filesystem.get_file_info(fs.FileSelector(path, recursive=True, allow_not_found=True))
         if not listed and (info or filesystem.get_file_info(path)).type != fs.FileType.Directory:
-            if empty_ok and _held_under(f"{scheme}://{path}", held):
+            if empty_ok and _held_under(root + path, held):
                 return []
             what = "bucket or prefix" if prefix_only else "bucket, object or prefix"
             raise NoInputError(f"source {shown} does not exist (no such {what})")
@@ -295,7 +295,40 @@ def list_remote(source: str, empty_ok: bool = False, held: frozenset[str] = froz
             from exc
     if not found and not empty_ok:
         raise NoInputError(f"no *.parquet objects under {shown}")
-    return _remote_paths(filesystem, scheme, found)
+    return _remote_paths(filesystem, root, found)
+
+
+def stored_root(source: str, path: str) -> str:
+    """What the URI petal shows and stores for an object puts before its path ``path`` in the filesystem
+    ``from_uri(source)`` gave: the scheme (``s3://`` + ``bucket/key``: an object store's paths start with the bucket)
+    or, for a filesystem whose paths are absolute (HDFS: ``/data/x``), the scheme and the authority of ``source``, its
+    namenode (``hdfs://nn1:8020`` + ``/data/x``; ``hdfs://`` + ``/data/x`` for a SOURCE on the default namenode). No
+    user info or query string (``display_uri``).
+
+    NOTE: stored as ``scheme://path``, every namenode's /data/x was ``hdfs:///data/x``: a later run (``--full``) and a
+    search read it from the default namenode (``fs.defaultFS``, maybe another cluster), and two namenodes' shards of
+    one path were one shard (the second dropped without a word). An index an older petal wrote still holds
+    ``hdfs:///...`` for them: as before, those name the default namenode (``open_stored``)."""
+    scheme = scheme_of(source)
+    if not path.startswith("/"):
+        return f"{scheme}://"
+    return f"{scheme}://{display_uri(source).partition('://')[2].split('/', 1)[0]}"
+
+
+def stored_path(uri: str, rooted: bool) -> str:
+    """The filesystem path of a stored URI (``stored_root`` + path): ``bucket/key``; with ``rooted`` (the
+    filesystem's paths are absolute, as HDFS's) the path after the authority (``/data/x``)."""
+    rest = uri.partition("://")[2]
+    return "/" + rest.partition("/")[2] if rooted else rest
+
+
+def older_uri(remote: RemotePath) -> str | None:
+    """The URI petal before ``stored_root`` stored for ``remote``, where it differs: ``hdfs:///data/x`` for
+    ``hdfs://nn1:8020/data/x`` (the namenode left out, which names the default namenode); ``None`` otherwise."""
+    scheme, _, rest = remote.uri.partition("://")
+    if not remote.path.startswith("/") or rest.startswith("/"):
+        return None
+    return f"{scheme}://{remote.path}"
 
 
 def _empty_component(path: str) -> bool:
@@ -304,18 +337,19 @@ def _empty_component(path: str) -> bool:
     return "//" in path.strip("/")  # NOTE: a leading '/' is a path's root (hdfs:///data is /data), not empty
 
 
-def _remote_paths(filesystem: Any, scheme: str, found: Any) -> list[RemotePath]:
-    """The objects ``found`` (their paths) as ``RemotePath``s, sorted; a key pyarrow cannot address is refused.
+def _remote_paths(filesystem: Any, root: str, found: Any) -> list[RemotePath]:
+    """The objects ``found`` (their paths) as ``RemotePath``s (their URIs ``root`` + path: ``stored_root``), sorted; a
+    key pyarrow cannot address is refused.
 
     NOTE: S3 lists a key such as ``dd//x.parquet``, but every request for it is refused (``Empty path component``):
     it failed the whole run at preflight as 'not a readable Parquet file'. It is a shard petal may not read, refused
     (65) naming it, as a file whose name is not UTF-8 is, never skipped silently."""
-    bad = sorted(f"{scheme}://{p}" for p in found if _empty_component(p))
+    bad = sorted(root + p for p in found if _empty_component(p))
     if bad:
         more = f" (and {len(bad) - 5} more)" if len(bad) > 5 else ""
         raise BadInputError("; ".join(quote_path(b) for b in bad[:5]) + more + ": an object key with an empty path "
                             "component ('//'), which pyarrow's filesystems cannot read; copy it to a key without one")
-    return [RemotePath(filesystem, p, f"{scheme}://{p}") for p in sorted(found)]
+    return [RemotePath(filesystem, p, root + p) for p in sorted(found)]
 
 
 def names_a_prefix(source: str) -> bool:
@@ -350,8 +384,9 @@ def stored_source(uri: str) -> str:
 
 
 def reached_by(uri: str, sources: Sequence[str]) -> str | None:
-    """The first of ``sources`` (a run's SOURCES) in the bucket of ``uri`` (a shard as petal stores it,
-    ``scheme://bucket/key``), whose connection options reach that object too; ``None`` when none is."""
+    """The first of ``sources`` (a run's SOURCES) in the bucket or namenode of ``uri`` (a shard as petal stores it,
+    ``scheme://bucket/key``, ``hdfs://nn1:8020/data/x``: ``stored_root``), whose connection options reach that object
+    too; ``None`` when none is. ``hdfs:///...`` (the default namenode) is reached by a SOURCE written so."""
     from urllib.parse import unquote
 
     scheme, _, path = uri.partition("://")
@@ -384,21 +419,23 @@ def stored_with_options(uri: str, sources: Sequence[str] = ()) -> str:
 
 
 def open_stored(uri: str, filesystems: dict[str, Any] | None = None, sources: Sequence[str] = ()) -> RemotePath:
-    """The object a shard URI as petal stores it names (``RemotePath.uri``: ``scheme://path``, the key as it reads,
-    no credentials or query string), read as a SOURCE of ``sources`` in its bucket reads its own, else through the
-    storage's standard chain (``stored_with_options``; for S3: ``AWS_ACCESS_KEY_ID``, ``AWS_ENDPOINT_URL``, ...).
-    ``FileNotFoundError`` when no object is there now; ``OSError`` when the storage fails or refuses. ``filesystems``
-    caches one client per bucket and options (an S3 client made from a URI may first ask for the bucket's region)."""
+    """The object a shard URI as petal stores it names (``RemotePath.uri``: ``stored_root`` + path, the key as it
+    reads, no credentials or query string), read as a SOURCE of ``sources`` in its bucket (or namenode) reads its
+    own, else through the storage's standard chain (``stored_with_options``; for S3: ``AWS_ACCESS_KEY_ID``,
+    ``AWS_ENDPOINT_URL``, ...). ``FileNotFoundError`` when no object is there now; ``OSError`` when the storage fails
+    or refuses. ``filesystems`` caches one client per bucket (or namenode) and options, with whether its paths are
+    absolute (an S3 client made from a URI may first ask for the bucket's region)."""
     from pyarrow import fs
 
-    scheme, _, path = uri.partition("://")
-    client = f"{scheme}://{path.split('/', 1)[0]}?{reached_by(uri, sources) or ''}"  # the bucket, the options' SOURCE
+    scheme, _, rest = uri.partition("://")
+    client = f"{scheme}://{rest.split('/', 1)[0]}?{reached_by(uri, sources) or ''}"  # the bucket, the options' SOURCE
     cache = filesystems if filesystems is not None else {}
     if client not in cache:
         # NOTE: the stored key is as it reads: a '%', '?' or '#' in it is the key's own, never an escape or a query
-        filesystem, _ = fs.FileSystem.from_uri(uri_encoded(stored_with_options(uri, sources)))
-        cache[client] = bounded(filesystem)
-    filesystem = cache[client]
+        filesystem, opened = fs.FileSystem.from_uri(uri_encoded(stored_with_options(uri, sources)))
+        cache[client] = (bounded(filesystem), opened.startswith("/"))  # its paths absolute (HDFS): stored_root
+    filesystem, rooted = cache[client]
+    path = stored_path(uri, rooted)
     if filesystem.get_file_info(path).type != fs.FileType.File:
         raise FileNotFoundError(2, "object does not exist", uri)
     return RemotePath(filesystem, path, uri)
@@ -433,7 +470,7 @@ def bounded(filesystem: Any) -> Any:
     return fs.S3FileSystem(**options, retry_strategy=fs.AwsStandardS3RetryStrategy(max_attempts=S3_ATTEMPTS))
 
 
-def _glob_remote(filesystem: Any, scheme: str, pattern: str, shown: str, empty_ok: bool,
+def _glob_remote(filesystem: Any, root: str, pattern: str, shown: str, empty_ok: bool,
                  prefix_only: bool = False, held: frozenset[str] = frozenset()) -> list[RemotePath]:
     """The objects ``pattern`` matches, sorted, as a local glob's files: ``*`` within one name, ``**`` any number of
     them, a wildcard never matching a name that starts with ``.``; ``?`` (written ``%3F``: it starts the query string)
@@ -456,11 +493,11 @@ def _glob_remote(filesystem: Any, scheme: str, pattern: str, shown: str, empty_o
             from exc
     found = {i.path for i in listed if i.type == fs.FileType.File and _glob_names(i.path, parts, fixed, prefix_only)}
     if found:
-        return _remote_paths(filesystem, scheme, found)
+        return _remote_paths(filesystem, root, found)
     # NOTE: an object store has no directories: a glob under a prefix whose last object went (or a typo) matches
     # nothing, and --sync took that for an emptied corpus whatever it named (every other shard removed at exit 0)
-    if empty_ok and any(_glob_names(uri.partition("://")[2], parts, fixed, prefix_only)
-                        for uri in held if uri.startswith(f"{scheme}://")):
+    if empty_ok and any(_glob_names(uri[len(root):], parts, fixed, prefix_only)
+                        for uri in held if uri.startswith(root)):
         return []
     raise NoInputError(f"glob {shown} matches no objects" + (
         ", nor any shard of the live version (under --sync, a glob that matches nothing mirrors an emptied corpus "

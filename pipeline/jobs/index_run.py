@@ -49,6 +49,7 @@ from petal.pipeline.ingest.rejects import BadRowGate, rejects_table
 from petal.pipeline.ingest.remote import (
     RemotePath,
     is_uri,
+    older_uri,
     open_stored,
     reached_by,
     storage_error,
@@ -1115,7 +1116,26 @@ def named_sources(job: IndexJob, live: Manifest | None) -> list[Path | RemotePat
     in every run (a typo or a missing mount is not an empty corpus), except an object-store prefix under which the
     live version held shards: a store has no empty directories, so that is an emptied prefix."""
     held = frozenset(record.abs_path for record in live.shards) if live is not None else frozenset()
-    return resolve_sources(job.sources, out=job.out, empty_ok=job.sync and live is not None, held=held)
+    named = resolve_sources(job.sources, out=job.out, empty_ok=job.sync and live is not None, held=held)
+    if not job.sync:
+        check_no_older_uris(named, held)
+    return named
+
+
+def check_no_older_uris(named: list[Path | RemotePath], held: frozenset[str]) -> None:
+    """78 when the live version holds a named object under the URI an older petal stored for it (``older_uri``).
+
+    NOTE: petal stored an HDFS shard without its namenode (``hdfs:///data/x``, which names the default namenode:
+    ``remote.stored_root``); named again as ``hdfs://nn1:8020/data/x``, it is another shard to an additive run,
+    which kept the old one too: every document of it twice in the index. ``--sync`` keeps no shard it does not name."""
+    for remote in named:
+        older = older_uri(remote) if isinstance(remote, RemotePath) else None
+        if older is not None and older in held:
+            raise ConfigError(f"{remote} is in the index as {older}: an older petal recorded an HDFS shard without its "
+                              "namenode, which names the default namenode's; indexed again under its namenode, "
+                              "its documents would be in the index twice: rerun with --sync naming every SOURCE of the "
+                              "index (the shards recorded without a namenode are replaced by those named), or, for "
+                              "the default namenode's shards, name the SOURCE without one (hdfs:///...)")
 
 
 def check_rows_to_index(out: OutputDir, job: IndexJob, committed: list[StoreEntry], report: RunReport) -> None:

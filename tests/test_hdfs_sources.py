@@ -1,0 +1,124 @@
+"""``hdfs://`` sources on emulated namenodes (tests/hdfs_emulation.py: libhdfs and a JVM cannot run in CI).
+
+Arrow's HadoopFileSystem names an entry by its path without the namenode (``/data/x``), so petal stored
+``hdfs:///data/shards/a.parquet`` for a shard of ``hdfs://nn1:8020``: a later run or a search read it from the
+default namenode, and two namenodes' shards of one path were one shard. A stored URI now keeps the namenode.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from petal.pipeline.index.search import IndexReader
+from tests.fake_cli import invoke
+from tests.fake_engine import make_fake_model_dir
+from tests.hdfs_emulation import emulate_hdfs
+
+
+@pytest.fixture(scope="module")
+def fake_model(tmp_path_factory) -> Path:
+    return make_fake_model_dir(tmp_path_factory.mktemp("model"))
+
+
+def put(root: Path, path: str, prefix: str, rows: int) -> list[str]:
+    """A shard at ``path`` (``/data/...``) of the namenode stored under ``root``; its ids."""
+    ids = [f"{prefix}-{i}" for i in range(rows)]
+    target = root / path.lstrip("/")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table({"id": ids, "text": [f"{prefix} document {i}" for i in range(rows)],
+                             "lang": [prefix] * rows}), target)
+    return ids
+
+
+@pytest.fixture
+def namenodes(tmp_path, monkeypatch) -> dict[str, Path]:
+    """nn1 (the default namenode, fs.defaultFS), nn2 and nn0; each a local directory."""
+    nodes = {name: tmp_path / name for name in ("nn0:8020", "nn1:8020", "nn2:8020")}
+    for root in nodes.values():
+        root.mkdir()
+    emulate_hdfs(monkeypatch, nodes, default="nn0:8020")
+    return nodes
+
+
+def index(out: Path, model: Path, log: Path, *args: str):
+    return invoke(["index", *args, "--out", str(out), "--model", str(model), "-q", "--keep-columns", "lang"],
+                  env={"PETAL_TEST_FAKE_ENGINE": str(log)})
+
+
+def stored(out: Path) -> list[str]:
+    return sorted(record.abs_path for record in IndexReader(out).manifest.shards)
+
+
+def indexed_ids(out: Path) -> list[str]:
+    return sorted(IndexReader(out).ids.column("id").to_pylist())
+
+
+def test_two_namenodes_with_the_same_paths_are_two_sets_of_shards(namenodes, fake_model, tmp_path):
+    """Before: nn2's shards were dropped without a word (one stored URI, hdfs:///data/shards/a.parquet, for both)."""
+    one = put(namenodes["nn1:8020"], "/data/shards/a.parquet", "one", 4)
+    two = put(namenodes["nn2:8020"], "/data/shards/a.parquet", "two", 5)
+    out = tmp_path / "out"
+    result = index(out, fake_model, tmp_path / "log", "hdfs://nn1:8020/data/shards", "hdfs://nn2:8020/data/shards")
+    assert result.exit_code == 0, result.output
+    assert stored(out) == ["hdfs://nn1:8020/data/shards/a.parquet", "hdfs://nn2:8020/data/shards/a.parquet"]
+    assert indexed_ids(out) == sorted(one + two)
+
+
+def test_kept_shards_are_read_from_their_own_namenode_by_full_and_by_search(namenodes, fake_model, tmp_path):
+    """Before: --full and a search's metadata read a kept nn1 shard from the default namenode (nn0), which holds
+    another file at that path: indexed at exit 0 as if it were nn1's, and every hit's metadata 'changed'."""
+    one = put(namenodes["nn1:8020"], "/data/shards/a.parquet", "one", 4)
+    more = put(namenodes["nn1:8020"], "/data/more/b.parquet", "more", 3)
+    put(namenodes["nn0:8020"], "/data/shards/a.parquet", "other", 6)  # the default namenode: never read
+    out, log = tmp_path / "out", tmp_path / "log"
+    assert index(out, fake_model, log, "hdfs://nn1:8020/data/shards").exit_code == 0
+    full = index(out, fake_model, log, "hdfs://nn1:8020/data/more", "--full")
+    assert full.exit_code == 0, full.output
+    assert stored(out) == ["hdfs://nn1:8020/data/more/b.parquet", "hdfs://nn1:8020/data/shards/a.parquet"]
+    assert indexed_ids(out) == sorted(one + more)
+    reader = IndexReader(out)
+    hits = [row[0] for row in reader.search(reader.index.reconstruct_n(0, reader.ntotal), 1)]
+    records = reader.records(hits)
+    assert reader.missing_shards == {}
+    assert sorted(r["id"] for r in records if r is not None) == sorted(one + more)
+
+
+def test_the_default_namenode_stays_itself_and_an_older_index_reads_it_as_before(namenodes, fake_model, tmp_path):
+    """A SOURCE without a namenode (hdfs:///data) is stored so, and read again from the default namenode; an index
+    an older petal wrote holds such URIs for any namenode's shards: they keep naming the default one."""
+    zero = put(namenodes["nn0:8020"], "/data/shards/a.parquet", "zero", 4)
+    extra = put(namenodes["nn0:8020"], "/data/more/b.parquet", "extra", 2)
+    out, log = tmp_path / "out", tmp_path / "log"
+    assert index(out, fake_model, log, "hdfs:///data/shards").exit_code == 0
+    assert stored(out) == ["hdfs:///data/shards/a.parquet"]
+    full = index(out, fake_model, log, "hdfs:///data/more", "--full")
+    assert full.exit_code == 0, full.output
+    assert stored(out) == ["hdfs:///data/more/b.parquet", "hdfs:///data/shards/a.parquet"]
+    reader = IndexReader(out)
+    hits = [row[0] for row in reader.search(reader.index.reconstruct_n(0, reader.ntotal), 1)]
+    assert sorted(r["id"] for r in reader.records(hits) if r is not None) == sorted(zero + extra)
+    assert reader.missing_shards == {}
+
+
+def test_a_shard_an_older_petal_stored_without_its_namenode_is_never_indexed_twice(tmp_path, monkeypatch,
+                                                                                  fake_model):
+    """An older petal stored nn1's /data/shards/a.parquet as hdfs:///data/shards/a.parquet (as a SOURCE on the
+    default namenode is stored: nn1 here). Named again as hdfs://nn1:8020/..., it is another URI: an additive run
+    kept the old one as well and held every document twice. Now 78 saying what to do; --sync replaces it."""
+    nn1 = tmp_path / "nn1"
+    emulate_hdfs(monkeypatch, {"nn1:8020": nn1}, default="nn1:8020")
+    ids = put(nn1, "/data/shards/a.parquet", "one", 4)
+    out, log = tmp_path / "out", tmp_path / "log"
+    assert index(out, fake_model, log, "hdfs:///data/shards").exit_code == 0
+    again = index(out, fake_model, log, "hdfs://nn1:8020/data/shards")
+    assert again.exit_code == 78, again.output
+    last = again.output.strip().splitlines()[-1]
+    assert "hdfs://nn1:8020/data/shards/a.parquet is in the index as hdfs:///data/shards/a.parquet" in last, last
+    assert "--sync" in last and indexed_ids(out) == sorted(ids)
+    synced = index(out, fake_model, log, "hdfs://nn1:8020/data/shards", "--sync")
+    assert synced.exit_code == 0, synced.output
+    assert stored(out) == ["hdfs://nn1:8020/data/shards/a.parquet"] and indexed_ids(out) == sorted(ids)
