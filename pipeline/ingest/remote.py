@@ -197,6 +197,11 @@ def storage_error(where: str, exc: BaseException) -> PetalError:
                            "session token (for S3: AWS_SESSION_TOKEN, AWS_PROFILE) or a wrong region (AWS_REGION) is "
                            "the usual cause: fix the credentials or settings, a rerun as it is fails the same way")
     if any(m in message for m in NO_CREDENTIALS):
+        cause = _credentials_cause(message)
+        if "credentials file" in cause:
+            return ConfigError(f"{where}: the credentials cannot be used ({cause}); fix the credentials: "
+                               "GOOGLE_APPLICATION_CREDENTIALS must name a service account key file (JSON) this "
+                               "process can read")
         return ConfigError(f"{where}: no credentials ({_short(message)}); the storage's standard chain found none: "
                            "for GCS set GOOGLE_APPLICATION_CREDENTIALS to a service account key file, or run where "
                            "the metadata server provides one")
@@ -208,9 +213,32 @@ def storage_error(where: str, exc: BaseException) -> PetalError:
     return PetalIOError(f"{where}: storage error ({_short(message)}); rerun when the storage recovers")
 
 
+def _credentials_cause(message: str) -> str:
+    """What the GCS client says made its credentials fail (``Cannot open credentials file /k.json``): the first
+    sentence of its underlying error, without the status's ``error_info`` (a page of build paths)."""
+    cause = message.partition("The underlying error message was: ")[2] or message
+    return cause.split(" error_info=", 1)[0].split(". ", 1)[0].strip()[:300]
+
+
 def is_storage_error(exc: BaseException) -> bool:
-    """An object-storage client error (pyarrow raises them as ``OSError`` without an errno)."""
-    return isinstance(exc, OSError) and ("AWS Error" in str(exc) or "GCS" in str(exc) or "HDFS" in str(exc))
+    """An object-storage client error (pyarrow raises them as ``OSError`` without an errno, or, for a status it
+    cannot name, as a bare ``ArrowException``: the GCS client's UNKNOWN)."""
+    import pyarrow as pa
+
+    return isinstance(exc, (OSError, pa.ArrowException)) and any(
+        m in str(exc) for m in ("AWS Error", "GCS", "HDFS", "google::cloud::Status"))
+
+
+def listing_error(shown: str, exc: BaseException) -> PetalError:
+    """An error listing or looking up the SOURCE ``shown`` as the exit-code contract has it (``storage_error``); a
+    path its filesystem refuses to address (``ArrowInvalid``, which is a ``ValueError``) is 66.
+
+    NOTE: the storage's own errors come as ``OSError``, but also as ``ArrowInvalid`` (GCS: a credentials file that is
+    not a key, INVALID_ARGUMENT, was 66 'names no object') and as a bare ``ArrowException`` (GCS: a credentials file
+    that does not exist, UNKNOWN, was 1, an internal error with a traceback)."""
+    if isinstance(exc, ValueError) and not is_storage_error(exc):
+        return NoInputError(f"source {shown} names no object pyarrow's filesystems can read ({_short(str(exc))})")
+    return storage_error(f"cannot list {shown}", exc)
 
 
 def is_denied(exc: BaseException) -> bool:
@@ -246,6 +274,7 @@ def list_remote(source: str, empty_ok: bool = False, held: frozenset[str] = froz
     has no empty directories, so a prefix whose last object went is "not found"; it names none only when ``held``
     (the live version's shard URIs) has a shard under it, and stays 66 otherwise (a typo is not an emptied corpus).
     """
+    import pyarrow as pa
     from pyarrow import fs
 
     shown = display_uri(source)
@@ -288,11 +317,8 @@ def list_remote(source: str, empty_ok: bool = False, held: frozenset[str] = froz
                  and not hidden_below(i.path[len(path.rstrip("/")):].split("/"))]
     except PetalError:
         raise
-    except OSError as exc:
-        raise storage_error(f"cannot list {shown}", exc) from exc
-    except ValueError as exc:  # NOTE: pyarrow.ArrowInvalid: a path its filesystem refuses to address
-        raise NoInputError(f"source {shown} names no object pyarrow's filesystems can read ({_short(str(exc))})") \
-            from exc
+    except (OSError, ValueError, pa.ArrowException) as exc:
+        raise listing_error(shown, exc) from exc
     if not found and not empty_ok:
         raise NoInputError(f"no *.parquet objects under {shown}")
     return _remote_paths(filesystem, root, found)
@@ -479,6 +505,7 @@ def _glob_remote(filesystem: Any, root: str, pattern: str, shown: str, empty_ok:
     only the prefixes it matches, never an object. ``empty_ok`` (``--sync`` over a live version): a pattern that
     matches nothing names none only when it matches one of ``held`` (the live version's shard URIs), as a prefix
     SOURCE; otherwise 66 (a typo is not an emptied corpus)."""
+    import pyarrow as pa
     from pyarrow import fs
 
     parts = pattern.split("/")
@@ -486,11 +513,8 @@ def _glob_remote(filesystem: Any, root: str, pattern: str, shown: str, empty_ok:
     base = "/".join(parts[:fixed])
     try:
         listed = filesystem.get_file_info(fs.FileSelector(base, recursive=True, allow_not_found=True))
-    except OSError as exc:
-        raise storage_error(f"cannot list {shown}", exc) from exc
-    except ValueError as exc:  # NOTE: pyarrow.ArrowInvalid: a path its filesystem refuses to address
-        raise NoInputError(f"source {shown} names no object pyarrow's filesystems can read ({_short(str(exc))})") \
-            from exc
+    except (OSError, ValueError, pa.ArrowException) as exc:
+        raise listing_error(shown, exc) from exc
     found = {i.path for i in listed if i.type == fs.FileType.File and _glob_names(i.path, parts, fixed, prefix_only)}
     if found:
         return _remote_paths(filesystem, root, found)

@@ -1192,7 +1192,7 @@ def _kept_shard_there(abs_path: str, filesystems: dict[str, Any], sources: Seque
         open_stored(abs_path, filesystems, sources)
     except FileNotFoundError:
         return False
-    except OSError as exc:
+    except (OSError, pa.ArrowException) as exc:  # NOTE: GCS's UNKNOWN status is a bare ArrowException (was 1)
         raise storage_error(f"cannot look up {abs_path}{_through_chain(abs_path, sources)}", exc) from exc
     return True
 
