@@ -122,3 +122,18 @@ def test_a_shard_an_older_petal_stored_without_its_namenode_is_never_indexed_twi
     synced = index(out, fake_model, log, "hdfs://nn1:8020/data/shards", "--sync")
     assert synced.exit_code == 0, synced.output
     assert stored(out) == ["hdfs://nn1:8020/data/shards/a.parquet"] and indexed_ids(out) == sorted(ids)
+
+
+def test_full_with_a_kept_shard_gone_names_the_namenode_not_s3s_variables(namenodes, fake_model, tmp_path):
+    """Before: '... is gone (looked up through the storage's standard chain, as no SOURCE names its bucket: for S3
+    AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...)' for an HDFS shard."""
+    put(namenodes["nn1:8020"], "/data/shards/a.parquet", "one", 4)
+    put(namenodes["nn2:8020"], "/data/more/b.parquet", "two", 3)
+    out, log = tmp_path / "out", tmp_path / "log"
+    assert index(out, fake_model, log, "hdfs://nn1:8020/data/shards").exit_code == 0
+    (namenodes["nn1:8020"] / "data/shards/a.parquet").unlink()
+    gone = index(out, fake_model, log, "hdfs://nn2:8020/data/more", "--full")
+    assert gone.exit_code == 78, gone.output
+    last = gone.output.strip().splitlines()[-1]
+    assert "hdfs://nn1:8020/data/shards/a.parquet (kept from an earlier run) is gone (looked up" in last, last
+    assert "no SOURCE names its namenode" in last and "fs.defaultFS" in last and "AWS" not in last, last

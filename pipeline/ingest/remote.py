@@ -38,14 +38,31 @@ from petal.pipeline.reliability.errors import (
 )
 
 URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
-DENIED = ("ACCESS_DENIED", "INVALID_ACCESS_KEY_ID", "SIGNATURE_DOES_NOT_MATCH", "AccessDenied", "Forbidden",
-          "PermissionDenied", "Permission denied", "403")
+DENIED = ("ACCESS_DENIED", "PERMISSION_DENIED", "INVALID_ACCESS_KEY_ID", "SIGNATURE_DOES_NOT_MATCH", "AccessDenied",
+          "Forbidden", "PermissionDenied", "Permission denied", "403")
 # a request the storage refuses as malformed: an expired or invalid session token (S3 answers a HEAD's with a bare
 # 400), a request signed for another region; a retry is refused the same way
 REFUSED = ("HTTP status 400", "ExpiredToken", "EXPIRED_TOKEN", "InvalidToken", "AuthorizationHeaderMalformed")
 # NOTE: GCS with no credentials anywhere in its chain: it said 'storage error ...; rerun when the storage recovers'
 # (74) after retrying the token for 15 minutes, though a rerun fails the same way
 NO_CREDENTIALS = ("Could not create a OAuth2 access token",)
+# a request without valid credentials (HTTP 401): not authenticated, where 403 is authenticated but denied
+UNAUTHENTICATED = ("UNAUTHENTICATED", "Unauthorized", "status 401", "code 401")
+# the credentials each scheme's standard chain takes, for the messages (CHAIN_ENDPOINT: where it finds the service)
+CHAIN = {
+    "s3": "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_PROFILE",
+    "gs": "GOOGLE_APPLICATION_CREDENTIALS (a service account key file) or the metadata server; a public bucket "
+          "as gs://anonymous@BUCKET/...",
+    "hdfs": "a Kerberos ticket (kinit, or ?kerb_ticket=PATH) or, without Kerberos, HADOOP_USER_NAME (or "
+            "hdfs://USER@namenode:port/...)",
+}
+CHAIN_ENDPOINT = {
+    "s3": "AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...",
+    "gs": "GOOGLE_APPLICATION_CREDENTIALS, the metadata server; another endpoint only by a SOURCE's ?endpoint_override",
+    "hdfs": "the namenode in the stored URI, hdfs:/// the default one: fs.defaultFS of HADOOP_CONF_DIR; Kerberos "
+            "or HADOOP_USER_NAME",
+}
+SCHEME_FAMILY = {"gcs": "gs", "viewfs": "hdfs"}
 MISSING = ("NO_SUCH_BUCKET", "NoSuchBucket", "NO_SUCH_KEY", "NoSuchKey", "does not exist")
 
 
@@ -189,13 +206,27 @@ class RemotePath:
         return self.filesystem.open_input_file(self.path)
 
 
+def chain_of(uri: str, table: dict[str, str] = CHAIN) -> str:
+    """What the standard chain of ``uri``'s scheme (``scheme://...``) takes, from ``table`` (``CHAIN``,
+    ``CHAIN_ENDPOINT``); its words for any scheme when petal has none for this one."""
+    scheme = scheme_of(uri) if URI.match(uri) else ""
+    return table.get(SCHEME_FAMILY.get(scheme, scheme), "the storage's standard chain")
+
+
 def storage_error(where: str, exc: BaseException) -> PetalError:
-    """A filesystem error as the exit-code contract has it: denied or refused 78, missing 66, anything else 74."""
+    """A filesystem error as the exit-code contract has it: denied or refused 78, missing 66, anything else 74.
+    ``where`` names the object or SOURCE (``cannot list gs://b/p``): its scheme chooses the advice (``CHAIN``).
+
+    NOTE: every 401 and 403 was 'access denied', advising S3's variables whatever the storage (gs://, hdfs://)."""
     message = str(exc)
+    named = next((m.group(0) for m in [re.search(r"[A-Za-z][A-Za-z0-9+.-]*://\S*", where)] if m), "")
+    chain = chain_of(named)
     if any(m in message for m in REFUSED):
+        token = "for S3: AWS_SESSION_TOKEN, AWS_PROFILE; a wrong region (AWS_REGION)" if chain == CHAIN["s3"] else \
+            chain
         return ConfigError(f"{where}: the storage refused the request ({_short(message)}); an expired or invalid "
-                           "session token (for S3: AWS_SESSION_TOKEN, AWS_PROFILE) or a wrong region (AWS_REGION) is "
-                           "the usual cause: fix the credentials or settings, a rerun as it is fails the same way")
+                           f"session token ({token}) is the usual cause: fix the credentials or settings, a rerun as "
+                           "it is fails the same way")
     if any(m in message for m in NO_CREDENTIALS):
         cause = _credentials_cause(message)
         if "credentials file" in cause:
@@ -205,9 +236,12 @@ def storage_error(where: str, exc: BaseException) -> PetalError:
         return ConfigError(f"{where}: no credentials ({_short(message)}); the storage's standard chain found none: "
                            "for GCS set GOOGLE_APPLICATION_CREDENTIALS to a service account key file, or run where "
                            "the metadata server provides one")
+    if any(m in message for m in UNAUTHENTICATED):
+        return ConfigError(f"{where}: not authenticated ({_short(message)}): the storage took none of the "
+                           f"credentials given (expired, revoked or of another account); fix the credentials: {chain}")
     if any(m in message for m in DENIED) or isinstance(exc, PermissionError):
         return ConfigError(f"{where}: access denied ({_short(message)}); check the credentials the storage's "
-                           "standard chain provides (for S3: AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE)")
+                           f"standard chain provides, and that they may read it: {chain}")
     if any(m in message for m in MISSING) or isinstance(exc, FileNotFoundError):
         return NoInputError(f"{where} does not exist ({_short(message)})")
     return PetalIOError(f"{where}: storage error ({_short(message)}); rerun when the storage recovers")
@@ -243,7 +277,7 @@ def listing_error(shown: str, exc: BaseException) -> PetalError:
 
 def is_denied(exc: BaseException) -> bool:
     """A storage error a retry cannot cure: access denied, a request refused (``storage_error`` says which)."""
-    return is_storage_error(exc) and any(m in str(exc) for m in (*DENIED, *REFUSED, *NO_CREDENTIALS))
+    return is_storage_error(exc) and any(m in str(exc) for m in (*DENIED, *REFUSED, *NO_CREDENTIALS, *UNAUTHENTICATED))
 
 
 def _short(message: str) -> str:

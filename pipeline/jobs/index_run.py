@@ -47,7 +47,9 @@ from petal.pipeline.ingest.parquet import (
 from petal.pipeline.ingest.prefetch import Prefetcher
 from petal.pipeline.ingest.rejects import BadRowGate, rejects_table
 from petal.pipeline.ingest.remote import (
+    CHAIN_ENDPOINT,
     RemotePath,
+    chain_of,
     is_uri,
     older_uri,
     open_stored,
@@ -1202,5 +1204,7 @@ def _through_chain(abs_path: str, sources: Sequence[str]) -> str:
     storage's standard chain chose the endpoint and credentials, not the URI options the run that indexed it had."""
     if not is_uri(abs_path) or reached_by(abs_path, sources) is not None:
         return ""
-    return (" (looked up through the storage's standard chain, as no SOURCE names its bucket: for S3 AWS_ENDPOINT_URL, "
-            "AWS_ACCESS_KEY_ID, ...; or name a SOURCE in its bucket with its ?endpoint_override=...)")
+    # NOTE: this advised S3's variables for a kept gs:// or hdfs:// object too
+    where = "namenode" if chain_of(abs_path, CHAIN_ENDPOINT) == CHAIN_ENDPOINT["hdfs"] else "bucket"
+    return (f" (looked up through the storage's standard chain, as no SOURCE names its {where}: "
+            f"{chain_of(abs_path, CHAIN_ENDPOINT)}; or name a SOURCE in its {where} with its options)")
