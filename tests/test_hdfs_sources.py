@@ -137,3 +137,27 @@ def test_full_with_a_kept_shard_gone_names_the_namenode_not_s3s_variables(nameno
     last = gone.output.strip().splitlines()[-1]
     assert "hdfs://nn1:8020/data/shards/a.parquet (kept from an earlier run) is gone (looked up" in last, last
     assert "no SOURCE names its namenode" in last and "fs.defaultFS" in last and "AWS" not in last, last
+
+
+def test_hdfs_without_libhdfs_or_a_jvm_is_a_short_78(fake_model, tmp_path, monkeypatch):
+    """Arrow's real HadoopFileSystem on a host without a JVM: 78 was right, but its message was every dlopen Arrow
+    tried (~90 lines joined by newlines, 15-30 KB), printed twice. Now what HDFS needs and the cause's first line."""
+    from pyarrow import fs
+
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "no-jvm"))
+    monkeypatch.setenv("ARROW_LIBHDFS_DIR", str(tmp_path / "no-libhdfs"))
+    try:
+        fs.FileSystem.from_uri("hdfs://127.0.0.1:1/data")
+    except OSError as exc:
+        if not str(exc).startswith("Unable to load lib"):
+            pytest.skip(f"this host loads libhdfs and a JVM: {str(exc)[:100]}")
+    else:
+        pytest.skip("this host loads libhdfs and a JVM")
+    result = index(tmp_path / "out", fake_model, tmp_path / "log", "hdfs://127.0.0.1:1/data/shards")
+    assert result.exit_code == 78, result.output
+    last = result.output.strip().splitlines()[-1]
+    assert last.startswith("petal: error: cannot open hdfs://127.0.0.1:1/data/shards: HDFS needs Hadoop's libhdfs "
+                           "and a Java runtime"), last
+    assert "load lib" in last and "dlopen" not in result.output, last
+    assert all(name in last for name in ("JAVA_HOME", "ARROW_LIBHDFS_DIR", "CLASSPATH")), last
+    assert len(result.output) < 1500, len(result.output)

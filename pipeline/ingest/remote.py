@@ -63,6 +63,9 @@ CHAIN_ENDPOINT = {
             "or HADOOP_USER_NAME",
 }
 SCHEME_FAMILY = {"gcs": "gs", "viewfs": "hdfs"}
+# Arrow's HadoopFileSystem on a host without a JVM or libhdfs: the first line, then every path it tried (dlopen);
+# in a process that tried once already, only the last
+HDFS_RUNTIME = ("Unable to load libjvm", "Unable to load libhdfs", "Prior attempt to load libhdfs failed")
 MISSING = ("NO_SUCH_BUCKET", "NoSuchBucket", "NO_SUCH_KEY", "NoSuchKey", "does not exist")
 
 
@@ -213,12 +216,27 @@ def chain_of(uri: str, table: dict[str, str] = CHAIN) -> str:
     return table.get(SCHEME_FAMILY.get(scheme, scheme), "the storage's standard chain")
 
 
+def hdfs_runtime_missing(where: str, message: str) -> ConfigError | None:
+    """78 saying what HDFS needs when ``message`` is Arrow's failure to load libhdfs or the JVM; else ``None``.
+
+    NOTE: the message lists every path tried (~90 dlopen lines, 15-30 KB), and was printed whole, twice."""
+    if not message.lstrip().startswith(HDFS_RUNTIME):
+        return None
+    return ConfigError(f"{where}: HDFS needs Hadoop's libhdfs and a Java runtime, which petal could not load here "
+                       f"({message.strip().splitlines()[0]}): install them and set JAVA_HOME (the JVM), "
+                       "ARROW_LIBHDFS_DIR (the directory of libhdfs.so) and CLASSPATH (`hadoop classpath --glob`), as "
+                       "pyarrow's HadoopFileSystem documents")
+
+
 def storage_error(where: str, exc: BaseException) -> PetalError:
     """A filesystem error as the exit-code contract has it: denied or refused 78, missing 66, anything else 74.
     ``where`` names the object or SOURCE (``cannot list gs://b/p``): its scheme chooses the advice (``CHAIN``).
 
     NOTE: every 401 and 403 was 'access denied', advising S3's variables whatever the storage (gs://, hdfs://)."""
     message = str(exc)
+    runtime = hdfs_runtime_missing(where, message)
+    if runtime is not None:
+        return runtime
     named = next((m.group(0) for m in [re.search(r"[A-Za-z][A-Za-z0-9+.-]*://\S*", where)] if m), "")
     chain = chain_of(named)
     if any(m in message for m in REFUSED):
@@ -323,7 +341,9 @@ def list_remote(source: str, empty_ok: bool = False, held: frozenset[str] = froz
     try:
         filesystem, path = fs.FileSystem.from_uri(uri_encoded(source))
     except Exception as exc:  # unknown scheme, a bad query parameter, a filesystem not built into pyarrow
-        raise ConfigError(f"cannot open {shown}: {_scrubbed(str(exc), source)}") from exc
+        message = _scrubbed(str(exc), source)
+        raise hdfs_runtime_missing(f"cannot open {shown}", message) or ConfigError(f"cannot open {shown}: {message}") \
+            from exc
     if not path.strip("/"):  # NOTE: s3:// (s3://$BUCKET, unset) listed every bucket the credentials reach
         raise NoInputError(f"source {shown} names no bucket (nor any object): give {scheme_of(source)}://BUCKET/...")
     if _empty_component(path):  # NOTE: s3://bkt//a was 1, an internal error (ArrowInvalid) with a traceback
