@@ -27,16 +27,23 @@ CHUNK_LINKS = 1 << 24  # links looked at a time (64 MiB of int32; a 1M-node HNSW
 def hnsw_graph(index: Any) -> Any | None:
     """The HNSW graph (FAISS ``HNSW``) whose nodes are ``index``'s vectors, or ``None`` (no graph, an IVF's graph
     over its centroids)."""
+    graph_index = hnsw_index(index)
+    return None if graph_index is None else graph_index.hnsw
+
+
+def hnsw_index(index: Any) -> Any | None:
+    """The index inside ``index`` that holds its HNSW graph (``IndexHNSW`` or ``IndexBinaryHNSW``: its search answers
+    the graph's node ids), or ``None`` as ``hnsw_graph``."""
     faiss = load_faiss()
     if isinstance(index, BinaryIndex):
         index = index.index
     if isinstance(index, faiss.IndexBinary):
-        return index.hnsw if isinstance(index, faiss.IndexBinaryHNSW) else None
+        return index if isinstance(index, faiss.IndexBinaryHNSW) else None
     if faiss.try_extract_index_ivf(index) is not None:
         return None
     for node in searched_nodes(index):
         if isinstance(node, faiss.IndexHNSW):
-            return faiss.downcast_index(node).hnsw
+            return faiss.downcast_index(node)
     return None
 
 

@@ -16,7 +16,8 @@ Checksums cannot tell a manifest signed again over other files (another valid FA
 from the one petal wrote: both also read ``index.faiss``'s header (its first bytes, without FAISS: O(1)) and
 refuse one whose dimension, vector count, metric or binary/float kind is not the manifest's (65 naming the file
 and the field); ``petal verify`` also reads the index as opening does (``mmap.py``: never a path recorded inside
-it) and compares its structure (index types, lists, code sizes) with the manifest's factory, and the id count.
+it) and compares its structure (index types, lists, code sizes) with the manifest's factory, and the id count,
+and that every vector of an HNSW graph is reached by a walk from its entry point (``graph_repair.py``).
 """
 
 from __future__ import annotations
@@ -523,6 +524,15 @@ def index_problems(version_dir: Path, raw: dict[str, Any]) -> dict[str, str]:
         return {IDS_FILE: str(exc)}
     if ids != index.ntotal:
         return {IDS_FILE: f"maps {ids} ids for the {index.ntotal} vectors of {INDEX_FILE}"}
+    from petal.pipeline.index.graph_repair import unreached_nodes
+
+    # NOTE: a graph written before graph_repair.py linked every node (duplicate documents cut whole groups off) passed
+    # every check above while no search could return those documents
+    lost = unreached_nodes(index)
+    if lost:
+        return {INDEX_FILE: f"{lost} of the {index.ntotal} vectors of its HNSW graph are reached by no search (no "
+                            "link leads to them from the graph's entry point), so their documents are in no query's "
+                            "hits; petal rebuild OUT writes a version that links every vector"}
     return {}
 
 

@@ -302,7 +302,9 @@ def _build_index(entries: list[StoreEntry], dim: int, settings: IndexSettings, s
         index, added_on = build_on_disk(index, source, staging, part_rows(plan, settings), rows, ngpu > 0)
     else:
         added_on = add_in_memory(index, source, part_rows(plan, settings), rows, ngpu > 0)
-    link_unreachable(index)  # NOTE: before tuning: the graph tuned is the graph written
+    # NOTE: before tuning: the graph tuned is the graph written; a node it leaves unreached fails the build (a bug,
+    # exit 1) rather than publish documents no search returns
+    link_unreachable(index)
     timings["add"] = round(time.perf_counter() - t0, 3)
     device = DeviceRecord(gpus=ngpu, train=trained_on, add=added_on, train_points=train_points)
 
