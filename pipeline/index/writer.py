@@ -31,6 +31,7 @@ from petal.pipeline.index.files import IDS_FILE, INDEX_FILE, write_index
 from petal.pipeline.index.gpu import num_gpus, train
 from petal.pipeline.index.graph_holdout import queries_unlinked
 from petal.pipeline.index.graph_repair import link_unreachable
+from petal.pipeline.index.kmeans_floor import floored_kmeans, thin_warning
 from petal.pipeline.index.plan import (
     LIVE_VECTORS,
     IndexPlan,
@@ -58,6 +59,7 @@ from petal.pipeline.index.tune import (
 )
 from petal.pipeline.manifest import DeviceRecord, IndexRecord, PlanRecord, TuningRecord
 from petal.pipeline.reliability.errors import FAISS_WRITE_ERRORS, FlagError, PetalError
+from petal.pipeline.reliability.notes import say
 from petal.pipeline.store.embeddings import StoreEntry
 from petal.pipeline.store.outputs import OutputTransform
 
@@ -165,24 +167,28 @@ def training_size(plan: IndexPlan, dim: int, settings: IndexSettings, needed: in
 
 
 def _train(index: Any, sample: np.ndarray, plan: IndexPlan, seed: int, ngpu: int) -> str:
-    """Train ``index`` on ``sample [n, dim]`` (seeded; sign bits for a binary index); returns where it ran."""
+    """Train ``index`` on ``sample [n, dim]`` (seeded; sign bits for a binary index); returns where it ran. A sample
+    too thin for the factory's k-means (fewer than 30 vectors a centroid: a small store) is said as a warning."""
     faiss = load_faiss()
     if len(sample) < max(plan.nlist, 1):
         raise ValueError(f"index {plan.factory!r} needs at least {plan.nlist} vectors to train, "
                          f"the store has {len(sample)}")
-    if isinstance(index, faiss.IndexBinary):
-        if isinstance(index, faiss.IndexBinaryIVF):
-            index.cp.seed = seed  # NOTE: seeded k-means on a seeded sample: same input, same index
-            index.cp.min_points_per_centroid = MIN_TRAIN_POINTS_PER_CENTROID  # as below
-        return train(index, np.packbits(sample >= 0, axis=1), ngpu, seed)
-    ivf = faiss.try_extract_index_ivf(index)
+    binary = isinstance(index, faiss.IndexBinary)
+    if binary and isinstance(index, faiss.IndexBinaryIVF):
+        index.cp.seed = seed  # NOTE: seeded k-means on a seeded sample: same input, same index
+    ivf = None if binary else faiss.try_extract_index_ivf(index)
     if ivf is not None:
         ivf.cp.seed = seed  # NOTE: seeded k-means on a seeded sample: same input, same index
-        # NOTE: FAISS's k-means warns on stderr below 39 points a list ("WARNING clustering 15360 points to 512
-        # centroids"), a stray line in an unattended job's log; training_size never gives fewer than petal's floor
-        ivf.cp.min_points_per_centroid = MIN_TRAIN_POINTS_PER_CENTROID
-    no_polysemous_training(index)
-    return train(index, sample, ngpu, seed)
+    if not binary:
+        no_polysemous_training(index)
+    # NOTE: FAISS's k-means prints "WARNING clustering 342 points to 16 centroids" with fprintf(stderr) below 39
+    # points a centroid (quiet=True, cron logs): every k-means of the index asks for no more than the sample gives
+    # (kmeans_floor.py), and petal says the thin ones itself (to the petal logger under quiet=True)
+    with floored_kmeans(index, len(sample), MIN_TRAIN_POINTS_PER_CENTROID) as thin:
+        where = train(index, np.packbits(sample >= 0, axis=1) if binary else sample, ngpu, seed)
+    if thin:
+        say(thin_warning(plan.factory, thin, MIN_TRAIN_POINTS_PER_CENTROID))
+    return where
 
 
 def no_polysemous_training(index: Any) -> None:
