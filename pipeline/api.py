@@ -40,9 +40,12 @@ from petal.pipeline.reliability.errors import (
     PetalError,
     PetalIOError,
     UsageError,
+    arguments_named,
+    binding_error,
     keyword_named,
     one_line,
     quote_path,
+    unknown_keyword,
     unmapped_error,
 )
 from petal.pipeline.reliability.notes import quiet_notes, say
@@ -70,8 +73,36 @@ def _quiet_when_asked(call: Callable[_P, _R]) -> Callable[_P, _R]:
     return quietly
 
 
-@_quiet_when_asked
+def _arguments_reported(command: str) -> Callable[[Callable[_P, RunReport]], Callable[_P, RunReport]]:
+    """``index``/``rebuild`` with arguments Python does not bind to them (``out`` missing, a third positional)
+    refused as their unknown settings are: an ``ArgumentTypeError`` (2, a ``TypeError``) carrying the failed report
+    as ``.report``, ``json_report`` written (README: an error raised by index/rebuild carries the report)."""
+    def wrap(call: Callable[_P, RunReport]) -> Callable[_P, RunReport]:
+        @functools.wraps(call)
+        def reported(*args: _P.args, **kwargs: _P.kwargs) -> RunReport:
+            try:
+                return call(*args, **kwargs)
+            except TypeError as exc:
+                if isinstance(exc, PetalError):
+                    raise
+                refused = binding_error(exc, call, f"petal.{command}()", args, kwargs)
+                if refused is None:
+                    raise
+                _fail(_own_report(kwargs.get("report"), command), refused, 2, f"usage error: {refused}",
+                      _report_path(kwargs.get("json_report")))
+                raise refused from None
+        return reported
+    return wrap
 
+
+def _keywords(call: Callable[..., Any]) -> list[str]:
+    """The keyword-only parameters of ``call`` (``index``'s ``vectors_column``...): close matches of a typo too."""
+    return [name for name, parameter in inspect.signature(call).parameters.items()
+            if parameter.kind is parameter.KEYWORD_ONLY]
+
+
+@_quiet_when_asked
+@_arguments_reported("index")
 def index(sources: Sources, out: str | os.PathLike[str], *, engine_factory: Callable[..., Any] | None = None,
           report: RunReport | None = None, stop: StopSignals | None = None, vectors_column: str | None = None,
           **settings: Any) -> RunReport:
@@ -96,7 +127,7 @@ def index(sources: Sources, out: str | os.PathLike[str], *, engine_factory: Call
         try:
             _check_hooks("petal.index()", given_report, stop, engine_factory)
             not_empty_path(out, "out")
-            job = index_job(sources, out, **settings)
+            job = index_job(sources, out, "petal.index()", _keywords(index), **settings)
             given = given_index_settings(settings)  # the others keep the live version's (first run: the defaults)
             if "" in job.sources:
                 not_empty_path("", "sources")
@@ -130,6 +161,7 @@ def index(sources: Sources, out: str | os.PathLike[str], *, engine_factory: Call
 
 
 @_quiet_when_asked
+@_arguments_reported("rebuild")
 def rebuild(out: str | os.PathLike[str], *, json_report: str | os.PathLike[str] | None = None,
             report: RunReport | None = None, wait: bool = False, stop: StopSignals | None = None,
             keep_versions: int = 2, quiet: bool = False, **settings: Any) -> RunReport:
@@ -158,7 +190,7 @@ def rebuild(out: str | os.PathLike[str], *, json_report: str | os.PathLike[str] 
                 raise UsageError(problem)  # NOTE: as petal index words it (keyword_named: keep_versions 0 < 1)
             not_empty_path(out, "out")
             out = out_path(out)
-            chosen = index_settings(**settings)
+            chosen = index_settings("petal.rebuild()", _keywords(rebuild), **settings)
             given = given_index_settings(settings)
         except UsageError as exc:
             keyword_named(exc)
@@ -169,6 +201,7 @@ def rebuild(out: str | os.PathLike[str], *, json_report: str | os.PathLike[str] 
                                         keep_versions=keep_versions), report, target, (out, target), active)
 
 
+@arguments_named("petal.open_index()")
 def open_index(path: str | os.PathLike[str], **settings: Any) -> Index:
     """A published index (an output directory or a version directory), ready to search.
 
@@ -182,10 +215,11 @@ def open_index(path: str | os.PathLike[str], **settings: Any) -> Index:
     taken = {name for name in inspect.signature(Index).parameters if name != "path" and not name.startswith("_")}
     unknown = next((key for key in settings if key not in taken), None)
     if unknown is not None:
-        raise TypeError(f"petal.open_index() got an unexpected keyword argument {unknown!r}")
+        raise unknown_keyword("petal.open_index()", unknown, taken)
     return Index(path, _caller="petal.open_index()", **settings)
 
 
+@arguments_named("petal.verify()")
 def verify(out: str | os.PathLike[str], *, version: str | None = None) -> VerifyReport:
     """``petal verify OUT [--version V]``: every byte of ``out``'s live version (``version``: the version of that id
     under ``out/versions``) against the sha256 its manifest records, the manifest's own checksum, then ``index.faiss``

@@ -165,5 +165,68 @@ def test_repr_says_what_it_is(out):
 def test_a_keyword_typo_in_open_index_is_named_by_open_index(out, settings):
     """Was "Index.__init__() got an unexpected keyword argument 'nprob'" (or "got multiple values for '_caller'")."""
     keyword = next(iter(settings))
-    with pytest.raises(TypeError, match=rf"^petal\.open_index\(\) got an unexpected keyword argument '{keyword}'$"):
+    with pytest.raises(TypeError, match=rf"^petal\.open_index\(\) got an unexpected keyword argument '{keyword}'"):
         petal.open_index(out, **settings)
+
+
+@pytest.mark.parametrize(("command", "keywords", "said"), [
+    ("index", {"bogus": 1}, "petal.index() got an unexpected keyword argument 'bogus'"),
+    ("index", {"modle": "x"}, "petal.index() got an unexpected keyword argument 'modle'; did you mean 'model'?"),
+    ("index", {"vector_column": "emb"}, "argument 'vector_column'; did you mean 'vectors_column'"),  # index's own
+    ("index", {"out": None}, "petal.index() missing 1 required positional argument: 'out'"),  # None: leave out
+    ("rebuild", {"index_factor": "Flat"}, "argument 'index_factor'; did you mean 'index_factory'"),
+    ("rebuild", {"keep_version": 1}, "argument 'keep_version'; did you mean 'keep_versions'?"),
+    ("rebuild", {"dim": 3}, "petal.rebuild() got an unexpected keyword argument 'dim'"),
+])
+def test_an_unknown_keyword_to_index_or_rebuild_is_a_usage_error_with_its_report(shard, tmp_path, command, keywords,
+                                                                                   said):
+    """Was a bare TypeError raised before the run: no ``.report``, no ``json_report`` file, and no ``PetalError``
+    for the README's Airflow task (``except petal.PetalError``: not retried) to catch; ``dim="x"`` was already one."""
+    report_file = tmp_path / "r.json"
+    arguments = (shard, tmp_path / "o") if command == "index" else (tmp_path / "o",)
+    if keywords.get("out", 1) is None:
+        arguments, keywords = arguments[:1], {}
+    with pytest.raises(petal.UsageError) as caught:
+        getattr(petal, command)(*arguments, json_report=report_file, **keywords)
+    assert isinstance(caught.value, TypeError) and caught.value.exit_code == 2
+    assert said in str(caught.value), str(caught.value)
+    assert caught.value.report is not None and caught.value.report.exit_code == 2
+    written = json.loads(report_file.read_text())
+    assert written["status"] == "failed" and written["exit_code"] == 2 and said in written["message"], written
+    assert not (tmp_path / "o").exists()
+
+
+def test_the_cli_refuses_an_unknown_flag_with_2_and_its_report(shard, tmp_path):
+    report_file = tmp_path / "r.json"
+    result = CliRunner().invoke(cli, ["index", str(shard), "--out", str(tmp_path / "o"), "--bogus",
+                                      "--json-report", str(report_file)])
+    assert result.exit_code == 2 and json.loads(report_file.read_text())["exit_code"] == 2
+
+
+def test_every_entry_point_refuses_arguments_it_does_not_take_as_a_usage_error(out, index, embedder):
+    """Python's own refusal (``Embedder.__init__() got an unexpected keyword argument 'devce'``) was a bare TypeError:
+    now a ``petal.UsageError`` too (exit 2), named as the caller wrote the call, with the close matches."""
+    vector = np.zeros((1, index.dim), np.float32)
+    for call, said in [
+        (lambda: petal.open_index(out, nprob=3), "petal.open_index() got an unexpected keyword argument 'nprob'; "
+                                                 "did you mean 'nprobe'?"),
+        (lambda: petal.open_index(), "petal.open_index() missing 1 required positional argument: 'path'"),
+        (lambda: petal.Index(out, devce="cpu"), "petal.Index() got an unexpected keyword argument 'devce'; did you "
+                                                "mean 'device'?"),
+        (lambda: petal.verify(out, versio="v"), "petal.verify() got an unexpected keyword argument 'versio'; did you "
+                                                "mean 'version'?"),
+        (lambda: petal.Embedder(devce="cpu"), "petal.Embedder() got an unexpected keyword argument 'devce'; did you "
+                                              "mean 'device'?"),
+        (lambda: embedder.encode(["a"], querry=True), "Embedder.encode() got an unexpected keyword argument "
+                                                      "'querry'; did you mean 'query'?"),
+        (lambda: index.search("tides", kk=3), "Index.search() got an unexpected keyword argument 'kk'; did you "
+                                              "mean 'k'?"),
+        (lambda: index.search(), "Index.search() missing 1 required positional argument: 'queries'"),
+        (lambda: index.search_stored(vector, 3, None, 4), "Index.search_stored() takes from 2 to 4 positional "
+                                                          "arguments but 5 were given"),
+        (lambda: index.texts(hit=[]), "Index.texts() got an unexpected keyword argument 'hit'; did you mean 'hits'?"),
+    ]:
+        with pytest.raises(petal.UsageError) as caught:
+            call()
+        assert isinstance(caught.value, TypeError) and caught.value.exit_code == 2
+        assert str(caught.value) == said

@@ -32,7 +32,14 @@ from petal.pipeline.jobs.settings import (
     typed,
     whole_number,
 )
-from petal.pipeline.reliability.errors import ArgumentTypeError, BadInputError, UsageError, keyword_names, quote_text
+from petal.pipeline.reliability.errors import (
+    ArgumentTypeError,
+    BadInputError,
+    UsageError,
+    arguments_named,
+    keyword_names,
+    quote_text,
+)
 from petal.pipeline.store.outputs import OutputConfig, OutputTransform
 
 if TYPE_CHECKING:
@@ -162,6 +169,7 @@ class Embedder:
     """
 
     @keyword_names()
+    @arguments_named("petal.Embedder()")
     def __init__(self, model: str | Path | None = None, device: str = "auto", dtype: str = "auto", *,
                  attention: str = "auto", max_length: int | None = None, token_budget: int | None = None,
                  max_seqs: int = 256, cuda_graphs: bool = True, pooling: str | None = None,
@@ -262,6 +270,7 @@ class Embedder:
         from there hold fewer tokens than ``max_length`` is embedded from them (``Embedded.over_chars``)."""
         return self._tokenizer("document").max_text_chars
 
+    @arguments_named("Embedder.encode()")
     def encode(self, texts: Texts, *, query: bool = False, batch_tokens: SupportsIndex | None = None) -> np.ndarray:
         """``[len(texts), dim]`` rows in input order (one text: ``[1, dim]``; packed sign bits: ``[len(texts),
         dim // 8]``; ``dim`` is ``self.dim``: the ``dim`` setting, else the model's width). A null, undecodable

@@ -29,7 +29,7 @@ from petal.pipeline.jobs.settings import (
     whole_number,
 )
 from petal.pipeline.manifest import Manifest
-from petal.pipeline.reliability.errors import ArgumentTypeError, UsageError, keyword_names
+from petal.pipeline.reliability.errors import ArgumentTypeError, UsageError, arguments_named, keyword_names
 from petal.pipeline.store.outputs import squared_norm_overflows
 
 if TYPE_CHECKING:
@@ -41,6 +41,7 @@ class Index:
     """A published index (an output directory, following CURRENT, or a version directory)."""
 
     @keyword_names()
+    @arguments_named("petal.Index()")
     def __init__(self, path: str | os.PathLike[str], *, model: str | None = None, device: str = "auto",
                  dtype: str = "auto", attention: str = "auto", nprobe: int | None = None, rescore: int | None = None,
                  query_prompt: str | None = None, allow_pickle_weights: bool = False,
@@ -154,6 +155,7 @@ class Index:
         return list(self.reader.ignored)
 
     @keyword_names()
+    @arguments_named("Index.check_where()")
     def check_where(self, where: str) -> None:
         """A ``where`` filter this index can apply (``UsageError`` naming a bad expression or unknown column, or a
         ``where`` that is no str)."""
@@ -181,6 +183,7 @@ class Index:
             return self._service
 
     @keyword_names()
+    @arguments_named("Index.reopened()")
     def reopened(self, where: str | None = None) -> Index | None:
         """The index again, on the version ``CURRENT`` names now, when that is another one than the version open
         (``None`` when it is the same, when ``path`` is a version directory or when that version was refused
@@ -211,6 +214,7 @@ class Index:
         return fresh
 
     @keyword_names()
+    @arguments_named("Index.search()")
     def search(self, queries: Texts | np.ndarray, k: SupportsIndex = 10,
                where: str | None = None) -> list[list[Hit]]:
         """The top ``k`` hits of each query, best first (fewer when the index holds fewer vectors, or fewer
@@ -259,6 +263,7 @@ class Index:
         return hits
 
     @keyword_names()
+    @arguments_named("Index.search_stored()")
     def search_stored(self, vectors: np.ndarray, k: SupportsIndex = 10, where: str | None = None) -> list[list[Hit]]:
         """Search by vectors as the index stores them (``[num_queries, dim]`` or ``[dim]``, after ``--dim`` and
         normalisation; an index built with ``--vectors-column``: vectors like that column's). No model.
@@ -278,6 +283,7 @@ class Index:
         return _finite_scores(self._searched(lambda: reader.search(stored, k, where=where)), reader)
 
     @keyword_names()
+    @arguments_named("Index.query_vectors()")
     def query_vectors(self, vectors: Any) -> np.ndarray:
         """``vectors`` (see ``search_stored``) as the float32 ``[n, dim]`` rows the index searches with."""
         vectors = _array(vectors)
@@ -331,6 +337,7 @@ class Index:
         return result
 
     @keyword_names()
+    @arguments_named("Index.texts()")
     def texts(self, hits: list[Hit]) -> list[str | None]:
         """Each hit's text, read back from its shard (``None`` when the shard or row is gone).
 

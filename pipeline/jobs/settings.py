@@ -39,6 +39,7 @@ from petal.pipeline.reliability.errors import (
     UsageError,
     quote_path,
     quote_text,
+    unknown_keyword,
 )
 from petal.pipeline.store.outputs import OutputConfig
 
@@ -271,8 +272,10 @@ def out_path(out: Any, name: str = "out") -> Path:
 
 
 def index_job(sources: str | os.PathLike[str] | Iterable[str | os.PathLike[str]], out: str | os.PathLike[str],
-              caller: str = "petal.index()", **settings: Any) -> IndexJob:
-    """The ``IndexJob`` that ``settings`` describe (see the module docstring)."""
+              caller: str = "petal.index()", takes: Iterable[str] = (), /, **settings: Any) -> IndexJob:
+    """The ``IndexJob`` that ``settings`` describe (see the module docstring). A keyword that is no setting is an
+    ``ArgumentTypeError`` (2, a ``TypeError``) naming it and its close matches among the settings and ``takes``
+    (the caller's own keywords)."""
     top = _field_names(IndexJob) - set(SECTIONS) - {"sources", "out"}
     direct: dict[str, Any] = {}
     nested: dict[str, dict[str, Any]] = {section: {} for section in SECTIONS}
@@ -287,8 +290,10 @@ def index_job(sources: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
             direct[name] = _convert(name, value)
         else:
             owner = next((s for s, cls in SECTIONS.items() if name in _field_names(cls)), None)
-            if owner is None:
-                raise TypeError(f"{caller} got an unexpected keyword argument {key!r}")
+            if owner is None:  # NOTE: was a bare TypeError: no report, and no PetalError for a caller to catch
+                known = {*top, *ALIASES, *SECTIONS, "no_cuda_graphs", *takes}
+                known |= {name for cls in SECTIONS.values() for name in _field_names(cls)} - set(ALIASES.values())
+                raise unknown_keyword(caller, key, known)
             nested[owner][name] = _convert(name, value)
     read = nested["read"]
     if read.get("id_column") is None:
@@ -346,14 +351,16 @@ def check_vectors_flags(settings: dict[str, Any]) -> None:
                             else f"{', '.join(given)} do not apply: leave them out"))
 
 
-def index_settings(caller: str = "petal.rebuild()", **settings: Any) -> IndexSettings:
-    """``IndexSettings`` from keywords (``index_factory``/``factory``, ``metric``, ``index_memory``, ...)."""
+def index_settings(caller: str = "petal.rebuild()", takes: Iterable[str] = (), /, **settings: Any) -> IndexSettings:
+    """``IndexSettings`` from keywords (``index_factory``/``factory``, ``metric``, ``index_memory``, ...); another
+    keyword is an ``ArgumentTypeError`` naming it and its close matches among them and ``takes`` (the caller's
+    own keywords)."""
     known = _field_names(IndexSettings)
     values: dict[str, Any] = {}
     for key, value in settings.items():
         name = ALIASES.get(key, key)
         if name not in known:
-            raise TypeError(f"{caller} got an unexpected keyword argument {key!r}")
+            raise unknown_keyword(caller, key, {*ALIASES, *(known - set(ALIASES.values())), *takes})
         values[name] = _convert(name, value)
     return build(IndexSettings, **typed(IndexSettings, values, caller))
 

@@ -22,13 +22,16 @@ last stderr line) and never carries more than a short, escaped prefix of a file'
 from __future__ import annotations
 
 import contextlib
+import difflib
 import errno
+import functools
+import inspect
 import os
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextvars import ContextVar
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 if TYPE_CHECKING:
     from petal.pipeline.index.verify import VerifyReport
@@ -169,6 +172,65 @@ class ArgumentTypeError(UsageError, TypeError):
     """An argument of the wrong type (``k="3"``, ``queries=5``, a torch tensor of numbers as ``texts``): a
     ``UsageError`` (exit 2) and a ``TypeError``, as Python callers expect of one; the message names the argument
     and the types it takes."""
+
+
+def unknown_keyword(caller: str, key: str, known: Iterable[str]) -> ArgumentTypeError:
+    """Python's words for a keyword ``caller`` does not take (``petal.index() got an unexpected keyword argument
+    'modle'``) as an ``ArgumentTypeError``: exit 2 and the run's report for the API's runs, still a ``TypeError``;
+    with the close matches among the ``known`` keywords (``; did you mean 'model'?``)."""
+    close = difflib.get_close_matches(key, sorted(set(known)), n=3) if isinstance(key, str) else []
+    hint = f"; did you mean {' or '.join(repr(name) for name in close)}?" if close else ""
+    return ArgumentTypeError(f"{caller} got an unexpected keyword argument {key!r}{hint}")
+
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+_UNEXPECTED = re.compile(r"got an unexpected keyword argument '([^']*)'")
+
+
+def binding_error(exc: TypeError, call: Callable[..., object], caller: str, args: tuple[object, ...],
+                  kwargs: dict[str, object], known: Iterable[str] = ()) -> ArgumentTypeError | None:
+    """The ``ArgumentTypeError`` for ``exc`` when it is Python's own refusal of the arguments of ``call(*args,
+    **kwargs)`` (an unknown keyword, a missing or extra argument), named as ``caller`` (``petal.Embedder()``, not
+    ``Embedder.__init__()``); ``None`` when the arguments bind (``exc`` came from inside the call). ``known``:
+    keywords beside ``call``'s own parameters, for the close matches."""
+    signature = inspect.signature(call)
+    try:
+        signature.bind(*args, **kwargs)
+    except TypeError:
+        pass
+    else:
+        return None
+    taken = [name for name, parameter in signature.parameters.items() if not name.startswith("_")
+             and name != "self" and parameter.kind not in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD)]
+    unexpected = _UNEXPECTED.search(str(exc))
+    if unexpected is not None:
+        return unknown_keyword(caller, unexpected.group(1), [*taken, *known])
+    message = str(exc)
+    own = f"{call.__qualname__}()"
+    return ArgumentTypeError(caller + message[len(own):] if message.startswith(own) else f"{caller}: {message}")
+
+
+def arguments_named(caller: str) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
+    """Around a public API function or method: arguments Python does not bind to it (``Embedder(devce="cpu")``,
+    ``index.search()``) raise ``ArgumentTypeError`` (``UsageError``, exit 2, and still a ``TypeError``) named as
+    ``caller``, with the close matches of an unknown keyword, as ``petal.index``'s unknown settings are.
+    NOTE: was Python's bare ``TypeError`` ('Embedder.__init__() got an unexpected keyword argument 'devce''), which
+    ``except petal.PetalError`` (the README's Airflow task, no retry for a usage error) let through."""
+    def wrap(call: Callable[_P, _R]) -> Callable[_P, _R]:
+        @functools.wraps(call)
+        def named(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+            try:
+                return call(*args, **kwargs)
+            except TypeError as exc:
+                if isinstance(exc, PetalError):
+                    raise
+                refused = binding_error(exc, call, caller, args, kwargs)
+                if refused is None:
+                    raise
+                raise refused from None
+        return named
+    return wrap
 
 # NOTE: messages are written with the CLI's flags (--dim, -k, --where); a Python caller passed keywords (dim=, k=,
 # where=), so the API's entry points rename them (``keyword_names``) unless a CLI command runs them (``cli_names``)
