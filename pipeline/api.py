@@ -31,6 +31,7 @@ from petal.pipeline.jobs.settings import (
     out_path,
     whole_number,
 )
+from petal.pipeline.jobs.worker_start import leave_a_starting_worker
 from petal.pipeline.reliability.errors import (
     FULL_RERUN,
     ArgumentTypeError,
@@ -122,6 +123,7 @@ def index(sources: Sources, out: str | os.PathLike[str], *, engine_factory: Call
     once the call ends. A ``KeyboardInterrupt`` that ends the run goes on to the caller with the report,
     ``interrupted``, as ``.report``).
     """
+    leave_a_starting_worker()  # NOTE: a script's unguarded call, run again by a worker's spawn: worker_start.py
     given_report, report = report, _own_report(report, "index")
     with _stop_signals(stop) as active:  # NOTE: before the heavy imports below (index_run: ~1.5 s), as the CLI's
         try:
@@ -174,6 +176,7 @@ def rebuild(out: str | os.PathLike[str], *, json_report: str | os.PathLike[str] 
     versions left after the publish (the live one and N-1 before it, as ``index``'s); ``quiet``: its notes and
     warnings go to the ``petal`` logger, not stderr (as ``index``'s).
     """
+    leave_a_starting_worker()  # as index's
     given_report, report = report, _own_report(report, "rebuild")
     target = _report_path(json_report)
     with _stop_signals(stop) as active:  # NOTE: before the heavy import below (FAISS, Arrow: ~1 s), as the CLI's

@@ -43,6 +43,7 @@ from petal.pipeline.jobs.worker import (
     unit_entry_path,
     worker_main,
 )
+from petal.pipeline.jobs.worker_start import UNGUARDED_MAIN_EXIT, WORKER_NAME_PREFIX, unguarded_main_error
 from petal.pipeline.reliability.errors import ConfigError, PetalError, TemporaryFailure
 from petal.pipeline.reliability.signals import STOP_SIGNALS, StopSignals
 from petal.pipeline.store.embeddings import StoreEntry
@@ -150,7 +151,7 @@ def embed_in_pool(plan: WorkerPlan, slots: list[WorkerSlot], report: RunReport, 
             ours, theirs = context.Pipe(duplex=True)
             with _environment("CUDA_VISIBLE_DEVICES", slot.cuda_device):  # NOTE: the child inherits it at spawn
                 process = context.Process(target=worker_main, args=(plan, slot, theirs, os.getpid()),
-                                          name=f"petal-worker-{slot.index}", daemon=True)
+                                          name=f"{WORKER_NAME_PREFIX}{slot.index}", daemon=True)
                 process.start()
             theirs.close()  # NOTE: only the child holds it now, so its death is an EOF here
             pool.add(slot, process, ours)
@@ -202,6 +203,7 @@ class _Pool:
         self.seen: dict[int, dict[str, int]] = {slot.index: no_commits() for slot in slots}
         self.engines: dict[int, dict[str, Any]] = {}
         self.failures: list[tuple[int, int, str, str]] = []  # (worker, exit code, status, message)
+        self.unguarded_main = False  # a worker's start ran the parent's script into petal.index again (worker_start)
         self.committed = 0  # shard entries made by this run (embedded, or assembled from an earlier run's ranges)
         self.units_done = 0
         self.commits: list[tuple[int, StoreEntry]] = []  # handled, not yet handed to the run
@@ -272,6 +274,10 @@ class _Pool:
             self._recover(worker)
             return
         self.ended[worker] = "lost"
+        if code == UNGUARDED_MAIN_EXIT and worker not in self.engines:  # NOTE: the user's to fix: no retry (75)
+            self.unguarded_main = True
+            self.failures.append((worker, 2, "failed", str(unguarded_main_error())))
+            return
         how = f"killed by {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit {code}"
         self.failures.append((worker, 75, "failed", f"worker {worker} (pid {process.pid}, {slot.label}) died ({how})"))
         self._recover(worker)
@@ -375,6 +381,8 @@ class _Pool:
     def raise_failure(self) -> None:
         if not self.failures:
             return
+        if self.unguarded_main:  # NOTE: every worker fails the same way, before any work: said once, as it is
+            raise unguarded_main_error()
         # the user's to fix first (bad input, disk, settings), then a lost worker (retry), then the rest
         rank = {75: 1, 1: 2, 130: 3, 143: 3}
         _, code, status, message = min(self.failures, key=lambda f: rank.get(f[1], 0))
