@@ -26,6 +26,15 @@ def test_an_embedder_is_a_context_manager_that_lets_its_engine_go(tiny_bert_dir)
     embedder.close()  # closing again does nothing
 
 
+def test_with_on_a_closed_embedder_is_a_usage_error_as_on_a_closed_index(tiny_bert_dir, tmp_path):
+    """``with embedder:`` on a closed Embedder went in without a word (``__enter__`` returned it), where a closed
+    Index's ``with`` raises: the first encode inside failed instead."""
+    embedder = petal.Embedder(tiny_bert_dir, device="cpu")
+    embedder.close()
+    with pytest.raises(petal.UsageError, match="this Embedder was closed"), embedder:
+        pytest.fail("entered a closed Embedder")
+
+
 def test_close_without_with(tiny_bert_dir):
     embedder = petal.Embedder(tiny_bert_dir, device="cpu")
     embedder.close()

@@ -249,6 +249,7 @@ class Embedder:
                 f"max_length={self.max_length} {where}>")
 
     def __enter__(self) -> Embedder:
+        self.engine  # noqa: B018  (a closed Embedder: UsageError, as every other use and as a closed Index's)
         return self
 
     def __exit__(self, *exc: object) -> None:
