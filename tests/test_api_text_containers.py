@@ -70,3 +70,17 @@ def test_other_items_are_still_refused(embedder):
     for texts in (pd.Series([1.5, 2.5]), pa.array([1, 2]), [TEXTS[0], 3]):
         with pytest.raises(petal.UsageError, match=r"texts(\[\d\] is|: a pandas\.Series of float64 numbers is not)"):
             embedder.encode(texts)
+
+
+@pytest.mark.parametrize("array", [np.array([["a", "b"], ["c", "d"]]), np.array([[["a"]]], dtype=object)])
+def test_an_array_of_more_than_one_dimension_is_named_with_its_shape(embedder, index, array):
+    """Was "texts[0] is a list, not a str" (``tolist()`` made its rows lists): no word of the array, its shape or
+    what to pass."""
+    shape = tuple(array.shape)
+    for call, name in ((embedder.encode, "texts"), (embedder.embed, "texts"), (index.search, "queries")):
+        with pytest.raises(petal.UsageError) as caught:
+            call(array)
+        assert isinstance(caught.value, TypeError)
+        assert str(caught.value).startswith(f"{name}: a numpy.ndarray of shape {shape} is {len(shape)}-D: pass a "
+                                            f"1-D array or a list of texts ({name}.ravel() for one text a cell)")
+

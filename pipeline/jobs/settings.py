@@ -139,6 +139,9 @@ def text_items(texts: Any, name: str, hint: str = "") -> list[Any]:
             # NOTE: numbers (a torch tensor, a float array): never texts; each was 'texts[0] is a float, not a str'
             raise ArgumentTypeError(f"{name}: {kind_of(texts)} of {texts.dtype} numbers is not texts: {name} takes "
                                     f"{TEXTS_TAKEN}{hint}")
+        if texts.ndim > 1:  # NOTE: its rows came out as lists: 'texts[0] is a list, not a str' named no array
+            raise ArgumentTypeError(f"{name}: {kind_of(texts)} of shape {tuple(texts.shape)} is {texts.ndim}-D: "
+                                    f"pass a 1-D array or a list of texts ({name}.ravel() for one text a cell){hint}")
         items = [texts.item()] if texts.ndim == 0 else texts.tolist()
     elif hasattr(texts, "keys") or (isinstance(texts, AbstractSet) and not isinstance(texts, (KeysView, ItemsView))):
         # NOTE: a dict (or a DataFrame) iterates its keys, a set in no order the caller can match rows to: the
