@@ -84,3 +84,10 @@ def test_an_array_of_more_than_one_dimension_is_named_with_its_shape(embedder, i
         assert str(caught.value).startswith(f"{name}: a numpy.ndarray of shape {shape} is {len(shape)}-D: pass a "
                                             f"1-D array or a list of texts ({name}.ravel() for one text a cell)")
 
+
+def test_skipped_texts_are_named_by_their_positions(embedder):
+    """The message read "1 skipped (empty_text 1; inputs 0)": a count of no inputs, not the input at 0."""
+    with pytest.raises(petal.NoInputError, match=r"^nothing to embed: 1 skipped \(empty_text 1; at input 0\)$"):
+        embedder.encode([" "])
+    with pytest.raises(petal.NoInputError, match=r"2 skipped \(empty_text 1, null_text 1; at inputs 0, 1\)$"):
+        embedder.encode(["", None])

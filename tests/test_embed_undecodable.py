@@ -84,7 +84,7 @@ def test_every_input_skips_undecodable_texts_in_place(tmp_path, expected, kind):
     got = np.array([lines[i]["embedding"] for i in (0, 2, 4)], dtype=np.float32)
     np.testing.assert_allclose(got, expected, atol=2e-6)  # the texts around them, in their places
     last = proc.stderr.decode().strip().splitlines()[-1]
-    assert "5 texts -> 3" in last and "2 skipped (invalid_utf8 1, lone_surrogate 1; inputs 1, 3)" in last, last
+    assert "5 texts -> 3" in last and "2 skipped (invalid_utf8 1, lone_surrogate 1; at inputs 1, 3)" in last, last
     assert "U+FFFD" not in proc.stderr.decode()
     npy = tmp_path / "out.npy"
     proc = embed(*flags, "--output", str(npy), stdin=stdin)

@@ -181,7 +181,7 @@ def test_petal_embed_skips_a_text_that_embeds_to_nan(models, tmp_path):
     lines = [json.loads(line) for line in proc.stdout.splitlines()]
     assert lines[1] == {"index": 1, "embedding": None, "skipped": "non_finite_embedding"}
     assert all(np.isfinite(lines[i]["embedding"]).all() for i in (0, 2))
-    assert "1 skipped (non_finite_embedding 1; inputs 1)" in proc.stderr.splitlines()[-1]
+    assert "1 skipped (non_finite_embedding 1; at input 1)" in proc.stderr.splitlines()[-1]
     # int8 codes learned from the texts: the NaN row neither becomes codes nor moves the ranges of the others
     with_it, without = tmp_path / "with.npy", tmp_path / "without.npy"
     for out, texts in ((with_it, TEXTS), (without, [TEXTS[0], TEXTS[2]])):

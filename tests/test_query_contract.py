@@ -137,7 +137,7 @@ def test_one_rule_for_null_and_blank_texts_in_embed_and_query(tmp_path, tiny_ber
     assert [(r["index"], r["id"], r.get("skipped")) for r in rows] == [
         (0, "k0", None), (1, "k1", "null_text"), (2, "k2", "empty_text"), (3, "k3", None)]
     assert rows[1]["embedding"] is None and len(rows[3]["embedding"]) > 0
-    assert "2 skipped (empty_text 1, null_text 1; inputs 1, 2)" in result.stderr
+    assert "2 skipped (empty_text 1, null_text 1; at inputs 1, 2)" in result.stderr
     npy = tmp_path / "out.npy"
     result = CliRunner().invoke(cli, ["embed", "--model", str(tiny_bert_dir), "--stdin", "--output", str(npy)],
                                 input="a text\n\nanother text\n")

@@ -85,13 +85,14 @@ def skip_reason(text: Any) -> str | None:
 
 
 def describe_skips(skipped: dict[int, str], limit: int = 5) -> str:
-    """``"2 skipped (empty_text 1, null_text 1; inputs 3, 7)"`` for ``{input position: reason}``."""
+    """``"2 skipped (empty_text 1, null_text 1; at inputs 3, 7)"`` for ``{input position: reason}`` (0-based, as the
+    caller's list indexes them). NOTE: was "...; inputs 0)", read as a count of no inputs."""
     if not skipped:
         return "0 skipped"
     counts = ", ".join(f"{why} {n}" for why, n in sorted(Counter(skipped.values()).items()))
     positions = sorted(skipped)
     shown = ", ".join(map(str, positions[:limit])) + (" ..." if len(positions) > limit else "")
-    return f"{len(skipped)} skipped ({counts}; inputs {shown})"
+    return f"{len(skipped)} skipped ({counts}; at input{'s' if len(positions) > 1 else ''} {shown})"
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
