@@ -181,3 +181,23 @@ def test_the_api_info_is_what_info_json_prints(built):
         assert printed["path"] == str(live(built))
         with api.open_index(given) as index:
             assert index.info == printed
+
+
+def test_the_api_info_path_is_the_version_directory_as_given_as_info_json_prints_it(built, monkeypatch):
+    """A relative path: ``petal info out --json`` printed "out/versions/v...", ``Index.info`` the absolute path (the
+    README says they are the same object; ``petal.verify``'s ``version_dir`` is as given too). ``Index.path`` stays
+    absolute (a later chdir must not move the index)."""
+    import petal as api
+
+    monkeypatch.chdir(built.parent)
+    version = live(built).name
+    for given in ("out", "./out", f"out/versions/{version}", str(built.parent / "data" / ".." / "out")):
+        command = [sys.executable, "-m", "petal.cli.main", "info", given, "--json"]
+        printed = json.loads(subprocess.run(command, capture_output=True, text=True, cwd=built.parent, timeout=120,
+                                            env={**os.environ, "PYTHONPATH": str(REPO)}).stdout)
+        with api.open_index(given) as index:
+            assert index.info == printed, given
+            assert index.path.is_absolute() and index.path.samefile(live(built))
+        expected = Path(given) if "versions" in given else Path(given) / "versions" / version
+        assert printed["path"] == str(expected)
+        assert api.verify(given).version_dir == expected

@@ -50,7 +50,8 @@ class Index:
             raise ArgumentTypeError(f"path {path!r} is {kind_of(path)}, not a path to an index")
         # NOTE: a file:// URL is the local path it names, another URL a UsageError, as petal query's INDEX (it was
         # taken for a relative path: open_index("file:///idx") looked for /cwd/file:/idx)
-        root = out_path(path, "path").absolute()
+        given = out_path(path, "path")
+        root = given.absolute()
         # NOTE: judged here, not only in open_index: petal.Index(...) is public and constructed directly too
         model = check_model_settings({"model": model, "device": device, "dtype": dtype, "attention": attention,
                                       "query_prompt": query_prompt, "allow_pickle_weights": allow_pickle_weights},
@@ -68,6 +69,7 @@ class Index:
         # named the version, relative to whatever the working directory had become)
         self._reader: IndexReader | None = IndexReader(root, nprobe=nprobe, rescore=rescore)
         self._root, self._nprobe, self._rescore = root, nprobe, rescore
+        self._given = given  # the path as the caller gave it: ``info["path"]`` is under it, as petal info --json's
         self._refused: str | None = None  # the version CURRENT named that ``reopened`` could not open
         self._model_settings: dict[str, Any] = {"model": model, "device": device, "dtype": dtype,
                                                 "attention": attention, "query_prompt": query_prompt,
@@ -122,9 +124,16 @@ class Index:
 
     @property
     def info(self) -> dict[str, Any]:
-        """The version's manifest as ``petal info --json`` prints it: ``path`` (the version directory), model, dim,
-        metric, index, counts, shards."""
-        return {"path": str(self.reader.dir), **self.reader.manifest.to_dict()}
+        """The version's manifest as ``petal info --json`` prints it: ``path`` (the version directory, under the path
+        as given, as the command and ``petal.verify``'s ``version_dir`` name it; ``Index.path`` is it absolute), model,
+        dim, metric, index, counts, shards."""
+        reader = self.reader
+        # NOTE: was the absolute path: petal info idx --json said "idx/versions/v...", Index.info "/home/.../idx/..."
+        try:
+            shown = str(self._given / reader.dir.relative_to(self._root))
+        except ValueError:
+            shown = str(reader.dir)
+        return {"path": shown, **reader.manifest.to_dict()}
 
     @property
     def dim(self) -> int:
@@ -198,6 +207,7 @@ class Index:
             return None
         try:
             fresh = Index(self._root, nprobe=self._nprobe, rescore=self._rescore, **self._model_settings)
+            fresh._given = self._given
             if where is not None:
                 fresh.check_where(where)
             if self._service is not None:
