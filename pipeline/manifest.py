@@ -801,20 +801,27 @@ class ShardRecord:
     skipped: dict[str, int]
     truncated: int
     deleted: int = 0  # rows removed by --delete tombstones (pipeline/store/tombstones.py)
+    # an hdfs:///... shard this petal read from the default namenode; False for one an older petal recorded, which
+    # stored every namenode's shards so (remote.stored_root): its namenode is unknown (index_run.check_no_older_uris)
+    default_namenode: bool = False
 
     def __post_init__(self) -> None:
         _freeze_fields(self, "skipped")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"path": self.path, "abs_path": self.abs_path, "size": self.size, "mtime_ns": self.mtime_ns,
-                "sha256": self.sha256, "rows": self.rows, "entry": self.entry, "embedded": self.embedded,
-                "skipped": dict(self.skipped), "truncated": self.truncated, "deleted": self.deleted}
+        out = {"path": self.path, "abs_path": self.abs_path, "size": self.size, "mtime_ns": self.mtime_ns,
+               "sha256": self.sha256, "rows": self.rows, "entry": self.entry, "embedded": self.embedded,
+               "skipped": dict(self.skipped), "truncated": self.truncated, "deleted": self.deleted}
+        if self.default_namenode:  # NOTE: written only where it says something: every other manifest as before
+            out["default_namenode"] = True
+        return out
 
     @classmethod
     def from_section(cls, s: _Section) -> ShardRecord:
         return cls(s.get("path", str), s.get("abs_path", str), s.get("size", int), s.get("mtime_ns", int),
                    s.get("sha256", str), s.get("rows", int), s.get("entry", str), s.get("embedded", int),
-                   s.mapping("skipped", int), s.get("truncated", int), s.get("deleted", int, 0))
+                   s.mapping("skipped", int), s.get("truncated", int), s.get("deleted", int, 0),
+                   s.get("default_namenode", bool, False))
 
 
 @read_only

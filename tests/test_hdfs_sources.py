@@ -112,16 +112,50 @@ def test_a_shard_an_older_petal_stored_without_its_namenode_is_never_indexed_twi
     nn1 = tmp_path / "nn1"
     emulate_hdfs(monkeypatch, {"nn1:8020": nn1}, default="nn1:8020")
     ids = put(nn1, "/data/shards/a.parquet", "one", 4)
+    put(nn1, "/data/more/b.parquet", "more", 2)
     out, log = tmp_path / "out", tmp_path / "log"
     assert index(out, fake_model, log, "hdfs:///data/shards").exit_code == 0
+    as_an_older_petal_wrote(out)
+    kept = index(out, fake_model, log, "hdfs://nn1:8020/data/more")  # the old record carried forward: still unknown
+    assert kept.exit_code == 0, kept.output
     again = index(out, fake_model, log, "hdfs://nn1:8020/data/shards")
     assert again.exit_code == 78, again.output
     last = again.output.strip().splitlines()[-1]
     assert "hdfs://nn1:8020/data/shards/a.parquet is in the index as hdfs:///data/shards/a.parquet" in last, last
-    assert "--sync" in last and indexed_ids(out) == sorted(ids)
-    synced = index(out, fake_model, log, "hdfs://nn1:8020/data/shards", "--sync")
+    assert "--sync" in last and "twice" in last and "id column" in last and len(indexed_ids(out)) == 6, last
+    synced = index(out, fake_model, log, "hdfs://nn1:8020/data/shards", "hdfs://nn1:8020/data/more", "--sync")
     assert synced.exit_code == 0, synced.output
-    assert stored(out) == ["hdfs://nn1:8020/data/shards/a.parquet"] and indexed_ids(out) == sorted(ids)
+    assert stored(out) == ["hdfs://nn1:8020/data/more/b.parquet", "hdfs://nn1:8020/data/shards/a.parquet"]
+    assert len(indexed_ids(out)) == 6 and set(ids) < set(indexed_ids(out))
+
+
+def as_an_older_petal_wrote(out: Path) -> None:
+    """The live manifest of ``out`` as a petal that stored every namenode's shards as hdfs:///... wrote it: its
+    records without ``default_namenode`` (signed again)."""
+    from petal.pipeline.layout import OutputDir
+    from tests.test_open_integrity import _resigned
+
+    def edit(manifest: dict) -> None:
+        for shard in manifest["shards"]:
+            shard.pop("default_namenode", None)
+
+    _resigned(OutputDir(out).version_dir(IndexReader(out).manifest.version), edit)
+
+
+def test_an_older_record_named_by_a_source_of_the_run_is_the_default_namenodes(tmp_path, monkeypatch, fake_model):
+    """An older petal's hdfs:///data/shards/a.parquet, with a run naming hdfs:///data/shards (the default
+    namenode's file: that record) and nn2's file of that path: two shards, never 78."""
+    nodes = {name: tmp_path / name for name in ("nn0:8020", "nn2:8020")}
+    emulate_hdfs(monkeypatch, nodes, default="nn0:8020")
+    zero = put(nodes["nn0:8020"], "/data/shards/a.parquet", "zero", 3)
+    two = put(nodes["nn2:8020"], "/data/shards/a.parquet", "two", 4)
+    out, log = tmp_path / "out", tmp_path / "log"
+    assert index(out, fake_model, log, "hdfs:///data/shards").exit_code == 0
+    as_an_older_petal_wrote(out)
+    result = index(out, fake_model, log, "hdfs:///data/shards", "hdfs://nn2:8020/data/shards")
+    assert result.exit_code == 0, result.output
+    assert indexed_ids(out) == sorted(zero + two)
+    assert [s.default_namenode for s in IndexReader(out).manifest.shards] == [True, False]
 
 
 def test_full_with_a_kept_shard_gone_names_the_namenode_not_s3s_variables(namenodes, fake_model, tmp_path):
@@ -161,3 +195,57 @@ def test_hdfs_without_libhdfs_or_a_jvm_is_a_short_78(fake_model, tmp_path, monke
     assert "load lib" in last and "dlopen" not in result.output, last
     assert all(name in last for name in ("JAVA_HOME", "ARROW_LIBHDFS_DIR", "CLASSPATH")), last
     assert len(result.output) < 1500, len(result.output)
+
+
+def test_an_index_this_petal_built_on_the_default_and_another_namenode_is_never_refused(namenodes, fake_model,
+                                                                                        tmp_path):
+    """Before: every hdfs:///... shard the index held was taken for an older petal's (namenode unknown): the same
+    command again, --full, and adding nn2's shards to an index of the default namenode's were 78 ('an older petal
+    recorded an HDFS shard without its namenode') on an index this petal built."""
+    zero = put(namenodes["nn0:8020"], "/data/shards/a.parquet", "zero", 3)
+    two = put(namenodes["nn2:8020"], "/data/shards/a.parquet", "two", 4)
+    out, log = tmp_path / "out", tmp_path / "log"
+    sources = ["hdfs:///data/shards", "hdfs://nn2:8020/data/shards"]
+    for args in ([*sources], [*sources], [*sources, "--full"]):
+        result = index(out, fake_model, log, *args)
+        assert result.exit_code == 0, (args, result.output)
+    assert stored(out) == ["hdfs:///data/shards/a.parquet", "hdfs://nn2:8020/data/shards/a.parquet"]
+    assert indexed_ids(out) == sorted(zero + two)
+    added = tmp_path / "added"
+    assert index(added, fake_model, log, "hdfs:///data/shards").exit_code == 0
+    result = index(added, fake_model, log, "hdfs://nn2:8020/data/shards")  # the kept hdfs:/// shard: this petal's
+    assert result.exit_code == 0, result.output
+    assert indexed_ids(added) == sorted(zero + two)
+    again = index(added, fake_model, log, "hdfs://nn2:8020/data/shards", "--full")  # carried forward: still known
+    assert again.exit_code == 0, again.output
+
+
+def put_without_ids(root: Path, path: str, rows: int) -> None:
+    target = root / path.lstrip("/")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table({"text": [f"document {i}" for i in range(rows)], "lang": ["x"] * rows}), target)
+
+
+def test_one_namenode_written_two_ways_is_78_never_its_shards_twice(tmp_path, monkeypatch, fake_model):
+    """Before: hdfs://nn1/data/shards, then hdfs://nn1:8020/data/shards (one namenode: Hadoop's default port) were
+    two shards at exit 0: 6 vectors for 3 documents without an id column. Whether a port left out is 8020 is
+    Hadoop's configuration (Arrow passes 0), so petal asks for one spelling."""
+    nn1 = tmp_path / "nn1"
+    nn1.mkdir()
+    emulate_hdfs(monkeypatch, {"nn1": nn1, "nn1:8020": nn1, "NN1:8020": nn1}, default="nn1:8020")
+    put_without_ids(nn1, "/data/shards/a.parquet", 3)
+    out, log = tmp_path / "out", tmp_path / "log"
+    assert index(out, fake_model, log, "hdfs://nn1/data/shards").exit_code == 0
+    for other in ("hdfs://nn1:8020/data/shards", "hdfs://NN1:8020/data/shards"):
+        again = index(out, fake_model, log, other)
+        assert again.exit_code == 78, again.output
+        last = again.output.strip().splitlines()[-1]
+        assert "the index holds hdfs://nn1/data/shards/a.parquet, which differs only in how the namenode" in last
+        assert "--sync" in last, last
+    assert IndexReader(out).ntotal == 3 and stored(out) == ["hdfs://nn1/data/shards/a.parquet"]
+    both = index(tmp_path / "both", fake_model, log, "hdfs://nn1/data/shards", "hdfs://nn1:8020/data/shards")
+    assert both.exit_code == 78 and "another SOURCE names" in both.output, both.output
+    # without an id column a row's id is its shard's URI and row: --sync removes the old ones (--max-removed)
+    synced = index(out, fake_model, log, "hdfs://nn1:8020/data/shards", "--sync", "--max-removed", "100%")
+    assert synced.exit_code == 0, synced.output
+    assert IndexReader(out).ntotal == 3 and stored(out) == ["hdfs://nn1:8020/data/shards/a.parquet"]

@@ -329,6 +329,8 @@ class ShardInfo:
     schema: pa.Schema | None = field(default=None, compare=False, repr=False)
     # the rows of each row group, from the same footer (row-group ranges: pipeline/store/ranges.py)
     group_rows: tuple[int, ...] = field(default=(), compare=False, repr=False)
+    # a kept hdfs:///... shard an older petal recorded, of a namenode unknown (``ShardRecord.default_namenode``)
+    namenode_unknown: bool = False
 
 
 def plain_type(t: pa.DataType) -> pa.DataType:

@@ -411,6 +411,38 @@ def older_uri(remote: RemotePath) -> str | None:
     return f"{scheme}://{remote.path}"
 
 
+def names_no_namenode(uri: str) -> bool:
+    """Whether the stored URI ``uri`` has an empty authority before its absolute path (``hdfs:///data/x``: the
+    default namenode's, or, recorded by an older petal, any namenode's: ``older_uri``)."""
+    return is_uri(uri) and uri.partition("://")[2].startswith("/")
+
+
+def namenode_spelling(uri: str) -> tuple[str, str, str, str] | None:
+    """``(scheme, host in lower case, port or "", path)`` of a stored HDFS URI with an authority (``hdfs://NN1:8020/data
+    /x``), ``None`` for any other (an object store's, ``hdfs:///...``). Two URIs with one
+    scheme, host and path whose ports are equal or one missing may name one file written two ways.
+
+    NOTE: Arrow passes a URI without a port as port 0, "the default port will be determined by the hdfs FileSystem
+    impl" (HdfsOptions::FromUri): Hadoop's configuration decides (8020, another port, an HA nameservice), so petal
+    cannot know whether hdfs://nn1/x and hdfs://nn1:8020/x are one file; a host is case-insensitive in DNS, but a
+    nameservice id is a configuration key."""
+    scheme, _, rest = uri.partition("://")
+    authority, slash, path = rest.partition("/")
+    if not authority or not slash or not is_uri(uri) or SCHEME_FAMILY.get(scheme.lower(), scheme.lower()) != "hdfs":
+        return None
+    host, colon, port = authority.rpartition("@")[2].rpartition(":") if ":" in authority else (authority, "", "")
+    return scheme.lower(), host.lower(), port if colon else "", "/" + path
+
+
+def spelled_otherwise(uri: str, other: str) -> bool:
+    """Whether stored URIs ``uri`` and ``other`` differ only in how their namenode is written (``namenode_spelling``:
+    ``hdfs://nn1/x``, ``hdfs://NN1:8020/x``)."""
+    one, two = namenode_spelling(uri), namenode_spelling(other)
+    if one is None or two is None or uri == other:
+        return False
+    return one[::3] == two[::3] and one[1] == two[1] and (one[2] == two[2] or not one[2] or not two[2])
+
+
 def _empty_component(path: str) -> bool:
     """Whether ``path`` (``bucket/key``) has an empty component (``a//b``), which pyarrow's filesystems refuse
     (``ArrowInvalid: Empty path component``) though an object store may hold such a key."""

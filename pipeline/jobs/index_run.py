@@ -51,9 +51,12 @@ from petal.pipeline.ingest.remote import (
     RemotePath,
     chain_of,
     is_uri,
+    namenode_spelling,
+    names_no_namenode,
     older_uri,
     open_stored,
     reached_by,
+    spelled_otherwise,
     storage_error,
     stored_with_options,
 )
@@ -916,7 +919,8 @@ def shard_records(shards: list[ShardInfo], entries: list[StoreEntry]) -> tuple[S
     """The manifest's shards: every shard of the version (named or kept) with its store entry and counts."""
     return tuple(ShardRecord(path=str(s.path), abs_path=s.abs_path, size=s.size, mtime_ns=s.mtime_ns,
                              sha256=e.source_sha256, rows=s.num_rows, entry=e.fingerprint, embedded=e.num_embedded,
-                             skipped=e.skipped, truncated=e.num_truncated, deleted=tombstoned(e))
+                             skipped=e.skipped, truncated=e.num_truncated, deleted=tombstoned(e),
+                             default_namenode=names_no_namenode(s.abs_path) and not s.namenode_unknown)
                  for s, e in zip(shards, entries))
 
 
@@ -1119,25 +1123,60 @@ def named_sources(job: IndexJob, live: Manifest | None) -> list[Path | RemotePat
     live version held shards: a store has no empty directories, so that is an emptied prefix."""
     held = frozenset(record.abs_path for record in live.shards) if live is not None else frozenset()
     named = resolve_sources(job.sources, out=job.out, empty_ok=job.sync and live is not None, held=held)
-    if not job.sync:
-        check_no_older_uris(named, held)
+    check_one_spelling(named, frozenset() if job.sync else held)
+    if not job.sync and live is not None:
+        check_no_older_uris(named, frozenset(record.abs_path for record in live.shards
+                                             if names_no_namenode(record.abs_path) and not record.default_namenode))
     return named
 
 
-def check_no_older_uris(named: list[Path | RemotePath], held: frozenset[str]) -> None:
-    """78 when the live version holds a named object under the URI an older petal stored for it (``older_uri``).
+def check_no_older_uris(named: list[Path | RemotePath], unknown: frozenset[str]) -> None:
+    """78 when an additive run names, with its namenode, an object the live version holds under the URI an older
+    petal stored for it (``older_uri``), its namenode unknown (``unknown``: ``hdfs:///...`` records of an older
+    petal), and no SOURCE of the run names that URI itself (``hdfs:///...``: the default namenode's file).
 
     NOTE: petal stored an HDFS shard without its namenode (``hdfs:///data/x``, which names the default namenode:
     ``remote.stored_root``); named again as ``hdfs://nn1:8020/data/x``, it is another shard to an additive run,
-    which kept the old one too: every document of it twice in the index. ``--sync`` keeps no shard it does not name."""
+    which kept the old one too. A ``hdfs:///...`` record this petal wrote (``ShardRecord.default_namenode``) is the
+    default namenode's: refusing it was a false 78 on an index this petal built (and on the same command again).
+    ``--sync`` keeps no shard it does not name."""
+    uris = {remote.uri for remote in named if isinstance(remote, RemotePath)}
     for remote in named:
         older = older_uri(remote) if isinstance(remote, RemotePath) else None
-        if older is not None and older in held:
-            raise ConfigError(f"{remote} is in the index as {older}: an older petal recorded an HDFS shard without its "
-                              "namenode, which names the default namenode's; indexed again under its namenode, "
-                              "its documents would be in the index twice: rerun with --sync naming every SOURCE of the "
-                              "index (the shards recorded without a namenode are replaced by those named), or, for "
-                              "the default namenode's shards, name the SOURCE without one (hdfs:///...)")
+        if older is not None and older in unknown and older not in uris:
+            raise ConfigError(
+                f"{remote} is in the index as {older}: an older petal recorded HDFS shards without their namenode, so "
+                "petal cannot tell whether that is this file or the default namenode's; indexed again under its "
+                "namenode, it would be a second shard (its rows twice in the index, unless the id column makes "
+                "them replace the old ones). Rerun with --sync naming every SOURCE of the index (the shards "
+                "recorded without a namenode are then replaced by those named); for the default namenode's shards, "
+                "name the SOURCE without one (hdfs:///...)")
+
+
+def check_one_spelling(named: list[Path | RemotePath], held: frozenset[str]) -> None:
+    """78 when a named object's URI differs only in how its namenode is written (``remote.spelled_otherwise``:
+    ``hdfs://nn1/x``, ``hdfs://NN1:8020/x``) from another named one's or, in an additive run, a held one's
+    (``held``).
+
+    NOTE: the URI is the shard's identity: hdfs://nn1/data and then hdfs://nn1:8020/data indexed one file as two
+    shards at exit 0 (its rows twice, without an id column). Whether a port left out is 8020 is Hadoop's
+    configuration (Arrow passes port 0), which petal cannot read, so it asks for one spelling."""
+    uris = sorted({remote.uri for remote in named if isinstance(remote, RemotePath)})
+    by_place: dict[tuple[str, str, str], list[str]] = {}  # (scheme, host, path): the URIs written so
+    for uri in [*uris, *sorted(held)]:
+        spelling = namenode_spelling(uri)
+        if spelling is not None:
+            by_place.setdefault((spelling[0], spelling[1], spelling[3]), []).append(uri)
+    for uri in uris:
+        spelling = namenode_spelling(uri)
+        same = by_place.get((spelling[0], spelling[1], spelling[3]), []) if spelling is not None else []
+        other = next((o for o in same if spelled_otherwise(uri, o)), None)
+        if other is not None:
+            where = "the index holds" if other in held else "another SOURCE names"
+            raise ConfigError(f"{uri}: {where} {other}, which differs only in how the namenode is written (a "
+                              "host's case, a port left out): petal cannot tell whether they are one file and "
+                              "would index it twice; write the namenode the same way in every SOURCE and every "
+                              "run (as the index holds it), or rerun with --sync to replace the shards held")
 
 
 def check_rows_to_index(out: OutputDir, job: IndexJob, committed: list[StoreEntry], report: RunReport) -> None:
