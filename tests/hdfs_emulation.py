@@ -21,7 +21,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 import pytest
 from pyarrow import fs
@@ -100,17 +100,20 @@ class NamenodeHandler(fs.FileSystemHandler):
 
 
 def emulate_hdfs(monkeypatch: pytest.MonkeyPatch, namenodes: Mapping[str, str | os.PathLike[str]],
-                 default: str) -> None:
+                 default: str) -> list[tuple[str, str | None]]:
     """``hdfs://HOST:PORT/...`` opens the namenode ``namenodes[HOST:PORT]`` (a local directory), ``hdfs:///...`` the
-    ``default`` one, for the rest of the test."""
+    ``default`` one, for the rest of the test. Returns the connections made, each ``(HOST:PORT, user)``: the user as
+    Arrow takes it, from ``?user=`` or ``HADOOP_USER_NAME`` (``None``: the process's), never from user info."""
+    connections: list[tuple[str, str | None]] = []
 
     def from_uri(uri: str) -> tuple[Any, str]:
         if not uri.lower().startswith("hdfs://"):
             return REAL_FILESYSTEM.from_uri(uri)
         parts = urlsplit(uri)
-        authority = parts.netloc.rpartition("@")[2] or default
+        authority = parts.netloc.rpartition("@")[2] or default  # NOTE: Arrow ignores user info; ?user= names one
         if authority not in namenodes:
             raise OSError(f"HDFS connection to {authority} failed: Connection refused")
+        connections.append((authority, dict(parse_qsl(parts.query)).get("user") or os.environ.get("HADOOP_USER_NAME")))
         root = Path(namenodes[authority])
         return fs.PyFileSystem(NamenodeHandler(str(root))), unquote(parts.path) or "/"
 
@@ -119,3 +122,4 @@ def emulate_hdfs(monkeypatch: pytest.MonkeyPatch, namenodes: Mapping[str, str | 
 
     EmulatedFileSystem.from_uri = staticmethod(from_uri)  # type: ignore[assignment]
     monkeypatch.setattr(fs, "FileSystem", EmulatedFileSystem)
+    return connections

@@ -193,7 +193,7 @@ def test_hdfs_without_libhdfs_or_a_jvm_is_a_short_78(fake_model, tmp_path, monke
     assert last.startswith("petal: error: cannot open hdfs://127.0.0.1:1/data/shards: HDFS needs Hadoop's libhdfs "
                            "and a Java runtime"), last
     assert "load lib" in last and "dlopen" not in result.output, last
-    assert all(name in last for name in ("JAVA_HOME", "ARROW_LIBHDFS_DIR", "CLASSPATH")), last
+    assert all(name in last for name in ("JAVA_HOME", "HADOOP_HOME", "ARROW_LIBHDFS_DIR", "CLASSPATH")), last
     assert len(result.output) < 1500, len(result.output)
 
 
@@ -249,3 +249,25 @@ def test_one_namenode_written_two_ways_is_78_never_its_shards_twice(tmp_path, mo
     synced = index(out, fake_model, log, "hdfs://nn1:8020/data/shards", "--sync", "--max-removed", "100%")
     assert synced.exit_code == 0, synced.output
     assert IndexReader(out).ntotal == 3 and stored(out) == ["hdfs://nn1:8020/data/shards/a.parquet"]
+
+
+def test_an_hdfs_user_is_named_by_query_never_by_user_info(tmp_path, monkeypatch, fake_model):
+    """Before: a refusal advised hdfs://USER@namenode:port/..., which Arrow ignores (HdfsOptions::FromUri takes the
+    user from ?user= only): the run connected as the process's user without a word. Now USER@ is 78 naming
+    ?user=, which reaches the namenode as that user, and the advice names ?user=."""
+    from petal.pipeline.ingest.remote import storage_error
+
+    nn1 = tmp_path / "nn1"
+    connections = emulate_hdfs(monkeypatch, {"nn1:8020": nn1}, default="nn1:8020")
+    put(nn1, "/data/shards/a.parquet", "one", 2)
+    out, log = tmp_path / "out", tmp_path / "log"
+    refused = index(out, fake_model, log, "hdfs://alice@nn1:8020/data/shards")
+    assert refused.exit_code == 78, refused.output
+    last = refused.output.strip().splitlines()[-1]
+    assert "cannot open hdfs://nn1:8020/data/shards: an hdfs:// URI's user info (USER@) is ignored" in last, last
+    assert "?user=USER" in last and connections == [], (last, connections)
+    assert index(out, fake_model, log, "hdfs://nn1:8020/data/shards?user=alice").exit_code == 0
+    assert set(connections) == {("nn1:8020", "alice")}, connections
+    assert stored(out) == ["hdfs://nn1:8020/data/shards/a.parquet"]
+    denied = str(storage_error("cannot list hdfs://nn1:8020/d", PermissionError("Permission denied: user=bob")))
+    assert "?user=USER" in denied and "@" not in denied, denied

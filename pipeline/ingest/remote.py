@@ -53,8 +53,8 @@ CHAIN = {
     "s3": "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_PROFILE",
     "gs": "GOOGLE_APPLICATION_CREDENTIALS (a service account key file) or the metadata server; a public bucket "
           "as gs://anonymous@BUCKET/...",
-    "hdfs": "a Kerberos ticket (kinit, or ?kerb_ticket=PATH) or, without Kerberos, HADOOP_USER_NAME (or "
-            "hdfs://USER@namenode:port/...)",
+    "hdfs": "a Kerberos ticket (kinit, or ?kerb_ticket=PATH) or, without Kerberos, HADOOP_USER_NAME or "
+            "?user=USER",
 }
 CHAIN_ENDPOINT = {
     "s3": "AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...",
@@ -224,8 +224,8 @@ def hdfs_runtime_missing(where: str, message: str) -> ConfigError | None:
         return None
     return ConfigError(f"{where}: HDFS needs Hadoop's libhdfs and a Java runtime, which petal could not load here "
                        f"({message.strip().splitlines()[0]}): install them and set JAVA_HOME (the JVM), "
-                       "ARROW_LIBHDFS_DIR (the directory of libhdfs.so) and CLASSPATH (`hadoop classpath --glob`), as "
-                       "pyarrow's HadoopFileSystem documents")
+                       "HADOOP_HOME (libhdfs.so under $HADOOP_HOME/lib/native) or ARROW_LIBHDFS_DIR (its directory), "
+                       "and CLASSPATH (`hadoop classpath --glob`), as pyarrow's HadoopFileSystem documents")
 
 
 def storage_error(where: str, exc: BaseException) -> PetalError:
@@ -334,6 +334,12 @@ def list_remote(source: str, empty_ok: bool = False, held: frozenset[str] = froz
         raise ConfigError(f"cannot open {shown}: the credentials in the URI hold a '/', which a URI must escape: "
                           "percent-encode them ('/' as %2F, '+' as %2B), or leave them out of the URI for the "
                           "storage's standard chain (for S3: AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE)")
+    if user_info(source) and chain_of(source) == CHAIN["hdfs"]:
+        # NOTE: Arrow's HadoopFileSystem takes the user from ?user= only (HdfsOptions::FromUri) and ignores a URI's
+        # user info: hdfs://alice@nn1:8020/... connected as the process's user, without a word
+        raise ConfigError(f"cannot open {shown}: an hdfs:// URI's user info (USER@) is ignored by Arrow's "
+                          "HadoopFileSystem; name the user as ?user=USER (or HADOOP_USER_NAME), a Kerberos ticket as "
+                          "?kerb_ticket=PATH")
     if "#" in source:
         # NOTE: a URI's path ends at '#' (its fragment), as a file:// URL's: s3://b/k/h#1.parquet read the object
         # k/h at exit 0 (and a glob lost its tail)
