@@ -61,6 +61,9 @@ class NamenodeHandler(fs.FileSystemHandler):
 
     def get_file_info_selector(self, selector: fs.FileSelector) -> list[fs.FileInfo]:
         base = self._below_root(selector.base_dir)
+        if self._local.get_file_info(base).type == fs.FileType.File:  # Arrow's own check (Status::Invalid)
+            raise ValueError("GetFileInfo expects base_dir of selector to be a directory, while "
+                             f"'{selector.base_dir}' is a file")
         listed = self._local.get_file_info(fs.FileSelector(base, allow_not_found=selector.allow_not_found,
                                                            recursive=selector.recursive))
         return [self._info("/" + i.path, i) for i in listed]

@@ -271,3 +271,14 @@ def test_an_hdfs_user_is_named_by_query_never_by_user_info(tmp_path, monkeypatch
     assert stored(out) == ["hdfs://nn1:8020/data/shards/a.parquet"]
     denied = str(storage_error("cannot list hdfs://nn1:8020/d", PermissionError("Permission denied: user=bob")))
     assert "?user=USER" in denied and "@" not in denied, denied
+
+
+def test_a_file_named_with_a_trailing_slash_is_66(namenodes, fake_model, tmp_path):
+    """Before: hdfs://nn1:8020/data/shards/a.parquet/ was 74 'storage error ...; rerun when the storage recovers'
+    (Arrow refuses to list a file: 'GetFileInfo expects base_dir of selector to be a directory'), which a rerun
+    never cures; a URI ending in '/' names a directory, and S3's is 66."""
+    put(namenodes["nn1:8020"], "/data/shards/a.parquet", "one", 2)
+    result = index(tmp_path / "out", fake_model, tmp_path / "log", "hdfs://nn1:8020/data/shards/a.parquet/")
+    assert result.exit_code == 66, result.output
+    last = result.output.strip().splitlines()[-1]
+    assert "hdfs://nn1:8020/data/shards/a.parquet/ ends in '/' (a directory), but it names a file" in last, last

@@ -35,3 +35,18 @@ def test_a_refusal_advises_the_credentials_of_its_own_storage(where: str, messag
     assert text.startswith(f"{where}: {said} ("), text
     assert advice in text, text
     assert ("AWS_" in text) == where.startswith("cannot list s3://"), text
+
+
+@pytest.mark.parametrize(("where", "cause", "absent"), [
+    ("cannot list s3://b/d", "AWS_SESSION_TOKEN, AWS_PROFILE) or a wrong region (AWS_REGION)", "gs://"),
+    ("cannot list gs://corpus/d", "GOOGLE_APPLICATION_CREDENTIALS", "anonymous"),
+    ("cannot list hdfs://nn1:8020/data", "an expired Kerberos ticket (kinit", "HADOOP_USER_NAME"),
+])
+def test_a_refused_request_says_its_usual_cause_in_short_clauses(where: str, cause: str, absent: str):
+    """Before: 'an expired or invalid session token (GOOGLE_APPLICATION_CREDENTIALS (a service account key file) or
+    the metadata server; a public bucket as gs://anonymous@BUCKET/...) is the usual cause': the whole credentials
+    list nested in parentheses, and a public bucket's spelling, which an expired token has nothing to do with."""
+    text = str(storage_error(where, OSError("AWS Error UNKNOWN (HTTP status 400) during HeadObject operation")))
+    assert text.startswith(f"{where}: the storage refused the request ("), text
+    assert "). The usual cause is " in text and cause in text, text
+    assert absent not in text and "((" not in text and text.endswith("a rerun as it is fails the same way"), text

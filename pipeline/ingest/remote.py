@@ -56,6 +56,13 @@ CHAIN = {
     "hdfs": "a Kerberos ticket (kinit, or ?kerb_ticket=PATH) or, without Kerberos, HADOOP_USER_NAME or "
             "?user=USER",
 }
+# NOTE: the usual cause of a refused request (REFUSED), by scheme: the whole CHAIN nested in the message read badly,
+# and GCS's named gs://anonymous@, which has nothing to do with an expired token
+REFUSED_CAUSE = {
+    "s3": "an expired or invalid session token (AWS_SESSION_TOKEN, AWS_PROFILE) or a wrong region (AWS_REGION)",
+    "gs": "expired or invalid credentials (GOOGLE_APPLICATION_CREDENTIALS, the metadata server's)",
+    "hdfs": "an expired Kerberos ticket (kinit, ?kerb_ticket=PATH)",
+}
 CHAIN_ENDPOINT = {
     "s3": "AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...",
     "gs": "GOOGLE_APPLICATION_CREDENTIALS, the metadata server; another endpoint only by a SOURCE's ?endpoint_override",
@@ -240,11 +247,10 @@ def storage_error(where: str, exc: BaseException) -> PetalError:
     named = next((m.group(0) for m in [re.search(r"[A-Za-z][A-Za-z0-9+.-]*://\S*", where)] if m), "")
     chain = chain_of(named)
     if any(m in message for m in REFUSED):
-        token = "for S3: AWS_SESSION_TOKEN, AWS_PROFILE; a wrong region (AWS_REGION)" if chain == CHAIN["s3"] else \
-            chain
-        return ConfigError(f"{where}: the storage refused the request ({_short(message)}); an expired or invalid "
-                           f"session token ({token}) is the usual cause: fix the credentials or settings, a rerun as "
-                           "it is fails the same way")
+        cause = next((c for family, c in REFUSED_CAUSE.items() if chain == CHAIN[family]),
+                     "expired or invalid credentials")
+        return ConfigError(f"{where}: the storage refused the request ({_short(message)}). The usual cause is {cause}. "
+                           "Fix the credentials or settings: a rerun as it is fails the same way")
     if any(m in message for m in NO_CREDENTIALS):
         cause = _credentials_cause(message)
         if "credentials file" in cause:
@@ -363,8 +369,13 @@ def list_remote(source: str, empty_ok: bool = False, held: frozenset[str] = froz
     try:
         # NOTE: from_uri drops a trailing '/': s3://b/pk2/ came back as the path b/pk2, which named the object pk2
         # beside the prefix pk2/ (an object store holds both); a URI ending in '/' names the prefix only
-        info = filesystem.get_file_info(path) if not prefix_only else None
+        # NOTE: a filesystem of directories (HDFS: absolute paths) holds no object beside a directory of its name,
+        # and refuses to list a file (ArrowInvalid: 'expects base_dir ... to be a directory')
+        info = filesystem.get_file_info(path) if not prefix_only or path.startswith("/") else None
         if info is not None and info.type == fs.FileType.File:
+            if prefix_only:
+                raise NoInputError(f"source {shown} ends in '/' (a directory), but it names a file: write it "
+                                   "without the trailing '/'")
             return [RemotePath(filesystem, info.path, root + info.path)]
         listed = [] if info is not None and info.type == fs.FileType.NotFound else \
             filesystem.get_file_info(fs.FileSelector(path, recursive=True, allow_not_found=True))
