@@ -74,3 +74,15 @@ def test_the_cli_says_petals_warning_once_and_never_faiss_s(tmp_path, capfd, fac
     for words in said:
         assert words in warnings[0], warnings[0]
     assert all(line.startswith("petal") for line in err.splitlines()), err
+
+
+def test_a_thin_fast_scan_pq_is_never_told_to_take_fewer_bits(tmp_path, capfd):
+    """Fast-scan PQ takes 4-bit codes only: "codes of at most 4 bits (x3)" named a factory FAISS cannot parse."""
+    vectors_shard(tmp_path / "v.parquet", rows=300, dim=16, seed=0)
+    argv = ["index", str(tmp_path / "v.parquet"), "--vectors-column", "emb", "--out", str(tmp_path / "out"), "-q",
+            "--metric", "l2", "--index-factory", "IVF8,PQ4x4fs"]
+    result = CliRunner().invoke(cli, argv)
+    assert result.exit_code == 0, result.output
+    warnings = [line for line in (capfd.readouterr().err + result.stderr).splitlines() if "trained its k-means" in line]
+    assert len(warnings) == 1, warnings
+    assert "no fast-scan PQ (its 4-bit codes need 480 vectors)" in warnings[0] and "bits (x" not in warnings[0]

@@ -136,7 +136,11 @@ def thin_warning(factory: str, thin: list[KMeans], floor: int) -> str:
         most = kmeans.points // floor
         bits = most.bit_length() - 1
         if kmeans.kind == "lists":
-            remedy = f"at most {most} lists (IVF{most})" if most else "no IVF (a Flat or HNSW index)"
+            ivf = "BIVF" if factory.startswith("B") else "IVF"  # NOTE: binary factories spell their lists BIVFn
+            remedy = f"at most {most} lists ({ivf}{most})" if most else f"no {ivf} (a Flat or HNSW index)"
+        elif kmeans.kind == "codes" and "fs" in factory:
+            # NOTE: fast-scan PQ (PQnx4fs) takes 4-bit codes only: fewer bits is no factory FAISS parses
+            remedy = f"no fast-scan PQ (its 4-bit codes need {floor * kmeans.centroids} vectors)"
         elif kmeans.kind == "codes":
             remedy = f"codes of at most {bits} bits (x{bits})" if bits > 0 else "no trained codes (Flat, SQ8)"
         elif kmeans.kind == "opq":
