@@ -6,7 +6,8 @@ straight to its neighbours and lifts recall for free. The ground truth is exact 
 indexed vector (for a graph, every one but the queries), streamed from the store in chunks
 (FAISS ``knn_ground_truth``), so it never holds the corpus in memory. A query's own vector is
 dropped from both result lists: real queries are not in the corpus, and keeping it would lift
-recall for free.
+recall for free. A returned vector is a hit when its exact distance ties or beats the k-th true one's
+(``RecallAtK``): exact search lists one of several copies of a vector, any search may find another.
 
 Binary indexes are tuned the same way, as ``petal query`` searches them: Hamming candidates
 re-ranked with the float vectors (``pipeline/index/binary.py``), against exact float search; a
@@ -21,6 +22,7 @@ the manifest says the target was not reached.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -65,7 +67,9 @@ def exact_neighbours(queries: np.ndarray, source: StoreVectors, k: int, metric: 
     return ids
 
 
-GRAPH_TRUTH_EXTRA = 32  # neighbours past k + 1 that a graph's truth computes, for the other queries it drops
+# neighbours past k + 1 the truth computes: a graph's drops the other queries (unlinked), and an exact-code IVF's
+# prediction sees the copies of a k-th neighbour it lists (``predicted_recalls``)
+TRUTH_EXTRA = 32
 
 
 def without_ids(truth: np.ndarray, dropped: np.ndarray, k: int) -> np.ndarray:
@@ -78,15 +82,93 @@ def without_ids(truth: np.ndarray, dropped: np.ndarray, k: int) -> np.ndarray:
     return out
 
 
-def recall_per_query(found: np.ndarray, truth: np.ndarray, self_ids: np.ndarray, k: int) -> np.ndarray:
-    """``[num_queries]`` recall@k of ``found`` against ``truth`` (both ``[num_queries, >= k]``),
-    ignoring each query's own id and FAISS's -1 padding."""
-    out = np.empty(len(found), dtype=np.float64)
-    for q, (got, want, own) in enumerate(zip(found, truth, self_ids)):
-        expected = [i for i in want if i != own and i >= 0][:k]
-        returned = [i for i in got if i != own and i >= 0][:k]
-        out[q] = len(set(returned).intersection(expected)) / len(expected) if expected else 1.0
-    return out
+TIE_RTOL = 1e-6  # NOTE: ~8 float32 ulps of the terms a score is made of: closer than this, float32 search cannot order
+
+
+class RecallAtK:
+    """recall@k of search results against exact search, ties included: a returned vector is a true neighbour when
+    its exact distance to the query is at most the k-th true one's (within ``TIE_RTOL`` of the query's scale),
+    whichever of the vectors at that distance exact search happened to list.
+
+    NOTE: exact search breaks ties by id, so a corpus of copies (20 of each vector) had as its truth the lowest ids
+    of each group, and a graph returning other copies at distance 0 was scored a miss: recall@10 0.61 at efSearch
+    2048 where efSearch 16 found 10 copies for every query. Distances are the float64 ones of the vectors
+    themselves (``take``), never the index's: SQ/PQ codes and Hamming candidates score approximately, and
+    FAISS's float32 distances differ in their last bits between two computations of one pair."""
+
+    def __init__(self, queries: np.ndarray, query_ids: np.ndarray, truth: np.ndarray, k: int,
+                 take: Callable[[np.ndarray], np.ndarray], metric: str) -> None:
+        """``queries [q, d]`` with their own ids ``query_ids [q]`` (dropped from every list), ``truth [q, >= k + 1]``
+        FAISS ids of their exact neighbours nearest first (-1 past the corpus), ``take`` the float32 ``[n, d]``
+        vectors of sorted unique FAISS ids, ``metric`` ``ip`` or ``l2``."""
+        assert metric in ("ip", "l2"), metric
+        self.queries = np.ascontiguousarray(queries, dtype=np.float64)  # [q, d]
+        self.query_ids = np.asarray(query_ids, dtype=np.int64)  # [q]
+        self.k, self.take, self.metric = k, take, metric
+        self.truth = self._without_own(np.asarray(truth, dtype=np.int64), truth.shape[1])  # [q, >= k]
+        full = (np.asarray(truth) >= 0).all(axis=1)  # [q] exact search listed as many as asked: more may tie
+        self.counts = (self.truth[:, :k] >= 0).sum(axis=1)  # [q] true neighbours there are (k, fewer in a tiny corpus)
+        scores = self.scores(self.truth)  # [q, >= k]
+        valid = self.truth[:, :k] >= 0
+        # NOTE: the largest of the first k, not the k-th: float32 exact search may list near-ties in either order
+        kth_col = np.argmax(np.where(valid, scores[:, :k], -np.inf), axis=1)  # [q]
+        kth = scores[np.arange(len(scores)), kth_col]
+        kth_ids = self.truth[np.arange(len(scores)), kth_col]
+        self.bound = np.where(self.counts > 0, kth + TIE_RTOL * self._scale(kth_ids), np.inf)  # [q] nearest a miss
+        self.truth_hits = (scores <= self.bound[:, None]) & (self.truth >= 0)  # [q, >= k]: the truth's ties included
+        last = np.maximum((self.truth >= 0).sum(axis=1) - 1, 0)
+        # True when some query's last listed true neighbour still ties its k-th: exact search may have more at that
+        # distance than ``truth`` lists, and a search finding those finds true neighbours no prediction can see
+        self.ties_past_truth = bool((full & self.truth_hits[np.arange(len(last)), last]).any())
+
+    def _without_own(self, ids: np.ndarray, width: int) -> np.ndarray:
+        """``ids`` with each query's own id dropped (the rest moved up, -1 at the end), ``width`` columns."""
+        out = np.full((len(ids), width), -1, dtype=np.int64)
+        for q, (row, own) in enumerate(zip(ids, self.query_ids)):
+            left = row[(row != own) & (row >= 0)][:width]
+            out[q, : len(left)] = left
+        return out
+
+    def _scale(self, kth_ids: np.ndarray) -> np.ndarray:
+        """``[q]`` the size of the terms a query's k-th score is made of (``l2``: |q|^2 + |y|^2, ``ip``: |q| |y|),
+        which float32 arithmetic errs relative to."""
+        query_norms = np.linalg.norm(self.queries, axis=1)
+        vector_norms = np.zeros(len(kth_ids))
+        valid = kth_ids >= 0
+        if valid.any():
+            unique = np.unique(kth_ids[valid])
+            norms = np.linalg.norm(np.asarray(self.take(unique), dtype=np.float64), axis=1)
+            vector_norms[valid] = norms[np.searchsorted(unique, kth_ids[valid])]
+        return query_norms**2 + vector_norms**2 if self.metric == "l2" else query_norms * vector_norms
+
+    def scores(self, ids: np.ndarray) -> np.ndarray:
+        """``[q, m]`` float64 exact scores of ``ids [q, m]`` for their queries, smaller is nearer (``l2``: squared
+        distance, ``ip``: minus the inner product); ``inf`` at -1."""
+        out = np.full(ids.shape, np.inf)
+        valid = ids >= 0
+        unique = np.unique(ids[valid])
+        if not len(unique):
+            return out
+        vectors = np.asarray(self.take(unique), dtype=np.float64)  # [len(unique), d]
+        rows, cols = np.nonzero(valid)
+        picked = vectors[np.searchsorted(unique, ids[rows, cols])]  # [num_valid, d]
+        if self.metric == "l2":
+            out[rows, cols] = ((picked - self.queries[rows]) ** 2).sum(axis=1)
+        else:
+            out[rows, cols] = -np.einsum("nd,nd->n", picked, self.queries[rows])
+        return out
+
+    def __call__(self, found: np.ndarray) -> np.ndarray:
+        """``[q]`` recall@k of ``found [q, >= k]`` (FAISS ids, -1 padding): its first k hits other than the query
+        itself that are as near as the k-th true neighbour, over the true neighbours there are."""
+        returned = self._without_own(np.asarray(found, dtype=np.int64), self.k)
+        for row in returned:  # NOTE: an id listed twice counts once
+            _, first = np.unique(row, return_index=True)
+            repeat = np.ones(len(row), dtype=bool)
+            repeat[first] = False
+            row[repeat] = -1
+        hits = (self.scores(returned) <= self.bound[:, None]).sum(axis=1)
+        return np.where(self.counts > 0, np.minimum(hits, self.counts) / np.maximum(self.counts, 1), 1.0)
 
 
 def _geometric(low: int, high: int) -> list[int]:
@@ -213,40 +295,43 @@ def exact_codes_ivf(index: Any) -> Any | None:
     return ivf
 
 
-def predicted_recalls(ivf: Any, queries: np.ndarray, query_ids: np.ndarray, truth: np.ndarray,
-                      nprobes: list[int], k: int) -> list[np.ndarray]:
-    """``[num_queries]`` recall@k at each of ``nprobes`` without searching: a true neighbour is found at
-    ``nprobe`` iff its list ranks below ``nprobe`` among the query's nearest centroids (exact codes: every
-    vector of a probed list is scored exactly). One quantizer search instead of one IVF search per setting."""
+def predicted_recalls(ivf: Any, recall: RecallAtK, nprobes: list[int]) -> list[np.ndarray]:
+    """``[num_queries]`` recall@k at each of ``nprobes`` without searching: a true neighbour (the truth's ties of the
+    k-th included) is found at ``nprobe`` iff its list ranks below ``nprobe`` among the query's nearest centroids
+    (exact codes: every vector of a probed list is scored exactly), and a query finds at most its k. One quantizer
+    search instead of one IVF search per setting; exact unless ``recall.ties_past_truth``."""
     faiss = load_faiss()
     nlist = int(ivf.nlist)
+    truth = recall.truth
     list_of = np.full(max(int(ivf.ntotal), int(truth.max(initial=-1)) + 1), -1, dtype=np.int64)  # FAISS id -> list
     invlists = ivf.invlists
     for number in range(nlist):
         size = invlists.list_size(number)
         if size:
             list_of[faiss.rev_swig_ptr(invlists.get_ids(number), size)] = number
-    _, nearest = ivf.quantizer.search(np.ascontiguousarray(queries, dtype=np.float32), nlist)
+    queries = np.ascontiguousarray(recall.queries, dtype=np.float32)
+    _, nearest = ivf.quantizer.search(queries, nlist)
     rank = np.empty_like(nearest)
     rank[np.arange(len(nearest))[:, None], nearest] = np.arange(nlist)[None, :]
-    ranks = np.full((len(queries), k), nlist, dtype=np.int64)  # nlist: never found
-    counts = np.zeros(len(queries), dtype=np.int64)
-    for q, (want, own) in enumerate(zip(truth, query_ids)):
-        expected = [i for i in want if i != own and i >= 0][:k]
-        counts[q] = len(expected)
-        lists = list_of[np.asarray(expected, dtype=np.int64)]
-        ranks[q, : len(expected)] = np.where(lists >= 0, rank[q, np.maximum(lists, 0)], nlist)
-    return [np.where(counts > 0, (ranks < n).sum(axis=1) / np.maximum(counts, 1), 1.0) for n in nprobes]
+    lists = list_of[np.maximum(truth, 0)]  # [q, width]
+    ranks = np.where(recall.truth_hits & (lists >= 0), np.take_along_axis(rank, np.maximum(lists, 0), axis=1), nlist)
+    counts = recall.counts
+    return [np.where(counts > 0, np.minimum((ranks < n).sum(axis=1), counts) / np.maximum(counts, 1), 1.0)
+            for n in nprobes]
 
 
-def _first_setting(index: Any, grid: list[dict[str, int]], queries: np.ndarray, query_ids: np.ndarray,
-                   truth: np.ndarray, target: float, k: int) -> tuple[int, list[dict[str, Any]]]:
+def _first_setting(index: Any, grid: list[dict[str, int]], recall: RecallAtK,
+                   target: float) -> tuple[int, list[dict[str, Any]]]:
     """Where the measured sweep starts: the setting the predicted curve picks (exact-code IVF), with the
     predicted entries below it; else the cheapest setting and no entries."""
     ivf = exact_codes_ivf(index)
     if ivf is None or len(grid) < 2 or any(set(p) != {"nprobe"} for p in grid):
         return 0, []
-    predicted = predicted_recalls(ivf, queries, query_ids, truth, [p["nprobe"] for p in grid], k)
+    if recall.ties_past_truth:
+        # NOTE: ties the truth does not list (more copies of a vector than it holds) are found in lists the
+        # prediction cannot place: it would undercount, and start the sweep past cheaper settings that reach
+        return 0, []
+    predicted = predicted_recalls(ivf, recall, [p["nprobe"] for p in grid])
     curve: list[dict[str, Any]] = []
     for position, (params, recalls) in enumerate(zip(grid, predicted)):
         curve.append({"params": params, "recall_at_10": round(float(recalls.mean()), 4), "ms_per_query": None,
@@ -256,18 +341,18 @@ def _first_setting(index: Any, grid: list[dict[str, int]], queries: np.ndarray, 
     return len(grid) - 1, curve[:-1]
 
 
-def tune(index: Any, queries: np.ndarray, query_ids: np.ndarray, truth: np.ndarray, target: float,
-         k: int = TUNE_K) -> Tuning:
-    """Cheapest setting of ``index`` whose recall@k on ``queries [q, d]`` (own ids ``query_ids [q]``)
-    against ``truth [q, >= k + 1]`` reaches ``target``; the best one tried when none does.
+def tune(index: Any, queries: np.ndarray, recall: RecallAtK, target: float) -> Tuning:
+    """Cheapest setting of ``index`` whose recall@k on ``queries [q, d]`` float32 (``recall``: against their exact
+    neighbours, ties included) reaches ``target``; the best one tried when none does.
 
     An exact-code IVF (``IVFn,Flat``) starts measuring at the setting its predicted curve picks
     (``predicted_recalls``: no search per setting); the measured sweep goes on from there until the
-    measured recall holds, so ties the prediction cannot see only cost more settings, never the target.
+    measured recall holds.
     """
+    k = recall.k
     best: tuple[float, dict[str, int], np.ndarray, float] | None = None
     grid = search_grid(index)
-    start, curve = _first_setting(index, grid, queries, query_ids, truth, target, k)
+    start, curve = _first_setting(index, grid, recall, target)
     previous = -np.inf
     for block in _blocks(grid[start:]):
         block_start = len(curve) if previous > -np.inf else 0  # NOTE: the first block's plateau counts predictions
@@ -277,7 +362,7 @@ def tune(index: Any, queries: np.ndarray, query_ids: np.ndarray, truth: np.ndarr
             started = time.perf_counter()
             _, found = index.search(queries, k + 1)
             ms_per_query = 1000 * (time.perf_counter() - started) / len(queries)
-            recalls = recall_per_query(found, truth, query_ids, k)
+            recalls = recall(found)
             low = _low(recalls)
             curve.append({"params": params, "recall_at_10": round(float(recalls.mean()), 4),
                           "ms_per_query": round(ms_per_query, 4)})

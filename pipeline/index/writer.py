@@ -46,9 +46,10 @@ from petal.pipeline.index.plan import (
 )
 from petal.pipeline.index.source import StoreVectors, split_sample
 from petal.pipeline.index.tune import (
-    GRAPH_TRUTH_EXTRA,
     SINGLE_QUERY_SAMPLES,
+    TRUTH_EXTRA,
     TUNE_K,
+    RecallAtK,
     Tuning,
     exact_neighbours,
     exact_tuning,
@@ -326,12 +327,12 @@ def _build_index(entries: list[StoreEntry], dim: int, settings: IndexSettings, s
             graph = walks_a_graph(searched)
             # NOTE: the queries' nodes are unlinked while a graph is tuned (graph_holdout.py), so no hit can be
             # another query: the truth is the nearest of the other vectors
-            extra = GRAPH_TRUTH_EXTRA if graph else 0
-            truth = exact_neighbours(queries, source, TUNE_K + 1 + extra, settings.metric, rows)
+            truth = exact_neighbours(queries, source, TUNE_K + 1 + TRUTH_EXTRA, settings.metric, rows)
             if graph:
-                truth = without_ids(truth, query_ids, TUNE_K + 1)
+                truth = without_ids(truth, query_ids, truth.shape[1])
+            recall = RecallAtK(queries, query_ids, truth, TUNE_K, source.take, settings.metric)
             with queries_unlinked(searched, query_ids):
-                tuning = tune(searched, queries, query_ids, truth, settings.target_recall)
+                tuning = tune(searched, queries, recall, settings.target_recall)
         timings["tune"] = round(time.perf_counter() - t0, 3)
     del searched
 
