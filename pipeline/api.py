@@ -42,7 +42,6 @@ from petal.pipeline.reliability.errors import (
     PetalIOError,
     UsageError,
     arguments_named,
-    binding_error,
     keyword_named,
     one_line,
     quote_path,
@@ -78,22 +77,10 @@ def _arguments_reported(command: str) -> Callable[[Callable[_P, RunReport]], Cal
     """``index``/``rebuild`` with arguments Python does not bind to them (``out`` missing, a third positional)
     refused as their unknown settings are: an ``ArgumentTypeError`` (2, a ``TypeError``) carrying the failed report
     as ``.report``, ``json_report`` written (README: an error raised by index/rebuild carries the report)."""
-    def wrap(call: Callable[_P, RunReport]) -> Callable[_P, RunReport]:
-        @functools.wraps(call)
-        def reported(*args: _P.args, **kwargs: _P.kwargs) -> RunReport:
-            try:
-                return call(*args, **kwargs)
-            except TypeError as exc:
-                if isinstance(exc, PetalError):
-                    raise
-                refused = binding_error(exc, call, f"petal.{command}()", args, kwargs)
-                if refused is None:
-                    raise
-                _fail(_own_report(kwargs.get("report"), command), refused, 2, f"usage error: {refused}",
-                      _report_path(kwargs.get("json_report")))
-                raise refused from None
-        return reported
-    return wrap
+    def report(refused: ArgumentTypeError, kwargs: dict[str, Any]) -> None:
+        _fail(_own_report(kwargs.get("report"), command), refused, 2, f"usage error: {refused}",
+              _report_path(kwargs.get("json_report")))
+    return arguments_named(f"petal.{command}()", report)
 
 
 def _keywords(call: Callable[..., Any]) -> list[str]:

@@ -31,7 +31,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator
 from contextvars import ContextVar
 from pathlib import Path
-from typing import TYPE_CHECKING, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 if TYPE_CHECKING:
     from petal.pipeline.index.verify import VerifyReport
@@ -211,10 +211,12 @@ def binding_error(exc: TypeError, call: Callable[..., object], caller: str, args
     return ArgumentTypeError(caller + message[len(own):] if message.startswith(own) else f"{caller}: {message}")
 
 
-def arguments_named(caller: str) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
+def arguments_named(caller: str, refusing: Callable[[ArgumentTypeError, dict[str, Any]], None] | None = None,
+                    ) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
     """Around a public API function or method: arguments Python does not bind to it (``Embedder(devce="cpu")``,
     ``index.search()``) raise ``ArgumentTypeError`` (``UsageError``, exit 2, and still a ``TypeError``) named as
-    ``caller``, with the close matches of an unknown keyword, as ``petal.index``'s unknown settings are.
+    ``caller``, with the close matches of an unknown keyword, as ``petal.index``'s unknown settings are;
+    ``refusing(error, kwargs)``, if given, runs first (``petal.index``: its failed report written).
     NOTE: was Python's bare ``TypeError`` ('Embedder.__init__() got an unexpected keyword argument 'devce''), which
     ``except petal.PetalError`` (the README's Airflow task, no retry for a usage error) let through."""
     def wrap(call: Callable[_P, _R]) -> Callable[_P, _R]:
@@ -228,6 +230,8 @@ def arguments_named(caller: str) -> Callable[[Callable[_P, _R]], Callable[_P, _R
                 refused = binding_error(exc, call, caller, args, kwargs)
                 if refused is None:
                     raise
+                if refusing is not None:
+                    refusing(refused, kwargs)
                 raise refused from None
         return named
     return wrap
