@@ -39,15 +39,24 @@ from petal.pipeline.reliability.errors import (
 
 URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 DENIED = ("ACCESS_DENIED", "PERMISSION_DENIED", "INVALID_ACCESS_KEY_ID", "SIGNATURE_DOES_NOT_MATCH", "AccessDenied",
-          "Forbidden", "PermissionDenied", "Permission denied", "403")
+          "Forbidden", "PermissionDenied", "Permission denied", "AuthorizationPermissionMismatch",
+          "AuthorizationFailure")
 # a request the storage refuses as malformed: an expired or invalid session token (S3 answers a HEAD's with a bare
 # 400), a request signed for another region; a retry is refused the same way
-REFUSED = ("HTTP status 400", "ExpiredToken", "EXPIRED_TOKEN", "InvalidToken", "AuthorizationHeaderMalformed")
+REFUSED = ("ExpiredToken", "EXPIRED_TOKEN", "InvalidToken", "AuthorizationHeaderMalformed")
 # NOTE: GCS with no credentials anywhere in its chain: it said 'storage error ...; rerun when the storage recovers'
-# (74) after retrying the token for 15 minutes, though a rerun fails the same way
-NO_CREDENTIALS = ("Could not create a OAuth2 access token",)
+# (74) after retrying the token for 15 minutes, though a rerun fails the same way; Azure's DefaultAzureCredential
+# finding none (or none it can use) said the same at once, quoting a C++ type name
+NO_CREDENTIALS = ("Could not create a OAuth2 access token", "Failed to get token from")
 # a request without valid credentials (HTTP 401): not authenticated, where 403 is authenticated but denied
-UNAUTHENTICATED = ("UNAUTHENTICATED", "Unauthorized", "status 401", "code 401")
+UNAUTHENTICATED = ("UNAUTHENTICATED", "Unauthorized", "InvalidAuthenticationInfo")
+# NOTE: an HTTP status counts only as a client prints one: the AWS SDK's '(HTTP status 403)', Azure's
+# 'Azure Error: [ErrorCode] 403 ...', 'HTTP status code: 401', 'HTTP response code: 401'. A bare '403' anywhere in
+# the message was 'access denied' (78) for a 503 from a server on port 18403, or for any error quoting a shard named
+# part-00403.parquet; 'code 401' and 'status 401' were read in a key 'code 401/...' as much
+HTTP_STATUS = re.compile(r"(?:\bHTTP status(?: code:)?|\bstatus code:|\bHTTP response code:|\bAzure Error: \[\w*\]) "
+                         r"(\d{3})\b")
+REFUSED_STATUS, UNAUTHENTICATED_STATUS, DENIED_STATUS = (400,), (401,), (403,)
 # the credentials each scheme's standard chain takes, for the messages (CHAIN_ENDPOINT: where it finds the service)
 CHAIN = {
     "s3": "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_PROFILE",
@@ -55,6 +64,8 @@ CHAIN = {
           "as gs://anonymous@BUCKET/...",
     "hdfs": "a Kerberos ticket (kinit, or ?kerb_ticket=PATH) or, without Kerberos, HADOOP_USER_NAME or "
             "?user=USER",
+    "abfs": "AZURE_TENANT_ID, AZURE_CLIENT_ID and AZURE_CLIENT_SECRET (a service principal) or "
+            "AZURE_FEDERATED_TOKEN_FILE (workload identity), a managed identity, or `az login`",
 }
 # NOTE: the usual cause of a refused request (REFUSED), by scheme: the whole CHAIN nested in the message read badly,
 # and GCS's named gs://anonymous@, which has nothing to do with an expired token
@@ -62,14 +73,27 @@ REFUSED_CAUSE = {
     "s3": "an expired or invalid session token (AWS_SESSION_TOKEN, AWS_PROFILE) or a wrong region (AWS_REGION)",
     "gs": "expired or invalid credentials (GOOGLE_APPLICATION_CREDENTIALS, the metadata server's)",
     "hdfs": "an expired Kerberos ticket (kinit, ?kerb_ticket=PATH)",
+    "abfs": "expired or invalid credentials (AZURE_CLIENT_SECRET, AZURE_FEDERATED_TOKEN_FILE) or a wrong account or "
+            "endpoint",
 }
 CHAIN_ENDPOINT = {
     "s3": "AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...",
     "gs": "GOOGLE_APPLICATION_CREDENTIALS, the metadata server; another endpoint only by a SOURCE's ?endpoint_override",
     "hdfs": "the namenode in the stored URI, hdfs:/// the default one: fs.defaultFS of HADOOP_CONF_DIR; Kerberos "
             "or HADOOP_USER_NAME",
+    "abfs": "the account and host in the stored URI; AZURE_TENANT_ID, AZURE_CLIENT_ID, ..., a managed identity or "
+            "`az login`",
 }
-SCHEME_FAMILY = {"gcs": "gs", "viewfs": "hdfs"}
+# NOTE: what the standard chain found no credentials in, by scheme (NO_CREDENTIALS): GCS's words were given for abfs://
+NO_CREDENTIALS_FIX = {
+    "gs": "for GCS set GOOGLE_APPLICATION_CREDENTIALS to a service account key file, or run where the metadata server "
+          "provides one",
+    "abfs": "set AZURE_TENANT_ID, AZURE_CLIENT_ID and AZURE_CLIENT_SECRET (a service principal) or "
+            "AZURE_FEDERATED_TOKEN_FILE (workload identity, a token file this process can read), run where a managed "
+            "identity provides one, or after `az login` (a SOURCE's ?credential_kind=environment, workload_identity or "
+            "cli takes that one only; pyarrow takes no account key from a URI)",
+}
+SCHEME_FAMILY = {"gcs": "gs", "viewfs": "hdfs", "abfss": "abfs"}
 # Arrow's HadoopFileSystem on a host without a JVM or libhdfs: the first line, then every path it tried (dlopen);
 # in a process that tried once already, only the last
 HDFS_RUNTIME = ("Unable to load libjvm", "Unable to load libhdfs", "Prior attempt to load libhdfs failed")
@@ -246,7 +270,7 @@ def storage_error(where: str, exc: BaseException) -> PetalError:
         return runtime
     named = next((m.group(0) for m in [re.search(r"[A-Za-z][A-Za-z0-9+.-]*://\S*", where)] if m), "")
     chain = chain_of(named)
-    if any(m in message for m in REFUSED):
+    if _says(message, REFUSED, REFUSED_STATUS):
         cause = next((c for family, c in REFUSED_CAUSE.items() if chain == CHAIN[family]),
                      "expired or invalid credentials")
         return ConfigError(f"{where}: the storage refused the request ({_short(message)}). The usual cause is {cause}. "
@@ -257,13 +281,14 @@ def storage_error(where: str, exc: BaseException) -> PetalError:
             return ConfigError(f"{where}: the credentials cannot be used ({cause}); fix the credentials: "
                                "GOOGLE_APPLICATION_CREDENTIALS must name a service account key file (JSON) this "
                                "process can read")
-        return ConfigError(f"{where}: no credentials ({_short(message)}); the storage's standard chain found none: "
-                           "for GCS set GOOGLE_APPLICATION_CREDENTIALS to a service account key file, or run where "
-                           "the metadata server provides one")
-    if any(m in message for m in UNAUTHENTICATED):
+        fix = next((f for family, f in NO_CREDENTIALS_FIX.items() if chain == CHAIN[family]), NO_CREDENTIALS_FIX["gs"])
+        said = cause if chain == CHAIN["abfs"] else _short(message)
+        return ConfigError(f"{where}: no credentials ({said}); the storage's standard chain found none it could use: "
+                           f"{fix}")
+    if _says(message, UNAUTHENTICATED, UNAUTHENTICATED_STATUS):
         return ConfigError(f"{where}: not authenticated ({_short(message)}): the storage took none of the "
                            f"credentials given (expired, revoked or of another account); fix the credentials: {chain}")
-    if any(m in message for m in DENIED) or isinstance(exc, PermissionError):
+    if _says(message, DENIED, DENIED_STATUS) or isinstance(exc, PermissionError):
         return ConfigError(f"{where}: access denied ({_short(message)}); check the credentials the storage's "
                            f"standard chain provides, and that they may read it: {chain}")
     if any(m in message for m in MISSING) or isinstance(exc, FileNotFoundError):
@@ -271,9 +296,18 @@ def storage_error(where: str, exc: BaseException) -> PetalError:
     return PetalIOError(f"{where}: storage error ({_short(message)}); rerun when the storage recovers")
 
 
+def _says(message: str, markers: tuple[str, ...], statuses: tuple[int, ...]) -> bool:
+    """``message`` holds one of ``markers`` or one of the HTTP ``statuses`` as a client prints one (``HTTP_STATUS``)."""
+    return any(m in message for m in markers) or any(int(code) in statuses for code in HTTP_STATUS.findall(message))
+
+
 def _credentials_cause(message: str) -> str:
-    """What the GCS client says made its credentials fail (``Cannot open credentials file /k.json``): the first
-    sentence of its underlying error, without the status's ``error_info`` (a page of build paths)."""
+    """What the client says made its credentials fail: the GCS client's first sentence of its underlying error
+    (``Cannot open credentials file /k.json``), without the status's ``error_info`` (a page of build paths); the Azure
+    SDK's ``Failed to get token from DefaultAzureCredential``, without the C++ exception type it quotes."""
+    azure = re.search(r"Failed to get token from \w+", message)
+    if azure:
+        return azure.group(0)
     cause = message.partition("The underlying error message was: ")[2] or message
     return cause.split(" error_info=", 1)[0].split(". ", 1)[0].strip()[:300]
 
@@ -283,8 +317,9 @@ def is_storage_error(exc: BaseException) -> bool:
     cannot name, as a bare ``ArrowException``: the GCS client's UNKNOWN)."""
     import pyarrow as pa
 
+    # NOTE: Azure's errors were not among them: a 503 while reading a shard was 65 'corrupt data', never retried
     return isinstance(exc, (OSError, pa.ArrowException)) and any(
-        m in str(exc) for m in ("AWS Error", "GCS", "HDFS", "google::cloud::Status"))
+        m in str(exc) for m in ("AWS Error", "GCS", "HDFS", "google::cloud::Status", "Azure Error", *NO_CREDENTIALS))
 
 
 def listing_error(shown: str, exc: BaseException) -> PetalError:
@@ -301,11 +336,16 @@ def listing_error(shown: str, exc: BaseException) -> PetalError:
 
 def is_denied(exc: BaseException) -> bool:
     """A storage error a retry cannot cure: access denied, a request refused (``storage_error`` says which)."""
-    return is_storage_error(exc) and any(m in str(exc) for m in (*DENIED, *REFUSED, *NO_CREDENTIALS, *UNAUTHENTICATED))
+    message = str(exc)
+    return is_storage_error(exc) and (any(m in message for m in NO_CREDENTIALS) or _says(
+        message, (*DENIED, *REFUSED, *UNAUTHENTICATED), (*DENIED_STATUS, *REFUSED_STATUS, *UNAUTHENTICATED_STATUS)))
 
 
 def _short(message: str) -> str:
-    return message.split(". (Request ID")[0].strip()[:300]
+    """A client's error on one line, at most ~300 characters, without its request ID (AWS's '. (Request ID: ...)',
+    Azure's '\\n\\nRequest ID: ...')."""
+    message = " ".join(re.split(r"\.? \(Request ID|\s+Request ID: ", message, maxsplit=1)[0].split())
+    return message if len(message) <= 300 else message[:300].rsplit(" ", 1)[0] + " ..."
 
 
 HIDDEN_PREFIXES = (".", "_")
