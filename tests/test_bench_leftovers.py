@@ -319,7 +319,7 @@ def _index_with_its_build_child(env: dict[str, str]) -> tuple[subprocess.Popen[s
             time.sleep(0.05)
     except BaseException:
         proc.kill()
-        proc.communicate()
+        proc.communicate(timeout=60)
         raise
     time.sleep(0.5)  # the child under way
     return proc, children[0]
@@ -341,7 +341,7 @@ def test_index_stopped_while_its_build_child_runs_stops_it_at_once(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.communicate()
+            proc.communicate(timeout=60)  # NOTE: bounded: its build child may hold the pipes
     assert_nothing_left(env)
 
 
@@ -360,7 +360,7 @@ def test_index_whose_build_child_is_killed_says_so_and_exits(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.communicate()
+            proc.communicate(timeout=60)  # NOTE: bounded: its build child may hold the pipes
     assert_nothing_left(env)
 
 

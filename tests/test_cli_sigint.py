@@ -18,6 +18,7 @@ from click.testing import CliRunner
 
 from petal.cli.main import cli
 from tests.conftest import REPO
+from tests.pipes import Pipes
 
 
 @pytest.fixture(scope="module")
@@ -44,21 +45,17 @@ def test_sigint_while_reading_stdin_is_130_without_a_traceback(small_index, comm
     child = subprocess.Popen([sys.executable, "-m", "petal.cli.main", *args], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO, env=env,
                              preexec_fn=_default_sigint)
-    try:
-        assert child.stdin is not None and child.stdout is not None
+    with Pipes(child) as pipes:
+        assert child.stdin is not None
         child.stdin.write(b"glaciers\n")
         child.stdin.flush()
         if command == "query":
-            assert b'"hits"' in child.stdout.readline()  # answered: the session now waits for the next line
+            assert b'"hits"' in pipes.line("the answer to 'glaciers'")  # answered: it waits for the next line
         else:
             time.sleep(3)  # started and blocked reading stdin (no EOF yet)
         child.send_signal(signal.SIGINT)
-        _, err = child.communicate(timeout=60)
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
-    assert child.returncode == 130, err.decode()
+        code, _, err = pipes.finish(60)
+    assert code == 130, err.decode()
     assert b"Traceback" not in err and b"Aborted!" not in err, err.decode()
     assert err.decode().strip().splitlines()[-1] == "petal: interrupted by SIGINT"
 

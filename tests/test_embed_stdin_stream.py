@@ -9,7 +9,6 @@ import fcntl
 import json
 import os
 import random
-import select
 import subprocess
 import sys
 import threading
@@ -18,6 +17,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import REPO
+from tests.pipes import Pipes
 
 
 def _env() -> dict[str, str]:
@@ -29,33 +29,20 @@ def _petal(*args: str, stdin: bytes = b"") -> subprocess.CompletedProcess:
                           cwd=REPO, env=_env(), timeout=300)
 
 
-def _answer(proc: subprocess.Popen, seconds: float = 120) -> dict:
-    """The next JSON line of ``proc``'s stdout, read before its stdin is closed (fails after ``seconds``)."""
-    assert proc.stdout is not None
-    poller = select.poll()  # NOTE: poll, not select: the suite's process holds over 1023 descriptors
-    poller.register(proc.stdout, select.POLLIN)
-    assert poller.poll(seconds * 1000), "no answer while stdin stays open"
-    return json.loads(proc.stdout.readline())
-
-
 def test_each_line_is_answered_before_stdin_closes():
     proc = subprocess.Popen([sys.executable, "-m", "petal.cli.main", "embed", "--stdin"], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO, env=_env())
-    try:
+    with Pipes(proc) as pipes:
         assert proc.stdin is not None
         answers = []
         # a line, a blank line with the start of the next (its rest comes later), the rest: an answer each
         for line in (b"glaciers flow downhill\n", b"\r\nbread rises", b" overnight\r\n"):
             proc.stdin.write(line)
             proc.stdin.flush()
-            answers.append(_answer(proc))
-        proc.stdin.close()
-        proc.wait(timeout=120)
-        assert proc.stdout is not None and proc.stderr is not None
-        rest, err = proc.stdout.read(), proc.stderr.read()
-    finally:
-        proc.kill()
-    assert proc.returncode == 0 and rest == b"", err.decode()[-2000:]
+            # read before stdin is closed: each line is answered as it arrives
+            answers.append(json.loads(pipes.line(f"the answer to {line!r}")))
+        code, rest, err = pipes.finish()
+    assert code == 0 and rest == b"", err.decode()[-2000:]
     assert [a["index"] for a in answers] == [0, 1, 2] and answers[1] == {"index": 1, "embedding": None,
                                                                           "skipped": "empty_text"}
     assert "3 texts -> 2 384-dim float32 vectors" in err.decode()

@@ -182,6 +182,7 @@ def test_a_stdin_session_moves_on_to_each_version_published_while_it_runs(corpus
     import sys
 
     from tests.conftest import REPO
+    from tests.pipes import Pipes
 
     idx, work = corpus_index
     session = subprocess.Popen([sys.executable, "-m", "petal.cli.main", "query", str(idx), "--stdin", "--json",
@@ -191,9 +192,9 @@ def test_a_stdin_session_moves_on_to_each_version_published_while_it_runs(corpus
     def ids_found(query: str) -> set[str]:
         session.stdin.write(query + "\n")
         session.stdin.flush()
-        return {hit["id"] for hit in json.loads(session.stdout.readline())["hits"]}
+        return {hit["id"] for hit in json.loads(pipes.line(f"the answer to {query!r}"))["hits"]}
 
-    try:
+    with Pipes(session) as pipes:
         assert len(ids_found("topic 1")) == 80
         pq.write_table(pa.table({"id": ["new-0", "new-1"], "text": ["a lighthouse", "a tide pool"],
                                  "lang": ["en", "fr"], "year": [2030, 2031]}), work / "data" / "new.parquet")
@@ -207,10 +208,8 @@ def test_a_stdin_session_moves_on_to_each_version_published_while_it_runs(corpus
         assert len(ids_found("topic 3")) == 82  # answered from the version it has
         (idx / "CURRENT").write_text(live)
         assert len(ids_found("topic 4")) == 82
-    finally:
-        session.stdin.close()
-        stderr = session.stderr.read()
-        assert session.wait(timeout=60) == 0, stderr
+        code, _, stderr = pipes.finish(60)
+    assert code == 0, stderr
     assert stderr.count("published during this session") == 1, stderr
     assert "a new version was published but cannot be searched" in stderr and "v999999" in stderr, stderr
 

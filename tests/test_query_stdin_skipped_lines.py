@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import subprocess
 import sys
 
@@ -16,6 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.conftest import REPO
+from tests.pipes import Pipes
 
 
 def _env() -> dict[str, str]:
@@ -37,33 +37,20 @@ def index_dir(tmp_path_factory):
     return root / "out"
 
 
-def _line(proc: subprocess.Popen, seconds: float = 120) -> bytes:
-    """The next line of ``proc``'s stdout, read while its stdin stays open (fails after ``seconds``)."""
-    assert proc.stdout is not None
-    poller = select.poll()  # NOTE: poll, not select: the suite's process holds over 1023 descriptors
-    poller.register(proc.stdout, select.POLLIN)
-    assert poller.poll(seconds * 1000), "no answer while stdin stays open"
-    return proc.stdout.readline()
-
-
 def test_a_blank_line_after_an_answer_is_answered_at_once_as_skipped(index_dir):
     proc = subprocess.Popen([sys.executable, "-m", "petal.cli.main", "query", str(index_dir), "--stdin", "--json",
                              "-k", "1"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             cwd=REPO, env=_env())
-    try:
+    with Pipes(proc) as pipes:
         assert proc.stdin is not None
         answers = []
         for line in (b"glaciers\n", b"   \n", b"bread\n", b"\n"):
             proc.stdin.write(line)
             proc.stdin.flush()
-            answers.append(json.loads(_line(proc)))
-        proc.stdin.close()
-        proc.wait(timeout=120)
-        assert proc.stderr is not None
-        err = proc.stderr.read().decode()
-    finally:
-        proc.kill()
-    assert proc.returncode == 0, err
+            answers.append(json.loads(pipes.line(f"the answer to {line!r}")))
+        code, _, stderr = pipes.finish()
+    err = stderr.decode()
+    assert code == 0, err
     assert [a["query"] for a in answers] == ["glaciers", "   ", "bread", ""]
     assert [a.get("skipped") for a in answers] == [None, "empty_text", None, "empty_text"]
     assert answers[0]["hits"][0]["id"] == 1 and answers[2]["hits"][0]["id"] == 2

@@ -125,7 +125,10 @@ def test_sigterm_while_ray_actors_embed_is_143(tmp_path):
     try:
         deadline = time.monotonic() + 60
         while not (trace.exists() and "engine_step" in trace.read_text()):  # an actor is inside a step
-            assert process.poll() is None and time.monotonic() < deadline, process.stderr.read()  # type: ignore[union-attr]
+            if process.poll() is not None or time.monotonic() > deadline:
+                process.kill()  # NOTE: stderr.read() of a child still running waited for its end: 60 s a step
+                stderr = process.communicate(timeout=60)[1]
+                pytest.fail(f"no actor inside a step within 60 s (exit {process.returncode}): {stderr}")
             time.sleep(0.1)
         process.send_signal(signal.SIGTERM)
         _, stderr = process.communicate(timeout=20)

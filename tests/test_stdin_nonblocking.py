@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import subprocess
 import sys
 
 import pytest
 
 from tests.conftest import REPO
+from tests.pipes import Pipes
 from tests.test_stdout_full import small_index  # noqa: F401 (the fixture: 4 documents, tiny BERT)
 
 
@@ -29,17 +29,6 @@ def started(args: list[str]) -> tuple[subprocess.Popen, int]:
     return proc, write_end
 
 
-def answered_within(proc: subprocess.Popen, seconds: float) -> bool:
-    """Whether ``proc``'s stdout has something to read within ``seconds``.
-
-    NOTE: poll, not select: in the whole suite this process holds over FD_SETSIZE (1024) descriptors, and select
-    refuses a higher one."""
-    assert proc.stdout is not None
-    poller = select.poll()
-    poller.register(proc.stdout, select.POLLIN)
-    return bool(poller.poll(seconds * 1000))
-
-
 def still_waiting(proc: subprocess.Popen) -> None:
     """No line has come yet: petal is still running (was: 66 'stdin is empty' once the model had loaded)."""
     with pytest.raises(subprocess.TimeoutExpired):
@@ -48,32 +37,33 @@ def still_waiting(proc: subprocess.Popen) -> None:
 
 def test_query_stdin_waits_for_lines_and_answers_each_as_it_comes(request):
     proc, write_end = started(["query", str(request.getfixturevalue("small_index")), "--stdin", "--json", "-k", "2"])
-    try:
-        still_waiting(proc)
-        for query in ("document 1", "document 3"):
-            os.write(write_end, query.encode() + b"\r\n")
-            assert answered_within(proc, 120), "no answer before EOF"
-            assert json.loads(proc.stdout.readline())["query"] == query
-        os.write(write_end, b"\ndocu")
-        os.write(write_end, b"ment 2")  # the last line without its line end, in two writes
-    finally:
-        os.close(write_end)
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err.decode()[-2000:]
+    with Pipes(proc) as pipes:
+        try:
+            still_waiting(proc)
+            for query in ("document 1", "document 3"):
+                os.write(write_end, query.encode() + b"\r\n")
+                assert json.loads(pipes.line(f"the answer to {query!r} before EOF"))["query"] == query
+            os.write(write_end, b"\ndocu")
+            os.write(write_end, b"ment 2")  # the last line without its line end, in two writes
+        finally:
+            os.close(write_end)
+        code, out, err = pipes.finish()
+    assert code == 0, err.decode()[-2000:]
     # the blank line, answered as skipped once a query was, then the last line
     assert [json.loads(line)["query"] for line in out.splitlines()] == ["", "document 2"]
 
 
 def test_embed_stdin_waits_for_lines(tiny_bert_dir):
     proc, write_end = started(["embed", "--stdin", "--model", str(tiny_bert_dir)])
-    try:
-        still_waiting(proc)
-        os.write(write_end, b"one\n\ntw")
-        os.write(write_end, b"o\n")
-    finally:
-        os.close(write_end)
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err.decode()[-2000:]
+    with Pipes(proc) as pipes:
+        try:
+            still_waiting(proc)
+            os.write(write_end, b"one\n\ntw")
+            os.write(write_end, b"o\n")
+        finally:
+            os.close(write_end)
+        code, out, err = pipes.finish()
+    assert code == 0, err.decode()[-2000:]
     rows = [json.loads(line) for line in out.splitlines()]
     assert [row["skipped"] if row["embedding"] is None else "embedded" for row in rows] == \
         ["embedded", "empty_text", "embedded"]

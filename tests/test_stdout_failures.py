@@ -166,7 +166,7 @@ def test_a_stop_signal_while_stdout_s_reader_does_not_read_ends_the_command(tmp_
     try:
         deadline = time.monotonic() + 120
         while not _blocked_writing(child, read_end):  # nobody reads: the pipe fills, then petal blocks writing
-            assert child.poll() is None, child.communicate()[1].decode()[-2000:]
+            assert child.poll() is None, child.communicate(timeout=60)[1].decode()[-2000:]
             assert time.monotonic() < deadline, "petal never blocked writing into the pipe"
             select.select([], [], [], 0.05)
         child.send_signal(sig)
