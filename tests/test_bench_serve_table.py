@@ -20,7 +20,7 @@ SCRIPT = ("import json, sys; from petal.bench.serve import format_serve_table; "
 
 def test_wide_values_stay_apart():
     table = subprocess.run([sys.executable, "-c", SCRIPT], input=json.dumps(RESULT), capture_output=True, text=True,
-                           check=True).stdout.splitlines()
+                           check=True, timeout=300).stdout.splitlines()
     header, row = table[1].split(), table[2].split()
     assert header == ["endpoint", "tokens", "conc", "requests", "p50", "ms", "p99", "ms", "req/s", "texts/step",
                       "step", "ms", "app", "p50", "loop", "µs", "srv", "µs", "cli", "µs", "errors"]

@@ -26,7 +26,7 @@ DELETED = [5, 16390, 20000, 20001, 34999]
 
 def petal(*argv: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-c", "import sys; from petal.cli.main import main; sys.exit(main())",
-                           *argv], capture_output=True, text=True, check=False)
+                           *argv], capture_output=True, text=True, check=False, timeout=300)
 
 
 def build(tmp, string_ids: bool):

@@ -229,7 +229,7 @@ def test_an_output_on_a_read_only_file_system_is_73_before_the_model_loads(tmp_p
 
     unshare = shutil.which("unshare")
     probe = unshare and subprocess.run([unshare, "--user", "--map-root-user", "--mount", "sh", "-c",
-                                        "d=$(mktemp -d) && mount -t tmpfs tmpfs $d"], capture_output=True)
+                                        "d=$(mktemp -d) && mount -t tmpfs tmpfs $d"], capture_output=True, timeout=60)
     if not probe or probe.returncode != 0:
         pytest.skip("cannot mount a tmpfs in a user namespace here")
     mount = tmp_path / "ro"

@@ -159,7 +159,8 @@ def test_ondisk_merge_equals_in_memory_build(store, tmp_path):
 
     probe = (f"from petal.pipeline.index.search import IndexReader; IndexReader({str(moved)!r})"
              ".search(__import__('numpy').zeros((1, 32), 'float32'), 1)")
-    run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, check=True)
+    run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, check=True,
+                         timeout=300)
     assert run.stdout == ""  # FAISS's printf chatter goes to stderr, stdout carries JSON lines
 
     from petal.pipeline.index.verify import verify_version
@@ -228,7 +229,8 @@ def test_streaming_build_keeps_memory_bounded(store, tmp_path):
         # NOTE: k-means on the CPU even on a CUDA host: there it would run through torch on the device, whose
         # lazily loaded CUDA modules add 0.3-0.5 GB of host memory that does not scale with the store (H200 host)
         run = subprocess.run([sys.executable, "-c", MEASURE, dirs, str(budget), str(staging)], cwd=REPO,
-                             capture_output=True, text=True, check=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+                             capture_output=True, text=True, check=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+                             timeout=300)
         measured = json.loads(run.stdout.strip().splitlines()[-1])
         assert measured["storage"] == name and measured["vectors"] == 300_000
         peaks[name] = measured["peak_delta_bytes"]

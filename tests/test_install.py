@@ -33,7 +33,7 @@ def wheel_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "-q", str(wheel)],
                    check=True, capture_output=True, timeout=300)
     purelib = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                                  check=True, capture_output=True, text=True).stdout.strip())
+                                  check=True, capture_output=True, text=True, timeout=60).stdout.strip())
     # NOTE: a plain path line, not a site dir: the test environment's .pth files (petal's editable
     # install among them) are not run, so `petal` can only come from the wheel.
     lent = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"], *site.getsitepackages()}
@@ -61,7 +61,7 @@ def test_petal_index_next_to_another_pipeline_package(wheel_venv: Path, tmp_path
     petal = wheel_venv / "bin" / "petal"
     where = subprocess.run([str(wheel_venv / "bin" / "python"), "-c", "import petal, pipeline; "
                             "print(petal.__file__); print(pipeline.__file__)"], env=env, capture_output=True,
-                           text=True, cwd=tmp_path, check=True).stdout.split()
+                           text=True, cwd=tmp_path, check=True, timeout=300).stdout.split()
     assert str(wheel_venv) in where[0] and where[1] == str(dags / "pipeline" / "__init__.py")
     # NOTE: 16 rows of the sample data: what is checked is the package the wheel installs, not how much it embeds
     import pyarrow.parquet as pq

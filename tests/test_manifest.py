@@ -149,14 +149,14 @@ def test_default_model_index_is_portable_across_environments(tmp_path):
     site = tmp_path / "other-venv-site"
     env = _environment_with_own_default_model(site)
     probe = subprocess.run([sys.executable, "-c", "from petal.engine.loader import default_model_dir as d; print(d())"],
-                           env=env, capture_output=True, text=True, check=True)
+                           env=env, capture_output=True, text=True, check=True, timeout=300)
     assert probe.stdout.strip().startswith(str(site))
     data = tmp_path / "data"
     data.mkdir()
     shutil.copy(SAMPLE_DATA / "shard-001.parquet", data / "a.parquet")
     out = tmp_path / "out"
     built = subprocess.run([sys.executable, "-m", "petal.cli.main", "index", str(data), "--out", str(out), "-q"],
-                           env=env, capture_output=True, text=True)
+                           env=env, capture_output=True, text=True, timeout=300)
     assert built.returncode == 0, built.stderr
     text = next((out / "versions").glob("v*/manifest.json")).read_text()
     assert str(site) not in text and "site-packages" not in text

@@ -237,7 +237,7 @@ def test_model_id_resolves_where_huggingface_hub_keeps_its_cache(tmp_path, monke
         monkeypatch.setenv("PETAL_TEST_ROOT", str(tmp_path))
         monkeypatch.setenv("HF_HOME", "$PETAL_TEST_ROOT/hf")
     cache = Path(subprocess.run([sys.executable, "-c", "import huggingface_hub.constants as c; print(c.HF_HUB_CACHE)"],
-                                capture_output=True, text=True, check=True).stdout.strip())
+                                capture_output=True, text=True, check=True, timeout=60).stdout.strip())
     assert str(cache).startswith(str(tmp_path)) and cache != tmp_path / "home" / ".cache" / "huggingface" / "hub"
     source, _ = checkpoints["bert"]
     repo = cache / "models--acme--tiny-bert"

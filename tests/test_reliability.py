@@ -365,7 +365,7 @@ def _can_mount_tmpfs() -> bool:
     if UNSHARE is None:
         return False
     probe = subprocess.run([UNSHARE, "--user", "--map-root-user", "--mount", "sh", "-c",
-                            "d=$(mktemp -d) && mount -t tmpfs -o size=1m tmpfs $d"], capture_output=True)
+                            "d=$(mktemp -d) && mount -t tmpfs -o size=1m tmpfs $d"], capture_output=True, timeout=60)
     return probe.returncode == 0
 
 
@@ -503,7 +503,7 @@ def test_huge_row_groups_are_read_in_bounded_memory(tmp_path):
     assert pq.read_metadata(many).num_row_groups == pq.read_metadata(wide).num_row_groups == 1
     for path, budget in ((many, 64 << 20), (wide, 8 << 20)):
         probe = subprocess.run([sys.executable, "-c", MEMORY_PROBE, str(REPO), str(budget), str(path)],
-                               capture_output=True, text=True, cwd=REPO, check=True)
+                               capture_output=True, text=True, cwd=REPO, check=True, timeout=300)
         result = json.loads(probe.stdout)
         assert result["rows"] == pq.read_metadata(path).num_rows
         assert result["growth_mb"] < 120, (path.name, result)  # generous; unbounded reads take 230+ MB
@@ -542,8 +542,8 @@ def test_the_real_entry_point_in_a_fresh_interpreter(job):
     env = {**os.environ, "PYTHONPATH": str(REPO), "PETAL_TEST_FAKE_ENGINE": str(job.root / "fresh.jsonl"),
            "PETAL_FAULT": "after_shard_commit:2:kill"}
     argv = [sys.executable, "-m", "tests.fake_cli", *job.argv()]
-    assert subprocess.run(argv, env=env, capture_output=True, cwd=REPO).returncode == -signal.SIGKILL
+    assert subprocess.run(argv, env=env, capture_output=True, cwd=REPO, timeout=300).returncode == -signal.SIGKILL
     env.pop("PETAL_FAULT")
-    done = subprocess.run(argv, env=env, capture_output=True, text=True, cwd=REPO)
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, cwd=REPO, timeout=300)
     assert done.returncode == 0 and "petal index: success" in done.stderr.splitlines()[-1]
     assert json.loads(job.report.read_text())["shards"] == {"total": 3, "embedded": 1, "reused": 2}

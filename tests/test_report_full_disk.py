@@ -19,10 +19,11 @@ from tests.index_data import vector_shard
 def small_disk(tmp_path):
     mount = tmp_path / "disk"
     mount.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], capture_output=True).returncode:
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], capture_output=True,
+                      timeout=60).returncode:
         pytest.skip("cannot mount a tmpfs here (not root)")
     yield mount
-    subprocess.run(["umount", "-l", str(mount)], check=False)
+    subprocess.run(["umount", "-l", str(mount)], check=False, timeout=60)
 
 
 def test_a_report_that_cannot_be_written_leaves_no_earlier_report_behind(tmp_path, small_disk):
