@@ -12,7 +12,8 @@ its Parquet footer (``remote_sha256``): a rewritten object gets a new mtime, and
 footer (offsets, sizes, statistics).
 
 NOTE: what is shown, stored in a manifest or a report, or logged is ``RemotePath.uri``: the scheme,
-the authority a filesystem's paths leave out (``stored_root``: an HDFS namenode) and the filesystem path only.
+the authority a filesystem's paths leave out (``stored_root``: an HDFS namenode, an Azure storage
+account) and the filesystem path only.
 A URI's user info (``s3://KEY:SECRET@bucket``) and query string (``?secret_key=...``) never leave this module.
 """
 
@@ -185,18 +186,41 @@ def scheme_of(source: str) -> str:
     return source.split("://", 1)[0].lower()
 
 
+AZURE_SCHEMES = ("abfs", "abfss")  # Arrow's AzureFileSystem: one filesystem, TLS either way (enable_tls=false: not)
+AZURE_BLOB = ".blob.core.windows.net"  # Arrow's default blob_storage_authority: the account is its subdomain
+
+
+def is_azure(uri: str) -> bool:
+    """Whether ``uri`` is read by Arrow's ``AzureFileSystem`` (``abfs://``, ``abfss://``)."""
+    return is_uri(uri) and scheme_of(uri) in AZURE_SCHEMES
+
+
 def display_uri(source: str) -> str:
-    """``source`` without user info or query string: safe to show and store."""
+    """``source`` without user info or query string: safe to show and store. An Azure URI keeps what is before its
+    ``@`` (a container or an account, never a credential: ``user_info``), without a password after a ``:``."""
     scheme, _, rest = source.partition("://")
     rest = rest.split("?", 1)[0].split("#", 1)[0]
-    info = user_info(source)
+    info = _authority_user(source)
     if info:
-        rest = rest[len(info) + 1:]
+        kept = info.partition(":")[0] + "@" if is_azure(source) else ""
+        rest = kept + rest[len(info) + 1:]
     return f"{scheme.lower()}://{rest}"
 
 
 def user_info(source: str) -> str:
-    """The user info of URI ``source`` (``KEY:SECRET`` of ``s3://KEY:SECRET@bucket/key``), ``""`` when it has none.
+    """The credentials in URI ``source``'s user info (``KEY:SECRET`` of ``s3://KEY:SECRET@bucket/key``), ``""`` when
+    it has none. For Azure only a password (``abfs://ACCOUNT:PASSWORD@container/...``, which Arrow ignores).
+
+    NOTE: Azure's user info names a container (``abfs://CONTAINER@ACCOUNT.dfs.core.windows.net/...``) or an account
+    (``abfs://ACCOUNT@container/...``): taken for credentials, it was left out of every message (a shard shown
+    without its container) and every occurrence of the name in a message was masked (a container ``in``: every
+    ``in``)."""
+    info = _authority_user(source)
+    return info.partition(":")[2] if is_azure(source) else info
+
+
+def _authority_user(source: str) -> str:
+    """The user info of URI ``source`` as written (``KEY:SECRET``, an Azure container), ``""`` when it has none.
 
     NOTE: an AWS secret key often holds a ``/``, which a URI must escape (``%2F``); unescaped, it ends the authority
     early (``s3://KEY:ab/cd@bucket/key``) and a URI parser takes the key for a host, the rest of the secret for a
@@ -447,30 +471,77 @@ def stored_root(source: str, path: str) -> str:
     one path were one shard (the second dropped without a word). An index an older petal wrote still holds
     ``hdfs:///...`` for them: as before, those name the default namenode (``open_stored``)."""
     scheme = scheme_of(source)
+    if scheme in AZURE_SCHEMES:
+        return f"{AZURE_SCHEMES[0]}://{azure_account(source)}/"
     if not path.startswith("/"):
         return f"{scheme}://"
     return f"{scheme}://{display_uri(source).partition('://')[2].split('/', 1)[0]}"
 
 
+def azure_account(source: str) -> str:
+    """The storage account Azure URI ``source`` reaches, as the authority of the URI petal stores for its objects
+    (``abfs://`` + this + ``/container/path``): ``ACCOUNT.blob.core.windows.net`` on Azure, ``ACCOUNT@HOST:PORT``
+    on another endpoint (an emulator such as Azurite, ``abfs://ACCOUNT@127.0.0.1:10000/...``); ``""`` when
+    ``source`` names no account (a URI an older petal stored: ``names_no_account``). Every spelling Arrow reads as
+    one account (``abfss://CONTAINER@ACCOUNT.dfs.core.windows.net/path``, ``abfs://ACCOUNT@CONTAINER/path``,
+    ``abfs://ACCOUNT.blob.core.windows.net/CONTAINER/path``, an account in capitals) gives one authority, and
+    ``from_uri`` reads the stored URI as that account again.
+
+    NOTE: Arrow's AzureFileSystem names an object ``container/path``, without its account: petal stored
+    ``abfs://container/path``, so two accounts' objects of one path were one shard (an additive run replaced one by
+    the other) and no stored URI could be opened again (no account). The account is read by Arrow itself
+    (``AzureOptions::FromUri``, the query's ``blob_storage_authority`` included), whatever filesystem
+    ``fs.FileSystem.from_uri`` gives. An authority of Azure's own form (``.blob.core.chinacloudapi.cn``, set by
+    the query only) is stored as the account's host there, which ``from_uri`` reads as another endpoint: such an
+    object is reached again only with a SOURCE of its account (``reached_by``)."""
+    import pyarrow as pa
+    from pyarrow import fs
+
+    authority = display_uri(source).partition("://")[2].split("/", 1)[0]
+    query = source.partition("?")[2]
+    try:  # NOTE: only the authority and the query name the account; the path may hold what the parser refuses
+        filesystem, _ = fs.AzureFileSystem.from_uri(uri_encoded(f"abfs://{authority}/c{'?' + query if query else ''}"))
+    except (OSError, ValueError, pa.ArrowException):  # no account ("AzureOptions doesn't contain a valid account")
+        return ""
+    options = filesystem.__reduce__()[1][0]
+    account, endpoint = options["account_name"], options["blob_storage_authority"].lower()
+    if endpoint == AZURE_BLOB:  # NOTE: Azure's account names are lower case; its host is read in any case
+        return account.lower() + endpoint
+    host = account + endpoint if endpoint.startswith(".") else endpoint  # NOTE: a sovereign cloud's, as above
+    return f"{account}@{host}"
+
+
+def names_no_account(uri: str) -> bool:
+    """Whether the stored Azure URI ``uri`` names no storage account: ``abfs://container/path``, as an older petal
+    stored every Azure object (``azure_account``), which petal cannot open again (which account's is it?)."""
+    return is_azure(uri) and not azure_account(uri)
+
+
 def stored_path(uri: str, rooted: bool) -> str:
     """The filesystem path of a stored URI (``stored_root`` + path): ``bucket/key``; with ``rooted`` (the
-    filesystem's paths are absolute, as HDFS's) the path after the authority (``/data/x``)."""
+    filesystem's paths are absolute, as HDFS's) the path after the authority (``/data/x``); for Azure the path after
+    the account (``container/path``)."""
     rest = uri.partition("://")[2]
+    if is_azure(uri):
+        return rest.partition("/")[2]
     return "/" + rest.partition("/")[2] if rooted else rest
 
 
-def older_uri(remote: RemotePath) -> str | None:
-    """The URI petal before ``stored_root`` stored for ``remote``, where it differs: ``hdfs:///data/x`` for
-    ``hdfs://nn1:8020/data/x`` (the namenode left out, which names the default namenode); ``None`` otherwise."""
+def older_uris(remote: RemotePath) -> tuple[str, ...]:
+    """The URIs petal before ``stored_root`` stored for ``remote``, where they differ: ``hdfs:///data/x`` for
+    ``hdfs://nn1:8020/data/x`` (the namenode left out, which names the default namenode); ``abfs://container/path``
+    and ``abfss://container/path`` for an Azure object (the account left out: ``azure_account``); none otherwise."""
     scheme, _, rest = remote.uri.partition("://")
+    if scheme in AZURE_SCHEMES:
+        return tuple(f"{azure}://{remote.path}" for azure in AZURE_SCHEMES)
     if not remote.path.startswith("/") or rest.startswith("/"):
-        return None
-    return f"{scheme}://{remote.path}"
+        return ()
+    return (f"{scheme}://{remote.path}",)
 
 
 def names_no_namenode(uri: str) -> bool:
     """Whether the stored URI ``uri`` has an empty authority before its absolute path (``hdfs:///data/x``: the
-    default namenode's, or, recorded by an older petal, any namenode's: ``older_uri``)."""
+    default namenode's, or, recorded by an older petal, any namenode's: ``older_uris``)."""
     return is_uri(uri) and uri.partition("://")[2].startswith("/")
 
 
@@ -560,6 +631,8 @@ def reached_by(uri: str, sources: Sequence[str]) -> str | None:
 
     scheme, _, path = uri.partition("://")
     bucket = path.split("/", 1)[0]
+    if scheme in AZURE_SCHEMES:  # NOTE: an account is written many ways (azure_account), abfss:// as abfs://
+        return next((s for s in sources if is_azure(s) and bucket and azure_account(s) == bucket), None)
     for source in sources:
         if is_uri(source) and scheme_of(source) == scheme and \
                 unquote(display_uri(source).partition("://")[2].split("/", 1)[0]) == bucket:
@@ -581,7 +654,7 @@ def stored_with_options(uri: str, sources: Sequence[str] = ()) -> str:
     source = reached_by(uri, sources)
     if source is None:
         return named
-    info = user_info(source)
+    info = "" if is_azure(uri) else user_info(source)  # NOTE: Arrow ignores an Azure password; the account is held
     query = source.partition("://")[2].partition("?")[2]  # NOTE: the query as uri_encoded (from_uri) parses it
     scheme, _, path = named.partition("://")
     return f"{scheme}://{info + '@' if info else ''}{path}{'?' + query if query else ''}"

@@ -50,10 +50,12 @@ from petal.pipeline.ingest.remote import (
     CHAIN_ENDPOINT,
     RemotePath,
     chain_of,
+    is_azure,
     is_uri,
     namenode_spelling,
+    names_no_account,
     names_no_namenode,
-    older_uri,
+    older_uris,
     open_stored,
     reached_by,
     spelled_otherwise,
@@ -1126,14 +1128,16 @@ def named_sources(job: IndexJob, live: Manifest | None) -> list[Path | RemotePat
     check_one_spelling(named, frozenset() if job.sync else held)
     if not job.sync and live is not None:
         check_no_older_uris(named, frozenset(record.abs_path for record in live.shards
-                                             if names_no_namenode(record.abs_path) and not record.default_namenode))
+                                             if (names_no_namenode(record.abs_path) and not record.default_namenode)
+                                             or names_no_account(record.abs_path)))
     return named
 
 
 def check_no_older_uris(named: list[Path | RemotePath], unknown: frozenset[str]) -> None:
-    """78 when an additive run names, with its namenode, an object the live version holds under the URI an older
-    petal stored for it (``older_uri``), its namenode unknown (``unknown``: ``hdfs:///...`` records of an older
-    petal), and no SOURCE of the run names that URI itself (``hdfs:///...``: the default namenode's file).
+    """78 when an additive run names, with its namenode (or Azure account), an object the live version holds under
+    a URI an older petal stored for it (``older_uris``), its namenode or account unknown (``unknown``: ``hdfs:///...``
+    and ``abfs://container/...`` records of an older petal), and no SOURCE of the run names that URI itself
+    (``hdfs:///...``: the default namenode's file).
 
     NOTE: petal stored an HDFS shard without its namenode (``hdfs:///data/x``, which names the default namenode:
     ``remote.stored_root``); named again as ``hdfs://nn1:8020/data/x``, it is another shard to an additive run,
@@ -1142,8 +1146,18 @@ def check_no_older_uris(named: list[Path | RemotePath], unknown: frozenset[str])
     ``--sync`` keeps no shard it does not name."""
     uris = {remote.uri for remote in named if isinstance(remote, RemotePath)}
     for remote in named:
-        older = older_uri(remote) if isinstance(remote, RemotePath) else None
-        if older is not None and older in unknown and older not in uris:
+        olders = older_uris(remote) if isinstance(remote, RemotePath) else ()
+        older = next((o for o in olders if o in unknown and o not in uris), None)
+        if older is not None and is_azure(older):
+            # NOTE: an older petal stored Azure objects without their account (abfs://container/path): an additive
+            # run from another account replaced that shard by its own (and --full could not open it: 74)
+            raise ConfigError(
+                f"{remote} is in the index as {older}: an older petal recorded Azure shards without their storage "
+                "account, so petal cannot tell whether that is this account's object or another's; indexed again "
+                "with its account, it would be a second shard (its rows twice in the index, unless the id column "
+                "makes them replace the old ones). Rerun with --sync naming every SOURCE of the index (the shards "
+                "recorded without an account are then replaced by those named)")
+        if older is not None:
             raise ConfigError(
                 f"{remote} is in the index as {older}: an older petal recorded HDFS shards without their namenode, so "
                 "petal cannot tell whether that is this file or the default namenode's; indexed again under its "
@@ -1212,6 +1226,11 @@ def full_rerun_sources(live: Manifest | None, named: list[ShardInfo], sources: S
     extra = []
     filesystems: dict[str, Any] = {}
     for record in kept_records(live, named, sync=False):
+        if names_no_account(record.abs_path):  # NOTE: from_uri refused it (no account): 74, 'rerun ... recovers'
+            raise ConfigError(f"--full re-embeds every shard of the index, but {quote_path(record.path)} (kept from an "
+                              f"earlier run) was recorded by an older petal as {record.abs_path}, without its Azure "
+                              "storage account, so petal cannot open it again; rerun with --sync naming every SOURCE "
+                              "of the index (the shards recorded without an account are then replaced by those named)")
         if not _kept_shard_there(record.abs_path, filesystems, sources):
             raise ConfigError(f"--full re-embeds every shard of the index, but {quote_path(record.path)} (kept from an "
                               f"earlier run) is gone{_through_chain(record.abs_path, sources)}; pass --sync to drop "
@@ -1244,6 +1263,7 @@ def _through_chain(abs_path: str, sources: Sequence[str]) -> str:
     if not is_uri(abs_path) or reached_by(abs_path, sources) is not None:
         return ""
     # NOTE: this advised S3's variables for a kept gs:// or hdfs:// object too
-    where = "namenode" if chain_of(abs_path, CHAIN_ENDPOINT) == CHAIN_ENDPOINT["hdfs"] else "bucket"
+    where = "namenode" if chain_of(abs_path, CHAIN_ENDPOINT) == CHAIN_ENDPOINT["hdfs"] else \
+        "storage account" if is_azure(abs_path) else "bucket"
     return (f" (looked up through the storage's standard chain, as no SOURCE names its {where}: "
             f"{chain_of(abs_path, CHAIN_ENDPOINT)}; or name a SOURCE in its {where} with its options)")
