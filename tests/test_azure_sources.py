@@ -9,8 +9,10 @@ cont/dir/a.parquet``, ``abfs://ACCOUNT@HOST:PORT/cont/...`` on another endpoint)
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -87,6 +89,14 @@ def test_two_accounts_with_the_same_container_and_path_are_two_shards(accounts, 
     assert result.exit_code == 0, result.output
     assert stored(out) == [ONE, TWO]
     assert indexed_ids(out) == sorted(one + two) == read_back(out)
+    np.save(tmp_path / "q.npy", IndexReader(out).index.reconstruct(0))  # NOTE: query's model is not the fake engine
+    shown = invoke(["query", str(out), "--vector-file", str(tmp_path / "q.npy"), "-k", "9", "--json", "--show-text"])
+    assert shown.exit_code == 0, shown.output
+    hits = json.loads(shown.stdout)["hits"]
+    assert sorted(h["id"] for h in hits) == sorted(one + two), hits
+    assert all(h["text"] == f"{h['id'].split('-')[0]} document {h['id'].split('-')[1]}" for h in hits), hits
+    info = invoke(["info", str(out)])
+    assert info.exit_code == 0 and ONE in info.stdout and TWO in info.stdout, info.output
 
 
 def test_every_spelling_of_one_account_is_one_shard(accounts, fake_model, tmp_path):
