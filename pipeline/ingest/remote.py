@@ -19,6 +19,7 @@ A URI's user info (``s3://KEY:SECRET@bucket``) and query string (``?secret_key=.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import re
@@ -494,11 +495,17 @@ def azure_account(source: str) -> str:
     ``fs.FileSystem.from_uri`` gives. An authority of Azure's own form (``.blob.core.chinacloudapi.cn``, set by
     the query only) is stored as the account's host there, which ``from_uri`` reads as another endpoint: such an
     object is reached again only with a SOURCE of its account (``reached_by``)."""
+    return _azure_account(display_uri(source).partition("://")[2].split("/", 1)[0], source.partition("?")[2])
+
+
+@functools.lru_cache(maxsize=256)
+def _azure_account(authority: str, query: str) -> str:
+    """``azure_account`` of a URI with this authority and query string (the path never names the account).
+
+    NOTE: cached: Arrow's parse builds a filesystem (~0.2 ms), and a run looks up every kept shard's account."""
     import pyarrow as pa
     from pyarrow import fs
 
-    authority = display_uri(source).partition("://")[2].split("/", 1)[0]
-    query = source.partition("?")[2]
     try:  # NOTE: only the authority and the query name the account; the path may hold what the parser refuses
         filesystem, _ = fs.AzureFileSystem.from_uri(uri_encoded(f"abfs://{authority}/c{'?' + query if query else ''}"))
     except (OSError, ValueError, pa.ArrowException):  # no account ("AzureOptions doesn't contain a valid account")
