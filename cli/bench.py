@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 
 import click
+from click.core import ParameterSource
 
-from petal.cli.common import MODEL_DIR, PATH, usage, user_errors
+from petal.cli.common import MODEL_DIR, PATH, require_stdout, usage, user_errors
 from petal.cli.options import FiniteFloatRange
 from petal.engine.config import MAX_SEQS, MAX_TOKEN_BUDGET
 from petal.pipeline.index.bounds import MAX_K
@@ -73,6 +74,10 @@ def bench_errors(writes: bool) -> Callable[[F], F]:
 # click before anything heavy loads. tests/test_lazy_imports.py keeps the two equal.
 SHAPE_NAMES = ("pplx-embed-0.6b", "qwen3-embedding-0.6b", "bge-m3", "minilm")
 GPU_SCENARIOS = ("t1", "t2", "l1", "ceiling")  # what bench/gpu.py's run_gpu_bench runs
+# NOTE: --corpus's default is the repository's sample corpus, relative to the working directory: petal's install does
+# not include it (``paths`` says to give --corpus where there is none)
+SAMPLE_CORPUS = Path("sample_data")
+SAMPLE_DEFAULT = "sample_data, the repository's (run from its root)"
 TOKENIZER_FILE = "tokenizer.json"  # what bench/shapes.py's save_model_dir needs in --tokenizer-dir (its TOKENIZER_FILE)
 
 # NOTE: upper bounds of the number flags (there were none: --vectors 1e20 was a numpy casting traceback once the
@@ -110,7 +115,7 @@ def bench() -> None:
 
 
 @bench.command("cpu")
-@click.option("--corpus", type=PATH, default=Path("sample_data"), show_default=True,
+@click.option("--corpus", type=PATH, default=SAMPLE_CORPUS, show_default=SAMPLE_DEFAULT,
               help="Parquet files whose sentences build the benchmark texts.")
 @click.option("--texts", "num_texts", type=count(16), default=2000, show_default=True,
               help="Texts embedded per system and round (lengths lognormal, median 150 tokens).")
@@ -124,6 +129,7 @@ def bench() -> None:
 @bench_errors(writes=False)
 def bench_cpu(corpus: Path, num_texts: int, rounds: int, token_budget: int, model: str | None, as_json: bool) -> None:
     """MiniLM on the CPU: petal (fp32, and bf16 GEMMs) vs sentence-transformers encode()."""
+    require_stdout("petal bench cpu")  # NOTE: its table (or JSON) is its result: 74, not a run measured for nothing
     paths({"--corpus": corpus})
     judge_model(model)  # before torch and sentence-transformers load
     require_modules("cpu", "sentence_transformers")  # its baseline: the table's every ratio is to it
@@ -164,6 +170,7 @@ def bench_gpu(shapes: tuple[str, ...], scenarios: str, token_budget: int, max_se
         raise click.BadParameter(f"{scenarios!r}: choose from {', '.join(GPU_SCENARIOS)}", param_hint="--scenario")
     distinct(chosen, "--scenario")
     distinct(shapes, "--shape")
+    require_stdout("petal bench gpu")
     import torch
 
     if not torch.cuda.is_available():
@@ -187,7 +194,7 @@ def bench_gpu(shapes: tuple[str, ...], scenarios: str, token_budget: int, max_se
               help="Instead of --model: random weights in this shape, saved to a temp dir.")
 @click.option("--tokenizer-dir", type=PATH, default=None,
               help="With --shape: where tokenizer.json (and vocab) come from (default: the packaged MiniLM's).")
-@click.option("--corpus", type=PATH, default=Path("sample_data"), show_default=True,
+@click.option("--corpus", type=PATH, default=SAMPLE_CORPUS, show_default=SAMPLE_DEFAULT,
               help="Parquet files whose sentences build the benchmark documents.")
 @click.option("--docs", "num_docs", default="50000", show_default=True,
               help="Documents in the generated corpus; comma-separated for one run per size (one model, one "
@@ -235,6 +242,7 @@ def bench_e2e(model: str | None, shape: str | None, tokenizer_dir: Path | None, 
     from petal.cli.scale_options import scale_config
 
     scale = usage(lambda: scale_config(devices, workers, None))
+    require_stdout("petal bench e2e")
     paths({"--corpus": corpus, "--tokenizer-dir": tokenizer_dir})
     judge_tokenizer_dir(shape, tokenizer_dir)
     from petal.pipeline.config import IndexSettings
@@ -339,6 +347,7 @@ def bench_index(num_vectors: int, dims: tuple[int, ...], num_queries: int, memor
     settings = IndexSettings(factory=factory, memory_bytes=budgets[0])
     for dim in dims:
         check_factory(settings, dim, num_vectors, "--vectors", "--factory")
+    require_stdout("petal bench index")
     paths({}, workdir)
     if workdir is not None:
         from petal.pipeline.reliability.safe_files import check_output_dir
@@ -364,7 +373,7 @@ def bench_index(num_vectors: int, dims: tuple[int, ...], num_queries: int, memor
 
 
 @bench.command("outputs")
-@click.option("--corpus", type=PATH, default=Path("sample_data"), show_default=True,
+@click.option("--corpus", type=PATH, default=SAMPLE_CORPUS, show_default=SAMPLE_DEFAULT,
               help="Parquet files whose sentences build the documents and queries.")
 @click.option("--docs", "num_docs", type=count(100), default=3000, show_default=True,
               help="Texts embedded and indexed in each format.")
@@ -382,9 +391,12 @@ def bench_outputs(corpus: Path, num_docs: int, num_queries: int, dims: str, mode
     except ValueError as exc:
         raise click.UsageError(f"--dims {dims!r}: expected comma-separated integers") from exc
     distinct(chosen, "--dims")
+    if not chosen or min(chosen) < 1:  # NOTE: a usage error before the paths (was 66 for a missing --corpus first)
+        raise click.UsageError(f"--dims {dims!r}: expected comma-separated integers from 1 to the model's dim")
+    require_stdout("petal bench outputs")
     paths({"--corpus": corpus})
     model_dim = judge_model(model).dim
-    if not chosen or any(not 1 <= d <= model_dim for d in chosen):
+    if max(chosen) > model_dim:
         raise click.UsageError(f"--dims {dims!r}: expected comma-separated integers from 1 to the model's dim "
                                f"{model_dim}")
     from petal.bench.outputs import format_outputs_table, run_outputs_bench
@@ -396,9 +408,16 @@ def bench_outputs(corpus: Path, num_docs: int, num_queries: int, dims: str, mode
 def paths(inputs: dict[str, Path | None], workdir: Path | None = None) -> None:
     """The command's path flags, before anything loads: ``inputs`` (flag -> path) readable (66), ``workdir`` a
     directory this process can create or write (73)."""
+    from petal.pipeline.reliability.errors import NoInputError
     from petal.pipeline.reliability.safe_files import check_input_path, check_output_dir
 
+    ctx = click.get_current_context()
     for flag, path in inputs.items():
+        if flag == "--corpus" and ctx.get_parameter_source("corpus") is ParameterSource.DEFAULT \
+                and not os.path.lexists(path):  # type: ignore[arg-type]
+            raise NoInputError(f"--corpus not given, and no {path}/ in the working directory (the repository's "
+                               "sample corpus: petal's install does not include it): run from the repository's root "
+                               "or give --corpus PATH (Parquet files with a text column)")
         if path is not None:
             check_input_path(flag, path)
     if workdir is not None:
@@ -526,6 +545,35 @@ def skipped_lines(result: dict[str, Any]) -> str:
     return "".join(f"\n{name}: skipped, {why}" for name, why in result.get("skipped", {}).items())
 
 
+# NOTE: what bench serve gives petal serve itself and --serve-arg may not give again: the server would serve another
+# index or model than the one the queries are made for (the last value wins). --device is the server's (given last,
+# _serve_arg_device); --port and --log-level are taken as given (the address is read from the server's log).
+OWN_SERVE_ARGS = {"index_path": "OUT (bench serve's --index, or the index it builds)",
+                  "model": "--model (bench serve's --model or --shape)"}
+
+
+def judge_serve_args(serve_args: tuple[str, ...]) -> None:
+    """``--serve-arg``'s flags parsed by ``petal serve``'s own command (nothing starts): one it refuses (unknown, a
+    value missing or out of its range), --help, or one of ``OWN_SERVE_ARGS`` is a usage error (2) naming --serve-arg
+    and the flag, before any index is built or model made. Was: petal serve's exit 2 once the index was built."""
+    if not serve_args:
+        return
+    from petal.cli.serve import serve
+
+    shown = " ".join(serve_args)
+    if any(arg in ("--help", "-h") for arg in serve_args):
+        raise click.BadParameter(f"{shown}: --help starts no server; see petal serve --help", param_hint="--serve-arg")
+    try:
+        with serve.make_context("petal serve", list(serve_args)) as ctx:
+            given = [name for name in OWN_SERVE_ARGS if ctx.get_parameter_source(name) is ParameterSource.COMMANDLINE]
+    except click.UsageError as exc:
+        raise click.BadParameter(f"{shown}: petal serve refuses it: {exc.format_message()}",
+                                 param_hint="--serve-arg") from None
+    if given:
+        raise click.BadParameter(f"{shown}: gives {OWN_SERVE_ARGS[given[0]]} again; petal bench serve sets it",
+                                 param_hint="--serve-arg")
+
+
 def _serve_arg_device(serve_args: tuple[str, ...], device: str) -> str:
     """The device petal serve is started on: the last ``--device`` of ``serve_args`` (``--device=X`` or ``--device``
     then ``X``, as they follow bench serve's own ``--device`` on its command line), else ``device``."""
@@ -557,7 +605,7 @@ def _int_list(value: str, name: str, high: int) -> tuple[int, ...]:
               help="Instead of --model: random weights in this shape.")
 @click.option("--tokenizer-dir", type=PATH, default=None,
               help="With --shape: where tokenizer.json comes from (default: the packaged MiniLM's).")
-@click.option("--corpus", type=PATH, default=Path("sample_data"), show_default=True,
+@click.option("--corpus", type=PATH, default=SAMPLE_CORPUS, show_default=SAMPLE_DEFAULT,
               help="Parquet files: the index's documents (without --index) and the queries' sentences.")
 @click.option("--index-docs", type=count(100), default=None,
               help="Build the index from N texts made of --corpus sentences (e.g. 1000000) instead of --corpus.")
@@ -579,7 +627,9 @@ def _int_list(value: str, name: str, high: int) -> tuple[int, ...]:
 @click.option("--client-processes", type=count(1, MAX_PARALLEL), default=None,
               help="Load-generator processes (default: cores / 4, at most 8).")
 @click.option("--serve-arg", "serve_args", multiple=True,
-              help="Extra petal serve flag (repeat), e.g. --serve-arg=--max-wait-ms=1.")
+              help="Extra petal serve flag (repeat), e.g. --serve-arg=--max-wait-ms=1; checked by petal serve's parser "
+                   "before anything starts. OUT and --model are bench serve's own (--index, --model); --device, "
+                   "--port, --log-level given here win.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @bench_errors(writes=True)
 def bench_serve(index_path: Path | None, model: str | None, shape: str | None, tokenizer_dir: Path | None,
@@ -603,6 +653,8 @@ def bench_serve(index_path: Path | None, model: str | None, shape: str | None, t
     clients = _int_list(concurrency, "--concurrency", MAX_PARALLEL)
     distinct(lengths, "--tokens")
     distinct(clients, "--concurrency")
+    judge_serve_args(serve_args)  # NOTE: before the index is built (was: petal serve's own exit 2 after it)
+    require_stdout("petal bench serve")
     from petal.cli.serve import missing_serve_extra
 
     missing = missing_serve_extra()  # NOTE: was said by the server's log in a traceback, after the index was built
@@ -725,6 +777,7 @@ def bench_startup(runs: int, text: str, num_vectors: int, dim: int, factory: str
     from petal.pipeline.config import IndexSettings
 
     check_factory(usage(lambda: IndexSettings(factory=factory)), dim, num_vectors, "--vectors")
+    require_stdout("petal bench startup")
     paths({}, workdir)
     from petal.bench.startup import check_outputs, format_startup_table, run_startup_bench
     from petal.engine.loader import default_model_dir

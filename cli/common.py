@@ -568,6 +568,7 @@ def run_with_report(report: Any, work: Callable[[], Any], as_json: bool = False,
         if unwritten is not None:
             raise PetalClickError(str(unwritten), unwritten.exit_code)
 
+    closed_stdout_refused(report, as_json, json_report)
     try:
         work()
     except UsageError as exc:
@@ -583,6 +584,26 @@ def run_with_report(report: Any, work: Callable[[], Any], as_json: bool = False,
             finish()
         raise
     finish(done=True)
+
+
+def closed_stdout_refused(report: Any, as_json: bool, json_report: Path | None) -> None:
+    """The report of ``petal index``/``rebuild`` goes to stdout only (``--json``, ``--json-report -``) and the process
+    started with stdout closed: 74 naming stdout before any work (``require_stdout``). NOTE: was a whole run
+    published, exit 0, its report written nowhere. ``--json`` with a ``--json-report FILE`` runs: the report reaches
+    the file (tests/test_closed_outputs.py)."""
+    from petal.pipeline.reliability.errors import PetalError
+
+    if json_report is not None and str(json_report) != "-":
+        return
+    to_stdout = [flag for flag, given in (("--json", as_json), ("--json-report -", json_report is not None)) if given]
+    if not to_stdout:
+        return
+    try:
+        require_stdout(f"petal {report.command} {' and '.join(to_stdout)}")
+    except PetalError as exc:
+        report.finish("failed", exc.exit_code, str(exc))
+        eprint(report.summary())
+        raise PetalClickError(str(exc), exc.exit_code) from None
 
 
 class ReportingCommand(click.Command):

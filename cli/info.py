@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from petal.cli.common import PATH, json_text, user_errors, write_stdout
+from petal.cli.common import PATH, json_text, require_stdout, user_errors, write_stdout
 from petal.pipeline.reliability.errors import quote_path
 
 if TYPE_CHECKING:
@@ -47,6 +47,7 @@ def info(index_path: Path, as_json: bool) -> None:
     """
     from petal.pipeline.reliability.errors import PetalError
 
+    require_stdout("petal info")  # NOTE: stdout closed at start: 74, not a description written nowhere and exit 0
     try:
         version_dir, manifest, lease = _open(index_path=index_path)
     except click.ClickException as exc:  # NOTE: --json promises one object on stdout, as petal verify's does

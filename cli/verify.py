@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from petal.cli.common import PATH, json_text, user_errors, write_stdout
+from petal.cli.common import PATH, json_text, require_stdout, user_errors, write_stdout
 from petal.cli.info import JsonFailureCommand, echo_json_failure
 
 if TYPE_CHECKING:
@@ -34,6 +34,9 @@ def verify(out: Path, version: str | None, as_json: bool) -> None:
     """
     from petal.pipeline.api import verify as verify_index
     from petal.pipeline.reliability.errors import PetalError, io_error
+
+    if as_json:  # NOTE: the object is what --json asks for (74); without it the exit code is the verdict, and each
+        require_stdout("petal verify --json")  # mismatch is said on stderr too: it runs with stdout closed
 
     try:
         report = verify_index(out, version=version)

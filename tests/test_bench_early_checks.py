@@ -180,8 +180,9 @@ def test_e2e_judges_its_index_factory_before_embedding(tmp_path):
 @pytest.mark.parametrize("dims", ["0", "384,99999", ","])
 def test_outputs_judges_dims_against_the_model_before_torch_loads(tmp_path, dims):
     """--dims of 0, wider than the model's vectors or none at all: 2 naming the model's dim before anything is embedded
-    (was: found after torch loaded and the documents were embedded, or never)."""
-    refused(tmp_path, 2, f"--dims {dims!r}: expected comma-separated integers from 1 to the model's dim 384", "outputs",
+    (was: found after torch loaded and the documents were embedded, or never). 0 and none at all are said before the
+    model and --corpus are read (the dim unknown then: tests/test_closed_stdout_commands.py)."""
+    refused(tmp_path, 2, f"--dims {dims!r}: expected comma-separated integers from 1 to the model's dim", "outputs",
             "--dims", dims, "--corpus", SAMPLE_DATA)
 
 
