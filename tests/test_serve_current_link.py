@@ -58,10 +58,37 @@ def test_a_current_that_names_no_version_says_what_it_is(tmp_path_factory, tmp_p
             assert said in message and str(out / "CURRENT") in message, message
             assert "missing, empty or cannot be read" not in message
             assert server.client.post("/search", json={"query": "topic 1", "k": 1}).status_code == 200
+        back = out / "back"  # CURRENT names the live version again: the refusal is over, and the log says so
+        back.write_text(live + "\n")
+        _replace(out, lambda p: os.replace(back, p))
+        _wait_ready(server, lambda r: r["version"] == live and "refused" not in r, "the refusal over")
+        said = (tmp_path / "server.log").read_text(errors="replace")
+        assert f"CURRENT names {live} again, the version it serves; the refusal of" in said, said[-2000:]
         pointer = out / "pointer"  # a link inside OUT to a file that names a version: followed
         pointer.write_text(newer + "\n")
         _replace(out, lambda p: p.symlink_to("pointer"))
         _wait_ready(server, lambda r: r["version"] == newer and "refused" not in r, "the linked version")
+    finally:
+        server.stop()
+    assert server.proc.returncode == 0
+
+
+def test_out_removed_while_serving_is_said_as_the_cli_says_it(tmp_path_factory, tmp_path):
+    """OUT removed under a server: the live version keeps serving (its files are open), and /ready says OUT is not a
+    petal index, as ``petal query OUT`` does. Was: 'OUT/CURRENT is missing (it should name a version)'."""
+    import shutil
+
+    out = copy_sample_out(tmp_path_factory, tmp_path / "out")
+    live = (out / "CURRENT").read_text().strip()
+    server = Server(tmp_path / "server.log", out, "--reload-interval-s", "0.1")
+    try:
+        shutil.rmtree(out)
+        ready = _wait_ready(server, lambda r: "refused" in r, "a refusal")
+        assert ready["version"] == live and ready["refused"]["reason"] == "current", ready
+        message = ready["refused"]["message"]
+        assert "is not a petal index" in message and str(out) in message, message
+        assert "CURRENT is missing" not in message
+        assert server.client.post("/search", json={"query": "topic 1", "k": 1}).status_code == 200
     finally:
         server.stop()
     assert server.proc.returncode == 0

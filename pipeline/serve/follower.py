@@ -50,7 +50,14 @@ from typing import Any
 from petal.engine.loader import ModelSpec
 from petal.pipeline.index.search import IndexReader, current_pointer
 from petal.pipeline.jobs.query import SearchIndex
-from petal.pipeline.layout import SHOWN_POINTER_CHARS, VERSION_RE, MislabeledVersion, OutputDir, resolve_index_dir
+from petal.pipeline.layout import (
+    SHOWN_POINTER_CHARS,
+    VERSION_RE,
+    MislabeledVersion,
+    OutputDir,
+    not_an_index,
+    resolve_index_dir,
+)
 from petal.pipeline.manifest import Manifest, ModelRecord, StoredFormat, model_mismatch
 from petal.pipeline.reliability.errors import ConfigError, PetalError, one_line, quote_path, quote_text
 from petal.pipeline.reliability.faults import fault
@@ -279,7 +286,11 @@ class IndexFollower:
             self.metrics.serving(candidate.version, candidate.reader.ntotal)
 
     def _back_to_live(self) -> None:
-        """CURRENT names the live version again: a refusal before is over."""
+        """CURRENT names the live version again: a refusal before is over (said once in the log: its last line was
+        'refused X, still serving Y', though /ready and the metric no longer said so)."""
+        if self.refused is not None:
+            log.warning("petal serve: CURRENT names %s again, the version it serves; the refusal of %s is over",
+                        self.live.version, self.refused.version or "CURRENT")
         self.refused = None
         self.metrics.index_refused.clear()
 
@@ -476,8 +487,11 @@ def _no_pointer(root: Path) -> str:
     """Why ``root``'s CURRENT names nothing, as ``petal query OUT`` says it: a symbolic link out of OUT or to nothing, a
     directory or FIFO, empty, unreadable, or missing.
 
-    NOTE: every such CURRENT was 'missing, empty or cannot be read' in /ready, where the CLI names what it is"""
+    NOTE: every such CURRENT was 'missing, empty or cannot be read' in /ready, where the CLI names what it is; OUT
+    itself removed was 'OUT/CURRENT is missing', where the CLI says OUT is not a petal index"""
     current = root / "CURRENT"
+    if not os.path.isdir(root):
+        return str(not_an_index(root))
     why = _not_a_version(root)
     if why is not None:
         return why
