@@ -181,9 +181,10 @@ def user_errors(func: F | None = None, *, outputs: tuple[str, ...] | None = None
 
         @functools.wraps(command)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            from petal.engine.errors import ModelError
+            from petal.engine.errors import ModelError, ModelFlagError
             from petal.pipeline.reliability.errors import (
                 EXIT_CONFIG,
+                EXIT_USAGE,
                 FlagError,
                 PetalError,
                 UsageError,
@@ -199,8 +200,8 @@ def user_errors(func: F | None = None, *, outputs: tuple[str, ...] | None = None
                 raise click.UsageError(str(exc)) from exc
             except PetalError as exc:
                 raise PetalClickError(str(exc), exc.exit_code) from exc
-            except ModelError as exc:
-                raise PetalClickError(str(exc), EXIT_CONFIG) from exc
+            except ModelError as exc:  # a flag the model cannot take (--attention-mask): 2, as a FlagError
+                raise PetalClickError(str(exc), EXIT_USAGE if isinstance(exc, ModelFlagError) else EXIT_CONFIG) from exc
             except BrokenPipeError:
                 raise  # stdout's reader went away: PetalGroup ends quietly
             except OSError as exc:

@@ -30,7 +30,7 @@ from petal.engine.config import (
     Sources,
     pooling_mode,
 )
-from petal.engine.errors import ModelError
+from petal.engine.errors import ModelError, ModelFlagError
 from petal.engine.models import family_for
 from petal.engine.resolve import HF_ID, cached_snapshot, hf_cache_dirs
 from petal.engine.st_files import StFiles, config_int, read_json, read_st_files
@@ -56,7 +56,7 @@ if TYPE_CHECKING:
     from petal.engine.models.stream import Spans, StreamSettings
 
 
-class MaxLengthError(ModelError):
+class MaxLengthError(ModelFlagError):
     """A ``max_length`` above what the model's positions allow: the user's setting, judged against the model
     (callers that map errors to exit codes make it a usage error, not a configuration error)."""
 
@@ -363,7 +363,7 @@ def _causal(family: Family, hf: dict[str, Any], st: StFiles, options: ModelOptio
     (Qwen3) without a statement, or without a pooling mode, is refused with what was found."""
     allowed = family.attention_masks
     if options.attention_mask is not None and options.attention_mask not in allowed:
-        raise ModelError(f"--attention-mask {options.attention_mask}: {hf.get('model_type')} models are "
+        raise ModelFlagError(f"--attention-mask {options.attention_mask}: {hf.get('model_type')} models are "
                          f"{' or '.join(allowed)} only")
     said = family.causal_from_hf(hf)
     missing = []

@@ -36,3 +36,29 @@ def test_the_api_refuses_them_on_the_cpu_before_torch_loads(setting, said, minil
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     said_lines = done.stdout.splitlines()
     assert done.returncode == 0 and said in said_lines[0] and said_lines[-1] == "False", done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("command", ["embed", "index"])
+def test_an_attention_mask_the_model_lacks_is_a_usage_error(minilm_dir, tmp_path, command):
+    """``--attention-mask causal`` of a BERT model (bidirectional only) is a flag value the run judges against the
+    model, as ``--device cuda`` without CUDA: 2 naming the flag (was 78, a configuration error of the model)."""
+    pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
+    data = tmp_path / "data"
+    data.mkdir()
+    pq.write_table(pa.table({"id": ["a"], "text": ["one text"]}), data / "a.parquet")
+    where = ["hi"] if command == "embed" else [str(data), "--out", str(tmp_path / "out"), "-q"]
+    argv = [sys.executable, "-m", "petal.cli.main", command, *where, "--model", str(minilm_dir), "--device", "cpu",
+            "--attention-mask", "causal"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "--attention-mask causal: bert models are bidirectional only" in done.stderr, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+
+
+def test_the_api_raises_it_as_a_usage_error(minilm_dir):
+    """``petal.Embedder(attention_mask="causal")`` of a BERT model: ``petal.UsageError`` naming the keyword, as the
+    API's other flag-judged values."""
+    code = (f"import petal\ntry:\n    petal.Embedder({str(minilm_dir)!r}, device='cpu', attention_mask='causal')\n"
+            "except petal.UsageError as e:\n    print(e.exit_code, e)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.startswith("2 attention_mask causal: bert"), done.stdout + done.stderr

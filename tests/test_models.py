@@ -16,7 +16,7 @@ import torch
 from petal.engine.batch import PackedBatch
 from petal.engine.config import EngineConfig, ModelOptions
 from petal.engine.engine import Engine
-from petal.engine.errors import ModelError
+from petal.engine.errors import ModelError, ModelFlagError
 from petal.engine.loader import inspect_model
 from petal.engine.models import supported_architectures
 from petal.pipeline.ingest.tokens import tokenizer_for
@@ -190,8 +190,10 @@ def test_qwen3_without_a_statement_is_refused_until_the_user_says(tmp_path):
 
 
 def test_bert_refuses_a_causal_mask(checkpoints):
+    """The user's flag the model cannot take: a ``ModelFlagError`` (mapped to 2 naming the flag), not the model's
+    own ``ModelError`` (78)."""
     path, _ = checkpoints["bert"]
-    with pytest.raises(ModelError, match="bidirectional only"):
+    with pytest.raises(ModelFlagError, match="--attention-mask causal: bert models are bidirectional only"):
         inspect_model(path, ModelOptions(attention_mask="causal"))
 
 

@@ -286,10 +286,28 @@ def test_devices_flag_checks(tmp_path, fake_model):
     runner = CliRunner()
     bad = runner.invoke(cli, ["index", str(data), "--out", str(tmp_path / "o"), "--devices", "zero"])
     assert bad.exit_code == 2 and "--devices" in bad.output
-    cpu = runner.invoke(cli, ["index", str(data), "--out", str(tmp_path / "o"), "--model", str(fake_model),
-                              "--device", "cpu", "--devices", "1", "-q"],
-                        env={"PETAL_TEST_FAKE_ENGINE": str(tmp_path / "l.jsonl")})
-    assert cpu.exit_code == 78 and "--workers" in cpu.output
+    # NOTE: --devices on the CPU is a flag value the run judges, as --device cuda without CUDA: 2 (was 78, a
+    # configuration error)
+    for devices in ("1", "2", "all", "3,"):
+        cpu = runner.invoke(cli, ["index", str(data), "--out", str(tmp_path / "o"), "--model", str(fake_model),
+                                  "--device", "cpu", "--devices", devices, "-q"],
+                            env={"PETAL_TEST_FAKE_ENGINE": str(tmp_path / "l.jsonl")})
+        assert cpu.exit_code == 2 and f"--devices {devices} needs CUDA" in cpu.output, cpu.output
+        assert "--workers" in cpu.output and "Traceback" not in cpu.output
+
+
+def test_devices_past_the_visible_ones_are_a_flag_error(monkeypatch):
+    """``--devices 3`` on a host with two CUDA devices: 2 naming the flag, not 78."""
+    import torch
+
+    from petal.pipeline.jobs.workers import worker_slots
+    from petal.pipeline.reliability.errors import FlagError
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    for devices, said in (("3", "only 2 CUDA device"), ("0,5", "device 5 does not exist")):
+        with pytest.raises(FlagError, match=said) as caught:
+            worker_slots(ScaleConfig(devices=devices), "cuda")
+        assert caught.value.exit_code == 2 and "--devices" in str(caught.value)
 
 
 def test_sigterm_of_the_coordinator_stops_every_worker_then_resumes(fake_model, tmp_path):

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from petal.engine.config import ATTENTION_BACKENDS, DTYPE_NAMES, ModelOptions
-from petal.engine.errors import ModelError
+from petal.engine.errors import ModelError, ModelFlagError
 from petal.pipeline.config import (
     BadRowBudget,
     IndexJob,
@@ -56,10 +56,12 @@ ALIASES = {"index_factory": "factory", "index_memory": "memory_bytes"}
 
 
 def petal_error(exc: ValueError) -> PetalError:
-    """The ``PetalError`` of a ``ValueError``: a model's ``ModelError`` is a configuration error (78),
-    any other a bad setting (``UsageError``, 2)."""
+    """The ``PetalError`` of a ``ValueError``: a model's ``ModelError`` is a configuration error (78), a flag the
+    model cannot take (``ModelFlagError``) a ``FlagError`` (2), any other a bad setting (``UsageError``, 2)."""
     if isinstance(exc, PetalError):
         return exc
+    if isinstance(exc, ModelFlagError):
+        return FlagError(str(exc))
     if isinstance(exc, ModelError):
         return ConfigError(str(exc))
     return UsageError(str(exc))

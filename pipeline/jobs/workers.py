@@ -44,7 +44,7 @@ from petal.pipeline.jobs.worker import (
     worker_main,
 )
 from petal.pipeline.jobs.worker_start import UNGUARDED_MAIN_EXIT, WORKER_NAME_PREFIX, unguarded_main_error
-from petal.pipeline.reliability.errors import ConfigError, PetalError, TemporaryFailure
+from petal.pipeline.reliability.errors import ConfigError, FlagError, PetalError, TemporaryFailure
 from petal.pipeline.reliability.signals import STOP_SIGNALS, StopSignals
 from petal.pipeline.store.embeddings import StoreEntry
 from petal.pipeline.store.ranges import RangeAssembly
@@ -72,15 +72,15 @@ def worker_slots(scale: ScaleConfig, device: str, units: int | None = None) -> l
         if device == "cuda":
             return [WorkerSlot(i, _physical(0), None) for i in range(count)]
         return [WorkerSlot(i, None, max(1, cpu_count // count)) for i in range(count)]
-    if device != "cuda":
-        raise ConfigError(f"--devices {scale.devices} needs CUDA, and the device is {device}: "
+    if device != "cuda":  # NOTE: a flag judged by the run, as --device cuda without CUDA: 2 (was 78)
+        raise FlagError(f"--devices {scale.devices} needs CUDA, and the device is {device}: "
                           "on the CPU, use --workers N")
     import torch
 
     try:
         ids = scale.device_ids(torch.cuda.device_count())
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from exc
+    except ValueError as exc:  # more devices than this host has: the flag's value, judged here (2)
+        raise FlagError(str(exc)) from exc
     assert ids is not None
     count = _at_most(scale.workers or len(ids), units)
     return [WorkerSlot(i, _physical(ids[i % len(ids)]), None) for i in range(count)]

@@ -293,9 +293,9 @@ def flag_errors() -> Iterator[None]:
     except PetalError:
         raise
     except ValueError as exc:
-        from petal.engine.errors import ModelError
+        from petal.engine.errors import ModelError, ModelFlagError
 
-        if isinstance(exc, ModelError):  # the model's own error (weights gone or wrong): 78, not a flag's
+        if isinstance(exc, ModelError) and not isinstance(exc, ModelFlagError):  # the model's own: 78, not a flag's
             raise ConfigError(one_line(str(exc))) from exc
         raise FlagError(one_line(str(exc))) from exc
 
@@ -334,7 +334,8 @@ def out_of_memory(exc: MemoryError) -> PetalIOError:
 def unmapped_error(exc: BaseException, outputs: Iterable[Path | str] | None = None) -> PetalError | None:
     """The contract's ``PetalError`` of ``exc``, an exception nothing mapped on its way up: ``exc`` itself when it is
     one; an ``OSError`` as ``io_error`` (``outputs`` as there); a host ``MemoryError`` as ``out_of_memory``; a model's
-    ``ModelError`` (weights gone or wrong) as a ``ConfigError`` (78). ``None`` for anything else: a bug (exit 1).
+    ``ModelError`` (weights gone or wrong) as a ``ConfigError`` (78), a flag it cannot take (``ModelFlagError``) as a
+    ``FlagError`` (2). ``None`` for anything else: a bug (exit 1).
     Where the run goes on in another process (a worker, a Ray actor) this maps its error as the CLI would."""
     if isinstance(exc, PetalError):
         return exc
@@ -342,8 +343,10 @@ def unmapped_error(exc: BaseException, outputs: Iterable[Path | str] | None = No
         return io_error(exc, outputs)
     if isinstance(exc, MemoryError):
         return out_of_memory(exc)
-    from petal.engine.errors import ModelError
+    from petal.engine.errors import ModelError, ModelFlagError
 
+    if isinstance(exc, ModelFlagError):
+        return FlagError(one_line(str(exc)))
     if isinstance(exc, ModelError):
         return ConfigError(one_line(str(exc)))
     return None
