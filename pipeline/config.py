@@ -6,6 +6,7 @@ import math
 import os
 import re
 from dataclasses import asdict, dataclass, field
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
@@ -17,6 +18,32 @@ from petal.pipeline.store.outputs import OutputConfig
 METRICS = ("ip", "l2")
 DEFAULT_ID_COLUMN = "id"
 DEFAULT_TEXT_COLUMN = "text"
+
+
+MAX_INT64 = (1 << 63) - 1  # the largest size or count a flag takes: what a manifest's or a report's integer holds
+SHOWN_CHARS = 40  # of a flag's value quoted in a message (a 5000-digit value was echoed whole)
+
+
+def shown(value: object) -> str:
+    """``value`` for a message (a flag's text quoted, a number as it is), cut to ``SHOWN_CHARS`` with how long it
+    was."""
+    try:
+        text = str(value)
+    except ValueError:  # NOTE: an int of over 4300 digits has no str() (Python's limit)
+        return "a number of over 4300 digits"
+    cut = text[:SHOWN_CHARS]
+    said = repr(cut) if isinstance(value, str) else cut
+    return said if cut == text else f"{said}... ({len(text)} characters)"
+
+
+def whole_number(digits: str, most: int = MAX_INT64) -> int | None:
+    """``int(digits)`` (ASCII digits) when it is at most ``most``, else ``None``. NOTE: never ``int()`` of thousands of
+    digits (Python refuses over 4300, with its own message)."""
+    digits = digits.lstrip("0") or "0"
+    if len(digits) > len(str(most)):
+        return None
+    value = int(digits)
+    return value if value <= most else None
 
 
 def check_column_name(flag: str, name: str) -> None:
@@ -52,8 +79,9 @@ class ReadConfig:
     retry_delay_s: float = 0.1
 
     def __post_init__(self) -> None:
-        if not self.text_column or not self.id_column:
-            raise ValueError("--text-column and --id-column must not be empty")
+        for flag, column in (("--text-column", self.text_column), ("--id-column", self.id_column)):
+            if not column:
+                raise ValueError(f"{flag} must not be empty: give a column's name")
         if self.text_column == self.id_column:
             raise ValueError(f"--text-column and --id-column are both {self.text_column!r}")
         check_column_name("--text-column", self.text_column)
@@ -67,12 +95,20 @@ class ReadConfig:
 SIZE_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
+MAX_SIZE = f"{MAX_INT64 >> 40}T"  # the largest size (2**63 - 1 bytes, rounded down to T)
+
+
 def parse_size(text: str) -> int:
-    """``"4G"`` -> 4 * 2**30 bytes (units B, K, M, G, T; binary; an optional trailing ``iB``/``B``)."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*", text.upper())
+    """``"4G"`` -> 4 * 2**30 bytes (units B, K, M, G, T; binary; an optional trailing ``iB``/``B``), at most
+    ``MAX_INT64`` bytes (``ValueError`` above: a manifest's integer holds it)."""
+    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]?)(?:I?B)?\s*", text.upper())
     if match is None:
-        raise ValueError(f"size {text!r} is not a number with an optional unit (K, M, G, T), e.g. 4G or 512M")
-    return int(float(match.group(1)) * SIZE_UNITS[match.group(2)])
+        raise ValueError(f"size {shown(text)} is not a number with an optional unit (K, M, G, T), e.g. 4G or 512M")
+    # NOTE: exact decimal arithmetic: float() of 310 digits was infinity, and int() of it an OverflowError traceback
+    size = Decimal(match.group(1)) * SIZE_UNITS[match.group(2)]
+    if size > MAX_INT64:
+        raise ValueError(f"size {shown(text)} is over the largest, {MAX_SIZE} (2**63 - 1 bytes)")
+    return int(size)
 
 
 @read_only
@@ -95,7 +131,10 @@ class IndexSettings:
         if not self.factory:
             raise ValueError("--index-factory must not be empty")
         if self.memory_bytes < 1 << 20:
-            raise ValueError(f"--index-memory {self.memory_bytes} bytes < 1M: give at least 1M")
+            raise ValueError(f"--index-memory {shown(self.memory_bytes)} bytes < 1M: give at least 1M")
+        if self.memory_bytes > MAX_INT64:  # NOTE: was written to the manifest, above what a uint64 holds
+            raise ValueError(f"--index-memory {shown(self.memory_bytes)} bytes is over the largest, {MAX_SIZE} "
+                             "(2**63 - 1 bytes)")
         if not 0.0 < self.target_recall <= 1.0:
             raise ValueError(f"--target-recall {self.target_recall} is not in (0, 1]")
         if not 30 <= self.train_points_per_centroid <= 256:
@@ -125,23 +164,31 @@ class CountOrFraction:
         if (self.count is None) == (self.fraction is None):
             raise ValueError(f"{self.NAME} is a count or a fraction, not both")
         if self.count is not None and self.count < 0:
-            raise ValueError(f"{self.FLAG} {self.count} < 0")
+            raise ValueError(f"{self.FLAG} {shown(self.count)} < 0")
+        if self.count is not None and self.count > MAX_INT64:
+            raise ValueError(f"{self.FLAG} {shown(self.count)} is over the largest count, 2**63 - 1")
         if self.fraction is not None and not 0.0 <= self.fraction <= 1.0:
             raise ValueError(f"{self.FLAG} fraction {self.fraction} is not between 0 and 1")
 
     @classmethod
     def parse(cls: type[LimitT], text: str) -> LimitT:
         value = text.strip()
+        expected = f"{cls.FLAG} {shown(text)}: expected a count (100) or a fraction of {cls.OF}"
         if value.startswith("-"):
-            raise ValueError(f"{cls.FLAG} {text!r}: expected a count (100) or a fraction of {cls.OF}, never negative")
+            raise ValueError(f"{expected}, never negative")
+        if re.fullmatch(r"[0-9]+", value):
+            count = whole_number(value)
+            if count is None:
+                raise ValueError(f"{expected}: the count is over the largest, 2**63 - 1")
+            return cls(count=count)
         try:
-            if value.endswith("%"):
-                return cls(fraction=float(value[:-1]) / 100)
-            if re.fullmatch(r"\d+", value):
-                return cls(count=int(value))
-            return cls(fraction=float(value))
+            fraction = float(value[:-1]) / 100 if value.endswith("%") else float(value)
+        except ValueError:  # NOTE: was Python's own words ("could not convert string to float: ''")
+            raise ValueError(expected) from None
+        try:
+            return cls(fraction=fraction)
         except ValueError as exc:
-            raise ValueError(f"{cls.FLAG} {text!r}: expected a count (100) or a fraction of {cls.OF}: {exc}") from exc
+            raise ValueError(f"{expected}: {exc}") from exc
 
     def allowed(self, total: int) -> int:
         """How many of ``total`` the limit accepts."""
@@ -367,8 +414,9 @@ def check_keep_names(names: tuple[str, ...], given: object) -> None:
 def check_lengths(max_length: int | None = None, token_budget: int | None = None, max_seqs: int = 1) -> None:
     """``--max-length``, ``--token-budget`` and ``--max-seqs`` of any command that embeds (``None``: the default),
     checked before anything loads; ``ValueError`` naming the flag."""
-    if max_length is not None and max_length < 2:
-        raise ValueError(f"--max-length {max_length} < 2")
+    if max_length is not None and max_length < 2:  # NOTE: worded as the model's own check (tokens.py no_room)
+        raise ValueError(f"--max-length {shown(max_length)} leaves no token for the text: give more than the "
+                         "model's special tokens take (at least 2)")
     if token_budget is not None and not 2 <= token_budget <= MAX_TOKEN_BUDGET:
         raise ValueError(f"--token-budget {token_budget} is not in 2..{MAX_TOKEN_BUDGET} (tokens in one engine step)")
     if not 1 <= max_seqs <= MAX_SEQS:

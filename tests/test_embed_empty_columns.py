@@ -40,13 +40,17 @@ def test_an_empty_column_flag_is_a_usage_error(inputs, tmp_path, minilm_dir, suf
         assert result.stdout == "" and not out.exists()
 
 
-def test_petal_index_refuses_them_too(inputs, tmp_path):
-    """The rule ``petal embed`` now shares: ``petal index --id-column ""`` and the API's ``id_column=""``."""
+@pytest.mark.parametrize(("flag", "other"), [("--id-column", "--text-column"), ("--text-column", "--id-column")])
+def test_petal_index_refuses_them_too(inputs, tmp_path, flag, other):
+    """The rule ``petal embed`` now shares: ``petal index --id-column ""`` and the API's ``id_column=""``, naming the
+    one that is empty (both were "--text-column and --id-column must not be empty")."""
     result = CliRunner().invoke(cli, ["index", str(inputs["parquet"]), "--out", str(tmp_path / "o"), "-q",
-                                      "--id-column", ""])
-    assert result.exit_code == 2 and "must not be empty" in result.output, result.output
-    with pytest.raises(petal.UsageError, match="must not be empty"):
-        petal.index([str(inputs["parquet"])], tmp_path / "o", id_column="", quiet=True)
+                                      flag, ""])
+    assert result.exit_code == 2 and f"{flag} must not be empty" in result.output, result.output
+    assert other not in result.output, result.output
+    keyword = flag[2:].replace("-", "_")
+    with pytest.raises(petal.UsageError, match=f"^{keyword} must not be empty"):
+        petal.index([str(inputs["parquet"])], tmp_path / "o", quiet=True, **{keyword: ""})
     assert not (tmp_path / "o").exists()
 
 

@@ -21,3 +21,26 @@ def test_a_negative_limit_says_it_is_negative(tmp_path, flag, value):
     assert done.returncode == 2, done.stderr
     assert f"{flag} {value!r}: expected a count (100) or a fraction" in done.stderr and "never negative" in done.stderr
     assert "not between 0 and 1" not in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("flag", ["--max-removed", "--max-bad-rows"])
+@pytest.mark.parametrize("value", ["", " ", "%", "lots", "x%"])
+def test_a_limit_that_is_no_number_says_what_the_flag_takes(tmp_path, flag, value):
+    """Before: Python's own words, "could not convert string to float: ''"."""
+    argv = [PETAL, "index", str(tmp_path / "missing"), "--out", str(tmp_path / "out"), f"{flag}={value}"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert f"{flag} {value!r}: expected a count (100) or a fraction" in done.stderr, done.stderr
+    assert "could not convert" not in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("flag", ["--max-removed", "--max-bad-rows"])
+def test_a_limit_of_thousands_of_digits_is_refused_and_cut_in_the_message(tmp_path, flag):
+    """A count over 2**63 - 1 is refused (was taken: 10**30); 5000 digits were echoed whole, twice, after Python's
+    "Exceeds the limit (4300 digits) for integer string conversion"."""
+    for value in ("9" * 5000, "9" * 19, "1" + "0" * 30):
+        argv = [PETAL, "index", str(tmp_path / "missing"), "--out", str(tmp_path / "out"), f"{flag}={value}"]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2, done.stderr
+        assert "over the largest, 2**63 - 1" in done.stderr and "4300" not in done.stderr, done.stderr[-2000:]
+        assert len(done.stderr) < 600, done.stderr[-2000:]

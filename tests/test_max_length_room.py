@@ -30,6 +30,21 @@ def test_embed_with_room_for_no_token_of_text_is_a_usage_error(minilm_dir):
     assert done.returncode == 0 and "1 truncated at 3 tokens" in done.stderr, done.stderr
 
 
+@pytest.mark.parametrize("length", ["0", "1", "-1"])
+def test_a_max_length_under_2_is_said_as_the_model_says_a_short_one(length):
+    """``--max-length 0`` said "--max-length 0 < 2", ``--max-length 2`` "... leaves no token for the text ...; give at
+    least 3": one wording, judged before the model loads (no model is needed to refuse it)."""
+    from petal.pipeline.config import check_lengths
+
+    done = subprocess.run([PETAL, "embed", "hello world", "--max-length", length], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 2, done.stderr
+    assert f"--max-length {length} leaves no token for the text: give more than the model's special tokens take " \
+        "(at least 2)" in done.stderr.strip().splitlines()[-1], done.stderr
+    with pytest.raises(ValueError, match=r"^--max-length 1 leaves no token for the text"):
+        check_lengths(max_length=1)
+
+
 @pytest.mark.parametrize(("prompt", "taken"), [("", 2), ("query: ", 4)])
 def test_the_tokenizer_counts_the_prompt_among_what_takes_the_room(minilm_spec, prompt, taken):
     with pytest.raises(FlagError, match=f"take {taken}; give at least {taken + 1}"):

@@ -63,6 +63,32 @@ def test_an_index_memory_that_is_no_size_names_the_flag(tmp_path: Path) -> None:
         assert "Traceback" not in done.stderr, done.stderr
 
 
+@pytest.mark.parametrize(("size", "said"), [("1" + "0" * 309, "'1000000000000000000000000000000000000000'... (310 "
+                                                               "characters) is over the largest, 8388607T"),
+                                           ("99999999999T", "'99999999999T' is over the largest, 8388607T"),
+                                           ("8388608T", "'8388608T' is over the largest")])
+def test_an_index_memory_over_the_largest_size_is_a_usage_error(tmp_path: Path, size: str, said: str) -> None:
+    """310 digits were an OverflowError traceback (exit 1: float() of it is infinity), and 99999999999T (above what a
+    uint64 holds) was taken and written to the manifest; both are exit 2 naming the flag, the value cut."""
+    pq.write_table(pa.table({"id": ["a"], "text": ["how glaciers move"]}), tmp_path / "s.parquet")
+    assert _petal("index", str(tmp_path / "s.parquet"), "--out", str(tmp_path / "out"), "-q").returncode == 0
+    for args in (["index", str(tmp_path / "s.parquet"), "--out", str(tmp_path / "out"), "-q"],
+                 ["rebuild", str(tmp_path / "out")], ["bench", "index", "--workdir", str(tmp_path / "bench")]):
+        done = _petal(*args, "--index-memory", size, timeout=60)
+        assert done.returncode == 2, done.stderr
+        assert f"--index-memory: size {said}" in done.stderr and "Traceback" not in done.stderr, done.stderr
+        assert len(done.stderr) < 1000, done.stderr
+
+
+def test_the_api_refuses_a_memory_budget_over_the_largest_size() -> None:
+    from petal.pipeline.config import MAX_INT64, IndexSettings, parse_size
+
+    assert parse_size("8388607T") == 8388607 << 40 and parse_size("1.5G") == 3 << 29
+    assert IndexSettings(memory_bytes=MAX_INT64).memory_bytes == MAX_INT64
+    with pytest.raises(ValueError, match="over the largest, 8388607T"):
+        IndexSettings(memory_bytes=MAX_INT64 + 1)
+
+
 def _commands() -> dict[str, click.Command]:
     """Every petal command and group by its name as typed (``""`` for petal itself, ``index``, ``bench serve``)."""
     from petal.cli.main import cli
