@@ -98,6 +98,13 @@ SIZE_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 <<
 MAX_SIZE = f"{MAX_INT64 >> 40}T"  # the largest size (2**63 - 1 bytes, rounded down to T)
 
 
+def size_problem(size: int) -> str | None:
+    """What is wrong with a size in bytes a user gave (``None``: nothing): over ``MAX_INT64``. NOTE: judged where a
+    size is given (the flag, the API's keyword), never in ``IndexSettings``: a manifest an older petal wrote with one
+    (10**30 was taken) still opens."""
+    return None if size <= MAX_INT64 else f"{shown(size)} bytes is over the largest, {MAX_SIZE} (2**63 - 1 bytes)"
+
+
 def parse_size(text: str) -> int:
     """``"4G"`` -> 4 * 2**30 bytes (units B, K, M, G, T; binary; an optional trailing ``iB``/``B``), at most
     ``MAX_INT64`` bytes (``ValueError`` above: a manifest's integer holds it)."""
@@ -106,7 +113,7 @@ def parse_size(text: str) -> int:
         raise ValueError(f"size {shown(text)} is not a number with an optional unit (K, M, G, T), e.g. 4G or 512M")
     # NOTE: exact decimal arithmetic: float() of 310 digits was infinity, and int() of it an OverflowError traceback
     size = Decimal(match.group(1)) * SIZE_UNITS[match.group(2)]
-    if size > MAX_INT64:
+    if size > MAX_INT64:  # NOTE: was taken, and written to the manifest above what a uint64 holds
         raise ValueError(f"size {shown(text)} is over the largest, {MAX_SIZE} (2**63 - 1 bytes)")
     return int(size)
 
@@ -132,9 +139,6 @@ class IndexSettings:
             raise ValueError("--index-factory must not be empty")
         if self.memory_bytes < 1 << 20:
             raise ValueError(f"--index-memory {shown(self.memory_bytes)} bytes < 1M: give at least 1M")
-        if self.memory_bytes > MAX_INT64:  # NOTE: was written to the manifest, above what a uint64 holds
-            raise ValueError(f"--index-memory {shown(self.memory_bytes)} bytes is over the largest, {MAX_SIZE} "
-                             "(2**63 - 1 bytes)")
         if not 0.0 < self.target_recall <= 1.0:
             raise ValueError(f"--target-recall {self.target_recall} is not in (0, 1]")
         if not 30 <= self.train_points_per_centroid <= 256:

@@ -80,13 +80,18 @@ def test_an_index_memory_over_the_largest_size_is_a_usage_error(tmp_path: Path, 
         assert len(done.stderr) < 1000, done.stderr
 
 
-def test_the_api_refuses_a_memory_budget_over_the_largest_size() -> None:
+def test_the_api_refuses_a_memory_budget_over_the_largest_size(tmp_path: Path) -> None:
+    """``petal.index(..., index_memory=10**30)``: a ``petal.UsageError`` naming the keyword, before any work; a
+    manifest that an older petal wrote with one still opens (``IndexSettings`` takes it)."""
+    import petal
     from petal.pipeline.config import MAX_INT64, IndexSettings, parse_size
 
     assert parse_size("8388607T") == 8388607 << 40 and parse_size("1.5G") == 3 << 29
-    assert IndexSettings(memory_bytes=MAX_INT64).memory_bytes == MAX_INT64
-    with pytest.raises(ValueError, match="over the largest, 8388607T"):
-        IndexSettings(memory_bytes=MAX_INT64 + 1)
+    for memory in (MAX_INT64 + 1, 10**30, "99999999999T"):
+        with pytest.raises(petal.UsageError, match=r"^index_memory.* is over the largest, 8388607T"):
+            petal.index(str(tmp_path / "none"), tmp_path / "out", index_memory=memory, quiet=True)
+    assert not (tmp_path / "out").exists()
+    assert IndexSettings(memory_bytes=10**30).memory_bytes == 10**30
 
 
 def _commands() -> dict[str, click.Command]:

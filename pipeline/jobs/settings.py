@@ -30,6 +30,7 @@ from petal.pipeline.config import (
     ScaleConfig,
     parse_keep_columns,
     parse_size,
+    size_problem,
 )
 from petal.pipeline.reliability.errors import (
     ArgumentTypeError,
@@ -230,6 +231,10 @@ def _convert(name: str, value: Any) -> Any:
             return parse_size(value)
         except ValueError as exc:  # the flag (keyword index_memory) it came from, as --max-bad-rows names its own
             raise UsageError(f"--index-memory: {exc}") from exc
+    if name == "memory_bytes" and isinstance(value, int):
+        problem = size_problem(value)
+        if problem is not None:
+            raise UsageError(f"--index-memory {problem}")
     if name == "max_bad_rows" and value is not None and not isinstance(value, BadRowBudget):
         return build(BadRowBudget.parse, str(value))
     if name == "max_removed" and value is not None:
