@@ -717,9 +717,12 @@ EXPLICIT = (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT, ParameterS
 
 def once_option(*decls: str, join: str, **kwargs: Any) -> Callable[[F], F]:
     """``click.option`` for a flag whose values a reader adds up (``--delete A --delete B``, ``--keep-columns``,
-    ``--where``): click keeps the last value of a repeated flag and drops the others without a word (the first file's
-    ids stay indexed, a column is not kept, a filter is lost), so a second one is a usage error (2) naming the flag
-    and every value, and ``join``: how to give them at once."""
+    ``--where``, the inputs ``petal embed --input`` and ``petal query --vector-file``): click keeps the last value of a
+    repeated flag and drops the others without a word (the first file's ids stay indexed, a column is not kept, a
+    filter is lost, the first file's texts or queries are never read), so a second one is a usage error (2) naming the
+    flag and every value, and ``join``: how to give them at once. A flag that names one thing (an output: ``--out``,
+    ``--output``, ``--json-report``; ``--model``, a column, a setting) keeps click's last value, as any Unix tool's
+    option: nobody reads two of them as both."""
 
     def given_once(ctx: click.Context, param: click.Parameter, values: tuple[Any, ...]) -> Any:
         if len(values) > 1:

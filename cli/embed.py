@@ -20,6 +20,7 @@ from petal.cli.common import (
     device_options,
     float_row_text,
     given_flags,
+    once_option,
     require_stdout,
     startup_done,
     stdin_chunks,
@@ -50,8 +51,8 @@ TextsT = TypeVar("TextsT", bound=list)
                    "--calibration), each JSON line is written and flushed as soon as its line is embedded, with the "
                    "lines that had arrived with it (a coprocess, tail -f); blank lines before the first text embedded "
                    "are answered with it. With any of those, all of stdin is read first.")
-@click.option("--input", "input_path", type=PATH, default=None,
-              help="Read texts from a .parquet, .txt or .jsonl file.")
+@once_option("--input", "input_path", type=PATH, join="give one file (one --input per petal embed run)",
+             help="Read texts from a .parquet, .txt or .jsonl file.")
 @click.option("--text-column", default="text", show_default=True,
               help="Text column of a .parquet --input (or key of a .jsonl one).")
 @click.option("--id-column", default=None,

@@ -50,8 +50,8 @@ MODEL_FLAGS = ("model", "device", "dtype", "attention", "query_prompt", "allow_p
 @click.option("--show-text", is_flag=True,
               help="Print each hit's text (the text stored with the index; from the hit's shard for an index "
                    "built before text was stored).")
-@click.option("--vector-file", type=PATH, default=None, metavar="Q.npy",
-              help="Query by vectors ([n, dim] or [dim] .npy) instead of text: no model (any index; the way to "
+@once_option("--vector-file", type=PATH, join="stack the queries in one [n, dim] .npy", metavar="Q.npy",
+             help="Query by vectors ([n, dim] or [dim] .npy) instead of text: no model (any index; the way to "
                    "query one built with --vectors-column).")
 @once_option("--where", join="join the conditions with AND", metavar="EXPR",
               help="Only documents matching EXPR, on --keep-columns: \"lang = 'en' AND year IN (2020, 2021)\" "

@@ -72,3 +72,33 @@ def test_a_repeated_where_is_a_usage_error(tmp_path):
     assert result.rc == 2, result.stderr
     assert "--where" in result.stderr and "given 2 times" in result.stderr
     assert "lang = 'en'" in result.stderr and "url = 'u1'" in result.stderr
+
+
+def test_a_repeated_embed_input_is_a_usage_error(tmp_path):
+    """``petal embed --input a.txt --input b.txt`` embedded b.txt only (exit 0): a.txt's texts were never read."""
+    first, second = tmp_path / "a.txt", tmp_path / "b.txt"
+    first.write_text("first text\n")
+    second.write_text("second text\n")
+    output = tmp_path / "out.jsonl"
+    result = forkrun.petal(["embed", "--input", first, "--input", second, "--output", output])
+    assert result.rc == 2, result.stderr
+    assert "--input" in result.stderr and "given 2 times" in result.stderr, result.stderr
+    assert str(first) in result.stderr and str(second) in result.stderr, result.stderr
+    assert not output.exists()
+    result = forkrun.petal(["embed", "--input", first, "--output", output])  # one --input (the packaged model)
+    assert result.rc == 0 and len(output.read_text().splitlines()) == 1, result.stderr
+
+
+def test_a_repeated_query_vector_file_is_a_usage_error(indexed):
+    """``petal query INDEX --vector-file q1.npy --vector-file q2.npy`` searched q2's rows only (exit 0)."""
+    import numpy as np
+
+    root, _, out = indexed
+    files = [root / "q1.npy", root / "q2.npy"]
+    for path in files:
+        np.save(path, np.ones((1, 8), dtype=np.float32))
+    result = forkrun.petal(["query", out, "--vector-file", files[0], "--vector-file", files[1], "--json"])
+    assert result.rc == 2, result.stderr
+    assert "--vector-file" in result.stderr and "given 2 times" in result.stderr, result.stderr
+    assert str(files[0]) in result.stderr and str(files[1]) in result.stderr, result.stderr
+    assert result.stdout == ""
