@@ -7,6 +7,7 @@ import functools
 import gc
 import inspect
 import os
+import re
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -196,7 +197,7 @@ def user_errors(func: F | None = None, *, outputs: tuple[str, ...] | None = None
                 return command(*args, **kwargs)
             except UsageError as exc:
                 if isinstance(exc, FlagError):  # NOTE: judged by the run: its message, exit 2, no usage banner
-                    raise PetalClickError(str(exc), exc.exit_code) from exc
+                    raise PetalClickError(cut_numbers(str(exc)), exc.exit_code) from exc
                 raise click.UsageError(str(exc)) from exc
             except PetalError as exc:
                 raise PetalClickError(str(exc), exc.exit_code) from exc
@@ -254,6 +255,9 @@ class PetalGroup(click.Group):
         try:
             with stdout_failures(), cli_names():  # NOTE: the API a command calls names its flags, not their keywords
                 return super().invoke(ctx)
+        except click.UsageError as exc:  # click's own (``'999...' is not a valid integer``), a command's: numbers cut
+            exc.message = cut_numbers(exc.message)  # type: ignore[misc]  # click declares it Final; set once, here
+            raise
         except KeyboardInterrupt as exc:
             # NOTE: a stop signal that no run's own handling turned into ``Interrupted`` (``petal query --stdin``
             # waiting for a line, ``petal embed`` reading stdin or loading its model): click would say "Aborted!" and
@@ -265,6 +269,12 @@ class PetalGroup(click.Group):
             with contextlib.suppress(OSError, ValueError):
                 click.echo(message(signum), err=True)
             ctx.exit(128 + signum)
+
+
+def cut_numbers(message: str) -> str:
+    """``message`` with each run of over 40 digits cut to 40 and its length, as ``pipeline.config.shown`` cuts a
+    value (a 5000-digit value was echoed whole by click's int types)."""
+    return re.sub(r"[0-9]{41,}", lambda m: f"{m[0][:40]}... ({len(m[0])} digits)", message)
 
 
 @contextlib.contextmanager

@@ -59,8 +59,8 @@ def keep_versions_problem(keep_versions: int) -> str | None:
     rebuild`` (NOTE: rebuild's was click's "0 is not in the range x>=1", index's this one)."""
     if keep_versions >= 1:
         return None
-    return (f"--keep-versions {keep_versions} < 1: the live version is always kept and counts as one (1: only the "
-            "live version; N: it and the N-1 before it)")
+    return (f"--keep-versions {shown(keep_versions)} < 1: the live version is always kept and counts as one (1: only "
+            "the live version; N: it and the N-1 before it)")
 
 
 @dataclass(frozen=True)
@@ -421,10 +421,14 @@ def check_lengths(max_length: int | None = None, token_budget: int | None = None
     if max_length is not None and max_length < 2:  # NOTE: worded as the model's own check (tokens.py no_room)
         raise ValueError(f"--max-length {shown(max_length)} leaves no token for the text: give more than the "
                          "model's special tokens take (at least 2)")
+    if max_length is not None and max_length > MAX_TOKEN_BUDGET:  # NOTE: no token budget holds one such sequence
+        raise ValueError(f"--max-length {shown(max_length)} is over {MAX_TOKEN_BUDGET}, the most tokens of one engine "
+                         "step")
     if token_budget is not None and not 2 <= token_budget <= MAX_TOKEN_BUDGET:
-        raise ValueError(f"--token-budget {token_budget} is not in 2..{MAX_TOKEN_BUDGET} (tokens in one engine step)")
+        raise ValueError(f"--token-budget {shown(token_budget)} is not in 2..{MAX_TOKEN_BUDGET} (tokens in one engine "
+                         "step)")
     if not 1 <= max_seqs <= MAX_SEQS:
-        raise ValueError(f"--max-seqs {max_seqs} is not in 1..{MAX_SEQS} (sequences in one engine step)")
+        raise ValueError(f"--max-seqs {shown(max_seqs)} is not in 1..{MAX_SEQS} (sequences in one engine step)")
 
 
 def default_token_budget(device: str, max_length: int) -> int:

@@ -44,3 +44,19 @@ def test_a_limit_of_thousands_of_digits_is_refused_and_cut_in_the_message(tmp_pa
         assert done.returncode == 2, done.stderr
         assert "over the largest, 2**63 - 1" in done.stderr and "4300" not in done.stderr, done.stderr[-2000:]
         assert len(done.stderr) < 600, done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("argv", [["index", "{missing}", "--out", "{out}", "--max-length", "{n}"],
+                                  ["index", "{missing}", "--out", "{out}", "--max-seqs", "{n}"],
+                                  ["index", "{missing}", "--out", "{out}", "--keep-versions", "-{n}"],
+                                  ["query", "{missing}", "x", "-k", "{n}"],
+                                  ["bench", "index", "--vectors", "{n}"]])
+def test_a_number_flag_of_thousands_of_digits_is_cut_in_the_message(tmp_path, argv):
+    """click's int types ("'999...' is not a valid integer" past Python's 4300 digits) and petal's own checks of a
+    number echoed a 4000- or 5000-digit value whole; each is cut to 40 digits with its length, exit 2."""
+    digits = "9" * 4000
+    args = [a.format(missing=tmp_path / "missing", out=tmp_path / "out", n=digits) for a in argv]
+    done = subprocess.run([PETAL, *args], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "9" * 39 + "..." in done.stderr and len(done.stderr) < 1000, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr

@@ -43,6 +43,8 @@ def test_a_max_length_under_2_is_said_as_the_model_says_a_short_one(length):
         "(at least 2)" in done.stderr.strip().splitlines()[-1], done.stderr
     with pytest.raises(ValueError, match=r"^--max-length 1 leaves no token for the text"):
         check_lengths(max_length=1)
+    with pytest.raises(ValueError, match=r"^--max-length 2000000 is over 1048576, the most tokens of one engine step"):
+        check_lengths(max_length=2_000_000)  # no token budget holds one such sequence: refused before the model
 
 
 @pytest.mark.parametrize(("prompt", "taken"), [("", 2), ("query: ", 4)])
