@@ -57,6 +57,9 @@ from petal.cli.scale_options import RAY_LOCAL, scale_options
               help="Fail (exit 65) when more rows than this are skipped: a count (100) or a fraction (0.01, 1%).")
 @click.option("--keep-versions", type=int, default=2, show_default=True,
               help="Versions kept after a publish: the live one and N-1 before it (rollback).")
+@click.option("--keep-unused", default="7d", show_default=True, metavar="DURATION",
+              help="Keep store entries no version uses (an interrupted or refused run's work, which its rerun "
+                   "reuses) this long after their commit: seconds, or 30m, 12h, 7d; 0 deletes them at once.")
 @click.option("--wait", is_flag=True, help="If another petal writes to --out, wait for it instead of exiting 75.")
 @click.option("--json-report", type=PATH, default=None,
               help="Write the run report here (every run not killed by SIGKILL writes one; - is stdout).")
@@ -71,7 +74,7 @@ def index(sources: tuple[str, ...], out: Path, model: str | None, id_column: str
           no_cuda_graphs: bool, index_factory: str | None, metric: str | None, index_memory: str | None,
           target_recall: float | None,
           sync: bool, max_removed: str | None, delete: Path | None, full: bool, strict: bool,
-          max_bad_rows: str | None, keep_versions: int, wait: bool,
+          max_bad_rows: str | None, keep_versions: int, keep_unused: str, wait: bool,
           json_report: Path | None, as_json: bool, quiet: bool, pooling: str | None, attention_mask: str | None,
           query_prompt: str | None, allow_pickle_weights: bool, dim: int | None, quantize: str,
           output_dtype: str, devices: str | None, workers: int | None, ray: str | None,
@@ -103,7 +106,7 @@ def index(sources: tuple[str, ...], out: Path, model: str | None, id_column: str
             device=device, dtype=dtype, attention=attention, cuda_graphs=not no_cuda_graphs, max_length=max_length,
             token_budget=token_budget,
             max_seqs=max_seqs, full=full, strict=strict, quiet=quiet, json_report=json_report,
-            keep_versions=keep_versions, wait=wait, max_bad_rows=max_bad_rows, pooling=pooling,
+            keep_versions=keep_versions, keep_unused=keep_unused, wait=wait, max_bad_rows=max_bad_rows, pooling=pooling,
             attention_mask=attention_mask, query_prompt=query_prompt,
             allow_pickle_weights=allow_pickle_weights, dim=dim, quantize=quantize, output_dtype=output_dtype,
             devices=devices, workers=workers, ray=ray is not None,

@@ -230,6 +230,9 @@ class RemovalLimit(CountOrFraction):
         return str(self.count) if self.count is not None else f"{self.fraction * 100:g}%"  # type: ignore[operator]
 
 
+KEEP_UNUSED_S = 7 * 86_400  # --keep-unused default: a nightly job that failed, rerun after a weekend, resumes
+
+
 @dataclass(frozen=True)
 class IndexJob:
     """Everything ``petal index`` was asked to do."""
@@ -252,6 +255,7 @@ class IndexJob:
     json_report: Path | None = None
     max_bad_rows: BadRowBudget | None = None  # None: any number of bad rows is skipped and reported
     keep_versions: int = 2  # the live version and the one before it (rollback)
+    keep_unused_s: float = KEEP_UNUSED_S  # --keep-unused: unpublished store entries kept this long (store/retention.py)
     wait: bool = False  # queue for the writer lock instead of exiting 75
     model_options: ModelOptions = field(default_factory=ModelOptions)  # --pooling, --attention-mask, ...
     output: OutputConfig = field(default_factory=OutputConfig)  # --dim, --quantize, --output-dtype

@@ -745,7 +745,6 @@ class OutputDir:
         for version in versions:
             if stopping is not None and stopping():
                 return removed, kept, True
-            fault("version_prune", self.versions_dir / version)
             with _unless_in_use(self.versions_dir / version) as free:
                 if not free:
                     kept.append(version)
@@ -832,6 +831,7 @@ class OutputDir:
         (``self.left``) for the next run's clean-up to try again."""
         path, trash = self.versions_dir / version, self.versions_dir / f".deleting-{version}"
         try:
+            fault("version_prune", path)  # NOTE: per version: an error here ended the whole clean-up, the path unnamed
             os.replace(path, trash)
         except OSError as exc:
             leave(path, what, f"cannot rename it to {trash.name}: {exc.strerror or exc}", self.left)

@@ -160,7 +160,8 @@ def test_every_kept_version_keeps_its_entries_and_a_pruned_one_takes_its_own(two
     assert b1 != b2 and b1.is_dir() and b2.is_dir()
     write_shard(o.data / "b.parquet", 3)
     third = o.index()  # --keep-versions 2: v1 goes, and b's edition-1 entry, which only v1 used
-    assert third.rc == 0 and third.report["pruned"] == {"versions": [v1], "store_entries": 1, "in_use": [], "left": []}
+    assert third.rc == 0 and third.report["pruned"] == {"versions": [v1], "store_entries": 1, "in_use": [], "left": [],
+                                                        "ranges": 0, "unused_kept": 0, "unused_pruned": 0}
     assert not b1.exists() and b2.is_dir() and o.entry_of("b.parquet", o.current()).is_dir()
     assert entries_of_versions(o.out) == {(p.parent.name, p.name) for p in (o.out / "store" / "shards").glob("*/*")}
     assert_clean(o.out)

@@ -17,6 +17,7 @@ import pytest
 
 from petal.pipeline.layout import OutputDir
 from petal.pipeline.store.embeddings import EmbeddingStore, shard_key
+from petal.pipeline.store.retention import prune_unused
 from petal.pipeline.store.side_files import prune_side_files
 from tests import forkrun
 from tests.fake_engine import make_fake_model_dir
@@ -99,7 +100,7 @@ def test_the_clean_up_never_walks_through_a_link(out, tmp_path):
         link.parent.mkdir(exist_ok=True)
         link.symlink_to(outside, target_is_directory=True)
         links.append(link)
-    store.prune(keep=set())
+    prune_unused(OutputDir(out), store, live=set(), was_used=set(), keep_unused_s=0)
     prune_side_files(store.root, keep=set())
     from petal.pipeline.store.tombstones import settle_staged
 

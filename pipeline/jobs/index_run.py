@@ -127,7 +127,7 @@ from petal.pipeline.store.embeddings import (
     shard_key,
 )
 from petal.pipeline.store.outputs import OutputTransform
-from petal.pipeline.store.retention import prune_unused
+from petal.pipeline.store.retention import entries_used_now, prune_unused, say_unused
 from petal.pipeline.store.tombstones import (
     DeleteIds,
     Deletion,
@@ -468,20 +468,21 @@ def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory
         report.index["timings_s"]["publish"] = round(published_s, 3)  # fsync, rename, pointer swap
         report.rejects_file = str(out.version_dir(version) / "rejects.parquet")
         t0 = time.perf_counter()
+        cleaned = False
         if committed_tombstones:  # NOTE: else clean-up would prune the staged tombstones the live version holds to
-            clean_up(out, store, committed, job, report, stop, (version, started_from.version))
+            cleaned = clean_up(out, store, committed, job, report, stop, (version, started_from.version))
         report.timings_s["clean_up"] = round(time.perf_counter() - t0, 3)
-    stopped_after_publish(stop, version)
+    stopped_after_publish(stop, version, cleaned)
     report.finish("success", 0)
     return report
 
 
-def stopped_after_publish(stop: StopSignals, version: str) -> None:
+def stopped_after_publish(stop: StopSignals, version: str, cleaned: bool = False) -> None:
     """A stop signal that arrived once the run was past its last stop (while the version was published or old ones
-    pruned): ``Interrupted`` (130/143, as any stop) whose message says the version is live and the clean-up is left
-    to the next run (``clean_up`` stops at its next step)."""
+    pruned): ``Interrupted`` (130/143, as any stop) whose message says the version is live and whether the clean-up
+    was done (``cleaned``) or is left to the next run (``clean_up`` stops at its next step)."""
     if stop.signum is not None:
-        raise Interrupted(stop.signum, live_version=version)
+        raise Interrupted(stop.signum, live_version=version, cleaned=cleaned)
 
 
 def embed_in_process(shards: list[ShardInfo], identity: RunIdentity, store: EmbeddingStore, spec: ModelSpec,
@@ -643,16 +644,18 @@ def bad_row_gate(job: IndexJob, report: RunReport, out: OutputDir) -> BadRowGate
 
 
 def clean_up(out: OutputDir, store: EmbeddingStore, committed: list[StoreEntry], job: IndexJob,
-             report: RunReport, stop: StopSignals, published: tuple[str, str | None] | None = None) -> None:
+             report: RunReport, stop: StopSignals, published: tuple[str, str | None] | None = None) -> bool:
     """After the live version is settled: drop superseded versions (``published``: the version the run published and
     the live version it started from; by its ``--keep-versions``, and the versions newer than the one it started
     from; ``None``: only what the live version's publish owes still), then the store entries no version left on disk
-    uses (a kept or leased version stays rebuildable and updatable: store/retention.py). A stop signal skips what is
-    left (the next run prunes it); the caller ends the run as interrupted."""
+    uses that are garbage or past ``--keep-unused`` (a kept or leased version stays rebuildable and updatable, an
+    unpublished run's work resumable: store/retention.py). A stop signal skips what is left (the next run prunes
+    it); the caller ends the run as interrupted. True: every step ran."""
     try:
         if stop.requested:
-            return
+            return False
         in_use = report.pruned.setdefault("in_use", [])
+        was_used = entries_used_now(out, store)  # NOTE: before versions go: the entries of a pruned one are garbage
         if published is not None:
             version, since = published
             report.pruned["versions"] += out.prune_versions(job.keep_versions, in_use, lambda: stop.requested,
@@ -661,11 +664,23 @@ def clean_up(out: OutputDir, store: EmbeddingStore, committed: list[StoreEntry],
             # "the live version stays" (README: pruning follows a publish); what a publish owes is finished
             report.pruned["versions"] += out.finish_pruning(in_use, lambda: stop.requested)
         if stop.requested:
-            return
-        report.pruned["store_entries"] = prune_unused(out, store, {e.path for e in committed})
+            return False
+        pruned = prune_unused(out, store, {e.path for e in committed}, was_used, job.keep_unused_s,
+                              lambda: stop.requested)
+        report.pruned.update(store_entries=pruned.store_entries, ranges=pruned.ranges,
+                             unused_kept=pruned.unused_kept, unused_pruned=pruned.unused_pruned)
+        say_unused(pruned, job.keep_unused_s, say)
+        if pruned.stopped:
+            return False
         out.rejects_file.unlink(missing_ok=True)  # a refused run's rejects are stale once one succeeds
     except OSError as exc:  # the index is published; what is left is removed by the next run
-        say(f"warning: cleaning up {quote_path(out.root)} failed ({exc.strerror or exc}); the next run retries")
+        path = Path(exc.filename) if exc.filename else out.root  # NOTE: was out.root alone, the path unnamed
+        reason = exc.strerror or str(exc)
+        say(f"warning: cleaning up {quote_path(out.root)} failed at {quote_path(path)} ({reason}); the next run "
+            "retries")
+        report.pruned["left"].append({"path": str(path), "reason": reason})
+        return False
+    return True
 
 
 def _settle(identity: RunIdentity, store: EmbeddingStore, shards: list[ShardInfo],

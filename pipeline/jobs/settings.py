@@ -53,7 +53,7 @@ T = TypeVar("T")
 SECTIONS: dict[str, type] = {"read": ReadConfig, "index": IndexSettings, "model_options": ModelOptions,
                              "output": OutputConfig, "scale": ScaleConfig}
 # the CLI's flag names -> field names
-ALIASES = {"index_factory": "factory", "index_memory": "memory_bytes"}
+ALIASES = {"index_factory": "factory", "index_memory": "memory_bytes", "keep_unused": "keep_unused_s"}
 
 
 def petal_error(exc: ValueError) -> PetalError:
@@ -239,6 +239,10 @@ def _convert(name: str, value: Any) -> Any:
         return build(BadRowBudget.parse, str(value))
     if name == "max_removed" and value is not None:
         return value if isinstance(value, RemovalLimit) else build(RemovalLimit.parse, str(value))
+    if name == "keep_unused_s" and value is not None and not isinstance(value, bool):
+        from petal.pipeline.store.retention import parse_duration  # "7d", "12h", or seconds
+
+        return build(parse_duration, str(value))
     if name == "keep_columns" and (value is None or isinstance(value, str)):
         return build(parse_keep_columns, value)  # "lang,url"; a list or tuple of names is taken as it is
     if name == "keep_columns":

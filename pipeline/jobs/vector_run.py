@@ -239,9 +239,10 @@ def _run(job: IndexJob, column: str, report: RunReport, stop: StopSignals, start
         run.say_recall(result)
         say_kept_columns(columns_change)
         report.rejects_file = str(out.version_dir(version) / "rejects.parquet")
+        cleaned = False
         if committed_tombstones:  # NOTE: else clean-up would prune the staged tombstones the live version holds to
-            run.clean_up(out, store, committed, job, report, stop, (version, started_from.version))
-    run.stopped_after_publish(stop, version)
+            cleaned = run.clean_up(out, store, committed, job, report, stop, (version, started_from.version))
+    run.stopped_after_publish(stop, version, cleaned)
     report.finish("success", 0)
     return report
 

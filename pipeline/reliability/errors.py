@@ -370,8 +370,10 @@ class Interrupted(PetalError):
 
     status = "interrupted"
 
-    def __init__(self, signum: int, live_version: str | None = None, rerun: str = "rerun") -> None:
-        """``live_version``: the signal came once the run had published it (it is live; the clean-up was cut).
+    def __init__(self, signum: int, live_version: str | None = None, rerun: str = "rerun",
+                 cleaned: bool = False) -> None:
+        """``live_version``: the signal came once the run had published it (it is live; ``cleaned``: its clean-up
+        had finished, else it was cut).
         ``rerun``: what resumes it (``rerun with --full`` for a --full run: a plain rerun ends that run instead)."""
         import signal
 
@@ -379,9 +381,13 @@ class Interrupted(PetalError):
         self.live_version = live_version
         if live_version is None:
             super().__init__(f"interrupted by {name}; finished shards are committed, {rerun} to resume")
-        else:
+        elif cleaned:  # NOTE: the signal came during the clean-up, which had nothing left to check it for
+            super().__init__(f"interrupted by {name} after version {live_version} went live (queries use it) and "
+                             "old versions and store entries were pruned (the report's pruned)")
+        else:  # NOTE: said the whole pruning was left while the report showed entries it had removed
             super().__init__(f"interrupted by {name} after version {live_version} went live (queries use it); "
-                             "pruning old versions and store entries is left to the next run")
+                             "what was not pruned yet (old versions, store entries: the report's pruned says what "
+                             "was) is left to the next run")
         self.signum = signum
         self.exit_code = EXIT_SIGNAL_BASE + signum
 

@@ -530,26 +530,32 @@ class EmbeddingStore:
         # NOTE: out of sight now; what cannot be deleted is said, and the next run's ``open`` tries again
         remove_or_leave(trash, f"the discarded store entry {entry_dir.parent.name}/{entry_dir.name}", self.left)
 
-    def prune(self, keep: set[Path]) -> int:
-        """Delete committed entries not in ``keep`` (after a successful publish), and every committed range
-        (``parts/``: those of a shard the run assembled, or of one it did not name). Returns how many entries. One
-        that cannot be moved out of the store is said and left in place (``left``): the next clean-up tries again."""
-        for key_dir in real_dirs(self.root / "parts"):
-            self._discard_unused(key_dir, "the committed ranges of a shard")
-        removed = 0
-        for key_dir in real_dirs(self.shards_dir):  # NOTE: never through a link: its target may lie outside OUT
-            for entry_dir in list(key_dir.iterdir()):
-                if entry_dir not in keep:
-                    fault("store_prune", entry_dir)
-                    removed += self._discard_unused(entry_dir, "a store entry no version uses")
-            if not any(key_dir.iterdir()):
-                key_dir.rmdir()
-        return removed
+    def listing(self, directory: Path, dirs_only: bool = True) -> list[Path]:
+        """What a clean-up walks in ``directory`` of the store, sorted: its real directories (``dirs_only``: never a
+        link, whose target may lie outside OUT), else every name. One petal cannot list is said and left (``left``):
+        the clean-up goes on with the rest, and the next one tries again."""
+        if not dirs_only:
+            try:
+                return sorted(directory.iterdir())
+            except OSError as exc:
+                leave(directory, "a store directory", f"cannot list it: {exc.strerror or exc}", self.left)
+                return []
+        return real_dirs(directory, self.left)
 
-    def _discard_unused(self, path: Path, what: str) -> bool:
-        """``discard`` what no version uses; one that cannot be moved out of the store is said and left in place.
-        NOTE: the OSError ended the whole clean-up with a warning that named no path."""
+    def remove_if_empty(self, directory: Path) -> None:
+        """Remove a directory of the store the clean-up emptied; one that cannot be is said and left (``left``)."""
         try:
+            if not any(directory.iterdir()):
+                directory.rmdir()
+        except OSError as exc:
+            leave(directory, "an empty store directory", f"{exc.strerror or exc}", self.left)
+
+    def discard_unused(self, path: Path, what: str) -> bool:
+        """``discard`` what no version uses; one that cannot be moved out of the store is said and left in place
+        (``left``: the next clean-up tries again). NOTE: the OSError ended the whole clean-up with a warning that
+        named no path."""
+        try:
+            fault("store_prune", path)
             self.discard(path)
         except OSError as exc:
             leave(path, what, f"cannot move it into {quote_path(self.tmp_dir)}: {exc.strerror or exc}", self.left)

@@ -1,5 +1,5 @@
 """Which store entries a clean-up keeps: those some version on disk uses (README: petal deletes store entries no
-version uses).
+version uses), and, for a while, the unpublished work a resumable run may still reuse.
 
 Every version left in ``OUT/versions/`` is a way back (``echo vOLD > OUT/CURRENT``): the versions
 ``--keep-versions`` keeps, one a reader holds a lease on (pruning leaves it, pipeline/layout.py), one newer than
@@ -7,17 +7,45 @@ the live one that a reader still holds. Each must stay usable as the live versio
 additive ``petal index`` run need the store entries its manifest names (the shards it kept are read from them);
 an entry is deleted only once no version on disk names it. Versions are pruned first, so the entries of a pruned
 version go in the same clean-up.
+
+An entry (or committed range, ``OUT/store/parts``) no version uses is deleted at once only when it is garbage:
+
+- a version on disk used it before this clean-up pruned versions (its shard changed or was dropped since), or
+- it is superseded: the live version holds its shard from another entry committed after it (a changed shard's old
+  entry), or the file it was embedded from has changed since (a revert), or (a range) its shard's entry is assembled.
+
+Anything else is work an interrupted, refused or stopped run committed, which its rerun reuses even when another run
+on the same OUT published in between (README: "rerun the same command: it embeds only what was not committed"): it
+is kept for ``keep_unused_s`` after its commit (``--keep-unused``), then deleted, so the store stays bounded.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from petal.pipeline.layout import OutputDir, read_manifest
 from petal.pipeline.manifest import MANIFEST_FILE
 from petal.pipeline.reliability.errors import PetalError
-from petal.pipeline.store.embeddings import EmbeddingStore, shard_key, warn
+from petal.pipeline.store.embeddings import ENTRY_MAX_BYTES, EmbeddingStore, shard_key, warn
 from petal.pipeline.store.side_files import prune_side_files
+
+ENTRY_FILE = "entry.json"  # an entry's (or committed range's) record, written last at its commit
+
+@dataclass
+class Pruned:
+    """What a store clean-up did: entries and committed ranges deleted, and the unused ones kept or deleted by the
+    ``--keep-unused`` window (the run report's ``pruned``)."""
+
+    store_entries: int = 0  # entries deleted (garbage, or unused past the window)
+    ranges: int = 0  # committed ranges deleted
+    unused_kept: int = 0  # entries and ranges no version uses, kept for the window (a rerun reuses them)
+    unused_pruned: int = 0  # entries and ranges no version used, deleted once the window was over
+    stopped: bool = False  # a stop signal ended it early: the rest is left to the next run
 
 
 def entries_in_use(out: OutputDir, store: EmbeddingStore) -> set[Path]:
@@ -31,17 +59,137 @@ def entries_in_use(out: OutputDir, store: EmbeddingStore) -> set[Path]:
     return used
 
 
-def prune_unused(out: OutputDir, store: EmbeddingStore, also: set[Path]) -> int:
-    """Delete the store entries (and their side files: tombstones, stored columns) that no version on disk uses
-    and that are not in ``also`` (the run's own), and every committed range. Returns how many entries.
+def entries_used_now(out: OutputDir, store: EmbeddingStore) -> set[Path]:
+    """``entries_in_use``, read before versions are pruned (what they used becomes garbage); none when a manifest
+    does not read (``prune_unused`` then deletes nothing)."""
+    try:
+        return entries_in_use(out, store)
+    except PetalError:
+        return set()
+
+
+def committed_ns(path: Path) -> int | None:
+    """When the entry or committed range at ``path`` was committed (its ``entry.json``, written last, is never
+    modified after); ``None``: unknown (not an entry, or one petal may not stat)."""
+    try:
+        return (path / ENTRY_FILE).stat().st_mtime_ns
+    except OSError:
+        try:
+            return path.lstat().st_mtime_ns
+        except OSError:
+            return None
+
+
+def source_unchanged(path: Path) -> bool:
+    """True when the local file the entry (or committed range) at ``path`` was embedded from is still that file (its
+    size, mtime, inode change time and inode as recorded): a rerun would reuse it. False for an object of a bucket
+    (no stat is taken), a file gone or changed, or a record petal cannot read."""
+    try:
+        with open(path / ENTRY_FILE, "rb") as file:
+            source = json.loads(file.read(ENTRY_MAX_BYTES))["source"]
+        if not str(source["abs_path"]).startswith("/"):
+            return False
+        st = os.stat(source["abs_path"])
+        return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino) == \
+            (int(source["size"]), int(source["mtime_ns"]), int(source["ctime_ns"]), int(source["inode"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def prune_unused(out: OutputDir, store: EmbeddingStore, live: set[Path], was_used: set[Path],
+                 keep_unused_s: float, stopping: Callable[[], bool] = lambda: False) -> Pruned:
+    """Delete the store entries (and their side files: tombstones, stored columns) and committed ranges that are
+    garbage (module docstring), and the unused ones older than ``keep_unused_s``. ``live``: the entries of the
+    version published or live (the run's own); ``was_used``: ``entries_in_use`` before versions were pruned.
+    Stops between paths once ``stopping()``.
 
     When what a version uses cannot be read (its manifest unreadable or damaged), no entry is deleted: said on
     stderr, and the next run tries again (a version pruned or repaired by then no longer stands in the way)."""
+    pruned = Pruned()
     try:
-        keep = entries_in_use(out, store) | also
+        keep = entries_in_use(out, store) | live
     except PetalError as exc:
         warn(f"kept every store entry, as one may belong to a version on disk: {exc}")
-        return 0
-    removed = store.prune(keep)
-    prune_side_files(store.root, keep, store.left)
-    return removed
+        return pruned
+    newest_live: dict[str, int] = {}  # shard key -> when the live version's entry of it was committed
+    for entry in live:
+        ns = committed_ns(entry)
+        newest_live[entry.parent.name] = max(ns if ns is not None else 0, newest_live.get(entry.parent.name, 0))
+    expired_before = time.time_ns() - int(keep_unused_s * 1e9)
+
+    def garbage(path: Path, key: str, used_before: bool) -> bool | None:
+        """True: delete now; None: unused past the window (delete); False: keep for the window."""
+        ns = committed_ns(path)
+        if used_before:
+            return True
+        if key in newest_live and (ns is None or ns < newest_live[key] or not source_unchanged(path)):
+            return True  # the live version's entry of the shard is newer, or the file changed since (a revert)
+        if ns is None or ns <= expired_before:
+            return None
+        return False
+
+    for key_dir in store.listing(store.root / "parts"):  # parts/<key>/<fingerprint>/g<first>-<stop>
+        for fp_dir in store.listing(key_dir):
+            assembled = (store.shards_dir / key_dir.name / fp_dir.name).is_dir()
+            for part in store.listing(fp_dir, dirs_only=False):
+                if stopping():
+                    pruned.stopped = True
+                    return pruned
+                verdict = True if assembled else garbage(part, key_dir.name, False)
+                if verdict is False:
+                    pruned.unused_kept += 1
+                elif store.discard_unused(part, "a committed range no version uses"):
+                    pruned.ranges += 1
+                    pruned.unused_pruned += verdict is None
+            store.remove_if_empty(fp_dir)
+        store.remove_if_empty(key_dir)
+    for key_dir in store.listing(store.shards_dir):  # NOTE: never through a link: its target may lie outside OUT
+        for entry_dir in store.listing(key_dir, dirs_only=False):
+            if entry_dir in keep:
+                continue
+            if stopping():
+                pruned.stopped = True
+                return pruned
+            verdict = garbage(entry_dir, key_dir.name, entry_dir in was_used)
+            if verdict is False:
+                pruned.unused_kept += 1
+                continue
+            if store.discard_unused(entry_dir, "a store entry no version uses"):
+                pruned.store_entries += 1
+                pruned.unused_pruned += verdict is None
+        store.remove_if_empty(key_dir)
+    kept = {p for key_dir in store.listing(store.shards_dir) for p in store.listing(key_dir, dirs_only=False)}
+    prune_side_files(store.root, kept | keep, store.left)
+    return pruned
+
+
+def say_unused(pruned: Pruned, keep_unused_s: float, say: Callable[[str], None]) -> None:
+    """One line on stderr for the unused work a clean-up kept or deleted (``--keep-unused``)."""
+    window = duration_text(keep_unused_s)
+    if pruned.unused_pruned:
+        say(f"note: removed {pruned.unused_pruned} store entries and committed ranges no version used, committed more "
+            f"than {window} ago (--keep-unused {window})")
+    if pruned.unused_kept:
+        say(f"note: kept {pruned.unused_kept} store entries and committed ranges no version uses (work a rerun of an "
+            f"interrupted or refused run reuses) until {window} after their commit (--keep-unused {window})")
+
+
+def duration_text(seconds: float) -> str:
+    """``7d``, ``12h``, ``30m``, ``45s``: as ``--keep-unused`` reads it (``parse_duration``)."""
+    for unit, size in (("d", 86_400), ("h", 3_600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"
+
+
+def parse_duration(text: str) -> float:
+    """``--keep-unused``: a number of seconds, or with a unit (``90s``, ``30m``, ``12h``, ``7d``); 0: none."""
+    units = {"s": 1, "m": 60, "h": 3_600, "d": 86_400}
+    number, unit = (text[:-1], text[-1]) if text[-1:].lower() in units else (text, "s")
+    try:
+        seconds = float(number) * units[unit.lower()]
+    except ValueError:
+        raise ValueError(f"--keep-unused {text!r} is not a duration: give seconds or 90s, 30m, 12h, 7d") from None
+    if not seconds >= 0 or seconds == float("inf"):
+        raise ValueError(f"--keep-unused {text!r} must be 0 or more (0: delete unused store entries at once)")
+    return seconds

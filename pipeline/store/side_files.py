@@ -12,21 +12,23 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from petal.pipeline.reliability.leftovers import remove_or_leave
+from petal.pipeline.reliability.leftovers import leave, remove_or_leave
 
 SIDE_TREES = ("deleted", "columns")
 KEY_TREES = ("shards", "parts", *SIDE_TREES)  # the store's directories that hold one directory per shard key
 
 
-def real_dirs(root: Path) -> list[Path]:
+def real_dirs(root: Path, left: list[dict[str, str]] | None = None) -> list[Path]:
     """The directories in ``root`` a walk of the store may enter and delete under, sorted: never a symbolic link (its
     target may lie anywhere, outside OUT too) nor a file; none when ``root`` itself is not a real directory, or one
-    petal may not list (as a glob skips it: the reads that need it name it)."""
+    petal may not list (as a glob skips it: the reads that need it name it; a clean-up's ``left`` gets it, said)."""
     if root.is_symlink() or not root.is_dir():
         return []
     try:
         return sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink())
-    except OSError:
+    except OSError as exc:
+        if left is not None:
+            leave(root, "a store directory", f"cannot list it: {exc.strerror or exc}", left)
         return []
 
 
@@ -43,10 +45,14 @@ def prune_side_files(store_root: Path, keep: set[Path], left: list[dict[str, str
     wanted = {side_file(entry, tree) for entry in keep for tree in SIDE_TREES}
     removed = 0
     for tree in SIDE_TREES:
-        for key_dir in real_dirs(store_root / tree):
-            for path in list(key_dir.iterdir()):
-                if path not in wanted:
-                    removed += remove_or_leave(path, f"a side file ({tree}) of a store entry no version uses", left)
-            if not any(key_dir.iterdir()):
-                key_dir.rmdir()
+        for key_dir in real_dirs(store_root / tree, left):
+            try:  # NOTE: per directory: one petal cannot list or remove is said, and the rest is cleaned up
+                for path in sorted(key_dir.iterdir()):
+                    if path not in wanted:
+                        removed += remove_or_leave(path, f"a side file ({tree}) of a store entry no version uses", left)
+                if not any(key_dir.iterdir()):
+                    key_dir.rmdir()
+            except OSError as exc:
+                leave(key_dir, f"a directory of side files ({tree})", f"{exc.strerror or exc}", left)
     return removed
+
