@@ -764,7 +764,9 @@ class OutputDir:
             # NOTE: named every reader that leases a version: it said only 'a petal serve ... having refused the live
             # version?', which sent an operator after a server when a Python program's open Index held it
             _note(f"kept {', '.join(kept)}, which --keep-versions would remove: "
-                  f"{_in_use_by('refused the live version')}; removed by a run after that reader lets it go")
+                  f"{_in_use_by('is still on it (it leaves it once it follows the new version)')}; removed by a "
+                  "run after that reader lets it go")  # NOTE: said the server 'refused the live version' when it
+            # had only not swapped yet (it follows CURRENT a moment later)
             if in_use is not None:
                 in_use.extend(kept)
         return removed
@@ -1000,7 +1002,7 @@ def _note(message: str) -> None:
 
 def _in_use_by(serve: str) -> str:
     """Why a version pruning would remove is kept: every kind of reader that leases one (``VersionLease``), the
-    petal serve one as ``serve`` says (``refused the live version``: an older version; ``still serves it``: a
+    petal serve one as ``serve`` says (``is still on it``: an older version; ``still serves it``: a
     newer one, live before CURRENT was set back by hand)."""
     return ("in use by a reader (a petal.Index still open on it, petal query --stdin, petal verify or info reading it, "
             f"or a petal serve that {serve})")

@@ -28,3 +28,7 @@ def test_the_note_names_an_open_index_as_a_reader(tmp_path, capfd):
     assert report.pruned["in_use"] == [first]
     said = capfd.readouterr().err
     assert f"kept {first}" in said and "in use by a reader (a petal.Index still open on it" in said, said
+    # NOTE: the note said any petal serve 'refused the live version', though a server that has not swapped yet
+    # refused nothing: it is on the earlier version until it follows the new one
+    assert "refused" not in said and "or a petal serve that is still on it (it leaves it once it follows the new " \
+        "version)" in said, said
