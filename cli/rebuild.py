@@ -25,9 +25,12 @@ from petal.cli.index_options import given_index_flags, index_options
 @click.option("--json-report", type=PATH, default=None,
               help="Write the run report here (every run not killed by SIGKILL writes one; - is stdout).")
 @click.option("--json", "as_json", is_flag=True, help="Print the run report (JSON) on stdout.")
+# NOTE: petal index takes -q, and a script that passes it to both got 'No such option'; a rebuild shows no progress
+# bar, so it changes nothing (notes and warnings stay on stderr, as petal index -q's)
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar (as petal index; a rebuild shows none).")
 def rebuild(out: Path, index_factory: str | None, metric: str | None, index_memory: str | None,
             target_recall: float | None, keep_versions: int, wait: bool, json_report: Path | None,
-            as_json: bool) -> None:
+            as_json: bool, quiet: bool) -> None:
     """Build a new version of OUT's index from its stored embeddings: no model, no re-embedding.
 
     The shards, ids and vectors are those of the live version; only the index settings given change (one not

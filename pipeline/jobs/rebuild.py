@@ -41,6 +41,7 @@ from petal.pipeline.reliability.safe_files import check_output_dir, check_regula
 from petal.pipeline.reliability.signals import StopSignals
 from petal.pipeline.store.columns import ColumnsNeed, columns_path
 from petal.pipeline.store.embeddings import EmbeddingStore, StoreEntry, sha256_file
+from petal.pipeline.store.side_files import remove_temp_files
 from petal.pipeline.store.tombstones import held_rows, settle_tombstones, tombstone_path, tombstoned
 
 KEEP_VERSIONS = 2  # NOTE: as pipeline/jobs/index_run.py (not imported: it pulls in torch and the engine)
@@ -138,6 +139,10 @@ def run_rebuild(out_path: Path, settings: IndexSettings, report: RunReport, wait
         started_from = out.started_from()  # NOTE: what the publish swaps CURRENT from (changed by hand since: 75)
         report.pruned["versions"] = out.removed_versions(out.clean_orphans())
         settle_tombstones(out, say)  # as petal index: what a --delete run killed around its publish left
+        # NOTE: a killed run's leftovers (half-written entries in store/tmp, side files' temp files) stayed until the
+        # next petal index (README: the next run removes them); no store entry is deleted here
+        EmbeddingStore(out.store_dir, left=report.pruned["left"]).remove_leftovers()
+        remove_temp_files(out.store_dir, report.pruned["left"])
         previous = out.current_manifest()
         if previous is None:
             raise ConfigError(f"{quote_path(out_path)} has no published index to rebuild; build one with petal index")

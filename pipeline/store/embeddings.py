@@ -328,9 +328,16 @@ class EmbeddingStore:
                                   "the output directory: remove it")
         self.shards_dir.mkdir(parents=True, exist_ok=True)
         self.tmp_dir.mkdir(parents=True, exist_ok=True)
+        self.remove_leftovers()
+
+    def remove_leftovers(self) -> None:
+        """Empty ``tmp/`` (entries a crashed run was writing, discarded ones), when it is a real directory; creates
+        nothing (``petal rebuild``). What cannot be removed is said and left (``left``)."""
+        if self.tmp_dir.is_symlink() or not self.tmp_dir.is_dir():
+            return
         # NOTE: one by one, each said when it cannot be removed: rmtree of the whole of tmp/ made a leftover there that
         # petal may not delete (a discarded entry) fail every later run (73 'petal may not write f')
-        for path in sorted(self.tmp_dir.iterdir()):  # entries a crashed run was writing, discarded ones
+        for path in sorted(self.tmp_dir.iterdir()):
             remove_or_leave(path, "a store entry a stopped run was writing, or one discarded", self.left)
 
     def begin_full_run(self, publish_mark: str) -> bool:

@@ -56,3 +56,13 @@ def prune_side_files(store_root: Path, keep: set[Path], left: list[dict[str, str
                 leave(key_dir, f"a directory of side files ({tree})", f"{exc.strerror or exc}", left)
     return removed
 
+
+def remove_temp_files(store_root: Path, left: list[dict[str, str]]) -> int:
+    """Remove the temp files of side-file writes a killed run left (``.<fp>.parquet.tmp-*``); no side file itself.
+    Returns how many. One that cannot be removed is said and appended to ``left``."""
+    removed = 0
+    for tree in SIDE_TREES:
+        for key_dir in real_dirs(store_root / tree, left):
+            for path in sorted(key_dir.glob(".*.tmp-*")):
+                removed += remove_or_leave(path, f"a temp file ({tree}) a stopped run was writing", left)
+    return removed
