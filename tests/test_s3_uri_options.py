@@ -80,7 +80,7 @@ def test_full_incremental_sync_and_workers_reach_kept_objects_as_the_source_does
     assert sorted(embedded) == sorted(p_ids + q_ids)
     assert sorted(IndexReader(out).ids.column("id").to_pylist()) == sorted(p_ids + q_ids)
     manifest = json.loads(next((out / "versions").glob("*/manifest.json")).read_text())
-    assert sorted(s["path"] for s in manifest["shards"]) == [f"s3://opts/{k}" for k in
+    assert sorted(s["path"] for s in manifest["shards"]) == [f"s3+http://{s3.host_port}/opts/{k}" for k in
                                                             ("p/a.parquet", "p/b.parquet", "q/c.parquet")]
 
     # an incremental run: only the changed object is embedded, the other read by its footer through the URI
@@ -88,7 +88,7 @@ def test_full_incremental_sync_and_workers_reach_kept_objects_as_the_source_does
     again, embedded = index("opts/p")
     assert again.exit_code == 0, again.output
     assert sorted(embedded) == sorted(changed)
-    assert json.loads(report.read_text())["shard_changes"]["changed"] == ["s3://opts/p/b.parquet"]
+    assert json.loads(report.read_text())["shard_changes"]["changed"] == [f"s3+http://{s3.host_port}/opts/p/b.parquet"]
 
     # worker processes read what the coordinator listed (its filesystem, options included)
     put_shard(s3, "opts", "p/a.parquet", "a", 4, edition=2)
@@ -117,8 +117,9 @@ def test_full_incremental_sync_and_workers_reach_kept_objects_as_the_source_does
 
 
 def test_a_kept_object_in_a_bucket_no_source_names_goes_through_the_standard_chain(s3, fake_model, tmp_path):
-    """Only a SOURCE in the kept object's bucket says how to reach it; another bucket's options are never guessed
-    (it may be another server's). Without one, the standard chain, and its error names that."""
+    """Only a SOURCE in the kept object's bucket (at its endpoint) says how to reach it; another bucket's options are
+    never guessed. Without one, the object is looked up at the endpoint its stored URI holds, with the standard
+    chain's credentials, and its error names that."""
     client = s3.client()
     for bucket in ("chain-a", "chain-b"):
         client.create_bucket(Bucket=bucket)
@@ -132,13 +133,14 @@ def test_a_kept_object_in_a_bucket_no_source_names_goes_through_the_standard_cha
     env = uri_only_env(s3, tmp_path / "log.jsonl")
     assert index(source(s3, "chain-a/d"), env=env).exit_code == 0
     assert index(source(s3, "chain-b/d"), env=env).exit_code == 0  # chain-a's object is kept
-    unreachable = {**env, "AWS_ENDPOINT_URL": "http://127.0.0.1:9"}  # the standard chain: nothing listens there
+    # the standard chain's endpoint (nothing listens there) is not the one the stored URI holds; no key in it
+    unreachable = {**env, "AWS_ENDPOINT_URL": "http://127.0.0.1:9"}
     lost = index(source(s3, "chain-b/d"), env=unreachable, flags=("--full",))
-    assert lost.exit_code == 74, lost.output
+    assert lost.exit_code == 78, lost.output
     last = lost.output.strip().splitlines()[-1]
-    assert "cannot look up s3://chain-a/d/a.parquet (looked up through the storage's standard chain, as no SOURCE " \
-           "names its bucket" in last, last
-    assert s3.secret_key not in lost.output and s3.host_port not in lost.output
+    assert f"cannot look up s3+http://{s3.host_port}/chain-a/d/a.parquet (looked up at the endpoint it was indexed " \
+           "from, with the credentials of the storage's standard chain, as no SOURCE names its bucket there" in last
+    assert "access denied" in last and s3.secret_key not in lost.output and "endpoint_override" not in lost.output
     # the chain reaches it (the server in the environment), or a SOURCE in its bucket does, under another prefix
     chain = {**s3.env(), "PETAL_TEST_FAKE_ENGINE": str(tmp_path / "chain.jsonl")}
     assert index(source(s3, "chain-b/d"), env=chain, flags=("--full",)).exit_code == 0

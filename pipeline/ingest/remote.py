@@ -13,7 +13,8 @@ footer (offsets, sizes, statistics).
 
 NOTE: what is shown, stored in a manifest or a report, or logged is ``RemotePath.uri``: the scheme,
 the authority a filesystem's paths leave out (``stored_root``: an HDFS namenode, an Azure storage
-account) and the filesystem path only.
+account, an object store's endpoint named by a SOURCE's ``?endpoint_override``, GCS's ``anonymous@``) and the
+filesystem path only.
 A URI's user info (``s3://KEY:SECRET@bucket``) and query string (``?secret_key=...``) never leave this module.
 """
 
@@ -96,6 +97,13 @@ NO_CREDENTIALS_FIX = {
             "cli takes that one only; pyarrow takes no account key from a URI)",
 }
 SCHEME_FAMILY = {"gcs": "gs", "viewfs": "hdfs", "abfss": "abfs"}
+# NOTE: one filesystem under two schemes, stored as one: gcs://b/k and gs://b/k were two shards (the stale one could
+# win a search); abfss:// is stored as abfs:// (stored_root). viewfs:// stays apart: its authority is a mount table
+STORED_SCHEME = {"gcs": "gs"}
+# object stores whose paths start with the bucket and whose server a SOURCE may name by its query
+# (?endpoint_override=HOST:PORT&scheme=http): that endpoint is part of a stored URI (stored_root)
+OBJECT_STORES = ("s3", "gs")
+GCS_ANONYMOUS = "anonymous"  # gs://anonymous@bucket/...: an option of Arrow's (a public bucket), never a credential
 # Arrow's HadoopFileSystem on a host without a JVM or libhdfs: the first line, then every path it tried (dlopen);
 # in a process that tried once already, only the last
 HDFS_RUNTIME = ("Unable to load libjvm", "Unable to load libhdfs", "Prior attempt to load libhdfs failed")
@@ -198,12 +206,13 @@ def is_azure(uri: str) -> bool:
 
 def display_uri(source: str) -> str:
     """``source`` without user info or query string: safe to show and store. An Azure URI keeps what is before its
-    ``@`` (a container or an account, never a credential: ``user_info``), without a password after a ``:``."""
+    ``@`` (a container or an account, never a credential: ``user_info``), without a password after a ``:``; a GCS
+    URI its ``anonymous@`` (an option)."""
     scheme, _, rest = source.partition("://")
     rest = rest.split("?", 1)[0].split("#", 1)[0]
     info = _authority_user(source)
     if info:
-        kept = info.partition(":")[0] + "@" if is_azure(source) else ""
+        kept = info.partition(":")[0] + "@" if is_azure(source) else info + "@" if _anonymous(source) else ""
         rest = kept + rest[len(info) + 1:]
     return f"{scheme.lower()}://{rest}"
 
@@ -217,7 +226,19 @@ def user_info(source: str) -> str:
     without its container) and every occurrence of the name in a message was masked (a container ``in``: every
     ``in``)."""
     info = _authority_user(source)
-    return info.partition(":")[2] if is_azure(source) else info
+    return info.partition(":")[2] if is_azure(source) else "" if _anonymous(source) else info
+
+
+def _anonymous(source: str) -> bool:
+    """Whether GCS URI ``source`` reads anonymously (``gs://anonymous@bucket/...``: a public bucket)."""
+    return family_of(scheme_of(source)) == "gs" and _authority_user(source) == GCS_ANONYMOUS
+
+
+def family_of(scheme: str) -> str:
+    """The scheme a stored URI of ``scheme`` has, without an endpoint's transport: ``gs`` for ``gcs`` and
+    ``gs+http``, ``s3`` for ``S3`` and ``s3+https`` (``stored_root``)."""
+    base = scheme.lower().partition("+")[0]
+    return STORED_SCHEME.get(base, base)
 
 
 def _authority_user(source: str) -> str:
@@ -268,7 +289,7 @@ class RemotePath:
 def chain_of(uri: str, table: dict[str, str] = CHAIN) -> str:
     """What the standard chain of ``uri``'s scheme (``scheme://...``) takes, from ``table`` (``CHAIN``,
     ``CHAIN_ENDPOINT``); its words for any scheme when petal has none for this one."""
-    scheme = scheme_of(uri) if URI.match(uri) else ""
+    scheme = scheme_of(uri).partition("+")[0] if URI.match(uri) else ""  # s3+http://: stored_root
     return table.get(SCHEME_FAMILY.get(scheme, scheme), "the storage's standard chain")
 
 
@@ -415,6 +436,7 @@ def list_remote(source: str, empty_ok: bool = False, held: frozenset[str] = froz
         # NOTE: a URI's path ends at '#' (its fragment), as a file:// URL's: s3://b/k/h#1.parquet read the object
         # k/h at exit 0 (and a glob lost its tail)
         raise NoInputError(f"source {shown}: a URI's path ends at '#' (its fragment); write '#' in a key as %23")
+    source = arrow_uri(source)  # NOTE: a stored URI of an endpoint's object, given as a SOURCE (s3+http://...)
     try:
         filesystem, path = fs.FileSystem.from_uri(uri_encoded(source))
     except Exception as exc:  # unknown scheme, a bad query parameter, a filesystem not built into pyarrow
@@ -470,13 +492,96 @@ def stored_root(source: str, path: str) -> str:
     NOTE: stored as ``scheme://path``, every namenode's /data/x was ``hdfs:///data/x``: a later run (``--full``) and a
     search read it from the default namenode (``fs.defaultFS``, maybe another cluster), and two namenodes' shards of
     one path were one shard (the second dropped without a word). An index an older petal wrote still holds
-    ``hdfs:///...`` for them: as before, those name the default namenode (``open_stored``)."""
+    ``hdfs:///...`` for them: as before, those name the default namenode (``open_stored``).
+
+    An object store's (``OBJECT_STORES``) object of the default endpoint is ``s3://bucket/key``, ``gcs://`` stored as
+    ``gs://``; of a server a SOURCE names (``?endpoint_override=HOST:PORT&scheme=http``: ``endpoint_of``) it is
+    ``s3+http://HOST:PORT/bucket/key`` (the transport in the scheme, the server as the authority, the path Arrow's);
+    a GCS SOURCE's ``anonymous@`` is kept (``gs://anonymous@bucket/key``).
+
+    NOTE: stored as ``s3://bucket/key`` whatever the endpoint, two servers' objects of one bucket and key were one
+    shard (an additive run replaced one's rows by the other's, a run naming both dropped one, ``--full`` read one
+    from the other) and a search read every one through the standard chain (``AWS_ENDPOINT_URL``); a public
+    bucket's ``gs://anonymous@...`` objects were read with credentials (none: 'unreadable')."""
     scheme = scheme_of(source)
     if scheme in AZURE_SCHEMES:
         return f"{AZURE_SCHEMES[0]}://{azure_account(source)}/"
     if not path.startswith("/"):
-        return f"{scheme}://"
+        scheme = STORED_SCHEME.get(scheme, scheme)
+        if scheme not in OBJECT_STORES:
+            return f"{scheme}://"
+        user = GCS_ANONYMOUS + "@" if _anonymous(source) else ""
+        endpoint = endpoint_of(source)
+        if not endpoint:
+            return f"{scheme}://{user}"
+        transport, _, host = endpoint.partition("://")
+        return f"{scheme}+{transport}://{user}{host}/"
     return f"{scheme}://{display_uri(source).partition('://')[2].split('/', 1)[0]}"
+
+
+def endpoint_of(source: str) -> str:
+    """The server an object-store SOURCE's query names (``?endpoint_override=HOST:PORT&scheme=http``, Arrow's
+    options; ``https`` unless ``scheme`` says otherwise, or the endpoint holds its own ``http://``) as
+    ``http://host:port``; ``""`` for the default endpoint, which the storage's standard chain chooses
+    (``AWS_ENDPOINT_URL`` included: never part of a stored URI). Never a credential: Arrow's S3 and GCS URIs take
+    none in the query."""
+    from urllib.parse import parse_qsl
+
+    options = dict(parse_qsl(source.partition("?")[2].split("#", 1)[0], keep_blank_values=True))
+    endpoint = options.get("endpoint_override", "")
+    if not endpoint:
+        return ""
+    transport = options.get("scheme", "https")
+    if "://" in endpoint:  # NOTE: the AWS SDK takes the endpoint's own scheme over ?scheme=
+        transport, _, endpoint = endpoint.partition("://")
+    host, slash, below = endpoint.partition("/")
+    # NOTE: a host is case-insensitive; a '/' after it would read as the bucket's in the stored URI
+    return f"{transport.lower()}://{host.lower()}{'%2F' + below.replace('/', '%2F') if slash else ''}"
+
+
+def arrow_uri(uri: str) -> str:
+    """A URI in petal's endpoint form (``s3+http://HOST:PORT/bucket/key``, as ``stored_root`` stores an object of a
+    server a SOURCE named) as Arrow's ``from_uri`` takes it: ``s3://bucket/key?endpoint_override=HOST:PORT&scheme=
+    http``, the URI's own query after it; any other URI as it is. The key is left as written (a SOURCE's)."""
+    from urllib.parse import unquote
+
+    scheme, _, rest = uri.partition("://")
+    family, plus, transport = scheme.partition("+")
+    if not plus:
+        return uri
+    authority, _, path = rest.partition("/")
+    user, at, host = authority.rpartition("@")
+    path, _, query = path.partition("?")
+    options = f"endpoint_override={unquote(host)}&scheme={transport.lower()}"
+    return f"{family.lower()}://{user}{at}{path}?{query + '&' if query else ''}{options}"
+
+
+def split_stored(uri: str) -> tuple[str, str]:
+    """A stored URI as its ``stored_root`` and the rest: ``("s3://", "bucket/key")``, ``("s3+http://h:9000/",
+    "bucket/key")``, ``("gs://anonymous@", "bucket/key")``, ``("abfs://ACCOUNT.blob.core.windows.net/",
+    "container/path")``, ``("hdfs://", "nn1:8020/data/x")``."""
+    scheme, _, rest = uri.partition("://")
+    if scheme in AZURE_SCHEMES or "+" in scheme:
+        authority, _, path = rest.partition("/")
+        return f"{scheme}://{authority}/", path
+    if family_of(scheme) == "gs" and rest.startswith(GCS_ANONYMOUS + "@"):  # NOTE: a bucket name holds no '@'
+        return f"{scheme}://{GCS_ANONYMOUS}@", rest[len(GCS_ANONYMOUS) + 1:]
+    return f"{scheme}://", rest
+
+
+def _bucket_place(uri: str) -> str:
+    """A stored object-store URI's root and bucket (``s3+http://h:9000/bkt``): what a SOURCE must reach."""
+    root, path = split_stored(uri)
+    return root + path.split("/", 1)[0]
+
+
+def _source_place(source: str) -> str:
+    """``_bucket_place`` of the objects SOURCE ``source`` names (its root and bucket, as ``stored_root`` has them)."""
+    from urllib.parse import unquote
+
+    arrow = arrow_uri(source)
+    bucket = unquote(display_uri(arrow).partition("://")[2].split("/", 1)[0].rpartition("@")[2])
+    return stored_root(arrow, bucket) + bucket
 
 
 def azure_account(source: str) -> str:
@@ -527,11 +632,9 @@ def names_no_account(uri: str) -> bool:
 def stored_path(uri: str, rooted: bool) -> str:
     """The filesystem path of a stored URI (``stored_root`` + path): ``bucket/key``; with ``rooted`` (the
     filesystem's paths are absolute, as HDFS's) the path after the authority (``/data/x``); for Azure the path after
-    the account (``container/path``)."""
+    the account (``container/path``), for an endpoint's object the path after it (``split_stored``)."""
     rest = uri.partition("://")[2]
-    if is_azure(uri):
-        return rest.partition("/")[2]
-    return "/" + rest.partition("/")[2] if rooted else rest
+    return "/" + rest.partition("/")[2] if rooted else split_stored(uri)[1]
 
 
 def older_uris(remote: RemotePath) -> tuple[str, ...]:
@@ -569,9 +672,30 @@ def namenode_spelling(uri: str) -> tuple[str, str, str, str] | None:
     return scheme.lower(), host.lower(), port if colon else "", "/" + path
 
 
+def object_spelling(uri: str) -> tuple[str, str, str] | None:
+    """``(scheme family, endpoint or "", bucket/key)`` of a stored object-store URI (``OBJECT_STORES``:
+    ``s3+http://h:9000/b/k`` is ``("s3", "http://h:9000", "b/k")``, ``gcs://b/k`` ``("gs", "", "b/k")``), ``None``
+    for any other. A URI of the default endpoint (``""``: the standard chain's, ``AWS_ENDPOINT_URL`` included) may
+    name the object of any endpoint written another way."""
+    scheme = scheme_of(uri) if is_uri(uri) else ""
+    if family_of(scheme) not in OBJECT_STORES:
+        return None
+    root, path = split_stored(uri)
+    transport = scheme.partition("+")[2]
+    host = root.partition("://")[2].rpartition("@")[2].rstrip("/")  # NOTE: the endpoint, never anonymous@
+    return family_of(scheme), f"{transport}://{host}" if transport else "", path
+
+
 def spelled_otherwise(uri: str, other: str) -> bool:
     """Whether stored URIs ``uri`` and ``other`` differ only in how their namenode is written (``namenode_spelling``:
-    ``hdfs://nn1/x``, ``hdfs://NN1:8020/x``)."""
+    ``hdfs://nn1/x``, ``hdfs://NN1:8020/x``), or an object's endpoint, scheme or ``anonymous@`` (``object_spelling``:
+    ``s3://b/k`` and ``s3+http://h:9000/b/k``, ``gcs://b/k`` and ``gs://b/k``, ``gs://anonymous@b/k`` and
+    ``gs://b/k``), which may be one object."""
+    first, second = object_spelling(uri), object_spelling(other)
+    if first is not None and second is not None:
+        (family, endpoint, path), (family2, endpoint2, path2) = first, second
+        return uri != other and (family, path) == (family2, path2) and (endpoint == endpoint2 or not endpoint
+                                                                        or not endpoint2)
     one, two = namenode_spelling(uri), namenode_spelling(other)
     if one is None or two is None or uri == other:
         return False
@@ -623,23 +747,33 @@ def stored_source(uri: str) -> str:
 
     NOTE: --full listed a kept object's stored URI again as it reads: the key g/h#1.parquet named s3://b/g/h (66
     'does not exist'), q?.parquet a query string (78), p%41.parquet the key pA.parquet. A '*' in a key stays a
-    wildcard (a SOURCE has no escape for it)."""
+    wildcard (a SOURCE has no escape for it). An endpoint's object (``s3+http://HOST:PORT/bucket/key``) is written
+    as Arrow's ``from_uri`` reads it: ``s3://bucket/key?endpoint_override=HOST:PORT&scheme=http`` (``arrow_uri``)."""
     from urllib.parse import quote
 
-    scheme, _, path = uri.partition("://")
-    return f"{scheme}://{quote(path, safe='/:@!$&()*+,;=~')}"
+    root, path = split_stored(uri)
+    return arrow_uri(root + quote(path, safe="/:@!$&()*+,;=~"))
 
 
 def reached_by(uri: str, sources: Sequence[str]) -> str | None:
     """The first of ``sources`` (a run's SOURCES) in the bucket or namenode of ``uri`` (a shard as petal stores it,
     ``scheme://bucket/key``, ``hdfs://nn1:8020/data/x``: ``stored_root``), whose connection options reach that object
-    too; ``None`` when none is. ``hdfs:///...`` (the default namenode) is reached by a SOURCE written so."""
+    too; ``None`` when none is. ``hdfs:///...`` (the default namenode) is reached by a SOURCE written so. An object
+    store's bucket is reached by a SOURCE at the same endpoint (``endpoint_of``; none: the default one), reading as
+    it (``gs://anonymous@``), in either scheme of one filesystem (``gcs://``, ``gs://``).
+
+    NOTE: the bucket alone matched: ``--full`` naming one server's bucket re-embedded a kept object of another
+    server's bucket of that name from the SOURCE's server."""
     from urllib.parse import unquote
 
     scheme, _, path = uri.partition("://")
     bucket = path.split("/", 1)[0]
     if scheme in AZURE_SCHEMES:  # NOTE: an account is written many ways (azure_account), abfss:// as abfs://
         return next((s for s in sources if is_azure(s) and bucket and azure_account(s) == bucket), None)
+    if family_of(scheme) in OBJECT_STORES:
+        place = _bucket_place(uri)
+        return next((s for s in sources if is_uri(s) and family_of(scheme_of(s)) == family_of(scheme)
+                     and _source_place(s) == place), None)
     for source in sources:
         if is_uri(source) and scheme_of(source) == scheme and \
                 unquote(display_uri(source).partition("://")[2].split("/", 1)[0]) == bucket:
@@ -660,11 +794,11 @@ def stored_with_options(uri: str, sources: Sequence[str] = ()) -> str:
     named = stored_source(uri)
     source = reached_by(uri, sources)
     if source is None:
-        return named
+        return named  # NOTE: an endpoint's object with that endpoint (stored_source), credentials from the chain
     info = "" if is_azure(uri) else user_info(source)  # NOTE: Arrow ignores an Azure password; the account is held
-    query = source.partition("://")[2].partition("?")[2]  # NOTE: the query as uri_encoded (from_uri) parses it
-    scheme, _, path = named.partition("://")
-    return f"{scheme}://{info + '@' if info else ''}{path}{'?' + query if query else ''}"
+    query = arrow_uri(source).partition("://")[2].partition("?")[2]  # NOTE: as uri_encoded (from_uri) parses it;
+    scheme, _, path = named.partition("://")  # it names the same endpoint (reached_by): the stored one is left out
+    return f"{scheme}://{info + '@' if info else ''}{path.partition('?')[0]}{'?' + query if query else ''}"
 
 
 def open_stored(uri: str, filesystems: dict[str, Any] | None = None, sources: Sequence[str] = ()) -> RemotePath:
@@ -676,8 +810,7 @@ def open_stored(uri: str, filesystems: dict[str, Any] | None = None, sources: Se
     absolute (an S3 client made from a URI may first ask for the bucket's region)."""
     from pyarrow import fs
 
-    scheme, _, rest = uri.partition("://")
-    client = f"{scheme}://{rest.split('/', 1)[0]}?{reached_by(uri, sources) or ''}"  # the bucket, the options' SOURCE
+    client = f"{_bucket_place(uri)}?{reached_by(uri, sources) or ''}"  # the bucket, the options' SOURCE
     cache = filesystems if filesystems is not None else {}
     if client not in cache:
         # NOTE: the stored key is as it reads: a '%', '?' or '#' in it is the key's own, never an escape or a query

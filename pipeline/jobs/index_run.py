@@ -55,6 +55,7 @@ from petal.pipeline.ingest.remote import (
     namenode_spelling,
     names_no_account,
     names_no_namenode,
+    object_spelling,
     older_uris,
     open_stored,
     reached_by,
@@ -1185,27 +1186,49 @@ def check_no_older_uris(named: list[Path | RemotePath], unknown: frozenset[str])
 def check_one_spelling(named: list[Path | RemotePath], held: frozenset[str]) -> None:
     """78 when a named object's URI differs only in how its namenode is written (``remote.spelled_otherwise``:
     ``hdfs://nn1/x``, ``hdfs://NN1:8020/x``) from another named one's or, in an additive run, a held one's
-    (``held``).
+    (``held``); or, in an additive run, an object-store URI from a held one only in its endpoint (one of them the
+    default endpoint's: ``s3://b/k``, ``s3+http://h:9000/b/k``), its scheme (``gcs://``, ``gs://``) or
+    ``anonymous@``.
 
     NOTE: the URI is the shard's identity: hdfs://nn1/data and then hdfs://nn1:8020/data indexed one file as two
     shards at exit 0 (its rows twice, without an id column). Whether a port left out is 8020 is Hadoop's
-    configuration (Arrow passes port 0), which petal cannot read, so it asks for one spelling."""
+    configuration (Arrow passes port 0), which petal cannot read, so it asks for one spelling. Likewise whether the
+    default endpoint (AWS's, or AWS_ENDPOINT_URL's) is a SOURCE's ?endpoint_override server, and an older petal
+    stored every endpoint's object as s3://b/k and gcs:// apart from gs://; two SOURCES of one run are two objects."""
     uris = sorted({remote.uri for remote in named if isinstance(remote, RemotePath)})
     by_place: dict[tuple[str, str, str], list[str]] = {}  # (scheme, host, path): the URIs written so
     for uri in [*uris, *sorted(held)]:
-        spelling = namenode_spelling(uri)
+        spelling = _place_of(uri)
         if spelling is not None:
-            by_place.setdefault((spelling[0], spelling[1], spelling[3]), []).append(uri)
+            by_place.setdefault(spelling, []).append(uri)
     for uri in uris:
-        spelling = namenode_spelling(uri)
-        same = by_place.get((spelling[0], spelling[1], spelling[3]), []) if spelling is not None else []
-        other = next((o for o in same if spelled_otherwise(uri, o)), None)
+        spelling = _place_of(uri)
+        same = by_place.get(spelling, []) if spelling is not None else []
+        other = next((o for o in same if spelled_otherwise(uri, o)
+                      and (o in held or object_spelling(uri) is None)), None)
+        if other is not None and object_spelling(uri) is not None:
+            raise ConfigError(f"{uri}: the index holds {other}, which differs only in its endpoint (the default one "
+                              "is the standard chain's: AWS_ENDPOINT_URL or AWS's; a SOURCE's ?endpoint_override "
+                              "is stored as s3+http://HOST:PORT/...), its scheme (gcs://, gs://) or anonymous@, as an "
+                              "older petal stored them: petal cannot tell whether they are one object and would "
+                              "index it twice; name the SOURCE as the index holds it, or rerun with --sync naming "
+                              "every SOURCE of the index to replace the shards held")
         if other is not None:
             where = "the index holds" if other in held else "another SOURCE names"
             raise ConfigError(f"{uri}: {where} {other}, which differs only in how the namenode is written (a "
                               "host's case, a port left out): petal cannot tell whether they are one file and "
                               "would index it twice; write the namenode the same way in every SOURCE and every "
                               "run (as the index holds it), or rerun with --sync to replace the shards held")
+
+
+def _place_of(uri: str) -> tuple[str, str, str] | None:
+    """Where a stored URI's file or object is, however its namenode or endpoint is written: ``(scheme, host,
+    path)`` for HDFS (``namenode_spelling``), ``(family, "", bucket/key)`` for an object store (``object_spelling``)."""
+    spelling = namenode_spelling(uri)
+    if spelling is not None:
+        return spelling[0], spelling[1], spelling[3]
+    place = object_spelling(uri)
+    return (place[0], "", place[2]) if place is not None else None
 
 
 def check_rows_to_index(out: OutputDir, job: IndexJob, committed: list[StoreEntry], report: RunReport) -> None:
@@ -1277,6 +1300,12 @@ def _through_chain(abs_path: str, sources: Sequence[str]) -> str:
     storage's standard chain chose the endpoint and credentials, not the URI options the run that indexed it had."""
     if not is_uri(abs_path) or reached_by(abs_path, sources) is not None:
         return ""
+    spelling = object_spelling(abs_path)
+    if spelling is not None and spelling[1]:
+        # NOTE: an endpoint's object is looked up there (its stored URI), only its credentials from the chain
+        return (f" (looked up at the endpoint it was indexed from, with the credentials of the storage's standard "
+                f"chain, as no SOURCE names its bucket there: {chain_of(abs_path)}; or name a SOURCE in its bucket "
+                "with its options)")
     # NOTE: this advised S3's variables for a kept gs:// or hdfs:// object too
     where = "namenode" if chain_of(abs_path, CHAIN_ENDPOINT) == CHAIN_ENDPOINT["hdfs"] else \
         "storage account" if is_azure(abs_path) else "bucket"
