@@ -804,6 +804,9 @@ class ShardRecord:
     # an hdfs:///... shard this petal read from the default namenode; False for one an older petal recorded, which
     # stored every namenode's shards so (remote.stored_root): its namenode is unknown (index_run.check_no_older_uris)
     default_namenode: bool = False
+    # an object-store shard this petal read at the default endpoint (s3://b/k, gs://b/k); False for one an older
+    # petal recorded, which stored every endpoint's objects so (remote.stored_root): its endpoint is unknown
+    default_endpoint: bool = False
 
     def __post_init__(self) -> None:
         _freeze_fields(self, "skipped")
@@ -814,6 +817,8 @@ class ShardRecord:
                "skipped": dict(self.skipped), "truncated": self.truncated, "deleted": self.deleted}
         if self.default_namenode:  # NOTE: written only where it says something: every other manifest as before
             out["default_namenode"] = True
+        if self.default_endpoint:
+            out["default_endpoint"] = True
         return out
 
     @classmethod
@@ -821,7 +826,7 @@ class ShardRecord:
         return cls(s.get("path", str), s.get("abs_path", str), s.get("size", int), s.get("mtime_ns", int),
                    s.get("sha256", str), s.get("rows", int), s.get("entry", str), s.get("embedded", int),
                    s.mapping("skipped", int), s.get("truncated", int), s.get("deleted", int, 0),
-                   s.get("default_namenode", bool, False))
+                   s.get("default_namenode", bool, False), s.get("default_endpoint", bool, False))
 
 
 @read_only

@@ -117,7 +117,45 @@ def test_the_default_endpoint_keeps_its_stored_uri_and_a_stored_uri_is_a_source(
                     env={**one.env(), "PETAL_TEST_FAKE_ENGINE": str(log)})
     assert result.exit_code == 0, result.output
     assert shards(out) == [("s3://bkt/p/a.parquet", 3)]
+    upper = invoke(["index", "S3://bkt/p/a.parquet", "--out", str(out), "--model", str(fake_model), "-q"],
+                   env={**one.env(), "PETAL_TEST_FAKE_ENGINE": str(log)})  # NOTE: a scheme is case-insensitive
+    assert upper.exit_code == 0 and "nothing-to-do" in upper.output, upper.output
     again = invoke(["index", stored(one), "--out", str(tmp_path / "out2"), "--model", str(fake_model), "-q"],
                    env={**chain_env(one), "PETAL_TEST_FAKE_ENGINE": str(log)})
     assert again.exit_code == 0, again.output
     assert shards(tmp_path / "out2") == [(stored(one), 3)]
+
+
+def as_an_older_petal_wrote(out: Path) -> None:
+    """The live manifest of ``out`` as a petal that stored every endpoint's objects as s3://bucket/key wrote it: its
+    records without ``default_endpoint`` (signed again)."""
+    from petal.pipeline.layout import OutputDir
+    from tests.test_open_integrity import _resigned
+
+    def edit(manifest: dict) -> None:
+        for shard in manifest["shards"]:
+            shard.pop("default_endpoint", None)
+
+    _resigned(OutputDir(out).version_dir(IndexReader(out).manifest.version), edit)
+
+
+def test_an_object_an_older_petal_stored_without_its_endpoint_is_78_then_replaced_by_sync(servers, fake_model,
+                                                                                          tmp_path):
+    """The default endpoint's s3://bkt/key this petal wrote is its own shard beside a SOURCE's endpoint's; one an
+    older petal wrote may be that endpoint's object: an additive run naming it there is 78, --sync replaces it."""
+    one, two = servers
+    out, log = tmp_path / "out", tmp_path / "log"
+    default = invoke(["index", "s3://bkt/p/a.parquet", "--out", str(out), "--model", str(fake_model), "-q"],
+                     env={**one.env(), "PETAL_TEST_FAKE_ENGINE": str(log)})
+    assert default.exit_code == 0, default.output
+    beside = index(out, fake_model, two, tmp_path / "l1", source(two, "bkt/p/a.parquet"))
+    assert beside.exit_code == 0, beside.output
+    assert shards(out) == sorted([("s3://bkt/p/a.parquet", 3), (stored(two), 3)])
+    as_an_older_petal_wrote(out)
+    refused = index(out, fake_model, one, tmp_path / "l2", source(one, "bkt/p/a.parquet"))
+    assert refused.exit_code == 78, refused.output
+    assert f"{stored(one)}: the index holds s3://bkt/p/a.parquet, as an older petal recorded objects" in refused.output
+    synced = index(out, fake_model, one, tmp_path / "l3", source(one, "bkt/p/a.parquet"),
+                   source(two, "bkt/p/a.parquet"), "--sync")
+    assert synced.exit_code == 0, synced.output
+    assert shards(out) == sorted([(stored(one), 3), (stored(two), 3)])

@@ -331,6 +331,8 @@ class ShardInfo:
     group_rows: tuple[int, ...] = field(default=(), compare=False, repr=False)
     # a kept hdfs:///... shard an older petal recorded, of a namenode unknown (``ShardRecord.default_namenode``)
     namenode_unknown: bool = False
+    # a kept s3://b/k or gs://b/k shard an older petal recorded, its endpoint unknown (``ShardRecord.default_endpoint``)
+    endpoint_unknown: bool = False
 
 
 def plain_type(t: pa.DataType) -> pa.DataType:

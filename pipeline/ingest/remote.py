@@ -686,6 +686,13 @@ def object_spelling(uri: str) -> tuple[str, str, str] | None:
     return family_of(scheme), f"{transport}://{host}" if transport else "", path
 
 
+def names_no_endpoint(uri: str) -> bool:
+    """Whether the stored URI ``uri`` is an object store's of the default endpoint (``s3://b/k``, ``gs://b/k``,
+    ``gcs://b/k``: the standard chain's, or, recorded by an older petal, any endpoint's: ``stored_root``)."""
+    spelling = object_spelling(uri)
+    return spelling is not None and not spelling[1]
+
+
 def spelled_otherwise(uri: str, other: str) -> bool:
     """Whether stored URIs ``uri`` and ``other`` differ only in how their namenode is written (``namenode_spelling``:
     ``hdfs://nn1/x``, ``hdfs://NN1:8020/x``), or an object's endpoint, scheme or ``anonymous@`` (``object_spelling``:

@@ -54,6 +54,7 @@ from petal.pipeline.ingest.remote import (
     is_uri,
     namenode_spelling,
     names_no_account,
+    names_no_endpoint,
     names_no_namenode,
     object_spelling,
     older_uris,
@@ -938,7 +939,8 @@ def shard_records(shards: list[ShardInfo], entries: list[StoreEntry]) -> tuple[S
     return tuple(ShardRecord(path=str(s.path), abs_path=s.abs_path, size=s.size, mtime_ns=s.mtime_ns,
                              sha256=e.source_sha256, rows=s.num_rows, entry=e.fingerprint, embedded=e.num_embedded,
                              skipped=e.skipped, truncated=e.num_truncated, deleted=tombstoned(e),
-                             default_namenode=names_no_namenode(s.abs_path) and not s.namenode_unknown)
+                             default_namenode=names_no_namenode(s.abs_path) and not s.namenode_unknown,
+                             default_endpoint=names_no_endpoint(s.abs_path) and not s.endpoint_unknown)
                  for s, e in zip(shards, entries))
 
 
@@ -1141,7 +1143,9 @@ def named_sources(job: IndexJob, live: Manifest | None) -> list[Path | RemotePat
     live version held shards: a store has no empty directories, so that is an emptied prefix."""
     held = frozenset(record.abs_path for record in live.shards) if live is not None else frozenset()
     named = resolve_sources(job.sources, out=job.out, empty_ok=job.sync and live is not None, held=held)
-    check_one_spelling(named, frozenset() if job.sync else held)
+    older = frozenset() if job.sync else frozenset(record.abs_path for record in live.shards if names_no_endpoint(
+        record.abs_path) and not record.default_endpoint) if live is not None else frozenset()
+    check_one_spelling(named, frozenset() if job.sync else held, older)
     if not job.sync and live is not None:
         check_no_older_uris(named, frozenset(record.abs_path for record in live.shards
                                              if (names_no_namenode(record.abs_path) and not record.default_namenode)
@@ -1183,18 +1187,19 @@ def check_no_older_uris(named: list[Path | RemotePath], unknown: frozenset[str])
                 "name the SOURCE without one (hdfs:///...)")
 
 
-def check_one_spelling(named: list[Path | RemotePath], held: frozenset[str]) -> None:
+def check_one_spelling(named: list[Path | RemotePath], held: frozenset[str], unknown: frozenset[str]) -> None:
     """78 when a named object's URI differs only in how its namenode is written (``remote.spelled_otherwise``:
     ``hdfs://nn1/x``, ``hdfs://NN1:8020/x``) from another named one's or, in an additive run, a held one's
-    (``held``); or, in an additive run, an object-store URI from a held one only in its endpoint (one of them the
-    default endpoint's: ``s3://b/k``, ``s3+http://h:9000/b/k``), its scheme (``gcs://``, ``gs://``) or
-    ``anonymous@``.
+    (``held``); or, in an additive run, an object-store URI from one an older petal stored (``unknown``: ``s3://b/k``
+    of any endpoint, ``gcs://b/k``, ``gs://b/k`` for ``gs://anonymous@b/k``) only in its endpoint
+    (``s3+http://h:9000/b/k``), its scheme (``gs://``) or ``anonymous@``.
 
     NOTE: the URI is the shard's identity: hdfs://nn1/data and then hdfs://nn1:8020/data indexed one file as two
     shards at exit 0 (its rows twice, without an id column). Whether a port left out is 8020 is Hadoop's
-    configuration (Arrow passes port 0), which petal cannot read, so it asks for one spelling. Likewise whether the
-    default endpoint (AWS's, or AWS_ENDPOINT_URL's) is a SOURCE's ?endpoint_override server, and an older petal
-    stored every endpoint's object as s3://b/k and gcs:// apart from gs://; two SOURCES of one run are two objects."""
+    configuration (Arrow passes port 0), which petal cannot read, so it asks for one spelling. Likewise an older
+    petal stored every endpoint's object as s3://b/k (and gcs:// apart from gs://): which server's was it? A record
+    this petal wrote (``ShardRecord.default_endpoint``) is the default endpoint's, another shard than a SOURCE's
+    endpoint's; two SOURCES of one run are two objects."""
     uris = sorted({remote.uri for remote in named if isinstance(remote, RemotePath)})
     by_place: dict[tuple[str, str, str], list[str]] = {}  # (scheme, host, path): the URIs written so
     for uri in [*uris, *sorted(held)]:
@@ -1205,14 +1210,14 @@ def check_one_spelling(named: list[Path | RemotePath], held: frozenset[str]) -> 
         spelling = _place_of(uri)
         same = by_place.get(spelling, []) if spelling is not None else []
         other = next((o for o in same if spelled_otherwise(uri, o)
-                      and (o in held or object_spelling(uri) is None)), None)
+                      and (o in unknown or object_spelling(uri) is None)), None)
         if other is not None and object_spelling(uri) is not None:
-            raise ConfigError(f"{uri}: the index holds {other}, which differs only in its endpoint (the default one "
-                              "is the standard chain's: AWS_ENDPOINT_URL or AWS's; a SOURCE's ?endpoint_override "
-                              "is stored as s3+http://HOST:PORT/...), its scheme (gcs://, gs://) or anonymous@, as an "
-                              "older petal stored them: petal cannot tell whether they are one object and would "
-                              "index it twice; name the SOURCE as the index holds it, or rerun with --sync naming "
-                              "every SOURCE of the index to replace the shards held")
+            raise ConfigError(f"{uri}: the index holds {other}, as an older petal recorded objects: without the "
+                              "endpoint a SOURCE named (?endpoint_override, now stored as SCHEME+http://HOST:PORT/"
+                              "...), gcs:// apart from gs://, without gs://anonymous@; petal cannot tell whether they "
+                              "are one object and would index it twice. Rerun with --sync naming every SOURCE of the "
+                              "index (the shards recorded so are then replaced by those named), or name the SOURCE "
+                              "as the index holds it")
         if other is not None:
             where = "the index holds" if other in held else "another SOURCE names"
             raise ConfigError(f"{uri}: {where} {other}, which differs only in how the namenode is written (a "

@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 
 from petal.pipeline.config import RemovalLimit
 from petal.pipeline.ingest.parquet import ShardInfo
-from petal.pipeline.ingest.remote import RemotePath, names_no_namenode
+from petal.pipeline.ingest.remote import RemotePath, names_no_endpoint, names_no_namenode
 from petal.pipeline.layout import OutputDir
 from petal.pipeline.manifest import Manifest, ShardRecord
 from petal.pipeline.reliability.errors import BadInputError, ConfigError, PetalError
@@ -59,7 +59,8 @@ def kept_shard(record: ShardRecord, entry: StoreEntry) -> ShardInfo:
         path = RemotePath(filesystem=None, path=record.abs_path.split("://", 1)[1], uri=record.path)
     return ShardInfo(path=path, abs_path=record.abs_path, size=record.size, mtime_ns=record.mtime_ns,
                      num_rows=record.rows, num_row_groups=0, has_id_column=bool(id_type), id_type=id_type,
-                     text_type="", namenode_unknown=names_no_namenode(record.abs_path) and not record.default_namenode)
+                     text_type="", namenode_unknown=names_no_namenode(record.abs_path) and not record.default_namenode,
+                     endpoint_unknown=names_no_endpoint(record.abs_path) and not record.default_endpoint)
 
 
 def kept_entries(store: EmbeddingStore, records: list[ShardRecord], out: Path) -> list[StoreEntry]:
