@@ -543,7 +543,7 @@ def arrow_uri(uri: str) -> str:
     """A URI in petal's endpoint form (``s3+http://HOST:PORT/bucket/key``, as ``stored_root`` stores an object of a
     server a SOURCE named) as Arrow's ``from_uri`` takes it: ``s3://bucket/key?endpoint_override=HOST:PORT&scheme=
     http``, the URI's own query after it; any other URI as it is. The key is left as written (a SOURCE's)."""
-    from urllib.parse import unquote
+    from urllib.parse import quote, unquote
 
     scheme, _, rest = uri.partition("://")
     family, plus, transport = scheme.partition("+")
@@ -552,7 +552,7 @@ def arrow_uri(uri: str) -> str:
     authority, _, path = rest.partition("/")
     user, at, host = authority.rpartition("@")
     path, _, query = path.partition("?")
-    options = f"endpoint_override={unquote(host)}&scheme={transport.lower()}"
+    options = f"endpoint_override={quote(unquote(host), safe=':')}&scheme={transport.lower()}"  # NOTE: [::1]:9000
     return f"{family.lower()}://{user}{at}{path}?{query + '&' if query else ''}{options}"
 
 
