@@ -1168,23 +1168,21 @@ def check_no_older_uris(named: list[Path | RemotePath], unknown: frozenset[str])
     for remote in named:
         olders = older_uris(remote) if isinstance(remote, RemotePath) else ()
         older = next((o for o in olders if o in unknown and o not in uris), None)
-        if older is not None and is_azure(older):
-            # NOTE: an older petal stored Azure objects without their account (abfs://container/path): an additive
-            # run from another account replaced that shard by its own (and --full could not open it: 74)
-            raise ConfigError(
-                f"{remote} is in the index as {older}: an older petal recorded Azure shards without their storage "
-                "account, so petal cannot tell whether that is this account's object or another's; indexed again "
-                "with its account, it would be a second shard (its rows twice in the index, unless the id column "
-                "makes them replace the old ones). Rerun with --sync naming every SOURCE of the index (the shards "
-                "recorded without an account are then replaced by those named)")
-        if older is not None:
-            raise ConfigError(
-                f"{remote} is in the index as {older}: an older petal recorded HDFS shards without their namenode, so "
-                "petal cannot tell whether that is this file or the default namenode's; indexed again under its "
-                "namenode, it would be a second shard (its rows twice in the index, unless the id column makes "
-                "them replace the old ones). Rerun with --sync naming every SOURCE of the index (the shards "
-                "recorded without a namenode are then replaced by those named); for the default namenode's shards, "
-                "name the SOURCE without one (hdfs:///...)")
+        if older is None:
+            continue
+        # NOTE: an older petal stored Azure objects without their account (abfs://container/path): an additive run
+        # from another account replaced that shard by its own (and --full could not open it: 74)
+        kind, lost, which, again, without, default = (
+            ("Azure", "their storage account", "this account's object or another's", "with its account", "an account",
+             "")
+            if is_azure(older) else
+            ("HDFS", "their namenode", "this file or the default namenode's", "under its namenode", "a namenode",
+             "; for the default namenode's shards, name the SOURCE without one (hdfs:///...)"))
+        raise ConfigError(
+            f"{remote} is in the index as {older}: an older petal recorded {kind} shards without {lost}, so petal "
+            f"cannot tell whether that is {which}; indexed again {again}, it would be a second shard (its rows twice "
+            "in the index, unless the id column makes them replace the old ones). Rerun with --sync naming every "
+            f"SOURCE of the index (the shards recorded without {without} are then replaced by those named){default}")
 
 
 def check_one_spelling(named: list[Path | RemotePath], held: frozenset[str], unknown: frozenset[str]) -> None:
