@@ -452,3 +452,17 @@ def tokenize_workers() -> int:
     if workers < 1:
         raise ValueError(f"PETAL_TOKENIZE_WORKERS={value!r} is not a whole number >= 1")
     return workers
+
+
+def parse_duration(text: str) -> float:
+    """``--keep-unused`` (store/retention.py): a number of seconds, or with a unit (``90s``, ``30m``, ``12h``,
+    ``7d``); 0: none. Here, not in retention.py: a usage error must not import pyarrow (tests/test_lazy_imports.py)."""
+    units = {"s": 1, "m": 60, "h": 3_600, "d": 86_400}
+    number, unit = (text[:-1], text[-1]) if text[-1:].lower() in units else (text, "s")
+    try:
+        seconds = float(number) * units[unit.lower()]
+    except ValueError:
+        raise ValueError(f"--keep-unused {text!r} is not a duration: give seconds or 90s, 30m, 12h, 7d") from None
+    if not seconds >= 0 or seconds == float("inf"):
+        raise ValueError(f"--keep-unused {text!r} must be 0 or more (0: delete unused store entries at once)")
+    return seconds

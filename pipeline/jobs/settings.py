@@ -240,7 +240,7 @@ def _convert(name: str, value: Any) -> Any:
     if name == "max_removed" and value is not None:
         return value if isinstance(value, RemovalLimit) else build(RemovalLimit.parse, str(value))
     if name == "keep_unused_s" and value is not None and not isinstance(value, bool):
-        from petal.pipeline.store.retention import parse_duration  # "7d", "12h", or seconds
+        from petal.pipeline.config import parse_duration  # "7d", "12h", or seconds
 
         return build(parse_duration, str(value))
     if name == "keep_columns" and (value is None or isinstance(value, str)):

@@ -180,16 +180,3 @@ def duration_text(seconds: float) -> str:
         if seconds >= size and seconds % size == 0:
             return f"{int(seconds // size)}{unit}"
     return f"{seconds:g}s"
-
-
-def parse_duration(text: str) -> float:
-    """``--keep-unused``: a number of seconds, or with a unit (``90s``, ``30m``, ``12h``, ``7d``); 0: none."""
-    units = {"s": 1, "m": 60, "h": 3_600, "d": 86_400}
-    number, unit = (text[:-1], text[-1]) if text[-1:].lower() in units else (text, "s")
-    try:
-        seconds = float(number) * units[unit.lower()]
-    except ValueError:
-        raise ValueError(f"--keep-unused {text!r} is not a duration: give seconds or 90s, 30m, 12h, 7d") from None
-    if not seconds >= 0 or seconds == float("inf"):
-        raise ValueError(f"--keep-unused {text!r} must be 0 or more (0: delete unused store entries at once)")
-    return seconds
