@@ -22,6 +22,7 @@ from petal.pipeline.ingest import remote
 from tests.azure_emulation import emulate_azure
 from tests.fake_cli import invoke
 from tests.fake_engine import make_fake_model_dir
+from tests.test_hdfs_sources import index, indexed_ids, stored  # the same CLI run and reads
 
 ONE = "abfs://acct1.blob.core.windows.net/cont/dir/a.parquet"
 TWO = "abfs://acct2.blob.core.windows.net/cont/dir/a.parquet"
@@ -50,19 +51,6 @@ def put(root: Path, path: str, prefix: str, rows: int) -> list[str]:
     pq.write_table(pa.table({"id": ids, "text": [f"{prefix} document {i}" for i in range(rows)],
                              "lang": [prefix] * rows}), target)
     return ids
-
-
-def index(out: Path, model: Path, log: Path, *args: str):
-    return invoke(["index", *args, "--out", str(out), "--model", str(model), "-q", "--keep-columns", "lang"],
-                  env={"PETAL_TEST_FAKE_ENGINE": str(log)})
-
-
-def stored(out: Path) -> list[str]:
-    return sorted(record.abs_path for record in IndexReader(out).manifest.shards)
-
-
-def indexed_ids(out: Path) -> list[str]:
-    return sorted(IndexReader(out).ids.column("id").to_pylist())
 
 
 def read_back(out: Path) -> list[str]:
