@@ -187,15 +187,41 @@ def filter_mask(flt: Filter, table: pa.Table, available: list[str]) -> np.ndarra
                               f"--keep-columns): {', '.join(available) or 'none'}")
         column = table.column(clause.column)
         values = value_set(clause.column, column.type, clause.values)  # FilterError: a literal of another kind
-        if pa.types.is_floating(column.type):
+        wide = compared_type(column.type)
+        if pa.types.is_dictionary(column.type):  # NOTE: its values first: Arrow has no take to decode views with
+            column = column.cast(pa.dictionary(column.type.index_type, wide)).cast(wide)
+        if wide != column.type:
+            column = column.cast(wide)
+        if wide != values.type:
+            values = values.cast(wide)
+        if pa.types.is_floating(wide):
             # NOTE: is_in matches by hash, bit for bit: -0.0 was not 0.0 (f = 0 missed a row holding -0.0, f = -0.0 one
-            # holding 0.0), where every comparison of numbers finds them equal; x + 0.0 is +0.0 for either zero. A
-            # float16 column goes as float32 (exact): Arrow has no is_in (nor add) for it, a traceback
-            wide = pa.float32() if pa.types.is_float16(column.type) else column.type
+            # holding 0.0), where every comparison of numbers finds them equal; x + 0.0 is +0.0 for either zero
             zero = from_python([0.0], wide)[0]  # NOTE: not pa.scalar, which imports pandas (from_python)
-            column, values = pc.add(column.cast(wide), zero), pc.add(values.cast(wide), zero)
+            column, values = pc.add(column, zero), pc.add(values, zero)
         mask &= true_rows(pc.is_in(column, value_set=values))
     return mask
+
+
+def compared_type(dtype: pa.DataType) -> pa.DataType:
+    """The type a kept column of ``dtype`` is compared as: its own, or where Arrow has no ``is_in`` kernel for it, one
+    that holds each of its values exactly and has one (float16: float32; decimal32 and decimal64: decimal128 of the
+    same precision and scale; a view layout: its large one; a dictionary: its values'). Only the comparison widens:
+    a hit's field is the stored value, of the stored type.
+
+    NOTE: Arrow 26 has no ``is_in`` for float16, decimal32, decimal64, string_view, binary_view nor any dictionary:
+    ``price = 1.5`` on a decimal32 column (a Parquet file's ``DECIMAL(5, 2)`` as pyarrow writes it) was a traceback,
+    exit 1 (``petal serve``: 500). ``tests/test_filter_narrow_types.py`` filters every type ``column_kind`` takes."""
+    import pyarrow as pa
+
+    t = pa.types
+    if t.is_dictionary(dtype):
+        return compared_type(dtype.value_type)
+    if t.is_float16(dtype):
+        return pa.float32()
+    if t.is_decimal32(dtype) or t.is_decimal64(dtype):
+        return pa.decimal128(dtype.precision, dtype.scale)
+    return {pa.string_view(): pa.large_string(), pa.binary_view(): pa.large_binary()}.get(dtype, dtype)
 
 
 def true_rows(flags: pa.ChunkedArray) -> np.ndarray:
