@@ -3,6 +3,7 @@ the grammar and its errors. Vectors from the tests' fake engine; Parquet, store 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -88,7 +89,7 @@ def test_a_filter_nothing_matches_gives_no_hits(corpus, tmp_path):
 def test_the_grammar_and_its_errors():
     flt = parse_filter("lang = 'it''s' AND year IN (2020, 2021)")
     assert [(c.column, c.values) for c in flt.clauses] == [("lang", ("it's",)), ("year", (2020, 2021))]
-    for bad, said in [("lang == 'en'", "expected"), ("lang = en", "expected a 'string' or a number"),
+    for bad, said in [("lang == 'en'", "'==' .* is no operator"), ("lang = en", "expected a 'string' or a number"),
                       ("lang = 'en' OR year = 1", "AND"), ("lang IN ('a',", "expected"), ("", "a column"),
                       ("lang = 'en' ; drop", "cannot read")]:
         with pytest.raises(ValueError, match=said):
@@ -202,14 +203,98 @@ def test_a_filter_is_read_in_place_not_copied_per_token(clauses):
     assert _CountingText.copies <= 2, _CountingText.copies
 
 
-@pytest.mark.parametrize("where, column", [("my-col = 1", "my-col"), ("é = 1", "é"), ("AND = 1", "AND"),
-                                           ("true = 1", "true"), ("IN = 1", "IN")])
+@pytest.mark.parametrize("where, column", [("my-col = 1", "my-col"), ("AND = 1", "AND"), ("true = 1", "true"),
+                                           ("IN = 1", "IN"), ("2024col = 1", "2024col"), (".x = 1", ".x")])
 def test_a_column_no_bare_name_can_name_is_double_quoted_and_the_error_says_so(where, column):
-    """--keep-columns takes any name, the grammar's bare names are letters, digits, _ and . only (and not AND, IN,
-    true, false): the error names the double quotes that read the others (was: no word of them anywhere)."""
+    """--keep-columns takes any name, the grammar's bare names are letters, digits, _ and . only, starting with a
+    letter or _ (and not AND, IN, true, false): the error names the double quotes that read the others (was: no word
+    of them anywhere; for ``2024col = 1`` only ``expected a column, got 2024``)."""
     with pytest.raises(ValueError, match='is written in double quotes: "my-col" = 1'):
         parse_filter(where)
     assert parse_filter(f'"{column}" = 1').clauses == (Clause(column, (1,)),)
     with pytest.raises(ValueError) as caught:  # an unterminated string is no name: no hint about names
         parse_filter("x = 'abc")
     assert "double quotes" not in str(caught.value)
+
+
+@pytest.mark.parametrize("column", ['q"x', '"', 'say "hi"', '""', "it's"])
+def test_a_double_quote_in_a_quoted_name_is_doubled(column):
+    """``""`` inside a double-quoted name is one ``"``, as ``''`` in a string (was: ``"[^"]+"``, no name holding a
+    ``"`` could be written: ``"q""x" = 1`` said ``expected =, got 'x'``)."""
+    quoted = '"' + column.replace('"', '""') + '"'
+    assert parse_filter(f"{quoted} = 1 AND {quoted} IN ('a')").clauses == (Clause(column, (1,)), Clause(column, ("a",)))
+
+
+@pytest.mark.parametrize("where, column", [("année = 1", "année"), ("é = 1", "é"), ("名前 = 1", "名前"),
+                                           ("ın = 1", "ın"), ("falſe = 1", "falſe"), ("_x.y2 = 1", "_x.y2")])
+def test_a_bare_name_takes_letters_of_any_script(where, column):
+    """A bare name is letters of any script (was: ASCII only, where the message said "letters"); the keywords and
+    ``true``/``false`` are ASCII words (``"ın".upper()`` is ``IN``: a column, not the keyword)."""
+    assert parse_filter(where).clauses == (Clause(column, (1,)),)
+
+
+@pytest.mark.parametrize("where, said", [
+    ("i64 = .5", "cannot read '.5' (at character 7): a number is written with a digit on each side of its point"),
+    ("i64 = 5.", "cannot read '.' (at character 8): a number is written"),
+    ("i64 = +5", "cannot read '+5' (at character 7): a number is written"),
+    ("i64 IN (1, -.5)", "cannot read '-.5)'"),
+    ("s != 'en'", "'!=' (at character 3) is no operator of the filter, whose operators are = and IN"),
+    ("s <> 'en'", "'<>' (at character 3) is no operator"), ("n < 5", "'<' (at character 3) is no operator"),
+    ("n >= 5", "'>=' (at character 3)"), ("n == 5", "'==' (at character 3)"),
+    ("NOT s = 'en'", "NOT is not supported"), ("s NOT IN ('a')", "NOT is not supported"),
+    ("a = 1 AND NOT s = 'en'", "NOT is not supported"),
+    ("s IS NULL", "IS NULL is not supported"), ("s is not null", "IS NULL is not supported"),
+    ("s = NULL", "NULL is not supported"), ("a = 1 OR b = 2", "OR is not supported"),
+    ("s LIKE 'a%'", "LIKE is not supported"), ("n BETWEEN 1 AND 2", "BETWEEN is not supported")])
+def test_numbers_and_operators_the_grammar_lacks_are_named(where, said):
+    """A number written otherwise than the grammar's, an operator or SQL word it has not: named, with the forms it has
+    (was: ``write the column in double quotes`` for ``.5``, ``+5`` and ``!=``; ``expected =, got 's'`` for NOT and
+    IS NULL)."""
+    with pytest.raises(ValueError) as caught:
+        parse_filter(where)
+    assert said in str(caught.value), str(caught.value)
+    assert "double quotes" not in str(caught.value)
+    if "is no operator" in said or "is not supported" in said:
+        assert "clauses joined by AND, each \"col = 'x'\" or \"col IN ('a', 'b')\" (no OR, NOT, IS NULL" \
+            in str(caught.value)
+
+
+def test_a_column_so_named_is_still_a_column():
+    """The SQL words the grammar names as unsupported are columns where a column belongs."""
+    flt = parse_filter("is = 1 AND not = 2 AND null IN (3) AND or = 4")
+    assert [c.column for c in flt.clauses] == ["is", "not", "null", "or"]
+
+
+def test_kept_columns_named_with_a_quote_or_other_letters_filter_through_the_cli(tmp_path):
+    """``petal index --keep-columns 'q"x,année'`` then ``petal query --where '"q""x" = 1 AND année = ...'``: the
+    rows holding both (was: 'expected =, got 'x'' and a hint to double-quote année, exit 2); an unsupported word
+    exits 2 naming it. Real Parquet, ``--vectors-column`` (no model), FAISS, the CLI."""
+    from click.testing import CliRunner
+
+    from petal.cli.main import cli
+
+    rows = 12
+    data = np.random.default_rng(0).standard_normal((rows, 4)).astype(np.float32)
+    pq.write_table(pa.table({"id": np.arange(rows), 'q"x': [i % 2 for i in range(rows)],
+                             "année": [f"y{i % 3}" for i in range(rows)],
+                             "emb": pa.FixedSizeListArray.from_arrays(pa.array(data.ravel()), 4)}),
+                   tmp_path / "docs.parquet")
+    out = tmp_path / "idx"
+    built = CliRunner().invoke(cli, ["index", str(tmp_path / "docs.parquet"), "--out", str(out), "-q",
+                                     "--vectors-column", "emb", "--keep-columns", 'q"x,année'])
+    assert built.exit_code == 0, built.output
+    np.save(tmp_path / "q.npy", data[:1])
+
+    def query(where: str):
+        return CliRunner().invoke(cli, ["query", str(out), "--vector-file", str(tmp_path / "q.npy"), "-k", str(rows),
+                                        "--json", "--where", where])
+
+    found = query('"q""x" = 1 AND année = \'y1\'')
+    assert found.exit_code == 0, found.output
+    hits = json.loads(found.stdout)["hits"]
+    assert sorted(h["id"] for h in hits) == [i for i in range(rows) if i % 2 == 1 and i % 3 == 1]
+    assert all(h["fields"] == {'q"x': 1, "année": "y1"} for h in hits)
+    for where, said in [("NOT année = 'y1'", "NOT is not supported"), ("année IS NULL", "IS NULL is not supported"),
+                        ("année != 'y1'", "'!=' (at character 7) is no operator")]:
+        refused = query(where)
+        assert refused.exit_code == 2 and said in refused.stderr, refused.output

@@ -4,7 +4,8 @@ matching documents, not what is left of the top k after filtering.
 
 Grammar: ``clause (AND clause)*``; a clause is ``column = literal`` or ``column IN (literal, ...)``;
 a literal is a single-quoted string (``''`` for a quote), a number, ``true`` or ``false``. Names are columns
-given to ``petal index --keep-columns``; a literal compares only with a column of its own kind
+given to ``petal index --keep-columns``: bare (letters of any script, digits, ``_`` and ``.``, not starting with a
+digit) or double-quoted (``""`` for a quote); a literal compares only with a column of its own kind
 (``filter_values.py``: ``topic = 5`` on a string column is an error, never a cast).
 """
 
@@ -22,12 +23,18 @@ if TYPE_CHECKING:  # NOTE: parsing is light (petal query checks --where before a
     import pyarrow as pa
 
 TOKEN_RE = re.compile(r"\s*(?:(?P<str>'(?:[^']|'')*')|(?P<num>-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)|"
-                      r"(?P<name>[A-Za-z_][A-Za-z0-9_.]*|\"[^\"]+\")|(?P<op>[=(),]))")
+                      r"(?P<name>[^\W\d][\w.]*|\"(?:[^\"]|\"\")+\")|(?P<bad>==|!=|<>|<=|>=|[<>!])|(?P<op>[=(),]))")
+# NOTE: what a reader of SQL may write that the grammar has not: named, with the forms it has (was: ``expected =, got
+# 's'`` for ``NOT s = 'en'``, and a hint to double-quote the column for ``s != 'en'``)
+FORMS = ("a filter is clauses joined by AND, each \"col = 'x'\" or \"col IN ('a', 'b')\" (no OR, NOT, IS NULL, LIKE, "
+         "BETWEEN, !=, <, >)")
+UNSUPPORTED = {"OR": "OR", "NOT": "NOT", "IS": "IS NULL", "NULL": "NULL", "LIKE": "LIKE", "BETWEEN": "BETWEEN"}
 
 
 # NOTE: a kept column may be named anything; the grammar's bare names are these only
-QUOTED_NAMES = ('a column named otherwise than letters, digits, _ and . (or AND, IN, true, false) is written in '
-                'double quotes: "my-col" = 1')
+QUOTED_NAMES = ('a column named otherwise than letters, digits, _ and . (starting with a letter or _; or named AND, '
+                'IN, true, false) is written in double quotes: "my-col" = 1, with "" for a double quote in it: '
+                '"q""x" = 1')
 
 
 class FilterError(ValueError):
@@ -55,31 +62,49 @@ class Filter:
         return sorted({c.column for c in self.clauses})
 
 
-def _tokens(text: str) -> list[tuple[str, Any]]:
-    tokens, pos = [], 0
+def _tokens(text: str) -> list[tuple[str, Any, str]]:
+    """``(kind, value, as written)`` of each token of ``text``: ``lit``, ``name``, ``kw`` (AND, IN) or ``op``."""
+    tokens: list[tuple[str, Any, str]] = []
+    pos = 0
     end = len(text.rstrip())  # NOTE: once, not the rest of the text stripped at every token (quadratic: a 1 MB
     while pos < end:  # filter held petal serve's search thread for 15 s)
         match = TOKEN_RE.match(text, pos)
         if match is None:
-            rest = text[pos:].strip()
-            hint = "" if rest[:1] in ("'", '"') else f"; {QUOTED_NAMES}"
-            raise FilterError(f"--where {text!r}: cannot read {rest[:20]!r} (at character {pos}){hint}")
-        pos = match.end()
+            raise FilterError(_unreadable(text, pos, bool(tokens) and tokens[-1][0] == "lit"))
         kind = match.lastgroup
         value = match.group(kind)  # type: ignore[arg-type]  # every alternative of TOKEN_RE is a named group
+        if kind == "bad":
+            raise FilterError(f"--where {text!r}: {value!r} (at character {match.start(kind) + 1}) is no operator "
+                              f"of the filter, whose operators are = and IN; {FORMS}")
+        pos = match.end()
+        # NOTE: keywords and literals are ASCII words: "ın".upper() is "IN", "falſe".upper() "FALSE"
+        word = value.upper() if value.isascii() else value
         if kind == "str":
-            tokens.append(("lit", value[1:-1].replace("''", "'")))
+            tokens.append(("lit", value[1:-1].replace("''", "'"), value))
         elif kind == "num":
-            tokens.append(("lit", _number(text, value)))
+            tokens.append(("lit", _number(text, value), value))
+        elif kind == "name" and value.startswith('"'):
+            tokens.append(("name", value[1:-1].replace('""', '"'), value))
         elif kind == "name":
-            word = value.strip('"')
-            if value.upper() in ("TRUE", "FALSE"):  # NOTE: unquoted only: "true" is a column so named
-                tokens.append(("lit", value.upper() == "TRUE"))
+            if word in ("TRUE", "FALSE"):  # NOTE: unquoted only: "true" is a column so named
+                tokens.append(("lit", word == "TRUE", value))
             else:
-                tokens.append(("kw", word.upper()) if value.upper() in ("AND", "IN") else ("name", word))
+                tokens.append(("kw", word, value) if word in ("AND", "IN") else ("name", value, value))
         else:
-            tokens.append(("op", value))
+            tokens.append(("op", value, value))
     return tokens
+
+
+def _unreadable(text: str, pos: int, after_number: bool) -> str:
+    """Why ``text`` cannot be read at ``pos``: a string or name left open, a number written otherwise than the
+    grammar's (``.5``, ``5.``, ``+5``), or a name that must be double-quoted."""
+    rest = text[pos:].strip()
+    said = f"--where {text!r}: cannot read {rest[:20]!r} (at character {len(text) - len(text[pos:].lstrip()) + 1})"
+    if rest[:1] in ("'", '"'):
+        return said
+    if re.match(r"[-+]?\.?\d", rest) or (after_number and rest[:1] == "."):
+        return f"{said}: a number is written with a digit on each side of its point and no +: 5, -5, 0.5, 5.0, 5e-3"
+    return f"{said}; {QUOTED_NAMES}"
 
 
 class ExactNumber(float):
@@ -129,23 +154,17 @@ def parse_filter(text: str) -> Filter:
     def expect(kind: str, value: Any = None) -> Any:
         nonlocal i
         if i >= len(tokens) or tokens[i][0] != kind or (value is not None and tokens[i][1] != value):
-            got = repr(tokens[i][1]) if i < len(tokens) else "the end"
-            want = value if value is not None else {"lit": "a 'string' or a number (or true, false)",
-                                                    "name": "a column"}[kind]
-            keyword = kind == "name" and i < len(tokens) and tokens[i][0] in ("kw", "lit") \
-                and isinstance(tokens[i][1], (bool, str))  # AND, IN, true, false where a column belongs
-            raise FilterError(f"--where {text!r}: expected {want}, got {got}; the form is "
-                              "\"col = 'x' AND col IN ('a', 'b')\"" + (f"; {QUOTED_NAMES}" if keyword else ""))
+            raise FilterError(_unexpected(text, tokens, i, kind, value))
         i += 1
         return tokens[i - 1][1]
 
     while True:
         column = expect("name")
-        if i < len(tokens) and tokens[i] == ("kw", "IN"):
+        if i < len(tokens) and tokens[i][:2] == ("kw", "IN"):
             i += 1
             expect("op", "(")
             values = [expect("lit")]
-            while i < len(tokens) and tokens[i] == ("op", ","):
+            while i < len(tokens) and tokens[i][:2] == ("op", ","):
                 i += 1
                 values.append(expect("lit"))
             expect("op", ")")
@@ -157,6 +176,21 @@ def parse_filter(text: str) -> Filter:
             break
         expect("kw", "AND")
     return Filter(text, tuple(clauses))
+
+
+def _unexpected(text: str, tokens: list[tuple[str, Any, str]], i: int, kind: str, value: Any) -> str:
+    """The error of ``tokens[i]`` where ``kind`` (of ``value``) belongs: an unsupported word of SQL (it, or the column
+    before it: ``NOT s = 'en'``) named, a keyword or number where a column belongs with the double quotes' hint."""
+    near = [t for t in tokens[max(i - 1, 0):i + 1] if t[0] == "name" and not t[2].startswith('"')]
+    word = next((UNSUPPORTED[t[2].upper()] for t in reversed(near)
+                 if t[2].isascii() and t[2].upper() in UNSUPPORTED), None)
+    if word is not None:
+        return f"--where {text!r}: {word} is not supported; {FORMS}"
+    got = "the end" if i >= len(tokens) else tokens[i][2] if tokens[i][0] == "lit" else repr(tokens[i][1])
+    want = value if value is not None else {"lit": "a 'string' or a number (or true, false)", "name": "a column"}[kind]
+    misplaced = kind == "name" and i < len(tokens) and tokens[i][0] in ("kw", "lit")  # AND, IN, true, 5: not a name
+    return f"--where {text!r}: expected {want}, got {got}; the form is \"col = 'x' AND col IN ('a', 'b')\"" + \
+        (f"; {QUOTED_NAMES}" if misplaced else "")
 
 
 def columns_problem(flt: Filter, kept: tuple[str, ...] | list[str], stored: bool, binary: bool) -> str | None:
