@@ -57,7 +57,8 @@ MODEL_FLAGS = ("model", "device", "dtype", "attention", "query_prompt", "allow_p
               help="Only documents matching EXPR, on --keep-columns: \"lang = 'en' AND year IN (2020, 2021)\" "
                    "(applied inside the FAISS search). Literals: 'strings', numbers, true, false, a quoted ISO "
                    "date or time ('2024-01-31') for date, time and timestamp columns; each of its column's kind "
-                   "(topic = 5 on a string column is an error).")
+                   "(topic = 5 on a string column is an error). A column name that is not a plain word goes in double "
+                   "quotes, a quote in it doubled: \"first name\" = 'Ada'.")
 @click.option("--model", type=MODEL_DIR, default=None, metavar="PATH|HF_ID",
               help="The index's model, if it moved since indexing (weights must match): a local model directory, "
                    "or a Hugging Face model id already in the local cache.")
