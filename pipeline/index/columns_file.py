@@ -22,6 +22,7 @@ from petal.pipeline.index.files import IDS_FILE, IDS_GROUP_ROWS
 from petal.pipeline.index.nanoseconds import holds_nanoseconds, nanosecond_values
 from petal.pipeline.index.row_groups import RowGroups
 from petal.pipeline.index.source import StoreVectors
+from petal.pipeline.ingest.zones import as_utc, unresolved_zone
 from petal.pipeline.layout import is_denied
 from petal.pipeline.reliability.errors import BadInputError
 from petal.pipeline.reliability.parquet_rows import check_rows
@@ -49,8 +50,9 @@ def lenient_pylist(table: pa.Table) -> list[dict[str, Any]]:
     NOTE: pyarrow validates no UTF-8 when it reads or writes a string column, and ``to_pylist`` raises on the first
     bad value: a ``--keep-columns`` column stored from a shard as it was made every search hitting that row fail
     ('utf-8' codec can't decode: petal query exit 2, petal serve 422; a timestamp far in the future: OverflowError,
-    a traceback), and a shard's metadata column a 500."""
-    if not any(holds_nanoseconds(f.type) for f in table.schema):
+    a traceback), and a shard's metadata column a 500. A timestamp whose time zone cannot be resolved here (an index
+    made before such a column was refused: ``zones.py``) is the UTC instant it holds."""
+    if not any(holds_nanoseconds(f.type) or unresolved_zone(f.type) is not None for f in table.schema):
         try:
             return table.to_pylist()
         except (UnicodeDecodeError, OverflowError):
@@ -60,6 +62,8 @@ def lenient_pylist(table: pa.Table) -> list[dict[str, Any]]:
 
 
 def _lenient_values(column: pa.ChunkedArray) -> list[Any]:
+    if unresolved_zone(column.type) is not None:  # NOTE: to_pylist raised ArrowInvalid (no zoneinfo of that name)
+        column = column.cast(as_utc(column.type))
     if holds_nanoseconds(column.type):
         return nanosecond_values(column.combine_chunks())
     try:

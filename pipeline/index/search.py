@@ -29,6 +29,7 @@ from petal.pipeline.index.tune import apply_params
 from petal.pipeline.index.verify import OpenCheck, check_on_open
 from petal.pipeline.index.widen import EF_FLOOR, CodeScan, decodable, searched_again
 from petal.pipeline.ingest.exact_columns import read_group_fields
+from petal.pipeline.ingest.int96 import open_parquet
 from petal.pipeline.ingest.remote import is_uri, open_stored, remote_sha256, stat_remote
 from petal.pipeline.layout import VersionLease, current_pointer, denied, is_denied, resolve_index_dir
 from petal.pipeline.manifest import Manifest
@@ -682,10 +683,10 @@ class IndexReader:
         hit of an S3 shard had no text or metadata, as if its shard were gone."""
         if is_uri(shard):
             remote = open_stored(shard, self._filesystems)
-            return pq.ParquetFile(remote.open(), page_checksum_verification=True)
+            return open_parquet(remote.open(), page_checksum_verification=True)
         if not Path(shard).is_file():  # NOTE: gone, or a FIFO now: never opened (it would block)
             raise FileNotFoundError(shard)
-        return pq.ParquetFile(shard, page_checksum_verification=True)
+        return open_parquet(shard, page_checksum_verification=True)
 
     def _shard_unchanged(self, abs_path: str) -> bool:
         """The shard at ``abs_path`` (a file, or an object's URI) is the one this version indexed: its size and

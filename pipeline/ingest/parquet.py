@@ -34,6 +34,7 @@ import pyarrow.parquet as pq
 
 from petal.pipeline.config import ReadConfig
 from petal.pipeline.ingest.exact_columns import field_leaves, iter_columns
+from petal.pipeline.ingest.int96 import arrow_schema, open_parquet
 from petal.pipeline.ingest.remote import (
     RemotePath,
     file_url_path,
@@ -501,7 +502,7 @@ def inspect_shard(path: Path | RemotePath, read: ReadConfig, stats: ReadStats | 
     """Read one footer and check the schema. Raises ``BadInputError`` naming file, column and type."""
     try:
         stat, meta, footer = _retrying(lambda: _footer(path), read, stats)
-        schema = meta.schema.to_arrow_schema()
+        schema = arrow_schema(meta)  # INT96 as the reader reads it (int96.py)
     except (OSError, pa.ArrowException) as exc:
         raise _read_error(path, exc, read.read_retries, "not a readable Parquet file") from exc
     names = schema.names
@@ -699,8 +700,8 @@ def _record_batches(info: ShardInfo, columns: list[str], read: ReadConfig, start
         check_unchanged(info, os.fstat(fd))
     # NOTE: page CRCs are verified where a writer stored them (a corrupt page is 65, never embedded)
     with contextlib.closing(cast(Any, source)), \
-            pq.ParquetFile(source, buffer_size=read.read_buffer_bytes, pre_buffer=False,
-                           page_checksum_verification=True) as pf:
+            open_parquet(source, buffer_size=read.read_buffer_bytes, pre_buffer=False,
+                         page_checksum_verification=True) as pf:
         try:
             meta = pf.metadata
             starts = [0]
@@ -928,8 +929,8 @@ def _locate(info: ShardInfo, columns: list[str], read: ReadConfig, row: int) -> 
     try:
         with contextlib.closing(cast(Any, info.path.open())) if isinstance(info.path, RemotePath) else \
                 contextlib.nullcontext(info.path) as source, \
-                pq.ParquetFile(source, buffer_size=read.read_buffer_bytes, pre_buffer=False,
-                               page_checksum_verification=True) as pf:
+                open_parquet(source, buffer_size=read.read_buffer_bytes, pre_buffer=False,
+                             page_checksum_verification=True) as pf:
             meta, stop = pf.metadata, row + batch_rows(pf, columns, read)
             first, end = 0, 0
             for g in range(meta.num_row_groups):

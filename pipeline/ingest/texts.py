@@ -133,6 +133,7 @@ def parquet_text_batches(path: Path, text_column: str, id_column: str | None, re
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from petal.pipeline.ingest.int96 import arrow_schema
     from petal.pipeline.ingest.parquet import (
         ShardInfo,
         _is_id,
@@ -154,7 +155,7 @@ def parquet_text_batches(path: Path, text_column: str, id_column: str | None, re
     read = read or ReadConfig()
     stat, meta = read_retrying(path, footer, read, stats, "not a readable Parquet file")
     try:
-        schema = meta.schema.to_arrow_schema()
+        schema = arrow_schema(meta)
     except (pa.ArrowException, ValueError) as exc:
         raise BadInputError(f"{quote_path(path)}: not a readable Parquet file ({exc})") from exc
     names = schema.names

@@ -29,6 +29,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from petal.pipeline.config import ReadConfig
+from petal.pipeline.ingest.int96 import arrow_schema
 from petal.pipeline.ingest.parquet import (
     ReadStats,
     ShardInfo,
@@ -79,7 +80,7 @@ def inspect_vector_shard(path: Path, read: ReadConfig, column: str,
 
     try:
         stat, meta, footer_hash = _retrying(footer, read, stats)
-        schema = meta.schema.to_arrow_schema()
+        schema = arrow_schema(meta)
     except (OSError, pa.ArrowException) as exc:
         raise _read_error(path, exc, read.read_retries, "not a readable Parquet file") from exc
     check_unique_columns(path, schema, [column, read.id_column, read.text_column])

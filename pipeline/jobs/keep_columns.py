@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 
 from petal.pipeline.config import ReadConfig
 from petal.pipeline.ingest.parquet import ReadStats, ShardInfo, check_unique_columns
+from petal.pipeline.ingest.zones import unresolved_zone
 from petal.pipeline.reliability.errors import BadInputError, UsageError, quote_path
 from petal.pipeline.store.columns import kept_type
 from petal.pipeline.store.kept_values import KeptSource, check_kept_values
@@ -48,7 +49,24 @@ def check_keep_columns(shards: list[ShardInfo], columns: tuple[str, ...], reserv
                                     "kept columns come out as text (petal query, petal serve, JSON), where bytes have "
                                     "no faithful form; store it as a string column (e.g. base64 or hex) or leave it "
                                     "out of --keep-columns")
+    check_zones(shards, columns, "--keep-columns")
     check_column_types(shards, columns, read=read, stats=stats)
+
+
+def check_zones(shards: list[ShardInfo], columns: Sequence[str], flag: str) -> None:
+    """Every timestamp in ``columns`` (kept, or a ``--vectors-column`` run's text stored beside the vectors) has a
+    time zone this machine resolves (``zones.py``), else 65 naming the shard, the column and the zone, before any
+    work."""
+    for info in shards:
+        assert info.schema is not None, "preflight records every named shard's schema"
+        for name in columns:
+            type_ = info.schema.field(name).type
+            zone = unresolved_zone(type_)
+            if zone is not None:
+                raise BadInputError(f"{quote_path(info.path)}: {flag} {name!r} is {type_}, whose time zone {zone!r} "
+                                    "cannot be resolved (an IANA name such as 'Europe/Paris', 'UTC' or an offset such "
+                                    "as '+03:00' can): its values could not be shown or filtered; write it with such "
+                                    f"a zone, or with none (UTC), or leave it out of {flag}")
 
 
 def holds_bytes(type_: pa.DataType) -> bool:

@@ -26,7 +26,7 @@ from petal.pipeline.ingest.rejects import rejects_table
 from petal.pipeline.ingest.vectors import preflight_vectors, read_vectors
 from petal.pipeline.jobs import index_run as run
 from petal.pipeline.jobs.column_changes import KeptColumnsChange, say_kept_columns
-from petal.pipeline.jobs.keep_columns import check_column_types, check_keep_columns, stored_schema
+from petal.pipeline.jobs.keep_columns import check_column_types, check_keep_columns, check_zones, stored_schema
 from petal.pipeline.jobs.removals import kept_entries, kept_ids, kept_records, kept_shard, kept_vectors
 from petal.pipeline.jobs.report import RunReport
 from petal.pipeline.jobs.report_file import check_report_file, check_report_not_input, check_report_path
@@ -106,6 +106,7 @@ def _run(job: IndexJob, column: str, report: RunReport, stop: StopSignals, start
     text = job.read.text_column if all(s.schema is not None and job.read.text_column in s.schema.names
                                        for s in shards) else None
     if text is not None:
+        check_zones(shards, [text], "--text-column")  # NOTE: stored as text: a cast that needs the zone
         check_stored_text(shards, text)
     check_keep_columns(shards, job.keep_columns, (column, job.read.id_column), job.read, reads)
     need = ColumnsNeed(text, job.keep_columns)

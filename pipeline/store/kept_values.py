@@ -27,6 +27,7 @@ import pyarrow.parquet as pq
 
 from petal.pipeline.config import ReadConfig
 from petal.pipeline.ingest.exact_columns import field_leaves, iter_columns
+from petal.pipeline.ingest.int96 import open_parquet
 from petal.pipeline.ingest.parquet import ReadStats, ShardInfo, plain_type, read_retrying, stream_batches
 from petal.pipeline.ingest.remote import RemotePath
 from petal.pipeline.reliability.errors import BadInputError, quote_path
@@ -244,8 +245,8 @@ def _by_statistics(source: KeptSource, name: str, plain: pa.DataType, stored: pa
             if not may_not_fit(leaf_type, leaf_stored):
                 continue
             column_stats = group.column(leaf).statistics
-            if column_stats is None or not column_stats.has_min_max:
-                return None
+            if column_stats is None or not column_stats.has_min_max or group.column(leaf).physical_type == "INT96":
+                return None  # NOTE: INT96 statistics are raw bytes in no defined order (int96.py: read as us)
             try:
                 bounds = pa.array([column_stats.min, column_stats.max], leaf_type)
             except (pa.ArrowException, TypeError, ValueError, OverflowError):
@@ -329,5 +330,5 @@ def _by_reading(source: KeptSource, name: str, stored: pa.DataType, read: ReadCo
 
 
 def _file_batches(path: Path, name: str, read: ReadConfig) -> Iterator[pa.RecordBatch]:
-    with pq.ParquetFile(path, page_checksum_verification=True) as pf:
+    with open_parquet(path, page_checksum_verification=True) as pf:
         yield from iter_columns(pf, [name], read.batch_rows)
