@@ -17,7 +17,7 @@ def load_sentences(source: Path, text_column: str = "text") -> list[str]:
     import pyarrow.parquet as pq
 
     from petal.pipeline.ingest.parquet import resolve_sources
-    from petal.pipeline.reliability.errors import BadInputError, NoInputError
+    from petal.pipeline.reliability.errors import BadInputError, NoInputError, quote_names
 
     sentences: list[str] = []
     for path in resolve_sources([str(source)]):
@@ -26,7 +26,7 @@ def load_sentences(source: Path, text_column: str = "text") -> list[str]:
             schema = pq.read_schema(path)
             if text_column not in schema.names:
                 raise BadInputError(f"--corpus {path}: no {text_column!r} column (columns: "
-                                    f"{', '.join(schema.names[:10])}): the benchmark's texts come from it")
+                                    f"{quote_names(schema.names[:10])}): the benchmark's texts come from it")
             kind = schema.field(text_column).type
             if pa.types.is_dictionary(kind):  # NOTE: a pandas category column: its values are the texts (was 65)
                 kind = kind.value_type

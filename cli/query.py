@@ -413,12 +413,15 @@ def _rendered(index: Index, labels: list[str], results: list[list[Hit]], as_json
 
 
 def _field_value(value: Any) -> Any:
-    """A kept column's value as ``petal query`` shows it: a duration as ISO 8601 (``iso_duration``), the rest as it
-    is."""
+    """A kept column's value as ``petal query`` shows it: a duration as ISO 8601 (``iso_duration``), a decimal
+    positional (``plain_decimal``, as ``--json`` and ``petal serve`` write it), the rest as it is."""
     import datetime as dt
+    from decimal import Decimal
 
-    from petal.pipeline.serve.encoding import iso_duration
+    from petal.pipeline.serve.encoding import iso_duration, plain_decimal
 
+    if isinstance(value, Decimal):
+        return plain_decimal(value)
     return iso_duration(value) if isinstance(value, dt.timedelta) else value
 
 

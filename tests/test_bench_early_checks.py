@@ -260,7 +260,7 @@ def test_every_number_flag_is_bounded_and_finite(tmp_path):
 
 
 @pytest.mark.parametrize(("table", "code", "words"), [
-    ({"id": [1, 2], "vec": [[1.0], [2.0]]}, 65, "no 'text' column (columns: id, vec)"),
+    ({"id": [1, 2], "vec": [[1.0], [2.0]]}, 65, "no 'text' column (columns: 'id', 'vec')"),
     ({"text": [1, 2]}, 65, "column 'text' is int64, not text"),
     ({"text": ["", "  ", None]}, 66, "no sentence of more than 3 characters"),
     (None, 65, "cannot read it as Parquet"),

@@ -44,7 +44,7 @@ def test_preflight_names_file_column_and_type(shard_writer, tmp_path):
     text_file = tmp_path / "data" / "text.parquet"
     text_file.write_text("id,text\n1,hello\n")
     assert preflight([good], read)[0].num_rows == 1
-    cases = [(no_text, "text column 'text' is missing \\(columns: id, body\\)"),
+    cases = [(no_text, "text column 'text' is missing \\(columns: 'id', 'body'\\)"),
              (int_text, "text column 'text' has type int64"),
              (float_id, "id column 'id' has type double"),
              (corrupt, "not a readable Parquet file"), (empty, "not a readable Parquet file"),

@@ -70,7 +70,7 @@ BAD_FILES = [
     ("int text column", lambda p: pq.write_table(pa.table({"id": [1], "text": [3]}), p), 65,
      "text column 'text' has type int64"),
     ("missing text column", lambda p: pq.write_table(pa.table({"id": [1], "body": ["x"]}), p), 65,
-     "text column 'text' is missing (columns: id, body)"),
+     "text column 'text' is missing (columns: 'id', 'body')"),
     ("float id column", lambda p: pq.write_table(pa.table({"id": [1.5], "text": ["x"]}), p), 65,
      "id column 'id' has type double"),
     ("corrupt page header", _corrupt_page, 65, "corrupt data"),

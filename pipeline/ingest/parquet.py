@@ -57,6 +57,7 @@ from petal.pipeline.reliability.errors import (
     PetalIOError,
     TemporaryFailure,
     one_line,
+    quote_names,
     quote_path,
 )
 from petal.pipeline.reliability.faults import fault
@@ -509,7 +510,7 @@ def inspect_shard(path: Path | RemotePath, read: ReadConfig, stats: ReadStats | 
     check_unique_columns(path, schema, [read.text_column, read.id_column])
     if read.text_column not in names:
         raise BadInputError(
-            f"{quote_path(path)}: text column {read.text_column!r} is missing (columns: {', '.join(names) or 'none'}); "
+            f"{quote_path(path)}: text column {read.text_column!r} is missing (columns: {quote_names(names)}); "
             "choose one with --text-column"
         )
     text_type = plain_type(schema.field(read.text_column).type)  # a dictionary's values: decoded as they are read
@@ -519,7 +520,7 @@ def inspect_shard(path: Path | RemotePath, read: ReadConfig, stats: ReadStats | 
     has_id = read.id_column in names
     if not has_id and read.id_column_required:
         raise BadInputError(
-            f"{quote_path(path)}: id column {read.id_column!r} is missing (columns: {', '.join(names)}); "
+            f"{quote_path(path)}: id column {read.id_column!r} is missing (columns: {quote_names(names)}); "
             "choose one with --id-column"
         )
     id_type = plain_type(schema.field(read.id_column).type) if has_id else None

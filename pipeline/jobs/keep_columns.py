@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 from petal.pipeline.config import ReadConfig
 from petal.pipeline.ingest.parquet import ReadStats, ShardInfo, check_unique_columns
 from petal.pipeline.ingest.zones import unresolved_zone
-from petal.pipeline.reliability.errors import BadInputError, UsageError, quote_path
+from petal.pipeline.reliability.errors import BadInputError, UsageError, quote_names, quote_path
 from petal.pipeline.store.columns import kept_type
 from petal.pipeline.store.kept_values import KeptSource, check_kept_values
 
@@ -40,8 +40,8 @@ def check_keep_columns(shards: list[ShardInfo], columns: tuple[str, ...], reserv
         check_unique_columns(info.path, info.schema, list(columns))
         missing = [c for c in columns if c not in names]
         if missing:
-            raise BadInputError(f"{quote_path(info.path)}: no column {missing[0]!r} (--keep-columns); it has: "
-                                f"{', '.join(sorted(names))}")
+            raise BadInputError(f"{quote_path(info.path)}: no column {missing[0]!r} (--keep-columns); it has "
+                                f"{quote_names(sorted(names))}")
         for name in columns:
             type_ = info.schema.field(name).type
             if holds_bytes(type_):

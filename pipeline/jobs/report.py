@@ -103,9 +103,16 @@ class RunReport:
         said = [f"{', '.join(changes[key])} {key}" for key in ("added", "dropped") if changes[key]]
         return f"kept columns changed: {'; '.join(said) or 'reordered'}"
 
+    def _skipped_part(self) -> str:
+        """``"12 skipped (empty_text 10, invalid_utf8 2)"``: the rows skipped by reason, as ``petal embed`` says
+        them (README: "Null and blank texts, one rule"); ``"0 skipped"``. NOTE: was the total alone."""
+        counts = {why: n for why, n in sorted(self.rows["skipped"].items()) if n}
+        by_reason = f" ({', '.join(f'{why} {n}' for why, n in counts.items())})" if counts else ""
+        return f"{sum(counts.values())} skipped{by_reason}"
+
     def summary(self) -> str:
         """The one line ``petal index`` and ``petal rebuild`` print on stderr."""
-        skipped = sum(self.rows["skipped"].values())
+        skipped = self._skipped_part()
         parts = [f"petal {self.command}: {self.status}"]
         if self.command == "index":
             # NOTE: shards["reused"] counts the kept shards too (their vectors come from the store); the line splits
@@ -121,7 +128,7 @@ class RunReport:
             parts.append(
                 f"{self.shards['total']} shards ({self.shards['embedded']} embedded, "
                 f"{self.shards['reused'] - num_kept} reused"
-                f"{kept}), {self.rows['embedded']} rows embedded{reused}{kept_rows}, {skipped} skipped, "
+                f"{kept}), {self.rows['embedded']} rows embedded{reused}{kept_rows}, {skipped}, "
                 f"{self.rows['truncated']} truncated{deleted}"
             )
             if self.shard_changes and done:

@@ -70,6 +70,12 @@ def _escape(text: str) -> str:
     return "".join(out)
 
 
+def quote_names(names: Iterable[str]) -> str:
+    """Column names for a message, each quoted (``'id', 'body'``; ``none``): a bare list was ambiguous for a name
+    ``''``, `` sp `` or ``a,b``."""
+    return ", ".join(repr(name) for name in names) or "none"
+
+
 def quote_path(path: object) -> str:
     """``path`` for a message: as is when it is plain (letters, digits, ``/._-``...), else in double
     quotes with backslash escapes for quotes, control characters, newlines and bytes that are not

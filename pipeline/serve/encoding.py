@@ -14,6 +14,7 @@ import base64
 import datetime as dt
 import json
 import math
+from decimal import Decimal
 from typing import Any
 
 import numpy as np
@@ -112,9 +113,20 @@ def iso_duration(value: dt.timedelta) -> str:
     return f"{sign}P" + (f"{days}D" if days else "") + (f"T{clock}" if clock else "")
 
 
+def plain_decimal(value: Decimal) -> str:
+    """A decimal in positional notation with its scale (``0.000000000``, ``-0.000000100``, ``1545.60``).
+
+    NOTE: ``str()`` writes a small or zero one in scientific notation: a ``decimal128(38, 9)`` zero was ``0E-9``,
+    -0.0000001 ``-1.00E-7``."""
+    return format(value, "f")
+
+
 def json_default(value: Any) -> str:
     """A value JSON has no type for (a kept or stored column's date, time, decimal, duration): a duration as ISO
-    8601 (``iso_duration``, as ``petal query`` shows it), anything else as ``str()``."""
+    8601 (``iso_duration``, as ``petal query`` shows it), a decimal positional (``plain_decimal``), anything else as
+    ``str()``."""
+    if isinstance(value, Decimal):
+        return plain_decimal(value)
     return iso_duration(value) if isinstance(value, dt.timedelta) else str(value)
 
 

@@ -53,6 +53,7 @@ from petal.pipeline.reliability.errors import (
     PetalIOError,
     io_error,
     one_line,
+    quote_names,
     quote_path,
     quote_text,
     writing,
@@ -239,7 +240,7 @@ def read_delete_ids(path: Path, id_column: str, read: ReadConfig | None = None,
     except (BadInputError, NoInputError, PetalIOError) as exc:  # named by the file alone: say the flag too
         raise type(exc)(f"--delete {exc}") from exc
     if column is None or values is None:
-        raise BadInputError(f"{where}: no column {id_column!r} (columns: {', '.join(names)}); give a Parquet file "
+        raise BadInputError(f"{where}: no column {id_column!r} (columns: {quote_names(names)}); give a Parquet file "
                             "with the id column, or a single column")
     if pa.types.is_dictionary(values.type):  # a categorical column: its values
         values = values.dictionary_decode()
