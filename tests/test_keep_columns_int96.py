@@ -86,3 +86,26 @@ def test_an_int96_shard_beside_nanoseconds_is_refused_before_any_work(tmp_path):
                     "--vectors-column", "emb"])
     assert built.exit_code == 65, built.output
     assert "datetime.datetime(9999, 12, 31, 0, 0)" in built.output and "timestamp[ns]" in built.output
+
+
+def test_an_int96_shard_kept_from_the_live_version_is_read_again_as_the_dates_it_holds(tmp_path):
+    """A run naming another source with a new ``--keep-columns`` reads the live version's kept shard again (its
+    side file lacks the column): that read's schema said ``timestamp[ns]`` (``pq.read_schema``) while its rows
+    came as microseconds."""
+    write_int96(tmp_path / "a" / "a.parquet")
+    b = tmp_path / "b" / "b.parquet"
+    b.parent.mkdir()
+    pq.write_table(pa.table({"id": [4], "text": ["stars shine"], "ts": pa.array([DATES[2]], pa.timestamp("us"))}), b)
+    env = {FAKE_ENGINE_ENV: str(tmp_path / "fake.log")}
+    model = str(make_fake_model_dir(tmp_path / "model"))
+    out = tmp_path / "out"
+    first = invoke(["index", str(tmp_path / "a"), "--out", str(out), "-q", "--model", model], env=env)
+    assert first.exit_code == 0, first.output
+    second = invoke(["index", str(tmp_path / "b"), "--out", str(out), "-q", "--model", model, "--keep-columns", "ts"],
+                    env=env)
+    assert second.exit_code == 0, second.output
+    np.save(tmp_path / "q.npy", np.ones((1, 32), np.float32))
+    answer = invoke(["query", str(out), "--vector-file", str(tmp_path / "q.npy"), "-k", "4", "--json"])
+    assert answer.exit_code == 0, answer.output
+    fields = by_id(answer.stdout)
+    assert [fields[i]["ts"] for i in (1, 2, 3, 4)] == [*SHOWN, SHOWN[2]]

@@ -30,6 +30,7 @@ import pyarrow.parquet as pq
 from petal.pipeline.config import ReadConfig
 from petal.pipeline.ingest.documents import window_read
 from petal.pipeline.ingest.exact_columns import iter_columns
+from petal.pipeline.ingest.int96 import read_arrow_schema
 from petal.pipeline.ingest.parquet import (
     ReadStats,
     ShardInfo,
@@ -40,7 +41,7 @@ from petal.pipeline.ingest.parquet import (
 )
 from petal.pipeline.ingest.remote import RemotePath
 from petal.pipeline.reliability.durable import fsync_dir
-from petal.pipeline.reliability.errors import BadInputError, ConfigError, quote_path, writing
+from petal.pipeline.reliability.errors import BadInputError, ConfigError, quote_names, quote_path, writing
 from petal.pipeline.reliability.faults import fault
 from petal.pipeline.reliability.parquet_rows import check_rows
 from petal.pipeline.reliability.safe_files import UnsafeFileError, check_regular
@@ -197,7 +198,7 @@ def kept_schemas(entries: list[StoreEntry], keep: tuple[str, ...], read: ReadCon
             missing = [c for c in keep if c not in schema.names]
             if missing:
                 raise BadInputError(f"{quote_path(source['path'])} (kept from the live version): no column "
-                                    f"{missing[0]!r} (--keep-columns); it has: {', '.join(sorted(schema.names))}")
+                                    f"{missing[0]!r} (--keep-columns); it has: {quote_names(sorted(schema.names))}")
         found.append((str(source["path"]), schema, path))
     return found
 
@@ -224,11 +225,12 @@ def _stored_schema(path: Path) -> pa.Schema | None:
 
 
 def _read_schema(path: Path | RemotePath) -> pa.Schema:
-    """A source's Arrow schema from its footer (an object: ranged reads), the file closed after."""
+    """A source's Arrow schema from its footer (an object: ranged reads), the file closed after; INT96 timestamps
+    as the reader reads them (``int96.read_arrow_schema``)."""
     fault("read_footer", str(path))
     with contextlib.closing(cast(Any, path.open())) if isinstance(path, RemotePath) \
             else contextlib.nullcontext(path) as source:
-        return pq.read_schema(source)
+        return read_arrow_schema(source)
 
 
 def ensure_columns(store: EmbeddingStore, entries: list[StoreEntry], need: ColumnsNeed,
