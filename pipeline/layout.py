@@ -89,6 +89,11 @@ from petal.pipeline.store.side_files import KEY_TREES
 
 VERSION_RE = re.compile(r"^v\d{6}-\d{8}T\d{6}Z$")
 LOCK_POLL_S = 0.2
+# NOTE: a lock held only shared is no writer: a starting run's probe (check_unlocked) holds it an instant, so a writer
+# retries it this long before it refuses (was: refused at once, 75, while no writer ran)
+SHARED_GRACE_S = 2.0
+SHARED_RETRY_S = 0.01
+HOLDER_RECORD_S = 1.0  # how long a refusal waits for a writer that just took the lock to record itself in .lock
 LAST_VERSION_FILE = ".last-version"
 PRUNING_FILE = ".pruning"
 MAX_VERSION_NUMBER = 999_999  # VERSION_RE: six digits, so that ids sort as strings in number order
@@ -212,16 +217,23 @@ class OutputDir:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 raise OutputError(f"the lock file {quote_path(self.lock_file)} is not a regular file (a FIFO, a "
                                   "device?); remove it and rerun")
+            shared_until: float | None = None
             while True:
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     break
                 except BlockingIOError as exc:
-                    holder = lock_holder(os.pread(fd, 4096, 0))
+                    shared = _held_shared_only(self.lock_file)
+                    if shared:
+                        shared_until = shared_until or time.monotonic() + SHARED_GRACE_S
+                        if time.monotonic() < shared_until:
+                            time.sleep(SHARED_RETRY_S)
+                            continue
                     if not wait:
-                        raise self._locked(holder) from exc
+                        raise self._locked(fd, shared) from exc
                     if on_wait is not None:
-                        on_wait(f"waiting for the writer lock of {quote_path(self.root)}, held by {holder}")
+                        on_wait(f"waiting for the writer lock of {quote_path(self.root)}, held by "
+                                f"{self._holder(fd, shared)[0]}")
                         on_wait = None
                     if check is not None:
                         check()
@@ -246,16 +258,37 @@ class OutputDir:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 return
             try:
-                # NOTE: shared: two runs probing at once do not refuse each other; released at once by the close
+                # NOTE: shared: two runs probing at once do not refuse each other; released at once by the close. A
+                # writer that meets this probe retries it (``lock``: SHARED_GRACE_S), it is not refused
                 fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
             except BlockingIOError as exc:
-                raise self._locked(lock_holder(os.pread(fd, 4096, 0))) from exc
+                raise self._locked(fd, shared=False) from exc
         finally:
             os.close(fd)
 
-    def _locked(self, holder: str) -> TemporaryFailure:
-        return TemporaryFailure(f"{quote_path(self.root)} is being written by another petal ({holder}); "
-                                "retry later, or pass --wait to queue")
+    def _locked(self, fd: int, shared: bool) -> TemporaryFailure:
+        holder, recorded = self._holder(fd, shared)
+        held = f"is being written by another petal ({holder})" if recorded else f"is locked by {holder}"
+        return TemporaryFailure(f"{quote_path(self.root)} {held}; retry later, or pass --wait to queue")
+
+    def _holder(self, fd: int, shared: bool) -> tuple[str, bool]:
+        """Who holds the lock, as far as is known, and whether that is the writer recorded in ``.lock``: named only
+        while it still runs (or runs on another host, where that is not known)."""
+        if shared:
+            return (f"another process that holds a shared lock on {quote_path(self.lock_file)} for "
+                    f"{SHARED_GRACE_S:g} s or more (no petal writer: a petal that starts holds one only an instant)",
+                    False)
+        deadline = time.monotonic() + HOLDER_RECORD_S
+        while True:
+            raw = os.pread(fd, 4096, 0)
+            if holder_running(raw) is not False:
+                return lock_holder(raw), True
+            if time.monotonic() >= deadline:
+                break
+            # NOTE: a writer records itself right after its flock: until then .lock names the writer before it
+            time.sleep(SHARED_RETRY_S)
+        return (f"a process that has not recorded itself in {quote_path(self.lock_file)} (a petal that is starting, "
+                f"or another program); the holder recorded there, {lock_holder(raw)}, has exited", False)
 
     # --- versions -------------------------------------------------------------------------------
 
@@ -1210,6 +1243,45 @@ def record_lock_holder(fd: int, **extra: str) -> None:
                        "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")})
     os.ftruncate(fd, 0)
     os.pwrite(fd, info.encode(), 0)
+
+
+def _held_shared_only(path: Path) -> bool:
+    """True when the lock file at ``path`` takes a shared lock now: whoever holds it holds it shared (no writer)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return True  # NOTE: released by the close below, before the writer tries again
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def holder_running(raw: bytes) -> bool | None:
+    """Whether the holder recorded in ``.lock`` still runs: ``None`` when that is not known here (no record, or a
+    process of another host)."""
+    try:
+        info = json.loads(raw)
+        pid, host = int(info["pid"]), str(info["host"])
+    except (ValueError, KeyError, TypeError, RecursionError):
+        return None
+    if host != socket.gethostname():
+        return None
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # EPERM: it runs, as another user
+    try:  # NOTE: a zombie (exited, not yet reaped by its parent) holds no lock
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
 
 
 def lock_holder(raw: bytes) -> str:
