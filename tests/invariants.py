@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 from petal.pipeline.index.search import IndexReader
 from petal.pipeline.layout import VERSION_RE, OutputDir
 from petal.pipeline.store.embeddings import shard_key
-from petal.pipeline.store.side_files import SIDE_TREES
+from petal.pipeline.store.side_files import PUBLISHED_TREE, SIDE_TREES
 
 VERSION_FILES = {"manifest.json", "index.faiss", "ids.parquet", "rejects.parquet"}
 # index files a version has as its index needs them (an on-disk IVF's lists, a binary index's rescore vectors),
@@ -83,11 +83,12 @@ def assert_clean(out: Path, keep_versions: int = 2) -> None:
                                   "used but missing:", sorted(used - set(entries)))
     for entry in entries.values():
         assert {p.name for p in entry.iterdir()} == ENTRY_FILES, entry
-    for tree in SIDE_TREES:  # tombstones, stored columns: of entries in use only, no staged or temp leftovers
+    for tree in SIDE_TREES:  # tombstones, stored columns, published records: of entries in use, no staged or temp files
         keys = list(store.joinpath(tree).iterdir()) if store.joinpath(tree).is_dir() else []
         assert all(key.is_dir() and any(key.iterdir()) for key in keys), keys
         files = [f for key in keys for f in key.iterdir()]
-        stray = [f for f in files if f.suffix != ".parquet" or (f.parent.name, f.stem) not in used]
+        suffix = "" if tree == PUBLISHED_TREE else ".parquet"  # published: an empty file named as its entry
+        stray = [f for f in files if f.suffix != suffix or (f.parent.name, f.stem) not in used]
         assert stray == [], stray
 
 

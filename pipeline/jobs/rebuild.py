@@ -41,6 +41,7 @@ from petal.pipeline.reliability.safe_files import check_output_dir, check_regula
 from petal.pipeline.reliability.signals import StopSignals
 from petal.pipeline.store.columns import ColumnsNeed, columns_path
 from petal.pipeline.store.embeddings import EmbeddingStore, StoreEntry, sha256_file
+from petal.pipeline.store.retention import entries_used_now
 from petal.pipeline.store.side_files import remove_temp_files
 from petal.pipeline.store.tombstones import held_rows, settle_tombstones, tombstone_path, tombstoned
 
@@ -175,6 +176,8 @@ def run_rebuild(out_path: Path, settings: IndexSettings, report: RunReport, wait
         report.version = version
         try:
             if not active.requested:  # a stop signal once the version is live: pruning is left to the next run
+                # NOTE: recorded before versions go: the next petal index deletes the entries only they used
+                entries_used_now(out, EmbeddingStore(out.store_dir))
                 report.pruned["versions"] += out.prune_versions(keep_versions, report.pruned.setdefault("in_use", []),
                                                                lambda: active.requested, published=version,
                                                                since=started_from.version)

@@ -10,7 +10,12 @@ version go in the same clean-up.
 
 An entry (or committed range, ``OUT/store/parts``) no version uses is deleted at once only when it is garbage:
 
-- a version on disk used it before this clean-up pruned versions (its shard changed or was dropped since), or
+- a version on disk used it once: before this clean-up pruned versions, or before an earlier one, a ``petal
+  rebuild`` or a failed clean-up pruned them (its shard changed or was dropped since). Every clean-up and
+  ``petal rebuild`` records the entries the versions on disk use (``OUT/store/published/<key>/<fp>``, an empty
+  file, made durable) before it prunes a version (``entries_used_now``), so once the versions are gone the entry is
+  still known as published work; an entry of an older petal's OUT whose versions were pruned has no record, and is
+  kept as below, or
 - it is superseded: the live version holds its shard from another entry committed after it (a changed shard's old
   entry), or the file it was embedded from has changed since (a revert), or (a range) its shard's entry is assembled.
 
@@ -21,8 +26,10 @@ is kept for ``keep_unused_s`` after its commit (``--keep-unused``), then deleted
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,9 +37,10 @@ from pathlib import Path
 
 from petal.pipeline.layout import OutputDir, read_manifest
 from petal.pipeline.manifest import MANIFEST_FILE
+from petal.pipeline.reliability.durable import fsync_dir
 from petal.pipeline.reliability.errors import PetalError
 from petal.pipeline.store.embeddings import ENTRY_MAX_BYTES, EmbeddingStore, shard_key, warn
-from petal.pipeline.store.side_files import prune_side_files
+from petal.pipeline.store.side_files import PUBLISHED_TREE, prune_side_files, side_file
 
 ENTRY_FILE = "entry.json"  # an entry's (or committed range's) record, written last at its commit
 
@@ -60,12 +68,48 @@ def entries_in_use(out: OutputDir, store: EmbeddingStore) -> set[Path]:
 
 
 def entries_used_now(out: OutputDir, store: EmbeddingStore) -> set[Path]:
-    """``entries_in_use``, read before versions are pruned (what they used becomes garbage); none when a manifest
-    does not read (``prune_unused`` then deletes nothing)."""
+    """``entries_in_use``, read before versions are pruned (what they used becomes garbage), each recorded as
+    published (``mark_published``) before it returns; none when a manifest does not read (``prune_unused`` then
+    deletes nothing). An ``OSError`` of the record stops the caller before it prunes a version."""
     try:
-        return entries_in_use(out, store)
+        used = entries_in_use(out, store)
     except PetalError:
         return set()
+    mark_published(used)
+    return used
+
+
+def mark_published(entries: set[Path]) -> None:
+    """Record each entry (present in the store) as used by a published version: ``OUT/store/published/<key>/<fp>``,
+    an empty file, synced with its directory, so that a crash or an error after the versions that used it are pruned
+    leaves it known as garbage (was: kept ``--keep-unused`` as an interrupted run's work)."""
+    synced: set[Path] = set()
+    for entry in sorted(entries):
+        marker = side_file(entry, PUBLISHED_TREE)
+        if was_published(entry) or not (entry / ENTRY_FILE).is_file():
+            continue
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.unlink(missing_ok=True)  # NOTE: a stale record (its entry deleted, the same one committed since)
+        # NOTE: O_NOFOLLOW | O_EXCL: a planted link is never followed; a marker made since is fine
+        with contextlib.suppress(FileExistsError):
+            os.close(os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644))
+        synced.add(marker.parent)
+    for directory in sorted(synced):
+        fsync_dir(directory)
+    if synced:
+        fsync_dir(next(iter(synced)).parent)  # OUT/store/published: a new key directory is in it
+
+
+def was_published(entry: Path) -> bool:
+    """True when ``mark_published`` recorded the entry: a regular file (never through a link) made after the entry's
+    commit. NOTE: one older than the commit is the record of an entry deleted since (a clean-up killed before it
+    removed the record) whose shard a later run committed again: not published work, kept as unpublished."""
+    try:
+        st = os.lstat(side_file(entry, PUBLISHED_TREE))
+    except OSError:
+        return False
+    committed = committed_ns(entry)
+    return stat.S_ISREG(st.st_mode) and (committed is None or st.st_mtime_ns >= committed)
 
 
 def committed_ns(path: Path) -> int | None:
@@ -120,7 +164,7 @@ def prune_unused(out: OutputDir, store: EmbeddingStore, live: set[Path], was_use
     def garbage(path: Path, key: str, used_before: bool) -> bool | None:
         """True: delete now; None: unused past the window (delete); False: keep for the window."""
         ns = committed_ns(path)
-        if used_before:
+        if used_before or was_published(path):
             return True
         if key in newest_live and (ns is None or ns < newest_live[key] or not source_unchanged(path)):
             return True  # the live version's entry of the shard is newer, or the file changed since (a revert)

@@ -3,6 +3,7 @@
 ```
 OUT/store/deleted/<shard key>/<fingerprint>.parquet   tombstones: rows removed by --delete (tombstones.py)
 OUT/store/columns/<shard key>/<fingerprint>.parquet   stored text and --keep-columns (columns.py)
+OUT/store/published/<shard key>/<fingerprint>          empty: a version on disk used the entry (retention.py)
 ```
 
 They live and go with their entry: ``prune_side_files`` removes those of entries no longer kept.
@@ -14,7 +15,8 @@ from pathlib import Path
 
 from petal.pipeline.reliability.leftovers import leave, remove_or_leave
 
-SIDE_TREES = ("deleted", "columns")
+PUBLISHED_TREE = "published"
+SIDE_TREES = ("deleted", "columns", PUBLISHED_TREE)
 KEY_TREES = ("shards", "parts", *SIDE_TREES)  # the store's directories that hold one directory per shard key
 
 
@@ -33,9 +35,11 @@ def real_dirs(root: Path, left: list[dict[str, str]] | None = None) -> list[Path
 
 
 def side_file(entry_dir: Path, tree: str) -> Path:
-    """``OUT/store/<tree>/<shard key>/<fingerprint>.parquet`` for the entry in ``OUT/store/shards/<key>/<fp>``."""
+    """``OUT/store/<tree>/<shard key>/<fingerprint>.parquet`` for the entry in ``OUT/store/shards/<key>/<fp>`` (no
+    suffix in ``published``)."""
     store_root = entry_dir.parent.parent.parent
-    return store_root / tree / entry_dir.parent.name / f"{entry_dir.name}.parquet"
+    suffix = "" if tree == PUBLISHED_TREE else ".parquet"  # NOTE: a marker, no Parquet file
+    return store_root / tree / entry_dir.parent.name / f"{entry_dir.name}{suffix}"
 
 
 def prune_side_files(store_root: Path, keep: set[Path], left: list[dict[str, str]] | None = None) -> int:
