@@ -333,7 +333,7 @@ class ScaleConfig:
 
     def __post_init__(self) -> None:
         if self.workers is not None and self.workers < 1:
-            raise ValueError(f"--workers {self.workers} < 1")
+            raise ValueError(f"--workers {self.workers} < 1: the number of worker processes is 1 or more")
         if self.range_rows is not None and self.range_rows < 0:
             raise ValueError(f"--range-rows {self.range_rows} < 0")
         if self.ray_address is not None and not self.ray:  # NOTE: was dropped, and the run went to worker processes

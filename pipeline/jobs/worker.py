@@ -142,10 +142,28 @@ def watch_parent(parent: int) -> threading.Thread:
     return thread
 
 
+def take_stop_signals() -> None:
+    """A worker's stop signals, blocked since its spawn (``workers._stop_signals_held``), are its own from here on:
+    until its run takes them (``StopSignals``), one ends it quietly with 128 + its number, as the coordinator
+    expects of a worker still starting (``petal._startup``: no traceback, no line; the coordinator says it once).
+    A signal that came while it was blocked (a Ctrl-C to the process group, the one the coordinator passed on) is
+    acted on now."""
+    import signal
+
+    from petal._startup import quiet_signals
+
+    quiet_signals()
+    if hasattr(signal, "pthread_sigmask"):
+        from petal.pipeline.reliability.signals import STOP_SIGNALS
+
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
 def worker_main(plan: WorkerPlan, slot: WorkerSlot, conn: Any, coordinator: int | None = None) -> None:
     """The child's entry point: embed claimed shards until the queue is empty or the coordinator says stop.
     ``coordinator``: the pid of the process that started it (the parent watched; default: this one's parent
     now, which misses a coordinator that died before this line)."""
+    take_stop_signals()
     if slot.cuda_device is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = slot.cuda_device  # NOTE: before the first torch import
     from tqdm import tqdm

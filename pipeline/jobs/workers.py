@@ -8,13 +8,15 @@ The coordinator alone builds and publishes the index afterwards (pipeline/jobs/i
 
 Each worker has its own pipe to the coordinator (claims, progress, commits), so nothing is
 shared between workers that a killed one could leave locked. Failure: a worker that dies
-(SIGKILL, OOM killer, segfault) is an EOF on its pipe, noticed at once; the others get no new
+(SIGKILL, OOM killer, segfault) is an EOF on its pipe, noticed at once (one stopped by a signal the run did not send,
+a supervisor's SIGTERM to that worker alone, counts the same, the signal named); the others get no new
 shard, commit the shards they hold, and the run ends with exit 75 (rerun: only the missing shards
 are embedded). A worker that has not reported its engine loaded within ``PETAL_WORKER_START_TIMEOUT`` seconds
 of its start (a hung model load, a driver that never answers) is killed and counts as lost the same way. A
 worker's ``PetalError`` (bad input 65, disk 74, ...) stops the run the same way
 with that error's exit code, and its message says what cures it before a rerun (``scaled.rerun_advice``).
-SIGINT/SIGTERM of the coordinator are passed on to the workers, which
+SIGINT/SIGTERM of the coordinator are passed on to the workers (blocked in a worker from its spawn until it takes
+them: a Ctrl-C to the process group while it imports is acted on then, quietly), which
 stop at their next batch boundary; one that has not ended ``SHUTDOWN_GRACE_S`` later (a hung model load or step) is
 killed, so the run ends 130/143 in bounded time. A coordinator that dies (SIGKILL, a second SIGTERM) leaves no
 worker behind: each ends at once, quietly, as if killed (``worker.exit_orphaned``).
@@ -143,13 +145,14 @@ def embed_in_pool(plan: WorkerPlan, slots: list[WorkerSlot], report: RunReport, 
         raise ConfigError("--devices/--workers start worker processes, and this process is a daemonic "
                           "multiprocessing child, which may not have any: run petal in its own process")
     context = multiprocessing.get_context("spawn")
-    pool = _Pool(plan, slots, report, reads, assembly, start_timeout_s())
+    pool = _Pool(plan, slots, report, reads, assembly, start_timeout_s(), stop)
     progress = progress_bar(sum(r.num_rows for r in plan.ranges), disable=plan.job.quiet,
                             desc=f"embedding ({len(slots)} workers)")
     try:
         for slot in slots:
             ours, theirs = context.Pipe(duplex=True)
-            with _environment("CUDA_VISIBLE_DEVICES", slot.cuda_device):  # NOTE: the child inherits it at spawn
+            with _environment("CUDA_VISIBLE_DEVICES", slot.cuda_device), _stop_signals_held():  # NOTE: the child
+                # inherits both at spawn: its stop signals wait, blocked, until worker_main takes them (worker.py)
                 process = context.Process(target=worker_main, args=(plan, slot, theirs, os.getpid()),
                                           name=f"{WORKER_NAME_PREFIX}{slot.index}", daemon=True)
                 process.start()
@@ -178,6 +181,7 @@ def embed_in_pool(plan: WorkerPlan, slots: list[WorkerSlot], report: RunReport, 
     pool.raise_failure()
 
 
+_STOP_SIGNAL_NUMBERS = frozenset(int(sig) for sig in STOP_SIGNALS)
 _STOP_EXITS = frozenset({*(int(sig) for sig in STOP_SIGNALS), *(128 + int(sig) for sig in STOP_SIGNALS)})
 
 
@@ -185,8 +189,10 @@ class _Pool:
     """The coordinator's view of its workers: what each reported, which are gone, and how."""
 
     def __init__(self, plan: WorkerPlan, slots: list[WorkerSlot], report: RunReport, reads: ReadStats,
-                 assembly: RangeAssembly, start_timeout_s: float = DEFAULT_START_TIMEOUT_S) -> None:
+                 assembly: RangeAssembly, start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
+                 stop: StopSignals | None = None) -> None:
         self.plan = plan
+        self.stop = stop  # the run's: a worker stopped by a signal is the run's stop only when the run had one
         self.start_timeout_s = start_timeout_s
         self.assembly = assembly
         self.slots = slots
@@ -267,7 +273,7 @@ class _Pool:
         slot, process = self.slots[worker], self.processes[worker]
         process.join(5)
         code = process.exitcode
-        if self.stopping and code is not None and abs(code) in _STOP_EXITS:
+        if self.signalled and code is not None and abs(code) in _STOP_EXITS:
             # NOTE: a worker still starting when the stop signal was passed on ends by it (128 + its number, or the
             # signal itself) before it can say so: interrupted, as the run is, not 'lost' (a death: kill -9, OOM)
             self.ended[worker] = "interrupted"
@@ -278,9 +284,20 @@ class _Pool:
             self.unguarded_main = True
             self.failures.append((worker, 2, "failed", str(unguarded_main_error())))
             return
-        how = f"killed by {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit {code}"
+        if code is not None and code < 0:
+            how = f"killed by {signal.Signals(-code).name}"
+        elif code is not None and code - 128 in _STOP_SIGNAL_NUMBERS:  # a stop signal while it started (_startup)
+            how = f"ended by {signal.Signals(code - 128).name} while it started, exit {code}"
+        else:
+            how = f"exit {code}"
         self.failures.append((worker, 75, "failed", f"worker {worker} (pid {process.pid}, {slot.label}) died ({how})"))
         self._recover(worker)
+
+    @property
+    def signalled(self) -> bool:
+        """The run has a stop signal (passed on to the workers, or about to be: the Ctrl-C of a terminal reaches
+        the coordinator and its workers at once, and a worker's word can come before the coordinator's next turn)."""
+        return self.stop_deadline is not None or (self.stop is not None and self.stop.requested)
 
     def _recover(self, worker: int) -> None:
         """The units a worker that died or failed committed to the store but did not report: the commit is the
@@ -318,8 +335,17 @@ class _Pool:
         elif kind == "summary":  # a worker that stops early (its "error" follows): what it committed
             self.summaries[worker] = event[2]
         elif kind == "error":  # NOTE: a worker stopped by the run's stop signal is no failure of its own
-            self.ended[worker] = "interrupted" if event[3] == "interrupted" else "error"
-            self.failures.append((worker, event[2], event[3], event[4]))
+            code, status, message = event[2], event[3], event[4]
+            self.ended[worker] = "interrupted" if status == "interrupted" else "error"
+            if status == "interrupted" and not self.signalled:
+                # NOTE: a signal the run did not send (a supervisor's or an OOM guard's SIGTERM to this worker alone):
+                # the worker is gone as one that died is (75, naming it), not the run interrupted (was: 143, no worker
+                # named, though the coordinator had no signal)
+                process, slot = self.processes[worker], self.slots[worker]
+                name = signal.Signals(code - 128).name if code - 128 in _STOP_SIGNAL_NUMBERS else f"exit {code}"
+                code, status, message = 75, "failed", (f"worker {worker} (pid {process.pid}, {slot.label}) was "
+                                                       f"stopped by {name}, which this run did not send")
+            self.failures.append((worker, code, status, message))
             self._recover(worker)  # NOTE: a commit that fails after another one of the same step was renamed
 
     def _committed(self, unit: int, entry: StoreEntry, progress: Any, worker: int) -> None:
@@ -392,6 +418,33 @@ class _Pool:
         if code == 75:
             raise TemporaryFailure(detail)
         raise WorkerFailed(detail, code, status)
+
+
+@contextlib.contextmanager
+def _stop_signals_held() -> Iterator[None]:
+    """The stop signals blocked in this thread for the block (a signal that comes meanwhile is delivered at its end):
+    a worker started inside it inherits the mask, so a Ctrl-C to the process group (or the signal the coordinator
+    passes on) waits in the worker until ``worker_main`` takes it (``worker.take_stop_signals``). Before, the
+    worker's Python start-up and the imports of unpickling its target (numpy, pyarrow) ran at the default action:
+    a raw ``KeyboardInterrupt`` traceback from each worker, before the run's own one line.
+
+    NOTE: blocked, not ignored: an ignored signal would be lost (the coordinator passes a stop on once), and a worker
+    started ignoring one keeps it ignored (``signals.not_ignored``). SIGKILL cannot be blocked: a worker whose start
+    hangs is still killed (``SHUTDOWN_GRACE_S``, the start timeout), and one whose coordinator dies ends by the
+    parent watch (``worker.PARENT_POLL_S``) as soon as ``worker_main`` runs."""
+    if not hasattr(signal, "pthread_sigmask"):  # no POSIX signal masks (Windows)
+        yield
+        return
+    from multiprocessing import resource_tracker
+
+    # NOTE: multiprocessing starts its resource tracker at the first spawn, and that start ends by unblocking SIGINT
+    # and SIGTERM in this thread (CPython's ensure_running): inside the block, the first worker started with both open
+    resource_tracker.ensure_running()
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
 @contextlib.contextmanager

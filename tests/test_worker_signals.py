@@ -1,0 +1,148 @@
+"""Stop signals and ``petal index --workers N``'s workers: whose signal it was decides what the run says.
+
+Real spawned workers (the fake engine, tests/fake_engine.py), real signals, real Parquet and store:
+
+- a Ctrl-C to the whole process group (as a terminal sends it) while the workers still start: the run's one line,
+  exit 130, no worker's ``KeyboardInterrupt`` traceback (was: one raw traceback per worker, from the imports of
+  its start, before the run's line);
+- the same Ctrl-C once they embed: 130, every worker ``interrupted`` or ``done`` (the worker's word can come before
+  the coordinator's next turn: still the run's signal);
+- a signal to one worker alone (a supervisor's or an OOM guard's kill of that pid): a worker failure, exit 75 naming
+  the worker and the signal, finished shards committed, and a rerun embeds only the rest (was: 143 'interrupted by
+  SIGTERM', no worker named, though the coordinator had no signal).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tests._scale_shared import Petal, worker_processes
+from tests.conftest import REPO
+from tests.fake_engine import make_fake_model_dir
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def fake_model(tmp_path_factory) -> Path:
+    return make_fake_model_dir(tmp_path_factory.mktemp("model"))
+
+
+def write_shards(data: Path, count: int, rows: int) -> None:
+    data.mkdir(parents=True, exist_ok=True)
+    for s in range(count):
+        texts = [f"shard {s} document {i} about topic {i % 5} and more words" for i in range(rows)]
+        pq.write_table(pa.table({"id": [f"s{s}-{i}" for i in range(rows)], "text": texts}),
+                       data / f"shard-{s:02d}.parquet", row_group_size=7)
+
+
+def committed(out: Path) -> int:
+    return len(list((out / "store" / "shards").glob("*/*/entry.json")))
+
+
+def wait_for(condition, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def importing(pid: int) -> bool:
+    """Worker ``pid`` is past its interpreter's start, in the imports of unpickling its target (numpy is mapped)."""
+    try:
+        return "numpy" in Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return False
+
+
+def group_run(argv: list[str], env: dict[str, str], stderr: Path) -> subprocess.Popen[bytes]:
+    """``petal ARGV`` (the fake engine seam) as its own process group, as a terminal's foreground job is."""
+    with stderr.open("w") as err:
+        return subprocess.Popen([sys.executable, "-m", "tests.fake_cli", *argv], stderr=err,
+                                stdout=subprocess.DEVNULL, start_new_session=True,
+                                env={**os.environ, "PYTHONPATH": str(REPO), **env})
+
+
+def test_ctrl_c_while_workers_start_is_the_runs_line_alone(fake_model, tmp_path):
+    data, out, report, err = tmp_path / "data", tmp_path / "out", tmp_path / "r.json", tmp_path / "err.txt"
+    write_shards(data, count=3, rows=10)
+    child = group_run(["index", str(data), "--out", str(out), "--model", str(fake_model), "-q", "--workers", "2",
+                       "--json-report", str(report)], {"PETAL_TEST_FAKE_ENGINE": str(tmp_path / "log.jsonl")}, err)
+    try:
+        wait_for(lambda: any(importing(pid) for pid in worker_processes(child.pid)) or child.poll() is not None)
+        os.killpg(child.pid, signal.SIGINT)
+        rc = child.wait(timeout=180)
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+    stderr = err.read_text()
+    assert rc == 130, stderr
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
+    assert stderr.strip().splitlines()[-1].startswith("petal: error: interrupted by SIGINT"), stderr
+    workers = json.loads(report.read_text())["workers"]
+    assert {w["status"] for w in workers} <= {"interrupted"}, workers
+
+
+def test_ctrl_c_while_workers_embed_is_the_runs_stop(fake_model, tmp_path):
+    data, out, report, err = tmp_path / "data", tmp_path / "out", tmp_path / "r.json", tmp_path / "err.txt"
+    write_shards(data, count=6, rows=20)
+    child = group_run(["index", str(data), "--out", str(out), "--model", str(fake_model), "-q", "--max-seqs", "4",
+                       "--workers", "2", "--json-report", str(report)],
+                      {"PETAL_TEST_FAKE_ENGINE": str(tmp_path / "log.jsonl"),
+                       "PETAL_FAULT": "after_batch:1+:sleep=0.3"}, err)
+    try:
+        wait_for(lambda: committed(out) >= 1 or child.poll() is not None)
+        os.killpg(child.pid, signal.SIGINT)
+        rc = child.wait(timeout=180)
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+    stderr = err.read_text()
+    assert rc == 130 and "Traceback" not in stderr, stderr
+    result = json.loads(report.read_text())
+    assert result["status"] == "interrupted", result
+    assert {w["status"] for w in result["workers"]} <= {"interrupted", "done"}, result["workers"]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_a_signal_to_one_worker_alone_is_that_workers_failure(fake_model, tmp_path, sig):
+    data, out = tmp_path / "data", tmp_path / "out"
+    write_shards(data, count=6, rows=20)
+    argv = ["index", str(data), "--out", str(out), "--model", str(fake_model), "-q", "--max-seqs", "4",
+            "--workers", "2"]
+    child = Petal(argv, {"PETAL_TEST_FAKE_ENGINE": str(tmp_path / "first.jsonl"),
+                         "PETAL_FAULT": "after_batch:1+:sleep=0.3"}, tmp_path / "first.json")
+    wait_for(lambda: (committed(out) >= 1 and len(worker_processes(child.pid)) == 2) or child.poll() is not None)
+    pids = sorted(worker_processes(child.pid))
+    os.kill(pids[0], sig)
+    rc, stderr, report = child.wait()
+    last = stderr.strip().splitlines()[-1]
+    assert rc == 75 and report["status"] == "failed" and report["exit_code"] == 75, stderr
+    stopped = next(w for w in report["workers"] if w["pid"] == pids[0])
+    assert f"worker {stopped['worker']} (pid {pids[0]}, cpu) was stopped by {sig.name}, which this run did not " \
+           "send" in last, stderr
+    assert stopped["status"] == "interrupted", report["workers"]
+    done = committed(out)
+    assert done == report["shards"]["embedded"] < 6 and f"{done} of 6 shards committed" in last, stderr
+    if sig == signal.SIGTERM:  # the rerun embeds only what is missing
+        rc, stderr, again = Petal(argv, {"PETAL_TEST_FAKE_ENGINE": str(tmp_path / "second.jsonl")},
+                                  tmp_path / "second.json").wait()
+        assert rc == 0 and again["shards"] == {"total": 6, "embedded": 6 - done, "reused": done}, stderr
+
+
+def test_a_worker_count_below_one_names_the_keyword_and_the_range(tmp_path):
+    import petal
+
+    with pytest.raises(petal.UsageError) as caught:
+        petal.index(tmp_path / "none", tmp_path / "out", workers=0)
+    assert str(caught.value) == "workers 0 < 1: the number of worker processes is 1 or more"
