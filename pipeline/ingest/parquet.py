@@ -35,6 +35,7 @@ import pyarrow.parquet as pq
 from petal.pipeline.config import ReadConfig
 from petal.pipeline.ingest.exact_columns import field_leaves, iter_columns
 from petal.pipeline.ingest.int96 import arrow_schema, open_parquet
+from petal.pipeline.ingest.local_glob import expand_glob
 from petal.pipeline.ingest.remote import (
     RemotePath,
     file_url_path,
@@ -118,7 +119,18 @@ def resolve_sources(sources: tuple[str, ...] | list[str], out: Path | None = Non
         elif glob.has_magic(source):
             matches = []
             skipped: Path | None = None
-            for p in sorted(glob.glob(os.path.expanduser(source), recursive=True)):
+            unreadable_before = len(unreadable)
+
+            def cannot_list(directory: Path, exc: OSError) -> None:
+                # NOTE: glob.glob skipped such a directory without a word: under --sync its shards were removed
+                which = "its directory" if directory == glob_directory(source) else "a directory it lists,"  # noqa: B023
+                if is_permission_denied(exc):
+                    unreadable.append(f"glob {quote_path(source)}: {which} {cannot_read(directory, exc)}")  # noqa: B023
+                else:
+                    problems.append(f"glob {quote_path(source)}: {which} {quote_path(directory)} cannot be "  # noqa: B023
+                                    f"listed ({exc.strerror or exc})")
+
+            for p in expand_glob(source, cannot_list):
                 match = Path(p)
                 if _in_output_dir(match, out):
                     skipped = skipped or match
@@ -131,14 +143,14 @@ def resolve_sources(sources: tuple[str, ...] | list[str], out: Path | None = Non
                     matches.extend(_walk(match, out, problems, unreadable))
                 else:
                     problems.append(_not_regular(match))
-            if not matches and not problems:
+            if not matches and not problems and len(unreadable) == unreadable_before:
                 # NOTE: a glob whose directory is not there matched nothing, and --sync took that for an emptied
                 # corpus (every shard it named was removed at exit 0); a missing SOURCE is 66 in every run
                 denied = check_glob_directory(source)
                 if denied is not None:
                     unreadable.append(denied)
                     continue
-            if not matches and not problems and not empty_ok:
+            if not matches and not problems and len(unreadable) == unreadable_before and not empty_ok:
                 raise NoInputError(f"glob {quote_path(source)} matches no files"
                                    + (_own_output(skipped, out) if skipped is not None else ""))
         elif path.exists() or path.is_symlink():
