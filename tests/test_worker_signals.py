@@ -19,16 +19,14 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from tests._scale_shared import Petal, worker_processes
 from tests.conftest import REPO
 from tests.fake_engine import make_fake_model_dir
+from tests.test_scale_workers import committed, wait_for, write_shards
 
 pytestmark = pytest.mark.slow
 
@@ -36,25 +34,6 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def fake_model(tmp_path_factory) -> Path:
     return make_fake_model_dir(tmp_path_factory.mktemp("model"))
-
-
-def write_shards(data: Path, count: int, rows: int) -> None:
-    data.mkdir(parents=True, exist_ok=True)
-    for s in range(count):
-        texts = [f"shard {s} document {i} about topic {i % 5} and more words" for i in range(rows)]
-        pq.write_table(pa.table({"id": [f"s{s}-{i}" for i in range(rows)], "text": texts}),
-                       data / f"shard-{s:02d}.parquet", row_group_size=7)
-
-
-def committed(out: Path) -> int:
-    return len(list((out / "store" / "shards").glob("*/*/entry.json")))
-
-
-def wait_for(condition, timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
 
 
 def importing(pid: int) -> bool:
@@ -73,18 +52,23 @@ def group_run(argv: list[str], env: dict[str, str], stderr: Path) -> subprocess.
                                 env={**os.environ, "PYTHONPATH": str(REPO), **env})
 
 
+def ctrl_c(child: subprocess.Popen[bytes], ready) -> int:
+    """SIGINT to ``child``'s process group (a terminal's Ctrl-C) once ``ready()`` (or it ended); its exit status."""
+    try:
+        wait_for(lambda: ready() or child.poll() is not None, timeout=180)
+        os.killpg(child.pid, signal.SIGINT)
+        return child.wait(timeout=180)
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+
+
 def test_ctrl_c_while_workers_start_is_the_runs_line_alone(fake_model, tmp_path):
     data, out, report, err = tmp_path / "data", tmp_path / "out", tmp_path / "r.json", tmp_path / "err.txt"
     write_shards(data, count=3, rows=10)
     child = group_run(["index", str(data), "--out", str(out), "--model", str(fake_model), "-q", "--workers", "2",
                        "--json-report", str(report)], {"PETAL_TEST_FAKE_ENGINE": str(tmp_path / "log.jsonl")}, err)
-    try:
-        wait_for(lambda: any(importing(pid) for pid in worker_processes(child.pid)) or child.poll() is not None)
-        os.killpg(child.pid, signal.SIGINT)
-        rc = child.wait(timeout=180)
-    finally:
-        if child.poll() is None:
-            os.killpg(child.pid, signal.SIGKILL)
+    rc = ctrl_c(child, lambda: any(importing(pid) for pid in worker_processes(child.pid)))
     stderr = err.read_text()
     assert rc == 130, stderr
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
@@ -100,13 +84,7 @@ def test_ctrl_c_while_workers_embed_is_the_runs_stop(fake_model, tmp_path):
                        "--workers", "2", "--json-report", str(report)],
                       {"PETAL_TEST_FAKE_ENGINE": str(tmp_path / "log.jsonl"),
                        "PETAL_FAULT": "after_batch:1+:sleep=0.3"}, err)
-    try:
-        wait_for(lambda: committed(out) >= 1 or child.poll() is not None)
-        os.killpg(child.pid, signal.SIGINT)
-        rc = child.wait(timeout=180)
-    finally:
-        if child.poll() is None:
-            os.killpg(child.pid, signal.SIGKILL)
+    rc = ctrl_c(child, lambda: committed(out) >= 1)
     stderr = err.read_text()
     assert rc == 130 and "Traceback" not in stderr, stderr
     result = json.loads(report.read_text())
@@ -122,7 +100,8 @@ def test_a_signal_to_one_worker_alone_is_that_workers_failure(fake_model, tmp_pa
             "--workers", "2"]
     child = Petal(argv, {"PETAL_TEST_FAKE_ENGINE": str(tmp_path / "first.jsonl"),
                          "PETAL_FAULT": "after_batch:1+:sleep=0.3"}, tmp_path / "first.json")
-    wait_for(lambda: (committed(out) >= 1 and len(worker_processes(child.pid)) == 2) or child.poll() is not None)
+    wait_for(lambda: (committed(out) >= 1 and len(worker_processes(child.pid)) == 2) or child.poll() is not None,
+             timeout=180)
     pids = sorted(worker_processes(child.pid))
     os.kill(pids[0], sig)
     rc, stderr, report = child.wait()
