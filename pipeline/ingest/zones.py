@@ -12,6 +12,8 @@ import functools
 
 import pyarrow as pa
 
+from petal.pipeline.ingest.nested_types import map_leaves
+
 
 @functools.lru_cache(maxsize=64)
 def _resolves(zone: str) -> bool:
@@ -41,19 +43,13 @@ def unresolved_zone(type_: pa.DataType) -> str | None:
 
 
 def as_utc(type_: pa.DataType) -> pa.DataType:
-    """``type_`` with each timestamp of an unresolvable zone in ``UTC`` (the same instants: a cast of metadata)."""
-    if pa.types.is_timestamp(type_):
-        return pa.timestamp(type_.unit, "UTC") if type_.tz is not None and not _resolves(type_.tz) else type_
-    if pa.types.is_dictionary(type_):
-        return as_utc(type_.value_type)
-    if pa.types.is_map(type_):
-        return pa.map_(type_.key_field.with_type(as_utc(type_.key_type)),
-                       type_.item_field.with_type(as_utc(type_.item_type)), type_.keys_sorted)
-    if pa.types.is_struct(type_):
-        return pa.struct([f.with_type(as_utc(f.type)) for f in type_])
-    if pa.types.is_fixed_size_list(type_):
-        return pa.list_(type_.value_field.with_type(as_utc(type_.value_type)), type_.list_size)
-    makes = {pa.types.is_list: pa.list_, pa.types.is_large_list: pa.large_list,
-             pa.types.is_list_view: pa.list_view, pa.types.is_large_list_view: pa.large_list_view}
-    make = next((m for is_kind, m in makes.items() if is_kind(type_)), None)
-    return type_ if make is None else make(type_.value_field.with_type(as_utc(type_.value_type)))
+    """``type_`` with each timestamp of an unresolvable zone in ``UTC`` (the same instants: a cast of metadata), a
+    dictionary as its values."""
+    def leaf(t: pa.DataType) -> pa.DataType:
+        if pa.types.is_dictionary(t):
+            return as_utc(t.value_type)
+        if pa.types.is_timestamp(t) and t.tz is not None and not _resolves(t.tz):
+            return pa.timestamp(t.unit, "UTC")
+        return t
+
+    return map_leaves(type_, leaf)

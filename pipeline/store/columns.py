@@ -31,6 +31,7 @@ from petal.pipeline.config import ReadConfig
 from petal.pipeline.ingest.documents import window_read
 from petal.pipeline.ingest.exact_columns import iter_columns
 from petal.pipeline.ingest.int96 import read_arrow_schema
+from petal.pipeline.ingest.nested_types import map_leaves
 from petal.pipeline.ingest.parquet import (
     ReadStats,
     ShardInfo,
@@ -135,21 +136,7 @@ def _plain(type_: pa.DataType) -> pa.DataType:
 
 
 def _no_views(type_: pa.DataType) -> pa.DataType:
-    if type_ in _UNVIEWED:
-        return _UNVIEWED[type_]
-    if pa.types.is_struct(type_):
-        return pa.struct([f.with_type(_no_views(f.type)) for f in type_])
-    if pa.types.is_map(type_):
-        return pa.map_(type_.key_field.with_type(_no_views(type_.key_type)),
-                       type_.item_field.with_type(_no_views(type_.item_type)), type_.keys_sorted)
-    lists = {pa.types.is_list: pa.list_, pa.types.is_large_list: pa.large_list,
-             pa.types.is_list_view: pa.list_view, pa.types.is_large_list_view: pa.large_list_view}
-    for is_kind, make in lists.items():
-        if is_kind(type_):
-            return make(type_.value_field.with_type(_no_views(type_.value_type)))
-    if pa.types.is_fixed_size_list(type_):
-        return pa.list_(type_.value_field.with_type(_no_views(type_.value_type)), type_.list_size)
-    return type_
+    return map_leaves(type_, lambda t: _UNVIEWED.get(t, t))
 
 
 def _unviewed(values: pa.Array) -> pa.Array:
