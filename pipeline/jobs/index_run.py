@@ -44,6 +44,7 @@ from petal.pipeline.ingest.parquet import (
     resolve_sources,
     string_ids,
 )
+from petal.pipeline.ingest.path_ids import check_path_ids
 from petal.pipeline.ingest.prefetch import Prefetcher
 from petal.pipeline.ingest.rejects import BadRowGate, rejects_table
 from petal.pipeline.ingest.remote import (
@@ -349,6 +350,7 @@ def _checked_run(job: IndexJob, report: RunReport, engine_factory: EngineFactory
         # NOTE: --full embeds every shard again, but for what the stopped --full run it resumes committed
         entries: list[StoreEntry | None] = [None] * len(shards) if fingerprints is None else \
             store.lookup_all(shards, fingerprints, job.full, verify=not live_checked)
+        check_path_ids(shards, entries, kept_infos, kept)  # 65: two files whose '<shard>:<row>' ids are the same
         todo = [i for i, entry in enumerate(entries) if entry is None]
         report.shards["reused"] += len(shards) - len(todo)
         gate = bad_row_gate(job, report, out)

@@ -22,6 +22,7 @@ from petal.pipeline.index.files import IDS_FILE
 from petal.pipeline.index.writer import build_version_index
 from petal.pipeline.ingest.duplicates import check_cross_shard_duplicates
 from petal.pipeline.ingest.parquet import ReadStats, ShardInfo, check_id_kinds, resolve_sources
+from petal.pipeline.ingest.path_ids import check_path_ids
 from petal.pipeline.ingest.rejects import rejects_table
 from petal.pipeline.ingest.vectors import preflight_vectors, read_vectors
 from petal.pipeline.jobs import index_run as run
@@ -166,6 +167,7 @@ def _run(job: IndexJob, column: str, report: RunReport, stop: StopSignals, start
                                               stop)
         # NOTE: --full reads every shard again, but for what the stopped --full run it resumes committed
         entries = store.lookup_all(shards, fingerprints, job.full, verify=not live_checked)
+        check_path_ids(shards, entries, kept_infos, kept)  # 65: two files whose '<shard>:<row>' ids are the same
         gate = run.bad_row_gate(job, report, out)
         if gate is not None:
             gate.shard_paths = shard_paths

@@ -77,6 +77,7 @@ STORE_FORMAT = 1
 CHECKSUMS_KEY = "checksums"  # entry.json: {file name: sha256} of DATA_FILES, taken at the commit
 STAT_KEY = "stat"  # entry.json: {file name: [size, mtime_ns, ctime_ns, inode]} of DATA_FILES at the commit
 DATA_FILES = ("embeddings.npy", "rows.parquet", "rejects.parquet")
+ID_PREFIX_KEY = "id_prefix"  # entry.json: the <shard> of its '<shard>:<row>' ids; null for an id column's (path_ids.py)
 FULL_RUN_FILE = "full-run.json"  # OUT/store/: the --full run not yet published (EmbeddingStore.begin_full_run)
 FULL_RUN_KEY = "full_run"  # entry.json: the token of the --full run that committed it
 ENTRY_MAX_BYTES = 16 << 20
@@ -775,6 +776,7 @@ def commit_entry(store: EmbeddingStore, tmp: Path, final: Path, info: ShardInfo,
         "dim": dim,
         "dtype": "float32",
         "id_type": "int64" if id_type == pa.int64() else "null" if id_type == pa.null() else "string",
+        ID_PREFIX_KEY: None if info.has_id_column else str(info.path),  # what ids without an id column are spelled from
         "counts": {"rows": num_rows, "embedded": len(rows), "skipped": reasons, "truncated": num_truncated,
                    "tokens": int(num_tokens)},
         **extra,
