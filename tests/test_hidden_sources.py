@@ -151,3 +151,32 @@ def test_a_file_url_with_a_query_or_fragment_is_refused_not_cut_short(tmp_path):
     assert result.exit_code == 0, result.output
     result, _ = index(tmp_path, tmp_path / "my docs", "--delete", base + "/d.parquet#2")
     assert result.exit_code == 2 and "fragment" in result.output, result.output
+
+
+@pytest.mark.parametrize("names", [["a.parq", "b.pq"], ["000000_0"], ["x.PQ", "notes.txt"]])
+def test_a_directory_of_files_not_named_parquet_says_so_and_a_glob_or_name_reads_them(tmp_path, names):
+    # NOTE: 'no *.parquet files under directory d' alone, over files that are Parquet (.parq, .pq, Hive's 000000_0)
+    for i, name in enumerate(names):
+        write(tmp_path / "d" / name, table([f"r{i}"]))
+    result, _ = index(tmp_path, tmp_path / "d")
+    assert result.exit_code == 66, result.output
+    example = tmp_path / "d" / names[0]
+    assert f"holds {len(names)} file" in result.output and "not named *.parquet" in result.output, result.output
+    assert str(example) in result.output, result.output
+    suffix = Path(names[0]).suffix
+    if suffix:
+        assert f"glob such as \"{tmp_path / 'd'}/*{suffix}\"" in result.output, result.output
+        named, log = index(tmp_path, f"{tmp_path / 'd'}/*{suffix}")
+        assert named.exit_code == 0, named.output
+    else:
+        named, log = index(tmp_path, example)
+        assert named.exit_code == 0, named.output
+    assert "r0" in embedded_ids(log)
+
+
+def test_only_hidden_parquet_files_keep_their_own_hint(tmp_path):
+    write(tmp_path / "d" / "_temporary" / "part-0.parquet", table(["a"]))
+    write(tmp_path / "d" / "_temporary" / "part-0.crc", table(["a"]))
+    result, _ = index(tmp_path, tmp_path / "d")
+    assert result.exit_code == 66 and "under paths starting with '.' or '_'" in result.output, result.output
+    assert "not named *.parquet" not in result.output

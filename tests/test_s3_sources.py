@@ -139,6 +139,19 @@ def test_s3_shards_store_text_and_kept_columns_and_stay_in_additive_runs(s3, fak
     assert sorted(reader.texts([h for row in hits for h in row], "text"))[0].endswith("text 1")
 
 
+def test_a_prefix_of_objects_not_named_parquet_says_so(s3, fake_model, tmp_path):
+    s3.client().create_bucket(Bucket="parq")
+    put_shard(s3, "parq", "t/part-0.parq", "p", 2)
+    put_shard(s3, "parq", "t/_tmp/part-1.parq", "h", 2)  # hidden: not counted
+    env = {**s3.env(), "PETAL_TEST_FAKE_ENGINE": str(tmp_path / "log.jsonl")}
+    argv = ["--out", str(tmp_path / "out"), "--model", str(fake_model), "-q"]
+    result = run(["index", "s3://parq/t/", *argv], env)
+    assert result.exit_code == 66 and "no *.parquet objects under" in result.output, result.output
+    assert "holds 1 file that is not named *.parquet" in result.output, result.output
+    assert "e.g. s3://parq/t/part-0.parq:" in result.output and "s3://parq/t/*.parq" in result.output, result.output
+    assert run(["index", "s3://parq/t/*.parq", *argv], env).exit_code == 0
+
+
 def test_sync_over_an_emptied_prefix_is_judged_by_the_guard_and_a_typo_stays_66(s3, fake_model, tmp_path):
     """An object store has no empty directories: once a prefix's last object is deleted, the prefix is "not
     found". Under ``--sync`` over a live version that held shards there, that is an emptied corpus (the removal

@@ -50,6 +50,7 @@ from petal.pipeline.ingest.remote import (
     stat_remote,
     storage_error,
 )
+from petal.pipeline.ingest.skipped_names import not_parquet_hint
 from petal.pipeline.ingest.text_rule import utf8_or_bytes
 from petal.pipeline.reliability.errors import (
     BadInputError,
@@ -257,10 +258,12 @@ def _in_output_dir(path: Path, out: Path | None) -> bool:
 
 
 def _hidden_only(root: Path) -> str:
-    """What a directory SOURCE with no shard holds under its skipped paths (``hidden_below``), for its error: ``""``
-    or "; N files ... are skipped". NOTE: 'no *.parquet files' alone sent a user looking for files that are there
-    (a Spark job still writing has only ``_temporary/``). The error path only: one more walk."""
+    """Why a directory SOURCE that holds files names no shard, for its error: ``""``, or what it skips: *.parquet
+    files under paths starting with '.' or '_' ("; N files ... are skipped"), else files not named *.parquet
+    (``not_parquet_hint``). NOTE: 'no *.parquet files' alone sent a user looking for files that are there (a Spark
+    job still writing has only ``_temporary/``; ``part-0.parq``). The error path only: one more walk."""
     skipped: list[Path] = []
+    others: list[str] = []
     seen: set[tuple[int, int]] = set()
     for directory, subdirs, files in os.walk(root, followlinks=True):
         st = os.stat(directory)
@@ -269,11 +272,15 @@ def _hidden_only(root: Path) -> str:
             continue
         seen.add((st.st_dev, st.st_ino))
         below = Path(directory).relative_to(root).parts
-        skipped.extend(Path(directory) / name for name in sorted(files)
-                       if parquet_name(name) and hidden_below((*below, name)))
+        for name in sorted(files):
+            if hidden_below((*below, name)):
+                if parquet_name(name):
+                    skipped.append(Path(directory) / name)
+            elif not parquet_name(name) and os.path.isfile(os.path.join(directory, name)):
+                others.append(os.path.join(directory, name))
         subdirs.sort()
     if not skipped:
-        return ""
+        return not_parquet_hint(others, "directory")
     said = "1 *.parquet file is" if len(skipped) == 1 else f"{len(skipped):,} *.parquet files are"
     return (f"; {said} under paths starting with '.' or '_', which a directory SOURCE "
             f"skips (Spark's _temporary/ of a job still writing, editors' copies), e.g. {quote_path(skipped[0])}: "

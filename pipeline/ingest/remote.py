@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from petal.pipeline.ingest.skipped_names import not_parquet_hint
 from petal.pipeline.reliability.errors import (
     BadInputError,
     ConfigError,
@@ -478,7 +479,9 @@ def list_remote(source: str, empty_ok: bool = False, held: frozenset[str] = froz
     except (OSError, ValueError, pa.ArrowException) as exc:
         raise listing_error(shown, exc) from exc
     if not found and not empty_ok:
-        raise NoInputError(f"no *.parquet objects under {shown}")
+        others = [root + i.path for i in listed if i.type == fs.FileType.File and not parquet_name(i.path)
+                  and not hidden_below(i.path[len(path.rstrip("/")):].split("/"))]
+        raise NoInputError(f"no *.parquet objects under {shown}" + not_parquet_hint(sorted(others), "prefix"))
     return _remote_paths(filesystem, root, found)
 
 
