@@ -36,6 +36,7 @@ from petal.pipeline.config import ReadConfig
 from petal.pipeline.ingest.exact_columns import field_leaves, iter_columns
 from petal.pipeline.ingest.int96 import arrow_schema, open_parquet
 from petal.pipeline.ingest.local_glob import expand_glob
+from petal.pipeline.ingest.partitions import partition_hint
 from petal.pipeline.ingest.remote import (
     RemotePath,
     file_url_path,
@@ -530,7 +531,7 @@ def inspect_shard(path: Path | RemotePath, read: ReadConfig, stats: ReadStats | 
     if read.text_column not in names:
         raise BadInputError(
             f"{quote_path(path)}: text column {read.text_column!r} is missing (columns: {quote_names(names)}); "
-            "choose one with --text-column"
+            "choose one with --text-column" + partition_hint(path, [read.text_column])
         )
     text_type = plain_type(schema.field(read.text_column).type)  # a dictionary's values: decoded as they are read
     if not _is_text(text_type):
@@ -540,7 +541,7 @@ def inspect_shard(path: Path | RemotePath, read: ReadConfig, stats: ReadStats | 
     if not has_id and read.id_column_required:
         raise BadInputError(
             f"{quote_path(path)}: id column {read.id_column!r} is missing (columns: {quote_names(names)}); "
-            "choose one with --id-column"
+            "choose one with --id-column" + partition_hint(path, [read.id_column])
         )
     id_type = plain_type(schema.field(read.id_column).type) if has_id else None
     if id_type is not None and not _is_id(id_type):

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from petal.pipeline.config import ReadConfig
+from petal.pipeline.ingest.partitions import partition_hint
 from petal.pipeline.ingest.text_rule import UTF8_BOM, utf8_or_bytes
 from petal.pipeline.reliability.errors import BadInputError, NoInputError, UsageError, quote_names, quote_path
 from petal.pipeline.reliability.faults import fault
@@ -165,7 +166,8 @@ def parquet_text_batches(path: Path, text_column: str, id_column: str | None, re
     if missing:
         flags = {id_column: "--id-column", text_column: "--text-column"}
         said = ", ".join(f"{name!r} ({flags[name]})" for name in missing)
-        raise BadInputError(f"{quote_path(path)}: no column {said}; it has {quote_names(names)}")
+        raise BadInputError(f"{quote_path(path)}: no column {said}; it has {quote_names(names)}"
+                            + partition_hint(path, missing))
     check_unique_columns(path, schema, columns)  # NOTE: two columns of one name were a KeyError traceback
     column_type = plain_type(schema.field(text_column).type)  # a dictionary (categorical): its values
     if not _is_text(column_type):

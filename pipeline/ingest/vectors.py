@@ -45,6 +45,7 @@ from petal.pipeline.ingest.parquet import (
     read_ids,
     stream_batches,
 )
+from petal.pipeline.ingest.partitions import partition_hint
 from petal.pipeline.reliability.errors import BadInputError, NoInputError, quote_names
 from petal.pipeline.reliability.faults import fault
 from petal.pipeline.store.outputs import squared_norm_overflows
@@ -85,7 +86,8 @@ def inspect_vector_shard(path: Path, read: ReadConfig, column: str,
         raise _read_error(path, exc, read.read_retries, "not a readable Parquet file") from exc
     check_unique_columns(path, schema, [column, read.id_column, read.text_column])
     if column not in schema.names:
-        raise BadInputError(f"{path}: vectors column {column!r} is missing (columns: {quote_names(schema.names)})")
+        raise BadInputError(f"{path}: vectors column {column!r} is missing (columns: {quote_names(schema.names)})"
+                            + partition_hint(path, [column]))
     vtype = schema.field(column).type
     if not _is_vector(vtype):
         raise BadInputError(f"{path}: vectors column {column!r} has type {vtype}, expected list<float> or "
@@ -93,7 +95,8 @@ def inspect_vector_shard(path: Path, read: ReadConfig, column: str,
                             "write the vectors as a list column)")
     has_id = read.id_column in schema.names
     if not has_id and read.id_column_required:
-        raise BadInputError(f"{path}: id column {read.id_column!r} is missing (columns: {quote_names(schema.names)})")
+        raise BadInputError(f"{path}: id column {read.id_column!r} is missing (columns: {quote_names(schema.names)})"
+                            + partition_hint(path, [read.id_column]))
     id_type = plain_type(schema.field(read.id_column).type) if has_id else None  # a dictionary's: decoded as read
     if id_type is not None and not _is_id(id_type):
         raise BadInputError(f"{path}: id column {read.id_column!r} has type {id_type}, expected an integer or string")

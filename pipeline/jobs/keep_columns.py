@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 
 from petal.pipeline.config import ReadConfig
 from petal.pipeline.ingest.parquet import ReadStats, ShardInfo, check_unique_columns
+from petal.pipeline.ingest.partitions import partition_hint
 from petal.pipeline.ingest.zones import unresolved_zone
 from petal.pipeline.reliability.errors import BadInputError, UsageError, quote_names, quote_path
 from petal.pipeline.store.columns import kept_type
@@ -41,7 +42,7 @@ def check_keep_columns(shards: list[ShardInfo], columns: tuple[str, ...], reserv
         missing = [c for c in columns if c not in names]
         if missing:
             raise BadInputError(f"{quote_path(info.path)}: no column {missing[0]!r} (--keep-columns); it has "
-                                f"{quote_names(sorted(names))}")
+                                f"{quote_names(sorted(names))}" + partition_hint(info.path, missing))
         for name in columns:
             type_ = info.schema.field(name).type
             if holds_bytes(type_):

@@ -40,6 +40,7 @@ from petal.pipeline.ingest.parquet import (
     rows_within,
     stream_batches,
 )
+from petal.pipeline.ingest.partitions import partition_hint
 from petal.pipeline.ingest.remote import RemotePath
 from petal.pipeline.reliability.durable import fsync_dir
 from petal.pipeline.reliability.errors import BadInputError, ConfigError, quote_names, quote_path, writing
@@ -185,7 +186,8 @@ def kept_schemas(entries: list[StoreEntry], keep: tuple[str, ...], read: ReadCon
             missing = [c for c in keep if c not in schema.names]
             if missing:
                 raise BadInputError(f"{quote_path(source['path'])} (kept from the live version): no column "
-                                    f"{missing[0]!r} (--keep-columns); it has: {quote_names(sorted(schema.names))}")
+                                    f"{missing[0]!r} (--keep-columns); it has: {quote_names(sorted(schema.names))}"
+                                    + partition_hint(source["path"], missing))
         found.append((str(source["path"]), schema, path))
     return found
 
