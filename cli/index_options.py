@@ -21,8 +21,8 @@ def index_options(func: F, *, first_run: bool = True) -> F:
     func = click.option("--target-recall", type=click.FloatRange(0.0, 1.0, min_open=True), **default(0.95),
                         help="Recall@10 vs exact search that search parameters are tuned to.")(func)
     func = click.option("--index-memory", **default("8G"),
-                        help="RAM the index may use, in bytes with a binary unit (4G = 4 GiB, 512M = 512 MiB): picks "
-                             "the codes; IVF over it goes on disk.")(func)
+                        help="RAM the index build may use, in bytes with a binary unit (4G = 4 GiB, 512M = 512 MiB): "
+                             "picks the codes and the IVF lists (half of it trains); IVF over it goes on disk.")(func)
     func = click.option("--metric", type=click.Choice(["ip", "l2"]), **default("ip"),
                         help="Similarity: ip (inner product; cosine for a model that normalises) or l2 "
                              "(Euclidean distance).")(func)

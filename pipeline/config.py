@@ -127,7 +127,7 @@ class IndexSettings:
     metric: str = "ip"
     seed: int = 1234
     flat_max_vectors: int = 50_000  # "auto": exact search up to this many vectors (when it fits the budget)
-    memory_bytes: int = 8 << 30  # --index-memory: what the index may hold in RAM; IVF above it goes on disk
+    memory_bytes: int = 8 << 30  # --index-memory: what the index build may hold in RAM; IVF above it goes on disk
     target_recall: float = 0.95  # --target-recall: recall@10 against exact search, reached by tuning
     train_points_per_centroid: int = 64  # k-means sample size per IVF list (FAISS: 30..256)
     tune_queries: int = 1000  # held-out vectors the search parameters are tuned on

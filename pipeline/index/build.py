@@ -75,8 +75,33 @@ def parts(trained: Any, source: StoreVectors, part_rows: int, chunk_rows: int,
         yield (to_cpu(part) if where != "cpu" else part), where
 
 
+def reserve_lists(index: Any, source: StoreVectors, chunk_rows: int) -> None:
+    """Size each inverted list of ``index``, a bare, empty IVF with FAISS's array lists, for the vectors of ``source``
+    it will hold (anything else: nothing done).
+
+    NOTE: FAISS grows a list as C++ vectors grow, doubling: the lists of an in-memory IVF held up to twice their codes
+    (IVF1024,SQfp16 of 100k x 1024: +270 MiB for 205 MiB of codes and ids). One pass of the coarse assignment (the
+    add's own, done twice) counts each list's vectors; resizing a list to its count and back to empty keeps that
+    capacity, so adding never reallocates it.
+    """
+    faiss = load_faiss()
+    ivf = faiss.downcast_index(index)
+    if not isinstance(ivf, faiss.IndexIVF) or ivf.ntotal:
+        return
+    lists = faiss.downcast_InvertedLists(ivf.invlists)
+    if not isinstance(lists, faiss.ArrayInvertedLists):  # NOTE: fast-scan's block lists grow by blocks of their own
+        return
+    counts = np.zeros(ivf.nlist, dtype=np.int64)
+    for _, vectors in source.chunks(chunk_rows):
+        counts += np.bincount(ivf.quantizer.assign(vectors, 1).ravel(), minlength=ivf.nlist)
+    for list_no in np.flatnonzero(counts).tolist():
+        lists.resize(list_no, int(counts[list_no]))
+        lists.resize(list_no, 0)
+
+
 def add_in_memory(index: Any, source: StoreVectors, part_rows: int, chunk_rows: int, use_gpu: bool) -> str:
     """Add every vector of ``source`` to ``index`` (in place). Returns where the adding ran."""
+    reserve_lists(index, source, chunk_rows)
     # NOTE: parts merged into ``index`` merge only inverted lists: an id map's ids or a refine wrapper's codes would
     # be left behind, so those (and non-IVF indexes) are filled in place on the CPU
     if not use_gpu or not lists_hold_everything(index):

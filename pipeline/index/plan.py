@@ -35,6 +35,7 @@ from petal.pipeline.reliability.errors import ConfigError, FlagError
 HNSW_QUANTIZER_MIN_LISTS = 16384
 HNSW_QUANTIZER_M = 32
 ID_BYTES = 8  # every IVF entry stores its int64 id beside its code
+MIN_TRAIN_POINTS_PER_CENTROID = 30  # FAISS warns below 39; the wiki's floor is 30
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,19 @@ def ivf_lists(num_vectors: int) -> int:
     wanted = 2 ** math.ceil(math.log2(max(1.0, 4 * math.sqrt(num_vectors))))
     trainable = 2 ** math.floor(math.log2(max(1.0, num_vectors / 39)))
     return max(1, min(wanted, trainable))
+
+
+def train_rows(dim: int, settings: IndexSettings) -> int:
+    """The most training vectors of ``dim`` float32 the memory budget holds: half of ``--index-memory``. NOTE: the
+    other half is FAISS's working copy while it trains (an IVF's residuals of the sample, a k-means subsample): the
+    sample was floored at 30 vectors a list and 64k for PQ whatever the budget (61,440 x 1024 dims, 240 MiB, under
+    --index-memory 256M)."""
+    return max(1, settings.memory_bytes // 2 // (4 * dim))
+
+
+def affordable_lists(dim: int, settings: IndexSettings) -> int:
+    """The most IVF lists (a power of two) whose training sample of 30 vectors a list fits ``train_rows``."""
+    return 2 ** math.floor(math.log2(max(1, train_rows(dim, settings) // MIN_TRAIN_POINTS_PER_CENTROID)))
 
 
 def make_index(factory: str, dim: int, metric: str) -> Any:
@@ -258,24 +272,33 @@ def plan_index(num_vectors: int, dim: int, settings: IndexSettings, kind: str = 
         return IndexPlan(**{**flat.as_dict(), "reason": f"exact: {num_vectors} vectors <= {settings.flat_max_vectors}"
                                                         f" and {_size(flat.estimated_bytes)} <= {_size(budget)}"})
     nlist = ivf_lists(max(num_vectors, 1))
+    budget_lists = affordable_lists(dim, settings)
+    # NOTE: 30 training vectors a list must fit half the budget (``train_rows``): fewer lists, never a thinner sample
+    lowered = (f"; {budget_lists} lists, not {nlist}: 30 training vectors a list fit half of --index-memory "
+               f"{_size(budget)}") if budget_lists < nlist else ""
+    nlist = min(nlist, budget_lists)
     binary = is_binary(codes.exact)
     quantizer = f"IVF{nlist}" + (f"_HNSW{HNSW_QUANTIZER_M}" if nlist >= HNSW_QUANTIZER_MIN_LISTS and not binary else "")
     too_big: list[str] = []
     for ladder_codes in ivf_ladder(codes, dim):
+        if "PQ" in ladder_codes and train_rows(dim, settings) < 256:
+            continue  # NOTE: a PQ's 256 centroids per sub-quantizer need 256 training vectors: over half the budget
         plan = _plan(ladder_codes.format(q=quantizer), "memory", num_vectors, dim, settings.metric, "")
         if plan.estimated_bytes <= budget:
             why = f"{num_vectors} vectors > {settings.flat_max_vectors}" if num_vectors > settings.flat_max_vectors \
                 else f"exact {codes.exact} needs {_size(flat.estimated_bytes)}"
             if too_big:
                 why += "; " + ", ".join(too_big)
-            return IndexPlan(**{**plan.as_dict(), "reason": f"{why}; {_size(plan.estimated_bytes)} <= {_size(budget)}"})
+            return IndexPlan(**{**plan.as_dict(),
+                                "reason": f"{why}; {_size(plan.estimated_bytes)} <= {_size(budget)}{lowered}"})
         too_big.append(f"{ladder_codes.split(',')[-1].format(q='IVF')} codes need {_size(plan.estimated_bytes)}")
     if codes.ondisk is None:
-        return IndexPlan(**{**plan.as_dict(), "reason": f"even {too_big[-1]} > --index-memory {_size(budget)}, but "
-                                                        "binary indexes cannot live on disk: built in memory"})
+        why = (f"even {too_big[-1]} > --index-memory {_size(budget)}, but binary indexes cannot live on disk: built "
+               f"in memory{lowered}")
+        return IndexPlan(**{**plan.as_dict(), "reason": why})
     return _plan(codes.ondisk.format(q=quantizer), "ondisk", num_vectors, dim, settings.metric,
                  f"even {too_big[-1]} > --index-memory {_size(budget)}: "
-                 f"{codes.ondisk.split(',')[-1]} inverted lists on disk")
+                 f"{codes.ondisk.split(',')[-1]} inverted lists on disk{lowered}")
 
 
 PQ_RE = re.compile(r"(?:^|,|_)O?PQ(\d+)")
@@ -442,13 +465,18 @@ def check_index_factory(settings: IndexSettings, kind: str = "float32", dim: int
     problem = unusable(index, settings.metric)
     if problem is not None:
         raise FlagError(f"--index-factory {factory!r}: {problem}")
-    if num_vectors is None:
-        return
     needed, why = vectors_to_train(index, factory)
-    if num_vectors < needed:
+    if num_vectors is not None and num_vectors < needed:
         raise FlagError(f"--index-factory {factory!r} needs at least {needed} vectors of dim {dim} to train: {why} "
                         f"need at least {needed} vectors; this run can index at most {num_vectors} vectors "
                         f"({counted}): pick a smaller factory or leave --index-factory auto")
+    if needed > train_rows(dim, settings):
+        sample_bytes = needed * dim * 4
+        raise FlagError(f"--index-factory {factory!r} cannot be trained within --index-memory "
+                        f"{_size(settings.memory_bytes)}: {why} need at least {needed} training vectors of dim {dim}, "
+                        f"{_size(sample_bytes)}, and the training sample may take half of --index-memory (FAISS "
+                        f"works on a copy of it): give --index-memory {-(-2 * sample_bytes // (1 << 20))}M or more, "
+                        "a smaller factory, or --index-factory auto")
 
 
 def faiss_failure(exc: BaseException, factory: str, dim: int, num_vectors: int | None) -> ConfigError:

@@ -19,6 +19,8 @@ from petal.pipeline.index.files import IDS_GROUP_ROWS
 from petal.pipeline.store.embeddings import StoreEntry, VectorReader, check_row_files
 from petal.pipeline.store.tombstones import deleted_rows
 
+TAKE_BLOCK_ROWS = 1024  # vectors ``take`` copies at a time (4 MiB at 1024 dims)
+
 
 class StoreVectors:
     """The de-duplicated vectors of ``entries`` (in shard order), addressed by FAISS id."""
@@ -98,7 +100,13 @@ class StoreVectors:
         for i, entry in enumerate(self.entries):
             lo, hi = int(bounds[i]), int(bounds[i + 1])
             if hi > lo:
-                out[lo:hi] = entry.embeddings()[self._rows(i)[faiss_ids[lo:hi] - self.starts[i]]]
+                vectors, rows = entry.embeddings(), self._rows(i)[faiss_ids[lo:hi] - self.starts[i]]
+                # NOTE: a block at a time straight into ``out``: one fancy index of the whole selection was a second
+                # copy of it (the training sample twice in memory)
+                for start in range(0, len(rows), TAKE_BLOCK_ROWS):
+                    block = rows[start : start + TAKE_BLOCK_ROWS]
+                    out[lo + start : lo + start + len(block)] = vectors[block]
+                del vectors
         return out
 
     def sample(self, size: int, seed: int) -> np.ndarray:

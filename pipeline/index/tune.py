@@ -82,7 +82,7 @@ def without_ids(truth: np.ndarray, dropped: np.ndarray, k: int) -> np.ndarray:
     return out
 
 
-SCORED_PAIRS = 4096  # (query, vector) pairs RecallAtK scores at a time
+SCORED_VALUES = 1 << 20  # float64 values (8 MiB) of (query, vector) pairs RecallAtK scores at a time
 TIE_RTOL = 1e-6  # NOTE: ~8 float32 ulps of the terms a score is made of: closer than this, float32 search cannot order
 
 
@@ -146,8 +146,10 @@ class RecallAtK:
         """``[q, m]`` float64 exact scores of ``ids [q, m]`` for their queries, smaller is nearer (``l2``: squared
         distance, ``ip``: minus the inner product); ``inf`` at -1."""
         out = np.full(ids.shape, np.inf)
-        # NOTE: a few thousand pairs a time: the truth's 1000 x 43 pairs at dim 1024 were 350 MB of float64 at once
-        step = max(1, SCORED_PAIRS // max(ids.shape[1], 1))
+        # NOTE: a few thousand pairs a time: the truth's 1000 x 43 pairs at dim 1024 were 350 MB of float64 at once;
+        # then 4096 pairs whatever the dimension, 32 MiB an array at 1024 dims, ~150 MiB over the index while tuning:
+        # now a number of values, ~40 MiB in all at any dimension
+        step = max(1, SCORED_VALUES // max(self.queries.shape[1], 1) // max(ids.shape[1], 1))
         for lo in range(0, len(ids), step):
             part = ids[lo : lo + step]
             valid = part >= 0

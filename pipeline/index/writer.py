@@ -34,6 +34,7 @@ from petal.pipeline.index.graph_repair import link_unreachable
 from petal.pipeline.index.kmeans_floor import floored_kmeans, thin_warning
 from petal.pipeline.index.plan import (
     LIVE_VECTORS,
+    MIN_TRAIN_POINTS_PER_CENTROID,
     IndexPlan,
     check_index_factory,
     faiss_failure,
@@ -42,6 +43,7 @@ from petal.pipeline.index.plan import (
     is_binary,
     make_index,
     plan_index,
+    train_rows,
     vectors_to_train,
 )
 from petal.pipeline.index.source import StoreVectors, split_sample
@@ -66,7 +68,6 @@ from petal.pipeline.store.outputs import OutputTransform
 
 MAX_CHUNK_ROWS = 65536
 MIN_CHUNK_ROWS = 1024
-MIN_TRAIN_POINTS_PER_CENTROID = 30  # FAISS warns below 39; the wiki's floor is 30
 PQ_TRAIN_POINTS = 65536  # 256 centroids per sub-quantizer x 256 points (FAISS's own cap)
 
 
@@ -156,15 +157,18 @@ def part_rows(plan: IndexPlan, settings: IndexSettings) -> int:
 
 
 def training_size(plan: IndexPlan, dim: int, settings: IndexSettings, needed: int = 1) -> int:
-    """Points to train on: ``train_points_per_centroid`` per IVF list, capped at half the memory
-    budget but never under 30 per list, nor under the ``needed`` the factory's parts need to train at all
-    (``plan.vectors_to_train``); PQ codes want at least 64k."""
+    """Points to train on: ``train_points_per_centroid`` per IVF list (PQ codes want 64k), never more than half the
+    memory budget holds (``plan.train_rows``), nor fewer than the ``needed`` the factory's parts need to train at all
+    (``plan.vectors_to_train``; ``check_index_factory`` refused a factory whose ``needed`` is over the budget's half).
+    NOTE: the floors of 30 a list and 64k for PQ were taken over the budget: ``--index-factory auto`` picks fewer
+    lists instead (``plan.affordable_lists``), and an explicit factory trains on what the budget holds (a thin
+    k-means is said as a warning)."""
     wanted = settings.train_points_per_centroid * max(plan.nlist, 1)
-    affordable = settings.memory_bytes // 2 // (4 * dim)
-    size = max(min(wanted, affordable), MIN_TRAIN_POINTS_PER_CENTROID * plan.nlist, needed)
     if "PQ" in plan.factory or plan.nlist == 0:
-        size = max(size, PQ_TRAIN_POINTS)
-    return size
+        wanted = max(wanted, PQ_TRAIN_POINTS)
+    affordable = train_rows(dim, settings)
+    assert needed <= affordable, f"{needed} training vectors of dim {dim} are over half of {settings.memory_bytes} B"
+    return max(min(wanted, affordable), needed)
 
 
 def _train(index: Any, sample: np.ndarray, plan: IndexPlan, seed: int, ngpu: int) -> str:
