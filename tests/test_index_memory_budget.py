@@ -80,6 +80,11 @@ def test_a_factory_the_budget_cannot_train_is_refused_before_any_work(tmp_path):
                                    "--index-factory", "IVF1024,Flat", "--index-memory", "2M")
     assert rc == 0, stderr
     assert json.loads(stdout)["index"]["device"]["train_points"] * 256 * 4 <= MIB
+    # a rebuild keeping the factory under a smaller --index-memory: that flag's usage error too, nothing built
+    rebuilt = CliRunner().invoke(cli, ["rebuild", str(out), "--index-memory", "1M", "-q"])
+    assert rebuilt.exit_code == 2, rebuilt.output
+    assert "cannot be trained within --index-memory 1.0M" in rebuilt.stderr
+    assert len(list((out / "versions").iterdir())) == 1
 
 
 def test_auto_build_trains_within_the_budget(tmp_path):

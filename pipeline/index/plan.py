@@ -422,6 +422,11 @@ def searched_nodes(index: Any) -> list[Any]:
     return nodes
 
 
+class TrainingMemoryError(FlagError):
+    """An ``--index-factory`` whose training set is over half of ``--index-memory``: the budget's fault as much as the
+    factory's, so a usage error (2) whichever of the two flags was given (``jobs/settings.check_kept_factory``)."""
+
+
 UPPER_BOUND = "the rows read and the kept shards'"  # what a run's check before any work counts
 LIVE_VECTORS = "its rows, less those skipped, deleted by --delete or superseded by the same id in a later shard"
 
@@ -472,7 +477,7 @@ def check_index_factory(settings: IndexSettings, kind: str = "float32", dim: int
                         f"({counted}): pick a smaller factory or leave --index-factory auto")
     if needed > train_rows(dim, settings):
         sample_bytes = needed * dim * 4
-        raise FlagError(f"--index-factory {factory!r} cannot be trained within --index-memory "
+        raise TrainingMemoryError(f"--index-factory {factory!r} cannot be trained within --index-memory "
                         f"{_size(settings.memory_bytes)}: {why} need at least {needed} training vectors of dim {dim}, "
                         f"{_size(sample_bytes)}, and the training sample may take half of --index-memory (FAISS "
                         f"works on a copy of it): give --index-memory {-(-2 * sample_bytes // (1 << 20))}M or more, "

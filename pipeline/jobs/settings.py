@@ -401,14 +401,16 @@ def check_kept_factory(settings: IndexSettings, kind: str, dim: int | None, num_
                        given: frozenset[str] | None, manifest: Path, counted: str | None = None) -> None:
     """``check_index_factory`` of ``settings`` (``kept_settings``): an ``--index-factory`` given is a usage error (2)
     as ever; one kept from the live version (``manifest``: its file) that cannot be built now is a ``ConfigError``
-    (78) naming it and the way out, never a usage error of a flag the user did not give. ``counted``: what
+    (78) naming it and the way out, never a usage error of a flag the user did not give (an ``--index-memory`` given
+    that cannot train it is that flag's: 2). ``counted``: what
     ``num_vectors`` counts, as the message says it (``None``: ``plan.UPPER_BOUND``, a run's before any work)."""
-    from petal.pipeline.index.plan import UPPER_BOUND, check_index_factory
+    from petal.pipeline.index.plan import UPPER_BOUND, TrainingMemoryError, check_index_factory
 
     try:
         check_index_factory(settings, kind, dim, num_vectors, counted or UPPER_BOUND)
     except FlagError as exc:
-        if given is None or "factory" in given:
+        # NOTE: a kept factory that a smaller --index-memory given cannot train is that flag's usage error (2)
+        if given is None or "factory" in given or (isinstance(exc, TrainingMemoryError) and "memory_bytes" in given):
             raise
         raise ConfigError(f"{quote_path(manifest)}: the live version's index factory {quote_text(settings.factory)}, "
                           f"kept as no --index-factory was given, cannot be built again: {exc}; give "
