@@ -116,3 +116,29 @@ def test_take_reads_the_sample_into_one_array(tmp_path):
     np.testing.assert_array_equal(taken, vectors[picks])
     # the result (10 MB), one block, and the entry's row numbers (160 KB)
     assert peak <= taken.nbytes + TAKE_BLOCK_ROWS * 256 * 4 + MIB, (peak, taken.nbytes)
+
+
+def test_lists_sized_first_hold_what_the_plain_add_holds(tmp_path):
+    """``reserve_lists`` (one coarse-assignment pass, then each list sized to its count) changes where the codes
+    live, never what they are: the same lists, ids and codes as the add without it."""
+    from petal.pipeline.index.build import add_in_memory
+    from petal.pipeline.index.faiss_loader import load_faiss
+
+    faiss = load_faiss()
+    store = EmbeddingStore(tmp_path / "store")
+    store.open()
+    vectors = random_vectors(6000, 32, seed=7)
+    source = StoreVectors(commit_split(store, tmp_path / "data", vectors, num_shards=3), 32)
+    built = []
+    for reserve in (False, True):
+        index = make_index("IVF32,SQ8", 32, "l2")
+        index.train(vectors[:3000])
+        add_in_memory(index, source, 1 << 20, 1024, False, reserve)
+        lists = index.invlists
+        built.append([(faiss.rev_swig_ptr(lists.get_ids(i), lists.list_size(i)).copy(),
+                       faiss.rev_swig_ptr(lists.get_codes(i), lists.list_size(i) * lists.code_size).copy())
+                      for i in range(index.nlist)])
+    assert sum(len(ids) for ids, _ in built[0]) == 6000
+    for (ids, codes), (ids2, codes2) in zip(*built, strict=True):
+        np.testing.assert_array_equal(ids, ids2)
+        np.testing.assert_array_equal(codes, codes2)

@@ -99,9 +99,13 @@ def reserve_lists(index: Any, source: StoreVectors, chunk_rows: int) -> None:
         lists.resize(list_no, 0)
 
 
-def add_in_memory(index: Any, source: StoreVectors, part_rows: int, chunk_rows: int, use_gpu: bool) -> str:
-    """Add every vector of ``source`` to ``index`` (in place). Returns where the adding ran."""
-    reserve_lists(index, source, chunk_rows)
+def add_in_memory(index: Any, source: StoreVectors, part_rows: int, chunk_rows: int, use_gpu: bool,
+                  reserve: bool = True) -> str:
+    """Add every vector of ``source`` to ``index`` (in place). Returns where the adding ran. ``reserve``: size the
+    inverted lists first (``reserve_lists``: one more coarse-assignment pass), where lists grown by doubling could
+    pass the memory budget."""
+    if reserve:
+        reserve_lists(index, source, chunk_rows)
     # NOTE: parts merged into ``index`` merge only inverted lists: an id map's ids or a refine wrapper's codes would
     # be left behind, so those (and non-IVF indexes) are filled in place on the CPU
     if not use_gpu or not lists_hold_everything(index):

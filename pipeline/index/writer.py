@@ -312,7 +312,10 @@ def _build_index(entries: list[StoreEntry], dim: int, settings: IndexSettings, s
     elif plan.storage == "ondisk":
         index, added_on = build_on_disk(index, source, staging, part_rows(plan, settings), rows, ngpu > 0)
     else:
-        added_on = add_in_memory(index, source, part_rows(plan, settings), rows, ngpu > 0)
+        # NOTE: lists grown by doubling hold up to twice their codes: sized first only where that could pass the
+        # budget (the sizing pass assigns every vector once more: the add took 5.9 s, not 3.1 s, at 100k x 1024)
+        reserve = 2 * plan.estimated_bytes > settings.memory_bytes
+        added_on = add_in_memory(index, source, part_rows(plan, settings), rows, ngpu > 0, reserve)
     # NOTE: before tuning: the graph tuned is the graph written; a node it leaves unreached fails the build (a bug,
     # exit 1) rather than publish documents no search returns
     link_unreachable(index)
