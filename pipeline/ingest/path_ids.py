@@ -18,13 +18,7 @@ import pyarrow.parquet as pq
 from petal.pipeline.ingest.parquet import ShardInfo
 from petal.pipeline.reliability.errors import BadInputError, PetalIOError, quote_path, quote_text
 from petal.pipeline.reliability.parquet_rows import read_table
-from petal.pipeline.store.embeddings import ID_PREFIX_KEY, StoreEntry
-
-
-def id_prefix(info: ShardInfo) -> str | None:
-    """The ``<shard>`` of the ``<shard>:<row>`` ids the shard's rows get when embedded now; ``None`` with an id
-    column."""
-    return None if info.has_id_column else str(info.path)
+from petal.pipeline.store.embeddings import ID_PREFIX_KEY, StoreEntry, id_spelling
 
 
 def entry_id_prefix(entry: StoreEntry) -> str | None:
@@ -79,7 +73,7 @@ def check_path_ids(named: Sequence[ShardInfo], named_entries: Sequence[StoreEntr
     shards = [(info, entry, True) for info, entry in zip(named, named_entries, strict=True)]
     shards += [(info, entry, False) for info, entry in zip(kept, kept_entries, strict=True)]
     for info, entry, is_named in shards:
-        prefix = entry_id_prefix(entry) if entry is not None else id_prefix(info) if info.num_rows else None
+        prefix = entry_id_prefix(entry) if entry is not None else id_spelling(info) if info.num_rows else None
         if prefix is None:
             continue
         other = seen.setdefault(prefix, (info, is_named))

@@ -239,6 +239,25 @@ def shard_sha256(info: ShardInfo) -> str:
     return sha256_file(info.path)
 
 
+def id_spelling(info: ShardInfo) -> str | None:
+    """The ``<shard>`` of the ``<shard>:<row>`` ids the shard's rows get when this run embeds it: the path as the run
+    names it; ``None`` with an id column (ingest/path_ids.py)."""
+    return None if info.has_id_column else str(info.path)
+
+
+def same_spelling(entry: StoreEntry, info: ShardInfo) -> bool:
+    """Whether the ids ``entry`` holds are spelled as this run would spell the shard's (``id_spelling``): a committed
+    range (store/ranges.py), or an entry of the stopped ``--full`` run a run resumes, completes the run's embedding
+    of the shard only then. An entry of an older petal (no ``id_prefix``) spelled its ids from its recorded path.
+
+    NOTE: were it reused, a shard's entry would hold ids of two spellings (``/abs/x.parquet:0`` beside
+    ``x.parquet:30``) and its ``id_prefix`` name only the later one, which the collision check trusts."""
+    spelling = id_spelling(info)
+    if spelling is None:
+        return True
+    return entry.meta.get(ID_PREFIX_KEY, entry.meta["source"]["path"]) == spelling
+
+
 def shard_key(info: ShardInfo | str) -> str:
     """Stable key of an input shard: its absolute path (given, or the shard's)."""
     abs_path = info if isinstance(info, str) else info.abs_path
@@ -384,7 +403,11 @@ class EmbeddingStore:
         if full and not self.full_run_resumed:
             return [None] * len(shards)
         entries = [self.lookup(info, fingerprint, verify=verify) for info, fingerprint in zip(shards, fingerprints)]
-        return [self.own_commit(entry) for entry in entries] if full else entries
+        if not full:
+            return entries  # NOTE: an unchanged shard's entry keeps the ids it was committed with (README)
+        # a --full run embeds every shard under its own spelling: the stopped one's entry of another is embedded again
+        return [self.own_commit(entry) if entry is not None and same_spelling(entry, info) else None
+                for entry, info in zip(entries, shards)]
 
     def own_commit(self, entry: StoreEntry | None) -> StoreEntry | None:
         """``entry`` when this ``--full`` run (or the stopped one it resumes) committed it, else ``None``."""
@@ -776,7 +799,7 @@ def commit_entry(store: EmbeddingStore, tmp: Path, final: Path, info: ShardInfo,
         "dim": dim,
         "dtype": "float32",
         "id_type": "int64" if id_type == pa.int64() else "null" if id_type == pa.null() else "string",
-        ID_PREFIX_KEY: None if info.has_id_column else str(info.path),  # what ids without an id column are spelled from
+        ID_PREFIX_KEY: id_spelling(info),  # what ids without an id column are spelled from
         "counts": {"rows": num_rows, "embedded": len(rows), "skipped": reasons, "truncated": num_truncated,
                    "tokens": int(num_tokens)},
         **extra,

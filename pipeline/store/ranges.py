@@ -45,6 +45,7 @@ from petal.pipeline.store.embeddings import (
     EmbeddingStore,
     StoreEntry,
     commit_entry,
+    same_spelling,
     shard_key,
     store_listing,
 )
@@ -155,6 +156,8 @@ def plan_ranges(store: EmbeddingStore, shards: list[ShardInfo], fingerprints: li
         parts = committed_parts(store, info, fingerprint) if not full or store.full_run_resumed else {}
         if full:
             parts = {key: entry for key, entry in parts.items() if store.own_commit(entry) is not None}
+        # NOTE: a range committed by a run that named the shard another way holds ids of that spelling: embedded again
+        parts = {key: entry for key, entry in parts.items() if same_spelling(entry, info)}
         big = 0 < split_rows < info.num_rows and info.num_row_groups > 1
         if not parts and not big:
             ranges.append(RowRange(position, 0, info.num_row_groups, 0, info.num_rows, whole=True))
