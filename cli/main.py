@@ -21,6 +21,7 @@ from petal.cli.query import query
 from petal.cli.rebuild import rebuild
 from petal.cli.serve import serve
 from petal.cli.verify import verify
+from petal.cli.versions import rollback, versions
 
 STOPPED = frozenset(128 + signum for signum in NAMES)  # the exit codes of a command a stop signal ended
 
@@ -55,6 +56,8 @@ cli.add_command(info)
 cli.add_command(rebuild)
 cli.add_command(serve)
 cli.add_command(verify)
+cli.add_command(versions)
+cli.add_command(rollback)
 cli.add_command(bench)
 
 

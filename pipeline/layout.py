@@ -355,18 +355,25 @@ class OutputDir:
         return f"nothing was deleted; to recover, point it at a complete version ({write}; {listed}) or {rebuild}"
 
     def opens(self, version: str) -> bool:
-        """True when ``versions/<version>`` passes the checks opening it makes before FAISS reads it (its manifest
-        read and typed, every listed file placed and checked against its records: ``index.verify.check_on_open``),
-        so that a recovery hint never names a damaged version."""
-        from petal.pipeline.index.verify import check_on_open  # NOTE: it imports this module
-
+        """True when ``versions/<version>`` passes the checks opening it makes before FAISS reads it
+        (``check_opens``), so that a recovery hint never names a damaged version."""
         try:
-            version_dir = self.version_dir(version)
-            check_version_name(version_dir, read_manifest(version_dir / MANIFEST_FILE, self.root))
-            check_on_open(version_dir)
+            self.check_opens(version)
         except (PetalError, OSError, ValueError, KeyError, TypeError, AttributeError):
             return False
         return True
+
+    def check_opens(self, version: str) -> Manifest:
+        """``versions/<version>``'s manifest, once the version passes the checks opening it makes before FAISS reads
+        it: its manifest read and typed, recording ``version`` (``check_version_name``), every listed file placed and
+        checked against its records (``index.verify.check_on_open``). Raises what the first failed check raises."""
+        from petal.pipeline.index.verify import check_on_open  # NOTE: it imports this module
+
+        version_dir = self.version_dir(version)
+        manifest = read_manifest(version_dir / MANIFEST_FILE, self.root)
+        check_version_name(version_dir, manifest)
+        check_on_open(version_dir)
+        return manifest
 
     def version_dir(self, version: str) -> Path:
         """``versions/<version>``; refused (78) unless ``version`` is a version id and the directory
@@ -680,16 +687,22 @@ class OutputDir:
                         **({"newer": newer} if newer else {})}
                 with writing(self.pruning_file):
                     write_bytes_atomic(self.pruning_file, json.dumps(owed).encode())
-            with writing(self.current_file):
-                fault("before_current_swap", self.current_file)
-                # NOTE: checked once the new pointer is written and fsynced, right before the rename: the window
-                # an 'echo vOLD > CURRENT' can still fall in is the rename itself (nothing locks a shell's write)
-                write_bytes_atomic(self.current_file, f"{version}\n".encode(), lambda: self._check_unchanged(started))
+            self.set_live(version, started)
         except BaseException:
             if current_pointer(self.root) != version:  # never live: free its space now (a full disk)
                 shutil.rmtree(final, ignore_errors=True)
             raise
         return final
+
+    def set_live(self, version: str, started: StartedFrom | None) -> None:
+        """Make ``version`` the live one: ``CURRENT`` replaced in one ``os.replace`` (written and fsynced beside it
+        first), so that a reader sees the old pointer or the new one, never a part. The publish and ``petal rollback``
+        both swap it here, with the writer lock held. ``started``: as ``publish``'s (75 when ``CURRENT`` changed)."""
+        with writing(self.current_file):
+            fault("before_current_swap", self.current_file)
+            # NOTE: checked once the new pointer is written and fsynced, right before the rename: the window
+            # an 'echo vOLD > CURRENT' can still fall in is the rename itself (nothing locks a shell's write)
+            write_bytes_atomic(self.current_file, f"{version}\n".encode(), lambda: self._check_unchanged(started))
 
     def _check_unchanged(self, started: StartedFrom | None) -> None:
         """``TemporaryFailure`` (75) when ``CURRENT`` no longer holds what it held when the run took the lock (set by

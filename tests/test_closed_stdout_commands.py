@@ -56,6 +56,7 @@ def test_info_verify_json_and_bench_with_stdout_closed_are_74_verify_alone_runs(
     index = tmp_path / "idx"
     shutil.copytree(FIXTURE, index, symlinks=True)
     for args in (["info", str(index)], ["info", str(index), "--json"], ["verify", str(index), "--json"],
+                 ["versions", str(index)], ["versions", str(index), "--json"],
                  ["bench", "cpu"], ["bench", "index", "--vectors", "1000", "--dim", "8"],
                  ["bench", "outputs"], ["bench", "startup"]):
         code, _, err = petal(args)

@@ -63,7 +63,7 @@ def index_dir(tmp_path_factory) -> Path:
 LIGHT = [
     (["--help"], 0), (["--version"], 0), ([], 2), (["nosuch"], 2),
     *[([command, "--help"], 0) for command in ("index", "query", "embed", "info", "verify", "rebuild", "serve",
-                                               "bench")],
+                                               "bench", "versions", "rollback")],
     (["bench", "startup", "--help"], 0), (["serve", "--bogus"], 2),
     (["index", "--bogus"], 2), (["index", "data"], 2), (["query"], 2), (["query", "OUT", "x", "-k", "0"], 2),
     (["embed"], 2), (["embed", "--device", "tpu", "x"], 2), (["embed", "--dim", "0", "x"], 2), (["info"], 2),
@@ -77,6 +77,8 @@ LIGHT = [
     # an index that is not there (a typo): 78 before Arrow, FAISS or a model loads
     (["query", "no-such-index", "x"], 78), (["query", "no-such-index", "x", "--where", "lang = 'en'"], 78),
     (["info", "no-such-index"], 78), (["verify", "no-such-index"], 78), (["verify", "no-such-index", "--json"], 78),
+    (["versions"], 2), (["rollback"], 2), (["rollback", "OUT", "latest"], 2), (["versions", "no-such-index"], 78),
+    (["rollback", "no-such-index"], 78),
     # an input file that is not there: no input (66), still before anything heavy loads
     (["query", "OUT", "--vector-file", "missing.npy"], 66), (["query", "OUT", "--vector-file", "."], 66),
     (["embed", "--input", "missing.txt"], 66), (["embed", "--input", "missing.parquet"], 66),
@@ -119,6 +121,14 @@ def test_info_and_verify_read_the_manifest_without_torch_or_faiss(index_dir, tmp
     # petal verify reads the index as opening does (FAISS, the ids' footer) once every byte matched; no model
     code, loaded = run(["verify", str(index_dir)], tmp_path)
     assert code == 0 and not loaded - {"faiss", "pyarrow"}, loaded
+
+
+def test_versions_and_rollback_read_manifests_without_anything_heavy(index_dir, tmp_path):
+    live = (index_dir / "CURRENT").read_text().strip()
+    for argv in (["versions", str(index_dir)], ["versions", str(index_dir), "--json"],
+                 ["rollback", str(index_dir), live]):  # live already: nothing changed
+        code, loaded = run(argv, tmp_path)
+        assert code == 0 and not loaded, f"petal {' '.join(argv)}: {code}, imported {sorted(loaded)}"
 
 
 def test_each_command_imports_only_what_it_needs(index_dir, tmp_path):
