@@ -352,7 +352,8 @@ class OutputDir:
         # where it pointed (under versions/: a 'damaged version' that turned store cleanup off) and the link in place
         write = f"rm {pointer} && echo {pick} > {pointer}" if os.path.islink(self.current_file) else \
             f"echo {pick} > {pointer}"
-        return f"nothing was deleted; to recover, point it at a complete version ({write}; {listed}) or {rebuild}"
+        return (f"nothing was deleted; to recover, point it at a complete version (petal rollback "
+                f"{quote_path(self.root)} {pick}, or by hand: {write}; {listed}) or {rebuild}")
 
     def opens(self, version: str) -> bool:
         """True when ``versions/<version>`` passes the checks opening it makes before FAISS reads it

@@ -72,7 +72,7 @@ def test_a_current_that_links_to_nothing_says_so_not_wait_for_a_run(built: Path,
     import re
     import subprocess
 
-    hint = re.search(r"\((rm .+? && echo .+?); complete versions", done.last_line)
+    hint = re.search(r"by hand: (rm .+? && echo .+?); complete versions", done.last_line)
     assert hint, done.last_line
     subprocess.run(["sh", "-c", hint.group(1)], check=True, timeout=60)
     assert not (out / "CURRENT").is_symlink() and not (out / "versions" / "v000009-gone").exists()

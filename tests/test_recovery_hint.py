@@ -220,5 +220,6 @@ def test_a_live_manifest_with_a_bad_key_gets_the_hint_from_every_command(three_v
         assert f"echo {v2} > " in last and v3 not in offered(last), (argv, last)
     assert f"echo {v2} > " in api_error(out)
     assert OutputDir(out).versions() == [v1, v2, v3]
-    (out / "CURRENT").write_text(v2 + "\n")  # the hint's command
+    assert f"petal rollback {out} {v2}, or by hand" in api_error(out)
+    assert petal("rollback", out, v2).rc == 0  # the hint's command
     assert petal("query", out, "--vector-file", three_versions / "q.npy").rc == 0
