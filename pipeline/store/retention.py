@@ -12,9 +12,10 @@ An entry (or committed range, ``OUT/store/parts``) no version uses is deleted at
 
 - a version on disk used it once: before this clean-up pruned versions, or before an earlier one, a ``petal
   rebuild`` or a failed clean-up pruned them (its shard changed or was dropped since). Every clean-up and
-  ``petal rebuild`` records the entries the versions on disk use (``OUT/store/published/<key>/<fp>``, an empty
-  file, made durable) before it prunes a version (``entries_used_now``), so once the versions are gone the entry is
-  still known as published work; an entry of an older petal's OUT whose versions were pruned has no record, and is
+  ``petal rebuild`` records the entries its pruning may leave unused (``OUT/store/published/<key>/<fp>``, an
+  empty file, made durable): those of the versions on disk that the live version, never pruned, does not use, before
+  it prunes a version (``entries_used_now``), so once the versions are gone the entry is still known as published
+  work; an entry of an older petal's OUT whose versions were pruned has no record, and is
   kept as below, or
 - it is superseded: the live version holds its shard from another entry committed after it (a changed shard's old
   entry), or the file it was embedded from has changed since (a revert), or (a range) its shard's entry is assembled.
@@ -60,23 +61,45 @@ def entries_in_use(out: OutputDir, store: EmbeddingStore) -> set[Path]:
     """The entry directories (``OUT/store/shards/<shard key>/<fingerprint>``) the shards of every version in
     ``OUT/versions/`` were built from. A manifest petal cannot read raises a ``PetalError`` naming it (78, 66):
     what that version uses is unknown."""
-    used: set[Path] = set()
+    return set().union(*entries_by_version(out, store).values())
+
+
+def entries_by_version(out: OutputDir, store: EmbeddingStore) -> dict[str, set[Path]]:
+    """``entries_in_use`` per version in ``OUT/versions/`` (each manifest read once)."""
+    used: dict[str, set[Path]] = {}
     for version in out.versions():
         manifest = read_manifest(out.version_dir(version) / MANIFEST_FILE, out.root)
-        used.update(store.shards_dir / shard_key(shard.abs_path) / shard.entry for shard in manifest.shards)
+        used[version] = {store.shards_dir / shard_key(shard.abs_path) / shard.entry for shard in manifest.shards}
     return used
 
 
 def entries_used_now(out: OutputDir, store: EmbeddingStore) -> set[Path]:
-    """``entries_in_use``, read before versions are pruned (what they used becomes garbage), each recorded as
-    published (``mark_published``) before it returns; none when a manifest does not read (``prune_unused`` then
-    deletes nothing). An ``OSError`` of the record stops the caller before it prunes a version."""
+    """``entries_in_use``, read before versions are pruned (what they used becomes garbage). Those a pruning may leave
+    unused (``prunable_entries``) are recorded as published (``mark_published``) before it returns; none when a
+    manifest does not read (``prune_unused`` then deletes nothing). An ``OSError`` of the record stops the caller
+    before it prunes a version."""
     try:
-        used = entries_in_use(out, store)
+        by_version = entries_by_version(out, store)
     except PetalError:
         return set()
-    mark_published(used)
-    return used
+    mark_published(prunable_entries(out, by_version))
+    return set().union(*by_version.values())
+
+
+def prunable_entries(out: OutputDir, by_version: dict[str, set[Path]]) -> set[Path]:
+    """The entries of ``by_version`` (``entries_by_version``) that pruning versions may leave unused: those a version
+    other than the live one uses and the live one does not; all when no version on disk is live. NOTE: the live
+    version is never pruned (``OutputDir.prune_versions``): its entries are recorded by the clean-up that prunes the
+    last version using them, once the live version is another. Recording (and syncing) every entry of the live version
+    at each clean-up synced one directory per new shard key: clean-up took 10 s at 3,000 shards (0.7 s at 1,000)."""
+    try:
+        live = out.current_version()
+    except (PetalError, OSError):
+        live = None
+    if live not in by_version:
+        return set().union(*by_version.values())
+    others = [entries for version, entries in by_version.items() if version != live]
+    return set().union(*others) - by_version[live]
 
 
 def mark_published(entries: set[Path]) -> None:
@@ -187,8 +210,11 @@ def prune_unused(out: OutputDir, store: EmbeddingStore, live: set[Path], was_use
                     pruned.unused_pruned += verdict is None
             store.remove_if_empty(fp_dir)
         store.remove_if_empty(key_dir)
+    kept: set[Path] = set()  # NOTE: what the walk leaves; listed once (a second walk listed every key again)
     for key_dir in store.listing(store.shards_dir):  # NOTE: never through a link: its target may lie outside OUT
-        for entry_dir in store.listing(key_dir, dirs_only=False):
+        listed = store.listing(key_dir, dirs_only=False)
+        for entry_dir in listed:
+            kept.add(entry_dir)
             if entry_dir in keep:
                 continue
             if stopping():
@@ -199,10 +225,11 @@ def prune_unused(out: OutputDir, store: EmbeddingStore, live: set[Path], was_use
                 pruned.unused_kept += 1
                 continue
             if store.discard_unused(entry_dir, "a store entry no version uses"):
+                kept.discard(entry_dir)
                 pruned.store_entries += 1
                 pruned.unused_pruned += verdict is None
-        store.remove_if_empty(key_dir)
-    kept = {p for key_dir in store.listing(store.shards_dir) for p in store.listing(key_dir, dirs_only=False)}
+        if kept.isdisjoint(listed):  # emptied by the walk (or empty, or not listed): else it holds what it kept
+            store.remove_if_empty(key_dir)
     prune_side_files(store.root, kept | keep, store.left)
     return pruned
 

@@ -51,10 +51,11 @@ def prune_side_files(store_root: Path, keep: set[Path], left: list[dict[str, str
     for tree in SIDE_TREES:
         for key_dir in real_dirs(store_root / tree, left):
             try:  # NOTE: per directory: one petal cannot list or remove is said, and the rest is cleaned up
-                for path in sorted(key_dir.iterdir()):
-                    if path not in wanted:
-                        removed += remove_or_leave(path, f"a side file ({tree}) of a store entry no version uses", left)
-                if not any(key_dir.iterdir()):
+                listed = sorted(key_dir.iterdir())
+                gone = sum(remove_or_leave(path, f"a side file ({tree}) of a store entry no version uses", left)
+                           for path in listed if path not in wanted)
+                removed += gone
+                if gone == len(listed) and not any(key_dir.iterdir()):  # NOTE: listed again only once emptied
                     key_dir.rmdir()
             except OSError as exc:
                 leave(key_dir, f"a directory of side files ({tree})", f"{exc.strerror or exc}", left)
