@@ -52,7 +52,7 @@ def rollback(out: Path, version: str | None, wait: bool) -> None:
     Any version on disk may be made live, older or newer than the live one (after a rollback, the newer versions
     stay on disk until a run publishes: rolling forward is petal rollback OUT VNEWER). VERSION must pass the
     checks opening it makes (its manifest reads and records VERSION, its files are there and match their
-    records): else exit 65 naming it and the whole versions there. CURRENT is swapped in one rename, under the
+    records): else exit 78 naming it and the whole versions there. CURRENT is swapped in one rename, under the
     writer lock (75 while a petal index or rebuild runs; --wait queues). VERSION live already: exit 0, nothing
     changed. The next petal index or rebuild starts from the version made live; petal serve follows it.
     """

@@ -125,21 +125,28 @@ def test_the_live_version_again_changes_nothing(tmp_path):
     assert os.stat(out / "CURRENT").st_ino == before.st_ino
 
 
-def test_an_unknown_or_damaged_version_is_65_naming_it_and_the_whole_ones(tmp_path):
+def test_rollback_without_an_older_version_is_78_and_changes_nothing(tmp_path):
+    out, (v1,) = _runs(tmp_path, count=1)
+    result = invoke(["rollback", str(out)])
+    assert result.exit_code == 78 and "no whole version older than the live one" in result.output, result.output
+    assert _current(out) == v1
+
+
+def test_an_unknown_or_damaged_version_is_78_naming_it_and_the_whole_ones(tmp_path):
     out, (v1, v2, v3) = _runs(tmp_path)
     unknown = "v000042-20260101T000000Z"
     result = invoke(["rollback", str(out), unknown])
-    assert result.exit_code == 65 and unknown in result.output and "not in" in result.output, result.output
+    assert result.exit_code == 78 and unknown in result.output and "not in" in result.output, result.output
     assert v3 in result.output and v2 in result.output and v1 in result.output
     (out / "versions" / v2 / "manifest.json").write_text("{cut")
     damaged = invoke(["rollback", str(out), v2])
-    assert damaged.exit_code == 65 and f"{v2} is no whole version" in damaged.output, damaged.output
+    assert damaged.exit_code == 78 and f"{v2} is no whole version" in damaged.output, damaged.output
     assert v1 in damaged.output.split("newest first:")[1] and v2 not in damaged.output.split("newest first:")[1]
     default = invoke(["rollback", str(out)])  # the damaged v2 is passed over
     assert default.exit_code == 0 and f"{v3} -> {v1}" in default.output, default.output
     (out / "versions" / v3 / "index.faiss").write_bytes(b"")
     cut = invoke(["rollback", str(out), v3])
-    assert cut.exit_code == 65 and "index.faiss" in cut.output and _current(out) == v1, cut.output
+    assert cut.exit_code == 78 and "index.faiss" in cut.output and _current(out) == v1, cut.output
     assert invoke(["rollback", str(out), "latest"]).exit_code == 2
 
 
@@ -148,7 +155,7 @@ def test_a_copied_version_is_refused(tmp_path):
     shutil.rmtree(out / "versions" / v2)
     shutil.copytree(out / "versions" / v1, out / "versions" / v2)  # v2's name, v1's index
     result = invoke(["rollback", str(out), v2])
-    assert result.exit_code == 65 and "records version" in result.output and _current(out) == v3, result.output
+    assert result.exit_code == 78 and "records version" in result.output and _current(out) == v3, result.output
 
 
 def test_the_next_index_run_starts_from_the_rolled_back_version(tmp_path):

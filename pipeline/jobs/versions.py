@@ -3,7 +3,7 @@
 ```
 versions: OUT/versions/* -> each manifest read (id recorded?) -> newest first, the live one (CURRENT) marked
 rollback: lock (75 while a run writes) -> VERSION (default: the newest whole one older than the live one)
-          -> the checks opening it makes (65 naming it, with the whole versions there) -> CURRENT swapped
+          -> the checks opening it makes (78 naming it, with the whole versions there) -> CURRENT swapped
              (OutputDir.set_live: the publish's os.replace)
 ```
 
@@ -92,7 +92,7 @@ def rollback(out_path: Path, version: str | None = None, wait: bool = False,
              check: Callable[[], None] | None = None) -> Rollback:
     """Make ``version`` (default: the newest whole version older than the live one) OUT's live version, under the
     writer lock (taken: 75, or with ``wait`` queue; ``check`` runs while waiting and raises to give up). The version
-    must pass the checks opening it makes (``OutputDir.check_opens``), else 65 naming it and the whole versions
+    must pass the checks opening it makes (``OutputDir.check_opens``), else 78 naming it and the whole versions
     there; ``CURRENT`` is swapped as a publish swaps it (``OutputDir.set_live``). Older or newer than the live one
     alike (a roll forward)."""
     check_output_dir("OUT", out_path, create=False)  # 73 before anything: an OUT petal cannot read or write
@@ -110,7 +110,7 @@ def rollback(out_path: Path, version: str | None = None, wait: bool = False,
         try:
             out.check_opens(target)
         except (BadInputError, ConfigError) as exc:
-            raise BadInputError(f"{target} is no whole version of {quote_path(out.root)}: {_why(out, target, exc)}; "
+            raise ConfigError(f"{target} is no whole version of {quote_path(out.root)}: {_why(out, target, exc)}; "
                                 f"{_available(out, target)}") from exc
         if target == live:
             return Rollback(out.root, previous, target, changed=False)
@@ -151,11 +151,11 @@ def _entry(out: OutputDir, version: str, live: bool) -> VersionEntry:
 
 
 def _previous_whole(out: OutputDir, live: str | None) -> str:
-    """The newest version older than ``live`` that opens; 65 when there is none."""
+    """The newest version older than ``live`` that opens; 78 when there is none."""
     for candidate in reversed(out.versions()):
         if live is not None and candidate < live and out.opens(candidate):
             return candidate
-    raise BadInputError(f"{quote_path(out.root)} has no whole version older than the live one ({live}) to roll back "
+    raise ConfigError(f"{quote_path(out.root)} has no whole version older than the live one ({live}) to roll back "
                         f"to; {_available(out, None)}")
 
 
