@@ -56,12 +56,12 @@ def rollback(out: Path, version: str | None, wait: bool) -> None:
     writer lock (75 while a petal index or rebuild runs; --wait queues). VERSION live already: exit 0, nothing
     changed. The next petal index or rebuild starts from the version made live; petal serve follows it.
     """
-    from petal.pipeline.jobs.versions import rollback as make_live
+    from petal.pipeline.api import rollback as make_live
     from petal.pipeline.reliability.errors import quote_path
     from petal.pipeline.reliability.signals import StopSignals
 
     with StopSignals() as stop:
-        done = make_live(out, version, wait=wait, check=stop.check)
+        done = make_live(out, version, wait=wait, stop=stop)
     if done.changed:
         click.echo(f"petal rollback: {quote_path(done.out)}: live version {done.previous or 'none'} -> {done.version}",
                    err=True)

@@ -8,6 +8,8 @@ The Python API (the CLI is written on it)::
     hits = petal.open_index("idx").search(["a query"], k=5)  # -> list[list[petal.Hit]]
     vectors = petal.Embedder().encode(["a text"])            # -> np.ndarray [num_texts, dim] float32
     petal.verify("idx")                                       # -> petal.VerifyReport (every byte checked)
+    petal.versions("idx")                                     # -> list[petal.VersionEntry], newest first
+    petal.rollback("idx")                                     # -> petal.Rollback (the previous version made live)
 
 Failures raise ``petal.PetalError`` subclasses, each with the ``exit_code`` of the CLI's contract.
 Heavy modules (torch, FAISS, pyarrow) load on first use, so ``import petal`` is instant.
@@ -43,6 +45,10 @@ _EXPORTS = {
     "rebuild": "petal.pipeline.api",
     "open_index": "petal.pipeline.api",
     "verify": "petal.pipeline.api",
+    "versions": "petal.pipeline.api",
+    "rollback": "petal.pipeline.api",
+    "VersionEntry": "petal.pipeline.jobs.versions",
+    "Rollback": "petal.pipeline.jobs.versions",
     "VerifyReport": "petal.pipeline.index.verify",
     "Embedder": "petal.pipeline.jobs.embed",
     "Index": "petal.pipeline.jobs.searcher",
@@ -53,17 +59,18 @@ _EXPORTS = {
 }
 __all__ = [
     "BadInputError", "ConfigError", "Embedder", "Hit", "Index", "Interrupted", "NoInputError", "OutputError",
-    "PetalError", "PetalIOError", "RunReport", "TemporaryFailure", "UsageError", "VerifyReport", "__version__", "index",
-    "open_index", "rebuild", "verify",
+    "PetalError", "PetalIOError", "Rollback", "RunReport", "TemporaryFailure", "UsageError", "VerifyReport",
+    "VersionEntry", "__version__", "index", "open_index", "rebuild", "rollback", "verify", "versions",
 ]
 
 if TYPE_CHECKING:
-    from petal.pipeline.api import index, open_index, rebuild, verify
+    from petal.pipeline.api import index, open_index, rebuild, rollback, verify, versions
     from petal.pipeline.index.search import Hit
     from petal.pipeline.index.verify import VerifyReport
     from petal.pipeline.jobs.embed import Embedder
     from petal.pipeline.jobs.report import RunReport
     from petal.pipeline.jobs.searcher import Index
+    from petal.pipeline.jobs.versions import Rollback, VersionEntry
     from petal.pipeline.reliability.errors import (
         BadInputError,
         ConfigError,

@@ -1,4 +1,5 @@
-"""petal's Python API: ``index``, ``rebuild``, ``open_index``, ``verify`` (and ``Embedder``, in ``jobs/embed.py``).
+"""petal's Python API: ``index``, ``rebuild``, ``open_index``, ``verify``, ``versions``, ``rollback`` (and ``Embedder``,
+in ``jobs/embed.py``).
 
 The CLI is written on these: each command parses its flags and calls one of them. Settings are
 keyword arguments named like the CLI's flags (``pipeline/jobs/settings.py``). Failures raise the
@@ -54,6 +55,7 @@ from petal.pipeline.reliability.signals import StopSignals
 if TYPE_CHECKING:
     from petal.pipeline.index.verify import VerifyReport
     from petal.pipeline.jobs.searcher import Index
+    from petal.pipeline.jobs.versions import Rollback, VersionEntry
     from petal.pipeline.layout import OutputDir
 
 Sources = str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
@@ -227,14 +229,7 @@ def verify(out: str | os.PathLike[str], *, version: str | None = None) -> Verify
 
     not_empty_path(out, "out")
     out = out_path(out)
-    if version is not None:
-        if not isinstance(version, str):
-            raise ArgumentTypeError(f"petal.verify(): version={version!r} is {kind_of(version)}, not str")
-        problem = version_id_problem(version)
-        if problem is not None:
-            refused = UsageError(f"version {problem}")
-            keyword_named(refused)  # NOTE: its hint names the keyword (version=...), not --version
-            raise refused
+    _check_version_id("petal.verify()", version)
     from petal.pipeline.index.verify import open_leased, verify_version
 
     try:
@@ -259,6 +254,97 @@ def verify(out: str | os.PathLike[str], *, version: str | None = None) -> Verify
     error = ConfigError(message) if report.exit_code == ConfigError.exit_code else BadInputError(message)
     error.verify_report = report
     raise error
+
+
+@arguments_named("petal.versions()")
+def versions(out: str | os.PathLike[str]) -> list[VersionEntry]:
+    """``petal versions OUT``: the versions in ``out/versions``, newest first, one ``VersionEntry`` each (a frozen
+    dataclass: ``version``, the id; ``live``, whether ``CURRENT`` names it; ``created_at``, ``num_vectors``,
+    ``factory`` from its manifest; ``problem``, why it is no whole version (its manifest does not read, or records
+    another id: ``created_at``/``num_vectors``/``factory`` are then ``None`` or what it records), ``None`` for a whole
+    one; ``as_dict()``, the command's ``--json`` object). Only manifests are read (``rollback`` checks a version's
+    files too); no entry ``live``: ``CURRENT`` names no version (``petal.open_index`` says why; ``rollback`` with a
+    ``version`` repairs it). Reads only, takes no lock.
+
+    ``out`` holding no index (missing, no ``versions/``) or a version directory given for it: ``ConfigError`` (78);
+    one petal may not read: ``NoInputError`` (66); ``out`` not a path, ``""`` or another URL than ``file://``:
+    ``UsageError`` (2) naming ``out``.
+    """
+    from petal.pipeline.jobs.versions import list_versions
+    from petal.pipeline.reliability.errors import io_error, out_of_memory
+
+    not_empty_path(out, "out")
+    out = out_path(out)
+    try:
+        entries, _ = list_versions(out)  # NOTE: why CURRENT names no version is the CLI's warning: no entry live here
+    except PetalError as exc:
+        keyword_named(exc)
+        raise
+    except OSError as exc:  # as petal versions maps it (it writes nothing): permission denied is 66
+        raise io_error(exc, []) from exc
+    except MemoryError as exc:
+        raise out_of_memory(exc) from exc
+    return entries
+
+
+@_quiet_when_asked
+@arguments_named("petal.rollback()")
+def rollback(out: str | os.PathLike[str], version: str | None = None, *, wait: bool = False,
+             stop: StopSignals | None = None, quiet: bool = False) -> Rollback:
+    """``petal rollback OUT [VERSION]``: make ``version`` ``out``'s live version (default: the newest whole version
+    older than the live one). Any version on disk, older or newer than the live one (a roll forward); it must pass
+    the checks opening it makes (its manifest reads and records ``version``, its files are there and match their
+    sizes and head/tail checksums), then ``CURRENT`` is swapped in one rename, as a publish swaps it. The next
+    ``index``/``rebuild`` starts from it; an ``Index`` open before keeps serving the version it opened (open it again).
+
+    Returns a ``Rollback`` (a frozen dataclass: ``out``, the output directory; ``previous``, what ``CURRENT`` held,
+    a version id, or its text when it named none; ``version``, live now; ``changed``, ``False`` when ``version`` was
+    live already and nothing changed).
+
+    Under the writer lock: held by another writer (a ``petal index``/``rebuild`` run), ``TemporaryFailure`` (75) as
+    ``rebuild`` raises it, or with ``wait=True`` queue for it. ``stop``, ``quiet``: as ``rebuild``'s (SIGINT/SIGTERM
+    taken for the call in the main thread, the first one while waiting for the lock: ``Interrupted``, nothing
+    changed; ``quiet``: the note that it waits goes to the ``petal`` logger, not stderr). ``version`` not in
+    ``out/versions`` (pruned, never made) or no whole version, or no whole version older than the live one to go back
+    to: ``BadInputError`` (65) naming it and why, with the whole versions there; ``version`` no version id
+    (``vNNNNNN-YYYYMMDDTHHMMSSZ``): ``UsageError`` (2); ``out`` holding no index (missing, no ``versions/``):
+    ``ConfigError`` (78); one petal may not read: ``NoInputError`` (66), may not write: ``OutputError`` (73).
+    """
+    from petal.pipeline.reliability.errors import io_error, out_of_memory
+
+    with _stop_signals(stop) as active:  # NOTE: from the first line, as rebuild's: a Ctrl-C while it waits stops it
+        try:
+            _check_hooks("petal.rollback()", None, stop)
+            for name, flag in (("wait", wait), ("quiet", quiet)):
+                if not isinstance(flag, bool) and not numpy_bool(flag):
+                    raise ArgumentTypeError(f"petal.rollback(): {name}={flag!r} is {kind_of(flag)}, not bool")
+            not_empty_path(out, "out")
+            out = out_path(out)
+            _check_version_id("petal.rollback()", version)
+            from petal.pipeline.jobs.versions import rollback as make_live
+
+            return make_live(out, version, wait=bool(wait), check=active.check)
+        except PetalError as exc:
+            keyword_named(exc)  # NOTE: "--wait queues" said to a caller who passes wait=True
+            raise
+        except OSError as exc:  # as petal rollback maps it
+            raise io_error(exc, []) from exc
+        except MemoryError as exc:
+            raise out_of_memory(exc) from exc
+
+
+def _check_version_id(caller: str, version: Any) -> None:
+    """``version`` (``None``: not given) a version id, else ``UsageError`` (2) saying what it takes, named as the
+    keyword (a ``TypeError`` too when it is no str)."""
+    if version is None:
+        return
+    if not isinstance(version, str):
+        raise ArgumentTypeError(f"{caller}: version={version!r} is {kind_of(version)}, not str")
+    problem = version_id_problem(version)
+    if problem is not None:
+        refused = UsageError(f"version {problem}")
+        keyword_named(refused)  # NOTE: its hint names the keyword (version=...), not --version
+        raise refused
 
 
 def version_id_problem(value: str) -> str | None:

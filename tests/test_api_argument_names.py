@@ -215,6 +215,11 @@ def test_every_entry_point_refuses_arguments_it_does_not_take_as_a_usage_error(o
                                                 "mean 'device'?"),
         (lambda: petal.verify(out, versio="v"), "petal.verify() got an unexpected keyword argument 'versio'; did you "
                                                 "mean 'version'?"),
+        (lambda: petal.versions(), "petal.versions() missing 1 required positional argument: 'out'"),
+        (lambda: petal.rollback(out, versio="v"), "petal.rollback() got an unexpected keyword argument 'versio'; "
+                                                  "did you mean 'version'?"),
+        (lambda: petal.rollback(out, None, True), "petal.rollback() takes from 1 to 2 positional arguments but 3 "
+                                                  "were given"),
         (lambda: petal.Embedder(devce="cpu"), "petal.Embedder() got an unexpected keyword argument 'devce'; did you "
                                               "mean 'device'?"),
         (lambda: embedder.encode(["a"], querry=True), "Embedder.encode() got an unexpected keyword argument "

@@ -125,7 +125,8 @@ def test_an_empty_path_is_not_the_current_directory(small, tmp_path, monkeypatch
     assert sorted(p.name for p in cwd.iterdir()) == ["stray.parquet"] and not (tmp_path / "o").exists()
     petal.index(shards, cwd, quiet=True)  # an index in the working directory: still not what "" names
     for call, named in ((lambda: petal.open_index(""), "path"), (lambda: petal.Index(""), "path"),
-                        (lambda: petal.rebuild(""), "out")):
+                        (lambda: petal.rebuild(""), "out"), (lambda: petal.verify(""), "out"),
+                        (lambda: petal.versions(""), "out"), (lambda: petal.rollback(""), "out")):
         with pytest.raises(petal.UsageError, match=rf"^{named}: an empty path"):
             call()
     result = CliRunner().invoke(cli, ["index", "", "--out", str(tmp_path / "o")])

@@ -60,6 +60,9 @@ def test_file_urls_name_the_local_paths_of_every_api_path_argument(shard, tmp_pa
     rebuilt = petal.rebuild(url(out), json_report=url(tmp_path / "rebuilt.json"), index_factory="HNSW8,Flat")
     assert rebuilt.status == "success" and rebuilt.out == str(out)
     assert json.loads((tmp_path / "rebuilt.json").read_text())["version"] == rebuilt.version
+    assert petal.versions(url(out))[0].version == rebuilt.version
+    rolled = petal.rollback(url(out))
+    assert rolled.out == out and rolled.previous == rebuilt.version and rolled.changed
     assert listing(cwd) == []
 
 
@@ -75,6 +78,8 @@ REFUSED = {
     "open_index model": ("model", "http://host/model", lambda o, s: petal.open_index(o, model="http://host/model")),
     "verify": ("out", "s3://bkt/idx", lambda o, s: petal.verify("s3://bkt/idx")),
     "rebuild": ("out", "s3://bkt/idx", lambda o, s: petal.rebuild("s3://bkt/idx")),
+    "versions": ("out", "s3://bkt/idx", lambda o, s: petal.versions("s3://bkt/idx")),
+    "rollback": ("out", "gs://bkt/idx", lambda o, s: petal.rollback("gs://bkt/idx")),
     "rebuild json_report": ("json_report", "s3://bkt/r.json",
                             lambda o, s: petal.rebuild(o, json_report="s3://bkt/r.json")),
     "Embedder calibration": ("calibration", "s3://bkt/idx",

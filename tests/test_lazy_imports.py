@@ -131,6 +131,16 @@ def test_versions_and_rollback_read_manifests_without_anything_heavy(index_dir, 
         assert code == 0 and not loaded, f"petal {' '.join(argv)}: {code}, imported {sorted(loaded)}"
 
 
+def test_the_api_versions_and_rollback_import_nothing_heavy(index_dir):
+    """``petal.versions``/``petal.rollback`` (which ``petal rollback`` calls) read manifests only, as the commands."""
+    live = (index_dir / "CURRENT").read_text().strip()
+    code = (f"import sys, petal; out = sys.argv[1]; assert petal.versions(out)[0].live; "
+            f"assert not petal.rollback(out, {live!r}).changed; print([m for m in {HEAVY!r} if m in sys.modules])")
+    proc = subprocess.run([sys.executable, "-c", code, str(index_dir)], capture_output=True, text=True, cwd=REPO,
+                          timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr[-3000:]
+
+
 def test_each_command_imports_only_what_it_needs(index_dir, tmp_path):
     code, loaded = run(["embed", "a query"], tmp_path)
     assert code == 0 and {"torch", "tokenizers"} <= loaded

@@ -1,8 +1,9 @@
 """The README's Python API bullets list, for ``petal.index``, ``petal.rebuild``, ``petal.open_index`` and
-``petal.verify``, the keywords of the command each is (the flags of ``petal index``, ``rebuild``, ``query``'s model
-and search flags, ``verify``). ``petal.rebuild``'s left out ``keep_versions`` (``--keep-versions``), which it takes,
-so a user reading it had no way to bound the versions a rebuild keeps. Every flag of each command is now named
-there as its keyword (flags that have no keyword in the API, such as ``--json``, excepted)."""
+``petal.verify`` (and ``petal.versions``, ``petal.rollback``), the keywords of the command each is (the flags of ``petal
+index``, ``rebuild``, ``query``'s model and search flags, ``verify``, ``versions``, ``rollback``). ``petal.rebuild``'s
+left out ``keep_versions`` (``--keep-versions``), which it takes, so a user reading it had no way to bound the
+versions a rebuild keeps. Every flag of each command is now named there as its keyword (flags that have no keyword in
+the API, such as ``--json``, excepted)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ def _bullet(readme: str, call: str) -> str:
 
 
 @pytest.mark.parametrize("command, call", [("index", "petal.index"), ("rebuild", "petal.rebuild"),
-                                           ("verify", "petal.verify")])
+                                           ("verify", "petal.verify"), ("versions", "petal.versions"),
+                                           ("rollback", "petal.rollback")])
 def test_every_flag_of_the_command_is_named_in_the_api_bullet(command, call):
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     bullet = _bullet(readme, call)

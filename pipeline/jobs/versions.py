@@ -44,7 +44,7 @@ from petal.pipeline.reliability.safe_files import check_output_dir
 
 @dataclass(frozen=True)
 class VersionEntry:
-    """One directory of ``OUT/versions`` named as a version id."""
+    """One directory of ``OUT/versions`` named as a version id (``petal.versions`` lists them, newest first)."""
 
     version: str
     live: bool  # CURRENT names it
@@ -54,6 +54,7 @@ class VersionEntry:
     problem: str | None  # why it is no whole version (manifest unreadable, or it records another id); None: whole
 
     def as_dict(self) -> dict[str, Any]:
+        """``petal versions --json``'s object: the fields, ``ok`` (``problem is None``), ``problem`` when set."""
         return {"version": self.version, "live": self.live, "created_at": self.created_at,
                 "num_vectors": self.num_vectors, "factory": self.factory, "ok": self.problem is None,
                 **({"problem": self.problem} if self.problem is not None else {})}
@@ -61,8 +62,8 @@ class VersionEntry:
 
 @dataclass(frozen=True)
 class Rollback:
-    """What ``rollback`` did: ``previous`` (what CURRENT held: a version id, or its text when it named none) ->
-    ``version``; ``changed`` False when ``version`` was live already."""
+    """What ``rollback`` (``petal.rollback``) did: ``previous`` (what CURRENT held: a version id, or its text when it
+    named none) -> ``version``; ``changed`` False when ``version`` was live already."""
 
     out: Path
     previous: str | None
