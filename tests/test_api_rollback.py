@@ -83,14 +83,14 @@ def test_rollback_default_explicit_and_live_already_and_open_index_serves_the_ve
 def test_an_unknown_version_or_no_version_id_raises_what_the_command_exits_with(tmp_path):
     out, (v1, _, v3) = _runs(tmp_path)
     gone = "v000009-20260101T000000Z"
-    with pytest.raises(petal.BadInputError) as caught:
+    with pytest.raises(petal.ConfigError) as caught:
         petal.rollback(out, gone)
     result = invoke(["rollback", str(out), gone])
-    assert caught.value.exit_code == result.exit_code == 65, result.output
+    assert caught.value.exit_code == result.exit_code == 78, result.output
     assert f"{gone} is no whole version" in str(caught.value) and "pruned, or never made" in str(caught.value)
     assert v3 in str(caught.value) and _current(out) == v3
     os.remove(out / "versions" / v1 / "ids.parquet")
-    with pytest.raises(petal.BadInputError, match=f"{v1} is no whole version"):
+    with pytest.raises(petal.ConfigError, match=f"{v1} is no whole version"):
         petal.rollback(out, v1)
     with pytest.raises(petal.UsageError) as caught:
         petal.rollback(out, "latest")
