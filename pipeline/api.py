@@ -306,7 +306,7 @@ def rollback(out: str | os.PathLike[str], version: str | None = None, *, wait: b
     taken for the call in the main thread, the first one while waiting for the lock: ``Interrupted``, nothing
     changed; ``quiet``: the note that it waits goes to the ``petal`` logger, not stderr). ``version`` not in
     ``out/versions`` (pruned, never made) or no whole version, or no whole version older than the live one to go back
-    to: ``BadInputError`` (65) naming it and why, with the whole versions there; ``version`` no version id
+    to: ``ConfigError`` (78) naming it and why, with the whole versions there; ``version`` no version id
     (``vNNNNNN-YYYYMMDDTHHMMSSZ``): ``UsageError`` (2); ``out`` holding no index (missing, no ``versions/``):
     ``ConfigError`` (78); one petal may not read: ``NoInputError`` (66), may not write: ``OutputError`` (73).
     """

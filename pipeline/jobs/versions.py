@@ -80,13 +80,8 @@ def list_versions(out_path: Path) -> tuple[list[VersionEntry], str | None]:
         live, pointer_problem = out.current_version(), None
     except PetalError as exc:  # NOTE: a damaged pointer is when the list is most needed: said, not fatal
         live, pointer_problem = None, one_line(str(exc))
-    try:
-        names = out.versions()
-    except OSError as exc:
-        if is_denied(exc):
-            raise denied(out.versions_dir) from exc
-        raise
-    return [_entry(out, name, name == live) for name in reversed(names)], pointer_problem
+    # NOTE: _output_dir listed versions/ (denied: 66) before
+    return [_entry(out, name, name == live) for name in reversed(out.versions())], pointer_problem
 
 
 def rollback(out_path: Path, version: str | None = None, wait: bool = False,
