@@ -2,8 +2,9 @@
 starting with ``.`` or ``_``, as pyarrow's datasets, Spark and Hive read a table directory. Before: every
 ``*.parquet`` below was a shard, so a cron run over a Spark table indexed the ``_temporary/`` attempt files of a job
 still writing (kept forever by later additive runs once the job moved them), and a Delta table directory failed
-(65) on ``_delta_log/*.checkpoint.parquet``, which has no text column. A file or glob the user names is still read
-whatever its name."""
+(65) on ``_delta_log/*.checkpoint.parquet``, which has no text column. A glob's wildcards (``*``, ``**``), local or
+in object storage, skip them too (``data/**/*.parquet`` read ``data/_temporary/``); a file the user names, a glob's
+literal part or a wildcard part starting with ``.`` or ``_`` is still read whatever its name."""
 
 from __future__ import annotations
 
@@ -180,3 +181,87 @@ def test_only_hidden_parquet_files_keep_their_own_hint(tmp_path):
     result, _ = index(tmp_path, tmp_path / "d")
     assert result.exit_code == 66 and "under paths starting with '.' or '_'" in result.output, result.output
     assert "not named *.parquet" not in result.output
+
+
+def lake(root: Path) -> None:
+    """A table directory with hidden parts at every depth a wildcard reaches."""
+    write(root / "part-0.parquet", table(["a", "b"]))
+    write(root / "nested" / "part-2.parquet", table(["e"]))
+    write(root / "_temporary" / "0" / "part-1.parquet", table(["c"]))  # a Spark job still writing
+    write(root / "_staging" / "part-4.parquet", table(["g"]))
+    write(root / "_x.parquet", table(["f"]))
+    write(root / ".hidden" / "part-3.parquet", table(["d"]))
+    write(root / "nested" / "_delta_log" / "0.checkpoint.parquet", pa.table({"add": [1]}))
+
+
+@pytest.mark.parametrize(("pattern", "ids"), [
+    ("**/*.parquet", ["a", "b", "e"]), ("*/*.parquet", ["e"]), ("*.parquet", ["a", "b"]), ("**", ["a", "b", "e"]),
+    ("*", ["a", "b", "e"]),  # 'nested' matched: read as a directory SOURCE
+    # a hidden part the pattern names itself (literally, or a wildcard part starting with '_' or '.') is read
+    ("_staging/*.parquet", ["g"]), ("_*/*.parquet", ["g"]), ("_temporary/**/*.parquet", ["c"]), ("_x.parquet", ["f"]),
+    ("_*.parquet", ["f"]), (".hidden/*.parquet", ["d"]), ("**/_staging/*.parquet", ["g"]),
+])
+def test_a_local_glob_skips_hidden_parts_its_wildcards_would_match(tmp_path, pattern, ids):
+    """``data/**/*.parquet`` (and ``*``) matched ``_temporary/``, ``_staging/``, ``_x.parquet`` and Delta's
+    ``_delta_log/``: a job's attempt files indexed, a checkpoint failing the run (65). A wildcard matches no name
+    starting with '.' or '_' unless its part starts so itself, as a directory SOURCE skips them."""
+    lake(tmp_path / "data")
+    result, log = index(tmp_path, f"{tmp_path / 'data'}/{pattern}")
+    assert result.exit_code == 0, result.output
+    assert sorted(embedded_ids(log)) == ids
+
+
+def test_a_local_glob_whose_matches_are_all_hidden_says_where_they_are(tmp_path):
+    write(tmp_path / "job" / "_temporary" / "0" / "part-0.parquet", table(["a"]))
+    write(tmp_path / "job" / "sub" / ".part-1.parquet", table(["b"]))
+    result, _ = index(tmp_path, f"{tmp_path / 'job'}/**/*.parquet")
+    assert result.exit_code == 66, result.output
+    assert "matches no files" in result.output, result.output
+    assert "2 *.parquet files are under paths starting with '.' or '_', which a glob skips" in result.output, \
+        result.output
+    assert str(tmp_path / "job" / "_temporary" / "0" / "part-0.parquet") in result.output, result.output
+    result, log = index(tmp_path, f"{tmp_path / 'job'}/_temporary/**/*.parquet")
+    assert result.exit_code == 0, result.output
+    assert embedded_ids(log) == ["a"]
+
+
+def put_lake(client, bucket: str, prefix: str) -> None:
+    for key, ids in (("part-0.parquet", ["a"]), ("nested/part-2.parquet", ["e"]),
+                     ("_temporary/0/part-1.parquet", ["c"]), ("_staging/part-4.parquet", ["g"]),
+                     ("_x.parquet", ["f"]), (".hidden/part-3.parquet", ["d"])):
+        buffer = io.BytesIO()
+        pq.write_table(table(ids), buffer)
+        client.put_object(Bucket=bucket, Key=prefix + key, Body=buffer.getvalue())
+
+
+def test_an_object_store_glob_skips_hidden_parts_as_a_local_glob_does(tmp_path):
+    pytest.importorskip("moto")
+    from tests.s3_server import start_s3
+
+    server = start_s3(tmp_path / "moto.log")
+    try:
+        client = server.client()
+        client.create_bucket(Bucket="corpus")
+        put_lake(client, "corpus", "t/")
+        put_lake(client, "corpus", "only/_temporary/")
+        for n, (pattern, ids) in enumerate([
+                ("t/**/*.parquet", ["a", "e"]), ("t/*/*.parquet", ["e"]), ("t/*.parquet", ["a"]), ("t/*", ["a", "e"]),
+                ("t/_staging/*.parquet", ["g"]), ("t/_*/*.parquet", ["g"]), ("t/_*.parquet", ["f"]),
+                ("t/**/_temporary/**/*.parquet", ["c"])]):
+            (tmp_path / str(n)).mkdir()
+            result, log = index(tmp_path / str(n), f"s3://corpus/{pattern}", env=server.env())
+            assert result.exit_code == 0, (pattern, result.output)
+            assert sorted(embedded_ids(log)) == ids, pattern
+        (tmp_path / "g").mkdir()
+        (tmp_path / "p").mkdir()
+        result, _ = index(tmp_path / "g", "s3://corpus/only/**/*.parquet", env=server.env())
+        assert result.exit_code == 66 and "matches no objects" in result.output, result.output
+        assert "6 *.parquet files are under paths starting with '.' or '_', which a glob skips" in result.output, \
+            result.output
+        assert "s3://corpus/only/_temporary/.hidden/part-3.parquet" in result.output, result.output
+        result, _ = index(tmp_path / "p", "s3://corpus/only/", env=server.env())
+        assert result.exit_code == 66 and "no *.parquet objects under" in result.output, result.output
+        assert "6 *.parquet files are under paths starting with '.' or '_', which a prefix SOURCE skips" \
+            in result.output, result.output
+    finally:
+        server.stop()

@@ -40,7 +40,6 @@ from petal.pipeline.ingest.partitions import partition_hint
 from petal.pipeline.ingest.remote import (
     RemotePath,
     file_url_path,
-    hidden_below,
     is_denied,
     is_storage_error,
     is_uri,
@@ -51,7 +50,7 @@ from petal.pipeline.ingest.remote import (
     stat_remote,
     storage_error,
 )
-from petal.pipeline.ingest.skipped_names import not_parquet_hint
+from petal.pipeline.ingest.skipped_names import hidden_below, hidden_hint, not_parquet_hint
 from petal.pipeline.ingest.text_rule import utf8_or_bytes
 from petal.pipeline.reliability.errors import (
     BadInputError,
@@ -154,7 +153,7 @@ def resolve_sources(sources: tuple[str, ...] | list[str], out: Path | None = Non
                     continue
             if not matches and not problems and len(unreadable) == unreadable_before and not empty_ok:
                 raise NoInputError(f"glob {quote_path(source)} matches no files"
-                                   + (_own_output(skipped, out) if skipped is not None else ""))
+                                   + (_own_output(skipped, out) if skipped is not None else _hidden_matches(source)))
         elif path.exists() or path.is_symlink():
             problems.append(_not_regular(path))
             continue
@@ -258,11 +257,39 @@ def _in_output_dir(path: Path, out: Path | None) -> bool:
     return any(is_output_dir(parent) for parent in Path(os.path.abspath(path)).parents)
 
 
+def _hidden_matches(source: str) -> str:
+    """Why a glob SOURCE that matches no file names no shard, for its error: ``""``, or the *.parquet files it would
+    name but for hidden parts (``hidden_hint``: ``data/**/*.parquet`` over only ``data/_temporary/``). The error path
+    only: one more expansion."""
+    hidden: set[str] = set()
+    root = glob_directory(source)
+    for match in map(Path, expand_glob(source, lambda directory, exc: None, skip_hidden=False)):
+        if match.is_dir():
+            hidden.update(map(str, _skipped_below(match, hidden_root=hidden_below(_parts_below(match, root)))[0]))
+        elif parquet_name(match.name) and match.is_file():
+            hidden.add(str(match))
+    return hidden_hint(sorted(hidden), "glob")
+
+
 def _hidden_only(root: Path) -> str:
     """Why a directory SOURCE that holds files names no shard, for its error: ``""``, or what it skips: *.parquet
-    files under paths starting with '.' or '_' ("; N files ... are skipped"), else files not named *.parquet
+    files under paths starting with '.' or '_' (``hidden_hint``), else files not named *.parquet
     (``not_parquet_hint``). NOTE: 'no *.parquet files' alone sent a user looking for files that are there (a Spark
     job still writing has only ``_temporary/``; ``part-0.parq``). The error path only: one more walk."""
+    skipped, others = _skipped_below(root)
+    return hidden_hint(list(map(str, skipped)), "directory SOURCE") or not_parquet_hint(others, "directory")
+
+
+def _parts_below(path: Path, root: Path) -> tuple[str, ...]:
+    try:
+        return path.relative_to(root).parts
+    except ValueError:
+        return ()
+
+
+def _skipped_below(root: Path, hidden_root: bool = False) -> tuple[list[Path], list[str]]:
+    """The *.parquet files below ``root`` under hidden paths (every one, with ``hidden_root``: ``root`` is itself
+    hidden where a glob matched it), and the files there not named *.parquet, each sorted."""
     skipped: list[Path] = []
     others: list[str] = []
     seen: set[tuple[int, int]] = set()
@@ -274,18 +301,13 @@ def _hidden_only(root: Path) -> str:
         seen.add((st.st_dev, st.st_ino))
         below = Path(directory).relative_to(root).parts
         for name in sorted(files):
-            if hidden_below((*below, name)):
+            if hidden_root or hidden_below((*below, name)):
                 if parquet_name(name):
                     skipped.append(Path(directory) / name)
             elif not parquet_name(name) and os.path.isfile(os.path.join(directory, name)):
                 others.append(os.path.join(directory, name))
         subdirs.sort()
-    if not skipped:
-        return not_parquet_hint(others, "directory")
-    said = "1 *.parquet file is" if len(skipped) == 1 else f"{len(skipped):,} *.parquet files are"
-    return (f"; {said} under paths starting with '.' or '_', which a directory SOURCE "
-            f"skips (Spark's _temporary/ of a job still writing, editors' copies), e.g. {quote_path(skipped[0])}: "
-            "name such a file (or a glob) to read it")
+    return skipped, others
 
 
 def _walk(root: Path, out: Path | None, problems: list[str], unreadable: list[str]) -> list[Path]:

@@ -30,7 +30,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from petal.pipeline.ingest.skipped_names import not_parquet_hint
+from petal.pipeline.ingest.skipped_names import (
+    hidden_below,
+    hidden_hint,
+    hidden_name,
+    not_parquet_hint,
+    wildcard_matches_hidden,
+)
 from petal.pipeline.reliability.errors import (
     BadInputError,
     ConfigError,
@@ -395,17 +401,6 @@ def _short(message: str) -> str:
     return message if len(message) <= 300 else message[:300].rsplit(" ", 1)[0] + " ..."
 
 
-HIDDEN_PREFIXES = (".", "_")
-
-
-def hidden_below(parts: list[str] | tuple[str, ...]) -> bool:
-    """A file whose path below a directory SOURCE (``parts``: the names of each directory under it, then its own)
-    has a part that starts with ``.`` or ``_``: not a shard, as for pyarrow's datasets, Spark and Hive (Spark's
-    ``_temporary/`` attempts of a job still writing, Delta's ``_delta_log/*.checkpoint.parquet``, editors' and
-    copies' ``.name.parquet`` files). A file or glob the user names is read whatever its name."""
-    return any(part.startswith(HIDDEN_PREFIXES) for part in parts)
-
-
 def parquet_name(name: str) -> bool:
     """A file a directory or prefix SOURCE reads: ``*.parquet`` in any case (``PART-0.PARQUET`` from tools that write
     upper-case names was skipped without a word)."""
@@ -481,7 +476,9 @@ def list_remote(source: str, empty_ok: bool = False, held: frozenset[str] = froz
     if not found and not empty_ok:
         others = [root + i.path for i in listed if i.type == fs.FileType.File and not parquet_name(i.path)
                   and not hidden_below(i.path[len(path.rstrip("/")):].split("/"))]
-        raise NoInputError(f"no *.parquet objects under {shown}" + not_parquet_hint(sorted(others), "prefix"))
+        hidden = [root + i.path for i in listed if i.type == fs.FileType.File and parquet_name(i.path)]
+        hint = hidden_hint(sorted(hidden), "prefix SOURCE") or not_parquet_hint(sorted(others), "prefix")
+        raise NoInputError(f"no *.parquet objects under {shown}" + hint)
     return _remote_paths(filesystem, root, found)
 
 
@@ -865,12 +862,13 @@ def bounded(filesystem: Any) -> Any:
 def _glob_remote(filesystem: Any, root: str, pattern: str, shown: str, empty_ok: bool,
                  prefix_only: bool = False, held: frozenset[str] = frozenset()) -> list[RemotePath]:
     """The objects ``pattern`` matches, sorted, as a local glob's files: ``*`` within one name, ``**`` any number of
-    them, a wildcard never matching a name that starts with ``.``; ``?`` (written ``%3F``: it starts the query string)
-    and ``[...]`` match themselves; a prefix it matches names every ``*.parquet`` below it, as a prefix SOURCE. Only
-    the prefix before the first wildcard is listed. ``prefix_only`` (a pattern ending in ``/``, as a local glob's):
-    only the prefixes it matches, never an object. ``empty_ok`` (``--sync`` over a live version): a pattern that
-    matches nothing names none only when it matches one of ``held`` (the live version's shard URIs), as a prefix
-    SOURCE; otherwise 66 (a typo is not an emptied corpus)."""
+    them, a wildcard never matching a name that starts with ``.`` or ``_`` unless its part does (``skipped_names``);
+    ``?`` (written ``%3F``: it starts the query string) and ``[...]`` match themselves; a prefix it matches names
+    every ``*.parquet`` below it, as a prefix SOURCE. Only the prefix before the first wildcard is listed.
+    ``prefix_only`` (a pattern ending in ``/``, as a local glob's): only the prefixes it matches, never an object.
+    ``empty_ok`` (``--sync`` over a live version): a pattern that matches nothing names none only when it matches one
+    of ``held`` (the live version's shard URIs), as a prefix SOURCE; otherwise 66 (a typo is not an emptied corpus).
+    A pattern that matches nothing but for hidden parts says so (``hidden_hint``)."""
     import pyarrow as pa
     from pyarrow import fs
 
@@ -889,36 +887,41 @@ def _glob_remote(filesystem: Any, root: str, pattern: str, shown: str, empty_ok:
     if empty_ok and any(_glob_names(uri[len(root):], parts, fixed, prefix_only)
                         for uri in held if uri.startswith(root)):
         return []
+    hidden = sorted(root + i.path for i in listed if i.type == fs.FileType.File and parquet_name(i.path)
+                    and _glob_names(i.path, parts, fixed, prefix_only, skip_hidden=False))
     raise NoInputError(f"glob {shown} matches no objects" + (
         ", nor any shard of the live version (under --sync, a glob that matches nothing mirrors an emptied corpus "
-        "only where the live version holds shards it matches)" if empty_ok else ""))
+        "only where the live version holds shards it matches)" if empty_ok else "") + hidden_hint(hidden, "glob"))
 
 
-def _glob_names(path: str, parts: list[str], fixed: int, prefix_only: bool) -> bool:
+def _glob_names(path: str, parts: list[str], fixed: int, prefix_only: bool, skip_hidden: bool = True) -> bool:
     """Whether the object ``path`` (``bucket/key``) is one the glob ``parts`` (its first ``fixed`` without a wildcard)
     names: an object it matches (unless ``prefix_only``), or a ``*.parquet`` below a prefix it matches whose path
     there is not hidden (NOTE: a prefix the pattern matches, Spark's ``t.parquet/part-*``, names what a prefix
-    SOURCE names, never nothing; and ``**`` matches no part too: ``s3://b/sub/**/`` names ``sub/`` itself)."""
+    SOURCE names, never nothing; and ``**`` matches no part too: ``s3://b/sub/**/`` names ``sub/`` itself).
+    ``skip_hidden=False``: what it would name but for hidden parts (the error's hint)."""
     names = path.split("/")
     if names[:fixed] != parts[:fixed]:
         return False
-    if not prefix_only and _glob_match(names[fixed:], parts[fixed:]):
+    if not prefix_only and _glob_match(names[fixed:], parts[fixed:], skip_hidden):
         return True
-    return parquet_name(names[-1]) and any(_glob_match(names[fixed:n], parts[fixed:]) and not hidden_below(names[n:])
+    return parquet_name(names[-1]) and any(_glob_match(names[fixed:n], parts[fixed:], skip_hidden)
+                                           and not (skip_hidden and hidden_below(names[n:]))
                                            for n in range(fixed, len(names)))
 
 
-def _glob_match(names: list[str], patterns: list[str]) -> bool:
-    """Whether the path ``names`` (its parts) matches ``patterns`` part by part (``**``: zero or more parts)."""
+def _glob_match(names: list[str], patterns: list[str], skip_hidden: bool = True) -> bool:
+    """Whether the path ``names`` (its parts) matches ``patterns`` part by part (``**``: zero or more parts, none
+    hidden; a wildcard part matches no hidden name unless it starts with ``.`` or ``_`` itself, as a local glob's)."""
     if not patterns:
         return not names
     head, rest = patterns[0], patterns[1:]
     if head == "**":
-        return _glob_match(names, rest) or (bool(names) and not names[0].startswith(".")
-                                            and _glob_match(names[1:], patterns))
-    if not names or ("*" in head and names[0].startswith(".") and not head.startswith(".")):
+        deeper = bool(names) and not (skip_hidden and hidden_name(names[0]))
+        return _glob_match(names, rest, skip_hidden) or (deeper and _glob_match(names[1:], patterns, skip_hidden))
+    if not names or ("*" in head and skip_hidden and hidden_name(names[0]) and not wildcard_matches_hidden(head)):
         return False
-    return _name_match(names[0], head) and _glob_match(names[1:], rest)
+    return _name_match(names[0], head) and _glob_match(names[1:], rest, skip_hidden)
 
 
 def _name_match(name: str, pattern: str) -> bool:
