@@ -64,6 +64,46 @@ def test_embedder_vectors_of_padded_texts_match_sentence_transformers(minilm_dir
     assert cosine.min() >= 0.9999, cosine
 
 
+def cut_word_text(max_chars: int, tokens_before: int, cut_at: int) -> str:
+    """``tokens_before`` one-character tokens and a run of spaces, then a word of 200 characters (one [UNK]: longer
+    than max_input_chars_per_word) that the character cap cuts after its first ``cut_at`` characters (as many
+    WordPiece pieces), then TAIL."""
+    head = "," * tokens_before
+    return head + " " * (max_chars - len(head) - cut_at) + "qz" * 100 + TAIL
+
+
+@pytest.mark.parametrize(("max_length", "tokens_before", "cut_at"), [(256, 240, 60), (256, 200, 99), (16, 10, 30)])
+def test_a_word_the_cap_cuts_is_tokenized_whole(minilm_dir, minilm_spec, max_length, tokens_before, cut_at):
+    """The cap cut a word of 200 characters (one [UNK] whole) after its first ``cut_at`` characters, whose pieces
+    filled max_length: the text got those pieces and was counted as truncated, where the whole text holds fewer
+    tokens than max_length (or, at 16, the [UNK] and TAIL's first words). Now a text whose kept tokens reach the
+    word the cap cuts is tokenized from a longer prefix: the whole text's ids, truncated only when it is."""
+    tokenizer = TextTokenizer(minilm_spec.tokenizer_file, max_length)
+    text = cut_word_text(tokenizer.max_chars, tokens_before, cut_at)
+    expected = hf_ids(minilm_dir, [text], max_length)[0]
+    whole = len(hf_ids(minilm_dir, [text], 100_000)[0])
+    for out in (tokenizer.encode([text, "short"]), tokenizer.encode([text])):
+        np.testing.assert_array_equal(out.token_ids[0], expected)
+        assert out.truncated[0] == (whole > max_length)
+        assert not out.cut_at_chars()[0]
+
+
+def test_embedder_vector_of_a_text_with_a_word_the_cap_cuts_matches_sentence_transformers(minilm_dir, minilm_spec):
+    from sentence_transformers import SentenceTransformer
+
+    import petal
+
+    max_chars = TextTokenizer(minilm_spec.tokenizer_file, 256).max_chars  # the cap at MiniLM's own max length
+    texts = [cut_word_text(max_chars, 240, 60), "how do glaciers move?"]
+    reference = SentenceTransformer(str(minilm_dir), device="cpu").encode(texts, convert_to_numpy=True)
+    with petal.Embedder(str(minilm_dir), device="cpu") as embedder:
+        embedded = embedder.embed(texts)
+    ours = np.asarray(embedded.rows)
+    cosine = (ours * reference).sum(1) / np.linalg.norm(ours, axis=1) / np.linalg.norm(reference, axis=1)
+    assert cosine.min() >= 0.999, cosine
+    assert embedded.truncated == 0  # 245 tokens: not over MiniLM's 256
+
+
 def test_a_text_is_tokenized_from_its_first_max_text_chars_at_most(minilm_spec):
     """A text whose first ``MAX_TEXT_CHARS`` characters do not fill max_length (here one unknown word of 1 Mi
     accented letters before its words) is tokenized from them and counted as truncated: the longer prefixes stop
