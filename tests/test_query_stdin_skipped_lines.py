@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -110,3 +111,24 @@ def test_one_skipped_line_is_counted_in_the_singular(index_dir):
     done = _petal("query", index_dir, "--stdin", "-k", "1", stdin=b"glaciers\n\n")
     assert done.returncode == 0, done.stderr.decode()
     assert "petal: 1 stdin line skipped (empty_text: blank lines are not queries)" in done.stderr.decode()
+
+
+STDIN_CR = b"glaciers\r\r\nbread\r\n\r\n\r\r\nlava\r"
+
+
+def test_a_stdin_line_loses_one_carriage_return_as_a_txt_line_does(index_dir, tmp_path):
+    """A ``\\n`` and one ``\\r`` before it end a line, on stdin as in a ``.txt`` input: ``b"glaciers\\r\\r\\n"`` was
+    the query ``"glaciers"`` on stdin (every ``\\r`` at a line's end dropped) and ``"glaciers\\r"`` from a file, a
+    vector of another text for a model that reads ``\\r`` (the query echoed back showed it under MiniLM)."""
+    from petal.pipeline.ingest.text_rule import input_lines
+    from petal.pipeline.ingest.texts import read_texts
+
+    (tmp_path / "q.txt").write_bytes(STDIN_CR)
+    from_file = read_texts(tmp_path / "q.txt")[0]
+    assert from_file == ["glaciers\r", "bread", "", "\r", "lava"]
+    assert [line.decode() for line in input_lines(re.findall(rb"[^\n]*\n|[^\n]+$", STDIN_CR))] == from_file
+    done = _petal("query", index_dir, "--stdin", "--json", "-k", "1", stdin=STDIN_CR)
+    assert done.returncode == 0, done.stderr.decode()
+    answers = [json.loads(line) for line in done.stdout.decode().splitlines()]
+    assert [a["query"] for a in answers] == from_file
+    assert [a.get("skipped") for a in answers] == [None, None, "empty_text", "empty_text", None]

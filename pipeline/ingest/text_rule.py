@@ -27,12 +27,16 @@ UTF8_BOM = b"\xef\xbb\xbf"
 def input_lines(lines: Iterable[bytes], starts_input: bool = True) -> Iterator[bytes]:
     """``--stdin``'s lines as they arrive (``petal query``, ``petal embed``): the line end (``\\n``, ``\\r\\n``)
     dropped, and a UTF-8 byte order mark that starts the input (``UTF8_BOM``; ``starts_input``: ``lines`` are the
-    first of the input)."""
+    first of the input).
+
+    NOTE: one ``\\n`` and one ``\\r`` before it, as a ``.txt`` input's lines (``texts.py``): ``rstrip`` dropped every
+    ``\\r`` at a line's end, so ``b"x\\r\\r\\n"`` was the query ``"x"`` on stdin and ``"x\\r"`` from a file."""
     first = starts_input
     for raw in lines:
         if first:
             raw, first = raw.removeprefix(UTF8_BOM), False
-        yield raw.rstrip(b"\r\n")
+        line = raw.removesuffix(b"\n")
+        yield line.removesuffix(b"\r")
 
 
 def undecodable_reason(text: bytes) -> str:
