@@ -124,3 +124,24 @@ def test_a_kept_factory_that_cannot_be_built_again_is_78_naming_the_manifest(bui
     assert str(path) in last and "kept as no --index-factory was given" in last and "IVF64,Flat" in last, last
     proc = forkrun.petal(["rebuild", str(out), "--index-factory", "IVF64,Flat"], timeout=300)
     assert proc.rc == 2, proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("command", ["rebuild", "index"])
+def test_a_metric_given_that_the_kept_factory_cannot_take_is_a_usage_error_naming_it(data, tmp_path, command):
+    """``--metric ip`` given over a live l2-only factory (LSH) kept from its manifest: the flag given is at fault, not
+    the live version (it builds again under its own metric), so a usage error (2) naming the flag and the kept factory,
+    as a smaller ``--index-memory`` given is. NOTE: was 78 'the live version's index factory "LSH" ... cannot be built
+    again', a configuration error blamed on an index that is fine, whose retry advice was only --index-factory."""
+    out = tmp_path / "out"
+    petal_run("index", data / "a.parquet", "--out", out, "-q", "--vectors-column", "emb", "--metric", "l2",
+              "--index-factory", "LSH")
+    argv = ["rebuild", out] if command == "rebuild" else ["index", data / "a.parquet", "--out", out, "-q",
+                                                          "--vectors-column", "emb"]
+    proc = forkrun.petal(list(map(str, [*argv, "--metric", "ip"])), timeout=300)
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.rc == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "--metric ip" in last and "'LSH'" in last and "live version" in last, last
+    assert info(out)["index"]["metric"] == "l2"  # nothing published
+    with pytest.raises(petal.UsageError, match=r"^metric ip with the live version's index factory 'LSH'"):  # keywords
+        petal.rebuild(out, metric="ip", quiet=True)
+    petal_run(*argv, "--metric", "l2")  # the live version's metric: builds

@@ -1109,7 +1109,8 @@ class IndexSettingsCheck:
         ones asked for, defaults included), checked before any work."""
         settings = kept_settings(live, self.asked, self.given)
         manifest = OutputDir(job.out).version_dir(live.version) / MANIFEST_FILE if live is not None else job.out
-        check_kept_factory(settings, self.kind, self.dim, self.num_vectors, self.given, manifest)
+        check_kept_factory(settings, self.kind, self.dim, self.num_vectors, self.given, manifest,
+                           live=live.index.settings if live is not None else None)
         return replace(job, index=settings)
 
 

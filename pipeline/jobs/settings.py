@@ -398,12 +398,15 @@ def kept_settings(previous: Manifest | None, settings: IndexSettings, given: fro
 
 
 def check_kept_factory(settings: IndexSettings, kind: str, dim: int | None, num_vectors: int | None,
-                       given: frozenset[str] | None, manifest: Path, counted: str | None = None) -> None:
+                       given: frozenset[str] | None, manifest: Path, counted: str | None = None,
+                       live: IndexSettings | None = None) -> None:
     """``check_index_factory`` of ``settings`` (``kept_settings``): an ``--index-factory`` given is a usage error (2)
     as ever; one kept from the live version (``manifest``: its file) that cannot be built now is a ``ConfigError``
-    (78) naming it and the way out, never a usage error of a flag the user did not give (an ``--index-memory`` given
-    that cannot train it is that flag's: 2). ``counted``: what
-    ``num_vectors`` counts, as the message says it (``None``: ``plan.UPPER_BOUND``, a run's before any work)."""
+    (78) naming it and the way out, never a usage error of a flag the user did not give. A kept factory that the
+    flags given make unbuildable (``live``: the live version's own settings, under which it builds: ``--metric ip``
+    over an l2-only factory, a smaller ``--index-memory`` that cannot train it) is those flags' usage error (2).
+    ``counted``: what ``num_vectors`` counts, as the message says it (``None``: ``plan.UPPER_BOUND``, a run's before
+    any work)."""
     from petal.pipeline.index.plan import UPPER_BOUND, TrainingMemoryError, check_index_factory
 
     try:
@@ -412,9 +415,34 @@ def check_kept_factory(settings: IndexSettings, kind: str, dim: int | None, num_
         # NOTE: a kept factory that a smaller --index-memory given cannot train is that flag's usage error (2)
         if given is None or "factory" in given or (isinstance(exc, TrainingMemoryError) and "memory_bytes" in given):
             raise
+        flags = given_flags(settings, given)
+        if flags and live is not None and _builds(live, kind, dim, num_vectors, counted or UPPER_BOUND):
+            # NOTE: was 78 'the live version's index factory cannot be built again' for `petal rebuild OUT --metric ip`
+            # over an l2-only factory: the live version is fine, the flag given is what cannot be built
+            raise FlagError(f"{flags} with the live version's index factory {settings.factory!r} (kept as no "
+                            f"--index-factory was given): {exc}") from exc
         raise ConfigError(f"{quote_path(manifest)}: the live version's index factory {quote_text(settings.factory)}, "
                           f"kept as no --index-factory was given, cannot be built again: {exc}; give "
                           "--index-factory") from exc
+
+
+INDEX_FLAGS = {"metric": "--metric", "memory_bytes": "--index-memory", "target_recall": "--target-recall"}
+
+
+def given_flags(settings: IndexSettings, given: frozenset[str]) -> str:
+    """The index flags among ``given`` as a user gave them (``--metric ip --index-memory 1048576``), in flag order."""
+    return " ".join(f"{flag} {getattr(settings, name)}" for name, flag in INDEX_FLAGS.items() if name in given)
+
+
+def _builds(settings: IndexSettings, kind: str, dim: int | None, num_vectors: int | None, counted: str) -> bool:
+    """Whether ``check_index_factory`` passes ``settings``."""
+    from petal.pipeline.index.plan import check_index_factory
+
+    try:
+        check_index_factory(settings, kind, dim, num_vectors, counted)
+    except FlagError:
+        return False
+    return True
 
 
 def not_empty_path(path: Any, name: str) -> None:
