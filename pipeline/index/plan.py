@@ -432,18 +432,23 @@ LIVE_VECTORS = "its rows, less those skipped, deleted by --delete or superseded 
 
 
 def check_index_factory(settings: IndexSettings, kind: str = "float32", dim: int | None = None,
-                        num_vectors: int | None = None, counted: str = UPPER_BOUND) -> None:
+                        num_vectors: int | None = None, counted: str = UPPER_BOUND, *,
+                        kept_output: bool = False) -> None:
     """The one check of ``--index-factory`` (``FlagError``, exit 2, with the numbers), before any work
     and again before a build: only float32 output takes an explicit factory (the other formats pick
     their codes); with ``dim``, FAISS must build it and PQ sub-quantizers must divide the dimension;
     with ``num_vectors`` (an upper bound is enough: the rows read plus the kept shards' vectors), there
     must be enough vectors to train it (IVF lists, PQ centroids). ``counted``: what ``num_vectors`` counts, as
-    the message says it (``LIVE_VECTORS``: the build's exact count)."""
+    the message says it (``LIVE_VECTORS``: the build's exact count). ``kept_output``: ``kind`` is the live version's
+    output, kept by ``petal rebuild`` (which has no ``--quantize`` or ``--output-dtype``), as the message says."""
     factory = settings.factory
     if factory == "auto":
         return
     if kind != "float32":
-        raise FlagError(f"--index-factory {factory!r} conflicts with {KINDS[kind].flag}, which picks the index type "
+        # NOTE: petal rebuild said "conflicts with --quantize int8", a flag it does not take and the user never gave
+        picked = f"the live version's output ({KINDS[kind].flag}; a rebuild keeps it)" if kept_output \
+            else KINDS[kind].flag
+        raise FlagError(f"--index-factory {factory!r} conflicts with {picked}, which picks the index type "
                         "(SQ8, SQfp16 or a binary index); leave --index-factory auto")
     if dim is None:
         return

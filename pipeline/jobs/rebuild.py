@@ -160,7 +160,8 @@ def run_rebuild(out_path: Path, settings: IndexSettings, report: RunReport, wait
         # a later shard's same id supersedes included: a factory they could not train passed, then failed the
         # build's own check as 78 'FAISS cannot build index ... from 300 vectors ... at most 250'
         check_kept_factory(settings, kind, previous.dim, source.total or None, given,
-                           out.version_dir(previous.version) / MANIFEST_FILE, LIVE_VECTORS, previous.index.settings)
+                           out.version_dir(previous.version) / MANIFEST_FILE, LIVE_VECTORS, previous.index.settings,
+                           kept_output=True)
         active.check()
         with writing(out.versions_dir):
             staging = out.staging_dir()

@@ -399,18 +399,18 @@ def kept_settings(previous: Manifest | None, settings: IndexSettings, given: fro
 
 def check_kept_factory(settings: IndexSettings, kind: str, dim: int | None, num_vectors: int | None,
                        given: frozenset[str] | None, manifest: Path, counted: str | None = None,
-                       live: IndexSettings | None = None) -> None:
+                       live: IndexSettings | None = None, *, kept_output: bool = False) -> None:
     """``check_index_factory`` of ``settings`` (``kept_settings``): an ``--index-factory`` given is a usage error (2)
     as ever; one kept from the live version (``manifest``: its file) that cannot be built now is a ``ConfigError``
     (78) naming it and the way out, never a usage error of a flag the user did not give. A kept factory that the
     flags given make unbuildable (``live``: the live version's own settings, under which it builds: ``--metric ip``
     over an l2-only factory, a smaller ``--index-memory`` that cannot train it) is those flags' usage error (2).
     ``counted``: what ``num_vectors`` counts, as the message says it (``None``: ``plan.UPPER_BOUND``, a run's before
-    any work)."""
+    any work). ``kept_output``: ``kind`` is the live version's output, which ``petal rebuild`` keeps."""
     from petal.pipeline.index.plan import UPPER_BOUND, TrainingMemoryError, check_index_factory
 
     try:
-        check_index_factory(settings, kind, dim, num_vectors, counted or UPPER_BOUND)
+        check_index_factory(settings, kind, dim, num_vectors, counted or UPPER_BOUND, kept_output=kept_output)
     except FlagError as exc:
         # NOTE: a kept factory that a smaller --index-memory given cannot train is that flag's usage error (2)
         if given is None or "factory" in given or (isinstance(exc, TrainingMemoryError) and "memory_bytes" in given):
