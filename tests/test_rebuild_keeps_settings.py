@@ -145,3 +145,17 @@ def test_a_metric_given_that_the_kept_factory_cannot_take_is_a_usage_error_namin
     with pytest.raises(petal.UsageError, match=r"^metric ip with the live version's index factory 'LSH'"):  # keywords
         petal.rebuild(out, metric="ip", quiet=True)
     petal_run(*argv, "--metric", "l2")  # the live version's metric: builds
+
+
+def test_the_api_and_the_cli_record_a_whole_number_target_recall_alike(built, tmp_path):
+    """``petal.rebuild(out, target_recall=1)`` records what ``petal rebuild OUT --target-recall 1`` records (1.0, a
+    float). NOTE: the API kept the int: the manifest, the report and ``petal info --json`` said 1 where the CLI's said
+    1.0, and its warnings '--target-recall 1'."""
+    cli_out, api_out = tmp_path / "cli", tmp_path / "api"
+    shutil.copytree(built["l2"], cli_out)
+    shutil.copytree(built["l2"], api_out)
+    petal_run("rebuild", cli_out, "--target-recall", "1")
+    report = petal.rebuild(api_out, target_recall=1, quiet=True)
+    recorded = [info(out)["index"]["settings"]["target_recall"] for out in (cli_out, api_out)]
+    recorded.append(report.index["settings"]["target_recall"])
+    assert recorded == [1.0] * 3 and all(isinstance(value, float) for value in recorded), recorded
