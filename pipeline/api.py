@@ -30,6 +30,7 @@ from petal.pipeline.jobs.settings import (
     not_empty_path,
     numpy_bool,
     out_path,
+    unset_index_settings_dropped,
     whole_number,
 )
 from petal.pipeline.jobs.worker_start import leave_a_starting_worker
@@ -103,8 +104,8 @@ def index(sources: Sources, out: str | os.PathLike[str], *, engine_factory: Call
     ``max_removed="10%"``, ``delete="ids.parquet"``, ``keep_columns=["lang", "url"]``, ``json_report``,
     ``quiet``: no progress bar and nothing on stderr, the notes and warnings go to the ``petal`` logger, ...).
     ``vectors_column``: index the precomputed embeddings of that column (no model).
-    An index setting not given (``index_factory``, ``metric``, ``index_memory``, ``target_recall``) keeps the live
-    version's, as ``rebuild``'s: ``"auto"``, ``"ip"``, ``"8G"``, ``0.95`` for a first run.
+    An index setting not given or ``None`` (``index_factory``, ``metric``, ``index_memory``, ``target_recall``) keeps
+    the live version's, as ``rebuild``'s: ``"auto"``, ``"ip"``, ``"8G"``, ``0.95`` for a first run.
     Returns the finished ``RunReport`` (``status`` success or nothing-to-do).
     ``engine_factory(spec, engine_config)`` replaces the engine (tests); ``stop``: an active
     ``StopSignals`` of the caller's (else SIGINT/SIGTERM are taken for the call, in the main thread, from its first
@@ -118,6 +119,7 @@ def index(sources: Sources, out: str | os.PathLike[str], *, engine_factory: Call
         try:
             _check_hooks("petal.index()", given_report, stop, engine_factory)
             not_empty_path(out, "out")
+            settings = unset_index_settings_dropped(settings)
             job = index_job(sources, out, "petal.index()", _keywords(index), **settings)
             given = given_index_settings(settings)  # the others keep the live version's (first run: the defaults)
             if "" in job.sources:
@@ -158,12 +160,12 @@ def rebuild(out: str | os.PathLike[str], *, json_report: str | os.PathLike[str] 
             keep_versions: int = 2, quiet: bool = False, **settings: Any) -> RunReport:
     """A new version of ``out``'s index from its stored embeddings with other index settings (no model).
 
-    ``settings``: ``index_factory``, ``metric``, ``index_memory``, ``target_recall``; one not given keeps the live
-    version's (its manifest's: an ``IVF4096,Flat`` asked for stays one, ``index_factory="auto"`` chooses by size
-    again). ``wait``: queue behind another writer of ``out`` (else exit 75); ``stop``: an active ``StopSignals`` of
-    the caller's (else SIGINT/SIGTERM are taken for the call, as ``index`` takes them); ``keep_versions``: the
-    versions left after the publish (the live one and N-1 before it, as ``index``'s); ``quiet``: its notes and
-    warnings go to the ``petal`` logger, not stderr (as ``index``'s).
+    ``settings``: ``index_factory``, ``metric``, ``index_memory``, ``target_recall``; one not given (or ``None``) keeps
+    the live version's (its manifest's: an ``IVF4096,Flat`` asked for stays one, ``index_factory="auto"`` chooses by
+    size again). ``wait``: queue behind another writer of ``out`` (else exit 75); ``stop``: an active ``StopSignals`` of
+    the caller's (else SIGINT/SIGTERM are taken for the call, as ``index`` takes them); ``keep_versions``: the versions
+    left after the publish (the live one and N-1 before it, as ``index``'s); ``quiet``: its notes and warnings go to the
+    ``petal`` logger, not stderr (as ``index``'s).
     """
     leave_a_starting_worker()  # as index's
     given_report, report = report, _own_report(report, "rebuild")
@@ -182,6 +184,7 @@ def rebuild(out: str | os.PathLike[str], *, json_report: str | os.PathLike[str] 
                 raise UsageError(problem)  # NOTE: as petal index words it (keyword_named: keep_versions 0 < 1)
             not_empty_path(out, "out")
             out = out_path(out)
+            settings = unset_index_settings_dropped(settings)
             chosen = index_settings("petal.rebuild()", _keywords(rebuild), **settings)
             given = given_index_settings(settings)
         except UsageError as exc:

@@ -104,6 +104,24 @@ def test_the_api_keeps_what_is_not_given(built, tmp_path):
     assert petal.rebuild(out).index["factory"] == "HNSW8"  # the live version's now
 
 
+def test_an_index_setting_given_as_none_is_left_out(built, data, tmp_path):
+    """``metric=None`` (a caller forwarding its own optional argument) keeps the live version's setting, as a flag not
+    given does: it was an ``ArgumentTypeError`` ("NoneType, not str"), in ``rebuild`` and ``index`` alike."""
+    out = tmp_path / "out"
+    shutil.copytree(built["l2"], out)
+    unset = {"index_factory": None, "metric": None, "index_memory": None, "target_recall": None}
+    index = petal.rebuild(out, quiet=True, **unset).index
+    assert (index["metric"], index["settings"]["memory_bytes"], index["settings"]["target_recall"]) == \
+        ("l2", 100 << 20, 0.9)
+    index = petal.index([data / "a.parquet"], out, vectors_column="emb", quiet=True, full=True, **unset).index
+    assert (index["metric"], index["settings"]["memory_bytes"], index["settings"]["target_recall"]) == \
+        ("l2", 100 << 20, 0.9)
+    first = petal.index([data / "a.parquet"], tmp_path / "first", vectors_column="emb", quiet=True, **unset).index
+    assert (first["metric"], first["factory"]) == ("ip", "Flat")  # a first run: the defaults
+    with pytest.raises(petal.UsageError, match="metric"):
+        petal.rebuild(out, metric=None, quiet=True, metrc=None)  # a misspelled keyword is still named
+
+
 def test_a_kept_factory_that_cannot_be_built_again_is_78_naming_the_manifest(built, tmp_path):
     """The live version's factory comes from its manifest, not from a flag: one that the stored vectors cannot train
     (a manifest edited and signed again) is a configuration error naming the manifest, not a usage error (2)."""

@@ -383,6 +383,15 @@ def index_settings(caller: str = "petal.rebuild()", takes: Iterable[str] = (), /
     return build(IndexSettings, **typed(IndexSettings, values, caller))
 
 
+def unset_index_settings_dropped(settings: dict[str, Any]) -> dict[str, Any]:
+    """``settings`` without an index setting given as ``None`` (``metric=None``, ``index_factory=None``...): left
+    out, as a flag not given, so it keeps the live version's (a first run's default). NOTE: was an
+    ``ArgumentTypeError`` ("metric=None is NoneType, not str") for a caller forwarding an optional argument."""
+    known = _field_names(IndexSettings)
+    return {key: value for key, value in settings.items()
+            if not (value is None and ALIASES.get(key, key) in known)}
+
+
 def given_index_settings(settings: Mapping[str, Any]) -> frozenset[str] | None:
     """The ``IndexSettings`` fields among keyword ``settings`` (``index_factory``, ``metric``, ...: the CLI passes only
     the flags given); ``None`` (all of them) when the whole section is given (``index=IndexSettings(...)``)."""
