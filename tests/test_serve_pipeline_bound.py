@@ -146,7 +146,7 @@ def test_requests_held_when_the_drain_begins_are_served(tmp_path, tmp_path_facto
                  % (i, b"Connection: Upgrade\r\nUpgrade: h2c\r\n" if i == upgrade_at else b"") for i in range(5)]
         with socket.create_connection((host, int(port)), timeout=HANG_S) as sock:
             _slow_then(sock, b"".join(heads))
-            time.sleep(0.3)
+            _wait_in_flight(own)  # NOTE: was a fixed 0.3 s: on a loaded machine the slow POST was parsed after it
             own.proc.send_signal(signal.SIGTERM)
             data = _read_all(sock)
         assert re.findall(rb"HTTP/1.1 (\d+)", data) == [b"200"] + [b"404"] * 6, data[-600:]
@@ -154,6 +154,18 @@ def test_requests_held_when_the_drain_begins_are_served(tmp_path, tmp_path_facto
         assert own.proc.wait(60) == 0
     finally:
         own.stop()
+
+
+def _wait_in_flight(server) -> None:
+    """Until ``_slow_then``'s embedding request holds its body in flight (``petal_body_bytes``), or was answered."""
+    deadline = time.monotonic() + HANG_S
+    while time.monotonic() < deadline:
+        text = server.client.get("/metrics").text
+        if re.search(r"^petal_body_bytes [1-9]", text, re.M) or \
+                re.search(r'^petal_requests_total\{[^}]*route="/v1/embeddings"[^}]*status="200"', text, re.M):
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"the slow request was not in flight within {HANG_S} s")
 
 
 def _answers(sock: socket.socket, count: int, data: bytes = b"") -> tuple[list[tuple[int, bytes]], bytes]:
