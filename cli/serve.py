@@ -156,6 +156,10 @@ def missing_serve_extra() -> list[str]:
               help="Request body bytes held at once by all requests together (being read, parsed or served); "
                    "beyond it a request gets 503 with Retry-After, so memory stays bounded. At least --max-body-bytes; "
                    "the default is 64 MiB.")
+@click.option("--max-answer-bytes-in-flight", type=click.IntRange(min=1024), default=256 << 20, show_default=True,
+              help="Answer bytes of /search and /v1/embeddings held at once until their clients take them; an answer "
+                   "past it gets 503 with Retry-After instead (one answer of any size is always sent), so clients "
+                   "that do not read cannot hold memory without bound. The default is 256 MiB.")
 @click.option("--max-queue-texts", type=click.IntRange(min=1), default=4096, show_default=True,
               help="Texts waiting for the engine; beyond it requests get 503 with Retry-After.")
 @click.option("--token-budget", type=click.IntRange(min=64, max=MAX_TOKEN_BUDGET), default=None,
@@ -210,7 +214,8 @@ def missing_serve_extra() -> list[str]:
 @user_errors(outputs=())  # NOTE: serve writes no file: permission denied on any path is one it reads (66), not 74
 def serve(index_path: Path | None, model: str | None, host: str, port: int, api_key: str | None, max_wait_ms: float,
           max_texts: int, max_tokens_per_text: int | None, max_k: int, max_body_bytes: int,
-          max_body_bytes_in_flight: int, max_queue_texts: int,
+          max_body_bytes_in_flight: int, max_answer_bytes_in_flight: int,
+          max_queue_texts: int,
           token_budget: int | None, max_seqs: int | None, nprobe: int | None, rescore: int | None,
           reload_interval_s: float, drain_timeout_s: float, header_timeout_s: float, keep_alive_s: float,
           body_timeout_s: float, send_timeout_s: float, search_threads: int,
@@ -250,6 +255,7 @@ def serve(index_path: Path | None, model: str | None, host: str, port: int, api_
         limits=Limits(max_texts=max_texts, max_tokens_per_text=max_tokens_per_text, max_k=max_k,
                       max_body_bytes=max_body_bytes),
         max_wait_ms=max_wait_ms, max_queue_texts=max_queue_texts, max_body_bytes_in_flight=max_body_bytes_in_flight,
+        max_answer_bytes_in_flight=max_answer_bytes_in_flight,
         reload_interval_s=reload_interval_s,
         drain_timeout_s=drain_timeout_s, header_timeout_s=header_timeout_s, keep_alive_s=keep_alive_s,
         body_timeout_s=body_timeout_s,

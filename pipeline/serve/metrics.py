@@ -35,6 +35,8 @@ class ServeMetrics:
         self.queue_texts = Gauge("petal_queue_texts", "Texts waiting for the engine", registry=r)
         self.body_bytes = Gauge("petal_body_bytes", "Request body bytes held by requests in flight "
                                 "(--max-body-bytes-in-flight)", registry=r)
+        self.answer_bytes = Gauge("petal_answer_bytes", "Answer bytes of /search and /v1/embeddings held until "
+                                  "their client has taken them (--max-answer-bytes-in-flight)", registry=r)
         self.overloaded = Counter("petal_overloaded", "Requests refused with 503 (queue full)", registry=r)
         self.index_version = Gauge("petal_index_version", "1 for the index version being served", ["version"],
                                    registry=r)

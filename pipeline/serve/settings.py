@@ -54,6 +54,7 @@ class ServeSettings:
     max_wait_ms: float = 0.0  # hold a partial batch this long for more requests (0: launch at once)
     max_queue_texts: int = 4096  # sequences waiting for the engine; beyond it: 503 + Retry-After
     max_body_bytes_in_flight: int = 64 << 20  # body bytes all requests hold at once; beyond it: 503 + Retry-After
+    max_answer_bytes_in_flight: int = 256 << 20  # answer bytes held unsent at once (one always goes); beyond: 503
     retry_after_s: int = 1
     reload_interval_s: float = 1.0  # how often OUT/CURRENT is checked for a new version
     drain_timeout_s: float = 30.0  # SIGTERM: how long in-flight requests may take to finish
