@@ -1,8 +1,9 @@
 """``petal serve --max-answer-bytes-in-flight``: the answers held for clients that have not taken them yet are bounded
 together; an answer past the bound is 503 with Retry-After (one answer of any size always goes), and what an answer
-held is given back once its client took it or is gone. Before, an answer was written at once to the connection and held until
-its client read it (up to --send-timeout-s): N clients that sent a 4 KB /search (256 queries, k 1000, include text: a 54
-MB answer on the sample index) and read nothing held N answers (12 of them: +1.2 GB of the server's memory)."""
+held is given back once its client took it or is gone. Before, an answer was written at once to the connection and
+held until its client read it (up to --send-timeout-s): N clients that sent a 4 KB /search (256 queries, k 1000,
+include text: a 54 MB answer on the sample index) and read nothing held N answers (12 of them: +1.2 GB of the
+server's memory)."""
 
 from __future__ import annotations
 
@@ -74,3 +75,13 @@ def test_answers_held_for_clients_not_reading_are_bounded_and_given_back(server)
         assert again.status_code == 200 and again.content == whole.content
     assert server.client.post("/v1/embeddings", json={"input": "glaciers"}).status_code == 200
     assert _metric(server.client.get("/metrics").text, "petal_answer_bytes") == 0
+
+
+def test_a_bound_below_1024_is_refused_however_the_settings_are_made():
+    """The CLI's ``IntRange(min=1024)`` alone: ``ServeSettings(max_answer_bytes_in_flight=0)`` from Python was taken,
+    and every answer after the first one held was refused."""
+    from petal.pipeline.serve.settings import ServeSettings
+
+    with pytest.raises(ValueError, match="--max-answer-bytes-in-flight 0 < 1024"):
+        ServeSettings(max_answer_bytes_in_flight=0)
+    assert ServeSettings(max_answer_bytes_in_flight=1024).max_answer_bytes_in_flight == 1024

@@ -99,6 +99,8 @@ class ServeSettings:
         if self.max_body_bytes_in_flight < self.limits.max_body_bytes:
             raise ValueError(f"--max-body-bytes-in-flight {self.max_body_bytes_in_flight} is below --max-body-bytes "
                              f"{self.limits.max_body_bytes}: a body of the largest size could never be read")
+        if self.max_answer_bytes_in_flight < 1024:  # NOTE: the CLI's bound, for a caller building it directly
+            raise ValueError(f"--max-answer-bytes-in-flight {self.max_answer_bytes_in_flight} < 1024")
         if self.engine_spin_ms is not None and not 0 <= self.engine_spin_ms <= 1000:
             raise ValueError(f"--engine-spin-ms {self.engine_spin_ms}: from 0 to 1000")
         if self.switch_interval_ms <= 0:
