@@ -97,6 +97,35 @@ def no_room(max_length: int, taken: int, prompted: bool, sources: RoomSources) -
                        f"leaves no room for text; shorten it there, or give {least} {longer}")
 
 
+SPACE_CUT_WINDOW = 1024  # characters before the cap searched for a place between words
+_WORD_THEN_SPACE = re.compile(r"\S[ \t]")
+
+
+def splits_at_spaces(tokenizer: Any) -> bool:
+    """Whether ``tokenizer``'s pre-tokenizer splits words at spaces (BERT's, byte-level BPE's regex, Metaspace's):
+    then a text cut after a word that a space or tab follows has the whole text's first words, so its first tokens.
+    NOTE: a probe, not a list of classes: a Metaspace that does not split, or no pre-tokenizer, gives one piece."""
+    pre = tokenizer.pre_tokenizer
+    if pre is None:
+        return False
+    try:
+        starts = [start for _, (start, _) in pre.pre_tokenize_str("ab cd ef")]
+    except Exception:  # NOTE: a pre-tokenizer the probe cannot run: cut as any other
+        return False
+    return starts in ([0, 2, 5], [0, 3, 6])
+
+
+def space_cut(text: str, limit: int) -> int | None:
+    """The last place at or before ``limit`` where a word ends and a space or tab follows (``text[:end]`` ends with
+    the whole word: not a newline, which a byte-level BPE's punctuation takes in), searched in the last
+    ``SPACE_CUT_WINDOW`` characters; ``None`` where there is none."""
+    low = max(limit - SPACE_CUT_WINDOW, 0)
+    last = None
+    for match in _WORD_THEN_SPACE.finditer(text, low, limit + 1):
+        last = match
+    return last.start() + 1 if last is not None else None
+
+
 class TextTokenizer:
     """A model's tokenizer, truncating at ``max_length`` tokens (special tokens included).
 
@@ -144,6 +173,7 @@ class TextTokenizer:
         self._truncate_at = max_length - 1 if self.appends_eos else max_length
         self._tokenizer.enable_truncation(self._truncate_at)
         self._encode = getattr(self._tokenizer, "encode_batch_fast", self._tokenizer.encode_batch)
+        self._splits_at_spaces = splits_at_spaces(self._tokenizer)
         # a lone plain-ASCII text without an added token's text (same ids either way, tests/test_parquet.py):
         # a BERT WordPiece tokenizer's whole encoding in Python with a word cache
         # (pipeline/ingest/lone_wordpiece.py); another one behind a BertNormalizer: normalised in Python,
@@ -211,12 +241,25 @@ class TextTokenizer:
         limit = self.max_chars
         short = [i for i, cut in enumerate(capped.tolist()) if cut]
         while short:
-            again, again_over, unsure = self._encode_cut([texts[i][:limit] for i in short])
+            # NOTE: cut between words where the tokenizer splits at spaces (the text's first words are then its
+            # own): ids as fast as an uncut text's; elsewhere the word ids say whether the cut word was reached
+            ends = {i: space_cut(texts[i], limit) if self._splits_at_spaces else None for i in short}
+            clean = [i for i in short if ends[i] is not None]
+            unclean = [i for i in short if ends[i] is None]
+            results: dict[int, tuple[np.ndarray, bool, bool]] = {}
+            if clean:
+                clean_ids, clean_over = self._encode_prompted([texts[i][: ends[i]] for i in clean])
+                results.update((i, (ids, bool(over), False)) for i, ids, over in zip(clean, clean_ids, clean_over))
+            if unclean:
+                cut_ids, cut_over, unsure = self._encode_cut([texts[i][:limit] for i in unclean])
+                results.update((i, (ids, bool(over), bool(cut_word)))
+                               for i, ids, over, cut_word in zip(unclean, cut_ids, cut_over, unsure))
             retry = []
-            for i, ids, over, cut_word in zip(short, again, again_over, unsure):
-                capped[i] = len(texts[i]) > limit
-                token_ids[i], overflowed[i] = ids, over
-                if capped[i] and (cut_word or not over):
+            for i in short:
+                token_ids[i], overflowed[i], cut_word = results[i]
+                end = ends[i]
+                capped[i] = len(texts[i]) > (end if end is not None else limit)
+                if capped[i] and (cut_word or not overflowed[i]):
                     retry.append(i)
             if limit >= self.max_text_chars:
                 break
@@ -228,8 +271,8 @@ class TextTokenizer:
         word of its characters (the word the cut may have split: ids that the whole text may not have).
 
         NOTE: the tokenizer's ``encode``/``encode_batch``, not ``encode_batch_fast`` nor the lone path, which give no
-        word ids: a text longer than the cap costs ~1.2x to tokenize in a batch, and ~9 ms rather than ~0.4 ms alone
-        (16 Ki characters, 2-core CPU)."""
+        word ids: ~1.2x to tokenize in a batch, ~9 ms rather than ~0.4 ms alone (16 Ki characters, 2-core CPU), so
+        only for texts ``space_cut`` finds no place to cut between words in."""
         prompted = [self.prompt + t for t in texts] if self.prompt else texts
         encodings = [self._tokenizer.encode(prompted[0])] if len(prompted) == 1 else \
             self._tokenizer.encode_batch(prompted)
