@@ -23,7 +23,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from petal.pipeline.ingest.skipped_names import hidden_name, wildcard_matches_hidden
+from petal.pipeline.ingest.skipped_names import hidden_name
 
 
 def expand_glob(pattern: str, on_error: Callable[[Path, OSError], None], skip_hidden: bool = True) -> list[str]:
@@ -68,7 +68,7 @@ def _is_dir(entry: os.DirEntry[str]) -> bool:
 def _matching(directory: Path, part: str, last: bool, on_error: Callable[[Path, OSError], None],
               skip_hidden: bool) -> list[Path]:
     """The names in ``directory`` that ``part`` matches (directories only unless ``last``)."""
-    hidden_ok = not skip_hidden or wildcard_matches_hidden(part)
+    hidden_ok = not skip_hidden or hidden_name(part)  # a wildcard part hidden itself
     return [directory / e.name for e in _listing(directory, on_error)
             if (hidden_ok or not hidden_name(e.name)) and fnmatch.fnmatchcase(e.name, part)
             and (last or _is_dir(e))]

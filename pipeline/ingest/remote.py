@@ -35,7 +35,6 @@ from petal.pipeline.ingest.skipped_names import (
     hidden_hint,
     hidden_name,
     not_parquet_hint,
-    wildcard_matches_hidden,
 )
 from petal.pipeline.reliability.errors import (
     BadInputError,
@@ -919,7 +918,7 @@ def _glob_match(names: list[str], patterns: list[str], skip_hidden: bool = True)
     if head == "**":
         deeper = bool(names) and not (skip_hidden and hidden_name(names[0]))
         return _glob_match(names, rest, skip_hidden) or (deeper and _glob_match(names[1:], patterns, skip_hidden))
-    if not names or ("*" in head and skip_hidden and hidden_name(names[0]) and not wildcard_matches_hidden(head)):
+    if not names or ("*" in head and skip_hidden and hidden_name(names[0]) and not hidden_name(head)):
         return False
     return _name_match(names[0], head) and _glob_match(names[1:], rest, skip_hidden)
 

@@ -17,8 +17,9 @@ def hidden_name(name: str) -> bool:
     """A name no directory or prefix SOURCE, and no wildcard, reads below its root: it starts with ``.`` or ``_``,
     as for pyarrow's datasets (``ignore_prefixes``), Spark and Hive (Spark's ``_temporary/`` attempts of a job still
     writing, Delta's ``_delta_log/*.checkpoint.parquet``, ``_SUCCESS``, ``_metadata``, editors' and copies'
-    ``.name.parquet`` files). A name the user writes (a file, a glob's literal part, a wildcard part that starts with
-    ``.`` or ``_`` itself: ``data/_staging/*.parquet``, ``data/_*/*.parquet``) is read whatever it is."""
+    ``.name.parquet`` files). A name the user writes (a file, a glob's literal part, a wildcard part that is hidden
+    itself, glob's rule for ``.`` extended to ``_``: ``data/_staging/*.parquet``, ``data/_*/*.parquet``) is read
+    whatever it is."""
     return name.startswith(HIDDEN_PREFIXES)
 
 
@@ -26,12 +27,6 @@ def hidden_below(parts: list[str] | tuple[str, ...]) -> bool:
     """A file whose path below a directory SOURCE (``parts``: the names of each directory under it, then its own)
     has a hidden part (``hidden_name``): not a shard."""
     return any(hidden_name(part) for part in parts)
-
-
-def wildcard_matches_hidden(part: str) -> bool:
-    """Whether a glob's wildcard part may match a hidden name: only when it starts with ``.`` or ``_`` itself (glob's
-    rule for ``.``, extended to ``_``)."""
-    return part.startswith(HIDDEN_PREFIXES)
 
 
 def hidden_hint(paths: Sequence[str], kind: str) -> str:

@@ -428,7 +428,7 @@ def check_kept_factory(settings: IndexSettings, kind: str, dim: int | None, num_
         # NOTE: a kept factory that a smaller --index-memory given cannot train is that flag's usage error (2)
         if given is None or "factory" in given or (isinstance(exc, TrainingMemoryError) and "memory_bytes" in given):
             raise
-        flags = given_flags(settings, given)
+        flags = _given_index_flags(settings, given)
         if flags and live is not None and _builds(live, kind, dim, num_vectors, counted or UPPER_BOUND):
             # NOTE: was 78 'the live version's index factory cannot be built again' for `petal rebuild OUT --metric ip`
             # over an l2-only factory: the live version is fine, the flag given is what cannot be built
@@ -439,12 +439,12 @@ def check_kept_factory(settings: IndexSettings, kind: str, dim: int | None, num_
                           "--index-factory") from exc
 
 
-INDEX_FLAGS = {"metric": "--metric", "memory_bytes": "--index-memory", "target_recall": "--target-recall"}
+_INDEX_FLAGS = {"metric": "--metric", "memory_bytes": "--index-memory", "target_recall": "--target-recall"}
 
 
-def given_flags(settings: IndexSettings, given: frozenset[str]) -> str:
+def _given_index_flags(settings: IndexSettings, given: frozenset[str]) -> str:
     """The index flags among ``given`` as a user gave them (``--metric ip --index-memory 1048576``), in flag order."""
-    return " ".join(f"{flag} {getattr(settings, name)}" for name, flag in INDEX_FLAGS.items() if name in given)
+    return " ".join(f"{flag} {getattr(settings, name)}" for name, flag in _INDEX_FLAGS.items() if name in given)
 
 
 def _builds(settings: IndexSettings, kind: str, dim: int | None, num_vectors: int | None, counted: str) -> bool:
