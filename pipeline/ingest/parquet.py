@@ -46,7 +46,9 @@ from petal.pipeline.ingest.remote import (
     list_remote,
     local_path,
     object_change,
+    object_sha256,
     parquet_name,
+    remote_footer,
     stat_remote,
     storage_error,
 )
@@ -369,6 +371,8 @@ class ShardInfo:
     ctime_ns: int = 0
     inode: int = 0
     footer_sha256: str = ""
+    # an object's content identity (``remote_sha256``), from the footer preflight read; "" for a local file
+    object_sha256: str = field(default="", compare=False)
     # the Arrow schema preflight read from the footer: later checks (``--keep-columns``) use it, never a second read
     schema: pa.Schema | None = field(default=None, compare=False, repr=False)
     # the rows of each row group, from the same footer (row-group ranges: pipeline/store/ranges.py)
@@ -510,12 +514,30 @@ def read_retrying(path: Path | RemotePath, call: Callable[[], T], read: ReadConf
 
 
 def _footer(path: Path | RemotePath) -> tuple[Any, pq.FileMetaData, str]:
+    """The shard's stat, footer and identity: a local file's ``footer_sha256``, an object's ``remote_sha256``.
+
+    NOTE: an object's identity is hashed from the very bytes its metadata is parsed from: it was read again for
+    the hash (a HEAD and two ranged GETs more per object, every run, a rerun with nothing changed too)."""
     fault("read_footer", str(path))
     if isinstance(path, RemotePath):
         stat = stat_remote(path)
         with path.open() as fh:  # the footer only: ranged reads at the object's end
-            return stat, pq.read_metadata(fh), ""
+            footer = remote_footer(fh, stat.st_size)
+            meta = _parsed_footer(footer)
+            if meta is None:  # not a Parquet footer: the reader's own error, naming what it found
+                meta = pq.read_metadata(fh)
+        return stat, meta, object_sha256(stat.st_size, stat.st_mtime_ns, footer)
     return path.stat(), pq.read_metadata(path), footer_sha256(path)
+
+
+def _parsed_footer(footer: bytes) -> pq.FileMetaData | None:
+    """The metadata of a Parquet footer (``remote_footer``); ``None`` when it is not one that parses."""
+    if len(footer) < 12 or not footer.endswith(b"PAR1"):
+        return None
+    try:
+        return pq.read_metadata(pa.BufferReader(b"PAR1" + footer))  # the leading magic a file starts with
+    except (OSError, pa.ArrowException):
+        return None
 
 
 def footer_sha256(path: Path) -> str:
@@ -544,7 +566,7 @@ def check_unique_columns(path: Path | RemotePath, schema: pa.Schema, names: list
 def inspect_shard(path: Path | RemotePath, read: ReadConfig, stats: ReadStats | None = None) -> ShardInfo:
     """Read one footer and check the schema. Raises ``BadInputError`` naming file, column and type."""
     try:
-        stat, meta, footer = _retrying(lambda: _footer(path), read, stats)
+        stat, meta, identity = _retrying(lambda: _footer(path), read, stats)
         schema = arrow_schema(meta)  # INT96 as the reader reads it (int96.py)
     except (OSError, pa.ArrowException) as exc:
         raise _read_error(path, exc, read.read_retries, "not a readable Parquet file") from exc
@@ -581,7 +603,8 @@ def inspect_shard(path: Path | RemotePath, read: ReadConfig, stats: ReadStats | 
         text_type=str(text_type),
         ctime_ns=getattr(stat, "st_ctime_ns", 0),  # 0 for an object: its hash is taken every run
         inode=getattr(stat, "st_ino", 0),
-        footer_sha256=footer,
+        footer_sha256="" if isinstance(path, RemotePath) else identity,
+        object_sha256=identity if isinstance(path, RemotePath) else "",
         schema=schema,
         group_rows=tuple(meta.row_group(g).num_rows for g in range(meta.num_row_groups)),
     )

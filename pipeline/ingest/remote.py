@@ -969,18 +969,35 @@ def object_change(remote: RemotePath, size: int, mtime_ns: int) -> str | None:
     return f"changed (a new {' and '.join(differ)} since the run began)" if differ else None
 
 
+FOOTER_TAIL = 64 * 1024  # bytes read at an object's end for its footer, as Parquet's reader reads them
+
+
 def remote_sha256(remote: RemotePath, size: int, mtime_ns: int) -> str:
-    """The content identity of an object: sha256 of its size, mtime and Parquet footer (two ranged reads)."""
+    """The content identity of an object: sha256 of its size, mtime and Parquet footer (ranged reads at its end)."""
     with remote.open() as fh:
-        if size < 12:
-            footer = fh.read()
-        else:
-            fh.seek(size - 8)
-            tail = fh.read(8)
-            (length,) = struct.unpack("<i", tail[:4])
-            start = max(0, size - 8 - length)
-            fh.seek(start)
-            footer = fh.read(size - start)
+        return object_sha256(size, mtime_ns, remote_footer(fh, size))
+
+
+def object_sha256(size: int, mtime_ns: int, footer: bytes) -> str:
+    """``remote_sha256`` of an object of ``size`` bytes modified at ``mtime_ns`` whose footer is ``footer``
+    (``remote_footer``)."""
     digest = hashlib.sha256(f"remote:{size}:{mtime_ns}:".encode())
     digest.update(footer)
     return digest.hexdigest()
+
+
+def remote_footer(fh: Any, size: int) -> bytes:
+    """The Parquet footer (metadata, its length and the magic) of the open object ``fh`` of ``size`` bytes: one
+    ranged read of its last ``FOOTER_TAIL`` bytes, a second only for a footer longer than that; the whole object
+    when under 12 bytes."""
+    if size < 12:
+        return bytes(fh.read())
+    tail_start = max(0, size - FOOTER_TAIL)
+    fh.seek(tail_start)
+    tail = bytes(fh.read(size - tail_start))
+    (length,) = struct.unpack("<i", tail[-8:-4])
+    start = max(0, size - 8 - length)
+    if start >= tail_start:
+        return tail[start - tail_start:]
+    fh.seek(start)
+    return bytes(fh.read(tail_start - start)) + tail

@@ -234,8 +234,8 @@ def shard_sha256(info: ShardInfo) -> str:
     from petal.pipeline.ingest.remote import RemotePath, remote_sha256
 
     fault("read_content", str(info.path))
-    if isinstance(info.path, RemotePath):
-        return remote_sha256(info.path, info.size, info.mtime_ns)
+    if isinstance(info.path, RemotePath):  # NOTE: preflight's footer read gave it (ShardInfo.object_sha256)
+        return info.object_sha256 or remote_sha256(info.path, info.size, info.mtime_ns)
     return sha256_file(info.path)
 
 
