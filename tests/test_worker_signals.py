@@ -7,6 +7,10 @@ Real spawned workers (the fake engine, tests/fake_engine.py), real signals, real
   its start, before the run's line);
 - the same Ctrl-C once they embed: 130, every worker ``interrupted`` or ``done`` (the worker's word can come before
   the coordinator's next turn: still the run's signal);
+- a stop signal (SIGTERM, SIGHUP, a Ctrl-C to the process group) while the workers load their engines: the run ends
+  at once, 143/129/130, every worker ``interrupted``, the report written, and a rerun completes with no leftovers
+  (was: each worker's load went on to its end with the stop only noted, the coordinator waited its 30 s grace, then
+  killed them as ``lost``);
 - a signal to one worker alone (a supervisor's or an OOM guard's kill of that pid): a worker failure, exit 75 naming
   the worker and the signal, finished shards committed, and a rerun embeds only the rest (was: 143 'interrupted by
   SIGTERM', no worker named, though the coordinator had no signal).
@@ -19,6 +23,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -26,7 +31,8 @@ import pytest
 from tests._scale_shared import Petal, worker_processes
 from tests.conftest import REPO
 from tests.fake_engine import make_fake_model_dir
-from tests.test_scale_workers import committed, wait_for, write_shards
+from tests.invariants import assert_clean
+from tests.test_scale_workers import committed, wait_for, worker_pids, write_shards
 
 pytestmark = pytest.mark.slow
 
@@ -90,6 +96,43 @@ def test_ctrl_c_while_workers_embed_is_the_runs_stop(fake_model, tmp_path):
     result = json.loads(report.read_text())
     assert result["status"] == "interrupted", result
     assert {w["status"] for w in result["workers"]} <= {"interrupted", "done"}, result["workers"]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT], ids=["SIGTERM", "SIGHUP", "ctrl-c"])
+def test_a_stop_while_workers_load_their_engines_ends_the_run_at_once(fake_model, tmp_path, sig):
+    data, out, report, err = tmp_path / "data", tmp_path / "out", tmp_path / "r.json", tmp_path / "err.txt"
+    write_shards(data, count=4, rows=10)
+    log = tmp_path / "log.jsonl"
+    argv = ["index", str(data), "--out", str(out), "--model", str(fake_model), "-q", "--workers", "2"]
+    # each worker's engine is made, then its load hangs (a large model's load: no batch boundary for a minute)
+    child = group_run([*argv, "--json-report", str(report)],
+                      {"PETAL_TEST_FAKE_ENGINE": str(log), "PETAL_FAULT": "after_model_load:1+:sleep=60"}, err)
+    try:
+        wait_for(lambda: len(worker_pids(log, child.pid)) == 2 or child.poll() is not None, timeout=180)
+        workers = worker_pids(log, child.pid)
+        sent = time.monotonic()
+        if sig == signal.SIGINT:  # a terminal's Ctrl-C: the coordinator and its workers have it at once
+            os.killpg(child.pid, sig)
+        else:
+            child.send_signal(sig)
+        rc = child.wait(timeout=120)
+        took = time.monotonic() - sent
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+    stderr = err.read_text()
+    # NOTE: a correctness bound, not a speed target: the coordinator kills a worker that ignores the stop after 30 s
+    assert rc == 128 + sig and took < 15, (rc, took, stderr)
+    assert "Traceback" not in stderr and f"interrupted by {sig.name}" in stderr.strip().splitlines()[-1], stderr
+    result = json.loads(report.read_text())
+    assert result["status"] == "interrupted", result
+    assert [w["status"] for w in result["workers"]] == ["interrupted", "interrupted"], result["workers"]
+    assert not any(Path(f"/proc/{pid}").exists() for pid in workers), workers
+    if sig == signal.SIGTERM:  # the lock released, nothing left behind: a rerun completes, its output clean
+        rc, stderr, again = Petal(argv, {"PETAL_TEST_FAKE_ENGINE": str(tmp_path / "second.jsonl")},
+                                  tmp_path / "second.json").wait()
+        assert rc == 0 and again["shards"]["embedded"] == 4, stderr
+        assert_clean(out)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])

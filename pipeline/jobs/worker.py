@@ -245,30 +245,36 @@ class WorkerTally:
 
 
 def _run(plan: WorkerPlan, slot: WorkerSlot, events: Channel, stop: Any, tally: WorkerTally) -> None:
-    from petal.pipeline.ingest.prefetch import Prefetcher
-    from petal.pipeline.ingest.tokens import tokenize_documents, tokenizer_for
-    from petal.pipeline.jobs.index_run import embed_shards
-    from petal.pipeline.jobs.report import RunReport
-    from petal.pipeline.store.embeddings import EmbeddingStore
-
     started = tally.started
-    if slot.torch_threads is not None:
-        import torch
+    # NOTE: the start-up (the imports, torch's among them, the tokenizer, the engine's load: seconds to minutes, no
+    # batch boundary in it) runs inside ``interruptible``: a stop signal ends it at once (``Interrupted``: the worker
+    # reports itself interrupted and ends). Before, the signal was only noted, the load went on to its end, and the
+    # coordinator waited ``SHUTDOWN_GRACE_S`` (30 s) for the worker, then killed it as lost.
+    with stop.interruptible():
+        from petal.pipeline.ingest.prefetch import Prefetcher
+        from petal.pipeline.ingest.tokens import tokenize_documents, tokenizer_for
+        from petal.pipeline.jobs.index_run import embed_shards
+        from petal.pipeline.jobs.report import RunReport
+        from petal.pipeline.store.embeddings import EmbeddingStore
 
-        torch.set_num_threads(slot.torch_threads)
-    store = EmbeddingStore(plan.store_root)  # NOTE: never ``open()``: that empties tmp/, where others write
-    if plan.job.full:
-        store.join_full_run()  # its commits are the --full run's (resumed after a stop)
-    store.remember_sha256(plan.shards, plan.sha256)
+        if slot.torch_threads is not None:
+            import torch
+
+            torch.set_num_threads(slot.torch_threads)
+        store = EmbeddingStore(plan.store_root)  # NOTE: never ``open()``: that empties tmp/, where others write
+        if plan.job.full:
+            store.join_full_run()  # its commits are the --full run's (resumed after a stop)
+        store.remember_sha256(plan.shards, plan.sha256)
+        tokenizer = tokenizer_for(plan.spec)
     report = tally.report = RunReport(command="index-worker")
     closing = threading.Event()
     stats = tally.stats = ReadStats()
     ahead = ReadAhead(UNITS_AHEAD)
     documents = claimed_documents(plan, events, closing, stats, ahead)
-    chunks = Prefetcher(tokenize_documents(documents, tokenizer_for(plan.spec), plan.job.tokenize_workers or 1),
-                        depth=16)
+    chunks = Prefetcher(tokenize_documents(documents, tokenizer, plan.job.tokenize_workers or 1), depth=16)
     try:
-        engine = tally.engine = load_engine(plan)
+        with stop.interruptible():  # NOTE: inside the try: the reading threads started above are closed
+            engine = tally.engine = load_engine(plan)
         progress = ProgressEngine(engine, events, slot.index)
         events.put(("ready", slot.index, os.getpid(), engine.describe()))
         tally.load_s = time.perf_counter() - started
