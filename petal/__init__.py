@@ -23,6 +23,10 @@ if _sys.argv and _sys.argv[0].rpartition("/")[2] == "petal":  # the `petal` scri
     from petal._startup import quiet_signals as _quiet_signals
 
     _quiet_signals()
+if "multiprocessing.spawn" in _sys.modules:  # maybe a petal worker still starting: its stop signals end it from here on
+    from petal._startup import take_in_starting_worker as _take_in_starting_worker
+
+    _take_in_starting_worker()
 
 from importlib import import_module
 from typing import TYPE_CHECKING, Any

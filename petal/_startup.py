@@ -31,6 +31,7 @@ SERVE = sys.argv[1:2] == ["serve"]
 # NOTE: a worker process of `--workers`/`--devices` (multiprocessing's spawn gives it the script's argv): a stop signal
 # the coordinator passes on while it starts ends it quietly; the coordinator says it once (a line per worker, before)
 CHILD = "multiprocessing.spawn" in sys.modules
+WORKER_NAME_PREFIX = "petal-worker-"  # the name every worker is spawned with (``workers.embed_in_pool``)
 
 
 class StopSignal(KeyboardInterrupt):
@@ -85,3 +86,22 @@ def signals_to_python() -> None:
     for signum in NAMES:
         if _signal.getsignal(signum) is _interrupted:
             _signal.signal(signum, _signal.default_int_handler if signum == _signal.SIGINT else _raise)
+
+
+def take_in_starting_worker() -> None:
+    """In a petal worker still starting (``spawn`` importing its main script and its target: torch, pyarrow, the
+    engine's module, seconds): its stop signals, blocked since its spawn (``workers._stop_signals_held``), end it
+    quietly (128 + the signal's number, no line: the coordinator says it once) from here on, as ``worker_main`` would
+    once it runs. Anywhere else nothing happens.
+
+    NOTE: called by ``petal/__init__.py``, the first of petal's code a worker's start runs. Before, the signals stayed
+    blocked until ``worker_main``: a Ctrl-C or the SIGTERM the coordinator passed on waited for every import."""
+    process_module = sys.modules.get("multiprocessing.process")
+    if process_module is None:  # not a spawned child
+        return
+    process = process_module.current_process()
+    if not (getattr(process, "_inheriting", False) and process.name.startswith(WORKER_NAME_PREFIX)):
+        return
+    quiet_signals()
+    if hasattr(_signal, "pthread_sigmask"):
+        _signal.pthread_sigmask(_signal.SIG_UNBLOCK, list(NAMES))

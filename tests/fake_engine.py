@@ -24,6 +24,26 @@ from petal.engine.lazy_tensor import LazyTensor
 from petal.engine.loader import ModelSpec
 
 POISON_WORD = "poison"
+# seconds a worker process still starting (spawn importing its main script: this module) sleeps here, once it has logged
+# {"pid", "importing": true}: the slow imports of a real start (torch, CUDA's libraries)
+IMPORT_SLEEP_ENV = "PETAL_TEST_WORKER_IMPORT_SLEEP"
+
+
+def _import_sleep() -> None:
+    import multiprocessing.process
+    import time
+
+    seconds, log = os.environ.get(IMPORT_SLEEP_ENV), os.environ.get("PETAL_TEST_FAKE_ENGINE")
+    if seconds and log and getattr(multiprocessing.process.current_process(), "_inheriting", False):
+        fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, (json.dumps({"pid": os.getpid(), "importing": True}) + "\n").encode())
+        finally:
+            os.close(fd)
+        time.sleep(float(seconds))
+
+
+_import_sleep()
 
 
 @dataclass

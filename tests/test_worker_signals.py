@@ -11,6 +11,8 @@ Real spawned workers (the fake engine, tests/fake_engine.py), real signals, real
   at once, 143/129/130, every worker ``interrupted``, the report written, and a rerun completes with no leftovers
   (was: each worker's load went on to its end with the stop only noted, the coordinator waited its 30 s grace, then
   killed them as ``lost``);
+- the same while the workers import (torch's import: seconds): the run ends at once, every worker ``interrupted``
+  (was: the signal stayed blocked in each worker until its imports ended);
 - a signal to one worker alone (a supervisor's or an OOM guard's kill of that pid): a worker failure, exit 75 naming
   the worker and the signal, finished shards committed, and a rerun embeds only the rest (was: 143 'interrupted by
   SIGTERM', no worker named, though the coordinator had no signal).
@@ -30,7 +32,7 @@ import pytest
 
 from tests._scale_shared import Petal, worker_processes
 from tests.conftest import REPO
-from tests.fake_engine import make_fake_model_dir
+from tests.fake_engine import IMPORT_SLEEP_ENV, make_fake_model_dir, read_log
 from tests.invariants import assert_clean
 from tests.test_scale_workers import committed, wait_for, worker_pids, write_shards
 
@@ -98,18 +100,27 @@ def test_ctrl_c_while_workers_embed_is_the_runs_stop(fake_model, tmp_path):
     assert {w["status"] for w in result["workers"]} <= {"interrupted", "done"}, result["workers"]
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT], ids=["SIGTERM", "SIGHUP", "ctrl-c"])
-def test_a_stop_while_workers_load_their_engines_ends_the_run_at_once(fake_model, tmp_path, sig):
+def importing_workers(log: Path, coordinator: int) -> list[int]:
+    """The workers that logged their slow import (``IMPORT_SLEEP_ENV``)."""
+    return sorted({r["pid"] for r in read_log(log) if r.get("importing") and r["pid"] != coordinator})
+
+
+@pytest.mark.parametrize(("sig", "phase"), [(signal.SIGTERM, "load"), (signal.SIGHUP, "load"), (signal.SIGINT, "load"),
+                                            (signal.SIGTERM, "import"), (signal.SIGINT, "import")],
+                         ids=["SIGTERM-load", "SIGHUP-load", "ctrl-c-load", "SIGTERM-import", "ctrl-c-import"])
+def test_a_stop_while_workers_start_ends_the_run_at_once(fake_model, tmp_path, sig, phase):
     data, out, report, err = tmp_path / "data", tmp_path / "out", tmp_path / "r.json", tmp_path / "err.txt"
     write_shards(data, count=4, rows=10)
     log = tmp_path / "log.jsonl"
     argv = ["index", str(data), "--out", str(out), "--model", str(fake_model), "-q", "--workers", "2"]
-    # each worker's engine is made, then its load hangs (a large model's load: no batch boundary for a minute)
-    child = group_run([*argv, "--json-report", str(report)],
-                      {"PETAL_TEST_FAKE_ENGINE": str(log), "PETAL_FAULT": "after_model_load:1+:sleep=60"}, err)
+    # "load": each worker's engine is made, then its load hangs (a large model's: no batch boundary for a minute);
+    # "import": each worker's imports take a minute (torch's, CUDA's libraries on a slow disk)
+    env = {"PETAL_FAULT": "after_model_load:1+:sleep=60"} if phase == "load" else {IMPORT_SLEEP_ENV: "60"}
+    started = worker_pids if phase == "load" else importing_workers
+    child = group_run([*argv, "--json-report", str(report)], {"PETAL_TEST_FAKE_ENGINE": str(log), **env}, err)
     try:
-        wait_for(lambda: len(worker_pids(log, child.pid)) == 2 or child.poll() is not None, timeout=180)
-        workers = worker_pids(log, child.pid)
+        wait_for(lambda: len(started(log, child.pid)) == 2 or child.poll() is not None, timeout=180)
+        workers = started(log, child.pid)
         sent = time.monotonic()
         if sig == signal.SIGINT:  # a terminal's Ctrl-C: the coordinator and its workers have it at once
             os.killpg(child.pid, sig)

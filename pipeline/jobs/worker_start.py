@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import sys
 
+from petal._startup import WORKER_NAME_PREFIX
 from petal.pipeline.reliability.errors import UsageError, quote_path
 
-WORKER_NAME_PREFIX = "petal-worker-"  # the name every worker is spawned with (``workers.embed_in_pool``)
+__all__ = ["UNGUARDED_MAIN_EXIT", "WORKER_NAME_PREFIX", "leave_a_starting_worker", "unguarded_main_error"]
 UNGUARDED_MAIN_EXIT = 86  # a worker whose start ran the parent's script into petal.index/rebuild again (no contract
 #                           code: only the coordinator sees it)
 
