@@ -15,11 +15,11 @@ are embedded). A worker that has not reported its engine loaded within ``PETAL_W
 of its start (a hung model load, a driver that never answers) is killed and counts as lost the same way. A
 worker's ``PetalError`` (bad input 65, disk 74, ...) stops the run the same way
 with that error's exit code, and its message says what cures it before a rerun (``scaled.rerun_advice``).
-SIGINT/SIGTERM of the coordinator are passed on to the workers (blocked in a worker from its spawn until it takes
-them: a Ctrl-C to the process group while it imports is acted on then, quietly), which
-stop at their next batch boundary; one that has not ended ``SHUTDOWN_GRACE_S`` later (a hung model load or step) is
-killed, so the run ends 130/143 in bounded time. A coordinator that dies (SIGKILL, a second SIGTERM) leaves no
-worker behind: each ends at once, quietly, as if killed (``worker.exit_orphaned``).
+SIGINT/SIGTERM of the coordinator are passed on to the workers (blocked in a worker from its spawn until petal's
+import in it takes them, ``_startup.take_in_starting_worker``: from there until its engine is loaded one ends it at
+once, quietly), which stop at their next batch boundary; one that has not ended ``SHUTDOWN_GRACE_S`` later (a hung
+model load or step) is killed, so the run ends 130/143 in bounded time. A coordinator that dies (SIGKILL, a second
+SIGTERM) leaves no worker behind: each ends at once, quietly, as if killed (``worker.exit_orphaned``).
 """
 
 from __future__ import annotations
@@ -424,7 +424,8 @@ class _Pool:
 def _stop_signals_held() -> Iterator[None]:
     """The stop signals blocked in this thread for the block (a signal that comes meanwhile is delivered at its end):
     a worker started inside it inherits the mask, so a Ctrl-C to the process group (or the signal the coordinator
-    passes on) waits in the worker until ``worker_main`` takes it (``worker.take_stop_signals``). Before, the
+    passes on) waits in the worker until petal's import there takes it (``_startup.take_in_starting_worker``, then
+    ``worker.take_stop_signals``). Before, the
     worker's Python start-up and the imports of unpickling its target (numpy, pyarrow) ran at the default action:
     a raw ``KeyboardInterrupt`` traceback from each worker, before the run's own one line.
 

@@ -66,7 +66,7 @@ SERVE_FAULT_POINTS: dict[str, str] = {
 }
 # Reached by the worker processes of ``--workers``/``--devices`` only (a run in one process has none).
 WORKER_FAULT_POINTS: dict[str, str] = {
-    "worker_start": "a worker process began, before its stop signals are its own",
+    "worker_start": "a worker process began its worker_main; its engine not loaded yet",
 }
 _KNOWN = (*FAULT_POINTS, *QUERY_FAULT_POINTS, *SERVE_FAULT_POINTS, *WORKER_FAULT_POINTS)
 ACTIONS = ("kill", "term", "int", "raise", "sleep", "enospc", "eio", "oom", "nomem", "cuda")
