@@ -110,3 +110,49 @@ def test_a_bound_below_one_body_is_a_usage_error(tmp_path):
                                       "--max-body-bytes-in-flight", "100000"])
     assert result.exit_code == 2, result.output
     assert "--max-body-bytes-in-flight 100000 is below --max-body-bytes 200000" in result.output
+
+
+@pytest.fixture(scope="module")
+def held_server(tmp_path_factory):
+    """A partial batch waits a minute (texts of 64 tokens, the CPU's budget of 2048): a request with one text stays
+    queued until its client goes; one with 32 texts fills the budget and runs at once."""
+    from tests.test_serve import Server
+
+    root = tmp_path_factory.mktemp("serve-parsed-budget")
+    server = Server(root / "server.log", copy_sample_out(tmp_path_factory, root / "out"),
+                    "--max-body-bytes", 1 << 20, "--max-body-bytes-in-flight", 2 << 20, "--max-wait-ms", 60000,
+                    "--max-tokens-per-text", 64)
+    yield server
+    server.stop()
+
+
+def _ids_body(*lengths: int) -> bytes:
+    """A /v1/embeddings body of token-id lists (``7,``: 2 bytes of JSON a token id, 8 once parsed), truncated."""
+    return b'{"truncate":true,"input":[%s]}' % b",".join(b"[" + b"7," * (n - 1) + b"7]" for n in lengths)
+
+
+def test_a_request_counts_what_its_parsed_body_holds(held_server):
+    # before, only the body's bytes counted (1 MB here) while its 500,000 token ids held 4 MB as int64 until it was
+    # answered: 16 such bodies of 4 MB at the defaults held ~375 MB more than the 64 MB the bound said
+    server = held_server
+    queued = _ids_body(500_000)
+    assert len(queued) < 1 << 20
+    sock = _connect(server)
+    sock.sendall(b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n%s" % (len(queued), queued))
+    text = _wait_for(server, "the request queued", lambda t: _metric(t, "petal_queue_texts") == 1)
+    assert _metric(text, "petal_body_bytes") == 500_000 * 8  # alone, over the bound of 2 MiB: it goes
+    refused = server.client.post("/v1/embeddings", json={"input": "glaciers"})
+    assert refused.status_code == 503 and refused.headers["retry-after"] == "1", refused.text
+    message = refused.json()["error"]["message"]
+    assert "hold 4000000 bytes" in message and "--max-body-bytes-in-flight" in message, message
+    sock.close()  # its client gone: it leaves the queue, its bytes come back
+    _wait_for(server, "the request gone", lambda t: _metric(t, "petal_body_bytes") == 0
+              and _metric(t, "petal_queue_texts") == 0)
+    # alone, a body that parses past the bound is answered (32 lists of 64 tokens: a full batch, run at once)
+    answer = server.client.post("/v1/embeddings", content=_ids_body(*[15_000] * 32),
+                                headers={"Content-Type": "application/json"})
+    assert answer.status_code == 200, answer.text
+    assert [len(row["embedding"]) for row in answer.json()["data"]] == [384] * 32
+    assert answer.json()["usage"]["prompt_tokens"] == 32 * 64
+    assert _metric(server.client.get("/metrics").text, "petal_body_bytes") == 0

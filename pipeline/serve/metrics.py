@@ -33,8 +33,8 @@ class ServeMetrics:
                                       buckets=LATENCY_BUCKETS_S, registry=r)
         self.graph_replays = Counter("petal_graph_replays", "CUDA-graph replays of the engine", registry=r)
         self.queue_texts = Gauge("petal_queue_texts", "Texts waiting for the engine", registry=r)
-        self.body_bytes = Gauge("petal_body_bytes", "Request body bytes held by requests in flight "
-                                "(--max-body-bytes-in-flight)", registry=r)
+        self.body_bytes = Gauge("petal_body_bytes", "Request body bytes held by requests in flight, a "
+                                "parsed body's when more (--max-body-bytes-in-flight)", registry=r)
         self.answer_bytes = Gauge("petal_answer_bytes", "Answer bytes of /search and /v1/embeddings held until "
                                   "their client has taken them (--max-answer-bytes-in-flight)", registry=r)
         self.overloaded = Counter("petal_overloaded", "Requests refused with 503 (queue full)", registry=r)

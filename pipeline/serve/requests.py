@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import json
 import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -87,6 +88,11 @@ class EmbeddingsRequest:
     input_type: str
     truncate: bool
 
+    @property
+    def held_bytes(self) -> int:
+        """The memory this request holds while it waits for its answer (texts or token ids)."""
+        return _held_bytes(self.texts, self.token_ids or ())
+
 
 @dataclass(frozen=True)
 class SearchRequest:
@@ -99,6 +105,19 @@ class SearchRequest:
     truncate: bool
     where: str | None = None  # a filter on kept columns (pipeline/index/filters.py), inside the FAISS search
     field: str = "query"  # the request's field holding ``texts`` ("query" or "queries"): its errors name it
+
+    @property
+    def held_bytes(self) -> int:
+        """The memory this request holds while it waits for its answer (texts or vectors, and the filter)."""
+        arrays = (self.vectors,) if self.vectors is not None else ()
+        return _held_bytes(self.texts, arrays) + (sys.getsizeof(self.where) if self.where is not None else 0)
+
+
+def _held_bytes(texts: tuple[str, ...] | None, arrays: tuple[np.ndarray, ...]) -> int:
+    """Bytes of ``texts`` as Python strings (1, 2 or 4 bytes a character: a text of ASCII and one emoji is 4 bytes a
+    character) and of ``arrays`` (token ids: 8 bytes each, from 2 bytes of JSON, ``7,``).
+    NOTE: a body's parsed form may hold ~4x its bytes: ``BodyBudget`` counts the larger of the two."""
+    return sum(map(sys.getsizeof, texts or ())) + sum(a.nbytes for a in arrays)
 
 
 def parse_json(body: bytes) -> dict[str, Any]:
