@@ -163,7 +163,8 @@ def missing_serve_extra() -> list[str]:
 @click.option("--max-queue-texts", type=click.IntRange(min=1), default=4096, show_default=True,
               help="Texts waiting for the engine; beyond it requests get 503 with Retry-After.")
 @click.option("--token-budget", type=click.IntRange(min=64, max=MAX_TOKEN_BUDGET), default=None,
-              help="Tokens per engine step (default: 8192 on CUDA, 2048 on the CPU).")
+              help="Tokens per engine step, at least the model's max length [default: 8192 on CUDA, 2048 on the "
+                   "CPU, or the model's max length where more].")
 @click.option("--max-seqs", type=click.IntRange(min=1, max=MAX_SEQS), default=None,
               help="Texts per engine step (default: 256 on CUDA, 64 on the CPU).")
 @click.option("--nprobe", type=click.IntRange(min=1, max=MAX_NPROBE), default=None,
@@ -300,6 +301,7 @@ def serve(index_path: Path | None, model: str | None, host: str, port: int, api_
         QueryModel,
         SearchIndex,
         check_query_model,
+        check_token_budget,
         engine_config,
         model_for_index,
         query_tokenizers,
@@ -319,13 +321,15 @@ def serve(index_path: Path | None, model: str | None, host: str, port: int, api_
         given_spec = model_spec(model, None, options)
         if query_prompt is not None or max_tokens_per_text is not None:
             query_tokenizers(given_spec, max_tokens_per_text)  # NOTE: the room left for text (2), before the bind
+        check_token_budget(given_spec, token_budget)
     elif first_version is not None:
         # NOTE: the index's model (at another path: --model; or gone from where it was built) judged now, as far as
         # that is cheap: a directory that is no usable model (no weights, a config.json that is not JSON or names no
         # supported architecture) and a --query-prompt or --max-tokens-per-text leaving no room for text bound the
         # port and said '/health answers now', then exited 78 or 2; whether the weights are the index's (their
         # sha256) is checked in load()
-        check_query_model(first_version[1], model, allow_pickle_weights, query_prompt, max_tokens_per_text)
+        check_query_model(first_version[1], model, allow_pickle_weights, query_prompt, max_tokens_per_text,
+                          token_budget)
     cuda = False  # the model runs on CUDA
     if with_model and device != "cpu":  # NOTE: --device cpu: no torch to ask (it loads with the model)
         from petal.engine.engine import resolve_device
@@ -367,8 +371,8 @@ def serve(index_path: Path | None, model: str | None, host: str, port: int, api_
             spec = given_spec
         if spec is not None:
             config = usage(lambda: engine_config(spec, device, dtype, attention,
-                                                 token_budget or (8192 if cuda else 2048),
-                                                 max_seqs or (256 if cuda else 64)))
+                                                 token_budget, max_seqs or (256 if cuda else 64),
+                                                 default_budget=8192 if cuda else 2048))
             if max_tokens_per_text is not None and max_tokens_per_text > spec.pooling.max_length:
                 eprint(f"petal serve: note: --max-tokens-per-text {max_tokens_per_text} is over the model's max "
                        f"length ({spec.pooling.max_length}): a longer text is refused (413) or, with truncate, cut "

@@ -30,7 +30,14 @@ from petal.pipeline.ingest.tokens import Encoded, TextTokenizer, room_sources, t
 from petal.pipeline.jobs.embed import embed_token_ids, encode_texts, seen_texts
 from petal.pipeline.layout import resolve_index_dir
 from petal.pipeline.manifest import Manifest, ModelRecord, model_mismatch
-from petal.pipeline.reliability.errors import BadInputError, ConfigError, UsageError, flag_errors, quote_text
+from petal.pipeline.reliability.errors import (
+    BadInputError,
+    ConfigError,
+    FlagError,
+    UsageError,
+    flag_errors,
+    quote_text,
+)
 from petal.pipeline.store.outputs import OutputTransform
 
 if TYPE_CHECKING:
@@ -97,11 +104,12 @@ def query_tokenizers(spec: ModelSpec, max_tokens: int | None = None) -> dict[str
 
 
 def check_query_model(manifest: Manifest, model: str | None, allow_pickle_weights: bool = False,
-                      query_prompt: str | None = None, max_tokens: int | None = None) -> None:
+                      query_prompt: str | None = None, max_tokens: int | None = None,
+                      token_budget: int | None = None) -> None:
     """What ``model_for_index`` would refuse that is cheap to find: ``model`` (or the index's own) not a usable
     model directory (``ConfigError``, 78), ``query_prompt`` leaving no room for text at the index's max length or at
-    ``max_tokens`` (``FlagError``, 2). Not the weights' sha256 (read in full) nor the match with the index, which
-    ``model_for_index`` judges."""
+    ``max_tokens``, a ``token_budget`` under the model's max length (``FlagError``, 2). Not the weights' sha256 (read in
+    full) nor the match with the index, which ``model_for_index`` judges."""
     recorded = manifest.model
     if not isinstance(recorded, ModelRecord):
         return
@@ -112,6 +120,7 @@ def check_query_model(manifest: Manifest, model: str | None, allow_pickle_weight
         return
     if query_prompt is not None or max_tokens is not None:
         query_tokenizers(spec, max_tokens)  # NOTE: their room checks (TextTokenizer)
+    check_token_budget(spec, token_budget)
 
 
 def _inspected(model: str | None, recorded: ModelRecord, options: ModelOptions, max_length: int | None,
@@ -150,14 +159,34 @@ def precomputed_message(manifest: Manifest) -> str:
 
 
 def engine_config(spec: ModelSpec, device: str = "auto", dtype: str = "auto", attention: str = "auto",
-                  token_budget: int | None = None, max_seqs: int = 64) -> EngineConfig:
-    """The engine settings of a query process (``token_budget`` at least the model's max length)."""
+                  token_budget: int | None = None, max_seqs: int = 64,
+                  default_budget: int = QUERY_TOKEN_BUDGET) -> EngineConfig:
+    """The engine settings of a query process: ``token_budget`` as given (``FlagError``, 2, where it is under the
+    model's max length: ``check_token_budget``); not given, ``default_budget``, raised to that where it is under."""
     from petal.engine.engine import attention_backend, resolve_device, resolve_dtype  # NOTE: torch, with a model
 
+    check_token_budget(spec, token_budget)
     dev = resolve_device(device)
-    budget = max(token_budget or QUERY_TOKEN_BUDGET, spec.pooling.max_length)
+    budget = token_budget or max(default_budget, spec.pooling.max_length)
     return EngineConfig(device=dev, dtype=resolve_dtype(dtype, dev), attention=attention_backend(attention),
                         token_budget=budget, max_seqs=max_seqs)
+
+
+def text_tokens(spec: ModelSpec, max_tokens: int | None = None) -> int:
+    """The most tokens one text may have: the model's max length, or ``max_tokens`` (``--max-tokens-per-text``)
+    under it."""
+    return min(max_tokens or spec.pooling.max_length, spec.pooling.max_length)
+
+
+def check_token_budget(spec: ModelSpec, token_budget: int | None) -> None:
+    """``FlagError`` (2) naming ``--token-budget`` where it is under the model's max length (an engine step holds at
+    least one whole text: ``Engine`` refuses less).
+    NOTE: before, such a budget was raised to the max length without a word (``petal serve --token-budget 128`` ran
+    steps of up to 256 tokens with MiniLM, and ``--max-wait-ms`` waited for 256)."""
+    need = spec.pooling.max_length
+    if token_budget is not None and token_budget < need:
+        raise FlagError(f"--token-budget {token_budget} is under the model's max length ({need} tokens): an engine "
+                        f"step holds at least one whole text; give --token-budget {need} or more")
 
 
 class QueryModel:
@@ -169,7 +198,7 @@ class QueryModel:
         self.spec = spec
         self.tokenizers = query_tokenizers(spec, max_tokens)  # NOTE: before the engine: their room checks are cheap
         self.engine = Engine(spec, config)
-        self.max_tokens = min(max_tokens or spec.pooling.max_length, spec.pooling.max_length)
+        self.max_tokens = text_tokens(spec, max_tokens)
         self.num_truncated = 0  # texts ``embed`` cut at ``max_tokens`` (petal query says how many)
         # of them, those ``embed_seen`` cut at the characters petal reads (``TextTokenizer.max_text_chars``)
         self.num_over_chars = 0
