@@ -8,6 +8,7 @@ batching across requests shows.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -29,6 +30,7 @@ from petal.pipeline.reliability.errors import TemporaryFailure, quote_path
 
 ENDPOINTS = {"embeddings": "/v1/embeddings", "search": "/search"}
 STARTUP_S = 900
+GONE_WAIT_S = 35  # a server that refuses connections: how long to wait for its exit (a drain: 30 s by default)
 WARMUP_REQUESTS = 20
 
 
@@ -159,7 +161,11 @@ class ServerProcess:
             with urllib.request.urlopen(f"{self.url}/metrics", timeout=30) as response:
                 text = response.read().decode()
         except OSError:
-            time.sleep(0.5)  # gone meanwhile: said as such once it has exited
+            # NOTE: gone meanwhile: said as such once it has exited. A server stopped by SIGTERM refuses connections
+            # while it drains, then exits: 0.5 s of waiting was too short under load (the bench said 'cannot read a
+            # file', 65, not that the server stopped)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(GONE_WAIT_S)
             self.alive()
             raise
         out = {m.group(1): float(m.group(2)) for m in re.finditer(r"^(petal_(?:batch|step)_\w+_(?:sum|count)) (\S+)$",
