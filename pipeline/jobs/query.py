@@ -172,12 +172,6 @@ def engine_config(spec: ModelSpec, device: str = "auto", dtype: str = "auto", at
                         token_budget=budget, max_seqs=max_seqs)
 
 
-def text_tokens(spec: ModelSpec, max_tokens: int | None = None) -> int:
-    """The most tokens one text may have: the model's max length, or ``max_tokens`` (``--max-tokens-per-text``)
-    under it."""
-    return min(max_tokens or spec.pooling.max_length, spec.pooling.max_length)
-
-
 def check_token_budget(spec: ModelSpec, token_budget: int | None) -> None:
     """``FlagError`` (2) naming ``--token-budget`` where it is under the model's max length (an engine step holds at
     least one whole text: ``Engine`` refuses less).
@@ -198,7 +192,7 @@ class QueryModel:
         self.spec = spec
         self.tokenizers = query_tokenizers(spec, max_tokens)  # NOTE: before the engine: their room checks are cheap
         self.engine = Engine(spec, config)
-        self.max_tokens = text_tokens(spec, max_tokens)
+        self.max_tokens = min(max_tokens or spec.pooling.max_length, spec.pooling.max_length)
         self.num_truncated = 0  # texts ``embed`` cut at ``max_tokens`` (petal query says how many)
         # of them, those ``embed_seen`` cut at the characters petal reads (``TextTokenizer.max_text_chars``)
         self.num_over_chars = 0
